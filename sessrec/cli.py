@@ -1,0 +1,57 @@
+"""``sessrec`` command line: LightningCLI over `NextItemTask` and `SessionDataModule`.
+
+    sessrec fit     --config recipes/quickstart.yaml
+    sessrec test    --config recipes/xlnet_mlm_diginetica.yaml --ckpt_path runs/.../best.ckpt
+    sessrec predict --config recipes/xlnet_mlm_diginetica.yaml --ckpt_path runs/.../best.ckpt \\
+                    --data.predict_path sessions.parquet [--scoring.output recs.parquet]
+
+Data-derived values (catalogue size, sequence length) are linked from the data module into
+the model, never typed twice. With ``--ckpt_path``, the vocabulary saved beside the checkpoint
+is used, so raw ids map exactly as in training.
+"""
+
+from __future__ import annotations
+
+from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
+
+from sessrec.data.datamodule import SessionDataModule
+from sessrec.tasks import NextItemTask, TopKWriter, VocabularyCheckpoint
+from sessrec.tasks.callbacks import find_vocab
+
+
+class SessrecCLI(LightningCLI):
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.link_arguments("data.num_items", "model.num_items", apply_on="instantiate")
+        parser.link_arguments("data.max_length", "model.max_length", apply_on="parse")
+        parser.add_lightning_class_args(TopKWriter, "scoring")
+        parser.add_lightning_class_args(VocabularyCheckpoint, "vocab_checkpoint")
+
+    def before_instantiate_classes(self) -> None:
+        sub = self.subcommand
+        if sub not in ("validate", "test", "predict"):
+            return
+        cfg = self.config[sub]
+        if sub == "predict" and cfg.get("return_predictions") is None:
+            cfg["return_predictions"] = False  # stream to parquet, keep nothing in memory
+        ckpt = cfg.get("ckpt_path")
+        if ckpt and cfg.data.get("vocab_path") is None:
+            vocab = find_vocab(ckpt)
+            if vocab is None and sub == "predict":
+                raise FileNotFoundError(
+                    f"no vocab.parquet beside {ckpt}; pass --data.vocab_path to the vocabulary of that training run"
+                )
+            cfg.data.vocab_path = None if vocab is None else str(vocab)
+
+
+def main(args: list[str] | None = None) -> SessrecCLI:
+    return SessrecCLI(
+        NextItemTask,
+        SessionDataModule,
+        seed_everything_default=0,
+        save_config_kwargs={"overwrite": True},
+        args=args,
+    )
+
+
+if __name__ == "__main__":
+    main()

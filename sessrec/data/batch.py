@@ -1,0 +1,50 @@
+"""`SessionBatch`: the one object that flows from the loader into models.
+
+Shape letters: B sessions in the batch, L padded length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import pyarrow as pa
+import torch
+
+
+@dataclass
+class SessionBatch:
+    """A batch of sessions, right-aligned: the most recent item is in the last column.
+
+    Args:
+        items: (B, L) int64 model item ids, 0 = padding on the left.
+        targets: (B,) int64 next-item ids to predict after `items` (evaluation); None in training,
+            where the objective chooses its own targets inside `items`.
+        index: (B,) int64 row of each session in its source (maps predictions back to session ids).
+        keys: raw session ids of the rows (batch scoring); host-side metadata, never moved.
+    """
+
+    items: torch.Tensor
+    targets: torch.Tensor | None = None
+    index: torch.Tensor | None = None
+    keys: pa.Array | None = None
+
+    def __post_init__(self) -> None:
+        if self.items.dim() != 2:
+            raise ValueError(f"SessionBatch.items must be (B, L), got shape {tuple(self.items.shape)}")
+        if self.targets is not None and self.targets.shape != self.items.shape[:1]:
+            raise ValueError(f"targets shape {tuple(self.targets.shape)} does not match items {tuple(self.items.shape)}")
+
+    def __len__(self) -> int:
+        return self.items.shape[0]
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return (self.items != 0).sum(dim=1)
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> "SessionBatch":
+        move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)  # noqa: E731
+        return replace(self, items=move(self.items), targets=move(self.targets), index=move(self.index))
+
+    def pin_memory(self) -> "SessionBatch":
+        pin = lambda t: None if t is None else t.pin_memory()  # noqa: E731
+        return replace(self, items=pin(self.items), targets=pin(self.targets), index=pin(self.index))

@@ -1,0 +1,198 @@
+"""Columnar operations on interaction logs: the one module that touches dataframes.
+
+Every function works on whole columns (pyarrow compute + numpy index arithmetic), never on
+Python rows. A session table is a `pyarrow.Table` with one row per session and list columns
+(``item_id``, ``timestamp``, side features), as written to parquet. Jagged data is handled as
+``values`` + ``offsets`` (``offsets[i]:offsets[i+1]`` are the events of session ``i``).
+
+Shape letters: N sessions, E events, L padded length, P (prefix, target) pairs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sessrec.data.schema import Schema
+
+SESSION = "session_id"
+ITEMS = "item_id"
+TIMES = "timestamp"
+
+
+def sort_events(events: pa.Table, schema: Schema) -> pa.Table:
+    """Sort events by session, then time, then the tie-break column; stable for equal keys."""
+    keys = [(schema.session_id, "ascending")]
+    keys += [(c, "ascending") for c in (schema.timestamp, schema.order_by) if c is not None]
+    return events.take(pc.sort_indices(events, sort_keys=keys))
+
+
+def _boundaries(values: np.ndarray) -> np.ndarray:
+    """Offsets (N + 1,) of runs of equal consecutive values in a 1-d array."""
+    change = np.flatnonzero(values[1:] != values[:-1]) + 1
+    return np.concatenate([[0], change, [len(values)]]).astype(np.int64)
+
+
+def group_sessions(events: pa.Table, schema: Schema, drop_repeats: bool = False) -> pa.Table:
+    """Group sorted events into one row per session with list columns.
+
+    Args:
+        events: validated, sorted events (see `sort_events`).
+        schema: column roles.
+        drop_repeats: remove an event whose item equals the previous event's item in the same
+            session (consecutive repeats, e.g. page reloads).
+
+    Returns:
+        Table with ``session_id``, ``item_id`` (list), ``timestamp`` (list, if the schema has one)
+        and one list column per side feature.
+    """
+    sessions = events.column(schema.session_id).to_numpy(zero_copy_only=False)
+    if drop_repeats:
+        items = events.column(schema.item_id).to_numpy(zero_copy_only=False)
+        repeat = np.zeros(len(items), dtype=bool)
+        repeat[1:] = (items[1:] == items[:-1]) & (sessions[1:] == sessions[:-1])
+        events = events.filter(pa.array(~repeat))
+        sessions = sessions[~repeat]
+    offsets = _boundaries(sessions)
+    off = pa.array(offsets, pa.int32() if offsets[-1] < 2**31 else pa.int64())
+    cols = {SESSION: events.column(schema.session_id).take(pa.array(offsets[:-1]))}
+    cols[ITEMS] = _list(off, events.column(schema.item_id))
+    if schema.timestamp is not None:
+        cols[TIMES] = _list(off, events.column(schema.timestamp))
+    for feat in schema.features:
+        cols[feat.name] = _list(off, events.column(feat.name))
+    return pa.table(cols)
+
+
+def _list(offsets: pa.Array, values: pa.ChunkedArray) -> pa.Array:
+    flat = values.combine_chunks()
+    if pa.types.is_int32(offsets.type):
+        return pa.ListArray.from_arrays(offsets, flat)
+    return pa.LargeListArray.from_arrays(offsets, flat)
+
+
+def list_offsets(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """Flat values and offsets (N + 1,) of a list column, without copying rows in Python."""
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if arr.offset != 0 or arr.null_count:
+        arr = pa.concat_arrays([arr.fill_null([]) if arr.null_count else arr])
+    offsets = arr.offsets.to_numpy().astype(np.int64)
+    values = arr.values.slice(offsets[0], offsets[-1] - offsets[0])
+    return values, offsets - offsets[0]
+
+
+def session_lengths(sessions: pa.Table) -> np.ndarray:
+    return pc.list_value_length(sessions.column(ITEMS)).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def keep_recent(sessions: pa.Table, max_length: int) -> pa.Table:
+    """Truncate every list column to the `max_length` most recent events of each session."""
+    lengths = session_lengths(sessions)
+    if lengths.size == 0 or lengths.max() <= max_length:
+        return sessions
+    _, offsets = list_offsets(sessions.column(ITEMS))
+    session_of = np.repeat(np.arange(len(lengths)), lengths)
+    from_end = offsets[1:][session_of] - np.arange(offsets[-1]) - 1
+    keep = from_end < max_length
+    new_offsets = np.concatenate([[0], np.cumsum(np.minimum(lengths, max_length))]).astype(np.int32)
+    out = {}
+    for name in sessions.column_names:
+        col = sessions.column(name)
+        if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
+            values, _ = list_offsets(col)
+            out[name] = pa.ListArray.from_arrays(pa.array(new_offsets), values.filter(pa.array(keep)))
+        else:
+            out[name] = col
+    return pa.table(out)
+
+
+def filter_lengths(sessions: pa.Table, min_length: int = 1, max_length: int | None = None) -> pa.Table:
+    """Drop sessions shorter than `min_length`; keep the `max_length` most recent events."""
+    if max_length is not None:
+        sessions = keep_recent(sessions, max_length)
+    return sessions.filter(pa.array(session_lengths(sessions) >= min_length))
+
+
+def map_items(sessions: pa.Table, item_ids: np.ndarray) -> pa.Table:
+    """Replace the flat values of the ``item_id`` list column with `item_ids` (same length)."""
+    _, offsets = list_offsets(sessions.column(ITEMS))
+    mapped = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(item_ids))
+    return sessions.set_column(sessions.column_names.index(ITEMS), ITEMS, mapped)
+
+
+def time_split(
+    sessions: pa.Table,
+    test_days: float | None = None,
+    valid_days: float | None = None,
+    test_fraction: float | None = None,
+    valid_fraction: float | None = None,
+) -> tuple[pa.Table, pa.Table, pa.Table]:
+    """Split sessions by the time of their last event into train / valid / test.
+
+    Either give days (sessions ending in the last `test_days` are test, the `valid_days` before
+    that are validation), or fractions of sessions ordered by end time. Every session lands in
+    exactly one split, so no event of a held-out session is trained on.
+    """
+    if (test_days is None) == (test_fraction is None):
+        raise ValueError("give exactly one of test_days or test_fraction")
+    if TIMES not in sessions.column_names:
+        raise ValueError("time_split needs a timestamp column; the schema has none")
+    end = _last_times(sessions)
+    if test_days is not None:
+        t_max = end.max()
+        t_test = t_max - test_days * 86400.0
+        t_valid = t_test - (valid_days or 0.0) * 86400.0
+        split = np.where(end > t_test, 2, np.where(end > t_valid, 1, 0))
+    else:
+        rank = np.empty(len(end), dtype=np.int64)
+        rank[np.argsort(end, kind="stable")] = np.arange(len(end))
+        n_test = int(round(len(end) * test_fraction))
+        n_valid = int(round(len(end) * (valid_fraction or 0.0)))
+        split = np.where(rank >= len(end) - n_test, 2, np.where(rank >= len(end) - n_test - n_valid, 1, 0))
+    return tuple(sessions.filter(pa.array(split == k)) for k in range(3))  # type: ignore[return-value]
+
+
+def _last_times(sessions: pa.Table) -> np.ndarray:
+    values, offsets = list_offsets(sessions.column(TIMES))
+    flat = values.to_numpy(zero_copy_only=False)
+    return flat[offsets[1:] - 1]
+
+
+def pad_sessions(values: np.ndarray, starts: np.ndarray, ends: np.ndarray, max_length: int) -> np.ndarray:
+    """Right-aligned padded matrix (N, L) from jagged values.
+
+    Row ``i`` holds ``values[starts[i]:ends[i]]``, or its last `max_length` entries when longer,
+    right-aligned with 0 as padding on the left: the most recent event is in the last column of
+    every row, whatever the session length.
+    """
+    col = np.arange(max_length)[None, :]  # (1, L)
+    src = ends[:, None] - max_length + col  # (N, L) flat index of each cell
+    valid = src >= starts[:, None]
+    if len(values) == 0:
+        return np.zeros((len(starts), max_length), dtype=np.int64)
+    return np.where(valid, values[np.clip(src, 0, len(values) - 1)], 0).astype(np.int64)
+
+
+def expand_prefixes(offsets: np.ndarray, protocol: str) -> tuple[np.ndarray, np.ndarray]:
+    """(prefix end, target index) pairs over jagged sessions for an evaluation protocol.
+
+    Args:
+        offsets: (N + 1,) session offsets.
+        protocol: ``last`` (the last event of each session is the target) or ``all_prefixes``
+            (every prefix predicts its next event: the SR-GNN protocol, longest prefix first).
+
+    Returns:
+        session index (P,) and target flat index (P,); the prefix is the events before the target.
+    """
+    lengths = np.diff(offsets)
+    if protocol == "last":
+        keep = np.flatnonzero(lengths >= 2)
+        return keep, offsets[1:][keep] - 1
+    if protocol != "all_prefixes":
+        raise ValueError(f"unknown evaluation protocol {protocol!r}; use 'last' or 'all_prefixes'")
+    n_pairs = np.maximum(lengths - 1, 0)
+    session = np.repeat(np.arange(len(lengths)), n_pairs)
+    first = np.concatenate([[0], np.cumsum(n_pairs)[:-1]])
+    rank = np.arange(n_pairs.sum()) - np.repeat(first, n_pairs)  # 0 = longest prefix
+    return session, offsets[1:][session] - 1 - rank

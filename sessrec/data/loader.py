@@ -1,0 +1,89 @@
+"""Columnar session loader: batches are slices of padded tensors, never per-sample lookups.
+
+The sessions of a split are held as one right-aligned (N, L) int64 tensor. An epoch is a
+permutation of rows (optionally of contiguous chunks of rows); each batch is one `index_select`
+and is trimmed to the longest session in it. No `Dataset.__getitem__`, no collate: at batch
+size 256 this is the difference between microseconds and milliseconds per batch.
+
+Shape letters: N sessions, L padded length, B batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+
+from sessrec.data.batch import SessionBatch
+
+
+class SessionLoader:
+    """Iterate over `SessionBatch`es of a padded session matrix.
+
+    Args:
+        items: (N, L) right-aligned item ids, 0 = padding.
+        targets: optional (N,) next-item targets (evaluation pairs).
+        batch_size: sessions per batch.
+        shuffle: permute rows every epoch (seeded by `seed` and the epoch number).
+        shuffle_chunk: when > 1, permute contiguous chunks of this many rows instead of single rows
+            (cache-friendlier on very large splits); rows inside a chunk keep their order.
+        drop_last: drop a final incomplete batch.
+        pin_memory: return batches in pinned memory for faster host-to-GPU copies.
+        seed: base seed of the shuffling.
+    """
+
+    def __init__(
+        self,
+        items: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        batch_size: int = 256,
+        shuffle: bool = False,
+        shuffle_chunk: int = 1,
+        drop_last: bool = False,
+        pin_memory: bool = False,
+        seed: int = 0,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.items, self.targets = items, targets
+        self.batch_size, self.shuffle, self.shuffle_chunk = batch_size, shuffle, max(1, shuffle_chunk)
+        self.drop_last, self.pin_memory, self.seed = drop_last, pin_memory, seed
+        self.epoch = 0
+        self.lengths = (items != 0).sum(dim=1)  # (N,)
+
+    def __len__(self) -> int:
+        n = self.items.shape[0]
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def _order(self) -> torch.Tensor | None:
+        if not self.shuffle:
+            return None
+        n = self.items.shape[0]
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        if self.shuffle_chunk == 1:
+            return torch.randperm(n, generator=gen)
+        n_chunks = -(-n // self.shuffle_chunk)
+        chunks = torch.randperm(n_chunks, generator=gen)
+        order = (chunks[:, None] * self.shuffle_chunk + torch.arange(self.shuffle_chunk)[None, :]).reshape(-1)
+        return order[order < n]
+
+    def __iter__(self) -> Iterator[SessionBatch]:
+        order = self._order()
+        self.epoch += 1
+        for b in range(len(self)):
+            lo, hi = b * self.batch_size, min((b + 1) * self.batch_size, self.items.shape[0])
+            if order is None:
+                rows = torch.arange(lo, hi)
+                items = self.items[lo:hi]
+            else:
+                rows = order[lo:hi]
+                items = self.items.index_select(0, rows)
+            width = int(self.lengths[rows].max()) if len(rows) else 0
+            batch = SessionBatch(
+                items=items[:, items.shape[1] - max(width, 1) :],
+                targets=None if self.targets is None else self.targets.index_select(0, rows),
+                index=rows,
+            )
+            yield batch.pin_memory() if self.pin_memory else batch
+

@@ -1,0 +1,224 @@
+"""Readers for the public session datasets' real formats, into Arrow tables.
+
+- `read_events`: event logs (one row per interaction) in CSV/TSV (optionally gzipped) or parquet,
+  validated against a `Schema` (YOOCHOOSE/rsc15, DIGINETICA, trivago RecSys'19).
+- `read_srgnn`: the SR-GNN/GCE-GNN pickles (``all_train_seq.txt``, ``test.txt``), loaded with an
+  unpickler that refuses every global, so a hostile file cannot run code.
+- `read_user_sequences`: one sequence per user, either ``user item`` pairs per line (SASRec,
+  BERT4Rec) or ``user item item ...`` per line (S3-Rec).
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import pickle
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from sessrec.data.schema import Schema, SchemaError
+
+
+def _open_text_head(path: Path, n: int = 4096) -> str:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        return f.read(n).decode("utf-8", errors="replace")
+
+
+def _sniff_delimiter(path: Path) -> str:
+    first = _open_text_head(path).splitlines()[0] if _open_text_head(path) else ""
+    counts = {d: first.count(d) for d in ("\t", ";", ",", "|")}
+    best = max(counts, key=counts.get)
+    return best if counts[best] else ","
+
+
+def _is_parquet(path: Path) -> bool:
+    return ".parquet" in path.name or path.suffix == ".pq"
+
+
+def read_table(path: str | Path, delimiter: str | None = None, columns: list[str] | None = None) -> pa.Table:
+    """Read a CSV/TSV (gzip ok) or parquet file into Arrow; errors name the file."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such file")
+    try:
+        if _is_parquet(path):
+            return pq.read_table(path, columns=columns)
+        delim = delimiter or _sniff_delimiter(path)
+        parse = pacsv.ParseOptions(delimiter=delim)
+        convert = pacsv.ConvertOptions(
+            include_columns=columns,
+            null_values=["", "NA", "NaN", "null", "None"],
+            strings_can_be_null=True,
+        )
+        return pacsv.read_csv(path, parse_options=parse, convert_options=convert)
+    except (pa.ArrowInvalid, OSError, UnicodeDecodeError) as err:
+        raise SchemaError(f"{path}: cannot be read as {'parquet' if _is_parquet(path) else 'CSV'}: {err}") from err
+
+
+def read_events(path: str | Path, schema: Schema, delimiter: str | None = None) -> pa.Table:
+    """Read an event log and validate it against `schema`.
+
+    Args:
+        path: ``.csv``/``.tsv``/``.txt``/``.dat`` (optionally ``.gz``) or ``.parquet`` file.
+        schema: column roles; only its columns are kept.
+        delimiter: field separator for text files; sniffed from the header line when None.
+
+    Returns:
+        The validated table (see `Schema.validate`): ids as int64 or string, times as float seconds.
+    """
+    table = read_table(path, delimiter=delimiter)
+    return schema.validate(table, source=str(path))
+
+
+class _NoGlobals(pickle.Unpickler):
+    """Unpickler for plain containers of numbers: any class or function reference is refused."""
+
+    def find_class(self, module: str, name: str):  # noqa: ANN201 - pickle API
+        raise pickle.UnpicklingError(f"global {module}.{name} is not allowed in a session pickle")
+
+
+def load_pickle(path: str | Path) -> object:
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rb") as f:
+            return _NoGlobals(io.BufferedReader(f)).load()
+    except (pickle.UnpicklingError, EOFError, OSError, ValueError) as err:
+        raise SchemaError(f"{path}: not a plain SR-GNN pickle: {err}") from err
+
+
+def _int_lists(obj: object, path: Path, what: str) -> pa.ListArray:
+    if not isinstance(obj, (list, tuple)):
+        raise SchemaError(f"{path}: {what} should be a list of sessions, got {type(obj).__name__}")
+    try:
+        arr = pa.array(obj, type=pa.list_(pa.int64()))
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
+        raise SchemaError(f"{path}: {what} should hold lists of integer item ids: {err}") from err
+    if arr.null_count or arr.values.null_count:
+        raise SchemaError(f"{path}: {what} holds a null session or item id")
+    if len(arr.values) and pc.min(arr.values).as_py() < 0:
+        raise SchemaError(f"{path}: {what} holds a negative item id {pc.min(arr.values).as_py()}")
+    return arr
+
+
+@dataclass
+class SRGNNData:
+    """The SR-GNN benchmark files: complete training sessions and the shipped test pairs."""
+
+    train: pa.ListArray  # (N,) lists of item ids
+    test_prefixes: pa.ListArray  # (P,)
+    test_labels: np.ndarray  # (P,)
+
+    def test_sessions(self) -> pa.ListArray:
+        """Reassemble the test sessions from the pairs (each session's longest prefix + label).
+
+        The pairs are written longest prefix first and a session's run ends with its length-1
+        prefix, so session starts are the pairs that follow a length-1 prefix.
+        """
+        lengths = pc.list_value_length(self.test_prefixes).to_numpy()
+        starts = np.concatenate([[0], np.flatnonzero(lengths == 1)[:-1] + 1])
+        if lengths.size and lengths[-1] != 1:
+            raise SchemaError("SR-GNN test pairs do not end with a length-1 prefix; not the SR-GNN expansion")
+        longest = self.test_prefixes.take(pa.array(starts))
+        values, offsets = longest.values.to_numpy(), longest.offsets.to_numpy()
+        n = len(starts)
+        out_len = np.diff(offsets) + 1
+        out_off = np.concatenate([[0], np.cumsum(out_len)])
+        flat = np.empty(out_off[-1], dtype=np.int64)
+        is_label = np.zeros(out_off[-1], dtype=bool)
+        is_label[out_off[1:] - 1] = True
+        flat[is_label] = self.test_labels[starts]
+        flat[~is_label] = values[offsets[0] : offsets[-1]]
+        assert n == len(out_len)
+        return pa.ListArray.from_arrays(pa.array(out_off.astype(np.int32)), pa.array(flat))
+
+
+def read_srgnn(directory: str | Path) -> SRGNNData:
+    """Read ``all_train_seq.txt[.gz]`` and ``test.txt[.gz]`` from an SR-GNN dataset folder."""
+    directory = Path(directory)
+
+    def find(stem: str) -> Path:
+        for name in (f"{stem}.gz", stem):
+            if (directory / name).exists():
+                return directory / name
+        raise FileNotFoundError(f"{directory}: no {stem} or {stem}.gz (SR-GNN dataset folder expected)")
+
+    train_path, test_path = find("all_train_seq.txt"), find("test.txt")
+    train = _int_lists(load_pickle(train_path), train_path, "all_train_seq")
+    test = load_pickle(test_path)
+    if not (isinstance(test, (list, tuple)) and len(test) == 2):
+        raise SchemaError(f"{test_path}: expected a (prefixes, labels) pair")
+    prefixes = _int_lists(test[0], test_path, "test prefixes")
+    try:
+        labels = np.asarray(test[1], dtype=np.int64)
+    except (TypeError, ValueError) as err:
+        raise SchemaError(f"{test_path}: test labels should be integer item ids: {err}") from err
+    if labels.shape != (len(prefixes),):
+        raise SchemaError(f"{test_path}: {len(prefixes)} prefixes but {labels.shape} labels")
+    return SRGNNData(train=train, test_prefixes=prefixes, test_labels=labels)
+
+
+def read_user_sequences(path: str | Path, layout: Literal["pairs", "lines"] = "pairs") -> pa.Table:
+    """Read one-sequence-per-user text files as an event table (``session_id``, ``item_id``, ``position``).
+
+    Args:
+        path: text file, optionally gzipped.
+        layout: ``pairs`` — one ``user item`` interaction per line, grouped by user in time order
+            (SASRec ``Video.txt``, BERT4Rec ``beauty.txt``); ``lines`` — ``user item item ...``
+            (S3-Rec ``Beauty.txt``).
+
+    Returns:
+        Events with the user as ``session_id`` and the within-user ``position`` as the time order.
+    """
+    path = Path(path)
+    if layout == "pairs":
+        opts = pacsv.ReadOptions(column_names=["session_id", "item_id"])
+        try:
+            table = pacsv.read_csv(
+                path,
+                read_options=opts,
+                parse_options=pacsv.ParseOptions(delimiter=" "),
+                convert_options=pacsv.ConvertOptions(column_types={"session_id": pa.int64(), "item_id": pa.int64()}),
+            )
+        except pa.ArrowInvalid as err:
+            raise SchemaError(f"{path}: expected 'user item' integer pairs per line: {err}") from err
+        users = table.column("session_id").to_numpy()
+        if len(users) and np.any(users[1:] < users[:-1]):
+            row = int(np.flatnonzero(users[1:] < users[:-1])[0]) + 1
+            raise SchemaError(f"{path}: column 'session_id' is not grouped by user (value {users[row]} at row {row})")
+    elif layout == "lines":
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rt") as f:
+            lines = pa.array(f.read().splitlines())
+        tokens = pc.split_pattern(pc.utf8_trim_whitespace(lines), " ")
+        lengths = pc.list_value_length(tokens).to_numpy()
+        if np.any(lengths < 2):
+            row = int(np.flatnonzero(lengths < 2)[0])
+            raise SchemaError(f"{path}: line {row + 1} has no items: {lines[row].as_py()!r}")
+        try:
+            flat = pc.cast(tokens.values, pa.int64()).to_numpy()
+        except pa.ArrowInvalid as err:
+            raise SchemaError(f"{path}: expected 'user item item ...' integers per line: {err}") from err
+        offsets = tokens.offsets.to_numpy()
+        is_user = np.zeros(len(flat), dtype=bool)
+        is_user[offsets[:-1]] = True
+        user = np.repeat(flat[offsets[:-1]], lengths - 1)
+        table = pa.table({"session_id": user, "item_id": flat[~is_user]})
+    else:
+        raise ValueError(f"layout must be 'pairs' or 'lines', got {layout!r}")
+    sessions = table.column("session_id").to_numpy()
+    starts = np.concatenate([[0], np.flatnonzero(sessions[1:] != sessions[:-1]) + 1])
+    run_start = np.repeat(starts, np.diff(np.concatenate([starts, [len(sessions)]])))
+    position = np.arange(len(sessions)) - run_start
+    table = table.append_column("position", pa.array(position.astype(np.int64)))
+    schema = Schema(session_id="session_id", item_id="item_id", timestamp=None, order_by="position")
+    validated = schema.validate(table, source=str(path))
+    return validated.set_column(2, "position", pa.array(position.astype(np.int64)))

@@ -1,0 +1,189 @@
+"""Typed description of an interaction log, and its validation against a loaded table.
+
+A `Schema` names the columns that hold the session id, the item id, the event time and any
+side features. `Schema.validate` checks a `pyarrow.Table` read from a file and raises a
+`SchemaError` naming the file, the column, an example bad value and its row, so a user can fix
+the input without reading our code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+FeatureKind = Literal["categorical", "continuous"]
+TimeUnit = Literal["s", "ms", "us", "ns", "datetime"]
+
+
+class SchemaError(ValueError):
+    """Input data that does not match its `Schema`. The message names file, column and value."""
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    """A per-interaction side feature.
+
+    Args:
+        name: column name in the input.
+        kind: ``categorical`` (integer or string codes) or ``continuous`` (numbers).
+    """
+
+    name: str
+    kind: FeatureKind = "categorical"
+
+
+@dataclass(frozen=True)
+class Schema:
+    """Column roles of an event log (one row per interaction).
+
+    Args:
+        session_id: column grouping events into sessions (users, for one-sequence-per-user data).
+        item_id: column with the item identifier (non-negative integer or string).
+        timestamp: event time column, or None when the row order within a session is the time order.
+        time_unit: unit of a numeric ``timestamp`` (``s``, ``ms``, ``us``, ``ns``), or ``datetime`` for
+            timestamp/date columns and ISO-8601 strings.
+        order_by: optional tie-breaking column within a session (e.g. trivago's ``step``,
+            DIGINETICA's ``timeframe``).
+        features: side-feature columns carried along with the items.
+    """
+
+    session_id: str = "session_id"
+    item_id: str = "item_id"
+    timestamp: str | None = "timestamp"
+    time_unit: TimeUnit = "s"
+    order_by: str | None = None
+    features: list[FeatureSpec] = field(default_factory=list)
+
+    @property
+    def columns(self) -> list[str]:
+        cols = [self.session_id, self.item_id]
+        cols += [c for c in (self.timestamp, self.order_by) if c is not None]
+        return cols + [f.name for f in self.features]
+
+    def validate(self, table: pa.Table, source: str = "<table>") -> pa.Table:
+        """Check `table` against the schema and return it with normalized columns.
+
+        The returned table has the schema's columns only; the timestamp (if any) is converted to
+        float64 seconds since the epoch.
+
+        Raises:
+            SchemaError: on a missing column, wrong dtype, null or negative id, or unparsable time.
+        """
+        if table.num_rows == 0:
+            raise SchemaError(f"{source}: the file has no rows")
+        missing = [c for c in self.columns if c not in table.column_names]
+        if missing:
+            raise SchemaError(
+                f"{source}: column {missing[0]!r} is missing; the file has columns {table.column_names}. "
+                "Set the schema's column names to match the file."
+            )
+        out = {
+            self.session_id: _check_id(table, self.session_id, source),
+            self.item_id: _check_id(table, self.item_id, source),
+        }
+        if self.timestamp is not None:
+            out[self.timestamp] = _parse_time(table, self.timestamp, self.time_unit, source)
+        if self.order_by is not None:
+            out[self.order_by] = _check_numeric(table, self.order_by, source)
+        for feat in self.features:
+            if feat.kind == "continuous":
+                out[feat.name] = _check_numeric(table, feat.name, source)
+            else:
+                out[feat.name] = _check_id(table, feat.name, source)
+        return pa.table(out)
+
+
+def _example(column: pa.ChunkedArray, bad: np.ndarray) -> tuple[object, int]:
+    row = int(np.flatnonzero(bad)[0])
+    return column[row].as_py(), row
+
+
+def _check_id(table: pa.Table, name: str, source: str) -> pa.ChunkedArray:
+    col = table.column(name)
+    typ = col.type
+    if pa.types.is_dictionary(typ):
+        col = col.cast(typ.value_type)
+        typ = col.type
+    if not (pa.types.is_integer(typ) or pa.types.is_string(typ) or pa.types.is_large_string(typ)):
+        value, row = col[0].as_py(), 0
+        raise SchemaError(
+            f"{source}: column {name!r} has dtype {typ}, expected integer or string ids "
+            f"(example value {value!r} at row {row})"
+        )
+    nulls = col.is_null().to_numpy(zero_copy_only=False)
+    if nulls.any():
+        row = int(np.flatnonzero(nulls)[0])
+        raise SchemaError(f"{source}: column {name!r} has a null id at row {row}; drop or fill those rows")
+    if pa.types.is_integer(typ):
+        negative = pc.less(col, 0).to_numpy(zero_copy_only=False)
+        if negative.any():
+            value, row = _example(col, negative)
+            raise SchemaError(f"{source}: column {name!r} has a negative id {value!r} at row {row}")
+        return col.cast(pa.int64())
+    empty = pc.equal(pc.utf8_length(col), 0).to_numpy(zero_copy_only=False)
+    if empty.any():
+        row = int(np.flatnonzero(empty)[0])
+        raise SchemaError(f"{source}: column {name!r} has an empty string id at row {row}")
+    return col.cast(pa.string())
+
+
+def _check_numeric(table: pa.Table, name: str, source: str) -> pa.ChunkedArray:
+    col = table.column(name)
+    if not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)):
+        value = next((v for v in col.to_pylist() if v is not None), None)
+        raise SchemaError(
+            f"{source}: column {name!r} has dtype {col.type}, expected numbers (example value {value!r})"
+        )
+    values = col.cast(pa.float64()).to_numpy(zero_copy_only=False)
+    bad = ~np.isfinite(values)
+    if bad.any():
+        value, row = _example(col, bad)
+        raise SchemaError(f"{source}: column {name!r} has a missing or non-finite value {value!r} at row {row}")
+    return pa.chunked_array([pa.array(values, pa.float64())])
+
+
+_UNIT_SECONDS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+
+
+def _parse_time(table: pa.Table, name: str, unit: TimeUnit, source: str) -> pa.ChunkedArray:
+    """Return event times as float64 seconds since the epoch."""
+    col = table.column(name)
+    typ = col.type
+    if pa.types.is_timestamp(typ) or pa.types.is_date(typ):
+        seconds = pc.cast(pc.cast(col, pa.timestamp("us")), pa.int64()).to_numpy(zero_copy_only=False) * 1e-6
+        nulls = col.is_null().to_numpy(zero_copy_only=False)
+    elif pa.types.is_string(typ) or pa.types.is_large_string(typ):
+        parsed = _parse_time_strings(col)
+        nulls = parsed.is_null().to_numpy(zero_copy_only=False)
+        if nulls.any():
+            value, row = _example(col, nulls)
+            raise SchemaError(
+                f"{source}: column {name!r} has an unparsable timestamp {value!r} at row {row}; "
+                "expected ISO-8601 (2016-05-09 or 2016-05-09T10:51:09Z) or numbers with time_unit set"
+            )
+        seconds = pc.cast(parsed, pa.int64()).to_numpy(zero_copy_only=False) * 1e-6
+    elif pa.types.is_integer(typ) or pa.types.is_floating(typ):
+        if unit == "datetime":
+            raise SchemaError(f"{source}: column {name!r} holds numbers; set time_unit to s, ms, us or ns")
+        seconds = col.cast(pa.float64()).to_numpy(zero_copy_only=False) * _UNIT_SECONDS[unit]
+        nulls = ~np.isfinite(seconds)
+    else:
+        raise SchemaError(f"{source}: column {name!r} has dtype {typ}, which is not a timestamp")
+    if nulls.any():
+        value, row = _example(col, nulls)
+        raise SchemaError(f"{source}: column {name!r} has a missing timestamp {value!r} at row {row}")
+    return pa.chunked_array([pa.array(np.asarray(seconds, dtype=np.float64))])
+
+
+def _parse_time_strings(col: pa.ChunkedArray) -> pa.ChunkedArray:
+    """ISO-8601 strings to timestamp[us]; unparsable entries become null."""
+    text = pc.replace_substring_regex(col, r"(Z|[+-]00:?00)$", "")
+    out = None
+    for fmt in ("%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S", "%Y-%m-%d"):
+        parsed = pc.strptime(pc.replace_substring_regex(text, r"\.\d+$", ""), format=fmt, unit="us", error_is_null=True)
+        out = parsed if out is None else pc.coalesce(out, parsed)
+    return out

@@ -1,0 +1,220 @@
+"""Where sessions come from: each source turns files into train / valid / test session tables.
+
+A source is chosen in a recipe by class path (``class_path: sessrec.data.SRGNNSource``) and
+configured by its typed constructor. Every source returns `SessionSplits` of raw item ids; the
+data module fits the vocabulary on the training split only.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from sessrec.data import frame
+from sessrec.data.readers import read_events, read_srgnn, read_user_sequences
+from sessrec.data.schema import Schema
+from sessrec.data.synthetic import generate_sessions
+
+
+@dataclass
+class SessionSplits:
+    """Session tables (one row per session, list columns of raw ids) for each split."""
+
+    train: pa.Table
+    valid: pa.Table
+    test: pa.Table
+
+    def save(self, directory: str | os.PathLike) -> Path:
+        """Write ``train/valid/test.parquet`` (each via a temporary name, then rename)."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        for name in ("train", "valid", "test"):
+            tmp = directory / f".{name}.parquet.tmp-{os.getpid()}"
+            pq.write_table(getattr(self, name), tmp)
+            os.replace(tmp, directory / f"{name}.parquet")
+        return directory
+
+    def summary(self) -> dict[str, int]:
+        return {
+            f"{name}_{what}": int(n)
+            for name in ("train", "valid", "test")
+            for what, n in (
+                ("sessions", getattr(self, name).num_rows),
+                ("events", frame.session_lengths(getattr(self, name)).sum()),
+            )
+        }
+
+
+class SessionSource:
+    """Base class: `load()` returns the splits. Subclasses are configured by their constructor."""
+
+    def load(self) -> SessionSplits:
+        raise NotImplementedError
+
+
+def _session_table(lists: pa.ListArray, first_id: int = 0) -> pa.Table:
+    return pa.table({frame.SESSION: pa.array(np.arange(first_id, first_id + len(lists))), frame.ITEMS: lists})
+
+
+def _tail_split(sessions: pa.Table, fraction: float) -> tuple[pa.Table, pa.Table]:
+    n_valid = int(round(sessions.num_rows * fraction))
+    cut = sessions.num_rows - n_valid
+    return sessions.slice(0, cut), sessions.slice(cut)
+
+
+class SRGNNSource(SessionSource):
+    """An SR-GNN/GCE-GNN benchmark folder (diginetica, yoochoose 1/64, Tmall, Nowplaying).
+
+    Training sessions come from ``all_train_seq.txt``; the test sessions are reassembled from
+    ``test.txt`` so that the ``all_prefixes`` protocol reproduces the shipped test pairs exactly.
+
+    Args:
+        path: folder with ``all_train_seq.txt[.gz]`` and ``test.txt[.gz]``.
+        valid_fraction: the most recent share of training sessions (the files are in time
+            order) held out for validation and checkpoint selection.
+    """
+
+    def __init__(self, path: str = "../shared/data/diginetica_srgnn", valid_fraction: float = 0.1) -> None:
+        self.path = path
+        self.valid_fraction = valid_fraction
+
+    def load(self) -> SessionSplits:
+        data = read_srgnn(self.path)
+        train, valid = _tail_split(_session_table(data.train), self.valid_fraction)
+        test = _session_table(data.test_sessions(), first_id=len(data.train))
+        return SessionSplits(train=train, valid=valid, test=test)
+
+
+class EventLogSource(SessionSource):
+    """An event log file (CSV/TSV/parquet), sessionized and split by time.
+
+    Give `test_path` (and optionally `valid_path`) when the dataset ships its own split, as
+    session-rec's ``*_train_full`` / ``*_test`` files do; otherwise the sessions of the last
+    `test_days` (or the latest `test_fraction`) become the test set. Validation is taken from
+    the end of the training period the same way.
+
+    Args:
+        path: training events (or all events when `test_path` is None).
+        schema: column roles of the file.
+        test_path: optional events of the test period.
+        valid_path: optional events of the validation period.
+        delimiter: text-file separator; sniffed when None.
+        min_length: drop sessions with fewer events (after removing repeats).
+        max_length: keep the most recent events of longer sessions.
+        drop_repeats: remove consecutive repeats of the same item.
+        test_days / test_fraction: held-out test period (used when `test_path` is None).
+        valid_days / valid_fraction: validation period before the test period.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        schema: Schema = Schema(),
+        test_path: str | None = None,
+        valid_path: str | None = None,
+        delimiter: str | None = None,
+        min_length: int = 2,
+        max_length: int | None = None,
+        drop_repeats: bool = False,
+        test_days: float | None = None,
+        test_fraction: float | None = None,
+        valid_days: float | None = None,
+        valid_fraction: float | None = 0.1,
+    ) -> None:
+        self.path, self.schema, self.test_path, self.valid_path = path, schema, test_path, valid_path
+        self.delimiter = delimiter
+        self.min_length, self.max_length, self.drop_repeats = min_length, max_length, drop_repeats
+        self.test_days, self.test_fraction = test_days, test_fraction
+        self.valid_days, self.valid_fraction = valid_days, valid_fraction
+        if test_path is None and test_days is None and test_fraction is None:
+            raise ValueError("EventLogSource needs test_path, test_days or test_fraction to hold out a test set")
+
+    def sessions(self, path: str) -> pa.Table:
+        events = frame.sort_events(read_events(path, self.schema, self.delimiter), self.schema)
+        sessions = frame.group_sessions(events, self.schema, drop_repeats=self.drop_repeats)
+        return frame.filter_lengths(sessions, self.min_length, self.max_length)
+
+    def load(self) -> SessionSplits:
+        train = self.sessions(self.path)
+        if self.test_path is not None:
+            test = self.sessions(self.test_path)
+        else:
+            train, _, test = frame.time_split(train, test_days=self.test_days, test_fraction=self.test_fraction)
+        if self.valid_path is not None:
+            valid = self.sessions(self.valid_path)
+        else:
+            train, _, valid = frame.time_split(
+                train,
+                test_days=self.valid_days,
+                test_fraction=None if self.valid_days is not None else self.valid_fraction or 0.0,
+            )
+        return SessionSplits(train=train, valid=valid, test=test)
+
+
+class SyntheticSource(SessionSource):
+    """Sessions from `generate_sessions`, split by time (last day test, the day before validation).
+
+    Non-product page views are dropped here (they carry no item); the virtual-item
+    augmentation that uses them lives with the other augmentations.
+    """
+
+    def __init__(
+        self,
+        num_sessions: int = 20_000,
+        num_items: int = 1_000,
+        num_clusters: int = 20,
+        days: float = 14.0,
+        test_days: float = 1.0,
+        valid_days: float = 1.0,
+        seed: int = 0,
+    ) -> None:
+        self.kwargs = dict(num_sessions=num_sessions, num_items=num_items, num_clusters=num_clusters, days=days, seed=seed)
+        self.test_days, self.valid_days = test_days, valid_days
+
+    def load(self) -> SessionSplits:
+        events = generate_sessions(**self.kwargs)
+        events = events.filter(pc.equal(events.column("event_type"), "product"))
+        schema = Schema()
+        events = frame.sort_events(schema.validate(events, source="synthetic"), schema)
+        sessions = frame.filter_lengths(frame.group_sessions(events, schema), min_length=2)
+        train, valid, test = frame.time_split(sessions, test_days=self.test_days, valid_days=self.valid_days)
+        return SessionSplits(train=train, valid=valid, test=test)
+
+
+class UserSequenceSource(SessionSource):
+    """One sequence per user, split leave-one-out (SASRec/BERT4Rec/S3-Rec protocol).
+
+    Train on each sequence without its last two items, validate on predicting the second to
+    last from what precedes it, test on predicting the last item from everything before it.
+
+    Args:
+        path: the text file.
+        layout: ``pairs`` (``user item`` per line) or ``lines`` (``user item item ...``).
+        min_length: users with fewer interactions are dropped (need 3 for leave-one-out).
+    """
+
+    def __init__(self, path: str, layout: Literal["pairs", "lines"] = "pairs", min_length: int = 3) -> None:
+        self.path, self.layout, self.min_length = path, layout, max(min_length, 3)
+
+    def load(self) -> SessionSplits:
+        events = read_user_sequences(self.path, self.layout)
+        schema = Schema(timestamp=None, order_by="position")
+        sessions = frame.filter_lengths(frame.group_sessions(events, schema), min_length=self.min_length)
+        sessions = sessions.select([frame.SESSION, frame.ITEMS])
+        values, offsets = frame.list_offsets(sessions.column(frame.ITEMS))
+
+        def cut(drop: int) -> pa.Table:
+            lengths = np.diff(offsets) - drop
+            keep = np.arange(offsets[-1]) < np.repeat(offsets[:-1] + lengths, lengths + drop)
+            new_off = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+            lists = pa.ListArray.from_arrays(pa.array(new_off), values.filter(pa.array(keep)))
+            return pa.table({frame.SESSION: sessions.column(frame.SESSION), frame.ITEMS: lists})
+
+        return SessionSplits(train=cut(2), valid=cut(1), test=sessions)

@@ -1,0 +1,93 @@
+"""`SessionModel`: item embedding -> encoder -> tied next-item head. Plain PyTorch.
+
+The model owns what every sequence encoder needs around it: the item table (padding id 0),
+a learned [MASK] embedding, positions counted from the end of the session (inputs are
+right-aligned), and a head that scores the whole catalogue with the item table's weights.
+Padding and OOV ids are never scored as recommendations.
+
+Shape letters: B batch, L sequence, D width, V items (incl. padding and OOV), N selected positions.
+
+Example:
+    >>> from sessrec.models import SessionModel, XLNetEncoder
+    >>> model = SessionModel(num_items=100, encoder=XLNetEncoder(d_model=16, n_head=2, n_layer=1))
+    >>> scores = model(torch.tensor([[0, 5, 7], [3, 4, 9]]))  # (B, V) next-item scores
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from sessrec.data.batch import SessionBatch
+from sessrec.data.vocab import NUM_SPECIAL
+
+
+class SessionModel(nn.Module):
+    """Next-item model around a sequence encoder.
+
+    Args:
+        num_items: size V of the score vector (vocabulary incl. padding and OOV).
+        encoder: module mapping ((B, L, D) embeddings, (B, L) bool mask) -> (B, L, D); must
+            expose ``d_model``.
+        max_length: longest input, [MASK] slot included; longer inputs keep their latest items.
+        position_embedding: add a learned embedding of the distance from the session end.
+        dropout: dropout on the input embeddings.
+    """
+
+    def __init__(
+        self,
+        num_items: int,
+        encoder: nn.Module,
+        max_length: int = 21,
+        position_embedding: bool = True,
+        dropout: float = 0.1,
+    ) -> None:
+        super().__init__()
+        if num_items <= NUM_SPECIAL:
+            raise ValueError(f"num_items must count padding, OOV and at least one item; got {num_items}")
+        d = int(encoder.d_model)
+        self.num_items, self.max_length = num_items, max_length
+        self.item_embedding = nn.Embedding(num_items, d, padding_idx=0)
+        self.mask_embedding = nn.Parameter(torch.zeros(d))
+        self.position_embedding = nn.Embedding(max_length, d) if position_embedding else None
+        self.input_norm = nn.LayerNorm(d)
+        self.dropout = nn.Dropout(dropout)
+        self.encoder = encoder
+        self.output_transform = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.LayerNorm(d))
+        self.output_bias = nn.Parameter(torch.zeros(num_items))
+        nn.init.normal_(self.item_embedding.weight, std=0.02)
+        nn.init.normal_(self.mask_embedding, std=0.02)
+        with torch.no_grad():
+            self.item_embedding.weight[0].zero_()
+        if self.position_embedding is not None:
+            nn.init.normal_(self.position_embedding.weight, std=0.02)
+
+    def encode(self, inputs: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
+        """(B, L) ids (0 at padding and masked slots) and (B, L) bool [MASK] slots -> (B, L, D)."""
+        x = self.item_embedding(inputs)  # (B, L, D)
+        x = torch.where(masked.unsqueeze(-1), self.mask_embedding.to(x.dtype), x)
+        if self.position_embedding is not None:
+            from_end = torch.arange(inputs.shape[1] - 1, -1, -1, device=inputs.device)
+            x = x + self.position_embedding(from_end.clamp(max=self.max_length - 1))
+        x = self.dropout(self.input_norm(x))
+        return self.encoder(x, (inputs != 0) | masked)
+
+    def score(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(N, D) hidden states -> (N, V) scores; padding and OOV get -inf."""
+        h = self.output_transform(hidden)
+        logits = h @ self.item_embedding.weight.T + self.output_bias
+        return logits.index_fill(-1, torch.arange(NUM_SPECIAL, device=logits.device), float("-inf"))
+
+    def forward(self, items: torch.Tensor | SessionBatch) -> torch.Tensor:
+        """Next-item scores (B, V) for right-aligned sessions (B, L) or a `SessionBatch`.
+
+        A [MASK] slot is appended after the last observed item and predicted; the target of an
+        evaluation batch is never part of the input.
+        """
+        if isinstance(items, SessionBatch):
+            items = items.items
+        inputs = torch.cat([items, items.new_zeros(items.shape[0], 1)], dim=1)[:, -self.max_length :]
+        masked = torch.zeros_like(inputs, dtype=torch.bool)
+        masked[:, -1] = True
+        hidden = self.encode(inputs, masked)[:, -1]  # (B, D)
+        return self.score(hidden)

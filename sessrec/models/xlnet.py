@@ -1,0 +1,63 @@
+"""XLNet encoder over item embeddings (HF `transformers.XLNetModel` with ``inputs_embeds``).
+
+XLNet carries relative positional attention, so sequences of any length up to the data's
+`max_length` need no absolute positions. Used bidirectionally (``attn_type='bi'``) for masked
+item modelling: a [MASK] slot attends to the whole session, padding is never attended to.
+
+Shape letters: B batch, L sequence, D model width.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import XLNetConfig, XLNetModel
+
+
+class XLNetEncoder(nn.Module):
+    """Stack of XLNet layers mapping (B, L, D) embeddings to (B, L, D) hidden states.
+
+    Args:
+        d_model: model width D.
+        n_head: attention heads; must divide `d_model`.
+        n_layer: layers.
+        d_inner: feed-forward width (default 4 * d_model).
+        dropout: dropout inside the layers.
+        layer_norm_eps: LayerNorm epsilon.
+    """
+
+    def __init__(
+        self,
+        d_model: int = 64,
+        n_head: int = 4,
+        n_layer: int = 2,
+        d_inner: int | None = None,
+        dropout: float = 0.1,
+        layer_norm_eps: float = 1e-12,
+    ) -> None:
+        super().__init__()
+        if d_model % n_head:
+            raise ValueError(f"d_model ({d_model}) must be a multiple of n_head ({n_head})")
+        self.d_model = d_model
+        config = XLNetConfig(
+            vocab_size=1,  # items are embedded outside; XLNet's own token table stays tiny
+            d_model=d_model,
+            n_layer=n_layer,
+            n_head=n_head,
+            d_inner=d_inner or 4 * d_model,
+            dropout=dropout,
+            layer_norm_eps=layer_norm_eps,
+            attn_type="bi",
+            mem_len=None,
+            use_mems_eval=False,
+            use_mems_train=False,
+            pad_token_id=0,
+            bos_token_id=None,
+            eos_token_id=None,
+        )
+        self.xlnet = XLNetModel(config)
+
+    def forward(self, embeddings: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """(B, L, D) embeddings and (B, L) bool mask of real positions -> (B, L, D)."""
+        out = self.xlnet(inputs_embeds=embeddings, attention_mask=attention_mask.to(embeddings.dtype), use_mems=False)
+        return out.last_hidden_state

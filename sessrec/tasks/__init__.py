@@ -1,0 +1,6 @@
+"""LightningModules and callbacks: losses, metrics, optimisation, checkpoint side files."""
+
+from sessrec.tasks.callbacks import TopKWriter, VocabularyCheckpoint
+from sessrec.tasks.next_item import NextItemTask, TopK
+
+__all__ = ["NextItemTask", "TopK", "TopKWriter", "VocabularyCheckpoint"]

@@ -1,0 +1,109 @@
+"""Callbacks: persist the fitted vocabulary beside checkpoints; write top-K predictions.
+
+`TopKWriter` streams one parquet row group per batch to a temporary file and renames it
+into place when scoring ends, so a failed run leaves nothing at the output path.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytorch_lightning as pl
+from pytorch_lightning.callbacks import BasePredictionWriter
+from pytorch_lightning.utilities import rank_zero_info, rank_zero_only
+
+VOCAB_FILE = "vocab.parquet"
+
+
+class VocabularyCheckpoint(pl.Callback):
+    """Save the data module's vocabulary as ``vocab.parquet`` in every checkpoint folder."""
+
+    @rank_zero_only
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        vocab = getattr(trainer.datamodule, "vocab", None)
+        if vocab is None:
+            return
+        for cb in trainer.checkpoint_callbacks:
+            dirpath = getattr(cb, "dirpath", None)
+            if dirpath:
+                vocab.save(Path(dirpath) / VOCAB_FILE)
+
+
+def find_vocab(ckpt_path: str | os.PathLike) -> Path | None:
+    """The ``vocab.parquet`` beside a checkpoint (same folder), if any."""
+    candidate = Path(ckpt_path).resolve().parent / VOCAB_FILE
+    return candidate if candidate.exists() else None
+
+
+class TopKWriter(BasePredictionWriter):
+    """Write ``session_id``, ``item_ids`` (raw top-K) and ``scores`` per session to parquet.
+
+    Args:
+        output: parquet path; defaults to ``<predict_path stem>.recs.parquet`` beside the input.
+        overwrite: replace an existing output (refused otherwise, before any scoring).
+    """
+
+    def __init__(self, output: str | None = None, overwrite: bool = False) -> None:
+        super().__init__(write_interval="batch")
+        self.output, self.overwrite = output, overwrite
+        self._writer: pq.ParquetWriter | None = None
+        self._tmp: Path | None = None
+        self._target: Path | None = None
+
+    def _resolve(self, trainer: pl.Trainer) -> Path:
+        if self.output is not None:
+            return Path(self.output)
+        src = Path(trainer.datamodule.predict_path)
+        stem = src.name.split(".")[0]
+        return src.with_name(f"{stem}.recs.parquet")
+
+    def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._target = self._resolve(trainer)
+        if self._target.exists() and not self.overwrite:
+            raise FileExistsError(f"{self._target} exists; pass --scoring.overwrite true to replace it")
+        self._target.parent.mkdir(parents=True, exist_ok=True)
+        self._tmp = self._target.with_name(f".{self._target.name}.tmp-{os.getpid()}")
+        self._writer = None
+
+    def write_on_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, prediction: Any, batch_indices: Any,
+        batch: Any, batch_idx: int, dataloader_idx: int,
+    ) -> None:
+        k = prediction.items.shape[1]
+        raw = trainer.datamodule.decode(prediction.items)
+        offsets = pa.array(np.arange(0, len(raw) + 1, k, dtype=np.int32))
+        scores = pa.array(prediction.scores.detach().float().cpu().numpy().reshape(-1))
+        table = pa.table(
+            {
+                "session_id": batch.keys,
+                "item_ids": pa.ListArray.from_arrays(offsets, raw),
+                "scores": pa.ListArray.from_arrays(offsets, scores),
+            }
+        )
+        if self._writer is None:
+            self._writer = pq.ParquetWriter(self._tmp, table.schema)
+        self._writer.write_table(table)
+
+    def on_predict_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._writer is None:
+            raise ValueError(f"{trainer.datamodule.predict_path}: no sessions to score")
+        self._writer.close()
+        os.replace(self._tmp, self._target)
+        stream = trainer.datamodule.scoring_stream
+        rank_zero_info(
+            f"sessrec predict: wrote {stream.num_sessions} sessions to {self._target}; "
+            f"{stream.num_unknown} of {stream.num_items} input items were unknown to the model (scored as OOV)"
+        )
+        self._writer = None
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        if self._tmp is not None and self._tmp.exists():
+            self._tmp.unlink()

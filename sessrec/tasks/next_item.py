@@ -1,0 +1,148 @@
+"""`NextItemTask`: training, evaluation and scoring of a `SessionModel` in Lightning.
+
+Loss, metrics and optimisation live here; the network lives in `sessrec.models`. One shared
+`_step(batch, stage)` serves training (masked targets inside the sessions) and evaluation
+(one next item after each prefix, over the full catalogue).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sessrec.data.batch import SessionBatch
+from sessrec.data.vocab import NUM_SPECIAL
+from sessrec.metrics import TopKMetrics
+from sessrec.models import MaskedItemModeling, SessionModel, XLNetEncoder
+
+
+@dataclass
+class TopK:
+    """Top-K recommendations of a batch: model ids (B, K) and scores (B, K)."""
+
+    items: torch.Tensor
+    scores: torch.Tensor
+
+
+class NextItemTask(pl.LightningModule):
+    """Masked item modelling with a full-catalogue softmax, evaluated by Recall/NDCG/MRR@K.
+
+    Args:
+        num_items: score vector size; linked from the data module (``data.num_items``).
+        max_length: items per session; linked from the data module (``data.max_length``).
+        encoder: the sequence encoder (``class_path`` in a recipe); XLNetEncoder() when None.
+        objective: the masking objective of training.
+        position_embedding: learned distance-from-end embedding in the model.
+        dropout: input embedding dropout.
+        lr: peak AdamW learning rate.
+        weight_decay: AdamW weight decay on matrices (not on biases, norms, or embeddings).
+        warmup_steps: linear warm-up steps.
+        scheduler: learning-rate decay after warm-up.
+        label_smoothing: cross-entropy label smoothing.
+        ks: cut-offs of the evaluation metrics.
+        top_k: recommendations per session written by ``sessrec predict``.
+        seed: masking seed (per training step).
+    """
+
+    def __init__(
+        self,
+        num_items: int = 0,
+        max_length: int = 20,
+        encoder: nn.Module | None = None,
+        objective: MaskedItemModeling = MaskedItemModeling(),
+        position_embedding: bool = True,
+        dropout: float = 0.1,
+        lr: float = 1e-3,
+        weight_decay: float = 0.0,
+        warmup_steps: int = 0,
+        scheduler: Literal["constant", "cosine", "linear"] = "cosine",
+        label_smoothing: float = 0.0,
+        ks: list[int] = [10, 20],  # noqa: B006 - read only
+        top_k: int = 20,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters(ignore=["encoder"])
+        self.model = SessionModel(
+            num_items=num_items,
+            encoder=encoder if encoder is not None else XLNetEncoder(),
+            max_length=max_length + 1,  # + the [MASK] slot after the last item
+            position_embedding=position_embedding,
+            dropout=dropout,
+        )
+        self.objective = objective
+        self.metrics = nn.ModuleDict({stage: TopKMetrics(ks) for stage in ("val", "test")})
+
+    def forward(self, batch: SessionBatch) -> torch.Tensor:
+        return self.model(batch.items)
+
+    def _step(self, batch: SessionBatch, stage: str) -> torch.Tensor:
+        if stage == "train":
+            gen = torch.Generator(device=batch.items.device).manual_seed(self.hparams.seed * 7919 + self.global_step)
+            m = self.objective(batch.items, gen)
+            hidden = self.model.encode(m.inputs, m.masked)[m.masked]  # (N, D)
+            logits = self.model.score(hidden)  # (N, V)
+            loss = F.cross_entropy(logits, m.targets, label_smoothing=self.hparams.label_smoothing)
+            self.log("train/loss", loss, prog_bar=True, batch_size=len(batch))
+            return loss
+        scores = self.model(batch.items)  # (B, V)
+        known = batch.targets >= NUM_SPECIAL
+        loss = F.cross_entropy(scores[known], batch.targets[known]) if known.any() else scores.new_zeros(())
+        self.metrics[stage].update(scores, batch.targets)
+        self.log(f"{stage}/loss", loss, batch_size=len(batch))
+        return loss
+
+    def training_step(self, batch: SessionBatch, batch_idx: int) -> torch.Tensor:
+        return self._step(batch, "train")
+
+    def validation_step(self, batch: SessionBatch, batch_idx: int) -> torch.Tensor:
+        return self._step(batch, "val")
+
+    def test_step(self, batch: SessionBatch, batch_idx: int) -> torch.Tensor:
+        return self._step(batch, "test")
+
+    def _log_metrics(self, stage: str) -> None:
+        values = self.metrics[stage].compute()
+        self.log_dict({f"{stage}/{k}": v for k, v in values.items()}, prog_bar=False)
+        self.metrics[stage].reset()
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_metrics("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_metrics("test")
+
+    def predict_step(self, batch: SessionBatch, batch_idx: int) -> TopK:
+        scores = self.model(batch.items)
+        k = min(self.hparams.top_k, self.hparams.num_items - NUM_SPECIAL)
+        top = scores.topk(k, dim=1)
+        return TopK(items=top.indices, scores=top.values)
+
+    def configure_optimizers(self):  # noqa: ANN201 - Lightning's union of return types
+        decay = [p for n, p in self.named_parameters() if p.dim() >= 2 and "embedding" not in n]
+        rest = [p for n, p in self.named_parameters() if not (p.dim() >= 2 and "embedding" not in n)]
+        opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": self.hparams.weight_decay}, {"params": rest, "weight_decay": 0.0}],
+            lr=self.hparams.lr,
+        )
+        warmup, kind = self.hparams.warmup_steps, self.hparams.scheduler
+        total = max(int(self.trainer.estimated_stepping_batches), 1) if self._trainer is not None else 1
+
+        def factor(step: int) -> float:
+            if step < warmup:
+                return (step + 1) / warmup
+            progress = min((step - warmup) / max(total - warmup, 1), 1.0)
+            if kind == "cosine":
+                return 0.5 * (1.0 + math.cos(math.pi * progress))
+            if kind == "linear":
+                return 1.0 - progress
+            return 1.0
+
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

@@ -55,6 +55,8 @@ class SessionModel(nn.Module):
         self.encoder = encoder
         self.output_transform = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.LayerNorm(d))
         self.output_bias = nn.Parameter(torch.zeros(num_items))
+        # padding and OOV are never recommended: -inf added to their scores in the same addmm
+        self.register_buffer("never", torch.zeros(num_items).index_fill(0, torch.arange(NUM_SPECIAL), float("-inf")), persistent=False)
         nn.init.normal_(self.item_embedding.weight, std=0.02)
         nn.init.normal_(self.mask_embedding, std=0.02)
         with torch.no_grad():
@@ -75,8 +77,7 @@ class SessionModel(nn.Module):
     def score(self, hidden: torch.Tensor) -> torch.Tensor:
         """(N, D) hidden states -> (N, V) scores; padding and OOV get -inf."""
         h = self.output_transform(hidden)
-        logits = h @ self.item_embedding.weight.T + self.output_bias
-        return logits.index_fill(-1, torch.arange(NUM_SPECIAL, device=logits.device), float("-inf"))
+        return torch.addmm(self.output_bias + self.never, h, self.item_embedding.weight.T)
 
     def forward(self, items: torch.Tensor | SessionBatch) -> torch.Tensor:
         """Next-item scores (B, V) for right-aligned sessions (B, L) or a `SessionBatch`.

@@ -111,6 +111,9 @@ class NextItemTask(pl.LightningModule):
         values = self.metrics[stage].compute()
         self.log_dict({f"{stage}/{k}": v for k, v in values.items()}, prog_bar=False)
         self.metrics[stage].reset()
+        if not self.trainer.sanity_checking:
+            shown = " ".join(f"{k}={float(v):.4f}" for k, v in values.items())
+            self.print(f"[{stage}] epoch {self.current_epoch} step {self.global_step}: {shown}")
 
     def on_validation_epoch_end(self) -> None:
         self._log_metrics("val")

@@ -1,0 +1,119 @@
+"""Training-batch throughput: sessrec's columnar `SessionLoader` vs. a per-item torch `Dataset`.
+
+Both sides iterate the same padded (N, L) training tensor of a real dataset (SR-GNN diginetica by
+default) in shuffled batches of the same size and touch every batch (sum of the item ids). The
+sessrec side is `SessionDataModule.train_dataloader()` as training uses it (one `index_select` per
+batch, trimmed to the longest session); the baseline is the textbook `Dataset.__getitem__` that
+returns one padded row, batched by `DataLoader(shuffle=True)` with the default collate and no
+workers. Measurements alternate (A, B, A, B, ...) and the medians are compared, because the
+machine is shared and noisy.
+
+Prints one JSON line on stdout; progress goes to stderr.
+
+Example (from the repository root):
+    python benchmarks/loader.py --threads 1 --repeats 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Iterable
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from sessrec.data import SessionDataModule, SRGNNSource
+
+
+class PaddedRowDataset(Dataset):
+    """The per-item baseline: `__getitem__` returns one padded (L,) row of the same tensor."""
+
+    def __init__(self, items: torch.Tensor) -> None:
+        self.items = items
+
+    def __len__(self) -> int:
+        return self.items.shape[0]
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self.items[i]
+
+
+def time_epoch(batches: Iterable, max_batches: int) -> tuple[float, int]:
+    """Seconds to draw up to `max_batches` batches (0 = the whole epoch) and the sessions seen."""
+    sessions, total = 0, 0
+    start = time.perf_counter()
+    for n, batch in enumerate(batches):
+        items = batch.items if hasattr(batch, "items") else batch  # SessionBatch or (B, L) tensor
+        total += int(items.sum())  # touch the batch
+        sessions += items.shape[0]
+        if max_batches and n + 1 >= max_batches:
+            break
+    elapsed = time.perf_counter() - start
+    assert total > 0 and sessions > 0
+    return elapsed, sessions
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", default="../shared/data/diginetica_srgnn", help="SR-GNN dataset folder")
+    parser.add_argument("--max-length", type=int, default=20)
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--batches", type=int, default=0, help="batches per measurement; 0 = a full epoch")
+    parser.add_argument("--repeats", type=int, default=5, help="timed measurements of each loader")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed epochs (or --batches) of each loader")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error("--repeats must be >= 1")
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+
+    t0 = time.perf_counter()
+    dm = SessionDataModule(
+        source=SRGNNSource(args.data), max_length=args.max_length, batch_size=args.batch, seed=args.seed
+    )
+    items, _ = dm.tensors("train")  # (N, L)
+    print(f"loaded {tuple(items.shape)} training sessions in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
+
+    sessrec_loader = dm.train_dataloader()  # shuffled; drops the last incomplete batch
+    torch_loader = DataLoader(
+        PaddedRowDataset(items), batch_size=args.batch, shuffle=True, num_workers=0,
+        drop_last=sessrec_loader.drop_last,
+    )
+    runs = {"sessrec": (sessrec_loader, []), "torch_dataset": (torch_loader, [])}
+
+    for _ in range(args.warmup):
+        for loader, _rates in runs.values():
+            time_epoch(loader, args.batches)
+    for r in range(args.repeats):
+        for name, (loader, rates) in runs.items():  # interleaved: A, B, A, B, ...
+            seconds, sessions = time_epoch(loader, args.batches)
+            rates.append(sessions / seconds)
+            print(f"repeat {r} {name}: {sessions} sessions in {seconds:.3f}s", file=sys.stderr)
+
+    sessrec_rate = statistics.median(runs["sessrec"][1])
+    torch_rate = statistics.median(runs["torch_dataset"][1])
+    ratios = [a / b for a, b in zip(runs["sessrec"][1], runs["torch_dataset"][1])]
+    print(json.dumps({
+        "benchmark": "loader",
+        "dataset": args.data.rstrip("/").split("/")[-1],
+        "sessions": int(items.shape[0]),
+        "max_length": args.max_length,
+        "batch_size": args.batch,
+        "batches_per_measurement": args.batches or len(sessrec_loader),
+        "repeats": args.repeats,
+        "threads": args.threads,
+        "sessrec_sessions_per_s": round(sessrec_rate),
+        "torch_dataset_sessions_per_s": round(torch_rate),
+        "ratio": round(sessrec_rate / torch_rate, 1),
+        "ratio_min_max": [round(min(ratios), 1), round(max(ratios), 1)],
+    }))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""End to end through the ``sessrec`` CLI: fit -> test -> predict, and batch-scoring failure modes."""
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from sessrec.cli import main
+from sessrec.data import ItemVocab, SchemaError
+
+torch.set_num_threads(1)
+ROOT = Path(__file__).resolve().parents[1]
+TINY = [
+    "--config", str(ROOT / "recipes" / "quickstart.yaml"),
+    "--trainer.max_epochs", "3",
+    "--trainer.enable_progress_bar", "false",
+    "--data.source.init_args.num_sessions", "3000",
+    "--data.source.init_args.num_items", "200",
+    "--model.encoder.init_args.d_model", "16",
+    "--model.encoder.init_args.n_head", "2",
+    "--model.encoder.init_args.n_layer", "1",
+]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    run = tmp_path_factory.mktemp("run")
+    cwd = os.getcwd()
+    os.chdir(run)
+    try:
+        main(["fit", *TINY])
+    finally:
+        os.chdir(cwd)
+    ckpt = next(run.glob("runs/quickstart/*/checkpoints/best.ckpt"))
+    return run, ckpt
+
+
+def test_fit_writes_checkpoint_and_vocab(trained):
+    _, ckpt = trained
+    vocab = ItemVocab.load(ckpt.parent / "vocab.parquet")
+    assert 150 < len(vocab) <= 202
+    assert not list(ckpt.parent.glob(".*tmp*"))
+
+
+def test_test_subcommand_reports_metrics(trained):
+    run, ckpt = trained
+    cli = main(["test", *TINY, "--ckpt_path", str(ckpt)])
+    metrics = cli.trainer.callback_metrics
+    # learnable synthetic transitions: far above popularity after one epoch
+    assert metrics["test/recall@20"] > 0.3
+    assert 0 < metrics["test/mrr@20"] <= metrics["test/recall@20"]
+
+
+def sessions_file(path: Path, vocab: ItemVocab, layout: str) -> dict:
+    raw = vocab.raw_ids.to_pylist()
+    sessions = {"s1": raw[:3], "s2": [raw[5], 99_999_999], "s3": [raw[7]]}  # 99_999_999 is unknown
+    if layout == "lists":
+        pq.write_table(pa.table({"session_id": list(sessions), "item_id": list(sessions.values())}), path)
+    else:
+        sid = [s for s, items in sessions.items() for _ in items]
+        iid = [i for items in sessions.values() for i in items]
+        pacsv.write_csv(pa.table({"session_id": sid, "item_id": iid}), path)
+    return sessions
+
+
+@pytest.mark.parametrize("layout,name", [("lists", "sessions.parquet"), ("events", "events.csv")])
+def test_predict_writes_raw_topk(trained, tmp_path, layout, name):
+    _, ckpt = trained
+    vocab = ItemVocab.load(ckpt.parent / "vocab.parquet")
+    src = tmp_path / name
+    sessions = sessions_file(src, vocab, layout)
+    out = tmp_path / "recs.parquet"
+    main(["predict", *TINY, "--ckpt_path", str(ckpt), "--data.predict_path", str(src), "--scoring.output", str(out)])
+    recs = pq.read_table(out)
+    assert recs.column_names == ["session_id", "item_ids", "scores"]
+    assert sorted(recs.column("session_id").to_pylist()) == sorted(sessions)
+    known = set(vocab.raw_ids.to_pylist())
+    for items, scores in zip(recs.column("item_ids").to_pylist(), recs.column("scores").to_pylist()):
+        assert len(items) == 20 and len(set(items)) == 20
+        assert set(items) <= known  # raw ids, never padding/OOV
+        assert scores == sorted(scores, reverse=True)
+    # refuses to overwrite unless told
+    with pytest.raises(FileExistsError, match="exists"):
+        main(["predict", *TINY, "--ckpt_path", str(ckpt), "--data.predict_path", str(src), "--scoring.output", str(out)])
+    main(["predict", *TINY, "--ckpt_path", str(ckpt), "--data.predict_path", str(src),
+          "--scoring.output", str(out), "--scoring.overwrite", "true"])
+
+
+def test_predict_failure_leaves_nothing(trained, tmp_path):
+    _, ckpt = trained
+    vocab = ItemVocab.load(ckpt.parent / "vocab.parquet")
+    raw = vocab.raw_ids.to_pylist()
+    # many good sessions, then a bad id far down the file: fails after batches were written
+    n = 5000
+    sid = np.repeat(np.arange(n), 2)
+    iid = np.array(raw[:2] * n, dtype=object)
+    iid[-1] = "not-an-id"
+    src = tmp_path / "bad.csv"
+    pacsv.write_csv(pa.table({"session_id": sid, "item_id": pa.array([str(v) for v in iid])}), src)
+    out = tmp_path / "recs.parquet"
+    with pytest.raises((SchemaError, TypeError)):
+        main(["predict", *TINY, "--ckpt_path", str(ckpt), "--data.predict_path", str(src), "--scoring.output", str(out),
+              "--data.eval_batch_size", "64"])
+    assert not out.exists()
+    assert list(tmp_path.iterdir()) == [src]
+
+
+def test_predict_rejects_empty_session(trained, tmp_path):
+    _, ckpt = trained
+    src = tmp_path / "empty.parquet"
+    pq.write_table(pa.table({"session_id": ["a", "b"], "item_id": pa.array([[1000], []], pa.list_(pa.int64()))}), src)
+    out = tmp_path / "recs.parquet"
+    with pytest.raises(SchemaError, match=r"empty.parquet.*item_id.*'b'.*no items"):
+        main(["predict", *TINY, "--ckpt_path", str(ckpt), "--data.predict_path", str(src), "--scoring.output", str(out)])
+    assert not out.exists()

@@ -1,0 +1,83 @@
+"""Ranking metrics against hand-computed cases."""
+
+import math
+
+import pytest
+import torch
+
+from sessrec.metrics import TopKMetrics, target_ranks
+
+NEG = float("-inf")
+
+
+def scores(*rows):
+    return torch.tensor(rows, dtype=torch.float32)
+
+
+def test_ranks_are_pessimistic_on_ties():
+    # ids 0, 1 are padding/OOV (-inf). Target 3 ties with item 2 -> rank 2, not 1.
+    s = scores([NEG, NEG, 5.0, 5.0, 1.0])
+    assert target_ranks(s, torch.tensor([3])).tolist() == [2.0]
+    assert target_ranks(s, torch.tensor([4])).tolist() == [3.0]
+    # a constant model ranks every target last among the three real items
+    flat = scores([NEG, NEG, 0.0, 0.0, 0.0])
+    assert target_ranks(flat, torch.tensor([2])).tolist() == [3.0]
+
+
+def test_oov_and_padding_targets_are_misses():
+    s = scores([NEG, NEG, 3.0, 2.0])
+    r = target_ranks(s, torch.tensor([1]))
+    assert math.isinf(r.item())
+    m = TopKMetrics(ks=[100])  # K larger than the catalogue: still a miss
+    m.update(s, torch.tensor([1]))
+    assert m.compute()["recall@100"].item() == 0.0
+
+
+def test_hand_computed_batch():
+    # row 1: target 4 has rank 1; row 2: target 2 has rank 3; row 3: target 5 has rank 2
+    s = scores(
+        [NEG, NEG, 0.1, 0.2, 0.9, 0.3],
+        [NEG, NEG, 0.1, 0.5, 0.4, 0.3],
+        [NEG, NEG, 0.7, 0.1, 0.2, 0.6],
+    )
+    t = torch.tensor([4, 2, 5])
+    assert target_ranks(s, t).tolist() == [1.0, 4.0, 2.0]
+    m = TopKMetrics(ks=[1, 2, 4])
+    m.update(s, t)
+    out = {k: v.item() for k, v in m.compute().items()}
+    assert out["recall@1"] == pytest.approx(1 / 3)
+    assert out["recall@2"] == pytest.approx(2 / 3)
+    assert out["recall@4"] == pytest.approx(1.0)
+    assert out["mrr@2"] == pytest.approx((1 + 0.5) / 3)
+    assert out["mrr@4"] == pytest.approx((1 + 0.25 + 0.5) / 3)
+    assert out["ndcg@2"] == pytest.approx((1 + 1 / math.log2(3)) / 3)
+    assert out["ndcg@4"] == pytest.approx((1 + 1 / math.log2(5) + 1 / math.log2(3)) / 3)
+
+
+def test_k_larger_than_catalogue_counts_every_real_target():
+    s = scores([NEG, NEG, 0.3, 0.2, 0.1])
+    m = TopKMetrics(ks=[50])
+    m.update(s, torch.tensor([4]))
+    out = m.compute()
+    assert out["recall@50"].item() == 1.0
+    assert out["mrr@50"].item() == pytest.approx(1 / 3)
+
+
+def test_accumulates_over_batches_like_one_batch():
+    torch.manual_seed(0)
+    s = torch.randn(10, 30)
+    s[:, :2] = NEG
+    t = torch.randint(2, 30, (10,))
+    whole, parts = TopKMetrics(ks=[5, 10]), TopKMetrics(ks=[5, 10])
+    whole.update(s, t)
+    parts.update(s[:3], t[:3])
+    parts.update(s[3:], t[3:])
+    for k, v in whole.compute().items():
+        assert parts.compute()[k].item() == pytest.approx(v.item())
+    parts.reset()
+    assert parts.count.item() == 0
+
+
+def test_rejects_bad_cutoffs():
+    with pytest.raises(ValueError, match="ks"):
+        TopKMetrics(ks=[0])

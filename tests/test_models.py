@@ -1,0 +1,112 @@
+"""Masking objective and session model: targets, shapes, padding invariance, no special ids."""
+
+import pytest
+import torch
+
+from sessrec.data import SessionBatch
+from sessrec.models import MaskedItemModeling, SessionModel, XLNetEncoder
+
+torch.set_num_threads(1)
+
+
+def tiny_model(num_items=50, seed=0, **kw):
+    torch.manual_seed(seed)
+    return SessionModel(num_items, XLNetEncoder(d_model=16, n_head=2, n_layer=1, dropout=0.0), max_length=9, **kw).eval()
+
+
+ITEMS = torch.tensor(
+    [
+        [0, 0, 0, 5, 6, 7, 8],
+        [0, 0, 0, 0, 0, 0, 9],
+        [3, 1, 4, 1, 5, 9, 2],  # 1 = OOV: never a target
+        [0, 0, 0, 0, 0, 1, 1],  # only OOV: nothing to predict
+    ]
+)
+
+
+def test_masking_targets_are_the_masked_items_and_inputs_hide_them():
+    m = MaskedItemModeling(mask_prob=0.5, last_item_prob=0.0)(ITEMS, torch.Generator().manual_seed(0))
+    assert torch.equal(m.targets, ITEMS[m.masked])
+    assert (m.inputs[m.masked] == 0).all()
+    assert torch.equal(m.inputs[~m.masked], ITEMS[~m.masked])
+    assert not m.masked[ITEMS < 2].any()  # never padding or OOV
+    assert m.masked[:3].any(dim=1).all()  # at least one target where one is possible
+    assert not m.masked[3].any()
+
+
+def test_masking_is_seeded_and_rate_is_right():
+    items = torch.randint(2, 100, (2000, 20))
+    a = MaskedItemModeling(mask_prob=0.3, last_item_prob=0.0)(items, torch.Generator().manual_seed(1))
+    b = MaskedItemModeling(mask_prob=0.3, last_item_prob=0.0)(items, torch.Generator().manual_seed(1))
+    assert torch.equal(a.masked, b.masked)
+    assert a.masked.float().mean().item() == pytest.approx(0.3, abs=0.01)
+
+
+def test_last_item_masking_is_the_evaluation_shape():
+    m = MaskedItemModeling(mask_prob=0.2, last_item_prob=1.0)(ITEMS[:2], torch.Generator().manual_seed(0))
+    expected = torch.zeros_like(ITEMS[:2], dtype=torch.bool)
+    expected[:, -1] = True
+    assert torch.equal(m.masked, expected)
+    assert m.targets.tolist() == [8, 9]
+
+
+@pytest.mark.parametrize("kw", [{"mask_prob": 0.0}, {"mask_prob": 1.5}, {"last_item_prob": -0.1}])
+def test_masking_rejects_bad_probabilities(kw):
+    with pytest.raises(ValueError):
+        MaskedItemModeling(**kw)
+
+
+def test_scores_shape_and_never_recommend_padding_or_oov():
+    model = tiny_model()
+    scores = model(SessionBatch(items=ITEMS))
+    assert scores.shape == (4, 50)
+    assert torch.isinf(scores[:, :2]).all() and (scores[:, :2] < 0).all()
+    assert torch.isfinite(scores[:, 2:]).all()
+    assert not (scores.topk(5).indices < 2).any()
+
+
+def test_left_padding_does_not_change_scores():
+    model = tiny_model()
+    short = torch.tensor([[5, 6, 7]])
+    padded = torch.tensor([[0, 0, 0, 5, 6, 7]])
+    torch.testing.assert_close(model(short), model(padded))
+
+
+def test_longer_inputs_keep_the_most_recent_items():
+    model = tiny_model()  # max_length 9 = 8 items + [MASK]
+    long = torch.arange(2, 14).unsqueeze(0)  # 12 items
+    torch.testing.assert_close(model(long), model(long[:, -8:]))
+
+
+def test_seeded_model_is_deterministic_and_order_sensitive():
+    a, b = tiny_model(seed=3), tiny_model(seed=3)
+    x = torch.tensor([[4, 5, 6]])
+    torch.testing.assert_close(a(x), b(x))
+    assert not torch.allclose(a(x), a(torch.tensor([[6, 5, 4]])))
+
+
+def test_encoder_validates_heads():
+    with pytest.raises(ValueError, match="multiple of n_head"):
+        XLNetEncoder(d_model=30, n_head=4)
+
+
+def test_tiny_model_learns_a_transition():
+    """A few hundred steps of MLM on a deterministic chain a -> a+1 must rank the successor first."""
+    torch.manual_seed(0)
+    model = SessionModel(22, XLNetEncoder(d_model=16, n_head=2, n_layer=1, dropout=0.0), max_length=7, dropout=0.0)
+    starts = torch.randint(2, 16, (256,))
+    items = starts[:, None] + torch.arange(6)[None, :]  # (256, 6) ids 2..21
+    objective = MaskedItemModeling(mask_prob=0.3, last_item_prob=0.3)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(150):
+        m = objective(items, gen)
+        logits = model.score(model.encode(m.inputs, m.masked)[m.masked])
+        loss = torch.nn.functional.cross_entropy(logits, m.targets)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    with torch.no_grad():
+        pred = model(torch.tensor([[4, 5, 6], [10, 11, 12]])).argmax(dim=1)
+    assert pred.tolist() == [7, 13]

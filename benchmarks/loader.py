@@ -78,7 +78,8 @@ def main() -> None:
         source=SRGNNSource(args.data), max_length=args.max_length, batch_size=args.batch, seed=args.seed
     )
     items, _ = dm.tensors("train")  # (N, L)
-    print(f"loaded {tuple(items.shape)} training sessions in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
+    seconds = time.perf_counter() - t0
+    print(f"loaded {tuple(items.shape)} training sessions in {seconds:.1f}s", file=sys.stderr)
 
     sessrec_loader = dm.train_dataloader()  # shuffled; drops the last incomplete batch
     torch_loader = DataLoader(

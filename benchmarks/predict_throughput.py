@@ -56,7 +56,8 @@ def main() -> None:
         for r in range(args.repeats):
             for b in args.batches:  # round-robin, so drift of the shared machine hits every size
                 times[b].append(score(sessions[b]))
-            print(f"repeat {r}: " + ", ".join(f"B={b} {times[b][-1] * 1e3:.1f} ms" for b in args.batches), file=sys.stderr)
+            shown = ", ".join(f"B={b} {times[b][-1] * 1e3:.1f} ms" for b in args.batches)
+            print(f"repeat {r}: {shown}", file=sys.stderr)
 
     results = []
     for b in args.batches:

@@ -36,7 +36,9 @@ def synthetic_sessions(n: int, max_len: int, items: int, generator: torch.Genera
 
 
 def build_model(args: argparse.Namespace) -> SessionModel:
-    encoder = XLNetEncoder(d_model=args.d_model, n_head=args.n_head, n_layer=args.n_layer, dropout=args.dropout)
+    encoder = XLNetEncoder(
+        d_model=args.d_model, n_head=args.n_head, n_layer=args.n_layer, dropout=args.dropout
+    )
     return SessionModel(
         num_items=args.items + NUM_SPECIAL, encoder=encoder, max_length=args.max_len + 1, dropout=args.dropout
     )
@@ -46,7 +48,9 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--d-model", type=int, default=64)
     parser.add_argument("--n-head", type=int, default=4)
     parser.add_argument("--n-layer", type=int, default=2)
-    parser.add_argument("--max-len", type=int, default=20, help="items per session (the model adds a [MASK] slot)")
+    parser.add_argument(
+        "--max-len", type=int, default=20, help="items per session (the model adds a [MASK] slot)"
+    )
     parser.add_argument("--items", type=int, default=10_000, help="catalogue size (without padding and OOV)")
     parser.add_argument("--dropout", type=float, default=0.3)
     parser.add_argument("--threads", type=int, default=1)

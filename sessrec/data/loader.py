@@ -69,21 +69,23 @@ class SessionLoader:
         return order[order < n]
 
     def __iter__(self) -> Iterator[SessionBatch]:
+        n, width = self.items.shape
         order = self._order()
         self.epoch += 1
-        for b in range(len(self)):
-            lo, hi = b * self.batch_size, min((b + 1) * self.batch_size, self.items.shape[0])
-            if order is None:
-                rows = torch.arange(lo, hi)
-                items = self.items[lo:hi]
-            else:
-                rows = order[lo:hi]
-                items = self.items.index_select(0, rows)
-            width = int(self.lengths[rows].max()) if len(rows) else 0
+        if order is None:
+            order = torch.arange(n)
+        if self.drop_last:
+            order = order[: len(self) * self.batch_size]
+        chunks = order.split(self.batch_size)
+        # per-batch longest session, for all batches at once: one gather and one reduction per epoch
+        lengths = self.lengths.index_select(0, order)
+        tail = (-len(order)) % self.batch_size
+        widths = torch.nn.functional.pad(lengths, (0, tail)).view(-1, self.batch_size).amax(dim=1).clamp(min=1).tolist()
+        for rows, w in zip(chunks, widths):
+            items = self.items.index_select(0, rows)
             batch = SessionBatch(
-                items=items[:, items.shape[1] - max(width, 1) :],
+                items=items if w == width else items[:, width - w :],
                 targets=None if self.targets is None else self.targets.index_select(0, rows),
                 index=rows,
             )
             yield batch.pin_memory() if self.pin_memory else batch
-

@@ -26,7 +26,7 @@ class VocabularyCheckpoint(pl.Callback):
     @rank_zero_only
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         vocab = getattr(trainer.datamodule, "vocab", None)
-        if vocab is None:
+        if vocab is None or trainer.fast_dev_run:
             return
         for cb in trainer.checkpoint_callbacks:
             dirpath = getattr(cb, "dirpath", None)

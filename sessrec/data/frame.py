@@ -30,6 +30,8 @@ def sort_events(events: pa.Table, schema: Schema) -> pa.Table:
 
 def _boundaries(values: np.ndarray) -> np.ndarray:
     """Offsets (N + 1,) of runs of equal consecutive values in a 1-d array."""
+    if len(values) == 0:
+        return np.zeros(1, dtype=np.int64)  # no events: no sessions, not one empty session
     change = np.flatnonzero(values[1:] != values[:-1]) + 1
     return np.concatenate([[0], change, [len(values)]]).astype(np.int64)
 
@@ -140,7 +142,7 @@ def time_split(
         raise ValueError("time_split needs a timestamp column; the schema has none")
     end = _last_times(sessions)
     if test_days is not None:
-        t_max = end.max()
+        t_max = end.max() if end.size else 0.0
         t_test = t_max - test_days * 86400.0
         t_valid = t_test - (valid_days or 0.0) * 86400.0
         split = np.where(end > t_test, 2, np.where(end > t_valid, 1, 0))
@@ -193,6 +195,6 @@ def expand_prefixes(offsets: np.ndarray, protocol: str) -> tuple[np.ndarray, np.
         raise ValueError(f"unknown evaluation protocol {protocol!r}; use 'last' or 'all_prefixes'")
     n_pairs = np.maximum(lengths - 1, 0)
     session = np.repeat(np.arange(len(lengths)), n_pairs)
-    first = np.concatenate([[0], np.cumsum(n_pairs)[:-1]])
+    first = np.cumsum(n_pairs) - n_pairs
     rank = np.arange(n_pairs.sum()) - np.repeat(first, n_pairs)  # 0 = longest prefix
     return session, offsets[1:][session] - 1 - rank

@@ -91,22 +91,37 @@ def load_pickle(path: str | Path) -> object:
     try:
         with opener(path, "rb") as f:
             return _NoGlobals(io.BufferedReader(f)).load()
-    except (pickle.UnpicklingError, EOFError, OSError, ValueError) as err:
-        raise SchemaError(f"{path}: not a plain SR-GNN pickle: {err}") from err
+    except FileNotFoundError:
+        raise
+    except Exception as err:  # no global can load, so any failure means a malformed file
+        raise SchemaError(f"{path}: not a plain SR-GNN pickle: {type(err).__name__}: {err}") from err
 
 
 def _int_lists(obj: object, path: Path, what: str) -> pa.ListArray:
     if not isinstance(obj, (list, tuple)):
         raise SchemaError(f"{path}: {what} should be a list of sessions, got {type(obj).__name__}")
-    try:
-        arr = pa.array(obj, type=pa.list_(pa.int64()))
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
-        raise SchemaError(f"{path}: {what} should hold lists of integer item ids: {err}") from err
+    arr = _int_array(obj, path, what, nested=True)
     if arr.null_count or arr.values.null_count:
         raise SchemaError(f"{path}: {what} holds a null session or item id")
     if len(arr.values) and pc.min(arr.values).as_py() < 0:
         raise SchemaError(f"{path}: {what} holds a negative item id {pc.min(arr.values).as_py()}")
     return arr
+
+
+def _int_array(obj: list | tuple, path: Path, what: str, nested: bool) -> pa.Array:
+    """Arrow int64 (or list<int64>) array; types are inferred first, since a cast to int64 truncates 1.5."""
+    try:
+        arr = pa.array(obj)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as err:
+        raise SchemaError(f"{path}: {what} should hold integer item ids: {err}") from err
+    if nested:
+        typ = arr.type.value_type if pa.types.is_list(arr.type) else None
+    else:
+        typ = arr.type
+    if typ is None or not (pa.types.is_integer(typ) or pa.types.is_null(typ)):
+        expected = "lists of integer item ids" if nested else "integer item ids"
+        raise SchemaError(f"{path}: {what} should hold {expected}, got {arr.type}")
+    return arr.cast(pa.list_(pa.int64()) if nested else pa.int64())
 
 
 @dataclass
@@ -116,20 +131,36 @@ class SRGNNData:
     train: pa.ListArray  # (N,) lists of item ids
     test_prefixes: pa.ListArray  # (P,)
     test_labels: np.ndarray  # (P,)
+    source: str = "SR-GNN test pairs"
 
     def test_sessions(self) -> pa.ListArray:
         """Reassemble the test sessions from the pairs (each session's longest prefix + label).
 
         The pairs are written longest prefix first and a session's run ends with its length-1
         prefix, so session starts are the pairs that follow a length-1 prefix.
+
+        Raises:
+            SchemaError: when the prefix lengths do not count down to 1 within every run.
         """
-        lengths = pc.list_value_length(self.test_prefixes).to_numpy()
+        lengths = pc.list_value_length(self.test_prefixes).to_numpy(zero_copy_only=False).astype(np.int64)
+        if lengths.size == 0:
+            return pa.ListArray.from_arrays(pa.array([0], pa.int32()), pa.array([], pa.int64()))
+        if lengths[-1] != 1:
+            raise SchemaError(
+                f"{self.source}: the test pairs do not end with a length-1 prefix; not the SR-GNN expansion"
+            )
         starts = np.concatenate([[0], np.flatnonzero(lengths == 1)[:-1] + 1])
-        if lengths.size and lengths[-1] != 1:
-            raise SchemaError("SR-GNN test pairs do not end with a length-1 prefix; not the SR-GNN expansion")
+        run = np.diff(np.concatenate([starts, [lengths.size]]))
+        # within a run the prefix lengths must be n-1, n-2, ..., 1 (SR-GNN's expansion of one session)
+        expected = np.repeat(lengths[starts] + np.arange(lengths.size)[starts], run) - np.arange(lengths.size)
+        if not np.array_equal(lengths, expected):
+            row = int(np.flatnonzero(lengths != expected)[0])
+            raise SchemaError(
+                f"{self.source}: test pair {row} has a prefix of length {lengths[row]}, "
+                f"expected {expected[row]}: the pairs are not SR-GNN's longest-prefix-first expansion"
+            )
         longest = self.test_prefixes.take(pa.array(starts))
         values, offsets = longest.values.to_numpy(), longest.offsets.to_numpy()
-        n = len(starts)
         out_len = np.diff(offsets) + 1
         out_off = np.concatenate([[0], np.cumsum(out_len)])
         flat = np.empty(out_off[-1], dtype=np.int64)
@@ -137,7 +168,6 @@ class SRGNNData:
         is_label[out_off[1:] - 1] = True
         flat[is_label] = self.test_labels[starts]
         flat[~is_label] = values[offsets[0] : offsets[-1]]
-        assert n == len(out_len)
         return pa.ListArray.from_arrays(pa.array(out_off.astype(np.int32)), pa.array(flat))
 
 
@@ -157,13 +187,18 @@ def read_srgnn(directory: str | Path) -> SRGNNData:
     if not (isinstance(test, (list, tuple)) and len(test) == 2):
         raise SchemaError(f"{test_path}: expected a (prefixes, labels) pair")
     prefixes = _int_lists(test[0], test_path, "test prefixes")
-    try:
-        labels = np.asarray(test[1], dtype=np.int64)
-    except (TypeError, ValueError) as err:
-        raise SchemaError(f"{test_path}: test labels should be integer item ids: {err}") from err
+    if not isinstance(test[1], (list, tuple)):
+        kind = type(test[1]).__name__
+        raise SchemaError(f"{test_path}: test labels should be a list of item ids, got {kind}")
+    label_arr = _int_array(test[1], test_path, "test labels", nested=False)
+    if label_arr.null_count:
+        raise SchemaError(f"{test_path}: test labels hold a null item id")
+    labels = label_arr.to_numpy().astype(np.int64)
+    if labels.size and labels.min() < 0:
+        raise SchemaError(f"{test_path}: test labels hold a negative item id {labels.min()}")
     if labels.shape != (len(prefixes),):
         raise SchemaError(f"{test_path}: {len(prefixes)} prefixes but {labels.shape} labels")
-    return SRGNNData(train=train, test_prefixes=prefixes, test_labels=labels)
+    return SRGNNData(train=train, test_prefixes=prefixes, test_labels=labels, source=str(test_path))
 
 
 def read_user_sequences(path: str | Path, layout: Literal["pairs", "lines"] = "pairs") -> pa.Table:
@@ -197,7 +232,7 @@ def read_user_sequences(path: str | Path, layout: Literal["pairs", "lines"] = "p
     elif layout == "lines":
         opener = gzip.open if path.suffix == ".gz" else open
         with opener(path, "rt") as f:
-            lines = pa.array(f.read().splitlines())
+            lines = pa.array(f.read().splitlines(), type=pa.string())
         tokens = pc.split_pattern(pc.utf8_trim_whitespace(lines), " ")
         lengths = pc.list_value_length(tokens).to_numpy()
         if np.any(lengths < 2):

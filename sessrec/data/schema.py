@@ -109,7 +109,13 @@ def _check_id(table: pa.Table, name: str, source: str) -> pa.ChunkedArray:
         col = col.cast(typ.value_type)
         typ = col.type
     if not (pa.types.is_integer(typ) or pa.types.is_string(typ) or pa.types.is_large_string(typ)):
-        value, row = col[0].as_py(), 0
+        bad = col.is_valid().to_numpy(zero_copy_only=False)
+        if pa.types.is_floating(typ):
+            # point at a value with a fraction: a column of whole floats is reported at its first row
+            values = col.to_numpy(zero_copy_only=False)
+            fraction = bad & (values != np.floor(values))
+            bad = fraction if fraction.any() else bad
+        value, row = _example(col, bad) if bad.any() else (None, 0)
         raise SchemaError(
             f"{source}: column {name!r} has dtype {typ}, expected integer or string ids "
             f"(example value {value!r} at row {row})"
@@ -118,11 +124,18 @@ def _check_id(table: pa.Table, name: str, source: str) -> pa.ChunkedArray:
     if nulls.any():
         row = int(np.flatnonzero(nulls)[0])
         raise SchemaError(f"{source}: column {name!r} has a null id at row {row}; drop or fill those rows")
-    if pa.types.is_integer(typ):
+    if pa.types.is_signed_integer(typ):
         negative = pc.less(col, 0).to_numpy(zero_copy_only=False)
         if negative.any():
             value, row = _example(col, negative)
             raise SchemaError(f"{source}: column {name!r} has a negative id {value!r} at row {row}")
+    if pa.types.is_integer(typ):
+        if pa.types.is_uint64(typ):
+            limit = pa.scalar(np.iinfo(np.int64).max, pa.uint64())
+            too_big = pc.greater(col, limit).to_numpy(zero_copy_only=False)
+            if too_big.any():
+                value, row = _example(col, too_big)
+                raise SchemaError(f"{source}: column {name!r} has an id {value!r} at row {row} beyond int64")
         return col.cast(pa.int64())
     empty = pc.equal(pc.utf8_length(col), 0).to_numpy(zero_copy_only=False)
     if empty.any():
@@ -134,9 +147,16 @@ def _check_id(table: pa.Table, name: str, source: str) -> pa.ChunkedArray:
 def _check_numeric(table: pa.Table, name: str, source: str) -> pa.ChunkedArray:
     col = table.column(name)
     if not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)):
-        value = next((v for v in col.to_pylist() if v is not None), None)
+        bad = col.is_valid().to_numpy(zero_copy_only=False)
+        if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+            # the first text that is not a number, not merely the first value of the column
+            number = pc.match_substring_regex(col, _NUMBER).fill_null(True).to_numpy(zero_copy_only=False)
+            text = bad & ~number
+            bad = text if text.any() else bad
+        value, row = _example(col, bad) if bad.any() else (None, 0)
         raise SchemaError(
-            f"{source}: column {name!r} has dtype {col.type}, expected numbers (example value {value!r})"
+            f"{source}: column {name!r} has dtype {col.type}, expected numbers "
+            f"(value {value!r} at row {row} is not a number)"
         )
     values = col.cast(pa.float64()).to_numpy(zero_copy_only=False)
     bad = ~np.isfinite(values)
@@ -146,6 +166,7 @@ def _check_numeric(table: pa.Table, name: str, source: str) -> pa.ChunkedArray:
     return pa.chunked_array([pa.array(values, pa.float64())])
 
 
+_NUMBER = r"^\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*$"
 _UNIT_SECONDS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 
 
@@ -157,6 +178,10 @@ def _parse_time(table: pa.Table, name: str, unit: TimeUnit, source: str) -> pa.C
         seconds = pc.cast(pc.cast(col, pa.timestamp("us")), pa.int64()).to_numpy(zero_copy_only=False) * 1e-6
         nulls = col.is_null().to_numpy(zero_copy_only=False)
     elif pa.types.is_string(typ) or pa.types.is_large_string(typ):
+        nulls = col.is_null().to_numpy(zero_copy_only=False)
+        if nulls.any():
+            value, row = _example(col, nulls)
+            raise SchemaError(f"{source}: column {name!r} has a missing timestamp {value!r} at row {row}")
         parsed = _parse_time_strings(col)
         nulls = parsed.is_null().to_numpy(zero_copy_only=False)
         if nulls.any():
@@ -168,7 +193,10 @@ def _parse_time(table: pa.Table, name: str, unit: TimeUnit, source: str) -> pa.C
         seconds = pc.cast(parsed, pa.int64()).to_numpy(zero_copy_only=False) * 1e-6
     elif pa.types.is_integer(typ) or pa.types.is_floating(typ):
         if unit == "datetime":
-            raise SchemaError(f"{source}: column {name!r} holds numbers; set time_unit to s, ms, us or ns")
+            raise SchemaError(
+                f"{source}: column {name!r} holds numbers (e.g. {col[0].as_py()!r} at row 0); "
+                "set time_unit to s, ms, us or ns"
+            )
         seconds = col.cast(pa.float64()).to_numpy(zero_copy_only=False) * _UNIT_SECONDS[unit]
         nulls = ~np.isfinite(seconds)
     else:
@@ -180,10 +208,17 @@ def _parse_time(table: pa.Table, name: str, unit: TimeUnit, source: str) -> pa.C
 
 
 def _parse_time_strings(col: pa.ChunkedArray) -> pa.ChunkedArray:
-    """ISO-8601 strings to timestamp[us]; unparsable entries become null."""
+    """ISO-8601 strings to timestamp[us]; unparsable entries become null.
+
+    Fractional seconds are kept to the microsecond (YOOCHOOSE clicks are ``...T10:51:09.277Z``):
+    strptime has no directive for them, so they are parsed apart and added back.
+    """
     text = pc.replace_substring_regex(col, r"(Z|[+-]00:?00)$", "")
+    whole = pc.replace_substring_regex(text, r"\.\d+$", "")
     out = None
     for fmt in ("%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S", "%Y-%m-%d"):
-        parsed = pc.strptime(pc.replace_substring_regex(text, r"\.\d+$", ""), format=fmt, unit="us", error_is_null=True)
+        parsed = pc.strptime(whole, format=fmt, unit="us", error_is_null=True)
         out = parsed if out is None else pc.coalesce(out, parsed)
-    return out
+    digits = pc.struct_field(pc.extract_regex(text, r"\.(?P<frac>\d+)$"), "frac")
+    micros = pc.cast(pc.utf8_slice_codeunits(pc.utf8_rpad(digits, width=6, padding="0"), 0, 6), pa.int64())
+    return pc.cast(pc.add(pc.cast(out, pa.int64()), micros.fill_null(0)), pa.timestamp("us"))

@@ -56,6 +56,11 @@ class ItemVocab:
         """
         if isinstance(items, pa.ChunkedArray):
             items = items.combine_chunks()
+        if items.null_count:
+            raise ValueError(
+                f"item ids hold {items.null_count} nulls (e.g. page views without an item); "
+                "drop them before fitting"
+            )
         counts = pc.value_counts(items)
         raw = counts.field("values")
         cnt = counts.field("counts").to_numpy().astype(np.int64)
@@ -101,8 +106,11 @@ class ItemVocab:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        pq.write_table(pa.table({"raw_id": self.raw_ids, "count": self.counts}), tmp)
-        os.replace(tmp, path)
+        try:
+            pq.write_table(pa.table({"raw_id": self.raw_ids, "count": self.counts}), tmp)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)  # only still there when writing failed
         return path
 
     @classmethod

@@ -1,0 +1,123 @@
+"""Item vocabulary: fitting with frequency caps, encode/decode, save/load."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from sessrec.data.vocab import NUM_SPECIAL, OOV, PAD, ItemVocab
+
+# counts: 7 x4, 3 x2, 9 x2, 5 x1, 8 x1
+ITEMS = [9, 7, 3, 7, 5, 7, 9, 8, 3, 7]
+
+
+def test_special_ids():
+    assert (PAD, OOV, NUM_SPECIAL) == (0, 1, 2)
+
+
+def test_fit_orders_by_frequency_then_raw_id():
+    vocab = ItemVocab.fit(pa.array(ITEMS))
+    assert vocab.raw_ids.to_pylist() == [7, 3, 9, 5, 8]
+    assert vocab.counts.tolist() == [4, 2, 2, 1, 1]
+    assert len(vocab) == 5 + 2
+
+
+def test_fit_min_count_and_max_size():
+    assert ItemVocab.fit(pa.array(ITEMS), min_count=2).raw_ids.to_pylist() == [7, 3, 9]
+    assert ItemVocab.fit(pa.array(ITEMS), max_size=2).raw_ids.to_pylist() == [7, 3]  # the 3/9 tie goes to 3
+    capped = ItemVocab.fit(pa.array(ITEMS), min_count=2, max_size=10)
+    assert capped.raw_ids.to_pylist() == [7, 3, 9] and capped.counts.tolist() == [4, 2, 2]
+    assert len(ItemVocab.fit(pa.array(ITEMS), min_count=5)) == NUM_SPECIAL
+
+
+def test_fit_is_deterministic_under_shuffles():
+    rng = np.random.default_rng(0)
+    items = rng.integers(0, 50, 2_000)
+    first = ItemVocab.fit(pa.array(items), min_count=3)
+    again = ItemVocab.fit(
+        pa.chunked_array([pa.array(part) for part in np.array_split(rng.permutation(items), 3)]), min_count=3
+    )
+    assert first == again
+    counts = np.bincount(items, minlength=50)
+    expected = sorted((raw for raw in range(50) if counts[raw] >= 3), key=lambda raw: (-counts[raw], raw))
+    assert first.raw_ids.to_pylist() == expected
+
+
+def test_fit_string_ids_ties_by_raw_id():
+    vocab = ItemVocab.fit(pa.array(["b", "a", "c", "b", "c"]))
+    assert vocab.raw_ids.to_pylist() == ["b", "c", "a"]
+
+
+def test_fit_refuses_null_ids():
+    with pytest.raises(ValueError, match="item ids hold 1 nulls"):
+        ItemVocab.fit(pa.array([1, None, 2]))
+
+
+def test_encode_counts_unknown():
+    vocab = ItemVocab.fit(pa.array(ITEMS), min_count=2)  # 7 -> 2, 3 -> 3, 9 -> 4
+    result = vocab.encode(pa.array([9, 7, 42, 5, 3, 7]))
+    assert result.ids.tolist() == [4, 2, OOV, OOV, 3, 2]  # 5 was seen once: rare, so OOV like 42
+    assert result.num_unknown == 2
+    assert result.ids.dtype == np.int64
+    assert vocab.encode(pa.chunked_array([[3], [9, 100]])).ids.tolist() == [3, 4, OOV]
+
+
+def test_encode_refuses_uncastable_types():
+    vocab = ItemVocab.fit(pa.array([1, 2]))
+    with pytest.raises(TypeError, match="cannot be matched with a vocabulary of int64"):
+        vocab.encode(pa.array(["x"]))
+
+
+@pytest.mark.parametrize("raw", [[1000, 1001, 1000, 1002], ["hotel-a", "hotel-b", "hotel-a", "hotel-c"]])
+def test_round_trip_raw_to_ids_to_raw(raw):
+    vocab = ItemVocab.fit(pa.array(raw))
+    ids = vocab.encode(pa.array(raw)).ids
+    assert ids.min() >= NUM_SPECIAL
+    assert vocab.decode(ids).to_pylist() == raw
+    assert vocab.decode(ids.reshape(2, 2)).to_pylist() == raw  # any shape, flattened
+
+
+def test_decode_specials_to_null():
+    vocab = ItemVocab.fit(pa.array(["x", "y", "y"]))
+    assert vocab.decode(np.array([2, PAD, 3, OOV])).to_pylist() == ["y", None, "x", None]
+
+
+def test_save_load_round_trip_atomic(tmp_path):
+    vocab = ItemVocab.fit(pa.array(["b", "a", "c", "b"]), min_count=1)
+    path = vocab.save(tmp_path / "run" / "vocab.parquet")
+    assert path == tmp_path / "run" / "vocab.parquet"
+    assert [p.name for p in path.parent.iterdir()] == ["vocab.parquet"]  # no temporary file left
+    loaded = ItemVocab.load(path)
+    assert loaded == vocab
+    assert loaded.raw_ids.type == pa.string()
+    assert loaded.encode(pa.array(["c", "b", "z"])).ids.tolist() == [4, 2, OOV]
+
+
+def test_save_failure_leaves_nothing(tmp_path, monkeypatch):
+    import sessrec.data.vocab as vocab_module
+
+    def broken_write(table, where):
+        with open(where, "wb") as half:
+            half.write(b"half")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(vocab_module.pq, "write_table", broken_write)
+    with pytest.raises(OSError, match="disk full"):
+        ItemVocab.fit(pa.array([1])).save(tmp_path / "vocab.parquet")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_load_refuses_other_parquet(tmp_path):
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"item": [1], "n": [2]}), tmp_path / "other.parquet")
+    with pytest.raises(ValueError, match="not a sessrec vocabulary"):
+        ItemVocab.load(tmp_path / "other.parquet")
+
+
+def test_constructor_checks():
+    with pytest.raises(ValueError, match="same length"):
+        ItemVocab(pa.array([1, 2]), np.array([1]))
+    with pytest.raises(ValueError, match="distinct"):
+        ItemVocab(pa.array([1, 1]), np.array([1, 1]))

@@ -43,7 +43,8 @@ class SessrecCLI(LightningCLI):
             cfg.data.vocab_path = None if vocab is None else str(vocab)
 
 
-def main(args: list[str] | None = None) -> SessrecCLI:
+def cli(args: list[str] | None = None) -> SessrecCLI:
+    """Run the CLI in-process and return it (trainer, model and data module for inspection)."""
     return SessrecCLI(
         NextItemTask,
         SessionDataModule,
@@ -51,6 +52,11 @@ def main(args: list[str] | None = None) -> SessrecCLI:
         save_config_kwargs={"overwrite": True},
         args=args,
     )
+
+
+def main() -> None:
+    """Console entry point ``sessrec``."""
+    cli()
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from sessrec.cli import main
+from sessrec.cli import cli as main
 from sessrec.data import ItemVocab, SchemaError
 
 torch.set_num_threads(1)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sessrec.cli import main
+from sessrec.cli import cli as main
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]

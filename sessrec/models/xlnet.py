@@ -24,6 +24,9 @@ class XLNetEncoder(nn.Module):
         d_inner: feed-forward width (default 4 * d_model).
         dropout: dropout inside the layers.
         layer_norm_eps: LayerNorm epsilon.
+        initializer_range: std of the weight init; default ``d_model ** -0.5``. HF's 0.02 is sized
+            for d_model ~ 1024: at d_model 64 it makes each attention block's output ~40x smaller
+            than its residual, and the encoder learns item context far more slowly.
     """
 
     def __init__(
@@ -34,6 +37,7 @@ class XLNetEncoder(nn.Module):
         d_inner: int | None = None,
         dropout: float = 0.1,
         layer_norm_eps: float = 1e-12,
+        initializer_range: float | None = None,
     ) -> None:
         super().__init__()
         if d_model % n_head:
@@ -47,6 +51,7 @@ class XLNetEncoder(nn.Module):
             d_inner=d_inner or 4 * d_model,
             dropout=dropout,
             layer_norm_eps=layer_norm_eps,
+            initializer_range=initializer_range if initializer_range is not None else d_model**-0.5,
             attn_type="bi",
             mem_len=None,
             use_mems_eval=False,

@@ -40,6 +40,8 @@ class NextItemTask(pl.LightningModule):
         objective: the masking objective of training.
         position_embedding: learned distance-from-end embedding in the model.
         dropout: input embedding dropout.
+        input_norm: LayerNorm on the input embeddings (see `SessionModel`).
+        output_transform: Linear-GELU-LayerNorm before the tied head (see `SessionModel`).
         lr: peak AdamW learning rate.
         weight_decay: AdamW weight decay on matrices (not on biases, norms, or embeddings).
         warmup_steps: linear warm-up steps.
@@ -58,6 +60,8 @@ class NextItemTask(pl.LightningModule):
         objective: MaskedItemModeling = MaskedItemModeling(),
         position_embedding: bool = True,
         dropout: float = 0.1,
+        input_norm: bool = False,
+        output_transform: bool = False,
         lr: float = 1e-3,
         weight_decay: float = 0.0,
         warmup_steps: int = 0,
@@ -75,6 +79,8 @@ class NextItemTask(pl.LightningModule):
             max_length=max_length + 1,  # + the [MASK] slot after the last item
             position_embedding=position_embedding,
             dropout=dropout,
+            input_norm=input_norm,
+            output_transform=output_transform,
         )
         self.objective = objective
         self.metrics = nn.ModuleDict({stage: TopKMetrics(ks) for stage in ("val", "test")})

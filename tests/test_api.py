@@ -1,0 +1,32 @@
+"""The curated public API: everything in ``__all__`` imports, and nothing private leaks in."""
+
+import sessrec
+import sessrec.data
+import sessrec.models
+import sessrec.tasks
+
+
+def test_top_level_api():
+    assert set(sessrec.__all__) == {
+        "EventLogSource", "ItemVocab", "MaskedItemModeling", "NextItemTask", "SRGNNSource", "Schema",
+        "SchemaError", "SessionBatch", "SessionDataModule", "SessionModel", "SyntheticSource", "TopKMetrics",
+        "UserSequenceSource", "XLNetEncoder",
+    }
+
+
+def test_every_exported_name_exists():
+    for module in (sessrec, sessrec.data, sessrec.models, sessrec.tasks):
+        for name in module.__all__:
+            assert not name.startswith("_")
+            assert getattr(module, name) is not None, f"{module.__name__}.{name}"
+
+
+def test_models_do_not_import_lightning():
+    import ast
+    from pathlib import Path
+
+    for path in Path(sessrec.models.__file__).parent.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        assert not any(n.startswith(("pytorch_lightning", "lightning")) for n in names), path.name

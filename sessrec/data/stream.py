@@ -91,7 +91,7 @@ class ScoringStream:
             offsets = np.concatenate([[0], np.flatnonzero(ids[1:] != ids[:-1]) + 1, [len(ids)]])
             run_ids = ids[offsets[:-1]]
             if len(np.unique(run_ids)) != len(run_ids):
-                dup = run_ids[np.flatnonzero(pd_duplicated(run_ids))[0]]
+                dup = run_ids[np.flatnonzero(_duplicated(run_ids))[0]]
                 raise SchemaError(
                     f"{source}: column {s.session_id!r}: session {dup!r} is split over non-adjacent rows; "
                     "group the events of a session together"
@@ -141,7 +141,7 @@ class ScoringStream:
                 yield SessionBatch(items=rows[:, -width:], index=torch.arange(lo, hi), keys=keys.slice(lo, hi - lo))
 
 
-def pd_duplicated(values: np.ndarray) -> np.ndarray:
+def _duplicated(values: np.ndarray) -> np.ndarray:
     """Boolean mask of entries equal to an earlier entry (first occurrences are False)."""
     _, first = np.unique(values, return_index=True)
     dup = np.ones(len(values), dtype=bool)

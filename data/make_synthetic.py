@@ -10,7 +10,6 @@ Writes ``events.csv`` (one row per event, page views included: non-product rows 
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 import pyarrow.compute as pc
@@ -19,6 +18,7 @@ import pyarrow.parquet as pq
 
 from sessrec.data import Schema, generate_sessions
 from sessrec.data import frame
+from sessrec.data.atomic import atomic_path
 
 
 def main() -> None:
@@ -38,9 +38,8 @@ def main() -> None:
         ("events.csv", pacsv.write_csv, events),
         ("sessions.parquet", pq.write_table, sessions.select(["session_id", "item_id"])),
     ):
-        tmp = args.out / f".{name}.tmp"
-        write(table, tmp)
-        os.replace(tmp, args.out / name)
+        with atomic_path(args.out / name) as tmp:
+            write(table, tmp)
         print(f"wrote {args.out / name} ({table.num_rows} rows)")
 
 

@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from sessrec.data import frame
+from sessrec.data.atomic import atomic_path
 from sessrec.data.readers import read_events, read_srgnn, read_user_sequences
 from sessrec.data.schema import Schema
 from sessrec.data.synthetic import generate_sessions
@@ -36,9 +37,8 @@ class SessionSplits:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         for name in ("train", "valid", "test"):
-            tmp = directory / f".{name}.parquet.tmp-{os.getpid()}"
-            pq.write_table(getattr(self, name), tmp)
-            os.replace(tmp, directory / f"{name}.parquet")
+            with atomic_path(directory / f"{name}.parquet") as tmp:
+                pq.write_table(getattr(self, name), tmp)
         return directory
 
     def summary(self) -> dict[str, int]:

@@ -16,6 +16,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from sessrec.data.atomic import atomic_path
+
 PAD = 0
 OOV = 1
 NUM_SPECIAL = 2
@@ -103,15 +105,9 @@ class ItemVocab:
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write ``raw_id``/``count`` parquet atomically (temporary name, then rename)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        try:
+        with atomic_path(path) as tmp:
             pq.write_table(pa.table({"raw_id": self.raw_ids, "count": self.counts}), tmp)
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)  # only still there when writing failed
-        return path
+        return Path(path)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "ItemVocab":

@@ -110,3 +110,19 @@ def test_tiny_model_learns_a_transition():
     with torch.no_grad():
         pred = model(torch.tensor([[4, 5, 6], [10, 11, 12]])).argmax(dim=1)
     assert pred.tolist() == [7, 13]
+
+
+def test_score_scale_is_scaled_cosine_similarity():
+    model = tiny_model(score_scale=10.0)
+    hidden = torch.randn(3, 16)
+    with torch.no_grad():
+        model.item_embedding.weight[5] *= 100.0  # a long vector must not win by its length alone
+        model.output_bias.fill_(0.25)
+        scores = model.score(hidden)
+    w = model.item_embedding.weight
+    expected = 10.0 * (hidden / hidden.norm(dim=1, keepdim=True)) @ (w[2:] / w[2:].norm(dim=1, keepdim=True)).T + 0.25
+    torch.testing.assert_close(scores[:, 2:], expected)
+    assert scores[:, 2:].abs().max() <= 10.25 + 1e-5
+    assert torch.isinf(scores[:, :2]).all()
+    with pytest.raises(ValueError, match="score_scale"):
+        tiny_model(score_scale=0.0)

@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from sessrec.data.batch import SessionBatch
@@ -36,6 +37,9 @@ class SessionModel(nn.Module):
         output_transform: a Linear-GELU-LayerNorm block before the tied head (BERT4Rec's).
             Both are off by default: on DIGINETICA each slowed learning (Recall@20 after 300
             steps 0.20 with both, 0.28 without; see docs/results.md).
+        score_scale: when set, score by cosine similarity times this scale: the hidden state and
+            every item vector are L2-normalised first (NISER, Gupta et al. 2019), which keeps
+            popular items from winning on vector length alone. None = plain dot product.
     """
 
     def __init__(
@@ -47,12 +51,15 @@ class SessionModel(nn.Module):
         dropout: float = 0.1,
         input_norm: bool = False,
         output_transform: bool = False,
+        score_scale: float | None = None,
     ) -> None:
         super().__init__()
         if num_items <= NUM_SPECIAL:
             raise ValueError(f"num_items must count padding, OOV and at least one item; got {num_items}")
+        if score_scale is not None and score_scale <= 0:
+            raise ValueError(f"score_scale must be positive or None, got {score_scale}")
         d = int(encoder.d_model)
-        self.num_items, self.max_length = num_items, max_length
+        self.num_items, self.max_length, self.score_scale = num_items, max_length, score_scale
         self.item_embedding = nn.Embedding(num_items, d, padding_idx=0)
         self.mask_embedding = nn.Parameter(torch.zeros(d))
         self.position_embedding = nn.Embedding(max_length, d) if position_embedding else None
@@ -84,8 +91,11 @@ class SessionModel(nn.Module):
 
     def score(self, hidden: torch.Tensor) -> torch.Tensor:
         """(N, D) hidden states -> (N, V) scores; padding and OOV get -inf."""
-        h = self.output_transform(hidden)
-        return torch.addmm(self.output_bias + self.never, h, self.item_embedding.weight.T)
+        h, table = self.output_transform(hidden), self.item_embedding.weight
+        if self.score_scale is not None:
+            h = F.normalize(h, dim=-1) * self.score_scale
+            table = F.normalize(table, dim=-1)  # the all-zero padding row stays zero
+        return torch.addmm(self.output_bias + self.never, h, table.T)
 
     def forward(self, items: torch.Tensor | SessionBatch) -> torch.Tensor:
         """Next-item scores (B, V) for right-aligned sessions (B, L) or a `SessionBatch`.

@@ -42,6 +42,7 @@ class NextItemTask(pl.LightningModule):
         dropout: input embedding dropout.
         input_norm: LayerNorm on the input embeddings (see `SessionModel`).
         output_transform: Linear-GELU-LayerNorm before the tied head (see `SessionModel`).
+        score_scale: cosine scoring with this scale (NISER); None = dot product (see `SessionModel`).
         lr: peak AdamW learning rate.
         weight_decay: AdamW weight decay on matrices (not on biases, norms, or embeddings).
         warmup_steps: linear warm-up steps.
@@ -62,6 +63,7 @@ class NextItemTask(pl.LightningModule):
         dropout: float = 0.1,
         input_norm: bool = False,
         output_transform: bool = False,
+        score_scale: float | None = None,
         lr: float = 1e-3,
         weight_decay: float = 0.0,
         warmup_steps: int = 0,
@@ -81,6 +83,7 @@ class NextItemTask(pl.LightningModule):
             dropout=dropout,
             input_norm=input_norm,
             output_transform=output_transform,
+            score_scale=score_scale,
         )
         self.objective = objective
         self.metrics = nn.ModuleDict({stage: TopKMetrics(ks) for stage in ("val", "test")})

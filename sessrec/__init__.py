@@ -12,13 +12,26 @@ from sessrec.data import (
     UserSequenceSource,
 )
 from sessrec.metrics import TopKMetrics
-from sessrec.models import MaskedItemModeling, SessionModel, XLNetEncoder
+from sessrec.models import (
+    BertEncoder,
+    CausalLanguageModeling,
+    ElectraEncoder,
+    GPT2Encoder,
+    GRU4RecEncoder,
+    MaskedItemModeling,
+    PermutationLanguageModeling,
+    ReplacedTokenDetection,
+    SASRecEncoder,
+    SessionModel,
+    XLNetEncoder,
+)
 from sessrec.tasks import NextItemTask
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "EventLogSource", "ItemVocab", "MaskedItemModeling", "NextItemTask", "SRGNNSource", "Schema", "SchemaError",
-    "SessionBatch", "SessionDataModule", "SessionModel", "SyntheticSource", "TopKMetrics", "UserSequenceSource",
-    "XLNetEncoder",
+    "BertEncoder", "CausalLanguageModeling", "ElectraEncoder", "EventLogSource", "GPT2Encoder", "GRU4RecEncoder",
+    "ItemVocab", "MaskedItemModeling", "NextItemTask", "PermutationLanguageModeling", "ReplacedTokenDetection",
+    "SASRecEncoder", "SRGNNSource", "Schema", "SchemaError", "SessionBatch", "SessionDataModule", "SessionModel",
+    "SyntheticSource", "TopKMetrics", "UserSequenceSource", "XLNetEncoder",
 ]

@@ -8,9 +8,10 @@ import sessrec.tasks
 
 def test_top_level_api():
     assert set(sessrec.__all__) == {
-        "EventLogSource", "ItemVocab", "MaskedItemModeling", "NextItemTask", "SRGNNSource", "Schema",
-        "SchemaError", "SessionBatch", "SessionDataModule", "SessionModel", "SyntheticSource", "TopKMetrics",
-        "UserSequenceSource", "XLNetEncoder",
+        "BertEncoder", "CausalLanguageModeling", "ElectraEncoder", "EventLogSource", "GPT2Encoder", "GRU4RecEncoder",
+        "ItemVocab", "MaskedItemModeling", "NextItemTask", "PermutationLanguageModeling", "ReplacedTokenDetection",
+        "SASRecEncoder", "SRGNNSource", "Schema", "SchemaError", "SessionBatch", "SessionDataModule", "SessionModel",
+        "SyntheticSource", "TopKMetrics", "UserSequenceSource", "XLNetEncoder",
     }
 
 

@@ -1,7 +1,24 @@
-"""Networks as plain `nn.Module`s (no Lightning): encoders, the session model, objectives."""
+"""Networks as plain `nn.Module`s (no Lightning): encoders, the session model, objectives.
 
-from sessrec.models.masking import MaskedItemModeling, MaskingResult
+Encoders map ((B, L, D) embeddings, (B, L) bool real positions) to (B, L, D) and say whether
+they are ``causal``; objectives say which kind they train (`Objective.check`).
+"""
+
+from sessrec.models.bert import BertEncoder
+from sessrec.models.causal_lm import CausalLanguageModeling
+from sessrec.models.electra import ElectraEncoder
+from sessrec.models.gpt2 import GPT2Encoder
+from sessrec.models.gru4rec import GRU4RecEncoder
+from sessrec.models.masking import MaskedItemModeling
+from sessrec.models.objective import MaskingResult, Objective, ObjectiveOutput
+from sessrec.models.permutation_lm import PermutationLanguageModeling, PermutationResult
+from sessrec.models.replaced_token import ReplacedTokenDetection, ReplacementResult
+from sessrec.models.sasrec import SASRecEncoder
 from sessrec.models.session_model import SessionModel
 from sessrec.models.xlnet import XLNetEncoder
 
-__all__ = ["MaskedItemModeling", "MaskingResult", "SessionModel", "XLNetEncoder"]
+__all__ = [
+    "BertEncoder", "CausalLanguageModeling", "ElectraEncoder", "GPT2Encoder", "GRU4RecEncoder", "MaskedItemModeling",
+    "MaskingResult", "Objective", "ObjectiveOutput", "PermutationLanguageModeling", "PermutationResult",
+    "ReplacedTokenDetection", "ReplacementResult", "SASRecEncoder", "SessionModel", "XLNetEncoder",
+]

@@ -1,4 +1,7 @@
-"""Masked item modelling (MLM): which positions of a session become training targets.
+"""Masked item modelling (MLM): random items are hidden behind [MASK] and predicted from both sides.
+
+BERT4Rec's objective. Needs a bidirectional encoder. At evaluation a [MASK] slot is appended
+after the last item and read (`Objective.next_item_hidden`).
 
 Shape letters: B batch, L sequence, N masked positions in the batch.
 """
@@ -6,29 +9,16 @@ Shape letters: B batch, L sequence, N masked positions in the batch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from sessrec.data.vocab import NUM_SPECIAL
+from sessrec.models.objective import MaskingResult, Objective
 
 
 @dataclass
-class MaskingResult:
-    """Inputs for the encoder and the targets to predict.
-
-    Args:
-        inputs: (B, L) item ids with masked positions set to 0: a masked item never reaches the model.
-        masked: (B, L) bool, positions replaced by the [MASK] embedding.
-        targets: (N,) item ids at the masked positions, in row-major order of `masked`.
-    """
-
-    inputs: torch.Tensor
-    masked: torch.Tensor
-    targets: torch.Tensor
-
-
-@dataclass
-class MaskedItemModeling:
+class MaskedItemModeling(Objective):
     """Random masking with at least one target per session.
 
     Each real, in-vocabulary item is masked with probability `mask_prob`. With probability
@@ -39,7 +29,15 @@ class MaskedItemModeling:
     Args:
         mask_prob: per-item masking probability.
         last_item_prob: share of sessions trained on next-item prediction at the end.
+
+    Example:
+        >>> items = torch.tensor([[0, 4, 5, 6]])
+        >>> m = MaskedItemModeling(mask_prob=0.5)(items, torch.Generator().manual_seed(0))
+        >>> torch.equal(m.targets, items[m.masked]) and bool((m.inputs[m.masked] == 0).all())
+        True
     """
+
+    needs_causal: ClassVar[bool] = False
 
     mask_prob: float = 0.2
     last_item_prob: float = 0.1
@@ -50,7 +48,8 @@ class MaskedItemModeling:
         if not 0.0 <= self.last_item_prob <= 1.0:
             raise ValueError(f"last_item_prob must be in [0, 1], got {self.last_item_prob}")
 
-    def __call__(self, items: torch.Tensor, generator: torch.Generator | None = None) -> MaskingResult:
+    def select(self, items: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """(B, L) sessions -> (B, L) bool positions to hide; also used by PLM and RTD."""
         eligible = items >= NUM_SPECIAL  # (B, L)
         rand = torch.rand(items.shape, generator=generator, device=items.device)
         masked = eligible & (rand < self.mask_prob)
@@ -67,4 +66,8 @@ class MaskedItemModeling:
         if none.any():
             pick = rand.masked_fill(~eligible, 2.0).argmin(dim=1)
             masked[none, pick[none]] = True
-        return MaskingResult(inputs=items.masked_fill(masked, 0), masked=masked, targets=items[masked])
+        return masked
+
+    def mask(self, items: torch.Tensor, generator: torch.Generator | None = None) -> MaskingResult:
+        masked = self.select(items, generator)
+        return MaskingResult(inputs=items.masked_fill(masked, 0), masked=masked, read=masked, targets=items[masked])

@@ -1,9 +1,19 @@
 """`SessionModel`: item embedding -> encoder -> tied next-item head. Plain PyTorch.
 
 The model owns what every sequence encoder needs around it: the item table (padding id 0),
-a learned [MASK] embedding, positions counted from the end of the session (inputs are
-right-aligned), and a head that scores the whole catalogue with the item table's weights.
-Padding and OOV ids are never scored as recommendations.
+a learned [MASK] embedding, a learned position embedding, and a head that scores the whole
+catalogue with the item table's weights. Padding and OOV ids are never scored as recommendations.
+
+Positions never depend on the left padding of the right-aligned inputs. For a bidirectional
+encoder they count the distance from the end of the session (a [MASK] slot appended for the next
+item is always at distance 0). For a causal encoder (``encoder.causal``) they count from the
+first real item: the distance to the end would tell position i how many items follow it, which
+a causal model must not know, and the last item read at evaluation would sit at a distance that
+training never reads.
+
+How the next item is read (a [MASK] slot, the last item, XLNet's query stream) belongs to the
+training objective: ``model(items, objective)``; without one, a [MASK] slot for bidirectional
+encoders and the last item for causal ones.
 
 Shape letters: B batch, L sequence, D width, V items (incl. padding and OOV), N selected positions.
 
@@ -21,6 +31,9 @@ from torch import nn
 
 from sessrec.data.batch import SessionBatch
 from sessrec.data.vocab import NUM_SPECIAL
+from sessrec.models.causal_lm import CausalLanguageModeling
+from sessrec.models.masking import MaskedItemModeling
+from sessrec.models.objective import Objective
 
 
 class SessionModel(nn.Module):
@@ -29,9 +42,11 @@ class SessionModel(nn.Module):
     Args:
         num_items: size V of the score vector (vocabulary incl. padding and OOV).
         encoder: module mapping ((B, L, D) embeddings, (B, L) bool mask) -> (B, L, D); must
-            expose ``d_model``.
+            expose ``d_model`` and a class attribute ``causal`` (read for the positions; an
+            encoder without one is taken as bidirectional).
         max_length: longest input, [MASK] slot included; longer inputs keep their latest items.
-        position_embedding: add a learned embedding of the distance from the session end.
+        position_embedding: add a learned position embedding (from the session end, or from its
+            start for a causal encoder; see the module docstring).
         dropout: dropout on the input embeddings.
         input_norm: LayerNorm on the summed input embeddings.
         output_transform: a Linear-GELU-LayerNorm block before the tied head (BERT4Rec's).
@@ -60,6 +75,7 @@ class SessionModel(nn.Module):
             raise ValueError(f"score_scale must be positive or None, got {score_scale}")
         d = int(encoder.d_model)
         self.num_items, self.max_length, self.score_scale = num_items, max_length, score_scale
+        self.causal = bool(getattr(encoder, "causal", False))
         self.item_embedding = nn.Embedding(num_items, d, padding_idx=0)
         self.mask_embedding = nn.Parameter(torch.zeros(d))
         self.position_embedding = nn.Embedding(max_length, d) if position_embedding else None
@@ -79,15 +95,28 @@ class SessionModel(nn.Module):
         if self.position_embedding is not None:
             nn.init.normal_(self.position_embedding.weight, std=0.02)
 
-    def encode(self, inputs: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
-        """(B, L) ids (0 at padding and masked slots) and (B, L) bool [MASK] slots -> (B, L, D)."""
+    def positions(self, real: torch.Tensor) -> torch.Tensor:
+        """(B, L) bool real positions -> (B, L) position ids (or (L,) when they do not depend on B)."""
+        if self.causal:
+            from_start = real.long().cumsum(dim=1) - 1  # first real item 0; left padding -1 -> 0
+            return from_start.clamp(min=0, max=self.max_length - 1)
+        from_end = torch.arange(real.shape[1] - 1, -1, -1, device=real.device)
+        return from_end.clamp(max=self.max_length - 1)
+
+    def embed(self, inputs: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
+        """(B, L) ids (0 at padding and masked slots) and (B, L) bool [MASK] slots -> (B, L, D) encoder input."""
         x = self.item_embedding(inputs)  # (B, L, D)
         x = torch.where(masked.unsqueeze(-1), self.mask_embedding.to(x.dtype), x)
         if self.position_embedding is not None:
-            from_end = torch.arange(inputs.shape[1] - 1, -1, -1, device=inputs.device)
-            x = x + self.position_embedding(from_end.clamp(max=self.max_length - 1))
-        x = self.dropout(self.input_norm(x))
-        return self.encoder(x, (inputs != 0) | masked)
+            x = x + self.position_embedding(self.positions((inputs != 0) | masked))
+        return self.dropout(self.input_norm(x))
+
+    def encode(self, inputs: torch.Tensor, masked: torch.Tensor, **encoder_kwargs: torch.Tensor) -> torch.Tensor:
+        """(B, L) ids and (B, L) bool [MASK] slots -> the encoder's output, (B, L, D).
+
+        Extra keyword arguments go to the encoder (XLNet's ``perm_mask`` and ``target_mapping``).
+        """
+        return self.encoder(self.embed(inputs, masked), (inputs != 0) | masked, **encoder_kwargs)
 
     def score(self, hidden: torch.Tensor) -> torch.Tensor:
         """(N, D) hidden states -> (N, V) scores; padding and OOV get -inf."""
@@ -97,16 +126,16 @@ class SessionModel(nn.Module):
             table = F.normalize(table, dim=-1)  # the all-zero padding row stays zero
         return torch.addmm(self.output_bias + self.never, h, table.T)
 
-    def forward(self, items: torch.Tensor | SessionBatch) -> torch.Tensor:
+    def forward(self, items: torch.Tensor | SessionBatch, objective: Objective | None = None) -> torch.Tensor:
         """Next-item scores (B, V) for right-aligned sessions (B, L) or a `SessionBatch`.
 
-        A [MASK] slot is appended after the last observed item and predicted; the target of an
-        evaluation batch is never part of the input.
+        The sessions are read the way `objective` trained the model (see
+        `Objective.next_item_hidden`); by default a [MASK] slot appended after the last item
+        (bidirectional encoders) or the last item (causal encoders). The target of an evaluation
+        batch is never part of the input.
         """
         if isinstance(items, SessionBatch):
             items = items.items
-        inputs = torch.cat([items, items.new_zeros(items.shape[0], 1)], dim=1)[:, -self.max_length :]
-        masked = torch.zeros_like(inputs, dtype=torch.bool)
-        masked[:, -1] = True
-        hidden = self.encode(inputs, masked)[:, -1]  # (B, D)
-        return self.score(hidden)
+        if objective is None:
+            objective = CausalLanguageModeling() if self.causal else MaskedItemModeling()
+        return self.score(objective.next_item_hidden(self, items))  # (B, V)

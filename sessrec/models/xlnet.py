@@ -1,13 +1,17 @@
 """XLNet encoder over item embeddings (HF `transformers.XLNetModel` with ``inputs_embeds``).
 
 XLNet carries relative positional attention, so sequences of any length up to the data's
-`max_length` need no absolute positions. Used bidirectionally (``attn_type='bi'``) for masked
-item modelling: a [MASK] slot attends to the whole session, padding is never attended to.
+`max_length` need no absolute positions (`SessionModel` adds its distance-from-end embedding
+on top). Used bidirectionally (``attn_type='bi'``): for masked item modelling a [MASK] slot
+attends to the whole session, padding is never attended to. Given XLNet's ``perm_mask`` and
+``target_mapping`` it returns the query stream instead, for `PermutationLanguageModeling`.
 
 Shape letters: B batch, L sequence, D model width.
 """
 
 from __future__ import annotations
+
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -28,6 +32,9 @@ class XLNetEncoder(nn.Module):
             for d_model ~ 1024: at d_model 64 it makes each attention block's output ~40x smaller
             than its residual, and the encoder learns item context far more slowly.
     """
+
+    causal: ClassVar[bool] = False
+    two_stream: ClassVar[bool] = True  # takes perm_mask / target_mapping (PermutationLanguageModeling)
 
     def __init__(
         self,
@@ -62,7 +69,24 @@ class XLNetEncoder(nn.Module):
         )
         self.xlnet = XLNetModel(config)
 
-    def forward(self, embeddings: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """(B, L, D) embeddings and (B, L) bool mask of real positions -> (B, L, D)."""
-        out = self.xlnet(inputs_embeds=embeddings, attention_mask=attention_mask.to(embeddings.dtype), use_mems=False)
+    def forward(
+        self,
+        embeddings: torch.Tensor,
+        attention_mask: torch.Tensor,
+        perm_mask: torch.Tensor | None = None,
+        target_mapping: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """(B, L, D) embeddings and (B, L) bool mask of real positions -> (B, L, D) content stream.
+
+        With ``perm_mask`` (B, L, L), 1 where i may not attend to j, and ``target_mapping``
+        (B, P, L) one-hot rows: the (B, P, D) query stream at the P mapped positions.
+        """
+        dtype = embeddings.dtype
+        out = self.xlnet(
+            inputs_embeds=embeddings,
+            attention_mask=attention_mask.to(dtype),
+            perm_mask=None if perm_mask is None else perm_mask.to(dtype),
+            target_mapping=None if target_mapping is None else target_mapping.to(dtype),
+            use_mems=False,
+        )
         return out.last_hidden_state

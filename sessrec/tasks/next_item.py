@@ -1,8 +1,9 @@
 """`NextItemTask`: training, evaluation and scoring of a `SessionModel` in Lightning.
 
-Loss, metrics and optimisation live here; the network lives in `sessrec.models`. One shared
-`_step(batch, stage)` serves training (masked targets inside the sessions) and evaluation
-(one next item after each prefix, over the full catalogue).
+Loss, metrics and optimisation live here; the network and the objectives live in
+`sessrec.models`. One shared `_step(batch, stage)` serves training (the objective's targets
+inside the sessions) and evaluation (one next item after each prefix, over the full catalogue,
+read the way the objective trained the model).
 """
 
 from __future__ import annotations
@@ -19,7 +20,16 @@ from torch import nn
 from sessrec.data.batch import SessionBatch
 from sessrec.data.vocab import NUM_SPECIAL
 from sessrec.metrics import TopKMetrics
-from sessrec.models import MaskedItemModeling, SessionModel, XLNetEncoder
+from sessrec.models import (
+    CausalLanguageModeling,
+    MaskedItemModeling,
+    PermutationLanguageModeling,
+    ReplacedTokenDetection,
+    SessionModel,
+    XLNetEncoder,
+)
+
+AnyObjective = MaskedItemModeling | CausalLanguageModeling | PermutationLanguageModeling | ReplacedTokenDetection
 
 
 @dataclass
@@ -31,13 +41,17 @@ class TopK:
 
 
 class NextItemTask(pl.LightningModule):
-    """Masked item modelling with a full-catalogue softmax, evaluated by Recall/NDCG/MRR@K.
+    """Next-item training with a full-catalogue softmax, evaluated by Recall/NDCG/MRR@K.
 
     Args:
         num_items: score vector size; linked from the data module (``data.num_items``).
         max_length: items per session; linked from the data module (``data.max_length``).
         encoder: the sequence encoder (``class_path`` in a recipe); XLNetEncoder() when None.
-        objective: the masking objective of training.
+        objective: the training objective; in a recipe either ``{class_path: sessrec.models.<Objective>,
+            init_args: {...}}`` or, for masked item modelling, its arguments alone
+            (``{mask_prob: 0.2, last_item_prob: 0.1}``). An objective that cannot train the
+            encoder (MLM on a causal encoder, CLM on a bidirectional one, PLM on anything but
+            XLNet) raises ValueError here, before training.
         position_embedding: learned distance-from-end embedding in the model.
         dropout: input embedding dropout.
         input_norm: LayerNorm on the input embeddings (see `SessionModel`).
@@ -58,7 +72,7 @@ class NextItemTask(pl.LightningModule):
         num_items: int = 0,
         max_length: int = 20,
         encoder: nn.Module | None = None,
-        objective: MaskedItemModeling = MaskedItemModeling(),
+        objective: AnyObjective = MaskedItemModeling(),
         position_embedding: bool = True,
         dropout: float = 0.1,
         input_norm: bool = False,
@@ -74,7 +88,8 @@ class NextItemTask(pl.LightningModule):
         seed: int = 0,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters(ignore=["encoder"])
+        # an objective with parameters (RTD) is saved in the state dict, not as a hyperparameter
+        self.save_hyperparameters(ignore=["encoder", "objective"] if isinstance(objective, nn.Module) else ["encoder"])
         self.model = SessionModel(
             num_items=num_items,
             encoder=encoder if encoder is not None else XLNetEncoder(),
@@ -86,21 +101,26 @@ class NextItemTask(pl.LightningModule):
             score_scale=score_scale,
         )
         self.objective = objective
+        self.objective.bind(self.model)  # refuses an invalid (encoder, objective) pair
         self.metrics = nn.ModuleDict({stage: TopKMetrics(ks) for stage in ("val", "test")})
 
     def forward(self, batch: SessionBatch) -> torch.Tensor:
-        return self.model(batch.items)
+        return self.model(batch.items, self.objective)
 
     def _step(self, batch: SessionBatch, stage: str) -> torch.Tensor:
         if stage == "train":
             gen = torch.Generator(device=batch.items.device).manual_seed(self.hparams.seed * 7919 + self.global_step)
-            m = self.objective(batch.items, gen)
-            hidden = self.model.encode(m.inputs, m.masked)[m.masked]  # (N, D)
-            logits = self.model.score(hidden)  # (N, V)
-            loss = F.cross_entropy(logits, m.targets, label_smoothing=self.hparams.label_smoothing)
+            out = self.objective.training_output(self.model, batch.items, gen)
+            logits = self.model.score(out.hidden)  # (N, V)
+            loss = F.cross_entropy(logits, out.targets, label_smoothing=self.hparams.label_smoothing, reduction="sum")
+            loss = loss / max(len(out.targets), 1)  # a batch without targets gives 0, not NaN
+            if out.aux_loss is not None:
+                loss = loss + out.aux_loss
             self.log("train/loss", loss, prog_bar=True, batch_size=len(batch))
+            for name, value in out.logs.items():
+                self.log(f"train/{name}", value, batch_size=len(batch))
             return loss
-        scores = self.model(batch.items)  # (B, V)
+        scores = self.model(batch.items, self.objective)  # (B, V)
         known = batch.targets >= NUM_SPECIAL
         loss = F.cross_entropy(scores[known], batch.targets[known]) if known.any() else scores.new_zeros(())
         self.metrics[stage].update(scores, batch.targets)
@@ -131,7 +151,7 @@ class NextItemTask(pl.LightningModule):
         self._log_metrics("test")
 
     def predict_step(self, batch: SessionBatch, batch_idx: int) -> TopK:
-        scores = self.model(batch.items)
+        scores = self.model(batch.items, self.objective)
         k = min(self.hparams.top_k, self.hparams.num_items - NUM_SPECIAL)
         top = scores.topk(k, dim=1)
         return TopK(items=top.indices, scores=top.values)

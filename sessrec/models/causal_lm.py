@@ -1,0 +1,53 @@
+"""Causal item modelling (CLM): every position predicts the item that follows it.
+
+GPT-2's and SASRec's objective: one pass trains all next-item transitions of a session. Needs a
+causal encoder (position i sees positions <= i only), so no input is hidden. At evaluation the
+hidden state of the last observed item is read; the right-aligned batch puts it in the last column.
+
+Shape letters: B batch, L sequence, D width, N targets in the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+
+from sessrec.data.vocab import NUM_SPECIAL
+from sessrec.models.objective import MaskingResult, Objective
+
+if TYPE_CHECKING:
+    from sessrec.models.session_model import SessionModel
+
+
+@dataclass
+class CausalLanguageModeling(Objective):
+    """Next-item prediction at every position of a causal encoder.
+
+    Position i is read when it holds a real item (OOV included) and the item at i + 1 is a known
+    item; the target is that item, so the targets are the session shifted left by one. Every
+    session with two or more items, the second of them known, has a target. Nothing is masked.
+
+    Example:
+        >>> m = CausalLanguageModeling()(torch.tensor([[0, 4, 1, 6]]))
+        >>> m.read.tolist(), m.targets.tolist()
+        ([[False, False, True, False]], [6])
+    """
+
+    needs_causal: ClassVar[bool] = True
+
+    def mask(self, items: torch.Tensor, generator: torch.Generator | None = None) -> MaskingResult:
+        read = torch.zeros_like(items, dtype=torch.bool)
+        read[:, :-1] = (items[:, :-1] != 0) & (items[:, 1:] >= NUM_SPECIAL)
+        return MaskingResult(
+            inputs=items,
+            masked=torch.zeros_like(read),
+            read=read,
+            targets=items[:, 1:][read[:, :-1]],
+        )
+
+    def next_item_hidden(self, model: SessionModel, items: torch.Tensor) -> torch.Tensor:
+        """(B, L) observed sessions -> (B, D): the state at the last item, which has seen them all."""
+        inputs = items[:, -model.max_length :]
+        return model.encode(inputs, torch.zeros_like(inputs, dtype=torch.bool))[:, -1]

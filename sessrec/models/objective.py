@@ -1,0 +1,137 @@
+"""What every training objective returns and the contract it follows.
+
+An objective decides, for a batch of right-aligned sessions, what the encoder sees (item ids and
+which slots carry the [MASK] embedding), which hidden positions are read, and which items they
+must predict. It also says how a trained model is read for the next item at evaluation, so that
+training and evaluation ask the same question. Padding (0) and OOV (1) are never targets.
+
+The objectives: `MaskedItemModeling` (MLM), `CausalLanguageModeling` (CLM),
+`PermutationLanguageModeling` (PLM, XLNet only) and `ReplacedTokenDetection` (RTD, ELECTRA-style).
+Each names the kind of encoder it needs; `Objective.check` refuses the others with an error that
+says why, and `NextItemTask` runs it when it is constructed, i.e. before any training.
+
+Shape letters: B batch, L sequence, D width, N targets in the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from sessrec.models.session_model import SessionModel
+
+
+@dataclass
+class MaskingResult:
+    """What the encoder sees and what it must predict.
+
+    Args:
+        inputs: (B, L) item ids fed to the item table; 0 at padding and at [MASK] slots, so a
+            hidden item never reaches the model.
+        masked: (B, L) bool, slots embedded as [MASK].
+        read: (B, L) bool, positions whose hidden states predict `targets`.
+        targets: (N,) item ids, in row-major order of `read`.
+    """
+
+    inputs: torch.Tensor
+    masked: torch.Tensor
+    read: torch.Tensor
+    targets: torch.Tensor
+
+
+@dataclass
+class ObjectiveOutput:
+    """One training step's next-item question, ready for the task's loss.
+
+    Args:
+        hidden: (N, D) hidden states that predict the next items.
+        targets: (N,) the items to predict.
+        aux_loss: scalar loss of the objective's own heads (RTD), added to the next-item loss.
+        logs: scalars worth logging, by name.
+    """
+
+    hidden: torch.Tensor
+    targets: torch.Tensor
+    aux_loss: torch.Tensor | None = None
+    logs: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def encoder_is_causal(encoder: nn.Module) -> bool:
+    """The encoder's ``causal`` class attribute; a clear error when it has none."""
+    causal = getattr(encoder, "causal", None)
+    if not isinstance(causal, bool):
+        raise TypeError(
+            f"{type(encoder).__name__} does not say whether it is causal: give it a class attribute "
+            "`causal: bool` (True when position i sees only positions <= i)"
+        )
+    return causal
+
+
+class Objective:
+    """Base class of the training objectives.
+
+    Subclasses implement `mask`; the defaults below run the encoder once on the masked inputs
+    (`training_output`) and read an appended [MASK] slot at evaluation (`next_item_hidden`).
+
+    Class attributes:
+        needs_causal: True if the objective needs a causal encoder, False if a bidirectional one.
+        needs_two_stream: the encoder must take XLNet's ``perm_mask``/``target_mapping``.
+    """
+
+    needs_causal: ClassVar[bool] = False
+    needs_two_stream: ClassVar[bool] = False
+
+    def mask(self, items: torch.Tensor, generator: torch.Generator | None = None) -> MaskingResult:
+        """(B, L) right-aligned sessions -> inputs, [MASK] slots, read positions and targets."""
+        raise NotImplementedError
+
+    def __call__(self, items: torch.Tensor, generator: torch.Generator | None = None) -> MaskingResult:
+        return self.mask(items, generator)
+
+    def check(self, encoder: nn.Module) -> None:
+        """Raise ValueError if this objective cannot train `encoder`."""
+        name, enc = type(self).__name__, type(encoder).__name__
+        if self.needs_two_stream and not getattr(encoder, "two_stream", False):
+            raise ValueError(
+                f"{name} needs XLNet's two-stream attention (perm_mask/target_mapping), which {enc} does not "
+                "have: use XLNetEncoder, or another objective with this encoder"
+            )
+        causal = encoder_is_causal(encoder)
+        if self.needs_causal and not causal:
+            raise ValueError(
+                f"{name} trains each position on the next item and needs a causal encoder, but {enc} is "
+                "bidirectional (every position would see the item it predicts): use a causal encoder "
+                "(GPT2Encoder, SASRecEncoder, GRU4RecEncoder) or MaskedItemModeling"
+            )
+        if not self.needs_causal and causal:
+            raise ValueError(
+                f"{name} predicts hidden items from the context on both sides and needs a bidirectional "
+                f"encoder, but {enc} is causal: use CausalLanguageModeling with {enc}, or a bidirectional "
+                "encoder (XLNetEncoder, BertEncoder, ElectraEncoder)"
+            )
+
+    def bind(self, model: SessionModel) -> None:
+        """Check the pair and build any parameters of the objective's own (RTD's heads)."""
+        self.check(model.encoder)
+
+    def training_output(
+        self, model: SessionModel, items: torch.Tensor, generator: torch.Generator | None = None
+    ) -> ObjectiveOutput:
+        """Mask a training batch (B, L), run the model and return the hidden states to score."""
+        m = self.mask(items, generator)
+        hidden = model.encode(m.inputs, m.masked)[m.read]  # (N, D)
+        return ObjectiveOutput(hidden=hidden, targets=m.targets)
+
+    def next_item_hidden(self, model: SessionModel, items: torch.Tensor) -> torch.Tensor:
+        """(B, L) observed sessions -> (B, D): the state that predicts the item after them.
+
+        A [MASK] slot is appended after the last item and read; the target is never an input.
+        """
+        inputs = torch.cat([items, items.new_zeros(items.shape[0], 1)], dim=1)[:, -model.max_length :]
+        masked = torch.zeros_like(inputs, dtype=torch.bool)
+        masked[:, -1] = True
+        return model.encode(inputs, masked)[:, -1]

@@ -1,0 +1,116 @@
+"""SASRec-style causal self-attention encoder (Kang & McAuley, 2018) on PyTorch's fused attention.
+
+A compact transformer written directly on `torch.nn.functional.scaled_dot_product_attention`:
+pre-LayerNorm blocks (attention, then a position-wise feed-forward, each added to its residual)
+and a final LayerNorm. Causal: position i attends to real positions <= i, so it trains with
+`CausalLanguageModeling` and is read at the last item. Positions come from `SessionModel`
+(counted from the first real item).
+
+Left padding: a padding row would attend to nothing, and the softmax of an empty row is NaN,
+which would then spread through the value products of the next layer. Each padding row may
+therefore attend to itself; real rows never see padding, so their outputs do not depend on it.
+
+Shape letters: B batch, L sequence, D model width, H heads, E head width (D / H).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def causal_attention_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """(B, L) bool real positions -> (B, 1, L, L) bool: query i may attend to key j.
+
+    j <= i and j real; a padding row attends to itself only, so no row is empty.
+    """
+    length = attention_mask.shape[1]
+    causal = torch.ones(length, length, dtype=torch.bool, device=attention_mask.device).tril()
+    allowed = causal & attention_mask[:, None, :]  # (B, L, L)
+    allowed |= torch.eye(length, dtype=torch.bool, device=attention_mask.device) & ~attention_mask[:, :, None]
+    return allowed[:, None]
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention: one fused QKV projection, SDPA, an output projection."""
+
+    def __init__(self, d_model: int, n_head: int, dropout: float) -> None:
+        super().__init__()
+        self.n_head, self.dropout = n_head, dropout
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.out = nn.Linear(d_model, d_model)
+
+    def forward(self, x: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+        """(B, L, D) and (B, 1, L, L) bool allowed pairs -> (B, L, D)."""
+        b, length, d = x.shape
+        q, k, v = self.qkv(x).view(b, length, 3, self.n_head, d // self.n_head).permute(2, 0, 3, 1, 4)  # 3 x (B, H, L, E)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=self.dropout if self.training else 0.0)
+        return self.out(y.transpose(1, 2).reshape(b, length, d))
+
+
+class SASRecBlock(nn.Module):
+    """x + attention(LN(x)), then x + feed-forward(LN(x))."""
+
+    def __init__(self, d_model: int, n_head: int, d_inner: int, dropout: float, layer_norm_eps: float) -> None:
+        super().__init__()
+        self.attn_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
+        self.attn = SelfAttention(d_model, n_head, dropout)
+        self.ffn_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
+        self.ffn = nn.Sequential(nn.Linear(d_model, d_inner), nn.GELU(), nn.Dropout(dropout), nn.Linear(d_inner, d_model))
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+        x = x + self.dropout(self.attn(self.attn_norm(x), allowed))
+        return x + self.dropout(self.ffn(self.ffn_norm(x)))
+
+
+class SASRecEncoder(nn.Module):
+    """Causal pre-LayerNorm transformer mapping (B, L, D) embeddings to (B, L, D) hidden states.
+
+    Args:
+        d_model: model width D.
+        n_head: attention heads; must divide `d_model`.
+        n_layer: blocks.
+        d_inner: feed-forward width (default 4 * d_model).
+        dropout: dropout on attention weights and residual branches.
+        layer_norm_eps: LayerNorm epsilon.
+        initializer_range: std of the Linear weights (biases start at zero); default
+            ``d_model ** -0.5``, sized for small widths (see `XLNetEncoder`).
+    """
+
+    causal: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        d_model: int = 64,
+        n_head: int = 2,
+        n_layer: int = 2,
+        d_inner: int | None = None,
+        dropout: float = 0.2,
+        layer_norm_eps: float = 1e-6,
+        initializer_range: float | None = None,
+    ) -> None:
+        super().__init__()
+        if d_model % n_head:
+            raise ValueError(f"d_model ({d_model}) must be a multiple of n_head ({n_head})")
+        self.d_model = d_model
+        self.blocks = nn.ModuleList(
+            SASRecBlock(d_model, n_head, d_inner or 4 * d_model, dropout, layer_norm_eps) for _ in range(n_layer)
+        )
+        self.norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
+        std = initializer_range if initializer_range is not None else d_model**-0.5
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=std)
+                nn.init.zeros_(module.bias)
+
+    def forward(self, embeddings: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """(B, L, D) embeddings and (B, L) bool mask of real positions -> (B, L, D)."""
+        allowed = causal_attention_mask(attention_mask)
+        x = embeddings
+        for block in self.blocks:
+            x = block(x, allowed)
+        return self.norm(x)

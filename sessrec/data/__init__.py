@@ -1,7 +1,17 @@
-"""Data layer: readers, schema, session building, vocabulary, loaders. Imports no model."""
+"""Data layer: readers, schema, session building, vocabulary, features, loaders. Imports no model."""
 
 from sessrec.data.batch import SessionBatch
 from sessrec.data.datamodule import SessionDataModule
+from sessrec.data.features import (
+    Categorify,
+    CountEncoding,
+    CyclicTime,
+    FeaturePipeline,
+    HashedCross,
+    LogNormalize,
+    SessionTimeFeatures,
+    TargetEncoding,
+)
 from sessrec.data.loader import SessionLoader
 from sessrec.data.readers import read_events, read_srgnn, read_user_sequences
 from sessrec.data.schema import FeatureSpec, Schema, SchemaError
@@ -18,7 +28,9 @@ from sessrec.data.synthetic import generate_sessions
 from sessrec.data.vocab import ItemVocab
 
 __all__ = [
-    "EventLogSource", "FeatureSpec", "ItemVocab", "SRGNNSource", "Schema", "SchemaError", "ScoringStream",
-    "SessionBatch", "SessionDataModule", "SessionLoader", "SessionSource", "SessionSplits", "SyntheticSource",
-    "UserSequenceSource", "generate_sessions", "read_events", "read_srgnn", "read_user_sequences",
+    "Categorify", "CountEncoding", "CyclicTime", "EventLogSource", "FeaturePipeline", "FeatureSpec",
+    "HashedCross", "ItemVocab", "LogNormalize", "SRGNNSource", "Schema", "SchemaError", "ScoringStream",
+    "SessionBatch", "SessionDataModule", "SessionLoader", "SessionSource", "SessionSplits",
+    "SessionTimeFeatures", "SyntheticSource", "TargetEncoding", "UserSequenceSource", "generate_sessions",
+    "read_events", "read_srgnn", "read_user_sequences",
 ]

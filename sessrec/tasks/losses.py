@@ -1,0 +1,180 @@
+"""Next-item losses over a large catalogue: full softmax, sampled softmax, in-batch negatives.
+
+At V = 50k items the full-catalogue softmax is almost all of a CPU training step: every
+target is scored against every item. The sampled losses score each target against a small
+candidate set instead:
+
+- ``sampled``: S negatives shared by the whole batch, drawn with replacement uniformly over
+  the catalogue or by popularity (count ** power);
+- ``in_batch``: the other targets of the batch are the negatives (drawn by popularity, for free);
+- ``mixed``: both.
+
+Because the candidates are not drawn uniformly, every logit is corrected by the log of the
+candidate's expected number of draws (logQ correction, Bengio & Senecal 2008; Yi et al. 2019),
+which makes the sampled softmax an unbiased-in-the-limit estimate of the full one. Candidates
+equal to a row's own target (accidental hits) are removed from that row. Padding and OOV are
+never candidates.
+
+Each loss is called as ``loss(model, hidden, targets, generator)`` where ``model.score(hidden,
+candidates)`` returns (N, K) scores of the hidden states against candidate item ids (the whole
+catalogue when ``candidates`` is None).
+
+Shape letters: N targets in the batch, D width, V catalogue (incl. padding and OOV),
+S shared sampled negatives, K candidates per row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from sessrec.data.vocab import NUM_SPECIAL
+
+
+def smoothed_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
+    """Cross-entropy whose label smoothing spreads only over the finite (valid) candidates.
+
+    `F.cross_entropy(label_smoothing=...)` spreads the smoothing mass over every column, so a
+    single -inf column (padding, OOV, a removed accidental hit) makes the loss infinite.
+
+    Args:
+        logits: (N, K) scores; -inf marks candidates that are not part of the row.
+        labels: (N,) column of each row's target.
+        label_smoothing: share of the target mass spread uniformly over the valid candidates.
+    """
+    logp = torch.log_softmax(logits, dim=1)  # (N, K)
+    nll = -logp.gather(1, labels[:, None]).squeeze(1)
+    if label_smoothing == 0.0:
+        return nll.mean()
+    valid = torch.isfinite(logits)
+    uniform = -(logp.masked_fill(~valid, 0.0).sum(dim=1) / valid.sum(dim=1))
+    return ((1.0 - label_smoothing) * nll + label_smoothing * uniform).mean()
+
+
+def _check(label_smoothing: float, temperature: float) -> None:
+    if not 0.0 <= label_smoothing < 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
+    if temperature <= 0.0:
+        raise ValueError(f"temperature must be positive, got {temperature}")
+
+
+@dataclass
+class FullSoftmax:
+    """Cross-entropy over the whole catalogue.
+
+    Args:
+        label_smoothing: share of the target mass spread over all recommendable items.
+        temperature: logits are divided by it.
+    """
+
+    label_smoothing: float = 0.0
+    temperature: float = 1.0
+
+    def __post_init__(self) -> None:
+        _check(self.label_smoothing, self.temperature)
+
+    def __call__(
+        self, model: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, generator: torch.Generator | None = None
+    ) -> torch.Tensor:
+        logits = model.score(hidden) / self.temperature  # (N, V)
+        return smoothed_cross_entropy(logits, targets, self.label_smoothing)
+
+
+@dataclass
+class SampledSoftmax:
+    """Softmax over the target and a few negatives, with logQ correction.
+
+    Args:
+        negatives: ``sampled`` (S shared negatives), ``in_batch`` (the batch's other targets)
+            or ``mixed`` (both).
+        num_samples: S, shared negatives per batch (``sampled`` and ``mixed``).
+        sampler: ``uniform`` over the items or ``popularity`` (training count ** `power`).
+        power: exponent of the popularity sampler (word2vec's 0.75 flattens the head).
+        logq_correction: subtract log(expected draws) from every candidate's logit.
+        label_smoothing: share of the target mass spread over the row's valid candidates.
+        temperature: logits are divided by it before the correction.
+
+    The popularity sampler and the in-batch correction need the training counts of the items:
+    call `set_item_counts` (the Lightning task does it from the data module's vocabulary).
+    Without counts, in-batch negatives are corrected by their frequency in the batch.
+    """
+
+    negatives: Literal["sampled", "in_batch", "mixed"] = "sampled"
+    num_samples: int = 1024
+    sampler: Literal["uniform", "popularity"] = "uniform"
+    power: float = 0.75
+    logq_correction: bool = True
+    label_smoothing: float = 0.0
+    temperature: float = 1.0
+
+    def __post_init__(self) -> None:
+        _check(self.label_smoothing, self.temperature)
+        if self.negatives not in ("sampled", "in_batch", "mixed"):
+            raise ValueError(f"negatives must be 'sampled', 'in_batch' or 'mixed', got {self.negatives!r}")
+        if self.sampler not in ("uniform", "popularity"):
+            raise ValueError(f"sampler must be 'uniform' or 'popularity', got {self.sampler!r}")
+        if self.negatives != "in_batch" and self.num_samples < 1:
+            raise ValueError(f"num_samples must be >= 1 with {self.negatives!r} negatives, got {self.num_samples}")
+        self.counts: torch.Tensor | None = None
+
+    def set_item_counts(self, counts: torch.Tensor) -> None:
+        """(V,) training counts per model id; padding and OOV entries are ignored."""
+        counts = torch.as_tensor(counts, dtype=torch.float64).clone()
+        if counts.dim() != 1 or counts.numel() <= NUM_SPECIAL:
+            raise ValueError(f"counts must be a (V,) vector with V > {NUM_SPECIAL}, got shape {tuple(counts.shape)}")
+        if (counts < 0).any():
+            raise ValueError("item counts must be non-negative")
+        counts[:NUM_SPECIAL] = 0.0
+        self.counts = counts
+
+    def _sampling_probs(self, num_items: int, device: torch.device) -> torch.Tensor:
+        """(V,) probability of drawing each id; 0 for padding and OOV."""
+        if self.sampler == "uniform":
+            probs = torch.ones(num_items, dtype=torch.float64)
+            probs[:NUM_SPECIAL] = 0.0
+        else:
+            if self.counts is None or self.counts.numel() != num_items:
+                raise ValueError("the popularity sampler needs set_item_counts(counts) with one count per item id")
+            probs = (self.counts + 1.0).pow(self.power)  # +1: never-seen items can still be drawn
+            probs[:NUM_SPECIAL] = 0.0
+        return (probs / probs.sum()).to(device=device, dtype=torch.float32)
+
+    def __call__(
+        self, model: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, generator: torch.Generator | None = None
+    ) -> torch.Tensor:
+        n, num_items, device = targets.shape[0], model.num_items, hidden.device
+        parts, log_q = [], []
+        if self.negatives in ("in_batch", "mixed"):
+            parts.append(targets)
+            if self.counts is not None:
+                freq = self.counts.to(device=device, dtype=torch.float32)[targets] / self.counts.sum().float()
+            else:
+                freq = (targets[None, :] == targets[:, None]).sum(dim=1).float() / n
+            log_q.append(torch.log(freq * n))  # expected occurrences among the n in-batch targets
+        if self.negatives in ("sampled", "mixed"):
+            probs = self._sampling_probs(num_items, device)
+            samples = torch.multinomial(probs, self.num_samples, replacement=True, generator=generator)  # (S,)
+            parts.append(samples)
+            log_q.append(torch.log(probs[samples] * self.num_samples))
+        if self.negatives == "sampled":  # the positive column of each row: its own target
+            parts.insert(0, targets)
+            log_q.insert(0, torch.zeros(n, device=device))  # a row's own target only appears on the diagonal
+        candidates = torch.cat(parts)  # (K,) with the batch's targets first
+        logits = model.score(hidden, candidates) / self.temperature  # (N, K)
+        if self.logq_correction:
+            logits = logits - torch.cat(log_q)[None, :]
+        # accidental hits: a candidate equal to the row's target, other than the row's own column
+        hit = candidates[None, :] == targets[:, None]  # (N, K)
+        own = torch.zeros_like(hit)
+        own[:, :n] = torch.eye(n, dtype=torch.bool, device=device)
+        drop = hit & ~own
+        if self.negatives == "sampled":  # the targets block only supplies the positives
+            drop[:, :n] |= ~own[:, :n]
+        logits = logits.masked_fill(drop, float("-inf"))
+        labels = torch.arange(n, device=device)
+        return smoothed_cross_entropy(logits, labels, self.label_smoothing)
+
+
+CatalogueLoss = FullSoftmax | SampledSoftmax

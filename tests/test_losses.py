@@ -1,0 +1,123 @@
+"""Catalogue losses: smoothing over valid candidates, sampled softmax, in-batch negatives, logQ."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sessrec.tasks.losses import FullSoftmax, SampledSoftmax, smoothed_cross_entropy
+
+torch.set_num_threads(1)
+
+
+class DotScorer(torch.nn.Module):
+    """Minimal stand-in for `SessionModel.score(hidden, candidates)`: dot products, -inf on padding/OOV."""
+
+    def __init__(self, num_items: int, d: int = 4, seed: int = 0) -> None:
+        super().__init__()
+        self.num_items = num_items
+        self.weight = torch.nn.Parameter(torch.randn(num_items, d, generator=torch.Generator().manual_seed(seed)))
+
+    def score(self, hidden, candidates=None):
+        if candidates is None:
+            s = hidden @ self.weight.T
+            return s.index_fill(1, torch.tensor([0, 1]), float("-inf"))
+        return hidden @ self.weight[candidates].T
+
+
+def test_smoothed_cross_entropy_matches_torch_when_all_columns_are_valid():
+    logits, labels = torch.randn(5, 7), torch.tensor([0, 3, 6, 2, 2])
+    for eps in (0.0, 0.1):
+        torch.testing.assert_close(smoothed_cross_entropy(logits, labels, eps), F.cross_entropy(logits, labels, label_smoothing=eps))
+
+
+def test_smoothing_ignores_minus_inf_columns():
+    logits = torch.tensor([[float("-inf"), 1.0, 2.0, 0.0]])
+    loss = smoothed_cross_entropy(logits, torch.tensor([2]), 0.3)
+    logp = torch.log_softmax(torch.tensor([1.0, 2.0, 0.0]), 0)
+    expected = 0.7 * -logp[1] + 0.3 * -logp.mean()
+    torch.testing.assert_close(loss, expected)
+    assert math.isinf(F.cross_entropy(logits, torch.tensor([2]), label_smoothing=0.3).item())  # why we need it
+
+
+def test_full_softmax_is_cross_entropy_over_items_with_temperature():
+    model, hidden, targets = DotScorer(10), torch.randn(3, 4), torch.tensor([2, 5, 9])
+    got = FullSoftmax(temperature=2.0)(model, hidden, targets)
+    scores = (hidden @ model.weight.T)[:, 2:] / 2.0
+    torch.testing.assert_close(got, F.cross_entropy(scores, targets - 2))
+
+
+def test_sampled_softmax_with_logq_estimates_the_full_softmax():
+    model, targets = DotScorer(60, seed=1), torch.tensor([2, 7, 30, 59])
+    hidden = torch.randn(4, 4, generator=torch.Generator().manual_seed(2))
+    full = FullSoftmax()(model, hidden, targets).item()
+    for sampler in ("uniform", "popularity"):
+        loss = SampledSoftmax(num_samples=200, sampler=sampler)
+        loss.set_item_counts(torch.arange(60).float())
+        gen = torch.Generator().manual_seed(0)
+        est = torch.stack([loss(model, hidden, targets, gen) for _ in range(200)]).mean().item()
+        assert abs(est - full) < 0.05 * full, (sampler, est, full)
+        naive = SampledSoftmax(num_samples=200, sampler=sampler, logq_correction=False)
+        naive.set_item_counts(torch.arange(60).float())
+        biased = torch.stack([naive(model, hidden, targets, gen) for _ in range(50)]).mean().item()
+        assert abs(biased - full) > 0.1 * full  # without the correction the estimate is far off
+
+
+def test_sampled_candidates_equal_to_the_target_are_removed():
+    model = DotScorer(5)
+    hidden, targets = torch.randn(2, 4), torch.tensor([2, 3])
+    loss = SampledSoftmax(num_samples=50, logq_correction=False)
+    gen = torch.Generator().manual_seed(0)
+    # 3 real items (2, 3, 4), 50 draws: both targets are drawn; loss must equal a hand-built softmax
+    got = loss(model, hidden, targets, torch.Generator().manual_seed(0))
+    samples = torch.multinomial(torch.tensor([0, 0, 1, 1, 1.0]) / 3, 50, replacement=True, generator=gen)
+    rows = []
+    for i in range(2):
+        negs = samples[samples != targets[i]]
+        logits = torch.cat([(hidden[i] @ model.weight[targets[i]]).reshape(1), hidden[i] @ model.weight[negs].T])
+        rows.append(-torch.log_softmax(logits, 0)[0])
+    torch.testing.assert_close(got, torch.stack(rows).mean())
+
+
+def test_in_batch_negatives_hand_case():
+    model = DotScorer(6)
+    hidden, targets = torch.randn(3, 4), torch.tensor([2, 4, 2])  # item 2 twice: an accidental hit
+    counts = torch.tensor([0, 0, 6.0, 1.0, 3.0, 2.0])
+    loss = SampledSoftmax(negatives="in_batch")
+    loss.set_item_counts(counts)
+    logq = torch.log(counts[targets] / counts.sum() * 3)
+    logits = hidden @ model.weight[targets].T - logq[None, :]
+    logits[0, 2] = logits[2, 0] = float("-inf")  # the same item as the row's own target
+    expected = F.cross_entropy(logits, torch.arange(3))
+    torch.testing.assert_close(loss(model, hidden, targets), expected)
+
+
+def test_mixed_uses_both_candidate_sets_and_never_samples_special_ids():
+    model = DotScorer(8)
+    loss = SampledSoftmax(negatives="mixed", num_samples=500, sampler="popularity", power=1.0)
+    loss.set_item_counts(torch.tensor([100.0, 100.0, 1, 1, 1, 1, 1, 50]))  # counts on pad/OOV are ignored
+    probs = loss._sampling_probs(8, torch.device("cpu"))
+    assert probs[:2].eq(0).all() and probs[7] > 10 * probs[2]
+    value = loss(model, torch.randn(4, 4), torch.tensor([2, 3, 7, 7]), torch.Generator().manual_seed(0))
+    assert torch.isfinite(value)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"negatives": "random"}, "negatives"),
+        ({"sampler": "zipf"}, "sampler"),
+        ({"num_samples": 0}, "num_samples"),
+        ({"label_smoothing": 1.0}, "label_smoothing"),
+        ({"temperature": 0.0}, "temperature"),
+    ],
+)
+def test_bad_settings_are_refused(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SampledSoftmax(**kwargs)
+
+
+def test_popularity_sampler_needs_counts():
+    with pytest.raises(ValueError, match="set_item_counts"):
+        SampledSoftmax(sampler="popularity")(DotScorer(6), torch.randn(2, 4), torch.tensor([2, 3]))

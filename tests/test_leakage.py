@@ -2,7 +2,8 @@
 
 Transformers4Rec shipped this bug (its issues #738, #746): the item to predict was part of the
 input at evaluation. Here every eval batch is checked by hooking the item embedding, i.e. the
-exact tensor of ids the network consumes, through the real Lightning loops.
+exact tensor of ids the network consumes, through the real Lightning loops, for every
+training objective (each reads the next item its own way).
 """
 
 import numpy as np
@@ -13,7 +14,15 @@ import torch
 
 from sessrec.data import SessionDataModule, SessionSplits
 from sessrec.data.sources import SessionSource
-from sessrec.models import MaskedItemModeling, XLNetEncoder
+from sessrec.models import (
+    CausalLanguageModeling,
+    ElectraEncoder,
+    MaskedItemModeling,
+    PermutationLanguageModeling,
+    ReplacedTokenDetection,
+    SASRecEncoder,
+    XLNetEncoder,
+)
 from sessrec.tasks import NextItemTask
 
 torch.set_num_threads(1)
@@ -51,13 +60,21 @@ class Recorder(pl.Callback):
         self._record(batch)
 
 
+# (encoder, objective, whether evaluation appends an empty slot after the observed items)
+OBJECTIVES = {
+    "mlm": (lambda: XLNetEncoder(d_model=16, n_head=2, n_layer=1), MaskedItemModeling, True),
+    "clm": (lambda: SASRecEncoder(d_model=16, n_head=2, n_layer=1), CausalLanguageModeling, False),
+    "plm": (lambda: XLNetEncoder(d_model=16, n_head=2, n_layer=1), PermutationLanguageModeling, True),
+    "rtd": (lambda: ElectraEncoder(d_model=16, n_head=2, n_layer=1), ReplacedTokenDetection, True),
+}
+
+
+@pytest.mark.parametrize("objective", OBJECTIVES)
 @pytest.mark.parametrize("protocol", ["last", "all_prefixes"])
-def test_targets_never_in_model_inputs(protocol, tmp_path):
+def test_targets_never_in_model_inputs(protocol, objective, tmp_path):
+    make_encoder, make_objective, slot = OBJECTIVES[objective]
     dm = SessionDataModule(source=NoRepeatSource(), max_length=10, batch_size=32, eval_batch_size=16, eval_protocol=protocol)
-    task = NextItemTask(
-        num_items=dm.num_items, max_length=10, encoder=XLNetEncoder(d_model=16, n_head=2, n_layer=1),
-        objective=MaskedItemModeling(),
-    )
+    task = NextItemTask(num_items=dm.num_items, max_length=10, encoder=make_encoder(), objective=make_objective())
     rec = Recorder(task)
     trainer = pl.Trainer(
         max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
@@ -69,9 +86,11 @@ def test_targets_never_in_model_inputs(protocol, tmp_path):
     n_pairs = 0
     for items, targets, embedded in rec.rows:
         assert targets is not None
-        # the network consumed exactly the prefix plus an empty [MASK] slot ...
-        assert torch.equal(embedded[:, -1], torch.zeros_like(targets))
-        assert torch.equal(embedded[:, -1 - items.shape[1] : -1], items)
+        # the network consumed exactly the prefix, plus an empty slot where the objective reads one ...
+        if slot:
+            assert torch.equal(embedded[:, -1], torch.zeros_like(targets))
+            embedded = embedded[:, :-1]
+        assert torch.equal(embedded[:, -items.shape[1] :], items)
         # ... and the target id is nowhere in it (sessions have distinct items)
         assert not (embedded == targets[:, None]).any()
         n_pairs += len(targets)

@@ -1,0 +1,187 @@
+"""Encoders: shapes, left-padding invariance, causality, references, and a transition each one learns."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sessrec.models import (
+    BertEncoder,
+    CausalLanguageModeling,
+    ElectraEncoder,
+    GPT2Encoder,
+    GRU4RecEncoder,
+    MaskedItemModeling,
+    PermutationLanguageModeling,
+    ReplacedTokenDetection,
+    SASRecEncoder,
+    SessionModel,
+    XLNetEncoder,
+)
+from sessrec.models.sasrec import SelfAttention, causal_attention_mask
+
+torch.set_num_threads(1)
+
+ENCODERS = {
+    "xlnet": lambda: XLNetEncoder(d_model=16, n_head=2, n_layer=2, dropout=0.0),
+    "bert": lambda: BertEncoder(d_model=16, n_head=2, n_layer=2, dropout=0.0),
+    "electra": lambda: ElectraEncoder(d_model=16, n_head=2, n_layer=2, dropout=0.0),
+    "gpt2": lambda: GPT2Encoder(d_model=16, n_head=2, n_layer=2, dropout=0.0),
+    "sasrec": lambda: SASRecEncoder(d_model=16, n_head=2, n_layer=2, dropout=0.0),
+    "gru4rec": lambda: GRU4RecEncoder(d_model=16, n_layer=2),
+}
+CAUSAL = {"gpt2", "sasrec", "gru4rec"}
+
+
+def encoder(name, seed=0):
+    torch.manual_seed(seed)
+    return ENCODERS[name]().eval()
+
+
+def padded(seed=0):
+    """(4, 7, 16) embeddings, left padding of 0..6 positions filled with noise, and the real mask."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(4, 7, 16, generator=g)
+    lengths = torch.tensor([7, 4, 1, 3])
+    mask = torch.arange(7)[None, :] >= 7 - lengths[:, None]
+    return x, mask, lengths
+
+
+@pytest.mark.parametrize("name", ENCODERS)
+def test_shape_width_and_causal_flag(name):
+    enc = encoder(name)
+    x, mask, _ = padded()
+    with torch.no_grad():
+        out = enc(x, mask)
+    assert out.shape == (4, 7, 16) and enc.d_model == 16
+    assert torch.isfinite(out).all()  # padding rows too: a NaN there would reach real rows through attention
+    assert type(enc).causal is (name in CAUSAL)
+
+
+@pytest.mark.parametrize("name", ENCODERS)
+def test_left_padding_does_not_change_real_positions(name):
+    enc = encoder(name)
+    x, mask, lengths = padded()
+    with torch.no_grad():
+        out = enc(x, mask)
+        for row, n in enumerate(lengths.tolist()):
+            alone = enc(x[row : row + 1, 7 - n :], mask[row : row + 1, 7 - n :])
+            torch.testing.assert_close(out[row, 7 - n :], alone[0], atol=1e-5, rtol=1e-4)
+        noisier = x.clone()
+        noisier[~mask] = 100.0 * torch.randn(int((~mask).sum()), 16)
+        torch.testing.assert_close(enc(noisier, mask)[mask], out[mask], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", ENCODERS)
+def test_causal_encoders_never_see_later_positions(name):
+    enc = encoder(name)
+    x, mask, _ = padded(seed=1)
+    mask[:] = True
+    changed = x.clone()
+    changed[:, 4:] = torch.randn(4, 3, 16)
+    with torch.no_grad():
+        a, b = enc(x, mask), enc(changed, mask)
+    if name in CAUSAL:
+        torch.testing.assert_close(a[:, :4], b[:, :4])
+    else:
+        assert not torch.allclose(a[:, :4], b[:, :4])  # bidirectional: earlier positions read later ones
+
+
+@pytest.mark.parametrize("name", ENCODERS)
+def test_seeded_encoders_are_deterministic(name):
+    x, mask, _ = padded()
+    with torch.no_grad():
+        torch.testing.assert_close(encoder(name, seed=3)(x, mask), encoder(name, seed=3)(x, mask))
+        assert not torch.allclose(encoder(name, seed=3)(x, mask), encoder(name, seed=4)(x, mask))
+
+
+def test_sasrec_attention_matches_a_naive_softmax_reference():
+    torch.manual_seed(0)
+    attn = SelfAttention(d_model=16, n_head=2, dropout=0.0).eval()
+    x, mask, _ = padded(seed=2)
+    allowed = causal_attention_mask(mask)  # (B, 1, L, L)
+    with torch.no_grad():
+        got = attn(x, allowed)
+        q, k, v = attn.qkv(x).split(16, dim=-1)  # (B, L, D) each
+        heads = lambda t: t.view(4, 7, 2, 8).transpose(1, 2)  # noqa: E731 - (B, H, L, E)
+        scores = heads(q) @ heads(k).transpose(-1, -2) / 8**0.5  # (B, H, L, L)
+        weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+        expected = attn.out((weights @ heads(v)).transpose(1, 2).reshape(4, 7, 16))
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
+
+
+def test_sasrec_mask_is_causal_over_real_keys_and_padding_rows_see_themselves():
+    mask = torch.tensor([[False, False, True, True]])
+    allowed = causal_attention_mask(mask)[0, 0]
+    assert allowed.tolist() == [
+        [True, False, False, False],
+        [False, True, False, False],
+        [False, False, True, False],
+        [False, False, True, True],
+    ]
+
+
+def test_gru4rec_equals_the_gru_run_on_each_unpadded_session():
+    enc = encoder("gru4rec")
+    x, mask, lengths = padded(seed=3)
+    with torch.no_grad():
+        out = enc(x, mask)
+        for row, n in enumerate(lengths.tolist()):
+            ref, _ = enc.gru(x[row : row + 1, 7 - n :])
+            torch.testing.assert_close(out[row, 7 - n :], ref[0])
+    assert (out[~mask] == 0).all()
+
+
+@pytest.mark.parametrize("name", ["gpt2", "bert", "electra"])
+def test_hf_absolute_position_tables_are_disabled(name):
+    enc = encoder(name)
+    tables = [p for n, p in enc.named_parameters() if "position" in n or n.endswith("wpe.weight")]
+    assert tables and all(t.shape[0] == 1 and not t.requires_grad and (t == 0).all() for t in tables)
+
+
+def test_session_model_positions_count_from_the_start_for_causal_encoders():
+    causal = SessionModel(30, GPT2Encoder(d_model=16, n_head=2, n_layer=1), max_length=5)
+    bidirectional = SessionModel(30, BertEncoder(d_model=16, n_head=2, n_layer=1), max_length=5)
+    real = torch.tensor([[False, False, True, True, True], [True] * 5])
+    assert causal.positions(real).tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]]
+    assert bidirectional.positions(real).tolist() == [4, 3, 2, 1, 0]
+
+
+PAIRS = {
+    "xlnet-mlm": ("xlnet", lambda: MaskedItemModeling(mask_prob=0.3, last_item_prob=0.3)),
+    "xlnet-plm": ("xlnet", lambda: PermutationLanguageModeling(target_prob=0.3, last_item_prob=0.3)),
+    "bert-mlm": ("bert", lambda: MaskedItemModeling(mask_prob=0.3, last_item_prob=0.3)),
+    "electra-rtd": ("electra", lambda: ReplacedTokenDetection(mask_prob=0.3, last_item_prob=0.3)),
+    "gpt2-clm": ("gpt2", CausalLanguageModeling),
+    "sasrec-clm": ("sasrec", CausalLanguageModeling),
+    "gru4rec-clm": ("gru4rec", CausalLanguageModeling),
+}
+
+
+@pytest.mark.parametrize("pair", PAIRS)
+def test_tiny_model_learns_a_transition(pair):
+    """150 steps on a deterministic chain a -> a+1: the successor is ranked first, read as at evaluation."""
+    name, make_objective = PAIRS[pair]
+    torch.manual_seed(0)
+    enc = {**ENCODERS, "xlnet": lambda: XLNetEncoder(d_model=16, n_head=2, n_layer=1, dropout=0.0)}[name]()
+    model = SessionModel(22, enc, max_length=7, dropout=0.0)
+    objective = make_objective()
+    objective.bind(model)
+    starts = torch.randint(2, 16, (256,))
+    items = starts[:, None] + torch.arange(6)[None, :]  # (256, 6) ids 2..21
+    items[::3, :2] = 0  # some shorter, left-padded sessions
+    params = list(model.parameters()) + [p for p in getattr(objective, "parameters", lambda: [])()]
+    opt = torch.optim.Adam(params, lr=1e-2)
+    gen = torch.Generator().manual_seed(0)
+    model.train()
+    for _ in range(150):
+        out = objective.training_output(model, items, gen)
+        loss = F.cross_entropy(model.score(out.hidden), out.targets)
+        if out.aux_loss is not None:
+            loss = loss + out.aux_loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    with torch.no_grad():
+        pred = model(torch.tensor([[0, 4, 5, 6], [9, 10, 11, 12]]), objective).argmax(dim=1)
+    assert pred.tolist() == [7, 13]

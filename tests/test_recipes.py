@@ -35,6 +35,8 @@ def scratch(tmp_path, monkeypatch):
 def test_there_are_recipes():
     names = {p.stem for p in RECIPES}
     assert {"quickstart", "xlnet_mlm_diginetica", "xlnet_mlm_yoochoose164", "xlnet_mlm_rsc15"} <= names
+    zoo = ("gru4rec", "sasrec", "gpt2_clm", "bert_mlm", "electra_rtd", "xlnet_plm")
+    assert {f"{m}_diginetica" for m in zoo} <= names
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)

@@ -1,0 +1,219 @@
+"""Shared machinery of the session-kNN baselines (`VSKNN`, `STAN`), vectorized with sparse matrices.
+
+Shape letters: N training sessions, B prefixes, L positions, V items, P candidate pairs
+(prefix, training session) of a batch.
+
+Positions. The events of a session are numbered 1..len from the oldest (padding has no
+position). An item seen several times takes the position of its latest occurrence. An OOV
+event (id 1) keeps its place in the numbering but is not an item: it never matches and is
+not counted among a session's items.
+
+Time. The training sessions are indexed in time order (`SessionBaseline.fit` sorts them by
+their timestamps when the data have some; the SR-GNN files have none but list sessions by
+date), and time is measured in sessions: the rank of a session in that order (N - 1 = the
+most recent). "Most recent" candidates and STAN's recency decay use this rank; every
+evaluation prefix comes after all training sessions.
+
+Bit masks. Per (prefix, training session) pair the kNN methods need the positions of the items
+the two share: to weight the similarity and to find the most recent shared item. One sparse
+product gives them for every pair of a batch: each item of one side carries 2**(position - 1),
+the other side is binary, and the product sums the powers over the shared items. Positions of
+distinct items differ, so the sum is exactly the bit mask of the shared positions (int64: up
+to 63 positions, the longest ``max_length`` these baselines accept).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from sessrec.data.vocab import NUM_SPECIAL
+
+MAX_POSITIONS = 63
+
+
+@dataclass
+class SessionItems:
+    """Distinct items of sessions with the position of their latest occurrence.
+
+    Attributes:
+        positions: (S, V) CSR int64, entry (s, i) = 1-based position of item i's last
+            occurrence in session s; rows have sorted column indices.
+        lengths: (S,) events per session (OOV included, padding not).
+    """
+
+    positions: sp.csr_matrix
+    lengths: np.ndarray
+
+    @property
+    def num_distinct(self) -> np.ndarray:
+        """(S,) distinct known items per session."""
+        return np.diff(self.positions.indptr)
+
+    def entry_rows(self) -> np.ndarray:
+        """(nnz,) session of each (session, item) entry."""
+        return np.repeat(np.arange(len(self.lengths)), self.num_distinct)
+
+    def row_norms(self, values: np.ndarray) -> np.ndarray:
+        """(S,) L2 norm over each session's entries of per-entry `values` (nnz,)."""
+        return np.sqrt(np.bincount(self.entry_rows(), values**2, minlength=len(self.lengths)))
+
+    def with_values(self, values: np.ndarray) -> sp.csr_matrix:
+        """Same sparsity as `positions`, other values (one per entry)."""
+        m = self.positions
+        return sp.csr_matrix((values, m.indices, m.indptr), shape=m.shape)
+
+    def binary(self) -> sp.csr_matrix:
+        return self.with_values(np.ones(self.positions.nnz, dtype=np.int64))
+
+    def bits(self) -> sp.csr_matrix:
+        """Entry (s, i) = 2 ** (position - 1): a sum over distinct items is a bit mask of positions."""
+        return self.with_values(np.left_shift(np.int64(1), self.positions.data - 1))
+
+
+def session_items(items: np.ndarray, num_items: int) -> SessionItems:
+    """`SessionItems` of right-aligned sessions (S, L) of model ids (checked by the caller)."""
+    n, width = items.shape
+    if width > MAX_POSITIONS:
+        raise ValueError(
+            f"session kNN baselines encode positions as int64 bits: sessions of at most {MAX_POSITIONS} "
+            f"events, got max_length {width}; lower data.max_length"
+        )
+    lengths = (items != 0).sum(axis=1)
+    position = np.arange(1, width + 1)[None, :] - (width - lengths)[:, None]  # (S, L), <= 0 on padding
+    rows, cols = np.nonzero(items >= NUM_SPECIAL)  # row-major: later events of a row come later
+    keys = rows * num_items + items[rows, cols]
+    # np.unique keeps the first occurrence of each key: on the reversed order that is the latest event
+    uniq, first_reversed = np.unique(keys[::-1], return_index=True)
+    latest = len(keys) - 1 - first_reversed
+    values = position[rows[latest], cols[latest]].astype(np.int64)
+    counts = np.bincount(uniq // num_items, minlength=n)
+    indptr = np.concatenate([[0], np.cumsum(counts)])
+    positions = sp.csr_matrix((values, uniq % num_items, indptr), shape=(n, num_items))
+    return SessionItems(positions=positions, lengths=lengths)
+
+
+@dataclass
+class Pairs:
+    """Candidate (prefix, training session) pairs of a batch: sessions sharing an item with the prefix.
+
+    Attributes:
+        row: (P,) prefix index in the batch.
+        col: (P,) training session index.
+        prefix_bits: (P,) bit mask of the prefix positions of the shared items.
+        session_bits: (P,) bit mask of the training-session positions of the shared items
+            (only when asked for).
+    """
+
+    row: np.ndarray
+    col: np.ndarray
+    prefix_bits: np.ndarray
+    session_bits: np.ndarray | None = None
+
+    def take(self, keep: np.ndarray) -> Pairs:
+        bits = None if self.session_bits is None else self.session_bits[keep]
+        return Pairs(self.row[keep], self.col[keep], self.prefix_bits[keep], bits)
+
+
+class SessionIndex:
+    """The training sessions as sparse matrices, for neighbour search.
+
+    Args:
+        sessions: (N, L) right-aligned training sessions of model ids.
+        num_items: V.
+        session_bits: also keep the positions of items inside training sessions (STAN).
+    """
+
+    def __init__(self, sessions: np.ndarray, num_items: int, session_bits: bool = False) -> None:
+        self.items = session_items(sessions, num_items)
+        self.num_sessions, self.num_items = len(sessions), num_items
+        self._binary_t = self.items.binary().T.tocsr()  # (V, N)
+        self._bits_t = self.items.bits().T.tocsr() if session_bits else None  # (V, N)
+
+    def document_frequency(self) -> np.ndarray:
+        """(V,) number of training sessions that contain each item."""
+        return np.bincount(self.items.positions.indices, minlength=self.num_items)
+
+    def candidates(self, prefix: SessionItems, sample_size: int) -> Pairs:
+        """Training sessions sharing at least one item with each prefix, the `sample_size` most recent.
+
+        Args:
+            prefix: `SessionItems` of the batch of prefixes (B rows).
+            sample_size: keep the most recent candidates of each prefix; 0 keeps all.
+        """
+        by_prefix = prefix.bits() @ self._binary_t  # (B, N), prefix positions of shared items
+        by_prefix.sort_indices()  # columns ascending = oldest to most recent
+        counts = np.diff(by_prefix.indptr)
+        row = np.repeat(np.arange(by_prefix.shape[0]), counts)
+        pairs = Pairs(row=row, col=by_prefix.indices.astype(np.int64), prefix_bits=by_prefix.data)
+        if self._bits_t is not None:
+            by_session = prefix.binary() @ self._bits_t  # (B, N), same sparsity: session positions
+            by_session.sort_indices()
+            assert np.array_equal(by_session.indptr, by_prefix.indptr)
+            assert np.array_equal(by_session.indices, by_prefix.indices)
+            pairs.session_bits = by_session.data
+        if sample_size > 0:
+            from_end = by_prefix.indptr[1:][row] - 1 - np.arange(len(row))  # 0 = most recent candidate
+            pairs = pairs.take(from_end < sample_size)
+        return pairs
+
+    def scatter(self, pairs: Pairs, weight: np.ndarray, num_rows: int) -> sp.csr_matrix:
+        """(B, N) sparse matrix with `weight` at each pair, to spread over items by a product."""
+        return sp.csr_matrix((weight, (pairs.row, pairs.col)), shape=(num_rows, self.num_sessions))
+
+    def neighbour_items(self, pairs: Pairs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every (pair, item of its training session): pair index, item id, item position (each (E,))."""
+        m = self.items.positions
+        starts, counts = m.indptr[pairs.col], np.diff(m.indptr)[pairs.col]
+        pair = np.repeat(np.arange(len(pairs.col)), counts)
+        offset = np.arange(len(pair)) - np.repeat(np.cumsum(counts) - counts, counts)
+        flat = np.repeat(starts, counts) + offset
+        return pair, m.indices[flat].astype(np.int64), m.data[flat]
+
+
+def sum_over_bits(
+    bits: np.ndarray, weight: Callable[[int, np.ndarray], np.ndarray] | None, max_position: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Sum of per-position weights over the set bits, and the highest set position (0 if none).
+
+    Args:
+        bits: (P,) int64 bit masks of positions (bit p - 1 set = position p).
+        weight: (p, pairs) -> weight of position p for those pairs (the ones with bit p set);
+            None when only the highest position is needed.
+        max_position: highest position that can be set.
+
+    Returns:
+        total (P,) float64 and highest (P,) int64.
+    """
+    total = np.zeros(len(bits), dtype=np.float64)
+    highest = np.zeros(len(bits), dtype=np.int64)
+    for p in range(1, max_position + 1):  # a loop over positions (<= L), vectorized over pairs
+        on = np.flatnonzero((bits >> (p - 1)) & 1)
+        if weight is not None:
+            total[on] += weight(p, on)
+        highest[on] = p
+    return total, highest
+
+
+def top_k(row: np.ndarray, col: np.ndarray, score: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the `k` highest positive scores per row; ties go to the more recent (higher) col."""
+    positive = np.flatnonzero(score > 0)
+    order = positive[np.lexsort((-col[positive], -score[positive], row[positive]))]
+    sorted_rows = row[order]
+    first = np.searchsorted(sorted_rows, sorted_rows, side="left")
+    rank = np.arange(len(order)) - first  # 0 = best of its row
+    return order[rank < k]
+
+
+def dense_scores(scores: sp.spmatrix, num_items: int) -> torch.Tensor:
+    """Sparse (B, V) scores -> dense float32 tensor, 0 where no neighbour reached an item."""
+    coo = sp.coo_matrix(scores)
+    coo.sum_duplicates()
+    out = torch.zeros(coo.shape[0], num_items, dtype=torch.float32)
+    rows, cols = torch.from_numpy(coo.row.astype(np.int64)), torch.from_numpy(coo.col.astype(np.int64))
+    out[rows, cols] = torch.from_numpy(coo.data.astype(np.float32))
+    return out

@@ -1,4 +1,5 @@
-"""``sessrec`` command line: LightningCLI over `NextItemTask` and `SessionDataModule`.
+"""``sessrec`` command line: LightningCLI over a task (`NextItemTask` unless the recipe names
+another, e.g. ``class_path: sessrec.tasks.BaselineTask``) and `SessionDataModule`.
 
     sessrec fit     --config recipes/quickstart.yaml
     sessrec test    --config recipes/xlnet_mlm_diginetica.yaml --ckpt_path runs/.../best.ckpt
@@ -12,17 +13,21 @@ is used, so raw ids map exactly as in training.
 
 from __future__ import annotations
 
+import pytorch_lightning as pl
 from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 
 from sessrec.data.datamodule import SessionDataModule
-from sessrec.tasks import NextItemTask, TopKWriter, VocabularyCheckpoint
+from sessrec.tasks import TopKWriter, VocabularyCheckpoint
 from sessrec.tasks.callbacks import find_vocab
 
 
 class SessrecCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        parser.link_arguments("data.num_items", "model.num_items", apply_on="instantiate")
-        parser.link_arguments("data.max_length", "model.max_length", apply_on="parse")
+        # a recipe's `model:` block without class_path configures NextItemTask, as before
+        parser.set_defaults({"model": {"class_path": "sessrec.tasks.NextItemTask"}})
+        parser.link_arguments("data.num_items", "model.init_args.num_items", apply_on="instantiate")
+        # tasks without a max_length argument (BaselineTask) ignore this link
+        parser.link_arguments("data.max_length", "model.init_args.max_length", apply_on="parse")
         parser.add_lightning_class_args(TopKWriter, "scoring")
         parser.add_lightning_class_args(VocabularyCheckpoint, "vocab_checkpoint")
 
@@ -46,8 +51,9 @@ class SessrecCLI(LightningCLI):
 def cli(args: list[str] | None = None) -> SessrecCLI:
     """Run the CLI in-process and return it (trainer, model and data module for inspection)."""
     return SessrecCLI(
-        NextItemTask,
+        pl.LightningModule,
         SessionDataModule,
+        subclass_mode_model=True,
         seed_everything_default=0,
         save_config_kwargs={"overwrite": True},
         args=args,

@@ -1,6 +1,7 @@
 """LightningModules and callbacks: losses, metrics, optimisation, checkpoint side files."""
 
+from sessrec.tasks.baseline import BaselineTask
 from sessrec.tasks.callbacks import TopKWriter, VocabularyCheckpoint
 from sessrec.tasks.next_item import NextItemTask, TopK
 
-__all__ = ["NextItemTask", "TopK", "TopKWriter", "VocabularyCheckpoint"]
+__all__ = ["BaselineTask", "NextItemTask", "TopK", "TopKWriter", "VocabularyCheckpoint"]

@@ -1,0 +1,111 @@
+"""`BaselineTask`: a non-neural baseline in the same Lightning loops and metrics as `NextItemTask`.
+
+Nothing is trained: `setup` fits the baseline on the data module's training sessions, then
+``sessrec validate`` / ``sessrec test`` rank every evaluation prefix over the full catalogue
+with `TopKMetrics` and print the same ``[val]`` / ``[test]`` lines, and ``sessrec predict``
+writes top-K recommendations with the same `TopKWriter`:
+
+    sessrec test     --config recipes/vsknn_diginetica.yaml
+    sessrec validate --config recipes/vsknn_diginetica.yaml --model.baseline.k 200
+
+Shape letters: B batch, V items.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytorch_lightning as pl
+import torch
+from torch import nn
+
+from sessrec.baselines import SessionBaseline
+from sessrec.data import frame
+from sessrec.data.batch import SessionBatch
+from sessrec.data.vocab import NUM_SPECIAL
+from sessrec.metrics import TopKMetrics
+from sessrec.tasks.next_item import NextItemTask, TopK
+
+
+class BaselineTask(pl.LightningModule):
+    """Evaluate or score a `SessionBaseline` (no trainable weights).
+
+    Args:
+        baseline: the baseline (``class_path`` in a recipe), e.g. `sessrec.baselines.VSKNN`.
+        num_items: score vector size; linked from the data module (``data.num_items``).
+        ks: cut-offs of the evaluation metrics.
+        top_k: recommendations per session written by ``sessrec predict``.
+    """
+
+    def __init__(
+        self,
+        baseline: SessionBaseline,
+        num_items: int = 0,
+        ks: list[int] = [10, 20],  # noqa: B006 - read only
+        top_k: int = 20,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters(ignore=["baseline"])
+        self.baseline = baseline
+        self.metrics = nn.ModuleDict({stage: TopKMetrics(ks) for stage in ("val", "test")})
+
+    def _nothing_to_train(self) -> ValueError:
+        return ValueError(
+            f"{type(self.baseline).__name__} has no weights to train: run `sessrec test` "
+            "(or `sessrec validate`) with this recipe; the baseline is fitted on the training split there"
+        )
+
+    def setup(self, stage: str) -> None:
+        if stage == "fit":
+            raise self._nothing_to_train()
+        if self.baseline.fitted:
+            return
+        dm = self.trainer.datamodule
+        if dm is None or not hasattr(dm, "tensors"):
+            raise ValueError(
+                "BaselineTask fits on the training sessions of a SessionDataModule; pass datamodule="
+            )
+        sessions, _ = dm.tensors("train")  # only the training split: evaluation sessions never enter
+        self.baseline.fit(
+            sessions, num_items=self.hparams.num_items or dm.num_items, times=_end_times(dm.splits.train)
+        )
+
+    def forward(self, batch: SessionBatch) -> torch.Tensor:
+        """(B, V) scores of the prefixes; the baseline sees `batch.items` only, never the targets."""
+        return self.baseline(batch.items).to(batch.items.device)
+
+    def _step(self, batch: SessionBatch, stage: str) -> None:
+        self.metrics[stage].update(self(batch), batch.targets)
+
+    def training_step(self, batch: SessionBatch, batch_idx: int) -> None:
+        raise self._nothing_to_train()  # defined so that Lightning reaches `setup`, which says why
+
+    def configure_optimizers(self) -> None:
+        raise self._nothing_to_train()
+
+    def validation_step(self, batch: SessionBatch, batch_idx: int) -> None:
+        self._step(batch, "val")
+
+    def test_step(self, batch: SessionBatch, batch_idx: int) -> None:
+        self._step(batch, "test")
+
+    # the metric logging and the printed [val]/[test] lines are NextItemTask's, shared as they are
+    _log_metrics = NextItemTask._log_metrics
+    on_validation_epoch_end = NextItemTask.on_validation_epoch_end
+    on_test_epoch_end = NextItemTask.on_test_epoch_end
+
+    def predict_step(self, batch: SessionBatch, batch_idx: int) -> TopK:
+        scores = self(batch)
+        k = min(self.hparams.top_k, scores.shape[1] - NUM_SPECIAL)
+        top = scores.topk(k, dim=1)
+        return TopK(items=top.indices, scores=top.values)
+
+
+def _end_times(sessions: pa.Table) -> np.ndarray | None:
+    """(N,) time of each session's last event, or None when the sessions carry no timestamps."""
+    if frame.TIMES not in sessions.column_names:
+        return None
+    values, offsets = frame.list_offsets(sessions.column(frame.TIMES))
+    if len(offsets) < 2:
+        return None
+    return values.to_numpy(zero_copy_only=False)[offsets[1:] - 1]

@@ -1,0 +1,343 @@
+"""Non-neural baselines: vectorized scores against brute-force references, hand cases, no leakage, CLI.
+
+The references below loop over sessions in plain Python and follow the definitions in the
+docstrings of `sessrec.baselines` (positions from 1 = oldest, latest occurrence wins, OOV keeps
+its place but is not an item, time = row order, ties among neighbours go to the more recent).
+"""
+
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from sessrec.baselines import STAN, VSKNN, Popularity, SessionBaseline
+from sessrec.cli import cli as main
+from sessrec.data import SessionBatch, SessionDataModule, SyntheticSource
+from sessrec.tasks import BaselineTask
+
+torch.set_num_threads(1)
+
+V, L = 12, 6  # ids 2..11 are items; 0 padding, 1 OOV
+TRAIN = [  # in time order
+    [2, 3, 4],
+    [3, 5, 3, 6],
+    [7, 8],
+    [2, 1, 5, 9],
+    [4, 3, 2, 10, 11],
+    [5, 6, 7],
+    [9, 2, 3],
+    [11, 10, 4, 4, 3, 6],
+]
+PREFIXES = [
+    [2, 3],
+    [5],
+    [3, 1, 4, 3],
+    [10, 6, 9, 2, 7],
+    [8],
+    [1],  # only OOV: no neighbours
+    [11, 4, 4],
+]
+
+
+def pad(rows: list[list[int]], width: int = L) -> torch.Tensor:
+    return torch.tensor([[0] * (width - len(r)) + r for r in rows])
+
+
+def positions(seq: list[int]) -> dict[int, int]:
+    """item -> 1-based position of its latest occurrence (known items only)."""
+    return {item: p for p, item in enumerate(seq, start=1) if item >= 2}
+
+
+# -- brute-force references -----------------------------------------------------------------------
+def popularity_reference(per_session: bool) -> list[float]:
+    counts = [0.0] * V
+    for seq in TRAIN:
+        for item in set(seq) if per_session else seq:
+            if item >= 2:
+                counts[item] += 1
+    return counts
+
+
+def weight_reference(kind: str, p: int, n: int) -> float:
+    if kind == "same":
+        return 1.0
+    if kind == "div":
+        return p / n
+    if kind == "linear":
+        return max(1.0 - 0.1 * (n - p), 0.0)
+    if kind == "quadratic":
+        return (p / n) ** 2
+    return 1.0 / math.log10(n - p + 1.7)
+
+
+def decay_reference(kind: str, d: int) -> float:
+    if kind == "same":
+        return 1.0
+    if kind == "div":
+        return 1.0 / d
+    if kind == "linear":
+        return max(1.0 - 0.1 * d, 0.0)
+    if kind == "quadratic":
+        return 1.0 / d**2
+    return 1.0 / math.log10(d + 1.7)
+
+
+def candidates(prefix: list[int], sample_size: int) -> list[int]:
+    items = set(positions(prefix))
+    found = [j for j, seq in enumerate(TRAIN) if items & set(positions(seq))]
+    return found[-sample_size:] if sample_size else found
+
+
+def neighbours(sims: dict[int, float], k: int) -> list[int]:
+    return sorted((j for j in sims if sims[j] > 0), key=lambda j: (-sims[j], -j))[:k]
+
+
+def vsknn_reference(
+    prefix, k, sample_size, weighting, weighting_score, similarity, idf_weighting
+) -> list[float]:
+    pos_s, n = positions(prefix), len(prefix)
+    w = {i: weight_reference(weighting, p, n) for i, p in pos_s.items()}
+    sims = {}
+    for j in candidates(prefix, sample_size):
+        pos_n = positions(TRAIN[j])
+        overlap = sum(w[i] for i in sorted(set(pos_n) & set(pos_s), key=pos_s.get))
+        if similarity == "dot":
+            sims[j] = overlap / len(pos_s)
+        else:
+            sims[j] = overlap / (math.sqrt(sum(v * v for v in w.values())) * math.sqrt(len(pos_n)))
+    scores = [0.0] * V
+    for j in neighbours(sims, k):
+        pos_n = positions(TRAIN[j])
+        step = n - max(pos_s[i] for i in set(pos_n) & set(pos_s)) + 1
+        for i in pos_n:
+            df = sum(i in seq for seq in TRAIN)
+            scores[i] += (
+                sims[j]
+                * decay_reference(weighting_score, step)
+                * (1 + idf_weighting * math.log(len(TRAIN) / df))
+            )
+    return scores
+
+
+def stan_reference(prefix, k, sample_size, lambda_1, lambda_2, lambda_3) -> list[float]:
+    pos_s, n = positions(prefix), len(prefix)
+    w = {i: math.exp((p - n) / lambda_1) if lambda_1 else 1.0 for i, p in pos_s.items()}
+    norm = math.sqrt(sum(v * v for v in w.values()))
+    sims = {}
+    for j in candidates(prefix, sample_size):
+        pos_n = positions(TRAIN[j])
+        overlap = sum(w[i] for i in sorted(set(pos_n) & set(pos_s), key=pos_s.get))
+        sims[j] = overlap / (norm * math.sqrt(len(pos_n)))
+        if lambda_2:
+            sims[j] *= math.exp(-(len(TRAIN) - 1 - j) / lambda_2)
+    scores = [0.0] * V
+    for j in neighbours(sims, k):
+        pos_n = positions(TRAIN[j])
+        anchor = max(pos_n[i] for i in set(pos_n) & set(pos_s))
+        for i, q in pos_n.items():
+            scores[i] += sims[j] * (math.exp(-abs(q - anchor) / lambda_3) if lambda_3 else 1.0)
+    return scores
+
+
+def assert_matches(scores: torch.Tensor, expected: list[list[float]]) -> None:
+    assert scores.shape == (len(expected), V) and scores.dtype == torch.float32
+    assert torch.isneginf(scores[:, :2]).all()  # padding and OOV are never recommended
+    np.testing.assert_allclose(
+        scores[:, 2:].double().numpy(), np.array(expected)[:, 2:], rtol=1e-6, atol=1e-6
+    )
+
+
+# -- values ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("per_session", [False, True])
+def test_popularity_matches_reference(per_session):
+    pop = Popularity(per_session=per_session).fit(pad(TRAIN), num_items=V)
+    assert_matches(pop(pad(PREFIXES)), [popularity_reference(per_session)] * len(PREFIXES))
+
+
+VSKNN_CASES = [
+    dict(k=100, sample_size=0, weighting="div", weighting_score="div", similarity="dot", idf_weighting=0.0),
+    dict(
+        k=2,
+        sample_size=3,
+        weighting="quadratic",
+        weighting_score="quadratic",
+        similarity="dot",
+        idf_weighting=5.0,
+    ),
+    dict(
+        k=3,
+        sample_size=0,
+        weighting="linear",
+        weighting_score="linear",
+        similarity="cosine",
+        idf_weighting=0.0,
+    ),
+    dict(k=4, sample_size=5, weighting="log", weighting_score="log", similarity="cosine", idf_weighting=1.0),
+    dict(k=1, sample_size=2, weighting="same", weighting_score="same", similarity="dot", idf_weighting=0.0),
+]
+
+
+@pytest.mark.parametrize("params", VSKNN_CASES, ids=lambda p: f"{p['weighting']}-{p['similarity']}-k{p['k']}")
+def test_vsknn_matches_reference(params):
+    knn = VSKNN(**params).fit(pad(TRAIN), num_items=V)
+    assert_matches(knn(pad(PREFIXES)), [vsknn_reference(p, **params) for p in PREFIXES])
+
+
+STAN_CASES = [
+    dict(k=100, sample_size=0, lambda_1=None, lambda_2=None, lambda_3=None),
+    dict(k=100, sample_size=0, lambda_1=1.02, lambda_2=None, lambda_3=2.05),
+    dict(k=2, sample_size=4, lambda_1=0.5, lambda_2=3.0, lambda_3=1.0),
+    dict(k=3, sample_size=0, lambda_1=1e-5, lambda_2=10.0, lambda_3=4.9),
+]
+
+
+@pytest.mark.parametrize(
+    "params", STAN_CASES, ids=lambda p: f"k{p['k']}-l1_{p['lambda_1']}-l2_{p['lambda_2']}"
+)
+def test_stan_matches_reference(params):
+    stan = STAN(**params).fit(pad(TRAIN), num_items=V)
+    assert_matches(stan(pad(PREFIXES)), [stan_reference(p, **params) for p in PREFIXES])
+
+
+def test_vsknn_hand_computed():
+    train = pad([[2, 3, 4], [3, 5], [6, 7], [5, 2]], width=4)
+    prefix = pad([[2, 5, 3]], width=4)
+    # weights p/3: item 2 -> 1/3, item 5 -> 2/3, item 3 -> 1; similarity = overlap / 3 distinct items
+    # [2, 3, 4]: (1/3 + 1) / 3 = 4/9, shares the last item (step 1, decay 1)
+    # [3, 5]:    (1 + 2/3) / 3 = 5/9, step 1
+    # [5, 2]:    (2/3 + 1/3) / 3 = 1/3, most recent shared item 5 is 2nd from the end: decay 1/2
+    scores = VSKNN(k=10, sample_size=0).fit(train, num_items=8)(prefix)[0]
+    expected = {2: 4 / 9 + 1 / 6, 3: 4 / 9 + 5 / 9, 4: 4 / 9, 5: 5 / 9 + 1 / 6, 6: 0.0, 7: 0.0}
+    assert scores[2:].tolist() == pytest.approx([expected[i] for i in range(2, 8)], abs=1e-6)
+    # k = 2 keeps the two most similar sessions: [5, 2] (1/3) drops out
+    top2 = VSKNN(k=2, sample_size=0).fit(train, num_items=8)(prefix)[0]
+    assert top2[2:].tolist() == pytest.approx([4 / 9, 1.0, 4 / 9, 5 / 9, 0.0, 0.0], abs=1e-6)
+
+
+@pytest.mark.parametrize("baseline", [Popularity(), VSKNN(), STAN()], ids=lambda b: type(b).__name__)
+def test_special_ids_are_minus_inf_and_everything_else_finite(baseline):
+    scores = baseline.fit(pad(TRAIN), num_items=V)(pad(PREFIXES))
+    assert torch.isneginf(scores[:, :2]).all()
+    assert torch.isfinite(scores[:, 2:]).all()
+
+
+def test_time_order_comes_from_timestamps():
+    rng = np.random.default_rng(0)
+    shuffled = rng.permutation(len(TRAIN))
+    times = shuffled.astype(float)  # row r of the shuffled matrix is original session shuffled[r]
+    for make in (lambda: VSKNN(k=2, sample_size=3), lambda: STAN(k=2, sample_size=3, lambda_2=3.0)):
+        ordered = make().fit(pad(TRAIN), num_items=V)(pad(PREFIXES))
+        from_times = make().fit(pad(TRAIN)[shuffled], num_items=V, times=times)(pad(PREFIXES))
+        torch.testing.assert_close(from_times, ordered)
+
+
+def test_bad_inputs_are_refused():
+    with pytest.raises(RuntimeError, match="not fitted"):
+        VSKNN()(pad(PREFIXES))
+    with pytest.raises(ValueError, match="right-aligned"):
+        VSKNN().fit(torch.tensor([[2, 0, 3]]), num_items=V)
+    with pytest.raises(ValueError, match=r"outside \[0, 12\)"):
+        VSKNN().fit(pad(TRAIN), num_items=V)(torch.tensor([[0, 12]]))
+    with pytest.raises(ValueError, match="max_length"):
+        STAN().fit(torch.full((2, 64), 2), num_items=V)
+    with pytest.raises(ValueError, match="lambda_3"):
+        STAN(lambda_3=0.0)
+    with pytest.raises(ValueError, match="weighting"):
+        VSKNN(weighting="exp")
+
+
+# -- no leakage ----------------------------------------------------------------------------------
+class Spy(SessionBaseline):
+    """Wraps a baseline and records every tensor it is asked to score."""
+
+    def __init__(self, inner: SessionBaseline) -> None:
+        self.inner, self.seen = inner, []
+
+    def _fit(self, sessions):
+        self.inner.fit(sessions, self.num_items)
+        self.fitted_on = sessions
+
+    def _score(self, prefixes):
+        self.seen.append(prefixes.copy())
+        return self.inner._score(prefixes)
+
+
+def test_rows_are_scored_independently():
+    knn = STAN(k=2, sample_size=3, lambda_2=3.0).fit(pad(TRAIN), num_items=V)
+    batch = knn(pad(PREFIXES))
+    for r, prefix in enumerate(PREFIXES):
+        torch.testing.assert_close(knn(pad([prefix])), batch[r : r + 1])
+
+
+def test_task_never_shows_the_target_and_fits_on_train_only():
+    dm = SessionDataModule(
+        source=SyntheticSource(num_sessions=600, num_items=60), eval_protocol="all_prefixes"
+    )
+    spy = Spy(VSKNN(k=20, sample_size=100))
+    task = BaselineTask(baseline=spy, num_items=dm.num_items)
+    train, _ = dm.tensors("train")
+    spy.fit(train, dm.num_items)
+    assert np.array_equal(spy.fitted_on, train.numpy())  # the index holds the training split only
+    items, targets = dm.tensors("test")
+    a = task(SessionBatch(items=items, targets=targets))
+    b = task(SessionBatch(items=items, targets=(targets + 1) % dm.num_items))
+    torch.testing.assert_close(a, b)  # the target does not move any score
+    assert all(np.array_equal(seen, items.numpy()) for seen in spy.seen)  # exactly the prefixes, no more
+
+
+# -- through the CLI -----------------------------------------------------------------------------
+def recipe(tmp_path: Path, baseline: str, init_args: str = "{}") -> str:
+    path = tmp_path / f"{baseline.rsplit('.', 1)[-1]}.yaml"
+    path.write_text(
+        f"""trainer: {{logger: false, enable_progress_bar: false, enable_model_summary: false}}
+model:
+  class_path: sessrec.tasks.BaselineTask
+  init_args:
+    baseline: {{class_path: {baseline}, init_args: {init_args}}}
+data:
+  source: {{class_path: sessrec.data.SyntheticSource, init_args: {{num_sessions: 3000, num_items: 200}}}}
+"""
+    )
+    return str(path)
+
+
+@pytest.fixture
+def in_tmp(tmp_path):
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    yield tmp_path
+    os.chdir(cwd)
+
+
+def test_cli_test_and_validate_report_metrics(in_tmp, capsys):
+    vsknn = recipe(in_tmp, "sessrec.baselines.VSKNN", "{k: 50, sample_size: 500}")
+    knn = main(["test", "--config", vsknn]).trainer.callback_metrics
+    pop = main(["test", "--config", recipe(in_tmp, "sessrec.baselines.Popularity")]).trainer.callback_metrics
+    assert "[test] epoch 0 step 0: recall@10=" in capsys.readouterr().out
+    # learnable synthetic transitions: neighbours beat popularity by far
+    assert knn["test/recall@20"] > pop["test/recall@20"] + 0.2 > 0.2
+    assert 0 < knn["test/mrr@20"] <= knn["test/recall@20"]
+    val = main(["validate", "--config", vsknn, "--model.baseline.k", "20"])
+    assert val.model.baseline.k == 20 and "val/recall@20" in val.trainer.callback_metrics
+    with pytest.raises(ValueError, match="no weights to train"):
+        main(["fit", "--config", vsknn])
+
+
+def test_cli_predict_writes_raw_topk(in_tmp):
+    raw = SessionDataModule(
+        source=SyntheticSource(num_sessions=3000, num_items=200)
+    ).vocab.raw_ids.to_pylist()
+    src, out = in_tmp / "sessions.parquet", in_tmp / "recs.parquet"
+    pq.write_table(pa.table({"session_id": ["a", "b"], "item_id": [raw[:3], raw[5:6]]}), src)
+    stan = recipe(in_tmp, "sessrec.baselines.STAN", "{k: 50, sample_size: 500}")
+    main(["predict", "--config", stan, "--data.predict_path", str(src), "--scoring.output", str(out)])
+    recs = pq.read_table(out)
+    assert recs.column("session_id").to_pylist() == ["a", "b"]
+    for items, scores in zip(recs.column("item_ids").to_pylist(), recs.column("scores").to_pylist()):
+        assert len(set(items)) == 20 and set(items) <= set(raw)
+        assert scores == sorted(scores, reverse=True)

@@ -1,5 +1,8 @@
 """Every recipe parses and runs end to end with ``--trainer.fast_dev_run true``.
 
+Neural recipes run ``fit`` (one training and one validation batch); baseline recipes, which
+have nothing to train, run ``test`` (the baseline is fitted, one test batch is ranked).
+
 Recipes name their data as ``../shared/data/...`` relative to the working directory. The tests
 run in a scratch directory whose ``../shared`` points at the real one, so nothing is written
 into the repository; a recipe whose dataset is absent is skipped.
@@ -37,6 +40,8 @@ def test_there_are_recipes():
     assert {"quickstart", "xlnet_mlm_diginetica", "xlnet_mlm_yoochoose164", "xlnet_mlm_rsc15"} <= names
     zoo = ("gru4rec", "sasrec", "gpt2_clm", "bert_mlm", "electra_rtd", "xlnet_plm")
     assert {f"{m}_diginetica" for m in zoo} <= names
+    datasets = ("diginetica", "yoochoose164", "rsc15")
+    assert {f"{m}_{d}" for m in ("popularity", "vsknn", "stan") for d in datasets} <= names
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
@@ -44,7 +49,14 @@ def test_recipe_fast_dev_run(recipe, scratch):
     for rel in re.findall(r"\.\./shared/data/[\w.\-/]+", recipe.read_text()):
         if not (scratch / rel).exists():
             pytest.skip(f"{rel} is not available here")
-    cli = main(["fit", "--config", str(recipe), "--trainer.fast_dev_run", "true", "--trainer.enable_progress_bar", "false"])
+    fast = ["--config", str(recipe), "--trainer.fast_dev_run", "true"]
+    fast += ["--trainer.enable_progress_bar", "false"]
+    if "sessrec.tasks.BaselineTask" in recipe.read_text():
+        cli = main(["test", *fast])
+        assert cli.trainer.state.finished
+        assert 0 <= cli.trainer.callback_metrics["test/recall@20"] <= 1
+        return
+    cli = main(["fit", *fast])
     assert cli.trainer.state.finished
     loss = cli.trainer.callback_metrics["train/loss"]
     assert torch.isfinite(loss) and loss > 0

@@ -126,3 +126,12 @@ def test_score_scale_is_scaled_cosine_similarity():
     assert torch.isinf(scores[:, :2]).all()
     with pytest.raises(ValueError, match="score_scale"):
         tiny_model(score_scale=0.0)
+
+
+@pytest.mark.parametrize("score_scale", [None, 4.0])
+def test_candidate_scores_are_the_full_scores_of_those_columns(score_scale):
+    model = tiny_model(score_scale=score_scale)
+    with torch.no_grad():
+        model.output_bias.normal_()
+    hidden, candidates = torch.randn(3, 16), torch.tensor([7, 2, 49, 7])
+    torch.testing.assert_close(model.score(hidden, candidates), model.score(hidden)[:, candidates])

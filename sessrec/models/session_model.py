@@ -118,13 +118,19 @@ class SessionModel(nn.Module):
         """
         return self.encoder(self.embed(inputs, masked), (inputs != 0) | masked, **encoder_kwargs)
 
-    def score(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(N, D) hidden states -> (N, V) scores; padding and OOV get -inf."""
-        h, table = self.output_transform(hidden), self.item_embedding.weight
+    def score(self, hidden: torch.Tensor, candidates: torch.Tensor | None = None) -> torch.Tensor:
+        """(N, D) hidden states -> (N, V) scores, or (N, K) scores of the (K,) `candidates` ids.
+
+        Over the whole catalogue, padding and OOV get -inf. Candidate scores (sampled losses) are
+        the same numbers for the chosen columns; candidates are expected to be real items.
+        """
+        h, table, bias = self.output_transform(hidden), self.item_embedding.weight, self.output_bias + self.never
+        if candidates is not None:
+            table, bias = table.index_select(0, candidates), bias.index_select(0, candidates)  # (K, D), (K,)
         if self.score_scale is not None:
             h = F.normalize(h, dim=-1) * self.score_scale
             table = F.normalize(table, dim=-1)  # the all-zero padding row stays zero
-        return torch.addmm(self.output_bias + self.never, h, table.T)
+        return torch.addmm(bias, h, table.T)
 
     def forward(self, items: torch.Tensor | SessionBatch, objective: Objective | None = None) -> torch.Tensor:
         """Next-item scores (B, V) for right-aligned sessions (B, L) or a `SessionBatch`.

@@ -102,10 +102,10 @@ def test_sasrec_attention_matches_a_naive_softmax_reference():
     with torch.no_grad():
         got = attn(x, allowed)
         q, k, v = attn.qkv(x).split(16, dim=-1)  # (B, L, D) each
-        heads = lambda t: t.view(4, 7, 2, 8).transpose(1, 2)  # noqa: E731 - (B, H, L, E)
-        scores = heads(q) @ heads(k).transpose(-1, -2) / 8**0.5  # (B, H, L, L)
+        q, k, v = (t.view(4, 7, 2, 8).transpose(1, 2) for t in (q, k, v))  # (B, H, L, E)
+        scores = q @ k.transpose(-1, -2) / 8**0.5  # (B, H, L, L)
         weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
-        expected = attn.out((weights @ heads(v)).transpose(1, 2).reshape(4, 7, 16))
+        expected = attn.out((weights @ v).transpose(1, 2).reshape(4, 7, 16))
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
 
 
@@ -169,7 +169,7 @@ def test_tiny_model_learns_a_transition(pair):
     starts = torch.randint(2, 16, (256,))
     items = starts[:, None] + torch.arange(6)[None, :]  # (256, 6) ids 2..21
     items[::3, :2] = 0  # some shorter, left-padded sessions
-    params = list(model.parameters()) + [p for p in getattr(objective, "parameters", lambda: [])()]
+    params = list(model.parameters()) + [p for p in getattr(objective, "parameters", list)()]
     opt = torch.optim.Adam(params, lr=1e-2)
     gen = torch.Generator().manual_seed(0)
     model.train()
@@ -185,3 +185,22 @@ def test_tiny_model_learns_a_transition(pair):
     with torch.no_grad():
         pred = model(torch.tensor([[0, 4, 5, 6], [9, 10, 11, 12]]), objective).argmax(dim=1)
     assert pred.tolist() == [7, 13]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pair", PAIRS)
+def test_cuda_matches_cpu(pair):  # CPU twins: every test above
+    name, make_objective = PAIRS[pair]
+    torch.manual_seed(0)
+    model = SessionModel(22, encoder(name), max_length=7, dropout=0.0).eval()
+    objective = make_objective()
+    objective.bind(model)
+    items = torch.tensor([[0, 0, 4, 5, 6], [3, 4, 9, 12, 2]])
+    with torch.no_grad():
+        cpu = model(items, objective)
+        if isinstance(objective, torch.nn.Module):
+            objective.to("cuda")
+        gpu = model.to("cuda")(items.to("cuda"), objective)
+        out = objective.training_output(model, items.to("cuda"), torch.Generator(device="cuda").manual_seed(0))
+    torch.testing.assert_close(gpu.cpu(), cpu, rtol=1e-4, atol=1e-4)
+    assert out.hidden.is_cuda and torch.isfinite(out.hidden).all()

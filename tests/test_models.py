@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from sessrec.data import SessionBatch
-from sessrec.models import MaskedItemModeling, SessionModel, XLNetEncoder
+from sessrec.models import CausalLanguageModeling, GPT2Encoder, MaskedItemModeling, SessionModel, XLNetEncoder
 
 torch.set_num_threads(1)
 
@@ -83,6 +83,19 @@ def test_seeded_model_is_deterministic_and_order_sensitive():
     x = torch.tensor([[4, 5, 6]])
     torch.testing.assert_close(a(x), b(x))
     assert not torch.allclose(a(x), a(torch.tensor([[6, 5, 4]])))
+
+
+def test_default_reading_follows_the_encoder():
+    """Without an objective: a [MASK] slot for bidirectional encoders, the last item for causal ones."""
+    x = torch.tensor([[0, 4, 5, 6], [3, 4, 9, 12]])
+    bidirectional = tiny_model()
+    torch.testing.assert_close(bidirectional(x), bidirectional(x, MaskedItemModeling()))
+    torch.manual_seed(0)
+    causal = SessionModel(50, GPT2Encoder(d_model=16, n_head=2, n_layer=1, dropout=0.0), max_length=9).eval()
+    torch.testing.assert_close(causal(x), causal(x, CausalLanguageModeling()))
+    with torch.no_grad():
+        last = causal.encode(x, torch.zeros_like(x, dtype=torch.bool))[:, -1]
+    torch.testing.assert_close(causal(x), causal.score(last))
 
 
 def test_encoder_validates_heads():

@@ -287,7 +287,9 @@ REASON = {"mlm": "bidirectional encoder", "rtd": "bidirectional encoder", "clm":
 
 @pytest.mark.parametrize("enc,obj", list(itertools.product(ENCODERS, OBJECTIVES)))
 def test_invalid_pairs_are_refused_when_the_task_is_built(enc, obj):
-    make = lambda: NextItemTask(num_items=30, max_length=8, encoder=ENCODERS[enc](), objective=OBJECTIVES[obj]())  # noqa: E731
+    def make():
+        return NextItemTask(num_items=30, max_length=8, encoder=ENCODERS[enc](), objective=OBJECTIVES[obj]())
+
     if (enc, obj) in VALID:
         task = make()
         task.eval()

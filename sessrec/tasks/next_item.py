@@ -9,6 +9,7 @@ read the way the objective trained the model).
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Literal
 
@@ -61,6 +62,11 @@ class NextItemTask(pl.LightningModule):
         weight_decay: AdamW weight decay on matrices (not on biases, norms, or embeddings).
         warmup_steps: linear warm-up steps.
         scheduler: learning-rate decay after warm-up.
+        schedule_seconds: when set, the decay also runs on the wall clock: its progress is the
+            larger of (steps done / planned steps) and (seconds since training started /
+            this budget). A run capped by ``trainer.max_time`` on a slow or busy machine then
+            still anneals to the end of its schedule instead of stopping at a high learning rate.
+            Runs are no longer step-for-step reproducible across machines of different speed.
         label_smoothing: cross-entropy label smoothing.
         ks: cut-offs of the evaluation metrics.
         top_k: recommendations per session written by ``sessrec predict``.
@@ -82,12 +88,15 @@ class NextItemTask(pl.LightningModule):
         weight_decay: float = 0.0,
         warmup_steps: int = 0,
         scheduler: Literal["constant", "cosine", "linear"] = "cosine",
+        schedule_seconds: float | None = None,
         label_smoothing: float = 0.0,
         ks: list[int] = [10, 20],  # noqa: B006 - read only
         top_k: int = 20,
         seed: int = 0,
     ) -> None:
         super().__init__()
+        if schedule_seconds is not None and schedule_seconds <= 0:
+            raise ValueError(f"schedule_seconds must be positive or None, got {schedule_seconds}")
         # an objective with parameters (RTD) is saved in the state dict, not as a hyperparameter
         self.save_hyperparameters(ignore=["encoder", "objective"] if isinstance(objective, nn.Module) else ["encoder"])
         self.model = SessionModel(
@@ -165,11 +174,14 @@ class NextItemTask(pl.LightningModule):
         )
         warmup, kind = self.hparams.warmup_steps, self.hparams.scheduler
         total = max(int(self.trainer.estimated_stepping_batches), 1) if self._trainer is not None else 1
+        budget, start = self.hparams.schedule_seconds, time.monotonic()  # just before the first step
 
         def factor(step: int) -> float:
             if step < warmup:
                 return (step + 1) / warmup
             progress = min((step - warmup) / max(total - warmup, 1), 1.0)
+            if budget is not None:
+                progress = max(progress, min((time.monotonic() - start) / budget, 1.0))
             if kind == "cosine":
                 return 0.5 * (1.0 + math.cos(math.pi * progress))
             if kind == "linear":

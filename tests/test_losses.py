@@ -121,3 +121,29 @@ def test_bad_settings_are_refused(kwargs, match):
 def test_popularity_sampler_needs_counts():
     with pytest.raises(ValueError, match="set_item_counts"):
         SampledSoftmax(sampler="popularity")(DotScorer(6), torch.randn(2, 4), torch.tensor([2, 3]))
+
+
+def test_task_trains_with_a_sampled_loss_and_gets_item_counts_from_the_vocabulary(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    import numpy as np
+
+    from sessrec.cli import cli
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(tmp_path)
+    run = cli([
+        "fit", "--config", str(root / "recipes" / "quickstart.yaml"),
+        "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "5", "--trainer.limit_val_batches", "2",
+        "--trainer.enable_progress_bar", "false",
+        "--data.source.init_args.num_sessions", "600", "--data.source.init_args.num_items", "80",
+        "--model.encoder.init_args.d_model", "16", "--model.encoder.init_args.n_head", "2",
+        "--model.loss", "sessrec.tasks.losses.SampledSoftmax",
+        "--model.loss.negatives", "mixed", "--model.loss.num_samples", "32", "--model.loss.sampler", "popularity",
+    ])
+    loss = run.model.loss
+    assert isinstance(loss, SampledSoftmax) and loss.negatives == "mixed"
+    counts = loss.counts.numpy()
+    np.testing.assert_array_equal(counts[2:], run.datamodule.vocab.counts)
+    assert counts[:2].sum() == 0 and counts.shape == (run.datamodule.num_items,)
+    assert math.isfinite(float(run.trainer.callback_metrics["train/loss"]))

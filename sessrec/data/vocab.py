@@ -51,7 +51,7 @@ class ItemVocab:
         self.counts = np.asarray(counts, dtype=np.int64)
 
     @classmethod
-    def fit(cls, items: pa.Array | pa.ChunkedArray, min_count: int = 1, max_size: int | None = None) -> "ItemVocab":
+    def fit(cls, items: pa.Array | pa.ChunkedArray, min_count: int = 1, max_size: int | None = None) -> ItemVocab:
         """Count raw ids; keep those seen at least `min_count` times, the `max_size` most frequent.
 
         Ties in frequency are ordered by raw id, so fitting is deterministic.
@@ -76,6 +76,10 @@ class ItemVocab:
     def __len__(self) -> int:
         """Number of model ids, specials included: the size of the score vector."""
         return len(self.raw_ids) + NUM_SPECIAL
+
+    def id_counts(self) -> np.ndarray:
+        """(len(self),) training count per model id; 0 for padding and OOV."""
+        return np.concatenate([np.zeros(NUM_SPECIAL, dtype=np.int64), self.counts])
 
     def encode(self, raw: pa.Array | pa.ChunkedArray) -> EncodeResult:
         """Map raw ids to model ids; unknown ids map to OOV and are counted."""
@@ -110,7 +114,7 @@ class ItemVocab:
         return Path(path)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "ItemVocab":
+    def load(cls, path: str | os.PathLike) -> ItemVocab:
         table = pq.read_table(path)
         if table.column_names != ["raw_id", "count"]:
             raise ValueError(f"{path}: not a sessrec vocabulary (columns {table.column_names})")

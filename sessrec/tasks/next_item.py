@@ -29,6 +29,7 @@ from sessrec.models import (
     SessionModel,
     XLNetEncoder,
 )
+from sessrec.tasks.losses import FullSoftmax, SampledSoftmax
 
 AnyObjective = MaskedItemModeling | CausalLanguageModeling | PermutationLanguageModeling | ReplacedTokenDetection
 
@@ -67,7 +68,11 @@ class NextItemTask(pl.LightningModule):
             this budget). A run capped by ``trainer.max_time`` on a slow or busy machine then
             still anneals to the end of its schedule instead of stopping at a high learning rate.
             Runs are no longer step-for-step reproducible across machines of different speed.
-        label_smoothing: cross-entropy label smoothing.
+        loss: the training loss over the catalogue: `FullSoftmax` (default) or `SampledSoftmax`
+            (shared sampled, in-batch or mixed negatives with logQ correction; see
+            `sessrec.tasks.losses`). Label smoothing and temperature are set on the loss. The
+            popularity sampler and in-batch correction get the training item counts from the
+            data module's vocabulary at setup.
         ks: cut-offs of the evaluation metrics.
         top_k: recommendations per session written by ``sessrec predict``.
         seed: masking seed (per training step).
@@ -78,7 +83,7 @@ class NextItemTask(pl.LightningModule):
         num_items: int = 0,
         max_length: int = 20,
         encoder: nn.Module | None = None,
-        objective: AnyObjective = MaskedItemModeling(),
+        objective: AnyObjective = MaskedItemModeling(),  # noqa: B008 - a config value, never mutated
         position_embedding: bool = True,
         dropout: float = 0.1,
         input_norm: bool = False,
@@ -89,7 +94,7 @@ class NextItemTask(pl.LightningModule):
         warmup_steps: int = 0,
         scheduler: Literal["constant", "cosine", "linear"] = "cosine",
         schedule_seconds: float | None = None,
-        label_smoothing: float = 0.0,
+        loss: FullSoftmax | SampledSoftmax = FullSoftmax(),  # noqa: B008 - a frozen-by-convention config value
         ks: list[int] = [10, 20],  # noqa: B006 - read only
         top_k: int = 20,
         seed: int = 0,
@@ -110,8 +115,14 @@ class NextItemTask(pl.LightningModule):
             score_scale=score_scale,
         )
         self.objective = objective
+        self.loss = loss
         self.objective.bind(self.model)  # refuses an invalid (encoder, objective) pair
         self.metrics = nn.ModuleDict({stage: TopKMetrics(ks) for stage in ("val", "test")})
+
+    def setup(self, stage: str) -> None:
+        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        if stage == "fit" and isinstance(self.loss, SampledSoftmax) and hasattr(datamodule, "vocab"):
+            self.loss.set_item_counts(torch.from_numpy(datamodule.vocab.id_counts()))
 
     def forward(self, batch: SessionBatch) -> torch.Tensor:
         return self.model(batch.items, self.objective)
@@ -120,9 +131,10 @@ class NextItemTask(pl.LightningModule):
         if stage == "train":
             gen = torch.Generator(device=batch.items.device).manual_seed(self.hparams.seed * 7919 + self.global_step)
             out = self.objective.training_output(self.model, batch.items, gen)
-            logits = self.model.score(out.hidden)  # (N, V)
-            loss = F.cross_entropy(logits, out.targets, label_smoothing=self.hparams.label_smoothing, reduction="sum")
-            loss = loss / max(len(out.targets), 1)  # a batch without targets gives 0, not NaN
+            if len(out.targets):
+                loss = self.loss(self.model, out.hidden, out.targets, gen)
+            else:  # a batch without targets gives 0, not NaN
+                loss = out.hidden.sum() * 0.0
             if out.aux_loss is not None:
                 loss = loss + out.aux_loss
             self.log("train/loss", loss, prog_bar=True, batch_size=len(batch))
@@ -165,7 +177,7 @@ class NextItemTask(pl.LightningModule):
         top = scores.topk(k, dim=1)
         return TopK(items=top.indices, scores=top.values)
 
-    def configure_optimizers(self):  # noqa: ANN201 - Lightning's union of return types
+    def configure_optimizers(self):
         decay = [p for n, p in self.named_parameters() if p.dim() >= 2 and "embedding" not in n]
         rest = [p for n, p in self.named_parameters() if not (p.dim() >= 2 and "embedding" not in n)]
         opt = torch.optim.AdamW(

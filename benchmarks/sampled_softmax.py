@@ -21,17 +21,15 @@ import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: sibling benchmark helpers
+from train_throughput import add_model_flags, build_model, synthetic_sessions
 
-from train_throughput import add_model_flags, build_model, synthetic_sessions  # noqa: E402
-
-from sessrec.data.vocab import NUM_SPECIAL  # noqa: E402
-from sessrec.models import MaskedItemModeling  # noqa: E402
-from sessrec.tasks.losses import FullSoftmax, SampledSoftmax  # noqa: E402
+from sessrec.data.vocab import NUM_SPECIAL
+from sessrec.models import MaskedItemModeling
+from sessrec.tasks.losses import FullSoftmax, SampledSoftmax
+from sessrec.tasks.optim import adamw
 
 
 def zipf_counts(items: int, exponent: float = 1.0) -> torch.Tensor:
@@ -66,7 +64,7 @@ def main() -> None:
             loss.set_item_counts(counts)
         torch.manual_seed(args.seed)
         model = build_model(args).train()
-        setups[name] = (model, torch.optim.AdamW(model.parameters(), lr=1e-3), loss, [])
+        setups[name] = (model, adamw(model.parameters(), lr=1e-3), loss, [])
     objective = MaskedItemModeling(mask_prob=args.mask_prob, last_item_prob=0.0)
     gen = torch.Generator().manual_seed(args.seed)
     targets_per_step = []

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from sessrec.data.vocab import NUM_SPECIAL
 from sessrec.models import MaskedItemModeling, SessionModel, XLNetEncoder
+from sessrec.tasks.optim import adamw
 
 
 def synthetic_sessions(n: int, max_len: int, items: int, generator: torch.Generator) -> torch.Tensor:
@@ -72,7 +73,7 @@ def main() -> None:
 
     model = build_model(args).train()
     objective = MaskedItemModeling()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    optimizer = adamw(model.parameters(), lr=args.lr)  # as NextItemTask: fused where supported
     gen = torch.Generator().manual_seed(args.seed)
     pool = synthetic_sessions(16 * args.batch, args.max_len, args.items, gen)  # cycled, (16 B, L)
 

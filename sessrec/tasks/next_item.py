@@ -30,6 +30,7 @@ from sessrec.models import (
     XLNetEncoder,
 )
 from sessrec.tasks.losses import FullSoftmax, SampledSoftmax
+from sessrec.tasks.optim import adamw
 
 AnyObjective = MaskedItemModeling | CausalLanguageModeling | PermutationLanguageModeling | ReplacedTokenDetection
 
@@ -180,7 +181,7 @@ class NextItemTask(pl.LightningModule):
     def configure_optimizers(self):
         decay = [p for n, p in self.named_parameters() if p.dim() >= 2 and "embedding" not in n]
         rest = [p for n, p in self.named_parameters() if not (p.dim() >= 2 and "embedding" not in n)]
-        opt = torch.optim.AdamW(
+        opt = adamw(
             [{"params": decay, "weight_decay": self.hparams.weight_decay}, {"params": rest, "weight_decay": 0.0}],
             lr=self.hparams.lr,
         )

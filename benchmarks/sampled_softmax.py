@@ -23,7 +23,6 @@ import sys
 import time
 
 import torch
-
 from train_throughput import add_model_flags, build_model, synthetic_sessions
 
 from sessrec.data.vocab import NUM_SPECIAL

@@ -6,9 +6,10 @@ another, e.g. ``class_path: sessrec.tasks.BaselineTask``) and `SessionDataModule
     sessrec predict --config recipes/xlnet_mlm_diginetica.yaml --ckpt_path runs/.../best.ckpt \\
                     --data.predict_path sessions.parquet [--scoring.output recs.parquet]
 
-Data-derived values (catalogue size, sequence length) are linked from the data module into
-the model, never typed twice. With ``--ckpt_path``, the vocabulary saved beside the checkpoint
-is used, so raw ids map exactly as in training.
+Data-derived values (catalogue size, sequence length, virtual items, side-feature sizes) are
+linked from the data module into the model, never typed twice. With ``--ckpt_path``, the
+vocabulary and the fitted side-feature transforms saved beside the checkpoint are used, so raw
+ids and features map exactly as in training.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 
 from sessrec.data.datamodule import SessionDataModule
 from sessrec.tasks import TopKWriter, VocabularyCheckpoint
-from sessrec.tasks.callbacks import find_vocab
+from sessrec.tasks.callbacks import find_features, find_vocab
 
 
 class SessrecCLI(LightningCLI):
@@ -26,6 +27,9 @@ class SessrecCLI(LightningCLI):
         # a recipe's `model:` block without class_path configures NextItemTask, as before
         parser.set_defaults({"model": {"class_path": "sessrec.tasks.NextItemTask"}})
         parser.link_arguments("data.num_items", "model.init_args.num_items", apply_on="instantiate")
+        # tasks without these arguments (BaselineTask) ignore the links
+        parser.link_arguments("data.num_virtual", "model.init_args.num_virtual", apply_on="instantiate")
+        parser.link_arguments("data.side_info", "model.init_args.side_features", apply_on="instantiate")
         # tasks without a max_length argument (BaselineTask) ignore this link
         parser.link_arguments("data.max_length", "model.init_args.max_length", apply_on="parse")
         parser.add_lightning_class_args(TopKWriter, "scoring")
@@ -46,6 +50,16 @@ class SessrecCLI(LightningCLI):
                     f"no vocab.parquet beside {ckpt}; pass --data.vocab_path to the vocabulary of that training run"
                 )
             cfg.data.vocab_path = None if vocab is None else str(vocab)
+        if ckpt and cfg.data.get("features_path") is None:
+            features = find_features(ckpt)
+            side = cfg.data.get("side_features")
+            wants = side is not None and any(side.get(k) for k in ("categorical", "continuous", "time", "position"))
+            if features is None and wants and sub == "predict":
+                raise FileNotFoundError(
+                    f"no features.npz beside {ckpt}; pass --data.features_path to the side-feature transforms "
+                    "of that training run"
+                )
+            cfg.data.features_path = None if features is None else str(features)
 
 
 def cli(args: list[str] | None = None) -> SessrecCLI:

@@ -15,6 +15,7 @@ from sessrec.data.features import (
 from sessrec.data.loader import SessionLoader
 from sessrec.data.readers import read_events, read_srgnn, read_user_sequences
 from sessrec.data.schema import FeatureSpec, Schema, SchemaError
+from sessrec.data.side import SideFeatures, SideFeatureTransform, SideInfoSpec, read_item_vectors
 from sessrec.data.sources import (
     EventLogSource,
     SessionSource,
@@ -25,12 +26,14 @@ from sessrec.data.sources import (
 )
 from sessrec.data.stream import ScoringStream
 from sessrec.data.synthetic import generate_sessions
+from sessrec.data.trivago import TrivagoSource
 from sessrec.data.vocab import ItemVocab
 
 __all__ = [
     "Categorify", "CountEncoding", "CyclicTime", "EventLogSource", "FeaturePipeline", "FeatureSpec",
     "HashedCross", "ItemVocab", "LogNormalize", "SRGNNSource", "Schema", "SchemaError", "ScoringStream",
     "SessionBatch", "SessionDataModule", "SessionLoader", "SessionSource", "SessionSplits",
-    "SessionTimeFeatures", "SyntheticSource", "TargetEncoding", "UserSequenceSource", "generate_sessions",
-    "read_events", "read_srgnn", "read_user_sequences",
+    "SessionTimeFeatures", "SideFeatureTransform", "SideFeatures", "SideInfoSpec", "SyntheticSource",
+    "TargetEncoding", "TrivagoSource", "UserSequenceSource", "generate_sessions", "read_events",
+    "read_item_vectors", "read_srgnn", "read_user_sequences",
 ]

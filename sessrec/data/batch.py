@@ -21,18 +21,28 @@ class SessionBatch:
             where the objective chooses its own targets inside `items`.
         index: (B,) int64 row of each session in its source (maps predictions back to session ids).
         keys: raw session ids of the rows (batch scoring); host-side metadata, never moved.
+        features: per-interaction side features by name, each (B, L) aligned with `items`
+            (int64 ids for categorical features, 0 = padding; float32 for continuous ones,
+            0 = padding or missing). None when the model uses no side information.
     """
 
     items: torch.Tensor
     targets: torch.Tensor | None = None
     index: torch.Tensor | None = None
     keys: pa.Array | None = None
+    features: dict[str, torch.Tensor] | None = None
 
     def __post_init__(self) -> None:
         if self.items.dim() != 2:
             raise ValueError(f"SessionBatch.items must be (B, L), got shape {tuple(self.items.shape)}")
         if self.targets is not None and self.targets.shape != self.items.shape[:1]:
             raise ValueError(f"targets shape {tuple(self.targets.shape)} does not match items {tuple(self.items.shape)}")
+        for name, value in (self.features or {}).items():
+            if value.shape != self.items.shape:
+                raise ValueError(
+                    f"side feature {name!r} has shape {tuple(value.shape)}, items {tuple(self.items.shape)}: "
+                    "features must be aligned with the items"
+                )
 
     def __len__(self) -> int:
         return self.items.shape[0]
@@ -43,8 +53,10 @@ class SessionBatch:
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "SessionBatch":
         move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)  # noqa: E731
-        return replace(self, items=move(self.items), targets=move(self.targets), index=move(self.index))
+        feats = None if self.features is None else {k: move(v) for k, v in self.features.items()}
+        return replace(self, items=move(self.items), targets=move(self.targets), index=move(self.index), features=feats)
 
     def pin_memory(self) -> "SessionBatch":
         pin = lambda t: None if t is None else t.pin_memory()  # noqa: E731
-        return replace(self, items=pin(self.items), targets=pin(self.targets), index=pin(self.index))
+        feats = None if self.features is None else {k: pin(v) for k, v in self.features.items()}
+        return replace(self, items=pin(self.items), targets=pin(self.targets), index=pin(self.index), features=feats)

@@ -1,8 +1,10 @@
-"""`SessionDataModule`: source -> vocabulary -> padded tensors -> columnar loaders.
+"""`SessionDataModule`: source -> vocabulary (+ side features) -> padded tensors -> columnar loaders.
 
-The vocabulary is fitted on the training split only (or loaded from `vocab_path`, as written
-beside a checkpoint). Evaluation splits are expanded into (prefix, next item) pairs by the
-chosen protocol; the prefix never contains the target event.
+The vocabulary and the side-feature transforms are fitted on the training split only (or loaded
+from `vocab_path` / `features_path`, as written beside a checkpoint). Evaluation splits are
+expanded into (prefix, next item) pairs by the chosen protocol; the prefix never contains the
+target event, and a virtual (non-product) event is never a target. Reversed copies of the
+training sessions (`augment_reversed`) are added to training only.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 from sessrec.data import frame
 from sessrec.data.loader import SessionLoader
 from sessrec.data.schema import Schema
+from sessrec.data.side import LOOKS_AHEAD, SideFeatures, SideFeatureTransform, SideInfoSpec, read_item_vectors
 from sessrec.data.sources import SessionSource, SessionSplits, SyntheticSource
 from sessrec.data.stream import ScoringStream
 from sessrec.data.vocab import ItemVocab
@@ -38,9 +41,15 @@ class SessionDataModule(pl.LightningDataModule):
         max_vocab_size: keep at most this many most frequent items.
         shuffle_chunk: shuffle contiguous chunks of this many sessions (1 = full row shuffle).
         pin_memory: pin batches for faster host-to-GPU copies.
+        augment_reversed: add a reversed copy of every training session with two or more events
+            (Booking.com, WSDM'21); validation and test are never augmented. Side features
+            travel with their events (a reversed copy's ``since_prev`` is then a time to the next event).
+        side_features: side information for the model (`SideFeatures`); none by default.
         vocab_path: load this fitted vocabulary instead of fitting one (scoring with a checkpoint).
+        features_path: load these fitted side-feature transforms instead of fitting them.
         predict_path: sessions file to score with ``sessrec predict``.
-        predict_schema: column names of `predict_path`.
+        predict_schema: column names of `predict_path` (its ``features`` name the side-feature
+            columns of an event file).
         seed: shuffling seed.
     """
 
@@ -55,7 +64,10 @@ class SessionDataModule(pl.LightningDataModule):
         max_vocab_size: int | None = None,
         shuffle_chunk: int = 1,
         pin_memory: bool = False,
+        augment_reversed: bool = False,
+        side_features: SideFeatures = SideFeatures(),  # noqa: B008 - a config value, never mutated
         vocab_path: str | None = None,
+        features_path: str | None = None,
         predict_path: str | None = None,
         predict_schema: Schema = Schema(timestamp=None),
         seed: int = 0,
@@ -69,10 +81,15 @@ class SessionDataModule(pl.LightningDataModule):
         self.batch_size, self.eval_batch_size, self.eval_protocol = batch_size, eval_batch_size, eval_protocol
         self.min_item_count, self.max_vocab_size = min_item_count, max_vocab_size
         self.shuffle_chunk, self.pin_memory, self.seed = shuffle_chunk, pin_memory, seed
+        self.augment_reversed, self.side_features = augment_reversed, side_features
         self.vocab_path, self.predict_path, self.predict_schema = vocab_path, predict_path, predict_schema
+        self.features_path = features_path
         self._splits: SessionSplits | None = None
         self._vocab: ItemVocab | None = None
+        self._side: SideFeatureTransform | None = None
+        self._item_vectors: dict[str, np.ndarray] | None = None
         self._tensors: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
+        self._features: dict[str, dict[str, torch.Tensor]] = {}
         self.stats: dict[str, int] = {}
         self.scoring_stream: ScoringStream | None = None
 
@@ -91,34 +108,106 @@ class SessionDataModule(pl.LightningDataModule):
                 self._vocab = ItemVocab.load(self.vocab_path)
             else:
                 values, _ = frame.list_offsets(self.splits.train.column(frame.ITEMS))
-                self._vocab = ItemVocab.fit(values, self.min_item_count, self.max_vocab_size)
+                virtual = _virtual_flags(self.splits.train)
+                self._vocab = ItemVocab.fit(values, self.min_item_count, self.max_vocab_size, virtual=virtual)
         return self._vocab
 
     @property
     def num_items(self) -> int:
-        """Size of the score vector (items + padding + OOV); linked into the model's config."""
+        """Size of the score vector (items + padding + OOV + virtual items); linked into the model's config."""
         return len(self.vocab)
 
+    @property
+    def num_virtual(self) -> int:
+        """Virtual (input-only) ids at the end of the vocabulary; linked into the model's config."""
+        return self.vocab.num_virtual
+
+    @property
+    def side(self) -> SideFeatureTransform | None:
+        """The fitted side-feature transforms (fitted on the training split, or loaded)."""
+        if self._side is None and self.side_features.sequence_features:
+            if self.features_path is not None:
+                self._side = SideFeatureTransform.load(self.features_path, self.side_features)
+            else:
+                self._side = SideFeatureTransform(self.side_features).fit(self.splits.train, self.splits.source)
+        return self._side
+
+    @property
+    def item_vectors(self) -> dict[str, np.ndarray]:
+        """Modality -> (V, M) item vectors aligned with the vocabulary (zeros where an item has none)."""
+        if self._item_vectors is None:
+            self._item_vectors = {}
+            for name, path in self.side_features.item_vectors.items():
+                table, found = read_item_vectors(path, self.vocab)
+                self._item_vectors[name] = table
+                self.stats[f"item_vectors_{name}_found"] = found
+        return self._item_vectors
+
+    @property
+    def side_info(self) -> SideInfoSpec | None:
+        """Embedding sizes of the side information; linked into the model's config (None: none)."""
+        if not self.side_features.enabled:
+            return None
+        spec = self.side.spec if self.side is not None else SideInfoSpec()
+        spec.item_vectors = {name: int(table.shape[1]) for name, table in self.item_vectors.items()}
+        return spec
+
     # -- tensors --------------------------------------------------------------------------
-    def _encode(self, name: str) -> tuple[np.ndarray, np.ndarray]:
-        values, offsets = frame.list_offsets(getattr(self.splits, name).column(frame.ITEMS))
-        encoded = self.vocab.encode(values)
+    def _encode(self, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        sessions = getattr(self.splits, name)
+        values, offsets = frame.list_offsets(sessions.column(frame.ITEMS))
+        virtual = _virtual_flags(sessions)
+        encoded = self.vocab.encode(values, virtual=virtual)
         self.stats[f"{name}_unknown_items"] = encoded.num_unknown
-        return encoded.ids, offsets
+        return encoded.ids, offsets, virtual
 
     def tensors(self, split: str) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(items (N, L), targets (N,) or None) of a split; training keeps whole sessions."""
+        """(items (N, L), targets (N,) or None) of a split; training keeps whole sessions.
+
+        Training rows are the sessions, then (with `augment_reversed`) the reversed copies of
+        those with two or more events. Evaluation rows are (prefix, target) pairs; a target is
+        never a virtual event.
+        """
         if split not in self._tensors:
-            ids, offsets = self._encode(split)
-            if split == "train":
-                items = frame.pad_sessions(ids, offsets[:-1], offsets[1:], self.max_length)
-                self._tensors[split] = (torch.from_numpy(items), None)
-            else:
-                session, target_at = frame.expand_prefixes(offsets, self.eval_protocol)
-                items = frame.pad_sessions(ids, offsets[:-1][session], target_at, self.max_length)
-                self._tensors[split] = (torch.from_numpy(items), torch.from_numpy(ids[target_at]))
-                self.stats[f"{split}_pairs"] = len(target_at)
+            self._build(split)
         return self._tensors[split]
+
+    def feature_tensors(self, split: str) -> dict[str, torch.Tensor]:
+        """Side features by name, each (N, L) aligned with ``tensors(split)[0]``; empty without side features."""
+        if split not in self._tensors:
+            self._build(split)
+        return self._features[split]
+
+    def _build(self, split: str) -> None:
+        ids, offsets, virtual = self._encode(split)
+        flat = {}
+        if self.side is not None:
+            flat = self.side.transform(getattr(self.splits, split), f"{self.splits.source} ({split} split)")
+        if split == "train":
+            starts, ends = offsets[:-1], offsets[1:]
+            if self.augment_reversed:
+                mirror = frame.mirror_index(offsets)
+                rev = np.flatnonzero(np.diff(offsets) >= 2)  # a one-event session reversed is itself
+                ids = np.concatenate([ids, ids[mirror]])
+                flat = {k: np.concatenate([v, v[mirror]]) for k, v in flat.items()}
+                starts = np.concatenate([starts, offsets[:-1][rev] + offsets[-1]])
+                ends = np.concatenate([ends, offsets[1:][rev] + offsets[-1]])
+                self.stats["train_reversed"] = len(rev)
+            pad = lambda values: frame.pad_sessions(values, starts, ends, self.max_length)  # noqa: E731
+            self._tensors[split] = (torch.from_numpy(pad(ids)), None)
+        else:
+            targetable = None if virtual is None else ~virtual
+            session, target_at = frame.expand_prefixes(offsets, self.eval_protocol, targetable)
+            pad = lambda values: frame.pad_sessions(values, offsets[:-1][session], target_at, self.max_length)  # noqa: E731
+            self._tensors[split] = (torch.from_numpy(pad(ids)), torch.from_numpy(ids[target_at]))
+            self.stats[f"{split}_pairs"] = len(target_at)
+        feats = {}
+        for name, values in flat.items():
+            padded = pad(values)
+            if split != "train" and name in LOOKS_AHEAD:
+                padded[:, -1] = 0  # the last input event's look-ahead value would tell about the target
+            feats[name] = torch.from_numpy(padded)
+        self._features[split] = feats
 
     def setup(self, stage: str | None = None) -> None:
         wanted = {"fit": ["train", "valid"], "validate": ["valid"], "test": ["test"], None: ["train", "valid", "test"]}
@@ -129,13 +218,17 @@ class SessionDataModule(pl.LightningDataModule):
     def train_dataloader(self) -> SessionLoader:
         items, _ = self.tensors("train")
         return SessionLoader(
-            items, batch_size=self.batch_size, shuffle=True, shuffle_chunk=self.shuffle_chunk,
-            drop_last=items.shape[0] > self.batch_size, pin_memory=self.pin_memory, seed=self.seed,
+            items, features=self.feature_tensors("train"), batch_size=self.batch_size, shuffle=True,
+            shuffle_chunk=self.shuffle_chunk, drop_last=items.shape[0] > self.batch_size,
+            pin_memory=self.pin_memory, seed=self.seed,
         )
 
     def _eval_loader(self, split: str) -> SessionLoader:
         items, targets = self.tensors(split)
-        return SessionLoader(items, targets, batch_size=self.eval_batch_size, pin_memory=self.pin_memory)
+        return SessionLoader(
+            items, targets, features=self.feature_tensors(split), batch_size=self.eval_batch_size,
+            pin_memory=self.pin_memory,
+        )
 
     def val_dataloader(self) -> SessionLoader:
         return self._eval_loader("valid")
@@ -154,3 +247,12 @@ class SessionDataModule(pl.LightningDataModule):
     def decode(self, ids: torch.Tensor) -> pa.Array:
         """Model ids -> raw item ids (flat)."""
         return self.vocab.decode(ids.detach().cpu().numpy())
+
+
+def _virtual_flags(sessions: pa.Table) -> np.ndarray | None:
+    """(E,) bool flags of the virtual events of a session table, or None when it has none."""
+    if frame.VIRTUAL not in sessions.column_names:
+        return None
+    values, _ = frame.list_offsets(sessions.column(frame.VIRTUAL))
+    return values.to_numpy(zero_copy_only=False).astype(bool)
+

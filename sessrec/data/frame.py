@@ -19,6 +19,7 @@ from sessrec.data.schema import Schema
 SESSION = "session_id"
 ITEMS = "item_id"
 TIMES = "timestamp"
+VIRTUAL = "virtual"  # optional list<bool> column: True where ``item_id`` holds a virtual (non-product) key
 
 
 def sort_events(events: pa.Table, schema: Schema) -> pa.Table:
@@ -166,35 +167,69 @@ def pad_sessions(values: np.ndarray, starts: np.ndarray, ends: np.ndarray, max_l
 
     Row ``i`` holds ``values[starts[i]:ends[i]]``, or its last `max_length` entries when longer,
     right-aligned with 0 as padding on the left: the most recent event is in the last column of
-    every row, whatever the session length.
+    every row, whatever the session length. Integer values come out as int64, floating-point
+    values (continuous side features) as float32.
     """
+    dtype = np.float32 if np.issubdtype(values.dtype, np.floating) else np.int64
     col = np.arange(max_length)[None, :]  # (1, L)
     src = ends[:, None] - max_length + col  # (N, L) flat index of each cell
     valid = src >= starts[:, None]
     if len(values) == 0:
-        return np.zeros((len(starts), max_length), dtype=np.int64)
-    return np.where(valid, values[np.clip(src, 0, len(values) - 1)], 0).astype(np.int64)
+        return np.zeros((len(starts), max_length), dtype=dtype)
+    return np.where(valid, values[np.clip(src, 0, len(values) - 1)], 0).astype(dtype)
 
 
-def expand_prefixes(offsets: np.ndarray, protocol: str) -> tuple[np.ndarray, np.ndarray]:
+def expand_prefixes(
+    offsets: np.ndarray, protocol: str, targetable: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """(prefix end, target index) pairs over jagged sessions for an evaluation protocol.
 
     Args:
         offsets: (N + 1,) session offsets.
-        protocol: ``last`` (the last event of each session is the target) or ``all_prefixes``
-            (every prefix predicts its next event: the SR-GNN protocol, longest prefix first).
+        protocol: ``last`` (the last targetable event of each session is the target) or
+            ``all_prefixes`` (every prefix predicts its next targetable event: the SR-GNN
+            protocol, longest prefix first).
+        targetable: optional (E,) bool, False for events that may be inputs but never targets
+            (virtual items); all events are targetable when None. A target always has at least
+            one event before it.
 
     Returns:
         session index (P,) and target flat index (P,); the prefix is the events before the target.
     """
-    lengths = np.diff(offsets)
-    if protocol == "last":
-        keep = np.flatnonzero(lengths >= 2)
-        return keep, offsets[1:][keep] - 1
-    if protocol != "all_prefixes":
+    if protocol not in ("last", "all_prefixes"):
         raise ValueError(f"unknown evaluation protocol {protocol!r}; use 'last' or 'all_prefixes'")
-    n_pairs = np.maximum(lengths - 1, 0)
-    session = np.repeat(np.arange(len(lengths)), n_pairs)
-    first = np.cumsum(n_pairs) - n_pairs
-    rank = np.arange(n_pairs.sum()) - np.repeat(first, n_pairs)  # 0 = longest prefix
-    return session, offsets[1:][session] - 1 - rank
+    lengths = np.diff(offsets)
+    if targetable is None:
+        if protocol == "last":
+            keep = np.flatnonzero(lengths >= 2)
+            return keep, offsets[1:][keep] - 1
+        n_pairs = np.maximum(lengths - 1, 0)
+        session = np.repeat(np.arange(len(lengths)), n_pairs)
+        first = np.cumsum(n_pairs) - n_pairs
+        rank = np.arange(n_pairs.sum()) - np.repeat(first, n_pairs)  # 0 = longest prefix
+        return session, offsets[1:][session] - 1 - rank
+    targetable = np.asarray(targetable, dtype=bool)
+    if targetable.shape != (offsets[-1],):
+        raise ValueError(f"targetable must be ({offsets[-1]},) like the events, got {targetable.shape}")
+    session_of = np.repeat(np.arange(len(lengths)), lengths)  # (E,)
+    index = np.arange(offsets[-1])
+    candidate = targetable & (index > offsets[:-1][session_of])  # something precedes it in its session
+    if protocol == "all_prefixes":
+        at = np.flatnonzero(candidate)[::-1]  # latest first: longest prefix first within a session ...
+        session = session_of[at]
+        order = np.argsort(session, kind="stable")  # ... and sessions in their order
+        return session[order], at[order]
+    last = np.full(len(lengths), -1, dtype=np.int64)
+    np.maximum.at(last, session_of[candidate], index[candidate])
+    keep = np.flatnonzero(last >= 0)
+    return keep, last[keep]
+
+
+def mirror_index(offsets: np.ndarray) -> np.ndarray:
+    """(E,) gather index that reverses the events of every session in place.
+
+    ``values[mirror_index(offsets)]`` holds each session backwards, at the same offsets.
+    """
+    lengths = np.diff(offsets)
+    session_of = np.repeat(np.arange(len(lengths)), lengths)
+    return offsets[:-1][session_of] + offsets[1:][session_of] - 1 - np.arange(offsets[-1])

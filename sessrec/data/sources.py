@@ -26,11 +26,15 @@ from sessrec.data.synthetic import generate_sessions
 
 @dataclass
 class SessionSplits:
-    """Session tables (one row per session, list columns of raw ids) for each split."""
+    """Session tables (one row per session, list columns of raw ids) for each split.
+
+    ``source`` names where they came from (a file path), for error messages.
+    """
 
     train: pa.Table
     valid: pa.Table
     test: pa.Table
+    source: str = "<sessions>"
 
     def save(self, directory: str | os.PathLike) -> Path:
         """Write ``train/valid/test.parquet`` (each via a temporary name, then rename)."""
@@ -89,7 +93,7 @@ class SRGNNSource(SessionSource):
         data = read_srgnn(self.path)
         train, valid = _tail_split(_session_table(data.train), self.valid_fraction)
         test = _session_table(data.test_sessions(), first_id=len(data.train))
-        return SessionSplits(train=train, valid=valid, test=test)
+        return SessionSplits(train=train, valid=valid, test=test, source=str(self.path))
 
 
 class EventLogSource(SessionSource):
@@ -155,7 +159,7 @@ class EventLogSource(SessionSource):
                 test_days=self.valid_days,
                 test_fraction=None if self.valid_days is not None else self.valid_fraction or 0.0,
             )
-        return SessionSplits(train=train, valid=valid, test=test)
+        return SessionSplits(train=train, valid=valid, test=test, source=str(self.path))
 
 
 class SyntheticSource(SessionSource):

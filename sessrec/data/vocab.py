@@ -1,8 +1,12 @@
 """Item vocabulary: raw item ids <-> contiguous model ids, fitted on training data only.
 
 Id layout: 0 = padding, 1 = out-of-vocabulary (rare or unseen items), 2.. = items by
-decreasing training frequency. The fitted vocabulary is saved as parquet beside the checkpoint,
-so that scoring maps raw ids exactly as training did and returns raw ids.
+decreasing training frequency, then (optionally) the *virtual items* by decreasing frequency:
+input-only tokens for events that carry no product (a search, a filter change), keyed by text
+(Coveo SIGIR'21). Virtual ids form the contiguous range ``[len(vocab) - num_virtual, len(vocab))``;
+`recommendable` marks the ids that may be targets and recommendations (the products). The fitted
+vocabulary is saved as parquet beside the checkpoint, so that scoring maps raw ids exactly as
+training did and returns raw ids.
 """
 
 from __future__ import annotations
@@ -42,47 +46,83 @@ class ItemVocab:
         [9, 7]
     """
 
-    def __init__(self, raw_ids: pa.Array, counts: np.ndarray) -> None:
+    def __init__(self, raw_ids: pa.Array, counts: np.ndarray, num_virtual: int = 0) -> None:
         if len(raw_ids) != len(counts):
             raise ValueError("raw_ids and counts must have the same length")
-        if pc.count_distinct(raw_ids).as_py() != len(raw_ids):
-            raise ValueError("vocabulary raw ids must be distinct")
+        if not 0 <= num_virtual <= len(raw_ids):
+            raise ValueError(f"num_virtual must be in [0, {len(raw_ids)}], got {num_virtual}")
+        split = len(raw_ids) - num_virtual
+        for part in (raw_ids.slice(0, split), raw_ids.slice(split)):
+            if pc.count_distinct(part).as_py() != len(part):
+                raise ValueError("vocabulary raw ids must be distinct (products among themselves, virtual keys too)")
         self.raw_ids = raw_ids
         self.counts = np.asarray(counts, dtype=np.int64)
+        self.num_virtual = int(num_virtual)
 
     @classmethod
-    def fit(cls, items: pa.Array | pa.ChunkedArray, min_count: int = 1, max_size: int | None = None) -> ItemVocab:
+    def fit(
+        cls,
+        items: pa.Array | pa.ChunkedArray,
+        min_count: int = 1,
+        max_size: int | None = None,
+        virtual: np.ndarray | None = None,
+    ) -> ItemVocab:
         """Count raw ids; keep those seen at least `min_count` times, the `max_size` most frequent.
 
         Ties in frequency are ordered by raw id, so fitting is deterministic.
+
+        Args:
+            items: raw ids (E,) of the training events.
+            min_count: minimum training count of a product or virtual key.
+            max_size: most products kept (virtual keys are not capped).
+            virtual: optional (E,) bool, True where `items` holds a virtual key rather than a
+                product; those get the ids after the products. Virtual keys and products then
+                share the raw id type (text, since virtual keys are).
         """
         if isinstance(items, pa.ChunkedArray):
             items = items.combine_chunks()
         if items.null_count:
             raise ValueError(
                 f"item ids hold {items.null_count} nulls (e.g. page views without an item); "
-                "drop them before fitting"
+                "drop them before fitting, or key them as virtual items"
             )
-        counts = pc.value_counts(items)
-        raw = counts.field("values")
-        cnt = counts.field("counts").to_numpy().astype(np.int64)
-        order = pc.sort_indices(pa.table({"c": cnt, "r": raw}), sort_keys=[("c", "descending"), ("r", "ascending")])
-        order = order.to_numpy()
-        keep = order[cnt[order] >= min_count]
-        if max_size is not None:
-            keep = keep[:max_size]
-        return cls(raw.take(pa.array(keep)), cnt[keep])
+        if virtual is None or not np.any(virtual):
+            raw, cnt = _counted(items, min_count, max_size)
+            return cls(raw, cnt)
+        virtual = np.asarray(virtual, dtype=bool)
+        if virtual.shape != (len(items),):
+            raise ValueError(f"virtual must be a ({len(items)},) bool mask, got shape {virtual.shape}")
+        raw, cnt = _counted(items.filter(pa.array(~virtual)), min_count, max_size)
+        vraw, vcnt = _counted(items.filter(pa.array(virtual)), min_count, None)
+        return cls(pa.concat_arrays([raw, vraw.cast(raw.type)]), np.concatenate([cnt, vcnt]), num_virtual=len(vraw))
 
     def __len__(self) -> int:
-        """Number of model ids, specials included: the size of the score vector."""
+        """Number of model ids, specials and virtual items included: the size of the score vector."""
         return len(self.raw_ids) + NUM_SPECIAL
+
+    @property
+    def num_products(self) -> int:
+        """Items that can be recommended (ids ``2 .. 2 + num_products - 1``)."""
+        return len(self.raw_ids) - self.num_virtual
+
+    def recommendable(self) -> np.ndarray:
+        """(len(self),) bool: True for product ids; False for padding, OOV and virtual items."""
+        mask = np.zeros(len(self), dtype=bool)
+        mask[NUM_SPECIAL : NUM_SPECIAL + self.num_products] = True
+        return mask
 
     def id_counts(self) -> np.ndarray:
         """(len(self),) training count per model id; 0 for padding and OOV."""
         return np.concatenate([np.zeros(NUM_SPECIAL, dtype=np.int64), self.counts])
 
-    def encode(self, raw: pa.Array | pa.ChunkedArray) -> EncodeResult:
-        """Map raw ids to model ids; unknown ids map to OOV and are counted."""
+    def encode(self, raw: pa.Array | pa.ChunkedArray, virtual: np.ndarray | None = None) -> EncodeResult:
+        """Map raw ids to model ids; unknown ids map to OOV and are counted.
+
+        Args:
+            raw: raw ids (E,).
+            virtual: optional (E,) bool, True where `raw` holds a virtual key: those are looked
+                up among the virtual keys only, the others among the products only.
+        """
         if isinstance(raw, pa.ChunkedArray):
             raw = raw.combine_chunks()
         if raw.type != self.raw_ids.type:
@@ -92,37 +132,71 @@ class ItemVocab:
                 raise TypeError(
                     f"item ids of type {raw.type} cannot be matched with a vocabulary of {self.raw_ids.type}"
                 ) from err
-        pos = pc.index_in(raw, value_set=self.raw_ids)
-        known = pos.is_valid().to_numpy(zero_copy_only=False)
+        n_prod = self.num_products
         ids = np.full(len(raw), OOV, dtype=np.int64)
-        ids[known] = pos.drop_null().to_numpy().astype(np.int64) + NUM_SPECIAL
-        return EncodeResult(ids=ids, num_unknown=int((~known).sum()))
+        if virtual is None:
+            virtual = np.zeros(len(raw), dtype=bool)
+        virtual = np.asarray(virtual, dtype=bool)
+        for is_virtual, first, keys in (
+            (False, NUM_SPECIAL, self.raw_ids.slice(0, n_prod)),
+            (True, NUM_SPECIAL + n_prod, self.raw_ids.slice(n_prod)),
+        ):
+            rows = np.flatnonzero(virtual == is_virtual)
+            if len(rows) == 0:
+                continue
+            pos = pc.index_in(raw.take(pa.array(rows)), value_set=keys)
+            known = pos.is_valid().to_numpy(zero_copy_only=False)
+            ids[rows[known]] = pos.drop_null().to_numpy().astype(np.int64) + first
+        return EncodeResult(ids=ids, num_unknown=int((ids == OOV).sum()))
 
     def decode(self, ids: np.ndarray) -> pa.Array:
-        """Map model ids back to raw ids; padding and OOV ids decode to null."""
+        """Map model ids back to raw ids; padding, OOV and virtual ids decode to null."""
         ids = np.asarray(ids).reshape(-1)
-        special = ids < NUM_SPECIAL
+        special = (ids < NUM_SPECIAL) | (ids >= NUM_SPECIAL + self.num_products)
         out = self.raw_ids.take(pa.array(np.where(special, 0, ids - NUM_SPECIAL)))
         if special.any():
             out = pc.if_else(pa.array(special), pa.nulls(len(out), out.type), out)
         return out
 
     def save(self, path: str | os.PathLike) -> Path:
-        """Write ``raw_id``/``count`` parquet atomically (temporary name, then rename)."""
+        """Write ``raw_id``/``count`` (and ``virtual`` if any) parquet atomically (temporary name, then rename)."""
+        cols = {"raw_id": self.raw_ids, "count": self.counts}
+        if self.num_virtual:
+            cols["virtual"] = np.arange(len(self.raw_ids)) >= self.num_products
         with atomic_path(path) as tmp:
-            pq.write_table(pa.table({"raw_id": self.raw_ids, "count": self.counts}), tmp)
+            pq.write_table(pa.table(cols), tmp)
         return Path(path)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> ItemVocab:
         table = pq.read_table(path)
-        if table.column_names != ["raw_id", "count"]:
+        if table.column_names not in (["raw_id", "count"], ["raw_id", "count", "virtual"]):
             raise ValueError(f"{path}: not a sessrec vocabulary (columns {table.column_names})")
-        return cls(table.column("raw_id").combine_chunks(), table.column("count").to_numpy())
+        num_virtual = 0
+        if "virtual" in table.column_names:
+            flags = table.column("virtual").to_numpy(zero_copy_only=False).astype(bool)
+            num_virtual = int(flags.sum())
+            if not np.array_equal(flags, np.arange(len(flags)) >= len(flags) - num_virtual):
+                raise ValueError(f"{path}: column 'virtual' must mark a final run of rows (the virtual ids)")
+        return cls(table.column("raw_id").combine_chunks(), table.column("count").to_numpy(), num_virtual)
 
     def __eq__(self, other: object) -> bool:
         return (
             isinstance(other, ItemVocab)
             and self.raw_ids.equals(other.raw_ids)
             and np.array_equal(self.counts, other.counts)
+            and self.num_virtual == other.num_virtual
         )
+
+
+def _counted(items: pa.Array, min_count: int, max_size: int | None) -> tuple[pa.Array, np.ndarray]:
+    """Distinct values of `items` seen at least `min_count` times, by decreasing count then value."""
+    counts = pc.value_counts(items)
+    raw = counts.field("values")
+    cnt = counts.field("counts").to_numpy().astype(np.int64)
+    order = pc.sort_indices(pa.table({"c": cnt, "r": raw}), sort_keys=[("c", "descending"), ("r", "ascending")])
+    order = order.to_numpy()
+    keep = order[cnt[order] >= min_count]
+    if max_size is not None:
+        keep = keep[:max_size]
+    return raw.take(pa.array(keep)), cnt[keep]

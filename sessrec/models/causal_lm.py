@@ -14,8 +14,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from sessrec.data.vocab import NUM_SPECIAL
-from sessrec.models.objective import MaskingResult, Objective
+from sessrec.models.objective import Features, MaskingResult, Objective, latest, targetable
 
 if TYPE_CHECKING:
     from sessrec.models.session_model import SessionModel
@@ -25,9 +24,10 @@ if TYPE_CHECKING:
 class CausalLanguageModeling(Objective):
     """Next-item prediction at every position of a causal encoder.
 
-    Position i is read when it holds a real item (OOV included) and the item at i + 1 is a known
-    item; the target is that item, so the targets are the session shifted left by one. Every
-    session with two or more items, the second of them known, has a target. Nothing is masked.
+    Position i is read when it holds a real item (OOV and virtual items included) and the item at
+    i + 1 is targetable (a known product, see `targetable`); the target is that item, so the
+    targets are the session shifted left by one. Every session with two or more items, the second
+    of them targetable, has a target. Nothing is masked.
 
     Example:
         >>> m = CausalLanguageModeling()(torch.tensor([[0, 4, 1, 6]]))
@@ -37,9 +37,11 @@ class CausalLanguageModeling(Objective):
 
     needs_causal: ClassVar[bool] = True
 
-    def mask(self, items: torch.Tensor, generator: torch.Generator | None = None) -> MaskingResult:
+    def mask(
+        self, items: torch.Tensor, generator: torch.Generator | None = None, recommendable: torch.Tensor | None = None
+    ) -> MaskingResult:
         read = torch.zeros_like(items, dtype=torch.bool)
-        read[:, :-1] = (items[:, :-1] != 0) & (items[:, 1:] >= NUM_SPECIAL)
+        read[:, :-1] = (items[:, :-1] != 0) & targetable(items[:, 1:], recommendable)
         return MaskingResult(
             inputs=items,
             masked=torch.zeros_like(read),
@@ -47,7 +49,7 @@ class CausalLanguageModeling(Objective):
             targets=items[:, 1:][read[:, :-1]],
         )
 
-    def next_item_hidden(self, model: SessionModel, items: torch.Tensor) -> torch.Tensor:
+    def next_item_hidden(self, model: SessionModel, items: torch.Tensor, features: Features | None = None) -> torch.Tensor:
         """(B, L) observed sessions -> (B, D): the state at the last item, which has seen them all."""
-        inputs = items[:, -model.max_length :]
-        return model.encode(inputs, torch.zeros_like(inputs, dtype=torch.bool))[:, -1]
+        inputs, features = latest(items, features, model.max_length)
+        return model.encode(inputs, torch.zeros_like(inputs, dtype=torch.bool), features)[:, -1]

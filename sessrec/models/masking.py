@@ -13,8 +13,7 @@ from typing import ClassVar
 
 import torch
 
-from sessrec.data.vocab import NUM_SPECIAL
-from sessrec.models.objective import MaskingResult, Objective
+from sessrec.models.objective import MaskingResult, Objective, targetable
 
 
 @dataclass
@@ -24,7 +23,8 @@ class MaskedItemModeling(Objective):
     Each real, in-vocabulary item is masked with probability `mask_prob`. With probability
     `last_item_prob` a session instead has only its last item masked, the exact shape of the
     evaluation task (a [MASK] after the observed items). A session that drew no mask gets one
-    at a random eligible position. Padding and OOV items are never targets.
+    at a random eligible position. Only targetable items are masked: never padding, OOV or a
+    virtual item (see `targetable`).
 
     Args:
         mask_prob: per-item masking probability.
@@ -48,9 +48,11 @@ class MaskedItemModeling(Objective):
         if not 0.0 <= self.last_item_prob <= 1.0:
             raise ValueError(f"last_item_prob must be in [0, 1], got {self.last_item_prob}")
 
-    def select(self, items: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    def select(
+        self, items: torch.Tensor, generator: torch.Generator | None = None, recommendable: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """(B, L) sessions -> (B, L) bool positions to hide; also used by PLM and RTD."""
-        eligible = items >= NUM_SPECIAL  # (B, L)
+        eligible = targetable(items, recommendable)  # (B, L)
         rand = torch.rand(items.shape, generator=generator, device=items.device)
         masked = eligible & (rand < self.mask_prob)
 
@@ -68,6 +70,8 @@ class MaskedItemModeling(Objective):
             masked[none, pick[none]] = True
         return masked
 
-    def mask(self, items: torch.Tensor, generator: torch.Generator | None = None) -> MaskingResult:
-        masked = self.select(items, generator)
+    def mask(
+        self, items: torch.Tensor, generator: torch.Generator | None = None, recommendable: torch.Tensor | None = None
+    ) -> MaskingResult:
+        masked = self.select(items, generator, recommendable)
         return MaskingResult(inputs=items.masked_fill(masked, 0), masked=masked, read=masked, targets=items[masked])

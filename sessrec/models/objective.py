@@ -3,7 +3,9 @@
 An objective decides, for a batch of right-aligned sessions, what the encoder sees (item ids and
 which slots carry the [MASK] embedding), which hidden positions are read, and which items they
 must predict. It also says how a trained model is read for the next item at evaluation, so that
-training and evaluation ask the same question. Padding (0) and OOV (1) are never targets.
+training and evaluation ask the same question. Only recommendable items are targets: never
+padding (0), OOV (1) or a virtual (input-only) item; `targetable` is that rule, given the
+model's ``recommendable`` mask. Side features (B, L) travel with the items into the model.
 
 The objectives: `MaskedItemModeling` (MLM), `CausalLanguageModeling` (CLM),
 `PermutationLanguageModeling` (PLM, XLNet only) and `ReplacedTokenDetection` (RTD, ELECTRA-style).
@@ -20,6 +22,8 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from torch import nn
+
+from sessrec.data.vocab import NUM_SPECIAL
 
 if TYPE_CHECKING:
     from sessrec.models.session_model import SessionModel
@@ -60,6 +64,33 @@ class ObjectiveOutput:
     logs: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
+Features = dict[str, torch.Tensor]
+
+
+def targetable(items: torch.Tensor, recommendable: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, L) ids -> (B, L) bool, the positions whose item may be a training target.
+
+    Args:
+        items: right-aligned item ids.
+        recommendable: (V,) bool mask of the ids that can be recommended (`SessionModel.recommendable`);
+            without it, every id but padding and OOV.
+    """
+    if recommendable is None:
+        return items >= NUM_SPECIAL
+    return recommendable[items]
+
+
+def append_slot(items: torch.Tensor, features: Features | None, max_length: int) -> tuple[torch.Tensor, Features | None]:
+    """Append an empty slot (id 0, features 0) after the last item and keep the latest `max_length` columns."""
+    pad = lambda t: torch.cat([t, t.new_zeros(t.shape[0], 1)], dim=1)[:, -max_length:]  # noqa: E731
+    return pad(items), None if features is None else {k: pad(v) for k, v in features.items()}
+
+
+def latest(items: torch.Tensor, features: Features | None, max_length: int) -> tuple[torch.Tensor, Features | None]:
+    """The latest `max_length` columns of the items and of each side feature."""
+    return items[:, -max_length:], None if features is None else {k: v[:, -max_length:] for k, v in features.items()}
+
+
 def encoder_is_causal(encoder: nn.Module) -> bool:
     """The encoder's ``causal`` class attribute; a clear error when it has none."""
     causal = getattr(encoder, "causal", None)
@@ -85,12 +116,19 @@ class Objective:
     needs_causal: ClassVar[bool] = False
     needs_two_stream: ClassVar[bool] = False
 
-    def mask(self, items: torch.Tensor, generator: torch.Generator | None = None) -> MaskingResult:
-        """(B, L) right-aligned sessions -> inputs, [MASK] slots, read positions and targets."""
+    def mask(
+        self, items: torch.Tensor, generator: torch.Generator | None = None, recommendable: torch.Tensor | None = None
+    ) -> MaskingResult:
+        """(B, L) right-aligned sessions -> inputs, [MASK] slots, read positions and targets.
+
+        Targets are only items that `targetable(items, recommendable)` allows.
+        """
         raise NotImplementedError
 
-    def __call__(self, items: torch.Tensor, generator: torch.Generator | None = None) -> MaskingResult:
-        return self.mask(items, generator)
+    def __call__(
+        self, items: torch.Tensor, generator: torch.Generator | None = None, recommendable: torch.Tensor | None = None
+    ) -> MaskingResult:
+        return self.mask(items, generator, recommendable)
 
     def check(self, encoder: nn.Module) -> None:
         """Raise ValueError if this objective cannot train `encoder`."""
@@ -119,19 +157,23 @@ class Objective:
         self.check(model.encoder)
 
     def training_output(
-        self, model: SessionModel, items: torch.Tensor, generator: torch.Generator | None = None
+        self,
+        model: SessionModel,
+        items: torch.Tensor,
+        generator: torch.Generator | None = None,
+        features: Features | None = None,
     ) -> ObjectiveOutput:
-        """Mask a training batch (B, L), run the model and return the hidden states to score."""
-        m = self.mask(items, generator)
-        hidden = model.encode(m.inputs, m.masked)[m.read]  # (N, D)
+        """Mask a training batch (B, L) (with its side features), run the model and return the hidden states to score."""
+        m = self.mask(items, generator, model.recommendable)
+        hidden = model.encode(m.inputs, m.masked, features)[m.read]  # (N, D)
         return ObjectiveOutput(hidden=hidden, targets=m.targets)
 
-    def next_item_hidden(self, model: SessionModel, items: torch.Tensor) -> torch.Tensor:
-        """(B, L) observed sessions -> (B, D): the state that predicts the item after them.
+    def next_item_hidden(self, model: SessionModel, items: torch.Tensor, features: Features | None = None) -> torch.Tensor:
+        """(B, L) observed sessions (and side features) -> (B, D): the state that predicts the item after them.
 
         A [MASK] slot is appended after the last item and read; the target is never an input.
         """
-        inputs = torch.cat([items, items.new_zeros(items.shape[0], 1)], dim=1)[:, -model.max_length :]
+        inputs, features = append_slot(items, features, model.max_length)
         masked = torch.zeros_like(inputs, dtype=torch.bool)
         masked[:, -1] = True
-        return model.encode(inputs, masked)[:, -1]
+        return model.encode(inputs, masked, features)[:, -1]

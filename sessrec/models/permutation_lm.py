@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 
 from sessrec.models.masking import MaskedItemModeling
-from sessrec.models.objective import MaskingResult, Objective, ObjectiveOutput
+from sessrec.models.objective import Features, MaskingResult, Objective, ObjectiveOutput, append_slot
 
 if TYPE_CHECKING:
     from sessrec.models.session_model import SessionModel
@@ -50,7 +50,7 @@ class PermutationLanguageModeling(Objective):
         target_prob: per-item probability of being a target (XLNet's 1/K).
         last_item_prob: share of sessions whose only target is the last item (the evaluation shape).
             Targets are chosen exactly as `MaskedItemModeling` chooses masked items: at least one
-            per session that has a known item; padding and OOV never.
+            per session that has a targetable item; padding, OOV and virtual items never.
     """
 
     needs_causal: ClassVar[bool] = False
@@ -65,9 +65,11 @@ class PermutationLanguageModeling(Objective):
         if not 0.0 <= self.last_item_prob <= 1.0:
             raise ValueError(f"last_item_prob must be in [0, 1], got {self.last_item_prob}")
 
-    def mask(self, items: torch.Tensor, generator: torch.Generator | None = None) -> PermutationResult:
+    def mask(
+        self, items: torch.Tensor, generator: torch.Generator | None = None, recommendable: torch.Tensor | None = None
+    ) -> PermutationResult:
         choose = MaskedItemModeling(mask_prob=self.target_prob, last_item_prob=self.last_item_prob)
-        target = choose.select(items, generator)  # (B, L)
+        target = choose.select(items, generator, recommendable)  # (B, L)
         # order: every context item first (rank 0), then the targets in a random order (ranks in (1, 2))
         rank = torch.where(target, 1.0 + torch.rand(items.shape, generator=generator, device=items.device), 0.0)
         # i may attend to j unless j is a target that does not come strictly before i (so never itself)
@@ -91,19 +93,25 @@ class PermutationLanguageModeling(Objective):
         )
 
     def training_output(
-        self, model: SessionModel, items: torch.Tensor, generator: torch.Generator | None = None
+        self,
+        model: SessionModel,
+        items: torch.Tensor,
+        generator: torch.Generator | None = None,
+        features: Features | None = None,
     ) -> ObjectiveOutput:
-        m = self.mask(items, generator)
-        query = model.encode(m.inputs, m.masked, perm_mask=m.perm_mask, target_mapping=m.target_mapping)  # (B, P, D)
+        m = self.mask(items, generator, model.recommendable)
+        query = model.encode(
+            m.inputs, m.masked, features, perm_mask=m.perm_mask, target_mapping=m.target_mapping
+        )  # (B, P, D)
         return ObjectiveOutput(hidden=query[m.valid], targets=m.targets)
 
-    def next_item_hidden(self, model: SessionModel, items: torch.Tensor) -> torch.Tensor:
+    def next_item_hidden(self, model: SessionModel, items: torch.Tensor, features: Features | None = None) -> torch.Tensor:
         """(B, L) observed sessions -> (B, D): the query stream at an appended, unseen slot."""
-        inputs = torch.cat([items, items.new_zeros(items.shape[0], 1)], dim=1)[:, -model.max_length :]
+        inputs, features = append_slot(items, features, model.max_length)
         b, length = inputs.shape
         perm_mask = inputs.new_zeros(b, length, length, dtype=torch.float)
         perm_mask[:, :, -1] = 1.0  # nothing attends to the slot (it holds no item either)
         target_mapping = inputs.new_zeros(b, 1, length, dtype=torch.float)
         target_mapping[:, 0, -1] = 1.0
         masked = torch.zeros_like(inputs, dtype=torch.bool)
-        return model.encode(inputs, masked, perm_mask=perm_mask, target_mapping=target_mapping)[:, 0]
+        return model.encode(inputs, masked, features, perm_mask=perm_mask, target_mapping=target_mapping)[:, 0]

@@ -26,10 +26,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sessrec.data.vocab import NUM_SPECIAL
 from sessrec.models.electra import ElectraEncoder
 from sessrec.models.masking import MaskedItemModeling
-from sessrec.models.objective import MaskingResult, Objective, ObjectiveOutput, encoder_is_causal
+from sessrec.models.objective import (
+    Features,
+    MaskingResult,
+    Objective,
+    ObjectiveOutput,
+    encoder_is_causal,
+    targetable,
+)
 
 if TYPE_CHECKING:
     from sessrec.models.session_model import SessionModel
@@ -41,7 +47,8 @@ class ReplacementResult(MaskingResult):
     replaced positions) plus the positions that the generator fills in.
 
     Args:
-        replace: (B, L) bool, positions to replace; never a masked position, padding or OOV.
+        replace: (B, L) bool, positions to replace; never a masked position, padding, OOV or a
+            virtual item (the generator only proposes, and learns, targetable items).
     """
 
     replace: torch.Tensor | None = None
@@ -108,13 +115,17 @@ class ReplacedTokenDetection(nn.Module, Objective):
         self.generator_out = nn.Identity() if g == d else nn.Linear(g, d)
         self.discriminator = nn.Linear(d, 1)
 
-    def forward(self, items: torch.Tensor, generator: torch.Generator | None = None) -> ReplacementResult:
-        return self.mask(items, generator)
+    def forward(
+        self, items: torch.Tensor, generator: torch.Generator | None = None, recommendable: torch.Tensor | None = None
+    ) -> ReplacementResult:
+        return self.mask(items, generator, recommendable)
 
-    def mask(self, items: torch.Tensor, generator: torch.Generator | None = None) -> ReplacementResult:
-        masked = self.masking.select(items, generator)  # (B, L)
+    def mask(
+        self, items: torch.Tensor, generator: torch.Generator | None = None, recommendable: torch.Tensor | None = None
+    ) -> ReplacementResult:
+        masked = self.masking.select(items, generator, recommendable)  # (B, L)
         rand = torch.rand(items.shape, generator=generator, device=items.device)
-        replace = (items >= NUM_SPECIAL) & ~masked & (rand < self.replace_prob)
+        replace = targetable(items, recommendable) & ~masked & (rand < self.replace_prob)
         return ReplacementResult(
             inputs=items.masked_fill(masked, 0), masked=masked, read=masked, targets=items[masked], replace=replace
         )
@@ -133,22 +144,27 @@ class ReplacedTokenDetection(nn.Module, Objective):
     def propose(self, logits: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         """(R, V) generator scores -> (R,) items sampled from softmax(logits / temperature).
 
-        Gumbel-max, so the draw follows the seeded `generator`; padding and OOV (-inf) are never drawn.
+        Gumbel-max, so the draw follows the seeded `generator`; padding, OOV and virtual items
+        (-inf) are never drawn.
         """
         u = torch.rand(logits.shape, generator=generator, device=logits.device).clamp_min(1e-20)
         return (logits / self.temperature - torch.log(-torch.log(u))).argmax(dim=1)
 
     def training_output(
-        self, model: SessionModel, items: torch.Tensor, generator: torch.Generator | None = None
+        self,
+        model: SessionModel,
+        items: torch.Tensor,
+        generator: torch.Generator | None = None,
+        features: Features | None = None,
     ) -> ObjectiveOutput:
         if self.discriminator is None or self.generator_encoder is None:
             raise RuntimeError("ReplacedTokenDetection is not bound to a model: call objective.bind(model) first")
-        m = self.mask(items, generator)
+        m = self.mask(items, generator, model.recommendable)
 
         # generator: an MLM over the shared item table and head, with both sets behind [MASK]
         hide = m.masked | m.replace  # (B, L)
         g_inputs = items.masked_fill(hide, 0)
-        g_x = self.generator_in(model.embed(g_inputs, hide))  # (B, L, G)
+        g_x = self.generator_in(model.embed(g_inputs, hide, features))  # (B, L, G)
         g_hidden = self.generator_out(self.generator_encoder(g_x, (g_inputs != 0) | hide)[hide])  # (K, D)
         g_logits = model.score(g_hidden)  # (K, V)
         g_loss = F.cross_entropy(g_logits, items[hide], reduction="sum") / max(len(g_logits), 1)
@@ -157,7 +173,7 @@ class ReplacedTokenDetection(nn.Module, Objective):
 
         # discriminator = the model's encoder: next items at [MASK], replaced-or-not elsewhere
         inputs, labels = self.corrupt(m, samples)
-        hidden = model.encode(inputs, m.masked)  # (B, L, D)
+        hidden = model.encode(inputs, m.masked, features)  # (B, L, D)
         judged = (items != 0) & ~m.masked
         d_logits = self.discriminator(hidden[judged]).squeeze(-1)
         d_loss = F.binary_cross_entropy_with_logits(d_logits, labels[judged], reduction="sum") / max(len(d_logits), 1)

@@ -1,8 +1,11 @@
 """`SessionModel`: item embedding -> encoder -> tied next-item head. Plain PyTorch.
 
 The model owns what every sequence encoder needs around it: the item table (padding id 0),
-a learned [MASK] embedding, a learned position embedding, and a head that scores the whole
-catalogue with the item table's weights. Padding and OOV ids are never scored as recommendations.
+a learned [MASK] embedding, a learned position embedding, optional side information
+(`SideInfoEmbedding`), and a head that scores the whole catalogue with the item table's
+weights. Only *recommendable* ids are scored as recommendations: padding, OOV and virtual
+(non-product, input-only) items get -inf, and the objectives never make them targets; the
+`recommendable` buffer is the one place that says which ids those are.
 
 Positions never depend on the left padding of the right-aligned inputs. For a bidirectional
 encoder they count the distance from the end of the session (a [MASK] slot appended for the next
@@ -34,13 +37,14 @@ from sessrec.data.vocab import NUM_SPECIAL
 from sessrec.models.causal_lm import CausalLanguageModeling
 from sessrec.models.masking import MaskedItemModeling
 from sessrec.models.objective import Objective
+from sessrec.models.side_info import SideInfoEmbedding
 
 
 class SessionModel(nn.Module):
     """Next-item model around a sequence encoder.
 
     Args:
-        num_items: size V of the score vector (vocabulary incl. padding and OOV).
+        num_items: size V of the score vector (vocabulary incl. padding, OOV and virtual items).
         encoder: module mapping ((B, L, D) embeddings, (B, L) bool mask) -> (B, L, D); must
             expose ``d_model`` and a class attribute ``causal`` (read for the positions; an
             encoder without one is taken as bidirectional).
@@ -55,6 +59,10 @@ class SessionModel(nn.Module):
         score_scale: when set, score by cosine similarity times this scale: the hidden state and
             every item vector are L2-normalised first (NISER, Gupta et al. 2019), which keeps
             popular items from winning on vector length alone. None = plain dot product.
+        num_virtual: the last `num_virtual` ids are virtual items (`ItemVocab`'s layout): input
+            tokens only, never targets nor recommendations.
+        side_info: embeds side features and item vectors with the items (see `SideInfoEmbedding`);
+            its width must be the encoder's. None = item ids only.
     """
 
     def __init__(
@@ -67,10 +75,14 @@ class SessionModel(nn.Module):
         input_norm: bool = False,
         output_transform: bool = False,
         score_scale: float | None = None,
+        num_virtual: int = 0,
+        side_info: SideInfoEmbedding | None = None,
     ) -> None:
         super().__init__()
-        if num_items <= NUM_SPECIAL:
-            raise ValueError(f"num_items must count padding, OOV and at least one item; got {num_items}")
+        if num_items - num_virtual <= NUM_SPECIAL or num_virtual < 0:
+            raise ValueError(
+                f"num_items must count padding, OOV, at least one item and the {num_virtual} virtual items; got {num_items}"
+            )
         if score_scale is not None and score_scale <= 0:
             raise ValueError(f"score_scale must be positive or None, got {score_scale}")
         d = int(encoder.d_model)
@@ -85,9 +97,15 @@ class SessionModel(nn.Module):
         self.output_transform = (
             nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.LayerNorm(d)) if output_transform else nn.Identity()
         )
+        self.side_info = side_info
         self.output_bias = nn.Parameter(torch.zeros(num_items))
-        # padding and OOV are never recommended: -inf added to their scores in the same addmm
-        self.register_buffer("never", torch.zeros(num_items).index_fill(0, torch.arange(NUM_SPECIAL), float("-inf")), persistent=False)
+        # only products are targets and recommendations: padding, OOV and virtual ids get -inf
+        # added to their scores in the same addmm
+        recommendable = torch.zeros(num_items, dtype=torch.bool)
+        recommendable[NUM_SPECIAL : num_items - num_virtual] = True
+        self.num_virtual = num_virtual
+        self.register_buffer("recommendable", recommendable, persistent=False)
+        self.register_buffer("never", torch.zeros(num_items).masked_fill(~recommendable, float("-inf")), persistent=False)
         nn.init.normal_(self.item_embedding.weight, std=0.02)
         nn.init.normal_(self.mask_embedding, std=0.02)
         with torch.no_grad():
@@ -103,26 +121,42 @@ class SessionModel(nn.Module):
         from_end = torch.arange(real.shape[1] - 1, -1, -1, device=real.device)
         return from_end.clamp(max=self.max_length - 1)
 
-    def embed(self, inputs: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
-        """(B, L) ids (0 at padding and masked slots) and (B, L) bool [MASK] slots -> (B, L, D) encoder input."""
+    def targetable(self, items: torch.Tensor) -> torch.Tensor:
+        """(B, L) ids -> (B, L) bool: positions whose item may be a target (a recommendable id)."""
+        return self.recommendable[items]
+
+    def embed(
+        self, inputs: torch.Tensor, masked: torch.Tensor, features: dict[str, torch.Tensor] | None = None
+    ) -> torch.Tensor:
+        """(B, L) ids (0 at padding and masked slots), (B, L) bool [MASK] slots and side features
+        (B, L) each -> (B, L, D) encoder input. Masked slots and padding get no side information."""
         x = self.item_embedding(inputs)  # (B, L, D)
         x = torch.where(masked.unsqueeze(-1), self.mask_embedding.to(x.dtype), x)
+        if self.side_info is not None:
+            x = self.side_info(x, inputs, features, (inputs != 0) & ~masked)
         if self.position_embedding is not None:
             x = x + self.position_embedding(self.positions((inputs != 0) | masked))
         return self.dropout(self.input_norm(x))
 
-    def encode(self, inputs: torch.Tensor, masked: torch.Tensor, **encoder_kwargs: torch.Tensor) -> torch.Tensor:
-        """(B, L) ids and (B, L) bool [MASK] slots -> the encoder's output, (B, L, D).
+    def encode(
+        self,
+        inputs: torch.Tensor,
+        masked: torch.Tensor,
+        features: dict[str, torch.Tensor] | None = None,
+        **encoder_kwargs: torch.Tensor,
+    ) -> torch.Tensor:
+        """(B, L) ids, (B, L) bool [MASK] slots and side features -> the encoder's output, (B, L, D).
 
         Extra keyword arguments go to the encoder (XLNet's ``perm_mask`` and ``target_mapping``).
         """
-        return self.encoder(self.embed(inputs, masked), (inputs != 0) | masked, **encoder_kwargs)
+        return self.encoder(self.embed(inputs, masked, features), (inputs != 0) | masked, **encoder_kwargs)
 
     def score(self, hidden: torch.Tensor, candidates: torch.Tensor | None = None) -> torch.Tensor:
         """(N, D) hidden states -> (N, V) scores, or (N, K) scores of the (K,) `candidates` ids.
 
-        Over the whole catalogue, padding and OOV get -inf. Candidate scores (sampled losses) are
-        the same numbers for the chosen columns; candidates are expected to be real items.
+        Over the whole catalogue, padding, OOV and virtual items get -inf. Candidate scores
+        (sampled losses) are the same numbers for the chosen columns; candidates are expected to
+        be real items.
         """
         h, table, bias = self.output_transform(hidden), self.item_embedding.weight, self.output_bias + self.never
         if candidates is not None:
@@ -132,16 +166,22 @@ class SessionModel(nn.Module):
             table = F.normalize(table, dim=-1)  # the all-zero padding row stays zero
         return torch.addmm(bias, h, table.T)
 
-    def forward(self, items: torch.Tensor | SessionBatch, objective: Objective | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        items: torch.Tensor | SessionBatch,
+        objective: Objective | None = None,
+        features: dict[str, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
         """Next-item scores (B, V) for right-aligned sessions (B, L) or a `SessionBatch`.
 
         The sessions are read the way `objective` trained the model (see
         `Objective.next_item_hidden`); by default a [MASK] slot appended after the last item
         (bidirectional encoders) or the last item (causal encoders). The target of an evaluation
-        batch is never part of the input.
+        batch is never part of the input. Side `features` (B, L) each are taken from the batch
+        when a `SessionBatch` is given.
         """
         if isinstance(items, SessionBatch):
-            items = items.items
+            items, features = items.items, items.features if features is None else features
         if objective is None:
             objective = CausalLanguageModeling() if self.causal else MaskedItemModeling()
-        return self.score(objective.next_item_hidden(self, items))  # (B, V)
+        return self.score(objective.next_item_hidden(self, items, features))  # (B, V)

@@ -1,4 +1,4 @@
-"""Callbacks: persist the fitted vocabulary beside checkpoints; write top-K predictions.
+"""Callbacks: persist the fitted vocabulary and side-feature transforms beside checkpoints; write top-K predictions.
 
 `TopKWriter` streams one parquet row group per batch to a temporary file and renames it
 into place when scoring ends, so a failed run leaves nothing at the output path.
@@ -18,25 +18,36 @@ from pytorch_lightning.callbacks import BasePredictionWriter
 from pytorch_lightning.utilities import rank_zero_info, rank_zero_only
 
 VOCAB_FILE = "vocab.parquet"
+FEATURES_FILE = "features.npz"
 
 
 class VocabularyCheckpoint(pl.Callback):
-    """Save the data module's vocabulary as ``vocab.parquet`` in every checkpoint folder."""
+    """Save the data module's vocabulary as ``vocab.parquet`` in every checkpoint folder, and its
+    fitted side-feature transforms (if any) as ``features.npz``."""
 
     @rank_zero_only
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         vocab = getattr(trainer.datamodule, "vocab", None)
         if vocab is None or trainer.fast_dev_run:
             return
+        side = getattr(trainer.datamodule, "side", None)
         for cb in trainer.checkpoint_callbacks:
             dirpath = getattr(cb, "dirpath", None)
             if dirpath:
                 vocab.save(Path(dirpath) / VOCAB_FILE)
+                if side is not None:
+                    side.save(Path(dirpath) / FEATURES_FILE)
 
 
 def find_vocab(ckpt_path: str | os.PathLike) -> Path | None:
     """The ``vocab.parquet`` beside a checkpoint (same folder), if any."""
     candidate = Path(ckpt_path).resolve().parent / VOCAB_FILE
+    return candidate if candidate.exists() else None
+
+
+def find_features(ckpt_path: str | os.PathLike) -> Path | None:
+    """The ``features.npz`` (fitted side-feature transforms) beside a checkpoint, if any."""
+    candidate = Path(ckpt_path).resolve().parent / FEATURES_FILE
     return candidate if candidate.exists() else None
 
 

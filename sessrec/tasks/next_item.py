@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sessrec.data.batch import SessionBatch
-from sessrec.data.vocab import NUM_SPECIAL
+from sessrec.data.side import SideInfoSpec
 from sessrec.metrics import TopKMetrics
 from sessrec.models import (
     CausalLanguageModeling,
@@ -29,6 +29,7 @@ from sessrec.models import (
     SessionModel,
     XLNetEncoder,
 )
+from sessrec.models.side_info import SideInfoConfig, SideInfoEmbedding
 from sessrec.tasks.losses import FullSoftmax, SampledSoftmax
 from sessrec.tasks.optim import adamw
 
@@ -77,6 +78,11 @@ class NextItemTask(pl.LightningModule):
         ks: cut-offs of the evaluation metrics.
         top_k: recommendations per session written by ``sessrec predict``.
         seed: masking seed (per training step).
+        num_virtual: virtual (input-only) ids at the end of the vocabulary; linked from the data
+            module (``data.num_virtual``). Never targets, never recommended.
+        side_features: sizes of the side features and item vectors; linked from the data module
+            (``data.side_info``). None = item ids only.
+        side_info: how side information is embedded and aggregated (`SideInfoConfig`).
     """
 
     def __init__(
@@ -99,21 +105,30 @@ class NextItemTask(pl.LightningModule):
         ks: list[int] = [10, 20],  # noqa: B006 - read only
         top_k: int = 20,
         seed: int = 0,
+        num_virtual: int = 0,
+        side_features: SideInfoSpec | None = None,
+        side_info: SideInfoConfig = SideInfoConfig(),  # noqa: B008 - a config value, never mutated
     ) -> None:
         super().__init__()
         if schedule_seconds is not None and schedule_seconds <= 0:
             raise ValueError(f"schedule_seconds must be positive or None, got {schedule_seconds}")
         # an objective with parameters (RTD) is saved in the state dict, not as a hyperparameter
         self.save_hyperparameters(ignore=["encoder", "objective"] if isinstance(objective, nn.Module) else ["encoder"])
+        encoder = encoder if encoder is not None else XLNetEncoder()
+        side = None
+        if side_features is not None:
+            side = SideInfoEmbedding(int(encoder.d_model), num_items, side_features, side_info)
         self.model = SessionModel(
             num_items=num_items,
-            encoder=encoder if encoder is not None else XLNetEncoder(),
+            encoder=encoder,
             max_length=max_length + 1,  # + the [MASK] slot after the last item
             position_embedding=position_embedding,
             dropout=dropout,
             input_norm=input_norm,
             output_transform=output_transform,
             score_scale=score_scale,
+            num_virtual=num_virtual,
+            side_info=side,
         )
         self.objective = objective
         self.loss = loss
@@ -124,14 +139,18 @@ class NextItemTask(pl.LightningModule):
         datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
         if stage == "fit" and isinstance(self.loss, SampledSoftmax) and hasattr(datamodule, "vocab"):
             self.loss.set_item_counts(torch.from_numpy(datamodule.vocab.id_counts()))
+        vectors = self.model.side_info.item_vectors if self.model.side_info is not None else None
+        if stage == "fit" and vectors is not None:  # evaluation and scoring read them from the checkpoint
+            for name, table in datamodule.item_vectors.items():
+                vectors.set_vectors(name, torch.from_numpy(table))
 
     def forward(self, batch: SessionBatch) -> torch.Tensor:
-        return self.model(batch.items, self.objective)
+        return self.model(batch.items, self.objective, batch.features)
 
     def _step(self, batch: SessionBatch, stage: str) -> torch.Tensor:
         if stage == "train":
             gen = torch.Generator(device=batch.items.device).manual_seed(self.hparams.seed * 7919 + self.global_step)
-            out = self.objective.training_output(self.model, batch.items, gen)
+            out = self.objective.training_output(self.model, batch.items, gen, batch.features)
             if len(out.targets):
                 loss = self.loss(self.model, out.hidden, out.targets, gen)
             else:  # a batch without targets gives 0, not NaN
@@ -142,8 +161,8 @@ class NextItemTask(pl.LightningModule):
             for name, value in out.logs.items():
                 self.log(f"train/{name}", value, batch_size=len(batch))
             return loss
-        scores = self.model(batch.items, self.objective)  # (B, V)
-        known = batch.targets >= NUM_SPECIAL
+        scores = self.model(batch.items, self.objective, batch.features)  # (B, V)
+        known = self.model.targetable(batch.targets)
         loss = F.cross_entropy(scores[known], batch.targets[known]) if known.any() else scores.new_zeros(())
         self.metrics[stage].update(scores, batch.targets)
         self.log(f"{stage}/loss", loss, batch_size=len(batch))
@@ -173,8 +192,8 @@ class NextItemTask(pl.LightningModule):
         self._log_metrics("test")
 
     def predict_step(self, batch: SessionBatch, batch_idx: int) -> TopK:
-        scores = self.model(batch.items, self.objective)
-        k = min(self.hparams.top_k, self.hparams.num_items - NUM_SPECIAL)
+        scores = self.model(batch.items, self.objective, batch.features)
+        k = min(self.hparams.top_k, int(self.model.recommendable.sum()))
         top = scores.topk(k, dim=1)
         return TopK(items=top.indices, scores=top.values)
 

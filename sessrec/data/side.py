@@ -1,0 +1,306 @@
+"""Side information for the models: per-interaction features and per-item vectors.
+
+`SideFeatures` (a data-module argument) names what the model sees beside the item ids:
+
+- categorical columns of the session table (e.g. trivago's action type, platform, device),
+  mapped to ids by `Categorify` (0 padding/null, 1 rare or unseen, 2..);
+- continuous columns (e.g. the price of the clicked item), `LogNormalize`d; a null or
+  non-finite value is *missing* and becomes 0 (the training mean after normalisation);
+- time features from the ``timestamp`` list: ``since_prev`` (seconds since the previous event of
+  the session; missing for the first) and ``dwell`` (seconds to the next event; missing for the
+  last), log-normalised;
+- the position in the session (from its start) as a categorical id ``1 + min(position, cap - 1)``;
+- pre-computed item vectors per modality (text, image ...), read from parquet and aligned with
+  the vocabulary (see `read_item_vectors`).
+
+`SideFeatureTransform` fits the transforms on the training split only, applies them to every
+split and to scored files, and is saved as one ``features.npz`` (a `FeaturePipeline`) beside the
+checkpoint, as the vocabulary is. `SideInfoSpec` is what the model needs to build its embedding
+tables; the data module hands it to the model (a linked argument).
+
+Shape letters: E events (flat, session after session), V vocabulary size, M vector width.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from sessrec.data import frame
+from sessrec.data.features import Categorify, FeaturePipeline, LogNormalize
+from sessrec.data.schema import SchemaError
+from sessrec.data.vocab import NUM_SPECIAL, ItemVocab
+
+TimeFeature = Literal["since_prev", "dwell"]
+POSITION = "position"
+LOOKS_AHEAD = ("dwell",)  # features of an event that depend on the event after it
+
+
+@dataclass
+class SideFeatures:
+    """Which side information the model gets (all empty: none).
+
+    Args:
+        categorical: list columns of the session table embedded as categories.
+        continuous: list columns of numbers, log-normalised; nulls are missing values (0).
+        time: features derived from the timestamps: ``since_prev``, ``dwell``.
+        position: when > 0, the position in the session from its start, capped at this many
+            categories.
+        min_count: categories seen fewer times in training share the rare/unseen id 1.
+        nulls: ``error`` refuses a null in a categorical column (the message names the file,
+            column, session and row); ``pad`` maps nulls to the padding id 0.
+        item_vectors: modality name -> parquet file with an ``item_id`` column and a ``vector``
+            list column (one fixed-width float vector per item), e.g. text or image embeddings.
+    """
+
+    categorical: list[str] = field(default_factory=list)
+    continuous: list[str] = field(default_factory=list)
+    time: list[TimeFeature] = field(default_factory=list)
+    position: int = 0
+    min_count: int = 1
+    nulls: Literal["error", "pad"] = "error"
+    item_vectors: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        names = self.sequence_features
+        if len(set(names)) != len(names):
+            raise ValueError(f"side feature names must be distinct, got {names}")
+        bad = [t for t in self.time if t not in ("since_prev", "dwell")]
+        if bad:
+            raise ValueError(f"unknown time feature {bad[0]!r}; use 'since_prev' or 'dwell'")
+        if self.position < 0 or self.min_count < 1:
+            raise ValueError(f"position must be >= 0 and min_count >= 1, got {self.position}, {self.min_count}")
+        if self.nulls not in ("error", "pad"):
+            raise ValueError(f"nulls must be 'error' or 'pad', got {self.nulls!r}")
+
+    @property
+    def sequence_features(self) -> list[str]:
+        """Names of the per-interaction features, as they appear in `SessionBatch.features`."""
+        return [*self.categorical, *([POSITION] if self.position else []), *self.continuous, *self.time]
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.sequence_features or self.item_vectors)
+
+
+@dataclass
+class SideInfoSpec:
+    """Sizes the model needs to build its side-information layers.
+
+    Args:
+        categorical: feature name -> number of ids (padding and rare/unseen included).
+        continuous: names of the continuous features.
+        item_vectors: modality -> vector width M.
+    """
+
+    categorical: dict[str, int] = field(default_factory=dict)
+    continuous: list[str] = field(default_factory=list)
+    item_vectors: dict[str, int] = field(default_factory=dict)
+
+
+class SideFeatureTransform:
+    """Fitted transforms from session-table columns to per-event model features.
+
+    Example:
+        >>> sessions = pa.table({"item_id": [[5, 6], [7]], "device": [["mobile", "mobile"], ["desktop"]]})
+        >>> side = SideFeatureTransform(SideFeatures(categorical=["device"])).fit(sessions)
+        >>> side.transform(sessions)["device"].tolist()
+        [2, 2, 3]
+    """
+
+    def __init__(self, config: SideFeatures) -> None:
+        self.config = config
+        self.pipeline = FeaturePipeline(
+            {
+                **{c: Categorify(c, min_count=config.min_count, nulls=config.nulls) for c in config.categorical},
+                **{c: LogNormalize(c) for c in [*config.continuous, *config.time]},
+            }
+        )
+
+    @property
+    def fitted(self) -> bool:
+        return self.pipeline.fitted
+
+    def fit(self, sessions: pa.Table, source: str = "<sessions>") -> SideFeatureTransform:
+        """Fit every transform on the (training) sessions."""
+        columns = self._columns(sessions, source)
+        for name, op in self.pipeline.ops.items():
+            values, present = columns[name]
+            try:
+                op.fit({name: values if present is None else values[present]})
+            except (ValueError, TypeError) as err:
+                raise SchemaError(f"{source}: side feature {name!r}: {err}") from err
+        self.pipeline.fitted = True
+        return self
+
+    def transform(self, sessions: pa.Table, source: str = "<sessions>") -> dict[str, np.ndarray]:
+        """Per-event features (E,) by name: int64 ids (categorical) or float32 (continuous, 0 = missing)."""
+        if not self.fitted:
+            raise ValueError("SideFeatureTransform is not fitted: fit() on the training split, or load() one")
+        columns = self._columns(sessions, source)
+        out: dict[str, np.ndarray] = {}
+        for name in self.config.sequence_features:
+            if name == POSITION:
+                out[name] = columns[name][0]
+                continue
+            op = self.pipeline.ops[name]
+            values, present = columns[name]
+            try:
+                if present is None:
+                    out[name] = np.asarray(op.transform({name: values}), dtype=np.int64)
+                else:
+                    dense = np.zeros(len(present), dtype=np.float32)
+                    if present.any():
+                        dense[present] = op.transform({name: values[present]})
+                    out[name] = dense
+            except (ValueError, TypeError) as err:
+                raise SchemaError(f"{source}: side feature {name!r}: {err}") from err
+        return out
+
+    @property
+    def spec(self) -> SideInfoSpec:
+        """Embedding sizes for the model (item vectors are added by the data module)."""
+        categorical = {c: self.pipeline.ops[c].num_ids for c in self.config.categorical}
+        if self.config.position:
+            categorical[POSITION] = self.config.position + 1
+        return SideInfoSpec(categorical=categorical, continuous=[*self.config.continuous, *self.config.time])
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """One ``.npz`` (written under a temporary name, then renamed) with every fitted table."""
+        return self.pipeline.save(path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, config: SideFeatures) -> SideFeatureTransform:
+        """The transforms saved beside a checkpoint; refused when they do not match `config`."""
+        pipeline = FeaturePipeline.load(path)
+        out = cls(config)
+        expected = {k: (type(op).__name__, op.get_config()) for k, op in out.pipeline.ops.items()}
+        found = {k: (type(op).__name__, op.get_config()) for k, op in pipeline.ops.items()}
+        if expected != found:
+            raise ValueError(
+                f"{path}: the saved side features {sorted(found)} do not match the recipe's {sorted(expected)} "
+                f"(saved {found}, recipe {expected}); use the recipe the checkpoint was trained with"
+            )
+        out.pipeline = pipeline
+        return out
+
+    # -- columns --------------------------------------------------------------------------
+    def _columns(self, sessions: pa.Table, source: str) -> dict[str, tuple[np.ndarray, np.ndarray | None]]:
+        """Flat (E,) values of each feature, and a (E,) bool presence mask for continuous ones."""
+        cfg = self.config
+        _, offsets = frame.list_offsets(sessions.column(frame.ITEMS))
+        needed = [*cfg.categorical, *cfg.continuous] + ([frame.TIMES] if cfg.time else [])
+        missing = [c for c in needed if c not in sessions.column_names]
+        if missing:
+            raise SchemaError(
+                f"{source}: column {missing[0]!r} is missing for the side features; the sessions have "
+                f"columns {sessions.column_names}. Carry it from the source or remove it from side_features."
+            )
+        out: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
+        for name in cfg.categorical:
+            values = self._flat(sessions, name, offsets, source)
+            if cfg.nulls == "error" and values.null_count:
+                row = int(np.flatnonzero(values.is_null().to_numpy(zero_copy_only=False))[0])
+                session = np.searchsorted(offsets, row, side="right") - 1
+                sid = sessions.column(frame.SESSION)[int(session)].as_py() if frame.SESSION in sessions.column_names else session
+                raise SchemaError(
+                    f"{source}: column {name!r} has a null value (None) at event {row - offsets[session]} of "
+                    f"session {sid!r}; drop or fill those rows, or set side_features.nulls: pad (nulls -> padding id 0)"
+                )
+            if pa.types.is_floating(values.type) or pa.types.is_boolean(values.type):
+                bad = values.drop_null()[0].as_py() if len(values.drop_null()) else None
+                raise SchemaError(
+                    f"{source}: column {name!r} has dtype {values.type} (e.g. {bad!r}); a categorical side feature "
+                    "needs integer or string codes: list it under side_features.continuous, or cast it"
+                )
+            out[name] = (values, None)
+        for name in cfg.continuous:
+            values = self._flat(sessions, name, offsets, source)
+            if not (pa.types.is_integer(values.type) or pa.types.is_floating(values.type) or pa.types.is_null(values.type)):
+                bad = values.drop_null()[0].as_py() if len(values.drop_null()) else None
+                raise SchemaError(
+                    f"{source}: column {name!r} has dtype {values.type} (e.g. {bad!r}); a continuous side "
+                    "feature needs numbers: list it under side_features.categorical, or cast it"
+                )
+            x = values.cast(pa.float64()).fill_null(np.nan).to_numpy(zero_copy_only=False)
+            out[name] = (x, np.isfinite(x))
+        if cfg.time:
+            t = self._flat(sessions, frame.TIMES, offsets, source).cast(pa.float64()).to_numpy(zero_copy_only=False)
+            gap = np.diff(t)  # (E - 1,) seconds between consecutive events
+            same = np.ones(len(t), dtype=bool)
+            same[offsets[:-1]] = False  # an event that starts its session has no predecessor
+            since = np.full(len(t), np.nan)
+            since[1:] = gap
+            since[~same] = np.nan
+            dwell = np.full(len(t), np.nan)
+            dwell[:-1] = np.where(same[1:], gap, np.nan)
+            for name, x in (("since_prev", since), ("dwell", dwell)):
+                if name in cfg.time:
+                    out[name] = (x, np.isfinite(x))
+        if cfg.position:
+            lengths = np.diff(offsets)
+            pos = np.arange(offsets[-1]) - np.repeat(offsets[:-1], lengths)
+            out[POSITION] = (1 + np.minimum(pos, cfg.position - 1).astype(np.int64), None)
+        return out
+
+    @staticmethod
+    def _flat(sessions: pa.Table, name: str, offsets: np.ndarray, source: str) -> pa.Array:
+        values, off = frame.list_offsets(sessions.column(name))
+        if not np.array_equal(off, offsets):
+            raise SchemaError(f"{source}: column {name!r} does not hold one value per event of each session")
+        return values
+
+
+def read_item_vectors(path: str | os.PathLike, vocab: ItemVocab) -> tuple[np.ndarray, int]:
+    """Item vectors aligned with the vocabulary.
+
+    Args:
+        path: parquet with an ``item_id`` column (raw ids, as in the event log) and a ``vector``
+            column (a list of floats of one width per item).
+        vocab: the fitted vocabulary.
+
+    Returns:
+        (V, M) float32 matrix whose row ``i`` is the vector of model id ``i`` (zeros for padding,
+        OOV, virtual items and items without a vector), and the number of products that have one.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such item-vector file")
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowInvalid, OSError) as err:
+        raise SchemaError(f"{path}: cannot be read as parquet: {err}") from err
+    for col in ("item_id", "vector"):
+        if col not in table.column_names:
+            raise SchemaError(f"{path}: column {col!r} is missing; the file has columns {table.column_names}")
+    vectors = table.column("vector").combine_chunks()
+    if not (pa.types.is_list(vectors.type) or pa.types.is_fixed_size_list(vectors.type) or pa.types.is_large_list(vectors.type)):
+        raise SchemaError(f"{path}: column 'vector' has dtype {vectors.type}, expected a list of floats per item")
+    if vectors.null_count:
+        row = int(np.flatnonzero(vectors.is_null().to_numpy(zero_copy_only=False))[0])
+        raise SchemaError(f"{path}: column 'vector' is null at row {row} (item {table.column('item_id')[row].as_py()!r})")
+    lengths = pc.list_value_length(vectors).to_numpy(zero_copy_only=False)
+    if len(lengths) == 0 or lengths.min() != lengths.max() or lengths[0] == 0:
+        row = int(np.flatnonzero(lengths != lengths[0])[0]) if len(lengths) and lengths.min() != lengths.max() else 0
+        raise SchemaError(
+            f"{path}: column 'vector' must hold non-empty vectors of one width; row {row} has {lengths[row] if len(lengths) else 0}"
+            f" values, row 0 has {lengths[0] if len(lengths) else 0}"
+        )
+    flat = pc.list_flatten(vectors).cast(pa.float32()).to_numpy(zero_copy_only=False).reshape(len(lengths), -1)
+    bad = ~np.isfinite(flat).all(axis=1)
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        raise SchemaError(f"{path}: column 'vector' has a non-finite value at row {row} (item {table.column('item_id')[row].as_py()!r})")
+    ids = vocab.encode(table.column("item_id")).ids
+    usable = ids >= NUM_SPECIAL
+    out = np.zeros((len(vocab), flat.shape[1]), dtype=np.float32)
+    out[ids[usable]] = flat[usable]
+    out[~vocab.recommendable()] = 0.0
+    return out, int(usable.sum())

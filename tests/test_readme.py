@@ -45,3 +45,17 @@ def test_quickstart_command_trains(tmp_path):
     # synthetic Markov sessions are learnable: well above chance, improving with training
     assert recall[-1] > 0.6 and recall[-1] > recall[0]
     assert next(tmp_path.glob("runs/quickstart/*/checkpoints/vocab.parquet"))
+
+
+def test_yaml_examples_configure_a_working_quickstart(tmp_path, monkeypatch):
+    from sessrec.cli import cli
+
+    monkeypatch.chdir(tmp_path)
+    for i, block in enumerate(blocks("yaml")):
+        overlay = tmp_path / f"block{i}.yaml"
+        overlay.write_text(block)
+        run = cli([
+            "fit", "--config", str(ROOT / "recipes" / "quickstart.yaml"), "--config", str(overlay),
+            "--trainer.fast_dev_run", "true", "--trainer.enable_progress_bar", "false",
+        ])
+        assert run.trainer.state.finished

@@ -40,6 +40,7 @@ def test_there_are_recipes():
     assert {"quickstart", "xlnet_mlm_diginetica", "xlnet_mlm_yoochoose164", "xlnet_mlm_rsc15"} <= names
     zoo = ("gru4rec", "sasrec", "gpt2_clm", "bert_mlm", "electra_rtd", "xlnet_plm")
     assert {f"{m}_diginetica" for m in zoo} <= names
+    assert {"xlnet_mlm_trivago", "xlnet_mlm_trivago_virtual", "xlnet_mlm_trivago_reversal", "xlnet_mlm_trivago_side"} <= names
     datasets = ("diginetica", "yoochoose164", "rsc15")
     assert {f"{m}_{d}" for m in ("popularity", "vsknn", "stan") for d in datasets} <= names
 

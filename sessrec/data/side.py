@@ -298,6 +298,10 @@ def read_item_vectors(path: str | os.PathLike, vocab: ItemVocab) -> tuple[np.nda
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
         raise SchemaError(f"{path}: column 'vector' has a non-finite value at row {row} (item {table.column('item_id')[row].as_py()!r})")
+    if pc.count_distinct(table.column("item_id")).as_py() != table.num_rows:
+        counts = pc.value_counts(table.column("item_id").combine_chunks())
+        dup = counts.field("values").filter(pc.greater(counts.field("counts"), 1))[0].as_py()
+        raise SchemaError(f"{path}: column 'item_id' holds item {dup!r} more than once; give one vector per item")
     ids = vocab.encode(table.column("item_id")).ids
     usable = ids >= NUM_SPECIAL
     out = np.zeros((len(vocab), flat.shape[1]), dtype=np.float32)

@@ -117,7 +117,10 @@ class TrivagoSource(SessionSource):
             frame.VIRTUAL: pa.array(~product),
         }
         for name in self.features:
-            cols[name] = _clicked_price(raw) if name == PRICE else raw.column(name)
+            try:
+                cols[name] = _clicked_price(raw) if name == PRICE else raw.column(name)
+            except SchemaError as err:
+                raise SchemaError(f"{source}: {err}") from err
         events = pa.table(cols)
         return frame.sort_events(events, Schema(session_id=frame.SESSION, timestamp=frame.TIMES, order_by="step"))
 
@@ -173,8 +176,14 @@ def _clicked_price(raw: pa.Table) -> pa.Array:
     prices = pc.split_pattern(raw.column("prices").combine_chunks(), "|")
     n_imp = pc.list_value_length(impressions).fill_null(0).to_numpy(zero_copy_only=False)
     n_pr = pc.list_value_length(prices).fill_null(0).to_numpy(zero_copy_only=False)
+    if (n_imp != n_pr).any():
+        row = int(np.flatnonzero(n_imp != n_pr)[0])
+        raise SchemaError(
+            f"columns 'impressions' and 'prices' differ in length at row {row} ({n_imp[row]} hotels, "
+            f"{n_pr[row]} prices: {raw.column('prices')[row].as_py()!r}); they must be aligned"
+        )
     out = np.full(raw.num_rows, np.nan)
-    rows = np.flatnonzero((n_imp == n_pr) & (n_imp > 0))
+    rows = np.flatnonzero(n_imp > 0)
     if len(rows):
         imp = impressions.take(pa.array(rows))
         parent = pc.list_parent_indices(imp).to_numpy(zero_copy_only=False)  # (K,) row of each shown hotel

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Literal
 
 import pytorch_lightning as pl
@@ -106,14 +106,19 @@ class NextItemTask(pl.LightningModule):
         top_k: int = 20,
         seed: int = 0,
         num_virtual: int = 0,
-        side_features: SideInfoSpec | None = None,
+        side_features: SideInfoSpec | dict | None = None,
         side_info: SideInfoConfig = SideInfoConfig(),  # noqa: B008 - a config value, never mutated
     ) -> None:
         super().__init__()
         if schedule_seconds is not None and schedule_seconds <= 0:
             raise ValueError(f"schedule_seconds must be positive or None, got {schedule_seconds}")
         # an objective with parameters (RTD) is saved in the state dict, not as a hyperparameter
-        self.save_hyperparameters(ignore=["encoder", "objective"] if isinstance(objective, nn.Module) else ["encoder"])
+        ignore = ["encoder", "side_features"] + (["objective"] if isinstance(objective, nn.Module) else [])
+        self.save_hyperparameters(ignore=ignore)
+        if isinstance(side_features, dict):  # as stored in a checkpoint's hyperparameters
+            side_features = SideInfoSpec(**side_features)
+        # kept as a plain dict, so a checkpoint loads with torch.load(weights_only=True)
+        self.hparams["side_features"] = None if side_features is None else asdict(side_features)
         encoder = encoder if encoder is not None else XLNetEncoder()
         side = None
         if side_features is not None:
@@ -192,7 +197,7 @@ class NextItemTask(pl.LightningModule):
         self._log_metrics("test")
 
     def predict_step(self, batch: SessionBatch, batch_idx: int) -> TopK:
-        scores = self.model(batch.items, self.objective, batch.features)
+        scores = self.model(batch.items, self.objective, getattr(batch, "features", None))  # duck-typed batches too
         k = min(self.hparams.top_k, int(self.model.recommendable.sum()))
         top = scores.topk(k, dim=1)
         return TopK(items=top.indices, scores=top.values)

@@ -1,0 +1,71 @@
+"""Sequence reversal (Booking.com WSDM'21): reversed copies of the training sessions, in training only."""
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from sessrec.data import SessionDataModule, SessionSplits, SideFeatures, frame
+from sessrec.data.sources import SessionSource
+
+
+class Source(SessionSource):
+    def load(self) -> SessionSplits:
+        def table(sessions, first):
+            return pa.table(
+                {
+                    "session_id": list(range(first, first + len(sessions))),
+                    "item_id": pa.array(sessions, pa.list_(pa.int64())),
+                    # a side feature equal to the raw item id, to follow the events
+                    "tag": pa.array([[str(i) for i in s] for s in sessions], pa.list_(pa.string())),
+                    "timestamp": pa.array([[float(10 * k) for k in range(len(s))] for s in sessions], pa.list_(pa.float64())),
+                }
+            )
+
+        train = [[10, 11, 12], [13], [14, 10, 15, 11, 12, 13, 14], [12, 13]]
+        held_out = [[10, 11, 12], [14, 15]]
+        return SessionSplits(train=table(train, 0), valid=table(held_out, 100), test=table(held_out, 200))
+
+
+def rows(items: torch.Tensor) -> list[list[int]]:
+    return [[i for i in row if i] for row in items.tolist()]
+
+
+def test_training_gets_exactly_the_reversed_sessions():
+    plain = SessionDataModule(source=Source(), max_length=5)
+    aug = SessionDataModule(source=Source(), max_length=5, augment_reversed=True)
+    base, _ = plain.tensors("train")
+    both, _ = aug.tensors("train")
+    assert plain.vocab == aug.vocab  # fitted on the original sessions only
+    encoded = [aug.vocab.encode(pa.array(s)).ids.tolist() for s in Source().load().train.column("item_id").to_pylist()]
+    expected_original = [s[-5:] for s in encoded]
+    expected_reversed = [s[::-1][-5:] for s in encoded if len(s) >= 2]  # a one-item session reversed is itself
+    assert rows(both) == expected_original + expected_reversed
+    assert torch.equal(both[: len(base)], base)
+    assert aug.stats["train_reversed"] == 3
+    # the reversed 7-item session keeps its *first* five items, latest (the original first) last
+    assert rows(both)[-2] == encoded[2][::-1][-5:] == encoded[2][:5][::-1]
+
+
+def test_validation_and_test_are_never_reversed():
+    plain = SessionDataModule(source=Source(), max_length=5)
+    aug = SessionDataModule(source=Source(), max_length=5, augment_reversed=True)
+    for split in ("valid", "test"):
+        a, b = plain.tensors(split), aug.tensors(split)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    assert len(aug.val_dataloader().items) == 2
+
+
+def test_side_features_are_reversed_with_their_events():
+    side = SideFeatures(categorical=["tag"], time=["since_prev"], position=8)
+    dm = SessionDataModule(source=Source(), max_length=5, augment_reversed=True, side_features=side)
+    items, _ = dm.tensors("train")
+    feats = dm.feature_tensors("train")
+    assert torch.equal(feats["tag"], items)  # Categorify and ItemVocab number values alike
+    n = 4
+    original_pos, reversed_pos = feats["position"][:n], feats["position"][n:]
+    # the 3-item session: positions 1, 2, 3 forwards, 3, 2, 1 in its reversed copy
+    assert original_pos[0, -3:].tolist() == [1, 2, 3] and reversed_pos[0, -3:].tolist() == [3, 2, 1]
+    lengths = (items != 0).sum(dim=1)
+    for f in feats.values():
+        assert ((f != 0).sum(dim=1) <= lengths).all()  # padding stays padding
+    np.testing.assert_array_equal(frame.mirror_index(np.array([0, 3, 4, 7])), [2, 1, 0, 3, 6, 5, 4])

@@ -1,0 +1,273 @@
+"""Side information: fitted transforms, alignment with the items through the loader, the
+embedding module, item vectors, and clear errors on bad input."""
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import pytorch_lightning as pl
+import torch
+
+from sessrec.data import (
+    SchemaError,
+    SessionDataModule,
+    SessionSplits,
+    SideFeatures,
+    SideFeatureTransform,
+    SideInfoSpec,
+    read_item_vectors,
+)
+from sessrec.data.sources import SessionSource
+from sessrec.models import SessionModel, XLNetEncoder
+from sessrec.models.side_info import SideInfoConfig, SideInfoEmbedding, SoftOneHot
+from sessrec.tasks import NextItemTask
+
+torch.set_num_threads(1)
+
+
+def session_table(sessions, first=0, null_device_at=None):
+    """Item ids plus side columns: ``tag`` (the item id as text), ``value`` (the item id as a
+    number), ``device`` and ``timestamp``."""
+    device = [["mobile" if (i + k) % 3 else "desktop" for k, _ in enumerate(s)] for i, s in enumerate(sessions)]
+    if null_device_at is not None:
+        device[null_device_at[0]][null_device_at[1]] = None
+    return pa.table(
+        {
+            "session_id": list(range(first, first + len(sessions))),
+            "item_id": pa.array(sessions, pa.list_(pa.int64())),
+            "tag": pa.array([[str(i) for i in s] for s in sessions], pa.list_(pa.string())),
+            "value": pa.array([[float(i) for i in s] for s in sessions], pa.list_(pa.float64())),
+            "device": pa.array(device, pa.list_(pa.string())),
+            "timestamp": pa.array([[1000.0 * i + 7.0 * k * k for k in range(len(s))] for i, s in enumerate(sessions)], pa.list_(pa.float64())),
+        }
+    )
+
+
+class Source(SessionSource):
+    def __init__(self, null_device_at=None):
+        self.null_device_at = null_device_at
+
+    def load(self) -> SessionSplits:
+        rng = np.random.default_rng(0)
+
+        def sessions(n):
+            return [list(rng.integers(100, 140, size=int(k))) for k in rng.integers(1, 14, n)]
+
+        return SessionSplits(
+            train=session_table(sessions(120), 0, self.null_device_at),
+            valid=session_table(sessions(20), 1000),
+            test=session_table(sessions(20), 2000),
+            source="sessions.parquet",
+        )
+
+
+SIDE = SideFeatures(categorical=["tag", "device"], continuous=["value"], time=["since_prev", "dwell"], position=6)
+
+
+@pytest.mark.parametrize("protocol", ["last", "all_prefixes"])
+def test_features_stay_aligned_through_padding_trimming_prefixes_and_shuffling(protocol):
+    dm = SessionDataModule(source=Source(), max_length=8, batch_size=16, eval_batch_size=7, eval_protocol=protocol,
+                           side_features=SIDE, augment_reversed=True)
+    value = dm.side.pipeline.ops["value"]
+    for loader in (dm.train_dataloader(), dm.val_dataloader(), dm.test_dataloader()):
+        rows = []
+        for batch in loader:
+            assert set(batch.features) == {"tag", "device", "position", "value", "since_prev", "dwell"}
+            # the feature equal to the item id is still equal to it, cell by cell
+            assert torch.equal(batch.features["tag"], batch.items)
+            # the continuous copy of the id is the log-normalised raw id of the item in the same cell
+            known = batch.items.numpy() > 1
+            raw = dm.vocab.decode(batch.items.numpy()[known]).to_numpy(zero_copy_only=False).astype(float)
+            expected = (np.log1p(raw) - value.mean_) / value.std_
+            np.testing.assert_allclose(batch.features["value"].numpy()[known], expected, rtol=1e-5, atol=1e-5)
+            for name, f in batch.features.items():
+                assert f.shape == batch.items.shape
+                assert (f[batch.items == 0] == 0).all(), name  # padding stays padding
+            rows.append(batch.index)
+        rows = torch.cat(rows)
+        assert len(rows) == (len(loader) * loader.batch_size if loader.drop_last else len(loader.items))
+        assert len(set(rows.tolist())) == len(rows)
+
+
+def test_transform_is_fitted_on_training_data_only():
+    splits = Source().load()
+    side = SideFeatureTransform(SIDE).fit(splits.train)
+    again = SideFeatureTransform(SIDE).fit(splits.train)
+    out, out2 = side.transform(splits.test), again.transform(splits.test)
+    assert all(np.array_equal(out[k], out2[k]) for k in out)
+    train_tags = set(pa.concat_arrays(splits.train.column("tag").chunks).flatten().to_pylist())
+    test_tags = pa.concat_arrays(splits.test.column("tag").chunks).flatten().to_pylist()
+    unseen = np.array([t not in train_tags for t in test_tags])
+    assert (out["tag"][unseen] == 1).all() and (out["tag"][~unseen] >= 2).all()
+    t = np.concatenate([np.asarray(x) for x in splits.test.column("timestamp").to_pylist()])
+    # since_prev / dwell: missing (0) at session starts / ends, the log-normalised gap elsewhere
+    first = np.concatenate([[True] + [False] * (len(x) - 1) for x in splits.test.column("timestamp").to_pylist()])
+    assert (out["since_prev"][first] == 0).all()
+    op = side.pipeline.ops["since_prev"]
+    gaps = np.diff(t)[~first[1:]]
+    np.testing.assert_allclose(out["since_prev"][~first], (np.log1p(gaps) - op.mean_) / op.std_, rtol=1e-5)
+    assert side.spec == SideInfoSpec(
+        categorical={"tag": side.pipeline.ops["tag"].num_ids, "device": 4, "position": 7},
+        continuous=["value", "since_prev", "dwell"],
+    )
+
+
+def test_evaluation_hides_the_look_ahead_of_the_last_input_event():
+    dm = SessionDataModule(source=Source(), max_length=8, eval_protocol="all_prefixes", side_features=SIDE)
+    for split in ("valid", "test"):
+        dwell = dm.feature_tensors(split)["dwell"]
+        assert (dwell[:, -1] == 0).all()  # the time to the target event is not an input
+        assert (dwell[:, :-1] != 0).any()
+    assert (dm.feature_tensors("train")["dwell"][:, :-1] != 0).any()
+
+
+def test_transforms_round_trip_through_a_file(tmp_path):
+    splits = Source().load()
+    side = SideFeatureTransform(SIDE).fit(splits.train)
+    side.save(tmp_path / "features.npz")
+    loaded = SideFeatureTransform.load(tmp_path / "features.npz", SIDE)
+    a, b = side.transform(splits.test), loaded.transform(splits.test)
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    with pytest.raises(ValueError, match="do not match the recipe"):
+        SideFeatureTransform.load(tmp_path / "features.npz", SideFeatures(categorical=["device"]))
+    dm = SessionDataModule(source=Source(), side_features=SIDE, features_path=str(tmp_path / "features.npz"))
+    assert dm.side.pipeline.ops["value"].mean_ == side.pipeline.ops["value"].mean_
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def test_missing_feature_column_names_source_and_column():
+    dm = SessionDataModule(source=Source(), side_features=SideFeatures(categorical=["colour"]))
+    with pytest.raises(SchemaError, match=r"sessions.parquet.*column 'colour' is missing.*'device'"):
+        dm.tensors("train")
+
+
+def test_null_in_a_categorical_without_a_policy_is_refused():
+    dm = SessionDataModule(source=Source(null_device_at=(3, 0)), side_features=SideFeatures(categorical=["device"]))
+    with pytest.raises(SchemaError, match=r"sessions.parquet.*column 'device' has a null value \(None\) at event 0 of session 3.*nulls: pad"):
+        dm.tensors("train")
+    dm = SessionDataModule(source=Source(null_device_at=(3, 0)), side_features=SideFeatures(categorical=["device"], nulls="pad"))
+    device = dm.side.transform(dm.splits.train)["device"]
+    first_of_session_3 = int(sum(len(s) for s in dm.splits.train.column("item_id").to_pylist()[:3]))
+    assert device[first_of_session_3] == 0 and (np.delete(device, first_of_session_3) >= 2).all()
+
+
+def test_wrong_kinds_are_refused():
+    with pytest.raises(SchemaError, match=r"column 'value' has dtype double.*continuous"):
+        SideFeatureTransform(SideFeatures(categorical=["value"])).fit(Source().load().train, "f.parquet")
+    with pytest.raises(SchemaError, match=r"f.parquet: column 'device' has dtype string.*needs numbers"):
+        SideFeatureTransform(SideFeatures(continuous=["device"])).fit(Source().load().train, "f.parquet")
+    with pytest.raises(ValueError, match="unknown time feature"):
+        SideFeatures(time=["elapsed"])
+
+
+# ----------------------------------------------------------------------------- the model side
+
+
+def test_concat_starts_as_the_plain_item_model_and_hides_invisible_positions():
+    torch.manual_seed(0)
+    spec = SideInfoSpec(categorical={"device": 4}, continuous=["price"])
+    side = SideInfoEmbedding(8, 20, spec, SideInfoConfig(aggregation="concat", feature_dim=4))
+    x = torch.randn(2, 3, 8)
+    feats = {"device": torch.tensor([[2, 3, 2], [0, 2, 3]]), "price": torch.tensor([[0.5, -1.0, 2.0], [0.0, 1.0, 1.0]])}
+    hidden = torch.zeros(2, 3, dtype=torch.bool)
+    torch.testing.assert_close(side(x, torch.ones(2, 3, dtype=torch.long), feats, hidden), x)  # identity item block
+    visible = torch.tensor([[True, False, True], [False, True, True]])
+    out = side(x, torch.ones(2, 3, dtype=torch.long), feats, visible)
+    assert not torch.allclose(out[visible], x[visible])
+    torch.testing.assert_close(out[~visible], x[~visible])
+    changed = {k: v.clone() for k, v in feats.items()}
+    changed["device"][0, 1], changed["price"][0, 1] = 3, 9.0  # features of a hidden position
+    torch.testing.assert_close(side(x, torch.ones(2, 3, dtype=torch.long), changed, visible), out)
+    with pytest.raises(ValueError, match="side feature 'price'"):
+        side(x, torch.ones(2, 3, dtype=torch.long), {"device": feats["device"]}, visible)
+
+
+def test_sum_aggregation_and_soft_one_hot():
+    torch.manual_seed(0)
+    spec = SideInfoSpec(categorical={"device": 4}, continuous=["price"])
+    side = SideInfoEmbedding(8, 20, spec, SideInfoConfig(aggregation="sum", feature_dim=4, soft_one_hot_bins=3))
+    x = torch.randn(1, 2, 8)
+    feats = {"device": torch.tensor([[2, 3]]), "price": torch.tensor([[0.5, -1.0]])}
+    visible = torch.ones(1, 2, dtype=torch.bool)
+    soft = side.continuous["price"]
+    w = torch.softmax(feats["price"][..., None] * soft.logits.weight[:, 0] + soft.logits.bias, dim=-1)
+    expected = x + side.project(side.categorical["device"](feats["device"]) + w @ soft.table)
+    torch.testing.assert_close(side(x, torch.ones(1, 2, dtype=torch.long), feats, visible), expected)
+    one = SoftOneHot(bins=4, dim=2)
+    assert torch.allclose(torch.softmax(one.logits(torch.tensor([[0.3]])[..., None]), -1).sum(), torch.tensor(1.0))
+
+
+def test_item_vectors_are_l2_normalised_then_layer_normed_per_modality():
+    torch.manual_seed(0)
+    spec = SideInfoSpec(item_vectors={"text": 3, "image": 2})
+    side = SideInfoEmbedding(4, 5, spec, SideInfoConfig(feature_dim=2))
+    text = torch.tensor([[0.0, 0, 0], [0, 0, 0], [3.0, 4.0, 0.0], [1.0, 1.0, 1.0], [0, 0, 0]])
+    image = torch.tensor([[0.0, 0], [0, 0], [10.0, 0.0], [0.0, -2.0], [5.0, 5.0]])
+    side.item_vectors.set_vectors("text", text)
+    side.item_vectors.set_vectors("image", image)
+    torch.testing.assert_close(side.item_vectors.table_text[2], torch.tensor([0.6, 0.8, 0.0]))
+    assert (side.item_vectors.table_text[4] == 0).all()  # an item without a vector stays zero
+    ids = torch.tensor([[2, 3]])
+    got = side.item_vectors(ids)
+    ln_t, ln_i = side.item_vectors.norms["text"], side.item_vectors.norms["image"]
+    expected = torch.cat([ln_t(torch.nn.functional.normalize(text[ids], dim=-1)), ln_i(torch.nn.functional.normalize(image[ids], dim=-1))], -1)
+    torch.testing.assert_close(got, expected)
+    with pytest.raises(ValueError, match="shape"):
+        side.item_vectors.set_vectors("text", torch.zeros(5, 4))
+
+
+def test_read_item_vectors_aligns_with_the_vocabulary(tmp_path):
+    dm = SessionDataModule(source=Source())
+    raw = dm.vocab.raw_ids.to_pylist()
+    ids = [raw[3], raw[0], 999_999]  # 999_999 is not in the vocabulary: ignored
+    path = tmp_path / "text.parquet"
+    pq.write_table(pa.table({"item_id": ids, "vector": [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]}), path)
+    table, found = read_item_vectors(path, dm.vocab)
+    assert table.shape == (len(dm.vocab), 2) and found == 2
+    assert table[2 + 3].tolist() == [1.0, 2.0] and table[2].tolist() == [3.0, 4.0]
+    assert np.count_nonzero(table.any(axis=1)) == 2
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"item_id": [raw[0], raw[1]], "vector": [[1.0, 2.0], [3.0]]}), bad)
+    with pytest.raises(SchemaError, match=r"bad.parquet.*one width"):
+        read_item_vectors(bad, dm.vocab)
+    pq.write_table(pa.table({"item_id": [raw[0]], "embedding": [[1.0]]}), bad)
+    with pytest.raises(SchemaError, match=r"bad.parquet: column 'vector' is missing"):
+        read_item_vectors(bad, dm.vocab)
+    pq.write_table(pa.table({"item_id": [raw[0], raw[0]], "vector": [[1.0], [2.0]]}), bad)
+    with pytest.raises(SchemaError, match=rf"bad.parquet: column 'item_id' holds item {raw[0]} more than once"):
+        read_item_vectors(bad, dm.vocab)
+    pq.write_table(pa.table({"item_id": [raw[0]], "vector": [[float("nan")]]}), bad)
+    with pytest.raises(SchemaError, match=r"non-finite value at row 0"):
+        read_item_vectors(bad, dm.vocab)
+
+
+def test_training_with_side_features_and_item_vectors(tmp_path):
+    dm0 = SessionDataModule(source=Source())
+    vectors = np.random.default_rng(0).normal(size=(len(dm0.vocab.raw_ids), 6))
+    pq.write_table(pa.table({"item_id": dm0.vocab.raw_ids, "vector": list(vectors)}), tmp_path / "v.parquet")
+    side = SideFeatures(categorical=["device"], continuous=["value"], position=4, item_vectors={"text": str(tmp_path / "v.parquet")})
+    dm = SessionDataModule(source=Source(), max_length=8, batch_size=32, side_features=side)
+    assert dm.side_info.item_vectors == {"text": 6}
+    torch.manual_seed(0)
+    task = NextItemTask(num_items=dm.num_items, max_length=8, encoder=XLNetEncoder(d_model=16, n_head=2, n_layer=1),
+                        side_features=dm.side_info)
+    trainer = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, default_root_dir=tmp_path, num_sanity_val_steps=0)
+    trainer.fit(task, dm)
+    table = task.model.side_info.item_vectors.table_text
+    row = dm.vocab.encode(dm.vocab.raw_ids.slice(0, 1)).ids[0]
+    torch.testing.assert_close(table[row], torch.nn.functional.normalize(torch.tensor(vectors[0], dtype=torch.float32), dim=0))
+    assert torch.isfinite(trainer.callback_metrics["val/recall@20"])
+    state = task.state_dict()
+    assert "model.side_info.item_vectors.table_text" in state  # the vectors travel with the checkpoint
+
+
+def test_session_model_without_features_refuses_a_side_model():
+    spec = SideInfoSpec(categorical={"device": 3})
+    model = SessionModel(10, XLNetEncoder(d_model=8, n_head=2, n_layer=1), side_info=SideInfoEmbedding(8, 10, spec))
+    with pytest.raises(ValueError, match="side feature 'device'"):
+        model(torch.tensor([[2, 3]]))
+    scores = model(torch.tensor([[2, 3]]), features={"device": torch.tensor([[2, 2]])})
+    assert scores.shape == (1, 10)

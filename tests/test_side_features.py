@@ -109,6 +109,7 @@ def test_transform_is_fitted_on_training_data_only():
     assert side.spec == SideInfoSpec(
         categorical={"tag": side.pipeline.ops["tag"].num_ids, "device": 4, "position": 7},
         continuous=["value", "since_prev", "dwell"],
+        looks_ahead=["dwell"],
     )
 
 
@@ -182,6 +183,27 @@ def test_concat_starts_as_the_plain_item_model_and_hides_invisible_positions():
     torch.testing.assert_close(side(x, torch.ones(2, 3, dtype=torch.long), changed, visible), out)
     with pytest.raises(ValueError, match="side feature 'price'"):
         side(x, torch.ones(2, 3, dtype=torch.long), {"device": feats["device"]}, visible)
+
+
+def test_look_ahead_features_are_hidden_before_a_hidden_position():
+    torch.manual_seed(0)
+    spec = SideInfoSpec(continuous=["dwell", "price"], looks_ahead=["dwell"])
+    model = SessionModel(20, XLNetEncoder(d_model=8, n_head=2, n_layer=1), dropout=0.0,
+                         side_info=SideInfoEmbedding(8, 20, spec, SideInfoConfig(feature_dim=4))).eval()
+    inputs = torch.tensor([[0, 5, 6, 0, 8, 9]])
+    masked = torch.tensor([[False, False, False, True, False, False]])  # position 3 is a [MASK] slot
+    feats = {"dwell": torch.tensor([[0.0, 1.0, 2.0, 3.0, 4.0, 5.0]]), "price": torch.ones(1, 6)}
+    base = model.embed(inputs, masked, feats)
+
+    def changed(pos):
+        f = {k: v.clone() for k, v in feats.items()}
+        f["dwell"][0, pos] += 10.0
+        return model.embed(inputs, masked, f)[0, pos]
+
+    torch.testing.assert_close(changed(2), base[0, 2])  # its next event is hidden: its dwell is not seen
+    torch.testing.assert_close(changed(5), base[0, 5])  # the last event: the next one is what is predicted
+    torch.testing.assert_close(changed(3), base[0, 3])  # the [MASK] slot itself shows nothing
+    assert not torch.allclose(changed(1), base[0, 1]) and not torch.allclose(changed(4), base[0, 4])
 
 
 def test_sum_aggregation_and_soft_one_hot():

@@ -98,11 +98,14 @@ class SideInfoSpec:
         categorical: feature name -> number of ids (padding and rare/unseen included).
         continuous: names of the continuous features.
         item_vectors: modality -> vector width M.
+        looks_ahead: features whose value at an event depends on the event after it (``dwell``):
+            the model hides them wherever the next event is hidden or is the one to predict.
     """
 
     categorical: dict[str, int] = field(default_factory=dict)
     continuous: list[str] = field(default_factory=list)
     item_vectors: dict[str, int] = field(default_factory=dict)
+    looks_ahead: list[str] = field(default_factory=list)
 
 
 class SideFeatureTransform:
@@ -170,7 +173,10 @@ class SideFeatureTransform:
         categorical = {c: self.pipeline.ops[c].num_ids for c in self.config.categorical}
         if self.config.position:
             categorical[POSITION] = self.config.position + 1
-        return SideInfoSpec(categorical=categorical, continuous=[*self.config.continuous, *self.config.time])
+        continuous = [*self.config.continuous, *self.config.time]
+        return SideInfoSpec(
+            categorical=categorical, continuous=continuous, looks_ahead=[c for c in continuous if c in LOOKS_AHEAD]
+        )
 
     def save(self, path: str | os.PathLike) -> Path:
         """One ``.npz`` (written under a temporary name, then renamed) with every fitted table."""

@@ -133,7 +133,13 @@ class SessionModel(nn.Module):
         x = self.item_embedding(inputs)  # (B, L, D)
         x = torch.where(masked.unsqueeze(-1), self.mask_embedding.to(x.dtype), x)
         if self.side_info is not None:
-            x = self.side_info(x, inputs, features, (inputs != 0) & ~masked)
+            visible = (inputs != 0) & ~masked
+            # a look-ahead feature (time to the next event) only where the next event is a visible
+            # input; never in a causal model, where every position predicts the event after it
+            ahead = torch.zeros_like(visible)
+            if not self.causal:
+                ahead[:, :-1] = visible[:, :-1] & visible[:, 1:]
+            x = self.side_info(x, inputs, features, visible, ahead)
         if self.position_embedding is not None:
             x = x + self.position_embedding(self.positions((inputs != 0) | masked))
         return self.dropout(self.input_norm(x))

@@ -15,7 +15,9 @@ one linear projection to the model width D; its item block starts as the identit
 starts from the plain item model) or ``sum`` (feature embeddings summed element-wise, projected
 to D and added to the item embedding). Positions that are padding or hidden ([MASK] slots, an
 appended next-item slot) get no side information at all: a hidden position's features (e.g. the
-price of the clicked hotel) would give its item away.
+price of the clicked hotel) would give its item away. A look-ahead feature (``dwell``, the time
+to the next event) is also hidden where the next position is hidden, so the event before a
+[MASK] slot never tells when the hidden event happened, in training as at evaluation.
 
 Shape letters: B batch, L sequence, D model width, F feature width, K soft one-hot bins,
 V items, M item-vector width.
@@ -156,6 +158,7 @@ class SideInfoEmbedding(nn.Module):
             self.project = nn.Linear(f, d_model)
             self.vector_project = nn.Linear(vec, f) if vec else None
         self.names = list(self.categorical) + list(self.continuous)
+        self.looks_ahead = [n for n in spec.looks_ahead if n in self.names]
 
     def forward(
         self,
@@ -163,10 +166,12 @@ class SideInfoEmbedding(nn.Module):
         ids: torch.Tensor,
         features: dict[str, torch.Tensor] | None,
         visible: torch.Tensor,
+        ahead_visible: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """(B, L, D) item (or [MASK]) embeddings, (B, L) ids, features (B, L) each, (B, L) bool visible -> (B, L, D).
 
         `visible` is False at padding and hidden positions: their side information is zeroed.
+        `ahead_visible` (default: `visible`) says where the look-ahead features may be seen.
         """
         features = features or {}
         missing = [n for n in self.names if n not in features]
@@ -176,8 +181,12 @@ class SideInfoEmbedding(nn.Module):
                 f"{sorted(features)}): train and score with the same side_features"
             )
         keep = visible.unsqueeze(-1).to(item_embeddings.dtype)  # (B, L, 1)
+        ahead = keep if ahead_visible is None else (ahead_visible & visible).unsqueeze(-1).to(keep.dtype)
         parts = [self.categorical[n](features[n]) for n in self.categorical]  # (B, L, F) each
-        parts += [self.continuous[n](features[n].to(item_embeddings.dtype)) for n in self.continuous]
+        parts += [
+            self.continuous[n](features[n].to(item_embeddings.dtype)) * (ahead if n in self.looks_ahead else 1.0)
+            for n in self.continuous
+        ]
         if self.aggregation == "concat":
             if self.item_vectors is not None:
                 parts.append(self.item_vectors(ids))

@@ -12,7 +12,14 @@ import pytest
 import torch
 
 from sessrec.cli import cli as main
-from sessrec.data import SchemaError, SessionDataModule, SideFeatures, SideFeatureTransform, TrivagoSource, frame
+from sessrec.data import (
+    SchemaError,
+    SessionDataModule,
+    SideFeatures,
+    SideFeatureTransform,
+    TrivagoSource,
+    frame,
+)
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
@@ -188,7 +195,7 @@ def test_fitted_side_features_round_trip_through_predict(tmp_path, monkeypatch):
     # ... which matches scoring them directly with the training-time transforms and the checkpoint's weights
     model = predicted.model.eval()
     virtual = frame.list_offsets(test.column("virtual"))[0].to_numpy(zero_copy_only=False)
-    pad = lambda v: torch.from_numpy(frame.pad_sessions(v, offsets[:-1], offsets[1:], dm.max_length))  # noqa: E731
+    pad = lambda v: torch.from_numpy(frame.pad_sessions(v, offsets[:-1], offsets[1:], dm.max_length))
     items = pad(dm.vocab.encode(values, virtual=virtual).ids)
     width = int((items != 0).sum(dim=1).max())  # one scoring batch, trimmed like the stream trims it
     items = items[:, -width:]

@@ -193,12 +193,12 @@ class SessionDataModule(pl.LightningDataModule):
                 starts = np.concatenate([starts, offsets[:-1][rev] + offsets[-1]])
                 ends = np.concatenate([ends, offsets[1:][rev] + offsets[-1]])
                 self.stats["train_reversed"] = len(rev)
-            pad = lambda values: frame.pad_sessions(values, starts, ends, self.max_length)  # noqa: E731
+            pad = lambda values: frame.pad_sessions(values, starts, ends, self.max_length)
             self._tensors[split] = (torch.from_numpy(pad(ids)), None)
         else:
             targetable = None if virtual is None else ~virtual
             session, target_at = frame.expand_prefixes(offsets, self.eval_protocol, targetable)
-            pad = lambda values: frame.pad_sessions(values, offsets[:-1][session], target_at, self.max_length)  # noqa: E731
+            pad = lambda values: frame.pad_sessions(values, offsets[:-1][session], target_at, self.max_length)
             self._tensors[split] = (torch.from_numpy(pad(ids)), torch.from_numpy(ids[target_at]))
             self.stats[f"{split}_pairs"] = len(target_at)
         feats = {}

@@ -172,10 +172,10 @@ class ScoringStream:
             self.num_sessions += sessions.num_rows
             self.num_items += len(encoded.ids)
             self.num_unknown += encoded.num_unknown
-            pad = lambda v: torch.from_numpy(frame.pad_sessions(v, offsets[:-1], offsets[1:], self.max_length))  # noqa: E731
-            items = pad(encoded.ids)
+            starts, ends = offsets[:-1], offsets[1:]
+            items = torch.from_numpy(frame.pad_sessions(encoded.ids, starts, ends, self.max_length))
             flat = {} if self.side is None else self.side.transform(sessions, str(self.path))
-            feats = {name: pad(v) for name, v in flat.items()}
+            feats = {k: torch.from_numpy(frame.pad_sessions(v, starts, ends, self.max_length)) for k, v in flat.items()}
             keys = sessions.column(frame.SESSION).combine_chunks()
             for lo in range(0, sessions.num_rows, self.batch_size):
                 hi = min(lo + self.batch_size, sessions.num_rows)

@@ -64,7 +64,7 @@ class TrivagoSource(SessionSource):
         virtual_items: bool = False,
         virtual_key: list[str] = ["action_type", "reference"],  # noqa: B006 - read only
         virtual_separator: str = ":",
-        product_actions: list[str] = ITEM_ACTIONS,  # noqa: B006 - read only
+        product_actions: list[str] = ITEM_ACTIONS,
         features: list[str] = [],  # noqa: B006 - read only
         min_products: int = 2,
         test_hours: float = 8.0,

@@ -15,10 +15,12 @@ from sessrec.models.permutation_lm import PermutationLanguageModeling, Permutati
 from sessrec.models.replaced_token import ReplacedTokenDetection, ReplacementResult
 from sessrec.models.sasrec import SASRecEncoder
 from sessrec.models.session_model import SessionModel
+from sessrec.models.side_info import SideInfoConfig, SideInfoEmbedding
 from sessrec.models.xlnet import XLNetEncoder
 
 __all__ = [
     "BertEncoder", "CausalLanguageModeling", "ElectraEncoder", "GPT2Encoder", "GRU4RecEncoder", "MaskedItemModeling",
     "MaskingResult", "Objective", "ObjectiveOutput", "PermutationLanguageModeling", "PermutationResult",
-    "ReplacedTokenDetection", "ReplacementResult", "SASRecEncoder", "SessionModel", "XLNetEncoder",
+    "ReplacedTokenDetection", "ReplacementResult", "SASRecEncoder", "SessionModel", "SideInfoConfig", "SideInfoEmbedding",
+    "XLNetEncoder",
 ]

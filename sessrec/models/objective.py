@@ -82,7 +82,7 @@ def targetable(items: torch.Tensor, recommendable: torch.Tensor | None = None) -
 
 def append_slot(items: torch.Tensor, features: Features | None, max_length: int) -> tuple[torch.Tensor, Features | None]:
     """Append an empty slot (id 0, features 0) after the last item and keep the latest `max_length` columns."""
-    pad = lambda t: torch.cat([t, t.new_zeros(t.shape[0], 1)], dim=1)[:, -max_length:]  # noqa: E731
+    pad = lambda t: torch.cat([t, t.new_zeros(t.shape[0], 1)], dim=1)[:, -max_length:]
     return pad(items), None if features is None else {k: pad(v) for k, v in features.items()}
 
 

@@ -148,3 +148,25 @@ def test_candidate_scores_are_the_full_scores_of_those_columns(score_scale):
         model.output_bias.normal_()
     hidden, candidates = torch.randn(3, 16), torch.tensor([7, 2, 49, 7])
     torch.testing.assert_close(model.score(hidden, candidates), model.score(hidden)[:, candidates])
+
+
+def test_random_prefixes_keep_a_right_aligned_head_of_each_cut_session():
+    items = torch.tensor([[0, 0, 5, 6, 7, 8], [0, 0, 0, 0, 3, 4], [9, 8, 7, 6, 5, 4]])
+    objective = MaskedItemModeling(prefix_prob=1.0)
+    seen = set()
+    for seed in range(40):
+        cut = objective.random_prefixes(items, torch.Generator().manual_seed(seed))
+        for row, original in zip(cut.tolist(), items.tolist()):
+            real = [i for i in row if i]
+            n = sum(1 for i in original if i)
+            assert row[: len(row) - len(real)] == [0] * (len(row) - len(real))  # still right-aligned
+            assert real == [i for i in original if i][: len(real)]  # a head of the session
+            assert len(real) == n if n < 3 else 2 <= len(real) <= n - 1
+            seen.add((n, len(real)))
+    assert {(4, 2), (4, 3), (6, 2), (6, 5), (2, 2)} <= seen  # every allowed length is drawn
+    untouched = MaskedItemModeling(prefix_prob=0.0).random_prefixes(items, torch.Generator().manual_seed(0))
+    assert torch.equal(untouched, items)
+    m = objective(items, torch.Generator().manual_seed(3))
+    assert len(m.targets) >= 3 and not (m.inputs[m.masked] != 0).any()  # one target per session, hidden
+    with pytest.raises(ValueError, match="prefix_prob"):
+        MaskedItemModeling(prefix_prob=1.5)

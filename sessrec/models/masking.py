@@ -29,6 +29,10 @@ class MaskedItemModeling(Objective):
     Args:
         mask_prob: per-item masking probability.
         last_item_prob: share of sessions trained on next-item prediction at the end.
+        prefix_prob: share of sessions first cut to a random prefix (at least two items, kept
+            right-aligned), before masking. The SR-GNN protocol scores every prefix of a test
+            session; this shows the model such prefixes on the fly, without expanding the
+            training data into all of them.
 
     Example:
         >>> items = torch.tensor([[0, 4, 5, 6]])
@@ -41,12 +45,30 @@ class MaskedItemModeling(Objective):
 
     mask_prob: float = 0.2
     last_item_prob: float = 0.1
+    prefix_prob: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0.0 < self.mask_prob <= 1.0:
             raise ValueError(f"mask_prob must be in (0, 1], got {self.mask_prob}")
         if not 0.0 <= self.last_item_prob <= 1.0:
             raise ValueError(f"last_item_prob must be in [0, 1], got {self.last_item_prob}")
+        if not 0.0 <= self.prefix_prob <= 1.0:
+            raise ValueError(f"prefix_prob must be in [0, 1], got {self.prefix_prob}")
+
+    def random_prefixes(self, items: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """(B, L) right-aligned sessions -> the same with a `prefix_prob` share cut to a random prefix.
+
+        A cut session of n >= 3 items keeps its first k items, k uniform in [2, n - 1], shifted
+        right so that they end in the last column; the dropped items never reach the model.
+        """
+        b, width = items.shape
+        lengths = (items != 0).sum(dim=1)  # (B,)
+        keep = torch.rand(b, generator=generator, device=items.device) * (lengths - 2).clamp(min=0).float()
+        keep = (keep.long() + 2).minimum(lengths)  # uniform in [2, n - 1] for n >= 3
+        cut = (torch.rand(b, generator=generator, device=items.device) < self.prefix_prob) & (lengths >= 3)
+        shift = torch.where(cut, lengths - keep, torch.zeros_like(lengths))  # (B,)
+        source = torch.arange(width, device=items.device)[None, :] - shift[:, None]  # (B, L)
+        return items.gather(1, source.clamp(min=0)).masked_fill(source < 0, 0)
 
     def select(
         self, items: torch.Tensor, generator: torch.Generator | None = None, recommendable: torch.Tensor | None = None
@@ -73,5 +95,7 @@ class MaskedItemModeling(Objective):
     def mask(
         self, items: torch.Tensor, generator: torch.Generator | None = None, recommendable: torch.Tensor | None = None
     ) -> MaskingResult:
+        if self.prefix_prob > 0.0:
+            items = self.random_prefixes(items, generator)
         masked = self.select(items, generator, recommendable)
         return MaskingResult(inputs=items.masked_fill(masked, 0), masked=masked, read=masked, targets=items[masked])

@@ -25,6 +25,9 @@ class DotScorer(torch.nn.Module):
             return s.index_fill(1, torch.tensor([0, 1]), float("-inf"))
         return hidden @ self.weight[candidates].T
 
+    def score_targets(self, hidden, targets):
+        return (hidden * self.weight[targets]).sum(dim=1)
+
 
 def test_smoothed_cross_entropy_matches_torch_when_all_columns_are_valid():
     logits, labels = torch.randn(5, 7), torch.tensor([0, 3, 6, 2, 2])

@@ -148,6 +148,8 @@ def test_candidate_scores_are_the_full_scores_of_those_columns(score_scale):
         model.output_bias.normal_()
     hidden, candidates = torch.randn(3, 16), torch.tensor([7, 2, 49, 7])
     torch.testing.assert_close(model.score(hidden, candidates), model.score(hidden)[:, candidates])
+    targets = candidates[:3]
+    torch.testing.assert_close(model.score_targets(hidden, targets), model.score(hidden, targets).diagonal())
 
 
 def test_random_prefixes_keep_a_right_aligned_head_of_each_cut_session():

@@ -172,6 +172,17 @@ class SessionModel(nn.Module):
             table = F.normalize(table, dim=-1)  # the all-zero padding row stays zero
         return torch.addmm(bias, h, table.T)
 
+    def score_targets(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """(N, D) hidden states and (N,) item ids -> (N,) the score of each row's own item.
+
+        The diagonal of ``score(hidden, targets)`` without the N x N product (sampled losses).
+        """
+        h, table, bias = self.output_transform(hidden), self.item_embedding.weight[targets], self.output_bias[targets]
+        if self.score_scale is not None:
+            h = F.normalize(h, dim=-1) * self.score_scale
+            table = F.normalize(table, dim=-1)
+        return (h * table).sum(dim=-1) + bias
+
     def forward(
         self,
         items: torch.Tensor | SessionBatch,

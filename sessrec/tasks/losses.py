@@ -17,7 +17,8 @@ never candidates.
 
 Each loss is called as ``loss(model, hidden, targets, generator)`` where ``model.score(hidden,
 candidates)`` returns (N, K) scores of the hidden states against candidate item ids (the whole
-catalogue when ``candidates`` is None).
+catalogue when ``candidates`` is None) and ``model.score_targets(hidden, targets)`` the (N,)
+score of each row's own target.
 
 Shape letters: N targets in the batch, D width, V catalogue (incl. padding and OOV),
 S shared sampled negatives, K candidates per row.
@@ -145,36 +146,36 @@ class SampledSoftmax:
         self, model: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, generator: torch.Generator | None = None
     ) -> torch.Tensor:
         n, num_items, device = targets.shape[0], model.num_items, hidden.device
-        parts, log_q = [], []
-        if self.negatives in ("in_batch", "mixed"):
-            parts.append(targets)
-            if self.counts is not None:
-                freq = self.counts.to(device=device, dtype=torch.float32)[targets] / self.counts.sum().float()
-            else:
-                freq = (targets[None, :] == targets[:, None]).sum(dim=1).float() / n
-            log_q.append(torch.log(freq * n))  # expected occurrences among the n in-batch targets
-        if self.negatives in ("sampled", "mixed"):
+        if self.negatives == "sampled":  # each row: its own target, then the S shared negatives
             probs = self._sampling_probs(num_items, device)
             samples = torch.multinomial(probs, self.num_samples, replacement=True, generator=generator)  # (S,)
-            parts.append(samples)
-            log_q.append(torch.log(probs[samples] * self.num_samples))
-        if self.negatives == "sampled":  # the positive column of each row: its own target
-            parts.insert(0, targets)
-            log_q.insert(0, torch.zeros(n, device=device))  # a row's own target only appears on the diagonal
-        candidates = torch.cat(parts)  # (K,) with the batch's targets first
+            positive = model.score_targets(hidden, targets)[:, None] / self.temperature  # (N, 1)
+            negative = model.score(hidden, samples) / self.temperature  # (N, S)
+            if self.logq_correction:
+                negative = negative - torch.log(probs[samples] * self.num_samples)[None, :]
+            negative = negative.masked_fill(samples[None, :] == targets[:, None], float("-inf"))  # accidental hits
+            logits = torch.cat([positive, negative], dim=1)
+            return smoothed_cross_entropy(logits, torch.zeros_like(targets), self.label_smoothing)
+
+        # in-batch (and mixed): the batch's targets are the candidates, the diagonal the positives
+        if self.counts is not None:
+            freq = self.counts.to(device=device, dtype=torch.float32)[targets] / self.counts.sum().float()
+        else:
+            freq = (targets[None, :] == targets[:, None]).sum(dim=1).float() / n
+        candidates, log_q = targets, torch.log(freq * n)  # expected occurrences among the n targets
+        if self.negatives == "mixed":
+            probs = self._sampling_probs(num_items, device)
+            samples = torch.multinomial(probs, self.num_samples, replacement=True, generator=generator)
+            candidates = torch.cat([targets, samples])
+            log_q = torch.cat([log_q, torch.log(probs[samples] * self.num_samples)])
         logits = model.score(hidden, candidates) / self.temperature  # (N, K)
         if self.logq_correction:
-            logits = logits - torch.cat(log_q)[None, :]
+            logits = logits - log_q[None, :]
         # accidental hits: a candidate equal to the row's target, other than the row's own column
         hit = candidates[None, :] == targets[:, None]  # (N, K)
-        own = torch.zeros_like(hit)
-        own[:, :n] = torch.eye(n, dtype=torch.bool, device=device)
-        drop = hit & ~own
-        if self.negatives == "sampled":  # the targets block only supplies the positives
-            drop[:, :n] |= ~own[:, :n]
-        logits = logits.masked_fill(drop, float("-inf"))
-        labels = torch.arange(n, device=device)
-        return smoothed_cross_entropy(logits, labels, self.label_smoothing)
+        hit[:, :n].fill_diagonal_(False)
+        logits = logits.masked_fill(hit, float("-inf"))
+        return smoothed_cross_entropy(logits, torch.arange(n, device=device), self.label_smoothing)
 
 
 CatalogueLoss = FullSoftmax | SampledSoftmax

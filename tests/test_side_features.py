@@ -293,3 +293,21 @@ def test_session_model_without_features_refuses_a_side_model():
         model(torch.tensor([[2, 3]]))
     scores = model(torch.tensor([[2, 3]]), features={"device": torch.tensor([[2, 2]])})
     assert scores.shape == (1, 10)
+
+
+def test_side_features_follow_the_items_when_mlm_cuts_random_prefixes():
+    from sessrec.models import MaskedItemModeling
+
+    spec = SideInfoSpec(categorical={"tag": 20})
+    model = SessionModel(20, XLNetEncoder(d_model=8, n_head=2, n_layer=1), side_info=SideInfoEmbedding(8, 20, spec))
+    items = torch.tensor([[0, 0, 3, 4, 5, 6, 7], [2, 3, 4, 5, 6, 7, 8], [0, 0, 0, 0, 0, 9, 10]])
+    seen = []
+    encode = model.encode
+    model.encode = lambda inputs, masked, features=None, **kw: seen.append((inputs, masked, features)) or encode(
+        inputs, masked, features, **kw
+    )
+    objective = MaskedItemModeling(mask_prob=0.3, prefix_prob=1.0)
+    objective.training_output(model, items, torch.Generator().manual_seed(0), {"tag": items.clone()})
+    inputs, masked, features = seen[-1]
+    assert not torch.equal(features["tag"], items)  # the sessions were cut and shifted ...
+    assert torch.equal(features["tag"].masked_fill(masked, 0), inputs)  # ... and the feature (= the id) with them

@@ -13,7 +13,7 @@ from typing import ClassVar
 
 import torch
 
-from sessrec.models.objective import MaskingResult, Objective, targetable
+from sessrec.models.objective import MaskingResult, Objective, realign, targetable
 
 
 @dataclass
@@ -61,14 +61,17 @@ class MaskedItemModeling(Objective):
         A cut session of n >= 3 items keeps its first k items, k uniform in [2, n - 1], shifted
         right so that they end in the last column; the dropped items never reach the model.
         """
+        return realign(items, self.prefix_source(items, generator))
+
+    def prefix_source(self, items: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """(B, L) column of `items` that each column of `random_prefixes` holds; < 0 = padding."""
         b, width = items.shape
         lengths = (items != 0).sum(dim=1)  # (B,)
         keep = torch.rand(b, generator=generator, device=items.device) * (lengths - 2).clamp(min=0).float()
         keep = (keep.long() + 2).minimum(lengths)  # uniform in [2, n - 1] for n >= 3
         cut = (torch.rand(b, generator=generator, device=items.device) < self.prefix_prob) & (lengths >= 3)
         shift = torch.where(cut, lengths - keep, torch.zeros_like(lengths))  # (B,)
-        source = torch.arange(width, device=items.device)[None, :] - shift[:, None]  # (B, L)
-        return items.gather(1, source.clamp(min=0)).masked_fill(source < 0, 0)
+        return torch.arange(width, device=items.device)[None, :] - shift[:, None]  # (B, L)
 
     def select(
         self, items: torch.Tensor, generator: torch.Generator | None = None, recommendable: torch.Tensor | None = None
@@ -95,7 +98,11 @@ class MaskedItemModeling(Objective):
     def mask(
         self, items: torch.Tensor, generator: torch.Generator | None = None, recommendable: torch.Tensor | None = None
     ) -> MaskingResult:
+        source = None
         if self.prefix_prob > 0.0:
-            items = self.random_prefixes(items, generator)
+            source = self.prefix_source(items, generator)
+            items = realign(items, source)
         masked = self.select(items, generator, recommendable)
-        return MaskingResult(inputs=items.masked_fill(masked, 0), masked=masked, read=masked, targets=items[masked])
+        return MaskingResult(
+            inputs=items.masked_fill(masked, 0), masked=masked, read=masked, targets=items[masked], source=source
+        )

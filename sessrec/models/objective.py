@@ -39,12 +39,16 @@ class MaskingResult:
         masked: (B, L) bool, slots embedded as [MASK].
         read: (B, L) bool, positions whose hidden states predict `targets`.
         targets: (N,) item ids, in row-major order of `read`.
+        source: (B, L) column of the original batch that each column of `inputs` holds (< 0:
+            padding), when the objective moved the items (MLM's random prefixes); side features
+            are moved the same way (`realign`). None: the columns did not move.
     """
 
     inputs: torch.Tensor
     masked: torch.Tensor
     read: torch.Tensor
     targets: torch.Tensor
+    source: torch.Tensor | None = None
 
 
 @dataclass
@@ -84,6 +88,11 @@ def append_slot(items: torch.Tensor, features: Features | None, max_length: int)
     """Append an empty slot (id 0, features 0) after the last item and keep the latest `max_length` columns."""
     pad = lambda t: torch.cat([t, t.new_zeros(t.shape[0], 1)], dim=1)[:, -max_length:]
     return pad(items), None if features is None else {k: pad(v) for k, v in features.items()}
+
+
+def realign(values: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+    """(B, L) values moved to the (B, L) `source` columns; a negative source gives 0 (padding)."""
+    return values.gather(1, source.clamp(min=0)).masked_fill(source < 0, 0)
 
 
 def latest(items: torch.Tensor, features: Features | None, max_length: int) -> tuple[torch.Tensor, Features | None]:
@@ -165,6 +174,8 @@ class Objective:
     ) -> ObjectiveOutput:
         """Mask a training batch (B, L) (with its side features), run the model and return the hidden states to score."""
         m = self.mask(items, generator, model.recommendable)
+        if m.source is not None and features is not None:  # the items moved: their features move with them
+            features = {k: realign(v, m.source) for k, v in features.items()}
         hidden = model.encode(m.inputs, m.masked, features)[m.read]  # (N, D)
         return ObjectiveOutput(hidden=hidden, targets=m.targets)
 

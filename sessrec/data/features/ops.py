@@ -1,4 +1,4 @@
-"""Feature engineering: operations fitted on training columns, applied to every split, saved to one file.
+"""Fitted feature operations: the `FeatureOp` base, fitted keys, and the column encoders.
 
 Each operation is a small class whose typed constructor arguments are its configuration and
 whose input columns are named there. ``fit(frame)`` learns from the training split,
@@ -20,12 +20,7 @@ Shape letters: E events (rows), K distinct keys of a fitted column, N sessions.
 from __future__ import annotations
 
 import inspect
-import json
-import math
-import os
-import zipfile
-from dataclasses import dataclass, fields
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -37,7 +32,6 @@ from sessrec.data.array_backend import (
     Column,
     bincount,
     check_nulls,
-    column_names,
     device,
     finite_floats,
     first_bad,
@@ -49,9 +43,7 @@ from sessrec.data.array_backend import (
     namespace,
     on_backend_of,
     to_host,
-    value_at,
 )
-from sessrec.data.atomic import atomic_path
 from sessrec.data.vocab import NUM_SPECIAL, OOV, PAD, ItemVocab
 
 TimeUnit = Literal["s", "ms"]
@@ -486,256 +478,3 @@ class HashedCross(FeatureOp):
             cols.append(integer_values(col))
         cols = [on_backend_of(c, cols[0]) for c in cols]
         return hash_columns(cols, self.buckets, self.seed)
-
-
-# -------------------------------------------------------------------------------- time features
-@dataclass
-class SessionTimes:
-    """Per-event session features (E,): times in seconds, positions 0-based."""
-
-    since_prev: Array  # time since the previous event of the session; 0 for the first
-    elapsed: Array  # time since the session's first event
-    position: Array  # index from the start
-    position_from_end: Array  # index from the end: 0 for the last event
-
-
-def session_offsets(session_ids: Array) -> Array:
-    """Offsets (N + 1,) of runs of equal consecutive session ids (rows sorted by session)."""
-    xp = namespace(session_ids)
-    n = session_ids.shape[0]
-    change = xp.nonzero(session_ids[1:] != session_ids[:-1])[0] + 1
-    ends = xp.asarray([0, n] if n else [0], dtype=xp.int64, device=device(session_ids))
-    return xp.concat([ends[:1], xp.astype(change, xp.int64), ends[1:]])
-
-
-def session_times(times: Array, offsets: Array) -> SessionTimes:
-    """`SessionTimes` of float times (E,) sorted by session and time; sessions are `offsets` (N + 1,)."""
-    xp = namespace(times, offsets)
-    row = xp.arange(times.shape[0], dtype=xp.int64, device=device(times))
-    session = xp.searchsorted(offsets[1:], row, side="right")  # (E,) session of each row
-    start, end = xp.take(offsets[:-1], session), xp.take(offsets[1:], session)
-    position = row - start
-    prev = xp.concat([times[:1], times[:-1]])
-    since = xp.where(position > 0, times - prev, 0.0)
-    elapsed = times - xp.take(times, start) if times.shape[0] else times
-    return SessionTimes(since, elapsed, position, end - 1 - row)
-
-
-class SessionTimeFeatures(FeatureOp):
-    """Lagged/positional features of events sorted by session then time (`SessionTimes`); stateless.
-
-    Rows of a session must be adjacent and their times non-decreasing (`frame.sort_events`
-    orders an event log so); both are checked.
-
-    Args:
-        session: session id column.
-        timestamp: event time column (numbers).
-        time_unit: ``s`` or ``ms``; outputs are in seconds.
-    """
-
-    def __init__(
-        self, session: str = "session_id", timestamp: str = "timestamp", time_unit: TimeUnit = "s"
-    ) -> None:
-        self.session, self.timestamp, self.time_unit = session, timestamp, time_unit
-
-    def transform(self, frame: Any) -> SessionTimes:
-        tcol = get_column(frame, self.timestamp)
-        times = finite_floats(tcol, "session time features") * _SECONDS[self.time_unit]
-        xp = namespace(times)
-        scol = get_column(frame, self.session)
-        check_nulls(scol, "error", "a session column without nulls")
-        if scol.is_text:
-            ids = _Keys.fit(scol).lookup(scol, like=times)
-        else:
-            ids = on_backend_of(integer_values(scol), times)
-        offsets = session_offsets(ids)
-        starts = offsets[:-1]
-        order = xp.argsort(xp.take(ids, starts), stable=True)
-        run_ids = xp.take(ids, xp.take(starts, order))  # first id of each run, sorted by id
-        again = xp.take(starts, order)[1:][run_ids[1:] == run_ids[:-1]]  # later runs of a session
-        if again.shape[0]:
-            row = int(xp.min(again))
-            raise ValueError(
-                f"column {self.session!r}: the rows of session {value_at(scol, row)!r} are not adjacent "
-                f"(again at row {row}); sort events by session and time first (frame.sort_events)"
-            )
-        out = session_times(times, offsets)
-        back = (out.position > 0) & (out.since_prev < 0)
-        if bool(xp.any(back)):
-            value, row = first_bad(tcol, back)
-            raise ValueError(
-                f"column {self.timestamp!r} goes back in time within a session: {value!r} at row {row}; "
-                "sort events by session and time first (frame.sort_events)"
-            )
-        return out
-
-
-@dataclass
-class CyclicTimes:
-    """Hour of day and day of week (UTC) on the unit circle (E,) each."""
-
-    hour_sin: Array
-    hour_cos: Array
-    weekday_sin: Array
-    weekday_cos: Array
-
-
-class CyclicTime(FeatureOp):
-    """Hour of day and day of week as sin/cos, in UTC; stateless.
-
-    The hour is fractional (``(t mod 86400) / 3600``, so 06:30 is 6.5) and the angle is
-    ``2 pi hour / 24``; the weekday is whole (Monday 0 .. Sunday 6; 1970-01-01 was a
-    Thursday) and the angle ``2 pi weekday / 7``.
-
-    Args:
-        timestamp: event time column, seconds or milliseconds since the epoch.
-        time_unit: ``s`` or ``ms``.
-    """
-
-    def __init__(self, timestamp: str = "timestamp", time_unit: TimeUnit = "s") -> None:
-        self.timestamp, self.time_unit = timestamp, time_unit
-
-    def transform(self, frame: Any) -> CyclicTimes:
-        t = finite_floats(get_column(frame, self.timestamp), "cyclic time features")
-        t = t * _SECONDS[self.time_unit]
-        xp = namespace(t)
-        hour = xp.remainder(t, 86400.0) / 3600.0
-        weekday = xp.remainder(xp.floor(t / 86400.0) + 3.0, 7.0)
-        a, b = hour * (2 * math.pi / 24), weekday * (2 * math.pi / 7)
-        return CyclicTimes(xp.sin(a), xp.cos(a), xp.sin(b), xp.cos(b))
-
-
-# -------------------------------------------------------------------------------------- pipeline
-_OPS: dict[str, type[FeatureOp]] = {
-    cls.__name__: cls
-    for cls in (
-        Categorify, CountEncoding, TargetEncoding, LogNormalize, HashedCross, SessionTimeFeatures, CyclicTime
-    )
-}  # the types a saved pipeline may name; anything else is refused at load
-
-
-class FeaturePipeline:
-    """Named operations run in order; fitted on training data, saved to and loaded from one file.
-
-    Each op sees the input columns plus the outputs of the ops before it (an output shadows an
-    input column of the same name), so ``HashedCross`` can cross a ``Categorify`` output.
-    Outputs are named after the op; ops with several outputs (`SessionTimes`, `CyclicTimes`)
-    give ``<name>_<field>``.
-
-    Example:
-        >>> pipe = FeaturePipeline({"cat": Categorify("c"), "n": CountEncoding("c")})
-        >>> out = pipe.fit_transform({"c": np.array([4, 4, 9])})
-        >>> out["cat"].tolist(), out["n"].tolist()
-        ([2, 2, 3], [2, 2, 1])
-    """
-
-    def __init__(self, ops: dict[str, FeatureOp]) -> None:
-        for name, op in ops.items():
-            if not isinstance(op, FeatureOp):
-                raise TypeError(f"feature op {name!r} must be a FeatureOp, got {type(op).__name__}")
-        self.ops = dict(ops)
-        self.fitted = False
-
-    def fit(self, frame: Any) -> FeaturePipeline:
-        self.fit_transform(frame)
-        return self
-
-    def fit_transform(self, frame: Any) -> dict[str, Array]:
-        """Fit every op on the training frame; return its features (target encoding out-of-fold)."""
-        out = self._run(frame, fit=True)
-        self.fitted = True
-        return out
-
-    def transform(self, frame: Any) -> dict[str, Array]:
-        if not self.fitted:
-            raise NotFittedError("FeaturePipeline is not fitted: call fit() on training data, or load() one")
-        return self._run(frame, fit=False)
-
-    def _run(self, frame: Any, fit: bool) -> dict[str, Array]:
-        view = _View(frame)
-        out: dict[str, Array] = {}
-        for name, op in self.ops.items():
-            result = op.fit_transform(view) if fit else op.transform(view)
-            if isinstance(result, (SessionTimes, CyclicTimes)):
-                produced = {f"{name}_{f.name}": getattr(result, f.name) for f in fields(result)}
-            else:
-                produced = {name: result}
-            out.update(produced)
-            view.extra.update(produced)
-        return out
-
-    def save(self, path: str | os.PathLike) -> Path:
-        """Write configs (JSON) and fitted arrays to one ``.npz``, under a temporary name then renamed."""
-        if not self.fitted:
-            raise NotFittedError("FeaturePipeline is not fitted: nothing to save")
-        spec = [{"name": k, "op": type(op).__name__, "config": op.get_config()} for k, op in self.ops.items()]
-        header = json.dumps({"format": FORMAT, "version": VERSION, "ops": spec}, sort_keys=True)
-        arrays = {"__pipeline__": np.frombuffer(header.encode(), dtype=np.uint8)}
-        for i, op in enumerate(self.ops.values()):
-            arrays.update({f"{i}/{key}": np.asarray(value) for key, value in op.get_state().items()})
-        with atomic_path(path) as tmp, open(tmp, "wb") as fh:
-            np.savez(fh, **arrays)
-        return Path(path)
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> FeaturePipeline:
-        """Read a pipeline written by `save`; a clear error for any other file."""
-        arrays, header = _read(path)
-        ops = {}
-        for i, spec in enumerate(header["ops"]):
-            name, kind = spec["name"], _OPS.get(spec["op"])
-            if kind is None:
-                known = sorted(_OPS)
-                raise ValueError(f"{path}: op {name!r} has unknown type {spec['op']!r}; known: {known}")
-            try:
-                op = kind(**spec["config"])
-            except (TypeError, ValueError) as err:
-                raise ValueError(f"{path}: op {name!r} has a config this version cannot read: {err}") from err
-            state = {k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith(f"{i}/")}
-            if kind.stateful:
-                try:
-                    op.set_state(state)
-                except KeyError as err:
-                    raise ValueError(f"{path}: op {name!r} lacks its fitted array {err}") from err
-            ops[name] = op
-        pipe = cls(ops)
-        pipe.fitted = True
-        return pipe
-
-
-def _read(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """Arrays and JSON header of a saved pipeline."""
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            arrays = {k: npz[k] for k in npz.files}
-        header = json.loads(arrays.pop("__pipeline__").tobytes().decode())
-    except (OSError, ValueError, KeyError, AttributeError, zipfile.BadZipFile) as err:
-        raise ValueError(f"{path}: not a sessrec feature pipeline ({type(err).__name__}: {err})") from err
-    if header.get("format") != FORMAT or header.get("version") != VERSION:
-        found = f"{header.get('format')!r} version {header.get('version')!r}"
-        raise ValueError(f"{path}: a feature file {found}; this sessrec reads {FORMAT!r} version {VERSION}")
-    return arrays, header
-
-
-class _View:
-    """A frame plus the outputs of earlier ops, readable like a dict of columns."""
-
-    def __init__(self, frame: Any) -> None:
-        self.frame, self.extra = frame, {}
-        self._names = column_names(frame)
-
-    @property
-    def columns(self) -> list[str]:
-        return list(self.extra) + [n for n in self._names if n not in self.extra]
-
-    def __getitem__(self, name: str) -> Any:
-        if name in self.extra:
-            return self.extra[name]
-        return self.frame.column(name) if isinstance(self.frame, pa.Table) else self.frame[name]
-
-
-__all__ = [
-    "Categorify", "CountEncoding", "CyclicTime", "CyclicTimes", "FeatureOp", "FeaturePipeline", "HashedCross",
-    "LogNormalize", "NotFittedError", "SessionTimeFeatures", "SessionTimes", "TargetEncoding",
-    "session_offsets", "session_times",
-]

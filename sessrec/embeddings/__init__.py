@@ -1,0 +1,11 @@
+"""Embedding core: typed table configs, keyed jagged ids, fused tables with a fused sparse optimizer,
+id hashing and frequency capping, dynamic (growing, evicting) tables and hybrid device/host placement.
+
+Plain PyTorch (no Lightning); TorchRec is optional and imported only where it is used.
+"""
+
+from sessrec.embeddings.config import TableConfig
+from sessrec.embeddings.fused import FusedEmbeddingBagCollection
+from sessrec.embeddings.jagged import SparseFeatures
+
+__all__ = ["FusedEmbeddingBagCollection", "SparseFeatures", "TableConfig"]

@@ -1,0 +1,288 @@
+"""Fused embedding tables: `FusedEmbeddingBagCollection`, with an optional fused sparse optimizer.
+
+Tables whose stored (padded) width is the same share one weight tensor; each table owns a
+contiguous block of its rows (a row offset). A batch of `SparseFeatures` is looked up with one
+`embedding_bag` call per width group: the ids of every feature in the group are shifted by their
+table's row offset and pooled by sum over bags given by offsets (mean = sum / bag length; an empty
+bag gives zeros).
+
+Stored widths are padded to a multiple of ``pad_to_bytes`` bytes (16 by default) so every row
+starts on an aligned address; the padding columns stay zero and outputs are sliced back to each
+table's width.
+
+With ``optimizer="sgd"`` or ``"adagrad_rowwise"`` the backward pass updates the touched rows in
+place (the idea of FBGEMM's table-batched embeddings): no gradient the size of a table is ever
+built, and the weights are buffers that an outer optimizer never sees. With ``"none"`` each group's
+weight is an ordinary dense `nn.Parameter` for any torch optimizer.
+
+Shape letters: F features, B batch, T ids in the batch, D table width, P padded width,
+R rows of a width group, U distinct rows touched.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sessrec.embeddings.config import TableConfig
+from sessrec.embeddings.jagged import SparseFeatures
+
+OPTIMIZERS = ("none", "sgd", "adagrad_rowwise")
+
+
+def padded_width(dim: int, pad_to_bytes: int | None, element_size: int = 4) -> int:
+    """``dim`` rounded up so a row is a multiple of ``pad_to_bytes`` bytes (0 or None: unchanged)."""
+    if not pad_to_bytes:
+        return dim
+    if pad_to_bytes < 0 or pad_to_bytes % element_size:
+        raise ValueError(f"pad_to_bytes must be a non-negative multiple of {element_size} bytes, got {pad_to_bytes}")
+    step = pad_to_bytes // element_size
+    return -(-dim // step) * step
+
+
+def sparse_update(
+    weight: torch.Tensor, momentum: torch.Tensor | None, rows: torch.Tensor, grads: torch.Tensor,
+    optimizer: str, lr: float, eps: float, row_dim: torch.Tensor | float,
+) -> None:
+    """Apply SGD or row-wise Adagrad in place to the rows touched by one batch.
+
+    Args:
+        weight: (R, P) weights, updated in place.
+        momentum: (R,) row-wise Adagrad state (sum over steps of the mean squared gradient of the
+            row), updated in place; unused by SGD.
+        rows: (T,) row of each id, duplicates allowed.
+        grads: (T, P) gradient of each id occurrence; duplicates are summed before the update.
+        row_dim: the true width D that the mean squared gradient divides by (padding columns carry
+            zero gradient): a float, or a (R,) tensor when widths differ inside the weight.
+    """
+    if optimizer == "sgd":
+        weight.index_add_(0, rows, grads, alpha=-lr)  # index_add_ accumulates duplicate rows
+        return
+    unique, inverse = torch.unique(rows, return_inverse=True)  # (U,), (T,)
+    summed = grads.new_zeros(unique.numel(), grads.shape[1]).index_add_(0, inverse, grads)  # (U, P)
+    dims = row_dim[unique] if isinstance(row_dim, torch.Tensor) else row_dim
+    state = momentum.index_select(0, unique) + summed.pow(2).sum(1) / dims  # (U,)
+    momentum.index_copy_(0, unique, state)
+    scale = lr / (state.sqrt() + eps)  # (U,)
+    weight.index_add_(0, unique, summed * scale.unsqueeze(1), alpha=-1.0)
+
+
+class _FusedLookup(torch.autograd.Function):
+    """Sum-pooled `embedding_bag` whose backward updates the weight rows instead of returning a gradient.
+
+    ``anchor`` is an empty tensor that requires grad, so autograd calls backward although the
+    weight itself does not require grad.
+    """
+
+    @staticmethod
+    def forward(ctx, anchor, weight, momentum, rows, offsets, per_sample_weights, optimizer, lr, eps, row_dim):
+        ctx.weight, ctx.momentum = weight, momentum  # updated in place in backward, so not saved
+        ctx.optimizer, ctx.lr, ctx.eps, ctx.row_dim = optimizer, lr, eps, row_dim
+        ctx.save_for_backward(rows, offsets, per_sample_weights)
+        return F.embedding_bag(
+            rows, weight, offsets, mode="sum", per_sample_weights=per_sample_weights, include_last_offset=True
+        )
+
+    @staticmethod
+    def backward(ctx, grad):  # grad: (bags, P)
+        rows, offsets, psw = ctx.saved_tensors
+        bags = grad.shape[0]
+        if rows.numel() == bags and int(offsets[-1]) == bags and torch.equal(offsets[1:] - offsets[:-1], torch.ones_like(offsets[1:])):
+            grads = grad.contiguous()  # one id per bag: bag b is id b
+        else:
+            bag = torch.repeat_interleave(torch.arange(bags, device=grad.device), offsets.diff(), output_size=rows.numel())
+            grads = grad.index_select(0, bag)  # (T, P)
+        if psw is not None:
+            grads = grads * psw.unsqueeze(1)
+        with torch.no_grad():
+            sparse_update(ctx.weight, ctx.momentum, rows, grads, ctx.optimizer, ctx.lr, ctx.eps, ctx.row_dim)
+        return (None,) * 10
+
+
+class FusedEmbeddingBagCollection(nn.Module):
+    """Several embedding tables looked up with one `embedding_bag` call per stored width.
+
+    Args:
+        tables: the table configs; names and feature names must be unique across tables.
+        pad_to_bytes: stored rows are padded to a multiple of this many bytes (0 or None: no padding).
+        optimizer: ``none`` (weights are dense `nn.Parameter`s for any optimizer), ``sgd`` or
+            ``adagrad_rowwise`` (rows updated in place during backward; weights are buffers).
+        lr: learning rate of the fused optimizer (an attribute, so a schedule may change it).
+        eps: row-wise Adagrad's epsilon.
+        device: where the weights live (default: the current default device).
+        seed: seeds the initial weights (uniform in +-sqrt(1 / num_embeddings) per table, as
+            TorchRec); None draws from torch's global generator.
+
+    Example:
+        >>> ebc = FusedEmbeddingBagCollection([TableConfig("city", 100, 8), TableConfig("tags", 50, 8, "mean")], seed=0)
+        >>> out = ebc(SparseFeatures.from_dense({"city": torch.tensor([3, 1]), "tags": torch.tensor([[2, 5], [4, -1]])}))
+        >>> out["tags"].shape
+        torch.Size([2, 8])
+    """
+
+    def __init__(
+        self,
+        tables: Sequence[TableConfig],
+        pad_to_bytes: int | None = 16,
+        optimizer: Literal["none", "sgd", "adagrad_rowwise"] = "none",
+        lr: float = 0.01,
+        eps: float = 1e-8,
+        device: torch.device | str | None = None,
+        seed: int | None = None,
+    ) -> None:
+        super().__init__()
+        tables = tuple(tables)
+        if not tables or not all(isinstance(t, TableConfig) for t in tables):
+            raise TypeError(f"tables must be a non-empty sequence of TableConfig, got {tables!r}")
+        names = [t.name for t in tables]
+        if len(set(names)) != len(names):
+            raise ValueError(f"table names must be unique, got {names}")
+        features = [f for t in tables for f in t.features]
+        if len(set(features)) != len(features):
+            dup = sorted({f for f in features if features.count(f) > 1})
+            raise ValueError(f"each feature is looked up in one table; {dup} appear in several")
+        if optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
+        if not lr > 0 or not eps > 0:
+            raise ValueError(f"lr and eps must be > 0, got lr={lr}, eps={eps}")
+        self.tables = tables
+        self.optimizer, self.lr, self.eps, self.pad_to_bytes = optimizer, lr, eps, pad_to_bytes
+        generator = torch.Generator(device=device or "cpu")
+        if seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(seed)
+
+        # width groups in order of first appearance: padded width -> table indices
+        groups: dict[int, list[int]] = {}
+        for i, t in enumerate(tables):
+            groups.setdefault(padded_width(t.embedding_dim, pad_to_bytes), []).append(i)
+        self.widths = tuple(groups)
+        self._table_group: dict[str, tuple[int, int]] = {}  # table -> (group, first row)
+        self._group_features: list[list[str]] = []
+        self._feature_table: dict[str, TableConfig] = {f: t for t in tables for f in t.features}
+        self.feature_names = tuple(features)
+        for g, (width, members) in enumerate(groups.items()):
+            rows = sum(tables[i].num_embeddings for i in members)
+            weight = torch.zeros(rows, width, device=device)  # (R, P); padding columns stay 0
+            starts, dims, feats, offs, ends = [], [], [], [], []
+            start = 0
+            for i in members:
+                t = tables[i]
+                bound = math.sqrt(1.0 / t.num_embeddings)
+                weight[start:start + t.num_embeddings, :t.embedding_dim].uniform_(-bound, bound, generator=generator)
+                self._table_group[t.name] = (g, start)
+                starts.append(start)
+                dims.append(float(t.embedding_dim))
+                for f in t.features:
+                    feats.append(f)
+                    offs.append(start)
+                    ends.append(start + t.num_embeddings)
+                start += t.num_embeddings
+            self._group_features.append(feats)
+            if optimizer == "none":
+                self.register_parameter(f"weight_{g}", nn.Parameter(weight))
+            else:
+                self.register_buffer(f"weight_{g}", weight)
+            if optimizer == "adagrad_rowwise":
+                self.register_buffer(f"momentum_{g}", torch.zeros(rows, device=device))
+                if len(set(dims)) > 1:  # (R,) true width of each row: padding carries no gradient
+                    counts = torch.tensor([tables[i].num_embeddings for i in members], device=device)
+                    row_dim = torch.repeat_interleave(torch.tensor(dims, device=device), counts)
+                    self.register_buffer(f"row_dim_{g}", row_dim, persistent=False)
+            self.register_buffer(f"row_offset_{g}", torch.tensor(offs, device=device), persistent=False)  # (F_g,)
+            self.register_buffer(f"row_end_{g}", torch.tensor(ends, device=device), persistent=False)  # (F_g,)
+        if optimizer != "none":
+            self._anchor = torch.zeros(0, device=device, requires_grad=True)  # makes autograd call backward
+
+    def weight(self, group: int) -> torch.Tensor:
+        """(R, P) the shared weight of width group ``group``."""
+        return getattr(self, f"weight_{group}")
+
+    def table_weight(self, name: str) -> torch.Tensor:
+        """(num_embeddings, embedding_dim) view of table ``name``'s rows (without padding)."""
+        table = next((t for t in self.tables if t.name == name), None)
+        if table is None:
+            raise KeyError(f"no table {name!r}; tables are {[t.name for t in self.tables]}")
+        g, start = self._table_group[name]
+        return self.weight(g)[start:start + table.num_embeddings, :table.embedding_dim]
+
+    def forward(self, features: SparseFeatures) -> dict[str, torch.Tensor]:
+        """Pooled embeddings: feature name -> (B, D), in the order of the table configs' features."""
+        if not isinstance(features, SparseFeatures):
+            raise TypeError(f"expected SparseFeatures, got {type(features).__name__}")
+        keys = features.keys
+        unknown = [k for k in keys if k not in self._feature_table]
+        if unknown:
+            raise ValueError(f"unknown feature keys {unknown}; this collection looks up {list(self.feature_names)}")
+        missing = [f for f in self.feature_names if f not in keys]
+        if missing:
+            raise ValueError(f"features {missing} are missing from the batch (got {list(keys)})")
+        b = features.batch_size
+        position = {k: i for i, k in enumerate(keys)}
+        counts = features.feature_lengths()  # (F,)
+        starts = [0, *counts.cumsum(0).tolist()]  # one host sync for the whole batch
+        pooled: dict[str, torch.Tensor] = {}
+        for g, feats in enumerate(self._group_features):
+            idx = [position[f] for f in feats]
+            contiguous = idx == list(range(idx[0], idx[0] + len(idx)))
+            if contiguous:  # the group's features are adjacent and in order: slices, no copies
+                values = features.values[starts[idx[0]]:starts[idx[-1] + 1]]
+                lengths = features.lengths[idx[0] * b:(idx[-1] + 1) * b]
+                weights = None if features.weights is None else features.weights[starts[idx[0]]:starts[idx[-1] + 1]]
+            else:
+                values = torch.cat([features.values[starts[i]:starts[i + 1]] for i in idx])
+                lengths = torch.cat([features.lengths[i * b:(i + 1) * b] for i in idx])
+                weights = None if features.weights is None else torch.cat(
+                    [features.weights[starts[i]:starts[i + 1]] for i in idx]
+                )
+            per_feature = counts[idx]  # (F_g,)
+            total = sum(starts[i + 1] - starts[i] for i in idx)
+            rows = values + torch.repeat_interleave(getattr(self, f"row_offset_{g}"), per_feature, output_size=total)
+            limit = torch.repeat_interleave(getattr(self, f"row_end_{g}"), per_feature, output_size=total)
+            if total and bool((rows >= limit).any()):
+                self._raise_out_of_range(feats, values, per_feature)
+            offsets = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])  # (F_g * B + 1,)
+            weight = self.weight(g)
+            if self.optimizer == "none":
+                out = F.embedding_bag(rows, weight, offsets, mode="sum", per_sample_weights=weights, include_last_offset=True)
+            else:
+                row_dim = getattr(self, f"row_dim_{g}", None)
+                if row_dim is None:
+                    row_dim = float(self._feature_table[feats[0]].embedding_dim)
+                out = _FusedLookup.apply(
+                    self._anchor, weight, getattr(self, f"momentum_{g}", None), rows, offsets,
+                    None if weights is None else weights.to(weight.dtype), self.optimizer, self.lr, self.eps, row_dim,
+                )
+            out = out.view(len(feats), b, -1)  # (F_g, B, P)
+            lengths = lengths.view(len(feats), b)
+            for j, f in enumerate(feats):
+                table = self._feature_table[f]
+                x = out[j, :, :table.embedding_dim]  # (B, D)
+                if table.pooling == "mean":
+                    x = x / lengths[j].clamp(min=1).unsqueeze(1).to(x.dtype)
+                pooled[f] = x
+        return {f: pooled[f] for f in self.feature_names}
+
+    def _raise_out_of_range(self, feats: list[str], values: torch.Tensor, per_feature: torch.Tensor) -> None:
+        """Name the first feature with an id >= its table's rows, and the id."""
+        start = 0
+        for f, n in zip(feats, per_feature.tolist()):
+            table = self._feature_table[f]
+            chunk = values[start:start + n]
+            bad = chunk[chunk >= table.num_embeddings]
+            if bad.numel():
+                raise ValueError(
+                    f"feature {f!r}: id {int(bad[0])} out of range for table {table.name!r} with "
+                    f"{table.num_embeddings} rows (ids must be 0..{table.num_embeddings - 1}; hash or cap raw ids first)"
+                )
+            start += n
+
+    def extra_repr(self) -> str:
+        tables = ", ".join(f"{t.name}({t.num_embeddings}x{t.embedding_dim},{t.pooling})" for t in self.tables)
+        return f"tables=[{tables}], widths={list(self.widths)}, optimizer={self.optimizer!r}, lr={self.lr}"

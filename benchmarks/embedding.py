@@ -1,0 +1,281 @@
+"""Embedding lookups: 26 separate `nn.EmbeddingBag` vs sessrec's fused core vs TorchRec, and memcpy.
+
+Setup (issue 4): 26 tables with log-uniform cardinalities in [1e3, 1e6] (seeded), width 64 fp32,
+batch 4096, every feature 1-hot or 10-hot. Ids follow a power law (P(rank r) ~ r^-alpha, alpha 1.05,
+drawn by the inverse CDF of the continuous law, seeded) and the ranks are scattered over the table
+by a fixed odd multiplier, so hot rows are not neighbours.
+
+Contenders, built from the same table sizes and timed on the same batches:
+
+- ``separate``: 26 `nn.EmbeddingBag(mode="sum", sparse=True)`, one call per table on per-table
+  (ids, offsets) prepared in advance (their split is not timed), one `torch.optim.SGD` (or
+  `torch.optim.Adagrad`) over the 26 weights. Sparse gradients are the fairest standard setup: a
+  dense gradient would write a full 1 GB table gradient every step.
+- ``fused``: `FusedEmbeddingBagCollection` on the same batch as one `SparseFeatures`, with its
+  fused optimizer (``sgd``, or ``adagrad_rowwise`` against torch's element-wise sparse Adagrad:
+  different state, same access pattern). Forward includes the id range check.
+- ``torchrec``: TorchRec's unsharded `EmbeddingBagCollection` on a `KeyedJaggedTensor`, forward
+  only (if ``import torchrec`` works). Unsharded, it has no fused or sparse optimizer: its training
+  path is `DistributedModelParallel`, so it is not timed for training here.
+- ``memcpy``: ``dst.copy_(src)`` of a buffer (512 MB by default) far larger than the caches.
+
+Forward is timed under ``torch.no_grad()``; the training step is forward, ``sum`` of the pooled
+outputs as the loss, backward, and the optimizer step. Each measurement is the mean over
+``--iters`` calls; measurements alternate between contenders (A, B, C, A, B, C, ...) and medians are
+compared, because the machine is shared and noisy.
+
+Bandwidth: ``rows_GBps`` is the bytes of the embedding rows gathered (ids x stored width x 4) per
+second of forward. ``memcpy_GBps`` counts read + write (2 x buffer bytes per copy, the STREAM
+convention); ``memcpy_copy_GBps`` counts the buffer once. The fraction in the JSON is against
+the read + write figure (the stricter of the two).
+
+Padding: the same comparison runs the fused core with width 62 (248 bytes, not a multiple of 16),
+padded to 64 (``pad_to_bytes=16``) and unpadded (``pad_to_bytes=0``).
+
+Prints one JSON line per comparison on stdout; progress goes to stderr.
+
+Example (from the repository root):
+    python benchmarks/embedding.py --threads 1 --repeats 5
+    python benchmarks/embedding.py --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from sessrec.embeddings import FusedEmbeddingBagCollection, SparseFeatures, TableConfig
+
+
+def table_sizes(n: int, low: float, high: float, seed: int) -> list[int]:
+    """``n`` log-uniform cardinalities in [low, high]."""
+    g = torch.Generator().manual_seed(seed)
+    exponents = torch.empty(n, dtype=torch.float64).uniform_(torch.tensor(low).log10().item(), torch.tensor(high).log10().item(), generator=g)
+    return [int(round(10 ** e)) for e in exponents.tolist()]
+
+
+def power_law_ids(rows: int, count: int, alpha: float, g: torch.Generator) -> torch.Tensor:
+    """(count,) ids in [0, rows): rank r with P ~ r^-alpha, ranks scattered by an odd multiplier."""
+    u = torch.rand(count, generator=g, dtype=torch.float64)
+    top = float(rows + 1) ** (1 - alpha)
+    ranks = ((top - 1) * u + 1) ** (1 / (1 - alpha)) - 1  # continuous inverse CDF on [0, rows)
+    ranks = ranks.long().clamp(max=rows - 1)
+    return (ranks * 2654435761) % rows
+
+
+def make_batch(sizes: list[int], batch: int, hot: int, alpha: float, seed: int):
+    """One batch: `SparseFeatures` for the fused core and per-table (ids, offsets) for the bags."""
+    g = torch.Generator().manual_seed(seed)
+    per_table = [power_law_ids(rows, batch * hot, alpha, g) for rows in sizes]
+    offsets = torch.arange(0, batch * hot, hot)
+    keys = tuple(f"t{i}" for i in range(len(sizes)))
+    features = SparseFeatures(keys, torch.cat(per_table), torch.full((len(sizes) * batch,), hot, dtype=torch.long))
+    return features, [(ids, offsets) for ids in per_table]
+
+
+def timed(fn: Callable[[], object], iters: int) -> float:
+    """Seconds per call, averaged over ``iters`` calls."""
+    start = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return (time.perf_counter() - start) / iters
+
+
+def interleave(contenders: dict[str, Callable[[], object]], args: argparse.Namespace, label: str) -> dict[str, list[float]]:
+    """Warm up, then time the contenders alternately; seconds per call, per contender."""
+    for fn in contenders.values():
+        for _ in range(args.warmup):
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in contenders}
+    for r in range(args.repeats):
+        for name, fn in contenders.items():
+            times[name].append(timed(fn, args.iters))
+            print(f"{label} repeat {r} {name}: {times[name][-1] * 1e3:.2f} ms", file=sys.stderr)
+    return times
+
+
+def median_ms(xs: list[float]) -> float:
+    return round(statistics.median(xs) * 1e3, 3)
+
+
+def ratio(slow: list[float], fast: list[float]) -> tuple[float, list[float]]:
+    """Median ratio slow / fast and the per-pair range."""
+    pairs = [a / b for a, b in zip(slow, fast)]
+    return round(statistics.median(slow) / statistics.median(fast), 2), [round(min(pairs), 2), round(max(pairs), 2)]
+
+
+def torchrec_forward(sizes: list[int], dim: int, features: SparseFeatures) -> Callable[[], object] | None:
+    """TorchRec's unsharded EmbeddingBagCollection forward, or None when torchrec does not import."""
+    try:
+        import torchrec
+    except Exception as error:  # optional: any import failure (missing, fbgemm mismatch) skips it
+        print(f"torchrec not available ({type(error).__name__}: {error}); skipped", file=sys.stderr)
+        return None
+    configs = [
+        torchrec.EmbeddingBagConfig(name=k, embedding_dim=dim, num_embeddings=n, feature_names=[k],
+                                    pooling=torchrec.PoolingType.SUM)
+        for k, n in zip(features.keys, sizes)
+    ]
+    ebc = torchrec.EmbeddingBagCollection(tables=configs, device=torch.device("cpu"))
+    kjt = torchrec.KeyedJaggedTensor(keys=list(features.keys), values=features.values, lengths=features.lengths)
+
+    def run():
+        with torch.no_grad():
+            return ebc(kjt).values()
+
+    return run
+
+
+def compare_hot(sizes: list[int], hot: int, args: argparse.Namespace) -> list[dict]:
+    """Forward (with memcpy and TorchRec) and training steps at one hotness; JSON records."""
+    features, per_table = make_batch(sizes, args.batch, hot, args.alpha, args.seed + hot)
+    tables = [TableConfig(k, n, args.dim) for k, n in zip(features.keys, sizes)]
+    torch.manual_seed(args.seed)
+    bags = nn.ModuleList(nn.EmbeddingBag(n, args.dim, mode="sum", sparse=True) for n in sizes)
+    fused = FusedEmbeddingBagCollection(tables, optimizer="sgd", lr=args.lr, seed=args.seed)
+    src = torch.ones(args.memcpy_mb * 2**20 // 4)
+    dst = torch.empty_like(src)
+
+    def separate_forward():
+        with torch.no_grad():
+            return [bag(ids, offsets) for bag, (ids, offsets) in zip(bags, per_table)]
+
+    def fused_forward():
+        with torch.no_grad():
+            return fused(features)
+
+    contenders = {"separate": separate_forward, "fused": fused_forward}
+    tr = torchrec_forward(sizes, args.dim, features)
+    if tr is not None:
+        contenders["torchrec"] = tr
+    contenders["memcpy"] = lambda: dst.copy_(src)
+    times = interleave(contenders, args, f"{hot}-hot forward")
+    row_bytes = features.values.numel() * fused.widths[0] * 4
+    memcpy_s = statistics.median(times["memcpy"])
+    memcpy_rw = 2 * src.numel() * 4 / memcpy_s / 1e9
+    record = {
+        "benchmark": "embedding", "pass": "forward", "hot": hot, "tables": len(sizes), "rows": sum(sizes),
+        "dim": args.dim, "batch_size": args.batch, "alpha": args.alpha, "threads": args.threads,
+        "repeats": args.repeats, "iters": args.iters,
+        **{f"{name}_ms": median_ms(t) for name, t in times.items() if name != "memcpy"},
+        "fused_speedup_vs_separate": ratio(times["separate"], times["fused"])[0],
+        "fused_speedup_min_max": ratio(times["separate"], times["fused"])[1],
+        "rows_MB": round(row_bytes / 1e6, 1),
+        "memcpy_GBps": round(memcpy_rw, 2), "memcpy_copy_GBps": round(memcpy_rw / 2, 2),
+    }
+    for name in ("separate", "fused", "torchrec"):
+        if name in times:
+            gbps = row_bytes / statistics.median(times[name]) / 1e9
+            record[f"{name}_rows_GBps"] = round(gbps, 2)
+            record[f"{name}_fraction_of_memcpy"] = round(gbps / memcpy_rw, 3)
+    if "torchrec" in times:
+        record["fused_speedup_vs_torchrec"] = ratio(times["torchrec"], times["fused"])[0]
+    records = [record]
+    del contenders, tr, src, dst
+    gc.collect()
+
+    for opt in args.optimizers:
+        if opt == "adagrad":
+            del fused
+            gc.collect()
+            fused = FusedEmbeddingBagCollection(tables, optimizer="adagrad_rowwise", lr=args.lr, seed=args.seed)
+            outer = torch.optim.Adagrad(bags.parameters(), lr=args.lr)
+        else:
+            outer = torch.optim.SGD(bags.parameters(), lr=args.lr)
+
+        def separate_step(outer=outer):
+            outer.zero_grad(set_to_none=True)
+            sum(bag(ids, offsets).sum() for bag, (ids, offsets) in zip(bags, per_table)).backward()
+            outer.step()
+
+        def fused_step():
+            sum(o.sum() for o in fused(features).values()).backward()
+
+        times = interleave({"separate": separate_step, "fused": fused_step}, args, f"{hot}-hot train {opt}")
+        speedup, spread = ratio(times["separate"], times["fused"])
+        records.append({
+            "benchmark": "embedding", "pass": "forward_backward_step", "hot": hot, "optimizer": opt,
+            "fused_optimizer": fused.optimizer, "tables": len(sizes), "rows": sum(sizes), "dim": args.dim,
+            "batch_size": args.batch, "threads": args.threads, "repeats": args.repeats, "iters": args.iters,
+            "separate_ms": median_ms(times["separate"]), "fused_ms": median_ms(times["fused"]),
+            "fused_speedup_vs_separate": speedup, "fused_speedup_min_max": spread,
+        })
+        del outer
+        gc.collect()
+    del fused, bags
+    gc.collect()
+    return records
+
+
+def compare_padding(sizes: list[int], hot: int, args: argparse.Namespace) -> dict:
+    """Fused core at width 62: padded to 64 (16 bytes) vs unpadded, forward and SGD step."""
+    features, _ = make_batch(sizes, args.batch, hot, args.alpha, args.seed + hot)
+    tables = [TableConfig(k, n, 62) for k, n in zip(features.keys, sizes)]
+    padded = FusedEmbeddingBagCollection(tables, pad_to_bytes=16, optimizer="sgd", lr=args.lr, seed=args.seed)
+    plain = FusedEmbeddingBagCollection(tables, pad_to_bytes=0, optimizer="sgd", lr=args.lr, seed=args.seed)
+
+    def forward(model):
+        with torch.no_grad():
+            return model(features)
+
+    def step(model):
+        sum(o.sum() for o in model(features).values()).backward()
+
+    fwd = interleave({"padded": lambda: forward(padded), "unpadded": lambda: forward(plain)}, args, f"{hot}-hot pad fwd")
+    trn = interleave({"padded": lambda: step(padded), "unpadded": lambda: step(plain)}, args, f"{hot}-hot pad step")
+    return {
+        "benchmark": "embedding", "pass": "padding", "hot": hot, "dim": 62, "padded_width": padded.widths[0],
+        "unpadded_width": plain.widths[0], "batch_size": args.batch, "threads": args.threads, "repeats": args.repeats,
+        "forward_padded_ms": median_ms(fwd["padded"]), "forward_unpadded_ms": median_ms(fwd["unpadded"]),
+        "forward_unpadded_over_padded": ratio(fwd["unpadded"], fwd["padded"])[0],
+        "step_padded_ms": median_ms(trn["padded"]), "step_unpadded_ms": median_ms(trn["unpadded"]),
+        "step_unpadded_over_padded": ratio(trn["unpadded"], trn["padded"])[0],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tables", type=int, default=26)
+    parser.add_argument("--min-rows", type=float, default=1e3)
+    parser.add_argument("--max-rows", type=float, default=1e6)
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=4096)
+    parser.add_argument("--hot", type=int, nargs="+", default=[1, 10], help="ids per feature and sample")
+    parser.add_argument("--alpha", type=float, default=1.05, help="power-law exponent of the ids")
+    parser.add_argument("--optimizers", nargs="+", default=["sgd", "adagrad"], choices=["sgd", "adagrad"])
+    parser.add_argument("--lr", type=float, default=0.01)
+    parser.add_argument("--memcpy-mb", type=int, default=512, help="memcpy buffer size")
+    parser.add_argument("--no-padding", action="store_true", help="skip the width-62 padding comparison")
+    parser.add_argument("--repeats", type=int, default=5, help="timed measurements of each contender")
+    parser.add_argument("--iters", type=int, default=5, help="calls per measurement")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed calls of each contender")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="tiny smoke size (4 tables <= 1e4 rows, batch 256)")
+    args = parser.parse_args()
+    if args.quick:
+        args.tables, args.max_rows, args.batch, args.memcpy_mb = 4, 1e4, 256, 16
+        args.repeats, args.iters, args.warmup = 2, 2, 1
+    if args.repeats < 1 or args.iters < 1:
+        parser.error("--repeats and --iters must be >= 1")
+    torch.set_num_threads(args.threads)
+    sizes = table_sizes(args.tables, args.min_rows, args.max_rows, args.seed)
+    print(f"{args.tables} tables, {sum(sizes):,} rows, {sum(sizes) * args.dim * 4 / 1e9:.2f} GB each copy", file=sys.stderr)
+    for hot in args.hot:
+        for record in compare_hot(sizes, hot, args):
+            print(json.dumps(record), flush=True)
+    if not args.no_padding:
+        for hot in args.hot:
+            print(json.dumps(compare_padding(sizes, hot, args)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -83,17 +83,21 @@ class SessionLoader:
             order = torch.arange(n)
         if self.drop_last:
             order = order[: len(self) * self.batch_size]
-        chunks = order.split(self.batch_size)
         # per-batch longest session, for all batches at once: one gather and one reduction per epoch
         lengths = self.lengths.index_select(0, order)
         tail = (-len(order)) % self.batch_size
         widths = torch.nn.functional.pad(lengths, (0, tail)).view(-1, self.batch_size).amax(dim=1).clamp(min=1).tolist()
-        for rows, w in zip(chunks, widths):
+        b = self.batch_size
+        for start, w in zip(range(0, len(order), b), widths):
+            rows = order[start : start + b]  # a view: no per-epoch split into hundreds of tensors
+            items = self.items.index_select(0, rows)
+            if w < width:  # trim to the longest session; full-width batches skip the slice
+                items = items[:, width - w :]
             feats = None
             if self.features is not None:
                 feats = {k: v.index_select(0, rows)[:, width - w :] for k, v in self.features.items()}
             batch = SessionBatch(
-                items=self.items.index_select(0, rows)[:, width - w :],
+                items=items,
                 targets=None if self.targets is None else self.targets.index_select(0, rows),
                 index=rows,
                 features=feats,

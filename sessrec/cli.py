@@ -1,5 +1,7 @@
 """``sessrec`` command line: LightningCLI over a task (`NextItemTask` unless the recipe names
-another, e.g. ``class_path: sessrec.tasks.BaselineTask``) and `SessionDataModule`.
+another, e.g. ``class_path: sessrec.tasks.BaselineTask``) and a data module (`SessionDataModule`
+unless the recipe names another, e.g. ``class_path: sessrec.data.ClickoutDataModule`` with
+``sessrec.tasks.DLRMTask``).
 
     sessrec fit     --config recipes/quickstart.yaml
     sessrec test    --config recipes/xlnet_mlm_diginetica.yaml --ckpt_path runs/.../best.ckpt
@@ -17,21 +19,36 @@ from __future__ import annotations
 import pytorch_lightning as pl
 from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 
-from sessrec.data.datamodule import SessionDataModule
 from sessrec.tasks import TopKWriter, VocabularyCheckpoint
 from sessrec.tasks.callbacks import find_features, find_vocab
+
+
+def _cardinalities(data: pl.LightningDataModule) -> dict[str, int] | None:
+    return getattr(data, "cardinalities", None)
+
+
+def _num_dense(data: pl.LightningDataModule) -> int | None:
+    return getattr(data, "num_dense", None)
 
 
 class SessrecCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # a recipe's `model:` block without class_path configures NextItemTask, as before
         parser.set_defaults({"model": {"class_path": "sessrec.tasks.NextItemTask"}})
+        # likewise a `data:` block without class_path configures SessionDataModule
+        parser.set_defaults({"data": {"class_path": "sessrec.data.SessionDataModule"}})
+        # links whose source the chosen data module lacks, or whose target the task lacks, are ignored
         parser.link_arguments("data.num_items", "model.init_args.num_items", apply_on="instantiate")
         # tasks without these arguments (BaselineTask) ignore the links
         parser.link_arguments("data.num_virtual", "model.init_args.num_virtual", apply_on="instantiate")
         parser.link_arguments("data.side_info", "model.init_args.side_features", apply_on="instantiate")
         # tasks without a max_length argument (BaselineTask) ignore this link
-        parser.link_arguments("data.max_length", "model.init_args.max_length", apply_on="parse")
+        parser.link_arguments("data.init_args.max_length", "model.init_args.max_length", apply_on="parse")
+        # ranking data (ClickoutDataModule) -> DLRMTask. Linked from the whole data module: a link from a
+        # missing attribute makes jsonargparse format the module, and a LightningDataModule's str()
+        # builds every loader
+        parser.link_arguments("data", "model.init_args.cardinalities", compute_fn=_cardinalities, apply_on="instantiate")
+        parser.link_arguments("data", "model.init_args.num_dense", compute_fn=_num_dense, apply_on="instantiate")
         parser.add_lightning_class_args(TopKWriter, "scoring")
         parser.add_lightning_class_args(VocabularyCheckpoint, "vocab_checkpoint")
 
@@ -43,31 +60,33 @@ class SessrecCLI(LightningCLI):
         if sub == "predict" and cfg.get("return_predictions") is None:
             cfg["return_predictions"] = False  # stream to parquet, keep nothing in memory
         ckpt = cfg.get("ckpt_path")
-        if ckpt and cfg.data.get("vocab_path") is None:
+        data = cfg.data.init_args
+        if ckpt and "vocab_path" in data and data.get("vocab_path") is None:
             vocab = find_vocab(ckpt)
             if vocab is None and sub == "predict":
                 raise FileNotFoundError(
                     f"no vocab.parquet beside {ckpt}; pass --data.vocab_path to the vocabulary of that training run"
                 )
-            cfg.data.vocab_path = None if vocab is None else str(vocab)
-        if ckpt and cfg.data.get("features_path") is None:
+            data.vocab_path = None if vocab is None else str(vocab)
+        if ckpt and "features_path" in data and data.get("features_path") is None:
             features = find_features(ckpt)
-            side = cfg.data.get("side_features")
+            side = data.get("side_features")
             wants = side is not None and any(side.get(k) for k in ("categorical", "continuous", "time", "position"))
             if features is None and wants and sub == "predict":
                 raise FileNotFoundError(
                     f"no features.npz beside {ckpt}; pass --data.features_path to the side-feature transforms "
                     "of that training run"
                 )
-            cfg.data.features_path = None if features is None else str(features)
+            data.features_path = None if features is None else str(features)
 
 
 def cli(args: list[str] | None = None) -> SessrecCLI:
     """Run the CLI in-process and return it (trainer, model and data module for inspection)."""
     return SessrecCLI(
         pl.LightningModule,
-        SessionDataModule,
+        pl.LightningDataModule,
         subclass_mode_model=True,
+        subclass_mode_data=True,
         seed_everything_default=0,
         save_config_kwargs={"overwrite": True},
         args=args,

@@ -13,6 +13,7 @@ from sessrec.data.features import (
     TargetEncoding,
 )
 from sessrec.data.loader import SessionLoader
+from sessrec.data.ranking import ClickoutDataModule, RankingBatch, RankingVocab, build_clickout_rows
 from sessrec.data.readers import read_events, read_srgnn, read_user_sequences
 from sessrec.data.schema import FeatureSpec, Schema, SchemaError
 from sessrec.data.side import SideFeatures, SideFeatureTransform, SideInfoSpec, read_item_vectors
@@ -25,12 +26,13 @@ from sessrec.data.sources import (
     UserSequenceSource,
 )
 from sessrec.data.stream import ScoringStream
+from sessrec.data.criteo import generate_criteo
 from sessrec.data.synthetic import generate_sessions
 from sessrec.data.trivago import TrivagoSource
 from sessrec.data.vocab import ItemVocab
 
 __all__ = [
-    "Categorify", "CountEncoding", "CyclicTime", "EventLogSource", "FeaturePipeline", "FeatureSpec",
+    "Categorify", "ClickoutDataModule", "RankingBatch", "RankingVocab", "build_clickout_rows", "generate_criteo", "CountEncoding", "CyclicTime", "EventLogSource", "FeaturePipeline", "FeatureSpec",
     "HashedCross", "ItemVocab", "LogNormalize", "SRGNNSource", "Schema", "SchemaError", "ScoringStream",
     "SessionBatch", "SessionDataModule", "SessionLoader", "SessionSource", "SessionSplits",
     "SessionTimeFeatures", "SideFeatureTransform", "SideFeatures", "SideInfoSpec", "SyntheticSource",

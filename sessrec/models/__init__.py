@@ -6,6 +6,7 @@ they are ``causal``; objectives say which kind they train (`Objective.check`).
 
 from sessrec.models.bert import BertEncoder
 from sessrec.models.causal_lm import CausalLanguageModeling
+from sessrec.models.dlrm import DLRM, DCNv2Arch, DenseArch, InteractionArch, OverArch, SparseArch
 from sessrec.models.electra import ElectraEncoder
 from sessrec.models.gpt2 import GPT2Encoder
 from sessrec.models.gru4rec import GRU4RecEncoder
@@ -19,6 +20,7 @@ from sessrec.models.side_info import SideInfoConfig, SideInfoEmbedding
 from sessrec.models.xlnet import XLNetEncoder
 
 __all__ = [
+    "DLRM", "DCNv2Arch", "DenseArch", "InteractionArch", "OverArch", "SparseArch",
     "BertEncoder", "CausalLanguageModeling", "ElectraEncoder", "GPT2Encoder", "GRU4RecEncoder", "MaskedItemModeling",
     "MaskingResult", "Objective", "ObjectiveOutput", "PermutationLanguageModeling", "PermutationResult",
     "ReplacedTokenDetection", "ReplacementResult", "SASRecEncoder", "SessionModel", "SideInfoConfig", "SideInfoEmbedding",

@@ -3,5 +3,8 @@
 from sessrec.tasks.baseline import BaselineTask
 from sessrec.tasks.callbacks import TopKWriter, VocabularyCheckpoint
 from sessrec.tasks.next_item import NextItemTask, TopK
+from sessrec.tasks.ranking import DLRMTask, RankingMetrics
 
-__all__ = ["BaselineTask", "NextItemTask", "TopK", "TopKWriter", "VocabularyCheckpoint"]
+__all__ = [
+    "BaselineTask", "DLRMTask", "NextItemTask", "RankingMetrics", "TopK", "TopKWriter", "VocabularyCheckpoint",
+]

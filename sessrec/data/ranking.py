@@ -1,0 +1,594 @@
+"""Ranking data from trivago click-outs: one row per (click-out, impressed hotel), label = clicked.
+
+A click-out shows a list of hotels (``impressions``, with aligned ``prices``); the user clicks one
+(``reference``). Each shown hotel becomes a row, grouped by its click-out (the *query*), so a
+scorer can be judged on how it orders the list (MRR of the clicked hotel) as well as on AUC.
+
+Features (all from the click-out itself or from events *before* it in its session; nothing later):
+
+- sparse (embedded): ``hotel``, ``position`` (0-based place in the list), ``platform``, ``city``,
+  ``device``, ``last_action`` (action type of the previous event in the session, ``<start>`` if
+  none) and ``filters`` (multi-hot: the ``|``-separated ``current_filters``);
+- dense (`DENSE_FEATURES`): log price, price rank within the list (0 = cheapest, ties by
+  position) scaled to [0, 1], log price relative to the list's mean log price, position scaled to
+  [0, 1], list length, number of earlier events in the session, whether and how often this hotel
+  was an item action's ``reference`` earlier in the session, whether it was the most recent one,
+  seconds since that last interaction (log), and a session-model score with its presence flag.
+
+The session-model score is an optional input (``session_scores``): a table with ``session_id``,
+``step`` (the click-out's step), ``item_id`` and ``score``, e.g. a next-item model's score of each
+impressed hotel given the session so far. Rows without a score get 0 and ``has_session_score`` 0.
+
+The split is by click-out time: click-outs in the last `test_hours` of the log are the test set,
+the `valid_hours` before are validation. Categorical ids are fitted on training rows only
+(`RankingVocab`: 0 = padding, 1 = unseen/rare, as `ItemVocab`) and saved beside checkpoints.
+
+Shape letters: E events, Q click-outs (queries), N rows (click-out x shown hotel), B batch rows,
+F sparse features, T filter values, Dd dense features.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytorch_lightning as pl
+import torch
+
+from sessrec.data.atomic import atomic_path
+from sessrec.data.readers import read_table
+from sessrec.data.schema import SchemaError
+from sessrec.data.trivago import ITEM_ACTIONS
+from sessrec.data.vocab import ItemVocab
+from sessrec.embeddings import SparseFeatures
+
+CLICKOUT = "clickout item"
+START = "<start>"
+REQUIRED = (
+    "session_id", "timestamp", "step", "action_type", "reference", "platform", "city", "device",
+    "current_filters", "impressions", "prices",
+)
+ONE_HOT = ("hotel", "position", "platform", "city", "device", "last_action")
+MULTI_HOT = ("filters",)
+SPARSE_FEATURES = ONE_HOT + MULTI_HOT
+DENSE_FEATURES = (
+    "log_price", "price_rank", "relative_price", "position_scaled", "log_num_impressions", "log_prior_actions",
+    "interacted_before", "log_interactions", "last_interacted", "log_seconds_since", "session_score",
+    "has_session_score",
+)
+CLICKS = "clicks"  # vocabulary of clicked hotels in training: the popularity baseline's counts
+SPLITS = ("train", "valid", "test")
+
+
+# -- building rows ------------------------------------------------------------------------------
+def build_clickout_rows(raw: pa.Table, source: str = "<table>", session_scores: pa.Table | None = None) -> pa.Table:
+    """One row per (click-out, impressed hotel) with raw features and the label.
+
+    Args:
+        raw: the trivago log (columns `REQUIRED`), in any order.
+        source: name of the input in error messages (the file path).
+        session_scores: optional ``session_id``, ``step``, ``item_id``, ``score`` table.
+
+    Returns:
+        Table of N rows sorted by click-out then position: ``query`` (click-out number), ``session_id``,
+        ``step``, ``timestamp``, ``hotel``, ``position``, ``num_impressions``, ``price``, ``price_rank``,
+        ``platform``, ``city``, ``device``, ``last_action``, ``filters`` (list), ``prior_actions``,
+        ``interactions``, ``last_interacted``, ``seconds_since`` (NaN when never interacted),
+        ``session_score`` (NaN when absent), ``label`` (1 = clicked).
+
+    Raises:
+        SchemaError: a missing column, a null id/time, a click-out without impressions, unaligned
+            ``impressions``/``prices``, or a price that is not a non-negative number.
+    """
+    missing = [c for c in REQUIRED if c not in raw.column_names]
+    if missing:
+        raise SchemaError(f"{source}: column {missing[0]!r} is missing; the file has columns {raw.column_names}")
+    for col in ("session_id", "timestamp", "step", "action_type"):
+        if raw.column(col).null_count:
+            row = int(np.flatnonzero(raw.column(col).is_null().to_numpy(zero_copy_only=False))[0])
+            raise SchemaError(f"{source}: column {col!r} has a null value at row {row}; every event needs one")
+    for col in ("timestamp", "step"):
+        if not pa.types.is_integer(raw.column(col).type) and not pa.types.is_floating(raw.column(col).type):
+            raise SchemaError(
+                f"{source}: column {col!r} must be numeric, got {raw.column(col).type} "
+                f"(first value {raw.column(col)[0].as_py()!r})"
+            )
+    raw = raw.take(pc.sort_indices(raw, sort_keys=[("session_id", "ascending"), ("timestamp", "ascending"),
+                                                   ("step", "ascending")]))
+    col = lambda name: raw.column(name).combine_chunks()  # noqa: E731
+    n_events = raw.num_rows
+    action = col("action_type").cast(pa.string())
+    session_code = pc.dictionary_encode(col("session_id")).indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    times = col("timestamp").cast(pa.float64()).to_numpy(zero_copy_only=False)
+
+    # session context of every event: events before it, and the action right before it
+    starts = np.flatnonzero(np.r_[True, session_code[1:] != session_code[:-1]]) if n_events else np.zeros(0, np.int64)
+    session_start = np.repeat(starts, np.diff(np.r_[starts, n_events]))  # (E,)
+    event = np.arange(n_events)
+    prior_actions = event - session_start
+    prev = np.maximum(event - 1, 0)
+    last_action = pc.if_else(pa.array(prior_actions > 0), action.take(pa.array(prev)), pa.scalar(START))
+
+    # item actions: a hotel id in `reference`; the most recent one strictly before each event
+    ref = col("reference").cast(pa.string())
+    is_item = (pc.is_in(action, value_set=pa.array(ITEM_ACTIONS)).to_numpy(zero_copy_only=False)
+               & ref.is_valid().to_numpy(zero_copy_only=False))
+    last_item_event = np.maximum.accumulate(np.where(is_item, event, -1)) if n_events else np.zeros(0, np.int64)
+    before = np.r_[-1, last_item_event[:-1]] if n_events else last_item_event  # strictly before
+    before = np.where(before >= session_start, before, -1)
+
+    # click-outs and their shown hotels
+    clicks = np.flatnonzero(pc.equal(action, CLICKOUT).to_numpy(zero_copy_only=False))
+    clicks_arr = pa.array(clicks)
+    imp = pc.split_pattern(col("impressions").take(clicks_arr), "|")
+    prices = pc.split_pattern(col("prices").take(clicks_arr), "|")
+    n_imp = pc.list_value_length(imp).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    n_pr = pc.list_value_length(prices).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    empty = np.flatnonzero(n_imp == 0)
+    if len(empty):
+        q = clicks[empty[0]]
+        raise SchemaError(
+            f"{source}: column 'impressions' is empty on a click-out (session {col('session_id')[q].as_py()!r}, "
+            f"step {col('step')[q].as_py()}); every click-out needs its shown hotels"
+        )
+    bad = np.flatnonzero(n_imp != n_pr)
+    if len(bad):
+        q = clicks[bad[0]]
+        raise SchemaError(
+            f"{source}: columns 'impressions' and 'prices' differ in length on a click-out (session "
+            f"{col('session_id')[q].as_py()!r}, step {col('step')[q].as_py()}: {n_imp[bad[0]]} hotels, "
+            f"{n_pr[bad[0]]} prices {col('prices')[q].as_py()!r}); they must be aligned"
+        )
+    parent = pc.list_parent_indices(imp).to_numpy(zero_copy_only=False).astype(np.int64)  # (N,) click-out of a row
+    hotel = pc.list_flatten(imp)
+    flat_prices = pc.list_flatten(prices)
+    try:
+        price = pc.cast(flat_prices, pa.float64()).to_numpy(zero_copy_only=False)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
+        raise SchemaError(f"{source}: column 'prices' holds a value that is not a number: {err}") from err
+    if (~np.isfinite(price) | (price < 0)).any():
+        row = int(np.flatnonzero(~np.isfinite(price) | (price < 0))[0])
+        raise SchemaError(
+            f"{source}: column 'prices' holds {flat_prices[row].as_py()!r}; prices must be finite and >= 0"
+        )
+    offsets = np.r_[0, np.cumsum(n_imp)]
+    position = np.arange(len(parent)) - offsets[parent]
+    order = np.lexsort((position, price, parent))  # by click-out, price, then position
+    price_rank = np.empty(len(parent), dtype=np.int64)
+    price_rank[order] = np.arange(len(parent)) - offsets[parent[order]]
+
+    # earlier interactions with each shown hotel: one sort of (session, hotel) keys, no join
+    hotel_code, ref_code = _shared_codes(hotel, ref)
+    n_codes = int(max(hotel_code.max(initial=-1), ref_code.max(initial=-1))) + 2
+    row_event = clicks[parent]  # (N,) event index of each row's click-out
+    item_events = np.flatnonzero(is_item)
+    key = np.r_[session_code[row_event] * n_codes + hotel_code, session_code[item_events] * n_codes + ref_code[item_events]]
+    at = np.r_[row_event, item_events]
+    is_interaction = np.r_[np.zeros(len(row_event), bool), np.ones(len(item_events), bool)]
+    # at the same event the row sorts first: the click-out itself is not an earlier interaction
+    merged = np.lexsort((is_interaction, at, key))
+    k, inter = key[merged], is_interaction[merged]
+    key_start = np.maximum.accumulate(np.where(np.r_[True, k[1:] != k[:-1]], np.arange(len(k)), 0))
+    seen = np.cumsum(inter) - inter  # interactions strictly before each position
+    count_sorted = seen - (np.cumsum(inter) - inter)[key_start]
+    last_sorted = np.maximum.accumulate(np.where(inter, np.arange(len(k)), -1))
+    last_sorted = np.where(last_sorted >= key_start, last_sorted, -1)
+    rows_sorted = np.flatnonzero(~inter)
+    row_id = merged[rows_sorted]  # rows are the first len(row_event) entries
+    interactions = np.empty(len(parent), dtype=np.int64)
+    interactions[row_id] = count_sorted[rows_sorted]
+    last_at = np.full(len(parent), -1, dtype=np.int64)
+    last_at[row_id] = np.where(last_sorted[rows_sorted] >= 0, at[merged[np.maximum(last_sorted[rows_sorted], 0)]], -1)
+    seconds_since = np.where(last_at >= 0, times[row_event] - times[np.maximum(last_at, 0)], np.nan)
+    prev_item = before[row_event]
+    last_interacted = (prev_item >= 0) & (ref_code[np.maximum(prev_item, 0)] == hotel_code)
+
+    take = pa.array(row_event)
+    label = pc.equal(hotel, ref.take(take)).fill_null(False).to_numpy(zero_copy_only=False)
+    filters = pc.split_pattern(col("current_filters").take(take).cast(pa.string()), "|")
+    filters = pc.if_else(filters.is_null(), pa.scalar([], pa.list_(pa.string())), filters)
+    rows = pa.table({
+        "query": parent,
+        "session_id": col("session_id").take(take),
+        "step": col("step").take(take),
+        "timestamp": col("timestamp").take(take),
+        "hotel": hotel,
+        "position": position,
+        "num_impressions": n_imp[parent],
+        "price": price,
+        "price_rank": price_rank,
+        "platform": col("platform").take(take).cast(pa.string()),
+        "city": col("city").take(take).cast(pa.string()),
+        "device": col("device").take(take).cast(pa.string()),
+        "last_action": last_action.take(take),
+        "filters": filters,
+        "prior_actions": prior_actions[row_event],
+        "interactions": interactions,
+        "last_interacted": last_interacted,
+        "seconds_since": seconds_since,
+        "label": label.astype(np.int8),
+    })
+    return rows.append_column("session_score", pa.array(_join_scores(rows, session_scores, source)))
+
+
+def _shared_codes(hotel: pa.Array, ref: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """Integer codes of shown hotels (N,) and event references (E,) in one shared dictionary; -1 for null."""
+    both = pc.dictionary_encode(pa.concat_arrays([hotel.cast(pa.string()), ref.cast(pa.string())]))
+    codes = both.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    return codes[: len(hotel)], codes[len(hotel):]
+
+
+def _join_scores(rows: pa.Table, scores: pa.Table | None, source: str) -> np.ndarray:
+    """(N,) session-model score of each row from ``session_id, step, item_id, score``; NaN where absent."""
+    out = np.full(rows.num_rows, np.nan)
+    if scores is None:
+        return out
+    need = ["session_id", "step", "item_id", "score"]
+    missing = [c for c in need if c not in scores.column_names]
+    if missing:
+        raise SchemaError(f"{source}: session scores lack column {missing[0]!r}; they need columns {need}")
+    scores = pa.table({
+        "session_id": scores.column("session_id").cast(rows.column("session_id").type),
+        "step": scores.column("step").cast(rows.column("step").type),
+        "hotel": scores.column("item_id").cast(pa.string()),
+        "score": scores.column("score").cast(pa.float64()),
+    })
+    keys = ["session_id", "step", "hotel"]
+    if pc.count_distinct(pc.binary_join_element_wise(*(scores.column(k).cast(pa.string()) for k in keys), "\x1f")).as_py() \
+            != scores.num_rows:
+        raise SchemaError(f"{source}: session scores hold more than one score for a (session_id, step, item_id)")
+    left = pa.table({k: rows.column(k) for k in keys}).append_column("row", pa.array(np.arange(rows.num_rows)))
+    joined = left.join(scores, keys=keys, join_type="inner")
+    out[joined.column("row").to_numpy()] = joined.column("score").to_numpy(zero_copy_only=False)
+    return out
+
+
+def split_by_time(rows: pa.Table, end_of_log: float, test_hours: float, valid_hours: float) -> np.ndarray:
+    """(N,) split code per row (0 train, 1 valid, 2 test) from its click-out's time."""
+    t = rows.column("timestamp").to_numpy(zero_copy_only=False).astype(np.float64)
+    t_test = end_of_log - test_hours * 3600.0
+    t_valid = t_test - valid_hours * 3600.0
+    return np.where(t > t_test, 2, np.where(t > t_valid, 1, 0)).astype(np.int8)
+
+
+# -- fitted ids ----------------------------------------------------------------------------------
+class RankingVocab:
+    """One `ItemVocab` per categorical feature (and the clicked hotels of training), fitted on training rows.
+
+    Saved as one parquet file (``feature``, ``raw_id``, ``count``), written atomically.
+    """
+
+    def __init__(self, vocabs: dict[str, ItemVocab]) -> None:
+        missing = [f for f in (*SPARSE_FEATURES, CLICKS) if f not in vocabs]
+        if missing:
+            raise ValueError(f"ranking vocabulary lacks feature {missing[0]!r}")
+        self.vocabs = vocabs
+
+    @classmethod
+    def fit(cls, train: pa.Table, min_count: int = 1) -> RankingVocab:
+        """Fit on training rows; `min_count` applies to hotels and cities (the long-tailed ones)."""
+        vocabs = {}
+        for name in SPARSE_FEATURES:
+            values = train.column(name)
+            values = pc.list_flatten(values) if name in MULTI_HOT else values
+            values = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+            vocabs[name] = ItemVocab.fit(values.cast(pa.string()), min_count if name in ("hotel", "city") else 1)
+        clicked = train.filter(pc.equal(train.column("label"), 1)).column("hotel")
+        vocabs[CLICKS] = ItemVocab.fit(clicked.combine_chunks().cast(pa.string()))
+        return cls(vocabs)
+
+    @property
+    def cardinalities(self) -> dict[str, int]:
+        """Rows of each sparse feature's table (padding and unseen included)."""
+        return {name: len(self.vocabs[name]) for name in SPARSE_FEATURES}
+
+    def save(self, path: str | os.PathLike) -> Path:
+        parts = [
+            pa.table({"feature": pa.array([name] * len(v.raw_ids)), "raw_id": v.raw_ids.cast(pa.string()),
+                      "count": v.counts})
+            for name, v in self.vocabs.items()
+        ]
+        with atomic_path(path) as tmp:
+            pq.write_table(pa.concat_tables(parts), tmp)
+        return Path(path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> RankingVocab:
+        table = pq.read_table(path)
+        if table.column_names != ["feature", "raw_id", "count"]:
+            raise ValueError(f"{path}: not a sessrec ranking vocabulary (columns {table.column_names})")
+        feature = table.column("feature").to_numpy(zero_copy_only=False)
+        vocabs = {}
+        for name in (*SPARSE_FEATURES, CLICKS):
+            sel = pa.array(feature == name)
+            part = table.filter(sel)
+            vocabs[name] = ItemVocab(part.column("raw_id").combine_chunks(), part.column("count").to_numpy())
+        try:
+            return cls(vocabs)
+        except ValueError as err:
+            raise ValueError(f"{path}: {err}") from err
+
+
+# -- tensors and batches -------------------------------------------------------------------------
+@dataclass
+class RankingBatch:
+    """A batch of (click-out, shown hotel) rows.
+
+    Args:
+        dense: (B, Dd) float32 dense features (`DENSE_FEATURES`).
+        sparse: `SparseFeatures` with keys `SPARSE_FEATURES` (one id per row, ``filters`` multi-hot).
+        labels: (B,) float32, 1 = the hotel clicked.
+        groups: (B,) int64 click-out (query) id of each row; a query's rows are contiguous, and in
+            evaluation batches a query is never split across batches.
+        baselines: scores of the reference rankers by name, each (B,): ``position`` (-position,
+            "as displayed") and ``popularity`` (training clicks of the hotel, ties broken by position).
+    """
+
+    dense: torch.Tensor
+    sparse: SparseFeatures
+    labels: torch.Tensor
+    groups: torch.Tensor
+    baselines: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return self.labels.shape[0]
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> RankingBatch:
+        move = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
+        sparse = self.sparse.to(device, non_blocking=non_blocking)
+        return RankingBatch(move(self.dense), sparse, move(self.labels), move(self.groups),
+                            {k: move(v) for k, v in self.baselines.items()})
+
+
+@dataclass
+class RankingTensors:
+    """A split as pre-built tensors; batches are slices or `index_select`s of these.
+
+    Args:
+        dense: (N, Dd) float32.
+        one_hot: (N, len(ONE_HOT)) int64 ids.
+        filter_values: (T,) int64 ids of the multi-hot ``filters``; row i's are
+            ``filter_values[filter_offsets[i]:filter_offsets[i + 1]]``.
+        filter_offsets: (N + 1,) int64.
+        labels: (N,) float32.
+        groups: (N,) int64 query ids.
+        baselines: name -> (N,) float32 scores.
+    """
+
+    dense: torch.Tensor
+    one_hot: torch.Tensor
+    filter_values: torch.Tensor
+    filter_offsets: torch.Tensor
+    labels: torch.Tensor
+    groups: torch.Tensor
+    baselines: dict[str, torch.Tensor]
+
+    def __len__(self) -> int:
+        return self.labels.shape[0]
+
+    def batch(self, rows: torch.Tensor | slice) -> RankingBatch:
+        """The rows (a slice for contiguous ones, else (B,) indices) as a `RankingBatch`."""
+        if isinstance(rows, slice):
+            start, stop = rows.start, rows.stop
+            values = self.filter_values[self.filter_offsets[start]:self.filter_offsets[stop]]
+            lengths = self.filter_offsets[start + 1:stop + 1] - self.filter_offsets[start:stop]
+            pick = lambda t: t[start:stop]  # noqa: E731
+        else:
+            first = self.filter_offsets.index_select(0, rows)
+            lengths = self.filter_offsets.index_select(0, rows + 1) - first
+            # each chosen row's run of filter values, gathered at once
+            run_start = torch.repeat_interleave(first - (torch.cumsum(lengths, 0) - lengths), lengths)
+            values = self.filter_values.index_select(0, run_start + torch.arange(int(lengths.sum())))
+            pick = lambda t: t.index_select(0, rows)  # noqa: E731
+        one_hot = pick(self.one_hot)  # (B, len(ONE_HOT))
+        b = one_hot.shape[0]
+        sparse = SparseFeatures(
+            keys=SPARSE_FEATURES,
+            values=torch.cat([one_hot.t().reshape(-1), values]),  # feature-major
+            lengths=torch.cat([torch.ones(b * len(ONE_HOT), dtype=torch.int64), lengths]),
+        )
+        return RankingBatch(pick(self.dense), sparse, pick(self.labels), pick(self.groups),
+                            {k: pick(v) for k, v in self.baselines.items()})
+
+
+def encode_rows(rows: pa.Table, vocab: RankingVocab) -> RankingTensors:
+    """Map a split's raw rows to tensors with the fitted ids (unseen values -> id 1)."""
+    ids = [vocab.vocabs[name].encode(rows.column(name).cast(pa.string())).ids for name in ONE_HOT]
+    filters = rows.column("filters").combine_chunks()
+    flat = pc.list_flatten(filters)
+    filter_ids = vocab.vocabs["filters"].encode(flat).ids if len(flat) else np.zeros(0, np.int64)
+    lengths = pc.list_value_length(filters).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    num = lambda name: rows.column(name).to_numpy(zero_copy_only=False).astype(np.float64)  # noqa: E731
+    price, n_imp, position = num("price"), num("num_impressions"), num("position")
+    log_price = np.log1p(price)
+    group = rows.column("query").to_numpy().astype(np.int64)
+    mean_log_price = _group_mean(log_price, group)
+    interactions, seconds, score = num("interactions"), num("seconds_since"), num("session_score")
+    span = np.maximum(n_imp - 1, 1)
+    dense = np.stack([
+        log_price,
+        num("price_rank") / span,
+        log_price - mean_log_price,
+        position / span,
+        np.log1p(n_imp),
+        np.log1p(num("prior_actions")),
+        (interactions > 0).astype(np.float64),
+        np.log1p(interactions),
+        num("last_interacted"),
+        np.where(np.isnan(seconds), 0.0, np.log1p(np.maximum(np.nan_to_num(seconds), 0.0))),
+        np.nan_to_num(score),
+        (~np.isnan(score)).astype(np.float64),
+    ], axis=1)
+    clicks = vocab.vocabs[CLICKS]
+    popularity = clicks.id_counts()[clicks.encode(rows.column("hotel").cast(pa.string())).ids].astype(np.float64)
+    as_t = lambda a, dtype=torch.float32: torch.from_numpy(np.ascontiguousarray(a)).to(dtype)  # noqa: E731
+    return RankingTensors(
+        dense=as_t(dense),
+        one_hot=as_t(np.stack(ids, axis=1) if ids else np.zeros((rows.num_rows, 0)), torch.int64),
+        filter_values=as_t(filter_ids, torch.int64),
+        filter_offsets=as_t(np.r_[0, np.cumsum(lengths)], torch.int64),
+        labels=as_t(num("label")),
+        groups=as_t(group, torch.int64),
+        # popularity ties (most hotels have no training click) are broken by the displayed order
+        baselines={"position": as_t(-position), "popularity": as_t(popularity - position / 100.0)},
+    )
+
+
+def _group_mean(values: np.ndarray, group: np.ndarray) -> np.ndarray:
+    """(N,) mean of `values` over each row's group."""
+    _, inverse, counts = np.unique(group, return_inverse=True, return_counts=True)
+    return (np.bincount(inverse, weights=values) / counts)[inverse]
+
+
+class RankingLoader:
+    """Batches of a `RankingTensors`: shuffled `index_select`s in training, whole queries in evaluation.
+
+    Args:
+        tensors: the split.
+        batch_size: rows per batch (evaluation: about this many, cut at query boundaries so that
+            no query is split; a query longer than the batch is a batch of its own).
+        shuffle: permute rows every epoch (training), seeded by `seed` and the epoch.
+        drop_last: drop a final incomplete training batch.
+        seed: base seed of the shuffling.
+    """
+
+    def __init__(self, tensors: RankingTensors, batch_size: int, shuffle: bool = False, drop_last: bool = False,
+                 seed: int = 0) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.tensors, self.batch_size, self.shuffle, self.drop_last, self.seed = tensors, batch_size, shuffle, drop_last, seed
+        self.epoch = 0
+        n = len(tensors)
+        if shuffle:
+            self.cuts = None
+        else:
+            g = tensors.groups.numpy()
+            starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]]) if n else np.zeros(0, np.int64)
+            wanted = np.arange(0, n, batch_size)
+            cut = starts[np.maximum(np.searchsorted(starts, wanted, side="right") - 1, 0)] if n else wanted
+            self.cuts = np.unique(np.r_[cut, n]).tolist() if n else [0]
+
+    def __len__(self) -> int:
+        if self.cuts is not None:
+            return len(self.cuts) - 1
+        n = len(self.tensors)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def __iter__(self) -> Iterator[RankingBatch]:
+        if self.cuts is not None:
+            for start, stop in zip(self.cuts[:-1], self.cuts[1:]):
+                yield self.tensors.batch(slice(start, stop))
+            return
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        self.epoch += 1
+        order = torch.randperm(len(self.tensors), generator=gen)[: len(self) * self.batch_size]
+        for rows in order.split(self.batch_size):
+            yield self.tensors.batch(rows)
+
+
+class ClickoutDataModule(pl.LightningDataModule):
+    """trivago click-outs as ranking rows, split by time; see the module docstring for the features.
+
+    Args:
+        path: the trivago log (parquet or CSV with the challenge's columns).
+        test_hours: click-outs in this final period of the log are the test set.
+        valid_hours: the period before it, for validation.
+        min_count: hotels and cities shown fewer times in training get the unseen id.
+        batch_size: training rows per batch.
+        eval_batch_size: about this many rows per evaluation batch (whole click-outs).
+        session_scores: optional file of session-model scores (``session_id``, ``step``,
+            ``item_id``, ``score``) used as a dense feature.
+        vocab_path: load this fitted vocabulary instead of fitting one (evaluating a checkpoint).
+        seed: shuffling seed.
+
+    Example:
+        >>> dm = ClickoutDataModule("trivago_val_100k.parquet.snappy")  # doctest: +SKIP
+        >>> dm.setup("fit"); batch = next(iter(dm.train_dataloader()))  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        path: str = "../shared/data/trivago_rsc19_100k/trivago_val_100k.parquet.snappy",
+        test_hours: float = 8.0,
+        valid_hours: float = 8.0,
+        min_count: int = 2,
+        batch_size: int = 4096,
+        eval_batch_size: int = 16384,
+        session_scores: str | None = None,
+        vocab_path: str | None = None,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        if test_hours <= 0 or valid_hours <= 0 or min_count < 1:
+            raise ValueError(
+                f"need test_hours > 0, valid_hours > 0 and min_count >= 1; got {test_hours}, {valid_hours}, {min_count}"
+            )
+        self.path, self.test_hours, self.valid_hours, self.min_count = path, test_hours, valid_hours, min_count
+        self.batch_size, self.eval_batch_size, self.seed = batch_size, eval_batch_size, seed
+        self.session_scores, self.vocab_path = session_scores, vocab_path
+        self._rows: dict[str, pa.Table] | None = None
+        self._vocab: RankingVocab | None = None
+        self._tensors: dict[str, RankingTensors] = {}
+        self.stats: dict[str, int] = {}
+
+    def __str__(self) -> str:  # LightningDataModule's builds every loader
+        return f"{type(self).__name__}(path={self.path!r})"
+
+    @property
+    def rows(self) -> dict[str, pa.Table]:
+        """Raw rows of each split (``train``, ``valid``, ``test``)."""
+        if self._rows is None:
+            raw = read_table(Path(self.path))
+            scores = None if self.session_scores is None else read_table(Path(self.session_scores))
+            rows = build_clickout_rows(raw, str(self.path), scores)
+            end = pc.max(raw.column("timestamp")).as_py() if raw.num_rows else 0
+            split = split_by_time(rows, float(end), self.test_hours, self.valid_hours)
+            self._rows = {name: rows.filter(pa.array(split == k)) for k, name in enumerate(SPLITS)}
+            for name, part in self._rows.items():
+                self.stats[f"{name}_rows"] = part.num_rows
+                self.stats[f"{name}_clickouts"] = len(np.unique(part.column("query").to_numpy()))
+            if self._rows["train"].num_rows == 0:
+                raise ValueError(f"{self.path}: no click-outs before the last {self.test_hours + self.valid_hours} hours")
+        return self._rows
+
+    @property
+    def vocab(self) -> RankingVocab:
+        if self._vocab is None:
+            self._vocab = (RankingVocab.load(self.vocab_path) if self.vocab_path is not None
+                           else RankingVocab.fit(self.rows["train"], self.min_count))
+        return self._vocab
+
+    @property
+    def cardinalities(self) -> dict[str, int]:
+        """Table rows per sparse feature; linked into the model's config."""
+        return self.vocab.cardinalities
+
+    @property
+    def num_dense(self) -> int:
+        """Dense features per row; linked into the model's config."""
+        return len(DENSE_FEATURES)
+
+    def tensors(self, split: str) -> RankingTensors:
+        if split not in self._tensors:
+            self._tensors[split] = encode_rows(self.rows[split], self.vocab)
+        return self._tensors[split]
+
+    def setup(self, stage: str | None = None) -> None:
+        wanted = {"fit": ("train", "valid"), "validate": ("valid",), "test": ("test",)}.get(stage or "", SPLITS)
+        for split in wanted:
+            self.tensors(split)
+
+    def train_dataloader(self) -> RankingLoader:
+        return RankingLoader(self.tensors("train"), self.batch_size, shuffle=True, seed=self.seed)
+
+    def val_dataloader(self) -> RankingLoader:
+        return RankingLoader(self.tensors("valid"), self.eval_batch_size)
+
+    def test_dataloader(self) -> RankingLoader:
+        return RankingLoader(self.tensors("test"), self.eval_batch_size)

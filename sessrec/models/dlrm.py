@@ -1,0 +1,226 @@
+"""DLRM (Naumov et al., 2019) from named parts, with DCNv2 (Wang et al., 2021) as the alternative interaction.
+
+    dense (B, Dd) --DenseArch--> (B, D) --+
+                                          +--InteractionArch (dot) or DCNv2Arch (cross)--> OverArch --> (B,) logit
+    sparse ids --SparseArch--> (B, F, D) -+
+
+`SparseArch` wraps the embedding core (`sessrec.embeddings.FusedEmbeddingBagCollection`), so all
+tables of one width are looked up in one call and, with a fused optimizer, updated in backward.
+
+Shape letters: B batch, Dd dense input features, D embedding width (= the bottom MLP's output),
+F sparse features, I interaction output width, H hidden width.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import torch
+from torch import nn
+
+from sessrec.embeddings import FusedEmbeddingBagCollection, SparseFeatures, TableConfig
+
+
+def _mlp(in_features: int, layer_sizes: Sequence[int], last_activation: bool = True) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for i, out in enumerate(layer_sizes):
+        layers.append(nn.Linear(in_features, out))
+        if last_activation or i < len(layer_sizes) - 1:
+            layers.append(nn.ReLU())
+        in_features = out
+    return nn.Sequential(*layers)
+
+
+class DenseArch(nn.Module):
+    """Bottom MLP: (B, Dd) dense features -> (B, D), ReLU after every layer.
+
+    Args:
+        in_features: Dd.
+        layer_sizes: widths of the layers; the last is D (must equal the embedding width).
+    """
+
+    def __init__(self, in_features: int, layer_sizes: Sequence[int]) -> None:
+        super().__init__()
+        if in_features < 1 or not layer_sizes or min(layer_sizes) < 1:
+            raise ValueError(f"DenseArch needs in_features >= 1 and positive layer sizes, got {in_features}, {list(layer_sizes)}")
+        self.mlp = _mlp(in_features, layer_sizes)
+
+    def forward(self, dense: torch.Tensor) -> torch.Tensor:
+        return self.mlp(dense)
+
+
+class SparseArch(nn.Module):
+    """Pooled embeddings of every sparse feature, stacked: `SparseFeatures` -> (B, F, D).
+
+    Args:
+        tables: the tables (all of width D); features are stacked in the tables' feature order.
+        optimizer: the embedding core's fused optimizer (``none``: tables are ordinary parameters).
+        lr: the fused optimizer's learning rate.
+        pad_to_bytes: the core's row padding.
+        seed: seeds the tables' initial weights.
+    """
+
+    def __init__(
+        self,
+        tables: Sequence[TableConfig],
+        optimizer: Literal["none", "sgd", "adagrad_rowwise"] = "none",
+        lr: float = 0.01,
+        pad_to_bytes: int | None = 16,
+        seed: int | None = None,
+    ) -> None:
+        super().__init__()
+        dims = {t.embedding_dim for t in tables}
+        if len(dims) != 1:
+            raise ValueError(f"DLRM needs one embedding width for all tables (the dot interaction), got {sorted(dims)}")
+        self.embedding_dim = dims.pop()
+        self.collection = FusedEmbeddingBagCollection(tables, pad_to_bytes=pad_to_bytes, optimizer=optimizer, lr=lr, seed=seed)
+        self.feature_names = self.collection.feature_names
+
+    def forward(self, features: SparseFeatures) -> torch.Tensor:
+        pooled = self.collection(features)
+        return torch.stack([pooled[f] for f in self.feature_names], dim=1)  # (B, F, D)
+
+
+class InteractionArch(nn.Module):
+    """Pairwise dot products of the dense vector and the F embeddings (upper triangle, no diagonal).
+
+    Output (B, D + (F + 1) F / 2): the dense vector, then the dots of pairs (i < j) of
+    ``[dense, e_1, ..., e_F]`` in row-major order.
+
+    Example:
+        >>> arch = InteractionArch(num_sparse_features=2)
+        >>> arch(torch.tensor([[1., 2.]]), torch.tensor([[[3., 4.], [0., 1.]]])).tolist()
+        [[1.0, 2.0, 11.0, 2.0, 4.0]]
+    """
+
+    def __init__(self, num_sparse_features: int) -> None:
+        super().__init__()
+        n = num_sparse_features + 1
+        rows, cols = torch.triu_indices(n, n, offset=1)
+        self.register_buffer("rows", rows, persistent=False)
+        self.register_buffer("cols", cols, persistent=False)
+
+    def output_width(self, embedding_dim: int) -> int:
+        return embedding_dim + self.rows.numel()
+
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        stacked = torch.cat([dense.unsqueeze(1), sparse], dim=1)  # (B, F + 1, D)
+        dots = torch.bmm(stacked, stacked.transpose(1, 2))  # (B, F + 1, F + 1)
+        return torch.cat([dense, dots[:, self.rows, self.cols]], dim=1)  # (B, I)
+
+
+class DCNv2Arch(nn.Module):
+    """DCNv2 low-rank cross layers over ``x0 = [dense, e_1, ..., e_F]`` flattened to (B, (F + 1) D).
+
+    Each layer: ``x_{l+1} = x0 * (U_l (V_l x_l) + b_l) + x_l`` with V_l (rank x width) and
+    U_l (width x rank). Output (B, (F + 1) D).
+
+    Args:
+        num_sparse_features: F.
+        embedding_dim: D.
+        num_layers: cross layers.
+        rank: low rank of each layer's weight.
+    """
+
+    def __init__(self, num_sparse_features: int, embedding_dim: int, num_layers: int = 2, rank: int = 16) -> None:
+        super().__init__()
+        if num_layers < 1 or rank < 1:
+            raise ValueError(f"DCNv2 needs num_layers >= 1 and rank >= 1, got {num_layers}, {rank}")
+        width = (num_sparse_features + 1) * embedding_dim
+        self.down = nn.ModuleList(nn.Linear(width, rank, bias=False) for _ in range(num_layers))
+        self.up = nn.ModuleList(nn.Linear(rank, width) for _ in range(num_layers))
+        self.width = width
+
+    def output_width(self, embedding_dim: int) -> int:
+        return self.width
+
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        x0 = torch.cat([dense.unsqueeze(1), sparse], dim=1).flatten(1)  # (B, (F + 1) D)
+        x = x0
+        for down, up in zip(self.down, self.up):
+            x = x0 * up(down(x)) + x
+        return x
+
+
+class OverArch(nn.Module):
+    """Top MLP: (B, I) -> (B,) logits; ReLU between layers, the last layer (width 1) linear.
+
+    Args:
+        in_features: I.
+        layer_sizes: hidden widths before the final (H -> 1) layer.
+    """
+
+    def __init__(self, in_features: int, layer_sizes: Sequence[int]) -> None:
+        super().__init__()
+        self.mlp = _mlp(in_features, [*layer_sizes, 1], last_activation=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mlp(x).squeeze(1)
+
+
+class DLRM(nn.Module):
+    """DLRM: bottom MLP on dense features, embeddings of sparse ones, an interaction and a top MLP.
+
+    Args:
+        num_dense: Dd, dense features per sample.
+        tables: embedding tables (one width D for all).
+        dense_layers: bottom MLP widths; the last must be D.
+        over_layers: top MLP hidden widths (a final layer to one logit is added).
+        interaction: ``dot`` (pairwise dots, `InteractionArch`) or ``dcn`` (`DCNv2Arch`).
+        dcn_layers: DCNv2 cross layers.
+        dcn_rank: DCNv2 low rank.
+        embedding_optimizer: the embedding core's fused optimizer (``none``: tables are parameters
+            for the dense optimizer).
+        embedding_lr: its learning rate.
+        pad_to_bytes: the core's row padding.
+        seed: seeds the tables' initial weights (the MLPs follow torch's global seed).
+
+    Example:
+        >>> model = DLRM(2, [TableConfig("city", 10, 4)], dense_layers=[8, 4], over_layers=[8])
+        >>> model(torch.randn(3, 2), SparseFeatures.from_dense({"city": torch.tensor([1, 2, 3])})).shape
+        torch.Size([3])
+    """
+
+    def __init__(
+        self,
+        num_dense: int,
+        tables: Sequence[TableConfig],
+        dense_layers: Sequence[int] = (64, 16),
+        over_layers: Sequence[int] = (128, 64),
+        interaction: Literal["dot", "dcn"] = "dot",
+        dcn_layers: int = 2,
+        dcn_rank: int = 16,
+        embedding_optimizer: Literal["none", "sgd", "adagrad_rowwise"] = "none",
+        embedding_lr: float = 0.01,
+        pad_to_bytes: int | None = 16,
+        seed: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.sparse_arch = SparseArch(tables, embedding_optimizer, embedding_lr, pad_to_bytes, seed)
+        d = self.sparse_arch.embedding_dim
+        if not dense_layers or dense_layers[-1] != d:
+            raise ValueError(
+                f"the bottom MLP must end at the embedding width {d} (the dot interaction multiplies them), "
+                f"got dense_layers={list(dense_layers)}; make its last entry {d}"
+            )
+        n_sparse = len(self.sparse_arch.feature_names)
+        self.dense_arch = DenseArch(num_dense, dense_layers)
+        if interaction == "dot":
+            self.interaction = InteractionArch(n_sparse)
+        elif interaction == "dcn":
+            self.interaction = DCNv2Arch(n_sparse, d, dcn_layers, dcn_rank)
+        else:
+            raise ValueError(f"interaction must be 'dot' or 'dcn', got {interaction!r}")
+        self.over_arch = OverArch(self.interaction.output_width(d), over_layers)
+        self.num_dense = num_dense
+
+    def forward(self, dense: torch.Tensor, sparse: SparseFeatures) -> torch.Tensor:
+        """Logits (B,) from dense features (B, Dd) and the sparse features of the same B samples."""
+        if dense.dim() != 2 or dense.shape[1] != self.num_dense:
+            raise ValueError(f"dense features must be (B, {self.num_dense}), got shape {tuple(dense.shape)}")
+        if sparse.batch_size != dense.shape[0]:
+            raise ValueError(f"sparse features hold {sparse.batch_size} samples, dense {dense.shape[0]}")
+        x = self.dense_arch(dense)  # (B, D)
+        e = self.sparse_arch(sparse).to(x.dtype)  # (B, F, D)
+        return self.over_arch(self.interaction(x, e))

@@ -1,0 +1,237 @@
+"""`DLRMTask`: training and evaluation of a `DLRM` scorer on ranking rows (e.g. trivago click-outs).
+
+Loss: binary cross-entropy on logits. Evaluation, for validation and test: AUC over all rows,
+log-loss, and per query (a click-out and its shown hotels) the reciprocal rank of the clicked row
+(MRR) and whether it is in the top k (recall@k). Queries without a click are left out of MRR and
+recall (in trivago one click-out of 13,597 clicked a hotel that was not shown). The reference
+rankers the batches carry (``position``: as displayed; ``popularity``: training clicks) are scored
+on the same rows with the same metrics, logged as ``{stage}/{ranker}/{metric}``.
+
+Shape letters: B batch rows, G queries in a batch, Dd dense features.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Literal
+
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torchmetrics import Metric
+
+from sessrec.data.ranking import RankingBatch
+from sessrec.embeddings import TableConfig
+from sessrec.models.dlrm import DLRM
+
+
+def binary_auc(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """ROC AUC (Mann-Whitney U) with tied scores counted half; NaN when one class is absent.
+
+    Example:
+        >>> float(binary_auc(torch.tensor([0.1, 0.4, 0.35, 0.8]), torch.tensor([0., 0., 1., 1.])))
+        0.75
+    """
+    scores, labels = scores.double().flatten(), labels.flatten() > 0.5
+    n_pos, n_neg = int(labels.sum()), int((~labels).sum())
+    if n_pos == 0 or n_neg == 0:
+        return torch.tensor(float("nan"), dtype=torch.float64)
+    sorted_scores, order = scores.sort()
+    _, inverse, counts = torch.unique_consecutive(sorted_scores, return_inverse=True, return_counts=True)
+    ends = counts.cumsum(0).double()
+    midrank = (ends - (counts.double() - 1) / 2)[inverse]  # 1-based average rank of each tie block
+    ranks = torch.empty_like(midrank)
+    ranks[order] = midrank
+    return (ranks[labels].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
+
+
+def clicked_ranks(scores: torch.Tensor, labels: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    """1-based pessimistic rank of each clicked row within its group: 1 + other rows scoring at least as high.
+
+    Args:
+        scores: (B,) scores.
+        labels: (B,) 1 for a clicked row.
+        groups: (B,) query id of each row (queries need not be contiguous).
+
+    Returns:
+        (C,) float64 ranks, one per clicked row; queries without a click contribute nothing.
+
+    Example:
+        >>> clicked_ranks(torch.tensor([3., 1., 2., 5., 5.]), torch.tensor([0, 0, 1, 1, 0]), torch.tensor([0, 0, 0, 1, 1])).tolist()
+        [2.0, 2.0]
+    """
+    _, local = torch.unique(groups, return_inverse=True)  # (B,) query index 0..G-1
+    clicked = torch.nonzero(labels > 0.5).squeeze(1)  # (C,)
+    target = scores[clicked]
+    # rows of the same query as each click, scoring at least as high: a (C, B) comparison within the batch
+    same = local.unsqueeze(0) == local[clicked].unsqueeze(1)
+    at_least = (same & (scores.unsqueeze(0) >= target.unsqueeze(1))).sum(dim=1)
+    return at_least.double()
+
+
+class RankingMetrics(Metric):
+    """AUC, log-loss (for logits), MRR and recall@k of clicked rows within their queries.
+
+    Queries must not be split across ``update`` calls (the evaluation loader cuts batches at
+    query boundaries).
+    """
+
+    full_state_update = False
+
+    def __init__(self, ks: list[int] = [1, 5, 20], logits: bool = True) -> None:  # noqa: B006 - read only
+        super().__init__()
+        self.ks, self.logits = sorted(set(ks)), logits
+        self.add_state("scores", default=[], dist_reduce_fx="cat")
+        self.add_state("labels", default=[], dist_reduce_fx="cat")
+        self.add_state("rr", default=torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("hits", default=torch.zeros(len(self.ks), dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("queries", default=torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+
+    def update(self, scores: torch.Tensor, labels: torch.Tensor, groups: torch.Tensor) -> None:  # type: ignore[override]
+        scores = scores.detach().float()
+        ranks = clicked_ranks(scores, labels, groups)
+        ks = torch.tensor(self.ks, dtype=torch.float64, device=ranks.device)
+        self.rr += (1.0 / ranks).sum()
+        self.hits += (ranks.unsqueeze(0) <= ks.unsqueeze(1)).sum(dim=1)
+        self.queries += ranks.numel()
+        self.scores.append(scores)
+        self.labels.append(labels.detach().float())
+
+    def compute(self) -> dict[str, torch.Tensor]:  # type: ignore[override]
+        scores = torch.cat(self.scores) if isinstance(self.scores, list) else self.scores
+        labels = torch.cat(self.labels) if isinstance(self.labels, list) else self.labels
+        n = self.queries.clamp(min=1.0)
+        out = {"auc": binary_auc(scores, labels).float(), "mrr": (self.rr / n).float()}
+        if self.logits:
+            out["logloss"] = F.binary_cross_entropy_with_logits(scores, labels)
+        for i, k in enumerate(self.ks):
+            out[f"recall@{k}"] = (self.hits[i] / n).float()
+        return out
+
+
+class DLRMTask(pl.LightningModule):
+    """Click prediction with a `DLRM`, evaluated as a ranking of each query's rows.
+
+    Args:
+        cardinalities: rows of each sparse feature's table; linked from the data module
+            (``data.cardinalities``).
+        num_dense: dense features per row; linked from the data module (``data.num_dense``).
+        embedding_dim: D, width of every table (and the bottom MLP's output).
+        dense_layers: bottom MLP widths; the last must be `embedding_dim`.
+        over_layers: top MLP hidden widths.
+        interaction: ``dot`` or ``dcn`` (DCNv2 low-rank cross layers).
+        dcn_layers: DCNv2 cross layers.
+        dcn_rank: DCNv2 low rank.
+        optimizer: the dense optimizer of the MLPs (and of the tables when `embedding_optimizer` is ``none``).
+        lr: its learning rate.
+        weight_decay: its weight decay (never on tables nor biases).
+        embedding_optimizer: ``adagrad_rowwise`` or ``sgd``: tables updated by the embedding core's
+            fused update during backward, never seen by the dense optimizer; ``none``: tables are
+            plain parameters of the dense optimizer.
+        embedding_lr: the fused optimizer's learning rate.
+        compile: ``torch.compile`` the dense parts (bottom MLP, interaction, top MLP); the table
+            lookup stays eager (its fused update runs inside autograd's backward).
+        ks: cut-offs of recall@k within a query.
+        seed: seeds the tables' initial weights.
+    """
+
+    def __init__(
+        self,
+        cardinalities: dict[str, int] = {},  # noqa: B006 - linked from the data module, read only
+        num_dense: int = 0,
+        embedding_dim: int = 16,
+        dense_layers: list[int] = [64, 16],  # noqa: B006 - read only
+        over_layers: list[int] = [128, 64],  # noqa: B006 - read only
+        interaction: Literal["dot", "dcn"] = "dot",
+        dcn_layers: int = 2,
+        dcn_rank: int = 16,
+        optimizer: Literal["adam", "adamw"] = "adam",
+        lr: float = 1e-3,
+        weight_decay: float = 0.0,
+        embedding_optimizer: Literal["adagrad_rowwise", "sgd", "none"] = "adagrad_rowwise",
+        embedding_lr: float = 0.05,
+        compile: bool = False,
+        ks: list[int] = [1, 5, 20],  # noqa: B006 - read only
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        if not cardinalities or num_dense < 1:
+            raise ValueError(
+                "DLRMTask needs the sparse features' cardinalities and num_dense >= 1; in a recipe they are "
+                f"linked from the data module (got cardinalities={cardinalities}, num_dense={num_dense})"
+            )
+        self.save_hyperparameters()
+        tables = [TableConfig(name, int(rows), embedding_dim) for name, rows in cardinalities.items()]
+        self.model = DLRM(
+            num_dense, tables, dense_layers, over_layers, interaction, dcn_layers, dcn_rank,
+            embedding_optimizer=embedding_optimizer, embedding_lr=embedding_lr, seed=seed,
+        )
+        if compile:  # in place: parameter names, hence checkpoints, are the same as without
+            for part in (self.model.dense_arch, self.model.interaction, self.model.over_arch):
+                part.compile()
+        self.metrics = nn.ModuleDict({stage: RankingMetrics(ks) for stage in ("val", "test")})
+        self.baseline_metrics = nn.ModuleDict({
+            f"{stage}_{name}": RankingMetrics(ks, logits=False)
+            for stage in ("val", "test") for name in ("position", "popularity")
+        })
+        self._fit_start: float | None = None
+
+    def forward(self, batch: RankingBatch) -> torch.Tensor:
+        return self.model(batch.dense, batch.sparse)  # (B,) logits
+
+    def _step(self, batch: RankingBatch, stage: str) -> torch.Tensor:
+        logits = self(batch)
+        loss = F.binary_cross_entropy_with_logits(logits.float(), batch.labels)
+        self.log(f"{stage}/loss", loss, prog_bar=stage == "train", batch_size=len(batch))
+        if stage != "train":
+            self.metrics[stage].update(logits, batch.labels, batch.groups)
+            for name, scores in batch.baselines.items():
+                key = f"{stage}_{name}"
+                if key in self.baseline_metrics:
+                    self.baseline_metrics[key].update(scores, batch.labels, batch.groups)
+        return loss
+
+    def training_step(self, batch: RankingBatch, batch_idx: int) -> torch.Tensor:
+        return self._step(batch, "train")
+
+    def validation_step(self, batch: RankingBatch, batch_idx: int) -> torch.Tensor:
+        return self._step(batch, "val")
+
+    def test_step(self, batch: RankingBatch, batch_idx: int) -> torch.Tensor:
+        return self._step(batch, "test")
+
+    def on_fit_start(self) -> None:
+        self._fit_start = time.monotonic()
+
+    def _log_metrics(self, stage: str) -> None:
+        shown = []
+        for name, metric in [("dlrm", self.metrics[stage])] + [
+            (key.split("_", 1)[1], m) for key, m in self.baseline_metrics.items() if key.startswith(f"{stage}_")
+        ]:
+            if not metric.update_count:
+                continue
+            values = metric.compute()
+            prefix = f"{stage}/" if name == "dlrm" else f"{stage}/{name}/"
+            self.log_dict({prefix + k: v for k, v in values.items()})
+            metric.reset()
+            shown.append(f"{name}: " + " ".join(f"{k}={float(v):.4f}" for k, v in values.items()))
+        if shown and not self.trainer.sanity_checking:
+            elapsed = "" if self._fit_start is None else f" ({time.monotonic() - self._fit_start:.0f} s)"
+            self.print(f"[{stage}] epoch {self.current_epoch} step {self.global_step}{elapsed}: " + " | ".join(shown))
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_metrics("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_metrics("test")
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        tables = {id(p) for p in self.model.sparse_arch.parameters()}  # empty with a fused optimizer
+        decay = [p for p in self.parameters() if id(p) not in tables and p.dim() >= 2]
+        rest = [p for p in self.parameters() if id(p) not in tables and p.dim() < 2]
+        groups = [{"params": decay, "weight_decay": self.hparams.weight_decay}, {"params": rest, "weight_decay": 0.0}]
+        if tables:
+            groups.append({"params": list(self.model.sparse_arch.parameters()), "weight_decay": 0.0})
+        cls = torch.optim.AdamW if self.hparams.optimizer == "adamw" else torch.optim.Adam
+        return cls(groups, lr=self.hparams.lr)

@@ -46,30 +46,42 @@ def padded_width(dim: int, pad_to_bytes: int | None, element_size: int = 4) -> i
 
 
 def sparse_update(
-    weight: torch.Tensor, momentum: torch.Tensor | None, rows: torch.Tensor, grads: torch.Tensor,
+    weight: torch.Tensor, momentum: torch.Tensor | None, rows: torch.Tensor, grad: torch.Tensor,
     optimizer: str, lr: float, eps: float, row_dim: torch.Tensor | float,
+    bags: torch.Tensor | None = None, per_sample_weights: torch.Tensor | None = None,
 ) -> None:
     """Apply SGD or row-wise Adagrad in place to the rows touched by one batch.
 
+    The gradient of each distinct row is summed over its occurrences first (ids sorted, then one
+    sum-pooled `embedding_bag` over the gradient rows, one bag per distinct row), so duplicates
+    accumulate, and each touched row is read and written once (`index_select`, `index_copy_`).
+
     Args:
         weight: (R, P) weights, updated in place.
-        momentum: (R,) row-wise Adagrad state (sum over steps of the mean squared gradient of the
-            row), updated in place; unused by SGD.
+        momentum: (R,) row-wise Adagrad state (the sum over steps of the mean squared gradient of
+            the row), updated in place; unused by SGD.
         rows: (T,) row of each id, duplicates allowed.
-        grads: (T, P) gradient of each id occurrence; duplicates are summed before the update.
+        grad: (T, P) gradient of each id occurrence, or (bags, P) per bag when ``bags`` is given.
+        optimizer: ``sgd`` or ``adagrad_rowwise``.
         row_dim: the true width D that the mean squared gradient divides by (padding columns carry
             zero gradient): a float, or a (R,) tensor when widths differ inside the weight.
+        bags: optional (T,) bag of each id: occurrence t takes gradient ``grad[bags[t]]``.
+        per_sample_weights: optional (T,) weight of each id occurrence (scales its gradient).
     """
+    sorted_rows, order = rows.sort()
+    unique, counts = torch.unique_consecutive(sorted_rows, return_counts=True)  # (U,), (U,)
+    starts = torch.cat([counts.new_zeros(1), counts.cumsum(0)[:-1]])
+    source = order if bags is None else bags[order]
+    psw = None if per_sample_weights is None else per_sample_weights[order]
+    summed = F.embedding_bag(source, grad, starts, mode="sum", per_sample_weights=psw)  # (U, P)
     if optimizer == "sgd":
-        weight.index_add_(0, rows, grads, alpha=-lr)  # index_add_ accumulates duplicate rows
-        return
-    unique, inverse = torch.unique(rows, return_inverse=True)  # (U,), (T,)
-    summed = grads.new_zeros(unique.numel(), grads.shape[1]).index_add_(0, inverse, grads)  # (U, P)
-    dims = row_dim[unique] if isinstance(row_dim, torch.Tensor) else row_dim
-    state = momentum.index_select(0, unique) + summed.pow(2).sum(1) / dims  # (U,)
-    momentum.index_copy_(0, unique, state)
-    scale = lr / (state.sqrt() + eps)  # (U,)
-    weight.index_add_(0, unique, summed * scale.unsqueeze(1), alpha=-1.0)
+        step = summed.mul_(lr)
+    else:
+        dims = row_dim[unique] if isinstance(row_dim, torch.Tensor) else row_dim
+        state = momentum.index_select(0, unique).add_(summed.pow(2).sum(1) / dims)  # (U,)
+        momentum.index_copy_(0, unique, state)
+        step = summed.mul_((lr / (state.sqrt_() + eps)).unsqueeze(1))
+    weight.index_copy_(0, unique, weight.index_select(0, unique).sub_(step))
 
 
 class _FusedLookup(torch.autograd.Function):
@@ -91,16 +103,14 @@ class _FusedLookup(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):  # grad: (bags, P)
         rows, offsets, psw = ctx.saved_tensors
-        bags = grad.shape[0]
-        if rows.numel() == bags and int(offsets[-1]) == bags and torch.equal(offsets[1:] - offsets[:-1], torch.ones_like(offsets[1:])):
-            grads = grad.contiguous()  # one id per bag: bag b is id b
-        else:
-            bag = torch.repeat_interleave(torch.arange(bags, device=grad.device), offsets.diff(), output_size=rows.numel())
-            grads = grad.index_select(0, bag)  # (T, P)
-        if psw is not None:
-            grads = grads * psw.unsqueeze(1)
+        n = grad.shape[0]
+        one_per_bag = rows.numel() == n and bool((offsets.diff() == 1).all())
+        bags = None if one_per_bag else torch.repeat_interleave(
+            torch.arange(n, device=grad.device), offsets.diff(), output_size=rows.numel()
+        )  # (T,) bag of each id; None: id t is bag t
         with torch.no_grad():
-            sparse_update(ctx.weight, ctx.momentum, rows, grads, ctx.optimizer, ctx.lr, ctx.eps, ctx.row_dim)
+            sparse_update(ctx.weight, ctx.momentum, rows, grad.contiguous(), ctx.optimizer, ctx.lr, ctx.eps,
+                          ctx.row_dim, bags, psw)
         return (None,) * 10
 
 
@@ -259,11 +269,13 @@ class FusedEmbeddingBagCollection(nn.Module):
                     self._anchor, weight, getattr(self, f"momentum_{g}", None), rows, offsets,
                     None if weights is None else weights.to(weight.dtype), self.optimizer, self.lr, self.eps, row_dim,
                 )
-            out = out.view(len(feats), b, -1)  # (F_g, B, P)
+            # unbind, not out[j]: one backward node that stacks the gradients, instead of one
+            # zero-filled (F_g, B, P) gradient per feature
+            per_bag = out.view(len(feats), b, -1).unbind(0)  # F_g x (B, P)
             lengths = lengths.view(len(feats), b)
             for j, f in enumerate(feats):
                 table = self._feature_table[f]
-                x = out[j, :, :table.embedding_dim]  # (B, D)
+                x = per_bag[j] if table.embedding_dim == out.shape[1] else per_bag[j][:, :table.embedding_dim]  # (B, D)
                 if table.pooling == "mean":
                     x = x / lengths[j].clamp(min=1).unsqueeze(1).to(x.dtype)
                 pooled[f] = x

@@ -5,7 +5,15 @@ import pytest
 import torch
 from torch import nn
 
-from sessrec.embeddings import FusedEmbeddingBagCollection, SparseFeatures, TableConfig
+from sessrec.embeddings import (
+    DynamicEmbeddingBag,
+    FrequencyCap,
+    FusedEmbeddingBagCollection,
+    HybridEmbeddingBag,
+    IdHasher,
+    SparseFeatures,
+    TableConfig,
+)
 
 torch.set_num_threads(1)
 
@@ -250,3 +258,157 @@ def test_collection_config_errors():
         FusedEmbeddingBagCollection([TableConfig("a", 3, 4, feature_names=("x",)), TableConfig("b", 3, 4, feature_names=("x",))])
     with pytest.raises(ValueError, match="optimizer"):
         FusedEmbeddingBagCollection([TableConfig("a", 3, 4)], optimizer="adam")
+
+
+# --- hashing and frequency capping -------------------------------------------------------------
+
+def fmix64_reference(ids, seed):
+    """Python big-int reference of the documented hash (fmix64 of id + seed * golden, floor modulo)."""
+    mask = 2**64 - 1
+    out = []
+    for i in ids:
+        x = (i + seed * 0x9E3779B97F4A7C15) & mask
+        x ^= x >> 33
+        x = (x * 0xFF51AFD7ED558CCD) & mask
+        x ^= x >> 33
+        x = (x * 0xC4CEB9FE1A85EC53) & mask
+        x ^= x >> 33
+        out.append(x - 2**64 if x >= 2**63 else x)
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 7])
+def test_hash_matches_the_documented_formula(seed):
+    ids = [0, 1, 2, -5, 2**62, 10**15, -(2**63)]
+    hashed = IdHasher(1000, seed=seed)(torch.tensor(ids))
+    assert hashed.tolist() == [h % 1000 for h in fmix64_reference(ids, seed)]
+    assert hashed.min() >= 0 and hashed.max() < 1000
+    spread = IdHasher(64)(torch.arange(64_000)).bincount(minlength=64)
+    assert spread.min() > 800 and spread.max() < 1200  # roughly uniform over buckets
+    with pytest.raises(TypeError, match="integer"):
+        IdHasher(10)(torch.tensor([1.5]))
+
+
+def test_frequency_cap_fit_update_and_round_trip():
+    cap = FrequencyCap(min_count=2).fit(torch.tensor([5, 9, 5, 42, 9, 9]))
+    assert cap.num_embeddings == 3 and cap(torch.tensor([[9, 5], [42, 7]])).tolist() == [[2, 1], [0, 0]]
+    cap.update(torch.tensor([42, 3]))  # 42 now seen twice
+    assert cap(torch.tensor([5, 9, 42, 3])).tolist() == [1, 2, 3, 0]
+    restored = FrequencyCap.from_state_dict(cap.state_dict())
+    assert restored(torch.tensor([5, 9, 42, 3])).tolist() == [1, 2, 3, 0] and restored.min_count == 2
+    top = FrequencyCap(max_rows=3).fit(torch.tensor([1, 1, 2, 2, 3, 3, 3, 4]))  # 3 most, then tie 1/2 -> 1
+    assert top.keys.tolist() == [1, 3] and top(torch.tensor([1, 2, 3, 4])).tolist() == [1, 0, 2, 0]
+
+
+# --- dynamic tables ------------------------------------------------------------------------------
+
+def test_dynamic_grows_by_doubling_and_loses_no_update():
+    table = DynamicEmbeddingBag(3, initial_capacity=2, max_capacity=64, lr=0.5, seed=0)
+    table(torch.tensor([[100], [200]])).sum().backward()  # sum pooling: gradient ones -> each row moves by -0.5
+    first = table.embedding(torch.tensor([100, 200])).clone()
+    state = table.state_dict()
+    out = table(torch.tensor([[100, 1], [2, 3], [4, 200]]))  # 4 new keys: 2 -> 4 -> 8 rows
+    assert table.capacity == 8 and table.num_keys == 6
+    torch.testing.assert_close(out[0] - table.embedding(torch.tensor(1)), first[0])  # old row kept across growth
+    out.sum().backward()
+    torch.testing.assert_close(table.embedding(torch.tensor([100, 200])), first - 0.5)  # update after growth applied
+    assert table.counts[table.lookup(torch.tensor([100, 200, 3]))[0]].tolist() == [2, 2, 1]
+    again = DynamicEmbeddingBag(3, initial_capacity=2, max_capacity=64, lr=0.5, seed=5)
+    again.load_state_dict(state)  # a saved table of another size loads
+    torch.testing.assert_close(again.embedding(torch.tensor([100, 200])), first)
+
+
+def test_dynamic_adagrad_state_survives_growth():
+    table = DynamicEmbeddingBag(2, initial_capacity=1, max_capacity=16, optimizer="adagrad_rowwise", lr=0.1, seed=0)
+    table(torch.tensor([[7]])).sum().backward()
+    assert table.momentum[table.lookup(torch.tensor(7))[0]].item() == pytest.approx(1.0)
+    table(torch.tensor([[7], [8], [9]])).sum().backward()
+    rows = table.lookup(torch.tensor([7, 8]))[0]
+    torch.testing.assert_close(table.momentum[rows], torch.tensor([2.0, 1.0]))
+
+
+def test_dynamic_evicts_the_least_frequent_rows_deterministically():
+    table = DynamicEmbeddingBag(2, initial_capacity=4, max_capacity=4, seed=0)
+    with torch.no_grad():
+        table(torch.tensor([[1, 1, 1], [2, 2, 3], [4, 4, 4]]))  # counts: 1->3, 2->2, 3->1, 4->3
+        row_of_3 = int(table.lookup(torch.tensor(3))[0])
+        table(torch.tensor([[5]]))  # full: evict key 3 (count 1)
+        assert table.lookup(torch.tensor([1, 2, 3, 4, 5]))[1].tolist() == [True, True, False, True, True]
+        assert int(table.lookup(torch.tensor(5))[0]) == row_of_3 and table.capacity == 4
+        table(torch.tensor([[6]]))  # counts now 1->3, 2->2, 4->3, 5->1: evict 5
+        assert table.lookup(torch.tensor([2, 5, 6]))[1].tolist() == [True, False, True]
+        table(torch.tensor([[7, 8]]))  # 6 (count 1) and 2 (count 2) go
+        assert sorted(table.sorted_keys.tolist()) == [1, 4, 7, 8]
+        with pytest.raises(ValueError, match="max_capacity=4"):
+            table(torch.tensor([[10, 11, 12, 13, 14]]))
+
+
+def test_dynamic_is_deterministic_for_a_seed_and_eval_ignores_unknown_keys():
+    def run(seed):
+        table = DynamicEmbeddingBag(4, initial_capacity=2, max_capacity=8, pooling="mean", seed=seed)
+        g = torch.Generator().manual_seed(1)
+        for _ in range(5):
+            table(torch.randint(0, 20, (2, 3), generator=g)).pow(2).sum().backward()
+        return table
+
+    a, b, c = run(0), run(0), run(1)
+    assert torch.equal(a.weight, b.weight) and torch.equal(a.sorted_keys, b.sorted_keys)
+    assert not torch.equal(a.weight, c.weight)
+    a.eval()
+    key = int(a.sorted_keys[0])
+    unknown = int(torch.arange(100).masked_select(~torch.isin(torch.arange(100), a.sorted_keys))[0])
+    out = a(torch.tensor([[key, unknown], [unknown, unknown]]))
+    torch.testing.assert_close(out[0], a.embedding(torch.tensor(key)))  # mean over the known key only
+    assert (out[1] == 0).all() and a.num_keys == a.capacity == 8  # full: rows were evicted
+
+
+# --- hybrid placement ----------------------------------------------------------------------------
+
+def check_hybrid_matches_plain(device):
+    counts = torch.tensor([5, 0, 9, 1, 9, 3, 0, 2, 7, 4], dtype=torch.float)  # hot: 2, 4 (tie: lower first), 8
+    ids = torch.tensor([[2, 1, 4], [6, 6, 0], [8, 3, 8], [9, 7, 5]])
+    w = torch.rand(ids.shape)
+    for pooling in ("sum", "mean"):
+        hybrid = HybridEmbeddingBag(10, 4, num_hot=3, counts=counts, pooling=pooling, device=device, seed=0)
+        assert hybrid.hot_ids.tolist() == [2, 4, 8] and hybrid.cold_weight.device.type == "cpu"
+        plain = nn.EmbeddingBag.from_pretrained(hybrid.full_weight().detach().cpu().clone(), mode=pooling, freeze=False)
+        for psw in (None, w) if pooling == "sum" else (None,):
+            out = hybrid(ids.to(device), per_sample_weights=None if psw is None else psw.to(device))
+            ref = plain(ids, per_sample_weights=psw)
+            torch.testing.assert_close(out.cpu(), ref)
+        flat, offsets = torch.tensor([2, 1, 9, 9]), torch.tensor([0, 0, 3])  # an empty first bag
+        torch.testing.assert_close(hybrid(flat.to(device), offsets.to(device)).cpu(), plain(flat, offsets))
+        hybrid.zero_grad()
+        plain.zero_grad()
+        (hybrid(ids.to(device)).cpu() * torch.arange(12.0).view(3, 4).repeat(2, 1)[:4]).sum().backward()
+        (plain(ids) * torch.arange(12.0).view(3, 4).repeat(2, 1)[:4]).sum().backward()
+        grad = torch.zeros(10, 4)
+        grad[hybrid.hot_ids.cpu()] = hybrid.hot_weight.grad.cpu()
+        grad[hybrid.cold_ids.cpu()] = hybrid.cold_weight.grad
+        torch.testing.assert_close(grad, plain.weight.grad)
+
+
+def test_hybrid_lookup_equals_a_plain_table_on_cpu():
+    check_hybrid_matches_plain("cpu")
+    bag = HybridEmbeddingBag(10, 4, num_hot=2, seed=0)
+    with pytest.raises(ValueError, match="id 10 out of range for a table of 10 rows"):
+        bag(torch.tensor([[1, 10]]))
+    with pytest.raises(TypeError, match="int64"):
+        bag(torch.tensor([[1.0]]))
+
+
+@pytest.mark.gpu
+def test_hybrid_lookup_equals_a_plain_table_on_cuda():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    check_hybrid_matches_plain("cuda")
+    assert HybridEmbeddingBag(10, 4, num_hot=2, device="cuda").cold_weight.is_pinned()
+
+
+def test_public_api():
+    import sessrec.embeddings as emb
+
+    assert sorted(emb.__all__) == sorted(
+        ["DynamicEmbeddingBag", "FrequencyCap", "FusedEmbeddingBagCollection", "HybridEmbeddingBag", "IdHasher",
+         "SparseFeatures", "TableConfig", "hash_ids"]
+    )

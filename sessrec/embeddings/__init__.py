@@ -5,7 +5,13 @@ Plain PyTorch (no Lightning); TorchRec is optional and imported only where it is
 """
 
 from sessrec.embeddings.config import TableConfig
+from sessrec.embeddings.dynamic import DynamicEmbeddingBag
 from sessrec.embeddings.fused import FusedEmbeddingBagCollection
+from sessrec.embeddings.hashing import FrequencyCap, IdHasher, hash_ids
+from sessrec.embeddings.hybrid import HybridEmbeddingBag
 from sessrec.embeddings.jagged import SparseFeatures
 
-__all__ = ["FusedEmbeddingBagCollection", "SparseFeatures", "TableConfig"]
+__all__ = [
+    "DynamicEmbeddingBag", "FrequencyCap", "FusedEmbeddingBagCollection", "HybridEmbeddingBag", "IdHasher",
+    "SparseFeatures", "TableConfig", "hash_ids",
+]

@@ -92,8 +92,8 @@ class _FusedLookup(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, anchor, weight, momentum, rows, offsets, per_sample_weights, optimizer, lr, eps, row_dim):
-        ctx.weight, ctx.momentum = weight, momentum  # updated in place in backward, so not saved
+    def forward(ctx, anchor, weight, state, rows, offsets, per_sample_weights, optimizer, lr, eps, row_dim):
+        ctx.state = state  # () -> (weight, momentum) at backward time (a dynamic table may have grown)
         ctx.optimizer, ctx.lr, ctx.eps, ctx.row_dim = optimizer, lr, eps, row_dim
         ctx.save_for_backward(rows, offsets, per_sample_weights)
         return F.embedding_bag(
@@ -109,7 +109,8 @@ class _FusedLookup(torch.autograd.Function):
             torch.arange(n, device=grad.device), offsets.diff(), output_size=rows.numel()
         )  # (T,) bag of each id; None: id t is bag t
         with torch.no_grad():
-            sparse_update(ctx.weight, ctx.momentum, rows, grad.contiguous(), ctx.optimizer, ctx.lr, ctx.eps,
+            weight, momentum = ctx.state()
+            sparse_update(weight, momentum, rows, grad.contiguous(), ctx.optimizer, ctx.lr, ctx.eps,
                           ctx.row_dim, bags, psw)
         return (None,) * 10
 
@@ -214,6 +215,10 @@ class FusedEmbeddingBagCollection(nn.Module):
         """(R, P) the shared weight of width group ``group``."""
         return getattr(self, f"weight_{group}")
 
+    def _state_of(self, group: int):
+        """() -> (weight, momentum) of a width group, read when backward runs."""
+        return lambda: (self.weight(group), getattr(self, f"momentum_{group}", None))
+
     def table_weight(self, name: str) -> torch.Tensor:
         """(num_embeddings, embedding_dim) view of table ``name``'s rows (without padding)."""
         table = next((t for t in self.tables if t.name == name), None)
@@ -266,7 +271,7 @@ class FusedEmbeddingBagCollection(nn.Module):
                 if row_dim is None:
                     row_dim = float(self._feature_table[feats[0]].embedding_dim)
                 out = _FusedLookup.apply(
-                    self._anchor, weight, getattr(self, f"momentum_{g}", None), rows, offsets,
+                    self._anchor, weight, self._state_of(g), rows, offsets,
                     None if weights is None else weights.to(weight.dtype), self.optimizer, self.lr, self.eps, row_dim,
                 )
             # unbind, not out[j]: one backward node that stacks the gradients, instead of one

@@ -7,7 +7,9 @@
 - `FrequencyCap` is fitted on observed ids: ids seen at least ``min_count`` times (optionally only
   the ``max_rows - 1`` most frequent, ties to the smaller id) get rows 1..K in id order; every
   other id, seen or not, shares the out-of-vocabulary row 0. Counts can be accumulated over many
-  batches (`update`) and the fitted state saved and restored as tensors (`state_dict`).
+  batches (`update`) and the fitted state saved and restored as tensors (`state_dict`). Rows
+follow id order, so refitting (``update`` after training started) can move existing ids to other
+rows: fit first, then train, or use a `DynamicEmbeddingBag` for vocabularies that keep growing.
 
 Both are vectorized (a sorted key array and `torch.searchsorted`, no Python dict) and keep the
 device of their input.

@@ -42,7 +42,6 @@ Example (from the repository root):
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import statistics
 import sys
@@ -59,7 +58,7 @@ def table_sizes(n: int, low: float, high: float, seed: int) -> list[int]:
     """``n`` log-uniform cardinalities in [low, high]."""
     g = torch.Generator().manual_seed(seed)
     exponents = torch.empty(n, dtype=torch.float64).uniform_(torch.tensor(low).log10().item(), torch.tensor(high).log10().item(), generator=g)
-    return [int(round(10 ** e)) for e in exponents.tolist()]
+    return [round(10 ** e) for e in exponents.tolist()]
 
 
 def power_law_ids(rows: int, count: int, alpha: float, g: torch.Generator) -> torch.Tensor:
@@ -116,7 +115,7 @@ def torchrec_forward(sizes: list[int], dim: int, features: SparseFeatures) -> Ca
     """TorchRec's unsharded EmbeddingBagCollection forward, or None when torchrec does not import."""
     try:
         import torchrec
-    except Exception as error:  # optional: any import failure (missing, fbgemm mismatch) skips it
+    except Exception as error:  # noqa: BLE001  optional: any import failure (missing, fbgemm mismatch) skips it
         print(f"torchrec not available ({type(error).__name__}: {error}); skipped", file=sys.stderr)
         return None
     configs = [
@@ -134,8 +133,8 @@ def torchrec_forward(sizes: list[int], dim: int, features: SparseFeatures) -> Ca
     return run
 
 
-def compare_hot(sizes: list[int], hot: int, args: argparse.Namespace) -> list[dict]:
-    """Forward (with memcpy and TorchRec) and training steps at one hotness; JSON records."""
+def compare_forward(sizes: list[int], hot: int, args: argparse.Namespace) -> dict:
+    """Forward of the three contenders and memcpy, interleaved; the JSON record."""
     features, per_table = make_batch(sizes, args.batch, hot, args.alpha, args.seed + hot)
     tables = [TableConfig(k, n, args.dim) for k, n in zip(features.keys, sizes)]
     torch.manual_seed(args.seed)
@@ -159,15 +158,14 @@ def compare_hot(sizes: list[int], hot: int, args: argparse.Namespace) -> list[di
     contenders["memcpy"] = lambda: dst.copy_(src)
     times = interleave(contenders, args, f"{hot}-hot forward")
     row_bytes = features.values.numel() * fused.widths[0] * 4
-    memcpy_s = statistics.median(times["memcpy"])
-    memcpy_rw = 2 * src.numel() * 4 / memcpy_s / 1e9
+    memcpy_rw = 2 * src.numel() * 4 / statistics.median(times["memcpy"]) / 1e9
+    speedup, spread = ratio(times["separate"], times["fused"])
     record = {
         "benchmark": "embedding", "pass": "forward", "hot": hot, "tables": len(sizes), "rows": sum(sizes),
         "dim": args.dim, "batch_size": args.batch, "alpha": args.alpha, "threads": args.threads,
         "repeats": args.repeats, "iters": args.iters,
         **{f"{name}_ms": median_ms(t) for name, t in times.items() if name != "memcpy"},
-        "fused_speedup_vs_separate": ratio(times["separate"], times["fused"])[0],
-        "fused_speedup_min_max": ratio(times["separate"], times["fused"])[1],
+        "fused_speedup_vs_separate": speedup, "fused_speedup_min_max": spread,
         "rows_MB": round(row_bytes / 1e6, 1),
         "memcpy_GBps": round(memcpy_rw, 2), "memcpy_copy_GBps": round(memcpy_rw / 2, 2),
     }
@@ -178,41 +176,37 @@ def compare_hot(sizes: list[int], hot: int, args: argparse.Namespace) -> list[di
             record[f"{name}_fraction_of_memcpy"] = round(gbps / memcpy_rw, 3)
     if "torchrec" in times:
         record["fused_speedup_vs_torchrec"] = ratio(times["torchrec"], times["fused"])[0]
-    records = [record]
-    del contenders, tr, src, dst
-    gc.collect()
+    return record
 
-    for opt in args.optimizers:
-        if opt == "adagrad":
-            del fused
-            gc.collect()
-            fused = FusedEmbeddingBagCollection(tables, optimizer="adagrad_rowwise", lr=args.lr, seed=args.seed)
-            outer = torch.optim.Adagrad(bags.parameters(), lr=args.lr)
-        else:
-            outer = torch.optim.SGD(bags.parameters(), lr=args.lr)
 
-        def separate_step(outer=outer):
-            outer.zero_grad(set_to_none=True)
-            sum(bag(ids, offsets).sum() for bag, (ids, offsets) in zip(bags, per_table)).backward()
-            outer.step()
+def compare_step(sizes: list[int], hot: int, opt: str, args: argparse.Namespace) -> dict:
+    """Forward + backward + optimizer step, separate bags vs fused core, interleaved; the JSON record."""
+    features, per_table = make_batch(sizes, args.batch, hot, args.alpha, args.seed + hot)
+    tables = [TableConfig(k, n, args.dim) for k, n in zip(features.keys, sizes)]
+    torch.manual_seed(args.seed)
+    bags = nn.ModuleList(nn.EmbeddingBag(n, args.dim, mode="sum", sparse=True) for n in sizes)
+    fused_opt = "adagrad_rowwise" if opt == "adagrad" else "sgd"
+    fused = FusedEmbeddingBagCollection(tables, optimizer=fused_opt, lr=args.lr, seed=args.seed)
+    optim_class = torch.optim.Adagrad if opt == "adagrad" else torch.optim.SGD
+    outer = optim_class(bags.parameters(), lr=args.lr)
 
-        def fused_step():
-            sum(o.sum() for o in fused(features).values()).backward()
+    def separate_step():
+        outer.zero_grad(set_to_none=True)
+        sum(bag(ids, offsets).sum() for bag, (ids, offsets) in zip(bags, per_table)).backward()
+        outer.step()
 
-        times = interleave({"separate": separate_step, "fused": fused_step}, args, f"{hot}-hot train {opt}")
-        speedup, spread = ratio(times["separate"], times["fused"])
-        records.append({
-            "benchmark": "embedding", "pass": "forward_backward_step", "hot": hot, "optimizer": opt,
-            "fused_optimizer": fused.optimizer, "tables": len(sizes), "rows": sum(sizes), "dim": args.dim,
-            "batch_size": args.batch, "threads": args.threads, "repeats": args.repeats, "iters": args.iters,
-            "separate_ms": median_ms(times["separate"]), "fused_ms": median_ms(times["fused"]),
-            "fused_speedup_vs_separate": speedup, "fused_speedup_min_max": spread,
-        })
-        del outer
-        gc.collect()
-    del fused, bags
-    gc.collect()
-    return records
+    def fused_step():
+        sum(o.sum() for o in fused(features).values()).backward()
+
+    times = interleave({"separate": separate_step, "fused": fused_step}, args, f"{hot}-hot train {opt}")
+    speedup, spread = ratio(times["separate"], times["fused"])
+    return {
+        "benchmark": "embedding", "pass": "forward_backward_step", "hot": hot, "optimizer": opt,
+        "fused_optimizer": fused_opt, "tables": len(sizes), "rows": sum(sizes), "dim": args.dim,
+        "batch_size": args.batch, "threads": args.threads, "repeats": args.repeats, "iters": args.iters,
+        "separate_ms": median_ms(times["separate"]), "fused_ms": median_ms(times["fused"]),
+        "fused_speedup_vs_separate": speedup, "fused_speedup_min_max": spread,
+    }
 
 
 def compare_padding(sizes: list[int], hot: int, args: argparse.Namespace) -> dict:
@@ -269,9 +263,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     sizes = table_sizes(args.tables, args.min_rows, args.max_rows, args.seed)
     print(f"{args.tables} tables, {sum(sizes):,} rows, {sum(sizes) * args.dim * 4 / 1e9:.2f} GB each copy", file=sys.stderr)
-    for hot in args.hot:
-        for record in compare_hot(sizes, hot, args):
-            print(json.dumps(record), flush=True)
+    for hot in args.hot:  # each comparison builds its own tables, freed when it returns
+        print(json.dumps(compare_forward(sizes, hot, args)), flush=True)
+        for opt in args.optimizers:
+            print(json.dumps(compare_step(sizes, hot, opt, args)), flush=True)
     if not args.no_padding:
         for hot in args.hot:
             print(json.dumps(compare_padding(sizes, hot, args)), flush=True)

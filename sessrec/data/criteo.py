@@ -4,7 +4,7 @@ Dense features are ``log(1 + x)`` of log-normal counts (Criteo's usual preproces
 ids follow a power law over each table (id rank r drawn with P(r) ~ (r + 1)^-alpha, then scattered
 over the table by a fixed bijection so hot ids are not all adjacent). Labels come from a hidden,
 seeded logistic model (dense weights plus a per-id weight of every categorical value), so a model
-can learn them; the bias is set for a click rate near `ctr`. Everything is vectorized and
+can learn them; the bias is set so the expected click rate is `ctr`. Everything is vectorized and
 deterministic for a seed.
 
 Shape letters: N samples, B batch, k ids per bag (multi-hot), F categorical features (26).
@@ -117,8 +117,11 @@ def generate_criteo(
         ids[f] = (rank * 2_654_435_761) % card if card > 1 else 0  # a bijection when card is not a multiple of that prime
         weight = (_hash_uniform(ids[f], seed * 131 + f) - 0.5) * 2.0 * signal  # (N, k) hidden per-id weights
         logit += weight.mean(axis=1)
-    # shift so the mean click probability is about `ctr`
-    bias = np.log(ctr / (1 - ctr)) - np.median(logit)
+    # the bias that makes the mean click probability `ctr` (bisection; the mean is monotone in it)
+    lo, hi = -30.0, 30.0
+    for _ in range(50):
+        bias = (lo + hi) / 2
+        lo, hi = (bias, hi) if np.mean(1.0 / (1.0 + np.exp(-(logit + bias)))) < ctr else (lo, bias)
     labels = (rng.random(num_samples) < 1.0 / (1.0 + np.exp(-(logit + bias)))).astype(np.float32)
     return CriteoLike(
         dense=torch.from_numpy(dense.astype(np.float32)),

@@ -469,10 +469,13 @@ class RankingLoader:
             self.cuts = None
         else:
             g = tensors.groups.numpy()
-            starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]]) if n else np.zeros(0, np.int64)
-            wanted = np.arange(0, n, batch_size)
-            cut = starts[np.maximum(np.searchsorted(starts, wanted, side="right") - 1, 0)] if n else wanted
-            self.cuts = np.unique(np.r_[cut, n]).tolist() if n else [0]
+            starts = np.r_[np.flatnonzero(np.r_[True, g[1:] != g[:-1]]), n] if n else np.zeros(1, np.int64)
+            self.cuts = [0]
+            while self.cuts[-1] < n:  # one step per batch: the last query start within batch_size rows
+                i = np.searchsorted(starts, self.cuts[-1] + batch_size, side="right") - 1
+                if starts[i] <= self.cuts[-1]:  # a query longer than a batch
+                    i = np.searchsorted(starts, self.cuts[-1], side="right")
+                self.cuts.append(int(starts[i]))
 
     def __len__(self) -> int:
         if self.cuts is not None:

@@ -1,0 +1,206 @@
+"""Trivago click-out ranking rows: hand-made log (labels, positions, price ranks, session context, no
+leakage), the real file against SOURCE.md, the fitted vocabulary, the loaders, and bad inputs."""
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from sessrec.data.ranking import (
+    DENSE_FEATURES,
+    ONE_HOT,
+    SPARSE_FEATURES,
+    ClickoutDataModule,
+    RankingLoader,
+    RankingVocab,
+    build_clickout_rows,
+    encode_rows,
+    split_by_time,
+)
+from sessrec.data.schema import SchemaError
+
+torch.set_num_threads(1)
+TRIVAGO = Path(__file__).resolve().parents[2] / "shared" / "data" / "trivago_rsc19_100k" / "trivago_val_100k.parquet.snappy"
+
+# (session, timestamp, step, action, reference, filters, impressions, prices)
+EVENTS = [
+    ("a", 100, 1, "interaction item image", "H2", None, None, None),
+    ("a", 110, 2, "filter selection", "4 Star", "4 Star", None, None),
+    ("a", 120, 3, "clickout item", "H2", "4 Star|Sort by Price", "H1|H2|H3", "100|50|75"),
+    ("a", 130, 4, "interaction item image", "H3", None, None, None),
+    ("a", 140, 5, "clickout item", "H3", None, "H3|H1|H2", "80|90|85"),
+    ("b", 200, 1, "clickout item", "H1", None, "H1|H4", "10|10"),
+    ("b", 210, 2, "interaction item info", "H4", None, None, None),  # after the click-out: must not leak
+]
+
+
+def log_table(events=EVENTS, order=None) -> pa.Table:
+    events = [events[i] for i in order] if order is not None else events
+    cols = list(zip(*events))
+    n = len(events)
+    return pa.table({
+        "user_id": ["u"] * n,
+        "session_id": list(cols[0]),
+        "timestamp": pa.array(cols[1], pa.int64()),
+        "step": pa.array(cols[2], pa.int64()),
+        "action_type": list(cols[3]),
+        "reference": list(cols[4]),
+        "platform": ["DE"] * n,
+        "city": ["Berlin, Germany"] * n,
+        "device": ["mobile"] * n,
+        "current_filters": pa.array(cols[5], pa.string()),
+        "impressions": pa.array(cols[6], pa.string()),
+        "prices": pa.array(cols[7], pa.string()),
+    })
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return build_clickout_rows(log_table(order=[6, 3, 0, 5, 2, 4, 1]), "hand.parquet")  # shuffled input
+
+
+def col(rows, name):
+    return rows.column(name).to_pylist()
+
+
+def test_one_row_per_shown_hotel_with_labels_and_positions(rows):
+    assert col(rows, "query") == [0, 0, 0, 1, 1, 1, 2, 2]
+    assert col(rows, "hotel") == ["H1", "H2", "H3", "H3", "H1", "H2", "H1", "H4"]
+    assert col(rows, "position") == [0, 1, 2, 0, 1, 2, 0, 1]
+    assert col(rows, "label") == [0, 1, 0, 1, 0, 0, 1, 0]
+    assert col(rows, "num_impressions") == [3, 3, 3, 3, 3, 3, 2, 2]
+
+
+def test_price_rank_within_the_list_ties_by_position(rows):
+    assert col(rows, "price") == [100, 50, 75, 80, 90, 85, 10, 10]
+    assert col(rows, "price_rank") == [2, 0, 1, 0, 2, 1, 0, 1]
+
+
+def test_session_context_uses_only_earlier_events(rows):
+    assert col(rows, "prior_actions") == [2, 2, 2, 4, 4, 4, 0, 0]
+    assert col(rows, "last_action") == ["filter selection"] * 3 + ["interaction item image"] * 3 + ["<start>"] * 2
+    # H2 in the second click-out: the image at t=100 and the click-out at t=120 (not the current one)
+    assert col(rows, "interactions") == [0, 1, 0, 1, 0, 2, 0, 0]
+    seconds = np.array(col(rows, "seconds_since"), dtype=float)
+    np.testing.assert_array_equal(np.isnan(seconds), [1, 0, 1, 0, 1, 0, 1, 1])
+    assert seconds[[1, 3, 5]].tolist() == [20.0, 10.0, 20.0]
+    assert col(rows, "last_interacted") == [False, True, False, True, False, False, False, False]
+    # the interaction with H4 comes after session b's click-out
+    assert col(rows, "interactions")[7] == 0
+    assert col(rows, "filters")[:3] == [["4 Star", "Sort by Price"]] * 3
+    assert col(rows, "filters")[3:] == [[]] * 5
+
+
+def test_split_by_time_and_vocab_fitted_on_train(rows, tmp_path):
+    split = split_by_time(rows, end_of_log=210, test_hours=50 / 3600, valid_hours=30 / 3600)
+    assert split.tolist() == [0, 0, 0, 1, 1, 1, 2, 2]  # test: t > 160; valid: 130 < t <= 160
+    train = rows.filter(pa.array(split == 0))
+    vocab = RankingVocab.fit(train)
+    assert vocab.cardinalities["hotel"] == 2 + 3 and vocab.cardinalities["filters"] == 2 + 2
+    test = encode_rows(rows.filter(pa.array(split == 2)), vocab)
+    hotel = test.one_hot[:, ONE_HOT.index("hotel")].tolist()
+    assert hotel[1] == 1  # H4 was never shown in training: the unseen id
+    assert test.labels.tolist() == [1.0, 0.0]
+    assert test.baselines["position"].tolist() == [0.0, -1.0]
+    # popularity: H2 was the one click in training; ties broken by position
+    full = encode_rows(rows, vocab)
+    assert full.baselines["popularity"].tolist() == pytest.approx([0, 0.99, -0.02, 0, -0.01, 0.98, 0, -0.01])
+    path = vocab.save(tmp_path / "vocab.parquet")
+    assert RankingVocab.load(path).cardinalities == vocab.cardinalities
+    assert not list(tmp_path.glob(".*tmp*"))
+
+
+def test_dense_features(rows):
+    vocab = RankingVocab.fit(rows)
+    t = encode_rows(rows, vocab)
+    assert t.dense.shape == (8, len(DENSE_FEATURES))
+    d = {name: t.dense[:, i] for i, name in enumerate(DENSE_FEATURES)}
+    assert d["price_rank"].tolist() == pytest.approx([1, 0, 0.5, 0, 1, 0.5, 0, 1])
+    assert d["log_price"][0] == pytest.approx(np.log1p(100))
+    assert d["interacted_before"].tolist() == [0, 1, 0, 1, 0, 1, 0, 0]
+    assert d["has_session_score"].sum() == 0
+    assert torch.isfinite(t.dense).all()
+
+
+def test_session_scores_hook(tmp_path):
+    scores = pa.table({"session_id": ["a", "a"], "step": [3, 5], "item_id": ["H3", "H3"], "score": [0.5, 2.0]})
+    rows = build_clickout_rows(log_table(), "hand", scores)
+    got = np.array(rows.column("session_score").to_pylist(), dtype=float)
+    assert got[2] == 0.5 and got[3] == 2.0 and np.isnan(got[[0, 1, 4, 5, 6, 7]]).all()
+    with pytest.raises(SchemaError, match="score"):
+        build_clickout_rows(log_table(), "hand", scores.drop(["score"]))
+
+
+def test_loaders_slice_whole_queries_and_gather_multi_hot(rows):
+    vocab = RankingVocab.fit(rows)
+    t = encode_rows(rows, vocab)
+    evaluation = list(RankingLoader(t, batch_size=4))
+    assert [b.groups.tolist() for b in evaluation] == [[0, 0, 0], [1, 1, 1], [2, 2]]
+    first = evaluation[0].sparse
+    assert first.keys == SPARSE_FEATURES and first.lengths.tolist()[-3:] == [2, 2, 2]
+    rows_idx = torch.tensor([4, 0, 7, 2])
+    picked = t.batch(rows_idx)
+    assert picked.sparse.lengths.view(len(SPARSE_FEATURES), -1)[-1].tolist() == [0, 2, 0, 2]
+    ids = vocab.vocabs["filters"].encode(pa.array(["4 Star", "Sort by Price"])).ids.tolist()
+    assert picked.sparse.values[-4:].tolist() == ids * 2
+    assert picked.labels.tolist() == [0, 0, 0, 0] and picked.groups.tolist() == [1, 0, 2, 0]
+    train = RankingLoader(t, batch_size=3, shuffle=True, seed=1)
+    seen = torch.cat([b.groups for b in train])
+    assert len(train) == 3 and sorted(seen.tolist()) == sorted(t.groups.tolist())
+
+
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        (lambda t: t.drop(["prices"]), r"hand.parquet: column 'prices' is missing"),
+        (lambda t: _with(t, "prices", 2, "100|50"), r"'impressions' and 'prices' differ.*session 'a', step 3.*'100\|50'"),
+        (lambda t: _with(t, "prices", 2, "100|cheap|75"), r"column 'prices' holds a value that is not a number"),
+        (lambda t: _with(t, "prices", 2, "100|-5|75"), r"column 'prices' holds '-5'"),
+        (lambda t: _with(t, "impressions", 5, None), r"column 'impressions' is empty on a click-out \(session 'b', step 1\)"),
+        (lambda t: _with(t, "session_id", 1, None), r"column 'session_id' has a null value at row 1"),
+        (lambda t: t.set_column(2, "timestamp", pa.array(["x"] * t.num_rows)), r"column 'timestamp' must be numeric"),
+    ],
+)
+def test_bad_input_names_file_column_and_value(change, match):
+    with pytest.raises(SchemaError, match=match):
+        build_clickout_rows(change(log_table()), "hand.parquet")
+
+
+def _with(table: pa.Table, name: str, row: int, value) -> pa.Table:
+    values = table.column(name).to_pylist()
+    values[row] = value
+    i = table.column_names.index(name)
+    return table.set_column(i, name, pa.array(values, table.schema.field(name).type))
+
+
+def test_data_module_on_a_file_and_its_errors(tmp_path):
+    path = tmp_path / "log.parquet"
+    pq.write_table(log_table(), path)
+    dm = ClickoutDataModule(str(path), test_hours=50 / 3600, valid_hours=30 / 3600, batch_size=2, eval_batch_size=4)
+    dm.setup("fit")
+    assert dm.stats["train_clickouts"] == 1 and dm.stats["test_rows"] == 2
+    assert dm.num_dense == len(DENSE_FEATURES) and set(dm.cardinalities) == set(SPARSE_FEATURES)
+    batch = next(iter(dm.train_dataloader()))
+    assert batch.dense.shape == (2, len(DENSE_FEATURES)) and batch.sparse.batch_size == 2
+    with pytest.raises(ValueError, match="test_hours > 0"):
+        ClickoutDataModule(str(path), test_hours=0)
+    with pytest.raises(FileNotFoundError, match="nope.parquet"):
+        ClickoutDataModule(str(tmp_path / "nope.parquet")).setup("fit")
+
+
+@pytest.mark.skipif(not TRIVAGO.exists(), reason="trivago_rsc19_100k is not available here")
+def test_real_trivago_file_matches_source_md():
+    dm = ClickoutDataModule(str(TRIVAGO))
+    rows = pa.concat_tables(dm.rows.values())
+    # SOURCE.md: 13,597 click-outs; every one has its impressions
+    assert len(np.unique(rows.column("query").to_numpy())) == 13_597
+    assert sum(dm.stats[f"{s}_clickouts"] for s in ("train", "valid", "test")) == 13_597
+    assert rows.num_rows == 312_539
+    # one click per click-out, except one whose clicked hotel was not among those shown
+    assert int(np.sum(rows.column("label").to_numpy())) == 13_596
+    assert rows.column("position").to_numpy().max() == 24
+    t_test = rows.filter(pa.array(split_by_time(rows, 1541721582, 8, 8) == 2))
+    assert t_test.num_rows == dm.stats["test_rows"]

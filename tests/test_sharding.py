@@ -1,0 +1,196 @@
+"""TorchRec execution of our sharding plans: 2 processes over gloo train like 1 process.
+
+Skipped when the ``torchrec`` extra is absent. The 2-process run spawns once and trains every
+placement in turn inside one process group (the imports cost most of the time).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+import pytest
+import torch
+from torch import nn
+
+pytest.importorskip("torchrec")
+
+from sessrec.embeddings.config import TableConfig  # noqa: E402
+from sessrec.embeddings.jagged import SparseFeatures  # noqa: E402
+from sessrec.embeddings.planner import ShardingPlanner  # noqa: E402
+from sessrec.embeddings.sharding import (  # noqa: E402
+    embedding_bag_collection,
+    load_full_state_dict,
+    pooled_features,
+    shard_model,
+    to_embedding_bag_configs,
+    to_keyed_jagged_tensor,
+    to_torchrec_plan,
+)
+
+TABLES = [
+    TableConfig("user", num_embeddings=40, embedding_dim=8),
+    TableConfig("item", num_embeddings=60, embedding_dim=8, pooling="mean", feature_names=("item", "history")),
+    TableConfig("tags", num_embeddings=24, embedding_dim=16),
+]
+FEATURES = [f for t in TABLES for f in t.features]
+DENSE, GLOBAL_BATCH, STEPS, LR, WORLD = 4, 32, 6, 1.0, 2
+# (name, per-table placement constraints, fused optimizer in backward)
+CASES = [
+    ("table_wise", {"user": "table_wise", "item": "table_wise", "tags": "table_wise"}, False),
+    ("row_wise", {"user": "row_wise", "item": "row_wise", "tags": "row_wise"}, False),
+    ("row_wise_fused", {"user": "row_wise", "item": "row_wise", "tags": "row_wise"}, True),
+    ("mixed", {"user": "data_parallel", "item": "table_wise", "tags": "column_wise"}, False),
+]
+
+
+class TinyRanker(nn.Module):
+    """Pooled embeddings beside dense features, into a 2-layer head: one logit per sample."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sparse = embedding_bag_collection(TABLES)
+        width = DENSE + sum(len(t.features) * t.embedding_dim for t in TABLES)
+        self.head = nn.Sequential(nn.Linear(width, 16), nn.ReLU(), nn.Linear(16, 1))
+
+    def forward(self, kjt, dense: torch.Tensor) -> torch.Tensor:
+        # by key: a sharded collection orders its output columns by sharding group
+        pooled = pooled_features(self.sparse(kjt), FEATURES)  # (B, sum of F_t * D_t)
+        return self.head(torch.cat([dense, pooled], dim=1)).squeeze(-1)
+
+
+def build_model() -> TinyRanker:
+    torch.manual_seed(0)
+    return TinyRanker()
+
+
+def batch(step: int, lo: int, hi: int) -> tuple[SparseFeatures, torch.Tensor, torch.Tensor]:
+    """Samples [lo, hi) of the seeded global batch of ``step``: ids (multi-hot with -1 padding), dense, labels."""
+    g = torch.Generator().manual_seed(1000 + step % 2)  # two batches in turn
+    user = torch.randint(0, 40, (GLOBAL_BATCH,), generator=g)
+    item = torch.randint(0, 60, (GLOBAL_BATCH, 3), generator=g)
+    item[torch.rand(GLOBAL_BATCH, 3, generator=g) < 0.3] = -1  # bags of 0 to 3 ids
+    history = torch.randint(-20, 60, (GLOBAL_BATCH, 4), generator=g).clamp(min=-1)
+    tags = torch.randint(-8, 24, (GLOBAL_BATCH, 2), generator=g).clamp(min=-1)
+    dense = torch.randn(GLOBAL_BATCH, DENSE, generator=g)
+    labels = ((user % 2 == 0) | (dense[:, 0] > 1)).float()  # learnable from the user id and one dense value
+    ids = {"user": user[lo:hi], "item": item[lo:hi], "history": history[lo:hi], "tags": tags[lo:hi]}
+    return SparseFeatures.from_dense(ids), dense[lo:hi], labels[lo:hi]
+
+
+def train_one_process() -> list[float]:
+    model = build_model()
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    losses = []
+    for step in range(STEPS):
+        features, dense, labels = batch(step, 0, GLOBAL_BATCH)
+        loss = nn.functional.binary_cross_entropy_with_logits(model(to_keyed_jagged_tensor(features), dense), labels)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def plan_for(constraints: dict[str, str]):
+    planner = ShardingPlanner(world_size=WORLD, device_memory_bytes=1 << 20, batch_size=GLOBAL_BATCH // WORLD,
+                              optimizer="sgd", data_parallel_max_bytes=0, column_shard_dim=8)
+    return planner.plan(TABLES, constraints=constraints)
+
+
+def _worker(rank: int, port: int, out_path: str) -> None:
+    import torch.distributed as dist
+    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+    from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    per_rank = GLOBAL_BATCH // WORLD
+    results = {}
+    for name, constraints, fused in CASES:
+        model = build_model()
+        full = {k: v.clone() for k, v in model.state_dict().items()}
+        if fused:
+            apply_optimizer_in_backward(torch.optim.SGD, model.sparse.parameters(), {"lr": LR})
+        sharded = shard_model(model, plan_for(constraints))
+        load_full_state_dict(sharded, full)
+        params = dict(in_backward_optimizer_filter(sharded.named_parameters())) if fused else dict(sharded.named_parameters())
+        opt = torch.optim.SGD(params.values(), lr=LR)
+        losses = []
+        for step in range(STEPS):
+            features, dense, labels = batch(step, rank * per_rank, (rank + 1) * per_rank)
+            logits = sharded(to_keyed_jagged_tensor(features), dense)
+            loss = nn.functional.binary_cross_entropy_with_logits(logits, labels)  # mean over this rank's half
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            total = loss.detach().clone()
+            dist.all_reduce(total)  # the global batch's mean loss: the ranks' halves are equal
+            losses.append(total.item() / WORLD)
+        results[name] = losses
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump(results, f)
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_processes_train_like_one(tmp_path):
+    import torch.multiprocessing as mp
+
+    expected = train_one_process()
+    # it learns: each of the two batches scores better two steps later
+    assert expected[4] < expected[0] - 0.01 and expected[5] < expected[1] - 0.005, expected
+    out = tmp_path / "losses.json"
+    mp.spawn(_worker, args=(_free_port(), str(out)), nprocs=WORLD, join=True)
+    got = json.loads(out.read_text())
+    assert set(got) == {name for name, _, _ in CASES}
+    for name, losses in got.items():
+        # float32 sums in another order (the gradient all-reduce, row-wise partial sums) move the
+        # loss by ~1e-7; a real fault (a gradient not divided by the world size, a wrong shard
+        # offset, a mean pooled twice) moves it by 1e-3 or more from the first steps.
+        assert losses == pytest.approx(expected, abs=1e-5), name
+
+
+def test_conversions():
+    configs = to_embedding_bag_configs(TABLES)
+    assert [c.name for c in configs] == ["user", "item", "tags"]
+    assert configs[1].feature_names == ["item", "history"] and configs[1].pooling.value == "MEAN"
+    features, _, _ = batch(0, 0, 4)
+    kjt = to_keyed_jagged_tensor(features)
+    assert kjt.keys() == ["user", "item", "history", "tags"]
+    assert torch.equal(kjt.values(), features.values) and torch.equal(kjt.lengths(), features.lengths)
+    with pytest.raises(TypeError, match="SparseFeatures"):
+        to_keyed_jagged_tensor({"user": torch.tensor([1])})
+
+
+def test_plan_conversion():
+    model = build_model()
+    tr = to_torchrec_plan(model, plan_for(CASES[3][1]))
+    module_plan = tr.plan["sparse"]
+    assert module_plan["user"].sharding_type == "data_parallel"
+    assert module_plan["item"].sharding_type == "table_wise"
+    assert module_plan["tags"].sharding_type == "column_wise" and len(module_plan["tags"].ranks) == 2
+    with pytest.raises(ValueError, match="process group has 3"):
+        to_torchrec_plan(model, plan_for(CASES[3][1]), world_size=3)
+
+
+def test_row_wise_mean_beside_other_placements_is_refused():
+    model = build_model()
+    plan = plan_for({"user": "table_wise", "item": "row_wise", "tags": "table_wise"})
+    with pytest.raises(ValueError, match=r"mean-pooled tables \['item'\] are row-wise"):
+        to_torchrec_plan(model, plan)
+
+
+def test_table_missing_from_plan():
+    model = build_model()
+    plan = ShardingPlanner(world_size=WORLD, device_memory_bytes=1 << 20, batch_size=16).plan(TABLES[:2])
+    with pytest.raises(ValueError, match=r"tables \['tags'\].*not in the plan"):
+        to_torchrec_plan(model, plan)

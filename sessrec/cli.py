@@ -17,18 +17,11 @@ ids and features map exactly as in training.
 from __future__ import annotations
 
 import pytorch_lightning as pl
+from importlib import import_module
 from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 
 from sessrec.tasks import TopKWriter, VocabularyCheckpoint
 from sessrec.tasks.callbacks import find_features, find_vocab
-
-
-def _cardinalities(data: pl.LightningDataModule) -> dict[str, int] | None:
-    return getattr(data, "cardinalities", None)
-
-
-def _num_dense(data: pl.LightningDataModule) -> int | None:
-    return getattr(data, "num_dense", None)
 
 
 class SessrecCLI(LightningCLI):
@@ -44,19 +37,24 @@ class SessrecCLI(LightningCLI):
         parser.link_arguments("data.side_info", "model.init_args.side_features", apply_on="instantiate")
         # tasks without a max_length argument (BaselineTask) ignore this link
         parser.link_arguments("data.init_args.max_length", "model.init_args.max_length", apply_on="parse")
-        # ranking data (ClickoutDataModule) -> DLRMTask. Linked from the whole data module: a link from a
-        # missing attribute makes jsonargparse format the module, and a LightningDataModule's str()
-        # builds every loader
-        parser.link_arguments("data", "model.init_args.cardinalities", compute_fn=_cardinalities, apply_on="instantiate")
-        parser.link_arguments("data", "model.init_args.num_dense", compute_fn=_num_dense, apply_on="instantiate")
         parser.add_lightning_class_args(TopKWriter, "scoring")
         parser.add_lightning_class_args(VocabularyCheckpoint, "vocab_checkpoint")
 
     def before_instantiate_classes(self) -> None:
         sub = self.subcommand
-        if sub not in ("validate", "test", "predict"):
+        if sub is None:
             return
         cfg = self.config[sub]
+        module, _, name = cfg.data.class_path.rpartition(".")
+        if hasattr(getattr(import_module(module), name), "cardinalities"):
+            # ranking data (ClickoutDataModule) -> DLRMTask. Added only for such a data module: for one
+            # without the attribute jsonargparse would format it in a debug message, and a
+            # LightningDataModule's str() builds (and here fails on) every loader
+            parser = self._subcommand_parsers[sub]
+            parser.link_arguments("data.cardinalities", "model.init_args.cardinalities", apply_on="instantiate")
+            parser.link_arguments("data.num_dense", "model.init_args.num_dense", apply_on="instantiate")
+        if sub not in ("validate", "test", "predict"):
+            return
         if sub == "predict" and cfg.get("return_predictions") is None:
             cfg["return_predictions"] = False  # stream to parquet, keep nothing in memory
         ckpt = cfg.get("ckpt_path")

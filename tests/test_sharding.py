@@ -16,10 +16,10 @@ from torch import nn
 
 pytest.importorskip("torchrec")
 
-from sessrec.embeddings.config import TableConfig  # noqa: E402
-from sessrec.embeddings.jagged import SparseFeatures  # noqa: E402
-from sessrec.embeddings.planner import ShardingPlanner  # noqa: E402
-from sessrec.embeddings.sharding import (  # noqa: E402
+from sessrec.embeddings.config import TableConfig
+from sessrec.embeddings.jagged import SparseFeatures
+from sessrec.embeddings.planner import ShardingPlanner
+from sessrec.embeddings.sharding import (
     embedding_bag_collection,
     load_full_state_dict,
     pooled_features,

@@ -9,9 +9,9 @@ For each table the planner picks one of four placements (the names of TorchRec's
 
 Greedy rules, in this order (a per-table ``constraints`` entry overrides them):
 
-1. memory <= ``data_parallel_max_bytes`` -> data-parallel (a small table costs less to copy than to
+1. memory > ``device_memory_bytes`` -> row-wise (it cannot live on one device);
+2. memory <= ``data_parallel_max_bytes`` -> data-parallel (a small table costs less to copy than to
    send its outputs around);
-2. memory > ``device_memory_bytes`` -> row-wise (it cannot live on one device);
 3. width >= ``column_wise_min_dim`` and more than one device -> column-wise, shards of at most
    ``column_shard_dim`` columns;
 4. otherwise table-wise.
@@ -151,9 +151,11 @@ class ShardingPlan:
         """The plan as a table of tables and a table of devices (what ``print(plan)`` shows)."""
         w = self.world_size
         lines = [
-            f"sharding plan: {len(self.tables)} tables on {w} devices, batch {self.batch_size} per device "
-            f"({self.batch_size * w} global), optimizer {self.optimizer}; lookup and comm are bytes per step, "
-            f"ms the estimated time",
+            (
+                f"sharding plan: {len(self.tables)} tables on {w} devices, batch {self.batch_size} per device "
+                f"({self.batch_size * w} global), optimizer {self.optimizer}; lookup and comm are bytes per step, "
+                "ms the estimated time"
+            ),
             f"{'table':<16} {'placement':<14} {'ranks':<12} {'memory':>11} {'lookup':>11} {'comm':>11} {'ms':>9}  reason",
         ]
         for t in self.tables:
@@ -260,11 +262,11 @@ class ShardingPlanner:
         """
         hotness = dict(hotness or {})
         constraints = dict(constraints or {})
-        names = [t.name for t in tables]
         if not tables:
             raise ValueError("plan() needs at least one table")
         if not all(isinstance(t, TableConfig) for t in tables):
             raise TypeError(f"tables must be TableConfig, got {[type(t).__name__ for t in tables]}")
+        names = [t.name for t in tables]
         if len(set(names)) != len(names):
             raise ValueError(f"table names must be distinct, got {names}")
         for what, mapping in (("hotness", hotness), ("constraints", constraints)):
@@ -343,10 +345,10 @@ class ShardingPlanner:
         memory = self.table_bytes(t)
         if forced is not None:
             return forced, "constrained"
-        if memory <= self.data_parallel_max_bytes:
-            return "data_parallel", f"{_human(memory)} <= data_parallel_max_bytes"
         if memory > self.device_memory_bytes:
             return "row_wise", f"{_human(memory)} > one device's {_human(self.device_memory_bytes)}"
+        if memory <= self.data_parallel_max_bytes:
+            return "data_parallel", f"{_human(memory)} <= data_parallel_max_bytes"
         if self.world_size > 1 and t.embedding_dim >= self.column_wise_min_dim:
             return "column_wise", f"width {t.embedding_dim} >= column_wise_min_dim"
         return "table_wise", "default"

@@ -25,9 +25,10 @@ does not fit at all raises a `ValueError` naming the table, its bytes and the me
 Cost model (one training step, forward + backward). Notation: W devices, B samples per device
 (global batch G = W * B), a table of R rows and width D, F features that use it, L = F *
 pooling_factor * access_frequency ids per sample, b = ``param_bytes`` per weight, 8 bytes per id,
-s = optimizer-state bytes per row (sgd 0; rowwise_adagrad 4; adagrad 4 D; adam 8 D).
+s(D) = optimizer-state bytes per row of width D (sgd 0; rowwise_adagrad 4; adagrad 4 D; adam 8 D).
 
-- memory of a table = R * (D * b + s), split by the shards' rows and columns;
+- memory of a table = R * (D * b + s(D)); a row-wise shard holds its rows of it; a column shard of
+  width d is a table of its own: R * (d * b + s(d));
 - lookup bytes (rows read in forward, gradient rows written in backward) = 2 * rows looked up * D * b:
   data-parallel 2 B L D b on each device; table-wise 2 G L D b on the owner; row-wise 2 G L D b / W
   on each device (ids assumed spread evenly over the rows); a column shard of width d: 2 G L d b;

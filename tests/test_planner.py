@@ -171,3 +171,14 @@ def test_bad_plan_inputs():
         TableHotness(access_frequency=0)
     with pytest.raises(KeyError, match="no table 'x'"):
         planner.plan([t])["x"]
+
+
+def test_sharding_without_torchrec_says_how_to_install(monkeypatch):
+    # here rather than in test_sharding.py, which is skipped as a whole without TorchRec
+    import sys
+
+    from sessrec.embeddings import sharding
+
+    monkeypatch.setitem(sys.modules, "torchrec", None)  # as if not installed
+    with pytest.raises(ImportError, match=r"pip install 'sessrec\[torchrec\]'.*--no-deps torchrec==1.9.2"):
+        sharding.to_embedding_bag_configs([TableConfig("t", 10, 8)])

@@ -67,7 +67,7 @@ def require_torchrec() -> Any:
     """Import and return the ``torchrec`` module, or raise an ImportError that says how to install it."""
     try:
         import torchrec
-        import torchrec.distributed  # noqa: F401  (fbgemm's operators load here)
+        import torchrec.distributed  # fbgemm's operators load here: a build that does not fit torch fails now
     except (ImportError, OSError) as err:  # OSError: an fbgemm-gpu-cpu build that does not fit this torch
         raise ImportError(f"{INSTALL_HINT}; the import failed with: {err}") from err
     return torchrec

@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from torchrec.distributed import DistributedModelParallel
 
 INSTALL_HINT = (
-    "TorchRec is not installed: pip install 'sessrec[torchrec]', then without dependencies "
+    "TorchRec is missing or does not load: pip install 'sessrec[torchrec]', then without dependencies "
     "pip install --no-deps torchrec==1.9.2 fbgemm-gpu-cpu==1.8.0 tensordict==0.15.3 (see docs/sharding.md; "
     "--no-deps keeps pip from replacing torch)"
 )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 
 import pytest
 import torch
@@ -149,7 +150,13 @@ def test_two_processes_train_like_one(tmp_path):
     # it learns: each of the two batches scores better two steps later
     assert expected[4] < expected[0] - 0.01 and expected[5] < expected[1] - 0.005, expected
     out = tmp_path / "losses.json"
-    mp.spawn(_worker, args=(_free_port(), str(out)), nprocs=WORLD, join=True)
+    context = mp.spawn(_worker, args=(_free_port(), str(out)), nprocs=WORLD, join=False)
+    deadline = time.monotonic() + 300  # a collective that never completes fails the test, not CI
+    while not context.join(timeout=5):  # raises if a worker raised
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail("the 2-process run did not finish in 300 s")
     got = json.loads(out.read_text())
     assert set(got) == {name for name, _, _ in CASES}
     for name, losses in got.items():

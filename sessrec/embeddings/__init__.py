@@ -1,5 +1,6 @@
 """Embedding core: typed table configs, keyed jagged ids, fused tables with a fused sparse optimizer,
-id hashing and frequency capping, dynamic (growing, evicting) tables and hybrid device/host placement.
+id hashing and frequency capping, dynamic (growing, evicting) tables, hybrid device/host placement,
+and, beyond one machine, a sharding planner executed through TorchRec (`sharding`).
 
 Plain PyTorch (no Lightning); TorchRec is optional and imported only where it is used.
 """
@@ -10,8 +11,20 @@ from sessrec.embeddings.fused import FusedEmbeddingBagCollection
 from sessrec.embeddings.hashing import FrequencyCap, IdHasher, hash_ids
 from sessrec.embeddings.hybrid import HybridEmbeddingBag
 from sessrec.embeddings.jagged import SparseFeatures
+from sessrec.embeddings.planner import DeviceLoad, Shard, ShardingPlan, ShardingPlanner, TableHotness, TablePlan
+from sessrec.embeddings.sharding import (
+    embedding_bag_collection,
+    load_full_state_dict,
+    pooled_features,
+    shard_model,
+    to_embedding_bag_configs,
+    to_keyed_jagged_tensor,
+    to_torchrec_plan,
+)
 
 __all__ = [
-    "DynamicEmbeddingBag", "FrequencyCap", "FusedEmbeddingBagCollection", "HybridEmbeddingBag", "IdHasher",
-    "SparseFeatures", "TableConfig", "hash_ids",
+    "DeviceLoad", "DynamicEmbeddingBag", "FrequencyCap", "FusedEmbeddingBagCollection", "HybridEmbeddingBag",
+    "IdHasher", "Shard", "ShardingPlan", "ShardingPlanner", "SparseFeatures", "TableConfig", "TableHotness",
+    "TablePlan", "embedding_bag_collection", "hash_ids", "load_full_state_dict", "pooled_features",
+    "shard_model", "to_embedding_bag_configs", "to_keyed_jagged_tensor", "to_torchrec_plan",
 ]

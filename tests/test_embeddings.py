@@ -409,6 +409,9 @@ def test_public_api():
     import sessrec.embeddings as emb
 
     assert sorted(emb.__all__) == sorted(
-        ["DynamicEmbeddingBag", "FrequencyCap", "FusedEmbeddingBagCollection", "HybridEmbeddingBag", "IdHasher",
-         "SparseFeatures", "TableConfig", "hash_ids"]
+        ["DeviceLoad", "DynamicEmbeddingBag", "FrequencyCap", "FusedEmbeddingBagCollection", "HybridEmbeddingBag",
+         "IdHasher", "Shard", "ShardingPlan", "ShardingPlanner", "SparseFeatures", "TableConfig", "TableHotness",
+         "TablePlan", "embedding_bag_collection", "hash_ids", "load_full_state_dict", "pooled_features",
+         "shard_model", "to_embedding_bag_configs", "to_keyed_jagged_tensor", "to_torchrec_plan"]
     )
+    assert all(hasattr(emb, name) for name in emb.__all__)

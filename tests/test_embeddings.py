@@ -14,6 +14,7 @@ from sessrec.embeddings import (
     SparseFeatures,
     TableConfig,
 )
+from sessrec.embeddings.fused import _row_writer, advise_huge_pages, sparse_update
 
 torch.set_num_threads(1)
 
@@ -225,6 +226,71 @@ def test_fused_optimizer_with_mixed_true_widths_in_one_group():
     # gradient of ones over D columns: state = D / D = 1, so each touched entry moves by lr / (1 + eps)
     torch.testing.assert_close(ebc.table_weight("a")[1], before[1] - 0.5, rtol=0, atol=1e-6)
     torch.testing.assert_close(ebc.momentum_0[[1, 7]], torch.ones(2))
+
+
+def dense_reference_update(weight, momentum, rows, occurrence_grad, optimizer, lr, eps, dim):
+    """The update on a dense (R, P) gradient built with index_add_ (duplicates accumulate)."""
+    grad = torch.zeros_like(weight).index_add_(0, rows, occurrence_grad)
+    if optimizer == "sgd":
+        return weight - lr * grad, momentum
+    return reference_rowwise_adagrad(weight, momentum, grad, lr, eps, dim)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad_rowwise"])
+@pytest.mark.parametrize("chunk_bytes", [None, 256 * 16, 1])  # default, several chunks of 256 rows, minimum chunk
+@pytest.mark.parametrize("layout", ["one_per_bag", "bags_and_weights"])
+def test_chunked_sparse_update_matches_a_dense_gradient(optimizer, chunk_bytes, layout):
+    g = torch.Generator().manual_seed(0)
+    weight = torch.randn(3000, 4, generator=g)
+    momentum = torch.rand(3000, generator=g)
+    rows = torch.randint(0, 3000, (5000,), generator=g)  # ~2,400 distinct rows, many duplicates
+    if layout == "one_per_bag":
+        grad, bags, psw = torch.randn(5000, 4, generator=g), None, None
+        occurrence = grad
+    else:  # 5000 ids in 1200 bags, with per-id weights
+        grad = torch.randn(1200, 4, generator=g)
+        bags = torch.randint(0, 1200, (5000,), generator=g).sort().values
+        psw = torch.rand(5000, generator=g)
+        occurrence = grad[bags] * psw.unsqueeze(1)
+    expected_w, expected_m = dense_reference_update(weight, momentum, rows, occurrence, optimizer, 0.1, 1e-8, 4.0)
+    w, m = weight.clone(), momentum.clone()
+    sparse_update(w, m, rows, grad, optimizer, 0.1, 1e-8, 4.0, bags, psw, chunk_bytes=chunk_bytes)
+    torch.testing.assert_close(w, expected_w, rtol=1e-5, atol=1e-6)
+    if optimizer == "adagrad_rowwise":
+        torch.testing.assert_close(m, expected_m, rtol=1e-5, atol=1e-6)
+    sparse_update(w, m, rows[:0], grad[:0], optimizer, 0.1, 1e-8, 4.0)  # no ids: nothing to do
+
+
+def test_row_writer_views_aligned_rows_and_keeps_others():
+    assert _row_writer(torch.zeros(5, 8)).dtype == torch.complex128  # 32-byte rows: 2 elements of 16 bytes
+    assert _row_writer(torch.zeros(5, 6)).dtype == torch.float32  # 24-byte rows
+    assert _row_writer(torch.zeros(5, 9)[:, :8]).dtype == torch.float32  # strided rows
+    assert _row_writer(torch.zeros(41)[1:].view(5, 8)).dtype == torch.float32  # misaligned start
+
+
+def test_huge_page_advice_keeps_values_and_updates():
+    tables = [TableConfig("big", 40_000, 64), TableConfig("small", 10, 64)]  # 10 MB: over the 4 MB threshold
+    a = FusedEmbeddingBagCollection(tables, optimizer="adagrad_rowwise", lr=0.1, seed=0, huge_pages=True)
+    b = FusedEmbeddingBagCollection(tables, optimizer="adagrad_rowwise", lr=0.1, seed=0, huge_pages=False)
+    assert torch.equal(a.weight(0), b.weight(0)) and (a.momentum_0 == 0).all()
+    ids = {"big": torch.tensor([[39_999, 7], [7, 7]]), "small": torch.tensor([3, 9])}
+    for ebc in (a, b):
+        sum(o.sum() for o in ebc(SparseFeatures.from_dense(ids)).values()).backward()
+    assert torch.equal(a.weight(0), b.weight(0)) and torch.equal(a.momentum_0, b.momentum_0)
+    assert advise_huge_pages(torch.zeros(10)) is False  # too small to advise
+
+
+def test_uniform_feature_sizes_lookup_and_range_check():
+    """Every feature with the same number of ids takes the broadcast path; it must equal plain bags."""
+    tables = [TableConfig("a", 7, 4), TableConfig("b", 5, 4, pooling="mean"), TableConfig("c", 9, 4)]
+    ebc = FusedEmbeddingBagCollection(tables, optimizer="sgd", lr=0.1, seed=0)
+    ids = {"a": torch.tensor([[6, 0], [1, 1]]), "b": torch.tensor([[4, 4], [0, 3]]), "c": torch.tensor([[8, 2], [5, 5]])}
+    out = ebc(SparseFeatures.from_dense(ids))
+    for t in tables:
+        expected, _ = reference_bags(ebc.table_weight(t.name), ids[t.name], t.pooling)
+        torch.testing.assert_close(out[t.name], expected)
+    with pytest.raises(ValueError, match="feature 'b': id 5 out of range for table 'b' with 5 rows"):
+        ebc(SparseFeatures.from_dense(ids | {"b": torch.tensor([[4, 5], [0, 3]])}))
 
 
 def test_no_update_without_backward_and_under_no_grad():

@@ -131,6 +131,10 @@ def _worker(rank: int, port: int, out_path: str) -> None:
             dist.all_reduce(total)  # the global batch's mean loss: the ranks' halves are equal
             losses.append(total.item() / WORLD)
         results[name] = losses
+        del sharded, opt  # DDP's reducer and the sharded modules hold the group: release them first
+    # both ranks reach here before the group goes away: tearing it down while the other rank is
+    # still in a collective aborts gloo ("terminate called without an active exception")
+    dist.barrier()
     if rank == 0:
         with open(out_path, "w") as f:
             json.dump(results, f)

@@ -14,7 +14,7 @@ from sessrec.embeddings import (
     SparseFeatures,
     TableConfig,
 )
-from sessrec.embeddings.fused import _row_writer, advise_huge_pages, sparse_update
+from sessrec.embeddings.fused import _row_writer, advise_huge_pages, padded_width, sparse_update
 
 torch.set_num_threads(1)
 
@@ -291,6 +291,32 @@ def test_uniform_feature_sizes_lookup_and_range_check():
         torch.testing.assert_close(out[t.name], expected)
     with pytest.raises(ValueError, match="feature 'b': id 5 out of range for table 'b' with 5 rows"):
         ebc(SparseFeatures.from_dense(ids | {"b": torch.tensor([[4, 5], [0, 3]])}))
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad_rowwise"])
+def test_fused_update_with_shared_table_unused_feature_and_padding(optimizer):
+    """Per-feature gradients: a table shared by two features, a feature left out of the loss, padded widths."""
+    dense = FusedEmbeddingBagCollection(TABLES, seed=0)  # the same weights with a dense gradient
+    fused = FusedEmbeddingBagCollection(TABLES, optimizer=optimizer, lr=0.1, seed=0)
+    ids = SparseFeatures.from_dense(batch())
+
+    def loss(out):  # "tag" is unused: its gradient is None
+        return (out["user"] * 2).sum() + out["item"].pow(2).sum() + (out["history"] * out["item"]).sum()
+
+    loss(dense(ids)).backward()
+    loss(fused(ids)).backward()
+    for g, width in enumerate(dense.widths):
+        weight = dense.weight(g).detach()
+        grad = torch.zeros_like(weight) if dense.weight(g).grad is None else dense.weight(g).grad
+        if optimizer == "sgd":
+            expected = weight - 0.1 * grad
+        else:
+            dims = torch.tensor([float(t.embedding_dim) for t in TABLES for _ in range(t.num_embeddings)
+                                 if padded_width(t.embedding_dim, 16) == width])
+            expected, momentum = reference_rowwise_adagrad(weight, torch.zeros(len(weight)), grad, 0.1, 1e-8, dims)
+            torch.testing.assert_close(getattr(fused, f"momentum_{g}"), momentum)
+        torch.testing.assert_close(fused.weight(g), expected)
+    assert torch.equal(fused.weight(1), dense.weight(1))  # only "tag" lives in group 1: untouched
 
 
 def test_no_update_without_backward_and_under_no_grad():

@@ -88,7 +88,7 @@ def sparse_update(
     weight: torch.Tensor, momentum: torch.Tensor | None, rows: torch.Tensor, grad: torch.Tensor,
     optimizer: str, lr: float, eps: float, row_dim: torch.Tensor | float,
     bags: torch.Tensor | None = None, per_sample_weights: torch.Tensor | None = None,
-    chunk_bytes: int | None = None,
+    chunk_bytes: int | None = None, blocks: Sequence[tuple[int, int, torch.Tensor]] | None = None,
 ) -> None:
     """Apply SGD or row-wise Adagrad in place to the rows touched by one batch.
 
@@ -114,6 +114,11 @@ def sparse_update(
         bags: optional (T,) bag of each id: occurrence t takes gradient ``grad[bags[t]]``.
         per_sample_weights: optional (T,) weight of each id occurrence (scales its gradient).
         chunk_bytes: bytes of rows per chunk; None: 1 MB on CPU, unchunked elsewhere.
+        blocks: the gradient in pieces instead of ``grad`` (pass ``grad=None``), so that per-feature
+            gradients need not be stacked into one tensor: ``(first_row, first_bag, block)`` in
+            increasing ``first_row``, where the rows from ``first_row`` up to the next block's take
+            their gradients from ``block[bag - first_bag]``; the first block starts at row 0. Chunks
+            never straddle two blocks.
     """
     if rows.numel() == 0:
         return
@@ -129,13 +134,24 @@ def sparse_update(
     if chunk_bytes is None:
         chunk_bytes = 2**20 if weight.device.type == "cpu" else None
     step = n if chunk_bytes is None else max(256, chunk_bytes // (weight.shape[1] * weight.element_size()))
-    bounds = [0, *ends[step - 1:n - 1:step].tolist(), int(ends[-1])]  # occurrence range of each chunk; one sync
+    if blocks is None:
+        blocks = [(0, 0, grad)]
+    cuts = [0, n]
+    if len(blocks) > 1:  # first distinct row of each block
+        first_rows = torch.tensor([b[0] for b in blocks[1:]], dtype=unique.dtype, device=unique.device)
+        cuts = [0, *torch.searchsorted(unique, first_rows).tolist(), n]
+    chunks = [(lo, min(lo + step, cuts[k + 1]), k) for k in range(len(blocks)) for lo in range(cuts[k], cuts[k + 1], step)]
+    if not chunks:
+        return
+    begins = ends - counts  # (U,) first sorted occurrence of each distinct row
+    los = torch.tensor([c[0] for c in chunks], device=unique.device)
+    bounds = torch.cat([begins[los], ends[-1:]]).tolist()  # occurrence range of each chunk; one sync
     positions = torch.arange(min(step, n), device=weight.device)  # (C,) one row per bag
-    for c, lo in enumerate(range(0, n, step)):
-        hi = min(lo + step, n)
+    for c, (lo, hi, k) in enumerate(chunks):
         first, last = bounds[c], bounds[c + 1]
-        starts = ends[lo:hi] - counts[lo:hi] - first  # (C,) bag offsets into this chunk's occurrences
-        summed = F.embedding_bag(source[first:last], grad, starts, mode="sum",
+        _, first_bag, block = blocks[k]
+        bag = source[first:last] if not first_bag else source[first:last] - first_bag  # (occurrences,) rows of block
+        summed = F.embedding_bag(bag, block, begins[lo:hi] - first, mode="sum",
                                  per_sample_weights=None if psw is None else psw[first:last])  # (C, P)
         u = unique[lo:hi]
         new = F.embedding_bag(u, weight, positions[:hi - lo], mode="sum")  # (C, P) current rows
@@ -178,6 +194,50 @@ class _FusedLookup(torch.autograd.Function):
             sparse_update(weight, momentum, rows, grad.contiguous(), ctx.optimizer, ctx.lr, ctx.eps,
                           ctx.row_dim, bags, psw)
         return (None,) * 10
+
+
+class _FusedFeatureLookup(torch.autograd.Function):
+    """`_FusedLookup` for a width group: one (B, P) output per feature, one gradient per feature.
+
+    With a single (F_g·B, P) output split into features, autograd would stack the features'
+    gradients into a fresh (F_g·B, P) tensor, a full copy, before backward; here backward reads each
+    feature's gradient where it is. ``units`` lists ``(first_row, first_feature, end_feature)`` per
+    table in row order (a table's features are adjacent); only the features of a table that several
+    features share are concatenated.
+    """
+
+    @staticmethod
+    def forward(ctx, anchor, weight, state, rows, offsets, per_sample_weights, optimizer, lr, eps, row_dim, units, batch):
+        ctx.set_materialize_grads(False)  # an unused feature's gradient stays None, not a zero block
+        ctx.state, ctx.units, ctx.batch = state, units, batch
+        ctx.optimizer, ctx.lr, ctx.eps, ctx.row_dim = optimizer, lr, eps, row_dim
+        ctx.save_for_backward(rows, offsets, per_sample_weights)
+        out = F.embedding_bag(
+            rows, weight, offsets, mode="sum", per_sample_weights=per_sample_weights, include_last_offset=True
+        )  # (F_g * B, P)
+        return out.view(-1, batch, out.shape[1]).unbind(0)  # F_g x (B, P)
+
+    @staticmethod
+    def backward(ctx, *grads):  # F_g x (B, P) or None
+        if all(g is None for g in grads):
+            return (None,) * 12
+        rows, offsets, psw = ctx.saved_tensors
+        weight, momentum = ctx.state()
+        n = offsets.numel() - 1
+        one_per_bag = rows.numel() == n and bool((offsets.diff() == 1).all())
+        bags = None if one_per_bag else torch.repeat_interleave(
+            torch.arange(n, device=rows.device), offsets.diff(), output_size=rows.numel()
+        )  # (T,) bag of each id; None: id t is bag t
+        zero = weight.new_zeros(1, weight.shape[1]).expand(ctx.batch, -1)  # (B, P) for unused features
+        blocks = []
+        for first_row, lo, hi in ctx.units:
+            parts = [zero if g is None else g for g in grads[lo:hi]]
+            # contiguous once here: embedding_bag would copy a broadcast gradient on every chunk
+            blocks.append((first_row, lo * ctx.batch, parts[0].contiguous() if len(parts) == 1 else torch.cat(parts)))
+        with torch.no_grad():
+            sparse_update(weight, momentum, rows, None, ctx.optimizer, ctx.lr, ctx.eps, ctx.row_dim, bags, psw,
+                          blocks=blocks)
+        return (None,) * 12
 
 
 class FusedEmbeddingBagCollection(nn.Module):
@@ -244,6 +304,7 @@ class FusedEmbeddingBagCollection(nn.Module):
         self.widths = tuple(groups)
         self._table_group: dict[str, tuple[int, int]] = {}  # table -> (group, first row)
         self._group_features: list[list[str]] = []
+        self._group_units: list[list[tuple[int, int, int]]] = []  # per group: (first row, features lo, hi) per table
         self._feature_table: dict[str, TableConfig] = {f: t for t in tables for f in t.features}
         self.feature_names = tuple(features)
         for g, (width, members) in enumerate(groups.items()):
@@ -252,10 +313,11 @@ class FusedEmbeddingBagCollection(nn.Module):
             if huge_pages:
                 advise_huge_pages(weight)  # before the first write, which picks the pages
             weight.zero_()
-            starts, dims, feats, offs, ends = [], [], [], [], []
+            starts, dims, feats, offs, ends, units = [], [], [], [], [], []
             start = 0
             for i in members:
                 t = tables[i]
+                units.append((start, len(feats), len(feats) + len(t.features)))  # rows from `start`: these features
                 bound = math.sqrt(1.0 / t.num_embeddings)
                 weight[start:start + t.num_embeddings, :t.embedding_dim].uniform_(-bound, bound, generator=generator)
                 self._table_group[t.name] = (g, start)
@@ -267,6 +329,7 @@ class FusedEmbeddingBagCollection(nn.Module):
                     ends.append(start + t.num_embeddings)
                 start += t.num_embeddings
             self._group_features.append(feats)
+            self._group_units.append(units)
             if optimizer == "none":
                 self.register_parameter(f"weight_{g}", nn.Parameter(weight))
             else:
@@ -336,21 +399,22 @@ class FusedEmbeddingBagCollection(nn.Module):
             weight = self.weight(g)
             if self.optimizer == "none":
                 out = F.embedding_bag(rows, weight, offsets, mode="sum", per_sample_weights=weights, include_last_offset=True)
+                # unbind, not out[j]: one backward node that stacks the gradients, instead of one
+                # zero-filled (F_g, B, P) gradient per feature
+                per_bag = out.view(len(feats), b, -1).unbind(0)  # F_g x (B, P)
             else:
                 row_dim = getattr(self, f"row_dim_{g}", None)
                 if row_dim is None:
                     row_dim = float(self._feature_table[feats[0]].embedding_dim)
-                out = _FusedLookup.apply(
+                per_bag = _FusedFeatureLookup.apply(
                     self._anchor, weight, self._state_of(g), rows, offsets,
                     None if weights is None else weights.to(weight.dtype), self.optimizer, self.lr, self.eps, row_dim,
-                )
-            # unbind, not out[j]: one backward node that stacks the gradients, instead of one
-            # zero-filled (F_g, B, P) gradient per feature
-            per_bag = out.view(len(feats), b, -1).unbind(0)  # F_g x (B, P)
+                    self._group_units[g], b,
+                )  # F_g x (B, P)
             lengths = lengths.view(len(feats), b)
             for j, f in enumerate(feats):
                 table = self._feature_table[f]
-                x = per_bag[j] if table.embedding_dim == out.shape[1] else per_bag[j][:, :table.embedding_dim]  # (B, D)
+                x = per_bag[j] if table.embedding_dim == weight.shape[1] else per_bag[j][:, :table.embedding_dim]  # (B, D)
                 if table.pooling == "mean":
                     x = x / lengths[j].clamp(min=1).unsqueeze(1).to(x.dtype)
                 pooled[f] = x

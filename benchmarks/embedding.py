@@ -15,8 +15,10 @@ Contenders, built from the same table sizes and timed on the same batches:
   fused optimizer (``sgd``, or ``adagrad_rowwise`` against torch's element-wise sparse Adagrad:
   different state, same access pattern). Forward includes the id range check.
 - ``torchrec``: TorchRec's unsharded `EmbeddingBagCollection` on a `KeyedJaggedTensor`, forward
-  only (if ``import torchrec`` works). Unsharded, it has no fused or sparse optimizer: its training
-  path is `DistributedModelParallel`, so it is not timed for training here.
+  only (if ``import torchrec`` works); it has no fused or sparse optimizer.
+- ``torchrec_fused``: for the training step, TorchRec's `FusedEmbeddingBagCollection` (FBGEMM's CPU
+  table-batched embeddings with the update fused into backward; SGD, or TorchRec's `RowWiseAdagrad`,
+  the same algorithm as ours), when it imports. A reference point, not our implementation.
 - ``memcpy``: ``dst.copy_(src)`` of a buffer (512 MB by default) far larger than the caches.
 
 Forward is timed under ``torch.no_grad()``; the training step is forward, ``sum`` of the pooled
@@ -143,6 +145,31 @@ def torchrec_forward(sizes: list[int], dim: int, features: SparseFeatures) -> Ca
     return run
 
 
+def torchrec_fused_step(sizes: list[int], dim: int, features: SparseFeatures, opt: str, lr: float) -> Callable[[], object] | None:
+    """A training step of TorchRec's fused-optimizer `FusedEmbeddingBagCollection` (FBGEMM's CPU
+    table-batched embeddings; SGD, or row-wise Adagrad like ours), or None when torchrec does not import."""
+    try:
+        import torchrec
+        from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection as TorchRecFused
+        from torchrec.optim import RowWiseAdagrad
+    except Exception as error:  # noqa: BLE001  optional: any import failure (missing, fbgemm mismatch) skips it
+        print(f"torchrec fused EBC not available ({type(error).__name__}: {error}); skipped", file=sys.stderr)
+        return None
+    configs = [
+        torchrec.EmbeddingBagConfig(name=k, embedding_dim=dim, num_embeddings=n, feature_names=[k],
+                                    pooling=torchrec.PoolingType.SUM)
+        for k, n in zip(features.keys, sizes)
+    ]
+    optimizer = RowWiseAdagrad if opt == "adagrad" else torch.optim.SGD
+    ebc = TorchRecFused(configs, optimizer_type=optimizer, optimizer_kwargs={"lr": lr}, device=torch.device("cpu"))
+    kjt = torchrec.KeyedJaggedTensor(keys=list(features.keys), values=features.values, lengths=features.lengths)
+
+    def run():
+        ebc(kjt).values().sum().backward()  # the update runs in backward, as in ours
+
+    return run
+
+
 def compare_forward(sizes: list[int], hot: int, args: argparse.Namespace) -> dict:
     """Forward of the three contenders and memcpy, interleaved; the JSON record."""
     features, per_table = make_batch(sizes, args.batch, hot, args.alpha, args.seed + hot)
@@ -209,8 +236,17 @@ def compare_step(sizes: list[int], hot: int, opt: str, args: argparse.Namespace)
     def fused_step():
         sum(o.sum() for o in fused(features).values()).backward()
 
-    times = interleave({"separate": separate_step, "fused": fused_step}, args, f"{hot}-hot train {opt}")
+    contenders = {"separate": separate_step, "fused": fused_step}
+    tr = torchrec_fused_step(sizes, args.dim, features, opt, args.lr)
+    if tr is not None:
+        contenders["torchrec_fused"] = tr
+    times = interleave(contenders, args, f"{hot}-hot train {opt}")
     speedup, spread = ratio(times["separate"], times["fused"])
+    extra = {} if tr is None else {
+        "torchrec_fused_ms": median_ms(times["torchrec_fused"]),
+        "torchrec_fused_optimizer": "adagrad_rowwise" if opt == "adagrad" else "sgd",
+        "fused_speedup_vs_torchrec_fused": ratio(times["torchrec_fused"], times["fused"])[0],
+    }
     return {
         "benchmark": "embedding", "pass": "forward_backward_step", "hot": hot, "optimizer": opt,
         "fused_optimizer": fused_opt, "tables": len(sizes), "rows": sum(sizes), "dim": args.dim,
@@ -219,6 +255,7 @@ def compare_step(sizes: list[int], hot: int, opt: str, args: argparse.Namespace)
         "fused_speedup_vs_separate": speedup, "fused_speedup_min_max": spread,
         "separate_cpu_ms": median_ms(times["separate_cpu"]), "fused_cpu_ms": median_ms(times["fused_cpu"]),
         "fused_speedup_vs_separate_cpu": ratio(times["separate_cpu"], times["fused_cpu"])[0],
+        **extra,
     }
 
 

@@ -319,6 +319,49 @@ def test_fused_update_with_shared_table_unused_feature_and_padding(optimizer):
     assert torch.equal(fused.weight(1), dense.weight(1))  # only "tag" lives in group 1: untouched
 
 
+@pytest.mark.parametrize("uniform", [True, False])
+def test_chunked_lookup_matches_plain_bags_in_values_gradients_and_updates(uniform):
+    """A batch large enough to look up one feature per chunk (40,000 x 8 floats > 1 MB)."""
+    g = torch.Generator().manual_seed(1)
+    b = 40_000
+    low = 0 if uniform else -1  # -1: absent ids, so features have different numbers of ids
+    ids = {"user": torch.randint(0, 7, (b, 2), generator=g), "item": torch.randint(low, 11, (b, 2), generator=g),
+           "history": torch.randint(low, 11, (b, 2 if uniform else 3), generator=g),
+           "tag": torch.randint(low, 5, (b, 2), generator=g)}
+    features = SparseFeatures.from_dense(ids)
+    dense = FusedEmbeddingBagCollection(TABLES, seed=0)
+    values = features.values[:int(features.lengths[:3 * b].sum())]
+    sizes = features.feature_lengths()[:3].tolist()
+    assert len(dense._chunks(0, values, features.lengths[:3 * b], sizes, ["user", "item", "history"], b)) == 3
+    out = dense(features)
+    scale = {"user": 1.0, "item": 2.0, "history": 3.0, "tag": 4.0}
+
+    def loss(out):
+        return sum(o.pow(2).sum() * scale[f] for f, o in out.items()) / b
+
+    loss(out).backward()
+    grads = {}
+    for f, table in [("user", "user"), ("item", "item"), ("history", "item"), ("tag", "tag")]:
+        mode = next(t.pooling for t in TABLES if t.name == table)
+        expected, bag = reference_bags(dense.table_weight(table), ids[f], mode)
+        torch.testing.assert_close(out[f], expected)
+        (expected.pow(2).sum() * scale[f] / b).backward()
+        grads[table] = grads.get(table, 0) + bag.weight.grad
+    for table, grad in grads.items():
+        gr, start = dense._table_group[table]
+        rows, dim = grad.shape
+        torch.testing.assert_close(dense.weight(gr).grad[start:start + rows, :dim], grad)
+    fused = FusedEmbeddingBagCollection(TABLES, optimizer="adagrad_rowwise", lr=0.1, seed=0)
+    loss(fused(features)).backward()
+    for gr in range(len(dense.widths)):
+        dims = torch.tensor([float(t.embedding_dim) for t in TABLES for _ in range(t.num_embeddings)
+                             if padded_width(t.embedding_dim, 16) == dense.widths[gr]])
+        expected, momentum = reference_rowwise_adagrad(dense.weight(gr).detach(), torch.zeros(len(dims)),
+                                                       dense.weight(gr).grad, 0.1, 1e-8, dims)
+        torch.testing.assert_close(fused.weight(gr), expected)
+        torch.testing.assert_close(getattr(fused, f"momentum_{gr}"), momentum)
+
+
 def test_no_update_without_backward_and_under_no_grad():
     ebc = FusedEmbeddingBagCollection([TableConfig("a", 5, 4)], optimizer="sgd", seed=0)
     before = ebc.weight(0).clone()

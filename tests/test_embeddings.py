@@ -362,6 +362,19 @@ def test_chunked_lookup_matches_plain_bags_in_values_gradients_and_updates(unifo
         torch.testing.assert_close(getattr(fused, f"momentum_{gr}"), momentum)
 
 
+def test_fused_update_with_per_sample_weights_matches_a_dense_gradient():
+    tables = [TableConfig("s", 9, 4), TableConfig("m", 9, 4, pooling="mean")]
+    ids = torch.tensor([[1, 2, -1], [3, 3, 8]])
+    w = torch.tensor([[0.5, 2.0, 9.0], [1.0, -1.0, 3.0]])
+    features = SparseFeatures.from_dense({"s": ids, "m": ids}, weights={"s": w, "m": w})
+    dense = FusedEmbeddingBagCollection(tables, seed=0)
+    fused = FusedEmbeddingBagCollection(tables, optimizer="sgd", lr=0.1, seed=0)
+    for ebc in (dense, fused):
+        out = ebc(features)
+        (out["s"].pow(2).sum() + 3 * out["m"].sum()).backward()
+    torch.testing.assert_close(fused.weight(0), dense.weight(0).detach() - 0.1 * dense.weight(0).grad)
+
+
 def test_no_update_without_backward_and_under_no_grad():
     ebc = FusedEmbeddingBagCollection([TableConfig("a", 5, 4)], optimizer="sgd", seed=0)
     before = ebc.weight(0).clone()

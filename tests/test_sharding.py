@@ -17,8 +17,8 @@ from torch import nn
 
 pytest.importorskip("torchrec")
 
+from sessrec.data.jagged import SparseFeatures
 from sessrec.embeddings.config import TableConfig
-from sessrec.embeddings.jagged import SparseFeatures
 from sessrec.embeddings.planner import ShardingPlanner
 from sessrec.embeddings.sharding import (
     embedding_bag_collection,

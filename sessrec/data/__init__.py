@@ -1,6 +1,7 @@
 """Data layer: readers, schema, session building, vocabulary, features, loaders. Imports no model."""
 
 from sessrec.data.batch import SessionBatch
+from sessrec.data.criteo import generate_criteo
 from sessrec.data.datamodule import SessionDataModule
 from sessrec.data.features import (
     Categorify,
@@ -12,6 +13,7 @@ from sessrec.data.features import (
     SessionTimeFeatures,
     TargetEncoding,
 )
+from sessrec.data.jagged import SparseFeatures
 from sessrec.data.loader import SessionLoader
 from sessrec.data.ranking import ClickoutDataModule, RankingBatch, RankingVocab, build_clickout_rows
 from sessrec.data.readers import read_events, read_srgnn, read_user_sequences
@@ -26,16 +28,46 @@ from sessrec.data.sources import (
     UserSequenceSource,
 )
 from sessrec.data.stream import ScoringStream
-from sessrec.data.criteo import generate_criteo
 from sessrec.data.synthetic import generate_sessions
 from sessrec.data.trivago import TrivagoSource
 from sessrec.data.vocab import ItemVocab
 
 __all__ = [
-    "Categorify", "ClickoutDataModule", "RankingBatch", "RankingVocab", "build_clickout_rows", "generate_criteo", "CountEncoding", "CyclicTime", "EventLogSource", "FeaturePipeline", "FeatureSpec",
-    "HashedCross", "ItemVocab", "LogNormalize", "SRGNNSource", "Schema", "SchemaError", "ScoringStream",
-    "SessionBatch", "SessionDataModule", "SessionLoader", "SessionSource", "SessionSplits",
-    "SessionTimeFeatures", "SideFeatureTransform", "SideFeatures", "SideInfoSpec", "SyntheticSource",
-    "TargetEncoding", "TrivagoSource", "UserSequenceSource", "generate_sessions", "read_events",
-    "read_item_vectors", "read_srgnn", "read_user_sequences",
+    "Categorify",
+    "ClickoutDataModule",
+    "CountEncoding",
+    "CyclicTime",
+    "EventLogSource",
+    "FeaturePipeline",
+    "FeatureSpec",
+    "HashedCross",
+    "ItemVocab",
+    "LogNormalize",
+    "RankingBatch",
+    "RankingVocab",
+    "SRGNNSource",
+    "Schema",
+    "SchemaError",
+    "ScoringStream",
+    "SessionBatch",
+    "SessionDataModule",
+    "SessionLoader",
+    "SessionSource",
+    "SessionSplits",
+    "SessionTimeFeatures",
+    "SideFeatureTransform",
+    "SideFeatures",
+    "SideInfoSpec",
+    "SparseFeatures",
+    "SyntheticSource",
+    "TargetEncoding",
+    "TrivagoSource",
+    "UserSequenceSource",
+    "build_clickout_rows",
+    "generate_criteo",
+    "generate_sessions",
+    "read_events",
+    "read_item_vectors",
+    "read_srgnn",
+    "read_user_sequences",
 ]

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from sessrec.embeddings import SparseFeatures
+from sessrec.data.jagged import SparseFeatures
 
 NUM_DENSE = 13
 NUM_SPARSE = 26

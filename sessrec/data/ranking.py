@@ -42,11 +42,11 @@ import pytorch_lightning as pl
 import torch
 
 from sessrec.data.atomic import atomic_path
+from sessrec.data.jagged import SparseFeatures
 from sessrec.data.readers import read_table
 from sessrec.data.schema import SchemaError
 from sessrec.data.trivago import ITEM_ACTIONS
 from sessrec.data.vocab import ItemVocab
-from sessrec.embeddings import SparseFeatures
 
 CLICKOUT = "clickout item"
 START = "<start>"
@@ -101,7 +101,7 @@ def build_clickout_rows(raw: pa.Table, source: str = "<table>", session_scores: 
             )
     raw = raw.take(pc.sort_indices(raw, sort_keys=[("session_id", "ascending"), ("timestamp", "ascending"),
                                                    ("step", "ascending")]))
-    col = lambda name: raw.column(name).combine_chunks()  # noqa: E731
+    col = lambda name: raw.column(name).combine_chunks()
     n_events = raw.num_rows
     action = col("action_type").cast(pa.string())
     session_code = pc.dictionary_encode(col("session_id")).indices.to_numpy(zero_copy_only=False).astype(np.int64)
@@ -340,7 +340,7 @@ class RankingBatch:
         return self.labels.shape[0]
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> RankingBatch:
-        move = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
+        move = lambda t: t.to(device, non_blocking=non_blocking)
         sparse = self.sparse.to(device, non_blocking=non_blocking)
         return RankingBatch(move(self.dense), sparse, move(self.labels), move(self.groups),
                             {k: move(v) for k, v in self.baselines.items()})
@@ -378,14 +378,14 @@ class RankingTensors:
             start, stop = rows.start, rows.stop
             values = self.filter_values[self.filter_offsets[start]:self.filter_offsets[stop]]
             lengths = self.filter_offsets[start + 1:stop + 1] - self.filter_offsets[start:stop]
-            pick = lambda t: t[start:stop]  # noqa: E731
+            pick = lambda t: t[start:stop]
         else:
             first = self.filter_offsets.index_select(0, rows)
             lengths = self.filter_offsets.index_select(0, rows + 1) - first
             # each chosen row's run of filter values, gathered at once
             run_start = torch.repeat_interleave(first - (torch.cumsum(lengths, 0) - lengths), lengths)
             values = self.filter_values.index_select(0, run_start + torch.arange(int(lengths.sum())))
-            pick = lambda t: t.index_select(0, rows)  # noqa: E731
+            pick = lambda t: t.index_select(0, rows)
         one_hot = pick(self.one_hot)  # (B, len(ONE_HOT))
         b = one_hot.shape[0]
         sparse = SparseFeatures(
@@ -404,7 +404,7 @@ def encode_rows(rows: pa.Table, vocab: RankingVocab) -> RankingTensors:
     flat = pc.list_flatten(filters)
     filter_ids = vocab.vocabs["filters"].encode(flat).ids if len(flat) else np.zeros(0, np.int64)
     lengths = pc.list_value_length(filters).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-    num = lambda name: rows.column(name).to_numpy(zero_copy_only=False).astype(np.float64)  # noqa: E731
+    num = lambda name: rows.column(name).to_numpy(zero_copy_only=False).astype(np.float64)
     price, n_imp, position = num("price"), num("num_impressions"), num("position")
     log_price = np.log1p(price)
     group = rows.column("query").to_numpy().astype(np.int64)
@@ -427,7 +427,7 @@ def encode_rows(rows: pa.Table, vocab: RankingVocab) -> RankingTensors:
     ], axis=1)
     clicks = vocab.vocabs[CLICKS]
     popularity = clicks.id_counts()[clicks.encode(rows.column("hotel").cast(pa.string())).ids].astype(np.float64)
-    as_t = lambda a, dtype=torch.float32: torch.from_numpy(np.ascontiguousarray(a)).to(dtype)  # noqa: E731
+    as_t = lambda a, dtype=torch.float32: torch.from_numpy(np.ascontiguousarray(a)).to(dtype)
     return RankingTensors(
         dense=as_t(dense),
         one_hot=as_t(np.stack(ids, axis=1) if ids else np.zeros((rows.num_rows, 0)), torch.int64),

@@ -31,8 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sessrec.data.jagged import SparseFeatures
 from sessrec.embeddings.config import TableConfig
-from sessrec.embeddings.jagged import SparseFeatures
 
 OPTIMIZERS = ("none", "sgd", "adagrad_rowwise")
 _HUGE_PAGE = 2 * 2**20

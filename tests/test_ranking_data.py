@@ -9,17 +9,14 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from sessrec.data.ranking import (
+from sessrec.data.clickouts import (
     DENSE_FEATURES,
     ONE_HOT,
     SPARSE_FEATURES,
-    ClickoutDataModule,
-    RankingLoader,
-    RankingVocab,
     build_clickout_rows,
-    encode_rows,
     split_by_time,
 )
+from sessrec.data.ranking import ClickoutDataModule, RankingLoader, RankingVocab, encode_rows
 from sessrec.data.schema import SchemaError
 
 torch.set_num_threads(1)

@@ -1,6 +1,7 @@
 """Data layer: readers, schema, session building, vocabulary, features, loaders. Imports no model."""
 
 from sessrec.data.batch import SessionBatch
+from sessrec.data.clickouts import build_clickout_rows
 from sessrec.data.criteo import generate_criteo
 from sessrec.data.datamodule import SessionDataModule
 from sessrec.data.features import (
@@ -15,7 +16,7 @@ from sessrec.data.features import (
 )
 from sessrec.data.jagged import SparseFeatures
 from sessrec.data.loader import SessionLoader
-from sessrec.data.ranking import ClickoutDataModule, RankingBatch, RankingVocab, build_clickout_rows
+from sessrec.data.ranking import ClickoutDataModule, RankingBatch, RankingVocab
 from sessrec.data.readers import read_events, read_srgnn, read_user_sequences
 from sessrec.data.schema import FeatureSpec, Schema, SchemaError
 from sessrec.data.side import SideFeatures, SideFeatureTransform, SideInfoSpec, read_item_vectors

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import numpy as np
 import torch
 
 from sessrec.data.batch import SessionBatch

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from sessrec.data.criteo import generate_criteo
-from sessrec.embeddings import TableConfig
+from sessrec.embeddings import TableConfig, to_keyed_jagged_tensor
 from sessrec.models.dlrm import DLRM
 
 
@@ -41,6 +41,20 @@ def cardinalities(n: int, low: float, high: float, seed: int) -> list[int]:
     """`n` table sizes, log-uniform in [low, high]."""
     rng = np.random.default_rng(seed)
     return [int(c) for c in np.exp(rng.uniform(np.log(low), np.log(high), n))]
+
+
+def training_step(opts: list[torch.optim.Optimizer], logits: Callable[[tuple], torch.Tensor]) -> Callable:
+    """One BCE training step over a batch ``(dense, sparse, labels, kjt)`` with every optimizer in `opts`."""
+
+    def step(batch: tuple) -> None:
+        loss = F.binary_cross_entropy_with_logits(logits(batch), batch[2])
+        for opt in opts:
+            opt.zero_grad(set_to_none=True)
+        loss.backward()
+        for opt in opts:
+            opt.step()
+
+    return step
 
 
 def sessrec_step(args: argparse.Namespace, cards: list[int], keys: tuple[str, ...], fused: bool) -> Callable:
@@ -54,16 +68,7 @@ def sessrec_step(args: argparse.Namespace, cards: list[int], keys: tuple[str, ..
     if table_params:
         opts.append(torch.optim.Adagrad(table_params, lr=0.01))
 
-    def step(batch: tuple) -> None:
-        dense, sparse, labels, _ = batch
-        loss = F.binary_cross_entropy_with_logits(model(dense, sparse), labels)
-        for opt in opts:
-            opt.zero_grad(set_to_none=True)
-        loss.backward()
-        for opt in opts:
-            opt.step()
-
-    return step
+    return training_step(opts, lambda batch: model(batch[0], batch[1]))
 
 
 def torchrec_step(args: argparse.Namespace, cards: list[int], keys: tuple[str, ...]) -> Callable:
@@ -81,16 +86,7 @@ def torchrec_step(args: argparse.Namespace, cards: list[int], keys: tuple[str, .
     opts = [torch.optim.Adam([p for p in model.parameters() if id(p) not in ids], lr=1e-3),
             torch.optim.Adagrad(table_params, lr=0.01)]
 
-    def step(batch: tuple) -> None:
-        dense, _, labels, kjt = batch
-        loss = F.binary_cross_entropy_with_logits(model(dense, kjt).squeeze(1), labels)
-        for opt in opts:
-            opt.zero_grad(set_to_none=True)
-        loss.backward()
-        for opt in opts:
-            opt.step()
-
-    return step
+    return training_step(opts, lambda batch: model(batch[0], batch[3]).squeeze(1))
 
 
 def main() -> None:
@@ -115,22 +111,22 @@ def main() -> None:
     n_batches = args.steps + args.warmup
     data = generate_criteo(args.batch * n_batches, cards, multi_hot=args.multi_hot, seed=args.seed)
     try:
-        from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+        import torchrec  # noqa: F401
+        has_torchrec = True
     except Exception as err:  # noqa: BLE001 - any import failure means "not installed here"
-        KeyedJaggedTensor = None  # noqa: N806
+        has_torchrec = False
         print(json.dumps({"bench": "dlrm_train", "variant": "torchrec_dense_adagrad", "skipped": repr(err)}), flush=True)
     batches = []
     for i in range(n_batches):
         dense, sparse, labels = data.batch(i * args.batch, (i + 1) * args.batch)
-        kjt = None if KeyedJaggedTensor is None else KeyedJaggedTensor(
-            keys=list(sparse.keys), values=sparse.values, lengths=sparse.lengths)
+        kjt = to_keyed_jagged_tensor(sparse) if has_torchrec else None
         batches.append((dense, sparse, labels, kjt))
 
     variants = {
         "sessrec_fused_rowwise_adagrad": sessrec_step(args, cards, data.keys, fused=True),
         "sessrec_dense_adagrad": sessrec_step(args, cards, data.keys, fused=False),
     }
-    if KeyedJaggedTensor is not None:
+    if has_torchrec:
         variants["torchrec_dense_adagrad"] = torchrec_step(args, cards, data.keys)
     for name, step in variants.items():
         for batch in batches[: args.warmup]:

@@ -57,7 +57,13 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from sessrec.embeddings import FusedEmbeddingBagCollection, SparseFeatures, TableConfig
+from sessrec.embeddings import (
+    FusedEmbeddingBagCollection,
+    SparseFeatures,
+    TableConfig,
+    to_embedding_bag_configs,
+    to_keyed_jagged_tensor,
+)
 
 
 def table_sizes(n: int, low: float, high: float, seed: int) -> list[int]:
@@ -130,13 +136,9 @@ def torchrec_forward(sizes: list[int], dim: int, features: SparseFeatures) -> Ca
     except Exception as error:  # noqa: BLE001  optional: any import failure (missing, fbgemm mismatch) skips it
         print(f"torchrec not available ({type(error).__name__}: {error}); skipped", file=sys.stderr)
         return None
-    configs = [
-        torchrec.EmbeddingBagConfig(name=k, embedding_dim=dim, num_embeddings=n, feature_names=[k],
-                                    pooling=torchrec.PoolingType.SUM)
-        for k, n in zip(features.keys, sizes)
-    ]
+    configs = to_embedding_bag_configs([TableConfig(k, n, dim) for k, n in zip(features.keys, sizes)])
     ebc = torchrec.EmbeddingBagCollection(tables=configs, device=torch.device("cpu"))
-    kjt = torchrec.KeyedJaggedTensor(keys=list(features.keys), values=features.values, lengths=features.lengths)
+    kjt = to_keyed_jagged_tensor(features)
 
     def run():
         with torch.no_grad():
@@ -149,20 +151,15 @@ def torchrec_fused_step(sizes: list[int], dim: int, features: SparseFeatures, op
     """A training step of TorchRec's fused-optimizer `FusedEmbeddingBagCollection` (FBGEMM's CPU
     table-batched embeddings; SGD, or row-wise Adagrad like ours), or None when torchrec does not import."""
     try:
-        import torchrec
         from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection as TorchRecFused
         from torchrec.optim import RowWiseAdagrad
     except Exception as error:  # noqa: BLE001  optional: any import failure (missing, fbgemm mismatch) skips it
         print(f"torchrec fused EBC not available ({type(error).__name__}: {error}); skipped", file=sys.stderr)
         return None
-    configs = [
-        torchrec.EmbeddingBagConfig(name=k, embedding_dim=dim, num_embeddings=n, feature_names=[k],
-                                    pooling=torchrec.PoolingType.SUM)
-        for k, n in zip(features.keys, sizes)
-    ]
+    configs = to_embedding_bag_configs([TableConfig(k, n, dim) for k, n in zip(features.keys, sizes)])
     optimizer = RowWiseAdagrad if opt == "adagrad" else torch.optim.SGD
     ebc = TorchRecFused(configs, optimizer_type=optimizer, optimizer_kwargs={"lr": lr}, device=torch.device("cpu"))
-    kjt = torchrec.KeyedJaggedTensor(keys=list(features.keys), values=features.values, lengths=features.lengths)
+    kjt = to_keyed_jagged_tensor(features)
 
     def run():
         ebc(kjt).values().sum().backward()  # the update runs in backward, as in ours

@@ -1,18 +1,7 @@
 """Fitted feature operations: the `FeatureOp` base, fitted keys, and the column encoders.
 
-Each operation is a small class whose typed constructor arguments are its configuration and
-whose input columns are named there. ``fit(frame)`` learns from the training split,
-``transform(frame)`` applies what was learned to any split (unseen values get a documented
-default), and ``fit_transform(frame)`` gives the training split's own features, which for
-target encoding are out-of-fold. A `FeaturePipeline` runs named operations in order and saves
-every fitted table to one ``.npz`` file, so scoring applies exactly the transforms of training.
-
-A frame is a ``pyarrow.Table``, a dict of columns, or a pandas/cuDF DataFrame, one row per
-event; columns are numpy, pyarrow, pandas, cuDF, CuPy or other array-API arrays (see
-`sessrec.data.array_backend`). The array code is written once against the array API standard
-and runs on NumPy (CPU) and CuPy (GPU); outputs live on the backend of the input. Integer
-outputs are identical across backends; float outputs agree to rounding (a few ulp: ``sin``
-and parallel sums are not bit-identical across devices).
+The contract of an operation (typed constructor as config, ``fit`` / ``transform`` /
+``fit_transform``, frames and array backends) is described once, in `sessrec.data.features`.
 
 Shape letters: E events (rows), K distinct keys of a fitted column, N sessions.
 """

@@ -114,7 +114,10 @@ def test_plm_targets_inputs_and_target_mapping():
     m = PermutationLanguageModeling(target_prob=0.3)(items, gen(1))
     assert torch.equal(m.inputs, items) and not m.masked.any()  # XLNet's query stream hides the content
     assert torch.equal(m.targets, items[m.read]) and (m.targets >= 2).all()
-    assert torch.equal(m.read.any(dim=1), (items >= 2).any(dim=1))
+    # a session with two or more items has a target and keeps a context item; one item: no target
+    real = (items != 0).sum(dim=1)
+    assert torch.equal(m.read.any(dim=1), (items >= 2).any(dim=1) & (real >= 2))
+    assert ((items != 0) & ~m.read).any(dim=1).all()
     # target_mapping: the k-th valid row of a session is one-hot at its k-th target position
     assert torch.equal(m.target_mapping.sum(dim=2) == 1, m.valid)
     assert torch.equal(m.target_mapping.sum(dim=1).bool(), m.read)
@@ -154,6 +157,26 @@ def test_plm_query_stream_never_sees_its_own_target():
         for k, pos in enumerate(m.read[0].nonzero()[:, 0]):
             changed = m.inputs.clone()
             changed[0, pos] = 20
+            torch.testing.assert_close(model.encode(changed, m.masked, **kw)[m.valid][k], base[k])
+
+
+def test_plm_never_leaves_a_target_without_context():
+    """Every item chosen: the earliest becomes context, and no target's query sees its own item.
+
+    A target that sees no item at all would attend evenly to every key, its own content among them
+    (HF XLNet masks with -1e30, which a row masked everywhere cannot tell apart).
+    """
+    model = tiny(XLNetEncoder(d_model=16, n_head=2, n_layer=2, dropout=0.0))
+    items = torch.tensor([[0, 0, 0, 0, 0, 4, 5, 6], [0, 0, 0, 0, 0, 0, 0, 7], [0, 0, 0, 0, 0, 0, 8, 9]])
+    m = PermutationLanguageModeling(target_prob=1.0, last_item_prob=0.0)(items, gen(3))
+    assert m.read.tolist() == [[False] * 6 + [True, True], [False] * 8, [False] * 7 + [True]]
+    assert m.targets.tolist() == [5, 6, 9]
+    kw = {"perm_mask": m.perm_mask, "target_mapping": m.target_mapping}
+    with torch.no_grad():
+        base = model.encode(m.inputs, m.masked, **kw)[m.valid]  # (N, D)
+        for k, (row, pos) in enumerate(m.read.nonzero().tolist()):
+            changed = m.inputs.clone()
+            changed[row, pos] = 20
             torch.testing.assert_close(model.encode(changed, m.masked, **kw)[m.valid][k], base[k])
 
 

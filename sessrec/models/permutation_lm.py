@@ -49,8 +49,9 @@ class PermutationLanguageModeling(Objective):
     Args:
         target_prob: per-item probability of being a target (XLNet's 1/K).
         last_item_prob: share of sessions whose only target is the last item (the evaluation shape).
-            Targets are chosen exactly as `MaskedItemModeling` chooses masked items: at least one
-            per session that has a targetable item; padding, OOV and virtual items never.
+            Targets are chosen as `MaskedItemModeling` chooses masked items (padding, OOV and
+            virtual items never), except that at least one item of a session stays context: when
+            every item was chosen the earliest is not a target, and a one-item session has none.
     """
 
     needs_causal: ClassVar[bool] = False
@@ -70,6 +71,12 @@ class PermutationLanguageModeling(Objective):
     ) -> PermutationResult:
         choose = MaskedItemModeling(mask_prob=self.target_prob, last_item_prob=self.last_item_prob)
         target = choose.select(items, generator, recommendable)  # (B, L)
+        # The first target of the order sees only the context. Without any, its query stream
+        # would attend to nothing, and XLNet's attention (scores minus 1e30 at every masked key)
+        # then spreads evenly over all keys, its own content among them: the target leaks. So a
+        # session keeps at least one context item; a one-item session has no target.
+        no_context = ~((items != 0) & ~target).any(dim=1, keepdim=True)  # (B, 1)
+        target = target & ~(no_context & (target.cumsum(dim=1) == 1))
         # order: every context item first (rank 0), then the targets in a random order (ranks in (1, 2))
         rank = torch.where(target, 1.0 + torch.rand(items.shape, generator=generator, device=items.device), 0.0)
         # i may attend to j unless j is a target that does not come strictly before i (so never itself)

@@ -3,7 +3,10 @@
 import pytest
 import torch
 
-from sessrec.data import SessionLoader
+import sessrec.models as m
+from sessrec.data import SessionBatch, SessionDataModule, SessionLoader, SyntheticSource
+from sessrec.tasks import NextItemTask
+from sessrec.tasks.losses import FullSoftmax, SampledSoftmax
 
 
 def padded(n=10, width=6):
@@ -60,3 +63,54 @@ def test_chunked_shuffle_keeps_runs_of_rows():
 def test_rejects_bad_batch_size():
     with pytest.raises(ValueError, match="batch_size"):
         SessionLoader(padded(), batch_size=0)
+
+
+def test_datamodule_stores_item_ids_as_int32_and_targets_as_int64():
+    dm = SessionDataModule(SyntheticSource(num_sessions=300, num_items=40), max_length=8, batch_size=32)
+    train, _ = dm.tensors("train")
+    valid, targets = dm.tensors("valid")
+    assert train.dtype == valid.dtype == torch.int32 and targets.dtype == torch.int64
+    assert next(iter(dm.train_dataloader())).items.dtype == torch.int32
+
+
+PAIRS = {
+    "xlnet-mlm": lambda: (m.XLNetEncoder(d_model=16, n_head=2, n_layer=1, dropout=0.0), m.MaskedItemModeling(0.3, 0.3)),
+    "xlnet-plm": lambda: (
+        m.XLNetEncoder(d_model=16, n_head=2, n_layer=1, dropout=0.0), m.PermutationLanguageModeling(0.3, 0.3)
+    ),
+    "electra-rtd": lambda: (
+        m.ElectraEncoder(d_model=16, n_head=2, n_layer=1, dropout=0.0), m.ReplacedTokenDetection(0.3, 0.3)
+    ),
+    "gpt2-clm": lambda: (m.GPT2Encoder(d_model=16, n_head=2, n_layer=1, dropout=0.0), m.CausalLanguageModeling()),
+    "gru4rec-clm": lambda: (m.GRU4RecEncoder(d_model=16, n_layer=1), m.CausalLanguageModeling()),
+}
+
+
+@pytest.mark.parametrize("pair", PAIRS)
+@pytest.mark.parametrize("sampled", [False, True])
+def test_int32_and_int64_batches_give_the_same_loss_gradients_and_scores(pair, sampled):
+    """The loader's int32 ids are a storage choice only: every objective and loss sees the same numbers."""
+    torch.manual_seed(0)
+    encoder, objective = PAIRS[pair]()
+    loss = SampledSoftmax(negatives="mixed", num_samples=16) if sampled else FullSoftmax()
+    task = NextItemTask(num_items=40, max_length=8, encoder=encoder, objective=objective, loss=loss)
+    items = torch.randint(2, 40, (12, 8))  # ids 2.. (0 padding, 1 OOV)
+    items[::3, :4] = 0  # left padding
+    runs = []
+    for dtype in (torch.int64, torch.int32):
+        task.zero_grad()
+        torch.manual_seed(1)  # the same dropout masks for both runs
+        value = task.training_step(SessionBatch(items=items.to(dtype)), 0)
+        value.backward()
+        task.eval()
+        with torch.no_grad():
+            scores = task(SessionBatch(items=items.to(dtype)))
+        task.train()
+        runs.append((value.detach(), [p.grad.clone() for p in task.parameters() if p.grad is not None], scores))
+    (loss64, grads64, scores64), (loss32, grads32, scores32) = runs
+    assert torch.isfinite(loss64) and loss64 > 0
+    torch.testing.assert_close(loss32, loss64, rtol=0, atol=0)
+    assert len(grads32) == len(grads64) > 0
+    for g32, g64 in zip(grads32, grads64):
+        torch.testing.assert_close(g32, g64, rtol=0, atol=0)
+    torch.testing.assert_close(scores32, scores64, rtol=0, atol=0)

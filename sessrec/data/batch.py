@@ -7,8 +7,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import numpy as np
 import pyarrow as pa
 import torch
+
+# Item ids in the padded session matrices and their batches. int32 holds any catalogue up to
+# 2**31 items and halves what the loader gathers per batch and copies to the device; embeddings
+# and gathers take it as is, and the objectives widen only the few targets they pick to int64.
+ITEM_DTYPE = np.dtype(np.int32)
 
 
 @dataclass
@@ -16,7 +22,7 @@ class SessionBatch:
     """A batch of sessions, right-aligned: the most recent item is in the last column.
 
     Args:
-        items: (B, L) int64 model item ids, 0 = padding on the left.
+        items: (B, L) int32 model item ids (`ITEM_DTYPE`; int64 accepted), 0 = padding on the left.
         targets: (B,) int64 next-item ids to predict after `items` (evaluation); None in training,
             where the objective chooses its own targets inside `items`.
         index: (B,) int64 row of each session in its source (maps predictions back to session ids).

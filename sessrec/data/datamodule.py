@@ -17,6 +17,7 @@ import pytorch_lightning as pl
 import torch
 
 from sessrec.data import frame
+from sessrec.data.batch import ITEM_DTYPE
 from sessrec.data.loader import SessionLoader
 from sessrec.data.schema import Schema
 from sessrec.data.side import LOOKS_AHEAD, SideFeatures, SideFeatureTransform, SideInfoSpec, read_item_vectors
@@ -193,13 +194,13 @@ class SessionDataModule(pl.LightningDataModule):
                 starts = np.concatenate([starts, offsets[:-1][rev] + offsets[-1]])
                 ends = np.concatenate([ends, offsets[1:][rev] + offsets[-1]])
                 self.stats["train_reversed"] = len(rev)
-            pad = lambda values: frame.pad_sessions(values, starts, ends, self.max_length)
-            self._tensors[split] = (torch.from_numpy(pad(ids)), None)
+            pad = lambda values, dtype=None: frame.pad_sessions(values, starts, ends, self.max_length, dtype)
+            self._tensors[split] = (torch.from_numpy(pad(ids, ITEM_DTYPE)), None)
         else:
             targetable = None if virtual is None else ~virtual
             session, target_at = frame.expand_prefixes(offsets, self.eval_protocol, targetable)
-            pad = lambda values: frame.pad_sessions(values, offsets[:-1][session], target_at, self.max_length)
-            self._tensors[split] = (torch.from_numpy(pad(ids)), torch.from_numpy(ids[target_at]))
+            pad = lambda values, dtype=None: frame.pad_sessions(values, offsets[:-1][session], target_at, self.max_length, dtype)
+            self._tensors[split] = (torch.from_numpy(pad(ids, ITEM_DTYPE)), torch.from_numpy(ids[target_at]))
             self.stats[f"{split}_pairs"] = len(target_at)
         feats = {}
         for name, values in flat.items():

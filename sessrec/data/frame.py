@@ -162,15 +162,18 @@ def _last_times(sessions: pa.Table) -> np.ndarray:
     return flat[offsets[1:] - 1]
 
 
-def pad_sessions(values: np.ndarray, starts: np.ndarray, ends: np.ndarray, max_length: int) -> np.ndarray:
+def pad_sessions(
+    values: np.ndarray, starts: np.ndarray, ends: np.ndarray, max_length: int, dtype: np.dtype | None = None
+) -> np.ndarray:
     """Right-aligned padded matrix (N, L) from jagged values.
 
     Row ``i`` holds ``values[starts[i]:ends[i]]``, or its last `max_length` entries when longer,
     right-aligned with 0 as padding on the left: the most recent event is in the last column of
     every row, whatever the session length. Integer values come out as int64, floating-point
-    values (continuous side features) as float32.
+    values (continuous side features) as float32, unless `dtype` says otherwise.
     """
-    dtype = np.float32 if np.issubdtype(values.dtype, np.floating) else np.int64
+    if dtype is None:
+        dtype = np.float32 if np.issubdtype(values.dtype, np.floating) else np.int64
     col = np.arange(max_length)[None, :]  # (1, L)
     src = ends[:, None] - max_length + col  # (N, L) flat index of each cell
     valid = src >= starts[:, None]

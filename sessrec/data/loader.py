@@ -1,6 +1,6 @@
 """Columnar session loader: batches are slices of padded tensors, never per-sample lookups.
 
-The sessions of a split are held as one right-aligned (N, L) int64 tensor (and one (N, L)
+The sessions of a split are held as one right-aligned (N, L) int32 tensor (and one (N, L)
 tensor per side feature, aligned with it). An epoch is a permutation of rows (optionally of
 contiguous chunks of rows); each batch is one `index_select` per tensor and is trimmed to the
 longest session in it. No `Dataset.__getitem__`, no collate: at batch
@@ -22,7 +22,7 @@ class SessionLoader:
     """Iterate over `SessionBatch`es of a padded session matrix.
 
     Args:
-        items: (N, L) right-aligned item ids, 0 = padding.
+        items: (N, L) right-aligned item ids (int32 from `SessionDataModule`, any integer dtype), 0 = padding.
         targets: optional (N,) next-item targets (evaluation pairs).
         features: optional side features by name, each (N, L) aligned with `items`; batches
             carry the same rows and columns of them.

@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 import torch
 
 from sessrec.data import frame
-from sessrec.data.batch import SessionBatch
+from sessrec.data.batch import ITEM_DTYPE, SessionBatch
 from sessrec.data.readers import _is_parquet, _sniff_delimiter
 from sessrec.data.schema import FeatureSpec, Schema, SchemaError
 from sessrec.data.side import SideFeatureTransform
@@ -173,7 +173,7 @@ class ScoringStream:
             self.num_items += len(encoded.ids)
             self.num_unknown += encoded.num_unknown
             starts, ends = offsets[:-1], offsets[1:]
-            items = torch.from_numpy(frame.pad_sessions(encoded.ids, starts, ends, self.max_length))
+            items = torch.from_numpy(frame.pad_sessions(encoded.ids, starts, ends, self.max_length, ITEM_DTYPE))
             flat = {} if self.side is None else self.side.transform(sessions, str(self.path))
             feats = {k: torch.from_numpy(frame.pad_sessions(v, starts, ends, self.max_length)) for k, v in flat.items()}
             keys = sessions.column(frame.SESSION).combine_chunks()

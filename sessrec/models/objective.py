@@ -57,7 +57,8 @@ class ObjectiveOutput:
 
     Args:
         hidden: (N, D) hidden states that predict the next items.
-        targets: (N,) the items to predict.
+        targets: (N,) int64 items to predict (widened here from the batch's int32 ids: losses
+            index with them).
         aux_loss: scalar loss of the objective's own heads (RTD), added to the next-item loss.
         logs: scalars worth logging, by name.
     """
@@ -66,6 +67,9 @@ class ObjectiveOutput:
     targets: torch.Tensor
     aux_loss: torch.Tensor | None = None
     logs: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.targets = self.targets.long()
 
 
 Features = dict[str, torch.Tensor]

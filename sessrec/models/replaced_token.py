@@ -138,7 +138,7 @@ class ReplacedTokenDetection(nn.Module, Objective):
             The discriminator's (B, L) input ids and (B, L) float labels: 1 exactly where a
             sample differs from the original item.
         """
-        inputs = m.inputs.masked_scatter(m.replace, samples)
+        inputs = m.inputs.masked_scatter(m.replace, samples.to(m.inputs.dtype))
         return inputs, (inputs != m.inputs).float()
 
     def propose(self, logits: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -167,7 +167,7 @@ class ReplacedTokenDetection(nn.Module, Objective):
         g_x = self.generator_in(model.embed(g_inputs, hide, features))  # (B, L, G)
         g_hidden = self.generator_out(self.generator_encoder(g_x, (g_inputs != 0) | hide)[hide])  # (K, D)
         g_logits = model.score(g_hidden)  # (K, V)
-        g_loss = F.cross_entropy(g_logits, items[hide], reduction="sum") / max(len(g_logits), 1)
+        g_loss = F.cross_entropy(g_logits, items[hide].long(), reduction="sum") / max(len(g_logits), 1)
         with torch.no_grad():
             samples = self.propose(g_logits[m.replace[hide]], generator)  # (R,)
 

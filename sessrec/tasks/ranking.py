@@ -131,7 +131,9 @@ class DLRMTask(pl.LightningModule):
             plain parameters of the dense optimizer.
         embedding_lr: the fused optimizer's learning rate.
         compile: ``torch.compile`` the dense parts (bottom MLP, interaction, top MLP); the table
-            lookup stays eager (its fused update runs inside autograd's backward).
+            lookup stays eager (its fused update runs inside autograd's backward). ``True`` uses
+            the default backend (inductor: generated C++ on CPU, Triton on CUDA; it needs a C
+            compiler); a string names another ``torch.compile`` backend (e.g. ``aot_eager``).
         ks: cut-offs of recall@k within a query.
         seed: seeds the tables' initial weights.
     """
@@ -151,7 +153,7 @@ class DLRMTask(pl.LightningModule):
         weight_decay: float = 0.0,
         embedding_optimizer: Literal["adagrad_rowwise", "sgd", "none"] = "adagrad_rowwise",
         embedding_lr: float = 0.05,
-        compile: bool = False,
+        compile: bool | str = False,
         ks: list[int] = [1, 5, 20],  # noqa: B006 - read only
         seed: int = 0,
     ) -> None:
@@ -168,8 +170,9 @@ class DLRMTask(pl.LightningModule):
             embedding_optimizer=embedding_optimizer, embedding_lr=embedding_lr, seed=seed,
         )
         if compile:  # in place: parameter names, hence checkpoints, are the same as without
+            backend = "inductor" if compile is True else str(compile)
             for part in (self.model.dense_arch, self.model.interaction, self.model.over_arch):
-                part.compile()
+                part.compile(backend=backend)
         self.metrics = nn.ModuleDict({stage: RankingMetrics(ks) for stage in ("val", "test")})
         self.baseline_metrics = nn.ModuleDict({
             f"{stage}_{name}": RankingMetrics(ks, logits=False)

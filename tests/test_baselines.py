@@ -341,3 +341,14 @@ def test_cli_predict_writes_raw_topk(in_tmp):
     for items, scores in zip(recs.column("item_ids").to_pylist(), recs.column("scores").to_pylist()):
         assert len(set(items)) == 20 and set(items) <= set(raw)
         assert scores == sorted(scores, reverse=True)
+
+
+def test_baseline_task_can_exclude_the_sessions_own_items():
+    pop = Popularity()
+    pop.fit(torch.tensor([[0, 2, 2, 3], [2, 3, 4, 5]]), num_items=7)  # counts: 2 > 3 > 4 = 5 > 6
+    batch = SessionBatch(items=torch.tensor([[0, 0, 2, 4]], dtype=torch.int32))
+    plain = BaselineTask(baseline=pop, num_items=7)(batch)
+    seen = BaselineTask(baseline=pop, num_items=7, exclude_seen=True)(batch)
+    assert plain[0].topk(2).indices.tolist() == [2, 3]
+    assert seen[0].topk(2).indices.tolist() == [3, 5]
+    assert torch.isinf(seen[0, [0, 2, 4]]).all() and torch.equal(seen[0, [3, 5, 6]], plain[0, [3, 5, 6]])

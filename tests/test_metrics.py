@@ -81,3 +81,34 @@ def test_accumulates_over_batches_like_one_batch():
 def test_rejects_bad_cutoffs():
     with pytest.raises(ValueError, match="ks"):
         TopKMetrics(ks=[0])
+
+
+def test_exclude_seen_masks_the_input_items_and_makes_a_repeat_target_a_miss():
+    from sessrec.data import SessionBatch
+    from sessrec.models import CausalLanguageModeling, SASRecEncoder
+    from sessrec.tasks import NextItemTask
+    from sessrec.tasks.next_item import exclude_seen
+
+    scores = torch.arange(12.0).repeat(2, 1)  # (2, 12): item 11 best, then 10, ...
+    items = torch.tensor([[0, 0, 11, 4], [10, 10, 9, 12]], dtype=torch.int32)  # 12: outside the scores
+    masked = exclude_seen(scores, items)
+    inf = float("-inf")
+    assert masked[0].tolist() == [inf, 1, 2, 3, inf, 5, 6, 7, 8, 9, 10, inf]
+    assert masked[1].tolist() == [inf, 1, 2, 3, 4, 5, 6, 7, 8, inf, inf, 11]
+    assert scores[0, 11] == 11  # a new tensor
+
+    torch.manual_seed(0)
+    batch = SessionBatch(items=torch.tensor([[0, 2, 3, 4], [5, 6, 7, 3]]), targets=torch.tensor([3, 8]))
+    task = NextItemTask(num_items=10, max_length=4, encoder=SASRecEncoder(d_model=8, n_head=1, n_layer=1),
+                        objective=CausalLanguageModeling(), ks=[8], top_k=4, exclude_seen=True).eval()
+    with torch.no_grad():
+        raw = task.model(batch.items, task.objective)  # (2, 10)
+        top = task.predict_step(batch, 0).items
+        task._step(batch, "test")
+    assert torch.equal(top, exclude_seen(raw, batch.items).topk(4, dim=1).indices)
+    assert not (top[:, :, None] == batch.items[:, None, :]).any()  # nothing the session holds
+    expected = TopKMetrics([8])
+    expected.update(exclude_seen(raw, batch.items), batch.targets)
+    got = task.metrics["test"].compute()
+    assert got == expected.compute()
+    assert float(got["recall@8"]) <= 0.5  # target 3 repeats an item of row 0: always a miss

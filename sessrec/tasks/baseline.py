@@ -24,7 +24,7 @@ from sessrec.data import frame
 from sessrec.data.batch import SessionBatch
 from sessrec.data.vocab import NUM_SPECIAL
 from sessrec.metrics import TopKMetrics
-from sessrec.tasks.next_item import NextItemTask, TopK
+from sessrec.tasks.next_item import NextItemTask, TopK, exclude_seen
 
 
 class BaselineTask(pl.LightningModule):
@@ -35,6 +35,7 @@ class BaselineTask(pl.LightningModule):
         num_items: score vector size; linked from the data module (``data.num_items``).
         ks: cut-offs of the evaluation metrics.
         top_k: recommendations per session written by ``sessrec predict``.
+        exclude_seen: never recommend an item of the input session (`NextItemTask`'s option).
     """
 
     def __init__(
@@ -43,6 +44,7 @@ class BaselineTask(pl.LightningModule):
         num_items: int = 0,
         ks: list[int] = [10, 20],  # noqa: B006 - read only
         top_k: int = 20,
+        exclude_seen: bool = False,
     ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["baseline"])
@@ -72,7 +74,8 @@ class BaselineTask(pl.LightningModule):
 
     def forward(self, batch: SessionBatch) -> torch.Tensor:
         """(B, V) scores of the prefixes; the baseline sees `batch.items` only, never the targets."""
-        return self.baseline(batch.items).to(batch.items.device)
+        scores = self.baseline(batch.items).to(batch.items.device)
+        return exclude_seen(scores, batch.items) if self.hparams.exclude_seen else scores
 
     def _step(self, batch: SessionBatch, stage: str) -> None:
         self.metrics[stage].update(self(batch), batch.targets)

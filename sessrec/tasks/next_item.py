@@ -44,6 +44,17 @@ class TopK:
     scores: torch.Tensor
 
 
+def exclude_seen(scores: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+    """(B, V) scores with the items of each (B, L) input session set to -inf (a new tensor).
+
+    The full-ranking leave-one-out protocol of RecBole and of Klenitskiy & Vasilev (RecSys 2023)
+    never recommends what the user already has; off by default, because in session logs a repeat
+    of an earlier click is a common next item. Only the input window counts as seen.
+    """
+    index = torch.where(items < scores.shape[1], items, 0).long()  # column 0 (padding) is never recommended
+    return scores.scatter(1, index, float("-inf"))
+
+
 class NextItemTask(pl.LightningModule):
     """Next-item training with a full-catalogue softmax, evaluated by Recall/NDCG/MRR@K.
 
@@ -77,6 +88,8 @@ class NextItemTask(pl.LightningModule):
             data module's vocabulary at setup.
         ks: cut-offs of the evaluation metrics.
         top_k: recommendations per session written by ``sessrec predict``.
+        exclude_seen: at evaluation and prediction, never recommend an item of the input session
+            (see `exclude_seen`); the validation loss is computed before this filter.
         seed: masking seed (per training step).
         num_virtual: virtual (input-only) ids at the end of the vocabulary; linked from the data
             module (``data.num_virtual``). Never targets, never recommended.
@@ -104,6 +117,7 @@ class NextItemTask(pl.LightningModule):
         loss: FullSoftmax | SampledSoftmax = FullSoftmax(),  # noqa: B008 - a frozen-by-convention config value
         ks: list[int] = [10, 20],  # noqa: B006 - read only
         top_k: int = 20,
+        exclude_seen: bool = False,
         seed: int = 0,
         num_virtual: int = 0,
         side_features: SideInfoSpec | dict | None = None,
@@ -169,6 +183,8 @@ class NextItemTask(pl.LightningModule):
         scores = self.model(batch.items, self.objective, batch.features)  # (B, V)
         known = self.model.targetable(batch.targets)
         loss = F.cross_entropy(scores[known], batch.targets[known]) if known.any() else scores.new_zeros(())
+        if self.hparams.exclude_seen:
+            scores = exclude_seen(scores, batch.items)
         self.metrics[stage].update(scores, batch.targets)
         self.log(f"{stage}/loss", loss, batch_size=len(batch))
         return loss
@@ -198,6 +214,8 @@ class NextItemTask(pl.LightningModule):
 
     def predict_step(self, batch: SessionBatch, batch_idx: int) -> TopK:
         scores = self.model(batch.items, self.objective, getattr(batch, "features", None))  # duck-typed batches too
+        if self.hparams.exclude_seen:
+            scores = exclude_seen(scores, batch.items)
         k = min(self.hparams.top_k, int(self.model.recommendable.sum()))
         top = scores.topk(k, dim=1)
         return TopK(items=top.indices, scores=top.values)

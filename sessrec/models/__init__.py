@@ -7,6 +7,7 @@ they are ``causal``; objectives say which kind they train (`Objective.check`).
 from sessrec.models.bert import BertEncoder
 from sessrec.models.causal_lm import CausalLanguageModeling
 from sessrec.models.dlrm import DLRM, DCNv2Arch, DenseArch, InteractionArch, OverArch, SparseArch
+from sessrec.models.dropout import FastDropout, use_fast_dropout
 from sessrec.models.electra import ElectraEncoder
 from sessrec.models.gpt2 import GPT2Encoder
 from sessrec.models.gru4rec import GRU4RecEncoder
@@ -21,8 +22,8 @@ from sessrec.models.xlnet import XLNetEncoder
 
 __all__ = [
     "DLRM", "DCNv2Arch", "DenseArch", "InteractionArch", "OverArch", "SparseArch",
-    "BertEncoder", "CausalLanguageModeling", "ElectraEncoder", "GPT2Encoder", "GRU4RecEncoder", "MaskedItemModeling",
+    "BertEncoder", "CausalLanguageModeling", "ElectraEncoder", "FastDropout", "GPT2Encoder", "GRU4RecEncoder", "MaskedItemModeling",
     "MaskingResult", "Objective", "ObjectiveOutput", "PermutationLanguageModeling", "PermutationResult",
     "ReplacedTokenDetection", "ReplacementResult", "SASRecEncoder", "SessionModel", "SideInfoConfig", "SideInfoEmbedding",
-    "XLNetEncoder",
+    "XLNetEncoder", "use_fast_dropout",
 ]

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sessrec.models.dropout import use_fast_dropout
 from sessrec.models.electra import ElectraEncoder
 from sessrec.models.masking import MaskedItemModeling
 from sessrec.models.objective import (
@@ -110,6 +111,7 @@ class ReplacedTokenDetection(nn.Module, Objective):
         d = int(model.encoder.d_model)
         if self.generator_encoder is None:
             self.generator_encoder = ElectraEncoder(d_model=d, n_head=1, n_layer=1)
+        use_fast_dropout(self.generator_encoder)
         g = int(self.generator_encoder.d_model)
         self.generator_in = nn.Identity() if g == d else nn.Linear(d, g)
         self.generator_out = nn.Identity() if g == d else nn.Linear(g, d)

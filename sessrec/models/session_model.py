@@ -35,6 +35,7 @@ from torch import nn
 from sessrec.data.batch import SessionBatch
 from sessrec.data.vocab import NUM_SPECIAL
 from sessrec.models.causal_lm import CausalLanguageModeling
+from sessrec.models.dropout import use_fast_dropout
 from sessrec.models.masking import MaskedItemModeling
 from sessrec.models.objective import Objective
 from sessrec.models.side_info import SideInfoEmbedding
@@ -112,6 +113,7 @@ class SessionModel(nn.Module):
             self.item_embedding.weight[0].zero_()
         if self.position_embedding is not None:
             nn.init.normal_(self.position_embedding.weight, std=0.02)
+        use_fast_dropout(self)  # every nn.Dropout here and in the encoder: same masks' law, cheaper on CPU
 
     def positions(self, real: torch.Tensor) -> torch.Tensor:
         """(B, L) bool real positions -> (B, L) position ids (or (L,) when they do not depend on B)."""

@@ -23,16 +23,16 @@ def test_keep_rate_and_scale_match_dropout(p):
 
 def test_mask_lanes_are_independent_and_seeded():
     torch.manual_seed(1)
-    a = keep_mask((300_000,), 0.5)
+    a = keep_mask((400_000,), 0.5)
     torch.manual_seed(1)
-    b = keep_mask((300_000,), 0.5)
+    b = keep_mask((400_000,), 0.5)
     assert torch.equal(a, b)
-    lanes = a.view(-1, 3).float()  # the three lanes of each random word
-    for i in range(3):
+    lanes = a.view(-1, 4).float()  # the four lanes of each random word
+    for i in range(4):
         assert abs(lanes[:, i].mean().item() - 0.5) < 0.005
     both = (lanes[:, 0] * lanes[:, 1]).mean().item()  # independent lanes: P(both kept) = 1/4
     assert abs(both - 0.25) < 0.005
-    assert keep_mask((2, 3, 5), 0.2).shape == (2, 3, 5)  # any size, not only multiples of 3
+    assert keep_mask((2, 3, 5), 0.2).shape == (2, 3, 5)  # any size, not only multiples of 4
 
 
 def test_eval_mode_and_zero_p_are_identity_and_bad_p_is_refused():

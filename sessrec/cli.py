@@ -32,7 +32,7 @@ class SessrecCLI(LightningCLI):
         parser.set_defaults({"data": {"class_path": "sessrec.data.SessionDataModule"}})
         # links whose source the chosen data module lacks, or whose target the task lacks, are ignored
         parser.link_arguments("data.num_items", "model.init_args.num_items", apply_on="instantiate")
-        # tasks without these arguments (BaselineTask) ignore the links
+        # tasks without these arguments (BaselineTask has no side_features) ignore the links
         parser.link_arguments("data.num_virtual", "model.init_args.num_virtual", apply_on="instantiate")
         parser.link_arguments("data.side_info", "model.init_args.side_features", apply_on="instantiate")
         # tasks without a max_length argument (BaselineTask) ignore this link

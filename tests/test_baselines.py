@@ -352,3 +352,13 @@ def test_baseline_task_can_exclude_the_sessions_own_items():
     assert plain[0].topk(2).indices.tolist() == [2, 3]
     assert seen[0].topk(2).indices.tolist() == [3, 5]
     assert torch.isinf(seen[0, [0, 2, 4]]).all() and torch.equal(seen[0, [3, 5, 6]], plain[0, [3, 5, 6]])
+
+
+def test_baseline_task_never_recommends_virtual_items():
+    pop = Popularity()
+    pop.fit(torch.tensor([[5, 6, 5, 2], [6, 5, 6, 2], [0, 0, 3, 5]]), num_items=7)  # virtual 5, 6 counted most
+    batch = SessionBatch(items=torch.tensor([[0, 5, 2, 6]]))
+    scores = BaselineTask(baseline=pop, num_items=7, num_virtual=2)(batch)
+    assert torch.isinf(scores[0, [0, 1, 5, 6]]).all()
+    assert scores[0].topk(2).indices.tolist() == [2, 3]
+    assert BaselineTask(baseline=pop, num_items=7)(batch)[0].topk(2).indices.tolist() == [5, 6]

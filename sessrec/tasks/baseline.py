@@ -36,6 +36,8 @@ class BaselineTask(pl.LightningModule):
         ks: cut-offs of the evaluation metrics.
         top_k: recommendations per session written by ``sessrec predict``.
         exclude_seen: never recommend an item of the input session (`NextItemTask`'s option).
+        num_virtual: the last `num_virtual` ids are virtual (non-product) items, linked from the
+            data module: input only, so their scores are -inf whatever the baseline counted.
     """
 
     def __init__(
@@ -45,6 +47,7 @@ class BaselineTask(pl.LightningModule):
         ks: list[int] = [10, 20],  # noqa: B006 - read only
         top_k: int = 20,
         exclude_seen: bool = False,
+        num_virtual: int = 0,
     ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["baseline"])
@@ -75,6 +78,8 @@ class BaselineTask(pl.LightningModule):
     def forward(self, batch: SessionBatch) -> torch.Tensor:
         """(B, V) scores of the prefixes; the baseline sees `batch.items` only, never the targets."""
         scores = self.baseline(batch.items).to(batch.items.device)
+        if self.hparams.num_virtual:
+            scores[:, scores.shape[1] - self.hparams.num_virtual :] = float("-inf")
         return exclude_seen(scores, batch.items) if self.hparams.exclude_seen else scores
 
     def _step(self, batch: SessionBatch, stage: str) -> None:

@@ -180,6 +180,8 @@ class SessionDataModule(pl.LightningDataModule):
         return self._features[split]
 
     def _build(self, split: str) -> None:
+        if self.num_items > np.iinfo(ITEM_DTYPE).max:
+            raise ValueError(f"{self.num_items} item ids do not fit the session matrices' {ITEM_DTYPE} ids")
         ids, offsets, virtual = self._encode(split)
         flat = {}
         if self.side is not None:

@@ -9,7 +9,6 @@ Shape letters: Q click-outs (queries), N rows (click-out x shown hotel), B batch
 F sparse features, T filter values, Dd dense features.
 """
 
-
 from __future__ import annotations
 
 import os

@@ -165,6 +165,24 @@ def sparse_update(
         writer.index_copy_(0, u, new.view(writer.dtype))
 
 
+def _lookup_chunks(
+    weight: torch.Tensor, chunks: list[tuple[torch.Tensor, torch.Tensor]], per_sample_weights: torch.Tensor | None,
+    batch: int,
+) -> list[torch.Tensor]:
+    """Sum-pooled lookups of ``(rows, offsets)`` chunks of whole features: one (B, P) output per feature.
+
+    Each chunk's output is split with `unbind`, not ``out[j]``: under autograd that is one backward
+    node stacking the chunk's gradients, not one zero-filled (F_c, B, P) gradient per feature.
+    """
+    outputs, start = [], 0
+    for rows, offsets in chunks:
+        psw = None if per_sample_weights is None else per_sample_weights[start:start + rows.numel()]
+        out = F.embedding_bag(rows, weight, offsets, mode="sum", per_sample_weights=psw, include_last_offset=True)
+        outputs.extend(out.view(-1, batch, out.shape[1]).unbind(0))  # (B, P) per feature of the chunk
+        start += rows.numel()
+    return outputs
+
+
 class _FusedLookup(torch.autograd.Function):
     """Sum-pooled `embedding_bag` whose backward updates the weight rows instead of returning a gradient.
 
@@ -214,13 +232,7 @@ class _FusedFeatureLookup(torch.autograd.Function):
         ctx.state, ctx.units, ctx.batch, ctx.chunks = state, units, batch, chunks  # chunks: our own tensors
         ctx.optimizer, ctx.lr, ctx.eps, ctx.row_dim = optimizer, lr, eps, row_dim
         ctx.save_for_backward(lengths, per_sample_weights)
-        outputs, start = [], 0
-        for rows, offsets in chunks:
-            psw = None if per_sample_weights is None else per_sample_weights[start:start + rows.numel()]
-            out = F.embedding_bag(rows, weight, offsets, mode="sum", per_sample_weights=psw, include_last_offset=True)
-            outputs.extend(out.view(-1, batch, out.shape[1]).unbind(0))  # (B, P) per feature of the chunk
-            start += rows.numel()
-        return tuple(outputs)
+        return tuple(_lookup_chunks(weight, chunks, per_sample_weights, batch))
 
     @staticmethod
     def backward(ctx, *grads):  # F_g x (B, P) or None
@@ -403,14 +415,7 @@ class FusedEmbeddingBagCollection(nn.Module):
             weight = self.weight(g)
             chunks = self._chunks(g, values, lengths, sizes, feats, b)
             if self.optimizer == "none":
-                per_bag, start = [], 0
-                for rows, offsets in chunks:
-                    psw = None if weights is None else weights[start:start + rows.numel()]
-                    out = F.embedding_bag(rows, weight, offsets, mode="sum", per_sample_weights=psw, include_last_offset=True)
-                    # unbind, not out[j]: one backward node that stacks the chunk's gradients, instead
-                    # of one zero-filled (F_c, B, P) gradient per feature
-                    per_bag.extend(out.view(-1, b, out.shape[1]).unbind(0))  # (B, P) per feature
-                    start += rows.numel()
+                per_bag = _lookup_chunks(weight, chunks, weights, b)  # F_g x (B, P)
             else:
                 row_dim = getattr(self, f"row_dim_{g}", None)
                 if row_dim is None:

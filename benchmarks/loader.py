@@ -2,14 +2,14 @@
 
 Both sides iterate the same padded (N, L) training tensor of a real dataset (SR-GNN diginetica by
 default) in shuffled batches of the same size and touch every batch (sum of the item ids). The
-sessrec side is `SessionDataModule.train_dataloader()` as training uses it (one `index_select` per
+sessrec side is `SessionDataModule.train_dataloader()` as training uses it (one row gather per
 batch, trimmed to the longest session); the baseline is the textbook `Dataset.__getitem__` that
 returns one padded row, batched by `DataLoader(shuffle=True)` with the default collate and no
 workers. Measurements alternate (A, B, A, B, ...) and the medians are compared, because the
 machine is shared and noisy.
 
 The per-item loader costs about a microsecond per session whatever the batch size; the columnar
-loader costs about ten microseconds per batch (a gather, a slice, a small object) whatever the
+loader costs about twenty microseconds per batch (a gather, a slice, a small object) whatever the
 number of sessions in it. The ratio therefore grows with the batch size, so it is reported for
 each `--batch` given; 512 is the training batch size of the recipes.
 

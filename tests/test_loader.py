@@ -65,6 +65,22 @@ def test_rejects_bad_batch_size():
         SessionLoader(padded(), batch_size=0)
 
 
+def test_rejects_sessions_off_the_host():
+    with pytest.raises(ValueError, match="'items' is on meta"):
+        SessionLoader(padded().to("meta"), batch_size=4)
+
+
+def test_side_features_follow_their_rows_and_trim():
+    items = padded(23)
+    price = items.float() / 10
+    loader = SessionLoader(items, features={"price": price}, batch_size=5, shuffle=True, seed=2)
+    for b in loader:
+        width = b.items.shape[1]
+        assert b.items.dtype == items.dtype and b.index.dtype == torch.int64
+        assert torch.equal(b.features["price"], price[b.index][:, -width:])
+        assert torch.equal(b.features["price"], b.items.float() / 10)
+
+
 def test_datamodule_stores_item_ids_as_int32_and_targets_as_int64():
     dm = SessionDataModule(SyntheticSource(num_sessions=300, num_items=40), max_length=8, batch_size=32)
     train, _ = dm.tensors("train")

@@ -7,8 +7,6 @@ placement in turn inside one process group (the imports cost most of the time).
 from __future__ import annotations
 
 import json
-import os
-import socket
 import time
 
 import pytest
@@ -100,14 +98,15 @@ def plan_for(constraints: dict[str, str]):
     return planner.plan(TABLES, constraints=constraints)
 
 
-def _worker(rank: int, port: int, out_path: str) -> None:
+def _worker(rank: int, rendezvous: str, out_path: str) -> None:
     import torch.distributed as dist
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
     from torchrec.optim.optimizers import in_backward_optimizer_filter
 
     torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    # a file rendezvous, not a TCP port: a port probed free can be taken by another process
+    # before the workers bind it, which failed one full-suite run
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=WORLD)
     per_rank = GLOBAL_BATCH // WORLD
     results = {}
     for name, constraints, fused in CASES:
@@ -141,12 +140,6 @@ def _worker(rank: int, port: int, out_path: str) -> None:
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_processes_train_like_one(tmp_path):
     import torch.multiprocessing as mp
 
@@ -154,7 +147,7 @@ def test_two_processes_train_like_one(tmp_path):
     # it learns: each of the two batches scores better two steps later
     assert expected[4] < expected[0] - 0.01 and expected[5] < expected[1] - 0.005, expected
     out = tmp_path / "losses.json"
-    context = mp.spawn(_worker, args=(_free_port(), str(out)), nprocs=WORLD, join=False)
+    context = mp.spawn(_worker, args=(str(tmp_path / "rendezvous"), str(out)), nprocs=WORLD, join=False)
     deadline = time.monotonic() + 300  # a collective that never completes fails the test, not CI
     while not context.join(timeout=5):  # raises if a worker raised
         if time.monotonic() > deadline:

@@ -1,10 +1,14 @@
 """Columnar session loader: batches are slices of padded tensors, never per-sample lookups.
 
-The sessions of a split are held as one right-aligned (N, L) int32 tensor (and one (N, L)
-tensor per side feature, aligned with it). An epoch is a permutation of rows (optionally of
-contiguous chunks of rows); each batch is one `index_select` per tensor and is trimmed to the
-longest session in it. No `Dataset.__getitem__`, no collate: at batch
-size 256 this is the difference between microseconds and milliseconds per batch.
+The sessions of a split are held in host memory as one right-aligned (N, L) int32 tensor (and
+one (N, L) tensor per side feature, aligned with it). An epoch is a permutation of rows
+(optionally of contiguous chunks of rows); each batch is one row gather per tensor, trimmed to
+the longest session in it. No `Dataset.__getitem__`, no collate: at batch size 256 this is the
+difference between microseconds and milliseconds per batch.
+
+A batch costs about 20 µs, so per-call overhead counts: the gathers go through NumPy views of
+the tensors' memory (`ndarray.take` costs about a third of `Tensor.index_select`'s fixed
+overhead) and come back as tensors with `torch.from_numpy`, without a copy.
 
 Shape letters: N sessions, L padded length, B batch.
 """
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import numpy as np
 import torch
 
 from sessrec.data.batch import SessionBatch
@@ -22,7 +27,7 @@ class SessionLoader:
     """Iterate over `SessionBatch`es of a padded session matrix.
 
     Args:
-        items: (N, L) right-aligned item ids (int32 from `SessionDataModule`, any integer dtype), 0 = padding.
+        items: (N, L) host (CPU) tensor of right-aligned item ids (int32 from `SessionDataModule`, any integer dtype), 0 = padding.
         targets: optional (N,) next-item targets (evaluation pairs).
         features: optional side features by name, each (N, L) aligned with `items`; batches
             carry the same rows and columns of them.
@@ -52,11 +57,21 @@ class SessionLoader:
         for name, value in (features or {}).items():
             if value.shape != items.shape:
                 raise ValueError(f"side feature {name!r} has shape {tuple(value.shape)}, items {tuple(items.shape)}")
+        for name, value in {"items": items, "targets": targets, **(features or {})}.items():
+            if value is not None and value.device.type != "cpu":
+                raise ValueError(
+                    f"SessionLoader holds sessions in host memory, but {name!r} is on {value.device}; "
+                    "pass CPU tensors (the trainer moves each batch to the device)"
+                )
         self.items, self.targets, self.features = items, targets, features or None
         self.batch_size, self.shuffle, self.shuffle_chunk = batch_size, shuffle, max(1, shuffle_chunk)
         self.drop_last, self.pin_memory, self.seed = drop_last, pin_memory, seed
         self.epoch = 0
         self.lengths = (items != 0).sum(dim=1)  # (N,)
+        # NumPy views of the same memory, for the per-batch gathers (see the module docstring)
+        self._items = items.numpy()
+        self._targets = None if targets is None else targets.numpy()
+        self._features = None if not features else {k: v.numpy() for k, v in features.items()}
 
     def __len__(self) -> int:
         n = self.items.shape[0]
@@ -78,27 +93,23 @@ class SessionLoader:
         n, width = self.items.shape
         order = self._order()
         self.epoch += 1
-        if order is None:
-            order = torch.arange(n)
+        order = np.arange(n) if order is None else order.numpy()
         if self.drop_last:
             order = order[: len(self) * self.batch_size]
         # per-batch longest session, for all batches at once: one gather and one reduction per epoch
-        lengths = self.lengths.index_select(0, order)
-        tail = (-len(order)) % self.batch_size
-        widths = torch.nn.functional.pad(lengths, (0, tail)).view(-1, self.batch_size).amax(dim=1).clamp(min=1).tolist()
         b = self.batch_size
+        lengths = np.pad(self.lengths.numpy().take(order), (0, (-len(order)) % b))
+        widths = lengths.reshape(-1, b).max(axis=1).clip(min=1).tolist()
         for start, w in zip(range(0, len(order), b), widths):
-            rows = order[start : start + b]  # a view: no per-epoch split into hundreds of tensors
-            items = self.items.index_select(0, rows)
-            if w < width:  # trim to the longest session; full-width batches skip the slice
-                items = items[:, width - w :]
+            rows = order[start : start + b]  # a view: no per-epoch split into hundreds of arrays
+            cut = width - w  # trim to the longest session in the batch
             feats = None
-            if self.features is not None:
-                feats = {k: v.index_select(0, rows)[:, width - w :] for k, v in self.features.items()}
+            if self._features is not None:
+                feats = {k: torch.from_numpy(v.take(rows, axis=0)[:, cut:]) for k, v in self._features.items()}
             batch = SessionBatch(
-                items=items,
-                targets=None if self.targets is None else self.targets.index_select(0, rows),
-                index=rows,
+                items=torch.from_numpy(self._items.take(rows, axis=0)[:, cut:]),
+                targets=None if self._targets is None else torch.from_numpy(self._targets.take(rows)),
+                index=torch.from_numpy(rows),
                 features=feats,
             )
             yield batch.pin_memory() if self.pin_memory else batch

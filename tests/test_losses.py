@@ -106,6 +106,23 @@ def test_mixed_uses_both_candidate_sets_and_never_samples_special_ids():
     assert torch.isfinite(value)
 
 
+@pytest.mark.parametrize("sampler", ["uniform", "popularity"])
+def test_samplers_never_draw_virtual_items(sampler):
+    from sessrec.models import SessionModel, XLNetEncoder
+
+    torch.manual_seed(0)
+    model = SessionModel(12, XLNetEncoder(d_model=8, n_head=2, n_layer=1), num_virtual=4)  # ids 8-11 virtual
+    loss = SampledSoftmax(negatives="sampled", num_samples=4000, sampler=sampler, power=1.0)
+    loss.set_item_counts(torch.tensor([0, 0, 1, 1, 1, 1, 1, 1, 1000, 1000, 1000, 1000.0]))  # page views: frequent
+    probs = loss._sampling_probs(12, torch.device("cpu"), model.recommendable)
+    assert probs[:2].eq(0).all() and probs[8:].eq(0).all()
+    assert probs[2:8].tolist() == pytest.approx([1 / 6] * 6)
+    drawn = torch.multinomial(probs, 4000, replacement=True, generator=torch.Generator().manual_seed(0))
+    assert drawn.min() >= 2 and drawn.max() <= 7
+    value = loss(model, torch.randn(3, 8), torch.tensor([2, 5, 7]), torch.Generator().manual_seed(0))
+    assert torch.isfinite(value)
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [

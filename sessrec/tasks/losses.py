@@ -130,24 +130,31 @@ class SampledSoftmax:
         counts[:NUM_SPECIAL] = 0.0
         self.counts = counts
 
-    def _sampling_probs(self, num_items: int, device: torch.device) -> torch.Tensor:
-        """(V,) probability of drawing each id; 0 for padding and OOV."""
+    def _sampling_probs(self, num_items: int, device: torch.device, recommendable: torch.Tensor | None = None) -> torch.Tensor:
+        """(V,) probability of drawing each id; 0 for padding, OOV and every id not `recommendable`.
+
+        ``recommendable`` is the model's (V,) mask (`SessionModel.recommendable`): virtual items
+        score -inf as candidates, so drawing one would waste a negative (and under the popularity
+        sampler frequent page-view tokens would take a large share of them).
+        """
         if self.sampler == "uniform":
             probs = torch.ones(num_items, dtype=torch.float64)
-            probs[:NUM_SPECIAL] = 0.0
         else:
             if self.counts is None or self.counts.numel() != num_items:
                 raise ValueError("the popularity sampler needs set_item_counts(counts) with one count per item id")
             probs = (self.counts + 1.0).pow(self.power)  # +1: never-seen items can still be drawn
-            probs[:NUM_SPECIAL] = 0.0
+        probs[:NUM_SPECIAL] = 0.0
+        if recommendable is not None:
+            probs = probs.masked_fill(~recommendable.cpu(), 0.0)
         return (probs / probs.sum()).to(device=device, dtype=torch.float32)
 
     def __call__(
         self, model: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, generator: torch.Generator | None = None
     ) -> torch.Tensor:
         n, num_items, device = targets.shape[0], model.num_items, hidden.device
+        recommendable = getattr(model, "recommendable", None)
         if self.negatives == "sampled":  # each row: its own target, then the S shared negatives
-            probs = self._sampling_probs(num_items, device)
+            probs = self._sampling_probs(num_items, device, recommendable)
             samples = torch.multinomial(probs, self.num_samples, replacement=True, generator=generator)  # (S,)
             positive = model.score_targets(hidden, targets)[:, None] / self.temperature  # (N, 1)
             negative = model.score(hidden, samples) / self.temperature  # (N, S)
@@ -164,7 +171,7 @@ class SampledSoftmax:
             freq = (targets[None, :] == targets[:, None]).sum(dim=1).float() / n
         candidates, log_q = targets, torch.log(freq * n)  # expected occurrences among the n targets
         if self.negatives == "mixed":
-            probs = self._sampling_probs(num_items, device)
+            probs = self._sampling_probs(num_items, device, recommendable)
             samples = torch.multinomial(probs, self.num_samples, replacement=True, generator=generator)
             candidates = torch.cat([targets, samples])
             log_q = torch.cat([log_q, torch.log(probs[samples] * self.num_samples)])

@@ -491,6 +491,22 @@ def test_dynamic_evicts_the_least_frequent_rows_deterministically():
             table(torch.tensor([[10, 11, 12, 13, 14]]))
 
 
+def test_dynamic_key_map_stays_sorted_and_exact_through_growth_and_eviction():
+    table = DynamicEmbeddingBag(2, initial_capacity=4, max_capacity=32, seed=0)
+    g = torch.Generator().manual_seed(0)
+    for step in range(60):  # keys from a wide range: growth to 32 rows, then evictions every batch
+        keys = torch.randint(-(10**12), 10**12, (3, 2), generator=g) if step % 3 else torch.randint(0, 40, (3, 2), generator=g)
+        table(keys)
+        used = table.used.nonzero().squeeze(1)
+        assert table.sorted_keys.numel() == used.numel() <= 32
+        assert bool((table.sorted_keys.diff() > 0).all())  # sorted, distinct
+        assert torch.equal(table.sorted_keys, table.row_keys[used].sort().values)  # what a full re-sort gives
+        rows, found = table.lookup(table.row_keys[used])
+        assert bool(found.all()) and torch.equal(rows, used)  # every used row is found under its key
+        assert bool(table.lookup(keys.reshape(-1))[1].all())  # the batch's keys are all in the map
+    assert table.capacity == 32
+
+
 def test_dynamic_is_deterministic_for_a_seed_and_eval_ignores_unknown_keys():
     def run(seed):
         table = DynamicEmbeddingBag(4, initial_capacity=2, max_capacity=8, pooling="mean", seed=seed)

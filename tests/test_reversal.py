@@ -69,3 +69,32 @@ def test_side_features_are_reversed_with_their_events():
     for f in feats.values():
         assert ((f != 0).sum(dim=1) <= lengths).all()  # padding stays padding
     np.testing.assert_array_equal(frame.mirror_index(np.array([0, 3, 4, 7])), [2, 1, 0, 3, 6, 5, 4])
+
+
+def test_train_prefixes_gives_every_prefix_with_its_next_event():
+    plain = SessionDataModule(source=Source(), max_length=5)
+    pre = SessionDataModule(source=Source(), max_length=5, train_prefixes=True)
+    encoded = [pre.vocab.encode(pa.array(s)).ids.tolist() for s in Source().load().train.column("item_id").to_pylist()]
+    expected = [s[: k + 1][-5:] for s in encoded for k in range(1, len(s))]  # 2..n events, shortest first
+    got, targets = pre.tensors("train")
+    assert targets is None and rows(got) == expected
+    assert pre.stats["train_prefix_rows"] == 2 + 6 + 1 == len(expected)
+    for split in ("valid", "test"):  # evaluation untouched
+        a, b = plain.tensors(split), pre.tensors(split)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_train_prefixes_after_reversal():
+    dm = SessionDataModule(source=Source(), max_length=5, train_prefixes=True, augment_reversed=True)
+    encoded = [dm.vocab.encode(pa.array(s)).ids.tolist() for s in Source().load().train.column("item_id").to_pylist()]
+    sessions = encoded + [s[::-1] for s in encoded if len(s) >= 2]
+    assert rows(dm.tensors("train")[0]) == [s[: k + 1][-5:] for s in sessions for k in range(1, len(s))]
+
+
+def test_prefix_rows_skip_virtual_ends():
+    starts, ends = np.array([0, 4, 5]), np.array([4, 5, 8])  # rows of 4, 1 and 3 events
+    targetable = np.array([1, 1, 0, 1, 1, 1, 0, 1], dtype=bool)  # events 2 and 6 are virtual
+    s, e = frame.prefix_rows(starts, ends, targetable)
+    assert s.tolist() == [0, 0, 5] and e.tolist() == [2, 4, 8]  # the prefixes ending at 2 and 6 are gone
+    s, e = frame.prefix_rows(starts, ends)
+    assert s.tolist() == [0, 0, 0, 5, 5] and e.tolist() == [2, 3, 4, 7, 8]

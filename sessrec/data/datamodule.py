@@ -45,6 +45,10 @@ class SessionDataModule(pl.LightningDataModule):
         augment_reversed: add a reversed copy of every training session with two or more events
             (Booking.com, WSDM'21); validation and test are never augmented. Side features
             travel with their events (a reversed copy's ``since_prev`` is then a time to the next event).
+        train_prefixes: train on every prefix of every training session, each with the event
+            that follows it (SR-GNN's training pairs, kept as sequences for the objectives): a
+            session of n events gives n - 1 rows, ending at each of its 2nd..nth events (the
+            non-virtual ones). After reversal when both are on. Evaluation is unchanged.
         side_features: side information for the model (`SideFeatures`); none by default.
         vocab_path: load this fitted vocabulary instead of fitting one (scoring with a checkpoint).
         features_path: load these fitted side-feature transforms instead of fitting them.
@@ -66,6 +70,7 @@ class SessionDataModule(pl.LightningDataModule):
         shuffle_chunk: int = 1,
         pin_memory: bool = False,
         augment_reversed: bool = False,
+        train_prefixes: bool = False,
         side_features: SideFeatures = SideFeatures(),  # noqa: B008 - a config value, never mutated
         vocab_path: str | None = None,
         features_path: str | None = None,
@@ -83,6 +88,7 @@ class SessionDataModule(pl.LightningDataModule):
         self.min_item_count, self.max_vocab_size = min_item_count, max_vocab_size
         self.shuffle_chunk, self.pin_memory, self.seed = shuffle_chunk, pin_memory, seed
         self.augment_reversed, self.side_features = augment_reversed, side_features
+        self.train_prefixes = train_prefixes
         self.vocab_path, self.predict_path, self.predict_schema = vocab_path, predict_path, predict_schema
         self.features_path = features_path
         self._splits: SessionSplits | None = None
@@ -166,7 +172,8 @@ class SessionDataModule(pl.LightningDataModule):
         """(items (N, L), targets (N,) or None) of a split; training keeps whole sessions.
 
         Training rows are the sessions, then (with `augment_reversed`) the reversed copies of
-        those with two or more events. Evaluation rows are (prefix, target) pairs; a target is
+        those with two or more events; with `train_prefixes`, every prefix of those rows that
+        ends at a non-virtual event after the first. Evaluation rows are (prefix, target) pairs; a target is
         never a virtual event.
         """
         if split not in self._tensors:
@@ -195,7 +202,11 @@ class SessionDataModule(pl.LightningDataModule):
                 flat = {k: np.concatenate([v, v[mirror]]) for k, v in flat.items()}
                 starts = np.concatenate([starts, offsets[:-1][rev] + offsets[-1]])
                 ends = np.concatenate([ends, offsets[1:][rev] + offsets[-1]])
+                virtual = None if virtual is None else np.concatenate([virtual, virtual[mirror]])
                 self.stats["train_reversed"] = len(rev)
+            if self.train_prefixes:
+                starts, ends = frame.prefix_rows(starts, ends, None if virtual is None else ~virtual)
+                self.stats["train_prefix_rows"] = len(starts)
             pad = lambda values, dtype=None: frame.pad_sessions(values, starts, ends, self.max_length, dtype)
             self._tensors[split] = (torch.from_numpy(pad(ids, ITEM_DTYPE)), None)
         else:

@@ -182,6 +182,30 @@ def pad_sessions(
     return np.where(valid, values[np.clip(src, 0, len(values) - 1)], 0).astype(dtype)
 
 
+def prefix_rows(
+    starts: np.ndarray, ends: np.ndarray, targetable: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Every prefix of each ``[start, end)`` row that ends at a targetable event after its first.
+
+    Args:
+        starts, ends: (N,) event ranges of the rows (sessions) in a flat event array.
+        targetable: optional (E,) bool over that array, False for events that may be inputs but
+            never targets (virtual items); all events are targetable when None.
+
+    Returns:
+        (starts, ends) of the prefix rows, (P,) each: row by row, shortest prefix first. A row of
+        n events gives the prefixes ending at its events 2..n (the targetable ones).
+    """
+    n = np.maximum(ends - starts - 1, 0)  # (N,) prefixes of each row
+    row = np.repeat(np.arange(len(starts)), n)
+    rank = np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n)  # 0 = the two-event prefix
+    new_starts, new_ends = starts[row], starts[row] + 2 + rank
+    if targetable is not None:
+        keep = np.asarray(targetable, dtype=bool)[new_ends - 1]
+        new_starts, new_ends = new_starts[keep], new_ends[keep]
+    return new_starts, new_ends
+
+
 def expand_prefixes(
     offsets: np.ndarray, protocol: str, targetable: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:

@@ -144,8 +144,8 @@ class SampledSoftmax:
                 raise ValueError("the popularity sampler needs set_item_counts(counts) with one count per item id")
             probs = (self.counts + 1.0).pow(self.power)  # +1: never-seen items can still be drawn
         probs[:NUM_SPECIAL] = 0.0
-        if recommendable is not None:
-            probs = probs.masked_fill(~recommendable.cpu(), 0.0)
+        if recommendable is not None:  # masked where the mask lives: no device-to-host sync per step
+            probs = probs.to(recommendable.device).masked_fill(~recommendable, 0.0)
         return (probs / probs.sum()).to(device=device, dtype=torch.float32)
 
     def __call__(

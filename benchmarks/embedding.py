@@ -13,13 +13,20 @@ Contenders, built from the same table sizes and timed on the same batches:
   dense gradient would write a full 1 GB table gradient every step.
 - ``fused``: `FusedEmbeddingBagCollection` on the same batch as one `SparseFeatures`, with its
   fused optimizer (``sgd``, or ``adagrad_rowwise`` against torch's element-wise sparse Adagrad:
-  different state, same access pattern). Forward includes the id range check.
+  different state, same access pattern). Forward includes the id range check. Its SGD update is
+  the TorchInductor-compiled scatter (compiled during warm-up) unless ``--eager-update``.
 - ``torchrec``: TorchRec's unsharded `EmbeddingBagCollection` on a `KeyedJaggedTensor`, forward
   only (if ``import torchrec`` works); it has no fused or sparse optimizer.
 - ``torchrec_fused``: for the training step, TorchRec's `FusedEmbeddingBagCollection` (FBGEMM's CPU
   table-batched embeddings with the update fused into backward; SGD, or TorchRec's `RowWiseAdagrad`,
   the same algorithm as ours), when it imports. A reference point, not our implementation.
 - ``memcpy``: ``dst.copy_(src)`` of a buffer (512 MB by default) far larger than the caches.
+
+Allocator: with ``--malloc retain`` (the default) glibc is asked at start-up to keep freed memory
+(`retain_freed_memory`, what `DLRMTask` does when fitting), for every contender alike. With
+``--malloc default`` glibc hands freed memory back to the kernel and each contender pays page
+faults that depend on where the heap's free blocks happen to lie: the same code measured from
+1.1x to 2.2x between processes.
 
 Forward is timed under ``torch.no_grad()``; the training step is forward, ``sum`` of the pooled
 outputs as the loss, backward, and the optimizer step. Each measurement is the mean over
@@ -61,6 +68,7 @@ from sessrec.embeddings import (
     FusedEmbeddingBagCollection,
     SparseFeatures,
     TableConfig,
+    retain_freed_memory,
     to_embedding_bag_configs,
     to_keyed_jagged_tensor,
 )
@@ -196,7 +204,7 @@ def compare_forward(sizes: list[int], hot: int, args: argparse.Namespace) -> dic
     speedup, spread = ratio(times["separate"], times["fused"])
     record = {
         "benchmark": "embedding", "pass": "forward", "hot": hot, "tables": len(sizes), "rows": sum(sizes),
-        "dim": args.dim, "batch_size": args.batch, "alpha": args.alpha, "threads": args.threads,
+        "dim": args.dim, "batch_size": args.batch, "alpha": args.alpha, "threads": args.threads, "malloc": args.malloc,
         "repeats": args.repeats, "iters": args.iters,
         **{f"{name}_ms": median_ms(t) for name, t in times.items() if not name.startswith("memcpy")},
         "fused_speedup_vs_separate": speedup, "fused_speedup_min_max": spread,
@@ -221,7 +229,8 @@ def compare_step(sizes: list[int], hot: int, opt: str, args: argparse.Namespace)
     torch.manual_seed(args.seed)
     bags = nn.ModuleList(nn.EmbeddingBag(n, args.dim, mode="sum", sparse=True) for n in sizes)
     fused_opt = "adagrad_rowwise" if opt == "adagrad" else "sgd"
-    fused = FusedEmbeddingBagCollection(tables, optimizer=fused_opt, lr=args.lr, seed=args.seed)
+    fused = FusedEmbeddingBagCollection(tables, optimizer=fused_opt, lr=args.lr, seed=args.seed,
+                                        compile_update=not args.eager_update)
     optim_class = torch.optim.Adagrad if opt == "adagrad" else torch.optim.SGD
     outer = optim_class(bags.parameters(), lr=args.lr)
 
@@ -246,8 +255,9 @@ def compare_step(sizes: list[int], hot: int, opt: str, args: argparse.Namespace)
     }
     return {
         "benchmark": "embedding", "pass": "forward_backward_step", "hot": hot, "optimizer": opt,
-        "fused_optimizer": fused_opt, "tables": len(sizes), "rows": sum(sizes), "dim": args.dim,
-        "batch_size": args.batch, "threads": args.threads, "repeats": args.repeats, "iters": args.iters,
+        "fused_optimizer": fused_opt, "compiled_update": fused_opt == "sgd" and not args.eager_update,
+        "tables": len(sizes), "rows": sum(sizes), "dim": args.dim,
+        "batch_size": args.batch, "threads": args.threads, "malloc": args.malloc, "repeats": args.repeats, "iters": args.iters,
         "separate_ms": median_ms(times["separate"]), "fused_ms": median_ms(times["fused"]),
         "fused_speedup_vs_separate": speedup, "fused_speedup_min_max": spread,
         "separate_cpu_ms": median_ms(times["separate_cpu"]), "fused_cpu_ms": median_ms(times["fused_cpu"]),
@@ -274,7 +284,7 @@ def compare_padding(sizes: list[int], hot: int, args: argparse.Namespace) -> dic
     trn = interleave({"padded": lambda: step(padded), "unpadded": lambda: step(plain)}, args, f"{hot}-hot pad step")
     return {
         "benchmark": "embedding", "pass": "padding", "hot": hot, "dim": 62, "padded_width": padded.widths[0],
-        "unpadded_width": plain.widths[0], "batch_size": args.batch, "threads": args.threads, "repeats": args.repeats,
+        "unpadded_width": plain.widths[0], "batch_size": args.batch, "threads": args.threads, "malloc": args.malloc, "repeats": args.repeats,
         "forward_padded_ms": median_ms(fwd["padded"]), "forward_unpadded_ms": median_ms(fwd["unpadded"]),
         "forward_unpadded_over_padded": ratio(fwd["unpadded"], fwd["padded"])[0],
         "step_padded_ms": median_ms(trn["padded"]), "step_unpadded_ms": median_ms(trn["unpadded"]),
@@ -300,6 +310,10 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2, help="untimed calls of each contender")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--eager-update", action="store_true", help="the fused SGD step without the compiled scatter")
+    parser.add_argument("--malloc", choices=["retain", "default"], default="retain",
+                        help="retain: glibc keeps freed memory (retain_freed_memory, as DLRMTask does) for every "
+                             "contender; default: glibc's own trimming, whose page faults depend on the heap's layout")
     parser.add_argument("--quick", action="store_true", help="tiny smoke size (4 tables <= 1e4 rows, batch 256)")
     args = parser.parse_args()
     if args.quick:
@@ -308,6 +322,9 @@ def main() -> None:
     if args.repeats < 1 or args.iters < 1:
         parser.error("--repeats and --iters must be >= 1")
     torch.set_num_threads(args.threads)
+    if args.malloc == "retain" and not retain_freed_memory():
+        print("glibc did not accept retain_freed_memory: running with the default allocator", file=sys.stderr)
+        args.malloc = "default"
     sizes = table_sizes(args.tables, args.min_rows, args.max_rows, args.seed)
     print(f"{args.tables} tables, {sum(sizes):,} rows, {sum(sizes) * args.dim * 4 / 1e9:.2f} GB each copy", file=sys.stderr)
     for hot in args.hot:  # each comparison builds its own tables, freed when it returns

@@ -1,6 +1,8 @@
 """Embedding core: configs, jagged ids, fused tables (padding, offsets, pooling, fused optimizers),
 hashing and frequency capping, dynamic tables, hybrid placement, and bad inputs."""
 
+import sys
+
 import pytest
 import torch
 from torch import nn
@@ -13,8 +15,11 @@ from sessrec.embeddings import (
     IdHasher,
     SparseFeatures,
     TableConfig,
+    kernels,
 )
-from sessrec.embeddings.fused import _row_writer, advise_huge_pages, padded_width, sparse_update
+from sessrec.embeddings import fused as fused_module
+from sessrec.embeddings.fused import _row_writer, padded_width, sparse_update
+from sessrec.embeddings.host_memory import advise_huge_pages, retain_freed_memory
 
 torch.set_num_threads(1)
 
@@ -185,10 +190,10 @@ def reference_rowwise_adagrad(weight, momentum, grad, lr, eps, dim):
     return weight - torch.where(touched.unsqueeze(1), lr * grad / (momentum.sqrt() + eps).unsqueeze(1), 0.0), momentum
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adagrad_rowwise"])
-def test_fused_optimizer_matches_reference_with_duplicate_ids(optimizer):
+@pytest.mark.parametrize("optimizer,compiled", [("sgd", True), ("sgd", False), ("adagrad_rowwise", True)])
+def test_fused_optimizer_matches_reference_with_duplicate_ids(optimizer, compiled):
     tables = [TableConfig("a", 6, 3, pooling="mean"), TableConfig("b", 4, 3)]  # 3 -> 4: padding must not count
-    ebc = FusedEmbeddingBagCollection(tables, optimizer=optimizer, lr=0.1, seed=0)
+    ebc = FusedEmbeddingBagCollection(tables, optimizer=optimizer, lr=0.1, seed=0, compile_update=compiled)
     assert not list(ebc.parameters())  # the fused weights are buffers: no outer optimizer sees them
     ref = {t.name: nn.EmbeddingBag.from_pretrained(ebc.table_weight(t.name).clone(), mode=t.pooling, freeze=False)
            for t in tables}
@@ -236,10 +241,10 @@ def dense_reference_update(weight, momentum, rows, occurrence_grad, optimizer, l
     return reference_rowwise_adagrad(weight, momentum, grad, lr, eps, dim)
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adagrad_rowwise"])
+@pytest.mark.parametrize("optimizer,compiled", [("sgd", False), ("sgd", True), ("adagrad_rowwise", False)])
 @pytest.mark.parametrize("chunk_bytes", [None, 256 * 16, 1])  # default, several chunks of 256 rows, minimum chunk
 @pytest.mark.parametrize("layout", ["one_per_bag", "bags_and_weights"])
-def test_chunked_sparse_update_matches_a_dense_gradient(optimizer, chunk_bytes, layout):
+def test_chunked_sparse_update_matches_a_dense_gradient(optimizer, compiled, chunk_bytes, layout):
     g = torch.Generator().manual_seed(0)
     weight = torch.randn(3000, 4, generator=g)
     momentum = torch.rand(3000, generator=g)
@@ -254,7 +259,7 @@ def test_chunked_sparse_update_matches_a_dense_gradient(optimizer, chunk_bytes, 
         occurrence = grad[bags] * psw.unsqueeze(1)
     expected_w, expected_m = dense_reference_update(weight, momentum, rows, occurrence, optimizer, 0.1, 1e-8, 4.0)
     w, m = weight.clone(), momentum.clone()
-    sparse_update(w, m, rows, grad, optimizer, 0.1, 1e-8, 4.0, bags, psw, chunk_bytes=chunk_bytes)
+    sparse_update(w, m, rows, grad, optimizer, 0.1, 1e-8, 4.0, bags, psw, chunk_bytes=chunk_bytes, compiled=compiled)
     torch.testing.assert_close(w, expected_w, rtol=1e-5, atol=1e-6)
     if optimizer == "adagrad_rowwise":
         torch.testing.assert_close(m, expected_m, rtol=1e-5, atol=1e-6)
@@ -293,11 +298,11 @@ def test_uniform_feature_sizes_lookup_and_range_check():
         ebc(SparseFeatures.from_dense(ids | {"b": torch.tensor([[4, 5], [0, 3]])}))
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adagrad_rowwise"])
-def test_fused_update_with_shared_table_unused_feature_and_padding(optimizer):
+@pytest.mark.parametrize("optimizer,compiled", [("sgd", True), ("sgd", False), ("adagrad_rowwise", True)])
+def test_fused_update_with_shared_table_unused_feature_and_padding(optimizer, compiled):
     """Per-feature gradients: a table shared by two features, a feature left out of the loss, padded widths."""
     dense = FusedEmbeddingBagCollection(TABLES, seed=0)  # the same weights with a dense gradient
-    fused = FusedEmbeddingBagCollection(TABLES, optimizer=optimizer, lr=0.1, seed=0)
+    fused = FusedEmbeddingBagCollection(TABLES, optimizer=optimizer, lr=0.1, seed=0, compile_update=compiled)
     ids = SparseFeatures.from_dense(batch())
 
     def loss(out):  # "tag" is unused: its gradient is None
@@ -320,8 +325,9 @@ def test_fused_update_with_shared_table_unused_feature_and_padding(optimizer):
 
 
 @pytest.mark.parametrize("uniform", [True, False])
-def test_chunked_lookup_matches_plain_bags_in_values_gradients_and_updates(uniform):
-    """A batch large enough to look up one feature per chunk (40,000 x 8 floats > 1 MB)."""
+def test_chunked_lookup_matches_plain_bags_in_values_gradients_and_updates(uniform, monkeypatch):
+    """A batch large enough to look up one feature per chunk (40,000 x 8 floats > 1 MB chunks)."""
+    monkeypatch.setattr(fused_module, "_CPU_LOOKUP_CHUNK_BYTES", 2**20)
     g = torch.Generator().manual_seed(1)
     b = 40_000
     low = 0 if uniform else -1  # -1: absent ids, so features have different numbers of ids
@@ -332,7 +338,7 @@ def test_chunked_lookup_matches_plain_bags_in_values_gradients_and_updates(unifo
     dense = FusedEmbeddingBagCollection(TABLES, seed=0)
     values = features.values[:int(features.lengths[:3 * b].sum())]
     sizes = features.feature_lengths()[:3].tolist()
-    assert len(dense._chunks(0, values, features.lengths[:3 * b], sizes, ["user", "item", "history"], b)) == 3
+    assert len(dense._chunks(0, values, features.lengths[:3 * b], sizes, ["user", "item", "history"], b)[1]) == 3
     out = dense(features)
     scale = {"user": 1.0, "item": 2.0, "history": 3.0, "tag": 4.0}
 
@@ -362,13 +368,14 @@ def test_chunked_lookup_matches_plain_bags_in_values_gradients_and_updates(unifo
         torch.testing.assert_close(getattr(fused, f"momentum_{gr}"), momentum)
 
 
-def test_fused_update_with_per_sample_weights_matches_a_dense_gradient():
+@pytest.mark.parametrize("compiled", [True, False])
+def test_fused_update_with_per_sample_weights_matches_a_dense_gradient(compiled):
     tables = [TableConfig("s", 9, 4), TableConfig("m", 9, 4, pooling="mean")]
     ids = torch.tensor([[1, 2, -1], [3, 3, 8]])
     w = torch.tensor([[0.5, 2.0, 9.0], [1.0, -1.0, 3.0]])
     features = SparseFeatures.from_dense({"s": ids, "m": ids}, weights={"s": w, "m": w})
     dense = FusedEmbeddingBagCollection(tables, seed=0)
-    fused = FusedEmbeddingBagCollection(tables, optimizer="sgd", lr=0.1, seed=0)
+    fused = FusedEmbeddingBagCollection(tables, optimizer="sgd", lr=0.1, seed=0, compile_update=compiled)
     for ebc in (dense, fused):
         out = ebc(features)
         (out["s"].pow(2).sum() + 3 * out["m"].sum()).backward()
@@ -381,6 +388,66 @@ def test_no_update_without_backward_and_under_no_grad():
     with torch.no_grad():
         ebc(SparseFeatures.from_dense({"a": torch.tensor([1, 2])}))
     assert torch.equal(before, ebc.weight(0))
+
+
+def test_compiled_and_sorted_sgd_updates_agree_over_steps_with_a_varying_batch():
+    """Same weights after three steps of different sizes (the compiled kernel has dynamic id counts)."""
+    tables = [TableConfig("a", 50, 8), TableConfig("b", 30, 8)]
+    eager = FusedEmbeddingBagCollection(tables, optimizer="sgd", lr=0.1, seed=0, compile_update=False)
+    compiled = FusedEmbeddingBagCollection(tables, optimizer="sgd", lr=0.1, seed=0, compile_update=True)
+    g = torch.Generator().manual_seed(3)
+    for b in (16, 40, 7):
+        ids = {"a": torch.randint(0, 50, (b, 3), generator=g), "b": torch.randint(0, 5, (b,), generator=g)}  # hot rows repeat
+        target = torch.randn(b, 8, generator=g)
+        for ebc in (eager, compiled):
+            out = ebc(SparseFeatures.from_dense(ids))
+            ((out["a"] - target).pow(2).sum() + (out["b"] * target).sum()).backward()
+    torch.testing.assert_close(compiled.weight(0), eager.weight(0), rtol=1e-5, atol=1e-6)
+    assert not torch.equal(eager.weight(0), FusedEmbeddingBagCollection(tables, seed=0).weight(0))  # it did train
+
+
+def test_sgd_falls_back_to_the_sorted_update_when_compilation_fails(monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("no C++ compiler")
+
+    monkeypatch.setattr(kernels, "_KERNELS", {})
+    monkeypatch.setattr(kernels, "_warned", False)
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: broken)
+    weight, rows, grad = torch.zeros(6, 4), torch.tensor([1, 4, 1]), torch.ones(3, 4)
+    with pytest.warns(RuntimeWarning, match="compiled SGD update is unavailable.*no C\\+\\+ compiler"):
+        sparse_update(weight, None, rows, grad, "sgd", 0.5, 1e-8, 4.0, compiled=True)
+    expected = torch.zeros(6, 4)
+    expected[1], expected[4] = -1.0, -0.5  # row 1 twice
+    assert torch.equal(weight, expected)
+    assert kernels._KERNELS == {(4, torch.float32, False, False): None}  # remembered: no second try
+
+
+def test_deterministic_mode_uses_the_sorted_update(monkeypatch):
+    def fail(*args):
+        raise AssertionError("the compiled scatter must not run under deterministic algorithms")
+
+    monkeypatch.setattr(fused_module, "sgd_scatter", fail)
+    weight = torch.zeros(4, 4)
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        sparse_update(weight, None, torch.tensor([2, 2]), torch.ones(2, 4), "sgd", 0.25, 1e-8, 4.0, compiled=True)
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    assert weight[2].tolist() == [-0.5] * 4 and weight[[0, 1, 3]].eq(0).all()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="glibc's mallopt")
+def test_retain_freed_memory_recycles_freed_blocks_without_page_faults():
+    import resource
+
+    assert retain_freed_memory() is True  # process-wide from here on: it only keeps freed memory
+    for _ in range(2):  # 16 MB touched (4,096 pages), then freed; twice, so the heap has a free block that fits
+        torch.empty(4 * 2**20).fill_(1.0)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(3):
+        torch.empty(4 * 2**20).fill_(1.0)  # handed back to the kernel, each would fault 4,096 pages again
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before < 2000
 
 
 # --- bad input ---------------------------------------------------------------------------------
@@ -575,7 +642,8 @@ def test_public_api():
     assert sorted(emb.__all__) == sorted(
         ["DeviceLoad", "DynamicEmbeddingBag", "FrequencyCap", "FusedEmbeddingBagCollection", "HybridEmbeddingBag",
          "IdHasher", "Shard", "ShardingPlan", "ShardingPlanner", "SparseFeatures", "TableConfig", "TableHotness",
-         "TablePlan", "embedding_bag_collection", "hash_ids", "load_full_state_dict", "pooled_features",
-         "shard_model", "to_embedding_bag_configs", "to_keyed_jagged_tensor", "to_torchrec_plan"]
+         "TablePlan", "advise_huge_pages", "embedding_bag_collection", "hash_ids", "load_full_state_dict",
+         "pooled_features", "retain_freed_memory", "shard_model", "to_embedding_bag_configs", "to_keyed_jagged_tensor",
+         "to_torchrec_plan"]
     )
     assert all(hasattr(emb, name) for name in emb.__all__)

@@ -1,5 +1,6 @@
 """Embedding core: typed table configs, keyed jagged ids, fused tables with a fused sparse optimizer,
 id hashing and frequency capping, dynamic (growing, evicting) tables, hybrid device/host placement,
+host-memory advice (huge pages, keeping freed memory), the compiled SGD update (`kernels`),
 and, beyond one machine, a sharding planner executed through TorchRec (`sharding`).
 
 Plain PyTorch (no Lightning); TorchRec is optional and imported only where it is used.
@@ -10,6 +11,7 @@ from sessrec.embeddings.config import TableConfig
 from sessrec.embeddings.dynamic import DynamicEmbeddingBag
 from sessrec.embeddings.fused import FusedEmbeddingBagCollection
 from sessrec.embeddings.hashing import FrequencyCap, IdHasher, hash_ids
+from sessrec.embeddings.host_memory import advise_huge_pages, retain_freed_memory
 from sessrec.embeddings.hybrid import HybridEmbeddingBag
 from sessrec.embeddings.planner import (
     DeviceLoad,
@@ -32,6 +34,7 @@ from sessrec.embeddings.sharding import (
 __all__ = [
     "DeviceLoad", "DynamicEmbeddingBag", "FrequencyCap", "FusedEmbeddingBagCollection", "HybridEmbeddingBag",
     "IdHasher", "Shard", "ShardingPlan", "ShardingPlanner", "SparseFeatures", "TableConfig", "TableHotness",
-    "TablePlan", "embedding_bag_collection", "hash_ids", "load_full_state_dict", "pooled_features",
-    "shard_model", "to_embedding_bag_configs", "to_keyed_jagged_tensor", "to_torchrec_plan",
+    "TablePlan", "advise_huge_pages", "embedding_bag_collection", "hash_ids", "load_full_state_dict",
+    "pooled_features", "retain_freed_memory", "shard_model", "to_embedding_bag_configs",
+    "to_keyed_jagged_tensor", "to_torchrec_plan",
 ]

@@ -71,6 +71,7 @@ class DynamicEmbeddingBag(nn.Module):
         init_bound: new rows are uniform in +-init_bound.
         device: where the weight and the key map live.
         seed: seeds the generator that initialises rows (deterministic growth and eviction).
+        compile_update: SGD on CPU through the compiled scatter (see `FusedEmbeddingBagCollection`).
 
     Example:
         >>> table = DynamicEmbeddingBag(4, initial_capacity=2, max_capacity=8, seed=0)
@@ -90,6 +91,7 @@ class DynamicEmbeddingBag(nn.Module):
         init_bound: float = 0.01,
         device: torch.device | str | None = None,
         seed: int | None = None,
+        compile_update: bool = True,
     ) -> None:
         super().__init__()
         if embedding_dim < 1 or initial_capacity < 1 or max_capacity < initial_capacity:
@@ -103,6 +105,7 @@ class DynamicEmbeddingBag(nn.Module):
             raise ValueError(f"optimizer must be 'sgd' or 'adagrad_rowwise' (rows move on growth), got {optimizer!r}")
         self.embedding_dim, self.max_capacity, self.pooling = embedding_dim, max_capacity, pooling
         self.optimizer, self.lr, self.eps, self.init_bound = optimizer, lr, eps, init_bound
+        self.compile_update = compile_update
         self.generator = torch.Generator(device=device or "cpu")
         if seed is None:
             self.generator.seed()
@@ -228,7 +231,7 @@ class DynamicEmbeddingBag(nn.Module):
             weights = mask if weights is None else weights * mask
         out = _FusedLookup.apply(
             self._anchor, self.weight, lambda: (self.weight, self.momentum), rows, offsets, weights,
-            self.optimizer, self.lr, self.eps, float(self.embedding_dim),
+            self.optimizer, self.lr, self.eps, float(self.embedding_dim), self.compile_update,
         )
         if self.pooling == "mean":
             known = torch.cat([found.new_zeros(1, dtype=torch.long), found.long().cumsum(0)])

@@ -23,6 +23,7 @@ from torchmetrics import Metric
 
 from sessrec.data.ranking import RankingBatch
 from sessrec.embeddings import TableConfig
+from sessrec.embeddings.host_memory import retain_freed_memory
 from sessrec.models.dlrm import DLRM
 
 
@@ -136,6 +137,10 @@ class DLRMTask(pl.LightningModule):
             compiler); a string names another ``torch.compile`` backend (e.g. ``aot_eager``).
         ks: cut-offs of recall@k within a query.
         seed: seeds the tables' initial weights.
+        retain_freed_memory: when fitting, ask glibc to keep freed host memory for reuse instead of
+            returning it to the kernel (`sessrec.embeddings.host_memory.retain_freed_memory`,
+            process-wide): each step's pooled outputs and gradients are then recycled instead of
+            page-faulted in anew.
     """
 
     def __init__(
@@ -156,6 +161,7 @@ class DLRMTask(pl.LightningModule):
         compile: bool | str = False,
         ks: list[int] = [1, 5, 20],  # noqa: B006 - read only
         seed: int = 0,
+        retain_freed_memory: bool = True,
     ) -> None:
         super().__init__()
         if not cardinalities or num_dense < 1:
@@ -205,6 +211,8 @@ class DLRMTask(pl.LightningModule):
         return self._step(batch, "test")
 
     def on_fit_start(self) -> None:
+        if self.hparams.retain_freed_memory:
+            retain_freed_memory()
         self._fit_start = time.monotonic()
 
     def _log_metrics(self, stage: str) -> None:

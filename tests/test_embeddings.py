@@ -445,9 +445,10 @@ def test_retain_freed_memory_recycles_freed_blocks_without_page_faults():
     for _ in range(2):  # 16 MB touched (4,096 pages), then freed; twice, so the heap has a free block that fits
         torch.empty(4 * 2**20).fill_(1.0)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for _ in range(3):
+    for _ in range(5):
         torch.empty(4 * 2**20).fill_(1.0)  # handed back to the kernel, each would fault 4,096 pages again
-    assert resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before < 2000
+    # 20,480 faults if handed back every time; one new block is allowed (a small allocation may split the free one)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before < 2 * 4096
 
 
 # --- bad input ---------------------------------------------------------------------------------

@@ -491,13 +491,13 @@ class FusedEmbeddingBagCollection(nn.Module):
             if values.numel() and bool((values >= table_rows[table]).any()):
                 self._raise_out_of_range(feats, values, sizes)
             rows = values + first[table]
-        ends = lengths.cumsum(0)  # (F_g·B,) end of each bag in the group's ids
+        offsets = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])  # (F_g·B + 1,) bag starts, then the total
         chunks, start = [], 0
         for lo in range(0, n_feats, per_chunk):
             hi = min(lo + per_chunk, n_feats)
             count = sum(sizes[lo:hi])
-            offsets = torch.cat([ends.new_zeros(1), ends[lo * batch:hi * batch] - start if start else ends[lo * batch:hi * batch]])
-            chunks.append((rows[start:start + count], offsets))
+            bounds = offsets[lo * batch:hi * batch + 1]  # the chunk's bags, from its first id (= start) on
+            chunks.append((rows[start:start + count], bounds - start if start else bounds))
             start += count
         return rows, chunks
 

@@ -1,0 +1,41 @@
+"""Smoke test of the embedding benchmark script: it runs end to end at its tiny size and its JSON
+records carry the configuration they claim (timings are not checked: they belong to benchmarks/)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_embedding_benchmark_quick_run_prints_its_records():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from embedding import table_sizes
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    done = subprocess.run(
+        [sys.executable, "benchmarks/embedding.py", "--quick"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    records = [json.loads(line) for line in done.stdout.splitlines()]
+    sizes = table_sizes(4, 1e3, 1e4, 0)  # --quick: 4 tables of at most 1e4 rows
+    kinds = [(r["pass"], r["hot"], r.get("optimizer")) for r in records]
+    assert kinds == [("forward", 1, None), ("forward_backward_step", 1, "sgd"), ("forward_backward_step", 1, "adagrad"),
+                     ("forward", 10, None), ("forward_backward_step", 10, "sgd"),
+                     ("forward_backward_step", 10, "adagrad"), ("padding", 1, None), ("padding", 10, None)]
+    for r in records:
+        assert r["batch_size"] == 256 and r["threads"] == 1 and r["malloc"] == "retain"
+        if r["pass"] != "padding":
+            assert r["rows"] == sum(sizes) and r["tables"] == 4
+            assert r["separate_ms"] > 0 and r["fused_ms"] > 0 and r["fused_speedup_vs_separate"] > 0
+        if r["pass"] == "forward":
+            assert r["rows_MB"] == round(256 * r["hot"] * 4 * 64 * 4 / 1e6, 1)  # ids x width x 4 bytes
+            assert 0 < r["fused_fraction_of_memcpy"]
+        if r["pass"] == "forward_backward_step":
+            assert r["compiled_update"] is (r["optimizer"] == "sgd")
+            assert r["fused_optimizer"] == ("sgd" if r["optimizer"] == "sgd" else "adagrad_rowwise")
+        if r["pass"] == "padding":
+            assert (r["padded_width"], r["unpadded_width"]) == (64, 62)

@@ -147,13 +147,9 @@ def sparse_update(
     los = torch.tensor([c[0] for c in chunks], device=unique.device)
     bounds = torch.cat([begins[los], ends[-1:]]).tolist()  # occurrence range of each chunk; one sync
     positions = torch.arange(min(step, n), device=weight.device)  # (C,) one row per bag
-    current, block = -1, None
     for c, (lo, hi, k) in enumerate(chunks):
         first, last = bounds[c], bounds[c + 1]
-        if k != current:  # one block materialized at a time: its memory is recycled for the next one
-            current, block = k, None
-            _, first_bag, block = blocks[k]
-            block = block.contiguous()
+        _, first_bag, block = blocks[k]  # contiguous: the backward passes only contiguous blocks
         bag = source[first:last] if not first_bag else source[first:last] - first_bag  # (occurrences,) rows of block
         summed = _bag_sum(block, bag, begins[lo:hi] - first, None if psw is None else psw[first:last])  # (C, P)
         u = unique[lo:hi]

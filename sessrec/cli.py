@@ -8,6 +8,13 @@ unless the recipe names another, e.g. ``class_path: sessrec.data.ClickoutDataMod
     sessrec predict --config recipes/xlnet_mlm_diginetica.yaml --ckpt_path runs/.../best.ckpt \\
                     --data.predict_path sessions.parquet [--scoring.output recs.parquet]
 
+A pipeline recipe (one top-level ``pipeline:`` block, `sessrec.pipeline.PipelineRecipe`) runs the
+four-stage pipeline instead of a Lightning task:
+
+    sessrec fit       --config recipes/pipeline_rsc15.yaml      # ranker on the validation sessions
+    sessrec test      --config recipes/pipeline_rsc15.yaml      # end-to-end test metrics
+    sessrec recommend --config recipes/pipeline_rsc15.yaml --input sessions.parquet --output recs.parquet
+
 Data-derived values (catalogue size, sequence length, virtual items, side-feature sizes) are
 linked from the data module into the model, never typed twice. With ``--ckpt_path``, the
 vocabulary and the fitted side-feature transforms saved beside the checkpoint are used, so raw
@@ -16,8 +23,13 @@ ids and features map exactly as in training.
 
 from __future__ import annotations
 
-import pytorch_lightning as pl
+import os
+import sys
 from importlib import import_module
+from pathlib import Path
+
+import pytorch_lightning as pl
+import yaml
 from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 
 from sessrec.tasks import TopKWriter, VocabularyCheckpoint
@@ -91,8 +103,63 @@ def cli(args: list[str] | None = None) -> SessrecCLI:
     )
 
 
+PIPELINE_COMMANDS = ("fit", "test", "recommend")
+
+
+def pipeline_recipe(args: list[str]) -> bool:
+    """True when the ``--config`` of `args` is a pipeline recipe (a top-level ``pipeline:`` block)."""
+    for i, arg in enumerate(args):
+        path = args[i + 1] if arg == "--config" and i + 1 < len(args) else arg.partition("=")[2] if arg.startswith("--config=") else None
+        if path and Path(path).is_file():
+            content = yaml.safe_load(Path(path).read_text())
+            if isinstance(content, dict) and "pipeline" in content:
+                return True
+    return False
+
+
+def pipeline_cli(args: list[str]) -> object:
+    """``sessrec fit|test|recommend`` on a pipeline recipe; returns what the subcommand returns."""
+    from jsonargparse import ActionConfigFile, ArgumentParser
+
+    from sessrec.pipeline.batch import recommend_file
+    from sessrec.pipeline.recipe import PipelineRecipe
+
+    command, rest = args[0], args[1:]
+    parser = ArgumentParser(prog=f"sessrec {command}", description=f"{command} a retrieval -> ranking pipeline")
+    parser.add_argument("--config", action=ActionConfigFile, help="a pipeline recipe (YAML)")
+    parser.add_class_arguments(PipelineRecipe, "pipeline", instantiate=True)
+    if command == "recommend":
+        parser.add_argument("--input", type=str, required=True, help="sessions (parquet/CSV): a list column or one row per event")
+        parser.add_argument("--output", type=str, required=True, help="parquet of session_id, item_ids, scores")
+        parser.add_argument("--k", type=int, default=20, help="recommendations per session")
+        parser.add_argument("--batch_size", type=int, default=1024, help="sessions per batch (and per part file)")
+        parser.add_argument("--overwrite", type=bool, default=False, help="replace an existing output")
+    cfg = parser.parse_args(rest)
+    recipe = parser.instantiate(cfg).pipeline
+    if command == "fit":
+        return recipe.fit()
+    if command == "test":
+        return recipe.test()
+    return recommend_file(
+        recipe.output, cfg.input, cfg.output, k=cfg.k, batch_size=cfg.batch_size,
+        schema=recipe.data.predict_schema, overwrite=cfg.overwrite,
+    )
+
+
 def main() -> None:
     """Console entry point ``sessrec``."""
+    args = sys.argv[1:]
+    if args and args[0] in PIPELINE_COMMANDS and pipeline_recipe(args):
+        traceback = "--traceback" in args or bool(os.environ.get("SESSREC_TRACEBACK"))
+        try:
+            pipeline_cli([a for a in args if a != "--traceback"])
+        except (ValueError, FileNotFoundError, TypeError, RuntimeError) as err:
+            if traceback:
+                raise
+            sys.exit(f"sessrec {args[0]}: error: {err}")
+        return
+    if args and args[0] == "recommend":
+        sys.exit("sessrec recommend: error: --config must name a pipeline recipe (a top-level 'pipeline:' block)")
     cli()
 
 

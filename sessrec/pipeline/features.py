@@ -1,0 +1,226 @@
+"""`CandidateFeatures`: the ranker's view of each (session, candidate) pair.
+
+Groups (each can be switched off, for ablations):
+
+- ``retrievers``: every retriever's score of every candidate (not only of the ones it
+  retrieved), its reciprocal rank in that retriever's list (0 = not retrieved) and how many
+  retrievers returned it;
+- ``popularity``: the item's training count and its count in the most recent part of training,
+  both log-normalised (`LogNormalize`, fitted on the ranker's rows);
+- ``session``: repeat behaviour: how often the candidate occurs in the session, 1 / (1 +
+  its distance from the end) (0 if absent), whether it is the last item;
+- ``covisitation``: co-visitation weight of the candidate with the last item and with the last
+  three items (needs a `CoVisitation` retriever);
+- ``context``: session length, distinct items, duration; hour and weekday of the last event
+  (`CyclicTime`) when the sessions carry times;
+- ``encodings``: out-of-fold target encoding of the candidate item (`TargetEncoding`, folds by
+  session) and its count among the ranker's candidate rows (`CountEncoding`);
+- ``ids``: sparse ids for the DLRM tables: the candidate, the last item, and their hashed cross
+  (`HashedCross`).
+
+The feature-engineering ops are fitted on the ranker's training rows only (`fit`) and saved with
+the pipeline. Shape letters: B sessions, L positions, K candidates, F dense features.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from sessrec.data.features import CountEncoding, CyclicTime, FeaturePipeline, HashedCross, LogNormalize, TargetEncoding
+from sessrec.data.vocab import NUM_SPECIAL, PAD
+from sessrec.pipeline.candidates import Candidates, Sessions
+from sessrec.pipeline.retrieval.base import Retriever
+
+GROUPS = ("retrievers", "popularity", "session", "covisitation", "context", "encodings", "ids")
+SPARSE = ("item", "last_item", "cross")
+
+
+@dataclass
+class RankingInputs:
+    """What a scorer reads: dense (B, K, F) float32 features, sparse (B, K) ids by name, valid (B, K)."""
+
+    dense: torch.Tensor
+    sparse: dict[str, torch.Tensor]
+    valid: torch.Tensor
+    names: list[str]
+
+
+class CandidateFeatures:
+    """Build the ranking features of a candidate matrix.
+
+    Args:
+        groups: feature groups to build (see the module docstring).
+        recent_fraction: the most recent fraction of training sessions counted for recent popularity.
+        cross_buckets: buckets of the hashed (last item, candidate) cross.
+        target_folds: folds of the out-of-fold target encoding.
+    """
+
+    def __init__(
+        self,
+        groups: list[str] = list(GROUPS),  # noqa: B006 - read only
+        recent_fraction: float = 0.1,
+        cross_buckets: int = 1 << 18,
+        target_folds: int = 5,
+    ) -> None:
+        unknown = sorted(set(groups) - set(GROUPS))
+        if unknown:
+            raise ValueError(f"unknown feature groups {unknown}; known: {list(GROUPS)}")
+        if not 0 < recent_fraction <= 1:
+            raise ValueError(f"recent_fraction must be in (0, 1], got {recent_fraction}")
+        self.groups, self.recent_fraction = list(groups), recent_fraction
+        self.cross_buckets, self.target_folds = cross_buckets, target_folds
+        self.popularity: np.ndarray | None = None  # (V, 2) training count, recent count
+        self.ops: FeaturePipeline | None = None
+        self.names: list[str] | None = None
+
+    # -- statistics of the training sessions ----------------------------------------------------
+    def fit_statistics(self, sessions: np.ndarray | torch.Tensor, num_items: int) -> CandidateFeatures:
+        """Item counts from (N, L) training sessions in time order (the last rows are the most recent)."""
+        sessions = np.asarray(sessions.numpy() if isinstance(sessions, torch.Tensor) else sessions)
+        recent = sessions[int(len(sessions) * (1 - self.recent_fraction)) :]
+        count = lambda s: np.bincount(s[s >= NUM_SPECIAL].ravel(), minlength=num_items)[:num_items]  # noqa: E731
+        self.popularity = np.stack([count(sessions), count(recent)], axis=1).astype(np.float64)
+        return self
+
+    # -- raw columns ----------------------------------------------------------------------------
+    def raw(self, sessions: Sessions, candidates: Candidates, retrievers: dict[str, Retriever]) -> dict[str, torch.Tensor]:
+        """(B, K) raw columns of every enabled group, before the fitted ops (computed batch by batch)."""
+        items, cand = sessions.items, candidates.items
+        b, k = cand.shape
+        cols: dict[str, torch.Tensor] = {}
+        last = items[:, -1:].expand(b, k)
+        if "retrievers" in self.groups:
+            for name, retriever in retrievers.items():
+                cols[f"{name}_score"] = retriever.score(sessions, cand)
+                rank = candidates.features.get(f"{name}_rank", torch.zeros(b, k))
+                cols[f"{name}_rrank"] = torch.where(rank > 0, 1.0 / rank.clamp(min=1), torch.zeros_like(rank))
+            cols["sources"] = candidates.features.get("sources", torch.zeros(b, k))
+        if "popularity" in self.groups:
+            if self.popularity is None:
+                raise RuntimeError("CandidateFeatures: call fit_statistics(training sessions) first")
+            pop = torch.from_numpy(self.popularity)[cand.clamp(max=len(self.popularity) - 1)]  # (B, K, 2)
+            cols["popularity"], cols["recent_popularity"] = pop[..., 0], pop[..., 1]
+        if "session" in self.groups:
+            eq = items.unsqueeze(1) == cand.unsqueeze(2)  # (B, K, L)
+            width = items.shape[1]
+            closeness = torch.arange(1, width + 1, dtype=torch.float32) / width  # last position = 1
+            cols["seen_count"] = eq.sum(dim=2).float()
+            distance = width - (eq * torch.arange(1, width + 1)).amax(dim=2)  # 0 = last item; width = absent
+            cols["seen_recency"] = torch.where(eq.any(dim=2), 1.0 / (1.0 + distance.float()), torch.zeros(b, k))
+            cols["seen_weight"] = (eq * closeness).sum(dim=2)
+            cols["is_last"] = (cand == last).float()
+        if "covisitation" in self.groups:
+            covis = next((r for r in retrievers.values() if hasattr(r, "pair_weights")), None)
+            if covis is not None:
+                cols["covis_last"] = covis.pair_weights(items[:, -1], cand)
+                total = torch.zeros(b, k)
+                for back in range(1, min(3, items.shape[1]) + 1):  # the last three items, not rows
+                    total += covis.pair_weights(items[:, -back], cand) * 0.5 ** (back - 1)
+                cols["covis_last3"] = total
+        if "context" in self.groups:
+            real = items != PAD
+            length = real.sum(dim=1, keepdim=True).float()
+            distinct = (torch.sort(items, dim=1).values.diff(dim=1) != 0).sum(dim=1, keepdim=True).float()
+            cols["session_length"] = torch.log1p(length).expand(b, k)
+            cols["session_distinct"] = (distinct / length.clamp(min=1)).expand(b, k)
+            if sessions.times is not None:
+                first = torch.where(real, sessions.times, torch.full_like(sessions.times, float("inf"))).amin(dim=1)
+                span = (sessions.times[:, -1] - first).clamp(min=0)
+                cols["session_duration"] = torch.log1p(span).float().unsqueeze(1).expand(b, k)
+        return cols
+
+    def _frame(self, sessions: Sessions, candidates: Candidates, raw: dict[str, torch.Tensor], labels: torch.Tensor | None) -> dict[str, np.ndarray]:
+        """One row per valid candidate: the columns the fitted ops read."""
+        valid = candidates.valid
+        b, k = valid.shape
+        frame = {
+            "item": candidates.items[valid].numpy(),
+            "last_item": sessions.items[:, -1:].expand(b, k)[valid].numpy(),
+            "session": torch.arange(b).unsqueeze(1).expand(b, k)[valid].numpy(),
+        }
+        if labels is not None:
+            frame["label"] = labels[valid].double().numpy()
+        for name in ("popularity", "recent_popularity"):
+            if name in raw:
+                frame[name] = raw[name][valid].double().numpy()
+        if "context" in self.groups and sessions.now is not None:
+            frame["timestamp"] = sessions.now.unsqueeze(1).expand(b, k)[valid].double().numpy()
+        return frame
+
+    def _ops(self, has_time: bool) -> FeaturePipeline:
+        ops: dict[str, Any] = {}
+        if "popularity" in self.groups:
+            ops["popularity_log"] = LogNormalize("popularity")
+            ops["recent_popularity_log"] = LogNormalize("recent_popularity")
+        if "context" in self.groups and has_time:
+            ops["time"] = CyclicTime("timestamp")
+        if "encodings" in self.groups:
+            ops["item_target"] = TargetEncoding("item", "label", fold_by="session", n_folds=self.target_folds)
+            ops["item_candidate_count"] = CountEncoding("item")
+        if "ids" in self.groups:
+            ops["cross"] = HashedCross(["last_item", "item"], self.cross_buckets)
+        return FeaturePipeline(ops)
+
+    # -- the verbs ------------------------------------------------------------------------------
+    def fit_transform(
+        self, sessions: Sessions, candidates: Candidates, raw: dict[str, torch.Tensor], labels: torch.Tensor
+    ) -> RankingInputs:
+        """Fit the ops on these (training) rows and return their features (target encoding out of fold).
+
+        Args:
+            raw: `raw` columns of these candidates (computed in batches by the caller).
+            labels: (B, K) 1 where the candidate is the session's next item.
+        """
+        frame = self._frame(sessions, candidates, raw, labels)
+        self.ops = self._ops("timestamp" in frame)
+        fitted = self.ops.fit_transform(frame) if self.ops.ops else {}
+        out = self._assemble(candidates, raw, fitted, frame)
+        self.names = out.names
+        return out
+
+    def transform(self, sessions: Sessions, candidates: Candidates, retrievers: dict[str, Retriever]) -> RankingInputs:
+        if self.ops is None or self.names is None:
+            raise RuntimeError("CandidateFeatures is not fitted: fit the pipeline's ranker first")
+        raw = self.raw(sessions, candidates, retrievers)
+        frame = self._frame(sessions, candidates, raw, None)
+        fitted = self.ops.transform(frame) if self.ops.ops else {}
+        out = self._assemble(candidates, raw, fitted, frame)
+        if out.names != self.names:
+            raise ValueError(f"features {out.names} differ from the fitted ones {self.names} (times missing?)")
+        return out
+
+    def _assemble(self, candidates: Candidates, raw: dict[str, torch.Tensor], fitted: dict[str, Any], frame: dict) -> RankingInputs:
+        valid = candidates.valid
+        b, k = valid.shape
+
+        def grid(values: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+            out = torch.zeros(b, k, dtype=dtype)
+            out[valid] = torch.as_tensor(np.asarray(values)).to(dtype)
+            return out
+
+        dense: dict[str, torch.Tensor] = {n: v.float() for n, v in raw.items() if n not in ("popularity", "recent_popularity")}
+        sparse: dict[str, torch.Tensor] = {}
+        for name, values in fitted.items():
+            if name == "cross":
+                sparse["cross"] = grid(values, torch.long)
+            else:
+                dense[name] = grid(values, torch.float32)
+        if "ids" in self.groups:
+            sparse["item"] = candidates.items.clone()
+            sparse["last_item"] = grid(frame["last_item"], torch.long)
+        names = sorted(dense)
+        stacked = torch.stack([dense[n] for n in names], dim=2) if names else torch.zeros(b, k, 0)
+        return RankingInputs(dense=stacked.masked_fill(~valid.unsqueeze(2), 0.0), sparse=sparse, valid=valid, names=names)
+
+    # -- saving ---------------------------------------------------------------------------------
+    def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        config = {
+            "groups": self.groups, "recent_fraction": self.recent_fraction, "cross_buckets": self.cross_buckets,
+            "target_folds": self.target_folds, "names": self.names,
+        }
+        arrays = {"popularity": self.popularity} if self.popularity is not None else {}
+        return config, arrays

@@ -1,0 +1,340 @@
+"""Stage 2 of the pipeline: filters that blank candidates a session must not be shown.
+
+Each filter has one verb, ``apply(sessions, candidates) -> candidates``, over the whole (B, K)
+candidate matrix: it blanks slots with `Candidates.keep` and never changes the shape (the
+pipeline compacts afterwards). Lookups are sorts and searchsorted calls, never a Python loop
+over sessions or candidates.
+
+Filters built from raw item ids (a table file) get the vocabulary through ``bind(vocab)``, which
+encodes the ids to model ids; raw ids the vocabulary does not know are dropped and counted in
+``num_unknown``. The building blocks for that (`read_item_table`, `ItemRows`, `RawItemRule`)
+serve the ordering rules too.
+
+Saving: ``state()`` gives JSON-able settings and named numpy arrays (model ids, not raw ids, so a
+saved pipeline needs neither the original file nor a second encoding); ``from_state`` rebuilds
+the stage from them without unpickling.
+
+Shape letters: B sessions, L positions, K candidates per session, N table rows, U distinct
+items of a table.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from sessrec.data.readers import read_table
+from sessrec.data.schema import SchemaError, _check_id
+from sessrec.data.vocab import NUM_SPECIAL, OOV, ItemVocab
+from sessrec.pipeline.candidates import Candidates, Sessions
+
+__all__ = [
+    "ItemRows",
+    "ItemTableFilter",
+    "NonProductFilter",
+    "SeenItemsFilter",
+    "find_sorted",
+    "read_item_table",
+]
+
+
+# ------------------------------------------------------------------------------ building blocks
+def find_sorted(keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Look `values` up in ascending `keys` with one searchsorted.
+
+    Args:
+        keys: (U,) keys shared by all rows, or (B, L) keys per row; ascending along the last dim.
+        values: (B, K) values to find.
+
+    Returns:
+        (B, K) int64 position of each value in `keys` (valid where found) and (B, K) bool found.
+    """
+    if keys.shape[-1] == 0:
+        return torch.zeros_like(values), torch.zeros(values.shape, dtype=torch.bool, device=values.device)
+    pos = torch.searchsorted(keys, values).clamp_(max=keys.shape[-1] - 1)
+    at = keys[pos] if keys.dim() == 1 else keys.gather(-1, pos)
+    return pos, at == values
+
+
+def read_item_table(
+    path: str | Path, item_column: str, required: tuple[str, ...] = ()
+) -> tuple[pa.Array, pa.Table]:
+    """Read a parquet/CSV table of raw item ids and check its item column.
+
+    Args:
+        path: the file.
+        item_column: column of raw item ids (integers or strings, no nulls).
+        required: further columns that must be present.
+
+    Returns:
+        The raw ids (N,) (int64 or string) and the whole table.
+
+    Raises:
+        SchemaError: the file is missing or unreadable, a column is missing, or an id is null.
+    """
+    if not Path(path).is_file():
+        raise SchemaError(f"{path}: no such file")
+    table = read_table(path)
+    for name in (item_column, *required):
+        if name not in table.column_names:
+            raise SchemaError(
+                f"{path}: column {name!r} is missing; the file has columns {table.column_names}"
+            )
+    return _check_id(table, item_column, str(path)).combine_chunks(), table
+
+
+@dataclass
+class ItemRows:
+    """Rows of an item table in model ids, sorted by item: what rules look candidates up in.
+
+    Args:
+        ids: (N,) int64 model ids, ascending; an item may hold several rows (several windows).
+        columns: name -> (N,) value of each row, in the order of `ids`.
+    """
+
+    ids: np.ndarray
+    columns: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.ids = np.asarray(self.ids, dtype=np.int64)
+        keys, start, count = np.unique(self.ids, return_index=True, return_counts=True)
+        self._keys = torch.from_numpy(keys)  # (U,)
+        self._start = torch.from_numpy(start).long()  # (U,) first row of each item
+        self._count = torch.from_numpy(count).long()  # (U,) rows of each item
+        self.max_rows = int(count.max()) if len(count) else 0
+
+    @classmethod
+    def encode(cls, vocab: ItemVocab, raw: pa.Array, columns: dict[str, np.ndarray]) -> tuple[ItemRows, int]:
+        """The rows of raw ids `raw` (N,) in model ids, and how many rows had an unknown id (dropped)."""
+        ids = vocab.encode(raw).ids
+        known = ids != OOV
+        order = np.argsort(ids[known], kind="stable")
+        kept = {name: np.asarray(values)[known][order] for name, values in columns.items()}
+        return cls(ids[known][order], kept), int((~known).sum())
+
+    def find(self, items: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, K) index of each candidate's first row (valid where found), and (B, K) bool found."""
+        pos, found = find_sorted(self._keys.to(items.device), items)
+        return self._start.to(items.device)[pos], found
+
+    def contains(self, items: torch.Tensor) -> torch.Tensor:
+        """(B, K) bool: the candidate has a row."""
+        return self.find(items)[1]
+
+    def rows(self, items: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """For r in 0 .. max_rows - 1: the (B, K) index of each candidate's r-th row, and whether it has one.
+
+        The loop runs over the repeat count of one item (a few validity windows), not over
+        candidates: each step is one gather over the whole (B, K) matrix.
+        """
+        pos, found = find_sorted(self._keys.to(items.device), items)
+        start, count = self._start.to(items.device)[pos], self._count.to(items.device)[pos]
+        for r in range(self.max_rows):
+            yield (start + r).clamp_(max=len(self.ids) - 1), found & (r < count)
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {"ids": self.ids, **self.columns}
+
+    @classmethod
+    def from_state(cls, arrays: dict[str, np.ndarray]) -> ItemRows:
+        return cls(arrays["ids"], {name: values for name, values in arrays.items() if name != "ids"})
+
+
+class RawItemRule:
+    """Base of the stages built from raw item ids: ``bind(vocab)`` encodes them into `rows`.
+
+    Subclasses set ``_raw`` (N,) and ``_raw_columns`` in their constructor and name in
+    ``settings`` the attributes that `state` saves beside the encoded rows; `from_state` rebuilds
+    an already encoded stage from those without reading any file.
+    """
+
+    settings: ClassVar[tuple[str, ...]] = ()
+    _raw: pa.Array | None = None
+    _raw_columns: dict[str, np.ndarray]
+    rows: ItemRows | None = None
+    num_unknown: int = 0  # raw ids that `bind` dropped because the vocabulary does not know them
+
+    def bind(self, vocab: ItemVocab) -> RawItemRule:
+        """Encode the raw ids with `vocab` (unknown ones dropped, counted in `num_unknown`); returns self.
+
+        A stage loaded with `from_state` already holds model ids and is left as it is.
+        """
+        if self._raw is None:
+            return self
+        self.rows, self.num_unknown = ItemRows.encode(vocab, self._raw, self._raw_columns)
+        return self
+
+    def bound_rows(self) -> ItemRows:
+        if self.rows is None:
+            raise RuntimeError(
+                f"{type(self).__name__} holds raw item ids: call bind(vocab) before using or saving it"
+            )
+        return self.rows
+
+    def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        config = {name: getattr(self, name) for name in self.settings}
+        return {**config, "num_unknown": self.num_unknown}, self.bound_rows().state()
+
+    @classmethod
+    def from_state(cls, config: dict[str, Any], arrays: dict[str, np.ndarray]) -> RawItemRule:
+        rule = cls.__new__(cls)  # the constructor reads files; the saved stage holds model ids already
+        rule.__dict__.update({name: config[name] for name in cls.settings})
+        rule._raw, rule._raw_columns = None, {}
+        rule.rows, rule.num_unknown = ItemRows.from_state(arrays), int(config["num_unknown"])
+        return rule
+
+
+class ConfigState:
+    """`state`/`from_state` of a stage whose constructor arguments are its whole state."""
+
+    def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        params = inspect.signature(type(self).__init__).parameters
+        return {name: getattr(self, name) for name in params if name != "self"}, {}
+
+    @classmethod
+    def from_state(cls, config: dict[str, Any], arrays: dict[str, np.ndarray]) -> ConfigState:
+        return cls(**config)
+
+
+# ------------------------------------------------------------------------------------- filters
+class SeenItemsFilter(ConfigState):
+    """Remove candidates the session already holds: in its last `window` events, or anywhere.
+
+    Args:
+        window: how many of the latest events count; None: the whole session.
+
+    Example:
+        >>> s = Sessions(torch.tensor([[0, 5, 7]]))
+        >>> SeenItemsFilter(window=1).apply(s, Candidates(torch.tensor([[5, 7, 9]]))).items.tolist()
+        [[5, 0, 9]]
+    """
+
+    def __init__(self, window: int | None = None) -> None:
+        if window is not None and window < 1:
+            raise ValueError(f"SeenItemsFilter window must be >= 1 or None (whole session), got {window}")
+        self.window = window
+
+    def apply(self, sessions: Sessions, candidates: Candidates) -> Candidates:
+        history = sessions.items  # (B, L) right-aligned: the latest events last
+        if self.window is not None:
+            history = history[:, -self.window :]
+        seen = find_sorted(history.sort(dim=1).values, candidates.items)[1]  # (B, K) per-row isin
+        return candidates.keep(~seen)
+
+
+class NonProductFilter(ConfigState):
+    """Remove everything that is not a product: padding, OOV, virtual ids and ids beyond the vocabulary.
+
+    Args:
+        num_items: size of the id space, ``len(vocab)``.
+        num_virtual: virtual ids at its end (``vocab.num_virtual``).
+    """
+
+    def __init__(self, num_items: int, num_virtual: int = 0) -> None:
+        if not 0 <= num_virtual <= num_items - NUM_SPECIAL:
+            raise ValueError(
+                f"NonProductFilter needs 0 <= num_virtual <= num_items - {NUM_SPECIAL}, "
+                f"got num_items={num_items}, num_virtual={num_virtual}"
+            )
+        self.num_items = num_items
+        self.num_virtual = num_virtual
+
+    def apply(self, sessions: Sessions, candidates: Candidates) -> Candidates:
+        items = candidates.items
+        return candidates.keep((items >= NUM_SPECIAL) & (items < self.num_items - self.num_virtual))
+
+
+_DEFAULT_WINDOW = ("valid_from", "valid_to")
+
+
+class ItemTableFilter(RawItemRule):
+    """Allow or deny the items of a table, each row valid in a time window.
+
+    Rows are ``item_id`` plus optional ``valid_from``/``valid_to`` (seconds since the epoch, or
+    timestamp/date columns); a null bound is open-ended. A row holds at the request time t when
+    ``valid_from <= t < valid_to``; an item may have several rows (several windows). With
+    ``mode="allow"`` only items with a row holding at t survive; with ``"deny"`` those items are
+    removed. t is ``sessions.now``; when it is None every row holds.
+
+    The table is read once here; `bind` encodes it, `state` saves the encoded rows.
+
+    Args:
+        path: parquet or CSV file.
+        mode: ``allow`` (availability list) or ``deny`` (block list).
+        item_column: column of raw item ids.
+        valid_from: start column; None: no start. Absent from the file under its default name:
+            open (so a plain id list works); absent under another name: an error.
+        valid_to: end column, the same way.
+
+    Raises:
+        SchemaError: missing file or column, null item id, a window ending before it starts.
+    """
+
+    settings = ("mode", "path")
+
+    def __init__(
+        self,
+        path: str,
+        mode: Literal["allow", "deny"] = "deny",
+        item_column: str = "item_id",
+        valid_from: str | None = "valid_from",
+        valid_to: str | None = "valid_to",
+    ) -> None:
+        if mode not in ("allow", "deny"):
+            raise ValueError(f"ItemTableFilter mode must be 'allow' or 'deny', got {mode!r}")
+        self.path, self.mode = str(path), mode
+        named = tuple(
+            c for c, default in zip((valid_from, valid_to), _DEFAULT_WINDOW) if c not in (None, default)
+        )
+        self._raw, table = read_item_table(path, item_column, required=named)
+        start = _seconds(table, valid_from, path, -math.inf)
+        end = _seconds(table, valid_to, path, math.inf)
+        if (start > end).any():
+            row = int(np.flatnonzero(start > end)[0])
+            first, last = table.column(valid_from)[row].as_py(), table.column(valid_to)[row].as_py()
+            raise SchemaError(
+                f"{path}: row {row} has {valid_from}={first!r} after {valid_to}={last!r}; "
+                "a validity window must not end before it starts"
+            )
+        self._raw_columns = {"valid_from": start, "valid_to": end}
+
+    def apply(self, sessions: Sessions, candidates: Candidates) -> Candidates:
+        rows = self.bound_rows()
+        items = candidates.items
+        if sessions.now is None:
+            listed = rows.contains(items)
+        else:
+            now = sessions.now.to(items.device, torch.float64).unsqueeze(1)  # (B, 1)
+            start = torch.from_numpy(rows.columns["valid_from"]).to(items.device)
+            end = torch.from_numpy(rows.columns["valid_to"]).to(items.device)
+            listed = torch.zeros(items.shape, dtype=torch.bool, device=items.device)
+            for row, present in rows.rows(items):
+                listed |= present & (start[row] <= now) & (now < end[row])
+        return candidates.keep(listed if self.mode == "allow" else ~listed)
+
+
+def _seconds(table: pa.Table, name: str | None, path: str | Path, fill: float) -> np.ndarray:
+    """(N,) float64 seconds of a time column; nulls and an absent column become `fill` (open-ended)."""
+    if name is None or name not in table.column_names:
+        return np.full(table.num_rows, fill)
+    col = table.column(name)
+    if pa.types.is_date(col.type):
+        col = col.cast(pa.timestamp("s"))
+    if pa.types.is_timestamp(col.type):
+        micros = col.cast(pa.timestamp("us", tz=col.type.tz)).cast(pa.int64())
+        values = micros.fill_null(0).to_numpy().astype(np.float64) * 1e-6
+        return np.where(micros.is_null().to_numpy(zero_copy_only=False), fill, values)
+    if pa.types.is_integer(col.type) or pa.types.is_floating(col.type) or pa.types.is_null(col.type):
+        values = col.cast(pa.float64()).to_numpy(zero_copy_only=False)
+        return np.where(np.isnan(values), fill, values)
+    raise SchemaError(
+        f"{path}: column {name!r} has dtype {col.type}; expected seconds (numbers) or timestamps"
+    )

@@ -1,0 +1,261 @@
+"""`Pipeline`: retrieval -> filtering -> scoring -> ordering, one object offline and online.
+
+The pipeline composes its stages and holds no ranking logic of its own: it encodes raw ids,
+asks every retriever for its top-K, merges them (`merge`), applies the filters, builds the
+features, scores and orders. ``sessrec recommend`` calls the same `recommend_batch` over chunks
+of a file that `recommend` calls for one request.
+
+Saved as one directory (`save` / `load`): ``pipeline.json`` (every stage's settings),
+``vocab.parquet``, ``features.npz`` (the fitted feature ops) and one ``.safetensors`` file of
+arrays per stage (model weights, indexes, co-visitation matrix, training sessions of the kNN
+retrievers, the ranker). Loading imports only the library's own classes and unpickles nothing.
+
+Shape letters: B sessions, L positions, K candidates, k recommendations.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from sessrec.data import frame
+from sessrec.data.vocab import NUM_SPECIAL, ItemVocab
+from sessrec.pipeline.candidates import Candidates, Recommendations, Sessions, merge
+from sessrec.pipeline.features import CandidateFeatures
+from sessrec.pipeline.filters import ItemTableFilter, NonProductFilter, SeenItemsFilter
+from sessrec.pipeline.ordering import Ordering
+from sessrec.pipeline.retrieval.base import Retriever
+from sessrec.pipeline.retrieval.covisitation import CoVisitation
+from sessrec.pipeline.retrieval.knn import BaselineRetriever
+from sessrec.pipeline.retrieval.session_model import SessionModelRetriever
+from sessrec.pipeline.scoring import DLRMScorer, GBDTScorer, Scorer
+
+FORMAT, VERSION = "sessrec.pipeline", 1
+_RETRIEVERS = {c.__name__: c for c in (SessionModelRetriever, BaselineRetriever, CoVisitation)}
+_FILTERS = {c.__name__: c for c in (SeenItemsFilter, NonProductFilter, ItemTableFilter)}
+_SCORERS = {c.__name__: c for c in (DLRMScorer, GBDTScorer)}
+AnyFilter = SeenItemsFilter | NonProductFilter | ItemTableFilter
+
+
+class Pipeline:
+    """The four stages over one vocabulary.
+
+    Args:
+        vocab: raw ids <-> model ids, shared by every stage.
+        retrievers: name -> (retriever, K it contributes).
+        max_length: most recent events of a session that the stages see.
+        max_candidates: merged candidates kept per session (by agreement of the retrievers).
+        filters: applied in order after the merge (a `NonProductFilter` always runs first).
+        features: the ranking features.
+        scorer: the ranker; None scores by the first retriever's score alone.
+        ordering: business rules of the final list.
+    """
+
+    def __init__(
+        self,
+        vocab: ItemVocab,
+        retrievers: dict[str, tuple[Retriever, int]],
+        max_length: int = 20,
+        max_candidates: int = 200,
+        filters: Sequence[AnyFilter] = (),
+        features: CandidateFeatures | None = None,
+        scorer: Scorer | None = None,
+        ordering: Ordering | None = None,
+    ) -> None:
+        if not retrievers:
+            raise ValueError("a pipeline needs at least one retriever")
+        for name, (_, k) in retrievers.items():
+            if k < 1:
+                raise ValueError(f"retriever {name!r}: K must be >= 1, got {k}")
+        self.vocab, self.retrievers = vocab, dict(retrievers)
+        self.max_length, self.max_candidates = max_length, max_candidates
+        self.filters = [NonProductFilter(len(vocab), vocab.num_virtual), *filters]
+        for f in self.filters:
+            if hasattr(f, "bind"):
+                f.bind(vocab)
+        self.features = features if features is not None else CandidateFeatures()
+        self.scorer = scorer
+        self.ordering = ordering if ordering is not None else Ordering()
+        self.ordering.bind(vocab)
+
+    @property
+    def stage_retrievers(self) -> dict[str, Retriever]:
+        return {name: r for name, (r, _) in self.retrievers.items()}
+
+    # -- stages 1 and 2 -------------------------------------------------------------------------
+    @torch.no_grad()
+    def candidates(self, sessions: Sessions) -> Candidates:
+        """Merged, filtered candidates (B, max_candidates); empty slots hold 0."""
+        found = {name: r.retrieve(sessions, k) for name, (r, k) in self.retrievers.items()}
+        cands = merge(found)
+        for f in self.filters:
+            cands = f.apply(sessions, cands)
+        cands = cands.compact()
+        width = self.max_candidates
+        if cands.items.shape[1] >= width:
+            keep = slice(0, width)
+            return Candidates(cands.items[:, keep], {n: v[:, keep] for n, v in cands.features.items()})
+        pad = lambda t: torch.nn.functional.pad(t, (0, width - t.shape[1]))  # noqa: E731
+        return Candidates(pad(cands.items), {n: pad(v) for n, v in cands.features.items()})
+
+    # -- stages 3 and 4 -------------------------------------------------------------------------
+    @torch.no_grad()
+    def score(self, sessions: Sessions, cands: Candidates) -> Candidates:
+        """The candidates with scores: the ranker's, or the first retriever's score without a ranker."""
+        if self.scorer is None:
+            name, (first, _) = next(iter(self.retrievers.items()))
+            scores = first.score(sessions, cands.items).float()
+        else:
+            scores = self.scorer.score(self.features.transform(sessions, cands, self.stage_retrievers))
+        return Candidates(cands.items, cands.features, scores.masked_fill(~cands.valid, float("-inf")))
+
+    @torch.no_grad()
+    def recommend_batch(self, sessions: Sessions, k: int = 20) -> Recommendations:
+        """Top-`k` model ids and scores (B, k) of a batch of encoded sessions."""
+        cands = self.score(sessions, self.candidates(sessions))
+        return self.ordering.order(sessions, cands, k)
+
+    def encode(self, sessions: Sequence[Sequence[Any]], on_unknown: str = "oov") -> Sessions:
+        """Raw-id sessions -> `Sessions` (right-aligned, the last `max_length` events)."""
+        if on_unknown not in ("oov", "error"):
+            raise ValueError(f"on_unknown must be 'oov' or 'error', got {on_unknown!r}")
+        lengths = np.array([len(s) for s in sessions], dtype=np.int64)
+        if len(lengths) and (lengths == 0).any():
+            row = int(np.flatnonzero(lengths == 0)[0])
+            raise ValueError(f"session {row} of the request is empty: give at least one item id")
+        flat = [item for s in sessions for item in s]
+        raw = pa.array(flat, type=self.vocab.raw_ids.type) if flat else pa.array([], type=self.vocab.raw_ids.type)
+        encoded = self.vocab.encode(raw)
+        if on_unknown == "error" and encoded.num_unknown:
+            bad = flat[int(np.flatnonzero(encoded.ids == 1)[0])]
+            raise ValueError(f"item id {bad!r} is not in the pipeline's vocabulary")
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        items = frame.pad_sessions(encoded.ids, offsets[:-1], offsets[1:], self.max_length, np.int64)
+        return Sessions(torch.from_numpy(np.ascontiguousarray(items)))
+
+    def recommend(
+        self, sessions: Sequence[Sequence[Any]], k: int = 20, on_unknown: str = "oov"
+    ) -> list[dict[str, list]]:
+        """Recommend for raw-id sessions (one request): per session ``{"item_ids": [...], "scores": [...]}``.
+
+        Args:
+            sessions: each session's raw item ids, oldest first.
+            k: recommendations per session.
+            on_unknown: ``oov`` scores unknown ids as the out-of-vocabulary item; ``error`` refuses them.
+        """
+        if isinstance(sessions, (str, bytes)) or not isinstance(sessions, Sequence):
+            raise TypeError("recommend takes a list of sessions, each a list of raw item ids")
+        if not sessions:
+            return []
+        recs = self.recommend_batch(self.encode(sessions, on_unknown), k)
+        return self.decode(recs)
+
+    def decode(self, recs: Recommendations) -> list[dict[str, list]]:
+        filled = recs.items >= NUM_SPECIAL
+        raw = self.vocab.decode(recs.items.clamp(min=NUM_SPECIAL).numpy()).to_pylist()
+        width = recs.items.shape[1]
+        out = []
+        for row in range(len(recs.items)):  # building the reply's Python lists, not ranking
+            n = int(filled[row].sum())
+            out.append({"item_ids": raw[row * width : row * width + n], "scores": recs.scores[row, :n].tolist()})
+        return out
+
+    # -- saving ---------------------------------------------------------------------------------
+    def save(self, directory: str | os.PathLike) -> Path:
+        """Write the pipeline to `directory` (under a temporary name, then renamed: never half-written)."""
+        from safetensors.numpy import save_file
+
+        directory = Path(directory)
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+        tmp.chmod(0o755)  # mkdtemp's 0700 would make the saved pipeline private to this user
+        try:
+            def arrays(name: str, values: dict[str, np.ndarray]) -> str:
+                save_file({k: np.ascontiguousarray(v) for k, v in values.items()}, str(tmp / f"{name}.safetensors"))
+                return f"{name}.safetensors"
+
+            spec: dict[str, Any] = {"format": FORMAT, "version": VERSION, "max_length": self.max_length,
+                                    "max_candidates": self.max_candidates, "retrievers": [], "filters": []}
+            for name, (r, k) in self.retrievers.items():
+                config, values = r.state()
+                spec["retrievers"].append({"name": name, "kind": type(r).__name__, "k": k, "config": config,
+                                           "arrays": arrays(f"retriever-{name}", values)})
+            for i, f in enumerate(self.filters[1:]):  # the NonProductFilter is rebuilt from the vocabulary
+                config, values = f.state()
+                spec["filters"].append({"kind": type(f).__name__, "config": config, "arrays": arrays(f"filter-{i}", values)})
+            config, values = self.features.state()
+            spec["features"] = {"config": config, "arrays": arrays("features", values)}
+            if self.features.ops is not None:
+                self.features.ops.save(tmp / "features.npz")
+            if self.scorer is not None:
+                config, values = self.scorer.state()
+                spec["scorer"] = {"kind": type(self.scorer).__name__, "config": config, "arrays": arrays("scorer", values)}
+            config, values = self.ordering.state()
+            spec["ordering"] = {"config": config, "arrays": arrays("ordering", values)}
+            self.vocab.save(tmp / "vocab.parquet")
+            (tmp / "pipeline.json").write_text(json.dumps(spec, indent=1, default=_json_default))
+            if directory.exists():
+                shutil.rmtree(directory)
+            os.replace(tmp, directory)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return directory
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike) -> Pipeline:
+        """Rebuild a pipeline written by `save`."""
+        from safetensors.numpy import load_file
+
+        from sessrec.data.features import FeaturePipeline
+
+        directory = Path(directory)
+        path = directory / "pipeline.json"
+        if not path.exists():
+            raise FileNotFoundError(f"{directory}: not a saved pipeline (no pipeline.json); run sessrec fit on a pipeline recipe")
+        spec = json.loads(path.read_text())
+        if spec.get("format") != FORMAT or spec.get("version") != VERSION:
+            raise ValueError(f"{path}: format {spec.get('format')!r} version {spec.get('version')!r} is not {FORMAT!r} {VERSION}")
+        load = lambda name: load_file(str(directory / name))  # noqa: E731
+        vocab = ItemVocab.load(directory / "vocab.parquet")
+        retrievers = {}
+        for r in spec["retrievers"]:
+            kind = _known(_RETRIEVERS, r["kind"], path)
+            retrievers[r["name"]] = (kind.from_state(r["config"], load(r["arrays"])), int(r["k"]))
+        filters = [_known(_FILTERS, f["kind"], path).from_state(f["config"], load(f["arrays"])) for f in spec["filters"]]
+        fconfig = dict(spec["features"]["config"])
+        names = fconfig.pop("names")
+        features = CandidateFeatures(**fconfig)
+        features.names = names
+        features.popularity = load(spec["features"]["arrays"]).get("popularity")
+        if (directory / "features.npz").exists():
+            features.ops = FeaturePipeline.load(directory / "features.npz")
+        scorer = None
+        if "scorer" in spec:
+            s = spec["scorer"]
+            scorer = _known(_SCORERS, s["kind"], path).from_state(s["config"], load(s["arrays"]))
+        ordering = Ordering.from_state(spec["ordering"]["config"], load(spec["ordering"]["arrays"]))
+        return cls(vocab, retrievers, spec["max_length"], spec["max_candidates"], filters, features, scorer, ordering)
+
+
+def _known(kinds: dict[str, type], name: str, path: Path) -> type:
+    if name not in kinds:
+        raise ValueError(f"{path}: unknown stage {name!r}; this version knows {sorted(kinds)}")
+    return kinds[name]
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, (np.integer, np.floating)):
+        return value.item()
+    if isinstance(value, (tuple, set)):
+        return list(value)
+    raise TypeError(f"cannot save {type(value).__name__} in pipeline.json")

@@ -1,0 +1,194 @@
+"""`PipelineRecipe`: a pipeline recipe's typed configuration, and its ``fit`` / ``test`` / ``recommend``.
+
+A pipeline recipe has one top-level block, ``pipeline:``, whose keys are the constructor
+arguments below (checked by jsonargparse before anything runs):
+
+    sessrec fit       --config recipes/pipeline_rsc15.yaml    # fits kNN/co-visitation and the ranker, saves
+    sessrec test      --config recipes/pipeline_rsc15.yaml    # loads the saved pipeline, test-split metrics
+    sessrec recommend --config recipes/pipeline_rsc15.yaml --input sessions.parquet --output recs.parquet
+
+The data block is a `SessionDataModule` like the stage-1 recipes' (the same source and
+vocabulary settings, so that every stage shares one vocabulary; this is checked against each
+model's ``vocab.parquet``). Training sessions fit the kNN and co-visitation retrievers, the
+validation pairs fit the ranker, the test pairs are scored by ``test`` only.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+
+from sessrec.baselines import SessionBaseline
+from sessrec.data import SessionDataModule
+from sessrec.data.vocab import ItemVocab
+from sessrec.pipeline.features import CandidateFeatures
+from sessrec.pipeline.filters import ItemTableFilter, SeenItemsFilter
+from sessrec.pipeline.ordering import Ordering
+from sessrec.pipeline.pipeline import Pipeline
+from sessrec.pipeline.retrieval.base import Retriever
+from sessrec.pipeline.retrieval.covisitation import CoVisitation
+from sessrec.pipeline.retrieval.index import ExactIndex, FaissIndex
+from sessrec.pipeline.retrieval.knn import BaselineRetriever
+from sessrec.pipeline.retrieval.session_model import SessionModelRetriever
+from sessrec.pipeline.scoring import DLRMScorer, GBDTScorer
+from sessrec.pipeline.training import evaluate, fit_ranker
+from sessrec.tasks.baseline import _end_times
+
+
+@dataclass
+class ModelRetrieval:
+    """A trained session model as a retriever.
+
+    Args:
+        recipe: its training recipe (the ``model:`` block rebuilds the network).
+        checkpoint: its best checkpoint (``vocab.parquet`` beside it).
+        k: candidates it contributes.
+        index: ``exact`` (blocked product), ``hnsw`` or ``ivf`` (FAISS).
+    """
+
+    recipe: str
+    checkpoint: str
+    k: int = 100
+    index: Literal["exact", "hnsw", "ivf"] = "exact"
+
+
+@dataclass
+class BaselineRetrieval:
+    """A kNN (or popularity) baseline as a retriever, fitted on the training sessions.
+
+    Args:
+        baseline: e.g. ``{class_path: sessrec.baselines.VSKNN, init_args: {k: 100}}``.
+        k: candidates it contributes.
+    """
+
+    baseline: SessionBaseline
+    k: int = 100
+
+
+class PipelineRecipe:
+    """Everything a pipeline is built from.
+
+    Args:
+        data: the sessions (the stage-1 recipes' data block, without ``train_prefixes``).
+        models: name -> trained session model.
+        baselines: name -> kNN baseline.
+        covisitation: co-visitation retriever settings; None for none.
+        covisitation_k: candidates it contributes.
+        max_candidates: merged candidates kept per session.
+        seen_filter: drop items of the session (``none``: keep them, repeats are common targets;
+            ``window``: the last `seen_window` events; ``session``: all of it).
+        seen_window: events of the ``window`` filter.
+        item_tables: allow/deny tables (`ItemTableFilter`).
+        features: the ranking features.
+        scorer: the ranker: `DLRMScorer` (default) or `GBDTScorer`.
+        ordering: business rules of the final list.
+        output: directory of the saved pipeline.
+        ks: cut-offs of the printed metrics.
+        batch_size: sessions per batch when building candidates.
+    """
+
+    def __init__(
+        self,
+        data: SessionDataModule,
+        models: dict[str, ModelRetrieval] | None = None,
+        baselines: dict[str, BaselineRetrieval] | None = None,
+        covisitation: CoVisitation | None = None,
+        covisitation_k: int = 100,
+        max_candidates: int = 200,
+        seen_filter: Literal["none", "window", "session"] = "none",
+        seen_window: int = 1,
+        item_tables: list[ItemTableFilter] | None = None,
+        features: CandidateFeatures = CandidateFeatures(),  # noqa: B008 - a config value
+        scorer: DLRMScorer | GBDTScorer = DLRMScorer(),  # noqa: B008 - a config value
+        ordering: Ordering = Ordering(),  # noqa: B008 - a config value
+        output: str = "runs/pipeline/pipeline",
+        ks: list[int] = [10, 20],  # noqa: B006 - read only
+        batch_size: int = 512,
+    ) -> None:
+        if not (models or baselines or covisitation):
+            raise ValueError("a pipeline recipe needs at least one retriever: models, baselines or covisitation")
+        self.data, self.models, self.baselines = data, dict(models or {}), dict(baselines or {})
+        self.covisitation, self.covisitation_k = covisitation, covisitation_k
+        self.max_candidates, self.seen_filter, self.seen_window = max_candidates, seen_filter, seen_window
+        self.item_tables = list(item_tables or [])
+        self.features, self.scorer, self.ordering = features, scorer, ordering
+        self.output, self.ks, self.batch_size = Path(output), list(ks), batch_size
+
+    # -- building -------------------------------------------------------------------------------
+    def retrievers(self, names: set[str] | None = None) -> dict[str, tuple[Retriever, int]]:
+        """Every retriever (or those in `names`), fitted or loaded; kNN and co-visitation on the training split."""
+        dm = self.data
+        train, _ = dm.tensors("train")
+        times = _end_times(dm.splits.train)
+        out: dict[str, tuple[Retriever, int]] = {}
+        for name, spec in self.models.items():
+            if names is not None and name not in names:
+                continue
+            _check_vocab(dm.vocab, Path(spec.checkpoint).parent / "vocab.parquet", name)
+            index = {"exact": ExactIndex, "hnsw": lambda: FaissIndex("hnsw"), "ivf": lambda: FaissIndex("ivf")}[spec.index]()
+            out[name] = (SessionModelRetriever.from_checkpoint(spec.recipe, spec.checkpoint, index), spec.k)
+        for name, spec in self.baselines.items():
+            if names is not None and name not in names:
+                continue
+            out[name] = (BaselineRetriever(spec.baseline).fit(train, dm.num_items, times), spec.k)
+        if self.covisitation is not None and (names is None or "covisitation" in names):
+            out["covisitation"] = (self.covisitation.fit(_time_ordered(train, dm), dm.num_items), self.covisitation_k)
+        return out
+
+    def build(self, names: set[str] | None = None) -> Pipeline:
+        dm = self.data
+        filters = list(self.item_tables)
+        if self.seen_filter != "none":
+            filters.insert(0, SeenItemsFilter(window=self.seen_window if self.seen_filter == "window" else None))
+        train, _ = dm.tensors("train")
+        self.features.fit_statistics(_time_ordered(train, dm), dm.num_items)
+        return Pipeline(
+            dm.vocab, self.retrievers(names), max_length=dm.max_length, max_candidates=self.max_candidates,
+            filters=filters, features=self.features, ordering=self.ordering,
+        )
+
+    # -- the subcommands ------------------------------------------------------------------------
+    def fit(self) -> Pipeline:
+        """Build, fit the ranker on the validation pairs, save to `output`; print what it did."""
+        start = time.perf_counter()
+        pipe = self.build()
+        items, targets = self.data.tensors("valid")
+        info = fit_ranker(pipe, items, targets, self.scorer, self.batch_size)
+        pipe.save(self.output)
+        valid = evaluate(pipe, items, targets, self.ks, self.batch_size)
+        shown = " ".join(f"{k}={v:.4f}" for k, v in valid.items())
+        print(f"[fit] ranker {type(self.scorer).__name__} on {info['pairs']} validation pairs "
+              f"(candidate coverage {info['coverage']:.4f}); saved to {self.output} in {time.perf_counter() - start:.0f} s")
+        print(f"[val] (the ranker's own training pairs: optimistic) {shown}")
+        return pipe
+
+    def test(self) -> dict[str, float]:
+        """Load the saved pipeline and score the test pairs."""
+        pipe = Pipeline.load(self.output)
+        if pipe.vocab != self.data.vocab:
+            raise ValueError(f"{self.output}: the saved pipeline's vocabulary differs from this recipe's data")
+        items, targets = self.data.tensors("test")
+        metrics = evaluate(pipe, items, targets, self.ks, self.batch_size)
+        print("[test] " + " ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
+        return metrics
+
+
+def _time_ordered(train: torch.Tensor, dm: SessionDataModule) -> np.ndarray:
+    times = _end_times(dm.splits.train)
+    order = np.argsort(times, kind="stable") if times is not None else np.arange(len(train))
+    return train.numpy()[order]
+
+
+def _check_vocab(vocab: ItemVocab, path: Path, name: str) -> None:
+    if not path.exists():
+        raise FileNotFoundError(f"model {name!r}: no vocab.parquet beside its checkpoint ({path})")
+    if ItemVocab.load(path) != vocab:
+        raise ValueError(
+            f"model {name!r}: its vocabulary ({path}) differs from the pipeline's data block; "
+            "use the data settings (source, min_item_count, max_vocab_size) of that model's recipe"
+        )

@@ -1,0 +1,306 @@
+"""Maximum-inner-product top-K over an item table: exact (`ExactIndex`) or approximate (`FaissIndex`).
+
+The session-model retriever scores a query vector h against every item vector by inner product
+(it folds the output bias into an extra column, so the plain inner product is the exact score).
+Both indexes take the same calls: ``build(vectors, ids)``, ``search(queries, k)`` and
+``state()`` / ``from_state(config, arrays)`` (JSON-able settings and numpy arrays, no pickling).
+
+Which to choose (FAISS guidelines; see ``shared/notes/pipeline-anchors.md`` section 4):
+
+- `ExactIndex` (a blocked matrix product, like FAISS's Flat) is the only exact one. Cost is
+  N x D multiply-adds per query, memory bounded by the block size. Right for catalogues up to
+  some hundred thousand items, for batch jobs, and as the reference the others are measured on.
+- `FaissIndex(kind="hnsw")` is the best approximate choice when RAM allows: (4 D + 8 M) bytes per
+  vector (M links per node, ``hnsw_m``), no training, build cost grows with ``ef_construction``.
+  Recall and latency are traded at query time by ``ef_search`` (FAISS uses at least k).
+- `FaissIndex(kind="ivf")` (inverted lists, Flat inside) needs k-means training and less memory
+  (4 D bytes per vector plus the lists); about 4 sqrt(N) lists (the guideline is 4 sqrt(N) to
+  16 sqrt(N) below 1M vectors). Recall and latency are traded by ``nprobe``, the lists visited.
+
+Approximate results may hold fewer than k hits; missing slots, like slots beyond N when k > N,
+come back with id 0 (padding, never recommended) and score -inf.
+
+Shape letters: B queries, N items, D vector width, K results per query.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+
+def _as_table(vectors: np.ndarray | torch.Tensor, ids: np.ndarray | torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """Validated (N, D) float32 and (N,) int64 numpy copies-or-views of an item table."""
+    v = vectors.detach().cpu().numpy() if isinstance(vectors, torch.Tensor) else np.asarray(vectors)
+    i = ids.detach().cpu().numpy() if isinstance(ids, torch.Tensor) else np.asarray(ids)
+    if v.ndim != 2:
+        raise ValueError(f"vectors must be 2-d (N, D), got shape {v.shape}")
+    if v.shape[0] == 0 or v.shape[1] == 0:
+        raise ValueError(f"vectors must hold at least one item of width >= 1, got shape {v.shape}")
+    if i.shape != (v.shape[0],):
+        raise ValueError(f"ids must have shape (N,) = ({v.shape[0]},) to match vectors {v.shape}, got {i.shape}")
+    if not np.issubdtype(i.dtype, np.integer):
+        raise TypeError(f"ids must be integers, got dtype {i.dtype}")
+    v = np.ascontiguousarray(v, dtype=np.float32)
+    bad = ~np.isfinite(v)
+    if bad.any():
+        row, col = np.argwhere(bad)[0]
+        raise ValueError(
+            f"vectors hold {int(bad.sum())} non-finite values (first: {v[row, col]} at row {row}, column {col})"
+        )
+    return v, np.ascontiguousarray(i, dtype=np.int64)
+
+
+def _check_search(queries: torch.Tensor, k: int, dim: int | None) -> torch.Tensor:
+    """(B, D) float32 queries, after checking the index is built, the width and k."""
+    if dim is None:
+        raise RuntimeError("search called before build: call build(vectors, ids) or from_state first")
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be an integer >= 1, got {k!r}")
+    if not isinstance(queries, torch.Tensor):
+        raise TypeError(f"queries must be a torch.Tensor (B, D), got {type(queries).__name__}")
+    if queries.dim() != 2 or queries.shape[1] != dim:
+        raise ValueError(f"queries must have shape (B, {dim}) to match the index width, got {tuple(queries.shape)}")
+    return queries.detach().float()
+
+
+def _pad(scores: torch.Tensor, ids: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Widen (B, K') results to (B, k) with score -inf and id 0."""
+    missing = k - scores.shape[1]
+    if missing <= 0:
+        return scores, ids
+    b = scores.shape[0]
+    return (
+        torch.cat([scores, scores.new_full((b, missing), float("-inf"))], dim=1),
+        torch.cat([ids, ids.new_zeros((b, missing))], dim=1),
+    )
+
+
+class ExactIndex:
+    """Exact top-K by blocked matrix product: bounded memory for any catalogue size.
+
+    The item table is scored `block_size` rows at a time; each block's top-k is merged into a
+    running top-k, so peak memory is O(B * (block_size + k)), never (B, N).
+
+    Args:
+        block_size: item rows scored per matrix product.
+
+    Example:
+        >>> index = ExactIndex().build(np.eye(3, dtype=np.float32), np.array([7, 8, 9]))
+        >>> index.search(torch.tensor([[0.0, 2.0, 1.0]]), k=2)[1]
+        tensor([[8, 9]])
+    """
+
+    def __init__(self, block_size: int = 65536) -> None:
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+            raise ValueError(f"block_size must be an integer >= 1, got {block_size!r}")
+        self.block_size = block_size
+        self._vectors: torch.Tensor | None = None  # (N, D) float32
+        self._ids: torch.Tensor | None = None  # (N,) int64
+
+    def __len__(self) -> int:
+        return 0 if self._ids is None else len(self._ids)
+
+    @property
+    def dim(self) -> int | None:
+        """D, or None before `build`."""
+        return None if self._vectors is None else self._vectors.shape[1]
+
+    def build(self, vectors: np.ndarray | torch.Tensor, ids: np.ndarray | torch.Tensor) -> ExactIndex:
+        """Index the item table.
+
+        Args:
+            vectors: (N, D) float item vectors, finite.
+            ids: (N,) int64 item id of each row (what `search` returns).
+
+        Returns:
+            self.
+        """
+        v, i = _as_table(vectors, ids)
+        self._vectors, self._ids = torch.from_numpy(v), torch.from_numpy(i)
+        return self
+
+    def search(self, queries: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Exact top-`k` items by inner product.
+
+        Args:
+            queries: (B, D) query vectors.
+            k: results per query; beyond N they are padding (score -inf, id 0).
+
+        Returns:
+            scores (B, k) float32 and ids (B, k) int64, best first, on the queries' device.
+        """
+        q = _check_search(queries, k, self.dim)
+        vectors, device = self._vectors, queries.device
+        q = q.to(vectors.device)
+        best = q.new_empty((q.shape[0], 0))  # (B, <=k) running top-k scores
+        rows = torch.empty((q.shape[0], 0), dtype=torch.long, device=q.device)  # (B, <=k) their rows
+        for start in range(0, len(vectors), self.block_size):
+            scores = q @ vectors[start:start + self.block_size].T  # (B, block)
+            top = scores.topk(min(k, scores.shape[1]), dim=1)
+            best = torch.cat([best, top.values], dim=1)  # (B, <= 2k)
+            rows = torch.cat([rows, top.indices + start], dim=1)
+            keep = best.topk(min(k, best.shape[1]), dim=1)  # sorted, also when fewer than k so far
+            best, rows = keep.values, rows.gather(1, keep.indices)
+        scores, ids = _pad(best, self._ids[rows], k)
+        return scores.to(device), ids.to(device)
+
+    def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """(JSON-able settings, named arrays ``vectors`` (N, D) and ``ids`` (N,)) for `from_state`."""
+        if self._vectors is None:
+            raise RuntimeError("state called before build: there is nothing to save")
+        return {"type": "ExactIndex", "block_size": self.block_size}, {
+            "vectors": self._vectors.numpy(),
+            "ids": self._ids.numpy(),
+        }
+
+    @classmethod
+    def from_state(cls, config: dict[str, Any], arrays: dict[str, np.ndarray]) -> ExactIndex:
+        """Rebuild the index that `state` described."""
+        return cls(block_size=int(config["block_size"])).build(arrays["vectors"], arrays["ids"])
+
+
+class FaissIndex:
+    """Approximate top-K with FAISS (inner product): HNSW (default) or IVF.
+
+    Needs the optional ``faiss-cpu`` package (imported on first use). FAISS's own thread count
+    (``faiss.omp_set_num_threads``) is left to the caller.
+
+    Args:
+        kind: ``"hnsw"`` (graph, no training) or ``"ivf"`` (k-means inverted lists, Flat inside).
+        hnsw_m: HNSW links per node (4-64; memory (4 D + 8 M) bytes per vector).
+        ef_construction: HNSW candidate-list size while building (higher: better graph, slower build).
+        ef_search: HNSW candidate-list size while searching (FAISS uses at least k).
+        nlist: IVF lists; None: about 4 sqrt(N) (at most N).
+        nprobe: IVF lists visited per query (at most nlist).
+        seed: seeds the IVF training sample and k-means.
+
+    Example:
+        >>> vectors = np.random.default_rng(0).standard_normal((1000, 8)).astype(np.float32)
+        >>> index = FaissIndex("hnsw").build(vectors, np.arange(1000) + 2)
+        >>> scores, ids = index.search(torch.from_numpy(vectors[:2]), k=10)
+    """
+
+    def __init__(
+        self,
+        kind: Literal["hnsw", "ivf"] = "hnsw",
+        hnsw_m: int = 32,
+        ef_construction: int = 80,
+        ef_search: int = 128,
+        nlist: int | None = None,
+        nprobe: int = 16,
+        seed: int = 0,
+    ) -> None:
+        if kind not in ("hnsw", "ivf"):
+            raise ValueError(f"kind must be 'hnsw' or 'ivf', got {kind!r}")
+        for name, value, low in (("hnsw_m", hnsw_m, 2), ("ef_construction", ef_construction, 1),
+                                 ("ef_search", ef_search, 1), ("nprobe", nprobe, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        if nlist is not None and (isinstance(nlist, bool) or not isinstance(nlist, int) or nlist < 1):
+            raise ValueError(f"nlist must be None (about 4 sqrt(N)) or an integer >= 1, got {nlist!r}")
+        self.kind, self.hnsw_m, self.ef_construction, self.ef_search = kind, hnsw_m, ef_construction, ef_search
+        self.nlist, self.nprobe, self.seed = nlist, nprobe, seed
+        self._index: Any = None  # the faiss index, rows 0..N-1
+        self._ids: np.ndarray | None = None  # (N,) int64 item id of each faiss row
+
+    def __len__(self) -> int:
+        return 0 if self._ids is None else len(self._ids)
+
+    @property
+    def dim(self) -> int | None:
+        """D, or None before `build`."""
+        return None if self._index is None else int(self._index.d)
+
+    @staticmethod
+    def _faiss() -> Any:
+        try:
+            import faiss
+        except ImportError as error:
+            raise ImportError("FaissIndex needs the optional faiss package: pip install faiss-cpu") from error
+        return faiss
+
+    def _lists(self) -> int | None:
+        """The IVF lists of the built index (None for HNSW)."""
+        return int(self._index.nlist) if self.kind == "ivf" else self.nlist
+
+    def _configure(self) -> None:
+        """Apply the query-time settings to the faiss index."""
+        if self.kind == "hnsw":
+            self._index.hnsw.efSearch = self.ef_search
+        else:
+            self._index.nprobe = min(self.nprobe, self._index.nlist)
+
+    def build(self, vectors: np.ndarray | torch.Tensor, ids: np.ndarray | torch.Tensor) -> FaissIndex:
+        """Index the item table (HNSW: add; IVF: k-means on a seeded sample, then add).
+
+        Args:
+            vectors: (N, D) float item vectors, finite.
+            ids: (N,) int64 item id of each row (what `search` returns).
+
+        Returns:
+            self.
+        """
+        faiss = self._faiss()
+        v, i = _as_table(vectors, ids)
+        n, d = v.shape
+        if self.kind == "hnsw":
+            index = faiss.IndexHNSWFlat(d, self.hnsw_m, faiss.METRIC_INNER_PRODUCT)
+            index.hnsw.efConstruction = self.ef_construction
+        else:
+            nlist = self.nlist if self.nlist is not None else min(n, max(1, round(4 * math.sqrt(n))))
+            if nlist > n:
+                raise ValueError(f"nlist={nlist} exceeds the {n} vectors to train on: use nlist <= N or None")
+            index = faiss.IndexIVFFlat(faiss.IndexFlatIP(d), d, nlist, faiss.METRIC_INNER_PRODUCT)
+            index.cp.seed = self.seed
+            sample = min(n, 64 * nlist)  # FAISS warns below 39 points per list; 64 keeps k-means short
+            rows = np.sort(np.random.default_rng(self.seed).choice(n, size=sample, replace=False))
+            index.train(v[rows])
+        index.add(v)
+        self._index, self._ids = index, i
+        self._configure()
+        return self
+
+    def search(self, queries: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Approximate top-`k` items by inner product.
+
+        Args:
+            queries: (B, D) query vectors.
+            k: results per query; slots FAISS leaves empty (and beyond N) are padding
+                (score -inf, id 0).
+
+        Returns:
+            scores (B, k) float32 and ids (B, k) int64, best first, on the queries' device.
+        """
+        q = _check_search(queries, k, self.dim)
+        scores, rows = self._index.search(np.ascontiguousarray(q.cpu().numpy()), k)  # (B, k), -1 = none
+        found = rows >= 0
+        ids = np.where(found, self._ids[np.where(found, rows, 0)], 0)
+        scores = np.where(found, scores, np.float32(-np.inf)).astype(np.float32, copy=False)
+        return torch.from_numpy(scores).to(queries.device), torch.from_numpy(ids).to(queries.device)
+
+    def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """(JSON-able settings, named arrays ``index`` (serialized faiss index, uint8) and ``ids`` (N,))."""
+        if self._index is None:
+            raise RuntimeError("state called before build: there is nothing to save")
+        config = {
+            "type": "FaissIndex", "kind": self.kind, "hnsw_m": self.hnsw_m, "ef_construction": self.ef_construction,
+            "ef_search": self.ef_search, "nlist": self._lists(), "nprobe": self.nprobe, "seed": self.seed,
+        }
+        return config, {"index": self._faiss().serialize_index(self._index), "ids": self._ids}
+
+    @classmethod
+    def from_state(cls, config: dict[str, Any], arrays: dict[str, np.ndarray]) -> FaissIndex:
+        """Rebuild the index that `state` described; query-time settings (ef_search, nprobe) come from `config`."""
+        settings = {k: config[k] for k in ("kind", "hnsw_m", "ef_construction", "ef_search", "nlist", "nprobe", "seed")}
+        self = cls(**settings)
+        index = self._faiss().deserialize_index(np.ascontiguousarray(arrays["index"], dtype=np.uint8))
+        ids = np.ascontiguousarray(arrays["ids"], dtype=np.int64)
+        if ids.shape != (index.ntotal,):
+            raise ValueError(f"ids must have shape ({index.ntotal},) to match the saved index, got {ids.shape}")
+        self._index, self._ids = index, ids
+        self._configure()
+        return self

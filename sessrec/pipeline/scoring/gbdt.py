@@ -1,0 +1,114 @@
+"""`GBDTScorer`: LightGBM lambdarank over each session's candidates (the NVIDIA playbooks' ranker).
+
+The model is saved as LightGBM's own text format (``model_to_string``), never pickled.
+Shape letters: B sessions, K candidates, F dense features.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from sessrec.pipeline.features import RankingInputs
+from sessrec.pipeline.scoring.base import Scorer, early_stopping_split
+
+
+def _lightgbm():
+    try:
+        import lightgbm
+    except ImportError as err:  # an optional dependency
+        raise ImportError("GBDTScorer needs LightGBM: pip install lightgbm (or pip install 'sessrec[pipeline]')") from err
+    return lightgbm
+
+
+class GBDTScorer(Scorer):
+    """Gradient-boosted trees, lambdarank objective, early-stopped on held-out sessions.
+
+    Args:
+        num_leaves: leaves per tree.
+        learning_rate: shrinkage.
+        max_rounds: boosting rounds at most.
+        early_stopping: rounds without improvement of NDCG@20 on the held-out sessions.
+        min_data_in_leaf: rows per leaf at least.
+        feature_fraction: features sampled per tree.
+        stop_fraction: share of the ranker's sessions held out for early stopping.
+        threads: LightGBM threads.
+        seed: seeds the split and LightGBM.
+    """
+
+    def __init__(
+        self,
+        num_leaves: int = 63,
+        learning_rate: float = 0.05,
+        max_rounds: int = 1000,
+        early_stopping: int = 50,
+        min_data_in_leaf: int = 50,
+        feature_fraction: float = 0.8,
+        stop_fraction: float = 0.15,
+        threads: int = 2,
+        seed: int = 0,
+    ) -> None:
+        self.params = {
+            "objective": "lambdarank", "metric": "ndcg", "eval_at": [20], "num_leaves": num_leaves,
+            "learning_rate": learning_rate, "min_data_in_leaf": min_data_in_leaf,
+            "feature_fraction": feature_fraction, "bagging_fraction": 0.8, "bagging_freq": 1,
+            "lambdarank_truncation_level": 30, "num_threads": threads, "seed": seed, "deterministic": True,
+            "verbosity": -1,
+        }
+        self.max_rounds, self.early_stopping, self.stop_fraction, self.seed = max_rounds, early_stopping, stop_fraction, seed
+        self.booster = None
+        self.best_round = 0
+
+    @staticmethod
+    def _rows(inputs: RankingInputs, sessions: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+        """Valid rows of `sessions`, grouped by session: (rows, F) features and the group sizes."""
+        valid = inputs.valid[sessions]
+        return inputs.dense[sessions][valid].numpy(), valid.sum(dim=1).numpy()
+
+    def fit(self, inputs: RankingInputs, labels: torch.Tensor) -> GBDTScorer:
+        lgb = _lightgbm()
+        train, stop = early_stopping_split(labels, self.stop_fraction, self.seed)
+        sets = []
+        for rows in (train, stop):
+            x, groups = self._rows(inputs, rows)
+            y = labels[rows][inputs.valid[rows]].numpy()
+            sets.append(lgb.Dataset(x, y, group=groups, feature_name=inputs.names, free_raw_data=True))
+        sets[1].reference = sets[0]
+        self.booster = lgb.train(
+            self.params, sets[0], num_boost_round=self.max_rounds, valid_sets=[sets[1]],
+            callbacks=[lgb.early_stopping(self.early_stopping, verbose=False)],
+        )
+        self.best_round = int(self.booster.best_iteration or self.booster.current_iteration())
+        return self
+
+    def score(self, inputs: RankingInputs) -> torch.Tensor:
+        if self.booster is None:
+            raise RuntimeError("GBDTScorer is not fitted")
+        out = torch.full(inputs.valid.shape, float("-inf"))
+        x = inputs.dense[inputs.valid].numpy()
+        if len(x):
+            out[inputs.valid] = torch.from_numpy(self.booster.predict(x, num_iteration=self.best_round)).float()
+        return out
+
+    def importance(self) -> dict[str, float]:
+        """Total gain of each feature."""
+        gains = self.booster.feature_importance(importance_type="gain")
+        return dict(zip(self.booster.feature_name(), (float(g) for g in gains)))
+
+    def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        text = self.booster.model_to_string(num_iteration=self.best_round)
+        config = {"params": self.params, "best_round": self.best_round, "max_rounds": self.max_rounds,
+                  "early_stopping": self.early_stopping, "stop_fraction": self.stop_fraction, "seed": self.seed}
+        return config, {"model": np.frombuffer(text.encode(), dtype=np.uint8)}
+
+    @classmethod
+    def from_state(cls, config: dict[str, Any], arrays: dict[str, np.ndarray]) -> GBDTScorer:
+        lgb = _lightgbm()
+        scorer = cls.__new__(cls)
+        scorer.params, scorer.best_round = config["params"], int(config["best_round"])
+        scorer.max_rounds, scorer.early_stopping = config["max_rounds"], config["early_stopping"]
+        scorer.stop_fraction, scorer.seed = config["stop_fraction"], config["seed"]
+        scorer.booster = lgb.Booster(model_str=bytes(arrays["model"]).decode())
+        return scorer

@@ -119,15 +119,11 @@ def pipeline_recipe(args: list[str]) -> bool:
 
 def pipeline_cli(args: list[str]) -> object:
     """``sessrec fit|test|recommend`` on a pipeline recipe; returns what the subcommand returns."""
-    from jsonargparse import ActionConfigFile, ArgumentParser
-
     from sessrec.pipeline.batch import recommend_file
-    from sessrec.pipeline.recipe import PipelineRecipe
+    from sessrec.pipeline.recipe import recipe_parser
 
     command, rest = args[0], args[1:]
-    parser = ArgumentParser(prog=f"sessrec {command}", description=f"{command} a retrieval -> ranking pipeline")
-    parser.add_argument("--config", action=ActionConfigFile, help="a pipeline recipe (YAML)")
-    parser.add_class_arguments(PipelineRecipe, "pipeline", instantiate=True)
+    parser = recipe_parser(prog=f"sessrec {command}")
     if command == "recommend":
         parser.add_argument("--input", type=str, required=True, help="sessions (parquet/CSV): a list column or one row per event")
         parser.add_argument("--output", type=str, required=True, help="parquet of session_id, item_ids, scores")
@@ -146,6 +142,26 @@ def pipeline_cli(args: list[str]) -> object:
     )
 
 
+def _recipe_error(err: BaseException) -> BaseException:
+    """The error a recipe's own class raised, beneath jsonargparse's wrapping of it.
+
+    jsonargparse re-raises a constructor's error (``from`` it) inside a multi-line summary of
+    every type it tried (``Does not validate against any of the Union subtypes ...``); the
+    constructor's message is the one that names the file, the column and the value.
+    """
+    while err.__cause__ is not None and _raised_in(err, "jsonargparse"):
+        err = err.__cause__
+    return err
+
+
+def _raised_in(err: BaseException, package: str) -> bool:
+    """True when the innermost frame of `err`'s traceback is code of `package`."""
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_globals.get("__name__", "").partition(".")[0] == package
+
+
 def main() -> None:
     """Console entry point ``sessrec``."""
     args = sys.argv[1:]
@@ -156,7 +172,7 @@ def main() -> None:
         except (ValueError, FileNotFoundError, TypeError, RuntimeError) as err:
             if traceback:
                 raise
-            sys.exit(f"sessrec {args[0]}: error: {err}")
+            sys.exit(f"sessrec {args[0]}: error: {_recipe_error(err)}")
         return
     if args and args[0] == "recommend":
         sys.exit("sessrec recommend: error: --config must name a pipeline recipe (a top-level 'pipeline:' block)")

@@ -1,10 +1,12 @@
-"""Smoke test of the embedding benchmark script: it runs end to end at its tiny size and its JSON
+"""Smoke tests of the benchmark scripts: each runs end to end at its tiny size and its JSON
 records carry the configuration they claim (timings are not checked: they belong to benchmarks/)."""
 
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,3 +41,21 @@ def test_embedding_benchmark_quick_run_prints_its_records():
             assert r["fused_optimizer"] == ("sgd" if r["optimizer"] == "sgd" else "adagrad_rowwise")
         if r["pass"] == "padding":
             assert (r["padded_width"], r["unpadded_width"]) == (64, 62)
+
+
+def test_ann_index_benchmark_quick_run_prints_one_record_per_kind():
+    pytest.importorskip("faiss")  # optional dependency
+    done = subprocess.run(
+        [sys.executable, "benchmarks/ann_index.py", "--quick"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    records = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [r["system"] for r in records] == ["faiss-hnsw", "faiss-ivf"]
+    for r in records:
+        assert (r["items"], r["dim"], r["k"], r["queries"], r["threads"]) == (20_000, 64, 100, 50, 1)
+        assert 0.0 <= r["recall@k"] <= 1.0 and 0.0 <= r["batch_recall@k"] <= 1.0
+        assert r["exact_ms_per_query"] > 0 and r["ann_ms_per_query"] > 0
+        assert r["speedup"] > 0 and r["build_s"] >= 0
+    assert {"hnsw_m", "ef_construction", "ef_search"} <= set(records[0])
+    assert records[1]["nlist"] == round(4 * 20_000 ** 0.5) and records[1]["nprobe"] == 32

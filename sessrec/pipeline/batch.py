@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import torch
 
 from sessrec.data.schema import Schema
 from sessrec.data.stream import ScoringStream
@@ -76,7 +77,9 @@ def recommend_file(
         if part.exists():
             resumed += 1
             continue
-        recs = pipe.recommend_batch(Sessions(batch.items.long()), k)
+        # the stream trims each batch to its longest session; the stages see max_length columns, as online
+        items = torch.nn.functional.pad(batch.items.long(), (pipe.max_length - batch.items.shape[1], 0))
+        recs = pipe.recommend_batch(Sessions(items), k)
         decoded = pipe.decode(recs)
         table = pa.table({
             "session_id": batch.keys,

@@ -36,7 +36,19 @@ from sessrec.pipeline.candidates import Candidates, Sessions
 from sessrec.pipeline.retrieval.base import Retriever
 
 GROUPS = ("retrievers", "popularity", "session", "covisitation", "context", "encodings", "ids")
-SPARSE = ("item", "last_item", "cross")
+
+
+def group_of(column: str) -> str:
+    """The feature group of a raw column (see the module docstring)."""
+    if column in ("popularity", "recent_popularity"):
+        return "popularity"
+    if column.startswith("seen_") or column == "is_last":
+        return "session"
+    if column.startswith("covis_"):
+        return "covisitation"
+    if column.startswith("session_"):
+        return "context"
+    return "retrievers"  # <name>_score, <name>_rrank, sources
 
 
 @dataclass
@@ -124,7 +136,8 @@ class CandidateFeatures:
         if "context" in self.groups:
             real = items != PAD
             length = real.sum(dim=1, keepdim=True).float()
-            distinct = (torch.sort(items, dim=1).values.diff(dim=1) != 0).sum(dim=1, keepdim=True).float()
+            ordered = torch.sort(items, dim=1).values  # padding first; a row without any has one change fewer
+            distinct = ((ordered.diff(dim=1) != 0).sum(dim=1, keepdim=True) + (ordered[:, :1] != PAD)).float()
             cols["session_length"] = torch.log1p(length).expand(b, k)
             cols["session_distinct"] = (distinct / length.clamp(min=1)).expand(b, k)
             if sessions.times is not None:
@@ -175,6 +188,7 @@ class CandidateFeatures:
             raw: `raw` columns of these candidates (computed in batches by the caller).
             labels: (B, K) 1 where the candidate is the session's next item.
         """
+        raw = {name: value for name, value in raw.items() if group_of(name) in self.groups}
         frame = self._frame(sessions, candidates, raw, labels)
         self.ops = self._ops("timestamp" in frame)
         fitted = self.ops.fit_transform(frame) if self.ops.ops else {}

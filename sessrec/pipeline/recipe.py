@@ -15,6 +15,7 @@ validation pairs fit the ranker, the test pairs are scored by ``test`` only.
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import Literal
 
 import numpy as np
 import torch
+from jsonargparse import ActionConfigFile, ArgumentParser
 
 from sessrec.baselines import SessionBaseline
 from sessrec.data import SessionDataModule
@@ -87,6 +89,9 @@ class PipelineRecipe:
         features: the ranking features.
         scorer: the ranker: `DLRMScorer` (default) or `GBDTScorer`.
         ordering: business rules of the final list.
+        ranker_pairs: the validation pairs the ranker trains on: ``protocol`` (the evaluation
+            protocol's, e.g. each session's last item) or ``all_prefixes`` (every prefix of every
+            validation session with its next item: more rows, still only validation sessions).
         output: directory of the saved pipeline.
         ks: cut-offs of the printed metrics.
         batch_size: sessions per batch when building candidates.
@@ -106,6 +111,7 @@ class PipelineRecipe:
         features: CandidateFeatures = CandidateFeatures(),  # noqa: B008 - a config value
         scorer: DLRMScorer | GBDTScorer = DLRMScorer(),  # noqa: B008 - a config value
         ordering: Ordering = Ordering(),  # noqa: B008 - a config value
+        ranker_pairs: Literal["protocol", "all_prefixes"] = "protocol",
         output: str = "runs/pipeline/pipeline",
         ks: list[int] = [10, 20],  # noqa: B006 - read only
         batch_size: int = 512,
@@ -118,6 +124,15 @@ class PipelineRecipe:
         self.item_tables = list(item_tables or [])
         self.features, self.scorer, self.ordering = features, scorer, ordering
         self.output, self.ks, self.batch_size = Path(output), list(ks), batch_size
+        self.ranker_pairs = ranker_pairs
+
+    def ranker_data(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(prefixes (N, L), next items (N,)) of the validation sessions that the ranker trains on."""
+        if self.ranker_pairs == "protocol" or self.data.eval_protocol == "all_prefixes":
+            return self.data.tensors("valid")
+        every = copy.copy(self.data)  # shares the loaded splits and the fitted vocabulary
+        every.eval_protocol, every._tensors, every._features = "all_prefixes", {}, {}
+        return every.tensors("valid")
 
     # -- building -------------------------------------------------------------------------------
     def retrievers(self, names: set[str] | None = None) -> dict[str, tuple[Retriever, int]]:
@@ -157,10 +172,10 @@ class PipelineRecipe:
         """Build, fit the ranker on the validation pairs, save to `output`; print what it did."""
         start = time.perf_counter()
         pipe = self.build()
-        items, targets = self.data.tensors("valid")
+        items, targets = self.ranker_data()
         info = fit_ranker(pipe, items, targets, self.scorer, self.batch_size)
         pipe.save(self.output)
-        valid = evaluate(pipe, items, targets, self.ks, self.batch_size)
+        valid = evaluate(pipe, *self.data.tensors("valid"), self.ks, self.batch_size)
         shown = " ".join(f"{k}={v:.4f}" for k, v in valid.items())
         print(f"[fit] ranker {type(self.scorer).__name__} on {info['pairs']} validation pairs "
               f"(candidate coverage {info['coverage']:.4f}); saved to {self.output} in {time.perf_counter() - start:.0f} s")
@@ -176,6 +191,20 @@ class PipelineRecipe:
         metrics = evaluate(pipe, items, targets, self.ks, self.batch_size)
         print("[test] " + " ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
         return metrics
+
+
+def recipe_parser(prog: str = "sessrec") -> ArgumentParser:
+    """The parser of a pipeline recipe: ``--config`` and the ``pipeline.*`` arguments, typed."""
+    parser = ArgumentParser(prog=prog, exit_on_error=False)
+    parser.add_argument("--config", action=ActionConfigFile, help="a pipeline recipe (YAML)")
+    parser.add_class_arguments(PipelineRecipe, "pipeline", instantiate=True)
+    return parser
+
+
+def load_recipe(path: str | Path, overrides: list[str] | None = None) -> PipelineRecipe:
+    """A `PipelineRecipe` from a recipe file, with ``--pipeline.<key> value`` overrides."""
+    parser = recipe_parser()
+    return parser.instantiate(parser.parse_args(["--config", str(path), *(overrides or [])])).pipeline
 
 
 def _time_ordered(train: torch.Tensor, dm: SessionDataModule) -> np.ndarray:

@@ -12,7 +12,7 @@ Which to choose (FAISS guidelines; see ``shared/notes/pipeline-anchors.md`` sect
   some hundred thousand items, for batch jobs, and as the reference the others are measured on.
 - `FaissIndex(kind="hnsw")` is the best approximate choice when RAM allows: (4 D + 8 M) bytes per
   vector (M links per node, ``hnsw_m``), no training, build cost grows with ``ef_construction``.
-  Recall and latency are traded at query time by ``ef_search`` (FAISS uses at least k).
+  Recall and latency are traded at query time by ``ef_search`` (raised to k when below it).
 - `FaissIndex(kind="ivf")` (inverted lists, Flat inside) needs k-means training and less memory
   (4 D bytes per vector plus the lists); about 4 sqrt(N) lists (the guideline is 4 sqrt(N) to
   16 sqrt(N) below 1M vectors). Recall and latency are traded by ``nprobe``, the lists visited.
@@ -32,7 +32,9 @@ import numpy as np
 import torch
 
 
-def _as_table(vectors: np.ndarray | torch.Tensor, ids: np.ndarray | torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+def _as_table(
+    vectors: np.ndarray | torch.Tensor, ids: np.ndarray | torch.Tensor
+) -> tuple[np.ndarray, np.ndarray]:
     """Validated (N, D) float32 and (N,) int64 numpy copies-or-views of an item table."""
     v = vectors.detach().cpu().numpy() if isinstance(vectors, torch.Tensor) else np.asarray(vectors)
     i = ids.detach().cpu().numpy() if isinstance(ids, torch.Tensor) else np.asarray(ids)
@@ -41,7 +43,8 @@ def _as_table(vectors: np.ndarray | torch.Tensor, ids: np.ndarray | torch.Tensor
     if v.shape[0] == 0 or v.shape[1] == 0:
         raise ValueError(f"vectors must hold at least one item of width >= 1, got shape {v.shape}")
     if i.shape != (v.shape[0],):
-        raise ValueError(f"ids must have shape (N,) = ({v.shape[0]},) to match vectors {v.shape}, got {i.shape}")
+        raise ValueError(f"ids must have shape (N,) = ({v.shape[0]},) to match vectors {v.shape}, "
+                         f"got {i.shape}")
     if not np.issubdtype(i.dtype, np.integer):
         raise TypeError(f"ids must be integers, got dtype {i.dtype}")
     v = np.ascontiguousarray(v, dtype=np.float32)
@@ -49,7 +52,8 @@ def _as_table(vectors: np.ndarray | torch.Tensor, ids: np.ndarray | torch.Tensor
     if bad.any():
         row, col = np.argwhere(bad)[0]
         raise ValueError(
-            f"vectors hold {int(bad.sum())} non-finite values (first: {v[row, col]} at row {row}, column {col})"
+            f"vectors hold {int(bad.sum())} non-finite values "
+            f"(first: {v[row, col]} at row {row}, column {col})"
         )
     return v, np.ascontiguousarray(i, dtype=np.int64)
 
@@ -63,7 +67,9 @@ def _check_search(queries: torch.Tensor, k: int, dim: int | None) -> torch.Tenso
     if not isinstance(queries, torch.Tensor):
         raise TypeError(f"queries must be a torch.Tensor (B, D), got {type(queries).__name__}")
     if queries.dim() != 2 or queries.shape[1] != dim:
-        raise ValueError(f"queries must have shape (B, {dim}) to match the index width, got {tuple(queries.shape)}")
+        raise ValueError(
+            f"queries must have shape (B, {dim}) to match the index width, got {tuple(queries.shape)}"
+        )
     return queries.detach().float()
 
 
@@ -173,7 +179,7 @@ class FaissIndex:
         kind: ``"hnsw"`` (graph, no training) or ``"ivf"`` (k-means inverted lists, Flat inside).
         hnsw_m: HNSW links per node (4-64; memory (4 D + 8 M) bytes per vector).
         ef_construction: HNSW candidate-list size while building (higher: better graph, slower build).
-        ef_search: HNSW candidate-list size while searching (FAISS uses at least k).
+        ef_search: HNSW candidate-list size while searching (at least k is used).
         nlist: IVF lists; None: about 4 sqrt(N) (at most N).
         nprobe: IVF lists visited per query (at most nlist).
         seed: seeds the IVF training sample and k-means.
@@ -202,8 +208,8 @@ class FaissIndex:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
         if nlist is not None and (isinstance(nlist, bool) or not isinstance(nlist, int) or nlist < 1):
             raise ValueError(f"nlist must be None (about 4 sqrt(N)) or an integer >= 1, got {nlist!r}")
-        self.kind, self.hnsw_m, self.ef_construction, self.ef_search = kind, hnsw_m, ef_construction, ef_search
-        self.nlist, self.nprobe, self.seed = nlist, nprobe, seed
+        self.kind, self.hnsw_m, self.ef_construction = kind, hnsw_m, ef_construction
+        self.ef_search, self.nlist, self.nprobe, self.seed = ef_search, nlist, nprobe, seed
         self._index: Any = None  # the faiss index, rows 0..N-1
         self._ids: np.ndarray | None = None  # (N,) int64 item id of each faiss row
 
@@ -275,8 +281,11 @@ class FaissIndex:
         Returns:
             scores (B, k) float32 and ids (B, k) int64, best first, on the queries' device.
         """
-        q = _check_search(queries, k, self.dim)
-        scores, rows = self._index.search(np.ascontiguousarray(q.cpu().numpy()), k)  # (B, k), -1 = none
+        q = np.ascontiguousarray(_check_search(queries, k, self.dim).cpu().numpy())
+        params = None
+        if self.kind == "hnsw" and k > self.ef_search:  # the candidate list must hold k results
+            params = self._faiss().SearchParametersHNSW(efSearch=k)
+        scores, rows = self._index.search(q, k, params=params)  # (B, k), row -1 = no result
         found = rows >= 0
         ids = np.where(found, self._ids[np.where(found, rows, 0)], 0)
         scores = np.where(found, scores, np.float32(-np.inf)).astype(np.float32, copy=False)
@@ -287,20 +296,23 @@ class FaissIndex:
         if self._index is None:
             raise RuntimeError("state called before build: there is nothing to save")
         config = {
-            "type": "FaissIndex", "kind": self.kind, "hnsw_m": self.hnsw_m, "ef_construction": self.ef_construction,
-            "ef_search": self.ef_search, "nlist": self._lists(), "nprobe": self.nprobe, "seed": self.seed,
+            "type": "FaissIndex", "kind": self.kind, "hnsw_m": self.hnsw_m,
+            "ef_construction": self.ef_construction, "ef_search": self.ef_search, "nlist": self._lists(),
+            "nprobe": self.nprobe, "seed": self.seed,
         }
         return config, {"index": self._faiss().serialize_index(self._index), "ids": self._ids}
 
     @classmethod
     def from_state(cls, config: dict[str, Any], arrays: dict[str, np.ndarray]) -> FaissIndex:
-        """Rebuild the index that `state` described; query-time settings (ef_search, nprobe) come from `config`."""
-        settings = {k: config[k] for k in ("kind", "hnsw_m", "ef_construction", "ef_search", "nlist", "nprobe", "seed")}
-        self = cls(**settings)
-        index = self._faiss().deserialize_index(np.ascontiguousarray(arrays["index"], dtype=np.uint8))
+        """Rebuild the index that `state` described; query settings (ef_search, nprobe) come from `config`."""
+        names = ("kind", "hnsw_m", "ef_construction", "ef_search", "nlist", "nprobe", "seed")
+        settings = {name: config[name] for name in names}
+        loaded = cls(**settings)
+        index = loaded._faiss().deserialize_index(np.ascontiguousarray(arrays["index"], dtype=np.uint8))
         ids = np.ascontiguousarray(arrays["ids"], dtype=np.int64)
         if ids.shape != (index.ntotal,):
-            raise ValueError(f"ids must have shape ({index.ntotal},) to match the saved index, got {ids.shape}")
-        self._index, self._ids = index, ids
-        self._configure()
-        return self
+            raise ValueError(f"ids must have shape ({index.ntotal},) to match the saved index, "
+                             f"got {ids.shape}")
+        loaded._index, loaded._ids = index, ids
+        loaded._configure()
+        return loaded

@@ -139,7 +139,7 @@ class SessionModelRetriever(Retriever):
         index_config, index_arrays = self.index.state()
         arrays = {f"weights/{k}": v.detach().cpu().numpy() for k, v in self.task.state_dict().items()}
         arrays.update({f"index/{k}": v for k, v in index_arrays.items()})
-        config = {"model": self.model_config, "index": {"kind": type(self.index).__name__, **index_config}}
+        config = {"model": self.model_config, "index": index_config}  # its "type" names the index class
         return config, arrays
 
     @classmethod
@@ -148,7 +148,7 @@ class SessionModelRetriever(Retriever):
         weights = {k.split("/", 1)[1]: torch.from_numpy(np.array(v)) for k, v in arrays.items() if k.startswith("weights/")}
         task.load_state_dict(weights)
         index_config = dict(config["index"])
-        kind = {"ExactIndex": ExactIndex, "FaissIndex": FaissIndex}[index_config.pop("kind")]
+        kind = {"ExactIndex": ExactIndex, "FaissIndex": FaissIndex}[index_config.pop("type")]
         index = kind.from_state(index_config, {k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith("index/")})
         retriever = cls.__new__(cls)
         retriever.task, retriever.model_config, retriever.index = task.eval(), config["model"], index

@@ -1,0 +1,135 @@
+"""Online latency of `Pipeline.recommend`: one request (one session) at a time, one thread, raw ids in and out.
+
+The pipeline has the DIGINETICA recipe's sizes: about 43,000 items (synthetic sessions with the
+same catalogue size and about as many training sessions), an XLNet-MLM retriever (d = 64, one
+layer, exact blocked top-K or FAISS HNSW), V-SKNN and STAN with the DIGINETICA settings,
+co-visitation, 200 merged candidates, and the DLRM scorer. Weights are random and the ranker is
+fitted for one epoch: latency does not depend on training. Requests are validation sessions of
+the synthetic log, timed one by one after a warm-up (`--requests`), reported as p50/p99 ms; then
+offline throughput (`recommend_batch` at batch `--batch`, sessions/s). With ``--ann`` it also runs
+`ann_index.py`'s FAISS-against-exact comparison at `--ann-items` (default 1M) items.
+
+Example (from the repository root):
+    python benchmarks/pipeline_latency.py                 # p50_ms, p99_ms, sessions_per_s
+    python benchmarks/pipeline_latency.py --ann            # + FAISS vs exact at 1M items
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from sessrec.baselines import STAN, VSKNN
+from sessrec.data import SessionDataModule, SyntheticSource
+from sessrec.models import XLNetEncoder
+from sessrec.pipeline.features import CandidateFeatures
+from sessrec.pipeline.pipeline import Pipeline
+from sessrec.pipeline.retrieval.covisitation import CoVisitation
+from sessrec.pipeline.retrieval.index import ExactIndex, FaissIndex
+from sessrec.pipeline.retrieval.knn import BaselineRetriever
+from sessrec.pipeline.retrieval.session_model import SessionModelRetriever, resolved_config
+from sessrec.pipeline.scoring import DLRMScorer
+from sessrec.pipeline.training import fit_ranker
+from sessrec.tasks import NextItemTask
+
+
+def build(args: argparse.Namespace) -> tuple[Pipeline, SessionDataModule]:
+    dm = SessionDataModule(
+        source=SyntheticSource(num_sessions=args.sessions, num_items=args.items, num_clusters=200, days=28.0, seed=0),
+        max_length=20,
+    )
+    train, _ = dm.tensors("train")
+    config = resolved_config({
+        "class_path": "sessrec.tasks.NextItemTask",
+        "init_args": {"num_items": dm.num_items, "max_length": 20, "score_scale": 16.0,
+                      "encoder": {"class_path": "sessrec.models.XLNetEncoder",
+                                  "init_args": {"d_model": 64, "n_head": 4, "n_layer": 1}}},
+    })
+    torch.manual_seed(0)
+    task = NextItemTask(num_items=dm.num_items, max_length=20, score_scale=16.0,
+                        encoder=XLNetEncoder(d_model=64, n_head=4, n_layer=1))
+    index = FaissIndex("hnsw") if args.index == "hnsw" else ExactIndex()
+    retrievers = {
+        "xlnet": (SessionModelRetriever(task, config, index), 100),
+        "vsknn": (BaselineRetriever(VSKNN(k=500, sample_size=5000, weighting="quadratic", weighting_score="div",
+                                          idf_weighting=5)).fit(train, dm.num_items), 100),
+        "stan": (BaselineRetriever(STAN(k=500, sample_size=10000, lambda_1=1.225, lambda_2=26000, lambda_3=4.9)).fit(
+            train, dm.num_items), 100),
+        "covisitation": (CoVisitation().fit(train.numpy(), dm.num_items), 100),
+    }
+    features = CandidateFeatures().fit_statistics(train, dm.num_items)
+    pipe = Pipeline(dm.vocab, retrievers, max_length=20, max_candidates=200, features=features)
+    items, targets = dm.tensors("valid")
+    fit_ranker(pipe, items[:2000], targets[:2000], DLRMScorer(max_epochs=1))
+    return pipe, dm
+
+
+def raw_sessions(dm: SessionDataModule, n: int) -> list[list[int]]:
+    """`n` validation sessions as raw-id lists (what a request carries)."""
+    items, _ = dm.tensors("valid")
+    rows = items[:n].numpy()
+    raw = dm.vocab.decode(np.where(rows >= 2, rows, 2).ravel()).to_pylist()
+    width = rows.shape[1]
+    return [[raw[r * width + c] for c in range(width) if rows[r, c] >= 2] or [raw[r * width]] for r in range(len(rows))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--items", type=int, default=43_000)
+    parser.add_argument("--sessions", type=int, default=200_000)
+    parser.add_argument("--index", choices=["exact", "hnsw"], default="exact")
+    parser.add_argument("--requests", type=int, default=500)
+    parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--k", type=int, default=20)
+    parser.add_argument("--ann", action="store_true", help="also FAISS vs exact (benchmarks/ann_index.py)")
+    parser.add_argument("--ann-items", type=int, default=1_000_000)
+    parser.add_argument("--quick", action="store_true", help="a small smoke run (5,000 items)")
+    args = parser.parse_args()
+    if args.quick:
+        args.items, args.sessions, args.requests, args.warmup, args.batch = 5_000, 20_000, 30, 5, 64
+    torch.set_num_threads(1)
+
+    start = time.perf_counter()
+    pipe, dm = build(args)
+    print(f"built in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    requests = raw_sessions(dm, args.warmup + args.requests)
+    with torch.inference_mode():
+        for session in requests[: args.warmup]:
+            pipe.recommend([session], k=args.k)
+        times = []
+        for session in requests[args.warmup :]:
+            t = time.perf_counter()
+            out = pipe.recommend([session], k=args.k)
+            times.append((time.perf_counter() - t) * 1e3)
+            assert len(out[0]["item_ids"]) > 0
+        batch = pipe.encode(raw_sessions(dm, args.batch))
+        pipe.recommend_batch(batch, args.k)  # warm-up at this batch size
+        rounds, t = 3, time.perf_counter()
+        for _ in range(rounds):
+            pipe.recommend_batch(pipe.encode(raw_sessions(dm, args.batch)), args.k)
+        per_s = rounds * args.batch / (time.perf_counter() - t)
+    times = np.array(times)
+    print(json.dumps({
+        "system": f"pipeline-{args.index}", "items": int(pipe.vocab.num_products), "candidates": pipe.max_candidates,
+        "retrievers": list(pipe.retrievers), "scorer": type(pipe.scorer).__name__, "threads": 1,
+        "requests": len(times), "p50_ms": round(float(np.percentile(times, 50)), 2),
+        "p90_ms": round(float(np.percentile(times, 90)), 2), "p99_ms": round(float(np.percentile(times, 99)), 2),
+        "mean_ms": round(float(times.mean()), 2), "batch": args.batch, "sessions_per_s": round(per_s, 1),
+    }), flush=True)
+    if args.ann:
+        sys.path.insert(0, str(Path(__file__).parent))
+        from ann_index import ann_vs_exact
+
+        for kind in ("hnsw", "ivf"):
+            print(json.dumps(ann_vs_exact(num_items=args.ann_items, kind=kind)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

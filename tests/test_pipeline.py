@@ -1,0 +1,452 @@
+"""The four-stage pipeline end to end on tiny synthetic sessions.
+
+One module-scoped world: `SyntheticSource` sessions split by time (train, then a validation day,
+then a test day); a seeded, untrained XLNet task (d_model 16) saved as a checkpoint with its
+``vocab.parquet`` and loaded behind a FAISS HNSW index; V-SKNN and co-visitation fitted on the
+training split; two pipelines over these retrievers whose rankers (LightGBM, DLRM) are fitted on
+the validation pairs. The tests check that nothing of the test split reaches the fit, that a
+saved pipeline recommends exactly as the one in memory, the online and offline (resumable)
+entry points, the ``sessrec`` CLI, bad input, and business rules applied through the pipeline.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+import pytest
+import torch
+import yaml
+
+from sessrec.baselines import VSKNN
+from sessrec.cli import main
+from sessrec.data import ItemVocab, SchemaError, SessionDataModule, SyntheticSource
+from sessrec.models import XLNetEncoder
+from sessrec.pipeline import training
+from sessrec.pipeline.batch import recommend_file
+from sessrec.pipeline.candidates import Candidates, Sessions
+from sessrec.pipeline.features import CandidateFeatures
+from sessrec.pipeline.filters import SeenItemsFilter
+from sessrec.pipeline.ordering import DiversityCap, Ordering
+from sessrec.pipeline.pipeline import Pipeline
+from sessrec.pipeline.recipe import BaselineRetrieval, ModelRetrieval, PipelineRecipe, _time_ordered
+from sessrec.pipeline.retrieval.covisitation import CoVisitation
+from sessrec.pipeline.retrieval.index import FaissIndex
+from sessrec.pipeline.retrieval.knn import BaselineRetriever
+from sessrec.pipeline.retrieval.session_model import SessionModelRetriever
+from sessrec.pipeline.scoring import DLRMScorer, GBDTScorer
+from sessrec.tasks import NextItemTask
+from sessrec.tasks.baseline import _end_times
+
+torch.set_num_threads(1)
+faiss = pytest.importorskip("faiss")
+pytest.importorskip("lightgbm")
+faiss.omp_set_num_threads(1)
+
+MAX_LENGTH, K = 10, 10
+SOURCE = {"num_sessions": 2000, "num_items": 300, "days": 10}  # ~1,570 train, ~210 valid, ~170 test sessions
+XLNET = {"d_model": 16, "n_head": 2, "n_layer": 1}
+ENCODER = {"class_path": "sessrec.models.XLNetEncoder", "init_args": XLNET}
+VSKNN_ARGS = {"k": 50, "sample_size": 200}
+GBDT_ARGS = {"max_rounds": 20, "threads": 1, "min_data_in_leaf": 5}
+UNKNOWN = 99_999_999  # a raw id the vocabulary does not hold
+
+
+@dataclass
+class World:
+    dm: SessionDataModule
+    recipe: Path  # the model's training recipe (its `model:` block)
+    checkpoint: Path  # with vocab.parquet beside it
+    retrievers: dict  # name -> (retriever, K), fitted on the training split
+    pipelines: dict[str, Pipeline]  # "gbdt" / "dlrm" -> a pipeline whose ranker is fitted
+    ranker_pairs: dict[str, tuple[torch.Tensor, torch.Tensor]]  # what each ranker's fit received
+    built_while_fitting: set[str]  # the data module's splits with tensors once the rankers were fitted
+    sessions: list[list[int]]  # raw-id sessions of the test split (requests)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> World:
+    dm = SessionDataModule(source=SyntheticSource(**SOURCE), max_length=MAX_LENGTH)
+    model_dir = tmp_path_factory.mktemp("model")
+    recipe, checkpoint = model_dir / "recipe.yaml", model_dir / "best.ckpt"
+    recipe.write_text(yaml.safe_dump({"model": {"encoder": ENCODER}}))
+    torch.manual_seed(0)
+    task = NextItemTask(num_items=dm.num_items, max_length=MAX_LENGTH, encoder=XLNetEncoder(**XLNET))
+    hparams = {"num_items": dm.num_items, "max_length": MAX_LENGTH}
+    torch.save({"state_dict": task.state_dict(), "hyper_parameters": hparams}, checkpoint)
+    dm.vocab.save(model_dir / "vocab.parquet")
+
+    train, _ = dm.tensors("train")
+    vsknn = BaselineRetriever(VSKNN(**VSKNN_ARGS)).fit(train, dm.num_items, _end_times(dm.splits.train))
+    retrievers = {
+        "xlnet": (SessionModelRetriever.from_checkpoint(recipe, checkpoint, FaissIndex("hnsw")), 30),
+        "vsknn": (vsknn, 30),
+        "covisitation": (CoVisitation().fit(_time_ordered(train, dm), dm.num_items), 30),
+    }
+    items, targets = dm.tensors("valid")
+    pipelines, pairs = {}, {}
+    real_rows = training.candidate_rows
+    with pytest.MonkeyPatch.context() as patch:  # record the pairs that reach the ranker's features
+        for name, scorer in (("gbdt", GBDTScorer(**GBDT_ARGS)), ("dlrm", DLRMScorer(max_epochs=2))):
+            features = CandidateFeatures().fit_statistics(_time_ordered(train, dm), dm.num_items)
+            pipe = Pipeline(dm.vocab, retrievers, max_length=MAX_LENGTH, max_candidates=50, features=features)
+
+            def rows(pipe, items, targets, batch_size=512, name=name):
+                pairs[name] = (items.clone(), targets.clone())
+                return real_rows(pipe, items, targets, batch_size)
+
+            patch.setattr(training, "candidate_rows", rows)
+            training.fit_ranker(pipe, items, targets, scorer)
+            pipelines[name] = pipe
+    built = set(dm._tensors)
+    sessions = dm.splits.test.column("item_id").to_pylist()[:60]
+    return World(dm, recipe, checkpoint, retrievers, pipelines, pairs, built, sessions)
+
+
+@pytest.fixture(scope="module")
+def saved(world: World, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Both pipelines saved once, for the offline tests."""
+    directory = tmp_path_factory.mktemp("saved")
+    return {name: pipe.save(directory / name) for name, pipe in world.pipelines.items()}
+
+
+def pairs_of(items: torch.Tensor, targets: torch.Tensor) -> set[tuple[int, ...]]:
+    """Each (prefix, target) row as a tuple."""
+    return {tuple(row) for row in torch.cat([items, targets.unsqueeze(1)], dim=1).tolist()}
+
+
+def small_recipe(world: World, tmp_path: Path, **pipeline) -> PipelineRecipe:
+    """A recipe over the world's data module: V-SKNN and co-visitation, a small LightGBM ranker."""
+    return PipelineRecipe(
+        data=world.dm, baselines={"vsknn": BaselineRetrieval(VSKNN(**VSKNN_ARGS), k=30)},
+        covisitation=CoVisitation(), covisitation_k=30, max_candidates=50, scorer=GBDTScorer(**GBDT_ARGS),
+        output=str(tmp_path / "pipeline"), **pipeline,
+    )
+
+
+# ------------------------------------------------------------------------------------- leakage
+def test_ranker_fits_on_validation_pairs_only(world: World) -> None:
+    dm = world.dm
+    assert world.built_while_fitting == {"train", "valid"}  # the test split was never even encoded
+    valid_items, valid_targets = dm.tensors("valid")
+    for items, targets in world.ranker_pairs.values():
+        assert torch.equal(items, valid_items) and torch.equal(targets, valid_targets)
+    # 'last' protocol: pair i is validation session i without its last event, which is the target
+    valid = dm.splits.valid
+    last = pa.array([s[-1] for s in valid.column("item_id").to_pylist()])
+    assert valid_targets.long().tolist() == dm.vocab.encode(last).ids.tolist()
+    ranker_sessions = set(valid.column("session_id").to_pylist())
+    test_sessions = set(dm.splits.test.column("session_id").to_pylist())
+    assert len(ranker_sessions) == len(valid_items) and ranker_sessions.isdisjoint(test_sessions)
+    # by content: short sessions of popular items ([3, 3]) recur on both days, longer ones do not
+    test_pairs = {p for p in pairs_of(*dm.tensors("test")) if len(set(p) - {0}) >= 3}
+    assert len(test_pairs) >= 90 and test_pairs.isdisjoint(pairs_of(*world.ranker_pairs["gbdt"]))
+
+
+def test_recipe_fit_reads_train_and_valid_only(
+    world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dm = world.dm
+    requested, ranked = [], []
+    real_tensors, real_fit = dm.tensors, training.fit_ranker
+
+    def tensors(split):
+        requested.append(split)
+        return real_tensors(split)
+
+    def fit_ranker(pipe, items, targets, scorer, batch_size=512):
+        ranked.append(items)
+        return real_fit(pipe, items, targets, scorer, batch_size)
+
+    monkeypatch.setattr(dm, "tensors", tensors)
+    monkeypatch.setattr("sessrec.pipeline.recipe.fit_ranker", fit_ranker)
+    model = ModelRetrieval(str(world.recipe), str(world.checkpoint), k=30, index="hnsw")
+    recipe = small_recipe(world, tmp_path, models={"xlnet": model})
+    recipe.fit()
+    assert set(requested) == {"train", "valid"}
+    assert len(ranked) == 1 and torch.equal(ranked[0], real_tensors("valid")[0])
+    assert set(Pipeline.load(recipe.output).retrievers) == {"xlnet", "vsknn", "covisitation"}
+
+
+# ----------------------------------------------------------------------------------- save/load
+@pytest.mark.parametrize("scorer", ["gbdt", "dlrm"])
+def test_saved_pipeline_recommends_identically(world: World, tmp_path: Path, scorer: str) -> None:
+    pipe = world.pipelines[scorer]
+    directory = pipe.save(tmp_path / "pipeline")
+    names = sorted(p.name for p in directory.iterdir())
+    assert not [n for n in names if n.endswith((".pkl", ".pickle", ".pt", ".ckpt"))]
+    assert {"pipeline.json", "vocab.parquet", "features.npz", "scorer.safetensors"} <= set(names)
+    spec = json.loads((directory / "pipeline.json").read_text())
+    assert spec["scorer"]["kind"] == type(pipe.scorer).__name__
+    index = spec["retrievers"][0]["config"]["index"]
+    assert (index["type"], index["kind"]) == ("FaissIndex", "hnsw")
+    loaded = Pipeline.load(directory)
+    before, after = pipe.recommend(world.sessions, k=K), loaded.recommend(world.sessions, k=K)
+    assert after == before
+    assert all(len(r["item_ids"]) == K for r in before)
+
+
+def test_save_replaces_an_existing_directory(world: World, tmp_path: Path) -> None:
+    target = tmp_path / "pipeline"
+    target.mkdir()
+    (target / "stale.txt").write_text("from an older run")
+    world.pipelines["gbdt"].save(target)
+    assert (target / "pipeline.json").exists() and not (target / "stale.txt").exists()
+    assert list(tmp_path.iterdir()) == [target]  # no temporary folder left beside it
+
+
+def test_failing_save_leaves_nothing_and_keeps_the_old_pipeline(
+    world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pipe = world.pipelines["gbdt"]
+
+    def broken():
+        raise OSError("disk full")
+
+    monkeypatch.setattr(pipe.scorer, "state", broken)
+    with pytest.raises(OSError, match="disk full"):
+        pipe.save(tmp_path / "new")
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.undo()
+    old = pipe.save(tmp_path / "old")
+    monkeypatch.setattr(pipe.scorer, "state", broken)
+    with pytest.raises(OSError, match="disk full"):
+        pipe.save(old)
+    assert list(tmp_path.iterdir()) == [old]
+    assert Pipeline.load(old).recommend(world.sessions[:5], k=K) == pipe.recommend(world.sessions[:5], k=K)
+
+
+# ---------------------------------------------------------------------------------- online use
+@pytest.mark.parametrize("scorer", ["gbdt", "dlrm"])
+def test_recommend_takes_and_returns_raw_ids(world: World, scorer: str) -> None:
+    pipe = world.pipelines[scorer]
+    known = set(pipe.vocab.raw_ids.to_pylist())
+    recs = pipe.recommend(world.sessions, k=K)
+    assert len(recs) == len(world.sessions)
+    for rec in recs:
+        assert len(rec["item_ids"]) == K == len(set(rec["item_ids"]))
+        assert set(rec["item_ids"]) <= known
+        assert rec["scores"] == sorted(rec["scores"], reverse=True) and all(map(math.isfinite, rec["scores"]))
+    # the synthetic transitions are learnable: the ranked lists find most next items of the test day
+    metrics = training.evaluate(pipe, *world.dm.tensors("test"), ks=(10,))
+    assert 0.6 < metrics["recall@10"] <= metrics["candidate_recall"] <= 1.0
+    assert 0.2 < metrics["mrr@10"] < metrics["recall@10"]
+
+
+def test_recommend_unknown_and_empty_sessions(world: World) -> None:
+    pipe = world.pipelines["gbdt"]
+    first = world.sessions[0]
+    with pytest.raises(ValueError, match=f"item id {UNKNOWN} is not in the pipeline's vocabulary"):
+        pipe.recommend([first, [*first, UNKNOWN]], k=K, on_unknown="error")
+    with pytest.raises(ValueError, match="session 1 of the request is empty"):
+        pipe.recommend([first, []], k=K)
+    recs = pipe.recommend([[UNKNOWN], [*first, UNKNOWN]], k=K)
+    assert [len(r["item_ids"]) for r in recs] == [K, K]
+
+
+# ------------------------------------------------------------------------------- offline batch
+def write_requests(world: World, path: Path, layout: str = "lists") -> list[int]:
+    """300 sessions (validation and test days, one with an unknown id), ids descending; returns the ids."""
+    splits = world.dm.splits
+    lists = (splits.valid.column("item_id").to_pylist() + splits.test.column("item_id").to_pylist())[:300]
+    lists[7] = [*lists[7], UNKNOWN]
+    ids = list(range(5000, 5000 - len(lists), -1))
+    if layout == "lists":
+        pq.write_table(pa.table({"session_id": ids, "item_id": lists}), path)
+    else:
+        sid = [s for s, items in zip(ids, lists) for _ in items]
+        pacsv.write_csv(pa.table({"session_id": sid, "item_id": [i for items in lists for i in items]}), path)
+    return ids
+
+
+def test_recommend_file_resumes_after_a_kill(
+    world: World, saved: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    saved = saved["gbdt"]
+    src = tmp_path / "sessions.parquet"
+    ids = write_requests(world, src)
+    whole = recommend_file(saved, src, tmp_path / "whole.parquet", k=5, batch_size=64)
+    assert (whole["sessions"], whole["batches_written"], whole["batches_resumed"]) == (300, 5, 0)
+    assert whole["unknown_items"] >= 1
+    expected = pq.read_table(tmp_path / "whole.parquet")
+    assert expected.column("session_id").to_pylist() == ids
+    # the same object online, over the same batches (the trees can flip on a last-bit difference of
+    # the session model's scores, which a batch of another size may give)
+    lists, pipe = pq.read_table(src).column("item_id").to_pylist(), Pipeline.load(saved)
+    online = [r for lo in range(0, len(lists), 64) for r in pipe.recommend(lists[lo : lo + 64], k=5)]
+    assert expected.select(["item_ids", "scores"]).to_pylist() == online
+
+    out = tmp_path / "recs.parquet"
+    parts = tmp_path / "recs.parquet.parts"
+    real, calls = Pipeline.recommend_batch, []
+
+    def killed_after_two(self, sessions, k=20):
+        if len(calls) == 2:
+            raise RuntimeError("killed")
+        calls.append(len(sessions))
+        return real(self, sessions, k)
+
+    monkeypatch.setattr(Pipeline, "recommend_batch", killed_after_two)
+    with pytest.raises(RuntimeError, match="killed"):
+        recommend_file(saved, src, out, k=5, batch_size=64)
+    assert not out.exists()
+    complete = ["manifest.json", "part-000000.parquet", "part-000001.parquet"]  # no part-000002.parquet.tmp
+    assert sorted(p.name for p in parts.iterdir()) == complete
+    monkeypatch.undo()
+    counts = recommend_file(saved, src, out, k=5, batch_size=64)
+    assert (counts["sessions"], counts["batches_written"], counts["batches_resumed"]) == (300, 3, 2)
+    assert pq.read_table(out).equals(expected) and not parts.exists()
+    with pytest.raises(FileExistsError, match="recs.parquet exists"):
+        recommend_file(saved, src, out, k=5, batch_size=64)
+
+
+def test_recommend_file_reads_one_row_per_event(world: World, saved: dict[str, Path], tmp_path: Path) -> None:
+    lists, events = tmp_path / "sessions.parquet", tmp_path / "events.csv"
+    ids = write_requests(world, lists)
+    write_requests(world, events, layout="events")
+    # the DLRM ranker: the event stream cuts batches differently (its last session is a batch of
+    # its own), and unlike trees a smooth ranker keeps the same order under last-bit differences
+    recommend_file(saved["dlrm"], lists, tmp_path / "from_lists.parquet", k=5, batch_size=64)
+    counts = recommend_file(saved["dlrm"], events, tmp_path / "from_events.parquet", k=5, batch_size=64)
+    assert counts["sessions"] == 300
+    got, expected = (pq.read_table(tmp_path / f"from_{name}.parquet") for name in ("events", "lists"))
+    assert got.column("session_id").to_pylist() == ids
+    assert got.column("item_ids").to_pylist() == expected.column("item_ids").to_pylist()
+    for a, b in zip(got.column("scores").to_pylist(), expected.column("scores").to_pylist()):
+        assert a == pytest.approx(b, rel=1e-5, abs=1e-6)
+
+
+# -------------------------------------------------------------------------------------------- CLI
+def write_recipe(world: World, tmp_path: Path, **extra) -> tuple[Path, Path]:
+    """A pipeline recipe without a session model (no checkpoint needed); returns it and its output."""
+    output = tmp_path / "pipeline"
+    scorer = {"class_path": "sessrec.pipeline.scoring.GBDTScorer", "init_args": GBDT_ARGS}
+    baseline = {"class_path": "sessrec.baselines.VSKNN", "init_args": VSKNN_ARGS}
+    block = {
+        "data": {"source": {"class_path": "sessrec.data.SyntheticSource", "init_args": SOURCE},
+                 "max_length": MAX_LENGTH},
+        "baselines": {"vsknn": {"baseline": baseline, "k": 30}}, "covisitation": {}, "covisitation_k": 30,
+        "max_candidates": 50, "scorer": scorer, "output": str(output), **extra,
+    }
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump({"pipeline": block}))
+    return path, output
+
+
+def sessrec(monkeypatch: pytest.MonkeyPatch, *args: str) -> None:
+    monkeypatch.setattr(sys, "argv", ["sessrec", *map(str, args)])
+    main()
+
+
+def test_cli_fit_test_recommend(
+    world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    recipe, output = write_recipe(world, tmp_path)
+    sessrec(monkeypatch, "fit", "--config", recipe)
+    assert (output / "pipeline.json").exists()
+    sessrec(monkeypatch, "test", "--config", recipe)
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("[test] "))
+    metrics = {name: float(value) for name, value in (kv.split("=") for kv in line.split()[1:])}
+    assert {"recall@10", "mrr@10", "ndcg@20", "candidate_recall"} <= set(metrics)
+    assert all(0.0 <= v <= 1.0 for v in metrics.values()) and metrics["mrr@20"] <= metrics["recall@20"]
+    src, out = tmp_path / "sessions.parquet", tmp_path / "recs.parquet"
+    ids = write_requests(world, src)
+    sessrec(monkeypatch, "recommend", "--config", recipe, "--input", src, "--output", out, "--k", "5")
+    recs = pq.read_table(out)
+    assert recs.column("session_id").to_pylist() == ids
+    assert all(len(items) == 5 for items in recs.column("item_ids").to_pylist())
+
+
+@pytest.mark.parametrize(
+    ("columns", "block", "missing"),
+    [
+        ({"sku": [1000]}, lambda path: {"item_tables": [{"path": path}]}, "item_id"),
+        (
+            {"item_id": [1000]},
+            lambda path: {"ordering": {"diversity": {"category_path": path, "max_per_category": 1}}},
+            "category",
+        ),
+    ],
+    ids=["item-table", "category-table"],
+)
+def test_cli_bad_recipe_table_is_one_line(
+    world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, columns: dict, block, missing: str
+) -> None:
+    table = tmp_path / "rules.parquet"
+    pq.write_table(pa.table(columns), table)
+    recipe, output = write_recipe(world, tmp_path, **block(str(table)))
+    with pytest.raises(SystemExit) as exit:
+        sessrec(monkeypatch, "fit", "--config", recipe)
+    message = str(exit.value.code)
+    assert message.startswith("sessrec fit: error: ") and "\n" not in message
+    assert str(table) in message and f"column {missing!r} is missing" in message
+    assert not output.exists()
+
+
+# ------------------------------------------------------------------------------------- bad input
+def test_load_refuses_a_directory_that_is_not_a_pipeline(world: World, tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=f"{tmp_path}: not a saved pipeline"):
+        Pipeline.load(tmp_path)
+    directory = world.pipelines["gbdt"].save(tmp_path / "pipeline")
+    spec = json.loads((directory / "pipeline.json").read_text())
+    (directory / "pipeline.json").write_text(json.dumps({**spec, "version": 99}))
+    with pytest.raises(ValueError, match="pipeline.json: format 'sessrec.pipeline' version 99"):
+        Pipeline.load(directory)
+
+
+def test_model_with_another_vocabulary_is_refused(world: World, tmp_path: Path) -> None:
+    other = tmp_path / "best.ckpt"
+    other.write_bytes(world.checkpoint.read_bytes())
+    recipe = small_recipe(world, tmp_path, models={"xlnet": ModelRetrieval(str(world.recipe), str(other))})
+    with pytest.raises(FileNotFoundError, match="model 'xlnet': no vocab.parquet beside its checkpoint"):
+        recipe.build()
+    ItemVocab(pa.array([1000, 1001]), [5, 3]).save(tmp_path / "vocab.parquet")
+    with pytest.raises(ValueError, match=r"model 'xlnet': its vocabulary \(.*vocab.parquet\) differs"):
+        recipe.build()
+
+
+def test_category_table_without_its_column_names_file_and_column(tmp_path: Path) -> None:
+    table = tmp_path / "categories.csv"
+    pacsv.write_csv(pa.table({"item_id": [1000], "cat": ["shoes"]}), table)
+    with pytest.raises(SchemaError, match=rf"{table}: column 'category' is missing"):
+        DiversityCap(str(table), max_per_category=1)
+
+
+# ------------------------------------------------------------------------------------ features
+def test_session_features_do_not_depend_on_left_padding(world: World) -> None:
+    features = world.pipelines["gbdt"].features
+    cands = Candidates(torch.tensor([[5, 7, 9]]))
+    rows = ([[5, 5, 7]], [[0, 0, 5, 5, 7]])  # one session, as a full row and left-padded
+    full, padded = (features.raw(Sessions(torch.tensor(r)), cands, {}) for r in rows)
+    assert full["session_distinct"].tolist() == [[pytest.approx(2 / 3)] * 3]  # 2 distinct items in 3 events
+    assert full["seen_count"].tolist() == [[2, 1, 0]] and full["seen_recency"].tolist() == [[0.5, 1, 0]]
+    # seen_weight weighs positions over the matrix width: the pipeline always passes max_length columns
+    for name in set(full) - {"seen_weight"}:
+        assert torch.equal(full[name], padded[name]), name
+
+
+# ------------------------------------------------------------------------- rules in the pipeline
+def test_seen_filter_and_diversity_cap_through_the_pipeline(world: World, tmp_path: Path) -> None:
+    raw = world.dm.vocab.raw_ids.to_pylist()
+    categories = tmp_path / "categories.parquet"
+    pq.write_table(pa.table({"item_id": raw, "category": [i % 4 for i in raw]}), categories)
+    sessions = world.sessions
+
+    def lists(**stages) -> list[list[int]]:
+        pipe = Pipeline(world.dm.vocab, world.retrievers, max_length=MAX_LENGTH, max_candidates=50, **stages)
+        return [r["item_ids"] for r in pipe.recommend(sessions, k=K)]
+
+    plain = lists()
+    assert any(set(items) & set(s) for items, s in zip(plain, sessions))  # repeats are candidates...
+    for items, session in zip(lists(filters=[SeenItemsFilter()]), sessions):
+        # ...until filtered; "the whole session" is what the stages see: its last max_length events
+        assert len(items) == K and not set(items) & set(session[-MAX_LENGTH:])
+    assert any(len({i % 4 for i in items}) < len(items) for items in plain)
+    for items in lists(ordering=Ordering(diversity=DiversityCap(str(categories), max_per_category=1))):
+        assert sorted(i % 4 for i in items) == [0, 1, 2, 3]  # one item of each of the 4 categories

@@ -142,7 +142,7 @@ def main() -> None:
         for name in list(pipe.retrievers):
             start = time.perf_counter()
             rest = {n: r for n, r in pipe.retrievers.items() if n != name}
-            smaller = Pipeline(pipe.vocab, rest, pipe.max_length, pipe.max_candidates, pipe.filters[1:],
+            smaller = Pipeline(pipe.vocab, rest, pipe.max_length, pipe.max_candidates, pipe.history_length, pipe.filters[1:],
                                CandidateFeatures(groups=full_features.groups), None, pipe.ordering)
             smaller.features.popularity = full_features.popularity
             part = candidate_rows(smaller, *valid, batch)

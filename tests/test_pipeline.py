@@ -444,9 +444,12 @@ def test_seen_filter_and_diversity_cap_through_the_pipeline(world: World, tmp_pa
 
     plain = lists()
     assert any(set(items) & set(s) for items, s in zip(plain, sessions))  # repeats are candidates...
+    assert any(len(s) > MAX_LENGTH for s in sessions)
     for items, session in zip(lists(filters=[SeenItemsFilter()]), sessions):
-        # ...until filtered; "the whole session" is what the stages see: its last max_length events
-        assert len(items) == K and not set(items) & set(session[-MAX_LENGTH:])
+        # ...until filtered: the whole session (its history), not only the max_length events the models see
+        assert len(items) == K and not set(items) & set(session)
+    for items, session in zip(lists(filters=[SeenItemsFilter(window=2)]), sessions):
+        assert not set(items) & set(session[-2:])
     assert any(len({i % 4 for i in items}) < len(items) for items in plain)
     for items in lists(ordering=Ordering(diversity=DiversityCap(str(categories), max_per_category=1))):
         assert sorted(i % 4 for i in items) == [0, 1, 2, 3]  # one item of each of the 4 categories

@@ -18,11 +18,9 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import torch
 
 from sessrec.data.schema import Schema
 from sessrec.data.stream import ScoringStream
-from sessrec.pipeline.candidates import Sessions
 from sessrec.pipeline.pipeline import Pipeline
 
 
@@ -60,7 +58,7 @@ def recommend_file(
         raise FileExistsError(f"{output} exists; pass --overwrite true to replace it")
     pipe_dir = Path(pipeline) if not isinstance(pipeline, Pipeline) else Path(".")
     pipe = pipeline if isinstance(pipeline, Pipeline) else Pipeline.load(pipeline)
-    stream = ScoringStream(input_path, pipe.vocab, schema, pipe.max_length, batch_size)
+    stream = ScoringStream(input_path, pipe.vocab, schema, pipe.history_length, batch_size)
     parts = output.with_name(output.name + ".parts")
     manifest = _manifest(input_path, k, batch_size, pipe_dir)
     marker = parts / "manifest.json"
@@ -77,9 +75,7 @@ def recommend_file(
         if part.exists():
             resumed += 1
             continue
-        # the stream trims each batch to its longest session; the stages see max_length columns, as online
-        items = torch.nn.functional.pad(batch.items.long(), (pipe.max_length - batch.items.shape[1], 0))
-        recs = pipe.recommend_batch(Sessions(items), k)
+        recs = pipe.recommend_batch(pipe.wrap(batch.items), k)  # as `Pipeline.recommend` for one request
         decoded = pipe.decode(recs)
         table = pa.table({
             "session_id": batch.keys,

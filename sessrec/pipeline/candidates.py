@@ -28,6 +28,8 @@ class Sessions:
         times: (B, L) float64 event times in seconds (0 on padding), or None when unknown.
         now: (B,) float64 request time in seconds (validity windows of rule tables); None:
             the time of each session's last event when `times` is given, else no time.
+        history: (B, H) int64 the whole session (its last H events, H >= L), right-aligned, for
+            filters of everything seen; None: `items` is all there is.
         cache: per-batch results that several stages reuse (e.g. a retriever's full score
             matrix, read again when another retriever's candidates are scored); never saved.
     """
@@ -35,6 +37,7 @@ class Sessions:
     items: torch.Tensor
     times: torch.Tensor | None = None
     now: torch.Tensor | None = None
+    history: torch.Tensor | None = None
     cache: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -57,7 +60,7 @@ class Sessions:
     def take(self, rows: torch.Tensor) -> Sessions:
         """The sessions at `rows` (a fresh cache)."""
         pick = lambda t: None if t is None else t[rows]  # noqa: E731
-        return Sessions(self.items[rows], pick(self.times), pick(self.now))
+        return Sessions(self.items[rows], pick(self.times), pick(self.now), pick(self.history))
 
 
 @dataclass

@@ -209,7 +209,8 @@ class SeenItemsFilter(ConfigState):
     """Remove candidates the session already holds: in its last `window` events, or anywhere.
 
     Args:
-        window: how many of the latest events count; None: the whole session.
+        window: how many of the latest events count; None: the whole session (``sessions.history``
+            when the pipeline keeps one, up to its ``history_length`` events; else ``sessions.items``).
 
     Example:
         >>> s = Sessions(torch.tensor([[0, 5, 7]]))
@@ -223,7 +224,7 @@ class SeenItemsFilter(ConfigState):
         self.window = window
 
     def apply(self, sessions: Sessions, candidates: Candidates) -> Candidates:
-        history = sessions.items  # (B, L) right-aligned: the latest events last
+        history = sessions.items if sessions.history is None else sessions.history  # right-aligned
         if self.window is not None:
             history = history[:, -self.window :]
         seen = find_sorted(history.sort(dim=1).values, candidates.items)[1]  # (B, K) per-row isin

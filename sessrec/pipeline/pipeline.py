@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import torch
+import torch.nn.functional as F
 
 from sessrec.data import frame
 from sessrec.data.vocab import NUM_SPECIAL, ItemVocab
@@ -53,6 +54,7 @@ class Pipeline:
         vocab: raw ids <-> model ids, shared by every stage.
         retrievers: name -> (retriever, K it contributes).
         max_length: most recent events of a session that the stages see.
+        history_length: most recent events kept for the filters of everything seen (>= max_length).
         max_candidates: merged candidates kept per session (by agreement of the retrievers).
         filters: applied in order after the merge (a `NonProductFilter` always runs first).
         features: the ranking features.
@@ -66,6 +68,7 @@ class Pipeline:
         retrievers: dict[str, tuple[Retriever, int]],
         max_length: int = 20,
         max_candidates: int = 200,
+        history_length: int = 200,
         filters: Sequence[AnyFilter] = (),
         features: CandidateFeatures | None = None,
         scorer: Scorer | None = None,
@@ -77,7 +80,9 @@ class Pipeline:
             if k < 1:
                 raise ValueError(f"retriever {name!r}: K must be >= 1, got {k}")
         self.vocab, self.retrievers = vocab, dict(retrievers)
-        self.max_length, self.max_candidates = max_length, max_candidates
+        if history_length < max_length:
+            raise ValueError(f"history_length ({history_length}) must be >= max_length ({max_length})")
+        self.max_length, self.max_candidates, self.history_length = max_length, max_candidates, history_length
         self.filters = [NonProductFilter(len(vocab), vocab.num_virtual), *filters]
         for f in self.filters:
             if hasattr(f, "bind"):
@@ -124,6 +129,14 @@ class Pipeline:
         cands = self.score(sessions, self.candidates(sessions))
         return self.ordering.order(sessions, cands, k)
 
+    def wrap(self, items: torch.Tensor) -> Sessions:
+        """`Sessions` of right-aligned model ids of any width: the stages see the last `max_length`
+        columns (left-padded to it), the filters of everything seen up to `history_length`."""
+        items = items.long()
+        width = items.shape[1]
+        window = items[:, -self.max_length :] if width >= self.max_length else F.pad(items, (self.max_length - width, 0))
+        return Sessions(window, history=items[:, -self.history_length :] if width > self.max_length else None)
+
     def encode(self, sessions: Sequence[Sequence[Any]], on_unknown: str = "oov") -> Sessions:
         """Raw-id sessions -> `Sessions` (right-aligned, the last `max_length` events)."""
         if on_unknown not in ("oov", "error"):
@@ -139,8 +152,9 @@ class Pipeline:
             bad = flat[int(np.flatnonzero(encoded.ids == 1)[0])]
             raise ValueError(f"item id {bad!r} is not in the pipeline's vocabulary")
         offsets = np.concatenate([[0], np.cumsum(lengths)])
-        items = frame.pad_sessions(encoded.ids, offsets[:-1], offsets[1:], self.max_length, np.int64)
-        return Sessions(torch.from_numpy(np.ascontiguousarray(items)))
+        width = int(min(max(lengths.max(initial=1), 1), self.history_length))
+        items = frame.pad_sessions(encoded.ids, offsets[:-1], offsets[1:], width, np.int64)
+        return self.wrap(torch.from_numpy(np.ascontiguousarray(items)))
 
     def recommend(
         self, sessions: Sequence[Sequence[Any]], k: int = 20, on_unknown: str = "oov"
@@ -184,7 +198,8 @@ class Pipeline:
                 return f"{name}.safetensors"
 
             spec: dict[str, Any] = {"format": FORMAT, "version": VERSION, "max_length": self.max_length,
-                                    "max_candidates": self.max_candidates, "retrievers": [], "filters": []}
+                                    "max_candidates": self.max_candidates, "history_length": self.history_length,
+                                    "retrievers": [], "filters": []}
             for name, (r, k) in self.retrievers.items():
                 config, values = r.state()
                 spec["retrievers"].append({"name": name, "kind": type(r).__name__, "k": k, "config": config,
@@ -244,7 +259,8 @@ class Pipeline:
             s = spec["scorer"]
             scorer = _known(_SCORERS, s["kind"], path).from_state(s["config"], load(s["arrays"]))
         ordering = Ordering.from_state(spec["ordering"]["config"], load(spec["ordering"]["arrays"]))
-        return cls(vocab, retrievers, spec["max_length"], spec["max_candidates"], filters, features, scorer, ordering)
+        return cls(vocab, retrievers, spec["max_length"], spec["max_candidates"], spec["history_length"], filters,
+                   features, scorer, ordering)
 
 
 def _known(kinds: dict[str, type], name: str, path: Path) -> type:

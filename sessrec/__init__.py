@@ -25,13 +25,14 @@ from sessrec.models import (
     SessionModel,
     XLNetEncoder,
 )
+from sessrec.pipeline import Pipeline
 from sessrec.tasks import NextItemTask
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BertEncoder", "CausalLanguageModeling", "ElectraEncoder", "EventLogSource", "GPT2Encoder", "GRU4RecEncoder",
-    "ItemVocab", "MaskedItemModeling", "NextItemTask", "PermutationLanguageModeling", "ReplacedTokenDetection",
+    "ItemVocab", "MaskedItemModeling", "NextItemTask", "Pipeline", "PermutationLanguageModeling", "ReplacedTokenDetection",
     "SASRecEncoder", "SRGNNSource", "Schema", "SchemaError", "SessionBatch", "SessionDataModule", "SessionModel",
     "SyntheticSource", "TopKMetrics", "UserSequenceSource", "XLNetEncoder",
 ]

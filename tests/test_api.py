@@ -3,20 +3,21 @@
 import sessrec
 import sessrec.data
 import sessrec.models
+import sessrec.pipeline
 import sessrec.tasks
 
 
 def test_top_level_api():
     assert set(sessrec.__all__) == {
         "BertEncoder", "CausalLanguageModeling", "ElectraEncoder", "EventLogSource", "GPT2Encoder", "GRU4RecEncoder",
-        "ItemVocab", "MaskedItemModeling", "NextItemTask", "PermutationLanguageModeling", "ReplacedTokenDetection",
+        "ItemVocab", "MaskedItemModeling", "NextItemTask", "PermutationLanguageModeling", "Pipeline", "ReplacedTokenDetection",
         "SASRecEncoder", "SRGNNSource", "Schema", "SchemaError", "SessionBatch", "SessionDataModule", "SessionModel",
         "SyntheticSource", "TopKMetrics", "UserSequenceSource", "XLNetEncoder",
     }
 
 
 def test_every_exported_name_exists():
-    for module in (sessrec, sessrec.data, sessrec.models, sessrec.tasks):
+    for module in (sessrec, sessrec.data, sessrec.models, sessrec.tasks, sessrec.pipeline):
         for name in module.__all__:
             assert not name.startswith("_")
             assert getattr(module, name) is not None, f"{module.__name__}.{name}"
@@ -31,3 +32,19 @@ def test_models_do_not_import_lightning():
         names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
         names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
         assert not any(n.startswith(("pytorch_lightning", "lightning")) for n in names), path.name
+
+
+def test_nothing_imports_upward():
+    """data -> embeddings -> models -> tasks -> pipeline -> cli: a package imports only from its left."""
+    import ast
+    from pathlib import Path
+
+    order = ["data", "embeddings", "models", "tasks", "pipeline", "cli"]
+    root = Path(sessrec.__file__).parent
+    for i, package in enumerate(order[:-1]):
+        above = tuple(f"sessrec.{p}" for p in order[i + 1 :])
+        for path in (root / package).rglob("*.py"):
+            tree = ast.parse(path.read_text())
+            names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+            names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+            assert not any(n.startswith(above) for n in names), f"{path.relative_to(root)} imports from {above}"

@@ -1,5 +1,29 @@
-"""The four-stage pipeline: retrieval -> filtering -> scoring -> ordering, offline and online."""
+"""The four-stage pipeline: retrieval -> filtering -> scoring -> ordering, offline and online.
 
+One folder a stage: `retrieval/` (session models through `ExactIndex`/`FaissIndex`, kNN baselines,
+co-visitation), `filters.py`, `features.py` + `scoring/` (DLRM and GBDT rankers), `ordering.py`;
+`pipeline.py` composes them, `training.py` fits the ranker and evaluates, `recipe.py` reads a
+pipeline recipe, `batch.py` scores a file. See docs/pipeline.md.
+"""
+
+from sessrec.pipeline.batch import recommend_file
 from sessrec.pipeline.candidates import Candidates, Recommendations, Retrieved, Sessions, merge
+from sessrec.pipeline.features import CandidateFeatures
+from sessrec.pipeline.filters import ItemTableFilter, NonProductFilter, SeenItemsFilter
+from sessrec.pipeline.ordering import BoostRule, DiversityCap, Ordering, SoftmaxSampling
+from sessrec.pipeline.pipeline import Pipeline
+from sessrec.pipeline.recipe import PipelineRecipe, load_recipe
+from sessrec.pipeline.retrieval.covisitation import CoVisitation
+from sessrec.pipeline.retrieval.index import ExactIndex, FaissIndex
+from sessrec.pipeline.retrieval.knn import BaselineRetriever
+from sessrec.pipeline.retrieval.session_model import SessionModelRetriever
+from sessrec.pipeline.scoring import DLRMScorer, GBDTScorer
+from sessrec.pipeline.training import evaluate, fit_ranker, retrieval_recall
 
-__all__ = ["Candidates", "Recommendations", "Retrieved", "Sessions", "merge"]
+__all__ = [
+    "BaselineRetriever", "BoostRule", "CandidateFeatures", "Candidates", "CoVisitation", "DLRMScorer",
+    "DiversityCap", "ExactIndex", "FaissIndex", "GBDTScorer", "ItemTableFilter", "NonProductFilter", "Ordering",
+    "Pipeline", "PipelineRecipe", "Recommendations", "Retrieved", "SeenItemsFilter", "SessionModelRetriever",
+    "Sessions", "SoftmaxSampling", "evaluate", "fit_ranker", "load_recipe", "merge", "recommend_file",
+    "retrieval_recall",
+]

@@ -1,0 +1,1 @@
+"""Stage 1: retrievers (session models through an index, kNN baselines, co-visitation) and their indexes."""

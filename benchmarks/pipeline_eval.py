@@ -14,8 +14,9 @@ line per system, single retrievers first and the pipeline (the recipe's scorer) 
   (``--ablation-scorer``, GBDT by default: it trains in seconds);
 - last, ``{"system": "pipeline"}``: the recipe's scorer (DLRM), the figure the README quotes.
 
-Each line has ``recall@20``, ``mrr@20``, ``ndcg@20`` (and @10) and ``seconds`` (fitting plus
-test-split scoring of that system; the stage-1 training time is on the first lines).
+Each line has ``recall@20``, ``mrr@20``, ``ndcg@20`` (and @10) and ``seconds`` (a retriever: its
+test-split scoring; a ranker: its fitting plus scoring the test candidates, which are built once
+and shared by every ranker compared; stage-1 training time, when it ran, on the first lines).
 
 Example (from the repository root):
     python benchmarks/pipeline_eval.py --dataset rsc15_100k
@@ -38,7 +39,7 @@ from sessrec.pipeline.features import CandidateFeatures
 from sessrec.pipeline.pipeline import Pipeline
 from sessrec.pipeline.recipe import load_recipe
 from sessrec.pipeline.scoring import DLRMScorer, GBDTScorer
-from sessrec.pipeline.training import candidate_rows, evaluate, fit_on, list_metrics, retrieval_recall
+from sessrec.pipeline.training import candidate_rows, evaluate_rows, fit_on, list_metrics, retrieval_recall
 
 RECIPES = {
     "rsc15_100k": "recipes/pipeline_rsc15.yaml",
@@ -82,10 +83,11 @@ def single(pipe: Pipeline, name: str, items: torch.Tensor, targets: torch.Tensor
     return {k: v / len(items) for k, v in totals.items()}
 
 
-def scored(pipe: Pipeline, data, scorer, test: tuple[torch.Tensor, torch.Tensor], batch: int) -> dict:
+def scored(pipe: Pipeline, data, scorer, test) -> dict:
+    """Fit `scorer` on the ranker rows `data`, evaluate on the prepared test rows."""
     start = time.perf_counter()
     info = fit_on(pipe, data, scorer)
-    metrics = evaluate(pipe, *test, KS, batch)
+    metrics = evaluate_rows(pipe, test, KS)
     return {**metrics, "seconds": time.perf_counter() - start, "ranker_pairs": info["pairs"],
             "ranker_coverage": info["coverage"]}
 
@@ -126,6 +128,10 @@ def main() -> None:
     data = candidate_rows(pipe, *valid, batch)
     candidates_seconds = time.perf_counter() - start
     log(f"ranker rows: {tuple(data.labels.shape)}, coverage {data.coverage:.4f}, {candidates_seconds:.0f} s")
+    start = time.perf_counter()
+    test_rows = candidate_rows(pipe, *test, batch)
+    test_seconds = time.perf_counter() - start
+    log(f"test rows: {tuple(test_rows.labels.shape)}, coverage {test_rows.coverage:.4f}, {test_seconds:.0f} s")
 
     default = recipe.scorer
     runs = [("gbdt", GBDTScorer()), ("dlrm", DLRMScorer())]
@@ -133,7 +139,7 @@ def main() -> None:
     for name, scorer in runs:
         if type(scorer) is type(default):
             scorer = default
-        results[name] = scored(pipe, data, scorer, test, batch)
+        results[name] = scored(pipe, data, scorer, test_rows)
         emit({"system": f"pipeline-{name}", "dataset": args.dataset, **results[name]})
 
     if args.ablations:
@@ -146,20 +152,20 @@ def main() -> None:
                                CandidateFeatures(groups=full_features.groups), None, pipe.ordering)
             smaller.features.popularity = full_features.popularity
             part = candidate_rows(smaller, *valid, batch)
-            metrics = scored(smaller, part, make(), test, batch)
+            metrics = scored(smaller, part, make(), candidate_rows(smaller, *test, batch))
             emit({"system": f"pipeline-without-retriever-{name}", "dataset": args.dataset, "scorer": args.ablation_scorer,
                   **metrics, "seconds": time.perf_counter() - start})
         for group in full_features.groups:
             groups = [g for g in full_features.groups if g != group]
             pipe.features = CandidateFeatures(groups=groups)
             pipe.features.popularity = full_features.popularity
-            metrics = scored(pipe, data, make(), test, batch)
+            metrics = scored(pipe, data, make(), test_rows)
             emit({"system": f"pipeline-without-features-{group}", "dataset": args.dataset, "scorer": args.ablation_scorer, **metrics})
         pipe.features = full_features
 
     final = "dlrm" if isinstance(default, DLRMScorer) else "gbdt"
     emit({"system": "pipeline", "dataset": args.dataset, "scorer": type(default).__name__, **results[final],
-          "candidates_seconds": candidates_seconds, "build_seconds": build_seconds,
+          "candidates_seconds": candidates_seconds, "test_candidates_seconds": test_seconds, "build_seconds": build_seconds,
           "wall_seconds": time.perf_counter() - wall})
 
 

@@ -453,3 +453,16 @@ def test_seen_filter_and_diversity_cap_through_the_pipeline(world: World, tmp_pa
     assert any(len({i % 4 for i in items}) < len(items) for items in plain)
     for items in lists(ordering=Ordering(diversity=DiversityCap(str(categories), max_per_category=1))):
         assert sorted(i % 4 for i in items) == [0, 1, 2, 3]  # one item of each of the 4 categories
+
+
+@pytest.mark.parametrize("name", ["gbdt", "dlrm"])
+def test_evaluate_rows_equals_evaluate(world: World, name: str) -> None:
+    """Ranking prepared test rows gives exactly the metrics of the end-to-end evaluation."""
+    pipe = world.pipelines[name]
+    items, targets = world.dm.tensors("test")
+    direct = training.evaluate(pipe, items, targets, (5, 10), batch_size=64)
+    prepared = training.evaluate_rows(pipe, training.candidate_rows(pipe, items, targets, 64), (5, 10), batch_size=48)
+    assert prepared.keys() == direct.keys()
+    for key, value in direct.items():
+        assert prepared[key] == pytest.approx(value, abs=1e-9), key
+    assert 0 < direct["recall@10"] <= direct["candidate_recall"] <= 1

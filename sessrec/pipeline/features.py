@@ -196,10 +196,16 @@ class CandidateFeatures:
         self.names = out.names
         return out
 
-    def transform(self, sessions: Sessions, candidates: Candidates, retrievers: dict[str, Retriever]) -> RankingInputs:
+    def transform(
+        self, sessions: Sessions, candidates: Candidates, retrievers: dict[str, Retriever],
+        raw: dict[str, torch.Tensor] | None = None,
+    ) -> RankingInputs:
+        """Features of any candidates with the fitted ops (`raw`: precomputed raw columns, else computed here)."""
         if self.ops is None or self.names is None:
             raise RuntimeError("CandidateFeatures is not fitted: fit the pipeline's ranker first")
-        raw = self.raw(sessions, candidates, retrievers)
+        if raw is None:
+            raw = self.raw(sessions, candidates, retrievers)
+        raw = {name: value for name, value in raw.items() if group_of(name) in self.groups}
         frame = self._frame(sessions, candidates, raw, None)
         fitted = self.ops.transform(frame) if self.ops.ops else {}
         out = self._assemble(candidates, raw, fitted, frame)

@@ -156,6 +156,8 @@ def main() -> None:
             emit({"system": f"pipeline-without-retriever-{name}", "dataset": args.dataset, "scorer": args.ablation_scorer,
                   **metrics, "seconds": time.perf_counter() - start})
         for group in full_features.groups:
+            if group == "ids" and make is DLRMScorer:
+                continue  # the DLRM's embedding tables read the ids
             groups = [g for g in full_features.groups if g != group]
             pipe.features = CandidateFeatures(groups=groups)
             pipe.features.popularity = full_features.popularity

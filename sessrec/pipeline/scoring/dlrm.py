@@ -32,6 +32,8 @@ class DLRMScorer(Scorer):
         dense_layers: bottom MLP (its last width is set to D).
         over_layers: top MLP hidden widths.
         interaction: ``dot`` or ``dcn``.
+        sparse: the id features embedded: ``item`` (the candidate and the last item, one shared
+            table) and ``cross`` (their hashed pair); ``item`` is required.
         lr: Adam learning rate.
         weight_decay: Adam weight decay.
         batch_sessions: sessions per training step (each with all its K candidates).
@@ -47,6 +49,7 @@ class DLRMScorer(Scorer):
         dense_layers: tuple[int, ...] = (64,),
         over_layers: tuple[int, ...] = (64, 32),
         interaction: Literal["dot", "dcn"] = "dot",
+        sparse: tuple[str, ...] = ("item", "cross"),
         lr: float = 2e-3,
         weight_decay: float = 1e-6,
         batch_sessions: int = 128,
@@ -57,7 +60,7 @@ class DLRMScorer(Scorer):
     ) -> None:
         self.config = {
             "embedding_dim": embedding_dim, "dense_layers": list(dense_layers), "over_layers": list(over_layers),
-            "interaction": interaction, "lr": lr, "weight_decay": weight_decay, "batch_sessions": batch_sessions,
+            "interaction": interaction, "sparse": list(sparse), "lr": lr, "weight_decay": weight_decay, "batch_sessions": batch_sessions,
             "max_epochs": max_epochs, "patience": patience, "stop_fraction": stop_fraction, "seed": seed,
         }
         self.network: DLRM | None = None
@@ -92,13 +95,18 @@ class DLRMScorer(Scorer):
 
     def fit(self, inputs: RankingInputs, labels: torch.Tensor) -> DLRMScorer:
         c = self.config
+        unknown = sorted(set(c["sparse"]) - {"item", "cross"})
+        if unknown or "item" not in c["sparse"]:
+            raise ValueError(f"DLRMScorer sparse must hold 'item' and may hold 'cross', got {c['sparse']}")
+        if "item" not in inputs.sparse:
+            raise ValueError("DLRMScorer embeds the candidate and last item ids: keep the 'ids' feature group")
         train, stop = early_stopping_split(labels, c["stop_fraction"], c["seed"])
         rows = inputs.dense[train][inputs.valid[train]]  # (rows, F) training rows only
         self.mean, self.std = rows.mean(dim=0), rows.std(dim=0).clamp(min=1e-6)
         self.sizes = {}
         if "item" in inputs.sparse:
             self.sizes["item"] = int(max(inputs.sparse["item"].max(), inputs.sparse["last_item"].max())) + 1
-        if "cross" in inputs.sparse:
+        if "cross" in inputs.sparse and "cross" in c["sparse"]:
             self.sizes["cross"] = int(inputs.sparse["cross"].max()) + 1
         self.network = self._build(inputs.dense.shape[2], self.sizes)
         opt = torch.optim.Adam(self.network.parameters(), lr=c["lr"], weight_decay=c["weight_decay"])

@@ -20,7 +20,7 @@ and shared by every ranker compared; stage-1 training time, when it ran, on the 
 
 Example (from the repository root):
     python benchmarks/pipeline_eval.py --dataset rsc15_100k
-    python benchmarks/pipeline_eval.py --dataset diginetica --ablations
+    python benchmarks/pipeline_eval.py --dataset diginetica --ablations features
 """
 
 from __future__ import annotations
@@ -97,7 +97,8 @@ def main() -> None:
     parser.add_argument("--dataset", choices=sorted(RECIPES), required=True)
     parser.add_argument("--recipe", help="a pipeline recipe other than the dataset's")
     parser.add_argument("--retrain", action="store_true", help="train the stage-1 models even if checkpoints exist")
-    parser.add_argument("--ablations", action="store_true", help="also each retriever and each feature group removed")
+    parser.add_argument("--ablations", nargs="*", choices=["retrievers", "features"], default=None,
+                        help="also each retriever and/or each feature group removed (no value: both)")
     parser.add_argument("--ablation-scorer", choices=["gbdt", "dlrm"], default="gbdt")
     parser.add_argument("--recall-ks", default="50,100,200,500")
     parser.add_argument("--threads", type=int, default=2)
@@ -142,9 +143,10 @@ def main() -> None:
         results[name] = scored(pipe, data, scorer, test_rows)
         emit({"system": f"pipeline-{name}", "dataset": args.dataset, **results[name]})
 
-    if args.ablations:
-        make = GBDTScorer if args.ablation_scorer == "gbdt" else DLRMScorer
-        full_features = pipe.features
+    ablations = set() if args.ablations is None else set(args.ablations or ["retrievers", "features"])
+    make = GBDTScorer if args.ablation_scorer == "gbdt" else DLRMScorer
+    full_features = pipe.features
+    if "retrievers" in ablations:
         for name in list(pipe.retrievers):
             start = time.perf_counter()
             rest = {n: r for n, r in pipe.retrievers.items() if n != name}
@@ -155,9 +157,10 @@ def main() -> None:
             metrics = scored(smaller, part, make(), candidate_rows(smaller, *test, batch))
             emit({"system": f"pipeline-without-retriever-{name}", "dataset": args.dataset, "scorer": args.ablation_scorer,
                   **metrics, "seconds": time.perf_counter() - start})
+    if "features" in ablations:
         for group in full_features.groups:
-            if group == "ids" and make is DLRMScorer:
-                continue  # the DLRM's embedding tables read the ids
+            if group == "ids":
+                continue  # only the DLRM reads the ids, and its embedding tables need them
             groups = [g for g in full_features.groups if g != group]
             pipe.features = CandidateFeatures(groups=groups)
             pipe.features.popularity = full_features.popularity

@@ -106,14 +106,19 @@ def cli(args: list[str] | None = None) -> SessrecCLI:
 PIPELINE_COMMANDS = ("fit", "test", "recommend")
 
 
+def _config_paths(args: list[str]) -> list[Path]:
+    """The files named by ``--config PATH`` or ``--config=PATH`` in `args`."""
+    paths = [args[i + 1] for i, arg in enumerate(args[:-1]) if arg == "--config"]
+    paths += [arg.partition("=")[2] for arg in args if arg.startswith("--config=")]
+    return [Path(p) for p in paths]
+
+
 def pipeline_recipe(args: list[str]) -> bool:
-    """True when the ``--config`` of `args` is a pipeline recipe (a top-level ``pipeline:`` block)."""
-    for i, arg in enumerate(args):
-        path = args[i + 1] if arg == "--config" and i + 1 < len(args) else arg.partition("=")[2] if arg.startswith("--config=") else None
-        if path and Path(path).is_file():
-            content = yaml.safe_load(Path(path).read_text())
-            if isinstance(content, dict) and "pipeline" in content:
-                return True
+    """True when a ``--config`` of `args` is a pipeline recipe (a top-level ``pipeline:`` block)."""
+    for path in _config_paths(args):
+        content = yaml.safe_load(path.read_text()) if path.is_file() else None
+        if isinstance(content, dict) and "pipeline" in content:
+            return True
     return False
 
 
@@ -169,7 +174,7 @@ def main() -> None:
         traceback = "--traceback" in args or bool(os.environ.get("SESSREC_TRACEBACK"))
         try:
             pipeline_cli([a for a in args if a != "--traceback"])
-        except (ValueError, FileNotFoundError, TypeError, RuntimeError) as err:
+        except (ValueError, TypeError, RuntimeError, OSError) as err:  # OSError: missing or existing files
             if traceback:
                 raise
             sys.exit(f"sessrec {args[0]}: error: {_recipe_error(err)}")

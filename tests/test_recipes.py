@@ -45,7 +45,34 @@ def test_there_are_recipes():
     assert {f"{m}_{d}" for m in ("popularity", "vsknn", "stan") for d in datasets} <= names
 
 
-@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
+PIPELINES = [p for p in RECIPES if p.stem.startswith("pipeline_")]
+TRAINABLE = [p for p in RECIPES if p not in PIPELINES]
+VOCAB_KEYS = ("source", "min_item_count", "max_vocab_size")  # what decides the vocabulary
+
+
+@pytest.mark.parametrize("recipe", PIPELINES, ids=lambda p: p.stem)
+def test_pipeline_recipe_parses_and_shares_its_models_vocabulary(recipe, monkeypatch):
+    """A pipeline recipe is typed-checked, and its data block fits the same vocabulary as each model's recipe.
+
+    Running it needs the stage-1 checkpoints (``sessrec fit`` on each model's recipe): tests/test_pipeline.py
+    runs the same code on a tiny pipeline; benchmarks/pipeline_eval.py runs these recipes.
+    """
+    import yaml
+
+    from sessrec.pipeline.recipe import load_recipe
+
+    monkeypatch.chdir(ROOT)
+    spec = yaml.safe_load(recipe.read_text())["pipeline"]
+    parsed = load_recipe(recipe)
+    assert parsed.models or parsed.baselines
+    for name, model in spec.get("models", {}).items():
+        trained = yaml.safe_load((ROOT / model["recipe"]).read_text())
+        assert {k: trained["data"].get(k) for k in VOCAB_KEYS} == {k: spec["data"].get(k) for k in VOCAB_KEYS}, name
+        assert model["checkpoint"].startswith(f"runs/{Path(model['recipe']).stem}/checkpoints/"), name
+        assert trained["data"].get("eval_protocol") == spec["data"]["eval_protocol"], name
+
+
+@pytest.mark.parametrize("recipe", TRAINABLE, ids=lambda p: p.stem)
 def test_recipe_fast_dev_run(recipe, scratch):
     for rel in re.findall(r"\.\./shared/data/[\w.\-/]+", recipe.read_text()):
         if not (scratch / rel).exists():

@@ -226,7 +226,7 @@ class FaissIndex:
         try:
             import faiss
         except ImportError as error:
-            raise ImportError("FaissIndex needs the optional faiss package: pip install faiss-cpu") from error
+            raise ImportError("FaissIndex needs the optional faiss package: pip install faiss-cpu (or pip install 'sessrec[pipeline]')") from error
         return faiss
 
     def _lists(self) -> int | None:

@@ -73,12 +73,12 @@ def train_models(recipe, retrain: bool) -> dict[str, float]:
 
 @torch.no_grad()
 def single(pipe: Pipeline, name: str, items: torch.Tensor, targets: torch.Tensor, batch: int) -> dict[str, float]:
-    """A retriever alone: its own top-max(KS) over the full catalogue is its ranking."""
+    """A retriever alone: its own top-(max(KS) + 1) over the full catalogue is its ranking (ties against the target)."""
     retriever = pipe.stage_retrievers[name]
     totals: dict[str, float] = {}
     for lo in range(0, len(items), batch):
-        top = retriever.retrieve(Sessions(items[lo : lo + batch].long()), max(KS)).items
-        for key, value in list_metrics(top, targets[lo : lo + batch], KS).items():
+        top = retriever.retrieve(Sessions(items[lo : lo + batch].long()), max(KS) + 1)
+        for key, value in list_metrics(top.items, top.scores, targets[lo : lo + batch], KS).items():
             totals[key] = totals.get(key, 0.0) + value
     return {k: v / len(items) for k, v in totals.items()}
 

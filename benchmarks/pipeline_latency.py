@@ -1,7 +1,7 @@
 """Online latency of `Pipeline.recommend`: one request (one session) at a time, one thread, raw ids in and out.
 
-The pipeline has the DIGINETICA recipe's sizes: about 43,000 items (synthetic sessions with the
-same catalogue size and about as many training sessions), an XLNet-MLM retriever (d = 64, one
+The pipeline has the DIGINETICA recipe's sizes: about 43,000 items (a synthetic log whose
+training split holds about as many distinct items and sessions as DIGINETICA's), an XLNet-MLM retriever (d = 64, one
 layer, exact blocked top-K or FAISS HNSW), V-SKNN and STAN with the DIGINETICA settings,
 co-visitation, 200 merged candidates, and the DLRM scorer. Weights are random and the ranker is
 fitted for one epoch: latency does not depend on training. Requests are validation sessions of
@@ -81,7 +81,7 @@ def raw_sessions(dm: SessionDataModule, n: int) -> list[list[int]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--items", type=int, default=43_000)
+    parser.add_argument("--items", type=int, default=56_000, help="catalogue of the synthetic log (56,000: about 43,000 seen in training, as DIGINETICA)")
     parser.add_argument("--sessions", type=int, default=200_000)
     parser.add_argument("--index", choices=["exact", "hnsw"], default="exact")
     parser.add_argument("--requests", type=int, default=500)

@@ -42,3 +42,15 @@ def test_top_k_dense_returns_empty_slots_for_minus_inf():
     scores = torch.tensor([[float("-inf"), float("-inf"), 0.5, 0.7, float("-inf")]])
     top = top_k_dense(scores, 3)
     assert top.items.tolist() == [[3, 2, 0]] and top.scores[0, :2].tolist() == [pytest.approx(0.7), 0.5]
+
+
+def test_list_metrics_count_ties_against_the_target():
+    from sessrec.pipeline.training import list_metrics
+
+    items = torch.tensor([[4, 7, 9, 5], [4, 7, 9, 5], [4, 7, 9, 5], [4, 7, 0, 0]])
+    scores = torch.tensor([[3.0, 2.0, 2.0, 1.0], [3.0, 2.0, 1.5, 1.0], [3.0, 2.0, 1.5, 1.5], [3.0, 2.0, -1, -1]])
+    targets = torch.tensor([7, 9, 9, 7])
+    out = list_metrics(items, scores, targets, ks=[1, 3])
+    # ranks: 3 (7 ties with 9), 3, miss (9 ties with the full list's last entry), 2 (a short list: nothing unlisted)
+    assert out["recall@1"] == 0 and out["recall@3"] == 3
+    assert out["mrr@3"] == pytest.approx(1 / 3 + 1 / 3 + 1 / 2)

@@ -7,7 +7,8 @@ fitted on the candidates of the validation sessions only; the test split is touc
 ``tests/test_pipeline.py`` checks that no test session is among them.
 
 Metrics: the final list is ranked by the pipeline; a target outside it is a miss, exactly as a
-target ranked below the cut-off by a single model (`sessrec.metrics`). Shape letters: N pairs,
+target ranked below the cut-off by a single model, and ties count against the target as in
+`sessrec.metrics` (`list_metrics`). Shape letters: N pairs,
 L positions, K candidates, k recommendations.
 """
 
@@ -76,11 +77,28 @@ def fit_on(pipe: Pipeline, data: RankerData, scorer: Scorer) -> dict:
     return {"pairs": len(data.labels), "coverage": data.coverage, "features": inputs.names}
 
 
-def list_metrics(recommended: torch.Tensor, targets: torch.Tensor, ks: Sequence[int] = (10, 20)) -> dict[str, float]:
-    """Recall/MRR/NDCG@k of a ranked (N, k) list against (N,) targets: sums, to be divided by N."""
+def list_metrics(
+    recommended: torch.Tensor, scores: torch.Tensor, targets: torch.Tensor, ks: Sequence[int] = (10, 20)
+) -> dict[str, float]:
+    """Recall/MRR/NDCG@k of ranked (N, W) lists against (N,) targets: sums, to be divided by N.
+
+    Ties count against the target, as in `sessrec.metrics`: its rank is 1 + the number of other
+    listed items scoring at least as high. Unlisted items score no higher than a full list's last
+    entry, so a target scoring no higher than that entry counts as a miss (ask for one more item
+    than the largest cut-off).
+
+    Example:
+        >>> list_metrics(torch.tensor([[4, 7, 9]]), torch.tensor([[3., 2., 2.]]), torch.tensor([9]), ks=[2])
+        {'recall@2': 0.0, 'mrr@2': 0.0, 'ndcg@2': 0.0}
+    """
     hit = recommended == targets.long().unsqueeze(1)
     found = hit.any(dim=1)
-    rank = torch.where(found, hit.double().argmax(dim=1) + 1.0, torch.full_like(found, float("inf"), dtype=torch.float64))
+    target_score = torch.where(hit, scores, torch.full_like(scores, float("-inf"))).amax(dim=1, keepdim=True)
+    at_least = ((scores >= target_score) & ~hit & (recommended != 0)).sum(dim=1) + 1  # (N,)
+    rank = torch.where(found, at_least.double(), torch.full_like(found, float("inf"), dtype=torch.float64))
+    # a full list says nothing of the unlisted items that tie with its last entry: count them all against the target
+    unknown = (recommended[:, -1] != 0) & (target_score.squeeze(1) <= scores[:, -1])
+    rank = torch.where(unknown, torch.full_like(rank, float("inf")), rank)
     out = {}
     for k in ks:
         inside = rank <= k
@@ -102,8 +120,8 @@ def evaluate(
         target = targets[lo : lo + batch_size]
         cands = pipe.score(sessions, pipe.candidates(sessions))
         covered += float((cands.items == target.long().unsqueeze(1)).any(dim=1).sum())
-        recs = pipe.ordering.order(sessions, cands, max(ks))
-        for name, value in list_metrics(recs.items, target, ks).items():
+        recs = pipe.ordering.order(sessions, cands, max(ks) + 1)
+        for name, value in list_metrics(recs.items, recs.scores, target, ks).items():
             totals[name] = totals.get(name, 0.0) + value
     n = max(len(items), 1)
     return {**{k: v / n for k, v in totals.items()}, "candidate_recall": covered / n}
@@ -125,8 +143,8 @@ def evaluate_rows(pipe: Pipeline, data: RankerData, ks: Sequence[int] = (10, 20)
         raw = {n: v[rows] for n, v in data.raw.items()}
         scores = pipe.scorer.score(pipe.features.transform(sessions, cands, retrievers, raw))
         cands = Candidates(cands.items, cands.features, scores.masked_fill(~cands.valid, float("-inf")))
-        recs = pipe.ordering.order(sessions, cands, max(ks))
-        for name, value in list_metrics(recs.items, data.targets[rows], ks).items():
+        recs = pipe.ordering.order(sessions, cands, max(ks) + 1)
+        for name, value in list_metrics(recs.items, recs.scores, data.targets[rows], ks).items():
             totals[name] = totals.get(name, 0.0) + value
     n = max(len(data.labels), 1)
     return {**{k: v / n for k, v in totals.items()}, "candidate_recall": data.coverage}

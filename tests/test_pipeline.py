@@ -466,3 +466,11 @@ def test_evaluate_rows_equals_evaluate(world: World, name: str) -> None:
     for key, value in direct.items():
         assert prepared[key] == pytest.approx(value, abs=1e-9), key
     assert 0 < direct["recall@10"] <= direct["candidate_recall"] <= 1
+
+
+def test_recommend_casts_id_strings_and_refuses_mixed_ids(world: World) -> None:
+    pipe = world.pipelines["gbdt"]
+    session = world.sessions[0]
+    assert pipe.recommend([[str(i) for i in session]], k=K) == pipe.recommend([session], k=K)
+    with pytest.raises(TypeError, match="cannot be read as the vocabulary's int64 ids"):
+        pipe.recommend([[session[0], "not-an-id"]], k=K)

@@ -146,8 +146,13 @@ class Pipeline:
             row = int(np.flatnonzero(lengths == 0)[0])
             raise ValueError(f"session {row} of the request is empty: give at least one item id")
         flat = [item for s in sessions for item in s]
-        raw = pa.array(flat, type=self.vocab.raw_ids.type) if flat else pa.array([], type=self.vocab.raw_ids.type)
-        encoded = self.vocab.encode(raw)
+        try:  # ids of another type (e.g. "214536502" for an int64 vocabulary) are cast by the vocabulary
+            raw = pa.array(flat) if flat else pa.array([], type=self.vocab.raw_ids.type)
+            encoded = self.vocab.encode(raw)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as err:
+            raise TypeError(
+                f"item ids of the request cannot be read as the vocabulary's {self.vocab.raw_ids.type} ids: {err}"
+            ) from err
         if on_unknown == "error" and encoded.num_unknown:
             bad = flat[int(np.flatnonzero(encoded.ids == 1)[0])]
             raise ValueError(f"item id {bad!r} is not in the pipeline's vocabulary")

@@ -76,12 +76,8 @@ def recommend_file(
             resumed += 1
             continue
         recs = pipe.recommend_batch(pipe.wrap(batch.items), k)  # as `Pipeline.recommend` for one request
-        decoded = pipe.decode(recs)
-        table = pa.table({
-            "session_id": batch.keys,
-            "item_ids": pa.array([d["item_ids"] for d in decoded], type=pa.list_(pipe.vocab.raw_ids.type)),
-            "scores": pa.array([d["scores"] for d in decoded], type=pa.list_(pa.float32())),
-        })
+        item_ids, scores = pipe.decode_lists(recs)
+        table = pa.table({"session_id": batch.keys, "item_ids": item_ids, "scores": scores})
         tmp = part.with_name(part.name + ".tmp")
         pq.write_table(table, tmp)
         os.replace(tmp, part)

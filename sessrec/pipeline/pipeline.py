@@ -178,15 +178,18 @@ class Pipeline:
         recs = self.recommend_batch(self.encode(sessions, on_unknown), k)
         return self.decode(recs)
 
+    def decode_lists(self, recs: Recommendations) -> tuple[pa.ListArray, pa.ListArray]:
+        """(B,) lists of raw ids and of their float32 scores, best first; empty slots (id 0) dropped."""
+        filled = recs.items >= NUM_SPECIAL  # (B, k)
+        offsets = pa.array(np.concatenate([[0], np.cumsum(filled.sum(dim=1).numpy())]).astype(np.int32))
+        ids = self.vocab.decode(recs.items[filled].numpy())  # row-major: each row's items in order
+        scores = pa.array(recs.scores[filled].numpy().astype(np.float32))
+        return pa.ListArray.from_arrays(offsets, ids), pa.ListArray.from_arrays(offsets, scores)
+
     def decode(self, recs: Recommendations) -> list[dict[str, list]]:
-        filled = recs.items >= NUM_SPECIAL
-        raw = self.vocab.decode(recs.items.clamp(min=NUM_SPECIAL).numpy()).to_pylist()
-        width = recs.items.shape[1]
-        out = []
-        for row in range(len(recs.items)):  # building the reply's Python lists, not ranking
-            n = int(filled[row].sum())
-            out.append({"item_ids": raw[row * width : row * width + n], "scores": recs.scores[row, :n].tolist()})
-        return out
+        """Per session ``{"item_ids": [...], "scores": [...]}`` (raw ids, best first)."""
+        ids, scores = self.decode_lists(recs)
+        return [{"item_ids": i, "scores": s} for i, s in zip(ids.to_pylist(), scores.to_pylist())]
 
     # -- saving ---------------------------------------------------------------------------------
     def save(self, directory: str | os.PathLike) -> Path:

@@ -30,34 +30,38 @@ AnyIndex = ExactIndex | FaissIndex
 _DATA_LINKED = ("num_items", "max_length", "num_virtual", "side_features")
 
 
+def _task_parser():
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_subclass_arguments(pl.LightningModule, "model", required=True)
+    return parser
+
+
+def _with_class_path(model_config: dict[str, Any]) -> dict[str, Any]:
+    if "class_path" not in model_config:
+        return {"class_path": "sessrec.tasks.NextItemTask", "init_args": dict(model_config)}
+    return model_config
+
+
 def build_task(model_config: dict[str, Any]) -> pl.LightningModule:
     """Instantiate a task from a recipe's ``model:`` block (``class_path``/``init_args``; none: `NextItemTask`).
 
     Only classes of the library are built, so a saved pipeline never runs code named in a file
     from elsewhere.
     """
-    from jsonargparse import ArgumentParser
-
-    if "class_path" not in model_config:
-        model_config = {"class_path": "sessrec.tasks.NextItemTask", "init_args": dict(model_config)}
+    model_config = _with_class_path(model_config)
     path = str(model_config["class_path"])
     if not path.startswith("sessrec."):
         raise ValueError(f"model class_path {path!r} is outside the sessrec library; the pipeline builds only sessrec tasks")
-    parser = ArgumentParser(exit_on_error=False)
-    parser.add_subclass_arguments(pl.LightningModule, "model", required=True)
-    cfg = parser.parse_object({"model": model_config})
-    return parser.instantiate(cfg).model
+    parser = _task_parser()
+    return parser.instantiate(parser.parse_object({"model": model_config})).model
 
 
 def resolved_config(task_config: dict[str, Any]) -> dict[str, Any]:
     """The model block with every default filled in (JSON-able), as `build_task` reads it back."""
-    from jsonargparse import ArgumentParser
-
-    if "class_path" not in task_config:
-        task_config = {"class_path": "sessrec.tasks.NextItemTask", "init_args": dict(task_config)}
-    parser = ArgumentParser(exit_on_error=False)
-    parser.add_subclass_arguments(pl.LightningModule, "model", required=True)
-    return json.loads(parser.dump(parser.parse_object({"model": task_config}), format="json"))["model"]
+    parser = _task_parser()
+    return json.loads(parser.dump(parser.parse_object({"model": _with_class_path(task_config)}), format="json"))["model"]
 
 
 class SessionModelRetriever(Retriever):
@@ -84,9 +88,7 @@ class SessionModelRetriever(Retriever):
         for path in (recipe, checkpoint):
             if not path.exists():
                 raise FileNotFoundError(f"{path}: no such file (train the model first: sessrec fit --config {recipe})")
-        block = dict(yaml.safe_load(recipe.read_text()).get("model") or {})
-        if "class_path" not in block:
-            block = {"class_path": "sessrec.tasks.NextItemTask", "init_args": block}
+        block = _with_class_path(dict(yaml.safe_load(recipe.read_text()).get("model") or {}))
         ckpt = torch.load(checkpoint, map_location="cpu", weights_only=True)
         hparams = ckpt.get("hyper_parameters", {})
         init = dict(block.get("init_args") or {})

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Literal, Optional
 from importlib import import_module
 from pathlib import Path
 
@@ -32,8 +33,10 @@ import pytorch_lightning as pl
 import yaml
 from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 
-from sessrec.tasks import TopKWriter, VocabularyCheckpoint
+from sessrec.data.checkpoint import data_state
+from sessrec.tasks import LastCheckpoint, TopKWriter, VocabularyCheckpoint
 from sessrec.tasks.callbacks import find_features, find_vocab
+from sessrec.tasks.pretrained import load_checkpoint
 
 
 class SessrecCLI(LightningCLI):
@@ -51,6 +54,7 @@ class SessrecCLI(LightningCLI):
         parser.link_arguments("data.init_args.max_length", "model.init_args.max_length", apply_on="parse")
         parser.add_lightning_class_args(TopKWriter, "scoring")
         parser.add_lightning_class_args(VocabularyCheckpoint, "vocab_checkpoint")
+        parser.add_lightning_class_args(LastCheckpoint, "last_checkpoint")
 
     def before_instantiate_classes(self) -> None:
         sub = self.subcommand
@@ -69,8 +73,21 @@ class SessrecCLI(LightningCLI):
             return
         if sub == "predict" and cfg.get("return_predictions") is None:
             cfg["return_predictions"] = False  # stream to parquet, keep nothing in memory
+        # evaluation and scoring log nothing to a new run folder (a version_N beside the trained run's
+        # would make "the latest run" point at a run without a model); the metrics are printed
+        cfg.trainer.logger = False
         ckpt = cfg.get("ckpt_path")
+        if not ckpt and not cfg.model.class_path.endswith(UNTRAINED_TASKS):
+            raise ValueError(
+                f"{sub} needs --ckpt_path: the model {cfg.model.class_path.rpartition('.')[2]} is trained, and "
+                "without a checkpoint it would score random weights (e.g. --ckpt_path runs/<name>/checkpoints/best.ckpt)"
+            )
         data = cfg.data.init_args
+        state = data_state(ckpt) if ckpt else None
+        if state is not None and "vocab_path" in data and data.get("vocab_path") is None and "vocab" in state:
+            data.vocab_path = str(ckpt)  # the checkpoint carries the vocabulary of its run
+        if state is not None and "features_path" in data and data.get("features_path") is None and "features" in state:
+            data.features_path = str(ckpt)
         if ckpt and "vocab_path" in data and data.get("vocab_path") is None:
             vocab = find_vocab(ckpt)
             if vocab is None and sub == "predict":
@@ -88,6 +105,26 @@ class SessrecCLI(LightningCLI):
                     "of that training run"
                 )
             data.features_path = None if features is None else str(features)
+
+
+    def after_fit(self) -> None:
+        """Print the final metrics and the best checkpoint, and write its model directory beside it."""
+        trainer, model = self.trainer, self.model
+        if trainer.fast_dev_run or not trainer.is_global_zero:
+            return
+        shown = " ".join(f"{k}={float(v):.4f}" for k, v in sorted(trainer.callback_metrics.items()) if "/" in k)
+        print(f"sessrec fit: final metrics: {shown}")
+        saved = [cb.best_model_path for cb in trainer.checkpoint_callbacks if cb.best_model_path]
+        best = next((path for path in saved if Path(path).name != "last.ckpt"), saved[0] if saved else "")
+        if not best or not hasattr(model, "save_pretrained"):
+            return
+        trained = load_checkpoint(best)
+        trained.attach_data(self.datamodule)
+        directory = trained.save_pretrained(Path(best).parent.parent / "model")
+        print(f"sessrec fit: best checkpoint {best}; model directory {directory}")
+
+
+UNTRAINED_TASKS = ("BaselineTask",)  # tasks with nothing to train: test and predict need no checkpoint
 
 
 def cli(args: list[str] | None = None) -> SessrecCLI:
@@ -167,21 +204,96 @@ def _raised_in(err: BaseException, package: str) -> bool:
     return tb is not None and tb.tb_frame.f_globals.get("__name__", "").partition(".")[0] == package
 
 
+def retrain_cli(args: list[str]) -> object:
+    """``sessrec retrain``: one warm-start turn with its quality gate (`sessrec.deploy.retrain.retrain`)."""
+    from jsonargparse import ActionConfigFile, ArgumentParser
+
+    from sessrec.deploy.retrain import retrain
+
+    parser = ArgumentParser(prog="sessrec retrain", description=retrain.__doc__.splitlines()[0])
+    parser.add_argument("--config", action=ActionConfigFile)
+    parser.add_function_arguments(retrain)
+    cfg = parser.parse_args(args)
+    kwargs = parser.instantiate(cfg).as_dict()
+    kwargs.pop("config", None)
+    decision = retrain(**kwargs)
+    metric = decision["gate"]["metric"]
+    verdict = "promoted" if decision["promoted"] else "rejected"
+    print(
+        f"sessrec retrain: {verdict}: candidate {metric}={decision['candidate_metrics'][metric]:.4f} against the current "
+        f"{decision['current'][metric]:.4f} (tolerance {decision['gate']['tolerance']}); {decision['train_seconds']:.0f} s "
+        f"of training; candidate in {decision['candidate']}"
+    )
+    return decision
+
+
+def serve_cli(args: list[str]) -> None:
+    """``sessrec serve --model-dir <dir>``: HTTP recommendations from a model or pipeline directory."""
+    from jsonargparse import ArgumentParser
+
+    from sessrec.deploy.server import serve
+
+    parser = ArgumentParser(prog="sessrec serve", description=serve.__doc__.splitlines()[0])
+    parser.add_function_arguments(serve)
+    args = [a.replace("--model-dir", "--model_dir", 1) if a.startswith("--model-dir") else a for a in args]
+    serve(**parser.parse_args(args).as_dict())
+
+
+def export_cli(args: list[str]) -> object:
+    """``sessrec export --ckpt_path <ckpt|model dir> --format {onnx,torchscript,triton} --out <dir>``."""
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser(prog="sessrec export", description="export a session model or DLRM for serving")
+    parser.add_argument("--ckpt_path", type=str, required=True, help="a checkpoint of sessrec fit, or a model directory")
+    parser.add_argument("--format", type=Literal["onnx", "torchscript", "triton"], default="onnx",
+                        help="onnx / torchscript: one model file; triton: a Triton model repository (ONNX backend)")
+    parser.add_argument("--out", type=str, required=True, help="output directory")
+    parser.add_argument("--top_k", type=Optional[int], default=20, help="session models also output the K best items")
+    parser.add_argument("--name", type=str, default="sessrec", help="the model's name in a Triton repository")
+    parser.add_argument("--max_batch_size", type=int, default=64, help="Triton's dynamic batching: largest batch")
+    cfg = parser.parse_args(args)
+    from sessrec.deploy.export import export_checkpoint, load_task
+
+    if cfg.format == "triton":
+        from sessrec.deploy.triton import triton_repository
+
+        written = triton_repository(load_task(cfg.ckpt_path), cfg.out, cfg.name, cfg.max_batch_size, top_k=cfg.top_k)
+    else:
+        written = export_checkpoint(cfg.ckpt_path, cfg.out, cfg.format, top_k=cfg.top_k)
+    print(f"sessrec export: wrote {written} (checked against PyTorch on a batch of another size and length)")
+    return written
+
+
+COMMANDS = {"export": export_cli, "retrain": retrain_cli, "serve": serve_cli}
+USER_ERRORS = (ValueError, TypeError, RuntimeError, OSError, KeyError)  # OSError: missing or existing files
+VERBOSE_FLAGS = ("--traceback", "--verbose")
+
+
+def run(args: list[str]) -> object:
+    """Dispatch ``sessrec <command> ...``: the pipeline, lifecycle and Lightning commands."""
+    command = args[0] if args else ""
+    if command in COMMANDS:
+        return COMMANDS[command](args[1:])
+    if command in PIPELINE_COMMANDS and pipeline_recipe(args):
+        return pipeline_cli(args)
+    if command == "recommend":
+        raise ValueError("--config must name a pipeline recipe (a top-level 'pipeline:' block)")
+    sys.argv = [sys.argv[0], *args]  # LightningCLI reads them there
+    return cli()
+
+
 def main() -> None:
-    """Console entry point ``sessrec``."""
+    """Console entry point ``sessrec``: a user error is one line (``--traceback`` or SESSREC_TRACEBACK=1 for the trace)."""
     args = sys.argv[1:]
-    if args and args[0] in PIPELINE_COMMANDS and pipeline_recipe(args):
-        traceback = "--traceback" in args or bool(os.environ.get("SESSREC_TRACEBACK"))
-        try:
-            pipeline_cli([a for a in args if a != "--traceback"])
-        except (ValueError, TypeError, RuntimeError, OSError) as err:  # OSError: missing or existing files
-            if traceback:
-                raise
-            sys.exit(f"sessrec {args[0]}: error: {_recipe_error(err)}")
-        return
-    if args and args[0] == "recommend":
-        sys.exit("sessrec recommend: error: --config must name a pipeline recipe (a top-level 'pipeline:' block)")
-    cli()
+    verbose = any(a in VERBOSE_FLAGS for a in args) or bool(os.environ.get("SESSREC_TRACEBACK"))
+    args = [a for a in args if a not in VERBOSE_FLAGS]
+    try:
+        run(args)
+    except USER_ERRORS as err:
+        if verbose:
+            raise
+        message = " ".join(str(_recipe_error(err)).split()) or type(err).__name__
+        sys.exit(f"sessrec {args[0] if args else ''}: error: {message} (--traceback for details)")
 
 
 if __name__ == "__main__":

@@ -35,11 +35,11 @@ def test_models_do_not_import_lightning():
 
 
 def test_nothing_imports_upward():
-    """data -> embeddings -> models -> tasks -> pipeline -> cli: a package imports only from its left."""
+    """data -> embeddings -> models -> tasks -> pipeline -> deploy -> cli: a package imports only from its left."""
     import ast
     from pathlib import Path
 
-    order = ["data", "embeddings", "models", "tasks", "pipeline", "cli"]
+    order = ["data", "embeddings", "models", "tasks", "pipeline", "deploy", "cli"]
     root = Path(sessrec.__file__).parent
     for i, package in enumerate(order[:-1]):
         above = tuple(f"sessrec.{p}" for p in order[i + 1 :])

@@ -242,7 +242,7 @@ def test_recommend_takes_and_returns_raw_ids(world: World, scorer: str) -> None:
 def test_recommend_unknown_and_empty_sessions(world: World) -> None:
     pipe = world.pipelines["gbdt"]
     first = world.sessions[0]
-    with pytest.raises(ValueError, match=f"item id {UNKNOWN} is not in the pipeline's vocabulary"):
+    with pytest.raises(ValueError, match=f"item id {UNKNOWN} is not in the model's vocabulary"):
         pipe.recommend([first, [*first, UNKNOWN]], k=K, on_unknown="error")
     with pytest.raises(ValueError, match="session 1 of the request is empty"):
         pipe.recommend([first, []], k=K)

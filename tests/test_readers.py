@@ -375,14 +375,20 @@ def test_srgnn_test_sessions_hand_case(tmp_path):
     assert read_srgnn(tmp_path).test_sessions().to_pylist() == [[5, 6, 7], [8, 9]]
 
 
-def test_srgnn_test_sessions_refuse_other_expansions(tmp_path):
+def test_srgnn_other_expansions_are_read_pair_for_pair(tmp_path):
+    """Pairs that do not continue a longest-prefix-first run each become a session of their own,
+    with only the shipped target marked: evaluation sees exactly the shipped pairs."""
     _write_pickle(tmp_path / "all_train_seq.txt", [[1, 2]])
     _write_pickle(tmp_path / "test.txt", ([[5, 6, 7], [5], [8]], [7, 6, 9]))  # a length-2 prefix is missing
-    with pytest.raises(SchemaError, match=r"test\.txt: test pair 1 has a prefix of length 1, expected 2"):
-        read_srgnn(tmp_path).test_sessions()
+    data = read_srgnn(tmp_path)
+    assert data.test_sessions().to_pylist() == [[5, 6, 7, 7], [5, 6], [8, 9]]
+    assert np.flatnonzero(data.test_targets()).tolist() == [3, 5, 7]
     _write_pickle(tmp_path / "test.txt", ([[5], [5, 6]], [6, 7]))  # shortest prefix first
-    with pytest.raises(SchemaError, match="do not end with a length-1 prefix"):
-        read_srgnn(tmp_path).test_sessions()
+    data = read_srgnn(tmp_path)
+    assert data.test_sessions().to_pylist() == [[5, 6], [5, 6, 7]]
+    assert np.flatnonzero(data.test_targets()).tolist() == [1, 4]
+    _write_pickle(tmp_path / "test.txt", ([[5, 6], [5]], [7, 6]))  # the original layout: every prefix is a pair
+    assert read_srgnn(tmp_path).test_targets() is None
 
 
 # --------------------------------------------------------------------------- one sequence per user
@@ -447,7 +453,7 @@ def test_read_user_sequences_lines_hand_case(tmp_path):
         ("1 5\n2 6\n1 7\n", "pairs", r"column 'session_id' is not grouped by user \(value 1 at row 2\)"),
         ("1 5\n2 x\n", "pairs", r"expected 'user item' integer pairs"),
         ("1 5 6\n2\n", "lines", r"line 2 has no items: '2'"),
-        ("1 5 6\n2 7 x\n", "lines", r"expected 'user item item \.\.\.' integers"),
+        ("1 5 6\n2 7 x\n", "lines", r"line 2: 'x' is not a non-negative integer id"),
         ("", "lines", r"the file has no rows"),
         ("", "pairs", r"Empty CSV file"),
         ("1 5\n2 -6\n", "pairs", r"column 'item_id' has a negative id -6 at row 1"),
@@ -504,7 +510,7 @@ def test_event_log_source_rsc15(shared_data):
     assert summary["test_events"] == 13_568
     train, valid, test = _session_sets(splits)
     assert not (train & valid or train & test or valid & test)
-    last = {name: frame._last_times(getattr(splits, name)) for name in ("train", "valid")}
+    last = {name: frame.last_times(getattr(splits, name)) for name in ("train", "valid")}
     assert last["train"].max() <= last["valid"].min()
 
 
@@ -546,7 +552,7 @@ def test_synthetic_source_splits_by_day():
     )
     train, valid, test = _session_sets(splits)
     assert not (train & valid or train & test or valid & test)
-    ends = {name: frame._last_times(getattr(splits, name)) for name in ("train", "valid", "test")}
+    ends = {name: frame.last_times(getattr(splits, name)) for name in ("train", "valid", "test")}
     t_max = ends["test"].max()
     assert ends["test"].min() > t_max - 86_400
     assert t_max - 2 * 86_400 < ends["valid"].min() and ends["valid"].max() <= t_max - 86_400

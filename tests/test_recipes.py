@@ -46,7 +46,8 @@ def test_there_are_recipes():
 
 
 PIPELINES = [p for p in RECIPES if p.stem.startswith("pipeline_")]
-TRAINABLE = [p for p in RECIPES if p not in PIPELINES]
+RETRAINING = [p for p in RECIPES if p.stem.startswith("retrain_")]  # `sessrec retrain` configs (tests/test_lifecycle.py)
+TRAINABLE = [p for p in RECIPES if p not in PIPELINES and p not in RETRAINING]
 VOCAB_KEYS = ("source", "min_item_count", "max_vocab_size")  # what decides the vocabulary
 
 

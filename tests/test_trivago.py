@@ -188,7 +188,7 @@ def test_fitted_side_features_round_trip_through_predict(tmp_path, monkeypatch):
     pq.write_table(pa.table(events), src)
     predicted = main(["predict", *args, "--ckpt_path", str(ckpt), "--data.predict_path", str(src),
                       "--data.predict_schema.timestamp", "timestamp", "--scoring.output", str(out)])
-    assert predicted.datamodule.features_path == str(ckpt.parent / "features.npz")
+    assert predicted.datamodule.features_path == str(ckpt)  # the checkpoint carries its fitted transforms
     recs = pq.read_table(out)
     assert recs.column("session_id").to_pylist() == test.column("session_id").to_pylist()
 
@@ -209,8 +209,9 @@ def test_fitted_side_features_round_trip_through_predict(tmp_path, monkeypatch):
     assert not torch.equal(top, blind)  # the features matter, so a wrong transform would show
     assert not set(got) & set(dm.vocab.raw_ids.slice(dm.vocab.num_products).to_pylist())  # no virtual item recommended
 
-    # a checkpoint folder without its features.npz cannot score
+    # the checkpoint itself carries the vocabulary and the fitted transforms: the side files are not needed
     os.remove(ckpt.parent / "features.npz")
-    with pytest.raises(FileNotFoundError, match="no features.npz beside"):
-        main(["predict", *args, "--ckpt_path", str(ckpt), "--data.predict_path", str(src),
-              "--data.predict_schema.timestamp", "timestamp", "--scoring.output", str(tmp_path / "r2.parquet")])
+    os.remove(ckpt.parent / "vocab.parquet")
+    main(["predict", *args, "--ckpt_path", str(ckpt), "--data.predict_path", str(src),
+          "--data.predict_schema.timestamp", "timestamp", "--scoring.output", str(tmp_path / "r2.parquet")])
+    assert pq.read_table(tmp_path / "r2.parquet").equals(pq.read_table(out))

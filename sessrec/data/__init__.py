@@ -26,6 +26,7 @@ from sessrec.data.sources import (
     SessionSplits,
     SRGNNSource,
     SyntheticSource,
+    TimeWindowSource,
     UserSequenceSource,
 )
 from sessrec.data.stream import ScoringStream
@@ -62,6 +63,7 @@ __all__ = [
     "SparseFeatures",
     "SyntheticSource",
     "TargetEncoding",
+    "TimeWindowSource",
     "TrivagoSource",
     "UserSequenceSource",
     "build_clickout_rows",

@@ -18,6 +18,7 @@ import torch
 
 from sessrec.data import frame
 from sessrec.data.batch import ITEM_DTYPE
+from sessrec.data.checkpoint import data_state, to_bytes, to_tensor
 from sessrec.data.loader import SessionLoader
 from sessrec.data.schema import Schema
 from sessrec.data.side import LOOKS_AHEAD, SideFeatures, SideFeatureTransform, SideInfoSpec, read_item_vectors
@@ -50,11 +51,14 @@ class SessionDataModule(pl.LightningDataModule):
             session of n events gives n - 1 rows, ending at each of its 2nd..nth events (the
             non-virtual ones). After reversal when both are on. Evaluation is unchanged.
         side_features: side information for the model (`SideFeatures`); none by default.
-        vocab_path: load this fitted vocabulary instead of fitting one (scoring with a checkpoint).
-        features_path: load these fitted side-feature transforms instead of fitting them.
+        vocab_path: load this fitted vocabulary instead of fitting one: a ``vocab.parquet``, or a
+            ``.ckpt`` whose data module state carries it (``sessrec test/predict --ckpt_path`` set this).
+        features_path: load these fitted side-feature transforms instead of fitting them (an
+            ``.npz`` or a ``.ckpt``, as `vocab_path`).
         predict_path: sessions file to score with ``sessrec predict``.
         predict_schema: column names of `predict_path` (its ``features`` name the side-feature
-            columns of an event file).
+            columns of an event file); the events of a session are ordered by its ``timestamp``
+            column when the file has one, and kept in file order when it has none.
         seed: shuffling seed.
     """
 
@@ -75,14 +79,17 @@ class SessionDataModule(pl.LightningDataModule):
         vocab_path: str | None = None,
         features_path: str | None = None,
         predict_path: str | None = None,
-        predict_schema: Schema = Schema(timestamp=None),
+        predict_schema: Schema = Schema(),  # noqa: B008 - orders events by `timestamp` when the file has it
         seed: int = 0,
     ) -> None:
         super().__init__()
         if eval_protocol not in ("last", "all_prefixes"):
             raise ValueError(f"eval_protocol must be 'last' or 'all_prefixes', got {eval_protocol!r}")
         if max_length < 2:
-            raise ValueError(f"max_length must be >= 2, got {max_length}")
+            raise ValueError(
+                f"max_length must be >= 2 (the most recent items a model sees per session; a prefix and "
+                f"its next item need two), got {max_length}"
+            )
         self.source, self.max_length = source, max_length
         self.batch_size, self.eval_batch_size, self.eval_protocol = batch_size, eval_batch_size, eval_protocol
         self.min_item_count, self.max_vocab_size = min_item_count, max_vocab_size
@@ -111,7 +118,9 @@ class SessionDataModule(pl.LightningDataModule):
     @property
     def vocab(self) -> ItemVocab:
         if self._vocab is None:
-            if self.vocab_path is not None:
+            if self.vocab_path is not None and _is_checkpoint(self.vocab_path):
+                self._vocab = ItemVocab.from_bytes(to_bytes(_saved(self.vocab_path, "vocab")), self.vocab_path)
+            elif self.vocab_path is not None:
                 self._vocab = ItemVocab.load(self.vocab_path)
             else:
                 values, _ = frame.list_offsets(self.splits.train.column(frame.ITEMS))
@@ -133,7 +142,10 @@ class SessionDataModule(pl.LightningDataModule):
     def side(self) -> SideFeatureTransform | None:
         """The fitted side-feature transforms (fitted on the training split, or loaded)."""
         if self._side is None and self.side_features.sequence_features:
-            if self.features_path is not None:
+            if self.features_path is not None and _is_checkpoint(self.features_path):
+                saved = to_bytes(_saved(self.features_path, "features"))
+                self._side = SideFeatureTransform.from_bytes(saved, self.side_features, self.features_path)
+            elif self.features_path is not None:
                 self._side = SideFeatureTransform.load(self.features_path, self.side_features)
             else:
                 self._side = SideFeatureTransform(self.side_features).fit(self.splits.train, self.splits.source)
@@ -158,6 +170,27 @@ class SessionDataModule(pl.LightningDataModule):
         spec = self.side.spec if self.side is not None else SideInfoSpec()
         spec.item_vectors = {name: int(table.shape[1]) for name, table in self.item_vectors.items()}
         return spec
+
+    # -- checkpoint state ---------------------------------------------------------------
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The fitted vocabulary and side-feature transforms as file bytes (uint8 tensors): Lightning
+        saves them in every checkpoint, so a checkpoint maps raw ids and features exactly as in training."""
+        state = {"vocab": to_tensor(self.vocab.to_bytes())}
+        if self.side is not None:
+            state["features"] = to_tensor(self.side.to_bytes())
+        return state
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Take a checkpoint's vocabulary and transforms; refused when they differ from those in use."""
+        vocab = ItemVocab.from_bytes(to_bytes(state["vocab"]), "the checkpoint's vocabulary")
+        if self._vocab is not None and self._vocab != vocab:
+            raise ValueError(
+                f"the checkpoint's vocabulary ({len(vocab)} ids) differs from the one this data module uses "
+                f"({len(self._vocab)} ids): pass the checkpoint as --data.vocab_path, or train from scratch"
+            )
+        self._vocab = vocab
+        if "features" in state and self._side is None and self.side_features.sequence_features:
+            self._side = SideFeatureTransform.from_bytes(to_bytes(state["features"]), self.side_features, "the checkpoint")
 
     # -- tensors --------------------------------------------------------------------------
     def _encode(self, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
@@ -193,6 +226,11 @@ class SessionDataModule(pl.LightningDataModule):
         flat = {}
         if self.side is not None:
             flat = self.side.transform(getattr(self.splits, split), f"{self.splits.source} ({split} split)")
+        if len(offsets) > 1 and not (np.diff(offsets) >= 2).any():
+            raise ValueError(
+                f"{self.splits.source} ({split} split): no session has two or more events (all {len(offsets) - 1} "
+                "have one), so there is nothing to train on or evaluate; check the session_id column"
+            )
         if split == "train":
             starts, ends = offsets[:-1], offsets[1:]
             if self.augment_reversed:
@@ -210,7 +248,7 @@ class SessionDataModule(pl.LightningDataModule):
             pad = lambda values, dtype=None: frame.pad_sessions(values, starts, ends, self.max_length, dtype)
             self._tensors[split] = (torch.from_numpy(pad(ids, ITEM_DTYPE)), None)
         else:
-            targetable = None if virtual is None else ~virtual
+            targetable = frame.target_flags(getattr(self.splits, split), virtual)
             session, target_at = frame.expand_prefixes(offsets, self.eval_protocol, targetable)
             pad = lambda values, dtype=None: frame.pad_sessions(values, offsets[:-1][session], target_at, self.max_length, dtype)
             self._tensors[split] = (torch.from_numpy(pad(ids, ITEM_DTYPE)), torch.from_numpy(ids[target_at]))
@@ -261,6 +299,18 @@ class SessionDataModule(pl.LightningDataModule):
     def decode(self, ids: torch.Tensor) -> pa.Array:
         """Model ids -> raw item ids (flat)."""
         return self.vocab.decode(ids.detach().cpu().numpy())
+
+
+def _is_checkpoint(path: str) -> bool:
+    return str(path).endswith(".ckpt")
+
+
+def _saved(path: str, key: str) -> torch.Tensor:
+    """Entry `key` of the data module state a checkpoint carries; a clear error when it has none."""
+    state = data_state(path)
+    if state is None or key not in state:
+        raise ValueError(f"{path}: the checkpoint carries no {key}; pass the {key} file of its training run instead")
+    return state[key]
 
 
 def _virtual_flags(sessions: pa.Table) -> np.ndarray | None:

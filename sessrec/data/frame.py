@@ -20,6 +20,7 @@ SESSION = "session_id"
 ITEMS = "item_id"
 TIMES = "timestamp"
 VIRTUAL = "virtual"  # optional list<bool> column: True where ``item_id`` holds a virtual (non-product) key
+TARGETABLE = "targetable"  # optional list<bool> column: False where an event is context only, never a target
 
 
 def sort_events(events: pa.Table, schema: Schema) -> pa.Table:
@@ -91,6 +92,8 @@ def session_lengths(sessions: pa.Table) -> np.ndarray:
 
 def keep_recent(sessions: pa.Table, max_length: int) -> pa.Table:
     """Truncate every list column to the `max_length` most recent events of each session."""
+    if max_length < 1:
+        raise ValueError(f"max_length must be >= 1 (the most recent events kept per session), got {max_length}")
     lengths = session_lengths(sessions)
     if lengths.size == 0 or lengths.max() <= max_length:
         return sessions
@@ -141,7 +144,7 @@ def time_split(
         raise ValueError("give exactly one of test_days or test_fraction")
     if TIMES not in sessions.column_names:
         raise ValueError("time_split needs a timestamp column; the schema has none")
-    end = _last_times(sessions)
+    end = last_times(sessions)
     if test_days is not None:
         t_max = end.max() if end.size else 0.0
         t_test = t_max - test_days * 86400.0
@@ -156,7 +159,7 @@ def time_split(
     return tuple(sessions.filter(pa.array(split == k)) for k in range(3))  # type: ignore[return-value]
 
 
-def _last_times(sessions: pa.Table) -> np.ndarray:
+def last_times(sessions: pa.Table) -> np.ndarray:
     values, offsets = list_offsets(sessions.column(TIMES))
     flat = values.to_numpy(zero_copy_only=False)
     return flat[offsets[1:] - 1]
@@ -204,6 +207,19 @@ def prefix_rows(
         keep = np.asarray(targetable, dtype=bool)[new_ends - 1]
         new_starts, new_ends = new_starts[keep], new_ends[keep]
     return new_starts, new_ends
+
+
+def target_flags(sessions: pa.Table, virtual: np.ndarray | None = None) -> np.ndarray | None:
+    """(E,) bool: the events of a session table that may be evaluation targets, or None for all.
+
+    A virtual event (`virtual`, (E,) bool) is never a target; nor is one that the optional
+    ``targetable`` column marks False (the events before an SR-GNN release's shortest prefix).
+    """
+    flags = None if virtual is None else ~np.asarray(virtual, dtype=bool)
+    if TARGETABLE in sessions.column_names:
+        marked = list_offsets(sessions.column(TARGETABLE))[0].to_numpy(zero_copy_only=False).astype(bool)
+        flags = marked if flags is None else flags & marked
+    return flags
 
 
 def expand_prefixes(

@@ -66,7 +66,10 @@ class SessionLoader:
         self.items, self.targets, self.features = items, targets, features or None
         self.batch_size, self.shuffle, self.shuffle_chunk = batch_size, shuffle, max(1, shuffle_chunk)
         self.drop_last, self.pin_memory, self.seed = drop_last, pin_memory, seed
-        self.epoch = 0
+        self.epoch = 0  # the epoch whose order the next iteration draws (`set_epoch`)
+        self._current = 0  # the epoch of the iteration in progress
+        self._position = 0  # batches of it handed out so far
+        self._resume_at = 0  # batches to skip at the start of the next iteration (`load_state_dict`)
         self.lengths = (items != 0).sum(dim=1)  # (N,)
         # NumPy views of the same memory, for the per-batch gathers (see the module docstring)
         self._items = items.numpy()
@@ -89,10 +92,26 @@ class SessionLoader:
         order = (chunks[:, None] * self.shuffle_chunk + torch.arange(self.shuffle_chunk)[None, :]).reshape(-1)
         return order[order < n]
 
+    def set_epoch(self, epoch: int) -> None:
+        """Draw the next iteration's order for `epoch` (the trainer's epoch, so a resumed run shuffles alike)."""
+        self.epoch = int(epoch)
+
+    def state_dict(self) -> dict[str, int]:
+        """Where the current epoch stands: its number and the batches handed out (Lightning saves it in
+        checkpoints and hands it back on resume, so a run killed mid-epoch continues at the next batch)."""
+        return {"epoch": self._current, "position": self._position, "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue the epoch of `state` after the batches it had handed out."""
+        if int(state.get("seed", self.seed)) != self.seed:
+            raise ValueError(f"the saved loader state was shuffled with seed {state['seed']}, this loader with {self.seed}")
+        self.epoch, self._resume_at = int(state["epoch"]), int(state["position"])
+
     def __iter__(self) -> Iterator[SessionBatch]:
         n, width = self.items.shape
         order = self._order()
-        self.epoch += 1
+        self._current, self.epoch = self.epoch, self.epoch + 1  # without set_epoch, each iteration draws anew
+        skip, self._resume_at, self._position = self._resume_at, 0, 0
         order = np.arange(n) if order is None else order.numpy()
         if self.drop_last:
             order = order[: len(self) * self.batch_size]
@@ -100,7 +119,8 @@ class SessionLoader:
         b = self.batch_size
         lengths = np.pad(self.lengths.numpy().take(order), (0, (-len(order)) % b))
         widths = lengths.reshape(-1, b).max(axis=1).clip(min=1).tolist()
-        for start, w in zip(range(0, len(order), b), widths):
+        for start, w in zip(range(skip * b, len(order), b), widths[skip:]):
+            self._position += 1
             rows = order[start : start + b]  # a view: no per-epoch split into hundreds of arrays
             cut = width - w  # trim to the longest session in the batch
             feats = None

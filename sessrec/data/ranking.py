@@ -24,6 +24,7 @@ import pytorch_lightning as pl
 import torch
 
 from sessrec.data.atomic import atomic_path
+from sessrec.data.checkpoint import data_state, to_bytes, to_tensor
 from sessrec.data.clickouts import (
     CLICKS,
     DENSE_FEATURES,
@@ -70,19 +71,36 @@ class RankingVocab:
         """Rows of each sparse feature's table (padding and unseen included)."""
         return {name: len(self.vocabs[name]) for name in SPARSE_FEATURES}
 
-    def save(self, path: str | os.PathLike) -> Path:
+    def to_table(self) -> pa.Table:
+        """``feature``, ``raw_id``, ``count``: every feature's vocabulary, one after the other."""
         parts = [
             pa.table({"feature": pa.array([name] * len(v.raw_ids)), "raw_id": v.raw_ids.cast(pa.string()),
                       "count": v.counts})
             for name, v in self.vocabs.items()
         ]
+        return pa.concat_tables(parts)
+
+    def save(self, path: str | os.PathLike) -> Path:
         with atomic_path(path) as tmp:
-            pq.write_table(pa.concat_tables(parts), tmp)
+            pq.write_table(self.to_table(), tmp)
         return Path(path)
+
+    def to_bytes(self) -> bytes:
+        """The parquet file `save` writes, in memory (a checkpoint carries it)."""
+        sink = pa.BufferOutputStream()
+        pq.write_table(self.to_table(), sink)
+        return sink.getvalue().to_pybytes()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, source: str | os.PathLike) -> RankingVocab:
+        return cls.from_table(pq.read_table(pa.BufferReader(data)), source)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> RankingVocab:
-        table = pq.read_table(path)
+        return cls.from_table(pq.read_table(path), path)
+
+    @classmethod
+    def from_table(cls, table: pa.Table, path: str | os.PathLike) -> RankingVocab:
         if table.column_names != ["feature", "raw_id", "count"]:
             raise ValueError(f"{path}: not a sessrec ranking vocabulary (columns {table.column_names})")
         feature = table.column("feature").to_numpy(zero_copy_only=False)
@@ -345,9 +363,29 @@ class ClickoutDataModule(pl.LightningDataModule):
     @property
     def vocab(self) -> RankingVocab:
         if self._vocab is None:
-            self._vocab = (RankingVocab.load(self.vocab_path) if self.vocab_path is not None
-                           else RankingVocab.fit(self.rows["train"], self.min_count))
+            if self.vocab_path is not None and str(self.vocab_path).endswith(".ckpt"):
+                state = data_state(self.vocab_path)
+                if state is None or "vocab" not in state:
+                    raise ValueError(f"{self.vocab_path}: the checkpoint carries no ranking vocabulary")
+                self._vocab = RankingVocab.from_bytes(to_bytes(state["vocab"]), self.vocab_path)
+            elif self.vocab_path is not None:
+                self._vocab = RankingVocab.load(self.vocab_path)
+            else:
+                self._vocab = RankingVocab.fit(self.rows["train"], self.min_count)
         return self._vocab
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The fitted vocabulary as file bytes; Lightning saves it in every checkpoint."""
+        return {"vocab": to_tensor(self.vocab.to_bytes())}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        vocab = RankingVocab.from_bytes(to_bytes(state["vocab"]), "the checkpoint's ranking vocabulary")
+        if self._vocab is not None and self._vocab.cardinalities != vocab.cardinalities:
+            raise ValueError(
+                f"the checkpoint's ranking vocabulary {vocab.cardinalities} differs from the one in use "
+                f"{self._vocab.cardinalities}: pass the checkpoint as --data.vocab_path"
+            )
+        self._vocab = vocab
 
     @property
     def cardinalities(self) -> dict[str, int]:

@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from sessrec.data import frame
 from sessrec.data.schema import Schema, SchemaError
 
 
@@ -43,11 +44,25 @@ def _is_parquet(path: Path) -> bool:
     return ".parquet" in path.name or path.suffix == ".pq"
 
 
-def read_table(path: str | Path, delimiter: str | None = None, columns: list[str] | None = None) -> pa.Table:
-    """Read a CSV/TSV (gzip ok) or parquet file into Arrow; errors name the file."""
+def read_table(
+    path: str | Path,
+    delimiter: str | None = None,
+    columns: list[str] | None = None,
+    string_columns: list[str] | None = None,
+) -> pa.Table:
+    """Read a CSV/TSV (gzip ok) or parquet file into Arrow; errors name the file.
+
+    Args:
+        path: the file.
+        delimiter: field separator of a text file; sniffed from the header when None.
+        columns: read only these columns.
+        string_columns: columns of a text file read as text, not inferred (ids beyond int64).
+    """
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file")
+    if path.is_dir():
+        raise SchemaError(f"{path}: is a folder, expected a CSV/TSV or parquet file")
     try:
         if _is_parquet(path):
             return pq.read_table(path, columns=columns)
@@ -55,6 +70,7 @@ def read_table(path: str | Path, delimiter: str | None = None, columns: list[str
         parse = pacsv.ParseOptions(delimiter=delim)
         convert = pacsv.ConvertOptions(
             include_columns=columns,
+            column_types={c: pa.string() for c in string_columns or []},
             null_values=["", "NA", "NaN", "null", "None"],
             strings_can_be_null=True,
         )
@@ -74,7 +90,7 @@ def read_events(path: str | Path, schema: Schema, delimiter: str | None = None) 
     Returns:
         The validated table (see `Schema.validate`): ids as int64 or string, times as float seconds.
     """
-    table = read_table(path, delimiter=delimiter)
+    table = read_table(path, delimiter=delimiter, string_columns=schema.id_columns if schema.string_ids else None)
     return schema.validate(table, source=str(path))
 
 
@@ -133,42 +149,62 @@ class SRGNNData:
     test_labels: np.ndarray  # (P,)
     source: str = "SR-GNN test pairs"
 
-    def test_sessions(self) -> pa.ListArray:
-        """Reassemble the test sessions from the pairs (each session's longest prefix + label).
+    def _runs(self) -> tuple[np.ndarray, np.ndarray]:
+        """First pair (S,) of each run of pairs that expand one session, and the prefix lengths (P,).
 
-        The pairs are written longest prefix first and a session's run ends with its length-1
-        prefix, so session starts are the pairs that follow a length-1 prefix.
-
-        Raises:
-            SchemaError: when the prefix lengths do not count down to 1 within every run.
+        SR-GNN writes a session longest prefix first: ``s[:-1] -> s[-1]``, ``s[:-2] -> s[-2]``, ...
+        Pair ``i`` continues pair ``i - 1`` when its prefix is that prefix without its last item
+        and its label is that item. Releases differ in where a run stops (at prefix length 1, or
+        at 2 in several later ones) and some order pairs otherwise: a pair that continues nothing
+        starts a run of its own, so every layout is read, pair for pair.
         """
         lengths = pc.list_value_length(self.test_prefixes).to_numpy(zero_copy_only=False).astype(np.int64)
-        if lengths.size == 0:
-            return pa.ListArray.from_arrays(pa.array([0], pa.int32()), pa.array([], pa.int64()))
-        if lengths[-1] != 1:
-            raise SchemaError(
-                f"{self.source}: the test pairs do not end with a length-1 prefix; not the SR-GNN expansion"
-            )
-        starts = np.concatenate([[0], np.flatnonzero(lengths == 1)[:-1] + 1])
-        run = np.diff(np.concatenate([starts, [lengths.size]]))
-        # within a run the prefix lengths must be n-1, n-2, ..., 1 (SR-GNN's expansion of one session)
-        expected = np.repeat(lengths[starts] + np.arange(lengths.size)[starts], run) - np.arange(lengths.size)
-        if not np.array_equal(lengths, expected):
-            row = int(np.flatnonzero(lengths != expected)[0])
-            raise SchemaError(
-                f"{self.source}: test pair {row} has a prefix of length {lengths[row]}, "
-                f"expected {expected[row]}: the pairs are not SR-GNN's longest-prefix-first expansion"
-            )
+        if (lengths == 0).any():
+            row = int(np.flatnonzero(lengths == 0)[0])
+            raise SchemaError(f"{self.source}: test pair {row} has an empty prefix (label {self.test_labels[row]})")
+        values = frame.list_offsets(self.test_prefixes)[0].to_numpy()
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        follows = np.zeros(lengths.size, dtype=bool)  # (P,) continues the pair before it
+        follows[1:] = (lengths[1:] == lengths[:-1] - 1) & (self.test_labels[1:] == values[offsets[1:-1] - 1])
+        pair_of = np.repeat(np.arange(lengths.size), lengths)  # (E,) pair of each prefix item
+        check = follows[pair_of]
+        at = np.flatnonzero(check)  # items of the candidate pairs, each against the item before it in the previous prefix
+        same = values[at] == values[offsets[pair_of[at] - 1] + at - offsets[pair_of[at]]]
+        follows[pair_of[at[~same]]] = False
+        return np.flatnonzero(~follows), lengths
+
+    def test_sessions(self) -> pa.ListArray:
+        """The test sessions reassembled from the pairs: each run's longest prefix + its label.
+
+        With `test_targets` these give back exactly the shipped pairs: a pair's prefix is its
+        session's events before the pair's target.
+        """
+        starts, lengths = self._runs()
         longest = self.test_prefixes.take(pa.array(starts))
-        values, offsets = longest.values.to_numpy(), longest.offsets.to_numpy()
-        out_len = np.diff(offsets) + 1
-        out_off = np.concatenate([[0], np.cumsum(out_len)])
+        values, _ = frame.list_offsets(longest)
+        out_off = np.concatenate([[0], np.cumsum(lengths[starts] + 1)])
         flat = np.empty(out_off[-1], dtype=np.int64)
         is_label = np.zeros(out_off[-1], dtype=bool)
         is_label[out_off[1:] - 1] = True
         flat[is_label] = self.test_labels[starts]
-        flat[~is_label] = values[offsets[0] : offsets[-1]]
+        flat[~is_label] = values.to_numpy()
         return pa.ListArray.from_arrays(pa.array(out_off.astype(np.int32)), pa.array(flat))
+
+    def test_targets(self) -> np.ndarray | None:
+        """(E,) bool over the events of `test_sessions`: True at the shipped pairs' targets.
+
+        None when every event after a session's first is a target (runs down to length-1
+        prefixes, the original SR-GNN release), so that every prefix is a pair; otherwise the
+        other events are context only (prefixes of length 1 that a release does not ship).
+        """
+        starts, lengths = self._runs()
+        runs = np.diff(np.concatenate([starts, [lengths.size]]))
+        if np.array_equal(runs, lengths[starts]):
+            return None
+        out_off = np.concatenate([[0], np.cumsum(lengths[starts] + 1)])
+        flags = np.zeros(out_off[-1], dtype=bool)
+        flags[np.repeat(out_off[:-1], runs) + lengths] = True  # a pair's target follows its prefix
+        return flags
 
 
 def read_srgnn(directory: str | Path) -> SRGNNData:
@@ -214,6 +250,10 @@ def read_user_sequences(path: str | Path, layout: Literal["pairs", "lines"] = "p
         Events with the user as ``session_id`` and the within-user ``position`` as the time order.
     """
     path = Path(path)
+    if layout not in ("pairs", "lines"):
+        raise ValueError(f"layout must be 'pairs' or 'lines', got {layout!r}")
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file" + (" (a folder)" if path.exists() else ""))
     if layout == "pairs":
         opts = pacsv.ReadOptions(column_names=["session_id", "item_id"])
         try:
@@ -223,7 +263,7 @@ def read_user_sequences(path: str | Path, layout: Literal["pairs", "lines"] = "p
                 parse_options=pacsv.ParseOptions(delimiter=" "),
                 convert_options=pacsv.ConvertOptions(column_types={"session_id": pa.int64(), "item_id": pa.int64()}),
             )
-        except pa.ArrowInvalid as err:
+        except (pa.ArrowInvalid, OSError) as err:
             raise SchemaError(f"{path}: expected 'user item' integer pairs per line: {err}") from err
         users = table.column("session_id").to_numpy()
         if len(users) and np.any(users[1:] < users[:-1]):
@@ -231,24 +271,38 @@ def read_user_sequences(path: str | Path, layout: Literal["pairs", "lines"] = "p
             raise SchemaError(f"{path}: column 'session_id' is not grouped by user (value {users[row]} at row {row})")
     elif layout == "lines":
         opener = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rt") as f:
-            lines = pa.array(f.read().splitlines(), type=pa.string())
+        try:
+            with opener(path, "rb") as f:
+                data = f.read()
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as err:
+            line = data.count(b"\n", 0, err.start) + 1
+            raise SchemaError(f"{path}: line {line} is not valid UTF-8 text ({err.reason} at byte {err.start})") from err
+        except OSError as err:  # e.g. not gzip
+            raise SchemaError(f"{path}: cannot be read: {err}") from err
+        lines = pa.array(text.splitlines(), type=pa.string())
         tokens = pc.split_pattern(pc.utf8_trim_whitespace(lines), " ")
         lengths = pc.list_value_length(tokens).to_numpy()
         if np.any(lengths < 2):
             row = int(np.flatnonzero(lengths < 2)[0])
             raise SchemaError(f"{path}: line {row + 1} has no items: {lines[row].as_py()!r}")
+        offsets = tokens.offsets.to_numpy()
+        digits = pc.match_substring_regex(tokens.values, r"^\d+$").to_numpy(zero_copy_only=False)
+        if not digits.all():
+            at = int(np.flatnonzero(~digits)[0])
+            line = int(np.searchsorted(offsets, at, side="right"))
+            raise SchemaError(
+                f"{path}: line {line}: {tokens.values[at].as_py()!r} is not a non-negative integer id "
+                "(expected 'user item item ...' separated by single spaces)"
+            )
         try:
             flat = pc.cast(tokens.values, pa.int64()).to_numpy()
         except pa.ArrowInvalid as err:
             raise SchemaError(f"{path}: expected 'user item item ...' integers per line: {err}") from err
-        offsets = tokens.offsets.to_numpy()
         is_user = np.zeros(len(flat), dtype=bool)
         is_user[offsets[:-1]] = True
         user = np.repeat(flat[offsets[:-1]], lengths - 1)
         table = pa.table({"session_id": user, "item_id": flat[~is_user]})
-    else:
-        raise ValueError(f"layout must be 'pairs' or 'lines', got {layout!r}")
     sessions = table.column("session_id").to_numpy()
     starts = np.concatenate([[0], np.flatnonzero(sessions[1:] != sessions[:-1]) + 1])
     run_start = np.repeat(starts, np.diff(np.concatenate([starts, [len(sessions)]])))

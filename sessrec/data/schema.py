@@ -9,7 +9,7 @@ the input without reading our code.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 import numpy as np
 import pyarrow as pa
@@ -35,6 +35,12 @@ class FeatureSpec:
     name: str
     kind: FeatureKind = "categorical"
 
+    def __post_init__(self) -> None:
+        if self.kind not in get_args(FeatureKind):
+            raise ValueError(
+                f"feature {self.name!r}: kind must be one of {list(get_args(FeatureKind))}, got {self.kind!r}"
+            )
+
 
 @dataclass(frozen=True)
 class Schema:
@@ -49,6 +55,12 @@ class Schema:
         order_by: optional tie-breaking column within a session (e.g. trivago's ``step``,
             DIGINETICA's ``timeframe``).
         features: side-feature columns carried along with the items.
+        string_ids: read the session and item id columns of a text file as strings, for ids that
+            do not fit int64 (20-digit ids); integer ids of a parquet file are converted to text.
+
+    Raises:
+        ValueError: on an unknown `time_unit`, or one column given two roles (which would make
+            the validated table drop one of them silently).
     """
 
     session_id: str = "session_id"
@@ -57,6 +69,24 @@ class Schema:
     time_unit: TimeUnit = "s"
     order_by: str | None = None
     features: list[FeatureSpec] = field(default_factory=list)
+    string_ids: bool = False
+
+    def __post_init__(self) -> None:
+        if self.time_unit not in get_args(TimeUnit):
+            raise ValueError(f"Schema: time_unit must be one of {list(get_args(TimeUnit))}, got {self.time_unit!r}")
+        roles = [("session_id", self.session_id), ("item_id", self.item_id)]
+        roles += [(role, c) for role, c in (("timestamp", self.timestamp), ("order_by", self.order_by)) if c is not None]
+        roles += [(f"features[{i}]", f.name) for i, f in enumerate(self.features)]
+        seen: dict[str, str] = {}
+        for role, column in roles:
+            if not isinstance(column, str) or not column:
+                raise ValueError(f"Schema: {role} must be a column name, got {column!r}")
+            if column in seen:
+                raise ValueError(
+                    f"Schema: column {column!r} is given two roles, {seen[column]} and {role}; "
+                    "each role needs its own column"
+                )
+            seen[column] = role
 
     @property
     def columns(self) -> list[str]:
@@ -64,11 +94,22 @@ class Schema:
         cols += [c for c in (self.timestamp, self.order_by) if c is not None]
         return cols + [f.name for f in self.features]
 
-    def validate(self, table: pa.Table, source: str = "<table>") -> pa.Table:
+    @property
+    def id_columns(self) -> list[str]:
+        """The session and item id columns (read as text from a CSV file when `string_ids`)."""
+        return [self.session_id, self.item_id]
+
+    def validate(self, table: pa.Table, source: str = "<table>", first_row: int = 0) -> pa.Table:
         """Check `table` against the schema and return it with normalized columns.
 
         The returned table has the schema's columns only; the timestamp (if any) is converted to
         float64 seconds since the epoch.
+
+        Args:
+            table: the rows read from `source`.
+            source: the file (or a description of it), for messages.
+            first_row: the file row of the table's first row (a chunk of a streamed file), so that
+                messages name rows of the file.
 
         Raises:
             SchemaError: on a missing column, wrong dtype, null or negative id, or unparsable time.
@@ -81,71 +122,142 @@ class Schema:
                 f"{source}: column {missing[0]!r} is missing; the file has columns {table.column_names}. "
                 "Set the schema's column names to match the file."
             )
+        rows = first_row
         out = {
-            self.session_id: _check_id(table, self.session_id, source),
-            self.item_id: _check_id(table, self.item_id, source),
+            self.session_id: _check_id(table, self.session_id, source, rows, self.string_ids),
+            self.item_id: _check_id(table, self.item_id, source, rows, self.string_ids),
         }
         if self.timestamp is not None:
-            out[self.timestamp] = _parse_time(table, self.timestamp, self.time_unit, source)
+            out[self.timestamp] = _parse_time(table, self.timestamp, self.time_unit, source, rows)
         if self.order_by is not None:
-            out[self.order_by] = _check_numeric(table, self.order_by, source)
+            out[self.order_by] = _check_numeric(table, self.order_by, source, rows)
         for feat in self.features:
             if feat.kind == "continuous":
-                out[feat.name] = _check_numeric(table, feat.name, source)
+                out[feat.name] = _check_numeric(table, feat.name, source, rows)
             else:
-                out[feat.name] = _check_id(table, feat.name, source)
+                out[feat.name] = _check_id(table, feat.name, source, rows)
         return pa.table(out)
 
 
-def _example(column: pa.ChunkedArray, bad: np.ndarray) -> tuple[object, int]:
-    row = int(np.flatnonzero(bad)[0])
-    return column[row].as_py(), row
+Rows = int | np.ndarray
+"""Where the values of a column sit in the file: the file row of the first value (each value one
+row), or an (E,) array of the file row of every value (the flattened values of a list column)."""
 
 
-def _check_id(table: pa.Table, name: str, source: str) -> pa.ChunkedArray:
+def _row(rows: Rows, index: int) -> int:
+    return int(rows[index]) if isinstance(rows, np.ndarray) else rows + index
+
+
+def _example(column: pa.ChunkedArray, bad: np.ndarray, rows: Rows = 0) -> tuple[object, int]:
+    """The first bad value of `column` and its file row."""
+    index = int(np.flatnonzero(bad)[0])
+    return column[index].as_py(), _row(rows, index)
+
+
+_INT64_MAX = np.iinfo(np.int64).max
+_BEYOND_INT64 = "read the column as strings (Schema(string_ids=True), or store it as text)"
+
+
+def first_failing_cast(values: pa.Array | pa.ChunkedArray, to: pa.DataType) -> int | None:
+    """Index of the first value of `values` that does not cast to `to`, or None when all do.
+
+    Found by bisection over casts of slices (each cast checks its whole slice), so the search
+    stays vectorized: about log2(E) casts of shrinking slices, only when the whole cast fails.
+    """
+    arr = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+    cast_errors = (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError)
+    try:
+        arr.cast(to)
+        return None
+    except cast_errors:
+        lo, hi = 0, len(arr)  # the first failing value lies in [lo, hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        try:
+            arr.slice(lo, mid - lo).cast(to)
+            lo = mid
+        except cast_errors:
+            hi = mid
+    return lo
+
+
+def _check_text(col: pa.ChunkedArray, name: str, source: str, rows: Rows) -> pa.ChunkedArray:
+    """A binary column as UTF-8 text; raises naming the first value that is not valid UTF-8."""
+    bad = first_failing_cast(col, pa.string())
+    if bad is not None:
+        raise SchemaError(
+            f"{source}: column {name!r} is not valid UTF-8 text: value {col[bad].as_py()!r} at row {_row(rows, bad)}; "
+            "re-encode the file as UTF-8"
+        )
+    return col.cast(pa.string())
+
+
+def _check_id(
+    table: pa.Table, name: str, source: str, rows: Rows = 0, string_ids: bool = False
+) -> pa.ChunkedArray:
     col = table.column(name)
     typ = col.type
     if pa.types.is_dictionary(typ):
         col = col.cast(typ.value_type)
         typ = col.type
+    if pa.types.is_binary(typ) or pa.types.is_large_binary(typ):
+        col = _check_text(col, name, source, rows)
+        typ = col.type
+    if pa.types.is_decimal(typ):
+        try:
+            col, typ = col.cast(pa.int64()), pa.int64()
+        except pa.ArrowInvalid:
+            pass  # a fraction, or beyond int64: reported below
     if not (pa.types.is_integer(typ) or pa.types.is_string(typ) or pa.types.is_large_string(typ)):
         bad = col.is_valid().to_numpy(zero_copy_only=False)
-        if pa.types.is_floating(typ):
+        if pa.types.is_floating(typ) or pa.types.is_decimal(typ):
             # point at a value with a fraction: a column of whole floats is reported at its first row
-            values = col.to_numpy(zero_copy_only=False)
+            values = col.cast(pa.float64()).to_numpy(zero_copy_only=False)
             fraction = bad & (values != np.floor(values))
+            too_big = bad & ~fraction & (np.abs(values) > _INT64_MAX)
+            if too_big.any() and not fraction.any():
+                value, row = _example(col, too_big, rows)
+                raise SchemaError(
+                    f"{source}: column {name!r} holds ids that do not fit int64 (e.g. {value} at row {row}, "
+                    f"read as {typ}); {_BEYOND_INT64}"
+                )
             bad = fraction if fraction.any() else bad
-        value, row = _example(col, bad) if bad.any() else (None, 0)
+        value, row = _example(col, bad, rows) if bad.any() else (None, _row(rows, 0))
         raise SchemaError(
             f"{source}: column {name!r} has dtype {typ}, expected integer or string ids "
             f"(example value {value!r} at row {row})"
         )
     nulls = col.is_null().to_numpy(zero_copy_only=False)
     if nulls.any():
-        row = int(np.flatnonzero(nulls)[0])
-        raise SchemaError(f"{source}: column {name!r} has a null id at row {row}; drop or fill those rows")
+        raise SchemaError(
+            f"{source}: column {name!r} has a null id at row {_example(col, nulls, rows)[1]}; drop or fill those rows"
+        )
     if pa.types.is_signed_integer(typ):
         negative = pc.less(col, 0).to_numpy(zero_copy_only=False)
         if negative.any():
-            value, row = _example(col, negative)
+            value, row = _example(col, negative, rows)
             raise SchemaError(f"{source}: column {name!r} has a negative id {value!r} at row {row}")
     if pa.types.is_integer(typ):
-        if pa.types.is_uint64(typ):
-            limit = pa.scalar(np.iinfo(np.int64).max, pa.uint64())
+        if pa.types.is_uint64(typ) and not string_ids:
+            limit = pa.scalar(_INT64_MAX, pa.uint64())
             too_big = pc.greater(col, limit).to_numpy(zero_copy_only=False)
             if too_big.any():
-                value, row = _example(col, too_big)
-                raise SchemaError(f"{source}: column {name!r} has an id {value!r} at row {row} beyond int64")
-        return col.cast(pa.int64())
+                value, row = _example(col, too_big, rows)
+                raise SchemaError(
+                    f"{source}: column {name!r} holds ids that do not fit int64 (e.g. {value!r} at row {row}); "
+                    f"{_BEYOND_INT64}"
+                )
+        return col.cast(pa.string()) if string_ids else col.cast(pa.int64())
     empty = pc.equal(pc.utf8_length(col), 0).to_numpy(zero_copy_only=False)
     if empty.any():
-        row = int(np.flatnonzero(empty)[0])
-        raise SchemaError(f"{source}: column {name!r} has an empty string id at row {row}")
+        raise SchemaError(f"{source}: column {name!r} has an empty string id at row {_example(col, empty, rows)[1]}")
     return col.cast(pa.string())
 
 
-def _check_numeric(table: pa.Table, name: str, source: str) -> pa.ChunkedArray:
+def _check_numeric(table: pa.Table, name: str, source: str, rows: Rows = 0) -> pa.ChunkedArray:
     col = table.column(name)
+    if pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type):
+        col = _check_text(col, name, source, rows)
     if not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)):
         bad = col.is_valid().to_numpy(zero_copy_only=False)
         if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
@@ -153,7 +265,7 @@ def _check_numeric(table: pa.Table, name: str, source: str) -> pa.ChunkedArray:
             number = pc.match_substring_regex(col, _NUMBER).fill_null(True).to_numpy(zero_copy_only=False)
             text = bad & ~number
             bad = text if text.any() else bad
-        value, row = _example(col, bad) if bad.any() else (None, 0)
+        value, row = _example(col, bad, rows) if bad.any() else (None, _row(rows, 0))
         raise SchemaError(
             f"{source}: column {name!r} has dtype {col.type}, expected numbers "
             f"(value {value!r} at row {row} is not a number)"
@@ -161,7 +273,7 @@ def _check_numeric(table: pa.Table, name: str, source: str) -> pa.ChunkedArray:
     values = col.cast(pa.float64()).to_numpy(zero_copy_only=False)
     bad = ~np.isfinite(values)
     if bad.any():
-        value, row = _example(col, bad)
+        value, row = _example(col, bad, rows)
         raise SchemaError(f"{source}: column {name!r} has a missing or non-finite value {value!r} at row {row}")
     return pa.chunked_array([pa.array(values, pa.float64())])
 
@@ -170,9 +282,15 @@ _NUMBER = r"^\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*$"
 _UNIT_SECONDS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 
 
-def _parse_time(table: pa.Table, name: str, unit: TimeUnit, source: str) -> pa.ChunkedArray:
-    """Return event times as float64 seconds since the epoch."""
+def _parse_time(table: pa.Table, name: str, unit: TimeUnit, source: str, rows: Rows = 0) -> pa.ChunkedArray:
+    """Return event times as float64 seconds since the epoch.
+
+    A negative number is refused: it is a placeholder for a missing time (-1) far more often than
+    a time before 1970, and it would sort the event first in its session.
+    """
     col = table.column(name)
+    if pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type):
+        col = _check_text(col, name, source, rows)
     typ = col.type
     if pa.types.is_timestamp(typ) or pa.types.is_date(typ):
         seconds = pc.cast(pc.cast(col, pa.timestamp("us")), pa.int64()).to_numpy(zero_copy_only=False) * 1e-6
@@ -180,12 +298,12 @@ def _parse_time(table: pa.Table, name: str, unit: TimeUnit, source: str) -> pa.C
     elif pa.types.is_string(typ) or pa.types.is_large_string(typ):
         nulls = col.is_null().to_numpy(zero_copy_only=False)
         if nulls.any():
-            value, row = _example(col, nulls)
+            value, row = _example(col, nulls, rows)
             raise SchemaError(f"{source}: column {name!r} has a missing timestamp {value!r} at row {row}")
         parsed = _parse_time_strings(col)
         nulls = parsed.is_null().to_numpy(zero_copy_only=False)
         if nulls.any():
-            value, row = _example(col, nulls)
+            value, row = _example(col, nulls, rows)
             raise SchemaError(
                 f"{source}: column {name!r} has an unparsable timestamp {value!r} at row {row}; "
                 "expected ISO-8601 (2016-05-09 or 2016-05-09T10:51:09Z) or numbers with time_unit set"
@@ -194,15 +312,26 @@ def _parse_time(table: pa.Table, name: str, unit: TimeUnit, source: str) -> pa.C
     elif pa.types.is_integer(typ) or pa.types.is_floating(typ):
         if unit == "datetime":
             raise SchemaError(
-                f"{source}: column {name!r} holds numbers (e.g. {col[0].as_py()!r} at row 0); "
+                f"{source}: column {name!r} holds numbers (e.g. {col[0].as_py()!r} at row {_row(rows, 0)}); "
                 "set time_unit to s, ms, us or ns"
             )
         seconds = col.cast(pa.float64()).to_numpy(zero_copy_only=False) * _UNIT_SECONDS[unit]
         nulls = ~np.isfinite(seconds)
+        negative = ~nulls & (seconds < 0)
+        if negative.any():
+            value, row = _example(col, negative, rows)
+            raise SchemaError(
+                f"{source}: column {name!r} has a negative timestamp {value!r} at row {row} (before 1970); "
+                "drop or fill those rows"
+            )
     else:
-        raise SchemaError(f"{source}: column {name!r} has dtype {typ}, which is not a timestamp")
+        raise SchemaError(
+            f"{source}: column {name!r} has dtype {typ} (e.g. {col[0].as_py()!r} at row {_row(rows, 0)}), "
+            "which is not a timestamp; "
+            "expected numbers, timestamps or ISO-8601 text"
+        )
     if nulls.any():
-        value, row = _example(col, nulls)
+        value, row = _example(col, nulls, rows)
         raise SchemaError(f"{source}: column {name!r} has a missing timestamp {value!r} at row {row}")
     return pa.chunked_array([pa.array(np.asarray(seconds, dtype=np.float64))])
 

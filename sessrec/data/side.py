@@ -182,10 +182,21 @@ class SideFeatureTransform:
         """One ``.npz`` (written under a temporary name, then renamed) with every fitted table."""
         return self.pipeline.save(path)
 
+    def to_bytes(self) -> bytes:
+        """The file `save` writes, in memory (a checkpoint carries it)."""
+        return self.pipeline.to_bytes()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, config: SideFeatures, source: str | os.PathLike) -> SideFeatureTransform:
+        return cls._checked(FeaturePipeline.from_bytes(data, source), config, source)
+
     @classmethod
     def load(cls, path: str | os.PathLike, config: SideFeatures) -> SideFeatureTransform:
         """The transforms saved beside a checkpoint; refused when they do not match `config`."""
-        pipeline = FeaturePipeline.load(path)
+        return cls._checked(FeaturePipeline.load(path), config, path)
+
+    @classmethod
+    def _checked(cls, pipeline: FeaturePipeline, config: SideFeatures, path: str | os.PathLike) -> SideFeatureTransform:
         out = cls(config)
         expected = {k: (type(op).__name__, op.get_config()) for k, op in out.pipeline.ops.items()}
         found = {k: (type(op).__name__, op.get_config()) for k, op in pipeline.ops.items()}

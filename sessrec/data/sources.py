@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
 
@@ -77,7 +78,8 @@ class SRGNNSource(SessionSource):
     """An SR-GNN/GCE-GNN benchmark folder (diginetica, yoochoose 1/64, Tmall, Nowplaying).
 
     Training sessions come from ``all_train_seq.txt``; the test sessions are reassembled from
-    ``test.txt`` so that the ``all_prefixes`` protocol reproduces the shipped test pairs exactly.
+    ``test.txt`` so that the ``all_prefixes`` protocol reproduces the shipped test pairs exactly:
+    where a release ships no length-1 prefixes, a ``targetable`` column marks the shipped targets.
 
     Args:
         path: folder with ``all_train_seq.txt[.gz]`` and ``test.txt[.gz]``.
@@ -92,7 +94,12 @@ class SRGNNSource(SessionSource):
     def load(self) -> SessionSplits:
         data = read_srgnn(self.path)
         train, valid = _tail_split(_session_table(data.train), self.valid_fraction)
-        test = _session_table(data.test_sessions(), first_id=len(data.train))
+        sessions = data.test_sessions()
+        test = _session_table(sessions, first_id=len(data.train))
+        targets = data.test_targets()
+        if targets is not None:
+            flags = pa.ListArray.from_arrays(sessions.offsets, pa.array(targets))
+            test = test.append_column(frame.TARGETABLE, flags)
         return SessionSplits(train=train, valid=valid, test=test, source=str(self.path))
 
 
@@ -139,11 +146,25 @@ class EventLogSource(SessionSource):
         self.valid_days, self.valid_fraction = valid_days, valid_fraction
         if test_path is None and test_days is None and test_fraction is None:
             raise ValueError("EventLogSource needs test_path, test_days or test_fraction to hold out a test set")
+        if max_length is not None and max_length < max(min_length, 2):
+            raise ValueError(
+                f"EventLogSource: max_length must be >= 2 and >= min_length ({min_length}), got {max_length}: "
+                "sessions cut shorter give no (prefix, next item) pair"
+            )
 
     def sessions(self, path: str) -> pa.Table:
+        """The sessions of one file with at least `min_length` events; raises when none is left."""
         events = frame.sort_events(read_events(path, self.schema, self.delimiter), self.schema)
         sessions = frame.group_sessions(events, self.schema, drop_repeats=self.drop_repeats)
-        return frame.filter_lengths(sessions, self.min_length, self.max_length)
+        kept = frame.filter_lengths(sessions, self.min_length, self.max_length)
+        if kept.num_rows == 0:
+            longest = int(frame.session_lengths(sessions).max())
+            raise ValueError(
+                f"{path}: no session has {self.min_length} or more events (the {sessions.num_rows} sessions "
+                f"have at most {longest}{' after dropping repeats' if self.drop_repeats else ''}), so there is "
+                f"nothing to train on or evaluate; check the schema's session_id column ({self.schema.session_id!r})"
+            )
+        return kept
 
     def load(self) -> SessionSplits:
         train = self.sessions(self.path)
@@ -210,7 +231,13 @@ class UserSequenceSource(SessionSource):
     def load(self) -> SessionSplits:
         events = read_user_sequences(self.path, self.layout)
         schema = Schema(timestamp=None, order_by="position")
-        sessions = frame.filter_lengths(frame.group_sessions(events, schema), min_length=self.min_length)
+        users = frame.group_sessions(events, schema)
+        sessions = frame.filter_lengths(users, min_length=self.min_length)
+        if sessions.num_rows == 0:
+            raise ValueError(
+                f"{self.path}: no user has {self.min_length} or more interactions (the {users.num_rows} users have "
+                f"at most {int(frame.session_lengths(users).max())}), so leave-one-out has nothing to train on"
+            )
         sessions = sessions.select([frame.SESSION, frame.ITEMS])
         values, offsets = frame.list_offsets(sessions.column(frame.ITEMS))
 
@@ -222,3 +249,74 @@ class UserSequenceSource(SessionSource):
             return pa.table({frame.SESSION: sessions.column(frame.SESSION), frame.ITEMS: lists})
 
         return SessionSplits(train=cut(2), valid=cut(1), test=sessions)
+
+
+class TimeWindowSource(SessionSource):
+    """The sessions of an event log in one time window, tested on the window after it (retraining).
+
+    A session belongs to the window of its last event, as in `frame.time_split`, so no event of
+    a test session is trained on. Training is on the sessions ending in
+    [`train_from`, `train_until`) (the latest `valid_fraction` of them held out for checkpoint
+    selection), testing on those ending in [`train_until`, `test_until`).
+
+    Args:
+        paths: the event files, read together (e.g. a dataset's training and test files).
+        schema: column roles of the files (with a timestamp).
+        train_from, train_until, test_until: window bounds, as ISO-8601 dates or times (UTC,
+            e.g. ``2014-04-04`` or ``2014-04-04T06:00``) or seconds since the epoch.
+        valid_fraction: latest share of the training window's sessions used for validation.
+        min_length: drop sessions with fewer events.
+        drop_repeats: remove consecutive repeats of the same item.
+    """
+
+    def __init__(
+        self,
+        paths: list[str],
+        schema: Schema = Schema(),
+        train_from: str | float = 0.0,
+        train_until: str | float = 0.0,
+        test_until: str | float = 0.0,
+        valid_fraction: float = 0.1,
+        min_length: int = 2,
+        drop_repeats: bool = False,
+    ) -> None:
+        if schema.timestamp is None:
+            raise ValueError("TimeWindowSource needs a timestamp column in the schema")
+        self.paths, self.schema = list(paths), schema
+        self.bounds = [to_seconds(t, name) for t, name in
+                       ((train_from, "train_from"), (train_until, "train_until"), (test_until, "test_until"))]
+        if not self.bounds[0] < self.bounds[1] < self.bounds[2]:
+            raise ValueError(f"need train_from < train_until < test_until, got {train_from}, {train_until}, {test_until}")
+        if not 0.0 < valid_fraction < 1.0:
+            raise ValueError(f"valid_fraction must be in (0, 1), got {valid_fraction}")
+        self.valid_fraction, self.min_length, self.drop_repeats = valid_fraction, min_length, drop_repeats
+
+    def load(self) -> SessionSplits:
+        events = pa.concat_tables([read_events(path, self.schema) for path in self.paths], promote_options="default")
+        events = frame.sort_events(events, self.schema)
+        sessions = frame.filter_lengths(frame.group_sessions(events, self.schema, self.drop_repeats), self.min_length)
+        end = frame.last_times(sessions)
+        start, middle, stop = self.bounds
+        train = sessions.filter(pa.array((end >= start) & (end < middle)))
+        test = sessions.filter(pa.array((end >= middle) & (end < stop)))
+        source = " + ".join(self.paths)
+        for name, part in (("training", train), ("test", test)):
+            if part.num_rows == 0:
+                raise ValueError(f"{source}: no session of {self.min_length}+ events ends in the {name} window")
+        train, _, valid = frame.time_split(train, test_fraction=self.valid_fraction)
+        return SessionSplits(train=train, valid=valid, test=test, source=source)
+
+
+def to_seconds(value: str | float, name: str) -> float:
+    """An ISO-8601 date or time (UTC unless it says otherwise) or epoch seconds, as epoch seconds."""
+    if isinstance(value, (int, float)):
+        return float(value)
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError as err:
+        raise ValueError(f"{name}: {value!r} is neither an ISO-8601 date/time nor epoch seconds") from err
+    return (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp()

@@ -2,9 +2,12 @@
 
 Two input layouts are accepted:
 - one row per session, with a list column of raw item ids (as ``sessrec`` writes splits);
-- one row per event, rows of a session contiguous (as loggers write them), optionally with a
-  time column to order events within a session. A session cut by a chunk boundary is carried
-  over to the next chunk, so memory stays at one chunk plus one session.
+- one row per event, rows of a session contiguous (as loggers write them). A session cut by a
+  chunk boundary is carried over to the next chunk, so memory stays at one chunk plus one
+  session (and the session ids seen, to refuse one that comes again).
+
+Either way the schema's ``timestamp`` column, when the file has it, orders the events of each
+session (a list column of times in the list layout); without it the file order is the time order.
 
 A model trained with side features needs their columns in the file, under the names the
 recipe's ``side_features`` gives (per event, or as list columns beside ``item_id``), and a
@@ -16,6 +19,7 @@ holds a virtual item's key (e.g. ``filter selection:4 Star``).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -28,13 +32,19 @@ import torch
 from sessrec.data import frame
 from sessrec.data.batch import ITEM_DTYPE, SessionBatch
 from sessrec.data.readers import _is_parquet, _sniff_delimiter
-from sessrec.data.schema import FeatureSpec, Schema, SchemaError
+from sessrec.data.schema import FeatureSpec, Schema, SchemaError, _check_id, _parse_time
 from sessrec.data.side import SideFeatureTransform
 from sessrec.data.vocab import ItemVocab
 
 
 class ScoringStream:
     """Iterate over `SessionBatch`es (with raw session ids in ``keys``) of a sessions file.
+
+    The events of a session are ordered by the schema's ``timestamp`` column (then its
+    ``order_by``) when the file has that column, and kept in file order when it has none. A
+    session id must name one session: a repeated id (a second row of the list layout, or rows
+    apart in the event layout) is refused, since it would give two ambiguous output rows. The
+    ids streamed so far are kept for that check (8 bytes per integer id).
 
     Args:
         path: parquet, or CSV/TSV (optionally gzipped).
@@ -44,13 +54,16 @@ class ScoringStream:
         batch_size: sessions per batch.
         chunk_rows: rows read from the file at a time.
         side: fitted side-feature transforms of the model, if it uses side features.
+
+    Raises:
+        SchemaError: (while iterating) on a bad row; the message names the file, column, row and value.
     """
 
     def __init__(
         self,
         path: str | Path,
         vocab: ItemVocab,
-        schema: Schema = Schema(timestamp=None),
+        schema: Schema = Schema(),  # noqa: B008 - a config value, never mutated
         max_length: int = 20,
         batch_size: int = 1024,
         chunk_rows: int = 100_000,
@@ -59,6 +72,9 @@ class ScoringStream:
         self.path = Path(path)
         if not self.path.exists():
             raise FileNotFoundError(f"{self.path}: no such file to score")
+        for name, value in (("max_length", max_length), ("batch_size", batch_size), ("chunk_rows", chunk_rows)):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
         self.vocab, self.schema, self.side = vocab, schema, side
         self.extra = [] if side is None else [*side.config.categorical, *side.config.continuous]
         if side is not None and side.config.time and schema.timestamp is None:
@@ -69,98 +85,168 @@ class ScoringStream:
         self.max_length, self.batch_size, self.chunk_rows = max_length, batch_size, chunk_rows
         self.num_sessions = self.num_items = self.num_unknown = 0
 
-    def _chunks(self) -> Iterator[pa.Table]:
+    @property
+    def _needs_times(self) -> bool:
+        return self.side is not None and bool(self.side.config.time)
+
+    def _chunks(self) -> Iterator[tuple[pa.Table, int]]:
+        """(rows, file row of the first one) chunk by chunk; raises when the file has no rows."""
+        first = 0
         try:
             if _is_parquet(self.path):
-                for rb in pq.ParquetFile(self.path).iter_batches(batch_size=self.chunk_rows):
-                    yield pa.Table.from_batches([rb])
+                batches = pq.ParquetFile(self.path).iter_batches(batch_size=self.chunk_rows)
             else:
                 parse = pacsv.ParseOptions(delimiter=_sniff_delimiter(self.path))
-                convert = pacsv.ConvertOptions(null_values=["", "NA", "null"], strings_can_be_null=True)
-                reader = pacsv.open_csv(
+                convert = pacsv.ConvertOptions(
+                    column_types={c: pa.string() for c in self.schema.id_columns} if self.schema.string_ids else {},
+                    null_values=["", "NA", "null"],
+                    strings_can_be_null=True,
+                )
+                batches = pacsv.open_csv(
                     self.path,
                     read_options=pacsv.ReadOptions(block_size=1 << 22),
                     parse_options=parse,
                     convert_options=convert,
                 )
-                for rb in reader:
-                    yield pa.Table.from_batches([rb])
+            for rb in batches:
+                if rb.num_rows:
+                    yield pa.Table.from_batches([rb]), first
+                first += rb.num_rows
         except (pa.ArrowInvalid, OSError) as err:
             raise SchemaError(f"{self.path}: cannot be read: {err}") from err
+        if first == 0:
+            raise SchemaError(f"{self.path}: the file has no rows")
+
+    def _file_schema(self, columns: list[str]) -> Schema:
+        """The schema, without its timestamp when the file has no such column (file order then)."""
+        s = self.schema
+        if s.timestamp is None or s.timestamp in columns:
+            return s
+        if self._needs_times:
+            raise SchemaError(
+                f"{self.path}: column {s.timestamp!r} is missing; the model's side features {self.side.config.time} "
+                f"need event times (the file has columns {columns})"
+            )
+        return replace(s, timestamp=None)
 
     def _sessions(self) -> Iterator[pa.Table]:
         """Complete sessions (``session_id``, ``item_id`` list), chunk by chunk."""
-        s = self.schema
         carry: pa.Table | None = None
-        row = 0
-        for chunk in self._chunks():
-            source = f"{self.path} (rows {row}-{row + chunk.num_rows - 1})"
-            row += chunk.num_rows
-            if s.item_id in chunk.column_names and pa.types.is_list(chunk.schema.field(s.item_id).type):
-                yield self._validate_lists(chunk, source)
+        carry_row = 0  # file row of the carried session's first event
+        seen = _SeenIds()
+        for chunk, first in self._chunks():
+            s = self._file_schema(chunk.column_names)
+            if s.item_id in chunk.column_names and _is_list(chunk.schema.field(s.item_id).type):
+                sessions = self._validate_lists(chunk, first, s)
+                self._check_new(seen, sessions, first + np.arange(sessions.num_rows), s)
+                yield sessions
                 continue
-            events = s.validate(chunk, source=source)
+            events = s.validate(chunk, source=str(self.path), first_row=first)
             for name in [*self.extra, *([frame.VIRTUAL] if frame.VIRTUAL in chunk.column_names else [])]:
                 if name not in chunk.column_names:
                     raise SchemaError(
-                        f"{source}: column {name!r} is missing; the model uses it as a side feature "
+                        f"{self.path}: column {name!r} is missing; the model uses it as a side feature "
                         f"(the file has columns {chunk.column_names})"
                     )
                 events = events.append_column(name, chunk.column(name))
+            base = first
             if carry is not None:
                 events = pa.concat_tables([carry, events], promote_options="default")
+                base = carry_row
             ids = events.column(s.session_id).to_numpy(zero_copy_only=False)
             offsets = np.concatenate([[0], np.flatnonzero(ids[1:] != ids[:-1]) + 1, [len(ids)]])
             run_ids = ids[offsets[:-1]]
-            if len(np.unique(run_ids)) != len(run_ids):
-                dup = run_ids[np.flatnonzero(_duplicated(run_ids))[0]]
+            repeat = _duplicated(run_ids)
+            if repeat.any():
+                at = int(offsets[np.flatnonzero(repeat)[0]])
                 raise SchemaError(
-                    f"{source}: column {s.session_id!r}: session {dup!r} is split over non-adjacent rows; "
-                    "group the events of a session together"
+                    f"{self.path}: column {s.session_id!r}: session {events.column(s.session_id)[at].as_py()!r} comes "
+                    f"again at row {base + at} after rows of other sessions; group the events of a session together"
                 )
-            carry = events.slice(offsets[-2])
+            carry, carry_row = events.slice(offsets[-2]), base + int(offsets[-2])
             complete = events.slice(0, offsets[-2])
             if complete.num_rows:
-                yield self._group(complete)
+                self._check_new(seen, pa.table({frame.SESSION: run_ids[:-1]}), base + offsets[:-2], s)
+                yield self._group(complete, s)
         if carry is not None and carry.num_rows:
-            yield self._group(carry)
+            self._check_new(seen, pa.table({frame.SESSION: carry.column(s.session_id).slice(0, 1)}), [carry_row], s)
+            yield self._group(carry, s)
 
-    def _group(self, events: pa.Table) -> pa.Table:
-        s = self.schema
-        if s.timestamp is not None:
-            events = frame.sort_events(events, s)
+    def _check_new(self, seen: _SeenIds, sessions: pa.Table, rows: np.ndarray, s: Schema) -> None:
+        """Refuse a session id streamed before (or twice in `sessions`); `rows` are the sessions' file rows."""
+        ids = sessions.column(frame.SESSION)
+        repeat = seen.add(ids)
+        if repeat is not None:
+            raise SchemaError(
+                f"{self.path}: column {s.session_id!r} has session {ids[repeat].as_py()!r} again at row "
+                f"{int(rows[repeat])}; each session needs one row (list layout) or adjacent rows (event layout), "
+                "else its recommendations would be written twice"
+            )
+
+    def _group(self, events: pa.Table, s: Schema) -> pa.Table:
+        """One row per session, each session's events in time order (stable: file order on ties)."""
+        keys = [(c, "ascending") for c in (s.timestamp, s.order_by) if c is not None]
+        if keys:
+            ids = events.column(s.session_id).to_numpy(zero_copy_only=False)
+            run = np.concatenate([[0], np.cumsum(ids[1:] != ids[:-1])]) if len(ids) else np.zeros(0, np.int64)
+            ranked = events.append_column("__session_run", pa.array(run))  # sessions stay in file order
+            events = events.take(pc.sort_indices(ranked, sort_keys=[("__session_run", "ascending"), *keys]))
         carried = [c for c in events.column_names if c not in (s.session_id, s.item_id, s.timestamp, s.order_by)]
-        keep_times = self.side is not None and bool(self.side.config.time)
-        grouping = Schema(s.session_id, s.item_id, s.timestamp if keep_times else None, features=[FeatureSpec(c) for c in carried])
+        grouping = Schema(
+            s.session_id, s.item_id, s.timestamp if self._needs_times else None, features=[FeatureSpec(c) for c in carried]
+        )
         return frame.group_sessions(events, grouping)
 
-    def _validate_lists(self, chunk: pa.Table, source: str) -> pa.Table:
-        s = self.schema
+    def _validate_lists(self, chunk: pa.Table, first: int, s: Schema) -> pa.Table:
+        """Sessions of the list layout, ids checked and items in time order; messages name file rows."""
         if s.session_id not in chunk.column_names:
-            raise SchemaError(f"{source}: column {s.session_id!r} is missing; the file has {chunk.column_names}")
+            raise SchemaError(f"{self.path}: column {s.session_id!r} is missing; the file has {chunk.column_names}")
+        sid = _check_id(chunk, s.session_id, str(self.path), first, s.string_ids)
         lists = chunk.column(s.item_id)
-        lengths = pc.list_value_length(lists).fill_null(0).to_numpy(zero_copy_only=False)
+        lengths = pc.list_value_length(lists).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
         if (lengths == 0).any():
             row = int(np.flatnonzero(lengths == 0)[0])
             raise SchemaError(
-                f"{source}: column {s.item_id!r}: session {chunk.column(s.session_id)[row].as_py()!r} "
-                f"(row {row}) has no items"
+                f"{self.path}: column {s.item_id!r}: session {sid[row].as_py()!r} (row {first + row}) has no items"
             )
-        flat = pa.table({"sid": pa.array(np.zeros(int(lengths.sum()), dtype=np.int64)), "iid": pc.list_flatten(lists)})
-        Schema("sid", "iid", None).validate(flat, source=f"{source} column {s.item_id!r}")
-        out = {frame.SESSION: chunk.column(s.session_id), frame.ITEMS: lists}
+        row_of = first + np.repeat(np.arange(len(lengths)), lengths)  # (E,) file row of every item
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        flat = frame.list_offsets(lists)[0]
+        items = _check_id(pa.table({s.item_id: flat}), s.item_id, str(self.path), row_of, s.string_ids)
+        out = {frame.SESSION: sid, frame.ITEMS: _relist(offsets, items)}
         extra = [*self.extra, *([frame.VIRTUAL] if frame.VIRTUAL in chunk.column_names else [])]
-        if self.side is not None and self.side.config.time:
-            extra.append(frame.TIMES)
         for name in extra:
-            source_name = s.timestamp if name == frame.TIMES and s.timestamp else name
-            if source_name not in chunk.column_names:
+            if name not in chunk.column_names:
                 raise SchemaError(
-                    f"{source}: column {source_name!r} is missing; the model uses it as a side feature "
+                    f"{self.path}: column {name!r} is missing; the model uses it as a side feature "
                     f"(the file has columns {chunk.column_names})"
                 )
-            out[name] = chunk.column(source_name)
+            out[name] = chunk.column(name)
+        if s.timestamp is not None and _is_list(chunk.schema.field(s.timestamp).type):
+            seconds = self._list_times(chunk.column(s.timestamp), lengths, row_of, s)
+            order = np.lexsort((seconds, row_of))  # stable: file order on ties
+            take = pa.array(order)
+            for name, col in out.items():
+                values = frame.list_offsets(col)[0] if _is_list(col.type) else None
+                if values is not None and len(values) == len(order):  # per-event lists (else side features refuse them)
+                    out[name] = _relist(offsets, values.take(take))
+            if self._needs_times:
+                out[frame.TIMES] = _relist(offsets, pa.array(seconds[order]))
+        elif self._needs_times:
+            out[frame.TIMES] = chunk.column(s.timestamp)
         return pa.table(out)
+
+    def _list_times(self, times: pa.ChunkedArray, lengths: np.ndarray, row_of: np.ndarray, s: Schema) -> np.ndarray:
+        """(E,) seconds of a list column of event times, one per item of each row."""
+        n_times = pc.list_value_length(times).fill_null(0).to_numpy(zero_copy_only=False)
+        if not np.array_equal(n_times, lengths):
+            row = int(np.flatnonzero(n_times != lengths)[0])
+            raise SchemaError(
+                f"{self.path}: column {s.timestamp!r} has {n_times[row]} times for the {lengths[row]} items of column "
+                f"{s.item_id!r} at row {int(row_of[0]) + row}"
+            )
+        flat = pa.table({s.timestamp: frame.list_offsets(times)[0]})
+        return _parse_time(flat, s.timestamp, s.time_unit, str(self.path), row_of).to_numpy()
 
     def __iter__(self) -> Iterator[SessionBatch]:
         for sessions in self._sessions():
@@ -168,7 +254,7 @@ class ScoringStream:
             virtual = None
             if frame.VIRTUAL in sessions.column_names:
                 virtual = frame.list_offsets(sessions.column(frame.VIRTUAL))[0].to_numpy(zero_copy_only=False).astype(bool)
-            encoded = self.vocab.encode(values, virtual=virtual)
+            encoded = self.vocab.encode(values, virtual=virtual, source=f"{self.path}: column {self.schema.item_id!r}")
             self.num_sessions += sessions.num_rows
             self.num_items += len(encoded.ids)
             self.num_unknown += encoded.num_unknown
@@ -187,6 +273,48 @@ class ScoringStream:
                     keys=keys.slice(lo, hi - lo),
                     features={k: v[lo:hi, -width:] for k, v in feats.items()} if self.side is not None else None,
                 )
+
+
+def _is_list(typ: pa.DataType) -> bool:
+    return pa.types.is_list(typ) or pa.types.is_large_list(typ)
+
+
+def _relist(offsets: np.ndarray, values: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """A list array of `values` cut at `offsets` (N + 1,)."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    if offsets[-1] < 2**31:
+        return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), values)
+    return pa.LargeListArray.from_arrays(pa.array(offsets.astype(np.int64)), values)
+
+
+class _SeenIds:
+    """Session ids streamed so far, to refuse one that comes again.
+
+    Held as a few sorted arrays of decreasing size, two merged when the newer one grows as large
+    as the one before it (a log-structured merge): checking n ids against N costs O(n log N), and
+    memory is one copy of the ids.
+    """
+
+    def __init__(self) -> None:
+        self.levels: list[np.ndarray] = []
+
+    def add(self, ids: pa.Array | pa.ChunkedArray) -> int | None:
+        """Record `ids`; the index of the first one seen before (or twice among `ids`), else None."""
+        keys = ids.to_numpy(zero_copy_only=False)
+        if keys.dtype == object:
+            keys = keys.astype(str)  # text ids: fixed-width strings sort and search in C
+        repeat = _duplicated(keys)
+        for level in self.levels:
+            at = np.minimum(np.searchsorted(level, keys), len(level) - 1)
+            repeat |= level[at] == keys
+        if repeat.any():
+            return int(np.flatnonzero(repeat)[0])
+        new = np.sort(keys)
+        while self.levels and len(self.levels[-1]) <= len(new):
+            new = np.sort(np.concatenate([self.levels.pop(), new]))
+        self.levels.append(new)
+        return None
 
 
 def _duplicated(values: np.ndarray) -> np.ndarray:

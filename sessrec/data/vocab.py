@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from sessrec.data.atomic import atomic_path
+from sessrec.data.schema import first_failing_cast
 
 PAD = 0
 OOV = 1
@@ -96,6 +97,33 @@ class ItemVocab:
         vraw, vcnt = _counted(items.filter(pa.array(virtual)), min_count, None)
         return cls(pa.concat_arrays([raw, vraw.cast(raw.type)]), np.concatenate([cnt, vcnt]), num_virtual=len(vraw))
 
+    def grow(self, items: pa.Array | pa.ChunkedArray, min_count: int = 1) -> tuple[ItemVocab, np.ndarray]:
+        """This vocabulary plus the products of `items` it lacks (seen `min_count` times), for retraining.
+
+        Every known product keeps its model id; the new products get the ids after them (by
+        decreasing count, then raw id), and the virtual items move up behind those. Counts add
+        the new events to the old.
+
+        Returns:
+            the grown vocabulary, and (len(self),) int64: the new model id of every old model id.
+        """
+        items = items.combine_chunks() if isinstance(items, pa.ChunkedArray) else items
+        items = items.drop_null().cast(self.raw_ids.type)
+        known = pc.is_in(items, value_set=self.raw_ids)
+        raw, cnt = _counted(items.filter(pc.invert(known)), min_count, None)
+        seen = self.encode(items).ids
+        added = np.bincount(seen, minlength=len(self))[NUM_SPECIAL:]
+        products = slice(0, self.num_products)
+        virtual = slice(self.num_products, None)
+        grown = ItemVocab(
+            pa.concat_arrays([self.raw_ids.slice(0, self.num_products), raw, self.raw_ids.slice(self.num_products)]),
+            np.concatenate([self.counts[products] + added[products], cnt, self.counts[virtual] + added[virtual]]),
+            self.num_virtual,
+        )
+        old_to_new = np.arange(len(self), dtype=np.int64)
+        old_to_new[NUM_SPECIAL + self.num_products :] += len(raw)
+        return grown, old_to_new
+
     def __len__(self) -> int:
         """Number of model ids, specials and virtual items included: the size of the score vector."""
         return len(self.raw_ids) + NUM_SPECIAL
@@ -115,23 +143,33 @@ class ItemVocab:
         """(len(self),) training count per model id; 0 for padding and OOV."""
         return np.concatenate([np.zeros(NUM_SPECIAL, dtype=np.int64), self.counts])
 
-    def encode(self, raw: pa.Array | pa.ChunkedArray, virtual: np.ndarray | None = None) -> EncodeResult:
+    def encode(
+        self, raw: pa.Array | pa.ChunkedArray, virtual: np.ndarray | None = None, source: str | None = None
+    ) -> EncodeResult:
         """Map raw ids to model ids; unknown ids map to OOV and are counted.
 
         Args:
             raw: raw ids (E,).
             virtual: optional (E,) bool, True where `raw` holds a virtual key: those are looked
                 up among the virtual keys only, the others among the products only.
+            source: where `raw` comes from (file and column), for the message of a type mismatch.
+
+        Raises:
+            TypeError: when ids of another type than the vocabulary's do not all cast to it
+                (text ids against an int64 vocabulary); the message names the first such id.
         """
         if isinstance(raw, pa.ChunkedArray):
             raw = raw.combine_chunks()
         if raw.type != self.raw_ids.type:
-            try:
-                raw = raw.cast(self.raw_ids.type)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
+            bad = first_failing_cast(raw, self.raw_ids.type)
+            if bad is not None:
+                where = f"{source}: " if source else ""
                 raise TypeError(
-                    f"item ids of type {raw.type} cannot be matched with a vocabulary of {self.raw_ids.type}"
-                ) from err
+                    f"{where}item ids of type {raw.type} cannot be matched with a vocabulary of {self.raw_ids.type}: "
+                    f"{raw[bad].as_py()!r} is not a valid {self.raw_ids.type} id; give the ids with the type the "
+                    "model was trained on"
+                )
+            raw = raw.cast(self.raw_ids.type)
         n_prod = self.num_products
         ids = np.full(len(raw), OOV, dtype=np.int64)
         if virtual is None:
@@ -158,27 +196,45 @@ class ItemVocab:
             out = pc.if_else(pa.array(special), pa.nulls(len(out), out.type), out)
         return out
 
-    def save(self, path: str | os.PathLike) -> Path:
-        """Write ``raw_id``/``count`` (and ``virtual`` if any) parquet atomically (temporary name, then rename)."""
+    def to_table(self) -> pa.Table:
+        """``raw_id``/``count`` (and ``virtual`` if any) columns, one row per product then virtual item."""
         cols = {"raw_id": self.raw_ids, "count": self.counts}
         if self.num_virtual:
             cols["virtual"] = np.arange(len(self.raw_ids)) >= self.num_products
-        with atomic_path(path) as tmp:
-            pq.write_table(pa.table(cols), tmp)
-        return Path(path)
+        return pa.table(cols)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> ItemVocab:
-        table = pq.read_table(path)
+    def from_table(cls, table: pa.Table, source: str | os.PathLike) -> ItemVocab:
+        """The vocabulary a `to_table` table holds; `source` names it in errors."""
         if table.column_names not in (["raw_id", "count"], ["raw_id", "count", "virtual"]):
-            raise ValueError(f"{path}: not a sessrec vocabulary (columns {table.column_names})")
+            raise ValueError(f"{source}: not a sessrec vocabulary (columns {table.column_names})")
         num_virtual = 0
         if "virtual" in table.column_names:
             flags = table.column("virtual").to_numpy(zero_copy_only=False).astype(bool)
             num_virtual = int(flags.sum())
             if not np.array_equal(flags, np.arange(len(flags)) >= len(flags) - num_virtual):
-                raise ValueError(f"{path}: column 'virtual' must mark a final run of rows (the virtual ids)")
+                raise ValueError(f"{source}: column 'virtual' must mark a final run of rows (the virtual ids)")
         return cls(table.column("raw_id").combine_chunks(), table.column("count").to_numpy(), num_virtual)
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write `to_table` as parquet atomically (temporary name, then rename)."""
+        with atomic_path(path) as tmp:
+            pq.write_table(self.to_table(), tmp)
+        return Path(path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> ItemVocab:
+        return cls.from_table(pq.read_table(path), path)
+
+    def to_bytes(self) -> bytes:
+        """The parquet file `save` writes, in memory (a checkpoint carries it)."""
+        sink = pa.BufferOutputStream()
+        pq.write_table(self.to_table(), sink)
+        return sink.getvalue().to_pybytes()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, source: str | os.PathLike) -> ItemVocab:
+        return cls.from_table(pq.read_table(pa.BufferReader(data)), source)
 
     def __eq__(self, other: object) -> bool:
         return (

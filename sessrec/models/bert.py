@@ -21,8 +21,10 @@ import torch
 from torch import nn
 from transformers import BertConfig, BertModel
 
+from sessrec.models.config import Configurable
 
-class BertEncoder(nn.Module):
+
+class BertEncoder(nn.Module, Configurable):
     """Stack of BERT layers (post-LayerNorm, bidirectional) mapping (B, L, D) to (B, L, D).
 
     Args:

@@ -21,8 +21,10 @@ import torch
 from torch import nn
 from transformers import ElectraConfig, ElectraModel
 
+from sessrec.models.config import Configurable
 
-class ElectraEncoder(nn.Module):
+
+class ElectraEncoder(nn.Module, Configurable):
     """Stack of ELECTRA layers (post-LayerNorm, bidirectional) mapping (B, L, D) to (B, L, D).
 
     Args:

@@ -20,8 +20,10 @@ import torch
 from torch import nn
 from transformers import GPT2Config, GPT2Model
 
+from sessrec.models.config import Configurable
 
-class GPT2Encoder(nn.Module):
+
+class GPT2Encoder(nn.Module, Configurable):
     """Stack of GPT-2 blocks (pre-LayerNorm, causal) mapping (B, L, D) to (B, L, D).
 
     Args:

@@ -19,8 +19,10 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from sessrec.models.config import Configurable
 
-class GRU4RecEncoder(nn.Module):
+
+class GRU4RecEncoder(nn.Module, Configurable):
     """GRU mapping (B, L, D) embeddings to (B, L, D) hidden states.
 
     Args:

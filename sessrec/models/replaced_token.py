@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sessrec.models.config import Configurable
 from sessrec.models.dropout import use_fast_dropout
 from sessrec.models.electra import ElectraEncoder
 from sessrec.models.masking import MaskedItemModeling
@@ -55,7 +56,7 @@ class ReplacementResult(MaskingResult):
     replace: torch.Tensor | None = None
 
 
-class ReplacedTokenDetection(nn.Module, Objective):
+class ReplacedTokenDetection(nn.Module, Objective, Configurable):
     """ELECTRA-style training of the encoder, jointly with next-item prediction at [MASK] slots.
 
     An `nn.Module` because the generator and the discriminator head have parameters. They are

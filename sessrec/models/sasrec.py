@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sessrec.models.config import Configurable
+
 
 def causal_attention_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """(B, L) bool real positions -> (B, 1, L, L) bool: query i may attend to key j.
@@ -67,7 +69,7 @@ class SASRecBlock(nn.Module):
         return x + self.dropout(self.ffn(self.ffn_norm(x)))
 
 
-class SASRecEncoder(nn.Module):
+class SASRecEncoder(nn.Module, Configurable):
     """Causal pre-LayerNorm transformer mapping (B, L, D) embeddings to (B, L, D) hidden states.
 
     Args:

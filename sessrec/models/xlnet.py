@@ -17,8 +17,10 @@ import torch
 from torch import nn
 from transformers import XLNetConfig, XLNetModel
 
+from sessrec.models.config import Configurable
 
-class XLNetEncoder(nn.Module):
+
+class XLNetEncoder(nn.Module, Configurable):
     """Stack of XLNet layers mapping (B, L, D) embeddings to (B, L, D) hidden states.
 
     Args:

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -39,6 +37,7 @@ from sessrec.pipeline.retrieval.covisitation import CoVisitation
 from sessrec.pipeline.retrieval.knn import BaselineRetriever
 from sessrec.pipeline.retrieval.session_model import SessionModelRetriever
 from sessrec.pipeline.scoring import DLRMScorer, GBDTScorer, Scorer
+from sessrec.tasks.pretrained import write_directory
 
 FORMAT, VERSION = "sessrec.pipeline", 1
 _RETRIEVERS = {c.__name__: c for c in (SessionModelRetriever, BaselineRetriever, CoVisitation)}
@@ -139,27 +138,7 @@ class Pipeline:
 
     def encode(self, sessions: Sequence[Sequence[Any]], on_unknown: str = "oov") -> Sessions:
         """Raw-id sessions -> `Sessions` (right-aligned, the last `max_length` events)."""
-        if on_unknown not in ("oov", "error"):
-            raise ValueError(f"on_unknown must be 'oov' or 'error', got {on_unknown!r}")
-        lengths = np.array([len(s) for s in sessions], dtype=np.int64)
-        if len(lengths) and (lengths == 0).any():
-            row = int(np.flatnonzero(lengths == 0)[0])
-            raise ValueError(f"session {row} of the request is empty: give at least one item id")
-        flat = [item for s in sessions for item in s]
-        try:  # ids of another type (e.g. "214536502" for an int64 vocabulary) are cast by the vocabulary
-            raw = pa.array(flat) if flat else pa.array([], type=self.vocab.raw_ids.type)
-            encoded = self.vocab.encode(raw)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as err:
-            raise TypeError(
-                f"item ids of the request cannot be read as the vocabulary's {self.vocab.raw_ids.type} ids: {err}"
-            ) from err
-        if on_unknown == "error" and encoded.num_unknown:
-            bad = flat[int(np.flatnonzero(encoded.ids == 1)[0])]
-            raise ValueError(f"item id {bad!r} is not in the pipeline's vocabulary")
-        offsets = np.concatenate([[0], np.cumsum(lengths)])
-        width = int(min(max(lengths.max(initial=1), 1), self.history_length))
-        items = frame.pad_sessions(encoded.ids, offsets[:-1], offsets[1:], width, np.int64)
-        return self.wrap(torch.from_numpy(np.ascontiguousarray(items)))
+        return self.wrap(encode_raw(self.vocab, sessions, self.history_length, on_unknown))
 
     def recommend(
         self, sessions: Sequence[Sequence[Any]], k: int = 20, on_unknown: str = "oov"
@@ -180,27 +159,18 @@ class Pipeline:
 
     def decode_lists(self, recs: Recommendations) -> tuple[pa.ListArray, pa.ListArray]:
         """(B,) lists of raw ids and of their float32 scores, best first; empty slots (id 0) dropped."""
-        filled = recs.items >= NUM_SPECIAL  # (B, k)
-        offsets = pa.array(np.concatenate([[0], np.cumsum(filled.sum(dim=1).numpy())]).astype(np.int32))
-        ids = self.vocab.decode(recs.items[filled].numpy())  # row-major: each row's items in order
-        scores = pa.array(recs.scores[filled].numpy().astype(np.float32))
-        return pa.ListArray.from_arrays(offsets, ids), pa.ListArray.from_arrays(offsets, scores)
+        return decode_lists(self.vocab, recs.items, recs.scores)
 
     def decode(self, recs: Recommendations) -> list[dict[str, list]]:
         """Per session ``{"item_ids": [...], "scores": [...]}`` (raw ids, best first)."""
-        ids, scores = self.decode_lists(recs)
-        return [{"item_ids": i, "scores": s} for i, s in zip(ids.to_pylist(), scores.to_pylist())]
+        return decode_dicts(self.vocab, recs.items, recs.scores)
 
     # -- saving ---------------------------------------------------------------------------------
     def save(self, directory: str | os.PathLike) -> Path:
         """Write the pipeline to `directory` (under a temporary name, then renamed: never half-written)."""
         from safetensors.numpy import save_file
 
-        directory = Path(directory)
-        directory.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
-        tmp.chmod(0o755)  # mkdtemp's 0700 would make the saved pipeline private to this user
-        try:
+        def write(tmp: Path) -> None:
             def arrays(name: str, values: dict[str, np.ndarray]) -> str:
                 save_file({k: np.ascontiguousarray(v) for k, v in values.items()}, str(tmp / f"{name}.safetensors"))
                 return f"{name}.safetensors"
@@ -226,13 +196,8 @@ class Pipeline:
             spec["ordering"] = {"config": config, "arrays": arrays("ordering", values)}
             self.vocab.save(tmp / "vocab.parquet")
             (tmp / "pipeline.json").write_text(json.dumps(spec, indent=1, default=_json_default))
-            if directory.exists():
-                shutil.rmtree(directory)
-            os.replace(tmp, directory)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        return directory
+
+        return write_directory(directory, write)
 
     @classmethod
     def load(cls, directory: str | os.PathLike) -> Pipeline:
@@ -269,6 +234,52 @@ class Pipeline:
         ordering = Ordering.from_state(spec["ordering"]["config"], load(spec["ordering"]["arrays"]))
         return cls(vocab, retrievers, spec["max_length"], spec["max_candidates"], spec["history_length"], filters,
                    features, scorer, ordering)
+
+
+Pipeline.save_pretrained = Pipeline.save  # the names of the model directories of the session models and DLRM
+Pipeline.from_pretrained = Pipeline.load
+
+
+def encode_raw(vocab: ItemVocab, sessions: Sequence[Sequence[Any]], max_width: int, on_unknown: str = "oov") -> torch.Tensor:
+    """Raw-id sessions (oldest first) -> (B, W) right-aligned int64 model ids, W <= `max_width` (the latest events).
+
+    Ids of another type than the vocabulary's (``"214536502"`` for an int64 vocabulary) are cast;
+    unknown ids become the OOV id, or raise with ``on_unknown="error"``. An empty session raises.
+    """
+    if on_unknown not in ("oov", "error"):
+        raise ValueError(f"on_unknown must be 'oov' or 'error', got {on_unknown!r}")
+    lengths = np.array([len(s) for s in sessions], dtype=np.int64)
+    if len(lengths) and (lengths == 0).any():
+        row = int(np.flatnonzero(lengths == 0)[0])
+        raise ValueError(f"session {row} of the request is empty: give at least one item id")
+    flat = [item for s in sessions for item in s]
+    try:  # ids of another type (e.g. "214536502" for an int64 vocabulary) are cast by the vocabulary
+        raw = pa.array(flat) if flat else pa.array([], type=vocab.raw_ids.type)
+        encoded = vocab.encode(raw)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as err:
+        raise TypeError(f"item ids of the request cannot be read as the vocabulary's {vocab.raw_ids.type} ids: {err}") from err
+    if on_unknown == "error" and encoded.num_unknown:
+        bad = flat[int(np.flatnonzero(encoded.ids == 1)[0])]
+        raise ValueError(f"item id {bad!r} is not in the model's vocabulary")
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    width = int(min(max(lengths.max(initial=1), 1), max_width))
+    items = frame.pad_sessions(encoded.ids, offsets[:-1], offsets[1:], width, np.int64)
+    return torch.from_numpy(np.ascontiguousarray(items))
+
+
+def decode_lists(vocab: ItemVocab, items: torch.Tensor, scores: torch.Tensor) -> tuple[pa.ListArray, pa.ListArray]:
+    """(B, k) model ids and scores -> (B,) lists of raw ids and float32 scores; special ids (empty slots) dropped."""
+    filled = items >= NUM_SPECIAL  # (B, k)
+    offsets = pa.array(np.concatenate([[0], np.cumsum(filled.sum(dim=1).numpy())]).astype(np.int32))
+    ids = vocab.decode(items[filled].numpy())  # row-major: each row's items in order
+    values = pa.array(scores[filled].numpy().astype(np.float32))
+    return pa.ListArray.from_arrays(offsets, ids), pa.ListArray.from_arrays(offsets, values)
+
+
+def decode_dicts(vocab: ItemVocab, items: torch.Tensor, scores: torch.Tensor) -> list[dict[str, list]]:
+    """Per row ``{"item_ids": [...], "scores": [...]}`` (raw ids, best first)."""
+    ids, values = decode_lists(vocab, items, scores)
+    return [{"item_ids": i, "scores": s} for i, s in zip(ids.to_pylist(), values.to_pylist())]
 
 
 def _known(kinds: dict[str, type], name: str, path: Path) -> type:

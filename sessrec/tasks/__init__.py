@@ -1,10 +1,10 @@
 """LightningModules and callbacks: losses, metrics, optimisation, checkpoint side files."""
 
 from sessrec.tasks.baseline import BaselineTask
-from sessrec.tasks.callbacks import TopKWriter, VocabularyCheckpoint
+from sessrec.tasks.callbacks import LastCheckpoint, TopKWriter, VocabularyCheckpoint
 from sessrec.tasks.next_item import NextItemTask, TopK
 from sessrec.tasks.ranking import DLRMTask, RankingMetrics
 
 __all__ = [
-    "BaselineTask", "DLRMTask", "NextItemTask", "RankingMetrics", "TopK", "TopKWriter", "VocabularyCheckpoint",
+    "BaselineTask", "DLRMTask", "LastCheckpoint", "NextItemTask", "RankingMetrics", "TopK", "TopKWriter", "VocabularyCheckpoint",
 ]

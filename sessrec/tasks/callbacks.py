@@ -9,12 +9,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Any
+from weakref import proxy
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytorch_lightning as pl
-from pytorch_lightning.callbacks import BasePredictionWriter
+from pytorch_lightning.callbacks import BasePredictionWriter, ModelCheckpoint
 from pytorch_lightning.utilities import rank_zero_info, rank_zero_only
 
 VOCAB_FILE = "vocab.parquet"
@@ -49,6 +50,54 @@ def find_features(ckpt_path: str | os.PathLike) -> Path | None:
     """The ``features.npz`` (fitted side-feature transforms) beside a checkpoint, if any."""
     candidate = Path(ckpt_path).resolve().parent / FEATURES_FILE
     return candidate if candidate.exists() else None
+
+
+class LastCheckpoint(ModelCheckpoint):
+    """``last.ckpt`` beside the run's other checkpoints, for ``sessrec fit --ckpt_path .../last.ckpt``.
+
+    Written at the end of every epoch and every `every_n_train_steps` steps within one (0: at
+    epoch ends only), each time under a temporary name and then renamed over the previous one,
+    so a run killed at any moment (SIGKILL included) leaves a complete ``last.ckpt``. It holds
+    the optimizer, schedule, loop and loader positions: the resumed run continues the same
+    schedule over the same batches.
+
+    Args:
+        every_n_train_steps: also save after this many training steps (0: only at epoch ends).
+        dirpath: folder of ``last.ckpt``; by default the run's checkpoint folder.
+    """
+
+    def __init__(self, every_n_train_steps: int = 200, dirpath: str | None = None) -> None:
+        if every_n_train_steps < 0:
+            raise ValueError(f"every_n_train_steps must be >= 0, got {every_n_train_steps}")
+        super().__init__(
+            dirpath=dirpath, filename="last", monitor=None, save_top_k=1, every_n_train_steps=every_n_train_steps or None,
+            save_on_train_epoch_end=True, enable_version_counter=False,
+        )
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_epoch_end(trainer, pl_module)  # saves only without every_n_train_steps (Lightning: one or the other)
+        if self._every_n_train_steps >= 1 and not self._should_skip_saving_checkpoint(trainer):
+            self._save_topk_checkpoint(trainer, self._monitor_candidates(trainer))
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self.dirpath is None:  # beside the recipe's own checkpoints, when they name a folder
+            folders = [cb.dirpath for cb in trainer.checkpoint_callbacks if cb is not self and cb.dirpath]
+            self.dirpath = folders[0] if folders else None
+        super().setup(trainer, pl_module, stage)
+
+    def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
+        tmp = f"{filepath}.tmp"
+        trainer.save_checkpoint(tmp, self.save_weights_only)
+        self._last_global_step_saved = trainer.global_step
+        self._last_checkpoint_saved = filepath
+        if trainer.is_global_zero:
+            os.replace(tmp, filepath)
+            for logger in trainer.loggers:
+                logger.after_save_checkpoint(proxy(self))
+
+    def _remove_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
+        if Path(filepath).name != "last.ckpt":  # the one file is replaced in place, never removed
+            super()._remove_checkpoint(trainer, filepath)
 
 
 class TopKWriter(BasePredictionWriter):

@@ -29,9 +29,11 @@ from sessrec.models import (
     SessionModel,
     XLNetEncoder,
 )
+from sessrec.models.config import config_of, instantiate
 from sessrec.models.side_info import SideInfoConfig, SideInfoEmbedding
 from sessrec.tasks.losses import FullSoftmax, SampledSoftmax
 from sessrec.tasks.optim import adamw
+from sessrec.tasks.pretrained import Pretrained
 
 AnyObjective = MaskedItemModeling | CausalLanguageModeling | PermutationLanguageModeling | ReplacedTokenDetection
 
@@ -55,7 +57,7 @@ def exclude_seen(scores: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
     return scores.scatter(1, index, float("-inf"))
 
 
-class NextItemTask(pl.LightningModule):
+class NextItemTask(Pretrained, pl.LightningModule):
     """Next-item training with a full-catalogue softmax, evaluated by Recall/NDCG/MRR@K.
 
     Args:
@@ -126,14 +128,20 @@ class NextItemTask(pl.LightningModule):
         super().__init__()
         if schedule_seconds is not None and schedule_seconds <= 0:
             raise ValueError(f"schedule_seconds must be positive or None, got {schedule_seconds}")
-        # an objective with parameters (RTD) is saved in the state dict, not as a hyperparameter
-        ignore = ["encoder", "side_features"] + (["objective"] if isinstance(objective, nn.Module) else [])
-        self.save_hyperparameters(ignore=ignore)
-        if isinstance(side_features, dict):  # as stored in a checkpoint's hyperparameters
+        # as stored in a checkpoint or a model directory: plain configs, built here
+        encoder, objective, loss, side_info = (
+            instantiate(v) if isinstance(v, dict) else v for v in (encoder, objective, loss, side_info)
+        )
+        if isinstance(side_features, dict):
             side_features = SideInfoSpec(**side_features)
-        # kept as a plain dict, so a checkpoint loads with torch.load(weights_only=True)
-        self.hparams["side_features"] = None if side_features is None else asdict(side_features)
+        self.save_hyperparameters(ignore=["encoder", "objective", "loss", "side_info", "side_features"])
         encoder = encoder if encoder is not None else XLNetEncoder()
+        # every part as plain data (class_path + init_args): a checkpoint rebuilds the network without its
+        # recipe and loads with torch.load(weights_only=True); an objective's parameters (RTD) are in the state dict
+        self.hparams.update(
+            encoder=config_of(encoder), objective=config_of(objective), loss=config_of(loss),
+            side_info=config_of(side_info), side_features=None if side_features is None else asdict(side_features),
+        )
         side = None
         if side_features is not None:
             side = SideInfoEmbedding(int(encoder.d_model), num_items, side_features, side_info)
@@ -153,15 +161,36 @@ class NextItemTask(pl.LightningModule):
         self.loss = loss
         self.objective.bind(self.model)  # refuses an invalid (encoder, objective) pair
         self.metrics = nn.ModuleDict({stage: TopKMetrics(ks) for stage in ("val", "test")})
+        self._clock_before, self._clock_start = 0.0, time.monotonic()
 
     def setup(self, stage: str) -> None:
         datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        if datamodule is not None:
+            self.attach_data(datamodule)
         if stage == "fit" and isinstance(self.loss, SampledSoftmax) and hasattr(datamodule, "vocab"):
             self.loss.set_item_counts(torch.from_numpy(datamodule.vocab.id_counts()))
         vectors = self.model.side_info.item_vectors if self.model.side_info is not None else None
         if stage == "fit" and vectors is not None:  # evaluation and scoring read them from the checkpoint
             for name, table in datamodule.item_vectors.items():
                 vectors.set_vectors(name, torch.from_numpy(table))
+
+    def schedule_clock(self) -> float:
+        """Seconds of training so far, across resumes (what `schedule_seconds` decays on)."""
+        return self._clock_before + (time.monotonic() - self._clock_start)
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)
+        checkpoint["sessrec"]["schedule_clock"] = self.schedule_clock()
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        super().on_load_checkpoint(checkpoint)
+        self._clock_before = float(checkpoint.get("sessrec", {}).get("schedule_clock", 0.0))
+
+    def on_train_epoch_start(self) -> None:
+        # the loader shuffles by the trainer's epoch, so a resumed run draws the orders the uninterrupted one drew
+        loader = self.trainer.train_dataloader
+        if hasattr(loader, "set_epoch"):
+            loader.set_epoch(self.current_epoch)
 
     def forward(self, batch: SessionBatch) -> torch.Tensor:
         return self.model(batch.items, self.objective, batch.features)
@@ -227,16 +256,23 @@ class NextItemTask(pl.LightningModule):
             [{"params": decay, "weight_decay": self.hparams.weight_decay}, {"params": rest, "weight_decay": 0.0}],
             lr=self.hparams.lr,
         )
-        warmup, kind = self.hparams.warmup_steps, self.hparams.scheduler
-        total = max(int(self.trainer.estimated_stepping_batches), 1) if self._trainer is not None else 1
-        budget, start = self.hparams.schedule_seconds, time.monotonic()  # just before the first step
+        warmup, kind, budget = self.hparams.warmup_steps, self.hparams.scheduler, self.hparams.schedule_seconds
+        self._clock_start = time.monotonic()  # just before the first step
+        planned: list[int] = []
+
+        def total() -> int:
+            # read at the first decaying step, not here: asking the trainer now would build the training
+            # loader before a resumed run has restored its position in the epoch
+            if not planned:
+                planned.append(max(int(self.trainer.estimated_stepping_batches), 1) if self._trainer is not None else 1)
+            return planned[0]
 
         def factor(step: int) -> float:
             if step < warmup:
                 return (step + 1) / warmup
-            progress = min((step - warmup) / max(total - warmup, 1), 1.0)
+            progress = 0.0 if step == warmup else min((step - warmup) / max(total() - warmup, 1), 1.0)
             if budget is not None:
-                progress = max(progress, min((time.monotonic() - start) / budget, 1.0))
+                progress = max(progress, min(self.schedule_clock() / budget, 1.0))
             if kind == "cosine":
                 return 0.5 * (1.0 + math.cos(math.pi * progress))
             if kind == "linear":

@@ -25,6 +25,7 @@ from sessrec.data.ranking import RankingBatch
 from sessrec.embeddings import TableConfig
 from sessrec.embeddings.host_memory import retain_freed_memory
 from sessrec.models.dlrm import DLRM
+from sessrec.tasks.pretrained import Pretrained
 
 
 def binary_auc(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -111,7 +112,7 @@ class RankingMetrics(Metric):
         return out
 
 
-class DLRMTask(pl.LightningModule):
+class DLRMTask(Pretrained, pl.LightningModule):
     """Click prediction with a `DLRM`, evaluated as a ranking of each query's rows.
 
     Args:
@@ -209,6 +210,11 @@ class DLRMTask(pl.LightningModule):
 
     def test_step(self, batch: RankingBatch, batch_idx: int) -> torch.Tensor:
         return self._step(batch, "test")
+
+    def setup(self, stage: str) -> None:
+        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        if datamodule is not None:
+            self.attach_data(datamodule)
 
     def on_fit_start(self) -> None:
         if self.hparams.retain_freed_memory:

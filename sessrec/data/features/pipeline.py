@@ -5,12 +5,13 @@ Shape letters: E events (rows).
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import zipfile
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import pyarrow as pa
@@ -92,19 +93,39 @@ class FeaturePipeline:
         """Write configs (JSON) and fitted arrays to one ``.npz``, under a temporary name then renamed."""
         if not self.fitted:
             raise NotFittedError("FeaturePipeline is not fitted: nothing to save")
+        with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+            self._write(fh)
+        return Path(path)
+
+    def to_bytes(self) -> bytes:
+        """The ``.npz`` `save` writes, in memory (a checkpoint carries it)."""
+        if not self.fitted:
+            raise NotFittedError("FeaturePipeline is not fitted: nothing to save")
+        buffer = io.BytesIO()
+        self._write(buffer)
+        return buffer.getvalue()
+
+    def _write(self, fh: BinaryIO) -> None:
         spec = [{"name": k, "op": type(op).__name__, "config": op.get_config()} for k, op in self.ops.items()]
         header = json.dumps({"format": FORMAT, "version": VERSION, "ops": spec}, sort_keys=True)
         arrays = {"__pipeline__": np.frombuffer(header.encode(), dtype=np.uint8)}
         for i, op in enumerate(self.ops.values()):
             arrays.update({f"{i}/{key}": np.asarray(value) for key, value in op.get_state().items()})
-        with atomic_path(path) as tmp, open(tmp, "wb") as fh:
-            np.savez(fh, **arrays)
-        return Path(path)
+        np.savez(fh, **arrays)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, source: str | os.PathLike) -> FeaturePipeline:
+        """Read what `to_bytes` wrote; `source` names it in errors."""
+        return cls._from_file(io.BytesIO(data), source)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> FeaturePipeline:
         """Read a pipeline written by `save`; a clear error for any other file."""
-        arrays, header = _read(path)
+        return cls._from_file(path, path)
+
+    @classmethod
+    def _from_file(cls, file: str | os.PathLike | BinaryIO, path: str | os.PathLike) -> FeaturePipeline:
+        arrays, header = _read(file, path)
         ops = {}
         for i, spec in enumerate(header["ops"]):
             name, kind = spec["name"], _OPS.get(spec["op"])
@@ -127,10 +148,10 @@ class FeaturePipeline:
         return pipe
 
 
-def _read(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """Arrays and JSON header of a saved pipeline."""
+def _read(file: str | os.PathLike | BinaryIO, path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Arrays and JSON header of a saved pipeline (`path` names it in errors)."""
     try:
-        with np.load(path, allow_pickle=False) as npz:
+        with np.load(file, allow_pickle=False) as npz:
             arrays = {k: npz[k] for k in npz.files}
         header = json.loads(arrays.pop("__pipeline__").tobytes().decode())
     except (OSError, ValueError, KeyError, AttributeError, zipfile.BadZipFile) as err:

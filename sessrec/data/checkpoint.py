@@ -1,0 +1,62 @@
+"""Reading Lightning checkpoints safely: ``torch.load(weights_only=True)`` and one clear line on failure.
+
+A checkpoint written by sessrec holds only tensors and plain values: the task's
+hyper-parameters are configs (``class_path``/``init_args``), and the data module's state (the
+vocabulary and fitted side-feature transforms, as the bytes of their files) sits under the data
+module's class name. Nothing in it is unpickled as an object, so a checkpoint from elsewhere
+cannot run code when it is read.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+
+DATA_STATE_KEYS = ("SessionDataModule", "ClickoutDataModule")
+
+
+def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """The checkpoint at `path`, read with ``weights_only=True``; a one-line error for anything else."""
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path}: a directory, not a checkpoint file (a model directory loads with from_pretrained)")
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such checkpoint")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        if "weights_only" in str(err) or "global" in str(err).lower():
+            raise ValueError(
+                f"{path}: holds pickled objects that sessrec does not load (only tensors and plain values are read, "
+                f"so a checkpoint cannot run code); re-save it with this sessrec version ({first})"
+            ) from err
+        raise ValueError(f"{path}: not a PyTorch checkpoint ({first})") from err
+    except Exception as err:  # noqa: BLE001 - torch's unpickler raises anything on bytes that are not a checkpoint
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(f"{path}: not a readable PyTorch checkpoint, truncated or corrupt ({first})") from err
+    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
+        raise ValueError(f"{path}: a PyTorch file but not a Lightning checkpoint (no 'state_dict')")
+    return checkpoint
+
+
+def data_state(path: str | os.PathLike) -> dict[str, Any] | None:
+    """The data module state a checkpoint carries (vocabulary, feature transforms), or None."""
+    checkpoint = read_checkpoint(path)
+    for key in DATA_STATE_KEYS:
+        if isinstance(checkpoint.get(key), dict) and checkpoint[key]:
+            return checkpoint[key]
+    return None
+
+
+def to_tensor(data: bytes) -> torch.Tensor:
+    """File bytes as a uint8 tensor (what a weights-only checkpoint can hold)."""
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+def to_bytes(tensor: torch.Tensor) -> bytes:
+    return tensor.cpu().numpy().tobytes()

@@ -1,0 +1,490 @@
+"""Export of trained models to ONNX and TorchScript, each with a JSON description of its tensors.
+
+`export_session_model` writes a `NextItemTask`'s scorer, `export_dlrm` a `DLRMTask`'s; both
+write ``model.onnx`` (or ``model.pt``) and ``model.json`` (inputs and outputs: names, dtypes,
+shapes with symbolic axes; the ONNX opset) into a directory, and by default check the written
+file against eager PyTorch on a batch of another shape than the export example, so a file whose
+batch or length axis came out fixed is refused at export time rather than found in serving.
+
+Exporters (measured with torch 2.13, onnxscript 0.7, onnxruntime 1.32):
+- ONNX: ``torch.onnx.export(dynamo=True)`` (torch.export + onnxscript), the default and the
+  recommended exporter. It gives symbolic batch and length axes from ``dynamic_shapes`` and
+  exports every encoder but GRU4Rec. The TorchScript-based exporter (``dynamo=False``,
+  deprecated) fails on SASRec (no translation of the in-place ``aten::__ior_``) and GRU4Rec.
+- TorchScript: ``torch.jit.trace``. ``torch.jit.script`` compiles neither BERT nor SASRec; a trace
+  keeps shapes symbolic here because no encoder branches on them in Python, and the export-time
+  check on a batch of another shape guards that. torch 2.13 marks ``torch.jit`` deprecated (a
+  DeprecationWarning on trace, save and load); it is still the one format that carries GRU4Rec.
+
+Refused (a `ValueError` naming the encoder, the format and why): GRU4Rec to ONNX. Its GRU runs
+on a ``PackedSequence`` whose state is sized by the data (``batch_sizes[0]``), which torch.export
+cannot trace, and its stable ``argsort`` has no ONNX translation in either exporter. It exports
+to TorchScript.
+
+Shape letters: B batch, L session length, V items (incl. padding and OOV), K top-k,
+Dd dense features, H ids per sample of one sparse feature.
+
+`export_checkpoint` does the same for the task a ``sessrec fit`` checkpoint holds.
+
+Example:
+    >>> from sessrec.deploy.export import export_session_model
+    >>> path = export_session_model(task, "exported/xlnet", "onnx", top_k=20)  # doctest: +SKIP
+    >>> path.name
+    'model.onnx'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+from torch import nn
+
+from sessrec.data.atomic import atomic_path
+from sessrec.embeddings import SparseFeatures
+from sessrec.models import GRU4RecEncoder
+from sessrec.tasks.next_item import NextItemTask, exclude_seen
+from sessrec.tasks.pretrained import load_checkpoint
+from sessrec.tasks.ranking import DLRMTask
+
+Format = Literal["onnx", "torchscript"]
+FORMATS: tuple[str, ...] = ("onnx", "torchscript")
+FILES = {"onnx": "model.onnx", "torchscript": "model.pt"}
+TOLERANCE = 1e-4  # max abs difference of finite scores between the exported file and eager PyTorch
+
+# (encoder class, format) -> why it cannot export; measured with torch 2.13 (see the module docstring)
+KNOWN_LIMITS: dict[tuple[type[nn.Module], str], str] = {
+    (GRU4RecEncoder, "onnx"): (
+        "its GRU runs on a PackedSequence (pack_padded_sequence), whose state is sized by the data "
+        "(batch_sizes[0]), a shape torch.export cannot trace, and its stable argsort (aten.sort.stable) "
+        "has no ONNX translation in either exporter; export it with format='torchscript'"
+    ),
+}
+
+
+@dataclass
+class TensorSpec:
+    """One input or output of an exported model: name, NumPy dtype name, shape (ints and axis names)."""
+
+    name: str
+    dtype: str
+    shape: list[int | str]
+
+
+@dataclass
+class ExportSpec:
+    """What ``model.json`` says about an exported model."""
+
+    format: str
+    file: str
+    opset: int | None
+    model: str
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    notes: dict[str, object]
+
+    def write(self, path: Path) -> Path:
+        with atomic_path(path) as tmp:
+            tmp.write_text(json.dumps(asdict(self), indent=2) + "\n")
+        return path
+
+
+# -- the exported modules ------------------------------------------------------------------------
+class NextItemScorer(nn.Module):
+    """A trained `NextItemTask` as one function: items (B, L) [, side features (B, L) each] -> scores.
+
+    Sessions are right-aligned model ids (0 = padding), read the way the task evaluates them:
+    ``task.model(items, task.objective, features)``, then `exclude_seen` when the task's hparams
+    ask for it. Outputs: ``scores`` (B, V), -inf for padding, OOV, virtual (and excluded) items;
+    with `top_k`, also ``top_scores`` (B, K) and ``top_items`` (B, K) model ids.
+
+    Side features are extra inputs, one (B, L) tensor per feature after ``items``, in
+    `feature_names` order: int64 ids for categorical features, float32 for continuous ones.
+    Item vectors are tables inside the model and need no input.
+
+    Args:
+        task: the trained task (its model is shared, not copied).
+        top_k: also return the K best items (clipped to the recommendable ones); None: scores only.
+    """
+
+    def __init__(self, task: NextItemTask, top_k: int | None = None) -> None:
+        super().__init__()
+        if top_k is not None and top_k < 1:
+            raise ValueError(f"top_k must be >= 1 or None, got {top_k}")
+        self.model = task.model
+        # a plain attribute, not a submodule: RTD's generator is training-only and stays out of the file
+        object.__setattr__(self, "objective", task.objective)
+        self.exclude_seen = bool(task.hparams.get("exclude_seen", False))
+        self.top_k = None if top_k is None else min(top_k, int(self.model.recommendable.sum()))
+        side = self.model.side_info
+        self.categorical = list(side.categorical) if side is not None else []
+        self.continuous = list(side.continuous) if side is not None else []
+
+    @property
+    def feature_names(self) -> list[str]:
+        return [*self.categorical, *self.continuous]
+
+    def forward(self, items: torch.Tensor, *features: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        side = dict(zip(self.feature_names, features)) if self.feature_names else None
+        scores = self.model(items, self.objective, side)  # (B, V)
+        if self.exclude_seen:
+            scores = exclude_seen(scores, items)
+        if self.top_k is None:
+            return scores
+        top = scores.topk(self.top_k, dim=1)  # (B, K)
+        return scores, top.values, top.indices
+
+    def inputs(self) -> list[TensorSpec]:
+        return [
+            TensorSpec("items", "int64", ["batch", "length"]),
+            *(TensorSpec(n, "int64", ["batch", "length"]) for n in self.categorical),
+            *(TensorSpec(n, "float32", ["batch", "length"]) for n in self.continuous),
+        ]
+
+    def outputs(self) -> list[TensorSpec]:
+        scores = TensorSpec("scores", "float32", ["batch", self.model.num_items])
+        if self.top_k is None:
+            return [scores]
+        return [scores, TensorSpec("top_scores", "float32", ["batch", self.top_k]),
+                TensorSpec("top_items", "int64", ["batch", self.top_k])]
+
+    def example(self, batch: int, length: int, seed: int) -> tuple[torch.Tensor, ...]:
+        """Right-aligned sessions (B, L) of random items with left padding (and their side features)."""
+        g = torch.Generator().manual_seed(seed)
+        model, device = self.model, self.model.item_embedding.weight.device
+        real = torch.nonzero(model.recommendable.cpu()).squeeze(1)  # (R,) item ids
+        items = real[torch.randint(len(real), (batch, length), generator=g)]
+        sizes = torch.arange(batch) % length + 1  # 1, 2, ... items: left-padded short sessions
+        items = items.masked_fill(torch.arange(length) < (length - sizes).unsqueeze(1), 0)  # (B, L)
+        side = model.side_info
+        cats = [torch.randint(1, side.categorical[n].num_embeddings, (batch, length), generator=g) for n in self.categorical]
+        conts = [torch.randn(batch, length, generator=g) for _ in self.continuous]
+        return tuple(t.to(device) for t in (items, *cats, *conts))
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "encoder": type(self.model.encoder).__name__,
+            "objective": type(self.objective).__name__,
+            "exclude_seen": self.exclude_seen,
+            "num_items": self.model.num_items,
+            "max_length": self.model.max_length - 1,  # the [MASK] slot is added inside
+            "items": "right-aligned model ids, 0 = padding; longer sessions keep their latest items",
+            "scores": "-inf for padding, OOV, virtual and excluded items",
+        }
+
+
+class DLRMScorer(nn.Module):
+    """A trained `DLRMTask` as one function: dense (B, Dd) and ids (B, H) per sparse feature -> logits (B,).
+
+    The ids of each sparse feature come as a padded matrix, -1 marking an absent id (the
+    convention of `SparseFeatures.from_dense`); H may differ between features and calls (a
+    one-hot feature is (B, 1)). The tables are pooled here by a gather and a masked sum (or mean)
+    instead of the model's `SparseArch`: its jagged `SparseFeatures` path reads the ids' counts on
+    the host to check and chunk them, which neither exporter can trace (torch.export stops on a
+    data-dependent size; torch.jit.trace on the fused optimizer's autograd anchor), while a padded
+    id matrix is what a server receives anyway. The dense MLP, interaction and top MLP are the
+    model's own.
+
+    Args:
+        task: the trained task (its model is shared, not copied).
+    """
+
+    def __init__(self, task: DLRMTask) -> None:
+        super().__init__()
+        self.model = task.model
+        collection = self.model.sparse_arch.collection
+        table_of = {f: t for t in collection.tables for f in t.features}
+        self.feature_names = list(self.model.sparse_arch.feature_names)
+        self.tables = [table_of[f].name for f in self.feature_names]
+        self.mean = [table_of[f].pooling == "mean" for f in self.feature_names]
+
+    def pooled(self, ids: torch.Tensor, table: str, mean: bool) -> torch.Tensor:
+        """(B, H) ids, -1 = absent -> (B, D) pooled rows of `table`; an empty bag gives zeros."""
+        weight = self.model.sparse_arch.collection.table_weight(table)  # (N, D)
+        present = (ids >= 0).unsqueeze(-1)  # (B, H, 1)
+        summed = (weight[ids.clamp(min=0)] * present).sum(dim=1)  # (B, D)
+        return summed / present.sum(dim=1).clamp(min=1) if mean else summed
+
+    def forward(self, dense: torch.Tensor, *ids: torch.Tensor) -> torch.Tensor:
+        model = self.model
+        x = model.dense_arch(dense)  # (B, D)
+        e = torch.stack([self.pooled(i, t, m) for i, t, m in zip(ids, self.tables, self.mean)], dim=1)  # (B, F, D)
+        return model.over_arch(model.interaction(x, e.to(x.dtype)))  # (B,)
+
+    def inputs(self) -> list[TensorSpec]:
+        return [TensorSpec("dense", "float32", ["batch", self.model.num_dense]),
+                *(TensorSpec(n, "int64", ["batch", _axis("ids", n)]) for n in self.feature_names)]
+
+    def outputs(self) -> list[TensorSpec]:
+        return [TensorSpec("logits", "float32", ["batch"])]
+
+    def example(self, batch: int, hot: int, seed: int) -> tuple[torch.Tensor, ...]:
+        """Random dense features (B, Dd) and ids (B, `hot`) per feature, some of them absent (-1)."""
+        g = torch.Generator().manual_seed(seed)
+        device = self.model.over_arch.mlp[0].weight.device
+        collection = self.model.sparse_arch.collection
+        rows = {t.name: t.num_embeddings for t in collection.tables}
+        ids = []
+        for table in self.tables:
+            x = torch.randint(0, rows[table], (batch, hot), generator=g)
+            ids.append(x.masked_fill(torch.rand(batch, hot, generator=g) < 0.3, -1))
+        return tuple(t.to(device) for t in (torch.randn(batch, self.model.num_dense, generator=g), *ids))
+
+    def eager(self, dense: torch.Tensor, *ids: torch.Tensor) -> torch.Tensor:
+        """The task's own forward on the same inputs (through `SparseFeatures`): the reference."""
+        return self.model(dense, SparseFeatures.from_dense(dict(zip(self.feature_names, ids))))
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "interaction": type(self.model.interaction).__name__,
+            "ids": "one (B, H) int64 matrix per sparse feature, -1 = absent; H may vary",
+            "logits": "click logits (apply a sigmoid for probabilities)",
+        }
+
+
+# -- public functions ----------------------------------------------------------------------------
+def export_session_model(
+    task: NextItemTask,
+    out_dir: str | os.PathLike,
+    format: Format = "onnx",
+    top_k: int | None = None,
+    opset: int | None = None,
+    verify: bool = True,
+) -> Path:
+    """Write a `NextItemTask`'s next-item scorer (`NextItemScorer`) and its ``model.json`` into `out_dir`.
+
+    Args:
+        task: a built (trained) task; it is exported in eval mode and left in the mode it was in.
+        out_dir: directory for ``model.onnx`` / ``model.pt`` and ``model.json`` (created).
+        format: ``onnx`` or ``torchscript``.
+        top_k: also output the K best items and their scores.
+        opset: ONNX opset; None = the exporter's default (recorded in ``model.json``).
+        verify: run the written file on a batch of another size and length than the export
+            example and raise RuntimeError unless its scores match eager PyTorch to `TOLERANCE`
+            (needs onnxruntime for ONNX).
+
+    Returns:
+        The path of the model file.
+
+    Raises:
+        ValueError: the format is unknown, or the encoder cannot be exported to it (the message
+            says why, e.g. GRU4Rec to ONNX).
+    """
+    _check_format(format)
+    encoder = task.model.encoder
+    reason = next((why for (cls, fmt), why in KNOWN_LIMITS.items() if isinstance(encoder, cls) and fmt == format), None)
+    if reason is not None:
+        raise ValueError(f"{type(encoder).__name__} cannot be exported to {format}: {reason}")
+    scorer = NextItemScorer(task, top_k)
+    length = max(2, min(task.model.max_length - 1, 6))  # >= 2: torch.export fixes axes of size 1
+    example, probe = scorer.example(3, length, seed=0), scorer.example(5, length + 3, seed=1)
+    return _export(scorer, scorer.forward, example, probe, out_dir, format, opset, verify, type(encoder).__name__)
+
+
+def export_dlrm(
+    task: DLRMTask,
+    out_dir: str | os.PathLike,
+    format: Format = "onnx",
+    opset: int | None = None,
+    verify: bool = True,
+) -> Path:
+    """Write a `DLRMTask`'s scorer (`DLRMScorer`: dense and padded sparse ids -> logits) and its ``model.json``.
+
+    Args:
+        task: a built (trained) task; exported in eval mode and left in the mode it was in.
+        out_dir: directory for ``model.onnx`` / ``model.pt`` and ``model.json`` (created).
+        format: ``onnx`` or ``torchscript``.
+        opset: ONNX opset; None = the exporter's default.
+        verify: check the written file against the task's own forward (through `SparseFeatures`)
+            on a batch of another size and hotness than the export example.
+
+    Returns:
+        The path of the model file.
+    """
+    _check_format(format)
+    scorer = DLRMScorer(task)
+    example, probe = scorer.example(3, 2, seed=0), scorer.example(7, 4, seed=1)
+    return _export(scorer, scorer.eager, example, probe, out_dir, format, opset, verify, "DLRM")
+
+
+def export_checkpoint(
+    ckpt_path: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    format: Format = "onnx",
+    top_k: int | None = None,
+    verify: bool = True,
+) -> Path:
+    """Export the task a Lightning checkpoint holds (`load_checkpoint`): a `NextItemTask` or a `DLRMTask`.
+
+    Args:
+        ckpt_path: a checkpoint written by ``sessrec fit``, or a model directory.
+        out_dir: directory for the model file and ``model.json``.
+        format: ``onnx`` or ``torchscript``.
+        top_k: for a session model, also output the K best items.
+        verify: check the written file against eager PyTorch (see `export_session_model`).
+
+    Returns:
+        The path of the model file.
+    """
+    _check_format(format)
+    task = load_task(ckpt_path)
+    if isinstance(task, DLRMTask):
+        return export_dlrm(task, out_dir, format, verify=verify)
+    if isinstance(task, NextItemTask):
+        return export_session_model(task, out_dir, format, top_k=top_k, verify=verify)
+    raise ValueError(f"{ckpt_path}: holds a {type(task).__name__}; only NextItemTask and DLRMTask are exported")
+
+
+def load_task(path: str | os.PathLike) -> NextItemTask | DLRMTask:
+    """The task of a checkpoint file or of a model directory (`save_pretrained`)."""
+    if Path(path).is_dir():
+        config = json.loads((Path(path) / "config.json").read_text()) if (Path(path) / "config.json").exists() else {}
+        kind = DLRMTask if str(config.get("task", {}).get("class_path", "")).endswith("DLRMTask") else NextItemTask
+        return kind.from_pretrained(path)
+    return load_checkpoint(path)
+
+
+# -- helpers -------------------------------------------------------------------------------------
+def _check_format(format: str) -> None:
+    if format not in FORMATS:
+        raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
+
+
+def _axis(prefix: str, name: str) -> str:
+    """A symbolic axis name that is a Python identifier (torch.export's ``Dim`` needs one)."""
+    return f"{prefix}_{re.sub(r'[^0-9a-zA-Z_]', '_', name)}"
+
+
+@contextlib.contextmanager
+def _eval_mode(module: nn.Module) -> Iterator[None]:
+    """Eval mode and no autograd inside; every submodule back in its own mode after."""
+    modes = [(m, m.training) for m in module.modules()]
+    module.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
+def _export(
+    scorer: NextItemScorer | DLRMScorer,
+    reference: Callable[..., torch.Tensor | tuple[torch.Tensor, ...]],
+    example: tuple[torch.Tensor, ...],
+    probe: tuple[torch.Tensor, ...],
+    out_dir: str | os.PathLike,
+    format: str,
+    opset: int | None,
+    verify: bool,
+    what: str,
+) -> Path:
+    """Export `scorer` traced on `example`, check it on `probe` against `reference`, write ``model.json``."""
+    path = Path(out_dir) / FILES[format]
+    inputs, outputs = scorer.inputs(), scorer.outputs()
+    with _eval_mode(scorer):
+        try:
+            if format == "onnx":
+                written_opset = _to_onnx(scorer, example, inputs, outputs, path, opset)
+            else:
+                written_opset = _to_torchscript(scorer, example, path)
+        except Exception as err:  # the exporters raise many types; one clear line, with the cause chained
+            raise ValueError(f"{what} cannot be exported to {format}: {_first_line(err)}") from err
+        if verify:
+            _verify(path, format, probe, reference(*probe), what)
+    spec = ExportSpec(format, path.name, written_opset, type(scorer.model).__name__, inputs, outputs, scorer.describe())
+    spec.write(path.with_suffix(".json"))
+    return path
+
+
+def _to_onnx(
+    module: nn.Module,
+    example: tuple[torch.Tensor, ...],
+    inputs: list[TensorSpec],
+    outputs: list[TensorSpec],
+    path: Path,
+    opset: int | None,
+) -> int:
+    """torch.onnx.export(dynamo=True), the named axes of `inputs` dynamic; returns the opset written."""
+    import onnx  # optional: the deploy extra
+
+    if sum(p.numel() * p.element_size() for p in module.parameters()) > 1_800_000_000:
+        raise ValueError("its weights pass the 2 GB limit of one ONNX file (protobuf); external weight files are not supported here")
+    dims: dict[str, torch.export.Dim] = {}  # one Dim per axis name: inputs that share a name share the axis
+    per_input = tuple(
+        {i: dims.setdefault(a, torch.export.Dim(a)) for i, a in enumerate(t.shape) if isinstance(a, str)} for t in inputs
+    )
+    # forward(first, *rest): torch.export sees (first, rest) once rest is not empty
+    shapes = (per_input[0], per_input[1:]) if len(per_input) > 1 else per_input
+    with atomic_path(path) as tmp:
+        torch.onnx.export(
+            module, example, str(tmp), input_names=[t.name for t in inputs], output_names=[t.name for t in outputs],
+            dynamic_shapes=shapes, opset_version=opset, dynamo=True, external_data=False, verbose=False,
+        )
+        written = onnx.load(str(tmp))
+    return next(o.version for o in written.opset_import if o.domain in ("", "ai.onnx"))
+
+
+def _to_torchscript(module: nn.Module, example: tuple[torch.Tensor, ...], path: Path) -> None:
+    """torch.jit.trace; shapes stay symbolic (checked by `_verify` on another shape)."""
+    traced = torch.jit.trace(module, example, check_trace=False)
+    with atomic_path(path) as tmp:
+        torch.jit.save(traced, str(tmp))
+
+
+def run_exported(path: str | os.PathLike, *inputs: torch.Tensor) -> list[np.ndarray]:
+    """Run an exported file (by its suffix: onnxruntime for ``.onnx``, torch.jit for ``.pt``) on CPU."""
+    path = Path(path)
+    arrays = [t.detach().cpu() for t in inputs]
+    if path.suffix == ".onnx":
+        import onnxruntime as ort  # optional: the deploy extra
+
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        names = [i.name for i in session.get_inputs()]
+        return session.run(None, {n: a.numpy() for n, a in zip(names, arrays)})
+    module = torch.jit.load(str(path), map_location="cpu")
+    with torch.no_grad():
+        out = module(*arrays)
+    return [t.numpy() for t in (out if isinstance(out, tuple) else (out,))]
+
+
+def max_abs_diff(actual: np.ndarray, expected: np.ndarray) -> float:
+    """Max |actual - expected| over the finite entries of `expected`; inf when the -inf entries differ."""
+    finite = np.isfinite(expected)
+    if not np.array_equal(np.isfinite(actual), finite):
+        return float("inf")
+    return float(np.abs(actual[finite] - expected[finite]).max()) if finite.any() else 0.0
+
+
+def _verify(
+    path: Path, format: str, probe: tuple[torch.Tensor, ...], expected: torch.Tensor | tuple[torch.Tensor, ...], what: str
+) -> None:
+    """Raise RuntimeError (and remove the file) unless the file run on `probe` gives `expected` to `TOLERANCE`."""
+    expected = expected[0] if isinstance(expected, tuple) else expected
+    actual = run_exported(path, *probe)[0]
+    diff = max_abs_diff(actual, expected.detach().cpu().numpy())
+    if not diff <= TOLERANCE:
+        path.unlink(missing_ok=True)
+        raise RuntimeError(
+            f"the exported {what} ({format}) differs from eager PyTorch by {diff:.3g} (> {TOLERANCE}) on a batch "
+            f"of shape {tuple(probe[0].shape)}, other than the export example's: an axis may have been fixed"
+        )
+
+
+def _first_line(err: BaseException) -> str:
+    """The exporter's summary of an error: its 'Exception summary' line if any, else its first line."""
+    text = str(err)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if "## Exception summary" in text:
+        after = text.split("## Exception summary", 1)[1]
+        lines = [line.strip() for line in after.splitlines() if line.strip()] or lines
+    line = re.sub(r"\x1b\[[0-9;]*m", "", lines[0] if lines else type(err).__name__)
+    return line[:300]

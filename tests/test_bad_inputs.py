@@ -1,0 +1,434 @@
+"""A catalogue of bad inputs: each gets one clear line naming the file, the column and the value.
+
+Every case feeds one wrong input through a public entry point and checks the message (file,
+column, value or row, and the fix where there is one) and, for the paths that write, that no
+output is left behind. Valid inputs that used to be refused (or silently misread) are checked
+to read right. Sections: readers, schema, sources, data module, predict stream, vocabulary,
+pipeline; later sections (CLI, export, serve) are appended below them.
+"""
+
+from __future__ import annotations
+
+import decimal
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+import pytest
+import pytorch_lightning as pl
+import torch
+
+from sessrec.baselines import Popularity
+from sessrec.data import (
+    EventLogSource,
+    FeatureSpec,
+    ItemVocab,
+    Schema,
+    SchemaError,
+    SessionDataModule,
+    SessionSource,
+    SessionSplits,
+    SRGNNSource,
+    UserSequenceSource,
+    frame,
+    read_events,
+    read_srgnn,
+    read_user_sequences,
+)
+from sessrec.data.stream import ScoringStream
+from sessrec.tasks import BaselineTask
+from sessrec.tasks.callbacks import TopKWriter
+
+torch.set_num_threads(1)
+HEADER = "session_id,item_id,timestamp\n"
+BIG = "12345678901234567890"  # 20 digits: beyond int64
+
+
+def write(path: Path, content: str | bytes | pa.Table) -> Path:
+    if isinstance(content, pa.Table):
+        pq.write_table(content, path)
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
+    return path
+
+
+def pickled(path: Path, obj: object) -> Path:
+    with open(path, "wb") as f:
+        pickle.dump(obj, f, protocol=3)
+    return path
+
+
+# --------------------------------------------------------------------------- readers
+
+# (case id, file name, content, schema, error, regex after the file name)
+READ_EVENTS = [
+    ("folder", "events.csv", None, Schema(), SchemaError, "is a folder, expected a CSV/TSV or parquet file"),
+    ("csv-named-parquet", "events.parquet", HEADER + "1,2,3\n", Schema(), SchemaError, "cannot be read as parquet"),
+    ("zero-bytes", "events.csv", b"", Schema(), SchemaError, "cannot be read as CSV.*Empty CSV file"),
+    ("header-only", "events.csv", HEADER, Schema(), SchemaError, "the file has no rows"),
+    ("missing-column", "events.csv", "session_id,item,timestamp\n1,2,3\n", Schema(), SchemaError,
+     r"column 'item_id' is missing; the file has columns \['session_id', 'item', 'timestamp'\]"),
+    ("nan-timestamp", "events.parquet",
+     pa.table({"session_id": [1, 1], "item_id": [2, 3], "timestamp": [1.0, float("nan")]}), Schema(), SchemaError,
+     "column 'timestamp' has a missing timestamp nan at row 1"),
+    ("negative-timestamp", "events.csv", HEADER + "1,2,100\n1,3,-1\n", Schema(), SchemaError,
+     r"column 'timestamp' has a negative timestamp -1 at row 1 \(before 1970\)"),
+    ("fractional-id", "events.csv", HEADER + "1,2,0\n1,2.5,1\n", Schema(), SchemaError,
+     "column 'item_id' has dtype double, expected integer or string ids \\(example value 2.5 at row 1\\)"),
+    ("null-session", "events.csv", HEADER + "1,2,0\n,3,1\n", Schema(), SchemaError,
+     "column 'session_id' has a null id at row 1; drop or fill those rows"),
+    ("20-digit-ids-csv", "events.csv", HEADER + f"1,2,0\n1,{BIG},1\n", Schema(), SchemaError,
+     (r"column 'item_id' holds ids that do not fit int64 \(e.g. 1.2345678901234567e\+19 at row 1, read as double\); "
+      r"read the column as strings \(Schema\(string_ids=True\)")),
+    ("20-digit-ids-decimal", "events.parquet",
+     pa.table({"session_id": pa.array([decimal.Decimal(BIG)], pa.decimal128(20, 0)), "item_id": [2], "timestamp": [0]}),
+     Schema(), SchemaError, f"column 'session_id' holds ids that do not fit int64 \\(e.g. {BIG} at row 0"),
+    ("uint64-beyond-int64", "events.parquet",
+     pa.table({"session_id": [1, 1], "item_id": pa.array([2, 2**64 - 1], pa.uint64()), "timestamp": [0, 1]}),
+     Schema(), SchemaError, f"column 'item_id' holds ids that do not fit int64 \\(e.g. {2**64 - 1} at row 1\\)"),
+    ("non-utf8-id", "events.csv", (HEADER + "1,abc,0\n1,caf\xe9,1\n").encode("latin-1"), Schema(), SchemaError,
+     r"column 'item_id' is not valid UTF-8 text: value b'caf\\xe9' at row 1; re-encode the file as UTF-8"),
+    ("non-utf8-time", "events.csv", (HEADER + "1,2,2016-05-09\n1,3,2016-05-09\xa0\n").encode("latin-1"),
+     Schema(time_unit="datetime"), SchemaError, "column 'timestamp' is not valid UTF-8 text: value .* at row 1"),
+    ("time-of-wrong-type", "events.parquet",
+     pa.table({"session_id": [1], "item_id": [2], "timestamp": pa.array([[1.0]])}), Schema(), SchemaError,
+     r"column 'timestamp' has dtype list<element: double> \(e.g. \[1.0\] at row 0\), which is not a timestamp"),
+]
+
+
+@pytest.mark.parametrize(
+    "name, content, schema, error, message", [c[1:] for c in READ_EVENTS], ids=[c[0] for c in READ_EVENTS]
+)
+def test_read_events_refuses(tmp_path, name, content, schema, error, message):
+    path = tmp_path / name
+    if content is None:
+        path.mkdir()
+    else:
+        write(path, content)
+    with pytest.raises(error, match=f"^{path}: {message}"):
+        read_events(path, schema)
+
+
+def test_read_events_missing_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match=f"^{tmp_path / 'nope.csv'}: no such file"):
+        read_events(tmp_path / "nope.csv", Schema())
+
+
+def test_20_digit_ids_read_exactly_as_strings(tmp_path):
+    path = write(tmp_path / "events.csv", HEADER + f"{BIG},2,0\n{BIG},{BIG},1\n")
+    table = read_events(path, Schema(string_ids=True))
+    assert table["session_id"].to_pylist() == [BIG, BIG] and table["item_id"].to_pylist() == ["2", BIG]
+
+
+def test_read_srgnn_missing_test_file(tmp_path):
+    pickled(tmp_path / "all_train_seq.txt", [[1, 2]])
+    with pytest.raises(FileNotFoundError, match=f"^{tmp_path}: no test.txt or test.txt.gz"):
+        read_srgnn(tmp_path)
+
+
+def test_read_srgnn_text_file_is_not_a_pickle(tmp_path):
+    write(tmp_path / "all_train_seq.txt", "1 2 3\n")
+    pickled(tmp_path / "test.txt", ([[1]], [2]))
+    with pytest.raises(SchemaError, match=f"^{tmp_path / 'all_train_seq.txt'}: not a plain SR-GNN pickle"):
+        read_srgnn(tmp_path)
+
+
+def test_read_srgnn_empty_prefix(tmp_path):
+    pickled(tmp_path / "all_train_seq.txt", [[1, 2]])
+    pickled(tmp_path / "test.txt", ([[1], []], [2, 3]))
+    with pytest.raises(SchemaError, match=f"^{tmp_path / 'test.txt'}: test pair 1 has an empty prefix \\(label 3\\)"):
+        read_srgnn(tmp_path).test_sessions()
+
+
+def test_srgnn_release_without_length_1_prefixes_evaluates_exactly_its_pairs(tmp_path):
+    """Later releases ship prefixes of length >= 2 only: the test split gives back exactly those pairs."""
+    sessions = [[5, 6, 7, 8], [9, 5, 6], [7, 8, 9, 5, 6]]
+    pairs = [(s[:n], s[n]) for s in sessions for n in range(len(s) - 1, 1, -1)]  # longest first, n >= 2
+    pickled(tmp_path / "all_train_seq.txt", sessions)
+    pickled(tmp_path / "test.txt", ([p for p, _ in pairs], [t for _, t in pairs]))
+    dm = SessionDataModule(source=SRGNNSource(str(tmp_path), valid_fraction=0.0), max_length=5, eval_protocol="all_prefixes")
+    items, targets = dm.tensors("test")
+    decode = lambda ids: dm.vocab.decode(ids[ids != 0].numpy()).to_pylist()
+    assert [(decode(row), t) for row, t in zip(items, decode(targets))] == pairs
+
+
+def test_read_user_sequences_missing_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match=f"^{tmp_path / 'seq.txt'}: no such file"):
+        read_user_sequences(tmp_path / "seq.txt")
+
+
+@pytest.mark.parametrize(
+    "content, layout, message",
+    [
+        (b"1 5 6\n2 7 \xe9\n", "lines", r"line 2 is not valid UTF-8 text \(invalid continuation byte at byte 10\)"),
+        (b"1 5 6\n2 7 x\n", "lines", r"line 2: 'x' is not a non-negative integer id"),
+        (b"1 5\n2 x\n", "pairs", r"expected 'user item' integer pairs per line: .*invalid value 'x'"),
+        (b"1 5\n1 6\n2 7 8\n", "pairs", r"expected 'user item' integer pairs per line: .*Expected 2 columns, got 3"),
+    ],
+    ids=["lines-non-utf8", "lines-non-integer", "pairs-non-integer", "pairs-three-columns"],
+)
+def test_read_user_sequences_refuses(tmp_path, content, layout, message):
+    path = write(tmp_path / "seq.txt", content)
+    with pytest.raises(SchemaError, match=f"^{path}: {message}"):
+        read_user_sequences(path, layout)
+
+
+# --------------------------------------------------------------------------- schema
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"session_id": "item_id"}, "column 'item_id' is given two roles, session_id and item_id"),
+        ({"timestamp": "item_id"}, "column 'item_id' is given two roles, item_id and timestamp"),
+        ({"order_by": "timestamp"}, "column 'timestamp' is given two roles, timestamp and order_by"),
+        ({"features": [FeatureSpec("session_id")]}, r"column 'session_id' is given two roles, session_id and features\[0\]"),
+        ({"time_unit": "minutes"}, r"time_unit must be one of \['s', 'ms', 'us', 'ns', 'datetime'\], got 'minutes'"),
+        ({"item_id": ""}, "item_id must be a column name, got ''"),
+    ],
+    ids=["session-is-item", "time-is-item", "order-by-is-time", "feature-is-session", "unknown-time-unit", "empty-name"],
+)
+def test_schema_refuses_at_construction(kwargs, message):
+    with pytest.raises(ValueError, match=f"^Schema: {message}"):
+        Schema(**kwargs)
+
+
+def test_feature_spec_refuses_unknown_kind():
+    with pytest.raises(ValueError, match=r"feature 'price': kind must be one of \['categorical', 'continuous'\], got 'numeric'"):
+        FeatureSpec("price", "numeric")
+
+
+# --------------------------------------------------------------------------- sources
+
+
+def one_event_sessions(tmp_path: Path, n: int = 30) -> Path:
+    table = pa.table({"session_id": np.arange(n), "item_id": np.arange(n) % 5, "timestamp": np.arange(n) * 60.0})
+    return write(tmp_path / "events.parquet", table)
+
+
+def test_event_log_with_only_one_event_sessions(tmp_path):
+    path = one_event_sessions(tmp_path)
+    with pytest.raises(ValueError, match=f"^{path}: no session has 2 or more events \\(the 30 sessions have at most 1\\)"):
+        EventLogSource(str(path), test_fraction=0.2).load()
+
+
+@pytest.mark.parametrize("max_length", [0, 1])
+def test_event_log_max_length_below_two(max_length):
+    with pytest.raises(ValueError, match=f"max_length must be >= 2 and >= min_length \\(2\\), got {max_length}"):
+        EventLogSource("events.parquet", test_fraction=0.2, max_length=max_length)
+
+
+def test_event_log_without_a_test_set():
+    with pytest.raises(ValueError, match="needs test_path, test_days or test_fraction"):
+        EventLogSource("events.parquet")
+
+
+def test_user_sequences_too_short_for_leave_one_out(tmp_path):
+    path = write(tmp_path / "seq.txt", "1 5\n1 6\n2 7\n")
+    with pytest.raises(ValueError, match=f"^{path}: no user has 3 or more interactions \\(the 2 users have at most 2\\)"):
+        UserSequenceSource(str(path)).load()
+
+
+# --------------------------------------------------------------------------- data module
+
+
+class TinySource(SessionSource):
+    """Fixed sessions of raw ids 1..9 (train), the same for valid and test."""
+
+    def __init__(self, sessions: list[list[int]] | None = None) -> None:
+        self.sessions = sessions or [[1, 2, 3], [4, 5], [6, 7, 8, 9], [1, 3, 5, 7, 9]]
+
+    def load(self) -> SessionSplits:
+        table = pa.table({frame.SESSION: np.arange(len(self.sessions)), frame.ITEMS: self.sessions})
+        return SessionSplits(train=table, valid=table, test=table, source="tiny")
+
+
+@pytest.mark.parametrize("max_length", [0, 1])
+def test_data_module_max_length_below_two(max_length):
+    with pytest.raises(ValueError, match=f"max_length must be >= 2 \\(the most recent items .*got {max_length}$"):
+        SessionDataModule(source=TinySource(), max_length=max_length)
+
+
+def test_data_module_with_only_one_event_sessions():
+    dm = SessionDataModule(source=TinySource([[1], [2], [3]]), max_length=5)
+    with pytest.raises(ValueError, match=r"^tiny \(train split\): no session has two or more events \(all 3 have one\)"):
+        dm.setup("fit")
+
+
+def test_data_module_predict_without_path():
+    with pytest.raises(ValueError, match="set --data.predict_path"):
+        SessionDataModule(source=TinySource()).predict_dataloader()
+
+
+# --------------------------------------------------------------------------- predict stream
+
+VOCAB = ItemVocab.fit(pa.array(np.arange(1, 10)))
+
+
+def predict(tmp_path: Path, src: Path, **schema) -> Path:
+    """``sessrec predict``'s path in process: the data module's stream, a popularity model, `TopKWriter`."""
+    dm = SessionDataModule(source=TinySource(), max_length=5, eval_batch_size=2, predict_path=str(src),
+                           predict_schema=Schema(**schema))
+    out = tmp_path / "recs.parquet"
+    trainer = pl.Trainer(callbacks=[TopKWriter(str(out))], logger=False, enable_progress_bar=False,
+                         enable_checkpointing=False, enable_model_summary=False)
+    trainer.predict(BaselineTask(baseline=Popularity(), num_items=dm.num_items, top_k=3), datamodule=dm,
+                    return_predictions=False)
+    return out
+
+
+def scored_sessions(path: Path, **kwargs) -> list[tuple[object, list[int]]]:
+    """(session id, model ids) per session, as the stream batches them."""
+    out = []
+    for batch in ScoringStream(path, VOCAB, **kwargs):
+        out += [(key, [i for i in row if i]) for key, row in zip(batch.keys.to_pylist(), batch.items.tolist())]
+    return out
+
+
+# (case id, file name, content, stream options, regex after the file name)
+STREAM = [
+    ("duplicate-session-row", "s.parquet", pa.table({"session_id": [1, 2, 1], "item_id": [[1, 2], [3], [4]]}), {},
+     "column 'session_id' has session 1 again at row 2; each session needs one row"),
+    ("duplicate-session-next-chunk", "s.parquet", pa.table({"session_id": ["a", "b", "a"], "item_id": [[1], [2], [3]]}),
+     {"chunk_rows": 1}, "column 'session_id' has session 'a' again at row 2"),
+    ("null-session-row", "s.parquet", pa.table({"session_id": [1, None], "item_id": [[1, 2], [3]]}), {},
+     "column 'session_id' has a null id at row 1; drop or fill those rows"),
+    ("null-inside-list", "s.parquet", pa.table({"session_id": [1, 2, 3], "item_id": [[1, 2], [3, 4, 5], [6, None]]}), {},
+     "column 'item_id' has a null id at row 2; drop or fill those rows"),
+    ("empty-list", "s.parquet", pa.table({"session_id": ["a", "b"], "item_id": pa.array([[1], []], pa.list_(pa.int64()))}),
+     {}, r"column 'item_id': session 'b' \(row 1\) has no items"),
+    ("events-session-apart", "e.csv", "session_id,item_id\n1,1\n2,2\n1,3\n", {},
+     r"column 'session_id': session 1 comes again at row 2 after rows of other sessions"),
+    ("events-session-back-in-later-chunk", "e.parquet",
+     pa.table({"session_id": [1, 1, 2, 2, 1], "item_id": [1, 2, 3, 4, 5]}), {"chunk_rows": 2},
+     "column 'session_id' has session 1 again at row 4"),
+    ("events-null-item-in-later-chunk", "e.parquet",
+     pa.table({"session_id": [1, 1, 2, 2], "item_id": [1, 2, 3, None]}), {"chunk_rows": 2},
+     "column 'item_id' has a null id at row 3"),
+    ("header-only", "e.csv", "session_id,item_id\n", {}, "the file has no rows"),
+    ("not-parquet", "e.parquet", "session_id,item_id\n1,2\n", {}, "cannot be read"),
+    ("time-list-length", "s.parquet",
+     pa.table({"session_id": [1, 2], "item_id": [[1, 2], [3, 4]], "timestamp": [[1.0, 2.0], [3.0]]}), {},
+     "column 'timestamp' has 1 times for the 2 items of column 'item_id' at row 1"),
+    ("negative-time-in-list", "s.parquet",
+     pa.table({"session_id": [1, 2], "item_id": [[1, 2], [3, 4]], "timestamp": [[1.0, 2.0], [3.0, -1.0]]}), {},
+     "column 'timestamp' has a negative timestamp -1.0 at row 1"),
+    ("string-ids-int-vocab", "s.parquet", pa.table({"session_id": [1], "item_id": [["7", "hotel-3"]]}), {},
+     ("column 'item_id': item ids of type string cannot be matched with a vocabulary of int64: 'hotel-3' is not a "
+      "valid int64 id")),
+]
+
+
+@pytest.mark.parametrize("name, content, options, message", [c[1:] for c in STREAM], ids=[c[0] for c in STREAM])
+def test_scoring_stream_refuses(tmp_path, name, content, options, message):
+    src = write(tmp_path / name, content)
+    with pytest.raises((SchemaError, TypeError), match=f"^{src}: {message}"):
+        scored_sessions(src, **options)
+
+
+@pytest.mark.parametrize("case", ["duplicate-session-row", "null-inside-list", "string-ids-int-vocab"])
+def test_predict_leaves_no_output(tmp_path, case):
+    _, name, content, _, message = next(c for c in STREAM if c[0] == case)
+    src = write(tmp_path / name, content)
+    with pytest.raises((SchemaError, TypeError), match=message):
+        predict(tmp_path, src)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]
+
+
+def test_scoring_stream_missing_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match=f"^{tmp_path / 'nope.parquet'}: no such file to score"):
+        ScoringStream(tmp_path / "nope.parquet", VOCAB)
+
+
+def test_scoring_stream_max_length_zero(tmp_path):
+    src = write(tmp_path / "s.parquet", pa.table({"session_id": [1], "item_id": [[1]]}))
+    with pytest.raises(ValueError, match="max_length must be >= 1, got 0"):
+        ScoringStream(src, VOCAB, max_length=0)
+
+
+ORDERED = {"session_id": [7, 7, 7, 3, 3], "item_id": [1, 2, 3, 4, 5], "timestamp": [10.0, 20.0, 30.0, 5.0, 6.0]}
+SHUFFLED = {"session_id": [7, 7, 7, 3, 3], "item_id": [3, 1, 2, 5, 4], "timestamp": [30.0, 10.0, 20.0, 6.0, 5.0]}
+
+
+@pytest.mark.parametrize("layout", ["events-csv", "events-parquet", "lists"])
+def test_predict_orders_events_by_timestamp(tmp_path, layout):
+    """Shuffled rows (or list items) with a timestamp column score as the ordered ones."""
+    paths = []
+    for name, columns in (("ordered", ORDERED), ("shuffled", SHUFFLED)):
+        table = pa.table(columns)
+        if layout == "lists":
+            table = frame.group_sessions(table, Schema())  # list columns of items and of times
+        path = tmp_path / f"{name}.{'csv' if layout == 'events-csv' else 'parquet'}"
+        pacsv.write_csv(table, path) if layout == "events-csv" else pq.write_table(table, path)
+        paths.append(path)
+    assert scored_sessions(paths[1]) == scored_sessions(paths[0]) == [(7, [2, 3, 4]), (3, [5, 6])]
+    assert scored_sessions(paths[1], schema=Schema(timestamp=None)) == [(7, [4, 2, 3]), (3, [6, 5])]  # file order
+    # `sessrec predict`'s data module (default predict schema) streams the same ordered sessions
+    dm = SessionDataModule(source=TinySource(), vocab_path=str(VOCAB.save(tmp_path / "vocab.parquet")),
+                           predict_path=str(paths[1]))
+    rows = [[i for i in row if i] for batch in dm.predict_dataloader() for row in batch.items.tolist()]
+    assert rows == [[2, 3, 4], [5, 6]]
+
+
+def test_predict_without_timestamp_column_keeps_file_order(tmp_path):
+    src = write(tmp_path / "e.parquet", pa.table({"session_id": [1, 1, 1], "item_id": [3, 1, 2]}))
+    assert scored_sessions(src) == [(1, [4, 2, 3])]
+
+
+# --------------------------------------------------------------------------- vocabulary
+
+
+def test_vocab_encode_names_value_and_types():
+    with pytest.raises(TypeError, match=r"^f.csv: column 'item_id': item ids of type string cannot be matched with a "
+                                        r"vocabulary of int64: 'x' is not a valid int64 id"):
+        VOCAB.encode(pa.array(["1", "2", "x"]), source="f.csv: column 'item_id'")
+    with pytest.raises(TypeError, match="item ids of type double .* 2.5 is not a valid int64 id"):
+        VOCAB.encode(pa.array([1.0, 2.5]))
+
+
+def test_vocab_fit_refuses_nulls():
+    with pytest.raises(ValueError, match="item ids hold 1 nulls"):
+        ItemVocab.fit(pa.array([1, None, 2]))
+
+
+def test_vocab_load_of_another_parquet(tmp_path):
+    path = write(tmp_path / "v.parquet", pa.table({"item": [1], "n": [2]}))
+    with pytest.raises(ValueError, match=f"^{path}: not a sessrec vocabulary \\(columns \\['item', 'n'\\]\\)"):
+        ItemVocab.load(path)
+
+
+# --------------------------------------------------------------------------- pipeline
+
+
+@pytest.fixture(scope="module")
+def pipeline():
+    from sessrec.pipeline.pipeline import Pipeline
+    from sessrec.pipeline.retrieval.covisitation import CoVisitation
+
+    sessions = torch.tensor([[0, 2, 3, 4], [5, 6, 7, 8], [2, 4, 6, 8]])
+    return Pipeline(VOCAB, {"covis": (CoVisitation().fit(sessions, len(VOCAB)), 5)}, max_length=4, history_length=4)
+
+
+def test_pipeline_recommend_refuses_text_ids_for_int_vocab(pipeline):
+    with pytest.raises(TypeError, match="item ids of type string cannot be matched with a vocabulary of int64: "
+                                        "'hotel-3' is not a valid int64 id"):
+        pipeline.recommend([["1", "hotel-3"]], k=3)
+
+
+@pytest.mark.parametrize(
+    "sessions, kwargs, message",
+    [
+        ([[1], []], {}, "session 1 of the request is empty"),
+        ([[1, 99]], {"on_unknown": "error"}, "item id 99 is not in the model's vocabulary"),
+        ("1 2 3", {}, "recommend takes a list of sessions"),
+    ],
+    ids=["empty-session", "unknown-item", "not-a-list"],
+)
+def test_pipeline_recommend_refuses(pipeline, sessions, kwargs, message):
+    with pytest.raises((TypeError, ValueError), match=message):
+        pipeline.recommend(sessions, k=3, **kwargs)

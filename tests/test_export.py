@@ -1,0 +1,272 @@
+"""Export of every encoder and of DLRM (ONNX under onnxruntime, TorchScript under torch.jit.load), each checked
+against eager PyTorch on a batch of another size and length than the export example; the refused pairs; the
+Triton repository's config.pbtxt, parsed."""
+
+import json
+import re
+from dataclasses import asdict
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxscript")
+
+from sessrec.data.batch import SessionBatch
+from sessrec.data.side import SideInfoSpec
+from sessrec.deploy.export import (
+    DLRMScorer,
+    export_checkpoint,
+    export_dlrm,
+    export_session_model,
+    max_abs_diff,
+    run_exported,
+)
+from sessrec.deploy.triton import model_config, triton_repository
+from sessrec.embeddings import SparseFeatures
+from sessrec.models import (
+    BertEncoder,
+    CausalLanguageModeling,
+    ElectraEncoder,
+    GPT2Encoder,
+    GRU4RecEncoder,
+    MaskedItemModeling,
+    PermutationLanguageModeling,
+    ReplacedTokenDetection,
+    SASRecEncoder,
+    XLNetEncoder,
+)
+from sessrec.tasks import DLRMTask, NextItemTask
+
+MODELS = {  # each encoder with the objective it trains with
+    "xlnet_mlm": (lambda: XLNetEncoder(d_model=16, n_head=2, n_layer=1), MaskedItemModeling),
+    "xlnet_plm": (lambda: XLNetEncoder(d_model=16, n_head=2, n_layer=1), PermutationLanguageModeling),
+    "bert_mlm": (lambda: BertEncoder(d_model=16, n_head=2, n_layer=1), MaskedItemModeling),
+    "electra_rtd": (lambda: ElectraEncoder(d_model=16, n_head=2, n_layer=1), ReplacedTokenDetection),
+    "gpt2_clm": (lambda: GPT2Encoder(d_model=16, n_head=2, n_layer=1), CausalLanguageModeling),
+    "sasrec_clm": (lambda: SASRecEncoder(d_model=16, n_head=2, n_layer=1), CausalLanguageModeling),
+    "gru4rec_clm": (lambda: GRU4RecEncoder(d_model=16), CausalLanguageModeling),
+}
+REFUSED = {("gru4rec_clm", "onnx")}
+EXPORTS = [(m, f) for m in MODELS for f in ("onnx", "torchscript") if (m, f) not in REFUSED]
+
+
+def session_task(name: str, **kwargs) -> NextItemTask:
+    torch.manual_seed(0)
+    encoder, objective = MODELS[name]
+    return NextItemTask(num_items=50, max_length=10, encoder=encoder(), objective=objective(), **kwargs).eval()
+
+
+def sessions(batch: int, length: int, seed: int) -> torch.Tensor:
+    """(B, L) right-aligned sessions of 1..L items; the export example is (3, 6), these are not."""
+    g = torch.Generator().manual_seed(seed)
+    items = torch.randint(2, 50, (batch, length), generator=g)
+    sizes = torch.arange(batch) % length + 1
+    return items.masked_fill(torch.arange(length) < (length - sizes).unsqueeze(1), 0)
+
+
+@pytest.mark.parametrize("name,fmt", EXPORTS)
+def test_session_model_matches_eager_on_other_shapes(tmp_path, name, fmt):
+    task = session_task(name)
+    path = export_session_model(task, tmp_path, fmt, top_k=20)
+    items = sessions(7, 13, seed=1)  # longer than max_length too: the latest items are kept
+    scores, top_scores, top_items = run_exported(path, items)
+    with torch.no_grad():
+        expected = task.model(items, task.objective)  # (B, V), as evaluation reads it
+        top = task.predict_step(SessionBatch(items=items), 0)
+    assert scores.shape == (7, 50) and top_items.shape == (7, 20) and top_items.dtype == np.int64
+    assert max_abs_diff(scores, expected.numpy()) <= 1e-4
+    np.testing.assert_array_equal(top_items, top.items.numpy())
+    np.testing.assert_allclose(top_scores, top.scores.numpy(), atol=1e-4)
+
+
+def test_description_beside_the_model(tmp_path):
+    path = export_session_model(session_task("sasrec_clm"), tmp_path, "torchscript", top_k=5)
+    spec = json.loads(path.with_suffix(".json").read_text())
+    assert spec["file"] == "model.pt" and spec["format"] == "torchscript" and spec["opset"] is None
+    assert spec["inputs"] == [{"name": "items", "dtype": "int64", "shape": ["batch", "length"]}]
+    assert [(o["name"], o["dtype"], o["shape"]) for o in spec["outputs"]] == [
+        ("scores", "float32", ["batch", 50]), ("top_scores", "float32", ["batch", 5]), ("top_items", "int64", ["batch", 5]),
+    ]
+    assert spec["notes"]["encoder"] == "SASRecEncoder" and spec["notes"]["max_length"] == 10
+
+
+@pytest.mark.parametrize("fmt", ["onnx", "torchscript"])
+def test_side_features_are_inputs_and_exclude_seen_is_applied(tmp_path, fmt):
+    side = SideInfoSpec(categorical={"device": 5}, continuous=["price", "dwell"], looks_ahead=["dwell"])
+    task = session_task("bert_mlm", side_features=side, exclude_seen=True)
+    path = export_session_model(task, tmp_path, fmt)
+    items = sessions(5, 9, seed=2)
+    g = torch.Generator().manual_seed(3)
+    device, price, dwell = torch.randint(1, 5, items.shape, generator=g), torch.randn(items.shape, generator=g), torch.rand(items.shape, generator=g)
+    (scores,) = run_exported(path, items, device, price, dwell)
+    with torch.no_grad():
+        batch = SessionBatch(items=items, features={"device": device, "price": price, "dwell": dwell})
+        top = task.predict_step(batch, 0)
+    assert np.isneginf(np.take_along_axis(scores, items.numpy(), axis=1)).all()  # seen items never recommended
+    np.testing.assert_array_equal(np.argsort(-scores, axis=1, kind="stable")[:, :20], top.items.numpy())
+    assert [t["name"] for t in json.loads(path.with_suffix(".json").read_text())["inputs"]] == ["items", "device", "price", "dwell"]
+
+
+def test_gru4rec_to_onnx_is_refused_with_the_reason(tmp_path):
+    with pytest.raises(ValueError, match=r"GRU4RecEncoder cannot be exported to onnx: .*pack_padded_sequence.*torchscript"):
+        export_session_model(session_task("gru4rec_clm"), tmp_path, "onnx")
+    assert not list(tmp_path.iterdir())
+
+
+class DataDependentEncoder(nn.Module):
+    """Branches in Python on the values of the mask: torch.export cannot follow it."""
+
+    causal = False
+    d_model = 16
+
+    def forward(self, embeddings: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return embeddings * 2 if bool(attention_mask.all()) else embeddings
+
+
+def test_an_encoder_the_exporter_cannot_follow_gets_a_clear_error(tmp_path):
+    task = session_task("bert_mlm")
+    task.model.encoder = DataDependentEncoder()  # swapped in after the task is built: only export reads it
+    with pytest.raises(ValueError, match=r"^DataDependentEncoder cannot be exported to onnx: "):
+        export_session_model(task, tmp_path, "onnx")
+    with pytest.raises(ValueError, match="format must be one of"):
+        export_session_model(task, tmp_path, "tflite")
+
+
+def test_export_leaves_the_task_in_its_mode(tmp_path):
+    task = session_task("sasrec_clm").train()
+    export_session_model(task, tmp_path, "torchscript")
+    assert all(m.training for m in task.modules())
+
+
+@pytest.mark.parametrize("kind", ["session", "dlrm"])
+def test_export_from_a_checkpoint(tmp_path, kind):
+    task = session_task("sasrec_clm") if kind == "session" else dlrm_task()
+    checkpoint = {"state_dict": task.state_dict(), "hyper_parameters": dict(task.hparams)}
+    task.on_save_checkpoint(checkpoint)  # what Lightning adds to the checkpoint it writes
+    torch.save(checkpoint, tmp_path / "best.ckpt")
+    path = export_checkpoint(tmp_path / "best.ckpt", tmp_path / "out", "torchscript", top_k=20)
+    if kind == "session":
+        items = sessions(4, 7, seed=8)
+        with torch.no_grad():
+            expected = task.model(items, task.objective).numpy()
+        assert max_abs_diff(run_exported(path, items)[0], expected) <= 1e-4
+    else:
+        scorer = DLRMScorer(task)
+        inputs = scorer.example(5, 3, seed=9)
+        with torch.no_grad():
+            expected = scorer.eager(*inputs).numpy()
+        assert max_abs_diff(run_exported(path, *inputs)[0], expected) <= 1e-5
+
+
+def dlrm_task(interaction: str = "dot") -> DLRMTask:
+    torch.manual_seed(0)
+    return DLRMTask(cardinalities={"city": 10, "tags": 7, "item id": 5}, num_dense=3, embedding_dim=4,
+                    dense_layers=[8, 4], over_layers=[8], interaction=interaction).eval()
+
+
+@pytest.mark.parametrize("interaction,fmt", [("dot", "onnx"), ("dot", "torchscript"), ("dcn", "torchscript")])
+def test_dlrm_matches_eager_on_other_shapes(tmp_path, interaction, fmt):
+    task = dlrm_task(interaction)
+    path = export_dlrm(task, tmp_path, fmt)
+    g = torch.Generator().manual_seed(4)
+    dense = torch.randn(9, 3, generator=g)
+    ids = {
+        "city": torch.randint(0, 10, (9, 1), generator=g),  # one-hot
+        "tags": torch.randint(0, 7, (9, 5), generator=g).masked_fill(torch.rand(9, 5, generator=g) < 0.4, -1),  # multi-hot
+        "item id": torch.randint(0, 5, (9, 3), generator=g),
+    }
+    ids["tags"][0] = -1  # an empty bag
+    (logits,) = run_exported(path, dense, *ids.values())
+    with torch.no_grad():
+        expected = task.model(dense, SparseFeatures.from_dense(ids))  # what DLRMTask feeds its batches to
+    assert logits.shape == (9,)
+    assert max_abs_diff(logits, expected.numpy()) <= 1e-5
+    spec = json.loads(path.with_suffix(".json").read_text())
+    assert [(t["name"], t["shape"]) for t in spec["inputs"]] == [
+        ("dense", ["batch", 3]), ("city", ["batch", "ids_city"]), ("tags", ["batch", "ids_tags"]), ("item id", ["batch", "ids_item_id"]),
+    ]
+
+
+# -- Triton ---------------------------------------------------------------------------------------
+TOKENS = re.compile(r'\s*(?:("(?:[^"\\]|\\.)*")|(-?\d+)|([A-Za-z_][A-Za-z0-9_]*)|([{}\[\]:,]))')
+
+
+def parse_pbtxt(text: str) -> dict:
+    """Protobuf text format -> dict; a field given more than once, or as [a, b], becomes a list."""
+    tokens = []
+    for match in TOKENS.finditer(text.strip()):
+        string, number, name, punct = match.groups()
+        tokens.append(json.loads(string) if string else int(number) if number else ("name", name) if name else punct)
+    pos = 0
+
+    def value():
+        nonlocal pos
+        tok = tokens[pos]
+        pos += 1
+        if tok == "{":
+            return message("}")
+        if tok == "[":
+            items = []
+            while tokens[pos] != "]":
+                items.append(value())
+                pos += tokens[pos] == ","
+            pos += 1
+            return items
+        return tok[1] if isinstance(tok, tuple) else tok  # an enum name, a string or a number
+
+    def message(end):
+        nonlocal pos
+        out: dict = {}
+        while pos < len(tokens) and tokens[pos] != end:
+            key = tokens[pos][1]
+            pos += 1 + (tokens[pos + 1] == ":")
+            v = value()
+            out[key] = out[key] + (v if isinstance(v, list) else [v]) if key in out else v
+        pos += 1
+        return out
+
+    return message(None)
+
+
+def test_triton_repository(tmp_path):
+    task = session_task("sasrec_clm")
+    model_dir = triton_repository(task, tmp_path, "sasrec", max_batch_size=32, max_queue_delay_microseconds=500, top_k=20)
+    assert model_dir == tmp_path / "sasrec"
+    config = parse_pbtxt((model_dir / "config.pbtxt").read_text())
+    assert config["name"] == "sasrec" and config["platform"] == "onnxruntime_onnx" and config["max_batch_size"] == 32
+    assert config["dynamic_batching"] == {"max_queue_delay_microseconds": 500}
+    assert config["input"] == [{"name": "items", "data_type": "TYPE_INT64", "dims": [-1]}]  # batch axis: Triton's
+    assert config["output"] == [
+        {"name": "scores", "data_type": "TYPE_FP32", "dims": [50]},
+        {"name": "top_scores", "data_type": "TYPE_FP32", "dims": [20]},
+        {"name": "top_items", "data_type": "TYPE_INT64", "dims": [20]},
+    ]
+    items = sessions(4, 8, seed=6)
+    scores, _, top_items = run_exported(model_dir / "1" / "model.onnx", items)
+    with torch.no_grad():
+        expected = task.predict_step(SessionBatch(items=items), 0)
+    np.testing.assert_array_equal(top_items, expected.items.numpy())
+    assert scores.shape == (4, 50)
+
+
+def test_triton_config_of_a_batch_only_output_and_without_batching():
+    scorer = DLRMScorer(dlrm_task())
+    spec = {"inputs": [asdict(t) for t in scorer.inputs()], "outputs": [asdict(t) for t in scorer.outputs()]}
+    batched = parse_pbtxt(model_config("dlrm", spec, 64, 100))
+    assert batched["output"] == [{"name": "logits", "data_type": "TYPE_FP32", "dims": [1], "reshape": {"shape": []}}]
+    assert batched["input"][0] == {"name": "dense", "data_type": "TYPE_FP32", "dims": [3]}
+    assert batched["input"][3] == {"name": "item id", "data_type": "TYPE_INT64", "dims": [-1]}
+    unbatched = parse_pbtxt(model_config("dlrm", spec, 0, 100))
+    assert "dynamic_batching" not in unbatched and unbatched["output"][0]["dims"] == [-1]
+    assert unbatched["input"][0]["dims"] == [-1, 3]
+
+
+def test_triton_repository_refuses_bad_arguments(tmp_path):
+    with pytest.raises(ValueError, match="model name must be"):
+        triton_repository(dlrm_task(), tmp_path, "a/b")
+    with pytest.raises(ValueError, match="max_batch_size"):
+        triton_repository(dlrm_task(), tmp_path, "dlrm", max_batch_size=-1)
+    assert not list(tmp_path.iterdir())

@@ -1,0 +1,280 @@
+"""From checkpoint to production: checkpoints that stand alone, model directories, resume after SIGKILL,
+growing the catalogue and the retraining gate."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute  # noqa: F401 - pa.compute
+import pyarrow.parquet as pq
+import pytest
+import pytorch_lightning as pl
+import torch
+import yaml
+
+from sessrec.cli import cli
+from sessrec.data import ItemVocab, Schema, SessionDataModule, SyntheticSource, TimeWindowSource, generate_sessions
+from sessrec.data.loader import SessionLoader
+from sessrec.deploy.recommender import SessionRecommender, load_recommender
+from sessrec.deploy.retrain import Gate, retrain
+from sessrec.models import (
+    CausalLanguageModeling,
+    ElectraEncoder,
+    GRU4RecEncoder,
+    MaskedItemModeling,
+    ReplacedTokenDetection,
+    SASRecEncoder,
+    XLNetEncoder,
+)
+from sessrec.tasks import DLRMTask, NextItemTask
+from sessrec.tasks.pretrained import load_checkpoint, with_more_items
+
+torch.set_num_threads(1)
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def tiny_recipe(run: Path, max_epochs: int = 2) -> Path:
+    """A 2-epoch XLNet-MLM fit of ~20 steps per epoch that saves last.ckpt every 5 steps."""
+    recipe = {
+        "seed_everything": 0,
+        "trainer": {
+            "max_epochs": max_epochs, "accelerator": "cpu", "logger": False, "default_root_dir": str(run),
+            "enable_progress_bar": False, "enable_model_summary": False,
+            "callbacks": [{"class_path": "pytorch_lightning.callbacks.ModelCheckpoint",
+                           "init_args": {"monitor": "val/ndcg@20", "mode": "max", "save_top_k": 1, "filename": "best",
+                                         "dirpath": str(run / "checkpoints")}}],
+        },
+        "last_checkpoint": {"every_n_train_steps": 5},
+        "model": {"encoder": {"class_path": "sessrec.models.XLNetEncoder",
+                              "init_args": {"d_model": 16, "n_head": 2, "n_layer": 1, "dropout": 0.1}},
+                  "lr": 0.003, "warmup_steps": 5},
+        "data": {"source": {"class_path": "sessrec.data.SyntheticSource",
+                            "init_args": {"num_sessions": 3000, "num_items": 100}},
+                 "max_length": 10, "batch_size": 128},
+    }
+    path = run / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    return path
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory):
+    run = tmp_path_factory.mktemp("fit")
+    recipe = tiny_recipe(run)
+    fit = cli(["fit", "--config", str(recipe)])
+    return run, recipe, fit
+
+
+def final_metric(fit) -> float:
+    return float(fit.trainer.callback_metrics["val/ndcg@20"])
+
+
+def test_checkpoint_loads_weights_only_and_carries_the_vocabulary(fitted):
+    run, _, fit = fitted
+    checkpoint = torch.load(run / "checkpoints" / "best.ckpt", weights_only=True)
+    assert checkpoint["hyper_parameters"]["encoder"]["class_path"] == "sessrec.models.xlnet.XLNetEncoder"
+    saved = ItemVocab.from_bytes(checkpoint["SessionDataModule"]["vocab"].numpy().tobytes(), "ckpt")
+    assert saved == fit.datamodule.vocab
+    assert (run / "checkpoints" / "last.ckpt").exists()
+
+
+def test_checkpoint_rebuilds_without_its_recipe(fitted):
+    run, _, fit = fitted
+    task = load_checkpoint(run / "checkpoints" / "last.ckpt")
+    original = fit.model.eval()
+    items = torch.tensor([[0, 0, 5, 9, 12], [3, 4, 5, 6, 7]])
+    torch.testing.assert_close(task.model(items, task.objective), original.model(items, original.objective))
+    assert task.vocab == fit.datamodule.vocab
+
+
+def test_fit_writes_the_model_directory_of_the_best_checkpoint(fitted):
+    run, _, fit = fitted
+    task = NextItemTask.from_pretrained(run / "model")
+    best = load_checkpoint(run / "checkpoints" / "best.ckpt")
+    items = torch.tensor([[0, 2, 3, 4], [9, 8, 7, 6]])
+    torch.testing.assert_close(task.model(items, task.objective), best.model(items, best.objective))
+    config = json.loads((run / "model" / "config.json").read_text())
+    assert config["format"] == "sessrec.model" and config["task"]["init_args"]["num_items"] == len(task.vocab)
+
+
+def test_resume_after_sigkill_ends_where_the_uninterrupted_run_ends(fitted, tmp_path):
+    """Killed mid-epoch 1 by SIGKILL, resumed from last.ckpt: the same final validation metric."""
+    _, _, fit = fitted
+    recipe = tiny_recipe(tmp_path)
+    killer = (
+        "import os, signal\n"
+        "from sessrec.tasks import NextItemTask\n"
+        "step = NextItemTask.training_step\n"
+        "def killed(self, batch, i):\n"
+        "    if self.global_step == 27: os.kill(os.getpid(), signal.SIGKILL)\n"
+        "    return step(self, batch, i)\n"
+        "NextItemTask.training_step = killed\n"
+        "from sessrec.cli import cli\n"
+        f"cli(['fit', '--config', {str(recipe)!r}])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", killer], capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == -signal.SIGKILL
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    assert torch.load(last, weights_only=True)["global_step"] == 25
+    assert not list((tmp_path / "checkpoints").glob("*.tmp"))
+    resumed = cli(["fit", "--config", str(recipe), "--ckpt_path", str(last)])
+    assert resumed.trainer.global_step == fit.trainer.global_step
+    assert abs(final_metric(resumed) - final_metric(fit)) < 1e-4
+
+
+def test_loader_state_continues_the_epoch():
+    items = torch.arange(1, 101, dtype=torch.int32).reshape(50, 2)
+    loader = SessionLoader(items, batch_size=8, shuffle=True, seed=3)
+    loader.set_epoch(4)
+    full = [b.index.tolist() for b in loader]
+    loader.set_epoch(4)
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    state = loader.state_dict()
+    assert state["epoch"] == 4 and state["position"] == 3
+    fresh = SessionLoader(items, batch_size=8, shuffle=True, seed=3)
+    fresh.load_state_dict(state)
+    assert [b.index.tolist() for b in fresh] == full[3:]
+
+
+def test_test_without_a_checkpoint_is_refused(fitted):
+    _, recipe, _ = fitted
+    with pytest.raises(ValueError, match="test needs --ckpt_path: the model NextItemTask is trained"):
+        cli(["test", "--config", str(recipe)])
+
+
+def test_test_and_predict_create_no_run_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    tiny = ["--config", str(ROOT / "recipes" / "quickstart.yaml"), "--trainer.max_epochs", "1",
+            "--trainer.enable_progress_bar", "false", "--data.source.init_args.num_sessions", "1000",
+            "--data.source.init_args.num_items", "100", "--model.encoder.init_args.d_model", "16",
+            "--model.encoder.init_args.n_head", "2", "--model.encoder.init_args.n_layer", "1"]
+    cli(["fit", *tiny])
+    before = sorted(p.name for p in (tmp_path / "runs" / "quickstart").iterdir())
+    ckpt = next(tmp_path.glob("runs/quickstart/version_0/checkpoints/best.ckpt"))
+    cli(["test", *tiny, "--ckpt_path", str(ckpt)])
+    assert sorted(p.name for p in (tmp_path / "runs" / "quickstart").iterdir()) == before == ["version_0"]
+
+
+ENCODERS = {
+    "xlnet-mlm": (lambda: XLNetEncoder(d_model=16, n_head=2, n_layer=1), MaskedItemModeling),
+    "gru4rec-clm": (lambda: GRU4RecEncoder(d_model=16), CausalLanguageModeling),
+    "sasrec-clm": (lambda: SASRecEncoder(d_model=16, n_head=2, n_layer=1), CausalLanguageModeling),
+    "electra-rtd": (lambda: ElectraEncoder(d_model=16, n_head=2, n_layer=1), ReplacedTokenDetection),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ENCODERS))
+def test_model_directory_round_trip(name, tmp_path):
+    torch.manual_seed(0)
+    encoder, objective = ENCODERS[name]
+    vocab = ItemVocab(pa.array(np.arange(100, 130)), np.arange(30, 0, -1))
+    task = NextItemTask(num_items=len(vocab), max_length=8, encoder=encoder(), objective=objective()).eval()
+    task.vocab = vocab
+    task.save_pretrained(tmp_path / "model")
+    loaded = NextItemTask.from_pretrained(tmp_path / "model")
+    items = torch.tensor([[0, 0, 3, 4, 5], [7, 8, 9, 10, 11]])
+    torch.testing.assert_close(loaded.model(items, loaded.objective), task.model(items, task.objective))
+    assert loaded.vocab == vocab
+    recs = SessionRecommender(loaded).recommend([["101", "102", "103"], ["110"]], k=5)  # id strings are cast
+    top = task.model(torch.tensor([[3, 4, 5], [0, 0, 12]]), task.objective).topk(5, dim=1).indices
+    assert [r["item_ids"] for r in recs] == [vocab.decode(row.numpy()).to_pylist() for row in top]
+
+
+def test_dlrm_model_directory_round_trip(tmp_path):
+    from sessrec.data.ranking import CLICKS, SPARSE_FEATURES, RankingVocab
+
+    torch.manual_seed(0)
+    vocabs = {name: ItemVocab(pa.array([f"{name}{i}" for i in range(5)]), np.ones(5, dtype=np.int64))
+              for name in (*SPARSE_FEATURES, CLICKS)}
+    vocab = RankingVocab(vocabs)
+    task = DLRMTask(cardinalities=vocab.cardinalities, num_dense=3, embedding_dim=4, dense_layers=[8, 4],
+                    over_layers=[8]).eval()
+    task.vocab = vocab
+    task.save_pretrained(tmp_path / "dlrm")
+    loaded = DLRMTask.from_pretrained(tmp_path / "dlrm")
+    for name, value in task.state_dict().items():
+        torch.testing.assert_close(loaded.state_dict()[name], value)
+    assert loaded.vocab.cardinalities == vocab.cardinalities
+
+
+def test_load_recommender_reads_model_and_pipeline_directories(tmp_path):
+    vocab = ItemVocab(pa.array(np.arange(100, 130)), np.arange(30, 0, -1))
+    task = NextItemTask(num_items=len(vocab), max_length=8, encoder=GRU4RecEncoder(d_model=8),
+                        objective=CausalLanguageModeling())
+    task.vocab = vocab
+    task.save_pretrained(tmp_path / "model")
+    assert isinstance(load_recommender(tmp_path / "model"), SessionRecommender)
+    with pytest.raises(FileNotFoundError, match="neither a saved pipeline .* nor a model directory"):
+        load_recommender(tmp_path)
+
+
+def test_growing_the_catalogue_keeps_every_learned_row():
+    torch.manual_seed(0)
+    vocab = ItemVocab(pa.array([7, 5, 9]), np.array([3, 2, 1]))
+    grown, old_to_new = vocab.grow(pa.array([9, 11, 11, 12, 7]))
+    assert grown.raw_ids.to_pylist() == [7, 5, 9, 11, 12]
+    assert grown.counts.tolist() == [4, 2, 2, 2, 1]
+    assert grown.encode(pa.array([7, 5, 9])).ids.tolist() == vocab.encode(pa.array([7, 5, 9])).ids.tolist()
+    task = NextItemTask(num_items=len(vocab), max_length=6, encoder=GRU4RecEncoder(d_model=8),
+                        objective=CausalLanguageModeling())
+    bigger = with_more_items(task, old_to_new, len(grown))
+    old, new = task.model.item_embedding.weight, bigger.model.item_embedding.weight
+    assert new.shape == (len(grown), 8)
+    torch.testing.assert_close(new[torch.from_numpy(old_to_new)], old)
+    items = torch.tensor([[0, 2, 3, 4]])  # known items only: the same scores over the known ids
+    torch.testing.assert_close(bigger.eval().model(items)[:, : len(vocab)], task.eval().model(items))
+
+
+def event_file(tmp_path: Path) -> tuple[Path, list[float]]:
+    events = generate_sessions(num_sessions=4000, num_items=80, seed=1)
+    events = events.filter(pa.compute.equal(events.column("event_type"), "product"))  # page views carry no item
+    path = tmp_path / "events.parquet"
+    pq.write_table(events.select(["session_id", "item_id", "timestamp"]), path)
+    t = np.sort(events.column("timestamp").to_numpy())
+    return path, [float(np.quantile(t, q)) for q in (0.0, 0.5, 0.75, 1.0)]
+
+
+def test_time_windows_split_sessions_by_their_last_event(tmp_path):
+    path, (start, mid, late, end) = event_file(tmp_path)
+    splits = TimeWindowSource([str(path)], Schema(), start, mid, late).load()
+    last = lambda t: np.array([max(x) for x in t.column("timestamp").to_pylist()])  # noqa: E731
+    assert (last(splits.train) < mid).all() and (last(splits.valid) < mid).all()
+    assert ((last(splits.test) >= mid) & (last(splits.test) < late)).all()
+    assert set(splits.train.column("session_id").to_pylist()).isdisjoint(splits.test.column("session_id").to_pylist())
+    with pytest.raises(ValueError, match="train_from < train_until < test_until"):
+        TimeWindowSource([str(path)], Schema(), mid, start, late)
+    with pytest.raises(ValueError, match="'yesterday' is neither an ISO-8601 date/time nor epoch seconds"):
+        TimeWindowSource([str(path)], Schema(), "yesterday", mid, late)
+
+
+def test_retrain_promotes_a_good_candidate_and_rejects_a_bad_one(tmp_path):
+    path, (start, mid, late, end) = event_file(tmp_path)
+    data = SessionDataModule(TimeWindowSource([str(path)], Schema(), start, mid, late), max_length=8, batch_size=128)
+    base = NextItemTask(num_items=data.num_items, max_length=8, encoder=GRU4RecEncoder(d_model=16),
+                        objective=CausalLanguageModeling(), lr=0.01)
+    pl.seed_everything(0)
+    pl.Trainer(max_epochs=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+               enable_model_summary=False).fit(base, datamodule=data)
+    base.save_pretrained(tmp_path / "current")
+    record = tmp_path / "promotions.jsonl"
+    common = dict(paths=[str(path)], schema=Schema(), record=str(record), max_epochs=1)
+    good = retrain(str(tmp_path / "current"), train_from=mid, train_until=late, test_until=end + 1,
+                   out=str(tmp_path / "good"), gate=Gate("recall@20", tolerance=0.02), lr=0.005, **common)
+    assert good["promoted"] and good["candidate_metrics"]["items"] >= good["current"]["items"]
+    promoted = NextItemTask.from_pretrained(tmp_path / "current")
+    assert promoted.vocab == NextItemTask.from_pretrained(tmp_path / "good" / "model").vocab
+    bad = retrain(str(tmp_path / "current"), train_from=mid, train_until=late, test_until=end + 1,
+                  out=str(tmp_path / "bad"), gate=Gate("recall@20", tolerance=0.0), warm_start=False, lr=1e-9, **common)
+    assert not bad["promoted"] and bad["candidate_metrics"]["recall@20"] < bad["current"]["recall@20"]
+    after = NextItemTask.from_pretrained(tmp_path / "current")
+    assert after.vocab == promoted.vocab  # the rejected candidate replaced nothing
+    decisions = [json.loads(line) for line in record.read_text().splitlines()]
+    assert [d["promoted"] for d in decisions] == [True, False]
+    assert decisions[1]["current"]["recall@20"] == pytest.approx(good["candidate_metrics"]["recall@20"])

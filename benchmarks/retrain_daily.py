@@ -1,8 +1,8 @@
 """Daily incremental retraining on rsc15_100k: warm start against training from scratch, and the gate.
 
 The base model (``recipes/xlnet_mlm_rsc15_daily.yaml``: 2014-04-01 .. 04-03) is retrained one day at a
-time with ``recipes/retrain_rsc15.yaml`` (warm start, 5 epochs on the day, lr 0.001) and gated on the day
-after; each day, the same architecture is also trained from scratch on every day so far (the base
+time with ``recipes/retrain_rsc15.yaml`` (warm start, 5 epochs on the new day and the two before it,
+lr 0.003) and gated on the day after; each day, the same architecture is also trained from scratch on every day so far (the base
 recipe's 10 epochs, lr 0.003, warm-up 100), as a shadow run that is never promoted. Last, a warm
 start with a learning rate 50x too high shows the gate rejecting a candidate.
 
@@ -35,7 +35,7 @@ def main() -> None:
     parser.add_argument("--recipe", default="recipes/retrain_rsc15.yaml")
     parser.add_argument("--work", default="runs/rsc15_daily/benchmark", help="scratch folder (replaced)")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--replay_days", type=int, default=0, help="warm starts also train on this many days before the new one")
+    parser.add_argument("--replay_days", type=int, default=2, help="warm starts also train on this many days before the new one")
     parser.add_argument("--epochs", type=int, default=None, help="warm-start epochs (default: the recipe's)")
     parser.add_argument("--lr", type=float, default=None, help="warm-start learning rate (default: the recipe's)")
     parser.add_argument("--skip_scratch", action="store_true", help="only the warm starts and the rejection")

@@ -33,7 +33,7 @@ import pytorch_lightning as pl
 import yaml
 from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 
-from sessrec.data.checkpoint import data_state
+from sessrec.data.checkpoint import data_state, read_checkpoint
 from sessrec.tasks import LastCheckpoint, TopKWriter, VocabularyCheckpoint
 from sessrec.tasks.callbacks import find_features, find_vocab
 from sessrec.tasks.pretrained import load_checkpoint
@@ -278,6 +278,9 @@ def run(args: list[str]) -> object:
         return pipeline_cli(args)
     if command == "recommend":
         raise ValueError("--config must name a pipeline recipe (a top-level 'pipeline:' block)")
+    for i, arg in enumerate(args[:-1]):
+        if arg == "--ckpt_path":  # a one-line error for an unreadable file, before LightningCLI reads its config
+            read_checkpoint(args[i + 1])
     sys.argv = [sys.argv[0], *args]  # LightningCLI reads them there
     return cli()
 

@@ -432,3 +432,173 @@ def test_pipeline_recommend_refuses_text_ids_for_int_vocab(pipeline):
 def test_pipeline_recommend_refuses(pipeline, sessions, kwargs, message):
     with pytest.raises((TypeError, ValueError), match=message):
         pipeline.recommend(sessions, k=3, **kwargs)
+
+
+# --------------------------------------------------------------------------- CLI: fit / test / predict / export / serve / retrain
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--config", str(ROOT / "recipes" / "quickstart.yaml"), "--trainer.max_epochs", "1",
+        "--trainer.enable_progress_bar", "false", "--trainer.logger", "false",
+        "--data.source.init_args.num_sessions", "1000", "--data.source.init_args.num_items", "100",
+        "--model.encoder.init_args.d_model", "16", "--model.encoder.init_args.n_head", "2",
+        "--model.encoder.init_args.n_layer", "1"]
+
+
+def sessrec_main(monkeypatch: pytest.MonkeyPatch, *args: str) -> str:
+    """Run the ``sessrec`` entry point; the one-line error it exits with ("" when it succeeds)."""
+    from sessrec.cli import main
+
+    monkeypatch.setattr("sys.argv", ["sessrec", *args])
+    try:
+        main()
+    except SystemExit as exit:
+        message = str(exit.code)
+        assert "\n" not in message and "Traceback" not in message
+        return message
+    return ""
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    """A tiny quickstart fit: its best checkpoint (and model directory beside it)."""
+    from sessrec.cli import cli
+
+    run = tmp_path_factory.mktemp("fitted")
+    cli(["fit", *TINY, "--trainer.default_root_dir", str(run)])
+    return next(run.glob("**/checkpoints/best.ckpt"))
+
+
+def test_cli_test_without_checkpoint(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    message = sessrec_main(monkeypatch, "test", *TINY)
+    assert "test needs --ckpt_path" in message and "random weights" in message
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("content, message", [
+    (bytes(range(256)) * 40, "not a readable PyTorch checkpoint"),
+    (b"", "not a readable PyTorch checkpoint"),
+], ids=["random-bytes", "empty"])
+def test_cli_test_unreadable_checkpoint(monkeypatch, tmp_path, content, message):
+    bad = write(tmp_path / "bad.ckpt", content)
+    assert message in sessrec_main(monkeypatch, "test", *TINY, "--ckpt_path", str(bad))
+
+
+def test_cli_test_truncated_checkpoint(monkeypatch, tmp_path, checkpoint):
+    cut = write(tmp_path / "cut.ckpt", checkpoint.read_bytes()[:4000])
+    assert f"{cut}: not a readable PyTorch checkpoint, truncated or corrupt" in sessrec_main(
+        monkeypatch, "test", *TINY, "--ckpt_path", str(cut))
+
+
+class Foreign:
+    """A class a weights-only load refuses to build."""
+
+
+def test_checkpoint_with_pickled_objects_is_not_unpickled(tmp_path):
+    from sessrec.tasks.pretrained import load_checkpoint
+
+    path = tmp_path / "objects.ckpt"
+    torch.save({"state_dict": {}, "hyper_parameters": {"thing": Foreign()}}, path)
+    with pytest.raises(ValueError, match="holds a pickled .*Foreign object, which sessrec does not load"):
+        load_checkpoint(path)
+
+
+def test_checkpoint_of_another_configuration(checkpoint):
+    from sessrec.models import XLNetEncoder
+    from sessrec.tasks import NextItemTask
+
+    with pytest.raises(ValueError, match=r"holds weights of another configuration: model\.\w+ is \(16,?.*\) there and \(32"):
+        NextItemTask.load_from_checkpoint(checkpoint, encoder=XLNetEncoder(d_model=32, n_head=2, n_layer=1))
+
+
+def test_cli_test_reads_the_network_of_the_checkpoint_not_of_the_recipe(monkeypatch, checkpoint):
+    """A recipe of another width does not break a checkpoint: its own saved config builds the network."""
+    assert sessrec_main(monkeypatch, "test", *TINY, "--model.encoder.init_args.d_model", "32",
+                        "--ckpt_path", str(checkpoint)) == ""
+
+
+def test_cli_fit_max_length_zero(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    message = sessrec_main(monkeypatch, "fit", *TINY, "--data.max_length", "0")
+    assert "max_length must be >= 2" in message and "got 0" in message
+
+
+def test_cli_predict_duplicate_sessions_leave_no_output(monkeypatch, tmp_path, checkpoint):
+    sessions = write(tmp_path / "s.parquet", pa.table({"session_id": [1, 1], "item_id": [[5, 6], [7, 8]]}))
+    out = tmp_path / "recs.parquet"
+    message = sessrec_main(monkeypatch, "predict", *TINY, "--ckpt_path", str(checkpoint), "--data.predict_path",
+                           str(sessions), "--scoring.output", str(out))
+    assert "session_id" in message and "1" in message
+    assert not out.exists() and not list(tmp_path.glob(".recs*"))
+
+
+def test_cli_export_refuses_unknown_format(monkeypatch, tmp_path, checkpoint, capsys):
+    code = sessrec_main(monkeypatch, "export", "--ckpt_path", str(checkpoint), "--format", "pmml", "--out", str(tmp_path / "x"))
+    assert code == "2" and "pmml" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+def test_cli_export_of_a_broken_checkpoint_writes_nothing(monkeypatch, tmp_path):
+    bad = write(tmp_path / "bad.ckpt", b"\x00" * 100)
+    assert "not a readable PyTorch checkpoint" in sessrec_main(
+        monkeypatch, "export", "--ckpt_path", str(bad), "--out", str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
+
+
+def test_export_gru4rec_to_onnx_names_the_reason(tmp_path):
+    pytest.importorskip("onnxruntime")
+    from sessrec.deploy.export import export_session_model
+    from sessrec.models import CausalLanguageModeling, GRU4RecEncoder
+    from sessrec.tasks import NextItemTask
+
+    task = NextItemTask(num_items=20, max_length=5, encoder=GRU4RecEncoder(d_model=8), objective=CausalLanguageModeling())
+    with pytest.raises(ValueError, match="GRU4RecEncoder.*onnx"):
+        export_session_model(task, tmp_path / "out", "onnx")
+    assert not list((tmp_path / "out").glob("model.*")) if (tmp_path / "out").exists() else True
+
+
+def test_cli_serve_a_directory_without_a_model(monkeypatch, tmp_path):
+    pytest.importorskip("fastapi")
+    assert "neither a saved pipeline (pipeline.json) nor a model directory (config.json)" in sessrec_main(
+        monkeypatch, "serve", "--model-dir", str(tmp_path))
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{not json", "not valid JSON"),
+    ('{"format": "something.else", "version": 1}', "format 'something.else' is not 'sessrec.model'"),
+], ids=["broken-json", "foreign-format"])
+def test_model_directory_with_a_bad_config(tmp_path, content, message):
+    from sessrec.tasks import NextItemTask
+
+    write(tmp_path / "config.json", content)
+    with pytest.raises(ValueError, match=message):
+        NextItemTask.from_pretrained(tmp_path)
+
+
+def test_model_directory_without_weights(tmp_path, checkpoint):
+    import shutil
+
+    from sessrec.tasks import NextItemTask
+
+    model = shutil.copytree(checkpoint.parent.parent / "model", tmp_path / "model")
+    (model / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="the model directory lacks model.safetensors"):
+        NextItemTask.from_pretrained(model)
+
+
+def test_cli_retrain_window_without_sessions(monkeypatch, tmp_path, checkpoint):
+    events = write(tmp_path / "e.parquet", pa.table({"session_id": [1, 1], "item_id": [5, 6], "timestamp": [10.0, 20.0]}))
+    message = sessrec_main(monkeypatch, "retrain", "--model_dir", str(checkpoint.parent.parent / "model"),
+                           "--paths", f"[{events}]", "--train_from", "0", "--train_until", "100", "--test_until", "200",
+                           "--out", str(tmp_path / "cand"))
+    assert "no session of 2+ events ends in the test window" in message
+
+
+def test_cli_retrain_without_a_current_model(monkeypatch, tmp_path):
+    message = sessrec_main(monkeypatch, "retrain", "--model_dir", str(tmp_path / "nothing"), "--paths", "[x.parquet]",
+                           "--train_from", "0", "--train_until", "1", "--test_until", "2", "--out", str(tmp_path / "c"))
+    assert f"{tmp_path / 'nothing'}: no such model directory" in message
+
+
+def test_cli_recommend_without_a_pipeline_recipe(monkeypatch):
+    assert "--config must name a pipeline recipe" in sessrec_main(
+        monkeypatch, "recommend", "--config", str(ROOT / "recipes" / "quickstart.yaml"))

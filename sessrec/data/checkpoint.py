@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 from pathlib import Path
 from typing import Any
 
@@ -29,16 +30,16 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        if "weights_only" in str(err) or "global" in str(err).lower():
+        found = re.search(r"GLOBAL ([\w.]+)", str(err))
+        if found:  # torch's own message goes on to advise weights_only=False: the one thing not to do here
             raise ValueError(
-                f"{path}: holds pickled objects that sessrec does not load (only tensors and plain values are read, "
-                f"so a checkpoint cannot run code); re-save it with this sessrec version ({first})"
-            ) from err
-        raise ValueError(f"{path}: not a PyTorch checkpoint ({first})") from err
+                f"{path}: holds a pickled {found.group(1)} object, which sessrec does not load (a checkpoint is read as "
+                "tensors and plain values only, so it cannot run code); re-save it with this sessrec version"
+            ) from None
+        raise ValueError(f"{path}: not a readable PyTorch checkpoint, truncated or corrupt") from None
     except Exception as err:  # noqa: BLE001 - torch's unpickler raises anything on bytes that are not a checkpoint
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ValueError(f"{path}: not a readable PyTorch checkpoint, truncated or corrupt ({first})") from err
+        raise ValueError(f"{path}: not a readable PyTorch checkpoint, truncated or corrupt ({first})") from None
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise ValueError(f"{path}: a PyTorch file but not a Lightning checkpoint (no 'state_dict')")
     return checkpoint

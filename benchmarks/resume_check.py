@@ -1,0 +1,70 @@
+"""Kill-safety of ``sessrec fit``: a run killed with SIGKILL mid-epoch and resumed from ``last.ckpt``
+ends where the uninterrupted run ends.
+
+Runs the quickstart three times in a scratch folder (uninterrupted; killed at a training step; resumed
+with ``--ckpt_path .../last.ckpt``) and prints JSON with the final validation metrics of both and their
+largest difference.
+
+    python benchmarks/resume_check.py [--recipe recipes/quickstart.yaml] [--kill_step 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+KILLER = """
+import os, signal, sys
+from sessrec.tasks import NextItemTask
+step = NextItemTask.training_step
+def killed(self, batch, i):
+    if self.global_step == {kill}:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return step(self, batch, i)
+NextItemTask.training_step = killed
+sys.argv = ["sessrec", "fit", "--config", {recipe!r}, "--trainer.enable_progress_bar", "false"]
+from sessrec.cli import main
+main()
+"""
+
+
+def fit(args: list[str], cwd: Path) -> dict[str, float]:
+    done = subprocess.run(["sessrec", "fit", *args, "--trainer.enable_progress_bar", "false"], cwd=cwd,
+                          capture_output=True, text=True, check=True)
+    line = next(x for x in done.stdout.splitlines() if x.startswith("sessrec fit: final metrics:"))
+    return {k: float(v) for k, v in (kv.split("=") for kv in line.split(": ", 2)[2].split()) if k.startswith("val/")}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--recipe", default="recipes/quickstart.yaml")
+    parser.add_argument("--kill_step", type=int, default=100)
+    args = parser.parse_args()
+    recipe = str(Path(args.recipe).resolve())
+    with tempfile.TemporaryDirectory() as scratch:
+        whole, broken = Path(scratch) / "whole", Path(scratch) / "broken"
+        whole.mkdir(), broken.mkdir()
+        uninterrupted = fit(["--config", recipe], whole)
+        killed = subprocess.run([sys.executable, "-c", KILLER.format(kill=args.kill_step, recipe=recipe)], cwd=broken,
+                                capture_output=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        if killed.returncode != -signal.SIGKILL:
+            raise SystemExit(f"the run was not killed (exit {killed.returncode}): is --kill_step past the end of training?")
+        (last,) = broken.glob("runs/**/last.ckpt")
+        import torch
+
+        saved_step = int(torch.load(last, weights_only=True, map_location="cpu")["global_step"])
+        resumed = fit(["--config", recipe, "--ckpt_path", str(last)], broken)
+    diff = max(abs(uninterrupted[k] - resumed[k]) for k in uninterrupted)
+    print(json.dumps({"benchmark": "resume_check", "recipe": args.recipe, "killed_at_step": args.kill_step,
+                      "resumed_from_step": saved_step, "uninterrupted": uninterrupted, "resumed": resumed,
+                      "max_abs_diff": diff}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

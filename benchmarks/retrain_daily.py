@@ -1,7 +1,7 @@
 """Daily incremental retraining on rsc15_100k: warm start against training from scratch, and the gate.
 
 The base model (``recipes/xlnet_mlm_rsc15_daily.yaml``: 2014-04-01 .. 04-03) is retrained one day at a
-time with ``recipes/retrain_rsc15.yaml`` (warm start, 5 epochs on the new day and the two before it,
+time with ``recipes/retrain_rsc15.yaml`` (warm start, 10 epochs on the new day and the two before it,
 lr 0.003) and gated on the day after; each day, the same architecture is also trained from scratch on every day so far (the base
 recipe's 10 epochs, lr 0.003, warm-up 100), as a shadow run that is never promoted. Last, a warm
 start with a learning rate 50x too high shows the gate rejecting a candidate.
@@ -75,10 +75,10 @@ def summary(kind: str, decision: dict) -> dict:
     return {
         "run": kind, "train_window": decision["train_window"], "test_window": decision["test_window"],
         "train_sessions": decision["train_sessions"], "test_sessions": decision["test_sessions"],
-        "items": decision["candidate_metrics"]["items"], "new_items": decision["candidate_metrics"]["new_items"],
+        "items": decision["candidate_items"], "new_items": decision["new_items"],
         f"current_{metric}": round(decision["current"][metric], 4),
         f"candidate_{metric}": round(decision["candidate_metrics"][metric], 4),
-        "candidate_mrr@20": round(decision["all_candidate_metrics"]["mrr@20"], 4),
+        "candidate_mrr@20": round(decision["candidate_metrics"]["mrr@20"], 4),
         "train_seconds": decision["train_seconds"], "passed_gate": decision["passed_gate"], "promoted": decision["promoted"],
     }
 

@@ -190,8 +190,8 @@ def main() -> None:
     parser.add_argument("--max-batch-size", type=int, default=64)
     parser.add_argument("--max-wait-ms", type=float, default=2.0)
     args = parser.parse_args()
-    if not (args.model_dir / "pipeline.json").exists():
-        raise SystemExit(f"{args.model_dir}: no saved pipeline; run sessrec fit --config recipes/pipeline_rsc15.yaml")
+    if not any((args.model_dir / name).exists() for name in ("pipeline.json", "config.json")):
+        raise SystemExit(f"{args.model_dir}: no saved pipeline or model; run sessrec fit on a recipe first")
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"

@@ -112,7 +112,7 @@ class SessrecCLI(LightningCLI):
         trainer, model = self.trainer, self.model
         if trainer.fast_dev_run or not trainer.is_global_zero:
             return
-        shown = " ".join(f"{k}={float(v):.4f}" for k, v in sorted(trainer.callback_metrics.items()) if "/" in k)
+        shown = " ".join(f"{k}={float(v):.6f}" for k, v in sorted(trainer.callback_metrics.items()) if "/" in k)
         print(f"sessrec fit: final metrics: {shown}")
         saved = [cb.best_model_path for cb in trainer.checkpoint_callbacks if cb.best_model_path]
         best = next((path for path in saved if Path(path).name != "last.ckpt"), saved[0] if saved else "")

@@ -267,7 +267,7 @@ def test_retrain_promotes_a_good_candidate_and_rejects_a_bad_one(tmp_path):
     common = dict(paths=[str(path)], schema=Schema(), record=str(record), max_epochs=1)
     good = retrain(str(tmp_path / "current"), train_from=mid, train_until=late, test_until=end + 1,
                    out=str(tmp_path / "good"), gate=Gate("recall@20", tolerance=0.02), lr=0.005, **common)
-    assert good["promoted"] and good["candidate_metrics"]["items"] >= good["current"]["items"]
+    assert good["promoted"] and good["candidate_items"] >= good["current_items"]
     promoted = NextItemTask.from_pretrained(tmp_path / "current")
     assert promoted.vocab == NextItemTask.from_pretrained(tmp_path / "good" / "model").vocab
     bad = retrain(str(tmp_path / "current"), train_from=mid, train_until=late, test_until=end + 1,

@@ -95,14 +95,14 @@ def test_save_load_round_trip_atomic(tmp_path):
 
 
 def test_save_failure_leaves_nothing(tmp_path, monkeypatch):
-    import sessrec.data.vocab as vocab_module
+    import sessrec.data.atomic as atomic_module  # where ItemVocab.save writes (ParquetFile)
 
     def broken_write(table, where):
         with open(where, "wb") as half:
             half.write(b"half")
         raise OSError("disk full")
 
-    monkeypatch.setattr(vocab_module.pq, "write_table", broken_write)
+    monkeypatch.setattr(atomic_module.pq, "write_table", broken_write)
     with pytest.raises(OSError, match="disk full"):
         ItemVocab.fit(pa.array([1])).save(tmp_path / "vocab.parquet")
     assert list(tmp_path.iterdir()) == []

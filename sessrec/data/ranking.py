@@ -19,12 +19,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 import pytorch_lightning as pl
 import torch
 
-from sessrec.data.atomic import atomic_path
+from sessrec.data.atomic import ParquetFile
 from sessrec.data.checkpoint import data_state, to_bytes, to_tensor
+from sessrec.data.sources import to_seconds
 from sessrec.data.clickouts import (
     CLICKS,
     DENSE_FEATURES,
@@ -41,7 +41,7 @@ from sessrec.data.vocab import ItemVocab
 
 
 # -- fitted ids ----------------------------------------------------------------------------------
-class RankingVocab:
+class RankingVocab(ParquetFile):
     """One `ItemVocab` per categorical feature (and the clicked hotels of training), fitted on training rows.
 
     Saved as one parquet file (``feature``, ``raw_id``, ``count``), written atomically.
@@ -66,6 +66,19 @@ class RankingVocab:
         vocabs[CLICKS] = ItemVocab.fit(clicked.combine_chunks().cast(pa.string()))
         return cls(vocabs)
 
+    def grow(self, train: pa.Table) -> RankingVocab:
+        """This vocabulary plus the values of `train` (ranking rows) it lacks: every known value keeps
+        its id, new ones get the ids after (`ItemVocab.grow`), for retraining on a later window."""
+        grown = {}
+        for name in SPARSE_FEATURES:
+            values = train.column(name)
+            values = pc.list_flatten(values) if name in MULTI_HOT else values
+            values = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+            grown[name] = self.vocabs[name].grow(values.cast(pa.string()))[0]
+        clicked = train.filter(pc.equal(train.column("label"), 1)).column("hotel").combine_chunks().cast(pa.string())
+        grown[CLICKS] = self.vocabs[CLICKS].grow(clicked)[0]
+        return RankingVocab(grown)
+
     @property
     def cardinalities(self) -> dict[str, int]:
         """Rows of each sparse feature's table (padding and unseen included)."""
@@ -79,25 +92,6 @@ class RankingVocab:
             for name, v in self.vocabs.items()
         ]
         return pa.concat_tables(parts)
-
-    def save(self, path: str | os.PathLike) -> Path:
-        with atomic_path(path) as tmp:
-            pq.write_table(self.to_table(), tmp)
-        return Path(path)
-
-    def to_bytes(self) -> bytes:
-        """The parquet file `save` writes, in memory (a checkpoint carries it)."""
-        sink = pa.BufferOutputStream()
-        pq.write_table(self.to_table(), sink)
-        return sink.getvalue().to_pybytes()
-
-    @classmethod
-    def from_bytes(cls, data: bytes, source: str | os.PathLike) -> RankingVocab:
-        return cls.from_table(pq.read_table(pa.BufferReader(data)), source)
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> RankingVocab:
-        return cls.from_table(pq.read_table(path), path)
 
     @classmethod
     def from_table(cls, table: pa.Table, path: str | os.PathLike) -> RankingVocab:
@@ -309,6 +303,10 @@ class ClickoutDataModule(pl.LightningDataModule):
             ``item_id``, ``score``) used as a dense feature.
         vocab_path: load this fitted vocabulary instead of fitting one (evaluating a checkpoint).
         seed: shuffling seed.
+        end: the end of the log to use (ISO date/time, UTC, or epoch seconds; None: its last event):
+            events after it are dropped, so the test period is the `test_hours` before it. Rolling
+            it forward gives the successive windows of retraining.
+        train_hours: train on the click-outs of this many hours before validation only (None: all).
 
     Example:
         >>> dm = ClickoutDataModule("trivago_val_100k.parquet.snappy")  # doctest: +SKIP
@@ -326,6 +324,8 @@ class ClickoutDataModule(pl.LightningDataModule):
         session_scores: str | None = None,
         vocab_path: str | None = None,
         seed: int = 0,
+        end: str | float | None = None,
+        train_hours: float | None = None,
     ) -> None:
         super().__init__()
         if test_hours <= 0 or valid_hours <= 0 or min_count < 1:
@@ -335,6 +335,10 @@ class ClickoutDataModule(pl.LightningDataModule):
         self.path, self.test_hours, self.valid_hours, self.min_count = path, test_hours, valid_hours, min_count
         self.batch_size, self.eval_batch_size, self.seed = batch_size, eval_batch_size, seed
         self.session_scores, self.vocab_path = session_scores, vocab_path
+        self.end = None if end is None else to_seconds(end, "end")
+        if train_hours is not None and train_hours <= 0:
+            raise ValueError(f"train_hours must be positive or None, got {train_hours}")
+        self.train_hours = train_hours
         self._rows: dict[str, pa.Table] | None = None
         self._vocab: RankingVocab | None = None
         self._tensors: dict[str, RankingTensors] = {}
@@ -348,10 +352,16 @@ class ClickoutDataModule(pl.LightningDataModule):
         """Raw rows of each split (``train``, ``valid``, ``test``)."""
         if self._rows is None:
             raw = read_table(Path(self.path))
+            if self.end is not None:
+                raw = raw.filter(pc.less(raw.column("timestamp").cast(pa.float64()), self.end))
             scores = None if self.session_scores is None else read_table(Path(self.session_scores))
             rows = build_clickout_rows(raw, str(self.path), scores)
-            end = pc.max(raw.column("timestamp")).as_py() if raw.num_rows else 0
+            end = self.end if self.end is not None else (pc.max(raw.column("timestamp")).as_py() if raw.num_rows else 0)
             split = split_by_time(rows, float(end), self.test_hours, self.valid_hours)
+            if self.train_hours is not None:
+                start = float(end) - (self.test_hours + self.valid_hours + self.train_hours) * 3600.0
+                times = rows.column("timestamp").to_numpy(zero_copy_only=False).astype(np.float64)
+                split = np.where((split == 0) & (times <= start), -1, split)  # before the training window
             self._rows = {name: rows.filter(pa.array(split == k)) for k, name in enumerate(SPLITS)}
             for name, part in self._rows.items():
                 self.stats[f"{name}_rows"] = part.num_rows
@@ -386,6 +396,19 @@ class ClickoutDataModule(pl.LightningDataModule):
                 f"{self._vocab.cardinalities}: pass the checkpoint as --data.vocab_path"
             )
         self._vocab = vocab
+
+    def grow(self, train: pa.Table) -> RankingVocab:
+        """This vocabulary plus the values of `train` (ranking rows) it lacks: every known value keeps
+        its id, new ones get the ids after (`ItemVocab.grow`), for retraining on a later window."""
+        grown = {}
+        for name in SPARSE_FEATURES:
+            values = train.column(name)
+            values = pc.list_flatten(values) if name in MULTI_HOT else values
+            values = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+            grown[name] = self.vocabs[name].grow(values.cast(pa.string()))[0]
+        clicked = train.filter(pc.equal(train.column("label"), 1)).column("hotel").combine_chunks().cast(pa.string())
+        grown[CLICKS] = self.vocabs[CLICKS].grow(clicked)[0]
+        return RankingVocab(grown)
 
     @property
     def cardinalities(self) -> dict[str, int]:

@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
-from sessrec.data.atomic import atomic_path
+from sessrec.data.atomic import ParquetFile
 from sessrec.data.schema import first_failing_cast
 
 PAD = 0
@@ -36,7 +34,7 @@ class EncodeResult:
     num_unknown: int
 
 
-class ItemVocab:
+class ItemVocab(ParquetFile):
     """Fitted mapping of raw item ids (integers or strings) to model ids.
 
     Example:
@@ -215,26 +213,6 @@ class ItemVocab:
             if not np.array_equal(flags, np.arange(len(flags)) >= len(flags) - num_virtual):
                 raise ValueError(f"{source}: column 'virtual' must mark a final run of rows (the virtual ids)")
         return cls(table.column("raw_id").combine_chunks(), table.column("count").to_numpy(), num_virtual)
-
-    def save(self, path: str | os.PathLike) -> Path:
-        """Write `to_table` as parquet atomically (temporary name, then rename)."""
-        with atomic_path(path) as tmp:
-            pq.write_table(self.to_table(), tmp)
-        return Path(path)
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> ItemVocab:
-        return cls.from_table(pq.read_table(path), path)
-
-    def to_bytes(self) -> bytes:
-        """The parquet file `save` writes, in memory (a checkpoint carries it)."""
-        sink = pa.BufferOutputStream()
-        pq.write_table(self.to_table(), sink)
-        return sink.getvalue().to_pybytes()
-
-    @classmethod
-    def from_bytes(cls, data: bytes, source: str | os.PathLike) -> ItemVocab:
-        return cls.from_table(pq.read_table(pa.BufferReader(data)), source)
 
     def __eq__(self, other: object) -> bool:
         return (

@@ -124,7 +124,6 @@ def retrain(
     Returns:
         the decision as written to the record.
     """
-    pl.seed_everything(seed, verbose=False)
     current_dir, out_dir = Path(model_dir), Path(out)
     current = NextItemTask.from_pretrained(current_dir)
     source = TimeWindowSource(paths, schema, train_from, train_until, test_until, valid_fraction=valid_fraction)
@@ -132,6 +131,7 @@ def retrain(
     out_dir.mkdir(parents=True, exist_ok=True)
 
     values, _ = frame.list_offsets(splits.train.column(frame.ITEMS))
+    pl.seed_everything(seed, verbose=False)  # here: the candidate's draws do not depend on the current model's size
     if warm_start:
         vocab, old_to_new = current.vocab.grow(values)
         candidate = with_more_items(current, old_to_new, len(vocab))
@@ -148,22 +148,30 @@ def retrain(
     vocab_path = vocab.save(out_dir / "vocab.parquet")
     data = SessionDataModule(LoadedSplits(splits), max_length=int(candidate.hparams.max_length), batch_size=batch_size,
                              eval_protocol="last", vocab_path=str(vocab_path), seed=seed)
-    monitor = f"val/{gate.metric}"
-    best = ModelCheckpoint(dirpath=out_dir / "checkpoints", filename="best", monitor=monitor, mode="max",
-                           save_top_k=1, enable_version_counter=False)
-    trainer = pl.Trainer(max_epochs=max_epochs, logger=False, enable_progress_bar=False, enable_model_summary=False,
-                         callbacks=[best], num_sanity_val_steps=0)
-    started = time.perf_counter()
-    trainer.fit(candidate, datamodule=data)
-    train_seconds = time.perf_counter() - started
-    if not best.best_model_path:
-        raise RuntimeError(f"training on {train_from}..{train_until} saved no checkpoint (is {monitor!r} logged?)")
-    candidate = load_checkpoint(best.best_model_path)
-    candidate.attach_data(data)
-    candidate.save_pretrained(out_dir / "model")
+    candidate, train_seconds, epochs = fit_candidate(candidate, data, out_dir, f"val/{gate.metric}", max_epochs)
 
     current_metrics = evaluate(current, splits, current_dir / "vocab.parquet")
     candidate_metrics = evaluate(candidate, splits, vocab_path)
+    return decide(current_dir, out_dir, gate, current_metrics, candidate_metrics, promote, record, {
+        "train_window": [str(train_from), str(train_until)],
+        "test_window": [str(train_until), str(test_until)],
+        "warm_start": warm_start,
+        "current_items": len(current.vocab),
+        "candidate_items": len(vocab),
+        "new_items": new_items,
+        "train_sessions": splits.train.num_rows,
+        "test_sessions": splits.test.num_rows,
+        "train_seconds": round(train_seconds, 2),
+        "epochs": epochs,
+    })
+
+
+def decide(
+    current_dir: Path, out_dir: Path, gate: Gate, current_metrics: dict[str, float], candidate_metrics: dict[str, float],
+    promote: bool, record: str | None, facts: dict[str, Any],
+) -> dict[str, Any]:
+    """Apply the gate, promote (replace the current model directory by ``out_dir/model``) or not, and
+    append the decision to the promotion record (fsynced: a decision is never lost to a crash)."""
     if gate.metric not in candidate_metrics:
         raise ValueError(f"gate metric {gate.metric!r} is not among the test metrics {sorted(candidate_metrics)}")
     passed = candidate_metrics[gate.metric] >= current_metrics[gate.metric] - gate.tolerance
@@ -174,18 +182,10 @@ def retrain(
         "decided_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "model_dir": str(current_dir),
         "candidate": str(out_dir / "model"),
-        "train_window": [str(train_from), str(train_until)],
-        "test_window": [str(train_until), str(test_until)],
-        "warm_start": warm_start,
         "gate": asdict(gate),
-        "current": {gate.metric: current_metrics[gate.metric], "items": len(current.vocab)},
-        "candidate_metrics": {gate.metric: candidate_metrics[gate.metric], "items": len(vocab), "new_items": new_items},
-        "all_candidate_metrics": candidate_metrics,
-        "all_current_metrics": current_metrics,
-        "train_sessions": splits.train.num_rows,
-        "test_sessions": splits.test.num_rows,
-        "train_seconds": round(train_seconds, 2),
-        "epochs": trainer.current_epoch,
+        "current": current_metrics,
+        "candidate_metrics": candidate_metrics,
+        **facts,
         "passed_gate": bool(passed),
         "promoted": bool(promoted),
     }
@@ -195,6 +195,96 @@ def retrain(
         fh.flush()
         os.fsync(fh.fileno())
     return decision
+
+
+def fit_candidate(
+    candidate: pl.LightningModule, data: pl.LightningDataModule, out_dir: Path, monitor: str, max_epochs: int
+) -> tuple[pl.LightningModule, float, int]:
+    """Train `candidate`, keep its best checkpoint by `monitor`, write its model directory ``out_dir/model``.
+
+    Returns the best candidate (from its checkpoint), the training seconds and the epochs run.
+    """
+    best = ModelCheckpoint(dirpath=out_dir / "checkpoints", filename="best", monitor=monitor, mode="max",
+                           save_top_k=1, enable_version_counter=False)
+    trainer = pl.Trainer(max_epochs=max_epochs, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                         callbacks=[best], num_sanity_val_steps=0)
+    started = time.perf_counter()
+    trainer.fit(candidate, datamodule=data)
+    seconds = time.perf_counter() - started
+    if not best.best_model_path:
+        raise RuntimeError(f"training saved no checkpoint (is {monitor!r} logged?)")
+    trained = load_checkpoint(best.best_model_path)
+    trained.attach_data(data)
+    trained.save_pretrained(out_dir / "model")
+    return trained, seconds, trainer.current_epoch
+
+
+def retrain_dlrm(
+    model_dir: str,
+    path: str,
+    end: str,
+    out: str,
+    test_hours: float = 8.0,
+    valid_hours: float = 4.0,
+    train_hours: float | None = None,
+    record: str | None = None,
+    gate: Gate = Gate("mrr", 0.005),  # noqa: B008 - a config value, never mutated
+    max_epochs: int = 1,
+    lr: float | None = None,
+    batch_size: int = 4096,
+    seed: int = 0,
+    promote: bool = True,
+) -> dict[str, Any]:
+    """The same turn for a DLRM on click-outs: warm start on the hours before `end`, gate on the last ones.
+
+    The DLRM must have growing tables (``dynamic_tables: true``): the vocabulary grows by the
+    window's new hotels, cities and filters (`RankingVocab.grow`, known values keep their ids) and
+    each table inserts rows for the new ids as training meets them, its learned rows untouched
+    (`DynamicSparseArch`).
+
+    Args:
+        model_dir: the current DLRM model directory; replaced when the candidate is promoted.
+        path: the click-out log (`ClickoutDataModule`).
+        end: the end of the window (ISO date/time UTC or epoch seconds): the test period is the
+            `test_hours` before it, validation the `valid_hours` before that.
+        out: folder of this candidate.
+        train_hours: train on this many hours before validation (None: everything before it).
+        record, gate, max_epochs, lr, batch_size, seed, promote: as `retrain` (the gate on ``mrr``).
+    """
+    from sessrec.data.ranking import ClickoutDataModule
+    from sessrec.tasks import DLRMTask
+
+    current_dir, out_dir = Path(model_dir), Path(out)
+    current = DLRMTask.from_pretrained(current_dir)
+    if not current.hparams.get("dynamic_tables"):
+        raise ValueError(
+            f"{current_dir}: this DLRM has fixed tables; retraining grows them, so train it with --model.dynamic_tables true"
+        )
+    window = dict(test_hours=test_hours, valid_hours=valid_hours, batch_size=batch_size, seed=seed, end=end,
+                  train_hours=train_hours, min_count=1)
+    old = ClickoutDataModule(path, vocab_path=str(current_dir / "vocab.parquet"), **window)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    vocab_path = current.vocab.grow(old.rows["train"]).save(out_dir / "vocab.parquet")
+    new = ClickoutDataModule(path, vocab_path=str(vocab_path), **window)
+    pl.seed_everything(seed, verbose=False)
+    candidate = DLRMTask.from_pretrained(current_dir).train()
+    if lr is not None:
+        candidate.hparams.lr = lr
+    candidate, seconds, epochs = fit_candidate(candidate, new, out_dir, f"val/{gate.metric}", max_epochs)
+
+    def test(task: pl.LightningModule, data: pl.LightningDataModule) -> dict[str, float]:
+        trainer = pl.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
+        (metrics,) = trainer.test(task, datamodule=data, verbose=False)
+        return {k.removeprefix("test/"): float(v) for k, v in metrics.items() if k.count("/") == 1}
+
+    grown = new.vocab.cardinalities
+    return decide(current_dir, out_dir, gate, test(current, old), test(candidate, new), promote, record, {
+        "window_end": str(end), "test_hours": test_hours, "valid_hours": valid_hours, "train_hours": train_hours,
+        "current_ids": current.vocab.cardinalities, "candidate_ids": grown,
+        "rows_in_tables": {name: int(t.num_keys) for name, t in candidate.model.sparse_arch.tables.items()},
+        "train_rows": new.rows["train"].num_rows, "test_rows": new.rows["test"].num_rows,
+        "train_seconds": round(seconds, 2), "epochs": epochs,
+    })
 
 
 def _copy_model(source: Path, target: Path) -> None:

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from sessrec.embeddings import FusedEmbeddingBagCollection, SparseFeatures, TableConfig
+from sessrec.embeddings.dynamic import DynamicEmbeddingBag
 
 
 def _mlp(in_features: int, layer_sizes: Sequence[int], last_activation: bool = True) -> nn.Sequential:
@@ -80,6 +81,62 @@ class SparseArch(nn.Module):
     def forward(self, features: SparseFeatures) -> torch.Tensor:
         pooled = self.collection(features)
         return torch.stack([pooled[f] for f in self.feature_names], dim=1)  # (B, F, D)
+
+
+class DynamicSparseArch(nn.Module):
+    """`SparseArch` on tables that grow: one `DynamicEmbeddingBag` per table, keyed by the ids themselves.
+
+    An id a table has not seen gets a row the first time training looks it up (the learned rows
+    stay as they are, the new one starts from the table's seeded initialisation); past `max_rows`
+    rows the least used ones are evicted and reused. In eval mode an unseen id adds nothing to its
+    bag. This is what lets a trained DLRM be retrained on a catalogue that has grown since
+    (`sessrec.deploy.retrain`) with no rebuild of its tables.
+
+    Args:
+        tables: the tables (all of width D); ``num_embeddings`` is each table's initial capacity.
+        optimizer: the fused optimizer applied in backward (``sgd`` or ``adagrad_rowwise``).
+        lr: its learning rate.
+        max_rows: the most rows a table grows to.
+        seed: seeds the tables' row initialisation (table i with ``seed + i``).
+    """
+
+    def __init__(
+        self,
+        tables: Sequence[TableConfig],
+        optimizer: Literal["sgd", "adagrad_rowwise"] = "adagrad_rowwise",
+        lr: float = 0.01,
+        max_rows: int = 1 << 20,
+        seed: int | None = None,
+    ) -> None:
+        super().__init__()
+        dims = {t.embedding_dim for t in tables}
+        if len(dims) != 1:
+            raise ValueError(f"DLRM needs one embedding width for all tables (the dot interaction), got {sorted(dims)}")
+        if optimizer not in ("sgd", "adagrad_rowwise"):
+            raise ValueError(f"growing tables are updated by the fused optimizer: use sgd or adagrad_rowwise, got {optimizer!r}")
+        self.embedding_dim = dims.pop()
+        self.tables = nn.ModuleDict({
+            t.name: DynamicEmbeddingBag(
+                self.embedding_dim, initial_capacity=t.num_embeddings, max_capacity=max(max_rows, t.num_embeddings),
+                pooling=t.pooling, optimizer=optimizer, lr=lr, seed=None if seed is None else seed + i,
+            )
+            for i, t in enumerate(tables)
+        })
+        self.table_of = {f: t.name for t in tables for f in t.features}
+        self.feature_names = [f for t in tables for f in t.features]
+
+    def forward(self, features: SparseFeatures) -> torch.Tensor:
+        b = features.batch_size
+        lengths = features.lengths.view(len(features.keys), b)  # (F, B)
+        per_feature = lengths.sum(dim=1).tolist()
+        values = torch.split(features.values, per_feature)
+        weights = torch.split(features.weights, per_feature) if features.weights is not None else None
+        pooled = []
+        for name in self.feature_names:
+            k = features.keys.index(name)
+            offsets = torch.cumsum(lengths[k], 0) - lengths[k]  # (B,) start of each bag
+            pooled.append(self.tables[self.table_of[name]](values[k], offsets, None if weights is None else weights[k]))
+        return torch.stack(pooled, dim=1)  # (B, F, D)
 
 
 class InteractionArch(nn.Module):
@@ -175,6 +232,9 @@ class DLRM(nn.Module):
         embedding_lr: its learning rate.
         pad_to_bytes: the core's row padding.
         seed: seeds the tables' initial weights (the MLPs follow torch's global seed).
+        dynamic_tables: tables that grow with new ids and evict the least used rows
+            (`DynamicSparseArch`), for retraining on a growing catalogue.
+        max_rows: the most rows a growing table holds.
 
     Example:
         >>> model = DLRM(2, [TableConfig("city", 10, 4)], dense_layers=[8, 4], over_layers=[8])
@@ -195,9 +255,14 @@ class DLRM(nn.Module):
         embedding_lr: float = 0.01,
         pad_to_bytes: int | None = 16,
         seed: int | None = None,
+        dynamic_tables: bool = False,
+        max_rows: int = 1 << 20,
     ) -> None:
         super().__init__()
-        self.sparse_arch = SparseArch(tables, embedding_optimizer, embedding_lr, pad_to_bytes, seed)
+        if dynamic_tables:
+            self.sparse_arch = DynamicSparseArch(tables, embedding_optimizer, embedding_lr, max_rows, seed)
+        else:
+            self.sparse_arch = SparseArch(tables, embedding_optimizer, embedding_lr, pad_to_bytes, seed)
         d = self.sparse_arch.embedding_dim
         if not dense_layers or dense_layers[-1] != d:
             raise ValueError(

@@ -33,6 +33,7 @@ from sessrec.data.checkpoint import DATA_STATE_KEYS, read_checkpoint, to_bytes
 from sessrec.data.ranking import RankingVocab
 from sessrec.data.side import SideFeatures, SideFeatureTransform
 from sessrec.data.vocab import ItemVocab
+from sessrec.embeddings.dynamic import DynamicEmbeddingBag
 from sessrec.models.config import class_path, config_of, instantiate
 
 FORMAT, VERSION = "sessrec.model", 1
@@ -161,6 +162,10 @@ def build(task_config: dict[str, Any], source: str) -> pl.LightningModule:
 def check_weights(task: torch.nn.Module, weights: dict[str, torch.Tensor], source: str) -> None:
     """Refuse weights that do not fit `task` with one line naming the first differing tensor."""
     own = task.state_dict()
+    # a growing table's buffers are as large as the table has grown: it resizes itself on load
+    growing = tuple(f"{name}." for name, m in task.named_modules() if isinstance(m, DynamicEmbeddingBag))
+    weights = {k: v for k, v in weights.items() if not k.startswith(growing)}
+    own = {k: v for k, v in own.items() if not k.startswith(growing)}
     missing = [k for k in own if k not in weights]
     unexpected = [k for k in weights if k not in own]
     wrong = [k for k in own if k in weights and tuple(own[k].shape) != tuple(weights[k].shape)]

@@ -142,6 +142,9 @@ class DLRMTask(Pretrained, pl.LightningModule):
             returning it to the kernel (`sessrec.embeddings.host_memory.retain_freed_memory`,
             process-wide): each step's pooled outputs and gradients are then recycled instead of
             page-faulted in anew.
+        dynamic_tables: tables that grow with new ids and evict the least used rows (`DynamicSparseArch`):
+            what `sessrec.deploy.retrain.retrain_dlrm` warm-starts on a grown vocabulary.
+        max_rows: the most rows a growing table holds.
     """
 
     def __init__(
@@ -163,6 +166,8 @@ class DLRMTask(Pretrained, pl.LightningModule):
         ks: list[int] = [1, 5, 20],  # noqa: B006 - read only
         seed: int = 0,
         retain_freed_memory: bool = True,
+        dynamic_tables: bool = False,
+        max_rows: int = 1 << 20,
     ) -> None:
         super().__init__()
         if not cardinalities or num_dense < 1:
@@ -175,6 +180,7 @@ class DLRMTask(Pretrained, pl.LightningModule):
         self.model = DLRM(
             num_dense, tables, dense_layers, over_layers, interaction, dcn_layers, dcn_rank,
             embedding_optimizer=embedding_optimizer, embedding_lr=embedding_lr, seed=seed,
+            dynamic_tables=dynamic_tables, max_rows=max_rows,
         )
         if compile:  # in place: parameter names, hence checkpoints, are the same as without
             backend = "inductor" if compile is True else str(compile)

@@ -23,11 +23,12 @@ ids and features map exactly as in training.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
-from typing import Literal, Optional
 from importlib import import_module
 from pathlib import Path
+from typing import Literal
 
 import pytorch_lightning as pl
 import yaml
@@ -205,18 +206,19 @@ def _raised_in(err: BaseException, package: str) -> bool:
 
 
 def retrain_cli(args: list[str]) -> object:
-    """``sessrec retrain``: one warm-start turn with its quality gate (`sessrec.deploy.retrain.retrain`)."""
+    """``sessrec retrain``: one warm-start turn with its quality gate, for the session model or the DLRM
+    that ``--model_dir`` holds (`sessrec.deploy.retrain.retrain` / `retrain_dlrm`)."""
     from jsonargparse import ActionConfigFile, ArgumentParser
 
-    from sessrec.deploy.retrain import retrain
+    from sessrec.deploy.retrain import retrain, retrain_dlrm
 
-    parser = ArgumentParser(prog="sessrec retrain", description=retrain.__doc__.splitlines()[0])
+    turn = retrain_dlrm if _model_class(args).endswith("DLRMTask") else retrain
+    parser = ArgumentParser(prog="sessrec retrain", description=turn.__doc__.splitlines()[0])
     parser.add_argument("--config", action=ActionConfigFile)
-    parser.add_function_arguments(retrain)
-    cfg = parser.parse_args(args)
-    kwargs = parser.instantiate(cfg).as_dict()
+    parser.add_function_arguments(turn)
+    kwargs = parser.instantiate(parser.parse_args(args)).as_dict()
     kwargs.pop("config", None)
-    decision = retrain(**kwargs)
+    decision = turn(**kwargs)
     metric = decision["gate"]["metric"]
     verdict = "promoted" if decision["promoted"] else "rejected"
     print(
@@ -225,6 +227,22 @@ def retrain_cli(args: list[str]) -> object:
         f"of training; candidate in {decision['candidate']}"
     )
     return decision
+
+
+def _model_class(args: list[str]) -> str:
+    """The task class of the model directory that ``--model_dir`` (on the command line or in a
+    ``--config`` file) names; "" when it cannot be read (the chosen parser then says what is wrong)."""
+    found = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--model_dir"]
+    found += [a.partition("=")[2] for a in args if a.startswith("--model_dir=")]
+    for path in _config_paths(args):
+        content = yaml.safe_load(path.read_text()) if path.is_file() else None
+        if isinstance(content, dict) and "model_dir" in content and not found:
+            found.append(str(content["model_dir"]))
+    config = Path(found[-1]) / "config.json" if found else None
+    try:
+        return str(json.loads(config.read_text())["task"]["class_path"]) if config is not None else ""
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
 
 
 def serve_cli(args: list[str]) -> None:
@@ -248,7 +266,7 @@ def export_cli(args: list[str]) -> object:
     parser.add_argument("--format", type=Literal["onnx", "torchscript", "triton"], default="onnx",
                         help="onnx / torchscript: one model file; triton: a Triton model repository (ONNX backend)")
     parser.add_argument("--out", type=str, required=True, help="output directory")
-    parser.add_argument("--top_k", type=Optional[int], default=20, help="session models also output the K best items")
+    parser.add_argument("--top_k", type=int | None, default=20, help="session models also output the K best items")
     parser.add_argument("--name", type=str, default="sessrec", help="the model's name in a Triton repository")
     parser.add_argument("--max_batch_size", type=int, default=64, help="Triton's dynamic batching: largest batch")
     cfg = parser.parse_args(args)

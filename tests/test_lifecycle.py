@@ -18,7 +18,7 @@ import torch
 import yaml
 
 from sessrec.cli import cli
-from sessrec.data import ItemVocab, Schema, SessionDataModule, SyntheticSource, TimeWindowSource, generate_sessions
+from sessrec.data import ItemVocab, Schema, SessionDataModule, TimeWindowSource, generate_sessions
 from sessrec.data.loader import SessionLoader
 from sessrec.deploy.recommender import SessionRecommender, load_recommender
 from sessrec.deploy.retrain import Gate, retrain
@@ -278,3 +278,35 @@ def test_retrain_promotes_a_good_candidate_and_rejects_a_bad_one(tmp_path):
     decisions = [json.loads(line) for line in record.read_text().splitlines()]
     assert [d["promoted"] for d in decisions] == [True, False]
     assert decisions[1]["current"]["recall@20"] == pytest.approx(good["candidate_metrics"]["recall@20"])
+
+
+TRIVAGO = ROOT.parent / "shared" / "data" / "trivago_rsc19_100k" / "trivago_val_100k.parquet.snappy"
+
+
+@pytest.mark.skipif(not TRIVAGO.exists(), reason="trivago_rsc19_100k is not available here")
+def test_dlrm_retrain_grows_its_tables_and_keeps_what_it_learned(tmp_path):
+    from sessrec.data import ClickoutDataModule
+    from sessrec.deploy.retrain import retrain_dlrm
+
+    window = dict(test_hours=6.0, valid_hours=4.0, train_hours=6.0, min_count=1)
+    data = ClickoutDataModule(str(TRIVAGO), end="2018-11-07T18:00", batch_size=4096, **window)
+    pl.seed_everything(0)
+    base = DLRMTask(cardinalities=data.cardinalities, num_dense=data.num_dense, embedding_dim=8, dense_layers=[16, 8],
+                    over_layers=[16], dynamic_tables=True, retain_freed_memory=False)
+    pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+               enable_model_summary=False).fit(base, datamodule=data)
+    base.save_pretrained(tmp_path / "current")
+    before = base.model.sparse_arch.tables["hotel"]
+    common = dict(path=str(TRIVAGO), end="2018-11-08T00:00", max_epochs=1, record=str(tmp_path / "record.jsonl"),
+                  **{k: v for k, v in window.items() if k != "min_count"})
+    good = retrain_dlrm(str(tmp_path / "current"), out=str(tmp_path / "good"), gate=Gate("mrr", 1.0), **common)
+    assert good["promoted"] and good["candidate_ids"]["hotel"] > good["current_ids"]["hotel"]
+    grown = DLRMTask.from_pretrained(tmp_path / "current").model.sparse_arch.tables["hotel"]
+    assert grown.num_keys > before.num_keys and bool(torch.isin(before.sorted_keys, grown.sorted_keys).all())
+    old_rows = before.embedding(before.sorted_keys)
+    kept = (grown.embedding(before.sorted_keys) == old_rows).all(dim=1)
+    assert kept.any() and not kept.all()  # rows the new window did not train are the old ones, the others moved on
+    bad = retrain_dlrm(str(tmp_path / "current"), out=str(tmp_path / "bad"), gate=Gate("mrr", 0.0), lr=10.0, **common)
+    assert not bad["promoted"] and bad["candidate_metrics"]["mrr"] < bad["current"]["mrr"]
+    after = DLRMTask.from_pretrained(tmp_path / "current").model.sparse_arch.tables["hotel"]
+    assert torch.equal(after.sorted_keys, grown.sorted_keys)

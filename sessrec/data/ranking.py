@@ -24,7 +24,6 @@ import torch
 
 from sessrec.data.atomic import ParquetFile
 from sessrec.data.checkpoint import data_state, to_bytes, to_tensor
-from sessrec.data.sources import to_seconds
 from sessrec.data.clickouts import (
     CLICKS,
     DENSE_FEATURES,
@@ -37,6 +36,7 @@ from sessrec.data.clickouts import (
 )
 from sessrec.data.jagged import SparseFeatures
 from sessrec.data.readers import read_table
+from sessrec.data.sources import to_seconds
 from sessrec.data.vocab import ItemVocab
 
 

@@ -77,6 +77,7 @@ class SessrecCLI(LightningCLI):
         # evaluation and scoring log nothing to a new run folder (a version_N beside the trained run's
         # would make "the latest run" point at a run without a model); the metrics are printed
         cfg.trainer.logger = False
+        self.save_config_callback = None  # nor a config.yaml in the working directory
         ckpt = cfg.get("ckpt_path")
         if not ckpt and not cfg.model.class_path.endswith(UNTRAINED_TASKS):
             raise ValueError(

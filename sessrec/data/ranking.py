@@ -56,28 +56,13 @@ class RankingVocab(ParquetFile):
     @classmethod
     def fit(cls, train: pa.Table, min_count: int = 1) -> RankingVocab:
         """Fit on training rows; `min_count` applies to hotels and cities (the long-tailed ones)."""
-        vocabs = {}
-        for name in SPARSE_FEATURES:
-            values = train.column(name)
-            values = pc.list_flatten(values) if name in MULTI_HOT else values
-            values = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
-            vocabs[name] = ItemVocab.fit(values.cast(pa.string()), min_count if name in ("hotel", "city") else 1)
-        clicked = train.filter(pc.equal(train.column("label"), 1)).column("hotel")
-        vocabs[CLICKS] = ItemVocab.fit(clicked.combine_chunks().cast(pa.string()))
-        return cls(vocabs)
+        return cls({name: ItemVocab.fit(values, min_count if name in ("hotel", "city") else 1)
+                    for name, values in _raw_values(train).items()})
 
     def grow(self, train: pa.Table) -> RankingVocab:
         """This vocabulary plus the values of `train` (ranking rows) it lacks: every known value keeps
         its id, new ones get the ids after (`ItemVocab.grow`), for retraining on a later window."""
-        grown = {}
-        for name in SPARSE_FEATURES:
-            values = train.column(name)
-            values = pc.list_flatten(values) if name in MULTI_HOT else values
-            values = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
-            grown[name] = self.vocabs[name].grow(values.cast(pa.string()))[0]
-        clicked = train.filter(pc.equal(train.column("label"), 1)).column("hotel").combine_chunks().cast(pa.string())
-        grown[CLICKS] = self.vocabs[CLICKS].grow(clicked)[0]
-        return RankingVocab(grown)
+        return RankingVocab({name: self.vocabs[name].grow(values)[0] for name, values in _raw_values(train).items()})
 
     @property
     def cardinalities(self) -> dict[str, int]:
@@ -107,6 +92,17 @@ class RankingVocab(ParquetFile):
             return cls(vocabs)
         except ValueError as err:
             raise ValueError(f"{path}: {err}") from err
+
+
+def _raw_values(train: pa.Table) -> dict[str, pa.Array]:
+    """Every sparse feature's raw values in ranking rows (multi-hot lists flattened), and the clicked hotels, as text."""
+    out = {}
+    for name in SPARSE_FEATURES:
+        values = train.column(name)
+        values = pc.list_flatten(values) if name in MULTI_HOT else values
+        out[name] = (values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values).cast(pa.string())
+    out[CLICKS] = train.filter(pc.equal(train.column("label"), 1)).column("hotel").combine_chunks().cast(pa.string())
+    return out
 
 
 # -- tensors and batches -------------------------------------------------------------------------
@@ -396,19 +392,6 @@ class ClickoutDataModule(pl.LightningDataModule):
                 f"{self._vocab.cardinalities}: pass the checkpoint as --data.vocab_path"
             )
         self._vocab = vocab
-
-    def grow(self, train: pa.Table) -> RankingVocab:
-        """This vocabulary plus the values of `train` (ranking rows) it lacks: every known value keeps
-        its id, new ones get the ids after (`ItemVocab.grow`), for retraining on a later window."""
-        grown = {}
-        for name in SPARSE_FEATURES:
-            values = train.column(name)
-            values = pc.list_flatten(values) if name in MULTI_HOT else values
-            values = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
-            grown[name] = self.vocabs[name].grow(values.cast(pa.string()))[0]
-        clicked = train.filter(pc.equal(train.column("label"), 1)).column("hotel").combine_chunks().cast(pa.string())
-        grown[CLICKS] = self.vocabs[CLICKS].grow(clicked)[0]
-        return RankingVocab(grown)
 
     @property
     def cardinalities(self) -> dict[str, int]:

@@ -51,6 +51,14 @@ class DenseArch(nn.Module):
         return self.mlp(dense)
 
 
+def one_width(tables: Sequence[TableConfig]) -> int:
+    """The embedding width D shared by all `tables` (the interactions multiply the features' vectors)."""
+    dims = {t.embedding_dim for t in tables}
+    if len(dims) != 1:
+        raise ValueError(f"DLRM needs one embedding width for all tables (the dot interaction), got {sorted(dims)}")
+    return dims.pop()
+
+
 class SparseArch(nn.Module):
     """Pooled embeddings of every sparse feature, stacked: `SparseFeatures` -> (B, F, D).
 
@@ -71,10 +79,7 @@ class SparseArch(nn.Module):
         seed: int | None = None,
     ) -> None:
         super().__init__()
-        dims = {t.embedding_dim for t in tables}
-        if len(dims) != 1:
-            raise ValueError(f"DLRM needs one embedding width for all tables (the dot interaction), got {sorted(dims)}")
-        self.embedding_dim = dims.pop()
+        self.embedding_dim = one_width(tables)
         self.collection = FusedEmbeddingBagCollection(tables, pad_to_bytes=pad_to_bytes, optimizer=optimizer, lr=lr, seed=seed)
         self.feature_names = self.collection.feature_names
 
@@ -109,12 +114,9 @@ class DynamicSparseArch(nn.Module):
         seed: int | None = None,
     ) -> None:
         super().__init__()
-        dims = {t.embedding_dim for t in tables}
-        if len(dims) != 1:
-            raise ValueError(f"DLRM needs one embedding width for all tables (the dot interaction), got {sorted(dims)}")
         if optimizer not in ("sgd", "adagrad_rowwise"):
             raise ValueError(f"growing tables are updated by the fused optimizer: use sgd or adagrad_rowwise, got {optimizer!r}")
-        self.embedding_dim = dims.pop()
+        self.embedding_dim = one_width(tables)
         self.tables = nn.ModuleDict({
             t.name: DynamicEmbeddingBag(
                 self.embedding_dim, initial_capacity=t.num_embeddings, max_capacity=max(max_rows, t.num_embeddings),

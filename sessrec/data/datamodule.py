@@ -267,19 +267,25 @@ class SessionDataModule(pl.LightningDataModule):
             self.tensors(split)
 
     # -- loaders --------------------------------------------------------------------------
+    def _ranks(self) -> dict[str, int]:
+        """This process's rank and the world size (data-parallel training shards every loader by them)."""
+        trainer = self.trainer
+        return {"rank": trainer.global_rank, "world_size": trainer.world_size} if trainer is not None else {}
+
     def train_dataloader(self) -> SessionLoader:
         items, _ = self.tensors("train")
+        ranks = self._ranks()
         return SessionLoader(
             items, features=self.feature_tensors("train"), batch_size=self.batch_size, shuffle=True,
-            shuffle_chunk=self.shuffle_chunk, drop_last=items.shape[0] > self.batch_size,
-            pin_memory=self.pin_memory, seed=self.seed,
+            shuffle_chunk=self.shuffle_chunk, drop_last=items.shape[0] // ranks.get("world_size", 1) > self.batch_size,
+            pin_memory=self.pin_memory, seed=self.seed, **ranks,
         )
 
     def _eval_loader(self, split: str) -> SessionLoader:
         items, targets = self.tensors(split)
         return SessionLoader(
             items, targets, features=self.feature_tensors(split), batch_size=self.eval_batch_size,
-            pin_memory=self.pin_memory,
+            pin_memory=self.pin_memory, **self._ranks(),
         )
 
     def val_dataloader(self) -> SessionLoader:

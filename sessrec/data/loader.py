@@ -38,6 +38,12 @@ class SessionLoader:
         drop_last: drop a final incomplete batch.
         pin_memory: return batches in pinned memory for faster host-to-GPU copies.
         seed: base seed of the shuffling.
+        rank, world_size: this process's share in data-parallel training. Every rank draws the
+            same epoch order and keeps every `world_size`-th row of it from row `rank` on, so the
+            ranks' rows are disjoint and, together, every row. A shuffled (training) loader
+            gives every rank the same number of rows, as data-parallel steps must match: the
+            remainder of the division, under `world_size` rows, sits out that epoch (other rows
+            each epoch).
     """
 
     def __init__(
@@ -51,9 +57,13 @@ class SessionLoader:
         drop_last: bool = False,
         pin_memory: bool = False,
         seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"need world_size >= 1 and 0 <= rank < world_size, got rank {rank} of {world_size}")
         for name, value in (features or {}).items():
             if value.shape != items.shape:
                 raise ValueError(f"side feature {name!r} has shape {tuple(value.shape)}, items {tuple(items.shape)}")
@@ -66,6 +76,7 @@ class SessionLoader:
         self.items, self.targets, self.features = items, targets, features or None
         self.batch_size, self.shuffle, self.shuffle_chunk = batch_size, shuffle, max(1, shuffle_chunk)
         self.drop_last, self.pin_memory, self.seed = drop_last, pin_memory, seed
+        self.rank, self.world_size = rank, world_size
         self.epoch = 0  # the epoch whose order the next iteration draws (`set_epoch`)
         self._current = 0  # the epoch of the iteration in progress
         self._position = 0  # batches of it handed out so far
@@ -76,8 +87,16 @@ class SessionLoader:
         self._targets = None if targets is None else targets.numpy()
         self._features = None if not features else {k: v.numpy() for k, v in features.items()}
 
-    def __len__(self) -> int:
+    @property
+    def num_rows(self) -> int:
+        """Rows this rank reads per epoch."""
         n = self.items.shape[0]
+        if self.shuffle:
+            return n // self.world_size
+        return len(range(self.rank, n, self.world_size))
+
+    def __len__(self) -> int:
+        n = self.num_rows
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def _order(self) -> torch.Tensor | None:
@@ -113,6 +132,8 @@ class SessionLoader:
         self._current, self.epoch = self.epoch, self.epoch + 1  # without set_epoch, each iteration draws anew
         skip, self._resume_at, self._position = self._resume_at, 0, 0
         order = np.arange(n) if order is None else order.numpy()
+        if self.world_size > 1:
+            order = order[self.rank :: self.world_size][: self.num_rows]
         if self.drop_last:
             order = order[: len(self) * self.batch_size]
         # per-batch longest session, for all batches at once: one gather and one reduction per epoch

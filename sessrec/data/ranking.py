@@ -246,13 +246,20 @@ class RankingLoader:
         shuffle: permute rows every epoch (training), seeded by `seed` and the epoch.
         drop_last: drop a final incomplete training batch.
         seed: base seed of the shuffling.
+        rank, world_size: this process's share in data-parallel training: in training every
+            `world_size`-th row of the epoch's order from row `rank` on (the same number of rows on
+            every rank), in evaluation every `world_size`-th batch of whole queries, so that each
+            query is scored once.
     """
 
     def __init__(self, tensors: RankingTensors, batch_size: int, shuffle: bool = False, drop_last: bool = False,
-                 seed: int = 0) -> None:
+                 seed: int = 0, rank: int = 0, world_size: int = 1) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"need world_size >= 1 and 0 <= rank < world_size, got rank {rank} of {world_size}")
         self.tensors, self.batch_size, self.shuffle, self.drop_last, self.seed = tensors, batch_size, shuffle, drop_last, seed
+        self.rank, self.world_size = rank, world_size
         self.epoch = 0
         n = len(tensors)
         if shuffle:
@@ -266,21 +273,23 @@ class RankingLoader:
                 if starts[i] <= self.cuts[-1]:  # a query longer than a batch
                     i = np.searchsorted(starts, self.cuts[-1], side="right")
                 self.cuts.append(int(starts[i]))
+            self.spans = list(zip(self.cuts[:-1], self.cuts[1:]))[rank::world_size]
 
     def __len__(self) -> int:
         if self.cuts is not None:
-            return len(self.cuts) - 1
-        n = len(self.tensors)
+            return len(self.spans)
+        n = len(self.tensors) // self.world_size
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def __iter__(self) -> Iterator[RankingBatch]:
         if self.cuts is not None:
-            for start, stop in zip(self.cuts[:-1], self.cuts[1:]):
+            for start, stop in self.spans:
                 yield self.tensors.batch(slice(start, stop))
             return
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
         self.epoch += 1
-        order = torch.randperm(len(self.tensors), generator=gen)[: len(self) * self.batch_size]
+        order = torch.randperm(len(self.tensors), generator=gen)
+        order = order[self.rank :: self.world_size][: len(self) * self.batch_size]
         for rows in order.split(self.batch_size):
             yield self.tensors.batch(rows)
 
@@ -413,11 +422,16 @@ class ClickoutDataModule(pl.LightningDataModule):
         for split in wanted:
             self.tensors(split)
 
+    def _ranks(self) -> dict[str, int]:
+        """This process's rank and the world size (data-parallel training shards every loader by them)."""
+        trainer = self.trainer
+        return {"rank": trainer.global_rank, "world_size": trainer.world_size} if trainer is not None else {}
+
     def train_dataloader(self) -> RankingLoader:
-        return RankingLoader(self.tensors("train"), self.batch_size, shuffle=True, seed=self.seed)
+        return RankingLoader(self.tensors("train"), self.batch_size, shuffle=True, seed=self.seed, **self._ranks())
 
     def val_dataloader(self) -> RankingLoader:
-        return RankingLoader(self.tensors("valid"), self.eval_batch_size)
+        return RankingLoader(self.tensors("valid"), self.eval_batch_size, **self._ranks())
 
     def test_dataloader(self) -> RankingLoader:
-        return RankingLoader(self.tensors("test"), self.eval_batch_size)
+        return RankingLoader(self.tensors("test"), self.eval_batch_size, **self._ranks())

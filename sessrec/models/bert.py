@@ -71,6 +71,7 @@ class BertEncoder(nn.Module, Configurable):
             use_cache=False,
         )
         self.bert = BertModel(config, add_pooling_layer=False)
+        self.bert.embeddings.word_embeddings.weight.requires_grad_(False)  # never read: inputs come as embeddings
         nn.init.zeros_(self.bert.embeddings.position_embeddings.weight)
         self.bert.embeddings.position_embeddings.weight.requires_grad_(False)
 

@@ -72,6 +72,7 @@ class ElectraEncoder(nn.Module, Configurable):
             use_cache=False,
         )
         self.electra = ElectraModel(config)
+        self.electra.embeddings.word_embeddings.weight.requires_grad_(False)  # never read: inputs come as embeddings
         nn.init.zeros_(self.electra.embeddings.position_embeddings.weight)
         self.electra.embeddings.position_embeddings.weight.requires_grad_(False)
 

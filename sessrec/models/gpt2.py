@@ -71,6 +71,7 @@ class GPT2Encoder(nn.Module, Configurable):
             eos_token_id=None,
         )
         self.gpt2 = GPT2Model(config)
+        self.gpt2.wte.weight.requires_grad_(False)  # never read: inputs come as embeddings
         nn.init.zeros_(self.gpt2.wpe.weight)
         self.gpt2.wpe.weight.requires_grad_(False)
 

@@ -166,8 +166,16 @@ class Objective:
             )
 
     def bind(self, model: SessionModel) -> None:
-        """Check the pair and build any parameters of the objective's own (RTD's heads)."""
+        """Check the pair and build any parameters of the objective's own (RTD's heads).
+
+        An encoder with a query stream (XLNet) trains its query embedding only for an objective
+        that reads it; otherwise it is frozen, so that every trained parameter takes part in the
+        loss (what data-parallel training requires).
+        """
         self.check(model.encoder)
+        query_stream = getattr(model.encoder, "use_query_stream", None)
+        if query_stream is not None:
+            query_stream(self.needs_two_stream)
 
     def training_output(
         self,

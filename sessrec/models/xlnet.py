@@ -70,6 +70,16 @@ class XLNetEncoder(nn.Module, Configurable):
             eos_token_id=None,
         )
         self.xlnet = XLNetModel(config)
+        # never read: sessions come in as embeddings (no word ids) and have no segments
+        frozen = [self.xlnet.word_embedding.weight]
+        frozen += [p for layer in self.xlnet.layer for p in (layer.rel_attn.r_s_bias, layer.rel_attn.seg_embed)]
+        for param in frozen:
+            param.requires_grad_(False)
+
+    def use_query_stream(self, used: bool) -> None:
+        """Train the query stream's embedding (``mask_emb``) only when the objective reads the query
+        stream (`PermutationLanguageModeling`); frozen otherwise, since nothing else uses it."""
+        self.xlnet.mask_emb.requires_grad_(used)
 
     def forward(
         self,

@@ -221,6 +221,15 @@ class DLRMTask(Pretrained, pl.LightningModule):
         datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
         if datamodule is not None:
             self.attach_data(datamodule)
+        if stage == "fit" and self._trainer is not None and self.trainer.world_size > 1 and (
+            self.hparams.embedding_optimizer != "none"
+        ):
+            raise ValueError(
+                f"data-parallel DLRM training ({self.trainer.world_size} processes) needs embedding_optimizer: none: the "
+                f"fused {self.hparams.embedding_optimizer!r} update runs inside backward on tables DDP does not reduce, so "
+                "each process's tables would drift apart (for tables too large to copy to every process, shard them "
+                "with TorchRec: docs/sharding.md)"
+            )
 
     def on_fit_start(self) -> None:
         if self.hparams.retain_freed_memory:

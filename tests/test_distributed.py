@@ -1,0 +1,108 @@
+"""Data-parallel training on CPU (2 processes, gloo): loaders shard by rank, and the ranks end identical."""
+
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import pytorch_lightning as pl
+import torch
+
+from sessrec.data import ClickoutDataModule, SessionDataModule, SyntheticSource
+from sessrec.data.loader import SessionLoader
+from sessrec.data.ranking import RankingLoader
+from sessrec.models import MaskedItemModeling, XLNetEncoder
+from sessrec.tasks import DLRMTask, NextItemTask
+
+torch.set_num_threads(1)
+TRIVAGO = Path(__file__).resolve().parents[2] / "shared" / "data" / "trivago_rsc19_100k" / "trivago_val_100k.parquet.snappy"
+
+
+@pytest.mark.parametrize("shuffle", [True, False], ids=["training", "evaluation"])
+@pytest.mark.parametrize("n, world", [(103, 2), (100, 4), (7, 3)])
+def test_session_loader_shards_are_disjoint_and_complete(n, world, shuffle):
+    items = torch.arange(1, n + 1, dtype=torch.int32).unsqueeze(1)
+    shards = []
+    for rank in range(world):
+        loader = SessionLoader(items, batch_size=4, shuffle=shuffle, seed=5, rank=rank, world_size=world)
+        loader.set_epoch(2)
+        shards.append(torch.cat([b.index for b in loader]).tolist())
+        assert len(loader) == -(-loader.num_rows // 4)
+    seen = [i for s in shards for i in s]
+    assert len(seen) == len(set(seen))  # disjoint
+    if shuffle:  # equal shares; the remainder (under `world` rows) sits out this epoch
+        assert len({len(s) for s in shards}) == 1 and len(seen) == n - n % world
+    else:  # every evaluation row exactly once
+        assert sorted(seen) == list(range(n))
+
+
+def test_ranking_loader_shards_whole_queries(tmp_path):
+    from test_ranking_data import log_table  # the hand-made click-out log
+
+    from sessrec.data.clickouts import build_clickout_rows
+    from sessrec.data.ranking import RankingVocab, encode_rows
+
+    rows = build_clickout_rows(log_table(), "hand.parquet")
+    tensors = encode_rows(rows, RankingVocab.fit(rows))
+    parts = [RankingLoader(tensors, batch_size=3, rank=r, world_size=2) for r in range(2)]
+    groups = [torch.cat([b.groups for b in loader]).tolist() for loader in parts]
+    assert not set(groups[0]) & set(groups[1])  # no query split across ranks
+    assert sorted(groups[0] + groups[1]) == sorted(tensors.groups.tolist())
+
+
+class Record(pl.Callback):
+    """Each rank's training rows and final weights, written to `folder` (picklable for ddp_spawn)."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder, self.rows = folder, []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        index = getattr(batch, "index", None)
+        self.rows.append((trainer.current_epoch, index.tolist() if index is not None else []))
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        state = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
+        torch.save({"rows": self.rows, "state": state}, f"{self.folder}/rank{trainer.global_rank}.pt")
+
+
+def ddp_trainer(folder: Path, **kwargs) -> pl.Trainer:
+    return pl.Trainer(accelerator="cpu", devices=2, strategy="ddp_spawn", max_epochs=2, logger=False,
+                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                      callbacks=[Record(str(folder))], num_sanity_val_steps=0, **kwargs)
+
+
+def ranks(folder: Path) -> list[dict]:
+    return [torch.load(folder / f"rank{r}.pt", weights_only=True) for r in range(2)]
+
+
+def test_next_item_ddp_shards_sessions_and_ends_with_identical_weights(tmp_path):
+    pl.seed_everything(0)
+    data = SessionDataModule(SyntheticSource(num_sessions=600, num_items=60), max_length=8, batch_size=32)
+    task = NextItemTask(num_items=data.num_items, max_length=8, encoder=XLNetEncoder(d_model=16, n_head=2, n_layer=1),
+                        objective=MaskedItemModeling(), lr=0.01)
+    ddp_trainer(tmp_path).fit(task, datamodule=data)
+    first, second = ranks(tmp_path)
+    for epoch in (0, 1):
+        a = {i for e, rows in first["rows"] if e == epoch for i in rows}
+        b = {i for e, rows in second["rows"] if e == epoch for i in rows}
+        assert not a & b and len(a) == len(b)  # each rank on its own half of the sessions
+        assert len(a | b) >= data.tensors("train")[0].shape[0] - 2 * 32 - 1  # together, all but a partial batch
+    for name, value in first["state"].items():
+        torch.testing.assert_close(second["state"][name], value, rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.skipif(not TRIVAGO.exists(), reason="trivago_rsc19_100k is not available here")
+def test_dlrm_ddp_ends_with_identical_weights_and_refuses_the_fused_optimizer(tmp_path):
+    small = tmp_path / "log.parquet"
+    pq.write_table(pq.read_table(TRIVAGO).slice(0, 30_000), small)
+    data = ClickoutDataModule(str(small), test_hours=2, valid_hours=2, batch_size=512, eval_batch_size=2048)
+    common = dict(cardinalities=data.cardinalities, num_dense=data.num_dense, embedding_dim=8, dense_layers=[16, 8],
+                  over_layers=[16], retain_freed_memory=False)
+    pl.seed_everything(0)
+    ddp_trainer(tmp_path, max_steps=6).fit(DLRMTask(embedding_optimizer="none", **common), datamodule=data)
+    first, second = ranks(tmp_path)
+    assert len(first["rows"]) == len(second["rows"]) == 6  # the same number of steps on both ranks
+    assert any("sparse_arch" in name for name in first["state"])
+    for name, value in first["state"].items():  # embedding tables included
+        torch.testing.assert_close(second["state"][name], value, rtol=0, atol=0, msg=name)
+    with pytest.raises(Exception, match="needs embedding_optimizer: none"):
+        ddp_trainer(tmp_path, max_steps=2).fit(DLRMTask(embedding_optimizer="adagrad_rowwise", **common), datamodule=data)

@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import pytorch_lightning as pl
@@ -106,3 +107,29 @@ def test_dlrm_ddp_ends_with_identical_weights_and_refuses_the_fused_optimizer(tm
         torch.testing.assert_close(second["state"][name], value, rtol=0, atol=0, msg=name)
     with pytest.raises(Exception, match="needs embedding_optimizer: none"):
         ddp_trainer(tmp_path, max_steps=2).fit(DLRMTask(embedding_optimizer="adagrad_rowwise", **common), datamodule=data)
+
+
+def test_predict_on_two_processes_writes_one_output_in_input_order(tmp_path):
+    import pyarrow as pa
+
+    from sessrec.tasks import TopKWriter
+
+    pl.seed_everything(0)
+    data = SessionDataModule(SyntheticSource(num_sessions=400, num_items=50), max_length=8, eval_batch_size=16)
+    task = NextItemTask(num_items=data.num_items, max_length=8, encoder=XLNetEncoder(d_model=16, n_head=2, n_layer=1),
+                        objective=MaskedItemModeling(), top_k=5)
+    raw = data.vocab.raw_ids.to_pylist()
+    rng = np.random.default_rng(0)
+    sessions = [[raw[i] for i in rng.integers(0, len(raw), rng.integers(1, 6))] for _ in range(150)]
+    pq.write_table(pa.table({"session_id": list(range(1000, 1150)), "item_id": sessions}), tmp_path / "s.parquet")
+    outputs = {}
+    for devices, strategy in ((1, "auto"), (2, "ddp_spawn")):
+        out = tmp_path / f"recs{devices}.parquet"
+        data = SessionDataModule(SyntheticSource(num_sessions=400, num_items=50), max_length=8, eval_batch_size=16,
+                                 predict_path=str(tmp_path / "s.parquet"))
+        pl.Trainer(accelerator="cpu", devices=devices, strategy=strategy, logger=False, enable_progress_bar=False,
+                   callbacks=[TopKWriter(str(out))]).predict(task, datamodule=data, return_predictions=False)
+        outputs[devices] = pq.read_table(out)
+    assert outputs[2].column("session_id").to_pylist() == list(range(1000, 1150))
+    assert outputs[2].equals(outputs[1])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["recs1.parquet", "recs2.parquet", "s.parquet"]  # no parts left

@@ -298,7 +298,8 @@ class SessionDataModule(pl.LightningDataModule):
         if self.predict_path is None:
             raise ValueError("set --data.predict_path to the sessions file to score")
         self.scoring_stream = ScoringStream(
-            self.predict_path, self.vocab, self.predict_schema, self.max_length, self.eval_batch_size, side=self.side
+            self.predict_path, self.vocab, self.predict_schema, self.max_length, self.eval_batch_size, side=self.side,
+            **self._ranks(),
         )
         return self.scoring_stream
 

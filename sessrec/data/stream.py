@@ -54,6 +54,8 @@ class ScoringStream:
         batch_size: sessions per batch.
         chunk_rows: rows read from the file at a time.
         side: fitted side-feature transforms of the model, if it uses side features.
+        rank, world_size: this process's share in data-parallel scoring: every rank reads (and
+            checks) the whole file and yields every `world_size`-th batch from batch `rank` on.
 
     Raises:
         SchemaError: (while iterating) on a bad row; the message names the file, column, row and value.
@@ -68,7 +70,12 @@ class ScoringStream:
         batch_size: int = 1024,
         chunk_rows: int = 100_000,
         side: SideFeatureTransform | None = None,
+        rank: int = 0,
+        world_size: int = 1,
     ) -> None:
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"need world_size >= 1 and 0 <= rank < world_size, got rank {rank} of {world_size}")
+        self.rank, self.world_size = rank, world_size
         self.path = Path(path)
         if not self.path.exists():
             raise FileNotFoundError(f"{self.path}: no such file to score")
@@ -249,21 +256,26 @@ class ScoringStream:
         return _parse_time(flat, s.timestamp, s.time_unit, str(self.path), row_of).to_numpy()
 
     def __iter__(self) -> Iterator[SessionBatch]:
+        batch = -1
         for sessions in self._sessions():
             values, offsets = frame.list_offsets(sessions.column(frame.ITEMS))
             virtual = None
             if frame.VIRTUAL in sessions.column_names:
                 virtual = frame.list_offsets(sessions.column(frame.VIRTUAL))[0].to_numpy(zero_copy_only=False).astype(bool)
             encoded = self.vocab.encode(values, virtual=virtual, source=f"{self.path}: column {self.schema.item_id!r}")
-            self.num_sessions += sessions.num_rows
-            self.num_items += len(encoded.ids)
-            self.num_unknown += encoded.num_unknown
+            if self.rank == 0:  # every rank reads the whole file: rank 0 counts it
+                self.num_sessions += sessions.num_rows
+                self.num_items += len(encoded.ids)
+                self.num_unknown += encoded.num_unknown
             starts, ends = offsets[:-1], offsets[1:]
             items = torch.from_numpy(frame.pad_sessions(encoded.ids, starts, ends, self.max_length, ITEM_DTYPE))
             flat = {} if self.side is None else self.side.transform(sessions, str(self.path))
             feats = {k: torch.from_numpy(frame.pad_sessions(v, starts, ends, self.max_length)) for k, v in flat.items()}
             keys = sessions.column(frame.SESSION).combine_chunks()
             for lo in range(0, sessions.num_rows, self.batch_size):
+                batch += 1
+                if batch % self.world_size != self.rank:
+                    continue
                 hi = min(lo + self.batch_size, sessions.num_rows)
                 rows = items[lo:hi]
                 width = max(int((rows != 0).sum(dim=1).max()), 1)

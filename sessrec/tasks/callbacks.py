@@ -18,6 +18,8 @@ import pytorch_lightning as pl
 from pytorch_lightning.callbacks import BasePredictionWriter, ModelCheckpoint
 from pytorch_lightning.utilities import rank_zero_info, rank_zero_only
 
+from sessrec.data.atomic import atomic_path
+
 VOCAB_FILE = "vocab.parquet"
 FEATURES_FILE = "features.npz"
 
@@ -103,6 +105,10 @@ class LastCheckpoint(ModelCheckpoint):
 class TopKWriter(BasePredictionWriter):
     """Write ``session_id``, ``item_ids`` (raw top-K) and ``scores`` per session to parquet.
 
+    Each process writes its batches (one row group each) to a part file beside the output; when
+    scoring ends, rank 0 interleaves the parts back into the input's order (batch i was scored by
+    rank i mod world size), writes the one output under a temporary name and renames it into place.
+
     Args:
         output: parquet path; defaults to ``<predict_path stem>.recs.parquet`` beside the input.
         overwrite: replace an existing output (refused otherwise, before any scoring).
@@ -127,8 +133,11 @@ class TopKWriter(BasePredictionWriter):
         if self._target.exists() and not self.overwrite:
             raise FileExistsError(f"{self._target} exists; pass --scoring.overwrite true to replace it")
         self._target.parent.mkdir(parents=True, exist_ok=True)
-        self._tmp = self._target.with_name(f".{self._target.name}.tmp-{os.getpid()}")
+        self._tmp = self._part(trainer.global_rank, trainer.world_size)
         self._writer = None
+
+    def _part(self, rank: int, world_size: int) -> Path:
+        return self._target.with_name(f".{self._target.name}.part-{rank}-of-{world_size}")
 
     def write_on_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, prediction: Any, batch_indices: Any,
@@ -150,16 +159,28 @@ class TopKWriter(BasePredictionWriter):
         self._writer.write_table(table)
 
     def on_predict_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._writer is None:
-            raise ValueError(f"{trainer.datamodule.predict_path}: no sessions to score")
-        self._writer.close()
-        os.replace(self._tmp, self._target)
-        stream = trainer.datamodule.scoring_stream
-        rank_zero_info(
-            f"sessrec predict: wrote {stream.num_sessions} sessions to {self._target}; "
-            f"{stream.num_unknown} of {stream.num_items} input items were unknown to the model (scored as OOV)"
-        )
-        self._writer = None
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        trainer.strategy.barrier("TopKWriter parts")
+        if trainer.is_global_zero:
+            parts = [self._part(r, trainer.world_size) for r in range(trainer.world_size)]
+            files = [pq.ParquetFile(part) for part in parts if part.exists()]
+            if not files:
+                raise ValueError(f"{trainer.datamodule.predict_path}: no sessions to score")
+            with atomic_path(self._target) as merged, pq.ParquetWriter(merged, files[0].schema_arrow) as writer:
+                for group in range(max(f.num_row_groups for f in files)):  # batch i is rank i mod world's
+                    for f in files:
+                        if group < f.num_row_groups:
+                            writer.write_table(f.read_row_group(group))
+            for part in parts:
+                part.unlink(missing_ok=True)
+            stream = trainer.datamodule.scoring_stream
+            rank_zero_info(
+                f"sessrec predict: wrote {stream.num_sessions} sessions to {self._target}; "
+                f"{stream.num_unknown} of {stream.num_items} input items were unknown to the model (scored as OOV)"
+            )
+        trainer.strategy.barrier("TopKWriter output")
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         if self._writer is not None:

@@ -19,7 +19,7 @@ import torch
 from sessrec.data import frame
 from sessrec.data.batch import ITEM_DTYPE
 from sessrec.data.checkpoint import data_state, to_bytes, to_tensor
-from sessrec.data.loader import SessionLoader
+from sessrec.data.loader import SessionLoader, ranks_of
 from sessrec.data.schema import Schema
 from sessrec.data.side import LOOKS_AHEAD, SideFeatures, SideFeatureTransform, SideInfoSpec, read_item_vectors
 from sessrec.data.sources import SessionSource, SessionSplits, SyntheticSource
@@ -267,14 +267,9 @@ class SessionDataModule(pl.LightningDataModule):
             self.tensors(split)
 
     # -- loaders --------------------------------------------------------------------------
-    def _ranks(self) -> dict[str, int]:
-        """This process's rank and the world size (data-parallel training shards every loader by them)."""
-        trainer = self.trainer
-        return {"rank": trainer.global_rank, "world_size": trainer.world_size} if trainer is not None else {}
-
     def train_dataloader(self) -> SessionLoader:
         items, _ = self.tensors("train")
-        ranks = self._ranks()
+        ranks = ranks_of(self.trainer)
         return SessionLoader(
             items, features=self.feature_tensors("train"), batch_size=self.batch_size, shuffle=True,
             shuffle_chunk=self.shuffle_chunk, drop_last=items.shape[0] // ranks.get("world_size", 1) > self.batch_size,
@@ -285,7 +280,7 @@ class SessionDataModule(pl.LightningDataModule):
         items, targets = self.tensors(split)
         return SessionLoader(
             items, targets, features=self.feature_tensors(split), batch_size=self.eval_batch_size,
-            pin_memory=self.pin_memory, **self._ranks(),
+            pin_memory=self.pin_memory, **ranks_of(self.trainer),
         )
 
     def val_dataloader(self) -> SessionLoader:
@@ -299,7 +294,7 @@ class SessionDataModule(pl.LightningDataModule):
             raise ValueError("set --data.predict_path to the sessions file to score")
         self.scoring_stream = ScoringStream(
             self.predict_path, self.vocab, self.predict_schema, self.max_length, self.eval_batch_size, side=self.side,
-            **self._ranks(),
+            **ranks_of(self.trainer),
         )
         return self.scoring_stream
 

@@ -154,3 +154,11 @@ class SessionLoader:
                 features=feats,
             )
             yield batch.pin_memory() if self.pin_memory else batch
+
+
+def ranks_of(trainer: object | None) -> dict[str, int]:
+    """``rank`` and ``world_size`` of a Lightning trainer's process, for the loaders' data-parallel shards
+    (empty without a trainer: one process)."""
+    if trainer is None:
+        return {}
+    return {"rank": int(trainer.global_rank), "world_size": int(trainer.world_size)}

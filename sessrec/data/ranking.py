@@ -35,6 +35,7 @@ from sessrec.data.clickouts import (
     split_by_time,
 )
 from sessrec.data.jagged import SparseFeatures
+from sessrec.data.loader import ranks_of
 from sessrec.data.readers import read_table
 from sessrec.data.sources import to_seconds
 from sessrec.data.vocab import ItemVocab
@@ -422,16 +423,11 @@ class ClickoutDataModule(pl.LightningDataModule):
         for split in wanted:
             self.tensors(split)
 
-    def _ranks(self) -> dict[str, int]:
-        """This process's rank and the world size (data-parallel training shards every loader by them)."""
-        trainer = self.trainer
-        return {"rank": trainer.global_rank, "world_size": trainer.world_size} if trainer is not None else {}
-
     def train_dataloader(self) -> RankingLoader:
-        return RankingLoader(self.tensors("train"), self.batch_size, shuffle=True, seed=self.seed, **self._ranks())
+        return RankingLoader(self.tensors("train"), self.batch_size, shuffle=True, seed=self.seed, **ranks_of(self.trainer))
 
     def val_dataloader(self) -> RankingLoader:
-        return RankingLoader(self.tensors("valid"), self.eval_batch_size, **self._ranks())
+        return RankingLoader(self.tensors("valid"), self.eval_batch_size, **ranks_of(self.trainer))
 
     def test_dataloader(self) -> RankingLoader:
-        return RankingLoader(self.tensors("test"), self.eval_batch_size, **self._ranks())
+        return RankingLoader(self.tensors("test"), self.eval_batch_size, **ranks_of(self.trainer))

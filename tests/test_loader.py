@@ -65,9 +65,13 @@ def test_rejects_bad_batch_size():
         SessionLoader(padded(), batch_size=0)
 
 
-def test_rejects_sessions_off_the_host():
-    with pytest.raises(ValueError, match="'items' is on meta"):
-        SessionLoader(padded().to("meta"), batch_size=4)
+def test_refuses_tensors_on_different_devices_and_numpy_gathers_off_the_host():
+    items = padded()
+    with pytest.raises(ValueError, match="'targets' is on meta but the items are on cpu"):
+        SessionLoader(items, targets=torch.zeros(items.shape[0], dtype=torch.long, device="meta"), batch_size=4)
+    with pytest.raises(ValueError, match="gather='numpy' reads host memory, but the items are on meta"):
+        SessionLoader(items.to("meta"), batch_size=4, gather="numpy")
+    assert SessionLoader(items.to("meta"), batch_size=4).gather == "torch"  # a device-resident split
 
 
 def test_side_features_follow_their_rows_and_trim():
@@ -130,3 +134,34 @@ def test_int32_and_int64_batches_give_the_same_loss_gradients_and_scores(pair, s
     for g32, g64 in zip(grads32, grads64):
         torch.testing.assert_close(g32, g64, rtol=0, atol=0)
     torch.testing.assert_close(scores32, scores64, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_torch_gather_cuts_the_same_batches_as_numpy(shuffle):
+    """The gather a device-resident split uses (`index_select`), checked against the NumPy path on CPU."""
+    gen = torch.Generator().manual_seed(0)
+    items = torch.randint(2, 50, (103, 9), generator=gen, dtype=torch.int32)
+    items[:, :3] = 0
+    items[::7, :6] = 0  # sessions of other lengths: the batches' widths differ
+    targets, feats = torch.randint(2, 50, (103,), generator=gen), {"f": torch.randn(103, 9, generator=gen)}
+    loaders = [SessionLoader(items, targets, feats, batch_size=10, shuffle=shuffle, drop_last=shuffle, seed=3, gather=g)
+               for g in ("numpy", "torch")]
+    for loader in loaders:
+        loader.set_epoch(1)
+    pairs = list(zip(*loaders))
+    assert len(pairs) == len(loaders[0]) == len(loaders[1])
+    for a, b in pairs:
+        for x, y in ((a.items, b.items), (a.targets, b.targets), (a.index, b.index), (a.features["f"], b.features["f"])):
+            assert torch.equal(x, y)
+
+
+@pytest.mark.gpu
+def test_cuda_resident_split_gives_the_host_batches_on_the_gpu():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from sessrec.data import SessionDataModule, SyntheticSource
+
+    host = SessionDataModule(SyntheticSource(num_sessions=500, num_items=50), max_length=8, batch_size=32)
+    resident = SessionDataModule(SyntheticSource(num_sessions=500, num_items=50), max_length=8, batch_size=32, device="cuda")
+    for a, b in zip(host.train_dataloader(), resident.train_dataloader()):
+        assert b.items.is_cuda and torch.equal(a.items, b.items.cpu()) and torch.equal(a.index, b.index.cpu())

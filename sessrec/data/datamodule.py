@@ -43,6 +43,8 @@ class SessionDataModule(pl.LightningDataModule):
         max_vocab_size: keep at most this many most frequent items.
         shuffle_chunk: shuffle contiguous chunks of this many sessions (1 = full row shuffle).
         pin_memory: pin batches for faster host-to-GPU copies.
+        device: hold the splits on this device (e.g. ``cuda``) and cut the batches there
+            (`SessionLoader`'s torch gather): no host-to-device copy per batch. None: host memory.
         augment_reversed: add a reversed copy of every training session with two or more events
             (Booking.com, WSDM'21); validation and test are never augmented. Side features
             travel with their events (a reversed copy's ``since_prev`` is then a time to the next event).
@@ -73,6 +75,7 @@ class SessionDataModule(pl.LightningDataModule):
         max_vocab_size: int | None = None,
         shuffle_chunk: int = 1,
         pin_memory: bool = False,
+        device: str | None = None,
         augment_reversed: bool = False,
         train_prefixes: bool = False,
         side_features: SideFeatures = SideFeatures(),  # noqa: B008 - a config value, never mutated
@@ -94,6 +97,10 @@ class SessionDataModule(pl.LightningDataModule):
         self.batch_size, self.eval_batch_size, self.eval_protocol = batch_size, eval_batch_size, eval_protocol
         self.min_item_count, self.max_vocab_size = min_item_count, max_vocab_size
         self.shuffle_chunk, self.pin_memory, self.seed = shuffle_chunk, pin_memory, seed
+        if device is not None and pin_memory:
+            raise ValueError("pin_memory is for batches copied from the host; with device set they are cut on the device")
+        self.device = device
+        self._on_device: dict[str, tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor]]] = {}
         self.augment_reversed, self.side_features = augment_reversed, side_features
         self.train_prefixes = train_prefixes
         self.vocab_path, self.predict_path, self.predict_schema = vocab_path, predict_path, predict_schema
@@ -267,19 +274,30 @@ class SessionDataModule(pl.LightningDataModule):
             self.tensors(split)
 
     # -- loaders --------------------------------------------------------------------------
+    def _resident(self, split: str) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor]]:
+        """A split's items, targets and features where the loaders gather them (host, or `device`)."""
+        items, targets = self.tensors(split)
+        features = self.feature_tensors(split)
+        if self.device is None:
+            return items, targets, features
+        if split not in self._on_device:  # moved once, kept for every epoch's loaders
+            move = lambda t: None if t is None else t.to(self.device)  # noqa: E731
+            self._on_device[split] = (move(items), move(targets), {k: move(v) for k, v in features.items()})
+        return self._on_device[split]
+
     def train_dataloader(self) -> SessionLoader:
-        items, _ = self.tensors("train")
+        items, _, features = self._resident("train")
         ranks = ranks_of(self.trainer)
         return SessionLoader(
-            items, features=self.feature_tensors("train"), batch_size=self.batch_size, shuffle=True,
+            items, features=features, batch_size=self.batch_size, shuffle=True,
             shuffle_chunk=self.shuffle_chunk, drop_last=items.shape[0] // ranks.get("world_size", 1) > self.batch_size,
             pin_memory=self.pin_memory, seed=self.seed, **ranks,
         )
 
     def _eval_loader(self, split: str) -> SessionLoader:
-        items, targets = self.tensors(split)
+        items, targets, features = self._resident(split)
         return SessionLoader(
-            items, targets, features=self.feature_tensors(split), batch_size=self.eval_batch_size,
+            items, targets, features=features, batch_size=self.eval_batch_size,
             pin_memory=self.pin_memory, **ranks_of(self.trainer),
         )
 

@@ -16,9 +16,11 @@ Shape letters: N sessions, L padded length, B batch.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Literal
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from sessrec.data.batch import SessionBatch
 
@@ -27,7 +29,8 @@ class SessionLoader:
     """Iterate over `SessionBatch`es of a padded session matrix.
 
     Args:
-        items: (N, L) host (CPU) tensor of right-aligned item ids (int32 from `SessionDataModule`, any integer dtype), 0 = padding.
+        items: (N, L) tensor of right-aligned item ids (int32 from `SessionDataModule`, any integer dtype), 0 = padding;
+            in host memory, or on an accelerator (see `gather`).
         targets: optional (N,) next-item targets (evaluation pairs).
         features: optional side features by name, each (N, L) aligned with `items`; batches
             carry the same rows and columns of them.
@@ -44,6 +47,10 @@ class SessionLoader:
             gives every rank the same number of rows, as data-parallel steps must match: the
             remainder of the division, under `world_size` rows, sits out that epoch (other rows
             each epoch).
+        gather: how batches are cut: ``numpy`` (host tensors: NumPy `take` on views, the fastest on
+            CPU) or ``torch`` (`index_select` on the tensors' own device). None: NumPy for host
+            tensors, torch for tensors on an accelerator. With the split on a GPU (the NVTabular
+            idea) batches are gathered there, with no copy from the host per batch.
     """
 
     def __init__(
@@ -59,6 +66,7 @@ class SessionLoader:
         seed: int = 0,
         rank: int = 0,
         world_size: int = 1,
+        gather: Literal["numpy", "torch"] | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -67,12 +75,14 @@ class SessionLoader:
         for name, value in (features or {}).items():
             if value.shape != items.shape:
                 raise ValueError(f"side feature {name!r} has shape {tuple(value.shape)}, items {tuple(items.shape)}")
-        for name, value in {"items": items, "targets": targets, **(features or {})}.items():
-            if value is not None and value.device.type != "cpu":
-                raise ValueError(
-                    f"SessionLoader holds sessions in host memory, but {name!r} is on {value.device}; "
-                    "pass CPU tensors (the trainer moves each batch to the device)"
-                )
+        for name, value in {"targets": targets, **(features or {})}.items():
+            if value is not None and value.device != items.device:
+                raise ValueError(f"SessionLoader: {name!r} is on {value.device} but the items are on {items.device}")
+        if gather not in (None, "numpy", "torch"):
+            raise ValueError(f"gather must be None, 'numpy' or 'torch', got {gather!r}")
+        if gather == "numpy" and items.device.type != "cpu":
+            raise ValueError(f"gather='numpy' reads host memory, but the items are on {items.device}")
+        self.gather = gather or ("numpy" if items.device.type == "cpu" else "torch")
         self.items, self.targets, self.features = items, targets, features or None
         self.batch_size, self.shuffle, self.shuffle_chunk = batch_size, shuffle, max(1, shuffle_chunk)
         self.drop_last, self.pin_memory, self.seed = drop_last, pin_memory, seed
@@ -82,10 +92,10 @@ class SessionLoader:
         self._position = 0  # batches of it handed out so far
         self._resume_at = 0  # batches to skip at the start of the next iteration (`load_state_dict`)
         self.lengths = (items != 0).sum(dim=1)  # (N,)
-        # NumPy views of the same memory, for the per-batch gathers (see the module docstring)
-        self._items = items.numpy()
-        self._targets = None if targets is None else targets.numpy()
-        self._features = None if not features else {k: v.numpy() for k, v in features.items()}
+        if self.gather == "numpy":  # NumPy views of the same memory, for the per-batch gathers (module docstring)
+            self._items = items.numpy()
+            self._targets = None if targets is None else targets.numpy()
+            self._features = None if not features else {k: v.numpy() for k, v in features.items()}
 
     @property
     def num_rows(self) -> int:
@@ -138,6 +148,9 @@ class SessionLoader:
             order = order[: len(self) * self.batch_size]
         # per-batch longest session, for all batches at once: one gather and one reduction per epoch
         b = self.batch_size
+        if self.gather == "torch":
+            yield from self._torch_batches(torch.as_tensor(order, device=self.items.device), width, skip)
+            return
         lengths = np.pad(self.lengths.numpy().take(order), (0, (-len(order)) % b))
         widths = lengths.reshape(-1, b).max(axis=1).clip(min=1).tolist()
         for start, w in zip(range(skip * b, len(order), b), widths[skip:]):
@@ -154,6 +167,26 @@ class SessionLoader:
                 features=feats,
             )
             yield batch.pin_memory() if self.pin_memory else batch
+
+    def _torch_batches(self, order: torch.Tensor, width: int, skip: int) -> Iterator[SessionBatch]:
+        """The same batches as the NumPy path, gathered with `index_select` where the tensors live
+        (a GPU-resident split: no host round trip per batch, one device-to-host sync per epoch)."""
+        b = self.batch_size
+        lengths = F.pad(self.lengths.index_select(0, order), (0, (-len(order)) % b))
+        widths = lengths.reshape(-1, b).amax(dim=1).clamp(min=1).tolist()  # the epoch's one sync
+        for start, w in zip(range(skip * b, len(order), b), widths[skip:]):
+            self._position += 1
+            rows = order[start : start + b]
+            cut = width - w
+            feats = None
+            if self.features is not None:
+                feats = {k: v.index_select(0, rows)[:, cut:] for k, v in self.features.items()}
+            yield SessionBatch(
+                items=self.items.index_select(0, rows)[:, cut:],
+                targets=None if self.targets is None else self.targets.index_select(0, rows),
+                index=rows,
+                features=feats,
+            )
 
 
 def ranks_of(trainer: object | None) -> dict[str, int]:

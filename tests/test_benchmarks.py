@@ -2,6 +2,7 @@
 records carry the configuration they claim (timings are not checked: they belong to benchmarks/)."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -59,3 +60,35 @@ def test_ann_index_benchmark_quick_run_prints_one_record_per_kind():
         assert r["speedup"] > 0 and r["build_s"] >= 0
     assert {"hnsw_m", "ef_construction", "ef_search"} <= set(records[0])
     assert records[1]["nlist"] == round(4 * 20_000 ** 0.5) and records[1]["nprobe"] == 32
+
+
+def test_gpu_suite_reports_every_item_as_skipped_without_cuda():
+    """What CI runs on its CPU machine: `bash benchmarks/gpu_suite.sh`, every GPU item reported as skipped."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the suite would measure, not skip")
+    done = subprocess.run(["bash", "benchmarks/gpu_suite.sh"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          check=False, env={**os.environ, "PYTHON": sys.executable})
+    assert done.returncode == 0, done.stderr[-2000:]
+    records = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [r["item"] for r in records] == [
+        "gpu_tests", "xlnet_mlm_fit", "dlrm_train", "embedding_lookup", "feature_etl", "resident_loader",
+    ]
+    assert all(r["status"] == "skipped" and "no CUDA device" in r["reason"] for r in records)
+
+
+def test_gpu_suite_code_paths_run_on_cpu(monkeypatch):
+    """The suite's measurements at --quick sizes on the CPU (the CuPy item on NumPy arrays): each item runs."""
+    import runpy
+
+    import numpy
+
+    monkeypatch.setitem(sys.modules, "cupy", numpy)  # the CuPy branch's array code, on NumPy arrays
+    monkeypatch.setattr(sys, "argv", ["gpu_suite.py", "--device", "cpu", "--quick", "--repeats", "1"])
+    printed = []
+    monkeypatch.setattr("builtins.print", lambda line, **_: printed.append(json.loads(line)))
+    runpy.run_path(str(ROOT / "benchmarks" / "gpu_suite.py"), run_name="__main__")
+    assert [r["item"] for r in printed] == ["xlnet_mlm_fit", "dlrm_train", "embedding_lookup", "feature_etl", "resident_loader"]
+    assert all(r["status"] == "ok" for r in printed), [r for r in printed if r["status"] != "ok"]
+    assert printed[0]["sessions_per_s"] > 0 and 0 < printed[2]["share_of_copy_bandwidth"]

@@ -1,0 +1,213 @@
+"""The GPU benchmarks, one JSON line per item: run on a GPU machine, reported as skipped elsewhere.
+
+Items (each timed after warm-up, medians of `--repeats`, CUDA synchronised around every timing):
+
+- ``xlnet_mlm_fit``: XLNet-MLM training steps (masking, encoder, full-softmax cross-entropy,
+  backward, fused AdamW) with bf16 autocast: sessions/s.
+- ``dlrm_train``: DLRM training steps (26 tables, fused row-wise Adagrad in backward, Adam on the
+  MLPs) on random Criteo-like batches: samples/s.
+- ``embedding_lookup``: the fused embedding core's pooled lookup (26 tables, 10-hot): GB/s of rows
+  read, and as a share of the device's copy bandwidth measured in the same run (``dst.copy_(src)``).
+- ``feature_etl``: the feature pipeline (categorify, count and target encoding, hashed cross,
+  log-normalise) fitted and applied on CuPy arrays against NumPy: rows/s of each and the speed-up.
+- ``resident_loader``: an epoch of `SessionLoader` batches with the split held on the device
+  (`SessionDataModule(device=...)`) against host batches copied to the device: sessions/s of each.
+
+``--device auto`` (the default) runs on CUDA when there is a GPU and reports every item as skipped
+otherwise; ``--device cpu --quick`` runs the same code on the CPU at small sizes (a smoke test of
+the code paths, not a measurement). ``benchmarks/gpu_suite.sh`` adds the gpu-marked tests.
+
+    python benchmarks/gpu_suite.py                   # on a GPU machine: the figures
+    python benchmarks/gpu_suite.py --device cpu --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from sessrec.data.loader import SessionLoader
+from sessrec.data.vocab import NUM_SPECIAL
+from sessrec.embeddings import FusedEmbeddingBagCollection, SparseFeatures, TableConfig
+from sessrec.models import DLRM, MaskedItemModeling, SessionModel, XLNetEncoder
+from sessrec.tasks.optim import adamw
+
+
+def timed(fn: Callable[[], object], device: torch.device, warmup: int, repeats: int) -> float:
+    """Median seconds of `fn` over `repeats` calls after `warmup`, synchronising CUDA around each."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        sync()
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def sessions(n: int, length: int, items: int, gen: torch.Generator) -> torch.Tensor:
+    """(n, length) right-aligned random sessions of lengths 2..length, 0 = padding."""
+    ids = torch.randint(NUM_SPECIAL, items + NUM_SPECIAL, (n, length), generator=gen)
+    lengths = torch.randint(2, length + 1, (n, 1), generator=gen)
+    return ids.masked_fill(torch.arange(length).unsqueeze(0) < length - lengths, 0)
+
+
+def xlnet_mlm_fit(device: torch.device, quick: bool, repeats: int) -> dict:
+    items, batch, d = (1000, 64, 32) if quick else (50_000, 1024, 128)
+    model = SessionModel(num_items=items + NUM_SPECIAL, encoder=XLNetEncoder(d_model=d, n_head=4, n_layer=2), max_length=21)
+    model = model.to(device).train()
+    optimizer, objective = adamw(model.parameters(), lr=1e-3), MaskedItemModeling()
+    data = sessions(batch, 20, items, torch.Generator().manual_seed(0)).to(device)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16)
+
+    def step() -> None:
+        with autocast:
+            m = objective(data, torch.Generator(device=device).manual_seed(0))
+            loss = F.cross_entropy(model.score(model.encode(m.inputs, m.masked)[m.masked]).float(), m.targets)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    seconds = timed(step, device, warmup=3, repeats=repeats)
+    return {"items": items, "batch": batch, "d_model": d, "precision": "bf16 autocast", "step_ms": round(seconds * 1e3, 2),
+            "sessions_per_s": round(batch / seconds, 1)}
+
+
+def tables(quick: bool, dim: int) -> list[TableConfig]:
+    rows = np.geomspace(1e3, 1e4 if quick else 1e6, 26).astype(int)
+    return [TableConfig(f"t{i}", int(n), dim) for i, n in enumerate(rows)]
+
+
+def random_ids(configs: list[TableConfig], batch: int, hot: int, device: torch.device) -> SparseFeatures:
+    gen = torch.Generator().manual_seed(1)
+    ids = {t.name: torch.randint(0, t.num_embeddings, (batch, hot), generator=gen) for t in configs}
+    return SparseFeatures.from_dense(ids).to(device)
+
+
+def dlrm_train(device: torch.device, quick: bool, repeats: int) -> dict:
+    batch, dim = (256, 16) if quick else (16_384, 64)
+    configs = tables(quick, dim)
+    model = DLRM(13, configs, dense_layers=[128, dim], over_layers=[256, 128], embedding_optimizer="adagrad_rowwise",
+                 embedding_lr=0.05, seed=0).to(device)
+    dense_params = [p for n, p in model.named_parameters() if not n.startswith("sparse_arch")]
+    optimizer = torch.optim.Adam(dense_params, lr=1e-3)
+    dense = torch.randn(batch, 13, generator=torch.Generator().manual_seed(0)).to(device)
+    sparse = random_ids(configs, batch, 1, device)
+    labels = (torch.rand(batch, generator=torch.Generator().manual_seed(2)) < 0.25).float().to(device)
+
+    def step() -> None:
+        loss = F.binary_cross_entropy_with_logits(model(dense, sparse), labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    seconds = timed(step, device, warmup=3, repeats=repeats)
+    return {"batch": batch, "tables": len(configs), "dim": dim, "step_ms": round(seconds * 1e3, 2),
+            "samples_per_s": round(batch / seconds, 1)}
+
+
+def embedding_lookup(device: torch.device, quick: bool, repeats: int) -> dict:
+    batch, dim, hot = (512, 16, 10) if quick else (16_384, 64, 10)
+    configs = tables(quick, dim)
+    core = FusedEmbeddingBagCollection(configs, seed=0).to(device)
+    ids = random_ids(configs, batch, hot, device)
+    with torch.no_grad():
+        seconds = timed(lambda: core(ids), device, warmup=3, repeats=repeats)
+    row_bytes = len(configs) * batch * hot * dim * 4  # fp32 rows read
+    size = (64 if quick else 1024) << 20
+    src, dst = torch.empty(size, dtype=torch.uint8, device=device), torch.empty(size, dtype=torch.uint8, device=device)
+    copy_seconds = timed(lambda: dst.copy_(src), device, warmup=2, repeats=repeats)
+    lookup_gbs, copy_gbs = row_bytes / seconds / 1e9, 2 * size / copy_seconds / 1e9  # a copy reads and writes
+    return {"batch": batch, "tables": len(configs), "dim": dim, "hot": hot, "lookup_ms": round(seconds * 1e3, 3),
+            "rows_gb_per_s": round(lookup_gbs, 1), "copy_gb_per_s": round(copy_gbs, 1),
+            "share_of_copy_bandwidth": round(lookup_gbs / copy_gbs, 3)}
+
+
+def feature_etl(device: torch.device, quick: bool, repeats: int) -> dict:
+    try:
+        import cupy
+    except ImportError:
+        return {"status": "skipped", "reason": "CuPy is not installed (pip install -e '.[gpu]')"}
+    from sessrec.data.features import Categorify, CountEncoding, FeaturePipeline, HashedCross, LogNormalize, TargetEncoding
+
+    n = 100_000 if quick else 10_000_000
+    gen = np.random.default_rng(0)
+    host = {"item_id": gen.zipf(1.2, n) % 1_000_000, "category": gen.integers(0, 500, n),
+            "session_id": np.sort(gen.integers(0, n // 5, n)), "clicked": (gen.random(n) < 0.1).astype(np.float32),
+            "price": gen.lognormal(3.0, 1.0, n).astype(np.float32)}
+
+    def pipeline() -> FeaturePipeline:
+        return FeaturePipeline({
+            "item": Categorify("item_id", min_count=2), "item_count": CountEncoding("item_id"),
+            "category_ctr": TargetEncoding("category", "clicked", "session_id", n_folds=5),
+            "cross": HashedCross(["item_id", "category"], buckets=1 << 20), "price": LogNormalize("price"),
+        })
+
+    gpu = {k: cupy.asarray(v) for k, v in host.items()}
+    cpu_seconds = timed(lambda: pipeline().fit_transform(host), torch.device("cpu"), warmup=1, repeats=repeats)
+    gpu_seconds = timed(lambda: pipeline().fit_transform(gpu), device, warmup=1, repeats=repeats)
+    return {"rows": n, "numpy_rows_per_s": round(n / cpu_seconds), "cupy_rows_per_s": round(n / gpu_seconds),
+            "speedup": round(cpu_seconds / gpu_seconds, 2)}
+
+
+def resident_loader(device: torch.device, quick: bool, repeats: int) -> dict:
+    n, batch = (20_000, 256) if quick else (2_000_000, 1024)
+    split = sessions(n, 20, 100_000, torch.Generator().manual_seed(0)).int()
+    host = SessionLoader(split, batch_size=batch, shuffle=True, seed=0)
+    resident = SessionLoader(split.to(device), batch_size=batch, shuffle=True, seed=0)
+
+    def host_epoch() -> None:
+        for b in host:
+            b.to(device, non_blocking=True)
+
+    def resident_epoch() -> None:
+        for _ in resident:
+            pass
+
+    host_seconds = timed(host_epoch, device, warmup=1, repeats=repeats)
+    resident_seconds = timed(resident_epoch, device, warmup=1, repeats=repeats)
+    return {"sessions": n, "batch": batch, "host_then_copy_sessions_per_s": round(n / host_seconds),
+            "resident_sessions_per_s": round(n / resident_seconds), "speedup": round(host_seconds / resident_seconds, 2)}
+
+
+ITEMS = {fn.__name__: fn for fn in (xlnet_mlm_fit, dlrm_train, embedding_lookup, feature_etl, resident_loader)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="auto", help="auto (CUDA when there is a GPU, else all skipped), cuda, cpu")
+    parser.add_argument("--quick", action="store_true", help="small sizes: a smoke test of the code paths")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--items", nargs="+", choices=sorted(ITEMS), default=list(ITEMS))
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    name = "cuda" if args.device == "auto" else args.device
+    if name == "cuda" and not torch.cuda.is_available():
+        for item in args.items:
+            print(json.dumps({"suite": "gpu", "item": item, "status": "skipped",
+                              "reason": "no CUDA device (torch.cuda.is_available() is False)"}))
+        return
+    device = torch.device(name)
+    described = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    for item in args.items:
+        row = {"suite": "gpu", "item": item, "device": described, "torch": torch.__version__, "quick": args.quick}
+        try:
+            result = ITEMS[item](device, args.quick, args.repeats)
+            row.update({"status": "ok", **result} if "status" not in result else result)
+        except Exception as err:  # noqa: BLE001 - one failing item must not hide the others' figures
+            row.update({"status": "failed", "error": f"{type(err).__name__}: {err}".splitlines()[0]})
+        print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -138,7 +138,14 @@ def feature_etl(device: torch.device, quick: bool, repeats: int) -> dict:
         import cupy
     except ImportError:
         return {"status": "skipped", "reason": "CuPy is not installed (pip install -e '.[gpu]')"}
-    from sessrec.data.features import Categorify, CountEncoding, FeaturePipeline, HashedCross, LogNormalize, TargetEncoding
+    from sessrec.data.features import (
+        Categorify,
+        CountEncoding,
+        FeaturePipeline,
+        HashedCross,
+        LogNormalize,
+        TargetEncoding,
+    )
 
     n = 100_000 if quick else 10_000_000
     gen = np.random.default_rng(0)

@@ -1,6 +1,6 @@
 """Embedding lookups: 26 separate `nn.EmbeddingBag` vs sessrec's fused core vs TorchRec, and memcpy.
 
-Setup (issue 4): 26 tables with log-uniform cardinalities in [1e3, 1e6] (seeded), width 64 fp32,
+Setup: 26 tables with log-uniform cardinalities in [1e3, 1e6] (seeded), width 64 fp32,
 batch 4096, every feature 1-hot or 10-hot. Ids follow a power law (P(rank r) ~ r^-alpha, alpha 1.05,
 drawn by the inverse CDF of the continuous law, seeded) and the ranks are scattered over the table
 by a fixed odd multiplier, so hot rows are not neighbours.

@@ -34,7 +34,7 @@ import pytorch_lightning as pl
 import yaml
 from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 
-from sessrec.data.checkpoint import data_state, read_checkpoint
+from sessrec.data.checkpoint import data_state
 from sessrec.tasks import LastCheckpoint, TopKWriter, VocabularyCheckpoint
 from sessrec.tasks.callbacks import find_features, find_vocab
 from sessrec.tasks.pretrained import load_checkpoint
@@ -299,7 +299,7 @@ def run(args: list[str]) -> object:
         raise ValueError("--config must name a pipeline recipe (a top-level 'pipeline:' block)")
     for i, arg in enumerate(args[:-1]):
         if arg == "--ckpt_path":  # a one-line error for an unreadable file, before LightningCLI reads its config
-            read_checkpoint(args[i + 1])
+            data_state(args[i + 1])  # (and the data module's state, read once here for every later use)
     sys.argv = [sys.argv[0], *args]  # LightningCLI reads them there
     return cli()
 

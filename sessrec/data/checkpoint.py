@@ -9,6 +9,7 @@ cannot run code when it is read.
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import re
@@ -46,7 +47,18 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def data_state(path: str | os.PathLike) -> dict[str, Any] | None:
-    """The data module state a checkpoint carries (vocabulary, feature transforms), or None."""
+    """The data module state a checkpoint carries (vocabulary, feature transforms), or None.
+
+    Kept for the file as it is now (path, size, modification time): the CLI, the vocabulary and
+    the feature transforms all ask for it, and a checkpoint is read once for them all.
+    """
+    path = Path(path)
+    stat = path.stat() if path.is_file() else None
+    return _data_state(str(path.resolve()), stat.st_size if stat else -1, stat.st_mtime_ns if stat else -1)
+
+
+@functools.lru_cache(maxsize=4)
+def _data_state(path: str, size: int, mtime_ns: int) -> dict[str, Any] | None:
     checkpoint = read_checkpoint(path)
     for key in DATA_STATE_KEYS:
         if isinstance(checkpoint.get(key), dict) and checkpoint[key]:

@@ -276,6 +276,10 @@ class RankingLoader:
                 self.cuts.append(int(starts[i]))
             self.spans = list(zip(self.cuts[:-1], self.cuts[1:]))[rank::world_size]
 
+    def set_epoch(self, epoch: int) -> None:
+        """Draw the next training order for `epoch` (the trainer's, so a resumed run shuffles alike)."""
+        self.epoch = int(epoch)
+
     def __len__(self) -> int:
         if self.cuts is not None:
             return len(self.spans)

@@ -165,14 +165,18 @@ class TopKWriter(BasePredictionWriter):
         trainer.strategy.barrier("TopKWriter parts")
         if trainer.is_global_zero:
             parts = [self._part(r, trainer.world_size) for r in range(trainer.world_size)]
-            files = [pq.ParquetFile(part) for part in parts if part.exists()]
-            if not files:
+            written = [part for part in parts if part.exists()]
+            if not written:
                 raise ValueError(f"{trainer.datamodule.predict_path}: no sessions to score")
-            with atomic_path(self._target) as merged, pq.ParquetWriter(merged, files[0].schema_arrow) as writer:
-                for group in range(max(f.num_row_groups for f in files)):  # batch i is rank i mod world's
-                    for f in files:
-                        if group < f.num_row_groups:
-                            writer.write_table(f.read_row_group(group))
+            if len(written) == 1:  # one process (or one with batches): its part is the output
+                os.replace(written[0], self._target)
+            else:
+                files = [pq.ParquetFile(part) for part in written]
+                with atomic_path(self._target) as merged, pq.ParquetWriter(merged, files[0].schema_arrow) as writer:
+                    for group in range(max(f.num_row_groups for f in files)):  # batch i is rank i mod world's
+                        for f in files:
+                            if group < f.num_row_groups:
+                                writer.write_table(f.read_row_group(group))
             for part in parts:
                 part.unlink(missing_ok=True)
             stream = trainer.datamodule.scoring_stream

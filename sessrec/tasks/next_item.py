@@ -186,12 +186,6 @@ class NextItemTask(Pretrained, pl.LightningModule):
         super().on_load_checkpoint(checkpoint)
         self._clock_before = float(checkpoint.get("sessrec", {}).get("schedule_clock", 0.0))
 
-    def on_train_epoch_start(self) -> None:
-        # the loader shuffles by the trainer's epoch, so a resumed run draws the orders the uninterrupted one drew
-        loader = self.trainer.train_dataloader
-        if hasattr(loader, "set_epoch"):
-            loader.set_epoch(self.current_epoch)
-
     def forward(self, batch: SessionBatch) -> torch.Tensor:
         return self.model(batch.items, self.objective, batch.features)
 

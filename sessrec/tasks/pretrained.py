@@ -57,6 +57,12 @@ class Pretrained:
         self.side_transform = getattr(datamodule, "side", None)
         self.side_config = getattr(datamodule, "side_features", None) if self.side_transform is not None else None
 
+    def on_train_epoch_start(self: pl.LightningModule) -> None:
+        # the loaders shuffle by the trainer's epoch, so a resumed run draws the orders the uninterrupted one drew
+        loader = self.trainer.train_dataloader
+        if hasattr(loader, "set_epoch"):
+            loader.set_epoch(self.current_epoch)
+
     def on_save_checkpoint(self: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
         # the random state too (dropout draws from it): a resumed run continues the very same draws
         rng = {"torch": torch.get_rng_state()}
@@ -119,8 +125,8 @@ class Pretrained:
 def with_more_items(task: pl.LightningModule, old_to_new: np.ndarray, num_items: int) -> pl.LightningModule:
     """A copy of a session-model task over a grown catalogue of `num_items` ids (warm start).
 
-    Every tensor with one row per item id (the item table, a tied head's bias, the
-    recommendable flags, item side vectors) keeps its learned rows at their new ids
+    Every tensor of the state with one row per item id (the item table, the output bias, item
+    side vectors) keeps its learned rows at their new ids
     (`old_to_new`, from `ItemVocab.grow`); the rows of new items keep their fresh
     initialisation. Every other tensor is copied as it is.
     """

@@ -124,18 +124,18 @@ class Schema:
             )
         rows = first_row
         out = {
-            self.session_id: _check_id(table, self.session_id, source, rows, self.string_ids),
-            self.item_id: _check_id(table, self.item_id, source, rows, self.string_ids),
+            self.session_id: check_id(table, self.session_id, source, rows, self.string_ids),
+            self.item_id: check_id(table, self.item_id, source, rows, self.string_ids),
         }
         if self.timestamp is not None:
-            out[self.timestamp] = _parse_time(table, self.timestamp, self.time_unit, source, rows)
+            out[self.timestamp] = parse_time(table, self.timestamp, self.time_unit, source, rows)
         if self.order_by is not None:
             out[self.order_by] = _check_numeric(table, self.order_by, source, rows)
         for feat in self.features:
             if feat.kind == "continuous":
                 out[feat.name] = _check_numeric(table, feat.name, source, rows)
             else:
-                out[feat.name] = _check_id(table, feat.name, source, rows)
+                out[feat.name] = check_id(table, feat.name, source, rows)
         return pa.table(out)
 
 
@@ -192,9 +192,11 @@ def _check_text(col: pa.ChunkedArray, name: str, source: str, rows: Rows) -> pa.
     return col.cast(pa.string())
 
 
-def _check_id(
+def check_id(
     table: pa.Table, name: str, source: str, rows: Rows = 0, string_ids: bool = False
 ) -> pa.ChunkedArray:
+    """Column `name` as ids (integers, or text with `string_ids`); a one-line SchemaError naming
+    `source`, the column, a bad value and its file row (`rows`: the first row, or every row's)."""
     col = table.column(name)
     typ = col.type
     if pa.types.is_dictionary(typ):
@@ -282,7 +284,7 @@ _NUMBER = r"^\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*$"
 _UNIT_SECONDS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 
 
-def _parse_time(table: pa.Table, name: str, unit: TimeUnit, source: str, rows: Rows = 0) -> pa.ChunkedArray:
+def parse_time(table: pa.Table, name: str, unit: TimeUnit, source: str, rows: Rows = 0) -> pa.ChunkedArray:
     """Return event times as float64 seconds since the epoch.
 
     A negative number is refused: it is a placeholder for a missing time (-1) far more often than

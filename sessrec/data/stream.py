@@ -32,7 +32,7 @@ import torch
 from sessrec.data import frame
 from sessrec.data.batch import ITEM_DTYPE, SessionBatch
 from sessrec.data.readers import _is_parquet, _sniff_delimiter
-from sessrec.data.schema import FeatureSpec, Schema, SchemaError, _check_id, _parse_time
+from sessrec.data.schema import FeatureSpec, Schema, SchemaError, check_id, parse_time
 from sessrec.data.side import SideFeatureTransform
 from sessrec.data.vocab import ItemVocab
 
@@ -208,7 +208,7 @@ class ScoringStream:
         """Sessions of the list layout, ids checked and items in time order; messages name file rows."""
         if s.session_id not in chunk.column_names:
             raise SchemaError(f"{self.path}: column {s.session_id!r} is missing; the file has {chunk.column_names}")
-        sid = _check_id(chunk, s.session_id, str(self.path), first, s.string_ids)
+        sid = check_id(chunk, s.session_id, str(self.path), first, s.string_ids)
         lists = chunk.column(s.item_id)
         lengths = pc.list_value_length(lists).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
         if (lengths == 0).any():
@@ -219,7 +219,7 @@ class ScoringStream:
         row_of = first + np.repeat(np.arange(len(lengths)), lengths)  # (E,) file row of every item
         offsets = np.concatenate([[0], np.cumsum(lengths)])
         flat = frame.list_offsets(lists)[0]
-        items = _check_id(pa.table({s.item_id: flat}), s.item_id, str(self.path), row_of, s.string_ids)
+        items = check_id(pa.table({s.item_id: flat}), s.item_id, str(self.path), row_of, s.string_ids)
         out = {frame.SESSION: sid, frame.ITEMS: _relist(offsets, items)}
         extra = [*self.extra, *([frame.VIRTUAL] if frame.VIRTUAL in chunk.column_names else [])]
         for name in extra:
@@ -253,7 +253,7 @@ class ScoringStream:
                 f"{s.item_id!r} at row {int(row_of[0]) + row}"
             )
         flat = pa.table({s.timestamp: frame.list_offsets(times)[0]})
-        return _parse_time(flat, s.timestamp, s.time_unit, str(self.path), row_of).to_numpy()
+        return parse_time(flat, s.timestamp, s.time_unit, str(self.path), row_of).to_numpy()
 
     def __iter__(self) -> Iterator[SessionBatch]:
         batch = -1

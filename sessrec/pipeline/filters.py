@@ -32,7 +32,7 @@ import pyarrow as pa
 import torch
 
 from sessrec.data.readers import read_table
-from sessrec.data.schema import SchemaError, _check_id
+from sessrec.data.schema import SchemaError, check_id
 from sessrec.data.vocab import NUM_SPECIAL, OOV, ItemVocab
 from sessrec.pipeline.candidates import Candidates, Sessions
 
@@ -88,7 +88,7 @@ def read_item_table(
             raise SchemaError(
                 f"{path}: column {name!r} is missing; the file has columns {table.column_names}"
             )
-    return _check_id(table, item_column, str(path)).combine_chunks(), table
+    return check_id(table, item_column, str(path)).combine_chunks(), table
 
 
 @dataclass

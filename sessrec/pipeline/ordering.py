@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from sessrec.data.schema import SchemaError, _check_id
+from sessrec.data.schema import SchemaError, check_id
 from sessrec.data.vocab import PAD, ItemVocab
 from sessrec.pipeline.candidates import Candidates, Recommendations, Sessions
 from sessrec.pipeline.filters import ConfigState, RawItemRule, read_item_table
@@ -101,7 +101,7 @@ class BoostRule(RawItemRule):
             raise ValueError("BoostRule items is empty; give raw item ids or a file path")
         else:
             given = pa.table({item_column: pa.array(list(items))})
-            self._raw = _check_id(given, item_column, "BoostRule items").combine_chunks()
+            self._raw = check_id(given, item_column, "BoostRule items").combine_chunks()
         self._raw_columns = {}
 
     @property

@@ -107,9 +107,8 @@ class ItemVocab(ParquetFile):
         """
         items = items.combine_chunks() if isinstance(items, pa.ChunkedArray) else items
         items = items.drop_null().cast(self.raw_ids.type)
-        known = pc.is_in(items, value_set=self.raw_ids)
-        raw, cnt = _counted(items.filter(pc.invert(known)), min_count, None)
-        seen = self.encode(items).ids
+        seen = self.encode(items).ids  # (E,) model ids, OOV for the new products
+        raw, cnt = _counted(items.filter(pa.array(seen == OOV)), min_count, None)
         added = np.bincount(seen, minlength=len(self))[NUM_SPECIAL:]
         products = slice(0, self.num_products)
         virtual = slice(self.num_products, None)

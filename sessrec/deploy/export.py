@@ -51,7 +51,7 @@ from torch import nn
 from sessrec.data.atomic import atomic_path
 from sessrec.embeddings import SparseFeatures
 from sessrec.models import GRU4RecEncoder
-from sessrec.tasks.next_item import NextItemTask, exclude_seen
+from sessrec.tasks.next_item import NextItemTask, next_item_scores
 from sessrec.tasks.pretrained import load_checkpoint
 from sessrec.tasks.ranking import DLRMTask
 
@@ -134,9 +134,7 @@ class NextItemScorer(nn.Module):
 
     def forward(self, items: torch.Tensor, *features: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
         side = dict(zip(self.feature_names, features)) if self.feature_names else None
-        scores = self.model(items, self.objective, side)  # (B, V)
-        if self.exclude_seen:
-            scores = exclude_seen(scores, items)
+        scores = next_item_scores(self.model, self.objective, items, side, self.exclude_seen)  # (B, V)
         if self.top_k is None:
             return scores
         top = scores.topk(self.top_k, dim=1)  # (B, K)

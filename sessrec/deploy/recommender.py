@@ -17,7 +17,6 @@ import torch
 
 from sessrec.pipeline.pipeline import Pipeline, decode_dicts, encode_raw
 from sessrec.tasks import NextItemTask
-from sessrec.tasks.next_item import exclude_seen
 
 
 class SessionRecommender:
@@ -49,11 +48,8 @@ class SessionRecommender:
         if not sessions:
             return []
         items = encode_raw(self.vocab, sessions, int(self.task.hparams.max_length), on_unknown)
-        scores = self.task.model(items, self.task.objective)  # (B, V)
-        if self.task.hparams.exclude_seen:
-            scores = exclude_seen(scores, items)
-        top = scores.topk(min(k, int(self.task.model.recommendable.sum())), dim=1)
-        return decode_dicts(self.vocab, top.indices, top.values.float())
+        top = self.task.recommend(items, k)
+        return decode_dicts(self.vocab, top.items, top.scores.float())
 
 
 def load_recommender(directory: str | os.PathLike) -> Pipeline | SessionRecommender:

@@ -57,6 +57,17 @@ def exclude_seen(scores: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
     return scores.scatter(1, index, float("-inf"))
 
 
+def next_item_scores(
+    model: SessionModel, objective: AnyObjective, items: torch.Tensor, features: dict[str, torch.Tensor] | None = None,
+    exclude: bool = False,
+) -> torch.Tensor:
+    """(B, V) next-item scores of (B, L) sessions read the way `objective` trained `model`; with
+    `exclude`, the session's own items get -inf (`exclude_seen`). What prediction, serving and
+    export all compute."""
+    scores = model(items, objective, features)
+    return exclude_seen(scores, items) if exclude else scores
+
+
 class NextItemTask(Pretrained, pl.LightningModule):
     """Next-item training with a full-catalogue softmax, evaluated by Recall/NDCG/MRR@K.
 
@@ -235,13 +246,14 @@ class NextItemTask(Pretrained, pl.LightningModule):
     def on_test_epoch_end(self) -> None:
         self._log_metrics("test")
 
-    def predict_step(self, batch: SessionBatch, batch_idx: int) -> TopK:
-        scores = self.model(batch.items, self.objective, getattr(batch, "features", None))  # duck-typed batches too
-        if self.hparams.exclude_seen:
-            scores = exclude_seen(scores, batch.items)
-        k = min(self.hparams.top_k, int(self.model.recommendable.sum()))
-        top = scores.topk(k, dim=1)
+    def recommend(self, items: torch.Tensor, k: int, features: dict[str, torch.Tensor] | None = None) -> TopK:
+        """The `k` best recommendable items (fewer if the catalogue is smaller) of (B, L) model-id sessions."""
+        scores = next_item_scores(self.model, self.objective, items, features, self.hparams.exclude_seen)
+        top = scores.topk(min(k, int(self.model.recommendable.sum())), dim=1)
         return TopK(items=top.indices, scores=top.values)
+
+    def predict_step(self, batch: SessionBatch, batch_idx: int) -> TopK:
+        return self.recommend(batch.items, self.hparams.top_k, getattr(batch, "features", None))  # duck-typed batches too
 
     def configure_optimizers(self):
         decay = [p for n, p in self.named_parameters() if p.dim() >= 2 and "embedding" not in n]

@@ -190,6 +190,26 @@ def test_dlrm_matches_eager_on_other_shapes(tmp_path, interaction, fmt):
     ]
 
 
+@pytest.mark.parametrize("fmt", ["onnx", "torchscript"])
+def test_dlrm_with_growing_tables_exports_its_rows_by_id(tmp_path, fmt):
+    """A growing table is laid out by id for export: met ids give their rows, others count as absent (as in eval)."""
+    torch.manual_seed(0)
+    task = DLRMTask(cardinalities={"city": 4, "tags": 4, "item id": 4}, num_dense=3, embedding_dim=4,
+                    dense_layers=[8, 4], over_layers=[8], dynamic_tables=True, retain_freed_memory=False)
+    met = {"city": torch.tensor([[1], [6], [9]]), "tags": torch.tensor([[2, 3], [5, -1], [-1, -1]]),
+           "item id": torch.tensor([[1], [2], [3]])}
+    task.train().model(torch.randn(3, 3), SparseFeatures.from_dense(met))  # training inserts these ids
+    task.eval()
+    path = export_dlrm(task, tmp_path, fmt)
+    g = torch.Generator().manual_seed(4)
+    dense = torch.randn(9, 3, generator=g)
+    ids = {name: torch.randint(0, 12, (9, 2), generator=g) for name in met}  # met and never-met ids alike
+    (logits,) = run_exported(path, dense, *ids.values())
+    with torch.no_grad():
+        expected = task.model(dense, SparseFeatures.from_dense(ids))
+    assert max_abs_diff(logits, expected.numpy()) <= 1e-5
+
+
 # -- Triton ---------------------------------------------------------------------------------------
 TOKENS = re.compile(r'\s*(?:("(?:[^"\\]|\\.)*")|(-?\d+)|([A-Za-z_][A-Za-z0-9_]*)|([{}\[\]:,]))')
 

@@ -52,7 +52,7 @@ from sessrec.data.atomic import atomic_path
 from sessrec.embeddings import SparseFeatures
 from sessrec.models import GRU4RecEncoder
 from sessrec.tasks.next_item import NextItemTask, next_item_scores
-from sessrec.tasks.pretrained import load_checkpoint
+from sessrec.tasks.pretrained import Pretrained, load_checkpoint
 from sessrec.tasks.ranking import DLRMTask
 
 Format = Literal["onnx", "torchscript"]
@@ -198,17 +198,18 @@ class DLRMScorer(nn.Module):
     def __init__(self, task: DLRMTask) -> None:
         super().__init__()
         self.model = task.model
-        collection = self.model.sparse_arch.collection
-        table_of = {f: t for t in collection.tables for f in t.features}
-        self.feature_names = list(self.model.sparse_arch.feature_names)
-        self.tables = [table_of[f].name for f in self.feature_names]
-        self.mean = [table_of[f].pooling == "mean" for f in self.feature_names]
+        arch = self.model.sparse_arch
+        self.feature_names = list(arch.feature_names)
+        self.tables = [arch.table_of[f] for f in self.feature_names]
+        self.mean = [arch.pooling[t] == "mean" for t in self.tables]
+        # every table as rows by id: the fused weight's views, or a growing table's rows laid out by id
+        self.weights = {name: arch.table_weight(name) for name in dict.fromkeys(self.tables)}
 
     def pooled(self, ids: torch.Tensor, table: str, mean: bool) -> torch.Tensor:
         """(B, H) ids, -1 = absent -> (B, D) pooled rows of `table`; an empty bag gives zeros."""
-        weight = self.model.sparse_arch.collection.table_weight(table)  # (N, D)
+        weight = self.weights[table]  # (N, D)
         present = (ids >= 0).unsqueeze(-1)  # (B, H, 1)
-        summed = (weight[ids.clamp(min=0)] * present).sum(dim=1)  # (B, D)
+        summed = (weight[ids.clamp(min=0, max=weight.shape[0] - 1)] * present).sum(dim=1)  # (B, D)
         return summed / present.sum(dim=1).clamp(min=1) if mean else summed
 
     def forward(self, dense: torch.Tensor, *ids: torch.Tensor) -> torch.Tensor:
@@ -228,11 +229,9 @@ class DLRMScorer(nn.Module):
         """Random dense features (B, Dd) and ids (B, `hot`) per feature, some of them absent (-1)."""
         g = torch.Generator().manual_seed(seed)
         device = self.model.over_arch.mlp[0].weight.device
-        collection = self.model.sparse_arch.collection
-        rows = {t.name: t.num_embeddings for t in collection.tables}
         ids = []
         for table in self.tables:
-            x = torch.randint(0, rows[table], (batch, hot), generator=g)
+            x = torch.randint(0, self.weights[table].shape[0], (batch, hot), generator=g)
             ids.append(x.masked_fill(torch.rand(batch, hot, generator=g) < 0.3, -1))
         return tuple(t.to(device) for t in (torch.randn(batch, self.model.num_dense, generator=g), *ids))
 
@@ -343,11 +342,7 @@ def export_checkpoint(
 
 def load_task(path: str | os.PathLike) -> NextItemTask | DLRMTask:
     """The task of a checkpoint file or of a model directory (`save_pretrained`)."""
-    if Path(path).is_dir():
-        config = json.loads((Path(path) / "config.json").read_text()) if (Path(path) / "config.json").exists() else {}
-        kind = DLRMTask if str(config.get("task", {}).get("class_path", "")).endswith("DLRMTask") else NextItemTask
-        return kind.from_pretrained(path)
-    return load_checkpoint(path)
+    return Pretrained.from_pretrained(path) if Path(path).is_dir() else load_checkpoint(path)
 
 
 # -- helpers -------------------------------------------------------------------------------------

@@ -82,6 +82,12 @@ class SparseArch(nn.Module):
         self.embedding_dim = one_width(tables)
         self.collection = FusedEmbeddingBagCollection(tables, pad_to_bytes=pad_to_bytes, optimizer=optimizer, lr=lr, seed=seed)
         self.feature_names = self.collection.feature_names
+        self.table_of = {f: t.name for t in tables for f in t.features}
+        self.pooling = {t.name: t.pooling for t in tables}
+
+    def table_weight(self, name: str) -> torch.Tensor:
+        """(num_embeddings, D) rows of table `name`, row i for id i (a view of the fused weight)."""
+        return self.collection.table_weight(name)
 
     def forward(self, features: SparseFeatures) -> torch.Tensor:
         pooled = self.collection(features)
@@ -125,7 +131,18 @@ class DynamicSparseArch(nn.Module):
             for i, t in enumerate(tables)
         })
         self.table_of = {f: t.name for t in tables for f in t.features}
+        self.pooling = {t.name: t.pooling for t in tables}
         self.feature_names = [f for t in tables for f in t.features]
+
+    @torch.no_grad()
+    def table_weight(self, name: str) -> torch.Tensor:
+        """(K, D) rows of table `name` by id, as a fixed table: row i for id i, zeros for an id the
+        table never met (absent, as in eval mode), and a last zero row for every id beyond."""
+        table = self.tables[name]
+        size = int(table.sorted_keys.max()) + 2 if table.num_keys else 1
+        rows = table.weight.new_zeros(size, self.embedding_dim)
+        rows[table.sorted_keys] = table.weight[table.sorted_rows]
+        return rows
 
     def forward(self, features: SparseFeatures) -> torch.Tensor:
         b = features.batch_size

@@ -101,7 +101,8 @@ class Pretrained:
 
     @classmethod
     def from_pretrained(cls, directory: str | os.PathLike) -> pl.LightningModule:
-        """The task a model directory holds, in eval mode, with its vocabulary and feature transforms."""
+        """The task a model directory holds, in eval mode, with its vocabulary and feature transforms
+        (``Pretrained.from_pretrained`` takes any task; a task class refuses the others)."""
         from safetensors.torch import load_file
 
         directory = Path(directory)

@@ -66,6 +66,19 @@ def _data_state(path: str, size: int, mtime_ns: int) -> dict[str, Any] | None:
     return None
 
 
+def is_checkpoint(path: str | os.PathLike) -> bool:
+    """True for a Lightning checkpoint path (``.ckpt``), as against a vocabulary or feature file."""
+    return str(path).endswith(".ckpt")
+
+
+def saved_file(path: str | os.PathLike, key: str) -> bytes:
+    """The file `key` (``vocab``, ``features``) of the data module state a checkpoint carries."""
+    state = data_state(path)
+    if state is None or key not in state:
+        raise ValueError(f"{path}: the checkpoint carries no {key}; pass the {key} file of its training run instead")
+    return to_bytes(state[key])
+
+
 def to_tensor(data: bytes) -> torch.Tensor:
     """File bytes as a uint8 tensor (what a weights-only checkpoint can hold)."""
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)

@@ -18,7 +18,7 @@ import torch
 
 from sessrec.data import frame
 from sessrec.data.batch import ITEM_DTYPE
-from sessrec.data.checkpoint import data_state, to_bytes, to_tensor
+from sessrec.data.checkpoint import is_checkpoint, saved_file, to_bytes, to_tensor
 from sessrec.data.loader import SessionLoader, ranks_of
 from sessrec.data.schema import Schema
 from sessrec.data.side import LOOKS_AHEAD, SideFeatures, SideFeatureTransform, SideInfoSpec, read_item_vectors
@@ -125,8 +125,8 @@ class SessionDataModule(pl.LightningDataModule):
     @property
     def vocab(self) -> ItemVocab:
         if self._vocab is None:
-            if self.vocab_path is not None and _is_checkpoint(self.vocab_path):
-                self._vocab = ItemVocab.from_bytes(to_bytes(_saved(self.vocab_path, "vocab")), self.vocab_path)
+            if self.vocab_path is not None and is_checkpoint(self.vocab_path):
+                self._vocab = ItemVocab.from_bytes(saved_file(self.vocab_path, "vocab"), self.vocab_path)
             elif self.vocab_path is not None:
                 self._vocab = ItemVocab.load(self.vocab_path)
             else:
@@ -149,8 +149,8 @@ class SessionDataModule(pl.LightningDataModule):
     def side(self) -> SideFeatureTransform | None:
         """The fitted side-feature transforms (fitted on the training split, or loaded)."""
         if self._side is None and self.side_features.sequence_features:
-            if self.features_path is not None and _is_checkpoint(self.features_path):
-                saved = to_bytes(_saved(self.features_path, "features"))
+            if self.features_path is not None and is_checkpoint(self.features_path):
+                saved = saved_file(self.features_path, "features")
                 self._side = SideFeatureTransform.from_bytes(saved, self.side_features, self.features_path)
             elif self.features_path is not None:
                 self._side = SideFeatureTransform.load(self.features_path, self.side_features)
@@ -319,18 +319,6 @@ class SessionDataModule(pl.LightningDataModule):
     def decode(self, ids: torch.Tensor) -> pa.Array:
         """Model ids -> raw item ids (flat)."""
         return self.vocab.decode(ids.detach().cpu().numpy())
-
-
-def _is_checkpoint(path: str) -> bool:
-    return str(path).endswith(".ckpt")
-
-
-def _saved(path: str, key: str) -> torch.Tensor:
-    """Entry `key` of the data module state a checkpoint carries; a clear error when it has none."""
-    state = data_state(path)
-    if state is None or key not in state:
-        raise ValueError(f"{path}: the checkpoint carries no {key}; pass the {key} file of its training run instead")
-    return state[key]
 
 
 def _virtual_flags(sessions: pa.Table) -> np.ndarray | None:

@@ -23,7 +23,7 @@ import pytorch_lightning as pl
 import torch
 
 from sessrec.data.atomic import ParquetFile
-from sessrec.data.checkpoint import data_state, to_bytes, to_tensor
+from sessrec.data.checkpoint import is_checkpoint, saved_file, to_bytes, to_tensor
 from sessrec.data.clickouts import (
     CLICKS,
     DENSE_FEATURES,
@@ -383,11 +383,8 @@ class ClickoutDataModule(pl.LightningDataModule):
     @property
     def vocab(self) -> RankingVocab:
         if self._vocab is None:
-            if self.vocab_path is not None and str(self.vocab_path).endswith(".ckpt"):
-                state = data_state(self.vocab_path)
-                if state is None or "vocab" not in state:
-                    raise ValueError(f"{self.vocab_path}: the checkpoint carries no ranking vocabulary")
-                self._vocab = RankingVocab.from_bytes(to_bytes(state["vocab"]), self.vocab_path)
+            if self.vocab_path is not None and is_checkpoint(self.vocab_path):
+                self._vocab = RankingVocab.from_bytes(saved_file(self.vocab_path, "vocab"), self.vocab_path)
             elif self.vocab_path is not None:
                 self._vocab = RankingVocab.load(self.vocab_path)
             else:

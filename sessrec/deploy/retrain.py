@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
@@ -72,13 +73,18 @@ class LoadedSplits(SessionSource):
         return self.splits
 
 
+def test_metrics(task: pl.LightningModule, data: pl.LightningDataModule) -> dict[str, float]:
+    """`task`'s own test metrics on `data`'s test split (``recall@20``, ``mrr``, ...; no reference rankers)."""
+    trainer = pl.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
+    (metrics,) = trainer.test(task, datamodule=data, verbose=False)
+    return {k.removeprefix("test/"): float(v) for k, v in metrics.items() if k.count("/") == 1}
+
+
 def evaluate(task: NextItemTask, splits: SessionSplits, vocab_path: Path, batch_size: int = 1024) -> dict[str, float]:
     """Test metrics of `task` on the test split, read with the vocabulary at `vocab_path`."""
     data = SessionDataModule(LoadedSplits(splits), max_length=int(task.hparams.max_length), eval_batch_size=batch_size,
                              eval_protocol="last", vocab_path=str(vocab_path))
-    trainer = pl.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
-    (metrics,) = trainer.test(task, datamodule=data, verbose=False)
-    return {k.removeprefix("test/"): float(v) for k, v in metrics.items()}
+    return test_metrics(task, data)
 
 
 def retrain(
@@ -272,13 +278,8 @@ def retrain_dlrm(
         candidate.hparams.lr = lr
     candidate, seconds, epochs = fit_candidate(candidate, new, out_dir, f"val/{gate.metric}", max_epochs)
 
-    def test(task: pl.LightningModule, data: pl.LightningDataModule) -> dict[str, float]:
-        trainer = pl.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
-        (metrics,) = trainer.test(task, datamodule=data, verbose=False)
-        return {k.removeprefix("test/"): float(v) for k, v in metrics.items() if k.count("/") == 1}
-
     grown = new.vocab.cardinalities
-    return decide(current_dir, out_dir, gate, test(current, old), test(candidate, new), promote, record, {
+    return decide(current_dir, out_dir, gate, test_metrics(current, old), test_metrics(candidate, new), promote, record, {
         "window_end": str(end), "test_hours": test_hours, "valid_hours": valid_hours, "train_hours": train_hours,
         "current_ids": current.vocab.cardinalities, "candidate_ids": grown,
         "rows_in_tables": {name: int(t.num_keys) for name, t in candidate.model.sparse_arch.tables.items()},
@@ -289,4 +290,4 @@ def retrain_dlrm(
 
 def _copy_model(source: Path, target: Path) -> None:
     for path in source.iterdir():
-        (target / path.name).write_bytes(path.read_bytes())
+        shutil.copy2(path, target / path.name)

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
+import pytorch_lightning as pl
 import torch
 from torch import nn
 
@@ -198,3 +200,90 @@ def test_table_missing_from_plan():
     plan = ShardingPlanner(world_size=WORLD, device_memory_bytes=1 << 20, batch_size=16).plan(TABLES[:2])
     with pytest.raises(ValueError, match=r"tables \['tags'\].*not in the plan"):
         to_torchrec_plan(model, plan)
+
+
+# ----------------------------------------------------------------- DLRMTask under TorchRecStrategy
+TRIVAGO = Path(__file__).resolve().parents[2] / "shared" / "data" / "trivago_rsc19_100k" / "trivago_val_100k.parquet.snappy"
+
+
+class Losses(pl.Callback):
+    """Each rank's training loss per step and the tables' placements, written to `folder` at the end (picklable for spawn)."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder, self.losses = folder, []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.losses.append(float(outputs["loss"]))
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        Path(self.folder).mkdir(exist_ok=True)
+        plan = getattr(trainer.strategy, "plan", None)
+        placed = {t.table: [t.placement, sorted({s.rank for s in t.shards})] for t in plan.tables} if plan else {}
+        Path(self.folder, f"losses{trainer.global_rank}.json").write_text(json.dumps({"losses": self.losses, "plan": placed}))
+
+
+def trivago_slice(tmp_path: Path, rows: int = 30_000) -> str:
+    import pyarrow.parquet as pq
+
+    small = tmp_path / "log.parquet"
+    pq.write_table(pq.read_table(TRIVAGO).slice(0, rows), small)
+    return str(small)
+
+
+@pytest.mark.skipif(not TRIVAGO.exists(), reason="trivago_rsc19_100k is not available here")
+def test_dlrm_task_sharded_over_two_processes_trains_like_one(tmp_path):
+    from sessrec.data import ClickoutDataModule
+    from sessrec.tasks import DLRMTask, TorchRecStrategy
+
+    path, steps, batch = trivago_slice(tmp_path), 8, 512
+
+    def data(batch_size: int) -> ClickoutDataModule:
+        return ClickoutDataModule(path, test_hours=2, valid_hours=2, batch_size=batch_size, eval_batch_size=2048)
+
+    def task(backend: str) -> DLRMTask:
+        pl.seed_everything(0)
+        d = data(batch)
+        return DLRMTask(cardinalities=d.cardinalities, num_dense=d.num_dense, embedding_dim=8, dense_layers=[16, 8],
+                        over_layers=[16], embedding_optimizer="none", lr=0.01, sparse_backend=backend,
+                        retain_freed_memory=False)
+
+    def trainer(**kwargs) -> pl.Trainer:
+        return pl.Trainer(accelerator="cpu", max_steps=steps, logger=False, enable_checkpointing=False,
+                          enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                          limit_val_batches=0, **kwargs)
+
+    # one process, the embedding core's tables: the reference
+    one = task("fused")
+    trainer(devices=1, callbacks=[Losses(str(tmp_path / "one"))]).fit(one, datamodule=data(batch))
+    # two processes, TorchRec tables sharded (the largest row-wise, the rest one table per rank), half the batch each
+    two = task("torchrec")
+    names = sorted(two.hparams.cardinalities, key=lambda n: -two.hparams.cardinalities[n])
+    constraints = {n: "row_wise" if i == 0 else "table_wise" for i, n in enumerate(names)}
+    strategy = TorchRecStrategy(start_method="spawn", data_parallel_max_bytes=0, constraints=constraints)
+    trainer(devices=2, strategy=strategy, callbacks=[Losses(str(tmp_path / "two"))]).fit(two, datamodule=data(batch // 2))
+
+    expected = json.loads((tmp_path / "one" / "losses0.json").read_text())["losses"]
+    runs = [json.loads((tmp_path / "two" / f"losses{r}.json").read_text()) for r in range(2)]
+    halves = [run["losses"] for run in runs]
+    placed = runs[0]["plan"]
+    assert placed[names[0]] == ["row_wise", [0, 1]]  # the largest table split by rows over both ranks
+    assert {placed[n][0] for n in names[1:]} == {"table_wise"}
+    assert {r for n in names[1:] for r in placed[n][1]} == {0, 1}  # whole tables on both ranks
+    assert len(expected) == len(halves[0]) == len(halves[1]) == steps
+    assert expected[-1] < expected[0] - 0.05  # it learns
+    # each rank's mean over its half; the global batch's loss is their mean
+    assert [(a + b) / 2 for a, b in zip(*halves)] == pytest.approx(expected, abs=1e-5)
+    # back in this process the trained model is whole (the workers assembled the shards): weights and test MRR agree
+    dense = {k: v for k, v in one.model.state_dict().items() if not k.startswith("sparse_arch.")}
+    for name, value in dense.items():
+        torch.testing.assert_close(two.model.state_dict()[name], value, atol=1e-5, rtol=0, msg=name)
+    for table in names:
+        torch.testing.assert_close(two.model.sparse_arch.table_weight(table), one.model.sparse_arch.table_weight(table),
+                                   atol=1e-5, rtol=0, msg=table)
+    tested = {}
+    for name, t in (("one", one), ("two", two)):
+        out = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                         enable_model_summary=False).test(t, datamodule=data(batch), verbose=False)
+        tested[name] = out[0]["test/mrr"]
+    assert tested["two"] == pytest.approx(tested["one"], abs=1e-4)
+    assert 0.2 < tested["one"] < 1

@@ -23,6 +23,7 @@ from sessrec.embeddings.planner import (
 )
 from sessrec.embeddings.sharding import (
     embedding_bag_collection,
+    full_state_dict,
     load_full_state_dict,
     pooled_features,
     shard_model,
@@ -34,7 +35,7 @@ from sessrec.embeddings.sharding import (
 __all__ = [
     "DeviceLoad", "DynamicEmbeddingBag", "FrequencyCap", "FusedEmbeddingBagCollection", "HybridEmbeddingBag",
     "IdHasher", "Shard", "ShardingPlan", "ShardingPlanner", "SparseFeatures", "TableConfig", "TableHotness",
-    "TablePlan", "advise_huge_pages", "embedding_bag_collection", "hash_ids", "load_full_state_dict",
+    "TablePlan", "advise_huge_pages", "embedding_bag_collection", "full_state_dict", "hash_ids", "load_full_state_dict",
     "pooled_features", "retain_freed_memory", "shard_model", "to_embedding_bag_configs",
     "to_keyed_jagged_tensor", "to_torchrec_plan",
 ]

@@ -9,7 +9,8 @@ device. It converts our types to TorchRec's and back:
   of ``torchrec.distributed.sharding_plan``: ``table_wise(rank)``, ``row_wise()``,
   ``column_wise(ranks)``, ``data_parallel()``);
 - `shard_model` wraps a model holding ``EmbeddingBagCollection``s in ``DistributedModelParallel``;
-  `load_full_state_dict` copies an unsharded state dict into the local shards;
+  `load_full_state_dict` copies an unsharded state dict into the local shards, `full_state_dict`
+  assembles the shards of all ranks into one (for a checkpoint any process can read);
 - `pooled_features` reads a collection's pooled output by feature name: a sharded collection
   orders its output columns by sharding group, so ``KeyedTensor.values()`` depends on the plan.
 
@@ -264,3 +265,31 @@ def load_full_state_dict(sharded: nn.Module, state_dict: Mapping[str, torch.Tens
                     shard.tensor.copy_(source[r0:r0 + nr, c0:c0 + nc])
             else:
                 target.copy_(source)
+
+
+def full_state_dict(state_dict: Mapping[str, Any], device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    """``state_dict`` with every ``ShardedTensor`` assembled whole: the unsharded model's state dict.
+
+    A collective: call it in every rank of the group (each rank writes its own shards into a
+    zero tensor of the full shape, and a sum over ranks fills in the rest). Plain tensors (the
+    replicated parts) are kept as they are. The inverse of `load_full_state_dict`.
+
+    Args:
+        state_dict: a sharded model's state dict.
+        device: where the whole tensors are assembled (the group's device: ``cpu`` with gloo).
+    """
+    import torch.distributed as dist
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+
+    full = {}
+    for key, value in state_dict.items():
+        if isinstance(value, ShardedTensor):
+            whole = torch.zeros(value.size(), dtype=value.metadata().tensor_properties.dtype, device=device)
+            for shard in value.local_shards():
+                (r0, c0), (nr, nc) = shard.metadata.shard_offsets, shard.metadata.shard_sizes
+                whole[r0:r0 + nr, c0:c0 + nc] = shard.tensor.detach()  # a rank may hold no shard of a table
+            dist.all_reduce(whole, group=value._process_group)
+            full[key] = whole
+        else:
+            full[key] = value
+    return full

@@ -6,6 +6,9 @@
 
 `SparseArch` wraps the embedding core (`sessrec.embeddings.FusedEmbeddingBagCollection`), so all
 tables of one width are looked up in one call and, with a fused optimizer, updated in backward.
+`TorchRecSparseArch` holds the same tables in TorchRec's ``EmbeddingBagCollection`` instead
+(the ``torchrec`` extra), which TorchRec's planner and ``DistributedModelParallel`` shard across
+processes (`sessrec.tasks.TorchRecStrategy` does it in a Lightning run).
 
 Shape letters: B batch, Dd dense input features, D embedding width (= the bottom MLP's output),
 F sparse features, I interaction output width, H hidden width.
@@ -21,6 +24,7 @@ from torch import nn
 
 from sessrec.embeddings import FusedEmbeddingBagCollection, SparseFeatures, TableConfig
 from sessrec.embeddings.dynamic import DynamicEmbeddingBag
+from sessrec.embeddings.sharding import embedding_bag_collection, pooled_features, to_keyed_jagged_tensor
 
 
 def _mlp(in_features: int, layer_sizes: Sequence[int], last_activation: bool = True) -> nn.Sequential:
@@ -92,6 +96,48 @@ class SparseArch(nn.Module):
     def forward(self, features: SparseFeatures) -> torch.Tensor:
         pooled = self.collection(features)
         return torch.stack([pooled[f] for f in self.feature_names], dim=1)  # (B, F, D)
+
+
+class TorchRecSparseArch(nn.Module):
+    """`SparseArch` on TorchRec's ``EmbeddingBagCollection``: the tables TorchRec can shard.
+
+    The tables are ordinary parameters (the dense optimizer updates them) and start from the
+    same seeded draw as `SparseArch`'s (uniform in +-sqrt(1 / rows), table by table), so the two
+    backends train alike. `shard_model` / `sessrec.tasks.TorchRecStrategy` replace the collection by
+    its sharded version; the forward reads the pooled output by feature name, which a sharded
+    collection reorders.
+
+    Args:
+        tables: the tables (all of width D); features are stacked in the tables' feature order.
+        seed: seeds the tables' initial weights.
+    """
+
+    def __init__(self, tables: Sequence[TableConfig], seed: int | None = None) -> None:
+        super().__init__()
+        self.embedding_dim = one_width(tables)
+        self.tables = list(tables)
+        with torch.random.fork_rng(devices=[]):  # TorchRec's own init draws from the global generator
+            self.collection = embedding_bag_collection(tables)
+        self.feature_names = [f for t in tables for f in t.features]
+        self.table_of = {f: t.name for t in tables for f in t.features}
+        self.pooling = {t.name: t.pooling for t in tables}
+        generator = torch.Generator()
+        if seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(seed)
+        with torch.no_grad():
+            for t in tables:
+                bound = (1.0 / t.num_embeddings) ** 0.5
+                self.collection.embedding_bags[t.name].weight.uniform_(-bound, bound, generator=generator)
+
+    def table_weight(self, name: str) -> torch.Tensor:
+        """(num_embeddings, D) rows of table `name` (of the unsharded collection)."""
+        return self.collection.embedding_bags[name].weight
+
+    def forward(self, features: SparseFeatures) -> torch.Tensor:
+        pooled = pooled_features(self.collection(to_keyed_jagged_tensor(features)), self.feature_names)  # (B, F D)
+        return pooled.view(-1, len(self.feature_names), self.embedding_dim)  # (B, F, D)
 
 
 class DynamicSparseArch(nn.Module):
@@ -254,6 +300,9 @@ class DLRM(nn.Module):
         dynamic_tables: tables that grow with new ids and evict the least used rows
             (`DynamicSparseArch`), for retraining on a growing catalogue.
         max_rows: the most rows a growing table holds.
+        sparse_backend: ``fused``: the embedding core (`SparseArch`, or `DynamicSparseArch`);
+            ``torchrec``: TorchRec's ``EmbeddingBagCollection`` (`TorchRecSparseArch`), which can be
+            sharded; its tables are parameters of the dense optimizer (``embedding_optimizer: none``).
 
     Example:
         >>> model = DLRM(2, [TableConfig("city", 10, 4)], dense_layers=[8, 4], over_layers=[8])
@@ -276,9 +325,19 @@ class DLRM(nn.Module):
         seed: int | None = None,
         dynamic_tables: bool = False,
         max_rows: int = 1 << 20,
+        sparse_backend: Literal["fused", "torchrec"] = "fused",
     ) -> None:
         super().__init__()
-        if dynamic_tables:
+        if sparse_backend == "torchrec":
+            if embedding_optimizer != "none" or dynamic_tables:
+                raise ValueError(
+                    "sparse_backend 'torchrec' trains its tables with the dense optimizer: set embedding_optimizer: none "
+                    f"and dynamic_tables: false (got {embedding_optimizer!r}, {dynamic_tables})"
+                )
+            self.sparse_arch = TorchRecSparseArch(tables, seed)
+        elif sparse_backend != "fused":
+            raise ValueError(f"sparse_backend must be 'fused' or 'torchrec', got {sparse_backend!r}")
+        elif dynamic_tables:
             self.sparse_arch = DynamicSparseArch(tables, embedding_optimizer, embedding_lr, max_rows, seed)
         else:
             self.sparse_arch = SparseArch(tables, embedding_optimizer, embedding_lr, pad_to_bytes, seed)

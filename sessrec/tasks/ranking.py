@@ -145,6 +145,9 @@ class DLRMTask(Pretrained, pl.LightningModule):
         dynamic_tables: tables that grow with new ids and evict the least used rows (`DynamicSparseArch`):
             what `sessrec.deploy.retrain.retrain_dlrm` warm-starts on a grown vocabulary.
         max_rows: the most rows a growing table holds.
+        sparse_backend: ``fused`` (the embedding core) or ``torchrec`` (TorchRec's
+            ``EmbeddingBagCollection``, updated by the dense optimizer: ``embedding_optimizer: none``),
+            which `sessrec.tasks.TorchRecStrategy` shards across processes.
     """
 
     def __init__(
@@ -168,6 +171,7 @@ class DLRMTask(Pretrained, pl.LightningModule):
         retain_freed_memory: bool = True,
         dynamic_tables: bool = False,
         max_rows: int = 1 << 20,
+        sparse_backend: Literal["fused", "torchrec"] = "fused",
     ) -> None:
         super().__init__()
         if not cardinalities or num_dense < 1:
@@ -180,7 +184,7 @@ class DLRMTask(Pretrained, pl.LightningModule):
         self.model = DLRM(
             num_dense, tables, dense_layers, over_layers, interaction, dcn_layers, dcn_rank,
             embedding_optimizer=embedding_optimizer, embedding_lr=embedding_lr, seed=seed,
-            dynamic_tables=dynamic_tables, max_rows=max_rows,
+            dynamic_tables=dynamic_tables, max_rows=max_rows, sparse_backend=sparse_backend,
         )
         if compile:  # in place: parameter names, hence checkpoints, are the same as without
             backend = "inductor" if compile is True else str(compile)
@@ -259,11 +263,13 @@ class DLRMTask(Pretrained, pl.LightningModule):
         self._log_metrics("test")
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        tables = {id(p) for p in self.model.sparse_arch.parameters()}  # empty with a fused optimizer
-        decay = [p for p in self.parameters() if id(p) not in tables and p.dim() >= 2]
-        rest = [p for p in self.parameters() if id(p) not in tables and p.dim() < 2]
+        # by name: under TorchRecStrategy `self.model` is TorchRec's wrapper, and the tables its local shards
+        tables = [p for n, p in self.named_parameters() if ".sparse_arch." in f".{n}"]  # none with a fused optimizer
+        ids = {id(p) for p in tables}
+        decay = [p for p in self.parameters() if id(p) not in ids and p.dim() >= 2]
+        rest = [p for p in self.parameters() if id(p) not in ids and p.dim() < 2]
         groups = [{"params": decay, "weight_decay": self.hparams.weight_decay}, {"params": rest, "weight_decay": 0.0}]
         if tables:
-            groups.append({"params": list(self.model.sparse_arch.parameters()), "weight_decay": 0.0})
+            groups.append({"params": tables, "weight_decay": 0.0})
         cls = torch.optim.AdamW if self.hparams.optimizer == "adamw" else torch.optim.Adam
         return cls(groups, lr=self.hparams.lr)

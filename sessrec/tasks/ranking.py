@@ -203,7 +203,8 @@ class DLRMTask(Pretrained, pl.LightningModule):
     def _step(self, batch: RankingBatch, stage: str) -> torch.Tensor:
         logits = self(batch)
         loss = F.binary_cross_entropy_with_logits(logits.float(), batch.labels)
-        self.log(f"{stage}/loss", loss, prog_bar=stage == "train", batch_size=len(batch))
+        # the mean over all processes' rows (one scalar all-reduce per step under data parallelism)
+        self.log(f"{stage}/loss", loss, prog_bar=stage == "train", batch_size=len(batch), sync_dist=True)
         if stage != "train":
             self.metrics[stage].update(logits, batch.labels, batch.groups)
             for name, scores in batch.baselines.items():

@@ -287,3 +287,30 @@ def test_dlrm_task_sharded_over_two_processes_trains_like_one(tmp_path):
         tested[name] = out[0]["test/mrr"]
     assert tested["two"] == pytest.approx(tested["one"], abs=1e-4)
     assert 0.2 < tested["one"] < 1
+
+
+def test_torchrec_backend_starts_as_the_embedding_core():
+    from sessrec.models.dlrm import DLRM
+
+    tables = [TableConfig("a", 50, 8), TableConfig("b", 30, 8)]
+    models = {}
+    for backend in ("fused", "torchrec"):
+        torch.manual_seed(0)
+        models[backend] = DLRM(3, tables, [16, 8], [16], seed=3, sparse_backend=backend)
+    g = torch.Generator().manual_seed(1)
+    features = SparseFeatures.from_dense({"a": torch.randint(-1, 50, (6, 3), generator=g), "b": torch.randint(0, 30, (6,), generator=g)})
+    dense = torch.randn(6, 3, generator=g)
+    out = {k: m(dense, features) for k, m in models.items()}
+    assert out["fused"].abs().min() > 0  # a real output, not zeros
+    torch.testing.assert_close(out["torchrec"], out["fused"], rtol=0, atol=1e-6)
+    for t in ("a", "b"):
+        assert torch.equal(models["torchrec"].sparse_arch.table_weight(t), models["fused"].sparse_arch.table_weight(t))
+    with pytest.raises(ValueError, match="set embedding_optimizer: none"):
+        DLRM(3, tables, [16, 8], [16], embedding_optimizer="adagrad_rowwise", sparse_backend="torchrec")
+
+
+def test_torchrec_strategy_needs_torchrec_tables():
+    from sessrec.tasks import TorchRecStrategy
+
+    with pytest.raises(ValueError, match="has none: build the DLRM with sparse_backend: torchrec"):
+        TorchRecStrategy()._tables(nn.Linear(2, 2))

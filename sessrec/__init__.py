@@ -1,38 +1,63 @@
-"""sessrec: session-based and sequential recommendation with transformers."""
+"""sessrec: session-based and sequential recommendation with transformers.
 
-from sessrec.data import (
-    EventLogSource,
-    ItemVocab,
-    Schema,
-    SchemaError,
-    SessionBatch,
-    SessionDataModule,
-    SRGNNSource,
-    SyntheticSource,
-    UserSequenceSource,
-)
-from sessrec.metrics import TopKMetrics
-from sessrec.models import (
-    BertEncoder,
-    CausalLanguageModeling,
-    ElectraEncoder,
-    GPT2Encoder,
-    GRU4RecEncoder,
-    MaskedItemModeling,
-    PermutationLanguageModeling,
-    ReplacedTokenDetection,
-    SASRecEncoder,
-    SessionModel,
-    XLNetEncoder,
-)
-from sessrec.pipeline import Pipeline
-from sessrec.tasks import NextItemTask
+The names below are imported on first use: ``import sessrec.models`` (or ``sessrec.embeddings``,
+``sessrec.data``) loads only its own layer, without Lightning; ``sessrec.NextItemTask`` loads the
+training layer when asked for.
+"""
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sessrec.data import (
+        EventLogSource,
+        ItemVocab,
+        Schema,
+        SchemaError,
+        SessionBatch,
+        SessionDataModule,
+        SRGNNSource,
+        SyntheticSource,
+        UserSequenceSource,
+    )
+    from sessrec.metrics import TopKMetrics
+    from sessrec.models import (
+        BertEncoder,
+        CausalLanguageModeling,
+        ElectraEncoder,
+        GPT2Encoder,
+        GRU4RecEncoder,
+        MaskedItemModeling,
+        PermutationLanguageModeling,
+        ReplacedTokenDetection,
+        SASRecEncoder,
+        SessionModel,
+        XLNetEncoder,
+    )
+    from sessrec.pipeline import Pipeline
+    from sessrec.tasks import NextItemTask
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "BertEncoder", "CausalLanguageModeling", "ElectraEncoder", "EventLogSource", "GPT2Encoder", "GRU4RecEncoder",
-    "ItemVocab", "MaskedItemModeling", "NextItemTask", "Pipeline", "PermutationLanguageModeling", "ReplacedTokenDetection",
-    "SASRecEncoder", "SRGNNSource", "Schema", "SchemaError", "SessionBatch", "SessionDataModule", "SessionModel",
-    "SyntheticSource", "TopKMetrics", "UserSequenceSource", "XLNetEncoder",
-]
+EXPORTS = {
+    "sessrec.data": ["EventLogSource", "ItemVocab", "SRGNNSource", "Schema", "SchemaError", "SessionBatch",
+                     "SessionDataModule", "SyntheticSource", "UserSequenceSource"],
+    "sessrec.metrics": ["TopKMetrics"],
+    "sessrec.models": ["BertEncoder", "CausalLanguageModeling", "ElectraEncoder", "GPT2Encoder", "GRU4RecEncoder",
+                       "MaskedItemModeling", "PermutationLanguageModeling", "ReplacedTokenDetection", "SASRecEncoder",
+                       "SessionModel", "XLNetEncoder"],
+    "sessrec.pipeline": ["Pipeline"],
+    "sessrec.tasks": ["NextItemTask"],
+}
+MODULE_OF = {name: module for module, names in EXPORTS.items() for name in names}
+__all__ = sorted(MODULE_OF)
+
+
+def __getattr__(name: str) -> Any:
+    if name in MODULE_OF:
+        return getattr(import_module(MODULE_OF[name]), name)
+    raise AttributeError(f"module 'sessrec' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return [*globals(), *__all__]

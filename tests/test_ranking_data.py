@@ -16,7 +16,8 @@ from sessrec.data.clickouts import (
     build_clickout_rows,
     split_by_time,
 )
-from sessrec.data.ranking import ClickoutDataModule, RankingLoader, RankingVocab, encode_rows
+from sessrec.data.ranking import RankingLoader, RankingVocab, encode_rows
+from sessrec.data.ranking_datamodule import ClickoutDataModule
 from sessrec.data.schema import SchemaError
 
 torch.set_num_threads(1)

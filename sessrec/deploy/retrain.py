@@ -257,7 +257,7 @@ def retrain_dlrm(
         train_hours: train on this many hours before validation (None: everything before it).
         record, gate, max_epochs, lr, batch_size, seed, promote: as `retrain` (the gate on ``mrr``).
     """
-    from sessrec.data.ranking import ClickoutDataModule
+    from sessrec.data.ranking_datamodule import ClickoutDataModule
     from sessrec.tasks import DLRMTask
 
     current_dir, out_dir = Path(model_dir), Path(out)

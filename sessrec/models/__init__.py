@@ -11,6 +11,7 @@ from sessrec.models.dropout import FastDropout, use_fast_dropout
 from sessrec.models.electra import ElectraEncoder
 from sessrec.models.gpt2 import GPT2Encoder
 from sessrec.models.gru4rec import GRU4RecEncoder
+from sessrec.models.hf_encoder import HFEncoder
 from sessrec.models.masking import MaskedItemModeling
 from sessrec.models.objective import MaskingResult, Objective, ObjectiveOutput
 from sessrec.models.permutation_lm import PermutationLanguageModeling, PermutationResult
@@ -21,9 +22,31 @@ from sessrec.models.side_info import SideInfoConfig, SideInfoEmbedding
 from sessrec.models.xlnet import XLNetEncoder
 
 __all__ = [
-    "DLRM", "DCNv2Arch", "DenseArch", "InteractionArch", "OverArch", "SparseArch",
-    "BertEncoder", "CausalLanguageModeling", "ElectraEncoder", "FastDropout", "GPT2Encoder", "GRU4RecEncoder", "MaskedItemModeling",
-    "MaskingResult", "Objective", "ObjectiveOutput", "PermutationLanguageModeling", "PermutationResult",
-    "ReplacedTokenDetection", "ReplacementResult", "SASRecEncoder", "SessionModel", "SideInfoConfig", "SideInfoEmbedding",
-    "XLNetEncoder", "use_fast_dropout",
+    "DLRM",
+    "BertEncoder",
+    "CausalLanguageModeling",
+    "DCNv2Arch",
+    "DenseArch",
+    "ElectraEncoder",
+    "FastDropout",
+    "GPT2Encoder",
+    "GRU4RecEncoder",
+    "HFEncoder",
+    "InteractionArch",
+    "MaskedItemModeling",
+    "MaskingResult",
+    "Objective",
+    "ObjectiveOutput",
+    "OverArch",
+    "PermutationLanguageModeling",
+    "PermutationResult",
+    "ReplacedTokenDetection",
+    "ReplacementResult",
+    "SASRecEncoder",
+    "SessionModel",
+    "SideInfoConfig",
+    "SideInfoEmbedding",
+    "SparseArch",
+    "XLNetEncoder",
+    "use_fast_dropout",
 ]

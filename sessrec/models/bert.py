@@ -2,29 +2,23 @@
 
 Bidirectional: every real position attends to every other, so it trains with
 `MaskedItemModeling` and is read at a [MASK] slot appended after the last item. Padding is
-masked out of the attention.
-
-Positions: BERT's own absolute table would count from the first column, which with
-right-aligned, left-padded inputs depends on the padding. Its table is therefore reduced to one
-row, zeroed and frozen, and every position uses it; `SessionModel` adds the positions instead,
-counted from the end of the session for bidirectional encoders (the [MASK] slot is always at
-distance 0, whatever the session length). BERT's embedding LayerNorm and dropout still apply.
+masked out of the attention. BERT's own position table is one zero row (`HFEncoder.one_position`);
+its embedding LayerNorm and dropout still apply.
 
 Shape letters: B batch, L sequence, D model width.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any
 
 import torch
-from torch import nn
 from transformers import BertConfig, BertModel
 
-from sessrec.models.config import Configurable
+from sessrec.models.hf_encoder import HFEncoder
 
 
-class BertEncoder(nn.Module, Configurable):
+class BertEncoder(HFEncoder):
     """Stack of BERT layers (post-LayerNorm, bidirectional) mapping (B, L, D) to (B, L, D).
 
     Args:
@@ -34,11 +28,8 @@ class BertEncoder(nn.Module, Configurable):
         d_inner: feed-forward width (default 4 * d_model).
         dropout: dropout on the embeddings, attention weights and residual branches.
         layer_norm_eps: LayerNorm epsilon.
-        initializer_range: std of the weight init; default ``d_model ** -0.5`` (HF's 0.02 starves
-            small models, see `XLNetEncoder`).
+        initializer_range: std of the weight init; default ``d_model ** -0.5`` (`HFEncoder`).
     """
-
-    causal: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -50,11 +41,8 @@ class BertEncoder(nn.Module, Configurable):
         layer_norm_eps: float = 1e-12,
         initializer_range: float | None = None,
     ) -> None:
-        super().__init__()
-        if d_model % n_head:
-            raise ValueError(f"d_model ({d_model}) must be a multiple of n_head ({n_head})")
-        self.d_model = d_model
-        config = BertConfig(
+        super().__init__(d_model, n_head, initializer_range)
+        self.build(
             vocab_size=1,  # items are embedded outside
             hidden_size=d_model,
             num_hidden_layers=n_layer,
@@ -63,20 +51,26 @@ class BertEncoder(nn.Module, Configurable):
             hidden_act="gelu",
             hidden_dropout_prob=dropout,
             attention_probs_dropout_prob=dropout,
-            max_position_embeddings=1,  # positions come from SessionModel (see the module docstring)
+            max_position_embeddings=1,  # positions come from SessionModel
             type_vocab_size=1,
-            initializer_range=initializer_range if initializer_range is not None else d_model**-0.5,
+            initializer_range=self.init_std,
             layer_norm_eps=layer_norm_eps,
             pad_token_id=0,
             use_cache=False,
         )
-        self.bert = BertModel(config, add_pooling_layer=False)
-        self.bert.embeddings.word_embeddings.weight.requires_grad_(False)  # never read: inputs come as embeddings
-        nn.init.zeros_(self.bert.embeddings.position_embeddings.weight)
-        self.bert.embeddings.position_embeddings.weight.requires_grad_(False)
+        self.freeze(self.hf.embeddings.word_embeddings.weight)  # never read: inputs come as embeddings
+        self.one_position(self.hf.embeddings.position_embeddings)
+
+    def build(self, **config: Any) -> None:
+        """Create the HF model from its configuration's arguments."""
+        self.bert = BertModel(BertConfig(**config), add_pooling_layer=False)
+
+    @property
+    def hf(self) -> BertModel:
+        return self.bert
 
     def forward(self, embeddings: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """(B, L, D) embeddings and (B, L) bool mask of real positions -> (B, L, D)."""
-        same = torch.zeros(attention_mask.shape, dtype=torch.long, device=embeddings.device)  # the one zero row
-        out = self.bert(inputs_embeds=embeddings, attention_mask=attention_mask.long(), position_ids=same, token_type_ids=same)
+        same = self.positions(attention_mask)
+        out = self.hf(inputs_embeds=embeddings, attention_mask=attention_mask.long(), position_ids=same, token_type_ids=same)
         return out.last_hidden_state

@@ -3,11 +3,8 @@
 Causal: position i attends to positions <= i only, so it trains with `CausalLanguageModeling`
 and is read at the last item. Left padding is masked out of every real row; HF's causal mask
 gives the padding rows (which would see nothing) a finite output, so no NaN reaches real ones.
-
-Positions: GPT-2's own absolute table would count from the first column, which with
-right-aligned, left-padded inputs depends on the padding. Its table is therefore reduced to one
-row, zeroed and frozen, and every position uses it; `SessionModel` adds the positions instead,
-counted from the first real item for causal encoders, which padding cannot shift.
+GPT-2's own position table is one zero row (`HFEncoder.one_position`); `SessionModel` counts
+positions from the first real item, which padding cannot shift.
 
 Shape letters: B batch, L sequence, D model width.
 """
@@ -17,13 +14,12 @@ from __future__ import annotations
 from typing import ClassVar
 
 import torch
-from torch import nn
 from transformers import GPT2Config, GPT2Model
 
-from sessrec.models.config import Configurable
+from sessrec.models.hf_encoder import HFEncoder
 
 
-class GPT2Encoder(nn.Module, Configurable):
+class GPT2Encoder(HFEncoder):
     """Stack of GPT-2 blocks (pre-LayerNorm, causal) mapping (B, L, D) to (B, L, D).
 
     Args:
@@ -33,9 +29,8 @@ class GPT2Encoder(nn.Module, Configurable):
         d_inner: feed-forward width (default 4 * d_model).
         dropout: dropout on the inputs, attention weights and residual branches.
         layer_norm_eps: LayerNorm epsilon.
-        initializer_range: std of the weight init; default ``d_model ** -0.5`` (HF's 0.02 starves
-            small models, see `XLNetEncoder`). GPT-2 further scales its residual projections by
-            ``1 / sqrt(2 * n_layer)``.
+        initializer_range: std of the weight init; default ``d_model ** -0.5`` (`HFEncoder`).
+            GPT-2 further scales its residual projections by ``1 / sqrt(2 * n_layer)``.
     """
 
     causal: ClassVar[bool] = True
@@ -50,13 +45,10 @@ class GPT2Encoder(nn.Module, Configurable):
         layer_norm_eps: float = 1e-5,
         initializer_range: float | None = None,
     ) -> None:
-        super().__init__()
-        if d_model % n_head:
-            raise ValueError(f"d_model ({d_model}) must be a multiple of n_head ({n_head})")
-        self.d_model = d_model
+        super().__init__(d_model, n_head, initializer_range)
         config = GPT2Config(
             vocab_size=1,  # items are embedded outside
-            n_positions=1,  # positions come from SessionModel (see the module docstring)
+            n_positions=1,  # positions come from SessionModel
             n_embd=d_model,
             n_layer=n_layer,
             n_head=n_head,
@@ -65,18 +57,17 @@ class GPT2Encoder(nn.Module, Configurable):
             embd_pdrop=dropout,
             attn_pdrop=dropout,
             layer_norm_epsilon=layer_norm_eps,
-            initializer_range=initializer_range if initializer_range is not None else d_model**-0.5,
+            initializer_range=self.init_std,
             use_cache=False,
             bos_token_id=None,
             eos_token_id=None,
         )
         self.gpt2 = GPT2Model(config)
-        self.gpt2.wte.weight.requires_grad_(False)  # never read: inputs come as embeddings
-        nn.init.zeros_(self.gpt2.wpe.weight)
-        self.gpt2.wpe.weight.requires_grad_(False)
+        self.freeze(self.gpt2.wte.weight)  # never read: inputs come as embeddings
+        self.one_position(self.gpt2.wpe)
 
     def forward(self, embeddings: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """(B, L, D) embeddings and (B, L) bool mask of real positions -> (B, L, D)."""
-        same = torch.zeros(attention_mask.shape, dtype=torch.long, device=embeddings.device)  # the one zero row
-        out = self.gpt2(inputs_embeds=embeddings, attention_mask=attention_mask.long(), position_ids=same, use_cache=False)
+        out = self.gpt2(inputs_embeds=embeddings, attention_mask=attention_mask.long(),
+                        position_ids=self.positions(attention_mask), use_cache=False)
         return out.last_hidden_state

@@ -185,6 +185,33 @@ def test_concat_starts_as_the_plain_item_model_and_hides_invisible_positions():
         side(x, torch.ones(2, 3, dtype=torch.long), {"device": feats["device"]}, visible)
 
 
+def test_a_column_declared_looks_ahead_is_hidden_like_dwell():
+    side = SideFeatures(categorical=["tag"], continuous=["value"], looks_ahead=["value", "tag"])
+    dm = SessionDataModule(source=Source(), max_length=8, eval_protocol="all_prefixes", side_features=side)
+    assert dm.side_info.looks_ahead == ["value", "tag"]
+    for split in ("valid", "test"):
+        features = dm.feature_tensors(split)
+        assert (features["value"][:, -1] == 0).all() and (features["tag"][:, -1] == 0).all()
+        assert (features["value"][:, :-1] != 0).any()
+    assert SIDE.looks_ahead_features == ["dwell"]  # the time features declare their own
+    with pytest.raises(ValueError, match="looks_ahead names 'price'"):
+        SideFeatures(continuous=["value"], looks_ahead=["price"])
+
+
+def test_a_categorical_look_ahead_feature_is_hidden_before_a_hidden_position():
+    torch.manual_seed(0)
+    spec = SideInfoSpec(categorical={"next_action": 5}, looks_ahead=["next_action"])
+    model = SessionModel(20, XLNetEncoder(d_model=8, n_head=2, n_layer=1), dropout=0.0,
+                         side_info=SideInfoEmbedding(8, 20, spec, SideInfoConfig(feature_dim=4))).eval()
+    inputs, masked = torch.tensor([[5, 6, 0, 8]]), torch.tensor([[False, False, True, False]])
+    base = {"next_action": torch.tensor([[2, 3, 0, 4]])}
+    other = {"next_action": torch.tensor([[4, 2, 0, 2]])}
+    a, b = model.embed(inputs, masked, base)[0], model.embed(inputs, masked, other)[0]
+    torch.testing.assert_close(a[1], b[1])  # the next event is the [MASK] slot
+    torch.testing.assert_close(a[3], b[3])  # the last event
+    assert not torch.allclose(a[0], b[0])
+
+
 def test_look_ahead_features_are_hidden_before_a_hidden_position():
     torch.manual_seed(0)
     spec = SideInfoSpec(continuous=["dwell", "price"], looks_ahead=["dwell"])

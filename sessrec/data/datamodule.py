@@ -21,7 +21,7 @@ from sessrec.data.batch import ITEM_DTYPE
 from sessrec.data.checkpoint import is_checkpoint, saved_file, to_bytes, to_tensor
 from sessrec.data.loader import SessionLoader, ranks_of
 from sessrec.data.schema import Schema
-from sessrec.data.side import LOOKS_AHEAD, SideFeatures, SideFeatureTransform, SideInfoSpec, read_item_vectors
+from sessrec.data.side import SideFeatures, SideFeatureTransform, SideInfoSpec, read_item_vectors
 from sessrec.data.sources import SessionSource, SessionSplits, SyntheticSource
 from sessrec.data.stream import ScoringStream
 from sessrec.data.vocab import ItemVocab
@@ -263,7 +263,7 @@ class SessionDataModule(pl.LightningDataModule):
         feats = {}
         for name, values in flat.items():
             padded = pad(values)
-            if split != "train" and name in LOOKS_AHEAD:
+            if split != "train" and name in self.side_features.looks_ahead_features:
                 padded[:, -1] = 0  # the last input event's look-ahead value would tell about the target
             feats[name] = torch.from_numpy(padded)
         self._features[split] = feats

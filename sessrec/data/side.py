@@ -8,7 +8,7 @@
   non-finite value is *missing* and becomes 0 (the training mean after normalisation);
 - time features from the ``timestamp`` list: ``since_prev`` (seconds since the previous event of
   the session; missing for the first) and ``dwell`` (seconds to the next event; missing for the
-  last), log-normalised;
+  last), log-normalised (`TIME_FEATURES` declares each);
 - the position in the session (from its start) as a categorical id ``1 + min(position, cap - 1)``;
 - pre-computed item vectors per modality (text, image ...), read from parquet and aligned with
   the vocabulary (see `read_item_vectors`).
@@ -40,7 +40,26 @@ from sessrec.data.vocab import NUM_SPECIAL, ItemVocab
 
 TimeFeature = Literal["since_prev", "dwell"]
 POSITION = "position"
-LOOKS_AHEAD = ("dwell",)  # features of an event that depend on the event after it
+
+
+@dataclass(frozen=True)
+class TimeFeatureSpec:
+    """A feature derived from the timestamps of a session.
+
+    Args:
+        description: what the value of an event is.
+        looks_ahead: the value at an event depends on the event after it; the model then hides it
+            wherever the next event is hidden or is the one to predict (`SideInfoSpec.looks_ahead`).
+    """
+
+    description: str
+    looks_ahead: bool
+
+
+TIME_FEATURES: dict[str, TimeFeatureSpec] = {
+    "since_prev": TimeFeatureSpec("seconds since the previous event of the session", looks_ahead=False),
+    "dwell": TimeFeatureSpec("seconds to the next event of the session", looks_ahead=True),
+}
 
 
 @dataclass
@@ -58,6 +77,9 @@ class SideFeatures:
             column, session and row); ``pad`` maps nulls to the padding id 0.
         item_vectors: modality name -> parquet file with an ``item_id`` column and a ``vector``
             list column (one fixed-width float vector per item), e.g. text or image embeddings.
+        looks_ahead: the categorical or continuous columns whose value at an event depends on the
+            event after it (e.g. a precomputed time to the next click); the time features declare
+            their own (`TIME_FEATURES`).
     """
 
     categorical: list[str] = field(default_factory=list)
@@ -67,14 +89,19 @@ class SideFeatures:
     min_count: int = 1
     nulls: Literal["error", "pad"] = "error"
     item_vectors: dict[str, str] = field(default_factory=dict)
+    looks_ahead: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         names = self.sequence_features
         if len(set(names)) != len(names):
             raise ValueError(f"side feature names must be distinct, got {names}")
-        bad = [t for t in self.time if t not in ("since_prev", "dwell")]
+        bad = [t for t in self.time if t not in TIME_FEATURES]
         if bad:
-            raise ValueError(f"unknown time feature {bad[0]!r}; use 'since_prev' or 'dwell'")
+            raise ValueError(f"unknown time feature {bad[0]!r}; use one of {sorted(TIME_FEATURES)}")
+        columns = [*self.categorical, *self.continuous]
+        stray = [c for c in self.looks_ahead if c not in columns]
+        if stray:
+            raise ValueError(f"looks_ahead names {stray[0]!r}, which is not a categorical or continuous side feature {columns}")
         if self.position < 0 or self.min_count < 1:
             raise ValueError(f"position must be >= 0 and min_count >= 1, got {self.position}, {self.min_count}")
         if self.nulls not in ("error", "pad"):
@@ -84,6 +111,11 @@ class SideFeatures:
     def sequence_features(self) -> list[str]:
         """Names of the per-interaction features, as they appear in `SessionBatch.features`."""
         return [*self.categorical, *([POSITION] if self.position else []), *self.continuous, *self.time]
+
+    @property
+    def looks_ahead_features(self) -> list[str]:
+        """The features whose value at an event depends on the event after it."""
+        return [*self.looks_ahead, *(t for t in self.time if TIME_FEATURES[t].looks_ahead)]
 
     @property
     def enabled(self) -> bool:
@@ -98,8 +130,9 @@ class SideInfoSpec:
         categorical: feature name -> number of ids (padding and rare/unseen included).
         continuous: names of the continuous features.
         item_vectors: modality -> vector width M.
-        looks_ahead: features whose value at an event depends on the event after it (``dwell``):
-            the model hides them wherever the next event is hidden or is the one to predict.
+        looks_ahead: features whose value at an event depends on the event after it
+            (`SideFeatures.looks_ahead_features`): the model hides them wherever the next event is
+            hidden or is the one to predict, and evaluation hides them at the last input event.
     """
 
     categorical: dict[str, int] = field(default_factory=dict)
@@ -174,9 +207,7 @@ class SideFeatureTransform:
         if self.config.position:
             categorical[POSITION] = self.config.position + 1
         continuous = [*self.config.continuous, *self.config.time]
-        return SideInfoSpec(
-            categorical=categorical, continuous=continuous, looks_ahead=[c for c in continuous if c in LOOKS_AHEAD]
-        )
+        return SideInfoSpec(categorical=categorical, continuous=continuous, looks_ahead=self.config.looks_ahead_features)
 
     def save(self, path: str | os.PathLike) -> Path:
         """One ``.npz`` (written under a temporary name, then renamed) with every fitted table."""
@@ -258,7 +289,7 @@ class SideFeatureTransform:
             since[~same] = np.nan
             dwell = np.full(len(t), np.nan)
             dwell[:-1] = np.where(same[1:], gap, np.nan)
-            for name, x in (("since_prev", since), ("dwell", dwell)):
+            for name, x in (("since_prev", since), ("dwell", dwell)):  # as TIME_FEATURES describes them
                 if name in cfg.time:
                     out[name] = (x, np.isfinite(x))
         if cfg.position:

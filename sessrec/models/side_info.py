@@ -183,10 +183,8 @@ class SideInfoEmbedding(nn.Module):
         keep = visible.unsqueeze(-1).to(item_embeddings.dtype)  # (B, L, 1)
         ahead = keep if ahead_visible is None else (ahead_visible & visible).unsqueeze(-1).to(keep.dtype)
         parts = [self.categorical[n](features[n]) for n in self.categorical]  # (B, L, F) each
-        parts += [
-            self.continuous[n](features[n].to(item_embeddings.dtype)) * (ahead if n in self.looks_ahead else 1.0)
-            for n in self.continuous
-        ]
+        parts += [self.continuous[n](features[n].to(item_embeddings.dtype)) for n in self.continuous]
+        parts = [p * ahead if n in self.looks_ahead else p for n, p in zip(self.names, parts)]
         if self.aggregation == "concat":
             if self.item_vectors is not None:
                 parts.append(self.item_vectors(ids))

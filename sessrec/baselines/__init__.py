@@ -2,7 +2,8 @@
 
 `Popularity`, `VSKNN` and `STAN` fit on the training sessions of a `SessionDataModule` and
 score batches of prefixes over the full catalogue ((B, V), padding/OOV at -inf). In the CLI
-they run inside `sessrec.tasks.BaselineTask` (``sessrec test --config recipes/vsknn_diginetica.yaml``).
+they run inside `sessrec.tasks.BaselineTask`:
+``sessrec test --config recipes/data/diginetica.yaml --config recipes/model/vsknn.yaml``.
 """
 
 from sessrec.baselines.base import SessionBaseline

@@ -5,8 +5,8 @@ Nothing is trained: `setup` fits the baseline on the data module's training sess
 with `TopKMetrics` and print the same ``[val]`` / ``[test]`` lines, and ``sessrec predict``
 writes top-K recommendations with the same `TopKWriter`:
 
-    sessrec test     --config recipes/vsknn_diginetica.yaml
-    sessrec validate --config recipes/vsknn_diginetica.yaml --model.baseline.k 200
+    sessrec test     --config recipes/data/diginetica.yaml --config recipes/model/vsknn.yaml
+    sessrec validate --config recipes/data/diginetica.yaml --config recipes/model/vsknn.yaml --model.baseline.k 200
 
 Shape letters: B batch, V items.
 """

@@ -1,12 +1,13 @@
 """Catalogue losses: smoothing over valid candidates, sampled softmax, in-batch negatives, logQ."""
 
+import dataclasses
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from sessrec.tasks.losses import FullSoftmax, SampledSoftmax, smoothed_cross_entropy
+from sessrec.tasks.losses import CatalogueLoss, FullSoftmax, SampledSoftmax, smoothed_cross_entropy
 
 torch.set_num_threads(1)
 
@@ -167,3 +168,34 @@ def test_task_trains_with_a_sampled_loss_and_gets_item_counts_from_the_vocabular
     np.testing.assert_array_equal(counts[2:], run.datamodule.vocab.counts)
     assert counts[:2].sum() == 0 and counts.shape == (run.datamodule.num_items,)
     assert math.isfinite(float(run.trainer.callback_metrics["train/loss"]))
+
+
+@dataclasses.dataclass
+class ScaledFullSoftmax(CatalogueLoss):
+    """A loss written outside the library: the full softmax times a factor (found by its class path)."""
+
+    factor: float = 0.5
+
+    def __call__(self, model, hidden, targets, generator=None):
+        return self.factor * FullSoftmax()(model, hidden, targets, generator)
+
+
+def test_a_loss_outside_the_library_is_found_by_class_path(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from sessrec.cli import cli
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(tmp_path)
+    args = ["--config", str(root / "recipes" / "quickstart.yaml"), "--trainer.fast_dev_run", "1",
+            "--trainer.enable_progress_bar", "false",
+            "--data.source.init_args.num_sessions", "200", "--data.source.init_args.num_items", "40",
+            "--model.encoder.init_args.d_model", "16", "--model.encoder.init_args.n_head", "2", "--model.dropout", "0.0"]
+    losses = {}
+    for name, extra in (("full", []), ("scaled", ["--model.loss", "test_losses.ScaledFullSoftmax", "--model.loss.factor", "0.25"])):
+        run = cli(["fit", *args, *extra])
+        losses[name] = float(run.trainer.callback_metrics["train/loss"])
+    assert isinstance(run.model.loss, ScaledFullSoftmax) and run.model.loss.factor == 0.25
+    assert losses["scaled"] == pytest.approx(0.25 * losses["full"], rel=1e-5)  # the same first step, scaled
+    with pytest.raises(NotImplementedError, match="does not read item counts"):
+        FullSoftmax().set_item_counts(torch.ones(5))

@@ -15,10 +15,11 @@ which makes the sampled softmax an unbiased-in-the-limit estimate of the full on
 equal to a row's own target (accidental hits) are removed from that row. Padding and OOV are
 never candidates.
 
-Each loss is called as ``loss(model, hidden, targets, generator)`` where ``model.score(hidden,
-candidates)`` returns (N, K) scores of the hidden states against candidate item ids (the whole
-catalogue when ``candidates`` is None) and ``model.score_targets(hidden, targets)`` the (N,)
-score of each row's own target.
+Every loss is a `CatalogueLoss`: called as ``loss(model, hidden, targets, generator)`` where
+``model.score(hidden, candidates)`` returns (N, K) scores of the hidden states against candidate
+item ids (the whole catalogue when ``candidates`` is None) and ``model.score_targets(hidden,
+targets)`` the (N,) score of each row's own target. A new loss is a subclass (a dataclass whose
+fields are its arguments), named in a recipe by its ``class_path``; `NextItemTask` needs no edit.
 
 Shape letters: N targets in the batch, D width, V catalogue (incl. padding and OOV),
 S shared sampled negatives, K candidates per row.
@@ -26,8 +27,9 @@ S shared sampled negatives, K candidates per row.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 
@@ -61,8 +63,29 @@ def _check(label_smoothing: float, temperature: float) -> None:
         raise ValueError(f"temperature must be positive, got {temperature}")
 
 
+class CatalogueLoss(ABC):
+    """Base class of the next-item losses: (N, D) hidden states and (N,) targets -> a scalar loss.
+
+    Class attributes:
+        needs_item_counts: the loss reads the training count of every item; the task then calls
+            `set_item_counts` with the data module's vocabulary counts at setup.
+    """
+
+    needs_item_counts: ClassVar[bool] = False
+
+    @abstractmethod
+    def __call__(
+        self, model: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, generator: torch.Generator | None = None
+    ) -> torch.Tensor:
+        """The loss of predicting `targets` from `hidden` with `model`'s scores; `generator` seeds any sampling."""
+
+    def set_item_counts(self, counts: torch.Tensor) -> None:
+        """(V,) training counts per model id (called when `needs_item_counts`)."""
+        raise NotImplementedError(f"{type(self).__name__} does not read item counts (needs_item_counts is False)")
+
+
 @dataclass
-class FullSoftmax:
+class FullSoftmax(CatalogueLoss):
     """Cross-entropy over the whole catalogue.
 
     Args:
@@ -84,7 +107,7 @@ class FullSoftmax:
 
 
 @dataclass
-class SampledSoftmax:
+class SampledSoftmax(CatalogueLoss):
     """Softmax over the target and a few negatives, with logQ correction.
 
     Args:
@@ -101,6 +124,8 @@ class SampledSoftmax:
     call `set_item_counts` (the Lightning task does it from the data module's vocabulary).
     Without counts, in-batch negatives are corrected by their frequency in the batch.
     """
+
+    needs_item_counts: ClassVar[bool] = True
 
     negatives: Literal["sampled", "in_batch", "mixed"] = "sampled"
     num_samples: int = 1024
@@ -184,5 +209,3 @@ class SampledSoftmax:
         logits = logits.masked_fill(hit, float("-inf"))
         return smoothed_cross_entropy(logits, torch.arange(n, device=device), self.label_smoothing)
 
-
-CatalogueLoss = FullSoftmax | SampledSoftmax

@@ -21,21 +21,12 @@ from torch import nn
 from sessrec.data.batch import SessionBatch
 from sessrec.data.side import SideInfoSpec
 from sessrec.metrics import TopKMetrics
-from sessrec.models import (
-    CausalLanguageModeling,
-    MaskedItemModeling,
-    PermutationLanguageModeling,
-    ReplacedTokenDetection,
-    SessionModel,
-    XLNetEncoder,
-)
+from sessrec.models import MaskedItemModeling, Objective, SessionModel, XLNetEncoder
 from sessrec.models.config import config_of, instantiate
 from sessrec.models.side_info import SideInfoConfig, SideInfoEmbedding
-from sessrec.tasks.losses import FullSoftmax, SampledSoftmax
+from sessrec.tasks.losses import CatalogueLoss, FullSoftmax
 from sessrec.tasks.optim import adamw
 from sessrec.tasks.pretrained import Pretrained
-
-AnyObjective = MaskedItemModeling | CausalLanguageModeling | PermutationLanguageModeling | ReplacedTokenDetection
 
 
 @dataclass
@@ -58,7 +49,7 @@ def exclude_seen(scores: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
 
 
 def next_item_scores(
-    model: SessionModel, objective: AnyObjective, items: torch.Tensor, features: dict[str, torch.Tensor] | None = None,
+    model: SessionModel, objective: Objective, items: torch.Tensor, features: dict[str, torch.Tensor] | None = None,
     exclude: bool = False,
 ) -> torch.Tensor:
     """(B, V) next-item scores of (B, L) sessions read the way `objective` trained `model`; with
@@ -75,11 +66,11 @@ class NextItemTask(Pretrained, pl.LightningModule):
         num_items: score vector size; linked from the data module (``data.num_items``).
         max_length: items per session; linked from the data module (``data.max_length``).
         encoder: the sequence encoder (``class_path`` in a recipe); XLNetEncoder() when None.
-        objective: the training objective; in a recipe either ``{class_path: sessrec.models.<Objective>,
-            init_args: {...}}`` or, for masked item modelling, its arguments alone
-            (``{mask_prob: 0.2, last_item_prob: 0.1}``). An objective that cannot train the
-            encoder (MLM on a causal encoder, CLM on a bidirectional one, PLM on anything but
-            XLNet) raises ValueError here, before training.
+        objective: the training objective, any `sessrec.models.Objective` (in a recipe
+            ``{class_path: sessrec.models.<Objective>, init_args: {...}}``; a new objective is a
+            subclass named by its class path). An objective that cannot train the encoder (MLM on
+            a causal encoder, CLM on a bidirectional one, PLM on anything but XLNet) raises
+            ValueError here, before training.
         position_embedding: learned distance-from-end embedding in the model.
         dropout: input embedding dropout.
         input_norm: LayerNorm on the input embeddings (see `SessionModel`).
@@ -94,11 +85,11 @@ class NextItemTask(Pretrained, pl.LightningModule):
             this budget). A run capped by ``trainer.max_time`` on a slow or busy machine then
             still anneals to the end of its schedule instead of stopping at a high learning rate.
             Runs are no longer step-for-step reproducible across machines of different speed.
-        loss: the training loss over the catalogue: `FullSoftmax` (default) or `SampledSoftmax`
-            (shared sampled, in-batch or mixed negatives with logQ correction; see
-            `sessrec.tasks.losses`). Label smoothing and temperature are set on the loss. The
-            popularity sampler and in-batch correction get the training item counts from the
-            data module's vocabulary at setup.
+        loss: the training loss over the catalogue, any `sessrec.tasks.losses.CatalogueLoss`:
+            `FullSoftmax` (default), `SampledSoftmax` (shared sampled, in-batch or mixed negatives
+            with logQ correction), or a subclass named by its class path. Label smoothing and
+            temperature are set on the loss. A loss that `needs_item_counts` gets the training
+            counts from the data module's vocabulary at setup.
         ks: cut-offs of the evaluation metrics.
         top_k: recommendations per session written by ``sessrec predict``.
         exclude_seen: at evaluation and prediction, never recommend an item of the input session
@@ -116,7 +107,7 @@ class NextItemTask(Pretrained, pl.LightningModule):
         num_items: int = 0,
         max_length: int = 20,
         encoder: nn.Module | None = None,
-        objective: AnyObjective = MaskedItemModeling(),  # noqa: B008 - a config value, never mutated
+        objective: Objective = MaskedItemModeling(),  # noqa: B008 - a config value, never mutated
         position_embedding: bool = True,
         dropout: float = 0.1,
         input_norm: bool = False,
@@ -127,7 +118,7 @@ class NextItemTask(Pretrained, pl.LightningModule):
         warmup_steps: int = 0,
         scheduler: Literal["constant", "cosine", "linear"] = "cosine",
         schedule_seconds: float | None = None,
-        loss: FullSoftmax | SampledSoftmax = FullSoftmax(),  # noqa: B008 - a frozen-by-convention config value
+        loss: CatalogueLoss = FullSoftmax(),  # noqa: B008 - a frozen-by-convention config value
         ks: list[int] = [10, 20],  # noqa: B006 - read only
         top_k: int = 20,
         exclude_seen: bool = False,
@@ -178,7 +169,7 @@ class NextItemTask(Pretrained, pl.LightningModule):
         datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
         if datamodule is not None:
             self.attach_data(datamodule)
-        if stage == "fit" and isinstance(self.loss, SampledSoftmax) and hasattr(datamodule, "vocab"):
+        if stage == "fit" and self.loss.needs_item_counts and hasattr(datamodule, "vocab"):
             self.loss.set_item_counts(torch.from_numpy(datamodule.vocab.id_counts()))
         vectors = self.model.side_info.item_vectors if self.model.side_info is not None else None
         if stage == "fit" and vectors is not None:  # evaluation and scoring read them from the checkpoint

@@ -8,8 +8,23 @@ padding, as the loader delivers them. The median of the timed steps is reported 
 
 Prints one JSON line on stdout; progress goes to stderr.
 
+With ``--peer transformers4rec`` the same step of Transformers4Rec 23.12's XLNet-MLM (its README
+model: `TabularSequenceFeatures` with an item table and MLM masking, `MLPBlock`, `TransformerBlock`
+over HF's XLNet, `NextItemPredictionTask` with weight tying over the whole catalogue; same
+d_model, heads, layers, max length, catalogue, dropout; `torch.optim.AdamW` at the same lr) runs
+model-only (a dict of item-id tensors in, loss out, backward, optimizer step; no data loader), in
+turn with ours step by step on the same sessions, left-aligned as T4R expects. Its MLM draws each
+item with ``mlm_probability`` and then forces one more target per session, so by default that
+probability is set to give as many targets per step as ours (both medians are printed). The JSON
+then carries both medians, both sessions/s and ``ratio`` = ours / peer sessions/s. T4R 23.12 needs
+``transformers<4.31`` and the merlin packages: install it in a separate virtualenv.
+
+``--profile`` runs extra steps under `torch.profiler` after the timed ones and prints the ops with
+the most self CPU time (per step, with their share) to stderr, for ours and, with ``--peer``, the peer.
+
 Example (from the repository root):
     python benchmarks/train_throughput.py --steps 30 --threads 1
+    python benchmarks/train_throughput.py --steps 30 --threads 1 --peer transformers4rec --profile
 """
 
 from __future__ import annotations
@@ -58,6 +73,90 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
 
 
+def left_aligned(items: torch.Tensor) -> torch.Tensor:
+    """(B, L) right-aligned sessions -> the same items first, padding (0) after them."""
+    width = items.shape[1]
+    shift = width - (items != 0).sum(dim=1, keepdim=True)  # (B, 1) leading padding
+    return items.gather(1, (torch.arange(width)[None, :] + shift) % width)
+
+
+class TransformersForRecPeer:
+    """Transformers4Rec 23.12's XLNet-MLM at our sizes, trained model-only: ``step(items)``.
+
+    Args:
+        args: the model flags (`add_model_flags`) and ``lr``.
+        mlm_probability: T4R's per-item masking probability.
+    """
+
+    def __init__(self, args: argparse.Namespace, mlm_probability: float) -> None:
+        try:
+            import transformers4rec
+            import transformers4rec.torch as tr
+            from merlin.schema import Tags
+            from merlin_standard_lib import ColumnSchema, Schema
+            from merlin_standard_lib.proto.schema_bp import ValueCount
+        except ImportError as exc:
+            raise SystemExit(
+                f"--peer transformers4rec: Transformers4Rec 23.12 does not import here ({exc}); "
+                "install it in its own virtualenv (it needs transformers<4.31 and merlin packages)"
+            ) from None
+        num_items = args.items + NUM_SPECIAL  # ids 0 (padding) .. V - 1: T4R's table gets V rows, as ours
+        item = ColumnSchema.create_categorical(
+            "item_id", num_items=num_items - 1, tags=[Tags.ITEM_ID, Tags.LIST, Tags.CATEGORICAL],
+            value_count=ValueCount(min=0, max=args.max_len),
+        )
+        inputs = tr.TabularSequenceFeatures.from_schema(
+            Schema([item]), max_sequence_length=args.max_len, d_output=args.d_model, masking="mlm",
+            mlm_probability=mlm_probability,
+        )
+        config = tr.XLNetConfig.build(
+            d_model=args.d_model, n_head=args.n_head, n_layer=args.n_layer, total_seq_length=args.max_len,
+            dropout=args.dropout,
+        )
+        body = tr.SequentialBlock(inputs, tr.MLPBlock([args.d_model]), tr.TransformerBlock(config, masking=inputs.masking))
+        self.model = tr.Model(tr.Head(body, tr.NextItemPredictionTask(weight_tying=True), inputs=inputs)).train()
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=args.lr)
+        self.version = transformers4rec.__version__
+
+    def step(self, items: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """One training step on (B, L) left-aligned sessions -> (loss, number of masked targets)."""
+        out = self.model({"item_id": items}, training=True)
+        self.optimizer.zero_grad(set_to_none=True)
+        out["loss"].backward()
+        self.optimizer.step()
+        return out["loss"].detach(), int(out["labels"].numel())
+
+
+def matched_mlm_probability(objective: MaskedItemModeling, batches: list[tuple[torch.Tensor, torch.Generator]]) -> float:
+    """The T4R masking probability p that gives as many targets per session as `objective` on `batches`.
+
+    T4R's MLM keeps a Bernoulli(p) draw over the n items of a session and adds one random item
+    when none of them was drawn there: 1 + p (n - 1) targets on average, set equal to ours.
+    """
+    sessions = sum(len(items) for items, _ in batches)
+    ours = sum(int(objective(items, gen).targets.numel()) for items, gen in batches) / sessions
+    mean_length = sum(int((items != 0).sum()) for items, _ in batches) / sessions
+    return min(max((ours - 1.0) / (mean_length - 1.0), 0.01), 1.0)
+
+
+def print_profile(name: str, step, steps: int, top: int = 14) -> None:
+    """Run `step(i)` `steps` times under torch.profiler; print the ops with most self CPU time to stderr."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for i in range(steps):
+            step(i)
+    events = [e for e in prof.key_averages() if e.key.startswith("aten::") or "Backward" in e.key or "Optimizer" in e.key]
+    total = sum(e.self_cpu_time_total for e in prof.key_averages())  # microseconds, all steps
+    print(f"profile {name}: {total / 1e3 / steps:.1f} ms self CPU per step ({steps} steps); top ops by self CPU:", file=sys.stderr)
+    for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[:top]:
+        print(
+            f"  {e.key[:44]:44s} {e.self_cpu_time_total / 1e3 / steps:7.2f} ms {100 * e.self_cpu_time_total / total:5.1f}%"
+            f" {e.count / steps:6.1f} calls/step",
+            file=sys.stderr,
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_model_flags(parser)
@@ -65,6 +164,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30, help="timed steps (>= 20)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps first")
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--peer", choices=["transformers4rec"], default=None,
+                        help="also time Transformers4Rec's XLNet-MLM step, alternating with ours")
+    parser.add_argument("--peer-mlm-probability", type=float, default=None,
+                        help="T4R's masking probability (default: as many targets per step as ours)")
+    parser.add_argument("--profile", action="store_true", help="profile extra steps; top ops to stderr")
     args = parser.parse_args()
     if args.steps < 20:
         parser.error("--steps must be >= 20 for a stable median")
@@ -77,10 +181,23 @@ def main() -> None:
     gen = torch.Generator().manual_seed(args.seed)
     pool = synthetic_sessions(16 * args.batch, args.max_len, args.items, gen)  # cycled, (16 B, L)
 
+    def batch(i: int, sessions: torch.Tensor) -> torch.Tensor:
+        return sessions[(i % 16) * args.batch : (i % 16 + 1) * args.batch]  # (B, L)
+
+    def masking_generator(i: int) -> torch.Generator:
+        return torch.Generator().manual_seed(args.seed * 7919 + i)
+
+    peer, peer_pool, mlm_probability = None, None, args.peer_mlm_probability
+    if args.peer:
+        if mlm_probability is None:
+            mlm_probability = matched_mlm_probability(objective, [(batch(i, pool), masking_generator(i)) for i in range(16)])
+        peer = TransformersForRecPeer(args, mlm_probability)
+        peer_pool = left_aligned(pool)
+
     def step(i: int) -> tuple[float, int]:
-        items = pool[(i % 16) * args.batch : (i % 16 + 1) * args.batch]  # (B, L)
+        items = batch(i, pool)
         start = time.perf_counter()
-        m = objective(items, torch.Generator().manual_seed(args.seed * 7919 + i))
+        m = objective(items, masking_generator(i))
         hidden = model.encode(m.inputs, m.masked)[m.masked]  # (N, D)
         loss = F.cross_entropy(model.score(hidden), m.targets)  # (N, V) full softmax
         optimizer.zero_grad(set_to_none=True)
@@ -91,17 +208,40 @@ def main() -> None:
             raise RuntimeError(f"loss is {loss.item()} at step {i}")
         return elapsed, int(m.targets.numel())
 
+    def peer_step(i: int) -> tuple[float, int]:
+        items = batch(i, peer_pool)
+        start = time.perf_counter()
+        loss, n = peer.step(items)
+        elapsed = time.perf_counter() - start
+        if not torch.isfinite(loss):
+            raise RuntimeError(f"peer loss is {loss.item()} at step {i}")
+        return elapsed, n
+
     for i in range(args.warmup):
         step(i)
-    times, targets = [], []
+        if peer:
+            peer_step(i)
+    times, targets, peer_times, peer_targets = [], [], [], []
     for i in range(args.warmup, args.warmup + args.steps):
         seconds, n = step(i)
         times.append(seconds)
         targets.append(n)
-        print(f"step {i}: {seconds * 1e3:.1f} ms, {n} masked targets", file=sys.stderr)
+        line = f"step {i}: {seconds * 1e3:.1f} ms, {n} masked targets"
+        if peer:
+            seconds, n = peer_step(i)
+            peer_times.append(seconds)
+            peer_targets.append(n)
+            line += f"; peer {seconds * 1e3:.1f} ms, {n} masked targets"
+        print(line, file=sys.stderr)
+
+    if args.profile:
+        first = args.warmup + args.steps
+        print_profile("sessrec", lambda i: step(first + i), 10)
+        if peer:
+            print_profile("transformers4rec", lambda i: peer_step(first + i), 10)
 
     median = statistics.median(times)
-    print(json.dumps({
+    record = {
         "benchmark": "train_throughput",
         "d_model": args.d_model, "n_head": args.n_head, "n_layer": args.n_layer, "max_len": args.max_len,
         "items": args.items, "batch_size": args.batch, "dropout": args.dropout, "threads": args.threads,
@@ -112,7 +252,20 @@ def main() -> None:
         "step_ms_min_max": [round(min(times) * 1e3, 2), round(max(times) * 1e3, 2)],
         "steps_per_s": round(1.0 / median, 2),
         "sessions_per_s": round(args.batch / median, 1),
-    }))
+    }
+    if peer:
+        peer_median = statistics.median(peer_times)
+        record.update({
+            "peer": f"transformers4rec {peer.version}",
+            "peer_mlm_probability": round(mlm_probability, 4),
+            "peer_parameters": sum(p.numel() for p in peer.model.parameters()),
+            "peer_median_masked_targets_per_step": statistics.median(peer_targets),
+            "peer_median_step_ms": round(peer_median * 1e3, 2),
+            "peer_step_ms_min_max": [round(min(peer_times) * 1e3, 2), round(max(peer_times) * 1e3, 2)],
+            "peer_sessions_per_s": round(args.batch / peer_median, 1),
+            "ratio": round(peer_median / median, 3),  # ours sessions/s over the peer's
+        })
+    print(json.dumps(record))
 
 
 if __name__ == "__main__":

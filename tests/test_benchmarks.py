@@ -92,3 +92,42 @@ def test_gpu_suite_code_paths_run_on_cpu(monkeypatch):
     assert [r["item"] for r in printed] == ["xlnet_mlm_fit", "dlrm_train", "embedding_lookup", "feature_etl", "resident_loader"]
     assert all(r["status"] == "ok" for r in printed), [r for r in printed if r["status"] != "ok"]
     assert printed[0]["sessions_per_s"] > 0 and 0 < printed[2]["share_of_copy_bandwidth"]
+
+
+TINY_TRAIN = ["benchmarks/train_throughput.py", "--steps", "20", "--warmup", "1", "--batch", "16", "--items", "300",
+              "--d-model", "16", "--n-head", "2", "--n-layer", "1", "--max-len", "8"]
+
+
+def test_train_throughput_prints_its_record_and_the_profile():
+    done = subprocess.run([sys.executable, *TINY_TRAIN, "--profile"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (record,) = [json.loads(line) for line in done.stdout.splitlines()]
+    assert (record["batch_size"], record["items"], record["d_model"], record["timed_steps"]) == (16, 300, 16, 20)
+    assert record["sessions_per_s"] > 0 and "peer" not in record
+    profile = done.stderr[done.stderr.index("profile sessrec:"):].splitlines()
+    assert len(profile) == 15 and all(" ms " in line and "calls/step" in line for line in profile[1:])
+
+
+def test_train_throughput_peer_without_transformers4rec_fails_in_one_line():
+    import importlib.util
+
+    if importlib.util.find_spec("transformers4rec") is not None:
+        pytest.skip("Transformers4Rec is installed here: the peer would run")
+    done = subprocess.run([sys.executable, *TINY_TRAIN, "--peer", "transformers4rec"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert done.returncode == 1 and done.stdout == ""
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("--peer transformers4rec: Transformers4Rec 23.12 does not import here")
+
+
+def test_train_throughput_peer_record():
+    """With Transformers4Rec installed (its own virtualenv): both sides timed, the ratio of their sessions/s."""
+    pytest.importorskip("transformers4rec.torch")
+    done = subprocess.run([sys.executable, *TINY_TRAIN, "--peer", "transformers4rec"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (r,) = [json.loads(line) for line in done.stdout.splitlines()]
+    assert r["peer"].startswith("transformers4rec 23.12") and 0 < r["peer_mlm_probability"] <= 1
+    assert r["peer_median_masked_targets_per_step"] > 0 and r["peer_sessions_per_s"] > 0
+    assert r["ratio"] == pytest.approx(r["sessions_per_s"] / r["peer_sessions_per_s"], rel=0.01)

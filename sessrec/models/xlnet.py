@@ -6,7 +6,20 @@ on top). Used bidirectionally (``attn_type='bi'``): for masked item modelling a 
 attends to the whole session, padding is never attended to. Given XLNet's ``perm_mask`` and
 ``target_mapping`` it returns the query stream instead, for `PermutationLanguageModeling`.
 
-Shape letters: B batch, L sequence, D model width.
+The content stream (every objective but PLM) runs `XLNetEncoder.content_stream`: HF's layers,
+parameters and operations, batch-first, on the real positions only. HF's `XLNetModel` works in
+(L, B, ...) order and pays for it in einsum permutations and copies, builds a float (L, L, B)
+mask and subtracts 1e30 times it, and shifts the position scores through three copies; and it
+runs every row-wise step (projections, feed-forward, dropout, LayerNorm) on the padding too,
+although no real position ever reads a padding one. Here those steps run on the R real rows;
+attention runs on padded (B, H, L, L) blocks with q, k and v from one matmul, an additive -inf
+mask (the same zero weights as -1e30 after the softmax) and the shift as a strided view. As in
+HF, each session draws its own dropout mask over the relative position embedding; without
+dropout the position keys are computed once for the batch. Real positions match HF's outputs to
+float rounding, padding positions are 0 (tests/test_xlnet_fast.py); the state_dict is HF's.
+
+Shape letters: B batch, L sequence, D model width, H heads, E head width (D / H),
+P relative positions (2 L: distances L .. -L + 1).
 """
 
 from __future__ import annotations
@@ -93,6 +106,8 @@ class XLNetEncoder(nn.Module, Configurable):
         With ``perm_mask`` (B, L, L), 1 where i may not attend to j, and ``target_mapping``
         (B, P, L) one-hot rows: the (B, P, D) query stream at the P mapped positions.
         """
+        if perm_mask is None and target_mapping is None:
+            return self.content_stream(embeddings, attention_mask)
         dtype = embeddings.dtype
         out = self.xlnet(
             inputs_embeds=embeddings,
@@ -102,3 +117,134 @@ class XLNetEncoder(nn.Module, Configurable):
             use_mems=False,
         )
         return out.last_hidden_state
+
+    def content_stream(self, embeddings: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """(B, L, D) embeddings, (B, L) bool real positions -> (B, L, D): HF's content stream, batch-first.
+
+        A real query reads every real key and itself. Hidden states at padding positions are 0:
+        no real query reads them, so every row-wise step (projections, feed-forward, dropout,
+        LayerNorm) runs on the R real rows only; attention runs on the padded (B, H, L, L)
+        blocks. HF computes padding rows too (there a padding query reads only itself), which
+        changes nothing at the real positions. No memory, segments or head mask: none is used.
+        """
+        xlnet = self.xlnet
+        b, length, d = embeddings.shape
+        real = attention_mask.bool()
+        allowed = real[:, None, None, :] | torch.eye(length, dtype=torch.bool, device=embeddings.device)
+        bias = torch.zeros(allowed.shape, dtype=embeddings.dtype, device=embeddings.device)
+        bias = bias.masked_fill(~allowed, float("-inf"))  # (B, 1, L, L)
+        # (P, 1, D) sinusoids for distances L .. -L + 1, the same numbers as HF's
+        pos = xlnet.relative_positional_encoding(length, length).to(device=embeddings.device, dtype=embeddings.dtype)
+        if xlnet.dropout.training and xlnet.dropout.p > 0:
+            pos = xlnet.dropout(pos.transpose(0, 1).expand(b, -1, -1))  # (B, P, D): a mask per session
+        else:
+            pos = pos.transpose(0, 1)  # (1, P, D): shared by the batch
+        real_at = None if _symbolic() else real.nonzero(as_tuple=True)  # ((R,), (R,)) batch and column
+        if real_at is not None and len(real_at[0]) == b * length:
+            real_at = None  # no padding: nothing to skip
+        h = embeddings.reshape(b * length, d) if real_at is None else _RealRows.apply(embeddings, real_at, (0, 1, 2))
+        h = xlnet.dropout(h)  # (R, D)
+        for layer in xlnet.layer:
+            h = _attention_block(layer.rel_attn, h, real_at, b, pos, bias)
+            h = layer.ff(h)
+        h = xlnet.dropout(h)
+        if real_at is not None:
+            return _PaddedRows.apply(h, real_at, (b, length, d), (0, 1, 2))
+        if _symbolic():  # padding rows were computed: zero them as above
+            return h.view(b, length, d) * real[..., None].to(h.dtype)
+        return h.view(b, length, d)  # no padding
+
+
+def _symbolic() -> bool:
+    """Traced, compiled or exported: shapes must not depend on the data."""
+    return torch.jit.is_tracing() or torch.compiler.is_compiling() or torch.onnx.is_in_onnx_export()
+
+
+def _attention_block(
+    attn: nn.Module,
+    h: torch.Tensor,
+    real_at: tuple[torch.Tensor, torch.Tensor] | None,
+    b: int,
+    pos: torch.Tensor,
+    bias: torch.Tensor,
+) -> torch.Tensor:
+    """One `XLNetRelativeAttention` (content stream, post-attention included) over the real rows.
+
+    Args:
+        attn: HF's module; its parameters q, k, v, o, r are (D, H, E), r_w_bias and r_r_bias (H, E).
+        h: (R, D) hidden states of the real positions (all B L of them when `real_at` is None).
+        real_at: batch and column indices of those R positions, or None.
+        b: batch size B.
+        pos: (B, P, D) or (1, P, D) relative position embeddings (after dropout).
+        bias: (B, 1, L, L) additive attention mask, 0 or -inf.
+    """
+    length, d = bias.shape[-1], h.shape[1]
+    heads, width = attn.n_head, attn.d_head
+    qkv_weight = torch.cat([attn.q, attn.k, attn.v], dim=1).view(d, 3 * heads * width)  # (D, 3 H E)
+    qkv = (h @ qkv_weight).view(-1, 3, heads, width)  # (R, 3, H, E)
+    if real_at is None:
+        q, k, v = qkv.view(b, length, 3, heads, width).permute(2, 0, 3, 1, 4).contiguous().unbind(0)
+    else:  # written straight into (3, B, H, L, E) order; padding queries, keys and values are 0
+        q, k, v = _PaddedRows.apply(qkv, real_at, (3, b, heads, length, width), (1, 3, 0, 2, 4)).unbind(0)
+    # content score (HF's ac) and position score (bd) against every distance, then bd's shift
+    content = torch.matmul(q + attn.r_w_bias[:, None, :], k.transpose(-1, -2))  # (B, H, L, L)
+    pos_keys = (pos @ attn.r.view(d, heads * width)).view(*pos.shape[:2], heads, width)  # (B or 1, P, H, E)
+    position = torch.matmul(q + attn.r_r_bias[:, None, :], pos_keys.permute(0, 2, 3, 1))  # (B, H, L, P)
+    score = (content + _rel_shift(position, length)) * attn.scale + bias
+    prob = attn.dropout(torch.softmax(score, dim=-1))
+    vec = torch.matmul(prob, v)  # (B, H, L, E)
+    if real_at is None:
+        vec = vec.transpose(1, 2).reshape(b * length, heads * width)
+    else:
+        vec = _RealRows.apply(vec, real_at, (0, 2, 1, 3)).view(-1, heads * width)  # (R, H E)
+    out = vec @ attn.o.view(d, heads * width).T  # (R, D)
+    return attn.layer_norm(attn.dropout(out) + h)
+
+
+class _PaddedRows(torch.autograd.Function):
+    """(R, ...) rows -> a zero tensor of `shape` holding them at `real_at` of its view ``permute(order)``.
+
+    ``zeros(shape).permute(order)[real_at] = rows`` with a backward that only gathers the rows'
+    gradient (autograd's in-place-on-a-view path would first copy the whole padded gradient twice).
+    """
+
+    @staticmethod
+    def forward(ctx, rows, real_at, shape, order):
+        ctx.save_for_backward(*real_at)
+        ctx.order = order
+        out = rows.new_zeros(shape)
+        out.permute(order).index_put_(real_at, rows)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.permute(ctx.order)[ctx.saved_tensors], None, None, None
+
+
+class _RealRows(torch.autograd.Function):
+    """``padded.permute(order)[real_at]``: the (R, ...) real rows; backward writes their gradient
+    into a zero tensor of the padded layout, ready for the matmul that made it."""
+
+    @staticmethod
+    def forward(ctx, padded, real_at, order):
+        ctx.save_for_backward(*real_at)
+        ctx.order, ctx.shape = order, padded.shape
+        return padded.permute(order)[real_at]
+
+    @staticmethod
+    def backward(ctx, grad):
+        out = grad.new_zeros(ctx.shape)
+        out.permute(ctx.order).index_put_(ctx.saved_tensors, grad)
+        return out, None, None
+
+
+def _rel_shift(x: torch.Tensor, length: int) -> torch.Tensor:
+    """(B, H, L, P) scores against distances L - m (m = 0 .. P - 1) -> (B, H, L, L): entry (i, j) is
+    x[..., i, L - i + j], the score of distance i - j (HF's ``rel_shift_bnij``, without its copies
+    where possible: a strided view of the contiguous scores)."""
+    if _symbolic():  # symbolic shapes: the reshape-and-slice form, as HF writes it
+        b, heads, rows, cols = x.shape
+        return x.reshape(b, heads, cols, rows)[:, :, 1:].reshape(b, heads, rows, cols - 1)[..., :length]
+    x = x.contiguous()
+    b, heads, rows, cols = x.shape
+    return x.as_strided((b, heads, rows, length), (heads * rows * cols, rows * cols, cols - 1, 1), x.storage_offset() + length)

@@ -30,10 +30,10 @@ import torch
 from torch import nn
 from transformers import XLNetConfig, XLNetModel
 
-from sessrec.models.config import Configurable
+from sessrec.models.hf_encoder import HFEncoder
 
 
-class XLNetEncoder(nn.Module, Configurable):
+class XLNetEncoder(HFEncoder):
     """Stack of XLNet layers mapping (B, L, D) embeddings to (B, L, D) hidden states.
 
     Args:
@@ -43,12 +43,9 @@ class XLNetEncoder(nn.Module, Configurable):
         d_inner: feed-forward width (default 4 * d_model).
         dropout: dropout inside the layers.
         layer_norm_eps: LayerNorm epsilon.
-        initializer_range: std of the weight init; default ``d_model ** -0.5``. HF's 0.02 is sized
-            for d_model ~ 1024: at d_model 64 it makes each attention block's output ~40x smaller
-            than its residual, and the encoder learns item context far more slowly.
+        initializer_range: std of the weight init; default ``d_model ** -0.5`` (`HFEncoder`).
     """
 
-    causal: ClassVar[bool] = False
     two_stream: ClassVar[bool] = True  # takes perm_mask / target_mapping (PermutationLanguageModeling)
 
     def __init__(
@@ -61,10 +58,7 @@ class XLNetEncoder(nn.Module, Configurable):
         layer_norm_eps: float = 1e-12,
         initializer_range: float | None = None,
     ) -> None:
-        super().__init__()
-        if d_model % n_head:
-            raise ValueError(f"d_model ({d_model}) must be a multiple of n_head ({n_head})")
-        self.d_model = d_model
+        super().__init__(d_model, n_head, initializer_range)
         config = XLNetConfig(
             vocab_size=1,  # items are embedded outside; XLNet's own token table stays tiny
             d_model=d_model,
@@ -73,7 +67,7 @@ class XLNetEncoder(nn.Module, Configurable):
             d_inner=d_inner or 4 * d_model,
             dropout=dropout,
             layer_norm_eps=layer_norm_eps,
-            initializer_range=initializer_range if initializer_range is not None else d_model**-0.5,
+            initializer_range=self.init_std,
             attn_type="bi",
             mem_len=None,
             use_mems_eval=False,
@@ -84,10 +78,8 @@ class XLNetEncoder(nn.Module, Configurable):
         )
         self.xlnet = XLNetModel(config)
         # never read: sessions come in as embeddings (no word ids) and have no segments
-        frozen = [self.xlnet.word_embedding.weight]
-        frozen += [p for layer in self.xlnet.layer for p in (layer.rel_attn.r_s_bias, layer.rel_attn.seg_embed)]
-        for param in frozen:
-            param.requires_grad_(False)
+        self.freeze(self.xlnet.word_embedding.weight)
+        self.freeze(*(p for layer in self.xlnet.layer for p in (layer.rel_attn.r_s_bias, layer.rel_attn.seg_embed)))
 
     def use_query_stream(self, used: bool) -> None:
         """Train the query stream's embedding (``mask_emb``) only when the objective reads the query

@@ -42,7 +42,7 @@ from sessrec.tasks.pretrained import load_checkpoint
 
 class SessrecCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        # a recipe's `model:` block without class_path configures NextItemTask, as before
+        # a recipe's `model:` block without class_path configures NextItemTask, the default task
         parser.set_defaults({"model": {"class_path": "sessrec.tasks.NextItemTask"}})
         # likewise a `data:` block without class_path configures SessionDataModule
         parser.set_defaults({"data": {"class_path": "sessrec.data.SessionDataModule"}})

@@ -3,12 +3,12 @@
 The sessions of a split are held in host memory as one right-aligned (N, L) int32 tensor (and
 one (N, L) tensor per side feature, aligned with it). An epoch is a permutation of rows
 (optionally of contiguous chunks of rows); each batch is one row gather per tensor, trimmed to
-the longest session in it. No `Dataset.__getitem__`, no collate: at batch size 256 this is the
-difference between microseconds and milliseconds per batch.
+the longest session in it. No `Dataset.__getitem__`, no collate: no Python call per session.
 
-A batch costs about 20 µs, so per-call overhead counts: the gathers go through NumPy views of
-the tensors' memory (`ndarray.take` costs about a third of `Tensor.index_select`'s fixed
-overhead) and come back as tensors with `torch.from_numpy`, without a copy.
+A batch is only a few gathers, so fixed per-call overhead is a large share of its cost: the
+gathers go through NumPy views of the tensors' memory (`ndarray.take` has less fixed overhead
+than `Tensor.index_select`'s dispatch) and come back as tensors with `torch.from_numpy`, without
+a copy. Figures against a per-item `DataLoader`: ``docs/benchmarks.md``, Loader.
 
 Shape letters: N sessions, L padded length, B batch.
 """

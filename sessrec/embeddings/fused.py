@@ -54,7 +54,7 @@ def _row_writer(weight: torch.Tensor) -> torch.Tensor:
     """``weight`` viewed with 16-byte elements (complex128) when its rows allow, else itself.
 
     `index_copy_` copies element by element, so 16-byte elements write a 64-float row in 16 steps
-    instead of 64 (1.2-1.5x faster on the updates measured); it is a copy, so the dtype is irrelevant.
+    instead of 64, a quarter of the per-element work; it is a copy, so the dtype is irrelevant.
     """
     row_bytes = weight.shape[1] * weight.element_size()
     if (weight.dim() == 2 and weight.stride(1) == 1 and weight.stride(0) == weight.shape[1] and not row_bytes % 16
@@ -294,14 +294,14 @@ class FusedEmbeddingBagCollection(nn.Module):
         huge_pages: on Linux CPUs, ask for 2 MB pages for the weights and the Adagrad state
             (`advise_huge_pages`): fewer TLB misses on scattered rows. No effect elsewhere.
         compile_update: with ``sgd`` on CPU, apply the update as one TorchInductor-compiled
-            scatter-add loop (`sessrec.embeddings.kernels`; no sort, about 1.7x faster than the
-            sorted eager update) when it compiles here; False, under
+            scatter-add loop (`sessrec.embeddings.kernels`: no sort, one pass over the ids, so
+            cheaper than the sorted eager update) when it compiles here; False, under
             ``torch.use_deterministic_algorithms``, or without a C++ compiler: the sorted eager update.
             The two differ only in the order in which duplicate ids' gradients are added.
 
     Training on CPU, call `sessrec.embeddings.retain_freed_memory()` once (``DLRMTask`` does): with
-    glibc's default trimming each step page-faults its outputs and gradients back in (1-hot
-    benchmark: 1.6x instead of 2.1-2.2x the separate bags' speed).
+    glibc's default trimming each step page-faults its outputs and gradients back in, which costs
+    much of the fused step's lead over separate bags (``docs/benchmarks.md``, Embedding core).
 
     Example:
         >>> ebc = FusedEmbeddingBagCollection([TableConfig("city", 100, 8), TableConfig("tags", 50, 8, "mean")], seed=0)

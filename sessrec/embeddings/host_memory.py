@@ -46,7 +46,7 @@ def retain_freed_memory(trim_bytes: int = 2**30, mmap_bytes: int = 32 * 2**20) -
     By default glibc returns free memory at the top of its heap to the kernel once it exceeds a
     threshold (twice the largest freed block, a few MB), and serves blocks above the mmap threshold
     with fresh mappings; either way the next step touches new pages and pays a page fault per 4 KB
-    (about 2,400-6,000 faults per step measured on the 26-table benchmark: several ms). This sets
+    (the cost is in ``docs/benchmarks.md``, Embedding core, ``--malloc default``). This sets
     the trim threshold to ``trim_bytes`` and the mmap threshold to ``mmap_bytes`` (glibc's maximum,
     32 MB), so blocks up to 32 MB are recycled from the heap. The cost: the process keeps up to
     ``trim_bytes`` of freed memory. Process-wide; every allocation of the process is affected.

@@ -3,16 +3,18 @@
 SGD is linear in the gradient: ``W[r] -= lr * sum of the gradients of r's occurrences`` can add the
 occurrences one by one, in any order, so it needs no sort and no per-row sum first. Eager PyTorch
 has no fast CPU kernel for that scatter (``index_add_`` and ``index_put_(accumulate=True)`` pay a
-dispatch per row: 17 ms for 106k rows of width 64, against about 5 ms for the sorted update of
-`sparse_update`). TorchInductor compiles ``W.index_put_((rows,), -lr * grad[bags], accumulate=True)``
-into one vectorized C++ loop over the ids (atomic adds when it runs on several threads), which reads
-each gradient row once and each touched weight row once per occurrence: about 3 ms for the same
-update, and the gather by ``bags`` and the per-sample weights are fused into the loop.
+dispatch per row, so they lose to the sorted update of `sparse_update`, which sums each row's
+occurrences and writes each touched row once). TorchInductor compiles
+``W.index_put_((rows,), -lr * grad[bags], accumulate=True)`` into one vectorized C++ loop over the
+ids (atomic adds when it runs on several threads), which reads each gradient row once and each
+touched weight row once per occurrence, with no sort; the gather by ``bags`` and the per-sample
+weights are fused into the loop. The compiled and sorted updates are compared in
+``docs/benchmarks.md`` (Embedding core, ``--eager-update``).
 
 Compilation needs a C++ compiler at run time. `sgd_scatter` compiles each variant (with or without
 ``bags`` and per-sample weights) on first use, on a tiny input, and returns ``None`` when that fails;
 callers then take the eager path. Compiled graphs are cached on disk by TorchInductor, so later
-processes start faster (about 7 s for the first compilation here, a fraction of a second after).
+processes load them instead of compiling again (the first compilation takes seconds).
 """
 
 from __future__ import annotations
@@ -41,10 +43,10 @@ def sgd_scatter(width: int, dtype: torch.dtype, with_bags: bool, with_weights: b
     """The compiled scatter for this variant, or ``None`` when it cannot be compiled here.
 
     The first call for a variant compiles it on a tiny input of the real width and dtype and checks
-    the result. The width stays static (the loop is vectorized for it: 2.4 ms against 3.8 ms with a
-    symbolic width, for 106k ids of width 64), the numbers of ids and rows are dynamic, so one
-    compilation serves every batch and table size. A failure (no C++ compiler, an unsupported
-    platform) is warned about once and remembered.
+    the result. The width stays static, so the inner loop over a row is vectorized for that exact
+    width (a symbolic width leaves a generic, slower loop); the numbers of ids and rows are
+    dynamic, so one compilation serves every batch and table size. A failure (no C++ compiler,
+    an unsupported platform) is warned about once and remembered.
     """
     global _warned
     key = (width, dtype, with_bags, with_weights)

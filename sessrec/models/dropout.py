@@ -1,13 +1,13 @@
 """`FastDropout`: the same inverted dropout, with a mask that is cheaper to draw on CPU.
 
-On CPU, `torch.nn.Dropout` draws one Bernoulli sample per element (`bernoulli_`), about 8 ns
-each on one core: a fifth to a quarter of an XLNet training step here (see docs/benchmarks.md).
+On CPU, `torch.nn.Dropout` draws one Bernoulli sample per element (`bernoulli_`), a large share
+of a small model's training step (``docs/benchmarks.md``, Training step, where a step goes).
 `FastDropout` draws one 64-bit random integer per four elements instead and compares its 16-bit
-lanes with a threshold: the mask costs about a third of `bernoulli_`'s, forward and backward
-together about half. The keep probability is ``1 - p`` to within 2^-15 (3e-5), kept
-elements are scaled by ``1 / (1 - p)`` as usual, the mask comes from torch's default generator
-(so `torch.manual_seed` makes it reproducible), and only a bool mask is saved for backward.
-Off CPU it is `torch.nn.functional.dropout` itself (CUDA's Philox Bernoulli is already fast).
+lanes with a threshold: a quarter of the random draws. The keep probability is ``1 - p`` to
+within 2^-15 (3e-5), kept elements are scaled by ``1 / (1 - p)`` as usual, the mask comes from
+torch's default generator (so `torch.manual_seed` makes it reproducible), and only a bool mask is
+saved for backward. Off CPU it is `torch.nn.functional.dropout` itself (CUDA's Philox Bernoulli
+is already fast).
 
 `use_fast_dropout(module)` swaps every `nn.Dropout` inside a module (the HF encoders' included)
 for a `FastDropout` of the same ``p``; dropout has no weights, so checkpoints do not change.

@@ -55,8 +55,7 @@ class SessionModel(nn.Module):
         dropout: dropout on the input embeddings.
         input_norm: LayerNorm on the summed input embeddings.
         output_transform: a Linear-GELU-LayerNorm block before the tied head (BERT4Rec's).
-            Both are off by default: on DIGINETICA each slowed learning (Recall@20 after 300
-            steps 0.20 with both, 0.28 without; see docs/results.md).
+            Both are off by default: on DIGINETICA each slows early learning.
         score_scale: when set, score by cosine similarity times this scale: the hidden state and
             every item vector are L2-normalised first (NISER, Gupta et al. 2019), which keeps
             popular items from winning on vector length alone. None = plain dot product.

@@ -13,14 +13,14 @@ weighing 1 and the r-th before it ``recency_decay ** r`` (r counts distinct item
 and its scores are the query times W: score(i) = sum_j q_j W[j, i]. Items of the session
 itself can be returned when they co-visit with the others (filters remove them if wanted).
 
-Defaults, measured on rsc15_100k validation (4,165 last-item prefixes, 13,629 training
-sessions; /tmp scripts, not kept): Recall@20 0.392, MRR@20 0.167, Recall@200 0.497 (V-SKNN on
-the same prefixes: 0.606 / 0.357; 38% of the targets repeat a prefix item, which W leaves out).
-Over window 3-10, last_items 3-5, recency_decay 0.3-0.8 and max_neighbours 100-200, MRR@20
-moves by at most 0.002 (within two paired standard errors); two settings matter:
-``direction="both"`` (+0.014 MRR@20, +0.045 Recall@200 over forward) and ``normalize``
-(+0.009 MRR@20). A longer window and more neighbours raise Recall@200 a little (window 10:
-+0.004, max_neighbours 200: +0.011) at more memory and time.
+The defaults come from rsc15_100k validation (last-item prefixes). Over the usual ranges,
+window, last_items, recency_decay and max_neighbours barely move the ranking quality; two
+settings matter: ``direction="both"`` (every pair counts in both rows, so rows fill faster and
+recall reaches deeper than forward only) and ``normalize`` (a popular query item does not drown
+the others). A longer window and more neighbours raise the recall of long candidate lists a
+little, at more memory and time. Since W leaves out a == b pairs, a target that repeats an item
+of the session is found only through the items it co-visits with; the repeat features and the
+other retrievers cover repeats. Recall as a pipeline retriever: ``docs/results.md``, The pipeline.
 
 Example:
     >>> import torch

@@ -5,11 +5,12 @@ The session-model retriever scores a query vector h against every item vector by
 Both indexes take the same calls: ``build(vectors, ids)``, ``search(queries, k)`` and
 ``state()`` / ``from_state(config, arrays)`` (JSON-able settings and numpy arrays, no pickling).
 
-Which to choose (FAISS guidelines; see ``shared/notes/pipeline-anchors.md`` section 4):
+Which to choose (FAISS's guidelines; recall and speed at 1M items: ``docs/benchmarks.md``,
+Pipeline: FAISS against exact retrieval):
 
 - `ExactIndex` (a blocked matrix product, like FAISS's Flat) is the only exact one. Cost is
   N x D multiply-adds per query, memory bounded by the block size. Right for catalogues up to
-  some hundred thousand items, for batch jobs, and as the reference the others are measured on.
+  some hundred thousand items, for batch jobs, and as the reference for the others' recall.
 - `FaissIndex(kind="hnsw")` is the best approximate choice when RAM allows: (4 D + 8 M) bytes per
   vector (M links per node, ``hnsw_m``), no training, build cost grows with ``ef_construction``.
   Recall and latency are traded at query time by ``ef_search`` (raised to k when below it).

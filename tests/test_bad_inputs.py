@@ -39,7 +39,7 @@ from sessrec.data import (
     read_user_sequences,
 )
 from sessrec.data.stream import ScoringStream
-from sessrec.tasks import BaselineTask
+from sessrec.tasks import BaselineTask, Evaluation
 from sessrec.tasks.callbacks import TopKWriter
 
 torch.set_num_threads(1)
@@ -277,8 +277,8 @@ def predict(tmp_path: Path, src: Path, **schema) -> Path:
     out = tmp_path / "recs.parquet"
     trainer = pl.Trainer(callbacks=[TopKWriter(str(out))], logger=False, enable_progress_bar=False,
                          enable_checkpointing=False, enable_model_summary=False)
-    trainer.predict(BaselineTask(baseline=Popularity(), num_items=dm.num_items, top_k=3), datamodule=dm,
-                    return_predictions=False)
+    task = BaselineTask(baseline=Popularity(), num_items=dm.num_items, evaluation=Evaluation(top_k=3))
+    trainer.predict(task, datamodule=dm, return_predictions=False)
     return out
 
 

@@ -18,7 +18,7 @@ import torch
 from sessrec.baselines import STAN, VSKNN, Popularity, SessionBaseline
 from sessrec.cli import cli as main
 from sessrec.data import SessionBatch, SessionDataModule, SyntheticSource
-from sessrec.tasks import BaselineTask
+from sessrec.tasks import BaselineTask, Evaluation
 
 torch.set_num_threads(1)
 
@@ -348,7 +348,7 @@ def test_baseline_task_can_exclude_the_sessions_own_items():
     pop.fit(torch.tensor([[0, 2, 2, 3], [2, 3, 4, 5]]), num_items=7)  # counts: 2 > 3 > 4 = 5 > 6
     batch = SessionBatch(items=torch.tensor([[0, 0, 2, 4]], dtype=torch.int32))
     plain = BaselineTask(baseline=pop, num_items=7)(batch)
-    seen = BaselineTask(baseline=pop, num_items=7, exclude_seen=True)(batch)
+    seen = BaselineTask(baseline=pop, num_items=7, evaluation=Evaluation(exclude_seen=True))(batch)
     assert plain[0].topk(2).indices.tolist() == [2, 3]
     assert seen[0].topk(2).indices.tolist() == [3, 5]
     assert torch.isinf(seen[0, [0, 2, 4]]).all() and torch.equal(seen[0, [3, 5, 6]], plain[0, [3, 5, 6]])

@@ -12,7 +12,7 @@ from sessrec.data import ClickoutDataModule, SessionDataModule, SyntheticSource
 from sessrec.data.loader import SessionLoader
 from sessrec.data.ranking import RankingLoader
 from sessrec.models import MaskedItemModeling, XLNetEncoder
-from sessrec.tasks import DLRMTask, NextItemTask
+from sessrec.tasks import DLRMTask, Evaluation, NextItemTask, Optimization
 
 torch.set_num_threads(1)
 TRIVAGO = Path(__file__).resolve().parents[2] / "shared" / "data" / "trivago_rsc19_100k" / "trivago_val_100k.parquet.snappy"
@@ -79,7 +79,7 @@ def test_next_item_ddp_shards_sessions_and_ends_with_identical_weights(tmp_path)
     pl.seed_everything(0)
     data = SessionDataModule(SyntheticSource(num_sessions=600, num_items=60), max_length=8, batch_size=32)
     task = NextItemTask(num_items=data.num_items, max_length=8, encoder=XLNetEncoder(d_model=16, n_head=2, n_layer=1),
-                        objective=MaskedItemModeling(), lr=0.01)
+                        objective=MaskedItemModeling(), optimization=Optimization(lr=0.01))
     ddp_trainer(tmp_path).fit(task, datamodule=data)
     first, second = ranks(tmp_path)
     for epoch in (0, 1):
@@ -117,7 +117,7 @@ def test_predict_on_two_processes_writes_one_output_in_input_order(tmp_path):
     pl.seed_everything(0)
     data = SessionDataModule(SyntheticSource(num_sessions=400, num_items=50), max_length=8, eval_batch_size=16)
     task = NextItemTask(num_items=data.num_items, max_length=8, encoder=XLNetEncoder(d_model=16, n_head=2, n_layer=1),
-                        objective=MaskedItemModeling(), top_k=5)
+                        objective=MaskedItemModeling(), evaluation=Evaluation(top_k=5))
     raw = data.vocab.raw_ids.to_pylist()
     rng = np.random.default_rng(0)
     sessions = [[raw[i] for i in rng.integers(0, len(raw), rng.integers(1, 6))] for _ in range(150)]
@@ -141,8 +141,8 @@ def test_bf16_mixed_precision_trains_on_cpu():
     for precision in ("bf16-mixed", "32-true"):
         pl.seed_everything(0)
         data = SessionDataModule(SyntheticSource(num_sessions=600, num_items=200), max_length=8, batch_size=64)
-        task = NextItemTask(num_items=data.num_items, max_length=8, lr=0.01, objective=MaskedItemModeling(),
-                            encoder=XLNetEncoder(d_model=16, n_head=2, n_layer=1))
+        task = NextItemTask(num_items=data.num_items, max_length=8, encoder=XLNetEncoder(d_model=16, n_head=2, n_layer=1),
+                            objective=MaskedItemModeling(), optimization=Optimization(lr=0.01))
         trainer = pl.Trainer(accelerator="cpu", precision=precision, max_epochs=3, logger=False, enable_checkpointing=False,
                              enable_progress_bar=False, enable_model_summary=False)
         trainer.fit(task, datamodule=data)

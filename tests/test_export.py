@@ -38,7 +38,7 @@ from sessrec.models import (
     SASRecEncoder,
     XLNetEncoder,
 )
-from sessrec.tasks import DLRMTask, NextItemTask
+from sessrec.tasks import DLRMTask, Evaluation, NextItemTask
 
 MODELS = {  # each encoder with the objective it trains with
     "xlnet_mlm": (lambda: XLNetEncoder(d_model=16, n_head=2, n_layer=1), MaskedItemModeling),
@@ -96,7 +96,7 @@ def test_description_beside_the_model(tmp_path):
 @pytest.mark.parametrize("fmt", ["onnx", "torchscript"])
 def test_side_features_are_inputs_and_exclude_seen_is_applied(tmp_path, fmt):
     side = SideInfoSpec(categorical={"device": 5}, continuous=["price", "dwell"], looks_ahead=["dwell"])
-    task = session_task("bert_mlm", side_features=side, exclude_seen=True)
+    task = session_task("bert_mlm", side_features=side, evaluation=Evaluation(exclude_seen=True))
     path = export_session_model(task, tmp_path, fmt)
     items = sessions(5, 9, seed=2)
     g = torch.Generator().manual_seed(3)

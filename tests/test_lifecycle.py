@@ -31,7 +31,7 @@ from sessrec.models import (
     SASRecEncoder,
     XLNetEncoder,
 )
-from sessrec.tasks import DLRMTask, NextItemTask
+from sessrec.tasks import DLRMTask, NextItemTask, Optimization
 from sessrec.tasks.pretrained import load_checkpoint, with_more_items
 
 torch.set_num_threads(1)
@@ -52,7 +52,7 @@ def tiny_recipe(run: Path, max_epochs: int = 2) -> Path:
         "last_checkpoint": {"every_n_train_steps": 5},
         "model": {"encoder": {"class_path": "sessrec.models.XLNetEncoder",
                               "init_args": {"d_model": 16, "n_head": 2, "n_layer": 1, "dropout": 0.1}},
-                  "lr": 0.003, "warmup_steps": 5},
+                  "optimization": {"lr": 0.003}, "schedule": {"warmup_steps": 5}},
         "data": {"source": {"class_path": "sessrec.data.SyntheticSource",
                             "init_args": {"num_sessions": 3000, "num_items": 100}},
                  "max_length": 10, "batch_size": 128},
@@ -258,7 +258,7 @@ def test_retrain_promotes_a_good_candidate_and_rejects_a_bad_one(tmp_path):
     path, (start, mid, late, end) = event_file(tmp_path)
     data = SessionDataModule(TimeWindowSource([str(path)], Schema(), start, mid, late), max_length=8, batch_size=128)
     base = NextItemTask(num_items=data.num_items, max_length=8, encoder=GRU4RecEncoder(d_model=16),
-                        objective=CausalLanguageModeling(), lr=0.01)
+                        objective=CausalLanguageModeling(), optimization=Optimization(lr=0.01))
     pl.seed_everything(0)
     pl.Trainer(max_epochs=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                enable_model_summary=False).fit(base, datamodule=data)

@@ -86,7 +86,7 @@ def test_rejects_bad_cutoffs():
 def test_exclude_seen_masks_the_input_items_and_makes_a_repeat_target_a_miss():
     from sessrec.data import SessionBatch
     from sessrec.models import CausalLanguageModeling, SASRecEncoder
-    from sessrec.tasks import NextItemTask
+    from sessrec.tasks import Evaluation, NextItemTask
     from sessrec.tasks.next_item import exclude_seen
 
     scores = torch.arange(12.0).repeat(2, 1)  # (2, 12): item 11 best, then 10, ...
@@ -100,7 +100,7 @@ def test_exclude_seen_masks_the_input_items_and_makes_a_repeat_target_a_miss():
     torch.manual_seed(0)
     batch = SessionBatch(items=torch.tensor([[0, 2, 3, 4], [5, 6, 7, 3]]), targets=torch.tensor([3, 8]))
     task = NextItemTask(num_items=10, max_length=4, encoder=SASRecEncoder(d_model=8, n_head=1, n_layer=1),
-                        objective=CausalLanguageModeling(), ks=[8], top_k=4, exclude_seen=True).eval()
+                        objective=CausalLanguageModeling(), evaluation=Evaluation(ks=[8], top_k=4, exclude_seen=True)).eval()
     with torch.no_grad():
         raw = task.model(batch.items, task.objective)  # (2, 10)
         top = task.predict_step(batch, 0).items

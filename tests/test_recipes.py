@@ -207,6 +207,17 @@ def test_fragments_and_full_recipes():
         assert set(load(path)) == {"model"} and set(load(path)["model"]["init_args"]) == {"baseline"}, name
 
 
+def test_recipe_schedules_follow_the_steps():
+    """No recipe sets a time budget on its schedule: a result does not depend on how fast the machine was."""
+    for path in [*DATA.values(), *FULL.values()]:
+        model = load(path).get("model") or {}
+        if "DLRMTask" in str(model.get("class_path")):  # DLRMTask has a learning rate, no schedule
+            continue
+        settings = model.get("init_args", model)
+        assert "seconds" not in (settings.get("schedule") or {}), path.name
+        assert not {"lr", "warmup_steps", "scheduler", "schedule_seconds", "ks"} & set(settings), path.name
+
+
 def test_recipes_readme_lists_every_fragment_and_full_recipe():
     text = (RECIPES / "README.md").read_text()
     listed = {f"{kind}/{name}" for kind, name in FRAGMENT.findall(text)}
@@ -262,10 +273,11 @@ def check_config(cfg: dict, args: tuple[str, ...]) -> None:
         if is_baseline(model):
             assert cfg["model"]["class_path"] == "sessrec.tasks.BaselineTask"
             assert cfg["model"]["init_args"]["baseline"]["class_path"] == block["init_args"]["baseline"]["class_path"]
-            assert "lr" not in cfg["model"]["init_args"] and cfg["trainer"]["callbacks"] is None
-            if data is not None:  # the metrics of the dataset are kept
-                assert cfg["model"]["init_args"]["ks"] == load(data)["model"]["ks"]
-                assert cfg["model"]["init_args"]["exclude_seen"] == load(data)["model"].get("exclude_seen", False)
+            assert not {"optimization", "schedule"} & set(cfg["model"]["init_args"]) and cfg["trainer"]["callbacks"] is None
+            if data is not None:  # the evaluation of the dataset is kept
+                evaluation = cfg["model"]["init_args"]["evaluation"]
+                assert holds(evaluation, load(data)["model"]["evaluation"])
+                assert evaluation["exclude_seen"] == load(data)["model"]["evaluation"].get("exclude_seen", False)
         else:
             assert cfg["model"]["class_path"].endswith("NextItemTask")
             assert cfg["model"]["init_args"]["encoder"]["class_path"] == block["encoder"]["class_path"]

@@ -102,8 +102,8 @@ class NextItemScorer(nn.Module):
     """A trained `NextItemTask` as one function: items (B, L) [, side features (B, L) each] -> scores.
 
     Sessions are right-aligned model ids (0 = padding), read the way the task evaluates them:
-    ``task.model(items, task.objective, features)``, then `exclude_seen` when the task's hparams
-    ask for it. Outputs: ``scores`` (B, V), -inf for padding, OOV, virtual (and excluded) items;
+    ``task.model(items, task.objective, features)``, then `exclude_seen` when the task's
+    `Evaluation` asks for it. Outputs: ``scores`` (B, V), -inf for padding, OOV, virtual (and excluded) items;
     with `top_k`, also ``top_scores`` (B, K) and ``top_items`` (B, K) model ids.
 
     Side features are extra inputs, one (B, L) tensor per feature after ``items``, in
@@ -122,7 +122,7 @@ class NextItemScorer(nn.Module):
         self.model = task.model
         # a plain attribute, not a submodule: RTD's generator is training-only and stays out of the file
         object.__setattr__(self, "objective", task.objective)
-        self.exclude_seen = bool(task.hparams.get("exclude_seen", False))
+        self.exclude_seen = task.evaluation.exclude_seen
         self.top_k = None if top_k is None else min(top_k, int(self.model.recommendable.sum()))
         side = self.model.side_info
         self.categorical = list(side.categorical) if side is not None else []

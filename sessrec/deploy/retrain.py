@@ -22,7 +22,7 @@ import json
 import os
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,7 @@ from sessrec.tasks import NextItemTask
 from sessrec.tasks.pretrained import (
     build,
     class_path,
+    config_of,
     load_checkpoint,
     plain_hparams,
     with_more_items,
@@ -119,8 +120,8 @@ def retrain(
         warm_start: start from the current model's weights (grown to the new items); False trains
             the same architecture from scratch on the window, with a vocabulary of its own.
         max_epochs: training epochs on the window.
-        lr: peak learning rate; default the current model's.
-        warmup_steps: warm-up steps; default the current model's.
+        lr: peak learning rate (``optimization.lr``); default the current model's.
+        warmup_steps: warm-up steps (``schedule.warmup_steps``); default the current model's.
         batch_size: training sessions per batch.
         valid_fraction: latest share of the window's training sessions used for checkpoint selection.
         seed: seed of initialisation, shuffling and masking.
@@ -146,9 +147,10 @@ def retrain(
         candidate = build({"class_path": class_path(current), "init_args": {**plain_hparams(current), "num_items": len(vocab)}},
                           "the current model's config")
     new_items = len(vocab) - len(current.vocab) if warm_start else None
+    optimization, schedule = candidate.optimization, candidate.schedule
     candidate.hparams.update(
-        lr=lr if lr is not None else candidate.hparams.lr,
-        warmup_steps=warmup_steps if warmup_steps is not None else candidate.hparams.warmup_steps,
+        optimization=config_of(optimization if lr is None else replace(optimization, lr=lr)),
+        schedule=config_of(schedule if warmup_steps is None else replace(schedule, warmup_steps=warmup_steps)),
         seed=seed,
     )
     vocab_path = vocab.save(out_dir / "vocab.parquet")

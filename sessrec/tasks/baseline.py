@@ -24,7 +24,9 @@ from sessrec.data import frame
 from sessrec.data.batch import SessionBatch
 from sessrec.data.vocab import NUM_SPECIAL
 from sessrec.metrics import TopKMetrics
+from sessrec.models.config import config_of
 from sessrec.tasks.next_item import NextItemTask, TopK, exclude_seen
+from sessrec.tasks.settings import Evaluation
 
 
 class BaselineTask(pl.LightningModule):
@@ -33,9 +35,8 @@ class BaselineTask(pl.LightningModule):
     Args:
         baseline: the baseline (``class_path`` in a recipe), e.g. `sessrec.baselines.VSKNN`.
         num_items: score vector size; linked from the data module (``data.num_items``).
-        ks: cut-offs of the evaluation metrics.
-        top_k: recommendations per session written by ``sessrec predict``.
-        exclude_seen: never recommend an item of the input session (`NextItemTask`'s option).
+        evaluation: metric cut-offs, recommendations per session, and whether the input
+            session's items are excluded (`Evaluation`, as `NextItemTask`'s; a data fragment sets it for both).
         num_virtual: the last `num_virtual` ids are virtual (non-product) items, linked from the
             data module: input only, so their scores are -inf whatever the baseline counted.
     """
@@ -44,15 +45,17 @@ class BaselineTask(pl.LightningModule):
         self,
         baseline: SessionBaseline,
         num_items: int = 0,
-        ks: list[int] = [10, 20],  # noqa: B006 - read only
-        top_k: int = 20,
-        exclude_seen: bool = False,
+        evaluation: Evaluation = Evaluation(),  # noqa: B008 - frozen
         num_virtual: int = 0,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters(ignore=["baseline"])
+        evaluation = Evaluation.of(evaluation)
+        self.save_hyperparameters(ignore=["baseline", "evaluation"])
+        self.hparams.update(evaluation=config_of(evaluation))  # plain data, as NextItemTask keeps its parts
         self.baseline = baseline
-        self.metrics = nn.ModuleDict({stage: TopKMetrics(ks) for stage in ("val", "test")})
+        self.metrics = nn.ModuleDict({stage: TopKMetrics(evaluation.ks) for stage in ("val", "test")})
+
+    evaluation = NextItemTask.evaluation
 
     def _nothing_to_train(self) -> ValueError:
         return ValueError(
@@ -80,7 +83,7 @@ class BaselineTask(pl.LightningModule):
         scores = self.baseline(batch.items).to(batch.items.device)
         if self.hparams.num_virtual:
             scores[:, scores.shape[1] - self.hparams.num_virtual :] = float("-inf")
-        return exclude_seen(scores, batch.items) if self.hparams.exclude_seen else scores
+        return exclude_seen(scores, batch.items) if self.evaluation.exclude_seen else scores
 
     def _step(self, batch: SessionBatch, stage: str) -> None:
         self.metrics[stage].update(self(batch), batch.targets)
@@ -104,7 +107,7 @@ class BaselineTask(pl.LightningModule):
 
     def predict_step(self, batch: SessionBatch, batch_idx: int) -> TopK:
         scores = self(batch)
-        k = min(self.hparams.top_k, scores.shape[1] - NUM_SPECIAL)
+        k = min(self.evaluation.top_k, scores.shape[1] - NUM_SPECIAL)
         top = scores.topk(k, dim=1)
         return TopK(items=top.indices, scores=top.values)
 

@@ -8,10 +8,8 @@ read the way the objective trained the model).
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import asdict, dataclass
-from typing import Literal
 
 import pytorch_lightning as pl
 import torch
@@ -27,6 +25,9 @@ from sessrec.models.side_info import SideInfoConfig, SideInfoEmbedding
 from sessrec.tasks.losses import CatalogueLoss, FullSoftmax
 from sessrec.tasks.optim import adamw
 from sessrec.tasks.pretrained import Pretrained
+from sessrec.tasks.settings import Evaluation, Optimization, Schedule
+
+PARTS = ("optimization", "schedule", "evaluation")  # the typed parts of the config, as plain data in hparams
 
 
 @dataclass
@@ -76,24 +77,16 @@ class NextItemTask(Pretrained, pl.LightningModule):
         input_norm: LayerNorm on the input embeddings (see `SessionModel`).
         output_transform: Linear-GELU-LayerNorm before the tied head (see `SessionModel`).
         score_scale: cosine scoring with this scale (NISER); None = dot product (see `SessionModel`).
-        lr: peak AdamW learning rate.
-        weight_decay: AdamW weight decay on matrices (not on biases, norms, or embeddings).
-        warmup_steps: linear warm-up steps.
-        scheduler: learning-rate decay after warm-up.
-        schedule_seconds: when set, the decay also runs on the wall clock: its progress is the
-            larger of (steps done / planned steps) and (seconds since training started /
-            this budget). A run capped by ``trainer.max_time`` on a slow or busy machine then
-            still anneals to the end of its schedule instead of stopping at a high learning rate.
-            Runs are no longer step-for-step reproducible across machines of different speed.
         loss: the training loss over the catalogue, any `sessrec.tasks.losses.CatalogueLoss`:
             `FullSoftmax` (default), `SampledSoftmax` (shared sampled, in-batch or mixed negatives
             with logQ correction), or a subclass named by its class path. Label smoothing and
             temperature are set on the loss. A loss that `needs_item_counts` gets the training
             counts from the data module's vocabulary at setup.
-        ks: cut-offs of the evaluation metrics.
-        top_k: recommendations per session written by ``sessrec predict``.
-        exclude_seen: at evaluation and prediction, never recommend an item of the input session
-            (see `exclude_seen`); the validation loss is computed before this filter.
+        optimization: AdamW's learning rate and weight decay (`Optimization`).
+        schedule: the learning-rate schedule (`Schedule`): warm-up, then a decay over the steps
+            the trainer plans; ``seconds`` adds a wall-clock budget.
+        evaluation: metric cut-offs, recommendations per session, and whether the input
+            session's items are excluded (`Evaluation`).
         seed: masking seed (per training step).
         num_virtual: virtual (input-only) ids at the end of the vocabulary; linked from the data
             module (``data.num_virtual``). Never targets, never recommended.
@@ -113,36 +106,31 @@ class NextItemTask(Pretrained, pl.LightningModule):
         input_norm: bool = False,
         output_transform: bool = False,
         score_scale: float | None = None,
-        lr: float = 1e-3,
-        weight_decay: float = 0.0,
-        warmup_steps: int = 0,
-        scheduler: Literal["constant", "cosine", "linear"] = "cosine",
-        schedule_seconds: float | None = None,
         loss: CatalogueLoss = FullSoftmax(),  # noqa: B008 - a frozen-by-convention config value
-        ks: list[int] = [10, 20],  # noqa: B006 - read only
-        top_k: int = 20,
-        exclude_seen: bool = False,
+        optimization: Optimization = Optimization(),  # noqa: B008 - frozen
+        schedule: Schedule = Schedule(),  # noqa: B008 - frozen
+        evaluation: Evaluation = Evaluation(),  # noqa: B008 - frozen
         seed: int = 0,
         num_virtual: int = 0,
         side_features: SideInfoSpec | dict | None = None,
         side_info: SideInfoConfig = SideInfoConfig(),  # noqa: B008 - a config value, never mutated
     ) -> None:
         super().__init__()
-        if schedule_seconds is not None and schedule_seconds <= 0:
-            raise ValueError(f"schedule_seconds must be positive or None, got {schedule_seconds}")
         # as stored in a checkpoint or a model directory: plain configs, built here
         encoder, objective, loss, side_info = (
             instantiate(v) if isinstance(v, dict) else v for v in (encoder, objective, loss, side_info)
         )
         if isinstance(side_features, dict):
             side_features = SideInfoSpec(**side_features)
-        self.save_hyperparameters(ignore=["encoder", "objective", "loss", "side_info", "side_features"])
+        optimization, schedule, evaluation = Optimization.of(optimization), Schedule.of(schedule), Evaluation.of(evaluation)
+        self.save_hyperparameters(ignore=[*PARTS, "encoder", "objective", "loss", "side_info", "side_features"])
         encoder = encoder if encoder is not None else XLNetEncoder()
         # every part as plain data (class_path + init_args): a checkpoint rebuilds the network without its
         # recipe and loads with torch.load(weights_only=True); an objective's parameters (RTD) are in the state dict
         self.hparams.update(
             encoder=config_of(encoder), objective=config_of(objective), loss=config_of(loss),
             side_info=config_of(side_info), side_features=None if side_features is None else asdict(side_features),
+            optimization=config_of(optimization), schedule=config_of(schedule), evaluation=config_of(evaluation),
         )
         side = None
         if side_features is not None:
@@ -162,8 +150,24 @@ class NextItemTask(Pretrained, pl.LightningModule):
         self.objective = objective
         self.loss = loss
         self.objective.bind(self.model)  # refuses an invalid (encoder, objective) pair
-        self.metrics = nn.ModuleDict({stage: TopKMetrics(ks) for stage in ("val", "test")})
+        self.metrics = nn.ModuleDict({stage: TopKMetrics(evaluation.ks) for stage in ("val", "test")})
         self._clock_before, self._clock_start = 0.0, time.monotonic()
+
+    # the parts are read from the hyper-parameters, so what a checkpoint saves is what the task uses
+    @property
+    def optimization(self) -> Optimization:
+        """AdamW's settings (`Optimization`)."""
+        return Optimization.of(self.hparams.optimization)
+
+    @property
+    def schedule(self) -> Schedule:
+        """The learning-rate schedule (`Schedule`)."""
+        return Schedule.of(self.hparams.schedule)
+
+    @property
+    def evaluation(self) -> Evaluation:
+        """Metric cut-offs, recommendations per session, exclusion of seen items (`Evaluation`)."""
+        return Evaluation.of(self.hparams.evaluation)
 
     def setup(self, stage: str) -> None:
         datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
@@ -177,7 +181,7 @@ class NextItemTask(Pretrained, pl.LightningModule):
                 vectors.set_vectors(name, torch.from_numpy(table))
 
     def schedule_clock(self) -> float:
-        """Seconds of training so far, across resumes (what `schedule_seconds` decays on)."""
+        """Seconds of training so far, across resumes (what a `Schedule` with ``seconds`` decays on)."""
         return self._clock_before + (time.monotonic() - self._clock_start)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
@@ -208,7 +212,7 @@ class NextItemTask(Pretrained, pl.LightningModule):
         scores = self.model(batch.items, self.objective, batch.features)  # (B, V)
         known = self.model.targetable(batch.targets)
         loss = F.cross_entropy(scores[known], batch.targets[known]) if known.any() else scores.new_zeros(())
-        if self.hparams.exclude_seen:
+        if self.evaluation.exclude_seen:
             scores = exclude_seen(scores, batch.items)
         self.metrics[stage].update(scores, batch.targets)
         self.log(f"{stage}/loss", loss, batch_size=len(batch))
@@ -239,21 +243,21 @@ class NextItemTask(Pretrained, pl.LightningModule):
 
     def recommend(self, items: torch.Tensor, k: int, features: dict[str, torch.Tensor] | None = None) -> TopK:
         """The `k` best recommendable items (fewer if the catalogue is smaller) of (B, L) model-id sessions."""
-        scores = next_item_scores(self.model, self.objective, items, features, self.hparams.exclude_seen)
+        scores = next_item_scores(self.model, self.objective, items, features, self.evaluation.exclude_seen)
         top = scores.topk(min(k, int(self.model.recommendable.sum())), dim=1)
         return TopK(items=top.indices, scores=top.values)
 
     def predict_step(self, batch: SessionBatch, batch_idx: int) -> TopK:
-        return self.recommend(batch.items, self.hparams.top_k, getattr(batch, "features", None))  # duck-typed batches too
+        return self.recommend(batch.items, self.evaluation.top_k, getattr(batch, "features", None))  # duck-typed batches too
 
     def configure_optimizers(self):
+        optimization, schedule = self.optimization, self.schedule
         decay = [p for n, p in self.named_parameters() if p.dim() >= 2 and "embedding" not in n]
         rest = [p for n, p in self.named_parameters() if not (p.dim() >= 2 and "embedding" not in n)]
         opt = adamw(
-            [{"params": decay, "weight_decay": self.hparams.weight_decay}, {"params": rest, "weight_decay": 0.0}],
-            lr=self.hparams.lr,
+            [{"params": decay, "weight_decay": optimization.weight_decay}, {"params": rest, "weight_decay": 0.0}],
+            lr=optimization.lr,
         )
-        warmup, kind, budget = self.hparams.warmup_steps, self.hparams.scheduler, self.hparams.schedule_seconds
         self._clock_start = time.monotonic()  # just before the first step
         planned: list[int] = []
 
@@ -264,17 +268,5 @@ class NextItemTask(Pretrained, pl.LightningModule):
                 planned.append(max(int(self.trainer.estimated_stepping_batches), 1) if self._trainer is not None else 1)
             return planned[0]
 
-        def factor(step: int) -> float:
-            if step < warmup:
-                return (step + 1) / warmup
-            progress = 0.0 if step == warmup else min((step - warmup) / max(total() - warmup, 1), 1.0)
-            if budget is not None:
-                progress = max(progress, min(self.schedule_clock() / budget, 1.0))
-            if kind == "cosine":
-                return 0.5 * (1.0 + math.cos(math.pi * progress))
-            if kind == "linear":
-                return 1.0 - progress
-            return 1.0
-
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: schedule.factor(step, total, self.schedule_clock()))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

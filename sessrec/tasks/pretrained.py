@@ -35,8 +35,10 @@ from sessrec.data.side import SideFeatures, SideFeatureTransform
 from sessrec.data.vocab import ItemVocab
 from sessrec.embeddings.dynamic import DynamicEmbeddingBag
 from sessrec.models.config import class_path, config_of, instantiate
+from sessrec.tasks.settings import grouped
 
 FORMAT, VERSION = "sessrec.model", 1
+GROUPED_TASKS = ("NextItemTask", "BaselineTask")  # tasks whose settings form typed parts (`sessrec.tasks.settings`)
 CONFIG, WEIGHTS, VOCAB, FEATURES = "config.json", "model.safetensors", "vocab.parquet", "features.npz"
 
 
@@ -160,8 +162,11 @@ def build(task_config: dict[str, Any], source: str) -> pl.LightningModule:
     path = str(task_config.get("class_path", ""))
     if not path.startswith("sessrec.tasks.") and not path.startswith("sessrec."):
         raise ValueError(f"{source}: task class {path!r} is not a sessrec task")
+    init_args = task_config.get("init_args") or {}
     try:
-        return instantiate({"class_path": path, "init_args": task_config.get("init_args") or {}})
+        if path.rpartition(".")[2] in GROUPED_TASKS:  # a saved config may name lr, ks, ... one by one
+            init_args = grouped(init_args)
+        return instantiate({"class_path": path, "init_args": init_args})
     except (TypeError, ValueError) as err:
         raise ValueError(f"{source}: the saved config does not build a {path.rpartition('.')[2]} ({err})") from err
 

@@ -25,6 +25,8 @@ import yaml
 from sessrec.pipeline.candidates import Retrieved, Sessions
 from sessrec.pipeline.retrieval.base import Retriever
 from sessrec.pipeline.retrieval.index import ExactIndex, FaissIndex
+from sessrec.tasks.pretrained import GROUPED_TASKS
+from sessrec.tasks.settings import grouped
 
 AnyIndex = ExactIndex | FaissIndex
 _DATA_LINKED = ("num_items", "max_length", "num_virtual", "side_features")
@@ -54,6 +56,8 @@ def build_task(model_config: dict[str, Any]) -> pl.LightningModule:
     path = str(model_config["class_path"])
     if not path.startswith("sessrec."):
         raise ValueError(f"model class_path {path!r} is outside the sessrec library; the pipeline builds only sessrec tasks")
+    if path.rpartition(".")[2] in GROUPED_TASKS:  # a saved config may name lr, ks, ... one by one
+        model_config = {**model_config, "init_args": grouped(dict(model_config.get("init_args") or {}))}
     parser = _task_parser()
     return parser.instantiate(parser.parse_object({"model": model_config})).model
 

@@ -1,0 +1,179 @@
+"""The typed parts of a task's configuration: optimisation, learning-rate schedule, evaluation.
+
+`NextItemTask` takes all three, `BaselineTask` takes `Evaluation`. In a recipe each part is a
+mapping under ``model:`` (or ``model.init_args:``), and on the command line a dotted flag::
+
+    model:
+      optimization: {lr: 0.005, weight_decay: 0.0}
+      schedule: {warmup_steps: 200, decay: cosine}
+      evaluation: {ks: [10, 20], exclude_seen: true}
+
+    sessrec fit ... --model.optimization.lr 0.001 --model.schedule.seconds 2460
+
+A saved task holds each part as plain data (`sessrec.models.config.config_of`); `of` turns that
+back into the part, and `grouped` reads a saved config that names the settings one by one.
+
+Example:
+    >>> Schedule(warmup_steps=2, decay="linear").factor(step=6, total_steps=10)
+    0.5
+    >>> Optimization.of({"lr": 0.01})
+    Optimization(lr=0.01, weight_decay=0.0)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+
+from sessrec.models.config import instantiate
+
+Part = TypeVar("Part", bound="_Part")  # typing.Self needs Python 3.11
+
+
+@dataclass(frozen=True)
+class _Part:
+    """What the three parts share: `of`, which reads one from what a saved task holds (a dataclass
+    without fields, so that the parts stay plain dataclasses: nested groups of flags in a recipe)."""
+
+    @classmethod
+    def of(cls: type[Part], value: Part | dict[str, Any]) -> Part:  # noqa: PYI019
+        """`value` as a `cls`: an instance as it is, a mapping of its fields, or ``{"class_path", "init_args"}``."""
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, dict):
+            built = instantiate(value) if "class_path" in value else cls(**value)
+            if isinstance(built, cls):
+                return built
+            value = built
+        raise TypeError(f"expected a {cls.__name__} or a mapping of its fields, got {type(value).__name__}")
+
+
+@dataclass(frozen=True)
+class Optimization(_Part):
+    """AdamW: the peak learning rate and the weight decay.
+
+    Args:
+        lr: peak learning rate (the schedule scales it).
+        weight_decay: weight decay on matrices only (not on biases, norms, or embeddings).
+    """
+
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"optimization lr must be a positive number, got {self.lr}")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ValueError(f"optimization weight_decay must be >= 0, got {self.weight_decay}")
+
+
+@dataclass(frozen=True)
+class Schedule(_Part):
+    """The learning-rate schedule: linear warm-up, then a decay to the end of training.
+
+    By default the schedule is defined by steps: the decay runs over the steps the trainer plans
+    (``trainer.max_epochs`` or ``max_steps``), so a run takes the same learning rate at each step
+    on any machine. `seconds` adds a time budget: the decay then also runs on the wall clock and
+    ends at whichever comes first, the planned steps or the budget. A run capped by
+    ``trainer.max_time`` on a slow or busy machine then still anneals to the end of its schedule,
+    but its learning rates, and so its result, depend on how fast the machine was.
+
+    Args:
+        warmup_steps: linear warm-up steps, from lr / warmup_steps up to the peak lr.
+        decay: after warm-up: ``cosine`` (to 0), ``linear`` (to 0) or ``constant``.
+        seconds: the time budget of the decay (seconds of training, across resumes); None: steps only.
+    """
+
+    warmup_steps: int = 0
+    decay: Literal["constant", "cosine", "linear"] = "cosine"
+    seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
+            raise ValueError(f"schedule warmup_steps must be an integer >= 0, got {self.warmup_steps!r}")
+        if self.decay not in ("constant", "cosine", "linear"):
+            raise ValueError(f"schedule decay must be 'constant', 'cosine' or 'linear', got {self.decay!r}")
+        if self.seconds is not None and not (math.isfinite(self.seconds) and self.seconds > 0):
+            raise ValueError(f"schedule seconds must be a positive number or None, got {self.seconds}")
+
+    def factor(self, step: int, total_steps: int | Callable[[], int], clock: float = 0.0) -> float:
+        """The learning rate at optimizer step `step` (from 0) as a fraction of the peak (`LambdaLR`'s factor).
+
+        Args:
+            step: optimizer steps done.
+            total_steps: the steps the trainer plans, or a function returning them (called only
+                once the decay has started, since a resumed run knows them only after its restore).
+            clock: seconds of training so far; read only when `seconds` is set.
+        """
+        warmup = self.warmup_steps
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = 0.0
+        if step > warmup:
+            total = total_steps() if callable(total_steps) else total_steps
+            progress = min((step - warmup) / max(total - warmup, 1), 1.0)
+        if self.seconds is not None:
+            progress = max(progress, min(clock / self.seconds, 1.0))
+        if self.decay == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+        if self.decay == "linear":
+            return 1.0 - progress
+        return 1.0
+
+
+def _default_ks() -> list[int]:
+    return [10, 20]
+
+
+@dataclass(frozen=True)
+class Evaluation(_Part):
+    """How a task is evaluated and what it recommends.
+
+    Args:
+        ks: cut-offs of the evaluation metrics (Recall, NDCG, MRR at each K).
+        top_k: recommendations per session written by ``sessrec predict``.
+        exclude_seen: at evaluation and prediction, never recommend an item of the input session
+            (`sessrec.tasks.next_item.exclude_seen`); the validation loss is computed before this filter.
+    """
+
+    ks: list[int] = field(default_factory=_default_ks)
+    top_k: int = 20
+    exclude_seen: bool = False
+
+    def __post_init__(self) -> None:
+        ks = list(self.ks)
+        if not ks or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in ks):
+            raise ValueError(f"evaluation ks must be positive integer cut-offs, got {ks}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1:
+            raise ValueError(f"evaluation top_k must be an integer >= 1, got {self.top_k!r}")
+        object.__setattr__(self, "ks", ks)  # a tuple from a caller is stored as the list the type says
+
+
+# a setting named on its own in a saved config -> (its part, its name there)
+SEPARATE = {
+    "lr": ("optimization", "lr"), "weight_decay": ("optimization", "weight_decay"),
+    "warmup_steps": ("schedule", "warmup_steps"), "scheduler": ("schedule", "decay"), "schedule_seconds": ("schedule", "seconds"),
+    "ks": ("evaluation", "ks"), "top_k": ("evaluation", "top_k"), "exclude_seen": ("evaluation", "exclude_seen"),
+}
+
+
+def grouped(init_args: dict[str, Any]) -> dict[str, Any]:
+    """A `NextItemTask` or `BaselineTask` config with the settings of `SEPARATE` moved into their parts.
+
+    A saved config (a model directory, a checkpoint's hyper-parameters, a pipeline directory) may
+    name these settings one by one (``lr``, ``warmup_steps``, ``scheduler``, ``schedule_seconds``,
+    ``ks``, ``top_k``, ``exclude_seen``); grouped, it builds the task with the same values. A
+    config without them is returned as it is.
+    """
+    if not SEPARATE.keys() & init_args.keys():
+        return init_args
+    out = {k: v for k, v in init_args.items() if k not in SEPARATE}
+    for key in SEPARATE.keys() & init_args.keys():
+        part, name = SEPARATE[key]
+        given = out.get(part) or {}
+        if not isinstance(given, dict) or "class_path" in given:
+            raise ValueError(f"the config names both {key!r} and {part!r}; give {key} inside {part}")
+        out[part] = {name: init_args[key], **given}
+    return out

@@ -6,7 +6,7 @@ shapes with symbolic axes; the ONNX opset) into a directory, and by default chec
 file against eager PyTorch on a batch of another shape than the export example, so a file whose
 batch or length axis came out fixed is refused at export time rather than found in serving.
 
-Exporters (measured with torch 2.13, onnxscript 0.7, onnxruntime 1.32):
+Exporters (as they behave with torch 2.13, onnxscript 0.7 and onnxruntime 1.32):
 - ONNX: ``torch.onnx.export(dynamo=True)`` (torch.export + onnxscript), the default and the
   recommended exporter. It gives symbolic batch and length axes from ``dynamic_shapes`` and
   exports every encoder but GRU4Rec. The TorchScript-based exporter (``dynamo=False``,
@@ -60,7 +60,7 @@ FORMATS: tuple[str, ...] = ("onnx", "torchscript")
 FILES = {"onnx": "model.onnx", "torchscript": "model.pt"}
 TOLERANCE = 1e-4  # max abs difference of finite scores between the exported file and eager PyTorch
 
-# (encoder class, format) -> why it cannot export; measured with torch 2.13 (see the module docstring)
+# (encoder class, format) -> why it cannot export with torch 2.13 (see the module docstring)
 KNOWN_LIMITS: dict[tuple[type[nn.Module], str], str] = {
     (GRU4RecEncoder, "onnx"): (
         "its GRU runs on a PackedSequence (pack_padded_sequence), whose state is sized by the data "

@@ -132,6 +132,9 @@ def _worker(rank: int, rendezvous: str, out_path: str) -> None:
             dist.all_reduce(total)  # the global batch's mean loss: the ranks' halves are equal
             losses.append(total.item() / WORLD)
         results[name] = losses
+        # every collective of this plan has completed on both ranks before its modules go away
+        # (a data-parallel table's DDP reducer torn down while the other rank still reduces aborts gloo)
+        dist.barrier()
         del sharded, opt  # DDP's reducer and the sharded modules hold the group: release them first
     # both ranks reach here before the group goes away: tearing it down while the other rank is
     # still in a collective aborts gloo ("terminate called without an active exception")

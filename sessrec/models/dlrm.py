@@ -115,7 +115,6 @@ class TorchRecSparseArch(nn.Module):
     def __init__(self, tables: Sequence[TableConfig], seed: int | None = None) -> None:
         super().__init__()
         self.embedding_dim = one_width(tables)
-        self.tables = list(tables)
         with torch.random.fork_rng(devices=[]):  # TorchRec's own init draws from the global generator
             self.collection = embedding_bag_collection(tables)
         self.feature_names = [f for t in tables for f in t.features]

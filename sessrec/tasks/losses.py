@@ -1,25 +1,23 @@
 """Next-item losses over a large catalogue: full softmax, sampled softmax, in-batch negatives.
 
-At V = 50k items the full-catalogue softmax is almost all of a CPU training step: every
-target is scored against every item. The sampled losses score each target against a small
-candidate set instead:
+The full softmax scores every target against every item, so its cost grows with the catalogue.
+The sampled losses score each target against a small candidate set instead:
 
 - ``sampled``: S negatives shared by the whole batch, drawn with replacement uniformly over
   the catalogue or by popularity (count ** power);
 - ``in_batch``: the other targets of the batch are the negatives (drawn by popularity, for free);
 - ``mixed``: both.
 
-Because the candidates are not drawn uniformly, every logit is corrected by the log of the
-candidate's expected number of draws (logQ correction, Bengio & Senecal 2008; Yi et al. 2019),
-which makes the sampled softmax an unbiased-in-the-limit estimate of the full one. Candidates
-equal to a row's own target (accidental hits) are removed from that row. Padding and OOV are
-never candidates.
+Each candidate's logit is corrected by the log of its expected number of draws (logQ
+correction, Bengio & Senecal 2008; Yi et al. 2019), so that the sampled softmax estimates the
+full one without bias in the limit, whatever the sampler. Candidates equal to a row's own target
+(accidental hits) are removed from that row. Padding and OOV are never candidates.
 
 Every loss is a `CatalogueLoss`: called as ``loss(model, hidden, targets, generator)`` where
 ``model.score(hidden, candidates)`` returns (N, K) scores of the hidden states against candidate
 item ids (the whole catalogue when ``candidates`` is None) and ``model.score_targets(hidden,
 targets)`` the (N,) score of each row's own target. A new loss is a subclass (a dataclass whose
-fields are its arguments), named in a recipe by its ``class_path``; `NextItemTask` needs no edit.
+fields are its arguments), named in a recipe by its ``class_path``; `NextItemTask` takes any.
 
 Shape letters: N targets in the batch, D width, V catalogue (incl. padding and OOV),
 S shared sampled negatives, K candidates per row.

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 
 from sessrec.data import Schema, generate_sessions
 from sessrec.data import frame
-from sessrec.data.atomic import atomic_path
+from sessrec.saved.atomic import atomic_path
 
 
 def main() -> None:

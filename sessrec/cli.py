@@ -34,7 +34,7 @@ import pytorch_lightning as pl
 import yaml
 from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 
-from sessrec.data.checkpoint import data_state
+from sessrec.saved.checkpoint import data_state
 from sessrec.tasks import LastCheckpoint, TopKWriter, VocabularyCheckpoint
 from sessrec.tasks.callbacks import find_features, find_vocab
 from sessrec.tasks.pretrained import load_checkpoint

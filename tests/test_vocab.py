@@ -95,7 +95,7 @@ def test_save_load_round_trip_atomic(tmp_path):
 
 
 def test_save_failure_leaves_nothing(tmp_path, monkeypatch):
-    import sessrec.data.atomic as atomic_module  # where ItemVocab.save writes (ParquetFile)
+    import sessrec.saved.atomic as atomic_module  # where ItemVocab.save writes (ParquetFile)
 
     def broken_write(table, where):
         with open(where, "wb") as half:

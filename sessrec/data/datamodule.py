@@ -18,7 +18,7 @@ import torch
 
 from sessrec.data import frame
 from sessrec.data.batch import ITEM_DTYPE
-from sessrec.data.checkpoint import is_checkpoint, saved_file, to_bytes, to_tensor
+from sessrec.saved.checkpoint import is_checkpoint, saved_file, to_bytes, to_tensor
 from sessrec.data.loader import SessionLoader, ranks_of
 from sessrec.data.schema import Schema
 from sessrec.data.side import SideFeatures, SideFeatureTransform, SideInfoSpec, read_item_vectors

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from sessrec.data.atomic import ParquetFile
+from sessrec.saved.atomic import ParquetFile
 from sessrec.data.clickouts import (
     CLICKS,
     MULTI_HOT,

@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 import pytorch_lightning as pl
 import torch
 
-from sessrec.data.checkpoint import is_checkpoint, saved_file, to_bytes, to_tensor
+from sessrec.saved.checkpoint import is_checkpoint, saved_file, to_bytes, to_tensor
 from sessrec.data.clickouts import DENSE_FEATURES, SPLITS, build_clickout_rows, split_by_time
 from sessrec.data.loader import ranks_of
 from sessrec.data.ranking import RankingLoader, RankingTensors, RankingVocab, encode_rows

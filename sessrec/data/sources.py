@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from sessrec.data import frame
-from sessrec.data.atomic import atomic_path
+from sessrec.saved.atomic import atomic_path
 from sessrec.data.readers import read_events, read_srgnn, read_user_sequences
 from sessrec.data.schema import Schema
 from sessrec.data.synthetic import generate_sessions

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sessrec.data.atomic import ParquetFile
+from sessrec.saved.atomic import ParquetFile
 from sessrec.data.schema import first_failing_cast
 
 PAD = 0

@@ -48,7 +48,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from sessrec.data.atomic import atomic_path
+from sessrec.saved.atomic import atomic_path
 from sessrec.embeddings import SparseFeatures
 from sessrec.models import GRU4RecEncoder
 from sessrec.tasks.next_item import NextItemTask, next_item_scores

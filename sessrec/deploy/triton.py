@@ -26,7 +26,7 @@ import os
 import re
 from pathlib import Path
 
-from sessrec.data.atomic import atomic_path
+from sessrec.saved.atomic import atomic_path
 from sessrec.deploy.export import export_dlrm, export_session_model
 from sessrec.tasks.next_item import NextItemTask
 from sessrec.tasks.ranking import DLRMTask

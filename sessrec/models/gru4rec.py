@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from sessrec.models.config import Configurable
+from sessrec.saved.registry import Configurable
 
 
 class GRU4RecEncoder(nn.Module, Configurable):

@@ -24,7 +24,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from sessrec.models.config import Configurable
+from sessrec.saved.registry import Configurable
 
 
 class HFEncoder(nn.Module, Configurable):

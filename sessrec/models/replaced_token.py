@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sessrec.models.config import Configurable
+from sessrec.saved.registry import Configurable
 from sessrec.models.dropout import use_fast_dropout
 from sessrec.models.electra import ElectraEncoder
 from sessrec.models.masking import MaskedItemModeling

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sessrec.models.config import Configurable
+from sessrec.saved.registry import Configurable
 
 
 def causal_attention_mask(attention_mask: torch.Tensor) -> torch.Tensor:

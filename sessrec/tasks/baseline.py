@@ -24,7 +24,7 @@ from sessrec.data import frame
 from sessrec.data.batch import SessionBatch
 from sessrec.data.vocab import NUM_SPECIAL
 from sessrec.metrics import TopKMetrics
-from sessrec.models.config import config_of
+from sessrec.saved.registry import config_of
 from sessrec.tasks.next_item import NextItemTask, TopK, exclude_seen
 from sessrec.tasks.settings import Evaluation
 

@@ -18,7 +18,7 @@ import pytorch_lightning as pl
 from pytorch_lightning.callbacks import BasePredictionWriter, ModelCheckpoint
 from pytorch_lightning.utilities import rank_zero_info, rank_zero_only
 
-from sessrec.data.atomic import atomic_path
+from sessrec.saved.atomic import atomic_path
 
 VOCAB_FILE = "vocab.parquet"
 FEATURES_FILE = "features.npz"

@@ -20,7 +20,7 @@ from sessrec.data.batch import SessionBatch
 from sessrec.data.side import SideInfoSpec
 from sessrec.metrics import TopKMetrics
 from sessrec.models import MaskedItemModeling, Objective, SessionModel, XLNetEncoder
-from sessrec.models.config import config_of, instantiate
+from sessrec.saved.registry import config_of, instantiate
 from sessrec.models.side_info import SideInfoConfig, SideInfoEmbedding
 from sessrec.tasks.losses import CatalogueLoss, FullSoftmax
 from sessrec.tasks.optim import adamw

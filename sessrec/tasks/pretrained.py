@@ -29,12 +29,12 @@ import numpy as np
 import pytorch_lightning as pl
 import torch
 
-from sessrec.data.checkpoint import DATA_STATE_KEYS, read_checkpoint, to_bytes
+from sessrec.saved.checkpoint import DATA_STATE_KEYS, read_checkpoint, to_bytes
 from sessrec.data.ranking import RankingVocab
 from sessrec.data.side import SideFeatures, SideFeatureTransform
 from sessrec.data.vocab import ItemVocab
 from sessrec.embeddings.dynamic import DynamicEmbeddingBag
-from sessrec.models.config import class_path, config_of, instantiate
+from sessrec.saved.registry import class_path, config_of, instantiate
 from sessrec.tasks.settings import grouped
 
 FORMAT, VERSION = "sessrec.model", 1

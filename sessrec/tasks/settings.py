@@ -10,7 +10,7 @@ mapping under ``model:`` (or ``model.init_args:``), and on the command line a do
 
     sessrec fit ... --model.optimization.lr 0.001 --model.schedule.seconds 2460
 
-A saved task holds each part as plain data (`sessrec.models.config.config_of`); `of` turns that
+A saved task holds each part as plain data (`sessrec.saved.registry.config_of`); `of` turns that
 back into the part, and `grouped` reads a saved config that names the settings one by one.
 
 Example:
@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
-from sessrec.models.config import instantiate
+from sessrec.saved.registry import instantiate
 
 Part = TypeVar("Part", bound="_Part")  # typing.Self needs Python 3.11
 

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from sessrec.data.array_backend import Array, column_names
-from sessrec.data.atomic import atomic_path
+from sessrec.saved.atomic import atomic_path
 from sessrec.data.features.ops import (
     FORMAT,
     VERSION,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import socket
 import subprocess
 import sys
 import threading
@@ -162,8 +163,8 @@ def test_health_and_metadata_say_what_is_served(client, pipe) -> None:
     meta = client.get("/metadata").json()
     assert meta["limits"] == {"max_request_bytes": 1 << 20, "max_sessions_per_request": 256,
                               "max_items_per_session": 1000, "k_max": 100}
-    assert meta["overload"] == {"max_queue": 128, "max_queued_sessions": 2048, "deadline_ms": 1000.0,
-                                "retry_after_s": 1}
+    assert meta["overload"] == {"max_queue": 128, "max_queued_sessions": 2048, "max_queue_wait_ms": 500.0,
+                                "deadline_ms": 1000.0, "retry_after_s": 1}
     assert meta["queue"] == {"admitted": 0, "queued_requests": 0, "queued_sessions": 0}
     assert meta["batching"]["max_batch_size"] == 8
 
@@ -290,9 +291,26 @@ def test_queued_sessions_past_their_bound_get_503(pipe, sessions) -> None:
     assert [replies[name].status_code for name in ("scored", "queued", "fits")] == [200, 200, 200]
 
 
+def test_a_request_arriving_while_the_model_is_far_behind_gets_503(pipe, sessions) -> None:
+    gate = Gate(pipe)
+    with TestClient(build_app(gate, max_wait_ms=0.0, overload=Overload(max_queue_wait_ms=500))) as c:
+        flight = InFlight(c)
+        flight.post("scored", {"sessions": sessions[:2], "k": K}, admitted=1)
+        assert gate.entered.wait(10)
+        c.app.state.batcher.seconds_per_session = 0.3  # the pace of recent calls: the 2 sessions ahead take 600 ms
+        refused = c.post("/recommend", content=b"never read")
+        gate.release.set()
+        replies = flight.join()
+        idle = c.post("/recommend", json={"session": sessions[2], "k": K})  # nothing ahead: admitted
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+    assert refused.json() == {"error": "the server is busy: the model is about 600 ms behind; retry after 1 s"}
+    assert replies["scored"].status_code == idle.status_code == 200
+    assert gate.calls == [2, 1]
+
+
 def test_past_its_deadline_a_request_gets_504_and_never_reaches_the_model(pipe, sessions) -> None:
     gate = Gate(pipe)
-    app = build_app(gate, max_wait_ms=0.0, overload=Overload(deadline_ms=300))
+    app = build_app(gate, max_wait_ms=0.0, overload=Overload(max_queue_wait_ms=300, deadline_ms=300))
     with TestClient(app) as c:
         flight = InFlight(c)
         flight.post("stuck", {"session": sessions[0], "k": K}, admitted=1)
@@ -359,30 +377,68 @@ def test_health_and_metrics_answer_while_the_model_is_stuck(pipe, sessions) -> N
     assert replies["stuck"].status_code == 200
 
 
-def test_shutdown_refuses_new_requests_and_answers_the_queued_ones(pipe, sessions) -> None:
+def test_draining_refuses_new_requests_and_answers_the_queued_ones(pipe, sessions) -> None:
     gate = Gate(pipe)
-    c = TestClient(build_app(gate, max_wait_ms=0.0))
-    c.__enter__()
-    flight = InFlight(c)
-    flight.post("scored", {"session": sessions[0], "k": K}, admitted=1)
-    assert gate.entered.wait(10)
-    flight.post("queued-1", {"session": sessions[1], "k": K}, admitted=2)
-    flight.post("queued-2", {"sessions": sessions[2:4], "k": K}, admitted=3)
-    stopping = threading.Thread(target=c.__exit__, args=(None, None, None))
-    stopping.start()
-    wait_until(lambda: c.app.state.admission.draining)
-    refused = c.post("/recommend", json={"session": sessions[4], "k": K})
-    health = c.get("/health")
-    assert stopping.is_alive()  # waiting for the admitted requests
-    gate.release.set()
-    stopping.join(30)
-    replies = flight.join()
-    assert not stopping.is_alive()
+    with TestClient(build_app(gate, max_wait_ms=0.0)) as c:
+        flight = InFlight(c)
+        flight.post("scored", {"session": sessions[0], "k": K}, admitted=1)
+        assert gate.entered.wait(10)
+        flight.post("queued-1", {"session": sessions[1], "k": K}, admitted=2)
+        flight.post("queued-2", {"sessions": sessions[2:4], "k": K}, admitted=3)
+        drained: list[bool] = []  # what the lifespan's shutdown runs first
+        draining = threading.Thread(target=lambda: drained.append(c.portal.call(c.app.state.admission.drain, 30)))
+        draining.start()
+        wait_until(lambda: c.app.state.admission.draining)
+        refused = c.post("/recommend", json={"session": sessions[4], "k": K})
+        health = c.get("/health")
+        assert draining.is_alive()  # waiting for the admitted requests
+        gate.release.set()
+        draining.join(30)
+        replies = flight.join()
+    assert drained == [True]
     assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
     assert refused.json() == {"error": "the server is shutting down; retry after 1 s"}
     assert health.status_code == 503 and health.json()["status"] == "shutting_down"
     assert [replies[n].status_code for n in ("scored", "queued-1", "queued-2")] == [200, 200, 200]
     assert replies["queued-2"].json()["recommendations"] == pipe.recommend(sessions[2:4], k=K)
+
+
+def test_uvicorn_shutdown_answers_the_admitted_requests_before_it_stops(pipe, sessions) -> None:
+    import httpx
+    import uvicorn
+
+    gate = Gate(pipe)
+    app = build_app(gate, max_wait_ms=0.0)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    running = server.DrainingServer(uvicorn.Config(app, log_level="warning"), app)
+    serving = threading.Thread(target=running.run, kwargs={"sockets": [sock]})
+    serving.start()
+    wait_until(lambda: running.started)
+    replies: dict = {}
+
+    def send(name: str, body: dict) -> None:
+        replies[name] = httpx.post(f"{url}/recommend", json=body, timeout=30)
+
+    threads = [threading.Thread(target=send, args=("scored", {"session": sessions[0], "k": K}))]
+    threads[0].start()
+    assert gate.entered.wait(10)
+    threads.append(threading.Thread(target=send, args=("queued", {"sessions": sessions[1:3], "k": K})))
+    threads[1].start()
+    wait_until(lambda: app.state.admission.admitted == 2)
+    running.should_exit = True  # what SIGTERM does
+    wait_until(lambda: app.state.admission.draining)
+    with pytest.raises(httpx.ConnectError):  # no new connection once shutdown has begun
+        httpx.get(f"{url}/health", timeout=5)
+    assert serving.is_alive()
+    gate.release.set()
+    for t in threads:
+        t.join(30)
+    serving.join(30)
+    assert not serving.is_alive()
+    assert replies["scored"].status_code == replies["queued"].status_code == 200
+    assert replies["queued"].json()["recommendations"] == pipe.recommend(sessions[1:3], k=K)
 
 
 def sample(text: str, name: str, **labels: str) -> float:
@@ -501,6 +557,8 @@ def test_settings_are_checked() -> None:
         Overload(max_queue=0)
     with pytest.raises(ValueError, match="deadline_ms must be a positive number of milliseconds, got -1"):
         Overload(deadline_ms=-1)
+    with pytest.raises(ValueError, match=r"max_queue_wait_ms \(2000\) must be at most deadline_ms \(1000\)"):
+        Overload(max_queue_wait_ms=2000)
 
 
 def test_serve_binds_loopback_unless_told(pipe, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

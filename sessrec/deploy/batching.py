@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -63,7 +64,8 @@ class Batcher:
     `max_wait_ms` after the first; requests with the same ``k`` encoded by the same model share one
     ``recommend_batch`` + ``decode`` call, run on the batcher's own thread, which also writes each
     request's JSON answer. A request whose deadline has passed (or whose client went away) is
-    dropped before the call.
+    dropped before the call. The seconds per session of the recent calls (a moving average) give
+    `expected_wait`, how long a request arriving now would wait before its own call.
 
     Args:
         max_batch_size: most sessions per model call (a larger request runs alone).
@@ -77,7 +79,8 @@ class Batcher:
         self.max_batch_size, self.max_wait = max_batch_size, max_wait_ms / 1e3
         self.metrics = metrics if metrics is not None else Metrics()
         self.stats = BatchStats()
-        self.queued_requests = self.queued_sessions = 0
+        self.queued_requests = self.queued_sessions = self.scoring_sessions = 0
+        self.seconds_per_session: float | None = None  # moving average over the recent model calls
         self._queue: asyncio.Queue[_Job] | None = None
         self._held: _Job | None = None  # taken from the queue but too large for the batch being built
         self._task: asyncio.Task | None = None
@@ -106,6 +109,16 @@ class Batcher:
         self._queue.put_nowait(_Job(sessions, len(sessions), k, recommender, deadline, future))
         self._count(1, len(sessions))
         return future
+
+    def expected_wait(self) -> float:
+        """Seconds until the sessions queued and being scored are done, at the recent pace.
+
+        0 when nothing is waiting (or before the first call): a slow call never shuts out a request
+        that would find the model free, and the next calls correct the pace.
+        """
+        if self.seconds_per_session is None:
+            return 0.0
+        return (self.queued_sessions + self.scoring_sessions) * self.seconds_per_session
 
     def _count(self, requests: int, sessions: int) -> None:
         self.queued_requests += requests
@@ -162,6 +175,7 @@ class Batcher:
             return
         size = sum(job.size for job in live)
         assert self._thread is not None
+        self.scoring_sessions, start = size, time.perf_counter()
         try:
             answers = await asyncio.get_running_loop().run_in_executor(self._thread, _score_call, live)
         except Exception:  # the requests were checked and encoded alone: any failure here is the server's
@@ -170,8 +184,12 @@ class Batcher:
                 _resolve(job.future, exception=ServerFault())
             return
         finally:
+            self.scoring_sessions = 0
             self.stats.calls[size] += 1
             self.metrics.batch_sessions.observe(size)
+        pace = (time.perf_counter() - start) / size
+        average = self.seconds_per_session
+        self.seconds_per_session = pace if average is None else 0.8 * average + 0.2 * pace
         for job, answer in zip(live, answers):
             _resolve(job.future, result=answer)
 

@@ -32,8 +32,8 @@ class Metrics:
         self.queued_sessions = prom.Gauge("sessrec_queue_sessions", "Sessions encoded and waiting for the model",
                                           registry=r)
         self.shed = prom.Counter(
-            "sessrec_shed", "Requests refused or dropped for load: queue_full, queued_sessions_full, "
-            "shutting_down (503), deadline (504)", ["reason"], registry=r)
+            "sessrec_shed", "Requests refused or dropped for load: queue_full, model_behind, "
+            "queued_sessions_full, shutting_down (503), deadline (504)", ["reason"], registry=r)
         self.expired_in_queue = prom.Counter(
             "sessrec_expired_in_queue", "Requests dropped before the model because their deadline had passed",
             registry=r)

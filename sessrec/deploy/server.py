@@ -11,8 +11,9 @@ Routes:
 How a request goes (each refusal a one-line ``{"error": ...}``):
 
 1. **Admission**, before the body is read: past `Overload.max_queue` requests admitted and not yet
-   answered, or once shutdown has begun, ``503`` with ``Retry-After``. A flood costs one small answer
-   per request.
+   answered, when the model is more than `Overload.max_queue_wait_ms` behind (the sessions waiting,
+   at the pace of its recent calls), or once shutdown has begun, ``503`` with ``Retry-After``. A
+   flood costs one small answer per request.
 2. **Checks, alone**: the body is read (413 past `Limits.max_request_bytes`), parsed and checked
    (`parse_request`), and encoded by the model's vocabulary (``encode``: unknown ids under
    ``on_unknown="error"``, unreadable ids). A bad request fails here with a 4xx and never joins a
@@ -72,15 +73,18 @@ INLINE_PARSE_BYTES = 16 * 1024  # bodies up to this are parsed on the event loop
 class Overload:
     """How much work the server takes on, and how long a request may take.
 
-    Size `max_queue` and `max_queued_sessions` to what the model scores in about half of
-    `deadline_ms`: a request turned away at once (503) is cheaper for both sides than one that
-    waits and times out (504).
+    Each bound refuses a request with 503 at once, which is cheaper for both sides than a request
+    that waits and times out (504). `max_queue_wait_ms` adapts to the model's speed; the two
+    counts are hard caps on memory and on work in flight.
 
     Args:
         max_queue: most requests admitted and not yet answered; a request beyond gets 503 before
             its body is read.
         max_queued_sessions: most sessions encoded and waiting for the model; a request that would
             pass it gets 503.
+        max_queue_wait_ms: a request arriving while the sessions queued and being scored would take
+            the model longer than this (at the pace of its recent calls) gets 503 before its body
+            is read; at most `deadline_ms`, and about half of it leaves room for the request's own call.
         deadline_ms: a request not answered this long after it arrived gets 504; one whose deadline
             passed while queued never reaches the model.
         retry_after_s: the ``Retry-After`` header of a 503, in seconds.
@@ -88,6 +92,7 @@ class Overload:
 
     max_queue: int = 128
     max_queued_sessions: int = 2048
+    max_queue_wait_ms: float = 500.0
     deadline_ms: float = 1000.0
     retry_after_s: int = 1
 
@@ -96,8 +101,13 @@ class Overload:
             value = getattr(self, name)
             if type(value) is not int or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if isinstance(self.deadline_ms, bool) or not isinstance(self.deadline_ms, (int, float)) or not self.deadline_ms > 0:
-            raise ValueError(f"deadline_ms must be a positive number of milliseconds, got {self.deadline_ms!r}")
+        for name in ("max_queue_wait_ms", "deadline_ms"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"{name} must be a positive number of milliseconds, got {value!r}")
+        if self.max_queue_wait_ms > self.deadline_ms:
+            raise ValueError(f"max_queue_wait_ms ({self.max_queue_wait_ms:g}) must be at most deadline_ms "
+                             f"({self.deadline_ms:g}): a request admitted behind more work would miss its deadline")
 
 
 def describe(recommender: Recommender) -> dict[str, Any]:
@@ -357,9 +367,13 @@ def build_app(
     @app.post("/recommend")
     async def recommend(request: Request) -> Response:
         refusal = admission.refusal()
+        if refusal is None and batcher.expected_wait() * 1e3 > overload.max_queue_wait_ms:
+            refusal = "model_behind"
         if refusal is not None:
             metrics.shed.labels(refusal).inc()
-            why = "shutting down" if refusal == "shutting_down" else f"busy: {admission.admitted} requests in progress"
+            why = {"shutting_down": "shutting down",
+                   "queue_full": f"busy: {admission.admitted} requests in progress",
+                   "model_behind": f"busy: the model is about {batcher.expected_wait() * 1e3:.0f} ms behind"}[refusal]
             return _error(503, f"the server is {why}; retry after {overload.retry_after_s} s", busy)
         admission.enter()
         try:
@@ -394,6 +408,7 @@ def serve(
     k_max: int = 100,
     max_queue: int = 128,
     max_queued_sessions: int = 2048,
+    max_queue_wait_ms: float = 500.0,
     deadline_ms: float = 1000.0,
     retry_after_s: int = 1,
     reload_interval_s: float = 2.0,
@@ -415,6 +430,8 @@ def serve(
         k_max: largest ``k`` a request may ask for (422 beyond).
         max_queue: most requests admitted and not yet answered (503 beyond, before the body is read).
         max_queued_sessions: most sessions waiting for the model (503 beyond).
+        max_queue_wait_ms: 503 before the body is read while the model is further behind than this
+            (the sessions waiting, at the pace of its recent calls); at most `deadline_ms`.
         deadline_ms: a request not answered within this gets 504 (and is never scored once past it).
         retry_after_s: the Retry-After of a 503, in seconds.
         reload_interval_s: seconds between two reads of the model directory's ``CURRENT``; 0: no reload.
@@ -422,7 +439,7 @@ def serve(
         access_log: log one line per request.
     """
     limits = Limits(max_request_bytes, max_sessions_per_request, max_items_per_session, k_max)
-    overload = Overload(max_queue, max_queued_sessions, deadline_ms, retry_after_s)
+    overload = Overload(max_queue, max_queued_sessions, max_queue_wait_ms, deadline_ms, retry_after_s)
     app = build_app(Served.load(model_dir), max_batch_size, max_wait_ms, limits, overload, model_dir, reload_interval_s)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=access_log)
     DrainingServer(config, app).run()

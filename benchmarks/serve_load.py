@@ -9,7 +9,8 @@ or of random vocabulary ids when the file is missing. The server's ``/metadata``
 before and after each level, give the sessions scored per model call (the dynamic batching).
 
 With `--overload`, it then measures what the server can do (`--capacity-clients` clients sending
-requests of `--overload-sessions` sessions back to back for `--capacity-seconds`), and offers
+requests of `--overload-sessions` sessions back to back for `--capacity-seconds`; by default
+enough clients for 256 sessions in flight), and offers
 `--overload-factor` times that many requests per second for `--overload-seconds`, at a steady
 rate whatever the answers (open loop, through a raw HTTP/1.1 client so that the client costs
 little CPU; at most `--max-connections` open at once, a request counted from the moment it was
@@ -166,6 +167,7 @@ async def load_level(url: str, sessions: list[list[int]], concurrency: int, requ
         "p50_ms": round(float(np.percentile(times, 50)), 2) if len(times) else None,
         "p99_ms": round(float(np.percentile(times, 99)), 2) if len(times) else None,
         "mean_ms": round(float(times.mean()), 2) if len(times) else None,
+        "statuses": {str(status): n for status, n in sorted(statuses.items(), key=str)},
     }
 
 
@@ -314,8 +316,9 @@ def read_health_probe(probe: subprocess.Popen) -> list[float]:
     return json.loads(out)
 
 
-async def capacity(port: int, bodies: list[bytes], clients: int, seconds: float) -> float:
-    """Requests answered 200 per second by `clients` closed-loop clients (the server's capacity)."""
+async def capacity(port: int, bodies: list[bytes], clients: int, seconds: float) -> tuple[float, Counter]:
+    """Requests answered 200 per second by `clients` closed-loop clients (the server's capacity), and
+    the statuses of their answers."""
     pool, answered, sent = Pool(port, clients), Counter(), 0
     deadline = time.perf_counter() + seconds
 
@@ -332,7 +335,7 @@ async def capacity(port: int, bodies: list[bytes], clients: int, seconds: float)
     pool.close()
     if answered[200] == 0:
         raise SystemExit(f"no request answered 200 while measuring capacity: {dict(answered)}")
-    return answered[200] / wall
+    return answered[200] / wall, answered
 
 
 async def flood(port: int, bodies: list[bytes], rate: float, seconds: float, connections: int,
@@ -381,31 +384,41 @@ async def flood(port: int, bodies: list[bytes], rate: float, seconds: float, con
     }
 
 
+def shed_counts(port: int) -> dict[str, float] | None:
+    """The server's counters of requests shed, by reason (None from a server without /metrics)."""
+    reply = httpx.get(f"http://127.0.0.1:{port}/metrics")
+    if reply.status_code != 200:
+        return None
+    return {f"{name}{labels}": float(value) for name, labels, value in re.findall(
+        r"^(sessrec_shed_total|sessrec_expired_in_queue_total)(\{[^}]*\})? (\S+)$", reply.text, re.MULTILINE)}
+
+
 def overload(args: argparse.Namespace, port: int, server: subprocess.Popen, sessions: list[list[int]]) -> dict:
     """Capacity first, then `--overload-factor` times it, open loop; see the module docstring."""
     size = args.overload_sessions
     bodies = [post(json.dumps({"sessions": [sessions[(i * size + j) % len(sessions)] for j in range(size)],
                                "k": args.k}).encode()) for i in range(200)]
-    rate = asyncio.run(capacity(port, bodies, args.capacity_clients, args.capacity_seconds))
+    clients = args.capacity_clients or max(2, 256 // size)
+    rate, capacity_statuses = asyncio.run(capacity(port, bodies, clients, args.capacity_seconds))
     gc.collect()
     gc.freeze()  # the client's own full collections would delay the requests it sends
-    before = rss_mb(server.pid)
+    before, shed_before = rss_mb(server.pid), shed_counts(port)
     server_cpu, client_cpu = cpu_s(server.pid), cpu_s()
     result = asyncio.run(flood(port, bodies, args.overload_factor * rate, args.overload_seconds, args.max_connections,
                                args.health_interval_ms / 1e3, args.drain_seconds))
     server_cpu, client_cpu = cpu_s(server.pid) - server_cpu, cpu_s() - client_cpu
     after = rss_mb(server.pid)
     meta = httpx.get(f"http://127.0.0.1:{port}/metadata").json()
-    metrics = httpx.get(f"http://127.0.0.1:{port}/metrics")  # 404 from a server without /metrics
-    counted = {f"{name}{labels}": float(value) for name, labels, value in re.findall(
-        r"^(sessrec_shed_total|sessrec_expired_in_queue_total)(\{[^}]*\})? (\S+)$", metrics.text, re.MULTILINE)}
+    shed_after = shed_counts(port)
     return {
         "system": "serve-overload", "sessions_per_request": size, "capacity_requests_per_s": round(rate, 1),
+        "capacity_clients": clients, "capacity_statuses": {str(k): v for k, v in sorted(capacity_statuses.items())},
         "capacity_sessions_per_s": round(rate * size, 1), "factor": args.overload_factor,
         "seconds": args.overload_seconds, **result, "rss_before_mb": before["rss_mb"], "rss_after_mb": after["rss_mb"],
         "peak_rss_mb": after["peak_rss_mb"], "server_cpu_s": round(server_cpu, 1), "client_cpu_s": round(client_cpu, 1),
         "server_overload_settings": meta.get("overload"),
-        "server_shed_counts": counted if metrics.status_code == 200 else None,
+        "server_shed_counts": None if shed_after is None else {
+            name: value - shed_before.get(name, 0.0) for name, value in shed_after.items()},
         "mean_sessions_per_call": meta["batching"]["mean_sessions_per_call"],
     }
 
@@ -429,7 +442,8 @@ def main() -> None:
     parser.add_argument("--overload-factor", type=float, default=4.0, help="offered load / measured capacity")
     parser.add_argument("--overload-seconds", type=float, default=30.0)
     parser.add_argument("--overload-sessions", type=int, default=32, help="sessions per request in the overload")
-    parser.add_argument("--capacity-clients", type=int, default=8)
+    parser.add_argument("--capacity-clients", type=int,
+                        help="closed-loop clients that measure capacity (default: 256 sessions in flight, at least 2)")
     parser.add_argument("--capacity-seconds", type=float, default=10.0)
     parser.add_argument("--max-connections", type=int, default=512, help="client connections open at once")
     parser.add_argument("--health-interval-ms", type=float, default=20.0)

@@ -1,6 +1,7 @@
 """The retraining gate (`sessrec.deploy.gate`) on per-pair values, and the per-pair test metrics
 (`sessrec.deploy.pairs`) it compares, against the tasks' own test metrics."""
 
+import itertools
 import math
 from pathlib import Path
 
@@ -44,7 +45,7 @@ def worse(values: np.ndarray, lost: int, offset: int = 0) -> np.ndarray:
 
 # ------------------------------------------------------------------------------------------------ the gate
 def test_a_chain_of_small_losses_is_stopped_by_the_best_promoted():
-    n, gate = 20_000, Gate("recall@20", tolerance=0.005, min_pairs=1000)
+    n, gate = 20_000, Gate("recall@20", tolerance=0.005, min_pairs=1000, samples=500)
     chain = [hits(n, 0.5)]
     for k in range(10):  # each candidate 0.004 worse than the one before: 80 more of the 20,000 pairs missed
         chain.append(worse(chain[-1], 80, offset=80 * k))
@@ -60,7 +61,7 @@ def test_a_chain_of_small_losses_is_stopped_by_the_best_promoted():
     assert promoted == [True] + [False] * 9  # the first loss is within the tolerance, the second would pass it
     assert best is chain[0] and current is chain[1] and best.mean() - current.mean() == pytest.approx(0.004)
     # against the current model alone, every one of them passes: a loss of 0.04 in ten turns
-    assert all(gate.decide(candidate, last).passed for last, candidate in zip(chain, chain[1:]))
+    assert all(gate.decide(candidate, last).passed for last, candidate in itertools.pairwise(chain))
 
 
 def test_the_reason_names_the_reference_the_candidate_trails():
@@ -69,13 +70,13 @@ def test_the_reason_names_the_reference_the_candidate_trails():
     decision = Gate(tolerance=0.005).decide(candidate, current, best, current_name="the current model (v000004)",
                                             best_name="the best promoted (v000003)")
     assert not decision.passed and not decision.new_best and decision.pairs == 20_000
-    low, high = -decision.best.high, -decision.best.low
+    low, high = -decision.versus_best.high, -decision.versus_best.low
     assert decision.reason == (
         f"candidate trails the best promoted (v000003) by 0.0080 [{low:.4f}, {high:.4f}]: more than the tolerance 0.005"
     )
     assert 0.005 < low < 0.008 < high < 0.0095
-    assert decision.current.difference == pytest.approx(-0.004) and decision.current.holds(0.005)
-    assert decision.to_dict()["best"]["reference"] == "the best promoted (v000003)"
+    assert decision.versus_current.difference == pytest.approx(-0.004) and decision.versus_current.holds(0.005)
+    assert decision.to_dict()["versus_best"]["reference"] == "the best promoted (v000003)"
 
 
 def test_too_few_pairs_are_refused_even_for_an_equal_candidate():
@@ -84,7 +85,7 @@ def test_too_few_pairs_are_refused_even_for_an_equal_candidate():
     decision = gate.decide(few.copy(), few)
     assert not decision.passed and not decision.new_best
     assert decision.reason == "only 999 test pairs, fewer than min_pairs 1000: too few to decide"
-    assert (decision.current.difference, decision.current.low, decision.current.high) == (0.0, 0.0, 0.0)
+    assert (decision.versus_current.difference, decision.versus_current.low, decision.versus_current.high) == (0.0, 0.0, 0.0)
     enough = hits(1000, 0.5)
     assert gate.decide(enough.copy(), enough).passed
 
@@ -95,12 +96,12 @@ def test_a_clearly_better_candidate_passes_and_becomes_the_best():
     candidate = np.where(hits(5000, 0.2, seed=3) == 1, 1.0, best)  # about 0.1 better than the best
     decision = Gate().decide(candidate, current, best)
     assert decision.passed and decision.new_best
-    assert decision.best.low > 0.08 and decision.current.low > decision.best.low
+    assert decision.versus_best.low > 0.08 and decision.versus_current.low > decision.versus_best.low
     assert decision.reason.startswith("candidate leads the current model by ") and "within the tolerance 0.005" in decision.reason
     # better than the current model, a little worse than the best: promoted, but the best stays the anchor
     between = worse(best, 10)
     kept = Gate().decide(between, current, best)
-    assert kept.passed and not kept.new_best and kept.best.difference == pytest.approx(-0.002)
+    assert kept.passed and not kept.new_best and kept.versus_best.difference == pytest.approx(-0.002)
     # without a best apart from the current model, the anchor is the current model
     assert Gate().decide(between, current).new_best and not Gate().decide(current, between).new_best
 
@@ -114,16 +115,16 @@ def test_the_interval_is_computed_on_pairs():
     d = candidate - reference
     paired = 2 * Z95 * d.std() / math.sqrt(n)
     unpaired = 2 * Z95 * math.sqrt(candidate.var() + reference.var()) / math.sqrt(n)
-    width = decision.current.high - decision.current.low
+    width = decision.versus_current.high - decision.versus_current.low
     assert width == pytest.approx(paired, rel=0.1)  # the spread of the mean paired difference
     assert unpaired > 10 * width
-    assert decision.current.low == pytest.approx(d.mean() - Z95 * d.std() / math.sqrt(n), abs=0.1 * paired)
+    assert decision.versus_current.low == pytest.approx(d.mean() - Z95 * d.std() / math.sqrt(n), abs=0.1 * paired)
 
 
 def test_the_decision_is_seeded_and_the_inputs_checked():
     a, b = hits(3000, 0.4), hits(3000, 0.4, seed=1)
     assert Gate(seed=3).decide(a, b) == Gate(seed=3).decide(a, b)
-    assert Gate(seed=3).decide(a, b).current.low != Gate(seed=4).decide(a, b).current.low
+    assert Gate(seed=3).decide(a, b).versus_current.low != Gate(seed=4).decide(a, b).versus_current.low
     with pytest.raises(ValueError, match="the current's per-pair values must be 3000 finite numbers, got shape"):
         Gate().decide(a, b[:10])
     with pytest.raises(ValueError, match="the best's per-pair values must be 3000 finite numbers"):

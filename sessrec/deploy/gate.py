@@ -65,17 +65,17 @@ class GateDecision:
         passed: the candidate may be promoted.
         reason: the decision in words.
         pairs: test pairs compared.
-        current: the candidate against the current model.
-        best: the candidate against the best promoted model; None when that is the current model.
+        versus_current: the candidate against the current model.
+        versus_best: the candidate against the best promoted model; None when that is the current model.
         new_best: the candidate, once promoted, is the new best (the anchor of later turns): it
-            passed and its mean is at least the best's (the current model's when `best` is None).
+            passed and its mean is at least the best's (the current model's when `versus_best` is None).
     """
 
     passed: bool
     reason: str
     pairs: int
-    current: Comparison
-    best: Comparison | None
+    versus_current: Comparison
+    versus_best: Comparison | None
     new_best: bool
 
     def to_dict(self) -> dict[str, Any]:
@@ -141,7 +141,8 @@ class Gate:
         passed = n >= self.min_pairs and not failing
         anchor = versus_best if versus_best is not None else versus_current
         return GateDecision(
-            passed=passed, reason=self._reason(n, found, failing), pairs=n, current=versus_current, best=versus_best,
+            passed=passed, reason=self._reason(n, found, failing), pairs=n, versus_current=versus_current,
+            versus_best=versus_best,
             new_best=passed and anchor.difference >= 0,
         )
 

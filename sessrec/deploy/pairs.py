@@ -166,7 +166,7 @@ def clickout_ranks(task, data) -> PairRanks:
     found = torch.cat(ranks).numpy() if ranks else np.zeros(0)
     if len(found) != int(clicked.sum()):
         raise RuntimeError(f"{data.path} (test split): {len(found)} clicks ranked, {int(clicked.sum())} clicked rows")
-    column = lambda name: rows.column(name).to_numpy(zero_copy_only=False)[clicked].astype(np.int64)  # noqa: E731
+    column = lambda name: rows.column(name).to_numpy(zero_copy_only=False)[clicked].astype(np.int64)
     return PairRanks(sessions=column("query"), positions=column("position"), ranks=found, metrics=_floats(metric.compute()))
 
 

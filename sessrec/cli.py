@@ -211,7 +211,7 @@ def retrain_cli(args: list[str]) -> object:
     that ``--model_dir`` holds (`sessrec.deploy.retrain.retrain` / `retrain_dlrm`)."""
     from jsonargparse import ActionConfigFile, ArgumentParser
 
-    from sessrec.deploy.retrain import retrain, retrain_dlrm
+    from sessrec.deploy.retrain import retrain, retrain_dlrm, summary
 
     turn = retrain_dlrm if _model_class(args).endswith("DLRMTask") else retrain
     parser = ArgumentParser(prog="sessrec retrain", description=turn.__doc__.splitlines()[0])
@@ -220,27 +220,23 @@ def retrain_cli(args: list[str]) -> object:
     kwargs = parser.instantiate(parser.parse_args(args)).as_dict()
     kwargs.pop("config", None)
     decision = turn(**kwargs)
-    metric = decision["gate"]["metric"]
-    verdict = "promoted" if decision["promoted"] else "rejected"
-    print(
-        f"sessrec retrain: {verdict}: candidate {metric}={decision['candidate_metrics'][metric]:.4f} against the current "
-        f"{decision['current'][metric]:.4f} (tolerance {decision['gate']['tolerance']}); {decision['train_seconds']:.0f} s "
-        f"of training; candidate in {decision['candidate']}"
-    )
+    print(f"sessrec retrain: {summary(decision)}")
     return decision
 
 
 def _model_class(args: list[str]) -> str:
     """The task class of the model directory that ``--model_dir`` (on the command line or in a
     ``--config`` file) names; "" when it cannot be read (the chosen parser then says what is wrong)."""
+    from sessrec.saved.versions import resolve
+
     found = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--model_dir"]
     found += [a.partition("=")[2] for a in args if a.startswith("--model_dir=")]
     for path in _config_paths(args):
         content = yaml.safe_load(path.read_text()) if path.is_file() else None
         if isinstance(content, dict) and "model_dir" in content and not found:
             found.append(str(content["model_dir"]))
-    config = Path(found[-1]) / "config.json" if found else None
     try:
+        config = resolve(found[-1]) / "config.json" if found else None  # a versioned directory: its current version's
         return str(json.loads(config.read_text())["task"]["class_path"]) if config is not None else ""
     except (OSError, ValueError, KeyError, TypeError):
         return ""

@@ -192,13 +192,20 @@ def test_saved_pipeline_recommends_identically(world: World, tmp_path: Path, sco
     assert all(len(r["item_ids"]) == K for r in before)
 
 
-def test_save_replaces_an_existing_directory(world: World, tmp_path: Path) -> None:
+def test_saving_again_adds_a_version_and_never_replaces_other_files(world: World, tmp_path: Path) -> None:
     target = tmp_path / "pipeline"
-    target.mkdir()
-    (target / "stale.txt").write_text("from an older run")
     world.pipelines["gbdt"].save(target)
-    assert (target / "pipeline.json").exists() and not (target / "stale.txt").exists()
+    assert (target / "pipeline.json").exists()
+    world.pipelines["gbdt"].save(target)
+    assert (target / "CURRENT").read_text().strip() == "v000002" and not (target / "pipeline.json").exists()
+    assert set(Pipeline.load(target).retrievers) == set(world.pipelines["gbdt"].retrievers)
     assert list(tmp_path.iterdir()) == [target]  # no temporary folder left beside it
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "mine.txt").write_text("not a pipeline")
+    with pytest.raises(FileExistsError, match="is not a saved model or pipeline directory"):
+        world.pipelines["gbdt"].save(other)
+    assert [p.name for p in other.iterdir()] == ["mine.txt"]
 
 
 def test_failing_save_leaves_nothing_and_keeps_the_old_pipeline(

@@ -8,14 +8,16 @@ of a file that `recommend` calls for one request.
 Saved as one directory (`save` / `load`): ``pipeline.json`` (every stage's settings),
 ``vocab.parquet``, ``features.npz`` (the fitted feature ops) and one ``.safetensors`` file of
 arrays per stage (model weights, indexes, co-visitation matrix, training sessions of the kNN
-retrievers, the ranker). Loading imports only the library's own classes and unpickles nothing.
+retrievers, the ranker). ``pipeline.json`` is written last and records the content hash of every
+other file and the vocabulary's fingerprint, so a part from another run is refused when loaded;
+saving again into the same directory adds a version (`sessrec.saved.versions`). Loading imports
+only the library's own classes and unpickles nothing.
 
 Shape letters: B sessions, L positions, K candidates, k recommendations.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,9 +39,11 @@ from sessrec.pipeline.retrieval.covisitation import CoVisitation
 from sessrec.pipeline.retrieval.knn import BaselineRetriever
 from sessrec.pipeline.retrieval.session_model import SessionModelRetriever
 from sessrec.pipeline.scoring import DLRMScorer, GBDTScorer, Scorer
-from sessrec.tasks.pretrained import write_directory
+from sessrec.saved.directory import describe, read_description, write_description
+from sessrec.saved.versions import resolve, write_directory
 
-FORMAT, VERSION = "sessrec.pipeline", 1
+FORMAT, VERSION = "sessrec.pipeline", 2
+READABLE_VERSIONS = (1, 2)  # version 1: written before the parts were hashed; read without that check
 _RETRIEVERS = {c.__name__: c for c in (SessionModelRetriever, BaselineRetriever, CoVisitation)}
 _FILTERS = {c.__name__: c for c in (SeenItemsFilter, NonProductFilter, ItemTableFilter)}
 _SCORERS = {c.__name__: c for c in (DLRMScorer, GBDTScorer)}
@@ -195,7 +199,9 @@ class Pipeline:
             config, values = self.ordering.state()
             spec["ordering"] = {"config": config, "arrays": arrays("ordering", values)}
             self.vocab.save(tmp / "vocab.parquet")
-            (tmp / "pipeline.json").write_text(json.dumps(spec, indent=1, default=_json_default))
+            spec["vocab"] = {"fingerprint": self.vocab.fingerprint(), "rows": len(self.vocab)}
+            parts = [p.name for p in tmp.iterdir() if p.name != "pipeline.json"]
+            write_description(tmp, "pipeline.json", describe(tmp, spec, parts))
 
         return write_directory(directory, write)
 
@@ -206,15 +212,16 @@ class Pipeline:
 
         from sessrec.data.features import FeaturePipeline
 
-        directory = Path(directory)
+        directory = resolve(directory)
         path = directory / "pipeline.json"
         if not path.exists():
             raise FileNotFoundError(f"{directory}: not a saved pipeline (no pipeline.json); run sessrec fit on a pipeline recipe")
-        spec = json.loads(path.read_text())
-        if spec.get("format") != FORMAT or spec.get("version") != VERSION:
-            raise ValueError(f"{path}: format {spec.get('format')!r} version {spec.get('version')!r} is not {FORMAT!r} {VERSION}")
+        spec = read_description(directory, "pipeline.json", FORMAT, READABLE_VERSIONS)
         load = lambda name: load_file(str(directory / name))  # noqa: E731
         vocab = ItemVocab.load(directory / "vocab.parquet")
+        recorded = (spec.get("vocab") or {}).get("fingerprint")
+        if recorded is not None and vocab.fingerprint() != recorded:
+            raise ValueError(f"{directory / 'vocab.parquet'}: is not the vocabulary this pipeline was fitted with")
         retrievers = {}
         for r in spec["retrievers"]:
             kind = _known(_RETRIEVERS, r["kind"], path)
@@ -286,11 +293,3 @@ def _known(kinds: dict[str, type], name: str, path: Path) -> type:
     if name not in kinds:
         raise ValueError(f"{path}: unknown stage {name!r}; this version knows {sorted(kinds)}")
     return kinds[name]
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, (np.integer, np.floating)):
-        return value.item()
-    if isinstance(value, (tuple, set)):
-        return list(value)
-    raise TypeError(f"cannot save {type(value).__name__} in pipeline.json")

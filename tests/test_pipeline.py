@@ -313,6 +313,34 @@ def test_recommend_file_resumes_after_a_kill(
         recommend_file(saved, src, out, k=5, batch_size=64)
 
 
+def test_recommend_file_starts_over_when_the_pipeline_was_refitted_in_place(
+    world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    directory, src, out = tmp_path / "pipeline", tmp_path / "sessions.parquet", tmp_path / "recs.parquet"
+    write_requests(world, src)
+    world.pipelines["gbdt"].save(directory)
+    real, calls = Pipeline.recommend_batch, []
+
+    def killed_after_two(self, sessions, k=20):
+        if len(calls) == 2:
+            raise RuntimeError("killed")
+        calls.append(len(sessions))
+        return real(self, sessions, k)
+
+    monkeypatch.setattr(Pipeline, "recommend_batch", killed_after_two)
+    with pytest.raises(RuntimeError, match="killed"):
+        recommend_file(directory, src, out, k=5, batch_size=64)
+    monkeypatch.undo()
+    world.pipelines["dlrm"].save(directory)  # re-fitted in place, same path, same input
+    counts = recommend_file(directory, src, out, k=5, batch_size=64)
+    assert (counts["batches_written"], counts["batches_resumed"]) == (5, 0)
+    assert "written by another pipeline, input or settings; starting over" in capsys.readouterr().out
+    fresh = recommend_file(Pipeline.load(directory), src, tmp_path / "fresh.parquet", k=5,
+                           batch_size=64)
+    assert fresh["batches_resumed"] == 0
+    assert pq.read_table(out).equals(pq.read_table(tmp_path / "fresh.parquet"))
+
+
 def test_recommend_file_reads_one_row_per_event(world: World, saved: dict[str, Path], tmp_path: Path) -> None:
     lists, events = tmp_path / "sessions.parquet", tmp_path / "events.csv"
     ids = write_requests(world, lists)

@@ -39,7 +39,8 @@ from sessrec.pipeline.retrieval.covisitation import CoVisitation
 from sessrec.pipeline.retrieval.knn import BaselineRetriever
 from sessrec.pipeline.retrieval.session_model import SessionModelRetriever
 from sessrec.pipeline.scoring import DLRMScorer, GBDTScorer, Scorer
-from sessrec.saved.directory import describe, read_description, write_description
+from sessrec.saved.atomic import digest
+from sessrec.saved.directory import describe, digest_of_parts, read_description, write_description
 from sessrec.saved.versions import resolve, write_directory
 
 FORMAT, VERSION = "sessrec.pipeline", 2
@@ -94,6 +95,8 @@ class Pipeline:
         self.scorer = scorer
         self.ordering = ordering if ordering is not None else Ordering()
         self.ordering.bind(vocab)
+
+    content_hash: str | None = None  # of the saved directory it was loaded from (None: never saved)
 
     @property
     def stage_retrievers(self) -> dict[str, Retriever]:
@@ -239,12 +242,21 @@ class Pipeline:
             s = spec["scorer"]
             scorer = _known(_SCORERS, s["kind"], path).from_state(s["config"], load(s["arrays"]))
         ordering = Ordering.from_state(spec["ordering"]["config"], load(spec["ordering"]["arrays"]))
-        return cls(vocab, retrievers, spec["max_length"], spec["max_candidates"], spec["history_length"], filters,
-                   features, scorer, ordering)
+        pipeline = cls(vocab, retrievers, spec["max_length"], spec["max_candidates"], spec["history_length"], filters,
+                       features, scorer, ordering)
+        pipeline.content_hash = content_hash(directory, spec)
+        return pipeline
 
 
 Pipeline.save_pretrained = Pipeline.save  # the names of the model directories of the session models and DLRM
 Pipeline.from_pretrained = Pipeline.load
+
+
+def content_hash(directory: Path, spec: dict[str, Any]) -> str:
+    """The identity of a saved pipeline: the hash of its description, which records every part's hash
+    (a directory written before parts were hashed: the hash of all its files)."""
+    files = ["pipeline.json"] if "parts" in spec else sorted(p.name for p in directory.iterdir() if p.is_file())
+    return digest_of_parts({name: digest(directory / name) for name in files})
 
 
 def encode_raw(vocab: ItemVocab, sessions: Sequence[Sequence[Any]], max_width: int, on_unknown: str = "oov") -> torch.Tensor:

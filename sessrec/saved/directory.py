@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Iterable
@@ -58,6 +59,14 @@ def read_description(folder: str | os.PathLike, name: str, format: str, versions
         raise ValueError(f"{path}: format {found} is not {format!r} version {' or '.join(map(str, versions))}")
     check_parts(folder, spec.get("parts", {}), path)
     return spec
+
+
+def digest_of_parts(parts: dict[str, str]) -> str:
+    """One ``sha256:<hex>`` for a set of named content hashes (order-free)."""
+    h = hashlib.sha256()
+    for name in sorted(parts):
+        h.update(f"{name}\0{parts[name]}\n".encode())
+    return f"sha256:{h.hexdigest()}"
 
 
 def check_parts(folder: Path, parts: Any, source: Path) -> None:

@@ -255,3 +255,19 @@ def test_a_directory_without_part_hashes_still_loads(tmp_path):
     config["version"] = 1
     (tmp_path / "m" / "config.json").write_text(json.dumps(config))
     assert torch.equal(weights_of(tmp_path / "m"), task.model.item_embedding.weight.detach())
+
+
+def test_sessrec_rollback_on_the_command_line(tmp_path, capsys):
+    from sessrec.cli import run
+
+    store = VersionedDirectory(tmp_path / "m")
+    for text in ("one", "two"):
+        store.publish(write_file(text))
+    assert run(["rollback", "--model-dir", str(store.root)]) == "v000001" and read_part(store.root) == "one"
+    assert "v000001 is current (was v000002)" in capsys.readouterr().out
+    with pytest.raises(FileNotFoundError, match="no such model directory"):
+        run(["rollback", "--model-dir", str(tmp_path / "none")])
+    assert not (tmp_path / "none").exists()
+    write_directory(tmp_path / "plain", write_file("once"))
+    with pytest.raises(ValueError, match="holds one model and no versions"):
+        run(["rollback", "--model-dir", str(tmp_path / "plain")])

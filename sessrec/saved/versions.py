@@ -249,10 +249,12 @@ class VersionedDirectory:
 
     def rollback(self, to: str | None = None) -> str:
         """Make `to` (default: the version current before this one) current again; returns its name."""
+        if not self.root.is_dir():
+            raise FileNotFoundError(f"{self.root}: no such model directory")
         with self.lock():
             current = self.recover()
             if current is None:
-                raise ValueError(f"{self.root}: has a single version, nothing to roll back to")
+                raise ValueError(f"{self.root}: holds one model and no versions (it was saved once): nothing to roll back to")
             if to is None:
                 moves = [e for e in self.history() if e.get("event") in POINTER_EVENTS and e.get("version") == current]
                 to = moves[-1].get("previous") if moves else None

@@ -279,7 +279,26 @@ def export_cli(args: list[str]) -> object:
     return written
 
 
-COMMANDS = {"export": export_cli, "retrain": retrain_cli, "serve": serve_cli}
+def rollback_cli(args: list[str]) -> str:
+    """``sessrec rollback --model-dir D [--to VERSION]``: make an earlier version of a versioned model or
+    pipeline directory current again (default: the one current before this one); logged like a promotion."""
+    from jsonargparse import ArgumentParser
+
+    from sessrec.saved.versions import VersionedDirectory
+
+    parser = ArgumentParser(prog="sessrec rollback", description=rollback_cli.__doc__.splitlines()[0].strip("`: "))
+    parser.add_argument("--model_dir", type=str, required=True, help="a model or pipeline directory with versions")
+    parser.add_argument("--to", type=str | None, default=None, help="the version to make current (e.g. v000003)")
+    args = [a.replace("--model-dir", "--model_dir", 1) if a.startswith("--model-dir") else a for a in args]
+    cfg = parser.parse_args(args)
+    store = VersionedDirectory(cfg.model_dir)
+    before = store.current_version()
+    version = store.rollback(cfg.to)
+    print(f"sessrec rollback: {cfg.model_dir}: {version} is current (was {before}); a server following it reloads")
+    return version
+
+
+COMMANDS = {"export": export_cli, "retrain": retrain_cli, "rollback": rollback_cli, "serve": serve_cli}
 USER_ERRORS = (ValueError, TypeError, RuntimeError, OSError, KeyError)  # OSError: missing or existing files
 VERBOSE_FLAGS = ("--traceback", "--verbose")
 

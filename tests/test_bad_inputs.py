@@ -564,7 +564,7 @@ def test_cli_serve_a_directory_without_a_model(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("content, message", [
     ("{not json", "not valid JSON"),
-    ('{"format": "something.else", "version": 1}', "format 'something.else' is not 'sessrec.model'"),
+    ('{"format": "something.else", "version": 1}', "format 'something.else' version 1 is not 'sessrec.model'"),
 ], ids=["broken-json", "foreign-format"])
 def test_model_directory_with_a_bad_config(tmp_path, content, message):
     from sessrec.tasks import NextItemTask
@@ -581,7 +581,7 @@ def test_model_directory_without_weights(tmp_path, checkpoint):
 
     model = shutil.copytree(checkpoint.parent.parent / "model", tmp_path / "model")
     (model / "model.safetensors").unlink()
-    with pytest.raises(FileNotFoundError, match="the model directory lacks model.safetensors"):
+    with pytest.raises(FileNotFoundError, match="directory lacks model.safetensors"):
         NextItemTask.from_pretrained(model)
 
 

@@ -8,20 +8,22 @@ objective as ``class_path``/``init_args``), so either form rebuilds the network 
   `load_checkpoint` reads it with ``torch.load(weights_only=True)``.
 - a **model directory** (`save_pretrained` / `from_pretrained`, for serving and export)::
 
-      config.json         {"format": "sessrec.model", "version": 1, "task": {"class_path", "init_args"}}
+      config.json         {"format": "sessrec.model", "version": 2, "task": {"class_path", "init_args"},
+                           "vocab": {"fingerprint", "rows"}, "parts": {file name: content hash}}
       model.safetensors   the weights
       vocab.parquet       raw ids <-> model ids (a RankingVocab for DLRM)
       features.npz        fitted side-feature transforms, when the model has side features
 
-  written under a temporary name and renamed, so it is never half-written.
+  ``config.json`` is written last and records the content hash of every other file and the
+  fingerprint of the vocabulary the weights were trained with, so loading refuses a part that does
+  not belong (`sessrec.saved.directory`). Saving again into the same directory adds a version and
+  moves its pointer (`sessrec.saved.versions`): a crash at any moment leaves the old model or the
+  new one.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,8 @@ import pytorch_lightning as pl
 import torch
 
 from sessrec.saved.checkpoint import DATA_STATE_KEYS, read_checkpoint, to_bytes
+from sessrec.saved.directory import describe, read_description, write_description
+from sessrec.saved.versions import resolve, write_directory
 from sessrec.data.ranking import RankingVocab
 from sessrec.data.side import SideFeatures, SideFeatureTransform
 from sessrec.data.vocab import ItemVocab
@@ -37,7 +41,8 @@ from sessrec.embeddings.dynamic import DynamicEmbeddingBag
 from sessrec.saved.registry import class_path, config_of, instantiate
 from sessrec.tasks.settings import grouped
 
-FORMAT, VERSION = "sessrec.model", 1
+FORMAT, VERSION = "sessrec.model", 2
+READABLE_VERSIONS = (1, 2)  # version 1: written before the parts were hashed; read without that check
 GROUPED_TASKS = ("NextItemTask", "BaselineTask")  # tasks whose settings form typed parts (`sessrec.tasks.settings`)
 CONFIG, WEIGHTS, VOCAB, FEATURES = "config.json", "model.safetensors", "vocab.parquet", "features.npz"
 
@@ -87,7 +92,8 @@ class Pretrained:
         if self.vocab is None:
             raise ValueError("the model has no vocabulary to save: train it with a data module, or load it with one")
         config = {"format": FORMAT, "version": VERSION, "task": {"class_path": class_path(self),
-                                                                  "init_args": plain_hparams(self)}}
+                                                                  "init_args": plain_hparams(self)},
+                  "vocab": {"fingerprint": self.vocab.fingerprint(), "rows": self.vocab.to_table().num_rows}}
         if self.side_transform is not None:
             config["side_features"] = config_of(self.side_config)["init_args"]
         weights = {k: v.detach().cpu().contiguous().clone() for k, v in self.state_dict().items()}
@@ -95,9 +101,11 @@ class Pretrained:
         def write(tmp: Path) -> None:
             save_file(weights, str(tmp / WEIGHTS))
             self.vocab.save(tmp / VOCAB)
+            parts = [WEIGHTS, VOCAB]
             if self.side_transform is not None:
                 self.side_transform.save(tmp / FEATURES)
-            (tmp / CONFIG).write_text(json.dumps(config, indent=1))
+                parts.append(FEATURES)
+            write_description(tmp, CONFIG, describe(tmp, config, parts))
 
         return write_directory(directory, write)
 
@@ -107,7 +115,7 @@ class Pretrained:
         (``Pretrained.from_pretrained`` takes any task; a task class refuses the others)."""
         from safetensors.torch import load_file
 
-        directory = Path(directory)
+        directory = resolve(directory)
         config = read_config(directory)
         task = build(config["task"], f"{directory / CONFIG}")
         if not isinstance(task, cls):
@@ -119,6 +127,7 @@ class Pretrained:
             task.vocab = RankingVocab.load(directory / VOCAB)
         else:
             task.vocab = ItemVocab.load(directory / VOCAB)
+        check_vocab(task.vocab, config, directory / VOCAB)
         if (directory / FEATURES).exists():
             task.side_config = SideFeatures(**config.get("side_features", {}))
             task.side_transform = SideFeatureTransform.load(directory / FEATURES, task.side_config)
@@ -221,37 +230,20 @@ def load_checkpoint(path: str | os.PathLike) -> pl.LightningModule:
 
 
 def read_config(directory: Path) -> dict[str, Any]:
-    """A model directory's ``config.json``, checked; one clear line for anything else."""
-    path = directory / CONFIG
-    if not directory.is_dir():
-        raise FileNotFoundError(f"{directory}: no such model directory")
-    if not path.exists():
-        raise FileNotFoundError(f"{directory}: not a sessrec model directory (no {CONFIG})")
-    try:
-        config = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path}: not valid JSON ({err})") from err
-    if not isinstance(config, dict) or config.get("format") != FORMAT or config.get("version") != VERSION:
-        found = config.get("format") if isinstance(config, dict) else type(config).__name__
-        raise ValueError(f"{path}: format {found!r} is not {FORMAT!r} version {VERSION}")
+    """A model directory's ``config.json``, checked (format, version, every part's content hash);
+    one clear line for anything else."""
+    config = read_description(directory, CONFIG, FORMAT, READABLE_VERSIONS)
     for name in (WEIGHTS, VOCAB):
         if not (directory / name).exists():
             raise FileNotFoundError(f"{directory}: the model directory lacks {name}")
     return config
 
 
-def write_directory(directory: str | os.PathLike, write: Any) -> Path:
-    """Call ``write(tmp)`` on a fresh sibling of `directory`, then move it into place (never half-written)."""
-    directory = Path(directory)
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
-    tmp.chmod(0o755)  # mkdtemp's 0700 would make the model private to this user
-    try:
-        write(tmp)
-        if directory.exists():
-            shutil.rmtree(directory)
-        os.replace(tmp, directory)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return directory
+def check_vocab(vocab: ItemVocab | RankingVocab, config: dict[str, Any], source: Path) -> None:
+    """Refuse a vocabulary other than the one the weights were trained with (by content, not by file)."""
+    recorded = (config.get("vocab") or {}).get("fingerprint")
+    if recorded is not None and vocab.fingerprint() != recorded:
+        raise ValueError(
+            f"{source}: is not the vocabulary this model was trained with ({vocab.to_table().num_rows} rows, fingerprint "
+            f"{vocab.fingerprint()[:19]}...; the model's: {config['vocab'].get('rows')} rows, {recorded[:19]}...)"
+        )

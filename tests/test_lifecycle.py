@@ -20,8 +20,8 @@ import yaml
 from sessrec.cli import cli
 from sessrec.data import ItemVocab, Schema, SessionDataModule, TimeWindowSource, generate_sessions
 from sessrec.data.loader import SessionLoader
-from sessrec.deploy.recommender import SessionRecommender, load_recommender
 from sessrec.deploy.gate import Gate
+from sessrec.deploy.recommender import SessionRecommender, load_recommender
 from sessrec.deploy.retrain import retrain, summary
 from sessrec.models import (
     CausalLanguageModeling,

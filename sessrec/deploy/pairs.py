@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -26,7 +27,10 @@ from sessrec.data.datamodule import SessionDataModule
 from sessrec.metrics import TopKMetrics, target_ranks
 from sessrec.tasks import NextItemTask
 from sessrec.tasks.next_item import next_item_scores
-from sessrec.tasks.ranking import RankingMetrics, clicked_ranks
+from sessrec.tasks.ranking import DLRMTask, RankingMetrics, clicked_ranks
+
+if TYPE_CHECKING:
+    from sessrec.data.ranking_datamodule import ClickoutDataModule
 
 AGREEMENT = 1e-6  # per-pair means and the metric classes' aggregates (float32) agree to this
 _CUT = re.compile(r"^(recall|ndcg|mrr)@([1-9][0-9]*)$")
@@ -141,7 +145,7 @@ def next_item_ranks(task: NextItemTask, data: SessionDataModule) -> PairRanks:
 
 
 @torch.no_grad()
-def clickout_ranks(task, data) -> PairRanks:
+def clickout_ranks(task: DLRMTask, data: ClickoutDataModule) -> PairRanks:
     """The rank of each clicked row within its click-out's list under a `DLRMTask`, as its ``trainer.test`` ranks it.
 
     `data` is a `ClickoutDataModule` reading the test split with `task`'s vocabulary. Click-outs without a

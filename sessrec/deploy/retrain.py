@@ -85,10 +85,6 @@ class Standing:
             return None
         return store.path(self.best)
 
-    def label(self, role: str, version: str | None) -> str:
-        """A model in the decision's words: ``the current model (v000004)``, ``the best promoted (v000002)``."""
-        return f"{role} ({version})" if version is not None else role
-
 
 def retrain(
     model_dir: str,
@@ -210,8 +206,7 @@ def settle(
     best_compared = standing.best if "best" in ranks else None
     decision = gate.decide(
         values["candidate"], values["current"], values.get("best"),
-        current_name=standing.label("the current model", standing.current),
-        best_name=standing.label("the best promoted", best_compared),
+        current_name=_label("the current model", standing.current), best_name=_label("the best promoted", best_compared),
     )
     record = {
         "event": "decision",
@@ -345,6 +340,11 @@ def retrain_dlrm(
             "train_rows": new.rows["train"].num_rows, "test_rows": new.rows["test"].num_rows,
             "train_seconds": round(seconds, 2), "epochs": epochs,
         })
+
+
+def _label(role: str, version: str | None) -> str:
+    """A model in the decision's words: ``the current model (v000004)``, ``the best promoted (v000002)``."""
+    return f"{role} ({version})" if version is not None else role
 
 
 def _copy_model(source: Path, target: Path) -> None:

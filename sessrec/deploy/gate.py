@@ -131,19 +131,18 @@ class Gate:
                 raise ValueError(f"gate: the {name}'s per-pair values must be {n} finite numbers, got shape {a.shape}")
         if n == 0:
             raise ValueError("gate: no test pairs to compare")
-        references = {current_name: arrays["current"]} | ({} if best is None else {best_name: arrays["best"]})
-        diffs = np.stack([arrays["candidate"] - ref for ref in references.values()])  # (R, P)
+        references = [(current_name, arrays["current"])] + ([] if best is None else [(best_name, arrays["best"])])
+        diffs = np.stack([arrays["candidate"] - values for _, values in references])  # (R, P)
         lows, highs = self._bounds(diffs)
         found = [Comparison(name, float(d.mean()), float(lo), float(hi))
-                 for name, d, lo, hi in zip(references, diffs, lows, highs)]
+                 for (name, _), d, lo, hi in zip(references, diffs, lows, highs)]
         versus_current, versus_best = found[0], (found[1] if best is not None else None)
         failing = [c for c in found if not c.holds(self.tolerance)]
         passed = n >= self.min_pairs and not failing
         anchor = versus_best if versus_best is not None else versus_current
         return GateDecision(
             passed=passed, reason=self._reason(n, found, failing), pairs=n, versus_current=versus_current,
-            versus_best=versus_best,
-            new_best=passed and anchor.difference >= 0,
+            versus_best=versus_best, new_best=passed and anchor.difference >= 0,
         )
 
     def _bounds(self, diffs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -153,9 +152,10 @@ class Gate:
         rng = np.random.default_rng(self.seed)
         means = np.empty((len(diffs), self.samples))
         rows = max(1, DRAWS_PER_CHUNK // n)
+        dtype = np.int32 if n < 2**31 else np.int64
         for start in range(0, self.samples, rows):
             stop = min(start + rows, self.samples)
-            index = rng.integers(0, n, size=(stop - start, n), dtype=np.int32)  # (b, P): the same pairs for every reference
+            index = rng.integers(0, n, size=(stop - start, n), dtype=dtype)  # (b, P): the same pairs for every reference
             for r, diff in enumerate(diffs):  # row by row: a take from one row is several times faster than from (R, P)
                 means[r, start:stop] = np.take(diff, index).mean(axis=1)
         return np.quantile(means, 1 - self.confidence, axis=1), np.quantile(means, self.confidence, axis=1)

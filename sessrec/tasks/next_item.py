@@ -93,7 +93,14 @@ class NextItemTask(Pretrained, pl.LightningModule):
         side_features: sizes of the side features and item vectors; linked from the data module
             (``data.side_info``). None = item ids only.
         side_info: how side information is embedded and aggregated (`SideInfoConfig`).
+
+    Evaluating a checkpoint (``sessrec validate|test|predict``), `evaluation` is taken from the
+    recipe and the command line; `optimization`, `schedule` and `seed` are read only while fitting;
+    every other setting is the checkpoint's (`sessrec.tasks.restore`).
     """
+
+    EVALUATION_SETTINGS = ("evaluation",)  # a checkpoint is evaluated with the given values
+    TRAINING_SETTINGS = ("optimization", "schedule", "seed")  # read only while fitting
 
     def __init__(
         self,

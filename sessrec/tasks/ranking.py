@@ -148,7 +148,15 @@ class DLRMTask(Pretrained, pl.LightningModule):
         sparse_backend: ``fused`` (the embedding core) or ``torchrec`` (TorchRec's
             ``EmbeddingBagCollection``, updated by the dense optimizer: ``embedding_optimizer: none``),
             which `sessrec.tasks.TorchRecStrategy` shards across processes.
+
+    Evaluating a checkpoint (``sessrec validate|test|predict``), `ks` and `compile` are taken from
+    the recipe and the command line; the optimizers' settings, `seed` and `retain_freed_memory`
+    are read only while fitting; every other setting is the checkpoint's (`sessrec.tasks.restore`).
     """
+
+    EVALUATION_SETTINGS = ("ks", "compile")  # a checkpoint is evaluated (and run) with the given values
+    # read only while fitting (embedding_optimizer is not: a row-wise Adagrad table has its momentum in the state dict)
+    TRAINING_SETTINGS = ("optimizer", "lr", "weight_decay", "embedding_lr", "seed", "retain_freed_memory")
 
     def __init__(
         self,

@@ -33,16 +33,14 @@ from sessrec.pipeline.features import CandidateFeatures
 from sessrec.pipeline.filters import ItemTableFilter, NonProductFilter, SeenItemsFilter
 from sessrec.pipeline.ordering import Ordering
 from sessrec.pipeline.retrieval.base import Retriever
-from sessrec.pipeline.retrieval.covisitation import CoVisitation
-from sessrec.pipeline.retrieval.knn import BaselineRetriever
-from sessrec.pipeline.retrieval.session_model import SessionModelRetriever
-from sessrec.pipeline.scoring import DLRMScorer, GBDTScorer, Scorer
+from sessrec.pipeline.retrieval.covisitation import CoVisitation  # noqa: F401 - registered; pipeline.json names it
+from sessrec.pipeline.retrieval.knn import BaselineRetriever  # noqa: F401 - registered; pipeline.json names it
+from sessrec.pipeline.retrieval.session_model import SessionModelRetriever  # noqa: F401 - registered; pipeline.json names it
+from sessrec.pipeline.scoring import DLRMScorer, GBDTScorer, Scorer  # noqa: F401 - registered; pipeline.json names it
+from sessrec.saved.registry import ConfigError, resolve
 from sessrec.tasks.pretrained import write_directory
 
 FORMAT, VERSION = "sessrec.pipeline", 1
-_RETRIEVERS = {c.__name__: c for c in (SessionModelRetriever, BaselineRetriever, CoVisitation)}
-_FILTERS = {c.__name__: c for c in (SeenItemsFilter, NonProductFilter, ItemTableFilter)}
-_SCORERS = {c.__name__: c for c in (DLRMScorer, GBDTScorer)}
 AnyFilter = SeenItemsFilter | NonProductFilter | ItemTableFilter
 
 
@@ -210,16 +208,18 @@ class Pipeline:
         path = directory / "pipeline.json"
         if not path.exists():
             raise FileNotFoundError(f"{directory}: not a saved pipeline (no pipeline.json); run sessrec fit on a pipeline recipe")
-        spec = json.loads(path.read_text())
+        try:
+            spec = json.loads(path.read_text())
+        except RecursionError as err:
+            raise ValueError(f"{path}: nested too deeply to be a saved pipeline") from err
         if spec.get("format") != FORMAT or spec.get("version") != VERSION:
             raise ValueError(f"{path}: format {spec.get('format')!r} version {spec.get('version')!r} is not {FORMAT!r} {VERSION}")
         load = lambda name: load_file(str(directory / name))  # noqa: E731
         vocab = ItemVocab.load(directory / "vocab.parquet")
         retrievers = {}
-        for r in spec["retrievers"]:
-            kind = _known(_RETRIEVERS, r["kind"], path)
-            retrievers[r["name"]] = (kind.from_state(r["config"], load(r["arrays"])), int(r["k"]))
-        filters = [_known(_FILTERS, f["kind"], path).from_state(f["config"], load(f["arrays"])) for f in spec["filters"]]
+        for i, r in enumerate(spec["retrievers"]):
+            retrievers[r["name"]] = (_stage(Retriever, r, path, f"retrievers[{i}]", load), int(r["k"]))
+        filters = [_stage(AnyFilter, f, path, f"filters[{i}]", load) for i, f in enumerate(spec["filters"])]
         fconfig = dict(spec["features"]["config"])
         names = fconfig.pop("names")
         features = CandidateFeatures(**fconfig)
@@ -229,8 +229,7 @@ class Pipeline:
             features.ops = FeaturePipeline.load(directory / "features.npz")
         scorer = None
         if "scorer" in spec:
-            s = spec["scorer"]
-            scorer = _known(_SCORERS, s["kind"], path).from_state(s["config"], load(s["arrays"]))
+            scorer = _stage(Scorer, spec["scorer"], path, "scorer", load)
         ordering = Ordering.from_state(spec["ordering"]["config"], load(spec["ordering"]["arrays"]))
         return cls(vocab, retrievers, spec["max_length"], spec["max_candidates"], spec["history_length"], filters,
                    features, scorer, ordering)
@@ -282,10 +281,13 @@ def decode_dicts(vocab: ItemVocab, items: torch.Tensor, scores: torch.Tensor) ->
     return [{"item_ids": i, "scores": s} for i, s in zip(ids.to_pylist(), values.to_pylist())]
 
 
-def _known(kinds: dict[str, type], name: str, path: Path) -> type:
-    if name not in kinds:
-        raise ValueError(f"{path}: unknown stage {name!r}; this version knows {sorted(kinds)}")
-    return kinds[name]
+def _stage(base: Any, entry: dict[str, Any], path: Path, key: str, load: Any) -> Any:
+    """A saved stage: its ``kind``, a registered `base` class, rebuilt by ``from_state``."""
+    kind = resolve(entry["kind"], base, str(path), f"{key}.kind")
+    try:
+        return kind.from_state(entry["config"], load(entry["arrays"]))
+    except ConfigError as err:
+        raise err.within(str(path), f"{key}.config") from None
 
 
 def _json_default(value: Any) -> Any:

@@ -123,8 +123,9 @@ THING = {"class_path": f"{SENTINEL}.Thing", "init_args": {}}
 
 # (case id, key under task.init_args, value there, key path in the message, message after it)
 HOSTILE = [
-    ("function", "loss", FN, "task.init_args.loss", r"'os.system' is not registered; import the module that defines it "
-     r"\(subclasses of CatalogueLoss register themselves\) or call sessrec.saved.registry.register\(system\) before loading"),
+    ("function", "loss", FN, "task.init_args.loss", (
+        r"'os.system' is not registered; import the module that defines it "
+        r"\(subclasses of CatalogueLoss register themselves\) or call sessrec.saved.registry.register\(system\) before loading")),
     ("import_module", "loss", IMPORT, "task.init_args.loss",
      r"'sessrec.import_module' is not a registered class; a saved config builds only registered classes \(.*FullSoftmax"),
     ("module", "encoder", {"class_path": "sessrec.tasks"}, "task.init_args.encoder", "'sessrec.tasks' is not a registered class"),
@@ -145,6 +146,9 @@ HOSTILE = [
      "class_path must be a string, got list"),
     ("unknown-argument", "loss", {"class_path": "sessrec.tasks.losses.FullSoftmax", "init_args": {"cmd": IMPORT}},
      "task.init_args.loss.init_args.cmd", "FullSoftmax takes no argument 'cmd'"),
+    ("arguments-to-a-base-without-any", "objective",
+     {"class_path": "sessrec.models.objective.Objective", "init_args": {"x": IMPORT}},
+     "task.init_args.objective.init_args.x", "Objective takes no argument 'x'"),
     ("extra-key", "loss", {**FN, "class_path": "sessrec.tasks.losses.FullSoftmax", "dict_kwargs": IMPORT},
      "task.init_args.loss", r"a class config holds only class_path and init_args, not \['dict_kwargs'\]"),
     ("too-deep", "loss", json.loads(deep(40)), "task.init_args.loss" + ".a" * 31, "nested deeper than 32 levels$"),
@@ -194,6 +198,21 @@ def test_a_hostile_checkpoint_is_refused_before_anything_is_imported(sentinel, t
     )
     torch.save({"state_dict": {}, "hyper_parameters": {}, "sessrec": {"task": "os.system"}}, path)
     assert refused(load_checkpoint, path).startswith(f"{path}: sessrec.task: 'os.system' is not registered")
+
+
+def test_a_checkpoint_nested_10000_levels_is_one_line(task, tmp_path):
+    node = nested = {}
+    for _ in range(DEEP):
+        node["a"] = node = {}
+    path = tmp_path / "deep.ckpt"
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(4 * DEEP)  # pickling is recursive; torch's weights-only unpickling is not
+    try:
+        torch.save({"state_dict": {}, "hyper_parameters": {**plain_hparams(task), "encoder": nested},
+                    "sessrec": {"task": "sessrec.tasks.next_item.NextItemTask"}}, path)
+    finally:
+        sys.setrecursionlimit(limit)
+    assert refused(load_checkpoint, path) == f"{path}: hyper_parameters.encoder{'.a' * 31}: nested deeper than 32 levels"
 
 
 # --------------------------------------------------------------------------- pipeline directories
@@ -337,10 +356,10 @@ def test_a_registered_user_class_builds_with_its_annotations_checked():
     ({"loss": FULL, "losses": [FULL, {"class_path": "sessrec.models.MaskedItemModeling"}]},
      "config.init_args.losses[1]: 'sessrec.models.MaskedItemModeling' is a registered class, but not a CatalogueLoss"),
     ({"loss": FULL, "either": {"class_path": "sessrec.tasks.losses.CatalogueLoss"}},
-     "config.init_args.either: 'sessrec.tasks.losses.CatalogueLoss' is a registered class, but not a FullSoftmax or "
-     "SampledSoftmax"),
-    ({"loss": FULL, "table": {"x y": FULL}}, "config.init_args.table['x y']: 'sessrec.tasks.losses.FullSoftmax': "
-     "this key holds plain values, not a class"),
+     ("config.init_args.either: 'sessrec.tasks.losses.CatalogueLoss' is a registered class, but not a FullSoftmax or "
+      "SampledSoftmax")),
+    ({"loss": FULL, "table": {"x y": FULL}},
+     "config.init_args.table['x y']: 'sessrec.tasks.losses.FullSoftmax': this key holds plain values, not a class"),
     ({"loss": FULL, "either": "FullSoftmax", "nope": 1}, "config.init_args.nope: Holder takes no argument 'nope'"),
 ], ids=["wrong-base", "wrong-base-in-a-list", "outside-a-union", "class-in-a-plain-dict", "unknown-argument"])
 def test_the_expected_base_comes_from_the_constructor_annotation(init_args, message):

@@ -8,7 +8,8 @@ of a file that `recommend` calls for one request.
 Saved as one directory (`save` / `load`): ``pipeline.json`` (every stage's settings),
 ``vocab.parquet``, ``features.npz`` (the fitted feature ops) and one ``.safetensors`` file of
 arrays per stage (model weights, indexes, co-visitation matrix, training sessions of the kNN
-retrievers, the ranker). Loading imports only the library's own classes and unpickles nothing.
+retrievers, the ranker). Loading builds only registered classes (`sessrec.saved.registry`) and
+unpickles nothing.
 
 Shape letters: B sessions, L positions, K candidates, k recommendations.
 """

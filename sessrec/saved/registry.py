@@ -361,6 +361,8 @@ def _inner(annotation: Any, kind: str) -> Any:
 def _parameters(cls: type) -> tuple[dict[str, Any], bool]:
     """(parameter name -> annotation, whether ``**kwargs`` takes any other name) of ``cls.__init__``."""
     init = cls.__init__
+    if init is object.__init__:  # no constructor of its own: no arguments (not object's *args, **kwargs)
+        return {}, False
     signature = inspect.signature(init)
     hints = _hints(init)
     params = {}

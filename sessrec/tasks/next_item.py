@@ -117,7 +117,10 @@ class NextItemTask(Pretrained, pl.LightningModule):
         side_info: SideInfoConfig = SideInfoConfig(),  # noqa: B008 - a config value, never mutated
     ) -> None:
         super().__init__()
-        # as stored in a checkpoint or a model directory: plain configs, built here from registered classes only
+        # as stored in a checkpoint, a model directory or a resolved recipe: plain configs, built here from
+        # registered classes only (side_info, a dataclass, may also be given as its fields)
+        if isinstance(side_info, dict) and "class_path" not in side_info:
+            side_info = SideInfoConfig(**side_info)
         encoder, objective, loss, side_info = (
             instantiate(v, expected=base, source="NextItemTask", key=name) if isinstance(v, dict) else v
             for name, v, base in (("encoder", encoder, nn.Module), ("objective", objective, Objective),

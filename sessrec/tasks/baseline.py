@@ -24,11 +24,12 @@ from sessrec.data import frame
 from sessrec.data.batch import SessionBatch
 from sessrec.data.vocab import NUM_SPECIAL
 from sessrec.metrics import TopKMetrics
-from sessrec.saved.registry import config_of
+from sessrec.saved.registry import config_of, register
 from sessrec.tasks.next_item import NextItemTask, TopK, exclude_seen
 from sessrec.tasks.settings import Evaluation
 
 
+@register
 class BaselineTask(pl.LightningModule):
     """Evaluate or score a `SessionBaseline` (no trainable weights).
 

@@ -25,6 +25,7 @@ from sessrec.data.ranking import RankingBatch
 from sessrec.embeddings import TableConfig
 from sessrec.embeddings.host_memory import retain_freed_memory
 from sessrec.models.dlrm import DLRM
+from sessrec.saved.registry import register
 from sessrec.tasks.pretrained import Pretrained
 
 
@@ -112,6 +113,7 @@ class RankingMetrics(Metric):
         return out
 
 
+@register
 class DLRMTask(Pretrained, pl.LightningModule):
     """Click prediction with a `DLRM`, evaluated as a ranking of each query's rows.
 

@@ -19,6 +19,25 @@ Data-derived values (catalogue size, sequence length, virtual items, side-featur
 linked from the data module into the model, never typed twice. With ``--ckpt_path``, the
 vocabulary and the fitted side-feature transforms saved beside the checkpoint are used, so raw
 ids and features map exactly as in training.
+
+``validate``, ``test`` and ``predict`` with ``--ckpt_path`` take the model's settings by one rule
+(`sessrec.tasks.restore`), where "given" means set by a recipe or on the command line:
+
+- the evaluation settings (``--model.evaluation.top_k|ks|exclude_seen``; a DLRM's ``--model.ks``
+  and ``--model.compile``) are the given ones, else the checkpoint's; the data module's settings
+  (batch sizes, ``--data.predict_path``) and the output (``--scoring.*``) are always the given ones;
+- the training settings (``--model.optimization.*``, ``--model.schedule.*``, ``--model.seed``; a
+  DLRM's optimizers, ``seed`` and ``retain_freed_memory``) are the checkpoint's: a given value that
+  differs is not used, and a note on stderr names it;
+- every other model setting (the encoder and its sizes, the objective, the loss, dropout, side
+  information, ``--data.max_length`` ...) fixes the network: a given value that differs from the
+  checkpoint's is refused with one line naming the key and both values. The recipe a model was
+  trained with (and the flags that changed it) always passes; so does ``--config
+  runs/<name>/version_N/config.yaml``, the full config ``sessrec fit`` saved.
+
+A renamed setting (``--model.top_k``, ``--model.lr`` ...: `sessrec.tasks.settings.SEPARATE`), on
+the command line or in a recipe, is refused with one line naming the key that replaces it.
+``fit --ckpt_path`` resumes with the checkpoint's model settings (LightningCLI's own restore).
 """
 
 from __future__ import annotations
@@ -34,13 +53,76 @@ import pytorch_lightning as pl
 import yaml
 from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 
-from sessrec.saved.checkpoint import data_state
+from sessrec.saved.checkpoint import data_state, read_checkpoint
 from sessrec.tasks import LastCheckpoint, TopKWriter, VocabularyCheckpoint
 from sessrec.tasks.callbacks import find_features, find_vocab
-from sessrec.tasks.pretrained import load_checkpoint
+from sessrec.tasks.pretrained import GROUPED_TASKS, load_checkpoint, plain_hparams
+from sessrec.tasks.restore import merge_with_checkpoint, renamed, same_class, same_value, show, task_class
+from sessrec.tasks.settings import grouped
+
+EVALUATING = ("validate", "test", "predict")  # subcommands that evaluate or run a trained model
+# the task settings linked from the data module (below), with the data setting that gives each
+FROM_DATA = {
+    "num_items": "the data module's num_items", "num_virtual": "the data module's num_virtual",
+    "side_features": "the data module's side_info", "max_length": "--data.max_length",
+    "cardinalities": "the data module's cardinalities", "num_dense": "the data module's num_dense",
+}
 
 
 class SessrecCLI(LightningCLI):
+    _args: list[str] | None = None  # the arguments parsed (None when given as a dict or Namespace)
+    _held: dict | None = None  # the model settings of the checkpoint evaluated
+    _checkpoint: str = ""
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: object) -> None:
+        """Refuse a renamed setting in one line, then parse (LightningCLI's)."""
+        if args is None or isinstance(args, (list, tuple)):
+            self._args = list(sys.argv[1:] if args is None else args)
+            refuse_renamed(self._args)
+        super().parse_arguments(parser, args)
+
+    def _parse_ckpt_path(self) -> None:
+        """LightningCLI's hook that puts a checkpoint's hyper-parameters over the model's config.
+
+        ``fit`` resumes with it as it is; ``validate``, ``test`` and ``predict`` apply the rule of the
+        module docstring (`sessrec.tasks.restore.merge_with_checkpoint`) instead.
+        """
+        sub = self.config.get("subcommand")
+        if sub not in EVALUATING:
+            super()._parse_ckpt_path()
+            return
+        cfg = self.config[sub]
+        ckpt = cfg.get("ckpt_path")
+        if not ckpt:
+            return
+        checkpoint = read_checkpoint(ckpt)
+        hparams = checkpoint.get("hyper_parameters") or {}
+        held = {k: v for k, v in hparams.items() if not str(k).startswith("_")}
+        trained = checkpoint.get("sessrec", {}).get("task") or hparams.get("_class_path")
+        if not held or not trained:
+            return
+        path = str(cfg.model.class_path)
+        task = task_class(path)
+        if task is None or not same_class(path, str(trained)):
+            raise ValueError(
+                f"--model.class_path {path} differs from the checkpoint's {trained} ({ckpt}): evaluate a checkpoint "
+                "with the task it was trained as"
+            )
+        if path.rpartition(".")[2] in GROUPED_TASKS:  # an older checkpoint may name lr, ks, ... one by one
+            held = grouped(held)
+        given = self.parser.parse_args(self._args, defaults=False)[sub] if self._args is not None else cfg
+        model = given.get("model")
+        init_args = model.get("init_args") if model is not None else None
+        merged = merge_with_checkpoint(
+            task, held, init_args.as_dict() if init_args is not None else {}, str(ckpt), from_data=FROM_DATA
+        )
+        if merged.notes:
+            notes = "; ".join(merged.notes)
+            print(f"sessrec {sub}: note: training settings not used ({sub} keeps the checkpoint's): {notes}", file=sys.stderr)
+        update = {sub: {"model": {"class_path": path, "init_args": merged.init_args}}}
+        self.config = self.parser.parse_object(update, self.config)
+        self._held, self._checkpoint = held, str(ckpt)
+
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # a recipe's `model:` block without class_path configures NextItemTask, the default task
         parser.set_defaults({"model": {"class_path": "sessrec.tasks.NextItemTask"}})
@@ -108,6 +190,21 @@ class SessrecCLI(LightningCLI):
                 )
             data.features_path = None if features is None else str(features)
 
+    def after_instantiate_classes(self) -> None:
+        """Refuse a data module that derives other model settings than the checkpoint's (one line)."""
+        if not self._held:
+            return
+        derived = plain_hparams(self.model)
+        for key, name in FROM_DATA.items():
+            if key in self._held and key in derived and not same_value(derived[key], self._held[key]):
+                why = (
+                    "the network's shape is fixed by training; evaluate with the checkpoint's value" if key == "max_length"
+                    else "read the data with the vocabulary and feature transforms of the training run (the checkpoint "
+                    "carries them; --data.vocab_path and --data.features_path name others)"
+                )
+                raise ValueError(
+                    f"{name} {show(derived[key])} differs from the checkpoint's {show(self._held[key])} ({self._checkpoint}): {why}"
+                )
 
     def after_fit(self) -> None:
         """Print the final metrics and the best checkpoint, and write its model directory beside it."""
@@ -143,6 +240,56 @@ def cli(args: list[str] | None = None) -> SessrecCLI:
 
 
 PIPELINE_COMMANDS = ("fit", "test", "recommend")
+
+
+def refuse_renamed(args: list[str]) -> None:
+    """One line for a renamed model setting (``--model.top_k`` -> ``--model.evaluation.top_k``), on the
+    command line or in a ``--config`` file, before jsonargparse reports an unknown option."""
+    task = task_class(_task_path(args))
+    if task is None:
+        return
+    for arg in args:
+        if not arg.startswith("--model."):
+            continue
+        key = arg[2:].partition("=")[0]
+        new = renamed(task, key.removeprefix("model.").removeprefix("init_args."))
+        if new is not None:
+            raise ValueError(f"--{key} was renamed: use --model.{new}")
+    for path in _config_paths(args):
+        model = _recipe(path).get("model")
+        if not isinstance(model, dict):
+            continue
+        inner = model.get("init_args")
+        for block, where in ((model, "model"), (inner if isinstance(inner, dict) else {}, "model.init_args")):
+            for name in block:
+                new = renamed(task, str(name))
+                if new is not None:
+                    raise ValueError(f"{path}: {where}.{name} was renamed: use {where}.{new}")
+
+
+def _task_path(args: list[str]) -> str:
+    """The task class the arguments choose: the last ``model.class_path`` of a ``--config`` file or a
+    ``--model.class_path`` flag, in order (`NextItemTask` when none does)."""
+    found = "sessrec.tasks.NextItemTask"
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        value = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+        if name == "--config":
+            model = _recipe(Path(value)).get("model")
+            given = model.get("class_path") if isinstance(model, dict) else None
+            found = str(given) if given else found
+        elif name == "--model.class_path" and value:
+            found = value
+    return found
+
+
+def _recipe(path: Path) -> dict:
+    """A recipe file's mapping; {} for anything else (jsonargparse then says what is wrong)."""
+    try:
+        content = yaml.safe_load(path.read_text()) if path.is_file() else None
+    except (OSError, yaml.YAMLError):
+        return {}
+    return content if isinstance(content, dict) else {}
 
 
 def _config_paths(args: list[str]) -> list[Path]:

@@ -33,8 +33,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from sessrec.data.side import SideInfoSpec
+from sessrec.saved.registry import register
 
 
+@register
 @dataclass
 class SideInfoConfig:
     """How side information is embedded (the sizes come from the data: `SideInfoSpec`).

@@ -24,11 +24,12 @@ from sessrec.data import frame
 from sessrec.data.batch import SessionBatch
 from sessrec.data.vocab import NUM_SPECIAL
 from sessrec.metrics import TopKMetrics
-from sessrec.saved.registry import config_of
+from sessrec.saved.registry import config_of, register
 from sessrec.tasks.next_item import NextItemTask, TopK, exclude_seen
 from sessrec.tasks.settings import Evaluation
 
 
+@register
 class BaselineTask(pl.LightningModule):
     """Evaluate or score a `SessionBaseline` (no trainable weights).
 
@@ -40,6 +41,9 @@ class BaselineTask(pl.LightningModule):
         num_virtual: the last `num_virtual` ids are virtual (non-product) items, linked from the
             data module: input only, so their scores are -inf whatever the baseline counted.
     """
+
+    EVALUATION_SETTINGS = ("evaluation",)  # with a checkpoint, the given values (`sessrec.tasks.restore`)
+    TRAINING_SETTINGS = ()
 
     def __init__(
         self,

@@ -20,7 +20,7 @@ from sessrec.data.batch import SessionBatch
 from sessrec.data.side import SideInfoSpec
 from sessrec.metrics import TopKMetrics
 from sessrec.models import MaskedItemModeling, Objective, SessionModel, XLNetEncoder
-from sessrec.saved.registry import config_of, instantiate
+from sessrec.saved.registry import config_of, instantiate, register
 from sessrec.models.side_info import SideInfoConfig, SideInfoEmbedding
 from sessrec.tasks.losses import CatalogueLoss, FullSoftmax
 from sessrec.tasks.optim import adamw
@@ -60,6 +60,7 @@ def next_item_scores(
     return exclude_seen(scores, items) if exclude else scores
 
 
+@register
 class NextItemTask(Pretrained, pl.LightningModule):
     """Next-item training with a full-catalogue softmax, evaluated by Recall/NDCG/MRR@K.
 
@@ -93,7 +94,14 @@ class NextItemTask(Pretrained, pl.LightningModule):
         side_features: sizes of the side features and item vectors; linked from the data module
             (``data.side_info``). None = item ids only.
         side_info: how side information is embedded and aggregated (`SideInfoConfig`).
+
+    Evaluating a checkpoint (``sessrec validate|test|predict``), `evaluation` is taken from the
+    recipe and the command line; `optimization`, `schedule` and `seed` are read only while fitting;
+    every other setting is the checkpoint's (`sessrec.tasks.restore`).
     """
+
+    EVALUATION_SETTINGS = ("evaluation",)  # a checkpoint is evaluated with the given values
+    TRAINING_SETTINGS = ("optimization", "schedule", "seed")  # read only while fitting
 
     def __init__(
         self,
@@ -116,9 +124,14 @@ class NextItemTask(Pretrained, pl.LightningModule):
         side_info: SideInfoConfig = SideInfoConfig(),  # noqa: B008 - a config value, never mutated
     ) -> None:
         super().__init__()
-        # as stored in a checkpoint or a model directory: plain configs, built here
+        # as stored in a checkpoint, a model directory or a resolved recipe: plain configs, built here from
+        # registered classes only (side_info, a dataclass, may also be given as its fields)
+        if isinstance(side_info, dict) and "class_path" not in side_info:
+            side_info = SideInfoConfig(**side_info)
         encoder, objective, loss, side_info = (
-            instantiate(v) if isinstance(v, dict) else v for v in (encoder, objective, loss, side_info)
+            instantiate(v, expected=base, source="NextItemTask", key=name) if isinstance(v, dict) else v
+            for name, v, base in (("encoder", encoder, nn.Module), ("objective", objective, Objective),
+                                  ("loss", loss, CatalogueLoss), ("side_info", side_info, SideInfoConfig))
         )
         if isinstance(side_features, dict):
             side_features = SideInfoSpec(**side_features)

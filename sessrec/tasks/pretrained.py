@@ -33,12 +33,12 @@ import torch
 
 from sessrec.saved.checkpoint import DATA_STATE_KEYS, read_checkpoint, to_bytes
 from sessrec.saved.directory import describe, read_description, write_description
-from sessrec.saved.versions import resolve, write_directory
+from sessrec.saved import versions
 from sessrec.data.ranking import RankingVocab
 from sessrec.data.side import SideFeatures, SideFeatureTransform
 from sessrec.data.vocab import ItemVocab
 from sessrec.embeddings.dynamic import DynamicEmbeddingBag
-from sessrec.saved.registry import class_path, config_of, instantiate
+from sessrec.saved.registry import ConfigError, class_path, config_of, construct, resolve, split_config
 from sessrec.tasks.settings import grouped
 
 FORMAT, VERSION = "sessrec.model", 2
@@ -107,7 +107,7 @@ class Pretrained:
                 parts.append(FEATURES)
             write_description(tmp, CONFIG, describe(tmp, config, parts))
 
-        return write_directory(directory, write)
+        return versions.write_directory(directory, write)
 
     @classmethod
     def from_pretrained(cls, directory: str | os.PathLike) -> pl.LightningModule:
@@ -115,11 +115,9 @@ class Pretrained:
         (``Pretrained.from_pretrained`` takes any task; a task class refuses the others)."""
         from safetensors.torch import load_file
 
-        directory = resolve(directory)
+        directory = versions.resolve(directory)
         config = read_config(directory)
-        task = build(config["task"], f"{directory / CONFIG}")
-        if not isinstance(task, cls):
-            raise TypeError(f"{directory}: holds a {type(task).__name__}, not a {cls.__name__}")
+        task = build(config.get("task"), f"{directory / CONFIG}", "task", expected=cls)
         weights = load_file(str(directory / WEIGHTS))
         check_weights(task, weights, str(directory / WEIGHTS))
         task.load_state_dict(weights)
@@ -166,18 +164,25 @@ def plain_hparams(task: pl.LightningModule) -> dict[str, Any]:
     return {k: v for k, v in dict(task.hparams).items() if not str(k).startswith("_")}
 
 
-def build(task_config: dict[str, Any], source: str) -> pl.LightningModule:
-    """A task from ``{"class_path", "init_args"}``; one clear line when the config does not build."""
-    path = str(task_config.get("class_path", ""))
-    if not path.startswith("sessrec.tasks.") and not path.startswith("sessrec."):
-        raise ValueError(f"{source}: task class {path!r} is not a sessrec task")
-    init_args = task_config.get("init_args") or {}
-    try:
-        if path.rpartition(".")[2] in GROUPED_TASKS:  # a saved config may name lr, ks, ... one by one
+def build(
+    task_config: Any, source: str, key: str = "task", args_key: str | None = None, expected: type = Pretrained,
+) -> pl.LightningModule:
+    """The `expected` task that ``{"class_path", "init_args"}`` describes, built from registered classes only.
+
+    The whole config resolves (`sessrec.saved.registry`) before anything is constructed; anything
+    else is refused with one line naming `source` and the key path: `key` is the config's path in
+    the file, `args_key` that of its arguments (``<key>.init_args`` unless given).
+    """
+    path, init_args = split_config(task_config, source, key)
+    cls = resolve(path, expected, source, key)
+    args_key = args_key or f"{key}.init_args"
+    init_args = init_args or {}
+    if cls.__name__ in GROUPED_TASKS and isinstance(init_args, dict):  # a saved config may name lr, ks, ... one by one
+        try:
             init_args = grouped(init_args)
-        return instantiate({"class_path": path, "init_args": init_args})
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"{source}: the saved config does not build a {path.rpartition('.')[2]} ({err})") from err
+        except ValueError as err:
+            raise ConfigError(source, args_key, str(err)) from err
+    return construct(cls, init_args, source, args_key)
 
 
 def check_weights(task: torch.nn.Module, weights: dict[str, torch.Tensor], source: str) -> None:
@@ -213,12 +218,12 @@ def load_checkpoint(path: str | os.PathLike) -> pl.LightningModule:
     task_path = checkpoint.get("sessrec", {}).get("task") or checkpoint.get("hyper_parameters", {}).get("_class_path")
     if not task_path:
         raise ValueError(f"{path}: the checkpoint does not say which task it holds; load it with the recipe it was trained with")
-    if task_path.rpartition(".")[2] == "NextItemTask" and "encoder" not in hparams:
+    if isinstance(task_path, str) and task_path.rpartition(".")[2] == "NextItemTask" and "encoder" not in hparams:
         raise ValueError(
             f"{path}: the checkpoint has no encoder config (an older sessrec wrote it); "
             "evaluate it with the recipe it was trained with: sessrec test --config <recipe> --ckpt_path ..."
         )
-    task = build({"class_path": task_path, "init_args": hparams}, str(path))
+    task = build({"class_path": task_path, "init_args": hparams}, str(path), "sessrec.task", "hyper_parameters")
     check_weights(task, checkpoint["state_dict"], str(path))
     task.load_state_dict(checkpoint["state_dict"])
     for key in DATA_STATE_KEYS:

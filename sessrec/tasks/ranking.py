@@ -25,6 +25,7 @@ from sessrec.data.ranking import RankingBatch
 from sessrec.embeddings import TableConfig
 from sessrec.embeddings.host_memory import retain_freed_memory
 from sessrec.models.dlrm import DLRM
+from sessrec.saved.registry import register
 from sessrec.tasks.pretrained import Pretrained
 
 
@@ -112,6 +113,7 @@ class RankingMetrics(Metric):
         return out
 
 
+@register
 class DLRMTask(Pretrained, pl.LightningModule):
     """Click prediction with a `DLRM`, evaluated as a ranking of each query's rows.
 
@@ -148,7 +150,15 @@ class DLRMTask(Pretrained, pl.LightningModule):
         sparse_backend: ``fused`` (the embedding core) or ``torchrec`` (TorchRec's
             ``EmbeddingBagCollection``, updated by the dense optimizer: ``embedding_optimizer: none``),
             which `sessrec.tasks.TorchRecStrategy` shards across processes.
+
+    Evaluating a checkpoint (``sessrec validate|test|predict``), `ks` and `compile` are taken from
+    the recipe and the command line; the optimizers' settings, `seed` and `retain_freed_memory`
+    are read only while fitting; every other setting is the checkpoint's (`sessrec.tasks.restore`).
     """
+
+    EVALUATION_SETTINGS = ("ks", "compile")  # a checkpoint is evaluated (and run) with the given values
+    # read only while fitting (embedding_optimizer is not: a row-wise Adagrad table has its momentum in the state dict)
+    TRAINING_SETTINGS = ("optimizer", "lr", "weight_decay", "embedding_lr", "seed", "retain_freed_memory")
 
     def __init__(
         self,

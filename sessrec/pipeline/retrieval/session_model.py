@@ -25,8 +25,8 @@ import yaml
 from sessrec.pipeline.candidates import Retrieved, Sessions
 from sessrec.pipeline.retrieval.base import Retriever
 from sessrec.pipeline.retrieval.index import ExactIndex, FaissIndex
-from sessrec.tasks.pretrained import GROUPED_TASKS
-from sessrec.tasks.settings import grouped
+from sessrec.saved.registry import register, resolve
+from sessrec.tasks.pretrained import build
 
 AnyIndex = ExactIndex | FaissIndex
 _DATA_LINKED = ("num_items", "max_length", "num_virtual", "side_features")
@@ -40,26 +40,19 @@ def _task_parser():
     return parser
 
 
-def _with_class_path(model_config: dict[str, Any]) -> dict[str, Any]:
-    if "class_path" not in model_config:
+def _with_class_path(model_config: Any) -> Any:
+    if isinstance(model_config, dict) and "class_path" not in model_config:
         return {"class_path": "sessrec.tasks.NextItemTask", "init_args": dict(model_config)}
     return model_config
 
 
-def build_task(model_config: dict[str, Any]) -> pl.LightningModule:
-    """Instantiate a task from a recipe's ``model:`` block (``class_path``/``init_args``; none: `NextItemTask`).
+def build_task(model_config: Any, source: str = "the retriever's config", key: str = "model") -> pl.LightningModule:
+    """The task of a ``model:`` block (``class_path``/``init_args``; none: `NextItemTask`).
 
-    Only classes of the library are built, so a saved pipeline never runs code named in a file
-    from elsewhere.
+    Built from registered classes only (`sessrec.saved.registry`), after the whole block
+    resolves, so a saved pipeline never imports or runs anything its file names.
     """
-    model_config = _with_class_path(model_config)
-    path = str(model_config["class_path"])
-    if not path.startswith("sessrec."):
-        raise ValueError(f"model class_path {path!r} is outside the sessrec library; the pipeline builds only sessrec tasks")
-    if path.rpartition(".")[2] in GROUPED_TASKS:  # a saved config may name lr, ks, ... one by one
-        model_config = {**model_config, "init_args": grouped(dict(model_config.get("init_args") or {}))}
-    parser = _task_parser()
-    return parser.instantiate(parser.parse_object({"model": model_config})).model
+    return build(_with_class_path(model_config), source, key, expected=pl.LightningModule)
 
 
 def resolved_config(task_config: dict[str, Any]) -> dict[str, Any]:
@@ -68,6 +61,7 @@ def resolved_config(task_config: dict[str, Any]) -> dict[str, Any]:
     return json.loads(parser.dump(parser.parse_object({"model": _with_class_path(task_config)}), format="json"))["model"]
 
 
+@register
 class SessionModelRetriever(Retriever):
     """Retrieve with a trained `NextItemTask` (any encoder and objective of the zoo).
 
@@ -98,7 +92,7 @@ class SessionModelRetriever(Retriever):
         init = dict(block.get("init_args") or {})
         init.update({k: hparams[k] for k in _DATA_LINKED if k in hparams})
         config = resolved_config({"class_path": block["class_path"], "init_args": init})
-        task = build_task(config)
+        task = build_task(config, str(recipe))
         task.load_state_dict(ckpt["state_dict"])
         return cls(task, config, index)
 
@@ -150,11 +144,11 @@ class SessionModelRetriever(Retriever):
 
     @classmethod
     def from_state(cls, config: dict[str, Any], arrays: dict[str, np.ndarray]) -> SessionModelRetriever:
+        index_config = dict(config["index"])
+        kind = resolve(index_config.pop("type", None), AnyIndex, "the retriever's config", "index.type")
         task = build_task(config["model"])
         weights = {k.split("/", 1)[1]: torch.from_numpy(np.array(v)) for k, v in arrays.items() if k.startswith("weights/")}
         task.load_state_dict(weights)
-        index_config = dict(config["index"])
-        kind = {"ExactIndex": ExactIndex, "FaissIndex": FaissIndex}[index_config.pop("type")]
         index = kind.from_state(index_config, {k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith("index/")})
         retriever = cls.__new__(cls)
         retriever.task, retriever.model_config, retriever.index = task.eval(), config["model"], index

@@ -271,3 +271,60 @@ def test_sessrec_rollback_on_the_command_line(tmp_path, capsys):
     write_directory(tmp_path / "plain", write_file("once"))
     with pytest.raises(ValueError, match="holds one model and no versions"):
         run(["rollback", "--model-dir", str(tmp_path / "plain")])
+
+
+def test_a_retrain_promotion_killed_at_random_moments_keeps_record_pointer_and_model_in_agreement(tmp_path):
+    """`settle`, the decision and promotion of a `sessrec retrain` turn, on real model directories, killed
+    before a random filesystem call (or by SIGKILL after a random delay) in 24 turns: after each, the
+    record's last pointer move is what the pointer names, and the model loads with that version's weights."""
+    import signal
+    import time
+
+    from sessrec.deploy.gate import Gate
+    from sessrec.deploy.pairs import PairRanks
+    from sessrec.deploy.retrain import Standing, settle
+
+    rng = np.random.default_rng(0)
+    n = 2000
+    pairs = dict(sessions=np.arange(n), positions=np.zeros(n, dtype=np.int64))
+    current_ranks = PairRanks(ranks=rng.integers(1, 60, n).astype(float), metrics={}, **pairs)
+    better = PairRanks(ranks=np.minimum(current_ranks.ranks, 3.0), metrics={}, **pairs)  # passes the gate every turn
+    candidates = {}
+    for seed in range(4):
+        candidates[seed] = tiny_task(seed + 10).save_pretrained(tmp_path / f"candidate{seed}")
+    expected = {str(c): weights_of(c) for c in candidates.values()}
+    root = tmp_path / "served"
+    tiny_task(0).save_pretrained(root)
+    store = VersionedDirectory(root)
+    gate = Gate(metric="recall@20", tolerance=0.005, min_pairs=1000, samples=200)
+
+    def turn(candidate):
+        with store.lock():
+            store.recover()
+            settle(store, Standing.read(store), gate, {"candidate": lambda: better, "current": lambda: current_ranks},
+                   candidate, True, {"train_seconds": 0.0})
+
+    for number in range(24):
+        candidate = candidates[number % 4]
+        if number % 3 == 2:  # a real SIGKILL after a random delay
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    turn(candidate)
+                finally:
+                    os._exit(0)
+            time.sleep(float(rng.uniform(0.0, 0.05)))
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        else:
+            crash_at(int(rng.integers(1, 60)), lambda: turn(candidate))
+        with store.lock():
+            current = store.recover()
+        moves = [e for e in store.history() if e["event"] in versions.POINTER_EVENTS]
+        if current is None:  # killed before the first promotion: still the plain directory's model
+            assert not moves and torch.equal(weights_of(root), tiny_task(0).model.item_embedding.weight.detach())
+            continue
+        assert moves[-1]["version"] == current, number
+        if moves[-1]["event"] == "promote":
+            assert moves[-1]["promoted"] and torch.equal(weights_of(root), expected[moves[-1]["candidate"]]), number
+    assert len([e for e in store.history() if e["event"] == "promote"]) >= 5  # most turns got through

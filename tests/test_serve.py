@@ -17,8 +17,10 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 from fastapi.testclient import TestClient
@@ -403,42 +405,63 @@ def test_draining_refuses_new_requests_and_answers_the_queued_ones(pipe, session
     assert replies["queued-2"].json()["recommendations"] == pipe.recommend(sessions[2:4], k=K)
 
 
-def test_uvicorn_shutdown_answers_the_admitted_requests_before_it_stops(pipe, sessions) -> None:
-    import httpx
+@contextmanager
+def uvicorn_serving(app) -> Iterator[tuple[str, server.DrainingServer, threading.Thread]]:
+    """`app` under `DrainingServer` on a free loopback port, in a thread: (url, server, thread)."""
     import uvicorn
 
-    gate = Gate(pipe)
-    app = build_app(gate, max_wait_ms=0.0)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
     running = server.DrainingServer(uvicorn.Config(app, log_level="warning"), app)
-    serving = threading.Thread(target=running.run, kwargs={"sockets": [sock]})
-    serving.start()
-    wait_until(lambda: running.started)
+    thread = threading.Thread(target=running.run, kwargs={"sockets": [sock]})
+    thread.start()
+    try:
+        wait_until(lambda: running.started)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}", running, thread
+    finally:
+        running.should_exit = True
+        thread.join(30)
+
+
+def test_uvicorn_shutdown_answers_the_admitted_requests_before_it_stops(pipe, sessions) -> None:
+    gate = Gate(pipe)
+    app = build_app(gate, max_wait_ms=0.0)
     replies: dict = {}
+    with uvicorn_serving(app) as (url, running, serving):
 
-    def send(name: str, body: dict) -> None:
-        replies[name] = httpx.post(f"{url}/recommend", json=body, timeout=30)
+        def send(name: str, body: dict) -> None:
+            replies[name] = httpx.post(f"{url}/recommend", json=body, timeout=30)
 
-    threads = [threading.Thread(target=send, args=("scored", {"session": sessions[0], "k": K}))]
-    threads[0].start()
-    assert gate.entered.wait(10)
-    threads.append(threading.Thread(target=send, args=("queued", {"sessions": sessions[1:3], "k": K})))
-    threads[1].start()
-    wait_until(lambda: app.state.admission.admitted == 2)
-    running.should_exit = True  # what SIGTERM does
-    wait_until(lambda: app.state.admission.draining)
-    with pytest.raises(httpx.ConnectError):  # no new connection once shutdown has begun
-        httpx.get(f"{url}/health", timeout=5)
-    assert serving.is_alive()
-    gate.release.set()
-    for t in threads:
-        t.join(30)
-    serving.join(30)
-    assert not serving.is_alive()
+        threads = [threading.Thread(target=send, args=("scored", {"session": sessions[0], "k": K}))]
+        threads[0].start()
+        assert gate.entered.wait(10)
+        threads.append(threading.Thread(target=send, args=("queued", {"sessions": sessions[1:3], "k": K})))
+        threads[1].start()
+        wait_until(lambda: app.state.admission.admitted == 2)
+        running.should_exit = True  # what SIGTERM does
+        wait_until(lambda: app.state.admission.draining)
+        with pytest.raises(httpx.ConnectError):  # no new connection once shutdown has begun
+            httpx.get(f"{url}/health", timeout=5)
+        assert serving.is_alive()
+        gate.release.set()
+        for t in threads:
+            t.join(30)
+        serving.join(30)
+        assert not serving.is_alive()
     assert replies["scored"].status_code == replies["queued"].status_code == 200
     assert replies["queued"].json()["recommendations"] == pipe.recommend(sessions[1:3], k=K)
+
+
+def test_a_client_that_leaves_mid_body_is_not_a_server_error(pipe, caplog) -> None:
+    app = build_app(pipe)
+    with uvicorn_serving(app) as (url, _, _):
+        with socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1]))) as sock:
+            sock.sendall(b"POST /recommend HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"session\"")
+            wait_until(lambda: app.state.admission.admitted == 1)
+        wait_until(lambda: app.state.admission.admitted == 0)
+        metrics = httpx.get(f"{url}/metrics").text
+    assert sample(metrics, "sessrec_requests_total", route="/recommend", status="499") == 1
+    assert "internal error" not in caplog.text
 
 
 def sample(text: str, name: str, **labels: str) -> float:

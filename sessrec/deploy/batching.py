@@ -204,12 +204,13 @@ def _score_call(jobs: list[_Job]) -> list[bytes]:
         raise RuntimeError(f"the recommender returned {len(out)} lists for {size} sessions")
     answers, start = [], 0
     for job in jobs:
-        answers.append(_dumps({"recommendations": out[start : start + job.size]}))
+        answers.append(dumps({"recommendations": out[start : start + job.size]}))
         start += job.size
     return answers
 
 
-def _dumps(content: Any) -> bytes:
+def dumps(content: Any) -> bytes:
+    """JSON bytes as the server answers them (compact, UTF-8, no NaN)."""
     return json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
 
 

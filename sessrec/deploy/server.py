@@ -10,10 +10,10 @@ Routes:
 
 How a request goes (each refusal a one-line ``{"error": ...}``):
 
-1. **Admission**, before the body is read: past `Overload.max_queue` requests admitted and not yet
-   answered, when the model is more than `Overload.max_queue_wait_ms` behind (the sessions waiting,
-   at the pace of its recent calls), or once shutdown has begun, ``503`` with ``Retry-After``. A
-   flood costs one small answer per request.
+1. **Admission** (`AdmissionGate`, in front of the routes), before the body is read: past
+   `Overload.max_queue` requests admitted and not yet answered, when the model is more than
+   `Overload.max_queue_wait_ms` behind (the sessions waiting, at the pace of its recent calls), or
+   once shutdown has begun, ``503`` with ``Retry-After``. A flood costs one small answer per request.
 2. **Checks, alone**: the body is read (413 past `Limits.max_request_bytes`), parsed and checked
    (`parse_request`), and encoded by the model's vocabulary (``encode``: unknown ids under
    ``on_unknown="error"``, unreadable ids). A bad request fails here with a 4xx and never joins a
@@ -45,6 +45,7 @@ Example (then ``curl -s localhost:8000/recommend -d '{"session": [214536502, 214
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 from collections.abc import AsyncIterator
@@ -58,8 +59,10 @@ import prometheus_client as prom
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.requests import ClientDisconnect
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from sessrec.deploy.batching import Batcher, ServerFault
+from sessrec.deploy.batching import Batcher, ServerFault, dumps
 from sessrec.deploy.metrics import MeasureRequests, Metrics
 from sessrec.deploy.recommender import Recommender, load_recommender, resolve
 from sessrec.deploy.request import Limits, RequestError, prepare
@@ -145,10 +148,17 @@ class Served:
 
 
 class Admission:
-    """Counts the requests admitted and not yet answered; refuses past the bound or while draining."""
+    """Counts the requests admitted and not yet answered, and refuses a request at arrival when the
+    server has enough (see `Overload`) or is shutting down.
 
-    def __init__(self, max_queue: int, metrics: Metrics) -> None:
-        self.max_queue, self.metrics = max_queue, metrics
+    Args:
+        overload: the bounds.
+        batcher: whose pace says how far behind the model is.
+        metrics: where the admitted requests are counted.
+    """
+
+    def __init__(self, overload: Overload, batcher: Batcher, metrics: Metrics) -> None:
+        self.overload, self.batcher, self.metrics = overload, batcher, metrics
         self.admitted, self.draining = 0, False
         self._idle = asyncio.Event()
         self._idle.set()
@@ -157,12 +167,19 @@ class Admission:
         """Admit requests (again): the app's lifespan calls it at start-up."""
         self.draining = False
 
-    def refusal(self) -> str | None:
-        """Why a request arriving now is refused (``queue_full``, ``shutting_down``), or None to admit it."""
+    def refusal(self) -> tuple[str, str] | None:
+        """Why a request arriving now is refused, as (reason, one-line message), or None to admit it.
+
+        Reasons: ``shutting_down``, ``queue_full`` (`Overload.max_queue`), ``model_behind``
+        (`Overload.max_queue_wait_ms`).
+        """
         if self.draining:
-            return "shutting_down"
-        if self.admitted >= self.max_queue:
-            return "queue_full"
+            return "shutting_down", "the server is shutting down"
+        if self.admitted >= self.overload.max_queue:
+            return "queue_full", f"the server is busy: {self.admitted} requests in progress"
+        behind_ms = self.batcher.expected_wait() * 1e3
+        if behind_ms > self.overload.max_queue_wait_ms:
+            return "model_behind", f"the server is busy: the model is about {behind_ms:.0f} ms behind"
         return None
 
     def enter(self) -> None:
@@ -184,6 +201,36 @@ class Admission:
         except asyncio.TimeoutError:
             return False
         return True
+
+
+class AdmissionGate:
+    """ASGI middleware: each ``POST /recommend`` admitted and counted until answered, or refused
+    with 503 and ``Retry-After`` before its body is read and before the app routes it (a refusal
+    costs the event loop about as little as an HTTP answer can)."""
+
+    def __init__(self, app: ASGIApp, admission: Admission) -> None:
+        self.app, self.admission = app, admission
+        self.retry_after = str(admission.overload.retry_after_s).encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] != "/recommend" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        refusal = self.admission.refusal()
+        if refusal is not None:
+            reason, message = refusal
+            self.admission.metrics.shed.labels(reason).inc()
+            body = dumps({"error": f"{message}; retry after {self.admission.overload.retry_after_s} s"})
+            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                       (b"retry-after", self.retry_after)]
+            await send({"type": "http.response.start", "status": 503, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+            return
+        self.admission.enter()
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.admission.leave()
 
 
 class ModelHolder:
@@ -243,6 +290,9 @@ class ModelHolder:
             self._failed_to_load(path, err)
             return False
         version = None if path == Path(self.model_dir) else path.name
+        if gc.get_freeze_count():  # the process froze what it loaded at start-up (`serve`): this model too
+            gc.collect(1)
+            gc.freeze()
         self.current, self.error, self._failed = Served(recommender, path, version), None, None
         self.metrics.reloads.labels("ok").inc()
         logger.info("serving %s (version %s)", path, version)
@@ -308,7 +358,7 @@ def build_app(
     batcher = Batcher(max_batch_size, max_wait_ms, metrics)
     holder = ModelHolder(served, model_dir, reload_interval_s, metrics)
     deadline_s = overload.deadline_ms / 1e3
-    admission = Admission(overload.max_queue, metrics)
+    admission = Admission(overload, batcher, metrics)
     busy = {"Retry-After": str(overload.retry_after_s)}
     parsers: list[ThreadPoolExecutor] = []  # the threads that parse large bodies, while the app runs
 
@@ -328,7 +378,8 @@ def build_app(
             parsers.pop().shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="sessrec", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    app.add_middleware(MeasureRequests, metrics=metrics)
+    app.add_middleware(AdmissionGate, admission=admission)
+    app.add_middleware(MeasureRequests, metrics=metrics)  # added last: the outermost, it sees the refusals too
     app.state.batcher, app.state.holder, app.state.admission, app.state.metrics = batcher, holder, admission, metrics
 
     @app.get("/health")
@@ -365,17 +416,7 @@ def build_app(
         return Response(payload, media_type="application/json")
 
     @app.post("/recommend")
-    async def recommend(request: Request) -> Response:
-        refusal = admission.refusal()
-        if refusal is None and batcher.expected_wait() * 1e3 > overload.max_queue_wait_ms:
-            refusal = "model_behind"
-        if refusal is not None:
-            metrics.shed.labels(refusal).inc()
-            why = {"shutting_down": "shutting down",
-                   "queue_full": f"busy: {admission.admitted} requests in progress",
-                   "model_behind": f"busy: the model is about {batcher.expected_wait() * 1e3:.0f} ms behind"}[refusal]
-            return _error(503, f"the server is {why}; retry after {overload.retry_after_s} s", busy)
-        admission.enter()
+    async def recommend(request: Request) -> Response:  # admitted by `AdmissionGate`
         try:
             deadline = asyncio.get_running_loop().time() + deadline_s
             return await asyncio.wait_for(answer(request, deadline), deadline_s)
@@ -385,13 +426,13 @@ def build_app(
             metrics.shed.labels("deadline").inc()
             return _error(504, f"no answer within the deadline of {overload.deadline_ms:g} ms; the server is "
                           "overloaded, retry later")
+        except ClientDisconnect:  # the client left while sending its body: nobody to answer
+            return Response(status_code=499)
         except ServerFault:  # logged where it happened
             return _error(500, "internal error while recommending; see the server log")
         except Exception:
             logger.exception("internal error while preparing a request")
             return _error(500, "internal error while recommending; see the server log")
-        finally:
-            admission.leave()
 
     return app
 
@@ -441,6 +482,11 @@ def serve(
     limits = Limits(max_request_bytes, max_sessions_per_request, max_items_per_session, k_max)
     overload = Overload(max_queue, max_queued_sessions, max_queue_wait_ms, deadline_ms, retry_after_s)
     app = build_app(Served.load(model_dir), max_batch_size, max_wait_ms, limits, overload, model_dir, reload_interval_s)
+    # The model, torch and the libraries are half a million objects that live as long as the process:
+    # frozen, the cyclic garbage collector stops scanning them, and a full collection no longer stalls
+    # the event loop (and /health) for hundreds of milliseconds in the middle of a flood.
+    gc.collect()
+    gc.freeze()
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=access_log)
     DrainingServer(config, app).run()
 

@@ -128,10 +128,7 @@ class PretrainedNetwork:
         source = str(folder / CONFIG)
         config = network_sections(config, source)
         path, _ = split_config(config.get("model"), source, "model")
-        network = resolve(path, cls, source, "model")
-        if not issubclass(network, PretrainedNetwork) or network is PretrainedNetwork:
-            raise ConfigError(source, "model", f"{path!r} is not a network that loads from a model directory")
-        return network.load_directory(folder, config, source)
+        return resolve(path, cls, source, "model").load_directory(folder, config, source)
 
     @classmethod
     def load_directory(cls, folder: Path, config: dict[str, Any], source: str) -> Any:
@@ -146,8 +143,6 @@ class PretrainedNetwork:
 
 def load_pretrained(directory: str | os.PathLike) -> Any:
     """The network (`SessionModel` or `DLRM`) a model directory holds, as `PretrainedNetwork.from_pretrained`."""
-    from sessrec.models import dlrm, session_model  # noqa: F401 - the networks register themselves
-
     return PretrainedNetwork.from_pretrained(directory)
 
 

@@ -250,8 +250,9 @@ class SessionModel(nn.Module, PretrainedNetwork, Configurable):
         """Next-item scores (B, V) for right-aligned sessions (B, L) or a `SessionBatch`.
 
         The sessions are read the way `objective` trained the model (see
-        `Objective.next_item_hidden`); by default a [MASK] slot appended after the last item
-        (bidirectional encoders) or the last item (causal encoders). The target of an evaluation
+        `Objective.next_item_hidden`); by default the objective the model carries (``from_pretrained``,
+        a task's ``network()``), else a [MASK] slot appended after the last item (bidirectional
+        encoders) or the last item (causal encoders). The target of an evaluation
         batch is never part of the input. Side `features` (B, L) each are taken from the batch
         when a `SessionBatch` is given.
         """

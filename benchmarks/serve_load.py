@@ -40,8 +40,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
+import os
 import re
+import resource
 import socket
 import subprocess
 import sys
@@ -75,6 +78,15 @@ def start_server(args: argparse.Namespace, port: int) -> subprocess.Popen:
         f"max_wait_ms={args.max_wait_ms}{settings}, log_level='warning', access_log=False)\n"
     )
     return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT)
+
+
+def cpu_s(pid: int | None = None) -> float:
+    """CPU seconds (user + system) used so far by process `pid`, or by this one and its waited children."""
+    if pid is None:
+        own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_mb(pid: int) -> dict[str, float]:
@@ -267,6 +279,41 @@ def percentiles(values: list[float]) -> dict[str, float | None]:
     return {"p50_ms": round(float(np.percentile(times, 50)), 2), "p99_ms": round(float(np.percentile(times, 99)), 2)}
 
 
+HEALTH_PROBE = """
+import json, socket, sys, time
+port, interval, seconds = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+sock = socket.create_connection(("127.0.0.1", port))
+raw, times, end = b"GET /health HTTP/1.1\\r\\nHost: 127.0.0.1\\r\\n\\r\\n", [], time.perf_counter() + seconds
+while time.perf_counter() < end:
+    start, reply = time.perf_counter(), b""
+    sock.sendall(raw)
+    while b"\\r\\n\\r\\n" not in reply or not reply.endswith(b"}"):  # the body is one JSON object
+        chunk = sock.recv(65536)
+        if not chunk:
+            sys.exit("the server closed the /health connection")
+        reply += chunk
+    times.append((time.perf_counter() - start) * 1e3)
+    if not reply.startswith(b"HTTP/1.1 200"):
+        sys.exit("/health answered " + reply.split(b"\\r\\n", 1)[0].decode())
+    time.sleep(interval)
+print(json.dumps(times))
+"""
+
+
+def start_health_probe(port: int, interval: float, seconds: float) -> subprocess.Popen:
+    """A process of its own that asks /health every `interval` s for `seconds`: the flood's client
+    shares neither its event loop nor its garbage collector, so its latencies are the server's."""
+    return subprocess.Popen([sys.executable, "-c", HEALTH_PROBE, str(port), str(interval), str(seconds)],
+                            stdout=subprocess.PIPE, text=True)
+
+
+def read_health_probe(probe: subprocess.Popen) -> list[float]:
+    out, _ = probe.communicate(timeout=120)
+    if probe.returncode != 0:
+        raise SystemExit(f"the /health probe failed (exit {probe.returncode})")
+    return json.loads(out)
+
+
 async def capacity(port: int, bodies: list[bytes], clients: int, seconds: float) -> float:
     """Requests answered 200 per second by `clients` closed-loop clients (the server's capacity)."""
     pool, answered, sent = Pool(port, clients), Counter(), 0
@@ -290,13 +337,11 @@ async def capacity(port: int, bodies: list[bytes], clients: int, seconds: float)
 
 async def flood(port: int, bodies: list[bytes], rate: float, seconds: float, connections: int,
                 health_interval: float, drain_seconds: float) -> dict:
-    """`rate` requests per second for `seconds` (open loop), /health probed on its own connection meanwhile."""
+    """`rate` requests per second for `seconds` (open loop), /health probed by another process meanwhile."""
     pool = Pool(port, connections)
     statuses: Counter = Counter()
     accepted: list[float] = []
     shed: list[float] = []
-    health: list[float] = []
-    stop = asyncio.Event()
 
     async def one(raw: bytes, due: float) -> None:
         try:
@@ -308,19 +353,7 @@ async def flood(port: int, bodies: list[bytes], rate: float, seconds: float, con
         statuses[status] += 1
         (accepted if status == 200 else shed if status in (503, 504) else []).append(took)
 
-    async def probe() -> None:
-        conn = await Connection.to(port)
-        raw = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
-        while not stop.is_set():
-            t = time.perf_counter()
-            status, _ = await conn.send(raw)
-            health.append((time.perf_counter() - t) * 1e3)
-            if status != 200 or not conn.open:
-                raise RuntimeError(f"/health answered {status} during the flood")
-            await asyncio.sleep(health_interval)
-        conn.close()
-
-    prober = asyncio.create_task(probe())
+    prober = start_health_probe(port, health_interval, seconds)
     tasks, start, n = [], time.perf_counter(), int(rate * seconds)
     for i in range(n):
         due = start + i / rate
@@ -330,15 +363,16 @@ async def flood(port: int, bodies: list[bytes], rate: float, seconds: float, con
         tasks.append(asyncio.create_task(one(bodies[i % len(bodies)], due)))
     offered_s = time.perf_counter() - start
     _, pending = await asyncio.wait(tasks, timeout=drain_seconds) if tasks else (set(), set())
+    wall_s = time.perf_counter() - start
     for task in pending:
         task.cancel()
-    stop.set()
-    await prober
     pool.close()
+    health = read_health_probe(prober)
     answered = sum(statuses.values())
     refused = statuses[503] + statuses[504]
     return {
-        "offered_requests": n, "offered_per_s": round(n / offered_s, 1), "unanswered": len(pending),
+        "offered_requests": n, "offered_per_s": round(n / offered_s, 1), "wall_s": round(wall_s, 1),
+        "answered_200_per_s": round(statuses[200] / wall_s, 1), "unanswered": len(pending),
         "statuses": {str(k): v for k, v in sorted(statuses.items(), key=str)},
         "shed_share": round(refused / n, 4) if n else None, "answered_200_share": round(statuses[200] / n, 4) if n else None,
         "accepted": percentiles(accepted), "shed": percentiles(shed),
@@ -353,9 +387,13 @@ def overload(args: argparse.Namespace, port: int, server: subprocess.Popen, sess
     bodies = [post(json.dumps({"sessions": [sessions[(i * size + j) % len(sessions)] for j in range(size)],
                                "k": args.k}).encode()) for i in range(200)]
     rate = asyncio.run(capacity(port, bodies, args.capacity_clients, args.capacity_seconds))
+    gc.collect()
+    gc.freeze()  # the client's own full collections would delay the requests it sends
     before = rss_mb(server.pid)
+    server_cpu, client_cpu = cpu_s(server.pid), cpu_s()
     result = asyncio.run(flood(port, bodies, args.overload_factor * rate, args.overload_seconds, args.max_connections,
                                args.health_interval_ms / 1e3, args.drain_seconds))
+    server_cpu, client_cpu = cpu_s(server.pid) - server_cpu, cpu_s() - client_cpu
     after = rss_mb(server.pid)
     meta = httpx.get(f"http://127.0.0.1:{port}/metadata").json()
     metrics = httpx.get(f"http://127.0.0.1:{port}/metrics")  # 404 from a server without /metrics
@@ -365,7 +403,8 @@ def overload(args: argparse.Namespace, port: int, server: subprocess.Popen, sess
         "system": "serve-overload", "sessions_per_request": size, "capacity_requests_per_s": round(rate, 1),
         "capacity_sessions_per_s": round(rate * size, 1), "factor": args.overload_factor,
         "seconds": args.overload_seconds, **result, "rss_before_mb": before["rss_mb"], "rss_after_mb": after["rss_mb"],
-        "peak_rss_mb": after["peak_rss_mb"], "server_overload_settings": meta.get("overload"),
+        "peak_rss_mb": after["peak_rss_mb"], "server_cpu_s": round(server_cpu, 1), "client_cpu_s": round(client_cpu, 1),
+        "server_overload_settings": meta.get("overload"),
         "server_shed_counts": counted if metrics.status_code == 200 else None,
         "mean_sessions_per_call": meta["batching"]["mean_sessions_per_call"],
     }

@@ -165,7 +165,7 @@ def test_health_and_metadata_say_what_is_served(client, pipe) -> None:
     meta = client.get("/metadata").json()
     assert meta["limits"] == {"max_request_bytes": 1 << 20, "max_sessions_per_request": 256,
                               "max_items_per_session": 1000, "k_max": 100}
-    assert meta["overload"] == {"max_queue": 128, "max_queued_sessions": 2048, "max_queue_wait_ms": 500.0,
+    assert meta["overload"] == {"max_queue": 128, "max_queued_sessions": 8192, "max_queue_wait_ms": 500.0,
                                 "deadline_ms": 1000.0, "retry_after_s": 1}
     assert meta["queue"] == {"admitted": 0, "queued_requests": 0, "queued_sessions": 0}
     assert meta["batching"]["max_batch_size"] == 8
@@ -284,12 +284,15 @@ def test_queued_sessions_past_their_bound_get_503(pipe, sessions) -> None:
             "session": sessions[6], "k": K})))
         fits.start()
         wait_until(lambda: c.app.state.batcher.queued_sessions == 4)
+        full = c.post("/recommend", content=b"never read")  # the bound is reached: refused at arrival
         gate.release.set()
         fits.join(30)
         replies = flight.join()
     assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
     assert refused.json()["error"] == ("the server is busy: 3 sessions are waiting for the model; "
                                        "retry after 1 s")
+    assert full.status_code == 503
+    assert full.json()["error"] == "the server is busy: 4 sessions are waiting; retry after 1 s"
     assert [replies[name].status_code for name in ("scored", "queued", "fits")] == [200, 200, 200]
 
 

@@ -84,7 +84,7 @@ class Overload:
         max_queue: most requests admitted and not yet answered; a request beyond gets 503 before
             its body is read.
         max_queued_sessions: most sessions encoded and waiting for the model; a request that would
-            pass it gets 503.
+            pass it gets 503 (before its body is read once the bound is reached).
         max_queue_wait_ms: a request arriving while the sessions queued and being scored would take
             the model longer than this (at the pace of its recent calls) gets 503 before its body
             is read; at most `deadline_ms`, and about half of it leaves room for the request's own call.
@@ -94,7 +94,7 @@ class Overload:
     """
 
     max_queue: int = 128
-    max_queued_sessions: int = 2048
+    max_queued_sessions: int = 8192
     max_queue_wait_ms: float = 500.0
     deadline_ms: float = 1000.0
     retry_after_s: int = 1
@@ -170,13 +170,15 @@ class Admission:
     def refusal(self) -> tuple[str, str] | None:
         """Why a request arriving now is refused, as (reason, one-line message), or None to admit it.
 
-        Reasons: ``shutting_down``, ``queue_full`` (`Overload.max_queue`), ``model_behind``
-        (`Overload.max_queue_wait_ms`).
+        Reasons: ``shutting_down``, ``queue_full`` (`Overload.max_queue`), ``queued_sessions_full``
+        (`Overload.max_queued_sessions` reached), ``model_behind`` (`Overload.max_queue_wait_ms`).
         """
         if self.draining:
             return "shutting_down", "the server is shutting down"
         if self.admitted >= self.overload.max_queue:
             return "queue_full", f"the server is busy: {self.admitted} requests in progress"
+        if self.batcher.queued_sessions >= self.overload.max_queued_sessions:
+            return "queued_sessions_full", f"the server is busy: {self.batcher.queued_sessions} sessions are waiting"
         behind_ms = self.batcher.expected_wait() * 1e3
         if behind_ms > self.overload.max_queue_wait_ms:
             return "model_behind", f"the server is busy: the model is about {behind_ms:.0f} ms behind"
@@ -448,7 +450,7 @@ def serve(
     max_sessions_per_request: int = 256,
     k_max: int = 100,
     max_queue: int = 128,
-    max_queued_sessions: int = 2048,
+    max_queued_sessions: int = 8192,
     max_queue_wait_ms: float = 500.0,
     deadline_ms: float = 1000.0,
     retry_after_s: int = 1,

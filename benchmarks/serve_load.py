@@ -1,4 +1,4 @@
-"""Load test of the HTTP server (`sessrec.deploy.server`) on loopback: latency and requests/s, then bad requests.
+"""Load test of the HTTP server (`sessrec.deploy.server`) on loopback: latency and requests/s, overload, bad requests.
 
 Starts ``serve(--model-dir)`` in a subprocess on a free 127.0.0.1 port (server torch threads:
 `--threads`), waits for ``/health``, and at each `--concurrency` level runs that many async
@@ -8,24 +8,43 @@ length of the sessions in `--data` (rsc15_100k's test day; raw ids, as a request
 or of random vocabulary ids when the file is missing. The server's ``/metadata`` counters, read
 before and after each level, give the sessions scored per model call (the dynamic batching).
 
+With `--overload`, it then measures what the server can do (`--capacity-clients` clients sending
+requests of `--overload-sessions` sessions back to back for `--capacity-seconds`), and offers
+`--overload-factor` times that many requests per second for `--overload-seconds`, at a steady
+rate whatever the answers (open loop, through a raw HTTP/1.1 client so that the client costs
+little CPU; at most `--max-connections` open at once, a request counted from the moment it was
+due). A separate connection asks ``/health`` every `--health-interval-ms` meanwhile. It reports
+the share of requests shed (503 and 504), p50/p99 latency of the accepted and of the shed
+requests, ``/health`` latency (p50/p99/max) during the flood, and the server's RSS before and
+after (and its peak). Requests still unanswered `--drain-seconds` after the flood are counted
+as ``unanswered``.
+
 Then it sends the malformed requests (broken JSON, wrong types, empty session, unknown id with
 ``on_unknown: "error"``, 10,000 items, bodies over the byte limit with and without
 Content-Length) and checks that each gets a 4xx and that ``/health`` still answers. Exits 1 when
 a load request failed, a bad request got anything but a 4xx, or the server went down.
 
-One JSON line per concurrency level, then one for the bad requests. Client and server share the
-machine's cores, so requests/s at high concurrency includes the client's own CPU time.
+One JSON line per concurrency level, one for the overload, then one for the bad requests. Client
+and server share the machine's cores, so requests/s at high concurrency includes the client's own
+CPU time. The server's overload settings are its defaults unless `--deadline-ms`, `--max-queue`
+or `--max-queued-sessions` say otherwise (only the flags given are passed, so the script also
+drives a server of an older sessrec on ``PYTHONPATH``).
 
 Example (from the repository root):
     python benchmarks/serve_load.py                                     # runs/pipeline_rsc15/pipeline
     python benchmarks/serve_load.py --model-dir <dir> --concurrency 1 4 16 --requests 1000
+    python benchmarks/serve_load.py --model-dir runs/quickstart/model --data none --requests 2000 --overload
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
+import os
+import re
+import resource
 import socket
 import subprocess
 import sys
@@ -49,13 +68,32 @@ def free_port() -> int:
 
 
 def start_server(args: argparse.Namespace, port: int) -> subprocess.Popen:
+    given = {name: getattr(args, name) for name in ("deadline_ms", "max_queue", "max_queued_sessions")
+             if getattr(args, name) is not None}
+    settings = "".join(f", {name}={value!r}" for name, value in given.items())
     code = (
         f"import torch; torch.set_num_threads({args.threads})\n"
         "from sessrec.deploy.server import serve\n"
         f"serve({str(args.model_dir)!r}, port={port}, max_batch_size={args.max_batch_size}, "
-        f"max_wait_ms={args.max_wait_ms}, log_level='warning', access_log=False)\n"
+        f"max_wait_ms={args.max_wait_ms}{settings}, log_level='warning', access_log=False)\n"
     )
     return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT)
+
+
+def cpu_s(pid: int | None = None) -> float:
+    """CPU seconds (user + system) used so far by process `pid`, or by this one and its waited children."""
+    if pid is None:
+        own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mb(pid: int) -> dict[str, float]:
+    """The process's resident memory now (VmRSS) and at its peak (VmHWM), in MB (Linux /proc)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    kb = {key: int(re.search(rf"^{key}:\s+(\d+) kB", status, re.MULTILINE).group(1)) for key in ("VmRSS", "VmHWM")}
+    return {"rss_mb": round(kb["VmRSS"] / 1024, 1), "peak_rss_mb": round(kb["VmHWM"] / 1024, 1)}
 
 
 def wait_healthy(url: str, server: subprocess.Popen, timeout_s: float = 120.0) -> dict:
@@ -177,11 +215,206 @@ async def send_bad(url: str, vocab_id: int, max_bytes: int) -> dict[str, dict]:
     return out
 
 
+class Connection:
+    """One keep-alive HTTP/1.1 connection: a request's bytes out, (status, body) back."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer, self.open, self.used = reader, writer, True, False
+
+    @classmethod
+    async def to(cls, port: int) -> Connection:
+        return cls(*await asyncio.open_connection("127.0.0.1", port))
+
+    async def send(self, raw: bytes) -> tuple[int, bytes]:
+        self.used = True
+        self.writer.write(raw)
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        status = int(head[9:12])
+        length = re.search(rb"(?i)\r\ncontent-length:\s*(\d+)", head)
+        body = await self.reader.readexactly(int(length.group(1))) if length else b""
+        if re.search(rb"(?i)\r\nconnection:\s*close", head):
+            self.close()
+        return status, body
+
+    def close(self) -> None:
+        self.open = False
+        self.writer.close()
+
+
+class Pool:
+    """At most `size` connections to the server, reused; a request waits for a free one."""
+
+    def __init__(self, port: int, size: int) -> None:
+        self.port, self.idle, self.free = port, [], asyncio.Semaphore(size)
+
+    async def send(self, raw: bytes) -> tuple[int, bytes]:
+        async with self.free:
+            conn = self.idle.pop() if self.idle else await Connection.to(self.port)
+            try:
+                status, body = await conn.send(raw)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                conn.close()
+                if not conn.used:
+                    raise
+                conn = await Connection.to(self.port)  # the server closed an idle keep-alive connection
+                status, body = await conn.send(raw)
+            if conn.open:
+                self.idle.append(conn)
+            return status, body
+
+    def close(self) -> None:
+        for conn in self.idle:
+            conn.close()
+
+
+def post(body: bytes) -> bytes:
+    return (b"POST /recommend HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+
+def percentiles(values: list[float]) -> dict[str, float | None]:
+    times = np.array(values)
+    if not len(times):
+        return {"p50_ms": None, "p99_ms": None}
+    return {"p50_ms": round(float(np.percentile(times, 50)), 2), "p99_ms": round(float(np.percentile(times, 99)), 2)}
+
+
+HEALTH_PROBE = """
+import json, socket, sys, time
+port, interval, seconds = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+sock = socket.create_connection(("127.0.0.1", port))
+raw, times, end = b"GET /health HTTP/1.1\\r\\nHost: 127.0.0.1\\r\\n\\r\\n", [], time.perf_counter() + seconds
+while time.perf_counter() < end:
+    start, reply = time.perf_counter(), b""
+    sock.sendall(raw)
+    while b"\\r\\n\\r\\n" not in reply or not reply.endswith(b"}"):  # the body is one JSON object
+        chunk = sock.recv(65536)
+        if not chunk:
+            sys.exit("the server closed the /health connection")
+        reply += chunk
+    times.append((time.perf_counter() - start) * 1e3)
+    if not reply.startswith(b"HTTP/1.1 200"):
+        sys.exit("/health answered " + reply.split(b"\\r\\n", 1)[0].decode())
+    time.sleep(interval)
+print(json.dumps(times))
+"""
+
+
+def start_health_probe(port: int, interval: float, seconds: float) -> subprocess.Popen:
+    """A process of its own that asks /health every `interval` s for `seconds`: the flood's client
+    shares neither its event loop nor its garbage collector, so its latencies are the server's."""
+    return subprocess.Popen([sys.executable, "-c", HEALTH_PROBE, str(port), str(interval), str(seconds)],
+                            stdout=subprocess.PIPE, text=True)
+
+
+def read_health_probe(probe: subprocess.Popen) -> list[float]:
+    out, _ = probe.communicate(timeout=120)
+    if probe.returncode != 0:
+        raise SystemExit(f"the /health probe failed (exit {probe.returncode})")
+    return json.loads(out)
+
+
+async def capacity(port: int, bodies: list[bytes], clients: int, seconds: float) -> float:
+    """Requests answered 200 per second by `clients` closed-loop clients (the server's capacity)."""
+    pool, answered, sent = Pool(port, clients), Counter(), 0
+    deadline = time.perf_counter() + seconds
+
+    async def client() -> None:
+        nonlocal sent
+        while time.perf_counter() < deadline:
+            sent += 1
+            status, _ = await pool.send(bodies[sent % len(bodies)])
+            answered[status] += 1
+
+    start = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(clients)))
+    wall = time.perf_counter() - start
+    pool.close()
+    if answered[200] == 0:
+        raise SystemExit(f"no request answered 200 while measuring capacity: {dict(answered)}")
+    return answered[200] / wall
+
+
+async def flood(port: int, bodies: list[bytes], rate: float, seconds: float, connections: int,
+                health_interval: float, drain_seconds: float) -> dict:
+    """`rate` requests per second for `seconds` (open loop), /health probed by another process meanwhile."""
+    pool = Pool(port, connections)
+    statuses: Counter = Counter()
+    accepted: list[float] = []
+    shed: list[float] = []
+
+    async def one(raw: bytes, due: float) -> None:
+        try:
+            status, _ = await pool.send(raw)
+        except (OSError, asyncio.IncompleteReadError) as err:
+            statuses[type(err).__name__] += 1
+            return
+        took = (time.perf_counter() - due) * 1e3  # from when it was due: waiting for a connection counts
+        statuses[status] += 1
+        (accepted if status == 200 else shed if status in (503, 504) else []).append(took)
+
+    prober = start_health_probe(port, health_interval, seconds)
+    tasks, start, n = [], time.perf_counter(), int(rate * seconds)
+    for i in range(n):
+        due = start + i / rate
+        delay = due - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one(bodies[i % len(bodies)], due)))
+    offered_s = time.perf_counter() - start
+    _, pending = await asyncio.wait(tasks, timeout=drain_seconds) if tasks else (set(), set())
+    wall_s = time.perf_counter() - start
+    for task in pending:
+        task.cancel()
+    pool.close()
+    health = read_health_probe(prober)
+    answered = sum(statuses.values())
+    refused = statuses[503] + statuses[504]
+    return {
+        "offered_requests": n, "offered_per_s": round(n / offered_s, 1), "wall_s": round(wall_s, 1),
+        "answered_200_per_s": round(statuses[200] / wall_s, 1), "unanswered": len(pending),
+        "statuses": {str(k): v for k, v in sorted(statuses.items(), key=str)},
+        "shed_share": round(refused / n, 4) if n else None, "answered_200_share": round(statuses[200] / n, 4) if n else None,
+        "accepted": percentiles(accepted), "shed": percentiles(shed),
+        "health": {**percentiles(health), "max_ms": round(max(health), 2) if health else None, "probes": len(health)},
+        "answered": answered,
+    }
+
+
+def overload(args: argparse.Namespace, port: int, server: subprocess.Popen, sessions: list[list[int]]) -> dict:
+    """Capacity first, then `--overload-factor` times it, open loop; see the module docstring."""
+    size = args.overload_sessions
+    bodies = [post(json.dumps({"sessions": [sessions[(i * size + j) % len(sessions)] for j in range(size)],
+                               "k": args.k}).encode()) for i in range(200)]
+    rate = asyncio.run(capacity(port, bodies, args.capacity_clients, args.capacity_seconds))
+    gc.collect()
+    gc.freeze()  # the client's own full collections would delay the requests it sends
+    before = rss_mb(server.pid)
+    server_cpu, client_cpu = cpu_s(server.pid), cpu_s()
+    result = asyncio.run(flood(port, bodies, args.overload_factor * rate, args.overload_seconds, args.max_connections,
+                               args.health_interval_ms / 1e3, args.drain_seconds))
+    server_cpu, client_cpu = cpu_s(server.pid) - server_cpu, cpu_s() - client_cpu
+    after = rss_mb(server.pid)
+    meta = httpx.get(f"http://127.0.0.1:{port}/metadata").json()
+    metrics = httpx.get(f"http://127.0.0.1:{port}/metrics")  # 404 from a server without /metrics
+    counted = {f"{name}{labels}": float(value) for name, labels, value in re.findall(
+        r"^(sessrec_shed_total|sessrec_expired_in_queue_total)(\{[^}]*\})? (\S+)$", metrics.text, re.MULTILINE)}
+    return {
+        "system": "serve-overload", "sessions_per_request": size, "capacity_requests_per_s": round(rate, 1),
+        "capacity_sessions_per_s": round(rate * size, 1), "factor": args.overload_factor,
+        "seconds": args.overload_seconds, **result, "rss_before_mb": before["rss_mb"], "rss_after_mb": after["rss_mb"],
+        "peak_rss_mb": after["peak_rss_mb"], "server_cpu_s": round(server_cpu, 1), "client_cpu_s": round(client_cpu, 1),
+        "server_overload_settings": meta.get("overload"),
+        "server_shed_counts": counted if metrics.status_code == 200 else None,
+        "mean_sessions_per_call": meta["batching"]["mean_sessions_per_call"],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-dir", type=Path, default=ROOT / "runs/pipeline_rsc15/pipeline")
     parser.add_argument("--data", type=Path, default=DATA, help="click file the request sessions come from")
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--concurrency", type=int, nargs="*", default=[1, 16])
     parser.add_argument("--requests", type=int, default=500, help="requests per concurrency level (at most)")
     parser.add_argument("--seconds", type=float, default=30.0, help="time per concurrency level (at most)")
     parser.add_argument("--warmup", type=int, default=20)
@@ -189,6 +422,18 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="the server's torch threads")
     parser.add_argument("--max-batch-size", type=int, default=64)
     parser.add_argument("--max-wait-ms", type=float, default=2.0)
+    parser.add_argument("--deadline-ms", type=float, help="the server's deadline (its default when not given)")
+    parser.add_argument("--max-queue", type=int, help="the server's bound on admitted requests")
+    parser.add_argument("--max-queued-sessions", type=int, help="the server's bound on sessions waiting")
+    parser.add_argument("--overload", action="store_true", help="measure capacity, then offer more (see above)")
+    parser.add_argument("--overload-factor", type=float, default=4.0, help="offered load / measured capacity")
+    parser.add_argument("--overload-seconds", type=float, default=30.0)
+    parser.add_argument("--overload-sessions", type=int, default=32, help="sessions per request in the overload")
+    parser.add_argument("--capacity-clients", type=int, default=8)
+    parser.add_argument("--capacity-seconds", type=float, default=10.0)
+    parser.add_argument("--max-connections", type=int, default=512, help="client connections open at once")
+    parser.add_argument("--health-interval-ms", type=float, default=20.0)
+    parser.add_argument("--drain-seconds", type=float, default=60.0, help="wait for answers after the flood")
     args = parser.parse_args()
     if not any((args.model_dir / name).exists() for name in ("pipeline.json", "config.json")):
         raise SystemExit(f"{args.model_dir}: no saved pipeline or model; run sessrec fit on a recipe first")
@@ -217,6 +462,10 @@ def main() -> None:
                 "mean_sessions_per_call": round(scored / calls, 2) if calls else None,
                 "max_batch_size": args.max_batch_size, "max_wait_ms": args.max_wait_ms,
             }), flush=True)
+        if args.overload:
+            result = overload(args, port, server, sessions)
+            ok &= result["unanswered"] == 0 and result["answered"] == result["offered_requests"]
+            print(json.dumps(result), flush=True)
         limits = httpx.get(f"{url}/metadata").json()["limits"]
         bad = asyncio.run(send_bad(url, sessions[0][0], limits["max_request_bytes"]))
         health_after = httpx.get(f"{url}/health").status_code

@@ -414,12 +414,12 @@ def export_cli(args: list[str]) -> object:
     parser.add_argument("--name", type=str, default="sessrec", help="the model's name in a Triton repository")
     parser.add_argument("--max_batch_size", type=int, default=64, help="Triton's dynamic batching: largest batch")
     cfg = parser.parse_args(args)
-    from sessrec.deploy.export import export_checkpoint, load_task
+    from sessrec.deploy.export import export_checkpoint, load_model
 
     if cfg.format == "triton":
         from sessrec.deploy.triton import triton_repository
 
-        written = triton_repository(load_task(cfg.ckpt_path), cfg.out, cfg.name, cfg.max_batch_size, top_k=cfg.top_k)
+        written = triton_repository(load_model(cfg.ckpt_path), cfg.out, cfg.name, cfg.max_batch_size, top_k=cfg.top_k)
     else:
         written = export_checkpoint(cfg.ckpt_path, cfg.out, cfg.format, top_k=cfg.top_k)
     print(f"sessrec export: wrote {written} (checked against PyTorch on a batch of another size and length)")

@@ -28,7 +28,7 @@ from sessrec.saved import registry
 from sessrec.saved.registry import ConfigError, Configurable, instantiate, register, resolve
 from sessrec.tasks import NextItemTask
 from sessrec.tasks.losses import CatalogueLoss, FullSoftmax, SampledSoftmax
-from sessrec.tasks.pretrained import class_path, load_checkpoint, plain_hparams
+from sessrec.tasks.pretrained import load_checkpoint, plain_hparams
 
 torch.set_num_threads(1)
 SENTINEL = "sentinel_xyz"
@@ -76,8 +76,7 @@ def pipeline(task, vocab):
     from sessrec.pipeline import BaselineRetriever, Pipeline, SeenItemsFilter, SessionModelRetriever
 
     sessions = torch.tensor([[0, 2, 3, 4, 5], [0, 6, 7, 8, 9], [2, 4, 6, 8, 10]])
-    model_config = {"class_path": class_path(task), "init_args": plain_hparams(task)}
-    retrievers = {"model": (SessionModelRetriever(task, model_config), 5),
+    retrievers = {"model": (SessionModelRetriever(task.model, task.objective), 5),
                   "pop": (BaselineRetriever(Popularity()).fit(sessions, len(vocab)), 5)}
     return Pipeline(vocab, retrievers, max_length=5, history_length=5, filters=[SeenItemsFilter()])
 
@@ -132,8 +131,8 @@ HOSTILE = [
     ("sentinel-module", "objective", {"class_path": SENTINEL}, "task.init_args.objective",
      f"'{SENTINEL}' is not a registered class"),
     ("sentinel-class", "encoder", THING, "task.init_args.encoder", f"'{SENTINEL}.Thing' is not registered; import the module"),
-    ("unregistered-library-class", "encoder", {"class_path": "sessrec.models.session_model.SessionModel"},
-     "task.init_args.encoder", "'sessrec.models.session_model.SessionModel' is not a registered class"),
+    ("unregistered-library-class", "encoder", {"class_path": "sessrec.models.dlrm.DenseArch"},
+     "task.init_args.encoder", "'sessrec.models.dlrm.DenseArch' is not a registered class"),
     ("loss-as-encoder", "encoder", {"class_path": "sessrec.tasks.losses.FullSoftmax"}, "task.init_args.encoder",
      "'sessrec.tasks.losses.FullSoftmax' is a registered class, but not a Module, which this key takes"),
     ("class-in-plain-data", "side_features", {"categorical": THING}, "task.init_args.side_features.categorical",
@@ -221,7 +220,8 @@ def test_a_saved_pipeline_round_trips_through_the_registry(pipeline, saved_pipel
 
     loaded = Pipeline.load(saved_pipeline)
     model, pop = loaded.retrievers["model"][0], loaded.retrievers["pop"][0]
-    assert isinstance(model, SessionModelRetriever) and isinstance(model.task.loss, SampledSoftmax)
+    assert isinstance(model, SessionModelRetriever) and isinstance(model.model.encoder, GRU4RecEncoder)
+    assert isinstance(model.objective, CausalLanguageModeling)
     assert isinstance(pop, BaselineRetriever) and isinstance(pop.baseline, Popularity)
     assert isinstance(loaded.filters[1], SeenItemsFilter)
     sessions = [[3, 4], [5, 6, 7], [2]]
@@ -240,12 +240,19 @@ def _set(path: str, value: Any):
 
 
 PIPELINE_HOSTILE = [
-    ("model-loss", "retrievers.0.config.model.init_args.loss", THING, "retrievers[0].config.model.init_args.loss",
-     f"'{SENTINEL}.Thing' is not registered"),
-    ("model-task", "retrievers.0.config.model", IMPORT, "retrievers[0].config.model",
+    ("network-encoder", "retrievers.0.config.network.init_args.encoder", THING,
+     "retrievers[0].config.network.init_args.encoder", f"'{SENTINEL}.Thing' is not registered"),
+    ("network", "retrievers.0.config.network", IMPORT, "retrievers[0].config.network",
      "'sessrec.import_module' is not a registered class"),
-    ("model-encoder-a-loss", "retrievers.0.config.model.init_args.encoder", {"class_path": "sessrec.tasks.losses.FullSoftmax"},
-     "retrievers[0].config.model.init_args.encoder", "is a registered class, but not a Module"),
+    ("network-a-task", "retrievers.0.config.network", {"class_path": "sessrec.tasks.NextItemTask"},
+     "retrievers[0].config.network", "'sessrec.tasks.NextItemTask' is a registered class, but not a SessionModel"),
+    ("network-encoder-a-loss", "retrievers.0.config.network.init_args.encoder",
+     {"class_path": "sessrec.tasks.losses.FullSoftmax"}, "retrievers[0].config.network.init_args.encoder",
+     "is a registered class, but not a Module"),
+    ("objective", "retrievers.0.config.objective", THING, "retrievers[0].config.objective",
+     f"'{SENTINEL}.Thing' is not registered"),
+    ("objective-for-another-encoder", "retrievers.0.config.objective", {"class_path": "sessrec.models.MaskedItemModeling"},
+     "retrievers[0].config.objective", "MaskedItemModeling predicts hidden items from the context on both sides"),
     ("retriever-kind", "retrievers.0.kind", f"{SENTINEL}.Thing", "retrievers[0].kind", f"'{SENTINEL}.Thing' is not registered"),
     ("retriever-kind-an-index", "retrievers.0.kind", "ExactIndex", "retrievers[0].kind",
      "'ExactIndex' is a registered class, but not a Retriever"),
@@ -268,6 +275,48 @@ def test_a_hostile_pipeline_config_is_refused_before_anything_is_imported(
     from sessrec.pipeline import Pipeline
 
     directory = with_config(saved_pipeline, tmp_path / "pipeline", "pipeline.json", _set(path, value))
+    got = refused(Pipeline.load, directory)
+    assert got.startswith(f"{directory / 'pipeline.json'}: {where}: ") and message in got, got
+
+
+def task_layout(task: NextItemTask, value: Any = None, key: str | None = None):
+    """An edit of pipeline.json into the layout sessrec wrote before retrievers held the network: the
+    session-model retriever's config holds the task's config (with `value` at its argument `key`)."""
+    def edit(spec: dict) -> None:
+        config = spec["retrievers"][0]["config"]
+        init_args = {**plain_hparams(task), **({} if key is None else {key: value})}
+        spec["retrievers"][0]["config"] = {"model": {"class_path": "sessrec.tasks.next_item.NextItemTask",
+                                                     "init_args": init_args}, "index": config["index"]}
+    return edit
+
+
+def test_a_pipeline_saved_with_the_task_config_loads(pipeline, saved_pipeline, task, tmp_path):
+    from sessrec.pipeline import Pipeline
+
+    directory = with_config(saved_pipeline, tmp_path / "pipeline", "pipeline.json", task_layout(task))
+    sessions = [[3, 4], [5, 6, 7], [2]]
+    assert Pipeline.load(directory).recommend(sessions, k=4) == pipeline.recommend(sessions, k=4)
+
+
+def test_the_task_config_of_a_saved_pipeline_is_read_for_its_network_only(sentinel, saved_pipeline, task, tmp_path):
+    """The task's loss (training only) is not read: a hostile one is neither imported nor refused."""
+    from sessrec.pipeline import Pipeline
+
+    directory = with_config(saved_pipeline, tmp_path / "pipeline", "pipeline.json", task_layout(task, THING, "loss"))
+    assert Pipeline.load(directory).recommend([[3, 4]], k=2)
+
+
+@pytest.mark.parametrize("key, value, where, message", [
+    ("encoder", THING, "retrievers[0].config.model.init_args.encoder", f"'{SENTINEL}.Thing' is not registered"),
+    ("objective", IMPORT, "retrievers[0].config.model.init_args.objective", "'sessrec.import_module' is not a registered"),
+    ("encoder", {"class_path": "sessrec.tasks.losses.FullSoftmax"}, "retrievers[0].config.model.init_args.encoder",
+     "is a registered class, but not a Module"),
+], ids=["encoder", "objective", "encoder-a-loss"])
+def test_a_hostile_task_config_of_a_saved_pipeline_is_refused(sentinel, saved_pipeline, task, tmp_path, key, value, where,
+                                                              message):
+    from sessrec.pipeline import Pipeline
+
+    directory = with_config(saved_pipeline, tmp_path / "pipeline", "pipeline.json", task_layout(task, value, key))
     got = refused(Pipeline.load, directory)
     assert got.startswith(f"{directory / 'pipeline.json'}: {where}: ") and message in got, got
 

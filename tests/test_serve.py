@@ -2,29 +2,39 @@
 
 The pipeline: `SyntheticSource` sessions (60 items, int64 raw ids), a `CoVisitation` retriever
 fitted on the training split, no ranker. Requests go through FastAPI's TestClient (the app's
-lifespan runs the batcher); concurrent requests come from threads. The benchmark script's smoke
-run starts a real uvicorn server on a free loopback port.
+lifespan runs the batcher); concurrent requests come from threads. `Gate` wraps a recommender so
+that its model calls wait for the test (a busy or stuck model) and are recorded. The benchmark
+script's smoke runs start a real uvicorn server on a free loopback port.
 """
 
 from __future__ import annotations
 
 import inspect
 import json
+import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
 
 from sessrec.data import SessionDataModule, SyntheticSource
 from sessrec.deploy import server
-from sessrec.deploy.server import Limits, build_app, serve
+from sessrec.deploy.recommender import SessionRecommender, join_sessions, resolve
+from sessrec.deploy.request import Limits
+from sessrec.deploy.server import Overload, Served, build_app, serve
+from sessrec.models import MaskedItemModeling, XLNetEncoder
 from sessrec.pipeline.pipeline import Pipeline
 from sessrec.pipeline.retrieval.covisitation import CoVisitation
+from sessrec.tasks import NextItemTask
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,11 +43,23 @@ UNKNOWN = 99_999_999  # a raw id the vocabulary does not hold
 
 
 @pytest.fixture(scope="module")
-def pipe() -> Pipeline:
-    dm = SessionDataModule(source=SyntheticSource(num_sessions=400, num_items=60, days=10), max_length=10)
-    train, _ = dm.tensors("train")
-    return Pipeline(dm.vocab, {"covisitation": (CoVisitation().fit(train, dm.num_items), 20)}, max_length=10,
+def data() -> SessionDataModule:
+    return SessionDataModule(source=SyntheticSource(num_sessions=400, num_items=60, days=10), max_length=10)
+
+
+@pytest.fixture(scope="module")
+def pipe(data: SessionDataModule) -> Pipeline:
+    train, _ = data.tensors("train")
+    return Pipeline(data.vocab, {"covisitation": (CoVisitation().fit(train, data.num_items), 20)}, max_length=10,
                     max_candidates=20)
+
+
+@pytest.fixture(scope="module")
+def other_pipe(data: SessionDataModule) -> Pipeline:
+    """Another model over the same vocabulary: co-visitation of a tenth of the training sessions."""
+    train, _ = data.tensors("train")
+    return Pipeline(data.vocab, {"covisitation": (CoVisitation().fit(train[:40], data.num_items), 20)},
+                    max_length=10, max_candidates=20)
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +72,28 @@ def sessions(pipe: Pipeline) -> list[list[int]]:
 def client(pipe: Pipeline) -> Iterator[TestClient]:
     with TestClient(build_app(pipe, max_batch_size=8, max_wait_ms=1.0)) as c:
         yield c
+
+
+class Gate:
+    """A recommender whose model calls wait until `release` is set; `calls` records the sessions of each."""
+
+    def __init__(self, inner: Pipeline) -> None:
+        self.inner, self.vocab = inner, inner.vocab
+        self.release, self.entered = threading.Event(), threading.Event()
+        self.calls: list[int] = []
+
+    def encode(self, sessions, on_unknown="oov"):
+        return self.inner.encode(sessions, on_unknown)
+
+    def recommend_batch(self, sessions, k=20):
+        self.calls.append(len(sessions))
+        self.entered.set()
+        if not self.release.wait(20):
+            raise RuntimeError("the test never released the gate")
+        return self.inner.recommend_batch(sessions, k)
+
+    def decode(self, recs):
+        return self.inner.decode(recs)
 
 
 def post_concurrently(client: TestClient, bodies: list[dict]) -> list:
@@ -69,6 +113,38 @@ def post_concurrently(client: TestClient, bodies: list[dict]) -> list:
     return replies
 
 
+class InFlight:
+    """POST bodies from background threads, one after another admitted (the app counts them)."""
+
+    def __init__(self, client: TestClient) -> None:
+        self.client, self.replies, self.threads = client, {}, []
+
+    def post(self, name: str, body: dict, admitted: int) -> None:
+        def send() -> None:
+            self.replies[name] = self.client.post("/recommend", json=body)
+
+        self.threads.append(threading.Thread(target=send))
+        self.threads[-1].start()
+        wait_until(lambda: self.client.app.state.admission.admitted >= admitted)
+
+    def join(self) -> dict:
+        for t in self.threads:
+            t.join(30)
+        return self.replies
+
+
+def wait_until(condition, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.005)
+
+
+def expected(pipe: Pipeline, sessions: list, k: int = K) -> list:
+    return json.loads(json.dumps(pipe.recommend(sessions, k=k)))
+
+
 def test_recommend_returns_the_pipelines_raw_ids_and_scores(client, pipe, sessions) -> None:
     reply = client.post("/recommend", json={"sessions": sessions[:4], "k": K})
     assert reply.status_code == 200
@@ -77,14 +153,21 @@ def test_recommend_returns_the_pipelines_raw_ids_and_scores(client, pipe, sessio
     assert one.json()["recommendations"] == pipe.recommend([sessions[5]], k=20)
     unknown = client.post("/recommend", json={"session": [UNKNOWN, sessions[0][0]], "k": K})
     assert unknown.json()["recommendations"] == pipe.recommend([[UNKNOWN, sessions[0][0]]], k=K)  # scored as OOV
+    big = [sessions[i % 16] * 50 for i in range(40)]  # a body over 16 KiB: parsed in a worker thread
+    reply = client.post("/recommend", json={"sessions": big, "k": K})
+    assert len(reply.request.content) > server.INLINE_PARSE_BYTES
+    assert reply.json()["recommendations"] == pipe.recommend(big, k=K)
 
 
 def test_health_and_metadata_say_what_is_served(client, pipe) -> None:
     assert client.get("/health").json() == {"status": "ok", "kind": "Pipeline", "vocabulary_size": len(pipe.vocab),
-                                            "items": pipe.vocab.num_products}
+                                            "items": pipe.vocab.num_products, "version": None, "reload_error": None}
     meta = client.get("/metadata").json()
     assert meta["limits"] == {"max_request_bytes": 1 << 20, "max_sessions_per_request": 256,
                               "max_items_per_session": 1000, "k_max": 100}
+    assert meta["overload"] == {"max_queue": 128, "max_queued_sessions": 8192, "max_queue_wait_ms": 500.0,
+                                "deadline_ms": 1000.0, "retry_after_s": 1}
+    assert meta["queue"] == {"admitted": 0, "queued_requests": 0, "queued_sessions": 0}
     assert meta["batching"]["max_batch_size"] == 8
 
 
@@ -101,17 +184,21 @@ def test_concurrent_requests_share_model_calls(pipe, sessions) -> None:
     assert batching["model_calls"] < 13
 
 
-def test_a_bad_request_in_a_batch_fails_alone(pipe, sessions) -> None:
+def test_a_bad_request_fails_alone_and_the_model_is_called_once_for_the_others(pipe, sessions) -> None:
+    gate = Gate(pipe)
+    gate.release.set()
     bodies = [{"session": sessions[0], "k": K, "on_unknown": "error"},
               {"session": [sessions[1][0], UNKNOWN], "k": K, "on_unknown": "error"},
-              {"session": sessions[2], "k": K, "on_unknown": "error"}]
-    with TestClient(build_app(pipe, max_wait_ms=300.0)) as c:
+              {"session": sessions[2], "k": K, "on_unknown": "error"},
+              {"session": [sessions[3][0], 1.5], "k": K}]
+    with TestClient(build_app(gate, max_wait_ms=300.0)) as c:
         replies = post_concurrently(c, bodies)
-        batching = c.get("/metadata").json()["batching"]
-    assert [r.status_code for r in replies] == [200, 422, 200]
-    assert batching["max_sessions_per_call"] == 3  # the shared call failed, then each request ran alone
+    assert [r.status_code for r in replies] == [200, 422, 200, 422]
     assert replies[1].json() == {"error": f"item id {UNKNOWN} is not in the model's vocabulary"}
+    assert replies[3].json() == {"error": "session 0: item ids must be strings or integers, got 1.5"}
+    assert replies[0].json()["recommendations"] == pipe.recommend([sessions[0]], k=K)
     assert replies[2].json()["recommendations"] == pipe.recommend([sessions[2]], k=K)
+    assert gate.calls == [2]  # one model call, for the two good requests only
 
 
 @pytest.mark.parametrize(
@@ -163,37 +250,351 @@ def test_body_over_the_byte_limit_is_413_with_or_without_content_length(pipe) ->
     assert chunked.json()["error"] == "body over 2000 bytes; the limit is 2000 bytes"
 
 
+def test_a_full_queue_answers_503_with_retry_after_at_once(pipe, sessions) -> None:
+    gate = Gate(pipe)
+    app = build_app(gate, max_wait_ms=0.0, overload=Overload(max_queue=2, retry_after_s=3))
+    with TestClient(app) as c:
+        flight = InFlight(c)
+        flight.post("scored", {"session": sessions[0], "k": K}, admitted=1)
+        assert gate.entered.wait(10)  # the model holds the first request
+        flight.post("queued", {"session": sessions[1], "k": K}, admitted=2)
+        start = time.perf_counter()
+        refused = c.post("/recommend", content=b"not even JSON: never read")
+        took = time.perf_counter() - start
+        gate.release.set()
+        replies = flight.join()
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "3"
+    assert refused.json() == {"error": "the server is busy: 2 requests in progress; retry after 3 s"}
+    assert took < 1.0
+    assert replies["scored"].status_code == replies["queued"].status_code == 200
+    assert replies["queued"].json()["recommendations"] == pipe.recommend([sessions[1]], k=K)
+
+
+def test_queued_sessions_past_their_bound_get_503(pipe, sessions) -> None:
+    gate = Gate(pipe)
+    app = build_app(gate, max_wait_ms=0.0, overload=Overload(max_queued_sessions=4))
+    with TestClient(app) as c:
+        flight = InFlight(c)
+        flight.post("scored", {"session": sessions[0], "k": K}, admitted=1)
+        assert gate.entered.wait(10)
+        flight.post("queued", {"sessions": sessions[1:4], "k": K}, admitted=2)
+        wait_until(lambda: c.app.state.batcher.queued_sessions == 3)
+        refused = c.post("/recommend", json={"sessions": sessions[4:6], "k": K})  # 3 + 2 > 4
+        fits = threading.Thread(target=lambda: flight.replies.update(fits=c.post("/recommend", json={
+            "session": sessions[6], "k": K})))
+        fits.start()
+        wait_until(lambda: c.app.state.batcher.queued_sessions == 4)
+        full = c.post("/recommend", content=b"never read")  # the bound is reached: refused at arrival
+        gate.release.set()
+        fits.join(30)
+        replies = flight.join()
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+    assert refused.json()["error"] == ("the server is busy: 3 sessions are waiting for the model; "
+                                       "retry after 1 s")
+    assert full.status_code == 503
+    assert full.json()["error"] == "the server is busy: 4 sessions are waiting; retry after 1 s"
+    assert [replies[name].status_code for name in ("scored", "queued", "fits")] == [200, 200, 200]
+
+
+def test_a_request_arriving_while_the_model_is_far_behind_gets_503(pipe, sessions) -> None:
+    gate = Gate(pipe)
+    with TestClient(build_app(gate, max_wait_ms=0.0, overload=Overload(max_queue_wait_ms=500))) as c:
+        flight = InFlight(c)
+        flight.post("scored", {"sessions": sessions[:2], "k": K}, admitted=1)
+        assert gate.entered.wait(10)
+        c.app.state.batcher.seconds_per_session = 0.3  # the pace of recent calls: the 2 sessions ahead take 600 ms
+        refused = c.post("/recommend", content=b"never read")
+        gate.release.set()
+        replies = flight.join()
+        idle = c.post("/recommend", json={"session": sessions[2], "k": K})  # nothing ahead: admitted
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+    assert refused.json() == {"error": "the server is busy: the model is about 600 ms behind; retry after 1 s"}
+    assert replies["scored"].status_code == idle.status_code == 200
+    assert gate.calls == [2, 1]
+
+
+def test_past_its_deadline_a_request_gets_504_and_never_reaches_the_model(pipe, sessions) -> None:
+    gate = Gate(pipe)
+    app = build_app(gate, max_wait_ms=0.0, overload=Overload(max_queue_wait_ms=300, deadline_ms=300))
+    with TestClient(app) as c:
+        flight = InFlight(c)
+        flight.post("stuck", {"session": sessions[0], "k": K}, admitted=1)
+        assert gate.entered.wait(10)
+        flight.post("queued", {"sessions": sessions[1:3], "k": K}, admitted=2)
+        wait_until(lambda: c.app.state.admission.admitted == 0)  # both answered 504 while the model is stuck
+        gate.release.set()
+        after = c.post("/recommend", json={"session": sessions[3], "k": K})
+        metrics = c.get("/metrics").text
+        replies = flight.join()
+    for name in ("stuck", "queued"):
+        assert replies[name].status_code == 504
+        assert replies[name].json() == {"error": "no answer within the deadline of 300 ms; the server is overloaded, "
+                                                 "retry later"}
+    assert after.status_code == 200
+    assert gate.calls == [1, 1]  # the stuck request, then the one after: the queued two sessions were dropped
+    assert sample(metrics, "sessrec_expired_in_queue_total") == 1
+    assert sample(metrics, "sessrec_shed_total", reason="deadline") == 2
+
+
 class Broken:
-    """A recommender that fails as a server bug would."""
+    """A recommender that fails in its model call as a server bug would."""
 
-    def recommend(self, sessions, k=20, on_unknown="oov"):
-        raise RuntimeError("index file truncated")
+    def __init__(self, inner: Pipeline, error: Exception) -> None:
+        self.inner, self.vocab, self.error = inner, inner.vocab, error
+
+    def encode(self, sessions, on_unknown="oov"):
+        return self.inner.encode(sessions, on_unknown)
+
+    def recommend_batch(self, sessions, k=20):
+        raise self.error
+
+    def decode(self, recs):
+        return self.inner.decode(recs)
 
 
-def test_a_server_error_is_a_generic_500_logged_and_the_server_stays_up(caplog) -> None:
-    with TestClient(build_app(Broken())) as c:
-        reply = c.post("/recommend", json={"session": [1]})
-        assert c.get("/health").json() == {"status": "ok", "kind": "Broken"}
-    assert reply.status_code == 500
+@pytest.mark.parametrize("error", [RuntimeError("index file truncated"), ValueError("index file truncated")])
+def test_a_server_fault_is_a_generic_500_logged_and_the_server_stays_up(pipe, error, caplog) -> None:
+    with TestClient(build_app(Broken(pipe, error))) as c:
+        reply = c.post("/recommend", json={"session": [1031]})
+        bad = c.post("/recommend", json={"session": [1031, UNKNOWN], "on_unknown": "error"})
+        assert c.get("/health").json()["status"] == "ok"
+    assert reply.status_code == 500  # a ValueError inside the model call is the server's fault too
     assert reply.json() == {"error": "internal error while recommending; see the server log"}
+    assert bad.status_code == 422  # the request's own fault, found before the model
     assert "index file truncated" in caplog.text
 
 
-def test_limits_are_checked() -> None:
+def test_health_and_metrics_answer_while_the_model_is_stuck(pipe, sessions) -> None:
+    gate = Gate(pipe)
+    with TestClient(build_app(gate, max_wait_ms=0.0, overload=Overload(deadline_ms=20_000))) as c:
+        flight = InFlight(c)
+        flight.post("stuck", {"session": sessions[0], "k": K}, admitted=1)
+        assert gate.entered.wait(10)
+        start = time.perf_counter()
+        health = c.get("/health")
+        metrics = c.get("/metrics")
+        took = time.perf_counter() - start
+        gate.release.set()
+        replies = flight.join()
+    assert health.status_code == 200 and health.json()["status"] == "ok"
+    assert sample(metrics.text, "sessrec_admitted_requests") == 1
+    assert took < 1.0
+    assert replies["stuck"].status_code == 200
+
+
+def test_draining_refuses_new_requests_and_answers_the_queued_ones(pipe, sessions) -> None:
+    gate = Gate(pipe)
+    with TestClient(build_app(gate, max_wait_ms=0.0)) as c:
+        flight = InFlight(c)
+        flight.post("scored", {"session": sessions[0], "k": K}, admitted=1)
+        assert gate.entered.wait(10)
+        flight.post("queued-1", {"session": sessions[1], "k": K}, admitted=2)
+        flight.post("queued-2", {"sessions": sessions[2:4], "k": K}, admitted=3)
+        drained: list[bool] = []  # what the lifespan's shutdown runs first
+        draining = threading.Thread(target=lambda: drained.append(c.portal.call(c.app.state.admission.drain, 30)))
+        draining.start()
+        wait_until(lambda: c.app.state.admission.draining)
+        refused = c.post("/recommend", json={"session": sessions[4], "k": K})
+        health = c.get("/health")
+        assert draining.is_alive()  # waiting for the admitted requests
+        gate.release.set()
+        draining.join(30)
+        replies = flight.join()
+    assert drained == [True]
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+    assert refused.json() == {"error": "the server is shutting down; retry after 1 s"}
+    assert health.status_code == 503 and health.json()["status"] == "shutting_down"
+    assert [replies[n].status_code for n in ("scored", "queued-1", "queued-2")] == [200, 200, 200]
+    assert replies["queued-2"].json()["recommendations"] == pipe.recommend(sessions[2:4], k=K)
+
+
+@contextmanager
+def uvicorn_serving(app) -> Iterator[tuple[str, server.DrainingServer, threading.Thread]]:
+    """`app` under `DrainingServer` on a free loopback port, in a thread: (url, server, thread)."""
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    running = server.DrainingServer(uvicorn.Config(app, log_level="warning"), app)
+    thread = threading.Thread(target=running.run, kwargs={"sockets": [sock]})
+    thread.start()
+    try:
+        wait_until(lambda: running.started)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}", running, thread
+    finally:
+        running.should_exit = True
+        thread.join(30)
+
+
+def test_uvicorn_shutdown_answers_the_admitted_requests_before_it_stops(pipe, sessions) -> None:
+    gate = Gate(pipe)
+    app = build_app(gate, max_wait_ms=0.0)
+    replies: dict = {}
+    with uvicorn_serving(app) as (url, running, serving):
+
+        def send(name: str, body: dict) -> None:
+            replies[name] = httpx.post(f"{url}/recommend", json=body, timeout=30)
+
+        threads = [threading.Thread(target=send, args=("scored", {"session": sessions[0], "k": K}))]
+        threads[0].start()
+        assert gate.entered.wait(10)
+        threads.append(threading.Thread(target=send, args=("queued", {"sessions": sessions[1:3], "k": K})))
+        threads[1].start()
+        wait_until(lambda: app.state.admission.admitted == 2)
+        running.should_exit = True  # what SIGTERM does
+        wait_until(lambda: app.state.admission.draining)
+        with pytest.raises(httpx.ConnectError):  # no new connection once shutdown has begun
+            httpx.get(f"{url}/health", timeout=5)
+        assert serving.is_alive()
+        gate.release.set()
+        for t in threads:
+            t.join(30)
+        serving.join(30)
+        assert not serving.is_alive()
+    assert replies["scored"].status_code == replies["queued"].status_code == 200
+    assert replies["queued"].json()["recommendations"] == pipe.recommend(sessions[1:3], k=K)
+
+
+def test_a_client_that_leaves_mid_body_is_not_a_server_error(pipe, caplog) -> None:
+    app = build_app(pipe)
+    with uvicorn_serving(app) as (url, _, _):
+        with socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1]))) as sock:
+            sock.sendall(b"POST /recommend HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"session\"")
+            wait_until(lambda: app.state.admission.admitted == 1)
+        wait_until(lambda: app.state.admission.admitted == 0)
+        metrics = httpx.get(f"{url}/metrics").text
+    assert sample(metrics, "sessrec_requests_total", route="/recommend", status="499") == 1
+    assert "internal error" not in caplog.text
+
+
+def sample(text: str, name: str, **labels: str) -> float:
+    """The value of one sample of a Prometheus text exposition (parsed by prometheus_client)."""
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return s.value
+    raise KeyError(f"no sample {name} {labels}")
+
+
+def test_metrics_count_requests_by_route_and_status_and_sessions_per_call(pipe, sessions) -> None:
+    bodies = [{"session": s, "k": K} for s in sessions[:6]] + [{"session": [UNKNOWN], "on_unknown": "error"}]
+    with TestClient(build_app(pipe, max_batch_size=8, max_wait_ms=300.0)) as c:
+        post_concurrently(c, bodies)
+        c.get("/health")
+        c.get("/nowhere")
+        reply = c.get("/metrics")
+        batching = c.get("/metadata").json()["batching"]
+    assert reply.headers["content-type"].startswith("text/plain")
+    text = reply.text
+    assert sample(text, "sessrec_requests_total", route="/recommend", status="200") == 6
+    assert sample(text, "sessrec_requests_total", route="/recommend", status="422") == 1
+    assert sample(text, "sessrec_requests_total", route="/health", status="200") == 1
+    assert sample(text, "sessrec_requests_total", route="other", status="404") == 1
+    assert sample(text, "sessrec_request_duration_seconds_count", route="/recommend") == 7
+    assert sample(text, "sessrec_batch_sessions_count") == batching["model_calls"]
+    assert sample(text, "sessrec_batch_sessions_sum") == 6 == batching["sessions"]
+    assert sample(text, "sessrec_queue_requests") == sample(text, "sessrec_queue_sessions") == 0
+    assert sample(text, "sessrec_admitted_requests") == 0
+
+
+def versioned(root: Path, name: str, pipe: Pipeline) -> Path:
+    """Save `pipe` as version `name` of the versioned directory `root` and point ``CURRENT`` at it."""
+    pipe.save(root / "versions" / name)
+    (root / "CURRENT").write_text(f"{name}\n")
+    return root / "versions" / name
+
+
+def test_hot_reload_follows_the_pointer_and_in_flight_requests_finish_on_their_model(
+    pipe, other_pipe, sessions, tmp_path: Path
+) -> None:
+    probe = sessions[5]
+    assert expected(pipe, [probe]) != expected(other_pipe, [probe])  # the two versions answer differently
+    first = versioned(tmp_path / "model", "v000001", pipe)
+    gate = Gate(Pipeline.load(first))
+    app = build_app(Served(gate, first, "v000001"), max_wait_ms=0.0, model_dir=tmp_path / "model",
+                    reload_interval_s=0.05)
+    with TestClient(app) as c:
+        assert c.get("/health").json()["version"] == "v000001"
+        flight = InFlight(c)
+        flight.post("in-model", {"session": probe, "k": K}, admitted=1)
+        assert gate.entered.wait(10)
+        flight.post("queued", {"session": probe, "k": K}, admitted=2)  # encoded by version 1
+        versioned(tmp_path / "model", "v000002", other_pipe)
+        wait_until(lambda: c.get("/health").json()["version"] == "v000002")
+        flight.post("after", {"session": probe, "k": K}, admitted=3)  # encoded by version 2
+        gate.release.set()
+        replies = flight.join()
+        (tmp_path / "model" / "versions" / "v000003").mkdir()  # a version that cannot be loaded
+        (tmp_path / "model" / "CURRENT").write_text("v000003\n")
+        wait_until(lambda: c.get("/health").json()["reload_error"] is not None)
+        health = c.get("/health").json()
+        still = c.post("/recommend", json={"session": probe, "k": K})
+        metrics = c.get("/metrics").text
+    assert replies["in-model"].json()["recommendations"] == expected(pipe, [probe])
+    assert replies["queued"].json()["recommendations"] == expected(pipe, [probe])
+    assert replies["after"].json()["recommendations"] == expected(other_pipe, [probe])
+    assert gate.calls == [1, 1]  # version 1 scored its two requests; version 2 is not gated
+    assert health["version"] == "v000002" and health["status"] == "ok"
+    assert health["reload_error"].startswith("FileNotFoundError: ") and "v000003" in health["reload_error"]
+    assert still.json()["recommendations"] == expected(other_pipe, [probe])
+    assert sample(metrics, "sessrec_reloads_total", result="ok") == 1
+    assert sample(metrics, "sessrec_reloads_total", result="failed") == 1
+
+
+def test_resolve_reads_the_current_version_pointer(pipe, tmp_path: Path) -> None:
+    plain = pipe.save(tmp_path / "plain")
+    assert resolve(plain) == plain
+    assert Served.load(plain).version is None
+    root = tmp_path / "versioned"
+    version = versioned(root, "v000007", pipe)
+    assert resolve(root) == version
+    assert Served.load(root).version == "v000007"
+    (root / "CURRENT").write_text("../plain\n")
+    with pytest.raises(ValueError, match="names version '../plain', not the name of a folder"):
+        resolve(root)
+    (root / "CURRENT").write_text("v000008")
+    with pytest.raises(FileNotFoundError, match="names version v000008, which .* does not hold"):
+        resolve(root)
+
+
+def test_a_session_model_is_served_in_mixed_batches_as_alone(data) -> None:
+    torch.manual_seed(0)
+    task = NextItemTask(num_items=data.num_items, max_length=10, encoder=XLNetEncoder(d_model=16, n_head=2, n_layer=1),
+                        objective=MaskedItemModeling())
+    task.vocab = data.vocab
+    model = SessionRecommender(task)
+    raw = data.vocab.raw_ids.slice(2).to_pylist()
+    parts = [[raw[:3], raw[5:6]], [raw[10:22]], [raw[30:32]]]  # widths 3, 10 (the last 10 of 12) and 2
+    joined = join_sessions([model.encode(p) for p in parts])
+    assert joined.items.shape == (4, 10)
+    batched = model.decode(model.recommend_batch(joined, 5))
+    alone = [r for p in parts for r in model.recommend(p, k=5)]
+    assert [r["item_ids"] for r in batched] == [r["item_ids"] for r in alone]
+    for b, a in zip(batched, alone):
+        assert b["scores"] == pytest.approx(a["scores"], abs=1e-5)
+    with pytest.raises(ValueError, match="is not in the model's vocabulary"):
+        model.encode([[UNKNOWN]], on_unknown="error")
+
+
+def test_settings_are_checked() -> None:
     with pytest.raises(ValueError, match="k_max must be a positive integer, got 0"):
         Limits(k_max=0)
+    with pytest.raises(ValueError, match="max_queue must be a positive integer, got 0"):
+        Overload(max_queue=0)
+    with pytest.raises(ValueError, match="deadline_ms must be a positive number of milliseconds, got -1"):
+        Overload(deadline_ms=-1)
+    with pytest.raises(ValueError, match=r"max_queue_wait_ms \(2000\) must be at most deadline_ms \(1000\)"):
+        Overload(max_queue_wait_ms=2000)
 
 
 def test_serve_binds_loopback_unless_told(pipe, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import uvicorn
-
     assert inspect.signature(serve).parameters["host"].default == "127.0.0.1"
     calls = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: calls.append(kwargs))
+    monkeypatch.setattr(server.DrainingServer, "run", lambda self: calls.append(self.config))
     directory = pipe.save(tmp_path / "pipeline")
     serve(directory, port=8123)
     serve(directory, host="0.0.0.0", port=8124)
-    assert [(c["host"], c["port"]) for c in calls] == [("127.0.0.1", 8123), ("0.0.0.0", 8124)]
+    assert [(c.host, c.port) for c in calls] == [("127.0.0.1", 8123), ("0.0.0.0", 8124)]
     with pytest.raises(FileNotFoundError, match="neither a saved pipeline"):
         serve(tmp_path)
     assert server.describe(pipe)["kind"] == "Pipeline"

@@ -2,8 +2,20 @@
 
 `load_recommender` reads any saved model the library writes: a pipeline directory
 (``pipeline.json``, `Pipeline.save`) or a session model directory (``config.json``,
-`NextItemTask.save_pretrained`), and returns an object with the one method the server and batch
-scoring call, ``recommend(sessions, k, on_unknown)``.
+``SessionModel.save_pretrained`` or ``NextItemTask.save_pretrained``, read by
+``SessionModel.from_pretrained`` without Lightning), and returns a `Recommender`. Its work comes in three steps, so
+that a server can check each request alone and score many at once:
+
+- ``encode(sessions, on_unknown)``: one request's raw ids -> `Sessions` of model ids; raises
+  ValueError / TypeError for what the request got wrong (an id the vocabulary cannot read, an
+  unknown id under ``on_unknown="error"``, an empty session);
+- ``recommend_batch(sessions, k)``: the top-`k` model ids and scores of encoded sessions, those of
+  several requests joined by `join_sessions`;
+- ``decode(recommendations)``: per session ``{"item_ids": [...], "scores": [...]}`` in raw ids.
+
+``recommend(sessions, k, on_unknown)`` runs the three in a row. A model directory that is
+versioned (a ``CURRENT`` file naming one of ``versions/<name>/``) is read at its current version
+(`resolve`).
 """
 
 from __future__ import annotations
@@ -11,56 +23,136 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
+import torch.nn.functional as F
 
+from sessrec.data.vocab import ItemVocab
+from sessrec.models.pretrained import Inference
+from sessrec.models.session_model import SessionModel, next_item_scores
+from sessrec.pipeline.candidates import Recommendations, Sessions
 from sessrec.pipeline.pipeline import Pipeline, decode_dicts, encode_raw
-from sessrec.tasks import NextItemTask
+
+POINTER, VERSIONS = "CURRENT", "versions"
+
+
+class Recommender(Protocol):
+    """What the server and batch scoring call (see the module docstring); `Pipeline` is one."""
+
+    vocab: ItemVocab
+
+    def encode(self, sessions: Sequence[Sequence[Any]], on_unknown: str = "oov") -> Sessions: ...
+
+    def recommend_batch(self, sessions: Sessions, k: int = 20) -> Recommendations: ...
+
+    def decode(self, recs: Recommendations) -> list[dict[str, list]]: ...
 
 
 class SessionRecommender:
     """A trained session model over its vocabulary: the full catalogue scored, the top `k` returned.
 
     Args:
-        task: the trained `NextItemTask`, with its vocabulary attached (``from_pretrained`` does it).
+        model: the trained `SessionModel` with what it was saved with (``SessionModel.from_pretrained``
+            gives it: ``vocab``, ``objective``, ``inference``), or a trained task, whose
+            ``network()`` is such a model.
     """
 
-    def __init__(self, task: NextItemTask) -> None:
-        if task.vocab is None:
-            raise ValueError("the session model has no vocabulary: load it with NextItemTask.from_pretrained")
-        if task.model.side_info is not None:
+    def __init__(self, model: SessionModel) -> None:
+        if not isinstance(model, SessionModel) and callable(getattr(model, "network", None)):
+            model = model.network()  # a trained task (NextItemTask): its network, with what serving reads
+        if not isinstance(model, SessionModel):
+            raise TypeError(f"SessionRecommender serves a SessionModel, got {type(model).__name__}")
+        if model.vocab is None:
+            raise ValueError("the session model has no vocabulary: load it with SessionModel.from_pretrained")
+        if model.side_info is not None:
             raise ValueError(
                 "this session model reads side features, which a request of item ids does not carry; "
                 "serve it through sessrec predict with an event file instead"
             )
-        self.task, self.vocab = task.eval(), task.vocab
+        self.model, self.vocab = model.eval(), model.vocab
+        self.objective = model.objective if model.objective is not None else model.default_objective()
+        self.inference = model.inference if model.inference is not None else Inference(int(model.max_length) - 1)
+        self.max_length = self.inference.max_length
 
     @classmethod
     def from_pretrained(cls, directory: str | os.PathLike) -> SessionRecommender:
-        return cls(NextItemTask.from_pretrained(directory))
+        return cls(SessionModel.from_pretrained(directory))
+
+    def encode(self, sessions: Sequence[Sequence[Any]], on_unknown: str = "oov") -> Sessions:
+        """Raw-id sessions -> `Sessions` of right-aligned model ids (the last `max_length` events)."""
+        return Sessions(encode_raw(self.vocab, sessions, self.max_length, on_unknown))
 
     @torch.no_grad()
+    def recommend_batch(self, sessions: Sessions, k: int = 20) -> Recommendations:
+        """The `k` best-scored products (B, k) of encoded sessions, best first."""
+        scores = next_item_scores(self.model, self.objective, sessions.items, None, self.inference.exclude_seen)
+        top = scores.topk(min(k, int(self.model.recommendable.sum())), dim=1)
+        return Recommendations(top.indices, top.values.float())
+
+    def decode(self, recs: Recommendations) -> list[dict[str, list]]:
+        """Per session ``{"item_ids": [...], "scores": [...]}`` (raw ids, best first)."""
+        return decode_dicts(self.vocab, recs.items, recs.scores)
+
     def recommend(self, sessions: Sequence[Sequence[Any]], k: int = 20, on_unknown: str = "oov") -> list[dict[str, list]]:
         """Per session ``{"item_ids": [...], "scores": [...]}``: the `k` best-scored products, best first."""
         if isinstance(sessions, (str, bytes)) or not isinstance(sessions, Sequence):
             raise TypeError("recommend takes a list of sessions, each a list of raw item ids")
         if not sessions:
             return []
-        items = encode_raw(self.vocab, sessions, int(self.task.hparams.max_length), on_unknown)
-        top = self.task.recommend(items, k)
-        return decode_dicts(self.vocab, top.items, top.scores.float())
+        return self.decode(self.recommend_batch(self.encode(sessions, on_unknown), k))
+
+
+def join_sessions(parts: Sequence[Sessions]) -> Sessions:
+    """The encoded sessions of several requests as one batch, in order.
+
+    Each part's ``items`` (and ``history``, its whole-session ids, where one part has it) is
+    left-padded to the widest part: the ids stay right-aligned and padding is id 0, which every
+    stage ignores. Request sessions carry no event times, so parts with ``times`` or ``now`` are refused.
+    """
+    if not parts:
+        raise ValueError("join_sessions needs at least one part")
+    if any(p.times is not None or p.now is not None for p in parts):
+        raise ValueError("join_sessions joins sessions of item ids only; these carry event times")
+    if len(parts) == 1:
+        return parts[0]
+    items = _left_pad_cat([p.items for p in parts])
+    if all(p.history is None for p in parts):
+        return Sessions(items)
+    return Sessions(items, history=_left_pad_cat([p.items if p.history is None else p.history for p in parts]))
+
+
+def _left_pad_cat(tensors: list[torch.Tensor]) -> torch.Tensor:
+    width = max(t.shape[1] for t in tensors)
+    return torch.cat([F.pad(t, (width - t.shape[1], 0)) for t in tensors])
+
+
+def resolve(directory: str | os.PathLike) -> Path:
+    """The directory to read now: ``directory/versions/<name>`` when ``directory/CURRENT`` names
+    one, else `directory` itself (a directory that is not versioned)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"{directory}: no such model directory")
+    pointer = directory / POINTER
+    if not pointer.exists():
+        return directory
+    name = pointer.read_text().strip()
+    if not name or name in (".", "..") or "/" in name or "\\" in name:
+        raise ValueError(f"{pointer}: names version {name!r}, not the name of a folder of {directory / VERSIONS}")
+    version = directory / VERSIONS / name
+    if not version.is_dir():
+        raise FileNotFoundError(f"{pointer}: names version {name}, which {directory / VERSIONS} does not hold")
+    return version
 
 
 def load_recommender(directory: str | os.PathLike) -> Pipeline | SessionRecommender:
-    """The recommender saved in `directory`: a pipeline or a session model, by the file that describes it."""
-    directory = Path(directory)
+    """The recommender saved in `directory` (at its current version when it is versioned): a
+    pipeline or a session model, by the file that describes it."""
+    directory = resolve(directory)
     if (directory / "pipeline.json").exists():
         return Pipeline.load(directory)
     if (directory / "config.json").exists():
         return SessionRecommender.from_pretrained(directory)
-    if not directory.is_dir():
-        raise FileNotFoundError(f"{directory}: no such model directory")
     raise FileNotFoundError(
         f"{directory}: neither a saved pipeline (pipeline.json) nor a model directory (config.json); "
         "sessrec fit writes one beside the best checkpoint (runs/<name>/model)"

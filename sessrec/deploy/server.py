@@ -1,20 +1,41 @@
-"""HTTP server for a recommender: raw-id sessions in, raw ids and scores out, with dynamic batching.
+"""HTTP server for a recommender: raw-id sessions in, raw ids and scores out, held under overload.
 
-``POST /recommend`` takes ``{"sessions": [[id, ...], ...], "k": 20, "on_unknown": "oov"}`` (or one
-``{"session": [...]}``) and answers ``{"recommendations": [{"item_ids": [...], "scores": [...]}, ...]}``;
-``GET /health`` says what is loaded; ``GET /metadata`` adds the limits and the batching counters.
+Routes:
+    ``POST /recommend``: ``{"sessions": [[id, ...], ...], "k": 20, "on_unknown": "oov"}`` (or one
+        ``{"session": [...]}``) -> ``{"recommendations": [{"item_ids": [...], "scores": [...]}, ...]}``.
+    ``GET /health``: the model served (kind, version) and the last reload error; 503 while shutting down.
+    ``GET /metadata``: the limits, the overload settings and the batching counters.
+    ``GET /metrics``: Prometheus text (requests by route and status, latency, sessions per model
+        call, queue depth, requests shed).
 
-The server is thin: the request is parsed and checked at the edge (every refusal is a 4xx with a
-one-line ``{"error": ...}``), and the model is called in one place, `Batcher`, which gathers the
-sessions of concurrent requests into one ``recommend`` call (at most `max_batch_size` sessions,
-waiting at most `max_wait_ms` after the first) and runs it in a worker thread, so the event loop
-keeps accepting requests while torch computes. FastAPI + uvicorn with this small batcher rather
-than LitServe: LitServe batches whole requests in a separate worker process, so one bad request
-fails every request of its batch, a request of several sessions is one batch element, and the
-batch counters would have to cross a process boundary.
+How a request goes (each refusal a one-line ``{"error": ...}``):
 
-Any object with ``recommend(sessions, k, on_unknown) -> [{"item_ids", "scores"}]`` can be served
-(`Recommender`); `Pipeline` is one.
+1. **Admission** (`AdmissionGate`, in front of the routes), before the body is read: past
+   `Overload.max_queue` requests admitted and not yet answered, when the model is more than
+   `Overload.max_queue_wait_ms` behind (the sessions waiting, at the pace of its recent calls), or
+   once shutdown has begun, ``503`` with ``Retry-After``. A flood costs one small answer per request.
+2. **Checks, alone**: the body is read (413 past `Limits.max_request_bytes`), parsed and checked
+   (`parse_request`), and encoded by the model's vocabulary (``encode``: unknown ids under
+   ``on_unknown="error"``, unreadable ids). A bad request fails here with a 4xx and never joins a
+   batch. Bodies over 16 KiB are parsed in a worker thread, so the event loop stays free.
+3. **Batching** (`Batcher`): encoded sessions wait in a queue bounded by
+   `Overload.max_queued_sessions` (503 beyond); one worker joins those of concurrent requests (at
+   most `max_batch_size` sessions, waiting at most `max_wait_ms`) and scores and decodes them in
+   one call (``recommend_batch`` + ``decode``) on its own thread; the answers are serialised there too.
+   Any failure there is the server's: 500, logged.
+4. **Deadline**: a request not answered `Overload.deadline_ms` after it arrived gets ``504``; one
+   whose deadline passed while it waited is dropped before it reaches the model.
+
+`/health`, `/metadata` and `/metrics` never wait on the model: the event loop only parses small
+bodies, hands work to threads and writes answers. The model can be swapped while serving
+(`ModelHolder`): the server follows a versioned model directory's ``CURRENT`` pointer, loads a new
+version in a thread and serves it from the next batch on; requests already encoded finish on the
+model that encoded them. On shutdown the server refuses new requests (503) and answers those it
+admitted before it stops.
+
+FastAPI + uvicorn with this small batcher rather than LitServe: LitServe batches whole requests in a
+separate worker process, so one bad request fails every request of its batch, and a request of
+several sessions is one batch element.
 
 Example (then ``curl -s localhost:8000/recommend -d '{"session": [214536502, 214536500], "k": 5}'``):
     >>> from sessrec.deploy.server import serve
@@ -24,176 +45,224 @@ Example (then ``curl -s localhost:8000/recommend -d '{"session": [214536502, 214
 from __future__ import annotations
 
 import asyncio
-import json
+import gc
 import logging
 import os
-from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, Protocol
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
 
+import prometheus_client as prom
+import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from starlette.requests import ClientDisconnect
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from sessrec.deploy.recommender import load_recommender
+from sessrec.deploy.batching import Batcher, ServerFault, dumps
+from sessrec.deploy.metrics import MeasureRequests, Metrics
+from sessrec.deploy.recommender import Recommender, load_recommender, resolve
+from sessrec.deploy.request import Limits, RequestError, prepare
 
 logger = logging.getLogger(__name__)
 
-OnUnknown = Literal["oov", "error"]
-_FIELDS = {"session", "sessions", "k", "on_unknown"}
-_INT64_MAX = 2**63 - 1
-
-
-class Recommender(Protocol):
-    """What the server wraps: raw-id sessions -> per session ``{"item_ids": [...], "scores": [...]}``."""
-
-    def recommend(self, sessions: Sequence[Sequence[Any]], k: int = 20, on_unknown: str = "oov") -> list[dict]: ...
+INLINE_PARSE_BYTES = 16 * 1024  # bodies up to this are parsed on the event loop (well under a millisecond)
 
 
 @dataclass(frozen=True)
-class Limits:
-    """Bounds on one request, checked before it reaches the model.
+class Overload:
+    """How much work the server takes on, and how long a request may take.
+
+    Each bound refuses a request with 503 at once, which is cheaper for both sides than a request
+    that waits and times out (504). `max_queue_wait_ms` adapts to the model's speed; the two
+    counts are hard caps on memory and on work in flight.
 
     Args:
-        max_request_bytes: largest body, counted on the bytes received (with or without Content-Length).
-        max_sessions_per_request: most sessions in one request.
-        max_items_per_session: most item ids in one session (the model reads only the most recent ones).
-        k_max: largest ``k``.
+        max_queue: most requests admitted and not yet answered; a request beyond gets 503 before
+            its body is read.
+        max_queued_sessions: most sessions encoded and waiting for the model; a request that would
+            pass it gets 503 (before its body is read once the bound is reached).
+        max_queue_wait_ms: a request arriving while the sessions queued and being scored would take
+            the model longer than this (at the pace of its recent calls) gets 503 before its body
+            is read; at most `deadline_ms`, and about half of it leaves room for the request's own call.
+        deadline_ms: a request not answered this long after it arrived gets 504; one whose deadline
+            passed while queued never reaches the model.
+        retry_after_s: the ``Retry-After`` header of a 503, in seconds.
     """
 
-    max_request_bytes: int = 1 << 20
-    max_sessions_per_request: int = 256
-    max_items_per_session: int = 1_000
-    k_max: int = 100
+    max_queue: int = 128
+    max_queued_sessions: int = 8192
+    max_queue_wait_ms: float = 500.0
+    deadline_ms: float = 1000.0
+    retry_after_s: int = 1
 
     def __post_init__(self) -> None:
-        for name, value in asdict(self).items():
-            if not isinstance(value, int) or value < 1:
+        for name in ("max_queue", "max_queued_sessions", "retry_after_s"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("max_queue_wait_ms", "deadline_ms"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"{name} must be a positive number of milliseconds, got {value!r}")
+        if self.max_queue_wait_ms > self.deadline_ms:
+            raise ValueError(f"max_queue_wait_ms ({self.max_queue_wait_ms:g}) must be at most deadline_ms "
+                             f"({self.deadline_ms:g}): a request admitted behind more work would miss its deadline")
 
 
-class RequestError(Exception):
-    """A request refused with an HTTP status and a one-line message."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status, self.message = status, message
-
-
-@dataclass
-class Query:
-    """One parsed request: its sessions and settings."""
-
-    sessions: list[list[Any]]
-    k: int = 20
-    on_unknown: OnUnknown = "oov"
+def describe(recommender: Recommender) -> dict[str, Any]:
+    """What `/health` reports of a recommender: its kind and, where it has one, its vocabulary size."""
+    info: dict[str, Any] = {"kind": type(recommender).__name__}
+    vocab = getattr(recommender, "vocab", None)
+    if vocab is not None:
+        info["vocabulary_size"] = len(vocab)
+        info["items"] = int(getattr(vocab, "num_products", len(vocab)))
+    return info
 
 
-def parse_request(body: bytes, limits: Limits) -> Query:
-    """Check a ``/recommend`` body and return its `Query`; raise `RequestError` naming the problem."""
-    try:
-        payload = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
-        raise RequestError(400, f"body is not valid JSON: {err}") from None
-    if not isinstance(payload, dict):
-        raise RequestError(422, f"body must be a JSON object, got {type(payload).__name__}")
-    unknown = sorted(set(payload) - _FIELDS)
-    if unknown:
-        raise RequestError(422, f"unknown field(s) {unknown}; the fields are {sorted(_FIELDS)}")
-    if ("session" in payload) == ("sessions" in payload):
-        raise RequestError(422, 'give either "sessions" (a list of sessions) or "session" (one list of item ids)')
-    sessions = payload["sessions"] if "sessions" in payload else [payload["session"]]
-    if not isinstance(sessions, list) or not sessions:
-        raise RequestError(422, '"sessions" must be a non-empty list of sessions, each a list of item ids')
-    if len(sessions) > limits.max_sessions_per_request:
-        raise RequestError(
-            413, f"{len(sessions)} sessions in one request; the limit is {limits.max_sessions_per_request}"
-        )
-    for row, session in enumerate(sessions):
-        _check_session(row, session, limits)
-    k = payload.get("k", 20)
-    if type(k) is not int or not 1 <= k <= limits.k_max:
-        raise RequestError(422, f'"k" must be an integer in [1, {limits.k_max}], got {k!r}')
-    on_unknown = payload.get("on_unknown", "oov")
-    if on_unknown not in ("oov", "error"):
-        raise RequestError(422, f'"on_unknown" must be "oov" or "error", got {on_unknown!r}')
-    return Query(sessions, k, on_unknown)
-
-
-def _check_session(row: int, session: Any, limits: Limits) -> None:
-    if not isinstance(session, list):
-        raise RequestError(422, f"session {row} must be a list of item ids, got {type(session).__name__}")
-    if not session:
-        raise RequestError(422, f"session {row} is empty: give at least one item id")
-    if len(session) > limits.max_items_per_session:
-        raise RequestError(
-            413, f"session {row} has {len(session)} items; the limit is {limits.max_items_per_session} per session"
-        )
-    kinds = {type(item) for item in session}
-    if not kinds <= {str, int}:  # bool and float are not ids; the vocabulary casts str <-> int itself
-        bad = next(item for item in session if type(item) not in (str, int))
-        raise RequestError(422, f"session {row}: item ids must be strings or integers, got {bad!r}")
-    if int in kinds:
-        ints = [item for item in session if type(item) is int]
-        low, high = min(ints), max(ints)
-        if low < -_INT64_MAX - 1 or high > _INT64_MAX:
-            bad = high if high > _INT64_MAX else low
-            raise RequestError(422, f"session {row}: item id {bad} does not fit in a 64-bit integer")
-
-
-@dataclass
-class _Job:
-    query: Query
-    future: asyncio.Future
-
-
-@dataclass
-class BatchStats:
-    """Counters of the model calls: how many sessions each call scored (proves the batching)."""
-
-    requests: int = 0
-    calls: Counter = field(default_factory=Counter)  # sessions per call -> number of calls
-
-    def summary(self) -> dict[str, Any]:
-        calls = sum(self.calls.values())
-        sessions = sum(size * n for size, n in self.calls.items())
-        return {
-            "requests": self.requests,
-            "model_calls": calls,
-            "sessions": sessions,
-            "mean_sessions_per_call": round(sessions / calls, 3) if calls else 0.0,
-            "max_sessions_per_call": max(self.calls, default=0),
-            "sessions_per_call": {str(size): n for size, n in sorted(self.calls.items())},
-        }
-
-
-class Batcher:
-    """Dynamic batching: the sessions of concurrent requests scored in one ``recommend`` call.
-
-    One worker task takes the first waiting request, then more until `max_batch_size` sessions or
-    `max_wait_ms` after the first; requests with the same ``k`` and ``on_unknown`` share one call,
-    run in a thread. When a shared call fails on a client error (ValueError / TypeError), each request
-    of it is run alone, so only the faulty one is refused, with a message about its own sessions.
+@dataclass(frozen=True)
+class Served:
+    """A recommender and where it was read from.
 
     Args:
         recommender: the model.
-        max_batch_size: most sessions per model call (a larger request runs alone).
-        max_wait_ms: longest wait for more requests after the first of a batch.
+        path: the directory it was read from (a version's folder in a versioned model directory).
+        version: the version's name in a versioned model directory, else None.
     """
 
-    def __init__(self, recommender: Recommender, max_batch_size: int = 64, max_wait_ms: float = 2.0) -> None:
-        if max_batch_size < 1 or max_wait_ms < 0:
-            raise ValueError(f"max_batch_size must be >= 1 and max_wait_ms >= 0, got {max_batch_size}, {max_wait_ms}")
-        self.recommender, self.max_batch_size, self.max_wait = recommender, max_batch_size, max_wait_ms / 1e3
-        self.stats = BatchStats()
-        self._queue: asyncio.Queue[_Job] | None = None
-        self._held: _Job | None = None  # taken from the queue but too large for the batch being built
+    recommender: Recommender
+    path: Path | None = None
+    version: str | None = None
+
+    @classmethod
+    def load(cls, model_dir: str | os.PathLike) -> Served:
+        """The recommender of `model_dir` at its current version (see `sessrec.deploy.recommender.resolve`)."""
+        path = resolve(model_dir)
+        return cls(load_recommender(path), path, None if path == Path(model_dir) else path.name)
+
+    def describe(self) -> dict[str, Any]:
+        return {**describe(self.recommender), "version": self.version}
+
+
+class Admission:
+    """Counts the requests admitted and not yet answered, and refuses a request at arrival when the
+    server has enough (see `Overload`) or is shutting down.
+
+    Args:
+        overload: the bounds.
+        batcher: whose pace says how far behind the model is.
+        metrics: where the admitted requests are counted.
+    """
+
+    def __init__(self, overload: Overload, batcher: Batcher, metrics: Metrics) -> None:
+        self.overload, self.batcher, self.metrics = overload, batcher, metrics
+        self.admitted, self.draining = 0, False
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def open(self) -> None:
+        """Admit requests (again): the app's lifespan calls it at start-up."""
+        self.draining = False
+
+    def refusal(self) -> tuple[str, str] | None:
+        """Why a request arriving now is refused, as (reason, one-line message), or None to admit it.
+
+        Reasons: ``shutting_down``, ``queue_full`` (`Overload.max_queue`), ``queued_sessions_full``
+        (`Overload.max_queued_sessions` reached), ``model_behind`` (`Overload.max_queue_wait_ms`).
+        """
+        if self.draining:
+            return "shutting_down", "the server is shutting down"
+        if self.admitted >= self.overload.max_queue:
+            return "queue_full", f"the server is busy: {self.admitted} requests in progress"
+        if self.batcher.queued_sessions >= self.overload.max_queued_sessions:
+            return "queued_sessions_full", f"the server is busy: {self.batcher.queued_sessions} sessions are waiting"
+        behind_ms = self.batcher.expected_wait() * 1e3
+        if behind_ms > self.overload.max_queue_wait_ms:
+            return "model_behind", f"the server is busy: the model is about {behind_ms:.0f} ms behind"
+        return None
+
+    def enter(self) -> None:
+        self.admitted += 1
+        self._idle.clear()
+        self.metrics.admitted.set(self.admitted)
+
+    def leave(self) -> None:
+        self.admitted -= 1
+        self.metrics.admitted.set(self.admitted)
+        if self.admitted == 0:
+            self._idle.set()
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Refuse new requests from now on and wait until the admitted ones are answered; False on timeout."""
+        self.draining = True
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+
+class AdmissionGate:
+    """ASGI middleware: each ``POST /recommend`` admitted and counted until answered, or refused
+    with 503 and ``Retry-After`` before its body is read and before the app routes it (a refusal
+    costs the event loop about as little as an HTTP answer can)."""
+
+    def __init__(self, app: ASGIApp, admission: Admission) -> None:
+        self.app, self.admission = app, admission
+        self.retry_after = str(admission.overload.retry_after_s).encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] != "/recommend" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        refusal = self.admission.refusal()
+        if refusal is not None:
+            reason, message = refusal
+            self.admission.metrics.shed.labels(reason).inc()
+            body = dumps({"error": f"{message}; retry after {self.admission.overload.retry_after_s} s"})
+            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                       (b"retry-after", self.retry_after)]
+            await send({"type": "http.response.start", "status": 503, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+            return
+        self.admission.enter()
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.admission.leave()
+
+
+class ModelHolder:
+    """The model being served, and its hot reload from a model directory.
+
+    `check` reads the directory's current version (`resolve`: one small file); when it names
+    another folder than the one served, it loads that folder in a thread and serves it from then
+    on. A load that fails keeps the model served, logs the error and keeps it in `error` (shown by
+    `/health`); that folder is not tried again until the pointer moves.
+
+    Args:
+        served: the model served first.
+        model_dir: the directory to follow; None: no reload.
+        interval_s: seconds between two checks while the server runs; 0: no polling (`check` still works).
+        metrics: where reloads are counted.
+    """
+
+    def __init__(self, served: Served, model_dir: str | os.PathLike | None = None, interval_s: float = 2.0,
+                 metrics: Metrics | None = None) -> None:
+        if interval_s < 0:
+            raise ValueError(f"reload_interval_s must be >= 0, got {interval_s}")
+        self.current, self.model_dir, self.interval_s = served, model_dir, interval_s
+        self.metrics = metrics if metrics is not None else Metrics()
+        self.error: str | None = None
+        self._failed: Path | None = None
         self._task: asyncio.Task | None = None
 
     async def start(self) -> None:
-        self._queue = asyncio.Queue()
-        self._task = asyncio.create_task(self._run())
+        if self.model_dir is not None and self.interval_s > 0:
+            self._task = asyncio.create_task(self._poll())
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -201,80 +270,47 @@ class Batcher:
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
 
-    async def submit(self, query: Query) -> list[dict]:
-        """The recommendations of one request, scored with whatever else is waiting."""
-        if self._queue is None:
-            raise RuntimeError("the batcher is not started: run the app under its lifespan (uvicorn, TestClient)")
-        future = asyncio.get_running_loop().create_future()
-        self.stats.requests += 1
-        await self._queue.put(_Job(query, future))
-        return await future
-
-    async def _next_batch(self) -> list[_Job]:
-        assert self._queue is not None
-        first = self._held or await self._queue.get()
-        self._held, batch, size = None, [first], len(first.query.sessions)
-        deadline = asyncio.get_running_loop().time() + self.max_wait
-        while size < self.max_batch_size:
-            timeout = deadline - asyncio.get_running_loop().time()
-            try:
-                job = self._queue.get_nowait() if timeout <= 0 else await asyncio.wait_for(self._queue.get(), timeout)
-            except (asyncio.QueueEmpty, asyncio.TimeoutError):
-                break
-            if size + len(job.query.sessions) > self.max_batch_size:
-                self._held = job
-                break
-            batch.append(job)
-            size += len(job.query.sessions)
-        return batch
-
-    async def _run(self) -> None:
+    async def _poll(self) -> None:
         while True:
-            batch = await self._next_batch()
-            groups: dict[tuple[int, str], list[_Job]] = {}
-            for job in batch:
-                groups.setdefault((job.query.k, job.query.on_unknown), []).append(job)
-            for jobs in groups.values():
-                await self._score(jobs)
+            await asyncio.sleep(self.interval_s)
+            await self.check()
 
-    async def _score(self, jobs: list[_Job]) -> None:
-        jobs = [job for job in jobs if not job.future.done()]  # a client that went away
-        if not jobs:
-            return
-        k, on_unknown = jobs[0].query.k, jobs[0].query.on_unknown
-        sessions = [s for job in jobs for s in job.query.sessions]
+    async def check(self) -> bool:
+        """Load and serve the directory's current version if it is not the one served; True when swapped."""
+        if self.model_dir is None:
+            return False
         try:
-            out = await asyncio.to_thread(self.recommender.recommend, sessions, k, on_unknown)
-            if len(out) != len(sessions):
-                raise RuntimeError(f"the recommender returned {len(out)} lists for {len(sessions)} sessions")
-        except (ValueError, TypeError) as err:
-            if len(jobs) > 1:
-                for job in jobs:
-                    await self._score([job])
-                return
-            _resolve(jobs[0].future, exception=RequestError(422, str(err)))
-            return
-        except Exception as err:  # any other failure is the server's: logged, 500
-            logger.exception("recommend failed on a batch of %d sessions", len(sessions))
-            for job in jobs:
-                _resolve(job.future, exception=err)
-            return
-        finally:
-            self.stats.calls[len(sessions)] += 1
-        start = 0
-        for job in jobs:
-            end = start + len(job.query.sessions)
-            _resolve(job.future, result=out[start:end])
-            start = end
+            path = await asyncio.to_thread(resolve, self.model_dir)
+        except Exception as err:  # noqa: BLE001 - a pointer being fixed by hand: keep serving, say why
+            self._failed_to_load(None, err)
+            return False
+        if path == self.current.path or path == self._failed:
+            return False
+        try:
+            recommender = await asyncio.to_thread(load_recommender, path)
+        except Exception as err:  # noqa: BLE001 - any load failure keeps the served model
+            self._failed_to_load(path, err)
+            return False
+        version = None if path == Path(self.model_dir) else path.name
+        if gc.get_freeze_count():  # the process froze what it loaded at start-up (`serve`): this model too
+            gc.collect(1)
+            gc.freeze()
+        self.current, self.error, self._failed = Served(recommender, path, version), None, None
+        self.metrics.reloads.labels("ok").inc()
+        logger.info("serving %s (version %s)", path, version)
+        return True
+
+    def _failed_to_load(self, path: Path | None, err: Exception) -> None:
+        message = " ".join(f"{type(err).__name__}: {err}".split())
+        if message != self.error:
+            logger.error("model reload from %s failed; still serving %s: %s", self.model_dir, self.current.path,
+                         message)
+            self.metrics.reloads.labels("failed").inc()
+        self.error, self._failed = message, path
 
 
-def _resolve(future: asyncio.Future, result: Any = None, exception: BaseException | None = None) -> None:
-    if future.done():
-        return
-    if exception is not None:
-        future.set_exception(exception)
-    else:
-        future.set_result(result)
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
 async def _read_body(request: Request, max_bytes: int) -> bytes:
@@ -291,67 +327,114 @@ async def _read_body(request: Request, max_bytes: int) -> bytes:
     return b"".join(chunks)
 
 
-def describe(recommender: Recommender) -> dict[str, Any]:
-    """What `/health` reports of a recommender: its kind and, where it has one, its vocabulary size."""
-    info: dict[str, Any] = {"kind": type(recommender).__name__}
-    vocab = getattr(recommender, "vocab", None)
-    if vocab is not None:
-        info["vocabulary_size"] = len(vocab)
-        info["items"] = int(getattr(vocab, "num_products", len(vocab)))
-    return info
-
-
 def build_app(
-    recommender: Recommender,
+    model: Recommender | Served,
     max_batch_size: int = 64,
     max_wait_ms: float = 2.0,
     limits: Limits | None = None,
-    info: dict[str, Any] | None = None,
+    overload: Overload | None = None,
+    model_dir: str | os.PathLike | None = None,
+    reload_interval_s: float = 2.0,
 ) -> FastAPI:
-    """The ASGI app serving `recommender` (see the module docstring for the routes).
+    """The ASGI app serving `model` (see the module docstring for the routes).
 
     Args:
-        recommender: any object with ``recommend(sessions, k, on_unknown)``.
+        model: the recommender (``encode``, ``recommend_batch``, ``decode``), or a `Served` one that
+            says which directory and version it was read from.
         max_batch_size: most sessions per model call.
         max_wait_ms: longest wait for more requests after the first of a batch.
         limits: bounds on one request (defaults: `Limits()`).
-        info: what `/health` reports; defaults to `describe(recommender)`.
+        overload: queue bounds and deadline (defaults: `Overload()`).
+        model_dir: the model directory to follow for hot reload (its ``CURRENT`` pointer); None: no reload.
+        reload_interval_s: seconds between two reads of the pointer; 0: never read.
 
     Returns:
-        The FastAPI app; the batcher runs under its lifespan (`app.state.batcher`).
+        The FastAPI app; its parts are on ``app.state`` (``batcher``, ``holder``, ``admission``,
+        ``metrics``); its lifespan starts them, and at shutdown refuses new requests and answers
+        the admitted ones before it stops them.
     """
     limits = limits if limits is not None else Limits()
-    info = info if info is not None else describe(recommender)
-    batcher = Batcher(recommender, max_batch_size, max_wait_ms)
+    overload = overload if overload is not None else Overload()
+    served = model if isinstance(model, Served) else Served(model)
+    metrics = Metrics()
+    batcher = Batcher(max_batch_size, max_wait_ms, metrics)
+    holder = ModelHolder(served, model_dir, reload_interval_s, metrics)
+    deadline_s = overload.deadline_ms / 1e3
+    admission = Admission(overload, batcher, metrics)
+    busy = {"Retry-After": str(overload.retry_after_s)}
+    parsers: list[ThreadPoolExecutor] = []  # the threads that parse large bodies, while the app runs
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        parsers.append(ThreadPoolExecutor(2, thread_name_prefix="sessrec-parse"))
+        admission.open()
         await batcher.start()
-        yield
-        await batcher.stop()
+        await holder.start()
+        try:
+            yield
+        finally:
+            if not await admission.drain(deadline_s + 5.0):  # every admitted request ends by its deadline
+                logger.error("shutdown: %d requests still unanswered after their deadline", admission.admitted)
+            await holder.stop()
+            await batcher.stop()
+            parsers.pop().shutdown(wait=False, cancel_futures=True)
 
-    app = FastAPI(title="sessrec", lifespan=lifespan, docs_url=None, redoc_url=None)
-    app.state.batcher = batcher
+    app = FastAPI(title="sessrec", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(AdmissionGate, admission=admission)
+    app.add_middleware(MeasureRequests, metrics=metrics)  # added last: the outermost, it sees the refusals too
+    app.state.batcher, app.state.holder, app.state.admission, app.state.metrics = batcher, holder, admission, metrics
 
     @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return {"status": "ok", **info}
+    async def health() -> Response:
+        body = {"status": "shutting_down" if admission.draining else "ok", **holder.current.describe(),
+                "reload_error": holder.error}
+        return JSONResponse(body, status_code=503 if admission.draining else 200)
 
     @app.get("/metadata")
     async def metadata() -> dict[str, Any]:
         batching = {"max_batch_size": max_batch_size, "max_wait_ms": max_wait_ms, **batcher.stats.summary()}
-        return {**info, "limits": asdict(limits), "batching": batching}
+        queue = {"admitted": admission.admitted, "queued_requests": batcher.queued_requests,
+                 "queued_sessions": batcher.queued_sessions}
+        return {**holder.current.describe(), "limits": asdict(limits), "overload": asdict(overload),
+                "queue": queue, "batching": batching}
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        return Response(metrics.text(), media_type=prom.CONTENT_TYPE_LATEST)
+
+    async def answer(request: Request, deadline: float) -> Response:
+        body = await _read_body(request, limits.max_request_bytes)
+        current = holder.current
+        if len(body) <= INLINE_PARSE_BYTES:
+            query, sessions = prepare(body, current.recommender, limits)
+        else:
+            parse = asyncio.get_running_loop().run_in_executor(parsers[0], prepare, body, current.recommender, limits)
+            query, sessions = await parse
+        if batcher.queued_sessions + len(sessions) > overload.max_queued_sessions:
+            metrics.shed.labels("queued_sessions_full").inc()
+            return _error(503, f"the server is busy: {batcher.queued_sessions} sessions are waiting for the model; "
+                          f"retry after {overload.retry_after_s} s", busy)
+        payload = await batcher.submit(sessions, query.k, current.recommender, deadline)
+        return Response(payload, media_type="application/json")
 
     @app.post("/recommend")
-    async def recommend(request: Request) -> JSONResponse:
+    async def recommend(request: Request) -> Response:  # admitted by `AdmissionGate`
         try:
-            query = parse_request(await _read_body(request, limits.max_request_bytes), limits)
-            recommendations = await batcher.submit(query)
+            deadline = asyncio.get_running_loop().time() + deadline_s
+            return await asyncio.wait_for(answer(request, deadline), deadline_s)
         except RequestError as err:
-            return JSONResponse({"error": err.message}, status_code=err.status)
-        except Exception:  # noqa: BLE001 - logged where it happened (Batcher._score)
-            return JSONResponse({"error": "internal error while recommending; see the server log"}, status_code=500)
-        return JSONResponse({"recommendations": recommendations})
+            return _error(err.status, err.message)
+        except asyncio.TimeoutError:
+            metrics.shed.labels("deadline").inc()
+            return _error(504, f"no answer within the deadline of {overload.deadline_ms:g} ms; the server is "
+                          "overloaded, retry later")
+        except ClientDisconnect:  # the client left while sending its body: nobody to answer
+            return Response(status_code=499)
+        except ServerFault:  # logged where it happened
+            return _error(500, "internal error while recommending; see the server log")
+        except Exception:
+            logger.exception("internal error while preparing a request")
+            return _error(500, "internal error while recommending; see the server log")
 
     return app
 
@@ -366,13 +449,20 @@ def serve(
     max_items_per_session: int = 1_000,
     max_sessions_per_request: int = 256,
     k_max: int = 100,
+    max_queue: int = 128,
+    max_queued_sessions: int = 8192,
+    max_queue_wait_ms: float = 500.0,
+    deadline_ms: float = 1000.0,
+    retry_after_s: int = 1,
+    reload_interval_s: float = 2.0,
     log_level: str = "info",
     access_log: bool = True,
 ) -> None:
     """Load the recommender saved in `model_dir` and serve it over HTTP until interrupted.
 
     Args:
-        model_dir: a saved pipeline (``pipeline.json``) or session model directory (``config.json``).
+        model_dir: a saved pipeline (``pipeline.json``) or session model directory (``config.json``),
+            or a versioned one (``CURRENT`` naming a folder of ``versions/``), followed as its pointer moves.
         host: address to bind; loopback only by default, ``0.0.0.0`` to accept other machines.
         port: TCP port.
         max_batch_size: most sessions scored in one model call (dynamic batching).
@@ -381,11 +471,36 @@ def serve(
         max_items_per_session: most item ids per session (413 beyond).
         max_sessions_per_request: most sessions per request (413 beyond).
         k_max: largest ``k`` a request may ask for (422 beyond).
+        max_queue: most requests admitted and not yet answered (503 beyond, before the body is read).
+        max_queued_sessions: most sessions waiting for the model (503 beyond).
+        max_queue_wait_ms: 503 before the body is read while the model is further behind than this
+            (the sessions waiting, at the pace of its recent calls); at most `deadline_ms`.
+        deadline_ms: a request not answered within this gets 504 (and is never scored once past it).
+        retry_after_s: the Retry-After of a 503, in seconds.
+        reload_interval_s: seconds between two reads of the model directory's ``CURRENT``; 0: no reload.
         log_level: uvicorn's log level.
         access_log: log one line per request.
     """
-    import uvicorn
-
     limits = Limits(max_request_bytes, max_sessions_per_request, max_items_per_session, k_max)
-    app = build_app(load_recommender(model_dir), max_batch_size, max_wait_ms, limits)
-    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=access_log)
+    overload = Overload(max_queue, max_queued_sessions, max_queue_wait_ms, deadline_ms, retry_after_s)
+    app = build_app(Served.load(model_dir), max_batch_size, max_wait_ms, limits, overload, model_dir, reload_interval_s)
+    # The model, torch and the libraries are half a million objects that live as long as the process:
+    # frozen, the cyclic garbage collector stops scanning them, and a full collection no longer stalls
+    # the event loop (and /health) for hundreds of milliseconds in the middle of a flood.
+    gc.collect()
+    gc.freeze()
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=access_log)
+    DrainingServer(config, app).run()
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server, which makes the app refuse new requests (503) as soon as shutdown begins;
+    uvicorn then waits for the requests in flight, and the app's lifespan for those it admitted."""
+
+    def __init__(self, config: uvicorn.Config, app: FastAPI) -> None:
+        super().__init__(config)
+        self.app = app
+
+    async def shutdown(self, sockets: list | None = None) -> None:
+        self.app.state.admission.draining = True
+        await super().shutdown(sockets)

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sessrec.data.side import SideInfoSpec
-from sessrec.saved.registry import register
+from sessrec.saved.registry import Configurable, register
 
 
 @register
@@ -116,7 +116,7 @@ class ItemVectors(nn.Module):
         return torch.cat(parts, dim=-1)
 
 
-class SideInfoEmbedding(nn.Module):
+class SideInfoEmbedding(nn.Module, Configurable):
     """Combine item embeddings with side-feature embeddings into the encoder's input.
 
     Args:

@@ -55,7 +55,6 @@ from sessrec.saved.registry import (  # noqa: F401 - config_of: sessrec.deploy.r
     resolve,
     split_config,
 )
-from sessrec.saved.versions import write_directory  # noqa: F401 - sessrec.deploy.retrain imports it from here
 from sessrec.tasks.settings import grouped
 
 GROUPED_TASKS = ("NextItemTask", "BaselineTask")  # tasks whose settings form typed parts (`sessrec.tasks.settings`)

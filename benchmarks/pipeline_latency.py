@@ -33,7 +33,7 @@ from sessrec.pipeline.pipeline import Pipeline
 from sessrec.pipeline.retrieval.covisitation import CoVisitation
 from sessrec.pipeline.retrieval.index import ExactIndex, FaissIndex
 from sessrec.pipeline.retrieval.knn import BaselineRetriever
-from sessrec.pipeline.retrieval.session_model import SessionModelRetriever, resolved_config
+from sessrec.pipeline.retrieval.session_model import SessionModelRetriever
 from sessrec.pipeline.scoring import DLRMScorer
 from sessrec.pipeline.training import fit_ranker
 from sessrec.tasks import NextItemTask
@@ -45,18 +45,12 @@ def build(args: argparse.Namespace) -> tuple[Pipeline, SessionDataModule]:
         max_length=20,
     )
     train, _ = dm.tensors("train")
-    config = resolved_config({
-        "class_path": "sessrec.tasks.NextItemTask",
-        "init_args": {"num_items": dm.num_items, "max_length": 20, "score_scale": 16.0,
-                      "encoder": {"class_path": "sessrec.models.XLNetEncoder",
-                                  "init_args": {"d_model": 64, "n_head": 4, "n_layer": 1}}},
-    })
     torch.manual_seed(0)
     task = NextItemTask(num_items=dm.num_items, max_length=20, score_scale=16.0,
                         encoder=XLNetEncoder(d_model=64, n_head=4, n_layer=1))
     index = FaissIndex("hnsw") if args.index == "hnsw" else ExactIndex()
     retrievers = {
-        "xlnet": (SessionModelRetriever(task, config, index), 100),
+        "xlnet": (SessionModelRetriever(task.model, task.objective, index), 100),
         "vsknn": (BaselineRetriever(VSKNN(k=500, sample_size=5000, weighting="quadratic", weighting_score="div",
                                           idf_weighting=5)).fit(train, dm.num_items), 100),
         "stan": (BaselineRetriever(STAN(k=500, sample_size=10000, lambda_1=1.225, lambda_2=26000, lambda_3=4.9)).fit(

@@ -24,7 +24,8 @@ import torch
 import yaml
 
 from sessrec.data import Schema
-from sessrec.deploy.retrain import Gate, retrain
+from sessrec.deploy.gate import Gate
+from sessrec.deploy.retrain import retrain
 
 DAYS = ["2014-04-04", "2014-04-05", "2014-04-06", "2014-04-07", "2014-04-08"]
 
@@ -46,8 +47,7 @@ def main() -> None:
     shutil.rmtree(work, ignore_errors=True)
     current = work / "model"
     shutil.copytree(args.base, current)
-    record = work / "promotions.jsonl"
-    common = dict(paths=recipe["paths"], schema=Schema(**recipe["schema"]), record=str(record), gate=Gate(**recipe["gate"]),
+    common = dict(paths=recipe["paths"], schema=Schema(**recipe["schema"]), gate=Gate(**recipe["gate"]),
                   batch_size=recipe["batch_size"])
     rows = []
     epochs, lr = args.epochs or recipe["max_epochs"], args.lr or recipe["lr"]
@@ -67,7 +67,8 @@ def main() -> None:
                   warm_start=True, max_epochs=epochs, lr=0.05, warmup_steps=0, **common)
     rows.append(summary("warm start, lr 0.05", bad))
     settings = {"replay_days": args.replay_days, "warm_epochs": epochs, "warm_lr": lr, "threads": args.threads}
-    print(json.dumps({"benchmark": "retrain_daily", "settings": settings, "record": str(record), "rows": rows}, indent=1))
+    log = str(current / "promotions.jsonl")
+    print(json.dumps({"benchmark": "retrain_daily", "settings": settings, "log": log, "rows": rows}, indent=1))
 
 
 def summary(kind: str, decision: dict) -> dict:
@@ -76,10 +77,13 @@ def summary(kind: str, decision: dict) -> dict:
         "run": kind, "train_window": decision["train_window"], "test_window": decision["test_window"],
         "train_sessions": decision["train_sessions"], "test_sessions": decision["test_sessions"],
         "items": decision["candidate_items"], "new_items": decision["new_items"],
-        f"current_{metric}": round(decision["current"][metric], 4),
-        f"candidate_{metric}": round(decision["candidate_metrics"][metric], 4),
-        "candidate_mrr@20": round(decision["candidate_metrics"]["mrr@20"], 4),
-        "train_seconds": decision["train_seconds"], "passed_gate": decision["passed_gate"], "promoted": decision["promoted"],
+        f"current_{metric}": round(decision["metrics"]["current"][metric], 4),
+        f"candidate_{metric}": round(decision["metrics"]["candidate"][metric], 4),
+        f"best_{metric}": round(decision["metrics"]["best"][metric], 4) if "best" in decision["metrics"] else None,
+        "candidate_mrr@20": round(decision["metrics"]["candidate"]["mrr@20"], 4),
+        "pairs": decision["pairs"], "train_seconds": decision["train_seconds"], "passed": decision["passed"],
+        "promoted": decision["promoted"], "version": decision.get("version"), "best": decision["best"],
+        "reason": decision["reason"],
     }
 
 

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from sessrec.deploy.retrain import Gate, retrain_dlrm
+from sessrec.deploy.gate import Gate
+from sessrec.deploy.retrain import retrain_dlrm
 
 LOG = "../shared/data/trivago_rsc19_100k/trivago_val_100k.parquet.snappy"
 ENDS = ["2018-11-08T06:00", "2018-11-08T12:00", "2018-11-08T18:00", "2018-11-09T00:00"]
@@ -39,8 +40,8 @@ def main() -> None:
     shutil.rmtree(work, ignore_errors=True)
     current = work / "model"
     shutil.copytree(args.base, current)
-    common = dict(path=args.path, test_hours=6.0, valid_hours=4.0, train_hours=12.0, record=str(work / "promotions.jsonl"),
-                  gate=Gate("mrr", 0.005), max_epochs=args.epochs)
+    common = dict(path=args.path, test_hours=6.0, valid_hours=4.0, train_hours=12.0, gate=Gate("mrr", 0.005),
+                  max_epochs=args.epochs)
     rows = [summary("warm start", retrain_dlrm(str(current), end=end, out=str(work / f"window-{i}"), **common))
             for i, end in enumerate(ENDS)]
     bad = retrain_dlrm(str(current), end=ENDS[-1], out=str(work / "too-high-lr"), lr=0.1, **common)
@@ -53,9 +54,11 @@ def summary(kind: str, d: dict) -> dict:
         "run": kind, "window_end": d["window_end"], "train_rows": d["train_rows"], "test_rows": d["test_rows"],
         "hotel_ids": [d["current_ids"]["hotel"], d["candidate_ids"]["hotel"]],
         "hotel_rows_in_table": d["rows_in_tables"]["hotel"],
-        "current_mrr": round(d["current"]["mrr"], 4), "candidate_mrr": round(d["candidate_metrics"]["mrr"], 4),
-        "candidate_auc": round(d["candidate_metrics"]["auc"], 4),
-        "train_seconds": d["train_seconds"], "promoted": d["promoted"],
+        "current_mrr": round(d["metrics"]["current"]["mrr"], 4), "candidate_mrr": round(d["metrics"]["candidate"]["mrr"], 4),
+        "best_mrr": round(d["metrics"]["best"]["mrr"], 4) if "best" in d["metrics"] else None,
+        "candidate_auc": round(d["metrics"]["candidate"]["auc"], 4), "clickouts": d["pairs"],
+        "train_seconds": d["train_seconds"], "promoted": d["promoted"], "version": d.get("version"), "best": d["best"],
+        "reason": d["reason"],
     }
 
 

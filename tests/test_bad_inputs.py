@@ -510,10 +510,13 @@ def test_checkpoint_of_another_configuration(checkpoint):
         NextItemTask.load_from_checkpoint(checkpoint, encoder=XLNetEncoder(d_model=32, n_head=2, n_layer=1))
 
 
-def test_cli_test_reads_the_network_of_the_checkpoint_not_of_the_recipe(monkeypatch, checkpoint):
-    """A recipe of another width does not break a checkpoint: its own saved config builds the network."""
-    assert sessrec_main(monkeypatch, "test", *TINY, "--model.encoder.init_args.d_model", "32",
-                        "--ckpt_path", str(checkpoint)) == ""
+def test_cli_test_refuses_a_recipe_of_another_network_than_the_checkpoints(monkeypatch, checkpoint):
+    """A recipe of another width is refused, never silently replaced by the checkpoint's network."""
+    assert sessrec_main(monkeypatch, "test", *TINY, "--model.encoder.init_args.d_model", "32", "--ckpt_path", str(checkpoint)) == (
+        f"sessrec test: error: --model.encoder.init_args.d_model 32 differs from the checkpoint's 16 ({checkpoint}): the "
+        "network (its shape and what it computes) is fixed by training; evaluate with the checkpoint's value "
+        "(--traceback for details)"
+    )
 
 
 def test_cli_fit_max_length_zero(monkeypatch, tmp_path):
@@ -564,7 +567,7 @@ def test_cli_serve_a_directory_without_a_model(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("content, message", [
     ("{not json", "not valid JSON"),
-    ('{"format": "something.else", "version": 1}', "format 'something.else' is not 'sessrec.model'"),
+    ('{"format": "something.else", "version": 1}', "format 'something.else' version 1 is not 'sessrec.model'"),
 ], ids=["broken-json", "foreign-format"])
 def test_model_directory_with_a_bad_config(tmp_path, content, message):
     from sessrec.tasks import NextItemTask
@@ -581,7 +584,7 @@ def test_model_directory_without_weights(tmp_path, checkpoint):
 
     model = shutil.copytree(checkpoint.parent.parent / "model", tmp_path / "model")
     (model / "model.safetensors").unlink()
-    with pytest.raises(FileNotFoundError, match="the model directory lacks model.safetensors"):
+    with pytest.raises(FileNotFoundError, match="directory lacks model.safetensors"):
         NextItemTask.from_pretrained(model)
 
 

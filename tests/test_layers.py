@@ -1,11 +1,13 @@
 """The package's layers: saved -> data -> embeddings -> models -> tasks -> pipeline -> deploy -> cli, one way.
 
 `metrics` and `baselines` sit beside `models` (they read data only). An import, at module level or
-inside a function, from a lower layer to a higher one fails the test, and the model layers import
-without Lightning.
+inside a function, from a lower layer to a higher one fails the test; the model layers import
+without Lightning, and the serving path (a saved pipeline or model directory loaded, served and
+exported) imports neither Lightning nor jsonargparse.
 """
 
 import ast
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -58,3 +60,85 @@ def test_models_and_embeddings_import_without_lightning():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
     assert out[0] == "[]"
     assert out[1] == "sessrec.tasks.next_item sessrec.data.ranking_datamodule"  # loaded when asked for
+
+
+TRAINING_STACK = ("pytorch_lightning", "lightning", "lightning_fabric", "jsonargparse")
+
+
+def test_the_serving_path_imports_no_training_stack(tmp_path):
+    """In a fresh interpreter: the serving modules import, and directories written by a network, by a
+    task and by a pipeline load, recommend and export, without Lightning, jsonargparse or sessrec.tasks."""
+    import numpy as np
+    import pyarrow as pa
+    import torch
+
+    from sessrec.baselines import Popularity
+    from sessrec.data import ItemVocab
+    from sessrec.data.ranking import CLICKS, SPARSE_FEATURES, RankingVocab
+    from sessrec.deploy.recommender import load_recommender
+    from sessrec.embeddings import TableConfig
+    from sessrec.models import DLRM, CausalLanguageModeling, GRU4RecEncoder, SessionModel
+    from sessrec.pipeline import BaselineRetriever, Pipeline, SessionModelRetriever
+    from sessrec.tasks import NextItemTask
+
+    vocab = ItemVocab(pa.array(np.arange(100, 120)), np.arange(20, 0, -1))
+    torch.manual_seed(0)
+    model = SessionModel(len(vocab), GRU4RecEncoder(d_model=8), max_length=6).eval()
+    task = NextItemTask(num_items=len(vocab), max_length=5, encoder=GRU4RecEncoder(d_model=8), objective=CausalLanguageModeling())
+    task.vocab = vocab
+    sessions = torch.tensor([[0, 2, 3, 4], [5, 6, 7, 8]])
+    retrievers = {"model": (SessionModelRetriever(model), 5),
+                  "pop": (BaselineRetriever(Popularity()).fit(sessions, len(vocab)), 5)}
+    ranking = RankingVocab({n: ItemVocab(pa.array([f"{n}{i}" for i in range(4)]), np.ones(4, dtype=np.int64))
+                            for n in (*SPARSE_FEATURES, CLICKS)})
+    directories = {
+        "network": model.save_pretrained(tmp_path / "network", vocab),
+        "task": task.save_pretrained(tmp_path / "task"),
+        "pipeline": Pipeline(vocab, retrievers, max_length=5).save(tmp_path / "pipeline"),
+    }
+    dlrm = DLRM(2, [TableConfig("city", 4, 4)], dense_layers=[4], over_layers=[4]).save_pretrained(tmp_path / "dlrm", ranking)
+    request = [["101", "102", "103"], ["110"]]
+    expected = {name: load_recommender(d).recommend(request, k=3) for name, d in directories.items()}
+    code = (
+        "import json, sys\n"
+        "import sessrec.pipeline, sessrec.deploy.server, sessrec.deploy.export, sessrec.deploy.recommender, sessrec.deploy.triton\n"
+        "from sessrec.deploy.export import export_checkpoint\n"
+        "from sessrec.deploy.recommender import load_recommender\n"
+        f"directories, dlrm, out = {json.dumps({k: str(v) for k, v in directories.items()})}, {str(dlrm)!r}, {str(tmp_path / 'out')!r}\n"
+        f"recs = {{name: load_recommender(d).recommend({request!r}, k=3) for name, d in directories.items()}}\n"
+        "export_checkpoint(dlrm, out, 'torchscript')\n"
+        f"loaded = sorted(m for m in sys.modules if m.split('.')[0] in {TRAINING_STACK!r} or m.startswith('sessrec.tasks'))\n"
+        "print(json.dumps({'loaded': loaded, 'recs': recs}))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    got = json.loads(result.stdout.strip().split("\n")[-1])
+    assert got["loaded"] == []
+    assert got["recs"] == json.loads(json.dumps(expected))
+    assert (tmp_path / "out" / "model.pt").exists()
+
+
+def test_the_serving_commands_start_without_the_training_stack():
+    """``sessrec --help``, ``serve``'s and ``rollback``'s flags parse without Lightning or jsonargparse."""
+    code = (
+        "import sys\n"
+        "from sessrec.cli import function_parser, run\n"
+        "from sessrec.deploy.server import serve\n"
+        "run(['--help'])\n"
+        "cfg = function_parser(serve, 'sessrec serve').parse_args(['--model-dir', 'd', '--port', '9', '--access_log', 'false'])\n"
+        "print(cfg.model_dir, cfg.port, cfg.access_log, cfg.max_batch_size)\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'pytorch_lightning', 'lightning', 'lightning_fabric', 'jsonargparse'}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out[0] == "usage:" and any("sessrec rollback" in line for line in out)
+    assert out[-2] == "d 9 False 64"
+    assert out[-1] == "[]"
+
+
+def test_serve_refuses_a_port_outside_tcp(monkeypatch, capsys):
+    from sessrec.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["sessrec", "serve", "--model-dir", "nowhere", "--port", "80000"])
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    assert "--port 80000 is not a TCP port" in str(exit_.value)

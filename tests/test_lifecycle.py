@@ -20,8 +20,9 @@ import yaml
 from sessrec.cli import cli
 from sessrec.data import ItemVocab, Schema, SessionDataModule, TimeWindowSource, generate_sessions
 from sessrec.data.loader import SessionLoader
+from sessrec.deploy.gate import Gate
 from sessrec.deploy.recommender import SessionRecommender, load_recommender
-from sessrec.deploy.retrain import Gate, retrain
+from sessrec.deploy.retrain import retrain, summary
 from sessrec.models import (
     CausalLanguageModeling,
     ElectraEncoder,
@@ -262,22 +263,71 @@ def test_retrain_promotes_a_good_candidate_and_rejects_a_bad_one(tmp_path):
     pl.seed_everything(0)
     pl.Trainer(max_epochs=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                enable_model_summary=False).fit(base, datamodule=data)
-    base.save_pretrained(tmp_path / "current")
-    record = tmp_path / "promotions.jsonl"
-    common = dict(paths=[str(path)], schema=Schema(), record=str(record), max_epochs=1)
-    good = retrain(str(tmp_path / "current"), train_from=mid, train_until=late, test_until=end + 1,
-                   out=str(tmp_path / "good"), gate=Gate("recall@20", tolerance=0.02), lr=0.005, **common)
-    assert good["promoted"] and good["candidate_items"] >= good["current_items"]
-    promoted = NextItemTask.from_pretrained(tmp_path / "current")
+    root = tmp_path / "current"
+    base.save_pretrained(root)
+    common = dict(paths=[str(path)], schema=Schema(), max_epochs=1, train_from=mid, train_until=late, test_until=end + 1)
+    good = retrain(str(root), out=str(tmp_path / "good"), gate=Gate("recall@20", tolerance=0.05, min_pairs=100), lr=0.005,
+                   **common)
+    assert good["promoted"] and good["version"] == "v000002" and good["candidate_items"] >= good["current_items"]
+    assert good["current_version"] is None and good["best_compared"] is None and good["versus_best"] is None
+    assert good["pairs"] == good["test_sessions"] > 100  # the last item of each test session
+    assert good["best"] == ("v000002" if good["new_best"] else "v000001")  # the plain model became v000001
+    promoted = NextItemTask.from_pretrained(root)
     assert promoted.vocab == NextItemTask.from_pretrained(tmp_path / "good" / "model").vocab
-    bad = retrain(str(tmp_path / "current"), train_from=mid, train_until=late, test_until=end + 1,
-                  out=str(tmp_path / "bad"), gate=Gate("recall@20", tolerance=0.0), warm_start=False, lr=1e-9, **common)
-    assert not bad["promoted"] and bad["candidate_metrics"]["recall@20"] < bad["current"]["recall@20"]
-    after = NextItemTask.from_pretrained(tmp_path / "current")
-    assert after.vocab == promoted.vocab  # the rejected candidate replaced nothing
-    decisions = [json.loads(line) for line in record.read_text().splitlines()]
-    assert [d["promoted"] for d in decisions] == [True, False]
-    assert decisions[1]["current"]["recall@20"] == pytest.approx(good["candidate_metrics"]["recall@20"])
+    # a random model, let through by a tolerance of 1: promoted, but the best stays the anchor
+    noise = retrain(str(root), out=str(tmp_path / "noise"), gate=Gate("recall@20", tolerance=1.0, min_pairs=100),
+                    warm_start=False, lr=1e-9, **common)
+    assert noise["promoted"] and noise["version"] == "v000003" and not noise["new_best"]
+    assert noise["best"] == good["best"] and noise["current_version"] == "v000002"
+    # the next candidate is gated against the current model (the random one) and against the best
+    bad = retrain(str(root), out=str(tmp_path / "bad"), gate=Gate("recall@20", tolerance=0.0, min_pairs=100),
+                  warm_start=False, lr=1e-9, seed=1, **common)
+    best = noise["best"]
+    assert not bad["promoted"] and not bad["passed"] and bad["best"] == best and bad["best_compared"] == best
+    assert set(bad["metrics"]) == {"candidate", "current", "best"}
+    assert bad["metrics"]["candidate"]["recall@20"] < bad["metrics"]["best"]["recall@20"]
+    assert f"candidate trails the best promoted ({best}) by " in bad["reason"]
+    assert bad["reason"].endswith(": more than the tolerance 0")
+    assert bad["versus_best"]["difference"] == pytest.approx(
+        bad["metrics"]["candidate"]["recall@20"] - bad["metrics"]["best"]["recall@20"], abs=1e-6)
+    after = NextItemTask.from_pretrained(root)
+    assert after.vocab == NextItemTask.from_pretrained(tmp_path / "noise" / "model").vocab  # the rejected one replaced nothing
+    log = [json.loads(line) for line in (root / "promotions.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in log] == ["adopt", "promote", "promote", "decision"]
+    assert log[-1] == bad and log[2]["previous"] == "v000002"
+    if good["best"] == "v000002":  # the best was evaluated again, from its version, on the same pairs
+        assert bad["metrics"]["best"]["recall@20"] == pytest.approx(good["metrics"]["candidate"]["recall@20"])
+    assert "more than the tolerance" in summary(bad) and summary(good).startswith("promoted as v000002")
+
+
+def test_retrain_refuses_a_metric_it_cannot_compare_pair_by_pair_and_a_directory_in_use(tmp_path):
+    from sessrec.saved.versions import VersionedDirectory
+
+    model = tmp_path / "model"
+    model.mkdir()
+    args = dict(paths=["x.parquet"], train_from="0", train_until="1", test_until="2", out=str(tmp_path / "c"))
+    with pytest.raises(ValueError, match="metric 'auc' is not a mean over test pairs"):
+        retrain(str(model), gate=Gate("auc"), **args)
+    with VersionedDirectory(model).lock(), pytest.raises(RuntimeError, match="another process .* is writing this model"):
+        retrain(str(model), **args)
+    assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize("recipe,turn", [("retrain_rsc15.yaml", "retrain"), ("retrain_dlrm_trivago.yaml", "retrain_dlrm")])
+def test_the_retraining_recipes_parse_into_a_turn_with_its_gate(recipe, turn):
+    from jsonargparse import ActionConfigFile, ArgumentParser
+
+    import sessrec.deploy.retrain as module
+
+    parser = ArgumentParser()
+    parser.add_argument("--config", action=ActionConfigFile)
+    parser.add_function_arguments(getattr(module, turn))
+    window = ["--end", "2018-11-08T06:00"] if turn == "retrain_dlrm" else [
+        "--train_from", "2014-04-02", "--train_until", "2014-04-05", "--test_until", "2014-04-06"]
+    kwargs = parser.instantiate(parser.parse_args(["--config", str(ROOT / "recipes" / recipe), *window, "--out", "x"]))
+    gate = kwargs.as_dict()["gate"]
+    assert isinstance(gate, Gate) and (gate.tolerance, gate.confidence, gate.min_pairs) == (0.005, 0.95, 1000)
+    assert gate.metric == ("mrr" if turn == "retrain_dlrm" else "recall@20")
 
 
 TRIVAGO = ROOT.parent / "shared" / "data" / "trivago_rsc19_100k" / "trivago_val_100k.parquet.snappy"
@@ -297,16 +347,19 @@ def test_dlrm_retrain_grows_its_tables_and_keeps_what_it_learned(tmp_path):
                enable_model_summary=False).fit(base, datamodule=data)
     base.save_pretrained(tmp_path / "current")
     before = base.model.sparse_arch.tables["hotel"]
-    common = dict(path=str(TRIVAGO), end="2018-11-08T00:00", max_epochs=1, record=str(tmp_path / "record.jsonl"),
-                  **{k: v for k, v in window.items() if k != "min_count"})
-    good = retrain_dlrm(str(tmp_path / "current"), out=str(tmp_path / "good"), gate=Gate("mrr", 1.0), **common)
+    common = dict(path=str(TRIVAGO), end="2018-11-08T00:00", max_epochs=1, **{k: v for k, v in window.items() if k != "min_count"})
+    good = retrain_dlrm(str(tmp_path / "current"), out=str(tmp_path / "good"), gate=Gate("mrr", 1.0, min_pairs=100), **common)
     assert good["promoted"] and good["candidate_ids"]["hotel"] > good["current_ids"]["hotel"]
+    assert good["pairs"] > 100 and good["versus_current"]["difference"] == pytest.approx(
+        good["metrics"]["candidate"]["mrr"] - good["metrics"]["current"]["mrr"], abs=1e-6)
     grown = DLRMTask.from_pretrained(tmp_path / "current").model.sparse_arch.tables["hotel"]
     assert grown.num_keys > before.num_keys and bool(torch.isin(before.sorted_keys, grown.sorted_keys).all())
     old_rows = before.embedding(before.sorted_keys)
     kept = (grown.embedding(before.sorted_keys) == old_rows).all(dim=1)
     assert kept.any() and not kept.all()  # rows the new window did not train are the old ones, the others moved on
-    bad = retrain_dlrm(str(tmp_path / "current"), out=str(tmp_path / "bad"), gate=Gate("mrr", 0.0), lr=10.0, **common)
-    assert not bad["promoted"] and bad["candidate_metrics"]["mrr"] < bad["current"]["mrr"]
+    bad = retrain_dlrm(str(tmp_path / "current"), out=str(tmp_path / "bad"), gate=Gate("mrr", 0.0, min_pairs=100), lr=10.0,
+                       **common)
+    assert not bad["promoted"] and bad["metrics"]["candidate"]["mrr"] < bad["metrics"]["current"]["mrr"]
+    assert bad["reason"].startswith("candidate trails the current model (v000002) by ")
     after = DLRMTask.from_pretrained(tmp_path / "current").model.sparse_arch.tables["hotel"]
     assert torch.equal(after.sorted_keys, grown.sorted_keys)

@@ -1,6 +1,7 @@
 """Catalogue losses: smoothing over valid candidates, sampled softmax, in-batch negatives, logQ."""
 
 import dataclasses
+import json
 import math
 
 import pytest
@@ -197,5 +198,24 @@ def test_a_loss_outside_the_library_is_found_by_class_path(tmp_path, monkeypatch
         losses[name] = float(run.trainer.callback_metrics["train/loss"])
     assert isinstance(run.model.loss, ScaledFullSoftmax) and run.model.loss.factor == 0.25
     assert losses["scaled"] == pytest.approx(0.25 * losses["full"], rel=1e-5)  # the same first step, scaled
+
+    # its saved model loads where the class is registered (a CatalogueLoss subclass registers itself
+    # when its module is imported), and is refused with the fix where it is not
+    from sessrec.saved import registry
+    from sessrec.tasks import NextItemTask
+
+    model = run.model.save_pretrained(tmp_path / "model")
+    path = f"{__name__}.ScaledFullSoftmax"
+    assert json.loads((model / "config.json").read_text())["task"]["init_args"]["loss"]["class_path"] == path
+    loaded = NextItemTask.from_pretrained(model)
+    assert isinstance(loaded.loss, ScaledFullSoftmax) and loaded.loss.factor == 0.25
+    monkeypatch.delitem(registry._CLASSES, path)  # as before the module that defines it is imported
+    with pytest.raises(ValueError) as refused:
+        NextItemTask.from_pretrained(model)
+    assert str(refused.value) == (
+        f"{model / 'config.json'}: task.init_args.loss: '{path}' is not registered; import the module that defines it "
+        "(subclasses of CatalogueLoss register themselves) or call sessrec.saved.registry.register(ScaledFullSoftmax) "
+        "before loading"
+    )
     with pytest.raises(NotImplementedError, match="does not read item counts"):
         FullSoftmax().set_item_counts(torch.ones(5))

@@ -192,13 +192,20 @@ def test_saved_pipeline_recommends_identically(world: World, tmp_path: Path, sco
     assert all(len(r["item_ids"]) == K for r in before)
 
 
-def test_save_replaces_an_existing_directory(world: World, tmp_path: Path) -> None:
+def test_saving_again_adds_a_version_and_never_replaces_other_files(world: World, tmp_path: Path) -> None:
     target = tmp_path / "pipeline"
-    target.mkdir()
-    (target / "stale.txt").write_text("from an older run")
     world.pipelines["gbdt"].save(target)
-    assert (target / "pipeline.json").exists() and not (target / "stale.txt").exists()
+    assert (target / "pipeline.json").exists()
+    world.pipelines["gbdt"].save(target)
+    assert (target / "CURRENT").read_text().strip() == "v000002" and not (target / "pipeline.json").exists()
+    assert set(Pipeline.load(target).retrievers) == set(world.pipelines["gbdt"].retrievers)
     assert list(tmp_path.iterdir()) == [target]  # no temporary folder left beside it
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "mine.txt").write_text("not a pipeline")
+    with pytest.raises(FileExistsError, match="is not a saved model or pipeline directory"):
+        world.pipelines["gbdt"].save(other)
+    assert [p.name for p in other.iterdir()] == ["mine.txt"]
 
 
 def test_failing_save_leaves_nothing_and_keeps_the_old_pipeline(
@@ -304,6 +311,34 @@ def test_recommend_file_resumes_after_a_kill(
     assert pq.read_table(out).equals(expected) and not parts.exists()
     with pytest.raises(FileExistsError, match="recs.parquet exists"):
         recommend_file(saved, src, out, k=5, batch_size=64)
+
+
+def test_recommend_file_starts_over_when_the_pipeline_was_refitted_in_place(
+    world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    directory, src, out = tmp_path / "pipeline", tmp_path / "sessions.parquet", tmp_path / "recs.parquet"
+    write_requests(world, src)
+    world.pipelines["gbdt"].save(directory)
+    real, calls = Pipeline.recommend_batch, []
+
+    def killed_after_two(self, sessions, k=20):
+        if len(calls) == 2:
+            raise RuntimeError("killed")
+        calls.append(len(sessions))
+        return real(self, sessions, k)
+
+    monkeypatch.setattr(Pipeline, "recommend_batch", killed_after_two)
+    with pytest.raises(RuntimeError, match="killed"):
+        recommend_file(directory, src, out, k=5, batch_size=64)
+    monkeypatch.undo()
+    world.pipelines["dlrm"].save(directory)  # re-fitted in place, same path, same input
+    counts = recommend_file(directory, src, out, k=5, batch_size=64)
+    assert (counts["batches_written"], counts["batches_resumed"]) == (5, 0)
+    assert "written by another pipeline, input or settings; starting over" in capsys.readouterr().out
+    fresh = recommend_file(Pipeline.load(directory), src, tmp_path / "fresh.parquet", k=5,
+                           batch_size=64)
+    assert fresh["batches_resumed"] == 0
+    assert pq.read_table(out).equals(pq.read_table(tmp_path / "fresh.parquet"))
 
 
 def test_recommend_file_reads_one_row_per_event(world: World, saved: dict[str, Path], tmp_path: Path) -> None:

@@ -159,6 +159,16 @@ def time_split(
     return tuple(sessions.filter(pa.array(split == k)) for k in range(3))  # type: ignore[return-value]
 
 
+def end_times(sessions: pa.Table) -> np.ndarray | None:
+    """(N,) time of each session's last event, or None when the sessions carry no timestamps."""
+    if TIMES not in sessions.column_names:
+        return None
+    values, offsets = list_offsets(sessions.column(TIMES))
+    if len(offsets) < 2:
+        return None
+    return values.to_numpy(zero_copy_only=False)[offsets[1:] - 1]
+
+
 def last_times(sessions: pa.Table) -> np.ndarray:
     values, offsets = list_offsets(sessions.column(TIMES))
     flat = values.to_numpy(zero_copy_only=False)

@@ -37,6 +37,7 @@ from sessrec.data import frame
 from sessrec.data.features import Categorify, FeaturePipeline, LogNormalize
 from sessrec.data.schema import SchemaError
 from sessrec.data.vocab import NUM_SPECIAL, ItemVocab
+from sessrec.saved.registry import register
 
 TimeFeature = Literal["since_prev", "dwell"]
 POSITION = "position"
@@ -122,6 +123,7 @@ class SideFeatures:
         return bool(self.sequence_features or self.item_vectors)
 
 
+@register  # a saved session model's config builds it (`SideInfoEmbedding`'s spec)
 @dataclass
 class SideInfoSpec:
     """Sizes the model needs to build its side-information layers.

@@ -1,7 +1,7 @@
 """Export of trained models to ONNX and TorchScript, each with a JSON description of its tensors.
 
-`export_session_model` writes a `NextItemTask`'s scorer, `export_dlrm` a `DLRMTask`'s; both
-write ``model.onnx`` (or ``model.pt``) and ``model.json`` (inputs and outputs: names, dtypes,
+`export_session_model` writes a `SessionModel`'s scorer, `export_dlrm` a `DLRM`'s (each also
+takes the trained task, `NextItemTask` or `DLRMTask`, by its ``network()``); both write ``model.onnx`` (or ``model.pt``) and ``model.json`` (inputs and outputs: names, dtypes,
 shapes with symbolic axes; the ONNX opset) into a directory, and by default check the written
 file against eager PyTorch on a batch of another shape than the export example, so a file whose
 batch or length axis came out fixed is refused at export time rather than found in serving.
@@ -24,11 +24,13 @@ to TorchScript.
 Shape letters: B batch, L session length, V items (incl. padding and OOV), K top-k,
 Dd dense features, H ids per sample of one sparse feature.
 
-`export_checkpoint` does the same for the task a ``sessrec fit`` checkpoint holds.
+`export_checkpoint` does the same for a model directory (read without Lightning) or for the task
+a ``sessrec fit`` checkpoint holds (Lightning is imported for that one only).
 
 Example:
     >>> from sessrec.deploy.export import export_session_model
-    >>> path = export_session_model(task, "exported/xlnet", "onnx", top_k=20)  # doctest: +SKIP
+    >>> model = SessionModel.from_pretrained("runs/xlnet/model")  # doctest: +SKIP
+    >>> path = export_session_model(model, "exported/xlnet", "onnx", top_k=20)  # doctest: +SKIP
     >>> path.name
     'model.onnx'
 """
@@ -48,12 +50,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from sessrec.saved.atomic import atomic_path
 from sessrec.embeddings import SparseFeatures
 from sessrec.models import GRU4RecEncoder
-from sessrec.tasks.next_item import NextItemTask, next_item_scores
-from sessrec.tasks.pretrained import Pretrained, load_checkpoint
-from sessrec.tasks.ranking import DLRMTask
+from sessrec.models.dlrm import DLRM
+from sessrec.models.objective import Objective
+from sessrec.models.pretrained import load_pretrained
+from sessrec.models.session_model import SessionModel, next_item_scores
+from sessrec.saved.atomic import atomic_path
 
 Format = Literal["onnx", "torchscript"]
 FORMATS: tuple[str, ...] = ("onnx", "torchscript")
@@ -99,11 +102,11 @@ class ExportSpec:
 
 # -- the exported modules ------------------------------------------------------------------------
 class NextItemScorer(nn.Module):
-    """A trained `NextItemTask` as one function: items (B, L) [, side features (B, L) each] -> scores.
+    """A trained `SessionModel` as one function: items (B, L) [, side features (B, L) each] -> scores.
 
-    Sessions are right-aligned model ids (0 = padding), read the way the task evaluates them:
-    ``task.model(items, task.objective, features)``, then `exclude_seen` when the task's
-    `Evaluation` asks for it. Outputs: ``scores`` (B, V), -inf for padding, OOV, virtual (and excluded) items;
+    Sessions are right-aligned model ids (0 = padding), read the way the model was trained to read
+    them: ``model(items, objective, features)``, then `exclude_seen` when its inference settings
+    ask for it. Outputs: ``scores`` (B, V), -inf for padding, OOV, virtual (and excluded) items;
     with `top_k`, also ``top_scores`` (B, K) and ``top_items`` (B, K) model ids.
 
     Side features are extra inputs, one (B, L) tensor per feature after ``items``, in
@@ -111,18 +114,28 @@ class NextItemScorer(nn.Module):
     Item vectors are tables inside the model and need no input.
 
     Args:
-        task: the trained task (its model is shared, not copied).
+        model: the trained network (shared, not copied), or a trained task (its ``network()``).
         top_k: also return the K best items (clipped to the recommendable ones); None: scores only.
+        objective: how the next item is read (default: the model's, from ``from_pretrained`` or the task).
+        exclude_seen: never score an item of the input session (default: the model's inference settings).
     """
 
-    def __init__(self, task: NextItemTask, top_k: int | None = None) -> None:
+    def __init__(
+        self, model: SessionModel, top_k: int | None = None, objective: Objective | None = None,
+        exclude_seen: bool | None = None,
+    ) -> None:
         super().__init__()
         if top_k is not None and top_k < 1:
             raise ValueError(f"top_k must be >= 1 or None, got {top_k}")
-        self.model = task.model
+        model = network_of(model, SessionModel)
+        self.model = model
+        if objective is None:
+            objective = model.objective if model.objective is not None else model.default_objective()
         # a plain attribute, not a submodule: RTD's generator is training-only and stays out of the file
-        object.__setattr__(self, "objective", task.objective)
-        self.exclude_seen = task.evaluation.exclude_seen
+        object.__setattr__(self, "objective", objective)
+        if exclude_seen is None:
+            exclude_seen = model.inference.exclude_seen if model.inference is not None else False
+        self.exclude_seen = exclude_seen
         self.top_k = None if top_k is None else min(top_k, int(self.model.recommendable.sum()))
         side = self.model.side_info
         self.categorical = list(side.categorical) if side is not None else []
@@ -180,7 +193,7 @@ class NextItemScorer(nn.Module):
 
 
 class DLRMScorer(nn.Module):
-    """A trained `DLRMTask` as one function: dense (B, Dd) and ids (B, H) per sparse feature -> logits (B,).
+    """A trained `DLRM` as one function: dense (B, Dd) and ids (B, H) per sparse feature -> logits (B,).
 
     The ids of each sparse feature come as a padded matrix, -1 marking an absent id (the
     convention of `SparseFeatures.from_dense`); H may differ between features and calls (a
@@ -192,18 +205,19 @@ class DLRMScorer(nn.Module):
     model's own.
 
     Args:
-        task: the trained task (its model is shared, not copied).
+        model: the trained network (shared, not copied), or a trained task (its ``network()``).
     """
 
-    def __init__(self, task: DLRMTask) -> None:
+    def __init__(self, model: DLRM) -> None:
         super().__init__()
-        self.model = task.model
+        self.model = network_of(model, DLRM)
         arch = self.model.sparse_arch
         self.feature_names = list(arch.feature_names)
         self.tables = [arch.table_of[f] for f in self.feature_names]
         self.mean = [arch.pooling[t] == "mean" for t in self.tables]
-        # every table as rows by id: the fused weight's views, or a growing table's rows laid out by id
-        self.weights = {name: arch.table_weight(name) for name in dict.fromkeys(self.tables)}
+        # every table as rows by id (the fused weight's views, or a growing table's rows laid out by id),
+        # detached: tables that are parameters (embedding_optimizer none) are constants of the exported file
+        self.weights = {name: arch.table_weight(name).detach() for name in dict.fromkeys(self.tables)}
 
     def pooled(self, ids: torch.Tensor, table: str, mean: bool) -> torch.Tensor:
         """(B, H) ids, -1 = absent -> (B, D) pooled rows of `table`; an empty bag gives zeros."""
@@ -236,7 +250,7 @@ class DLRMScorer(nn.Module):
         return tuple(t.to(device) for t in (torch.randn(batch, self.model.num_dense, generator=g), *ids))
 
     def eager(self, dense: torch.Tensor, *ids: torch.Tensor) -> torch.Tensor:
-        """The task's own forward on the same inputs (through `SparseFeatures`): the reference."""
+        """The model's own forward on the same inputs (through `SparseFeatures`): the reference."""
         return self.model(dense, SparseFeatures.from_dense(dict(zip(self.feature_names, ids))))
 
     def describe(self) -> dict[str, object]:
@@ -249,17 +263,19 @@ class DLRMScorer(nn.Module):
 
 # -- public functions ----------------------------------------------------------------------------
 def export_session_model(
-    task: NextItemTask,
+    model: SessionModel,
     out_dir: str | os.PathLike,
     format: Format = "onnx",
     top_k: int | None = None,
     opset: int | None = None,
     verify: bool = True,
 ) -> Path:
-    """Write a `NextItemTask`'s next-item scorer (`NextItemScorer`) and its ``model.json`` into `out_dir`.
+    """Write a session model's next-item scorer (`NextItemScorer`) and its ``model.json`` into `out_dir`.
 
     Args:
-        task: a built (trained) task; it is exported in eval mode and left in the mode it was in.
+        model: a trained `SessionModel` (``SessionModel.from_pretrained``: read the way its objective
+            and inference settings say), or a trained `NextItemTask` (its ``network()``). It is
+            exported in eval mode and left in the mode it was in.
         out_dir: directory for ``model.onnx`` / ``model.pt`` and ``model.json`` (created).
         format: ``onnx`` or ``torchscript``.
         top_k: also output the K best items and their scores.
@@ -276,38 +292,40 @@ def export_session_model(
             says why, e.g. GRU4Rec to ONNX).
     """
     _check_format(format)
-    encoder = task.model.encoder
+    model = network_of(model, SessionModel)
+    encoder = model.encoder
     reason = next((why for (cls, fmt), why in KNOWN_LIMITS.items() if isinstance(encoder, cls) and fmt == format), None)
     if reason is not None:
         raise ValueError(f"{type(encoder).__name__} cannot be exported to {format}: {reason}")
-    scorer = NextItemScorer(task, top_k)
-    length = max(2, min(task.model.max_length - 1, 6))  # >= 2: torch.export fixes axes of size 1
+    scorer = NextItemScorer(model, top_k)
+    length = max(2, min(model.max_length - 1, 6))  # >= 2: torch.export fixes axes of size 1
     example, probe = scorer.example(3, length, seed=0), scorer.example(5, length + 3, seed=1)
     return _export(scorer, scorer.forward, example, probe, out_dir, format, opset, verify, type(encoder).__name__)
 
 
 def export_dlrm(
-    task: DLRMTask,
+    model: DLRM,
     out_dir: str | os.PathLike,
     format: Format = "onnx",
     opset: int | None = None,
     verify: bool = True,
 ) -> Path:
-    """Write a `DLRMTask`'s scorer (`DLRMScorer`: dense and padded sparse ids -> logits) and its ``model.json``.
+    """Write a DLRM's scorer (`DLRMScorer`: dense and padded sparse ids -> logits) and its ``model.json``.
 
     Args:
-        task: a built (trained) task; exported in eval mode and left in the mode it was in.
+        model: a trained `DLRM` (``DLRM.from_pretrained``), or a trained `DLRMTask` (its
+            ``network()``); exported in eval mode and left in the mode it was in.
         out_dir: directory for ``model.onnx`` / ``model.pt`` and ``model.json`` (created).
         format: ``onnx`` or ``torchscript``.
         opset: ONNX opset; None = the exporter's default.
-        verify: check the written file against the task's own forward (through `SparseFeatures`)
+        verify: check the written file against the model's own forward (through `SparseFeatures`)
             on a batch of another size and hotness than the export example.
 
     Returns:
         The path of the model file.
     """
     _check_format(format)
-    scorer = DLRMScorer(task)
+    scorer = DLRMScorer(model)
     example, probe = scorer.example(3, 2, seed=0), scorer.example(7, 4, seed=1)
     return _export(scorer, scorer.eager, example, probe, out_dir, format, opset, verify, "DLRM")
 
@@ -319,10 +337,10 @@ def export_checkpoint(
     top_k: int | None = None,
     verify: bool = True,
 ) -> Path:
-    """Export the task a Lightning checkpoint holds (`load_checkpoint`): a `NextItemTask` or a `DLRMTask`.
+    """Export the network of a model directory or of a Lightning checkpoint (`load_model`): a session model or a DLRM.
 
     Args:
-        ckpt_path: a checkpoint written by ``sessrec fit``, or a model directory.
+        ckpt_path: a model directory (``save_pretrained``), or a checkpoint written by ``sessrec fit``.
         out_dir: directory for the model file and ``model.json``.
         format: ``onnx`` or ``torchscript``.
         top_k: for a session model, also output the K best items.
@@ -332,17 +350,31 @@ def export_checkpoint(
         The path of the model file.
     """
     _check_format(format)
-    task = load_task(ckpt_path)
-    if isinstance(task, DLRMTask):
-        return export_dlrm(task, out_dir, format, verify=verify)
-    if isinstance(task, NextItemTask):
-        return export_session_model(task, out_dir, format, top_k=top_k, verify=verify)
-    raise ValueError(f"{ckpt_path}: holds a {type(task).__name__}; only NextItemTask and DLRMTask are exported")
+    model = load_model(ckpt_path)
+    if isinstance(model, DLRM):
+        return export_dlrm(model, out_dir, format, verify=verify)
+    return export_session_model(model, out_dir, format, top_k=top_k, verify=verify)
 
 
-def load_task(path: str | os.PathLike) -> NextItemTask | DLRMTask:
-    """The task of a checkpoint file or of a model directory (`save_pretrained`)."""
-    return Pretrained.from_pretrained(path) if Path(path).is_dir() else load_checkpoint(path)
+def load_model(path: str | os.PathLike) -> SessionModel | DLRM:
+    """The network of a model directory (`load_pretrained`, without Lightning) or of a checkpoint
+    file (its task's ``network()``; the training stack is imported for it), with its vocabulary,
+    objective and inference settings."""
+    if Path(path).is_dir():
+        return load_pretrained(path)
+    from sessrec.tasks.pretrained import load_checkpoint  # a checkpoint is Lightning's: only for one
+
+    return network_of(load_checkpoint(path), (SessionModel, DLRM))
+
+
+def network_of(model: nn.Module, kind: type | tuple[type, ...]) -> SessionModel | DLRM:
+    """`model` as the network that is exported: a network of `kind` as it is, a trained task by its ``network()``."""
+    if not isinstance(model, kind) and callable(getattr(model, "network", None)):
+        model = model.network()
+    if not isinstance(model, kind):
+        names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+        raise TypeError(f"expected a {names} (or the task that trains it), got {type(model).__name__}")
+    return model
 
 
 # -- helpers -------------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 `load_recommender` reads any saved model the library writes: a pipeline directory
 (``pipeline.json``, `Pipeline.save`) or a session model directory (``config.json``,
-`NextItemTask.save_pretrained`), and returns a `Recommender`. Its work comes in three steps, so
+``SessionModel.save_pretrained`` or ``NextItemTask.save_pretrained``, read by
+``SessionModel.from_pretrained`` without Lightning), and returns a `Recommender`. Its work comes in three steps, so
 that a server can check each request alone and score many at once:
 
 - ``encode(sessions, on_unknown)``: one request's raw ids -> `Sessions` of model ids; raises
@@ -28,9 +29,10 @@ import torch
 import torch.nn.functional as F
 
 from sessrec.data.vocab import ItemVocab
+from sessrec.models.pretrained import Inference
+from sessrec.models.session_model import SessionModel, next_item_scores
 from sessrec.pipeline.candidates import Recommendations, Sessions
 from sessrec.pipeline.pipeline import Pipeline, decode_dicts, encode_raw
-from sessrec.tasks import NextItemTask
 
 POINTER, VERSIONS = "CURRENT", "versions"
 
@@ -51,23 +53,31 @@ class SessionRecommender:
     """A trained session model over its vocabulary: the full catalogue scored, the top `k` returned.
 
     Args:
-        task: the trained `NextItemTask`, with its vocabulary attached (``from_pretrained`` does it).
+        model: the trained `SessionModel` with what it was saved with (``SessionModel.from_pretrained``
+            gives it: ``vocab``, ``objective``, ``inference``), or a trained task, whose
+            ``network()`` is such a model.
     """
 
-    def __init__(self, task: NextItemTask) -> None:
-        if task.vocab is None:
-            raise ValueError("the session model has no vocabulary: load it with NextItemTask.from_pretrained")
-        if task.model.side_info is not None:
+    def __init__(self, model: SessionModel) -> None:
+        if not isinstance(model, SessionModel) and callable(getattr(model, "network", None)):
+            model = model.network()  # a trained task (NextItemTask): its network, with what serving reads
+        if not isinstance(model, SessionModel):
+            raise TypeError(f"SessionRecommender serves a SessionModel, got {type(model).__name__}")
+        if model.vocab is None:
+            raise ValueError("the session model has no vocabulary: load it with SessionModel.from_pretrained")
+        if model.side_info is not None:
             raise ValueError(
                 "this session model reads side features, which a request of item ids does not carry; "
                 "serve it through sessrec predict with an event file instead"
             )
-        self.task, self.vocab = task.eval(), task.vocab
-        self.max_length = int(task.hparams.max_length)
+        self.model, self.vocab = model.eval(), model.vocab
+        self.objective = model.objective if model.objective is not None else model.default_objective()
+        self.inference = model.inference if model.inference is not None else Inference(int(model.max_length) - 1)
+        self.max_length = self.inference.max_length
 
     @classmethod
     def from_pretrained(cls, directory: str | os.PathLike) -> SessionRecommender:
-        return cls(NextItemTask.from_pretrained(directory))
+        return cls(SessionModel.from_pretrained(directory))
 
     def encode(self, sessions: Sequence[Sequence[Any]], on_unknown: str = "oov") -> Sessions:
         """Raw-id sessions -> `Sessions` of right-aligned model ids (the last `max_length` events)."""
@@ -76,8 +86,9 @@ class SessionRecommender:
     @torch.no_grad()
     def recommend_batch(self, sessions: Sessions, k: int = 20) -> Recommendations:
         """The `k` best-scored products (B, k) of encoded sessions, best first."""
-        top = self.task.recommend(sessions.items, k)
-        return Recommendations(top.items, top.scores.float())
+        scores = next_item_scores(self.model, self.objective, sessions.items, None, self.inference.exclude_seen)
+        top = scores.topk(min(k, int(self.model.recommendable.sum())), dim=1)
+        return Recommendations(top.indices, top.values.float())
 
     def decode(self, recs: Recommendations) -> list[dict[str, list]]:
         """Per session ``{"item_ids": [...], "scores": [...]}`` (raw ids, best first)."""

@@ -2,15 +2,18 @@
 
 One call of `retrain` is one turn of the loop that keeps a served session model fresh:
 
-1. read the current model directory (`NextItemTask.from_pretrained`);
-2. grow its vocabulary with the products first seen in the new training window (every known
-   item keeps its id and learned row; new rows start from the model's initialisation);
+1. lock the model directory (`VersionedDirectory`: one turn at a time) and read its current version;
+2. grow the current model's vocabulary with the products first seen in the new training window
+   (every known item keeps its id and learned row; new rows start from the model's initialisation);
 3. train the grown model on that window (warm start), or a fresh one (``warm_start=False``);
-4. evaluate the current model and the candidate on the window after it, the same
-   (prefix, next item) pairs for both: an item the current model never saw counts against it;
-5. promote the candidate (write it over the current model directory) only when its gate metric
-   is at least the current model's minus `tolerance`;
-6. append the decision, with both metrics, sizes and times, to the promotion record (JSON lines).
+4. evaluate the candidate, the current model and the best model promoted so far on the window
+   after it, pair by pair on the same (prefix, next item) pairs (`sessrec.deploy.pairs`): an item
+   a model never saw counts against it;
+5. decide with the `Gate` (`sessrec.deploy.gate`): a paired bootstrap against the current model and
+   against the best promoted, so small losses cannot add up turn after turn;
+6. promote a passing candidate as a new version of the model directory, or not, and append the
+   whole decision to the directory's log (``promotions.jsonl``, fsynced before the pointer moves).
+   The log's latest ``best`` names the anchor of the next turn.
 
     sessrec retrain --config recipes/retrain_rsc15.yaml --train_from 2014-04-04 --train_until 2014-04-05 \\
                     --test_until 2014-04-06
@@ -18,15 +21,14 @@ One call of `retrain` is one turn of the loop that keeps a served session model 
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytorch_lightning as pl
 from pytorch_lightning.callbacks import ModelCheckpoint
 
@@ -34,38 +36,23 @@ from sessrec.data import frame
 from sessrec.data.datamodule import SessionDataModule
 from sessrec.data.schema import Schema
 from sessrec.data.sources import SessionSource, SessionSplits, TimeWindowSource
+from sessrec.deploy.gate import Gate
+from sessrec.deploy.pairs import PairRanks, aligned, clickout_ranks, next_item_ranks, pair_values
+from sessrec.saved.versions import VersionedDirectory, resolve
 from sessrec.tasks import NextItemTask
 from sessrec.tasks.pretrained import (
+    VOCAB,
     build,
     class_path,
     config_of,
     load_checkpoint,
     plain_hparams,
     with_more_items,
-    write_directory,
 )
 
 
-@dataclass
-class Gate:
-    """When a candidate replaces the current model.
-
-    Args:
-        metric: the test metric compared (``recall@20``, ``ndcg@20``, ``mrr@20``, ...).
-        tolerance: the candidate may trail the current model by this much and still be promoted
-            (0: it must be at least as good).
-    """
-
-    metric: str = "recall@20"
-    tolerance: float = 0.005
-
-    def __post_init__(self) -> None:
-        if self.tolerance < 0:
-            raise ValueError(f"tolerance must be >= 0, got {self.tolerance}")
-
-
 class LoadedSplits(SessionSource):
-    """Splits already in memory, so the current model and the candidate read one load of the files."""
+    """Splits already in memory, so every model evaluated reads one load of the files."""
 
     def __init__(self, splits: SessionSplits) -> None:
         self.splits = splits
@@ -74,18 +61,29 @@ class LoadedSplits(SessionSource):
         return self.splits
 
 
-def test_metrics(task: pl.LightningModule, data: pl.LightningDataModule) -> dict[str, float]:
-    """`task`'s own test metrics on `data`'s test split (``recall@20``, ``mrr``, ...; no reference rankers)."""
-    trainer = pl.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
-    (metrics,) = trainer.test(task, datamodule=data, verbose=False)
-    return {k.removeprefix("test/"): float(v) for k, v in metrics.items() if k.count("/") == 1}
+@dataclass(frozen=True)
+class Standing:
+    """Where a model directory stands before a turn: its current version and the best promoted so far.
 
+    Args:
+        current: the current version's name; None for a plain directory (one model, no versions yet).
+        best: the best promoted so far, as the log's latest ``best`` names it; None when no decision
+            named one (the current model is then the best).
+    """
 
-def evaluate(task: NextItemTask, splits: SessionSplits, vocab_path: Path, batch_size: int = 1024) -> dict[str, float]:
-    """Test metrics of `task` on the test split, read with the vocabulary at `vocab_path`."""
-    data = SessionDataModule(LoadedSplits(splits), max_length=int(task.hparams.max_length), eval_batch_size=batch_size,
-                             eval_protocol="last", vocab_path=str(vocab_path))
-    return test_metrics(task, data)
+    current: str | None
+    best: str | None
+
+    @classmethod
+    def read(cls, store: VersionedDirectory) -> Standing:
+        named = [entry["best"] for entry in store.history() if entry.get("best")]
+        return cls(store.current_version(), named[-1] if named else None)
+
+    def best_apart(self, store: VersionedDirectory) -> Path | None:
+        """The best promoted version's folder when it is not the current version and still exists, else None."""
+        if self.best is None or self.best == self.current or not store.path(self.best).is_dir():
+            return None
+        return store.path(self.best)
 
 
 def retrain(
@@ -96,7 +94,6 @@ def retrain(
     test_until: str,
     out: str,
     schema: Schema = Schema(),  # noqa: B008 - a config value, never mutated
-    record: str | None = None,
     gate: Gate = Gate(),  # noqa: B008 - a config value, never mutated
     warm_start: bool = True,
     max_epochs: int = 3,
@@ -106,17 +103,17 @@ def retrain(
     valid_fraction: float = 0.1,
     seed: int = 0,
     promote: bool = True,
+    keep: int = 5,
 ) -> dict[str, Any]:
-    """Train a candidate on one window, gate it against the current model on the next, promote or not.
+    """Train a candidate on one window, gate it on the next against the current and the best model, promote or not.
 
     Args:
-        model_dir: the current model directory (`save_pretrained`); replaced when the candidate is promoted.
+        model_dir: the model directory (`save_pretrained`; versioned once a candidate is promoted into it).
         paths: event files holding both windows (read together).
         train_from, train_until, test_until: the windows (see `TimeWindowSource`).
         out: folder of this candidate: its checkpoints and model directory (``out/model``).
         schema: column roles of the event files.
-        record: promotion record (JSON lines) the decision is appended to; default ``<model_dir>.promotions.jsonl``.
-        gate: the metric and tolerance of the promotion.
+        gate: the per-pair metric, tolerance, confidence and minimum test size of the promotion (`Gate`).
         warm_start: start from the current model's weights (grown to the new items); False trains
             the same architecture from scratch on the window, with a vocabulary of its own.
         max_epochs: training epochs on the window.
@@ -125,84 +122,123 @@ def retrain(
         batch_size: training sessions per batch.
         valid_fraction: latest share of the window's training sessions used for checkpoint selection.
         seed: seed of initialisation, shuffling and masking.
-        promote: False evaluates and records the decision but never replaces the current model
-            (a shadow run, e.g. to compare training from scratch).
+        promote: False evaluates and logs the decision but never promotes (a shadow run, e.g. to
+            compare training from scratch).
+        keep: versions of `model_dir` kept besides the current one, the one before it and the best.
 
     Returns:
-        the decision as written to the record.
+        the decision as the model directory's log holds it (``promotions.jsonl``).
     """
-    current_dir, out_dir = Path(model_dir), Path(out)
-    current = NextItemTask.from_pretrained(current_dir)
-    source = TimeWindowSource(paths, schema, train_from, train_until, test_until, valid_fraction=valid_fraction)
-    splits = source.load()
-    out_dir.mkdir(parents=True, exist_ok=True)
+    pair_values(np.ones(1), gate.metric)  # a metric the gate can compare pair by pair, before any training
+    root, out_dir = Path(model_dir), Path(out)
+    resolve(root)  # a missing model directory is an error here, before the lock would create it
+    store = VersionedDirectory(root, keep=keep)
+    with store.lock():
+        store.recover()
+        standing = Standing.read(store)
+        current_path = resolve(root)
+        current = NextItemTask.from_pretrained(current_path)
+        source = TimeWindowSource(paths, schema, train_from, train_until, test_until, valid_fraction=valid_fraction)
+        splits = source.load()
+        out_dir.mkdir(parents=True, exist_ok=True)
 
-    values, _ = frame.list_offsets(splits.train.column(frame.ITEMS))
-    pl.seed_everything(seed, verbose=False)  # here: the candidate's draws do not depend on the current model's size
-    if warm_start:
-        vocab, old_to_new = current.vocab.grow(values)
-        candidate = with_more_items(current, old_to_new, len(vocab))
-    else:
-        vocab = type(current.vocab).fit(values)
-        candidate = build({"class_path": class_path(current), "init_args": {**plain_hparams(current), "num_items": len(vocab)}},
-                          "the current model's config")
-    new_items = len(vocab) - len(current.vocab) if warm_start else None
-    optimization, schedule = candidate.optimization, candidate.schedule
-    candidate.hparams.update(
-        optimization=config_of(optimization if lr is None else replace(optimization, lr=lr)),
-        schedule=config_of(schedule if warmup_steps is None else replace(schedule, warmup_steps=warmup_steps)),
-        seed=seed,
-    )
-    vocab_path = vocab.save(out_dir / "vocab.parquet")
-    data = SessionDataModule(LoadedSplits(splits), max_length=int(candidate.hparams.max_length), batch_size=batch_size,
-                             eval_protocol="last", vocab_path=str(vocab_path), seed=seed)
-    candidate, train_seconds, epochs = fit_candidate(candidate, data, out_dir, f"val/{gate.metric}", max_epochs)
+        values, _ = frame.list_offsets(splits.train.column(frame.ITEMS))
+        pl.seed_everything(seed, verbose=False)  # here: the candidate's draws do not depend on the current model's size
+        if warm_start:
+            vocab, old_to_new = current.vocab.grow(values)
+            candidate = with_more_items(current, old_to_new, len(vocab))
+        else:
+            vocab = type(current.vocab).fit(values)
+            candidate = build({"class_path": class_path(current), "init_args": {**plain_hparams(current), "num_items": len(vocab)}},
+                              "the current model's config")
+        new_items = len(vocab) - len(current.vocab) if warm_start else None
+        optimization, schedule = candidate.optimization, candidate.schedule
+        candidate.hparams.update(
+            optimization=config_of(optimization if lr is None else replace(optimization, lr=lr)),
+            schedule=config_of(schedule if warmup_steps is None else replace(schedule, warmup_steps=warmup_steps)),
+            seed=seed,
+        )
+        vocab_path = vocab.save(out_dir / VOCAB)
+        data = SessionDataModule(LoadedSplits(splits), max_length=int(candidate.hparams.max_length), batch_size=batch_size,
+                                 eval_protocol="last", vocab_path=str(vocab_path), seed=seed)
+        candidate, train_seconds, epochs = fit_candidate(candidate, data, out_dir, f"val/{gate.metric}", max_epochs)
 
-    current_metrics = evaluate(current, splits, current_dir / "vocab.parquet")
-    candidate_metrics = evaluate(candidate, splits, vocab_path)
-    return decide(current_dir, out_dir, gate, current_metrics, candidate_metrics, promote, record, {
-        "train_window": [str(train_from), str(train_until)],
-        "test_window": [str(train_until), str(test_until)],
-        "warm_start": warm_start,
-        "current_items": len(current.vocab),
-        "candidate_items": len(vocab),
-        "new_items": new_items,
-        "train_sessions": splits.train.num_rows,
-        "test_sessions": splits.test.num_rows,
-        "train_seconds": round(train_seconds, 2),
-        "epochs": epochs,
-    })
+        def ranks(task: NextItemTask, vocab_file: Path) -> PairRanks:
+            pairs = SessionDataModule(LoadedSplits(splits), max_length=int(task.hparams.max_length), eval_protocol="last",
+                                      vocab_path=str(vocab_file))
+            return next_item_ranks(task, pairs)
+
+        best_path = standing.best_apart(store)
+        return settle(store, standing, gate, {
+            "candidate": lambda: ranks(candidate, vocab_path),
+            "current": lambda: ranks(current, current_path / VOCAB),
+            **({} if best_path is None else {"best": lambda: ranks(NextItemTask.from_pretrained(best_path), best_path / VOCAB)}),
+        }, out_dir / "model", promote, {
+            "train_window": [str(train_from), str(train_until)],
+            "test_window": [str(train_until), str(test_until)],
+            "warm_start": warm_start,
+            "current_items": len(current.vocab),
+            "candidate_items": len(vocab),
+            "new_items": new_items,
+            "train_sessions": splits.train.num_rows,
+            "test_sessions": splits.test.num_rows,
+            "train_seconds": round(train_seconds, 2),
+            "epochs": epochs,
+        })
 
 
-def decide(
-    current_dir: Path, out_dir: Path, gate: Gate, current_metrics: dict[str, float], candidate_metrics: dict[str, float],
-    promote: bool, record: str | None, facts: dict[str, Any],
+def settle(
+    store: VersionedDirectory, standing: Standing, gate: Gate, evaluations: dict[str, Callable[[], PairRanks]],
+    candidate_dir: Path, promote: bool, facts: dict[str, Any],
 ) -> dict[str, Any]:
-    """Apply the gate, promote (replace the current model directory by ``out_dir/model``) or not, and
-    append the decision to the promotion record (fsynced: a decision is never lost to a crash)."""
-    if gate.metric not in candidate_metrics:
-        raise ValueError(f"gate metric {gate.metric!r} is not among the test metrics {sorted(candidate_metrics)}")
-    passed = candidate_metrics[gate.metric] >= current_metrics[gate.metric] - gate.tolerance
-    promoted = passed and promote
-    if promoted:
-        write_directory(current_dir, lambda tmp: _copy_model(out_dir / "model", tmp))
-    decision = {
-        "decided_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "model_dir": str(current_dir),
-        "candidate": str(out_dir / "model"),
+    """Evaluate the models pair by pair, decide with `gate`, promote the candidate as a new version or
+    not, and log the decision in the model directory; returns the log's entry.
+
+    Args:
+        evaluations: ``candidate``, ``current`` and, when the best promoted is another version,
+            ``best``: each computes that model's `PairRanks` on the same test pairs.
+        candidate_dir: the candidate's model directory, copied into the new version when promoted.
+    """
+    started = time.perf_counter()
+    ranks = {name: evaluate() for name, evaluate in evaluations.items()}
+    aligned({f"the {name} model": r for name, r in ranks.items()})  # the same pairs in the same order, or ValueError
+    values = {name: r.values(gate.metric) for name, r in ranks.items()}
+    best_compared = standing.best if "best" in ranks else None
+    decision = gate.decide(
+        values["candidate"], values["current"], values.get("best"),
+        current_name=_label("the current model", standing.current), best_name=_label("the best promoted", best_compared),
+    )
+    record = {
+        "event": "decision",
+        "model_dir": str(store.root),
+        "candidate": str(candidate_dir),
+        "current_version": standing.current,
+        "best_compared": best_compared,
         "gate": asdict(gate),
-        "current": current_metrics,
-        "candidate_metrics": candidate_metrics,
+        "metrics": {name: r.metrics for name, r in ranks.items()},
+        **decision.to_dict(),
         **facts,
-        "passed_gate": bool(passed),
-        "promoted": bool(promoted),
+        "evaluate_seconds": round(time.perf_counter() - started, 2),
+        "promoted": False,
     }
-    record_path = Path(record) if record is not None else current_dir.with_name(current_dir.name + ".promotions.jsonl")
-    with open(record_path, "a") as fh:
-        fh.write(json.dumps(decision) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    return decision
+    anchor = best_compared or standing.current  # the best after a decision that moves nothing
+    if decision.passed and promote:
+        version = store.add(lambda folder: _copy_model(resolve(candidate_dir), folder))
+        current = standing.current or store.versions()[0]  # a plain directory's model became the first version
+        store.promote(version, {**record, "promoted": True, "best": version if decision.new_best else anchor or current})
+    else:
+        store.log({**record, "best": anchor})
+    return store.history()[-1]
+
+
+def summary(decision: dict[str, Any]) -> str:
+    """A logged decision in one line: the verdict, the reason, the training time and the candidate's folder."""
+    if decision["promoted"]:
+        verdict = f"promoted as {decision['version']}" + (" (the new best)" if decision["new_best"] else "")
+    else:
+        verdict = "passed, not promoted (a shadow run)" if decision["passed"] else "rejected"
+    return (f"{verdict}: {decision['reason']}; {decision['train_seconds']:.0f} s of training; "
+            f"candidate in {decision['candidate']}")
 
 
 def fit_candidate(
@@ -235,61 +271,83 @@ def retrain_dlrm(
     test_hours: float = 8.0,
     valid_hours: float = 4.0,
     train_hours: float | None = None,
-    record: str | None = None,
     gate: Gate = Gate("mrr", 0.005),  # noqa: B008 - a config value, never mutated
     max_epochs: int = 1,
     lr: float | None = None,
     batch_size: int = 4096,
     seed: int = 0,
     promote: bool = True,
+    keep: int = 5,
 ) -> dict[str, Any]:
     """The same turn for a DLRM on click-outs: warm start on the hours before `end`, gate on the last ones.
 
     The DLRM must have growing tables (``dynamic_tables: true``): the vocabulary grows by the
     window's new hotels, cities and filters (`RankingVocab.grow`, known values keep their ids) and
     each table inserts rows for the new ids as training meets them, its learned rows untouched
-    (`DynamicSparseArch`).
+    (`DynamicSparseArch`). The gate compares the reciprocal rank of each clicked hotel within its
+    click-out's list (``mrr``) or whether it is in the top k (``recall@k``), click-out by click-out.
 
     Args:
-        model_dir: the current DLRM model directory; replaced when the candidate is promoted.
+        model_dir: the DLRM model directory (versioned once a candidate is promoted into it).
         path: the click-out log (`ClickoutDataModule`).
         end: the end of the window (ISO date/time UTC or epoch seconds): the test period is the
             `test_hours` before it, validation the `valid_hours` before that.
         out: folder of this candidate.
         train_hours: train on this many hours before validation (None: everything before it).
-        record, gate, max_epochs, lr, batch_size, seed, promote: as `retrain` (the gate on ``mrr``).
+        gate, max_epochs, lr, batch_size, seed, promote, keep: as `retrain` (the gate on ``mrr``).
     """
     from sessrec.data.ranking_datamodule import ClickoutDataModule
     from sessrec.tasks import DLRMTask
 
-    current_dir, out_dir = Path(model_dir), Path(out)
-    current = DLRMTask.from_pretrained(current_dir)
-    if not current.hparams.get("dynamic_tables"):
-        raise ValueError(
-            f"{current_dir}: this DLRM has fixed tables; retraining grows them, so train it with --model.dynamic_tables true"
-        )
-    window = dict(test_hours=test_hours, valid_hours=valid_hours, batch_size=batch_size, seed=seed, end=end,
-                  train_hours=train_hours, min_count=1)
-    old = ClickoutDataModule(path, vocab_path=str(current_dir / "vocab.parquet"), **window)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    vocab_path = current.vocab.grow(old.rows["train"]).save(out_dir / "vocab.parquet")
-    new = ClickoutDataModule(path, vocab_path=str(vocab_path), **window)
-    pl.seed_everything(seed, verbose=False)
-    candidate = DLRMTask.from_pretrained(current_dir).train()
-    if lr is not None:
-        candidate.hparams.lr = lr
-    candidate, seconds, epochs = fit_candidate(candidate, new, out_dir, f"val/{gate.metric}", max_epochs)
+    pair_values(np.ones(1), gate.metric)
+    root, out_dir = Path(model_dir), Path(out)
+    resolve(root)
+    store = VersionedDirectory(root, keep=keep)
+    with store.lock():
+        store.recover()
+        standing = Standing.read(store)
+        current_path = resolve(root)
+        current = DLRMTask.from_pretrained(current_path)
+        if not current.hparams.get("dynamic_tables"):
+            raise ValueError(
+                f"{current_path}: this DLRM has fixed tables; retraining grows them, so train it with --model.dynamic_tables true"
+            )
+        window = {"test_hours": test_hours, "valid_hours": valid_hours, "batch_size": batch_size, "seed": seed,
+                  "end": end, "train_hours": train_hours, "min_count": 1}
+        old = ClickoutDataModule(path, vocab_path=str(current_path / VOCAB), **window)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        vocab_path = current.vocab.grow(old.rows["train"]).save(out_dir / VOCAB)
+        new = ClickoutDataModule(path, vocab_path=str(vocab_path), **window)
+        pl.seed_everything(seed, verbose=False)
+        candidate = DLRMTask.from_pretrained(current_path).train()
+        if lr is not None:
+            candidate.hparams.lr = lr
+        candidate, seconds, epochs = fit_candidate(candidate, new, out_dir, f"val/{gate.metric}", max_epochs)
 
-    grown = new.vocab.cardinalities
-    return decide(current_dir, out_dir, gate, test_metrics(current, old), test_metrics(candidate, new), promote, record, {
-        "window_end": str(end), "test_hours": test_hours, "valid_hours": valid_hours, "train_hours": train_hours,
-        "current_ids": current.vocab.cardinalities, "candidate_ids": grown,
-        "rows_in_tables": {name: int(t.num_keys) for name, t in candidate.model.sparse_arch.tables.items()},
-        "train_rows": new.rows["train"].num_rows, "test_rows": new.rows["test"].num_rows,
-        "train_seconds": round(seconds, 2), "epochs": epochs,
-    })
+        def best_ranks(folder: Path) -> PairRanks:
+            return clickout_ranks(DLRMTask.from_pretrained(folder), ClickoutDataModule(path, vocab_path=str(folder / VOCAB),
+                                                                                      **window))
+
+        best_path = standing.best_apart(store)
+        return settle(store, standing, gate, {
+            "candidate": lambda: clickout_ranks(candidate, new),
+            "current": lambda: clickout_ranks(current, old),
+            **({} if best_path is None else {"best": lambda: best_ranks(best_path)}),
+        }, out_dir / "model", promote, {
+            "window_end": str(end), "test_hours": test_hours, "valid_hours": valid_hours, "train_hours": train_hours,
+            "current_ids": current.vocab.cardinalities, "candidate_ids": new.vocab.cardinalities,
+            "rows_in_tables": {name: int(t.num_keys) for name, t in candidate.model.sparse_arch.tables.items()},
+            "train_rows": new.rows["train"].num_rows, "test_rows": new.rows["test"].num_rows,
+            "train_seconds": round(seconds, 2), "epochs": epochs,
+        })
+
+
+def _label(role: str, version: str | None) -> str:
+    """A model in the decision's words: ``the current model (v000004)``, ``the best promoted (v000002)``."""
+    return f"{role} ({version})" if version is not None else role
 
 
 def _copy_model(source: Path, target: Path) -> None:
     for path in source.iterdir():
-        shutil.copy2(path, target / path.name)
+        if path.is_file():
+            shutil.copy2(path, target / path.name)

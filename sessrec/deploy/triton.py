@@ -1,4 +1,4 @@
-"""A Triton Inference Server model repository for a trained task: ``model.onnx`` and ``config.pbtxt``.
+"""A Triton Inference Server model repository for a trained network: ``model.onnx`` and ``config.pbtxt``.
 
     <out_dir>/<name>/config.pbtxt        platform "onnxruntime_onnx", inputs, outputs, dynamic batching
     <out_dir>/<name>/1/model.onnx        from `sessrec.deploy.export` (version 1)
@@ -15,7 +15,7 @@ Shape letters as in `sessrec.deploy.export`.
 
 Example:
     >>> from sessrec.deploy.triton import triton_repository
-    >>> triton_repository(task, "model_repository", "xlnet", max_batch_size=256)  # doctest: +SKIP
+    >>> triton_repository(SessionModel.from_pretrained("runs/xlnet/model"), "model_repository", "xlnet")  # doctest: +SKIP
     $ tritonserver --model-repository=model_repository
 """
 
@@ -26,16 +26,16 @@ import os
 import re
 from pathlib import Path
 
+from sessrec.deploy.export import export_dlrm, export_session_model, network_of
+from sessrec.models.dlrm import DLRM
+from sessrec.models.session_model import SessionModel
 from sessrec.saved.atomic import atomic_path
-from sessrec.deploy.export import export_dlrm, export_session_model
-from sessrec.tasks.next_item import NextItemTask
-from sessrec.tasks.ranking import DLRMTask
 
 TRITON_TYPES = {"int64": "TYPE_INT64", "int32": "TYPE_INT32", "float32": "TYPE_FP32", "float16": "TYPE_FP16", "bool": "TYPE_BOOL"}
 
 
 def triton_repository(
-    task: NextItemTask | DLRMTask,
+    model: SessionModel | DLRM,
     out_dir: str | os.PathLike,
     name: str,
     max_batch_size: int = 64,
@@ -43,12 +43,13 @@ def triton_repository(
     top_k: int | None = 20,
     verify: bool = True,
 ) -> Path:
-    """Export `task` to ONNX into a Triton model repository and write its ``config.pbtxt``.
+    """Export `model` to ONNX into a Triton model repository and write its ``config.pbtxt``.
 
     Args:
-        task: a `NextItemTask` (inputs ``items`` [+ side features]; outputs ``scores`` and, with
-            `top_k`, ``top_scores``/``top_items``) or a `DLRMTask` (``dense`` + one ids input per
-            sparse feature; output ``logits``).
+        model: a `SessionModel` (inputs ``items`` [+ side features]; outputs ``scores`` and, with
+            `top_k`, ``top_scores``/``top_items``) or a `DLRM` (``dense`` + one ids input per
+            sparse feature; output ``logits``), e.g. from ``from_pretrained``; or the trained task
+            (`NextItemTask`, `DLRMTask`), by its ``network()``.
         out_dir: the model repository (created); other models in it are left alone.
         name: the model's name in Triton (its directory).
         max_batch_size: the largest batch Triton forms; 0 turns batching (and the dynamic batcher) off.
@@ -66,12 +67,11 @@ def triton_repository(
             f"max_batch_size and max_queue_delay_microseconds must be >= 0, got {max_batch_size}, {max_queue_delay_microseconds}"
         )
     model_dir = Path(out_dir) / name
-    if isinstance(task, DLRMTask):
-        path = export_dlrm(task, model_dir / "1", "onnx", verify=verify)
-    elif isinstance(task, NextItemTask):
-        path = export_session_model(task, model_dir / "1", "onnx", top_k=top_k, verify=verify)
+    model = network_of(model, (SessionModel, DLRM))
+    if isinstance(model, DLRM):
+        path = export_dlrm(model, model_dir / "1", "onnx", verify=verify)
     else:
-        raise TypeError(f"triton_repository exports a NextItemTask or a DLRMTask, got {type(task).__name__}")
+        path = export_session_model(model, model_dir / "1", "onnx", top_k=top_k, verify=verify)
     spec = json.loads(path.with_suffix(".json").read_text())
     text = model_config(name, spec, max_batch_size, max_queue_delay_microseconds)
     with atomic_path(model_dir / "config.pbtxt") as tmp:

@@ -9,9 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from sessrec.saved.registry import register
+
 POOLINGS = ("sum", "mean")
 
 
+@register  # a saved DLRM's config builds it
 @dataclass(frozen=True)
 class TableConfig:
     """One embedding table.

@@ -1,7 +1,8 @@
 """Networks as plain `nn.Module`s (no Lightning): encoders, the session model, objectives.
 
 Encoders map ((B, L, D) embeddings, (B, L) bool real positions) to (B, L, D) and say whether
-they are ``causal``; objectives say which kind they train (`Objective.check`).
+they are ``causal``; objectives say which kind they train (`Objective.check`). `SessionModel` and
+`DLRM` save and load themselves as model directories (`sessrec.models.pretrained`).
 """
 
 from sessrec.models.bert import BertEncoder
@@ -15,6 +16,7 @@ from sessrec.models.hf_encoder import HFEncoder
 from sessrec.models.masking import MaskedItemModeling
 from sessrec.models.objective import MaskingResult, Objective, ObjectiveOutput
 from sessrec.models.permutation_lm import PermutationLanguageModeling, PermutationResult
+from sessrec.models.pretrained import Inference, PretrainedNetwork, load_pretrained
 from sessrec.models.replaced_token import ReplacedTokenDetection, ReplacementResult
 from sessrec.models.sasrec import SASRecEncoder
 from sessrec.models.session_model import SessionModel
@@ -32,6 +34,7 @@ __all__ = [
     "GPT2Encoder",
     "GRU4RecEncoder",
     "HFEncoder",
+    "Inference",
     "InteractionArch",
     "MaskedItemModeling",
     "MaskingResult",
@@ -40,6 +43,7 @@ __all__ = [
     "OverArch",
     "PermutationLanguageModeling",
     "PermutationResult",
+    "PretrainedNetwork",
     "ReplacedTokenDetection",
     "ReplacementResult",
     "SASRecEncoder",
@@ -48,5 +52,6 @@ __all__ = [
     "SideInfoEmbedding",
     "SparseArch",
     "XLNetEncoder",
+    "load_pretrained",
     "use_fast_dropout",
 ]

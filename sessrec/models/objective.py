@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from sessrec.data.vocab import NUM_SPECIAL
+from sessrec.saved.registry import Configurable
 
 if TYPE_CHECKING:
     from sessrec.models.session_model import SessionModel
@@ -115,8 +116,8 @@ def encoder_is_causal(encoder: nn.Module) -> bool:
     return causal
 
 
-class Objective:
-    """Base class of the training objectives.
+class Objective(Configurable):
+    """Base class of the training objectives (each subclass registers itself: a saved config may name it).
 
     Subclasses implement `mask`; the defaults below run the encoder once on the masked inputs
     (`training_output`) and read an appended [MASK] slot at evaluation (`next_item_hidden`).

@@ -33,8 +33,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from sessrec.data.side import SideInfoSpec
+from sessrec.saved.registry import Configurable, register
 
 
+@register
 @dataclass
 class SideInfoConfig:
     """How side information is embedded (the sizes come from the data: `SideInfoSpec`).
@@ -114,7 +116,7 @@ class ItemVectors(nn.Module):
         return torch.cat(parts, dim=-1)
 
 
-class SideInfoEmbedding(nn.Module):
+class SideInfoEmbedding(nn.Module, Configurable):
     """Combine item embeddings with side-feature embeddings into the encoder's input.
 
     Args:

@@ -4,7 +4,13 @@ One folder a stage: `retrieval/` (session models through `ExactIndex`/`FaissInde
 co-visitation), `filters.py`, `features.py` + `scoring/` (DLRM and GBDT rankers), `ordering.py`;
 `pipeline.py` composes them, `training.py` fits the ranker and evaluates, `recipe.py` reads a
 pipeline recipe, `batch.py` scores a file. See docs/pipeline.md.
+
+Loading and serving a saved pipeline imports no training stack: `PipelineRecipe` and
+`load_recipe` (jsonargparse, the Lightning data module) are imported on first use.
 """
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
 from sessrec.pipeline.batch import recommend_file
 from sessrec.pipeline.candidates import Candidates, Recommendations, Retrieved, Sessions, merge
@@ -12,13 +18,24 @@ from sessrec.pipeline.features import CandidateFeatures
 from sessrec.pipeline.filters import ItemTableFilter, NonProductFilter, SeenItemsFilter
 from sessrec.pipeline.ordering import BoostRule, DiversityCap, Ordering, SoftmaxSampling
 from sessrec.pipeline.pipeline import Pipeline
-from sessrec.pipeline.recipe import PipelineRecipe, load_recipe
 from sessrec.pipeline.retrieval.covisitation import CoVisitation
 from sessrec.pipeline.retrieval.index import ExactIndex, FaissIndex
 from sessrec.pipeline.retrieval.knn import BaselineRetriever
 from sessrec.pipeline.retrieval.session_model import SessionModelRetriever
 from sessrec.pipeline.scoring import DLRMScorer, GBDTScorer
 from sessrec.pipeline.training import evaluate, fit_ranker, retrieval_recall
+
+if TYPE_CHECKING:
+    from sessrec.pipeline.recipe import PipelineRecipe, load_recipe
+
+FIT_TIME = {"PipelineRecipe": "sessrec.pipeline.recipe", "load_recipe": "sessrec.pipeline.recipe"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in FIT_TIME:
+        return getattr(import_module(FIT_TIME[name]), name)
+    raise AttributeError(f"module 'sessrec.pipeline' has no attribute {name!r}")
+
 
 __all__ = [
     "BaselineRetriever", "BoostRule", "CandidateFeatures", "Candidates", "CoVisitation", "DLRMScorer",

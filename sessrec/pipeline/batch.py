@@ -4,7 +4,10 @@
 event, bounded memory) through the same `Pipeline.recommend_batch` that serves one request,
 and writes each batch to its own part file under ``<output>.parts/``, each under a temporary
 name and renamed when complete. A run that is killed leaves complete parts only; the next run
-with the same input and settings skips them (the batches are cut the same way) and goes on.
+with the same input, pipeline and settings skips them (the batches are cut the same way) and goes
+on. "The same" is decided by content: the parts folder's manifest records the input file's content
+hash and the saved pipeline's (`Pipeline.content_hash`), never a path, a size or a time, so a
+pipeline re-fitted in place or an input rewritten meanwhile starts the run over.
 At the end the parts are joined into ``<output>`` under a temporary name, renamed, and the
 parts folder is removed: every session exactly once, in input order.
 """
@@ -20,14 +23,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from sessrec.data.schema import Schema
+from sessrec.saved.atomic import digest, write_text
 from sessrec.data.stream import ScoringStream
 from sessrec.pipeline.pipeline import Pipeline
 
 
-def _manifest(input_path: Path, k: int, batch_size: int, pipeline: Path) -> dict:
-    stat = input_path.stat()
-    return {"input": str(input_path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "k": k,
-            "batch_size": batch_size, "pipeline": str(pipeline.resolve())}
+def _manifest(input_path: Path, k: int, batch_size: int, pipeline: Pipeline, schema: Schema) -> dict:
+    """What the parts of a run depend on, by content; a pipeline never saved has no identity (None): its
+    parts are never reused."""
+    return {"input": digest(input_path), "pipeline": pipeline.content_hash, "k": k, "batch_size": batch_size,
+            "schema": repr(schema)}
 
 
 def recommend_file(
@@ -56,16 +61,16 @@ def recommend_file(
     output, input_path = Path(output), Path(input_path)
     if output.exists() and not overwrite:
         raise FileExistsError(f"{output} exists; pass --overwrite true to replace it")
-    pipe_dir = Path(pipeline) if not isinstance(pipeline, Pipeline) else Path(".")
     pipe = pipeline if isinstance(pipeline, Pipeline) else Pipeline.load(pipeline)
     stream = ScoringStream(input_path, pipe.vocab, schema, pipe.history_length, batch_size)
     parts = output.with_name(output.name + ".parts")
-    manifest = _manifest(input_path, k, batch_size, pipe_dir)
+    manifest = _manifest(input_path, k, batch_size, pipe, schema)
     marker = parts / "manifest.json"
-    if parts.exists() and (not marker.exists() or json.loads(marker.read_text()) != manifest):
-        shutil.rmtree(parts)  # parts of another input or other settings: start over
+    if parts.exists() and (manifest["pipeline"] is None or not marker.exists() or _read(marker) != manifest):
+        print(f"[recommend] {parts}: written by another pipeline, input or settings; starting over")
+        shutil.rmtree(parts)
     parts.mkdir(parents=True, exist_ok=True)
-    marker.write_text(json.dumps(manifest))
+    write_text(marker, json.dumps(manifest))
     written = resumed = sessions = 0
     names = []
     for i, batch in enumerate(stream):
@@ -95,3 +100,10 @@ def recommend_file(
     print(f"[recommend] {sessions} sessions -> {output} ({written} batches scored, {resumed} resumed, "
           f"{stream.num_unknown} unknown item ids scored as OOV)")
     return counts
+
+
+def _read(marker: Path) -> dict | None:
+    try:
+        return json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return None

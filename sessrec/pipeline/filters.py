@@ -35,6 +35,7 @@ from sessrec.data.readers import read_table
 from sessrec.data.schema import SchemaError, check_id
 from sessrec.data.vocab import NUM_SPECIAL, OOV, ItemVocab
 from sessrec.pipeline.candidates import Candidates, Sessions
+from sessrec.saved.registry import register
 
 __all__ = [
     "ItemRows",
@@ -205,6 +206,7 @@ class ConfigState:
 
 
 # ------------------------------------------------------------------------------------- filters
+@register
 class SeenItemsFilter(ConfigState):
     """Remove candidates the session already holds: in its last `window` events, or anywhere.
 
@@ -231,6 +233,7 @@ class SeenItemsFilter(ConfigState):
         return candidates.keep(~seen)
 
 
+@register
 class NonProductFilter(ConfigState):
     """Remove everything that is not a product: padding, OOV, virtual ids and ids beyond the vocabulary.
 
@@ -256,6 +259,7 @@ class NonProductFilter(ConfigState):
 _DEFAULT_WINDOW = ("valid_from", "valid_to")
 
 
+@register
 class ItemTableFilter(RawItemRule):
     """Allow or deny the items of a table, each row valid in a time window.
 

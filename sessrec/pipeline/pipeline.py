@@ -8,14 +8,16 @@ of a file that `recommend` calls for one request.
 Saved as one directory (`save` / `load`): ``pipeline.json`` (every stage's settings),
 ``vocab.parquet``, ``features.npz`` (the fitted feature ops) and one ``.safetensors`` file of
 arrays per stage (model weights, indexes, co-visitation matrix, training sessions of the kNN
-retrievers, the ranker). Loading imports only the library's own classes and unpickles nothing.
+retrievers, the ranker). ``pipeline.json`` is written last and records the content hash of every
+other file and the vocabulary's fingerprint, so a part from another run is refused when loaded;
+saving again into the same directory adds a version (`sessrec.saved.versions`). Loading builds
+only registered classes (`sessrec.saved.registry`) and unpickles nothing.
 
 Shape letters: B sessions, L positions, K candidates, k recommendations.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,16 +35,17 @@ from sessrec.pipeline.features import CandidateFeatures
 from sessrec.pipeline.filters import ItemTableFilter, NonProductFilter, SeenItemsFilter
 from sessrec.pipeline.ordering import Ordering
 from sessrec.pipeline.retrieval.base import Retriever
-from sessrec.pipeline.retrieval.covisitation import CoVisitation
-from sessrec.pipeline.retrieval.knn import BaselineRetriever
-from sessrec.pipeline.retrieval.session_model import SessionModelRetriever
-from sessrec.pipeline.scoring import DLRMScorer, GBDTScorer, Scorer
-from sessrec.tasks.pretrained import write_directory
+from sessrec.pipeline.retrieval.covisitation import CoVisitation  # noqa: F401 - registered; pipeline.json names it
+from sessrec.pipeline.retrieval.knn import BaselineRetriever  # noqa: F401 - registered; pipeline.json names it
+from sessrec.pipeline.retrieval.session_model import SessionModelRetriever  # noqa: F401 - registered; pipeline.json names it
+from sessrec.pipeline.scoring import DLRMScorer, GBDTScorer, Scorer  # noqa: F401 - registered; pipeline.json names it
+from sessrec.saved import versions
+from sessrec.saved.atomic import digest
+from sessrec.saved.directory import describe, digest_of_parts, read_description, write_description
+from sessrec.saved.registry import ConfigError, resolve
 
-FORMAT, VERSION = "sessrec.pipeline", 1
-_RETRIEVERS = {c.__name__: c for c in (SessionModelRetriever, BaselineRetriever, CoVisitation)}
-_FILTERS = {c.__name__: c for c in (SeenItemsFilter, NonProductFilter, ItemTableFilter)}
-_SCORERS = {c.__name__: c for c in (DLRMScorer, GBDTScorer)}
+FORMAT, VERSION = "sessrec.pipeline", 2
+READABLE_VERSIONS = (1, 2)  # version 1: written before the parts were hashed; read without that check
 AnyFilter = SeenItemsFilter | NonProductFilter | ItemTableFilter
 
 
@@ -90,6 +93,8 @@ class Pipeline:
         self.scorer = scorer
         self.ordering = ordering if ordering is not None else Ordering()
         self.ordering.bind(vocab)
+
+    content_hash: str | None = None  # of the saved directory it was loaded from (None: never saved)
 
     @property
     def stage_retrievers(self) -> dict[str, Retriever]:
@@ -195,9 +200,11 @@ class Pipeline:
             config, values = self.ordering.state()
             spec["ordering"] = {"config": config, "arrays": arrays("ordering", values)}
             self.vocab.save(tmp / "vocab.parquet")
-            (tmp / "pipeline.json").write_text(json.dumps(spec, indent=1, default=_json_default))
+            spec["vocab"] = {"fingerprint": self.vocab.fingerprint(), "rows": len(self.vocab)}
+            parts = [p.name for p in tmp.iterdir() if p.name != "pipeline.json"]
+            write_description(tmp, "pipeline.json", describe(tmp, spec, parts))
 
-        return write_directory(directory, write)
+        return versions.write_directory(directory, write)
 
     @classmethod
     def load(cls, directory: str | os.PathLike) -> Pipeline:
@@ -206,20 +213,20 @@ class Pipeline:
 
         from sessrec.data.features import FeaturePipeline
 
-        directory = Path(directory)
+        directory = versions.resolve(directory)
         path = directory / "pipeline.json"
         if not path.exists():
             raise FileNotFoundError(f"{directory}: not a saved pipeline (no pipeline.json); run sessrec fit on a pipeline recipe")
-        spec = json.loads(path.read_text())
-        if spec.get("format") != FORMAT or spec.get("version") != VERSION:
-            raise ValueError(f"{path}: format {spec.get('format')!r} version {spec.get('version')!r} is not {FORMAT!r} {VERSION}")
+        spec = read_description(directory, "pipeline.json", FORMAT, READABLE_VERSIONS)
         load = lambda name: load_file(str(directory / name))  # noqa: E731
         vocab = ItemVocab.load(directory / "vocab.parquet")
+        recorded = (spec.get("vocab") or {}).get("fingerprint")
+        if recorded is not None and vocab.fingerprint() != recorded:
+            raise ValueError(f"{directory / 'vocab.parquet'}: is not the vocabulary this pipeline was fitted with")
         retrievers = {}
-        for r in spec["retrievers"]:
-            kind = _known(_RETRIEVERS, r["kind"], path)
-            retrievers[r["name"]] = (kind.from_state(r["config"], load(r["arrays"])), int(r["k"]))
-        filters = [_known(_FILTERS, f["kind"], path).from_state(f["config"], load(f["arrays"])) for f in spec["filters"]]
+        for i, r in enumerate(spec["retrievers"]):
+            retrievers[r["name"]] = (_stage(Retriever, r, path, f"retrievers[{i}]", load), int(r["k"]))
+        filters = [_stage(AnyFilter, f, path, f"filters[{i}]", load) for i, f in enumerate(spec["filters"])]
         fconfig = dict(spec["features"]["config"])
         names = fconfig.pop("names")
         features = CandidateFeatures(**fconfig)
@@ -229,15 +236,23 @@ class Pipeline:
             features.ops = FeaturePipeline.load(directory / "features.npz")
         scorer = None
         if "scorer" in spec:
-            s = spec["scorer"]
-            scorer = _known(_SCORERS, s["kind"], path).from_state(s["config"], load(s["arrays"]))
+            scorer = _stage(Scorer, spec["scorer"], path, "scorer", load)
         ordering = Ordering.from_state(spec["ordering"]["config"], load(spec["ordering"]["arrays"]))
-        return cls(vocab, retrievers, spec["max_length"], spec["max_candidates"], spec["history_length"], filters,
-                   features, scorer, ordering)
+        pipeline = cls(vocab, retrievers, spec["max_length"], spec["max_candidates"], spec["history_length"], filters,
+                       features, scorer, ordering)
+        pipeline.content_hash = content_hash(directory, spec)
+        return pipeline
 
 
 Pipeline.save_pretrained = Pipeline.save  # the names of the model directories of the session models and DLRM
 Pipeline.from_pretrained = Pipeline.load
+
+
+def content_hash(directory: Path, spec: dict[str, Any]) -> str:
+    """The identity of a saved pipeline: the hash of its description, which records every part's hash
+    (a directory written before parts were hashed: the hash of all its files)."""
+    files = ["pipeline.json"] if "parts" in spec else sorted(p.name for p in directory.iterdir() if p.is_file())
+    return digest_of_parts({name: digest(directory / name) for name in files})
 
 
 def encode_raw(vocab: ItemVocab, sessions: Sequence[Sequence[Any]], max_width: int, on_unknown: str = "oov") -> torch.Tensor:
@@ -282,15 +297,10 @@ def decode_dicts(vocab: ItemVocab, items: torch.Tensor, scores: torch.Tensor) ->
     return [{"item_ids": i, "scores": s} for i, s in zip(ids.to_pylist(), values.to_pylist())]
 
 
-def _known(kinds: dict[str, type], name: str, path: Path) -> type:
-    if name not in kinds:
-        raise ValueError(f"{path}: unknown stage {name!r}; this version knows {sorted(kinds)}")
-    return kinds[name]
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, (np.integer, np.floating)):
-        return value.item()
-    if isinstance(value, (tuple, set)):
-        return list(value)
-    raise TypeError(f"cannot save {type(value).__name__} in pipeline.json")
+def _stage(base: Any, entry: dict[str, Any], path: Path, key: str, load: Any) -> Any:
+    """A saved stage: its ``kind``, a registered `base` class, rebuilt by ``from_state``."""
+    kind = resolve(entry["kind"], base, str(path), f"{key}.kind")
+    try:
+        return kind.from_state(entry["config"], load(entry["arrays"]))
+    except ConfigError as err:
+        raise err.within(str(path), f"{key}.config") from None

@@ -11,6 +11,9 @@ The data block is a `SessionDataModule` like the stage-1 recipes' (the same sour
 vocabulary settings, so that every stage shares one vocabulary; this is checked against each
 model's ``vocab.parquet``). Training sessions fit the kNN and co-visitation retrievers, the
 validation pairs fit the ranker, the test pairs are scored by ``test`` only.
+
+A fit-time module: `sessrec.pipeline` imports it on first use of `PipelineRecipe` or
+`load_recipe` (it loads the Lightning data module), and jsonargparse is imported by `recipe_parser`.
 """
 
 from __future__ import annotations
@@ -19,14 +22,14 @@ import copy
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
-from jsonargparse import ActionConfigFile, ArgumentParser
 
 from sessrec.baselines import SessionBaseline
-from sessrec.data import SessionDataModule
+from sessrec.data import frame
+from sessrec.data.datamodule import SessionDataModule
 from sessrec.data.vocab import ItemVocab
 from sessrec.pipeline.features import CandidateFeatures
 from sessrec.pipeline.filters import ItemTableFilter, SeenItemsFilter
@@ -39,7 +42,9 @@ from sessrec.pipeline.retrieval.knn import BaselineRetriever
 from sessrec.pipeline.retrieval.session_model import SessionModelRetriever
 from sessrec.pipeline.scoring import DLRMScorer, GBDTScorer
 from sessrec.pipeline.training import evaluate, fit_ranker
-from sessrec.tasks.baseline import _end_times
+
+if TYPE_CHECKING:
+    from jsonargparse import ArgumentParser
 
 
 @dataclass
@@ -139,7 +144,7 @@ class PipelineRecipe:
         """Every retriever (or those in `names`), fitted or loaded; kNN and co-visitation on the training split."""
         dm = self.data
         train, _ = dm.tensors("train")
-        times = _end_times(dm.splits.train)
+        times = frame.end_times(dm.splits.train)
         out: dict[str, tuple[Retriever, int]] = {}
         for name, spec in self.models.items():
             if names is not None and name not in names:
@@ -195,6 +200,8 @@ class PipelineRecipe:
 
 def recipe_parser(prog: str = "sessrec") -> ArgumentParser:
     """The parser of a pipeline recipe: ``--config`` and the ``pipeline.*`` arguments, typed."""
+    from jsonargparse import ActionConfigFile, ArgumentParser
+
     parser = ArgumentParser(prog=prog, exit_on_error=False)
     parser.add_argument("--config", action=ActionConfigFile, help="a pipeline recipe (YAML)")
     parser.add_class_arguments(PipelineRecipe, "pipeline", instantiate=True)
@@ -208,7 +215,7 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Pipelin
 
 
 def _time_ordered(train: torch.Tensor, dm: SessionDataModule) -> np.ndarray:
-    times = _end_times(dm.splits.train)
+    times = frame.end_times(dm.splits.train)
     order = np.argsort(times, kind="stable") if times is not None else np.arange(len(train))
     return train.numpy()[order]
 

@@ -1,10 +1,13 @@
-"""Write a file under a temporary name and rename it into place: readers never see half a file.
+"""Files written under a temporary name, fsynced and renamed into place: readers never see half a file,
+and a crash or a power loss leaves the old file or the new one.
 
-`ParquetFile` gives an object that is one table its parquet file, on disk and in memory.
+`ParquetFile` gives an object that is one table its parquet file, on disk and in memory; `digest`
+and `fingerprint` name a file's or a table's content.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,9 +18,38 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 
+def fsync_file(path: str | os.PathLike) -> None:
+    """Flush a written file's data to the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    """Flush a directory's entries (a rename, a new or removed file) to the disk."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    except OSError:  # some file systems do not fsync directories; their renames are as durable as they get
+        pass
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(root: str | os.PathLike) -> None:
+    """fsync every file and directory under `root` (itself included), files first."""
+    root = Path(root)
+    for folder, dirs, files in os.walk(root, topdown=False):
+        for name in files:
+            fsync_file(Path(folder) / name)
+        fsync_dir(folder)
+
+
 @contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path beside `path`; on success rename it to `path`, on failure remove it.
+    """Yield a temporary path beside `path`; on success fsync it and rename it to `path`, on failure remove it.
 
     Example:
         >>> with atomic_path("out.parquet") as tmp:  # doctest: +SKIP
@@ -28,15 +60,44 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         yield tmp
+        fsync_file(tmp)
         os.replace(tmp, path)
+        fsync_dir(path.parent)
     finally:
         tmp.unlink(missing_ok=True)  # only still there when writing failed
+
+
+def write_text(path: str | os.PathLike, text: str) -> Path:
+    """Replace `path` by `text` atomically and durably."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+    return Path(path)
+
+
+def digest(path: str | os.PathLike) -> str:
+    """``sha256:<hex>`` of a file's bytes (what a saved directory records of each of its parts)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return f"sha256:{h.hexdigest()}"
+
+
+def fingerprint(table: pa.Table) -> str:
+    """``sha256:<hex>`` of a table's content (schema, values and row order), whatever file holds it."""
+    h = hashlib.sha256(table.schema.remove_metadata().to_string().encode())
+    for batch in table.combine_chunks().to_batches():
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, batch.schema.remove_metadata()) as writer:
+            writer.write_batch(batch.replace_schema_metadata(None))
+        h.update(sink.getvalue().to_pybytes())
+    return f"sha256:{h.hexdigest()}"
 
 
 class ParquetFile:
     """Mixin of an object that is one table (`to_table` / `from_table`): `save` and `load` it as a
     parquet file (written atomically), `to_bytes` and `from_bytes` the same file in memory (what a
-    checkpoint carries)."""
+    checkpoint carries), and `fingerprint` its content."""
 
     def to_table(self) -> pa.Table:
         raise NotImplementedError
@@ -46,6 +107,10 @@ class ParquetFile:
         """The object `table` holds; `source` names it in errors."""
         raise NotImplementedError
 
+    def fingerprint(self) -> str:
+        """``sha256:<hex>`` of the content: equal for equal objects, different when any row moves."""
+        return fingerprint(self.to_table())
+
     def save(self, path: str | os.PathLike) -> Path:
         with atomic_path(path) as tmp:
             pq.write_table(self.to_table(), tmp)
@@ -53,7 +118,13 @@ class ParquetFile:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Any:
-        return cls.from_table(pq.read_table(path), path)
+        try:
+            table = pq.read_table(path)
+        except (pa.ArrowInvalid, OSError) as err:
+            if not Path(path).exists():
+                raise FileNotFoundError(f"{path}: no such file") from None
+            raise ValueError(f"{path}: not a readable parquet file, truncated or corrupt ({err})") from None
+        return cls.from_table(table, path)
 
     def to_bytes(self) -> bytes:
         sink = pa.BufferOutputStream()

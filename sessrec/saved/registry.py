@@ -1,34 +1,79 @@
-"""Constructor configs: what rebuilds a network without the recipe that built it.
+"""Constructor configs and the registry of the classes they may build.
 
-A saved model (a Lightning checkpoint's hyper-parameters, a model directory's ``config.json``)
-must say how to construct every part of it, the encoder included, in a form that is plain data:
+A saved model (a Lightning checkpoint's hyper-parameters, a model directory's ``config.json``, a
+pipeline's ``pipeline.json``) says how to construct every part of it in a form that is plain data:
 JSON-able values and ``{"class_path": ..., "init_args": {...}}`` for objects, the layout of
-LightningCLI recipes. `Configurable` records the arguments a module was built with;
-`config_of` turns an object (a `Configurable` module, a dataclass, or plain values) into that
-form, and `instantiate` turns it back, building only classes of this library.
+LightningCLI recipes. `Configurable` records the arguments a module was built with; `config_of`
+turns an object (a `Configurable` module, a dataclass, or plain values) into that form, and
+`instantiate` turns it back.
+
+Reading a saved config never imports or runs anything it names. A class is built only if it is
+in the registry: every `Configurable` subclass registers itself when its module is imported, and
+`register` adds any other class. `instantiate` first resolves the whole config (every
+``class_path`` against the registry, each class against the type that its place in the config
+takes: the caller's `expected` at the top, the annotation of the constructor parameter below),
+and constructs only when all of it resolves; otherwise one `ConfigError` line names the file, the
+key path and the fix. A class written outside the library (a user's loss) loads once its module
+is imported, since it registers itself on definition.
+
+A ``class_path`` is the class's ``module.qualname``, or a public alias of it: a package prefix and
+the class name (``sessrec.tasks.NextItemTask``, ``sessrec.MaskedItemModeling``) names the one
+registered class of that name whose module lies under the prefix.
 
 Example:
     >>> from sessrec.models import GRU4RecEncoder
     >>> config = config_of(GRU4RecEncoder(d_model=8))
     >>> config["class_path"], config["init_args"]["d_model"]
     ('sessrec.models.gru4rec.GRU4RecEncoder', 8)
-    >>> type(instantiate(config)).__name__
+    >>> type(instantiate(config, expected=GRU4RecEncoder, source="example")).__name__
     'GRU4RecEncoder'
+    >>> resolve("sessrec.models.GRU4RecEncoder", expected=object, source="example") is GRU4RecEncoder
+    True
+    >>> instantiate({"class_path": "os.system", "init_args": {"command": "true"}}, expected=object, source="x.json")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    sessrec.saved.registry.ConfigError: x.json: config: 'os.system' is not registered; import the module ...
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
 import inspect
-from typing import Any
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
 
 LIBRARY = "sessrec."
+MAX_DEPTH = 32  # nesting levels of a config (a task config is 5 deep: task, init_args, encoder, init_args, value)
+MAX_VALUES = 100_000  # values in one config
+CLASS_KEYS = frozenset({"class_path", "init_args"})
+
+T = TypeVar("T", bound=type)
+_CLASSES: dict[str, type] = {}  # class path -> class
+
+
+def register(cls: T) -> T:
+    """Let saved configs build `cls` (a class decorator; `Configurable` subclasses register themselves).
+
+    The class is registered under its path ``module.qualname``; a class defined again under the
+    same path (a reloaded module) replaces the earlier one.
+    """
+    if not isinstance(cls, type):
+        raise TypeError(f"register takes a class, got {type(cls).__name__}")
+    _CLASSES[f"{cls.__module__}.{cls.__qualname__}"] = cls
+    return cls
+
+
+def registered() -> dict[str, type]:
+    """Class path -> class of every registered class (a copy)."""
+    return dict(_CLASSES)
 
 
 class Configurable:
-    """Mixin that records the arguments each instance was constructed with (read by `config_of`).
+    """Mixin that records the arguments each instance was constructed with (read by `config_of`), and
+    registers each subclass on definition, so that a saved config may build it.
 
     The outermost ``__init__`` of the instance's class records them (defaults filled in), so a
     subclass that calls its parent's ``__init__`` with other values still records its own.
@@ -36,6 +81,7 @@ class Configurable:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        register(cls)
         init = cls.__dict__.get("__init__")
         if init is None:
             return
@@ -79,20 +125,269 @@ def config_of(value: Any) -> Any:
     )
 
 
-def instantiate(config: Any) -> Any:
-    """Build the objects a `config_of` result describes (only classes of this library)."""
-    if isinstance(config, list):
-        return [instantiate(v) for v in config]
-    if not isinstance(config, dict):
-        return config
-    if "class_path" not in config:
-        return {k: instantiate(v) for k, v in config.items()}
-    path = str(config["class_path"])
-    if not path.startswith(LIBRARY):
-        raise ValueError(f"class_path {path!r} is outside the sessrec library; a saved model builds only sessrec classes")
-    module, _, name = path.rpartition(".")
+class ConfigError(ValueError):
+    """A saved config that does not resolve: one line ``<source>: <key path>: <problem>``."""
+
+    def __init__(self, source: str, key: str, problem: str) -> None:
+        self.source, self.key, self.problem = source, key, problem
+        super().__init__(f"{source}: {key}: {problem}" if key else f"{source}: {problem}")
+
+    def within(self, source: str, prefix: str) -> ConfigError:
+        """The same problem, located in `source` under the key path `prefix`."""
+        return ConfigError(source, f"{prefix}.{self.key}" if self.key else prefix, self.problem)
+
+
+# -- resolution ------------------------------------------------------------------------------------
+NOTHING = object()  # the annotation of a place that holds plain data only: no class may be built there
+
+
+@dataclasses.dataclass
+class _Build:
+    """A resolved class config: the class, its resolved arguments, where it was found."""
+
+    cls: type
+    kwargs: dict[str, Any]
+    key: str
+
+
+def resolve(name: Any, expected: Any, source: str, key: str = "") -> type:
+    """The registered class that `name` (a class path or an alias) names, checked against `expected`.
+
+    Args:
+        name: ``module.qualname``, an alias (``package.ClassName``) or a bare class name.
+        expected: the class, tuple of classes or annotation the class must satisfy (`object`: any).
+        source: the file named in errors.
+        key: the key path of `name` in that file.
+
+    Raises:
+        ConfigError: `name` is not a string, names no registered class, several, or a class that
+            is not an `expected`.
+    """
+    if not isinstance(name, str):
+        raise ConfigError(source, key, f"class_path must be a string, got {type(name).__name__}")
+    allowed = _classes(_annotation(expected))
+    cls = _CLASSES.get(name) or _alias(name, source, key)
+    if cls is None:
+        raise ConfigError(source, key, _unregistered(name, allowed))
+    if allowed is not None and not issubclass(cls, allowed):
+        raise ConfigError(source, key, f"{name!r} is a registered class, but not a {_names(allowed)}, which this key takes")
+    return cls
+
+
+def split_config(config: Any, source: str, key: str) -> tuple[Any, Any]:
+    """The ``class_path`` and ``init_args`` of a class config; one `ConfigError` line for anything else."""
+    if not (isinstance(config, Mapping) and "class_path" in config):
+        raise ConfigError(source, key, f"expected a {{class_path, init_args}} mapping, got {type(config).__name__}")
+    extra = sorted(map(str, config.keys() - CLASS_KEYS))
+    if extra:
+        raise ConfigError(source, key, f"a class config holds only class_path and init_args, not {extra}")
+    return config["class_path"], config.get("init_args")
+
+
+def instantiate(config: Any, expected: Any, source: str, key: str = "config") -> Any:
+    """Build the object a ``{"class_path", "init_args"}`` config describes, after resolving all of it.
+
+    Args:
+        config: the class config (what `config_of` writes).
+        expected: the class, tuple of classes or annotation the built object must be.
+        source: the file the config was read from (named in errors).
+        key: the key path of `config` in that file.
+
+    Raises:
+        ConfigError: any part of the config does not resolve (nothing is constructed then), or a
+            constructor refuses its arguments.
+    """
+    split_config(config, source, key)
+    return _construct(_Resolver(source).value(config, _annotation(expected), key, 0), source)
+
+
+def construct(cls: type, init_args: Any, source: str, key: str = "init_args") -> Any:
+    """``cls(**init_args)`` with every class config among the arguments resolved first, then built.
+
+    `cls` was resolved by the caller (`resolve`); `key` is the key path of `init_args`.
+    """
+    node = _Resolver(source).arguments(cls, init_args, key, 1)  # the depth of a class config's init_args
+    return _construct(_Build(cls, node, key), source)
+
+
+class _Resolver:
+    """Walks one config (at most `MAX_DEPTH` levels, `MAX_VALUES` values) into `_Build` nodes and plain values."""
+
+    def __init__(self, source: str) -> None:
+        self.source, self.values = source, 0
+
+    def value(self, value: Any, annotation: Any, key: str, depth: int) -> Any:
+        if depth > MAX_DEPTH:
+            raise ConfigError(self.source, key, f"nested deeper than {MAX_DEPTH} levels")
+        self.values += 1
+        if self.values > MAX_VALUES:
+            raise ConfigError(self.source, key, f"the config holds more than {MAX_VALUES} values")
+        if isinstance(value, Mapping) and "class_path" in value:
+            return self.class_config(value, annotation, key, depth)
+        if isinstance(value, Mapping):
+            inner = _inner(annotation, "mapping")
+            return {k: self.value(v, inner, _child(key, k), depth + 1) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            inner = _inner(annotation, "sequence")
+            items = [self.value(v, inner, f"{key}[{i}]", depth + 1) for i, v in enumerate(value)]
+            return tuple(items) if isinstance(value, tuple) else items
+        return value
+
+    def class_config(self, config: Mapping, annotation: Any, key: str, depth: int) -> _Build:
+        path, init_args = split_config(config, self.source, key)
+        if annotation is NOTHING:
+            raise ConfigError(self.source, key, f"{path!r}: this key holds plain values, not a class")
+        cls = resolve(path, annotation, self.source, key)
+        return _Build(cls, self.arguments(cls, init_args, f"{key}.init_args", depth + 1), key)
+
+    def arguments(self, cls: type, init_args: Any, key: str, depth: int) -> dict[str, Any]:
+        if init_args is None:
+            init_args = {}
+        if not isinstance(init_args, Mapping):
+            raise ConfigError(self.source, key, f"the arguments of {cls.__name__} must be a mapping, got {type(init_args).__name__}")
+        params, open_ended = _parameters(cls)
+        out = {}
+        for name, value in init_args.items():
+            if not isinstance(name, str) or (name not in params and not open_ended):
+                raise ConfigError(self.source, _child(key, name), f"{cls.__name__} takes no argument {name!r}")
+            out[name] = self.value(value, params.get(name, Any), _child(key, name), depth + 1)
+        return out
+
+
+def _construct(node: Any, source: str) -> Any:
+    if isinstance(node, _Build):
+        kwargs = {k: _construct(v, source) for k, v in node.kwargs.items()}
+        try:
+            return node.cls(**kwargs)
+        except ConfigError:
+            raise
+        except (TypeError, ValueError) as err:
+            problem = " ".join(str(err).split())
+            raise ConfigError(source, node.key, f"the saved arguments do not build a {node.cls.__name__} ({problem})") from err
+    if isinstance(node, dict):
+        return {k: _construct(v, source) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_construct(v, source) for v in node]
+    if isinstance(node, tuple):
+        return tuple(_construct(v, source) for v in node)
+    return node
+
+
+# -- the registry's side: names, annotations -------------------------------------------------------
+def _alias(name: str, source: str, key: str) -> type | None:
+    """The one registered class named by ``prefix.ClassName`` (its module under `prefix`), or a bare name."""
+    prefix, _, tail = name.rpartition(".")
+    found = {
+        c for c in _CLASSES.values()
+        if c.__qualname__ == tail and (not prefix or c.__module__ == prefix or c.__module__.startswith(f"{prefix}."))
+    }
+    if len(found) > 1:
+        paths = sorted(f"{c.__module__}.{c.__qualname__}" for c in found)
+        raise ConfigError(source, key, f"{name!r} names {len(found)} registered classes {paths}; give the full class path")
+    return found.pop() if found else None
+
+
+def _unregistered(name: str, allowed: tuple[type, ...] | None) -> str:
+    if name.startswith(LIBRARY) or "." not in name:
+        known = sorted(p for p, c in _CLASSES.items() if allowed is None or issubclass(c, allowed))
+        shown = ", ".join(known[:12]) + (", ..." if len(known) > 12 else "")
+        return f"{name!r} is not a registered class; a saved config builds only registered classes ({shown})"
+    bases = [c.__name__ for c in allowed or () if issubclass(c, Configurable)] or ["Configurable"]
+    return (
+        f"{name!r} is not registered; import the module that defines it (subclasses of {' or '.join(bases)} "
+        f"register themselves) or call sessrec.saved.registry.register({name.rpartition('.')[2]}) before loading"
+    )
+
+
+def _names(classes: tuple[type, ...]) -> str:
+    return " or ".join(c.__name__ for c in classes) or "plain value"
+
+
+def _child(key: str, name: Any) -> str:
+    part = name if isinstance(name, str) and name.isidentifier() else f"[{name!r}]"
+    return f"{key}.{part}" if not part.startswith("[") else f"{key}{part}"
+
+
+def _annotation(expected: Any) -> Any:
+    """A caller's `expected` (a class, a tuple of classes, an annotation) as an annotation."""
+    if isinstance(expected, tuple):
+        return typing.Union[expected] if expected else NOTHING  # noqa: UP007 - a union of a runtime tuple
+    return expected
+
+
+def _members(annotation: Any) -> tuple[Any, ...]:
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return typing.get_args(annotation)
+    return (annotation,)
+
+
+def _classes(annotation: Any) -> tuple[type, ...] | None:
+    """The classes a class config at a place of this annotation may build (None: any registered class)."""
+    found: list[type] = []
+    for member in _members(annotation):
+        if member is NOTHING or member is type(None) or typing.get_origin(member) is typing.Literal:
+            continue
+        if member is Any or member is object or isinstance(member, (str, typing.ForwardRef)):
+            return None  # unannotated, or an annotation that did not evaluate
+        if isinstance(member, TypeVar):
+            if member.__bound__ is None:
+                return None
+            member = member.__bound__
+        origin = typing.get_origin(member)
+        if isinstance(origin or member, type):
+            found.append(origin or member)
+    return tuple(found)
+
+
+def _inner(annotation: Any, kind: str) -> Any:
+    """The annotation of the values inside a mapping or a sequence given at a place of `annotation`.
+
+    ``dict[str, X]`` / ``list[X]`` hold X's; `Any` holds anything; a bare ``dict``, ``list`` or any
+    other annotation holds plain values only.
+    """
+    inner = []
+    for member in _members(annotation):
+        if member is Any or member is object or isinstance(member, (str, typing.ForwardRef)):
+            return Any
+        origin, args = typing.get_origin(member), [a for a in typing.get_args(member) if a is not Ellipsis]
+        if kind == "mapping" and isinstance(origin, type) and issubclass(origin, Mapping) and len(args) == 2:
+            inner.append(args[1])
+        elif kind == "sequence" and isinstance(origin, type) and issubclass(origin, Sequence) and args:
+            inner.extend(args)
+    return typing.Union[tuple(inner)] if inner else NOTHING  # noqa: UP007
+
+
+@functools.cache
+def _parameters(cls: type) -> tuple[dict[str, Any], bool]:
+    """(parameter name -> annotation, whether ``**kwargs`` takes any other name) of ``cls.__init__``."""
+    init = cls.__init__
+    if init is object.__init__:  # no constructor of its own: no arguments (not object's *args, **kwargs)
+        return {}, False
+    signature = inspect.signature(init)
+    hints = _hints(init)
+    params = {}
+    open_ended = False
+    for i, (name, param) in enumerate(signature.parameters.items()):
+        if i == 0 or param.kind is inspect.Parameter.VAR_POSITIONAL:
+            continue  # self
+        if param.kind is inspect.Parameter.VAR_KEYWORD:
+            open_ended = True
+            continue
+        params[name] = hints.get(name, Any)
+    return params, open_ended
+
+
+def _hints(function: Any) -> dict[str, Any]:
+    """The evaluated annotations of `function`; one that does not evaluate counts as `Any`."""
     try:
-        cls = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as err:
-        raise ValueError(f"class_path {path!r} does not name a class of this sessrec version") from err
-    return cls(**{k: instantiate(v) for k, v in (config.get("init_args") or {}).items()})
+        return typing.get_type_hints(function)
+    except Exception:  # noqa: BLE001 - a name imported only for type checkers: fall back to each annotation
+        unwrapped = inspect.unwrap(function)
+        namespace = getattr(unwrapped, "__globals__", {})
+        hints = {}
+        for name, annotation in getattr(unwrapped, "__annotations__", {}).items():
+            try:
+                hints[name] = eval(annotation, namespace) if isinstance(annotation, str) else annotation
+            except Exception:  # noqa: BLE001
+                hints[name] = Any
+        return hints

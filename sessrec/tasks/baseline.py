@@ -13,8 +13,6 @@ Shape letters: B batch, V items.
 
 from __future__ import annotations
 
-import numpy as np
-import pyarrow as pa
 import pytorch_lightning as pl
 import torch
 from torch import nn
@@ -24,11 +22,12 @@ from sessrec.data import frame
 from sessrec.data.batch import SessionBatch
 from sessrec.data.vocab import NUM_SPECIAL
 from sessrec.metrics import TopKMetrics
-from sessrec.saved.registry import config_of
+from sessrec.saved.registry import config_of, register
 from sessrec.tasks.next_item import NextItemTask, TopK, exclude_seen
 from sessrec.tasks.settings import Evaluation
 
 
+@register
 class BaselineTask(pl.LightningModule):
     """Evaluate or score a `SessionBaseline` (no trainable weights).
 
@@ -40,6 +39,9 @@ class BaselineTask(pl.LightningModule):
         num_virtual: the last `num_virtual` ids are virtual (non-product) items, linked from the
             data module: input only, so their scores are -inf whatever the baseline counted.
     """
+
+    EVALUATION_SETTINGS = ("evaluation",)  # with a checkpoint, the given values (`sessrec.tasks.restore`)
+    TRAINING_SETTINGS = ()
 
     def __init__(
         self,
@@ -112,11 +114,4 @@ class BaselineTask(pl.LightningModule):
         return TopK(items=top.indices, scores=top.values)
 
 
-def _end_times(sessions: pa.Table) -> np.ndarray | None:
-    """(N,) time of each session's last event, or None when the sessions carry no timestamps."""
-    if frame.TIMES not in sessions.column_names:
-        return None
-    values, offsets = frame.list_offsets(sessions.column(frame.TIMES))
-    if len(offsets) < 2:
-        return None
-    return values.to_numpy(zero_copy_only=False)[offsets[1:] - 1]
+_end_times = frame.end_times  # the name the kNN fits and tests use

@@ -32,6 +32,7 @@ from typing import ClassVar, Literal
 import torch
 
 from sessrec.data.vocab import NUM_SPECIAL
+from sessrec.saved.registry import Configurable
 
 
 def smoothed_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
@@ -61,8 +62,10 @@ def _check(label_smoothing: float, temperature: float) -> None:
         raise ValueError(f"temperature must be positive, got {temperature}")
 
 
-class CatalogueLoss(ABC):
+class CatalogueLoss(ABC, Configurable):
     """Base class of the next-item losses: (N, D) hidden states and (N,) targets -> a scalar loss.
+
+    Each subclass registers itself (`sessrec.saved.registry`), so a saved model may name it.
 
     Class attributes:
         needs_item_counts: the loss reads the training count of every item; the task then calls

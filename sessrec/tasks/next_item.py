@@ -20,8 +20,10 @@ from sessrec.data.batch import SessionBatch
 from sessrec.data.side import SideInfoSpec
 from sessrec.metrics import TopKMetrics
 from sessrec.models import MaskedItemModeling, Objective, SessionModel, XLNetEncoder
-from sessrec.saved.registry import config_of, instantiate
+from sessrec.models.pretrained import Inference
+from sessrec.models.session_model import exclude_seen, next_item_scores
 from sessrec.models.side_info import SideInfoConfig, SideInfoEmbedding
+from sessrec.saved.registry import ConfigError, config_of, instantiate, register, resolve, split_config
 from sessrec.tasks.losses import CatalogueLoss, FullSoftmax
 from sessrec.tasks.optim import adamw
 from sessrec.tasks.pretrained import Pretrained
@@ -38,28 +40,7 @@ class TopK:
     scores: torch.Tensor
 
 
-def exclude_seen(scores: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
-    """(B, V) scores with the items of each (B, L) input session set to -inf (a new tensor).
-
-    The full-ranking leave-one-out protocol of RecBole and of Klenitskiy & Vasilev (RecSys 2023)
-    never recommends what the user already has; off by default, because in session logs a repeat
-    of an earlier click is a common next item. Only the input window counts as seen.
-    """
-    index = torch.where(items < scores.shape[1], items, 0).long()  # column 0 (padding) is never recommended
-    return scores.scatter(1, index, float("-inf"))
-
-
-def next_item_scores(
-    model: SessionModel, objective: Objective, items: torch.Tensor, features: dict[str, torch.Tensor] | None = None,
-    exclude: bool = False,
-) -> torch.Tensor:
-    """(B, V) next-item scores of (B, L) sessions read the way `objective` trained `model`; with
-    `exclude`, the session's own items get -inf (`exclude_seen`). What prediction, serving and
-    export all compute."""
-    scores = model(items, objective, features)
-    return exclude_seen(scores, items) if exclude else scores
-
-
+@register
 class NextItemTask(Pretrained, pl.LightningModule):
     """Next-item training with a full-catalogue softmax, evaluated by Recall/NDCG/MRR@K.
 
@@ -93,7 +74,15 @@ class NextItemTask(Pretrained, pl.LightningModule):
         side_features: sizes of the side features and item vectors; linked from the data module
             (``data.side_info``). None = item ids only.
         side_info: how side information is embedded and aggregated (`SideInfoConfig`).
+
+    Evaluating a checkpoint (``sessrec validate|test|predict``), `evaluation` is taken from the
+    recipe and the command line; `optimization`, `schedule` and `seed` are read only while fitting;
+    every other setting is the checkpoint's (`sessrec.tasks.restore`).
     """
+
+    EVALUATION_SETTINGS = ("evaluation",)  # a checkpoint is evaluated with the given values
+    TRAINING_SETTINGS = ("optimization", "schedule", "seed")  # read only while fitting
+    NETWORK = SessionModel  # a directory that a SessionModel wrote alone loads as this task
 
     def __init__(
         self,
@@ -116,9 +105,14 @@ class NextItemTask(Pretrained, pl.LightningModule):
         side_info: SideInfoConfig = SideInfoConfig(),  # noqa: B008 - a config value, never mutated
     ) -> None:
         super().__init__()
-        # as stored in a checkpoint or a model directory: plain configs, built here
+        # as stored in a checkpoint, a model directory or a resolved recipe: plain configs, built here from
+        # registered classes only (side_info, a dataclass, may also be given as its fields)
+        if isinstance(side_info, dict) and "class_path" not in side_info:
+            side_info = SideInfoConfig(**side_info)
         encoder, objective, loss, side_info = (
-            instantiate(v) if isinstance(v, dict) else v for v in (encoder, objective, loss, side_info)
+            instantiate(v, expected=base, source="NextItemTask", key=name) if isinstance(v, dict) else v
+            for name, v, base in (("encoder", encoder, nn.Module), ("objective", objective, Objective),
+                                  ("loss", loss, CatalogueLoss), ("side_info", side_info, SideInfoConfig))
         )
         if isinstance(side_features, dict):
             side_features = SideInfoSpec(**side_features)
@@ -246,6 +240,52 @@ class NextItemTask(Pretrained, pl.LightningModule):
         scores = next_item_scores(self.model, self.objective, items, features, self.evaluation.exclude_seen)
         top = scores.topk(min(k, int(self.model.recommendable.sum())), dim=1)
         return TopK(items=top.indices, scores=top.values)
+
+    # -- model directories (`sessrec.tasks.pretrained`) --------------------------------------------
+    def inference(self) -> Inference:
+        """What serving reads besides the weights: the session length, exclusion of seen items, top-k."""
+        evaluation = self.evaluation
+        return Inference(int(self.hparams.max_length), evaluation.exclude_seen, evaluation.top_k)
+
+    def network(self) -> SessionModel:
+        """The trained network with what serving reads attached to it (``vocab``, ``objective``,
+        ``inference``, the side-feature transforms): what ``SessionModel.from_pretrained`` gives
+        for this task's model directory. The network is the task's own (``self.model``), not a copy."""
+        model = self.model
+        model.attach(self.vocab, self.side_transform, self.side_config)
+        object.__setattr__(model, "objective", self.objective)  # a plain attribute, not a submodule
+        model.inference = self.inference()
+        return model
+
+    def network_parts(self) -> tuple[dict, dict]:
+        return self.model.pretrained_parts(self.objective, self.inference())
+
+    @classmethod
+    def task_from_network(cls, config: dict, source: str) -> dict:
+        path, args = split_config(config.get("model"), source, "model")
+        if resolve(path, nn.Module, source, "model") is not SessionModel:
+            raise ConfigError(source, "model", f"{path!r} is not a SessionModel, the network a NextItemTask trains")
+        args = dict(args or {})
+        inference = Inference.read(config.get("inference"), source)
+        positions = args.get("max_length", 21)
+        if positions != inference.max_length + 1:
+            raise ConfigError(
+                source, "model.init_args.max_length", f"the network reads {positions} positions and serving "
+                f"{inference.max_length} items, where a NextItemTask reads one position more than items (its [MASK] "
+                "slot); load the directory with SessionModel.from_pretrained"
+            )
+        init = {k: args[k] for k in ("num_items", "encoder", "position_embedding", "dropout", "input_norm",
+                                     "output_transform", "score_scale", "num_virtual") if k in args}
+        init.update(max_length=inference.max_length, objective=config.get("objective"),
+                    evaluation={"top_k": inference.top_k, "exclude_seen": inference.exclude_seen})
+        if args.get("side_info") is not None:
+            _, side = split_config(args["side_info"], source, "model.init_args.side_info")
+            side = side or {}
+            spec = side.get("spec")
+            init["side_features"] = split_config(spec, source, "model.init_args.side_info.init_args.spec")[1] or {}
+            if side.get("config") is not None:
+                init["side_info"] = side["config"]
+        return {"class_path": f"{cls.__module__}.{cls.__qualname__}", "init_args": init}
 
     def predict_step(self, batch: SessionBatch, batch_idx: int) -> TopK:
         return self.recommend(batch.items, self.evaluation.top_k, getattr(batch, "features", None))  # duck-typed batches too

@@ -6,40 +6,59 @@ objective as ``class_path``/``init_args``), so either form rebuilds the network 
 - a **checkpoint** (``.ckpt``, Lightning's, for resuming): the config, the weights, the optimizer
   and loop state, and the data module's state (vocabulary, fitted feature transforms);
   `load_checkpoint` reads it with ``torch.load(weights_only=True)``.
-- a **model directory** (`save_pretrained` / `from_pretrained`, for serving and export)::
-
-      config.json         {"format": "sessrec.model", "version": 1, "task": {"class_path", "init_args"}}
-      model.safetensors   the weights
-      vocab.parquet       raw ids <-> model ids (a RankingVocab for DLRM)
-      features.npz        fitted side-feature transforms, when the model has side features
-
-  written under a temporary name and renamed, so it is never half-written.
+- a **model directory** (`save_pretrained` / `from_pretrained`, for serving and export): the
+  format of `sessrec.models.pretrained`, written through the network's own writer
+  (``self.model.pretrained_parts``) with the task's section added (``"task": {"class_path",
+  "init_args"}``, what rebuilds the trainable task) and the task's state dict as the weights (the
+  network's tensors under ``model.``, an objective's under ``objective.``: the keys the network
+  loader reads). `from_pretrained` reads a directory with a ``task`` section (any version) by it,
+  and one written by a network alone (``SessionModel.save_pretrained``) by building the task
+  that trains that network (`NextItemTask`, `DLRMTask`) from the network's sections.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytorch_lightning as pl
 import torch
+from torch import nn
 
-from sessrec.saved.checkpoint import DATA_STATE_KEYS, read_checkpoint, to_bytes
 from sessrec.data.ranking import RankingVocab
 from sessrec.data.side import SideFeatures, SideFeatureTransform
 from sessrec.data.vocab import ItemVocab
-from sessrec.embeddings.dynamic import DynamicEmbeddingBag
-from sessrec.saved.registry import class_path, config_of, instantiate
+from sessrec.models.pretrained import (  # noqa: F401 - CONFIG ... READABLE_VERSIONS: the format's names, read here too
+    CONFIG,
+    FEATURES,
+    FORMAT,
+    READABLE_VERSIONS,
+    VERSION,
+    VOCAB,
+    WEIGHTS,
+    check_vocab,
+    check_weights,
+    load_side,
+    load_weights,
+    read_config,
+    write_model_directory,
+)
+from sessrec.saved import versions
+from sessrec.saved.checkpoint import DATA_STATE_KEYS, read_checkpoint, to_bytes
+from sessrec.saved.registry import (  # noqa: F401 - config_of: sessrec.deploy.retrain reads it from here
+    ConfigError,
+    class_path,
+    config_of,
+    construct,
+    resolve,
+    split_config,
+)
 from sessrec.tasks.settings import grouped
 
-FORMAT, VERSION = "sessrec.model", 1
 GROUPED_TASKS = ("NextItemTask", "BaselineTask")  # tasks whose settings form typed parts (`sessrec.tasks.settings`)
-CONFIG, WEIGHTS, VOCAB, FEATURES = "config.json", "model.safetensors", "vocab.parquet", "features.npz"
+_TASK_OF_NETWORK: dict[type, type] = {}  # network class -> the task that trains it (`Pretrained.NETWORK`)
 
 
 class Pretrained:
@@ -49,6 +68,7 @@ class Pretrained:
     the data module at setup, from a checkpoint, or from a model directory.
     """
 
+    NETWORK: ClassVar[type | None] = None  # the network a subclass trains: it reads that network's own directories
     vocab: ItemVocab | RankingVocab | None = None
     side_transform: SideFeatureTransform | None = None
     side_config: SideFeatures | None = None
@@ -81,48 +101,61 @@ class Pretrained:
             torch.cuda.set_rng_state_all(rng["cuda"])
 
     def save_pretrained(self: pl.LightningModule, directory: str | os.PathLike) -> Path:
-        """Write the model directory (see the module docstring); replaces an existing one."""
-        from safetensors.torch import save_file
-
+        """Write the model directory (see the module docstring); a new version of an existing one."""
         if self.vocab is None:
             raise ValueError("the model has no vocabulary to save: train it with a data module, or load it with one")
-        config = {"format": FORMAT, "version": VERSION, "task": {"class_path": class_path(self),
-                                                                  "init_args": plain_hparams(self)}}
-        if self.side_transform is not None:
-            config["side_features"] = config_of(self.side_config)["init_args"]
-        weights = {k: v.detach().cpu().contiguous().clone() for k, v in self.state_dict().items()}
+        sections, _ = self.network_parts()
+        sections["task"] = {"class_path": class_path(self), "init_args": plain_hparams(self)}
+        return write_model_directory(directory, sections, self.state_dict(), self.vocab, self.side_transform,
+                                     self.side_config)
 
-        def write(tmp: Path) -> None:
-            save_file(weights, str(tmp / WEIGHTS))
-            self.vocab.save(tmp / VOCAB)
-            if self.side_transform is not None:
-                self.side_transform.save(tmp / FEATURES)
-            (tmp / CONFIG).write_text(json.dumps(config, indent=1))
+    def network_parts(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        """The network's sections and weights of a model directory (`sessrec.models.pretrained`)."""
+        raise NotImplementedError
 
-        return write_directory(directory, write)
+    @classmethod
+    def task_from_network(cls, config: dict[str, Any], source: str) -> dict[str, Any]:
+        """The ``{"class_path", "init_args"}`` of the task that trains the network of `config`'s
+        network sections (a directory written by the network alone)."""
+        raise NotImplementedError
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        network = cls.__dict__.get("NETWORK")
+        if network is not None:
+            _TASK_OF_NETWORK[network] = cls
 
     @classmethod
     def from_pretrained(cls, directory: str | os.PathLike) -> pl.LightningModule:
         """The task a model directory holds, in eval mode, with its vocabulary and feature transforms
         (``Pretrained.from_pretrained`` takes any task; a task class refuses the others)."""
-        from safetensors.torch import load_file
-
-        directory = Path(directory)
+        directory = versions.resolve(directory)
         config = read_config(directory)
-        task = build(config["task"], f"{directory / CONFIG}")
-        if not isinstance(task, cls):
-            raise TypeError(f"{directory}: holds a {type(task).__name__}, not a {cls.__name__}")
-        weights = load_file(str(directory / WEIGHTS))
+        source = f"{directory / CONFIG}"
+        task_config = config.get("task") if "task" in config else _task_of_network(cls, config, source)
+        task = build(task_config, source, "task", expected=cls)
+        weights = load_weights(directory)
         check_weights(task, weights, str(directory / WEIGHTS))
         task.load_state_dict(weights)
         if isinstance(task.hparams.get("cardinalities"), dict):
             task.vocab = RankingVocab.load(directory / VOCAB)
         else:
             task.vocab = ItemVocab.load(directory / VOCAB)
-        if (directory / FEATURES).exists():
-            task.side_config = SideFeatures(**config.get("side_features", {}))
-            task.side_transform = SideFeatureTransform.load(directory / FEATURES, task.side_config)
+        check_vocab(task.vocab, config, directory / VOCAB)
+        task.side_transform, task.side_config = load_side(directory, config)
         return task.eval()
+
+
+def _task_of_network(cls: type, config: dict[str, Any], source: str) -> dict[str, Any]:
+    """The task config of a directory that a network wrote alone: the task that trains its network."""
+    path, _ = split_config(config.get("model"), source, "model")
+    network = resolve(path, nn.Module, source, "model")
+    task = next((t for n, t in _TASK_OF_NETWORK.items() if issubclass(network, n)), None)
+    if task is None or not issubclass(task, cls):
+        wanted = cls.__name__ if cls is not Pretrained else "a task"
+        raise ConfigError(source, "model", f"holds a {network.__name__}, which {wanted} does not train; "
+                          f"load it with {network.__name__}.from_pretrained")
+    return task.task_from_network(config, source)
 
 
 def with_more_items(task: pl.LightningModule, old_to_new: np.ndarray, num_items: int) -> pl.LightningModule:
@@ -157,44 +190,25 @@ def plain_hparams(task: pl.LightningModule) -> dict[str, Any]:
     return {k: v for k, v in dict(task.hparams).items() if not str(k).startswith("_")}
 
 
-def build(task_config: dict[str, Any], source: str) -> pl.LightningModule:
-    """A task from ``{"class_path", "init_args"}``; one clear line when the config does not build."""
-    path = str(task_config.get("class_path", ""))
-    if not path.startswith("sessrec.tasks.") and not path.startswith("sessrec."):
-        raise ValueError(f"{source}: task class {path!r} is not a sessrec task")
-    init_args = task_config.get("init_args") or {}
-    try:
-        if path.rpartition(".")[2] in GROUPED_TASKS:  # a saved config may name lr, ks, ... one by one
+def build(
+    task_config: Any, source: str, key: str = "task", args_key: str | None = None, expected: type = Pretrained,
+) -> pl.LightningModule:
+    """The `expected` task that ``{"class_path", "init_args"}`` describes, built from registered classes only.
+
+    The whole config resolves (`sessrec.saved.registry`) before anything is constructed; anything
+    else is refused with one line naming `source` and the key path: `key` is the config's path in
+    the file, `args_key` that of its arguments (``<key>.init_args`` unless given).
+    """
+    path, init_args = split_config(task_config, source, key)
+    cls = resolve(path, expected, source, key)
+    args_key = args_key or f"{key}.init_args"
+    init_args = init_args or {}
+    if cls.__name__ in GROUPED_TASKS and isinstance(init_args, dict):  # a saved config may name lr, ks, ... one by one
+        try:
             init_args = grouped(init_args)
-        return instantiate({"class_path": path, "init_args": init_args})
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"{source}: the saved config does not build a {path.rpartition('.')[2]} ({err})") from err
-
-
-def check_weights(task: torch.nn.Module, weights: dict[str, torch.Tensor], source: str) -> None:
-    """Refuse weights that do not fit `task` with one line naming the first differing tensor."""
-    own = task.state_dict()
-    # a growing table's buffers are as large as the table has grown: it resizes itself on load
-    growing = tuple(f"{name}." for name, m in task.named_modules() if isinstance(m, DynamicEmbeddingBag))
-    weights = {k: v for k, v in weights.items() if not k.startswith(growing)}
-    own = {k: v for k, v in own.items() if not k.startswith(growing)}
-    missing = [k for k in own if k not in weights]
-    unexpected = [k for k in weights if k not in own]
-    wrong = [k for k in own if k in weights and tuple(own[k].shape) != tuple(weights[k].shape)]
-    if wrong:
-        k = wrong[0]
-        raise ValueError(
-            f"{source} holds weights of another configuration: {k} is {tuple(weights[k].shape)} there and "
-            f"{tuple(own[k].shape)} in the model built here ({len(wrong)} tensors differ); use the recipe or "
-            "model directory it was trained with"
-        )
-    if missing or unexpected:
-        name = (missing or unexpected)[0]
-        where = "lacks" if missing else "has an extra"
-        raise ValueError(
-            f"{source} holds weights of another network: it {where} tensor {name!r} "
-            f"({len(missing)} missing, {len(unexpected)} unexpected); use the recipe or model directory it was trained with"
-        )
+        except ValueError as err:
+            raise ConfigError(source, args_key, str(err)) from err
+    return construct(cls, init_args, source, args_key)
 
 
 def load_checkpoint(path: str | os.PathLike) -> pl.LightningModule:
@@ -204,12 +218,12 @@ def load_checkpoint(path: str | os.PathLike) -> pl.LightningModule:
     task_path = checkpoint.get("sessrec", {}).get("task") or checkpoint.get("hyper_parameters", {}).get("_class_path")
     if not task_path:
         raise ValueError(f"{path}: the checkpoint does not say which task it holds; load it with the recipe it was trained with")
-    if task_path.rpartition(".")[2] == "NextItemTask" and "encoder" not in hparams:
+    if isinstance(task_path, str) and task_path.rpartition(".")[2] == "NextItemTask" and "encoder" not in hparams:
         raise ValueError(
             f"{path}: the checkpoint has no encoder config (an older sessrec wrote it); "
             "evaluate it with the recipe it was trained with: sessrec test --config <recipe> --ckpt_path ..."
         )
-    task = build({"class_path": task_path, "init_args": hparams}, str(path))
+    task = build({"class_path": task_path, "init_args": hparams}, str(path), "sessrec.task", "hyper_parameters")
     check_weights(task, checkpoint["state_dict"], str(path))
     task.load_state_dict(checkpoint["state_dict"])
     for key in DATA_STATE_KEYS:
@@ -218,40 +232,3 @@ def load_checkpoint(path: str | os.PathLike) -> pl.LightningModule:
             reader = RankingVocab if key == "ClickoutDataModule" else ItemVocab
             task.vocab = reader.from_bytes(to_bytes(state["vocab"]), path)
     return task.eval()
-
-
-def read_config(directory: Path) -> dict[str, Any]:
-    """A model directory's ``config.json``, checked; one clear line for anything else."""
-    path = directory / CONFIG
-    if not directory.is_dir():
-        raise FileNotFoundError(f"{directory}: no such model directory")
-    if not path.exists():
-        raise FileNotFoundError(f"{directory}: not a sessrec model directory (no {CONFIG})")
-    try:
-        config = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path}: not valid JSON ({err})") from err
-    if not isinstance(config, dict) or config.get("format") != FORMAT or config.get("version") != VERSION:
-        found = config.get("format") if isinstance(config, dict) else type(config).__name__
-        raise ValueError(f"{path}: format {found!r} is not {FORMAT!r} version {VERSION}")
-    for name in (WEIGHTS, VOCAB):
-        if not (directory / name).exists():
-            raise FileNotFoundError(f"{directory}: the model directory lacks {name}")
-    return config
-
-
-def write_directory(directory: str | os.PathLike, write: Any) -> Path:
-    """Call ``write(tmp)`` on a fresh sibling of `directory`, then move it into place (never half-written)."""
-    directory = Path(directory)
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
-    tmp.chmod(0o755)  # mkdtemp's 0700 would make the model private to this user
-    try:
-        write(tmp)
-        if directory.exists():
-            shutil.rmtree(directory)
-        os.replace(tmp, directory)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return directory

@@ -12,8 +12,9 @@ Shape letters: B batch rows, G queries in a batch, Dd dense features.
 
 from __future__ import annotations
 
+import inspect
 import time
-from typing import Literal
+from typing import Any, Literal
 
 import pytorch_lightning as pl
 import torch
@@ -25,7 +26,12 @@ from sessrec.data.ranking import RankingBatch
 from sessrec.embeddings import TableConfig
 from sessrec.embeddings.host_memory import retain_freed_memory
 from sessrec.models.dlrm import DLRM
+from sessrec.saved.registry import ConfigError, register, resolve, split_config
 from sessrec.tasks.pretrained import Pretrained
+
+# the DLRM's arguments that a DLRMTask takes under the same name
+DLRM_ARGS = ("num_dense", "dense_layers", "over_layers", "interaction", "dcn_layers", "dcn_rank", "embedding_optimizer",
+             "embedding_lr", "seed", "dynamic_tables", "max_rows", "sparse_backend")
 
 
 def binary_auc(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -112,6 +118,7 @@ class RankingMetrics(Metric):
         return out
 
 
+@register
 class DLRMTask(Pretrained, pl.LightningModule):
     """Click prediction with a `DLRM`, evaluated as a ranking of each query's rows.
 
@@ -148,7 +155,16 @@ class DLRMTask(Pretrained, pl.LightningModule):
         sparse_backend: ``fused`` (the embedding core) or ``torchrec`` (TorchRec's
             ``EmbeddingBagCollection``, updated by the dense optimizer: ``embedding_optimizer: none``),
             which `sessrec.tasks.TorchRecStrategy` shards across processes.
+
+    Evaluating a checkpoint (``sessrec validate|test|predict``), `ks` and `compile` are taken from
+    the recipe and the command line; the optimizers' settings, `seed` and `retain_freed_memory`
+    are read only while fitting; every other setting is the checkpoint's (`sessrec.tasks.restore`).
     """
+
+    EVALUATION_SETTINGS = ("ks", "compile")  # a checkpoint is evaluated (and run) with the given values
+    # read only while fitting (embedding_optimizer is not: a row-wise Adagrad table has its momentum in the state dict)
+    TRAINING_SETTINGS = ("optimizer", "lr", "weight_decay", "embedding_lr", "seed", "retain_freed_memory")
+    NETWORK = DLRM  # a directory that a DLRM wrote alone loads as this task
 
     def __init__(
         self,
@@ -262,6 +278,37 @@ class DLRMTask(Pretrained, pl.LightningModule):
 
     def on_test_epoch_end(self) -> None:
         self._log_metrics("test")
+
+    # -- model directories (`sessrec.tasks.pretrained`) --------------------------------------------
+    def network(self) -> DLRM:
+        """The trained network with its vocabulary attached: what ``DLRM.from_pretrained`` gives for
+        this task's model directory (the task's own network, not a copy)."""
+        self.model.attach(self.vocab)
+        return self.model
+
+    def network_parts(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        return self.model.pretrained_parts()
+
+    @classmethod
+    def task_from_network(cls, config: dict[str, Any], source: str) -> dict[str, Any]:
+        path, args = split_config(config.get("model"), source, "model")
+        if resolve(path, nn.Module, source, "model") is not DLRM:
+            raise ConfigError(source, "model", f"{path!r} is not a DLRM, the network a DLRMTask trains")
+        args = dict(args or {})
+        defaults = {k: p.default for k, p in inspect.signature(DLRM).parameters.items()}
+        key = "model.init_args.tables"
+        tables = [split_config(t, source, f"{key}[{i}]")[1] or {} for i, t in enumerate(args.get("tables") or [])]
+        widths = {t.get("embedding_dim") for t in tables}
+        plain = all(t.get("pooling", "sum") == "sum" and list(t.get("feature_names") or [t.get("name")]) == [t.get("name")]
+                    for t in tables)
+        if not tables or len(widths) != 1 or not plain or args.get("pad_to_bytes", 16) != 16:
+            raise ConfigError(
+                source, key, "a DLRMTask builds one summed table per feature, all of one width, with the "
+                "default row padding; this DLRM has other tables: load the directory with DLRM.from_pretrained"
+            )
+        init = {k: args.get(k, defaults[k]) for k in DLRM_ARGS}
+        init.update(cardinalities={t.get("name"): t.get("num_embeddings") for t in tables}, embedding_dim=widths.pop())
+        return {"class_path": f"{cls.__module__}.{cls.__qualname__}", "init_args": init}
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         # by name: under TorchRecStrategy `self.model` is TorchRec's wrapper, and the tables its local shards

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
-from sessrec.saved.registry import instantiate
+from sessrec.saved.registry import instantiate, register
 
 Part = TypeVar("Part", bound="_Part")  # typing.Self needs Python 3.11
 
@@ -42,14 +42,14 @@ class _Part:
         """`value` as a `cls`: an instance as it is, a mapping of its fields, or ``{"class_path", "init_args"}``."""
         if isinstance(value, cls):
             return value
+        if isinstance(value, dict) and "class_path" in value:
+            return instantiate(value, expected=cls, source=f"the {cls.__name__.lower()} setting")
         if isinstance(value, dict):
-            built = instantiate(value) if "class_path" in value else cls(**value)
-            if isinstance(built, cls):
-                return built
-            value = built
+            return cls(**value)
         raise TypeError(f"expected a {cls.__name__} or a mapping of its fields, got {type(value).__name__}")
 
 
+@register
 @dataclass(frozen=True)
 class Optimization(_Part):
     """AdamW: the peak learning rate and the weight decay.
@@ -69,6 +69,7 @@ class Optimization(_Part):
             raise ValueError(f"optimization weight_decay must be >= 0, got {self.weight_decay}")
 
 
+@register
 @dataclass(frozen=True)
 class Schedule(_Part):
     """The learning-rate schedule: linear warm-up, then a decay to the end of training.
@@ -127,6 +128,7 @@ def _default_ks() -> list[int]:
     return [10, 20]
 
 
+@register
 @dataclass(frozen=True)
 class Evaluation(_Part):
     """How a task is evaluated and what it recommends.

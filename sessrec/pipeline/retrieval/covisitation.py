@@ -46,11 +46,13 @@ from sessrec.baselines.base import _as_ids
 from sessrec.data.vocab import NUM_SPECIAL
 from sessrec.pipeline.candidates import Retrieved, Sessions
 from sessrec.pipeline.retrieval.base import Retriever
+from sessrec.saved.registry import register
 
 Direction = Literal["forward", "both"]
 _FITS = itertools.count()  # numbers each fitted matrix: its products' key in `Sessions.cache`
 
 
+@register
 class CoVisitation(Retriever):
     """Item-to-item co-visitation counts from training sessions; a session's candidates are the weighted sum of its recent items' rows.
 

@@ -32,6 +32,8 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from sessrec.saved.registry import register
+
 
 def _as_table(
     vectors: np.ndarray | torch.Tensor, ids: np.ndarray | torch.Tensor
@@ -86,6 +88,7 @@ def _pad(scores: torch.Tensor, ids: torch.Tensor, k: int) -> tuple[torch.Tensor,
     )
 
 
+@register
 class ExactIndex:
     """Exact top-K by blocked matrix product: bounded memory for any catalogue size.
 
@@ -170,6 +173,7 @@ class ExactIndex:
         return cls(block_size=int(config["block_size"])).build(arrays["vectors"], arrays["ids"])
 
 
+@register
 class FaissIndex:
     """Approximate top-K with FAISS (inner product): HNSW (default) or IVF.
 

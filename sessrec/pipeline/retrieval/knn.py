@@ -19,6 +19,7 @@ import torch
 from sessrec.baselines import SessionBaseline
 from sessrec.pipeline.candidates import Retrieved, Sessions
 from sessrec.pipeline.retrieval.base import Retriever, top_k_dense
+from sessrec.saved.registry import instantiate, register
 
 
 def baseline_config(baseline: SessionBaseline) -> dict[str, Any]:
@@ -28,17 +29,12 @@ def baseline_config(baseline: SessionBaseline) -> dict[str, Any]:
     return {"class_path": f"sessrec.baselines.{cls.__name__}", "init_args": {p: getattr(baseline, p) for p in params}}
 
 
-def build_baseline(config: dict[str, Any]) -> SessionBaseline:
-    import sessrec.baselines as baselines
-
-    path = str(config["class_path"])
-    module, _, name = path.rpartition(".")
-    cls = getattr(baselines, name, None)
-    if module != "sessrec.baselines" or not (isinstance(cls, type) and issubclass(cls, SessionBaseline)):
-        raise ValueError(f"baseline class_path {path!r} is not a sessrec.baselines class")
-    return cls(**config.get("init_args", {}))
+def build_baseline(config: Any, source: str = "the retriever's config", key: str = "baseline") -> SessionBaseline:
+    """The baseline a `baseline_config` describes: a registered `SessionBaseline` (`sessrec.saved.registry`)."""
+    return instantiate(config, expected=SessionBaseline, source=source, key=key)
 
 
+@register
 class BaselineRetriever(Retriever):
     """Wrap a `SessionBaseline`, fitted here on the training sessions.
 

@@ -12,77 +12,66 @@ Shape letters: B sessions, L positions, D model width, K candidates, V items.
 
 from __future__ import annotations
 
-import json
+import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 import yaml
 
+from sessrec.models.objective import Objective
+from sessrec.models.pretrained import NETWORK, OBJECTIVE, sections_from_task, with_prefix
+from sessrec.models.session_model import SessionModel
 from sessrec.pipeline.candidates import Retrieved, Sessions
 from sessrec.pipeline.retrieval.base import Retriever
 from sessrec.pipeline.retrieval.index import ExactIndex, FaissIndex
-from sessrec.tasks.pretrained import GROUPED_TASKS
-from sessrec.tasks.settings import grouped
+from sessrec.saved.checkpoint import read_checkpoint
+from sessrec.saved.registry import ConfigError, config_of, register, resolve
 
 AnyIndex = ExactIndex | FaissIndex
 _DATA_LINKED = ("num_items", "max_length", "num_virtual", "side_features")
+SOURCE = "the retriever's config"
 
 
-def _task_parser():
-    from jsonargparse import ArgumentParser
-
-    parser = ArgumentParser(exit_on_error=False)
-    parser.add_subclass_arguments(pl.LightningModule, "model", required=True)
-    return parser
-
-
-def _with_class_path(model_config: dict[str, Any]) -> dict[str, Any]:
-    if "class_path" not in model_config:
+def _with_class_path(model_config: Any) -> Any:
+    """A recipe's ``model:`` block as a class config (a block without ``class_path`` configures NextItemTask)."""
+    if isinstance(model_config, dict) and "class_path" not in model_config:
         return {"class_path": "sessrec.tasks.NextItemTask", "init_args": dict(model_config)}
     return model_config
 
 
-def build_task(model_config: dict[str, Any]) -> pl.LightningModule:
-    """Instantiate a task from a recipe's ``model:`` block (``class_path``/``init_args``; none: `NextItemTask`).
-
-    Only classes of the library are built, so a saved pipeline never runs code named in a file
-    from elsewhere.
-    """
-    model_config = _with_class_path(model_config)
-    path = str(model_config["class_path"])
-    if not path.startswith("sessrec."):
-        raise ValueError(f"model class_path {path!r} is outside the sessrec library; the pipeline builds only sessrec tasks")
-    if path.rpartition(".")[2] in GROUPED_TASKS:  # a saved config may name lr, ks, ... one by one
-        model_config = {**model_config, "init_args": grouped(dict(model_config.get("init_args") or {}))}
-    parser = _task_parser()
-    return parser.instantiate(parser.parse_object({"model": model_config})).model
-
-
-def resolved_config(task_config: dict[str, Any]) -> dict[str, Any]:
-    """The model block with every default filled in (JSON-able), as `build_task` reads it back."""
-    parser = _task_parser()
-    return json.loads(parser.dump(parser.parse_object({"model": _with_class_path(task_config)}), format="json"))["model"]
-
-
+@register
 class SessionModelRetriever(Retriever):
-    """Retrieve with a trained `NextItemTask` (any encoder and objective of the zoo).
+    """Retrieve with a trained `SessionModel` (any encoder and objective of the zoo).
 
     Args:
-        task: the trained task (its network `task.model` and objective are used, in eval mode).
-        model_config: the task's recipe block with data-derived values filled in (see
-            `from_checkpoint`); saved with the pipeline to rebuild the network.
+        model: the trained network (used in eval mode).
+        objective: the objective it was trained with, which says how the next item is read
+            (default: the one the model carries, e.g. from `SessionModel.from_pretrained`, else
+            its `SessionModel.default_objective`).
         index: `ExactIndex` (default) or `FaissIndex` over the item vectors.
+
+    Saved with a pipeline as the network's and the objective's configs (``network``,
+    ``objective``) and the weights keyed as a model directory's (``model.*``, ``objective.*``).
+    A pipeline saved with the task's config instead (``model``: a `NextItemTask` config) loads
+    too: the network is built from it (`sessrec.models.pretrained.sections_from_task`).
     """
 
-    def __init__(self, task: pl.LightningModule, model_config: dict[str, Any], index: AnyIndex | None = None) -> None:
-        self.task = task.eval()
-        self.model_config = model_config
+    def __init__(self, model: SessionModel, objective: Objective | None = None, index: AnyIndex | None = None) -> None:
+        if not isinstance(model, SessionModel):
+            raise TypeError(f"SessionModelRetriever takes a SessionModel (a task's .network()), got {type(model).__name__}")
+        if objective is None:
+            objective = model.objective if model.objective is not None else model.default_objective()
+        self.model, self.objective = model.eval(), objective
         self.index = index if index is not None else ExactIndex()
         self.index.build(*self.item_vectors())
+
+    @classmethod
+    def from_pretrained(cls, directory: str | os.PathLike, index: AnyIndex | None = None) -> SessionModelRetriever:
+        """The session model of a model directory (``save_pretrained``) as a retriever."""
+        return cls(SessionModel.from_pretrained(directory), index=index)
 
     @classmethod
     def from_checkpoint(cls, recipe: str | Path, checkpoint: str | Path, index: AnyIndex | None = None) -> SessionModelRetriever:
@@ -93,20 +82,20 @@ class SessionModelRetriever(Retriever):
             if not path.exists():
                 raise FileNotFoundError(f"{path}: no such file (train the model first: sessrec fit --config {recipe})")
         block = _with_class_path(dict(yaml.safe_load(recipe.read_text()).get("model") or {}))
-        ckpt = torch.load(checkpoint, map_location="cpu", weights_only=True)
+        ckpt = read_checkpoint(checkpoint)
         hparams = ckpt.get("hyper_parameters", {})
         init = dict(block.get("init_args") or {})
         init.update({k: hparams[k] for k in _DATA_LINKED if k in hparams})
-        config = resolved_config({"class_path": block["class_path"], "init_args": init})
-        task = build_task(config)
-        task.load_state_dict(ckpt["state_dict"])
-        return cls(task, config, index)
+        sections = sections_from_task({"class_path": block["class_path"], "init_args": init}, str(recipe), "model")
+        model, objective = SessionModel.from_sections(sections, str(recipe))
+        model.restore_weights(objective, ckpt["state_dict"], str(checkpoint))
+        return cls(model, objective, index)
 
     # -- vectors --------------------------------------------------------------------------------
     @torch.no_grad()
     def item_vectors(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(V', D + 1) item vectors (bias last) of the V' recommendable ids, and those ids (V',)."""
-        model = self.task.model
+        model = self.model
         ids = torch.nonzero(model.recommendable).squeeze(1)
         table = model.item_embedding.weight[ids]
         if model.score_scale is not None:
@@ -118,8 +107,8 @@ class SessionModelRetriever(Retriever):
         """(B, D + 1) query of each session (1 last), cached on the batch."""
         key = f"query:{id(self)}"
         if key not in sessions.cache:
-            model = self.task.model
-            hidden = self.task.objective.next_item_hidden(model, sessions.items, None)  # (B, D)
+            model = self.model
+            hidden = self.objective.next_item_hidden(model, sessions.items, None)  # (B, D)
             q = model.output_transform(hidden)
             if model.score_scale is not None:
                 q = F.normalize(q, dim=-1) * model.score_scale
@@ -134,7 +123,7 @@ class SessionModelRetriever(Retriever):
     @torch.no_grad()
     def score(self, sessions: Sessions, items: torch.Tensor) -> torch.Tensor:
         q = self.query_vectors(sessions)  # (B, D + 1)
-        model = self.task.model
+        model = self.model
         table = model.item_embedding.weight[items]  # (B, K, D)
         if model.score_scale is not None:
             table = F.normalize(table, dim=-1)
@@ -143,19 +132,38 @@ class SessionModelRetriever(Retriever):
     # -- saving ---------------------------------------------------------------------------------
     def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         index_config, index_arrays = self.index.state()
-        arrays = {f"weights/{k}": v.detach().cpu().numpy() for k, v in self.task.state_dict().items()}
+        weights = with_prefix(self.model.state_dict(), NETWORK)
+        if isinstance(self.objective, torch.nn.Module):
+            weights.update(with_prefix(self.objective.state_dict(), OBJECTIVE))
+        arrays = {f"weights/{k}": v.detach().cpu().numpy() for k, v in weights.items()}
         arrays.update({f"index/{k}": v for k, v in index_arrays.items()})
-        config = {"model": self.model_config, "index": index_config}  # its "type" names the index class
+        # the index's "type" names its class
+        config = {"network": config_of(self.model), "objective": config_of(self.objective), "index": index_config}
         return config, arrays
 
     @classmethod
     def from_state(cls, config: dict[str, Any], arrays: dict[str, np.ndarray]) -> SessionModelRetriever:
-        task = build_task(config["model"])
-        weights = {k.split("/", 1)[1]: torch.from_numpy(np.array(v)) for k, v in arrays.items() if k.startswith("weights/")}
-        task.load_state_dict(weights)
         index_config = dict(config["index"])
-        kind = {"ExactIndex": ExactIndex, "FaissIndex": FaissIndex}[index_config.pop("type")]
+        kind = resolve(index_config.pop("type", None), AnyIndex, SOURCE, "index.type")
+        if "network" in config:
+            sections = {"model": config["network"], "objective": config.get("objective")}
+            keys = {"model": "network", "objective": "objective"}
+        else:  # saved with the task's config
+            sections = sections_from_task(_with_class_path(config.get("model")), SOURCE, "model")
+            keys = {"model": "model", "objective": "model.init_args.objective"}
+        try:
+            model, objective = SessionModel.from_sections(sections, SOURCE)
+        except ConfigError as err:
+            raise _relocated(err, keys) from None
+        weights = {k.split("/", 1)[1]: torch.from_numpy(np.array(v)) for k, v in arrays.items() if k.startswith("weights/")}
+        model.restore_weights(objective, weights, f"{SOURCE}'s weights")
         index = kind.from_state(index_config, {k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith("index/")})
         retriever = cls.__new__(cls)
-        retriever.task, retriever.model_config, retriever.index = task.eval(), config["model"], index
+        retriever.model, retriever.objective, retriever.index = model.eval(), objective, index
         return retriever
+
+
+def _relocated(err: ConfigError, keys: dict[str, str]) -> ConfigError:
+    """`err`, located under the key that the saved config holds the section at."""
+    head, dot, rest = err.key.partition(".")
+    return ConfigError(err.source, keys.get(head, head) + dot + rest, err.problem)

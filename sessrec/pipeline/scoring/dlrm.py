@@ -22,8 +22,10 @@ from sessrec.embeddings import TableConfig
 from sessrec.models.dlrm import DLRM
 from sessrec.pipeline.features import RankingInputs
 from sessrec.pipeline.scoring.base import Scorer, early_stopping_split, mrr_of
+from sessrec.saved.registry import register
 
 
+@register
 class DLRMScorer(Scorer):
     """Listwise-trained DLRM over the candidates.
 

@@ -13,6 +13,7 @@ import torch
 
 from sessrec.pipeline.features import RankingInputs
 from sessrec.pipeline.scoring.base import Scorer, early_stopping_split
+from sessrec.saved.registry import register
 
 
 def _lightgbm():
@@ -23,6 +24,7 @@ def _lightgbm():
     return lightgbm
 
 
+@register
 class GBDTScorer(Scorer):
     """Gradient-boosted trees, lambdarank objective, early-stopped on held-out sessions.
 

@@ -1,0 +1,279 @@
+"""The Lightning commands: ``sessrec fit|validate|test|predict`` on a task recipe (LightningCLI).
+
+LightningCLI over a task (`NextItemTask` unless the recipe names
+another, e.g. ``class_path: sessrec.tasks.BaselineTask``) and a data module (`SessionDataModule`
+unless the recipe names another, e.g. ``class_path: sessrec.data.ClickoutDataModule`` with
+``sessrec.tasks.DLRMTask``).
+
+    sessrec fit     --config recipes/quickstart.yaml
+    sessrec test    --config recipes/xlnet_mlm_diginetica.yaml --ckpt_path runs/.../best.ckpt
+    sessrec predict --config recipes/xlnet_mlm_diginetica.yaml --ckpt_path runs/.../best.ckpt \\
+                    --data.predict_path sessions.parquet [--scoring.output recs.parquet]
+
+A pipeline recipe (one top-level ``pipeline:`` block, `sessrec.pipeline.PipelineRecipe`) runs the
+four-stage pipeline instead of a Lightning task:
+
+    sessrec fit       --config recipes/pipeline_rsc15.yaml      # ranker on the validation sessions
+    sessrec test      --config recipes/pipeline_rsc15.yaml      # end-to-end test metrics
+    sessrec recommend --config recipes/pipeline_rsc15.yaml --input sessions.parquet --output recs.parquet
+
+Data-derived values (catalogue size, sequence length, virtual items, side-feature sizes) are
+linked from the data module into the model, never typed twice. With ``--ckpt_path``, the
+vocabulary and the fitted side-feature transforms saved beside the checkpoint are used, so raw
+ids and features map exactly as in training.
+
+``validate``, ``test`` and ``predict`` with ``--ckpt_path`` take the model's settings by one rule
+(`sessrec.tasks.restore`), where "given" means set by a recipe or on the command line:
+
+- the evaluation settings (``--model.evaluation.top_k|ks|exclude_seen``; a DLRM's ``--model.ks``
+  and ``--model.compile``) are the given ones, else the checkpoint's; the data module's settings
+  (batch sizes, ``--data.predict_path``) and the output (``--scoring.*``) are always the given ones;
+- the training settings (``--model.optimization.*``, ``--model.schedule.*``, ``--model.seed``; a
+  DLRM's optimizers, ``seed`` and ``retain_freed_memory``) are the checkpoint's: a given value that
+  differs is not used, and a note on stderr names it;
+- every other model setting (the encoder and its sizes, the objective, the loss, dropout, side
+  information, ``--data.max_length`` ...) fixes the network: a given value that differs from the
+  checkpoint's is refused with one line naming the key and both values. The recipe a model was
+  trained with (and the flags that changed it) always passes; so does ``--config
+  runs/<name>/version_N/config.yaml``, the full config ``sessrec fit`` saved.
+
+A renamed setting (``--model.top_k``, ``--model.lr`` ...: `sessrec.tasks.settings.SEPARATE`), on
+the command line or in a recipe, is refused with one line naming the key that replaces it.
+``fit --ckpt_path`` resumes with the checkpoint's model settings (LightningCLI's own restore).
+"""
+
+from __future__ import annotations
+
+import sys
+from importlib import import_module
+from pathlib import Path
+
+import pytorch_lightning as pl
+from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
+
+from sessrec.cli import _config_paths, _recipe
+from sessrec.saved.checkpoint import data_state, read_checkpoint
+from sessrec.tasks import LastCheckpoint, TopKWriter, VocabularyCheckpoint
+from sessrec.tasks.callbacks import find_features, find_vocab
+from sessrec.tasks.pretrained import GROUPED_TASKS, load_checkpoint, plain_hparams
+from sessrec.tasks.restore import merge_with_checkpoint, renamed, same_class, same_value, show, task_class
+from sessrec.tasks.settings import grouped
+
+EVALUATING = ("validate", "test", "predict")  # subcommands that evaluate or run a trained model
+# the task settings linked from the data module (below), with the data setting that gives each
+FROM_DATA = {
+    "num_items": "the data module's num_items", "num_virtual": "the data module's num_virtual",
+    "side_features": "the data module's side_info", "max_length": "--data.max_length",
+    "cardinalities": "the data module's cardinalities", "num_dense": "the data module's num_dense",
+}
+
+
+class SessrecCLI(LightningCLI):
+    _args: list[str] | None = None  # the arguments parsed (None when given as a dict or Namespace)
+    _held: dict | None = None  # the model settings of the checkpoint evaluated
+    _checkpoint: str = ""
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: object) -> None:
+        """Refuse a renamed setting in one line, then parse (LightningCLI's)."""
+        if args is None or isinstance(args, (list, tuple)):
+            self._args = list(sys.argv[1:] if args is None else args)
+            refuse_renamed(self._args)
+        super().parse_arguments(parser, args)
+
+    def _parse_ckpt_path(self) -> None:
+        """LightningCLI's hook that puts a checkpoint's hyper-parameters over the model's config.
+
+        ``fit`` resumes with it as it is; ``validate``, ``test`` and ``predict`` apply the rule of the
+        module docstring (`sessrec.tasks.restore.merge_with_checkpoint`) instead.
+        """
+        sub = self.config.get("subcommand")
+        if sub not in EVALUATING:
+            super()._parse_ckpt_path()
+            return
+        cfg = self.config[sub]
+        ckpt = cfg.get("ckpt_path")
+        if not ckpt:
+            return
+        checkpoint = read_checkpoint(ckpt)
+        hparams = checkpoint.get("hyper_parameters") or {}
+        held = {k: v for k, v in hparams.items() if not str(k).startswith("_")}
+        trained = checkpoint.get("sessrec", {}).get("task") or hparams.get("_class_path")
+        if not held or not trained:
+            return
+        path = str(cfg.model.class_path)
+        task = task_class(path)
+        if task is None or not same_class(path, str(trained)):
+            raise ValueError(
+                f"--model.class_path {path} differs from the checkpoint's {trained} ({ckpt}): evaluate a checkpoint "
+                "with the task it was trained as"
+            )
+        if path.rpartition(".")[2] in GROUPED_TASKS:  # an older checkpoint may name lr, ks, ... one by one
+            held = grouped(held)
+        given = self.parser.parse_args(self._args, defaults=False)[sub] if self._args is not None else cfg
+        model = given.get("model")
+        init_args = model.get("init_args") if model is not None else None
+        merged = merge_with_checkpoint(
+            task, held, init_args.as_dict() if init_args is not None else {}, str(ckpt), from_data=FROM_DATA
+        )
+        if merged.notes:
+            notes = "; ".join(merged.notes)
+            print(f"sessrec {sub}: note: training settings not used ({sub} keeps the checkpoint's): {notes}", file=sys.stderr)
+        update = {sub: {"model": {"class_path": path, "init_args": merged.init_args}}}
+        self.config = self.parser.parse_object(update, self.config)
+        self._held, self._checkpoint = held, str(ckpt)
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        # a recipe's `model:` block without class_path configures NextItemTask, the default task
+        parser.set_defaults({"model": {"class_path": "sessrec.tasks.NextItemTask"}})
+        # likewise a `data:` block without class_path configures SessionDataModule
+        parser.set_defaults({"data": {"class_path": "sessrec.data.SessionDataModule"}})
+        # links whose source the chosen data module lacks, or whose target the task lacks, are ignored
+        parser.link_arguments("data.num_items", "model.init_args.num_items", apply_on="instantiate")
+        # tasks without these arguments (BaselineTask has no side_features) ignore the links
+        parser.link_arguments("data.num_virtual", "model.init_args.num_virtual", apply_on="instantiate")
+        parser.link_arguments("data.side_info", "model.init_args.side_features", apply_on="instantiate")
+        # tasks without a max_length argument (BaselineTask) ignore this link
+        parser.link_arguments("data.init_args.max_length", "model.init_args.max_length", apply_on="parse")
+        parser.add_lightning_class_args(TopKWriter, "scoring")
+        parser.add_lightning_class_args(VocabularyCheckpoint, "vocab_checkpoint")
+        parser.add_lightning_class_args(LastCheckpoint, "last_checkpoint")
+
+    def before_instantiate_classes(self) -> None:
+        sub = self.subcommand
+        if sub is None:
+            return
+        cfg = self.config[sub]
+        module, _, name = cfg.data.class_path.rpartition(".")
+        if hasattr(getattr(import_module(module), name), "cardinalities"):
+            # ranking data (ClickoutDataModule) -> DLRMTask. Added only for such a data module: for one
+            # without the attribute jsonargparse would format it in a debug message, and a
+            # LightningDataModule's str() builds (and here fails on) every loader
+            parser = self._subcommand_parsers[sub]
+            parser.link_arguments("data.cardinalities", "model.init_args.cardinalities", apply_on="instantiate")
+            parser.link_arguments("data.num_dense", "model.init_args.num_dense", apply_on="instantiate")
+        if sub not in ("validate", "test", "predict"):
+            return
+        if sub == "predict" and cfg.get("return_predictions") is None:
+            cfg["return_predictions"] = False  # stream to parquet, keep nothing in memory
+        # evaluation and scoring log nothing to a new run folder (a version_N beside the trained run's
+        # would make "the latest run" point at a run without a model); the metrics are printed
+        cfg.trainer.logger = False
+        self.save_config_callback = None  # nor a config.yaml in the working directory
+        ckpt = cfg.get("ckpt_path")
+        if not ckpt and not cfg.model.class_path.endswith(UNTRAINED_TASKS):
+            raise ValueError(
+                f"{sub} needs --ckpt_path: the model {cfg.model.class_path.rpartition('.')[2]} is trained, and "
+                "without a checkpoint it would score random weights (e.g. --ckpt_path runs/<name>/checkpoints/best.ckpt)"
+            )
+        data = cfg.data.init_args
+        state = data_state(ckpt) if ckpt else None
+        if state is not None and "vocab_path" in data and data.get("vocab_path") is None and "vocab" in state:
+            data.vocab_path = str(ckpt)  # the checkpoint carries the vocabulary of its run
+        if state is not None and "features_path" in data and data.get("features_path") is None and "features" in state:
+            data.features_path = str(ckpt)
+        if ckpt and "vocab_path" in data and data.get("vocab_path") is None:
+            vocab = find_vocab(ckpt)
+            if vocab is None and sub == "predict":
+                raise FileNotFoundError(
+                    f"no vocab.parquet beside {ckpt}; pass --data.vocab_path to the vocabulary of that training run"
+                )
+            data.vocab_path = None if vocab is None else str(vocab)
+        if ckpt and "features_path" in data and data.get("features_path") is None:
+            features = find_features(ckpt)
+            side = data.get("side_features")
+            wants = side is not None and any(side.get(k) for k in ("categorical", "continuous", "time", "position"))
+            if features is None and wants and sub == "predict":
+                raise FileNotFoundError(
+                    f"no features.npz beside {ckpt}; pass --data.features_path to the side-feature transforms "
+                    "of that training run"
+                )
+            data.features_path = None if features is None else str(features)
+
+    def after_instantiate_classes(self) -> None:
+        """Refuse a data module that derives other model settings than the checkpoint's (one line)."""
+        if not self._held:
+            return
+        derived = plain_hparams(self.model)
+        for key, name in FROM_DATA.items():
+            if key in self._held and key in derived and not same_value(derived[key], self._held[key]):
+                why = (
+                    "the network's shape is fixed by training; evaluate with the checkpoint's value" if key == "max_length"
+                    else "read the data with the vocabulary and feature transforms of the training run (the checkpoint "
+                    "carries them; --data.vocab_path and --data.features_path name others)"
+                )
+                raise ValueError(
+                    f"{name} {show(derived[key])} differs from the checkpoint's {show(self._held[key])} ({self._checkpoint}): {why}"
+                )
+
+    def after_fit(self) -> None:
+        """Print the final metrics and the best checkpoint, and write its model directory beside it."""
+        trainer, model = self.trainer, self.model
+        if trainer.fast_dev_run or not trainer.is_global_zero:
+            return
+        shown = " ".join(f"{k}={float(v):.6f}" for k, v in sorted(trainer.callback_metrics.items()) if "/" in k)
+        print(f"sessrec fit: final metrics: {shown}")
+        saved = [cb.best_model_path for cb in trainer.checkpoint_callbacks if cb.best_model_path]
+        best = next((path for path in saved if Path(path).name != "last.ckpt"), saved[0] if saved else "")
+        if not best or not hasattr(model, "save_pretrained"):
+            return
+        trained = load_checkpoint(best)
+        trained.attach_data(self.datamodule)
+        directory = trained.save_pretrained(Path(best).parent.parent / "model")
+        print(f"sessrec fit: best checkpoint {best}; model directory {directory}")
+
+
+UNTRAINED_TASKS = ("BaselineTask",)  # tasks with nothing to train: test and predict need no checkpoint
+
+
+def cli(args: list[str] | None = None) -> SessrecCLI:
+    """Run the CLI in-process and return it (trainer, model and data module for inspection)."""
+    return SessrecCLI(
+        pl.LightningModule,
+        pl.LightningDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        seed_everything_default=0,
+        save_config_kwargs={"overwrite": True},
+        args=args,
+    )
+
+
+def refuse_renamed(args: list[str]) -> None:
+    """One line for a renamed model setting (``--model.top_k`` -> ``--model.evaluation.top_k``), on the
+    command line or in a ``--config`` file, before jsonargparse reports an unknown option."""
+    task = task_class(_task_path(args))
+    if task is None:
+        return
+    for arg in args:
+        if not arg.startswith("--model."):
+            continue
+        key = arg[2:].partition("=")[0]
+        new = renamed(task, key.removeprefix("model.").removeprefix("init_args."))
+        if new is not None:
+            raise ValueError(f"--{key} was renamed: use --model.{new}")
+    for path in _config_paths(args):
+        model = _recipe(path).get("model")
+        if not isinstance(model, dict):
+            continue
+        inner = model.get("init_args")
+        for block, where in ((model, "model"), (inner if isinstance(inner, dict) else {}, "model.init_args")):
+            for name in block:
+                new = renamed(task, str(name))
+                if new is not None:
+                    raise ValueError(f"{path}: {where}.{name} was renamed: use {where}.{new}")
+
+
+def _task_path(args: list[str]) -> str:
+    """The task class the arguments choose: the last ``model.class_path`` of a ``--config`` file or a
+    ``--model.class_path`` flag, in order (`NextItemTask` when none does)."""
+    found = "sessrec.tasks.NextItemTask"
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        value = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+        if name == "--config":
+            model = _recipe(Path(value)).get("model")
+            given = model.get("class_path") if isinstance(model, dict) else None
+            found = str(given) if given else found
+        elif name == "--model.class_path" and value:
+            found = value
+    return found

@@ -1,0 +1,97 @@
+"""Saved directories whose parts know they belong together.
+
+A saved model or pipeline is a folder of parts (weights, vocabulary, feature state, stage arrays)
+described by one JSON file (``config.json``, ``pipeline.json``) that is written last. The
+description records the content hash of every part (``"parts": {"model.safetensors":
+"sha256:..."}``), so a part copied in from another run, a vocabulary with its rows permuted, or a
+truncated file is refused with one line naming it, before anything is built from it.
+
+Example:
+    >>> import tempfile, pathlib
+    >>> folder = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = (folder / "a.bin").write_bytes(b"weights")
+    >>> spec = describe(folder, {"format": "demo", "version": 1}, ["a.bin"])
+    >>> write_description(folder, "spec.json", spec)
+    >>> read_description(folder, "spec.json", "demo", 1)["parts"]["a.bin"][:7]
+    'sha256:'
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from sessrec.saved.atomic import digest, write_text
+
+
+def describe(folder: Path, spec: dict[str, Any], parts: Iterable[str]) -> dict[str, Any]:
+    """`spec` with the content hash of each of `parts` (files of `folder`) under ``"parts"``."""
+    return {**spec, "parts": {name: digest(folder / name) for name in sorted(parts)}}
+
+
+def write_description(folder: Path, name: str, spec: dict[str, Any]) -> None:
+    """Write the description last, atomically: a folder with a description has all its parts."""
+    write_text(folder / name, json.dumps(spec, indent=1, default=_json_default))
+
+
+def read_description(folder: str | os.PathLike, name: str, format: str, versions: int | tuple[int, ...]) -> dict[str, Any]:
+    """The checked description `name` of `folder`: valid JSON of the right format and version, every
+    listed part present with its recorded hash. One line naming the file for anything else."""
+    folder = Path(folder)
+    path = folder / name
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder}: no such directory")
+    if not path.exists():
+        raise FileNotFoundError(f"{folder}: not a saved {format.rpartition('.')[2]} directory (no {name})")
+    try:
+        spec = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: not valid JSON ({err})") from None
+    except RecursionError:
+        raise ValueError(f"{path}: nested too deeply to be a saved description") from None
+    versions = (versions,) if isinstance(versions, int) else versions
+    if not isinstance(spec, dict) or spec.get("format") != format or spec.get("version") not in versions:
+        found = f"{spec.get('format')!r} version {spec.get('version')!r}" if isinstance(spec, dict) else type(spec).__name__
+        raise ValueError(f"{path}: format {found} is not {format!r} version {' or '.join(map(str, versions))}")
+    check_parts(folder, spec.get("parts", {}), path)
+    return spec
+
+
+def digest_of_parts(parts: dict[str, str]) -> str:
+    """One ``sha256:<hex>`` for a set of named content hashes (order-free)."""
+    h = hashlib.sha256()
+    for name in sorted(parts):
+        h.update(f"{name}\0{parts[name]}\n".encode())
+    return f"sha256:{h.hexdigest()}"
+
+
+def check_parts(folder: Path, parts: Any, source: Path) -> None:
+    """Refuse a part that is missing or whose content is not the one `source` recorded."""
+    if not isinstance(parts, dict):
+        raise ValueError(f"{source}: 'parts' must map file names to content hashes, got {type(parts).__name__}")
+    for name, recorded in parts.items():
+        part = folder / str(name)
+        if Path(str(name)).name != name:
+            raise ValueError(f"{source}: part {name!r} is not a file name of the directory")
+        if not part.is_file():
+            raise FileNotFoundError(f"{folder}: the saved directory lacks {name}, a part that {source.name} lists")
+        found = digest(part)
+        if found != recorded:
+            raise ValueError(
+                f"{part}: does not belong to this directory (its content hash is {found[:19]}..., {source.name} "
+                f"records {str(recorded)[:19]}...): a part from another run or a changed file; save the model again"
+            )
+
+
+def _json_default(value: Any) -> Any:
+    import numpy as np
+
+    if isinstance(value, (np.integer, np.floating)):
+        return value.item()
+    if isinstance(value, (tuple, set)):
+        return list(value)
+    raise TypeError(f"cannot save a {type(value).__name__} in a saved directory's description")

@@ -1,0 +1,321 @@
+"""Versioned directories: every save an immutable version, one atomic pointer to the current one.
+
+A model or pipeline directory ``D`` that has been saved into more than once, or promoted into by
+``sessrec retrain``, looks like this::
+
+    D/
+      CURRENT            the current version's name, one line, replaced atomically
+      versions/v000001/  one complete version: every part written and fsynced before it got its name
+      versions/v000002/
+      promotions.jsonl   the log: one JSON line per decision, fsynced before the pointer moves
+      .lock              held (flock) by the one process that writes D
+
+A reader calls `resolve(D)` and reads the directory it returns; a directory without ``CURRENT``
+(written by `write_directory`'s first save, or by an older sessrec) is read as it is. A writer
+goes through `VersionedDirectory`: `add` writes a version under a staging name and renames it
+into ``versions/`` only when every byte is on disk; `promote` appends the decision to the log,
+then moves the pointer. A crash at any point therefore leaves the old version current or the new
+one, never a mix: before the rename a staging folder that nobody reads; after it a complete
+version that the pointer names or not; between the log and the pointer, a log that is one step
+ahead, which `recover` (run by every writer before it writes) completes.
+
+Old versions are kept up to `keep`, and never the current one, the one before it (the rollback
+target) or the best promoted so far (the ``best`` the log names last).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from sessrec.saved.atomic import fsync_dir, fsync_tree, write_text
+
+POINTER, VERSIONS, LOG, LOCK = "CURRENT", "versions", "promotions.jsonl", ".lock"
+_NAME = re.compile(r"^v(\d{6,})$")
+_STAGING, _TRASH = ".staging-", ".trash-"
+POINTER_EVENTS = ("save", "promote", "rollback")  # log entries that move the pointer
+SAVED_MARKERS = (POINTER, "config.json", "pipeline.json")  # what makes a folder a saved directory
+
+
+def resolve(directory: str | os.PathLike) -> Path:
+    """The directory to read now: the current version of a versioned directory, else `directory` itself."""
+    directory = Path(directory)
+    pointer = directory / POINTER
+    if not directory.is_dir():
+        raise FileNotFoundError(f"{directory}: no such model directory")
+    if not pointer.exists():
+        return directory
+    name = pointer.read_text().strip()
+    if not _NAME.match(name):
+        raise ValueError(f"{pointer}: names version {name!r}, not a version of the form v000001")
+    version = directory / VERSIONS / name
+    if not version.is_dir():
+        raise FileNotFoundError(f"{pointer}: names version {name}, which {directory / VERSIONS} does not hold")
+    return version
+
+
+def current_version(directory: str | os.PathLike) -> str | None:
+    """The current version's name, or None for a directory without versions."""
+    pointer = Path(directory) / POINTER
+    return pointer.read_text().strip() if pointer.exists() else None
+
+
+def write_directory(directory: str | os.PathLike, write: Callable[[Path], Any], keep: int = 5) -> Path:
+    """Save a new version of `directory` written by ``write(folder)`` and make it current; returns the
+    folder that holds it (`resolve(directory)` from now on).
+
+    The first save into a new or empty folder writes it in place (a plain directory, nothing to
+    replace); every later save adds a version and moves the pointer (`VersionedDirectory.publish`).
+    """
+    directory = Path(directory)
+    if not directory.exists() or (directory.is_dir() and not any(directory.iterdir())):
+        return _write_plain(directory, write)
+    if not directory.is_dir() or not any((directory / name).exists() for name in SAVED_MARKERS):
+        raise FileExistsError(
+            f"{directory}: exists and is not a saved model or pipeline directory; save into a new or empty folder"
+        )
+    return VersionedDirectory(directory, keep=keep).publish(write)
+
+
+def _write_plain(directory: Path, write: Callable[[Path], Any]) -> Path:
+    """Write a new directory under a temporary sibling name, fsync it, rename it into place."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    try:
+        tmp.chmod(0o755)  # mkdtemp's 0700 would make the model private to this user
+        write(tmp)
+        fsync_tree(tmp)
+        if directory.exists():
+            directory.rmdir()  # empty (checked by the caller); a folder that filled meanwhile makes this fail
+        os.replace(tmp, directory)
+        fsync_dir(directory.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return directory
+
+
+class VersionedDirectory:
+    """The writer of a versioned directory (see the module docstring).
+
+    Args:
+        root: the directory (created when missing).
+        keep: versions kept at least (the newest ones); the current one, the one before it and
+            the best promoted are kept besides.
+    """
+
+    def __init__(self, root: str | os.PathLike, keep: int = 5) -> None:
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+            raise ValueError(f"keep must be an integer >= 1, got {keep!r}")
+        self.root, self.keep = Path(root), keep
+        self._lock_fd: int | None = None
+
+    # -- reading --------------------------------------------------------------------------------
+    def path(self, version: str) -> Path:
+        return self.root / VERSIONS / version
+
+    def versions(self) -> list[str]:
+        """The complete versions, oldest first."""
+        folder = self.root / VERSIONS
+        names = [p.name for p in folder.iterdir() if p.is_dir() and _NAME.match(p.name)] if folder.is_dir() else []
+        return sorted(names, key=lambda n: int(_NAME.match(n).group(1)))
+
+    def current_version(self) -> str | None:
+        return current_version(self.root)
+
+    def history(self) -> list[dict[str, Any]]:
+        """The log's entries, oldest first (a last line cut short by a crash is left out)."""
+        path = self.root / LOG
+        if not path.exists():
+            return []
+        entries = []
+        for number, line in enumerate(path.read_text().split("\n")[:-1], 1):  # text after the last newline is cut short
+            try:
+                entries.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}: line {number} is not JSON ({err}); the log was edited by hand") from None
+        return entries
+
+    # -- writing --------------------------------------------------------------------------------
+    @contextmanager
+    def lock(self) -> Iterator[VersionedDirectory]:
+        """Hold the directory's write lock (non-blocking: another writer holding it is an error)."""
+        if self._lock_fd is not None:  # re-entered by this writer
+            yield self
+            return
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.root / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise RuntimeError(
+                f"{self.root}: another process (pid {holder}) is writing this model directory (a retrain, save "
+                "or rollback); wait for it to finish"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self._lock_fd = fd
+        try:
+            yield self
+        finally:
+            self._lock_fd = None
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def add(self, write: Callable[[Path], Any]) -> str:
+        """Write a new version with ``write(folder)``; returns its name. The pointer does not move."""
+        with self.lock():
+            self._adopt_plain()
+            existing = [int(_NAME.match(n).group(1)) for n in self.versions()]
+            name = f"v{max(existing, default=0) + 1:06d}"
+            staging = self.root / f"{_STAGING}{name}-{os.getpid()}"
+            staging.mkdir(mode=0o755)
+            try:
+                write(staging)
+                fsync_tree(staging)
+                os.replace(staging, self.path(name))
+                fsync_dir(self.root / VERSIONS)
+            except BaseException:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise
+            return name
+
+    def promote(self, version: str, record: dict[str, Any] | None = None, event: str = "promote") -> Path:
+        """Log the move to `version` (fsynced), then point at it; returns its folder."""
+        if event not in POINTER_EVENTS:
+            raise ValueError(f"event must be one of {POINTER_EVENTS}, got {event!r}")
+        with self.lock():
+            if version not in self.versions():
+                raise FileNotFoundError(f"{self.root}: no complete version {version!r}; it holds {self.versions()}")
+            previous = self.current_version()
+            if previous is None and self._plain_files() and version != "v000001":
+                previous = "v000001"  # the plain directory's model, adopted as the first version
+            self.log({**(record or {}), "event": event, "version": version, "previous": previous})
+            self._point(version)
+            self._tidy()
+            return self.path(version)
+
+    def publish(self, write: Callable[[Path], Any], record: dict[str, Any] | None = None) -> Path:
+        """`add` a version and make it current (a save); returns its folder."""
+        with self.lock():
+            self.recover()
+            return self.promote(self.add(write), record, event="save")
+
+    def log(self, record: dict[str, Any]) -> None:
+        """Append one entry to the log, durably (a decision is never lost to a crash)."""
+        entry = {"at": datetime.now(timezone.utc).isoformat(timespec="seconds"), **record}
+        with self.lock():
+            path = self.root / LOG
+            with open(path, "a") as fh:
+                fh.write(json.dumps(entry) + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+            fsync_dir(self.root)
+
+    def recover(self) -> str | None:
+        """Bring the directory in line with its log after a crash; returns the current version.
+
+        Removes staging folders and deleted versions left by a crash, cuts a log line the crash cut
+        short, and moves the pointer to the version of the log's last pointer move when it lags.
+        """
+        with self.lock():
+            for leftover in self.root.iterdir():
+                if leftover.name.startswith((_STAGING, _TRASH)):
+                    shutil.rmtree(leftover, ignore_errors=True)
+            log = self.root / LOG
+            if log.exists():
+                data = log.read_bytes()
+                if data and not data.endswith(b"\n"):
+                    with open(log, "r+b") as fh:
+                        fh.truncate(data.rfind(b"\n") + 1)
+                        os.fsync(fh.fileno())
+            moves = [e for e in self.history() if e.get("event") in POINTER_EVENTS]
+            if moves and moves[-1]["version"] != self.current_version() and moves[-1]["version"] in self.versions():
+                self._point(moves[-1]["version"])
+            if self.current_version() is not None:
+                self._remove_adopted()
+            return self.current_version()
+
+    def rollback(self, to: str | None = None) -> str:
+        """Make `to` (default: the version current before this one) current again; returns its name."""
+        if not self.root.is_dir():
+            raise FileNotFoundError(f"{self.root}: no such model directory")
+        with self.lock():
+            current = self.recover()
+            if current is None:
+                raise ValueError(f"{self.root}: holds one model and no versions (it was saved once): nothing to roll back to")
+            if to is None:
+                moves = [e for e in self.history() if e.get("event") in POINTER_EVENTS and e.get("version") == current]
+                to = moves[-1].get("previous") if moves else None
+                if to is None:
+                    raise ValueError(f"{self.root}: the log names no version before {current}; give --to VERSION")
+            if to not in self.versions():
+                raise ValueError(f"{self.root}: no version {to!r}; it holds {self.versions()}")
+            if to == current:
+                raise ValueError(f"{self.root}: {to} is already the current version")
+            self.promote(to, {"reason": f"rollback from {current}"}, event="rollback")
+            return to
+
+    # -- internals --------------------------------------------------------------------------------
+    def _point(self, version: str) -> None:
+        write_text(self.root / POINTER, version + "\n")
+
+    def _plain_files(self) -> list[Path]:
+        """The files of a plain (unversioned) directory's one model, at the top of `root`."""
+        reserved = {POINTER, VERSIONS, LOG, LOCK}
+        return [p for p in self.root.iterdir()
+                if p.name not in reserved and not p.name.startswith((_STAGING, _TRASH)) and p.is_file()]
+
+    def _adopt_plain(self) -> None:
+        """Before the first version of a plain directory: its files become version v000001 (linked,
+        not moved, so the plain directory stays readable until the pointer exists)."""
+        if self.current_version() is not None or self.versions() or not self._plain_files():
+            (self.root / VERSIONS).mkdir(exist_ok=True)
+            return
+        (self.root / VERSIONS).mkdir(exist_ok=True)
+        staging = self.root / f"{_STAGING}v000001-{os.getpid()}"
+        staging.mkdir(mode=0o755)
+        for path in self._plain_files():
+            try:
+                os.link(path, staging / path.name)
+            except OSError:
+                shutil.copy2(path, staging / path.name)
+        fsync_tree(staging)
+        os.replace(staging, self.path("v000001"))
+        fsync_dir(self.root / VERSIONS)
+        self.log({"event": "adopt", "version": "v000001", "reason": "the plain directory's model, kept as a version"})
+
+    def _remove_adopted(self) -> None:
+        """Once a pointer exists, the plain files it replaced (kept in v000001) go."""
+        adopted = self.path("v000001")
+        for path in self._plain_files():
+            if (adopted / path.name).exists():
+                path.unlink()
+
+    def _tidy(self) -> None:
+        self._remove_adopted()
+        names = self.versions()
+        history = self.history()
+        keep = set(names[-self.keep :]) | {self.current_version()}
+        moves = [e for e in history if e.get("event") in POINTER_EVENTS]
+        if moves:
+            keep.add(moves[-1].get("previous"))
+        best = [e["best"] for e in history if e.get("best")]
+        if best:
+            keep.add(best[-1])
+        for name in names:
+            if name not in keep:
+                trash = self.root / f"{_TRASH}{name}"
+                os.replace(self.path(name), trash)  # out of versions/ in one step, then deleted
+                shutil.rmtree(trash, ignore_errors=True)

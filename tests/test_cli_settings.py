@@ -1,0 +1,262 @@
+"""The model's settings at ``sessrec validate|test|predict --ckpt_path`` (`sessrec.tasks.restore`).
+
+Evaluation settings are the given ones (recipe, command line), else the checkpoint's; training
+settings are the checkpoint's, with a note for a given value that differs; the network's settings
+are the checkpoint's, and a given value that differs is refused with one line. Renamed settings
+name the key that replaces them.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from sessrec.cli import cli
+from sessrec.data import ItemVocab
+from sessrec.tasks import BaselineTask, DLRMTask, NextItemTask
+from sessrec.tasks.restore import merge_with_checkpoint, renamed
+
+torch.set_num_threads(1)
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ["--trainer.enable_progress_bar", "false", "--trainer.logger", "false",
+        "--data.source.init_args.num_sessions", "2000", "--data.source.init_args.num_items", "150"]
+TINY = ["--config", str(ROOT / "recipes" / "quickstart.yaml"), *DATA, "--trainer.max_epochs", "1",
+        "--model.encoder.init_args.d_model", "16", "--model.encoder.init_args.n_head", "2",
+        "--model.encoder.init_args.n_layer", "1"]
+TRAINED_TOP_K = 7  # the checkpoint's evaluation.top_k, not the default 20
+
+
+def sessrec_main(monkeypatch: pytest.MonkeyPatch, *args: str) -> str:
+    """Run the ``sessrec`` entry point; the one-line error it exits with ("" when it succeeds)."""
+    from sessrec.cli import main
+
+    monkeypatch.setattr("sys.argv", ["sessrec", *args])
+    try:
+        main()
+    except SystemExit as exit:
+        message = str(exit.code)
+        assert "\n" not in message and "Traceback" not in message
+        return message
+    return ""
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("fitted")
+    cli(["fit", *TINY, "--trainer.default_root_dir", str(run), "--model.evaluation.top_k", str(TRAINED_TOP_K)])
+    return next(run.glob("**/checkpoints/best.ckpt"))
+
+
+@pytest.fixture(scope="module")
+def sessions(checkpoint, tmp_path_factory) -> Path:
+    """Sessions of known items for predict: long ones, so that a seen item ranks high without exclusion."""
+    raw = ItemVocab.load(checkpoint.parent / "vocab.parquet").raw_ids.to_pylist()
+    path = tmp_path_factory.mktemp("sessions") / "sessions.parquet"
+    items = [raw[i : i + 12] for i in range(0, 120, 12)]
+    pq.write_table(pa.table({"session_id": [f"s{i}" for i in range(len(items))], "item_id": items}), path)
+    return path
+
+
+def predicted(checkpoint: Path, sessions: Path, out: Path, *flags: str) -> dict[str, list]:
+    cli(["predict", *TINY, "--ckpt_path", str(checkpoint), "--data.predict_path", str(sessions),
+         "--scoring.output", str(out), *flags])
+    return {row["session_id"]: row["item_ids"] for row in pq.read_table(out).to_pylist()}
+
+
+def test_predict_takes_top_k_from_the_command_line_else_from_the_checkpoint(checkpoint, sessions, tmp_path):
+    assert {len(v) for v in predicted(checkpoint, sessions, tmp_path / "a.parquet").values()} == {TRAINED_TOP_K}
+    given = predicted(checkpoint, sessions, tmp_path / "b.parquet", "--model.evaluation.top_k", "5")
+    assert len(given) == 10 and {len(v) for v in given.values()} == {5}
+
+
+def test_predict_excludes_seen_items_when_told(checkpoint, sessions, tmp_path):
+    seen = {row["session_id"]: set(row["item_id"]) for row in pq.read_table(sessions).to_pylist()}
+    plain = predicted(checkpoint, sessions, tmp_path / "a.parquet", "--model.evaluation.top_k", "40")
+    excluded = predicted(checkpoint, sessions, tmp_path / "b.parquet", "--model.evaluation.top_k", "40",
+                         "--model.evaluation.exclude_seen", "true")
+    assert sum(len(seen[s] & set(items)) for s, items in plain.items()) > 0  # without it, seen items are recommended
+    assert all(not seen[s] & set(items) and len(items) == 40 for s, items in excluded.items())
+
+
+def test_test_excludes_seen_items_when_told(checkpoint):
+    plain = cli(["test", *TINY, "--ckpt_path", str(checkpoint)]).trainer.callback_metrics
+    excluded = cli(["test", *TINY, "--ckpt_path", str(checkpoint), "--model.evaluation.exclude_seen", "true"])
+    assert excluded.model.evaluation.exclude_seen
+    # the synthetic sessions repeat items: excluding them changes every metric
+    metrics = excluded.trainer.callback_metrics
+    assert all(float(metrics[k]) != pytest.approx(float(plain[k])) for k in ("test/recall@20", "test/mrr@20"))
+    assert float(metrics["test/loss"]) == pytest.approx(float(plain["test/loss"]))  # the loss is computed before the filter
+
+
+@pytest.mark.parametrize("sub, stage", [("test", "test"), ("validate", "val")])
+def test_ks_from_the_command_line(checkpoint, sub, stage):
+    metrics = cli([sub, *TINY, "--ckpt_path", str(checkpoint), "--model.evaluation.ks", "[5]"]).trainer.callback_metrics
+    assert sorted(k for k in metrics if "@" in k) == [f"{stage}/mrr@5", f"{stage}/ndcg@5", f"{stage}/recall@5"]
+    assert 0 < float(metrics[f"{stage}/mrr@5"]) <= float(metrics[f"{stage}/recall@5"])
+
+
+def test_not_given_settings_are_the_checkpoints(checkpoint):
+    """A recipe without a model block: the network and the evaluation settings of the checkpoint."""
+    data = ["--config", str(ROOT / "recipes" / "data" / "synthetic.yaml"), *DATA]
+    task = cli(["test", *data, "--ckpt_path", str(checkpoint)]).model
+    assert task.hparams.encoder["init_args"]["d_model"] == 16 and task.evaluation.top_k == TRAINED_TOP_K
+    assert task.hparams.objective["class_path"].endswith("MaskedItemModeling")
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--model.encoder.init_args.d_model", "32"],
+     ("--model.encoder.init_args.d_model 32 differs from the checkpoint's 16 ({ckpt}): the network (its shape and what "
+      "it computes) is fixed by training; evaluate with the checkpoint's value")),
+    (["--model.dropout", "0.3", "--model.encoder.init_args.n_layer", "2"],
+     "--model.dropout 0.3 differs from the checkpoint's 0.1 ({ckpt}) (1 more setting differs): the network"),
+    (["--model.objective", '{"class_path": "sessrec.models.CausalLanguageModeling"}'],
+     ("--model.objective.class_path sessrec.models.CausalLanguageModeling differs from the checkpoint's "
+      "sessrec.models.masking.MaskedItemModeling ({ckpt})")),
+    (["--data.max_length", "30"],
+     "--data.max_length 30 differs from the checkpoint's 20 ({ckpt}): the network's shape is fixed by training"),
+], ids=["width", "dropout-and-depth", "objective", "max-length"])
+@pytest.mark.parametrize("sub", ["test", "predict"])
+def test_a_network_setting_that_differs_is_refused(monkeypatch, checkpoint, sessions, tmp_path, sub, flags, message):
+    out = tmp_path / "recs.parquet"
+    where = ["--data.predict_path", str(sessions), "--scoring.output", str(out)] if sub == "predict" else []
+    got = sessrec_main(monkeypatch, sub, *TINY, "--ckpt_path", str(checkpoint), *where, *flags)
+    assert got.startswith(f"sessrec {sub}: error: ") and message.format(ckpt=checkpoint) in got
+    assert not out.exists()
+
+
+def test_another_task_than_the_checkpoints_is_refused(monkeypatch, checkpoint):
+    got = sessrec_main(monkeypatch, "test", "--config", str(ROOT / "recipes" / "data" / "synthetic.yaml"), *DATA,
+                       "--config", str(ROOT / "recipes" / "model" / "vsknn.yaml"), "--ckpt_path", str(checkpoint))
+    assert "--model.class_path sessrec.tasks.BaselineTask differs from the checkpoint's sessrec.tasks.next_item.NextItemTask" in got
+
+
+def test_training_settings_are_the_checkpoints_with_a_note(checkpoint, capsys):
+    task = cli(["test", *TINY, "--ckpt_path", str(checkpoint), "--model.optimization.lr", "0.1",
+                "--model.seed", "4"]).model
+    assert task.optimization.lr == 0.003 and task.hparams.seed == 0  # the quickstart's lr, trained with
+    note = [line for line in capsys.readouterr().err.splitlines() if "note" in line]
+    assert note == [("sessrec test: note: training settings not used (test keeps the checkpoint's): --model.seed 4 "
+                     "differs from the checkpoint's 0; --model.optimization.lr 0.1 differs from the checkpoint's 0.003")]
+
+
+@pytest.mark.parametrize("saved", [False, True], ids=["recipe-and-flags", "saved-config"])
+def test_the_training_config_passes_without_a_note(checkpoint, capsys, saved):
+    """The recipe and flags of the training run, or the full config `sessrec fit` saved in its run folder."""
+    recipe = ["--config", str(checkpoint.parent.parent / "config.yaml")] if saved else TINY
+    task = cli(["test", *recipe, "--ckpt_path", str(checkpoint)]).model
+    assert task.evaluation.top_k == TRAINED_TOP_K
+    assert "note" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--model.evaluation.top_k", "0"], "evaluation top_k must be an integer >= 1, got 0"),
+    (["--model.evaluation.ks", "[5, -1]"], "evaluation ks must be positive integer cut-offs, got [5, -1]"),
+    (["--model.evaluation.ks", "[]"], "evaluation ks must be positive integer cut-offs, got []"),
+])
+@pytest.mark.parametrize("sub", ["test", "predict"])
+def test_bad_evaluation_settings_are_refused(monkeypatch, checkpoint, sessions, tmp_path, sub, flags, message):
+    out = tmp_path / "recs.parquet"
+    where = ["--data.predict_path", str(sessions), "--scoring.output", str(out)] if sub == "predict" else []
+    got = sessrec_main(monkeypatch, sub, *TINY, "--ckpt_path", str(checkpoint), *where, *flags)
+    assert got == f"sessrec {sub}: error: {message} (--traceback for details)"
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("flag, new", [
+    ("--model.top_k", "--model.evaluation.top_k"), ("--model.ks", "--model.evaluation.ks"),
+    ("--model.exclude_seen", "--model.evaluation.exclude_seen"), ("--model.lr", "--model.optimization.lr"),
+    ("--model.weight_decay", "--model.optimization.weight_decay"), ("--model.warmup_steps", "--model.schedule.warmup_steps"),
+    ("--model.scheduler", "--model.schedule.decay"), ("--model.schedule_seconds", "--model.schedule.seconds"),
+    ("--model.init_args.top_k", "--model.evaluation.top_k"),
+])
+def test_a_renamed_flag_names_the_new_key(monkeypatch, capsys, checkpoint, flag, new):
+    got = sessrec_main(monkeypatch, "test", *TINY, "--ckpt_path", str(checkpoint), flag, "5")
+    assert got == f"sessrec test: error: {flag} was renamed: use {new} (--traceback for details)"
+    assert "NestedArg" not in capsys.readouterr().err  # nothing of jsonargparse's printed before it
+
+
+def test_a_renamed_recipe_key_names_the_new_key(monkeypatch, capsys, tmp_path):
+    recipe = tmp_path / "old.yaml"
+    recipe.write_text("model:\n  exclude_seen: true\n  evaluation: {ks: [5]}\n")
+    got = sessrec_main(monkeypatch, "fit", *TINY, "--config", str(recipe))
+    assert got == f"sessrec fit: error: {recipe}: model.exclude_seen was renamed: use model.evaluation.exclude_seen (--traceback for details)"
+    assert capsys.readouterr().err == ""
+
+
+def test_renamed_depends_on_the_task():
+    assert renamed(NextItemTask, "lr") == "optimization.lr" and renamed(NextItemTask, "scheduler") == "schedule.decay"
+    assert renamed(BaselineTask, "top_k") == "evaluation.top_k"
+    assert renamed(BaselineTask, "lr") is None  # no optimization part: jsonargparse's unknown option
+    assert renamed(DLRMTask, "lr") is None and renamed(DLRMTask, "ks") is None  # its own settings
+    assert renamed(NextItemTask, "dropout") is None
+
+
+DLRM_HELD = {"cardinalities": {"hotel": 10}, "num_dense": 3, "embedding_dim": 16, "ks": [1, 5, 20], "lr": 0.001,
+             "embedding_optimizer": "adagrad_rowwise", "compile": False, "seed": 0}
+
+
+def test_dlrm_takes_ks_and_compile_keeps_the_training_settings_and_refuses_its_shape():
+    merged = merge_with_checkpoint(DLRMTask, DLRM_HELD, {"ks": [3], "compile": "aot_eager", "lr": 0.01, "embedding_dim": 16},
+                                   "dlrm.ckpt", from_data=("cardinalities", "num_dense"))
+    expected = {k: v for k, v in DLRM_HELD.items() if k not in ("cardinalities", "num_dense")}  # the data module's
+    assert merged.init_args == {**expected, "ks": [3], "compile": "aot_eager"}
+    assert merged.notes == ["--model.lr 0.01 differs from the checkpoint's 0.001"]
+    for key, value in (("embedding_dim", 32), ("embedding_optimizer", "sgd")):
+        with pytest.raises(ValueError, match=rf"^--model\.{key} {value} differs from the checkpoint's \S+ \(dlrm\.ckpt\): the network"):
+            merge_with_checkpoint(DLRMTask, DLRM_HELD, {key: value}, "dlrm.ckpt")
+
+
+def test_a_checkpoint_setting_the_task_does_not_take_is_refused():
+    with pytest.raises(ValueError, match=r"^x\.ckpt: the checkpoint's setting 'lr' is not one of NextItemTask's"):
+        merge_with_checkpoint(NextItemTask, {"dropout": 0.1, "lr": 0.01}, {}, "x.ckpt")
+
+
+def test_a_saved_part_is_compared_field_by_field():
+    held = {"evaluation": {"class_path": "sessrec.tasks.settings.Evaluation",
+                           "init_args": {"ks": [10, 20], "top_k": 20, "exclude_seen": True}},
+            "encoder": {"class_path": "sessrec.models.xlnet.XLNetEncoder", "init_args": {"d_model": 16, "n_head": 2}}}
+    given = {"evaluation": {"ks": [5]}, "encoder": {"class_path": "sessrec.models.XLNetEncoder", "init_args": {"d_model": 16}}}
+    merged = merge_with_checkpoint(NextItemTask, held, given, "x.ckpt")
+    assert merged.init_args["evaluation"] == {"ks": [5], "top_k": 20, "exclude_seen": True}
+    assert merged.init_args["encoder"] == held["encoder"] and merged.notes == []
+    with pytest.raises(ValueError, match=r"^--model\.encoder\.class_path sessrec\.models\.GRU4RecEncoder differs"):
+        merge_with_checkpoint(NextItemTask, held, {"encoder": {"class_path": "sessrec.models.GRU4RecEncoder"}}, "x.ckpt")
+
+
+# -- DLRMTask: ks and compile are its evaluation settings -------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def dlrm(tmp_path_factory) -> tuple[list[str], Path]:
+    """The DLRM recipe fitted for one epoch on a hand-made click-out log: (its flags, its best checkpoint)."""
+    from test_ranking_data import log_table
+
+    run = tmp_path_factory.mktemp("dlrm")
+    pq.write_table(log_table(), run / "log.parquet")
+    flags = ["--config", str(ROOT / "recipes" / "dlrm_trivago.yaml"), "--data.init_args.path", str(run / "log.parquet"),
+             "--data.init_args.test_hours", str(50 / 3600), "--data.init_args.valid_hours", str(30 / 3600),
+             "--data.init_args.min_count", "1", "--trainer.max_epochs", "1", "--trainer.enable_progress_bar", "false",
+             "--trainer.logger", "false", "--model.init_args.embedding_dim", "8", "--model.init_args.dense_layers", "[8, 8]",
+             "--model.init_args.over_layers", "[8]"]
+    cwd = os.getcwd()
+    os.chdir(run)  # the recipe keeps its checkpoints under runs/dlrm_trivago/
+    try:
+        cli(["fit", *flags])
+    finally:
+        os.chdir(cwd)
+    return flags, run / "runs" / "dlrm_trivago" / "checkpoints" / "best.ckpt"
+
+
+def test_dlrm_test_takes_ks_notes_lr_and_refuses_another_width(monkeypatch, capsys, dlrm):
+    flags, ckpt = dlrm
+    given = cli(["test", *flags, "--ckpt_path", str(ckpt), "--model.ks", "[2]", "--model.lr", "0.5"])
+    assert given.model.hparams.ks == [2] and given.model.hparams.lr == 0.001
+    assert sorted(k for k in given.trainer.callback_metrics if k.startswith("test/recall")) == ["test/recall@2"]
+    assert "--model.lr 0.5 differs from the checkpoint's 0.001" in capsys.readouterr().err
+    got = sessrec_main(monkeypatch, "test", *flags, "--ckpt_path", str(ckpt), "--model.embedding_dim", "4")
+    assert f"--model.embedding_dim 4 differs from the checkpoint's 8 ({ckpt}): the network" in got

@@ -1,0 +1,330 @@
+"""Versioned directories: saves and promotions that survive a crash at any point, rollback, the lock,
+and parts that must belong together."""
+
+import json
+import os
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+from sessrec.data import ItemVocab
+from sessrec.models import CausalLanguageModeling, GRU4RecEncoder
+from sessrec.saved import versions
+from sessrec.saved.versions import VersionedDirectory, resolve, write_directory
+from sessrec.tasks import NextItemTask
+
+torch.set_num_threads(1)
+VOCAB = ItemVocab(pa.array(np.arange(100, 130)), np.arange(30, 0, -1))
+
+
+def tiny_task(seed: int) -> NextItemTask:
+    torch.manual_seed(seed)
+    task = NextItemTask(num_items=len(VOCAB), max_length=8, encoder=GRU4RecEncoder(d_model=8),
+                        objective=CausalLanguageModeling()).eval()
+    task.vocab = VOCAB
+    return task
+
+
+def weights_of(directory) -> torch.Tensor:
+    return NextItemTask.from_pretrained(directory).model.item_embedding.weight.detach()
+
+
+def write_file(text: str):
+    return lambda folder: (folder / "config.json").write_text(text)
+
+
+def read_part(root) -> str:
+    return (resolve(root) / "config.json").read_text()
+
+
+# -- the store ----------------------------------------------------------------------------------
+
+def test_saving_again_adds_a_version_and_moves_the_pointer(tmp_path):
+    root = tmp_path / "model"
+    store = VersionedDirectory(root)
+    store.publish(write_file("one"))
+    store.publish(write_file("two"))
+    assert store.versions() == ["v000001", "v000002"] and store.current_version() == "v000002"
+    assert read_part(root) == "two" and resolve(root) == root / "versions" / "v000002"
+    moves = [(e["event"], e["version"], e["previous"]) for e in store.history()]
+    assert moves == [("save", "v000001", None), ("save", "v000002", "v000001")]
+
+
+def test_rollback_goes_back_one_version_or_to_the_one_named(tmp_path):
+    store = VersionedDirectory(tmp_path / "m")
+    for text in ("one", "two", "three"):
+        store.publish(write_file(text))
+    assert store.rollback() == "v000002" and read_part(store.root) == "two"
+    assert store.rollback(to="v000003") == "v000003" and read_part(store.root) == "three"
+    with pytest.raises(ValueError, match="no version 'v000009'"):
+        store.rollback(to="v000009")
+    with pytest.raises(ValueError, match="already the current version"):
+        store.rollback(to="v000003")
+
+
+def test_old_versions_are_pruned_but_the_current_previous_and_best_stay(tmp_path):
+    store = VersionedDirectory(tmp_path / "m", keep=2)
+    store.publish(write_file("one"))
+    store.log({"event": "decision", "best": "v000001"})
+    for text in ("two", "three", "four", "five"):
+        store.publish(write_file(text))
+    assert store.versions() == ["v000001", "v000004", "v000005"]  # the best, the newest two (v000004 also the previous)
+    store.log({"event": "decision", "best": "v000004"})
+    store.publish(write_file("six"))
+    store.log({"event": "decision", "best": "v000004"})
+    store.publish(write_file("seven"))
+    assert set(store.versions()) == {"v000004", "v000006", "v000007"}
+    assert not [p for p in store.root.iterdir() if p.name.startswith(".trash")]
+
+
+def test_a_second_writer_is_refused_while_the_first_holds_the_lock(tmp_path):
+    first, second = VersionedDirectory(tmp_path / "m"), VersionedDirectory(tmp_path / "m")
+    with first.lock():
+        with pytest.raises(RuntimeError, match=rf"another process \(pid {os.getpid()}\) is writing"):
+            with second.lock():
+                pass
+    with second.lock():  # released
+        pass
+
+
+def test_recover_completes_a_promotion_whose_pointer_did_not_move(tmp_path):
+    store = VersionedDirectory(tmp_path / "m")
+    store.publish(write_file("one"))
+    version = store.add(write_file("two"))
+    store.log({"event": "promote", "version": version, "previous": "v000001"})  # the crash came before the pointer
+    assert read_part(store.root) == "one"
+    with open(store.root / "promotions.jsonl", "a") as fh:
+        fh.write('{"event": "promote", "vers')  # and a line cut short by a later crash
+    assert store.recover() == "v000002" and read_part(store.root) == "two"
+    assert [e["version"] for e in store.history()] == ["v000001", "v000002"]
+
+
+def test_a_plain_directory_is_adopted_as_the_first_version(tmp_path):
+    root = tmp_path / "m"
+    write_directory(root, write_file("plain"))
+    assert (root / "config.json").exists() and not (root / "CURRENT").exists()  # the first save is a plain folder
+    write_directory(root, write_file("second"))
+    assert read_part(root) == "second" and not (root / "config.json").exists()
+    assert VersionedDirectory(root).rollback() == "v000001" and read_part(root) == "plain"
+
+
+def test_saving_into_a_folder_of_other_files_is_refused(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="is not a saved model or pipeline directory"):
+        write_directory(tmp_path, write_file("x"))
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_a_pointer_to_a_missing_version_is_one_line(tmp_path):
+    store = VersionedDirectory(tmp_path / "m")
+    store.publish(write_file("one"))
+    (store.root / "CURRENT").write_text("v000007\n")
+    with pytest.raises(FileNotFoundError, match="names version v000007, which .* does not hold"):
+        resolve(store.root)
+    (store.root / "CURRENT").write_text("../../etc\n")
+    with pytest.raises(ValueError, match="not a version of the form"):
+        resolve(store.root)
+
+
+# -- crashes ------------------------------------------------------------------------------------
+
+FS_EVENTS = ("open", "os.rename", "os.replace", "os.remove", "os.unlink", "os.rmdir", "os.mkdir", "os.link",
+             "os.symlink", "os.chmod", "os.truncate", "shutil.rmtree", "shutil.copyfile", "tempfile.mkdtemp",
+             "os.listdir", "os.scandir", "os.fsync")
+
+
+def crash_at(n: int, action) -> bool:
+    """Run `action` in a forked child that dies (``os._exit``) just before its `n`-th filesystem call;
+    True when the action finished before reaching it."""
+    pid = os.fork()
+    if pid == 0:  # the child: count the filesystem calls, die before the n-th
+        calls = [0]
+
+        def hook(event, args):
+            if event in FS_EVENTS:
+                calls[0] += 1
+                if calls[0] == n:
+                    os._exit(17)
+
+        real_fsync = os.fsync
+
+        def fsync(fd):
+            hook("os.fsync", (fd,))
+            return real_fsync(fd)
+
+        os.fsync = fsync
+        sys.addaudithook(hook)
+        try:
+            action()
+        except BaseException:
+            os._exit(3)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    assert code in (0, 17), f"the action failed on its own (exit {code}) at crash point {n}"
+    return code == 0
+
+
+@pytest.mark.parametrize("start", ["plain", "versioned"])
+def test_a_save_killed_before_any_filesystem_call_leaves_the_old_or_the_new_model(tmp_path, start):
+    old, new = tiny_task(0), tiny_task(1)
+    old_w, new_w = old.model.item_embedding.weight.detach(), new.model.item_embedding.weight.detach()
+    points = 0
+    while True:
+        points += 1
+        root = tmp_path / f"m{points}"
+        old.save_pretrained(root)
+        if start == "versioned":
+            old.save_pretrained(root)  # two saves: a pointer and versions exist before the crash
+        finished = crash_at(points, lambda: new.save_pretrained(root))
+        loaded = weights_of(root)  # as a server would read it, before any writer recovers anything
+        assert torch.equal(loaded, new_w if finished else old_w) or torch.equal(loaded, new_w), points
+        VersionedDirectory(root).recover()
+        after = weights_of(root)
+        assert torch.equal(after, old_w) or torch.equal(after, new_w), points
+        if finished:
+            break
+    assert points > 20  # every call of the save was a crash point: links, writes, fsyncs, renames, the log
+
+
+def test_a_promotion_killed_at_random_moments_keeps_log_and_pointer_in_agreement(tmp_path):
+    rng = np.random.default_rng(0)
+    store = VersionedDirectory(tmp_path / "m")
+    store.publish(write_file("v1"))
+    for turn in range(24):
+        text = f"turn {turn}"
+
+        def promote():
+            with store.lock():
+                store.recover()
+                version = store.add(write_file(text))
+                store.promote(version, {"reason": text})
+
+        crash_at(int(rng.integers(1, 40)), promote)
+        current = store.recover()
+        moves = [e for e in store.history() if e["event"] in versions.POINTER_EVENTS]
+        assert moves[-1]["version"] == current  # the log's last move is what the pointer names
+        assert read_part(store.root) == (moves[-1].get("reason") or "v1")
+        assert not [p for p in store.root.iterdir() if p.name.startswith((".staging", ".trash"))]
+
+
+# -- parts that belong together -----------------------------------------------------------------
+
+def test_a_vocabulary_swapped_or_permuted_is_refused(tmp_path):
+    tiny_task(0).save_pretrained(tmp_path / "m")
+    other = ItemVocab(pa.array(np.arange(200, 230)), np.arange(30, 0, -1))
+    other.save(tmp_path / "m" / "vocab.parquet")
+    with pytest.raises(ValueError, match=r"vocab.parquet: does not belong to this directory"):
+        NextItemTask.from_pretrained(tmp_path / "m")
+    permuted = ItemVocab(pa.array(np.arange(100, 130)[::-1].copy()), np.arange(30, 0, -1))
+    permuted.save(tmp_path / "m" / "vocab.parquet")
+    with pytest.raises(ValueError, match=r"vocab.parquet: does not belong to this directory"):
+        NextItemTask.from_pretrained(tmp_path / "m")
+
+
+def test_a_vocabulary_whose_hash_was_edited_in_is_refused_by_its_fingerprint(tmp_path):
+    from sessrec.saved.atomic import digest
+
+    tiny_task(0).save_pretrained(tmp_path / "m")
+    permuted = ItemVocab(pa.array(np.arange(100, 130)[::-1].copy()), np.arange(30, 0, -1))
+    permuted.save(tmp_path / "m" / "vocab.parquet")
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    config["parts"]["vocab.parquet"] = digest(tmp_path / "m" / "vocab.parquet")
+    (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="is not the vocabulary this model was trained with"):
+        NextItemTask.from_pretrained(tmp_path / "m")
+
+
+def test_weights_from_another_run_are_refused(tmp_path):
+    tiny_task(0).save_pretrained(tmp_path / "a")
+    tiny_task(1).save_pretrained(tmp_path / "b")
+    (tmp_path / "a" / "model.safetensors").write_bytes((tmp_path / "b" / "model.safetensors").read_bytes())
+    with pytest.raises(ValueError, match=r"model.safetensors: does not belong to this directory"):
+        NextItemTask.from_pretrained(tmp_path / "a")
+
+
+def test_a_directory_without_part_hashes_still_loads(tmp_path):
+    task = tiny_task(0)
+    task.save_pretrained(tmp_path / "m")
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    for key in ("parts", "vocab"):
+        config.pop(key)
+    config["version"] = 1
+    (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+    assert torch.equal(weights_of(tmp_path / "m"), task.model.item_embedding.weight.detach())
+
+
+def test_sessrec_rollback_on_the_command_line(tmp_path, capsys):
+    from sessrec.cli import run
+
+    store = VersionedDirectory(tmp_path / "m")
+    for text in ("one", "two"):
+        store.publish(write_file(text))
+    assert run(["rollback", "--model-dir", str(store.root)]) == "v000001" and read_part(store.root) == "one"
+    assert "v000001 is current (was v000002)" in capsys.readouterr().out
+    with pytest.raises(FileNotFoundError, match="no such model directory"):
+        run(["rollback", "--model-dir", str(tmp_path / "none")])
+    assert not (tmp_path / "none").exists()
+    write_directory(tmp_path / "plain", write_file("once"))
+    with pytest.raises(ValueError, match="holds one model and no versions"):
+        run(["rollback", "--model-dir", str(tmp_path / "plain")])
+
+
+def test_a_retrain_promotion_killed_at_random_moments_keeps_record_pointer_and_model_in_agreement(tmp_path):
+    """`settle`, the decision and promotion of a `sessrec retrain` turn, on real model directories, killed
+    before a random filesystem call (or by SIGKILL after a random delay) in 24 turns: after each, the
+    record's last pointer move is what the pointer names, and the model loads with that version's weights."""
+    import signal
+    import time
+
+    from sessrec.deploy.gate import Gate
+    from sessrec.deploy.pairs import PairRanks
+    from sessrec.deploy.retrain import Standing, settle
+
+    rng = np.random.default_rng(0)
+    n = 2000
+    pairs = dict(sessions=np.arange(n), positions=np.zeros(n, dtype=np.int64))
+    current_ranks = PairRanks(ranks=rng.integers(1, 60, n).astype(float), metrics={}, **pairs)
+    better = PairRanks(ranks=np.minimum(current_ranks.ranks, 3.0), metrics={}, **pairs)  # passes the gate every turn
+    candidates = {}
+    for seed in range(4):
+        candidates[seed] = tiny_task(seed + 10).save_pretrained(tmp_path / f"candidate{seed}")
+    expected = {str(c): weights_of(c) for c in candidates.values()}
+    root = tmp_path / "served"
+    tiny_task(0).save_pretrained(root)
+    store = VersionedDirectory(root)
+    gate = Gate(metric="recall@20", tolerance=0.005, min_pairs=1000, samples=200)
+
+    def turn(candidate):
+        with store.lock():
+            store.recover()
+            settle(store, Standing.read(store), gate, {"candidate": lambda: better, "current": lambda: current_ranks},
+                   candidate, True, {"train_seconds": 0.0})
+
+    for number in range(24):
+        candidate = candidates[number % 4]
+        if number % 3 == 2:  # a real SIGKILL after a random delay
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    turn(candidate)
+                finally:
+                    os._exit(0)
+            time.sleep(float(rng.uniform(0.0, 0.05)))
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        else:
+            crash_at(int(rng.integers(1, 60)), lambda: turn(candidate))
+        with store.lock():
+            current = store.recover()
+        moves = [e for e in store.history() if e["event"] in versions.POINTER_EVENTS]
+        if current is None:  # killed before the first promotion: still the plain directory's model
+            assert not moves and torch.equal(weights_of(root), tiny_task(0).model.item_embedding.weight.detach())
+            continue
+        assert moves[-1]["version"] == current, number
+        if moves[-1]["event"] == "promote":
+            assert moves[-1]["promoted"] and torch.equal(weights_of(root), expected[moves[-1]["candidate"]]), number
+    assert len([e for e in store.history() if e["event"] == "promote"]) >= 5  # most turns got through

@@ -28,12 +28,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sessrec.data import SessionDataModule, SyntheticSource
 from sessrec.deploy import server
-from sessrec.deploy.recommender import SessionRecommender, join_sessions, resolve
+from sessrec.deploy.recommender import SessionRecommender, join_sessions
 from sessrec.deploy.request import Limits
 from sessrec.deploy.server import Overload, Served, build_app, serve
 from sessrec.models import MaskedItemModeling, XLNetEncoder
 from sessrec.pipeline.pipeline import Pipeline
 from sessrec.pipeline.retrieval.covisitation import CoVisitation
+from sessrec.saved.versions import resolve
 from sessrec.tasks import NextItemTask
 
 torch.set_num_threads(1)
@@ -550,7 +551,7 @@ def test_resolve_reads_the_current_version_pointer(pipe, tmp_path: Path) -> None
     assert resolve(root) == version
     assert Served.load(root).version == "v000007"
     (root / "CURRENT").write_text("../plain\n")
-    with pytest.raises(ValueError, match="names version '../plain', not the name of a folder"):
+    with pytest.raises(ValueError, match="names version '../plain', not a version of the form v000001"):
         resolve(root)
     (root / "CURRENT").write_text("v000008")
     with pytest.raises(FileNotFoundError, match="names version v000008, which .* does not hold"):

@@ -3,8 +3,8 @@
 `load_recommender` reads any saved model the library writes: a pipeline directory
 (``pipeline.json``, `Pipeline.save`) or a session model directory (``config.json``,
 ``SessionModel.save_pretrained`` or ``NextItemTask.save_pretrained``, read by
-``SessionModel.from_pretrained`` without Lightning), and returns a `Recommender`. Its work comes in three steps, so
-that a server can check each request alone and score many at once:
+``SessionModel.from_pretrained`` without Lightning), and returns a `Recommender`. Its work comes
+in three steps, so that a server can check each request alone and score many at once:
 
 - ``encode(sessions, on_unknown)``: one request's raw ids -> `Sessions` of model ids; raises
   ValueError / TypeError for what the request got wrong (an id the vocabulary cannot read, an
@@ -15,14 +15,13 @@ that a server can check each request alone and score many at once:
 
 ``recommend(sessions, k, on_unknown)`` runs the three in a row. A model directory that is
 versioned (a ``CURRENT`` file naming one of ``versions/<name>/``) is read at its current version
-(`resolve`).
+(`sessrec.saved.versions.resolve`).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -33,8 +32,7 @@ from sessrec.models.pretrained import Inference
 from sessrec.models.session_model import SessionModel, next_item_scores
 from sessrec.pipeline.candidates import Recommendations, Sessions
 from sessrec.pipeline.pipeline import Pipeline, decode_dicts, encode_raw
-
-POINTER, VERSIONS = "CURRENT", "versions"
+from sessrec.saved.versions import resolve
 
 
 class Recommender(Protocol):
@@ -125,24 +123,6 @@ def join_sessions(parts: Sequence[Sessions]) -> Sessions:
 def _left_pad_cat(tensors: list[torch.Tensor]) -> torch.Tensor:
     width = max(t.shape[1] for t in tensors)
     return torch.cat([F.pad(t, (width - t.shape[1], 0)) for t in tensors])
-
-
-def resolve(directory: str | os.PathLike) -> Path:
-    """The directory to read now: ``directory/versions/<name>`` when ``directory/CURRENT`` names
-    one, else `directory` itself (a directory that is not versioned)."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        raise FileNotFoundError(f"{directory}: no such model directory")
-    pointer = directory / POINTER
-    if not pointer.exists():
-        return directory
-    name = pointer.read_text().strip()
-    if not name or name in (".", "..") or "/" in name or "\\" in name:
-        raise ValueError(f"{pointer}: names version {name!r}, not the name of a folder of {directory / VERSIONS}")
-    version = directory / VERSIONS / name
-    if not version.is_dir():
-        raise FileNotFoundError(f"{pointer}: names version {name}, which {directory / VERSIONS} does not hold")
-    return version
 
 
 def load_recommender(directory: str | os.PathLike) -> Pipeline | SessionRecommender:

@@ -64,8 +64,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sessrec.deploy.batching import Batcher, ServerFault, dumps
 from sessrec.deploy.metrics import MeasureRequests, Metrics
-from sessrec.deploy.recommender import Recommender, load_recommender, resolve
+from sessrec.deploy.recommender import Recommender, load_recommender
 from sessrec.deploy.request import Limits, RequestError, prepare
+from sessrec.saved.versions import resolve
 
 logger = logging.getLogger(__name__)
 
@@ -139,7 +140,7 @@ class Served:
 
     @classmethod
     def load(cls, model_dir: str | os.PathLike) -> Served:
-        """The recommender of `model_dir` at its current version (see `sessrec.deploy.recommender.resolve`)."""
+        """The recommender of `model_dir` at its current version (`sessrec.saved.versions.resolve`)."""
         path = resolve(model_dir)
         return cls(load_recommender(path), path, None if path == Path(model_dir) else path.name)
 

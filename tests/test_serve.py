@@ -28,6 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sessrec.data import SessionDataModule, SyntheticSource
 from sessrec.deploy import server
+from sessrec.deploy.batching import Pace
 from sessrec.deploy.recommender import SessionRecommender, join_sessions
 from sessrec.deploy.request import Limits
 from sessrec.deploy.server import Overload, Served, build_app, serve
@@ -303,7 +304,7 @@ def test_a_request_arriving_while_the_model_is_far_behind_gets_503(pipe, session
         flight = InFlight(c)
         flight.post("scored", {"sessions": sessions[:2], "k": K}, admitted=1)
         assert gate.entered.wait(10)
-        c.app.state.batcher.seconds_per_session = 0.3  # the pace of recent calls: the 2 sessions ahead take 600 ms
+        c.app.state.batcher.pace.add(2, 0.6)  # as if recent calls took 0.3 s a session: the 2 ahead take 600 ms
         refused = c.post("/recommend", content=b"never read")
         gate.release.set()
         replies = flight.join()
@@ -312,6 +313,21 @@ def test_a_request_arriving_while_the_model_is_far_behind_gets_503(pipe, session
     assert refused.json() == {"error": "the server is busy: the model is about 600 ms behind; retry after 1 s"}
     assert replies["scored"].status_code == idle.status_code == 200
     assert gate.calls == [2, 1]
+
+
+def test_the_pace_of_the_model_separates_the_overhead_of_a_call_from_its_sessions() -> None:
+    pace = Pace(decay=0.9)
+    assert pace.fit() is None and pace.seconds(100, 2) == 0.0
+    pace.add(4, 0.02)
+    assert pace.fit() == pytest.approx((0.0, 0.005))  # one size of call: the ratio
+    for _ in range(10):  # small calls (mostly overhead), then full batches
+        pace.add(1, 0.005)
+        pace.add(64, 0.02)
+    overhead, per_session = pace.fit()
+    assert overhead == pytest.approx(0.0048, abs=5e-4) and per_session == pytest.approx(0.000238, rel=0.05)
+    assert pace.seconds(512, 8) == pytest.approx(8 * overhead + 512 * per_session)  # ~0.16 s, not 512 * 5 ms
+    with pytest.raises(ValueError, match="decay must be in"):
+        Pace(decay=1.0)
 
 
 def test_past_its_deadline_a_request_gets_504_and_never_reaches_the_model(pipe, sessions) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -57,6 +58,53 @@ class BatchStats:
         }
 
 
+class Pace:
+    """How long the model takes: seconds per call as ``overhead + per_session * sessions``, fitted by
+    least squares over the recent calls (each call's weight decays by `decay` per later call).
+
+    A single seconds-per-session ratio would carry the cost of small calls (mostly fixed overhead)
+    into the estimate for a queue that will be scored in full batches: after a quiet spell the
+    server would refuse a burst it can take. With calls of one size only, the overhead is not
+    separable and the ratio is used.
+
+    Args:
+        decay: weight kept by each past call when a new one is added, in (0, 1).
+    """
+
+    def __init__(self, decay: float = 0.9) -> None:
+        if not 0 < decay < 1:
+            raise ValueError(f"decay must be in (0, 1), got {decay}")
+        self.decay = decay
+        self._w = self._n = self._t = self._nn = self._nt = 0.0  # decayed sums of 1, n, t, n², n·t
+
+    def add(self, sessions: int, seconds: float) -> None:
+        """Record one model call of `sessions` sessions that took `seconds`."""
+        d, n, t = self.decay, float(sessions), seconds
+        self._w, self._n, self._t = d * self._w + 1, d * self._n + n, d * self._t + t
+        self._nn, self._nt = d * self._nn + n * n, d * self._nt + n * t
+
+    def fit(self) -> tuple[float, float] | None:
+        """(overhead seconds per call, seconds per session), or None before the first call."""
+        if self._w == 0:
+            return None
+        mean_n, mean_t = self._n / self._w, self._t / self._w
+        var_n = self._nn / self._w - mean_n**2
+        if var_n > 1e-9 * max(mean_n**2, 1.0):
+            per_session = (self._nt / self._w - mean_n * mean_t) / var_n
+            overhead = mean_t - per_session * mean_n
+            if per_session >= 0 and overhead >= 0:
+                return overhead, per_session
+        return 0.0, mean_t / mean_n
+
+    def seconds(self, sessions: int, calls: int) -> float:
+        """The expected time of `calls` model calls scoring `sessions` sessions in all (0 before any call)."""
+        fitted = self.fit()
+        if fitted is None or sessions == 0:
+            return 0.0
+        overhead, per_session = fitted
+        return calls * overhead + sessions * per_session
+
+
 class Batcher:
     """Dynamic batching of encoded sessions: those of concurrent requests scored in one model call.
 
@@ -64,8 +112,8 @@ class Batcher:
     `max_wait_ms` after the first; requests with the same ``k`` encoded by the same model share one
     ``recommend_batch`` + ``decode`` call, run on the batcher's own thread, which also writes each
     request's JSON answer. A request whose deadline has passed (or whose client went away) is
-    dropped before the call. The seconds per session of the recent calls (a moving average) give
-    `expected_wait`, how long a request arriving now would wait before its own call.
+    dropped before the call. The time of the recent calls (`Pace`) gives `expected_wait`, how long
+    a request arriving now would wait before its own call.
 
     Args:
         max_batch_size: most sessions per model call (a larger request runs alone).
@@ -80,7 +128,7 @@ class Batcher:
         self.metrics = metrics if metrics is not None else Metrics()
         self.stats = BatchStats()
         self.queued_requests = self.queued_sessions = self.scoring_sessions = 0
-        self.seconds_per_session: float | None = None  # moving average over the recent model calls
+        self.pace = Pace()
         self._queue: asyncio.Queue[_Job] | None = None
         self._held: _Job | None = None  # taken from the queue but too large for the batch being built
         self._task: asyncio.Task | None = None
@@ -111,14 +159,14 @@ class Batcher:
         return future
 
     def expected_wait(self) -> float:
-        """Seconds until the sessions queued and being scored are done, at the recent pace.
+        """Seconds until the sessions queued and being scored are done, at the pace of the recent calls.
 
         0 when nothing is waiting (or before the first call): a slow call never shuts out a request
         that would find the model free, and the next calls correct the pace.
         """
-        if self.seconds_per_session is None:
-            return 0.0
-        return (self.queued_sessions + self.scoring_sessions) * self.seconds_per_session
+        sessions = self.queued_sessions + self.scoring_sessions
+        calls = min(self.queued_requests, math.ceil(self.queued_sessions / self.max_batch_size))
+        return self.pace.seconds(sessions, calls + (self.scoring_sessions > 0))
 
     def _count(self, requests: int, sessions: int) -> None:
         self.queued_requests += requests
@@ -187,9 +235,7 @@ class Batcher:
             self.scoring_sessions = 0
             self.stats.calls[size] += 1
             self.metrics.batch_sessions.observe(size)
-        pace = (time.perf_counter() - start) / size
-        average = self.seconds_per_session
-        self.seconds_per_session = pace if average is None else 0.8 * average + 0.2 * pace
+        self.pace.add(size, time.perf_counter() - start)
         for job, answer in zip(live, answers):
             _resolve(job.future, result=answer)
 

@@ -121,3 +121,38 @@ def test_constructor_checks():
         ItemVocab(pa.array([1, 2]), np.array([1]))
     with pytest.raises(ValueError, match="distinct"):
         ItemVocab(pa.array([1, 1]), np.array([1, 1]))
+
+
+@pytest.mark.parametrize("kind", ["int64", "string"])
+def test_a_few_ids_are_looked_up_as_a_whole_file_is(kind):
+    """Up to SMALL_LOOKUP ids go through the sorted keys, more through pc.index_in: same ids, virtual split kept."""
+    from sessrec.data.vocab import SMALL_LOOKUP
+
+    rng = np.random.default_rng(0)
+    keys = rng.permutation(5_000)[:3_000] * 7 - 9_000  # negative ids too, unsorted
+    cast = (lambda v: [None if x is None else f"é{x}" for x in v]) if kind == "string" else (lambda v: v)
+    vocab = ItemVocab(pa.array(cast(keys.tolist())), np.arange(3_000, 0, -1), num_virtual=500)
+    query = [int(x) for x in rng.choice(keys, 3 * SMALL_LOOKUP)] + [123_456, -1]  # two unknown ids
+    query[5] = None
+    virtual = rng.random(len(query)) < 0.5
+    assert min(virtual.sum(), (~virtual).sum()) > SMALL_LOOKUP  # each side through pc.index_in
+    whole = vocab.encode(pa.array(cast(query)), virtual=virtual)
+    assert whole.num_unknown > 2  # None, the unknown ids, and keys looked up on the wrong side of the split
+    one_by_one = [vocab.encode(pa.array(cast([q])), virtual=virtual[i : i + 1]).ids[0] for i, q in enumerate(query)]
+    assert one_by_one == whole.ids.tolist()
+    position = {k: i for i, k in enumerate(keys.tolist())}
+    expected = [OOV if q is None or position.get(q) is None or (position[q] >= 2_500) != v
+                else NUM_SPECIAL + position[q] for q, v in zip(query, virtual)]
+    assert whole.ids.tolist() == expected
+
+
+def test_a_request_of_a_few_ids_does_not_hash_the_whole_vocabulary(monkeypatch):
+    import sessrec.data.vocab as vocab_module
+
+    vocab = ItemVocab(pa.array(np.arange(100_000) * 3), np.ones(100_000, dtype=np.int64))
+
+    def whole_vocabulary(*args, **kwargs):
+        raise AssertionError("pc.index_in hashes all 100,000 keys for a lookup of 3 ids")
+
+    monkeypatch.setattr(vocab_module.pc, "index_in", whole_vocabulary)
+    assert vocab.encode(pa.array([3, 4, 299_997])).ids.tolist() == [NUM_SPECIAL + 1, OOV, NUM_SPECIAL + 99_999]

@@ -24,6 +24,10 @@ from sessrec.data.schema import first_failing_cast
 PAD = 0
 OOV = 1
 NUM_SPECIAL = 2
+# Up to this many ids, `encode` looks them up in the vocabulary's keys sorted once (binary search,
+# microseconds); beyond, it hashes the whole vocabulary for the call (`pc.index_in`), which pays off
+# on a file but costs tens of milliseconds per call at a million items (one request of a few ids).
+SMALL_LOOKUP = 4096
 
 
 @dataclass
@@ -179,10 +183,24 @@ class ItemVocab(ParquetFile):
             rows = np.flatnonzero(virtual == is_virtual)
             if len(rows) == 0:
                 continue
-            pos = pc.index_in(raw.take(pa.array(rows)), value_set=keys)
-            known = pos.is_valid().to_numpy(zero_copy_only=False)
-            ids[rows[known]] = pos.drop_null().to_numpy().astype(np.int64) + first
+            values = raw.take(pa.array(rows))
+            if len(rows) <= SMALL_LOOKUP and _searchable(values.type):
+                valid = values.is_valid().to_numpy(zero_copy_only=False)
+                pos = self._sorted_keys(is_virtual).positions(values.drop_null())
+                ids[rows[valid][pos >= 0]] = pos[pos >= 0] + first
+            else:
+                pos = pc.index_in(values, value_set=keys)
+                known = pos.is_valid().to_numpy(zero_copy_only=False)
+                ids[rows[known]] = pos.drop_null().to_numpy().astype(np.int64) + first
         return EncodeResult(ids=ids, num_unknown=int((ids == OOV).sum()))
+
+    def _sorted_keys(self, virtual: bool) -> _SortedKeys:
+        """The product keys (or the virtual keys) sorted, built at the first small lookup and kept."""
+        cache = self.__dict__.setdefault("_sorted", {})
+        if virtual not in cache:
+            n = self.num_products
+            cache[virtual] = _SortedKeys(self.raw_ids.slice(n) if virtual else self.raw_ids.slice(0, n))
+        return cache[virtual]
 
     def decode(self, ids: np.ndarray) -> pa.Array:
         """Map model ids back to raw ids; padding, OOV and virtual ids decode to null."""
@@ -220,6 +238,27 @@ class ItemVocab(ParquetFile):
             and np.array_equal(self.counts, other.counts)
             and self.num_virtual == other.num_virtual
         )
+
+
+def _searchable(kind: pa.DataType) -> bool:
+    return pa.types.is_integer(kind) or pa.types.is_string(kind) or pa.types.is_large_string(kind)
+
+
+class _SortedKeys:
+    """Distinct keys (integers or strings) sorted for binary search: `positions` of a few values."""
+
+    def __init__(self, keys: pa.Array) -> None:
+        order = pc.sort_indices(keys)  # byte order of UTF-8 is code-point order: Python's str order
+        self.order = order.to_numpy().astype(np.int64)
+        self.keys = keys.take(order).to_numpy(zero_copy_only=False)
+
+    def positions(self, values: pa.Array) -> np.ndarray:
+        """(E,) position of each value (no nulls) among the keys as given, -1 where absent."""
+        query = values.to_numpy(zero_copy_only=False)
+        if not len(self.keys):
+            return np.full(len(query), -1, dtype=np.int64)
+        at = np.minimum(np.searchsorted(self.keys, query), len(self.keys) - 1)
+        return np.where(self.keys[at] == query, self.order[at], -1)
 
 
 def _counted(items: pa.Array, min_count: int, max_size: int | None) -> tuple[pa.Array, np.ndarray]:

@@ -183,7 +183,7 @@ class ItemVocab(ParquetFile):
             rows = np.flatnonzero(virtual == is_virtual)
             if len(rows) == 0:
                 continue
-            values = raw.take(pa.array(rows))
+            values = raw if len(rows) == len(raw) else raw.take(pa.array(rows))
             if len(rows) <= SMALL_LOOKUP and _searchable(values.type):
                 valid = values.is_valid().to_numpy(zero_copy_only=False)
                 pos = self._sorted_keys(is_virtual).positions(values.drop_null())

@@ -390,7 +390,8 @@ def shed_counts(port: int) -> dict[str, float] | None:
     if reply.status_code != 200:
         return None
     return {f"{name}{labels}": float(value) for name, labels, value in re.findall(
-        r"^(sessrec_shed_total|sessrec_expired_in_queue_total)(\{[^}]*\})? (\S+)$", reply.text, re.MULTILINE)}
+        r"^(sessrec_shed_total|sessrec_expired_in_queue_total|sessrec_model_call_seconds_sum)(\{[^}]*\})? (\S+)$",
+        reply.text, re.MULTILINE)}
 
 
 def overload(args: argparse.Namespace, port: int, server: subprocess.Popen, sessions: list[list[int]]) -> dict:

@@ -235,7 +235,9 @@ class Batcher:
             self.scoring_sessions = 0
             self.stats.calls[size] += 1
             self.metrics.batch_sessions.observe(size)
-        self.pace.add(size, time.perf_counter() - start)
+        took = time.perf_counter() - start
+        self.pace.add(size, took)
+        self.metrics.call_seconds.observe(took)
         for job, answer in zip(live, answers):
             _resolve(job.future, result=answer)
 

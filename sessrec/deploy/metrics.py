@@ -25,6 +25,9 @@ class Metrics:
         self.batch_sessions = prom.Histogram(
             "sessrec_batch_sessions", "Sessions scored per model call",
             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024), registry=r)
+        self.call_seconds = prom.Histogram(
+            "sessrec_model_call_seconds", "Time of each model call (scoring, decoding and the JSON answers)",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5), registry=r)
         self.admitted = prom.Gauge("sessrec_admitted_requests",
                                    "Requests admitted and not yet answered (bounded by max_queue)", registry=r)
         self.queued_requests = prom.Gauge("sessrec_queue_requests", "Requests encoded and waiting for the model",

@@ -510,6 +510,8 @@ def test_metrics_count_requests_by_route_and_status_and_sessions_per_call(pipe, 
     assert sample(text, "sessrec_request_duration_seconds_count", route="/recommend") == 7
     assert sample(text, "sessrec_batch_sessions_count") == batching["model_calls"]
     assert sample(text, "sessrec_batch_sessions_sum") == 6 == batching["sessions"]
+    assert sample(text, "sessrec_model_call_seconds_count") == batching["model_calls"]
+    assert sample(text, "sessrec_model_call_seconds_sum") > 0
     assert sample(text, "sessrec_queue_requests") == sample(text, "sessrec_queue_sessions") == 0
     assert sample(text, "sessrec_admitted_requests") == 0
 

@@ -83,7 +83,7 @@ def pipeline(task, vocab):
 
 @pytest.fixture(scope="module")
 def saved_pipeline(pipeline, tmp_path_factory) -> Path:
-    return pipeline.save(tmp_path_factory.mktemp("saved") / "pipeline")
+    return pipeline.save_pretrained(tmp_path_factory.mktemp("saved") / "pipeline")
 
 
 def with_config(source: Path, target: Path, name: str, edit: Any) -> Path:
@@ -218,7 +218,7 @@ def test_a_checkpoint_nested_10000_levels_is_one_line(task, tmp_path):
 def test_a_saved_pipeline_round_trips_through_the_registry(pipeline, saved_pipeline):
     from sessrec.pipeline import BaselineRetriever, Pipeline, SeenItemsFilter, SessionModelRetriever
 
-    loaded = Pipeline.load(saved_pipeline)
+    loaded = Pipeline.from_pretrained(saved_pipeline)
     model, pop = loaded.retrievers["model"][0], loaded.retrievers["pop"][0]
     assert isinstance(model, SessionModelRetriever) and isinstance(model.model.encoder, GRU4RecEncoder)
     assert isinstance(model.objective, CausalLanguageModeling)
@@ -275,7 +275,7 @@ def test_a_hostile_pipeline_config_is_refused_before_anything_is_imported(
     from sessrec.pipeline import Pipeline
 
     directory = with_config(saved_pipeline, tmp_path / "pipeline", "pipeline.json", _set(path, value))
-    got = refused(Pipeline.load, directory)
+    got = refused(Pipeline.from_pretrained, directory)
     assert got.startswith(f"{directory / 'pipeline.json'}: {where}: ") and message in got, got
 
 
@@ -295,7 +295,7 @@ def test_a_pipeline_saved_with_the_task_config_loads(pipeline, saved_pipeline, t
 
     directory = with_config(saved_pipeline, tmp_path / "pipeline", "pipeline.json", task_layout(task))
     sessions = [[3, 4], [5, 6, 7], [2]]
-    assert Pipeline.load(directory).recommend(sessions, k=4) == pipeline.recommend(sessions, k=4)
+    assert Pipeline.from_pretrained(directory).recommend(sessions, k=4) == pipeline.recommend(sessions, k=4)
 
 
 def test_the_task_config_of_a_saved_pipeline_is_read_for_its_network_only(sentinel, saved_pipeline, task, tmp_path):
@@ -303,7 +303,7 @@ def test_the_task_config_of_a_saved_pipeline_is_read_for_its_network_only(sentin
     from sessrec.pipeline import Pipeline
 
     directory = with_config(saved_pipeline, tmp_path / "pipeline", "pipeline.json", task_layout(task, THING, "loss"))
-    assert Pipeline.load(directory).recommend([[3, 4]], k=2)
+    assert Pipeline.from_pretrained(directory).recommend([[3, 4]], k=2)
 
 
 @pytest.mark.parametrize("key, value, where, message", [
@@ -317,7 +317,7 @@ def test_a_hostile_task_config_of_a_saved_pipeline_is_refused(sentinel, saved_pi
     from sessrec.pipeline import Pipeline
 
     directory = with_config(saved_pipeline, tmp_path / "pipeline", "pipeline.json", task_layout(task, value, key))
-    got = refused(Pipeline.load, directory)
+    got = refused(Pipeline.from_pretrained, directory)
     assert got.startswith(f"{directory / 'pipeline.json'}: {where}: ") and message in got, got
 
 
@@ -326,7 +326,7 @@ def test_a_pipeline_json_nested_10000_levels_is_one_line(sentinel, saved_pipelin
 
     directory = with_config(saved_pipeline, tmp_path / "pipeline", "pipeline.json",
                             lambda spec: json.dumps(spec)[:-1] + f', "x": {deep(DEEP)}}}')
-    assert refused(Pipeline.load, directory) == f"{directory / 'pipeline.json'}: nested too deeply to be a saved description"
+    assert refused(Pipeline.from_pretrained, directory) == f"{directory / 'pipeline.json'}: nested too deeply to be a saved description"
 
 
 # --------------------------------------------------------------------------- the resolver

@@ -114,6 +114,8 @@ def config_of(value: Any) -> Any:
         return value
     if isinstance(value, os.PathLike):
         return os.fspath(value)
+    if type(value).__module__ == "numpy" and hasattr(value, "tolist"):  # a numpy scalar or array
+        return config_of(value.tolist())
     if isinstance(value, (list, tuple)):
         return [config_of(v) for v in value]
     if isinstance(value, dict):

@@ -61,10 +61,11 @@ class SessionModelRetriever(Retriever):
             raise TypeError(f"SessionModelRetriever takes a SessionModel (a task's .network()), got {type(model).__name__}")
         if objective is None:
             objective = model.objective if model.objective is not None else model.default_objective()
-            self._init_args["objective"] = objective  # the config names the objective the sessions are read with
         objective.check(model.encoder)  # a pair that cannot have been trained together
         self.model, self.objective = model.eval(), objective
         self.index = index if index is not None else ExactIndex()
+        # the config names the objective and the index in use, also when they were defaults
+        self._init_args.update(objective=self.objective, index=self.index)
 
     @classmethod
     def from_pretrained(cls, directory: str | os.PathLike, index: AnyIndex | None = None) -> SessionModelRetriever:

@@ -48,7 +48,6 @@ def write_version_2(saved: Path, target: Path) -> Path:
     import json
     import shutil
 
-    import numpy as np
     from safetensors.numpy import load_file, save_file
 
     from sessrec.saved.directory import describe, write_description

@@ -13,7 +13,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytorch_lightning as pl
-import torch
 
 from sessrec.saved.checkpoint import as_tensors, is_checkpoint, parquet_state, saved_state
 from sessrec.data.clickouts import DENSE_FEATURES, SPLITS, build_clickout_rows, split_by_time

@@ -349,10 +349,10 @@ def join_state(plain: Any, arrays: Mapping[str, np.ndarray]) -> Any:
         node = state
         for part in parents:
             if not isinstance(node, dict):
-                raise ValueError(f"array {name!r} has no place in the saved state")
+                raise ValueError(f"array {name!r} has no place in the saved state")  # noqa: TRY004 - a file's content
             node = node.setdefault(part, {})
         if not isinstance(node, dict):
-            raise ValueError(f"array {name!r} has no place in the saved state")
+            raise ValueError(f"array {name!r} has no place in the saved state")  # noqa: TRY004 - a file's content
         node[last] = value
     return state
 

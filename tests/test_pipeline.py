@@ -32,8 +32,8 @@ from sessrec.pipeline import training
 from sessrec.pipeline.batch import recommend_file
 from sessrec.pipeline.candidates import Candidates, Sessions
 from sessrec.pipeline.features import CandidateFeatures
-from sessrec.pipeline.filters import SeenItemsFilter
-from sessrec.pipeline.ordering import DiversityCap, Ordering
+from sessrec.pipeline.filters import ItemTableFilter, SeenItemsFilter
+from sessrec.pipeline.ordering import BoostRule, DiversityCap, Ordering, SoftmaxSampling
 from sessrec.pipeline.pipeline import Pipeline
 from sessrec.pipeline.recipe import BaselineRetrieval, ModelRetrieval, PipelineRecipe, _time_ordered
 from sessrec.pipeline.retrieval.covisitation import CoVisitation
@@ -208,6 +208,40 @@ def test_saving_again_adds_a_version_and_never_replaces_other_files(world: World
     with pytest.raises(FileExistsError, match="is not a saved model or pipeline directory"):
         world.pipelines["gbdt"].save_pretrained(other)
     assert [p.name for p in other.iterdir()] == ["mine.txt"]
+
+
+@pytest.mark.parametrize("scorer", ["gbdt", "dlrm"])
+def test_a_pipeline_of_format_version_2_recommends_identically(
+    world: World, saved: dict[str, Path], tmp_path: Path, pipeline_version_2, scorer: str
+) -> None:
+    old = pipeline_version_2(saved[scorer], tmp_path / "v2")
+    spec = json.loads((old / "pipeline.json").read_text())
+    assert spec["version"] == 2 and spec["scorer"]["kind"] == type(world.pipelines[scorer].scorer).__name__
+    assert (old / "features.npz").exists() and "ops" not in spec["features"]["config"]
+    loaded = Pipeline.from_pretrained(old)
+    assert loaded.recommend(world.sessions, k=K) == world.pipelines[scorer].recommend(world.sessions, k=K)
+    assert config_of(loaded.scorer) == config_of(world.pipelines[scorer].scorer)
+
+
+def test_saved_rules_load_without_their_files_in_both_layouts(world: World, tmp_path: Path, pipeline_version_2) -> None:
+    raw = world.dm.vocab.raw_ids.to_pylist()
+    deny, categories = tmp_path / "deny.parquet", tmp_path / "categories.parquet"
+    pq.write_table(pa.table({"item_id": raw[:20]}), deny)
+    pq.write_table(pa.table({"item_id": raw[:60], "category": [f"c{i % 3}" for i in range(60)]}), categories)
+    ordering = Ordering([BoostRule(raw[20:25], 0.5), BoostRule(str(deny), 2.0, "multiply")],
+                        DiversityCap(str(categories), 2), SoftmaxSampling(0.5, seed=1))
+    pipe = Pipeline(world.dm.vocab, {"covisitation": world.retrievers["covisitation"]}, max_length=MAX_LENGTH,
+                    filters=[SeenItemsFilter(window=2), ItemTableFilter(str(deny))], ordering=ordering)
+    expected = pipe.recommend(world.sessions, k=K)  # the first sample of the seeded sampler, as a loaded pipeline's
+    assert any(len(r["item_ids"]) for r in expected)
+    current = pipe.save_pretrained(tmp_path / "v3")
+    old = pipeline_version_2(current, tmp_path / "v2")
+    deny.unlink()
+    categories.unlink()
+    for directory in (current, old):
+        loaded = Pipeline.from_pretrained(directory)
+        assert loaded.recommend(world.sessions, k=K) == expected, directory.name
+        assert [r.num_unknown for r in loaded.ordering.rules] == [r.num_unknown for r in ordering.rules]
 
 
 def test_failing_save_leaves_nothing_and_keeps_the_old_pipeline(

@@ -116,3 +116,29 @@ def test_the_serving_path_imports_no_training_stack(tmp_path):
     assert got["loaded"] == []
     assert got["recs"] == json.loads(json.dumps(expected))
     assert (tmp_path / "out" / "model.pt").exists()
+
+
+def test_the_serving_commands_start_without_the_training_stack():
+    """``sessrec --help``, ``serve``'s and ``rollback``'s flags parse without Lightning or jsonargparse."""
+    code = (
+        "import sys\n"
+        "from sessrec.cli import function_parser, run\n"
+        "from sessrec.deploy.server import serve\n"
+        "run(['--help'])\n"
+        "cfg = function_parser(serve, 'sessrec serve').parse_args(['--model-dir', 'd', '--port', '9', '--access_log', 'false'])\n"
+        "print(cfg.model_dir, cfg.port, cfg.access_log, cfg.max_batch_size)\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'pytorch_lightning', 'lightning', 'lightning_fabric', 'jsonargparse'}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out[0] == "usage:" and any("sessrec rollback" in line for line in out)
+    assert out[-2] == "d 9 False 64"
+    assert out[-1] == "[]"
+
+
+def test_serve_refuses_a_port_outside_tcp(monkeypatch, capsys):
+    from sessrec.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["sessrec", "serve", "--model-dir", "nowhere", "--port", "80000"])
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    assert "--port 80000 is not a TCP port" in str(exit_.value)

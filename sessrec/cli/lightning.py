@@ -1,4 +1,6 @@
-"""``sessrec`` command line: LightningCLI over a task (`NextItemTask` unless the recipe names
+"""The Lightning commands: ``sessrec fit|validate|test|predict`` on a task recipe (LightningCLI).
+
+LightningCLI over a task (`NextItemTask` unless the recipe names
 another, e.g. ``class_path: sessrec.tasks.BaselineTask``) and a data module (`SessionDataModule`
 unless the recipe names another, e.g. ``class_path: sessrec.data.ClickoutDataModule`` with
 ``sessrec.tasks.DLRMTask``).
@@ -42,17 +44,14 @@ the command line or in a recipe, is refused with one line naming the key that re
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 from importlib import import_module
 from pathlib import Path
-from typing import Literal
 
 import pytorch_lightning as pl
-import yaml
 from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 
+from sessrec.cli import _config_paths, _recipe
 from sessrec.saved.checkpoint import data_state, read_checkpoint
 from sessrec.tasks import LastCheckpoint, TopKWriter, VocabularyCheckpoint
 from sessrec.tasks.callbacks import find_features, find_vocab
@@ -239,9 +238,6 @@ def cli(args: list[str] | None = None) -> SessrecCLI:
     )
 
 
-PIPELINE_COMMANDS = ("fit", "test", "recommend")
-
-
 def refuse_renamed(args: list[str]) -> None:
     """One line for a renamed model setting (``--model.top_k`` -> ``--model.evaluation.top_k``), on the
     command line or in a ``--config`` file, before jsonargparse reports an unknown option."""
@@ -281,204 +277,3 @@ def _task_path(args: list[str]) -> str:
         elif name == "--model.class_path" and value:
             found = value
     return found
-
-
-def _recipe(path: Path) -> dict:
-    """A recipe file's mapping; {} for anything else (jsonargparse then says what is wrong)."""
-    try:
-        content = yaml.safe_load(path.read_text()) if path.is_file() else None
-    except (OSError, yaml.YAMLError):
-        return {}
-    return content if isinstance(content, dict) else {}
-
-
-def _config_paths(args: list[str]) -> list[Path]:
-    """The files named by ``--config PATH`` or ``--config=PATH`` in `args`."""
-    paths = [args[i + 1] for i, arg in enumerate(args[:-1]) if arg == "--config"]
-    paths += [arg.partition("=")[2] for arg in args if arg.startswith("--config=")]
-    return [Path(p) for p in paths]
-
-
-def pipeline_recipe(args: list[str]) -> bool:
-    """True when a ``--config`` of `args` is a pipeline recipe (a top-level ``pipeline:`` block)."""
-    for path in _config_paths(args):
-        content = yaml.safe_load(path.read_text()) if path.is_file() else None
-        if isinstance(content, dict) and "pipeline" in content:
-            return True
-    return False
-
-
-def pipeline_cli(args: list[str]) -> object:
-    """``sessrec fit|test|recommend`` on a pipeline recipe; returns what the subcommand returns."""
-    from sessrec.pipeline.batch import recommend_file
-    from sessrec.pipeline.recipe import recipe_parser
-
-    command, rest = args[0], args[1:]
-    parser = recipe_parser(prog=f"sessrec {command}")
-    if command == "recommend":
-        parser.add_argument("--input", type=str, required=True, help="sessions (parquet/CSV): a list column or one row per event")
-        parser.add_argument("--output", type=str, required=True, help="parquet of session_id, item_ids, scores")
-        parser.add_argument("--k", type=int, default=20, help="recommendations per session")
-        parser.add_argument("--batch_size", type=int, default=1024, help="sessions per batch (and per part file)")
-        parser.add_argument("--overwrite", type=bool, default=False, help="replace an existing output")
-    cfg = parser.parse_args(rest)
-    recipe = parser.instantiate(cfg).pipeline
-    if command == "fit":
-        return recipe.fit()
-    if command == "test":
-        return recipe.test()
-    return recommend_file(
-        recipe.output, cfg.input, cfg.output, k=cfg.k, batch_size=cfg.batch_size,
-        schema=recipe.data.predict_schema, overwrite=cfg.overwrite,
-    )
-
-
-def _recipe_error(err: BaseException) -> BaseException:
-    """The error a recipe's own class raised, beneath jsonargparse's wrapping of it.
-
-    jsonargparse re-raises a constructor's error (``from`` it) inside a multi-line summary of
-    every type it tried (``Does not validate against any of the Union subtypes ...``); the
-    constructor's message is the one that names the file, the column and the value.
-    """
-    while err.__cause__ is not None and _raised_in(err, "jsonargparse"):
-        err = err.__cause__
-    return err
-
-
-def _raised_in(err: BaseException, package: str) -> bool:
-    """True when the innermost frame of `err`'s traceback is code of `package`."""
-    tb = err.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    return tb is not None and tb.tb_frame.f_globals.get("__name__", "").partition(".")[0] == package
-
-
-def retrain_cli(args: list[str]) -> object:
-    """``sessrec retrain``: one warm-start turn with its quality gate, for the session model or the DLRM
-    that ``--model_dir`` holds (`sessrec.deploy.retrain.retrain` / `retrain_dlrm`)."""
-    from jsonargparse import ActionConfigFile, ArgumentParser
-
-    from sessrec.deploy.retrain import retrain, retrain_dlrm, summary
-
-    turn = retrain_dlrm if _model_class(args).endswith("DLRMTask") else retrain
-    parser = ArgumentParser(prog="sessrec retrain", description=turn.__doc__.splitlines()[0])
-    parser.add_argument("--config", action=ActionConfigFile)
-    parser.add_function_arguments(turn)
-    kwargs = parser.instantiate(parser.parse_args(args)).as_dict()
-    kwargs.pop("config", None)
-    decision = turn(**kwargs)
-    print(f"sessrec retrain: {summary(decision)}")
-    return decision
-
-
-def _model_class(args: list[str]) -> str:
-    """The task class of the model directory that ``--model_dir`` (on the command line or in a
-    ``--config`` file) names; "" when it cannot be read (the chosen parser then says what is wrong)."""
-    from sessrec.saved.versions import resolve
-
-    found = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--model_dir"]
-    found += [a.partition("=")[2] for a in args if a.startswith("--model_dir=")]
-    for path in _config_paths(args):
-        content = yaml.safe_load(path.read_text()) if path.is_file() else None
-        if isinstance(content, dict) and "model_dir" in content and not found:
-            found.append(str(content["model_dir"]))
-    try:
-        config = resolve(found[-1]) / "config.json" if found else None  # a versioned directory: its current version's
-        return str(json.loads(config.read_text())["task"]["class_path"]) if config is not None else ""
-    except (OSError, ValueError, KeyError, TypeError):
-        return ""
-
-
-def serve_cli(args: list[str]) -> None:
-    """``sessrec serve --model-dir <dir>``: HTTP recommendations from a model or pipeline directory."""
-    from jsonargparse import ArgumentParser
-
-    from sessrec.deploy.server import serve
-
-    parser = ArgumentParser(prog="sessrec serve", description=serve.__doc__.splitlines()[0])
-    parser.add_function_arguments(serve)
-    args = [a.replace("--model-dir", "--model_dir", 1) if a.startswith("--model-dir") else a for a in args]
-    serve(**parser.parse_args(args).as_dict())
-
-
-def export_cli(args: list[str]) -> object:
-    """``sessrec export --ckpt_path <ckpt|model dir> --format {onnx,torchscript,triton} --out <dir>``."""
-    from jsonargparse import ArgumentParser
-
-    parser = ArgumentParser(prog="sessrec export", description="export a session model or DLRM for serving")
-    parser.add_argument("--ckpt_path", type=str, required=True, help="a checkpoint of sessrec fit, or a model directory")
-    parser.add_argument("--format", type=Literal["onnx", "torchscript", "triton"], default="onnx",
-                        help="onnx / torchscript: one model file; triton: a Triton model repository (ONNX backend)")
-    parser.add_argument("--out", type=str, required=True, help="output directory")
-    parser.add_argument("--top_k", type=int | None, default=20, help="session models also output the K best items")
-    parser.add_argument("--name", type=str, default="sessrec", help="the model's name in a Triton repository")
-    parser.add_argument("--max_batch_size", type=int, default=64, help="Triton's dynamic batching: largest batch")
-    cfg = parser.parse_args(args)
-    from sessrec.deploy.export import export_checkpoint, load_model
-
-    if cfg.format == "triton":
-        from sessrec.deploy.triton import triton_repository
-
-        written = triton_repository(load_model(cfg.ckpt_path), cfg.out, cfg.name, cfg.max_batch_size, top_k=cfg.top_k)
-    else:
-        written = export_checkpoint(cfg.ckpt_path, cfg.out, cfg.format, top_k=cfg.top_k)
-    print(f"sessrec export: wrote {written} (checked against PyTorch on a batch of another size and length)")
-    return written
-
-
-def rollback_cli(args: list[str]) -> str:
-    """``sessrec rollback --model-dir D [--to VERSION]``: make an earlier version of a versioned model or
-    pipeline directory current again (default: the one current before this one); logged like a promotion."""
-    from jsonargparse import ArgumentParser
-
-    from sessrec.saved.versions import VersionedDirectory
-
-    parser = ArgumentParser(prog="sessrec rollback", description=rollback_cli.__doc__.splitlines()[0].strip("`: "))
-    parser.add_argument("--model_dir", type=str, required=True, help="a model or pipeline directory with versions")
-    parser.add_argument("--to", type=str | None, default=None, help="the version to make current (e.g. v000003)")
-    args = [a.replace("--model-dir", "--model_dir", 1) if a.startswith("--model-dir") else a for a in args]
-    cfg = parser.parse_args(args)
-    store = VersionedDirectory(cfg.model_dir)
-    before = store.current_version()
-    version = store.rollback(cfg.to)
-    print(f"sessrec rollback: {cfg.model_dir}: {version} is current (was {before}); a server following it reloads")
-    return version
-
-
-COMMANDS = {"export": export_cli, "retrain": retrain_cli, "rollback": rollback_cli, "serve": serve_cli}
-USER_ERRORS = (ValueError, TypeError, RuntimeError, OSError, KeyError)  # OSError: missing or existing files
-VERBOSE_FLAGS = ("--traceback", "--verbose")
-
-
-def run(args: list[str]) -> object:
-    """Dispatch ``sessrec <command> ...``: the pipeline, lifecycle and Lightning commands."""
-    command = args[0] if args else ""
-    if command in COMMANDS:
-        return COMMANDS[command](args[1:])
-    if command in PIPELINE_COMMANDS and pipeline_recipe(args):
-        return pipeline_cli(args)
-    if command == "recommend":
-        raise ValueError("--config must name a pipeline recipe (a top-level 'pipeline:' block)")
-    for i, arg in enumerate(args[:-1]):
-        if arg == "--ckpt_path":  # a one-line error for an unreadable file, before LightningCLI reads its config
-            data_state(args[i + 1])  # (and the data module's state, read once here for every later use)
-    sys.argv = [sys.argv[0], *args]  # LightningCLI reads them there
-    return cli()
-
-
-def main() -> None:
-    """Console entry point ``sessrec``: a user error is one line (``--traceback`` or SESSREC_TRACEBACK=1 for the trace)."""
-    args = sys.argv[1:]
-    verbose = any(a in VERBOSE_FLAGS for a in args) or bool(os.environ.get("SESSREC_TRACEBACK"))
-    args = [a for a in args if a not in VERBOSE_FLAGS]
-    try:
-        run(args)
-    except USER_ERRORS as err:
-        if verbose:
-            raise
-        message = " ".join(str(_recipe_error(err)).split()) or type(err).__name__
-        sys.exit(f"sessrec {args[0] if args else ''}: error: {message} (--traceback for details)")
-
-
-if __name__ == "__main__":
-    main()

@@ -61,6 +61,8 @@ def library_classes() -> list[type]:
 
     classes = set()
     for info in pkgutil.walk_packages(sessrec.__path__, "sessrec."):
+        if info.name.endswith(".__main__"):
+            continue  # runs a command when imported
         module = importlib.import_module(info.name)
         for name, value in vars(module).items():
             if inspect.isclass(value) and value.__module__ == module.__name__ and not name.startswith("_"):

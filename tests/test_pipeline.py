@@ -308,6 +308,19 @@ def write_requests(world: World, path: Path, layout: str = "lists") -> list[int]
     return ids
 
 
+def kill_after_two_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make `Pipeline.recommend_batch` fail on its third call, as a run killed after two parts would."""
+    real, calls = Pipeline.recommend_batch, []
+
+    def killed_after_two(self, sessions, k=20):
+        if len(calls) == 2:
+            raise RuntimeError("killed")
+        calls.append(len(sessions))
+        return real(self, sessions, k)
+
+    monkeypatch.setattr(Pipeline, "recommend_batch", killed_after_two)
+
+
 def test_recommend_file_resumes_after_a_kill(
     world: World, saved: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -327,15 +340,7 @@ def test_recommend_file_resumes_after_a_kill(
 
     out = tmp_path / "recs.parquet"
     parts = tmp_path / "recs.parquet.parts"
-    real, calls = Pipeline.recommend_batch, []
-
-    def killed_after_two(self, sessions, k=20):
-        if len(calls) == 2:
-            raise RuntimeError("killed")
-        calls.append(len(sessions))
-        return real(self, sessions, k)
-
-    monkeypatch.setattr(Pipeline, "recommend_batch", killed_after_two)
+    kill_after_two_batches(monkeypatch)
     with pytest.raises(RuntimeError, match="killed"):
         recommend_file(saved, src, out, k=5, batch_size=64)
     assert not out.exists()
@@ -355,15 +360,7 @@ def test_recommend_file_starts_over_when_the_pipeline_was_refitted_in_place(
     directory, src, out = tmp_path / "pipeline", tmp_path / "sessions.parquet", tmp_path / "recs.parquet"
     write_requests(world, src)
     world.pipelines["gbdt"].save_pretrained(directory)
-    real, calls = Pipeline.recommend_batch, []
-
-    def killed_after_two(self, sessions, k=20):
-        if len(calls) == 2:
-            raise RuntimeError("killed")
-        calls.append(len(sessions))
-        return real(self, sessions, k)
-
-    monkeypatch.setattr(Pipeline, "recommend_batch", killed_after_two)
+    kill_after_two_batches(monkeypatch)
     with pytest.raises(RuntimeError, match="killed"):
         recommend_file(directory, src, out, k=5, batch_size=64)
     monkeypatch.undo()

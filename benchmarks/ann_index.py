@@ -124,7 +124,7 @@ def ann_vs_exact(
     ann_ms = statistics.median(times["ann"]) * 1e3
     settings = (
         {"hnsw_m": hnsw_m, "ef_construction": ef_construction, "ef_search": ef_search} if kind == "hnsw"
-        else {"nlist": int(ann.state()[0]["nlist"]), "nprobe": nprobe}
+        else {"nlist": ann.num_lists, "nprobe": nprobe}
     )
     return {
         "benchmark": "ann_index",

@@ -55,6 +55,7 @@ Example (from the repository root):
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import sys
@@ -101,11 +102,20 @@ def make_batch(sizes: list[int], batch: int, hot: int, alpha: float, seed: int):
 
 
 def timed(fn: Callable[[], object], iters: int) -> tuple[float, float]:
-    """Wall-clock and this thread's CPU seconds per call, averaged over ``iters`` calls."""
-    start, cpu = time.perf_counter(), time.thread_time()
-    for _ in range(iters):
-        fn()
-    return (time.perf_counter() - start) / iters, (time.thread_time() - cpu) / iters
+    """Wall-clock and this thread's CPU seconds per call, averaged over ``iters`` calls.
+
+    The cyclic garbage collector is run before and paused during the calls: a full collection of
+    the process's objects (tens of ms) would otherwise land in whichever call happens to trigger it.
+    """
+    gc.collect()
+    gc.disable()
+    try:
+        start, cpu = time.perf_counter(), time.thread_time()
+        for _ in range(iters):
+            fn()
+        return (time.perf_counter() - start) / iters, (time.thread_time() - cpu) / iters
+    finally:
+        gc.enable()
 
 
 def interleave(contenders: dict[str, Callable[[], object]], args: argparse.Namespace, label: str) -> dict[str, list[float]]:

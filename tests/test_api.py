@@ -48,3 +48,37 @@ def test_nothing_imports_upward():
             names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
             names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
             assert not any(n.startswith(above) for n in names), f"{path.relative_to(root)} imports from {above}"
+
+
+RETIRED = ("state", "from_state", "get_config", "get_state", "set_state", "from_state_dict", "to_bytes", "from_bytes")
+
+
+def library_classes() -> list[type]:
+    """Every public class defined in a sessrec module (every module imported)."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    classes = set()
+    for info in pkgutil.walk_packages(sessrec.__path__, "sessrec."):
+        if info.name.endswith(".__main__"):
+            continue  # runs a command when imported
+        module = importlib.import_module(info.name)
+        for name, value in vars(module).items():
+            if inspect.isclass(value) and value.__module__ == module.__name__ and not name.startswith("_"):
+                classes.add(value)
+    return sorted(classes, key=lambda c: f"{c.__module__}.{c.__qualname__}")
+
+
+def test_one_persistence_vocabulary():
+    """Directories: ``save_pretrained`` / ``from_pretrained``; in memory: ``state_dict`` / ``load_state_dict``."""
+    from sessrec.pipeline import Pipeline
+
+    classes = library_classes()
+    assert Pipeline in classes and len(classes) > 100
+    defining = [f"{c.__module__}.{c.__qualname__}.{name}" for c in classes for name in RETIRED
+                if any(name in k.__dict__ for k in c.__mro__ if k.__module__.startswith("sessrec"))]
+    assert defining == []
+    assert not hasattr(Pipeline, "save") and not hasattr(Pipeline, "load")
+    for name in ("save_pretrained", "from_pretrained"):
+        assert callable(getattr(Pipeline, name))

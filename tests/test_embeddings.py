@@ -510,8 +510,10 @@ def test_frequency_cap_fit_update_and_round_trip():
     assert cap.num_embeddings == 3 and cap(torch.tensor([[9, 5], [42, 7]])).tolist() == [[2, 1], [0, 0]]
     cap.update(torch.tensor([42, 3]))  # 42 now seen twice
     assert cap(torch.tensor([5, 9, 42, 3])).tolist() == [1, 2, 3, 0]
-    restored = FrequencyCap.from_state_dict(cap.state_dict())
+    restored = FrequencyCap(min_count=2).load_state_dict(cap.state_dict())
     assert restored(torch.tensor([5, 9, 42, 3])).tolist() == [1, 2, 3, 0] and restored.min_count == 2
+    with pytest.raises(ValueError, match=r"\[min_count, max_rows\] = \[2, -1\], not \[1, 10\]"):
+        FrequencyCap(min_count=1, max_rows=10).load_state_dict(cap.state_dict())
     top = FrequencyCap(max_rows=3).fit(torch.tensor([1, 1, 2, 2, 3, 3, 3, 4]))  # 3 most, then tie 1/2 -> 1
     assert top.keys.tolist() == [1, 3] and top(torch.tensor([1, 2, 3, 4])).tolist() == [1, 0, 2, 0]
 

@@ -6,6 +6,7 @@ standard only, where the op is expressible in it); tests marked ``gpu`` run the 
 
 from __future__ import annotations
 
+import json
 import math
 import runpy
 from pathlib import Path
@@ -437,9 +438,11 @@ def test_load_errors(tmp_path: Path):
     with np.load(path) as npz:
         arrays = dict(npz)
     header = arrays["__pipeline__"].tobytes().decode()
-    arrays["__pipeline__"] = np.frombuffer(header.replace('"Categorify"', '"Categorise"').encode(), np.uint8)
+    assert '"class_path": "sessrec.data.features.ops.Categorify"' in header
+    arrays["__pipeline__"] = np.frombuffer(header.replace('ops.Categorify"', 'ops.Categorise"').encode(), np.uint8)
     np.savez(tmp_path / "unknown.npz", **arrays)
-    with pytest.raises(ValueError, match=r"op 'c' has unknown type 'Categorise'"):
+    with pytest.raises(ValueError, match=r"unknown.npz: config.init_args.ops.c: 'sessrec.data.features.ops.Categorise' "
+                                         "is not a registered class"):
         FeaturePipeline.load(tmp_path / "unknown.npz")
     arrays["__pipeline__"] = np.frombuffer(header.encode(), np.uint8)
     del arrays["0/counts"]
@@ -449,6 +452,50 @@ def test_load_errors(tmp_path: Path):
     loaded = FeaturePipeline.load(path)  # scoring data without the fitted column
     with pytest.raises(ValueError, match=r"column 'c' is not in the input; it has columns \['item_id'\]"):
         loaded.transform({"item_id": np.array([1])})
+
+
+def version_1_file(path: Path, pipe: FeaturePipeline, ops: dict[str, tuple[str, dict]]) -> Path:
+    """`pipe`'s fitted arrays in a version 1 file: each op as {"name", "op": class name, "config": arguments}."""
+    header = {"format": "sessrec.features", "version": 1,
+              "ops": [{"name": name, "op": kind, "config": config} for name, (kind, config) in ops.items()]}
+    arrays = {"__pipeline__": np.frombuffer(json.dumps(header, sort_keys=True).encode(), np.uint8)}
+    for i, op in enumerate(pipe.ops.values()):
+        arrays.update({f"{i}/{key}": value for key, value in op.state_dict().items()})
+    np.savez(path, **arrays)
+    return path
+
+
+def test_a_version_1_file_loads(tmp_path: Path):
+    train, test = events(0, 500), events(1, 200)
+    pipe = FeaturePipeline({"item": Categorify("item_id", min_count=2), "ctr": TargetEncoding("category", "clicked"),
+                            "price": LogNormalize("price", negatives="clip"), "x": HashedCross(["item", "item_id"], 64)})
+    pipe.fit(train)
+    path = version_1_file(tmp_path / "v1.npz", pipe, {
+        "item": ("Categorify", {"column": "item_id", "min_count": 2, "max_size": None, "nulls": "error"}),
+        "ctr": ("TargetEncoding", {"column": "category", "target": "clicked", "fold_by": None, "n_folds": 5,
+                                   "smoothing": 10.0, "seed": 0, "nulls": "error"}),
+        "price": ("LogNormalize", {"column": "price", "negatives": "clip"}),
+        "x": ("HashedCross", {"columns": ["item", "item_id"], "buckets": 64, "seed": 0}),
+    })
+    loaded = FeaturePipeline.load(path)
+    assert [repr(op) for op in loaded.ops.values()] == [repr(op) for op in pipe.ops.values()]
+    expected, again = pipe.transform(test), loaded.transform(test)
+    for name in expected:
+        np.testing.assert_array_equal(again[name], expected[name], err_msg=name)
+    hostile = version_1_file(tmp_path / "hostile.npz", FeaturePipeline({}), {"c": ("os.system", {"command": "true"})})
+    with pytest.raises(ValueError, match=r"hostile.npz: config.init_args.ops.c: 'os.system' is not registered"):
+        FeaturePipeline.load(hostile)
+
+
+def test_a_state_dict_loads_into_the_same_ops_only():
+    train = events(0, 300)
+    pipe = FeaturePipeline({"item": Categorify("item_id"), "n": CountEncoding("category")}).fit(train)
+    state = pipe.state_dict()
+    fresh = FeaturePipeline({"item": Categorify("item_id"), "n": CountEncoding("category")}).load_state_dict(state)
+    np.testing.assert_array_equal(fresh.transform(train)["item"], pipe.transform(train)["item"])
+    other = FeaturePipeline({"item": Categorify("item_id", min_count=3), "n": CountEncoding("category")})
+    with pytest.raises(ValueError, match=r"the state dict: holds the state of the feature ops .*min_count\": 1"):
+        other.load_state_dict(state)
 
 
 def test_failed_save_leaves_nothing(tmp_path: Path):

@@ -94,7 +94,7 @@ def test_the_serving_path_imports_no_training_stack(tmp_path):
     directories = {
         "network": model.save_pretrained(tmp_path / "network", vocab),
         "task": task.save_pretrained(tmp_path / "task"),
-        "pipeline": Pipeline(vocab, retrievers, max_length=5).save(tmp_path / "pipeline"),
+        "pipeline": Pipeline(vocab, retrievers, max_length=5).save_pretrained(tmp_path / "pipeline"),
     }
     dlrm = DLRM(2, [TableConfig("city", 4, 4)], dense_layers=[4], over_layers=[4]).save_pretrained(tmp_path / "dlrm", ranking)
     request = [["101", "102", "103"], ["110"]]

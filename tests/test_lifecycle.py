@@ -79,9 +79,24 @@ def test_checkpoint_loads_weights_only_and_carries_the_vocabulary(fitted):
     run, _, fit = fitted
     checkpoint = torch.load(run / "checkpoints" / "best.ckpt", weights_only=True)
     assert checkpoint["hyper_parameters"]["encoder"]["class_path"] == "sessrec.models.xlnet.XLNetEncoder"
-    saved = ItemVocab.from_bytes(checkpoint["SessionDataModule"]["vocab"].numpy().tobytes(), "ckpt")
+    saved = ItemVocab.empty().load_state_dict(checkpoint["SessionDataModule"]["vocab"], "ckpt")
     assert saved == fit.datamodule.vocab
     assert (run / "checkpoints" / "last.ckpt").exists()
+
+
+def test_a_checkpoint_holding_the_vocabulary_as_file_bytes_loads(fitted, tmp_path):
+    """The data module state may hold the vocabulary as the bytes of its parquet file (one uint8 tensor)."""
+    run, _, fit = fitted
+    checkpoint = torch.load(run / "checkpoints" / "best.ckpt", weights_only=True)
+    fit.datamodule.vocab.save(tmp_path / "vocab.parquet")
+    data = bytearray((tmp_path / "vocab.parquet").read_bytes())
+    checkpoint["SessionDataModule"] = {"vocab": torch.frombuffer(data, dtype=torch.uint8)}
+    torch.save(checkpoint, tmp_path / "bytes.ckpt")
+    task = load_checkpoint(tmp_path / "bytes.ckpt")
+    assert task.vocab == fit.datamodule.vocab
+    items = torch.tensor([[0, 0, 5, 9, 12]])
+    original = fit.model.eval()
+    torch.testing.assert_close(task.model(items, task.objective), original.model(items, original.objective))
 
 
 def test_checkpoint_rebuilds_without_its_recipe(fitted):

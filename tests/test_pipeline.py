@@ -32,8 +32,8 @@ from sessrec.pipeline import training
 from sessrec.pipeline.batch import recommend_file
 from sessrec.pipeline.candidates import Candidates, Sessions
 from sessrec.pipeline.features import CandidateFeatures
-from sessrec.pipeline.filters import SeenItemsFilter
-from sessrec.pipeline.ordering import DiversityCap, Ordering
+from sessrec.pipeline.filters import ItemTableFilter, SeenItemsFilter
+from sessrec.pipeline.ordering import BoostRule, DiversityCap, Ordering, SoftmaxSampling
 from sessrec.pipeline.pipeline import Pipeline
 from sessrec.pipeline.recipe import BaselineRetrieval, ModelRetrieval, PipelineRecipe, _time_ordered
 from sessrec.pipeline.retrieval.covisitation import CoVisitation
@@ -41,6 +41,7 @@ from sessrec.pipeline.retrieval.index import FaissIndex
 from sessrec.pipeline.retrieval.knn import BaselineRetriever
 from sessrec.pipeline.retrieval.session_model import SessionModelRetriever
 from sessrec.pipeline.scoring import DLRMScorer, GBDTScorer
+from sessrec.saved.registry import config_of
 from sessrec.tasks import NextItemTask
 from sessrec.tasks.baseline import _end_times
 
@@ -113,7 +114,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
 def saved(world: World, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Both pipelines saved once, for the offline tests."""
     directory = tmp_path_factory.mktemp("saved")
-    return {name: pipe.save(directory / name) for name, pipe in world.pipelines.items()}
+    return {name: pipe.save_pretrained(directory / name) for name, pipe in world.pipelines.items()}
 
 
 def pairs_of(items: torch.Tensor, targets: torch.Tensor) -> set[tuple[int, ...]]:
@@ -171,22 +172,23 @@ def test_recipe_fit_reads_train_and_valid_only(
     recipe.fit()
     assert set(requested) == {"train", "valid"}
     assert len(ranked) == 1 and torch.equal(ranked[0], real_tensors("valid")[0])
-    assert set(Pipeline.load(recipe.output).retrievers) == {"xlnet", "vsknn", "covisitation"}
+    assert set(Pipeline.from_pretrained(recipe.output).retrievers) == {"xlnet", "vsknn", "covisitation"}
 
 
 # ----------------------------------------------------------------------------------- save/load
 @pytest.mark.parametrize("scorer", ["gbdt", "dlrm"])
 def test_saved_pipeline_recommends_identically(world: World, tmp_path: Path, scorer: str) -> None:
     pipe = world.pipelines[scorer]
-    directory = pipe.save(tmp_path / "pipeline")
+    directory = pipe.save_pretrained(tmp_path / "pipeline")
     names = sorted(p.name for p in directory.iterdir())
     assert not [n for n in names if n.endswith((".pkl", ".pickle", ".pt", ".ckpt"))]
-    assert {"pipeline.json", "vocab.parquet", "features.npz", "scorer.safetensors"} <= set(names)
+    assert {"pipeline.json", "vocab.parquet", "features.safetensors", "scorer.safetensors"} <= set(names)
     spec = json.loads((directory / "pipeline.json").read_text())
-    assert spec["scorer"]["kind"] == type(pipe.scorer).__name__
-    index = spec["retrievers"][0]["config"]["index"]
-    assert (index["type"], index["kind"]) == ("FaissIndex", "hnsw")
-    loaded = Pipeline.load(directory)
+    assert spec["version"] == 3 and spec["scorer"]["config"] == config_of(pipe.scorer)
+    index = spec["retrievers"][0]["config"]["init_args"]["index"]
+    assert (index["class_path"], index["init_args"]["kind"]) == ("sessrec.pipeline.retrieval.index.FaissIndex", "hnsw")
+    assert spec["features"]["state"]["names"] == pipe.features.names
+    loaded = Pipeline.from_pretrained(directory)
     before, after = pipe.recommend(world.sessions, k=K), loaded.recommend(world.sessions, k=K)
     assert after == before
     assert all(len(r["item_ids"]) == K for r in before)
@@ -194,18 +196,52 @@ def test_saved_pipeline_recommends_identically(world: World, tmp_path: Path, sco
 
 def test_saving_again_adds_a_version_and_never_replaces_other_files(world: World, tmp_path: Path) -> None:
     target = tmp_path / "pipeline"
-    world.pipelines["gbdt"].save(target)
+    world.pipelines["gbdt"].save_pretrained(target)
     assert (target / "pipeline.json").exists()
-    world.pipelines["gbdt"].save(target)
+    world.pipelines["gbdt"].save_pretrained(target)
     assert (target / "CURRENT").read_text().strip() == "v000002" and not (target / "pipeline.json").exists()
-    assert set(Pipeline.load(target).retrievers) == set(world.pipelines["gbdt"].retrievers)
+    assert set(Pipeline.from_pretrained(target).retrievers) == set(world.pipelines["gbdt"].retrievers)
     assert list(tmp_path.iterdir()) == [target]  # no temporary folder left beside it
     other = tmp_path / "notes"
     other.mkdir()
     (other / "mine.txt").write_text("not a pipeline")
     with pytest.raises(FileExistsError, match="is not a saved model or pipeline directory"):
-        world.pipelines["gbdt"].save(other)
+        world.pipelines["gbdt"].save_pretrained(other)
     assert [p.name for p in other.iterdir()] == ["mine.txt"]
+
+
+@pytest.mark.parametrize("scorer", ["gbdt", "dlrm"])
+def test_a_pipeline_of_format_version_2_recommends_identically(
+    world: World, saved: dict[str, Path], tmp_path: Path, pipeline_version_2, scorer: str
+) -> None:
+    old = pipeline_version_2(saved[scorer], tmp_path / "v2")
+    spec = json.loads((old / "pipeline.json").read_text())
+    assert spec["version"] == 2 and spec["scorer"]["kind"] == type(world.pipelines[scorer].scorer).__name__
+    assert (old / "features.npz").exists() and "ops" not in spec["features"]["config"]
+    loaded = Pipeline.from_pretrained(old)
+    assert loaded.recommend(world.sessions, k=K) == world.pipelines[scorer].recommend(world.sessions, k=K)
+    assert config_of(loaded.scorer) == config_of(world.pipelines[scorer].scorer)
+
+
+def test_saved_rules_load_without_their_files_in_both_layouts(world: World, tmp_path: Path, pipeline_version_2) -> None:
+    raw = world.dm.vocab.raw_ids.to_pylist()
+    deny, categories = tmp_path / "deny.parquet", tmp_path / "categories.parquet"
+    pq.write_table(pa.table({"item_id": raw[:20]}), deny)
+    pq.write_table(pa.table({"item_id": raw[:60], "category": [f"c{i % 3}" for i in range(60)]}), categories)
+    ordering = Ordering([BoostRule(raw[20:25], 0.5), BoostRule(str(deny), 2.0, "multiply")],
+                        DiversityCap(str(categories), 2), SoftmaxSampling(0.5, seed=1))
+    pipe = Pipeline(world.dm.vocab, {"covisitation": world.retrievers["covisitation"]}, max_length=MAX_LENGTH,
+                    filters=[SeenItemsFilter(window=2), ItemTableFilter(str(deny))], ordering=ordering)
+    expected = pipe.recommend(world.sessions, k=K)  # the first sample of the seeded sampler, as a loaded pipeline's
+    assert any(len(r["item_ids"]) for r in expected)
+    current = pipe.save_pretrained(tmp_path / "v3")
+    old = pipeline_version_2(current, tmp_path / "v2")
+    deny.unlink()
+    categories.unlink()
+    for directory in (current, old):
+        loaded = Pipeline.from_pretrained(directory)
+        assert loaded.recommend(world.sessions, k=K) == expected, directory.name
+        assert [r.num_unknown for r in loaded.ordering.rules] == [r.num_unknown for r in ordering.rules]
 
 
 def test_failing_save_leaves_nothing_and_keeps_the_old_pipeline(
@@ -216,17 +252,17 @@ def test_failing_save_leaves_nothing_and_keeps_the_old_pipeline(
     def broken():
         raise OSError("disk full")
 
-    monkeypatch.setattr(pipe.scorer, "state", broken)
+    monkeypatch.setattr(pipe.scorer, "state_dict", broken)
     with pytest.raises(OSError, match="disk full"):
-        pipe.save(tmp_path / "new")
+        pipe.save_pretrained(tmp_path / "new")
     assert list(tmp_path.iterdir()) == []
     monkeypatch.undo()
-    old = pipe.save(tmp_path / "old")
-    monkeypatch.setattr(pipe.scorer, "state", broken)
+    old = pipe.save_pretrained(tmp_path / "old")
+    monkeypatch.setattr(pipe.scorer, "state_dict", broken)
     with pytest.raises(OSError, match="disk full"):
-        pipe.save(old)
+        pipe.save_pretrained(old)
     assert list(tmp_path.iterdir()) == [old]
-    assert Pipeline.load(old).recommend(world.sessions[:5], k=K) == pipe.recommend(world.sessions[:5], k=K)
+    assert Pipeline.from_pretrained(old).recommend(world.sessions[:5], k=K) == pipe.recommend(world.sessions[:5], k=K)
 
 
 # ---------------------------------------------------------------------------------- online use
@@ -272,6 +308,19 @@ def write_requests(world: World, path: Path, layout: str = "lists") -> list[int]
     return ids
 
 
+def kill_after_two_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make `Pipeline.recommend_batch` fail on its third call, as a run killed after two parts would."""
+    real, calls = Pipeline.recommend_batch, []
+
+    def killed_after_two(self, sessions, k=20):
+        if len(calls) == 2:
+            raise RuntimeError("killed")
+        calls.append(len(sessions))
+        return real(self, sessions, k)
+
+    monkeypatch.setattr(Pipeline, "recommend_batch", killed_after_two)
+
+
 def test_recommend_file_resumes_after_a_kill(
     world: World, saved: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -285,21 +334,13 @@ def test_recommend_file_resumes_after_a_kill(
     assert expected.column("session_id").to_pylist() == ids
     # the same object online, over the same batches (the trees can flip on a last-bit difference of
     # the session model's scores, which a batch of another size may give)
-    lists, pipe = pq.read_table(src).column("item_id").to_pylist(), Pipeline.load(saved)
+    lists, pipe = pq.read_table(src).column("item_id").to_pylist(), Pipeline.from_pretrained(saved)
     online = [r for lo in range(0, len(lists), 64) for r in pipe.recommend(lists[lo : lo + 64], k=5)]
     assert expected.select(["item_ids", "scores"]).to_pylist() == online
 
     out = tmp_path / "recs.parquet"
     parts = tmp_path / "recs.parquet.parts"
-    real, calls = Pipeline.recommend_batch, []
-
-    def killed_after_two(self, sessions, k=20):
-        if len(calls) == 2:
-            raise RuntimeError("killed")
-        calls.append(len(sessions))
-        return real(self, sessions, k)
-
-    monkeypatch.setattr(Pipeline, "recommend_batch", killed_after_two)
+    kill_after_two_batches(monkeypatch)
     with pytest.raises(RuntimeError, match="killed"):
         recommend_file(saved, src, out, k=5, batch_size=64)
     assert not out.exists()
@@ -318,24 +359,16 @@ def test_recommend_file_starts_over_when_the_pipeline_was_refitted_in_place(
 ) -> None:
     directory, src, out = tmp_path / "pipeline", tmp_path / "sessions.parquet", tmp_path / "recs.parquet"
     write_requests(world, src)
-    world.pipelines["gbdt"].save(directory)
-    real, calls = Pipeline.recommend_batch, []
-
-    def killed_after_two(self, sessions, k=20):
-        if len(calls) == 2:
-            raise RuntimeError("killed")
-        calls.append(len(sessions))
-        return real(self, sessions, k)
-
-    monkeypatch.setattr(Pipeline, "recommend_batch", killed_after_two)
+    world.pipelines["gbdt"].save_pretrained(directory)
+    kill_after_two_batches(monkeypatch)
     with pytest.raises(RuntimeError, match="killed"):
         recommend_file(directory, src, out, k=5, batch_size=64)
     monkeypatch.undo()
-    world.pipelines["dlrm"].save(directory)  # re-fitted in place, same path, same input
+    world.pipelines["dlrm"].save_pretrained(directory)  # re-fitted in place, same path, same input
     counts = recommend_file(directory, src, out, k=5, batch_size=64)
     assert (counts["batches_written"], counts["batches_resumed"]) == (5, 0)
     assert "written by another pipeline, input or settings; starting over" in capsys.readouterr().out
-    fresh = recommend_file(Pipeline.load(directory), src, tmp_path / "fresh.parquet", k=5,
+    fresh = recommend_file(Pipeline.from_pretrained(directory), src, tmp_path / "fresh.parquet", k=5,
                            batch_size=64)
     assert fresh["batches_resumed"] == 0
     assert pq.read_table(out).equals(pq.read_table(tmp_path / "fresh.parquet"))
@@ -427,12 +460,12 @@ def test_cli_bad_recipe_table_is_one_line(
 # ------------------------------------------------------------------------------------- bad input
 def test_load_refuses_a_directory_that_is_not_a_pipeline(world: World, tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=f"{tmp_path}: not a saved pipeline"):
-        Pipeline.load(tmp_path)
-    directory = world.pipelines["gbdt"].save(tmp_path / "pipeline")
+        Pipeline.from_pretrained(tmp_path)
+    directory = world.pipelines["gbdt"].save_pretrained(tmp_path / "pipeline")
     spec = json.loads((directory / "pipeline.json").read_text())
     (directory / "pipeline.json").write_text(json.dumps({**spec, "version": 99}))
     with pytest.raises(ValueError, match="pipeline.json: format 'sessrec.pipeline' version 99"):
-        Pipeline.load(directory)
+        Pipeline.from_pretrained(directory)
 
 
 def test_model_with_another_vocabulary_is_refused(world: World, tmp_path: Path) -> None:
@@ -450,7 +483,7 @@ def test_category_table_without_its_column_names_file_and_column(tmp_path: Path)
     table = tmp_path / "categories.csv"
     pacsv.write_csv(pa.table({"item_id": [1000], "cat": ["shoes"]}), table)
     with pytest.raises(SchemaError, match=rf"{table}: column 'category' is missing"):
-        DiversityCap(str(table), max_per_category=1)
+        DiversityCap(str(table), max_per_category=1).read()
 
 
 # ------------------------------------------------------------------------------------ features

@@ -6,6 +6,7 @@ Hand case (ids 2..7 are items, 0 padding, 1 OOV), window 2:
     [4, 4, 2]     forward: 4->4 left out (a repeat), 4->2 at d 1 and d 2: 1 + 1/2
 """
 
+import copy
 import json
 
 import numpy as np
@@ -14,6 +15,7 @@ import torch
 
 from sessrec.pipeline.candidates import Sessions
 from sessrec.pipeline.retrieval.covisitation import CoVisitation
+from sessrec.saved.registry import config_of, instantiate
 
 torch.set_num_threads(1)
 
@@ -185,18 +187,20 @@ def test_state_round_trip():
     cv = CoVisitation(window=3, max_neighbours=2, last_items=2, recency_decay=0.3, direction="forward").fit(
         TRAIN, V
     )
-    config, arrays = cv.state()
+    config, arrays = config_of(cv), cv.state_dict()
     config = json.loads(json.dumps(config))
-    assert all(a.dtype != object for a in arrays.values())
-    back = CoVisitation.from_state(config, {k: v.copy() for k, v in arrays.items()})
-    assert back.state()[0] == cv.state()[0]
+    assert sorted(arrays) == ["data", "indices", "indptr", "num_items"] and arrays["num_items"] == V
+    back = instantiate(config, expected=CoVisitation, source="test").load_state_dict(copy.deepcopy(arrays))
+    assert config_of(back) == config and back.num_items == cv.num_items == V
     assert (back.matrix != cv.matrix).nnz == 0
     a, b = cv.retrieve(Sessions(QUERIES), 4), back.retrieve(Sessions(QUERIES), 4)
     assert torch.equal(a.items, b.items) and torch.equal(a.scores, b.scores)
     anchors = torch.tensor([2, 3, 4, 5, 6])
     assert torch.equal(cv.pair_weights(anchors, a.items), back.pair_weights(anchors, a.items))
     with pytest.raises(ValueError, match="CSR"):
-        CoVisitation.from_state(config, {**arrays, "indptr": arrays["indptr"][:-1]})
+        CoVisitation().load_state_dict({**arrays, "indptr": arrays["indptr"][:-1]})
+    with pytest.raises(ValueError, match=r"columns outside \[0, 8\)"):
+        CoVisitation().load_state_dict({**arrays, "indices": arrays["indices"] + V})
 
 
 # -- bad input ------------------------------------------------------------------------------------

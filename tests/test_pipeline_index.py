@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from sessrec.pipeline.retrieval.index import ExactIndex, FaissIndex
+from sessrec.saved.registry import config_of, instantiate
 
 
 def table(n: int, d: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -82,7 +83,7 @@ def test_faiss_ivf_default_lists_and_padding_of_missing_results():
     pytest.importorskip("faiss")
     vectors, ids = table(100, 4, seed=6)
     index = FaissIndex("ivf", nprobe=1, seed=0).build(vectors, ids)
-    assert index.state()[0]["nlist"] == 40  # round(4 * sqrt(100))
+    assert index.num_lists == 40 and FaissIndex("hnsw").num_lists is None  # round(4 * sqrt(100))
     scores, found = index.search(torch.from_numpy(vectors[:3]), 100)  # one list of 40 holds < 100 items
     missing = found == 0
     assert missing.any() and torch.isneginf(scores[missing]).all() and torch.isfinite(scores[~missing]).all()
@@ -91,10 +92,11 @@ def test_faiss_ivf_default_lists_and_padding_of_missing_results():
 
 
 def round_trip(index):
-    config, arrays = index.state()
+    config, arrays = config_of(index), index.state_dict()
     assert all(isinstance(a, np.ndarray) for a in arrays.values())
     config = json.loads(json.dumps(config))
-    return type(index).from_state(config, {name: a.copy() for name, a in arrays.items()}), arrays
+    rebuilt = instantiate(config, expected=(ExactIndex, FaissIndex), source="test")
+    return rebuilt.load_state_dict({name: a.copy() for name, a in arrays.items()}), arrays
 
 
 def test_exact_state_round_trip_gives_identical_results():
@@ -117,17 +119,19 @@ def test_faiss_state_round_trip_gives_identical_results(faiss_case, kind):
         assert torch.equal(a, b)
 
 
-def test_faiss_from_state_applies_the_saved_query_settings(faiss_case):
-    config, arrays = faiss_case[4]["hnsw"].state()
-    assert FaissIndex.from_state({**config, "ef_search": 300}, arrays)._index.hnsw.efSearch == 300
-    config, arrays = faiss_case[4]["ivf"].state()
-    assert FaissIndex.from_state({**config, "nprobe": 5}, arrays)._index.nprobe == 5
+def test_a_loaded_faiss_index_applies_its_own_query_settings(faiss_case):
+    state = faiss_case[4]["hnsw"].state_dict()
+    assert FaissIndex("hnsw", ef_search=300).load_state_dict(state)._index.hnsw.efSearch == 300
+    with pytest.raises(ValueError, match="the saved faiss index is not of kind 'ivf'"):
+        FaissIndex("ivf").load_state_dict(state)
+    state = faiss_case[4]["ivf"].state_dict()
+    assert FaissIndex("ivf", nprobe=5).load_state_dict(state)._index.nprobe == 5
 
 
 def test_hnsw_ef_search_below_k_is_raised_to_k(faiss_case):
-    queries, (config, arrays) = faiss_case[2], faiss_case[4]["hnsw"].state()
-    low = FaissIndex.from_state({**config, "ef_search": 1}, arrays).search(queries, 50)
-    at_k = FaissIndex.from_state({**config, "ef_search": 50}, arrays).search(queries, 50)
+    queries, state = faiss_case[2], faiss_case[4]["hnsw"].state_dict()
+    low = FaissIndex("hnsw", ef_search=1).load_state_dict(state).search(queries, 50)
+    at_k = FaissIndex("hnsw", ef_search=50).load_state_dict(state).search(queries, 50)
     assert torch.equal(low[1], at_k[1]) and torch.equal(low[0], at_k[0])
 
 
@@ -157,8 +161,8 @@ def test_bad_searches_are_named(name):
     index = make(name)
     with pytest.raises(RuntimeError, match="search called before build"):
         index.search(torch.ones(1, 3), 1)
-    with pytest.raises(RuntimeError, match="state called before build"):
-        index.state()
+    with pytest.raises(RuntimeError, match="state_dict called before build"):
+        index.state_dict()
     index.build(np.ones((4, 3), np.float32), np.arange(4))
     with pytest.raises(ValueError, match=r"shape \(B, 3\).*got \(2, 5\)"):
         index.search(torch.ones(2, 5), 1)

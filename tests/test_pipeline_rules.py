@@ -21,6 +21,8 @@ from sessrec.data.vocab import ItemVocab
 from sessrec.pipeline.candidates import Candidates, Sessions
 from sessrec.pipeline.filters import ItemTableFilter, NonProductFilter, SeenItemsFilter
 from sessrec.pipeline.ordering import BoostRule, DiversityCap, Ordering, SoftmaxSampling
+from sessrec.pipeline.pipeline import join_state, split_state
+from sessrec.saved.registry import config_of, instantiate
 
 INF = float("inf")
 
@@ -45,9 +47,11 @@ def anonymous(b: int) -> Sessions:
 
 
 def reloaded(stage):
-    """The stage rebuilt from its saved state, the config passed through JSON."""
-    config, arrays = stage.state()
-    return type(stage).from_state(json.loads(json.dumps(config)), {k: v.copy() for k, v in arrays.items()})
+    """The stage rebuilt as a saved pipeline does: from its config, then its state dict (plain values
+    through JSON, arrays copied)."""
+    plain, arrays = split_state(stage.state_dict())
+    rebuilt = instantiate(json.loads(json.dumps(config_of(stage))), expected=type(stage), source="test")
+    return rebuilt.load_state_dict(join_state(json.loads(json.dumps(plain)), {k: v.copy() for k, v in arrays.items()}))
 
 
 # ------------------------------------------------------------------------------------ filters
@@ -160,11 +164,10 @@ def test_item_table_filter_timestamps_and_plain_csv_list(tmp_path: Path, vocab: 
 
 def test_saved_item_table_filter_needs_no_file(windows: Path, vocab: ItemVocab) -> None:
     stage = ItemTableFilter(str(windows), mode="allow").bind(vocab)
-    config, arrays = stage.state()
     windows.unlink()
-    loaded = ItemTableFilter.from_state(json.loads(json.dumps(config)), arrays)
-    assert loaded.num_unknown == 1
-    assert arrays["ids"].tolist() == [2, 3, 3, 4]
+    loaded = reloaded(stage).bind(vocab)  # bind: nothing to read once loaded
+    assert loaded.num_unknown == 1 and loaded.path == str(windows)
+    assert stage.state_dict()["ids"].tolist() == [2, 3, 3, 4]
     candidates = Candidates(torch.tensor([[2, 3, 4, 5, 0]] * 4))
     sessions = Sessions(torch.ones(4, 2, dtype=torch.long), now=NOW)
     assert torch.equal(loaded.apply(sessions, candidates).items, stage.apply(sessions, candidates).items)
@@ -196,12 +199,12 @@ def test_item_table_filter_must_be_bound(windows: Path) -> None:
 def test_item_table_filter_bad_tables(tmp_path: Path, columns: dict, kwargs: dict, message: str) -> None:
     path = write(tmp_path, **columns)
     with pytest.raises(SchemaError, match=message):
-        ItemTableFilter(str(path), **kwargs)
+        ItemTableFilter(str(path), **kwargs).read()
 
 
 def test_item_table_filter_missing_file(tmp_path: Path) -> None:
     with pytest.raises(SchemaError, match=r"absent.parquet: no such file"):
-        ItemTableFilter(str(tmp_path / "absent.parquet"))
+        ItemTableFilter(str(tmp_path / "absent.parquet")).bind(ItemVocab.empty())
 
 
 # ----------------------------------------------------------------------------------- ordering
@@ -285,14 +288,25 @@ def test_boost_then_cap_decides_which_item_of_a_category_stays(categories: Path,
 def test_diversity_cap_bad_tables(tmp_path: Path) -> None:
     twice = write(tmp_path, item_id=[10, 20, 10], category=["a", "b", "c"])
     with pytest.raises(SchemaError, match="rules.parquet: column 'item_id' lists item 10 2 times"):
-        DiversityCap(str(twice), 1)
+        DiversityCap(str(twice), 1).read()
     no_category = write(tmp_path, "plain.parquet", item_id=[10])
     with pytest.raises(
         SchemaError, match=r"plain.parquet: column 'category' is missing; the file has columns \['item_id'\]"
     ):
-        DiversityCap(str(no_category), 1)
+        DiversityCap(str(no_category), 1).read()
     with pytest.raises(SchemaError, match="absent.csv: no such file"):
-        DiversityCap(str(tmp_path / "absent.csv"), 1)
+        DiversityCap(str(tmp_path / "absent.csv"), 1).read()
+    DiversityCap(str(tmp_path / "absent.csv"), 1)  # the file is read when the rule is bound (or read), not built
+
+
+def test_a_rule_without_a_source_holds_only_what_it_loads(categories: Path, vocab: ItemVocab) -> None:
+    with pytest.raises(ValueError, match=r"BoostRule has no items to read \(items=None\)"):
+        BoostRule(None, 1.0).bind(vocab)
+    with pytest.raises(ValueError, match=r"DiversityCap has no category file to read \(category_path=None\)"):
+        DiversityCap(None, 2).read()
+    saved = DiversityCap(str(categories), 2).bind(vocab)
+    loaded = DiversityCap(None, 2).load_state_dict(saved.state_dict()).bind(vocab)
+    assert torch.equal(loaded.cap(DIVERSE.items, DIVERSE.scores), saved.cap(DIVERSE.items, DIVERSE.scores))
 
 
 def test_ordering_rules_must_be_bound() -> None:
@@ -344,11 +358,10 @@ def test_ordering_state_round_trip(tmp_path: Path, categories: Path, vocab: Item
         BoostRule(str(write(tmp_path, "campaign.parquet", item_id=[20])), 2.0, "multiply"),
     ]
     ordering = Ordering(boosts, DiversityCap(str(categories), 2), SoftmaxSampling(0.5, seed=3)).bind(vocab)
-    config, arrays = ordering.state()
-    assert sorted(arrays) == ["boosts.0.ids", "boosts.1.ids", "diversity.category", "diversity.ids"]
-    loaded = Ordering.from_state(json.loads(json.dumps(config)), arrays).bind(
-        vocab
-    )  # bind: no-op when loaded
+    plain, arrays = split_state(ordering.state_dict())
+    assert sorted(arrays) == ["boosts/0/ids", "boosts/1/ids", "diversity/category", "diversity/ids"]
+    assert plain == {"boosts": {"0": {"num_unknown": 0}, "1": {"num_unknown": 0}}, "diversity": {"num_unknown": 1}}
+    loaded = reloaded(ordering).bind(vocab)  # bind: no-op when loaded
     candidates = many_candidates()
     for _ in range(2):  # the generators advance alike
         a, b = ordering.order(anonymous(16), candidates, 5), loaded.order(anonymous(16), candidates, 5)

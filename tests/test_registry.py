@@ -83,7 +83,7 @@ def pipeline(task, vocab):
 
 @pytest.fixture(scope="module")
 def saved_pipeline(pipeline, tmp_path_factory) -> Path:
-    return pipeline.save(tmp_path_factory.mktemp("saved") / "pipeline")
+    return pipeline.save_pretrained(tmp_path_factory.mktemp("saved") / "pipeline")
 
 
 def with_config(source: Path, target: Path, name: str, edit: Any) -> Path:
@@ -218,7 +218,7 @@ def test_a_checkpoint_nested_10000_levels_is_one_line(task, tmp_path):
 def test_a_saved_pipeline_round_trips_through_the_registry(pipeline, saved_pipeline):
     from sessrec.pipeline import BaselineRetriever, Pipeline, SeenItemsFilter, SessionModelRetriever
 
-    loaded = Pipeline.load(saved_pipeline)
+    loaded = Pipeline.from_pretrained(saved_pipeline)
     model, pop = loaded.retrievers["model"][0], loaded.retrievers["pop"][0]
     assert isinstance(model, SessionModelRetriever) and isinstance(model.model.encoder, GRU4RecEncoder)
     assert isinstance(model.objective, CausalLanguageModeling)
@@ -240,31 +240,37 @@ def _set(path: str, value: Any):
 
 
 PIPELINE_HOSTILE = [
-    ("network-encoder", "retrievers.0.config.network.init_args.encoder", THING,
-     "retrievers[0].config.network.init_args.encoder", f"'{SENTINEL}.Thing' is not registered"),
-    ("network", "retrievers.0.config.network", IMPORT, "retrievers[0].config.network",
+    ("network-encoder", "retrievers.0.config.init_args.model.init_args.encoder", THING,
+     "retrievers[0].config.init_args.model.init_args.encoder", f"'{SENTINEL}.Thing' is not registered"),
+    ("network", "retrievers.0.config.init_args.model", IMPORT, "retrievers[0].config.init_args.model",
      "'sessrec.import_module' is not a registered class"),
-    ("network-a-task", "retrievers.0.config.network", {"class_path": "sessrec.tasks.NextItemTask"},
-     "retrievers[0].config.network", "'sessrec.tasks.NextItemTask' is a registered class, but not a SessionModel"),
-    ("network-encoder-a-loss", "retrievers.0.config.network.init_args.encoder",
-     {"class_path": "sessrec.tasks.losses.FullSoftmax"}, "retrievers[0].config.network.init_args.encoder",
+    ("network-a-task", "retrievers.0.config.init_args.model", {"class_path": "sessrec.tasks.NextItemTask"},
+     "retrievers[0].config.init_args.model", "'sessrec.tasks.NextItemTask' is a registered class, but not a SessionModel"),
+    ("network-encoder-a-loss", "retrievers.0.config.init_args.model.init_args.encoder",
+     {"class_path": "sessrec.tasks.losses.FullSoftmax"}, "retrievers[0].config.init_args.model.init_args.encoder",
      "is a registered class, but not a Module"),
-    ("objective", "retrievers.0.config.objective", THING, "retrievers[0].config.objective",
+    ("objective", "retrievers.0.config.init_args.objective", THING, "retrievers[0].config.init_args.objective",
      f"'{SENTINEL}.Thing' is not registered"),
-    ("objective-for-another-encoder", "retrievers.0.config.objective", {"class_path": "sessrec.models.MaskedItemModeling"},
-     "retrievers[0].config.objective", "MaskedItemModeling predicts hidden items from the context on both sides"),
-    ("retriever-kind", "retrievers.0.kind", f"{SENTINEL}.Thing", "retrievers[0].kind", f"'{SENTINEL}.Thing' is not registered"),
-    ("retriever-kind-an-index", "retrievers.0.kind", "ExactIndex", "retrievers[0].kind",
+    ("objective-for-another-encoder", "retrievers.0.config.init_args.objective",
+     {"class_path": "sessrec.models.MaskedItemModeling"}, "retrievers[0].config",
+     "MaskedItemModeling predicts hidden items from the context on both sides"),
+    ("retriever-class", "retrievers.0.config.class_path", f"{SENTINEL}.Thing", "retrievers[0].config",
+     f"'{SENTINEL}.Thing' is not registered"),
+    ("retriever-class-an-index", "retrievers.0.config.class_path", "ExactIndex", "retrievers[0].config",
      "'ExactIndex' is a registered class, but not a Retriever"),
-    ("index-type", "retrievers.0.config.index.type", "os.system", "retrievers[0].config.index.type",
+    ("index-class", "retrievers.0.config.init_args.index.class_path", "os.system", "retrievers[0].config.init_args.index",
      "'os.system' is not registered"),
-    ("baseline", "retrievers.1.config.baseline", {"class_path": "sessrec.tasks.NextItemTask"}, "retrievers[1].config.baseline",
-     "'sessrec.tasks.NextItemTask' is a registered class, but not a SessionBaseline"),
-    ("baseline-sentinel", "retrievers.1.config.baseline", THING, "retrievers[1].config.baseline",
+    ("baseline", "retrievers.1.config.init_args.baseline", {"class_path": "sessrec.tasks.NextItemTask"},
+     "retrievers[1].config.init_args.baseline", "'sessrec.tasks.NextItemTask' is a registered class, but not a SessionBaseline"),
+    ("baseline-sentinel", "retrievers.1.config.init_args.baseline", THING, "retrievers[1].config.init_args.baseline",
      f"'{SENTINEL}.Thing' is not registered"),
-    ("filter-kind", "filters.0.kind", "sessrec.tasks", "filters[0].kind", "'sessrec.tasks' is not a registered class"),
-    ("filter-kind-a-retriever", "filters.0.kind", "CoVisitation", "filters[0].kind",
+    ("filter-class", "filters.0.config.class_path", "sessrec.tasks", "filters[0].config",
+     "'sessrec.tasks' is not a registered class"),
+    ("filter-class-a-retriever", "filters.0.config.class_path", "CoVisitation", "filters[0].config",
      "'CoVisitation' is a registered class, but not a SeenItemsFilter or NonProductFilter or ItemTableFilter"),
+    ("feature-ops-in-the-state", "features.state.ops",
+     {"config": {"class_path": "sessrec.data.features.FeaturePipeline", "init_args": {"ops": {"x": THING}}}, "ops": {}},
+     "features.state.ops.config.init_args.ops.x", f"'{SENTINEL}.Thing' is not registered"),
 ]
 
 
@@ -275,13 +281,67 @@ def test_a_hostile_pipeline_config_is_refused_before_anything_is_imported(
     from sessrec.pipeline import Pipeline
 
     directory = with_config(saved_pipeline, tmp_path / "pipeline", "pipeline.json", _set(path, value))
-    got = refused(Pipeline.load, directory)
+    got = refused(Pipeline.from_pretrained, directory)
+    assert got.startswith(f"{directory / 'pipeline.json'}: {where}: ") and message in got, got
+
+
+# --------------------------------------------------------------------------- pipelines of format version 2
+@pytest.fixture(scope="module")
+def saved_pipeline_v2(saved_pipeline, pipeline_version_2, tmp_path_factory) -> Path:
+    return pipeline_version_2(saved_pipeline, tmp_path_factory.mktemp("saved") / "pipeline-v2")
+
+
+def test_a_pipeline_of_format_version_2_loads(pipeline, saved_pipeline_v2):
+    from sessrec.pipeline import Pipeline
+
+    assert json.loads((saved_pipeline_v2 / "pipeline.json").read_text())["retrievers"][0]["kind"] == "SessionModelRetriever"
+    sessions = [[3, 4], [5, 6, 7], [2]]
+    assert Pipeline.from_pretrained(saved_pipeline_v2).recommend(sessions, k=4) == pipeline.recommend(sessions, k=4)
+
+
+PIPELINE_V2_HOSTILE = [
+    ("network-encoder", "retrievers.0.config.network.init_args.encoder", THING,
+     "retrievers[0].config.network.init_args.encoder", f"'{SENTINEL}.Thing' is not registered"),
+    ("network", "retrievers.0.config.network", IMPORT, "retrievers[0].config.network",
+     "'sessrec.import_module' is not a registered class"),
+    ("network-a-task", "retrievers.0.config.network", {"class_path": "sessrec.tasks.NextItemTask"},
+     "retrievers[0].config.network", "'sessrec.tasks.NextItemTask' is a registered class, but not a SessionModel"),
+    ("objective", "retrievers.0.config.objective", THING, "retrievers[0].config.objective",
+     f"'{SENTINEL}.Thing' is not registered"),
+    ("objective-for-another-encoder", "retrievers.0.config.objective", {"class_path": "sessrec.models.MaskedItemModeling"},
+     "retrievers[0].config", "MaskedItemModeling predicts hidden items from the context on both sides"),
+    ("retriever-kind", "retrievers.0.kind", f"{SENTINEL}.Thing", "retrievers[0].kind", f"'{SENTINEL}.Thing' is not registered"),
+    ("retriever-kind-an-index", "retrievers.0.kind", "ExactIndex", "retrievers[0].kind",
+     "'ExactIndex' is a registered class, but not a Retriever"),
+    ("index-type", "retrievers.0.config.index.type", "os.system", "retrievers[0].config.index.type",
+     "'os.system' is not registered"),
+    ("index-setting", "retrievers.0.config.index.size", 3, "retrievers[0].config.index.size",
+     "ExactIndex takes no argument 'size'"),
+    ("baseline", "retrievers.1.config.baseline", {"class_path": "sessrec.tasks.NextItemTask"}, "retrievers[1].config.baseline",
+     "'sessrec.tasks.NextItemTask' is a registered class, but not a SessionBaseline"),
+    ("baseline-sentinel", "retrievers.1.config.baseline", THING, "retrievers[1].config.baseline",
+     f"'{SENTINEL}.Thing' is not registered"),
+    ("filter-kind", "filters.0.kind", "sessrec.tasks", "filters[0].kind", "'sessrec.tasks' is not a registered class"),
+    ("filter-kind-a-retriever", "filters.0.kind", "CoVisitation", "filters[0].kind",
+     "'CoVisitation' is a registered class, but not a SeenItemsFilter or NonProductFilter or ItemTableFilter"),
+]
+
+
+@pytest.mark.parametrize("path, value, where, message", [c[1:] for c in PIPELINE_V2_HOSTILE],
+                         ids=[c[0] for c in PIPELINE_V2_HOSTILE])
+def test_a_hostile_version_2_pipeline_config_is_refused_at_the_key_of_its_file(
+    sentinel, saved_pipeline_v2, tmp_path, path, value, where, message
+):
+    from sessrec.pipeline import Pipeline
+
+    directory = with_config(saved_pipeline_v2, tmp_path / "pipeline", "pipeline.json", _set(path, value))
+    got = refused(Pipeline.from_pretrained, directory)
     assert got.startswith(f"{directory / 'pipeline.json'}: {where}: ") and message in got, got
 
 
 def task_layout(task: NextItemTask, value: Any = None, key: str | None = None):
-    """An edit of pipeline.json into the layout sessrec wrote before retrievers held the network: the
-    session-model retriever's config holds the task's config (with `value` at its argument `key`)."""
+    """An edit of a version 2 pipeline.json into its other layout of the session-model retriever: its
+    config holds the task's config (with `value` at its argument `key`) instead of the network's."""
     def edit(spec: dict) -> None:
         config = spec["retrievers"][0]["config"]
         init_args = {**plain_hparams(task), **({} if key is None else {key: value})}
@@ -290,20 +350,20 @@ def task_layout(task: NextItemTask, value: Any = None, key: str | None = None):
     return edit
 
 
-def test_a_pipeline_saved_with_the_task_config_loads(pipeline, saved_pipeline, task, tmp_path):
+def test_a_pipeline_saved_with_the_task_config_loads(pipeline, saved_pipeline_v2, task, tmp_path):
     from sessrec.pipeline import Pipeline
 
-    directory = with_config(saved_pipeline, tmp_path / "pipeline", "pipeline.json", task_layout(task))
+    directory = with_config(saved_pipeline_v2, tmp_path / "pipeline", "pipeline.json", task_layout(task))
     sessions = [[3, 4], [5, 6, 7], [2]]
-    assert Pipeline.load(directory).recommend(sessions, k=4) == pipeline.recommend(sessions, k=4)
+    assert Pipeline.from_pretrained(directory).recommend(sessions, k=4) == pipeline.recommend(sessions, k=4)
 
 
-def test_the_task_config_of_a_saved_pipeline_is_read_for_its_network_only(sentinel, saved_pipeline, task, tmp_path):
+def test_the_task_config_of_a_saved_pipeline_is_read_for_its_network_only(sentinel, saved_pipeline_v2, task, tmp_path):
     """The task's loss (training only) is not read: a hostile one is neither imported nor refused."""
     from sessrec.pipeline import Pipeline
 
-    directory = with_config(saved_pipeline, tmp_path / "pipeline", "pipeline.json", task_layout(task, THING, "loss"))
-    assert Pipeline.load(directory).recommend([[3, 4]], k=2)
+    directory = with_config(saved_pipeline_v2, tmp_path / "pipeline", "pipeline.json", task_layout(task, THING, "loss"))
+    assert Pipeline.from_pretrained(directory).recommend([[3, 4]], k=2)
 
 
 @pytest.mark.parametrize("key, value, where, message", [
@@ -312,12 +372,12 @@ def test_the_task_config_of_a_saved_pipeline_is_read_for_its_network_only(sentin
     ("encoder", {"class_path": "sessrec.tasks.losses.FullSoftmax"}, "retrievers[0].config.model.init_args.encoder",
      "is a registered class, but not a Module"),
 ], ids=["encoder", "objective", "encoder-a-loss"])
-def test_a_hostile_task_config_of_a_saved_pipeline_is_refused(sentinel, saved_pipeline, task, tmp_path, key, value, where,
+def test_a_hostile_task_config_of_a_saved_pipeline_is_refused(sentinel, saved_pipeline_v2, task, tmp_path, key, value, where,
                                                               message):
     from sessrec.pipeline import Pipeline
 
-    directory = with_config(saved_pipeline, tmp_path / "pipeline", "pipeline.json", task_layout(task, value, key))
-    got = refused(Pipeline.load, directory)
+    directory = with_config(saved_pipeline_v2, tmp_path / "pipeline", "pipeline.json", task_layout(task, value, key))
+    got = refused(Pipeline.from_pretrained, directory)
     assert got.startswith(f"{directory / 'pipeline.json'}: {where}: ") and message in got, got
 
 
@@ -326,7 +386,7 @@ def test_a_pipeline_json_nested_10000_levels_is_one_line(sentinel, saved_pipelin
 
     directory = with_config(saved_pipeline, tmp_path / "pipeline", "pipeline.json",
                             lambda spec: json.dumps(spec)[:-1] + f', "x": {deep(DEEP)}}}')
-    assert refused(Pipeline.load, directory) == f"{directory / 'pipeline.json'}: nested too deeply to be a saved description"
+    assert refused(Pipeline.from_pretrained, directory) == f"{directory / 'pipeline.json'}: nested too deeply to be a saved description"
 
 
 # --------------------------------------------------------------------------- the resolver

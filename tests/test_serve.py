@@ -518,7 +518,7 @@ def test_metrics_count_requests_by_route_and_status_and_sessions_per_call(pipe, 
 
 def versioned(root: Path, name: str, pipe: Pipeline) -> Path:
     """Save `pipe` as version `name` of the versioned directory `root` and point ``CURRENT`` at it."""
-    pipe.save(root / "versions" / name)
+    pipe.save_pretrained(root / "versions" / name)
     (root / "CURRENT").write_text(f"{name}\n")
     return root / "versions" / name
 
@@ -529,7 +529,7 @@ def test_hot_reload_follows_the_pointer_and_in_flight_requests_finish_on_their_m
     probe = sessions[5]
     assert expected(pipe, [probe]) != expected(other_pipe, [probe])  # the two versions answer differently
     first = versioned(tmp_path / "model", "v000001", pipe)
-    gate = Gate(Pipeline.load(first))
+    gate = Gate(Pipeline.from_pretrained(first))
     app = build_app(Served(gate, first, "v000001"), max_wait_ms=0.0, model_dir=tmp_path / "model",
                     reload_interval_s=0.05)
     with TestClient(app) as c:
@@ -561,7 +561,7 @@ def test_hot_reload_follows_the_pointer_and_in_flight_requests_finish_on_their_m
 
 
 def test_resolve_reads_the_current_version_pointer(pipe, tmp_path: Path) -> None:
-    plain = pipe.save(tmp_path / "plain")
+    plain = pipe.save_pretrained(tmp_path / "plain")
     assert resolve(plain) == plain
     assert Served.load(plain).version is None
     root = tmp_path / "versioned"
@@ -610,7 +610,7 @@ def test_serve_binds_loopback_unless_told(pipe, tmp_path: Path, monkeypatch: pyt
     assert inspect.signature(serve).parameters["host"].default == "127.0.0.1"
     calls = []
     monkeypatch.setattr(server.DrainingServer, "run", lambda self: calls.append(self.config))
-    directory = pipe.save(tmp_path / "pipeline")
+    directory = pipe.save_pretrained(tmp_path / "pipeline")
     serve(directory, port=8123)
     serve(directory, host="0.0.0.0", port=8124)
     assert [(c.host, c.port) for c in calls] == [("127.0.0.1", 8123), ("0.0.0.0", 8124)]
@@ -620,7 +620,7 @@ def test_serve_binds_loopback_unless_told(pipe, tmp_path: Path, monkeypatch: pyt
 
 
 def test_load_benchmark_quick_run(pipe, tmp_path: Path) -> None:
-    directory = pipe.save(tmp_path / "pipeline")
+    directory = pipe.save_pretrained(tmp_path / "pipeline")
     done = subprocess.run(
         [sys.executable, "benchmarks/serve_load.py", "--model-dir", str(directory), "--data", str(tmp_path / "none"),
          "--concurrency", "1", "4", "--requests", "20", "--warmup", "2", "--seconds", "20",

@@ -14,10 +14,14 @@ import numpy as np
 import torch
 
 from sessrec.data.vocab import NUM_SPECIAL
+from sessrec.saved.registry import Configurable
 
 
-class SessionBaseline:
+class SessionBaseline(Configurable):
     """Base class: `fit` on right-aligned training sessions, then `score` prefixes.
+
+    Every subclass registers itself and records its constructor arguments (`Configurable`), so a
+    saved pipeline names a baseline by its config and rebuilds it.
 
     Subclasses implement `_fit` and `_score`; this class checks the inputs and masks the
     special ids. Scores of items that a baseline does not reach are 0, so they tie with each

@@ -16,10 +16,8 @@ import torch
 
 from sessrec.baselines.base import SessionBaseline
 from sessrec.data.vocab import NUM_SPECIAL
-from sessrec.saved.registry import register
 
 
-@register
 class Popularity(SessionBaseline):
     """Score = how often the item occurs in the training sessions (independent of the prefix).
 

@@ -41,10 +41,8 @@ import torch
 
 from sessrec.baselines.base import SessionBaseline
 from sessrec.baselines.knn import SessionIndex, dense_scores, session_items, sum_over_bits, top_k
-from sessrec.saved.registry import register
 
 
-@register
 class STAN(SessionBaseline):
     """Sequence- and time-aware neighbourhood.
 

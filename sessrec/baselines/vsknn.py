@@ -44,7 +44,6 @@ import torch
 
 from sessrec.baselines.base import SessionBaseline
 from sessrec.baselines.knn import SessionIndex, dense_scores, session_items, sum_over_bits, top_k
-from sessrec.saved.registry import register
 
 Weighting = Literal["same", "div", "linear", "quadratic", "log"]
 
@@ -77,7 +76,6 @@ def step_decay(kind: Weighting, step: np.ndarray) -> np.ndarray:
     return 1.0 / np.log10(d + 1.7)  # log
 
 
-@register
 class VSKNN(SessionBaseline):
     """Vector-multiplication session kNN.
 

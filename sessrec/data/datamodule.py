@@ -9,7 +9,7 @@ training sessions (`augment_reversed`) are added to training only.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -18,10 +18,10 @@ import torch
 
 from sessrec.data import frame
 from sessrec.data.batch import ITEM_DTYPE
-from sessrec.saved.checkpoint import is_checkpoint, saved_file, to_bytes, to_tensor
+from sessrec.saved.checkpoint import as_tensors, is_checkpoint, parquet_state, saved_state
 from sessrec.data.loader import SessionLoader, ranks_of
 from sessrec.data.schema import Schema
-from sessrec.data.side import SideFeatures, SideFeatureTransform, SideInfoSpec, read_item_vectors
+from sessrec.data.side import SideFeatures, SideFeatureTransform, SideInfoSpec, read_item_vectors, transforms_state
 from sessrec.data.sources import SessionSource, SessionSplits, SyntheticSource
 from sessrec.data.stream import ScoringStream
 from sessrec.data.vocab import ItemVocab
@@ -126,7 +126,8 @@ class SessionDataModule(pl.LightningDataModule):
     def vocab(self) -> ItemVocab:
         if self._vocab is None:
             if self.vocab_path is not None and is_checkpoint(self.vocab_path):
-                self._vocab = ItemVocab.from_bytes(saved_file(self.vocab_path, "vocab"), self.vocab_path)
+                saved = parquet_state(saved_state(self.vocab_path, "vocab"))
+                self._vocab = ItemVocab.empty().load_state_dict(saved, self.vocab_path)
             elif self.vocab_path is not None:
                 self._vocab = ItemVocab.load(self.vocab_path)
             else:
@@ -150,8 +151,8 @@ class SessionDataModule(pl.LightningDataModule):
         """The fitted side-feature transforms (fitted on the training split, or loaded)."""
         if self._side is None and self.side_features.sequence_features:
             if self.features_path is not None and is_checkpoint(self.features_path):
-                saved = saved_file(self.features_path, "features")
-                self._side = SideFeatureTransform.from_bytes(saved, self.side_features, self.features_path)
+                saved = transforms_state(saved_state(self.features_path, "features"), self.features_path)
+                self._side = SideFeatureTransform(self.side_features).load_state_dict(saved, self.features_path)
             elif self.features_path is not None:
                 self._side = SideFeatureTransform.load(self.features_path, self.side_features)
             else:
@@ -179,17 +180,21 @@ class SessionDataModule(pl.LightningDataModule):
         return spec
 
     # -- checkpoint state ---------------------------------------------------------------
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """The fitted vocabulary and side-feature transforms as file bytes (uint8 tensors): Lightning
+    def state_dict(self) -> dict[str, Any]:
+        """The state dicts of the fitted vocabulary and side-feature transforms, as tensors: Lightning
         saves them in every checkpoint, so a checkpoint maps raw ids and features exactly as in training."""
-        state = {"vocab": to_tensor(self.vocab.to_bytes())}
+        state = {"vocab": as_tensors(self.vocab.state_dict())}
         if self.side is not None:
-            state["features"] = to_tensor(self.side.to_bytes())
+            state["features"] = as_tensors(self.side.state_dict())
         return state
 
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        """Take a checkpoint's vocabulary and transforms; refused when they differ from those in use."""
-        vocab = ItemVocab.from_bytes(to_bytes(state["vocab"]), "the checkpoint's vocabulary")
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take a checkpoint's vocabulary and transforms; refused when they differ from those in use.
+
+        A part may be held as the bytes of its file (one uint8 tensor: the parquet vocabulary, the
+        transforms' ``.npz``); it is read as that file.
+        """
+        vocab = ItemVocab.empty().load_state_dict(parquet_state(state["vocab"]), "the checkpoint's vocabulary")
         if self._vocab is not None and self._vocab != vocab:
             raise ValueError(
                 f"the checkpoint's vocabulary ({len(vocab)} ids) differs from the one this data module uses "
@@ -197,7 +202,8 @@ class SessionDataModule(pl.LightningDataModule):
             )
         self._vocab = vocab
         if "features" in state and self._side is None and self.side_features.sequence_features:
-            self._side = SideFeatureTransform.from_bytes(to_bytes(state["features"]), self.side_features, "the checkpoint")
+            saved = transforms_state(state["features"], "the checkpoint")
+            self._side = SideFeatureTransform(self.side_features).load_state_dict(saved, "the checkpoint")
 
     # -- tensors --------------------------------------------------------------------------
     def _encode(self, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:

@@ -46,6 +46,11 @@ class RankingVocab(ParquetFile):
         self.vocabs = vocabs
 
     @classmethod
+    def empty(cls) -> RankingVocab:
+        """A vocabulary of no values (padding and OOV only per feature): what `load_state_dict` fills."""
+        return cls({name: ItemVocab.empty() for name in (*SPARSE_FEATURES, CLICKS)})
+
+    @classmethod
     def fit(cls, train: pa.Table, min_count: int = 1) -> RankingVocab:
         """Fit on training rows; `min_count` applies to hotels and cities (the long-tailed ones)."""
         return cls({name: ItemVocab.fit(values, min_count if name in ("hotel", "city") else 1)

@@ -7,14 +7,14 @@ Lightning data module that builds them from the raw log (the only Lightning impo
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytorch_lightning as pl
-import torch
 
-from sessrec.saved.checkpoint import is_checkpoint, saved_file, to_bytes, to_tensor
+from sessrec.saved.checkpoint import as_tensors, is_checkpoint, parquet_state, saved_state
 from sessrec.data.clickouts import DENSE_FEATURES, SPLITS, build_clickout_rows, split_by_time
 from sessrec.data.loader import ranks_of
 from sessrec.data.ranking import RankingLoader, RankingTensors, RankingVocab, encode_rows
@@ -107,19 +107,22 @@ class ClickoutDataModule(pl.LightningDataModule):
     def vocab(self) -> RankingVocab:
         if self._vocab is None:
             if self.vocab_path is not None and is_checkpoint(self.vocab_path):
-                self._vocab = RankingVocab.from_bytes(saved_file(self.vocab_path, "vocab"), self.vocab_path)
+                saved = parquet_state(saved_state(self.vocab_path, "vocab"))
+                self._vocab = RankingVocab.empty().load_state_dict(saved, self.vocab_path)
             elif self.vocab_path is not None:
                 self._vocab = RankingVocab.load(self.vocab_path)
             else:
                 self._vocab = RankingVocab.fit(self.rows["train"], self.min_count)
         return self._vocab
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """The fitted vocabulary as file bytes; Lightning saves it in every checkpoint."""
-        return {"vocab": to_tensor(self.vocab.to_bytes())}
+    def state_dict(self) -> dict[str, Any]:
+        """The fitted vocabulary's state dict, as tensors; Lightning saves it in every checkpoint."""
+        return {"vocab": as_tensors(self.vocab.state_dict())}
 
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        vocab = RankingVocab.from_bytes(to_bytes(state["vocab"]), "the checkpoint's ranking vocabulary")
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take a checkpoint's vocabulary (also one held as the bytes of its parquet file); refused when it
+        differs from the one in use."""
+        vocab = RankingVocab.empty().load_state_dict(parquet_state(state["vocab"]), "the checkpoint's ranking vocabulary")
         if self._vocab is not None and self._vocab.cardinalities != vocab.cardinalities:
             raise ValueError(
                 f"the checkpoint's ranking vocabulary {vocab.cardinalities} differs from the one in use "

@@ -23,10 +23,12 @@ Shape letters: E events (flat, session after session), V vocabulary size, M vect
 
 from __future__ import annotations
 
+import io
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -35,9 +37,11 @@ import pyarrow.parquet as pq
 
 from sessrec.data import frame
 from sessrec.data.features import Categorify, FeaturePipeline, LogNormalize
+from sessrec.data.features.pipeline import op_signatures
 from sessrec.data.schema import SchemaError
 from sessrec.data.vocab import NUM_SPECIAL, ItemVocab
-from sessrec.saved.registry import register
+from sessrec.saved.checkpoint import as_arrays, file_bytes
+from sessrec.saved.registry import config_of, register
 
 TimeFeature = Literal["since_prev", "dwell"]
 POSITION = "position"
@@ -215,31 +219,33 @@ class SideFeatureTransform:
         """One ``.npz`` (written under a temporary name, then renamed) with every fitted table."""
         return self.pipeline.save(path)
 
-    def to_bytes(self) -> bytes:
-        """The file `save` writes, in memory (a checkpoint carries it)."""
-        return self.pipeline.to_bytes()
-
-    @classmethod
-    def from_bytes(cls, data: bytes, config: SideFeatures, source: str | os.PathLike) -> SideFeatureTransform:
-        return cls._checked(FeaturePipeline.from_bytes(data, source), config, source)
-
     @classmethod
     def load(cls, path: str | os.PathLike, config: SideFeatures) -> SideFeatureTransform:
-        """The transforms saved beside a checkpoint; refused when they do not match `config`."""
-        return cls._checked(FeaturePipeline.load(path), config, path)
+        """The transforms of a file `save` wrote; refused when they are not those `config` builds."""
+        return cls(config).load_state_dict(FeaturePipeline.load(path).state_dict(), str(path))
 
-    @classmethod
-    def _checked(cls, pipeline: FeaturePipeline, config: SideFeatures, path: str | os.PathLike) -> SideFeatureTransform:
-        out = cls(config)
-        expected = {k: (type(op).__name__, op.get_config()) for k, op in out.pipeline.ops.items()}
-        found = {k: (type(op).__name__, op.get_config()) for k, op in pipeline.ops.items()}
+    def state_dict(self) -> dict[str, Any]:
+        """The fitted transforms (`FeaturePipeline.state_dict`): what a checkpoint carries."""
+        return self.pipeline.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any], source: str = "the state dict") -> SideFeatureTransform:
+        """Take the fitted transforms of a `state_dict`; returns self.
+
+        Raises:
+            ValueError: they are other transforms than this config builds (another recipe's),
+                naming `source`.
+        """
+        if not isinstance(state, Mapping) or "config" not in state:
+            raise ValueError(f"{source}: expected the state dict of side-feature transforms (keys 'config' and 'ops')")
+        found = op_signatures(state["config"], source)
+        expected = op_signatures(config_of(self.pipeline), source)
         if expected != found:
             raise ValueError(
-                f"{path}: the saved side features {sorted(found)} do not match the recipe's {sorted(expected)} "
+                f"{source}: the saved side features {sorted(found)} do not match the recipe's {sorted(expected)} "
                 f"(saved {found}, recipe {expected}); use the recipe the checkpoint was trained with"
             )
-        out.pipeline = pipeline
-        return out
+        self.pipeline.load_state_dict(state, source)
+        return self
 
     # -- columns --------------------------------------------------------------------------
     def _columns(self, sessions: pa.Table, source: str) -> dict[str, tuple[np.ndarray, np.ndarray | None]]:
@@ -358,3 +364,12 @@ def read_item_vectors(path: str | os.PathLike, vocab: ItemVocab) -> tuple[np.nda
     out[ids[usable]] = flat[usable]
     out[~vocab.recommendable()] = 0.0
     return out, int(usable.sum())
+
+
+def transforms_state(part: Any, source: str | os.PathLike) -> dict[str, Any]:
+    """A checkpoint's side-feature part as a `SideFeatureTransform` state dict of numpy arrays, also when
+    it is held as the bytes of the transforms' ``.npz`` (one uint8 tensor)."""
+    data = file_bytes(part)
+    if data is not None:
+        return FeaturePipeline.load(io.BytesIO(data), source).state_dict()
+    return as_arrays(part)

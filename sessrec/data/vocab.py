@@ -63,6 +63,11 @@ class ItemVocab(ParquetFile):
         self.num_virtual = int(num_virtual)
 
     @classmethod
+    def empty(cls) -> ItemVocab:
+        """A vocabulary of no items (padding and OOV only): what `load_state_dict` fills."""
+        return cls(pa.array([], type=pa.int64()), np.zeros(0, dtype=np.int64))
+
+    @classmethod
     def fit(
         cls,
         items: pa.Array | pa.ChunkedArray,

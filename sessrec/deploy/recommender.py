@@ -130,7 +130,7 @@ def load_recommender(directory: str | os.PathLike) -> Pipeline | SessionRecommen
     pipeline or a session model, by the file that describes it."""
     directory = resolve(directory)
     if (directory / "pipeline.json").exists():
-        return Pipeline.load(directory)
+        return Pipeline.from_pretrained(directory)
     if (directory / "config.json").exists():
         return SessionRecommender.from_pretrained(directory)
     raise FileNotFoundError(

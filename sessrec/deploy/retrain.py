@@ -22,8 +22,9 @@ One call of `retrain` is one turn of the loop that keeps a served session model 
 from __future__ import annotations
 
 import shutil
+from contextlib import contextmanager
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,20 @@ class Standing:
         return store.path(self.best)
 
 
+@contextmanager
+def turn(model_dir: str, keep: int, metric: str) -> Iterator[tuple[VersionedDirectory, Standing, Path]]:
+    """Hold the model directory for one turn: the gate's metric checked (before any training), the
+    directory's lock taken and the directory recovered after a crash; yields the store, where it
+    stands and the current version's folder."""
+    pair_values(np.ones(1), metric)
+    root = Path(model_dir)
+    resolve(root)  # a missing model directory is an error here, before the lock would create it
+    store = VersionedDirectory(root, keep=keep)
+    with store.lock():
+        store.recover()
+        yield store, Standing.read(store), resolve(root)
+
+
 def retrain(
     model_dir: str,
     paths: list[str],
@@ -129,14 +144,8 @@ def retrain(
     Returns:
         the decision as the model directory's log holds it (``promotions.jsonl``).
     """
-    pair_values(np.ones(1), gate.metric)  # a metric the gate can compare pair by pair, before any training
-    root, out_dir = Path(model_dir), Path(out)
-    resolve(root)  # a missing model directory is an error here, before the lock would create it
-    store = VersionedDirectory(root, keep=keep)
-    with store.lock():
-        store.recover()
-        standing = Standing.read(store)
-        current_path = resolve(root)
+    out_dir = Path(out)
+    with turn(model_dir, keep, gate.metric) as (store, standing, current_path):
         current = NextItemTask.from_pretrained(current_path)
         source = TimeWindowSource(paths, schema, train_from, train_until, test_until, valid_fraction=valid_fraction)
         splits = source.load()
@@ -299,14 +308,8 @@ def retrain_dlrm(
     from sessrec.data.ranking_datamodule import ClickoutDataModule
     from sessrec.tasks import DLRMTask
 
-    pair_values(np.ones(1), gate.metric)
-    root, out_dir = Path(model_dir), Path(out)
-    resolve(root)
-    store = VersionedDirectory(root, keep=keep)
-    with store.lock():
-        store.recover()
-        standing = Standing.read(store)
-        current_path = resolve(root)
+    out_dir = Path(out)
+    with turn(model_dir, keep, gate.metric) as (store, standing, current_path):
         current = DLRMTask.from_pretrained(current_path)
         if not current.hparams.get("dynamic_tables"):
             raise ValueError(

@@ -146,15 +146,20 @@ class FrequencyCap:
         return rows.reshape(ids.shape)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """Everything needed to restore the cap (tensors, e.g. for `torch.save` or a checkpoint)."""
-        max_rows = -1 if self.max_rows is None else self.max_rows
-        return {"seen": self.seen, "counts": self.counts, "keys": self.keys,
-                "config": torch.tensor([self.min_count, max_rows])}
+        """Everything needed to restore the cap (tensors, e.g. for `torch.save` or a checkpoint); ``config``
+        holds ``[min_count, max_rows]`` (-1: no cap), which `load_state_dict` checks."""
+        return {"seen": self.seen, "counts": self.counts, "keys": self.keys, "config": torch.tensor(self._config())}
 
-    @classmethod
-    def from_state_dict(cls, state: dict[str, torch.Tensor]) -> FrequencyCap:
-        """Rebuild a cap saved by `state_dict`."""
-        min_count, max_rows = state["config"].tolist()
-        cap = cls(min_count, None if max_rows < 0 else max_rows)
-        cap.seen, cap.counts, cap.keys = state["seen"], state["counts"], state["keys"]
-        return cap
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> FrequencyCap:
+        """Take the ids and counts of a `state_dict` of a cap with the same settings; returns self."""
+        saved = state["config"].tolist()
+        if saved != self._config():
+            raise ValueError(
+                f"FrequencyCap: the state is of a cap with [min_count, max_rows] = {saved}, not {self._config()} "
+                "(max_rows -1: no cap); build the cap with the settings it was fitted with"
+            )
+        self.seen, self.counts, self.keys = state["seen"], state["counts"], state["keys"]
+        return self
+
+    def _config(self) -> list[int]:
+        return [self.min_count, -1 if self.max_rows is None else self.max_rows]

@@ -61,7 +61,7 @@ def recommend_file(
     output, input_path = Path(output), Path(input_path)
     if output.exists() and not overwrite:
         raise FileExistsError(f"{output} exists; pass --overwrite true to replace it")
-    pipe = pipeline if isinstance(pipeline, Pipeline) else Pipeline.load(pipeline)
+    pipe = pipeline if isinstance(pipeline, Pipeline) else Pipeline.from_pretrained(pipeline)
     stream = ScoringStream(input_path, pipe.vocab, schema, pipe.history_length, batch_size)
     parts = output.with_name(output.name + ".parts")
     manifest = _manifest(input_path, k, batch_size, pipe, schema)

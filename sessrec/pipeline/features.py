@@ -19,11 +19,14 @@ Groups (each can be switched off, for ablations):
   (`HashedCross`).
 
 The feature-engineering ops are fitted on the ranker's training rows only (`fit`) and saved with
-the pipeline. Shape letters: B sessions, L positions, K candidates, F dense features.
+the pipeline: the constructor arguments are the config (`Configurable`), the training counts,
+the fitted ops (with their config: which ops exist depends on the data) and the feature names
+are the state (`state_dict`). Shape letters: B sessions, L positions, K candidates, F dense features.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +37,7 @@ from sessrec.data.features import CountEncoding, CyclicTime, FeaturePipeline, Ha
 from sessrec.data.vocab import NUM_SPECIAL, PAD
 from sessrec.pipeline.candidates import Candidates, Sessions
 from sessrec.pipeline.retrieval.base import Retriever
+from sessrec.saved.registry import Configurable, instantiate
 
 GROUPS = ("retrievers", "popularity", "session", "covisitation", "context", "encodings", "ids")
 
@@ -61,7 +65,7 @@ class RankingInputs:
     names: list[str]
 
 
-class CandidateFeatures:
+class CandidateFeatures(Configurable):
     """Build the ranking features of a candidate matrix.
 
     Args:
@@ -237,10 +241,30 @@ class CandidateFeatures:
         return RankingInputs(dense=stacked.masked_fill(~valid.unsqueeze(2), 0.0), sparse=sparse, valid=valid, names=names)
 
     # -- saving ---------------------------------------------------------------------------------
-    def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-        config = {
-            "groups": self.groups, "recent_fraction": self.recent_fraction, "cross_buckets": self.cross_buckets,
-            "target_folds": self.target_folds, "names": self.names,
-        }
-        arrays = {"popularity": self.popularity} if self.popularity is not None else {}
-        return config, arrays
+    def state_dict(self) -> dict[str, Any]:
+        """``names`` (the fitted feature names, or None), ``popularity`` (V, 2) when counted, and ``ops``
+        (the fitted ops' `FeaturePipeline.state_dict`, with their config) once fitted."""
+        state: dict[str, Any] = {"names": self.names}
+        if self.popularity is not None:
+            state["popularity"] = self.popularity
+        if self.ops is not None and self.ops.fitted:
+            state["ops"] = self.ops.state_dict()
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> CandidateFeatures:
+        """Take a `state_dict`; the ops are rebuilt from the config it holds (registered classes only).
+
+        Raises:
+            ConfigError: the ops' config does not resolve (located under ``ops.config``).
+        """
+        names = state.get("names")
+        self.names = None if names is None else [str(n) for n in names]
+        popularity = state.get("popularity")
+        self.popularity = None if popularity is None else np.asarray(popularity, dtype=np.float64)
+        self.ops = None
+        if "ops" in state:
+            if not isinstance(state["ops"], Mapping):
+                raise ValueError(f"the features' state: 'ops' must be a feature pipeline's state dict, got {type(state['ops']).__name__}")
+            ops = instantiate(state["ops"].get("config"), expected=FeaturePipeline, source="state", key="ops.config")
+            self.ops = ops.load_state_dict(state["ops"], "the features' state")
+        return self

@@ -6,13 +6,14 @@ pipeline compacts afterwards). Lookups are sorts and searchsorted calls, never a
 over sessions or candidates.
 
 Filters built from raw item ids (a table file) get the vocabulary through ``bind(vocab)``, which
-encodes the ids to model ids; raw ids the vocabulary does not know are dropped and counted in
-``num_unknown``. The building blocks for that (`read_item_table`, `ItemRows`, `RawItemRule`)
-serve the ordering rules too.
+reads the file (``read()`` reads it earlier, to check it) and encodes the ids to model ids; raw
+ids the vocabulary does not know are dropped and counted in ``num_unknown``. The building blocks
+for that (`read_item_table`, `ItemRows`, `RawItemRule`) serve the ordering rules too.
 
-Saving: ``state()`` gives JSON-able settings and named numpy arrays (model ids, not raw ids, so a
-saved pipeline needs neither the original file nor a second encoding); ``from_state`` rebuilds
-the stage from them without unpickling.
+Saving: every stage is `Configurable` (its constructor arguments are its config, which rebuilds
+it without reading any file); ``state_dict()`` gives what binding produced, as numpy arrays of
+model ids (not raw ids, so a saved pipeline needs neither the original file nor a second
+encoding) and ``num_unknown``; ``load_state_dict(state)`` takes it back without unpickling.
 
 Shape letters: B sessions, L positions, K candidates per session, N table rows, U distinct
 items of a table.
@@ -20,12 +21,11 @@ items of a table.
 
 from __future__ import annotations
 
-import inspect
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -35,7 +35,7 @@ from sessrec.data.readers import read_table
 from sessrec.data.schema import SchemaError, check_id
 from sessrec.data.vocab import NUM_SPECIAL, OOV, ItemVocab
 from sessrec.pipeline.candidates import Candidates, Sessions
-from sessrec.saved.registry import register
+from sessrec.saved.registry import Configurable
 
 __all__ = [
     "ItemRows",
@@ -141,35 +141,42 @@ class ItemRows:
         for r in range(self.max_rows):
             yield (start + r).clamp_(max=len(self.ids) - 1), found & (r < count)
 
-    def state(self) -> dict[str, np.ndarray]:
-        return {"ids": self.ids, **self.columns}
 
-    @classmethod
-    def from_state(cls, arrays: dict[str, np.ndarray]) -> ItemRows:
-        return cls(arrays["ids"], {name: values for name, values in arrays.items() if name != "ids"})
-
-
-class RawItemRule:
+class RawItemRule(Configurable):
     """Base of the stages built from raw item ids: ``bind(vocab)`` encodes them into `rows`.
 
-    Subclasses set ``_raw`` (N,) and ``_raw_columns`` in their constructor and name in
-    ``settings`` the attributes that `state` saves beside the encoded rows; `from_state` rebuilds
-    an already encoded stage from those without reading any file.
+    Subclasses read their raw ids (N,) and the columns that go with them in `read_raw`; the
+    constructor only checks its arguments, so a saved stage is rebuilt from its config without
+    its file and takes its encoded rows from `load_state_dict`.
     """
 
-    settings: ClassVar[tuple[str, ...]] = ()
     _raw: pa.Array | None = None
     _raw_columns: dict[str, np.ndarray]
     rows: ItemRows | None = None
     num_unknown: int = 0  # raw ids that `bind` dropped because the vocabulary does not know them
 
+    def read_raw(self) -> tuple[pa.Array, dict[str, np.ndarray]]:
+        """The raw ids (N,) and the columns (N,) of the rule's source, read and checked."""
+        raise NotImplementedError
+
+    def read(self) -> RawItemRule:
+        """Read and check the rule's raw ids now (`bind` reads them otherwise); returns self.
+
+        Raises:
+            SchemaError: a missing or unreadable file, a missing column, a bad value.
+        """
+        if self._raw is None:
+            self._raw, self._raw_columns = self.read_raw()
+        return self
+
     def bind(self, vocab: ItemVocab) -> RawItemRule:
         """Encode the raw ids with `vocab` (unknown ones dropped, counted in `num_unknown`); returns self.
 
-        A stage loaded with `from_state` already holds model ids and is left as it is.
+        A stage that `load_state_dict` gave its rows already holds model ids and is left as it is.
         """
-        if self._raw is None:
+        if self.rows is not None and self._raw is None:
             return self
+        self.read()
         self.rows, self.num_unknown = ItemRows.encode(vocab, self._raw, self._raw_columns)
         return self
 
@@ -180,34 +187,32 @@ class RawItemRule:
             )
         return self.rows
 
-    def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-        config = {name: getattr(self, name) for name in self.settings}
-        return {**config, "num_unknown": self.num_unknown}, self.bound_rows().state()
+    def state_dict(self) -> dict[str, Any]:
+        """The encoded rows: ``ids`` (N,) model ids, the rule's columns (N,), and ``num_unknown``."""
+        rows = self.bound_rows()
+        return {"ids": rows.ids, **rows.columns, "num_unknown": self.num_unknown}
 
-    @classmethod
-    def from_state(cls, config: dict[str, Any], arrays: dict[str, np.ndarray]) -> RawItemRule:
-        rule = cls.__new__(cls)  # the constructor reads files; the saved stage holds model ids already
-        rule.__dict__.update({name: config[name] for name in cls.settings})
-        rule._raw, rule._raw_columns = None, {}
-        rule.rows, rule.num_unknown = ItemRows.from_state(arrays), int(config["num_unknown"])
-        return rule
+    def load_state_dict(self, state: Mapping[str, Any]) -> RawItemRule:
+        """Take the encoded rows of a `state_dict`; returns self."""
+        arrays = {name: np.asarray(value) for name, value in state.items() if name != "num_unknown"}
+        self.rows = ItemRows(arrays.pop("ids"), arrays)
+        self.num_unknown = int(state.get("num_unknown", 0))
+        self._raw, self._raw_columns = None, {}
+        return self
 
 
-class ConfigState:
-    """`state`/`from_state` of a stage whose constructor arguments are its whole state."""
+class Stateless(Configurable):
+    """Base of a stage whose constructor arguments are all it holds: its state dict is empty."""
 
-    def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-        params = inspect.signature(type(self).__init__).parameters
-        return {name: getattr(self, name) for name in params if name != "self"}, {}
+    def state_dict(self) -> dict[str, Any]:
+        return {}
 
-    @classmethod
-    def from_state(cls, config: dict[str, Any], arrays: dict[str, np.ndarray]) -> ConfigState:
-        return cls(**config)
+    def load_state_dict(self, state: Mapping[str, Any]) -> Stateless:
+        return self
 
 
 # ------------------------------------------------------------------------------------- filters
-@register
-class SeenItemsFilter(ConfigState):
+class SeenItemsFilter(Stateless):
     """Remove candidates the session already holds: in its last `window` events, or anywhere.
 
     Args:
@@ -233,8 +238,7 @@ class SeenItemsFilter(ConfigState):
         return candidates.keep(~seen)
 
 
-@register
-class NonProductFilter(ConfigState):
+class NonProductFilter(Stateless):
     """Remove everything that is not a product: padding, OOV, virtual ids and ids beyond the vocabulary.
 
     Args:
@@ -259,7 +263,6 @@ class NonProductFilter(ConfigState):
 _DEFAULT_WINDOW = ("valid_from", "valid_to")
 
 
-@register
 class ItemTableFilter(RawItemRule):
     """Allow or deny the items of a table, each row valid in a time window.
 
@@ -269,7 +272,8 @@ class ItemTableFilter(RawItemRule):
     ``mode="allow"`` only items with a row holding at t survive; with ``"deny"`` those items are
     removed. t is ``sessions.now``; when it is None every row holds.
 
-    The table is read once here; `bind` encodes it, `state` saves the encoded rows.
+    The table is read when the filter is bound (or by `read`), once; `bind` encodes it,
+    `state_dict` gives the encoded rows.
 
     Args:
         path: parquet or CSV file.
@@ -279,11 +283,9 @@ class ItemTableFilter(RawItemRule):
             open (so a plain id list works); absent under another name: an error.
         valid_to: end column, the same way.
 
-    Raises:
+    Raises (from `read` or `bind`):
         SchemaError: missing file or column, null item id, a window ending before it starts.
     """
-
-    settings = ("mode", "path")
 
     def __init__(
         self,
@@ -296,10 +298,14 @@ class ItemTableFilter(RawItemRule):
         if mode not in ("allow", "deny"):
             raise ValueError(f"ItemTableFilter mode must be 'allow' or 'deny', got {mode!r}")
         self.path, self.mode = str(path), mode
+        self.item_column, self.valid_from, self.valid_to = item_column, valid_from, valid_to
+
+    def read_raw(self) -> tuple[pa.Array, dict[str, np.ndarray]]:
+        path, valid_from, valid_to = self.path, self.valid_from, self.valid_to
         named = tuple(
             c for c, default in zip((valid_from, valid_to), _DEFAULT_WINDOW) if c not in (None, default)
         )
-        self._raw, table = read_item_table(path, item_column, required=named)
+        raw, table = read_item_table(path, self.item_column, required=named)
         start = _seconds(table, valid_from, path, -math.inf)
         end = _seconds(table, valid_to, path, math.inf)
         if (start > end).any():
@@ -309,7 +315,7 @@ class ItemTableFilter(RawItemRule):
                 f"{path}: row {row} has {valid_from}={first!r} after {valid_to}={last!r}; "
                 "a validity window must not end before it starts"
             )
-        self._raw_columns = {"valid_from": start, "valid_to": end}
+        return raw, {"valid_from": start, "valid_to": end}
 
     def apply(self, sessions: Sessions, candidates: Candidates) -> Candidates:
         rows = self.bound_rows()

@@ -23,7 +23,7 @@ Shape letters: B sessions, K candidates per session, k recommendations, N table 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -35,7 +35,8 @@ import torch
 from sessrec.data.schema import SchemaError, check_id
 from sessrec.data.vocab import PAD, ItemVocab
 from sessrec.pipeline.candidates import Candidates, Recommendations, Sessions
-from sessrec.pipeline.filters import ConfigState, RawItemRule, read_item_table
+from sessrec.pipeline.filters import RawItemRule, Stateless, read_item_table
+from sessrec.saved.registry import Configurable
 
 __all__ = ["BoostRule", "DiversityCap", "Ordering", "SoftmaxSampling", "occurrence"]
 
@@ -68,7 +69,9 @@ class BoostRule(RawItemRule):
     """Raise the scores of a campaign's items.
 
     Args:
-        items: raw item ids, or the path of a parquet/CSV file with an `item_column` (a str is a path).
+        items: raw item ids, or the path of a parquet/CSV file with an `item_column` (a str is a
+            path, read when the rule is bound); None: no source, the rule holds only the model ids
+            that `load_state_dict` gives it.
         weight: ``add``: added to the logit; ``multiply``: factor (> 0) on the softmax probability,
             i.e. ``log(weight)`` added to the logit.
         mode: ``add`` or ``multiply`` (see the module docstring).
@@ -81,11 +84,9 @@ class BoostRule(RawItemRule):
         [[0.5, 1.0]]
     """
 
-    settings = ("weight", "mode")
-
     def __init__(
         self,
-        items: Sequence[int | str] | str | Path,
+        items: Sequence[int | str] | str | Path | None,
         weight: float,
         mode: Literal["add", "multiply"] = "add",
         item_column: str = "item_id",
@@ -95,14 +96,18 @@ class BoostRule(RawItemRule):
         if not math.isfinite(weight) or (mode == "multiply" and weight <= 0):
             raise ValueError(f"BoostRule weight must be finite (and > 0 with mode='multiply'), got {weight}")
         self.weight, self.mode = float(weight), mode
-        if isinstance(items, str | Path):
-            self._raw = read_item_table(items, item_column)[0]
-        elif len(items) == 0:
-            raise ValueError("BoostRule items is empty; give raw item ids or a file path")
-        else:
+        self.items, self.item_column = items, item_column
+        self._raw_columns = {}
+        if items is not None and not isinstance(items, str | Path):
+            if len(items) == 0:
+                raise ValueError("BoostRule items is empty; give raw item ids or a file path")
             given = pa.table({item_column: pa.array(list(items))})
             self._raw = check_id(given, item_column, "BoostRule items").combine_chunks()
-        self._raw_columns = {}
+
+    def read_raw(self) -> tuple[pa.Array, dict[str, np.ndarray]]:
+        if self.items is None:
+            raise ValueError("BoostRule has no items to read (items=None): give raw item ids or a file path")
+        return read_item_table(self.items, self.item_column)[0], {}
 
     @property
     def delta(self) -> float:
@@ -121,20 +126,20 @@ class DiversityCap(RawItemRule):
     item is the value of `category_column` (integers or strings); each item may have one row.
 
     Args:
-        category_path: parquet or CSV file with `item_column` and `category_column`.
+        category_path: parquet or CSV file with `item_column` and `category_column`, read when
+            the rule is bound; None: no source, the rule holds only the categories that
+            `load_state_dict` gives it.
         max_per_category: n >= 1.
         item_column: raw item id column.
         category_column: category column.
 
-    Raises:
+    Raises (from `read` or `bind`):
         SchemaError: missing file or column, null item id, an item listed twice.
     """
 
-    settings = ("max_per_category",)
-
     def __init__(
         self,
-        category_path: str,
+        category_path: str | None,
         max_per_category: int,
         item_column: str = "item_id",
         category_column: str = "category",
@@ -142,18 +147,23 @@ class DiversityCap(RawItemRule):
         if max_per_category < 1:
             raise ValueError(f"DiversityCap max_per_category must be >= 1, got {max_per_category}")
         self.max_per_category = max_per_category
-        raw, table = read_item_table(category_path, item_column, required=(category_column,))
+        self.category_path, self.item_column, self.category_column = category_path, item_column, category_column
+
+    def read_raw(self) -> tuple[pa.Array, dict[str, np.ndarray]]:
+        path, item_column = self.category_path, self.item_column
+        if path is None:
+            raise ValueError("DiversityCap has no category file to read (category_path=None)")
+        raw, table = read_item_table(path, item_column, required=(self.category_column,))
         repeats = pc.value_counts(raw)
         twice = repeats.filter(pc.greater(repeats.field("counts"), 1))
         if len(twice):
             raise SchemaError(
-                f"{category_path}: column {item_column!r} lists item {twice[0]['values'].as_py()!r} "
+                f"{path}: column {item_column!r} lists item {twice[0]['values'].as_py()!r} "
                 f"{twice[0]['counts'].as_py()} times; give each item one category"
             )
-        codes = pc.dictionary_encode(table.column(category_column).combine_chunks()).indices
+        codes = pc.dictionary_encode(table.column(self.category_column).combine_chunks()).indices
         has = codes.is_valid().to_numpy(zero_copy_only=False)  # null category: uncapped, not listed
-        self._raw = raw.filter(pa.array(has))
-        self._raw_columns = {"category": codes.drop_null().to_numpy().astype(np.int64)}
+        return raw.filter(pa.array(has)), {"category": codes.drop_null().to_numpy().astype(np.int64)}
 
     def cap(self, items: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         """(B, K) bool: False on entries beyond their category's first `max_per_category` by score."""
@@ -163,7 +173,7 @@ class DiversityCap(RawItemRule):
         return ~found | (occurrence(torch.where(found, category, -1), scores) < self.max_per_category)
 
 
-class SoftmaxSampling(ConfigState):
+class SoftmaxSampling(Stateless):
     """Sample k candidates without replacement, with weight ``exp(score / temperature)``.
 
     Gumbel-top-k: the top-k of ``score / temperature + Gumbel noise`` is such a sample. A higher
@@ -196,7 +206,7 @@ def _top_columns(keys: torch.Tensor, k: int) -> torch.Tensor:
     return torch.sort(keys, dim=1, descending=True, stable=True).indices[:, :k]
 
 
-class Ordering:
+class Ordering(Configurable):
     """Business rules and the final top-k over scored candidates (see the module docstring).
 
     Args:
@@ -220,11 +230,15 @@ class Ordering:
         self.diversity = diversity
         self.sampling = sampling
 
+    @property
+    def rules(self) -> list[RawItemRule]:
+        """The rules built from raw item ids: the boosts, then the diversity cap."""
+        return [*self.boosts, *([self.diversity] if self.diversity is not None else [])]
+
     def bind(self, vocab: ItemVocab) -> Ordering:
         """Encode the raw ids of the boosts and the category table with `vocab`; returns self."""
-        for rule in [*self.boosts, self.diversity]:
-            if rule is not None:
-                rule.bind(vocab)
+        for rule in self.rules:
+            rule.bind(vocab)
         return self
 
     def order(self, sessions: Sessions, candidates: Candidates, k: int) -> Recommendations:
@@ -253,37 +267,21 @@ class Ordering:
         top_items = items.gather(1, cols).masked_fill(top_scores == NEG_INF, PAD)
         return Recommendations(items=top_items, scores=top_scores)
 
-    def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-        """JSON-able settings and named arrays (boost sets and categories as model ids)."""
-        config: dict[str, Any] = {"boosts": [], "diversity": None, "sampling": None}
-        arrays: dict[str, np.ndarray] = {}
-        for i, rule in enumerate(self.boosts):
-            rule_config, rule_arrays = rule.state()
-            config["boosts"].append(rule_config)
-            arrays.update(_prefixed(f"boosts.{i}", rule_arrays))
+    def state_dict(self) -> dict[str, Any]:
+        """The encoded rows of the rules: ``boosts`` (``"0"``, ``"1"``, ... in order) and ``diversity``."""
+        state: dict[str, Any] = {"boosts": {str(i): rule.state_dict() for i, rule in enumerate(self.boosts)}}
         if self.diversity is not None:
-            config["diversity"], rule_arrays = self.diversity.state()
-            arrays.update(_prefixed("diversity", rule_arrays))
-        if self.sampling is not None:
-            config["sampling"] = self.sampling.state()[0]
-        return config, arrays
+            state["diversity"] = self.diversity.state_dict()
+        return state
 
-    @classmethod
-    def from_state(cls, config: dict[str, Any], arrays: dict[str, np.ndarray]) -> Ordering:
-        boosts = [
-            BoostRule.from_state(c, _part(arrays, f"boosts.{i}")) for i, c in enumerate(config["boosts"])
-        ]
-        diversity = None
-        if config["diversity"] is not None:
-            diversity = DiversityCap.from_state(config["diversity"], _part(arrays, "diversity"))
-        sampling = None if config["sampling"] is None else SoftmaxSampling.from_state(config["sampling"], {})
-        return cls(boosts, diversity, sampling)
-
-
-def _prefixed(name: str, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return {f"{name}.{key}": value for key, value in arrays.items()}
-
-
-def _part(arrays: dict[str, np.ndarray], name: str) -> dict[str, np.ndarray]:
-    """The arrays saved under `name` by `_prefixed`, with their own names."""
-    return {key[len(name) + 1 :]: value for key, value in arrays.items() if key.startswith(f"{name}.")}
+    def load_state_dict(self, state: Mapping[str, Any]) -> Ordering:
+        boosts = state.get("boosts", {})
+        if len(boosts) != len(self.boosts):
+            raise ValueError(f"the ordering's state holds {len(boosts)} boosts, its config {len(self.boosts)}")
+        for i, rule in enumerate(self.boosts):
+            rule.load_state_dict(boosts[str(i)])
+        if (self.diversity is None) != ("diversity" not in state):
+            raise ValueError("the ordering's state and its config differ in having a diversity cap")
+        if self.diversity is not None:
+            self.diversity.load_state_dict(state["diversity"])
+        return self

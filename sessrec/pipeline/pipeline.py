@@ -5,21 +5,27 @@ asks every retriever for its top-K, merges them (`merge`), applies the filters, 
 features, scores and orders. ``sessrec recommend`` calls the same `recommend_batch` over chunks
 of a file that `recommend` calls for one request.
 
-Saved as one directory (`save` / `load`): ``pipeline.json`` (every stage's settings),
-``vocab.parquet``, ``features.npz`` (the fitted feature ops) and one ``.safetensors`` file of
-arrays per stage (model weights, indexes, co-visitation matrix, training sessions of the kNN
-retrievers, the ranker). ``pipeline.json`` is written last and records the content hash of every
+Saved as one directory (`save_pretrained` / `from_pretrained`): ``pipeline.json``,
+``vocab.parquet`` and one ``.safetensors`` file per stage. Every stage is described by its
+constructor config (``config``: ``{"class_path", "init_args"}``, `sessrec.saved.registry.config_of`)
+and holds its `state_dict` (model weights, indexes, co-visitation matrix, training sessions of
+the kNN retrievers, fitted feature ops, the ranker): its arrays in the stage's ``.safetensors``
+file under their path in the state (``weights/model.item_embedding.weight``), its plain values in
+``pipeline.json`` (``state``). Loading builds each stage from its config, then calls its
+``load_state_dict``. ``pipeline.json`` is written last and records the content hash of every
 other file and the vocabulary's fingerprint, so a part from another run is refused when loaded;
 saving again into the same directory adds a version (`sessrec.saved.versions`). Loading builds
-only registered classes (`sessrec.saved.registry`) and unpickles nothing.
+only registered classes (`sessrec.saved.registry`) and unpickles nothing; pipelines of format
+versions 1 and 2 load too (`sessrec.pipeline.version2`).
 
 Shape letters: B sessions, L positions, K candidates, k recommendations.
 """
 
 from __future__ import annotations
 
+import copy
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,11 +48,13 @@ from sessrec.pipeline.scoring import DLRMScorer, GBDTScorer, Scorer  # noqa: F40
 from sessrec.saved import versions
 from sessrec.saved.atomic import digest
 from sessrec.saved.directory import describe, digest_of_parts, read_description, write_description
-from sessrec.saved.registry import ConfigError, resolve
+from sessrec.saved.registry import ConfigError, config_of, instantiate
 
-FORMAT, VERSION = "sessrec.pipeline", 2
-READABLE_VERSIONS = (1, 2)  # version 1: written before the parts were hashed; read without that check
+FORMAT, VERSION = "sessrec.pipeline", 3
+# 1: stages as kind + settings + arrays, parts not hashed; 2: the same, parts hashed; 3: config + state
+READABLE_VERSIONS = (1, 2, 3)
 AnyFilter = SeenItemsFilter | NonProductFilter | ItemTableFilter
+SEP = "/"  # joins the keys of a state's nested dicts into the names of its arrays
 
 
 class Pipeline:
@@ -171,34 +179,30 @@ class Pipeline:
         return decode_dicts(self.vocab, recs.items, recs.scores)
 
     # -- saving ---------------------------------------------------------------------------------
-    def save(self, directory: str | os.PathLike) -> Path:
-        """Write the pipeline to `directory` (under a temporary name, then renamed: never half-written)."""
+    def save_pretrained(self, directory: str | os.PathLike) -> Path:
+        """Write the pipeline to `directory` (a new version of a saved one); returns the folder written.
+
+        Every part is written under a temporary name and ``pipeline.json`` last, so a reader never
+        sees half a pipeline.
+        """
         from safetensors.numpy import save_file
 
         def write(tmp: Path) -> None:
-            def arrays(name: str, values: dict[str, np.ndarray]) -> str:
-                save_file({k: np.ascontiguousarray(v) for k, v in values.items()}, str(tmp / f"{name}.safetensors"))
-                return f"{name}.safetensors"
+            def stage(obj: Any, name: str) -> dict[str, Any]:
+                plain, arrays = split_state(obj.state_dict())
+                save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, str(tmp / f"{name}.safetensors"))
+                return {"config": config_of(obj), "state": plain, "arrays": f"{name}.safetensors"}
 
             spec: dict[str, Any] = {"format": FORMAT, "version": VERSION, "max_length": self.max_length,
-                                    "max_candidates": self.max_candidates, "history_length": self.history_length,
-                                    "retrievers": [], "filters": []}
-            for name, (r, k) in self.retrievers.items():
-                config, values = r.state()
-                spec["retrievers"].append({"name": name, "kind": type(r).__name__, "k": k, "config": config,
-                                           "arrays": arrays(f"retriever-{name}", values)})
-            for i, f in enumerate(self.filters[1:]):  # the NonProductFilter is rebuilt from the vocabulary
-                config, values = f.state()
-                spec["filters"].append({"kind": type(f).__name__, "config": config, "arrays": arrays(f"filter-{i}", values)})
-            config, values = self.features.state()
-            spec["features"] = {"config": config, "arrays": arrays("features", values)}
-            if self.features.ops is not None:
-                self.features.ops.save(tmp / "features.npz")
+                                    "max_candidates": self.max_candidates, "history_length": self.history_length}
+            spec["retrievers"] = [{"name": name, "k": k, **stage(r, f"retriever-{name}")}
+                                  for name, (r, k) in self.retrievers.items()]
+            # the NonProductFilter is rebuilt from the vocabulary
+            spec["filters"] = [stage(f, f"filter-{i}") for i, f in enumerate(self.filters[1:])]
+            spec["features"] = stage(self.features, "features")
             if self.scorer is not None:
-                config, values = self.scorer.state()
-                spec["scorer"] = {"kind": type(self.scorer).__name__, "config": config, "arrays": arrays("scorer", values)}
-            config, values = self.ordering.state()
-            spec["ordering"] = {"config": config, "arrays": arrays("ordering", values)}
+                spec["scorer"] = stage(self.scorer, "scorer")
+            spec["ordering"] = stage(self.ordering, "ordering")
             self.vocab.save(tmp / "vocab.parquet")
             spec["vocab"] = {"fingerprint": self.vocab.fingerprint(), "rows": len(self.vocab)}
             parts = [p.name for p in tmp.iterdir() if p.name != "pipeline.json"]
@@ -207,45 +211,150 @@ class Pipeline:
         return versions.write_directory(directory, write)
 
     @classmethod
-    def load(cls, directory: str | os.PathLike) -> Pipeline:
-        """Rebuild a pipeline written by `save`."""
-        from safetensors.numpy import load_file
+    def from_pretrained(cls, directory: str | os.PathLike) -> Pipeline:
+        """The pipeline a directory written by `save_pretrained` holds (its current version).
 
-        from sessrec.data.features import FeaturePipeline
-
+        Raises:
+            ConfigError: a stage's config names a class that is not registered, or not of the
+                stage's kind (one line naming ``pipeline.json`` and the key).
+            ValueError: a part that does not belong (content hash, vocabulary), or a stage whose
+                state does not load (one line naming ``pipeline.json`` and the stage).
+        """
         directory = versions.resolve(directory)
         path = directory / "pipeline.json"
         if not path.exists():
             raise FileNotFoundError(f"{directory}: not a saved pipeline (no pipeline.json); run sessrec fit on a pipeline recipe")
         spec = read_description(directory, "pipeline.json", FORMAT, READABLE_VERSIONS)
-        load = lambda name: load_file(str(directory / name))  # noqa: E731
         vocab = ItemVocab.load(directory / "vocab.parquet")
         recorded = (spec.get("vocab") or {}).get("fingerprint")
         if recorded is not None and vocab.fingerprint() != recorded:
             raise ValueError(f"{directory / 'vocab.parquet'}: is not the vocabulary this pipeline was fitted with")
+        stages = _Stages(directory, spec["version"])
         retrievers = {}
-        for i, r in enumerate(spec["retrievers"]):
-            retrievers[r["name"]] = (_stage(Retriever, r, path, f"retrievers[{i}]", load), int(r["k"]))
-        filters = [_stage(AnyFilter, f, path, f"filters[{i}]", load) for i, f in enumerate(spec["filters"])]
-        fconfig = dict(spec["features"]["config"])
-        names = fconfig.pop("names")
-        features = CandidateFeatures(**fconfig)
-        features.names = names
-        features.popularity = load(spec["features"]["arrays"]).get("popularity")
-        if (directory / "features.npz").exists():
-            features.ops = FeaturePipeline.load(directory / "features.npz")
-        scorer = None
-        if "scorer" in spec:
-            scorer = _stage(Scorer, spec["scorer"], path, "scorer", load)
-        ordering = Ordering.from_state(spec["ordering"]["config"], load(spec["ordering"]["arrays"]))
+        for i, r in enumerate(_entries(spec, "retrievers", stages.source)):
+            retrievers[r["name"]] = (stages.load(Retriever, r, f"retrievers[{i}]"), int(r["k"]))
+        filters = [stages.load(AnyFilter, f, f"filters[{i}]") for i, f in enumerate(_entries(spec, "filters", stages.source))]
+        features = stages.load(CandidateFeatures, spec["features"], "features")
+        scorer = stages.load(Scorer, spec["scorer"], "scorer") if "scorer" in spec else None
+        ordering = stages.load(Ordering, spec["ordering"], "ordering")
         pipeline = cls(vocab, retrievers, spec["max_length"], spec["max_candidates"], spec["history_length"], filters,
                        features, scorer, ordering)
         pipeline.content_hash = content_hash(directory, spec)
         return pipeline
 
 
-Pipeline.save_pretrained = Pipeline.save  # the names of the model directories of the session models and DLRM
-Pipeline.from_pretrained = Pipeline.load
+class _Stages:
+    """Builds the stages of one saved pipeline: each from its config, then `load_state_dict`."""
+
+    def __init__(self, directory: Path, version: int) -> None:
+        self.directory, self.version, self.source = directory, version, str(directory / "pipeline.json")
+
+    def arrays(self, entry: Mapping[str, Any], key: str) -> dict[str, np.ndarray]:
+        from safetensors.numpy import load_file
+
+        name = entry.get("arrays")
+        if not isinstance(name, str) or Path(name).name != name or not (self.directory / name).is_file():
+            raise FileNotFoundError(f"{self.source}: {key}.arrays: {name!r} is not a file of the saved pipeline")
+        return load_file(str(self.directory / name))
+
+    def load(self, base: Any, entry: Any, key: str) -> Any:
+        """The stage of `entry` (at `key` of ``pipeline.json``), a registered `base` class."""
+        if not isinstance(entry, Mapping):
+            raise ConfigError(self.source, key, f"expected a mapping that describes the stage, got {type(entry).__name__}")
+        if self.version >= 3:
+            try:
+                config, state, moves = entry.get("config"), join_state(entry.get("state", {}), self.arrays(entry, key)), {}
+            except ValueError as err:
+                raise ValueError(f"{self.source}: {key}: {err}") from None
+            if not isinstance(state, dict):
+                raise ConfigError(self.source, f"{key}.state", f"expected a mapping of the stage's state, got {type(state).__name__}")
+        else:
+            from sessrec.pipeline import version2
+
+            config, state, moves = version2.stage(base, entry, key, self.arrays(entry, key), self.directory, self.source)
+        try:
+            stage = instantiate(config, expected=base, source=self.source, key=f"{key}.config")
+        except ConfigError as err:
+            raise _moved(err, moves) from None
+        try:
+            return stage.load_state_dict(state)
+        except ConfigError as err:
+            raise _moved(err.within(self.source, f"{key}.state"), moves) from None
+        except (KeyError, ValueError, TypeError, RuntimeError) as err:
+            problem = " ".join(str(err).split()) or type(err).__name__
+            raise ValueError(f"{self.source}: {key}: the saved state does not load into the {type(stage).__name__} ({problem})") from None
+
+
+def _entries(spec: dict[str, Any], name: str, source: str) -> list[Any]:
+    entries = spec.get(name)
+    if not isinstance(entries, list):
+        raise ConfigError(source, name, f"expected a list of stages, got {type(entries).__name__}")
+    return entries
+
+
+def _moved(err: ConfigError, moves: dict[str, str]) -> ConfigError:
+    """`err` located at the key of the file that was read, where a version 1 or 2 entry was converted
+    (`moves`: converted key prefix -> the file's key prefix; the longest prefix applies)."""
+    for new in sorted(moves, key=len, reverse=True):
+        if err.key == new or err.key.startswith((f"{new}.", f"{new}[")):
+            return ConfigError(err.source, moves[new] + err.key[len(new):], err.problem)
+    return err
+
+
+def split_state(state: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """A state dict as (its plain values, its arrays by path): every numpy array leaves the nested
+    dicts and is named by its keys joined with ``/``; what stays is JSON-able.
+
+    Raises:
+        ValueError: a key that is not a string or holds ``/``, an array inside a list, or a value
+            that is neither an array nor JSON-able.
+    """
+    arrays: dict[str, np.ndarray] = {}
+
+    def walk(node: Any, path: tuple[str, ...]) -> Any:
+        if isinstance(node, np.ndarray):
+            arrays[SEP.join(path)] = node
+            return _ARRAY
+        if isinstance(node, Mapping):
+            out = {}
+            for k, v in node.items():
+                if not isinstance(k, str) or SEP in k or not k:
+                    raise ValueError(f"state key {SEP.join((*path, str(k)))!r}: keys are non-empty strings without {SEP!r}")
+                value = walk(v, (*path, k))
+                if value is not _ARRAY:
+                    out[k] = value
+            return out
+        if isinstance(node, (list, tuple)):
+            items = [walk(v, (*path, str(i))) for i, v in enumerate(node)]
+            if any(v is _ARRAY for v in items):
+                raise ValueError(f"state key {SEP.join(path)!r}: arrays go in dicts, not lists")
+            return items
+        if isinstance(node, np.generic):
+            return node.item()
+        if node is None or isinstance(node, (bool, int, float, str)):
+            return node
+        raise ValueError(f"state key {SEP.join(path)!r}: a {type(node).__name__} is neither a numpy array nor a plain value")
+
+    return walk(state, ()), arrays
+
+
+_ARRAY = object()  # a value that `split_state` moved to the arrays
+
+
+def join_state(plain: Any, arrays: Mapping[str, np.ndarray]) -> Any:
+    """The state dict that `split_state` split: `arrays` put back at their paths in (a copy of) `plain`."""
+    state = copy.deepcopy(plain)
+    for name, value in arrays.items():
+        *parents, last = name.split(SEP)
+        node = state
+        for part in parents:
+            if not isinstance(node, dict):
+                raise ValueError(f"array {name!r} has no place in the saved state")  # noqa: TRY004 - a file's content
+            node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ValueError(f"array {name!r} has no place in the saved state")  # noqa: TRY004 - a file's content
+        node[last] = value
+    return state
 
 
 def content_hash(directory: Path, spec: dict[str, Any]) -> str:
@@ -295,12 +404,3 @@ def decode_dicts(vocab: ItemVocab, items: torch.Tensor, scores: torch.Tensor) ->
     """Per row ``{"item_ids": [...], "scores": [...]}`` (raw ids, best first)."""
     ids, values = decode_lists(vocab, items, scores)
     return [{"item_ids": i, "scores": s} for i, s in zip(ids.to_pylist(), values.to_pylist())]
-
-
-def _stage(base: Any, entry: dict[str, Any], path: Path, key: str, load: Any) -> Any:
-    """A saved stage: its ``kind``, a registered `base` class, rebuilt by ``from_state``."""
-    kind = resolve(entry["kind"], base, str(path), f"{key}.kind")
-    try:
-        return kind.from_state(entry["config"], load(entry["arrays"]))
-    except ConfigError as err:
-        raise err.within(str(path), f"{key}.config") from None

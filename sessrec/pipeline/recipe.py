@@ -130,6 +130,8 @@ class PipelineRecipe:
         self.features, self.scorer, self.ordering = features, scorer, ordering
         self.output, self.ks, self.batch_size = Path(output), list(ks), batch_size
         self.ranker_pairs = ranker_pairs
+        for rule in (*self.item_tables, *self.ordering.rules):
+            rule.read()  # a bad table is refused now, before anything is fitted
 
     def ranker_data(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(prefixes (N, L), next items (N,)) of the validation sessions that the ranker trains on."""
@@ -179,7 +181,7 @@ class PipelineRecipe:
         pipe = self.build()
         items, targets = self.ranker_data()
         info = fit_ranker(pipe, items, targets, self.scorer, self.batch_size)
-        pipe.save(self.output)
+        pipe.save_pretrained(self.output)
         valid = evaluate(pipe, *self.data.tensors("valid"), self.ks, self.batch_size)
         shown = " ".join(f"{k}={v:.4f}" for k, v in valid.items())
         print(f"[fit] ranker {type(self.scorer).__name__} on {info['pairs']} validation pairs "
@@ -189,7 +191,7 @@ class PipelineRecipe:
 
     def test(self) -> dict[str, float]:
         """Load the saved pipeline and score the test pairs."""
-        pipe = Pipeline.load(self.output)
+        pipe = Pipeline.from_pretrained(self.output)
         if pipe.vocab != self.data.vocab:
             raise ValueError(f"{self.output}: the saved pipeline's vocabulary differs from this recipe's data")
         items, targets = self.data.tensors("test")

@@ -1,7 +1,7 @@
 """Files written under a temporary name, fsynced and renamed into place: readers never see half a file,
 and a crash or a power loss leaves the old file or the new one.
 
-`ParquetFile` gives an object that is one table its parquet file, on disk and in memory; `digest`
+`ParquetFile` gives an object that is one table its parquet file, on disk and in a state dict; `digest`
 and `fingerprint` name a file's or a table's content.
 """
 
@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -96,8 +97,10 @@ def fingerprint(table: pa.Table) -> str:
 
 class ParquetFile:
     """Mixin of an object that is one table (`to_table` / `from_table`): `save` and `load` it as a
-    parquet file (written atomically), `to_bytes` and `from_bytes` the same file in memory (what a
-    checkpoint carries), and `fingerprint` its content."""
+    parquet file (written atomically), `state_dict` / `load_state_dict` the same file in memory
+    (what a checkpoint carries), and `fingerprint` its content."""
+
+    STATE_KEY = "parquet"  # the one entry of the state dict: the bytes of the parquet file
 
     def to_table(self) -> pa.Table:
         raise NotImplementedError
@@ -126,11 +129,26 @@ class ParquetFile:
             raise ValueError(f"{path}: not a readable parquet file, truncated or corrupt ({err})") from None
         return cls.from_table(table, path)
 
-    def to_bytes(self) -> bytes:
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """``{"parquet": uint8 array}``: the bytes of the file `save` writes."""
         sink = pa.BufferOutputStream()
         pq.write_table(self.to_table(), sink)
-        return sink.getvalue().to_pybytes()
+        return {self.STATE_KEY: np.frombuffer(sink.getvalue().to_pybytes(), dtype=np.uint8).copy()}
 
-    @classmethod
-    def from_bytes(cls, data: bytes, source: str | os.PathLike) -> Any:
-        return cls.from_table(pq.read_table(pa.BufferReader(data)), source)
+    def load_state_dict(self, state: Mapping[str, Any], source: str = "the state dict") -> Any:
+        """Take the content of a `state_dict` (its ``parquet`` bytes as a uint8 array or tensor); returns self.
+
+        `source` names the state in errors.
+        """
+        if not isinstance(state, Mapping) or self.STATE_KEY not in state:
+            found = sorted(map(str, state)) if isinstance(state, Mapping) else type(state).__name__
+            raise ValueError(f"{source}: expected a state dict with the key {self.STATE_KEY!r}, got {found}")
+        data = np.asarray(state[self.STATE_KEY])
+        if data.dtype != np.uint8 or data.ndim != 1:
+            raise ValueError(f"{source}: {self.STATE_KEY!r} must be the file's bytes (uint8, 1-d), got {data.dtype} {data.shape}")
+        try:
+            table = pq.read_table(pa.BufferReader(data.tobytes()))
+        except (pa.ArrowInvalid, OSError) as err:
+            raise ValueError(f"{source}: not a readable parquet file, truncated or corrupt ({err})") from None
+        self.__dict__.update(type(self).from_table(table, source).__dict__)
+        return self

@@ -2,9 +2,10 @@
 
 A checkpoint written by sessrec holds only tensors and plain values: the task's
 hyper-parameters are configs (``class_path``/``init_args``), and the data module's state (the
-vocabulary and fitted side-feature transforms, as the bytes of their files) sits under the data
-module's class name. Nothing in it is unpickled as an object, so a checkpoint from elsewhere
-cannot run code when it is read.
+state dicts of the vocabulary and of the fitted side-feature transforms) sits under the data
+module's class name; a part may also be one uint8 tensor, the bytes of the part's file
+(`file_bytes`). Nothing in it is unpickled as an object, so a checkpoint from elsewhere cannot
+run code when it is read.
 """
 
 from __future__ import annotations
@@ -16,7 +17,10 @@ import re
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+
+from sessrec.saved.atomic import ParquetFile
 
 DATA_STATE_KEYS = ("SessionDataModule", "ClickoutDataModule")
 
@@ -71,18 +75,45 @@ def is_checkpoint(path: str | os.PathLike) -> bool:
     return str(path).endswith(".ckpt")
 
 
-def saved_file(path: str | os.PathLike, key: str) -> bytes:
-    """The file `key` (``vocab``, ``features``) of the data module state a checkpoint carries."""
+def saved_state(path: str | os.PathLike, key: str) -> Any:
+    """The part `key` (``vocab``, ``features``) of the data module state a checkpoint carries."""
     state = data_state(path)
     if state is None or key not in state:
         raise ValueError(f"{path}: the checkpoint carries no {key}; pass the {key} file of its training run instead")
-    return to_bytes(state[key])
+    return state[key]
 
 
-def to_tensor(data: bytes) -> torch.Tensor:
-    """File bytes as a uint8 tensor (what a weights-only checkpoint can hold)."""
-    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+def as_tensors(state: Any) -> Any:
+    """A state dict with every numpy array as a tensor (what a weights-only checkpoint holds); dicts
+    and lists recurse, plain values stay."""
+    if isinstance(state, np.ndarray):
+        return torch.from_numpy(np.require(state, requirements=["C", "W"]))
+    if isinstance(state, dict):
+        return {k: as_tensors(v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return [as_tensors(v) for v in state]
+    return state
 
 
-def to_bytes(tensor: torch.Tensor) -> bytes:
-    return tensor.cpu().numpy().tobytes()
+def as_arrays(state: Any) -> Any:
+    """A state dict with every tensor as a numpy array (the inverse of `as_tensors`)."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().cpu().numpy()
+    if isinstance(state, dict):
+        return {k: as_arrays(v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return [as_arrays(v) for v in state]
+    return state
+
+
+def file_bytes(part: Any) -> bytes | None:
+    """The bytes of a file that a data module state holds as one uint8 tensor (a vocabulary's parquet
+    file, the transforms' ``.npz``), or None for a part held as a state dict."""
+    if isinstance(part, torch.Tensor) and part.dtype == torch.uint8 and part.dim() == 1:
+        return part.cpu().numpy().tobytes()
+    return None
+
+
+def parquet_state(part: Any) -> Any:
+    """A checkpoint's vocabulary part as a `ParquetFile` state dict, also when it is held as the bytes of the file."""
+    return {ParquetFile.STATE_KEY: part} if file_bytes(part) is not None else part

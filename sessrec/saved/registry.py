@@ -40,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import os
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -111,6 +112,10 @@ def config_of(value: Any) -> Any:
     """`value` as plain data: objects become ``{"class_path", "init_args"}``, containers recurse."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if type(value).__module__ == "numpy" and hasattr(value, "tolist"):  # a numpy scalar or array
+        return config_of(value.tolist())
     if isinstance(value, (list, tuple)):
         return [config_of(v) for v in value]
     if isinstance(value, dict):

@@ -46,7 +46,7 @@ from sessrec.models.pretrained import (  # noqa: F401 - CONFIG ... READABLE_VERS
     write_model_directory,
 )
 from sessrec.saved import versions
-from sessrec.saved.checkpoint import DATA_STATE_KEYS, read_checkpoint, to_bytes
+from sessrec.saved.checkpoint import DATA_STATE_KEYS, parquet_state, read_checkpoint
 from sessrec.saved.registry import (  # noqa: F401 - config_of: sessrec.deploy.retrain reads it from here
     ConfigError,
     class_path,
@@ -230,5 +230,5 @@ def load_checkpoint(path: str | os.PathLike) -> pl.LightningModule:
         state = checkpoint.get(key)
         if isinstance(state, dict) and "vocab" in state:
             reader = RankingVocab if key == "ClickoutDataModule" else ItemVocab
-            task.vocab = reader.from_bytes(to_bytes(state["vocab"]), path)
+            task.vocab = reader.empty().load_state_dict(parquet_state(state["vocab"]), str(path))
     return task.eval()

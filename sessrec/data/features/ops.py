@@ -8,7 +8,7 @@ Shape letters: E events (rows), K distinct keys of a fitted column, N sessions.
 
 from __future__ import annotations
 
-import inspect
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -34,11 +34,11 @@ from sessrec.data.array_backend import (
     to_host,
 )
 from sessrec.data.vocab import NUM_SPECIAL, OOV, PAD, ItemVocab
+from sessrec.saved.registry import Configurable, config_of
 
 TimeUnit = Literal["s", "ms"]
 _SECONDS = {"s": 1.0, "ms": 1e-3}
 FORMAT = "sessrec.features"
-VERSION = 1
 
 
 class NotFittedError(ValueError):
@@ -94,7 +94,7 @@ class _Keys:
         codes = xp.where(hit, pos, -1)
         return codes if like is None else on_backend_of(codes, like)
 
-    def state(self) -> dict[str, np.ndarray]:
+    def state_dict(self) -> dict[str, np.ndarray]:
         if not isinstance(self.values, pa.Array):
             return {"keys": self.values, "counts": self.counts}
         # Arrow's own layout, so no pickling: UTF-8 bytes and int64 offsets (K + 1,)
@@ -106,7 +106,8 @@ class _Keys:
         return {**text, "counts": self.counts}
 
     @classmethod
-    def from_state(cls, state: dict[str, np.ndarray]) -> _Keys:
+    def from_arrays(cls, state: Mapping[str, np.ndarray]) -> _Keys:
+        """The keys a `state_dict` holds."""
         if "keys" in state:
             return cls(state["keys"], state["counts"])
         offsets, data = state["text_offsets"], state["text_data"]
@@ -115,11 +116,14 @@ class _Keys:
 
 
 # ------------------------------------------------------------------------------------ operations
-class FeatureOp:
+class FeatureOp(Configurable):
     """Base of all operations: constructor arguments are the config; `fit` learns, `transform` applies.
 
-    Stateless operations (time features, hashing) need no `fit`; stateful ones raise
-    `NotFittedError` when transforming before it.
+    Every subclass registers itself and records its constructor arguments (`Configurable`), so a
+    saved pipeline rebuilds it with `sessrec.saved.registry.instantiate`; what `fit` learned is
+    its `state_dict` (named numpy arrays), taken back by `load_state_dict`. Stateless operations
+    (time features, hashing) need no `fit`; stateful ones raise `NotFittedError` when
+    transforming before it.
     """
 
     stateful: ClassVar[bool] = False  # learns in `fit`, saves arrays
@@ -134,23 +138,21 @@ class FeatureOp:
         """Fit on the training frame and return its features (out-of-fold where it matters)."""
         return self.fit(frame).transform(frame)
 
-    def get_config(self) -> dict[str, Any]:
-        params = inspect.signature(type(self).__init__).parameters
-        return {name: getattr(self, name) for name in params if name != "self"}
-
-    def get_state(self) -> dict[str, np.ndarray]:
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """What `fit` learned, as named numpy arrays (nothing for a stateless operation)."""
         return {}
 
-    def set_state(self, state: dict[str, np.ndarray]) -> None:
-        pass
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> FeatureOp:
+        """Take what a `state_dict` of an operation of the same config holds; returns self."""
+        return self
 
     def __repr__(self) -> str:
-        args = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items())
+        args = ", ".join(f"{k}={v!r}" for k, v in config_of(self)["init_args"].items())
         return f"{type(self).__name__}({args})"
 
     def _fitted(self, value: Any) -> Any:
         if value is None:
-            raise NotFittedError(f"{self!r} is not fitted: fit() on training data (or FeaturePipeline.load)")
+            raise NotFittedError(f"{self!r} is not fitted: fit() on training data (or load a fitted FeaturePipeline)")
         return value
 
 
@@ -161,11 +163,12 @@ class _KeyedOp(FeatureOp):
     column: str
     keys_: _Keys | None = None
 
-    def get_state(self) -> dict[str, np.ndarray]:
-        return self._fitted(self.keys_).state()
+    def state_dict(self) -> dict[str, np.ndarray]:
+        return self._fitted(self.keys_).state_dict()
 
-    def set_state(self, state: dict[str, np.ndarray]) -> None:
-        self.keys_ = _Keys.from_state(state)
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> _KeyedOp:
+        self.keys_ = _Keys.from_arrays(state)
+        return self
 
 
 class Categorify(_KeyedOp):
@@ -203,18 +206,18 @@ class Categorify(_KeyedOp):
     def fit(self, frame: Any) -> Categorify:
         col = get_column(frame, self.column)
         check_nulls(col, self.nulls, "nulls='pad'")
-        self.set_state(_Keys.fit(col).state())
-        return self
+        return self.load_state_dict(_Keys.fit(col).state_dict())
 
-    def set_state(self, state: dict[str, np.ndarray]) -> None:
-        super().set_state(state)
-        counts = state["counts"]  # (K,) a small host table: plain NumPy
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> Categorify:
+        super().load_state_dict(state)
+        counts = np.asarray(state["counts"])  # (K,) a small host table: plain NumPy
         order = np.argsort(-counts, kind="stable")  # keys are sorted, so ties go to the smaller value
         kept = int(np.sum(counts >= self.min_count))
         if self.max_size is not None:
             kept = min(kept, self.max_size)
         self.ids_ = np.full(counts.shape, OOV, dtype=np.int64)
         self.ids_[order[:kept]] = np.arange(NUM_SPECIAL, NUM_SPECIAL + kept)
+        return self
 
     def transform(self, frame: Any) -> Array:
         keys = self._fitted(self.keys_)
@@ -381,13 +384,14 @@ class TargetEncoding(_KeyedOp):
         counts = xp.where(seen, xp.take(tot_cnt, safe) - xp.take(cell_cnt, cell), 0.0)
         return self._encode(sums, counts, xp.take(prior, fold))
 
-    def get_state(self) -> dict[str, np.ndarray]:
+    def state_dict(self) -> dict[str, np.ndarray]:
         prior = np.asarray([self.prior_], dtype=np.float64)
-        return {**super().get_state(), "sums": self.sums_, "prior": prior}
+        return {**super().state_dict(), "sums": self.sums_, "prior": prior}
 
-    def set_state(self, state: dict[str, np.ndarray]) -> None:
-        super().set_state(state)
-        self.sums_, self.prior_ = state["sums"], float(state["prior"][0])
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> TargetEncoding:
+        super().load_state_dict(state)
+        self.sums_, self.prior_ = np.asarray(state["sums"]), float(state["prior"][0])
+        return self
 
 
 class LogNormalize(FeatureOp):
@@ -435,11 +439,12 @@ class LogNormalize(FeatureOp):
         mean, std = self._fitted(self.mean_), self._fitted(self.std_)
         return (self._log(frame) - mean) / std
 
-    def get_state(self) -> dict[str, np.ndarray]:
+    def state_dict(self) -> dict[str, np.ndarray]:
         return {"mean_std": np.asarray([self._fitted(self.mean_), self.std_], dtype=np.float64)}
 
-    def set_state(self, state: dict[str, np.ndarray]) -> None:
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> LogNormalize:
         self.mean_, self.std_ = (float(v) for v in state["mean_std"])
+        return self
 
 
 class HashedCross(FeatureOp):

@@ -1,14 +1,20 @@
 """`FeaturePipeline`: named feature operations run in order, saved to and loaded from one file.
 
+Its config is its operations' configs (``{"class_path", "init_args"}`` each, `config_of`); what
+they learned is its `state_dict`. The file is one ``.npz``: a JSON header (format, version,
+config) and every operation's fitted arrays under ``<position>/<name>``. Loading builds only
+registered `FeatureOp` classes (`sessrec.saved.registry`) and unpickles nothing. Version 1 files
+name each operation by its class name, with its arguments under ``config``; they load too.
+
 Shape letters: E events (rows).
 """
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import zipfile
+from collections.abc import Mapping
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -17,29 +23,16 @@ import numpy as np
 import pyarrow as pa
 
 from sessrec.data.array_backend import Array, column_names
+from sessrec.data.features.ops import FORMAT, FeatureOp, NotFittedError
+from sessrec.data.features.time import CyclicTimes, SessionTimes
 from sessrec.saved.atomic import atomic_path
-from sessrec.data.features.ops import (
-    FORMAT,
-    VERSION,
-    Categorify,
-    CountEncoding,
-    FeatureOp,
-    HashedCross,
-    LogNormalize,
-    NotFittedError,
-    TargetEncoding,
-)
-from sessrec.data.features.time import CyclicTime, CyclicTimes, SessionTimeFeatures, SessionTimes
+from sessrec.saved.registry import ConfigError, Configurable, config_of, instantiate
 
-_OPS: dict[str, type[FeatureOp]] = {
-    cls.__name__: cls
-    for cls in (
-        Categorify, CountEncoding, TargetEncoding, LogNormalize, HashedCross, SessionTimeFeatures, CyclicTime
-    )
-}  # the types a saved pipeline may name; anything else is refused at load
+VERSION = 2
+READABLE_VERSIONS = (1, 2)  # 1: each op as {"name", "op": class name, "config": arguments}
 
 
-class FeaturePipeline:
+class FeaturePipeline(Configurable):
     """Named operations run in order; fitted on training data, saved to and loaded from one file.
 
     Each op sees the input columns plus the outputs of the ops before it (an output shadows an
@@ -89,76 +82,98 @@ class FeaturePipeline:
             view.extra.update(produced)
         return out
 
-    def save(self, path: str | os.PathLike) -> Path:
-        """Write configs (JSON) and fitted arrays to one ``.npz``, under a temporary name then renamed."""
+    # -- state ----------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """``{"config": the ops' configs (plain data), "ops": {name: the op's fitted arrays}}``.
+
+        The config travels with the arrays so that `load_state_dict` refuses the state of other
+        operations, and so that a holder whose operations are chosen when fitting
+        (`sessrec.pipeline.CandidateFeatures`) rebuilds them from it.
+        """
         if not self.fitted:
             raise NotFittedError("FeaturePipeline is not fitted: nothing to save")
+        return {"config": config_of(self), "ops": {name: op.state_dict() for name, op in self.ops.items()}}
+
+    def load_state_dict(self, state: Mapping[str, Any], source: str = "the state dict") -> FeaturePipeline:
+        """Take the fitted arrays of a `state_dict` of the same operations; returns self.
+
+        Raises:
+            ValueError: the state holds other operations (names, classes or arguments), or lacks
+                an array of one; the message names `source`.
+        """
+        if not isinstance(state, Mapping) or not {"config", "ops"} <= state.keys():
+            raise ValueError(f"{source}: expected a feature pipeline's state dict (keys 'config' and 'ops')")
+        found, expected = op_signatures(state["config"], source), op_signatures(config_of(self), source)
+        if found != expected:
+            raise ValueError(f"{source}: holds the state of the feature ops {found}, not of these {expected}")
+        arrays = state["ops"] if isinstance(state["ops"], Mapping) else {}
+        for name, op in self.ops.items():
+            try:
+                op.load_state_dict(arrays.get(name, {}))
+            except KeyError as err:
+                raise ValueError(f"{source}: op {name!r} lacks its fitted array {err}") from None
+        self.fitted = True
+        return self
+
+    # -- the file -------------------------------------------------------------------------------
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the config (JSON) and the fitted arrays to one ``.npz``, under a temporary name then renamed."""
+        state = self.state_dict()
+        header = json.dumps({"format": FORMAT, "version": VERSION, "config": state["config"]})  # ops in their order
+        arrays = {"__pipeline__": np.frombuffer(header.encode(), dtype=np.uint8)}
+        for i, name in enumerate(self.ops):
+            arrays.update({f"{i}/{key}": np.asarray(value) for key, value in state["ops"][name].items()})
         with atomic_path(path) as tmp, open(tmp, "wb") as fh:
-            self._write(fh)
+            np.savez(fh, **arrays)
         return Path(path)
 
-    def to_bytes(self) -> bytes:
-        """The ``.npz`` `save` writes, in memory (a checkpoint carries it)."""
-        if not self.fitted:
-            raise NotFittedError("FeaturePipeline is not fitted: nothing to save")
-        buffer = io.BytesIO()
-        self._write(buffer)
-        return buffer.getvalue()
-
-    def _write(self, fh: BinaryIO) -> None:
-        spec = [{"name": k, "op": type(op).__name__, "config": op.get_config()} for k, op in self.ops.items()]
-        header = json.dumps({"format": FORMAT, "version": VERSION, "ops": spec}, sort_keys=True)
-        arrays = {"__pipeline__": np.frombuffer(header.encode(), dtype=np.uint8)}
-        for i, op in enumerate(self.ops.values()):
-            arrays.update({f"{i}/{key}": np.asarray(value) for key, value in op.get_state().items()})
-        np.savez(fh, **arrays)
-
     @classmethod
-    def from_bytes(cls, data: bytes, source: str | os.PathLike) -> FeaturePipeline:
-        """Read what `to_bytes` wrote; `source` names it in errors."""
-        return cls._from_file(io.BytesIO(data), source)
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> FeaturePipeline:
-        """Read a pipeline written by `save`; a clear error for any other file."""
-        return cls._from_file(path, path)
-
-    @classmethod
-    def _from_file(cls, file: str | os.PathLike | BinaryIO, path: str | os.PathLike) -> FeaturePipeline:
-        arrays, header = _read(file, path)
-        ops = {}
-        for i, spec in enumerate(header["ops"]):
-            name, kind = spec["name"], _OPS.get(spec["op"])
-            if kind is None:
-                known = sorted(_OPS)
-                raise ValueError(f"{path}: op {name!r} has unknown type {spec['op']!r}; known: {known}")
-            try:
-                op = kind(**spec["config"])
-            except (TypeError, ValueError) as err:
-                raise ValueError(f"{path}: op {name!r} has a config this version cannot read: {err}") from err
-            state = {k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith(f"{i}/")}
-            if kind.stateful:
-                try:
-                    op.set_state(state)
-                except KeyError as err:
-                    raise ValueError(f"{path}: op {name!r} lacks its fitted array {err}") from err
-            ops[name] = op
-        pipe = cls(ops)
-        pipe.fitted = True
-        return pipe
+    def load(cls, file: str | os.PathLike | BinaryIO, source: str | os.PathLike | None = None) -> FeaturePipeline:
+        """Read a file written by `save` (a path, or an open binary file named by `source`); a clear
+        error for any other file."""
+        source = str(file if source is None else source)
+        arrays, header = _read(file, source)
+        config = header.get("config") if header["version"] >= 2 else _version_1_config(header, source)
+        try:
+            pipeline = instantiate(config, expected=cls, source=source, key="config")
+        except ConfigError as err:
+            raise ValueError(str(err)) from None
+        ops = {name: {k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith(f"{i}/")}
+               for i, name in enumerate(pipeline.ops)}
+        return pipeline.load_state_dict({"config": config_of(pipeline), "ops": ops}, source)
 
 
-def _read(file: str | os.PathLike | BinaryIO, path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """Arrays and JSON header of a saved pipeline (`path` names it in errors)."""
+def _version_1_config(header: dict[str, Any], source: str) -> dict[str, Any]:
+    """The config of a version 1 header: ``ops`` as ``[{"name", "op": class name, "config": arguments}]``."""
+    specs = header.get("ops")
+    if not isinstance(specs, list) or not all(isinstance(s, dict) and {"name", "op", "config"} <= s.keys() for s in specs):
+        raise ValueError(f"{source}: not a sessrec feature pipeline (its header lists no ops)")
+    ops = {spec["name"]: {"class_path": spec["op"], "init_args": spec["config"]} for spec in specs}
+    return {"class_path": f"{FeaturePipeline.__module__}.FeaturePipeline", "init_args": {"ops": ops}}
+
+
+def op_signatures(config: Any, source: str) -> dict[str, str]:
+    """Op name -> ``ClassName({arguments as JSON})`` of a feature pipeline's config (`config_of`), for
+    comparing two of them; one line naming `source` for anything else."""
+    try:
+        ops = config["init_args"]["ops"]
+        return {name: f"{op['class_path'].rpartition('.')[2]}({json.dumps(op.get('init_args') or {}, sort_keys=True)})"
+                for name, op in ops.items()}
+    except (KeyError, TypeError, AttributeError):
+        raise ValueError(f"{source}: the feature pipeline's config is not a FeaturePipeline config") from None
+
+
+def _read(file: str | os.PathLike | BinaryIO, source: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Arrays and JSON header of a saved pipeline (`source` names it in errors)."""
     try:
         with np.load(file, allow_pickle=False) as npz:
             arrays = {k: npz[k] for k in npz.files}
         header = json.loads(arrays.pop("__pipeline__").tobytes().decode())
     except (OSError, ValueError, KeyError, AttributeError, zipfile.BadZipFile) as err:
-        raise ValueError(f"{path}: not a sessrec feature pipeline ({type(err).__name__}: {err})") from err
-    if header.get("format") != FORMAT or header.get("version") != VERSION:
-        found = f"{header.get('format')!r} version {header.get('version')!r}"
-        raise ValueError(f"{path}: a feature file {found}; this sessrec reads {FORMAT!r} version {VERSION}")
+        raise ValueError(f"{source}: not a sessrec feature pipeline ({type(err).__name__}: {err})") from err
+    if not isinstance(header, dict) or header.get("format") != FORMAT or header.get("version") not in READABLE_VERSIONS:
+        found = f"{header.get('format')!r} version {header.get('version')!r}" if isinstance(header, dict) else "another file"
+        raise ValueError(f"{source}: a feature file {found}; this sessrec reads {FORMAT!r} version 1 or 2")
     return arrays, header
 
 

@@ -4,22 +4,25 @@ A retriever returns each session's top-K items from the whole catalogue (`retrie
 score any given candidates (`score`), so that every retriever's opinion of every merged
 candidate becomes a ranking feature, not only of the items it retrieved itself.
 
-Saving: `state` gives JSON-able settings and named numpy arrays; `from_state` rebuilds the
-retriever from them (no pickled code). Shape letters: B sessions, K candidates, V items.
+Saving: a retriever is rebuilt from its constructor config (every subclass is `Configurable`:
+it registers itself and records its arguments, `config_of`), then takes what it learned or was
+given from `load_state_dict`; `state_dict` gives that state as named numpy arrays and small
+JSON-able values (no pickled code). Shape letters: B sessions, K candidates, V items.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import torch
 
 from sessrec.pipeline.candidates import Retrieved, Sessions
+from sessrec.saved.registry import Configurable
 
 
-class Retriever:
-    """Base class of the retrievers; subclasses implement `retrieve`, `score`, `state` and `from_state`."""
+class Retriever(Configurable):
+    """Base class of the retrievers; subclasses implement `retrieve`, `score`, `state_dict` and `load_state_dict`."""
 
     def retrieve(self, sessions: Sessions, k: int) -> Retrieved:
         """Top-`k` recommendable items (B, k) per session, best first, with their scores."""
@@ -29,12 +32,13 @@ class Retriever:
         """(B, K) float32 scores of the candidates `items` (B, K); any value at empty slots (id 0)."""
         raise NotImplementedError
 
-    def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-        """(JSON-able settings, named arrays) from which `from_state` rebuilds this retriever."""
+    def state_dict(self) -> dict[str, Any]:
+        """What the retriever learned or was given beyond its config: named numpy arrays (nested
+        dicts allowed) and small JSON-able values."""
         raise NotImplementedError
 
-    @classmethod
-    def from_state(cls, config: dict[str, Any], arrays: dict[str, np.ndarray]) -> Retriever:
+    def load_state_dict(self, state: Mapping[str, Any]) -> Retriever:
+        """Take a `state_dict` of a retriever of the same config; returns self."""
         raise NotImplementedError
 
 

@@ -36,6 +36,7 @@ E co-visitation entries.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import numpy as np
@@ -46,13 +47,11 @@ from sessrec.baselines.base import _as_ids
 from sessrec.data.vocab import NUM_SPECIAL
 from sessrec.pipeline.candidates import Retrieved, Sessions
 from sessrec.pipeline.retrieval.base import Retriever
-from sessrec.saved.registry import register
 
 Direction = Literal["forward", "both"]
 _FITS = itertools.count()  # numbers each fitted matrix: its products' key in `Sessions.cache`
 
 
-@register
 class CoVisitation(Retriever):
     """Item-to-item co-visitation counts from training sessions; a session's candidates are the weighted sum of its recent items' rows.
 
@@ -65,7 +64,9 @@ class CoVisitation(Retriever):
             ``"both"`` counts both orders (W symmetric before truncation).
         normalize: divide each row of W by its sum after truncation, so that every query item
             spreads the same mass whatever its popularity.
-        num_items: V, set by `fit` (kept in the saved settings).
+
+    Its state is V (``num_items``, set by `fit`) and W as a CSR matrix (``indptr`` (V + 1,),
+    ``indices``, ``data``).
     """
 
     def __init__(
@@ -76,7 +77,6 @@ class CoVisitation(Retriever):
         recency_decay: float = 0.5,
         direction: Direction = "both",
         normalize: bool = True,
-        num_items: int = 0,
     ) -> None:
         for name, value in (
             ("window", window),
@@ -91,7 +91,7 @@ class CoVisitation(Retriever):
             raise ValueError(f"CoVisitation direction must be 'forward' or 'both', got {direction!r}")
         self.window, self.max_neighbours, self.last_items = int(window), int(max_neighbours), int(last_items)
         self.recency_decay, self.direction, self.normalize = float(recency_decay), direction, bool(normalize)
-        self.num_items = int(num_items)
+        self.num_items = 0  # V, set by `fit`
         self.matrix: sp.csr_matrix | None = None  # (V, V) W, rows with sorted distinct columns
         self._keys: np.ndarray | None = None  # (E,) row * V + column of W's entries, ascending
         self._cache_key = ""
@@ -258,32 +258,25 @@ class CoVisitation(Retriever):
         return ids
 
     # -- saving --------------------------------------------------------------------------------
-    def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    def state_dict(self) -> dict[str, Any]:
+        """V (``num_items``) and W as ``indptr`` (V + 1,), ``indices`` and ``data`` (E,)."""
         self._check_fitted()
-        config = {
-            "window": self.window,
-            "max_neighbours": self.max_neighbours,
-            "last_items": self.last_items,
-            "recency_decay": self.recency_decay,
-            "direction": self.direction,
-            "normalize": self.normalize,
-            "num_items": self.num_items,
-        }
         m = self.matrix
-        return config, {"indptr": m.indptr.copy(), "indices": m.indices.copy(), "data": m.data.copy()}
+        return {"num_items": self.num_items, "indptr": m.indptr.copy(), "indices": m.indices.copy(), "data": m.data.copy()}
 
-    @classmethod
-    def from_state(cls, config: dict[str, Any], arrays: dict[str, np.ndarray]) -> CoVisitation:
-        out = cls(**config)
-        v = out.num_items
-        indptr, indices, data = (np.asarray(arrays[name]) for name in ("indptr", "indices", "data"))
+    def load_state_dict(self, state: Mapping[str, Any]) -> CoVisitation:
+        v = int(state["num_items"])
+        indptr, indices, data = (np.asarray(state[name]) for name in ("indptr", "indices", "data"))
         if indptr.shape != (v + 1,) or indices.shape != data.shape or indptr[-1] != len(indices):
             raise ValueError(
                 f"CoVisitation arrays do not form a ({v}, {v}) CSR matrix: indptr {indptr.shape}, "
                 f"indices {indices.shape}, data {data.shape}"
             )
-        out._set_matrix(sp.csr_matrix((data.astype(np.float32), indices, indptr), shape=(v, v)))
-        return out
+        if len(indices) and (indices.min() < 0 or indices.max() >= v):
+            raise ValueError(f"CoVisitation arrays hold columns outside [0, {v}): min {indices.min()}, max {indices.max()}")
+        self.num_items = v
+        self._set_matrix(sp.csr_matrix((data.astype(np.float32), indices, indptr), shape=(v, v)))
+        return self
 
 
 def _entry_rows(matrix: sp.csr_matrix) -> np.ndarray:

@@ -3,7 +3,8 @@
 The session-model retriever scores a query vector h against every item vector by inner product
 (it folds the output bias into an extra column, so the plain inner product is the exact score).
 Both indexes take the same calls: ``build(vectors, ids)``, ``search(queries, k)`` and
-``state()`` / ``from_state(config, arrays)`` (JSON-able settings and numpy arrays, no pickling).
+``state_dict()`` / ``load_state_dict(state)`` (numpy arrays, no pickling); their constructor
+arguments are their config (`Configurable`: a saved pipeline rebuilds them from it).
 
 Which to choose (FAISS's guidelines; recall and speed at 1M items: ``docs/benchmarks.md``,
 Pipeline: FAISS against exact retrieval):
@@ -27,12 +28,13 @@ Shape letters: B queries, N items, D vector width, K results per query.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import numpy as np
 import torch
 
-from sessrec.saved.registry import register
+from sessrec.saved.registry import Configurable
 
 
 def _as_table(
@@ -64,7 +66,7 @@ def _as_table(
 def _check_search(queries: torch.Tensor, k: int, dim: int | None) -> torch.Tensor:
     """(B, D) float32 queries, after checking the index is built, the width and k."""
     if dim is None:
-        raise RuntimeError("search called before build: call build(vectors, ids) or from_state first")
+        raise RuntimeError("search called before build: call build(vectors, ids) or load_state_dict first")
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be an integer >= 1, got {k!r}")
     if not isinstance(queries, torch.Tensor):
@@ -88,8 +90,7 @@ def _pad(scores: torch.Tensor, ids: torch.Tensor, k: int) -> tuple[torch.Tensor,
     )
 
 
-@register
-class ExactIndex:
+class ExactIndex(Configurable):
     """Exact top-K by blocked matrix product: bounded memory for any catalogue size.
 
     The item table is scored `block_size` rows at a time; each block's top-k is merged into a
@@ -158,23 +159,18 @@ class ExactIndex:
         scores, ids = _pad(best, self._ids[rows], k)
         return scores.to(device), ids.to(device)
 
-    def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-        """(JSON-able settings, named arrays ``vectors`` (N, D) and ``ids`` (N,)) for `from_state`."""
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """The item table: ``vectors`` (N, D) and ``ids`` (N,)."""
         if self._vectors is None:
-            raise RuntimeError("state called before build: there is nothing to save")
-        return {"type": "ExactIndex", "block_size": self.block_size}, {
-            "vectors": self._vectors.numpy(),
-            "ids": self._ids.numpy(),
-        }
+            raise RuntimeError("state_dict called before build: there is nothing to save")
+        return {"vectors": self._vectors.numpy(), "ids": self._ids.numpy()}
 
-    @classmethod
-    def from_state(cls, config: dict[str, Any], arrays: dict[str, np.ndarray]) -> ExactIndex:
-        """Rebuild the index that `state` described."""
-        return cls(block_size=int(config["block_size"])).build(arrays["vectors"], arrays["ids"])
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> ExactIndex:
+        """Index the item table of a `state_dict`; returns self."""
+        return self.build(state["vectors"], state["ids"])
 
 
-@register
-class FaissIndex:
+class FaissIndex(Configurable):
     """Approximate top-K with FAISS (inner product): HNSW (default) or IVF.
 
     Needs the optional ``faiss-cpu`` package (imported on first use). FAISS's own thread count
@@ -234,9 +230,10 @@ class FaissIndex:
             raise ImportError("FaissIndex needs the optional faiss package: pip install faiss-cpu (or pip install 'sessrec[pipeline]')") from error
         return faiss
 
-    def _lists(self) -> int | None:
-        """The IVF lists of the built index (None for HNSW)."""
-        return int(self._index.nlist) if self.kind == "ivf" else self.nlist
+    @property
+    def num_lists(self) -> int | None:
+        """The IVF lists of the built index (``nlist``, or the number it chose); None for HNSW or before `build`."""
+        return int(self._index.nlist) if self.kind == "ivf" and self._index is not None else None
 
     def _configure(self) -> None:
         """Apply the query-time settings to the faiss index."""
@@ -296,28 +293,22 @@ class FaissIndex:
         scores = np.where(found, scores, np.float32(-np.inf)).astype(np.float32, copy=False)
         return torch.from_numpy(scores).to(queries.device), torch.from_numpy(ids).to(queries.device)
 
-    def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-        """(JSON-able settings, named arrays ``index`` (serialized faiss index, uint8) and ``ids`` (N,))."""
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """``index`` (the serialized faiss index, uint8) and ``ids`` (N,)."""
         if self._index is None:
-            raise RuntimeError("state called before build: there is nothing to save")
-        config = {
-            "type": "FaissIndex", "kind": self.kind, "hnsw_m": self.hnsw_m,
-            "ef_construction": self.ef_construction, "ef_search": self.ef_search, "nlist": self._lists(),
-            "nprobe": self.nprobe, "seed": self.seed,
-        }
-        return config, {"index": self._faiss().serialize_index(self._index), "ids": self._ids}
+            raise RuntimeError("state_dict called before build: there is nothing to save")
+        return {"index": self._faiss().serialize_index(self._index), "ids": self._ids}
 
-    @classmethod
-    def from_state(cls, config: dict[str, Any], arrays: dict[str, np.ndarray]) -> FaissIndex:
-        """Rebuild the index that `state` described; query settings (ef_search, nprobe) come from `config`."""
-        names = ("kind", "hnsw_m", "ef_construction", "ef_search", "nlist", "nprobe", "seed")
-        settings = {name: config[name] for name in names}
-        loaded = cls(**settings)
-        index = loaded._faiss().deserialize_index(np.ascontiguousarray(arrays["index"], dtype=np.uint8))
-        ids = np.ascontiguousarray(arrays["ids"], dtype=np.int64)
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> FaissIndex:
+        """Take the built index of a `state_dict`; the query settings (``ef_search``, ``nprobe``) are this
+        index's own. Returns self."""
+        index = self._faiss().deserialize_index(np.ascontiguousarray(state["index"], dtype=np.uint8))
+        if (self.kind == "hnsw") != hasattr(index, "hnsw"):
+            raise ValueError(f"the saved faiss index is not of kind {self.kind!r} ({type(index).__name__})")
+        ids = np.ascontiguousarray(state["ids"], dtype=np.int64)
         if ids.shape != (index.ntotal,):
             raise ValueError(f"ids must have shape ({index.ntotal},) to match the saved index, "
                              f"got {ids.shape}")
-        loaded._index, loaded._ids = index, ids
-        loaded._configure()
-        return loaded
+        self._index, self._ids = index, ids
+        self._configure()
+        return self

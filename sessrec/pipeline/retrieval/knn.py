@@ -10,7 +10,7 @@ Shape letters: B sessions, K candidates, V items, N training sessions, L positio
 
 from __future__ import annotations
 
-import inspect
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -19,24 +19,13 @@ import torch
 from sessrec.baselines import SessionBaseline
 from sessrec.pipeline.candidates import Retrieved, Sessions
 from sessrec.pipeline.retrieval.base import Retriever, top_k_dense
-from sessrec.saved.registry import instantiate, register
 
 
-def baseline_config(baseline: SessionBaseline) -> dict[str, Any]:
-    """``class_path`` and constructor arguments of a baseline (each kept as an attribute of that name)."""
-    params = [p for p in inspect.signature(type(baseline).__init__).parameters if p != "self"]
-    cls = type(baseline)
-    return {"class_path": f"sessrec.baselines.{cls.__name__}", "init_args": {p: getattr(baseline, p) for p in params}}
-
-
-def build_baseline(config: Any, source: str = "the retriever's config", key: str = "baseline") -> SessionBaseline:
-    """The baseline a `baseline_config` describes: a registered `SessionBaseline` (`sessrec.saved.registry`)."""
-    return instantiate(config, expected=SessionBaseline, source=source, key=key)
-
-
-@register
 class BaselineRetriever(Retriever):
     """Wrap a `SessionBaseline`, fitted here on the training sessions.
+
+    Its state is the training sessions (time-ordered, as fitted) and ``num_items``: loading
+    fits the baseline on them again.
 
     Args:
         baseline: an unfitted (or fitted) baseline, e.g. ``VSKNN(k=100, sample_size=1000)``.
@@ -76,13 +65,10 @@ class BaselineRetriever(Retriever):
         scores = self._scores(sessions).gather(1, items.long())
         return torch.where(torch.isfinite(scores), scores, torch.zeros_like(scores))
 
-    def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    def state_dict(self) -> dict[str, Any]:
         if self.sessions is None:
             raise RuntimeError("BaselineRetriever is not fitted: nothing to save")
-        config = {"baseline": baseline_config(self.baseline), "num_items": self.baseline.num_items, "chunk": self.chunk}
-        return config, {"sessions": self.sessions}
+        return {"sessions": self.sessions, "num_items": int(self.baseline.num_items)}
 
-    @classmethod
-    def from_state(cls, config: dict[str, Any], arrays: dict[str, np.ndarray]) -> BaselineRetriever:
-        retriever = cls(build_baseline(config["baseline"]), chunk=int(config.get("chunk", 512)))
-        return retriever.fit(arrays["sessions"], int(config["num_items"]))
+    def load_state_dict(self, state: Mapping[str, Any]) -> BaselineRetriever:
+        return self.fit(np.asarray(state["sessions"]), int(state["num_items"]))

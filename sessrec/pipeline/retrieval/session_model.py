@@ -13,6 +13,7 @@ Shape letters: B sessions, L positions, D model width, K candidates, V items.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,35 +29,31 @@ from sessrec.pipeline.candidates import Retrieved, Sessions
 from sessrec.pipeline.retrieval.base import Retriever
 from sessrec.pipeline.retrieval.index import ExactIndex, FaissIndex
 from sessrec.saved.checkpoint import read_checkpoint
-from sessrec.saved.registry import ConfigError, config_of, register, resolve
 
 AnyIndex = ExactIndex | FaissIndex
 _DATA_LINKED = ("num_items", "max_length", "num_virtual", "side_features")
-SOURCE = "the retriever's config"
 
 
-def _with_class_path(model_config: Any) -> Any:
+def as_class_config(model_config: Any) -> Any:
     """A recipe's ``model:`` block as a class config (a block without ``class_path`` configures NextItemTask)."""
     if isinstance(model_config, dict) and "class_path" not in model_config:
         return {"class_path": "sessrec.tasks.NextItemTask", "init_args": dict(model_config)}
     return model_config
 
 
-@register
 class SessionModelRetriever(Retriever):
     """Retrieve with a trained `SessionModel` (any encoder and objective of the zoo).
 
     Args:
         model: the trained network (used in eval mode).
-        objective: the objective it was trained with, which says how the next item is read
-            (default: the one the model carries, e.g. from `SessionModel.from_pretrained`, else
-            its `SessionModel.default_objective`).
-        index: `ExactIndex` (default) or `FaissIndex` over the item vectors.
+        objective: the objective it was trained with, bound to the model (a task's, or the one
+            `SessionModel.from_pretrained` attaches), which says how the next item is read
+            (default: the one the model carries, else its `SessionModel.default_objective`).
+        index: `ExactIndex` (default) or `FaissIndex` over the item vectors, built on first use.
 
-    Saved with a pipeline as the network's and the objective's configs (``network``,
-    ``objective``) and the weights keyed as a model directory's (``model.*``, ``objective.*``).
-    A pipeline saved with the task's config instead (``model``: a `NextItemTask` config) loads
-    too: the network is built from it (`sessrec.models.pretrained.sections_from_task`).
+    Its config records the network's, the objective's and the index's configs; its state is the
+    weights, keyed as a model directory's (``weights``: ``model.*``, ``objective.*``), and the
+    built index (``index``).
     """
 
     def __init__(self, model: SessionModel, objective: Objective | None = None, index: AnyIndex | None = None) -> None:
@@ -64,9 +61,11 @@ class SessionModelRetriever(Retriever):
             raise TypeError(f"SessionModelRetriever takes a SessionModel (a task's .network()), got {type(model).__name__}")
         if objective is None:
             objective = model.objective if model.objective is not None else model.default_objective()
+        objective.check(model.encoder)  # a pair that cannot have been trained together
         self.model, self.objective = model.eval(), objective
         self.index = index if index is not None else ExactIndex()
-        self.index.build(*self.item_vectors())
+        # the config names the objective and the index in use, also when they were defaults
+        self._init_args.update(objective=self.objective, index=self.index)
 
     @classmethod
     def from_pretrained(cls, directory: str | os.PathLike, index: AnyIndex | None = None) -> SessionModelRetriever:
@@ -81,7 +80,7 @@ class SessionModelRetriever(Retriever):
         for path in (recipe, checkpoint):
             if not path.exists():
                 raise FileNotFoundError(f"{path}: no such file (train the model first: sessrec fit --config {recipe})")
-        block = _with_class_path(dict(yaml.safe_load(recipe.read_text()).get("model") or {}))
+        block = as_class_config(dict(yaml.safe_load(recipe.read_text()).get("model") or {}))
         ckpt = read_checkpoint(checkpoint)
         hparams = ckpt.get("hyper_parameters", {})
         init = dict(block.get("init_args") or {})
@@ -92,6 +91,12 @@ class SessionModelRetriever(Retriever):
         return cls(model, objective, index)
 
     # -- vectors --------------------------------------------------------------------------------
+    def built_index(self) -> AnyIndex:
+        """The index over the model's item vectors, built now if it is not yet (nor loaded)."""
+        if self.index.dim is None:
+            self.index.build(*self.item_vectors())
+        return self.index
+
     @torch.no_grad()
     def item_vectors(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(V', D + 1) item vectors (bias last) of the V' recommendable ids, and those ids (V',)."""
@@ -117,7 +122,7 @@ class SessionModelRetriever(Retriever):
 
     # -- the verbs ------------------------------------------------------------------------------
     def retrieve(self, sessions: Sessions, k: int) -> Retrieved:
-        scores, items = self.index.search(self.query_vectors(sessions), k)
+        scores, items = self.built_index().search(self.query_vectors(sessions), k)
         return Retrieved(items=items, scores=scores)
 
     @torch.no_grad()
@@ -130,40 +135,21 @@ class SessionModelRetriever(Retriever):
         return (torch.einsum("bkd,bd->bk", table, q[:, :-1]) + model.output_bias[items]).float()
 
     # -- saving ---------------------------------------------------------------------------------
-    def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-        index_config, index_arrays = self.index.state()
+    def state_dict(self) -> dict[str, Any]:
+        """``weights`` (the network's under ``model.``, an objective's own under ``objective.``) and
+        ``index`` (the built index's state)."""
         weights = with_prefix(self.model.state_dict(), NETWORK)
         if isinstance(self.objective, torch.nn.Module):
             weights.update(with_prefix(self.objective.state_dict(), OBJECTIVE))
-        arrays = {f"weights/{k}": v.detach().cpu().numpy() for k, v in weights.items()}
-        arrays.update({f"index/{k}": v for k, v in index_arrays.items()})
-        # the index's "type" names its class
-        config = {"network": config_of(self.model), "objective": config_of(self.objective), "index": index_config}
-        return config, arrays
+        return {"weights": {k: v.detach().cpu().numpy() for k, v in weights.items()},
+                "index": self.built_index().state_dict()}
 
-    @classmethod
-    def from_state(cls, config: dict[str, Any], arrays: dict[str, np.ndarray]) -> SessionModelRetriever:
-        index_config = dict(config["index"])
-        kind = resolve(index_config.pop("type", None), AnyIndex, SOURCE, "index.type")
-        if "network" in config:
-            sections = {"model": config["network"], "objective": config.get("objective")}
-            keys = {"model": "network", "objective": "objective"}
-        else:  # saved with the task's config
-            sections = sections_from_task(_with_class_path(config.get("model")), SOURCE, "model")
-            keys = {"model": "model", "objective": "model.init_args.objective"}
-        try:
-            model, objective = SessionModel.from_sections(sections, SOURCE)
-        except ConfigError as err:
-            raise _relocated(err, keys) from None
-        weights = {k.split("/", 1)[1]: torch.from_numpy(np.array(v)) for k, v in arrays.items() if k.startswith("weights/")}
-        model.restore_weights(objective, weights, f"{SOURCE}'s weights")
-        index = kind.from_state(index_config, {k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith("index/")})
-        retriever = cls.__new__(cls)
-        retriever.model, retriever.objective, retriever.index = model.eval(), objective, index
-        return retriever
-
-
-def _relocated(err: ConfigError, keys: dict[str, str]) -> ConfigError:
-    """`err`, located under the key that the saved config holds the section at."""
-    head, dot, rest = err.key.partition(".")
-    return ConfigError(err.source, keys.get(head, head) + dot + rest, err.problem)
+    def load_state_dict(self, state: Mapping[str, Any]) -> SessionModelRetriever:
+        """Bind the objective to the network (building an objective's own layers), load the weights
+        (shapes checked) and the index; returns self."""
+        self.objective.bind(self.model)
+        weights = {k: torch.from_numpy(np.array(v)) for k, v in state["weights"].items()}
+        self.model.restore_weights(self.objective, weights, "the retriever's weights")
+        self.model.eval()
+        self.index.load_state_dict(state["index"])
+        return self

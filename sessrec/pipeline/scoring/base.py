@@ -5,16 +5,21 @@ Shape letters: B sessions, K candidates, F dense features.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import torch
 
 from sessrec.pipeline.features import RankingInputs
+from sessrec.saved.registry import Configurable
 
 
-class Scorer:
-    """Fit on labelled candidate rows, then score candidate matrices."""
+class Scorer(Configurable):
+    """Fit on labelled candidate rows, then score candidate matrices.
+
+    A scorer's constructor arguments are its config (every subclass registers itself and records
+    them); the trained ranker is its `state_dict`.
+    """
 
     def fit(self, inputs: RankingInputs, labels: torch.Tensor) -> Scorer:
         """Train on (B, K) 0/1 `labels` (1 = the session's next item); sessions without a positive are skipped."""
@@ -24,11 +29,12 @@ class Scorer:
         """(B, K) float32 scores, -inf at empty slots."""
         raise NotImplementedError
 
-    def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    def state_dict(self) -> dict[str, Any]:
+        """The trained ranker: named numpy arrays (nested dicts allowed) and small JSON-able values."""
         raise NotImplementedError
 
-    @classmethod
-    def from_state(cls, config: dict[str, Any], arrays: dict[str, np.ndarray]) -> Scorer:
+    def load_state_dict(self, state: Mapping[str, Any]) -> Scorer:
+        """Take the trained ranker of a `state_dict` of a scorer of the same config; returns self."""
         raise NotImplementedError
 
 

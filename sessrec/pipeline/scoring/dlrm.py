@@ -11,6 +11,7 @@ Shape letters: B sessions, K candidates, F dense features, D embedding width.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import numpy as np
@@ -22,10 +23,8 @@ from sessrec.embeddings import TableConfig
 from sessrec.models.dlrm import DLRM
 from sessrec.pipeline.features import RankingInputs
 from sessrec.pipeline.scoring.base import Scorer, early_stopping_split, mrr_of
-from sessrec.saved.registry import register
 
 
-@register
 class DLRMScorer(Scorer):
     """Listwise-trained DLRM over the candidates.
 
@@ -149,18 +148,20 @@ class DLRMScorer(Scorer):
             raise RuntimeError("DLRMScorer is not fitted")
         return self._score_rows(inputs, torch.arange(len(inputs.valid))).float()
 
-    def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-        arrays = {f"weights/{k}": v.detach().cpu().numpy() for k, v in self.network.state_dict().items()}
-        arrays.update(mean=self.mean.numpy(), std=self.std.numpy())
-        return {"config": self.config, "sizes": self.sizes, "num_dense": int(self.mean.numel()), "history": self.history}, arrays
+    def state_dict(self) -> dict[str, Any]:
+        """``weights`` of the network, the standardisation ``mean`` and ``std`` (F,), the table ``sizes``,
+        ``num_dense`` (F) and the early-stopping ``history`` (held-out MRR@20 per epoch)."""
+        if self.network is None:
+            raise RuntimeError("DLRMScorer is not fitted: nothing to save")
+        return {"weights": {k: v.detach().cpu().numpy() for k, v in self.network.state_dict().items()},
+                "mean": self.mean.numpy(), "std": self.std.numpy(), "sizes": dict(self.sizes),
+                "num_dense": int(self.mean.numel()), "history": list(self.history)}
 
-    @classmethod
-    def from_state(cls, config: dict[str, Any], arrays: dict[str, np.ndarray]) -> DLRMScorer:
-        scorer = cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in config["config"].items()})
-        scorer.sizes, scorer.history = dict(config["sizes"]), list(config.get("history", []))
-        scorer.network = scorer._build(int(config["num_dense"]), scorer.sizes)
-        weights = {k.split("/", 1)[1]: torch.from_numpy(np.array(v)) for k, v in arrays.items() if k.startswith("weights/")}
-        scorer.network.load_state_dict(weights)
-        scorer.network.eval()
-        scorer.mean, scorer.std = torch.from_numpy(np.array(arrays["mean"])), torch.from_numpy(np.array(arrays["std"]))
-        return scorer
+    def load_state_dict(self, state: Mapping[str, Any]) -> DLRMScorer:
+        self.sizes = {str(k): int(v) for k, v in state["sizes"].items()}
+        self.history = [float(v) for v in state.get("history", [])]
+        self.network = self._build(int(state["num_dense"]), self.sizes)
+        self.network.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in state["weights"].items()})
+        self.network.eval()
+        self.mean, self.std = torch.from_numpy(np.array(state["mean"])), torch.from_numpy(np.array(state["std"]))
+        return self

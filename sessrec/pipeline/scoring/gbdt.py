@@ -6,6 +6,7 @@ Shape letters: B sessions, K candidates, F dense features.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -13,7 +14,6 @@ import torch
 
 from sessrec.pipeline.features import RankingInputs
 from sessrec.pipeline.scoring.base import Scorer, early_stopping_split
-from sessrec.saved.registry import register
 
 
 def _lightgbm():
@@ -24,7 +24,6 @@ def _lightgbm():
     return lightgbm
 
 
-@register
 class GBDTScorer(Scorer):
     """Gradient-boosted trees, lambdarank objective, early-stopped on held-out sessions.
 
@@ -99,18 +98,14 @@ class GBDTScorer(Scorer):
         gains = self.booster.feature_importance(importance_type="gain")
         return dict(zip(self.booster.feature_name(), (float(g) for g in gains)))
 
-    def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    def state_dict(self) -> dict[str, Any]:
+        """``model``: LightGBM's text format of the trees up to the best round (uint8), and ``best_round``."""
+        if self.booster is None:
+            raise RuntimeError("GBDTScorer is not fitted: nothing to save")
         text = self.booster.model_to_string(num_iteration=self.best_round)
-        config = {"params": self.params, "best_round": self.best_round, "max_rounds": self.max_rounds,
-                  "early_stopping": self.early_stopping, "stop_fraction": self.stop_fraction, "seed": self.seed}
-        return config, {"model": np.frombuffer(text.encode(), dtype=np.uint8)}
+        return {"model": np.frombuffer(text.encode(), dtype=np.uint8).copy(), "best_round": self.best_round}
 
-    @classmethod
-    def from_state(cls, config: dict[str, Any], arrays: dict[str, np.ndarray]) -> GBDTScorer:
-        lgb = _lightgbm()
-        scorer = cls.__new__(cls)
-        scorer.params, scorer.best_round = config["params"], int(config["best_round"])
-        scorer.max_rounds, scorer.early_stopping = config["max_rounds"], config["early_stopping"]
-        scorer.stop_fraction, scorer.seed = config["stop_fraction"], config["seed"]
-        scorer.booster = lgb.Booster(model_str=bytes(arrays["model"]).decode())
-        return scorer
+    def load_state_dict(self, state: Mapping[str, Any]) -> GBDTScorer:
+        self.booster = _lightgbm().Booster(model_str=np.asarray(state["model"], dtype=np.uint8).tobytes().decode())
+        self.best_round = int(state["best_round"])
+        return self

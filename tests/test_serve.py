@@ -549,6 +549,9 @@ def test_hot_reload_follows_the_pointer_and_in_flight_requests_finish_on_their_m
         health = c.get("/health").json()
         still = c.post("/recommend", json={"session": probe, "k": K})
         metrics = c.get("/metrics").text
+        (tmp_path / "model" / "CURRENT").write_text("v000002\n")  # the pointer back on the version served
+        wait_until(lambda: c.get("/health").json()["reload_error"] is None)
+        assert c.get("/health").json()["version"] == "v000002"
     assert replies["in-model"].json()["recommendations"] == expected(pipe, [probe])
     assert replies["queued"].json()["recommendations"] == expected(pipe, [probe])
     assert replies["after"].json()["recommendations"] == expected(other_pipe, [probe])

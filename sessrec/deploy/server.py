@@ -286,7 +286,10 @@ class ModelHolder:
         except Exception as err:  # noqa: BLE001 - a pointer being fixed by hand: keep serving, say why
             self._failed_to_load(None, err)
             return False
-        if path == self.current.path or path == self._failed:
+        if path == self.current.path:  # (again): nothing to load, nothing wrong
+            self.error = self._failed = None
+            return False
+        if path == self._failed:
             return False
         try:
             recommender = await asyncio.to_thread(load_recommender, path)

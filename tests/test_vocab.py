@@ -156,3 +156,10 @@ def test_a_request_of_a_few_ids_does_not_hash_the_whole_vocabulary(monkeypatch):
 
     monkeypatch.setattr(vocab_module.pc, "index_in", whole_vocabulary)
     assert vocab.encode(pa.array([3, 4, 299_997])).ids.tolist() == [NUM_SPECIAL + 1, OOV, NUM_SPECIAL + 99_999]
+
+
+def test_keys_sorted_for_lookups_follow_a_loaded_state():
+    vocab = ItemVocab(pa.array([5, 6]), np.array([2, 1]))
+    assert vocab.encode(pa.array([6, 9])).ids.tolist() == [3, OOV]  # sorts and keeps [5, 6]
+    vocab.load_state_dict(ItemVocab(pa.array([9, 6]), np.array([2, 1])).state_dict())
+    assert vocab.encode(pa.array([6, 9])).ids.tolist() == [3, 2]

@@ -200,8 +200,12 @@ class ItemVocab(ParquetFile):
         return EncodeResult(ids=ids, num_unknown=int((ids == OOV).sum()))
 
     def _sorted_keys(self, virtual: bool) -> _SortedKeys:
-        """The product keys (or the virtual keys) sorted, built at the first small lookup and kept."""
-        cache = self.__dict__.setdefault("_sorted", {})
+        """The product keys (or the virtual keys) sorted, built at the first small lookup and kept
+        for these very `raw_ids` (`load_state_dict` replaces them: the keys are sorted again)."""
+        of, num_virtual, cache = self.__dict__.get("_sorted", (None, None, {}))
+        if of is not self.raw_ids or num_virtual != self.num_virtual:
+            cache = {}
+            self.__dict__["_sorted"] = (self.raw_ids, self.num_virtual, cache)
         if virtual not in cache:
             n = self.num_products
             cache[virtual] = _SortedKeys(self.raw_ids.slice(n) if virtual else self.raw_ids.slice(0, n))

@@ -6,9 +6,9 @@ For each checkout given by `--checkout NAME=PATH[,MODEL_DIR]` (a sessrec source 
 
 - ``python -X importtime -c "import M"`` for each module of `--modules`: the cumulative import
   time of `M` and which of Lightning, lightning_fabric and jsonargparse it loaded;
-- ``python -m sessrec.cli serve --model-dir D --port P`` started fresh: seconds until ``GET /health``
-  answers 200, the process's RSS then, and whether it loaded the training stack
-  (``/proc/<pid>/maps`` naming lightning or jsonargparse files).
+- ``python -X importtime -m sessrec.cli serve --model-dir D --port P`` started fresh: seconds until
+  ``GET /health`` answers 200, the process's RSS then, and which of the training-stack packages it
+  imported (from its own ``-X importtime`` lines, which cost both checkouts the same).
 
 Prints one JSON line per checkout with the medians. The machine is shared: run the checkouts
 interleaved (as here) and compare them with each other, not with figures of another run.
@@ -28,6 +28,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -69,16 +70,18 @@ def free_port() -> int:
 
 
 def serve_start(checkout: Path, model_dir: Path, timeout: float) -> dict[str, object]:
-    """Start ``sessrec serve``; seconds until /health is 200, RSS (MiB) and training-stack files mapped then."""
+    """Start ``sessrec serve``; seconds until /health is 200, RSS (MiB) then and the training-stack packages it imported."""
     port = free_port()
+    log = tempfile.TemporaryFile(mode="w+")
     started = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "sessrec.cli", "serve", "--model-dir", str(model_dir.resolve()),
-                             "--port", str(port), "--log_level", "warning", "--access_log", "false"],
-                            env=environment(checkout), cwd="/", stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "sessrec.cli", "serve", "--model-dir",
+                             str(model_dir.resolve()), "--port", str(port), "--log_level", "warning", "--access_log", "false"],
+                            env=environment(checkout), cwd="/", stdout=subprocess.DEVNULL, stderr=log, text=True)
     try:
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"sessrec serve exited with {proc.returncode}: {proc.stderr.read()[-2000:]}")
+                log.seek(0)
+                raise RuntimeError(f"sessrec serve exited with {proc.returncode}: {log.read()[-2000:]}")
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as response:
                     if response.status == 200:
@@ -91,12 +94,13 @@ def serve_start(checkout: Path, model_dir: Path, timeout: float) -> dict[str, ob
         seconds = time.perf_counter() - started
         status = Path(f"/proc/{proc.pid}/status").read_text()
         rss = int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) / 1024
-        maps = Path(f"/proc/{proc.pid}/maps").read_text()
-        modules = sorted({m for m in TRAINING_STACK if f"/{m}/" in maps})
-        return {"seconds": seconds, "rss_mib": rss, "training_stack_files": modules}
+        log.seek(0)
+        imported = {line.rsplit("|", 1)[-1].strip().split(".")[0] for line in log if line.startswith("import time:")}
+        return {"seconds": seconds, "rss_mib": rss, "training_stack": sorted(imported & set(TRAINING_STACK))}
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+        log.close()
 
 
 def main() -> None:
@@ -128,7 +132,7 @@ def main() -> None:
                 line["serve_ready_s_median"] = round(statistics.median(r["seconds"] for r in runs), 3)
                 line["serve_ready_s_runs"] = [round(r["seconds"], 3) for r in runs]
                 line["serve_rss_mib_median"] = round(statistics.median(r["rss_mib"] for r in runs), 1)
-                line["serve_training_stack_files"] = runs[-1]["training_stack_files"]
+                line["serve_training_stack"] = runs[-1]["training_stack"]
             else:
                 line[f"{key}_s_median"] = round(statistics.median(s for s, _ in runs), 3)
                 line[f"{key}_training_stack"] = runs[-1][1]

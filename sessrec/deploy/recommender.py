@@ -1,7 +1,7 @@
 """What a model directory serves: raw-id sessions in, raw-id recommendations out.
 
 `load_recommender` reads any saved model the library writes: a pipeline directory
-(``pipeline.json``, `Pipeline.save`) or a session model directory (``config.json``,
+(``pipeline.json``, `Pipeline.save_pretrained`) or a session model directory (``config.json``,
 ``SessionModel.save_pretrained`` or ``NextItemTask.save_pretrained``, read by
 ``SessionModel.from_pretrained`` without Lightning), and returns a `Recommender`. Its work comes
 in three steps, so that a server can check each request alone and score many at once:

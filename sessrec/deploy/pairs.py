@@ -15,8 +15,9 @@ Shape letters: P test pairs.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -128,16 +129,10 @@ def next_item_ranks(task: NextItemTask, data: SessionDataModule) -> PairRanks:
     device = next(task.parameters()).device
     metric = TopKMetrics(task.evaluation.ks).to(device)
     ranks = []
-    was_training = task.training
-    task.eval()
-    try:
-        for batch in data.test_dataloader():
-            batch = batch.to(device)
-            scores = next_item_scores(task.model, task.objective, batch.items, batch.features, task.evaluation.exclude_seen)
-            metric.update(scores, batch.targets)
-            ranks.append(target_ranks(scores, batch.targets).cpu())
-    finally:
-        task.train(was_training)
+    for batch in evaluation_batches(task, data, device):
+        scores = next_item_scores(task.model, task.objective, batch.items, batch.features, task.evaluation.exclude_seen)
+        metric.update(scores, batch.targets)
+        ranks.append(target_ranks(scores, batch.targets).cpu())
     return PairRanks(
         sessions=np.asarray(ids)[session], positions=(target_at - offsets[:-1][session]).astype(np.int64),
         ranks=torch.cat(ranks).numpy() if ranks else np.zeros(0), metrics=_floats(metric.compute()),
@@ -157,21 +152,26 @@ def clickout_ranks(task: DLRMTask, data: ClickoutDataModule) -> PairRanks:
     device = next(task.parameters()).device
     metric = RankingMetrics(list(task.hparams.ks)).to(device)
     ranks = []
-    was_training = task.training
-    task.eval()
-    try:
-        for batch in data.test_dataloader():
-            batch = batch.to(device)
-            logits = task(batch)
-            metric.update(logits, batch.labels, batch.groups)
-            ranks.append(clicked_ranks(logits.detach().float(), batch.labels, batch.groups).cpu())
-    finally:
-        task.train(was_training)
+    for batch in evaluation_batches(task, data, device):
+        logits = task(batch)
+        metric.update(logits, batch.labels, batch.groups)
+        ranks.append(clicked_ranks(logits.detach().float(), batch.labels, batch.groups).cpu())
     found = torch.cat(ranks).numpy() if ranks else np.zeros(0)
     if len(found) != int(clicked.sum()):
         raise RuntimeError(f"{data.path} (test split): {len(found)} clicks ranked, {int(clicked.sum())} clicked rows")
     column = lambda name: rows.column(name).to_numpy(zero_copy_only=False)[clicked].astype(np.int64)
     return PairRanks(sessions=column("query"), positions=column("position"), ranks=found, metrics=_floats(metric.compute()))
+
+
+def evaluation_batches(task: torch.nn.Module, data: Any, device: torch.device) -> Iterator[Any]:
+    """The test split's batches on `device`, with `task` in eval mode meanwhile (its mode restored after)."""
+    was_training = task.training
+    task.eval()
+    try:
+        for batch in data.test_dataloader():
+            yield batch.to(device)
+    finally:
+        task.train(was_training)
 
 
 def _floats(metrics: dict[str, torch.Tensor]) -> dict[str, float]:

@@ -142,3 +142,25 @@ def test_serve_refuses_a_port_outside_tcp(monkeypatch, capsys):
     with pytest.raises(SystemExit) as exit_:
         main()
     assert "--port 80000 is not a TCP port" in str(exit_.value)
+
+
+def test_a_command_whose_extra_is_missing_says_which_extra(monkeypatch):
+    import builtins
+
+    from sessrec.cli import main
+
+    real_import = builtins.__import__
+
+    def without_prometheus(name, *args, **kwargs):
+        if name.partition(".")[0] == "prometheus_client":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", without_prometheus)
+    for module in [m for m in sys.modules if m.startswith(("sessrec.deploy.server", "sessrec.deploy.metrics", "prometheus_client"))]:
+        monkeypatch.delitem(sys.modules, module)
+    monkeypatch.setattr(sys, "argv", ["sessrec", "serve", "--model-dir", "nowhere"])
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    message = str(exit_.value)
+    assert "needs the 'deploy' extra (module 'prometheus_client' is not installed)" in message and "\n" not in message

@@ -280,11 +280,25 @@ def main() -> None:
     args = [a for a in args if a not in VERBOSE_FLAGS]
     try:
         run(args)
+    except ModuleNotFoundError as err:
+        extra = EXTRA_OF.get((err.name or "").partition(".")[0])
+        if verbose or extra is None:
+            raise
+        sys.exit(f"sessrec {args[0] if args else ''}: error: this command needs the '{extra}' extra (module {err.name!r} "
+                 f"is not installed): pip install 'sessrec[{extra}]' (or pip install -e '.[{extra}]' in a checkout)")
     except USER_ERRORS as err:
         if verbose:
             raise
         message = " ".join(str(_recipe_error(err)).split()) or type(err).__name__
         sys.exit(f"sessrec {args[0] if args else ''}: error: {message} (--traceback for details)")
+
+
+# modules of the optional extras (pyproject.toml) -> the extra that installs them
+EXTRA_OF = {
+    **dict.fromkeys(("fastapi", "uvicorn", "prometheus_client", "onnx", "onnxscript", "onnxruntime"), "deploy"),
+    **dict.fromkeys(("faiss", "lightgbm"), "pipeline"),
+    **dict.fromkeys(("cudf", "cupy"), "gpu"),
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -421,6 +421,8 @@ def _export(
                 written_opset = _to_onnx(scorer, example, inputs, outputs, path, opset)
             else:
                 written_opset = _to_torchscript(scorer, example, path)
+        except ModuleNotFoundError:
+            raise  # an extra that is not installed (onnx, onnxscript): the command line names the extra
         except Exception as err:  # the exporters raise many types; one clear line, with the cause chained
             raise ValueError(f"{what} cannot be exported to {format}: {_first_line(err)}") from err
         if verify:

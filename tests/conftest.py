@@ -23,6 +23,26 @@ def shared_data() -> Callable[[str], Path]:
     return folder
 
 
+@pytest.fixture
+def sessrec_main(monkeypatch: pytest.MonkeyPatch) -> Callable[..., str]:
+    """``sessrec_main(*args)`` runs the ``sessrec`` entry point and returns the one-line error it exits
+    with ("" when it succeeds); a multi-line message or a traceback fails the test."""
+
+    def run(*args: str) -> str:
+        from sessrec.cli import main
+
+        monkeypatch.setattr("sys.argv", ["sessrec", *args])
+        try:
+            main()
+        except SystemExit as exit:
+            message = str(exit.code)
+            assert "\n" not in message and "Traceback" not in message
+            return message
+        return ""
+
+    return run
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked ``gpu`` run only where CUDA is available; their CPU twins always run."""
     import torch

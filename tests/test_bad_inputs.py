@@ -443,20 +443,6 @@ TINY = ["--config", str(ROOT / "recipes" / "quickstart.yaml"), "--trainer.max_ep
         "--model.encoder.init_args.n_layer", "1"]
 
 
-def sessrec_main(monkeypatch: pytest.MonkeyPatch, *args: str) -> str:
-    """Run the ``sessrec`` entry point; the one-line error it exits with ("" when it succeeds)."""
-    from sessrec.cli import main
-
-    monkeypatch.setattr("sys.argv", ["sessrec", *args])
-    try:
-        main()
-    except SystemExit as exit:
-        message = str(exit.code)
-        assert "\n" not in message and "Traceback" not in message
-        return message
-    return ""
-
-
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
     """A tiny quickstart fit: its best checkpoint (and model directory beside it)."""
@@ -467,9 +453,9 @@ def checkpoint(tmp_path_factory) -> Path:
     return next(run.glob("**/checkpoints/best.ckpt"))
 
 
-def test_cli_test_without_checkpoint(monkeypatch, tmp_path):
+def test_cli_test_without_checkpoint(monkeypatch, tmp_path, sessrec_main):
     monkeypatch.chdir(tmp_path)
-    message = sessrec_main(monkeypatch, "test", *TINY)
+    message = sessrec_main("test", *TINY)
     assert "test needs --ckpt_path" in message and "random weights" in message
     assert not (tmp_path / "runs").exists()
 
@@ -478,15 +464,15 @@ def test_cli_test_without_checkpoint(monkeypatch, tmp_path):
     (bytes(range(256)) * 40, "not a readable PyTorch checkpoint"),
     (b"", "not a readable PyTorch checkpoint"),
 ], ids=["random-bytes", "empty"])
-def test_cli_test_unreadable_checkpoint(monkeypatch, tmp_path, content, message):
+def test_cli_test_unreadable_checkpoint(tmp_path, content, message, sessrec_main):
     bad = write(tmp_path / "bad.ckpt", content)
-    assert message in sessrec_main(monkeypatch, "test", *TINY, "--ckpt_path", str(bad))
+    assert message in sessrec_main("test", *TINY, "--ckpt_path", str(bad))
 
 
-def test_cli_test_truncated_checkpoint(monkeypatch, tmp_path, checkpoint):
+def test_cli_test_truncated_checkpoint(tmp_path, checkpoint, sessrec_main):
     cut = write(tmp_path / "cut.ckpt", checkpoint.read_bytes()[:4000])
     assert f"{cut}: not a readable PyTorch checkpoint, truncated or corrupt" in sessrec_main(
-        monkeypatch, "test", *TINY, "--ckpt_path", str(cut))
+        "test", *TINY, "--ckpt_path", str(cut))
 
 
 class Foreign:
@@ -510,40 +496,42 @@ def test_checkpoint_of_another_configuration(checkpoint):
         NextItemTask.load_from_checkpoint(checkpoint, encoder=XLNetEncoder(d_model=32, n_head=2, n_layer=1))
 
 
-def test_cli_test_refuses_a_recipe_of_another_network_than_the_checkpoints(monkeypatch, checkpoint):
+def test_cli_test_refuses_a_recipe_of_another_network_than_the_checkpoints(checkpoint, sessrec_main):
     """A recipe of another width is refused, never silently replaced by the checkpoint's network."""
-    assert sessrec_main(monkeypatch, "test", *TINY, "--model.encoder.init_args.d_model", "32", "--ckpt_path", str(checkpoint)) == (
+    assert sessrec_main(
+        "test", *TINY, "--model.encoder.init_args.d_model", "32", "--ckpt_path", str(checkpoint)) == (
         f"sessrec test: error: --model.encoder.init_args.d_model 32 differs from the checkpoint's 16 ({checkpoint}): the "
         "network (its shape and what it computes) is fixed by training; evaluate with the checkpoint's value "
         "(--traceback for details)"
     )
 
 
-def test_cli_fit_max_length_zero(monkeypatch, tmp_path):
+def test_cli_fit_max_length_zero(monkeypatch, tmp_path, sessrec_main):
     monkeypatch.chdir(tmp_path)
-    message = sessrec_main(monkeypatch, "fit", *TINY, "--data.max_length", "0")
+    message = sessrec_main("fit", *TINY, "--data.max_length", "0")
     assert "max_length must be >= 2" in message and "got 0" in message
 
 
-def test_cli_predict_duplicate_sessions_leave_no_output(monkeypatch, tmp_path, checkpoint):
+def test_cli_predict_duplicate_sessions_leave_no_output(tmp_path, checkpoint, sessrec_main):
     sessions = write(tmp_path / "s.parquet", pa.table({"session_id": [1, 1], "item_id": [[5, 6], [7, 8]]}))
     out = tmp_path / "recs.parquet"
-    message = sessrec_main(monkeypatch, "predict", *TINY, "--ckpt_path", str(checkpoint), "--data.predict_path",
+    message = sessrec_main("predict", *TINY, "--ckpt_path", str(checkpoint), "--data.predict_path",
                            str(sessions), "--scoring.output", str(out))
     assert "session_id" in message and "1" in message
     assert not out.exists() and not list(tmp_path.glob(".recs*"))
 
 
-def test_cli_export_refuses_unknown_format(monkeypatch, tmp_path, checkpoint, capsys):
-    code = sessrec_main(monkeypatch, "export", "--ckpt_path", str(checkpoint), "--format", "pmml", "--out", str(tmp_path / "x"))
+def test_cli_export_refuses_unknown_format(tmp_path, checkpoint, capsys, sessrec_main):
+    code = sessrec_main(
+        "export", "--ckpt_path", str(checkpoint), "--format", "pmml", "--out", str(tmp_path / "x"))
     assert code == "2" and "pmml" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
 
 
-def test_cli_export_of_a_broken_checkpoint_writes_nothing(monkeypatch, tmp_path):
+def test_cli_export_of_a_broken_checkpoint_writes_nothing(tmp_path, sessrec_main):
     bad = write(tmp_path / "bad.ckpt", b"\x00" * 100)
     assert "not a readable PyTorch checkpoint" in sessrec_main(
-        monkeypatch, "export", "--ckpt_path", str(bad), "--out", str(tmp_path / "out"))
+        "export", "--ckpt_path", str(bad), "--out", str(tmp_path / "out"))
     assert not (tmp_path / "out").exists()
 
 
@@ -559,10 +547,10 @@ def test_export_gru4rec_to_onnx_names_the_reason(tmp_path):
     assert not list((tmp_path / "out").glob("model.*")) if (tmp_path / "out").exists() else True
 
 
-def test_cli_serve_a_directory_without_a_model(monkeypatch, tmp_path):
+def test_cli_serve_a_directory_without_a_model(tmp_path, sessrec_main):
     pytest.importorskip("fastapi")
     assert "neither a saved pipeline (pipeline.json) nor a model directory (config.json)" in sessrec_main(
-        monkeypatch, "serve", "--model-dir", str(tmp_path))
+        "serve", "--model-dir", str(tmp_path))
 
 
 @pytest.mark.parametrize("content, message", [
@@ -588,20 +576,20 @@ def test_model_directory_without_weights(tmp_path, checkpoint):
         NextItemTask.from_pretrained(model)
 
 
-def test_cli_retrain_window_without_sessions(monkeypatch, tmp_path, checkpoint):
+def test_cli_retrain_window_without_sessions(tmp_path, checkpoint, sessrec_main):
     events = write(tmp_path / "e.parquet", pa.table({"session_id": [1, 1], "item_id": [5, 6], "timestamp": [10.0, 20.0]}))
-    message = sessrec_main(monkeypatch, "retrain", "--model_dir", str(checkpoint.parent.parent / "model"),
+    message = sessrec_main("retrain", "--model_dir", str(checkpoint.parent.parent / "model"),
                            "--paths", f"[{events}]", "--train_from", "0", "--train_until", "100", "--test_until", "200",
                            "--out", str(tmp_path / "cand"))
     assert "no session of 2+ events ends in the test window" in message
 
 
-def test_cli_retrain_without_a_current_model(monkeypatch, tmp_path):
-    message = sessrec_main(monkeypatch, "retrain", "--model_dir", str(tmp_path / "nothing"), "--paths", "[x.parquet]",
+def test_cli_retrain_without_a_current_model(tmp_path, sessrec_main):
+    message = sessrec_main("retrain", "--model_dir", str(tmp_path / "nothing"), "--paths", "[x.parquet]",
                            "--train_from", "0", "--train_until", "1", "--test_until", "2", "--out", str(tmp_path / "c"))
     assert f"{tmp_path / 'nothing'}: no such model directory" in message
 
 
-def test_cli_recommend_without_a_pipeline_recipe(monkeypatch):
+def test_cli_recommend_without_a_pipeline_recipe(sessrec_main):
     assert "--config must name a pipeline recipe" in sessrec_main(
-        monkeypatch, "recommend", "--config", str(ROOT / "recipes" / "quickstart.yaml"))
+        "recommend", "--config", str(ROOT / "recipes" / "quickstart.yaml"))

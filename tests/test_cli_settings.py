@@ -31,20 +31,6 @@ TINY = ["--config", str(ROOT / "recipes" / "quickstart.yaml"), *DATA, "--trainer
 TRAINED_TOP_K = 7  # the checkpoint's evaluation.top_k, not the default 20
 
 
-def sessrec_main(monkeypatch: pytest.MonkeyPatch, *args: str) -> str:
-    """Run the ``sessrec`` entry point; the one-line error it exits with ("" when it succeeds)."""
-    from sessrec.cli import main
-
-    monkeypatch.setattr("sys.argv", ["sessrec", *args])
-    try:
-        main()
-    except SystemExit as exit:
-        message = str(exit.code)
-        assert "\n" not in message and "Traceback" not in message
-        return message
-    return ""
-
-
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
     run = tmp_path_factory.mktemp("fitted")
@@ -121,16 +107,18 @@ def test_not_given_settings_are_the_checkpoints(checkpoint):
      "--data.max_length 30 differs from the checkpoint's 20 ({ckpt}): the network's shape is fixed by training"),
 ], ids=["width", "dropout-and-depth", "objective", "max-length"])
 @pytest.mark.parametrize("sub", ["test", "predict"])
-def test_a_network_setting_that_differs_is_refused(monkeypatch, checkpoint, sessions, tmp_path, sub, flags, message):
+def test_a_network_setting_that_differs_is_refused(
+    checkpoint, sessions, tmp_path, sub, flags, message, sessrec_main,
+):
     out = tmp_path / "recs.parquet"
     where = ["--data.predict_path", str(sessions), "--scoring.output", str(out)] if sub == "predict" else []
-    got = sessrec_main(monkeypatch, sub, *TINY, "--ckpt_path", str(checkpoint), *where, *flags)
+    got = sessrec_main(sub, *TINY, "--ckpt_path", str(checkpoint), *where, *flags)
     assert got.startswith(f"sessrec {sub}: error: ") and message.format(ckpt=checkpoint) in got
     assert not out.exists()
 
 
-def test_another_task_than_the_checkpoints_is_refused(monkeypatch, checkpoint):
-    got = sessrec_main(monkeypatch, "test", "--config", str(ROOT / "recipes" / "data" / "synthetic.yaml"), *DATA,
+def test_another_task_than_the_checkpoints_is_refused(checkpoint, sessrec_main):
+    got = sessrec_main("test", "--config", str(ROOT / "recipes" / "data" / "synthetic.yaml"), *DATA,
                        "--config", str(ROOT / "recipes" / "model" / "vsknn.yaml"), "--ckpt_path", str(checkpoint))
     assert "--model.class_path sessrec.tasks.BaselineTask differs from the checkpoint's sessrec.tasks.next_item.NextItemTask" in got
 
@@ -159,10 +147,12 @@ def test_the_training_config_passes_without_a_note(checkpoint, capsys, saved):
     (["--model.evaluation.ks", "[]"], "evaluation ks must be positive integer cut-offs, got []"),
 ])
 @pytest.mark.parametrize("sub", ["test", "predict"])
-def test_bad_evaluation_settings_are_refused(monkeypatch, checkpoint, sessions, tmp_path, sub, flags, message):
+def test_bad_evaluation_settings_are_refused(
+    checkpoint, sessions, tmp_path, sub, flags, message, sessrec_main,
+):
     out = tmp_path / "recs.parquet"
     where = ["--data.predict_path", str(sessions), "--scoring.output", str(out)] if sub == "predict" else []
-    got = sessrec_main(monkeypatch, sub, *TINY, "--ckpt_path", str(checkpoint), *where, *flags)
+    got = sessrec_main(sub, *TINY, "--ckpt_path", str(checkpoint), *where, *flags)
     assert got == f"sessrec {sub}: error: {message} (--traceback for details)"
     assert not out.exists()
 
@@ -174,16 +164,16 @@ def test_bad_evaluation_settings_are_refused(monkeypatch, checkpoint, sessions, 
     ("--model.scheduler", "--model.schedule.decay"), ("--model.schedule_seconds", "--model.schedule.seconds"),
     ("--model.init_args.top_k", "--model.evaluation.top_k"),
 ])
-def test_a_renamed_flag_names_the_new_key(monkeypatch, capsys, checkpoint, flag, new):
-    got = sessrec_main(monkeypatch, "test", *TINY, "--ckpt_path", str(checkpoint), flag, "5")
+def test_a_renamed_flag_names_the_new_key(capsys, checkpoint, flag, new, sessrec_main):
+    got = sessrec_main("test", *TINY, "--ckpt_path", str(checkpoint), flag, "5")
     assert got == f"sessrec test: error: {flag} was renamed: use {new} (--traceback for details)"
     assert "NestedArg" not in capsys.readouterr().err  # nothing of jsonargparse's printed before it
 
 
-def test_a_renamed_recipe_key_names_the_new_key(monkeypatch, capsys, tmp_path):
+def test_a_renamed_recipe_key_names_the_new_key(capsys, tmp_path, sessrec_main):
     recipe = tmp_path / "old.yaml"
     recipe.write_text("model:\n  exclude_seen: true\n  evaluation: {ks: [5]}\n")
-    got = sessrec_main(monkeypatch, "fit", *TINY, "--config", str(recipe))
+    got = sessrec_main("fit", *TINY, "--config", str(recipe))
     assert got == f"sessrec fit: error: {recipe}: model.exclude_seen was renamed: use model.evaluation.exclude_seen (--traceback for details)"
     assert capsys.readouterr().err == ""
 
@@ -252,11 +242,11 @@ def dlrm(tmp_path_factory) -> tuple[list[str], Path]:
     return flags, run / "runs" / "dlrm_trivago" / "checkpoints" / "best.ckpt"
 
 
-def test_dlrm_test_takes_ks_notes_lr_and_refuses_another_width(monkeypatch, capsys, dlrm):
+def test_dlrm_test_takes_ks_notes_lr_and_refuses_another_width(capsys, dlrm, sessrec_main):
     flags, ckpt = dlrm
     given = cli(["test", *flags, "--ckpt_path", str(ckpt), "--model.ks", "[2]", "--model.lr", "0.5"])
     assert given.model.hparams.ks == [2] and given.model.hparams.lr == 0.001
     assert sorted(k for k in given.trainer.callback_metrics if k.startswith("test/recall")) == ["test/recall@2"]
     assert "--model.lr 0.5 differs from the checkpoint's 0.001" in capsys.readouterr().err
-    got = sessrec_main(monkeypatch, "test", *flags, "--ckpt_path", str(ckpt), "--model.embedding_dim", "4")
+    got = sessrec_main("test", *flags, "--ckpt_path", str(ckpt), "--model.embedding_dim", "4")
     assert f"--model.embedding_dim 4 differs from the checkpoint's 8 ({ckpt}): the network" in got

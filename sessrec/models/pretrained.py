@@ -56,7 +56,13 @@ from sessrec.data.side import SideFeatures, SideFeatureTransform
 from sessrec.data.vocab import ItemVocab
 from sessrec.embeddings.dynamic import DynamicEmbeddingBag
 from sessrec.saved import versions
-from sessrec.saved.directory import describe, read_description, write_description
+from sessrec.saved.directory import (
+    check_vocabulary,
+    describe,
+    read_description,
+    vocabulary_record,
+    write_description,
+)
 from sessrec.saved.registry import ConfigError, config_of, resolve, split_config
 
 FORMAT, VERSION = "sessrec.model", 3
@@ -179,7 +185,7 @@ def write_model_directory(
     if vocab is None:
         raise ValueError("the model has no vocabulary to save: pass the vocabulary it was trained with")
     config = {"format": FORMAT, "version": VERSION, **sections,
-              "vocab": {"fingerprint": vocab.fingerprint(), "rows": vocab.to_table().num_rows}}
+              "vocab": vocabulary_record(vocab)}
     if side_transform is not None:
         config["side_features"] = config_of(side_features if side_features is not None else side_transform.config)["init_args"]
     tensors = {k: v.detach().cpu().contiguous().clone() for k, v in weights.items()}
@@ -222,7 +228,7 @@ def load_into(module: nn.Module, weights: dict[str, torch.Tensor], source: str) 
 def load_vocab(directory: Path, config: dict[str, Any], reader: type[ItemVocab | RankingVocab]) -> Vocab:
     """The directory's vocabulary, checked against the fingerprint its config records."""
     vocab = reader.load(directory / VOCAB)
-    check_vocab(vocab, config, directory / VOCAB)
+    check_vocabulary(vocab, config, directory / VOCAB)
     return vocab
 
 
@@ -257,16 +263,6 @@ def check_weights(module: nn.Module, weights: dict[str, torch.Tensor], source: s
         raise ValueError(
             f"{source} holds weights of another network: it {where} tensor {name!r} "
             f"({len(missing)} missing, {len(unexpected)} unexpected); use the recipe or model directory it was trained with"
-        )
-
-
-def check_vocab(vocab: Vocab, config: dict[str, Any], source: Path) -> None:
-    """Refuse a vocabulary other than the one the weights were trained with (by content, not by file)."""
-    recorded = (config.get("vocab") or {}).get("fingerprint")
-    if recorded is not None and vocab.fingerprint() != recorded:
-        raise ValueError(
-            f"{source}: is not the vocabulary this model was trained with ({vocab.to_table().num_rows} rows, fingerprint "
-            f"{vocab.fingerprint()[:19]}...; the model's: {config['vocab'].get('rows')} rows, {recorded[:19]}...)"
         )
 
 

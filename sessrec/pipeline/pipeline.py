@@ -47,7 +47,14 @@ from sessrec.pipeline.retrieval.session_model import SessionModelRetriever  # no
 from sessrec.pipeline.scoring import DLRMScorer, GBDTScorer, Scorer  # noqa: F401 - registered; pipeline.json names it
 from sessrec.saved import versions
 from sessrec.saved.atomic import digest
-from sessrec.saved.directory import describe, digest_of_parts, read_description, write_description
+from sessrec.saved.directory import (
+    check_vocabulary,
+    describe,
+    digest_of_parts,
+    read_description,
+    vocabulary_record,
+    write_description,
+)
 from sessrec.saved.registry import ConfigError, config_of, instantiate
 
 FORMAT, VERSION = "sessrec.pipeline", 3
@@ -204,7 +211,7 @@ class Pipeline:
                 spec["scorer"] = stage(self.scorer, "scorer")
             spec["ordering"] = stage(self.ordering, "ordering")
             self.vocab.save(tmp / "vocab.parquet")
-            spec["vocab"] = {"fingerprint": self.vocab.fingerprint(), "rows": len(self.vocab)}
+            spec["vocab"] = vocabulary_record(self.vocab)
             parts = [p.name for p in tmp.iterdir() if p.name != "pipeline.json"]
             write_description(tmp, "pipeline.json", describe(tmp, spec, parts))
 
@@ -226,9 +233,7 @@ class Pipeline:
             raise FileNotFoundError(f"{directory}: not a saved pipeline (no pipeline.json); run sessrec fit on a pipeline recipe")
         spec = read_description(directory, "pipeline.json", FORMAT, READABLE_VERSIONS)
         vocab = ItemVocab.load(directory / "vocab.parquet")
-        recorded = (spec.get("vocab") or {}).get("fingerprint")
-        if recorded is not None and vocab.fingerprint() != recorded:
-            raise ValueError(f"{directory / 'vocab.parquet'}: is not the vocabulary this pipeline was fitted with")
+        check_vocabulary(vocab, spec, directory / "vocab.parquet", what="pipeline")
         stages = _Stages(directory, spec["version"])
         retrievers = {}
         for i, r in enumerate(_entries(spec, "retrievers", stages.source)):

@@ -61,6 +61,24 @@ def read_description(folder: str | os.PathLike, name: str, format: str, versions
     return spec
 
 
+def vocabulary_record(vocab: Any) -> dict[str, Any]:
+    """What a description records of the vocabulary its weights were trained with: its content
+    fingerprint and its rows (any object with ``fingerprint()`` and ``to_table()``: `ParquetFile`)."""
+    return {"fingerprint": vocab.fingerprint(), "rows": vocab.to_table().num_rows}
+
+
+def check_vocabulary(vocab: Any, spec: dict[str, Any], source: Path, what: str = "model") -> None:
+    """Refuse a vocabulary other than the one `spec` records (by content, not by file); a description
+    that records none (an older format) is not checked."""
+    recorded = (spec.get("vocab") or {}).get("fingerprint")
+    found = vocab.fingerprint() if recorded is not None else None
+    if found is not None and found != recorded:
+        raise ValueError(
+            f"{source}: is not the vocabulary this {what} was trained with ({vocab.to_table().num_rows} rows, fingerprint "
+            f"{found[:19]}...; the {what}'s: {spec['vocab'].get('rows')} rows, {recorded[:19]}...)"
+        )
+
+
 def digest_of_parts(parts: dict[str, str]) -> str:
     """One ``sha256:<hex>`` for a set of named content hashes (order-free)."""
     h = hashlib.sha256()

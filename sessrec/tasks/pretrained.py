@@ -38,7 +38,6 @@ from sessrec.models.pretrained import (  # noqa: F401 - CONFIG ... READABLE_VERS
     VERSION,
     VOCAB,
     WEIGHTS,
-    check_vocab,
     check_weights,
     load_side,
     load_weights,
@@ -47,6 +46,7 @@ from sessrec.models.pretrained import (  # noqa: F401 - CONFIG ... READABLE_VERS
 )
 from sessrec.saved import versions
 from sessrec.saved.checkpoint import DATA_STATE_KEYS, parquet_state, read_checkpoint
+from sessrec.saved.directory import check_vocabulary
 from sessrec.saved.registry import (  # noqa: F401 - config_of: sessrec.deploy.retrain reads it from here
     ConfigError,
     class_path,
@@ -141,7 +141,7 @@ class Pretrained:
             task.vocab = RankingVocab.load(directory / VOCAB)
         else:
             task.vocab = ItemVocab.load(directory / VOCAB)
-        check_vocab(task.vocab, config, directory / VOCAB)
+        check_vocabulary(task.vocab, config, directory / VOCAB)
         task.side_transform, task.side_config = load_side(directory, config)
         return task.eval()
 

@@ -52,7 +52,7 @@ import pytorch_lightning as pl
 from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 
 from sessrec.cli import _config_paths, _recipe
-from sessrec.saved.checkpoint import data_state, read_checkpoint
+from sessrec.saved.checkpoint import checkpoint_summary, data_state
 from sessrec.tasks import LastCheckpoint, TopKWriter, VocabularyCheckpoint
 from sessrec.tasks.callbacks import find_features, find_vocab
 from sessrec.tasks.pretrained import GROUPED_TASKS, load_checkpoint, plain_hparams
@@ -94,10 +94,10 @@ class SessrecCLI(LightningCLI):
         ckpt = cfg.get("ckpt_path")
         if not ckpt:
             return
-        checkpoint = read_checkpoint(ckpt)
-        hparams = checkpoint.get("hyper_parameters") or {}
+        summary = checkpoint_summary(ckpt)  # read once: run() read it already for its data state
+        hparams = summary["hyper_parameters"]
         held = {k: v for k, v in hparams.items() if not str(k).startswith("_")}
-        trained = checkpoint.get("sessrec", {}).get("task") or hparams.get("_class_path")
+        trained = summary["sessrec"].get("task") or hparams.get("_class_path")
         if not held or not trained:
             return
         path = str(cfg.model.class_path)

@@ -51,23 +51,29 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def data_state(path: str | os.PathLike) -> dict[str, Any] | None:
-    """The data module state a checkpoint carries (vocabulary, feature transforms), or None.
+    """The data module state a checkpoint carries (vocabulary, feature transforms), or None."""
+    return checkpoint_summary(path)["data"]
 
-    Kept for the file as it is now (path, size, modification time): the CLI, the vocabulary and
-    the feature transforms all ask for it, and a checkpoint is read once for them all.
+
+def checkpoint_summary(path: str | os.PathLike) -> dict[str, Any]:
+    """What a checkpoint says of itself, without its weights and loop state: ``hyper_parameters``,
+    ``sessrec`` (the task's class and format) and ``data`` (`data_state`).
+
+    Kept for the file as it is now (path, size, modification time): the command line, the
+    vocabulary and the feature transforms all ask for it, and a checkpoint is read once for them all.
     """
     path = Path(path)
     stat = path.stat() if path.is_file() else None
-    return _data_state(str(path.resolve()), stat.st_size if stat else -1, stat.st_mtime_ns if stat else -1)
+    return _summary(str(path.resolve()), stat.st_size if stat else -1, stat.st_mtime_ns if stat else -1)
 
 
 @functools.lru_cache(maxsize=4)
-def _data_state(path: str, size: int, mtime_ns: int) -> dict[str, Any] | None:
+def _summary(path: str, size: int, mtime_ns: int) -> dict[str, Any]:
     checkpoint = read_checkpoint(path)
-    for key in DATA_STATE_KEYS:
-        if isinstance(checkpoint.get(key), dict) and checkpoint[key]:
-            return checkpoint[key]
-    return None
+    data = next((checkpoint[key] for key in DATA_STATE_KEYS if isinstance(checkpoint.get(key), dict) and checkpoint[key]),
+                None)
+    return {"hyper_parameters": checkpoint.get("hyper_parameters") or {}, "sessrec": checkpoint.get("sessrec") or {},
+            "data": data}
 
 
 def is_checkpoint(path: str | os.PathLike) -> bool:

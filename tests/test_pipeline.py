@@ -429,6 +429,13 @@ def test_cli_fit_test_recommend(
     recs = pq.read_table(out)
     assert recs.column("session_id").to_pylist() == ids
     assert all(len(items) == 5 for items in recs.column("item_ids").to_pylist())
+    at = tmp_path / "at.parquet"  # a request time for every session (no rule table here: the same lists)
+    sessrec(monkeypatch, "recommend", "--config", recipe, "--input", src, "--output", at, "--k", "5", "--now", "1700000000")
+    assert pq.read_table(at).equals(recs)
+    with pytest.raises(SystemExit) as exit:
+        sessrec(monkeypatch, "recommend", "--config", recipe, "--input", src, "--output", tmp_path / "ms.parquet",
+                "--now", "1700000000000")
+    assert str(exit.value.code).startswith("sessrec recommend: error: now 1700000000000 is not a time in seconds since")
 
 
 @pytest.mark.parametrize(

@@ -84,8 +84,8 @@ class Gate:
         self.release, self.entered = threading.Event(), threading.Event()
         self.calls: list[int] = []
 
-    def encode(self, sessions, on_unknown="oov"):
-        return self.inner.encode(sessions, on_unknown)
+    def encode(self, sessions, on_unknown="oov", now=None, times=None):
+        return self.inner.encode(sessions, on_unknown, now, times)
 
     def recommend_batch(self, sessions, k=20):
         self.calls.append(len(sessions))
@@ -359,8 +359,8 @@ class Broken:
     def __init__(self, inner: Pipeline, error: Exception) -> None:
         self.inner, self.vocab, self.error = inner, inner.vocab, error
 
-    def encode(self, sessions, on_unknown="oov"):
-        return self.inner.encode(sessions, on_unknown)
+    def encode(self, sessions, on_unknown="oov", now=None, times=None):
+        return self.inner.encode(sessions, on_unknown, now, times)
 
     def recommend_batch(self, sessions, k=20):
         raise self.error

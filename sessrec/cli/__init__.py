@@ -70,6 +70,9 @@ def pipeline_cli(args: list[str]) -> object:
         parser.add_argument("--k", type=int, default=20, help="recommendations per session")
         parser.add_argument("--batch_size", type=int, default=1024, help="sessions per batch (and per part file)")
         parser.add_argument("--overwrite", type=bool, default=False, help="replace an existing output")
+        parser.add_argument("--now", type=float | None, default=None,
+                            help="seconds since the epoch at which allow/deny windows hold, for every session "
+                                 "(default: each session's last event with a time column, else the time the run starts)")
     cfg = parser.parse_args(rest)
     recipe = parser.instantiate(cfg).pipeline
     if command == "fit":
@@ -78,7 +81,7 @@ def pipeline_cli(args: list[str]) -> object:
         return recipe.test()
     return recommend_file(
         recipe.output, cfg.input, cfg.output, k=cfg.k, batch_size=cfg.batch_size,
-        schema=recipe.data.predict_schema, overwrite=cfg.overwrite,
+        schema=recipe.data.predict_schema, overwrite=cfg.overwrite, now=cfg.now,
     )
 
 

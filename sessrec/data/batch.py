@@ -30,6 +30,8 @@ class SessionBatch:
         features: per-interaction side features by name, each (B, L) aligned with `items`
             (int64 ids for categorical features, 0 = padding; float32 for continuous ones,
             0 = padding or missing). None when the model uses no side information.
+        times: (B, L) float64 event times in seconds since the epoch aligned with `items`
+            (0 = padding), where the source has them and the reader was asked for them; else None.
     """
 
     items: torch.Tensor
@@ -37,12 +39,15 @@ class SessionBatch:
     index: torch.Tensor | None = None
     keys: pa.Array | None = None
     features: dict[str, torch.Tensor] | None = None
+    times: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.items.dim() != 2:
             raise ValueError(f"SessionBatch.items must be (B, L), got shape {tuple(self.items.shape)}")
         if self.targets is not None and self.targets.shape != self.items.shape[:1]:
             raise ValueError(f"targets shape {tuple(self.targets.shape)} does not match items {tuple(self.items.shape)}")
+        if self.times is not None and self.times.shape != self.items.shape:
+            raise ValueError(f"times shape {tuple(self.times.shape)} does not match items {tuple(self.items.shape)}")
         for name, value in (self.features or {}).items():
             if value.shape != self.items.shape:
                 raise ValueError(
@@ -60,9 +65,11 @@ class SessionBatch:
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "SessionBatch":
         move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)  # noqa: E731
         feats = None if self.features is None else {k: move(v) for k, v in self.features.items()}
-        return replace(self, items=move(self.items), targets=move(self.targets), index=move(self.index), features=feats)
+        return replace(self, items=move(self.items), targets=move(self.targets), index=move(self.index), features=feats,
+                       times=move(self.times))
 
     def pin_memory(self) -> "SessionBatch":
         pin = lambda t: None if t is None else t.pin_memory()  # noqa: E731
         feats = None if self.features is None else {k: pin(v) for k, v in self.features.items()}
-        return replace(self, items=pin(self.items), targets=pin(self.targets), index=pin(self.index), features=feats)
+        return replace(self, items=pin(self.items), targets=pin(self.targets), index=pin(self.index), features=feats,
+                       times=pin(self.times))

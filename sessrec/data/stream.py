@@ -8,6 +8,7 @@ Two input layouts are accepted:
 
 Either way the schema's ``timestamp`` column, when the file has it, orders the events of each
 session (a list column of times in the list layout); without it the file order is the time order.
+Asked for them (``times=True``), the batches carry those times in seconds (`SessionBatch.times`).
 
 A model trained with side features needs their columns in the file, under the names the
 recipe's ``side_features`` gives (per event, or as list columns beside ``item_id``), and a
@@ -56,9 +57,14 @@ class ScoringStream:
         side: fitted side-feature transforms of the model, if it uses side features.
         rank, world_size: this process's share in data-parallel scoring: every rank reads (and
             checks) the whole file and yields every `world_size`-th batch from batch `rank` on.
+        times: give each batch its sessions' event times (`SessionBatch.times`, seconds since the
+            epoch, right-aligned with the items, 0 on padding) when the file has the schema's
+            ``timestamp`` column (read from the file's header here); ``self.times`` then says
+            whether the batches carry them.
 
     Raises:
         SchemaError: (while iterating) on a bad row; the message names the file, column, row and value.
+            Asked for times, an unreadable header already here.
     """
 
     def __init__(
@@ -72,6 +78,7 @@ class ScoringStream:
         side: SideFeatureTransform | None = None,
         rank: int = 0,
         world_size: int = 1,
+        times: bool = False,
     ) -> None:
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"need world_size >= 1 and 0 <= rank < world_size, got rank {rank} of {world_size}")
@@ -91,10 +98,32 @@ class ScoringStream:
             )
         self.max_length, self.batch_size, self.chunk_rows = max_length, batch_size, chunk_rows
         self.num_sessions = self.num_items = self.num_unknown = 0
+        self.times = times and schema.timestamp is not None and schema.timestamp in self.columns()
 
     @property
     def _needs_times(self) -> bool:
-        return self.side is not None and bool(self.side.config.time)
+        return self.times or (self.side is not None and bool(self.side.config.time))
+
+    def columns(self) -> list[str]:
+        """The file's column names, read from its header (parquet schema, CSV first line)."""
+        try:
+            return list(pq.read_schema(self.path).names if _is_parquet(self.path) else self._csv().schema.names)
+        except (pa.ArrowInvalid, OSError) as err:
+            raise SchemaError(f"{self.path}: cannot be read: {err}") from err
+
+    def _csv(self) -> pacsv.CSVStreamingReader:
+        parse = pacsv.ParseOptions(delimiter=_sniff_delimiter(self.path))
+        convert = pacsv.ConvertOptions(
+            column_types={c: pa.string() for c in self.schema.id_columns} if self.schema.string_ids else {},
+            null_values=["", "NA", "null"],
+            strings_can_be_null=True,
+        )
+        return pacsv.open_csv(
+            self.path,
+            read_options=pacsv.ReadOptions(block_size=1 << 22),
+            parse_options=parse,
+            convert_options=convert,
+        )
 
     def _chunks(self) -> Iterator[tuple[pa.Table, int]]:
         """(rows, file row of the first one) chunk by chunk; raises when the file has no rows."""
@@ -103,18 +132,7 @@ class ScoringStream:
             if _is_parquet(self.path):
                 batches = pq.ParquetFile(self.path).iter_batches(batch_size=self.chunk_rows)
             else:
-                parse = pacsv.ParseOptions(delimiter=_sniff_delimiter(self.path))
-                convert = pacsv.ConvertOptions(
-                    column_types={c: pa.string() for c in self.schema.id_columns} if self.schema.string_ids else {},
-                    null_values=["", "NA", "null"],
-                    strings_can_be_null=True,
-                )
-                batches = pacsv.open_csv(
-                    self.path,
-                    read_options=pacsv.ReadOptions(block_size=1 << 22),
-                    parse_options=parse,
-                    convert_options=convert,
-                )
+                batches = self._csv()
             for rb in batches:
                 if rb.num_rows:
                     yield pa.Table.from_batches([rb]), first
@@ -130,10 +148,10 @@ class ScoringStream:
         if s.timestamp is None or s.timestamp in columns:
             return s
         if self._needs_times:
-            raise SchemaError(
-                f"{self.path}: column {s.timestamp!r} is missing; the model's side features {self.side.config.time} "
-                f"need event times (the file has columns {columns})"
-            )
+            why = "the event times were asked for"
+            if not self.times:
+                why = f"the model's side features {self.side.config.time} need event times"
+            raise SchemaError(f"{self.path}: column {s.timestamp!r} is missing; {why} (the file has columns {columns})")
         return replace(s, timestamp=None)
 
     def _sessions(self) -> Iterator[pa.Table]:
@@ -272,6 +290,7 @@ class ScoringStream:
             flat = {} if self.side is None else self.side.transform(sessions, str(self.path))
             feats = {k: torch.from_numpy(frame.pad_sessions(v, starts, ends, self.max_length)) for k, v in flat.items()}
             keys = sessions.column(frame.SESSION).combine_chunks()
+            stamps = self._times(sessions) if self.times else None
             for lo in range(0, sessions.num_rows, self.batch_size):
                 batch += 1
                 if batch % self.world_size != self.rank:
@@ -284,7 +303,20 @@ class ScoringStream:
                     index=torch.arange(lo, hi),
                     keys=keys.slice(lo, hi - lo),
                     features={k: v[lo:hi, -width:] for k, v in feats.items()} if self.side is not None else None,
+                    times=None if stamps is None else stamps[lo:hi, -width:],
                 )
+
+    def _times(self, sessions: pa.Table) -> torch.Tensor:
+        """(N, max_length) float64 event times of the sessions, right-aligned, 0 on padding."""
+        column = sessions.column(frame.TIMES)
+        if not _is_list(column.type):
+            raise SchemaError(
+                f"{self.path}: column {self.schema.timestamp!r} holds one value per session; give a list of event "
+                f"times per session, one per item of column {self.schema.item_id!r}"
+            )
+        values, offsets = frame.list_offsets(column)
+        seconds = values.to_numpy(zero_copy_only=False).astype(np.float64)
+        return torch.from_numpy(frame.pad_sessions(seconds, offsets[:-1], offsets[1:], self.max_length, np.float64))
 
 
 def _is_list(typ: pa.DataType) -> bool:

@@ -6,9 +6,11 @@
 ``SessionModel.from_pretrained`` without Lightning), and returns a `Recommender`. Its work comes
 in three steps, so that a server can check each request alone and score many at once:
 
-- ``encode(sessions, on_unknown)``: one request's raw ids -> `Sessions` of model ids; raises
-  ValueError / TypeError for what the request got wrong (an id the vocabulary cannot read, an
-  unknown id under ``on_unknown="error"``, an empty session);
+- ``encode(sessions, on_unknown, now, times)``: one request's raw ids -> `Sessions` of model ids,
+  with the request's time (``now``, seconds since the epoch; None: the clock at the call) and its
+  sessions' event times (``times``, or None); raises ValueError / TypeError for what the request
+  got wrong (an id the vocabulary cannot read, an unknown id under ``on_unknown="error"``, an empty
+  session, an implausible time, no times for a ranker fitted with time features);
 - ``recommend_batch(sessions, k)``: the top-`k` model ids and scores of encoded sessions, those of
   several requests joined by `join_sessions`;
 - ``decode(recommendations)``: per session ``{"item_ids": [...], "scores": [...]}`` in raw ids.
@@ -30,6 +32,7 @@ import torch.nn.functional as F
 from sessrec.data.vocab import ItemVocab
 from sessrec.models.pretrained import Inference
 from sessrec.models.session_model import SessionModel, next_item_scores
+from sessrec.pipeline import clock
 from sessrec.pipeline.candidates import Recommendations, Sessions
 from sessrec.pipeline.pipeline import Pipeline, decode_dicts, encode_raw
 from sessrec.saved.versions import resolve
@@ -40,7 +43,13 @@ class Recommender(Protocol):
 
     vocab: ItemVocab
 
-    def encode(self, sessions: Sequence[Sequence[Any]], on_unknown: str = "oov") -> Sessions: ...
+    def encode(
+        self,
+        sessions: Sequence[Sequence[Any]],
+        on_unknown: str = "oov",
+        now: float | Sequence[float] | None = None,
+        times: Sequence[Sequence[float]] | None = None,
+    ) -> Sessions: ...
 
     def recommend_batch(self, sessions: Sessions, k: int = 20) -> Recommendations: ...
 
@@ -77,9 +86,21 @@ class SessionRecommender:
     def from_pretrained(cls, directory: str | os.PathLike) -> SessionRecommender:
         return cls(SessionModel.from_pretrained(directory))
 
-    def encode(self, sessions: Sequence[Sequence[Any]], on_unknown: str = "oov") -> Sessions:
-        """Raw-id sessions -> `Sessions` of right-aligned model ids (the last `max_length` events)."""
-        return Sessions(encode_raw(self.vocab, sessions, self.max_length, on_unknown))
+    def encode(
+        self,
+        sessions: Sequence[Sequence[Any]],
+        on_unknown: str = "oov",
+        now: float | Sequence[float] | None = None,
+        times: Sequence[Sequence[float]] | None = None,
+    ) -> Sessions:
+        """Raw-id sessions -> `Sessions` of right-aligned model ids (the last `max_length` events).
+
+        The request time (`now`; None: the clock at the call) and the event times (`times`) are
+        checked and kept as `Pipeline.encode` keeps them; the session model reads neither.
+        """
+        items = encode_raw(self.vocab, sessions, self.max_length, on_unknown)
+        stamps = None if times is None else clock.event_times(times, [len(s) for s in sessions], items.shape[1])
+        return Sessions(items, times=stamps, now=clock.request_now(now, len(sessions)))
 
     @torch.no_grad()
     def recommend_batch(self, sessions: Sessions, k: int = 20) -> Recommendations:
@@ -104,20 +125,31 @@ class SessionRecommender:
 def join_sessions(parts: Sequence[Sessions]) -> Sessions:
     """The encoded sessions of several requests as one batch, in order.
 
-    Each part's ``items`` (and ``history``, its whole-session ids, where one part has it) is
-    left-padded to the widest part: the ids stay right-aligned and padding is id 0, which every
-    stage ignores. Request sessions carry no event times, so parts with ``times`` or ``now`` are refused.
+    Each part's ``items`` (and ``history``, its whole-session ids, where one part has it; ``times``,
+    its event times, where every part has them) is left-padded to the widest part: the ids stay
+    right-aligned and padding is id 0 (time 0), which every stage ignores. Each session keeps its
+    request time (``now``). Event times given by only some of the requests are dropped: a ranker
+    that reads them refuses a request without them when it is encoded, so only a stage that does
+    not read them sees such a batch.
+
+    Raises:
+        ValueError: some parts have a request time and others none (a part built by hand without
+            one: every ``encode`` sets it).
     """
     if not parts:
         raise ValueError("join_sessions needs at least one part")
-    if any(p.times is not None or p.now is not None for p in parts):
-        raise ValueError("join_sessions joins sessions of item ids only; these carry event times")
+    timed = [p.now is not None for p in parts]
+    if any(timed) and not all(timed):
+        raise ValueError("join_sessions: some parts have a request time (now) and others none; encode every request")
     if len(parts) == 1:
         return parts[0]
     items = _left_pad_cat([p.items for p in parts])
-    if all(p.history is None for p in parts):
-        return Sessions(items)
-    return Sessions(items, history=_left_pad_cat([p.items if p.history is None else p.history for p in parts]))
+    times = _left_pad_cat([p.times for p in parts]) if all(p.times is not None for p in parts) else None
+    now = torch.cat([p.now for p in parts]) if all(timed) else None
+    history = None
+    if any(p.history is not None for p in parts):
+        history = _left_pad_cat([p.items if p.history is None else p.history for p in parts])
+    return Sessions(items, times=times, now=now, history=history)
 
 
 def _left_pad_cat(tensors: list[torch.Tensor]) -> torch.Tensor:

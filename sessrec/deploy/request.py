@@ -8,14 +8,16 @@ fails with its own 4xx and costs nothing to the requests scored with it. Every r
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from sessrec.deploy.recommender import Recommender
 from sessrec.pipeline.candidates import Sessions
+from sessrec.pipeline.clock import check_seconds
 
 OnUnknown = Literal["oov", "error"]
-_FIELDS = {"session", "sessions", "k", "on_unknown"}
+_FIELDS = {"session", "sessions", "k", "on_unknown", "now", "times"}
 _INT64_MAX = 2**63 - 1
 
 
@@ -51,11 +53,22 @@ class RequestError(Exception):
 
 @dataclass
 class Query:
-    """One parsed request: its sessions and settings."""
+    """One parsed request: its sessions and settings.
+
+    Args:
+        sessions: each session's raw item ids, oldest first.
+        k: recommendations per session.
+        on_unknown: what an unknown id becomes.
+        now: the request's ``now`` (seconds since the epoch), or None when it gave none (its
+            arrival time then, `prepare`).
+        times: per session its events' times in seconds, aligned with its item ids, or None.
+    """
 
     sessions: list[list[Any]]
     k: int = 20
     on_unknown: OnUnknown = "oov"
+    now: float | None = None
+    times: list[list[Any]] | None = None
 
 
 def parse_request(body: bytes, limits: Limits) -> Query:
@@ -86,7 +99,36 @@ def parse_request(body: bytes, limits: Limits) -> Query:
     on_unknown = payload.get("on_unknown", "oov")
     if on_unknown not in ("oov", "error"):
         raise RequestError(422, f'"on_unknown" must be "oov" or "error", got {on_unknown!r}')
-    return Query(sessions, k, on_unknown)
+    return Query(sessions, k, on_unknown, _now(payload), _times(payload))
+
+
+def _now(payload: dict[str, Any]) -> float | None:
+    """The request's ``now``: a number of seconds since the epoch, or None when absent."""
+    if "now" not in payload:
+        return None
+    now = payload["now"]
+    if isinstance(now, bool) or not isinstance(now, (int, float)):
+        raise RequestError(422, f'"now" must be a number of seconds since the epoch, got {now!r}')
+    try:
+        return float(check_seconds(now, '"now"'))
+    except (ValueError, OverflowError) as err:
+        raise RequestError(422, str(err)) from None
+
+
+def _times(payload: dict[str, Any]) -> list[list[Any]] | None:
+    """The request's ``times``: one list of event times per session (one list for ``"session"``)."""
+    if "times" not in payload:
+        return None
+    times = payload["times"]
+    if "session" in payload:
+        if not isinstance(times, list):
+            raise RequestError(
+                422, f'"times" must be a list of event times (seconds) for "session", got {type(times).__name__}'
+            )
+        return [times]
+    if not isinstance(times, list) or not all(isinstance(t, list) for t in times):
+        raise RequestError(422, '"times" must be a list with, per session, a list of its events\' times in seconds')
+    return times
 
 
 def _check_session(row: int, session: Any, limits: Limits) -> None:
@@ -110,14 +152,25 @@ def _check_session(row: int, session: Any, limits: Limits) -> None:
             raise RequestError(422, f"session {row}: item id {bad} does not fit in a 64-bit integer")
 
 
-def prepare(body: bytes, recommender: Recommender, limits: Limits) -> tuple[Query, Sessions]:
+def prepare(
+    body: bytes, recommender: Recommender, limits: Limits, arrival: float | None = None
+) -> tuple[Query, Sessions]:
     """Parse, check and encode one request alone: its `Query` and its encoded sessions.
 
+    Args:
+        body: the request's body.
+        recommender: the model whose vocabulary encodes it.
+        limits: the bounds on one request.
+        arrival: when the request arrived (seconds since the epoch), its time when it gives no
+            ``now``; None: the clock now.
+
     Raises `RequestError` (4xx) for what the request got wrong, the encoder's ValueError and
-    TypeError included (an unknown id under ``on_unknown="error"``, an id the vocabulary cannot read).
+    TypeError included (an unknown id under ``on_unknown="error"``, an id the vocabulary cannot read,
+    event times that do not fit their sessions, no ``times`` for a ranker fitted with time features).
     """
     query = parse_request(body, limits)
+    now = query.now if query.now is not None else (arrival if arrival is not None else time.time())
     try:
-        return query, recommender.encode(query.sessions, query.on_unknown)
+        return query, recommender.encode(query.sessions, query.on_unknown, now=now, times=query.times)
     except (ValueError, TypeError) as err:
         raise RequestError(422, str(err)) from None

@@ -2,7 +2,10 @@
 
 Routes:
     ``POST /recommend``: ``{"sessions": [[id, ...], ...], "k": 20, "on_unknown": "oov"}`` (or one
-        ``{"session": [...]}``) -> ``{"recommendations": [{"item_ids": [...], "scores": [...]}, ...]}``.
+        ``{"session": [...]}``), optionally with ``"now"`` (the request's time in seconds since the
+        epoch, at which allow/deny windows hold; default: its arrival) and ``"times"`` (each
+        session's event times in seconds, a list per session, for the ranker's time features)
+        -> ``{"recommendations": [{"item_ids": [...], "scores": [...]}, ...]}``.
     ``GET /health``: the model served (kind, version) and the last reload error; 503 while shutting down.
     ``GET /metadata``: the limits, the overload settings and the batching counters.
     ``GET /metrics``: Prometheus text (requests by route and status, latency, sessions per model
@@ -49,6 +52,7 @@ import gc
 import logging
 import os
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -418,13 +422,14 @@ def build_app(
     async def prometheus_metrics() -> Response:
         return Response(metrics.text(), media_type=prom.CONTENT_TYPE_LATEST)
 
-    async def answer(request: Request, deadline: float) -> Response:
+    async def answer(request: Request, deadline: float, arrival: float) -> Response:
         body = await _read_body(request, limits.max_request_bytes)
         current = holder.current
         if len(body) <= INLINE_PARSE_BYTES:
-            query, sessions = prepare(body, current.recommender, limits)
+            query, sessions = prepare(body, current.recommender, limits, arrival)
         else:
-            parse = asyncio.get_running_loop().run_in_executor(parsers[0], prepare, body, current.recommender, limits)
+            parse = asyncio.get_running_loop().run_in_executor(
+                parsers[0], prepare, body, current.recommender, limits, arrival)
             query, sessions = await parse
         if batcher.queued_sessions + len(sessions) > overload.max_queued_sessions:
             metrics.shed.labels("queued_sessions_full").inc()
@@ -434,9 +439,10 @@ def build_app(
         return Response(payload, media_type="application/json")
 
     async def recommend(request: Request) -> Response:  # admitted by `AdmissionGate`
+        arrival = time.time()  # the request's time when it gives no "now"
         try:
             deadline = asyncio.get_running_loop().time() + deadline_s
-            return await _within(answer(request, deadline), deadline_s)
+            return await _within(answer(request, deadline, arrival), deadline_s)
         except RequestError as err:
             return _error(err.status, err.message)
         except asyncio.TimeoutError:

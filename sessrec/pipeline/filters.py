@@ -270,7 +270,9 @@ class ItemTableFilter(RawItemRule):
     timestamp/date columns); a null bound is open-ended. A row holds at the request time t when
     ``valid_from <= t < valid_to``; an item may have several rows (several windows). With
     ``mode="allow"`` only items with a row holding at t survive; with ``"deny"`` those items are
-    removed. t is ``sessions.now``; when it is None every row holds.
+    removed. t is ``sessions.now``, which `Pipeline.recommend`, the server and ``sessrec recommend``
+    always set (`sessrec.pipeline.clock`); a caller that builds `Sessions` without one chooses no
+    time, and then every row holds.
 
     The table is read when the filter is bound (or by `read`), once; `bind` encodes it,
     `state_dict` gives the encoded rows.

@@ -5,6 +5,11 @@ asks every retriever for its top-K, merges them (`merge`), applies the filters, 
 features, scores and orders. ``sessrec recommend`` calls the same `recommend_batch` over chunks
 of a file that `recommend` calls for one request.
 
+Every request has a time (``now``, `sessrec.pipeline.clock`): the validity windows of the allow and
+deny tables are applied at it. `recommend` takes it from the caller or from the wall clock at the
+call; per-event ``times`` fill `Sessions.times` for the ranker's time features, and a ranker fitted
+with time features refuses sessions without them.
+
 Saved as one directory (`save_pretrained` / `from_pretrained`): ``pipeline.json``,
 ``vocab.parquet`` and one ``.safetensors`` file per stage. Every stage is described by its
 constructor config (``config``: ``{"class_path", "init_args"}``, `sessrec.saved.registry.config_of`)
@@ -26,6 +31,7 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +42,7 @@ import torch.nn.functional as F
 
 from sessrec.data import frame
 from sessrec.data.vocab import NUM_SPECIAL, ItemVocab
+from sessrec.pipeline import clock
 from sessrec.pipeline.candidates import Candidates, Recommendations, Sessions, merge
 from sessrec.pipeline.features import CandidateFeatures
 from sessrec.pipeline.filters import ItemTableFilter, NonProductFilter, SeenItemsFilter
@@ -139,8 +146,23 @@ class Pipeline:
             name, (first, _) = next(iter(self.retrievers.items()))
             scores = first.score(sessions, cands.items).float()
         else:
+            if self.time_features and sessions.times is None:
+                raise ValueError(self.missing_times("Sessions.times"))
+            if not self.time_features and sessions.times is not None:
+                sessions = replace(sessions, times=None)  # a ranker fitted without times reads none
             scores = self.scorer.score(self.features.transform(sessions, cands, self.stage_retrievers))
         return Candidates(cands.items, cands.features, scores.masked_fill(~cands.valid, float("-inf")))
+
+    @property
+    def time_features(self) -> list[str]:
+        """The ranker's features that need each session's event times (``session_duration``, the
+        ``time_*`` hour and weekday); [] when it reads none, or without a ranker."""
+        return clock.time_features(self.features.names) if self.scorer is not None else []
+
+    def missing_times(self, field: str) -> str:
+        """The one-line refusal of sessions without event times, naming the `field` that gives them."""
+        shown = ", ".join(self.time_features)
+        return f"the pipeline's ranker was fitted with time features ({shown}): give every session's event times ({field})"
 
     @torch.no_grad()
     def recommend_batch(self, sessions: Sessions, k: int = 20) -> Recommendations:
@@ -148,20 +170,62 @@ class Pipeline:
         cands = self.score(sessions, self.candidates(sessions))
         return self.ordering.order(sessions, cands, k)
 
-    def wrap(self, items: torch.Tensor) -> Sessions:
+    def wrap(self, items: torch.Tensor, times: torch.Tensor | None = None, now: torch.Tensor | None = None) -> Sessions:
         """`Sessions` of right-aligned model ids of any width: the stages see the last `max_length`
-        columns (left-padded to it), the filters of everything seen up to `history_length`."""
+        columns (left-padded to it), the filters of everything seen up to `history_length`.
+
+        Args:
+            items: (B, W) right-aligned model ids.
+            times: (B, W) event times in seconds aligned with `items` (0 on padding), or None.
+            now: (B,) request times in seconds. None: each session's last event time when `times`
+                is given, else no time, so that every row of an allow/deny table holds: the
+                caller's choice; `encode`, `recommend` and ``sessrec recommend`` always give one.
+        """
         items = items.long()
         width = items.shape[1]
-        window = items[:, -self.max_length :] if width >= self.max_length else F.pad(items, (self.max_length - width, 0))
-        return Sessions(window, history=items[:, -self.history_length :] if width > self.max_length else None)
 
-    def encode(self, sessions: Sequence[Sequence[Any]], on_unknown: str = "oov") -> Sessions:
-        """Raw-id sessions -> `Sessions` (right-aligned, the last `max_length` events)."""
-        return self.wrap(encode_raw(self.vocab, sessions, self.history_length, on_unknown))
+        def window(t: torch.Tensor) -> torch.Tensor:
+            return t[:, -self.max_length :] if width >= self.max_length else F.pad(t, (self.max_length - width, 0))
+
+        if times is not None and times.shape != items.shape:
+            raise ValueError(f"times has shape {tuple(times.shape)}, items {tuple(items.shape)}: give one time per item")
+        return Sessions(window(items), times=None if times is None else window(times.double()), now=now,
+                        history=items[:, -self.history_length :] if width > self.max_length else None)
+
+    def encode(
+        self,
+        sessions: Sequence[Sequence[Any]],
+        on_unknown: str = "oov",
+        now: float | Sequence[float] | None = None,
+        times: Sequence[Sequence[float]] | None = None,
+    ) -> Sessions:
+        """Raw-id sessions -> `Sessions` (right-aligned, the last `max_length` events), with their times.
+
+        Args:
+            sessions: each session's raw item ids, oldest first.
+            on_unknown: ``oov`` or ``error`` (see `recommend`).
+            now: the request time in seconds since the epoch, one for all sessions or one per
+                session; None: the wall clock at the call (``time.time()``).
+            times: per session its events' times in seconds, aligned with its item ids; None: unknown.
+
+        Raises:
+            ValueError: an empty session, an unknown id under ``on_unknown="error"``, an implausible
+                time (NaN, negative, after the year 3000: milliseconds), or no `times` for a ranker
+                fitted with time features.
+        """
+        items = encode_raw(self.vocab, sessions, self.history_length, on_unknown)
+        stamps = None if times is None else clock.event_times(times, [len(s) for s in sessions], items.shape[1])
+        if stamps is None and self.time_features:
+            raise ValueError(self.missing_times("times: per session a list of seconds since the epoch, one per item id"))
+        return self.wrap(items, stamps, clock.request_now(now, len(sessions)))
 
     def recommend(
-        self, sessions: Sequence[Sequence[Any]], k: int = 20, on_unknown: str = "oov"
+        self,
+        sessions: Sequence[Sequence[Any]],
+        k: int = 20,
+        on_unknown: str = "oov",
+        now: float | Sequence[float] | None = None,
+        times: Sequence[Sequence[float]] | None = None,
     ) -> list[dict[str, list]]:
         """Recommend for raw-id sessions (one request): per session ``{"item_ids": [...], "scores": [...]}``.
 
@@ -169,12 +233,21 @@ class Pipeline:
             sessions: each session's raw item ids, oldest first.
             k: recommendations per session.
             on_unknown: ``oov`` scores unknown ids as the out-of-vocabulary item; ``error`` refuses them.
+            now: when the request is served, in seconds since the epoch (one for all sessions, or
+                one per session): the allow/deny tables' validity windows hold at it. None: the
+                wall clock at the call (``time.time()``); give the time to replay a past request.
+            times: per session its events' times in seconds since the epoch, oldest first, one
+                per item id: they feed the ranker's time features (hour and weekday of the last
+                event, session duration), and a ranker fitted with them refuses a request without.
+
+        Raises:
+            ValueError: see `encode`.
         """
         if isinstance(sessions, (str, bytes)) or not isinstance(sessions, Sequence):
             raise TypeError("recommend takes a list of sessions, each a list of raw item ids")
         if not sessions:
             return []
-        recs = self.recommend_batch(self.encode(sessions, on_unknown), k)
+        recs = self.recommend_batch(self.encode(sessions, on_unknown, now, times), k)
         return self.decode(recs)
 
     def decode_lists(self, recs: Recommendations) -> tuple[pa.ListArray, pa.ListArray]:

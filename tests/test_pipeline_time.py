@@ -1,0 +1,373 @@
+"""Time through the pipeline: validity windows opening and closing at the request time, event times.
+
+A hand-built world: raw ids 10..70; co-visitation fitted on sessions ``[10, x]``, ``[10, 20]`` once,
+``[10, 30]`` twice ... ``[10, 70]`` six times, so the session ``[10]`` is recommended
+70, 60, 50, 40, 30, 20 (the pair counts, best first). Two rule tables, valid in [T0, T1):
+
+- deny: 70 and 50 in [T0, T1); 40 from T1 on (it closes as the first window opens);
+- allow: 60 always; 40 in [T0, T1).
+
+The same four request times go through `Pipeline.recommend` (``now``), the server (the request's
+``now``) and `recommend_file` (the time column: each session's last event).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import types
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+import pytest
+import torch
+from fastapi.testclient import TestClient
+
+from sessrec.data.schema import Schema, SchemaError
+from sessrec.data.stream import ScoringStream
+from sessrec.data.vocab import ItemVocab
+from sessrec.deploy import server
+from sessrec.deploy.recommender import join_sessions
+from sessrec.deploy.server import build_app
+from sessrec.pipeline import batch, clock
+from sessrec.pipeline.batch import recommend_file
+from sessrec.pipeline.candidates import Sessions
+from sessrec.pipeline.features import CandidateFeatures
+from sessrec.pipeline.filters import ItemTableFilter
+from sessrec.pipeline.pipeline import Pipeline
+from sessrec.pipeline.retrieval.covisitation import CoVisitation
+
+torch.set_num_threads(1)
+T0, T1 = 1_700_000_000.0, 1_700_086_400.0  # a day's window [T0, T1)
+SESSION = [10]
+BASE = [70, 60, 50, 40, 30, 20]  # the session's recommendations without rules
+NOWS = (T0 - 1, T0, T1 - 1, T1)
+EXPECTED = {  # request time -> the recommendations (k = 4), by hand from the tables above
+    "deny": {T0 - 1: [70, 60, 50, 40], T0: [60, 40, 30, 20], T1 - 1: [60, 40, 30, 20], T1: [70, 60, 50, 30]},
+    "allow": {T0 - 1: [60], T0: [60, 40], T1 - 1: [60, 40], T1: [60]},
+}
+K = 4
+
+
+@pytest.fixture(scope="module")
+def vocab() -> ItemVocab:
+    return ItemVocab(pa.array([10, 20, 30, 40, 50, 60, 70]), np.array([21, 6, 5, 4, 3, 2, 1]))
+
+
+def table(path: Path, **columns: list) -> str:
+    pq.write_table(pa.table(columns), path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def rules(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ItemTableFilter]:
+    folder = tmp_path_factory.mktemp("rules")
+    deny = table(folder / "deny.parquet", item_id=[70, 50, 40], valid_from=pa.array([T0, T0, T1]),
+                 valid_to=pa.array([T1, T1, None], pa.float64()))
+    allow = table(folder / "allow.parquet", item_id=[60, 40], valid_from=pa.array([None, T0], pa.float64()),
+                  valid_to=pa.array([None, T1], pa.float64()))
+    return {"deny": ItemTableFilter(deny, mode="deny"), "allow": ItemTableFilter(allow, mode="allow")}
+
+
+def build(vocab: ItemVocab, filters=()) -> Pipeline:
+    pairs = [[10, other] for n, other in enumerate([20, 30, 40, 50, 60, 70], start=1) for _ in range(n)]
+    train = torch.from_numpy(vocab.encode(pa.array(np.ravel(pairs))).ids.reshape(-1, 2))
+    covisitation = CoVisitation().fit(train, len(vocab))
+    return Pipeline(vocab, {"covisitation": (covisitation, 10)}, max_length=4, history_length=8, max_candidates=10,
+                    filters=filters)
+
+
+@pytest.fixture(scope="module")
+def pipes(vocab: ItemVocab, rules: dict[str, ItemTableFilter]) -> dict[str, Pipeline]:
+    return {"plain": build(vocab), **{mode: build(vocab, [rule]) for mode, rule in rules.items()}}
+
+
+def ids(recs: list[dict]) -> list[list]:
+    return [r["item_ids"] for r in recs]
+
+
+def at_clock(monkeypatch: pytest.MonkeyPatch, module, seconds: float) -> None:
+    """Make `module`'s clock read `seconds`."""
+    monkeypatch.setattr(module, "time", types.SimpleNamespace(time=lambda: seconds))
+
+
+def with_time_features(pipe: Pipeline) -> Pipeline:
+    """`pipe` as if its ranker had been fitted with time features (the refusals come before any scoring)."""
+    features = CandidateFeatures()
+    features.names = ["covisitation_score", "session_duration", "time_hour_cos", "time_hour_sin"]
+    return Pipeline(pipe.vocab, pipe.retrievers, pipe.max_length, pipe.max_candidates, pipe.history_length,
+                    pipe.filters[1:], features, scorer=object())
+
+
+# -------------------------------------------------------------------------------- Pipeline.recommend
+def test_without_rules_the_session_gets_its_pair_counts_in_order(pipes) -> None:
+    assert ids(pipes["plain"].recommend([SESSION], k=10)) == [BASE]
+
+
+@pytest.mark.parametrize("mode", ["deny", "allow"])
+@pytest.mark.parametrize("now", NOWS)
+def test_recommend_applies_the_windows_at_now(pipes, mode: str, now: float) -> None:
+    assert ids(pipes[mode].recommend([SESSION], k=K, now=now)) == [EXPECTED[mode][now]]
+
+
+@pytest.mark.parametrize("mode", ["deny", "allow"])
+def test_recommend_takes_one_now_per_session(pipes, mode: str) -> None:
+    recs = pipes[mode].recommend([SESSION] * 4, k=K, now=list(NOWS))
+    assert ids(recs) == [EXPECTED[mode][now] for now in NOWS]
+
+
+def test_recommend_defaults_to_the_wall_clock(pipes, monkeypatch: pytest.MonkeyPatch) -> None:
+    at_clock(monkeypatch, clock, T0)
+    assert ids(pipes["deny"].recommend([SESSION], k=K)) == [EXPECTED["deny"][T0]]
+    assert pipes["deny"].encode([SESSION]).now.tolist() == [T0]
+    at_clock(monkeypatch, clock, T1)
+    assert ids(pipes["deny"].recommend([SESSION], k=K)) == [EXPECTED["deny"][T1]]
+    # event times do not move the request time: the clock's, unless given
+    assert pipes["deny"].encode([SESSION], times=[[T0 - 5]]).now.tolist() == [T1]
+
+
+def test_times_fill_the_sessions_right_aligned_as_the_items(pipes) -> None:
+    pipe = pipes["plain"]
+    sessions = [[10, 20, 30], [10, 20, 30, 40, 50, 60]]  # 3 events; 6 (the stages see the last 4)
+    times = [[100, 200, 300.5], [1, 2, 3, 4, 5, 6]]
+    encoded = pipe.encode(sessions, now=T0, times=times)
+    assert encoded.times.dtype == torch.float64
+    assert encoded.times.tolist() == [[0, 100, 200, 300.5], [3, 4, 5, 6]]
+    assert encoded.items[0, 0] == 0 and (encoded.items[1] != 0).all()  # padding where the times are 0
+    assert encoded.now.tolist() == [T0, T0]
+    assert encoded.history.shape == (2, 6)
+    # a ranker fitted without time features reads none: times change nothing
+    assert pipe.recommend(sessions, k=K, now=T0, times=times) == pipe.recommend(sessions, k=K, now=T0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"now": float("nan")}, ValueError, "now nan is not a time in seconds since the epoch: not a number"),
+        ({"now": -1}, ValueError, r"now -1 is not a time in seconds since the epoch: before 1970 \(negative\)"),
+        ({"now": 1_700_000_000_000}, ValueError, r"now 1700000000000 is not .* after the year 3000 \(milliseconds\?"),
+        ({"now": [T0, T0, T0]}, ValueError, "now holds 3 times for 2 sessions"),
+        ({"now": "today"}, TypeError, "now must be seconds since the epoch"),
+        ({"times": [[1.0], [1.0]]}, ValueError, "times of session 1 has 1 values for its 2 item ids"),
+        ({"times": [[1.0]]}, ValueError, "times has 1 lists for 2 sessions"),
+        ({"times": [[1.0], [5.0, 4.0]]}, ValueError, r"times of session 1 go back at position 1 \(4 after 5\)"),
+        ({"times": [[1.0], [5.0, 1.7e12]]}, ValueError, "session 1's event time 1700000000000 is not a time .* year 3000"),
+        ({"times": [[1.0], [5.0, "6"]]}, TypeError, "times of session 1 must be numbers .* got '6'"),
+    ],
+)
+def test_implausible_times_are_refused_in_one_line(pipes, kwargs: dict, error: type, message: str) -> None:
+    with pytest.raises(error, match=message):
+        pipes["deny"].recommend([[10], [10, 20]], k=K, **kwargs)
+
+
+def test_a_ranker_with_time_features_refuses_sessions_without_times(pipes) -> None:
+    pipe = with_time_features(pipes["plain"])
+    assert pipe.time_features == ["session_duration", "time_hour_cos", "time_hour_sin"]
+    with pytest.raises(ValueError, match=r"fitted with time features \(session_duration, time_hour_cos, time_hour_sin\): "
+                                         r"give every session's event times \(times: "):
+        pipe.recommend([SESSION], k=K, now=T0)
+    assert pipe.encode([SESSION], now=T0, times=[[T0 - 60]]).times.tolist() == [[0, 0, 0, T0 - 60]]
+    with pytest.raises(ValueError, match=r"give every session's event times \(Sessions.times\)"):
+        pipe.score(Sessions(torch.tensor([[2]]), now=torch.tensor([T0], dtype=torch.float64)), pipe.candidates(
+            Sessions(torch.tensor([[2]]))))
+    assert pipes["plain"].time_features == []  # no ranker
+
+
+def test_join_sessions_keeps_each_requests_now_and_the_times_all_of_them_gave(pipes) -> None:
+    pipe = pipes["plain"]
+    timed = pipe.encode([[10, 20]], now=T0, times=[[1.0, 2.0]])
+    untimed = pipe.encode([[30]], now=T1)
+    both = join_sessions([timed, pipe.encode([[40]], now=T1 - 1, times=[[3.0]])])
+    assert both.now.tolist() == [T0, T1 - 1]
+    assert both.times.tolist() == [[0, 0, 1, 2], [0, 0, 0, 3]]
+    mixed = join_sessions([timed, untimed])
+    assert mixed.now.tolist() == [T0, T1] and mixed.times is None
+    with pytest.raises(ValueError, match="some parts have a request time"):
+        join_sessions([timed, Sessions(torch.tensor([[2]]))])
+
+
+# ------------------------------------------------------------------------------------------ server
+@pytest.mark.parametrize("mode", ["deny", "allow"])
+def test_the_server_applies_the_windows_at_the_requests_now(pipes, mode: str) -> None:
+    with TestClient(build_app(pipes[mode], max_wait_ms=1.0)) as client:
+        for now in NOWS:
+            reply = client.post("/recommend", json={"session": SESSION, "k": K, "now": now})
+            assert reply.status_code == 200, reply.text
+            assert ids(reply.json()["recommendations"]) == [EXPECTED[mode][now]]
+        both = client.post("/recommend", json={"sessions": [SESSION, [10, 20]], "k": K, "now": int(T0),
+                                               "times": [[T0 - 9], [T0 - 9, T0 - 1]]})
+        assert ids(both.json()["recommendations"])[0] == EXPECTED[mode][T0]
+
+
+def test_the_server_serves_a_request_without_now_at_its_arrival(pipes, monkeypatch: pytest.MonkeyPatch) -> None:
+    with TestClient(build_app(pipes["deny"], max_wait_ms=1.0)) as client:
+        for now in (T0 - 1, T0, T1):
+            at_clock(monkeypatch, server, now)
+            reply = client.post("/recommend", json={"session": SESSION, "k": K})
+            assert ids(reply.json()["recommendations"]) == [EXPECTED["deny"][now]]
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"session": SESSION, "now": "today"}, "\"now\" must be a number of seconds since the epoch, got 'today'"),
+        ({"session": SESSION, "now": True}, "\"now\" must be a number of seconds since the epoch, got True"),
+        ({"session": SESSION, "now": -5}, "\"now\" -5 is not a time in seconds since the epoch: before 1970"),
+        ({"session": SESSION, "now": 1_700_000_000_000}, r"\"now\" 1700000000000 is not a time .*year 3000 \(milliseconds"),
+        ({"session": SESSION, "now": 10**400}, r"\"now\" 100000000000\.\.\. \(401 digits\) is not a time"),
+        ({"session": SESSION, "times": 5}, "\"times\" must be a list of event times"),
+        ({"session": [10, 20], "times": [T0]}, "times of session 0 has 1 values for its 2 item ids"),
+        ({"sessions": [SESSION], "times": [T0]}, "\"times\" must be a list with, per session, a list"),
+        ({"sessions": [SESSION, SESSION], "times": [[T0]]}, "times has 1 lists for 2 sessions"),
+        ({"session": [10, 20], "times": [T0, T0 - 1]}, "times of session 0 go back at position 1"),
+        ({"session": SESSION, "times": [1_700_000_000_000]}, "session 0's event time 1700000000000 is not a time"),
+        ({"session": SESSION, "when": T0}, r"unknown field\(s\) \['when'\]; the fields are \[.*'now'.*'times'\]"),
+    ],
+)
+def test_bad_times_in_a_request_get_422_naming_the_field(pipes, body: dict, message: str) -> None:
+    with TestClient(build_app(pipes["deny"], max_wait_ms=1.0)) as client:
+        reply = client.post("/recommend", content=json.dumps(body))
+    assert reply.status_code == 422
+    assert len(reply.json()["error"].splitlines()) == 1
+    assert re.search(message, reply.json()["error"]), reply.json()["error"]
+
+
+def test_the_server_refuses_a_request_without_times_for_a_ranker_that_reads_them(pipes) -> None:
+    with TestClient(build_app(with_time_features(pipes["plain"]), max_wait_ms=1.0)) as client:
+        reply = client.post("/recommend", json={"session": SESSION, "now": T0})
+    assert reply.status_code == 422
+    assert "fitted with time features (session_duration, time_hour_cos, time_hour_sin)" in reply.json()["error"]
+    assert "event times (times:" in reply.json()["error"]
+
+
+# ----------------------------------------------------------------------------------- recommend_file
+def write_sessions(path: Path, last_times: list[float], layout: str, unit: float = 1.0) -> None:
+    """One copy of the session ``[10, 10]`` (recommended as ``[10]``) per time, session ids 1, 2, ...,
+    its events at t - 30 and t (times `unit`): a list column, rows of events, or no time column."""
+    sid = list(range(1, len(last_times) + 1))
+    items = [[10, 10] for _ in last_times]
+    times = [[(t - 30) * unit, t * unit] for t in last_times]
+    if layout == "lists":
+        pq.write_table(pa.table({"session_id": sid, "item_id": items, "timestamp": times}), path)
+    elif layout == "events":
+        rows = [(s, i, t) for s, its, ts in zip(sid, items, times) for i, t in zip(its, ts)]
+        pacsv.write_csv(pa.table(dict(zip(["session_id", "item_id", "timestamp"], map(list, zip(*rows))))), path)
+    else:
+        pq.write_table(pa.table({"session_id": sid, "item_id": items}), path)
+
+
+def recommended(path: Path) -> list[list]:
+    return pq.read_table(path).column("item_ids").to_pylist()
+
+
+@pytest.mark.parametrize("layout", ["lists", "events"])
+@pytest.mark.parametrize("mode", ["deny", "allow"])
+def test_recommend_file_applies_the_windows_at_each_sessions_last_event(
+    pipes, tmp_path: Path, layout: str, mode: str
+) -> None:
+    src = tmp_path / ("sessions.parquet" if layout == "lists" else "events.csv")
+    write_sessions(src, list(NOWS), layout)
+    counts = recommend_file(pipes[mode], src, tmp_path / "recs.parquet", k=K, batch_size=3)
+    assert counts["now"] is None  # each session at its last event
+    assert recommended(tmp_path / "recs.parquet") == [EXPECTED[mode][now] for now in NOWS]
+    # a `now` given serves every session at it, event times or not
+    counts = recommend_file(pipes[mode], src, tmp_path / "at_t0.parquet", k=K, now=T0)
+    assert recommended(tmp_path / "at_t0.parquet") == [EXPECTED[mode][T0]] * 4
+
+
+def test_scoring_stream_gives_event_times_right_aligned_in_time_order(vocab: ItemVocab, tmp_path: Path) -> None:
+    src = tmp_path / "events.csv"  # each session's events newest first in the file
+    pacsv.write_csv(pa.table({"session_id": [1, 1, 2], "item_id": [10, 20, 30], "timestamp": [T0, T0 - 30, T1]}), src)
+    batches = list(ScoringStream(src, vocab, Schema(), max_length=3, batch_size=8, times=True))
+    assert [b.times.tolist() for b in batches] == [[[T0 - 30, T0]], [[T1]]]  # the last session: a batch of its own
+    model_id = dict(zip([10, 20, 30], vocab.encode(pa.array([10, 20, 30])).ids.tolist()))
+    assert [b.items.tolist() for b in batches] == [[[model_id[20], model_id[10]]], [[model_id[30]]]]
+    lists = tmp_path / "lists.parquet"
+    pq.write_table(pa.table({"session_id": [1, 2], "item_id": [[10, 20], [30]], "timestamp": [[T0, T0 - 30], [T1]]}),
+                   lists)
+    (one,) = ScoringStream(lists, vocab, Schema(), max_length=3, batch_size=8, times=True)
+    assert one.times.tolist() == [[T0 - 30, T0], [0, T1]]
+    assert one.items.tolist() == [[model_id[20], model_id[10]], [0, model_id[30]]]
+    assert ScoringStream(src, vocab, Schema(timestamp=None), times=True).times is False
+    assert next(iter(ScoringStream(src, vocab, Schema()))).times is None  # not asked for
+
+
+def test_recommend_file_reads_the_time_unit_and_refuses_milliseconds_read_as_seconds(pipes, tmp_path: Path) -> None:
+    src = tmp_path / "ms.parquet"
+    write_sessions(src, list(NOWS), "lists", unit=1000.0)
+    with pytest.raises(ValueError, match=r"ms.parquet: column 'timestamp': session 1 has the time \d+ s, after the "
+                                         r"year 3000; set the schema's time_unit \(now 's'\)"):
+        recommend_file(pipes["deny"], src, tmp_path / "recs.parquet", k=K)
+    recommend_file(pipes["deny"], src, tmp_path / "recs.parquet", k=K, schema=Schema(time_unit="ms"))
+    assert recommended(tmp_path / "recs.parquet") == [EXPECTED["deny"][now] for now in NOWS]
+
+
+def test_recommend_file_without_a_time_column_serves_at_one_now(pipes, tmp_path: Path) -> None:
+    src = tmp_path / "sessions.parquet"
+    write_sessions(src, list(NOWS), "none")
+    for now in NOWS:
+        counts = recommend_file(pipes["deny"], src, tmp_path / "recs.parquet", k=K, now=now, overwrite=True)
+        assert counts["now"] == now
+        assert recommended(tmp_path / "recs.parquet") == [EXPECTED["deny"][now]] * 4
+    with pytest.raises(ValueError, match=r"now 1700000000000 is not a time in seconds .*year 3000"):
+        recommend_file(pipes["deny"], src, tmp_path / "ms.parquet", now=1_700_000_000_000)
+
+
+def kill_after_one_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    real, calls = Pipeline.recommend_batch, []
+
+    def killed(self, sessions, k=20):
+        if calls:
+            raise RuntimeError("killed")
+        calls.append(len(sessions))
+        return real(self, sessions, k)
+
+    monkeypatch.setattr(Pipeline, "recommend_batch", killed)
+
+
+def test_a_resumed_run_serves_at_the_time_the_run_started_and_another_now_starts_over(
+    pipes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    src, out = tmp_path / "sessions.parquet", tmp_path / "recs.parquet"
+    write_sessions(src, list(NOWS), "none")
+    pipe = pipes["deny"]
+    monkeypatch.setattr(pipe, "content_hash", "sha256:test", raising=False)  # as if loaded: its parts may be resumed
+    with monkeypatch.context() as patch:
+        at_clock(patch, batch, T0)  # the run starts inside the window
+        kill_after_one_batch(patch)
+        with pytest.raises(RuntimeError, match="killed"):
+            recommend_file(pipe, src, out, k=K, batch_size=2)
+    manifest = json.loads((tmp_path / "recs.parquet.parts" / "manifest.json").read_text())
+    assert manifest["now"] == T0
+    at_clock(monkeypatch, batch, T1)  # resumed after the window closed: still served at T0
+    counts = recommend_file(pipe, src, out, k=K, batch_size=2)
+    assert (counts["batches_written"], counts["batches_resumed"], counts["now"]) == (1, 1, T0)
+    assert recommended(out) == [EXPECTED["deny"][T0]] * 4
+    with monkeypatch.context() as patch:
+        kill_after_one_batch(patch)
+        with pytest.raises(RuntimeError, match="killed"):
+            recommend_file(pipe, src, out, k=K, batch_size=2, overwrite=True, now=T0)
+    counts = recommend_file(pipe, src, out, k=K, batch_size=2, overwrite=True, now=T1)  # another now
+    assert (counts["batches_written"], counts["batches_resumed"]) == (2, 0)
+    assert "starting over" in capsys.readouterr().out
+    assert recommended(out) == [EXPECTED["deny"][T1]] * 4
+
+
+def test_recommend_file_refuses_an_input_without_times_for_a_ranker_that_reads_them(pipes, tmp_path: Path) -> None:
+    src = tmp_path / "sessions.parquet"
+    write_sessions(src, [T0], "none")
+    with pytest.raises(ValueError, match=r"sessions.parquet: the pipeline's ranker was fitted with time features "
+                                         r"\(session_duration, .*\): give every session's event times \(column "
+                                         r"'timestamp'\); the file has columns \['session_id', 'item_id'\]"):
+        recommend_file(with_time_features(pipes["plain"]), src, tmp_path / "recs.parquet", k=K)
+    assert not (tmp_path / "recs.parquet").exists() and not (tmp_path / "recs.parquet.parts").exists()
+
+
+def test_a_list_of_one_time_per_session_is_refused(vocab: ItemVocab, tmp_path: Path) -> None:
+    src = tmp_path / "sessions.parquet"
+    pq.write_table(pa.table({"session_id": [1], "item_id": [[20, 10]], "timestamp": [T0]}), src)
+    with pytest.raises(SchemaError, match="column 'timestamp' holds one value per session; give a list of event times"):
+        list(ScoringStream(src, vocab, Schema(), times=True))

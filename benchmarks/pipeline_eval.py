@@ -114,7 +114,7 @@ def main() -> None:
     dm, batch = recipe.data, recipe.batch_size
     test = dm.tensors("test")
     valid = recipe.ranker_data()
-    log(f"{args.dataset}: {len(valid[0])} validation pairs (ranker), {len(test[0])} test pairs; built in {build_seconds:.0f} s")
+    log(f"{args.dataset}: {len(valid)} validation pairs (ranker), {len(test[0])} test pairs; built in {build_seconds:.0f} s")
 
     ks = [int(k) for k in args.recall_ks.split(",")]
     ceilings = retrieval_recall(pipe, *test, ks, batch_size=256)
@@ -126,13 +126,13 @@ def main() -> None:
               "seconds": time.perf_counter() - start, **extra})
 
     start = time.perf_counter()
-    data = candidate_rows(pipe, *valid, batch)
+    data = candidate_rows(pipe, valid, batch)
     candidates_seconds = time.perf_counter() - start
-    log(f"ranker rows: {tuple(data.labels.shape)}, coverage {data.coverage:.4f}, {candidates_seconds:.0f} s")
+    log(f"ranker rows: {tuple(data.valid.shape)}, coverage {data.coverage:.4f}, {candidates_seconds:.0f} s")
     start = time.perf_counter()
-    test_rows = candidate_rows(pipe, *test, batch)
+    test_rows = candidate_rows(pipe, dm.pairs("test"), batch)
     test_seconds = time.perf_counter() - start
-    log(f"test rows: {tuple(test_rows.labels.shape)}, coverage {test_rows.coverage:.4f}, {test_seconds:.0f} s")
+    log(f"test rows: {tuple(test_rows.valid.shape)}, coverage {test_rows.coverage:.4f}, {test_seconds:.0f} s")
 
     default = recipe.scorer
     runs = [("gbdt", GBDTScorer()), ("dlrm", DLRMScorer())]
@@ -153,8 +153,8 @@ def main() -> None:
             smaller = Pipeline(pipe.vocab, rest, pipe.max_length, pipe.max_candidates, pipe.history_length, pipe.filters[1:],
                                CandidateFeatures(groups=full_features.groups), None, pipe.ordering)
             smaller.features.popularity = full_features.popularity
-            part = candidate_rows(smaller, *valid, batch)
-            metrics = scored(smaller, part, make(), candidate_rows(smaller, *test, batch))
+            part = candidate_rows(smaller, valid, batch)
+            metrics = scored(smaller, part, make(), candidate_rows(smaller, dm.pairs("test"), batch))
             emit({"system": f"pipeline-without-retriever-{name}", "dataset": args.dataset, "scorer": args.ablation_scorer,
                   **metrics, "seconds": time.perf_counter() - start})
     if "features" in ablations:

@@ -59,8 +59,7 @@ def build(args: argparse.Namespace) -> tuple[Pipeline, SessionDataModule]:
     }
     features = CandidateFeatures().fit_statistics(train, dm.num_items)
     pipe = Pipeline(dm.vocab, retrievers, max_length=20, max_candidates=200, features=features)
-    items, targets = dm.tensors("valid")
-    fit_ranker(pipe, items[:2000], targets[:2000], DLRMScorer(max_epochs=1))
+    fit_ranker(pipe, dm.pairs("valid").take(slice(0, 2000)), DLRMScorer(max_epochs=1))
     return pipe, dm
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -26,12 +26,12 @@ import yaml
 
 from sessrec.baselines import VSKNN
 from sessrec.cli import main
-from sessrec.data import ItemVocab, SchemaError, SessionDataModule, SyntheticSource
+from sessrec.data import EvalPairs, ItemVocab, SchemaError, SessionDataModule, SyntheticSource
 from sessrec.models import XLNetEncoder
 from sessrec.pipeline import training
 from sessrec.pipeline.batch import recommend_file
 from sessrec.pipeline.candidates import Candidates, Sessions
-from sessrec.pipeline.features import CandidateFeatures
+from sessrec.pipeline.features import GROUPS, CandidateFeatures
 from sessrec.pipeline.filters import ItemTableFilter, SeenItemsFilter
 from sessrec.pipeline.ordering import BoostRule, DiversityCap, Ordering, SoftmaxSampling
 from sessrec.pipeline.pipeline import Pipeline
@@ -66,7 +66,7 @@ class World:
     checkpoint: Path  # with vocab.parquet beside it
     retrievers: dict  # name -> (retriever, K), fitted on the training split
     pipelines: dict[str, Pipeline]  # "gbdt" / "dlrm" -> a pipeline whose ranker is fitted
-    ranker_pairs: dict[str, tuple[torch.Tensor, torch.Tensor]]  # what each ranker's fit received
+    ranker_pairs: dict[str, EvalPairs]  # what each ranker's fit received
     built_while_fitting: set[str]  # the data module's splits with tensors once the rankers were fitted
     sessions: list[list[int]]  # raw-id sessions of the test split (requests)
 
@@ -90,7 +90,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
         "vsknn": (vsknn, 30),
         "covisitation": (CoVisitation().fit(_time_ordered(train, dm), dm.num_items), 30),
     }
-    items, targets = dm.tensors("valid")
+    valid = replace(dm.pairs("valid"), times=None)  # the requests of these tests carry no times
     pipelines, pairs = {}, {}
     real_rows = training.candidate_rows
     with pytest.MonkeyPatch.context() as patch:  # record the pairs that reach the ranker's features
@@ -98,12 +98,12 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
             features = CandidateFeatures().fit_statistics(_time_ordered(train, dm), dm.num_items)
             pipe = Pipeline(dm.vocab, retrievers, max_length=MAX_LENGTH, max_candidates=50, features=features)
 
-            def rows(pipe, items, targets, batch_size=512, name=name):
-                pairs[name] = (items.clone(), targets.clone())
-                return real_rows(pipe, items, targets, batch_size)
+            def rows(pipe, given, batch_size=512, name=name):
+                pairs[name] = given
+                return real_rows(pipe, given, batch_size)
 
             patch.setattr(training, "candidate_rows", rows)
-            training.fit_ranker(pipe, items, targets, scorer)
+            training.fit_ranker(pipe, valid, scorer)
             pipelines[name] = pipe
     built = set(dm._tensors)
     sessions = dm.splits.test.column("item_id").to_pylist()[:60]
@@ -136,8 +136,8 @@ def test_ranker_fits_on_validation_pairs_only(world: World) -> None:
     dm = world.dm
     assert world.built_while_fitting == {"train", "valid"}  # the test split was never even encoded
     valid_items, valid_targets = dm.tensors("valid")
-    for items, targets in world.ranker_pairs.values():
-        assert torch.equal(items, valid_items) and torch.equal(targets, valid_targets)
+    for given in world.ranker_pairs.values():
+        assert torch.equal(given.items, valid_items) and torch.equal(given.targets, valid_targets)
     # 'last' protocol: pair i is validation session i without its last event, which is the target
     valid = dm.splits.valid
     last = pa.array([s[-1] for s in valid.column("item_id").to_pylist()])
@@ -147,7 +147,7 @@ def test_ranker_fits_on_validation_pairs_only(world: World) -> None:
     assert len(ranker_sessions) == len(valid_items) and ranker_sessions.isdisjoint(test_sessions)
     # by content: short sessions of popular items ([3, 3]) recur on both days, longer ones do not
     test_pairs = {p for p in pairs_of(*dm.tensors("test")) if len(set(p) - {0}) >= 3}
-    assert len(test_pairs) >= 90 and test_pairs.isdisjoint(pairs_of(*world.ranker_pairs["gbdt"]))
+    assert len(test_pairs) >= 90 and test_pairs.isdisjoint(pairs_of(world.ranker_pairs["gbdt"].items, world.ranker_pairs["gbdt"].targets))
 
 
 def test_recipe_fit_reads_train_and_valid_only(
@@ -155,17 +155,22 @@ def test_recipe_fit_reads_train_and_valid_only(
 ) -> None:
     dm = world.dm
     requested, ranked = [], []
-    real_tensors, real_fit = dm.tensors, training.fit_ranker
+    real_tensors, real_pairs, real_fit = dm.tensors, dm.pairs, training.fit_ranker
 
     def tensors(split):
         requested.append(split)
         return real_tensors(split)
 
-    def fit_ranker(pipe, items, targets, scorer, batch_size=512):
-        ranked.append(items)
-        return real_fit(pipe, items, targets, scorer, batch_size)
+    def pairs(split, protocol=None):
+        requested.append(split)
+        return real_pairs(split, protocol)
+
+    def fit_ranker(pipe, pairs, scorer, batch_size=512):
+        ranked.append(pairs.items)
+        return real_fit(pipe, pairs, scorer, batch_size)
 
     monkeypatch.setattr(dm, "tensors", tensors)
+    monkeypatch.setattr(dm, "pairs", pairs)
     monkeypatch.setattr("sessrec.pipeline.recipe.fit_ranker", fit_ranker)
     model = ModelRetrieval(str(world.recipe), str(world.checkpoint), k=30, index="hnsw")
     recipe = small_recipe(world, tmp_path, models={"xlnet": model})
@@ -277,7 +282,7 @@ def test_recommend_takes_and_returns_raw_ids(world: World, scorer: str) -> None:
         assert set(rec["item_ids"]) <= known
         assert rec["scores"] == sorted(rec["scores"], reverse=True) and all(map(math.isfinite, rec["scores"]))
     # the synthetic transitions are learnable: the ranked lists find most next items of the test day
-    metrics = training.evaluate(pipe, *world.dm.tensors("test"), ks=(10,))
+    metrics = training.evaluate(pipe, world.dm.pairs("test"), ks=(10,))  # times given, no time features: ignored
     assert 0.6 < metrics["recall@10"] <= metrics["candidate_recall"] <= 1.0
     assert 0.2 < metrics["mrr@10"] < metrics["recall@10"]
 
@@ -415,7 +420,8 @@ def sessrec(monkeypatch: pytest.MonkeyPatch, *args: str) -> None:
 def test_cli_fit_test_recommend(
     world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
-    recipe, output = write_recipe(world, tmp_path)
+    untimed = {"groups": [g for g in GROUPS if g != "time"]}  # the requests file below has no time column
+    recipe, output = write_recipe(world, tmp_path, features=untimed)
     sessrec(monkeypatch, "fit", "--config", recipe)
     assert (output / "pipeline.json").exists()
     sessrec(monkeypatch, "test", "--config", recipe)
@@ -534,13 +540,36 @@ def test_seen_filter_and_diversity_cap_through_the_pipeline(world: World, tmp_pa
 def test_evaluate_rows_equals_evaluate(world: World, name: str) -> None:
     """Ranking prepared test rows gives exactly the metrics of the end-to-end evaluation."""
     pipe = world.pipelines[name]
-    items, targets = world.dm.tensors("test")
-    direct = training.evaluate(pipe, items, targets, (5, 10), batch_size=64)
-    prepared = training.evaluate_rows(pipe, training.candidate_rows(pipe, items, targets, 64), (5, 10), batch_size=48)
+    pairs = world.dm.pairs("test")
+    direct = training.evaluate(pipe, pairs, (5, 10), batch_size=64)
+    prepared = training.evaluate_rows(pipe, training.candidate_rows(pipe, pairs, 64), (5, 10), batch_size=48)
     assert prepared.keys() == direct.keys()
     for key, value in direct.items():
         assert prepared[key] == pytest.approx(value, abs=1e-9), key
     assert 0 < direct["recall@10"] <= direct["candidate_recall"] <= 1
+
+
+@pytest.mark.parametrize("name", ["gbdt", "dlrm"])
+def test_metrics_do_not_depend_on_the_order_or_the_batching_of_the_test_pairs(world: World, name: str) -> None:
+    """Shuffled test pairs and other batch sizes give the same metrics, end to end and on prepared rows
+    (up to the order in which the per-batch sums are added)."""
+    pipe = world.pipelines[name]
+    pairs = world.dm.pairs("test")
+    shuffled = pairs.take(torch.randperm(len(pairs), generator=torch.Generator().manual_seed(0)))
+    assert not torch.equal(shuffled.targets, pairs.targets)
+    base = training.evaluate(pipe, pairs, (5, 10), batch_size=64)
+    runs = {
+        "shuffled": training.evaluate(pipe, shuffled, (5, 10), batch_size=64),
+        "batch 7": training.evaluate(pipe, pairs, (5, 10), batch_size=7),
+        "batch all": training.evaluate(pipe, shuffled, (5, 10), batch_size=len(pairs)),
+        "rows shuffled": training.evaluate_rows(pipe, training.candidate_rows(pipe, shuffled, 33), (5, 10), batch_size=11),
+        "rows batch all": training.evaluate_rows(pipe, training.candidate_rows(pipe, pairs, 13), (5, 10), batch_size=len(pairs)),
+    }
+    for run, metrics in runs.items():
+        assert metrics.keys() == base.keys(), run
+        for key, value in base.items():
+            assert metrics[key] == pytest.approx(value, rel=1e-12, abs=1e-12), (run, key)
+    assert 0 < base["mrr@10"] < base["recall@10"]
 
 
 def test_recommend_casts_id_strings_and_refuses_mixed_ids(world: World) -> None:

@@ -22,6 +22,7 @@ from sessrec.data.features import (
 )
 from sessrec.data.jagged import SparseFeatures
 from sessrec.data.loader import SessionLoader
+from sessrec.data.pairs import EvalPairs
 from sessrec.data.ranking import RankingBatch, RankingVocab
 from sessrec.data.readers import read_events, read_srgnn, read_user_sequences
 from sessrec.data.schema import FeatureSpec, Schema, SchemaError
@@ -57,6 +58,7 @@ __all__ = [
     "ClickoutDataModule",
     "CountEncoding",
     "CyclicTime",
+    "EvalPairs",
     "EventLogSource",
     "FeaturePipeline",
     "FeatureSpec",

@@ -20,6 +20,7 @@ from sessrec.data import frame
 from sessrec.data.batch import ITEM_DTYPE
 from sessrec.saved.checkpoint import as_tensors, is_checkpoint, parquet_state, saved_state
 from sessrec.data.loader import SessionLoader, ranks_of
+from sessrec.data.pairs import EvalPairs
 from sessrec.data.schema import Schema
 from sessrec.data.side import SideFeatures, SideFeatureTransform, SideInfoSpec, read_item_vectors, transforms_state
 from sessrec.data.sources import SessionSource, SessionSplits, SyntheticSource
@@ -111,6 +112,8 @@ class SessionDataModule(pl.LightningDataModule):
         self._item_vectors: dict[str, np.ndarray] | None = None
         self._tensors: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
         self._features: dict[str, dict[str, torch.Tensor]] = {}
+        self._pair_index: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._pairs: dict[tuple[str, str], EvalPairs] = {}
         self.stats: dict[str, int] = {}
         self.scoring_stream: ScoringStream | None = None
 
@@ -261,9 +264,8 @@ class SessionDataModule(pl.LightningDataModule):
             pad = lambda values, dtype=None: frame.pad_sessions(values, starts, ends, self.max_length, dtype)
             self._tensors[split] = (torch.from_numpy(pad(ids, ITEM_DTYPE)), None)
         else:
-            targetable = frame.target_flags(getattr(self.splits, split), virtual)
-            session, target_at = frame.expand_prefixes(offsets, self.eval_protocol, targetable)
-            pad = lambda values, dtype=None: frame.pad_sessions(values, offsets[:-1][session], target_at, self.max_length, dtype)
+            session, starts, target_at = self._pair_index[split] = self._expand(split, self.eval_protocol, offsets, virtual)
+            pad = lambda values, dtype=None: frame.pad_sessions(values, starts, target_at, self.max_length, dtype)
             self._tensors[split] = (torch.from_numpy(pad(ids, ITEM_DTYPE)), torch.from_numpy(ids[target_at]))
             self.stats[f"{split}_pairs"] = len(target_at)
         feats = {}
@@ -273,6 +275,48 @@ class SessionDataModule(pl.LightningDataModule):
                 padded[:, -1] = 0  # the last input event's look-ahead value would tell about the target
             feats[name] = torch.from_numpy(padded)
         self._features[split] = feats
+
+    def _expand(
+        self, split: str, protocol: str, offsets: np.ndarray, virtual: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(session (P,), prefix start (P,), target index (P,)) of a split's pairs under `protocol`;
+        the prefix of a pair is the events ``[start, target)`` of the flat event array."""
+        targetable = frame.target_flags(getattr(self.splits, split), virtual)
+        session, target_at = frame.expand_prefixes(offsets, protocol, targetable)
+        return session.astype(np.int64), offsets[:-1][session], target_at
+
+    def pairs(self, split: str, protocol: Protocol | None = None) -> EvalPairs:
+        """The (prefix, target) pairs of an evaluation split with the session and event times of each.
+
+        Args:
+            split: ``valid`` or ``test``.
+            protocol: ``last`` or ``all_prefixes``; None: `eval_protocol`, whose items and targets
+                are those of `tensors` (the same tensors).
+
+        Returns:
+            `EvalPairs` whose ``sessions`` index the split's sessions (rows of ``splits.<split>``) and
+            whose ``times`` are the events' timestamps padded like the items (float64 seconds, 0 on
+            padding), or None when the split's sessions carry no ``timestamp`` column.
+        """
+        if split not in ("valid", "test"):
+            raise ValueError(f"pairs are cut from the evaluation splits 'valid' and 'test', got {split!r}")
+        protocol = self.eval_protocol if protocol is None else protocol
+        if protocol not in ("last", "all_prefixes"):
+            raise ValueError(f"protocol must be 'last' or 'all_prefixes', got {protocol!r}")
+        if (split, protocol) not in self._pairs:
+            items, targets = self.tensors(split)  # validates the split once
+            if protocol == self.eval_protocol:
+                session, starts, ends = self._pair_index[split]
+            else:
+                ids, offsets, virtual = self._encode(split)
+                session, starts, ends = self._expand(split, protocol, offsets, virtual)
+                items = torch.from_numpy(frame.pad_sessions(ids, starts, ends, self.max_length, ITEM_DTYPE))
+                targets = torch.from_numpy(ids[ends])
+            times = frame.event_times(getattr(self.splits, split))
+            if times is not None:
+                times = torch.from_numpy(frame.pad_sessions(times, starts, ends, self.max_length, np.float64))
+            self._pairs[split, protocol] = EvalPairs(items, targets, torch.from_numpy(session), times)
+        return self._pairs[split, protocol]
 
     def setup(self, stage: str | None = None) -> None:
         wanted = {"fit": ["train", "valid"], "validate": ["valid"], "test": ["test"], None: ["train", "valid", "test"]}

@@ -169,6 +169,17 @@ def end_times(sessions: pa.Table) -> np.ndarray | None:
     return values.to_numpy(zero_copy_only=False)[offsets[1:] - 1]
 
 
+def event_times(sessions: pa.Table) -> np.ndarray | None:
+    """(E,) float64 time of every event, flat in session order (as `list_offsets` of ``item_id``),
+    or None when the sessions carry no timestamps."""
+    if TIMES not in sessions.column_names:
+        return None
+    values, _ = list_offsets(sessions.column(TIMES))
+    if values.null_count:
+        raise ValueError(f"the sessions' {TIMES!r} column has {values.null_count} missing event times")
+    return values.to_numpy(zero_copy_only=False).astype(np.float64)
+
+
 def last_times(sessions: pa.Table) -> np.ndarray:
     values, offsets = list_offsets(sessions.column(TIMES))
     flat = values.to_numpy(zero_copy_only=False)

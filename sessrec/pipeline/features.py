@@ -11,17 +11,23 @@ Groups (each can be switched off, for ablations):
   its distance from the end) (0 if absent), whether it is the last item;
 - ``covisitation``: co-visitation weight of the candidate with the last item and with the last
   three items (needs a `CoVisitation` retriever);
-- ``context``: session length, distinct items, duration; hour and weekday of the last event
-  (`CyclicTime`) when the sessions carry times;
-- ``encodings``: out-of-fold target encoding of the candidate item (`TargetEncoding`, folds by
-  session) and its count among the ranker's candidate rows (`CountEncoding`);
+- ``context``: session length and the share of distinct items;
+- ``time``: the session's duration (needs the event times, `Sessions.times`) and the hour and
+  weekday of its time (`CyclicTime` of `Sessions.now`, which defaults to the last event's time),
+  built when the ranker's rows carry times; a ranker fitted with them refuses sessions without;
+- ``encodings``: out-of-fold target encoding of the candidate item (`TargetEncoding`, folded by
+  the session each row was cut from, so that the prefixes of one session share a fold) and its
+  count among the ranker's candidate rows (`CountEncoding`);
 - ``ids``: sparse ids for the DLRM tables: the candidate, the last item, and their hashed cross
   (`HashedCross`).
 
 The feature-engineering ops are fitted on the ranker's training rows only (`fit`) and saved with
 the pipeline: the constructor arguments are the config (`Configurable`), the training counts,
 the fitted ops (with their config: which ops exist depends on the data) and the feature names
-are the state (`state_dict`). Shape letters: B sessions, L positions, K candidates, F dense features.
+are the state (`state_dict`). Raw columns and labels are given either as (B, K) grids or as (M,)
+columns over the filled slots only (row-major, M = ``candidates.valid.sum()``), the compact form
+the ranker's rows are kept in. Shape letters: B sessions, L positions, K candidates, F dense
+features, M filled slots.
 """
 
 from __future__ import annotations
@@ -39,7 +45,8 @@ from sessrec.pipeline.candidates import Candidates, Sessions
 from sessrec.pipeline.retrieval.base import Retriever
 from sessrec.saved.registry import Configurable, instantiate
 
-GROUPS = ("retrievers", "popularity", "session", "covisitation", "context", "encodings", "ids")
+GROUPS = ("retrievers", "popularity", "session", "covisitation", "context", "time", "encodings", "ids")
+DURATION = "session_duration"  # the raw column that needs the event times
 
 
 def group_of(column: str) -> str:
@@ -50,6 +57,8 @@ def group_of(column: str) -> str:
         return "session"
     if column.startswith("covis_"):
         return "covisitation"
+    if column == DURATION:
+        return "time"
     if column.startswith("session_"):
         return "context"
     return "retrievers"  # <name>_score, <name>_rrank, sources
@@ -57,12 +66,25 @@ def group_of(column: str) -> str:
 
 @dataclass
 class RankingInputs:
-    """What a scorer reads: dense (B, K, F) float32 features, sparse (B, K) ids by name, valid (B, K)."""
+    """What a scorer reads: dense (B, K, F) float32 features, sparse (B, K) ids by name, valid (B, K),
+    and `groups` (B,) int64, the session each row was cut from (None when unknown: every row its own),
+    which a scorer's held-out rows for early stopping are split by."""
 
     dense: torch.Tensor
     sparse: dict[str, torch.Tensor]
     valid: torch.Tensor
     names: list[str]
+    groups: torch.Tensor | None = None
+
+
+def _slots(values: torch.Tensor | np.ndarray, valid: torch.Tensor) -> torch.Tensor:
+    """(M,) values of the filled slots: a (B, K) grid masked by `valid`, or (M,) values as they are."""
+    values = values if isinstance(values, torch.Tensor) else torch.from_numpy(np.asarray(values))
+    if values.dim() == 1:
+        if values.shape[0] != int(valid.sum()):
+            raise ValueError(f"a column over the filled slots has {values.shape[0]} values for {int(valid.sum())} slots")
+        return values
+    return values[valid]
 
 
 class CandidateFeatures(Configurable):
@@ -144,28 +166,37 @@ class CandidateFeatures(Configurable):
             distinct = ((ordered.diff(dim=1) != 0).sum(dim=1, keepdim=True) + (ordered[:, :1] != PAD)).float()
             cols["session_length"] = torch.log1p(length).expand(b, k)
             cols["session_distinct"] = (distinct / length.clamp(min=1)).expand(b, k)
-            if sessions.times is not None:
-                first = torch.where(real, sessions.times, torch.full_like(sessions.times, float("inf"))).amin(dim=1)
-                span = (sessions.times[:, -1] - first).clamp(min=0)
-                cols["session_duration"] = torch.log1p(span).float().unsqueeze(1).expand(b, k)
+        if "time" in self.groups and sessions.times is not None:
+            real = items != PAD
+            first = torch.where(real, sessions.times, torch.full_like(sessions.times, float("inf"))).amin(dim=1)
+            span = (sessions.times[:, -1] - first).clamp(min=0)
+            cols[DURATION] = torch.log1p(span).float().unsqueeze(1).expand(b, k)
         return cols
 
-    def _frame(self, sessions: Sessions, candidates: Candidates, raw: dict[str, torch.Tensor], labels: torch.Tensor | None) -> dict[str, np.ndarray]:
-        """One row per valid candidate: the columns the fitted ops read."""
+    def _frame(
+        self, sessions: Sessions, candidates: Candidates, raw: dict[str, torch.Tensor], labels: torch.Tensor | None,
+        groups: torch.Tensor | None = None, use_time: bool = False,
+    ) -> dict[str, np.ndarray]:
+        """One row per valid candidate: the columns the ops read (``session``: `groups`, else the row;
+        ``timestamp``: `Sessions.now` with `use_time`, when the sessions carry it)."""
         valid = candidates.valid
-        b, k = valid.shape
+        counts = valid.sum(dim=1)  # (B,) filled slots of each row, row-major like `valid`
+        b = valid.shape[0]
+        if groups is not None and groups.shape != (b,):
+            raise ValueError(f"groups has shape {tuple(groups.shape)}, expected ({b},): one session per row")
+        per_row = lambda values: values.repeat_interleave(counts).numpy()  # noqa: E731 - (B,) -> (M,)
         frame = {
             "item": candidates.items[valid].numpy(),
-            "last_item": sessions.items[:, -1:].expand(b, k)[valid].numpy(),
-            "session": torch.arange(b).unsqueeze(1).expand(b, k)[valid].numpy(),
+            "last_item": per_row(sessions.items[:, -1]),
+            "session": per_row(torch.arange(b) if groups is None else groups.long()),
         }
         if labels is not None:
-            frame["label"] = labels[valid].double().numpy()
+            frame["label"] = _slots(labels, valid).double().numpy()
         for name in ("popularity", "recent_popularity"):
             if name in raw:
-                frame[name] = raw[name][valid].double().numpy()
-        if "context" in self.groups and sessions.now is not None:
-            frame["timestamp"] = sessions.now.unsqueeze(1).expand(b, k)[valid].double().numpy()
+                frame[name] = _slots(raw[name], valid).double().numpy()
+        if use_time and sessions.now is not None:
+            frame["timestamp"] = per_row(sessions.now.double())
         return frame
 
     def _ops(self, has_time: bool) -> FeaturePipeline:
@@ -173,7 +204,7 @@ class CandidateFeatures(Configurable):
         if "popularity" in self.groups:
             ops["popularity_log"] = LogNormalize("popularity")
             ops["recent_popularity_log"] = LogNormalize("recent_popularity")
-        if "context" in self.groups and has_time:
+        if "time" in self.groups and has_time:
             ops["time"] = CyclicTime("timestamp")
         if "encodings" in self.groups:
             ops["item_target"] = TargetEncoding("item", "label", fold_by="session", n_folds=self.target_folds)
@@ -184,20 +215,24 @@ class CandidateFeatures(Configurable):
 
     # -- the verbs ------------------------------------------------------------------------------
     def fit_transform(
-        self, sessions: Sessions, candidates: Candidates, raw: dict[str, torch.Tensor], labels: torch.Tensor
+        self, sessions: Sessions, candidates: Candidates, raw: dict[str, torch.Tensor], labels: torch.Tensor,
+        groups: torch.Tensor | None = None,
     ) -> RankingInputs:
         """Fit the ops on these (training) rows and return their features (target encoding out of fold).
 
         Args:
-            raw: `raw` columns of these candidates (computed in batches by the caller).
-            labels: (B, K) 1 where the candidate is the session's next item.
+            raw: `raw` columns of these candidates (computed in batches by the caller), (B, K) or (M,).
+            labels: 1 where the candidate is the session's next item, (B, K) or (M,).
+            groups: (B,) the session each row was cut from: the target encoding's folds and the
+                returned `RankingInputs.groups`; None: every row is its own session.
         """
         raw = {name: value for name, value in raw.items() if group_of(name) in self.groups}
-        frame = self._frame(sessions, candidates, raw, labels)
+        frame = self._frame(sessions, candidates, raw, labels, groups, use_time="time" in self.groups)
         self.ops = self._ops("timestamp" in frame)
         fitted = self.ops.fit_transform(frame) if self.ops.ops else {}
         out = self._assemble(candidates, raw, fitted, frame)
         self.names = out.names
+        out.groups = None if groups is None else groups.long()
         return out
 
     def transform(
@@ -209,15 +244,33 @@ class CandidateFeatures(Configurable):
             raise RuntimeError("CandidateFeatures is not fitted: fit the pipeline's ranker first")
         if raw is None:
             raw = self.raw(sessions, candidates, retrievers)
-        raw = {name: value for name, value in raw.items() if group_of(name) in self.groups}
-        frame = self._frame(sessions, candidates, raw, None)
+        missing = self._missing_times(sessions)
+        if missing:
+            raise ValueError(missing)
+        # the time features are built when the ranker was fitted with them, whatever times the sessions carry
+        raw = {n: v for n, v in raw.items() if group_of(n) in self.groups and (n != DURATION or DURATION in self.names)}
+        frame = self._frame(sessions, candidates, raw, None, use_time="time" in self.ops.ops)
         fitted = self.ops.transform(frame) if self.ops.ops else {}
         out = self._assemble(candidates, raw, fitted, frame)
         if out.names != self.names:
-            raise ValueError(f"features {out.names} differ from the fitted ones {self.names} (times missing?)")
+            raise ValueError(f"features {out.names} differ from the fitted ones {self.names}")
         return out
 
+    def _missing_times(self, sessions: Sessions) -> str | None:
+        """What the fitted features need of the sessions' times and these sessions lack, in one line (None: nothing)."""
+        lacking = []
+        if DURATION in self.names and sessions.times is None:
+            lacking.append(f"[{DURATION!r}] need the event times (Sessions.times)")
+        cyclic = [n for n in self.names if n.startswith("time_")]
+        if cyclic and sessions.now is None:
+            lacking.append(f"{cyclic} need the time of the request (Sessions.now, or the event times)")
+        if not lacking:
+            return None
+        return (f"the ranker was fitted with time features: {'; '.join(lacking)}, which these sessions do not "
+                "carry; give the sessions their times, or fit the ranker without the 'time' feature group")
+
     def _assemble(self, candidates: Candidates, raw: dict[str, torch.Tensor], fitted: dict[str, Any], frame: dict) -> RankingInputs:
+        """The scorer's grids: the dense columns written into one (B, K, F) tensor, 0 at empty slots."""
         valid = candidates.valid
         b, k = valid.shape
 
@@ -226,19 +279,19 @@ class CandidateFeatures(Configurable):
             out[valid] = torch.as_tensor(np.asarray(values)).to(dtype)
             return out
 
-        dense: dict[str, torch.Tensor] = {n: v.float() for n, v in raw.items() if n not in ("popularity", "recent_popularity")}
+        columns: dict[str, Any] = {n: v for n, v in raw.items() if n not in ("popularity", "recent_popularity")}
+        columns.update({n: v for n, v in fitted.items() if n != "cross"})
+        names = sorted(columns)
+        dense = torch.zeros(b, k, len(names))
+        for i, name in enumerate(names):
+            dense[..., i][valid] = _slots(columns[name], valid).float()
         sparse: dict[str, torch.Tensor] = {}
-        for name, values in fitted.items():
-            if name == "cross":
-                sparse["cross"] = grid(values, torch.long)
-            else:
-                dense[name] = grid(values, torch.float32)
+        if "cross" in fitted:
+            sparse["cross"] = grid(fitted["cross"], torch.long)
         if "ids" in self.groups:
             sparse["item"] = candidates.items.clone()
             sparse["last_item"] = grid(frame["last_item"], torch.long)
-        names = sorted(dense)
-        stacked = torch.stack([dense[n] for n in names], dim=2) if names else torch.zeros(b, k, 0)
-        return RankingInputs(dense=stacked.masked_fill(~valid.unsqueeze(2), 0.0), sparse=sparse, valid=valid, names=names)
+        return RankingInputs(dense=dense, sparse=sparse, valid=valid, names=names)
 
     # -- saving ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -231,6 +231,11 @@ class Ordering(Configurable):
         self.sampling = sampling
 
     @property
+    def by_score(self) -> bool:
+        """Whether the lists are served in score order (the top-k by the boosted scores); False when sampled."""
+        return self.sampling is None or not self.sampling.temperature
+
+    @property
     def rules(self) -> list[RawItemRule]:
         """The rules built from raw item ids: the boosts, then the diversity cap."""
         return [*self.boosts, *([self.diversity] if self.diversity is not None else [])]

@@ -18,7 +18,6 @@ A fit-time module: `sessrec.pipeline` imports it on first use of `PipelineRecipe
 
 from __future__ import annotations
 
-import copy
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ import torch
 from sessrec.baselines import SessionBaseline
 from sessrec.data import frame
 from sessrec.data.datamodule import SessionDataModule
+from sessrec.data.pairs import EvalPairs
 from sessrec.data.vocab import ItemVocab
 from sessrec.pipeline.features import CandidateFeatures
 from sessrec.pipeline.filters import ItemTableFilter, SeenItemsFilter
@@ -133,13 +133,9 @@ class PipelineRecipe:
         for rule in (*self.item_tables, *self.ordering.rules):
             rule.read()  # a bad table is refused now, before anything is fitted
 
-    def ranker_data(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(prefixes (N, L), next items (N,)) of the validation sessions that the ranker trains on."""
-        if self.ranker_pairs == "protocol" or self.data.eval_protocol == "all_prefixes":
-            return self.data.tensors("valid")
-        every = copy.copy(self.data)  # shares the loaded splits and the fitted vocabulary
-        every.eval_protocol, every._tensors, every._features = "all_prefixes", {}, {}
-        return every.tensors("valid")
+    def ranker_data(self) -> EvalPairs:
+        """The validation (prefix, next item) pairs that the ranker trains on, with their sessions and times."""
+        return self.data.pairs("valid", None if self.ranker_pairs == "protocol" else "all_prefixes")
 
     # -- building -------------------------------------------------------------------------------
     def retrievers(self, names: set[str] | None = None) -> dict[str, tuple[Retriever, int]]:
@@ -179,10 +175,9 @@ class PipelineRecipe:
         """Build, fit the ranker on the validation pairs, save to `output`; print what it did."""
         start = time.perf_counter()
         pipe = self.build()
-        items, targets = self.ranker_data()
-        info = fit_ranker(pipe, items, targets, self.scorer, self.batch_size)
+        info = fit_ranker(pipe, self.ranker_data(), self.scorer, self.batch_size)
         pipe.save_pretrained(self.output)
-        valid = evaluate(pipe, *self.data.tensors("valid"), self.ks, self.batch_size)
+        valid = evaluate(pipe, self.data.pairs("valid"), self.ks, self.batch_size)
         shown = " ".join(f"{k}={v:.4f}" for k, v in valid.items())
         print(f"[fit] ranker {type(self.scorer).__name__} on {info['pairs']} validation pairs "
               f"(candidate coverage {info['coverage']:.4f}); saved to {self.output} in {time.perf_counter() - start:.0f} s")
@@ -194,8 +189,7 @@ class PipelineRecipe:
         pipe = Pipeline.from_pretrained(self.output)
         if pipe.vocab != self.data.vocab:
             raise ValueError(f"{self.output}: the saved pipeline's vocabulary differs from this recipe's data")
-        items, targets = self.data.tensors("test")
-        metrics = evaluate(pipe, items, targets, self.ks, self.batch_size)
+        metrics = evaluate(pipe, self.data.pairs("test"), self.ks, self.batch_size)
         print("[test] " + " ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
         return metrics
 

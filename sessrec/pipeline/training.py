@@ -4,12 +4,22 @@ Leakage. The stage-1 models (session models, kNN, co-visitation) are fitted on t
 split, which ends before the validation sessions begin; the ranker and its feature ops are
 fitted on the candidates of the validation sessions only; the test split is touched once, by
 `evaluate`. `fit_ranker` records the (prefix, target) pairs it trained on, and
-``tests/test_pipeline.py`` checks that no test session is among them.
+``tests/test_pipeline.py`` checks that no test session is among them. Within the validation
+pairs, every row keeps the session it was cut from (`EvalPairs.sessions`): the out-of-fold target
+encoding and the ranker's early-stopping split put all the prefixes of one session on one side.
+
+Time. Pairs that carry event times (`EvalPairs.times`) reach every stage as `Sessions.times`:
+validity windows of rule tables hold at the last event of each prefix, and the ranker's ``time``
+features are built from them.
+
+Memory. The ranker's rows (`RankerData`) keep only the filled candidate slots, as flat float32
+columns, built batch by batch; evaluation reads them back batch by batch.
 
 Metrics: the final list is ranked by the pipeline; a target outside it is a miss, exactly as a
-target ranked below the cut-off by a single model, and ties count against the target as in
-`sessrec.metrics` (`list_metrics`). Shape letters: N pairs,
-L positions, K candidates, k recommendations.
+target ranked below the cut-off by a single model. The rank of a target is its position in the
+list served; in lists served in score order, ties count against the target as in
+`sessrec.metrics` (`list_metrics`). Shape letters: N pairs, L positions, K candidates, M filled candidate slots,
+k recommendations.
 """
 
 from __future__ import annotations
@@ -20,85 +30,139 @@ from dataclasses import dataclass
 
 import torch
 
+from sessrec.data.pairs import EvalPairs
 from sessrec.pipeline.candidates import Candidates, Sessions
 from sessrec.pipeline.pipeline import Pipeline
 from sessrec.pipeline.scoring import Scorer
 
 
+def sessions_of(pairs: EvalPairs) -> Sessions:
+    """The prefixes of `pairs` as pipeline `Sessions`, with their event times when the pairs carry them."""
+    return Sessions(pairs.items.long(), times=pairs.times)
+
+
 @dataclass
 class RankerData:
-    """Candidate rows of held-out sessions: the sessions, their (N, K) candidates, 0/1 labels and raw features."""
+    """Candidate rows of (prefix, target) pairs, kept compactly: one entry per filled candidate slot.
 
-    sessions: Sessions
-    candidates: Candidates
+    Args:
+        pairs: the N (prefix, target) pairs, with their sessions and event times.
+        valid: (N, K) bool, the filled candidate slots of each pair.
+        items: (M,) int32 candidate ids of the filled slots, row-major (M = ``valid.sum()``).
+        labels: (M,) bool, True where the candidate is its pair's target.
+        raw: name -> (M,) float32 raw feature column (`CandidateFeatures.raw`) of the filled slots.
+    """
+
+    pairs: EvalPairs
+    valid: torch.Tensor
+    items: torch.Tensor
     labels: torch.Tensor
     raw: dict[str, torch.Tensor]
-    targets: torch.Tensor
+
+    def __post_init__(self) -> None:
+        self.offsets = torch.cat([torch.zeros(1, dtype=torch.long), self.valid.sum(dim=1).cumsum(0)])  # (N + 1,)
+
+    def __len__(self) -> int:
+        return len(self.pairs)
 
     @property
     def coverage(self) -> float:
-        """Share of sessions whose next item is among the candidates (the ranker's ceiling)."""
-        return float((self.labels.sum(dim=1) > 0).double().mean())
+        """Share of pairs whose next item is among the candidates (the ranker's ceiling)."""
+        hits = torch.searchsorted(self.offsets, torch.nonzero(self.labels).squeeze(1), right=True) - 1
+        return float(len(torch.unique(hits))) / max(len(self), 1)
+
+    def block(self, lo: int, hi: int) -> tuple[Sessions, Candidates, dict[str, torch.Tensor], torch.Tensor]:
+        """Pairs ``lo:hi`` as the stages see them: `Sessions`, (B, K) `Candidates`, and the (M_b,) raw
+        columns and labels of their filled slots."""
+        rows, slots = slice(lo, hi), slice(int(self.offsets[lo]), int(self.offsets[min(hi, len(self))]))
+        valid = self.valid[rows]
+        items = torch.zeros(valid.shape, dtype=torch.long)
+        items[valid] = self.items[slots].long()
+        raw = {name: value[slots] for name, value in self.raw.items()}
+        return sessions_of(self.pairs.take(rows)), Candidates(items), raw, self.labels[slots]
 
 
-def candidate_rows(pipe: Pipeline, items: torch.Tensor, targets: torch.Tensor, batch_size: int = 512) -> RankerData:
-    """Candidates of every (prefix, target) pair with their raw feature columns, built batch by batch."""
-    parts, raws = [], []
-    for lo in range(0, len(items), batch_size):
-        sessions = Sessions(items[lo : lo + batch_size].long())
+def candidate_rows(pipe: Pipeline, pairs: EvalPairs, batch_size: int = 512) -> RankerData:
+    """Candidates of every (prefix, target) pair with their raw feature columns, built batch by batch
+    and kept compactly (the filled slots only, float32)."""
+    valid, items, labels, raws = [], [], [], {}
+    for lo in range(0, len(pairs), batch_size):
+        part = pairs.take(slice(lo, lo + batch_size))
+        sessions = sessions_of(part)
         cands = pipe.candidates(sessions)
-        parts.append(cands)
-        raws.append(pipe.features.raw(sessions, cands, pipe.stage_retrievers))
-    cands = Candidates(
-        torch.cat([p.items for p in parts]),
-        {name: torch.cat([p.features[name] for p in parts]) for name in parts[0].features},
-    )
-    labels = (cands.items == targets.long().unsqueeze(1)) & cands.valid
-    raw = {name: torch.cat([r[name] for r in raws]) for name in raws[0]}
-    return RankerData(Sessions(items.long()), cands, labels.float(), raw, targets.long())
+        filled = cands.valid
+        valid.append(filled)
+        items.append(cands.items[filled].int())
+        labels.append((cands.items == part.targets.long().unsqueeze(1))[filled])
+        for name, value in pipe.features.raw(sessions, cands, pipe.stage_retrievers).items():
+            raws.setdefault(name, []).append(value[filled].float())
+    raw = {name: torch.cat(raws.pop(name)) for name in list(raws)}  # one column at a time: no second copy of all
+    width = pipe.max_candidates
+    cat = lambda parts, empty: torch.cat(parts) if parts else empty  # noqa: E731
+    return RankerData(pairs, cat(valid, torch.zeros(0, width, dtype=torch.bool)), cat(items, torch.zeros(0, dtype=torch.int32)),
+                      cat(labels, torch.zeros(0, dtype=torch.bool)), raw)
 
 
-def fit_ranker(pipe: Pipeline, items: torch.Tensor, targets: torch.Tensor, scorer: Scorer, batch_size: int = 512) -> dict:
+def fit_ranker(pipe: Pipeline, pairs: EvalPairs, scorer: Scorer, batch_size: int = 512) -> dict:
     """Fit the feature ops and `scorer` on the candidates of held-out (prefix, target) pairs; set it on `pipe`.
 
     Returns:
         what was fitted on: pairs, candidate coverage, feature names, seconds.
     """
     start = time.perf_counter()
-    data = candidate_rows(pipe, items, targets, batch_size)
+    data = candidate_rows(pipe, pairs, batch_size)
     return fit_on(pipe, data, scorer) | {"seconds": time.perf_counter() - start}
 
 
 def fit_on(pipe: Pipeline, data: RankerData, scorer: Scorer) -> dict:
-    """Fit the feature ops and `scorer` on prepared candidate rows (reused across ablations)."""
-    inputs = pipe.features.fit_transform(data.sessions, data.candidates, data.raw, data.labels)
-    scorer.fit(inputs, data.labels)
+    """Fit the feature ops and `scorer` on prepared candidate rows (reused across ablations).
+
+    The target encoding folds and the scorer's early-stopping split go by the pairs' sessions.
+    """
+    sessions, cands, raw, labels = data.block(0, len(data))
+    inputs = pipe.features.fit_transform(sessions, cands, raw, labels, groups=data.pairs.sessions)
+    grid = torch.zeros(data.valid.shape)
+    grid[data.valid] = labels.float()
+    scorer.fit(inputs, grid)
     pipe.scorer = scorer
-    return {"pairs": len(data.labels), "coverage": data.coverage, "features": inputs.names}
+    return {"pairs": len(data), "coverage": data.coverage, "features": inputs.names}
 
 
 def list_metrics(
-    recommended: torch.Tensor, scores: torch.Tensor, targets: torch.Tensor, ks: Sequence[int] = (10, 20)
+    recommended: torch.Tensor, scores: torch.Tensor, targets: torch.Tensor, ks: Sequence[int] = (10, 20),
+    by_score: bool = True,
 ) -> dict[str, float]:
-    """Recall/MRR/NDCG@k of ranked (N, W) lists against (N,) targets: sums, to be divided by N.
+    """Recall/MRR/NDCG@k of served (N, W) lists against (N,) targets: sums, to be divided by N.
 
-    Ties count against the target, as in `sessrec.metrics`: its rank is 1 + the number of other
-    listed items scoring at least as high. Unlisted items score no higher than a full list's last
-    entry, so a target scoring no higher than that entry counts as a miss (ask for one more item
-    than the largest cut-off).
+    Args:
+        recommended: (N, W) item ids as served, 0 at empty slots.
+        scores: (N, W) their scores.
+        targets: (N,) the items to find.
+        ks: cut-offs.
+        by_score: the lists are served in score order (the top-k by score, `Ordering.by_score`).
+            Their order among equal scores says nothing, so ties count against the target, as in
+            `sessrec.metrics`: its rank is 1 + the number of other listed items scoring at least
+            as high, and since unlisted items score no higher than a full list's last entry, a
+            target scoring no higher than that entry counts as a miss (ask for one more item than
+            the largest cut-off). False: the lists are served in another order (sampled,
+            `SoftmaxSampling`), and the rank of a target is its position in the list.
 
     Example:
         >>> list_metrics(torch.tensor([[4, 7, 9]]), torch.tensor([[3., 2., 2.]]), torch.tensor([9]), ks=[2])
         {'recall@2': 0.0, 'mrr@2': 0.0, 'ndcg@2': 0.0}
+        >>> list_metrics(torch.tensor([[4, 9, 7]]), torch.tensor([[3., 1., 2.]]), torch.tensor([9]), ks=[2], by_score=False)
+        {'recall@2': 1.0, 'mrr@2': 0.5, 'ndcg@2': 0.6309297535714575}
     """
     hit = recommended == targets.long().unsqueeze(1)
     found = hit.any(dim=1)
-    target_score = torch.where(hit, scores, torch.full_like(scores, float("-inf"))).amax(dim=1, keepdim=True)
-    at_least = ((scores >= target_score) & ~hit & (recommended != 0)).sum(dim=1) + 1  # (N,)
-    rank = torch.where(found, at_least.double(), torch.full_like(found, float("inf"), dtype=torch.float64))
-    # a full list says nothing of the unlisted items that tie with its last entry: count them all against the target
-    unknown = (recommended[:, -1] != 0) & (target_score.squeeze(1) <= scores[:, -1])
-    rank = torch.where(unknown, torch.full_like(rank, float("inf")), rank)
+    if by_score:
+        target_score = torch.where(hit, scores, torch.full_like(scores, float("-inf"))).amax(dim=1, keepdim=True)
+        rank = (((scores >= target_score) & ~hit & (recommended != 0)).sum(dim=1) + 1).double()  # (N,)
+        # a full list says nothing of the unlisted items that tie with its last entry: count them all against the target
+        found &= ~((recommended[:, -1] != 0) & (target_score.squeeze(1) <= scores[:, -1]))
+    else:
+        rank = (hit.int().argmax(dim=1) + 1).double()  # (N,) the position served
+    rank = torch.where(found, rank, torch.full_like(rank, float("inf")))
     out = {}
     for k in ks:
         inside = rank <= k
@@ -109,21 +173,22 @@ def list_metrics(
 
 
 @torch.no_grad()
-def evaluate(
-    pipe: Pipeline, items: torch.Tensor, targets: torch.Tensor, ks: Sequence[int] = (10, 20), batch_size: int = 512
-) -> dict[str, float]:
-    """Recall/MRR/NDCG@k of the pipeline's final lists on (prefix, target) pairs, and candidate coverage."""
+def evaluate(pipe: Pipeline, pairs: EvalPairs, ks: Sequence[int] = (10, 20), batch_size: int = 512) -> dict[str, float]:
+    """Recall/MRR/NDCG@k of the pipeline's final lists on (prefix, target) pairs, and candidate coverage.
+
+    The sessions carry the pairs' event times when they have them (validity windows, time features).
+    """
     totals: dict[str, float] = {}
     covered = 0.0
-    for lo in range(0, len(items), batch_size):
-        sessions = Sessions(items[lo : lo + batch_size].long())
-        target = targets[lo : lo + batch_size]
+    for lo in range(0, len(pairs), batch_size):
+        part = pairs.take(slice(lo, lo + batch_size))
+        sessions = sessions_of(part)
         cands = pipe.score(sessions, pipe.candidates(sessions))
-        covered += float((cands.items == target.long().unsqueeze(1)).any(dim=1).sum())
+        covered += float((cands.items == part.targets.long().unsqueeze(1)).any(dim=1).sum())
         recs = pipe.ordering.order(sessions, cands, max(ks) + 1)
-        for name, value in list_metrics(recs.items, recs.scores, target, ks).items():
+        for name, value in list_metrics(recs.items, recs.scores, part.targets, ks, pipe.ordering.by_score).items():
             totals[name] = totals.get(name, 0.0) + value
-    n = max(len(items), 1)
+    n = max(len(pairs), 1)
     return {**{k: v / n for k, v in totals.items()}, "candidate_recall": covered / n}
 
 
@@ -136,17 +201,15 @@ def evaluate_rows(pipe: Pipeline, data: RankerData, ks: Sequence[int] = (10, 20)
     """
     totals: dict[str, float] = {}
     retrievers = pipe.stage_retrievers
-    for lo in range(0, len(data.labels), batch_size):
-        rows = slice(lo, lo + batch_size)
-        sessions = Sessions(data.sessions.items[rows])
-        cands = Candidates(data.candidates.items[rows], {n: v[rows] for n, v in data.candidates.features.items()})
-        raw = {n: v[rows] for n, v in data.raw.items()}
+    for lo in range(0, len(data), batch_size):
+        sessions, cands, raw, _ = data.block(lo, lo + batch_size)
         scores = pipe.scorer.score(pipe.features.transform(sessions, cands, retrievers, raw))
         cands = Candidates(cands.items, cands.features, scores.masked_fill(~cands.valid, float("-inf")))
         recs = pipe.ordering.order(sessions, cands, max(ks) + 1)
-        for name, value in list_metrics(recs.items, recs.scores, data.targets[rows], ks).items():
+        targets = data.pairs.targets[lo : lo + batch_size]
+        for name, value in list_metrics(recs.items, recs.scores, targets, ks, pipe.ordering.by_score).items():
             totals[name] = totals.get(name, 0.0) + value
-    n = max(len(data.labels), 1)
+    n = max(len(data), 1)
     return {**{k: v / n for k, v in totals.items()}, "candidate_recall": data.coverage}
 
 

@@ -38,20 +38,49 @@ class Scorer(Configurable):
         raise NotImplementedError
 
 
-def early_stopping_split(labels: torch.Tensor, fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows (sessions) to train on and to stop on: sessions with a positive, split at random by session.
+def early_stopping_split(
+    labels: torch.Tensor, fraction: float, seed: int, groups: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows to train on and to stop on: the rows with a positive, split at random by session.
+
+    Args:
+        labels: (B, K) 0/1 labels of the B rows.
+        fraction: share of the sessions held out to stop on (at least one).
+        seed: seed of the split.
+        groups: (B,) the session each row was cut from: all the rows of a session fall on the same
+            side (the prefixes of one session share items and targets); None: every row its own.
 
     Returns:
-        (train rows, stop rows), int64 indices into the B sessions.
+        (train rows, stop rows), int64 indices into the B rows, each sorted.
+
+    Example:
+        >>> labels = torch.tensor([[1, 0], [0, 1], [1, 0], [0, 1]])
+        >>> train, stop = early_stopping_split(labels, 0.5, seed=0, groups=torch.tensor([7, 7, 9, 9]))
+        >>> sorted(map(tuple, (train.tolist(), stop.tolist())))
+        [(0, 1), (2, 3)]
     """
     rows = torch.nonzero(labels.sum(dim=1) > 0).squeeze(1)
-    if len(rows) < 2:
+    if groups is None:
+        if len(rows) < 2:
+            raise ValueError(
+                f"the ranker needs sessions whose next item is among the candidates; found {len(rows)} of {len(labels)}"
+            )
+        perm = rows[torch.randperm(len(rows), generator=torch.Generator().manual_seed(seed))]
+        n_stop = max(1, int(len(rows) * fraction))
+        return perm[n_stop:].sort().values, perm[:n_stop].sort().values
+    if groups.shape != labels.shape[:1]:
+        raise ValueError(f"groups has shape {tuple(groups.shape)}, expected ({labels.shape[0]},): one session per row")
+    sessions, member = torch.unique(groups[rows], return_inverse=True)  # member: (R,) session of each row
+    if len(sessions) < 2:
         raise ValueError(
-            f"the ranker needs sessions whose next item is among the candidates; found {len(rows)} of {len(labels)}"
+            f"the ranker needs two or more sessions whose next item is among the candidates; found {len(sessions)} "
+            f"({len(rows)} of {len(labels)} rows)"
         )
-    perm = rows[torch.randperm(len(rows), generator=torch.Generator().manual_seed(seed))]
-    n_stop = max(1, int(len(rows) * fraction))
-    return perm[n_stop:].sort().values, perm[:n_stop].sort().values
+    perm = torch.randperm(len(sessions), generator=torch.Generator().manual_seed(seed))
+    held = torch.zeros(len(sessions), dtype=torch.bool)
+    held[perm[: max(1, int(len(sessions) * fraction))]] = True
+    stop = held[member]
+    return rows[~stop], rows[stop]
 
 
 def mrr_of(scores: torch.Tensor, labels: torch.Tensor, cut: int = 20) -> float:

@@ -101,7 +101,7 @@ class DLRMScorer(Scorer):
             raise ValueError(f"DLRMScorer sparse must hold 'item' and may hold 'cross', got {c['sparse']}")
         if "item" not in inputs.sparse:
             raise ValueError("DLRMScorer embeds the candidate and last item ids: keep the 'ids' feature group")
-        train, stop = early_stopping_split(labels, c["stop_fraction"], c["seed"])
+        train, stop = early_stopping_split(labels, c["stop_fraction"], c["seed"], inputs.groups)
         rows = inputs.dense[train][inputs.valid[train]]  # (rows, F) training rows only
         self.mean, self.std = rows.mean(dim=0), rows.std(dim=0).clamp(min=1e-6)
         self.sizes = {}

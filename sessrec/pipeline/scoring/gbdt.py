@@ -70,7 +70,7 @@ class GBDTScorer(Scorer):
 
     def fit(self, inputs: RankingInputs, labels: torch.Tensor) -> GBDTScorer:
         lgb = _lightgbm()
-        train, stop = early_stopping_split(labels, self.stop_fraction, self.seed)
+        train, stop = early_stopping_split(labels, self.stop_fraction, self.seed, inputs.groups)
         sets = []
         for rows in (train, stop):
             x, groups = self._rows(inputs, rows)

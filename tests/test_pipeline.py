@@ -542,3 +542,41 @@ def test_recommend_casts_id_strings_and_refuses_mixed_ids(world: World) -> None:
     assert pipe.recommend([[str(i) for i in session]], k=K) == pipe.recommend([session], k=K)
     with pytest.raises(TypeError, match="cannot be read as the vocabulary's int64 ids"):
         pipe.recommend([[session[0], "not-an-id"]], k=K)
+
+
+# ------------------------------------------------------------------------- estimators per recipe
+def test_recipes_own_their_estimators(world: World, tmp_path: Path) -> None:
+    """Two recipes built in one process (from the defaults, or from one passed object) share no
+    estimator, and fitting one leaves the other unfitted."""
+    import inspect
+
+    defaults = inspect.signature(PipelineRecipe).parameters
+    first = PipelineRecipe(world.dm, covisitation=CoVisitation(), covisitation_k=30, max_candidates=50,
+                           scorer=GBDTScorer(**GBDT_ARGS), output=str(tmp_path / "first"))
+    second = PipelineRecipe(world.dm, covisitation=CoVisitation(), covisitation_k=30, max_candidates=50)
+    for name in ("features", "scorer", "ordering"):
+        assert getattr(first, name) is not getattr(second, name), name
+        assert getattr(second, name) is not defaults[name].default, name
+    assert config_of(second.features) == config_of(defaults["features"].default)  # a copy of the default
+    first.fit()
+    assert first.features.ops is not None and first.scorer.booster is not None
+    assert second.features.ops is None and second.features.popularity is None and second.scorer.network is None
+    assert defaults["features"].default.ops is None and defaults["scorer"].default.network is None
+
+    shared = GBDTScorer(**GBDT_ARGS)  # one object given to two recipes: each fits its own copy
+    third, fourth = (PipelineRecipe(world.dm, covisitation=CoVisitation(), covisitation_k=30, max_candidates=50,
+                                    scorer=shared, output=str(tmp_path / name)) for name in ("third", "fourth"))
+    third.fit()
+    assert third.scorer.booster is not None and fourth.scorer.booster is None and shared.booster is None
+
+
+def test_recipe_files_leave_estimators_to_the_defaults_and_still_show_them(world: World, tmp_path: Path) -> None:
+    from sessrec.pipeline.recipe import load_recipe, recipe_parser
+
+    recipe, _ = write_recipe(world, tmp_path)  # sets the scorer, leaves features and ordering to the defaults
+    a, b = load_recipe(recipe), load_recipe(recipe)
+    assert a.features is not b.features and a.ordering is not b.ordering and a.scorer is not b.scorer
+    parser = recipe_parser()
+    shown = yaml.safe_load(parser.dump(parser.parse_args(["--config", str(recipe)])))["pipeline"]
+    assert shown["features"]["class_path"] == "sessrec.pipeline.CandidateFeatures"
+    assert shown["ordering"]["class_path"] == "sessrec.pipeline.Ordering"

@@ -21,7 +21,9 @@ Groups (each can be switched off, for ablations):
 The feature-engineering ops are fitted on the ranker's training rows only (`fit`) and saved with
 the pipeline: the constructor arguments are the config (`Configurable`), the training counts,
 the fitted ops (with their config: which ops exist depends on the data) and the feature names
-are the state (`state_dict`). Shape letters: B sessions, L positions, K candidates, F dense features.
+are the state (`state_dict`). The raw columns and the features are built on the candidates'
+device; the fitted ops run on the host (numpy), their outputs are moved back.
+Shape letters: B sessions, L positions, K candidates, F dense features.
 """
 
 from __future__ import annotations
@@ -107,33 +109,35 @@ class CandidateFeatures(Configurable):
         """(B, K) raw columns of every enabled group, before the fitted ops (computed batch by batch)."""
         items, cand = sessions.items, candidates.items
         b, k = cand.shape
+        device = cand.device
         cols: dict[str, torch.Tensor] = {}
         last = items[:, -1:].expand(b, k)
         if "retrievers" in self.groups:
             for name, retriever in retrievers.items():
                 cols[f"{name}_score"] = retriever.score(sessions, cand)
-                rank = candidates.features.get(f"{name}_rank", torch.zeros(b, k))
+                rank = candidates.features.get(f"{name}_rank", torch.zeros(b, k, device=device))
                 cols[f"{name}_rrank"] = torch.where(rank > 0, 1.0 / rank.clamp(min=1), torch.zeros_like(rank))
-            cols["sources"] = candidates.features.get("sources", torch.zeros(b, k))
+            cols["sources"] = candidates.features.get("sources", torch.zeros(b, k, device=device))
         if "popularity" in self.groups:
             if self.popularity is None:
                 raise RuntimeError("CandidateFeatures: call fit_statistics(training sessions) first")
-            pop = torch.from_numpy(self.popularity)[cand.clamp(max=len(self.popularity) - 1)]  # (B, K, 2)
+            pop = torch.from_numpy(self.popularity).to(device)[cand.clamp(max=len(self.popularity) - 1)]  # (B, K, 2)
             cols["popularity"], cols["recent_popularity"] = pop[..., 0], pop[..., 1]
         if "session" in self.groups:
             eq = items.unsqueeze(1) == cand.unsqueeze(2)  # (B, K, L)
             width = items.shape[1]
-            closeness = torch.arange(1, width + 1, dtype=torch.float32) / width  # last position = 1
+            position = torch.arange(1, width + 1, device=device)
+            closeness = position.float() / width  # last position = 1
             cols["seen_count"] = eq.sum(dim=2).float()
-            distance = width - (eq * torch.arange(1, width + 1)).amax(dim=2)  # 0 = last item; width = absent
-            cols["seen_recency"] = torch.where(eq.any(dim=2), 1.0 / (1.0 + distance.float()), torch.zeros(b, k))
+            distance = width - (eq * position).amax(dim=2)  # 0 = last item; width = absent
+            cols["seen_recency"] = torch.where(eq.any(dim=2), 1.0 / (1.0 + distance.float()), torch.zeros(b, k, device=device))
             cols["seen_weight"] = (eq * closeness).sum(dim=2)
             cols["is_last"] = (cand == last).float()
         if "covisitation" in self.groups:
             covis = next((r for r in retrievers.values() if hasattr(r, "pair_weights")), None)
             if covis is not None:
                 cols["covis_last"] = covis.pair_weights(items[:, -1], cand)
-                total = torch.zeros(b, k)
+                total = torch.zeros(b, k, device=device)
                 for back in range(1, min(3, items.shape[1]) + 1):  # the last three items, not rows
                     total += covis.pair_weights(items[:, -back], cand) * 0.5 ** (back - 1)
                 cols["covis_last3"] = total
@@ -151,21 +155,22 @@ class CandidateFeatures(Configurable):
         return cols
 
     def _frame(self, sessions: Sessions, candidates: Candidates, raw: dict[str, torch.Tensor], labels: torch.Tensor | None) -> dict[str, np.ndarray]:
-        """One row per valid candidate: the columns the fitted ops read."""
+        """One row per valid candidate: the columns the fitted ops read (numpy, on the host)."""
         valid = candidates.valid
         b, k = valid.shape
+        host = lambda t: t[valid].cpu().numpy()
         frame = {
-            "item": candidates.items[valid].numpy(),
-            "last_item": sessions.items[:, -1:].expand(b, k)[valid].numpy(),
-            "session": torch.arange(b).unsqueeze(1).expand(b, k)[valid].numpy(),
+            "item": host(candidates.items),
+            "last_item": host(sessions.items[:, -1:].expand(b, k)),
+            "session": host(torch.arange(b, device=valid.device).unsqueeze(1).expand(b, k)),
         }
         if labels is not None:
-            frame["label"] = labels[valid].double().numpy()
+            frame["label"] = host(labels.double())
         for name in ("popularity", "recent_popularity"):
             if name in raw:
-                frame[name] = raw[name][valid].double().numpy()
+                frame[name] = host(raw[name].double())
         if "context" in self.groups and sessions.now is not None:
-            frame["timestamp"] = sessions.now.unsqueeze(1).expand(b, k)[valid].double().numpy()
+            frame["timestamp"] = host(sessions.now.unsqueeze(1).expand(b, k).double())
         return frame
 
     def _ops(self, has_time: bool) -> FeaturePipeline:
@@ -222,8 +227,8 @@ class CandidateFeatures(Configurable):
         b, k = valid.shape
 
         def grid(values: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-            out = torch.zeros(b, k, dtype=dtype)
-            out[valid] = torch.as_tensor(np.asarray(values)).to(dtype)
+            out = torch.zeros(b, k, dtype=dtype, device=valid.device)
+            out[valid] = torch.as_tensor(np.asarray(values), device="cpu").to(valid.device, dtype)
             return out
 
         dense: dict[str, torch.Tensor] = {n: v.float() for n, v in raw.items() if n not in ("popularity", "recent_popularity")}
@@ -237,7 +242,7 @@ class CandidateFeatures(Configurable):
             sparse["item"] = candidates.items.clone()
             sparse["last_item"] = grid(frame["last_item"], torch.long)
         names = sorted(dense)
-        stacked = torch.stack([dense[n] for n in names], dim=2) if names else torch.zeros(b, k, 0)
+        stacked = torch.stack([dense[n] for n in names], dim=2) if names else torch.zeros(b, k, 0, device=valid.device)
         return RankingInputs(dense=stacked.masked_fill(~valid.unsqueeze(2), 0.0), sparse=sparse, valid=valid, names=names)
 
     # -- saving ---------------------------------------------------------------------------------

@@ -95,6 +95,8 @@ class PipelineRecipe:
         scorer: the ranker: `DLRMScorer` (default) or `GBDTScorer`.
         ordering: business rules of the final list. The recipe keeps its own copies of
             `features`, `scorer` and `ordering` (it fits them in place), never the objects given.
+        device: where the pipeline runs (``cpu``, ``cuda``, ``cuda:1``); None: the device of the
+            first session model's weights (CPU as loaded from a checkpoint).
         ranker_pairs: the validation pairs the ranker trains on: ``protocol`` (the evaluation
             protocol's, e.g. each session's last item) or ``all_prefixes`` (every prefix of every
             validation session with its next item: more rows, still only validation sessions).
@@ -121,6 +123,7 @@ class PipelineRecipe:
         output: str = "runs/pipeline/pipeline",
         ks: list[int] = [10, 20],  # noqa: B006 - read only
         batch_size: int = 512,
+        device: str | None = None,
     ) -> None:
         if not (models or baselines or covisitation):
             raise ValueError("a pipeline recipe needs at least one retriever: models, baselines or covisitation")
@@ -131,6 +134,7 @@ class PipelineRecipe:
         # fitted in place: each recipe owns copies, so recipes built from the same defaults (or the
         # same objects) never share a fitted estimator
         self.features, self.scorer, self.ordering = copy.deepcopy((features, scorer, ordering))
+        self.device = device
         self.output, self.ks, self.batch_size = Path(output), list(ks), batch_size
         self.ranker_pairs = ranker_pairs
         for rule in (*self.item_tables, *self.ordering.rules):
@@ -174,7 +178,7 @@ class PipelineRecipe:
         self.features.fit_statistics(_time_ordered(train, dm), dm.num_items)
         return Pipeline(
             dm.vocab, self.retrievers(names), max_length=dm.max_length, max_candidates=self.max_candidates,
-            filters=filters, features=self.features, ordering=self.ordering,
+            filters=filters, features=self.features, ordering=self.ordering, device=self.device,
         )
 
     # -- the subcommands ------------------------------------------------------------------------

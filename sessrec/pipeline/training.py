@@ -8,7 +8,8 @@ fitted on the candidates of the validation sessions only; the test split is touc
 
 Metrics: the final list is ranked by the pipeline; a target outside it is a miss, exactly as a
 target ranked below the cut-off by a single model, and ties count against the target as in
-`sessrec.metrics` (`list_metrics`). Shape letters: N pairs,
+`sessrec.metrics` (`list_metrics`). Everything runs on the pipeline's device (`Pipeline.device`): the
+ranker rows are built there, and the pairs are moved there batch by batch. Shape letters: N pairs,
 L positions, K candidates, k recommendations.
 """
 
@@ -42,8 +43,10 @@ class RankerData:
 
 
 def candidate_rows(pipe: Pipeline, items: torch.Tensor, targets: torch.Tensor, batch_size: int = 512) -> RankerData:
-    """Candidates of every (prefix, target) pair with their raw feature columns, built batch by batch."""
+    """Candidates of every (prefix, target) pair with their raw feature columns, built batch by batch
+    on the pipeline's device."""
     parts, raws = [], []
+    items, targets = items.to(pipe.device), targets.to(pipe.device)
     for lo in range(0, len(items), batch_size):
         sessions = Sessions(items[lo : lo + batch_size].long())
         cands = pipe.candidates(sessions)
@@ -116,8 +119,8 @@ def evaluate(
     totals: dict[str, float] = {}
     covered = 0.0
     for lo in range(0, len(items), batch_size):
-        sessions = Sessions(items[lo : lo + batch_size].long())
-        target = targets[lo : lo + batch_size]
+        sessions = Sessions(items[lo : lo + batch_size].long()).to(pipe.device)
+        target = targets[lo : lo + batch_size].to(pipe.device)
         cands = pipe.score(sessions, pipe.candidates(sessions))
         covered += float((cands.items == target.long().unsqueeze(1)).any(dim=1).sum())
         recs = pipe.ordering.order(sessions, cands, max(ks) + 1)
@@ -159,8 +162,8 @@ def retrieval_recall(
     top = max(ks)
     out: dict[str, dict[str, float]] = {name: dict.fromkeys((f"recall@{k}" for k in ks), 0.0) for name in pipe.retrievers}
     for lo in range(0, len(items), batch_size):
-        sessions = Sessions(items[lo : lo + batch_size].long())
-        target = targets[lo : lo + batch_size].long().unsqueeze(1)
+        sessions = Sessions(items[lo : lo + batch_size].long()).to(pipe.device)
+        target = targets[lo : lo + batch_size].long().unsqueeze(1).to(pipe.device)
         for name, (retriever, _) in pipe.retrievers.items():
             found = retriever.retrieve(sessions, top).items == target  # (B, top)
             for k in ks:

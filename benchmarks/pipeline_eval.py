@@ -1,4 +1,4 @@
-"""The four-stage pipeline against its own retrievers, end to end, on a real dataset.
+"""The four-stage pipeline against its own retrievers, end to end, on a real dataset, over seeds.
 
 Fits what it needs: the stage-1 session model (``sessrec fit`` on its recipe, when its checkpoint
 is missing or ``--retrain``), the kNN and co-visitation retrievers (on the training split), the
@@ -7,46 +7,74 @@ line per system, single retrievers first and the pipeline (the recipe's scorer) 
 
 - ``{"system": <retriever>}``: each retriever alone, full catalogue (its top-20 is its ranking);
   with its retrieval recall@K (K = 50, 100, 200, 500): the ceiling it gives the ranker;
-- ``{"system": "candidates"}``: the merged, filtered candidate set (its recall is the pipeline's
-  ceiling);
-- ``{"system": "pipeline-gbdt"}`` / ``"pipeline-dlrm"``: the same candidates ranked by each scorer;
+- ``{"system": "pipeline-gbdt"}`` / ``"pipeline-dlrm"``: the same candidates ranked by each scorer
+  (the recipe's with its settings, the other with its defaults; a recipe's scorer of another class
+  adds ``"pipeline-<its class, lower case>"``);
 - with ``--ablations``: ``"pipeline-without-retriever-<name>"`` and ``"pipeline-without-features-<group>"``
   (``--ablation-scorer``, GBDT by default: it trains in seconds);
-- last, ``{"system": "pipeline"}``: the recipe's scorer (DLRM), the figure the README quotes.
+- last, ``{"system": "pipeline"}``: the recipe's scorer, the figure the README quotes, with the
+  candidate recall, the peak resident memory (``peak_rss_mb`` of this process, ``peak_rss_children_mb``
+  of the largest stage-1 training it ran) and ``wall_seconds``, the end-to-end time of the run
+  (stage-1 training included when it ran: ``stage1_seconds``).
 
 Each line has ``recall@20``, ``mrr@20``, ``ndcg@20`` (and @10) and ``seconds`` (a retriever: its
 test-split scoring; a ranker: its fitting plus scoring the test candidates, which are built once
-and shared by every ranker compared; stage-1 training time, when it ran, on the first lines).
+and shared by every ranker compared), and the seeds it ran with (``stage1_seed``, ``ranker_seed``).
+
+Seeds. ``--seeds N`` runs N times, run i with stage-1 seed i (``sessrec fit --seed_everything i``,
+its checkpoint in ``runs/<stage-1 recipe>_seed<i>/checkpoints``; the recipe's own seed keeps the
+recipe's checkpoint folder) and ranker seed i (the scorers' ``seed``: their early-stopping split,
+initial weights and shuffling). ``--stage1-seeds 0`` keeps one stage-1 model for every run and
+varies the ranker seed only (when stage 1 cannot be retrained N times in the budget). The kNN and
+co-visitation retrievers depend on no seed: they are fitted for each stage-1 model, but their lines
+are printed once. Each run prints its lines as above; then one line per system with the mean over
+the runs and the sample standard deviation (``<metric>_std``), ``"seeds"`` (the lines averaged) and
+which seeds varied (``"varied"``); the last line is the recipe's scorer's (``"system": "pipeline"``).
+Ablations run on the first run only.
 
 Example (from the repository root):
     python benchmarks/pipeline_eval.py --dataset rsc15_100k
     python benchmarks/pipeline_eval.py --dataset diginetica --ablations features
+    python benchmarks/pipeline_eval.py --dataset diginetica --seeds 3
+    python benchmarks/pipeline_eval.py --dataset tmall --seeds 3 --stage1-seeds 0
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import dataclasses
 import json
+import resource
+import shlex
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
+import yaml
 
 from sessrec.pipeline import Sessions
 from sessrec.pipeline.features import CandidateFeatures
 from sessrec.pipeline.pipeline import Pipeline
-from sessrec.pipeline.recipe import load_recipe
-from sessrec.pipeline.scoring import DLRMScorer, GBDTScorer
+from sessrec.pipeline.recipe import PipelineRecipe, load_recipe
+from sessrec.pipeline.scoring import DLRMScorer, GBDTScorer, Scorer
 from sessrec.pipeline.training import candidate_rows, evaluate_rows, fit_on, list_metrics, retrieval_recall
+from sessrec.saved.registry import config_of
 
 RECIPES = {
     "rsc15_100k": "recipes/pipeline_rsc15.yaml",
     "diginetica": "recipes/pipeline_diginetica.yaml",
     "trivago": "recipes/pipeline_trivago.yaml",
+    "yoochoose164": "recipes/pipeline_yoochoose164.yaml",
+    "tmall": "recipes/pipeline_tmall.yaml",
+    "nowplaying": "recipes/pipeline_nowplaying.yaml",
 }
 KS = (10, 20)
+SEED_KEYS = ("stage1_seed", "ranker_seed")
 
 
 def emit(record: dict) -> None:
@@ -57,28 +85,121 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def train_models(recipe, retrain: bool) -> dict[str, float]:
-    """``sessrec fit`` each stage-1 model whose checkpoint is missing; seconds per model trained."""
+# ----------------------------------------------------------------------------------------- seeds
+def seed_plan(seeds: int, stage1_seeds: list[int] | None) -> list[tuple[int, int]]:
+    """(stage-1 seed, ranker seed) of each run: ranker seeds 0..N-1, stage-1 seeds the same unless given
+    (one value: every run; N values: one per run)."""
+    if seeds < 1:
+        raise SystemExit(f"--seeds must be >= 1, got {seeds}")
+    ranker = list(range(seeds))
+    if stage1_seeds is None:
+        return list(zip(ranker, ranker))
+    if len(stage1_seeds) == 1:
+        return [(stage1_seeds[0], s) for s in ranker]
+    if len(stage1_seeds) != seeds:
+        raise SystemExit(f"--stage1-seeds takes one seed or one per run ({seeds}), got {len(stage1_seeds)}")
+    return list(zip(stage1_seeds, ranker))
+
+
+def recipe_seed(stage1: dict) -> int | None:
+    """The seed a stage-1 recipe trains with (``seed_everything``; the CLI's default is 0)."""
+    seed = stage1.get("seed_everything", 0)
+    return seed if isinstance(seed, int) and not isinstance(seed, bool) else None
+
+
+def checkpoint_of(spec_recipe: str, checkpoint: str, seed: int) -> Path:
+    """Where the stage-1 model of `seed` is: the pipeline recipe's checkpoint for the stage-1 recipe's own
+    seed, else ``runs/<stage-1 recipe>_seed<seed>/checkpoints/<same file name>``."""
+    stage1 = yaml.safe_load(Path(spec_recipe).read_text()) or {}
+    if seed == recipe_seed(stage1):
+        return Path(checkpoint)
+    return Path("runs") / f"{Path(spec_recipe).stem}_seed{seed}" / "checkpoints" / Path(checkpoint).name
+
+
+def seed_overlay(stage1: dict, recipe: str, seed: int, dirpath: Path) -> dict[str, Any]:
+    """A config stacked on a stage-1 recipe: `seed`, its ModelCheckpoint writing to `dirpath` (wherever
+    the recipe lists it: the whole callback list is given, since a later file replaces lists), and
+    for a seed other than the recipe's own, its logger writing beside that folder."""
+    trainer = stage1.get("trainer") or {}
+    callbacks = copy.deepcopy(trainer.get("callbacks") or [])
+    checkpoints = [c for c in callbacks if isinstance(c, dict) and str(c.get("class_path", "")).endswith("ModelCheckpoint")]
+    if len(checkpoints) != 1:
+        raise SystemExit(f"{recipe}: trainer.callbacks must name one ModelCheckpoint (found {len(checkpoints)}); "
+                         "the seeds write their checkpoints through it")
+    checkpoints[0].setdefault("init_args", {})["dirpath"] = str(dirpath)
+    overlay: dict[str, Any] = {"seed_everything": seed, "trainer": {"callbacks": callbacks}}
+    logger = copy.deepcopy(trainer.get("logger"))
+    if seed != recipe_seed(stage1) and isinstance(logger, dict) and "save_dir" in (logger.get("init_args") or {}):
+        logger["init_args"]["save_dir"] = str(dirpath.parent)
+        overlay["trainer"]["logger"] = logger
+    return overlay
+
+
+def train_models(recipe: PipelineRecipe, seeds: list[int], retrain: bool, extra: list[str]) -> dict[tuple[str, int], float]:
+    """``sessrec fit`` each stage-1 model of each seed whose checkpoint is missing (or all with `retrain`);
+    seconds per (model, seed) trained."""
     took = {}
     for name, spec in recipe.models.items():
-        if Path(spec.checkpoint).exists() and not retrain:
-            continue
-        log(f"training {name}: sessrec fit --config {spec.recipe}")
-        start = time.perf_counter()
-        subprocess.run(["sessrec", "fit", "--config", spec.recipe], check=True,
-                       stdout=subprocess.DEVNULL)
-        took[name] = time.perf_counter() - start
+        stage1 = yaml.safe_load(Path(spec.recipe).read_text()) or {}
+        for seed in seeds:
+            checkpoint = checkpoint_of(spec.recipe, spec.checkpoint, seed)
+            if checkpoint.exists() and not retrain:
+                continue
+            checkpoint.parent.mkdir(parents=True, exist_ok=True)
+            overlay = checkpoint.parent.parent / f"seed{seed}.yaml"
+            overlay.write_text(yaml.safe_dump(seed_overlay(stage1, spec.recipe, seed, checkpoint.parent)))
+            command = [sys.executable, "-m", "sessrec.cli", "fit", "--config", spec.recipe, "--config", str(overlay), *extra]
+            log(f"training {name} (seed {seed}): {shlex.join(command)}")
+            start = time.perf_counter()
+            subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+            took[(name, seed)] = time.perf_counter() - start
+            if not checkpoint.exists():
+                raise SystemExit(f"{spec.recipe} (seed {seed}) wrote no {checkpoint}: its ModelCheckpoint's "
+                                 f"filename must be {checkpoint.stem!r}, as the pipeline recipe names it")
     return took
 
 
+def seeded(scorer: Scorer, seed: int) -> Scorer:
+    """A fresh, unfitted copy of `scorer` with `seed` (when it takes one)."""
+    config = config_of(scorer)["init_args"]
+    return type(scorer)(**{**config, **({"seed": seed} if "seed" in config else {})})
+
+
+def peak_rss_mb(who: int) -> float:
+    """Peak resident memory (MiB) of this process (RUSAGE_SELF) or of its largest waited-for child (RUSAGE_CHILDREN)."""
+    peak = resource.getrusage(who).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes on macOS, KiB on Linux
+
+
+def summary(records: list[dict], system: str, varied: list[str]) -> dict:
+    """Mean and sample standard deviation (``<key>_std``; 0 for one line) of every number of `records`."""
+    out: dict[str, Any] = {"system": system, "dataset": records[0]["dataset"]}
+    if "scorer" in records[0]:
+        out["scorer"] = records[0]["scorer"]
+    for key, value in records[0].items():
+        if key in SEED_KEYS or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        values = [float(r[key]) for r in records if key in r]
+        out[key] = statistics.fmean(values)
+        out[f"{key}_std"] = statistics.stdev(values) if len(values) > 1 else 0.0
+    out["seeds"] = len(records)
+    for key in SEED_KEYS:
+        if any(key in r for r in records):
+            out[f"{key}s"] = [r[key] for r in records if key in r]
+    out["varied"] = varied
+    return out
+
+
+# ---------------------------------------------------------------------------------------- scoring
 @torch.no_grad()
 def single(pipe: Pipeline, name: str, items: torch.Tensor, targets: torch.Tensor, batch: int) -> dict[str, float]:
     """A retriever alone: its own top-(max(KS) + 1) over the full catalogue is its ranking (ties against the target)."""
     retriever = pipe.stage_retrievers[name]
     totals: dict[str, float] = {}
     for lo in range(0, len(items), batch):
-        top = retriever.retrieve(Sessions(items[lo : lo + batch].long()), max(KS) + 1)
-        for key, value in list_metrics(top.items, top.scores, targets[lo : lo + batch], KS).items():
+        top = retriever.retrieve(Sessions(items[lo : lo + batch].long()).to(pipe.device), max(KS) + 1)
+        target = targets[lo : lo + batch].to(pipe.device)
+        for key, value in list_metrics(top.items, top.scores, target, KS).items():
             totals[key] = totals.get(key, 0.0) + value
     return {k: v / len(items) for k, v in totals.items()}
 
@@ -92,86 +213,131 @@ def scored(pipe: Pipeline, data, scorer, test) -> dict:
             "ranker_coverage": info["coverage"]}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dataset", choices=sorted(RECIPES), required=True)
-    parser.add_argument("--recipe", help="a pipeline recipe other than the dataset's")
-    parser.add_argument("--retrain", action="store_true", help="train the stage-1 models even if checkpoints exist")
-    parser.add_argument("--ablations", nargs="*", choices=["retrievers", "features"], default=None,
-                        help="also each retriever and/or each feature group removed (no value: both)")
-    parser.add_argument("--ablation-scorer", choices=["gbdt", "dlrm"], default="gbdt")
-    parser.add_argument("--recall-ks", default="50,100,200,500")
-    parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    wall = time.perf_counter()
-
-    recipe = load_recipe(args.recipe or RECIPES[args.dataset])
-    trained = train_models(recipe, args.retrain)
-    start = time.perf_counter()
-    pipe = recipe.build()
-    build_seconds = time.perf_counter() - start
-    dm, batch = recipe.data, recipe.batch_size
-    test = dm.tensors("test")
-    valid = recipe.ranker_data()
-    log(f"{args.dataset}: {len(valid)} validation pairs (ranker), {len(test[0])} test pairs; built in {build_seconds:.0f} s")
-
-    ks = [int(k) for k in args.recall_ks.split(",")]
-    ceilings = retrieval_recall(pipe, *test, ks, batch_size=256)
-    for name in pipe.retrievers:
-        start = time.perf_counter()
-        metrics = single(pipe, name, *test, batch)
-        extra = {"train_seconds": trained[name]} if name in trained else {}
-        emit({"system": name, "dataset": args.dataset, **metrics, **{f"retrieval_{k}": v for k, v in ceilings[name].items()},
-              "seconds": time.perf_counter() - start, **extra})
-
-    start = time.perf_counter()
-    data = candidate_rows(pipe, valid, batch)
-    candidates_seconds = time.perf_counter() - start
-    log(f"ranker rows: {tuple(data.valid.shape)}, coverage {data.coverage:.4f}, {candidates_seconds:.0f} s")
-    start = time.perf_counter()
-    test_rows = candidate_rows(pipe, dm.pairs("test"), batch)
-    test_seconds = time.perf_counter() - start
-    log(f"test rows: {tuple(test_rows.valid.shape)}, coverage {test_rows.coverage:.4f}, {test_seconds:.0f} s")
-
-    default = recipe.scorer
-    runs = [("gbdt", GBDTScorer()), ("dlrm", DLRMScorer())]
-    results = {}
-    for name, scorer in runs:
-        if type(scorer) is type(default):
-            scorer = default
-        results[name] = scored(pipe, data, scorer, test_rows)
-        emit({"system": f"pipeline-{name}", "dataset": args.dataset, **results[name]})
-
-    ablations = set() if args.ablations is None else set(args.ablations or ["retrievers", "features"])
-    make = GBDTScorer if args.ablation_scorer == "gbdt" else DLRMScorer
+def ablations(pipe: Pipeline, which: set[str], make, data, test_rows, valid, test, batch: int, record: dict) -> None:
+    """Each retriever and/or feature group removed, ranked by a fresh scorer from `make()`."""
     full_features = pipe.features
-    if "retrievers" in ablations:
+    if "retrievers" in which:
         for name in list(pipe.retrievers):
             start = time.perf_counter()
             rest = {n: r for n, r in pipe.retrievers.items() if n != name}
             smaller = Pipeline(pipe.vocab, rest, pipe.max_length, pipe.max_candidates, pipe.history_length, pipe.filters[1:],
-                               CandidateFeatures(groups=full_features.groups), None, pipe.ordering)
+                               CandidateFeatures(groups=full_features.groups), None, pipe.ordering, pipe.device)
             smaller.features.popularity = full_features.popularity
             part = candidate_rows(smaller, valid, batch)
-            metrics = scored(smaller, part, make(), candidate_rows(smaller, dm.pairs("test"), batch))
-            emit({"system": f"pipeline-without-retriever-{name}", "dataset": args.dataset, "scorer": args.ablation_scorer,
-                  **metrics, "seconds": time.perf_counter() - start})
-    if "features" in ablations:
+            metrics = scored(smaller, part, make(), candidate_rows(smaller, test, batch))
+            emit({"system": f"pipeline-without-retriever-{name}", **record, **metrics, "seconds": time.perf_counter() - start})
+    if "features" in which:
         for group in full_features.groups:
             if group == "ids":
                 continue  # only the DLRM reads the ids, and its embedding tables need them
-            groups = [g for g in full_features.groups if g != group]
-            pipe.features = CandidateFeatures(groups=groups)
+            pipe.features = CandidateFeatures(groups=[g for g in full_features.groups if g != group])
             pipe.features.popularity = full_features.popularity
-            metrics = scored(pipe, data, make(), test_rows)
-            emit({"system": f"pipeline-without-features-{group}", "dataset": args.dataset, "scorer": args.ablation_scorer, **metrics})
+            emit({"system": f"pipeline-without-features-{group}", **record, **scored(pipe, data, make(), test_rows)})
         pipe.features = full_features
 
-    final = "dlrm" if isinstance(default, DLRMScorer) else "gbdt"
-    emit({"system": "pipeline", "dataset": args.dataset, "scorer": type(default).__name__, **results[final],
-          "candidates_seconds": candidates_seconds, "test_candidates_seconds": test_seconds, "build_seconds": build_seconds,
-          "wall_seconds": time.perf_counter() - wall})
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dataset", choices=sorted(RECIPES), help="the dataset (its recipes/pipeline_<dataset>.yaml)")
+    parser.add_argument("--recipe", help="a pipeline recipe other than the dataset's (the lines name its file when no --dataset)")
+    parser.add_argument("--retrain", action="store_true", help="train the stage-1 models even if checkpoints exist")
+    parser.add_argument("--seeds", type=int, default=1, help="runs, with stage-1 and ranker seeds 0..N-1 (default 1)")
+    parser.add_argument("--stage1-seeds", type=int, nargs="+", default=None,
+                        help="stage-1 seeds: one for every run (only the ranker seed varies) or one per run")
+    parser.add_argument("--stage1-args", default="", help="extra flags of every stage-1 `sessrec fit` (one quoted string)")
+    parser.add_argument("--device", help="where the pipeline runs (default: the recipe's, else its session model's)")
+    parser.add_argument("--ablations", nargs="*", choices=["retrievers", "features"], default=None,
+                        help="also each retriever and/or each feature group removed (no value: both), on the first run")
+    parser.add_argument("--ablation-scorer", choices=["gbdt", "dlrm"], default="gbdt")
+    parser.add_argument("--recall-ks", default="50,100,200,500")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    if not (args.dataset or args.recipe):
+        parser.error("give --dataset (or --recipe)")
+    torch.set_num_threads(args.threads)
+    wall = time.perf_counter()
+    dataset = args.dataset or Path(args.recipe).stem
+
+    path = args.recipe or RECIPES[args.dataset]
+    if not Path(path).is_file():
+        parser.error(f"{path}: no such pipeline recipe")
+    recipe = load_recipe(path, ["--pipeline.device", args.device] if args.device else [])
+    runs = seed_plan(args.seeds, args.stage1_seeds)
+    varied = [name for name, i in (("stage1", 0), ("ranker", 1)) if len({run[i] for run in runs}) > 1]
+    stage1_seeds = sorted({s for s, _ in runs})
+    trained = train_models(recipe, stage1_seeds, args.retrain, shlex.split(args.stage1_args))
+    specs = dict(recipe.models)
+    dm, batch = recipe.data, recipe.batch_size
+    test = dm.pairs("test")
+    valid = recipe.ranker_data()
+    ks = [int(k) for k in args.recall_ks.split(",")]
+    which = set() if args.ablations is None else set(args.ablations or ["retrievers", "features"])
+    make_ablation = GBDTScorer if args.ablation_scorer == "gbdt" else DLRMScorer
+    scorers = {"gbdt": GBDTScorer(), "dlrm": DLRMScorer()}  # both compared, the recipe's with its settings
+    final = next((name for name, s in scorers.items() if type(s) is type(recipe.scorer)), type(recipe.scorer).__name__.lower())
+    scorers[final] = recipe.scorer
+    lines: dict[str, list[dict]] = {}
+
+    def record(line: dict, show: bool = True) -> None:
+        lines.setdefault(line["system"], []).append(line)
+        if show:
+            emit(line)
+
+    for stage1_seed in stage1_seeds:
+        recipe.models = {n: dataclasses.replace(s, checkpoint=str(checkpoint_of(s.recipe, s.checkpoint, stage1_seed)))
+                         for n, s in specs.items()}
+        start = time.perf_counter()
+        pipe = recipe.build()
+        build_seconds = time.perf_counter() - start
+        log(f"{dataset} (stage-1 seed {stage1_seed}): {len(valid)} validation pairs (ranker), {len(test)} test pairs; "
+            f"built on {pipe.device} in {build_seconds:.0f} s")
+        names = [n for n in pipe.retrievers if n in specs or stage1_seed == stage1_seeds[0]]  # seed-free ones once
+        view = copy.copy(pipe)
+        view.retrievers = {n: pipe.retrievers[n] for n in names}
+        ceilings = retrieval_recall(view, test.items, test.targets, ks, batch_size=256)
+        for name in names:
+            start = time.perf_counter()
+            metrics = single(pipe, name, test.items, test.targets, batch)
+            extra = {"train_seconds": trained[(name, stage1_seed)]} if (name, stage1_seed) in trained else {}
+            seeds = {"stage1_seed": stage1_seed} if name in specs else {}
+            record({"system": name, "dataset": dataset, **metrics, **{f"retrieval_{k}": v for k, v in ceilings[name].items()},
+                    "seconds": time.perf_counter() - start, **extra, **seeds})
+
+        start = time.perf_counter()
+        data = candidate_rows(pipe, valid, batch)
+        candidates_seconds = time.perf_counter() - start
+        log(f"ranker rows: {tuple(data.valid.shape)}, coverage {data.coverage:.4f}, {candidates_seconds:.0f} s")
+        start = time.perf_counter()
+        test_rows = candidate_rows(pipe, test, batch)
+        test_seconds = time.perf_counter() - start
+        log(f"test rows: {tuple(test_rows.valid.shape)}, coverage {test_rows.coverage:.4f}, {test_seconds:.0f} s")
+
+        for ranker_seed in [r for s, r in runs if s == stage1_seed]:
+            seeds = {"stage1_seed": stage1_seed, "ranker_seed": ranker_seed}
+            results = {}
+            for name, base in scorers.items():
+                results[name] = scored(pipe, data, seeded(base, ranker_seed), test_rows)
+                record({"system": f"pipeline-{name}", "dataset": dataset, **results[name], **seeds})
+            if which and (stage1_seed, ranker_seed) == runs[0]:
+                ablations(pipe, which, lambda seed=ranker_seed: seeded(make_ablation(), seed), data, test_rows, valid, test, batch,
+                          {"dataset": dataset, "scorer": args.ablation_scorer, **seeds})
+            record({"system": "pipeline", "dataset": dataset, "scorer": type(recipe.scorer).__name__, **results[final],
+                    "candidates_seconds": candidates_seconds, "test_candidates_seconds": test_seconds,
+                    "build_seconds": build_seconds, **seeds}, show=len(runs) > 1)  # one run: printed last, below
+        device = str(pipe.device)
+        del pipe, data, test_rows  # before the next stage-1 model's rows are built
+
+    last = lines.pop("pipeline")
+    end = {"stage1_seconds": sum(trained.values()), "stage1_trained": len(trained),
+           "peak_rss_mb": peak_rss_mb(resource.RUSAGE_SELF), "peak_rss_children_mb": peak_rss_mb(resource.RUSAGE_CHILDREN),
+           "device": device}
+    if len(runs) == 1:
+        emit({**last[0], **end, "wall_seconds": time.perf_counter() - wall})
+        return
+    for system, records in lines.items():
+        if not system.startswith("pipeline-without-"):
+            emit(summary(records, system, varied))
+    emit({**summary(last, "pipeline", varied), **end, "wall_seconds": time.perf_counter() - wall})
 
 
 if __name__ == "__main__":

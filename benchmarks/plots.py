@@ -66,9 +66,19 @@ def load(data_dir: Path) -> dict[str, dict]:
     return {f.stem: json.loads(f.read_text()) for f in files}
 
 
-def lines(data: dict, name: str) -> list[dict]:
-    """All result lines of one data file (empty when the file is absent)."""
-    return [line for run in data.get(name, {}).get("runs", []) for line in run["lines"]]
+def lines(data: dict, name: str, per_seed: bool = False) -> list[dict]:
+    """All result lines of one data file (empty when the file is absent).
+
+    A run over several seeds (``pipeline_eval.py --seeds N``) prints each seed's lines, then one
+    line per system with their means (marked by ``seeds``): of such a run, only the means and the
+    ablations are returned, unless `per_seed`.
+    """
+    out = []
+    for run in data.get(name, {}).get("runs", []):
+        means = any("seeds" in line for line in run["lines"])
+        out += [line for line in run["lines"]
+                if per_seed or not means or "seeds" in line or line["system"].startswith("pipeline-without-")]
+    return out
 
 
 # ------------------------------------------------------------------ series: what each figure draws
@@ -126,19 +136,20 @@ def stage_series(data: dict) -> dict[str, dict[str, dict[str, float]]]:
 
 def ablation_series(data: dict) -> dict[str, dict[str, dict[str, float]]]:
     """Per metric, per ablation ("retriever-xlnet", ...), per dataset: the change against the full
-    pipeline with the same ranker (LightGBM), rounded as the docs print it."""
-    full: dict[str, dict] = {}
-    rows = lines(data, "pipeline_eval")
+    pipeline with the same ranker (LightGBM) and the same seeds, rounded as the docs print it."""
+    full: dict[tuple, dict] = {}
+    rows = lines(data, "pipeline_eval", per_seed=True)
+    key = lambda r: (r["dataset"], r.get("stage1_seed"), r.get("ranker_seed"))
     for r in rows:
         if r["system"] == "pipeline-gbdt":
-            full[r["dataset"]] = r
+            full[key(r)] = r
     out: dict[str, dict[str, dict[str, float]]] = {"recall@20": {}, "mrr@20": {}}
     for r in rows:
         if not r["system"].startswith("pipeline-without-"):
             continue
         name = r["system"].removeprefix("pipeline-without-")
         for metric, by_name in out.items():
-            delta = round(r[metric] - full[r["dataset"]][metric], 4)
+            delta = round(r[metric] - full[key(r)][metric], 4)
             by_name.setdefault(name, {})[r["dataset"]] = delta + 0.0  # no -0.0
     return out
 

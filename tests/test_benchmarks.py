@@ -131,3 +131,116 @@ def test_train_throughput_peer_record():
     assert r["peer"].startswith("transformers4rec 23.12") and 0 < r["peer_mlm_probability"] <= 1
     assert r["peer_median_masked_targets_per_step"] > 0 and r["peer_sessions_per_s"] > 0
     assert r["ratio"] == pytest.approx(r["sessions_per_s"] / r["peer_sessions_per_s"], rel=0.01)
+
+
+# -------------------------------------------------------------------------- pipeline_eval.py seeds
+def pipeline_eval():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import pipeline_eval
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    return pipeline_eval
+
+
+STAGE1 = {
+    "seed_everything": 0,
+    "trainer": {
+        "logger": {"class_path": "pytorch_lightning.loggers.CSVLogger", "init_args": {"save_dir": "runs/m", "name": "m"}},
+        "callbacks": [
+            {"class_path": "pytorch_lightning.callbacks.ModelCheckpoint",
+             "init_args": {"dirpath": "runs/m/checkpoints", "monitor": "val/mrr@20", "filename": "best"}},
+            {"class_path": "pytorch_lightning.callbacks.LearningRateMonitor", "init_args": {"logging_interval": "epoch"}},
+        ],
+    },
+    "model": {"encoder": {"class_path": "sessrec.models.XLNetEncoder", "init_args": {"d_model": 16, "n_head": 2, "n_layer": 1}}},
+}
+
+
+def test_pipeline_eval_seed_plan_and_stage1_overlays(tmp_path):
+    pe = pipeline_eval()
+    assert pe.seed_plan(3, None) == [(0, 0), (1, 1), (2, 2)]
+    assert pe.seed_plan(3, [0]) == [(0, 0), (0, 1), (0, 2)]  # one stage-1 model, three ranker seeds
+    assert pe.seed_plan(2, [4, 7]) == [(4, 0), (7, 1)]
+    with pytest.raises(SystemExit, match="one seed or one per run"):
+        pe.seed_plan(3, [0, 1])
+    recipe = tmp_path / "gpt2_x.yaml"
+    recipe.write_text(json.dumps(STAGE1))
+    own = pe.checkpoint_of(str(recipe), "runs/m/checkpoints/best.ckpt", 0)
+    other = pe.checkpoint_of(str(recipe), "runs/m/checkpoints/best.ckpt", 2)
+    assert own == Path("runs/m/checkpoints/best.ckpt") and other == Path("runs/gpt2_x_seed2/checkpoints/best.ckpt")
+    # the ModelCheckpoint is edited where the recipe lists it (first here), the whole list given
+    overlay = pe.seed_overlay(STAGE1, str(recipe), 2, other.parent)
+    assert overlay["seed_everything"] == 2
+    callbacks = overlay["trainer"]["callbacks"]
+    assert [c["class_path"].rsplit(".", 1)[1] for c in callbacks] == ["ModelCheckpoint", "LearningRateMonitor"]
+    assert callbacks[0]["init_args"] == {**STAGE1["trainer"]["callbacks"][0]["init_args"], "dirpath": str(other.parent)}
+    assert overlay["trainer"]["logger"]["init_args"]["save_dir"] == "runs/gpt2_x_seed2"
+    assert STAGE1["trainer"]["callbacks"][0]["init_args"]["dirpath"] == "runs/m/checkpoints"  # the recipe is left as it was
+    assert "logger" not in pe.seed_overlay(STAGE1, str(recipe), 0, own.parent)["trainer"]  # its own seed logs as usual
+    with pytest.raises(SystemExit, match="one ModelCheckpoint"):
+        pe.seed_overlay({"trainer": {"callbacks": []}}, str(recipe), 1, other.parent)
+    means = pe.summary([{"system": "p", "dataset": "d", "recall@20": 0.5, "stage1_seed": 0, "ranker_seed": 0},
+                        {"system": "p", "dataset": "d", "recall@20": 0.7, "stage1_seed": 0, "ranker_seed": 1}], "p", ["ranker"])
+    assert means["recall@20"] == pytest.approx(0.6) and means["recall@20_std"] == pytest.approx(0.1414, abs=1e-4)
+    assert (means["seeds"], means["stage1_seeds"], means["ranker_seeds"], means["varied"]) == (2, [0, 0], [0, 1], ["ranker"])
+
+
+def test_pipeline_eval_over_two_seeds_prints_each_seed_then_the_means(tmp_path):
+    """Two stage-1 checkpoints (seed 0 where the pipeline recipe names it, seed 1 in its seed folder,
+    written here untrained so that nothing is trained) and two ranker seeds."""
+    import torch
+    import yaml
+
+    from sessrec.data import SessionDataModule, SyntheticSource
+    from sessrec.models import XLNetEncoder
+    from sessrec.tasks import NextItemTask
+
+    source = {"num_sessions": 1500, "num_items": 150, "days": 10}
+    dm = SessionDataModule(source=SyntheticSource(**source), max_length=8)
+    (tmp_path / "stage1.yaml").write_text(yaml.safe_dump(STAGE1))
+    for seed, folder in ((0, "runs/m/checkpoints"), (1, "runs/stage1_seed1/checkpoints")):
+        (tmp_path / folder).mkdir(parents=True)
+        torch.manual_seed(seed)
+        task = NextItemTask(num_items=dm.num_items, max_length=8, encoder=XLNetEncoder(d_model=16, n_head=2, n_layer=1))
+        torch.save({"state_dict": task.state_dict(), "hyper_parameters": {"num_items": dm.num_items, "max_length": 8}},
+                   tmp_path / folder / "best.ckpt")
+        dm.vocab.save(tmp_path / folder / "vocab.parquet")
+    pipeline = {
+        "data": {"source": {"class_path": "sessrec.data.SyntheticSource", "init_args": source}, "max_length": 8},
+        "models": {"xlnet": {"recipe": "stage1.yaml", "checkpoint": "runs/m/checkpoints/best.ckpt", "k": 20}},
+        "covisitation": {}, "covisitation_k": 20, "max_candidates": 30,
+        "scorer": {"class_path": "sessrec.pipeline.scoring.GBDTScorer",
+                   "init_args": {"max_rounds": 10, "threads": 1, "min_data_in_leaf": 5}},
+        "output": "runs/pipeline",
+    }
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump({"pipeline": pipeline}))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "pipeline_eval.py"), "--recipe", "tiny.yaml", "--seeds", "2",
+         "--threads", "1", "--recall-ks", "10,20"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "training" not in done.stderr  # both checkpoints existed
+    records = [json.loads(line) for line in done.stdout.splitlines()]
+    systems = [(r["system"], r.get("stage1_seed"), r.get("ranker_seed"), "seeds" in r) for r in records]
+    rankers = ("pipeline-gbdt", "pipeline-dlrm", "pipeline")
+    assert systems == [
+        ("xlnet", 0, None, False), ("covisitation", None, None, False),
+        *[(s, 0, 0, False) for s in rankers],
+        ("xlnet", 1, None, False),  # co-visitation depends on no seed: printed once
+        *[(s, 1, 1, False) for s in rankers],
+        ("xlnet", None, None, True), ("covisitation", None, None, True),
+        ("pipeline-gbdt", None, None, True), ("pipeline-dlrm", None, None, True), ("pipeline", None, None, True),
+    ]
+    xlnet = [r for r in records if r["system"] == "xlnet"]
+    assert xlnet[0]["mrr@20"] != xlnet[1]["mrr@20"]  # two different stage-1 models
+    runs, last = [r for r in records if r["system"] == "pipeline"][:2], records[-1]
+    for key in ("recall@20", "mrr@20", "candidate_recall"):
+        values = [r[key] for r in runs]
+        assert last[key] == pytest.approx(sum(values) / 2, abs=1e-4)
+        assert last[f"{key}_std"] == pytest.approx(abs(values[0] - values[1]) / 2 ** 0.5, abs=1e-4)
+    assert (last["seeds"], last["stage1_seeds"], last["ranker_seeds"], last["varied"]) == (2, [0, 1], [0, 1], ["stage1", "ranker"])
+    assert last["scorer"] == "GBDTScorer" and last["stage1_trained"] == 0 and last["device"] == "cpu"
+    assert last["peak_rss_mb"] > 50 and last["wall_seconds"] > 0 and "peak_rss_children_mb" in last

@@ -578,3 +578,144 @@ def test_recommend_casts_id_strings_and_refuses_mixed_ids(world: World) -> None:
     assert pipe.recommend([[str(i) for i in session]], k=K) == pipe.recommend([session], k=K)
     with pytest.raises(TypeError, match="cannot be read as the vocabulary's int64 ids"):
         pipe.recommend([[session[0], "not-an-id"]], k=K)
+
+
+# ------------------------------------------------------------------------- estimators per recipe
+def test_recipes_own_their_estimators(world: World, tmp_path: Path) -> None:
+    """Two recipes built in one process (from the defaults, or from one passed object) share no
+    estimator, and fitting one leaves the other unfitted."""
+    import inspect
+
+    defaults = inspect.signature(PipelineRecipe).parameters
+    first = PipelineRecipe(world.dm, covisitation=CoVisitation(), covisitation_k=30, max_candidates=50,
+                           scorer=GBDTScorer(**GBDT_ARGS), output=str(tmp_path / "first"))
+    second = PipelineRecipe(world.dm, covisitation=CoVisitation(), covisitation_k=30, max_candidates=50)
+    for name in ("features", "scorer", "ordering"):
+        assert getattr(first, name) is not getattr(second, name), name
+        assert getattr(second, name) is not defaults[name].default, name
+    assert config_of(second.features) == config_of(defaults["features"].default)  # a copy of the default
+    first.fit()
+    assert first.features.ops is not None and first.scorer.booster is not None
+    assert second.features.ops is None and second.features.popularity is None and second.scorer.network is None
+    assert defaults["features"].default.ops is None and defaults["scorer"].default.network is None
+
+    shared = GBDTScorer(**GBDT_ARGS)  # one object given to two recipes: each fits its own copy
+    third, fourth = (PipelineRecipe(world.dm, covisitation=CoVisitation(), covisitation_k=30, max_candidates=50,
+                                    scorer=shared, output=str(tmp_path / name)) for name in ("third", "fourth"))
+    third.fit()
+    assert third.scorer.booster is not None and fourth.scorer.booster is None and shared.booster is None
+
+
+def test_recipe_files_leave_estimators_to_the_defaults_and_still_show_them(world: World, tmp_path: Path) -> None:
+    from sessrec.pipeline.recipe import load_recipe, recipe_parser
+
+    recipe, _ = write_recipe(world, tmp_path)  # sets the scorer, leaves features and ordering to the defaults
+    a, b = load_recipe(recipe), load_recipe(recipe)
+    assert a.features is not b.features and a.ordering is not b.ordering and a.scorer is not b.scorer
+    parser = recipe_parser()
+    shown = yaml.safe_load(parser.dump(parser.parse_args(["--config", str(recipe)])))["pipeline"]
+    assert shown["features"]["class_path"] == "sessrec.pipeline.CandidateFeatures"
+    assert shown["ordering"]["class_path"] == "sessrec.pipeline.Ordering"
+    assert load_recipe(recipe, ["--pipeline.device", "cpu"]).build().device == torch.device("cpu")
+
+
+# ---------------------------------------------------------------------------------------- device
+def test_pipeline_runs_on_an_explicit_device(world: World, saved: dict[str, Path]) -> None:
+    cpu = torch.device("cpu")
+    assert world.pipelines["gbdt"].device == cpu  # the session model's device (loaded on the CPU)
+    pipe = Pipeline.from_pretrained(saved["dlrm"], device=cpu)
+    assert pipe.device == cpu and pipe.stage_retrievers["xlnet"].device == cpu
+    assert all(p.device == cpu for p in pipe.scorer.network.parameters())
+    pairs = world.dm.pairs("test")
+    sessions = Sessions(pairs.items[:40])
+    cands = pipe.candidates(sessions)
+    scored = pipe.score(sessions, cands)
+    recs = pipe.recommend_batch(sessions, k=K)
+    for tensor in (cands.items, *cands.features.values(), scored.scores, recs.items, recs.scores):
+        assert tensor.device == cpu
+    assert recs.items.tolist() == world.pipelines["dlrm"].recommend_batch(sessions, k=K).items.tolist()
+    assert training.evaluate(pipe, pairs) == training.evaluate(world.pipelines["dlrm"], pairs)
+
+
+def rule_pipeline(world: World, tmp_path: Path) -> Pipeline:
+    """The world's GBDT ranker behind every kind of filter and ordering rule, the sampler included."""
+    raw = world.dm.vocab.raw_ids.to_pylist()
+    categories, windows = tmp_path / "categories.parquet", tmp_path / "windows.parquet"
+    pq.write_table(pa.table({"item_id": raw, "category": [i % 4 for i in raw]}), categories)
+    pq.write_table(pa.table({"item_id": raw[::3], "valid_from": [0.0] * len(raw[::3]),
+                             "valid_to": [1e9 if i % 2 else 5e8 for i in range(len(raw[::3]))]}), windows)
+    fitted = world.pipelines["gbdt"]
+    ordering = Ordering(boosts=[BoostRule(raw[::5], 0.5)], diversity=DiversityCap(str(categories), 2),
+                        sampling=SoftmaxSampling(1.0, seed=3))
+    return Pipeline(world.dm.vocab, world.retrievers, max_length=MAX_LENGTH, max_candidates=50,
+                    filters=[SeenItemsFilter(window=3), ItemTableFilter(str(windows), mode="deny")],
+                    features=fitted.features, scorer=fitted.scorer, ordering=ordering)
+
+
+@pytest.mark.parametrize("name", ["gbdt", "dlrm", "rules"])
+def test_every_stage_builds_its_tensors_on_the_sessions_device(
+    world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """With the default device set to ``meta``, a tensor built without a device holds no data and
+    cannot meet a CPU tensor: a pipeline on the CPU gives the same results as with the default CPU
+    only if every stage builds on the device of its sessions (the session model's encoder is left
+    to the models' own GPU tests: its Hugging Face layers build on the default device, then move)."""
+    pipe = rule_pipeline(world, tmp_path) if name == "rules" else world.pipelines[name]
+    objective = world.retrievers["xlnet"][0].objective
+    encode = objective.next_item_hidden
+
+    def on_cpu(*args, **kwargs):
+        with torch.device("cpu"):
+            return encode(*args, **kwargs)
+
+    monkeypatch.setattr(objective, "next_item_hidden", on_cpu)
+    pairs = world.dm.pairs("test")
+    items, targets = pairs.items, pairs.targets
+    now = torch.linspace(4e8, 6e8, 80, dtype=torch.float64)  # half the deny windows close before the end
+
+    def run() -> tuple:
+        if pipe.ordering.sampling is not None:
+            pipe.ordering.sampling = SoftmaxSampling(1.0, seed=3)  # the same samples on each run
+        recs = pipe.recommend_batch(Sessions(items[:80], now=now.clone()), k=K)
+        rows = training.candidate_rows(pipe, pairs, 64)
+        return (recs.items, recs.scores, training.evaluate(pipe, pairs, batch_size=64),
+                training.evaluate_rows(pipe, rows, batch_size=48), training.retrieval_recall(pipe, items, targets, (10, 50)))
+
+    expected = run()
+    with torch.device("meta"):
+        got = run()
+    assert got[0].device == torch.device("cpu")
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    assert got[2:] == expected[2:]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["gbdt", "dlrm"])
+def test_pipeline_on_cuda_matches_the_cpu(world: World, name: str) -> None:
+    """Fitted and run on CUDA (session model, exact index and DLRM there), the pipeline agrees with the CPU run."""
+    from sessrec.pipeline.retrieval.index import ExactIndex
+
+    train, _ = world.dm.tensors("train")
+    valid, test = world.dm.pairs("valid"), world.dm.pairs("test")
+    out = {}
+    for device in ("cpu", "cuda"):
+        model = SessionModelRetriever.from_checkpoint(world.recipe, world.checkpoint, ExactIndex())
+        retrievers = {**world.retrievers, "xlnet": (model, 30)}  # kNN and co-visitation stay on the host
+        features = CandidateFeatures().fit_statistics(_time_ordered(train, world.dm), world.dm.num_items)
+        pipe = Pipeline(world.dm.vocab, retrievers, max_length=MAX_LENGTH, max_candidates=50, features=features,
+                        device=device)
+        scorer = GBDTScorer(**GBDT_ARGS) if name == "gbdt" else DLRMScorer(max_epochs=2)
+        training.fit_ranker(pipe, valid, scorer)
+        recs = pipe.recommend_batch(Sessions(test.items[:80]), k=K)
+        assert recs.items.device.type == device and model.built_index()._vectors.device.type == device
+        if name == "dlrm":
+            assert next(pipe.scorer.network.parameters()).device.type == device
+        out[device] = (recs, training.evaluate(pipe, test))
+    (cpu, cpu_metrics), (gpu, gpu_metrics) = out["cpu"], out["cuda"]
+    # the same features up to float sums in another order: LightGBM (on the host) may flip a split
+    # on a near-tie; the DLRM also trains on the GPU
+    tolerance = 0.01 if name == "gbdt" else 0.03
+    for key, value in cpu_metrics.items():
+        assert gpu_metrics[key] == pytest.approx(value, abs=tolerance), key
+    if name == "gbdt":
+        assert (gpu.items.cpu() == cpu.items).float().mean() > 0.95

@@ -235,11 +235,15 @@ def test_times_become_ranker_features_and_are_required_once_fitted(dm: SessionDa
     metrics = training.evaluate(pipe, dm.pairs("test"), ks=(3,))
     assert metrics["candidate_recall"] == 1.0
     # without times the fitted ranker refuses, in one line naming what it needs
-    with pytest.raises(ValueError, match=r"\['session_duration'\] need the event times .*time_hour_cos.* need the time") as err:
+    with pytest.raises(ValueError, match=r"fitted with time features \(session_duration, time_hour_cos, .*\): give every session's event times") as err:
         pipe.recommend_batch(Sessions(sessions.items))
     assert "\n" not in str(err.value)
-    with pytest.raises(ValueError, match=r"fitted with time features: \['session_duration'\] need the event times \(Sessions.times\), which"):
+    with pytest.raises(ValueError, match=r"fitted with time features \(session_duration, .*\): give every session's event times"):
         pipe.recommend_batch(Sessions(sessions.items, now=sessions.now))
+    # the features themselves say which need the event times and which the time of the request
+    with pytest.raises(ValueError, match=r"\['session_duration'\] need the event times .*time_hour_cos.* need the time") as err:
+        pipe.features.transform(Sessions(sessions.items), cands, pipe.stage_retrievers)
+    assert "\n" not in str(err.value)
 
 
 def test_a_ranker_fitted_without_times_ignores_them(dm: SessionDataModule) -> None:

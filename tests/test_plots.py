@@ -154,6 +154,34 @@ def test_spot_checks_against_the_tables(plots):
     assert f"| 512 (the recipes' batch) | 25.7 M | 1.01 M | **{ratios['batch 512']}x** |" in benchmarks
 
 
+def test_a_run_over_seeds_is_drawn_from_its_means(plots):
+    """``pipeline_eval.py --seeds N`` prints each seed's lines, then their means (``seeds``): the stages
+    are drawn from the means, an ablation against the full pipeline of its own seeds."""
+    def line(system, r20, **extra):
+        return {"system": system, "dataset": "tmall", "recall@20": r20, "mrr@20": r20 / 2, **extra}
+
+    retriever = {"retrieval_recall@50": 0.5}
+    per_seed = [
+        line("gpt2", 0.30, stage1_seed=0, **retriever), line("gpt2", 0.32, stage1_seed=1, **retriever),
+        line("pipeline-gbdt", 0.40, stage1_seed=0, ranker_seed=0), line("pipeline-dlrm", 0.38, stage1_seed=0, ranker_seed=0),
+        line("pipeline-without-retriever-gpt2", 0.35, stage1_seed=0, ranker_seed=0),
+        line("pipeline", 0.38, stage1_seed=0, ranker_seed=0, candidate_recall=0.6),
+        line("pipeline-gbdt", 0.44, stage1_seed=1, ranker_seed=1), line("pipeline-dlrm", 0.42, stage1_seed=1, ranker_seed=1),
+        line("pipeline", 0.42, stage1_seed=1, ranker_seed=1, candidate_recall=0.62),
+    ]
+    means = [
+        line("gpt2", 0.31, seeds=2, **retriever), line("pipeline-gbdt", 0.42, seeds=2),
+        line("pipeline-dlrm", 0.40, seeds=2), line("pipeline", 0.40, seeds=2, candidate_recall=0.61),
+    ]
+    data = {"pipeline_eval": {"runs": [{"command": "pipeline_eval.py --dataset tmall --seeds 2", "lines": per_seed + means}]}}
+    assert [r["system"] for r in plots.lines(data, "pipeline_eval")] == [
+        "pipeline-without-retriever-gpt2", "gpt2", "pipeline-gbdt", "pipeline-dlrm", "pipeline"]
+    assert len(plots.lines(data, "pipeline_eval", per_seed=True)) == len(per_seed) + len(means)
+    stages = plots.stage_series(data)["tmall"]["recall@20"]
+    assert list(stages.values()) == [0.31, 0.61, 0.40, 0.42, 0.40]
+    assert plots.ablation_series(data)["recall@20"]["retriever-gpt2"] == {"tmall": -0.05}  # 0.35 - 0.40 (seed 0)
+
+
 def test_the_data_names_its_commands_and_machine():
     for path in sorted(DATA.glob("*.json")):
         data = json.loads(path.read_text())

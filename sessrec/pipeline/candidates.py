@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import numpy as np
 import torch
 
 from sessrec.data.vocab import NUM_SPECIAL, PAD
@@ -56,6 +55,14 @@ class Sessions:
     def lengths(self) -> torch.Tensor:
         """(B,) events per session (OOV included, padding not)."""
         return (self.items != PAD).sum(dim=1)
+
+    def to(self, device: torch.device | str) -> Sessions:
+        """The sessions on `device`: self when already there, else a copy that shares this batch's
+        cache (so that what one stage cached is found by the next, on whichever copy it runs)."""
+        if self.items.device == torch.device(device):
+            return self
+        move = lambda t: None if t is None else t.to(device)
+        return Sessions(self.items.to(device), move(self.times), move(self.now), move(self.history), self.cache)
 
     def take(self, rows: torch.Tensor) -> Sessions:
         """The sessions at `rows` (a fresh cache)."""
@@ -127,6 +134,7 @@ def merge(retrieved: dict[str, Retrieved]) -> Candidates:
     sources of 1 / rank (items several sources agree on first). Features per source ``name``:
     ``{name}_rank`` (1-based rank in that source, 0 where it did not return the item) and
     ``{name}_score`` (its score there, 0 where absent); and ``sources`` (how many returned it).
+    Computed on the device of the retrieved items, where the result is.
 
     Args:
         retrieved: source name -> its `Retrieved` (same B for all).
@@ -135,13 +143,16 @@ def merge(retrieved: dict[str, Retrieved]) -> Candidates:
         raise ValueError("merge needs at least one retriever's candidates")
     names = list(retrieved)
     b = retrieved[names[0]].items.shape[0]
+    device = retrieved[names[0]].items.device
     items = torch.cat([retrieved[n].items for n in names], dim=1).long()  # (B, S) stacked sources
-    source = torch.cat([torch.full(retrieved[n].items.shape, i, dtype=torch.long) for i, n in enumerate(names)], 1)
-    rank = torch.cat([torch.arange(1, r.items.shape[1] + 1).expand(b, -1) for r in retrieved.values()], 1)
+    source = torch.cat(
+        [torch.full(retrieved[n].items.shape, i, dtype=torch.long, device=device) for i, n in enumerate(names)], 1
+    )
+    rank = torch.cat([torch.arange(1, r.items.shape[1] + 1, device=device).expand(b, -1) for r in retrieved.values()], 1)
     score = torch.cat([r.scores.float() for r in retrieved.values()], 1)
     valid = items >= NUM_SPECIAL
     # one key per (row, item): sort them, number the distinct ones within each row
-    row = torch.arange(b).unsqueeze(1).expand_as(items)
+    row = torch.arange(b, device=device).unsqueeze(1).expand_as(items)
     big = int(items.max()) + 1 if items.numel() else 1
     key = torch.where(valid, row * big + items, torch.full_like(items, b * big))  # invalid last
     flat_key, order = key.flatten().sort(stable=True)
@@ -149,7 +160,7 @@ def merge(retrieved: dict[str, Retrieved]) -> Candidates:
     keep = uniq < b * big
     uniq = uniq[keep]
     n_uniq = len(uniq)
-    u_row, u_item = uniq // big, uniq % big
+    u_row, u_item = uniq // big, uniq % big  # u_row ascending: uniq is sorted
     # per distinct (row, item): features of each source, scattered from the stacked entries
     entry = inverse  # (S * B,) distinct index of each sorted entry; >= n_uniq for invalid ones
     ok = entry < n_uniq
@@ -158,24 +169,25 @@ def merge(retrieved: dict[str, Retrieved]) -> Candidates:
     feats = {}
     for i, n in enumerate(names):
         m = e_src == i
-        r = torch.zeros(n_uniq)
-        s = torch.zeros(n_uniq)
+        r = torch.zeros(n_uniq, device=device)
+        s = torch.zeros(n_uniq, device=device)
         r[e_idx[m]] = e_rank[m].float()  # a source lists an item once, so no collisions
         s[e_idx[m]] = e_score[m]
         feats[f"{n}_rank"], feats[f"{n}_score"] = r, s
-    feats["sources"] = torch.zeros(n_uniq).index_add_(0, e_idx, torch.ones(len(e_idx)))
-    priority = torch.zeros(n_uniq, dtype=torch.float64).index_add_(0, e_idx, 1.0 / e_rank.double())
-    # lay the distinct items out per row, by decreasing priority
+    feats["sources"] = torch.zeros(n_uniq, device=device).index_add_(0, e_idx, torch.ones(len(e_idx), device=device))
+    priority = torch.zeros(n_uniq, dtype=torch.float64, device=device).index_add_(0, e_idx, 1.0 / e_rank.double())
+    # lay the distinct items out per row, by decreasing priority (ties: the lower item id)
     counts = torch.bincount(u_row, minlength=b)
     width = max(int(counts.max()) if n_uniq else 0, 1)
-    by = torch.from_numpy(np.lexsort((-priority.numpy(), u_row.numpy())))
+    by = torch.argsort(-priority, stable=True)
+    by = by[torch.argsort(u_row[by], stable=True)]  # by row, then by decreasing priority
     starts = torch.cumsum(counts, 0) - counts
-    col = torch.arange(n_uniq) - starts[u_row[by]]
-    out_items = torch.zeros(b, width, dtype=torch.long)
+    col = torch.arange(n_uniq, device=device) - starts[u_row[by]]
+    out_items = torch.zeros(b, width, dtype=torch.long, device=device)
     out_items[u_row[by], col] = u_item[by]
     out_feats = {}
     for name, values in feats.items():
-        grid = torch.zeros(b, width)
+        grid = torch.zeros(b, width, device=device)
         grid[u_row[by], col] = values[by]
         out_feats[name] = grid
     return Candidates(out_items, out_feats)

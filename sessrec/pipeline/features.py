@@ -27,7 +27,8 @@ the fitted ops (with their config: which ops exist depends on the data) and the 
 are the state (`state_dict`). Raw columns and labels are given either as (B, K) grids or as (M,)
 columns over the filled slots only (row-major, M = ``candidates.valid.sum()``), the compact form
 the ranker's rows are kept in. Shape letters: B sessions, L positions, K candidates, F dense
-features, M filled slots.
+features, M filled slots. The raw columns and the features are built on the candidates' device;
+the fitted ops run on the host (numpy), their outputs are moved back.
 """
 
 from __future__ import annotations
@@ -129,33 +130,35 @@ class CandidateFeatures(Configurable):
         """(B, K) raw columns of every enabled group, before the fitted ops (computed batch by batch)."""
         items, cand = sessions.items, candidates.items
         b, k = cand.shape
+        device = cand.device
         cols: dict[str, torch.Tensor] = {}
         last = items[:, -1:].expand(b, k)
         if "retrievers" in self.groups:
             for name, retriever in retrievers.items():
                 cols[f"{name}_score"] = retriever.score(sessions, cand)
-                rank = candidates.features.get(f"{name}_rank", torch.zeros(b, k))
+                rank = candidates.features.get(f"{name}_rank", torch.zeros(b, k, device=device))
                 cols[f"{name}_rrank"] = torch.where(rank > 0, 1.0 / rank.clamp(min=1), torch.zeros_like(rank))
-            cols["sources"] = candidates.features.get("sources", torch.zeros(b, k))
+            cols["sources"] = candidates.features.get("sources", torch.zeros(b, k, device=device))
         if "popularity" in self.groups:
             if self.popularity is None:
                 raise RuntimeError("CandidateFeatures: call fit_statistics(training sessions) first")
-            pop = torch.from_numpy(self.popularity)[cand.clamp(max=len(self.popularity) - 1)]  # (B, K, 2)
+            pop = torch.from_numpy(self.popularity).to(device)[cand.clamp(max=len(self.popularity) - 1)]  # (B, K, 2)
             cols["popularity"], cols["recent_popularity"] = pop[..., 0], pop[..., 1]
         if "session" in self.groups:
             eq = items.unsqueeze(1) == cand.unsqueeze(2)  # (B, K, L)
             width = items.shape[1]
-            closeness = torch.arange(1, width + 1, dtype=torch.float32) / width  # last position = 1
+            position = torch.arange(1, width + 1, device=device)
+            closeness = position.float() / width  # last position = 1
             cols["seen_count"] = eq.sum(dim=2).float()
-            distance = width - (eq * torch.arange(1, width + 1)).amax(dim=2)  # 0 = last item; width = absent
-            cols["seen_recency"] = torch.where(eq.any(dim=2), 1.0 / (1.0 + distance.float()), torch.zeros(b, k))
+            distance = width - (eq * position).amax(dim=2)  # 0 = last item; width = absent
+            cols["seen_recency"] = torch.where(eq.any(dim=2), 1.0 / (1.0 + distance.float()), torch.zeros(b, k, device=device))
             cols["seen_weight"] = (eq * closeness).sum(dim=2)
             cols["is_last"] = (cand == last).float()
         if "covisitation" in self.groups:
             covis = next((r for r in retrievers.values() if hasattr(r, "pair_weights")), None)
             if covis is not None:
                 cols["covis_last"] = covis.pair_weights(items[:, -1], cand)
-                total = torch.zeros(b, k)
+                total = torch.zeros(b, k, device=device)
                 for back in range(1, min(3, items.shape[1]) + 1):  # the last three items, not rows
                     total += covis.pair_weights(items[:, -back], cand) * 0.5 ** (back - 1)
                 cols["covis_last3"] = total
@@ -184,17 +187,17 @@ class CandidateFeatures(Configurable):
         b = valid.shape[0]
         if groups is not None and groups.shape != (b,):
             raise ValueError(f"groups has shape {tuple(groups.shape)}, expected ({b},): one session per row")
-        per_row = lambda values: values.repeat_interleave(counts).numpy()  # noqa: E731 - (B,) -> (M,)
+        per_row = lambda values: values.to(counts.device).repeat_interleave(counts).cpu().numpy()  # noqa: E731 - (B,) -> (M,)
         frame = {
-            "item": candidates.items[valid].numpy(),
+            "item": candidates.items[valid].cpu().numpy(),
             "last_item": per_row(sessions.items[:, -1]),
-            "session": per_row(torch.arange(b) if groups is None else groups.long()),
+            "session": per_row(torch.arange(b, device=valid.device) if groups is None else groups.long()),
         }
         if labels is not None:
-            frame["label"] = _slots(labels, valid).double().numpy()
+            frame["label"] = _slots(labels, valid).double().cpu().numpy()
         for name in ("popularity", "recent_popularity"):
             if name in raw:
-                frame[name] = _slots(raw[name], valid).double().numpy()
+                frame[name] = _slots(raw[name], valid).double().cpu().numpy()
         if use_time and sessions.now is not None:
             frame["timestamp"] = per_row(sessions.now.double())
         return frame
@@ -275,16 +278,16 @@ class CandidateFeatures(Configurable):
         b, k = valid.shape
 
         def grid(values: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-            out = torch.zeros(b, k, dtype=dtype)
-            out[valid] = torch.as_tensor(np.asarray(values)).to(dtype)
+            out = torch.zeros(b, k, dtype=dtype, device=valid.device)
+            out[valid] = torch.as_tensor(np.asarray(values), device="cpu").to(valid.device, dtype)
             return out
 
         columns: dict[str, Any] = {n: v for n, v in raw.items() if n not in ("popularity", "recent_popularity")}
         columns.update({n: v for n, v in fitted.items() if n != "cross"})
         names = sorted(columns)
-        dense = torch.zeros(b, k, len(names))
+        dense = torch.zeros(b, k, len(names), device=valid.device)
         for i, name in enumerate(names):
-            dense[..., i][valid] = _slots(columns[name], valid).float()
+            dense[..., i][valid] = _slots(columns[name], valid).to(valid.device, torch.float32)
         sparse: dict[str, torch.Tensor] = {}
         if "cross" in fitted:
             sparse["cross"] = grid(fitted["cross"], torch.long)

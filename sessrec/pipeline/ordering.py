@@ -196,7 +196,8 @@ class SoftmaxSampling(Stateless):
         """(B, k) columns of the sampled entries, in sampled order (-inf entries only when too few remain)."""
         if not self.temperature:
             return _top_columns(scores, k)
-        noise = torch.empty(scores.shape, dtype=torch.float64).exponential_(generator=self._generator)
+        # drawn on the host, where the generator is: the same samples on every device
+        noise = torch.empty(scores.shape, dtype=torch.float64, device="cpu").exponential_(generator=self._generator)
         keys = scores.double() / self.temperature - noise.log().to(scores.device)  # -log(Exp(1)) ~ Gumbel
         return _top_columns(keys.masked_fill(scores == NEG_INF, NEG_INF), k)
 

@@ -10,6 +10,10 @@ deny tables are applied at it. `recommend` takes it from the caller or from the 
 call; per-event ``times`` fill `Sessions.times` for the ranker's time features, and a ranker fitted
 with time features refuses sessions without them.
 
+The pipeline runs on one device (`Pipeline.device`, by default its session model's): each batch
+of sessions is moved there, the stages return their tensors there (those that compute on the
+host, kNN, co-visitation and LightGBM, move their results), and `decode` brings the lists back.
+
 Saved as one directory (`save_pretrained` / `from_pretrained`): ``pipeline.json``,
 ``vocab.parquet`` and one ``.safetensors`` file per stage. Every stage is described by its
 constructor config (``config``: ``{"class_path", "init_args"}``, `sessrec.saved.registry.config_of`)
@@ -50,7 +54,7 @@ from sessrec.pipeline.ordering import Ordering
 from sessrec.pipeline.retrieval.base import Retriever
 from sessrec.pipeline.retrieval.covisitation import CoVisitation  # noqa: F401 - registered; pipeline.json names it
 from sessrec.pipeline.retrieval.knn import BaselineRetriever  # noqa: F401 - registered; pipeline.json names it
-from sessrec.pipeline.retrieval.session_model import SessionModelRetriever  # noqa: F401 - registered; pipeline.json names it
+from sessrec.pipeline.retrieval.session_model import SessionModelRetriever
 from sessrec.pipeline.scoring import DLRMScorer, GBDTScorer, Scorer  # noqa: F401 - registered; pipeline.json names it
 from sessrec.saved import versions
 from sessrec.saved.atomic import digest
@@ -84,6 +88,9 @@ class Pipeline:
         features: the ranking features.
         scorer: the ranker; None scores by the first retriever's score alone.
         ordering: business rules of the final list.
+        device: where the stages run: sessions are moved there, the session models' weights, the
+            exact index and the ranker's network live there, and every result is on it. None: the
+            device of the first `SessionModelRetriever`'s model, else the CPU.
     """
 
     def __init__(
@@ -97,6 +104,7 @@ class Pipeline:
         features: CandidateFeatures | None = None,
         scorer: Scorer | None = None,
         ordering: Ordering | None = None,
+        device: torch.device | str | None = None,
     ) -> None:
         if not retrievers:
             raise ValueError("a pipeline needs at least one retriever")
@@ -112,11 +120,29 @@ class Pipeline:
             if hasattr(f, "bind"):
                 f.bind(vocab)
         self.features = features if features is not None else CandidateFeatures()
-        self.scorer = scorer
         self.ordering = ordering if ordering is not None else Ordering()
         self.ordering.bind(vocab)
+        self._scorer = scorer
+        self.to(device if device is not None else model_device(self.retrievers))
 
     content_hash: str | None = None  # of the saved directory it was loaded from (None: never saved)
+
+    @property
+    def scorer(self) -> Scorer | None:
+        """The ranker (None: the first retriever's score); a scorer set here moves to the pipeline's device."""
+        return self._scorer
+
+    @scorer.setter
+    def scorer(self, scorer: Scorer | None) -> None:
+        self._scorer = scorer if scorer is None else scorer.to(self.device)
+
+    def to(self, device: torch.device | str) -> Pipeline:
+        """Run on `device` from now on: the retrievers' and the ranker's tensors move there; returns self."""
+        self.device = resolve_device(device)
+        for retriever, _ in self.retrievers.values():
+            retriever.to(self.device)
+        self.scorer = self._scorer
+        return self
 
     @property
     def stage_retrievers(self) -> dict[str, Retriever]:
@@ -125,7 +151,8 @@ class Pipeline:
     # -- stages 1 and 2 -------------------------------------------------------------------------
     @torch.no_grad()
     def candidates(self, sessions: Sessions) -> Candidates:
-        """Merged, filtered candidates (B, max_candidates); empty slots hold 0."""
+        """Merged, filtered candidates (B, max_candidates) on the pipeline's device; empty slots hold 0."""
+        sessions = sessions.to(self.device)
         found = {name: r.retrieve(sessions, k) for name, (r, k) in self.retrievers.items()}
         cands = merge(found)
         for f in self.filters:
@@ -142,6 +169,7 @@ class Pipeline:
     @torch.no_grad()
     def score(self, sessions: Sessions, cands: Candidates) -> Candidates:
         """The candidates with scores: the ranker's, or the first retriever's score without a ranker."""
+        sessions = sessions.to(self.device)
         if self.scorer is None:
             name, (first, _) = next(iter(self.retrievers.items()))
             scores = first.score(sessions, cands.items).float()
@@ -166,7 +194,8 @@ class Pipeline:
 
     @torch.no_grad()
     def recommend_batch(self, sessions: Sessions, k: int = 20) -> Recommendations:
-        """Top-`k` model ids and scores (B, k) of a batch of encoded sessions."""
+        """Top-`k` model ids and scores (B, k) of a batch of encoded sessions, on the pipeline's device."""
+        sessions = sessions.to(self.device)
         cands = self.score(sessions, self.candidates(sessions))
         return self.ordering.order(sessions, cands, k)
 
@@ -291,8 +320,9 @@ class Pipeline:
         return versions.write_directory(directory, write)
 
     @classmethod
-    def from_pretrained(cls, directory: str | os.PathLike) -> Pipeline:
-        """The pipeline a directory written by `save_pretrained` holds (its current version).
+    def from_pretrained(cls, directory: str | os.PathLike, device: torch.device | str | None = None) -> Pipeline:
+        """The pipeline a directory written by `save_pretrained` holds (its current version), on
+        `device` (None: the CPU, where the saved weights load).
 
         Raises:
             ConfigError: a stage's config names a class that is not registered, or not of the
@@ -316,7 +346,7 @@ class Pipeline:
         scorer = stages.load(Scorer, spec["scorer"], "scorer") if "scorer" in spec else None
         ordering = stages.load(Ordering, spec["ordering"], "ordering")
         pipeline = cls(vocab, retrievers, spec["max_length"], spec["max_candidates"], spec["history_length"], filters,
-                       features, scorer, ordering)
+                       features, scorer, ordering, device)
         pipeline.content_hash = content_hash(directory, spec)
         return pipeline
 
@@ -442,6 +472,19 @@ def content_hash(directory: Path, spec: dict[str, Any]) -> str:
     return digest_of_parts({name: digest(directory / name) for name in files})
 
 
+def resolve_device(device: torch.device | str) -> torch.device:
+    """`device` as tensors report it (``cuda`` -> ``cuda:0``, the current CUDA device)."""
+    return torch.empty(0, device=device).device
+
+
+def model_device(retrievers: Mapping[str, tuple[Retriever, int]]) -> torch.device:
+    """The device of the first session model's weights among `retrievers`; the CPU without one."""
+    for retriever, _ in retrievers.values():
+        if isinstance(retriever, SessionModelRetriever):
+            return retriever.device
+    return torch.device("cpu")
+
+
 def encode_raw(vocab: ItemVocab, sessions: Sequence[Sequence[Any]], max_width: int, on_unknown: str = "oov") -> torch.Tensor:
     """Raw-id sessions (oldest first) -> (B, W) right-aligned int64 model ids, W <= `max_width` (the latest events).
 
@@ -471,6 +514,7 @@ def encode_raw(vocab: ItemVocab, sessions: Sequence[Sequence[Any]], max_width: i
 
 def decode_lists(vocab: ItemVocab, items: torch.Tensor, scores: torch.Tensor) -> tuple[pa.ListArray, pa.ListArray]:
     """(B, k) model ids and scores -> (B,) lists of raw ids and float32 scores; special ids (empty slots) dropped."""
+    items, scores = items.cpu(), scores.cpu()
     filled = items >= NUM_SPECIAL  # (B, k)
     offsets = pa.array(np.concatenate([[0], np.cumsum(filled.sum(dim=1).numpy())]).astype(np.int32))
     ids = vocab.decode(items[filled].numpy())  # row-major: each row's items in order

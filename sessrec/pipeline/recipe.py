@@ -18,6 +18,7 @@ A fit-time module: `sessrec.pipeline` imports it on first use of `PipelineRecipe
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,7 +94,10 @@ class PipelineRecipe:
         item_tables: allow/deny tables (`ItemTableFilter`).
         features: the ranking features.
         scorer: the ranker: `DLRMScorer` (default) or `GBDTScorer`.
-        ordering: business rules of the final list.
+        ordering: business rules of the final list. The recipe keeps its own copies of
+            `features`, `scorer` and `ordering` (it fits them in place), never the objects given.
+        device: where the pipeline runs (``cpu``, ``cuda``, ``cuda:1``); None: the device of the
+            first session model's weights (CPU as loaded from a checkpoint).
         ranker_pairs: the validation pairs the ranker trains on: ``protocol`` (the evaluation
             protocol's, e.g. each session's last item) or ``all_prefixes`` (every prefix of every
             validation session with its next item: more rows, still only validation sessions).
@@ -113,13 +117,14 @@ class PipelineRecipe:
         seen_filter: Literal["none", "window", "session"] = "none",
         seen_window: int = 1,
         item_tables: list[ItemTableFilter] | None = None,
-        features: CandidateFeatures = CandidateFeatures(),  # noqa: B008 - a config value
-        scorer: DLRMScorer | GBDTScorer = DLRMScorer(),  # noqa: B008 - a config value
-        ordering: Ordering = Ordering(),  # noqa: B008 - a config value
+        features: CandidateFeatures = CandidateFeatures(),  # noqa: B008 - a config value, copied per recipe
+        scorer: DLRMScorer | GBDTScorer = DLRMScorer(),  # noqa: B008 - a config value, copied per recipe
+        ordering: Ordering = Ordering(),  # noqa: B008 - a config value, copied per recipe
         ranker_pairs: Literal["protocol", "all_prefixes"] = "protocol",
         output: str = "runs/pipeline/pipeline",
         ks: list[int] = [10, 20],  # noqa: B006 - read only
         batch_size: int = 512,
+        device: str | None = None,
     ) -> None:
         if not (models or baselines or covisitation):
             raise ValueError("a pipeline recipe needs at least one retriever: models, baselines or covisitation")
@@ -127,7 +132,10 @@ class PipelineRecipe:
         self.covisitation, self.covisitation_k = covisitation, covisitation_k
         self.max_candidates, self.seen_filter, self.seen_window = max_candidates, seen_filter, seen_window
         self.item_tables = list(item_tables or [])
-        self.features, self.scorer, self.ordering = features, scorer, ordering
+        # fitted in place: each recipe owns copies, so recipes built from the same defaults (or the
+        # same objects) never share a fitted estimator
+        self.features, self.scorer, self.ordering = copy.deepcopy((features, scorer, ordering))
+        self.device = device
         self.output, self.ks, self.batch_size = Path(output), list(ks), batch_size
         self.ranker_pairs = ranker_pairs
         for rule in (*self.item_tables, *self.ordering.rules):
@@ -167,7 +175,7 @@ class PipelineRecipe:
         self.features.fit_statistics(_time_ordered(train, dm), dm.num_items)
         return Pipeline(
             dm.vocab, self.retrievers(names), max_length=dm.max_length, max_candidates=self.max_candidates,
-            filters=filters, features=self.features, ordering=self.ordering,
+            filters=filters, features=self.features, ordering=self.ordering, device=self.device,
         )
 
     # -- the subcommands ------------------------------------------------------------------------

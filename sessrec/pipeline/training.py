@@ -18,8 +18,9 @@ columns, built batch by batch; evaluation reads them back batch by batch.
 Metrics: the final list is ranked by the pipeline; a target outside it is a miss, exactly as a
 target ranked below the cut-off by a single model. The rank of a target is its position in the
 list served; in lists served in score order, ties count against the target as in
-`sessrec.metrics` (`list_metrics`). Shape letters: N pairs, L positions, K candidates, M filled candidate slots,
-k recommendations.
+`sessrec.metrics` (`list_metrics`). Everything runs on the pipeline's device (`Pipeline.device`):
+the pairs are moved there batch by batch, and the compact ranker rows are kept on the host.
+Shape letters: N pairs, L positions, K candidates, M filled candidate slots, k recommendations.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ class RankerData:
     raw: dict[str, torch.Tensor]
 
     def __post_init__(self) -> None:
-        self.offsets = torch.cat([torch.zeros(1, dtype=torch.long), self.valid.sum(dim=1).cumsum(0)])  # (N + 1,)
+        self.offsets = torch.cat([torch.zeros(1, dtype=torch.long, device=self.valid.device), self.valid.sum(dim=1).cumsum(0)])  # (N + 1,)
 
     def __len__(self) -> int:
         return len(self.pairs)
@@ -76,7 +77,7 @@ class RankerData:
         columns and labels of their filled slots."""
         rows, slots = slice(lo, hi), slice(int(self.offsets[lo]), int(self.offsets[min(hi, len(self))]))
         valid = self.valid[rows]
-        items = torch.zeros(valid.shape, dtype=torch.long)
+        items = torch.zeros(valid.shape, dtype=torch.long, device=valid.device)
         items[valid] = self.items[slots].long()
         raw = {name: value[slots] for name, value in self.raw.items()}
         return sessions_of(self.pairs.take(rows)), Candidates(items), raw, self.labels[slots]
@@ -88,19 +89,28 @@ def candidate_rows(pipe: Pipeline, pairs: EvalPairs, batch_size: int = 512) -> R
     valid, items, labels, raws = [], [], [], {}
     for lo in range(0, len(pairs), batch_size):
         part = pairs.take(slice(lo, lo + batch_size))
-        sessions = sessions_of(part)
+        sessions = sessions_of(part).to(pipe.device)
         cands = pipe.candidates(sessions)
         filled = cands.valid
-        valid.append(filled)
-        items.append(cands.items[filled].int())
-        labels.append((cands.items == part.targets.long().unsqueeze(1))[filled])
+        valid.append(filled.cpu())
+        items.append(cands.items[filled].int().cpu())
+        labels.append((cands.items == part.targets.to(cands.items.device).long().unsqueeze(1))[filled].cpu())
         for name, value in pipe.features.raw(sessions, cands, pipe.stage_retrievers).items():
-            raws.setdefault(name, []).append(value[filled].float())
+            raws.setdefault(name, []).append(value[filled].float().cpu())
     raw = {name: torch.cat(raws.pop(name)) for name in list(raws)}  # one column at a time: no second copy of all
     width = pipe.max_candidates
     cat = lambda parts, empty: torch.cat(parts) if parts else empty  # noqa: E731
-    return RankerData(pairs, cat(valid, torch.zeros(0, width, dtype=torch.bool)), cat(items, torch.zeros(0, dtype=torch.int32)),
-                      cat(labels, torch.zeros(0, dtype=torch.bool)), raw)
+    return RankerData(pairs, cat(valid, torch.zeros(0, width, dtype=torch.bool, device="cpu")), cat(items, torch.zeros(0, dtype=torch.int32, device="cpu")),
+                      cat(labels, torch.zeros(0, dtype=torch.bool, device="cpu")), raw)
+
+
+def to_device(
+    block: tuple[Sessions, Candidates, dict[str, torch.Tensor], torch.Tensor], device: torch.device
+) -> tuple[Sessions, Candidates, dict[str, torch.Tensor], torch.Tensor]:
+    """A `RankerData.block` on `device`."""
+    sessions, cands, raw, labels = block
+    cands = Candidates(cands.items.to(device), {n: v.to(device) for n, v in cands.features.items()})
+    return sessions.to(device), cands, {n: v.to(device) for n, v in raw.items()}, labels.to(device)
 
 
 def fit_ranker(pipe: Pipeline, pairs: EvalPairs, scorer: Scorer, batch_size: int = 512) -> dict:
@@ -119,10 +129,10 @@ def fit_on(pipe: Pipeline, data: RankerData, scorer: Scorer) -> dict:
 
     The target encoding folds and the scorer's early-stopping split go by the pairs' sessions.
     """
-    sessions, cands, raw, labels = data.block(0, len(data))
+    sessions, cands, raw, labels = to_device(data.block(0, len(data)), pipe.device)
     inputs = pipe.features.fit_transform(sessions, cands, raw, labels, groups=data.pairs.sessions)
-    grid = torch.zeros(data.valid.shape)
-    grid[data.valid] = labels.float()
+    grid = torch.zeros(data.valid.shape, device=labels.device)
+    grid[data.valid.to(labels.device)] = labels.float()
     scorer.fit(inputs, grid)
     pipe.scorer = scorer
     return {"pairs": len(data), "coverage": data.coverage, "features": inputs.names}
@@ -182,11 +192,12 @@ def evaluate(pipe: Pipeline, pairs: EvalPairs, ks: Sequence[int] = (10, 20), bat
     covered = 0.0
     for lo in range(0, len(pairs), batch_size):
         part = pairs.take(slice(lo, lo + batch_size))
-        sessions = sessions_of(part)
+        sessions = sessions_of(part).to(pipe.device)
         cands = pipe.score(sessions, pipe.candidates(sessions))
-        covered += float((cands.items == part.targets.long().unsqueeze(1)).any(dim=1).sum())
+        target = part.targets.to(pipe.device)
+        covered += float((cands.items == target.long().unsqueeze(1)).any(dim=1).sum())
         recs = pipe.ordering.order(sessions, cands, max(ks) + 1)
-        for name, value in list_metrics(recs.items, recs.scores, part.targets, ks, pipe.ordering.by_score).items():
+        for name, value in list_metrics(recs.items, recs.scores, target, ks, pipe.ordering.by_score).items():
             totals[name] = totals.get(name, 0.0) + value
     n = max(len(pairs), 1)
     return {**{k: v / n for k, v in totals.items()}, "candidate_recall": covered / n}
@@ -202,11 +213,11 @@ def evaluate_rows(pipe: Pipeline, data: RankerData, ks: Sequence[int] = (10, 20)
     totals: dict[str, float] = {}
     retrievers = pipe.stage_retrievers
     for lo in range(0, len(data), batch_size):
-        sessions, cands, raw, _ = data.block(lo, lo + batch_size)
+        sessions, cands, raw, _ = to_device(data.block(lo, lo + batch_size), pipe.device)
         scores = pipe.scorer.score(pipe.features.transform(sessions, cands, retrievers, raw))
         cands = Candidates(cands.items, cands.features, scores.masked_fill(~cands.valid, float("-inf")))
         recs = pipe.ordering.order(sessions, cands, max(ks) + 1)
-        targets = data.pairs.targets[lo : lo + batch_size]
+        targets = data.pairs.targets[lo : lo + batch_size].to(pipe.device)
         for name, value in list_metrics(recs.items, recs.scores, targets, ks, pipe.ordering.by_score).items():
             totals[name] = totals.get(name, 0.0) + value
     n = max(len(data), 1)
@@ -222,8 +233,8 @@ def retrieval_recall(
     top = max(ks)
     out: dict[str, dict[str, float]] = {name: dict.fromkeys((f"recall@{k}" for k in ks), 0.0) for name in pipe.retrievers}
     for lo in range(0, len(items), batch_size):
-        sessions = Sessions(items[lo : lo + batch_size].long())
-        target = targets[lo : lo + batch_size].long().unsqueeze(1)
+        sessions = Sessions(items[lo : lo + batch_size].long()).to(pipe.device)
+        target = targets[lo : lo + batch_size].long().unsqueeze(1).to(pipe.device)
         for name, (retriever, _) in pipe.retrievers.items():
             found = retriever.retrieve(sessions, top).items == target  # (B, top)
             for k in ks:

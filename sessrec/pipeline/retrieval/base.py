@@ -7,7 +7,13 @@ candidate becomes a ranking feature, not only of the items it retrieved itself.
 Saving: a retriever is rebuilt from its constructor config (every subclass is `Configurable`:
 it registers itself and records its arguments, `config_of`), then takes what it learned or was
 given from `load_state_dict`; `state_dict` gives that state as named numpy arrays and small
-JSON-able values (no pickled code). Shape letters: B sessions, K candidates, V items.
+JSON-able values (no pickled code).
+
+Devices: a retriever returns its results on the device of ``sessions.items``. One that holds
+tensors (a session model's weights, an exact index) moves them with `to`; one that computes on the
+host (kNN, co-visitation) keeps its state there and moves only its results.
+
+Shape letters: B sessions, K candidates, V items.
 """
 
 from __future__ import annotations
@@ -31,6 +37,11 @@ class Retriever(Configurable):
     def score(self, sessions: Sessions, items: torch.Tensor) -> torch.Tensor:
         """(B, K) float32 scores of the candidates `items` (B, K); any value at empty slots (id 0)."""
         raise NotImplementedError
+
+    def to(self, device: torch.device | str) -> Retriever:
+        """Keep the tensors the retriever computes with on `device` (none by default: it computes on
+        the host and moves its results); returns self."""
+        return self
 
     def state_dict(self) -> dict[str, Any]:
         """What the retriever learned or was given beyond its config: named numpy arrays (nested

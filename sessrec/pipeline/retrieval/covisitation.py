@@ -12,6 +12,7 @@ Retrieve. A session's query is its last `last_items` distinct real items, the mo
 weighing 1 and the r-th before it ``recency_decay ** r`` (r counts distinct items, not events),
 and its scores are the query times W: score(i) = sum_j q_j W[j, i]. Items of the session
 itself can be returned when they co-visit with the others (filters remove them if wanted).
+W and the products are scipy matrices on the host; results come back on the sessions' device.
 
 The defaults come from rsc15_100k validation (last-item prefixes). Over the usual ranges,
 window, last_items, recency_decay and max_neighbours barely move the ranking quality; two
@@ -208,12 +209,13 @@ class CoVisitation(Retriever):
         row = _entry_rows(scores)
         rank = _row_ranks(row, scores.data, scores.indices)
         top = rank < k
-        items = torch.zeros(len(sessions), k, dtype=torch.long)
-        values = torch.full((len(sessions), k), float("-inf"))
+        items = torch.zeros(len(sessions), k, dtype=torch.long, device="cpu")  # laid out on the host
+        values = torch.full((len(sessions), k), float("-inf"), device="cpu")
         at = (torch.from_numpy(row[top]), torch.from_numpy(rank[top]))
         items[at] = torch.from_numpy(scores.indices[top].astype(np.int64))
         values[at] = torch.from_numpy(scores.data[top].astype(np.float32))
-        return Retrieved(items=items, scores=values)
+        device = sessions.items.device
+        return Retrieved(items=items.to(device), scores=values.to(device))
 
     def score(self, sessions: Sessions, items: torch.Tensor) -> torch.Tensor:
         """(B, K) float32 co-visitation scores of candidates `items` (B, K); 0 where none (and at id 0)."""
@@ -223,7 +225,7 @@ class CoVisitation(Retriever):
         scores = self.session_scores(sessions)
         rows = np.broadcast_to(np.arange(len(cand))[:, None], cand.shape)
         keys = _entry_rows(scores) * self.num_items + scores.indices
-        return torch.from_numpy(_lookup(keys, scores.data, rows, cand, self.num_items))
+        return torch.from_numpy(_lookup(keys, scores.data, rows, cand, self.num_items)).to(items.device)
 
     def pair_weights(self, anchors: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
         """(B, K) float32 W[anchor, item]: the co-visitation of each candidate with an anchor item.
@@ -243,7 +245,7 @@ class CoVisitation(Retriever):
                 f"anchors of shape {tuple(anchors.shape)} do not match items {tuple(items.shape)}"
             )
         anchor = np.broadcast_to(anchor, cand.shape)
-        return torch.from_numpy(_lookup(self._keys, self.matrix.data, anchor, cand, self.num_items))
+        return torch.from_numpy(_lookup(self._keys, self.matrix.data, anchor, cand, self.num_items)).to(items.device)
 
     def _check_items(self, items: torch.Tensor, what: str) -> np.ndarray:
         """(B, K) int64 numpy ids in [0, V)."""

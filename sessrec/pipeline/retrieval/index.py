@@ -159,11 +159,17 @@ class ExactIndex(Configurable):
         scores, ids = _pad(best, self._ids[rows], k)
         return scores.to(device), ids.to(device)
 
+    def to(self, device: torch.device | str) -> ExactIndex:
+        """Keep the item table on `device` (searches run there); returns self."""
+        if self._vectors is not None:
+            self._vectors, self._ids = self._vectors.to(device), self._ids.to(device)
+        return self
+
     def state_dict(self) -> dict[str, np.ndarray]:
         """The item table: ``vectors`` (N, D) and ``ids`` (N,)."""
         if self._vectors is None:
             raise RuntimeError("state_dict called before build: there is nothing to save")
-        return {"vectors": self._vectors.numpy(), "ids": self._ids.numpy()}
+        return {"vectors": self._vectors.cpu().numpy(), "ids": self._ids.cpu().numpy()}
 
     def load_state_dict(self, state: Mapping[str, np.ndarray]) -> ExactIndex:
         """Index the item table of a `state_dict`; returns self."""
@@ -292,6 +298,10 @@ class FaissIndex(Configurable):
         ids = np.where(found, self._ids[np.where(found, rows, 0)], 0)
         scores = np.where(found, scores, np.float32(-np.inf)).astype(np.float32, copy=False)
         return torch.from_numpy(scores).to(queries.device), torch.from_numpy(ids).to(queries.device)
+
+    def to(self, device: torch.device | str) -> FaissIndex:
+        """FAISS searches on the host whatever `device` (results come back on the queries' device); returns self."""
+        return self
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """``index`` (the serialized faiss index, uint8) and ``ids`` (N,)."""

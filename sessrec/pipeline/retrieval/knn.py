@@ -46,14 +46,16 @@ class BaselineRetriever(Retriever):
         return self
 
     def _scores(self, sessions: Sessions) -> torch.Tensor:
-        """(B, V) scores, 0 = not reached, cached on the batch."""
+        """(B, V) scores on the sessions' device, 0 = not reached, cached on the batch."""
         key = f"scores:{id(self)}"
         if key not in sessions.cache:
             items = sessions.items
             width = self.sessions.shape[1] if self.sessions is not None else items.shape[1]
             items = items[:, -width:] if items.shape[1] > width else items
-            parts = [self.baseline.score(items[lo : lo + self.chunk]) for lo in range(0, len(items), self.chunk)]
-            sessions.cache[key] = torch.cat(parts) if parts else torch.zeros(0, self.baseline.num_items)
+            with torch.device("cpu"):  # the baselines compute on the host, whatever the default device
+                parts = [self.baseline.score(items[lo : lo + self.chunk]) for lo in range(0, len(items), self.chunk)]
+                scores = torch.cat(parts) if parts else torch.zeros(0, self.baseline.num_items)
+            sessions.cache[key] = scores.to(items.device)
         return sessions.cache[key]
 
     def retrieve(self, sessions: Sessions, k: int) -> Retrieved:

@@ -53,7 +53,8 @@ class SessionModelRetriever(Retriever):
 
     Its config records the network's, the objective's and the index's configs; its state is the
     weights, keyed as a model directory's (``weights``: ``model.*``, ``objective.*``), and the
-    built index (``index``).
+    built index (``index``). It computes where the model's weights are (`to` moves them, the
+    exact index with them).
     """
 
     def __init__(self, model: SessionModel, objective: Objective | None = None, index: AnyIndex | None = None) -> None:
@@ -90,11 +91,24 @@ class SessionModelRetriever(Retriever):
         model.restore_weights(objective, ckpt["state_dict"], str(checkpoint))
         return cls(model, objective, index)
 
+    @property
+    def device(self) -> torch.device:
+        """Where the model's weights are."""
+        return self.model.item_embedding.weight.device
+
+    def to(self, device: torch.device | str) -> SessionModelRetriever:
+        """Move the model (and an objective's own layers) and the index to `device`; returns self."""
+        self.model.to(device)
+        if isinstance(self.objective, torch.nn.Module):
+            self.objective.to(device)
+        self.index.to(device)
+        return self
+
     # -- vectors --------------------------------------------------------------------------------
     def built_index(self) -> AnyIndex:
-        """The index over the model's item vectors, built now if it is not yet (nor loaded)."""
+        """The index over the model's item vectors, built now if it is not yet (nor loaded), on the model's device."""
         if self.index.dim is None:
-            self.index.build(*self.item_vectors())
+            self.index.build(*self.item_vectors()).to(self.device)
         return self.index
 
     @torch.no_grad()
@@ -117,7 +131,7 @@ class SessionModelRetriever(Retriever):
             q = model.output_transform(hidden)
             if model.score_scale is not None:
                 q = F.normalize(q, dim=-1) * model.score_scale
-            sessions.cache[key] = torch.cat([q, torch.ones(len(q), 1, dtype=q.dtype)], dim=1).float()
+            sessions.cache[key] = torch.cat([q, torch.ones(len(q), 1, dtype=q.dtype, device=q.device)], dim=1).float()
         return sessions.cache[key]
 
     # -- the verbs ------------------------------------------------------------------------------
@@ -151,5 +165,5 @@ class SessionModelRetriever(Retriever):
         weights = {k: torch.from_numpy(np.array(v)) for k, v in state["weights"].items()}
         self.model.restore_weights(self.objective, weights, "the retriever's weights")
         self.model.eval()
-        self.index.load_state_dict(state["index"])
+        self.index.load_state_dict(state["index"]).to(self.device)
         return self

@@ -29,6 +29,11 @@ class Scorer(Configurable):
         """(B, K) float32 scores, -inf at empty slots."""
         raise NotImplementedError
 
+    def to(self, device: torch.device | str) -> Scorer:
+        """Keep the tensors the scorer computes with on `device` (none by default: it scores on the
+        host and returns its scores on the inputs' device); returns self."""
+        return self
+
     def state_dict(self) -> dict[str, Any]:
         """The trained ranker: named numpy arrays (nested dicts allowed) and small JSON-able values."""
         raise NotImplementedError

@@ -109,7 +109,7 @@ class DLRMScorer(Scorer):
             self.sizes["item"] = int(max(inputs.sparse["item"].max(), inputs.sparse["last_item"].max())) + 1
         if "cross" in inputs.sparse and "cross" in c["sparse"]:
             self.sizes["cross"] = int(inputs.sparse["cross"].max()) + 1
-        self.network = self._build(inputs.dense.shape[2], self.sizes)
+        self.network = self._build(inputs.dense.shape[2], self.sizes).to(inputs.dense.device)  # trains where its rows are
         opt = torch.optim.Adam(self.network.parameters(), lr=c["lr"], weight_decay=c["weight_decay"])
         target = labels.argmax(dim=1)
         gen = torch.Generator().manual_seed(c["seed"])
@@ -141,12 +141,19 @@ class DLRMScorer(Scorer):
     def _score_rows(self, inputs: RankingInputs, rows: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
         self.network.eval()
         parts = [self._logits(inputs, rows[lo : lo + chunk]) for lo in range(0, len(rows), chunk)]
-        return torch.cat(parts) if parts else torch.zeros(0, inputs.valid.shape[1])
+        return torch.cat(parts) if parts else torch.zeros(0, inputs.valid.shape[1], device=inputs.valid.device)
 
     def score(self, inputs: RankingInputs) -> torch.Tensor:
         if self.network is None:
             raise RuntimeError("DLRMScorer is not fitted")
-        return self._score_rows(inputs, torch.arange(len(inputs.valid))).float()
+        return self._score_rows(inputs, torch.arange(len(inputs.valid), device=inputs.valid.device)).float()
+
+    def to(self, device: torch.device | str) -> DLRMScorer:
+        """Move the network and the standardisation to `device`; returns self."""
+        if self.network is not None:
+            self.network.to(device)
+            self.mean, self.std = self.mean.to(device), self.std.to(device)
+        return self
 
     def state_dict(self) -> dict[str, Any]:
         """``weights`` of the network, the standardisation ``mean`` and ``std`` (F,), the table ``sizes``,
@@ -154,7 +161,7 @@ class DLRMScorer(Scorer):
         if self.network is None:
             raise RuntimeError("DLRMScorer is not fitted: nothing to save")
         return {"weights": {k: v.detach().cpu().numpy() for k, v in self.network.state_dict().items()},
-                "mean": self.mean.numpy(), "std": self.std.numpy(), "sizes": dict(self.sizes),
+                "mean": self.mean.cpu().numpy(), "std": self.std.cpu().numpy(), "sizes": dict(self.sizes),
                 "num_dense": int(self.mean.numel()), "history": list(self.history)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> DLRMScorer:

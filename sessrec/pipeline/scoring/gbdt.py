@@ -66,7 +66,7 @@ class GBDTScorer(Scorer):
     def _rows(inputs: RankingInputs, sessions: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
         """Valid rows of `sessions`, grouped by session: (rows, F) features and the group sizes."""
         valid = inputs.valid[sessions]
-        return inputs.dense[sessions][valid].numpy(), valid.sum(dim=1).numpy()
+        return inputs.dense[sessions][valid].cpu().numpy(), valid.sum(dim=1).cpu().numpy()
 
     def fit(self, inputs: RankingInputs, labels: torch.Tensor) -> GBDTScorer:
         lgb = _lightgbm()
@@ -74,7 +74,7 @@ class GBDTScorer(Scorer):
         sets = []
         for rows in (train, stop):
             x, groups = self._rows(inputs, rows)
-            y = labels[rows][inputs.valid[rows]].numpy()
+            y = labels[rows][inputs.valid[rows]].cpu().numpy()
             sets.append(lgb.Dataset(x, y, group=groups, feature_name=inputs.names, free_raw_data=True))
         sets[1].reference = sets[0]
         self.booster = lgb.train(
@@ -87,10 +87,11 @@ class GBDTScorer(Scorer):
     def score(self, inputs: RankingInputs) -> torch.Tensor:
         if self.booster is None:
             raise RuntimeError("GBDTScorer is not fitted")
-        out = torch.full(inputs.valid.shape, float("-inf"))
-        x = inputs.dense[inputs.valid].numpy()
+        out = torch.full(inputs.valid.shape, float("-inf"), device=inputs.valid.device)
+        x = inputs.dense[inputs.valid].cpu().numpy()  # LightGBM predicts on the host
         if len(x):
-            out[inputs.valid] = torch.from_numpy(self.booster.predict(x, num_iteration=self.best_round)).float()
+            predicted = torch.from_numpy(self.booster.predict(x, num_iteration=self.best_round))
+            out[inputs.valid] = predicted.to(out.device, torch.float32)
         return out
 
     def importance(self) -> dict[str, float]:

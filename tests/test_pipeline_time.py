@@ -39,6 +39,7 @@ from sessrec.pipeline.features import CandidateFeatures
 from sessrec.pipeline.filters import ItemTableFilter
 from sessrec.pipeline.pipeline import Pipeline
 from sessrec.pipeline.retrieval.covisitation import CoVisitation
+from sessrec.pipeline.scoring import Scorer
 
 torch.set_num_threads(1)
 T0, T1 = 1_700_000_000.0, 1_700_086_400.0  # a day's window [T0, T1)
@@ -99,7 +100,7 @@ def with_time_features(pipe: Pipeline) -> Pipeline:
     features = CandidateFeatures()
     features.names = ["covisitation_score", "session_duration", "time_hour_cos", "time_hour_sin"]
     return Pipeline(pipe.vocab, pipe.retrievers, pipe.max_length, pipe.max_candidates, pipe.history_length,
-                    pipe.filters[1:], features, scorer=object())
+                    pipe.filters[1:], features, scorer=Scorer())  # never asked to score
 
 
 # -------------------------------------------------------------------------------- Pipeline.recommend

@@ -28,7 +28,7 @@ import torch
 
 from sessrec.data import frame
 
-__all__ = ["LATEST", "check_seconds", "event_times", "request_now", "time_features"]
+__all__ = ["LATEST", "check_seconds", "event_times", "request_now"]
 
 LATEST = 32_503_680_000.0  # 3000-01-01T00:00:00Z in seconds since the epoch
 _LATE = "after the year 3000 (milliseconds? give seconds)"
@@ -159,9 +159,3 @@ def event_times(times: Sequence[Sequence[Any]], lengths: Sequence[int], width: i
         )
     padded = frame.pad_sessions(flat, offsets[:-1], offsets[1:], width, np.float64)
     return torch.from_numpy(np.ascontiguousarray(padded))
-
-
-def time_features(names: Sequence[str] | None) -> list[str]:
-    """The features among `names` that need each session's event times: ``session_duration`` and
-    the outputs of the `CyclicTime` op ``time`` (``time_hour_sin`` ... ``time_weekday_cos``)."""
-    return [n for n in names or () if n == "session_duration" or n.startswith(("time_hour_", "time_weekday_"))]

@@ -48,6 +48,7 @@ from sessrec.saved.registry import Configurable, instantiate
 
 GROUPS = ("retrievers", "popularity", "session", "covisitation", "context", "time", "encodings", "ids")
 DURATION = "session_duration"  # the raw column that needs the event times
+CYCLIC = ("time_hour_", "time_weekday_")  # the outputs of the CyclicTime op ``time``: they need the request time
 
 
 def group_of(column: str) -> str:
@@ -259,12 +260,18 @@ class CandidateFeatures(Configurable):
             raise ValueError(f"features {out.names} differ from the fitted ones {self.names}")
         return out
 
+    @property
+    def time_names(self) -> list[str]:
+        """The fitted features that read the sessions' times: ``session_duration`` (the event times)
+        and the `CyclicTime` op's outputs (``time_hour_*``, ``time_weekday_*``: the request time)."""
+        return [n for n in self.names or () if n == DURATION or n.startswith(CYCLIC)]
+
     def _missing_times(self, sessions: Sessions) -> str | None:
         """What the fitted features need of the sessions' times and these sessions lack, in one line (None: nothing)."""
         lacking = []
         if DURATION in self.names and sessions.times is None:
             lacking.append(f"[{DURATION!r}] need the event times (Sessions.times)")
-        cyclic = [n for n in self.names if n.startswith("time_")]
+        cyclic = [n for n in self.time_names if n != DURATION]
         if cyclic and sessions.now is None:
             lacking.append(f"{cyclic} need the time of the request (Sessions.now, or the event times)")
         if not lacking:

@@ -185,7 +185,7 @@ class Pipeline:
     def time_features(self) -> list[str]:
         """The ranker's features that need each session's event times (``session_duration``, the
         ``time_*`` hour and weekday); [] when it reads none, or without a ranker."""
-        return clock.time_features(self.features.names) if self.scorer is not None else []
+        return self.features.time_names if self.scorer is not None else []
 
     def missing_times(self, field: str) -> str:
         """The one-line refusal of sessions without event times, naming the `field` that gives them."""

@@ -27,7 +27,7 @@ are the state (`state_dict`). Shape letters: B sessions, L positions, K candidat
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -57,12 +57,14 @@ def group_of(column: str) -> str:
 
 @dataclass
 class RankingInputs:
-    """What a scorer reads: dense (B, K, F) float32 features, sparse (B, K) ids by name, valid (B, K)."""
+    """What a scorer reads: dense (B, K, F) float32 features, sparse (B, K) ids by name, valid (B, K),
+    and the `cardinality` of each sparse feature that has a known range (its ids lie in ``[0, n)``)."""
 
     dense: torch.Tensor
     sparse: dict[str, torch.Tensor]
     valid: torch.Tensor
     names: list[str]
+    cardinality: dict[str, int] = field(default_factory=dict)
 
 
 class CandidateFeatures(Configurable):
@@ -228,17 +230,22 @@ class CandidateFeatures(Configurable):
 
         dense: dict[str, torch.Tensor] = {n: v.float() for n, v in raw.items() if n not in ("popularity", "recent_popularity")}
         sparse: dict[str, torch.Tensor] = {}
+        cardinality: dict[str, int] = {}
         for name, values in fitted.items():
             if name == "cross":
                 sparse["cross"] = grid(values, torch.long)
+                cardinality["cross"] = self.cross_buckets
             else:
                 dense[name] = grid(values, torch.float32)
         if "ids" in self.groups:
             sparse["item"] = candidates.items.clone()
             sparse["last_item"] = grid(frame["last_item"], torch.long)
+            if self.popularity is not None:  # counted over the vocabulary: one row per item id
+                cardinality["item"] = cardinality["last_item"] = len(self.popularity)
         names = sorted(dense)
         stacked = torch.stack([dense[n] for n in names], dim=2) if names else torch.zeros(b, k, 0)
-        return RankingInputs(dense=stacked.masked_fill(~valid.unsqueeze(2), 0.0), sparse=sparse, valid=valid, names=names)
+        return RankingInputs(dense=stacked.masked_fill(~valid.unsqueeze(2), 0.0), sparse=sparse, valid=valid, names=names,
+                             cardinality=cardinality)
 
     # -- saving ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

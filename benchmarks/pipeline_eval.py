@@ -7,9 +7,11 @@ line per system, single retrievers first and the pipeline (the recipe's scorer) 
 
 - ``{"system": <retriever>}``: each retriever alone, full catalogue (its top-20 is its ranking);
   with its retrieval recall@K (K = 50, 100, 200, 500): the ceiling it gives the ranker;
-- ``{"system": "pipeline-gbdt"}`` / ``"pipeline-dlrm"``: the same candidates ranked by each scorer
-  (the recipe's with its settings, the other with its defaults; a recipe's scorer of another class
-  adds ``"pipeline-<its class, lower case>"``);
+- ``{"system": "pipeline-gbdt"}`` / ``"pipeline-dlrm"``: the same candidates ranked by each scorer.
+  With a `BlendScorer` in the recipe (the default), these are its members, each fitted once and
+  evaluated alone (the first LightGBM member is ``pipeline-gbdt``), then ``"pipeline-blend"``: the
+  blend of those fitted members. With one scorer in the recipe: the recipe's with its settings, the
+  other with its defaults (a scorer of another class adds ``"pipeline-<its class, lower case>"``);
 - with ``--ablations``: ``"pipeline-without-retriever-<name>"`` and ``"pipeline-without-features-<group>"``
   (``--ablation-scorer``, GBDT by default: it trains in seconds);
 - last, ``{"system": "pipeline"}``: the recipe's scorer, the figure the README quotes, with the
@@ -24,7 +26,8 @@ and shared by every ranker compared), and the seeds it ran with (``stage1_seed``
 Seeds. ``--seeds N`` runs N times, run i with stage-1 seed i (``sessrec fit --seed_everything i``,
 its checkpoint in ``runs/<stage-1 recipe>_seed<i>/checkpoints``; the recipe's own seed keeps the
 recipe's checkpoint folder) and ranker seed i (the scorers' ``seed``: their early-stopping split,
-initial weights and shuffling). ``--stage1-seeds 0`` keeps one stage-1 model for every run and
+initial weights and shuffling; a blend's member j with config seed c_j gets c_j + n * i, n members,
+so its LightGBM members keep distinct seeds). ``--stage1-seeds 0`` keeps one stage-1 model for every run and
 varies the ranker seed only (when stage 1 cannot be retrained N times in the budget). The kNN and
 co-visitation retrievers depend on no seed: they are fitted for each stage-1 model, but their lines
 are printed once. Each run prints its lines as above; then one line per system with the mean over
@@ -61,7 +64,7 @@ from sessrec.pipeline import Sessions
 from sessrec.pipeline.features import CandidateFeatures
 from sessrec.pipeline.pipeline import Pipeline
 from sessrec.pipeline.recipe import PipelineRecipe, load_recipe
-from sessrec.pipeline.scoring import DLRMScorer, GBDTScorer, Scorer
+from sessrec.pipeline.scoring import BlendScorer, DLRMScorer, GBDTScorer, Scorer
 from sessrec.pipeline.training import candidate_rows, evaluate_rows, fit_on, list_metrics, retrieval_recall
 from sessrec.saved.registry import config_of
 
@@ -160,9 +163,26 @@ def train_models(recipe: PipelineRecipe, seeds: list[int], retrain: bool, extra:
 
 
 def seeded(scorer: Scorer, seed: int) -> Scorer:
-    """A fresh, unfitted copy of `scorer` with `seed` (when it takes one)."""
+    """A fresh, unfitted copy of `scorer` with `seed` (when it takes one); a blend's members with
+    their own seeds shifted by ``len(members) * seed``."""
+    if isinstance(scorer, BlendScorer):
+        n = len(scorer.scorers)
+        members = []
+        for member in scorer.scorers:
+            config = config_of(member)["init_args"]
+            members.append(type(member)(**{**config, **({"seed": config["seed"] + n * seed} if "seed" in config else {})}))
+        return BlendScorer(members, scorer.weights)
     config = config_of(scorer)["init_args"]
     return type(scorer)(**{**config, **({"seed": seed} if "seed" in config else {})})
+
+
+def member_name(scorer: Scorer, taken: set[str]) -> str:
+    """``gbdt``/``dlrm`` for the first member of each class, ``<class>-<j>`` for the next ones."""
+    base = {GBDTScorer: "gbdt", DLRMScorer: "dlrm"}.get(type(scorer), type(scorer).__name__.lower())
+    name, j = base, 1
+    while name in taken:
+        name, j = f"{base}-{j}", j + 1
+    return name
 
 
 def peak_rss_mb(who: int) -> float:
@@ -211,6 +231,22 @@ def scored(pipe: Pipeline, data, scorer, test) -> dict:
     metrics = evaluate_rows(pipe, test, KS)
     return {**metrics, "seconds": time.perf_counter() - start, "ranker_pairs": info["pairs"],
             "ranker_coverage": info["coverage"]}
+
+
+def blended(pipe: Pipeline, data, blend: BlendScorer, test) -> dict[str, dict]:
+    """Each member of `blend` fitted and evaluated alone (by `member_name`), then ``blend``: the
+    members as fitted, blended; its ``seconds`` the members' fits and its own scoring."""
+    results: dict[str, dict] = {}
+    for member in blend.scorers:
+        results[member_name(member, set(results))] = scored(pipe, data, member, test)
+    start = time.perf_counter()
+    pipe.scorer = blend
+    metrics = evaluate_rows(pipe, test, KS)
+    fitted = sum(r["seconds"] for r in results.values())
+    first = next(iter(results.values()))
+    results["blend"] = {**metrics, "seconds": fitted + time.perf_counter() - start, "ranker_pairs": first["ranker_pairs"],
+                        "ranker_coverage": first["ranker_coverage"]}
+    return results
 
 
 def ablations(pipe: Pipeline, which: set[str], make, data, test_rows, valid, test, batch: int, record: dict) -> None:
@@ -276,6 +312,8 @@ def main() -> None:
     scorers = {"gbdt": GBDTScorer(), "dlrm": DLRMScorer()}  # both compared, the recipe's with its settings
     final = next((name for name, s in scorers.items() if type(s) is type(recipe.scorer)), type(recipe.scorer).__name__.lower())
     scorers[final] = recipe.scorer
+    if isinstance(recipe.scorer, BlendScorer):  # its members are the single rankers compared
+        final, scorers = "blend", {}
     lines: dict[str, list[dict]] = {}
 
     def record(line: dict, show: bool = True) -> None:
@@ -317,7 +355,10 @@ def main() -> None:
             results = {}
             for name, base in scorers.items():
                 results[name] = scored(pipe, data, seeded(base, ranker_seed), test_rows)
-                record({"system": f"pipeline-{name}", "dataset": dataset, **results[name], **seeds})
+            if isinstance(recipe.scorer, BlendScorer):
+                results.update(blended(pipe, data, seeded(recipe.scorer, ranker_seed), test_rows))
+            for name, metrics in results.items():
+                record({"system": f"pipeline-{name}", "dataset": dataset, **metrics, **seeds})
             if which and (stage1_seed, ranker_seed) == runs[0]:
                 ablations(pipe, which, lambda seed=ranker_seed: seeded(make_ablation(), seed), data, test_rows, valid, test, batch,
                           {"dataset": dataset, "scorer": args.ablation_scorer, **seeds})

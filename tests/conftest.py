@@ -132,7 +132,7 @@ def _version_2_stage(name: str, args: dict, state: dict, arrays: dict, target: P
         kept = {k: v for k, v in arrays.items() if not k.startswith("ops/")}
         return {**args, "names": state["names"]}, kept
     if name == "DLRMScorer":
-        return {"config": args, "sizes": state["sizes"], "num_dense": state["num_dense"], "history": state["history"]}, arrays
+        return {"config": args, **state}, arrays
     if name == "GBDTScorer":
         params = {"objective": "lambdarank", "metric": "ndcg", "eval_at": [20], "num_leaves": args["num_leaves"],
                   "learning_rate": args["learning_rate"], "min_data_in_leaf": args["min_data_in_leaf"],

@@ -40,7 +40,7 @@ from sessrec.pipeline.retrieval.covisitation import CoVisitation
 from sessrec.pipeline.retrieval.index import FaissIndex
 from sessrec.pipeline.retrieval.knn import BaselineRetriever
 from sessrec.pipeline.retrieval.session_model import SessionModelRetriever
-from sessrec.pipeline.scoring import DLRMScorer, GBDTScorer
+from sessrec.pipeline.scoring import BlendScorer, DLRMScorer, GBDTScorer
 from sessrec.saved.registry import config_of
 from sessrec.tasks import NextItemTask
 from sessrec.tasks.baseline import _end_times
@@ -197,6 +197,21 @@ def test_saved_pipeline_recommends_identically(world: World, tmp_path: Path, sco
     before, after = pipe.recommend(world.sessions, k=K), loaded.recommend(world.sessions, k=K)
     assert after == before
     assert all(len(r["item_ids"]) == K for r in before)
+
+
+def test_a_blend_ranker_saves_and_loads_with_its_members(world: World, tmp_path: Path) -> None:
+    dm = world.dm
+    train, _ = dm.tensors("train")
+    features = CandidateFeatures().fit_statistics(_time_ordered(train, dm), dm.num_items)
+    pipe = Pipeline(dm.vocab, world.retrievers, max_length=MAX_LENGTH, max_candidates=50, features=features)
+    blend = BlendScorer([DLRMScorer(max_epochs=1), GBDTScorer(**GBDT_ARGS)])
+    training.fit_ranker(pipe, replace(dm.pairs("valid"), times=None), blend)  # requests without times
+    dlrm = blend.scorers[0]  # its tables span the vocabulary and the cross's buckets, whatever the rows held
+    assert (dlrm.rows["item"].vocabulary, dlrm.rows["cross"].vocabulary) == (dm.num_items, features.cross_buckets)
+    directory = pipe.save_pretrained(tmp_path / "blend")
+    loaded = Pipeline.from_pretrained(directory)
+    assert config_of(loaded.scorer) == config_of(blend)
+    assert loaded.recommend(world.sessions, k=K) == pipe.recommend(world.sessions, k=K)
 
 
 def test_saving_again_adds_a_version_and_never_replaces_other_files(world: World, tmp_path: Path) -> None:
@@ -596,8 +611,9 @@ def test_recipes_own_their_estimators(world: World, tmp_path: Path) -> None:
     assert config_of(second.features) == config_of(defaults["features"].default)  # a copy of the default
     first.fit()
     assert first.features.ops is not None and first.scorer.booster is not None
-    assert second.features.ops is None and second.features.popularity is None and second.scorer.network is None
-    assert defaults["features"].default.ops is None and defaults["scorer"].default.network is None
+    unfitted = [s.network is None if isinstance(s, DLRMScorer) else s.booster is None for s in second.scorer.scorers]
+    assert second.features.ops is None and second.features.popularity is None and all(unfitted)
+    assert defaults["features"].default.ops is None and defaults["scorer"].default.scorers[0].network is None
 
     shared = GBDTScorer(**GBDT_ARGS)  # one object given to two recipes: each fits its own copy
     third, fourth = (PipelineRecipe(world.dm, covisitation=CoVisitation(), covisitation_k=30, max_candidates=50,

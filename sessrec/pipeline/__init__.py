@@ -1,7 +1,7 @@
 """The four-stage pipeline: retrieval -> filtering -> scoring -> ordering, offline and online.
 
 One folder a stage: `retrieval/` (session models through `ExactIndex`/`FaissIndex`, kNN baselines,
-co-visitation), `filters.py`, `features.py` + `scoring/` (DLRM and GBDT rankers), `ordering.py`;
+co-visitation), `filters.py`, `features.py` + `scoring/` (DLRM, GBDT and blended rankers), `ordering.py`;
 `pipeline.py` composes them, `training.py` fits the ranker and evaluates, `recipe.py` reads a
 pipeline recipe, `batch.py` scores a file. See docs/pipeline.md.
 
@@ -22,7 +22,7 @@ from sessrec.pipeline.retrieval.covisitation import CoVisitation
 from sessrec.pipeline.retrieval.index import ExactIndex, FaissIndex
 from sessrec.pipeline.retrieval.knn import BaselineRetriever
 from sessrec.pipeline.retrieval.session_model import SessionModelRetriever
-from sessrec.pipeline.scoring import DLRMScorer, GBDTScorer
+from sessrec.pipeline.scoring import BlendScorer, DLRMScorer, GBDTScorer
 from sessrec.pipeline.training import evaluate, fit_ranker, retrieval_recall
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "BaselineRetriever", "BoostRule", "CandidateFeatures", "Candidates", "CoVisitation", "DLRMScorer",
+    "BaselineRetriever", "BlendScorer", "BoostRule", "CandidateFeatures", "Candidates", "CoVisitation", "DLRMScorer",
     "DiversityCap", "ExactIndex", "FaissIndex", "GBDTScorer", "ItemTableFilter", "NonProductFilter", "Ordering",
     "Pipeline", "PipelineRecipe", "Recommendations", "Retrieved", "SeenItemsFilter", "SessionModelRetriever",
     "Sessions", "SoftmaxSampling", "evaluate", "fit_ranker", "load_recipe", "merge", "recommend_file",

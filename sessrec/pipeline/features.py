@@ -34,7 +34,7 @@ the fitted ops run on the host (numpy), their outputs are moved back.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -69,14 +69,16 @@ def group_of(column: str) -> str:
 @dataclass
 class RankingInputs:
     """What a scorer reads: dense (B, K, F) float32 features, sparse (B, K) ids by name, valid (B, K),
-    and `groups` (B,) int64, the session each row was cut from (None when unknown: every row its own),
-    which a scorer's held-out rows for early stopping are split by."""
+    `groups` (B,) int64, the session each row was cut from (None when unknown: every row its own),
+    which a scorer's held-out rows for early stopping are split by, and the `cardinality` of each
+    sparse feature that has a known range (its ids lie in ``[0, n)``)."""
 
     dense: torch.Tensor
     sparse: dict[str, torch.Tensor]
     valid: torch.Tensor
     names: list[str]
     groups: torch.Tensor | None = None
+    cardinality: dict[str, int] = field(default_factory=dict)
 
 
 def _slots(values: torch.Tensor | np.ndarray, valid: torch.Tensor) -> torch.Tensor:
@@ -296,12 +298,16 @@ class CandidateFeatures(Configurable):
         for i, name in enumerate(names):
             dense[..., i][valid] = _slots(columns[name], valid).to(valid.device, torch.float32)
         sparse: dict[str, torch.Tensor] = {}
+        cardinality: dict[str, int] = {}
         if "cross" in fitted:
             sparse["cross"] = grid(fitted["cross"], torch.long)
+            cardinality["cross"] = self.cross_buckets
         if "ids" in self.groups:
             sparse["item"] = candidates.items.clone()
             sparse["last_item"] = grid(frame["last_item"], torch.long)
-        return RankingInputs(dense=dense, sparse=sparse, valid=valid, names=names)
+            if self.popularity is not None:  # counted over the vocabulary: one row per item id
+                cardinality["item"] = cardinality["last_item"] = len(self.popularity)
+        return RankingInputs(dense=dense, sparse=sparse, valid=valid, names=names, cardinality=cardinality)
 
     # -- saving ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -41,7 +41,7 @@ from sessrec.pipeline.retrieval.covisitation import CoVisitation
 from sessrec.pipeline.retrieval.index import ExactIndex, FaissIndex
 from sessrec.pipeline.retrieval.knn import BaselineRetriever
 from sessrec.pipeline.retrieval.session_model import SessionModelRetriever
-from sessrec.pipeline.scoring import DLRMScorer, GBDTScorer
+from sessrec.pipeline.scoring import BlendScorer, DLRMScorer, GBDTScorer
 from sessrec.pipeline.training import evaluate, fit_ranker
 
 if TYPE_CHECKING:
@@ -93,7 +93,7 @@ class PipelineRecipe:
         seen_window: events of the ``window`` filter.
         item_tables: allow/deny tables (`ItemTableFilter`).
         features: the ranking features.
-        scorer: the ranker: `DLRMScorer` (default) or `GBDTScorer`.
+        scorer: the ranker: `BlendScorer` (default: a `DLRMScorer` and two `GBDTScorer`s), or one ranker alone.
         ordering: business rules of the final list. The recipe keeps its own copies of
             `features`, `scorer` and `ordering` (it fits them in place), never the objects given.
         device: where the pipeline runs (``cpu``, ``cuda``, ``cuda:1``); None: the device of the
@@ -118,7 +118,7 @@ class PipelineRecipe:
         seen_window: int = 1,
         item_tables: list[ItemTableFilter] | None = None,
         features: CandidateFeatures = CandidateFeatures(),  # noqa: B008 - a config value, copied per recipe
-        scorer: DLRMScorer | GBDTScorer = DLRMScorer(),  # noqa: B008 - a config value, copied per recipe
+        scorer: DLRMScorer | GBDTScorer | BlendScorer = BlendScorer(),  # noqa: B008 - a config value, copied per recipe
         ordering: Ordering = Ordering(),  # noqa: B008 - a config value, copied per recipe
         ranker_pairs: Literal["protocol", "all_prefixes"] = "protocol",
         output: str = "runs/pipeline/pipeline",

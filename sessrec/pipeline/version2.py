@@ -113,10 +113,15 @@ def _features(settings: dict, arrays: dict, directory: Path, source: str, key: s
 
 
 def _dlrm(settings: dict, arrays: dict, directory: Path, source: str, key: str) -> Converted:
-    """``{"config": the constructor's arguments, "sizes", "num_dense", "history"}``; arrays ``weights/*``,
-    ``mean``, ``std``."""
-    state = {"weights": _under(arrays, "weights/"), "mean": arrays["mean"], "std": arrays["std"],
-             "sizes": settings["sizes"], "num_dense": settings["num_dense"], "history": settings.get("history", [])}
+    """``{"config": the constructor's arguments, "sizes", "num_dense", "history"}`` and, from a scorer with
+    unseen-id rows, ``"vocabulary"``; arrays ``weights/*``, ``ids/*``, and ``mean`` and ``std`` or ``quantiles``.
+    A state without ``ids`` is refused by `DLRMScorer.load_state_dict`."""
+    state = {name: value for name, value in settings.items() if name != "config"}
+    state.update({name: value for name, value in arrays.items() if "/" not in name})
+    state["weights"] = _under(arrays, "weights/")
+    ids = _under(arrays, "ids/")
+    if ids:
+        state["ids"] = ids
     return dict(settings["config"]), state, {"": ".config"}
 
 

@@ -1,12 +1,14 @@
 """Stage 3, scoring: rankers trained on the candidates of held-out sessions.
 
-`DLRMScorer` (the default: `sessrec.models.DLRM` on the embedding core, trained with a listwise
-softmax over each session's candidates) and `GBDTScorer` (LightGBM lambdarank). Both read
-`RankingInputs` and return (B, K) scores, -inf at empty slots.
+`DLRMScorer` (`sessrec.models.DLRM` on the embedding core, trained with a listwise softmax over
+each session's candidates), `GBDTScorer` (LightGBM lambdarank) and `BlendScorer` (several of them,
+their per-session standardised scores averaged). Each reads `RankingInputs` and returns (B, K)
+scores, -inf at empty slots.
 """
 
 from sessrec.pipeline.scoring.base import Scorer, early_stopping_split
+from sessrec.pipeline.scoring.blend import BlendScorer
 from sessrec.pipeline.scoring.dlrm import DLRMScorer
 from sessrec.pipeline.scoring.gbdt import GBDTScorer
 
-__all__ = ["DLRMScorer", "GBDTScorer", "Scorer", "early_stopping_split"]
+__all__ = ["BlendScorer", "DLRMScorer", "GBDTScorer", "Scorer", "early_stopping_split"]

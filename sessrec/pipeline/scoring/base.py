@@ -70,7 +70,7 @@ def early_stopping_split(
             raise ValueError(
                 f"the ranker needs sessions whose next item is among the candidates; found {len(rows)} of {len(labels)}"
             )
-        perm = rows[torch.randperm(len(rows), generator=torch.Generator().manual_seed(seed))]
+        perm = rows[torch.randperm(len(rows), generator=torch.Generator().manual_seed(seed)).to(rows.device)]
         n_stop = max(1, int(len(rows) * fraction))
         return perm[n_stop:].sort().values, perm[:n_stop].sort().values
     if groups.shape != labels.shape[:1]:
@@ -82,8 +82,8 @@ def early_stopping_split(
             f"({len(rows)} of {len(labels)} rows)"
         )
     perm = torch.randperm(len(sessions), generator=torch.Generator().manual_seed(seed))
-    held = torch.zeros(len(sessions), dtype=torch.bool)
-    held[perm[: max(1, int(len(sessions) * fraction))]] = True
+    held = torch.zeros(len(sessions), dtype=torch.bool, device=groups.device)
+    held[perm[: max(1, int(len(sessions) * fraction))].to(groups.device)] = True
     stop = held[member]
     return rows[~stop], rows[stop]
 

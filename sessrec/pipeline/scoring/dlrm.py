@@ -1,16 +1,30 @@
 """`DLRMScorer`: the library's `DLRM` (embedding core + dot or DCNv2 interaction) as the ranker.
 
-Dense inputs are the candidate features, standardised with the mean and standard deviation of
-the ranker's training rows; sparse inputs are the candidate id, the last item (one shared item
-table) and the hashed (last item, candidate) cross. Training is listwise: a softmax over each
-session's candidates with the next item as the target (the quantity MRR rewards), early-stopped
-on held-out sessions' MRR@20, the best epoch's weights kept.
+Dense inputs are the candidate features, each also taken relative to its session (minus the
+session's best and mean candidate value: what a listwise ranker compares), then scaled with
+statistics of the ranker's training rows: rank-Gauss (each feature through its empirical
+quantiles to a standard normal, so heavy-tailed scores and counts are spread evenly) or plain
+standardisation. Sparse inputs are the candidate id, the last item (one shared item table) and
+the hashed (last item, candidate) cross.
 
-Shape letters: B sessions, K candidates, F dense features, D embedding width.
+Id rows. Each table has row 0 for every id that the ranker's training rows do not hold at least
+`min_count` times (an item or a cross it never saw, at fit and at score time) and one row per
+kept id. The ids are looked up over the whole vocabulary (`RankingInputs.cardinality`: the
+items of the data, the cross's hash buckets), so no unseen id shares a seen one's row. During
+training each id is replaced by row 0 with probability `id_dropout`: row 0 learns what an unseen
+id is worth, and the network cannot lean on the ids of the few thousand ranker sessions alone.
+
+Training is listwise: a softmax over each session's candidates with the next item as the target
+(the quantity MRR rewards), early-stopped on held-out sessions' MRR@20, the best epoch's
+weights kept.
+
+Shape letters: B sessions, K candidates, F dense features, G = F or 3F after the session-relative
+columns, Q quantiles, D embedding width, S kept ids of a table.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -24,6 +38,79 @@ from sessrec.models.dlrm import DLRM
 from sessrec.pipeline.features import RankingInputs
 from sessrec.pipeline.scoring.base import Scorer, early_stopping_split, mrr_of
 
+TABLES = {"item": ("item", "last_item"), "cross": ("cross",)}  # table -> the sparse features looked up in it
+QUANTILES = 256
+SCALING_ROWS = 200_000  # candidate rows (of whole training sessions) the scaling is fitted on
+SCALED_BYTES = 1 << 30  # the scaled dense inputs of all training sessions are kept when they fit this
+
+
+class IdRows:
+    """The rows of one embedding table: row 0 for every id not kept, rows 1..S for the kept ids (ascending).
+
+    Args:
+        kept: (S,) int64 ascending ids that have their own row.
+        vocabulary: ids lie in ``[0, vocabulary)``; a larger id has not been kept either and gets row 0.
+
+    Example:
+        >>> rows = IdRows(torch.tensor([3, 7]), vocabulary=10)
+        >>> rows(torch.tensor([7, 3, 5, 0, 12])).tolist(), rows.size
+        ([2, 1, 0, 0, 0], 3)
+    """
+
+    def __init__(self, kept: torch.Tensor, vocabulary: int) -> None:
+        kept = kept.long().cpu()
+        if len(kept) and (int(kept.min()) < 0 or int(kept.max()) >= vocabulary):
+            raise ValueError(f"kept ids must lie in [0, {vocabulary}), got {int(kept.min())}..{int(kept.max())}")
+        self.kept, self.vocabulary = kept, int(vocabulary)
+        self.lookup = torch.zeros(self.vocabulary + 1, dtype=torch.long)  # the last entry: ids past the vocabulary
+        self.lookup[kept] = torch.arange(1, len(kept) + 1)
+
+    @classmethod
+    def fit(cls, ids: torch.Tensor, vocabulary: int, min_count: int) -> IdRows:
+        """Keep the ids that occur at least `min_count` times among `ids` (the training rows' ids)."""
+        counts = torch.bincount(ids.long().cpu(), minlength=vocabulary)
+        return cls(torch.nonzero(counts >= min_count).squeeze(1), vocabulary)
+
+    @property
+    def size(self) -> int:
+        """Rows of the table: the kept ids and row 0."""
+        return len(self.kept) + 1
+
+    def to(self, device: torch.device | str) -> IdRows:
+        """Keep the lookup on `device` (where the ids it maps live); returns self."""
+        self.lookup = self.lookup.to(device)
+        return self
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.lookup[ids.clamp(0, self.vocabulary)]
+
+
+def rank_gauss(x: torch.Tensor, quantiles: torch.Tensor) -> torch.Tensor:
+    """(..., G) values -> (..., G) standard-normal scores of their interpolated ranks among the (G, Q) quantiles.
+
+    A value equal to a run of equal quantiles (a point mass, e.g. zeros) takes the middle rank of
+    the run; values beyond the extremes take the extreme ranks.
+    """
+    shape, q = x.shape, quantiles.shape[1]
+    flat = x.reshape(-1, shape[-1]).T.contiguous()  # (G, N)
+    first = torch.searchsorted(quantiles, flat)  # first quantile >= value
+    past = torch.searchsorted(quantiles, flat, right=True)  # first quantile > value: equal ones are first..past-1
+    upper = first.clamp(1, q - 1)
+    lo, hi = quantiles.gather(1, upper - 1), quantiles.gather(1, upper)
+    between = (upper - 1 + ((flat - lo) / (hi - lo).clamp(min=1e-12)).clamp(0, 1)) / (q - 1)
+    middle = (first + past - 1).double() / (2 * (q - 1))
+    u = torch.where(past > first, middle, between.double()).clamp(0.5 / q, 1 - 0.5 / q)
+    return (math.sqrt(2.0) * torch.erfinv(2 * u - 1)).float().T.reshape(shape)
+
+
+def session_relative(dense: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """(B, K, F) -> (B, K, 3F): each feature, minus its session's largest and mean value over the valid candidates."""
+    mask = valid.unsqueeze(2)
+    best = dense.masked_fill(~mask, float("-inf")).amax(dim=1, keepdim=True)
+    best = torch.where(torch.isfinite(best), best, torch.zeros_like(best))  # a session without candidates
+    mean = (dense * mask).sum(dim=1, keepdim=True) / mask.sum(dim=1, keepdim=True).clamp(min=1)
+    return torch.cat([dense, dense - best, dense - mean], dim=2)
+
 
 class DLRMScorer(Scorer):
     """Listwise-trained DLRM over the candidates.
@@ -35,22 +122,30 @@ class DLRMScorer(Scorer):
         interaction: ``dot`` or ``dcn``.
         sparse: the id features embedded: ``item`` (the candidate and the last item, one shared
             table) and ``cross`` (their hashed pair); ``item`` is required.
+        min_count: an id with fewer occurrences among the training rows gets the unseen row.
+        id_dropout: probability that a training lookup is replaced by the unseen row.
+        scaling: ``rank_gauss`` or ``standard`` (mean and standard deviation) for the dense features.
+        relative: add each dense feature minus its session's largest and mean value.
         lr: Adam learning rate.
         weight_decay: Adam weight decay.
         batch_sessions: sessions per training step (each with all its K candidates).
         max_epochs: epochs at most.
         patience: epochs without a better held-out MRR@20 before stopping.
         stop_fraction: share of the ranker's sessions held out for early stopping.
-        seed: seeds the split, the weights and the shuffling.
+        seed: seeds the split, the weights, the id dropout and the shuffling.
     """
 
     def __init__(
         self,
-        embedding_dim: int = 16,
-        dense_layers: tuple[int, ...] = (64,),
-        over_layers: tuple[int, ...] = (64, 32),
+        embedding_dim: int = 32,
+        dense_layers: tuple[int, ...] = (128,),
+        over_layers: tuple[int, ...] = (128, 64),
         interaction: Literal["dot", "dcn"] = "dot",
         sparse: tuple[str, ...] = ("item", "cross"),
+        min_count: int = 1,
+        id_dropout: float = 0.5,
+        scaling: Literal["rank_gauss", "standard"] = "rank_gauss",
+        relative: bool = True,
         lr: float = 2e-3,
         weight_decay: float = 1e-6,
         batch_sessions: int = 128,
@@ -59,72 +154,143 @@ class DLRMScorer(Scorer):
         stop_fraction: float = 0.15,
         seed: int = 0,
     ) -> None:
+        unknown = sorted(set(sparse) - set(TABLES))
+        if unknown or "item" not in sparse:
+            raise ValueError(f"DLRMScorer sparse must hold 'item' and may hold 'cross', got {list(sparse)}")
+        if scaling not in ("rank_gauss", "standard"):
+            raise ValueError(f"DLRMScorer scaling must be 'rank_gauss' or 'standard', got {scaling!r}")
+        if min_count < 1 or not 0 <= id_dropout < 1:
+            raise ValueError(f"DLRMScorer needs min_count >= 1 and 0 <= id_dropout < 1, got {min_count}, {id_dropout}")
         self.config = {
             "embedding_dim": embedding_dim, "dense_layers": list(dense_layers), "over_layers": list(over_layers),
-            "interaction": interaction, "sparse": list(sparse), "lr": lr, "weight_decay": weight_decay, "batch_sessions": batch_sessions,
-            "max_epochs": max_epochs, "patience": patience, "stop_fraction": stop_fraction, "seed": seed,
+            "interaction": interaction, "sparse": list(sparse), "min_count": min_count, "id_dropout": id_dropout,
+            "scaling": scaling, "relative": relative, "lr": lr, "weight_decay": weight_decay,
+            "batch_sessions": batch_sessions, "max_epochs": max_epochs, "patience": patience,
+            "stop_fraction": stop_fraction, "seed": seed,
         }
         self.network: DLRM | None = None
-        self.mean: torch.Tensor | None = None
-        self.std: torch.Tensor | None = None
-        self.sizes: dict[str, int] = {}
+        self.mean: torch.Tensor | None = None  # (G,)
+        self.std: torch.Tensor | None = None  # (G,)
+        self.quantiles: torch.Tensor | None = None  # (G, Q) with rank_gauss scaling
+        self.rows: dict[str, IdRows] = {}
+        self.num_dense = 0  # F, the features read
         self.history: list[float] = []
 
-    def _build(self, num_dense: int, sizes: dict[str, int]) -> DLRM:
+    # -- the network's inputs -------------------------------------------------------------------
+    def _build(self) -> DLRM:
         c = self.config
         d = c["embedding_dim"]
-        tables = []
-        if "item" in sizes:
-            tables.append(TableConfig("item", sizes["item"], d, feature_names=("item", "last_item")))
-        if "cross" in sizes:
-            tables.append(TableConfig("cross", sizes["cross"], d))
+        tables = [TableConfig(name, self.rows[name].size, d, feature_names=TABLES[name]) for name in self.rows]
         torch.manual_seed(c["seed"])
+        width = self.num_dense * (3 if c["relative"] else 1)
         return DLRM(
-            num_dense, tables, dense_layers=[*c["dense_layers"], d], over_layers=c["over_layers"],
+            width, tables, dense_layers=[*c["dense_layers"], d], over_layers=c["over_layers"],
             interaction=c["interaction"], seed=c["seed"],
         )
 
-    def _logits(self, inputs: RankingInputs, rows: torch.Tensor) -> torch.Tensor:
-        """(len(rows), K) logits of the candidates of those sessions, -inf at empty slots."""
+    def _dense(self, inputs: RankingInputs, rows: torch.Tensor) -> torch.Tensor:
+        """(len(rows), K, G) scaled dense inputs of those sessions."""
+        if inputs.dense.shape[2] != self.num_dense:
+            raise ValueError(f"DLRMScorer was fitted on {self.num_dense} dense features, got {inputs.dense.shape[2]}")
+        dense = inputs.dense[rows]
+        if self.config["relative"]:
+            dense = session_relative(dense, inputs.valid[rows])
+        if self.quantiles is not None:
+            return rank_gauss(dense, self.quantiles)
+        return (dense - self.mean) / self.std
+
+    def _ids(self, inputs: RankingInputs, rows: torch.Tensor, dropout: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+        """Table rows (len(rows) * K,) of each sparse feature; with `dropout`, each replaced by row 0 at the id_dropout rate."""
+        out = {}
+        for table, features in TABLES.items():
+            if table not in self.rows:
+                continue
+            for name in features:
+                ids = inputs.sparse[name][rows].reshape(-1)
+                if ids.numel() and int(ids.min()) < 0:
+                    raise ValueError(f"sparse feature {name!r} holds a negative id ({int(ids.min())})")
+                looked = self.rows[table](ids)
+                if dropout is not None:
+                    drop = (torch.rand(looked.shape, generator=dropout) < self.config["id_dropout"]).to(looked.device)
+                    looked = looked.masked_fill(drop, 0)
+                out[name] = looked
+        return out
+
+    def _logits(self, inputs: RankingInputs, rows: torch.Tensor, dense: torch.Tensor | None = None,
+                dropout: torch.Generator | None = None) -> torch.Tensor:
+        """(len(rows), K) logits of the candidates of those sessions, -inf at empty slots.
+
+        Args:
+            dense: their scaled dense inputs (`_dense`), when computed already.
+            dropout: the id dropout's generator (training).
+        """
         valid = inputs.valid[rows]
         b, k = valid.shape
-        dense = ((inputs.dense[rows] - self.mean) / self.std).reshape(b * k, -1)
-        ids = {n: inputs.sparse[n][rows].reshape(b * k).clamp(0, self.sizes[t] - 1)
-               for n, t in (("item", "item"), ("last_item", "item"), ("cross", "cross")) if t in self.sizes}
-        logits = self.network(dense, SparseFeatures.from_dense(ids)).reshape(b, k)
+        dense = self._dense(inputs, rows) if dense is None else dense
+        sparse = SparseFeatures.from_dense(self._ids(inputs, rows, dropout))
+        logits = self.network(dense.reshape(b * k, -1), sparse).reshape(b, k)
         return logits.masked_fill(~valid, float("-inf"))
+
+    # -- the verbs ------------------------------------------------------------------------------
+    def _fit_inputs(self, inputs: RankingInputs, train: torch.Tensor) -> None:
+        """The id rows and the dense scaling, from the training sessions' valid rows only."""
+        c = self.config
+        if "item" not in inputs.sparse:
+            raise ValueError("DLRMScorer embeds the candidate and last item ids: keep the 'ids' feature group")
+        if "cross" in c["sparse"] and "cross" not in inputs.sparse:
+            raise ValueError("DLRMScorer sparse holds 'cross' but the inputs have no 'cross' ids: keep the 'ids' feature group")
+        valid = inputs.valid[train]
+        self.rows = {}
+        for table in (t for t in TABLES if t in c["sparse"]):
+            ids = torch.cat([inputs.sparse[name][train][valid] for name in TABLES[table]])
+            sizes = {inputs.cardinality[name] for name in TABLES[table] if name in inputs.cardinality}
+            if len(sizes) > 1:
+                raise ValueError(f"the features of table {table!r} ({list(TABLES[table])}) have different cardinalities {sorted(sizes)}")
+            vocabulary = sizes.pop() if sizes else (int(ids.max()) + 1 if len(ids) else 1)
+            if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= vocabulary):
+                raise ValueError(f"table {table!r}: ids {int(ids.min())}..{int(ids.max())} lie outside its cardinality {vocabulary}")
+            self.rows[table] = IdRows.fit(ids, vocabulary, c["min_count"]).to(inputs.valid.device)
+        self.num_dense = inputs.dense.shape[2]
+        self.quantiles, self.mean, self.std = None, torch.zeros(0), torch.ones(0)
+        # the scaling's statistics: a seeded sample of the training sessions, about SCALING_ROWS candidate rows
+        sample = train[torch.randperm(len(train), generator=torch.Generator().manual_seed(c["seed"])).to(train.device)]
+        sample = sample[: max(1, SCALING_ROWS // max(1, inputs.valid.shape[1]))].sort().values
+        dense = inputs.dense[sample]
+        if c["relative"]:
+            dense = session_relative(dense, inputs.valid[sample])
+        rows = dense[inputs.valid[sample]]  # (rows, G)
+        if c["scaling"] == "rank_gauss":
+            levels = torch.linspace(0, 1, QUANTILES, dtype=torch.float64)
+            self.quantiles = torch.quantile(rows.double(), levels, dim=0).T.float().contiguous()  # (G, Q)
+        else:
+            self.mean, self.std = rows.mean(dim=0), rows.std(dim=0).clamp(min=1e-6)
 
     def fit(self, inputs: RankingInputs, labels: torch.Tensor) -> DLRMScorer:
         c = self.config
-        unknown = sorted(set(c["sparse"]) - {"item", "cross"})
-        if unknown or "item" not in c["sparse"]:
-            raise ValueError(f"DLRMScorer sparse must hold 'item' and may hold 'cross', got {c['sparse']}")
-        if "item" not in inputs.sparse:
-            raise ValueError("DLRMScorer embeds the candidate and last item ids: keep the 'ids' feature group")
         train, stop = early_stopping_split(labels, c["stop_fraction"], c["seed"], inputs.groups)
-        rows = inputs.dense[train][inputs.valid[train]]  # (rows, F) training rows only
-        self.mean, self.std = rows.mean(dim=0), rows.std(dim=0).clamp(min=1e-6)
-        self.sizes = {}
-        if "item" in inputs.sparse:
-            self.sizes["item"] = int(max(inputs.sparse["item"].max(), inputs.sparse["last_item"].max())) + 1
-        if "cross" in inputs.sparse and "cross" in c["sparse"]:
-            self.sizes["cross"] = int(inputs.sparse["cross"].max()) + 1
-        self.network = self._build(inputs.dense.shape[2], self.sizes).to(inputs.dense.device)  # trains where its rows are
+        train, stop = train.to(labels.device), stop.to(labels.device)
+        self._fit_inputs(inputs, train)
+        self.network = self._build().to(inputs.dense.device)  # trains where its rows are
+        width = self.num_dense * (3 if c["relative"] else 1)
+        # (B, K, G) scaled once when it fits the budget, else batch by batch
+        dense = self._dense_chunks(inputs, torch.arange(len(labels), device=labels.device)) if labels.numel() * width * 4 <= SCALED_BYTES else None
         opt = torch.optim.Adam(self.network.parameters(), lr=c["lr"], weight_decay=c["weight_decay"])
         target = labels.argmax(dim=1)
         gen = torch.Generator().manual_seed(c["seed"])
+        dropout = torch.Generator().manual_seed(c["seed"] + 1) if c["id_dropout"] > 0 else None
         best, best_state, waited = -1.0, None, 0
         self.history = []
         for _ in range(c["max_epochs"]):
             self.network.train()
-            order = train[torch.randperm(len(train), generator=gen)]
+            order = train[torch.randperm(len(train), generator=gen).to(train.device)]
             for lo in range(0, len(order), c["batch_sessions"]):
                 batch = order[lo : lo + c["batch_sessions"]]
-                loss = F.cross_entropy(self._logits(inputs, batch), target[batch])
+                logits = self._logits(inputs, batch, None if dense is None else dense[batch], dropout)
+                loss = F.cross_entropy(logits, target[batch])
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
-            value = mrr_of(self._score_rows(inputs, stop), labels[stop])
+            value = mrr_of(self._score_rows(inputs, stop, dense), labels[stop])
             self.history.append(value)
             if value > best:
                 best, waited = value, 0
@@ -137,10 +303,16 @@ class DLRMScorer(Scorer):
         self.network.eval()
         return self
 
+    def _dense_chunks(self, inputs: RankingInputs, rows: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+        return torch.cat([self._dense(inputs, rows[lo : lo + chunk]) for lo in range(0, len(rows), chunk)])
+
     @torch.no_grad()
-    def _score_rows(self, inputs: RankingInputs, rows: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+    def _score_rows(self, inputs: RankingInputs, rows: torch.Tensor, dense: torch.Tensor | None = None,
+                    chunk: int = 1024) -> torch.Tensor:
+        """(len(rows), K) logits; `dense`: the scaled inputs of all B sessions, when computed already."""
         self.network.eval()
-        parts = [self._logits(inputs, rows[lo : lo + chunk]) for lo in range(0, len(rows), chunk)]
+        parts = [self._logits(inputs, part, None if dense is None else dense[part])
+                 for part in (rows[lo : lo + chunk] for lo in range(0, len(rows), chunk))]
         return torch.cat(parts) if parts else torch.zeros(0, inputs.valid.shape[1], device=inputs.valid.device)
 
     def score(self, inputs: RankingInputs) -> torch.Tensor:
@@ -149,26 +321,59 @@ class DLRMScorer(Scorer):
         return self._score_rows(inputs, torch.arange(len(inputs.valid), device=inputs.valid.device)).float()
 
     def to(self, device: torch.device | str) -> DLRMScorer:
-        """Move the network and the standardisation to `device`; returns self."""
+        """Move the network, the id rows and the scaling to `device`; returns self."""
         if self.network is not None:
             self.network.to(device)
             self.mean, self.std = self.mean.to(device), self.std.to(device)
+            if self.quantiles is not None:
+                self.quantiles = self.quantiles.to(device)
+            self.rows = {name: rows.to(device) for name, rows in self.rows.items()}
         return self
 
+    # -- saving ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """``weights`` of the network, the standardisation ``mean`` and ``std`` (F,), the table ``sizes``,
-        ``num_dense`` (F) and the early-stopping ``history`` (held-out MRR@20 per epoch)."""
+        """``weights`` of the network; ``ids`` (each table's kept ids, ascending) and ``vocabulary`` (each
+        table's id range); the scaling: ``quantiles`` (G, Q) or ``mean`` and ``std`` (G,); the table
+        ``sizes``, ``num_dense`` (F) and the early-stopping ``history`` (held-out MRR@20 per epoch)."""
         if self.network is None:
             raise RuntimeError("DLRMScorer is not fitted: nothing to save")
-        return {"weights": {k: v.detach().cpu().numpy() for k, v in self.network.state_dict().items()},
-                "mean": self.mean.cpu().numpy(), "std": self.std.cpu().numpy(), "sizes": dict(self.sizes),
-                "num_dense": int(self.mean.numel()), "history": list(self.history)}
+        state = {"weights": {k: v.detach().cpu().numpy() for k, v in self.network.state_dict().items()},
+                 "ids": {name: rows.kept.numpy() for name, rows in self.rows.items()},
+                 "vocabulary": {name: rows.vocabulary for name, rows in self.rows.items()},
+                 "sizes": {name: rows.size for name, rows in self.rows.items()},
+                 "num_dense": self.num_dense, "history": list(self.history)}
+        if self.quantiles is not None:
+            state["quantiles"] = self.quantiles.cpu().numpy()
+        else:
+            state["mean"], state["std"] = self.mean.cpu().numpy(), self.std.cpu().numpy()
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> DLRMScorer:
-        self.sizes = {str(k): int(v) for k, v in state["sizes"].items()}
+        """Take a `state_dict` of a scorer of the same config.
+
+        Raises:
+            ValueError: a state without the id rows (written before tables had an unseen row: its
+                unseen ids shared a seen id's row), or one whose tables or scaling differ from the config.
+        """
+        if "ids" not in state or "vocabulary" not in state:
+            raise ValueError("this DLRMScorer state has no id rows ('ids', 'vocabulary'): it was saved before every table "
+                             "had a row for unseen ids; fit the ranker again (sessrec fit on the pipeline recipe)")
+        tables = [t for t in TABLES if t in self.config["sparse"]]  # the order the network stacks them in
+        if sorted(state["ids"]) != sorted(tables):
+            raise ValueError(f"the DLRMScorer state holds tables {sorted(state['ids'])}, its config embeds {tables}")
+        self.rows = {name: IdRows(torch.from_numpy(np.array(state["ids"][name], dtype=np.int64)), int(state["vocabulary"][name]))
+                     for name in tables}
+        self.num_dense = int(state["num_dense"])
         self.history = [float(v) for v in state.get("history", [])]
-        self.network = self._build(int(state["num_dense"]), self.sizes)
+        if (self.config["scaling"] == "rank_gauss") != ("quantiles" in state):
+            raise ValueError(f"the DLRMScorer state's scaling does not match its config's {self.config['scaling']!r}")
+        self.quantiles, self.mean, self.std = None, torch.zeros(0), torch.ones(0)
+        if "quantiles" in state:
+            self.quantiles = torch.from_numpy(np.array(state["quantiles"], dtype=np.float32))
+        else:
+            self.mean = torch.from_numpy(np.array(state["mean"], dtype=np.float32))
+            self.std = torch.from_numpy(np.array(state["std"], dtype=np.float32))
+        self.network = self._build()
         self.network.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in state["weights"].items()})
         self.network.eval()
-        self.mean, self.std = torch.from_numpy(np.array(state["mean"])), torch.from_numpy(np.array(state["std"]))
         return self

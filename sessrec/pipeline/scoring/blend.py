@@ -1,0 +1,96 @@
+"""`BlendScorer`: several rankers fitted on the same rows, their scores averaged per session.
+
+Scorers put their scores on different scales (a DLRM's logits, LightGBM's lambdarank margins),
+and only the order within a session matters; so each member's scores are standardised within
+each session (mean 0, standard deviation 1 over its valid candidates) before the weighted sum.
+Trees and a neural ranker err on different candidates, and two tree models with different seeds
+(early-stopping split, bagging) on different ones again: the default blend of a DLRM and two
+LightGBM rankers ranks better than any one of them (``benchmarks/pipeline_eval.py``, the
+``pipeline-blend`` line against its members' ``pipeline-dlrm`` and ``pipeline-gbdt``).
+
+Shape letters: B sessions, K candidates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from sessrec.pipeline.features import RankingInputs
+from sessrec.pipeline.scoring.base import Scorer
+from sessrec.pipeline.scoring.dlrm import DLRMScorer
+from sessrec.pipeline.scoring.gbdt import GBDTScorer
+
+
+def standardised(scores: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """(B, K) scores -> (B, K) scores of mean 0 and standard deviation 1 within each row's valid slots (0 at the others).
+
+    Example:
+        >>> standardised(torch.tensor([[1.0, 3.0, 0.0]]), torch.tensor([[True, True, False]])).tolist()
+        [[-1.0, 1.0, 0.0]]
+    """
+    scores = scores.double().masked_fill(~valid, 0.0)
+    n = valid.sum(dim=1, keepdim=True).clamp(min=1)
+    mean = scores.sum(dim=1, keepdim=True) / n
+    centred = (scores - mean).masked_fill(~valid, 0.0)
+    std = (centred.square().sum(dim=1, keepdim=True) / n).sqrt()
+    return torch.where(std > 1e-12, centred / std.clamp(min=1e-12), torch.zeros_like(centred))
+
+
+class BlendScorer(Scorer):
+    """The weighted sum of the per-session standardised scores of its members.
+
+    Args:
+        scorers: the members, each fitted on the same rows; None: a `DLRMScorer` and two
+            `GBDTScorer`s (seeds 0 and 1: two early-stopping splits and baggings), their defaults otherwise.
+        weights: one weight per member; None: equal weights.
+
+    Example:
+        >>> blend = BlendScorer([DLRMScorer(max_epochs=5), GBDTScorer(threads=1)], weights=[0.5, 0.5])
+        >>> [type(s).__name__ for s in blend.scorers]
+        ['DLRMScorer', 'GBDTScorer']
+    """
+
+    def __init__(self, scorers: Sequence[Scorer] | None = None, weights: Sequence[float] | None = None) -> None:
+        self.scorers = list(scorers) if scorers is not None else [DLRMScorer(), GBDTScorer(), GBDTScorer(seed=1)]
+        if not self.scorers or not all(isinstance(s, Scorer) for s in self.scorers):
+            raise ValueError(f"BlendScorer needs one or more scorers, got {[type(s).__name__ for s in self.scorers]}")
+        if any(isinstance(s, BlendScorer) for s in self.scorers):
+            raise ValueError("BlendScorer members are rankers, not blends: list the rankers themselves")
+        self.weights = [1.0] * len(self.scorers) if weights is None else [float(w) for w in weights]
+        if len(self.weights) != len(self.scorers) or min(self.weights) < 0 or sum(self.weights) <= 0:
+            raise ValueError(f"BlendScorer needs one non-negative weight per scorer ({len(self.scorers)}), not all 0; "
+                             f"got {list(self.weights)}")
+
+    def fit(self, inputs: RankingInputs, labels: torch.Tensor) -> BlendScorer:
+        for scorer in self.scorers:
+            scorer.fit(inputs, labels)
+        return self
+
+    def score(self, inputs: RankingInputs) -> torch.Tensor:
+        total = torch.zeros(inputs.valid.shape, dtype=torch.float64, device=inputs.valid.device)
+        for scorer, weight in zip(self.scorers, self.weights):
+            if weight > 0:
+                total += weight * standardised(scorer.score(inputs).to(total.device), inputs.valid)
+        return total.float().masked_fill(~inputs.valid, float("-inf"))
+
+    def to(self, device: torch.device | str) -> BlendScorer:
+        """Move every member to `device`; returns self."""
+        for scorer in self.scorers:
+            scorer.to(device)
+        return self
+
+    def state_dict(self) -> dict[str, Any]:
+        """``scorers``: each member's state dict under its position (``"0"``, ``"1"``, ...)."""
+        return {"scorers": {str(i): scorer.state_dict() for i, scorer in enumerate(self.scorers)}}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> BlendScorer:
+        members = state.get("scorers")
+        if not isinstance(members, Mapping) or sorted(members) != sorted(str(i) for i in range(len(self.scorers))):
+            found = sorted(members) if isinstance(members, Mapping) else type(members).__name__
+            raise ValueError(f"the BlendScorer state holds members {found}, its config {len(self.scorers)} scorers")
+        for i, scorer in enumerate(self.scorers):
+            scorer.load_state_dict(members[str(i)])
+        return self

@@ -1,0 +1,206 @@
+"""The rankers' own parts on tiny hand-made candidate matrices: the DLRM's id rows (an unseen row for
+items and crosses the training rows do not hold), its dense scaling, its saved state, and the blend.
+
+Shape letters: B sessions, K candidates, F dense features.
+"""
+
+from __future__ import annotations
+
+import math
+from statistics import NormalDist
+
+import numpy as np
+import pytest
+import torch
+
+from sessrec.pipeline.features import RankingInputs
+from sessrec.pipeline.scoring import BlendScorer, DLRMScorer, GBDTScorer, Scorer
+from sessrec.pipeline.scoring.blend import standardised
+from sessrec.pipeline.scoring.dlrm import IdRows, rank_gauss, session_relative
+from sessrec.saved.registry import config_of, instantiate
+
+torch.set_num_threads(1)
+
+B, K = 120, 5
+SEEN = (3, 4, 5, 6, 7)  # the item ids of the training rows
+VOCABULARY, BUCKETS = 20, 64
+
+
+def training_rows(seed: int = 0) -> tuple[RankingInputs, torch.Tensor]:
+    """B sessions of K candidates drawn from `SEEN`; the positive is the candidate of the largest first feature."""
+    g = torch.Generator().manual_seed(seed)
+    dense = torch.randn(B, K, 2, generator=g)
+    items = torch.tensor(SEEN)[torch.randint(0, len(SEEN), (B, K), generator=g)]
+    last = torch.tensor(SEEN)[torch.randint(0, len(SEEN), (B, 1), generator=g)].expand(B, K)
+    cross = (items * 7 + last) % BUCKETS
+    labels = torch.zeros(B, K)
+    labels[torch.arange(B), dense[..., 0].argmax(dim=1)] = 1
+    cardinality = {"item": VOCABULARY, "last_item": VOCABULARY, "cross": BUCKETS}
+    inputs = RankingInputs(dense, {"item": items, "last_item": last, "cross": cross}, torch.ones(B, K, dtype=torch.bool),
+                           ["a", "b"], cardinality=cardinality)
+    return inputs, labels
+
+
+def one_session(items: list[int], last: int, cross: list[int] | None = None) -> RankingInputs:
+    """One session whose candidates have identical dense features: only their ids tell them apart."""
+    k = len(items)
+    ids = {"item": torch.tensor([items]), "last_item": torch.full((1, k), last),
+           "cross": torch.tensor([cross if cross is not None else [0] * k])}
+    return RankingInputs(torch.zeros(1, k, 2), ids, torch.ones(1, k, dtype=torch.bool), ["a", "b"],
+                         cardinality={"item": VOCABULARY, "last_item": VOCABULARY, "cross": BUCKETS})
+
+
+@pytest.fixture(scope="module")
+def fitted() -> tuple[DLRMScorer, RankingInputs, torch.Tensor]:
+    inputs, labels = training_rows()
+    return DLRMScorer(max_epochs=2, seed=0).fit(inputs, labels), inputs, labels
+
+
+# -------------------------------------------------------------------------------------- id rows
+def test_id_rows_map_every_id_not_kept_to_row_zero() -> None:
+    rows = IdRows.fit(torch.tensor([4, 9, 4, 2, 9, 9]), vocabulary=12, min_count=2)
+    assert rows.kept.tolist() == [4, 9] and rows.size == 3
+    assert rows(torch.tensor([9, 4, 2, 0, 11, 15])).tolist() == [2, 1, 0, 0, 0, 0]  # 2: seen once; 15: past the vocabulary
+    with pytest.raises(ValueError, match=r"kept ids must lie in \[0, 5\)"):
+        IdRows(torch.tensor([1, 7]), vocabulary=5)
+
+
+def test_an_item_never_in_the_training_rows_gets_the_unseen_row_and_a_seen_one_keeps_its_own(fitted) -> None:
+    scorer, _, _ = fitted
+    item_rows = scorer.rows["item"]
+    assert item_rows.vocabulary == VOCABULARY and item_rows.kept.tolist() == list(SEEN)  # sized from the vocabulary
+    assert item_rows(torch.tensor([3, 7, 12, 19])).tolist() == [1, 5, 0, 0]
+    # candidates 12 and 19 were never in the training rows: the same (unseen) row, hence the same score;
+    # the largest seen id (7) keeps its own row, where a table sized from the training rows would put 19 on it
+    scores = scorer.score(one_session([5, 7, 12, 19], last=4))[0]
+    assert scores[2] == scores[3]
+    assert len({float(scores[0]), float(scores[1]), float(scores[2])}) == 3
+    table = scorer.network.sparse_arch.table_weight("item")
+    assert table.shape[0] == len(SEEN) + 1 and not torch.equal(table[0], table[5])
+    # an unseen last item too: 15 and 16 score alike
+    assert torch.equal(scorer.score(one_session([5, 6], last=15)), scorer.score(one_session([5, 6], last=16)))
+
+
+def test_a_cross_never_in_the_training_rows_gets_the_unseen_row(fitted) -> None:
+    scorer, inputs, _ = fitted
+    seen = set(inputs.sparse["cross"].unique().tolist())
+    unseen = [c for c in range(BUCKETS) if c not in seen][:2]
+    kept = max(seen)
+    assert scorer.rows["cross"](torch.tensor([*unseen, kept])).tolist() == [0, 0, len(seen)]
+    scores = scorer.score(one_session([5, 5, 5], last=4, cross=[*unseen, kept]))[0]
+    assert scores[0] == scores[1] != scores[2]
+
+
+def test_ids_seen_fewer_than_min_count_times_share_the_unseen_row() -> None:
+    inputs, labels = training_rows()
+    inputs.sparse["item"][0, 0] = 11  # once only
+    scorer = DLRMScorer(max_epochs=1, min_count=2).fit(inputs, labels)
+    assert 11 not in scorer.rows["item"].kept.tolist() and scorer.rows["item"](torch.tensor([11])).tolist() == [0]
+    assert scorer.rows["item"].kept.tolist() == list(SEEN)
+
+
+def test_ids_outside_the_cardinality_are_refused_at_fit() -> None:
+    inputs, labels = training_rows()
+    inputs.sparse["item"][0, 0] = VOCABULARY
+    with pytest.raises(ValueError, match=r"table 'item': ids 3\.\.20 lie outside its cardinality 20"):
+        DLRMScorer(max_epochs=1).fit(inputs, labels)
+
+
+def test_without_a_cardinality_the_tables_cover_the_training_ids_and_larger_ids_are_unseen() -> None:
+    inputs, labels = training_rows()
+    inputs.cardinality = {}
+    scorer = DLRMScorer(max_epochs=1).fit(inputs, labels)
+    assert scorer.rows["item"].vocabulary == max(SEEN) + 1
+    assert scorer.rows["item"](torch.tensor([7, 8, 500])).tolist() == [5, 0, 0]
+
+
+# ------------------------------------------------------------------------------- dense scaling
+def test_rank_gauss_takes_interpolated_ranks_and_the_middle_of_tied_runs() -> None:
+    quantiles = torch.tensor([[0.0, 0.0, 0.0, 1.0, 2.0]])  # Q = 5: ranks 0..4 -> u = rank / 4
+    out = rank_gauss(torch.tensor([[0.0], [1.5], [1.0], [9.0], [-3.0]]), quantiles)
+    # 0: the run of ranks 0..2 -> 1; 1.5: between ranks 3 and 4; 9 and -3: the extremes, clipped to (0.1, 0.9)
+    u = torch.tensor([1 / 4, 3.5 / 4, 3 / 4, 0.9, 0.1])
+    normal = torch.tensor([NormalDist().inv_cdf(v) for v in u.tolist()])
+    assert torch.allclose(out.squeeze(1), normal, atol=1e-5)
+
+
+def test_session_relative_features_subtract_the_best_and_the_mean_valid_candidate() -> None:
+    dense = torch.tensor([[[1.0], [3.0], [100.0]]])
+    valid = torch.tensor([[True, True, False]])
+    assert session_relative(dense, valid)[0].tolist() == [[1.0, -2.0, -1.0], [3.0, 0.0, 1.0], [100.0, 97.0, 98.0]]
+
+
+# ---------------------------------------------------------------------------------------- saving
+@pytest.mark.parametrize("scaling", ["rank_gauss", "standard"])
+def test_state_dict_round_trip_scores_identically(scaling: str) -> None:
+    inputs, labels = training_rows()
+    scorer = DLRMScorer(max_epochs=2, scaling=scaling, seed=1).fit(inputs, labels)
+    state = scorer.state_dict()
+    assert sorted(state["ids"]) == ["cross", "item"] and state["vocabulary"] == {"item": VOCABULARY, "cross": BUCKETS}
+    loaded = DLRMScorer(max_epochs=2, scaling=scaling, seed=1).load_state_dict(state)
+    assert torch.equal(loaded.score(inputs), scorer.score(inputs))
+    probe = one_session([5, 12, 19], last=4)
+    assert torch.equal(loaded.score(probe), scorer.score(probe))
+
+
+def test_a_state_saved_without_id_rows_is_refused_in_one_line(fitted) -> None:
+    scorer, _, _ = fitted
+    old = {k: v for k, v in scorer.state_dict().items() if k not in ("ids", "vocabulary", "quantiles")}
+    old |= {"mean": np.zeros(6, np.float32), "std": np.ones(6, np.float32)}  # the earlier layout: standardisation only
+    with pytest.raises(ValueError, match="no id rows .* fit the ranker again"):
+        DLRMScorer(max_epochs=2).load_state_dict(old)
+    with pytest.raises(ValueError, match="scaling does not match"):
+        DLRMScorer(max_epochs=2, scaling="standard").load_state_dict(scorer.state_dict())
+
+
+# ------------------------------------------------------------------------------------------ blend
+class FixedScorer(Scorer):
+    """Scores each candidate by one dense feature times a factor (a stand-in ranker)."""
+
+    def __init__(self, column: int = 0, factor: float = 1.0) -> None:
+        self.column, self.factor = column, factor
+        self.fitted = False
+
+    def fit(self, inputs: RankingInputs, labels: torch.Tensor) -> FixedScorer:
+        self.fitted = True
+        return self
+
+    def score(self, inputs: RankingInputs) -> torch.Tensor:
+        return (inputs.dense[..., self.column] * self.factor).masked_fill(~inputs.valid, float("-inf"))
+
+    def state_dict(self) -> dict:
+        return {"fitted": self.fitted}
+
+    def load_state_dict(self, state) -> FixedScorer:
+        self.fitted = bool(state["fitted"])
+        return self
+
+
+def test_standardised_scores_have_mean_zero_and_unit_spread_per_session() -> None:
+    scores = torch.tensor([[1.0, 3.0, float("-inf")], [5.0, 5.0, 5.0]])
+    valid = torch.tensor([[True, True, False], [True, True, True]])
+    assert standardised(scores, valid).tolist() == [[-1.0, 1.0, 0.0], [0.0, 0.0, 0.0]]
+
+
+def test_blend_sums_the_members_standardised_scores_with_their_weights() -> None:
+    dense = torch.tensor([[[1.0, 0.0], [3.0, 2.0], [2.0, 4.0]]])
+    inputs = RankingInputs(dense, {}, torch.ones(1, 3, dtype=torch.bool), ["a", "b"])
+    blend = BlendScorer([FixedScorer(0, factor=100.0), FixedScorer(1)], weights=[1.0, 3.0]).fit(inputs, torch.tensor([[0, 1, 0.0]]))
+    # member 0: (1, 3, 2) -> (-1.2247, 1.2247, 0); member 1: (0, 2, 4) -> (-1.2247, 0, 1.2247)
+    z = math.sqrt(1.5)
+    assert torch.allclose(blend.score(inputs), torch.tensor([[-4 * z, z, 3 * z]]), atol=1e-5)
+    assert all(s.fitted for s in blend.scorers)
+    with pytest.raises(ValueError, match="one non-negative weight per scorer"):
+        BlendScorer([FixedScorer()], weights=[1.0, 1.0])
+
+
+def test_blend_of_dlrm_and_lightgbm_saves_and_loads_through_its_config(fitted) -> None:
+    pytest.importorskip("lightgbm")
+    _, inputs, labels = fitted
+    blend = BlendScorer([DLRMScorer(max_epochs=1), GBDTScorer(max_rounds=5, threads=1, min_data_in_leaf=5)]).fit(inputs, labels)
+    config = config_of(blend)
+    assert [m["class_path"].rpartition(".")[2] for m in config["init_args"]["scorers"]] == ["DLRMScorer", "GBDTScorer"]
+    loaded = instantiate(config, expected=Scorer, source="test").load_state_dict(blend.state_dict())
+    assert torch.equal(loaded.score(inputs), blend.score(inputs))
+    with pytest.raises(ValueError, match=r"holds members \['0'\], its config 2 scorers"):
+        instantiate(config, expected=Scorer, source="test").load_state_dict({"scorers": {"0": {}}})

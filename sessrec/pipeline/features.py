@@ -26,8 +26,11 @@ the pipeline: the constructor arguments are the config (`Configurable`), the tra
 the fitted ops (with their config: which ops exist depends on the data) and the feature names
 are the state (`state_dict`). Raw columns and labels are given either as (B, K) grids or as (M,)
 columns over the filled slots only (row-major, M = ``candidates.valid.sum()``), the compact form
-the ranker's rows are kept in. Shape letters: B sessions, L positions, K candidates, F dense
-features, M filled slots. The raw columns and the features are built on the candidates' device;
+the ranker's rows are kept in. `fit` fits the ops on such rows and returns the outputs whose
+training values differ from `transform`'s (the out-of-fold target encoding), (M,) each; handed
+back to `transform` (``fitted``) for any subset of those rows, they give exactly the features
+`fit_transform` gives, so the training rows' features can be built a few at a time. Shape
+letters: B sessions, L positions, K candidates, F dense features, M filled slots. The raw columns and the features are built on the candidates' device;
 the fitted ops run on the host (numpy), their outputs are moved back.
 """
 

@@ -41,6 +41,7 @@ from sessrec.pipeline.scoring.base import InputRows, RankerRows, Scorer, early_s
 TABLES = {"item": ("item", "last_item"), "cross": ("cross",)}  # table -> the sparse features looked up in it
 QUANTILES = 256
 SCALING_ROWS = 200_000  # candidate rows (of whole training sessions) the scaling is fitted on
+SCALING_SESSIONS = 128  # sessions scaled at once
 
 
 class IdRows:
@@ -188,15 +189,17 @@ class DLRMScorer(Scorer):
         )
 
     def _dense(self, inputs: RankingInputs) -> torch.Tensor:
-        """(B, K, G) scaled dense inputs of these sessions."""
+        """(B, K, G) scaled dense inputs of these sessions, scaled `SCALING_SESSIONS` sessions at a time
+        (rank-Gauss holds several float64 copies of what it scales)."""
         if inputs.dense.shape[2] != self.num_dense:
             raise ValueError(f"DLRMScorer was fitted on {self.num_dense} dense features, got {inputs.dense.shape[2]}")
-        dense = inputs.dense
-        if self.config["relative"]:
-            dense = session_relative(dense, inputs.valid)
-        if self.quantiles is not None:
-            return rank_gauss(dense, self.quantiles)
-        return (dense - self.mean) / self.std
+        parts = []
+        for lo in range(0, max(len(inputs.valid), 1), SCALING_SESSIONS):
+            dense, valid = inputs.dense[lo : lo + SCALING_SESSIONS], inputs.valid[lo : lo + SCALING_SESSIONS]
+            if self.config["relative"]:
+                dense = session_relative(dense, valid)
+            parts.append(rank_gauss(dense, self.quantiles) if self.quantiles is not None else (dense - self.mean) / self.std)
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def _ids(self, inputs: RankingInputs, dropout: torch.Generator | None = None) -> dict[str, torch.Tensor]:
         """Table rows (B * K,) of each sparse feature; with `dropout`, each replaced by row 0 at the id_dropout rate."""

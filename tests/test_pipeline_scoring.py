@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from sessrec.pipeline.features import RankingInputs
-from sessrec.pipeline.scoring import BlendScorer, DLRMScorer, GBDTScorer, InputRows, Scorer
+from sessrec.pipeline.scoring import BlendScorer, DLRMScorer, GBDTScorer, InputRows, Scorer, early_stopping_split
 from sessrec.pipeline.scoring.blend import standardised
 from sessrec.pipeline.scoring.dlrm import IdRows, rank_gauss, session_relative
 from sessrec.pipeline.scoring.gbdt import SessionRows
@@ -251,3 +251,18 @@ def test_a_scorer_fits_alike_on_rows_read_in_chunks(make) -> None:
     chunked = make().fit(InputRows(inputs, chunk=7), labels)
     test, _ = training_rows(seed=3)
     assert torch.equal(whole.score(test), chunked.score(test))
+
+
+def test_gbdt_bins_rows_read_in_chunks_as_lightgbm_bins_one_matrix() -> None:
+    lgb = pytest.importorskip("lightgbm")
+    inputs, labels = training_rows()
+    inputs.dense[..., 1] = 0.0
+    inputs.dense[:2, :, 1] = 1.0  # set on 10 rows only: a split of leaves of 5 rows can use it, of 20 (LightGBM's default) not
+    scorer = GBDTScorer(max_rounds=5, threads=1, min_data_in_leaf=5).fit(InputRows(inputs, chunk=7), labels)
+    train, stop = early_stopping_split(labels, scorer.stop_fraction, scorer.seed)
+    sets = [lgb.Dataset(inputs.dense[r].reshape(-1, 2).numpy(), labels[r].reshape(-1).numpy(), group=[K] * len(r),
+                        feature_name=inputs.names) for r in (train, stop)]
+    sets[1].reference = sets[0]
+    booster = lgb.train(scorer.params, sets[0], num_boost_round=5, valid_sets=[sets[1]],
+                        callbacks=[lgb.early_stopping(scorer.early_stopping, verbose=False)])
+    assert scorer.booster.model_to_string() == booster.model_to_string()

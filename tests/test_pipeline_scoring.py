@@ -14,9 +14,10 @@ import pytest
 import torch
 
 from sessrec.pipeline.features import RankingInputs
-from sessrec.pipeline.scoring import BlendScorer, DLRMScorer, GBDTScorer, Scorer
+from sessrec.pipeline.scoring import BlendScorer, DLRMScorer, GBDTScorer, InputRows, Scorer, early_stopping_split
 from sessrec.pipeline.scoring.blend import standardised
 from sessrec.pipeline.scoring.dlrm import IdRows, rank_gauss, session_relative
+from sessrec.pipeline.scoring.gbdt import SessionRows
 from sessrec.saved.registry import config_of, instantiate
 
 torch.set_num_threads(1)
@@ -204,3 +205,64 @@ def test_blend_of_dlrm_and_lightgbm_saves_and_loads_through_its_config(fitted) -
     assert torch.equal(loaded.score(inputs), blend.score(inputs))
     with pytest.raises(ValueError, match=r"holds members \['0'\], its config 2 scorers"):
         instantiate(config, expected=Scorer, source="test").load_state_dict({"scorers": {"0": {}}})
+
+
+# ------------------------------------------------------------------------------ rows read in chunks
+def test_ranker_rows_build_a_chunk_at_a_time_and_concatenate() -> None:
+    inputs, _ = training_rows()
+    inputs.groups = torch.arange(B) // 3
+    asked = []
+
+    class Counted(InputRows):
+        def _build(self, rows):
+            asked.append(len(rows))
+            return super()._build(rows)
+
+    rows = Counted(inputs, chunk=4)
+    order = torch.tensor([9, 2, 2, 50, 119, 0, 7, 3, 8, 1])
+    got = rows.inputs(order)
+    assert asked == [4, 4, 2] and len(rows) == B and rows.names == ["a", "b"]
+    assert torch.equal(got.dense, inputs.dense[order]) and torch.equal(got.groups, inputs.groups[order])
+    assert all(torch.equal(got.sparse[n], inputs.sparse[n][order]) for n in inputs.sparse)
+
+
+def test_session_rows_give_lightgbm_the_valid_rows_by_index_and_slice() -> None:
+    lgb = pytest.importorskip("lightgbm")
+    inputs, _ = training_rows()
+    inputs.valid = inputs.valid.clone()
+    inputs.valid[::4, 3:] = False  # sessions of 5 and of 3 filled slots
+    sessions = torch.tensor([5, 1, 2, 8, 40, 41, 4])
+    expected = inputs.dense[sessions][inputs.valid[sessions]].numpy()  # (29, 2)
+    rows = SessionRows.of(lgb, InputRows(inputs, chunk=3), sessions)
+    assert isinstance(rows, lgb.Sequence) and len(rows) == len(expected) == 29
+    assert rows.starts.tolist() == [0, 15, 26]  # sessions 5, 1, 2: 5 + 5 + 5 slots; 8, 40, 41: 3 + 3 + 5; 4: 3
+    assert rows[14].dtype == np.float64 and np.array_equal(rows[14], expected[14]) and np.array_equal(rows[-1], expected[-1])
+    assert np.array_equal(rows[10:28], expected[10:28]) and np.array_equal(rows[0:29], expected)  # across chunks
+    assert rows[29:40].shape == (0, 2)
+    with pytest.raises(IndexError):
+        rows[29]
+
+
+@pytest.mark.parametrize("make", [lambda: GBDTScorer(max_rounds=20, threads=1, min_data_in_leaf=5),
+                                  lambda: DLRMScorer(max_epochs=2, batch_sessions=16)], ids=["gbdt", "dlrm"])
+def test_a_scorer_fits_alike_on_rows_read_in_chunks(make) -> None:
+    inputs, labels = training_rows()
+    whole = make().fit(inputs, labels)
+    chunked = make().fit(InputRows(inputs, chunk=7), labels)
+    test, _ = training_rows(seed=3)
+    assert torch.equal(whole.score(test), chunked.score(test))
+
+
+def test_gbdt_bins_rows_read_in_chunks_as_lightgbm_bins_one_matrix() -> None:
+    lgb = pytest.importorskip("lightgbm")
+    inputs, labels = training_rows()
+    inputs.dense[..., 1] = 0.0
+    inputs.dense[:2, :, 1] = 1.0  # set on 10 rows only: a split of leaves of 5 rows can use it, of 20 (LightGBM's default) not
+    scorer = GBDTScorer(max_rounds=5, threads=1, min_data_in_leaf=5).fit(InputRows(inputs, chunk=7), labels)
+    train, stop = early_stopping_split(labels, scorer.stop_fraction, scorer.seed)
+    sets = [lgb.Dataset(inputs.dense[r].reshape(-1, 2).numpy(), labels[r].reshape(-1).numpy(), group=[K] * len(r),
+                        feature_name=inputs.names) for r in (train, stop)]
+    sets[1].reference = sets[0]
+    booster = lgb.train(scorer.params, sets[0], num_boost_round=5, valid_sets=[sets[1]],
+                        callbacks=[lgb.early_stopping(scorer.early_stopping, verbose=False)])
+    assert scorer.booster.model_to_string() == booster.model_to_string()

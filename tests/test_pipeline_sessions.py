@@ -32,7 +32,7 @@ from sessrec.pipeline.filters import ItemTableFilter
 from sessrec.pipeline.ordering import Ordering, SoftmaxSampling
 from sessrec.pipeline.pipeline import Pipeline
 from sessrec.pipeline.retrieval.knn import BaselineRetriever
-from sessrec.pipeline.scoring import DLRMScorer, GBDTScorer, dlrm, early_stopping_split, gbdt
+from sessrec.pipeline.scoring import BlendScorer, DLRMScorer, GBDTScorer, dlrm, early_stopping_split, gbdt
 
 torch.set_num_threads(1)
 pytest.importorskip("lightgbm")
@@ -171,8 +171,9 @@ def test_target_encoding_and_early_stopping_go_by_session(
     monkeypatch.setattr(module, "early_stopping_split", split)
     monkeypatch.setattr(type(scorer), "fit", fit)
     training.fit_on(pipe, data, scorer)
-    inputs, labels = seen["inputs"], seen["labels"]
-    assert torch.equal(inputs.groups, pairs.sessions)
+    rows, labels = seen["inputs"], seen["labels"]
+    inputs = rows.inputs(torch.arange(len(rows)))  # what the scorer reads, a chunk of pairs at a time
+    assert torch.equal(rows.groups, pairs.sessions) and torch.equal(inputs.groups, pairs.sessions)
 
     # early stopping: every session's rows on one side, some sessions on each
     train, stop = seen["split"]
@@ -200,6 +201,79 @@ def test_target_encoding_and_early_stopping_go_by_session(
         expected.append((label[same].sum() + m * prior) / (same.sum() + m))
     column = inputs.dense[..., inputs.names.index("item_target")][valid]
     assert column.tolist() == pytest.approx(expected, rel=1e-6)
+
+
+# ------------------------------------------------------------------------ the fit, a chunk of pairs at a time
+def small_scorer(name: str):
+    if name == "gbdt":
+        return GBDTScorer(max_rounds=10, min_data_in_leaf=1, threads=1, stop_fraction=0.3)
+    return DLRMScorer(max_epochs=2, batch_sessions=4, stop_fraction=0.3)
+
+
+def test_chunked_rows_are_the_rows_of_the_whole_grid(dm: SessionDataModule) -> None:
+    """The features built 3 pairs at a time (in any order) are those rows of `fit_transform`'s grid,
+    out-of-fold target encoding included."""
+    pairs = dm.pairs("valid", "all_prefixes")
+    pipe = pipeline(dm)
+    data = training.candidate_rows(pipe, pairs, batch_size=5)
+    sessions, cands, raw, labels = data.block(0, len(data))
+    whole = pipe.features.fit_transform(sessions, cands, raw, labels, groups=pairs.sessions)
+    fitted = pipe.features.fit(sessions, cands, raw, labels, groups=pairs.sessions)
+    assert list(fitted) == ["item_target"] and fitted["item_target"].shape == (int(data.valid.sum()),)
+    rows = training.FeatureRows(pipe, data, fitted, chunk=3)
+    order = torch.tensor([7, 0, 12, 3, 3, 20, 1])
+    got = rows.inputs(order)
+    assert rows.names == whole.names and rows.cardinality == whole.cardinality
+    assert torch.equal(got.dense, whole.dense[order]) and torch.equal(got.valid, whole.valid[order])
+    assert got.sparse.keys() == whole.sparse.keys() and all(torch.equal(got.sparse[n], whole.sparse[n][order]) for n in got.sparse)
+    assert torch.equal(got.groups, pairs.sessions[order])
+    # in-fold values would differ: the rows' own labels would enter their encoding
+    plain = pipe.features.transform(sessions, cands, {}, raw)
+    column = whole.names.index("item_target")
+    assert not torch.equal(plain.dense[..., column], whole.dense[..., column])
+
+
+@pytest.mark.parametrize("name", ["gbdt", "dlrm"])
+def test_fit_in_small_chunks_scores_as_in_one(dm: SessionDataModule, name: str) -> None:
+    pairs, test = dm.pairs("valid", "all_prefixes"), dm.pairs("test", "all_prefixes")
+    scores = []
+    for chunk in (3, len(pairs), None):  # None: one whole RankingInputs, as the scorers take it from a caller
+        pipe = pipeline(dm)
+        data = training.candidate_rows(pipe, pairs, batch_size=5)
+        if chunk is None:
+            sessions, cands, raw, labels = data.block(0, len(data))
+            inputs = pipe.features.fit_transform(sessions, cands, raw, labels, groups=pairs.sessions)
+            grid = torch.zeros(data.valid.shape)
+            grid[data.valid] = labels.float()
+            pipe.scorer = small_scorer(name).fit(inputs, grid)
+        else:
+            training.fit_on(pipe, data, small_scorer(name), chunk=chunk)
+        rows = training.candidate_rows(pipe, test, batch_size=5)
+        sessions, cands, raw, _ = rows.block(0, len(rows))
+        scores.append(pipe.scorer.score(pipe.features.transform(sessions, cands, {}, raw)))
+    assert torch.isfinite(scores[0]).any()
+    for other in scores[1:]:
+        if name == "gbdt":
+            assert torch.equal(scores[0], other)
+        else:
+            assert torch.allclose(scores[0], other, atol=1e-5, rtol=0)
+
+
+def test_the_fit_never_asks_for_more_than_a_chunk(dm: SessionDataModule, monkeypatch: pytest.MonkeyPatch) -> None:
+    pairs = dm.pairs("valid", "all_prefixes")
+    pipe = pipeline(dm)
+    data = training.candidate_rows(pipe, pairs, batch_size=5)
+    asked: list[int] = []
+    real = training.FeatureRows._build
+
+    def counted(self, rows):
+        asked.append(len(rows))
+        return real(self, rows)
+
+    monkeypatch.setattr(training.FeatureRows, "_build", counted)
+    blend = BlendScorer([small_scorer("dlrm"), small_scorer("gbdt")])  # DLRM batches of 4 sessions, bins over all
+    training.fit_on(pipe, data, blend, chunk=3)
+    assert max(asked) == 3 and sum(asked) > 3 * len(pairs)  # every member read the rows, 3 pairs at a time at most
 
 
 def test_early_stopping_split_by_group_by_hand() -> None:

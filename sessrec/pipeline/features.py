@@ -26,8 +26,11 @@ the pipeline: the constructor arguments are the config (`Configurable`), the tra
 the fitted ops (with their config: which ops exist depends on the data) and the feature names
 are the state (`state_dict`). Raw columns and labels are given either as (B, K) grids or as (M,)
 columns over the filled slots only (row-major, M = ``candidates.valid.sum()``), the compact form
-the ranker's rows are kept in. Shape letters: B sessions, L positions, K candidates, F dense
-features, M filled slots. The raw columns and the features are built on the candidates' device;
+the ranker's rows are kept in. `fit` fits the ops on such rows and returns the outputs whose
+training values differ from `transform`'s (the out-of-fold target encoding), (M,) each; handed
+back to `transform` (``fitted``) for any subset of those rows, they give exactly the features
+`fit_transform` gives, so the training rows' features can be built a few at a time. Shape
+letters: B sessions, L positions, K candidates, F dense features, M filled slots. The raw columns and the features are built on the candidates' device;
 the fitted ops run on the host (numpy), their outputs are moved back.
 """
 
@@ -40,7 +43,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from sessrec.data.features import CountEncoding, CyclicTime, FeaturePipeline, HashedCross, LogNormalize, TargetEncoding
+from sessrec.data.features import (
+    CountEncoding,
+    CyclicTime,
+    FeatureOp,
+    FeaturePipeline,
+    HashedCross,
+    LogNormalize,
+    TargetEncoding,
+)
 from sessrec.data.vocab import NUM_SPECIAL, PAD
 from sessrec.pipeline.candidates import Candidates, Sessions
 from sessrec.pipeline.retrieval.base import Retriever
@@ -220,32 +231,66 @@ class CandidateFeatures(Configurable):
         return FeaturePipeline(ops)
 
     # -- the verbs ------------------------------------------------------------------------------
-    def fit_transform(
+    def fit(
         self, sessions: Sessions, candidates: Candidates, raw: dict[str, torch.Tensor], labels: torch.Tensor,
         groups: torch.Tensor | None = None,
-    ) -> RankingInputs:
-        """Fit the ops on these (training) rows and return their features (target encoding out of fold).
+    ) -> dict[str, np.ndarray]:
+        """Fit the ops on these (training) rows, one frame row per filled slot; set the feature `names`.
 
         Args:
             raw: `raw` columns of these candidates (computed in batches by the caller), (B, K) or (M,).
             labels: 1 where the candidate is the session's next item, (B, K) or (M,).
-            groups: (B,) the session each row was cut from: the target encoding's folds and the
-                returned `RankingInputs.groups`; None: every row is its own session.
+            groups: (B,) the session each row was cut from (the target encoding's folds); None:
+                every row is its own session.
+
+        Returns:
+            the outputs that differ from what `transform` gives these rows (the out-of-fold target
+            encoding), (M,) float32 each: hand them to `transform` (``fitted``) to build these rows'
+            features a few at a time.
         """
-        raw = {name: value for name, value in raw.items() if group_of(name) in self.groups}
-        frame = self._frame(sessions, candidates, raw, labels, groups, use_time="time" in self.groups)
-        self.ops = self._ops("timestamp" in frame)
-        fitted = self.ops.fit_transform(frame) if self.ops.ops else {}
+        fitted, raw, _ = self._fit(sessions, candidates, raw, labels, groups)
+        self.names = self._names(raw, fitted)
+        return {name: np.asarray(fitted[name], dtype=np.float32) for name in self._out_of_fold()}
+
+    def fit_transform(
+        self, sessions: Sessions, candidates: Candidates, raw: dict[str, torch.Tensor], labels: torch.Tensor,
+        groups: torch.Tensor | None = None,
+    ) -> RankingInputs:
+        """`fit`, and return these rows' features (target encoding out of fold) as one (B, K, F) grid.
+
+        Args: as `fit`; ``groups`` is also the returned `RankingInputs.groups`.
+        """
+        fitted, raw, frame = self._fit(sessions, candidates, raw, labels, groups)
         out = self._assemble(candidates, raw, fitted, frame)
         self.names = out.names
         out.groups = None if groups is None else groups.long()
         return out
 
+    def _fit(
+        self, sessions: Sessions, candidates: Candidates, raw: dict[str, torch.Tensor], labels: torch.Tensor,
+        groups: torch.Tensor | None,
+    ) -> tuple[dict[str, Any], dict[str, torch.Tensor], dict[str, np.ndarray]]:
+        """The fitted ops' outputs on these rows, the raw columns of the enabled groups, and the frame."""
+        raw = {name: value for name, value in raw.items() if group_of(name) in self.groups}
+        frame = self._frame(sessions, candidates, raw, labels, groups, use_time="time" in self.groups)
+        self.ops = self._ops("timestamp" in frame)
+        return (self.ops.fit_transform(frame) if self.ops.ops else {}), raw, frame
+
+    def _out_of_fold(self) -> list[str]:
+        """The outputs of the ops whose `fit_transform` is not `transform` of the fitted op (target encoding)."""
+        return [name for name, op in self.ops.ops.items() if type(op).fit_transform is not FeatureOp.fit_transform]
+
     def transform(
         self, sessions: Sessions, candidates: Candidates, retrievers: dict[str, Retriever],
-        raw: dict[str, torch.Tensor] | None = None,
+        raw: dict[str, torch.Tensor] | None = None, fitted: dict[str, np.ndarray | torch.Tensor] | None = None,
     ) -> RankingInputs:
-        """Features of any candidates with the fitted ops (`raw`: precomputed raw columns, else computed here)."""
+        """Features of any candidates with the fitted ops.
+
+        Args:
+            raw: precomputed raw columns, (B, K) or (M,); None: computed here.
+            fitted: (M,) outputs of ops to take instead of the ops' `transform`: the slice of `fit`'s
+                out-of-fold outputs for these slots, when these are training rows.
+        """
         if self.ops is None or self.names is None:
             raise RuntimeError("CandidateFeatures is not fitted: fit the pipeline's ranker first")
         if raw is None:
@@ -256,8 +301,12 @@ class CandidateFeatures(Configurable):
         # the time features are built when the ranker was fitted with them, whatever times the sessions carry
         raw = {n: v for n, v in raw.items() if group_of(n) in self.groups and (n != DURATION or DURATION in self.names)}
         frame = self._frame(sessions, candidates, raw, None, use_time="time" in self.ops.ops)
-        fitted = self.ops.transform(frame) if self.ops.ops else {}
-        out = self._assemble(candidates, raw, fitted, frame)
+        computed = self.ops.transform(frame) if self.ops.ops else {}
+        unknown = sorted(set(fitted or {}) - set(computed))
+        if unknown:
+            raise ValueError(f"fitted outputs {unknown} are not outputs of the feature ops {sorted(computed)}")
+        computed.update(fitted or {})
+        out = self._assemble(candidates, raw, computed, frame)
         if out.names != self.names:
             raise ValueError(f"features {out.names} differ from the fitted ones {self.names}")
         return out
@@ -281,6 +330,17 @@ class CandidateFeatures(Configurable):
         return (f"the ranker was fitted with time features: {'; '.join(lacking)}, which these sessions do not "
                 "carry; give the sessions their times, or fit the ranker without the 'time' feature group")
 
+    @staticmethod
+    def _dense_columns(raw: dict[str, Any], fitted: dict[str, Any]) -> dict[str, Any]:
+        """The dense columns by name: the raw ones the ops do not replace, and the ops' outputs but the cross's ids."""
+        columns: dict[str, Any] = {n: v for n, v in raw.items() if n not in ("popularity", "recent_popularity")}
+        columns.update({n: v for n, v in fitted.items() if n != "cross"})
+        return columns
+
+    def _names(self, raw: dict[str, Any], fitted: dict[str, Any]) -> list[str]:
+        """The dense feature names, in their column order."""
+        return sorted(self._dense_columns(raw, fitted))
+
     def _assemble(self, candidates: Candidates, raw: dict[str, torch.Tensor], fitted: dict[str, Any], frame: dict) -> RankingInputs:
         """The scorer's grids: the dense columns written into one (B, K, F) tensor, 0 at empty slots."""
         valid = candidates.valid
@@ -291,8 +351,7 @@ class CandidateFeatures(Configurable):
             out[valid] = torch.as_tensor(np.asarray(values), device="cpu").to(valid.device, dtype)
             return out
 
-        columns: dict[str, Any] = {n: v for n, v in raw.items() if n not in ("popularity", "recent_popularity")}
-        columns.update({n: v for n, v in fitted.items() if n != "cross"})
+        columns = self._dense_columns(raw, fitted)
         names = sorted(columns)
         dense = torch.zeros(b, k, len(names), device=valid.device)
         for i, name in enumerate(names):

@@ -13,7 +13,9 @@ validity windows of rule tables hold at the last event of each prefix, and the r
 features are built from them.
 
 Memory. The ranker's rows (`RankerData`) keep only the filled candidate slots, as flat float32
-columns, built batch by batch; evaluation reads them back batch by batch.
+columns, built batch by batch. The feature ops are fitted on them as they are (one frame row per
+slot); the scorer then reads their features `CHUNK` pairs at a time (`FeatureRows`), and
+evaluation reads them back batch by batch: no (N, K, F) grid of all pairs is built.
 
 Metrics: the final list is ranked by the pipeline; a target outside it is a miss, exactly as a
 target ranked below the cut-off by a single model. The rank of a target is its position in the
@@ -29,12 +31,16 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from sessrec.data.pairs import EvalPairs
 from sessrec.pipeline.candidates import Candidates, Sessions
+from sessrec.pipeline.features import RankingInputs
 from sessrec.pipeline.pipeline import Pipeline
-from sessrec.pipeline.scoring import Scorer
+from sessrec.pipeline.scoring import RankerRows, Scorer
+
+CHUNK = 4096  # pairs whose features a scorer's fit reads at once
 
 
 def sessions_of(pairs: EvalPairs) -> Sessions:
@@ -82,6 +88,57 @@ class RankerData:
         raw = {name: value[slots] for name, value in self.raw.items()}
         return sessions_of(self.pairs.take(rows)), Candidates(items), raw, self.labels[slots]
 
+    def slots(self, rows: torch.Tensor) -> torch.Tensor:
+        """(M_r,) int64 positions of the filled slots of pairs `rows` ((R,) indices), row by row in that order."""
+        rows = rows.long().to(self.offsets.device)
+        starts, counts = self.offsets[rows], self.offsets[rows + 1] - self.offsets[rows]
+        begins = counts.cumsum(0) - counts  # where each row's slots begin in the output
+        return torch.repeat_interleave(starts - begins, counts) + torch.arange(int(counts.sum()), device=counts.device)
+
+    def take(self, rows: torch.Tensor) -> tuple[Sessions, Candidates, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+        """Pairs `rows` ((R,) indices, in that order) as `block` gives them, and the positions of their slots (`slots`)."""
+        rows = rows.long().to(self.valid.device)
+        slots = self.slots(rows)
+        valid = self.valid[rows]
+        items = torch.zeros(valid.shape, dtype=torch.long, device=valid.device)
+        items[valid] = self.items[slots].long()
+        raw = {name: value[slots] for name, value in self.raw.items()}
+        return sessions_of(self.pairs.take(rows)), Candidates(items), raw, self.labels[slots], slots
+
+
+class FeatureRows(RankerRows):
+    """The ranker's training rows for a scorer (`RankerRows`), their features built `chunk` pairs at a time.
+
+    Each chunk is taken from the compact `RankerData` (its raw columns), moved to the pipeline's
+    device and transformed with the fitted feature ops; the ops' out-of-fold outputs of the
+    training rows (`CandidateFeatures.fit`'s return, (M,) per name) replace what `transform`
+    would compute, so a chunk's features are exactly those rows of `fit_transform`'s grid.
+
+    Args:
+        pipe: the pipeline, its features fitted on `data`.
+        data: the compact candidate rows.
+        fitted: name -> (M,) out-of-fold outputs over all of `data`'s slots.
+        chunk: the most pairs built at once.
+    """
+
+    def __init__(self, pipe: Pipeline, data: RankerData, fitted: dict[str, np.ndarray], chunk: int = CHUNK) -> None:
+        if pipe.features.names is None:
+            raise RuntimeError("FeatureRows: fit the pipeline's features on these rows first (CandidateFeatures.fit)")
+        device = pipe.device
+        super().__init__(data.valid.to(device), data.pairs.sessions.long().to(device), pipe.features.names, {}, chunk)
+        self.pipe, self.data = pipe, data
+        self.fitted = {name: torch.from_numpy(values) for name, values in fitted.items()}
+        if len(data):  # the sparse features' id ranges, as the features of any row give them
+            self.cardinality = self._build(torch.zeros(1, dtype=torch.long)).cardinality
+
+    def _build(self, rows: torch.Tensor) -> RankingInputs:
+        sessions, cands, raw, _, slots = self.data.take(rows.cpu())
+        sessions, cands, raw, _ = to_device((sessions, cands, raw, torch.zeros(0)), self.pipe.device)
+        fitted = {name: values[slots] for name, values in self.fitted.items()}
+        out = self.pipe.features.transform(sessions, cands, {}, raw, fitted=fitted)
+        out.groups = self.groups[rows.to(self.groups.device)]
+        return out
+
 
 def candidate_rows(pipe: Pipeline, pairs: EvalPairs, batch_size: int = 512) -> RankerData:
     """Candidates of every (prefix, target) pair with their raw feature columns, built batch by batch
@@ -113,7 +170,7 @@ def to_device(
     return sessions.to(device), cands, {n: v.to(device) for n, v in raw.items()}, labels.to(device)
 
 
-def fit_ranker(pipe: Pipeline, pairs: EvalPairs, scorer: Scorer, batch_size: int = 512) -> dict:
+def fit_ranker(pipe: Pipeline, pairs: EvalPairs, scorer: Scorer, batch_size: int = 512, chunk: int = CHUNK) -> dict:
     """Fit the feature ops and `scorer` on the candidates of held-out (prefix, target) pairs; set it on `pipe`.
 
     Returns:
@@ -121,21 +178,25 @@ def fit_ranker(pipe: Pipeline, pairs: EvalPairs, scorer: Scorer, batch_size: int
     """
     start = time.perf_counter()
     data = candidate_rows(pipe, pairs, batch_size)
-    return fit_on(pipe, data, scorer) | {"seconds": time.perf_counter() - start}
+    return fit_on(pipe, data, scorer, chunk) | {"seconds": time.perf_counter() - start}
 
 
-def fit_on(pipe: Pipeline, data: RankerData, scorer: Scorer) -> dict:
+def fit_on(pipe: Pipeline, data: RankerData, scorer: Scorer, chunk: int = CHUNK) -> dict:
     """Fit the feature ops and `scorer` on prepared candidate rows (reused across ablations).
 
+    The ops are fitted on the compact rows (one frame row per filled slot); the scorer reads the
+    features `chunk` pairs at a time (`FeatureRows`), so no (N, K, F) grid of all pairs exists.
     The target encoding folds and the scorer's early-stopping split go by the pairs' sessions.
     """
-    sessions, cands, raw, labels = to_device(data.block(0, len(data)), pipe.device)
-    inputs = pipe.features.fit_transform(sessions, cands, raw, labels, groups=data.pairs.sessions)
-    grid = torch.zeros(data.valid.shape, device=labels.device)
-    grid[data.valid.to(labels.device)] = labels.float()
-    scorer.fit(inputs, grid)
+    sessions, cands, raw, labels = data.block(0, len(data))
+    fitted = pipe.features.fit(sessions, cands, raw, labels, groups=data.pairs.sessions)
+    del sessions, cands, raw
+    rows = FeatureRows(pipe, data, fitted, chunk)
+    grid = torch.zeros(data.valid.shape, device=pipe.device)  # (N, K) labels
+    grid[rows.valid] = labels.to(pipe.device).float()
+    scorer.fit(rows, grid)
     pipe.scorer = scorer
-    return {"pairs": len(data), "coverage": data.coverage, "features": inputs.names}
+    return {"pairs": len(data), "coverage": data.coverage, "features": rows.names}
 
 
 def list_metrics(

@@ -1,4 +1,5 @@
-"""`Scorer`: the interface of the ranking stage, and the session split for its early stopping.
+"""`Scorer`: the interface of the ranking stage, `RankerRows` (the rows it fits on, read a chunk of
+sessions at a time), and the session split for its early stopping.
 
 Shape letters: B sessions, K candidates, F dense features.
 """
@@ -14,6 +15,77 @@ from sessrec.pipeline.features import RankingInputs
 from sessrec.saved.registry import Configurable
 
 
+class RankerRows:
+    """The candidate rows a scorer fits on, their features read `chunk` sessions at a time.
+
+    What is known of all B sessions at once is small: their `valid` slots, `groups`, the feature
+    `names` and `cardinality`; `inputs` builds the features of the sessions asked for, and a
+    subclass decides how (`InputRows`: rows of one `RankingInputs`;
+    `sessrec.pipeline.training.FeatureRows`: from the compact candidate rows, so that no grid of
+    all sessions' features exists).
+
+    Args:
+        valid: (B, K) the filled candidate slots.
+        groups: (B,) the session each row was cut from (None: every row its own).
+        names: the F dense feature names.
+        cardinality: the id range of each sparse feature that has a known one.
+        chunk: the most sessions one `_build` call is asked for.
+    """
+
+    def __init__(self, valid: torch.Tensor, groups: torch.Tensor | None, names: list[str], cardinality: dict[str, int],
+                 chunk: int) -> None:
+        if chunk < 1:
+            raise ValueError(f"chunk must be >= 1 sessions, got {chunk}")
+        self.valid, self.groups, self.names, self.cardinality, self.chunk = valid, groups, list(names), dict(cardinality), chunk
+
+    @staticmethod
+    def of(rows: RankingInputs | RankerRows) -> RankerRows:
+        """`rows` as `RankerRows` (a `RankingInputs` as `InputRows`, in one chunk)."""
+        return rows if isinstance(rows, RankerRows) else InputRows(rows)
+
+    def __len__(self) -> int:
+        return len(self.valid)
+
+    @property
+    def device(self) -> torch.device:
+        return self.valid.device
+
+    def inputs(self, rows: torch.Tensor) -> RankingInputs:
+        """The `RankingInputs` of sessions `rows` ((R,) int64 indices, in that order), built `chunk` sessions at a time."""
+        parts = [self._build(rows[lo : lo + self.chunk]) for lo in range(0, len(rows), self.chunk)]
+        if len(parts) == 1:
+            return parts[0]
+        first = parts[0]
+        cat = lambda name: torch.cat([getattr(p, name) for p in parts])  # noqa: E731
+        return RankingInputs(
+            cat("dense"), {n: torch.cat([p.sparse[n] for p in parts]) for n in first.sparse}, cat("valid"), first.names,
+            None if first.groups is None else cat("groups"), first.cardinality,
+        )
+
+    def _build(self, rows: torch.Tensor) -> RankingInputs:
+        """The `RankingInputs` of sessions `rows`, at most `chunk` of them."""
+        raise NotImplementedError
+
+
+class InputRows(RankerRows):
+    """`RankerRows` of features held whole in one `RankingInputs` (small data, tests).
+
+    Args:
+        inputs: the features of all B sessions.
+        chunk: the most sessions one `_build` call is asked for (None: all of them).
+    """
+
+    def __init__(self, inputs: RankingInputs, chunk: int | None = None) -> None:
+        super().__init__(inputs.valid, inputs.groups, inputs.names, inputs.cardinality, chunk or max(1, len(inputs.valid)))
+        self.whole = inputs
+
+    def _build(self, rows: torch.Tensor) -> RankingInputs:
+        w = self.whole
+        rows = rows.to(w.valid.device)
+        return RankingInputs(w.dense[rows], {n: v[rows] for n, v in w.sparse.items()}, w.valid[rows], w.names,
+                             None if w.groups is None else w.groups[rows], w.cardinality)
+
+
 class Scorer(Configurable):
     """Fit on labelled candidate rows, then score candidate matrices.
 
@@ -21,8 +93,13 @@ class Scorer(Configurable):
     them); the trained ranker is its `state_dict`.
     """
 
-    def fit(self, inputs: RankingInputs, labels: torch.Tensor) -> Scorer:
-        """Train on (B, K) 0/1 `labels` (1 = the session's next item); sessions without a positive are skipped."""
+    def fit(self, inputs: RankingInputs | RankerRows, labels: torch.Tensor) -> Scorer:
+        """Train on (B, K) 0/1 `labels` (1 = the session's next item); sessions without a positive are skipped.
+
+        Args:
+            inputs: the B sessions' features, whole or as `RankerRows` (read a chunk of sessions at a time).
+            labels: (B, K) on the device of the inputs' ``valid``.
+        """
         raise NotImplementedError
 
     def score(self, inputs: RankingInputs) -> torch.Tensor:

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from sessrec.pipeline.features import RankingInputs
-from sessrec.pipeline.scoring.base import Scorer
+from sessrec.pipeline.scoring.base import RankerRows, Scorer
 from sessrec.pipeline.scoring.dlrm import DLRMScorer
 from sessrec.pipeline.scoring.gbdt import GBDTScorer
 
@@ -64,7 +64,8 @@ class BlendScorer(Scorer):
             raise ValueError(f"BlendScorer needs one non-negative weight per scorer ({len(self.scorers)}), not all 0; "
                              f"got {list(self.weights)}")
 
-    def fit(self, inputs: RankingInputs, labels: torch.Tensor) -> BlendScorer:
+    def fit(self, inputs: RankingInputs | RankerRows, labels: torch.Tensor) -> BlendScorer:
+        """Fit every member on the same rows (a `RankerRows` is read again by each)."""
         for scorer in self.scorers:
             scorer.fit(inputs, labels)
         return self

@@ -36,12 +36,12 @@ from sessrec.data.jagged import SparseFeatures
 from sessrec.embeddings import TableConfig
 from sessrec.models.dlrm import DLRM
 from sessrec.pipeline.features import RankingInputs
-from sessrec.pipeline.scoring.base import Scorer, early_stopping_split, mrr_of
+from sessrec.pipeline.scoring.base import InputRows, RankerRows, Scorer, early_stopping_split, mrr_of
 
 TABLES = {"item": ("item", "last_item"), "cross": ("cross",)}  # table -> the sparse features looked up in it
 QUANTILES = 256
 SCALING_ROWS = 200_000  # candidate rows (of whole training sessions) the scaling is fitted on
-SCALED_BYTES = 1 << 30  # the scaled dense inputs of all training sessions are kept when they fit this
+SCALING_SESSIONS = 128  # sessions scaled at once
 
 
 class IdRows:
@@ -188,25 +188,27 @@ class DLRMScorer(Scorer):
             interaction=c["interaction"], seed=c["seed"],
         )
 
-    def _dense(self, inputs: RankingInputs, rows: torch.Tensor) -> torch.Tensor:
-        """(len(rows), K, G) scaled dense inputs of those sessions."""
+    def _dense(self, inputs: RankingInputs) -> torch.Tensor:
+        """(B, K, G) scaled dense inputs of these sessions, scaled `SCALING_SESSIONS` sessions at a time
+        (rank-Gauss holds several float64 copies of what it scales)."""
         if inputs.dense.shape[2] != self.num_dense:
             raise ValueError(f"DLRMScorer was fitted on {self.num_dense} dense features, got {inputs.dense.shape[2]}")
-        dense = inputs.dense[rows]
-        if self.config["relative"]:
-            dense = session_relative(dense, inputs.valid[rows])
-        if self.quantiles is not None:
-            return rank_gauss(dense, self.quantiles)
-        return (dense - self.mean) / self.std
+        parts = []
+        for lo in range(0, max(len(inputs.valid), 1), SCALING_SESSIONS):
+            dense, valid = inputs.dense[lo : lo + SCALING_SESSIONS], inputs.valid[lo : lo + SCALING_SESSIONS]
+            if self.config["relative"]:
+                dense = session_relative(dense, valid)
+            parts.append(rank_gauss(dense, self.quantiles) if self.quantiles is not None else (dense - self.mean) / self.std)
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
-    def _ids(self, inputs: RankingInputs, rows: torch.Tensor, dropout: torch.Generator | None = None) -> dict[str, torch.Tensor]:
-        """Table rows (len(rows) * K,) of each sparse feature; with `dropout`, each replaced by row 0 at the id_dropout rate."""
+    def _ids(self, inputs: RankingInputs, dropout: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+        """Table rows (B * K,) of each sparse feature; with `dropout`, each replaced by row 0 at the id_dropout rate."""
         out = {}
         for table, features in TABLES.items():
             if table not in self.rows:
                 continue
             for name in features:
-                ids = inputs.sparse[name][rows].reshape(-1)
+                ids = inputs.sparse[name].reshape(-1)
                 if ids.numel() and int(ids.min()) < 0:
                     raise ValueError(f"sparse feature {name!r} holds a negative id ({int(ids.min())})")
                 looked = self.rows[table](ids)
@@ -216,64 +218,69 @@ class DLRMScorer(Scorer):
                 out[name] = looked
         return out
 
-    def _logits(self, inputs: RankingInputs, rows: torch.Tensor, dense: torch.Tensor | None = None,
-                dropout: torch.Generator | None = None) -> torch.Tensor:
-        """(len(rows), K) logits of the candidates of those sessions, -inf at empty slots.
-
-        Args:
-            dense: their scaled dense inputs (`_dense`), when computed already.
-            dropout: the id dropout's generator (training).
-        """
-        valid = inputs.valid[rows]
+    def _logits(self, inputs: RankingInputs, dropout: torch.Generator | None = None) -> torch.Tensor:
+        """(B, K) logits of the candidates of these sessions, -inf at empty slots (`dropout`: the id dropout's generator)."""
+        valid = inputs.valid
         b, k = valid.shape
-        dense = self._dense(inputs, rows) if dense is None else dense
-        sparse = SparseFeatures.from_dense(self._ids(inputs, rows, dropout))
-        logits = self.network(dense.reshape(b * k, -1), sparse).reshape(b, k)
+        sparse = SparseFeatures.from_dense(self._ids(inputs, dropout))
+        logits = self.network(self._dense(inputs).reshape(b * k, -1), sparse).reshape(b, k)
         return logits.masked_fill(~valid, float("-inf"))
 
     # -- the verbs ------------------------------------------------------------------------------
-    def _fit_inputs(self, inputs: RankingInputs, train: torch.Tensor) -> None:
-        """The id rows and the dense scaling, from the training sessions' valid rows only."""
+    def _fit_inputs(self, source: RankerRows, train: torch.Tensor) -> None:
+        """The id rows and the dense scaling, from the training sessions' valid rows only (read a chunk at a time)."""
         c = self.config
-        if "item" not in inputs.sparse:
+        names = self._sparse_names(source)
+        if "item" not in names:
             raise ValueError("DLRMScorer embeds the candidate and last item ids: keep the 'ids' feature group")
-        if "cross" in c["sparse"] and "cross" not in inputs.sparse:
+        if "cross" in c["sparse"] and "cross" not in names:
             raise ValueError("DLRMScorer sparse holds 'cross' but the inputs have no 'cross' ids: keep the 'ids' feature group")
-        valid = inputs.valid[train]
+        tables = [t for t in TABLES if t in c["sparse"]]
+        ids: dict[str, list[torch.Tensor]] = {table: [] for table in tables}
+        for lo in range(0, len(train), source.chunk):
+            part = source.inputs(train[lo : lo + source.chunk])
+            for table in tables:
+                ids[table] += [part.sparse[name][part.valid] for name in TABLES[table]]
         self.rows = {}
-        for table in (t for t in TABLES if t in c["sparse"]):
-            ids = torch.cat([inputs.sparse[name][train][valid] for name in TABLES[table]])
-            sizes = {inputs.cardinality[name] for name in TABLES[table] if name in inputs.cardinality}
+        for table in tables:
+            found = torch.cat([i.reshape(-1) for i in ids.pop(table)]) if train.numel() else torch.zeros(0, dtype=torch.long)
+            sizes = {source.cardinality[name] for name in TABLES[table] if name in source.cardinality}
             if len(sizes) > 1:
                 raise ValueError(f"the features of table {table!r} ({list(TABLES[table])}) have different cardinalities {sorted(sizes)}")
-            vocabulary = sizes.pop() if sizes else (int(ids.max()) + 1 if len(ids) else 1)
-            if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= vocabulary):
-                raise ValueError(f"table {table!r}: ids {int(ids.min())}..{int(ids.max())} lie outside its cardinality {vocabulary}")
-            self.rows[table] = IdRows.fit(ids, vocabulary, c["min_count"]).to(inputs.valid.device)
-        self.num_dense = inputs.dense.shape[2]
+            vocabulary = sizes.pop() if sizes else (int(found.max()) + 1 if len(found) else 1)
+            if len(found) and (int(found.min()) < 0 or int(found.max()) >= vocabulary):
+                raise ValueError(f"table {table!r}: ids {int(found.min())}..{int(found.max())} lie outside its cardinality {vocabulary}")
+            self.rows[table] = IdRows.fit(found, vocabulary, c["min_count"]).to(source.device)
+        self.num_dense = len(source.names)
         self.quantiles, self.mean, self.std = None, torch.zeros(0), torch.ones(0)
         # the scaling's statistics: a seeded sample of the training sessions, about SCALING_ROWS candidate rows
         sample = train[torch.randperm(len(train), generator=torch.Generator().manual_seed(c["seed"])).to(train.device)]
-        sample = sample[: max(1, SCALING_ROWS // max(1, inputs.valid.shape[1]))].sort().values
-        dense = inputs.dense[sample]
-        if c["relative"]:
-            dense = session_relative(dense, inputs.valid[sample])
-        rows = dense[inputs.valid[sample]]  # (rows, G)
+        sample = sample[: max(1, SCALING_ROWS // max(1, source.valid.shape[1]))].sort().values
+        parts = []
+        for lo in range(0, len(sample), source.chunk):
+            part = source.inputs(sample[lo : lo + source.chunk])
+            dense = session_relative(part.dense, part.valid) if c["relative"] else part.dense
+            parts.append(dense[part.valid])
+        rows = torch.cat(parts)  # (rows, G)
         if c["scaling"] == "rank_gauss":
             levels = torch.linspace(0, 1, QUANTILES, dtype=torch.float64)
             self.quantiles = torch.quantile(rows.double(), levels, dim=0).T.float().contiguous()  # (G, Q)
         else:
             self.mean, self.std = rows.mean(dim=0), rows.std(dim=0).clamp(min=1e-6)
 
-    def fit(self, inputs: RankingInputs, labels: torch.Tensor) -> DLRMScorer:
+    @staticmethod
+    def _sparse_names(source: RankerRows) -> set[str]:
+        """The sparse features of the rows (read from their first session)."""
+        return set(source.inputs(torch.zeros(1, dtype=torch.long, device=source.device)).sparse) if len(source) else set()
+
+    def fit(self, inputs: RankingInputs | RankerRows, labels: torch.Tensor) -> DLRMScorer:
+        """Fit on the sessions with a positive, reading each training batch's and the held-out sessions' inputs as needed."""
         c = self.config
-        train, stop = early_stopping_split(labels, c["stop_fraction"], c["seed"], inputs.groups)
+        source = RankerRows.of(inputs)
+        train, stop = early_stopping_split(labels, c["stop_fraction"], c["seed"], source.groups)
         train, stop = train.to(labels.device), stop.to(labels.device)
-        self._fit_inputs(inputs, train)
-        self.network = self._build().to(inputs.dense.device)  # trains where its rows are
-        width = self.num_dense * (3 if c["relative"] else 1)
-        # (B, K, G) scaled once when it fits the budget, else batch by batch
-        dense = self._dense_chunks(inputs, torch.arange(len(labels), device=labels.device)) if labels.numel() * width * 4 <= SCALED_BYTES else None
+        self._fit_inputs(source, train)
+        self.network = self._build().to(source.device)  # trains where its rows are
         opt = torch.optim.Adam(self.network.parameters(), lr=c["lr"], weight_decay=c["weight_decay"])
         target = labels.argmax(dim=1)
         gen = torch.Generator().manual_seed(c["seed"])
@@ -285,12 +292,11 @@ class DLRMScorer(Scorer):
             order = train[torch.randperm(len(train), generator=gen).to(train.device)]
             for lo in range(0, len(order), c["batch_sessions"]):
                 batch = order[lo : lo + c["batch_sessions"]]
-                logits = self._logits(inputs, batch, None if dense is None else dense[batch], dropout)
-                loss = F.cross_entropy(logits, target[batch])
+                loss = F.cross_entropy(self._logits(source.inputs(batch), dropout), target[batch])
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
-            value = mrr_of(self._score_rows(inputs, stop, dense), labels[stop])
+            value = mrr_of(self._score_rows(source, stop), labels[stop])
             self.history.append(value)
             if value > best:
                 best, waited = value, 0
@@ -303,22 +309,17 @@ class DLRMScorer(Scorer):
         self.network.eval()
         return self
 
-    def _dense_chunks(self, inputs: RankingInputs, rows: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
-        return torch.cat([self._dense(inputs, rows[lo : lo + chunk]) for lo in range(0, len(rows), chunk)])
-
     @torch.no_grad()
-    def _score_rows(self, inputs: RankingInputs, rows: torch.Tensor, dense: torch.Tensor | None = None,
-                    chunk: int = 1024) -> torch.Tensor:
-        """(len(rows), K) logits; `dense`: the scaled inputs of all B sessions, when computed already."""
+    def _score_rows(self, source: RankerRows, rows: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+        """(len(rows), K) logits of sessions `rows`, `chunk` sessions per forward pass."""
         self.network.eval()
-        parts = [self._logits(inputs, part, None if dense is None else dense[part])
-                 for part in (rows[lo : lo + chunk] for lo in range(0, len(rows), chunk))]
-        return torch.cat(parts) if parts else torch.zeros(0, inputs.valid.shape[1], device=inputs.valid.device)
+        parts = [self._logits(source.inputs(rows[lo : lo + chunk])) for lo in range(0, len(rows), chunk)]
+        return torch.cat(parts) if parts else torch.zeros(0, source.valid.shape[1], device=source.device)
 
     def score(self, inputs: RankingInputs) -> torch.Tensor:
         if self.network is None:
             raise RuntimeError("DLRMScorer is not fitted")
-        return self._score_rows(inputs, torch.arange(len(inputs.valid), device=inputs.valid.device)).float()
+        return self._score_rows(InputRows(inputs), torch.arange(len(inputs.valid), device=inputs.valid.device)).float()
 
     def to(self, device: torch.device | str) -> DLRMScorer:
         """Move the network, the id rows and the scaling to `device`; returns self."""

@@ -75,10 +75,15 @@ def lines(data: dict, name: str, per_seed: bool = False) -> list[dict]:
     """
     out = []
     for run in data.get(name, {}).get("runs", []):
-        means = any("seeds" in line for line in run["lines"])
-        out += [line for line in run["lines"]
-                if per_seed or not means or "seeds" in line or line["system"].startswith("pipeline-without-")]
+        out += run_lines(run, per_seed)
     return out
+
+
+def run_lines(run: dict, per_seed: bool = False) -> list[dict]:
+    """The result lines of one run, as `lines` returns them."""
+    means = any("seeds" in line for line in run["lines"])
+    return [line for line in run["lines"]
+            if per_seed or not means or "seeds" in line or line["system"].startswith("pipeline-without-")]
 
 
 # ------------------------------------------------------------------ series: what each figure draws
@@ -107,15 +112,17 @@ STAGES = (
     "candidate recall (ceiling)",
     "ranked by the DLRM",
     "ranked by LightGBM",
-    "served list (ordered)",
+    "served list (the recipe's ranker, ordered)",
 )
 
 
 def stage_series(data: dict) -> dict[str, dict[str, dict[str, float]]]:
     """Per dataset, per metric (recall@20, mrr@20): the value after each pipeline stage."""
-    by_ds: dict[str, list[dict]] = {}
-    for line in lines(data, "pipeline_eval"):
-        by_ds.setdefault(line["dataset"], []).append(line)
+    by_ds: dict[str, list[dict]] = {}  # each dataset's latest run with a pipeline line
+    for run in data.get("pipeline_eval", {}).get("runs", []):
+        found = run_lines(run)
+        for ds in {line["dataset"] for line in found if line["system"] == "pipeline"}:
+            by_ds[ds] = [line for line in found if line["dataset"] == ds]
     out = {}
     for ds, rows in by_ds.items():
         systems = {r["system"]: r for r in rows}
@@ -137,20 +144,18 @@ def stage_series(data: dict) -> dict[str, dict[str, dict[str, float]]]:
 def ablation_series(data: dict) -> dict[str, dict[str, dict[str, float]]]:
     """Per metric, per ablation ("retriever-xlnet", ...), per dataset: the change against the full
     pipeline with the same ranker (LightGBM) and the same seeds, rounded as the docs print it."""
-    full: dict[tuple, dict] = {}
-    rows = lines(data, "pipeline_eval", per_seed=True)
-    key = lambda r: (r["dataset"], r.get("stage1_seed"), r.get("ranker_seed"))
-    for r in rows:
-        if r["system"] == "pipeline-gbdt":
-            full[key(r)] = r
     out: dict[str, dict[str, dict[str, float]]] = {"recall@20": {}, "mrr@20": {}}
-    for r in rows:
-        if not r["system"].startswith("pipeline-without-"):
-            continue
-        name = r["system"].removeprefix("pipeline-without-")
-        for metric, by_name in out.items():
-            delta = round(r[metric] - full[key(r)][metric], 4)
-            by_name.setdefault(name, {})[r["dataset"]] = delta + 0.0  # no -0.0
+    key = lambda r: (r["dataset"], r.get("stage1_seed"), r.get("ranker_seed"))
+    for run in data.get("pipeline_eval", {}).get("runs", []):  # an ablation against the full pipeline of its own run
+        rows = run_lines(run, per_seed=True)
+        full = {key(r): r for r in rows if r["system"] == "pipeline-gbdt"}
+        for r in rows:
+            if not r["system"].startswith("pipeline-without-"):
+                continue
+            name = r["system"].removeprefix("pipeline-without-")
+            for metric, by_name in out.items():
+                delta = round(r[metric] - full[key(r)][metric], 4)
+                by_name.setdefault(name, {})[r["dataset"]] = delta + 0.0  # no -0.0
     return out
 
 

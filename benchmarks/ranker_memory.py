@@ -38,14 +38,9 @@ from sessrec.pipeline import training
 from sessrec.pipeline.recipe import load_recipe
 from sessrec.pipeline.scoring import BlendScorer, DLRMScorer, GBDTScorer, Scorer
 
-RECIPES = {
-    "rsc15_100k": "recipes/pipeline_rsc15.yaml",
-    "diginetica": "recipes/pipeline_diginetica.yaml",
-    "trivago": "recipes/pipeline_trivago.yaml",
-    "yoochoose164": "recipes/pipeline_yoochoose164.yaml",
-    "tmall": "recipes/pipeline_tmall.yaml",
-    "nowplaying": "recipes/pipeline_nowplaying.yaml",
-}
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pipeline_eval import RECIPES  # noqa: E402 - the datasets' pipeline recipes, one list for both scripts
+
 
 
 def peak_mb() -> float:

@@ -15,7 +15,7 @@ device. It converts our types to TorchRec's and back:
   orders its output columns by sharding group, so ``KeyedTensor.values()`` depends on the plan.
 
 TorchRec is imported inside the functions only, so ``import sessrec`` never needs it. Install it
-with ``pip install 'sessrec[torchrec]'`` and then, without dependencies so that pip keeps the local
+with ``pip install 'sessrec[torchrec-deps]'`` and then, without dependencies so that pip keeps the local
 torch, ``pip install --no-deps torchrec==1.9.2 fbgemm-gpu-cpu==1.8.0 tensordict==0.15.3``
 (docs/sharding.md).
 
@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     from torchrec.distributed import DistributedModelParallel
 
 INSTALL_HINT = (
-    "TorchRec is missing or does not load: pip install 'sessrec[torchrec]', then without dependencies "
+    "TorchRec is missing or does not load: pip install 'sessrec[torchrec-deps]', then without dependencies "
     "pip install --no-deps torchrec==1.9.2 fbgemm-gpu-cpu==1.8.0 tensordict==0.15.3 (see docs/sharding.md; "
     "--no-deps keeps pip from replacing torch)"
 )

@@ -4,7 +4,7 @@ cases, DLRMTask's optimizers and baselines, and the synthetic Criteo-like genera
 import pytest
 import torch
 
-from sessrec.data.criteo import generate_criteo
+from sessrec.datasets.criteo import generate_criteo
 from sessrec.embeddings import SparseFeatures, TableConfig
 from sessrec.models.dlrm import DLRM, DCNv2Arch, InteractionArch
 from sessrec.tasks.ranking import DLRMTask, RankingMetrics, binary_auc, clicked_ranks
@@ -114,7 +114,7 @@ def test_mrr_and_recall_by_hand_skip_queries_without_click():
 
 # -- task ---------------------------------------------------------------------------------------
 def batch_of(n: int = 12):
-    from sessrec.data.ranking import RankingBatch
+    from sessrec.datasets.clickout_rows import RankingBatch
 
     groups = torch.arange(n) // 3
     labels = (torch.arange(n) % 3 == 1).float()

@@ -192,7 +192,7 @@ class NextItemScorer(nn.Module):
         }
 
 
-class DLRMScorer(nn.Module):
+class ExportedClickScorer(nn.Module):
     """A trained `DLRM` as one function: dense (B, Dd) and ids (B, H) per sparse feature -> logits (B,).
 
     The ids of each sparse feature come as a padded matrix, -1 marking an absent id (the
@@ -310,7 +310,7 @@ def export_dlrm(
     opset: int | None = None,
     verify: bool = True,
 ) -> Path:
-    """Write a DLRM's scorer (`DLRMScorer`: dense and padded sparse ids -> logits) and its ``model.json``.
+    """Write a DLRM's scorer (`ExportedClickScorer`: dense and padded sparse ids -> logits) and its ``model.json``.
 
     Args:
         model: a trained `DLRM` (``DLRM.from_pretrained``), or a trained `DLRMTask` (its
@@ -325,7 +325,7 @@ def export_dlrm(
         The path of the model file.
     """
     _check_format(format)
-    scorer = DLRMScorer(model)
+    scorer = ExportedClickScorer(model)
     example, probe = scorer.example(3, 2, seed=0), scorer.example(7, 4, seed=1)
     return _export(scorer, scorer.eager, example, probe, out_dir, format, opset, verify, "DLRM")
 
@@ -402,7 +402,7 @@ def _eval_mode(module: nn.Module) -> Iterator[None]:
 
 
 def _export(
-    scorer: NextItemScorer | DLRMScorer,
+    scorer: NextItemScorer | ExportedClickScorer,
     reference: Callable[..., torch.Tensor | tuple[torch.Tensor, ...]],
     example: tuple[torch.Tensor, ...],
     probe: tuple[torch.Tensor, ...],

@@ -24,14 +24,14 @@ import pyarrow as pa
 import torch
 
 from sessrec.data import frame
-from sessrec.data.datamodule import SessionDataModule
 from sessrec.metrics import TopKMetrics, target_ranks
 from sessrec.tasks import NextItemTask
 from sessrec.tasks.next_item import next_item_scores
 from sessrec.tasks.ranking import DLRMTask, RankingMetrics, clicked_ranks
+from sessrec.tasks.session_data import SessionDataModule
 
 if TYPE_CHECKING:
-    from sessrec.data.ranking_datamodule import ClickoutDataModule
+    from sessrec.tasks.clickout_data import ClickoutDataModule
 
 AGREEMENT = 1e-6  # per-pair means and the metric classes' aggregates (float32) agree to this
 _CUT = re.compile(r"^(recall|ndcg|mrr)@([1-9][0-9]*)$")

@@ -3,7 +3,7 @@
 Leakage. The stage-1 models (session models, kNN, co-visitation) are fitted on the training
 split, which ends before the validation sessions begin; the ranker and its feature ops are
 fitted on the candidates of the validation sessions only; the test split is touched once, by
-`evaluate`. `fit_ranker` records the (prefix, target) pairs it trained on, and
+`evaluate_pipeline`. `fit_ranker` records the (prefix, target) pairs it trained on, and
 ``tests/test_pipeline.py`` checks that no test session is among them. Within the validation
 pairs, every row keeps the session it was cut from (`EvalPairs.sessions`): the out-of-fold target
 encoding and the ranker's early-stopping split put all the prefixes of one session on one side.
@@ -35,8 +35,8 @@ import numpy as np
 import torch
 
 from sessrec.data.pairs import EvalPairs
+from sessrec.pipeline.candidate_features import RankingInputs
 from sessrec.pipeline.candidates import Candidates, Sessions
-from sessrec.pipeline.features import RankingInputs
 from sessrec.pipeline.pipeline import Pipeline
 from sessrec.pipeline.scoring import RankerRows, Scorer
 
@@ -244,7 +244,7 @@ def list_metrics(
 
 
 @torch.no_grad()
-def evaluate(pipe: Pipeline, pairs: EvalPairs, ks: Sequence[int] = (10, 20), batch_size: int = 512) -> dict[str, float]:
+def evaluate_pipeline(pipe: Pipeline, pairs: EvalPairs, ks: Sequence[int] = (10, 20), batch_size: int = 512) -> dict[str, float]:
     """Recall/MRR/NDCG@k of the pipeline's final lists on (prefix, target) pairs, and candidate coverage.
 
     The sessions carry the pairs' event times when they have them (validity windows, time features).
@@ -266,10 +266,10 @@ def evaluate(pipe: Pipeline, pairs: EvalPairs, ks: Sequence[int] = (10, 20), bat
 
 @torch.no_grad()
 def evaluate_rows(pipe: Pipeline, data: RankerData, ks: Sequence[int] = (10, 20), batch_size: int = 1024) -> dict[str, float]:
-    """`evaluate` on prepared candidate rows (`candidate_rows` of the test pairs): score, order, metrics.
+    """`evaluate_pipeline` on prepared candidate rows (`candidate_rows` of the test pairs): score, order, metrics.
 
-    The same numbers as `evaluate` for the same pipeline (candidates and raw features are what
-    `evaluate` computes itself), without rebuilding the candidates for each ranker compared.
+    The same numbers as `evaluate_pipeline` for the same pipeline (candidates and raw features are what
+    `evaluate_pipeline` computes itself), without rebuilding the candidates for each ranker compared.
     """
     totals: dict[str, float] = {}
     retrievers = pipe.stage_retrievers

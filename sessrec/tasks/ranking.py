@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 from torchmetrics import Metric
 
-from sessrec.data.ranking import RankingBatch
+from sessrec.datasets.clickout_rows import RankingBatch
 from sessrec.embeddings import TableConfig
 from sessrec.embeddings.host_memory import retain_freed_memory
 from sessrec.models.dlrm import DLRM

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from sessrec.pipeline.features import RankingInputs
+from sessrec.pipeline.candidate_features import RankingInputs
 from sessrec.saved.registry import Configurable
 
 

@@ -168,3 +168,17 @@ def test_a_command_whose_extra_is_missing_says_which_extra(monkeypatch):
         main()
     message = str(exit_.value)
     assert "needs the 'deploy' extra (module 'prometheus_client' is not installed)" in message and "\n" not in message
+
+
+def test_the_architecture_page_shows_this_table():
+    """docs/architecture.md prints the LAYER table above, as it is."""
+    import re
+
+    block = re.search(r"^LAYER = \{.*?\}\n", Path(__file__).read_text(), re.S | re.M).group(0)
+    assert block in (PACKAGE.parent / "docs" / "architecture.md").read_text()
+
+
+def test_no_library_default_points_at_this_repository_data():
+    """Paths to data are arguments: no file of the package names the repository's data folders."""
+    found = [str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if "shared/data" in p.read_text()]
+    assert found == []

@@ -47,12 +47,15 @@ EXPORTS = {
     "sessrec.data.vocab": ["ItemVocab"],
 }
 MODULE_OF = {name: module for module, names in EXPORTS.items() for name in names}
+SUBMODULES = ("batch", "frame", "loader", "pairs", "readers", "schema", "side", "sources", "stream", "synthetic", "vocab")
 __all__ = sorted(MODULE_OF)
 
 
 def _own(name: str) -> Any:
     if name in MODULE_OF:
         return getattr(import_module(MODULE_OF[name]), name)
+    if name in SUBMODULES:  # ``sessrec.data.frame`` after a bare ``import sessrec.data``
+        return import_module(f"{__name__}.{name}")
     raise AttributeError(name)
 
 

@@ -31,7 +31,7 @@ Example:
     >>> from sessrec.deploy.export import export_session_model
     >>> model = SessionModel.from_pretrained("runs/xlnet/model")  # doctest: +SKIP
     >>> path = export_session_model(model, "exported/xlnet", "onnx", top_k=20)  # doctest: +SKIP
-    >>> path.name
+    >>> path.name  # doctest: +SKIP
     'model.onnx'
 """
 
@@ -57,6 +57,7 @@ from sessrec.models.objective import Objective
 from sessrec.models.pretrained import load_pretrained
 from sessrec.models.session_model import SessionModel, next_item_scores
 from sessrec.saved.atomic import atomic_path
+from sessrec.saved.moved import forward
 
 Format = Literal["onnx", "torchscript"]
 FORMATS: tuple[str, ...] = ("onnx", "torchscript")
@@ -515,3 +516,6 @@ def _first_line(err: BaseException) -> str:
         lines = [line.strip() for line in after.splitlines() if line.strip()] or lines
     line = re.sub(r"\x1b\[[0-9;]*m", "", lines[0] if lines else type(err).__name__)
     return line[:300]
+
+
+__getattr__ = forward(__name__)  # renamed names, with a DeprecationWarning (sessrec.saved.moved)

@@ -58,6 +58,7 @@ NAMES = {
     "sessrec.data.SessionDataModule": "sessrec.tasks.session_data.SessionDataModule",
     "sessrec.data.ClickoutDataModule": "sessrec.tasks.clickout_data.ClickoutDataModule",
     "sessrec.deploy.export.DLRMScorer": "sessrec.deploy.export.ExportedClickScorer",
+    **{f"sessrec.tasks.ranking.{name}": f"sessrec.metrics.{name}" for name in ("binary_auc", "clicked_ranks")},
     "sessrec.pipeline.evaluate": "sessrec.pipeline.training.evaluate_pipeline",
     "sessrec.pipeline.training.evaluate": "sessrec.pipeline.training.evaluate_pipeline",
 }

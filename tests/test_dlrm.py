@@ -6,8 +6,9 @@ import torch
 
 from sessrec.datasets.criteo import generate_criteo
 from sessrec.embeddings import SparseFeatures, TableConfig
+from sessrec.metrics import RankingMetrics, binary_auc, clicked_ranks
 from sessrec.models.dlrm import DLRM, DCNv2Arch, InteractionArch
-from sessrec.tasks.ranking import DLRMTask, RankingMetrics, binary_auc, clicked_ranks
+from sessrec.tasks.ranking import DLRMTask
 
 torch.set_num_threads(1)
 TABLES = [TableConfig("a", 10, 4), TableConfig("b", 7, 4), TableConfig("c", 5, 4)]

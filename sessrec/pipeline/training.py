@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from sessrec.data.pairs import EvalPairs
-from sessrec.metrics import list_ranks, rank_sums
+from sessrec.metrics import list_ranks, rank_sums, rank_values
 from sessrec.pipeline.candidate_features import RankingInputs
 from sessrec.pipeline.candidates import Candidates, Sessions
 from sessrec.pipeline.pipeline import Pipeline
@@ -280,9 +280,10 @@ def retrieval_recall(
         sessions = Sessions(items[lo : lo + batch_size].long()).to(pipe.device)
         target = targets[lo : lo + batch_size].long().unsqueeze(1).to(pipe.device)
         for name, (retriever, _) in pipe.retrievers.items():
-            found = retriever.retrieve(sessions, top).items == target  # (B, top)
+            found = retriever.retrieve(sessions, top)
+            ranks = list_ranks(found.items, found.scores, target.squeeze(1), by_score=False)  # (B,) its place in the list
             for k in ks:
-                out[name][f"recall@{k}"] += float(found[:, :k].any(dim=1).sum())
+                out[name][f"recall@{k}"] += float(rank_values(ranks, f"recall@{k}").sum())
     n = max(len(items), 1)
     return {name: {k: v / n for k, v in vals.items()} for name, vals in out.items()}
 

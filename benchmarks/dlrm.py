@@ -32,7 +32,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from sessrec.data.criteo import generate_criteo
+from sessrec.datasets.criteo import generate_criteo
 from sessrec.embeddings import TableConfig, to_keyed_jagged_tensor
 from sessrec.models.dlrm import DLRM
 

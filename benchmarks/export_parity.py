@@ -17,7 +17,7 @@ import tempfile
 import numpy as np
 import torch
 
-from sessrec.deploy.export import DLRMScorer, export_dlrm, export_session_model, max_abs_diff, run_exported
+from sessrec.deploy.export import ExportedClickScorer, export_dlrm, export_session_model, max_abs_diff, run_exported
 from sessrec.models import (
     BertEncoder,
     CausalLanguageModeling,
@@ -84,7 +84,7 @@ def dlrm_rows(out: str) -> list[dict]:
         cards = {"hotel": 200, "city": 50, "platform": 10, "device": 4, "filters": 30}
         task = DLRMTask(cardinalities=cards, num_dense=6, embedding_dim=8, dense_layers=[32, 8], over_layers=[32, 16],
                         interaction=interaction).eval()
-        scorer = DLRMScorer(task)
+        scorer = ExportedClickScorer(task)
         for fmt in ("onnx", "torchscript"):
             path = export_dlrm(task, f"{out}/dlrm-{interaction}-{fmt}", fmt)
             diffs = []

@@ -138,7 +138,7 @@ def feature_etl(device: torch.device, quick: bool, repeats: int) -> dict:
         import cupy
     except ImportError:
         return {"status": "skipped", "reason": "CuPy is not installed (pip install -e '.[gpu]')"}
-    from sessrec.data.features import (
+    from sessrec.features import (
         Categorify,
         CountEncoding,
         FeaturePipeline,

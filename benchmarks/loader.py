@@ -31,7 +31,8 @@ from collections.abc import Iterable
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from sessrec.data import SessionDataModule, SRGNNSource
+from sessrec.data import SRGNNSource
+from sessrec.tasks import SessionDataModule
 
 
 class PaddedRowDataset(Dataset):

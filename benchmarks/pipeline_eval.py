@@ -61,7 +61,7 @@ import torch
 import yaml
 
 from sessrec.pipeline import Sessions
-from sessrec.pipeline.features import CandidateFeatures
+from sessrec.pipeline.candidate_features import CandidateFeatures
 from sessrec.pipeline.pipeline import Pipeline
 from sessrec.pipeline.recipe import PipelineRecipe, load_recipe
 from sessrec.pipeline.scoring import BlendScorer, DLRMScorer, GBDTScorer, Scorer

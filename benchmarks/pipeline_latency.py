@@ -26,17 +26,17 @@ import numpy as np
 import torch
 
 from sessrec.baselines import STAN, VSKNN
-from sessrec.data import SessionDataModule, SyntheticSource
+from sessrec.data import SyntheticSource
 from sessrec.models import XLNetEncoder
-from sessrec.pipeline.features import CandidateFeatures
+from sessrec.pipeline.candidate_features import CandidateFeatures
 from sessrec.pipeline.pipeline import Pipeline
+from sessrec.pipeline.retrieval.baseline import BaselineRetriever
 from sessrec.pipeline.retrieval.covisitation import CoVisitation
 from sessrec.pipeline.retrieval.index import ExactIndex, FaissIndex
-from sessrec.pipeline.retrieval.knn import BaselineRetriever
 from sessrec.pipeline.retrieval.session_model import SessionModelRetriever
 from sessrec.pipeline.scoring import DLRMScorer
 from sessrec.pipeline.training import fit_ranker
-from sessrec.tasks import NextItemTask
+from sessrec.tasks import NextItemTask, SessionDataModule
 
 
 def build(args: argparse.Namespace) -> tuple[Pipeline, SessionDataModule]:

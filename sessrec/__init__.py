@@ -15,7 +15,6 @@ if TYPE_CHECKING:
         Schema,
         SchemaError,
         SessionBatch,
-        SessionDataModule,
         SRGNNSource,
         SyntheticSource,
         UserSequenceSource,
@@ -35,19 +34,19 @@ if TYPE_CHECKING:
         XLNetEncoder,
     )
     from sessrec.pipeline import Pipeline
-    from sessrec.tasks import NextItemTask
+    from sessrec.tasks import NextItemTask, SessionDataModule
 
 __version__ = "0.1.0"
 
 EXPORTS = {
     "sessrec.data": ["EventLogSource", "ItemVocab", "SRGNNSource", "Schema", "SchemaError", "SessionBatch",
-                     "SessionDataModule", "SyntheticSource", "UserSequenceSource"],
+                     "SyntheticSource", "UserSequenceSource"],
     "sessrec.metrics": ["TopKMetrics"],
     "sessrec.models": ["BertEncoder", "CausalLanguageModeling", "ElectraEncoder", "GPT2Encoder", "GRU4RecEncoder",
                        "MaskedItemModeling", "PermutationLanguageModeling", "ReplacedTokenDetection", "SASRecEncoder",
                        "SessionModel", "XLNetEncoder"],
     "sessrec.pipeline": ["Pipeline"],
-    "sessrec.tasks": ["NextItemTask"],
+    "sessrec.tasks": ["NextItemTask", "SessionDataModule"],
 }
 MODULE_OF = {name: module for module, names in EXPORTS.items() for name in names}
 __all__ = sorted(MODULE_OF)

@@ -28,7 +28,6 @@ from sessrec.data import (
     ItemVocab,
     Schema,
     SchemaError,
-    SessionDataModule,
     SessionSource,
     SessionSplits,
     SRGNNSource,
@@ -39,7 +38,7 @@ from sessrec.data import (
     read_user_sequences,
 )
 from sessrec.data.stream import ScoringStream
-from sessrec.tasks import BaselineTask, Evaluation
+from sessrec.tasks import BaselineTask, Evaluation, SessionDataModule
 from sessrec.tasks.callbacks import TopKWriter
 
 torch.set_num_threads(1)

@@ -17,8 +17,8 @@ import torch
 
 from sessrec.baselines import STAN, VSKNN, Popularity, SessionBaseline
 from sessrec.cli import cli as main
-from sessrec.data import SessionBatch, SessionDataModule, SyntheticSource
-from sessrec.tasks import BaselineTask, Evaluation
+from sessrec.data import SessionBatch, SyntheticSource
+from sessrec.tasks import BaselineTask, Evaluation, SessionDataModule
 
 torch.set_num_threads(1)
 

@@ -192,9 +192,9 @@ def test_pipeline_eval_over_two_seeds_prints_each_seed_then_the_means(tmp_path):
     import torch
     import yaml
 
-    from sessrec.data import SessionDataModule, SyntheticSource
+    from sessrec.data import SyntheticSource
     from sessrec.models import XLNetEncoder
-    from sessrec.tasks import NextItemTask
+    from sessrec.tasks import NextItemTask, SessionDataModule
 
     source = {"num_sessions": 1500, "num_items": 150, "days": 10}
     dm = SessionDataModule(source=SyntheticSource(**source), max_length=8)

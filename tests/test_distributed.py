@@ -8,11 +8,18 @@ import pytest
 import pytorch_lightning as pl
 import torch
 
-from sessrec.data import ClickoutDataModule, SessionDataModule, SyntheticSource
+from sessrec.data import SyntheticSource
 from sessrec.data.loader import SessionLoader
-from sessrec.data.ranking import RankingLoader
+from sessrec.datasets.clickout_rows import RankingLoader
 from sessrec.models import MaskedItemModeling, XLNetEncoder
-from sessrec.tasks import DLRMTask, Evaluation, NextItemTask, Optimization
+from sessrec.tasks import (
+    ClickoutDataModule,
+    DLRMTask,
+    Evaluation,
+    NextItemTask,
+    Optimization,
+    SessionDataModule,
+)
 
 torch.set_num_threads(1)
 TRIVAGO = Path(__file__).resolve().parents[2] / "shared" / "data" / "trivago_rsc19_100k" / "trivago_val_100k.parquet.snappy"
@@ -39,8 +46,8 @@ def test_session_loader_shards_are_disjoint_and_complete(n, world, shuffle):
 def test_ranking_loader_shards_whole_queries(tmp_path):
     from test_ranking_data import log_table  # the hand-made click-out log
 
-    from sessrec.data.clickouts import build_clickout_rows
-    from sessrec.data.ranking import RankingVocab, encode_rows
+    from sessrec.datasets.clickout_rows import RankingVocab, encode_rows
+    from sessrec.datasets.clickouts import build_clickout_rows
 
     rows = build_clickout_rows(log_table(), "hand.parquet")
     tensors = encode_rows(rows, RankingVocab.fit(rows))

@@ -4,10 +4,11 @@ cases, DLRMTask's optimizers and baselines, and the synthetic Criteo-like genera
 import pytest
 import torch
 
-from sessrec.data.criteo import generate_criteo
+from sessrec.datasets.criteo import generate_criteo
 from sessrec.embeddings import SparseFeatures, TableConfig
+from sessrec.metrics import RankingMetrics, binary_auc, clicked_ranks
 from sessrec.models.dlrm import DLRM, DCNv2Arch, InteractionArch
-from sessrec.tasks.ranking import DLRMTask, RankingMetrics, binary_auc, clicked_ranks
+from sessrec.tasks.ranking import DLRMTask
 
 torch.set_num_threads(1)
 TABLES = [TableConfig("a", 10, 4), TableConfig("b", 7, 4), TableConfig("c", 5, 4)]
@@ -114,7 +115,7 @@ def test_mrr_and_recall_by_hand_skip_queries_without_click():
 
 # -- task ---------------------------------------------------------------------------------------
 def batch_of(n: int = 12):
-    from sessrec.data.ranking import RankingBatch
+    from sessrec.datasets.clickout_rows import RankingBatch
 
     groups = torch.arange(n) // 3
     labels = (torch.arange(n) % 3 == 1).float()

@@ -17,7 +17,7 @@ pytest.importorskip("onnxscript")
 from sessrec.data.batch import SessionBatch
 from sessrec.data.side import SideInfoSpec
 from sessrec.deploy.export import (
-    DLRMScorer,
+    ExportedClickScorer,
     export_checkpoint,
     export_dlrm,
     export_session_model,
@@ -154,7 +154,7 @@ def test_export_from_a_checkpoint(tmp_path, kind):
             expected = task.model(items, task.objective).numpy()
         assert max_abs_diff(run_exported(path, items)[0], expected) <= 1e-4
     else:
-        scorer = DLRMScorer(task)
+        scorer = ExportedClickScorer(task)
         inputs = scorer.example(5, 3, seed=9)
         with torch.no_grad():
             expected = scorer.eager(*inputs).numpy()
@@ -273,7 +273,7 @@ def test_triton_repository(tmp_path):
 
 
 def test_triton_config_of_a_batch_only_output_and_without_batching():
-    scorer = DLRMScorer(dlrm_task())
+    scorer = ExportedClickScorer(dlrm_task())
     spec = {"inputs": [asdict(t) for t in scorer.inputs()], "outputs": [asdict(t) for t in scorer.outputs()]}
     batched = parse_pbtxt(model_config("dlrm", spec, 64, 100))
     assert batched["output"] == [{"name": "logits", "data_type": "TYPE_FP32", "dims": [1], "reshape": {"shape": []}}]

@@ -16,8 +16,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from sessrec.data.array_backend import as_column, bincount, hash_columns, mix64, to_host
-from sessrec.data.features import (
+from sessrec.data.vocab import ItemVocab
+from sessrec.features import (
     Categorify,
     CountEncoding,
     CyclicTime,
@@ -30,7 +30,7 @@ from sessrec.data.features import (
     session_offsets,
     session_times,
 )
-from sessrec.data.vocab import ItemVocab
+from sessrec.features.backend import as_column, bincount, hash_columns, mix64, to_host
 
 BACKENDS = ["numpy", "strict"]
 
@@ -438,10 +438,10 @@ def test_load_errors(tmp_path: Path):
     with np.load(path) as npz:
         arrays = dict(npz)
     header = arrays["__pipeline__"].tobytes().decode()
-    assert '"class_path": "sessrec.data.features.ops.Categorify"' in header
+    assert '"class_path": "sessrec.features.ops.Categorify"' in header
     arrays["__pipeline__"] = np.frombuffer(header.replace('ops.Categorify"', 'ops.Categorise"').encode(), np.uint8)
     np.savez(tmp_path / "unknown.npz", **arrays)
-    with pytest.raises(ValueError, match=r"unknown.npz: config.init_args.ops.c: 'sessrec.data.features.ops.Categorise' "
+    with pytest.raises(ValueError, match=r"unknown.npz: config.init_args.ops.c: 'sessrec.features.ops.Categorise' "
                                          "is not a registered class"):
         FeaturePipeline.load(tmp_path / "unknown.npz")
     arrays["__pipeline__"] = np.frombuffer(header.encode(), np.uint8)

@@ -10,13 +10,13 @@ import pytest
 import pytorch_lightning as pl
 import torch
 
-from sessrec.data import ItemVocab, SessionDataModule, SyntheticSource, frame
+from sessrec.data import ItemVocab, SyntheticSource, frame
 from sessrec.deploy.gate import Gate
 from sessrec.deploy.pairs import PairRanks, aligned, clickout_ranks, next_item_ranks, pair_values
 from sessrec.deploy.retrain import LoadedSplits
 from sessrec.models import CausalLanguageModeling, GRU4RecEncoder
 from sessrec.saved.registry import config_of
-from sessrec.tasks import DLRMTask, Evaluation, NextItemTask, Optimization
+from sessrec.tasks import DLRMTask, Evaluation, NextItemTask, Optimization, SessionDataModule
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
@@ -209,7 +209,7 @@ def test_models_with_other_vocabularies_are_compared_on_the_same_pairs(trained, 
 
 @pytest.mark.skipif(not TRIVAGO.exists(), reason="trivago_rsc19_100k is not available here")
 def test_clickout_reciprocal_ranks_average_to_the_dlrm_test_mrr():
-    from sessrec.data import ClickoutDataModule
+    from sessrec.tasks import ClickoutDataModule
 
     data = ClickoutDataModule(str(TRIVAGO), end="2018-11-07T12:00", test_hours=4.0, valid_hours=2.0, train_hours=4.0,
                               batch_size=4096, eval_batch_size=2000)

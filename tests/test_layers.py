@@ -1,9 +1,12 @@
-"""The package's layers: saved -> data -> embeddings -> models -> tasks -> pipeline -> deploy -> cli, one way.
+"""The package's layers: saved -> data, features -> embeddings -> datasets -> models -> tasks -> pipeline
+-> deploy -> cli, one way.
 
-`metrics` and `baselines` sit beside `models` (they read data only). An import, at module level or
-inside a function, from a lower layer to a higher one fails the test; the model layers import
-without Lightning, and the serving path (a saved pipeline or model directory loaded, served and
-exported) imports neither Lightning nor jsonargparse.
+`features` sits beside `data` (feature ops encode with data's vocabulary; data's side information
+is built from feature ops); `metrics` and `baselines` sit beside `models` (they read data only).
+An import, at module level or inside a function, from a lower layer to a higher one fails the
+test; the model layers import without Lightning, and the serving path (a saved pipeline or model
+directory loaded, served and exported) imports neither Lightning nor jsonargparse. The table is
+printed in docs/architecture.md.
 """
 
 import ast
@@ -15,8 +18,8 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "sessrec"
-LAYER = {"saved": -1, "data": 0, "embeddings": 1, "models": 2, "metrics": 2, "baselines": 2, "tasks": 3, "pipeline": 4,
-         "deploy": 5, "cli": 6}
+LAYER = {"saved": -1, "data": 0, "features": 0, "embeddings": 1, "datasets": 2, "models": 3, "metrics": 3, "baselines": 3,
+         "tasks": 4, "pipeline": 5, "deploy": 6, "cli": 7}
 
 
 def imported_layers(path: Path) -> set[str]:
@@ -52,14 +55,15 @@ def test_the_checker_sees_an_upward_import(tmp_path):
 
 def test_models_and_embeddings_import_without_lightning():
     code = (
-        "import sys, sessrec, sessrec.data, sessrec.embeddings, sessrec.models\n"
+        "import sys, sessrec, sessrec.data, sessrec.features, sessrec.embeddings, sessrec.datasets, sessrec.models\n"
+        "import sessrec.metrics, sessrec.baselines\n"
+        "sessrec.models.DLRM; sessrec.embeddings.SparseFeatures; sessrec.data.SRGNNSource; sessrec.data.SideFeatures\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('pytorch_lightning', 'lightning')))\n"
-        "sessrec.models.DLRM; sessrec.data.SparseFeatures\n"
-        "print(sessrec.NextItemTask.__module__, sessrec.data.ClickoutDataModule.__module__)\n"
+        "print(sessrec.NextItemTask.__module__, sessrec.SessionDataModule.__module__)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
     assert out[0] == "[]"
-    assert out[1] == "sessrec.tasks.next_item sessrec.data.ranking_datamodule"  # loaded when asked for
+    assert out[1] == "sessrec.tasks.next_item sessrec.tasks.session_data"  # loaded when asked for
 
 
 TRAINING_STACK = ("pytorch_lightning", "lightning", "lightning_fabric", "jsonargparse")
@@ -74,7 +78,7 @@ def test_the_serving_path_imports_no_training_stack(tmp_path):
 
     from sessrec.baselines import Popularity
     from sessrec.data import ItemVocab
-    from sessrec.data.ranking import CLICKS, SPARSE_FEATURES, RankingVocab
+    from sessrec.datasets.clickout_rows import CLICKS, SPARSE_FEATURES, RankingVocab
     from sessrec.deploy.recommender import load_recommender
     from sessrec.embeddings import TableConfig
     from sessrec.models import DLRM, CausalLanguageModeling, GRU4RecEncoder, SessionModel
@@ -157,10 +161,24 @@ def test_a_command_whose_extra_is_missing_says_which_extra(monkeypatch):
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", without_prometheus)
-    for module in [m for m in sys.modules if m.startswith(("sessrec.deploy.server", "sessrec.deploy.metrics", "prometheus_client"))]:
+    for module in [m for m in sys.modules if m.startswith(("sessrec.deploy.server", "sessrec.deploy.request_metrics", "prometheus_client"))]:
         monkeypatch.delitem(sys.modules, module)
     monkeypatch.setattr(sys, "argv", ["sessrec", "serve", "--model-dir", "nowhere"])
     with pytest.raises(SystemExit) as exit_:
         main()
     message = str(exit_.value)
     assert "needs the 'deploy' extra (module 'prometheus_client' is not installed)" in message and "\n" not in message
+
+
+def test_the_architecture_page_shows_this_table():
+    """docs/architecture.md prints the LAYER table above, as it is."""
+    import re
+
+    block = re.search(r"^LAYER = \{.*?\}\n", Path(__file__).read_text(), re.S | re.M).group(0)
+    assert block in (PACKAGE.parent / "docs" / "architecture.md").read_text()
+
+
+def test_no_library_default_points_at_this_repository_data():
+    """Paths to data are arguments: no file of the package names the repository's data folders."""
+    found = [str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if "shared/data" in p.read_text()]
+    assert found == []

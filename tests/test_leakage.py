@@ -12,7 +12,7 @@ import pytest
 import pytorch_lightning as pl
 import torch
 
-from sessrec.data import SessionDataModule, SessionSplits
+from sessrec.data import SessionSplits
 from sessrec.data.sources import SessionSource
 from sessrec.models import (
     CausalLanguageModeling,
@@ -23,7 +23,7 @@ from sessrec.models import (
     SASRecEncoder,
     XLNetEncoder,
 )
-from sessrec.tasks import NextItemTask
+from sessrec.tasks import NextItemTask, SessionDataModule
 
 torch.set_num_threads(1)
 

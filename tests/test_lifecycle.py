@@ -18,7 +18,7 @@ import torch
 import yaml
 
 from sessrec.cli import cli
-from sessrec.data import ItemVocab, Schema, SessionDataModule, TimeWindowSource, generate_sessions
+from sessrec.data import ItemVocab, Schema, TimeWindowSource, generate_sessions
 from sessrec.data.loader import SessionLoader
 from sessrec.deploy.gate import Gate
 from sessrec.deploy.recommender import SessionRecommender, load_recommender
@@ -32,7 +32,7 @@ from sessrec.models import (
     SASRecEncoder,
     XLNetEncoder,
 )
-from sessrec.tasks import DLRMTask, NextItemTask, Optimization
+from sessrec.tasks import DLRMTask, NextItemTask, Optimization, SessionDataModule
 from sessrec.tasks.pretrained import load_checkpoint, with_more_items
 
 torch.set_num_threads(1)
@@ -204,7 +204,7 @@ def test_model_directory_round_trip(name, tmp_path):
 
 
 def test_dlrm_model_directory_round_trip(tmp_path):
-    from sessrec.data.ranking import CLICKS, SPARSE_FEATURES, RankingVocab
+    from sessrec.datasets.clickout_rows import CLICKS, SPARSE_FEATURES, RankingVocab
 
     torch.manual_seed(0)
     vocabs = {name: ItemVocab(pa.array([f"{name}{i}" for i in range(5)]), np.ones(5, dtype=np.int64))
@@ -350,8 +350,8 @@ TRIVAGO = ROOT.parent / "shared" / "data" / "trivago_rsc19_100k" / "trivago_val_
 
 @pytest.mark.skipif(not TRIVAGO.exists(), reason="trivago_rsc19_100k is not available here")
 def test_dlrm_retrain_grows_its_tables_and_keeps_what_it_learned(tmp_path):
-    from sessrec.data import ClickoutDataModule
     from sessrec.deploy.retrain import retrain_dlrm
+    from sessrec.tasks import ClickoutDataModule
 
     window = dict(test_hours=6.0, valid_hours=4.0, train_hours=6.0, min_count=1)
     data = ClickoutDataModule(str(TRIVAGO), end="2018-11-07T18:00", batch_size=4096, **window)

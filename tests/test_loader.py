@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import sessrec.models as m
-from sessrec.data import SessionBatch, SessionDataModule, SessionLoader, SyntheticSource
-from sessrec.tasks import NextItemTask
+from sessrec.data import SessionBatch, SessionLoader, SyntheticSource
+from sessrec.tasks import NextItemTask, SessionDataModule
 from sessrec.tasks.losses import FullSoftmax, SampledSoftmax
 
 
@@ -159,7 +159,8 @@ def test_torch_gather_cuts_the_same_batches_as_numpy(shuffle):
 def test_cuda_resident_split_gives_the_host_batches_on_the_gpu():
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    from sessrec.data import SessionDataModule, SyntheticSource
+    from sessrec.data import SyntheticSource
+    from sessrec.tasks import SessionDataModule
 
     host = SessionDataModule(SyntheticSource(num_sessions=500, num_items=50), max_length=8, batch_size=32)
     resident = SessionDataModule(SyntheticSource(num_sessions=500, num_items=50), max_length=8, batch_size=32, device="cuda")

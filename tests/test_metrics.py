@@ -112,3 +112,40 @@ def test_exclude_seen_masks_the_input_items_and_makes_a_repeat_target_a_miss():
     got = task.metrics["test"].compute()
     assert got == expected.compute()
     assert float(got["recall@8"]) <= 0.5  # target 3 repeats an item of row 0: always a miss
+
+
+# -- one implementation for every caller -------------------------------------------------------------
+def test_rank_values_by_hand():
+    from sessrec.metrics import rank_values
+
+    ranks = torch.tensor([1.0, 2.0, 3.0, float("inf")])
+    assert rank_values(ranks, "recall@2").tolist() == [1.0, 1.0, 0.0, 0.0]
+    assert rank_values(ranks, "mrr@2").tolist() == [1.0, 0.5, 0.0, 0.0]
+    assert rank_values(ranks, "ndcg@3").tolist() == pytest.approx([1.0, 1 / math.log2(3), 0.5, 0.0])
+    assert rank_values(ranks, "mrr").tolist() == [1.0, 0.5, 1 / 3, 0.0]
+    with pytest.raises(ValueError, match="metric 'auc' is not a mean over test pairs"):
+        rank_values(ranks, "auc")
+
+
+def test_list_clicked_and_catalogue_ranks_break_ties_the_same_way():
+    """The same scores seen as a catalogue row, a served list and a query's rows give the same rank."""
+    from sessrec.metrics import clicked_ranks, list_ranks
+
+    row = scores([NEG, NEG, 5.0, 4.0, 4.0, 1.0])  # target 4 ties with 3: pessimistic rank 3
+    assert target_ranks(row, torch.tensor([4])).tolist() == [3.0]
+    listed = list_ranks(torch.tensor([[2, 3, 4, 5]]), torch.tensor([[5.0, 4.0, 4.0, 1.0]]), torch.tensor([4]))
+    assert listed.tolist() == [3.0]
+    clicked = clicked_ranks(torch.tensor([5.0, 4.0, 4.0, 1.0]), torch.tensor([0, 0, 1, 0]), torch.tensor([0, 0, 0, 0]))
+    assert clicked.tolist() == [3.0]
+
+
+def test_auc_is_torchmetrics_auroc_and_keeps_ties_of_large_logits():
+    from torchmetrics.functional.classification import binary_auroc
+
+    from sessrec.metrics import binary_auc
+
+    torch.manual_seed(0)
+    probs, labels = torch.rand(200), (torch.rand(200) < 0.4).long()
+    assert float(binary_auc(probs, labels)) == pytest.approx(float(binary_auroc(probs, labels)), abs=1e-6)
+    # logits 40 and 50 differ; a sigmoid in float32 would make them tie at 1.0 (AUC 0.5 instead of 1)
+    assert float(binary_auc(torch.tensor([40.0, 50.0]), torch.tensor([0, 1]))) == 1.0

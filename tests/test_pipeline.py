@@ -26,23 +26,23 @@ import yaml
 
 from sessrec.baselines import VSKNN
 from sessrec.cli import main
-from sessrec.data import EvalPairs, ItemVocab, SchemaError, SessionDataModule, SyntheticSource
+from sessrec.data import EvalPairs, ItemVocab, SchemaError, SyntheticSource
 from sessrec.models import XLNetEncoder
 from sessrec.pipeline import training
-from sessrec.pipeline.batch import recommend_file
+from sessrec.pipeline.candidate_features import GROUPS, CandidateFeatures
 from sessrec.pipeline.candidates import Candidates, Sessions
-from sessrec.pipeline.features import GROUPS, CandidateFeatures
 from sessrec.pipeline.filters import ItemTableFilter, SeenItemsFilter
+from sessrec.pipeline.offline import recommend_file
 from sessrec.pipeline.ordering import BoostRule, DiversityCap, Ordering, SoftmaxSampling
 from sessrec.pipeline.pipeline import Pipeline
 from sessrec.pipeline.recipe import BaselineRetrieval, ModelRetrieval, PipelineRecipe, _time_ordered
+from sessrec.pipeline.retrieval.baseline import BaselineRetriever
 from sessrec.pipeline.retrieval.covisitation import CoVisitation
 from sessrec.pipeline.retrieval.index import FaissIndex
-from sessrec.pipeline.retrieval.knn import BaselineRetriever
 from sessrec.pipeline.retrieval.session_model import SessionModelRetriever
 from sessrec.pipeline.scoring import BlendScorer, DLRMScorer, GBDTScorer
 from sessrec.saved.registry import config_of
-from sessrec.tasks import NextItemTask
+from sessrec.tasks import NextItemTask, SessionDataModule
 from sessrec.tasks.baseline import _end_times
 
 torch.set_num_threads(1)

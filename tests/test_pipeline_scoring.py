@@ -13,8 +13,15 @@ import numpy as np
 import pytest
 import torch
 
-from sessrec.pipeline.features import RankingInputs
-from sessrec.pipeline.scoring import BlendScorer, DLRMScorer, GBDTScorer, InputRows, Scorer, early_stopping_split
+from sessrec.pipeline.candidate_features import RankingInputs
+from sessrec.pipeline.scoring import (
+    BlendScorer,
+    DLRMScorer,
+    GBDTScorer,
+    InputRows,
+    Scorer,
+    early_stopping_split,
+)
 from sessrec.pipeline.scoring.blend import standardised
 from sessrec.pipeline.scoring.dlrm import IdRows, rank_gauss, session_relative
 from sessrec.pipeline.scoring.gbdt import SessionRows

@@ -23,16 +23,17 @@ import pytest
 import torch
 
 from sessrec.baselines import Popularity
-from sessrec.data import EvalPairs, EventLogSource, Schema, SessionDataModule, SRGNNSource
+from sessrec.data import EvalPairs, EventLogSource, Schema, SRGNNSource
 from sessrec.data.sources import SessionSource, SessionSplits
 from sessrec.pipeline import training
+from sessrec.pipeline.candidate_features import CandidateFeatures
 from sessrec.pipeline.candidates import Candidates, Sessions
-from sessrec.pipeline.features import CandidateFeatures
 from sessrec.pipeline.filters import ItemTableFilter
 from sessrec.pipeline.ordering import Ordering, SoftmaxSampling
 from sessrec.pipeline.pipeline import Pipeline
-from sessrec.pipeline.retrieval.knn import BaselineRetriever
+from sessrec.pipeline.retrieval.baseline import BaselineRetriever
 from sessrec.pipeline.scoring import BlendScorer, DLRMScorer, GBDTScorer, dlrm, early_stopping_split, gbdt
+from sessrec.tasks import SessionDataModule
 
 torch.set_num_threads(1)
 pytest.importorskip("lightgbm")
@@ -305,7 +306,7 @@ def test_times_become_ranker_features_and_are_required_once_fitted(dm: SessionDa
     assert value["session_duration"] == pytest.approx(math.log1p(180.0))
     assert value["time_hour_sin"] == pytest.approx(math.sin(2 * math.pi * hour / 24), abs=1e-6)
     assert value["time_weekday_cos"] == pytest.approx(math.cos(2 * math.pi * weekday / 7), abs=1e-6)
-    # the test pairs are scored with their times (`evaluate`, as `PipelineRecipe.test`)
+    # the test pairs are scored with their times (`evaluate_pipeline`, as `PipelineRecipe.test`)
     metrics = training.evaluate(pipe, dm.pairs("test"), ks=(3,))
     assert metrics["candidate_recall"] == 1.0
     # without times the fitted ranker refuses, in one line naming what it needs

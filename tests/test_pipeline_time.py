@@ -33,10 +33,10 @@ from sessrec.deploy import server
 from sessrec.deploy.recommender import join_sessions
 from sessrec.deploy.server import build_app
 from sessrec.pipeline import batch, clock
-from sessrec.pipeline.batch import recommend_file
+from sessrec.pipeline.candidate_features import CandidateFeatures
 from sessrec.pipeline.candidates import Sessions
-from sessrec.pipeline.features import CandidateFeatures
 from sessrec.pipeline.filters import ItemTableFilter
+from sessrec.pipeline.offline import recommend_file
 from sessrec.pipeline.pipeline import Pipeline
 from sessrec.pipeline.retrieval.covisitation import CoVisitation
 from sessrec.pipeline.scoring import Scorer

@@ -17,9 +17,9 @@ import pyarrow as pa
 import pytest
 import torch
 
-from sessrec.data import ItemVocab, SideFeatures, SideFeatureTransform, SideInfoSpec, SparseFeatures
-from sessrec.data.ranking import CLICKS, SPARSE_FEATURES, RankingVocab
-from sessrec.embeddings import TableConfig
+from sessrec.data import ItemVocab, SideFeatures, SideFeatureTransform, SideInfoSpec
+from sessrec.datasets.clickout_rows import CLICKS, SPARSE_FEATURES, RankingVocab
+from sessrec.embeddings import SparseFeatures, TableConfig
 from sessrec.models import (
     DLRM,
     BertEncoder,

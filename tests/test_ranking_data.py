@@ -9,16 +9,16 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from sessrec.data.clickouts import (
+from sessrec.data.schema import SchemaError
+from sessrec.datasets.clickout_rows import RankingLoader, RankingVocab, encode_rows
+from sessrec.datasets.clickouts import (
     DENSE_FEATURES,
     ONE_HOT,
     SPARSE_FEATURES,
     build_clickout_rows,
     split_by_time,
 )
-from sessrec.data.ranking import RankingLoader, RankingVocab, encode_rows
-from sessrec.data.ranking_datamodule import ClickoutDataModule
-from sessrec.data.schema import SchemaError
+from sessrec.tasks.clickout_data import ClickoutDataModule
 
 torch.set_num_threads(1)
 TRIVAGO = Path(__file__).resolve().parents[2] / "shared" / "data" / "trivago_rsc19_100k" / "trivago_val_100k.parquet.snappy"

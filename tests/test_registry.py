@@ -269,7 +269,7 @@ PIPELINE_HOSTILE = [
     ("filter-class-a-retriever", "filters.0.config.class_path", "CoVisitation", "filters[0].config",
      "'CoVisitation' is a registered class, but not a SeenItemsFilter or NonProductFilter or ItemTableFilter"),
     ("feature-ops-in-the-state", "features.state.ops",
-     {"config": {"class_path": "sessrec.data.features.FeaturePipeline", "init_args": {"ops": {"x": THING}}}, "ops": {}},
+     {"config": {"class_path": "sessrec.features.FeaturePipeline", "init_args": {"ops": {"x": THING}}}, "ops": {}},
      "features.state.ops.config.init_args.ops.x", f"'{SENTINEL}.Thing' is not registered"),
 ]
 

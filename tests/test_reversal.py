@@ -4,8 +4,9 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from sessrec.data import SessionDataModule, SessionSplits, SideFeatures, frame
+from sessrec.data import SessionSplits, SideFeatures, frame
 from sessrec.data.sources import SessionSource
+from sessrec.tasks import SessionDataModule
 
 
 class Source(SessionSource):

@@ -26,7 +26,7 @@ import torch
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from sessrec.data import SessionDataModule, SyntheticSource
+from sessrec.data import SyntheticSource
 from sessrec.deploy import server
 from sessrec.deploy.batching import Pace
 from sessrec.deploy.recommender import SessionRecommender, join_sessions
@@ -36,7 +36,7 @@ from sessrec.models import MaskedItemModeling, XLNetEncoder
 from sessrec.pipeline.pipeline import Pipeline
 from sessrec.pipeline.retrieval.covisitation import CoVisitation
 from sessrec.saved.versions import resolve
-from sessrec.tasks import NextItemTask
+from sessrec.tasks import NextItemTask, SessionDataModule
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]

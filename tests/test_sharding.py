@@ -17,8 +17,8 @@ from torch import nn
 
 pytest.importorskip("torchrec")
 
-from sessrec.data.jagged import SparseFeatures
 from sessrec.embeddings.config import TableConfig
+from sessrec.embeddings.jagged import SparseFeatures
 from sessrec.embeddings.planner import ShardingPlanner
 from sessrec.embeddings.sharding import (
     embedding_bag_collection,
@@ -235,8 +235,7 @@ def trivago_slice(tmp_path: Path, rows: int = 30_000) -> str:
 
 @pytest.mark.skipif(not TRIVAGO.exists(), reason="trivago_rsc19_100k is not available here")
 def test_dlrm_task_sharded_over_two_processes_trains_like_one(tmp_path):
-    from sessrec.data import ClickoutDataModule
-    from sessrec.tasks import DLRMTask, TorchRecStrategy
+    from sessrec.tasks import ClickoutDataModule, DLRMTask, TorchRecStrategy
 
     path, steps, batch = trivago_slice(tmp_path), 8, 512
 

@@ -13,7 +13,6 @@ import torch
 
 from sessrec.data import (
     SchemaError,
-    SessionDataModule,
     SessionSplits,
     SideFeatures,
     SideFeatureTransform,
@@ -24,7 +23,7 @@ from sessrec.data.sources import SessionSource
 from sessrec.models import SessionModel, XLNetEncoder
 from sessrec.models.side_info import SideInfoConfig, SideInfoEmbedding, SoftOneHot
 from sessrec.saved.registry import config_of
-from sessrec.tasks import NextItemTask
+from sessrec.tasks import NextItemTask, SessionDataModule
 
 torch.set_num_threads(1)
 

@@ -12,14 +12,9 @@ import pytest
 import torch
 
 from sessrec.cli import cli as main
-from sessrec.data import (
-    SchemaError,
-    SessionDataModule,
-    SideFeatures,
-    SideFeatureTransform,
-    TrivagoSource,
-    frame,
-)
+from sessrec.data import SchemaError, SideFeatures, SideFeatureTransform, frame
+from sessrec.datasets import TrivagoSource
+from sessrec.tasks import SessionDataModule
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]

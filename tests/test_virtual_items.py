@@ -6,7 +6,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-from sessrec.data import SessionDataModule, SessionSplits, frame
+from sessrec.data import SessionSplits, frame
 from sessrec.data.sources import SessionSource
 from sessrec.data.vocab import OOV, ItemVocab
 from sessrec.models import (
@@ -19,7 +19,7 @@ from sessrec.models import (
     SessionModel,
     XLNetEncoder,
 )
-from sessrec.tasks import NextItemTask
+from sessrec.tasks import NextItemTask, SessionDataModule
 
 torch.set_num_threads(1)
 

@@ -59,7 +59,7 @@ def pipeline_recipe(args: list[str]) -> bool:
 
 def pipeline_cli(args: list[str]) -> object:
     """``sessrec fit|test|recommend`` on a pipeline recipe; returns what the subcommand returns."""
-    from sessrec.pipeline.batch import recommend_file
+    from sessrec.pipeline.offline import recommend_file
     from sessrec.pipeline.recipe import recipe_parser
 
     command, rest = args[0], args[1:]

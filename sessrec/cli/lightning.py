@@ -2,7 +2,7 @@
 
 LightningCLI over a task (`NextItemTask` unless the recipe names
 another, e.g. ``class_path: sessrec.tasks.BaselineTask``) and a data module (`SessionDataModule`
-unless the recipe names another, e.g. ``class_path: sessrec.data.ClickoutDataModule`` with
+unless the recipe names another, e.g. ``class_path: sessrec.tasks.ClickoutDataModule`` with
 ``sessrec.tasks.DLRMTask``).
 
     sessrec fit     --config recipes/quickstart.yaml
@@ -126,7 +126,7 @@ class SessrecCLI(LightningCLI):
         # a recipe's `model:` block without class_path configures NextItemTask, the default task
         parser.set_defaults({"model": {"class_path": "sessrec.tasks.NextItemTask"}})
         # likewise a `data:` block without class_path configures SessionDataModule
-        parser.set_defaults({"data": {"class_path": "sessrec.data.SessionDataModule"}})
+        parser.set_defaults({"data": {"class_path": "sessrec.tasks.SessionDataModule"}})
         # links whose source the chosen data module lacks, or whose target the task lacks, are ignored
         parser.link_arguments("data.num_items", "model.init_args.num_items", apply_on="instantiate")
         # tasks without these arguments (BaselineTask has no side_features) ignore the links

@@ -1,96 +1,66 @@
-"""Data layer: readers, schema, session building, vocabulary, features, loaders. Imports no model.
+"""Data layer: schema, readers, frame operations, vocabulary, sources, loaders, streams, evaluation
+pairs, side information and synthetic sessions. Imports no model and no Lightning.
 
-The Lightning data modules (`SessionDataModule`, `ClickoutDataModule`) are imported on first use,
-so that the data layer, and the embeddings and models built on it, import without Lightning.
+Each name below is imported from its module on first use (``sessrec.data.SRGNNSource`` loads
+`sessrec.data.sources` only). Names that moved out of this package (feature ops to
+`sessrec.features`, dataset adapters to `sessrec.datasets`, `SparseFeatures` to
+`sessrec.embeddings`, the Lightning data modules to `sessrec.tasks`) still resolve here, with a
+`DeprecationWarning` naming their new path, until the next release.
 """
 
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-from sessrec.data.batch import SessionBatch
-from sessrec.data.clickouts import build_clickout_rows
-from sessrec.data.criteo import generate_criteo
-from sessrec.data.features import (
-    Categorify,
-    CountEncoding,
-    CyclicTime,
-    FeaturePipeline,
-    HashedCross,
-    LogNormalize,
-    SessionTimeFeatures,
-    TargetEncoding,
-)
-from sessrec.data.jagged import SparseFeatures
-from sessrec.data.loader import SessionLoader
-from sessrec.data.pairs import EvalPairs
-from sessrec.data.ranking import RankingBatch, RankingVocab
-from sessrec.data.readers import read_events, read_srgnn, read_user_sequences
-from sessrec.data.schema import FeatureSpec, Schema, SchemaError
-from sessrec.data.side import SideFeatures, SideFeatureTransform, SideInfoSpec, read_item_vectors
-from sessrec.data.sources import (
-    EventLogSource,
-    SessionSource,
-    SessionSplits,
-    SRGNNSource,
-    SyntheticSource,
-    TimeWindowSource,
-    UserSequenceSource,
-)
-from sessrec.data.stream import ScoringStream
-from sessrec.data.synthetic import generate_sessions
-from sessrec.data.trivago import TrivagoSource
-from sessrec.data.vocab import ItemVocab
+from sessrec.saved.moved import forward
 
 if TYPE_CHECKING:
-    from sessrec.data.datamodule import SessionDataModule
-    from sessrec.data.ranking_datamodule import ClickoutDataModule
+    from sessrec.data.batch import SessionBatch
+    from sessrec.data.loader import SessionLoader
+    from sessrec.data.pairs import EvalPairs
+    from sessrec.data.readers import read_events, read_srgnn, read_user_sequences
+    from sessrec.data.schema import FeatureSpec, Schema, SchemaError
+    from sessrec.data.side import SideFeatures, SideFeatureTransform, SideInfoSpec, read_item_vectors
+    from sessrec.data.sources import (
+        EventLogSource,
+        SessionSource,
+        SessionSplits,
+        SRGNNSource,
+        SyntheticSource,
+        TimeWindowSource,
+        UserSequenceSource,
+    )
+    from sessrec.data.stream import ScoringStream
+    from sessrec.data.synthetic import generate_sessions
+    from sessrec.data.vocab import ItemVocab
 
-LIGHTNING_MODULES = {"SessionDataModule": "sessrec.data.datamodule", "ClickoutDataModule": "sessrec.data.ranking_datamodule"}
+EXPORTS = {
+    "sessrec.data.batch": ["SessionBatch"],
+    "sessrec.data.loader": ["SessionLoader"],
+    "sessrec.data.pairs": ["EvalPairs"],
+    "sessrec.data.readers": ["read_events", "read_srgnn", "read_user_sequences"],
+    "sessrec.data.schema": ["FeatureSpec", "Schema", "SchemaError"],
+    "sessrec.data.side": ["SideFeatureTransform", "SideFeatures", "SideInfoSpec", "read_item_vectors"],
+    "sessrec.data.sources": ["EventLogSource", "SRGNNSource", "SessionSource", "SessionSplits", "SyntheticSource",
+                             "TimeWindowSource", "UserSequenceSource"],
+    "sessrec.data.stream": ["ScoringStream"],
+    "sessrec.data.synthetic": ["generate_sessions"],
+    "sessrec.data.vocab": ["ItemVocab"],
+}
+MODULE_OF = {name: module for module, names in EXPORTS.items() for name in names}
+SUBMODULES = ("batch", "frame", "loader", "pairs", "readers", "schema", "side", "sources", "stream", "synthetic", "vocab")
+__all__ = sorted(MODULE_OF)
 
 
-def __getattr__(name: str) -> Any:
-    if name in LIGHTNING_MODULES:
-        return getattr(import_module(LIGHTNING_MODULES[name]), name)
-    raise AttributeError(f"module 'sessrec.data' has no attribute {name!r}")
+def _own(name: str) -> Any:
+    if name in MODULE_OF:
+        return getattr(import_module(MODULE_OF[name]), name)
+    if name in SUBMODULES:  # ``sessrec.data.frame`` after a bare ``import sessrec.data``
+        return import_module(f"{__name__}.{name}")
+    raise AttributeError(name)
 
-__all__ = [
-    "Categorify",
-    "ClickoutDataModule",
-    "CountEncoding",
-    "CyclicTime",
-    "EvalPairs",
-    "EventLogSource",
-    "FeaturePipeline",
-    "FeatureSpec",
-    "HashedCross",
-    "ItemVocab",
-    "LogNormalize",
-    "RankingBatch",
-    "RankingVocab",
-    "SRGNNSource",
-    "Schema",
-    "SchemaError",
-    "ScoringStream",
-    "SessionBatch",
-    "SessionDataModule",
-    "SessionLoader",
-    "SessionSource",
-    "SessionSplits",
-    "SessionTimeFeatures",
-    "SideFeatureTransform",
-    "SideFeatures",
-    "SideInfoSpec",
-    "SparseFeatures",
-    "SyntheticSource",
-    "TargetEncoding",
-    "TimeWindowSource",
-    "TrivagoSource",
-    "UserSequenceSource",
-    "build_clickout_rows",
-    "generate_criteo",
-    "generate_sessions",
-    "read_events",
-    "read_item_vectors",
-    "read_srgnn",
-    "read_user_sequences",
-]
+
+__getattr__ = forward(__name__, _own)
+
+
+def __dir__() -> list[str]:
+    return [*globals(), *__all__]

@@ -19,7 +19,13 @@ ITEM_DTYPE = np.dtype(np.int32)
 
 @dataclass
 class SessionBatch:
-    """A batch of sessions, right-aligned: the most recent item is in the last column.
+    """A batch of sessions for training and evaluating a model, right-aligned: the most recent item is
+    in the last column.
+
+    This is what `SessionLoader` yields and `SessionModel` / the tasks read: model ids (int32), the
+    targets of evaluation, the rows' places in their source, side features. The pipeline's input
+    is another type, `sessrec.pipeline.Sessions`: the sessions of a request (int64 ids, the
+    request time, the whole history for filters, a per-request cache), never a training batch.
 
     Args:
         items: (B, L) int32 model item ids (`ITEM_DTYPE`; int64 accepted), 0 = padding on the left.

@@ -36,10 +36,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from sessrec.data import frame
-from sessrec.data.features import Categorify, FeaturePipeline, LogNormalize
-from sessrec.data.features.pipeline import op_signatures
 from sessrec.data.schema import SchemaError
 from sessrec.data.vocab import NUM_SPECIAL, ItemVocab
+from sessrec.features import Categorify, FeaturePipeline, LogNormalize
+from sessrec.features.pipeline import op_signatures
 from sessrec.saved.checkpoint import as_arrays, file_bytes
 from sessrec.saved.registry import config_of, register
 

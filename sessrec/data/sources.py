@@ -19,10 +19,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from sessrec.data import frame
-from sessrec.saved.atomic import atomic_path
 from sessrec.data.readers import read_events, read_srgnn, read_user_sequences
 from sessrec.data.schema import Schema
 from sessrec.data.synthetic import generate_sessions
+from sessrec.saved.atomic import atomic_path
 
 
 @dataclass
@@ -87,7 +87,7 @@ class SRGNNSource(SessionSource):
             order) held out for validation and checkpoint selection.
     """
 
-    def __init__(self, path: str = "../shared/data/diginetica_srgnn", valid_fraction: float = 0.1) -> None:
+    def __init__(self, path: str, valid_fraction: float = 0.1) -> None:
         self.path = path
         self.valid_fraction = valid_fraction
 

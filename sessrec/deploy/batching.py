@@ -17,8 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from sessrec.deploy.metrics import Metrics
 from sessrec.deploy.recommender import Recommender, join_sessions
+from sessrec.deploy.request_metrics import Metrics
 from sessrec.pipeline.candidates import Sessions
 
 logger = logging.getLogger(__name__)

@@ -31,7 +31,7 @@ Example:
     >>> from sessrec.deploy.export import export_session_model
     >>> model = SessionModel.from_pretrained("runs/xlnet/model")  # doctest: +SKIP
     >>> path = export_session_model(model, "exported/xlnet", "onnx", top_k=20)  # doctest: +SKIP
-    >>> path.name
+    >>> path.name  # doctest: +SKIP
     'model.onnx'
 """
 
@@ -57,6 +57,7 @@ from sessrec.models.objective import Objective
 from sessrec.models.pretrained import load_pretrained
 from sessrec.models.session_model import SessionModel, next_item_scores
 from sessrec.saved.atomic import atomic_path
+from sessrec.saved.moved import forward
 
 Format = Literal["onnx", "torchscript"]
 FORMATS: tuple[str, ...] = ("onnx", "torchscript")
@@ -192,7 +193,7 @@ class NextItemScorer(nn.Module):
         }
 
 
-class DLRMScorer(nn.Module):
+class ExportedClickScorer(nn.Module):
     """A trained `DLRM` as one function: dense (B, Dd) and ids (B, H) per sparse feature -> logits (B,).
 
     The ids of each sparse feature come as a padded matrix, -1 marking an absent id (the
@@ -310,7 +311,7 @@ def export_dlrm(
     opset: int | None = None,
     verify: bool = True,
 ) -> Path:
-    """Write a DLRM's scorer (`DLRMScorer`: dense and padded sparse ids -> logits) and its ``model.json``.
+    """Write a DLRM's scorer (`ExportedClickScorer`: dense and padded sparse ids -> logits) and its ``model.json``.
 
     Args:
         model: a trained `DLRM` (``DLRM.from_pretrained``), or a trained `DLRMTask` (its
@@ -325,7 +326,7 @@ def export_dlrm(
         The path of the model file.
     """
     _check_format(format)
-    scorer = DLRMScorer(model)
+    scorer = ExportedClickScorer(model)
     example, probe = scorer.example(3, 2, seed=0), scorer.example(7, 4, seed=1)
     return _export(scorer, scorer.eager, example, probe, out_dir, format, opset, verify, "DLRM")
 
@@ -402,7 +403,7 @@ def _eval_mode(module: nn.Module) -> Iterator[None]:
 
 
 def _export(
-    scorer: NextItemScorer | DLRMScorer,
+    scorer: NextItemScorer | ExportedClickScorer,
     reference: Callable[..., torch.Tensor | tuple[torch.Tensor, ...]],
     example: tuple[torch.Tensor, ...],
     probe: tuple[torch.Tensor, ...],
@@ -515,3 +516,6 @@ def _first_line(err: BaseException) -> str:
         lines = [line.strip() for line in after.splitlines() if line.strip()] or lines
     line = re.sub(r"\x1b\[[0-9;]*m", "", lines[0] if lines else type(err).__name__)
     return line[:300]
+
+
+__getattr__ = forward(__name__)  # renamed names, with a DeprecationWarning (sessrec.saved.moved)

@@ -1,73 +1,9 @@
-"""The server's Prometheus metrics (``GET /metrics``), in a registry of its own, and the ASGI
-middleware that counts and times every request."""
+"""Deprecated path: `sessrec.deploy.metrics` moved to `sessrec.deploy.request_metrics`.
 
-from __future__ import annotations
+Names taken from here warn (`DeprecationWarning`) and come from `sessrec.deploy.request_metrics`; this module goes in
+the next release.
+"""
 
-import time
+from sessrec.saved.moved import forward
 
-import prometheus_client as prom
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
-ROUTES = ("/recommend", "/health", "/metadata", "/metrics")  # any other path is counted as "other"
-
-
-class Metrics:
-    """The server's Prometheus metrics, in a registry of its own (not the process-wide one)."""
-
-    def __init__(self) -> None:
-        self.registry = prom.CollectorRegistry()
-        r = self.registry
-        self.requests = prom.Counter("sessrec_requests", "HTTP requests answered, by route and status code",
-                                     ["route", "status"], registry=r)
-        self.latency = prom.Histogram(
-            "sessrec_request_duration_seconds", "Time from a request's arrival to its answer, by route", ["route"],
-            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0), registry=r)
-        self.batch_sessions = prom.Histogram(
-            "sessrec_batch_sessions", "Sessions scored per model call",
-            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024), registry=r)
-        self.call_seconds = prom.Histogram(
-            "sessrec_model_call_seconds", "Time of each model call (scoring, decoding and the JSON answers)",
-            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5), registry=r)
-        self.admitted = prom.Gauge("sessrec_admitted_requests",
-                                   "Requests admitted and not yet answered (bounded by max_queue)", registry=r)
-        self.queued_requests = prom.Gauge("sessrec_queue_requests", "Requests encoded and waiting for the model",
-                                          registry=r)
-        self.queued_sessions = prom.Gauge("sessrec_queue_sessions", "Sessions encoded and waiting for the model",
-                                          registry=r)
-        self.shed = prom.Counter(
-            "sessrec_shed", "Requests refused or dropped for load: queue_full, model_behind, "
-            "queued_sessions_full, shutting_down (503), deadline (504)", ["reason"], registry=r)
-        self.expired_in_queue = prom.Counter(
-            "sessrec_expired_in_queue", "Requests dropped before the model because their deadline had passed",
-            registry=r)
-        self.reloads = prom.Counter("sessrec_reloads", "Model reloads, by result (ok, failed)", ["result"],
-                                    registry=r)
-
-    def text(self) -> bytes:
-        return prom.generate_latest(self.registry)
-
-
-class MeasureRequests:
-    """ASGI middleware: every HTTP request counted by route and status, and timed, in `Metrics`."""
-
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
-        self.app, self.metrics = app, metrics
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        route = scope["path"] if scope["path"] in ROUTES else "other"
-        start, status = time.perf_counter(), 500
-
-        async def send_status(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_status)
-        finally:
-            self.metrics.requests.labels(route, str(status)).inc()
-            self.metrics.latency.labels(route).observe(time.perf_counter() - start)
+__getattr__ = forward(__name__)

@@ -2,19 +2,19 @@
 
 A task's test metric is a mean over test pairs: over (prefix, next item) pairs for a `NextItemTask`
 (`sessrec.metrics`), over clicked rows within their click-out for a `DLRMTask`
-(`sessrec.tasks.ranking`). `PairRanks` keeps the rank of every pair's target, keyed by where the
+(`sessrec.metrics.RankingMetrics`). `PairRanks` keeps the rank of every pair's target, keyed by where the
 pair comes from, so that two models evaluated on the same splits, each read with its own
 vocabulary, are compared pair by pair (`aligned`): an item a model never saw is a miss for it.
 
-The per-pair values (`pair_values`) follow the metric classes' formulas; `PairRanks.values` checks
-their mean against the metric class's own aggregate of the same pass, so the two cannot drift apart.
+The per-pair values (`pair_values`) are `sessrec.metrics.rank_values`, the formulas the metric
+classes sum; `PairRanks.values` checks their mean against the metric class's own aggregate of the
+same pass.
 
 Shape letters: P test pairs.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -24,17 +24,16 @@ import pyarrow as pa
 import torch
 
 from sessrec.data import frame
-from sessrec.data.datamodule import SessionDataModule
-from sessrec.metrics import TopKMetrics, target_ranks
+from sessrec.metrics import RankingMetrics, TopKMetrics, clicked_ranks, rank_values, target_ranks
 from sessrec.tasks import NextItemTask
 from sessrec.tasks.next_item import next_item_scores
-from sessrec.tasks.ranking import DLRMTask, RankingMetrics, clicked_ranks
+from sessrec.tasks.ranking import DLRMTask
+from sessrec.tasks.session_data import SessionDataModule
 
 if TYPE_CHECKING:
-    from sessrec.data.ranking_datamodule import ClickoutDataModule
+    from sessrec.tasks.clickout_data import ClickoutDataModule
 
 AGREEMENT = 1e-6  # per-pair means and the metric classes' aggregates (float32) agree to this
-_CUT = re.compile(r"^(recall|ndcg|mrr)@([1-9][0-9]*)$")
 
 
 def pair_values(ranks: np.ndarray, metric: str) -> np.ndarray:
@@ -47,18 +46,7 @@ def pair_values(ranks: np.ndarray, metric: str) -> np.ndarray:
         >>> pair_values(np.array([1.0, 3.0, np.inf]), "mrr@2").tolist()
         [1.0, 0.0, 0.0]
     """
-    ranks = np.asarray(ranks, dtype=np.float64)
-    if metric == "mrr":
-        return 1.0 / ranks
-    cut = _CUT.match(metric)
-    if cut is None:
-        raise ValueError(f"metric {metric!r} is not a mean over test pairs; use recall@K, ndcg@K, mrr@K or mrr")
-    name, k = cut.group(1), int(cut.group(2))
-    hit = ranks <= k
-    finite = np.where(hit, ranks, 1.0)
-    if name == "recall":
-        return hit.astype(np.float64)
-    return np.where(hit, 1.0 / np.log2(finite + 1.0) if name == "ndcg" else 1.0 / finite, 0.0)
+    return rank_values(torch.from_numpy(np.asarray(ranks, dtype=np.float64)), metric).numpy()
 
 
 @dataclass(frozen=True)

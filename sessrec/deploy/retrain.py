@@ -22,9 +22,9 @@ One call of `retrain` is one turn of the loop that keeps a served session model 
 from __future__ import annotations
 
 import shutil
-from contextlib import contextmanager
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,6 @@ import pytorch_lightning as pl
 from pytorch_lightning.callbacks import ModelCheckpoint
 
 from sessrec.data import frame
-from sessrec.data.datamodule import SessionDataModule
 from sessrec.data.schema import Schema
 from sessrec.data.sources import SessionSource, SessionSplits, TimeWindowSource
 from sessrec.deploy.gate import Gate
@@ -50,6 +49,7 @@ from sessrec.tasks.pretrained import (
     plain_hparams,
     with_more_items,
 )
+from sessrec.tasks.session_data import SessionDataModule
 
 
 class LoadedSplits(SessionSource):
@@ -209,7 +209,7 @@ def settle(
         candidate_dir: the candidate's model directory, copied into the new version when promoted.
     """
     started = time.perf_counter()
-    ranks = {name: evaluate() for name, evaluate in evaluations.items()}
+    ranks = {name: rank_pairs() for name, rank_pairs in evaluations.items()}
     aligned({f"the {name} model": r for name, r in ranks.items()})  # the same pairs in the same order, or ValueError
     values = {name: r.values(gate.metric) for name, r in ranks.items()}
     best_compared = standing.best if "best" in ranks else None
@@ -305,8 +305,8 @@ def retrain_dlrm(
         train_hours: train on this many hours before validation (None: everything before it).
         gate, max_epochs, lr, batch_size, seed, promote, keep: as `retrain` (the gate on ``mrr``).
     """
-    from sessrec.data.ranking_datamodule import ClickoutDataModule
     from sessrec.tasks import DLRMTask
+    from sessrec.tasks.clickout_data import ClickoutDataModule
 
     out_dir = Path(out)
     with turn(model_dir, keep, gate.metric) as (store, standing, current_path):

@@ -68,7 +68,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sessrec.deploy.batching import Batcher, ServerFault, dumps
-from sessrec.deploy.metrics import MeasureRequests, Metrics
+from sessrec.deploy.request_metrics import MeasureRequests, Metrics
 from sessrec.deploy.recommender import Recommender, load_recommender
 from sessrec.deploy.request import Limits, RequestError, prepare
 from sessrec.saved.versions import resolve

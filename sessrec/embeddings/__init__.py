@@ -6,13 +6,13 @@ and, beyond one machine, a sharding planner executed through TorchRec (`sharding
 Plain PyTorch (no Lightning); TorchRec is optional and imported only where it is used.
 """
 
-from sessrec.data.jagged import SparseFeatures
 from sessrec.embeddings.config import TableConfig
 from sessrec.embeddings.dynamic import DynamicEmbeddingBag
 from sessrec.embeddings.fused import FusedEmbeddingBagCollection
 from sessrec.embeddings.hashing import FrequencyCap, IdHasher, hash_ids
 from sessrec.embeddings.host_memory import advise_huge_pages, retain_freed_memory
 from sessrec.embeddings.hybrid import HybridEmbeddingBag
+from sessrec.embeddings.jagged import SparseFeatures
 from sessrec.embeddings.planner import (
     DeviceLoad,
     Shard,

@@ -29,9 +29,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sessrec.data.jagged import SparseFeatures
 from sessrec.embeddings.config import TableConfig
 from sessrec.embeddings.host_memory import advise_huge_pages
+from sessrec.embeddings.jagged import SparseFeatures
 from sessrec.embeddings.kernels import sgd_scatter
 
 OPTIMIZERS = ("none", "sgd", "adagrad_rowwise")

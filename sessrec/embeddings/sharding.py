@@ -49,8 +49,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from sessrec.data.jagged import SparseFeatures
 from sessrec.embeddings.config import TableConfig
+from sessrec.embeddings.jagged import SparseFeatures
 from sessrec.embeddings.planner import ShardingPlan
 
 if TYPE_CHECKING:

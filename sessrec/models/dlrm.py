@@ -27,7 +27,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from sessrec.data.ranking import RankingVocab
+from sessrec.datasets.clickout_rows import RankingVocab
 from sessrec.embeddings import FusedEmbeddingBagCollection, SparseFeatures, TableConfig
 from sessrec.embeddings.dynamic import DynamicEmbeddingBag
 from sessrec.embeddings.sharding import embedding_bag_collection, pooled_features, to_keyed_jagged_tensor

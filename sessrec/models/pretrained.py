@@ -51,9 +51,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from sessrec.data.ranking import RankingVocab
 from sessrec.data.side import SideFeatures, SideFeatureTransform
 from sessrec.data.vocab import ItemVocab
+from sessrec.datasets.clickout_rows import RankingVocab
 from sessrec.embeddings.dynamic import DynamicEmbeddingBag
 from sessrec.saved import versions
 from sessrec.saved.directory import (

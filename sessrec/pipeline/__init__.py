@@ -1,9 +1,10 @@
 """The four-stage pipeline: retrieval -> filtering -> scoring -> ordering, offline and online.
 
-One folder a stage: `retrieval/` (session models through `ExactIndex`/`FaissIndex`, kNN baselines,
-co-visitation), `filters.py`, `features.py` + `scoring/` (DLRM, GBDT and blended rankers), `ordering.py`;
-`pipeline.py` composes them, `training.py` fits the ranker and evaluates, `recipe.py` reads a
-pipeline recipe, `batch.py` scores a file. See docs/pipeline.md.
+One folder a stage: `retrieval/` (session models through `ExactIndex`/`FaissIndex`, baselines
+through `BaselineRetriever`, co-visitation), `filters.py`, `candidate_features.py` + `scoring/`
+(DLRM, GBDT and blended rankers), `ordering.py`; `pipeline.py` composes them, `training.py` fits
+the ranker and evaluates (`evaluate_pipeline`), `recipe.py` reads a pipeline recipe, `offline.py`
+recommends for a file of sessions. See docs/pipeline.md.
 
 Loading and serving a saved pipeline imports no training stack: `PipelineRecipe` and
 `load_recipe` (jsonargparse, the Lightning data module) are imported on first use.
@@ -12,18 +13,19 @@ Loading and serving a saved pipeline imports no training stack: `PipelineRecipe`
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-from sessrec.pipeline.batch import recommend_file
+from sessrec.pipeline.candidate_features import CandidateFeatures
 from sessrec.pipeline.candidates import Candidates, Recommendations, Retrieved, Sessions, merge
-from sessrec.pipeline.features import CandidateFeatures
 from sessrec.pipeline.filters import ItemTableFilter, NonProductFilter, SeenItemsFilter
+from sessrec.pipeline.offline import recommend_file
 from sessrec.pipeline.ordering import BoostRule, DiversityCap, Ordering, SoftmaxSampling
 from sessrec.pipeline.pipeline import Pipeline
+from sessrec.pipeline.retrieval.baseline import BaselineRetriever
 from sessrec.pipeline.retrieval.covisitation import CoVisitation
 from sessrec.pipeline.retrieval.index import ExactIndex, FaissIndex
-from sessrec.pipeline.retrieval.knn import BaselineRetriever
 from sessrec.pipeline.retrieval.session_model import SessionModelRetriever
 from sessrec.pipeline.scoring import BlendScorer, DLRMScorer, GBDTScorer
-from sessrec.pipeline.training import evaluate, fit_ranker, retrieval_recall
+from sessrec.pipeline.training import evaluate_pipeline, fit_ranker, retrieval_recall
+from sessrec.saved.moved import forward
 
 if TYPE_CHECKING:
     from sessrec.pipeline.recipe import PipelineRecipe, load_recipe
@@ -31,16 +33,19 @@ if TYPE_CHECKING:
 FIT_TIME = {"PipelineRecipe": "sessrec.pipeline.recipe", "load_recipe": "sessrec.pipeline.recipe"}
 
 
-def __getattr__(name: str) -> Any:
+def _fit_time(name: str) -> Any:
     if name in FIT_TIME:
         return getattr(import_module(FIT_TIME[name]), name)
-    raise AttributeError(f"module 'sessrec.pipeline' has no attribute {name!r}")
+    raise AttributeError(name)
+
+
+__getattr__ = forward(__name__, _fit_time)  # and ``evaluate``, renamed `evaluate_pipeline`, with a warning
 
 
 __all__ = [
     "BaselineRetriever", "BlendScorer", "BoostRule", "CandidateFeatures", "Candidates", "CoVisitation", "DLRMScorer",
     "DiversityCap", "ExactIndex", "FaissIndex", "GBDTScorer", "ItemTableFilter", "NonProductFilter", "Ordering",
     "Pipeline", "PipelineRecipe", "Recommendations", "Retrieved", "SeenItemsFilter", "SessionModelRetriever",
-    "Sessions", "SoftmaxSampling", "evaluate", "fit_ranker", "load_recipe", "merge", "recommend_file",
+    "Sessions", "SoftmaxSampling", "evaluate_pipeline", "fit_ranker", "load_recipe", "merge", "recommend_file",
     "retrieval_recall",
 ]

@@ -20,7 +20,12 @@ from sessrec.data.vocab import NUM_SPECIAL, PAD
 
 @dataclass
 class Sessions:
-    """A batch of sessions entering the pipeline.
+    """A batch of request sessions entering the pipeline (retrieve -> filter -> score -> order).
+
+    Not a training batch: models train and are evaluated on `sessrec.data.SessionBatch` (int32
+    ids, targets, side features, from `SessionLoader`). `Sessions` is what a recommendation
+    request holds: int64 ids, the request time that rule tables are checked at, the whole history
+    for filters, and a cache shared by the stages of one call.
 
     Args:
         items: (B, L) int64 model item ids, right-aligned (0 = padding on the left, 1 = OOV).

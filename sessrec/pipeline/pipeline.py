@@ -47,13 +47,13 @@ import torch.nn.functional as F
 from sessrec.data import frame
 from sessrec.data.vocab import NUM_SPECIAL, ItemVocab
 from sessrec.pipeline import clock
+from sessrec.pipeline.candidate_features import CandidateFeatures
 from sessrec.pipeline.candidates import Candidates, Recommendations, Sessions, merge
-from sessrec.pipeline.features import CandidateFeatures
 from sessrec.pipeline.filters import ItemTableFilter, NonProductFilter, SeenItemsFilter
 from sessrec.pipeline.ordering import Ordering
 from sessrec.pipeline.retrieval.base import Retriever
+from sessrec.pipeline.retrieval.baseline import BaselineRetriever  # noqa: F401 - registered; pipeline.json names it
 from sessrec.pipeline.retrieval.covisitation import CoVisitation  # noqa: F401 - registered; pipeline.json names it
-from sessrec.pipeline.retrieval.knn import BaselineRetriever  # noqa: F401 - registered; pipeline.json names it
 from sessrec.pipeline.retrieval.session_model import SessionModelRetriever
 from sessrec.pipeline.scoring import DLRMScorer, GBDTScorer, Scorer  # noqa: F401 - registered; pipeline.json names it
 from sessrec.saved import versions

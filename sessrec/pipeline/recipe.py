@@ -29,20 +29,20 @@ import torch
 
 from sessrec.baselines import SessionBaseline
 from sessrec.data import frame
-from sessrec.data.datamodule import SessionDataModule
 from sessrec.data.pairs import EvalPairs
 from sessrec.data.vocab import ItemVocab
-from sessrec.pipeline.features import CandidateFeatures
+from sessrec.pipeline.candidate_features import CandidateFeatures
 from sessrec.pipeline.filters import ItemTableFilter, SeenItemsFilter
 from sessrec.pipeline.ordering import Ordering
 from sessrec.pipeline.pipeline import Pipeline
 from sessrec.pipeline.retrieval.base import Retriever
+from sessrec.pipeline.retrieval.baseline import BaselineRetriever
 from sessrec.pipeline.retrieval.covisitation import CoVisitation
 from sessrec.pipeline.retrieval.index import ExactIndex, FaissIndex
-from sessrec.pipeline.retrieval.knn import BaselineRetriever
 from sessrec.pipeline.retrieval.session_model import SessionModelRetriever
 from sessrec.pipeline.scoring import BlendScorer, DLRMScorer, GBDTScorer
-from sessrec.pipeline.training import evaluate, fit_ranker
+from sessrec.pipeline.training import evaluate_pipeline, fit_ranker
+from sessrec.tasks.session_data import SessionDataModule
 
 if TYPE_CHECKING:
     from jsonargparse import ArgumentParser
@@ -185,7 +185,7 @@ class PipelineRecipe:
         pipe = self.build()
         info = fit_ranker(pipe, self.ranker_data(), self.scorer, self.batch_size)
         pipe.save_pretrained(self.output)
-        valid = evaluate(pipe, self.data.pairs("valid"), self.ks, self.batch_size)
+        valid = evaluate_pipeline(pipe, self.data.pairs("valid"), self.ks, self.batch_size)
         shown = " ".join(f"{k}={v:.4f}" for k, v in valid.items())
         print(f"[fit] ranker {type(self.scorer).__name__} on {info['pairs']} validation pairs "
               f"(candidate coverage {info['coverage']:.4f}); saved to {self.output} in {time.perf_counter() - start:.0f} s")
@@ -197,7 +197,7 @@ class PipelineRecipe:
         pipe = Pipeline.from_pretrained(self.output)
         if pipe.vocab != self.data.vocab:
             raise ValueError(f"{self.output}: the saved pipeline's vocabulary differs from this recipe's data")
-        metrics = evaluate(pipe, self.data.pairs("test"), self.ks, self.batch_size)
+        metrics = evaluate_pipeline(pipe, self.data.pairs("test"), self.ks, self.batch_size)
         print("[test] " + " ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
         return metrics
 

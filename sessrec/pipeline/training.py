@@ -3,7 +3,7 @@
 Leakage. The stage-1 models (session models, kNN, co-visitation) are fitted on the training
 split, which ends before the validation sessions begin; the ranker and its feature ops are
 fitted on the candidates of the validation sessions only; the test split is touched once, by
-`evaluate`. `fit_ranker` records the (prefix, target) pairs it trained on, and
+`evaluate_pipeline`. `fit_ranker` records the (prefix, target) pairs it trained on, and
 ``tests/test_pipeline.py`` checks that no test session is among them. Within the validation
 pairs, every row keeps the session it was cut from (`EvalPairs.sessions`): the out-of-fold target
 encoding and the ranker's early-stopping split put all the prefixes of one session on one side.
@@ -35,10 +35,12 @@ import numpy as np
 import torch
 
 from sessrec.data.pairs import EvalPairs
+from sessrec.metrics import list_ranks, rank_sums, rank_values
+from sessrec.pipeline.candidate_features import RankingInputs
 from sessrec.pipeline.candidates import Candidates, Sessions
-from sessrec.pipeline.features import RankingInputs
 from sessrec.pipeline.pipeline import Pipeline
 from sessrec.pipeline.scoring import RankerRows, Scorer
+from sessrec.saved.moved import forward
 
 CHUNK = 4096  # pairs whose features a scorer's fit reads at once
 
@@ -211,40 +213,21 @@ def list_metrics(
         targets: (N,) the items to find.
         ks: cut-offs.
         by_score: the lists are served in score order (the top-k by score, `Ordering.by_score`).
-            Their order among equal scores says nothing, so ties count against the target, as in
-            `sessrec.metrics`: its rank is 1 + the number of other listed items scoring at least
-            as high, and since unlisted items score no higher than a full list's last entry, a
-            target scoring no higher than that entry counts as a miss (ask for one more item than
-            the largest cut-off). False: the lists are served in another order (sampled,
+            Ties count against the target (`sessrec.metrics.list_ranks`); a target scoring no
+            higher than a full list's last entry counts as a miss (ask for one more item than the
+            largest cut-off). False: the lists are served in another order (sampled,
             `SoftmaxSampling`), and the rank of a target is its position in the list.
 
     Example:
         >>> list_metrics(torch.tensor([[4, 7, 9]]), torch.tensor([[3., 2., 2.]]), torch.tensor([9]), ks=[2])
-        {'recall@2': 0.0, 'mrr@2': 0.0, 'ndcg@2': 0.0}
+        {'recall@2': 0.0, 'ndcg@2': 0.0, 'mrr@2': 0.0}
         >>> list_metrics(torch.tensor([[4, 9, 7]]), torch.tensor([[3., 1., 2.]]), torch.tensor([9]), ks=[2], by_score=False)
-        {'recall@2': 1.0, 'mrr@2': 0.5, 'ndcg@2': 0.6309297535714575}
+        {'recall@2': 1.0, 'ndcg@2': 0.6309297535714575, 'mrr@2': 0.5}
     """
-    hit = recommended == targets.long().unsqueeze(1)
-    found = hit.any(dim=1)
-    if by_score:
-        target_score = torch.where(hit, scores, torch.full_like(scores, float("-inf"))).amax(dim=1, keepdim=True)
-        rank = (((scores >= target_score) & ~hit & (recommended != 0)).sum(dim=1) + 1).double()  # (N,)
-        # a full list says nothing of the unlisted items that tie with its last entry: count them all against the target
-        found &= ~((recommended[:, -1] != 0) & (target_score.squeeze(1) <= scores[:, -1]))
-    else:
-        rank = (hit.int().argmax(dim=1) + 1).double()  # (N,) the position served
-    rank = torch.where(found, rank, torch.full_like(rank, float("inf")))
-    out = {}
-    for k in ks:
-        inside = rank <= k
-        out[f"recall@{k}"] = float(inside.sum())
-        out[f"mrr@{k}"] = float(torch.where(inside, 1.0 / rank, 0.0).sum())
-        out[f"ndcg@{k}"] = float(torch.where(inside, 1.0 / torch.log2(rank + 1.0), 0.0).sum())
-    return out
+    return {name: float(value) for name, value in rank_sums(list_ranks(recommended, scores, targets, by_score), ks).items()}
 
 
-@torch.no_grad()
-def evaluate(pipe: Pipeline, pairs: EvalPairs, ks: Sequence[int] = (10, 20), batch_size: int = 512) -> dict[str, float]:
+def evaluate_pipeline(pipe: Pipeline, pairs: EvalPairs, ks: Sequence[int] = (10, 20), batch_size: int = 512) -> dict[str, float]:
     """Recall/MRR/NDCG@k of the pipeline's final lists on (prefix, target) pairs, and candidate coverage.
 
     The sessions carry the pairs' event times when they have them (validity windows, time features).
@@ -266,10 +249,10 @@ def evaluate(pipe: Pipeline, pairs: EvalPairs, ks: Sequence[int] = (10, 20), bat
 
 @torch.no_grad()
 def evaluate_rows(pipe: Pipeline, data: RankerData, ks: Sequence[int] = (10, 20), batch_size: int = 1024) -> dict[str, float]:
-    """`evaluate` on prepared candidate rows (`candidate_rows` of the test pairs): score, order, metrics.
+    """`evaluate_pipeline` on prepared candidate rows (`candidate_rows` of the test pairs): score, order, metrics.
 
-    The same numbers as `evaluate` for the same pipeline (candidates and raw features are what
-    `evaluate` computes itself), without rebuilding the candidates for each ranker compared.
+    The same numbers as `evaluate_pipeline` for the same pipeline (candidates and raw features are what
+    `evaluate_pipeline` computes itself), without rebuilding the candidates for each ranker compared.
     """
     totals: dict[str, float] = {}
     retrievers = pipe.stage_retrievers
@@ -297,8 +280,12 @@ def retrieval_recall(
         sessions = Sessions(items[lo : lo + batch_size].long()).to(pipe.device)
         target = targets[lo : lo + batch_size].long().unsqueeze(1).to(pipe.device)
         for name, (retriever, _) in pipe.retrievers.items():
-            found = retriever.retrieve(sessions, top).items == target  # (B, top)
+            found = retriever.retrieve(sessions, top)
+            ranks = list_ranks(found.items, found.scores, target.squeeze(1), by_score=False)  # (B,) its place in the list
             for k in ks:
-                out[name][f"recall@{k}"] += float(found[:, :k].any(dim=1).sum())
+                out[name][f"recall@{k}"] += float(rank_values(ranks, f"recall@{k}").sum())
     n = max(len(items), 1)
     return {name: {k: v / n for k, v in vals.items()} for name, vals in out.items()}
+
+
+__getattr__ = forward(__name__)  # renamed names, with a DeprecationWarning (sessrec.saved.moved)

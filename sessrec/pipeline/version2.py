@@ -17,13 +17,13 @@ from typing import Any
 
 import numpy as np
 
-from sessrec.data.features import FeaturePipeline
+from sessrec.features import FeaturePipeline
 from sessrec.models.pretrained import sections_from_task
-from sessrec.pipeline.features import CandidateFeatures
+from sessrec.pipeline.candidate_features import CandidateFeatures
 from sessrec.pipeline.filters import ItemTableFilter, SeenItemsFilter
 from sessrec.pipeline.ordering import BoostRule, DiversityCap, Ordering, SoftmaxSampling
+from sessrec.pipeline.retrieval.baseline import BaselineRetriever
 from sessrec.pipeline.retrieval.covisitation import CoVisitation
-from sessrec.pipeline.retrieval.knn import BaselineRetriever
 from sessrec.pipeline.retrieval.session_model import SessionModelRetriever, as_class_config
 from sessrec.pipeline.scoring import DLRMScorer, GBDTScorer
 from sessrec.saved.registry import ConfigError, resolve

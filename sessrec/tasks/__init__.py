@@ -1,14 +1,18 @@
-"""LightningModules and callbacks: losses, metrics, optimisation, checkpoint side files; the typed
-parts of a task's config (`Optimization`, `Schedule`, `Evaluation`)."""
+"""The Lightning side: LightningModules and callbacks (losses, metrics, optimisation, checkpoint side
+files), the typed parts of a task's config (`Optimization`, `Schedule`, `Evaluation`), and the
+Lightning data modules (`SessionDataModule` for session tasks, `ClickoutDataModule` for `DLRMTask`)."""
 
+from sessrec.metrics import RankingMetrics
 from sessrec.tasks.baseline import BaselineTask
 from sessrec.tasks.callbacks import LastCheckpoint, TopKWriter, VocabularyCheckpoint
+from sessrec.tasks.clickout_data import ClickoutDataModule
 from sessrec.tasks.next_item import NextItemTask, TopK
-from sessrec.tasks.ranking import DLRMTask, RankingMetrics
+from sessrec.tasks.ranking import DLRMTask
+from sessrec.tasks.session_data import SessionDataModule
 from sessrec.tasks.settings import Evaluation, Optimization, Schedule
 from sessrec.tasks.sharded import TorchRecStrategy
 
 __all__ = [
-    "BaselineTask", "DLRMTask", "Evaluation", "LastCheckpoint", "NextItemTask", "Optimization", "RankingMetrics", "Schedule",
-    "TopK", "TopKWriter", "TorchRecStrategy", "VocabularyCheckpoint",
+    "BaselineTask", "ClickoutDataModule", "DLRMTask", "Evaluation", "LastCheckpoint", "NextItemTask", "Optimization",
+    "RankingMetrics", "Schedule", "SessionDataModule", "TopK", "TopKWriter", "TorchRecStrategy", "VocabularyCheckpoint",
 ]

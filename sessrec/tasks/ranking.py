@@ -20,102 +20,19 @@ import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torchmetrics import Metric
 
-from sessrec.data.ranking import RankingBatch
+from sessrec.datasets.clickout_rows import RankingBatch
 from sessrec.embeddings import TableConfig
 from sessrec.embeddings.host_memory import retain_freed_memory
+from sessrec.metrics import RankingMetrics
 from sessrec.models.dlrm import DLRM
+from sessrec.saved.moved import forward
 from sessrec.saved.registry import ConfigError, register, resolve, split_config
 from sessrec.tasks.pretrained import Pretrained
 
 # the DLRM's arguments that a DLRMTask takes under the same name
 DLRM_ARGS = ("num_dense", "dense_layers", "over_layers", "interaction", "dcn_layers", "dcn_rank", "embedding_optimizer",
              "embedding_lr", "seed", "dynamic_tables", "max_rows", "sparse_backend")
-
-
-def binary_auc(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """ROC AUC (Mann-Whitney U) with tied scores counted half; NaN when one class is absent.
-
-    Example:
-        >>> float(binary_auc(torch.tensor([0.1, 0.4, 0.35, 0.8]), torch.tensor([0., 0., 1., 1.])))
-        0.75
-    """
-    scores, labels = scores.double().flatten(), labels.flatten() > 0.5
-    n_pos, n_neg = int(labels.sum()), int((~labels).sum())
-    if n_pos == 0 or n_neg == 0:
-        return torch.tensor(float("nan"), dtype=torch.float64)
-    sorted_scores, order = scores.sort()
-    _, inverse, counts = torch.unique_consecutive(sorted_scores, return_inverse=True, return_counts=True)
-    ends = counts.cumsum(0).double()
-    midrank = (ends - (counts.double() - 1) / 2)[inverse]  # 1-based average rank of each tie block
-    ranks = torch.empty_like(midrank)
-    ranks[order] = midrank
-    return (ranks[labels].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
-
-
-def clicked_ranks(scores: torch.Tensor, labels: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
-    """1-based pessimistic rank of each clicked row within its group: 1 + other rows scoring at least as high.
-
-    Args:
-        scores: (B,) scores.
-        labels: (B,) 1 for a clicked row.
-        groups: (B,) query id of each row (queries need not be contiguous).
-
-    Returns:
-        (C,) float64 ranks, one per clicked row; queries without a click contribute nothing.
-
-    Example:
-        >>> clicked_ranks(torch.tensor([3., 1., 2., 5., 5.]), torch.tensor([0, 0, 1, 1, 0]), torch.tensor([0, 0, 0, 1, 1])).tolist()
-        [2.0, 2.0]
-    """
-    _, local = torch.unique(groups, return_inverse=True)  # (B,) query index 0..G-1
-    clicked = torch.nonzero(labels > 0.5).squeeze(1)  # (C,)
-    target = scores[clicked]
-    # rows of the same query as each click, scoring at least as high: a (C, B) comparison within the batch
-    same = local.unsqueeze(0) == local[clicked].unsqueeze(1)
-    at_least = (same & (scores.unsqueeze(0) >= target.unsqueeze(1))).sum(dim=1)
-    return at_least.double()
-
-
-class RankingMetrics(Metric):
-    """AUC, log-loss (for logits), MRR and recall@k of clicked rows within their queries.
-
-    Queries must not be split across ``update`` calls (the evaluation loader cuts batches at
-    query boundaries).
-    """
-
-    full_state_update = False
-
-    def __init__(self, ks: list[int] = [1, 5, 20], logits: bool = True) -> None:  # noqa: B006 - read only
-        super().__init__()
-        self.ks, self.logits = sorted(set(ks)), logits
-        self.add_state("scores", default=[], dist_reduce_fx="cat")
-        self.add_state("labels", default=[], dist_reduce_fx="cat")
-        self.add_state("rr", default=torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
-        self.add_state("hits", default=torch.zeros(len(self.ks), dtype=torch.float64), dist_reduce_fx="sum")
-        self.add_state("queries", default=torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
-
-    def update(self, scores: torch.Tensor, labels: torch.Tensor, groups: torch.Tensor) -> None:  # type: ignore[override]
-        scores = scores.detach().float()
-        ranks = clicked_ranks(scores, labels, groups)
-        ks = torch.tensor(self.ks, dtype=torch.float64, device=ranks.device)
-        self.rr += (1.0 / ranks).sum()
-        self.hits += (ranks.unsqueeze(0) <= ks.unsqueeze(1)).sum(dim=1)
-        self.queries += ranks.numel()
-        self.scores.append(scores)
-        self.labels.append(labels.detach().float())
-
-    def compute(self) -> dict[str, torch.Tensor]:  # type: ignore[override]
-        scores = torch.cat(self.scores) if isinstance(self.scores, list) else self.scores
-        labels = torch.cat(self.labels) if isinstance(self.labels, list) else self.labels
-        n = self.queries.clamp(min=1.0)
-        out = {"auc": binary_auc(scores, labels).float(), "mrr": (self.rr / n).float()}
-        if self.logits:
-            out["logloss"] = F.binary_cross_entropy_with_logits(scores, labels)
-        for i, k in enumerate(self.ks):
-            out[f"recall@{k}"] = (self.hits[i] / n).float()
-        return out
 
 
 @register
@@ -321,3 +238,6 @@ class DLRMTask(Pretrained, pl.LightningModule):
             groups.append({"params": tables, "weight_decay": 0.0})
         cls = torch.optim.AdamW if self.hparams.optimizer == "adamw" else torch.optim.Adam
         return cls(groups, lr=self.hparams.lr)
+
+
+__getattr__ = forward(__name__)  # the metrics that moved to sessrec.metrics, with a DeprecationWarning

@@ -1,44 +1,9 @@
-"""Feature engineering: operations fitted on training columns, applied to every split, saved to one file.
+"""Deprecated path: `sessrec.data.features` moved to `sessrec.features`.
 
-Each operation is a small class whose typed constructor arguments are its configuration and
-whose input columns are named there. ``fit(frame)`` learns from the training split,
-``transform(frame)`` applies what was learned to any split (unseen values get a documented
-default), and ``fit_transform(frame)`` gives the training split's own features, which for
-target encoding are out-of-fold. A `FeaturePipeline` runs named operations in order and saves
-every fitted table to one ``.npz`` file, so scoring applies exactly the transforms of training.
-
-A frame is a ``pyarrow.Table``, a dict of columns, or a pandas/cuDF DataFrame, one row per
-event; columns are numpy, pyarrow, pandas, cuDF, CuPy or other array-API arrays (see
-`sessrec.data.array_backend`). The array code is written once against the array API standard
-and runs on NumPy (CPU) and CuPy (GPU); outputs live on the backend of the input. Integer
-outputs are identical across backends; float outputs agree to rounding (a few ulp: ``sin``
-and parallel sums are not bit-identical across devices).
-
-Modules: `ops` (the base class, fitted keys and the column encoders), `time` (per-event
-session and calendar features) and `pipeline` (`FeaturePipeline` and its file format).
+Names taken from here warn (`DeprecationWarning`) and come from `sessrec.features`; this module goes in
+the next release.
 """
 
-from sessrec.data.features.ops import (
-    Categorify,
-    CountEncoding,
-    FeatureOp,
-    HashedCross,
-    LogNormalize,
-    NotFittedError,
-    TargetEncoding,
-)
-from sessrec.data.features.pipeline import FeaturePipeline
-from sessrec.data.features.time import (
-    CyclicTime,
-    CyclicTimes,
-    SessionTimeFeatures,
-    SessionTimes,
-    session_offsets,
-    session_times,
-)
+from sessrec.saved.moved import forward
 
-__all__ = [
-    "Categorify", "CountEncoding", "CyclicTime", "CyclicTimes", "FeatureOp", "FeaturePipeline", "HashedCross",
-    "LogNormalize", "NotFittedError", "SessionTimeFeatures", "SessionTimes", "TargetEncoding",
-    "session_offsets", "session_times",
-]
+__getattr__ = forward(__name__)

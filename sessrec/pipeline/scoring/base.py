@@ -11,7 +11,8 @@ from typing import Any
 
 import torch
 
-from sessrec.pipeline.features import RankingInputs
+from sessrec.metrics import pessimistic_ranks, rank_values
+from sessrec.pipeline.candidate_features import RankingInputs
 from sessrec.saved.registry import Configurable
 
 
@@ -168,5 +169,4 @@ def early_stopping_split(
 def mrr_of(scores: torch.Tensor, labels: torch.Tensor, cut: int = 20) -> float:
     """Mean reciprocal rank (within `cut`) of the positive of each row, pessimistic on ties."""
     target = torch.where(labels > 0.5, scores, torch.full_like(scores, float("-inf"))).amax(dim=1, keepdim=True)
-    rank = (scores >= target).sum(dim=1).double()
-    return float(torch.where(rank <= cut, 1.0 / rank, torch.zeros_like(rank)).mean())
+    return float(rank_values(pessimistic_ranks(scores, target), f"mrr@{cut}").mean())

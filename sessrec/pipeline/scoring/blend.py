@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from sessrec.pipeline.features import RankingInputs
+from sessrec.pipeline.candidate_features import RankingInputs
 from sessrec.pipeline.scoring.base import RankerRows, Scorer
 from sessrec.pipeline.scoring.dlrm import DLRMScorer
 from sessrec.pipeline.scoring.gbdt import GBDTScorer

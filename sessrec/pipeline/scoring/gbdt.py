@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from sessrec.pipeline.features import RankingInputs
+from sessrec.pipeline.candidate_features import RankingInputs
 from sessrec.pipeline.scoring.base import RankerRows, Scorer, early_stopping_split
 
 

@@ -1,0 +1,246 @@
+"""Click-out ranking rows from a trivago log: one row per (click-out, impressed hotel), label = clicked.
+
+A click-out shows a list of hotels (``impressions``, with aligned ``prices``); the user clicks one
+(``reference``). Each shown hotel becomes a row, grouped by its click-out (the *query*), so a
+scorer can be judged on how it orders the list (MRR of the clicked hotel) as well as on AUC.
+Vectorized on Arrow and NumPy: no Python loop over events or rows. Encoding and batching of the
+rows: `sessrec.datasets.clickout_rows`.
+
+Features (all from the click-out itself or from events *before* it in its session; nothing later):
+
+- sparse (embedded): ``hotel``, ``position`` (0-based place in the list), ``platform``, ``city``,
+  ``device``, ``last_action`` (action type of the previous event in the session, ``<start>`` if
+  none) and ``filters`` (multi-hot: the ``|``-separated ``current_filters``);
+- dense (`DENSE_FEATURES`): log price, price rank within the list (0 = cheapest, ties by
+  position) scaled to [0, 1], log price relative to the list's mean log price, position scaled to
+  [0, 1], list length, number of earlier events in the session, whether and how often this hotel
+  was an item action's ``reference`` earlier in the session, whether it was the most recent one,
+  seconds since that last interaction (log), and a session-model score with its presence flag.
+
+The session-model score is an optional input (``session_scores``): a table with ``session_id``,
+``step`` (the click-out's step), ``item_id`` and ``score``, e.g. a next-item model's score of each
+impressed hotel given the session so far. Rows without a score get 0 and ``has_session_score`` 0.
+
+The split is by click-out time (`split_by_time`): click-outs in the last `test_hours` of the log
+are the test set, the `valid_hours` before are validation.
+
+Shape letters: E events, Q click-outs (queries), N rows (click-out x shown hotel).
+"""
+
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sessrec.data.schema import SchemaError
+from sessrec.datasets.trivago import ITEM_ACTIONS
+
+CLICKOUT = "clickout item"
+START = "<start>"
+REQUIRED = (
+    "session_id", "timestamp", "step", "action_type", "reference", "platform", "city", "device",
+    "current_filters", "impressions", "prices",
+)
+ONE_HOT = ("hotel", "position", "platform", "city", "device", "last_action")
+MULTI_HOT = ("filters",)
+SPARSE_FEATURES = ONE_HOT + MULTI_HOT
+DENSE_FEATURES = (
+    "log_price", "price_rank", "relative_price", "position_scaled", "log_num_impressions", "log_prior_actions",
+    "interacted_before", "log_interactions", "last_interacted", "log_seconds_since", "session_score",
+    "has_session_score",
+)
+CLICKS = "clicks"  # vocabulary of clicked hotels in training: the popularity baseline's counts
+SPLITS = ("train", "valid", "test")
+
+
+# -- building rows ------------------------------------------------------------------------------
+def build_clickout_rows(raw: pa.Table, source: str = "<table>", session_scores: pa.Table | None = None) -> pa.Table:
+    """One row per (click-out, impressed hotel) with raw features and the label.
+
+    Args:
+        raw: the trivago log (columns `REQUIRED`), in any order.
+        source: name of the input in error messages (the file path).
+        session_scores: optional ``session_id``, ``step``, ``item_id``, ``score`` table.
+
+    Returns:
+        Table of N rows sorted by click-out then position: ``query`` (click-out number), ``session_id``,
+        ``step``, ``timestamp``, ``hotel``, ``position``, ``num_impressions``, ``price``, ``price_rank``,
+        ``platform``, ``city``, ``device``, ``last_action``, ``filters`` (list), ``prior_actions``,
+        ``interactions``, ``last_interacted``, ``seconds_since`` (NaN when never interacted),
+        ``session_score`` (NaN when absent), ``label`` (1 = clicked).
+
+    Raises:
+        SchemaError: a missing column, a null id/time, a click-out without impressions, unaligned
+            ``impressions``/``prices``, or a price that is not a non-negative number.
+    """
+    missing = [c for c in REQUIRED if c not in raw.column_names]
+    if missing:
+        raise SchemaError(f"{source}: column {missing[0]!r} is missing; the file has columns {raw.column_names}")
+    for col in ("session_id", "timestamp", "step", "action_type"):
+        if raw.column(col).null_count:
+            row = int(np.flatnonzero(raw.column(col).is_null().to_numpy(zero_copy_only=False))[0])
+            raise SchemaError(f"{source}: column {col!r} has a null value at row {row}; every event needs one")
+    for col in ("timestamp", "step"):
+        if not pa.types.is_integer(raw.column(col).type) and not pa.types.is_floating(raw.column(col).type):
+            raise SchemaError(
+                f"{source}: column {col!r} must be numeric, got {raw.column(col).type} "
+                f"(first value {raw.column(col)[0].as_py()!r})"
+            )
+    raw = raw.take(pc.sort_indices(raw, sort_keys=[("session_id", "ascending"), ("timestamp", "ascending"),
+                                                   ("step", "ascending")]))
+    col = lambda name: raw.column(name).combine_chunks()
+    n_events = raw.num_rows
+    action = col("action_type").cast(pa.string())
+    session_code = pc.dictionary_encode(col("session_id")).indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    times = col("timestamp").cast(pa.float64()).to_numpy(zero_copy_only=False)
+
+    # session context of every event: events before it, and the action right before it
+    starts = np.flatnonzero(np.r_[True, session_code[1:] != session_code[:-1]]) if n_events else np.zeros(0, np.int64)
+    session_start = np.repeat(starts, np.diff(np.r_[starts, n_events]))  # (E,)
+    event = np.arange(n_events)
+    prior_actions = event - session_start
+    prev = np.maximum(event - 1, 0)
+    last_action = pc.if_else(pa.array(prior_actions > 0), action.take(pa.array(prev)), pa.scalar(START))
+
+    # item actions: a hotel id in `reference`; the most recent one strictly before each event
+    ref = col("reference").cast(pa.string())
+    is_item = (pc.is_in(action, value_set=pa.array(ITEM_ACTIONS)).to_numpy(zero_copy_only=False)
+               & ref.is_valid().to_numpy(zero_copy_only=False))
+    last_item_event = np.maximum.accumulate(np.where(is_item, event, -1)) if n_events else np.zeros(0, np.int64)
+    before = np.r_[-1, last_item_event[:-1]] if n_events else last_item_event  # strictly before
+    before = np.where(before >= session_start, before, -1)
+
+    # click-outs and their shown hotels
+    clicks = np.flatnonzero(pc.equal(action, CLICKOUT).to_numpy(zero_copy_only=False))
+    clicks_arr = pa.array(clicks)
+    imp = pc.split_pattern(col("impressions").take(clicks_arr), "|")
+    prices = pc.split_pattern(col("prices").take(clicks_arr), "|")
+    n_imp = pc.list_value_length(imp).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    n_pr = pc.list_value_length(prices).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    empty = np.flatnonzero(n_imp == 0)
+    if len(empty):
+        q = clicks[empty[0]]
+        raise SchemaError(
+            f"{source}: column 'impressions' is empty on a click-out (session {col('session_id')[q].as_py()!r}, "
+            f"step {col('step')[q].as_py()}); every click-out needs its shown hotels"
+        )
+    bad = np.flatnonzero(n_imp != n_pr)
+    if len(bad):
+        q = clicks[bad[0]]
+        raise SchemaError(
+            f"{source}: columns 'impressions' and 'prices' differ in length on a click-out (session "
+            f"{col('session_id')[q].as_py()!r}, step {col('step')[q].as_py()}: {n_imp[bad[0]]} hotels, "
+            f"{n_pr[bad[0]]} prices {col('prices')[q].as_py()!r}); they must be aligned"
+        )
+    parent = pc.list_parent_indices(imp).to_numpy(zero_copy_only=False).astype(np.int64)  # (N,) click-out of a row
+    hotel = pc.list_flatten(imp)
+    flat_prices = pc.list_flatten(prices)
+    try:
+        price = pc.cast(flat_prices, pa.float64()).to_numpy(zero_copy_only=False)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
+        raise SchemaError(f"{source}: column 'prices' holds a value that is not a number: {err}") from err
+    if (~np.isfinite(price) | (price < 0)).any():
+        row = int(np.flatnonzero(~np.isfinite(price) | (price < 0))[0])
+        raise SchemaError(
+            f"{source}: column 'prices' holds {flat_prices[row].as_py()!r}; prices must be finite and >= 0"
+        )
+    offsets = np.r_[0, np.cumsum(n_imp)]
+    position = np.arange(len(parent)) - offsets[parent]
+    order = np.lexsort((position, price, parent))  # by click-out, price, then position
+    price_rank = np.empty(len(parent), dtype=np.int64)
+    price_rank[order] = np.arange(len(parent)) - offsets[parent[order]]
+
+    # earlier interactions with each shown hotel: one sort of (session, hotel) keys, no join
+    hotel_code, ref_code = _shared_codes(hotel, ref)
+    n_codes = int(max(hotel_code.max(initial=-1), ref_code.max(initial=-1))) + 2
+    row_event = clicks[parent]  # (N,) event index of each row's click-out
+    item_events = np.flatnonzero(is_item)
+    key = np.r_[session_code[row_event] * n_codes + hotel_code, session_code[item_events] * n_codes + ref_code[item_events]]
+    at = np.r_[row_event, item_events]
+    is_interaction = np.r_[np.zeros(len(row_event), bool), np.ones(len(item_events), bool)]
+    # at the same event the row sorts first: the click-out itself is not an earlier interaction
+    merged = np.lexsort((is_interaction, at, key))
+    k, inter = key[merged], is_interaction[merged]
+    key_start = np.maximum.accumulate(np.where(np.r_[True, k[1:] != k[:-1]], np.arange(len(k)), 0))
+    seen = np.cumsum(inter) - inter  # interactions strictly before each position
+    count_sorted = seen - (np.cumsum(inter) - inter)[key_start]
+    last_sorted = np.maximum.accumulate(np.where(inter, np.arange(len(k)), -1))
+    last_sorted = np.where(last_sorted >= key_start, last_sorted, -1)
+    rows_sorted = np.flatnonzero(~inter)
+    row_id = merged[rows_sorted]  # rows are the first len(row_event) entries
+    interactions = np.empty(len(parent), dtype=np.int64)
+    interactions[row_id] = count_sorted[rows_sorted]
+    last_at = np.full(len(parent), -1, dtype=np.int64)
+    last_at[row_id] = np.where(last_sorted[rows_sorted] >= 0, at[merged[np.maximum(last_sorted[rows_sorted], 0)]], -1)
+    seconds_since = np.where(last_at >= 0, times[row_event] - times[np.maximum(last_at, 0)], np.nan)
+    prev_item = before[row_event]
+    last_interacted = (prev_item >= 0) & (ref_code[np.maximum(prev_item, 0)] == hotel_code)
+
+    take = pa.array(row_event)
+    label = pc.equal(hotel, ref.take(take)).fill_null(False).to_numpy(zero_copy_only=False)
+    filters = pc.split_pattern(col("current_filters").take(take).cast(pa.string()), "|")
+    filters = pc.if_else(filters.is_null(), pa.scalar([], pa.list_(pa.string())), filters)
+    rows = pa.table({
+        "query": parent,
+        "session_id": col("session_id").take(take),
+        "step": col("step").take(take),
+        "timestamp": col("timestamp").take(take),
+        "hotel": hotel,
+        "position": position,
+        "num_impressions": n_imp[parent],
+        "price": price,
+        "price_rank": price_rank,
+        "platform": col("platform").take(take).cast(pa.string()),
+        "city": col("city").take(take).cast(pa.string()),
+        "device": col("device").take(take).cast(pa.string()),
+        "last_action": last_action.take(take),
+        "filters": filters,
+        "prior_actions": prior_actions[row_event],
+        "interactions": interactions,
+        "last_interacted": last_interacted,
+        "seconds_since": seconds_since,
+        "label": label.astype(np.int8),
+    })
+    return rows.append_column("session_score", pa.array(_join_scores(rows, session_scores, source)))
+
+
+def _shared_codes(hotel: pa.Array, ref: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """Integer codes of shown hotels (N,) and event references (E,) in one shared dictionary; -1 for null."""
+    both = pc.dictionary_encode(pa.concat_arrays([hotel.cast(pa.string()), ref.cast(pa.string())]))
+    codes = both.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    return codes[: len(hotel)], codes[len(hotel):]
+
+
+def _join_scores(rows: pa.Table, scores: pa.Table | None, source: str) -> np.ndarray:
+    """(N,) session-model score of each row from ``session_id, step, item_id, score``; NaN where absent."""
+    out = np.full(rows.num_rows, np.nan)
+    if scores is None:
+        return out
+    need = ["session_id", "step", "item_id", "score"]
+    missing = [c for c in need if c not in scores.column_names]
+    if missing:
+        raise SchemaError(f"{source}: session scores lack column {missing[0]!r}; they need columns {need}")
+    scores = pa.table({
+        "session_id": scores.column("session_id").cast(rows.column("session_id").type),
+        "step": scores.column("step").cast(rows.column("step").type),
+        "hotel": scores.column("item_id").cast(pa.string()),
+        "score": scores.column("score").cast(pa.float64()),
+    })
+    keys = ["session_id", "step", "hotel"]
+    if pc.count_distinct(pc.binary_join_element_wise(*(scores.column(k).cast(pa.string()) for k in keys), "\x1f")).as_py() \
+            != scores.num_rows:
+        raise SchemaError(f"{source}: session scores hold more than one score for a (session_id, step, item_id)")
+    left = pa.table({k: rows.column(k) for k in keys}).append_column("row", pa.array(np.arange(rows.num_rows)))
+    joined = left.join(scores, keys=keys, join_type="inner")
+    out[joined.column("row").to_numpy()] = joined.column("score").to_numpy(zero_copy_only=False)
+    return out
+
+
+def split_by_time(rows: pa.Table, end_of_log: float, test_hours: float, valid_hours: float) -> np.ndarray:
+    """(N,) split code per row (0 train, 1 valid, 2 test) from its click-out's time."""
+    t = rows.column("timestamp").to_numpy(zero_copy_only=False).astype(np.float64)
+    t_test = end_of_log - test_hours * 3600.0
+    t_valid = t_test - valid_hours * 3600.0
+    return np.where(t > t_test, 2, np.where(t > t_valid, 1, 0)).astype(np.int8)

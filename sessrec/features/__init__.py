@@ -1,0 +1,44 @@
+"""Feature engineering: operations fitted on training columns, applied to every split, saved to one file.
+
+Each operation is a small class whose typed constructor arguments are its configuration and
+whose input columns are named there. ``fit(frame)`` learns from the training split,
+``transform(frame)`` applies what was learned to any split (unseen values get a documented
+default), and ``fit_transform(frame)`` gives the training split's own features, which for
+target encoding are out-of-fold. A `FeaturePipeline` runs named operations in order and saves
+every fitted table to one ``.npz`` file, so scoring applies exactly the transforms of training.
+
+A frame is a ``pyarrow.Table``, a dict of columns, or a pandas/cuDF DataFrame, one row per
+event; columns are numpy, pyarrow, pandas, cuDF, CuPy or other array-API arrays (see
+`sessrec.features.backend`). The array code is written once against the array API standard
+and runs on NumPy (CPU) and CuPy (GPU); outputs live on the backend of the input. Integer
+outputs are identical across backends; float outputs agree to rounding (a few ulp: ``sin``
+and parallel sums are not bit-identical across devices).
+
+Modules: `ops` (the base class, fitted keys and the column encoders), `time` (per-event
+session and calendar features) and `pipeline` (`FeaturePipeline` and its file format).
+"""
+
+from sessrec.features.ops import (
+    Categorify,
+    CountEncoding,
+    FeatureOp,
+    HashedCross,
+    LogNormalize,
+    NotFittedError,
+    TargetEncoding,
+)
+from sessrec.features.pipeline import FeaturePipeline
+from sessrec.features.time import (
+    CyclicTime,
+    CyclicTimes,
+    SessionTimeFeatures,
+    SessionTimes,
+    session_offsets,
+    session_times,
+)
+
+__all__ = [
+    "Categorify", "CountEncoding", "CyclicTime", "CyclicTimes", "FeatureOp", "FeaturePipeline", "HashedCross",
+    "LogNormalize", "NotFittedError", "SessionTimeFeatures", "SessionTimes", "TargetEncoding",
+    "session_offsets", "session_times",
+]

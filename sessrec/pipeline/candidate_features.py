@@ -1,0 +1,398 @@
+"""`CandidateFeatures`: the ranker's view of each (session, candidate) pair.
+
+Groups (each can be switched off, for ablations):
+
+- ``retrievers``: every retriever's score of every candidate (not only of the ones it
+  retrieved), its reciprocal rank in that retriever's list (0 = not retrieved) and how many
+  retrievers returned it;
+- ``popularity``: the item's training count and its count in the most recent part of training,
+  both log-normalised (`LogNormalize`, fitted on the ranker's rows);
+- ``session``: repeat behaviour: how often the candidate occurs in the session, 1 / (1 +
+  its distance from the end) (0 if absent), whether it is the last item;
+- ``covisitation``: co-visitation weight of the candidate with the last item and with the last
+  three items (needs a `CoVisitation` retriever);
+- ``context``: session length and the share of distinct items;
+- ``time``: the session's duration (needs the event times, `Sessions.times`) and the hour and
+  weekday of its time (`CyclicTime` of `Sessions.now`, which defaults to the last event's time),
+  built when the ranker's rows carry times; a ranker fitted with them refuses sessions without;
+- ``encodings``: out-of-fold target encoding of the candidate item (`TargetEncoding`, folded by
+  the session each row was cut from, so that the prefixes of one session share a fold) and its
+  count among the ranker's candidate rows (`CountEncoding`);
+- ``ids``: sparse ids for the DLRM tables: the candidate, the last item, and their hashed cross
+  (`HashedCross`).
+
+The feature-engineering ops are fitted on the ranker's training rows only (`fit`) and saved with
+the pipeline: the constructor arguments are the config (`Configurable`), the training counts,
+the fitted ops (with their config: which ops exist depends on the data) and the feature names
+are the state (`state_dict`). Raw columns and labels are given either as (B, K) grids or as (M,)
+columns over the filled slots only (row-major, M = ``candidates.valid.sum()``), the compact form
+the ranker's rows are kept in. `fit` fits the ops on such rows and returns the outputs whose
+training values differ from `transform`'s (the out-of-fold target encoding), (M,) each; handed
+back to `transform` (``fitted``) for any subset of those rows, they give exactly the features
+`fit_transform` gives, so the training rows' features can be built a few at a time. Shape
+letters: B sessions, L positions, K candidates, F dense features, M filled slots. The raw columns and the features are built on the candidates' device;
+the fitted ops run on the host (numpy), their outputs are moved back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from sessrec.data.vocab import NUM_SPECIAL, PAD
+from sessrec.features import (
+    CountEncoding,
+    CyclicTime,
+    FeatureOp,
+    FeaturePipeline,
+    HashedCross,
+    LogNormalize,
+    TargetEncoding,
+)
+from sessrec.pipeline.candidates import Candidates, Sessions
+from sessrec.pipeline.retrieval.base import Retriever
+from sessrec.saved.registry import Configurable, instantiate
+
+GROUPS = ("retrievers", "popularity", "session", "covisitation", "context", "time", "encodings", "ids")
+DURATION = "session_duration"  # the raw column that needs the event times
+CYCLIC = ("time_hour_", "time_weekday_")  # the outputs of the CyclicTime op ``time``: they need the request time
+
+
+def group_of(column: str) -> str:
+    """The feature group of a raw column (see the module docstring)."""
+    if column in ("popularity", "recent_popularity"):
+        return "popularity"
+    if column.startswith("seen_") or column == "is_last":
+        return "session"
+    if column.startswith("covis_"):
+        return "covisitation"
+    if column == DURATION:
+        return "time"
+    if column.startswith("session_"):
+        return "context"
+    return "retrievers"  # <name>_score, <name>_rrank, sources
+
+
+@dataclass
+class RankingInputs:
+    """What a scorer reads: dense (B, K, F) float32 features, sparse (B, K) ids by name, valid (B, K),
+    `groups` (B,) int64, the session each row was cut from (None when unknown: every row its own),
+    which a scorer's held-out rows for early stopping are split by, and the `cardinality` of each
+    sparse feature that has a known range (its ids lie in ``[0, n)``)."""
+
+    dense: torch.Tensor
+    sparse: dict[str, torch.Tensor]
+    valid: torch.Tensor
+    names: list[str]
+    groups: torch.Tensor | None = None
+    cardinality: dict[str, int] = field(default_factory=dict)
+
+
+def _slots(values: torch.Tensor | np.ndarray, valid: torch.Tensor) -> torch.Tensor:
+    """(M,) values of the filled slots: a (B, K) grid masked by `valid`, or (M,) values as they are."""
+    values = values if isinstance(values, torch.Tensor) else torch.from_numpy(np.asarray(values))
+    if values.dim() == 1:
+        if values.shape[0] != int(valid.sum()):
+            raise ValueError(f"a column over the filled slots has {values.shape[0]} values for {int(valid.sum())} slots")
+        return values
+    return values[valid]
+
+
+class CandidateFeatures(Configurable):
+    """Build the ranking features of a candidate matrix.
+
+    Args:
+        groups: feature groups to build (see the module docstring).
+        recent_fraction: the most recent fraction of training sessions counted for recent popularity.
+        cross_buckets: buckets of the hashed (last item, candidate) cross.
+        target_folds: folds of the out-of-fold target encoding.
+    """
+
+    def __init__(
+        self,
+        groups: list[str] = list(GROUPS),  # noqa: B006 - read only
+        recent_fraction: float = 0.1,
+        cross_buckets: int = 1 << 18,
+        target_folds: int = 5,
+    ) -> None:
+        unknown = sorted(set(groups) - set(GROUPS))
+        if unknown:
+            raise ValueError(f"unknown feature groups {unknown}; known: {list(GROUPS)}")
+        if not 0 < recent_fraction <= 1:
+            raise ValueError(f"recent_fraction must be in (0, 1], got {recent_fraction}")
+        self.groups, self.recent_fraction = list(groups), recent_fraction
+        self.cross_buckets, self.target_folds = cross_buckets, target_folds
+        self.popularity: np.ndarray | None = None  # (V, 2) training count, recent count
+        self.ops: FeaturePipeline | None = None
+        self.names: list[str] | None = None
+
+    # -- statistics of the training sessions ----------------------------------------------------
+    def fit_statistics(self, sessions: np.ndarray | torch.Tensor, num_items: int) -> CandidateFeatures:
+        """Item counts from (N, L) training sessions in time order (the last rows are the most recent)."""
+        sessions = np.asarray(sessions.numpy() if isinstance(sessions, torch.Tensor) else sessions)
+        recent = sessions[int(len(sessions) * (1 - self.recent_fraction)) :]
+        count = lambda s: np.bincount(s[s >= NUM_SPECIAL].ravel(), minlength=num_items)[:num_items]  # noqa: E731
+        self.popularity = np.stack([count(sessions), count(recent)], axis=1).astype(np.float64)
+        return self
+
+    # -- raw columns ----------------------------------------------------------------------------
+    def raw(self, sessions: Sessions, candidates: Candidates, retrievers: dict[str, Retriever]) -> dict[str, torch.Tensor]:
+        """(B, K) raw columns of every enabled group, before the fitted ops (computed batch by batch)."""
+        items, cand = sessions.items, candidates.items
+        b, k = cand.shape
+        device = cand.device
+        cols: dict[str, torch.Tensor] = {}
+        last = items[:, -1:].expand(b, k)
+        if "retrievers" in self.groups:
+            for name, retriever in retrievers.items():
+                cols[f"{name}_score"] = retriever.score(sessions, cand)
+                rank = candidates.features.get(f"{name}_rank", torch.zeros(b, k, device=device))
+                cols[f"{name}_rrank"] = torch.where(rank > 0, 1.0 / rank.clamp(min=1), torch.zeros_like(rank))
+            cols["sources"] = candidates.features.get("sources", torch.zeros(b, k, device=device))
+        if "popularity" in self.groups:
+            if self.popularity is None:
+                raise RuntimeError("CandidateFeatures: call fit_statistics(training sessions) first")
+            pop = torch.from_numpy(self.popularity).to(device)[cand.clamp(max=len(self.popularity) - 1)]  # (B, K, 2)
+            cols["popularity"], cols["recent_popularity"] = pop[..., 0], pop[..., 1]
+        if "session" in self.groups:
+            eq = items.unsqueeze(1) == cand.unsqueeze(2)  # (B, K, L)
+            width = items.shape[1]
+            position = torch.arange(1, width + 1, device=device)
+            closeness = position.float() / width  # last position = 1
+            cols["seen_count"] = eq.sum(dim=2).float()
+            distance = width - (eq * position).amax(dim=2)  # 0 = last item; width = absent
+            cols["seen_recency"] = torch.where(eq.any(dim=2), 1.0 / (1.0 + distance.float()), torch.zeros(b, k, device=device))
+            cols["seen_weight"] = (eq * closeness).sum(dim=2)
+            cols["is_last"] = (cand == last).float()
+        if "covisitation" in self.groups:
+            covis = next((r for r in retrievers.values() if hasattr(r, "pair_weights")), None)
+            if covis is not None:
+                cols["covis_last"] = covis.pair_weights(items[:, -1], cand)
+                total = torch.zeros(b, k, device=device)
+                for back in range(1, min(3, items.shape[1]) + 1):  # the last three items, not rows
+                    total += covis.pair_weights(items[:, -back], cand) * 0.5 ** (back - 1)
+                cols["covis_last3"] = total
+        if "context" in self.groups:
+            real = items != PAD
+            length = real.sum(dim=1, keepdim=True).float()
+            ordered = torch.sort(items, dim=1).values  # padding first; a row without any has one change fewer
+            distinct = ((ordered.diff(dim=1) != 0).sum(dim=1, keepdim=True) + (ordered[:, :1] != PAD)).float()
+            cols["session_length"] = torch.log1p(length).expand(b, k)
+            cols["session_distinct"] = (distinct / length.clamp(min=1)).expand(b, k)
+        if "time" in self.groups and sessions.times is not None:
+            real = items != PAD
+            first = torch.where(real, sessions.times, torch.full_like(sessions.times, float("inf"))).amin(dim=1)
+            span = (sessions.times[:, -1] - first).clamp(min=0)
+            cols[DURATION] = torch.log1p(span).float().unsqueeze(1).expand(b, k)
+        return cols
+
+    def _frame(
+        self, sessions: Sessions, candidates: Candidates, raw: dict[str, torch.Tensor], labels: torch.Tensor | None,
+        groups: torch.Tensor | None = None, use_time: bool = False,
+    ) -> dict[str, np.ndarray]:
+        """One row per valid candidate: the columns the ops read (``session``: `groups`, else the row;
+        ``timestamp``: `Sessions.now` with `use_time`, when the sessions carry it)."""
+        valid = candidates.valid
+        counts = valid.sum(dim=1)  # (B,) filled slots of each row, row-major like `valid`
+        b = valid.shape[0]
+        if groups is not None and groups.shape != (b,):
+            raise ValueError(f"groups has shape {tuple(groups.shape)}, expected ({b},): one session per row")
+        per_row = lambda values: values.to(counts.device).repeat_interleave(counts).cpu().numpy()  # noqa: E731 - (B,) -> (M,)
+        frame = {
+            "item": candidates.items[valid].cpu().numpy(),
+            "last_item": per_row(sessions.items[:, -1]),
+            "session": per_row(torch.arange(b, device=valid.device) if groups is None else groups.long()),
+        }
+        if labels is not None:
+            frame["label"] = _slots(labels, valid).double().cpu().numpy()
+        for name in ("popularity", "recent_popularity"):
+            if name in raw:
+                frame[name] = _slots(raw[name], valid).double().cpu().numpy()
+        if use_time and sessions.now is not None:
+            frame["timestamp"] = per_row(sessions.now.double())
+        return frame
+
+    def _ops(self, has_time: bool) -> FeaturePipeline:
+        ops: dict[str, Any] = {}
+        if "popularity" in self.groups:
+            ops["popularity_log"] = LogNormalize("popularity")
+            ops["recent_popularity_log"] = LogNormalize("recent_popularity")
+        if "time" in self.groups and has_time:
+            ops["time"] = CyclicTime("timestamp")
+        if "encodings" in self.groups:
+            ops["item_target"] = TargetEncoding("item", "label", fold_by="session", n_folds=self.target_folds)
+            ops["item_candidate_count"] = CountEncoding("item")
+        if "ids" in self.groups:
+            ops["cross"] = HashedCross(["last_item", "item"], self.cross_buckets)
+        return FeaturePipeline(ops)
+
+    # -- the verbs ------------------------------------------------------------------------------
+    def fit(
+        self, sessions: Sessions, candidates: Candidates, raw: dict[str, torch.Tensor], labels: torch.Tensor,
+        groups: torch.Tensor | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Fit the ops on these (training) rows, one frame row per filled slot; set the feature `names`.
+
+        Args:
+            raw: `raw` columns of these candidates (computed in batches by the caller), (B, K) or (M,).
+            labels: 1 where the candidate is the session's next item, (B, K) or (M,).
+            groups: (B,) the session each row was cut from (the target encoding's folds); None:
+                every row is its own session.
+
+        Returns:
+            the outputs that differ from what `transform` gives these rows (the out-of-fold target
+            encoding), (M,) float32 each: hand them to `transform` (``fitted``) to build these rows'
+            features a few at a time.
+        """
+        fitted, raw, _ = self._fit(sessions, candidates, raw, labels, groups)
+        self.names = self._names(raw, fitted)
+        return {name: np.asarray(fitted[name], dtype=np.float32) for name in self._out_of_fold()}
+
+    def fit_transform(
+        self, sessions: Sessions, candidates: Candidates, raw: dict[str, torch.Tensor], labels: torch.Tensor,
+        groups: torch.Tensor | None = None,
+    ) -> RankingInputs:
+        """`fit`, and return these rows' features (target encoding out of fold) as one (B, K, F) grid.
+
+        Args: as `fit`; ``groups`` is also the returned `RankingInputs.groups`.
+        """
+        fitted, raw, frame = self._fit(sessions, candidates, raw, labels, groups)
+        out = self._assemble(candidates, raw, fitted, frame)
+        self.names = out.names
+        out.groups = None if groups is None else groups.long()
+        return out
+
+    def _fit(
+        self, sessions: Sessions, candidates: Candidates, raw: dict[str, torch.Tensor], labels: torch.Tensor,
+        groups: torch.Tensor | None,
+    ) -> tuple[dict[str, Any], dict[str, torch.Tensor], dict[str, np.ndarray]]:
+        """The fitted ops' outputs on these rows, the raw columns of the enabled groups, and the frame."""
+        raw = {name: value for name, value in raw.items() if group_of(name) in self.groups}
+        frame = self._frame(sessions, candidates, raw, labels, groups, use_time="time" in self.groups)
+        self.ops = self._ops("timestamp" in frame)
+        return (self.ops.fit_transform(frame) if self.ops.ops else {}), raw, frame
+
+    def _out_of_fold(self) -> list[str]:
+        """The outputs of the ops whose `fit_transform` is not `transform` of the fitted op (target encoding)."""
+        return [name for name, op in self.ops.ops.items() if type(op).fit_transform is not FeatureOp.fit_transform]
+
+    def transform(
+        self, sessions: Sessions, candidates: Candidates, retrievers: dict[str, Retriever],
+        raw: dict[str, torch.Tensor] | None = None, fitted: dict[str, np.ndarray | torch.Tensor] | None = None,
+    ) -> RankingInputs:
+        """Features of any candidates with the fitted ops.
+
+        Args:
+            raw: precomputed raw columns, (B, K) or (M,); None: computed here.
+            fitted: (M,) outputs of ops to take instead of the ops' `transform`: the slice of `fit`'s
+                out-of-fold outputs for these slots, when these are training rows.
+        """
+        if self.ops is None or self.names is None:
+            raise RuntimeError("CandidateFeatures is not fitted: fit the pipeline's ranker first")
+        if raw is None:
+            raw = self.raw(sessions, candidates, retrievers)
+        missing = self._missing_times(sessions)
+        if missing:
+            raise ValueError(missing)
+        # the time features are built when the ranker was fitted with them, whatever times the sessions carry
+        raw = {n: v for n, v in raw.items() if group_of(n) in self.groups and (n != DURATION or DURATION in self.names)}
+        frame = self._frame(sessions, candidates, raw, None, use_time="time" in self.ops.ops)
+        computed = self.ops.transform(frame) if self.ops.ops else {}
+        unknown = sorted(set(fitted or {}) - set(computed))
+        if unknown:
+            raise ValueError(f"fitted outputs {unknown} are not outputs of the feature ops {sorted(computed)}")
+        computed.update(fitted or {})
+        out = self._assemble(candidates, raw, computed, frame)
+        if out.names != self.names:
+            raise ValueError(f"features {out.names} differ from the fitted ones {self.names}")
+        return out
+
+    @property
+    def time_names(self) -> list[str]:
+        """The fitted features that read the sessions' times: ``session_duration`` (the event times)
+        and the `CyclicTime` op's outputs (``time_hour_*``, ``time_weekday_*``: the request time)."""
+        return [n for n in self.names or () if n == DURATION or n.startswith(CYCLIC)]
+
+    def _missing_times(self, sessions: Sessions) -> str | None:
+        """What the fitted features need of the sessions' times and these sessions lack, in one line (None: nothing)."""
+        lacking = []
+        if DURATION in self.names and sessions.times is None:
+            lacking.append(f"[{DURATION!r}] need the event times (Sessions.times)")
+        cyclic = [n for n in self.time_names if n != DURATION]
+        if cyclic and sessions.now is None:
+            lacking.append(f"{cyclic} need the time of the request (Sessions.now, or the event times)")
+        if not lacking:
+            return None
+        return (f"the ranker was fitted with time features: {'; '.join(lacking)}, which these sessions do not "
+                "carry; give the sessions their times, or fit the ranker without the 'time' feature group")
+
+    @staticmethod
+    def _dense_columns(raw: dict[str, Any], fitted: dict[str, Any]) -> dict[str, Any]:
+        """The dense columns by name: the raw ones the ops do not replace, and the ops' outputs but the cross's ids."""
+        columns: dict[str, Any] = {n: v for n, v in raw.items() if n not in ("popularity", "recent_popularity")}
+        columns.update({n: v for n, v in fitted.items() if n != "cross"})
+        return columns
+
+    def _names(self, raw: dict[str, Any], fitted: dict[str, Any]) -> list[str]:
+        """The dense feature names, in their column order."""
+        return sorted(self._dense_columns(raw, fitted))
+
+    def _assemble(self, candidates: Candidates, raw: dict[str, torch.Tensor], fitted: dict[str, Any], frame: dict) -> RankingInputs:
+        """The scorer's grids: the dense columns written into one (B, K, F) tensor, 0 at empty slots."""
+        valid = candidates.valid
+        b, k = valid.shape
+
+        def grid(values: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+            out = torch.zeros(b, k, dtype=dtype, device=valid.device)
+            out[valid] = torch.as_tensor(np.asarray(values), device="cpu").to(valid.device, dtype)
+            return out
+
+        columns = self._dense_columns(raw, fitted)
+        names = sorted(columns)
+        dense = torch.zeros(b, k, len(names), device=valid.device)
+        for i, name in enumerate(names):
+            dense[..., i][valid] = _slots(columns[name], valid).to(valid.device, torch.float32)
+        sparse: dict[str, torch.Tensor] = {}
+        cardinality: dict[str, int] = {}
+        if "cross" in fitted:
+            sparse["cross"] = grid(fitted["cross"], torch.long)
+            cardinality["cross"] = self.cross_buckets
+        if "ids" in self.groups:
+            sparse["item"] = candidates.items.clone()
+            sparse["last_item"] = grid(frame["last_item"], torch.long)
+            if self.popularity is not None:  # counted over the vocabulary: one row per item id
+                cardinality["item"] = cardinality["last_item"] = len(self.popularity)
+        return RankingInputs(dense=dense, sparse=sparse, valid=valid, names=names, cardinality=cardinality)
+
+    # -- saving ---------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """``names`` (the fitted feature names, or None), ``popularity`` (V, 2) when counted, and ``ops``
+        (the fitted ops' `FeaturePipeline.state_dict`, with their config) once fitted."""
+        state: dict[str, Any] = {"names": self.names}
+        if self.popularity is not None:
+            state["popularity"] = self.popularity
+        if self.ops is not None and self.ops.fitted:
+            state["ops"] = self.ops.state_dict()
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> CandidateFeatures:
+        """Take a `state_dict`; the ops are rebuilt from the config it holds (registered classes only).
+
+        Raises:
+            ConfigError: the ops' config does not resolve (located under ``ops.config``).
+        """
+        names = state.get("names")
+        self.names = None if names is None else [str(n) for n in names]
+        popularity = state.get("popularity")
+        self.popularity = None if popularity is None else np.asarray(popularity, dtype=np.float64)
+        self.ops = None
+        if "ops" in state:
+            if not isinstance(state["ops"], Mapping):
+                raise ValueError(f"the features' state: 'ops' must be a feature pipeline's state dict, got {type(state['ops']).__name__}")
+            ops = instantiate(state["ops"].get("config"), expected=FeaturePipeline, source="state", key="ops.config")
+            self.ops = ops.load_state_dict(state["ops"], "the features' state")
+        return self

@@ -1,0 +1,386 @@
+"""`SessionDataModule`: source -> vocabulary (+ side features) -> padded tensors -> columnar loaders.
+
+The vocabulary and the side-feature transforms are fitted on the training split only (or loaded
+from `vocab_path` / `features_path`, as written beside a checkpoint). Evaluation splits are
+expanded into (prefix, next item) pairs by the chosen protocol; the prefix never contains the
+target event, and a virtual (non-product) event is never a target. Reversed copies of the
+training sessions (`augment_reversed`) are added to training only.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import numpy as np
+import pyarrow as pa
+import pytorch_lightning as pl
+import torch
+
+from sessrec.data import frame
+from sessrec.data.batch import ITEM_DTYPE
+from sessrec.data.loader import SessionLoader, ranks_of
+from sessrec.data.pairs import EvalPairs
+from sessrec.data.schema import Schema
+from sessrec.data.side import (
+    SideFeatures,
+    SideFeatureTransform,
+    SideInfoSpec,
+    read_item_vectors,
+    transforms_state,
+)
+from sessrec.data.sources import SessionSource, SessionSplits, SyntheticSource
+from sessrec.data.stream import ScoringStream
+from sessrec.data.vocab import ItemVocab
+from sessrec.saved.checkpoint import as_tensors, is_checkpoint, parquet_state, saved_state
+
+Protocol = Literal["last", "all_prefixes"]
+
+
+class SessionDataModule(pl.LightningDataModule):
+    """Sessions for training, evaluation and batch scoring.
+
+    Args:
+        source: where sessions come from (`SRGNNSource`, `EventLogSource`, `SyntheticSource`, ...).
+        max_length: most recent items a model sees per session.
+        batch_size: training sessions per batch.
+        eval_batch_size: sessions per evaluation/scoring batch.
+        eval_protocol: ``last`` (predict each held-out session's last item) or ``all_prefixes``
+            (every prefix predicts its next item: the SR-GNN protocol).
+        min_item_count: items seen fewer times in training map to the OOV id.
+        max_vocab_size: keep at most this many most frequent items.
+        shuffle_chunk: shuffle contiguous chunks of this many sessions (1 = full row shuffle).
+        pin_memory: pin batches for faster host-to-GPU copies.
+        device: hold the splits on this device (e.g. ``cuda``) and cut the batches there
+            (`SessionLoader`'s torch gather): no host-to-device copy per batch. None: host memory.
+        augment_reversed: add a reversed copy of every training session with two or more events
+            (Booking.com, WSDM'21); validation and test are never augmented. Side features
+            travel with their events (a reversed copy's ``since_prev`` is then a time to the next event).
+        train_prefixes: train on every prefix of every training session, each with the event
+            that follows it (SR-GNN's training pairs, kept as sequences for the objectives): a
+            session of n events gives n - 1 rows, ending at each of its 2nd..nth events (the
+            non-virtual ones). After reversal when both are on. Evaluation is unchanged.
+        side_features: side information for the model (`SideFeatures`); none by default.
+        vocab_path: load this fitted vocabulary instead of fitting one: a ``vocab.parquet``, or a
+            ``.ckpt`` whose data module state carries it (``sessrec test/predict --ckpt_path`` set this).
+        features_path: load these fitted side-feature transforms instead of fitting them (an
+            ``.npz`` or a ``.ckpt``, as `vocab_path`).
+        predict_path: sessions file to score with ``sessrec predict``.
+        predict_schema: column names of `predict_path` (its ``features`` name the side-feature
+            columns of an event file); the events of a session are ordered by its ``timestamp``
+            column when the file has one, and kept in file order when it has none.
+        seed: shuffling seed.
+    """
+
+    def __init__(
+        self,
+        source: SessionSource = SyntheticSource(),
+        max_length: int = 20,
+        batch_size: int = 256,
+        eval_batch_size: int = 1024,
+        eval_protocol: Protocol = "last",
+        min_item_count: int = 1,
+        max_vocab_size: int | None = None,
+        shuffle_chunk: int = 1,
+        pin_memory: bool = False,
+        device: str | None = None,
+        augment_reversed: bool = False,
+        train_prefixes: bool = False,
+        side_features: SideFeatures = SideFeatures(),  # noqa: B008 - a config value, never mutated
+        vocab_path: str | None = None,
+        features_path: str | None = None,
+        predict_path: str | None = None,
+        predict_schema: Schema = Schema(),  # noqa: B008 - orders events by `timestamp` when the file has it
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        if eval_protocol not in ("last", "all_prefixes"):
+            raise ValueError(f"eval_protocol must be 'last' or 'all_prefixes', got {eval_protocol!r}")
+        if max_length < 2:
+            raise ValueError(
+                f"max_length must be >= 2 (the most recent items a model sees per session; a prefix and "
+                f"its next item need two), got {max_length}"
+            )
+        self.source, self.max_length = source, max_length
+        self.batch_size, self.eval_batch_size, self.eval_protocol = batch_size, eval_batch_size, eval_protocol
+        self.min_item_count, self.max_vocab_size = min_item_count, max_vocab_size
+        self.shuffle_chunk, self.pin_memory, self.seed = shuffle_chunk, pin_memory, seed
+        if device is not None and pin_memory:
+            raise ValueError("pin_memory is for batches copied from the host; with device set they are cut on the device")
+        self.device = device
+        self._on_device: dict[str, tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor]]] = {}
+        self.augment_reversed, self.side_features = augment_reversed, side_features
+        self.train_prefixes = train_prefixes
+        self.vocab_path, self.predict_path, self.predict_schema = vocab_path, predict_path, predict_schema
+        self.features_path = features_path
+        self._splits: SessionSplits | None = None
+        self._vocab: ItemVocab | None = None
+        self._side: SideFeatureTransform | None = None
+        self._item_vectors: dict[str, np.ndarray] | None = None
+        self._tensors: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
+        self._features: dict[str, dict[str, torch.Tensor]] = {}
+        self._pair_index: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._pairs: dict[tuple[str, str], EvalPairs] = {}
+        self.stats: dict[str, int] = {}
+        self.scoring_stream: ScoringStream | None = None
+
+    # -- fitted state ---------------------------------------------------------------------
+    @property
+    def splits(self) -> SessionSplits:
+        if self._splits is None:
+            self._splits = self.source.load()
+            self.stats.update(self._splits.summary())
+        return self._splits
+
+    @property
+    def vocab(self) -> ItemVocab:
+        if self._vocab is None:
+            if self.vocab_path is not None and is_checkpoint(self.vocab_path):
+                saved = parquet_state(saved_state(self.vocab_path, "vocab"))
+                self._vocab = ItemVocab.empty().load_state_dict(saved, self.vocab_path)
+            elif self.vocab_path is not None:
+                self._vocab = ItemVocab.load(self.vocab_path)
+            else:
+                values, _ = frame.list_offsets(self.splits.train.column(frame.ITEMS))
+                virtual = _virtual_flags(self.splits.train)
+                self._vocab = ItemVocab.fit(values, self.min_item_count, self.max_vocab_size, virtual=virtual)
+        return self._vocab
+
+    @property
+    def num_items(self) -> int:
+        """Size of the score vector (items + padding + OOV + virtual items); linked into the model's config."""
+        return len(self.vocab)
+
+    @property
+    def num_virtual(self) -> int:
+        """Virtual (input-only) ids at the end of the vocabulary; linked into the model's config."""
+        return self.vocab.num_virtual
+
+    @property
+    def side(self) -> SideFeatureTransform | None:
+        """The fitted side-feature transforms (fitted on the training split, or loaded)."""
+        if self._side is None and self.side_features.sequence_features:
+            if self.features_path is not None and is_checkpoint(self.features_path):
+                saved = transforms_state(saved_state(self.features_path, "features"), self.features_path)
+                self._side = SideFeatureTransform(self.side_features).load_state_dict(saved, self.features_path)
+            elif self.features_path is not None:
+                self._side = SideFeatureTransform.load(self.features_path, self.side_features)
+            else:
+                self._side = SideFeatureTransform(self.side_features).fit(self.splits.train, self.splits.source)
+        return self._side
+
+    @property
+    def item_vectors(self) -> dict[str, np.ndarray]:
+        """Modality -> (V, M) item vectors aligned with the vocabulary (zeros where an item has none)."""
+        if self._item_vectors is None:
+            self._item_vectors = {}
+            for name, path in self.side_features.item_vectors.items():
+                table, found = read_item_vectors(path, self.vocab)
+                self._item_vectors[name] = table
+                self.stats[f"item_vectors_{name}_found"] = found
+        return self._item_vectors
+
+    @property
+    def side_info(self) -> SideInfoSpec | None:
+        """Embedding sizes of the side information; linked into the model's config (None: none)."""
+        if not self.side_features.enabled:
+            return None
+        spec = self.side.spec if self.side is not None else SideInfoSpec()
+        spec.item_vectors = {name: int(table.shape[1]) for name, table in self.item_vectors.items()}
+        return spec
+
+    # -- checkpoint state ---------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The state dicts of the fitted vocabulary and side-feature transforms, as tensors: Lightning
+        saves them in every checkpoint, so a checkpoint maps raw ids and features exactly as in training."""
+        state = {"vocab": as_tensors(self.vocab.state_dict())}
+        if self.side is not None:
+            state["features"] = as_tensors(self.side.state_dict())
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take a checkpoint's vocabulary and transforms; refused when they differ from those in use.
+
+        A part may be held as the bytes of its file (one uint8 tensor: the parquet vocabulary, the
+        transforms' ``.npz``); it is read as that file.
+        """
+        vocab = ItemVocab.empty().load_state_dict(parquet_state(state["vocab"]), "the checkpoint's vocabulary")
+        if self._vocab is not None and self._vocab != vocab:
+            raise ValueError(
+                f"the checkpoint's vocabulary ({len(vocab)} ids) differs from the one this data module uses "
+                f"({len(self._vocab)} ids): pass the checkpoint as --data.vocab_path, or train from scratch"
+            )
+        self._vocab = vocab
+        if "features" in state and self._side is None and self.side_features.sequence_features:
+            saved = transforms_state(state["features"], "the checkpoint")
+            self._side = SideFeatureTransform(self.side_features).load_state_dict(saved, "the checkpoint")
+
+    # -- tensors --------------------------------------------------------------------------
+    def _encode(self, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        sessions = getattr(self.splits, name)
+        values, offsets = frame.list_offsets(sessions.column(frame.ITEMS))
+        virtual = _virtual_flags(sessions)
+        encoded = self.vocab.encode(values, virtual=virtual)
+        self.stats[f"{name}_unknown_items"] = encoded.num_unknown
+        return encoded.ids, offsets, virtual
+
+    def tensors(self, split: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(items (N, L), targets (N,) or None) of a split; training keeps whole sessions.
+
+        Training rows are the sessions, then (with `augment_reversed`) the reversed copies of
+        those with two or more events; with `train_prefixes`, every prefix of those rows that
+        ends at a non-virtual event after the first. Evaluation rows are (prefix, target) pairs; a target is
+        never a virtual event.
+        """
+        if split not in self._tensors:
+            self._build(split)
+        return self._tensors[split]
+
+    def feature_tensors(self, split: str) -> dict[str, torch.Tensor]:
+        """Side features by name, each (N, L) aligned with ``tensors(split)[0]``; empty without side features."""
+        if split not in self._tensors:
+            self._build(split)
+        return self._features[split]
+
+    def _build(self, split: str) -> None:
+        if self.num_items > np.iinfo(ITEM_DTYPE).max:
+            raise ValueError(f"{self.num_items} item ids do not fit the session matrices' {ITEM_DTYPE} ids")
+        ids, offsets, virtual = self._encode(split)
+        flat = {}
+        if self.side is not None:
+            flat = self.side.transform(getattr(self.splits, split), f"{self.splits.source} ({split} split)")
+        if len(offsets) > 1 and not (np.diff(offsets) >= 2).any():
+            raise ValueError(
+                f"{self.splits.source} ({split} split): no session has two or more events (all {len(offsets) - 1} "
+                "have one), so there is nothing to train on or evaluate; check the session_id column"
+            )
+        if split == "train":
+            starts, ends = offsets[:-1], offsets[1:]
+            if self.augment_reversed:
+                mirror = frame.mirror_index(offsets)
+                rev = np.flatnonzero(np.diff(offsets) >= 2)  # a one-event session reversed is itself
+                ids = np.concatenate([ids, ids[mirror]])
+                flat = {k: np.concatenate([v, v[mirror]]) for k, v in flat.items()}
+                starts = np.concatenate([starts, offsets[:-1][rev] + offsets[-1]])
+                ends = np.concatenate([ends, offsets[1:][rev] + offsets[-1]])
+                virtual = None if virtual is None else np.concatenate([virtual, virtual[mirror]])
+                self.stats["train_reversed"] = len(rev)
+            if self.train_prefixes:
+                starts, ends = frame.prefix_rows(starts, ends, None if virtual is None else ~virtual)
+                self.stats["train_prefix_rows"] = len(starts)
+            pad = lambda values, dtype=None: frame.pad_sessions(values, starts, ends, self.max_length, dtype)
+            self._tensors[split] = (torch.from_numpy(pad(ids, ITEM_DTYPE)), None)
+        else:
+            session, starts, target_at = self._pair_index[split] = self._expand(split, self.eval_protocol, offsets, virtual)
+            pad = lambda values, dtype=None: frame.pad_sessions(values, starts, target_at, self.max_length, dtype)
+            self._tensors[split] = (torch.from_numpy(pad(ids, ITEM_DTYPE)), torch.from_numpy(ids[target_at]))
+            self.stats[f"{split}_pairs"] = len(target_at)
+        feats = {}
+        for name, values in flat.items():
+            padded = pad(values)
+            if split != "train" and name in self.side_features.looks_ahead_features:
+                padded[:, -1] = 0  # the last input event's look-ahead value would tell about the target
+            feats[name] = torch.from_numpy(padded)
+        self._features[split] = feats
+
+    def _expand(
+        self, split: str, protocol: str, offsets: np.ndarray, virtual: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(session (P,), prefix start (P,), target index (P,)) of a split's pairs under `protocol`;
+        the prefix of a pair is the events ``[start, target)`` of the flat event array."""
+        targetable = frame.target_flags(getattr(self.splits, split), virtual)
+        session, target_at = frame.expand_prefixes(offsets, protocol, targetable)
+        return session.astype(np.int64), offsets[:-1][session], target_at
+
+    def pairs(self, split: str, protocol: Protocol | None = None) -> EvalPairs:
+        """The (prefix, target) pairs of an evaluation split with the session and event times of each.
+
+        Args:
+            split: ``valid`` or ``test``.
+            protocol: ``last`` or ``all_prefixes``; None: `eval_protocol`, whose items and targets
+                are those of `tensors` (the same tensors).
+
+        Returns:
+            `EvalPairs` whose ``sessions`` index the split's sessions (rows of ``splits.<split>``) and
+            whose ``times`` are the events' timestamps padded like the items (float64 seconds, 0 on
+            padding), or None when the split's sessions carry no ``timestamp`` column.
+        """
+        if split not in ("valid", "test"):
+            raise ValueError(f"pairs are cut from the evaluation splits 'valid' and 'test', got {split!r}")
+        protocol = self.eval_protocol if protocol is None else protocol
+        if protocol not in ("last", "all_prefixes"):
+            raise ValueError(f"protocol must be 'last' or 'all_prefixes', got {protocol!r}")
+        if (split, protocol) not in self._pairs:
+            items, targets = self.tensors(split)  # validates the split once
+            if protocol == self.eval_protocol:
+                session, starts, ends = self._pair_index[split]
+            else:
+                ids, offsets, virtual = self._encode(split)
+                session, starts, ends = self._expand(split, protocol, offsets, virtual)
+                items = torch.from_numpy(frame.pad_sessions(ids, starts, ends, self.max_length, ITEM_DTYPE))
+                targets = torch.from_numpy(ids[ends])
+            times = frame.event_times(getattr(self.splits, split))
+            if times is not None:
+                times = torch.from_numpy(frame.pad_sessions(times, starts, ends, self.max_length, np.float64))
+            self._pairs[split, protocol] = EvalPairs(items, targets, torch.from_numpy(session), times)
+        return self._pairs[split, protocol]
+
+    def setup(self, stage: str | None = None) -> None:
+        wanted = {"fit": ["train", "valid"], "validate": ["valid"], "test": ["test"], None: ["train", "valid", "test"]}
+        for split in wanted.get(stage, []):
+            self.tensors(split)
+
+    # -- loaders --------------------------------------------------------------------------
+    def _resident(self, split: str) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor]]:
+        """A split's items, targets and features where the loaders gather them (host, or `device`)."""
+        items, targets = self.tensors(split)
+        features = self.feature_tensors(split)
+        if self.device is None:
+            return items, targets, features
+        if split not in self._on_device:  # moved once, kept for every epoch's loaders
+            move = lambda t: None if t is None else t.to(self.device)  # noqa: E731
+            self._on_device[split] = (move(items), move(targets), {k: move(v) for k, v in features.items()})
+        return self._on_device[split]
+
+    def train_dataloader(self) -> SessionLoader:
+        items, _, features = self._resident("train")
+        ranks = ranks_of(self.trainer)
+        return SessionLoader(
+            items, features=features, batch_size=self.batch_size, shuffle=True,
+            shuffle_chunk=self.shuffle_chunk, drop_last=items.shape[0] // ranks.get("world_size", 1) > self.batch_size,
+            pin_memory=self.pin_memory, seed=self.seed, **ranks,
+        )
+
+    def _eval_loader(self, split: str) -> SessionLoader:
+        items, targets, features = self._resident(split)
+        return SessionLoader(
+            items, targets, features=features, batch_size=self.eval_batch_size,
+            pin_memory=self.pin_memory, **ranks_of(self.trainer),
+        )
+
+    def val_dataloader(self) -> SessionLoader:
+        return self._eval_loader("valid")
+
+    def test_dataloader(self) -> SessionLoader:
+        return self._eval_loader("test")
+
+    def predict_dataloader(self) -> ScoringStream:
+        if self.predict_path is None:
+            raise ValueError("set --data.predict_path to the sessions file to score")
+        self.scoring_stream = ScoringStream(
+            self.predict_path, self.vocab, self.predict_schema, self.max_length, self.eval_batch_size, side=self.side,
+            **ranks_of(self.trainer),
+        )
+        return self.scoring_stream
+
+    def decode(self, ids: torch.Tensor) -> pa.Array:
+        """Model ids -> raw item ids (flat)."""
+        return self.vocab.decode(ids.detach().cpu().numpy())
+
+
+def _virtual_flags(sessions: pa.Table) -> np.ndarray | None:
+    """(E,) bool flags of the virtual events of a session table, or None when it has none."""
+    if frame.VIRTUAL not in sessions.column_names:
+        return None
+    values, _ = frame.list_offsets(sessions.column(frame.VIRTUAL))
+    return values.to_numpy(zero_copy_only=False).astype(bool)
+

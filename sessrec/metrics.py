@@ -68,7 +68,7 @@ def clicked_ranks(scores: torch.Tensor, labels: torch.Tensor, groups: torch.Tens
     Returns:
         (C,) float64 ranks, one per clicked row; queries without a click contribute nothing.
 
-    Example:
+    Examples:
         >>> clicked_ranks(torch.tensor([3., 1., 2., 5., 5.]), torch.tensor([0, 0, 1, 1, 0]), torch.tensor([0, 0, 0, 1, 1])).tolist()
         [2.0, 2.0]
     """
@@ -92,7 +92,7 @@ def list_ranks(recommended: torch.Tensor, scores: torch.Tensor, targets: torch.T
             counts as a miss. False: the lists are served in another order (sampled), and the rank
             of a target is its position in the list.
 
-    Example:
+    Examples:
         >>> list_ranks(torch.tensor([[4, 7, 9], [4, 9, 7]]), torch.tensor([[3., 2., 2.], [3., 2., 1.]]), torch.tensor([7, 9])).tolist()
         [inf, 2.0]
     """
@@ -115,7 +115,7 @@ def rank_values(ranks: torch.Tensor, metric: str) -> torch.Tensor:
     ``recall@K``: 1 if rank <= K; ``ndcg@K``: 1 / log2(rank + 1) if rank <= K; ``mrr@K``: 1 / rank
     if rank <= K; ``mrr``: 1 / rank (no cut-off: the click-out MRR). Else 0.
 
-    Example:
+    Examples:
         >>> rank_values(torch.tensor([1.0, 3.0, float("inf")]), "mrr@2").tolist()
         [1.0, 0.0, 0.0]
     """
@@ -137,7 +137,7 @@ def rank_values(ranks: torch.Tensor, metric: str) -> torch.Tensor:
 def rank_sums(ranks: torch.Tensor, ks: Sequence[int]) -> dict[str, torch.Tensor]:
     """Sums over targets of Recall@K, NDCG@K and MRR@K for each K in `ks` (float64 scalars, to divide by N).
 
-    Example:
+    Examples:
         >>> {k: round(float(v), 4) for k, v in rank_sums(torch.tensor([2.0, float("inf")]), [2]).items()}
         {'recall@2': 1.0, 'ndcg@2': 0.6309, 'mrr@2': 0.5}
     """
@@ -150,7 +150,7 @@ def binary_auc(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     The scores go in as their order (dense ranks scaled into [0, 1]), so logits of any size keep
     their order and ties exactly.
 
-    Example:
+    Examples:
         >>> float(binary_auc(torch.tensor([0.1, 0.4, 0.35, 0.8]), torch.tensor([0., 0., 1., 1.])))
         0.75
     """
@@ -167,7 +167,7 @@ def binary_auc(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 class TopKMetrics(Metric):
     """Recall@K, NDCG@K and MRR@K for several K, summed over batches and reduced across processes.
 
-    Example:
+    Examples:
         >>> m = TopKMetrics(ks=[1, 2])
         >>> m.update(torch.tensor([[0., 0., 3., 2., 1.]]), torch.tensor([3]))
         >>> {k: round(float(v), 4) for k, v in m.compute().items()}

@@ -2,7 +2,7 @@
 
 Shape letters: B prefixes, L positions, V items.
 
-Example:
+Examples:
     >>> import torch
     >>> pop = Popularity().fit(torch.tensor([[0, 2, 3], [3, 3, 4]]), num_items=5)
     >>> pop.score(torch.tensor([[0, 0, 2]])).tolist()

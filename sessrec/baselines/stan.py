@@ -25,7 +25,7 @@ like any other; items no neighbour contains score 0 and tie, ranked pessimistica
 Shape letters: N training sessions, B prefixes, L positions, V items, P candidate pairs,
 E (neighbour, item) entries.
 
-Example:
+Examples:
     >>> import torch
     >>> train = torch.tensor([[0, 2, 3, 4], [0, 0, 3, 5], [0, 0, 6, 7]])
     >>> stan = STAN(k=10, sample_size=0, lambda_1=None, lambda_2=None, lambda_3=None).fit(train, num_items=8)

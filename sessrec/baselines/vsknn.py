@@ -24,7 +24,7 @@ Everything runs per batch of prefixes with sparse products (see `sessrec.baselin
 
 Shape letters: N training sessions, B prefixes, L positions, V items, P candidate pairs.
 
-Example:
+Examples:
     >>> import torch
     >>> train = torch.tensor([[0, 2, 3, 4], [0, 0, 3, 5], [0, 0, 6, 7]])
     >>> knn = VSKNN(k=10, sample_size=0).fit(train, num_items=8)

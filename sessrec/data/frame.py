@@ -212,7 +212,8 @@ def prefix_rows(
     """Every prefix of each ``[start, end)`` row that ends at a targetable event after its first.
 
     Args:
-        starts, ends: (N,) event ranges of the rows (sessions) in a flat event array.
+        starts: (N,) first event of each row (session) in a flat event array.
+        ends: (N,) one past each row's last event.
         targetable: optional (E,) bool over that array, False for events that may be inputs but
             never targets (virtual items); all events are targetable when None.
 

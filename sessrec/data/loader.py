@@ -41,7 +41,8 @@ class SessionLoader:
         drop_last: drop a final incomplete batch.
         pin_memory: return batches in pinned memory for faster host-to-GPU copies.
         seed: base seed of the shuffling.
-        rank, world_size: this process's share in data-parallel training. Every rank draws the
+        rank: this process's index among the data-parallel processes (0 .. world_size - 1).
+        world_size: the number of data-parallel processes. Every rank draws the
             same epoch order and keeps every `world_size`-th row of it from row `rank` on, so the
             ranks' rows are disjoint and, together, every row. A shuffled (training) loader
             gives every rank the same number of rows, as data-parallel steps must match: the

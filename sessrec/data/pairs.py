@@ -22,7 +22,7 @@ class EvalPairs:
         times: (N, L) float64 event times of the prefixes in seconds since the epoch, aligned
             with `items` (0 on padding); None when the source has no timestamps.
 
-    Example:
+    Examples:
         >>> pairs = EvalPairs(torch.tensor([[0, 4], [4, 5]]), torch.tensor([5, 6]), torch.tensor([0, 0]))
         >>> len(pairs), pairs.take(torch.tensor([1])).items.tolist()
         (2, [[4, 5]])

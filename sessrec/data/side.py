@@ -150,7 +150,7 @@ class SideInfoSpec:
 class SideFeatureTransform:
     """Fitted transforms from session-table columns to per-event model features.
 
-    Example:
+    Examples:
         >>> sessions = pa.table({"item_id": [[5, 6], [7]], "device": [["mobile", "mobile"], ["desktop"]]})
         >>> side = SideFeatureTransform(SideFeatures(categorical=["device"])).fit(sessions)
         >>> side.transform(sessions)["device"].tolist()

@@ -120,8 +120,10 @@ class EventLogSource(SessionSource):
         min_length: drop sessions with fewer events (after removing repeats).
         max_length: keep the most recent events of longer sessions.
         drop_repeats: remove consecutive repeats of the same item.
-        test_days / test_fraction: held-out test period (used when `test_path` is None).
-        valid_days / valid_fraction: validation period before the test period.
+        test_days: held-out test period in days, the last of the log (used when `test_path` is None).
+        test_fraction: instead of `test_days`, the latest share of sessions held out for testing.
+        valid_days: validation period in days, before the test period (when `valid_path` is None).
+        valid_fraction: instead of `valid_days`, the latest share of the remaining sessions.
     """
 
     def __init__(
@@ -262,8 +264,10 @@ class TimeWindowSource(SessionSource):
     Args:
         paths: the event files, read together (e.g. a dataset's training and test files).
         schema: column roles of the files (with a timestamp).
-        train_from, train_until, test_until: window bounds, as ISO-8601 dates or times (UTC,
-            e.g. ``2014-04-04`` or ``2014-04-04T06:00``) or seconds since the epoch.
+        train_from: start of the training window, as an ISO-8601 date or time (UTC, e.g.
+            ``2014-04-04`` or ``2014-04-04T06:00``) or seconds since the epoch.
+        train_until: end of the training window and start of the test window (same forms).
+        test_until: end of the test window (same forms).
         valid_fraction: latest share of the training window's sessions used for validation.
         min_length: drop sessions with fewer events.
         drop_repeats: remove consecutive repeats of the same item.

@@ -55,7 +55,8 @@ class ScoringStream:
         batch_size: sessions per batch.
         chunk_rows: rows read from the file at a time.
         side: fitted side-feature transforms of the model, if it uses side features.
-        rank, world_size: this process's share in data-parallel scoring: every rank reads (and
+        rank: this process's index among the data-parallel processes (0 .. world_size - 1).
+        world_size: the number of data-parallel processes. Every rank reads (and
             checks) the whole file and yields every `world_size`-th batch from batch `rank` on.
         times: give each batch its sessions' event times (`SessionBatch.times`, seconds since the
             epoch, right-aligned with the items, 0 on padding) when the file has the schema's

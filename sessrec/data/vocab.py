@@ -41,7 +41,7 @@ class EncodeResult:
 class ItemVocab(ParquetFile):
     """Fitted mapping of raw item ids (integers or strings) to model ids.
 
-    Example:
+    Examples:
         >>> vocab = ItemVocab.fit(pa.array([7, 7, 9, 5]), min_count=1)  # 7 most frequent; 5 before 9 (a tie)
         >>> vocab.encode(pa.array([9, 7, 42])).ids.tolist()  # 42 unseen: 1 (OOV)
         [4, 2, 1]

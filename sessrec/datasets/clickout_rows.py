@@ -243,7 +243,8 @@ class RankingLoader:
         shuffle: permute rows every epoch (training), seeded by `seed` and the epoch.
         drop_last: drop a final incomplete training batch.
         seed: base seed of the shuffling.
-        rank, world_size: this process's share in data-parallel training: in training every
+        rank: this process's index among the data-parallel processes (0 .. world_size - 1).
+        world_size: the number of data-parallel processes. In training every
             `world_size`-th row of the epoch's order from row `rank` on (the same number of rows on
             every rank), in evaluation every `world_size`-th batch of whole queries, so that each
             query is scored once.

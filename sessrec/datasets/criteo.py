@@ -86,7 +86,7 @@ def generate_criteo(
         signal: scale of the hidden model's weights (0 = labels are coin flips at `ctr`).
         seed: seeds everything, the hidden model included.
 
-    Example:
+    Examples:
         >>> data = generate_criteo(8, cardinalities=[10, 20], seed=0)
         >>> data.dense.shape, data.ids.shape
         (torch.Size([8, 13]), torch.Size([2, 8, 1]))

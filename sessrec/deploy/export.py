@@ -27,7 +27,7 @@ Dd dense features, H ids per sample of one sparse feature.
 `export_checkpoint` does the same for a model directory (read without Lightning) or for the task
 a ``sessrec fit`` checkpoint holds (Lightning is imported for that one only).
 
-Example:
+Examples:
     >>> from sessrec.deploy.export import export_session_model
     >>> model = SessionModel.from_pretrained("runs/xlnet/model")  # doctest: +SKIP
     >>> path = export_session_model(model, "exported/xlnet", "onnx", top_k=20)  # doctest: +SKIP

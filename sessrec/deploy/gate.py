@@ -31,8 +31,9 @@ class Comparison:
     Args:
         reference: which model, in words (``the current model (v000004)``).
         difference: mean over the pairs of candidate - reference.
-        low, high: the (1 - confidence) and confidence quantiles of the bootstrap means of the
-            difference: `low` is the one-sided lower confidence bound the gate tests.
+        low: the (1 - confidence) quantile of the bootstrap means of the difference: the one-sided
+            lower confidence bound the gate tests.
+        high: the confidence quantile of the same means.
     """
 
     reference: str
@@ -119,9 +120,11 @@ class Gate:
         """Compare per-pair metric values (P,) of the candidate with the current model's and the best's.
 
         Args:
-            candidate, current, best: each model's metric on the same P test pairs, in the same
-                order; `best` None when the best promoted model is the current one.
-            current_name, best_name: the references in the decision's words.
+            candidate: the candidate's metric on the P test pairs.
+            current: the current model's metric on the same pairs, in the same order.
+            best: the best promoted model's, likewise; None when it is the current one.
+            current_name: the current model in the decision's words.
+            best_name: the best promoted model in the decision's words.
         """
         arrays = {"candidate": candidate, "current": current} | ({} if best is None else {"best": best})
         arrays = {name: np.asarray(a, dtype=np.float64) for name, a in arrays.items()}

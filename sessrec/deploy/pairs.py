@@ -42,7 +42,7 @@ def pair_values(ranks: np.ndarray, metric: str) -> np.ndarray:
     ``recall@K``: 1 if rank <= K; ``ndcg@K``: 1 / log2(rank + 1) if rank <= K; ``mrr@K``: 1 / rank
     if rank <= K; ``mrr``: 1 / rank (no cut-off: the click-out MRR). Else 0.
 
-    Example:
+    Examples:
         >>> pair_values(np.array([1.0, 3.0, np.inf]), "mrr@2").tolist()
         [1.0, 0.0, 0.0]
     """

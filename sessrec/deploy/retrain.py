@@ -125,7 +125,9 @@ def retrain(
     Args:
         model_dir: the model directory (`save_pretrained`; versioned once a candidate is promoted into it).
         paths: event files holding both windows (read together).
-        train_from, train_until, test_until: the windows (see `TimeWindowSource`).
+        train_from: start of the training window (see `TimeWindowSource`).
+        train_until: end of the training window, start of the test window.
+        test_until: end of the test window.
         out: folder of this candidate: its checkpoints and model directory (``out/model``).
         schema: column roles of the event files.
         gate: the per-pair metric, tolerance, confidence and minimum test size of the promotion (`Gate`).
@@ -303,7 +305,13 @@ def retrain_dlrm(
             `test_hours` before it, validation the `valid_hours` before that.
         out: folder of this candidate.
         train_hours: train on this many hours before validation (None: everything before it).
-        gate, max_epochs, lr, batch_size, seed, promote, keep: as `retrain` (the gate on ``mrr``).
+        gate: the promotion test, as `retrain`'s (here on ``mrr`` or ``recall@k`` of click-outs).
+        max_epochs: training epochs of the candidate.
+        lr: the DLRM's learning rate; None: the current model's.
+        batch_size: training rows per batch.
+        seed: seeds the candidate's training.
+        promote: promote a candidate that passes the gate (False: decide and report only).
+        keep: versions of `model_dir` kept besides the current one, the one before it and the best.
     """
     from sessrec.tasks import DLRMTask
     from sessrec.tasks.clickout_data import ClickoutDataModule

@@ -13,7 +13,7 @@ length (left padding, id 0, changes no score) for requests to batch together. No
 
 Shape letters as in `sessrec.deploy.export`.
 
-Example:
+Examples:
     >>> from sessrec.deploy.triton import triton_repository
     >>> triton_repository(SessionModel.from_pretrained("runs/xlnet/model"), "model_repository", "xlnet")  # doctest: +SKIP
     $ tritonserver --model-repository=model_repository

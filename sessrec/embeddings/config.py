@@ -26,7 +26,7 @@ class TableConfig:
         pooling: how the ids of one bag are combined: ``sum`` or ``mean`` (an empty bag gives zeros).
         feature_names: the features looked up in this table; ``()`` means ``(name,)``.
 
-    Example:
+    Examples:
         >>> TableConfig("city", num_embeddings=1000, embedding_dim=16).features
         ('city',)
     """

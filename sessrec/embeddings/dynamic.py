@@ -72,7 +72,7 @@ class DynamicEmbeddingBag(nn.Module):
         seed: seeds the generator that initialises rows (deterministic growth and eviction).
         compile_update: SGD on CPU through the compiled scatter (see `FusedEmbeddingBagCollection`).
 
-    Example:
+    Examples:
         >>> table = DynamicEmbeddingBag(4, initial_capacity=2, max_capacity=8, seed=0)
         >>> table(torch.tensor([[10**12, 7], [5, 7]])).shape, table.capacity, table.num_keys
         (torch.Size([2, 4]), 4, 3)

@@ -303,7 +303,7 @@ class FusedEmbeddingBagCollection(nn.Module):
     glibc's default trimming each step page-faults its outputs and gradients back in, which costs
     much of the fused step's lead over separate bags (``docs/benchmarks.md``, Embedding core).
 
-    Example:
+    Examples:
         >>> ebc = FusedEmbeddingBagCollection([TableConfig("city", 100, 8), TableConfig("tags", 50, 8, "mean")], seed=0)
         >>> out = ebc(SparseFeatures.from_dense({"city": torch.tensor([3, 1]), "tags": torch.tensor([[2, 5], [4, -1]])}))
         >>> out["tags"].shape

@@ -53,7 +53,7 @@ def hash_ids(ids: torch.Tensor, num_buckets: int, seed: int = 0) -> torch.Tensor
 class IdHasher:
     """Hash raw ids into ``num_buckets`` rows (stateless; the config is its whole state).
 
-    Example:
+    Examples:
         >>> IdHasher(1000, seed=1)(torch.tensor([7, 10**15])).tolist() == IdHasher(1000, seed=1)(torch.tensor([7, 10**15])).tolist()
         True
     """
@@ -82,7 +82,7 @@ class FrequencyCap:
         max_rows: optional cap on the table size including the OOV row: only the ``max_rows - 1``
             most frequent ids are kept (ties to the smaller id).
 
-    Example:
+    Examples:
         >>> cap = FrequencyCap(min_count=2).fit(torch.tensor([5, 9, 5, 42, 9, 9]))
         >>> cap(torch.tensor([9, 5, 42, 7])).tolist(), cap.num_embeddings
         ([2, 1, 0, 0], 3)

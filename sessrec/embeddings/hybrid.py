@@ -40,7 +40,7 @@ class HybridEmbeddingBag(nn.Module):
         device: where the hot rows (and the outputs) live; the cold rows are always on the CPU.
         seed: seeds the initial weights (uniform in +-sqrt(1 / N), the same whatever the split).
 
-    Example:
+    Examples:
         >>> bag = HybridEmbeddingBag(100, 8, num_hot=10, counts=torch.arange(100.0).flip(0), seed=0)
         >>> bag(torch.tensor([[0, 99], [5, 50]])).shape
         torch.Size([2, 8])

@@ -27,7 +27,7 @@ class SparseFeatures:
     The constructor checks dtypes, shapes and that ``lengths`` adds up to ``len(values)``; ids must
     be >= 0 (each table checks its own upper bound at lookup).
 
-    Example:
+    Examples:
         >>> f = SparseFeatures.from_dense({"city": torch.tensor([3, 1]), "tags": torch.tensor([[2, 5], [4, -1]])})
         >>> f.lengths.tolist(), f.values.tolist()
         ([1, 1, 2, 1], [3, 1, 2, 5, 4])

@@ -43,7 +43,7 @@ The model ignores compute, caches and overlap; it ranks placements, it does not 
 
 Shape letters: W devices, B per-device batch, R rows, D width, F features per table.
 
-Example:
+Examples:
     >>> from sessrec.embeddings.config import TableConfig
     >>> planner = ShardingPlanner(world_size=2, device_memory_bytes=2**30, batch_size=512)
     >>> plan = planner.plan([TableConfig("city", 1000, 16), TableConfig("item", 10**6, 64)])

@@ -184,7 +184,7 @@ class Categorify(_KeyedOp):
         max_size: keep at most this many values (the most frequent).
         nulls: ``error`` refuses nulls; ``pad`` maps them to 0.
 
-    Example:
+    Examples:
         >>> Categorify("c", min_count=2).fit({"c": np.array([5, 7, 5, 9, 7, 5])}).transform(
         ...     {"c": np.array([7, 5, 9, 4])}).tolist()
         [3, 2, 1, 1]

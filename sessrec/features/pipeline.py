@@ -40,7 +40,9 @@ class FeaturePipeline(Configurable):
     Outputs are named after the op; ops with several outputs (`SessionTimes`, `CyclicTimes`)
     give ``<name>_<field>``.
 
-    Example:
+    Examples:
+        >>> import numpy as np
+        >>> from sessrec.features import Categorify, CountEncoding
         >>> pipe = FeaturePipeline({"cat": Categorify("c"), "n": CountEncoding("c")})
         >>> out = pipe.fit_transform({"c": np.array([4, 4, 9])})
         >>> out["cat"].tolist(), out["n"].tolist()

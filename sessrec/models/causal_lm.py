@@ -29,7 +29,7 @@ class CausalLanguageModeling(Objective):
     targets are the session shifted left by one. Every session with two or more items, the second
     of them targetable, has a target. Nothing is masked.
 
-    Example:
+    Examples:
         >>> m = CausalLanguageModeling()(torch.tensor([[0, 4, 1, 6]]))
         >>> m.read.tolist(), m.targets.tolist()
         ([[False, False, True, False]], [6])

@@ -227,7 +227,7 @@ class InteractionArch(nn.Module):
     Output (B, D + (F + 1) F / 2): the dense vector, then the dots of pairs (i < j) of
     ``[dense, e_1, ..., e_F]`` in row-major order.
 
-    Example:
+    Examples:
         >>> arch = InteractionArch(num_sparse_features=2)
         >>> arch(torch.tensor([[1., 2.]]), torch.tensor([[[3., 4.], [0., 1.]]])).tolist()
         [[1.0, 2.0, 11.0, 2.0, 4.0]]
@@ -321,7 +321,7 @@ class DLRM(nn.Module, PretrainedNetwork, Configurable):
             ``torchrec``: TorchRec's ``EmbeddingBagCollection`` (`TorchRecSparseArch`), which can be
             sharded; its tables are parameters of the dense optimizer (``embedding_optimizer: none``).
 
-    Example:
+    Examples:
         >>> model = DLRM(2, [TableConfig("city", 10, 4)], dense_layers=[8, 4], over_layers=[8])
         >>> model(torch.randn(3, 2), SparseFeatures.from_dense({"city": torch.tensor([1, 2, 3])})).shape
         torch.Size([3])

@@ -34,7 +34,7 @@ class MaskedItemModeling(Objective):
             session; this shows the model such prefixes on the fly, without expanding the
             training data into all of them.
 
-    Example:
+    Examples:
         >>> items = torch.tensor([[0, 4, 5, 6]])
         >>> m = MaskedItemModeling(mask_prob=0.5)(items, torch.Generator().manual_seed(0))
         >>> torch.equal(m.targets, items[m.masked]) and bool((m.inputs[m.masked] == 0).all())

@@ -28,7 +28,7 @@ moves its pointer (`sessrec.saved.versions`). Versions 1 (before the parts were 
 hold only the ``task`` section: the network loader builds the network from it
 (`network_sections`) for `NextItemTask` and `DLRMTask` configs, with no Lightning.
 
-Example:
+Examples:
     >>> import tempfile, numpy as np, pyarrow as pa, torch
     >>> from sessrec.data import ItemVocab
     >>> from sessrec.models import GRU4RecEncoder, SessionModel

@@ -25,7 +25,7 @@ A model saves itself with its vocabulary, objective and inference settings into 
 
 Shape letters: B batch, L sequence, D width, V items (incl. padding and OOV), N selected positions.
 
-Example:
+Examples:
     >>> from sessrec.models import SessionModel, XLNetEncoder
     >>> model = SessionModel(num_items=100, encoder=XLNetEncoder(d_model=16, n_head=2, n_layer=1))
     >>> scores = model(torch.tensor([[0, 5, 7], [3, 4, 9]]))  # (B, V) next-item scores

@@ -125,7 +125,7 @@ class SideInfoEmbedding(nn.Module, Configurable):
         spec: feature names and sizes from the data (`SessionDataModule.side_info`).
         config: aggregation and feature widths.
 
-    Example:
+    Examples:
         >>> spec = SideInfoSpec(categorical={"device": 5}, continuous=["price"])
         >>> side = SideInfoEmbedding(16, 100, spec)
         >>> x = torch.zeros(2, 3, 16)

@@ -219,7 +219,7 @@ class SeenItemsFilter(Stateless):
         window: how many of the latest events count; None: the whole session (``sessions.history``
             when the pipeline keeps one, up to its ``history_length`` events; else ``sessions.items``).
 
-    Example:
+    Examples:
         >>> s = Sessions(torch.tensor([[0, 5, 7]]))
         >>> SeenItemsFilter(window=1).apply(s, Candidates(torch.tensor([[5, 7, 9]]))).items.tolist()
         [[5, 0, 9]]

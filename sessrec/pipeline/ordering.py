@@ -77,7 +77,7 @@ class BoostRule(RawItemRule):
         mode: ``add`` or ``multiply`` (see the module docstring).
         item_column: id column of the file.
 
-    Example:
+    Examples:
         >>> vocab = ItemVocab(pa.array([7, 9]), np.array([2, 1]))  # model ids 2, 3
         >>> rule = BoostRule([9], weight=1.0).bind(vocab)
         >>> rule.boost(torch.tensor([[2, 3]]), torch.tensor([[0.5, 0.0]])).tolist()
@@ -215,7 +215,7 @@ class Ordering(Configurable):
         diversity: cap on items per category, or None.
         sampling: softmax sampling of the final k, or None for the top-k by score.
 
-    Example:
+    Examples:
         >>> c = Candidates(torch.tensor([[4, 5, 6]]), scores=torch.tensor([[0.1, 0.9, 0.5]]))
         >>> Ordering().order(Sessions(torch.tensor([[4]])), c, k=2).items.tolist()
         [[5, 6]]

@@ -218,7 +218,7 @@ def list_metrics(
             largest cut-off). False: the lists are served in another order (sampled,
             `SoftmaxSampling`), and the rank of a target is its position in the list.
 
-    Example:
+    Examples:
         >>> list_metrics(torch.tensor([[4, 7, 9]]), torch.tensor([[3., 2., 2.]]), torch.tensor([9]), ks=[2])
         {'recall@2': 0.0, 'ndcg@2': 0.0, 'mrr@2': 0.0}
         >>> list_metrics(torch.tensor([[4, 9, 7]]), torch.tensor([[3., 1., 2.]]), torch.tensor([9]), ks=[2], by_score=False)

@@ -52,7 +52,7 @@ def fsync_tree(root: str | os.PathLike) -> None:
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside `path`; on success fsync it and rename it to `path`, on failure remove it.
 
-    Example:
+    Examples:
         >>> with atomic_path("out.parquet") as tmp:  # doctest: +SKIP
         ...     pq.write_table(table, tmp)
     """

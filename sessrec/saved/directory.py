@@ -6,7 +6,7 @@ description records the content hash of every part (``"parts": {"model.safetenso
 "sha256:..."}``), so a part copied in from another run, a vocabulary with its rows permuted, or a
 truncated file is refused with one line naming it, before anything is built from it.
 
-Example:
+Examples:
     >>> import tempfile, pathlib
     >>> folder = pathlib.Path(tempfile.mkdtemp())
     >>> _ = (folder / "a.bin").write_bytes(b"weights")

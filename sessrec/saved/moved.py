@@ -8,7 +8,7 @@ the module ``__getattr__`` of an old module path, which warns once per access wi
 `DeprecationWarning` naming the new path and returns the object from there. The old paths are
 removed in the release after the one that moved them.
 
-Example:
+Examples:
     >>> new_path("sessrec.data.features.ops.Categorify")
     'sessrec.features.ops.Categorify'
     >>> new_path("sessrec.data.TrivagoSource")

@@ -23,7 +23,7 @@ that moved (`sessrec.saved.moved`: ``sessrec.data.features.ops.Categorify``,
 ``sessrec.pipeline.features.CandidateFeatures``, ...) names the class at its new place, so
 directories and recipes written before the move still load.
 
-Example:
+Examples:
     >>> from sessrec.models import GRU4RecEncoder
     >>> config = config_of(GRU4RecEncoder(d_model=8))
     >>> config["class_path"], config["init_args"]["d_model"]

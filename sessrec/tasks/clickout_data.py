@@ -41,7 +41,7 @@ class ClickoutDataModule(pl.LightningDataModule):
             it forward gives the successive windows of retraining.
         train_hours: train on the click-outs of this many hours before validation only (None: all).
 
-    Example:
+    Examples:
         >>> dm = ClickoutDataModule("trivago_val_100k.parquet.snappy")  # doctest: +SKIP
         >>> dm.setup("fit"); batch = next(iter(dm.train_dataloader()))  # doctest: +SKIP
     """

@@ -16,7 +16,7 @@ declares:
 settings, linked from the data module, are left out here: the data module reads the
 checkpoint's vocabulary and feature transforms, and the CLI compares what it derives.
 
-Example:
+Examples:
     >>> from sessrec.tasks import NextItemTask
     >>> held = {"dropout": 0.1, "evaluation": {"ks": [10, 20], "top_k": 20, "exclude_seen": False}}
     >>> merged = merge_with_checkpoint(NextItemTask, held, given={"evaluation": {"top_k": 5}}, source="best.ckpt")

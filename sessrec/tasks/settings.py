@@ -13,7 +13,7 @@ mapping under ``model:`` (or ``model.init_args:``), and on the command line a do
 A saved task holds each part as plain data (`sessrec.saved.registry.config_of`); `of` turns that
 back into the part, and `grouped` reads a saved config that names the settings one by one.
 
-Example:
+Examples:
     >>> Schedule(warmup_steps=2, decay="linear").factor(step=6, total_steps=10)
     0.5
     >>> Optimization.of({"lr": 0.01})

@@ -23,7 +23,7 @@ little, at more memory and time. Since W leaves out a == b pairs, a target that 
 of the session is found only through the items it co-visits with; the repeat features and the
 other retrievers cover repeats. Recall as a pipeline retriever: ``docs/results.md``, The pipeline.
 
-Example:
+Examples:
     >>> import torch
     >>> from sessrec.pipeline.candidates import Sessions
     >>> cv = CoVisitation(window=1, direction="forward", normalize=False).fit(torch.tensor([[2, 3, 4], [0, 2, 4]]), 5)

@@ -99,7 +99,7 @@ class ExactIndex(Configurable):
     Args:
         block_size: item rows scored per matrix product.
 
-    Example:
+    Examples:
         >>> index = ExactIndex().build(np.eye(3, dtype=np.float32), np.array([7, 8, 9]))
         >>> index.search(torch.tensor([[0.0, 2.0, 1.0]]), k=2)[1]
         tensor([[8, 9]])
@@ -191,7 +191,7 @@ class FaissIndex(Configurable):
         nprobe: IVF lists visited per query (at most nlist).
         seed: seeds the IVF training sample and k-means.
 
-    Example:
+    Examples:
         >>> vectors = np.random.default_rng(0).standard_normal((1000, 8)).astype(np.float32)
         >>> index = FaissIndex("hnsw").build(vectors, np.arange(1000) + 2)
         >>> scores, ids = index.search(torch.from_numpy(vectors[:2]), k=10)

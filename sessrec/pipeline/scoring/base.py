@@ -136,7 +136,7 @@ def early_stopping_split(
     Returns:
         (train rows, stop rows), int64 indices into the B rows, each sorted.
 
-    Example:
+    Examples:
         >>> labels = torch.tensor([[1, 0], [0, 1], [1, 0], [0, 1]])
         >>> train, stop = early_stopping_split(labels, 0.5, seed=0, groups=torch.tensor([7, 7, 9, 9]))
         >>> sorted(map(tuple, (train.tolist(), stop.tolist())))

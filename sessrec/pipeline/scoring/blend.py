@@ -27,7 +27,7 @@ from sessrec.pipeline.scoring.gbdt import GBDTScorer
 def standardised(scores: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """(B, K) scores -> (B, K) scores of mean 0 and standard deviation 1 within each row's valid slots (0 at the others).
 
-    Example:
+    Examples:
         >>> standardised(torch.tensor([[1.0, 3.0, 0.0]]), torch.tensor([[True, True, False]])).tolist()
         [[-1.0, 1.0, 0.0]]
     """
@@ -47,7 +47,7 @@ class BlendScorer(Scorer):
             `GBDTScorer`s (seeds 0 and 1: two early-stopping splits and baggings), their defaults otherwise.
         weights: one weight per member; None: equal weights.
 
-    Example:
+    Examples:
         >>> blend = BlendScorer([DLRMScorer(max_epochs=5), GBDTScorer(threads=1)], weights=[0.5, 0.5])
         >>> [type(s).__name__ for s in blend.scorers]
         ['DLRMScorer', 'GBDTScorer']

@@ -51,7 +51,7 @@ class IdRows:
         kept: (S,) int64 ascending ids that have their own row.
         vocabulary: ids lie in ``[0, vocabulary)``; a larger id has not been kept either and gets row 0.
 
-    Example:
+    Examples:
         >>> rows = IdRows(torch.tensor([3, 7]), vocabulary=10)
         >>> rows(torch.tensor([7, 3, 5, 0, 12])).tolist(), rows.size
         ([2, 1, 0, 0, 0], 3)

@@ -36,7 +36,7 @@ main()
 
 
 def fit(args: list[str], cwd: Path) -> dict[str, float]:
-    done = subprocess.run(["sessrec", "fit", *args, "--trainer.enable_progress_bar", "false"], cwd=cwd,
+    subprocess.run(["sessrec", "fit", *args, "--trainer.enable_progress_bar", "false"], cwd=cwd,
                           capture_output=True, text=True, check=True)
     (metrics,) = cwd.glob("runs/**/metrics.csv")  # a resumed run logs into the folder of the run it resumes
     with open(metrics, newline="") as fh:

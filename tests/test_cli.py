@@ -128,5 +128,5 @@ def test_predict_reports_progress_in_lines_not_a_bar_of_unknown_length(trained, 
     main(["predict", *TINY, "--trainer.enable_progress_bar", "true", "--ckpt_path", str(ckpt),
           "--data.predict_path", str(src), "--scoring.output", str(tmp_path / "recs.parquet")])
     shown = capsys.readouterr()
-    assert re.search(r"^\[predict\] done: 1 batches, 3 sessions in \d+ s \(\d+ sessions/s\)$", shown.out, flags=re.M)
+    assert re.search(r"^\[predict\] done: 1 batches, 3 sessions in \d+ s \(\d+ sessions/s\)$", shown.out, flags=re.MULTILINE)
     assert "/--" not in shown.out + shown.err and "it/s" not in shown.out + shown.err

@@ -54,21 +54,21 @@ KEYS = ["--trainer.max_epochs", "--trainer.min_epochs", "--model", "--data", "--
 
 @pytest.mark.parametrize("message, expected", [
     (UNION.format(leaf="Option 'd_modle' is not accepted"),
-     "unknown key model.encoder.init_args.d_modle (XLNetEncoder has no option 'd_modle'); "
-     "did you mean model.encoder.init_args.d_model?"),
+     ("unknown key model.encoder.init_args.d_modle (XLNetEncoder has no option 'd_modle'); "
+      "did you mean model.encoder.init_args.d_model?")),
     (UNION.format(leaf='Parser key "n_head":\n                  Expected a <class \'int\'>. Got value: two'),
      "model.encoder.init_args.n_head: expected int, got 'two'"),
     (TOP.format(leaf="Option 'optimisation.lr' is not accepted"),
      "unknown key model.optimisation.lr (NextItemTask has no option 'optimisation'); did you mean model.optimization.lr?"),
     (TOP.format(leaf="Option 'optimization.lrr' is not accepted"),
-     "unknown key model.optimization.lrr (NextItemTask has no option 'optimization.lrr'); "
-     "did you mean model.optimization.lr?"),
+     ("unknown key model.optimization.lrr (NextItemTask has no option 'optimization.lrr'); "
+      "did you mean model.optimization.lr?")),
     ("unrecognized arguments: --trainer.max_epochz 3", "unknown key trainer.max_epochz; did you mean trainer.max_epochs?"),
     ("Subcommand 'fit' does not accept option 'trainer.max_epochz'",
      "unknown key trainer.max_epochz; did you mean trainer.max_epochs?"),
-    ('Parser key "trainer.max_epochs":\n  Does not validate against any of the Union subtypes\n  Subtypes: '
-     "[<class 'int'>, <class 'NoneType'>]\n  Errors:\n    - Expected a <class 'int'>\n    - Expected a <class 'NoneType'>\n"
-     "  Given value type: <class 'str'>\n  Given value: abc", "trainer.max_epochs: expected int or null, got 'abc'"),
+    (('Parser key "trainer.max_epochs":\n  Does not validate against any of the Union subtypes\n  Subtypes: '
+      "[<class 'int'>, <class 'NoneType'>]\n  Errors:\n    - Expected a <class 'int'>\n    - Expected a <class 'NoneType'>\n"
+      "  Given value type: <class 'str'>\n  Given value: abc"), "trainer.max_epochs: expected int or null, got 'abc'"),
 ])
 def test_a_refused_key_or_value_is_one_line_with_the_closest_key(message, expected):
     assert explain_parse_error(message, KEYS) == expected
@@ -125,11 +125,11 @@ def test_stages_print_a_line_when_each_starts_and_ends_and_while_one_runs(capsys
     with stages.stage("fitting the ranker"):
         pass
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == "[fit] 1/2 reading the data ..."
-    still = [x for x in lines if x.startswith("[fit] 1/2 reading the data: still running (")]
+    assert lines[0] == "[fit 1/2] reading the data ..."
+    still = [x for x in lines if x.startswith("[fit 1/2] reading the data: still running (")]
     assert len(still) >= 2 and lines[1 : 1 + len(still)] == still
-    assert lines[1 + len(still)].startswith("[fit] 1/2 reading the data: done in ")
-    assert lines[2 + len(still) :] == ["[fit] 2/2 fitting the ranker ...", "[fit] 2/2 fitting the ranker: done in 0 s"]
+    assert lines[1 + len(still)].startswith("[fit 1/2] reading the data: done in ")
+    assert lines[2 + len(still) :] == ["[fit 2/2] fitting the ranker ...", "[fit 2/2] fitting the ranker: done in 0 s"]
 
 
 def test_pipeline_fit_prints_its_stages(tmp_path, capsys, sessrec_main):
@@ -147,12 +147,12 @@ def test_pipeline_fit_prints_its_stages(tmp_path, capsys, sessrec_main):
     recipe = tmp_path / "pipeline.yaml"
     recipe.write_text(yaml.safe_dump({"pipeline": block}))
     assert sessrec_main("fit", "--config", str(recipe)) == ""
-    stages = [x.split(" ...")[0] for x in capsys.readouterr().out.splitlines() if re.match(r"\[fit\] \d/4 .* \.\.\.$", x)]
+    stages = [x.split(" ...")[0] for x in capsys.readouterr().out.splitlines() if re.match(r"\[fit \d/4\] .* \.\.\.$", x)]
     assert stages == [
-        "[fit] 1/4 reading the data, fitting the retrievers and the feature statistics",
-        "[fit] 2/4 fitting the ranker GBDTScorer on the validation pairs",
-        f"[fit] 3/4 saving the pipeline to {tmp_path / 'pipeline'}",
-        "[fit] 4/4 scoring the validation pairs",
+        "[fit 1/4] reading the data, fitting the retrievers and the feature statistics",
+        "[fit 2/4] fitting the ranker GBDTScorer on the validation pairs",
+        f"[fit 3/4] saving the pipeline to {tmp_path / 'pipeline'}",
+        "[fit 4/4] scoring the validation pairs",
     ]
 
 

@@ -33,7 +33,7 @@ WORST = """trainer:
 
 def val_lines(out: str) -> dict[int, float]:
     """epoch -> ndcg@20 of the printed ``[val]`` lines."""
-    found = re.findall(r"^\[val\] epoch (\d+) step \d+: .*ndcg@20=([0-9.]+)", out, flags=re.M)
+    found = re.findall(r"^\[val\] epoch (\d+) step \d+: .*ndcg@20=([0-9.]+)", out, flags=re.MULTILINE)
     return {int(epoch): float(value) for epoch, value in found}
 
 

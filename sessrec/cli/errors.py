@@ -10,13 +10,14 @@ and the closest valid key (`difflib`).
 from __future__ import annotations
 
 import dataclasses
-from argparse import ArgumentError
 import difflib
 import inspect
 import re
 import typing
+from argparse import ArgumentError
 from collections.abc import Iterable
 from importlib import import_module
+
 
 class RecipeError(ValueError):
     """A recipe key or command-line flag the parser refuses (one line; the tree is its ``__cause__``)."""
@@ -146,7 +147,7 @@ def _options(class_path: str, option: str) -> list[str]:
 def _hints(func: object) -> dict[str, object]:
     try:
         return typing.get_type_hints(func)
-    except Exception:  # an annotation that does not resolve here: no hints, the names still help
+    except (NameError, TypeError, AttributeError):  # an annotation that does not resolve here: the names still help
         return {}
 
 

@@ -257,21 +257,25 @@ class SessrecCLI(LightningCLI):
         directory = trained.save_pretrained(Path(best).parent.parent / "model")
         print(f"sessrec fit: best checkpoint {best}; model directory {directory}")
 
-
     def _kept_metrics(self, best: str) -> str:
         """``metrics of <best> (epoch E, step S): ...``: the validation that chose the checkpoint kept;
         the last metrics when no checkpoint is kept."""
-        shown = lambda metrics: " ".join(f"{k}={float(v):.6f}" for k, v in sorted(metrics.items()) if "/" in k)  # noqa: E731
         if not best:
-            return f"final metrics (epoch {self.trainer.current_epoch - 1}, no checkpoint kept): {shown(self.trainer.callback_metrics)}"
+            last = _shown(self.trainer.callback_metrics)
+            return f"final metrics (epoch {self.trainer.current_epoch - 1}, no checkpoint kept): {last}"
         summary = checkpoint_summary(best)
         epoch, step = summary.get("epoch"), summary.get("global_step")
         metrics = self._history.at_step.get(step) if self._history is not None else None
         if metrics is None:  # chosen before a resume, or saved without a validation (no monitor)
             scores = {cb.monitor: cb.best_model_score for cb in self.trainer.checkpoint_callbacks
                       if cb.best_model_path == best and cb.monitor and cb.best_model_score is not None}
-            return f"metrics of {best} (epoch {epoch}, step {step}): {shown(scores) or 'not recorded in this run'}"
-        return f"metrics of {best} (epoch {epoch}, step {step}, the checkpoint kept): {shown(metrics)}"
+            return f"metrics of {best} (epoch {epoch}, step {step}): {_shown(scores) or 'not recorded in this run'}"
+        return f"metrics of {best} (epoch {epoch}, step {step}, the checkpoint kept): {_shown(metrics)}"
+
+
+def _shown(metrics: dict) -> str:
+    """``name=value`` of the logged metrics (names with a ``/``), sorted, six decimals."""
+    return " ".join(f"{k}={float(v):.6f}" for k, v in sorted(metrics.items()) if "/" in k)
 
 
 def resumed_run(cfg: object) -> tuple[Path, int] | None:

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 
 
 class Stages:
-    """The numbered stages of one command (``[fit] 2/4 fitting the ranker ...``).
+    """The numbered stages of one command (``[fit 2/4] fitting the ranker ...``).
 
     Args:
         command: the command's name, the prefix of every line (``fit``).
@@ -21,8 +21,8 @@ class Stages:
         >>> stages = Stages("fit", 1, interval=60)
         >>> with stages.stage("reading the data"):
         ...     pass
-        [fit] 1/1 reading the data ...
-        [fit] 1/1 reading the data: done in 0 s
+        [fit 1/1] reading the data ...
+        [fit 1/1] reading the data: done in 0 s
     """
 
     def __init__(self, command: str, total: int, interval: float = 60.0) -> None:
@@ -33,7 +33,7 @@ class Stages:
     def stage(self, name: str) -> Iterator[None]:
         """Announce `name`, print a line every `interval` seconds while it runs, and its time at the end."""
         self.done += 1
-        head = f"[{self.command}] {self.done}/{self.total} {name}"
+        head = f"[{self.command} {self.done}/{self.total}] {name}"
         print(f"{head} ...", flush=True)
         start, stop = time.perf_counter(), threading.Event()
 

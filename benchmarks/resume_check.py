@@ -11,6 +11,7 @@ largest difference.
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 import signal
@@ -35,10 +36,12 @@ main()
 
 
 def fit(args: list[str], cwd: Path) -> dict[str, float]:
-    done = subprocess.run(["sessrec", "fit", *args, "--trainer.enable_progress_bar", "false"], cwd=cwd,
+    subprocess.run(["sessrec", "fit", *args, "--trainer.enable_progress_bar", "false"], cwd=cwd,
                           capture_output=True, text=True, check=True)
-    line = next(x for x in done.stdout.splitlines() if x.startswith("sessrec fit: final metrics:"))
-    return {k: float(v) for k, v in (kv.split("=") for kv in line.split(": ", 2)[2].split()) if k.startswith("val/")}
+    (metrics,) = cwd.glob("runs/**/metrics.csv")  # a resumed run logs into the folder of the run it resumes
+    with open(metrics, newline="") as fh:
+        last = [row for row in csv.DictReader(fh) if row.get("val/loss")][-1]  # the last epoch's validation
+    return {k: float(v) for k, v in last.items() if k.startswith("val/") and v}
 
 
 def main() -> None:

@@ -1,6 +1,7 @@
 """End to end through the ``sessrec`` CLI: fit -> test -> predict, and batch-scoring failure modes."""
 
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -118,3 +119,14 @@ def test_predict_rejects_empty_session(trained, tmp_path):
     with pytest.raises(SchemaError, match=r"empty.parquet.*item_id.*'b'.*no items"):
         main(["predict", *TINY, "--ckpt_path", str(ckpt), "--data.predict_path", str(src), "--scoring.output", str(out)])
     assert not out.exists()
+
+
+def test_predict_reports_progress_in_lines_not_a_bar_of_unknown_length(trained, tmp_path, capsys):
+    _, ckpt = trained
+    src = tmp_path / "sessions.parquet"
+    sessions_file(src, ItemVocab.load(ckpt.parent / "vocab.parquet"), "lists")
+    main(["predict", *TINY, "--trainer.enable_progress_bar", "true", "--ckpt_path", str(ckpt),
+          "--data.predict_path", str(src), "--scoring.output", str(tmp_path / "recs.parquet")])
+    shown = capsys.readouterr()
+    assert re.search(r"^\[predict\] done: 1 batches, 3 sessions in \d+ s \(\d+ sessions/s\)$", shown.out, flags=re.MULTILINE)
+    assert "/--" not in shown.out + shown.err and "it/s" not in shown.out + shown.err

@@ -299,8 +299,8 @@ def test_scoring_stream_gives_event_times_right_aligned_in_time_order(vocab: Ite
 def test_recommend_file_reads_the_time_unit_and_refuses_milliseconds_read_as_seconds(pipes, tmp_path: Path) -> None:
     src = tmp_path / "ms.parquet"
     write_sessions(src, list(NOWS), "lists", unit=1000.0)
-    with pytest.raises(ValueError, match=r"ms.parquet: column 'timestamp': session 1 has the time \d+ s, after the "
-                                         r"year 3000; set the schema's time_unit \(now 's'\)"):
+    with pytest.raises(ValueError, match=r"ms.parquet: column 'timestamp' has the time [\d.]+ at row \d+, read with "
+                                         r"time_unit: s as the year [\d,]+ \(outside 1990..2100\); .*set time_unit: ms"):
         recommend_file(pipes["deny"], src, tmp_path / "recs.parquet", k=K)
     recommend_file(pipes["deny"], src, tmp_path / "recs.parquet", k=K, schema=Schema(time_unit="ms"))
     assert recommended(tmp_path / "recs.parquet") == [EXPECTED["deny"][now] for now in NOWS]
@@ -372,3 +372,30 @@ def test_a_list_of_one_time_per_session_is_refused(vocab: ItemVocab, tmp_path: P
     pq.write_table(pa.table({"session_id": [1], "item_id": [[20, 10]], "timestamp": [T0]}), src)
     with pytest.raises(SchemaError, match="column 'timestamp' holds one value per session; give a list of event times"):
         list(ScoringStream(src, vocab, Schema(), times=True))
+
+
+def test_recommend_file_refuses_an_output_it_cannot_write_before_writing_anything(pipes, tmp_path: Path) -> None:
+    src = tmp_path / "sessions.parquet"
+    write_sessions(src, list(NOWS), "lists")
+    (tmp_path / "out").mkdir()
+    cases = [
+        (tmp_path / "recs.parquet", 0, r"--k 0: the number of recommendations per session must be 1 or more"),
+        (tmp_path / "out", K, r"--output .*out is a directory; name a file in it \(e.g. .*out/recs.parquet\)"),
+        (tmp_path / "recs.txt", K, r"--output .*recs.txt: unknown suffix '.txt'; name a .parquet file .* or a .csv file"),
+    ]
+    for output, k, message in cases:
+        with pytest.raises(ValueError, match=message):
+            recommend_file(pipes["deny"], src, output, k=k)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "sessions.parquet"]  # no .parts, no temporary file
+    assert not any((tmp_path / "out").iterdir())
+
+
+def test_recommend_file_writes_csv_for_a_csv_output(pipes, tmp_path: Path) -> None:
+    src = tmp_path / "sessions.parquet"
+    write_sessions(src, list(NOWS), "lists")
+    recommend_file(pipes["deny"], src, tmp_path / "recs.csv", k=K, batch_size=3)
+    table = pacsv.read_csv(tmp_path / "recs.csv")
+    assert table.column_names == ["session_id", "rank", "item_id", "score"]
+    expected = [(sid, rank, item) for sid, now in enumerate(NOWS, 1) for rank, item in enumerate(EXPECTED["deny"][now], 1)]
+    assert list(zip(*(table.column(c).to_pylist() for c in ("session_id", "rank", "item_id")))) == expected
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["recs.csv", "sessions.parquet"]

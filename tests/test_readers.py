@@ -558,3 +558,43 @@ def test_synthetic_source_splits_by_day():
     assert t_max - 2 * 86_400 < ends["valid"].min() and ends["valid"].max() <= t_max - 86_400
     assert ends["train"].max() <= t_max - 2 * 86_400
     assert min(summary.values()) > 0
+
+
+# --------------------------------------------------------------------------- implausible times
+
+EVENTS_AT = [1_396_437_466, 1_396_438_212, 1_396_796_300]  # 2014-04-02 .. 2014-04-06 in seconds
+
+
+def _events_file(tmp_path: Path, times: list[float]) -> Path:
+    path = tmp_path / "clicks.csv"
+    pacsv.write_csv(pa.table({"session_id": [1, 1, 2], "item_id": [5, 6, 7], "timestamp": times}), path)
+    return path
+
+
+@pytest.mark.parametrize(
+    "times, unit, message",
+    [
+        ([t * 1000 for t in EVENTS_AT], "s",
+         r"clicks.csv: column 'timestamp' has the time 1396437466000 at row 0, read with time_unit: s as the year "
+         r"46,221 \(outside 1990..2100\); it looks like ms; set time_unit: ms"),
+        (EVENTS_AT, "ms",
+         r"has the time 1396437466 at row 0, read with time_unit: ms as the year 1970 .* it looks like s; set time_unit: s"),
+        ([t * 10**6 for t in EVENTS_AT], "ms", r"as the year 46,221 .* it looks like us; set time_unit: us"),
+        ([EVENTS_AT[0], 0, EVENTS_AT[2]], "s",
+         r"has the time 0 at row 1, read with time_unit: s as the year 1970 .* fix or drop the rows"),
+        ([EVENTS_AT[0], EVENTS_AT[1], 5e9], "s", r"has the time 5000000000 at row 2, .* as the year 2128"),
+    ],
+)
+def test_read_events_refuses_times_outside_1990_to_2100(tmp_path, times, unit, message):
+    path = _events_file(tmp_path, times)
+    with pytest.raises(SchemaError, match=message):
+        read_events(path, Schema(time_unit=unit))
+    with pytest.raises(SchemaError, match=message):  # the source a recipe reads refuses it too
+        EventLogSource(str(path), schema=Schema(time_unit=unit), test_fraction=0.5).load()
+
+
+def test_read_events_takes_relative_times_and_right_units(tmp_path):
+    relative = read_events(_events_file(tmp_path, [0.0, 30.0, 5.0]), Schema())  # seconds from a start: no unit fits
+    assert relative["timestamp"].to_pylist() == [0.0, 30.0, 5.0]
+    ms = read_events(_events_file(tmp_path, [t * 1000 for t in EVENTS_AT]), Schema(time_unit="ms"))
+    assert ms["timestamp"].to_pylist() == [float(t) for t in EVENTS_AT]

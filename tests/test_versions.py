@@ -328,3 +328,20 @@ def test_a_retrain_promotion_killed_at_random_moments_keeps_record_pointer_and_m
         if moves[-1]["event"] == "promote":
             assert moves[-1]["promoted"] and torch.equal(weights_of(root), expected[moves[-1]["candidate"]]), number
     assert len([e for e in store.history() if e["event"] == "promote"]) >= 5  # most turns got through
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o027])
+def test_saved_files_take_the_mode_of_the_umask_not_0600(tmp_path, mask):
+    old = os.umask(mask)
+    try:
+        first = tiny_task(0).save_pretrained(tmp_path / "model")  # a plain directory (safetensors writes 0600)
+        second = tiny_task(1).save_pretrained(tmp_path / "model")  # a version of it
+        vocab = VOCAB.save(tmp_path / "vocab.parquet")  # one file written atomically
+    finally:
+        os.umask(old)
+    assert first != second
+    paths = [tmp_path / "model", *(tmp_path / "model").rglob("*"), vocab]
+    assert any(p.suffix == ".safetensors" for p in paths)
+    for path in paths:
+        expected = (0o777 if path.is_dir() else 0o666) & ~mask
+        assert path.stat().st_mode & 0o777 == expected, f"{path}: {oct(path.stat().st_mode & 0o777)}"

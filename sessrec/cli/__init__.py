@@ -1,11 +1,20 @@
 """``sessrec`` command line.
 
-    sessrec fit|validate|test|predict --config <task recipe> ...   a Lightning task (`sessrec.cli.lightning`)
-    sessrec fit|test|recommend --config <pipeline recipe> ...      the four-stage pipeline
-    sessrec serve --model-dir D                                    HTTP recommendations (`sessrec.deploy.server`)
-    sessrec export --ckpt_path <ckpt|model dir> --format ...      ONNX, TorchScript or a Triton repository
-    sessrec retrain --config <retrain recipe> ...                 one warm-start turn with its quality gate
-    sessrec rollback --model-dir D [--to VERSION]                 an earlier version of D current again
+    sessrec fit --config <recipe> ...                            train a task recipe, or fit a pipeline recipe's ranker
+    sessrec validate --config <task recipe> --ckpt_path C        validation metrics of a trained checkpoint
+    sessrec test --config <recipe> [--ckpt_path C]               test metrics of a checkpoint, or of a pipeline end to end
+    sessrec predict --config <task recipe> --ckpt_path C ...     top-k items for sessions of --data.predict_path (parquet)
+    sessrec recommend --config <pipeline recipe> --input F ...   a pipeline's top-k for a file of sessions (--output)
+    sessrec serve --model-dir D                                  HTTP recommendations (`sessrec.deploy.server`)
+    sessrec export --ckpt_path <ckpt|model dir> --format ...     ONNX, TorchScript or a Triton repository
+    sessrec retrain --config <retrain recipe> ...                one warm-start turn with its quality gate
+    sessrec rollback --model-dir D [--to VERSION]                an earlier version of D current again
+
+Options of every command:
+
+    --traceback (or SESSREC_TRACEBACK=1)          the full trace of an error, and jsonargparse's full report
+    --show-warnings (or SESSREC_SHOW_WARNINGS=1)  third-party notices that are hidden by default: Lightning's
+                                                  logger tips, wandb's banner, known deprecation warnings
 
 Only the Lightning commands, the pipeline's ``fit`` and ``retrain`` import the training stack
 (Lightning, jsonargparse's LightningCLI); ``serve``, ``export`` of a model directory, ``recommend``
@@ -18,14 +27,17 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import logging
 import os
 import sys
 import typing
+import warnings
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from sessrec.cli.errors import parse_args
 from sessrec.saved.checkpoint import data_state
 
 PIPELINE_COMMANDS = ("fit", "test", "recommend")
@@ -66,14 +78,14 @@ def pipeline_cli(args: list[str]) -> object:
     parser = recipe_parser(prog=f"sessrec {command}")
     if command == "recommend":
         parser.add_argument("--input", type=str, required=True, help="sessions (parquet/CSV): a list column or one row per event")
-        parser.add_argument("--output", type=str, required=True, help="parquet of session_id, item_ids, scores")
+        parser.add_argument("--output", type=str, required=True, help="a .parquet file (session_id, item_ids, scores) or a .csv file (session_id, rank, item_id, score)")
         parser.add_argument("--k", type=int, default=20, help="recommendations per session")
         parser.add_argument("--batch_size", type=int, default=1024, help="sessions per batch (and per part file)")
         parser.add_argument("--overwrite", type=bool, default=False, help="replace an existing output")
         parser.add_argument("--now", type=float | None, default=None,
                             help="seconds since the epoch at which allow/deny windows hold, for every session "
                                  "(default: each session's last event with a time column, else the time the run starts)")
-    cfg = parser.parse_args(rest)
+    cfg = parse_args(parser, rest)
     recipe = parser.instantiate(cfg).pipeline
     if command == "fit":
         return recipe.fit()
@@ -113,10 +125,10 @@ def retrain_cli(args: list[str]) -> object:
     from sessrec.deploy.retrain import retrain, retrain_dlrm, summary
 
     turn = retrain_dlrm if _model_class(args).endswith("DLRMTask") else retrain
-    parser = ArgumentParser(prog="sessrec retrain", description=turn.__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="sessrec retrain", description=turn.__doc__.splitlines()[0], exit_on_error=False)
     parser.add_argument("--config", action=ActionConfigFile)
     parser.add_function_arguments(turn)
-    kwargs = parser.instantiate(parser.parse_args(args)).as_dict()
+    kwargs = parser.instantiate(parse_args(parser, args)).as_dict()
     kwargs.pop("config", None)
     decision = turn(**kwargs)
     print(f"sessrec retrain: {summary(decision)}")
@@ -145,10 +157,7 @@ def serve_cli(args: list[str]) -> None:
     """``sessrec serve --model-dir <dir>``: HTTP recommendations from a model or pipeline directory."""
     from sessrec.deploy.server import serve
 
-    settings = vars(function_parser(serve, "sessrec serve").parse_args(args))
-    if not 0 <= settings["port"] <= 65535:
-        raise ValueError(f"--port {settings['port']} is not a TCP port (0 to 65535)")
-    serve(**settings)
+    serve(**vars(function_parser(serve, "sessrec serve").parse_args(args)))
 
 
 def export_cli(args: list[str]) -> object:
@@ -242,6 +251,7 @@ def _optional(convert: Any) -> Any:
 COMMANDS = {"export": export_cli, "retrain": retrain_cli, "rollback": rollback_cli, "serve": serve_cli}
 USER_ERRORS = (ValueError, TypeError, RuntimeError, OSError, KeyError)  # OSError: missing or existing files
 VERBOSE_FLAGS = ("--traceback", "--verbose")
+SHOW_WARNINGS = "--show-warnings"
 
 
 def run(args: list[str]) -> object:
@@ -271,16 +281,42 @@ COMMAND_NAMES = ("fit", "validate", "test", "predict", "recommend", "serve", "ex
 
 
 def _usage() -> str:
-    """The commands, as the module docstring lists them."""
-    listing = __doc__.split("\n\n")[1]
-    return "usage:\n" + listing + "\n\n(sessrec <command> --help for a command's options)"
+    """The commands and the options of every command, as the module docstring lists them."""
+    commands, options = __doc__.split("\n\n")[1], __doc__.split("\n\n")[3]
+    return ("usage:\n" + commands + "\n\noptions of every command:\n" + options
+            + "\n\n(sessrec <command> --help for a command's options)")
+
+
+NOISE = ("\N{ELECTRIC LIGHT BULB} Tip:",)  # Lightning's advertisements (rank_zero_info at INFO)
+NOISY_WARNINGS = (r".*LeafSpec",)  # torch's deprecation of what pytorch_lightning's _pytree still uses
+RANK_ZERO_LOGGERS = ("pytorch_lightning.utilities.rank_zero", "lightning_fabric.utilities.rank_zero",
+                     "lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero")
+
+
+class _Advertisements(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(NOISE)
+
+
+def quiet_third_parties() -> None:
+    """Hide third-party notices a user cannot act on (`NOISE`, `NOISY_WARNINGS`, wandb's banner);
+    sessrec's own warnings and Lightning's other messages stay."""
+    os.environ.setdefault("WANDB_SILENT", "true")
+    for pattern in NOISY_WARNINGS:
+        warnings.filterwarnings("ignore", message=pattern)
+    for name in RANK_ZERO_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _Advertisements) for f in logger.filters):
+            logger.addFilter(_Advertisements())
 
 
 def main() -> None:
     """Console entry point ``sessrec``: a user error is one line (``--traceback`` or SESSREC_TRACEBACK=1 for the trace)."""
     args = sys.argv[1:]
     verbose = any(a in VERBOSE_FLAGS for a in args) or bool(os.environ.get("SESSREC_TRACEBACK"))
-    args = [a for a in args if a not in VERBOSE_FLAGS]
+    if not (SHOW_WARNINGS in args or os.environ.get("SESSREC_SHOW_WARNINGS")):
+        quiet_third_parties()
+    args = [a for a in args if a not in (*VERBOSE_FLAGS, SHOW_WARNINGS)]
     try:
         run(args)
     except ModuleNotFoundError as err:

@@ -39,22 +39,34 @@ ids and features map exactly as in training.
 
 A renamed setting (``--model.top_k``, ``--model.lr`` ...: `sessrec.tasks.settings.SEPARATE`), on
 the command line or in a recipe, is refused with one line naming the key that replaces it.
-``fit --ckpt_path`` resumes with the checkpoint's model settings (LightningCLI's own restore).
+``fit --ckpt_path`` resumes with the checkpoint's model settings (LightningCLI's own restore); a
+checkpoint of ``<save_dir>/<name>/version_N/checkpoints/`` (``last.ckpt`` of a killed run) continues
+in ``version_N`` (its logger, checkpoints and ``metrics.csv``), not in a new version folder.
+
+After ``fit``, the metrics printed are those of the checkpoint kept (``best.ckpt``: the validation
+that chose it, with its epoch and step), which need not be the last epoch's.
 """
 
 from __future__ import annotations
 
+import csv
+import re
 import sys
+import warnings
+from argparse import ArgumentError
 from importlib import import_module
 from pathlib import Path
 
 import pytorch_lightning as pl
+from jsonargparse import Namespace
+from pytorch_lightning.callbacks import ProgressBar
 from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 
 from sessrec.cli import _config_paths, _recipe
+from sessrec.cli.errors import RecipeError, explain_parse_error
 from sessrec.saved.checkpoint import checkpoint_summary, data_state
 from sessrec.tasks import LastCheckpoint, TopKWriter, VocabularyCheckpoint
-from sessrec.tasks.callbacks import find_features, find_vocab
+from sessrec.tasks.callbacks import MetricHistory, PredictProgress, find_features, find_vocab
 from sessrec.tasks.pretrained import GROUPED_TASKS, load_checkpoint, plain_hparams
 from sessrec.tasks.restore import merge_with_checkpoint, renamed, same_class, same_value, show, task_class
 from sessrec.tasks.settings import grouped
@@ -72,13 +84,21 @@ class SessrecCLI(LightningCLI):
     _args: list[str] | None = None  # the arguments parsed (None when given as a dict or Namespace)
     _held: dict | None = None  # the model settings of the checkpoint evaluated
     _checkpoint: str = ""
+    _history: MetricHistory | None = None  # the metrics of every validation of `fit`
+    _resumed: tuple[Path, int] | None = None  # the run folder a `fit --ckpt_path` continues, and its step
 
     def parse_arguments(self, parser: LightningArgumentParser, args: object) -> None:
-        """Refuse a renamed setting in one line, then parse (LightningCLI's)."""
+        """Refuse a renamed setting in one line, then parse (LightningCLI's); a key or value the parser
+        refuses is one line naming the key and the closest valid one (`explain_parse_error`)."""
         if args is None or isinstance(args, (list, tuple)):
             self._args = list(sys.argv[1:] if args is None else args)
             refuse_renamed(self._args)
-        super().parse_arguments(parser, args)
+        try:
+            super().parse_arguments(parser, args)
+        except ArgumentError as err:  # jsonargparse's tree of every type it tried: one line of it
+            sub = next((a for a in self._args or () if a in self._subcommand_parsers), None)
+            keys = [o for a in self._subcommand_parsers[sub]._actions for o in a.option_strings] if sub else []
+            raise RecipeError(explain_parse_error(str(err), keys)) from err
 
     def _parse_ckpt_path(self) -> None:
         """LightningCLI's hook that puts a checkpoint's hyper-parameters over the model's config.
@@ -151,6 +171,8 @@ class SessrecCLI(LightningCLI):
             parser = self._subcommand_parsers[sub]
             parser.link_arguments("data.cardinalities", "model.init_args.cardinalities", apply_on="instantiate")
             parser.link_arguments("data.num_dense", "model.init_args.num_dense", apply_on="instantiate")
+        if sub == "fit":
+            self._resumed = resumed_run(cfg)
         if sub not in ("validate", "test", "predict"):
             return
         if sub == "predict" and cfg.get("return_predictions") is None:
@@ -205,21 +227,92 @@ class SessrecCLI(LightningCLI):
                     f"{name} {show(derived[key])} differs from the checkpoint's {show(self._held[key])} ({self._checkpoint}): {why}"
                 )
 
+    def before_fit(self) -> None:
+        """Record the metrics of every validation (`MetricHistory`), and on a resume put the earlier
+        rows of the run's ``metrics.csv`` back (the CSV logger starts the file over)."""
+        self._history = MetricHistory()
+        self.trainer.callbacks.append(self._history)
+        if self._resumed is not None:
+            restore_metrics(self.trainer.logger, *self._resumed)
+
+    def before_predict(self) -> None:
+        """A line of progress every 30 s (`PredictProgress`) in place of the progress bar, which cannot
+        know the length of a stream of sessions."""
+        self.trainer.callbacks = [cb for cb in self.trainer.callbacks if not isinstance(cb, ProgressBar)]
+        self.trainer.callbacks.append(PredictProgress())
+
     def after_fit(self) -> None:
-        """Print the final metrics and the best checkpoint, and write its model directory beside it."""
+        """Print the metrics of the checkpoint kept (the best one, with its epoch) and write its model
+        directory beside it."""
         trainer, model = self.trainer, self.model
         if trainer.fast_dev_run or not trainer.is_global_zero:
             return
-        shown = " ".join(f"{k}={float(v):.6f}" for k, v in sorted(trainer.callback_metrics.items()) if "/" in k)
-        print(f"sessrec fit: final metrics: {shown}")
         saved = [cb.best_model_path for cb in trainer.checkpoint_callbacks if cb.best_model_path]
         best = next((path for path in saved if Path(path).name != "last.ckpt"), saved[0] if saved else "")
+        print(f"sessrec fit: {self._kept_metrics(best)}")
         if not best or not hasattr(model, "save_pretrained"):
             return
         trained = load_checkpoint(best)
         trained.attach_data(self.datamodule)
         directory = trained.save_pretrained(Path(best).parent.parent / "model")
         print(f"sessrec fit: best checkpoint {best}; model directory {directory}")
+
+    def _kept_metrics(self, best: str) -> str:
+        """``metrics of <best> (epoch E, step S): ...``: the validation that chose the checkpoint kept;
+        the last metrics when no checkpoint is kept."""
+        if not best:
+            last = _shown(self.trainer.callback_metrics)
+            return f"final metrics (epoch {self.trainer.current_epoch - 1}, no checkpoint kept): {last}"
+        summary = checkpoint_summary(best)
+        epoch, step = summary.get("epoch"), summary.get("global_step")
+        metrics = self._history.at_step.get(step) if self._history is not None else None
+        if metrics is None:  # chosen before a resume, or saved without a validation (no monitor)
+            scores = {cb.monitor: cb.best_model_score for cb in self.trainer.checkpoint_callbacks
+                      if cb.best_model_path == best and cb.monitor and cb.best_model_score is not None}
+            return f"metrics of {best} (epoch {epoch}, step {step}): {_shown(scores) or 'not recorded in this run'}"
+        return f"metrics of {best} (epoch {epoch}, step {step}, the checkpoint kept): {_shown(metrics)}"
+
+
+def _shown(metrics: dict) -> str:
+    """``name=value`` of the logged metrics (names with a ``/``), sorted, six decimals."""
+    return " ".join(f"{k}={float(v):.6f}" for k, v in sorted(metrics.items()) if "/" in k)
+
+
+def resumed_run(cfg: object) -> tuple[Path, int] | None:
+    """For ``fit --ckpt_path <save_dir>/<name>/version_N/checkpoints/<file>`` with a logger that writes
+    to ``<save_dir>/<name>`` and no version of its own: set its version to N, so the resumed run logs
+    and checkpoints into the folder of the run it continues (not a new ``version_N+1`` beside a stale
+    ``best.ckpt``); returns that folder and the checkpoint's global step, else None."""
+    ckpt = cfg.get("ckpt_path")
+    logger = cfg.trainer.get("logger") if ckpt else None
+    args = logger.get("init_args") if isinstance(logger, Namespace) else None
+    if args is None or "version" not in args or args.get("version") is not None or args.get("save_dir") is None:
+        return None
+    run = Path(ckpt).resolve().parent.parent
+    number = re.fullmatch(r"version_(\d+)", run.name)
+    same = (Path(args.save_dir) / str(args.get("name") or "")).resolve() == run.parent
+    if Path(ckpt).resolve().parent.name != "checkpoints" or number is None or not same:
+        return None
+    args.version = int(number.group(1))
+    return run, int(checkpoint_summary(ckpt).get("global_step") or 0)
+
+
+def restore_metrics(logger: object, run: Path, step: int) -> None:
+    """Log again the rows of ``<run>/metrics.csv`` up to `step` (those of the run resumed), which a
+    CSV logger removes when it opens a folder that is not empty."""
+    path = run / "metrics.csv"
+    if not path.is_file() or type(logger).__name__ != "CSVLogger":
+        return
+    with open(path, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Experiment logs directory")  # it says the rows are lost
+        experiment = logger.experiment
+    for row in rows:
+        at = int(float(row.pop("step", "") or -1))
+        if 0 <= at <= step:
+            experiment.log_metrics({k: float(v) for k, v in row.items() if v not in ("", None)}, at)
+    experiment.save()
 
 
 UNTRAINED_TASKS = ("BaselineTask",)  # tasks with nothing to train: test and predict need no checkpoint
@@ -234,6 +327,7 @@ def cli(args: list[str] | None = None) -> SessrecCLI:
         subclass_mode_data=True,
         seed_everything_default=0,
         save_config_kwargs={"overwrite": True},
+        parser_kwargs={"exit_on_error": False},  # a parse error raises: `sessrec.cli.main` says it in one line
         args=args,
     )
 

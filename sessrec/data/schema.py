@@ -51,7 +51,9 @@ class Schema:
         item_id: column with the item identifier (non-negative integer or string).
         timestamp: event time column, or None when the row order within a session is the time order.
         time_unit: unit of a numeric ``timestamp`` (``s``, ``ms``, ``us``, ``ns``), or ``datetime`` for
-            timestamp/date columns and ISO-8601 strings.
+            timestamp/date columns and ISO-8601 strings. Numeric times that this unit places
+            outside 1990..2100 are refused with the unit that would fit (milliseconds read as
+            seconds would be the year 46,000); times that no unit places there are relative.
         order_by: optional tie-breaking column within a session (e.g. trivago's ``step``,
             DIGINETICA's ``timeframe``).
         features: side-feature columns carried along with the items.
@@ -335,7 +337,44 @@ def parse_time(table: pa.Table, name: str, unit: TimeUnit, source: str, rows: Ro
     if nulls.any():
         value, row = _example(col, nulls, rows)
         raise SchemaError(f"{source}: column {name!r} has a missing timestamp {value!r} at row {row}")
+    if pa.types.is_integer(typ) or pa.types.is_floating(typ):
+        _check_plausible(col, seconds, name, unit, source, rows)
     return pa.chunked_array([pa.array(np.asarray(seconds, dtype=np.float64))])
+
+
+PLAUSIBLE_SECONDS = (631_152_000.0, 4_102_444_800.0)  # 1990-01-01 and 2100-01-01 (UTC), seconds since the epoch
+_SECONDS_PER_YEAR = 31_556_952.0
+
+
+def _check_plausible(col: pa.ChunkedArray, seconds: np.ndarray, name: str, unit: TimeUnit, source: str, rows: Rows) -> None:
+    """Refuse numeric times that the given `unit` places outside 1990..2100 (`PLAUSIBLE_SECONDS`).
+
+    A time after 2100 is always refused; so is a time before 1990 in a column that has times in
+    1990..2100, or whose times all fall in that range under another unit (seconds read as ms).
+    A column whose times no unit places in the range holds relative times (seconds from a
+    start, as in toy data) and passes.
+
+    Raises:
+        SchemaError: naming the file, the column, the first implausible value, its year under
+            `unit`, and the unit that would fit when there is one.
+    """
+    low, high = PLAUSIBLE_SECONDS
+    inside = (seconds >= low) & (seconds < high)
+    if inside.all():
+        return
+    raw_low, raw_high = seconds.min() / _UNIT_SECONDS[unit], seconds.max() / _UNIT_SECONDS[unit]
+    fits = [u for u, f in _UNIT_SECONDS.items() if u != unit and low <= raw_low * f and raw_high * f < high]
+    late = seconds >= high
+    if not (late.any() or inside.any() or fits):
+        return
+    value, row = _example(col, late if late.any() else ~inside, rows)
+    year = int(np.floor(1970 + float(value) * _UNIT_SECONDS[unit] / _SECONDS_PER_YEAR))
+    fix = (f"it looks like {fits[0]}; set time_unit: {fits[0]}" if fits
+           else "fix or drop the rows, or set time_unit to the column's unit")
+    raise SchemaError(
+        f"{source}: column {name!r} has the time {value!r} at row {row}, read with time_unit: {unit} as the year "
+        f"{f'{year:,}' if year >= 10_000 else year} (outside 1990..2100); {fix}"
+    )
 
 
 def _parse_time_strings(col: pa.ChunkedArray) -> pa.ChunkedArray:

@@ -504,7 +504,12 @@ def serve(
         reload_interval_s: seconds between two reads of the model directory's ``CURRENT``; 0: no reload.
         log_level: uvicorn's log level.
         access_log: log one line per request.
+
+    Raises:
+        ValueError: a `port` outside 0..65535 (before the model is read).
     """
+    if not 0 <= port <= 65535:
+        raise ValueError(f"--port {port} is not a TCP port (0 to 65535)")
     limits = Limits(max_request_bytes, max_sessions_per_request, max_items_per_session, k_max)
     overload = Overload(max_queue, max_queued_sessions, max_queue_wait_ms, deadline_ms, retry_after_s)
     app = build_app(Served.load(model_dir), max_batch_size, max_wait_ms, limits, overload, model_dir, reload_interval_s)

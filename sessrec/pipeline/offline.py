@@ -26,7 +26,10 @@ import shutil
 import time
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import torch
 
@@ -62,7 +65,8 @@ def recommend_file(
     Args:
         pipeline: a saved pipeline directory (or a loaded `Pipeline`).
         input_path: sessions file (see `ScoringStream`).
-        output: parquet file to write.
+        output: the file to write: ``.parquet`` (``session_id``, ``item_ids``, ``scores``) or ``.csv``
+            (one row per recommendation: ``session_id``, ``rank``, ``item_id``, ``score``).
         k: recommendations per session.
         batch_size: sessions per batch and per part file.
         schema: column names of the input; its ``timestamp`` column (in its ``time_unit``), when
@@ -77,10 +81,12 @@ def recommend_file(
         ``now`` (the time every session was served at; None: each at its last event).
 
     Raises:
-        ValueError: an implausible `now` or event time (after the year 3000: milliseconds given
+        ValueError: `k` or `batch_size` below 1, `output` a directory or of another suffix (before
+            anything is written), an implausible `now` or event time (after the year 3000: milliseconds given
             as seconds), or an input without a time column for a ranker fitted with time features.
     """
     output, input_path = Path(output), Path(input_path)
+    check_output(output, k, batch_size)
     if output.exists() and not overwrite:
         raise FileExistsError(f"{output} exists; pass --overwrite true to replace it")
     if now is not None:
@@ -122,19 +128,66 @@ def recommend_file(
         pq.write_table(table, tmp)
         os.replace(tmp, part)
         written += 1
-    tmp = output.with_name(f".{output.name}.tmp")
     if not names:
         raise ValueError(f"{input_path}: no sessions to recommend for")
-    with pq.ParquetWriter(tmp, pq.read_schema(names[0])) as writer:
-        for name in names:
-            writer.write_table(pq.read_table(name))
-    os.replace(tmp, output)
+    _join(names, output)
     shutil.rmtree(parts)
     counts = {"sessions": sessions, "batches_written": written, "batches_resumed": resumed,
               "unknown_items": stream.num_unknown, "output": str(output), "now": now}
     print(f"[recommend] {sessions} sessions -> {output} ({written} batches scored, {resumed} resumed, "
           f"{stream.num_unknown} unknown item ids scored as OOV)")
     return counts
+
+
+OUTPUT_SUFFIXES = (".parquet", ".csv")
+
+
+def check_output(output: Path, k: int, batch_size: int) -> None:
+    """Refuse settings that cannot give an output, before anything is written.
+
+    Raises:
+        ValueError: `k` or `batch_size` below 1, `output` a directory, or a suffix other than
+            `OUTPUT_SUFFIXES`.
+    """
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"--k {k}: the number of recommendations per session must be 1 or more")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"--batch_size {batch_size}: must be 1 or more")
+    if output.is_dir():
+        raise ValueError(f"--output {output} is a directory; name a file in it (e.g. {output / 'recs.parquet'})")
+    if output.suffix.lower() not in OUTPUT_SUFFIXES:
+        raise ValueError(
+            f"--output {output}: unknown suffix {output.suffix or '(none)'!r}; name a .parquet file (session_id, "
+            "item_ids, scores) or a .csv file (one row per recommendation: session_id, rank, item_id, score)"
+        )
+
+
+def _join(names: list[Path], output: Path) -> None:
+    """Join the part files into `output` (parquet as they are; CSV one row per recommendation), under a
+    temporary name renamed when complete."""
+    tmp = output.with_name(f".{output.name}.tmp")
+    try:
+        if output.suffix.lower() == ".csv":
+            with pacsv.CSVWriter(tmp, _long(pq.read_table(names[0]).slice(0, 0)).schema) as writer:
+                for name in names:
+                    writer.write_table(_long(pq.read_table(name)))
+        else:
+            with pq.ParquetWriter(tmp, pq.read_schema(names[0])) as writer:
+                for name in names:
+                    writer.write_table(pq.read_table(name))
+        os.replace(tmp, output)
+    finally:
+        tmp.unlink(missing_ok=True)  # only still there when joining failed
+
+
+def _long(table: pa.Table) -> pa.Table:
+    """One row per recommendation: ``session_id``, ``rank`` (1 = best), ``item_id``, ``score``."""
+    items, scores = table.column("item_ids").combine_chunks(), table.column("scores").combine_chunks()
+    parent = pc.list_parent_indices(items)
+    starts = pc.take(items.offsets, parent)
+    rank = pc.add(pc.subtract(pa.array(np.arange(len(parent), dtype=np.int64)), starts.cast(pa.int64())), 1)
+    return pa.table({"session_id": pc.take(table.column("session_id"), parent), "rank": rank,
+                     "item_id": pc.list_flatten(items), "score": pc.list_flatten(scores)})
 
 
 def _checked_times(batch: SessionBatch, input_path: Path, schema: Schema) -> torch.Tensor | None:

@@ -35,6 +35,7 @@ from sessrec.pipeline.candidate_features import CandidateFeatures
 from sessrec.pipeline.filters import ItemTableFilter, SeenItemsFilter
 from sessrec.pipeline.ordering import Ordering
 from sessrec.pipeline.pipeline import Pipeline
+from sessrec.pipeline.progress import Stages
 from sessrec.pipeline.retrieval.base import Retriever
 from sessrec.pipeline.retrieval.baseline import BaselineRetriever
 from sessrec.pipeline.retrieval.covisitation import CoVisitation
@@ -180,12 +181,17 @@ class PipelineRecipe:
 
     # -- the subcommands ------------------------------------------------------------------------
     def fit(self) -> Pipeline:
-        """Build, fit the ranker on the validation pairs, save to `output`; print what it did."""
-        start = time.perf_counter()
-        pipe = self.build()
-        info = fit_ranker(pipe, self.ranker_data(), self.scorer, self.batch_size)
-        pipe.save_pretrained(self.output)
-        valid = evaluate_pipeline(pipe, self.data.pairs("valid"), self.ks, self.batch_size)
+        """Build, fit the ranker on the validation pairs, save to `output`; print each stage as it starts
+        and ends (and a line a minute while one runs, `Stages`), then what it did."""
+        start, stages = time.perf_counter(), Stages("fit", 4)
+        with stages.stage("reading the data, fitting the retrievers and the feature statistics"):
+            pipe = self.build()
+        with stages.stage(f"fitting the ranker {type(self.scorer).__name__} on the validation pairs"):
+            info = fit_ranker(pipe, self.ranker_data(), self.scorer, self.batch_size)
+        with stages.stage(f"saving the pipeline to {self.output}"):
+            pipe.save_pretrained(self.output)
+        with stages.stage("scoring the validation pairs"):
+            valid = evaluate_pipeline(pipe, self.data.pairs("valid"), self.ks, self.batch_size)
         shown = " ".join(f"{k}={v:.4f}" for k, v in valid.items())
         print(f"[fit] ranker {type(self.scorer).__name__} on {info['pairs']} validation pairs "
               f"(candidate coverage {info['coverage']:.4f}); saved to {self.output} in {time.perf_counter() - start:.0f} s")
@@ -194,10 +200,13 @@ class PipelineRecipe:
 
     def test(self) -> dict[str, float]:
         """Load the saved pipeline and score the test pairs."""
-        pipe = Pipeline.from_pretrained(self.output)
-        if pipe.vocab != self.data.vocab:
-            raise ValueError(f"{self.output}: the saved pipeline's vocabulary differs from this recipe's data")
-        metrics = evaluate_pipeline(pipe, self.data.pairs("test"), self.ks, self.batch_size)
+        stages = Stages("test", 2)
+        with stages.stage(f"loading {self.output} and reading the data"):
+            pipe = Pipeline.from_pretrained(self.output)
+            if pipe.vocab != self.data.vocab:
+                raise ValueError(f"{self.output}: the saved pipeline's vocabulary differs from this recipe's data")
+        with stages.stage("scoring the test pairs"):
+            metrics = evaluate_pipeline(pipe, self.data.pairs("test"), self.ks, self.batch_size)
         print("[test] " + " ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
         return metrics
 

@@ -48,9 +48,38 @@ def fsync_tree(root: str | os.PathLike) -> None:
         fsync_dir(folder)
 
 
+def current_umask() -> int:
+    """The process's umask (read from /proc where it can be, else set and restored at once)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def normal_modes(root: str | os.PathLike) -> None:
+    """Give `root` and everything under it the mode a plain ``open`` or ``mkdir`` would (0644 and 0755
+    under umask 022), whatever a writer chose: safetensors and temporary folders write 0600 / 0700,
+    which a server running as another user cannot read."""
+    mask = current_umask()
+    root = Path(root)
+    if root.is_file():
+        root.chmod(0o666 & ~mask)
+        return
+    for folder, _, files in os.walk(root):
+        Path(folder).chmod(0o777 & ~mask)
+        for name in files:
+            (Path(folder) / name).chmod(0o666 & ~mask)
+
+
 @contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path beside `path`; on success fsync it and rename it to `path`, on failure remove it.
+    """Yield a temporary path beside `path`; on success give it the umask's mode (`normal_modes`), fsync
+    it and rename it to `path`; on failure remove it.
 
     Examples:
         >>> with atomic_path("out.parquet") as tmp:  # doctest: +SKIP
@@ -61,6 +90,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         yield tmp
+        normal_modes(tmp)
         fsync_file(tmp)
         os.replace(tmp, path)
         fsync_dir(path.parent)

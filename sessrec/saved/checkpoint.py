@@ -57,7 +57,8 @@ def data_state(path: str | os.PathLike) -> dict[str, Any] | None:
 
 def checkpoint_summary(path: str | os.PathLike) -> dict[str, Any]:
     """What a checkpoint says of itself, without its weights and loop state: ``hyper_parameters``,
-    ``sessrec`` (the task's class and format) and ``data`` (`data_state`).
+    ``sessrec`` (the task's class and format), ``data`` (`data_state`), and the ``epoch`` and
+    ``global_step`` it was saved at.
 
     Kept for the file as it is now (path, size, modification time): the command line, the
     vocabulary and the feature transforms all ask for it, and a checkpoint is read once for them all.
@@ -73,7 +74,7 @@ def _summary(path: str, size: int, mtime_ns: int) -> dict[str, Any]:
     data = next((checkpoint[key] for key in DATA_STATE_KEYS if isinstance(checkpoint.get(key), dict) and checkpoint[key]),
                 None)
     return {"hyper_parameters": checkpoint.get("hyper_parameters") or {}, "sessrec": checkpoint.get("sessrec") or {},
-            "data": data}
+            "data": data, "epoch": checkpoint.get("epoch"), "global_step": checkpoint.get("global_step")}
 
 
 def is_checkpoint(path: str | os.PathLike) -> bool:

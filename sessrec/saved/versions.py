@@ -37,7 +37,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from sessrec.saved.atomic import fsync_dir, fsync_tree, write_text
+from sessrec.saved.atomic import fsync_dir, fsync_tree, normal_modes, write_text
 
 POINTER, VERSIONS, LOG, LOCK = "CURRENT", "versions", "promotions.jsonl", ".lock"
 _NAME = re.compile(r"^v(\d{6,})$")
@@ -91,8 +91,8 @@ def _write_plain(directory: Path, write: Callable[[Path], Any]) -> Path:
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
     try:
-        tmp.chmod(0o755)  # mkdtemp's 0700 would make the model private to this user
         write(tmp)
+        normal_modes(tmp)  # mkdtemp's 0700 and safetensors' 0600 would make the model private to this user
         fsync_tree(tmp)
         if directory.exists():
             directory.rmdir()  # empty (checked by the caller); a folder that filled meanwhile makes this fail
@@ -183,6 +183,7 @@ class VersionedDirectory:
             staging.mkdir(mode=0o755)
             try:
                 write(staging)
+                normal_modes(staging)
                 fsync_tree(staging)
                 os.replace(staging, self.path(name))
                 fsync_dir(self.root / VERSIONS)

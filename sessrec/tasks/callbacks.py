@@ -7,6 +7,7 @@ into place when scoring ends, so a failed run leaves nothing at the output path.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 from weakref import proxy
@@ -40,6 +41,58 @@ class VocabularyCheckpoint(pl.Callback):
                 vocab.save(Path(dirpath) / VOCAB_FILE)
                 if side is not None:
                     side.save(Path(dirpath) / FEATURES_FILE)
+
+
+class MetricHistory(pl.Callback):
+    """The logged metrics (names with a ``/``) at the end of each validation, by global step: what
+    ``sessrec fit`` prints for the checkpoint it keeps, which need not be the last epoch's."""
+
+    def __init__(self) -> None:
+        self.at_step: dict[int, dict[str, float]] = {}
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            metrics = trainer.callback_metrics.items()
+            self.at_step[trainer.global_step] = {k: float(v) for k, v in metrics if "/" in k}
+
+
+class PredictProgress(pl.Callback):
+    """``sessrec predict``'s progress: a line every `interval` seconds and one at the end, with the
+    batches and sessions scored and the rate. The sessions come as a stream whose length is not
+    known in advance, where a progress bar shows ``1/-- 0.00it/s``.
+
+    Args:
+        interval: seconds between two lines.
+    """
+
+    def __init__(self, interval: float = 30.0) -> None:
+        self.interval = interval
+        self.batches = self.sessions = 0
+        self.start = self.last = 0.0
+
+    def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.batches = self.sessions = 0
+        self.start = self.last = time.perf_counter()
+
+    def on_predict_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self.batches += 1
+        self.sessions += len(batch) if hasattr(batch, "__len__") else 0
+        if time.perf_counter() - self.last >= self.interval:
+            self.last = time.perf_counter()
+            self._line(trainer)
+
+    def on_predict_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._line(trainer, "done: ")
+
+    def _line(self, trainer: pl.Trainer, head: str = "") -> None:
+        if trainer.is_global_zero:
+            seconds = time.perf_counter() - self.start
+            rate = self.sessions / seconds if seconds > 0 else 0.0
+            print(f"[predict] {head}{self.batches} batches, {self.sessions} sessions in {seconds:.0f} s "
+                  f"({rate:.0f} sessions/s)", flush=True)
 
 
 def find_vocab(ckpt_path: str | os.PathLike) -> Path | None:

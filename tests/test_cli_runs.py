@@ -1,0 +1,63 @@
+"""``sessrec fit`` runs: the metrics printed are the kept checkpoint's, and resuming a killed run
+continues in its own folder."""
+
+from __future__ import annotations
+
+import csv
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from sessrec.cli import cli
+
+torch.set_num_threads(1)
+ROOT = Path(__file__).resolve().parents[1]
+TINY = [
+    "--config", str(ROOT / "recipes" / "quickstart.yaml"),
+    "--trainer.enable_progress_bar", "false",
+    "--data.source.init_args.num_sessions", "1500",
+    "--data.source.init_args.num_items", "150",
+    "--model.encoder.init_args.d_model", "16",
+    "--model.encoder.init_args.n_head", "2",
+    "--model.encoder.init_args.n_layer", "1",
+]
+# keep the worst epoch: training raises ndcg, so the checkpoint kept is not the last epoch's
+WORST = """trainer:
+  callbacks:
+    - class_path: pytorch_lightning.callbacks.ModelCheckpoint
+      init_args: {monitor: val/ndcg@20, mode: min, save_top_k: 1, filename: best}
+"""
+
+
+def val_lines(out: str) -> dict[int, float]:
+    """epoch -> ndcg@20 of the printed ``[val]`` lines."""
+    found = re.findall(r"^\[val\] epoch (\d+) step \d+: .*ndcg@20=([0-9.]+)", out, flags=re.MULTILINE)
+    return {int(epoch): float(value) for epoch, value in found}
+
+
+def test_fit_prints_the_kept_checkpoints_metrics_and_a_resume_continues_its_folder(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "worst.yaml").write_text(WORST)
+    cli(["fit", *TINY, "--config", "worst.yaml", "--trainer.max_epochs", "2"])
+    out = capsys.readouterr().out
+    ndcg = val_lines(out)
+    kept = min(ndcg, key=ndcg.get)
+    assert sorted(ndcg) == [0, 1] and kept != 1  # the kept checkpoint is not the last epoch's
+    (line,) = [x for x in out.splitlines() if x.startswith("sessrec fit: metrics of")]
+    assert f"best.ckpt (epoch {kept}, step " in line and "the checkpoint kept" in line
+    assert float(re.search(r"val/ndcg@20=([0-9.]+)", line).group(1)) == pytest.approx(ndcg[kept], abs=1e-4)
+
+    run = tmp_path / "runs" / "quickstart" / "version_0"
+    cli(["fit", *TINY, "--config", "worst.yaml", "--trainer.max_epochs", "3",
+         "--ckpt_path", str(run / "checkpoints" / "last.ckpt")])  # a killed run, resumed for one more epoch
+    out = capsys.readouterr().out
+    assert sorted(p.name for p in run.parent.iterdir()) == ["version_0"]  # no version_1 beside a stale best.ckpt
+    assert sorted(val_lines(out)) == [2]
+    assert sorted(p.name for p in (run / "checkpoints").glob("*.ckpt")) == ["best.ckpt", "last.ckpt"]
+    with open(run / "metrics.csv", newline="") as fh:
+        epochs = {float(r["epoch"]) for r in csv.DictReader(fh) if r.get("val/ndcg@20")}
+    assert epochs == {0.0, 1.0, 2.0}  # the rows of the run resumed are kept
+    (line,) = [x for x in out.splitlines() if x.startswith("sessrec fit: metrics of")]
+    assert f"(epoch {kept}, step " in line

@@ -14,27 +14,41 @@ API = ROOT / "docs" / "api"
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
-def library_modules() -> set[str]:
-    """Dotted names of sessrec's modules with their own API entry: packages' __init__ files are
-    documented through their modules; ``__main__`` runs the command line; a module whose whole body
-    is a deprecated re-export (it says so in its first docstring line) is left out."""
-    names = set()
-    for path in (ROOT / "sessrec").rglob("*.py"):
-        if path.name in ("__init__.py", "__main__.py"):
+def is_shim(path: Path) -> bool:
+    """A module (or package) kept only as a deprecated re-export: its docstring starts with "Deprecated"."""
+    path = path / "__init__.py" if path.is_dir() else path
+    return path.read_text().lstrip('"\n ').startswith("Deprecated")
+
+
+def library_modules(package: Path) -> list[str]:
+    """Dotted names of a package's modules with their own API entry: not ``__init__`` (a package is
+    documented through its modules), not ``__main__``, not the deprecated shims."""
+    names = []
+    for path in sorted(package.rglob("*.py")):
+        if path.name in ("__init__.py", "__main__.py") or is_shim(path) or any(is_shim(d) for d in path.parents if package in d.parents):
             continue
-        first = path.read_text().lstrip('"\n ').splitlines()[0] if path.read_text().strip() else ""
-        if first.startswith("Deprecated"):
-            continue
-        names.add(".".join(path.relative_to(ROOT).with_suffix("").parts))
+        names.append(".".join(path.relative_to(ROOT).with_suffix("").parts))
     return names
 
 
-def api_modules() -> set[str]:
-    return {m for page in API.glob("*.md") for m in re.findall(r"^::: (\S+)", page.read_text(), flags=re.M)}
+def api_pages() -> dict[str, str]:
+    """docs/api/<package>.md as they must read: the package's docstring summary, then one entry per module."""
+    pages = {}
+    for package in sorted(p for p in (ROOT / "sessrec").iterdir() if (p / "__init__.py").exists()):
+        text = (package / "__init__.py").read_text()
+        summary = text.split('"""')[1].strip().split("\n\n")[0].replace("\n", " ") if text.lstrip().startswith('"""') else ""
+        entries = "".join(f"::: {name}\n\n" for name in library_modules(package))
+        pages[package.name] = f"# `sessrec.{package.name}`\n\n{summary}\n\n{entries}".rstrip("\n") + "\n"
+    for module in sorted((ROOT / "sessrec").glob("*.py")):
+        if module.name != "__init__.py":
+            pages[module.stem] = f"# `sessrec.{module.stem}`\n\n::: sessrec.{module.stem}\n"
+    return pages
 
 
-def test_every_module_has_an_api_entry_and_every_entry_a_module():
-    assert api_modules() == library_modules()
+def test_the_api_pages_list_every_module():
+    """Regenerate with ``python tests/test_docs_site.py`` after adding, moving or removing a module."""
+    written = {p.stem: p.read_text() for p in API.glob("*.md")}
+    assert written == api_pages()
 
 
 @pytest.mark.parametrize("page", sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")]), ids=lambda p: p.name)
@@ -57,3 +71,10 @@ def test_the_site_builds_without_a_warning(tmp_path):
     )
     assert run.returncode == 0, run.stderr[-3000:]
     assert (tmp_path / "site" / "api" / "models" / "index.html").exists()
+
+
+if __name__ == "__main__":
+    for old in API.glob("*.md"):
+        old.unlink()
+    for name, text in api_pages().items():
+        (API / f"{name}.md").write_text(text)

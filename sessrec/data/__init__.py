@@ -22,6 +22,7 @@ from sessrec.data.features import (
 )
 from sessrec.data.jagged import SparseFeatures
 from sessrec.data.loader import SessionLoader
+from sessrec.data.merlin import MerlinSchema, MerlinSource, read_merlin_schema
 from sessrec.data.pairs import EvalPairs
 from sessrec.data.ranking import RankingBatch, RankingVocab
 from sessrec.data.readers import read_events, read_srgnn, read_user_sequences
@@ -65,6 +66,8 @@ __all__ = [
     "HashedCross",
     "ItemVocab",
     "LogNormalize",
+    "MerlinSchema",
+    "MerlinSource",
     "RankingBatch",
     "RankingVocab",
     "SRGNNSource",
@@ -91,6 +94,7 @@ __all__ = [
     "generate_sessions",
     "read_events",
     "read_item_vectors",
+    "read_merlin_schema",
     "read_srgnn",
     "read_user_sequences",
 ]

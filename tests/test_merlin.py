@@ -231,6 +231,7 @@ BAD = {
         lambda p: pq.write_table(sessions(0, [[1, 2]]).set_column(2, "category-list", pa.array([[1]])), p / "train" / "part.parquet"),
         "part.parquet: side feature 'category-list' has 1 values in row 0, where 'item_id-list' has 2 items"),
     "pbtxt syntax": (replace_in_pbtxt('name: "user_id"', 'name "user_id"'), "schema.pbtxt:27: expected ':' or '{' after 'name', got '\"user_id\"'"),
+    "corrupt parquet": (lambda p: (p / "train" / "part.parquet").write_bytes(b"PAR1 not really"), "part.parquet: cannot be read as parquet"),
     "no schema": (lambda p: (p / "schema.pbtxt").unlink(), "no schema.json or schema.pbtxt in the directory"),
     "bad json": (lambda p: (p / "schema.json").write_text("{feature: "), "schema.json: not valid JSON (line 1"),
     "no parquet": (lambda p: [f.unlink() for f in p.rglob("*.parquet")], "no parquet file in the dataset directory"),

@@ -440,16 +440,20 @@ class MerlinSource(SessionSource):
         wanted = [item.name, *([session.name] if session else []), *(c.name for c in side)]
         parts = []
         for path in paths:
-            names = pq.read_schema(path).names
-            missing = [c for c in wanted if c not in names]
-            if missing:
-                raise SchemaError(f"{path}: column {missing[0]!r}, tagged in {schema.path}, is missing; the file has columns {names}")
             try:
-                parts.append(pq.read_table(path, columns=wanted))
+                names = pq.read_schema(path).names
+                missing = [c for c in wanted if c not in names]
+                if not missing:
+                    parts.append(pq.read_table(path, columns=wanted))
             except (pa.ArrowInvalid, OSError) as err:
                 raise SchemaError(f"{path}: cannot be read as parquet: {err}") from err
-        table = pa.concat_tables(parts, promote_options="default") if len(parts) > 1 else parts[0]
+            if missing:
+                raise SchemaError(f"{path}: column {missing[0]!r}, tagged in {schema.path}, is missing; the file has columns {names}")
         where = str(paths[0]) if len(paths) == 1 else f"{paths[0].parent} ({len(paths)} files)"
+        try:
+            table = pa.concat_tables(parts, promote_options="permissive") if len(parts) > 1 else parts[0]
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
+            raise SchemaError(f"{where}: the files' columns have types that do not combine: {err}") from err
         items = table.column(item.name)
         if not (pa.types.is_list(items.type) or pa.types.is_large_list(items.type)):
             raise SchemaError(

@@ -330,6 +330,8 @@ def scratch(tmp_path, monkeypatch):
     work.mkdir()
     if SHARED.exists():
         (tmp_path / "shared").symlink_to(SHARED)
+    (work / "tests").mkdir()
+    (work / "tests" / "fixtures").symlink_to(ROOT / "tests" / "fixtures")  # data a fragment names by default (data/merlin.yaml)
     monkeypatch.chdir(work)
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")

@@ -1,5 +1,6 @@
-"""Data layer: schema, readers, frame operations, vocabulary, sources, loaders, streams, evaluation
-pairs, side information and synthetic sessions. Imports no model and no Lightning.
+"""Data layer: schema, readers, frame operations, vocabulary, sources (Merlin/NVTabular directories
+among them), loaders, streams, evaluation pairs, side information and synthetic sessions.
+Imports no model and no Lightning.
 
 Each name below is imported from its module on first use (``sessrec.data.SRGNNSource`` loads
 `sessrec.data.sources` only). Names that moved out of this package (feature ops to
@@ -16,6 +17,7 @@ from sessrec.saved.moved import forward
 if TYPE_CHECKING:
     from sessrec.data.batch import SessionBatch
     from sessrec.data.loader import SessionLoader
+    from sessrec.data.merlin import MerlinSchema, MerlinSource, read_merlin_schema
     from sessrec.data.pairs import EvalPairs
     from sessrec.data.readers import read_events, read_srgnn, read_user_sequences
     from sessrec.data.schema import FeatureSpec, Schema, SchemaError
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
 EXPORTS = {
     "sessrec.data.batch": ["SessionBatch"],
     "sessrec.data.loader": ["SessionLoader"],
+    "sessrec.data.merlin": ["MerlinSchema", "MerlinSource", "read_merlin_schema"],
     "sessrec.data.pairs": ["EvalPairs"],
     "sessrec.data.readers": ["read_events", "read_srgnn", "read_user_sequences"],
     "sessrec.data.schema": ["FeatureSpec", "Schema", "SchemaError"],
@@ -47,7 +50,7 @@ EXPORTS = {
     "sessrec.data.vocab": ["ItemVocab"],
 }
 MODULE_OF = {name: module for module, names in EXPORTS.items() for name in names}
-SUBMODULES = ("batch", "frame", "loader", "pairs", "readers", "schema", "side", "sources", "stream", "synthetic", "vocab")
+SUBMODULES = ("batch", "frame", "loader", "merlin", "pairs", "readers", "schema", "side", "sources", "stream", "synthetic", "vocab")
 __all__ = sorted(MODULE_OF)
 
 

@@ -54,7 +54,8 @@ class MerlinColumn:
         tags: the ``annotation.tag`` values, lower case.
         is_list: the schema declares several values per row (a ``value_count``, the ``list`` or
             ``sequence`` tag, or a two-dimensional ``_dims`` shape).
-        int_min / int_max: the ``int_domain`` bounds, when given.
+        int_min: the ``int_domain``'s lower bound, when given.
+        int_max: the ``int_domain``'s upper bound, when given.
     """
 
     name: str

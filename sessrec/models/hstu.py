@@ -25,11 +25,12 @@ of width E = D / H:
 Right-aligned sessions, two paths with equal results on the real positions:
 
 - **Jagged** (the default in eager mode): the real items of the batch are gathered into one (T, D)
-  matrix, session after session; projections and norms run on those T tokens only, and each
-  token attends to the items of its own session up to itself (a (T, W) gather of its session's
-  keys, W the longest session of the batch: block-diagonal causal attention by session). The
-  result is scattered back to the right-aligned (B, L, D) layout. Compute follows the real items,
-  not the padding.
+  matrix, session after session; the projections, norms and f2 run on those T tokens only. For the
+  attention the sessions are grouped by length (1, 2, 3-4, 5-8, ... items), each group left-aligned
+  to its longest session: every query reads the items of its own session up to itself
+  (block-diagonal causal attention by session), at a cost that follows the sessions' lengths rather
+  than the padded width, in dense blocks (gathering each token's keys one by one costs more on a CPU
+  than the padded attention it saves). The result is scattered back to the right-aligned layout.
 - **Padded**: the (B, L, L) form with a mask. Used when the model is traced, compiled or exported
   (the jagged path's shapes depend on the data), or with ``jagged=False``.
 
@@ -41,7 +42,7 @@ Event times: an encoder whose class sets ``uses_times`` is called by `SessionMod
 ``times`` keyword, (B, L) seconds aligned with the items (`SessionModel.encode`), or None.
 
 Shape letters: B batch, L sequence, D model width, H heads, E head width (D / H), T real items of
-the batch, W longest session of the batch, Kp / Kt position and time buckets.
+the batch, Bg / Wg sessions and width of a length group, Kp / Kt position and time buckets.
 
 Example:
     >>> enc = HSTUEncoder(d_model=16, n_head=2, n_layer=1)

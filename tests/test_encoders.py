@@ -10,6 +10,7 @@ from sessrec.models import (
     ElectraEncoder,
     GPT2Encoder,
     GRU4RecEncoder,
+    HSTUEncoder,
     MaskedItemModeling,
     PermutationLanguageModeling,
     ReplacedTokenDetection,
@@ -28,8 +29,9 @@ ENCODERS = {
     "gpt2": lambda: GPT2Encoder(d_model=16, n_head=2, n_layer=2, dropout=0.0),
     "sasrec": lambda: SASRecEncoder(d_model=16, n_head=2, n_layer=2, dropout=0.0),
     "gru4rec": lambda: GRU4RecEncoder(d_model=16, n_layer=2),
+    "hstu": lambda: HSTUEncoder(d_model=16, n_head=2, n_layer=2, dropout=0.0),
 }
-CAUSAL = {"gpt2", "sasrec", "gru4rec"}
+CAUSAL = {"gpt2", "sasrec", "gru4rec", "hstu"}
 
 
 def encoder(name, seed=0):
@@ -154,6 +156,7 @@ PAIRS = {
     "gpt2-clm": ("gpt2", CausalLanguageModeling),
     "sasrec-clm": ("sasrec", CausalLanguageModeling),
     "gru4rec-clm": ("gru4rec", CausalLanguageModeling),
+    "hstu-clm": ("hstu", CausalLanguageModeling),
 }
 
 

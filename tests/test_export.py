@@ -32,6 +32,7 @@ from sessrec.models import (
     ElectraEncoder,
     GPT2Encoder,
     GRU4RecEncoder,
+    HSTUEncoder,
     MaskedItemModeling,
     PermutationLanguageModeling,
     ReplacedTokenDetection,
@@ -48,6 +49,7 @@ MODELS = {  # each encoder with the objective it trains with
     "gpt2_clm": (lambda: GPT2Encoder(d_model=16, n_head=2, n_layer=1), CausalLanguageModeling),
     "sasrec_clm": (lambda: SASRecEncoder(d_model=16, n_head=2, n_layer=1), CausalLanguageModeling),
     "gru4rec_clm": (lambda: GRU4RecEncoder(d_model=16), CausalLanguageModeling),
+    "hstu_clm": (lambda: HSTUEncoder(d_model=16, n_head=2, n_layer=1), CausalLanguageModeling),
 }
 REFUSED = {("gru4rec_clm", "onnx")}
 EXPORTS = [(m, f) for m in MODELS for f in ("onnx", "torchscript") if (m, f) not in REFUSED]

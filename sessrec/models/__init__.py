@@ -13,6 +13,7 @@ from sessrec.models.electra import ElectraEncoder
 from sessrec.models.gpt2 import GPT2Encoder
 from sessrec.models.gru4rec import GRU4RecEncoder
 from sessrec.models.hf_encoder import HFEncoder
+from sessrec.models.hstu import HSTUEncoder
 from sessrec.models.masking import MaskedItemModeling
 from sessrec.models.objective import MaskingResult, Objective, ObjectiveOutput
 from sessrec.models.permutation_lm import PermutationLanguageModeling, PermutationResult
@@ -34,6 +35,7 @@ __all__ = [
     "GPT2Encoder",
     "GRU4RecEncoder",
     "HFEncoder",
+    "HSTUEncoder",
     "Inference",
     "InteractionArch",
     "MaskedItemModeling",

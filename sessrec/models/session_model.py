@@ -68,6 +68,10 @@ from sessrec.models.side_info import SideInfoEmbedding
 from sessrec.saved.registry import ConfigError, Configurable, config_of, instantiate
 
 
+EVENT_TIMES = "event_times"
+"""The key of the (B, L) event times (seconds) in a features dict, for an encoder with ``uses_times``."""
+
+
 def exclude_seen(scores: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
     """(B, V) scores with the items of each (B, L) input session set to -inf (a new tensor).
 
@@ -211,8 +215,12 @@ class SessionModel(nn.Module, PretrainedNetwork, Configurable):
     ) -> torch.Tensor:
         """(B, L) ids, (B, L) bool [MASK] slots and side features -> the encoder's output, (B, L, D).
 
-        Extra keyword arguments go to the encoder (XLNet's ``perm_mask`` and ``target_mapping``).
+        Extra keyword arguments go to the encoder (XLNet's ``perm_mask`` and ``target_mapping``). An
+        encoder that declares ``uses_times`` (`HSTUEncoder`) also gets ``times``: the (B, L) event
+        times in seconds that `features` carries under `EVENT_TIMES`, or None.
         """
+        if getattr(self.encoder, "uses_times", False):
+            encoder_kwargs["times"] = None if features is None else features.get(EVENT_TIMES)
         return self.encoder(self.embed(inputs, masked, features), (inputs != 0) | masked, **encoder_kwargs)
 
     def score(self, hidden: torch.Tensor, candidates: torch.Tensor | None = None) -> torch.Tensor:
@@ -254,10 +262,13 @@ class SessionModel(nn.Module, PretrainedNetwork, Configurable):
         a task's ``network()``), else a [MASK] slot appended after the last item (bidirectional
         encoders) or the last item (causal encoders). The target of an evaluation
         batch is never part of the input. Side `features` (B, L) each are taken from the batch
-        when a `SessionBatch` is given.
+        when a `SessionBatch` is given, with its event times (`EVENT_TIMES`) for an encoder that uses them.
         """
         if isinstance(items, SessionBatch):
-            items, features = items.items, items.features if features is None else features
+            batch = items
+            items, features = batch.items, batch.features if features is None else features
+            if batch.times is not None and getattr(self.encoder, "uses_times", False):
+                features = {**(features or {}), EVENT_TIMES: batch.times}
         if objective is None:
             objective = self.objective if self.objective is not None else self.default_objective()
         return self.score(objective.next_item_hidden(self, items, features))  # (B, V)

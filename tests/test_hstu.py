@@ -1,0 +1,231 @@
+"""HSTUEncoder: one layer against its equations by hand, the buckets, causality, padding, jagged == padded,
+the time bias, training with CLM and a full softmax, and a model directory round trip."""
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+from sessrec.data import SessionBatch
+from sessrec.data.vocab import ItemVocab
+from sessrec.models import CausalLanguageModeling, HSTUEncoder, SASRecEncoder, SessionModel
+from sessrec.models.hstu import position_buckets, time_buckets
+from sessrec.models.session_model import EVENT_TIMES
+from sessrec.tasks.losses import FullSoftmax
+
+torch.set_num_threads(1)
+
+
+def encoder(seed=0, biases=True, **kwargs) -> HSTUEncoder:
+    """A 2-layer d=16 encoder in eval mode; with `biases`, random position and time tables (they start at zero)."""
+    torch.manual_seed(seed)
+    enc = HSTUEncoder(**{"d_model": 16, "n_head": 2, "n_layer": 2, "dropout": 0.0, **kwargs}).eval()
+    if biases:
+        with torch.no_grad():
+            for layer in enc.layers:
+                layer.position_bias.normal_()
+                layer.time_bias.normal_()
+    return enc
+
+
+def padded(seed=0):
+    """(5, 7, 16) embeddings, left padding of 0..7 positions filled with noise, the real mask, event times."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(5, 7, 16, generator=g)
+    lengths = torch.tensor([7, 4, 1, 3, 0])
+    mask = torch.arange(7)[None, :] >= 7 - lengths[:, None]
+    times = 1.7e9 + torch.cumsum(torch.rand(5, 7, generator=g, dtype=torch.float64) * 5000, dim=1)
+    return x, mask, lengths, times
+
+
+def test_buckets_by_hand():
+    # exact below 16; then 16 + floor(log(d / 16) / log(128 / 16) * 16): 32 -> 21, 127 -> 31; capped at 31
+    d = torch.tensor([0, 1, 15, 16, 17, 32, 127, 128, 1000])
+    assert position_buckets(d, 32, 128).tolist() == [0, 1, 15, 16, 16, 21, 31, 31, 31]
+    # floor(log2(max(|dt|, 1))): 3600 s -> 11, 86400 s -> 16, -7200 s -> 12; capped at 31
+    dt = torch.tensor([0.0, 0.5, 1.0, 1.9, 2.0, 3.0, 4.0, 3600.0, 86400.0, -7200.0, 1e12], dtype=torch.float64)
+    assert time_buckets(dt, 32).tolist() == [0, 0, 0, 0, 1, 1, 2, 11, 16, 12, 31]
+
+
+def test_one_layer_by_hand():
+    """B = 1, L = 3, D = 4, one head, fixed weights: U, V, Q, K = split(SiLU(f1(LN(X)))),
+    A[i, j] = SiLU(q_i . k_j + p[i - j]) / (i + 1) for j <= i, Y = f2(LN(A V) * U) + X, then the final LayerNorm."""
+    enc = HSTUEncoder(d_model=4, n_head=1, n_layer=1, dropout=0.0, layer_norm_eps=1e-6).eval()
+    layer = enc.layers[0]
+    w1 = torch.linspace(-1.0, 1.0, 64).view(16, 4)
+    w2 = torch.linspace(0.5, -0.5, 16).view(4, 4)
+    with torch.no_grad():
+        layer.f1.weight.copy_(w1)
+        layer.f1.bias.fill_(0.1)
+        layer.f2.weight.copy_(w2)
+        layer.f2.bias.zero_()
+        layer.position_bias.zero_()
+        layer.position_bias[:3, 0] = torch.tensor([0.5, -0.25, 1.0])  # distance 0, 1, 2
+    x = torch.tensor([[[1.0, 0.0, -1.0, 2.0], [0.5, 0.5, 0.0, -1.0], [-2.0, 1.0, 1.0, 0.0]]])
+
+    def ln(v):
+        return (v - v.mean()) / torch.sqrt(v.var(unbiased=False) + 1e-6)
+
+    def silu(z):
+        return z / (1 + torch.exp(-z))
+
+    rows = []
+    for i in range(3):
+        proj = [silu(w1 @ ln(x[0, j]) + 0.1) for j in range(3)]  # (16,) each: U, V, Q, K of position j
+        u_i, q_i = proj[i][0:4], proj[i][8:12]
+        av = torch.zeros(4)
+        for j in range(i + 1):
+            v_j, k_j = proj[j][4:8], proj[j][12:16]
+            a = silu(q_i @ k_j + [0.5, -0.25, 1.0][i - j]) / (i + 1)
+            av = av + a * v_j
+        y = w2 @ (ln(av) * u_i) + x[0, i]
+        rows.append(ln(y))
+    expected = torch.stack(rows)[None]
+    with torch.no_grad():
+        for jagged in (True, False):
+            enc.jagged = jagged
+            torch.testing.assert_close(enc(x, torch.ones(1, 3, dtype=torch.bool)), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_shape_finite_and_causal_flag():
+    x, mask, _, times = padded()
+    enc = encoder()
+    with torch.no_grad():
+        for jagged in (True, False):
+            enc.jagged = jagged
+            out = enc(x, mask, times)
+            assert out.shape == (5, 7, 16) and torch.isfinite(out).all() and (out[~mask] == 0).all()
+    assert HSTUEncoder.causal is True and HSTUEncoder.uses_times is True and enc.d_model == 16
+
+
+@pytest.mark.parametrize("jagged", [True, False])
+def test_causal_a_later_item_changes_no_earlier_output(jagged):
+    enc = encoder(jagged=jagged)
+    x, _, _, times = padded(seed=1)
+    mask = torch.ones(5, 7, dtype=torch.bool)
+    changed, later = x.clone(), times.clone()
+    changed[:, 4:] = torch.randn(5, 3, 16)
+    later[:, 4:] += 1e6
+    with torch.no_grad():
+        a, b = enc(x, mask, times), enc(changed, mask, later)
+        # nor does one more item: row i is normalised by the items it reads, not by the session's length
+        shorter = enc(x[:, :4], mask[:, :4], times[:, :4])
+    torch.testing.assert_close(a[:, :4], b[:, :4])
+    torch.testing.assert_close(a[:, :4], shorter, atol=1e-6, rtol=1e-5)
+    assert not torch.allclose(a[:, 4:], b[:, 4:])
+
+
+@pytest.mark.parametrize("jagged", [True, False])
+def test_left_padding_does_not_change_real_positions(jagged):
+    enc = encoder(jagged=jagged)
+    x, mask, lengths, times = padded()
+    with torch.no_grad():
+        out = enc(x, mask, times)
+        for row, n in enumerate(lengths.tolist()):
+            alone = enc(x[row : row + 1, 7 - n :], mask[row : row + 1, 7 - n :], times[row : row + 1, 7 - n :])
+            torch.testing.assert_close(out[row, 7 - n :], alone[0], atol=1e-5, rtol=1e-4)
+        wider = enc(torch.cat([torch.randn(5, 3, 16), x], 1), torch.cat([torch.zeros(5, 3, dtype=torch.bool), mask], 1),
+                    torch.cat([torch.zeros(5, 3, dtype=torch.float64), times], 1))
+        torch.testing.assert_close(wider[:, 3:], out, atol=1e-5, rtol=1e-4)
+        noisier, odd_times = x.clone(), times.clone()
+        noisier[~mask] = 100.0 * torch.randn(int((~mask).sum()), 16)
+        odd_times[~mask] = -5e9
+        torch.testing.assert_close(enc(noisier, mask, odd_times), out, atol=1e-5, rtol=1e-4)
+
+
+def test_jagged_equals_padded_outputs_and_gradients():
+    x, mask, _, times = padded(seed=2)
+    results = {}
+    for jagged in (True, False):
+        enc = encoder(seed=5, jagged=jagged)
+        inputs = x.clone().requires_grad_(True)
+        out = enc(inputs, mask, times)
+        (out * torch.linspace(-1, 1, 16)).sum().backward()
+        results[jagged] = out.detach(), inputs.grad, {n: p.grad for n, p in enc.named_parameters()}
+    (out_j, grad_j, params_j), (out_p, grad_p, params_p) = results[True], results[False]
+    torch.testing.assert_close(out_j, out_p, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(grad_j, grad_p, atol=1e-5, rtol=1e-5)
+    for name, grad in params_p.items():
+        torch.testing.assert_close(params_j[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+    assert params_p["layers.0.time_bias"].abs().sum() > 0  # the time table is trained where times are given
+
+
+def test_time_bias_acts_only_through_time_differences():
+    x, mask, _, times = padded(seed=3)
+    with torch.no_grad():
+        fresh = encoder(biases=False)  # the tables start at zero: times change nothing yet
+        torch.testing.assert_close(fresh(x, mask, times), fresh(x, mask))
+        enc = encoder()
+        base = enc(x, mask, times)
+        torch.testing.assert_close(enc(x, mask, times + 12345.0), base)  # a shift of every time: same differences
+        assert not torch.allclose(enc(x, mask), base)  # without times the time term is off
+        slower = times.clone()
+        slower[:, 5:] += 86400.0  # a day passes before the 6th position: the gaps to it and after it change
+        changed = enc(x, mask, slower)
+        torch.testing.assert_close(changed[:, :5], base[:, :5])
+        assert not torch.allclose(changed[0, 5:], base[0, 5:])
+
+
+def test_session_model_passes_event_times_only_to_an_encoder_that_uses_them():
+    items = torch.tensor([[0, 0, 3, 4, 5], [2, 9, 3, 7, 11]])
+    times = torch.tensor([[0, 0, 1e9, 1e9 + 60, 1e9 + 7200], [1e9, 1e9 + 1, 1e9 + 2, 1e9 + 3e5, 1e9 + 3e5 + 5]],
+                         dtype=torch.float64)
+    torch.manual_seed(0)
+    model = SessionModel(20, encoder(), max_length=6).eval()
+    with torch.no_grad():
+        plain, timed = model(SessionBatch(items)), model(SessionBatch(items, times=times))
+        torch.testing.assert_close(timed, model(items, features={EVENT_TIMES: times}))
+        assert not torch.allclose(plain, timed)
+        sasrec = SessionModel(20, SASRecEncoder(d_model=16, n_head=2, n_layer=1), max_length=6).eval()
+        torch.testing.assert_close(sasrec(SessionBatch(items, times=times)), sasrec(items))  # never given times
+
+
+def test_trains_with_clm_and_a_full_softmax():
+    """A chain a -> a + 1 (a ring over 18 items): 60 steps of CLM with the full softmax bring the loss
+    from ln(18) ~ 2.9 below 0.5, and the successor is ranked first, read as at evaluation."""
+    torch.manual_seed(0)
+    model = SessionModel(20, HSTUEncoder(d_model=16, n_head=2, n_layer=1, dropout=0.0), max_length=7, dropout=0.0)
+    objective, loss_fn = CausalLanguageModeling(), FullSoftmax()
+    objective.bind(model)
+    starts = torch.randint(0, 18, (256,))
+    items = 2 + (starts[:, None] + torch.arange(6)[None, :]) % 18  # (256, 6) ids 2..19
+    items[::3, :2] = 0  # some shorter, left-padded sessions
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    model.train()
+    losses = []
+    for _ in range(60):
+        out = objective.training_output(model, items)
+        loss = loss_fn(model, out.hidden, out.targets)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[0] > 2.5 and losses[-1] < 0.5, (losses[0], losses[-1])
+    model.eval()
+    with torch.no_grad():
+        pred = model(torch.tensor([[0, 4, 5, 6], [9, 10, 11, 12]]), objective).argmax(dim=1)
+    assert pred.tolist() == [7, 13]
+
+
+def test_saves_and_loads_as_a_model_directory(tmp_path):
+    torch.manual_seed(0)
+    model = SessionModel(20, encoder(n_layer=1, jagged=False), max_length=6).eval()
+    vocab = ItemVocab(pa.array(np.arange(100, 118)), np.arange(18, 0, -1))
+    path = model.save_pretrained(tmp_path / "model", vocab, CausalLanguageModeling(), top_k=5)
+    loaded = SessionModel.from_pretrained(path)
+    assert isinstance(loaded.encoder, HSTUEncoder) and loaded.encoder.jagged is False and loaded.encoder.n_head == 2
+    items = torch.tensor([[0, 0, 3, 4, 5], [2, 9, 3, 7, 11]])
+    times = torch.tensor([[0, 0, 1.0, 90.0, 4000.0], [1.0, 2.0, 3.0, 1e4, 1e5]], dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(SessionBatch(items, times=times)), model(SessionBatch(items, times=times)))
+    for key, value in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[key], value), key
+
+
+def test_bad_arguments_fail_with_one_line():
+    with pytest.raises(ValueError, match="multiple of n_head"):
+        HSTUEncoder(d_model=10, n_head=3)
+    with pytest.raises(ValueError, match="num_position_buckets"):
+        HSTUEncoder(num_position_buckets=1)
+    with pytest.raises(ValueError, match="times has shape"):
+        HSTUEncoder(d_model=8, n_head=2)(torch.zeros(1, 3, 8), torch.ones(1, 3, dtype=torch.bool), torch.zeros(1, 4))

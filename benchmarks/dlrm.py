@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from sessrec.datasets.criteo import generate_criteo
-from sessrec.embeddings import TableConfig, to_keyed_jagged_tensor
+from sessrec.embeddings import FusedTables, TableConfig, to_keyed_jagged_tensor
 from sessrec.models.dlrm import DLRM
 
 
@@ -61,7 +61,7 @@ def sessrec_step(args: argparse.Namespace, cards: list[int], keys: tuple[str, ..
     torch.manual_seed(args.seed)
     tables = [TableConfig(k, c, args.dim) for k, c in zip(keys, cards)]
     model = DLRM(13, tables, args.dense_layers, args.over_layers,
-                 embedding_optimizer="adagrad_rowwise" if fused else "none", embedding_lr=0.01, seed=args.seed)
+                 sparse=FusedTables(optimizer="adagrad_rowwise" if fused else "none", lr=0.01), seed=args.seed)
     table_params = list(model.sparse_arch.parameters())
     ids = {id(p) for p in table_params}
     opts = [torch.optim.Adam([p for p in model.parameters() if id(p) not in ids], lr=1e-3)]

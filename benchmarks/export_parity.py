@@ -82,8 +82,8 @@ def dlrm_rows(out: str) -> list[dict]:
     for interaction in ("dot", "dcn"):
         torch.manual_seed(0)
         cards = {"hotel": 200, "city": 50, "platform": 10, "device": 4, "filters": 30}
-        task = DLRMTask(cardinalities=cards, num_dense=6, embedding_dim=8, dense_layers=[32, 8], over_layers=[32, 16],
-                        interaction=interaction).eval()
+        task = DLRMTask(cardinalities=cards, num_dense=6, network={"embedding_dim": 8, "dense_layers": [32, 8],
+                                                                   "over_layers": [32, 16], "interaction": interaction}).eval()
         scorer = ExportedClickScorer(task)
         for fmt in ("onnx", "torchscript"):
             path = export_dlrm(task, f"{out}/dlrm-{interaction}-{fmt}", fmt)

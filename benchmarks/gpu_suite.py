@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from sessrec.data.loader import SessionLoader
 from sessrec.data.vocab import NUM_SPECIAL
-from sessrec.embeddings import FusedEmbeddingBagCollection, SparseFeatures, TableConfig
+from sessrec.embeddings import FusedEmbeddingBagCollection, FusedTables, SparseFeatures, TableConfig
 from sessrec.models import DLRM, MaskedItemModeling, SessionModel, XLNetEncoder
 from sessrec.tasks.optim import adamw
 
@@ -97,8 +97,8 @@ def random_ids(configs: list[TableConfig], batch: int, hot: int, device: torch.d
 def dlrm_train(device: torch.device, quick: bool, repeats: int) -> dict:
     batch, dim = (256, 16) if quick else (16_384, 64)
     configs = tables(quick, dim)
-    model = DLRM(13, configs, dense_layers=[128, dim], over_layers=[256, 128], embedding_optimizer="adagrad_rowwise",
-                 embedding_lr=0.05, seed=0).to(device)
+    model = DLRM(13, configs, dense_layers=[128, dim], over_layers=[256, 128],
+                 sparse=FusedTables(optimizer="adagrad_rowwise", lr=0.05), seed=0).to(device)
     dense_params = [p for n, p in model.named_parameters() if not n.startswith("sparse_arch")]
     optimizer = torch.optim.Adam(dense_params, lr=1e-3)
     dense = torch.randn(batch, 13, generator=torch.Generator().manual_seed(0)).to(device)

@@ -1,9 +1,8 @@
 """The trivago DLRM trained by 1 process and with its tables sharded by TorchRec over 2: the same curve.
 
-Runs ``recipes/dlrm_trivago.yaml`` twice with the tables updated by the dense optimizer
-(``embedding_optimizer: none``):
+Runs ``recipes/dlrm_trivago.yaml`` twice with the tables updated by the dense optimizer:
 
-- 1 process, the embedding core's tables, batch 4096;
+- 1 process, the embedding core's tables (``FusedTables`` with ``optimizer: none``), batch 4096;
 - 2 processes (gloo), ``recipes/overlays/torchrec_cpu.yaml``: TorchRec tables sharded by
   `TorchRecStrategy`, 2048 rows per process (the same global batch of the same rows);
 
@@ -29,9 +28,9 @@ ROOT = Path(__file__).resolve().parents[1]
 LOG = ROOT.parent / "shared" / "data" / "trivago_rsc19_100k" / "trivago_val_100k.parquet.snappy"
 RECIPE = str(ROOT / "recipes" / "dlrm_trivago.yaml")
 RUNS = {
-    "one_process": ["--trainer.accelerator", "cpu", "--trainer.devices", "1"],
+    "one_process": ["--trainer.accelerator", "cpu", "--trainer.devices", "1", "--model.init_args.sparse.init_args.optimizer", "none"],
     "two_processes_sharded": ["--config", str(ROOT / "recipes" / "overlays" / "torchrec_cpu.yaml"),
-                              "--data.init_args.batch_size", "2048", "--model.init_args.sparse_backend", "torchrec"],
+                              "--data.init_args.batch_size", "2048"],  # the overlay's TorchRecTables
 }
 
 
@@ -50,7 +49,7 @@ def curves(metrics_csv: Path) -> tuple[dict[int, float], dict[int, float]]:
 def run(name: str, extra: list[str], work: Path, path: str) -> dict:
     cwd = work / name
     cwd.mkdir(parents=True)
-    common = ["--config", RECIPE, *extra, "--data.init_args.path", path, "--model.init_args.embedding_optimizer", "none"]
+    common = ["--config", RECIPE, *extra, "--data.init_args.path", path]
     start = time.monotonic()
     subprocess.run(["sessrec", "fit", *common, "--trainer.log_every_n_steps", "1", "--trainer.enable_progress_bar", "false"],
                    cwd=cwd, check=True, capture_output=True, text=True)

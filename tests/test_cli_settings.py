@@ -19,7 +19,9 @@ import torch
 from sessrec.cli import cli
 from sessrec.data import ItemVocab
 from sessrec.tasks import BaselineTask, DLRMTask, NextItemTask
+from sessrec.tasks.pretrained import plain_hparams
 from sessrec.tasks.restore import merge_with_checkpoint, renamed
+from sessrec.tasks.settings import Evaluation, regroup
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
@@ -182,23 +184,33 @@ def test_renamed_depends_on_the_task():
     assert renamed(NextItemTask, "lr") == "optimization.lr" and renamed(NextItemTask, "scheduler") == "schedule.decay"
     assert renamed(BaselineTask, "top_k") == "evaluation.top_k"
     assert renamed(BaselineTask, "lr") is None  # no optimization part: jsonargparse's unknown option
-    assert renamed(DLRMTask, "lr") is None and renamed(DLRMTask, "ks") is None  # its own settings
+    assert renamed(DLRMTask, "lr") == "optimization.lr" and renamed(DLRMTask, "ks") == "evaluation.ks"
     assert renamed(NextItemTask, "dropout") is None
 
 
-DLRM_HELD = {"cardinalities": {"hotel": 10}, "num_dense": 3, "embedding_dim": 16, "ks": [1, 5, 20], "lr": 0.001,
-             "embedding_optimizer": "adagrad_rowwise", "compile": False, "seed": 0}
+# a DLRMTask checkpoint's settings in the flag form, and what it holds grouped
+DLRM_FLAGS = {"cardinalities": {"hotel": 10}, "num_dense": 3, "embedding_dim": 16, "ks": [1, 5, 20], "lr": 0.001,
+              "embedding_optimizer": "adagrad_rowwise", "compile": False, "seed": 0}
+DLRM_HELD = plain_hparams(DLRMTask(cardinalities={"hotel": 10}, num_dense=3))
 
 
 def test_dlrm_takes_ks_and_compile_keeps_the_training_settings_and_refuses_its_shape():
-    merged = merge_with_checkpoint(DLRMTask, DLRM_HELD, {"ks": [3], "compile": "aot_eager", "lr": 0.01, "embedding_dim": 16},
-                                   "dlrm.ckpt", from_data=("cardinalities", "num_dense"))
-    expected = {k: v for k, v in DLRM_HELD.items() if k not in ("cardinalities", "num_dense")}  # the data module's
-    assert merged.init_args == {**expected, "ks": [3], "compile": "aot_eager"}
-    assert merged.notes == ["--model.lr 0.01 differs from the checkpoint's 0.001"]
-    for key, value in (("embedding_dim", 32), ("embedding_optimizer", "sgd")):
+    assert regroup("DLRMTask", DLRM_FLAGS) == {
+        "cardinalities": {"hotel": 10}, "num_dense": 3, "compile": False, "seed": 0, "network": {"embedding_dim": 16},
+        "optimization": {"lr": 0.001}, "evaluation": {"ks": [1, 5, 20]},
+        "sparse": {"class_path": "sessrec.embeddings.sparse_arch.FusedTables",
+                   "init_args": {"optimizer": "adagrad_rowwise", "lr": 0.05, "pad_to_bytes": 16}}}
+    given = {"evaluation": {"ks": [3]}, "compile": "aot_eager", "optimization": {"lr": 0.01}, "network": {"embedding_dim": 16}}
+    for held in (DLRM_HELD, regroup("DLRMTask", DLRM_FLAGS)):
+        merged = merge_with_checkpoint(DLRMTask, held, given, "dlrm.ckpt", from_data=("cardinalities", "num_dense"))
+        assert Evaluation.of(merged.init_args["evaluation"]).ks == [3]
+        assert merged.init_args["compile"] == "aot_eager" and merged.init_args["sparse"] == held["sparse"]
+        assert merged.notes == ["--model.optimization.lr 0.01 differs from the checkpoint's 0.001"]
+    for given, key, value in (({"network": {"embedding_dim": 32}}, "network.embedding_dim", 32),
+                              ({"sparse": {"class_path": "sessrec.embeddings.FusedTables", "init_args": {"optimizer": "sgd"}}},
+                               "sparse.init_args.optimizer", "sgd")):
         with pytest.raises(ValueError, match=rf"^--model\.{key} {value} differs from the checkpoint's \S+ \(dlrm\.ckpt\): the network"):
-            merge_with_checkpoint(DLRMTask, DLRM_HELD, {key: value}, "dlrm.ckpt")
+            merge_with_checkpoint(DLRMTask, DLRM_HELD, given, "dlrm.ckpt")
 
 
 def test_a_checkpoint_setting_the_task_does_not_take_is_refused():
@@ -231,8 +243,8 @@ def dlrm(tmp_path_factory) -> tuple[list[str], Path]:
     flags = ["--config", str(ROOT / "recipes" / "dlrm_trivago.yaml"), "--data.init_args.path", str(run / "log.parquet"),
              "--data.init_args.test_hours", str(50 / 3600), "--data.init_args.valid_hours", str(30 / 3600),
              "--data.init_args.min_count", "1", "--trainer.max_epochs", "1", "--trainer.enable_progress_bar", "false",
-             "--trainer.logger", "false", "--model.init_args.embedding_dim", "8", "--model.init_args.dense_layers", "[8, 8]",
-             "--model.init_args.over_layers", "[8]"]
+             "--trainer.logger", "false", "--model.init_args.network.embedding_dim", "8",
+             "--model.init_args.network.dense_layers", "[8, 8]", "--model.init_args.network.over_layers", "[8]"]
     cwd = os.getcwd()
     os.chdir(run)  # the recipe keeps its checkpoints under runs/dlrm_trivago/
     try:
@@ -244,9 +256,12 @@ def dlrm(tmp_path_factory) -> tuple[list[str], Path]:
 
 def test_dlrm_test_takes_ks_notes_lr_and_refuses_another_width(capsys, dlrm, sessrec_main):
     flags, ckpt = dlrm
-    given = cli(["test", *flags, "--ckpt_path", str(ckpt), "--model.ks", "[2]", "--model.lr", "0.5"])
-    assert given.model.hparams.ks == [2] and given.model.hparams.lr == 0.001
+    given = cli(["test", *flags, "--ckpt_path", str(ckpt), "--model.evaluation.ks", "[2]", "--model.optimization.lr", "0.5"])
+    assert given.model.evaluation.ks == [2] and given.model.optimization.lr == 0.001
     assert sorted(k for k in given.trainer.callback_metrics if k.startswith("test/recall")) == ["test/recall@2"]
-    assert "--model.lr 0.5 differs from the checkpoint's 0.001" in capsys.readouterr().err
-    got = sessrec_main("test", *flags, "--ckpt_path", str(ckpt), "--model.embedding_dim", "4")
-    assert f"--model.embedding_dim 4 differs from the checkpoint's 8 ({ckpt}): the network" in got
+    assert "--model.optimization.lr 0.5 differs from the checkpoint's 0.001" in capsys.readouterr().err
+    got = sessrec_main("test", *flags, "--ckpt_path", str(ckpt), "--model.network.embedding_dim", "4",
+                       "--model.network.dense_layers", "[8, 4]")
+    assert f"--model.network.embedding_dim 4 differs from the checkpoint's 8 ({ckpt}) (1 more setting differs): the network" in got
+    got = sessrec_main("test", *flags, "--ckpt_path", str(ckpt), "--model.sparse.init_args.optimizer", "sgd")
+    assert f"--model.sparse.init_args.optimizer sgd differs from the checkpoint's adagrad_rowwise ({ckpt}): the network" in got

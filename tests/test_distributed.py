@@ -11,6 +11,7 @@ import torch
 from sessrec.data import SyntheticSource
 from sessrec.data.loader import SessionLoader
 from sessrec.datasets.clickout_rows import RankingLoader
+from sessrec.embeddings import FusedTables
 from sessrec.models import MaskedItemModeling, XLNetEncoder
 from sessrec.tasks import (
     ClickoutDataModule,
@@ -103,17 +104,18 @@ def test_dlrm_ddp_ends_with_identical_weights_and_refuses_the_fused_optimizer(tm
     small = tmp_path / "log.parquet"
     pq.write_table(pq.read_table(TRIVAGO).slice(0, 30_000), small)
     data = ClickoutDataModule(str(small), test_hours=2, valid_hours=2, batch_size=512, eval_batch_size=2048)
-    common = dict(cardinalities=data.cardinalities, num_dense=data.num_dense, embedding_dim=8, dense_layers=[16, 8],
-                  over_layers=[16], retain_freed_memory=False)
+    common = dict(cardinalities=data.cardinalities, num_dense=data.num_dense,
+                  network={"embedding_dim": 8, "dense_layers": [16, 8], "over_layers": [16]})
     pl.seed_everything(0)
-    ddp_trainer(tmp_path, max_steps=6).fit(DLRMTask(embedding_optimizer="none", **common), datamodule=data)
+    ddp_trainer(tmp_path, max_steps=6).fit(DLRMTask(sparse=FusedTables(), **common), datamodule=data)
     first, second = ranks(tmp_path)
     assert len(first["rows"]) == len(second["rows"]) == 6  # the same number of steps on both ranks
     assert any("sparse_arch" in name for name in first["state"])
     for name, value in first["state"].items():  # embedding tables included
         torch.testing.assert_close(second["state"][name], value, rtol=0, atol=0, msg=name)
-    with pytest.raises(Exception, match="needs embedding_optimizer: none"):
-        ddp_trainer(tmp_path, max_steps=2).fit(DLRMTask(embedding_optimizer="adagrad_rowwise", **common), datamodule=data)
+    with pytest.raises(Exception, match="needs tables the dense optimizer updates"):
+        ddp_trainer(tmp_path, max_steps=2).fit(DLRMTask(sparse=FusedTables(optimizer="adagrad_rowwise"), **common),
+                                               datamodule=data)
 
 
 def test_predict_on_two_processes_writes_one_output_in_input_order(tmp_path):

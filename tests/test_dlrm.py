@@ -1,17 +1,24 @@
 """DLRM parts (shapes, a hand-computed output, a seeded expected output), the ranking metrics on hand
-cases, DLRMTask's optimizers and baselines, and the synthetic Criteo-like generator."""
+cases, DLRMTask's optimizers and baselines, the sparse modules (the hybrid one against the fused one),
+saved configs in the flag form, the allocator opt-in, and the synthetic Criteo-like generator."""
 
 import pytest
+import pytorch_lightning as pl
 import torch
+from torch.utils.data import DataLoader
 
 from sessrec.datasets.criteo import generate_criteo
-from sessrec.embeddings import SparseFeatures, TableConfig
+from sessrec.embeddings import DynamicTables, FusedTables, HybridTables, SparseFeatures, TableConfig
 from sessrec.metrics import RankingMetrics, binary_auc, clicked_ranks
 from sessrec.models.dlrm import DLRM, DCNv2Arch, InteractionArch
+from sessrec.saved.registry import config_of
+from sessrec.tasks.pretrained import build
 from sessrec.tasks.ranking import DLRMTask
+from sessrec.tasks.settings import DLRMNetwork, Optimization, grouped_dlrm
 
 torch.set_num_threads(1)
 TABLES = [TableConfig("a", 10, 4), TableConfig("b", 7, 4), TableConfig("c", 5, 4)]
+SMALL = {"embedding_dim": 4, "dense_layers": [4], "over_layers": [8]}  # DLRMTask's network part
 
 
 def sparse(batch: int, seed: int = 0) -> SparseFeatures:
@@ -127,8 +134,7 @@ def batch_of(n: int = 12):
 @pytest.mark.parametrize("embedding_optimizer", ["adagrad_rowwise", "sgd", "none"])
 def test_task_optimizers(embedding_optimizer):
     cards = {t.name: t.num_embeddings for t in TABLES}
-    task = DLRMTask(cards, 3, embedding_dim=4, dense_layers=[4], over_layers=[8],
-                    embedding_optimizer=embedding_optimizer, embedding_lr=0.1)
+    task = DLRMTask(cards, 3, network=SMALL, sparse=FusedTables(optimizer=embedding_optimizer, lr=0.1))
     opt = task.configure_optimizers()
     in_opt = {id(p) for g in opt.param_groups for p in g["params"]}
     table = task.model.sparse_arch.collection.weight(0)
@@ -147,7 +153,7 @@ def test_task_optimizers(embedding_optimizer):
 
 def test_task_evaluates_the_baselines_on_the_same_rows():
     cards = {t.name: t.num_embeddings for t in TABLES}
-    task = DLRMTask(cards, 3, embedding_dim=4, dense_layers=[4], over_layers=[8])
+    task = DLRMTask(cards, 3, network=SMALL)
     task._step(batch_of(), "test")  # outside a Trainer: self.log warns, metrics still update
     pos = task.baseline_metrics["test_position"].compute()
     pop = task.baseline_metrics["test_popularity"].compute()
@@ -168,7 +174,7 @@ def test_compiled_dense_parts_train_like_eager_under_the_same_names():
     runs = []
     for compile in (False, "aot_eager"):
         torch.manual_seed(0)
-        task = DLRMTask(cards, 3, embedding_dim=4, dense_layers=[4], over_layers=[8], compile=compile)
+        task = DLRMTask(cards, 3, network=SMALL, compile=compile)
         opt = task.configure_optimizers()
         losses = []
         for step in range(3):
@@ -190,7 +196,7 @@ def test_compiled_dense_parts_train_like_eager_under_the_same_names():
 
 def test_bf16_autocast_on_cpu():
     cards = {t.name: t.num_embeddings for t in TABLES}
-    task = DLRMTask(cards, 3, embedding_dim=4, dense_layers=[4], over_layers=[8])
+    task = DLRMTask(cards, 3, network=SMALL)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         loss = task._step(batch_of(), "train")
     loss.backward()
@@ -215,7 +221,7 @@ def test_criteo_like_generator_is_seeded_skewed_and_learnable():
     # a DLRM learns the hidden model: held-out AUC well above chance
     torch.manual_seed(0)
     model = DLRM(13, [TableConfig(k, c, 8) for k, c in zip(data.keys, cards)], dense_layers=[16, 8],
-                 over_layers=[16], embedding_optimizer="adagrad_rowwise", embedding_lr=0.1, seed=0)
+                 over_layers=[16], sparse=FusedTables(optimizer="adagrad_rowwise", lr=0.1), seed=0)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     for _ in range(3):
         for start in range(0, 5000, 250):
@@ -229,3 +235,107 @@ def test_criteo_like_generator_is_seeded_skewed_and_learnable():
         assert float(binary_auc(model(dense, feats), labels)) > 0.65
     with pytest.raises(ValueError, match="positive cardinalities"):
         generate_criteo(10, [0, 5])
+
+
+# -- the sparse module, chosen by its config -----------------------------------------------------
+def test_a_hybrid_dlrm_gives_the_outputs_and_gradients_of_the_fused_one_with_the_same_weights():
+    """HybridTables keeps each table's first 3 ids in one weight and the rest in another; with the rows of
+    a FusedTables DLRM (optimizer none) copied in, outputs and every gradient are the fused model's."""
+    tables = [TableConfig("a", 10, 4), TableConfig("b", 7, 4, pooling="mean"), TableConfig("c", 5, 4, feature_names=("c", "d"))]
+    torch.manual_seed(0)
+    fused = DLRM(3, tables, dense_layers=[4], over_layers=[8], sparse=FusedTables(), seed=0)
+    hybrid = DLRM(3, tables, dense_layers=[4], over_layers=[8], sparse=HybridTables(num_hot=3), seed=1)
+    dense_state = {k: v for k, v in fused.state_dict().items() if not k.startswith("sparse_arch.")}
+    hybrid.load_state_dict(dense_state, strict=False)
+    with torch.no_grad():
+        for t in tables:
+            part = hybrid.sparse_arch.tables[t.name]
+            full = fused.sparse_arch.table_weight(t.name)
+            part.hot_weight.copy_(full[:3])  # hot ids 0..2, cold ids 3.. in order
+            part.cold_weight.copy_(full[3:])
+            assert torch.equal(hybrid.sparse_arch.table_weight(t.name), full)
+    g = torch.Generator().manual_seed(2)
+    ids = SparseFeatures.from_dense({
+        "a": torch.randint(0, 10, (6, 3), generator=g), "b": torch.tensor([[0, 6], [2, -1], [-1, -1], [5, 5], [1, 4], [3, 0]]),
+        "c": torch.randint(0, 5, (6,), generator=g), "d": torch.randint(0, 5, (6, 2), generator=g),
+    })
+    dense = torch.randn(6, 3, generator=g)
+    out_fused, out_hybrid = fused(dense, ids), hybrid(dense, ids)
+    torch.testing.assert_close(out_hybrid, out_fused, rtol=1e-6, atol=1e-6)
+    (out_fused * torch.arange(6.0)).sum().backward()
+    (out_hybrid * torch.arange(6.0)).sum().backward()
+    weight_grad = fused.sparse_arch.collection.weight(0).grad  # (22, 4): a, b, c rows one after the other
+    start = 0
+    for t in tables:
+        part = hybrid.sparse_arch.tables[t.name]
+        rows = weight_grad[start:start + t.num_embeddings]
+        torch.testing.assert_close(torch.cat([part.hot_weight.grad, part.cold_weight.grad]), rows, rtol=1e-6, atol=1e-6)
+        start += t.num_embeddings
+    assert weight_grad.abs().sum() > 0
+    for name, p in fused.named_parameters():
+        if not name.startswith("sparse_arch."):
+            torch.testing.assert_close(dict(hybrid.named_parameters())[name].grad, p.grad, rtol=1e-6, atol=1e-6)
+
+
+def test_the_sparse_module_is_recorded_and_a_bad_one_refused():
+    model = DLRM(3, TABLES, dense_layers=[4], over_layers=[8], sparse=DynamicTables(optimizer="sgd", lr=0.2, max_rows=64))
+    assert config_of(model)["init_args"]["sparse"] == {"class_path": "sessrec.embeddings.sparse_arch.DynamicTables",
+                                                       "init_args": {"optimizer": "sgd", "lr": 0.2, "max_rows": 64}}
+    assert type(model.sparse_arch).__name__ == "DynamicSparseArch"
+    with pytest.raises(TypeError, match="sparse must be FusedTables, DynamicTables, HybridTables or TorchRecTables"):
+        DLRM(3, TABLES, dense_layers=[4], sparse="torchrec")
+    with pytest.raises(ValueError, match="num_hot must be an integer >= 0, got -1"):
+        HybridTables(num_hot=-1)
+    with pytest.raises(ValueError, match="FusedTables optimizer must be"):
+        FusedTables(optimizer="adam")
+
+
+def test_a_dlrm_task_trains_hybrid_tables_with_the_dense_optimizer():
+    cards = {t.name: t.num_embeddings for t in TABLES}
+    task = DLRMTask(cards, 3, network=SMALL, sparse=HybridTables(num_hot=2))
+    opt = task.configure_optimizers()
+    in_opt = {id(p) for g in opt.param_groups for p in g["params"]}
+    table = task.model.sparse_arch.tables["a"]
+    assert id(table.hot_weight) in in_opt and id(table.cold_weight) in in_opt
+    before = table.full_weight().detach().clone()
+    loss = task._step(batch_of(), "train")
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    assert not torch.equal(table.full_weight().detach(), before)
+
+
+# -- the task's parts and the flag form of saved configs ---------------------------------------------------
+FLAG_FORM = {"cardinalities": {"a": 10, "b": 7, "c": 5}, "num_dense": 3, "embedding_dim": 4, "dense_layers": [4],
+             "over_layers": [8], "interaction": "dcn", "dcn_rank": 2, "optimizer": "adam", "lr": 0.002,
+             "weight_decay": 0.0, "embedding_optimizer": "sgd", "embedding_lr": 0.3, "compile": False, "ks": [1, 3],
+             "seed": 5, "retain_freed_memory": True, "dynamic_tables": False, "max_rows": 1 << 20, "sparse_backend": "fused"}
+
+
+def test_a_checkpoint_config_in_the_flag_form_builds_the_same_task():
+    task = build({"class_path": "sessrec.tasks.DLRMTask", "init_args": FLAG_FORM}, "old.ckpt")
+    assert task.sparse == FusedTables(optimizer="sgd", lr=0.3)
+    assert task.optimization == Optimization(lr=0.002) and task.evaluation.ks == [1, 3]
+    assert task.hparams.network["init_args"] == {"embedding_dim": 4, "dense_layers": [4], "over_layers": [8],
+                                                 "interaction": "dcn", "dcn_layers": 2, "dcn_rank": 2}
+    assert task.hparams.seed == 5 and task.hparams.retain_freed_memory is False  # the opt-in is not carried over
+    same = DLRMTask(FLAG_FORM["cardinalities"], 3, network=DLRMNetwork(4, [4], [8], "dcn", dcn_rank=2),
+                    sparse=FusedTables(optimizer="sgd", lr=0.3), seed=5)
+    assert {k: v.shape for k, v in task.state_dict().items()} == {k: v.shape for k, v in same.state_dict().items()}
+    grown = grouped_dlrm({**FLAG_FORM, "dynamic_tables": True, "embedding_optimizer": "adagrad_rowwise"})
+    assert grown["sparse"] == {"class_path": "sessrec.embeddings.sparse_arch.DynamicTables",
+                               "init_args": {"optimizer": "adagrad_rowwise", "lr": 0.3, "max_rows": 1 << 20}}
+    with pytest.raises(ValueError, match=r"names both \['embedding_lr'\] and 'sparse'"):
+        grouped_dlrm({"embedding_lr": 0.1, "sparse": {"class_path": "sessrec.embeddings.FusedTables"}})
+
+
+def test_retain_freed_memory_is_an_explicit_opt_in(monkeypatch):
+    calls = []
+    monkeypatch.setattr("sessrec.tasks.ranking.retain_freed_memory", lambda *a, **k: calls.append(1) or True)
+    cards = {t.name: t.num_embeddings for t in TABLES}
+    for opt_in, expected in ((None, 0), (True, 1)):
+        task = DLRMTask(cards, 3, network=SMALL) if opt_in is None else DLRMTask(cards, 3, network=SMALL, retain_freed_memory=True)
+        trainer = pl.Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                             enable_model_summary=False, accelerator="cpu")
+        trainer.fit(task, train_dataloaders=DataLoader([batch_of()], batch_size=None))
+        assert len(calls) == expected, opt_in

@@ -643,9 +643,10 @@ def test_public_api():
     import sessrec.embeddings as emb
 
     assert sorted(emb.__all__) == sorted(
-        ["DeviceLoad", "DynamicEmbeddingBag", "FrequencyCap", "FusedEmbeddingBagCollection", "HybridEmbeddingBag",
-         "IdHasher", "Shard", "ShardingPlan", "ShardingPlanner", "SparseFeatures", "TableConfig", "TableHotness",
-         "TablePlan", "advise_huge_pages", "embedding_bag_collection", "full_state_dict", "hash_ids", "load_full_state_dict",
+        ["DeviceLoad", "DynamicEmbeddingBag", "DynamicSparseArch", "DynamicTables", "FrequencyCap",
+         "FusedEmbeddingBagCollection", "FusedTables", "HybridEmbeddingBag", "HybridSparseArch", "HybridTables",
+         "IdHasher", "Shard", "ShardingPlan", "ShardingPlanner", "SparseArch", "SparseFeatures", "SparseTables",
+         "TableConfig", "TableHotness", "TablePlan", "TorchRecSparseArch", "TorchRecTables", "advise_huge_pages", "embedding_bag_collection", "full_state_dict", "hash_ids", "load_full_state_dict",
          "pooled_features", "retain_freed_memory", "shard_model", "to_embedding_bag_configs", "to_keyed_jagged_tensor",
          "to_torchrec_plan"]
     )

@@ -25,7 +25,7 @@ from sessrec.deploy.export import (
     run_exported,
 )
 from sessrec.deploy.triton import model_config, triton_repository
-from sessrec.embeddings import SparseFeatures
+from sessrec.embeddings import DynamicTables, SparseFeatures
 from sessrec.models import (
     BertEncoder,
     CausalLanguageModeling,
@@ -40,6 +40,7 @@ from sessrec.models import (
     XLNetEncoder,
 )
 from sessrec.tasks import DLRMTask, Evaluation, NextItemTask
+from sessrec.tasks.settings import DLRMNetwork
 
 MODELS = {  # each encoder with the objective it trains with
     "xlnet_mlm": (lambda: XLNetEncoder(d_model=16, n_head=2, n_layer=1), MaskedItemModeling),
@@ -165,8 +166,8 @@ def test_export_from_a_checkpoint(tmp_path, kind):
 
 def dlrm_task(interaction: str = "dot") -> DLRMTask:
     torch.manual_seed(0)
-    return DLRMTask(cardinalities={"city": 10, "tags": 7, "item id": 5}, num_dense=3, embedding_dim=4,
-                    dense_layers=[8, 4], over_layers=[8], interaction=interaction).eval()
+    return DLRMTask(cardinalities={"city": 10, "tags": 7, "item id": 5}, num_dense=3, network=DLRMNetwork(
+        embedding_dim=4, dense_layers=[8, 4], over_layers=[8], interaction=interaction)).eval()
 
 
 @pytest.mark.parametrize("interaction,fmt", [("dot", "onnx"), ("dot", "torchscript"), ("dcn", "torchscript")])
@@ -196,8 +197,9 @@ def test_dlrm_matches_eager_on_other_shapes(tmp_path, interaction, fmt):
 def test_dlrm_with_growing_tables_exports_its_rows_by_id(tmp_path, fmt):
     """A growing table is laid out by id for export: met ids give their rows, others count as absent (as in eval)."""
     torch.manual_seed(0)
-    task = DLRMTask(cardinalities={"city": 4, "tags": 4, "item id": 4}, num_dense=3, embedding_dim=4,
-                    dense_layers=[8, 4], over_layers=[8], dynamic_tables=True, retain_freed_memory=False)
+    task = DLRMTask(cardinalities={"city": 4, "tags": 4, "item id": 4}, num_dense=3,
+                    network=DLRMNetwork(embedding_dim=4, dense_layers=[8, 4], over_layers=[8]),
+                    sparse=DynamicTables(lr=0.05))
     met = {"city": torch.tensor([[1], [6], [9]]), "tags": torch.tensor([[2, 3], [5, -1], [-1, -1]]),
            "item id": torch.tensor([[1], [2], [3]])}
     task.train().model(torch.randn(3, 3), SparseFeatures.from_dense(met))  # training inserts these ids

@@ -214,8 +214,8 @@ def test_clickout_reciprocal_ranks_average_to_the_dlrm_test_mrr():
     data = ClickoutDataModule(str(TRIVAGO), end="2018-11-07T12:00", test_hours=4.0, valid_hours=2.0, train_hours=4.0,
                               batch_size=4096, eval_batch_size=2000)
     pl.seed_everything(0)
-    task = DLRMTask(cardinalities=data.cardinalities, num_dense=data.num_dense, embedding_dim=8, dense_layers=[16, 8],
-                    over_layers=[16], retain_freed_memory=False)
+    task = DLRMTask(cardinalities=data.cardinalities, num_dense=data.num_dense,
+                    network={"embedding_dim": 8, "dense_layers": [16, 8], "over_layers": [16]})
     pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                enable_model_summary=False).fit(task, datamodule=data)
     expected = trainer_test(task, data)

@@ -23,6 +23,7 @@ from sessrec.data.loader import SessionLoader
 from sessrec.deploy.gate import Gate
 from sessrec.deploy.recommender import SessionRecommender, load_recommender
 from sessrec.deploy.retrain import retrain, summary
+from sessrec.embeddings import DynamicTables
 from sessrec.models import (
     CausalLanguageModeling,
     ElectraEncoder,
@@ -210,8 +211,8 @@ def test_dlrm_model_directory_round_trip(tmp_path):
     vocabs = {name: ItemVocab(pa.array([f"{name}{i}" for i in range(5)]), np.ones(5, dtype=np.int64))
               for name in (*SPARSE_FEATURES, CLICKS)}
     vocab = RankingVocab(vocabs)
-    task = DLRMTask(cardinalities=vocab.cardinalities, num_dense=3, embedding_dim=4, dense_layers=[8, 4],
-                    over_layers=[8]).eval()
+    task = DLRMTask(cardinalities=vocab.cardinalities, num_dense=3,
+                    network={"embedding_dim": 4, "dense_layers": [8, 4], "over_layers": [8]}).eval()
     task.vocab = vocab
     task.save_pretrained(tmp_path / "dlrm")
     loaded = DLRMTask.from_pretrained(tmp_path / "dlrm")
@@ -356,8 +357,8 @@ def test_dlrm_retrain_grows_its_tables_and_keeps_what_it_learned(tmp_path):
     window = dict(test_hours=6.0, valid_hours=4.0, train_hours=6.0, min_count=1)
     data = ClickoutDataModule(str(TRIVAGO), end="2018-11-07T18:00", batch_size=4096, **window)
     pl.seed_everything(0)
-    base = DLRMTask(cardinalities=data.cardinalities, num_dense=data.num_dense, embedding_dim=8, dense_layers=[16, 8],
-                    over_layers=[16], dynamic_tables=True, retain_freed_memory=False)
+    base = DLRMTask(cardinalities=data.cardinalities, num_dense=data.num_dense,
+                    network={"embedding_dim": 8, "dense_layers": [16, 8], "over_layers": [16]}, sparse=DynamicTables(lr=0.05))
     pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                enable_model_summary=False).fit(base, datamodule=data)
     base.save_pretrained(tmp_path / "current")

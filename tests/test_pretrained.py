@@ -19,7 +19,7 @@ import torch
 
 from sessrec.data import ItemVocab, SideFeatures, SideFeatureTransform, SideInfoSpec
 from sessrec.datasets.clickout_rows import CLICKS, SPARSE_FEATURES, RankingVocab
-from sessrec.embeddings import SparseFeatures, TableConfig
+from sessrec.embeddings import FusedTables, HybridTables, SparseFeatures, TableConfig
 from sessrec.models import (
     DLRM,
     BertEncoder,
@@ -40,6 +40,7 @@ from sessrec.models.pretrained import Inference, load_pretrained, sections_from_
 from sessrec.saved.registry import ConfigError, config_of
 from sessrec.tasks import DLRMTask, Evaluation, NextItemTask
 from sessrec.tasks.pretrained import Pretrained, plain_hparams
+from sessrec.tasks.settings import DLRMNetwork
 
 torch.set_num_threads(1)
 NUM_ITEMS = 40
@@ -149,7 +150,8 @@ def dlrm(**kwargs) -> DLRM:
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"interaction": "dcn", "dcn_layers": 1, "dcn_rank": 2},
-                                    {"embedding_optimizer": "adagrad_rowwise"}], ids=["dot", "dcn", "adagrad"])
+                                    {"sparse": FusedTables(optimizer="adagrad_rowwise")}, {"sparse": HybridTables(num_hot=2)}],
+                         ids=["dot", "dcn", "adagrad", "hybrid"])
 def test_a_dlrm_round_trips_with_its_vocabulary(tmp_path, kwargs):
     model = trained(dlrm(**kwargs)).eval()
     ids = {"item": torch.tensor([[1], [2], [5]]), "last_item": torch.tensor([[0], [3], [4]]),
@@ -204,14 +206,14 @@ def test_a_network_directory_loads_as_the_task_that_trains_it(tmp_path, vocab):
 def test_dlrm_task_and_network_read_each_others_directories(tmp_path):
     torch.manual_seed(0)
     vocab = ranking_vocab()
-    task = trained(DLRMTask(cardinalities=vocab.cardinalities, num_dense=3, embedding_dim=4, dense_layers=[8, 4],
-                            over_layers=[8])).eval()
+    task = trained(DLRMTask(cardinalities=vocab.cardinalities, num_dense=3,
+                            network={"embedding_dim": 4, "dense_layers": [8, 4], "over_layers": [8]})).eval()
     task.vocab = vocab
     network = DLRM.from_pretrained(task.save_pretrained(tmp_path / "task"))
     for key, value in task.model.state_dict().items():
         assert torch.equal(network.state_dict()[key], value), key
     back = DLRMTask.from_pretrained(network.save_pretrained(tmp_path / "network"))
-    assert back.hparams.cardinalities == vocab.cardinalities and back.hparams.embedding_optimizer == "adagrad_rowwise"
+    assert back.hparams.cardinalities == vocab.cardinalities and back.sparse == FusedTables(optimizer="adagrad_rowwise", lr=0.05)
     for key, value in task.state_dict().items():
         assert torch.equal(back.state_dict()[key], value), key
 
@@ -224,8 +226,9 @@ def test_a_dlrm_with_shared_tables_is_refused_by_the_task_with_one_line(tmp_path
 
 
 # --------------------------------------------------------------------------- version 1 and 2 directories
-def write_old_directory(task: Pretrained, directory: Path, version: int) -> Path:
-    """A model directory as sessrec wrote it before the networks saved themselves: a task section only."""
+def write_old_directory(task: Pretrained, directory: Path, version: int, init_args: dict | None = None) -> Path:
+    """A model directory as sessrec wrote it before the networks saved themselves: a task section only
+    (the task's settings, or `init_args`)."""
     from safetensors.torch import save_file
 
     from sessrec.saved.directory import describe, write_description
@@ -234,7 +237,7 @@ def write_old_directory(task: Pretrained, directory: Path, version: int) -> Path
     save_file({k: v.contiguous() for k, v in task.state_dict().items()}, str(directory / "model.safetensors"))
     task.vocab.save(directory / "vocab.parquet")
     config = {"format": "sessrec.model", "version": version,
-              "task": {"class_path": f"{type(task).__module__}.{type(task).__qualname__}", "init_args": plain_hparams(task)}}
+              "task": {"class_path": f"{type(task).__module__}.{type(task).__qualname__}", "init_args": init_args or plain_hparams(task)}}
     if version == 1:
         (directory / "config.json").write_text(json.dumps(config))
     else:
@@ -258,14 +261,49 @@ def test_an_old_session_model_directory_loads_through_the_task_and_the_network(t
 @pytest.mark.parametrize("version", [1, 2])
 def test_an_old_dlrm_directory_loads_through_the_network(tmp_path, version):
     torch.manual_seed(0)
-    task = trained(DLRMTask(cardinalities={"city": 10, "tags": 7}, num_dense=3, embedding_dim=4, dense_layers=[8, 4],
-                            over_layers=[8], interaction="dcn", dcn_rank=2)).eval()
+    task = trained(DLRMTask(cardinalities={"city": 10, "tags": 7}, num_dense=3, network=DLRMNetwork(
+        embedding_dim=4, dense_layers=[8, 4], over_layers=[8], interaction="dcn", dcn_rank=2))).eval()
     task.vocab = ranking_vocab()
-    network = DLRM.from_pretrained(write_old_directory(task, tmp_path / "old", version))
+    flags = {"cardinalities": {"city": 10, "tags": 7}, "num_dense": 3, "embedding_dim": 4, "dense_layers": [8, 4],
+             "over_layers": [8], "interaction": "dcn", "dcn_rank": 2, "optimizer": "adam", "lr": 0.001, "ks": [1, 5, 20],
+             "embedding_optimizer": "adagrad_rowwise", "embedding_lr": 0.05, "seed": 0, "retain_freed_memory": True}
+    network = DLRM.from_pretrained(write_old_directory(task, tmp_path / "old", version, flags))  # as that DLRMTask wrote it
     ids = SparseFeatures.from_dense({"city": torch.tensor([[1], [9]]), "tags": torch.tensor([[0, 6], [2, -1]])})
     dense = torch.randn(2, 3)
     with torch.no_grad():
         assert torch.equal(network(dense, ids), task.model(dense, ids))
+
+
+def test_a_dlrm_directory_in_the_flag_form_loads_through_the_network_and_the_task(tmp_path):
+    """A DLRM config naming its sparse module by flags (the flag form) builds the module those flags choose."""
+    model = trained(dlrm(sparse=FusedTables(optimizer="adagrad_rowwise", lr=0.2))).eval()
+    tables = [TableConfig("city", 10, 4), TableConfig("tags", 7, 4)]
+    plain = trained(DLRM(3, tables, dense_layers=[8, 4], over_layers=[8], sparse=FusedTables(optimizer="sgd"), seed=1))
+    ids = SparseFeatures.from_dense({"city": torch.tensor([[1], [9]]), "tags": torch.tensor([[0, 6], [2, -1]])})
+    for name, net, flags in (("shared", model, {"embedding_optimizer": "adagrad_rowwise", "embedding_lr": 0.2,
+                                                "dynamic_tables": False, "sparse_backend": "fused", "pad_to_bytes": 16}),
+                             ("plain", plain.eval(), {"embedding_optimizer": "sgd"})):
+        path = net.save_pretrained(tmp_path / name, ranking_vocab())
+        config = json.loads((path / "config.json").read_text())
+        args = config["model"]["init_args"]
+        del args["sparse"]
+        args.update(flags)
+        (path / "config.json").write_text(json.dumps(config))
+        loaded = DLRM.from_pretrained(path)
+        assert loaded.sparse_arch.collection.optimizer == flags["embedding_optimizer"]
+        assert config_of(loaded) == config_of(net)
+        for key, value in net.state_dict().items():
+            assert torch.equal(loaded.state_dict()[key], value), key
+    task = DLRMTask.from_pretrained(tmp_path / "plain")  # one summed table per feature: the task trains it
+    assert task.sparse == FusedTables(optimizer="sgd") and task.hparams.network["init_args"]["embedding_dim"] == 4
+    dense = torch.randn(2, 3)
+    with torch.no_grad():
+        assert torch.equal(task.model(dense, ids), plain(dense, ids))
+    config = json.loads((tmp_path / "plain" / "config.json").read_text())
+    config["model"]["init_args"].update(sparse_backend="torchrec", embedding_optimizer="sgd")
+    (tmp_path / "plain" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match=r"config.json: model.init_args: sparse_backend torchrec with a fused optimizer"):
+        DLRM.from_pretrained(tmp_path / "plain")
 
 
 def test_the_task_config_translation_builds_the_network_the_task_builds():

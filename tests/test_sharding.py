@@ -17,6 +17,7 @@ from torch import nn
 
 pytest.importorskip("torchrec")
 
+from sessrec.embeddings import FusedTables, TorchRecTables
 from sessrec.embeddings.config import TableConfig
 from sessrec.embeddings.jagged import SparseFeatures
 from sessrec.embeddings.planner import ShardingPlanner
@@ -245,9 +246,9 @@ def test_dlrm_task_sharded_over_two_processes_trains_like_one(tmp_path):
     def task(backend: str) -> DLRMTask:
         pl.seed_everything(0)
         d = data(batch)
-        return DLRMTask(cardinalities=d.cardinalities, num_dense=d.num_dense, embedding_dim=8, dense_layers=[16, 8],
-                        over_layers=[16], embedding_optimizer="none", lr=0.01, sparse_backend=backend,
-                        retain_freed_memory=False)
+        return DLRMTask(cardinalities=d.cardinalities, num_dense=d.num_dense,
+                        network={"embedding_dim": 8, "dense_layers": [16, 8], "over_layers": [16]},
+                        sparse=FusedTables() if backend == "fused" else TorchRecTables(), optimization={"lr": 0.01})
 
     def trainer(**kwargs) -> pl.Trainer:
         return pl.Trainer(accelerator="cpu", max_steps=steps, logger=False, enable_checkpointing=False,
@@ -298,7 +299,7 @@ def test_torchrec_backend_starts_as_the_embedding_core():
     models = {}
     for backend in ("fused", "torchrec"):
         torch.manual_seed(0)
-        models[backend] = DLRM(3, tables, [16, 8], [16], seed=3, sparse_backend=backend)
+        models[backend] = DLRM(3, tables, [16, 8], [16], seed=3, sparse=FusedTables() if backend == "fused" else TorchRecTables())
     g = torch.Generator().manual_seed(1)
     features = SparseFeatures.from_dense({"a": torch.randint(-1, 50, (6, 3), generator=g), "b": torch.randint(0, 30, (6,), generator=g)})
     dense = torch.randn(6, 3, generator=g)
@@ -307,12 +308,10 @@ def test_torchrec_backend_starts_as_the_embedding_core():
     torch.testing.assert_close(out["torchrec"], out["fused"], rtol=0, atol=1e-6)
     for t in ("a", "b"):
         assert torch.equal(models["torchrec"].sparse_arch.table_weight(t), models["fused"].sparse_arch.table_weight(t))
-    with pytest.raises(ValueError, match="set embedding_optimizer: none"):
-        DLRM(3, tables, [16, 8], [16], embedding_optimizer="adagrad_rowwise", sparse_backend="torchrec")
 
 
 def test_torchrec_strategy_needs_torchrec_tables():
     from sessrec.tasks import TorchRecStrategy
 
-    with pytest.raises(ValueError, match="has none: build the DLRM with sparse_backend: torchrec"):
+    with pytest.raises(ValueError, match=r"has none: build the DLRM with sparse: TorchRecTables\(\)"):
         TorchRecStrategy()._tables(nn.Linear(2, 2))

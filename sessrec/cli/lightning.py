@@ -25,11 +25,11 @@ ids and features map exactly as in training.
 ``validate``, ``test`` and ``predict`` with ``--ckpt_path`` take the model's settings by one rule
 (`sessrec.tasks.restore`), where "given" means set by a recipe or on the command line:
 
-- the evaluation settings (``--model.evaluation.top_k|ks|exclude_seen``; a DLRM's ``--model.ks``
-  and ``--model.compile``) are the given ones, else the checkpoint's; the data module's settings
+- the evaluation settings (``--model.evaluation.top_k|ks|exclude_seen``; a DLRM's
+  ``--model.evaluation.ks`` and ``--model.compile``) are the given ones, else the checkpoint's; the data module's settings
   (batch sizes, ``--data.predict_path``) and the output (``--scoring.*``) are always the given ones;
 - the training settings (``--model.optimization.*``, ``--model.schedule.*``, ``--model.seed``; a
-  DLRM's optimizers, ``seed`` and ``retain_freed_memory``) are the checkpoint's: a given value that
+  DLRM's ``--model.optimization.*``, ``seed`` and ``retain_freed_memory``) are the checkpoint's: a given value that
   differs is not used, and a note on stderr names it;
 - every other model setting (the encoder and its sizes, the objective, the loss, dropout, side
   information, ``--data.max_length`` ...) fixes the network: a given value that differs from the
@@ -69,7 +69,7 @@ from sessrec.tasks import LastCheckpoint, TopKWriter, VocabularyCheckpoint
 from sessrec.tasks.callbacks import MetricHistory, PredictProgress, find_features, find_vocab
 from sessrec.tasks.pretrained import GROUPED_TASKS, load_checkpoint, plain_hparams
 from sessrec.tasks.restore import merge_with_checkpoint, renamed, same_class, same_value, show, task_class
-from sessrec.tasks.settings import grouped
+from sessrec.tasks.settings import regroup
 
 EVALUATING = ("validate", "test", "predict")  # subcommands that evaluate or run a trained model
 # the task settings linked from the data module (below), with the data setting that gives each
@@ -128,7 +128,7 @@ class SessrecCLI(LightningCLI):
                 "with the task it was trained as"
             )
         if path.rpartition(".")[2] in GROUPED_TASKS:  # an older checkpoint may name lr, ks, ... one by one
-            held = grouped(held)
+            held = regroup(path.rpartition(".")[2], held)
         given = self.parser.parse_args(self._args, defaults=False)[sub] if self._args is not None else cfg
         model = given.get("model")
         init_args = model.get("init_args") if model is not None else None

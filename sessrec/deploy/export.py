@@ -217,7 +217,7 @@ class ExportedClickScorer(nn.Module):
         self.tables = [arch.table_of[f] for f in self.feature_names]
         self.mean = [arch.pooling[t] == "mean" for t in self.tables]
         # every table as rows by id (the fused weight's views, or a growing table's rows laid out by id),
-        # detached: tables that are parameters (embedding_optimizer none) are constants of the exported file
+        # detached: tables that are parameters (FusedTables with optimizer none, HybridTables) are constants of the exported file
         self.weights = {name: arch.table_weight(name).detach() for name in dict.fromkeys(self.tables)}
 
     def pooled(self, ids: torch.Tensor, table: str, mean: bool) -> torch.Tensor:

@@ -138,7 +138,7 @@ def clickout_ranks(task: DLRMTask, data: ClickoutDataModule) -> PairRanks:
     rows = data.rows["test"]
     clicked = rows.column("label").to_numpy(zero_copy_only=False) > 0.5
     device = next(task.parameters()).device
-    metric = RankingMetrics(list(task.hparams.ks)).to(device)
+    metric = RankingMetrics(list(task.evaluation.ks)).to(device)
     ranks = []
     for batch in evaluation_batches(task, data, device):
         logits = task(batch)

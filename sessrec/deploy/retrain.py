@@ -38,6 +38,7 @@ from sessrec.data.schema import Schema
 from sessrec.data.sources import SessionSource, SessionSplits, TimeWindowSource
 from sessrec.deploy.gate import Gate
 from sessrec.deploy.pairs import PairRanks, aligned, clickout_ranks, next_item_ranks, pair_values
+from sessrec.embeddings import DynamicTables
 from sessrec.saved.versions import VersionedDirectory, resolve
 from sessrec.tasks import NextItemTask
 from sessrec.tasks.pretrained import (
@@ -292,7 +293,7 @@ def retrain_dlrm(
 ) -> dict[str, Any]:
     """The same turn for a DLRM on click-outs: warm start on the hours before `end`, gate on the last ones.
 
-    The DLRM must have growing tables (``dynamic_tables: true``): the vocabulary grows by the
+    The DLRM must have growing tables (``sparse: DynamicTables``): the vocabulary grows by the
     window's new hotels, cities and filters (`RankingVocab.grow`, known values keep their ids) and
     each table inserts rows for the new ids as training meets them, its learned rows untouched
     (`DynamicSparseArch`). The gate compares the reciprocal rank of each clicked hotel within its
@@ -319,9 +320,10 @@ def retrain_dlrm(
     out_dir = Path(out)
     with turn(model_dir, keep, gate.metric) as (store, standing, current_path):
         current = DLRMTask.from_pretrained(current_path)
-        if not current.hparams.get("dynamic_tables"):
+        if not isinstance(current.sparse, DynamicTables):
             raise ValueError(
-                f"{current_path}: this DLRM has fixed tables; retraining grows them, so train it with --model.dynamic_tables true"
+                f"{current_path}: this DLRM has fixed tables ({type(current.sparse).__name__}); retraining grows them, so train "
+                "it with --model.sparse.class_path sessrec.embeddings.DynamicTables"
             )
         window = {"test_hours": test_hours, "valid_hours": valid_hours, "batch_size": batch_size, "seed": seed,
                   "end": end, "train_hours": train_hours, "min_count": 1}
@@ -332,7 +334,7 @@ def retrain_dlrm(
         pl.seed_everything(seed, verbose=False)
         candidate = DLRMTask.from_pretrained(current_path).train()
         if lr is not None:
-            candidate.hparams.lr = lr
+            candidate.hparams.optimization = config_of(replace(candidate.optimization, lr=lr))
         candidate, seconds, epochs = fit_candidate(candidate, new, out_dir, f"val/{gate.metric}", max_epochs)
 
         def best_ranks(folder: Path) -> PairRanks:

@@ -299,7 +299,8 @@ class FusedEmbeddingBagCollection(nn.Module):
             ``torch.use_deterministic_algorithms``, or without a C++ compiler: the sorted eager update.
             The two differ only in the order in which duplicate ids' gradients are added.
 
-    Training on CPU, call `sessrec.embeddings.retain_freed_memory()` once (``DLRMTask`` does): with
+    Training on CPU, call `sessrec.embeddings.retain_freed_memory()` once (``DLRMTask`` does with
+    ``retain_freed_memory: true``; it is process-wide, so nothing calls it unasked): with
     glibc's default trimming each step page-faults its outputs and gradients back in, which costs
     much of the fused step's lead over separate bags (``docs/benchmarks.md``, Embedding core).
 

@@ -49,7 +49,8 @@ def retain_freed_memory(trim_bytes: int = 2**30, mmap_bytes: int = 32 * 2**20) -
     (the cost is in ``docs/benchmarks.md``, Embedding core, ``--malloc default``). This sets
     the trim threshold to ``trim_bytes`` and the mmap threshold to ``mmap_bytes`` (glibc's maximum,
     32 MB), so blocks up to 32 MB are recycled from the heap. The cost: the process keeps up to
-    ``trim_bytes`` of freed memory. Process-wide; every allocation of the process is affected.
+    ``trim_bytes`` of freed memory. Process-wide; every allocation of the process is affected, so
+    sessrec calls it only when asked (`DLRMTask` with ``retain_freed_memory: true``).
 
     Returns whether glibc accepted both settings (False on other platforms or C libraries).
     """

@@ -8,7 +8,8 @@ with one `embedding_bag` where its rows live, copies only the (B, D) pooled cold
 and adds the two. The result, and the gradients of both weights, are exactly those of one plain
 `nn.EmbeddingBag` holding all N rows.
 
-On a CPU-only machine both parts are on the CPU and the same code runs.
+On a CPU-only machine both parts are on the CPU and the same code runs. Moving the module
+(``.to(device)``) moves the hot rows and the id maps; the cold rows stay in host memory.
 
 Shape letters: N rows, H hot rows, D width, B bags, T ids.
 """
@@ -104,6 +105,18 @@ class HybridEmbeddingBag(nn.Module):
         self.register_buffer("slot", slot.to(device))
         self.register_buffer("hot_ids", hot.to(device))  # (H,)
         self.register_buffer("cold_ids", cold.to(device))  # (N - H,)
+
+    def _apply(self, fn, recurse=True):
+        """Moves and casts (``.to``, ``.cuda``, ``.half``) apply to every tensor, then the cold rows go
+        back to host memory: a model moved to the accelerator keeps its cold rows where they are."""
+        super()._apply(fn, recurse)
+        cold = self.cold_weight
+        if cold.device.type != "cpu":
+            host = cold.data.cpu()
+            cold.data = host.pin_memory() if torch.cuda.is_available() else host
+            if cold.grad is not None:
+                cold.grad = cold.grad.cpu()
+        return self
 
     def full_weight(self) -> torch.Tensor:
         """(N, D) all rows in id order, on the hot rows' device (for checks and export)."""

@@ -4,11 +4,13 @@
                                           +--InteractionArch (dot) or DCNv2Arch (cross)--> OverArch --> (B,) logit
     sparse ids --SparseArch--> (B, F, D) -+
 
-`SparseArch` wraps the embedding core (`sessrec.embeddings.FusedEmbeddingBagCollection`), so all
-tables of one width are looked up in one call and, with a fused optimizer, updated in backward.
-`TorchRecSparseArch` holds the same tables in TorchRec's ``EmbeddingBagCollection`` instead
-(the ``torchrec`` extra), which TorchRec's planner and ``DistributedModelParallel`` shard across
-processes (`sessrec.tasks.TorchRecStrategy` does it in a Lightning run).
+The sparse module is chosen by its config (`sessrec.embeddings.sparse_arch`): `FusedTables`
+(the embedding core, `sessrec.embeddings.FusedEmbeddingBagCollection`: all tables of one width
+looked up in one call and, with a fused optimizer, updated in backward), `DynamicTables` (tables
+that grow with new ids), `HybridTables` (hot rows on the device, the rest in host memory) or
+`TorchRecTables` (TorchRec's ``EmbeddingBagCollection``, the ``torchrec`` extra, which TorchRec's
+planner and ``DistributedModelParallel`` shard across processes; `sessrec.tasks.TorchRecStrategy`
+does it in a Lightning run).
 
 Shape letters: B batch, Dd dense input features, D embedding width (= the bottom MLP's output),
 F sparse features, I interaction output width, H hidden width.
@@ -28,9 +30,18 @@ import torch
 from torch import nn
 
 from sessrec.datasets.clickout_rows import RankingVocab
-from sessrec.embeddings import FusedEmbeddingBagCollection, SparseFeatures, TableConfig
-from sessrec.embeddings.dynamic import DynamicEmbeddingBag
-from sessrec.embeddings.sharding import embedding_bag_collection, pooled_features, to_keyed_jagged_tensor
+from sessrec.embeddings import SparseFeatures, TableConfig
+from sessrec.embeddings.sparse_arch import (  # noqa: F401 - the sparse modules, importable from here too
+    BACKEND_FLAGS,
+    DynamicSparseArch,
+    FusedTables,
+    HybridSparseArch,
+    SparseArch,
+    SparseTables,
+    TorchRecSparseArch,
+    one_width,
+    sparse_of_flags,
+)
 from sessrec.models.pretrained import (
     NETWORK,
     WEIGHTS,
@@ -42,7 +53,7 @@ from sessrec.models.pretrained import (
     with_prefix,
     write_model_directory,
 )
-from sessrec.saved.registry import Configurable, config_of, instantiate
+from sessrec.saved.registry import ConfigError, Configurable, config_of, instantiate, split_config
 
 
 def _mlp(in_features: int, layer_sizes: Sequence[int], last_activation: bool = True) -> nn.Sequential:
@@ -71,154 +82,6 @@ class DenseArch(nn.Module):
 
     def forward(self, dense: torch.Tensor) -> torch.Tensor:
         return self.mlp(dense)
-
-
-def one_width(tables: Sequence[TableConfig]) -> int:
-    """The embedding width D shared by all `tables` (the interactions multiply the features' vectors)."""
-    dims = {t.embedding_dim for t in tables}
-    if len(dims) != 1:
-        raise ValueError(f"DLRM needs one embedding width for all tables (the dot interaction), got {sorted(dims)}")
-    return dims.pop()
-
-
-class SparseArch(nn.Module):
-    """Pooled embeddings of every sparse feature, stacked: `SparseFeatures` -> (B, F, D).
-
-    Args:
-        tables: the tables (all of width D); features are stacked in the tables' feature order.
-        optimizer: the embedding core's fused optimizer (``none``: tables are ordinary parameters).
-        lr: the fused optimizer's learning rate.
-        pad_to_bytes: the core's row padding.
-        seed: seeds the tables' initial weights.
-    """
-
-    def __init__(
-        self,
-        tables: Sequence[TableConfig],
-        optimizer: Literal["none", "sgd", "adagrad_rowwise"] = "none",
-        lr: float = 0.01,
-        pad_to_bytes: int | None = 16,
-        seed: int | None = None,
-    ) -> None:
-        super().__init__()
-        self.embedding_dim = one_width(tables)
-        self.collection = FusedEmbeddingBagCollection(tables, pad_to_bytes=pad_to_bytes, optimizer=optimizer, lr=lr, seed=seed)
-        self.feature_names = self.collection.feature_names
-        self.table_of = {f: t.name for t in tables for f in t.features}
-        self.pooling = {t.name: t.pooling for t in tables}
-
-    def table_weight(self, name: str) -> torch.Tensor:
-        """(num_embeddings, D) rows of table `name`, row i for id i (a view of the fused weight)."""
-        return self.collection.table_weight(name)
-
-    def forward(self, features: SparseFeatures) -> torch.Tensor:
-        pooled = self.collection(features)
-        return torch.stack([pooled[f] for f in self.feature_names], dim=1)  # (B, F, D)
-
-
-class TorchRecSparseArch(nn.Module):
-    """`SparseArch` on TorchRec's ``EmbeddingBagCollection``: the tables TorchRec can shard.
-
-    The tables are ordinary parameters (the dense optimizer updates them) and start from the
-    same seeded draw as `SparseArch`'s (uniform in +-sqrt(1 / rows), table by table), so the two
-    backends train alike. `shard_model` / `sessrec.tasks.TorchRecStrategy` replace the collection by
-    its sharded version; the forward reads the pooled output by feature name, which a sharded
-    collection reorders.
-
-    Args:
-        tables: the tables (all of width D); features are stacked in the tables' feature order.
-        seed: seeds the tables' initial weights.
-    """
-
-    def __init__(self, tables: Sequence[TableConfig], seed: int | None = None) -> None:
-        super().__init__()
-        self.embedding_dim = one_width(tables)
-        with torch.random.fork_rng(devices=[]):  # TorchRec's own init draws from the global generator
-            self.collection = embedding_bag_collection(tables)
-        self.feature_names = [f for t in tables for f in t.features]
-        self.table_of = {f: t.name for t in tables for f in t.features}
-        self.pooling = {t.name: t.pooling for t in tables}
-        generator = torch.Generator()
-        if seed is None:
-            generator.seed()
-        else:
-            generator.manual_seed(seed)
-        with torch.no_grad():
-            for t in tables:
-                bound = (1.0 / t.num_embeddings) ** 0.5
-                self.collection.embedding_bags[t.name].weight.uniform_(-bound, bound, generator=generator)
-
-    def table_weight(self, name: str) -> torch.Tensor:
-        """(num_embeddings, D) rows of table `name` (of the unsharded collection)."""
-        return self.collection.embedding_bags[name].weight
-
-    def forward(self, features: SparseFeatures) -> torch.Tensor:
-        pooled = pooled_features(self.collection(to_keyed_jagged_tensor(features)), self.feature_names)  # (B, F D)
-        return pooled.view(-1, len(self.feature_names), self.embedding_dim)  # (B, F, D)
-
-
-class DynamicSparseArch(nn.Module):
-    """`SparseArch` on tables that grow: one `DynamicEmbeddingBag` per table, keyed by the ids themselves.
-
-    An id a table has not seen gets a row the first time training looks it up (the learned rows
-    stay as they are, the new one starts from the table's seeded initialisation); past `max_rows`
-    rows the least used ones are evicted and reused. In eval mode an unseen id adds nothing to its
-    bag. This is what lets a trained DLRM be retrained on a catalogue that has grown since
-    (`sessrec.deploy.retrain`) with no rebuild of its tables.
-
-    Args:
-        tables: the tables (all of width D); ``num_embeddings`` is each table's initial capacity.
-        optimizer: the fused optimizer applied in backward (``sgd`` or ``adagrad_rowwise``).
-        lr: its learning rate.
-        max_rows: the most rows a table grows to.
-        seed: seeds the tables' row initialisation (table i with ``seed + i``).
-    """
-
-    def __init__(
-        self,
-        tables: Sequence[TableConfig],
-        optimizer: Literal["sgd", "adagrad_rowwise"] = "adagrad_rowwise",
-        lr: float = 0.01,
-        max_rows: int = 1 << 20,
-        seed: int | None = None,
-    ) -> None:
-        super().__init__()
-        if optimizer not in ("sgd", "adagrad_rowwise"):
-            raise ValueError(f"growing tables are updated by the fused optimizer: use sgd or adagrad_rowwise, got {optimizer!r}")
-        self.embedding_dim = one_width(tables)
-        self.tables = nn.ModuleDict({
-            t.name: DynamicEmbeddingBag(
-                self.embedding_dim, initial_capacity=t.num_embeddings, max_capacity=max(max_rows, t.num_embeddings),
-                pooling=t.pooling, optimizer=optimizer, lr=lr, seed=None if seed is None else seed + i,
-            )
-            for i, t in enumerate(tables)
-        })
-        self.table_of = {f: t.name for t in tables for f in t.features}
-        self.pooling = {t.name: t.pooling for t in tables}
-        self.feature_names = [f for t in tables for f in t.features]
-
-    @torch.no_grad()
-    def table_weight(self, name: str) -> torch.Tensor:
-        """(K, D) rows of table `name` by id, as a fixed table: row i for id i, zeros for an id the
-        table never met (absent, as in eval mode), and a last zero row for every id beyond."""
-        table = self.tables[name]
-        size = int(table.sorted_keys.max()) + 2 if table.num_keys else 1
-        rows = table.weight.new_zeros(size, self.embedding_dim)
-        rows[table.sorted_keys] = table.weight[table.sorted_rows]
-        return rows
-
-    def forward(self, features: SparseFeatures) -> torch.Tensor:
-        b = features.batch_size
-        lengths = features.lengths.view(len(features.keys), b)  # (F, B)
-        per_feature = lengths.sum(dim=1).tolist()
-        values = torch.split(features.values, per_feature)
-        weights = torch.split(features.weights, per_feature) if features.weights is not None else None
-        pooled = []
-        for name in self.feature_names:
-            k = features.keys.index(name)
-            offsets = torch.cumsum(lengths[k], 0) - lengths[k]  # (B,) start of each bag
-            pooled.append(self.tables[self.table_of[name]](values[k], offsets, None if weights is None else weights[k]))
-        return torch.stack(pooled, dim=1)  # (B, F, D)
 
 
 class InteractionArch(nn.Module):
@@ -309,17 +172,9 @@ class DLRM(nn.Module, PretrainedNetwork, Configurable):
         interaction: ``dot`` (pairwise dots, `InteractionArch`) or ``dcn`` (`DCNv2Arch`).
         dcn_layers: DCNv2 cross layers.
         dcn_rank: DCNv2 low rank.
-        embedding_optimizer: the embedding core's fused optimizer (``none``: tables are parameters
-            for the dense optimizer).
-        embedding_lr: its learning rate.
-        pad_to_bytes: the core's row padding.
+        sparse: the module that holds the tables (`FusedTables`, `DynamicTables`, `HybridTables`,
+            `TorchRecTables`); built as ``sparse_arch``.
         seed: seeds the tables' initial weights (the MLPs follow torch's global seed).
-        dynamic_tables: tables that grow with new ids and evict the least used rows
-            (`DynamicSparseArch`), for retraining on a growing catalogue.
-        max_rows: the most rows a growing table holds.
-        sparse_backend: ``fused``: the embedding core (`SparseArch`, or `DynamicSparseArch`);
-            ``torchrec``: TorchRec's ``EmbeddingBagCollection`` (`TorchRecSparseArch`), which can be
-            sharded; its tables are parameters of the dense optimizer (``embedding_optimizer: none``).
 
     Examples:
         >>> model = DLRM(2, [TableConfig("city", 10, 4)], dense_layers=[8, 4], over_layers=[8])
@@ -336,28 +191,16 @@ class DLRM(nn.Module, PretrainedNetwork, Configurable):
         interaction: Literal["dot", "dcn"] = "dot",
         dcn_layers: int = 2,
         dcn_rank: int = 16,
-        embedding_optimizer: Literal["none", "sgd", "adagrad_rowwise"] = "none",
-        embedding_lr: float = 0.01,
-        pad_to_bytes: int | None = 16,
+        *,
+        sparse: SparseTables = FusedTables(),  # noqa: B008 - frozen
         seed: int | None = None,
-        dynamic_tables: bool = False,
-        max_rows: int = 1 << 20,
-        sparse_backend: Literal["fused", "torchrec"] = "fused",
     ) -> None:
         super().__init__()
-        if sparse_backend == "torchrec":
-            if embedding_optimizer != "none" or dynamic_tables:
-                raise ValueError(
-                    "sparse_backend 'torchrec' trains its tables with the dense optimizer: set embedding_optimizer: none "
-                    f"and dynamic_tables: false (got {embedding_optimizer!r}, {dynamic_tables})"
-                )
-            self.sparse_arch = TorchRecSparseArch(tables, seed)
-        elif sparse_backend != "fused":
-            raise ValueError(f"sparse_backend must be 'fused' or 'torchrec', got {sparse_backend!r}")
-        elif dynamic_tables:
-            self.sparse_arch = DynamicSparseArch(tables, embedding_optimizer, embedding_lr, max_rows, seed)
-        else:
-            self.sparse_arch = SparseArch(tables, embedding_optimizer, embedding_lr, pad_to_bytes, seed)
+        if not isinstance(sparse, SparseTables):
+            raise TypeError(
+                f"sparse must be FusedTables, DynamicTables, HybridTables or TorchRecTables (sessrec.embeddings), got {sparse!r}"
+            )
+        self.sparse_arch = sparse.build(tables, seed)
         d = self.sparse_arch.embedding_dim
         if not dense_layers or dense_layers[-1] != d:
             raise ValueError(
@@ -398,7 +241,30 @@ class DLRM(nn.Module, PretrainedNetwork, Configurable):
 
     @classmethod
     def load_directory(cls, folder: Path, config: dict[str, Any], source: str) -> DLRM:
-        model = instantiate(config.get("model"), expected=cls, source=source, key="model")
+        model = instantiate(with_sparse_module(config.get("model"), source), expected=cls, source=source, key="model")
         load_into(model, under(load_weights(folder), NETWORK), str(folder / WEIGHTS))
         model.attach(load_vocab(folder, config, RankingVocab))
         return model.eval()
+
+
+def with_sparse_module(config: Any, source: str, key: str = "model") -> Any:
+    """A saved DLRM config (``{"class_path", "init_args"}``) with its sparse module as a `sparse` config.
+
+    A config in the flag form (the flags of `BACKEND_FLAGS`: ``sparse_backend``, ``dynamic_tables``,
+    ``embedding_optimizer`` ..., which earlier DLRM directories hold) gets the module those
+    flags choose (`sparse_of_flags`): the same network, whose weights load as they are. Any other
+    config is returned as it is.
+    """
+    path, init_args = split_config(config, source, key)
+    if not isinstance(init_args, dict) or not BACKEND_FLAGS.keys() & init_args.keys():
+        return config
+    if "sparse" in init_args:
+        raise ConfigError(source, f"{key}.init_args", f"names both 'sparse' and {sorted(BACKEND_FLAGS.keys() & init_args.keys())}; "
+                          "give the sparse module alone")
+    flags = {k: v for k, v in init_args.items() if k in BACKEND_FLAGS}
+    try:
+        sparse = sparse_of_flags(flags)
+    except ValueError as err:
+        raise ConfigError(source, f"{key}.init_args", str(err)) from None
+    rest = {k: v for k, v in init_args.items() if k not in BACKEND_FLAGS}
+    return {"class_path": path, "init_args": {**rest, "sparse": sparse}}

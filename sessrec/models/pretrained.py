@@ -55,6 +55,7 @@ from sessrec.data.side import SideFeatures, SideFeatureTransform
 from sessrec.data.vocab import ItemVocab
 from sessrec.datasets.clickout_rows import RankingVocab
 from sessrec.embeddings.dynamic import DynamicEmbeddingBag
+from sessrec.embeddings.sparse_arch import sparse_of_flags
 from sessrec.saved import versions
 from sessrec.saved.directory import (
     check_vocabulary,
@@ -336,24 +337,30 @@ def _session_sections(args: dict[str, Any], source: str, key: str) -> dict[str, 
             "objective": args.get("objective") or TASK_OBJECTIVE, "inference": inference}
 
 
-# DLRMTask's arguments that the DLRM takes as they are, and its defaults for those a config may lack
-DLRM_TASK_DEFAULTS = {
-    "dense_layers": [64, 16], "over_layers": [128, 64], "interaction": "dot", "dcn_layers": 2, "dcn_rank": 16,
-    "embedding_optimizer": "adagrad_rowwise", "embedding_lr": 0.05, "seed": 0, "dynamic_tables": False,
-    "max_rows": 1 << 20, "sparse_backend": "fused",
-}
+# the defaults of the DLRMTask that wrote version 1 and 2 directories, for the settings a config may lack
+DLRM_TASK_DEFAULTS = {"dense_layers": [64, 16], "over_layers": [128, 64], "interaction": "dot", "dcn_layers": 2, "dcn_rank": 16,
+                      "seed": 0}
+DLRM_TASK_SPARSE = {"sparse_backend": "fused", "dynamic_tables": False, "embedding_optimizer": "adagrad_rowwise",
+                    "embedding_lr": 0.05, "max_rows": 1 << 20, "pad_to_bytes": 16}
 
 
 def _dlrm_sections(args: dict[str, Any], source: str, key: str) -> dict[str, Any]:
+    """The DLRM of a DLRMTask config: the settings named one by one (what version 1 and 2 directories
+    hold, `sparse_of_flags` choosing the sparse module), or grouped into ``network`` and ``sparse``."""
     cardinalities, num_dense = args.get("cardinalities"), args.get("num_dense")
     if not isinstance(cardinalities, dict) or not cardinalities:
         raise ConfigError(source, f"{key}.cardinalities", f"expected the sparse features' table sizes, got {cardinalities!r}")
+    args = {**args, **_fields(args.get("network"), source, f"{key}.network")}  # the grouped form names a network part
     dim = args.get("embedding_dim", 16)
     tables = [{"class_path": "sessrec.embeddings.config.TableConfig", "init_args": {
         "name": name, "num_embeddings": rows, "embedding_dim": dim, "pooling": "sum", "feature_names": []}}
         for name, rows in cardinalities.items()]
+    try:
+        sparse = args.get("sparse") or sparse_of_flags(args, DLRM_TASK_SPARSE)
+    except ValueError as err:
+        raise ConfigError(source, key, str(err)) from None
     model = {"num_dense": num_dense, "tables": tables,
-             **{k: args.get(k, default) for k, default in DLRM_TASK_DEFAULTS.items()}, "pad_to_bytes": 16}
+             **{k: args.get(k, default) for k, default in DLRM_TASK_DEFAULTS.items()}, "sparse": sparse}
     return {"model": {"class_path": DLRM_MODEL, "init_args": model}}
 
 

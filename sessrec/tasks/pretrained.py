@@ -55,9 +55,9 @@ from sessrec.saved.registry import (  # noqa: F401 - config_of: sessrec.deploy.r
     resolve,
     split_config,
 )
-from sessrec.tasks.settings import grouped
+from sessrec.tasks.settings import regroup
 
-GROUPED_TASKS = ("NextItemTask", "BaselineTask")  # tasks whose settings form typed parts (`sessrec.tasks.settings`)
+GROUPED_TASKS = ("NextItemTask", "BaselineTask", "DLRMTask")  # tasks whose settings form typed parts (`sessrec.tasks.settings`)
 _TASK_OF_NETWORK: dict[type, type] = {}  # network class -> the task that trains it (`Pretrained.NETWORK`)
 
 
@@ -205,7 +205,7 @@ def build(
     init_args = init_args or {}
     if cls.__name__ in GROUPED_TASKS and isinstance(init_args, dict):  # a saved config may name lr, ks, ... one by one
         try:
-            init_args = grouped(init_args)
+            init_args = regroup(cls.__name__, init_args)
         except ValueError as err:
             raise ConfigError(source, args_key, str(err)) from err
     return construct(cls, init_args, source, args_key)

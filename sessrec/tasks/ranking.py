@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import inspect
 import time
-from typing import Any, Literal
+from typing import Any
 
 import pytorch_lightning as pl
 import torch
@@ -22,89 +22,85 @@ import torch.nn.functional as F
 from torch import nn
 
 from sessrec.datasets.clickout_rows import RankingBatch
-from sessrec.embeddings import TableConfig
+from sessrec.embeddings import FusedTables, SparseTables, TableConfig
 from sessrec.embeddings.host_memory import retain_freed_memory
 from sessrec.metrics import RankingMetrics
-from sessrec.models.dlrm import DLRM
+from sessrec.models.dlrm import DLRM, with_sparse_module
 from sessrec.saved.moved import forward
-from sessrec.saved.registry import ConfigError, register, resolve, split_config
+from sessrec.saved.registry import ConfigError, config_of, register, resolve, split_config
 from sessrec.tasks.pretrained import Pretrained
+from sessrec.tasks.settings import DLRMNetwork, Evaluation, Optimization
 
-# the DLRM's arguments that a DLRMTask takes under the same name
-DLRM_ARGS = ("num_dense", "dense_layers", "over_layers", "interaction", "dcn_layers", "dcn_rank", "embedding_optimizer",
-             "embedding_lr", "seed", "dynamic_tables", "max_rows", "sparse_backend")
+PARTS = ("network", "sparse", "optimization", "evaluation")  # DLRMTask's typed parts, as plain data in hparams
 
 
 @register
 class DLRMTask(Pretrained, pl.LightningModule):
     """Click prediction with a `DLRM`, evaluated as a ranking of each query's rows.
 
+    In a recipe::
+
+        model:
+          class_path: sessrec.tasks.DLRMTask
+          init_args:
+            network: {embedding_dim: 16, dense_layers: [64, 16], over_layers: [128, 64], interaction: dot}
+            sparse:
+              class_path: sessrec.embeddings.FusedTables
+              init_args: {optimizer: adagrad_rowwise, lr: 0.003}
+            optimization: {lr: 0.001}
+            evaluation: {ks: [1, 5, 20]}
+
     Args:
         cardinalities: rows of each sparse feature's table; linked from the data module
             (``data.cardinalities``).
         num_dense: dense features per row; linked from the data module (``data.num_dense``).
-        embedding_dim: D, width of every table (and the bottom MLP's output).
-        dense_layers: bottom MLP widths; the last must be `embedding_dim`.
-        over_layers: top MLP hidden widths.
-        interaction: ``dot`` or ``dcn`` (DCNv2 low-rank cross layers).
-        dcn_layers: DCNv2 cross layers.
-        dcn_rank: DCNv2 low rank.
-        optimizer: the dense optimizer of the MLPs (and of the tables when `embedding_optimizer` is ``none``).
-        lr: its learning rate.
-        weight_decay: its weight decay (never on tables nor biases).
-        embedding_optimizer: ``adagrad_rowwise`` or ``sgd``: tables updated by the embedding core's
-            fused update during backward, never seen by the dense optimizer; ``none``: tables are
-            plain parameters of the dense optimizer.
-        embedding_lr: the fused optimizer's learning rate.
+        network: the network's shape (`DLRMNetwork`): table width, bottom and top MLPs, interaction.
+        sparse: the module holding the tables (`sessrec.embeddings.sparse_arch`): `FusedTables`
+            (with ``optimizer`` ``adagrad_rowwise`` or ``sgd`` the tables are updated by the fused
+            update during backward, never seen by the dense optimizer; with ``none`` they are plain
+            parameters of the dense optimizer), `DynamicTables` (tables that grow with new ids:
+            what `sessrec.deploy.retrain.retrain_dlrm` warm-starts on a grown vocabulary),
+            `HybridTables` (hot rows on the device, the rest in host memory) or `TorchRecTables`
+            (which `sessrec.tasks.TorchRecStrategy` shards across processes).
+        optimization: the dense optimizer, AdamW (`Optimization`): of the MLPs, and of the tables
+            that are parameters; its weight decay is never applied to tables nor biases.
+        evaluation: the recall@k cut-offs within a query (`Evaluation`'s ``ks``; its ``top_k`` is
+            not read, and ``exclude_seen`` is refused).
         compile: ``torch.compile`` the dense parts (bottom MLP, interaction, top MLP); the table
             lookup stays eager (its fused update runs inside autograd's backward). ``True`` uses
             the default backend (inductor: generated C++ on CPU, Triton on CUDA; it needs a C
             compiler); a string names another ``torch.compile`` backend (e.g. ``aot_eager``).
-        ks: cut-offs of recall@k within a query.
         seed: seeds the tables' initial weights.
         retain_freed_memory: when fitting, ask glibc to keep freed host memory for reuse instead of
-            returning it to the kernel (`sessrec.embeddings.host_memory.retain_freed_memory`,
-            process-wide): each step's pooled outputs and gradients are then recycled instead of
-            page-faulted in anew.
-        dynamic_tables: tables that grow with new ids and evict the least used rows (`DynamicSparseArch`):
-            what `sessrec.deploy.retrain.retrain_dlrm` warm-starts on a grown vocabulary.
-        max_rows: the most rows a growing table holds.
-        sparse_backend: ``fused`` (the embedding core) or ``torchrec`` (TorchRec's
-            ``EmbeddingBagCollection``, updated by the dense optimizer: ``embedding_optimizer: none``),
-            which `sessrec.tasks.TorchRecStrategy` shards across processes.
+            returning it to the kernel (`sessrec.embeddings.host_memory.retain_freed_memory`): each
+            step's pooled outputs and gradients are then recycled instead of page-faulted in anew.
+            It changes malloc's settings for the whole process, every allocation of every library
+            included, and keeps up to 1 GB of freed memory, so it is off unless asked for.
 
-    Evaluating a checkpoint (``sessrec validate|test|predict``), `ks` and `compile` are taken from
-    the recipe and the command line; the optimizers' settings, `seed` and `retain_freed_memory`
-    are read only while fitting; every other setting is the checkpoint's (`sessrec.tasks.restore`).
+    Evaluating a checkpoint (``sessrec validate|test|predict``), `evaluation` and `compile` are taken
+    from the recipe and the command line; `optimization`, `seed` and `retain_freed_memory` are read
+    only while fitting; every other setting (the sparse module with its fused optimizer included:
+    a row-wise Adagrad table has its state in the weights) is the checkpoint's
+    (`sessrec.tasks.restore`). A checkpoint or model directory that names these settings one by one
+    (``embedding_dim``, ``sparse_backend``, ``embedding_optimizer``, ``lr``, ``ks`` ...) loads with
+    them grouped into these parts (`sessrec.tasks.settings.grouped_dlrm`).
     """
 
-    EVALUATION_SETTINGS = ("ks", "compile")  # a checkpoint is evaluated (and run) with the given values
-    # read only while fitting (embedding_optimizer is not: a row-wise Adagrad table has its momentum in the state dict)
-    TRAINING_SETTINGS = ("optimizer", "lr", "weight_decay", "embedding_lr", "seed", "retain_freed_memory")
+    EVALUATION_SETTINGS = ("evaluation", "compile")  # a checkpoint is evaluated (and run) with the given values
+    TRAINING_SETTINGS = ("optimization", "seed", "retain_freed_memory")  # read only while fitting
     NETWORK = DLRM  # a directory that a DLRM wrote alone loads as this task
 
     def __init__(
         self,
         cardinalities: dict[str, int] = {},  # noqa: B006 - linked from the data module, read only
         num_dense: int = 0,
-        embedding_dim: int = 16,
-        dense_layers: list[int] = [64, 16],  # noqa: B006 - read only
-        over_layers: list[int] = [128, 64],  # noqa: B006 - read only
-        interaction: Literal["dot", "dcn"] = "dot",
-        dcn_layers: int = 2,
-        dcn_rank: int = 16,
-        optimizer: Literal["adam", "adamw"] = "adam",
-        lr: float = 1e-3,
-        weight_decay: float = 0.0,
-        embedding_optimizer: Literal["adagrad_rowwise", "sgd", "none"] = "adagrad_rowwise",
-        embedding_lr: float = 0.05,
+        network: DLRMNetwork = DLRMNetwork(),  # noqa: B008 - frozen
+        sparse: SparseTables = FusedTables(optimizer="adagrad_rowwise", lr=0.05),  # noqa: B008 - frozen
+        optimization: Optimization = Optimization(),  # noqa: B008 - frozen
+        evaluation: Evaluation = Evaluation(ks=[1, 5, 20]),  # noqa: B008 - frozen
         compile: bool | str = False,
-        ks: list[int] = [1, 5, 20],  # noqa: B006 - read only
         seed: int = 0,
-        retain_freed_memory: bool = True,
-        dynamic_tables: bool = False,
-        max_rows: int = 1 << 20,
-        sparse_backend: Literal["fused", "torchrec"] = "fused",
+        retain_freed_memory: bool = False,
     ) -> None:
         super().__init__()
         if not cardinalities or num_dense < 1:
@@ -112,23 +108,44 @@ class DLRMTask(Pretrained, pl.LightningModule):
                 "DLRMTask needs the sparse features' cardinalities and num_dense >= 1; in a recipe they are "
                 f"linked from the data module (got cardinalities={cardinalities}, num_dense={num_dense})"
             )
-        self.save_hyperparameters()
-        tables = [TableConfig(name, int(rows), embedding_dim) for name, rows in cardinalities.items()]
+        network, sparse = DLRMNetwork.of(network), SparseTables.of(sparse)
+        optimization, evaluation = Optimization.of(optimization), Evaluation.of(evaluation)
+        if evaluation.exclude_seen:
+            raise ValueError("DLRMTask scores the rows each query shows: evaluation exclude_seen does not apply; leave it false")
+        self.save_hyperparameters(ignore=list(PARTS))
+        # every part as plain data (class_path + init_args): a checkpoint rebuilds the task without its recipe
+        self.hparams.update({name: config_of(part) for name, part in zip(PARTS, (network, sparse, optimization, evaluation))})
+        tables = [TableConfig(name, int(rows), network.embedding_dim) for name, rows in cardinalities.items()]
         self.model = DLRM(
-            num_dense, tables, dense_layers, over_layers, interaction, dcn_layers, dcn_rank,
-            embedding_optimizer=embedding_optimizer, embedding_lr=embedding_lr, seed=seed,
-            dynamic_tables=dynamic_tables, max_rows=max_rows, sparse_backend=sparse_backend,
+            num_dense, tables, network.dense_layers, network.over_layers, network.interaction, network.dcn_layers,
+            network.dcn_rank, sparse=sparse, seed=seed,
         )
         if compile:  # in place: parameter names, hence checkpoints, are the same as without
             backend = "inductor" if compile is True else str(compile)
             for part in (self.model.dense_arch, self.model.interaction, self.model.over_arch):
                 part.compile(backend=backend)
-        self.metrics = nn.ModuleDict({stage: RankingMetrics(ks) for stage in ("val", "test")})
+        self.metrics = nn.ModuleDict({stage: RankingMetrics(evaluation.ks) for stage in ("val", "test")})
         self.baseline_metrics = nn.ModuleDict({
-            f"{stage}_{name}": RankingMetrics(ks, logits=False)
+            f"{stage}_{name}": RankingMetrics(evaluation.ks, logits=False)
             for stage in ("val", "test") for name in ("position", "popularity")
         })
         self._fit_start: float | None = None
+
+    # the parts are read from the hyper-parameters, so what a checkpoint saves is what the task uses
+    @property
+    def sparse(self) -> SparseTables:
+        """The sparse module's config (`FusedTables`, `DynamicTables`, `HybridTables`, `TorchRecTables`)."""
+        return SparseTables.of(self.hparams.sparse)
+
+    @property
+    def optimization(self) -> Optimization:
+        """The dense optimizer's settings (`Optimization`)."""
+        return Optimization.of(self.hparams.optimization)
+
+    @property
+    def evaluation(self) -> Evaluation:
+        """The recall@k cut-offs (`Evaluation`'s ``ks``)."""
+        return Evaluation.of(self.hparams.evaluation)
 
     def forward(self, batch: RankingBatch) -> torch.Tensor:
         return self.model(batch.dense, batch.sparse)  # (B,) logits
@@ -159,18 +176,16 @@ class DLRMTask(Pretrained, pl.LightningModule):
         datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
         if datamodule is not None:
             self.attach_data(datamodule)
-        if stage == "fit" and self._trainer is not None and self.trainer.world_size > 1 and (
-            self.hparams.embedding_optimizer != "none"
-        ):
+        if stage == "fit" and self._trainer is not None and self.trainer.world_size > 1 and self.sparse.fused_update:
             raise ValueError(
-                f"data-parallel DLRM training ({self.trainer.world_size} processes) needs embedding_optimizer: none: the "
-                f"fused {self.hparams.embedding_optimizer!r} update runs inside backward on tables DDP does not reduce, so "
-                "each process's tables would drift apart (for tables too large to copy to every process, shard them "
-                "with TorchRec: docs/sharding.md)"
+                f"data-parallel DLRM training ({self.trainer.world_size} processes) needs tables the dense optimizer "
+                f"updates (FusedTables with optimizer: none, HybridTables or TorchRecTables): {self.sparse} updates them "
+                "inside backward, which DDP does not reduce, so each process's tables would drift apart (for tables too "
+                "large to copy to every process, shard them with TorchRec: docs/sharding.md)"
             )
 
     def on_fit_start(self) -> None:
-        if self.hparams.retain_freed_memory:
+        if self.hparams.retain_freed_memory:  # process-wide: only when asked for (see the class docstring)
             retain_freed_memory()
         self._fit_start = time.monotonic()
 
@@ -208,7 +223,7 @@ class DLRMTask(Pretrained, pl.LightningModule):
 
     @classmethod
     def task_from_network(cls, config: dict[str, Any], source: str) -> dict[str, Any]:
-        path, args = split_config(config.get("model"), source, "model")
+        path, args = split_config(with_sparse_module(config.get("model"), source), source, "model")
         if resolve(path, nn.Module, source, "model") is not DLRM:
             raise ConfigError(source, "model", f"{path!r} is not a DLRM, the network a DLRMTask trains")
         args = dict(args or {})
@@ -218,13 +233,17 @@ class DLRMTask(Pretrained, pl.LightningModule):
         widths = {t.get("embedding_dim") for t in tables}
         plain = all(t.get("pooling", "sum") == "sum" and list(t.get("feature_names") or [t.get("name")]) == [t.get("name")]
                     for t in tables)
-        if not tables or len(widths) != 1 or not plain or args.get("pad_to_bytes", 16) != 16:
+        if not tables or len(widths) != 1 or not plain:
             raise ConfigError(
-                source, key, "a DLRMTask builds one summed table per feature, all of one width, with the "
-                "default row padding; this DLRM has other tables: load the directory with DLRM.from_pretrained"
+                source, key, "a DLRMTask builds one summed table per feature, all of one width; this DLRM has other "
+                "tables: load the directory with DLRM.from_pretrained"
             )
-        init = {k: args.get(k, defaults[k]) for k in DLRM_ARGS}
-        init.update(cardinalities={t.get("name"): t.get("num_embeddings") for t in tables}, embedding_dim=widths.pop())
+        network = {k: args.get(k, defaults[k]) for k in ("dense_layers", "over_layers", "interaction", "dcn_layers", "dcn_rank")}
+        init = {"cardinalities": {t.get("name"): t.get("num_embeddings") for t in tables}, "num_dense": args.get("num_dense"),
+                "network": {"embedding_dim": widths.pop(), **network},
+                "sparse": args.get("sparse") or config_of(defaults["sparse"])}
+        if args.get("seed") is not None:
+            init["seed"] = args["seed"]
         return {"class_path": f"{cls.__module__}.{cls.__qualname__}", "init_args": init}
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -233,11 +252,11 @@ class DLRMTask(Pretrained, pl.LightningModule):
         ids = {id(p) for p in tables}
         decay = [p for p in self.parameters() if id(p) not in ids and p.dim() >= 2]
         rest = [p for p in self.parameters() if id(p) not in ids and p.dim() < 2]
-        groups = [{"params": decay, "weight_decay": self.hparams.weight_decay}, {"params": rest, "weight_decay": 0.0}]
+        optimization = self.optimization
+        groups = [{"params": decay, "weight_decay": optimization.weight_decay}, {"params": rest, "weight_decay": 0.0}]
         if tables:
             groups.append({"params": tables, "weight_decay": 0.0})
-        cls = torch.optim.AdamW if self.hparams.optimizer == "adamw" else torch.optim.Adam
-        return cls(groups, lr=self.hparams.lr)
+        return torch.optim.AdamW(groups, lr=optimization.lr)
 
 
 __getattr__ = forward(__name__)  # the metrics that moved to sessrec.metrics, with a DeprecationWarning

@@ -1,6 +1,7 @@
 """The typed parts of a task's configuration: optimisation, learning-rate schedule, evaluation.
 
-`NextItemTask` takes all three, `BaselineTask` takes `Evaluation`. In a recipe each part is a
+`NextItemTask` takes all three, `BaselineTask` takes `Evaluation`, `DLRMTask` takes
+`Optimization`, `Evaluation` and its network's shape (`DLRMNetwork`). In a recipe each part is a
 mapping under ``model:`` (or ``model.init_args:``), and on the command line a dotted flag::
 
     model:
@@ -133,6 +134,9 @@ def _default_ks() -> list[int]:
 class Evaluation(_Part):
     """How a task is evaluated and what it recommends.
 
+    `DLRMTask` reads `ks` only (recall@k within a query) and refuses `exclude_seen`: it scores the
+    rows each query shows.
+
     Args:
         ks: cut-offs of the evaluation metrics (Recall, NDCG, MRR at each K).
         top_k: recommendations per session written by ``sessrec predict``.
@@ -151,6 +155,47 @@ class Evaluation(_Part):
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1:
             raise ValueError(f"evaluation top_k must be an integer >= 1, got {self.top_k!r}")
         object.__setattr__(self, "ks", ks)  # a tuple from a caller is stored as the list the type says
+
+
+def _default_dense_layers() -> list[int]:
+    return [64, 16]
+
+
+def _default_over_layers() -> list[int]:
+    return [128, 64]
+
+
+@register
+@dataclass(frozen=True)
+class DLRMNetwork(_Part):
+    """The shape of `DLRMTask`'s network (`sessrec.models.DLRM`) besides its tables and sparse module.
+
+    Args:
+        embedding_dim: D, the width of every table (and the bottom MLP's output).
+        dense_layers: bottom MLP widths; the last must be `embedding_dim`.
+        over_layers: top MLP hidden widths.
+        interaction: ``dot`` (pairwise dots) or ``dcn`` (DCNv2 low-rank cross layers).
+        dcn_layers: DCNv2 cross layers.
+        dcn_rank: DCNv2 low rank.
+    """
+
+    embedding_dim: int = 16
+    dense_layers: list[int] = field(default_factory=_default_dense_layers)
+    over_layers: list[int] = field(default_factory=_default_over_layers)
+    interaction: Literal["dot", "dcn"] = "dot"
+    dcn_layers: int = 2
+    dcn_rank: int = 16
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dense_layers", list(self.dense_layers))  # a tuple is stored as the list the type says
+        object.__setattr__(self, "over_layers", list(self.over_layers))
+        if not self.dense_layers or self.dense_layers[-1] != self.embedding_dim:
+            raise ValueError(
+                f"network dense_layers must end at embedding_dim {self.embedding_dim} (the dot interaction multiplies "
+                f"them), got {self.dense_layers}"
+            )
+        if self.interaction not in ("dot", "dcn"):
+            raise ValueError(f"network interaction must be 'dot' or 'dcn', got {self.interaction!r}")
 
 
 # a setting named on its own in a saved config -> (its part, its name there)
@@ -179,3 +224,53 @@ def grouped(init_args: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"the config names both {key!r} and {part!r}; give {key} inside {part}")
         out[part] = {name: init_args[key], **given}
     return out
+
+
+# DLRMTask settings named one by one (the flag form that earlier checkpoints and directories hold) -> their part
+DLRM_NETWORK_FLAGS = ("embedding_dim", "dense_layers", "over_layers", "interaction", "dcn_layers", "dcn_rank")
+# the flags that chose the sparse module, with that DLRMTask's defaults (`sessrec.embeddings.sparse_arch.sparse_of_flags`)
+DLRM_TASK_SPARSE_FLAGS = {"sparse_backend": "fused", "dynamic_tables": False, "embedding_optimizer": "adagrad_rowwise",
+                          "embedding_lr": 0.05, "max_rows": 1 << 20}
+DLRM_DROPPED = ("optimizer", "retain_freed_memory")  # Adam or AdamW (the same without weight decay); an allocator switch
+
+
+def grouped_dlrm(init_args: dict[str, Any]) -> dict[str, Any]:
+    """A `DLRMTask` config in the flag form, with its flags moved into the typed parts.
+
+    The flag form names ``embedding_dim``, ``dense_layers``, ... (-> ``network``), ``sparse_backend``,
+    ``dynamic_tables``, ``embedding_optimizer``, ``embedding_lr``, ``max_rows`` (-> ``sparse``, the
+    module they choose), ``lr``, ``weight_decay`` (-> ``optimization``) and ``ks`` (-> ``evaluation``).
+    Grouped, it builds the same network, so its weights load as they are. ``optimizer`` (the dense
+    optimizer is AdamW, the same as Adam without weight decay) and ``retain_freed_memory`` (a
+    process-wide switch, on only where a recipe or the command line asks for it) are left out. A
+    config without these flags is returned as it is.
+    """
+    from sessrec.embeddings.sparse_arch import sparse_of_flags
+
+    flags = set(DLRM_NETWORK_FLAGS) | DLRM_TASK_SPARSE_FLAGS.keys() | {"optimizer", "lr", "weight_decay", "ks"}
+    if not flags & init_args.keys():
+        return init_args
+    out = {k: v for k, v in init_args.items() if k not in flags and k not in DLRM_DROPPED}
+    for part, names in (("network", DLRM_NETWORK_FLAGS), ("optimization", ("lr", "weight_decay")), ("evaluation", ("ks",))):
+        given = {k: init_args[k] for k in names if k in init_args}
+        if not given:
+            continue
+        if part in out:
+            raise ValueError(f"the config names both {sorted(given)} and {part!r}; give them inside {part}")
+        out[part] = given
+    sparse = {k: init_args[k] for k in DLRM_TASK_SPARSE_FLAGS if k in init_args}
+    if sparse or "sparse" not in out:
+        if "sparse" in out:
+            raise ValueError(f"the config names both {sorted(sparse)} and 'sparse'; give the sparse module alone")
+        out["sparse"] = sparse_of_flags(sparse, {**DLRM_TASK_SPARSE_FLAGS, "pad_to_bytes": 16})
+    return out
+
+
+def regroup(task: str, init_args: dict[str, Any]) -> dict[str, Any]:
+    """A saved config of the task named `task` (a class name) with its flags in their parts:
+    `grouped` for `NextItemTask` and `BaselineTask`, `grouped_dlrm` for `DLRMTask`."""
+    if task == "DLRMTask":
+        return grouped_dlrm(init_args)
+    if task in ("NextItemTask", "BaselineTask"):
+        return grouped(init_args)
+    return init_args

@@ -4,7 +4,7 @@ Lightning's ``ddp`` copies the whole model to every process; tables too large fo
 must instead be split. This strategy keeps Lightning's launch, process group, loaders sharded by
 rank, metric reduction and checkpoint callbacks, and replaces its model wrapping: at the start of
 fitting, the TorchRec ``EmbeddingBagCollection``s of one submodule (a `DLRM` built with
-``sparse_backend: torchrec``) are planned by our `ShardingPlanner`, placed by TorchRec's
+``sparse: TorchRecTables``) are planned by our `ShardingPlanner`, placed by TorchRec's
 ``DistributedModelParallel`` and started from the same weights in every process; the rest of
 that submodule is replicated and its gradients averaged by the data-parallel wrapper TorchRec
 puts around it.
@@ -22,7 +22,8 @@ Example (recipe)::
         class_path: sessrec.tasks.TorchRecStrategy
         init_args: {device_memory_bytes: 1073741824}
     model:
-      init_args: {sparse_backend: torchrec, embedding_optimizer: none}
+      init_args:
+        sparse: {class_path: sessrec.embeddings.TorchRecTables}
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ class TorchRecStrategy(DDPStrategy):
         if not tables:
             raise ValueError(
                 f"TorchRecStrategy shards TorchRec embedding tables, but {type(model).__name__} (the LightningModule's "
-                f"{self.module_name!r}) has none: build the DLRM with sparse_backend: torchrec"
+                f"{self.module_name!r}) has none: build the DLRM with sparse: TorchRecTables()"
             )
         return tables
 

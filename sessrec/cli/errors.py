@@ -46,7 +46,7 @@ def parse_args(parser: typing.Any, args: list[str]) -> typing.Any:
 def explain_parse_error(message: str, valid_keys: Iterable[str] = ()) -> str:
     """One line for jsonargparse's error `message`; `valid_keys`: the parser's keys (``trainer.max_epochs``).
 
-    Example:
+    Examples:
         >>> explain_parse_error("unrecognized arguments: --trainer.max_epochz 3", ["trainer.max_epochs"])
         'unknown key trainer.max_epochz; did you mean trainer.max_epochs?'
     """

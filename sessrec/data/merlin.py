@@ -102,7 +102,7 @@ class MerlinSchema:
 def read_merlin_schema(path: str | Path) -> MerlinSchema:
     """Read a ``schema.json`` (merlin-core JSON) or ``schema.pbtxt`` (protobuf text format).
 
-    Example:
+    Examples:
         >>> import tempfile, pathlib
         >>> text = 'feature { name: "item_id-list" type: INT value_count { min: 1 max: 20 } '
         >>> text += 'int_domain { min: 1 max: 500 } annotation { tag: "item_id" tag: "list" } }'
@@ -319,7 +319,7 @@ class MerlinSource(SessionSource):
             directory has no validation files of its own (or uses them as the test set).
         test_fraction: latest share of all sessions tested on when the directory has no split.
 
-    Example:
+    Examples:
         >>> source = MerlinSource("path/to/t4r_dataset")  # doctest: +SKIP
         >>> source.side_features()  # doctest: +SKIP
         SideFeatures(categorical=['category-list'], continuous=['price-list'], ...)

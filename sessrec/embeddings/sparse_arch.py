@@ -27,7 +27,7 @@ A config is a frozen dataclass, so a saved model records it as plain data
 
 Shape letters: B batch, F features, D embedding width.
 
-Example:
+Examples:
     >>> tables = [TableConfig("city", 10, 4), TableConfig("tags", 7, 4, pooling="mean")]
     >>> arch = HybridTables(num_hot=3).build(tables, seed=0)
     >>> arch(SparseFeatures.from_dense({"city": torch.tensor([1, 9]), "tags": torch.tensor([[0, 6], [2, -1]])})).shape
@@ -350,7 +350,7 @@ def sparse_of_flags(flags: dict[str, Any], defaults: dict[str, Any] = BACKEND_FL
     Raises:
         ValueError: flags that chose no module (TorchRec tables with a fused optimizer or growing).
 
-    Example:
+    Examples:
         >>> sparse_of_flags({"dynamic_tables": True, "embedding_optimizer": "sgd"})["init_args"]
         {'optimizer': 'sgd', 'lr': 0.01, 'max_rows': 1048576}
     """

@@ -44,7 +44,7 @@ Event times: an encoder whose class sets ``uses_times`` is called by `SessionMod
 Shape letters: B batch, L sequence, D model width, H heads, E head width (D / H), T real items of
 the batch, Bg / Wg sessions and width of a length group, Kp / Kt position and time buckets.
 
-Example:
+Examples:
     >>> enc = HSTUEncoder(d_model=16, n_head=2, n_layer=1)
     >>> x, real = torch.randn(2, 5, 16), torch.tensor([[False, False, True, True, True], [True] * 5])
     >>> enc(x, real).shape

@@ -17,7 +17,7 @@ class Stages:
         total: the number of stages.
         interval: seconds between two ``still running`` lines of one stage.
 
-    Example:
+    Examples:
         >>> stages = Stages("fit", 1, interval=60)
         >>> with stages.stage("reading the data"):
         ...     pass

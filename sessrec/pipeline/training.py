@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from sessrec.data.pairs import EvalPairs
-from sessrec.metrics import list_ranks, rank_sums, rank_values
+from sessrec.metrics.ranks import list_ranks, rank_sums, rank_values
 from sessrec.pipeline.candidate_features import RankingInputs
 from sessrec.pipeline.candidates import Candidates, Sessions
 from sessrec.pipeline.pipeline import Pipeline

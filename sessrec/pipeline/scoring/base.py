@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from sessrec.metrics import pessimistic_ranks, rank_values
+from sessrec.metrics.ranks import pessimistic_ranks, rank_values
 from sessrec.pipeline.candidate_features import RankingInputs
 from sessrec.saved.registry import Configurable
 

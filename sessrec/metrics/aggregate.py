@@ -1,0 +1,119 @@
+"""Metrics accumulated over batches and reduced across processes (torchmetrics), and AUC.
+
+`TopKMetrics` (next item over the full catalogue) and `RankingMetrics` (clicked rows within
+their queries) sum the values of `sessrec.metrics.ranks`; `binary_auc` is torchmetrics' binary
+AUROC. See `sessrec.metrics` for the definitions and the tie rule.
+
+Shape letters: B batch, V items, C clicked rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torchmetrics import Metric
+from torchmetrics.functional.classification import binary_auroc
+
+from sessrec.metrics.ranks import clicked_ranks, rank_sums, rank_values, target_ranks
+
+
+def binary_auc(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """ROC AUC (torchmetrics' binary AUROC, exact) with tied scores counted half; NaN when one class is absent.
+
+    The scores go in as their order (dense ranks scaled into [0, 1]), so logits of any size keep
+    their order and ties exactly.
+
+    Examples:
+        >>> float(binary_auc(torch.tensor([0.1, 0.4, 0.35, 0.8]), torch.tensor([0., 0., 1., 1.])))
+        0.75
+    """
+    scores, labels = scores.double().flatten(), labels.flatten() > 0.5
+    n_pos = int(labels.sum())
+    if n_pos == 0 or n_pos == labels.numel():
+        return torch.tensor(float("nan"), dtype=torch.float64)
+    distinct, order = torch.unique(scores, return_inverse=True)
+    preds = order.double() / max(len(distinct) - 1, 1)  # (B,) in [0, 1], the order and ties of the scores
+    return binary_auroc(preds, labels.long(), thresholds=None).double()
+
+
+
+# -- accumulated over batches ------------------------------------------------------------------------
+class TopKMetrics(Metric):
+    """Recall@K, NDCG@K and MRR@K for several K, summed over batches and reduced across processes.
+
+    Examples:
+        >>> m = TopKMetrics(ks=[1, 2])
+        >>> m.update(torch.tensor([[0., 0., 3., 2., 1.]]), torch.tensor([3]))
+        >>> {k: round(float(v), 4) for k, v in m.compute().items()}
+        {'recall@1': 0.0, 'ndcg@1': 0.0, 'mrr@1': 0.0, 'recall@2': 1.0, 'ndcg@2': 0.6309, 'mrr@2': 0.5}
+    """
+
+    full_state_update = False
+
+    def __init__(self, ks: Sequence[int] = (10, 20)) -> None:
+        super().__init__()
+        if not ks or min(ks) < 1:
+            raise ValueError(f"ks must be positive cut-offs, got {list(ks)}")
+        self.ks = sorted(set(int(k) for k in ks))
+        n = len(self.ks)
+        self.add_state("recall", default=torch.zeros(n, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("ndcg", default=torch.zeros(n, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("mrr", default=torch.zeros(n, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("count", default=torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+
+    def update(self, scores: torch.Tensor, targets: torch.Tensor) -> None:  # type: ignore[override]
+        ranks = target_ranks(scores.detach(), targets)  # (B,)
+        sums = rank_sums(ranks, self.ks)
+        for name in ("recall", "ndcg", "mrr"):
+            getattr(self, name).add_(torch.stack([sums[f"{name}@{k}"] for k in self.ks]))
+        self.count += ranks.numel()
+
+    def compute(self) -> dict[str, torch.Tensor]:  # type: ignore[override]
+        n = self.count.clamp(min=1.0)
+        out: dict[str, torch.Tensor] = {}
+        for i, k in enumerate(self.ks):
+            out[f"recall@{k}"] = (self.recall[i] / n).float()
+            out[f"ndcg@{k}"] = (self.ndcg[i] / n).float()
+            out[f"mrr@{k}"] = (self.mrr[i] / n).float()
+        return out
+
+
+class RankingMetrics(Metric):
+    """AUC, log-loss (for logits), MRR and recall@k of clicked rows within their queries.
+
+    Queries must not be split across ``update`` calls (the evaluation loader cuts batches at
+    query boundaries).
+    """
+
+    full_state_update = False
+
+    def __init__(self, ks: list[int] = [1, 5, 20], logits: bool = True) -> None:  # noqa: B006 - read only
+        super().__init__()
+        self.ks, self.logits = sorted(set(ks)), logits
+        self.add_state("scores", default=[], dist_reduce_fx="cat")
+        self.add_state("labels", default=[], dist_reduce_fx="cat")
+        self.add_state("rr", default=torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("hits", default=torch.zeros(len(self.ks), dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("queries", default=torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+
+    def update(self, scores: torch.Tensor, labels: torch.Tensor, groups: torch.Tensor) -> None:  # type: ignore[override]
+        scores = scores.detach().float()
+        ranks = clicked_ranks(scores, labels, groups)
+        self.rr += rank_values(ranks, "mrr").sum()
+        self.hits += torch.stack([rank_values(ranks, f"recall@{k}").sum() for k in self.ks]).to(self.hits.device)
+        self.queries += ranks.numel()
+        self.scores.append(scores)
+        self.labels.append(labels.detach().float())
+
+    def compute(self) -> dict[str, torch.Tensor]:  # type: ignore[override]
+        scores = torch.cat(self.scores) if isinstance(self.scores, list) else self.scores
+        labels = torch.cat(self.labels) if isinstance(self.labels, list) else self.labels
+        n = self.queries.clamp(min=1.0)
+        out = {"auc": binary_auc(scores, labels).float(), "mrr": (self.rr / n).float()}
+        if self.logits:
+            out["logloss"] = F.binary_cross_entropy_with_logits(scores, labels)
+        for i, k in enumerate(self.ks):
+            out[f"recall@{k}"] = (self.hits[i] / n).float()
+        return out

@@ -61,6 +61,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sessrec.models.sasrec import init_linear_layers
 from sessrec.saved.registry import Configurable
 
 
@@ -162,11 +163,7 @@ class HSTUEncoder(nn.Module, Configurable):
             HSTULayer(d_model, n_head, dropout, num_position_buckets, num_time_buckets, layer_norm_eps) for _ in range(n_layer)
         )
         self.norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
-        std = initializer_range if initializer_range is not None else d_model**-0.5
-        for module in self.modules():
-            if isinstance(module, nn.Linear):
-                nn.init.normal_(module.weight, std=std)
-                nn.init.zeros_(module.bias)
+        init_linear_layers(self, d_model, initializer_range)
 
     def forward(
         self, embeddings: torch.Tensor, attention_mask: torch.Tensor, times: torch.Tensor | None = None

@@ -36,6 +36,16 @@ def causal_attention_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return allowed[:, None]
 
 
+def init_linear_layers(module: nn.Module, d_model: int, initializer_range: float | None) -> None:
+    """Every `nn.Linear` inside `module`: weights normal with std `initializer_range` (None: ``d_model ** -0.5``),
+    biases zero. The attention encoders' initialisation (SASRec, HSTU)."""
+    std = initializer_range if initializer_range is not None else d_model**-0.5
+    for layer in module.modules():
+        if isinstance(layer, nn.Linear):
+            nn.init.normal_(layer.weight, std=std)
+            nn.init.zeros_(layer.bias)
+
+
 class SelfAttention(nn.Module):
     """Multi-head self-attention: one fused QKV projection, SDPA, an output projection."""
 
@@ -103,11 +113,7 @@ class SASRecEncoder(nn.Module, Configurable):
             SASRecBlock(d_model, n_head, d_inner or 4 * d_model, dropout, layer_norm_eps) for _ in range(n_layer)
         )
         self.norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
-        std = initializer_range if initializer_range is not None else d_model**-0.5
-        for module in self.modules():
-            if isinstance(module, nn.Linear):
-                nn.init.normal_(module.weight, std=std)
-                nn.init.zeros_(module.bias)
+        init_linear_layers(self, d_model, initializer_range)
 
     def forward(self, embeddings: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """(B, L, D) embeddings and (B, L) bool mask of real positions -> (B, L, D)."""

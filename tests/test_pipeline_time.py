@@ -32,7 +32,7 @@ from sessrec.data.vocab import ItemVocab
 from sessrec.deploy import server
 from sessrec.deploy.recommender import join_sessions
 from sessrec.deploy.server import build_app
-from sessrec.pipeline import batch, clock
+from sessrec.pipeline import clock, offline
 from sessrec.pipeline.candidate_features import CandidateFeatures
 from sessrec.pipeline.candidates import Sessions
 from sessrec.pipeline.filters import ItemTableFilter
@@ -337,13 +337,13 @@ def test_a_resumed_run_serves_at_the_time_the_run_started_and_another_now_starts
     pipe = pipes["deny"]
     monkeypatch.setattr(pipe, "content_hash", "sha256:test", raising=False)  # as if loaded: its parts may be resumed
     with monkeypatch.context() as patch:
-        at_clock(patch, batch, T0)  # the run starts inside the window
+        at_clock(patch, offline, T0)  # the run starts inside the window
         kill_after_one_batch(patch)
         with pytest.raises(RuntimeError, match="killed"):
             recommend_file(pipe, src, out, k=K, batch_size=2)
     manifest = json.loads((tmp_path / "recs.parquet.parts" / "manifest.json").read_text())
     assert manifest["now"] == T0
-    at_clock(monkeypatch, batch, T1)  # resumed after the window closed: still served at T0
+    at_clock(monkeypatch, offline, T1)  # resumed after the window closed: still served at T0
     counts = recommend_file(pipe, src, out, k=K, batch_size=2)
     assert (counts["batches_written"], counts["batches_resumed"], counts["now"]) == (1, 1, T0)
     assert recommended(out) == [EXPECTED["deny"][T0]] * 4

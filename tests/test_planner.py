@@ -180,5 +180,5 @@ def test_sharding_without_torchrec_says_how_to_install(monkeypatch):
     from sessrec.embeddings import sharding
 
     monkeypatch.setitem(sys.modules, "torchrec", None)  # as if not installed
-    with pytest.raises(ImportError, match=r"pip install 'sessrec\[torchrec\]'.*--no-deps torchrec==1.9.2"):
+    with pytest.raises(ImportError, match=r"pip install 'sessrec\[torchrec-deps\]'.*--no-deps torchrec==1.9.2"):
         sharding.to_embedding_bag_configs([TableConfig("t", 10, 8)])

@@ -102,7 +102,8 @@ def rank_values(ranks: torch.Tensor, metric: str) -> torch.Tensor:
         >>> rank_values(torch.tensor([1.0, 3.0, float("inf")]), "mrr@2").tolist()
         [1.0, 0.0, 0.0]
     """
-    ranks = torch.as_tensor(ranks, dtype=torch.float64)
+    # a tensor keeps its device (torch.as_tensor would move it to the default device of a `torch.device` context)
+    ranks = ranks.to(torch.float64) if isinstance(ranks, torch.Tensor) else torch.as_tensor(ranks, dtype=torch.float64)
     if metric == "mrr":
         return 1.0 / ranks
     cut = _CUT.match(metric)

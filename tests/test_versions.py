@@ -3,6 +3,7 @@ and parts that must belong together."""
 
 import json
 import os
+import shutil
 import sys
 
 import numpy as np
@@ -168,6 +169,28 @@ def crash_at(n: int, action) -> bool:
     return code == 0
 
 
+
+def fs_calls(action) -> int:
+    """How many filesystem calls `action` makes when nothing kills it (run in a forked child, as `crash_at`)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        calls = [0]
+        sys.addaudithook(lambda event, args: calls.__setitem__(0, calls[0] + (event in FS_EVENTS)))
+        real_fsync = os.fsync
+        os.fsync = lambda fd: (calls.__setitem__(0, calls[0] + 1), real_fsync(fd))[1]
+        try:
+            action()
+        except BaseException:
+            os._exit(3)
+        os.write(write, str(calls[0]).encode())
+        os._exit(0)
+    os.close(write)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the action failed on its own"
+    with os.fdopen(read) as f:
+        return int(f.read())
+
 @pytest.mark.parametrize("start", ["plain", "versioned"])
 def test_a_save_killed_before_any_filesystem_call_leaves_the_old_or_the_new_model(tmp_path, start):
     old, new = tiny_task(0), tiny_task(1)
@@ -298,11 +321,15 @@ def test_a_retrain_promotion_killed_at_random_moments_keeps_record_pointer_and_m
     store = VersionedDirectory(root)
     gate = Gate(metric="recall@20", tolerance=0.005, min_pairs=1000, samples=200)
 
-    def turn(candidate):
+    def turn(candidate, store=store):
         with store.lock():
             store.recover()
             settle(store, Standing.read(store), gate, {"candidate": lambda: better, "current": lambda: current_ranks},
                    candidate, True, {"train_seconds": 0.0})
+
+    # the crash points cover a whole promotion and as much again: about a third of the turns get through
+    shutil.copytree(root, tmp_path / "measured")
+    per_turn = fs_calls(lambda: turn(candidates[0], VersionedDirectory(tmp_path / "measured")))
 
     for number in range(24):
         candidate = candidates[number % 4]
@@ -317,7 +344,7 @@ def test_a_retrain_promotion_killed_at_random_moments_keeps_record_pointer_and_m
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
         else:
-            crash_at(int(rng.integers(1, 60)), lambda: turn(candidate))
+            crash_at(int(rng.integers(1, 2 * per_turn)), lambda: turn(candidate))
         with store.lock():
             current = store.recover()
         moves = [e for e in store.history() if e["event"] in versions.POINTER_EVENTS]

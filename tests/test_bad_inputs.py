@@ -468,6 +468,7 @@ def test_cli_test_unreadable_checkpoint(tmp_path, content, message, sessrec_main
     assert message in sessrec_main("test", *TINY, "--ckpt_path", str(bad))
 
 
+@pytest.mark.slow
 def test_cli_test_truncated_checkpoint(tmp_path, checkpoint, sessrec_main):
     cut = write(tmp_path / "cut.ckpt", checkpoint.read_bytes()[:4000])
     assert f"{cut}: not a readable PyTorch checkpoint, truncated or corrupt" in sessrec_main(
@@ -511,6 +512,7 @@ def test_cli_fit_max_length_zero(monkeypatch, tmp_path, sessrec_main):
     assert "max_length must be >= 2" in message and "got 0" in message
 
 
+@pytest.mark.slow
 def test_cli_predict_duplicate_sessions_leave_no_output(tmp_path, checkpoint, sessrec_main):
     sessions = write(tmp_path / "s.parquet", pa.table({"session_id": [1, 1], "item_id": [[5, 6], [7, 8]]}))
     out = tmp_path / "recs.parquet"

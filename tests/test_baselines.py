@@ -314,6 +314,7 @@ def in_tmp(tmp_path):
     os.chdir(cwd)
 
 
+@pytest.mark.slow
 def test_cli_test_and_validate_report_metrics(in_tmp, capsys):
     vsknn = recipe(in_tmp, "sessrec.baselines.VSKNN", "{k: 50, sample_size: 500}")
     knn = main(["test", "--config", vsknn]).trainer.callback_metrics

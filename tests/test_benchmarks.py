@@ -12,6 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_embedding_benchmark_quick_run_prints_its_records():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
@@ -44,6 +45,7 @@ def test_embedding_benchmark_quick_run_prints_its_records():
             assert (r["padded_width"], r["unpadded_width"]) == (64, 62)
 
 
+@pytest.mark.slow
 def test_ann_index_benchmark_quick_run_prints_one_record_per_kind():
     pytest.importorskip("faiss")  # optional dependency
     done = subprocess.run(
@@ -62,6 +64,7 @@ def test_ann_index_benchmark_quick_run_prints_one_record_per_kind():
     assert records[1]["nlist"] == round(4 * 20_000 ** 0.5) and records[1]["nprobe"] == 32
 
 
+@pytest.mark.slow
 def test_gpu_suite_reports_every_item_as_skipped_without_cuda():
     """What CI runs on its CPU machine: `bash benchmarks/gpu_suite.sh`, every GPU item reported as skipped."""
     import torch
@@ -98,6 +101,7 @@ TINY_TRAIN = ["benchmarks/train_throughput.py", "--steps", "20", "--warmup", "1"
               "--d-model", "16", "--n-head", "2", "--n-layer", "1", "--max-len", "8"]
 
 
+@pytest.mark.slow
 def test_train_throughput_prints_its_record_and_the_profile():
     done = subprocess.run([sys.executable, *TINY_TRAIN, "--profile"], cwd=ROOT, capture_output=True, text=True,
                           timeout=300, check=False)
@@ -109,6 +113,7 @@ def test_train_throughput_prints_its_record_and_the_profile():
     assert len(profile) == 15 and all(" ms " in line and "calls/step" in line for line in profile[1:])
 
 
+@pytest.mark.slow
 def test_train_throughput_peer_without_transformers4rec_fails_in_one_line():
     import importlib.util
 
@@ -186,6 +191,7 @@ def test_pipeline_eval_seed_plan_and_stage1_overlays(tmp_path):
     assert (means["seeds"], means["stage1_seeds"], means["ranker_seeds"], means["varied"]) == (2, [0, 0], [0, 1], ["ranker"])
 
 
+@pytest.mark.slow
 def test_pipeline_eval_over_two_seeds_prints_each_seed_then_the_means(tmp_path):
     """Two stage-1 checkpoints (seed 0 where the pipeline recipe names it, seed 1 in its seed folder,
     written here untrained so that nothing is trained) and two ranker seeds."""

@@ -41,6 +41,7 @@ def trained(tmp_path_factory):
     return run, ckpt
 
 
+@pytest.mark.slow
 def test_fit_writes_checkpoint_and_vocab(trained):
     _, ckpt = trained
     vocab = ItemVocab.load(ckpt.parent / "vocab.parquet")
@@ -69,6 +70,7 @@ def sessions_file(path: Path, vocab: ItemVocab, layout: str) -> dict:
     return sessions
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout,name", [("lists", "sessions.parquet"), ("events", "events.csv")])
 def test_predict_writes_raw_topk(trained, tmp_path, layout, name):
     _, ckpt = trained
@@ -92,6 +94,7 @@ def test_predict_writes_raw_topk(trained, tmp_path, layout, name):
           "--scoring.output", str(out), "--scoring.overwrite", "true"])
 
 
+@pytest.mark.slow
 def test_predict_failure_leaves_nothing(trained, tmp_path):
     _, ckpt = trained
     vocab = ItemVocab.load(ckpt.parent / "vocab.parquet")

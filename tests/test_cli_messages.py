@@ -105,6 +105,7 @@ print(json.dumps(noise()))
 """
 
 
+@pytest.mark.slow
 def test_third_party_notices_are_hidden_and_sessrecs_own_warnings_are_not():
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     shown = subprocess.run([sys.executable, "-c", NOISY, "show"], capture_output=True, text=True, env=env, check=True)

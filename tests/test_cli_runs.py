@@ -37,6 +37,7 @@ def val_lines(out: str) -> dict[int, float]:
     return {int(epoch): float(value) for epoch, value in found}
 
 
+@pytest.mark.slow
 def test_fit_prints_the_kept_checkpoints_metrics_and_a_resume_continues_its_folder(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "worst.yaml").write_text(WORST)

@@ -56,12 +56,14 @@ def predicted(checkpoint: Path, sessions: Path, out: Path, *flags: str) -> dict[
     return {row["session_id"]: row["item_ids"] for row in pq.read_table(out).to_pylist()}
 
 
+@pytest.mark.slow
 def test_predict_takes_top_k_from_the_command_line_else_from_the_checkpoint(checkpoint, sessions, tmp_path):
     assert {len(v) for v in predicted(checkpoint, sessions, tmp_path / "a.parquet").values()} == {TRAINED_TOP_K}
     given = predicted(checkpoint, sessions, tmp_path / "b.parquet", "--model.evaluation.top_k", "5")
     assert len(given) == 10 and {len(v) for v in given.values()} == {5}
 
 
+@pytest.mark.slow
 def test_predict_excludes_seen_items_when_told(checkpoint, sessions, tmp_path):
     seen = {row["session_id"]: set(row["item_id"]) for row in pq.read_table(sessions).to_pylist()}
     plain = predicted(checkpoint, sessions, tmp_path / "a.parquet", "--model.evaluation.top_k", "40")
@@ -71,6 +73,7 @@ def test_predict_excludes_seen_items_when_told(checkpoint, sessions, tmp_path):
     assert all(not seen[s] & set(items) and len(items) == 40 for s, items in excluded.items())
 
 
+@pytest.mark.slow
 def test_test_excludes_seen_items_when_told(checkpoint):
     plain = cli(["test", *TINY, "--ckpt_path", str(checkpoint)]).trainer.callback_metrics
     excluded = cli(["test", *TINY, "--ckpt_path", str(checkpoint), "--model.evaluation.exclude_seen", "true"])
@@ -96,6 +99,7 @@ def test_not_given_settings_are_the_checkpoints(checkpoint):
     assert task.hparams.objective["class_path"].endswith("MaskedItemModeling")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flags, message", [
     (["--model.encoder.init_args.d_model", "32"],
      ("--model.encoder.init_args.d_model 32 differs from the checkpoint's 16 ({ckpt}): the network (its shape and what "
@@ -125,6 +129,7 @@ def test_another_task_than_the_checkpoints_is_refused(checkpoint, sessrec_main):
     assert "--model.class_path sessrec.tasks.BaselineTask differs from the checkpoint's sessrec.tasks.next_item.NextItemTask" in got
 
 
+@pytest.mark.slow
 def test_training_settings_are_the_checkpoints_with_a_note(checkpoint, capsys):
     task = cli(["test", *TINY, "--ckpt_path", str(checkpoint), "--model.optimization.lr", "0.1",
                 "--model.seed", "4"]).model
@@ -134,6 +139,7 @@ def test_training_settings_are_the_checkpoints_with_a_note(checkpoint, capsys):
                      "differs from the checkpoint's 0; --model.optimization.lr 0.1 differs from the checkpoint's 0.003")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("saved", [False, True], ids=["recipe-and-flags", "saved-config"])
 def test_the_training_config_passes_without_a_note(checkpoint, capsys, saved):
     """The recipe and flags of the training run, or the full config `sessrec fit` saved in its run folder."""
@@ -143,6 +149,7 @@ def test_the_training_config_passes_without_a_note(checkpoint, capsys, saved):
     assert "note" not in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flags, message", [
     (["--model.evaluation.top_k", "0"], "evaluation top_k must be an integer >= 1, got 0"),
     (["--model.evaluation.ks", "[5, -1]"], "evaluation ks must be positive integer cut-offs, got [5, -1]"),
@@ -254,6 +261,7 @@ def dlrm(tmp_path_factory) -> tuple[list[str], Path]:
     return flags, run / "runs" / "dlrm_trivago" / "checkpoints" / "best.ckpt"
 
 
+@pytest.mark.slow
 def test_dlrm_test_takes_ks_notes_lr_and_refuses_another_width(capsys, dlrm, sessrec_main):
     flags, ckpt = dlrm
     given = cli(["test", *flags, "--ckpt_path", str(ckpt), "--model.evaluation.ks", "[2]", "--model.optimization.lr", "0.5"])

@@ -83,6 +83,7 @@ def ranks(folder: Path) -> list[dict]:
     return [torch.load(folder / f"rank{r}.pt", weights_only=True) for r in range(2)]
 
 
+@pytest.mark.slow
 def test_next_item_ddp_shards_sessions_and_ends_with_identical_weights(tmp_path):
     pl.seed_everything(0)
     data = SessionDataModule(SyntheticSource(num_sessions=600, num_items=60), max_length=8, batch_size=32)
@@ -99,6 +100,7 @@ def test_next_item_ddp_shards_sessions_and_ends_with_identical_weights(tmp_path)
         torch.testing.assert_close(second["state"][name], value, rtol=0, atol=0, msg=name)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not TRIVAGO.exists(), reason="trivago_rsc19_100k is not available here")
 def test_dlrm_ddp_ends_with_identical_weights_and_refuses_the_fused_optimizer(tmp_path):
     small = tmp_path / "log.parquet"
@@ -118,6 +120,7 @@ def test_dlrm_ddp_ends_with_identical_weights_and_refuses_the_fused_optimizer(tm
                                                datamodule=data)
 
 
+@pytest.mark.slow
 def test_predict_on_two_processes_writes_one_output_in_input_order(tmp_path):
     import pyarrow as pa
 

@@ -131,6 +131,7 @@ def batch_of(n: int = 12):
                         {"position": -position, "popularity": torch.zeros(n) - position / 100})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("embedding_optimizer", ["adagrad_rowwise", "sgd", "none"])
 def test_task_optimizers(embedding_optimizer):
     cards = {t.name: t.num_embeddings for t in TABLES}

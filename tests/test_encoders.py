@@ -160,6 +160,7 @@ PAIRS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pair", PAIRS)
 def test_tiny_model_learns_a_transition(pair):
     """150 steps on a deterministic chain a -> a+1: the successor is ranked first, read as at evaluation."""

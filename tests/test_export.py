@@ -70,6 +70,7 @@ def sessions(batch: int, length: int, seed: int) -> torch.Tensor:
     return items.masked_fill(torch.arange(length) < (length - sizes).unsqueeze(1), 0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,fmt", EXPORTS)
 def test_session_model_matches_eager_on_other_shapes(tmp_path, name, fmt):
     task = session_task(name)
@@ -96,6 +97,7 @@ def test_description_beside_the_model(tmp_path):
     assert spec["notes"]["encoder"] == "SASRecEncoder" and spec["notes"]["max_length"] == 10
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["onnx", "torchscript"])
 def test_side_features_are_inputs_and_exclude_seen_is_applied(tmp_path, fmt):
     side = SideInfoSpec(categorical={"device": 5}, continuous=["price", "dwell"], looks_ahead=["dwell"])
@@ -129,6 +131,7 @@ class DataDependentEncoder(nn.Module):
         return embeddings * 2 if bool(attention_mask.all()) else embeddings
 
 
+@pytest.mark.slow
 def test_an_encoder_the_exporter_cannot_follow_gets_a_clear_error(tmp_path):
     task = session_task("bert_mlm")
     task.model.encoder = DataDependentEncoder()  # swapped in after the task is built: only export reads it
@@ -170,6 +173,7 @@ def dlrm_task(interaction: str = "dot") -> DLRMTask:
         embedding_dim=4, dense_layers=[8, 4], over_layers=[8], interaction=interaction)).eval()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("interaction,fmt", [("dot", "onnx"), ("dot", "torchscript"), ("dcn", "torchscript")])
 def test_dlrm_matches_eager_on_other_shapes(tmp_path, interaction, fmt):
     task = dlrm_task(interaction)
@@ -193,6 +197,7 @@ def test_dlrm_matches_eager_on_other_shapes(tmp_path, interaction, fmt):
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["onnx", "torchscript"])
 def test_dlrm_with_growing_tables_exports_its_rows_by_id(tmp_path, fmt):
     """A growing table is laid out by id for export: met ids give their rows, others count as absent (as in eval)."""
@@ -255,6 +260,7 @@ def parse_pbtxt(text: str) -> dict:
     return message(None)
 
 
+@pytest.mark.slow
 def test_triton_repository(tmp_path):
     task = session_task("sasrec_clm")
     model_dir = triton_repository(task, tmp_path, "sasrec", max_batch_size=32, max_queue_delay_microseconds=500, top_k=20)

@@ -44,6 +44,7 @@ def worse(values: np.ndarray, lost: int, offset: int = 0) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------------------------ the gate
+@pytest.mark.slow
 def test_a_chain_of_small_losses_is_stopped_by_the_best_promoted():
     n, gate = 20_000, Gate("recall@20", tolerance=0.005, min_pairs=1000, samples=500)
     chain = [hits(n, 0.5)]

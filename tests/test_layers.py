@@ -53,6 +53,7 @@ def test_the_checker_sees_an_upward_import(tmp_path):
     assert imported_layers(bad) == {"tasks"}
 
 
+@pytest.mark.slow
 def test_models_and_embeddings_import_without_lightning():
     code = (
         "import sys, sessrec, sessrec.data, sessrec.features, sessrec.embeddings, sessrec.datasets, sessrec.models\n"
@@ -69,6 +70,7 @@ def test_models_and_embeddings_import_without_lightning():
 TRAINING_STACK = ("pytorch_lightning", "lightning", "lightning_fabric", "jsonargparse")
 
 
+@pytest.mark.slow
 def test_the_serving_path_imports_no_training_stack(tmp_path):
     """In a fresh interpreter: the serving modules import, and directories written by a network, by a
     task and by a pipeline load, recommend and export, without Lightning, jsonargparse or sessrec.tasks."""
@@ -122,6 +124,7 @@ def test_the_serving_path_imports_no_training_stack(tmp_path):
     assert (tmp_path / "out" / "model.pt").exists()
 
 
+@pytest.mark.slow
 def test_the_serving_commands_start_without_the_training_stack():
     """``sessrec --help``, ``serve``'s and ``rollback``'s flags parse without Lightning or jsonargparse."""
     code = (

@@ -76,6 +76,7 @@ def final_metric(fit) -> float:
     return float(fit.trainer.callback_metrics["val/ndcg@20"])
 
 
+@pytest.mark.slow
 def test_checkpoint_loads_weights_only_and_carries_the_vocabulary(fitted):
     run, _, fit = fitted
     checkpoint = torch.load(run / "checkpoints" / "best.ckpt", weights_only=True)
@@ -119,6 +120,7 @@ def test_fit_writes_the_model_directory_of_the_best_checkpoint(fitted):
     assert config["format"] == "sessrec.model" and config["task"]["init_args"]["num_items"] == len(task.vocab)
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_ends_where_the_uninterrupted_run_ends(fitted, tmp_path):
     """Killed mid-epoch 1 by SIGKILL, resumed from last.ckpt: the same final validation metric."""
     _, _, fit = fitted
@@ -166,6 +168,7 @@ def test_test_without_a_checkpoint_is_refused(fitted):
         cli(["test", "--config", str(recipe)])
 
 
+@pytest.mark.slow
 def test_test_and_predict_create_no_run_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     tiny = ["--config", str(ROOT / "recipes" / "quickstart.yaml"), "--trainer.max_epochs", "1",
@@ -349,6 +352,7 @@ def test_the_retraining_recipes_parse_into_a_turn_with_its_gate(recipe, turn):
 TRIVAGO = ROOT.parent / "shared" / "data" / "trivago_rsc19_100k" / "trivago_val_100k.parquet.snappy"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not TRIVAGO.exists(), reason="trivago_rsc19_100k is not available here")
 def test_dlrm_retrain_grows_its_tables_and_keeps_what_it_learned(tmp_path):
     from sessrec.deploy.retrain import retrain_dlrm

@@ -145,6 +145,7 @@ def test_popularity_sampler_needs_counts():
         SampledSoftmax(sampler="popularity")(DotScorer(6), torch.randn(2, 4), torch.tensor([2, 3]))
 
 
+@pytest.mark.slow
 def test_task_trains_with_a_sampled_loss_and_gets_item_counts_from_the_vocabulary(tmp_path, monkeypatch):
     from pathlib import Path
 
@@ -181,6 +182,7 @@ class ScaledFullSoftmax(CatalogueLoss):
         return self.factor * FullSoftmax()(model, hidden, targets, generator)
 
 
+@pytest.mark.slow
 def test_a_loss_outside_the_library_is_found_by_class_path(tmp_path, monkeypatch):
     from pathlib import Path
 

@@ -103,6 +103,7 @@ def test_encoder_validates_heads():
         XLNetEncoder(d_model=30, n_head=4)
 
 
+@pytest.mark.slow
 def test_tiny_model_learns_a_transition():
     """A few hundred steps of MLM on a deterministic chain a -> a+1 must rank the successor first."""
     torch.manual_seed(0)

@@ -8,6 +8,7 @@ import tomllib
 from importlib.metadata import packages_distributions
 from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
@@ -48,6 +49,7 @@ def imported_distributions() -> dict[str, set[str]]:
     return found
 
 
+@pytest.mark.slow
 def test_every_import_is_declared():
     declared = set(requirements(None)) | NO_DEPS
     for group in PROJECT["optional-dependencies"]:
@@ -84,6 +86,7 @@ def test_the_constraints_pin_inside_the_declared_ranges():
     assert not outside
 
 
+@pytest.mark.slow
 def test_import_names_map_to_their_distributions():
     assert "pyyaml" in imported_distributions()  # sessrec/cli imports yaml, distributed as PyYAML
     assert "pandas" not in imported_distributions()

@@ -432,6 +432,7 @@ def sessrec(monkeypatch: pytest.MonkeyPatch, *args: str) -> None:
     main()
 
 
+@pytest.mark.slow
 def test_cli_fit_test_recommend(
     world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
@@ -564,6 +565,7 @@ def test_evaluate_rows_equals_evaluate(world: World, name: str) -> None:
     assert 0 < direct["recall@10"] <= direct["candidate_recall"] <= 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["gbdt", "dlrm"])
 def test_metrics_do_not_depend_on_the_order_or_the_batching_of_the_test_pairs(world: World, name: str) -> None:
     """Shuffled test pairs and other batch sizes give the same metrics, end to end and on prepared rows

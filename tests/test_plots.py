@@ -107,6 +107,7 @@ def linked_figures(text: str) -> list[str]:
     return re.findall(r"!\[[^\]]*\]\(figures/([^)\s]+\.png)\)", text)
 
 
+@pytest.mark.slow
 def test_the_script_writes_every_figure_as_a_png_of_its_size(plots, written):
     assert sorted(p.name for p in written.glob("*.png")) == sorted(plots.SIZES)
     for name in plots.SIZES:

@@ -231,6 +231,7 @@ def srgnn(request, shared_data):
     return request.param, folder, read_srgnn(folder)
 
 
+@pytest.mark.slow
 def test_read_srgnn_counts(srgnn):
     name, _, data = srgnn
     n_train, n_events, max_len, n_pairs, n_sessions, max_item = SRGNN[name]

@@ -39,6 +39,7 @@ def test_python_examples_run(monkeypatch):
             exec(compiled, {})
 
 
+@pytest.mark.slow
 def test_quickstart_command_trains(tmp_path):
     exe = shutil.which("sessrec") or pytest.skip("console script not installed")
     cmd = [exe, "fit", "--config", str(ROOT / "recipes" / "quickstart.yaml"), "--trainer.enable_progress_bar", "false"]
@@ -53,6 +54,7 @@ def test_quickstart_command_trains(tmp_path):
     assert next(tmp_path.glob("runs/quickstart/*/checkpoints/vocab.parquet"))
 
 
+@pytest.mark.slow
 def test_yaml_examples_configure_a_working_quickstart(tmp_path, monkeypatch):
     from sessrec.cli import cli
 

@@ -303,6 +303,7 @@ PAIRS = [composed(d, m) for d, m in itertools.product(DATA, MODELS)]
 RUN_PAIRS = {tuple(p.stem for p in paths(args) if p.parent.name in ("data", "model")) for args in CASES}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args", [a for a in PAIRS if tuple(p.stem for p in paths(a)[:2]) not in RUN_PAIRS], ids=case_id
 )
@@ -338,6 +339,7 @@ def scratch(tmp_path, monkeypatch):
     return work
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", list(CASES), ids=case_id)
 def test_documented_fast_dev_run(args, scratch):
     files = paths(args)

@@ -51,6 +51,7 @@ def file_lines(path: str) -> list[list[int]]:
         return [[int(v) for v in line.split()] for line in f if line.strip()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fragment", sorted(COUNTS))
 def test_fragment_loads_source_counts_leave_one_out(fragment):
     name, users, interactions, items = COUNTS[fragment]

@@ -622,6 +622,7 @@ def test_serve_binds_loopback_unless_told(pipe, tmp_path: Path, monkeypatch: pyt
     assert server.describe(pipe)["kind"] == "Pipeline"
 
 
+@pytest.mark.slow
 def test_load_benchmark_quick_run(pipe, tmp_path: Path) -> None:
     directory = pipe.save_pretrained(tmp_path / "pipeline")
     done = subprocess.run(

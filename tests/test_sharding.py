@@ -146,6 +146,7 @@ def _worker(rank: int, rendezvous: str, out_path: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_two_processes_train_like_one(tmp_path):
     import torch.multiprocessing as mp
 
@@ -234,6 +235,7 @@ def trivago_slice(tmp_path: Path, rows: int = 30_000) -> str:
     return str(small)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not TRIVAGO.exists(), reason="trivago_rsc19_100k is not available here")
 def test_dlrm_task_sharded_over_two_processes_trains_like_one(tmp_path):
     from sessrec.tasks import ClickoutDataModule, DLRMTask, TorchRecStrategy

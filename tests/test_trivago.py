@@ -154,6 +154,7 @@ TINY = [
 ]
 
 
+@pytest.mark.slow
 def test_fitted_side_features_round_trip_through_predict(tmp_path, monkeypatch):
     log = fake_log(tmp_path / "log.parquet")
     work = tmp_path / "work"

@@ -191,6 +191,7 @@ def fs_calls(action) -> int:
     with os.fdopen(read) as f:
         return int(f.read())
 
+@pytest.mark.slow
 @pytest.mark.parametrize("start", ["plain", "versioned"])
 def test_a_save_killed_before_any_filesystem_call_leaves_the_old_or_the_new_model(tmp_path, start):
     old, new = tiny_task(0), tiny_task(1)
@@ -213,6 +214,7 @@ def test_a_save_killed_before_any_filesystem_call_leaves_the_old_or_the_new_mode
     assert points > 20  # every call of the save was a crash point: links, writes, fsyncs, renames, the log
 
 
+@pytest.mark.slow
 def test_a_promotion_killed_at_random_moments_keeps_log_and_pointer_in_agreement(tmp_path):
     rng = np.random.default_rng(0)
     store = VersionedDirectory(tmp_path / "m")
@@ -296,6 +298,7 @@ def test_sessrec_rollback_on_the_command_line(tmp_path, capsys):
         run(["rollback", "--model-dir", str(tmp_path / "plain")])
 
 
+@pytest.mark.slow
 def test_a_retrain_promotion_killed_at_random_moments_keeps_record_pointer_and_model_in_agreement(tmp_path):
     """`settle`, the decision and promotion of a `sessrec retrain` turn, on real model directories, killed
     before a random filesystem call (or by SIGKILL after a random delay) in 24 turns: after each, the

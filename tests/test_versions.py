@@ -137,6 +137,19 @@ FS_EVENTS = ("open", "os.rename", "os.replace", "os.remove", "os.unlink", "os.rm
              "os.listdir", "os.scandir", "os.fsync")
 
 
+def on_fs_call(count) -> None:
+    """In a forked child: call `count()` before each filesystem call (the audit events of FS_EVENTS, and
+    ``os.fsync``, which raises none)."""
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        count()
+        return real_fsync(fd)
+
+    os.fsync = fsync
+    sys.addaudithook(lambda event, args: count() if event in FS_EVENTS else None)
+
+
 def crash_at(n: int, action) -> bool:
     """Run `action` in a forked child that dies (``os._exit``) just before its `n`-th filesystem call;
     True when the action finished before reaching it."""
@@ -144,20 +157,12 @@ def crash_at(n: int, action) -> bool:
     if pid == 0:  # the child: count the filesystem calls, die before the n-th
         calls = [0]
 
-        def hook(event, args):
-            if event in FS_EVENTS:
-                calls[0] += 1
-                if calls[0] == n:
-                    os._exit(17)
+        def count():
+            calls[0] += 1
+            if calls[0] == n:
+                os._exit(17)
 
-        real_fsync = os.fsync
-
-        def fsync(fd):
-            hook("os.fsync", (fd,))
-            return real_fsync(fd)
-
-        os.fsync = fsync
-        sys.addaudithook(hook)
+        on_fs_call(count)
         try:
             action()
         except BaseException:
@@ -169,16 +174,13 @@ def crash_at(n: int, action) -> bool:
     return code == 0
 
 
-
 def fs_calls(action) -> int:
     """How many filesystem calls `action` makes when nothing kills it (run in a forked child, as `crash_at`)."""
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:
         calls = [0]
-        sys.addaudithook(lambda event, args: calls.__setitem__(0, calls[0] + (event in FS_EVENTS)))
-        real_fsync = os.fsync
-        os.fsync = lambda fd: (calls.__setitem__(0, calls[0] + 1), real_fsync(fd))[1]
+        on_fs_call(lambda: calls.__setitem__(0, calls[0] + 1))
         try:
             action()
         except BaseException:
@@ -190,6 +192,7 @@ def fs_calls(action) -> int:
     assert os.waitstatus_to_exitcode(status) == 0, "the action failed on its own"
     with os.fdopen(read) as f:
         return int(f.read())
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("start", ["plain", "versioned"])

@@ -4,6 +4,9 @@ Items (each timed after warm-up, medians of `--repeats`, CUDA synchronised aroun
 
 - ``xlnet_mlm_fit``: XLNet-MLM training steps (masking, encoder, full-softmax cross-entropy,
   backward, fused AdamW) with bf16 autocast: sessions/s.
+- ``encoder_steps``: one training step (objective, encoder, full-softmax cross-entropy over the
+  catalogue, backward, AdamW) of XLNet-MLM, SASRec, and HSTU on its jagged and its padded path, at
+  the same width on the same mixed-length sessions, with bf16 autocast: milliseconds per step of each.
 - ``dlrm_train``: DLRM training steps (26 tables, fused row-wise Adagrad in backward, Adam on the
   MLPs) on random Criteo-like batches: samples/s.
 - ``embedding_lookup``: the fused embedding core's pooled lookup (26 tables, 10-hot): GB/s of rows
@@ -36,7 +39,16 @@ import torch.nn.functional as F
 from sessrec.data.loader import SessionLoader
 from sessrec.data.vocab import NUM_SPECIAL
 from sessrec.embeddings import FusedEmbeddingBagCollection, FusedTables, SparseFeatures, TableConfig
-from sessrec.models import DLRM, MaskedItemModeling, SessionModel, XLNetEncoder
+from sessrec.models import (
+    DLRM,
+    CausalLanguageModeling,
+    HSTUEncoder,
+    MaskedItemModeling,
+    Objective,
+    SASRecEncoder,
+    SessionModel,
+    XLNetEncoder,
+)
 from sessrec.tasks.optim import adamw
 
 
@@ -62,25 +74,51 @@ def sessions(n: int, length: int, items: int, gen: torch.Generator) -> torch.Ten
     return ids.masked_fill(torch.arange(length).unsqueeze(0) < length - lengths, 0)
 
 
-def xlnet_mlm_fit(device: torch.device, quick: bool, repeats: int) -> dict:
-    items, batch, d = (1000, 64, 32) if quick else (50_000, 1024, 128)
-    model = SessionModel(num_items=items + NUM_SPECIAL, encoder=XLNetEncoder(d_model=d, n_head=4, n_layer=2), max_length=21)
-    model = model.to(device).train()
-    optimizer, objective = adamw(model.parameters(), lr=1e-3), MaskedItemModeling()
-    data = sessions(batch, 20, items, torch.Generator().manual_seed(0)).to(device)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16)
+def training_step(model: SessionModel, objective: Objective, data: torch.Tensor) -> Callable[[], None]:
+    """One training step of `model` on `data` with bf16 autocast: the objective's inputs and targets,
+    full-softmax cross-entropy over the catalogue, backward, AdamW."""
+    optimizer, device = adamw(model.parameters(), lr=1e-3), data.device
 
     def step() -> None:
-        with autocast:
+        with torch.autocast(device.type, dtype=torch.bfloat16):
             m = objective(data, torch.Generator(device=device).manual_seed(0))
-            loss = F.cross_entropy(model.score(model.encode(m.inputs, m.masked)[m.masked]).float(), m.targets)
+            loss = F.cross_entropy(model.score(model.encode(m.inputs, m.masked)[m.read]).float(), m.targets)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
 
-    seconds = timed(step, device, warmup=3, repeats=repeats)
+    return step
+
+
+def xlnet_mlm_fit(device: torch.device, quick: bool, repeats: int) -> dict:
+    items, batch, d = (1000, 64, 32) if quick else (50_000, 1024, 128)
+    model = SessionModel(num_items=items + NUM_SPECIAL, encoder=XLNetEncoder(d_model=d, n_head=4, n_layer=2), max_length=21)
+    model = model.to(device).train()
+    data = sessions(batch, 20, items, torch.Generator().manual_seed(0)).to(device)
+    seconds = timed(training_step(model, MaskedItemModeling(), data), device, warmup=3, repeats=repeats)
     return {"items": items, "batch": batch, "d_model": d, "precision": "bf16 autocast", "step_ms": round(seconds * 1e3, 2),
             "sessions_per_s": round(batch / seconds, 1)}
+
+
+def encoder_steps(device: torch.device, quick: bool, repeats: int) -> dict:
+    items, batch, d, length = (1000, 64, 32, 20) if quick else (50_000, 512, 128, 50)
+    encoders = {
+        "xlnet_mlm": (lambda: XLNetEncoder(d_model=d, n_head=4, n_layer=2), MaskedItemModeling()),
+        "sasrec": (lambda: SASRecEncoder(d_model=d, n_head=4, n_layer=2), CausalLanguageModeling()),
+        "hstu_jagged": (lambda: HSTUEncoder(d_model=d, n_head=4, n_layer=2, jagged=True), CausalLanguageModeling()),
+        "hstu_padded": (lambda: HSTUEncoder(d_model=d, n_head=4, n_layer=2, jagged=False), CausalLanguageModeling()),
+    }
+    data = sessions(batch, length, items, torch.Generator().manual_seed(0)).to(device)
+    out: dict = {"items": items, "batch": batch, "d_model": d, "max_length": length, "precision": "bf16 autocast"}
+    for name, (encoder, objective) in encoders.items():
+        torch.manual_seed(0)
+        model = SessionModel(num_items=items + NUM_SPECIAL, encoder=encoder(), max_length=length + 1).to(device).train()
+        try:
+            seconds = timed(training_step(model, objective, data), device, warmup=3, repeats=repeats)
+            out[f"{name}_step_ms"] = round(seconds * 1e3, 2)
+        except Exception as err:  # noqa: BLE001 - one encoder failing must not hide the others' figures
+            out[f"{name}_error"] = f"{type(err).__name__}: {err}".splitlines()[0]
+    return out
 
 
 def tables(quick: bool, dim: int) -> list[TableConfig]:
@@ -187,7 +225,7 @@ def resident_loader(device: torch.device, quick: bool, repeats: int) -> dict:
             "resident_sessions_per_s": round(n / resident_seconds), "speedup": round(host_seconds / resident_seconds, 2)}
 
 
-ITEMS = {fn.__name__: fn for fn in (xlnet_mlm_fit, dlrm_train, embedding_lookup, feature_etl, resident_loader)}
+ITEMS = {fn.__name__: fn for fn in (xlnet_mlm_fit, encoder_steps, dlrm_train, embedding_lookup, feature_etl, resident_loader)}
 
 
 def main() -> None:

@@ -92,9 +92,13 @@ def test_gpu_suite_code_paths_run_on_cpu(monkeypatch):
     printed = []
     monkeypatch.setattr("builtins.print", lambda line, **_: printed.append(json.loads(line)))
     runpy.run_path(str(ROOT / "benchmarks" / "gpu_suite.py"), run_name="__main__")
-    assert [r["item"] for r in printed] == ["xlnet_mlm_fit", "dlrm_train", "embedding_lookup", "feature_etl", "resident_loader"]
+    assert [r["item"] for r in printed] == [
+        "xlnet_mlm_fit", "encoder_steps", "dlrm_train", "embedding_lookup", "feature_etl", "resident_loader"
+    ]
     assert all(r["status"] == "ok" for r in printed), [r for r in printed if r["status"] != "ok"]
-    assert printed[0]["sessions_per_s"] > 0 and 0 < printed[2]["share_of_copy_bandwidth"]
+    assert printed[0]["sessions_per_s"] > 0 and 0 < printed[3]["share_of_copy_bandwidth"]
+    steps = [f"{name}_step_ms" for name in ("xlnet_mlm", "sasrec", "hstu_jagged", "hstu_padded")]
+    assert all(printed[1][key] > 0 for key in steps), printed[1]  # every encoder ran (an error has no *_step_ms)
 
 
 TINY_TRAIN = ["benchmarks/train_throughput.py", "--steps", "20", "--warmup", "1", "--batch", "16", "--items", "300",

@@ -715,25 +715,31 @@ def test_pipeline_on_cuda_matches_the_cpu(world: World, name: str) -> None:
 
     train, _ = world.dm.tensors("train")
     valid, test = world.dm.pairs("valid"), world.dm.pairs("test")
-    out = {}
+    out, pipes = {}, {}
     for device in ("cpu", "cuda"):
         model = SessionModelRetriever.from_checkpoint(world.recipe, world.checkpoint, ExactIndex())
         retrievers = {**world.retrievers, "xlnet": (model, 30)}  # kNN and co-visitation stay on the host
         features = CandidateFeatures().fit_statistics(_time_ordered(train, world.dm), world.dm.num_items)
-        pipe = Pipeline(world.dm.vocab, retrievers, max_length=MAX_LENGTH, max_candidates=50, features=features,
-                        device=device)
+        pipe = pipes[device] = Pipeline(world.dm.vocab, retrievers, max_length=MAX_LENGTH, max_candidates=50,
+                                        features=features, device=device)
         scorer = GBDTScorer(**GBDT_ARGS) if name == "gbdt" else DLRMScorer(max_epochs=2)
         training.fit_ranker(pipe, valid, scorer)
-        recs = pipe.recommend_batch(Sessions(test.items[:80]), k=K)
+        recs = pipe.recommend_batch(training.sessions_of(test.take(slice(0, 80))), k=K)  # with their event times
         assert recs.items.device.type == device and model.built_index()._vectors.device.type == device
         if name == "dlrm":
             assert next(pipe.scorer.network.parameters()).device.type == device
         out[device] = (recs, training.evaluate(pipe, test))
-    (cpu, cpu_metrics), (gpu, gpu_metrics) = out["cpu"], out["cuda"]
-    # the same features up to float sums in another order: LightGBM (on the host) may flip a split
-    # on a near-tie; the DLRM also trains on the GPU
-    tolerance = 0.01 if name == "gbdt" else 0.03
+    (cpu, cpu_metrics), (_, gpu_metrics) = out["cpu"], out["cuda"]
+    # each device's ranker is fitted on its own rows: the session model's scores differ in the last
+    # bits on the GPU, which reorders near-tied ranks, so the rows and the fitted rankers differ a
+    # little (on an H100, LightGBM: NDCG@10 0.6786 against the CPU's 0.6535 on these 168 test pairs)
     for key, value in cpu_metrics.items():
-        assert gpu_metrics[key] == pytest.approx(value, abs=tolerance), key
+        assert gpu_metrics[key] == pytest.approx(value, abs=0.04), key
     if name == "gbdt":
-        assert (gpu.items.cpu() == cpu.items).float().mean() > 0.95
+        # the CPU's ranker (LightGBM runs on the host) served by the CUDA pipeline: the CPU's figures
+        # (on an H100: NDCG@10 0.65369 against 0.65354)
+        pipes["cuda"].scorer = pipes["cpu"].scorer
+        served = pipes["cuda"].recommend_batch(training.sessions_of(test.take(slice(0, 80))), k=K)
+        for key, value in training.evaluate(pipes["cuda"], test).items():
+            assert value == pytest.approx(cpu_metrics[key], abs=0.005), key
+        assert (served.items.cpu() == cpu.items).float().mean() > 0.95

@@ -1,5 +1,7 @@
 """`merge` and `Candidates`: the union of retrievers' lists, with each source's rank and score, by hand."""
 
+import itertools
+
 import pytest
 import torch
 
@@ -19,6 +21,46 @@ def test_merge_orders_by_agreement_and_keeps_each_source():
     assert f["a_score"].tolist() == [[1.0, 3.0, 0.0, 2.0], [1.0, 0.0, 0.0, 0.0]]
     assert f["b_score"].tolist() == [[pytest.approx(0.9), 0.0, 0.5, 0.0], [pytest.approx(0.7), pytest.approx(0.6), 0, 0]]
     assert f["sources"].tolist() == [[2, 1, 1, 1], [2, 1, 0, 0]]
+
+
+def at(ranks: dict[int, int], width: int) -> Retrieved:
+    """One session's list of `width` items with `ranks` (item -> 1-based rank) placed, filler items elsewhere."""
+    row = [100 + i for i in range(width)]
+    for item, rank in ranks.items():
+        row[rank - 1] = item
+    return Retrieved(items=torch.tensor([row]), scores=torch.zeros(1, width))
+
+
+def test_merge_sums_priorities_source_by_source_in_the_order_given():
+    """Item 10 has ranks 4, 6 and 12 (1/4 + 1/6 + 1/12 = 1/2), item 20 rank 2 (1/2). In float64 the first sum
+    is 0.5 or 0.49999999999999994 depending on the order of addition: merge adds source by source in the
+    order given (on every device), so 10 comes first (a tie: the lower id) exactly when that sum is 0.5."""
+    sources = {"a": at({20: 2, 10: 4}, 4), "b": at({10: 6}, 6), "c": at({10: 12}, 12)}
+    outcomes = set()
+    for order in itertools.permutations("abc"):
+        total = 0.0
+        for name in order:
+            total += {"a": 1 / 4, "b": 1 / 6, "c": 1 / 12}[name]
+        items = merge({name: sources[name] for name in order}).items[0].tolist()
+        assert (items.index(10) < items.index(20)) == (total == 0.5), (order, total)
+        outcomes.add(total == 0.5)
+    assert outcomes == {True, False}  # both roundings occur among the orders
+
+
+@pytest.mark.gpu
+def test_merge_on_cuda_equals_the_cpu():
+    """Many sources with overlapping lists: the same items, order and features on CUDA as on the CPU."""
+    gen = torch.Generator().manual_seed(0)
+    sources = {}
+    for j in range(5):
+        k = 10 + 10 * j
+        items = torch.stack([torch.randperm(60, generator=gen)[:k] + 2 for _ in range(128)])
+        sources[f"s{j}"] = Retrieved(items, torch.randn(128, k, generator=gen))
+    cpu = merge(sources)
+    gpu = merge({n: Retrieved(r.items.cuda(), r.scores.cuda()) for n, r in sources.items()})
+    assert torch.equal(gpu.items.cpu(), cpu.items)
+    for name, value in cpu.features.items():
+        assert torch.equal(gpu.features[name].cpu(), value), name
 
 
 def test_merge_skips_special_ids_and_empty_slots():

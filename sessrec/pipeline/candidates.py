@@ -172,15 +172,20 @@ def merge(retrieved: dict[str, Retrieved]) -> Candidates:
     e_src, e_rank, e_score = source.flatten()[order][ok], rank.flatten()[order][ok], score.flatten()[order][ok]
     e_idx = entry[ok]
     feats = {}
+    # priority: the sum of 1 / rank added source by source in the order given, so that every device
+    # rounds it alike (an index_add_ on CUDA adds in no fixed order, and float sums depend on it)
+    priority = torch.zeros(n_uniq, dtype=torch.float64, device=device)
     for i, n in enumerate(names):
         m = e_src == i
         r = torch.zeros(n_uniq, device=device)
         s = torch.zeros(n_uniq, device=device)
+        inverse_rank = torch.zeros(n_uniq, dtype=torch.float64, device=device)
         r[e_idx[m]] = e_rank[m].float()  # a source lists an item once, so no collisions
         s[e_idx[m]] = e_score[m]
+        inverse_rank[e_idx[m]] = 1.0 / e_rank[m].double()
+        priority += inverse_rank
         feats[f"{n}_rank"], feats[f"{n}_score"] = r, s
     feats["sources"] = torch.zeros(n_uniq, device=device).index_add_(0, e_idx, torch.ones(len(e_idx), device=device))
-    priority = torch.zeros(n_uniq, dtype=torch.float64, device=device).index_add_(0, e_idx, 1.0 / e_rank.double())
     # lay the distinct items out per row, by decreasing priority (ties: the lower item id)
     counts = torch.bincount(u_row, minlength=b)
     width = max(int(counts.max()) if n_uniq else 0, 1)

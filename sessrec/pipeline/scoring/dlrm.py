@@ -263,7 +263,7 @@ class DLRMScorer(Scorer):
             parts.append(dense[part.valid])
         rows = torch.cat(parts)  # (rows, G)
         if c["scaling"] == "rank_gauss":
-            levels = torch.linspace(0, 1, QUANTILES, dtype=torch.float64)
+            levels = torch.linspace(0, 1, QUANTILES, dtype=torch.float64, device=rows.device)
             self.quantiles = torch.quantile(rows.double(), levels, dim=0).T.float().contiguous()  # (G, Q)
         else:
             self.mean, self.std = rows.mean(dim=0), rows.std(dim=0).clamp(min=1e-6)

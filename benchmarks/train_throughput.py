@@ -1,4 +1,4 @@
-"""Training throughput of XLNet-MLM: full optimisation steps per second on synthetic sessions.
+"""Training throughput of the session encoders: full optimisation steps per second on synthetic sessions.
 
 A step is what `NextItemTask` does in training, without Lightning around it: masking
 (`MaskedItemModeling`, seeded per step) -> `model.encode` -> hidden states at the masked
@@ -19,11 +19,17 @@ probability is set to give as many targets per step as ours (both medians are pr
 then carries both medians, both sessions/s and ``ratio`` = ours / peer sessions/s. T4R 23.12 needs
 ``transformers<4.31`` and the merlin packages: install it in a separate virtualenv.
 
+``--encoders`` times several encoders in turn, step by step, on the same sessions at the same width:
+``xlnet_mlm`` (masked-item modelling), ``sasrec``, ``hstu`` (its jagged path) and ``hstu_padded``
+(next item at every position), each with a full softmax; the record is the first's, and
+``compared`` holds the others' medians and step time over the first's.
+
 ``--profile`` runs extra steps under `torch.profiler` after the timed ones and prints the ops with
 the most self CPU time (per step, with their share) to stderr, for ours and, with ``--peer``, the peer.
 
 Example (from the repository root):
     python benchmarks/train_throughput.py --steps 30 --threads 1
+    python benchmarks/train_throughput.py --steps 30 --threads 1 --max-len 50 --encoders hstu hstu_padded sasrec xlnet_mlm
     python benchmarks/train_throughput.py --steps 30 --threads 1 --peer transformers4rec --profile
 """
 
@@ -39,7 +45,15 @@ import torch
 import torch.nn.functional as F
 
 from sessrec.data.vocab import NUM_SPECIAL
-from sessrec.models import MaskedItemModeling, SessionModel, XLNetEncoder
+from sessrec.models import (
+    CausalLanguageModeling,
+    HSTUEncoder,
+    MaskedItemModeling,
+    Objective,
+    SASRecEncoder,
+    SessionModel,
+    XLNetEncoder,
+)
 from sessrec.tasks.optim import adamw
 
 
@@ -51,13 +65,30 @@ def synthetic_sessions(n: int, max_len: int, items: int, generator: torch.Genera
     return ids.masked_fill(padding, 0)
 
 
-def build_model(args: argparse.Namespace) -> SessionModel:
-    encoder = XLNetEncoder(
-        d_model=args.d_model, n_head=args.n_head, n_layer=args.n_layer, dropout=args.dropout
-    )
+# the encoders `--encoders` compares: (B, L, D) -> (B, L, D) at the model flags' width, and the objective each trains with
+ENCODERS = {
+    "xlnet_mlm": (lambda a: XLNetEncoder(d_model=a.d_model, n_head=a.n_head, n_layer=a.n_layer, dropout=a.dropout),
+                  MaskedItemModeling),
+    "sasrec": (lambda a: SASRecEncoder(d_model=a.d_model, n_head=a.n_head, n_layer=a.n_layer, dropout=a.dropout),
+               CausalLanguageModeling),
+    "hstu": (lambda a: HSTUEncoder(d_model=a.d_model, n_head=a.n_head, n_layer=a.n_layer, dropout=a.dropout),
+             CausalLanguageModeling),
+    "hstu_padded": (lambda a: HSTUEncoder(d_model=a.d_model, n_head=a.n_head, n_layer=a.n_layer, dropout=a.dropout,
+                                          jagged=False), CausalLanguageModeling),
+}
+
+
+def build_model(args: argparse.Namespace, encoder: str = "xlnet_mlm") -> SessionModel:
+    """The `SessionModel` of the model flags around one of `ENCODERS`."""
     return SessionModel(
-        num_items=args.items + NUM_SPECIAL, encoder=encoder, max_length=args.max_len + 1, dropout=args.dropout
+        num_items=args.items + NUM_SPECIAL, encoder=ENCODERS[encoder][0](args), max_length=args.max_len + 1,
+        dropout=args.dropout,
     )
+
+
+def objective_of(encoder: str) -> Objective:
+    """The training objective `encoder` is compared with."""
+    return ENCODERS[encoder][1]()
 
 
 def add_model_flags(parser: argparse.ArgumentParser) -> None:
@@ -169,15 +200,21 @@ def main() -> None:
     parser.add_argument("--peer-mlm-probability", type=float, default=None,
                         help="T4R's masking probability (default: as many targets per step as ours)")
     parser.add_argument("--profile", action="store_true", help="profile extra steps; top ops to stderr")
+    parser.add_argument("--encoders", nargs="+", choices=sorted(ENCODERS), default=["xlnet_mlm"],
+                        help="encoders timed in turn, step by step, on the same sessions (the first is the record's)")
     args = parser.parse_args()
     if args.steps < 20:
         parser.error("--steps must be >= 20 for a stable median")
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
 
-    model = build_model(args).train()
-    objective = MaskedItemModeling()
-    optimizer = adamw(model.parameters(), lr=args.lr)  # as NextItemTask: fused where supported
+    runs = {}  # encoder -> (model, objective, optimizer), each seeded alike
+    for name in dict.fromkeys(args.encoders):
+        torch.manual_seed(args.seed)
+        model = build_model(args, name).train()
+        runs[name] = (model, objective_of(name), adamw(model.parameters(), lr=args.lr))  # as NextItemTask
+    first = args.encoders[0]
+    model, objective = runs[first][0], runs[first][1]
     gen = torch.Generator().manual_seed(args.seed)
     pool = synthetic_sessions(16 * args.batch, args.max_len, args.items, gen)  # cycled, (16 B, L)
 
@@ -189,23 +226,26 @@ def main() -> None:
 
     peer, peer_pool, mlm_probability = None, None, args.peer_mlm_probability
     if args.peer:
+        if first != "xlnet_mlm":
+            parser.error("--peer transformers4rec compares XLNet-MLM: the first of --encoders must be xlnet_mlm")
         if mlm_probability is None:
             mlm_probability = matched_mlm_probability(objective, [(batch(i, pool), masking_generator(i)) for i in range(16)])
         peer = TransformersForRecPeer(args, mlm_probability)
         peer_pool = left_aligned(pool)
 
-    def step(i: int) -> tuple[float, int]:
+    def step(i: int, name: str = first) -> tuple[float, int]:
         items = batch(i, pool)
+        net, task, optimizer = runs[name]
         start = time.perf_counter()
-        m = objective(items, masking_generator(i))
-        hidden = model.encode(m.inputs, m.masked)[m.masked]  # (N, D)
-        loss = F.cross_entropy(model.score(hidden), m.targets)  # (N, V) full softmax
+        m = task(items, masking_generator(i))
+        hidden = net.encode(m.inputs, m.masked)[m.read]  # (N, D)
+        loss = F.cross_entropy(net.score(hidden), m.targets)  # (N, V) full softmax
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
         elapsed = time.perf_counter() - start
         if not torch.isfinite(loss):
-            raise RuntimeError(f"loss is {loss.item()} at step {i}")
+            raise RuntimeError(f"{name}: loss is {loss.item()} at step {i}")
         return elapsed, int(m.targets.numel())
 
     def peer_step(i: int) -> tuple[float, int]:
@@ -217,16 +257,24 @@ def main() -> None:
             raise RuntimeError(f"peer loss is {loss.item()} at step {i}")
         return elapsed, n
 
+    others = [name for name in runs if name != first]
     for i in range(args.warmup):
-        step(i)
+        for name in runs:
+            step(i, name)
         if peer:
             peer_step(i)
     times, targets, peer_times, peer_targets = [], [], [], []
+    compared = {name: ([], []) for name in others}  # seconds, targets per step
     for i in range(args.warmup, args.warmup + args.steps):
         seconds, n = step(i)
         times.append(seconds)
         targets.append(n)
-        line = f"step {i}: {seconds * 1e3:.1f} ms, {n} masked targets"
+        line = f"step {i}: {seconds * 1e3:.1f} ms, {n} targets"
+        for name in others:
+            other_seconds, other_n = step(i, name)
+            compared[name][0].append(other_seconds)
+            compared[name][1].append(other_n)
+            line += f"; {name} {other_seconds * 1e3:.1f} ms, {other_n} targets"
         if peer:
             seconds, n = peer_step(i)
             peer_times.append(seconds)
@@ -243,6 +291,7 @@ def main() -> None:
     median = statistics.median(times)
     record = {
         "benchmark": "train_throughput",
+        "encoder": first,
         "d_model": args.d_model, "n_head": args.n_head, "n_layer": args.n_layer, "max_len": args.max_len,
         "items": args.items, "batch_size": args.batch, "dropout": args.dropout, "threads": args.threads,
         "parameters": sum(p.numel() for p in model.parameters()),
@@ -265,6 +314,17 @@ def main() -> None:
             "peer_sessions_per_s": round(args.batch / peer_median, 1),
             "ratio": round(peer_median / median, 3),  # ours sessions/s over the peer's
         })
+    if others:
+        record["compared"] = {
+            name: {
+                "parameters": sum(p.numel() for p in runs[name][0].parameters()),
+                "median_targets_per_step": statistics.median(n),
+                "median_step_ms": round(statistics.median(seconds) * 1e3, 2),
+                "sessions_per_s": round(args.batch / statistics.median(seconds), 1),
+                "step_time_over_first": round(statistics.median(seconds) / median, 3),
+            }
+            for name, (seconds, n) in compared.items()
+        }
     print(json.dumps(record))
 
 

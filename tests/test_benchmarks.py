@@ -118,6 +118,20 @@ def test_train_throughput_prints_its_record_and_the_profile():
 
 
 @pytest.mark.slow
+def test_train_throughput_compares_encoders_step_by_step():
+    done = subprocess.run([sys.executable, *TINY_TRAIN, "--encoders", "hstu", "hstu_padded", "sasrec", "xlnet_mlm"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (record,) = [json.loads(line) for line in done.stdout.splitlines()]
+    assert record["encoder"] == "hstu" and list(record["compared"]) == ["hstu_padded", "sasrec", "xlnet_mlm"]
+    padded = record["compared"]["hstu_padded"]
+    # the same sessions and objective (next item at every position): as many targets; the same weights
+    assert padded["median_targets_per_step"] == record["median_masked_targets_per_step"]
+    assert padded["parameters"] == record["parameters"]
+    assert all(r["median_step_ms"] > 0 and r["step_time_over_first"] > 0 for r in record["compared"].values())
+
+
+@pytest.mark.slow
 def test_train_throughput_peer_without_transformers4rec_fails_in_one_line():
     import importlib.util
 

@@ -177,7 +177,6 @@ class HSTUEncoder(nn.Module, Configurable):
         return self._padded(embeddings, attention_mask, times)
 
     def _padded(self, x: torch.Tensor, real: torch.Tensor, times: torch.Tensor | None) -> torch.Tensor:
-        b, length, d = x.shape
         block = self._block(real, times)
         for layer in self.layers:
             u, v, q, k = layer.project(x)
@@ -192,15 +191,17 @@ class HSTUEncoder(nn.Module, Configurable):
         tokens = x.reshape(b * length, d).index_select(0, flat)  # (T, D)
         stamps = None if times is None else torch.cat([times.reshape(-1)[flat], times.new_zeros(1)])  # (T + 1,)
         groups = self._groups(real.sum(dim=1), len(flat), stamps)
-        order = torch.cat([slots[block.real] for slots, block in groups])  # (T,) token of each group row
+        # (Tg,) the real cells of each group's (Bg * Wg) grid, found once for every layer
+        cells = [block.real.reshape(-1).nonzero().squeeze(1) for _, block in groups]
+        order = torch.cat([slots.reshape(-1).index_select(0, c) for (slots, _), c in zip(groups, cells)])  # (T,)
         back = torch.argsort(order)  # (T,) row of each token
         for layer in self.layers:
             u, v, q, k = layer.project(tokens)
             qkv = torch.cat([torch.cat([q, k, v], dim=-1), tokens.new_zeros(1, 3 * d)])  # (T + 1, 3D); row T: padding
             rows = []
-            for slots, block in groups:
+            for (slots, block), c in zip(groups, cells):
                 gq, gk, gv = qkv[slots].split(d, dim=-1)  # (Bg, Wg, D) each
-                rows.append(self._attend(layer, block, gq, gk, gv)[block.real])  # (Tg, D)
+                rows.append(self._attend(layer, block, gq, gk, gv).reshape(-1, d).index_select(0, c))  # (Tg, D)
             tokens = layer.output(torch.cat(rows).index_select(0, back), u, tokens)
         out = x.new_zeros(b * length, d)
         out[flat] = self.norm(tokens)

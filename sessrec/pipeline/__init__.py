@@ -39,7 +39,7 @@ def _fit_time(name: str) -> Any:
     raise AttributeError(name)
 
 
-__getattr__ = forward(__name__, _fit_time)  # and ``evaluate``, renamed `evaluate_pipeline`, with a warning
+__getattr__ = forward(__name__, _fit_time)  # and the renamed ``evaluate`` and ``Sessions``, with a warning
 
 
 __all__ = [

@@ -60,7 +60,7 @@ from typing import Any
 import torch
 import yaml
 
-from sessrec.pipeline import Sessions
+from sessrec.pipeline import RequestSessions
 from sessrec.pipeline.candidate_features import CandidateFeatures
 from sessrec.pipeline.pipeline import Pipeline
 from sessrec.pipeline.recipe import PipelineRecipe, load_recipe
@@ -217,7 +217,7 @@ def single(pipe: Pipeline, name: str, items: torch.Tensor, targets: torch.Tensor
     retriever = pipe.stage_retrievers[name]
     totals: dict[str, float] = {}
     for lo in range(0, len(items), batch):
-        top = retriever.retrieve(Sessions(items[lo : lo + batch].long()).to(pipe.device), max(KS) + 1)
+        top = retriever.retrieve(RequestSessions(items[lo : lo + batch].long()).to(pipe.device), max(KS) + 1)
         target = targets[lo : lo + batch].to(pipe.device)
         for key, value in list_metrics(top.items, top.scores, target, KS).items():
             totals[key] = totals.get(key, 0.0) + value

@@ -71,6 +71,37 @@ def test_from_import_of_an_old_name_warns():
     assert TrivagoSource is new
 
 
+def test_from_import_of_the_renamed_request_sessions_warns():
+    from sessrec.pipeline.candidates import RequestSessions
+
+    new = r"moved to sessrec\.pipeline\.candidates\.RequestSessions;"
+    with pytest.warns(DeprecationWarning, match=rf"^sessrec\.pipeline\.Sessions {new}"):
+        from sessrec.pipeline import Sessions
+    with pytest.warns(DeprecationWarning, match=rf"^sessrec\.pipeline\.candidates\.Sessions {new}"):
+        from sessrec.pipeline.candidates import Sessions as from_module
+    assert Sessions is from_module is RequestSessions
+    assert Sessions(torch.tensor([[0, 3]])).items.tolist() == [[0, 3]]
+
+
+def test_the_pipeline_exports_request_sessions_not_sessions():
+    import sessrec.pipeline
+
+    assert "RequestSessions" in sessrec.pipeline.__all__ and "Sessions" not in sessrec.pipeline.__all__
+
+
+def test_request_sessions_pickled_under_the_old_path_loads():
+    import pickle
+
+    from sessrec.pipeline.candidates import RequestSessions
+
+    data = pickle.dumps(RequestSessions(torch.tensor([[0, 4, 5]])), protocol=2)  # GLOBAL: "module\nname\n"
+    old = data.replace(b"\nRequestSessions\n", b"\nSessions\n")
+    assert old != data
+    with pytest.warns(DeprecationWarning, match="sessrec.pipeline.candidates.Sessions moved"):
+        loaded = pickle.loads(old)
+    assert type(loaded) is RequestSessions and loaded.items.tolist() == [[0, 4, 5]]
+
+
 def test_the_new_paths_do_not_warn():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -80,7 +111,8 @@ def test_the_new_paths_do_not_warn():
         from sessrec.embeddings import SparseFeatures  # noqa: F401
         from sessrec.features import Categorify, FeaturePipeline  # noqa: F401
         from sessrec.features.backend import as_column  # noqa: F401
-        from sessrec.pipeline import CandidateFeatures, evaluate_pipeline, recommend_file  # noqa: F401
+        from sessrec.pipeline import CandidateFeatures, RequestSessions, evaluate_pipeline, recommend_file  # noqa: F401
+        from sessrec.pipeline.candidates import RequestSessions as from_module  # noqa: F401
         from sessrec.tasks import ClickoutDataModule, SessionDataModule  # noqa: F401
 
 
@@ -94,6 +126,8 @@ def test_an_unknown_name_is_still_an_attribute_error():
 def test_new_path_of_a_class_path():
     assert new_path("sessrec.pipeline.features.CandidateFeatures") == "sessrec.pipeline.candidate_features.CandidateFeatures"
     assert new_path("sessrec.data.ClickoutDataModule") == "sessrec.tasks.clickout_data.ClickoutDataModule"
+    assert new_path("sessrec.pipeline.Sessions") == "sessrec.pipeline.candidates.RequestSessions"
+    assert new_path("sessrec.pipeline.candidates.Sessions") == "sessrec.pipeline.candidates.RequestSessions"
     assert new_path("sessrec.data.sources.SRGNNSource") is None
 
 

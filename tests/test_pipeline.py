@@ -30,7 +30,7 @@ from sessrec.data import EvalPairs, ItemVocab, SchemaError, SyntheticSource
 from sessrec.models import XLNetEncoder
 from sessrec.pipeline import training
 from sessrec.pipeline.candidate_features import GROUPS, CandidateFeatures
-from sessrec.pipeline.candidates import Candidates, Sessions
+from sessrec.pipeline.candidates import Candidates, RequestSessions
 from sessrec.pipeline.filters import ItemTableFilter, SeenItemsFilter
 from sessrec.pipeline.offline import recommend_file
 from sessrec.pipeline.ordering import BoostRule, DiversityCap, Ordering, SoftmaxSampling
@@ -520,7 +520,7 @@ def test_session_features_do_not_depend_on_left_padding(world: World) -> None:
     features = world.pipelines["gbdt"].features
     cands = Candidates(torch.tensor([[5, 7, 9]]))
     rows = ([[5, 5, 7]], [[0, 0, 5, 5, 7]])  # one session, as a full row and left-padded
-    full, padded = (features.raw(Sessions(torch.tensor(r)), cands, {}) for r in rows)
+    full, padded = (features.raw(RequestSessions(torch.tensor(r)), cands, {}) for r in rows)
     assert full["session_distinct"].tolist() == [[pytest.approx(2 / 3)] * 3]  # 2 distinct items in 3 events
     assert full["seen_count"].tolist() == [[2, 1, 0]] and full["seen_recency"].tolist() == [[0.5, 1, 0]]
     # seen_weight weighs positions over the matrix width: the pipeline always passes max_length columns
@@ -645,7 +645,7 @@ def test_pipeline_runs_on_an_explicit_device(world: World, saved: dict[str, Path
     assert pipe.device == cpu and pipe.stage_retrievers["xlnet"].device == cpu
     assert all(p.device == cpu for p in pipe.scorer.network.parameters())
     pairs = world.dm.pairs("test")
-    sessions = Sessions(pairs.items[:40])
+    sessions = RequestSessions(pairs.items[:40])
     cands = pipe.candidates(sessions)
     scored = pipe.score(sessions, cands)
     recs = pipe.recommend_batch(sessions, k=K)
@@ -694,7 +694,7 @@ def test_every_stage_builds_its_tensors_on_the_sessions_device(
     def run() -> tuple:
         if pipe.ordering.sampling is not None:
             pipe.ordering.sampling = SoftmaxSampling(1.0, seed=3)  # the same samples on each run
-        recs = pipe.recommend_batch(Sessions(items[:80], now=now.clone()), k=K)
+        recs = pipe.recommend_batch(RequestSessions(items[:80], now=now.clone()), k=K)
         rows = training.candidate_rows(pipe, pairs, 64)
         return (recs.items, recs.scores, training.evaluate(pipe, pairs, batch_size=64),
                 training.evaluate_rows(pipe, rows, batch_size=48), training.retrieval_recall(pipe, items, targets, (10, 50)))

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from sessrec.pipeline.candidates import Sessions
+from sessrec.pipeline.candidates import RequestSessions
 from sessrec.pipeline.retrieval.covisitation import CoVisitation
 from sessrec.saved.registry import config_of, instantiate
 
@@ -120,14 +120,14 @@ def test_matrix_matches_a_brute_force_count():
 # -- retrieval and scores -------------------------------------------------------------------------
 def test_retrieve_hand_session_with_recency_weights():
     # last_items 2: 3 weighs 1, 2 weighs 0.5: W[3] + W[2] / 2 = {2: 1, 3: 0.5, 4: 1 + 1, 5: 0.5}
-    got = fit(direction="both", last_items=2, recency_decay=0.5).retrieve(Sessions(QUERIES), k=5)
+    got = fit(direction="both", last_items=2, recency_decay=0.5).retrieve(RequestSessions(QUERIES), k=5)
     inf = float("-inf")
     assert got.items.tolist() == [[4, 2, 3, 5, 0], [4, 2, 3, 5, 0], [0] * 5, [0] * 5, [3, 0, 0, 0, 0]]
     assert got.scores.tolist()[0] == [2.0, 1.0, 0.5, 0.5, inf]
     assert got.scores.tolist()[2] == [inf] * 5
     assert got.scores.tolist()[4] == [0.5, inf, inf, inf, inf]
     # last_items 3 adds 5 at weight 0.25: W[5] / 4 = {3: 0.125}
-    third = fit(direction="both", last_items=3, recency_decay=0.5).retrieve(Sessions(QUERIES[:1]), k=3)
+    third = fit(direction="both", last_items=3, recency_decay=0.5).retrieve(RequestSessions(QUERIES[:1]), k=3)
     assert third.items.tolist() == [[4, 2, 3]]
     assert third.scores.tolist() == [[2.0, 1.0, 0.625]]
 
@@ -139,8 +139,8 @@ def test_retrieve_matches_dense_product_and_never_returns_special_ids():
     cv = CoVisitation(window=3, max_neighbours=5, last_items=3, recency_decay=0.7).fit(train, 30)
     queries = torch.from_numpy(rng.integers(1, 30, size=(16, 5)))
     queries[-1] = 1  # only OOV: nothing found
-    got = cv.retrieve(Sessions(queries), k=8)
-    dense = torch.from_numpy(cv.query(Sessions(queries)).toarray() @ cv.matrix.toarray()).float()
+    got = cv.retrieve(RequestSessions(queries), k=8)
+    dense = torch.from_numpy(cv.query(RequestSessions(queries)).toarray() @ cv.matrix.toarray()).float()
     found = got.items >= 2
     assert ((got.items == 0) | found).all()
     assert torch.allclose(got.scores[found], dense.gather(1, got.items)[found])
@@ -155,18 +155,18 @@ def test_retrieve_matches_dense_product_and_never_returns_special_ids():
 
 def test_score_agrees_with_retrieve_and_is_zero_elsewhere():
     cv = fit(direction="both", last_items=3)
-    sessions = Sessions(QUERIES)
+    sessions = RequestSessions(QUERIES)
     got = cv.retrieve(sessions, k=4)
     scores = cv.score(sessions, got.items)
     found = got.items != 0
     assert torch.equal(scores[found], got.scores[found])
     assert (scores[~found] == 0).all()
-    other = cv.score(Sessions(QUERIES), torch.tensor([[7, 0, 5, 1]] * 5))  # fresh batch, no cache
+    other = cv.score(RequestSessions(QUERIES), torch.tensor([[7, 0, 5, 1]] * 5))  # fresh batch, no cache
     assert other[0].tolist() == [0.0, 0.0, 0.5, 0.0]
 
 
 def test_two_retrievers_on_one_batch_keep_their_own_scores():
-    sessions = Sessions(QUERIES[:1])
+    sessions = RequestSessions(QUERIES[:1])
     forward = fit(direction="forward").retrieve(sessions, k=3)
     both = fit(direction="both").retrieve(sessions, k=3)
     assert forward.items.tolist() != both.items.tolist()
@@ -193,7 +193,7 @@ def test_state_round_trip():
     back = instantiate(config, expected=CoVisitation, source="test").load_state_dict(copy.deepcopy(arrays))
     assert config_of(back) == config and back.num_items == cv.num_items == V
     assert (back.matrix != cv.matrix).nnz == 0
-    a, b = cv.retrieve(Sessions(QUERIES), 4), back.retrieve(Sessions(QUERIES), 4)
+    a, b = cv.retrieve(RequestSessions(QUERIES), 4), back.retrieve(RequestSessions(QUERIES), 4)
     assert torch.equal(a.items, b.items) and torch.equal(a.scores, b.scores)
     anchors = torch.tensor([2, 3, 4, 5, 6])
     assert torch.equal(cv.pair_weights(anchors, a.items), back.pair_weights(anchors, a.items))
@@ -222,7 +222,7 @@ def test_bad_settings(settings, message):
 
 def test_bad_inputs():
     with pytest.raises(RuntimeError, match="not fitted"):
-        CoVisitation().retrieve(Sessions(QUERIES), k=3)
+        CoVisitation().retrieve(RequestSessions(QUERIES), k=3)
     with pytest.raises(ValueError, match="shape"):
         CoVisitation().fit(torch.tensor([2, 3, 4]), V)
     with pytest.raises(TypeError, match="integer"):
@@ -239,12 +239,12 @@ def test_bad_inputs():
         CoVisitation().fit(TRAIN, V, weights=np.array([1.0, -1.0, 1.0]))
     cv = fit()
     with pytest.raises(ValueError, match="outside"):
-        cv.retrieve(Sessions(torch.tensor([[0, 2, 9]])), k=3)
+        cv.retrieve(RequestSessions(torch.tensor([[0, 2, 9]])), k=3)
     with pytest.raises(ValueError, match="k must"):
-        cv.retrieve(Sessions(QUERIES), k=0)
+        cv.retrieve(RequestSessions(QUERIES), k=0)
     with pytest.raises(ValueError, match="outside"):
-        cv.score(Sessions(QUERIES), torch.full((5, 2), V))
+        cv.score(RequestSessions(QUERIES), torch.full((5, 2), V))
     with pytest.raises(ValueError, match="rows"):
-        cv.score(Sessions(QUERIES), torch.full((4, 2), 2))
+        cv.score(RequestSessions(QUERIES), torch.full((4, 2), 2))
     with pytest.raises(ValueError, match="do not match"):
         cv.pair_weights(torch.tensor([2, 3]), torch.full((3, 2), 2))

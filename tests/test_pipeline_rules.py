@@ -18,7 +18,7 @@ import torch
 
 from sessrec.data.schema import SchemaError
 from sessrec.data.vocab import ItemVocab
-from sessrec.pipeline.candidates import Candidates, Sessions
+from sessrec.pipeline.candidates import Candidates, RequestSessions
 from sessrec.pipeline.filters import ItemTableFilter, NonProductFilter, SeenItemsFilter
 from sessrec.pipeline.ordering import BoostRule, DiversityCap, Ordering, SoftmaxSampling
 from sessrec.pipeline.pipeline import join_state, split_state
@@ -42,8 +42,8 @@ def scored(items: list[list[int]], scores: list[list[float]]) -> Candidates:
     return Candidates(torch.tensor(items), scores=torch.tensor(scores))
 
 
-def anonymous(b: int) -> Sessions:
-    return Sessions(torch.zeros(b, 1, dtype=torch.long))
+def anonymous(b: int) -> RequestSessions:
+    return RequestSessions(torch.zeros(b, 1, dtype=torch.long))
 
 
 def reloaded(stage):
@@ -55,7 +55,7 @@ def reloaded(stage):
 
 
 # ------------------------------------------------------------------------------------ filters
-SESSIONS = Sessions(torch.tensor([[0, 2, 3, 4], [5, 5, 6, 2]]))
+SESSIONS = RequestSessions(torch.tensor([[0, 2, 3, 4], [5, 5, 6, 2]]))
 CANDIDATES = Candidates(
     torch.tensor([[2, 3, 4, 5, 0], [2, 6, 7, 3, 5]]),
     features={"f": torch.arange(10.0).reshape(2, 5)},
@@ -126,7 +126,7 @@ def test_item_table_filter_validity_windows(windows: Path, vocab: ItemVocab, mod
     assert stage.num_unknown == 1
     candidates = Candidates(torch.tensor([[2, 3, 4, 5, 0]] * 4))
     for f in (stage, reloaded(stage)):
-        out = f.apply(Sessions(torch.ones(4, 2, dtype=torch.long), now=NOW), candidates)
+        out = f.apply(RequestSessions(torch.ones(4, 2, dtype=torch.long), now=NOW), candidates)
         listed = [
             [i if (i in valid) == (mode == "allow") else 0 for i in [2, 3, 4, 5, 0]]
             for valid in LISTED_AT_NOW
@@ -152,12 +152,12 @@ def test_item_table_filter_timestamps_and_plain_csv_list(tmp_path: Path, vocab: 
     )
     now = torch.tensor([t(2).timestamp(), t(7).timestamp(), t(12).timestamp()], dtype=torch.float64)
     deny = ItemTableFilter(str(path)).bind(vocab)
-    out = deny.apply(Sessions(torch.ones(3, 1).long(), now=now), Candidates(torch.tensor([[4, 5]] * 3)))
+    out = deny.apply(RequestSessions(torch.ones(3, 1).long(), now=now), Candidates(torch.tensor([[4, 5]] * 3)))
     assert out.items.tolist() == [[0, 5], [4, 5], [4, 0]]
     (tmp_path / "allow.csv").write_text("item_id\n20\n50\n")
     allow = ItemTableFilter(str(tmp_path / "allow.csv"), mode="allow").bind(vocab)
     out = allow.apply(
-        Sessions(torch.ones(1, 1).long(), now=now[:1]), Candidates(torch.tensor([[2, 3, 6, 7]]))
+        RequestSessions(torch.ones(1, 1).long(), now=now[:1]), Candidates(torch.tensor([[2, 3, 6, 7]]))
     )
     assert out.items.tolist() == [[0, 3, 6, 0]]
 
@@ -169,7 +169,7 @@ def test_saved_item_table_filter_needs_no_file(windows: Path, vocab: ItemVocab) 
     assert loaded.num_unknown == 1 and loaded.path == str(windows)
     assert stage.state_dict()["ids"].tolist() == [2, 3, 3, 4]
     candidates = Candidates(torch.tensor([[2, 3, 4, 5, 0]] * 4))
-    sessions = Sessions(torch.ones(4, 2, dtype=torch.long), now=NOW)
+    sessions = RequestSessions(torch.ones(4, 2, dtype=torch.long), now=NOW)
     assert torch.equal(loaded.apply(sessions, candidates).items, stage.apply(sessions, candidates).items)
 
 

@@ -27,7 +27,7 @@ from sessrec.data import EvalPairs, EventLogSource, Schema, SRGNNSource
 from sessrec.data.sources import SessionSource, SessionSplits
 from sessrec.pipeline import training
 from sessrec.pipeline.candidate_features import CandidateFeatures
-from sessrec.pipeline.candidates import Candidates, Sessions
+from sessrec.pipeline.candidates import Candidates, RequestSessions
 from sessrec.pipeline.filters import ItemTableFilter
 from sessrec.pipeline.ordering import Ordering, SoftmaxSampling
 from sessrec.pipeline.pipeline import Pipeline
@@ -311,13 +311,13 @@ def test_times_become_ranker_features_and_are_required_once_fitted(dm: SessionDa
     assert metrics["candidate_recall"] == 1.0
     # without times the fitted ranker refuses, in one line naming what it needs
     with pytest.raises(ValueError, match=r"fitted with time features \(session_duration, time_hour_cos, .*\): give every session's event times") as err:
-        pipe.recommend_batch(Sessions(sessions.items))
+        pipe.recommend_batch(RequestSessions(sessions.items))
     assert "\n" not in str(err.value)
     with pytest.raises(ValueError, match=r"fitted with time features \(session_duration, .*\): give every session's event times"):
-        pipe.recommend_batch(Sessions(sessions.items, now=sessions.now))
+        pipe.recommend_batch(RequestSessions(sessions.items, now=sessions.now))
     # the features themselves say which need the event times and which the time of the request
     with pytest.raises(ValueError, match=r"\['session_duration'\] need the event times .*time_hour_cos.* need the time") as err:
-        pipe.features.transform(Sessions(sessions.items), cands, pipe.stage_retrievers)
+        pipe.features.transform(RequestSessions(sessions.items), cands, pipe.stage_retrievers)
     assert "\n" not in str(err.value)
 
 

@@ -34,7 +34,7 @@ from sessrec.deploy.recommender import join_sessions
 from sessrec.deploy.server import build_app
 from sessrec.pipeline import clock, offline
 from sessrec.pipeline.candidate_features import CandidateFeatures
-from sessrec.pipeline.candidates import Sessions
+from sessrec.pipeline.candidates import RequestSessions
 from sessrec.pipeline.filters import ItemTableFilter
 from sessrec.pipeline.offline import recommend_file
 from sessrec.pipeline.pipeline import Pipeline
@@ -171,9 +171,9 @@ def test_a_ranker_with_time_features_refuses_sessions_without_times(pipes) -> No
                                          r"give every session's event times \(times: "):
         pipe.recommend([SESSION], k=K, now=T0)
     assert pipe.encode([SESSION], now=T0, times=[[T0 - 60]]).times.tolist() == [[0, 0, 0, T0 - 60]]
-    with pytest.raises(ValueError, match=r"give every session's event times \(Sessions.times\)"):
-        pipe.score(Sessions(torch.tensor([[2]]), now=torch.tensor([T0], dtype=torch.float64)), pipe.candidates(
-            Sessions(torch.tensor([[2]]))))
+    with pytest.raises(ValueError, match=r"give every session's event times \(RequestSessions.times\)"):
+        pipe.score(RequestSessions(torch.tensor([[2]]), now=torch.tensor([T0], dtype=torch.float64)), pipe.candidates(
+            RequestSessions(torch.tensor([[2]]))))
     assert pipes["plain"].time_features == []  # no ranker
 
 
@@ -187,7 +187,7 @@ def test_join_sessions_keeps_each_requests_now_and_the_times_all_of_them_gave(pi
     mixed = join_sessions([timed, untimed])
     assert mixed.now.tolist() == [T0, T1] and mixed.times is None
     with pytest.raises(ValueError, match="some parts have a request time"):
-        join_sessions([timed, Sessions(torch.tensor([[2]]))])
+        join_sessions([timed, RequestSessions(torch.tensor([[2]]))])
 
 
 # ------------------------------------------------------------------------------------------ server

@@ -24,7 +24,7 @@ class SessionBatch:
 
     This is what `SessionLoader` yields and `SessionModel` / the tasks read: model ids (int32), the
     targets of evaluation, the rows' places in their source, side features. The pipeline's input
-    is another type, `sessrec.pipeline.Sessions`: the sessions of a request (int64 ids, the
+    is another type, `sessrec.pipeline.RequestSessions`: the sessions of a request (int64 ids, the
     request time, the whole history for filters, a per-request cache), never a training batch.
 
     Args:

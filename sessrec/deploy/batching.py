@@ -19,7 +19,7 @@ from typing import Any
 
 from sessrec.deploy.recommender import Recommender, join_sessions
 from sessrec.deploy.request_metrics import Metrics
-from sessrec.pipeline.candidates import Sessions
+from sessrec.pipeline.candidates import RequestSessions
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ class ServerFault(Exception):
 
 @dataclass
 class _Job:
-    sessions: Sessions
+    sessions: RequestSessions
     size: int  # sessions
     k: int
     recommender: Recommender  # the model whose vocabulary encoded them, which scores them
@@ -148,7 +148,7 @@ class Batcher:
             self._thread.shutdown(wait=False, cancel_futures=True)
             self._thread = None
 
-    def submit(self, sessions: Sessions, k: int, recommender: Recommender, deadline: float) -> asyncio.Future:
+    def submit(self, sessions: RequestSessions, k: int, recommender: Recommender, deadline: float) -> asyncio.Future:
         """Queue one request's encoded sessions; the future gets its JSON answer (bytes)."""
         if self._queue is None:
             raise RuntimeError("the batcher is not started: run the app under its lifespan (uvicorn, TestClient)")

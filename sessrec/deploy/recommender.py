@@ -6,7 +6,7 @@
 ``SessionModel.from_pretrained`` without Lightning), and returns a `Recommender`. Its work comes
 in three steps, so that a server can check each request alone and score many at once:
 
-- ``encode(sessions, on_unknown, now, times)``: one request's raw ids -> `Sessions` of model ids,
+- ``encode(sessions, on_unknown, now, times)``: one request's raw ids -> `RequestSessions` of model ids,
   with the request's time (``now``, seconds since the epoch; None: the clock at the call) and its
   sessions' event times (``times``, or None); raises ValueError / TypeError for what the request
   got wrong (an id the vocabulary cannot read, an unknown id under ``on_unknown="error"``, an empty
@@ -33,7 +33,7 @@ from sessrec.data.vocab import ItemVocab
 from sessrec.models.pretrained import Inference
 from sessrec.models.session_model import SessionModel, next_item_scores
 from sessrec.pipeline import clock
-from sessrec.pipeline.candidates import Recommendations, Sessions
+from sessrec.pipeline.candidates import Recommendations, RequestSessions
 from sessrec.pipeline.pipeline import Pipeline, decode_dicts, encode_raw
 from sessrec.saved.versions import resolve
 
@@ -49,9 +49,9 @@ class Recommender(Protocol):
         on_unknown: str = "oov",
         now: float | Sequence[float] | None = None,
         times: Sequence[Sequence[float]] | None = None,
-    ) -> Sessions: ...
+    ) -> RequestSessions: ...
 
-    def recommend_batch(self, sessions: Sessions, k: int = 20) -> Recommendations: ...
+    def recommend_batch(self, sessions: RequestSessions, k: int = 20) -> Recommendations: ...
 
     def decode(self, recs: Recommendations) -> list[dict[str, list]]: ...
 
@@ -92,18 +92,18 @@ class SessionRecommender:
         on_unknown: str = "oov",
         now: float | Sequence[float] | None = None,
         times: Sequence[Sequence[float]] | None = None,
-    ) -> Sessions:
-        """Raw-id sessions -> `Sessions` of right-aligned model ids (the last `max_length` events).
+    ) -> RequestSessions:
+        """Raw-id sessions -> `RequestSessions` of right-aligned model ids (the last `max_length` events).
 
         The request time (`now`; None: the clock at the call) and the event times (`times`) are
         checked and kept as `Pipeline.encode` keeps them; the session model reads neither.
         """
         items = encode_raw(self.vocab, sessions, self.max_length, on_unknown)
         stamps = None if times is None else clock.event_times(times, [len(s) for s in sessions], items.shape[1])
-        return Sessions(items, times=stamps, now=clock.request_now(now, len(sessions)))
+        return RequestSessions(items, times=stamps, now=clock.request_now(now, len(sessions)))
 
     @torch.no_grad()
-    def recommend_batch(self, sessions: Sessions, k: int = 20) -> Recommendations:
+    def recommend_batch(self, sessions: RequestSessions, k: int = 20) -> Recommendations:
         """The `k` best-scored products (B, k) of encoded sessions, best first."""
         scores = next_item_scores(self.model, self.objective, sessions.items, None, self.inference.exclude_seen)
         top = scores.topk(min(k, int(self.model.recommendable.sum())), dim=1)
@@ -122,7 +122,7 @@ class SessionRecommender:
         return self.decode(self.recommend_batch(self.encode(sessions, on_unknown), k))
 
 
-def join_sessions(parts: Sequence[Sessions]) -> Sessions:
+def join_sessions(parts: Sequence[RequestSessions]) -> RequestSessions:
     """The encoded sessions of several requests as one batch, in order.
 
     Each part's ``items`` (and ``history``, its whole-session ids, where one part has it; ``times``,
@@ -149,7 +149,7 @@ def join_sessions(parts: Sequence[Sessions]) -> Sessions:
     history = None
     if any(p.history is not None for p in parts):
         history = _left_pad_cat([p.items if p.history is None else p.history for p in parts])
-    return Sessions(items, times=times, now=now, history=history)
+    return RequestSessions(items, times=times, now=now, history=history)
 
 
 def _left_pad_cat(tensors: list[torch.Tensor]) -> torch.Tensor:

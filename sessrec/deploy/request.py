@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from sessrec.deploy.recommender import Recommender
-from sessrec.pipeline.candidates import Sessions
+from sessrec.pipeline.candidates import RequestSessions
 from sessrec.pipeline.clock import check_seconds
 
 OnUnknown = Literal["oov", "error"]
@@ -154,7 +154,7 @@ def _check_session(row: int, session: Any, limits: Limits) -> None:
 
 def prepare(
     body: bytes, recommender: Recommender, limits: Limits, arrival: float | None = None
-) -> tuple[Query, Sessions]:
+) -> tuple[Query, RequestSessions]:
     """Parse, check and encode one request alone: its `Query` and its encoded sessions.
 
     Args:

@@ -14,7 +14,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 from sessrec.pipeline.candidate_features import CandidateFeatures
-from sessrec.pipeline.candidates import Candidates, Recommendations, Retrieved, Sessions, merge
+from sessrec.pipeline.candidates import Candidates, Recommendations, RequestSessions, Retrieved, merge
 from sessrec.pipeline.filters import ItemTableFilter, NonProductFilter, SeenItemsFilter
 from sessrec.pipeline.offline import recommend_file
 from sessrec.pipeline.ordering import BoostRule, DiversityCap, Ordering, SoftmaxSampling
@@ -39,13 +39,13 @@ def _fit_time(name: str) -> Any:
     raise AttributeError(name)
 
 
-__getattr__ = forward(__name__, _fit_time)  # and ``evaluate``, renamed `evaluate_pipeline`, with a warning
+__getattr__ = forward(__name__, _fit_time)  # and the renamed ``evaluate`` and ``Sessions``, with a warning
 
 
 __all__ = [
     "BaselineRetriever", "BlendScorer", "BoostRule", "CandidateFeatures", "Candidates", "CoVisitation", "DLRMScorer",
     "DiversityCap", "ExactIndex", "FaissIndex", "GBDTScorer", "ItemTableFilter", "NonProductFilter", "Ordering",
-    "Pipeline", "PipelineRecipe", "Recommendations", "Retrieved", "SeenItemsFilter", "SessionModelRetriever",
-    "Sessions", "SoftmaxSampling", "evaluate_pipeline", "fit_ranker", "load_recipe", "merge", "recommend_file",
-    "retrieval_recall",
+    "Pipeline", "PipelineRecipe", "Recommendations", "RequestSessions", "Retrieved", "SeenItemsFilter",
+    "SessionModelRetriever", "SoftmaxSampling", "evaluate_pipeline", "fit_ranker", "load_recipe", "merge",
+    "recommend_file", "retrieval_recall",
 ]

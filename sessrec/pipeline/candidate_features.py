@@ -12,8 +12,8 @@ Groups (each can be switched off, for ablations):
 - ``covisitation``: co-visitation weight of the candidate with the last item and with the last
   three items (needs a `CoVisitation` retriever);
 - ``context``: session length and the share of distinct items;
-- ``time``: the session's duration (needs the event times, `Sessions.times`) and the hour and
-  weekday of its time (`CyclicTime` of `Sessions.now`, which defaults to the last event's time),
+- ``time``: the session's duration (needs the event times, `RequestSessions.times`) and the hour and
+  weekday of its time (`CyclicTime` of `RequestSessions.now`, which defaults to the last event's time),
   built when the ranker's rows carry times; a ranker fitted with them refuses sessions without;
 - ``encodings``: out-of-fold target encoding of the candidate item (`TargetEncoding`, folded by
   the session each row was cut from, so that the prefixes of one session share a fold) and its
@@ -53,7 +53,7 @@ from sessrec.features import (
     LogNormalize,
     TargetEncoding,
 )
-from sessrec.pipeline.candidates import Candidates, Sessions
+from sessrec.pipeline.candidates import Candidates, RequestSessions
 from sessrec.pipeline.retrieval.base import Retriever
 from sessrec.saved.registry import Configurable, instantiate
 
@@ -140,7 +140,7 @@ class CandidateFeatures(Configurable):
         return self
 
     # -- raw columns ----------------------------------------------------------------------------
-    def raw(self, sessions: Sessions, candidates: Candidates, retrievers: dict[str, Retriever]) -> dict[str, torch.Tensor]:
+    def raw(self, sessions: RequestSessions, candidates: Candidates, retrievers: dict[str, Retriever]) -> dict[str, torch.Tensor]:
         """(B, K) raw columns of every enabled group, before the fitted ops (computed batch by batch)."""
         items, cand = sessions.items, candidates.items
         b, k = cand.shape
@@ -191,11 +191,11 @@ class CandidateFeatures(Configurable):
         return cols
 
     def _frame(
-        self, sessions: Sessions, candidates: Candidates, raw: dict[str, torch.Tensor], labels: torch.Tensor | None,
+        self, sessions: RequestSessions, candidates: Candidates, raw: dict[str, torch.Tensor], labels: torch.Tensor | None,
         groups: torch.Tensor | None = None, use_time: bool = False,
     ) -> dict[str, np.ndarray]:
         """One row per valid candidate: the columns the ops read (``session``: `groups`, else the row;
-        ``timestamp``: `Sessions.now` with `use_time`, when the sessions carry it)."""
+        ``timestamp``: `RequestSessions.now` with `use_time`, when the sessions carry it)."""
         valid = candidates.valid
         counts = valid.sum(dim=1)  # (B,) filled slots of each row, row-major like `valid`
         b = valid.shape[0]
@@ -232,7 +232,7 @@ class CandidateFeatures(Configurable):
 
     # -- the verbs ------------------------------------------------------------------------------
     def fit(
-        self, sessions: Sessions, candidates: Candidates, raw: dict[str, torch.Tensor], labels: torch.Tensor,
+        self, sessions: RequestSessions, candidates: Candidates, raw: dict[str, torch.Tensor], labels: torch.Tensor,
         groups: torch.Tensor | None = None,
     ) -> dict[str, np.ndarray]:
         """Fit the ops on these (training) rows, one frame row per filled slot; set the feature `names`.
@@ -253,7 +253,7 @@ class CandidateFeatures(Configurable):
         return {name: np.asarray(fitted[name], dtype=np.float32) for name in self._out_of_fold()}
 
     def fit_transform(
-        self, sessions: Sessions, candidates: Candidates, raw: dict[str, torch.Tensor], labels: torch.Tensor,
+        self, sessions: RequestSessions, candidates: Candidates, raw: dict[str, torch.Tensor], labels: torch.Tensor,
         groups: torch.Tensor | None = None,
     ) -> RankingInputs:
         """`fit`, and return these rows' features (target encoding out of fold) as one (B, K, F) grid.
@@ -267,7 +267,7 @@ class CandidateFeatures(Configurable):
         return out
 
     def _fit(
-        self, sessions: Sessions, candidates: Candidates, raw: dict[str, torch.Tensor], labels: torch.Tensor,
+        self, sessions: RequestSessions, candidates: Candidates, raw: dict[str, torch.Tensor], labels: torch.Tensor,
         groups: torch.Tensor | None,
     ) -> tuple[dict[str, Any], dict[str, torch.Tensor], dict[str, np.ndarray]]:
         """The fitted ops' outputs on these rows, the raw columns of the enabled groups, and the frame."""
@@ -281,7 +281,7 @@ class CandidateFeatures(Configurable):
         return [name for name, op in self.ops.ops.items() if type(op).fit_transform is not FeatureOp.fit_transform]
 
     def transform(
-        self, sessions: Sessions, candidates: Candidates, retrievers: dict[str, Retriever],
+        self, sessions: RequestSessions, candidates: Candidates, retrievers: dict[str, Retriever],
         raw: dict[str, torch.Tensor] | None = None, fitted: dict[str, np.ndarray | torch.Tensor] | None = None,
     ) -> RankingInputs:
         """Features of any candidates with the fitted ops.
@@ -317,14 +317,14 @@ class CandidateFeatures(Configurable):
         and the `CyclicTime` op's outputs (``time_hour_*``, ``time_weekday_*``: the request time)."""
         return [n for n in self.names or () if n == DURATION or n.startswith(CYCLIC)]
 
-    def _missing_times(self, sessions: Sessions) -> str | None:
+    def _missing_times(self, sessions: RequestSessions) -> str | None:
         """What the fitted features need of the sessions' times and these sessions lack, in one line (None: nothing)."""
         lacking = []
         if DURATION in self.names and sessions.times is None:
-            lacking.append(f"[{DURATION!r}] need the event times (Sessions.times)")
+            lacking.append(f"[{DURATION!r}] need the event times (RequestSessions.times)")
         cyclic = [n for n in self.time_names if n != DURATION]
         if cyclic and sessions.now is None:
-            lacking.append(f"{cyclic} need the time of the request (Sessions.now, or the event times)")
+            lacking.append(f"{cyclic} need the time of the request (RequestSessions.now, or the event times)")
         if not lacking:
             return None
         return (f"the ranker was fitted with time features: {'; '.join(lacking)}, which these sessions do not "

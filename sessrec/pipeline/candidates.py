@@ -16,14 +16,15 @@ from typing import Any
 import torch
 
 from sessrec.data.vocab import NUM_SPECIAL, PAD
+from sessrec.saved.moved import forward
 
 
 @dataclass
-class Sessions:
+class RequestSessions:
     """A batch of request sessions entering the pipeline (retrieve -> filter -> score -> order).
 
     Not a training batch: models train and are evaluated on `sessrec.data.SessionBatch` (int32
-    ids, targets, side features, from `SessionLoader`). `Sessions` is what a recommendation
+    ids, targets, side features, from `SessionLoader`). `RequestSessions` is what a recommendation
     request holds: int64 ids, the request time that rule tables are checked at, the whole history
     for filters, and a cache shared by the stages of one call.
 
@@ -46,10 +47,10 @@ class Sessions:
 
     def __post_init__(self) -> None:
         if self.items.dim() != 2:
-            raise ValueError(f"Sessions.items must be (B, L), got shape {tuple(self.items.shape)}")
+            raise ValueError(f"RequestSessions.items must be (B, L), got shape {tuple(self.items.shape)}")
         self.items = self.items.long()
         if self.times is not None and self.times.shape != self.items.shape:
-            raise ValueError(f"Sessions.times has shape {tuple(self.times.shape)}, items {tuple(self.items.shape)}")
+            raise ValueError(f"RequestSessions.times has shape {tuple(self.times.shape)}, items {tuple(self.items.shape)}")
         if self.now is None and self.times is not None:
             self.now = self.times[:, -1].double()
 
@@ -61,18 +62,18 @@ class Sessions:
         """(B,) events per session (OOV included, padding not)."""
         return (self.items != PAD).sum(dim=1)
 
-    def to(self, device: torch.device | str) -> Sessions:
+    def to(self, device: torch.device | str) -> RequestSessions:
         """The sessions on `device`: self when already there, else a copy that shares this batch's
         cache (so that what one stage cached is found by the next, on whichever copy it runs)."""
         if self.items.device == torch.device(device):
             return self
         move = lambda t: None if t is None else t.to(device)
-        return Sessions(self.items.to(device), move(self.times), move(self.now), move(self.history), self.cache)
+        return RequestSessions(self.items.to(device), move(self.times), move(self.now), move(self.history), self.cache)
 
-    def take(self, rows: torch.Tensor) -> Sessions:
+    def take(self, rows: torch.Tensor) -> RequestSessions:
         """The sessions at `rows` (a fresh cache)."""
         pick = lambda t: None if t is None else t[rows]  # noqa: E731
-        return Sessions(self.items[rows], pick(self.times), pick(self.now), pick(self.history))
+        return RequestSessions(self.items[rows], pick(self.times), pick(self.now), pick(self.history))
 
 
 @dataclass
@@ -201,3 +202,6 @@ def merge(retrieved: dict[str, Retrieved]) -> Candidates:
         grid[u_row[by], col] = values[by]
         out_feats[name] = grid
     return Candidates(out_items, out_feats)
+
+
+__getattr__ = forward(__name__)  # renamed names, with a DeprecationWarning (sessrec.saved.moved)

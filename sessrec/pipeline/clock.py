@@ -1,6 +1,6 @@
 """When a request is served and when its events happened: the times the pipeline reads.
 
-Two times enter the pipeline with a batch of sessions (`Sessions`):
+Two times enter the pipeline with a batch of sessions (`RequestSessions`):
 
 - ``now`` (B,): the time at which each session is served. The validity windows of rule tables
   (`ItemTableFilter`) are applied at it. Every entry point sets it: `Pipeline.recommend` and the

@@ -34,7 +34,7 @@ import torch
 from sessrec.data.readers import read_table
 from sessrec.data.schema import SchemaError, check_id
 from sessrec.data.vocab import NUM_SPECIAL, OOV, ItemVocab
-from sessrec.pipeline.candidates import Candidates, Sessions
+from sessrec.pipeline.candidates import Candidates, RequestSessions
 from sessrec.saved.registry import Configurable
 
 __all__ = [
@@ -220,7 +220,7 @@ class SeenItemsFilter(Stateless):
             when the pipeline keeps one, up to its ``history_length`` events; else ``sessions.items``).
 
     Examples:
-        >>> s = Sessions(torch.tensor([[0, 5, 7]]))
+        >>> s = RequestSessions(torch.tensor([[0, 5, 7]]))
         >>> SeenItemsFilter(window=1).apply(s, Candidates(torch.tensor([[5, 7, 9]]))).items.tolist()
         [[5, 0, 9]]
     """
@@ -230,7 +230,7 @@ class SeenItemsFilter(Stateless):
             raise ValueError(f"SeenItemsFilter window must be >= 1 or None (whole session), got {window}")
         self.window = window
 
-    def apply(self, sessions: Sessions, candidates: Candidates) -> Candidates:
+    def apply(self, sessions: RequestSessions, candidates: Candidates) -> Candidates:
         history = sessions.items if sessions.history is None else sessions.history  # right-aligned
         if self.window is not None:
             history = history[:, -self.window :]
@@ -255,7 +255,7 @@ class NonProductFilter(Stateless):
         self.num_items = num_items
         self.num_virtual = num_virtual
 
-    def apply(self, sessions: Sessions, candidates: Candidates) -> Candidates:
+    def apply(self, sessions: RequestSessions, candidates: Candidates) -> Candidates:
         items = candidates.items
         return candidates.keep((items >= NUM_SPECIAL) & (items < self.num_items - self.num_virtual))
 
@@ -271,7 +271,7 @@ class ItemTableFilter(RawItemRule):
     ``valid_from <= t < valid_to``; an item may have several rows (several windows). With
     ``mode="allow"`` only items with a row holding at t survive; with ``"deny"`` those items are
     removed. t is ``sessions.now``, which `Pipeline.recommend`, the server and ``sessrec recommend``
-    always set (`sessrec.pipeline.clock`); a caller that builds `Sessions` without one chooses no
+    always set (`sessrec.pipeline.clock`); a caller that builds `RequestSessions` without one chooses no
     time, and then every row holds.
 
     The table is read when the filter is bound (or by `read`), once; `bind` encodes it,
@@ -319,7 +319,7 @@ class ItemTableFilter(RawItemRule):
             )
         return raw, {"valid_from": start, "valid_to": end}
 
-    def apply(self, sessions: Sessions, candidates: Candidates) -> Candidates:
+    def apply(self, sessions: RequestSessions, candidates: Candidates) -> Candidates:
         rows = self.bound_rows()
         items = candidates.items
         if sessions.now is None:

@@ -34,7 +34,7 @@ import torch
 
 from sessrec.data.schema import SchemaError, check_id
 from sessrec.data.vocab import PAD, ItemVocab
-from sessrec.pipeline.candidates import Candidates, Recommendations, Sessions
+from sessrec.pipeline.candidates import Candidates, Recommendations, RequestSessions
 from sessrec.pipeline.filters import RawItemRule, Stateless, read_item_table
 from sessrec.saved.registry import Configurable
 
@@ -217,7 +217,7 @@ class Ordering(Configurable):
 
     Examples:
         >>> c = Candidates(torch.tensor([[4, 5, 6]]), scores=torch.tensor([[0.1, 0.9, 0.5]]))
-        >>> Ordering().order(Sessions(torch.tensor([[4]])), c, k=2).items.tolist()
+        >>> Ordering().order(RequestSessions(torch.tensor([[4]])), c, k=2).items.tolist()
         [[5, 6]]
     """
 
@@ -247,7 +247,7 @@ class Ordering(Configurable):
             rule.bind(vocab)
         return self
 
-    def order(self, sessions: Sessions, candidates: Candidates, k: int) -> Recommendations:
+    def order(self, sessions: RequestSessions, candidates: Candidates, k: int) -> Recommendations:
         """The final (B, k) recommendations: model ids best first (0 where fewer remain), and their scores.
 
         The returned scores are the boosted ones, -inf at empty slots.

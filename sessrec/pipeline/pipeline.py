@@ -7,7 +7,7 @@ of a file that `recommend` calls for one request.
 
 Every request has a time (``now``, `sessrec.pipeline.clock`): the validity windows of the allow and
 deny tables are applied at it. `recommend` takes it from the caller or from the wall clock at the
-call; per-event ``times`` fill `Sessions.times` for the ranker's time features, and a ranker fitted
+call; per-event ``times`` fill `RequestSessions.times` for the ranker's time features, and a ranker fitted
 with time features refuses sessions without them.
 
 The pipeline runs on one device (`Pipeline.device`, by default its session model's): each batch
@@ -48,7 +48,7 @@ from sessrec.data import frame
 from sessrec.data.vocab import NUM_SPECIAL, ItemVocab
 from sessrec.pipeline import clock
 from sessrec.pipeline.candidate_features import CandidateFeatures
-from sessrec.pipeline.candidates import Candidates, Recommendations, Sessions, merge
+from sessrec.pipeline.candidates import Candidates, Recommendations, RequestSessions, merge
 from sessrec.pipeline.filters import ItemTableFilter, NonProductFilter, SeenItemsFilter
 from sessrec.pipeline.ordering import Ordering
 from sessrec.pipeline.retrieval.base import Retriever
@@ -150,7 +150,7 @@ class Pipeline:
 
     # -- stages 1 and 2 -------------------------------------------------------------------------
     @torch.no_grad()
-    def candidates(self, sessions: Sessions) -> Candidates:
+    def candidates(self, sessions: RequestSessions) -> Candidates:
         """Merged, filtered candidates (B, max_candidates) on the pipeline's device; empty slots hold 0."""
         sessions = sessions.to(self.device)
         found = {name: r.retrieve(sessions, k) for name, (r, k) in self.retrievers.items()}
@@ -167,7 +167,7 @@ class Pipeline:
 
     # -- stages 3 and 4 -------------------------------------------------------------------------
     @torch.no_grad()
-    def score(self, sessions: Sessions, cands: Candidates) -> Candidates:
+    def score(self, sessions: RequestSessions, cands: Candidates) -> Candidates:
         """The candidates with scores: the ranker's, or the first retriever's score without a ranker."""
         sessions = sessions.to(self.device)
         if self.scorer is None:
@@ -175,7 +175,7 @@ class Pipeline:
             scores = first.score(sessions, cands.items).float()
         else:
             if self.time_features and sessions.times is None:
-                raise ValueError(self.missing_times("Sessions.times"))
+                raise ValueError(self.missing_times("RequestSessions.times"))
             if not self.time_features and sessions.times is not None:
                 sessions = replace(sessions, times=None)  # a ranker fitted without times reads none
             scores = self.scorer.score(self.features.transform(sessions, cands, self.stage_retrievers))
@@ -193,14 +193,14 @@ class Pipeline:
         return f"the pipeline's ranker was fitted with time features ({shown}): give every session's event times ({field})"
 
     @torch.no_grad()
-    def recommend_batch(self, sessions: Sessions, k: int = 20) -> Recommendations:
+    def recommend_batch(self, sessions: RequestSessions, k: int = 20) -> Recommendations:
         """Top-`k` model ids and scores (B, k) of a batch of encoded sessions, on the pipeline's device."""
         sessions = sessions.to(self.device)
         cands = self.score(sessions, self.candidates(sessions))
         return self.ordering.order(sessions, cands, k)
 
-    def wrap(self, items: torch.Tensor, times: torch.Tensor | None = None, now: torch.Tensor | None = None) -> Sessions:
-        """`Sessions` of right-aligned model ids of any width: the stages see the last `max_length`
+    def wrap(self, items: torch.Tensor, times: torch.Tensor | None = None, now: torch.Tensor | None = None) -> RequestSessions:
+        """`RequestSessions` of right-aligned model ids of any width: the stages see the last `max_length`
         columns (left-padded to it), the filters of everything seen up to `history_length`.
 
         Args:
@@ -218,7 +218,7 @@ class Pipeline:
 
         if times is not None and times.shape != items.shape:
             raise ValueError(f"times has shape {tuple(times.shape)}, items {tuple(items.shape)}: give one time per item")
-        return Sessions(window(items), times=None if times is None else window(times.double()), now=now,
+        return RequestSessions(window(items), times=None if times is None else window(times.double()), now=now,
                         history=items[:, -self.history_length :] if width > self.max_length else None)
 
     def encode(
@@ -227,8 +227,8 @@ class Pipeline:
         on_unknown: str = "oov",
         now: float | Sequence[float] | None = None,
         times: Sequence[Sequence[float]] | None = None,
-    ) -> Sessions:
-        """Raw-id sessions -> `Sessions` (right-aligned, the last `max_length` events), with their times.
+    ) -> RequestSessions:
+        """Raw-id sessions -> `RequestSessions` (right-aligned, the last `max_length` events), with their times.
 
         Args:
             sessions: each session's raw item ids, oldest first.

@@ -8,7 +8,7 @@ fitted on the candidates of the validation sessions only; the test split is touc
 pairs, every row keeps the session it was cut from (`EvalPairs.sessions`): the out-of-fold target
 encoding and the ranker's early-stopping split put all the prefixes of one session on one side.
 
-Time. Pairs that carry event times (`EvalPairs.times`) reach every stage as `Sessions.times`:
+Time. Pairs that carry event times (`EvalPairs.times`) reach every stage as `RequestSessions.times`:
 validity windows of rule tables hold at the last event of each prefix, and the ranker's ``time``
 features are built from them.
 
@@ -37,7 +37,7 @@ import torch
 from sessrec.data.pairs import EvalPairs
 from sessrec.metrics.ranks import list_ranks, rank_sums, rank_values
 from sessrec.pipeline.candidate_features import RankingInputs
-from sessrec.pipeline.candidates import Candidates, Sessions
+from sessrec.pipeline.candidates import Candidates, RequestSessions
 from sessrec.pipeline.pipeline import Pipeline
 from sessrec.pipeline.scoring import RankerRows, Scorer
 from sessrec.saved.moved import forward
@@ -45,9 +45,9 @@ from sessrec.saved.moved import forward
 CHUNK = 4096  # pairs whose features a scorer's fit reads at once
 
 
-def sessions_of(pairs: EvalPairs) -> Sessions:
-    """The prefixes of `pairs` as pipeline `Sessions`, with their event times when the pairs carry them."""
-    return Sessions(pairs.items.long(), times=pairs.times)
+def sessions_of(pairs: EvalPairs) -> RequestSessions:
+    """The prefixes of `pairs` as pipeline `RequestSessions`, with their event times when the pairs carry them."""
+    return RequestSessions(pairs.items.long(), times=pairs.times)
 
 
 @dataclass
@@ -80,8 +80,8 @@ class RankerData:
         hits = torch.searchsorted(self.offsets, torch.nonzero(self.labels).squeeze(1), right=True) - 1
         return float(len(torch.unique(hits))) / max(len(self), 1)
 
-    def block(self, lo: int, hi: int) -> tuple[Sessions, Candidates, dict[str, torch.Tensor], torch.Tensor]:
-        """Pairs ``lo:hi`` as the stages see them: `Sessions`, (B, K) `Candidates`, and the (M_b,) raw
+    def block(self, lo: int, hi: int) -> tuple[RequestSessions, Candidates, dict[str, torch.Tensor], torch.Tensor]:
+        """Pairs ``lo:hi`` as the stages see them: `RequestSessions`, (B, K) `Candidates`, and the (M_b,) raw
         columns and labels of their filled slots."""
         rows, slots = slice(lo, hi), slice(int(self.offsets[lo]), int(self.offsets[min(hi, len(self))]))
         valid = self.valid[rows]
@@ -97,7 +97,7 @@ class RankerData:
         begins = counts.cumsum(0) - counts  # where each row's slots begin in the output
         return torch.repeat_interleave(starts - begins, counts) + torch.arange(int(counts.sum()), device=counts.device)
 
-    def take(self, rows: torch.Tensor) -> tuple[Sessions, Candidates, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+    def take(self, rows: torch.Tensor) -> tuple[RequestSessions, Candidates, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
         """Pairs `rows` ((R,) indices, in that order) as `block` gives them, and the positions of their slots (`slots`)."""
         rows = rows.long().to(self.valid.device)
         slots = self.slots(rows)
@@ -164,8 +164,8 @@ def candidate_rows(pipe: Pipeline, pairs: EvalPairs, batch_size: int = 512) -> R
 
 
 def to_device(
-    block: tuple[Sessions, Candidates, dict[str, torch.Tensor], torch.Tensor], device: torch.device
-) -> tuple[Sessions, Candidates, dict[str, torch.Tensor], torch.Tensor]:
+    block: tuple[RequestSessions, Candidates, dict[str, torch.Tensor], torch.Tensor], device: torch.device
+) -> tuple[RequestSessions, Candidates, dict[str, torch.Tensor], torch.Tensor]:
     """A `RankerData.block` on `device`."""
     sessions, cands, raw, labels = block
     cands = Candidates(cands.items.to(device), {n: v.to(device) for n, v in cands.features.items()})
@@ -277,7 +277,7 @@ def retrieval_recall(
     top = max(ks)
     out: dict[str, dict[str, float]] = {name: dict.fromkeys((f"recall@{k}" for k in ks), 0.0) for name in pipe.retrievers}
     for lo in range(0, len(items), batch_size):
-        sessions = Sessions(items[lo : lo + batch_size].long()).to(pipe.device)
+        sessions = RequestSessions(items[lo : lo + batch_size].long()).to(pipe.device)
         target = targets[lo : lo + batch_size].long().unsqueeze(1).to(pipe.device)
         for name, (retriever, _) in pipe.retrievers.items():
             found = retriever.retrieve(sessions, top)

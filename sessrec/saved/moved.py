@@ -61,6 +61,8 @@ NAMES = {
     **{f"sessrec.tasks.ranking.{name}": f"sessrec.metrics.{name}" for name in ("binary_auc", "clicked_ranks")},
     "sessrec.pipeline.evaluate": "sessrec.pipeline.training.evaluate_pipeline",
     "sessrec.pipeline.training.evaluate": "sessrec.pipeline.training.evaluate_pipeline",
+    "sessrec.pipeline.candidates.Sessions": "sessrec.pipeline.candidates.RequestSessions",
+    "sessrec.pipeline.Sessions": "sessrec.pipeline.candidates.RequestSessions",
 }
 MOVED = {**MODULES, **NAMES}
 

@@ -23,18 +23,18 @@ from typing import Any
 
 import torch
 
-from sessrec.pipeline.candidates import Retrieved, Sessions
+from sessrec.pipeline.candidates import RequestSessions, Retrieved
 from sessrec.saved.registry import Configurable
 
 
 class Retriever(Configurable):
     """Base class of the retrievers; subclasses implement `retrieve`, `score`, `state_dict` and `load_state_dict`."""
 
-    def retrieve(self, sessions: Sessions, k: int) -> Retrieved:
+    def retrieve(self, sessions: RequestSessions, k: int) -> Retrieved:
         """Top-`k` recommendable items (B, k) per session, best first, with their scores."""
         raise NotImplementedError
 
-    def score(self, sessions: Sessions, items: torch.Tensor) -> torch.Tensor:
+    def score(self, sessions: RequestSessions, items: torch.Tensor) -> torch.Tensor:
         """(B, K) float32 scores of the candidates `items` (B, K); any value at empty slots (id 0)."""
         raise NotImplementedError
 

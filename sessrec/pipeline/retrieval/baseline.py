@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from sessrec.baselines import SessionBaseline
-from sessrec.pipeline.candidates import Retrieved, Sessions
+from sessrec.pipeline.candidates import RequestSessions, Retrieved
 from sessrec.pipeline.retrieval.base import Retriever, top_k_dense
 
 
@@ -45,7 +45,7 @@ class BaselineRetriever(Retriever):
         self.baseline.fit(self.sessions, num_items)
         return self
 
-    def _scores(self, sessions: Sessions) -> torch.Tensor:
+    def _scores(self, sessions: RequestSessions) -> torch.Tensor:
         """(B, V) scores on the sessions' device, 0 = not reached, cached on the batch."""
         key = f"scores:{id(self)}"
         if key not in sessions.cache:
@@ -58,12 +58,12 @@ class BaselineRetriever(Retriever):
             sessions.cache[key] = scores.to(items.device)
         return sessions.cache[key]
 
-    def retrieve(self, sessions: Sessions, k: int) -> Retrieved:
+    def retrieve(self, sessions: RequestSessions, k: int) -> Retrieved:
         scores = self._scores(sessions)
         reached = torch.where(scores > 0, scores, torch.full_like(scores, float("-inf")))
         return top_k_dense(reached, k)
 
-    def score(self, sessions: Sessions, items: torch.Tensor) -> torch.Tensor:
+    def score(self, sessions: RequestSessions, items: torch.Tensor) -> torch.Tensor:
         scores = self._scores(sessions).gather(1, items.long())
         return torch.where(torch.isfinite(scores), scores, torch.zeros_like(scores))
 

@@ -25,9 +25,9 @@ other retrievers cover repeats. Recall as a pipeline retriever: ``docs/results.m
 
 Examples:
     >>> import torch
-    >>> from sessrec.pipeline.candidates import Sessions
+    >>> from sessrec.pipeline.candidates import RequestSessions
     >>> cv = CoVisitation(window=1, direction="forward", normalize=False).fit(torch.tensor([[2, 3, 4], [0, 2, 4]]), 5)
-    >>> cv.retrieve(Sessions(torch.tensor([[0, 0, 2]])), k=3).items.tolist()
+    >>> cv.retrieve(RequestSessions(torch.tensor([[0, 0, 2]])), k=3).items.tolist()
     [[3, 4, 0]]
 
 Shape letters: N training sessions, B sessions, L positions, K candidates, V items,
@@ -46,11 +46,11 @@ import torch
 
 from sessrec.baselines.base import _as_ids
 from sessrec.data.vocab import NUM_SPECIAL
-from sessrec.pipeline.candidates import Retrieved, Sessions
+from sessrec.pipeline.candidates import RequestSessions, Retrieved
 from sessrec.pipeline.retrieval.base import Retriever
 
 Direction = Literal["forward", "both"]
-_FITS = itertools.count()  # numbers each fitted matrix: its products' key in `Sessions.cache`
+_FITS = itertools.count()  # numbers each fitted matrix: its products' key in `RequestSessions.cache`
 
 
 class CoVisitation(Retriever):
@@ -166,7 +166,7 @@ class CoVisitation(Retriever):
             raise RuntimeError("CoVisitation is not fitted: call fit(training_sessions, num_items) first")
 
     # -- querying ------------------------------------------------------------------------------
-    def query(self, sessions: Sessions) -> sp.csr_matrix:
+    def query(self, sessions: RequestSessions) -> sp.csr_matrix:
         """(B, V) sparse query: recency weights of each session's last `last_items` distinct items."""
         self._check_fitted()
         items = _as_ids(sessions.items, self.num_items, "sessions")
@@ -182,7 +182,7 @@ class CoVisitation(Retriever):
         weight = self.recency_decay ** recency[keep].astype(np.float64)
         return sp.csr_matrix((weight, (u_row[keep], uniq[keep] % v)), shape=(len(items), v))
 
-    def session_scores(self, sessions: Sessions) -> sp.csr_matrix:
+    def session_scores(self, sessions: RequestSessions) -> sp.csr_matrix:
         """(B, V) sparse scores query @ W, with sorted columns; kept in ``sessions.cache``."""
         query = self.query(sessions)  # checks the sessions, even when the product is cached
         if self._cache_key not in sessions.cache:
@@ -192,7 +192,7 @@ class CoVisitation(Retriever):
             sessions.cache[self._cache_key] = product
         return sessions.cache[self._cache_key]
 
-    def retrieve(self, sessions: Sessions, k: int) -> Retrieved:
+    def retrieve(self, sessions: RequestSessions, k: int) -> Retrieved:
         """Top-`k` items per session by co-visitation score.
 
         Args:
@@ -217,7 +217,7 @@ class CoVisitation(Retriever):
         device = sessions.items.device
         return Retrieved(items=items.to(device), scores=values.to(device))
 
-    def score(self, sessions: Sessions, items: torch.Tensor) -> torch.Tensor:
+    def score(self, sessions: RequestSessions, items: torch.Tensor) -> torch.Tensor:
         """(B, K) float32 co-visitation scores of candidates `items` (B, K); 0 where none (and at id 0)."""
         cand = self._check_items(items, "items")
         if cand.shape[0] != len(sessions):

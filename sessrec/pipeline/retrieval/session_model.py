@@ -25,7 +25,7 @@ import yaml
 from sessrec.models.objective import Objective
 from sessrec.models.pretrained import NETWORK, OBJECTIVE, sections_from_task, with_prefix
 from sessrec.models.session_model import SessionModel
-from sessrec.pipeline.candidates import Retrieved, Sessions
+from sessrec.pipeline.candidates import RequestSessions, Retrieved
 from sessrec.pipeline.retrieval.base import Retriever
 from sessrec.pipeline.retrieval.index import ExactIndex, FaissIndex
 from sessrec.saved.checkpoint import read_checkpoint
@@ -122,7 +122,7 @@ class SessionModelRetriever(Retriever):
         return torch.cat([table, model.output_bias[ids].unsqueeze(1)], dim=1).float().contiguous(), ids
 
     @torch.no_grad()
-    def query_vectors(self, sessions: Sessions) -> torch.Tensor:
+    def query_vectors(self, sessions: RequestSessions) -> torch.Tensor:
         """(B, D + 1) query of each session (1 last), cached on the batch."""
         key = f"query:{id(self)}"
         if key not in sessions.cache:
@@ -135,12 +135,12 @@ class SessionModelRetriever(Retriever):
         return sessions.cache[key]
 
     # -- the verbs ------------------------------------------------------------------------------
-    def retrieve(self, sessions: Sessions, k: int) -> Retrieved:
+    def retrieve(self, sessions: RequestSessions, k: int) -> Retrieved:
         scores, items = self.built_index().search(self.query_vectors(sessions), k)
         return Retrieved(items=items, scores=scores)
 
     @torch.no_grad()
-    def score(self, sessions: Sessions, items: torch.Tensor) -> torch.Tensor:
+    def score(self, sessions: RequestSessions, items: torch.Tensor) -> torch.Tensor:
         q = self.query_vectors(sessions)  # (B, D + 1)
         model = self.model
         table = model.item_embedding.weight[items]  # (B, K, D)

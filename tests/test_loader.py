@@ -85,6 +85,29 @@ def test_side_features_follow_their_rows_and_trim():
         assert torch.equal(b.features["price"], b.items.float() / 10)
 
 
+@pytest.mark.parametrize("gather", ["numpy", "torch"])
+def test_times_follow_their_rows_and_trim(gather):
+    items = padded(23)  # row i: 1 + i % 6 items, right-aligned
+    # time of the item in column j of row i: 1e9 + 1000 i + j seconds; 0 on padding
+    stamps = 1e9 + 1000.0 * torch.arange(23, dtype=torch.float64)[:, None] + torch.arange(6, dtype=torch.float64)[None, :]
+    times = stamps.masked_fill(items == 0, 0.0)
+    loader = SessionLoader(items, times=times, batch_size=5, shuffle=True, seed=2, gather=gather)
+    seen = []
+    for b in loader:
+        width = b.items.shape[1]
+        assert b.times.dtype == torch.float64 and b.times.shape == b.items.shape
+        assert torch.equal(b.times, times[b.index][:, -width:])
+        seen.append(b.index)
+    assert sorted(torch.cat(seen).tolist()) == list(range(23))
+    # by hand: row 10 holds 5 items (columns 1..5), row 17 holds 6
+    batch = next(b for b in loader if 10 in b.index.tolist())
+    row = batch.times[batch.index.tolist().index(10)].tolist()
+    assert row[-5:] == [1e9 + 10_000 + j for j in range(1, 6)] and all(t == 0 for t in row[:-5])
+    assert SessionLoader(items, batch_size=5).__iter__().__next__().times is None
+    with pytest.raises(ValueError, match=r"times has shape \(23, 5\), items \(23, 6\)"):
+        SessionLoader(items, times=times[:, 1:])
+
+
 def test_datamodule_stores_item_ids_as_int32_and_targets_as_int64():
     dm = SessionDataModule(SyntheticSource(num_sessions=300, num_items=40), max_length=8, batch_size=32)
     train, _ = dm.tensors("train")

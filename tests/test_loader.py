@@ -246,3 +246,15 @@ def test_cuda_resident_split_gives_the_host_batches_on_the_gpu():
     resident = SessionDataModule(SyntheticSource(num_sessions=500, num_items=50), max_length=8, batch_size=32, device="cuda")
     for a, b in zip(host.train_dataloader(), resident.train_dataloader()):
         assert b.items.is_cuda and torch.equal(a.items, b.items.cpu()) and torch.equal(a.index, b.index.cpu())
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_resident_split_carries_the_host_times(device):
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    host = SessionDataModule(TimedLog(), max_length=3, batch_size=2, times=True)
+    resident = SessionDataModule(TimedLog(), max_length=3, batch_size=2, times=True, device=device)
+    for split in ("train_dataloader", "test_dataloader"):
+        for a, b in zip(getattr(host, split)(), getattr(resident, split)()):
+            assert b.times.device.type == device and torch.equal(a.times, b.times.cpu())
+            assert torch.equal(a.items, b.items.cpu())

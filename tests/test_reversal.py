@@ -113,7 +113,7 @@ class Stamped(Source):
 
 
 def test_event_times_follow_reversed_copies_and_prefixes():
-    t = lambda r, j: 1e9 + 100 * r + j  # noqa: E731
+    t = lambda r, j: 1e9 + 100 * r + j
     dm = SessionDataModule(source=Stamped(), max_length=5, augment_reversed=True, times=True)
     items, times = dm.tensors("train")[0], dm.time_tensor("train")
     assert times.dtype == torch.float64 and torch.equal(times != 0, items != 0)

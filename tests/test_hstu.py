@@ -1,12 +1,14 @@
 """HSTUEncoder: one layer against its equations by hand, the buckets, causality, padding, jagged == padded,
-the time bias, training with CLM and a full softmax, and a model directory round trip."""
+the time bias, training with CLM and a full softmax, a model directory round trip, and a task that
+trains and evaluates on the batches' event times."""
 
 import numpy as np
 import pyarrow as pa
 import pytest
 import torch
 
-from sessrec.data import SessionBatch
+from sessrec.data import SessionBatch, SessionSplits
+from sessrec.data.sources import SessionSource
 from sessrec.data.vocab import ItemVocab
 from sessrec.models import CausalLanguageModeling, HSTUEncoder, SASRecEncoder, SessionModel
 from sessrec.models.hstu import position_buckets, time_buckets
@@ -229,3 +231,84 @@ def test_bad_arguments_fail_with_one_line():
         HSTUEncoder(num_position_buckets=1)
     with pytest.raises(ValueError, match="times has shape"):
         HSTUEncoder(d_model=8, n_head=2)(torch.zeros(1, 3, 8), torch.ones(1, 3, dtype=torch.bool), torch.zeros(1, 4))
+
+
+def hstu_task():
+    from sessrec.tasks import NextItemTask
+
+    torch.manual_seed(0)
+    return NextItemTask(num_items=20, max_length=6, encoder=HSTUEncoder(d_model=16, n_head=2, n_layer=1, dropout=0.0),
+                        objective=CausalLanguageModeling(), loss=FullSoftmax(), dropout=0.0)
+
+
+ITEMS = torch.tensor([[0, 0, 3, 4, 5, 6], [2, 9, 3, 7, 11, 12], [0, 8, 9, 10, 11, 4]], dtype=torch.int32)
+TIMES = torch.tensor([[0, 0, 1e9, 1e9 + 60, 1e9 + 7200, 1e9 + 7300],
+                      [1e9, 1e9 + 1, 1e9 + 2, 1e9 + 3e5, 1e9 + 3e5 + 5, 1e9 + 4e5],
+                      [0, 1e9, 1e9 + 30, 1e9 + 90, 1e9 + 1e4, 1e9 + 2e4]], dtype=torch.float64)
+
+
+def test_task_trains_the_time_bias_on_the_batch_times_only():
+    grads = {}
+    for timed in (True, False):
+        task = hstu_task()
+        assert task.uses_times
+        task.training_step(SessionBatch(ITEMS, times=TIMES if timed else None), 0).backward()
+        grads[timed] = task.model.encoder.layers[0].time_bias.grad
+    assert grads[True].abs().sum() > 0
+    assert grads[False] is None or not grads[False].any()  # without times the table takes no part
+
+
+def test_task_evaluates_and_scores_with_the_batch_times():
+    task = hstu_task().eval()
+    with torch.no_grad():
+        task.model.encoder.layers[0].time_bias.normal_()
+        targets = torch.tensor([7, 13, 5])
+        timed, plain = SessionBatch(ITEMS, targets, times=TIMES), SessionBatch(ITEMS, targets)
+        scores = task.model(ITEMS, task.objective, {EVENT_TIMES: TIMES})
+        torch.testing.assert_close(task.validation_step(timed, 0), torch.nn.functional.cross_entropy(scores, targets))
+        assert not torch.allclose(task.validation_step(plain, 0), task.validation_step(timed, 0))
+        torch.testing.assert_close(task(timed), scores)
+        top = task.predict_step(timed, 0)  # 18 recommendable items (ids 2..19), fewer than top_k
+        torch.testing.assert_close(top.scores, scores.topk(18).values)
+
+
+class TimedLog(SessionSource):
+    """Tiny splits; with `times`, event j of session r happens at 1e9 + 1e4 r + 7 j^3 seconds (gaps of 7 s to 10 min)."""
+
+    def __init__(self, times: bool) -> None:
+        self.times = times
+
+    def load(self) -> SessionSplits:
+        def table(sessions, first):
+            cols = {"session_id": list(range(first, first + len(sessions))), "item_id": sessions}
+            if self.times:
+                cols["timestamp"] = [[1e9 + 1e4 * r + 7.0 * j**3 for j in range(len(s))] for r, s in enumerate(sessions)]
+            return pa.table(cols)
+
+        train = [[10 + (r + j) % 9 for j in range(3 + r % 4)] for r in range(12)]
+        held_out = [[11, 12, 13, 14], [15, 16, 17], [12, 13, 14, 15, 16]]
+        return SessionSplits(table(train, 0), table(held_out, 100), table(held_out, 200), source="log")
+
+
+def test_fit_and_validate_give_the_encoder_the_data_event_times():
+    """Through Lightning: the data module's loaders carry the times because the task reads them (times=None)."""
+    import pytorch_lightning as pl
+
+    from sessrec.tasks import SessionDataModule
+
+    trainer = lambda: pl.Trainer(max_steps=1, limit_val_batches=0, logger=False, enable_checkpointing=False,
+                                 enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")
+    learned = {}
+    for timed in (True, False):
+        task = hstu_task()
+        trainer().fit(task, SessionDataModule(TimedLog(timed), max_length=6, batch_size=64))
+        learned[timed] = task.model.encoder.layers[0].time_bias.detach().clone()
+    assert learned[True].abs().sum() > 0 and not learned[False].any()  # one step moves the table only with times
+    with torch.no_grad():
+        task.model.encoder.layers[0].time_bias.normal_()
+    losses = {}
+    for times in (None, False):
+        dm = SessionDataModule(TimedLog(True), max_length=6, eval_batch_size=8, times=times)
+        validate = pl.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")
+        losses[times] = validate.validate(task, dm, verbose=False)[0]["val/loss"]
+    assert losses[None] != losses[False]  # validation reads the times that the data module gives

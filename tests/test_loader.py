@@ -1,10 +1,14 @@
 """Columnar loader: every session once per epoch, seeded shuffles, trimmed widths, aligned targets."""
 
+from types import SimpleNamespace
+
+import pyarrow as pa
 import pytest
 import torch
 
 import sessrec.models as m
-from sessrec.data import SessionBatch, SessionLoader, SyntheticSource
+from sessrec.data import SessionBatch, SessionLoader, SessionSplits, SyntheticSource
+from sessrec.data.sources import SessionSource
 from sessrec.tasks import NextItemTask, SessionDataModule
 from sessrec.tasks.losses import FullSoftmax, SampledSoftmax
 
@@ -85,12 +89,88 @@ def test_side_features_follow_their_rows_and_trim():
         assert torch.equal(b.features["price"], b.items.float() / 10)
 
 
+@pytest.mark.parametrize("gather", ["numpy", "torch"])
+def test_times_follow_their_rows_and_trim(gather):
+    items = padded(23)  # row i: 1 + i % 6 items, right-aligned
+    # time of the item in column j of row i: 1e9 + 1000 i + j seconds; 0 on padding
+    stamps = 1e9 + 1000.0 * torch.arange(23, dtype=torch.float64)[:, None] + torch.arange(6, dtype=torch.float64)[None, :]
+    times = stamps.masked_fill(items == 0, 0.0)
+    loader = SessionLoader(items, times=times, batch_size=5, shuffle=True, seed=2, gather=gather)
+    seen = []
+    for b in loader:
+        width = b.items.shape[1]
+        assert b.times.dtype == torch.float64 and b.times.shape == b.items.shape
+        assert torch.equal(b.times, times[b.index][:, -width:])
+        seen.append(b.index)
+    assert sorted(torch.cat(seen).tolist()) == list(range(23))
+    # by hand: row 10 holds 5 items (columns 1..5), row 17 holds 6
+    batch = next(b for b in loader if 10 in b.index.tolist())
+    row = batch.times[batch.index.tolist().index(10)].tolist()
+    assert row[-5:] == [1e9 + 10_000 + j for j in range(1, 6)] and all(t == 0 for t in row[:-5])
+    assert SessionLoader(items, batch_size=5).__iter__().__next__().times is None
+    with pytest.raises(ValueError, match=r"times has shape \(23, 5\), items \(23, 6\)"):
+        SessionLoader(items, times=times[:, 1:])
+
+
 def test_datamodule_stores_item_ids_as_int32_and_targets_as_int64():
     dm = SessionDataModule(SyntheticSource(num_sessions=300, num_items=40), max_length=8, batch_size=32)
     train, _ = dm.tensors("train")
     valid, targets = dm.tensors("valid")
     assert train.dtype == valid.dtype == torch.int32 and targets.dtype == torch.int64
     assert next(iter(dm.train_dataloader())).items.dtype == torch.int32
+
+
+class TimedLog(SessionSource):
+    """Three tiny splits; with `times`, event j of a session in split s (0 train, 1 valid, 2 test) happens at
+    1e9 + 1e5 * s + 100 * row + j seconds."""
+
+    def __init__(self, times: bool = True) -> None:
+        self.times = times
+
+    def load(self) -> SessionSplits:
+        def table(sessions, s):
+            cols = {"session_id": list(range(10 * s, 10 * s + len(sessions))), "item_id": sessions}
+            if self.times:
+                cols["timestamp"] = [[1e9 + 1e5 * s + 100 * r + j for j in range(len(x))] for r, x in enumerate(sessions)]
+            return pa.table(cols)
+
+        train = [[10, 11, 12, 13], [12, 13], [11, 12, 10]]
+        return SessionSplits(table(train, 0), table([[10, 11, 12]], 1), table([[13, 12], [12, 10, 11, 13]], 2), source="log")
+
+
+def running(uses_times: bool) -> SimpleNamespace:
+    """A stand-in trainer whose task does (or does not) read event times."""
+    return SimpleNamespace(lightning_module=SimpleNamespace(uses_times=uses_times), global_rank=0, world_size=1)
+
+
+def test_datamodule_batches_carry_event_times_when_asked():
+    dm = SessionDataModule(TimedLog(), max_length=3, batch_size=8, eval_batch_size=8, times=True)
+    train = next(iter(dm.train_dataloader()))
+    by_row = dict(zip(train.index.tolist(), train.times.tolist()))
+    t = 1e9
+    assert train.times.dtype == torch.float64 and train.times.shape == train.items.shape == (3, 3)
+    assert by_row == {0: [t + 1, t + 2, t + 3], 1: [0.0, t + 100, t + 101], 2: [t + 200, t + 201, t + 202]}
+    valid = next(iter(dm.val_dataloader()))  # [10, 11] -> 12: the prefix's times (trimmed), never the target's
+    assert valid.times.tolist() == [[t + 1e5, t + 1e5 + 1]]
+    test = next(iter(dm.test_dataloader()))  # [13] -> 12 and [12, 10, 11] -> 13
+    assert test.times.tolist() == [[0.0, 0.0, t + 2e5], [t + 2e5 + 100, t + 2e5 + 101, t + 2e5 + 102]]
+    assert dm.time_tensor("test") is dm.pairs("test").times  # the evaluation pairs' own times
+
+    auto = SessionDataModule(TimedLog(), max_length=3, batch_size=8)  # times=None: as the task asks
+    assert next(iter(auto.train_dataloader())).times is None and not auto._times  # no trainer: none built
+    auto.trainer = running(uses_times=False)
+    assert next(iter(auto.val_dataloader())).times is None and not auto._times
+    auto.trainer = running(uses_times=True)
+    assert next(iter(auto.val_dataloader())).times.tolist() == valid.times.tolist()
+    off = SessionDataModule(TimedLog(), max_length=3, times=False)
+    off.trainer = running(uses_times=True)
+    assert next(iter(off.train_dataloader())).times is None
+
+    untimed = SessionDataModule(TimedLog(times=False), max_length=3, batch_size=8)
+    untimed.trainer = running(uses_times=True)
+    assert next(iter(untimed.train_dataloader())).times is None and untimed.pairs("valid").times is None
+    with pytest.raises(ValueError, match=r"log \(train split\): times=True, but the sessions have no 'timestamp' column"):
+        SessionDataModule(TimedLog(times=False), max_length=3, times=True).train_dataloader()
 
 
 PAIRS = {
@@ -166,3 +246,15 @@ def test_cuda_resident_split_gives_the_host_batches_on_the_gpu():
     resident = SessionDataModule(SyntheticSource(num_sessions=500, num_items=50), max_length=8, batch_size=32, device="cuda")
     for a, b in zip(host.train_dataloader(), resident.train_dataloader()):
         assert b.items.is_cuda and torch.equal(a.items, b.items.cpu()) and torch.equal(a.index, b.index.cpu())
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_resident_split_carries_the_host_times(device):
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    host = SessionDataModule(TimedLog(), max_length=3, batch_size=2, times=True)
+    resident = SessionDataModule(TimedLog(), max_length=3, batch_size=2, times=True, device=device)
+    for split in ("train_dataloader", "test_dataloader"):
+        for a, b in zip(getattr(host, split)(), getattr(resident, split)()):
+            assert b.times.device.type == device and torch.equal(a.times, b.times.cpu())
+            assert torch.equal(a.items, b.items.cpu())

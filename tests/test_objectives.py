@@ -332,3 +332,17 @@ def test_an_encoder_must_say_whether_it_is_causal():
 
     with pytest.raises(TypeError, match="causal: bool"):
         MaskedItemModeling().check(Plain())
+
+
+def test_an_appended_mask_slot_takes_the_last_event_time():
+    """The [MASK] slot's time is the latest known (the last item's), never 0 nor the next event's; side features get 0."""
+    from sessrec.models.objective import EVENT_TIMES, append_slot, latest
+
+    items = torch.tensor([[0, 5, 6], [7, 8, 9]])
+    times = torch.tensor([[0.0, 100.0, 160.0], [10.0, 20.0, 35.0]], dtype=torch.float64)
+    inputs, features = append_slot(items, {EVENT_TIMES: times, "price": torch.ones(2, 3)}, max_length=3)
+    assert inputs.tolist() == [[5, 6, 0], [8, 9, 0]]
+    assert features[EVENT_TIMES].tolist() == [[100.0, 160.0, 160.0], [20.0, 35.0, 35.0]]
+    assert features["price"].tolist() == [[1, 1, 0], [1, 1, 0]]
+    _, cropped = latest(items, {EVENT_TIMES: times}, max_length=2)  # a causal read keeps the latest columns
+    assert cropped[EVENT_TIMES].tolist() == [[100.0, 160.0], [20.0, 35.0]]

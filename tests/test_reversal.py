@@ -99,3 +99,35 @@ def test_prefix_rows_skip_virtual_ends():
     assert s.tolist() == [0, 0, 5] and e.tolist() == [2, 4, 8]  # the prefixes ending at 2 and 6 are gone
     s, e = frame.prefix_rows(starts, ends)
     assert s.tolist() == [0, 0, 0, 5, 5] and e.tolist() == [2, 3, 4, 7, 8]
+
+
+class Stamped(Source):
+    """`Source`, with event j of training session r at 1e9 + 100 r + j seconds."""
+
+    def load(self) -> SessionSplits:
+        splits = super().load()
+        train = splits.train
+        stamps = [[1e9 + 100 * r + j for j in range(len(s))] for r, s in enumerate(train.column("item_id").to_pylist())]
+        train = train.set_column(train.column_names.index("timestamp"), "timestamp", pa.array(stamps, pa.list_(pa.float64())))
+        return SessionSplits(train=train, valid=splits.valid, test=splits.test)
+
+
+def test_event_times_follow_reversed_copies_and_prefixes():
+    t = lambda r, j: 1e9 + 100 * r + j
+    dm = SessionDataModule(source=Stamped(), max_length=5, augment_reversed=True, times=True)
+    items, times = dm.tensors("train")[0], dm.time_tensor("train")
+    assert times.dtype == torch.float64 and torch.equal(times != 0, items != 0)
+    assert times[0].tolist() == [0, 0, t(0, 0), t(0, 1), t(0, 2)]
+    assert times[2].tolist() == [t(2, j) for j in range(2, 7)]  # the 7-event session's latest five
+    # the reversed copies (rows 4, 5, 6) hold their events' times in reversed order; the 7-event one its first five
+    assert times[4].tolist() == [0, 0, t(0, 2), t(0, 1), t(0, 0)]
+    assert times[5].tolist() == [t(2, j) for j in (4, 3, 2, 1, 0)]
+    # prefixes, shortest first: session 0 -> rows 0-1, session 2 -> 2-7, session 3 -> 8, reversed copies from 9 on
+    pre = SessionDataModule(source=Stamped(), max_length=5, augment_reversed=True, train_prefixes=True, times=True)
+    items, times = pre.tensors("train")[0], pre.time_tensor("train")
+    assert len(times) == 18 and torch.equal(times != 0, items != 0)
+    assert times[0].tolist() == [0, 0, 0, t(0, 0), t(0, 1)]
+    assert times[7].tolist() == [t(2, j) for j in range(2, 7)]
+    assert times[10].tolist() == [0, 0, t(0, 2), t(0, 1), t(0, 0)]
+    assert times[11].tolist() == [0, 0, 0, t(2, 6), t(2, 5)]
+    assert dm.time_tensor("valid").tolist()[0] == [0, 0, 0, 0.0, 10.0]  # held out: never reversed ([10, 11] -> 12)

@@ -1,7 +1,7 @@
 """Columnar session loader: batches are slices of padded tensors, never per-sample lookups.
 
 The sessions of a split are held in host memory as one right-aligned (N, L) int32 tensor (and
-one (N, L) tensor per side feature, aligned with it). An epoch is a permutation of rows
+one (N, L) tensor per side feature and, when given, one of event times, aligned with it). An epoch is a permutation of rows
 (optionally of contiguous chunks of rows); each batch is one row gather per tensor, trimmed to
 the longest session in it. No `Dataset.__getitem__`, no collate: no Python call per session.
 
@@ -34,6 +34,8 @@ class SessionLoader:
         targets: optional (N,) next-item targets (evaluation pairs).
         features: optional side features by name, each (N, L) aligned with `items`; batches
             carry the same rows and columns of them.
+        times: optional (N, L) event times aligned with `items` (float64 seconds, 0 on padding);
+            batches carry the same rows and columns of them as `SessionBatch.times`.
         batch_size: sessions per batch.
         shuffle: permute rows every epoch (seeded by `seed` and the epoch number).
         shuffle_chunk: when > 1, permute contiguous chunks of this many rows instead of single rows
@@ -59,6 +61,7 @@ class SessionLoader:
         items: torch.Tensor,
         targets: torch.Tensor | None = None,
         features: dict[str, torch.Tensor] | None = None,
+        times: torch.Tensor | None = None,
         batch_size: int = 256,
         shuffle: bool = False,
         shuffle_chunk: int = 1,
@@ -76,7 +79,9 @@ class SessionLoader:
         for name, value in (features or {}).items():
             if value.shape != items.shape:
                 raise ValueError(f"side feature {name!r} has shape {tuple(value.shape)}, items {tuple(items.shape)}")
-        for name, value in {"targets": targets, **(features or {})}.items():
+        if times is not None and times.shape != items.shape:
+            raise ValueError(f"times has shape {tuple(times.shape)}, items {tuple(items.shape)}")
+        for name, value in {"targets": targets, "times": times, **(features or {})}.items():
             if value is not None and value.device != items.device:
                 raise ValueError(f"SessionLoader: {name!r} is on {value.device} but the items are on {items.device}")
         if gather not in (None, "numpy", "torch"):
@@ -84,7 +89,7 @@ class SessionLoader:
         if gather == "numpy" and items.device.type != "cpu":
             raise ValueError(f"gather='numpy' reads host memory, but the items are on {items.device}")
         self.gather = gather or ("numpy" if items.device.type == "cpu" else "torch")
-        self.items, self.targets, self.features = items, targets, features or None
+        self.items, self.targets, self.features, self.times = items, targets, features or None, times
         self.batch_size, self.shuffle, self.shuffle_chunk = batch_size, shuffle, max(1, shuffle_chunk)
         self.drop_last, self.pin_memory, self.seed = drop_last, pin_memory, seed
         self.rank, self.world_size = rank, world_size
@@ -97,6 +102,7 @@ class SessionLoader:
             self._items = items.numpy()
             self._targets = None if targets is None else targets.numpy()
             self._features = None if not features else {k: v.numpy() for k, v in features.items()}
+            self._times = None if times is None else times.numpy()
 
     @property
     def num_rows(self) -> int:
@@ -166,6 +172,7 @@ class SessionLoader:
                 targets=None if self._targets is None else torch.from_numpy(self._targets.take(rows)),
                 index=torch.from_numpy(rows),
                 features=feats,
+                times=None if self._times is None else torch.from_numpy(self._times.take(rows, axis=0)[:, cut:]),
             )
             yield batch.pin_memory() if self.pin_memory else batch
 
@@ -187,6 +194,7 @@ class SessionLoader:
                 targets=None if self.targets is None else self.targets.index_select(0, rows),
                 index=rows,
                 features=feats,
+                times=None if self.times is None else self.times.index_select(0, rows)[:, cut:],
             )
 
 

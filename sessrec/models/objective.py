@@ -5,7 +5,8 @@ which slots carry the [MASK] embedding), which hidden positions are read, and wh
 must predict. It also says how a trained model is read for the next item at evaluation, so that
 training and evaluation ask the same question. Only recommendable items are targets: never
 padding (0), OOV (1) or a virtual (input-only) item; `targetable` is that rule, given the
-model's ``recommendable`` mask. Side features (B, L) travel with the items into the model.
+model's ``recommendable`` mask. Side features (B, L) travel with the items into the model, and so
+do event times, carried among them under `EVENT_TIMES` for an encoder that reads them.
 
 The objectives: `MaskedItemModeling` (MLM), `CausalLanguageModeling` (CLM),
 `PermutationLanguageModeling` (PLM, XLNet only) and `ReplacedTokenDetection` (RTD, ELECTRA-style).
@@ -75,6 +76,9 @@ class ObjectiveOutput:
 
 Features = dict[str, torch.Tensor]
 
+EVENT_TIMES = "event_times"
+"""The key of the (B, L) event times (seconds) in a features dict, for an encoder with ``uses_times``."""
+
 
 def targetable(items: torch.Tensor, recommendable: torch.Tensor | None = None) -> torch.Tensor:
     """(B, L) ids -> (B, L) bool, the positions whose item may be a training target.
@@ -90,9 +94,16 @@ def targetable(items: torch.Tensor, recommendable: torch.Tensor | None = None) -
 
 
 def append_slot(items: torch.Tensor, features: Features | None, max_length: int) -> tuple[torch.Tensor, Features | None]:
-    """Append an empty slot (id 0, features 0) after the last item and keep the latest `max_length` columns."""
-    pad = lambda t: torch.cat([t, t.new_zeros(t.shape[0], 1)], dim=1)[:, -max_length:]
-    return pad(items), None if features is None else {k: pad(v) for k, v in features.items()}
+    """Append an empty slot (id 0, features 0) after the last item and keep the latest `max_length` columns.
+
+    The slot's event time (`EVENT_TIMES`) is the last item's, the latest time known: the next
+    event's own time would tell when the item it asks for happened.
+    """
+    pad = lambda t, fill=None: torch.cat([t, t.new_zeros(t.shape[0], 1) if fill is None else fill], dim=1)[:, -max_length:]
+    if features is None:
+        return pad(items), None
+    slotted = {k: pad(v, v[:, -1:] if k == EVENT_TIMES else None) for k, v in features.items()}
+    return pad(items), slotted
 
 
 def realign(values: torch.Tensor, source: torch.Tensor) -> torch.Tensor:

@@ -48,7 +48,7 @@ from sessrec.data.vocab import NUM_SPECIAL, ItemVocab
 from sessrec.models.causal_lm import CausalLanguageModeling
 from sessrec.models.dropout import use_fast_dropout
 from sessrec.models.masking import MaskedItemModeling
-from sessrec.models.objective import Objective
+from sessrec.models.objective import EVENT_TIMES, Objective
 from sessrec.models.pretrained import (
     NETWORK,
     OBJECTIVE,
@@ -66,10 +66,6 @@ from sessrec.models.pretrained import (
 )
 from sessrec.models.side_info import SideInfoEmbedding
 from sessrec.saved.registry import ConfigError, Configurable, config_of, instantiate
-
-
-EVENT_TIMES = "event_times"
-"""The key of the (B, L) event times (seconds) in a features dict, for an encoder with ``uses_times``."""
 
 
 def exclude_seen(scores: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
@@ -183,6 +179,22 @@ class SessionModel(nn.Module, PretrainedNetwork, Configurable):
         from_end = torch.arange(real.shape[1] - 1, -1, -1, device=real.device)
         return from_end.clamp(max=self.max_length - 1)
 
+    @property
+    def uses_times(self) -> bool:
+        """Whether the encoder reads event times (its ``uses_times``, as `HSTUEncoder`)."""
+        return bool(getattr(self.encoder, "uses_times", False))
+
+    def batch_features(
+        self, batch: SessionBatch, features: dict[str, torch.Tensor] | None = None
+    ) -> dict[str, torch.Tensor] | None:
+        """What the model reads of a batch besides its items: the side features (`features`, else the
+        batch's), with the batch's event times under `EVENT_TIMES` for an encoder that `uses_times`."""
+        features = getattr(batch, "features", None) if features is None else features
+        times = getattr(batch, "times", None)  # duck-typed batches (a scoring stream's) too
+        if times is None or not self.uses_times:
+            return features
+        return {**(features or {}), EVENT_TIMES: times}
+
     def targetable(self, items: torch.Tensor) -> torch.Tensor:
         """(B, L) ids -> (B, L) bool: positions whose item may be a target (a recommendable id)."""
         return self.recommendable[items]
@@ -219,7 +231,7 @@ class SessionModel(nn.Module, PretrainedNetwork, Configurable):
         encoder that declares ``uses_times`` (`HSTUEncoder`) also gets ``times``: the (B, L) event
         times in seconds that `features` carries under `EVENT_TIMES`, or None.
         """
-        if getattr(self.encoder, "uses_times", False):
+        if self.uses_times:
             encoder_kwargs["times"] = None if features is None else features.get(EVENT_TIMES)
         return self.encoder(self.embed(inputs, masked, features), (inputs != 0) | masked, **encoder_kwargs)
 
@@ -265,10 +277,7 @@ class SessionModel(nn.Module, PretrainedNetwork, Configurable):
         when a `SessionBatch` is given, with its event times (`EVENT_TIMES`) for an encoder that uses them.
         """
         if isinstance(items, SessionBatch):
-            batch = items
-            items, features = batch.items, batch.features if features is None else features
-            if batch.times is not None and getattr(self.encoder, "uses_times", False):
-                features = {**(features or {}), EVENT_TIMES: batch.times}
+            items, features = items.items, self.batch_features(items, features)
         if objective is None:
             objective = self.objective if self.objective is not None else self.default_objective()
         return self.score(objective.next_item_hidden(self, items, features))  # (B, V)

@@ -3,7 +3,9 @@
 Loss, metrics and optimisation live here; the network and the objectives live in
 `sessrec.models`. One shared `_step(batch, stage)` serves training (the objective's targets
 inside the sessions) and evaluation (one next item after each prefix, over the full catalogue,
-read the way the objective trained the model).
+read the way the objective trained the model). An encoder that reads event times (`HSTUEncoder`)
+gets the batches' times (`SessionBatch.times`) in training, evaluation and scoring; the task's
+``uses_times`` asks the data module for them.
 """
 
 from __future__ import annotations
@@ -174,6 +176,12 @@ class NextItemTask(Pretrained, pl.LightningModule):
             for name, table in datamodule.item_vectors.items():
                 vectors.set_vectors(name, torch.from_numpy(table))
 
+    @property
+    def uses_times(self) -> bool:
+        """Whether the batches should carry event times: the encoder reads them (`SessionDataModule`'s
+        ``times=None`` asks this)."""
+        return self.model.uses_times
+
     def schedule_clock(self) -> float:
         """Seconds of training so far, across resumes (what a `Schedule` with ``seconds`` decays on)."""
         return self._clock_before + (time.monotonic() - self._clock_start)
@@ -187,12 +195,13 @@ class NextItemTask(Pretrained, pl.LightningModule):
         self._clock_before = float(checkpoint.get("sessrec", {}).get("schedule_clock", 0.0))
 
     def forward(self, batch: SessionBatch) -> torch.Tensor:
-        return self.model(batch.items, self.objective, batch.features)
+        return self.model(batch.items, self.objective, self.model.batch_features(batch))
 
     def _step(self, batch: SessionBatch, stage: str) -> torch.Tensor:
+        features = self.model.batch_features(batch)  # side features, and event times for an encoder that reads them
         if stage == "train":
             gen = torch.Generator(device=batch.items.device).manual_seed(self.hparams.seed * 7919 + self.global_step)
-            out = self.objective.training_output(self.model, batch.items, gen, batch.features)
+            out = self.objective.training_output(self.model, batch.items, gen, features)
             if len(out.targets):
                 loss = self.loss(self.model, out.hidden, out.targets, gen)
             else:  # a batch without targets gives 0, not NaN
@@ -203,7 +212,7 @@ class NextItemTask(Pretrained, pl.LightningModule):
             for name, value in out.logs.items():
                 self.log(f"train/{name}", value, batch_size=len(batch))
             return loss
-        scores = self.model(batch.items, self.objective, batch.features)  # (B, V)
+        scores = self.model(batch.items, self.objective, features)  # (B, V)
         known = self.model.targetable(batch.targets)
         loss = F.cross_entropy(scores[known], batch.targets[known]) if known.any() else scores.new_zeros(())
         if self.evaluation.exclude_seen:
@@ -288,7 +297,7 @@ class NextItemTask(Pretrained, pl.LightningModule):
         return {"class_path": f"{cls.__module__}.{cls.__qualname__}", "init_args": init}
 
     def predict_step(self, batch: SessionBatch, batch_idx: int) -> TopK:
-        return self.recommend(batch.items, self.evaluation.top_k, getattr(batch, "features", None))  # duck-typed batches too
+        return self.recommend(batch.items, self.evaluation.top_k, self.model.batch_features(batch))  # duck-typed batches too
 
     def configure_optimizers(self):
         optimization, schedule = self.optimization, self.schedule

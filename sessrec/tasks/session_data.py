@@ -4,7 +4,8 @@ The vocabulary and the side-feature transforms are fitted on the training split 
 from `vocab_path` / `features_path`, as written beside a checkpoint). Evaluation splits are
 expanded into (prefix, next item) pairs by the chosen protocol; the prefix never contains the
 target event, and a virtual (non-product) event is never a target. Reversed copies of the
-training sessions (`augment_reversed`) are added to training only.
+training sessions (`augment_reversed`) are added to training only. Event times (`times`) are
+padded like the items, built only for the batches that carry them.
 """
 
 from __future__ import annotations
@@ -60,6 +61,15 @@ class SessionDataModule(pl.LightningDataModule):
             session of n events gives n - 1 rows, ending at each of its 2nd..nth events (the
             non-virtual ones). After reversal when both are on. Evaluation is unchanged.
         side_features: side information for the model (`SideFeatures`); none by default.
+        times: give the training, evaluation and scoring batches their event times
+            (`SessionBatch.times`: float64 seconds aligned with the items, 0 on padding). None: when
+            the task being run asks for them (its ``uses_times``: a `NextItemTask` whose encoder
+            uses event times, as `HSTUEncoder`) and the sessions have a ``timestamp`` column;
+            True: always (sessions without that column are refused; the scoring stream carries
+            them where the file has `predict_schema`'s timestamp column); False: never. Each event keeps
+            its own time, virtual events included; a reversed training copy's times travel with
+            its events (they decrease), and a training prefix has the times of its events.
+            The (N, L) float64 times of a split are built the first time its batches need them.
         vocab_path: load this fitted vocabulary instead of fitting one: a ``vocab.parquet``, or a
             ``.ckpt`` whose data module state carries it (``sessrec test/predict --ckpt_path`` set this).
         features_path: load these fitted side-feature transforms instead of fitting them (an
@@ -86,6 +96,7 @@ class SessionDataModule(pl.LightningDataModule):
         augment_reversed: bool = False,
         train_prefixes: bool = False,
         side_features: SideFeatures = SideFeatures(),  # noqa: B008 - a config value, never mutated
+        times: bool | None = None,
         vocab_path: str | None = None,
         features_path: str | None = None,
         predict_path: str | None = None,
@@ -107,9 +118,9 @@ class SessionDataModule(pl.LightningDataModule):
         if device is not None and pin_memory:
             raise ValueError("pin_memory is for batches copied from the host; with device set they are cut on the device")
         self.device = device
-        self._on_device: dict[str, tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor]]] = {}
+        self._on_device: dict[str, torch.Tensor] = {}  # "<split>/<tensor>" -> that tensor on `device`
         self.augment_reversed, self.side_features = augment_reversed, side_features
-        self.train_prefixes = train_prefixes
+        self.train_prefixes, self.times = train_prefixes, times
         self.vocab_path, self.predict_path, self.predict_schema = vocab_path, predict_path, predict_schema
         self.features_path = features_path
         self._splits: SessionSplits | None = None
@@ -118,6 +129,8 @@ class SessionDataModule(pl.LightningDataModule):
         self._item_vectors: dict[str, np.ndarray] | None = None
         self._tensors: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
         self._features: dict[str, dict[str, torch.Tensor]] = {}
+        self._train_rows: tuple[np.ndarray, np.ndarray] | None = None  # (starts, ends) of the training rows
+        self._times: dict[str, torch.Tensor | None] = {}
         self._pair_index: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._pairs: dict[tuple[str, str], EvalPairs] = {}
         self.stats: dict[str, int] = {}
@@ -267,6 +280,7 @@ class SessionDataModule(pl.LightningDataModule):
             if self.train_prefixes:
                 starts, ends = frame.prefix_rows(starts, ends, None if virtual is None else ~virtual)
                 self.stats["train_prefix_rows"] = len(starts)
+            self._train_rows = (starts, ends)  # over the flat events, reversed copies after the originals
             pad = lambda values, dtype=None: frame.pad_sessions(values, starts, ends, self.max_length, dtype)
             self._tensors[split] = (torch.from_numpy(pad(ids, ITEM_DTYPE)), None)
         else:
@@ -318,11 +332,57 @@ class SessionDataModule(pl.LightningDataModule):
                 session, starts, ends = self._expand(split, protocol, offsets, virtual)
                 items = torch.from_numpy(frame.pad_sessions(ids, starts, ends, self.max_length, ITEM_DTYPE))
                 targets = torch.from_numpy(ids[ends])
-            times = frame.event_times(getattr(self.splits, split))
-            if times is not None:
-                times = torch.from_numpy(frame.pad_sessions(times, starts, ends, self.max_length, np.float64))
+            times = self._padded_times(split, starts, ends)
             self._pairs[split, protocol] = EvalPairs(items, targets, torch.from_numpy(session), times)
         return self._pairs[split, protocol]
+
+    def time_tensor(self, split: str) -> torch.Tensor | None:
+        """(N, L) float64 event times in seconds aligned with ``tensors(split)[0]`` (0 on padding), or
+        None when the split's sessions carry no ``timestamp`` column. Built on the first call.
+
+        Training rows follow `tensors`: a reversed copy holds its events' times in its (reversed)
+        order, a prefix row the times of its events. Evaluation rows are the prefixes of the pairs
+        (``pairs(split).times``); the target's time is never among them.
+        """
+        if split not in self._times:
+            if split == "train":
+                self.tensors(split)
+                assert self._train_rows is not None
+                self._times[split] = self._padded_times(split, *self._train_rows)
+            else:
+                self._times[split] = self.pairs(split).times
+        return self._times[split]
+
+    def _padded_times(self, split: str, starts: np.ndarray, ends: np.ndarray) -> torch.Tensor | None:
+        """Event times of the rows ``[starts, ends)`` of a split's flat events, padded like the items;
+        the training split's flat events are followed by their reversed copies with `augment_reversed`."""
+        sessions = getattr(self.splits, split)
+        times = frame.event_times(sessions)
+        if times is None:
+            return None
+        if split == "train" and self.augment_reversed:
+            times = np.concatenate([times, times[frame.mirror_index(frame.list_offsets(sessions.column(frame.ITEMS))[1])]])
+        return torch.from_numpy(frame.pad_sessions(times, starts, ends, self.max_length, np.float64))
+
+    def _wants_times(self) -> bool:
+        """`times`, or where it is None whether the trainer's task reads event times (its ``uses_times``)."""
+        if self.times is not None:
+            return self.times
+        task = self.trainer.lightning_module if self.trainer is not None else None
+        return bool(getattr(task, "uses_times", False))
+
+    def batch_times(self, split: str) -> torch.Tensor | None:
+        """The event times the batches of `split` carry (`time_tensor`), or None where `times` and the
+        task leave them out; `times=True` refuses sessions without a ``timestamp`` column."""
+        if not self._wants_times():
+            return None
+        times = self.time_tensor(split)
+        if times is None and self.times:
+            raise ValueError(
+                f"{self.splits.source} ({split} split): times=True, but the sessions have no {frame.TIMES!r} column; "
+                "read the event time column (the source's schema.timestamp) or set --data.times null"
+            )
+        return times
 
     def setup(self, stage: str | None = None) -> None:
         wanted = {"fit": ["train", "valid"], "validate": ["valid"], "test": ["test"], None: ["train", "valid", "test"]}
@@ -330,30 +390,35 @@ class SessionDataModule(pl.LightningDataModule):
             self.tensors(split)
 
     # -- loaders --------------------------------------------------------------------------
-    def _resident(self, split: str) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor]]:
-        """A split's items, targets and features where the loaders gather them (host, or `device`)."""
+    def _resident(
+        self, split: str
+    ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor], torch.Tensor | None]:
+        """A split's items, targets, features and batch times where the loaders gather them (host, or `device`)."""
         items, targets = self.tensors(split)
-        features = self.feature_tensors(split)
-        if self.device is None:
-            return items, targets, features
-        if split not in self._on_device:  # moved once, kept for every epoch's loaders
-            move = lambda t: None if t is None else t.to(self.device)  # noqa: E731
-            self._on_device[split] = (move(items), move(targets), {k: move(v) for k, v in features.items()})
-        return self._on_device[split]
+        tensors = {"items": items, "targets": targets, "times": self.batch_times(split)}
+        tensors.update({f"feature/{k}": v for k, v in self.feature_tensors(split).items()})
+        if self.device is not None:
+            for name, tensor in tensors.items():
+                key = f"{split}/{name}"
+                if tensor is not None and key not in self._on_device:  # moved once, kept for every epoch's loaders
+                    self._on_device[key] = tensor.to(self.device)
+                tensors[name] = None if tensor is None else self._on_device[key]
+        features = {k.removeprefix("feature/"): v for k, v in tensors.items() if k.startswith("feature/")}
+        return tensors["items"], tensors["targets"], features, tensors["times"]
 
     def train_dataloader(self) -> SessionLoader:
-        items, _, features = self._resident("train")
+        items, _, features, times = self._resident("train")
         ranks = ranks_of(self.trainer)
         return SessionLoader(
-            items, features=features, batch_size=self.batch_size, shuffle=True,
+            items, features=features, times=times, batch_size=self.batch_size, shuffle=True,
             shuffle_chunk=self.shuffle_chunk, drop_last=items.shape[0] // ranks.get("world_size", 1) > self.batch_size,
             pin_memory=self.pin_memory, seed=self.seed, **ranks,
         )
 
     def _eval_loader(self, split: str) -> SessionLoader:
-        items, targets, features = self._resident(split)
+        items, targets, features, times = self._resident(split)
         return SessionLoader(
-            items, targets, features=features, batch_size=self.eval_batch_size,
+            items, targets, features=features, times=times, batch_size=self.eval_batch_size,
             pin_memory=self.pin_memory, **ranks_of(self.trainer),
         )
 
@@ -368,7 +433,7 @@ class SessionDataModule(pl.LightningDataModule):
             raise ValueError("set --data.predict_path to the sessions file to score")
         self.scoring_stream = ScoringStream(
             self.predict_path, self.vocab, self.predict_schema, self.max_length, self.eval_batch_size, side=self.side,
-            **ranks_of(self.trainer),
+            times=self._wants_times(), **ranks_of(self.trainer),
         )
         return self.scoring_stream
 

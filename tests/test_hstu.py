@@ -100,6 +100,20 @@ def test_shape_finite_and_causal_flag():
     assert HSTUEncoder.causal is True and HSTUEncoder.uses_times is True and enc.d_model == 16
 
 
+def test_the_default_path_is_jagged_on_the_cpu_and_padded_elsewhere(monkeypatch):
+    """`jagged=None` picks by the device of the embeddings ("meta" stands for an accelerator here)."""
+    taken = []
+    monkeypatch.setattr(HSTUEncoder, "_jagged", lambda self, *a: taken.append("jagged") or a[0])
+    monkeypatch.setattr(HSTUEncoder, "_padded", lambda self, *a: taken.append("padded") or a[0])
+    enc = encoder()
+    assert enc.jagged is None
+    for device in ("cpu", "meta"):
+        enc(torch.zeros(2, 3, 16, device=device), torch.ones(2, 3, dtype=torch.bool, device=device))
+    enc.jagged = False
+    enc(torch.zeros(2, 3, 16), torch.ones(2, 3, dtype=torch.bool))
+    assert taken == ["jagged", "padded", "padded"]
+
+
 @pytest.mark.parametrize("jagged", [True, False])
 def test_causal_a_later_item_changes_no_earlier_output(jagged):
     enc = encoder(jagged=jagged)

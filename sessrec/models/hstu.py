@@ -24,15 +24,18 @@ of width E = D / H:
 
 Right-aligned sessions, two paths with equal results on the real positions:
 
-- **Jagged** (the default in eager mode): the real items of the batch are gathered into one (T, D)
+- **Jagged** (the default on the CPU in eager mode): the real items of the batch are gathered into one (T, D)
   matrix, session after session; the projections, norms and f2 run on those T tokens only. For the
   attention the sessions are grouped by length (1, 2, 3-4, 5-8, ... items), each group left-aligned
   to its longest session: every query reads the items of its own session up to itself
   (block-diagonal causal attention by session), at a cost that follows the sessions' lengths rather
   than the padded width, in dense blocks (gathering each token's keys one by one costs more on a CPU
   than the padded attention it saves). The result is scattered back to the right-aligned layout.
-- **Padded**: the (B, L, L) form with a mask. Used when the model is traced, compiled or exported
-  (the jagged path's shapes depend on the data), or with ``jagged=False``.
+- **Padded**: the (B, L, L) form with a mask. The default on an accelerator, where its few large
+  kernels beat the jagged path's many small ones; used when the model is traced, compiled or exported
+  (the jagged path's shapes depend on the data), or with ``jagged=False``. One training step at
+  d_model 64-128, 2 layers, lengths 2..50: jagged 1.11x faster on one CPU thread, 2.2x slower on an
+  H100 (`benchmarks/train_throughput.py --encoders hstu hstu_padded`, `benchmarks/gpu_suite.py`).
 
 Padding positions come back as zeros. No softmax means no empty row to guard against: a padding
 row's weights are all zero, never NaN, and real rows never read padding, so their outputs do not
@@ -125,8 +128,9 @@ class HSTUEncoder(nn.Module, Configurable):
         max_distance: distance at which the position buckets end (longer ones share the last).
         num_time_buckets: buckets of the relative time bias, log2 of seconds (32 reach 68 years).
         layer_norm_eps: LayerNorm epsilon.
-        jagged: compute over the real items only in eager mode (the padded path when traced,
-            compiled or exported, or with False); both give the same outputs.
+        jagged: compute over the real items only, in eager mode (the padded path when traced,
+            compiled or exported, or with False); None: jagged on the CPU, padded on an
+            accelerator. Both give the same outputs.
         initializer_range: std of the Linear weights (biases start at zero); default
             ``d_model ** -0.5``, as `SASRecEncoder`.
 
@@ -146,7 +150,7 @@ class HSTUEncoder(nn.Module, Configurable):
         max_distance: int = 128,
         num_time_buckets: int = 32,
         layer_norm_eps: float = 1e-6,
-        jagged: bool = True,
+        jagged: bool | None = None,
         initializer_range: float | None = None,
     ) -> None:
         super().__init__()
@@ -172,7 +176,8 @@ class HSTUEncoder(nn.Module, Configurable):
         in seconds -> (B, L, D), zeros at padding."""
         if times is not None and times.shape != attention_mask.shape:
             raise ValueError(f"times has shape {tuple(times.shape)}, the sessions {tuple(attention_mask.shape)}")
-        if self.jagged and not _symbolic():
+        jagged = embeddings.device.type == "cpu" if self.jagged is None else self.jagged
+        if jagged and not _symbolic():
             return self._jagged(embeddings, attention_mask, times)
         return self._padded(embeddings, attention_mask, times)
 

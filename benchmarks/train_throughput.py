@@ -71,8 +71,8 @@ ENCODERS = {
                   MaskedItemModeling),
     "sasrec": (lambda a: SASRecEncoder(d_model=a.d_model, n_head=a.n_head, n_layer=a.n_layer, dropout=a.dropout),
                CausalLanguageModeling),
-    "hstu": (lambda a: HSTUEncoder(d_model=a.d_model, n_head=a.n_head, n_layer=a.n_layer, dropout=a.dropout),
-             CausalLanguageModeling),
+    "hstu": (lambda a: HSTUEncoder(d_model=a.d_model, n_head=a.n_head, n_layer=a.n_layer, dropout=a.dropout,
+                                   jagged=True), CausalLanguageModeling),
     "hstu_padded": (lambda a: HSTUEncoder(d_model=a.d_model, n_head=a.n_head, n_layer=a.n_layer, dropout=a.dropout,
                                           jagged=False), CausalLanguageModeling),
 }

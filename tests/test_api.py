@@ -9,7 +9,7 @@ import sessrec.tasks
 
 def test_top_level_api():
     assert set(sessrec.__all__) == {
-        "BertEncoder", "CausalLanguageModeling", "ElectraEncoder", "EventLogSource", "GPT2Encoder", "GRU4RecEncoder",
+        "BertEncoder", "CausalLanguageModeling", "ElectraEncoder", "EventLogSource", "GPT2Encoder", "GRU4RecEncoder", "HSTUEncoder",
         "ItemVocab", "MaskedItemModeling", "NextItemTask", "PermutationLanguageModeling", "Pipeline", "ReplacedTokenDetection",
         "SASRecEncoder", "SRGNNSource", "Schema", "SchemaError", "SessionBatch", "SessionDataModule", "SessionModel",
         "SyntheticSource", "TopKMetrics", "UserSequenceSource", "XLNetEncoder",

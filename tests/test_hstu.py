@@ -326,3 +326,26 @@ def test_fit_and_validate_give_the_encoder_the_data_event_times():
         validate = pl.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")
         losses[times] = validate.validate(task, dm, verbose=False)[0]["val/loss"]
     assert losses[None] != losses[False]  # validation reads the times that the data module gives
+
+
+def test_the_pipeline_retriever_gives_hstu_the_request_times():
+    """A served HSTU reads the request's event times: the retriever's query equals the model's own reading with
+    them, and differs from the one without (the time bias is nonzero)."""
+    from sessrec.models import CausalLanguageModeling, SessionModel
+    from sessrec.models.objective import EVENT_TIMES
+    from sessrec.pipeline.candidates import RequestSessions
+    from sessrec.pipeline.retrieval.session_model import SessionModelRetriever
+
+    torch.manual_seed(0)
+    model = SessionModel(num_items=30, encoder=HSTUEncoder(d_model=16, n_head=2, n_layer=1, dropout=0.0), max_length=8)
+    with torch.no_grad():
+        model.encoder.layers[0].time_bias.normal_()
+    retriever = SessionModelRetriever(model.eval())
+    items = torch.tensor([[0, 5, 6, 7], [3, 4, 5, 6]])
+    times = torch.tensor([[0.0, 100.0, 5e3, 9e4], [10.0, 20.0, 1e5, 2e6]], dtype=torch.float64)
+    with_times = retriever.query_vectors(RequestSessions(items, times=times))
+    without = retriever.query_vectors(RequestSessions(items))
+    with torch.no_grad():
+        expected = model.output_transform(CausalLanguageModeling().next_item_hidden(model, items, {EVENT_TIMES: times}))
+    torch.testing.assert_close(with_times[:, :-1], expected)
+    assert not torch.allclose(with_times, without, atol=1e-4)

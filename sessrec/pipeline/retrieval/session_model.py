@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from sessrec.models.objective import Objective
+from sessrec.models.objective import EVENT_TIMES, Objective
 from sessrec.models.pretrained import NETWORK, OBJECTIVE, sections_from_task, with_prefix
 from sessrec.models.session_model import SessionModel
 from sessrec.pipeline.candidates import RequestSessions, Retrieved
@@ -123,11 +123,14 @@ class SessionModelRetriever(Retriever):
 
     @torch.no_grad()
     def query_vectors(self, sessions: RequestSessions) -> torch.Tensor:
-        """(B, D + 1) query of each session (1 last), cached on the batch."""
+        """(B, D + 1) query of each session (1 last), cached on the batch. An encoder that reads event
+        times (`HSTUEncoder`) gets the sessions' times where the request carries them."""
         key = f"query:{id(self)}"
         if key not in sessions.cache:
             model = self.model
-            hidden = self.objective.next_item_hidden(model, sessions.items, None)  # (B, D)
+            times = None if sessions.times is None else {EVENT_TIMES: sessions.times.to(sessions.items.device)}
+            features = times if model.uses_times else None
+            hidden = self.objective.next_item_hidden(model, sessions.items, features)  # (B, D)
             q = model.output_transform(hidden)
             if model.score_scale is not None:
                 q = F.normalize(q, dim=-1) * model.score_scale

@@ -349,3 +349,30 @@ def test_the_pipeline_retriever_gives_hstu_the_request_times():
         expected = model.output_transform(CausalLanguageModeling().next_item_hidden(model, items, {EVENT_TIMES: times}))
     torch.testing.assert_close(with_times[:, :-1], expected)
     assert not torch.allclose(with_times, without, atol=1e-4)
+
+
+
+def test_a_served_hstu_model_reads_the_request_times():
+    """`SessionRecommender` (what `sessrec serve` runs for a model directory) scores with the request's times:
+    its scores equal the model's own with those times, and differ from the scores without them."""
+    import pyarrow as pa
+
+    from sessrec.data import ItemVocab
+    from sessrec.deploy.recommender import SessionRecommender
+    from sessrec.models import CausalLanguageModeling, SessionModel
+    from sessrec.models.objective import EVENT_TIMES
+
+    torch.manual_seed(0)
+    model = SessionModel(num_items=30, encoder=HSTUEncoder(d_model=16, n_head=2, n_layer=1, dropout=0.0), max_length=8)
+    with torch.no_grad():
+        model.encoder.layers[0].time_bias.normal_()
+    model.vocab = ItemVocab.fit(pa.array(list(range(100, 128))))
+    served = SessionRecommender(model.eval())
+    sessions, times = [[101, 102, 103], [110, 111, 112, 113]], [[1e9, 1e9 + 60, 1e9 + 9e4], [1e9, 1e9 + 1, 1e9 + 2, 2e9]]
+    request = served.encode(sessions, times=times)
+    with_times, without = served.recommend_batch(request, k=5), served.recommend_batch(served.encode(sessions), k=5)
+    with torch.no_grad():
+        hidden = CausalLanguageModeling().next_item_hidden(model, request.items, {EVENT_TIMES: request.times})
+        expected = model.score(hidden).topk(5, dim=1)
+    torch.testing.assert_close(with_times.scores, expected.values)
+    assert not torch.allclose(with_times.scores, without.scores, atol=1e-4)

@@ -104,8 +104,10 @@ class SessionRecommender:
 
     @torch.no_grad()
     def recommend_batch(self, sessions: RequestSessions, k: int = 20) -> Recommendations:
-        """The `k` best-scored products (B, k) of encoded sessions, best first."""
-        scores = next_item_scores(self.model, self.objective, sessions.items, None, self.inference.exclude_seen)
+        """The `k` best-scored products (B, k) of encoded sessions, best first; an encoder that reads
+        event times (`HSTUEncoder`) gets the sessions' times where the request carries them."""
+        features = self.model.batch_features(sessions)  # {EVENT_TIMES: times} for such an encoder, else None
+        scores = next_item_scores(self.model, self.objective, sessions.items, features, self.inference.exclude_seen)
         top = scores.topk(min(k, int(self.model.recommendable.sum())), dim=1)
         return Recommendations(top.indices, top.values.float())
 

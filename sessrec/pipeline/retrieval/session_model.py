@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from sessrec.models.objective import EVENT_TIMES, Objective
+from sessrec.models.objective import Objective
 from sessrec.models.pretrained import NETWORK, OBJECTIVE, sections_from_task, with_prefix
 from sessrec.models.session_model import SessionModel
 from sessrec.pipeline.candidates import RequestSessions, Retrieved
@@ -128,8 +128,7 @@ class SessionModelRetriever(Retriever):
         key = f"query:{id(self)}"
         if key not in sessions.cache:
             model = self.model
-            times = None if sessions.times is None else {EVENT_TIMES: sessions.times.to(sessions.items.device)}
-            features = times if model.uses_times else None
+            features = model.batch_features(sessions)  # {EVENT_TIMES: times} for such an encoder, else None
             hidden = self.objective.next_item_hidden(model, sessions.items, features)  # (B, D)
             q = model.output_transform(hidden)
             if model.score_scale is not None:

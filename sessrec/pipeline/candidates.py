@@ -180,11 +180,9 @@ def merge(retrieved: dict[str, Retrieved]) -> Candidates:
         m = e_src == i
         r = torch.zeros(n_uniq, device=device)
         s = torch.zeros(n_uniq, device=device)
-        inverse_rank = torch.zeros(n_uniq, dtype=torch.float64, device=device)
         r[e_idx[m]] = e_rank[m].float()  # a source lists an item once, so no collisions
         s[e_idx[m]] = e_score[m]
-        inverse_rank[e_idx[m]] = 1.0 / e_rank[m].double()
-        priority += inverse_rank
+        priority += torch.where(r > 0, 1.0 / r.double().clamp(min=1), 0.0)  # ranks are small integers: exact in float32
         feats[f"{n}_rank"], feats[f"{n}_score"] = r, s
     feats["sources"] = torch.zeros(n_uniq, device=device).index_add_(0, e_idx, torch.ones(len(e_idx), device=device))
     # lay the distinct items out per row, by decreasing priority (ties: the lower item id)

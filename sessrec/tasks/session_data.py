@@ -395,16 +395,17 @@ class SessionDataModule(pl.LightningDataModule):
     ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor], torch.Tensor | None]:
         """A split's items, targets, features and batch times where the loaders gather them (host, or `device`)."""
         items, targets = self.tensors(split)
-        tensors = {"items": items, "targets": targets, "times": self.batch_times(split)}
-        tensors.update({f"feature/{k}": v for k, v in self.feature_tensors(split).items()})
-        if self.device is not None:
-            for name, tensor in tensors.items():
-                key = f"{split}/{name}"
-                if tensor is not None and key not in self._on_device:  # moved once, kept for every epoch's loaders
-                    self._on_device[key] = tensor.to(self.device)
-                tensors[name] = None if tensor is None else self._on_device[key]
-        features = {k.removeprefix("feature/"): v for k, v in tensors.items() if k.startswith("feature/")}
-        return tensors["items"], tensors["targets"], features, tensors["times"]
+        features = {k: self._moved(f"{split}/feature/{k}", v) for k, v in self.feature_tensors(split).items()}
+        return (self._moved(f"{split}/items", items), self._moved(f"{split}/targets", targets), features,
+                self._moved(f"{split}/times", self.batch_times(split)))
+
+    def _moved(self, key: str, tensor: torch.Tensor | None) -> torch.Tensor | None:
+        """`tensor` on `device` (moved once, kept for every epoch's loaders under `key`); as is without one."""
+        if tensor is None or self.device is None:
+            return tensor
+        if key not in self._on_device:
+            self._on_device[key] = tensor.to(self.device)
+        return self._on_device[key]
 
     def train_dataloader(self) -> SessionLoader:
         items, _, features, times = self._resident("train")

@@ -18,6 +18,7 @@ from sessrec.data.batch import SessionBatch
 from sessrec.data.side import SideInfoSpec
 from sessrec.deploy.export import (
     ExportedClickScorer,
+    NextItemScorer,
     export_checkpoint,
     export_dlrm,
     export_session_model,
@@ -39,6 +40,7 @@ from sessrec.models import (
     SASRecEncoder,
     XLNetEncoder,
 )
+from sessrec.models.objective import EVENT_TIMES
 from sessrec.tasks import DLRMTask, Evaluation, NextItemTask
 from sessrec.tasks.settings import DLRMNetwork
 
@@ -70,16 +72,24 @@ def sessions(batch: int, length: int, seed: int) -> torch.Tensor:
     return items.masked_fill(torch.arange(length) < (length - sizes).unsqueeze(1), 0)
 
 
+def event_times(items: torch.Tensor, seed: int) -> torch.Tensor:
+    """(B, L) float64 seconds rising along each session by gaps of 1 s to ~3 days."""
+    g = torch.Generator().manual_seed(seed)
+    return 1.7e9 + torch.exp(torch.rand(items.shape, generator=g, dtype=torch.float64) * 12.5).cumsum(1)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name,fmt", EXPORTS)
 def test_session_model_matches_eager_on_other_shapes(tmp_path, name, fmt):
     task = session_task(name)
     path = export_session_model(task, tmp_path, fmt, top_k=20)
     items = sessions(7, 13, seed=1)  # longer than max_length too: the latest items are kept
-    scores, top_scores, top_items = run_exported(path, items)
+    times = event_times(items, seed=1) if task.model.uses_times else None  # HSTU reads them
+    scores, top_scores, top_items = run_exported(path, items, *([] if times is None else [times]))
     with torch.no_grad():
-        expected = task.model(items, task.objective)  # (B, V), as evaluation reads it
-        top = task.predict_step(SessionBatch(items=items), 0)
+        features = None if times is None else {EVENT_TIMES: times}
+        expected = task.model(items, task.objective, features)  # (B, V), as evaluation reads it
+        top = task.predict_step(SessionBatch(items=items, times=times), 0)
     assert scores.shape == (7, 50) and top_items.shape == (7, 20) and top_items.dtype == np.int64
     assert max_abs_diff(scores, expected.numpy()) <= 1e-4
     np.testing.assert_array_equal(top_items, top.items.numpy())
@@ -113,6 +123,32 @@ def test_side_features_are_inputs_and_exclude_seen_is_applied(tmp_path, fmt):
     assert np.isneginf(np.take_along_axis(scores, items.numpy(), axis=1)).all()  # seen items never recommended
     np.testing.assert_array_equal(np.argsort(-scores, axis=1, kind="stable")[:, :20], top.items.numpy())
     assert [t["name"] for t in json.loads(path.with_suffix(".json").read_text())["inputs"]] == ["items", "device", "price", "dwell"]
+
+
+@pytest.mark.parametrize("fmt", ["onnx", "torchscript"])
+def test_event_times_are_an_input_of_a_model_that_reads_them(tmp_path, fmt):
+    task = session_task("hstu_clm")
+    with torch.no_grad():  # a trained time bias: the initial one is zero and would read no times
+        for layer in task.model.encoder.layers:
+            layer.time_bias.normal_(generator=torch.Generator().manual_seed(4))
+    path = export_session_model(task, tmp_path, fmt, top_k=5)
+    spec = json.loads(path.with_suffix(".json").read_text())
+    assert spec["inputs"][1] == {"name": "event_times", "dtype": "float64", "shape": ["batch", "length"]}
+    items = sessions(6, 8, seed=7)
+    times = event_times(items, seed=8)
+    scores, _, top_items = run_exported(path, items, times)
+    with torch.no_grad():
+        expected = task.predict_step(SessionBatch(items=items, times=times), 0)
+        timed, untimed = task.model(items, task.objective, {EVENT_TIMES: times}), task.model(items, task.objective)
+    assert max_abs_diff(scores, timed.numpy()) <= 1e-4
+    np.testing.assert_array_equal(top_items, expected.items[:, :5].numpy())
+    assert max_abs_diff(scores, untimed.numpy()) > 1e-2  # the times are read, not a constant of the trace
+    (moved,) = run_exported(path, items, event_times(items, seed=9))[:1]  # other gaps: other scores
+    assert max_abs_diff(moved, scores) > 1e-3
+    with pytest.raises(ValueError, match="expected the inputs items, event_times; got 1 tensors"):
+        NextItemScorer(task.model)(items)
+    config = parse_pbtxt(model_config("hstu", spec, 8, 100))
+    assert config["input"][1] == {"name": "event_times", "data_type": "TYPE_FP64", "dims": [-1]}
 
 
 def test_gru4rec_to_onnx_is_refused_with_the_reason(tmp_path):

@@ -53,7 +53,7 @@ from torch import nn
 from sessrec.embeddings import SparseFeatures
 from sessrec.models import GRU4RecEncoder
 from sessrec.models.dlrm import DLRM
-from sessrec.models.objective import Objective
+from sessrec.models.objective import EVENT_TIMES, Objective
 from sessrec.models.pretrained import load_pretrained
 from sessrec.models.session_model import SessionModel, next_item_scores
 from sessrec.saved.atomic import atomic_path
@@ -103,7 +103,7 @@ class ExportSpec:
 
 # -- the exported modules ------------------------------------------------------------------------
 class NextItemScorer(nn.Module):
-    """A trained `SessionModel` as one function: items (B, L) [, side features (B, L) each] -> scores.
+    """A trained `SessionModel` as one function: items (B, L) [, side features, event times (B, L) each] -> scores.
 
     Sessions are right-aligned model ids (0 = padding), read the way the model was trained to read
     them: ``model(items, objective, features)``, then `exclude_seen` when its inference settings
@@ -112,7 +112,9 @@ class NextItemScorer(nn.Module):
 
     Side features are extra inputs, one (B, L) tensor per feature after ``items``, in
     `feature_names` order: int64 ids for categorical features, float32 for continuous ones.
-    Item vectors are tables inside the model and need no input.
+    Item vectors are tables inside the model and need no input. A model whose encoder reads event
+    times (`HSTUEncoder`: ``uses_times``) takes them as the last input, ``event_times``: (B, L) float64
+    seconds aligned with the items (padding's are not read), as served models read a request's.
 
     Args:
         model: the trained network (shared, not copied), or a trained task (its ``network()``).
@@ -141,12 +143,16 @@ class NextItemScorer(nn.Module):
         side = self.model.side_info
         self.categorical = list(side.categorical) if side is not None else []
         self.continuous = list(side.continuous) if side is not None else []
+        self.times = model.uses_times
 
     @property
     def feature_names(self) -> list[str]:
-        return [*self.categorical, *self.continuous]
+        """The inputs after ``items``: side features, then ``event_times`` for a model that reads them."""
+        return [*self.categorical, *self.continuous, *([EVENT_TIMES] if self.times else [])]
 
     def forward(self, items: torch.Tensor, *features: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        if len(features) != len(self.feature_names):
+            raise ValueError(f"expected the inputs items, {', '.join(self.feature_names)}; got {1 + len(features)} tensors")
         side = dict(zip(self.feature_names, features)) if self.feature_names else None
         scores = next_item_scores(self.model, self.objective, items, side, self.exclude_seen)  # (B, V)
         if self.top_k is None:
@@ -159,6 +165,7 @@ class NextItemScorer(nn.Module):
             TensorSpec("items", "int64", ["batch", "length"]),
             *(TensorSpec(n, "int64", ["batch", "length"]) for n in self.categorical),
             *(TensorSpec(n, "float32", ["batch", "length"]) for n in self.continuous),
+            *([TensorSpec(EVENT_TIMES, "float64", ["batch", "length"])] if self.times else []),
         ]
 
     def outputs(self) -> list[TensorSpec]:
@@ -179,7 +186,10 @@ class NextItemScorer(nn.Module):
         side = model.side_info
         cats = [torch.randint(1, side.categorical[n].num_embeddings, (batch, length), generator=g) for n in self.categorical]
         conts = [torch.randn(batch, length, generator=g) for _ in self.continuous]
-        return tuple(t.to(device) for t in (items, *cats, *conts))
+        # event times: a session's seconds rising by gaps of 1 s to ~3 days, so every time bucket is read
+        gaps = torch.exp(torch.rand(batch, length, generator=g, dtype=torch.float64) * 12.5)
+        times = [1.7e9 + gaps.cumsum(1)] if self.times else []
+        return tuple(t.to(device) for t in (items, *cats, *conts, *times))
 
     def describe(self) -> dict[str, object]:
         return {
@@ -190,6 +200,8 @@ class NextItemScorer(nn.Module):
             "max_length": self.model.max_length - 1,  # the [MASK] slot is added inside
             "items": "right-aligned model ids, 0 = padding; longer sessions keep their latest items",
             "scores": "-inf for padding, OOV, virtual and excluded items",
+            **({EVENT_TIMES: "event times in seconds (float64), aligned with items; padding's are not read"}
+               if self.times else {}),
         }
 
 

@@ -31,7 +31,7 @@ from sessrec.models.dlrm import DLRM
 from sessrec.models.session_model import SessionModel
 from sessrec.saved.atomic import atomic_path
 
-TRITON_TYPES = {"int64": "TYPE_INT64", "int32": "TYPE_INT32", "float32": "TYPE_FP32", "float16": "TYPE_FP16", "bool": "TYPE_BOOL"}
+TRITON_TYPES = {"int64": "TYPE_INT64", "int32": "TYPE_INT32", "float64": "TYPE_FP64", "float32": "TYPE_FP32", "float16": "TYPE_FP16", "bool": "TYPE_BOOL"}
 
 
 def triton_repository(

@@ -311,7 +311,7 @@ def draw_accuracy(data: dict, path: Path) -> None:
         )
         for m in names
     ]
-    handles.append(plt.Line2D([], [], color="black", linestyle="--", label="pipeline (DLRM ranker)"))
+    handles.append(plt.Line2D([], [], color="black", linestyle="--", label="pipeline (its recipe's ranker)"))
     (legend_ax or fig).legend(
         handles=handles,
         loc="center",

@@ -350,11 +350,11 @@ def draw_stages(data: dict, path: Path) -> None:
                     (bar.get_x() + bar.get_width() / 2, v),
                     ha="center",
                     va="bottom",
-                    fontsize=7,
+                    fontsize=6,
                     xytext=(0, 2),
                     textcoords="offset points",
                 )
-            ax.set_xticks(range(len(labels)), [textwrap.fill(k, 14) for k in labels], fontsize=7)
+            ax.set_xticks(range(len(labels)), [textwrap.fill(k, 24) for k in labels], fontsize=7, rotation=35, ha="right")
             ax.set_ylim(0, max(values.values()) * 1.18)
             ax.set_ylabel(metric.replace("recall", "Recall").replace("mrr", "MRR"), fontsize=9)
             ax.tick_params(axis="y", labelsize=8)

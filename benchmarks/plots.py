@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DPI = 100
 # figure name -> size in inches (at DPI: the PNG is 100x these in pixels)
 SIZES = {
-    "accuracy_vs_time.png": (16.0, 8.0),
+    "accuracy_vs_time.png": (16.0, 11.5),
     "pipeline_stages.png": (13.0, 7.0),
     "pipeline_ablations.png": (13.0, 6.0),
     "throughput_ratios.png": (16.0, 9.0),
@@ -54,6 +54,10 @@ DATASETS = {  # key in the JSON -> panel title
     "tmall": "Tmall (GCE-GNN split)",
     "nowplaying": "Nowplaying (GCE-GNN split)",
     "amazon_beauty": "Amazon Beauty (leave-one-out)",
+    "s3rec_beauty": "S3-Rec Beauty (leave-one-out)",
+    "s3rec_sports": "S3-Rec Sports (leave-one-out)",
+    "s3rec_toys": "S3-Rec Toys (leave-one-out)",
+    "s3rec_yelp": "S3-Rec Yelp (leave-one-out)",
 }
 METRIC_LABELS = {"test/recall@20": "Recall@20", "test/recall@10": "HR@10 (= Recall@10)"}
 
@@ -258,7 +262,7 @@ def draw_accuracy(data: dict, path: Path) -> None:
     style = {m: STYLE.get(m) or (next(spare), "o") for m in names}
     every = [s for panel in series.values() for _, s, _, _ in panel["points"]]
     fig = _figure(path.name)
-    axes = fig.subplots(2, 4).ravel()
+    axes = fig.subplots(-(-(len(series) + 1) // 4), 4).ravel()  # a panel per dataset, then the legend
     for ax, (ds, panel) in zip(axes, series.items()):
         points = panel["points"]
         for model, seconds, value, _ in points:

@@ -328,18 +328,26 @@ def test_fit_and_validate_give_the_encoder_the_data_event_times():
     assert losses[None] != losses[False]  # validation reads the times that the data module gives
 
 
-def test_the_pipeline_retriever_gives_hstu_the_request_times():
-    """A served HSTU reads the request's event times: the retriever's query equals the model's own reading with
-    them, and differs from the one without (the time bias is nonzero)."""
-    from sessrec.models import CausalLanguageModeling, SessionModel
-    from sessrec.models.objective import EVENT_TIMES
-    from sessrec.pipeline.candidates import RequestSessions
-    from sessrec.pipeline.retrieval.session_model import SessionModelRetriever
+def _timed_hstu():
+    """A tiny HSTU session model whose time bias is nonzero (a trained one's): it reads event times."""
+    from sessrec.models import SessionModel
 
     torch.manual_seed(0)
     model = SessionModel(num_items=30, encoder=HSTUEncoder(d_model=16, n_head=2, n_layer=1, dropout=0.0), max_length=8)
     with torch.no_grad():
         model.encoder.layers[0].time_bias.normal_()
+    return model
+
+
+def test_the_pipeline_retriever_gives_hstu_the_request_times():
+    """A served HSTU reads the request's event times: the retriever's query equals the model's own reading with
+    them, and differs from the one without (the time bias is nonzero)."""
+    from sessrec.models import CausalLanguageModeling
+    from sessrec.models.objective import EVENT_TIMES
+    from sessrec.pipeline.candidates import RequestSessions
+    from sessrec.pipeline.retrieval.session_model import SessionModelRetriever
+
+    model = _timed_hstu()
     retriever = SessionModelRetriever(model.eval())
     items = torch.tensor([[0, 5, 6, 7], [3, 4, 5, 6]])
     times = torch.tensor([[0.0, 100.0, 5e3, 9e4], [10.0, 20.0, 1e5, 2e6]], dtype=torch.float64)
@@ -351,7 +359,6 @@ def test_the_pipeline_retriever_gives_hstu_the_request_times():
     assert not torch.allclose(with_times, without, atol=1e-4)
 
 
-
 def test_a_served_hstu_model_reads_the_request_times():
     """`SessionRecommender` (what `sessrec serve` runs for a model directory) scores with the request's times:
     its scores equal the model's own with those times, and differ from the scores without them."""
@@ -359,13 +366,10 @@ def test_a_served_hstu_model_reads_the_request_times():
 
     from sessrec.data import ItemVocab
     from sessrec.deploy.recommender import SessionRecommender
-    from sessrec.models import CausalLanguageModeling, SessionModel
+    from sessrec.models import CausalLanguageModeling
     from sessrec.models.objective import EVENT_TIMES
 
-    torch.manual_seed(0)
-    model = SessionModel(num_items=30, encoder=HSTUEncoder(d_model=16, n_head=2, n_layer=1, dropout=0.0), max_length=8)
-    with torch.no_grad():
-        model.encoder.layers[0].time_bias.normal_()
+    model = _timed_hstu()
     model.vocab = ItemVocab.fit(pa.array(list(range(100, 128))))
     served = SessionRecommender(model.eval())
     sessions, times = [[101, 102, 103], [110, 111, 112, 113]], [[1e9, 1e9 + 60, 1e9 + 9e4], [1e9, 1e9 + 1, 1e9 + 2, 2e9]]

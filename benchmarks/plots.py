@@ -41,7 +41,7 @@ DPI = 100
 # figure name -> size in inches (at DPI: the PNG is 100x these in pixels)
 SIZES = {
     "accuracy_vs_time.png": (16.0, 11.5),
-    "pipeline_stages.png": (13.0, 7.0),
+    "pipeline_stages.png": (13.0, 12.0),
     "pipeline_ablations.png": (13.0, 6.0),
     "throughput_ratios.png": (16.0, 9.0),
 }
@@ -334,11 +334,18 @@ def draw_stages(data: dict, path: Path) -> None:
     series = stage_series(data)
     fig = _figure(path.name)
     order = [ds for ds in DATASETS if ds in series]
-    axes = fig.subplots(2, len(order), squeeze=False)
+    per_band = 3  # datasets side by side; each takes two rows (Recall@20 above MRR@20)
+    bands = -(-len(order) // per_band)
+    axes = fig.subplots(2 * bands, per_band, squeeze=False)
+    for empty in range(len(order), bands * per_band):
+        band, col = divmod(empty, per_band)
+        axes[2 * band][col].set_visible(False)
+        axes[2 * band + 1][col].set_visible(False)
     colours = dict(zip(STAGES, ["#9ecae1", "#d9d9d9", "#3182bd", "#6baed6", "#08519c"]))
-    for col, ds in enumerate(order):
+    for i, ds in enumerate(order):
+        band, col = divmod(i, per_band)
         for row, metric in enumerate(("recall@20", "mrr@20")):
-            ax = axes[row][col]
+            ax = axes[2 * band + row][col]
             values = series[ds][metric]
             labels = list(values)
             bars = ax.bar(

@@ -186,8 +186,10 @@ class NextItemScorer(nn.Module):
         side = model.side_info
         cats = [torch.randint(1, side.categorical[n].num_embeddings, (batch, length), generator=g) for n in self.categorical]
         conts = [torch.randn(batch, length, generator=g) for _ in self.continuous]
-        # event times: a session's seconds rising by gaps of 1 s to ~3 days, so every time bucket is read
-        times = [1.7e9 + torch.exp(torch.rand(batch, length, generator=g, dtype=torch.float64) * 12.5).cumsum(1)] if self.times else []
+        times = []
+        if self.times:  # a session's seconds rising by gaps of 1 s to ~3 days, so every time bucket is read
+            gaps = torch.exp(torch.rand(batch, length, generator=g, dtype=torch.float64) * 12.5)
+            times = [1.7e9 + gaps.cumsum(1)]
         return tuple(t.to(device) for t in (items, *cats, *conts, *times))
 
     def describe(self) -> dict[str, object]:

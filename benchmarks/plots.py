@@ -92,8 +92,9 @@ def run_lines(run: dict, per_seed: bool = False) -> list[dict]:
 
 # ------------------------------------------------------------------ series: what each figure draws
 def accuracy_series(data: dict) -> dict[str, dict]:
-    """Per dataset: the metric's key, [(model, seconds, value, trained)] (every model but the popularity
-    baseline, a floor far below the rest), and the pipeline's Recall@20."""
+    """Per dataset: the metric's key, [(model, seconds, value, trained, device)] (every model but the
+    popularity baseline, a floor far below the rest; device None for this CPU, else the GPU that trained
+    it), and the pipeline's Recall@20."""
     models = data["models"]
     out: dict[str, dict] = {}
     for line in lines(data, "models"):
@@ -104,7 +105,7 @@ def accuracy_series(data: dict) -> dict[str, dict]:
         panel = out.setdefault(ds, {"metric": metric, "points": [], "pipeline": None})
         trained = "train_seconds" in line
         seconds = line["train_seconds"] if trained else line["wall_seconds"]
-        panel["points"].append((line["model"], float(seconds), float(line[metric]), trained))
+        panel["points"].append((line["model"], float(seconds), float(line[metric]), trained, line.get("device")))
     for line in lines(data, "pipeline_eval"):
         if line["system"] == "pipeline" and line["dataset"] in out:
             out[line["dataset"]]["pipeline"] = float(line["recall@20"])
@@ -215,7 +216,7 @@ def plotted_values(data: dict) -> dict[str, list[tuple[str, float]]]:
     acc = accuracy_series(data)
     out = {name: [] for name in SIZES}
     for ds, panel in acc.items():
-        out["accuracy_vs_time.png"] += [(f"{ds} {m}", v) for m, _, v, _ in panel["points"]]
+        out["accuracy_vs_time.png"] += [(f"{ds} {m}", v) for m, _, v, *_ in panel["points"]]
         if panel["pipeline"] is not None:
             out["accuracy_vs_time.png"].append((f"{ds} pipeline", panel["pipeline"]))
     for ds, metrics in stage_series(data).items():
@@ -260,24 +261,24 @@ def draw_accuracy(data: dict, path: Path) -> None:
         names += [m for m, *_ in panel["points"] if m not in names]
     spare = iter(plt.get_cmap("tab20b").colors)
     style = {m: STYLE.get(m) or (next(spare), "o") for m in names}
-    every = [s for panel in series.values() for _, s, _, _ in panel["points"]]
+    every = [s for panel in series.values() for _, s, *_ in panel["points"]]
     fig = _figure(path.name)
     axes = fig.subplots(-(-(len(series) + 1) // 4), 4).ravel()  # a panel per dataset, then the legend
     for ax, (ds, panel) in zip(axes, series.items()):
         points = panel["points"]
-        for model, seconds, value, _ in points:
+        for model, seconds, value, _, device in points:
             colour, marker = style[model]
             ax.scatter(
                 [seconds],
                 [value],
                 s=70 if marker == "*" else 46,
-                color=colour,
+                facecolors="none" if device else colour,  # hollow: trained on a GPU
                 marker=marker,
-                edgecolors="black",
-                linewidths=0.5,
+                edgecolors=colour if device else "black",
+                linewidths=1.5 if device else 0.5,
                 zorder=3,
             )
-        values = [v for _, _, v, _ in points]
+        values = [v for _, _, v, *_ in points]
         if panel["pipeline"] is not None:
             values.append(panel["pipeline"])
             ax.axhline(panel["pipeline"], color="black", linestyle="--", linewidth=1)
@@ -316,6 +317,12 @@ def draw_accuracy(data: dict, path: Path) -> None:
         for m in names
     ]
     handles.append(plt.Line2D([], [], color="black", linestyle="--", label="pipeline (its recipe's ranker)"))
+    gpus = sorted({d for panel in series.values() for *_, d in panel["points"] if d})
+    handles += [
+        plt.Line2D([], [], marker="o", linestyle="", markerfacecolor="none", markeredgecolor="black", markersize=7,
+                   label=f"hollow: trained on an {gpu} (its wall time)")
+        for gpu in gpus
+    ]
     (legend_ax or fig).legend(
         handles=handles,
         loc="center",

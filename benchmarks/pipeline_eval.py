@@ -13,7 +13,8 @@ line per system, single retrievers first and the pipeline (the recipe's scorer) 
   blend of those fitted members. With one scorer in the recipe: the recipe's with its settings, the
   other with its defaults (a scorer of another class adds ``"pipeline-<its class, lower case>"``);
 - with ``--ablations``: ``"pipeline-without-retriever-<name>"`` and ``"pipeline-without-features-<group>"``
-  (``--ablation-scorer``, GBDT by default: it trains in seconds);
+  (``--ablation-scorer``, GBDT by default: it trains in seconds), a group only where the data has its
+  columns (no ``time`` without event times) and never the ``ids``;
 - last, ``{"system": "pipeline"}``: the recipe's scorer, the figure the README quotes, with the
   candidate recall, the peak resident memory (``peak_rss_mb`` of this process, ``peak_rss_children_mb``
   of the largest stage-1 training it ran) and ``wall_seconds``, the end-to-end time of the run
@@ -61,11 +62,18 @@ import torch
 import yaml
 
 from sessrec.pipeline import RequestSessions
-from sessrec.pipeline.candidate_features import CandidateFeatures
+from sessrec.pipeline.candidate_features import CandidateFeatures, group_of
 from sessrec.pipeline.pipeline import Pipeline
 from sessrec.pipeline.recipe import PipelineRecipe, load_recipe
 from sessrec.pipeline.scoring import BlendScorer, DLRMScorer, GBDTScorer, Scorer
-from sessrec.pipeline.training import candidate_rows, evaluate_rows, fit_on, list_metrics, retrieval_recall
+from sessrec.pipeline.training import (
+    RankerData,
+    candidate_rows,
+    evaluate_rows,
+    fit_on,
+    list_metrics,
+    retrieval_recall,
+)
 from sessrec.saved.registry import config_of
 
 RECIPES = {
@@ -249,6 +257,17 @@ def blended(pipe: Pipeline, data, blend: BlendScorer, test) -> dict[str, dict]:
     return results
 
 
+def ablated_groups(groups: list[str], data: RankerData) -> list[str]:
+    """The feature groups an ablation removes: each with a column on this data (time needs event times,
+    which the SR-GNN files lack), except the ids, which the DLRM's embedding tables need. The target
+    encodings are computed from the labels, so they exist on every dataset."""
+    present = {group_of(name) for name in data.raw} | {"encodings"}
+    skipped = [g for g in groups if g != "ids" and g not in present]
+    if skipped:
+        log(f"features: no ablation of {skipped}, which have no column on this data")
+    return [g for g in groups if g != "ids" and g in present]
+
+
 def ablations(pipe: Pipeline, which: set[str], make, data, test_rows, valid, test, batch: int, record: dict) -> None:
     """Each retriever and/or feature group removed, ranked by a fresh scorer from `make()`."""
     full_features = pipe.features
@@ -263,9 +282,7 @@ def ablations(pipe: Pipeline, which: set[str], make, data, test_rows, valid, tes
             metrics = scored(smaller, part, make(), candidate_rows(smaller, test, batch))
             emit({"system": f"pipeline-without-retriever-{name}", **record, **metrics, "seconds": time.perf_counter() - start})
     if "features" in which:
-        for group in full_features.groups:
-            if group == "ids":
-                continue  # only the DLRM reads the ids, and its embedding tables need them
+        for group in ablated_groups(full_features.groups, data):
             pipe.features = CandidateFeatures(groups=[g for g in full_features.groups if g != group])
             pipe.features.popularity = full_features.popularity
             emit({"system": f"pipeline-without-features-{group}", **record, **scored(pipe, data, make(), test_rows)})

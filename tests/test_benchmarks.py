@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -207,6 +208,22 @@ def test_pipeline_eval_seed_plan_and_stage1_overlays(tmp_path):
                         {"system": "p", "dataset": "d", "recall@20": 0.7, "stage1_seed": 0, "ranker_seed": 1}], "p", ["ranker"])
     assert means["recall@20"] == pytest.approx(0.6) and means["recall@20_std"] == pytest.approx(0.1414, abs=1e-4)
     assert (means["seeds"], means["stage1_seeds"], means["ranker_seeds"], means["varied"]) == (2, [0, 0], [0, 1], ["ranker"])
+
+
+def test_pipeline_eval_ablates_only_the_feature_groups_the_data_has(capsys):
+    """Without event times (the SR-GNN files) there is no time column, so no time ablation; the ids are
+    never removed (the DLRM's tables need them); the target encodings exist wherever there are labels."""
+    pe = pipeline_eval()
+    groups = ["retrievers", "popularity", "session", "covisitation", "context", "time", "encodings", "ids"]
+    columns = ["xlnet_score", "xlnet_rrank", "popularity", "recent_popularity", "seen_count", "is_last", "covis_last",
+               "session_length"]
+    untimed = SimpleNamespace(raw=dict.fromkeys(columns))
+    assert pe.ablated_groups(groups, untimed) == ["retrievers", "popularity", "session", "covisitation", "context",
+                                                  "encodings"]
+    assert "['time']" in capsys.readouterr().err
+    timed = SimpleNamespace(raw=dict.fromkeys([*columns, "session_duration"]))
+    assert pe.ablated_groups(groups, timed) == groups[:-1]
+    assert pe.ablated_groups(["retrievers", "time"], SimpleNamespace(raw={"stan_score": None})) == ["retrievers"]
 
 
 @pytest.mark.slow

@@ -166,10 +166,12 @@ def test_read_user_sequences_missing_file(tmp_path):
     [
         (b"1 5 6\n2 7 \xe9\n", "lines", r"line 2 is not valid UTF-8 text \(invalid continuation byte at byte 10\)"),
         (b"1 5 6\n2 7 x\n", "lines", r"line 2: 'x' is not a non-negative integer id"),
+        (b"3 5 6\n2 7 8\n4 1 2\n2 9 3\n3 4 4\n", "lines",
+         r"column 'user' \(the first id of a line\): line 4 repeats user 2 of line 2 \(expected one line per user\)$"),
         (b"1 5\n2 x\n", "pairs", r"expected 'user item' integer pairs per line: .*invalid value 'x'"),
         (b"1 5\n1 6\n2 7 8\n", "pairs", r"expected 'user item' integer pairs per line: .*Expected 2 columns, got 3"),
     ],
-    ids=["lines-non-utf8", "lines-non-integer", "pairs-non-integer", "pairs-three-columns"],
+    ids=["lines-non-utf8", "lines-non-integer", "lines-user-twice", "pairs-non-integer", "pairs-three-columns"],
 )
 def test_read_user_sequences_refuses(tmp_path, content, layout, message):
     path = write(tmp_path / "seq.txt", content)

@@ -85,6 +85,28 @@ def test_a_recipe_typo_through_sessrec_is_one_line(tmp_path, capsys, sessrec_mai
     assert got == "sessrec fit: error: trainer.max_epochs: expected int or null, got 'abc' (--traceback for details)"
 
 
+def test_a_trainer_setting_lightning_refuses_is_one_line(tmp_path, sessrec_main):
+    """A LearningRateMonitor with the logger turned off: Lightning's MisconfigurationException, one line."""
+    got = sessrec_main("fit", "--config", str(ROOT / "recipes" / "quickstart.yaml"), "--trainer.logger", "false",
+                       "--trainer.callbacks+=pytorch_lightning.callbacks.LearningRateMonitor",
+                       "--trainer.default_root_dir", str(tmp_path), "--trainer.fast_dev_run", "true")
+    assert got == ("sessrec fit: error: Cannot use `LearningRateMonitor` callback with `Trainer` that has no logger. "
+                   "(--traceback for details)")
+
+
+def test_a_programming_error_keeps_its_traceback(monkeypatch):
+    """Only input errors are shortened: an error of sessrec's own code propagates with its trace."""
+    from sessrec import cli
+
+    def broken(args):
+        raise IndexError("a bug, not an input error")
+
+    monkeypatch.setattr("sys.argv", ["sessrec", "fit"])
+    monkeypatch.setattr(cli, "run", broken)
+    with pytest.raises(IndexError, match="a bug"):
+        cli.main()
+
+
 NOISY = """
 import json, logging, sys, warnings
 import pytorch_lightning as pl

@@ -250,6 +250,16 @@ def _optional(convert: Any) -> Any:
 
 COMMANDS = {"export": export_cli, "retrain": retrain_cli, "rollback": rollback_cli, "serve": serve_cli}
 USER_ERRORS = (ValueError, TypeError, RuntimeError, OSError, KeyError)  # OSError: missing or existing files
+LIGHTNING = ("lightning", "lightning_fabric", "pytorch_lightning")
+
+
+def is_user_error(err: BaseException) -> bool:
+    """An error the user's input caused, shown as one line: `USER_ERRORS`, and Lightning's
+    MisconfigurationException (a trainer setting it refuses, such as a LearningRateMonitor without a
+    logger), matched by name so that the commands without the training stack never import Lightning."""
+    return isinstance(err, USER_ERRORS) or any(
+        c.__name__ == "MisconfigurationException" and c.__module__.partition(".")[0] in LIGHTNING for c in type(err).__mro__
+    )
 VERBOSE_FLAGS = ("--traceback", "--verbose")
 SHOW_WARNINGS = "--show-warnings"
 
@@ -325,8 +335,8 @@ def main() -> None:
             raise
         sys.exit(f"sessrec {args[0] if args else ''}: error: this command needs the '{extra}' extra (module {err.name!r} "
                  f"is not installed): pip install 'sessrec[{extra}]' (or pip install -e '.[{extra}]' in a checkout)")
-    except USER_ERRORS as err:
-        if verbose:
+    except Exception as err:
+        if verbose or not is_user_error(err):
             raise
         message = " ".join(str(_recipe_error(err)).split()) or type(err).__name__
         sys.exit(f"sessrec {args[0] if args else ''}: error: {message} (--traceback for details)")

@@ -299,6 +299,15 @@ def read_user_sequences(path: str | Path, layout: Literal["pairs", "lines"] = "p
             flat = pc.cast(tokens.values, pa.int64()).to_numpy()
         except pa.ArrowInvalid as err:
             raise SchemaError(f"{path}: expected 'user item item ...' integers per line: {err}") from err
+        line_users = flat[offsets[:-1]]
+        users, first_line = np.unique(line_users, return_index=True)
+        if len(users) < len(line_users):  # two lines of one user: which holds the later items is unknown
+            again = int(np.setdiff1d(np.arange(len(line_users)), first_line)[0])
+            first = int(first_line[np.searchsorted(users, line_users[again])])
+            raise SchemaError(
+                f"{path}: column 'user' (the first id of a line): line {again + 1} repeats user {line_users[again]} "
+                f"of line {first + 1} (expected one line per user)"
+            )
         is_user = np.zeros(len(flat), dtype=bool)
         is_user[offsets[:-1]] = True
         user = np.repeat(flat[offsets[:-1]], lengths - 1)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import types
 from pathlib import Path
 
@@ -155,6 +156,10 @@ def test_times_fill_the_sessions_right_aligned_as_the_items(pipes) -> None:
         ({"times": [[1.0], [1.0]]}, ValueError, "times of session 1 has 1 values for its 2 item ids"),
         ({"times": [[1.0]]}, ValueError, "times has 1 lists for 2 sessions"),
         ({"times": [[1.0], [5.0, 4.0]]}, ValueError, r"times of session 1 go back at position 1 \(4 after 5\)"),
+        ({"times": [[1.0], [1_700_000_000.25, 1_700_000_000.0]]}, ValueError,
+         r"go back at position 1 \(1700000000 after 1700000000\.25\)"),  # every digit: the two differ
+        ({"now": T0, "times": [[T0 - 60], [T0, T0 + 301]]}, ValueError,
+         rf"now {T0:.0f} is 301 s before the last event of session 1 \({T0 + 301:.0f}\): a session is served after its events"),
         ({"times": [[1.0], [5.0, 1.7e12]]}, ValueError, "session 1's event time 1700000000000 is not a time .* year 3000"),
         ({"times": [[1.0], [5.0, "6"]]}, TypeError, "times of session 1 must be numbers .* got '6'"),
     ],
@@ -162,6 +167,18 @@ def test_times_fill_the_sessions_right_aligned_as_the_items(pipes) -> None:
 def test_implausible_times_are_refused_in_one_line(pipes, kwargs: dict, error: type, message: str) -> None:
     with pytest.raises(error, match=message):
         pipes["deny"].recommend([[10], [10, 20]], k=K, **kwargs)
+
+
+def test_a_last_event_may_follow_the_request_time_by_the_clock_skew_only(pipes) -> None:
+    """The caller's clock may run ahead of the server's by up to CLOCK_SKEW (300 s); one second more is refused."""
+    pipe = pipes["deny"]
+    assert clock.CLOCK_SKEW == 300
+    assert pipe.encode([[10, 20]], now=T0, times=[[T0 - 5, T0 + 300]]).now.tolist() == [T0]
+    with pytest.raises(ValueError, match="now 1700000000 is 300.5 s before the last event of session 0"):
+        pipe.encode([[10, 20]], now=T0, times=[[T0 - 5, T0 + 300.5]])
+    future = int(time.time()) + 3600.5  # the wall clock's now is checked too
+    with pytest.raises(ValueError, match=r"s before the last event of session 0 \(\d+\.\d+\)"):
+        pipe.encode([[10, 20]], times=[[future - 1, future]])
 
 
 def test_a_ranker_with_time_features_refuses_sessions_without_times(pipes) -> None:
@@ -224,6 +241,7 @@ def test_the_server_serves_a_request_without_now_at_its_arrival(pipes, monkeypat
         ({"sessions": [SESSION], "times": [T0]}, "\"times\" must be a list with, per session, a list"),
         ({"sessions": [SESSION, SESSION], "times": [[T0]]}, "times has 1 lists for 2 sessions"),
         ({"session": [10, 20], "times": [T0, T0 - 1]}, "times of session 0 go back at position 1"),
+        ({"session": [10, 20], "now": T0, "times": [T0, T0 + 3600]}, "is 3600 s before the last event of session 0"),
         ({"session": SESSION, "times": [1_700_000_000_000]}, "session 0's event time 1700000000000 is not a time"),
         ({"session": SESSION, "when": T0}, r"unknown field\(s\) \['when'\]; the fields are \[.*'now'.*'times'\]"),
     ],

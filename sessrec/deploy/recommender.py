@@ -100,7 +100,7 @@ class SessionRecommender:
         """
         items = encode_raw(self.vocab, sessions, self.max_length, on_unknown)
         stamps = None if times is None else clock.event_times(times, [len(s) for s in sessions], items.shape[1])
-        return RequestSessions(items, times=stamps, now=clock.request_now(now, len(sessions)))
+        return RequestSessions(items, times=stamps, now=clock.request_now(now, len(sessions), stamps))
 
     @torch.no_grad()
     def recommend_batch(self, sessions: RequestSessions, k: int = 20) -> Recommendations:

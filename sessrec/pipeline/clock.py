@@ -12,6 +12,8 @@ Two times enter the pipeline with a batch of sessions (`RequestSessions`):
 All times are float64 seconds since the epoch (UTC). A time is plausible when it is finite, not
 negative and before the year 3000 (`LATEST`): a larger number is almost always milliseconds given
 where seconds are expected, which would put every request centuries past every validity window.
+A session is served after its events: its request time may precede its last event by at most
+`CLOCK_SKEW` (the caller's clock may run a little ahead of the server's).
 
 Shape letters: B sessions, W positions of the widest session (at most the width asked for).
 """
@@ -28,9 +30,10 @@ import torch
 
 from sessrec.data import frame
 
-__all__ = ["LATEST", "check_seconds", "event_times", "request_now"]
+__all__ = ["CLOCK_SKEW", "LATEST", "check_seconds", "event_times", "request_now"]
 
 LATEST = 32_503_680_000.0  # 3000-01-01T00:00:00Z in seconds since the epoch
+CLOCK_SKEW = 300.0  # seconds a session's last event may lie after its request time (the two clocks differ)
 _LATE = "after the year 3000 (milliseconds? give seconds)"
 
 
@@ -51,6 +54,12 @@ def _floats(values: Any, what: str) -> np.ndarray:
         flat = values if isinstance(values, Sequence) else [values]
         big = next(v for v in flat if isinstance(v, int) and abs(v) >= LATEST)
         raise ValueError(f"{what} {_digits(big)} is not a time in seconds since the epoch: {_LATE}") from None
+
+
+def _shown(value: float) -> str:
+    """A time for a message: whole seconds as an integer, else every digit float64 keeps."""
+    value = float(value)
+    return repr(int(value)) if math.isfinite(value) and value == int(value) else repr(value)
 
 
 def _digits(value: int) -> str:
@@ -76,25 +85,41 @@ def check_seconds(values: np.ndarray | Sequence[float] | float, what: str) -> np
     bad = ~(np.isfinite(seconds) & (seconds >= 0) & (seconds < LATEST))
     if bad.any():
         value = float(seconds.reshape(-1)[int(np.flatnonzero(bad.reshape(-1))[0])])
-        shown = int(value) if math.isfinite(value) and value == int(value) else value
-        raise ValueError(f"{what} {shown!r} is not a time in seconds since the epoch: {_problem(value)}")
+        raise ValueError(f"{what} {_shown(value)} is not a time in seconds since the epoch: {_problem(value)}")
     return seconds
 
 
-def request_now(now: float | Sequence[float] | np.ndarray | torch.Tensor | None, n: int) -> torch.Tensor:
+def request_now(
+    now: float | Sequence[float] | np.ndarray | torch.Tensor | None, n: int, times: torch.Tensor | None = None
+) -> torch.Tensor:
     """(n,) float64 request times: one for all sessions, one per session, or the clock's now.
 
     Args:
         now: seconds since the epoch for every session, or one per session; None: the wall clock
             at the call (`time.time()`), the same for every session.
         n: sessions in the request.
+        times: (n, W) their event times, right-aligned (`event_times`), or None. A session's last
+            event may follow its request time by at most `CLOCK_SKEW` (the events' times come from
+            the caller's clock, which may run a little ahead of the server's).
 
     Raises:
         TypeError: `now` is neither a number nor a sequence of numbers.
-        ValueError: a sequence of another length than `n`, or an implausible time (`check_seconds`).
+        ValueError: a sequence of another length than `n`, an implausible time (`check_seconds`),
+            or a request time more than `CLOCK_SKEW` before the session's last event.
     """
-    if now is None:
-        return torch.full((n,), time.time(), dtype=torch.float64)
+    out = torch.full((n,), time.time(), dtype=torch.float64) if now is None else _given_now(now, n)
+    if times is not None and times.shape[0] == n and times.shape[-1] > 0:
+        last = times[:, -1].to(torch.float64).cpu()
+        early = torch.nonzero(out + CLOCK_SKEW < last).flatten()
+        if len(early):
+            row = int(early[0])
+            raise ValueError(f"now {_shown(out[row])} is {_shown(last[row] - out[row])} s before the last event of "
+                             f"session {row} ({_shown(last[row])}): a session is served after its events")
+    return out
+
+
+def _given_now(now: float | Sequence[float] | np.ndarray | torch.Tensor, n: int) -> torch.Tensor:
+    """(n,) float64: the caller's request time(s), checked (`request_now`)."""
     if isinstance(now, torch.Tensor):
         now = now.detach().cpu().numpy()
     if isinstance(now, (bool, str, bytes)):
@@ -154,8 +179,8 @@ def event_times(times: Sequence[Sequence[Any]], lengths: Sequence[int], width: i
         at = int(back[0]) + 1
         row = int(row_of[at])
         raise ValueError(
-            f"times of session {row} go back at position {at - int(offsets[row])} ({flat[at]:g} after "
-            f"{flat[at - 1]:g}): give each session's events oldest first"
+            f"times of session {row} go back at position {at - int(offsets[row])} ({_shown(flat[at])} after "
+            f"{_shown(flat[at - 1])}): give each session's events oldest first"
         )
     padded = frame.pad_sessions(flat, offsets[:-1], offsets[1:], width, np.float64)
     return torch.from_numpy(np.ascontiguousarray(padded))

@@ -246,7 +246,7 @@ class Pipeline:
         stamps = None if times is None else clock.event_times(times, [len(s) for s in sessions], items.shape[1])
         if stamps is None and self.time_features:
             raise ValueError(self.missing_times("times: per session a list of seconds since the epoch, one per item id"))
-        return self.wrap(items, stamps, clock.request_now(now, len(sessions)))
+        return self.wrap(items, stamps, clock.request_now(now, len(sessions), stamps))
 
     def recommend(
         self,

@@ -251,6 +251,8 @@ def _optional(convert: Any) -> Any:
 COMMANDS = {"export": export_cli, "retrain": retrain_cli, "rollback": rollback_cli, "serve": serve_cli}
 USER_ERRORS = (ValueError, TypeError, RuntimeError, OSError, KeyError)  # OSError: missing or existing files
 LIGHTNING = ("lightning", "lightning_fabric", "pytorch_lightning")
+VERBOSE_FLAGS = ("--traceback", "--verbose")
+SHOW_WARNINGS = "--show-warnings"
 
 
 def is_user_error(err: BaseException) -> bool:
@@ -260,8 +262,6 @@ def is_user_error(err: BaseException) -> bool:
     return isinstance(err, USER_ERRORS) or any(
         c.__name__ == "MisconfigurationException" and c.__module__.partition(".")[0] in LIGHTNING for c in type(err).__mro__
     )
-VERBOSE_FLAGS = ("--traceback", "--verbose")
-SHOW_WARNINGS = "--show-warnings"
 
 
 def run(args: list[str]) -> object:

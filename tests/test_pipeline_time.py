@@ -170,7 +170,7 @@ def test_implausible_times_are_refused_in_one_line(pipes, kwargs: dict, error: t
 
 
 def test_a_last_event_may_follow_the_request_time_by_the_clock_skew_only(pipes) -> None:
-    """The caller's clock may run ahead of the server's by up to CLOCK_SKEW (300 s); one second more is refused."""
+    """The caller's clock may run ahead of the server's by up to CLOCK_SKEW (300 s); half a second more is refused."""
     pipe = pipes["deny"]
     assert clock.CLOCK_SKEW == 300
     assert pipe.encode([[10, 20]], now=T0, times=[[T0 - 5, T0 + 300]]).now.tolist() == [T0]

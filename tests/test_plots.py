@@ -144,6 +144,10 @@ def test_spot_checks_against_the_tables(plots):
     accuracy = plots.accuracy_series(data)
     xlnet = {m: v for m, _, v, *_ in accuracy["diginetica"]["points"]}["XLNet MLM"]
     assert re.search(rf"\| XLNet, MLM \| [^|]* \| \*\*{xlnet:.4f}\*\* \|", results)
+    # a point trained on a GPU carries its device (drawn hollow) and is marked so in the table
+    toys = {(m, device): v for m, _, v, _, device in accuracy["s3rec_toys"]["points"]}
+    assert {m for m, device in toys if device == "H100"} == {"HSTU"}
+    assert re.search(rf"\| HSTU \| .* \| {toys['HSTU', 'H100']:.4f} / \*\*[0-9.]+\*\* \| [^|]*\*H100\* \|", results)
     stages = {ds: plots.stage_series(data)[ds]["recall@20"][plots.STAGES[1]] for ds in ("diginetica", "rsc15_100k")}
     assert (
         f"| candidate recall: the target among the 200 | {stages['diginetica']:.4f} | {stages['rsc15_100k']:.4f} |"

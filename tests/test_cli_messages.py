@@ -68,7 +68,12 @@ KEYS = ["--trainer.max_epochs", "--trainer.min_epochs", "--model", "--data", "--
      "unknown key trainer.max_epochz; did you mean trainer.max_epochs?"),
     (('Parser key "trainer.max_epochs":\n  Does not validate against any of the Union subtypes\n  Subtypes: '
       "[<class 'int'>, <class 'NoneType'>]\n  Errors:\n    - Expected a <class 'int'>\n    - Expected a <class 'NoneType'>\n"
-      "  Given value type: <class 'str'>\n  Given value: abc"), "trainer.max_epochs: expected int or null, got 'abc'"),
+      "  Given value type: <class 'str'>\n  Given value: abc"), "trainer.max_epochs: expected int or null, got 'abc'"),    (TOP.format(leaf=('Parser key "schedule.seconds":\n          Does not validate against any of the Union subtypes\n'
+                      "          Subtypes: [<class 'float'>, <class 'NoneType'>]\n          Errors:\n"
+                      "            - Expected a <class 'float'>\n            - Expected a <class 'NoneType'>\n"
+                      "          Given value type: <class 'str'>\n          Given value: None")),
+     ("model.schedule.seconds: expected float or null, got 'None'; a dotted flag below a class cannot carry null: "
+      "give its group as a mapping, --model.schedule '{seconds: null}'")),
 ])
 def test_a_refused_key_or_value_is_one_line_with_the_closest_key(message, expected):
     assert explain_parse_error(message, KEYS) == expected
@@ -83,6 +88,8 @@ def test_a_recipe_typo_through_sessrec_is_one_line(tmp_path, capsys, sessrec_mai
     assert "usage" not in capsys.readouterr().err
     got = sessrec_main("fit", "--config", str(ROOT / "recipes" / "quickstart.yaml"), "--trainer.max_epochs", "abc")
     assert got == "sessrec fit: error: trainer.max_epochs: expected int or null, got 'abc' (--traceback for details)"
+    got = sessrec_main("fit", "--config", str(ROOT / "recipes" / "quickstart.yaml"), "--model.schedule.seconds", "null")
+    assert got.endswith("give its group as a mapping, --model.schedule '{seconds: null}' (--traceback for details)")
 
 
 def test_a_trainer_setting_lightning_refuses_is_one_line(tmp_path, sessrec_main):

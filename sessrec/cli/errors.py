@@ -79,8 +79,21 @@ def explain_parse_error(message: str, valid_keys: Iterable[str] = ()) -> str:
             union.append(_type_name(found.group(1)))
             continue
         if (found := _GIVEN.match(line)) is not None and union and indent <= (path[-1][0] + 2 if path else indent):
-            return f"{_dotted(path)}: expected {' or '.join(union)}, got {found.group(1).strip()!r}"
+            key, given = _dotted(path), found.group(1).strip()
+            return f"{key}: expected {' or '.join(union)}, got {given!r}" + _null_hint(key, given, union)
     return " ".join(message.split())
+
+
+def _null_hint(key: str, given: str, union: list[str]) -> str:
+    """How to write null for `key` when jsonargparse read a dotted flag's ``null`` as the text 'None'.
+
+    Below a class (``--model.schedule.seconds null``) jsonargparse passes the flag on as a nested
+    argument and loses the null; the same value given as a mapping of its group is read.
+    """
+    group, _, leaf = key.rpartition(".")
+    if given != "None" or "null" not in union or group.count(".") < 1:
+        return ""
+    return f"; a dotted flag below a class cannot carry null: give its group as a mapping, --{group} '{{{leaf}: null}}'"
 
 
 def _dotted(path: list[tuple[int, str, str]], option: str | None = None) -> str:

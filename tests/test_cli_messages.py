@@ -68,7 +68,8 @@ KEYS = ["--trainer.max_epochs", "--trainer.min_epochs", "--model", "--data", "--
      "unknown key trainer.max_epochz; did you mean trainer.max_epochs?"),
     (('Parser key "trainer.max_epochs":\n  Does not validate against any of the Union subtypes\n  Subtypes: '
       "[<class 'int'>, <class 'NoneType'>]\n  Errors:\n    - Expected a <class 'int'>\n    - Expected a <class 'NoneType'>\n"
-      "  Given value type: <class 'str'>\n  Given value: abc"), "trainer.max_epochs: expected int or null, got 'abc'"),    (TOP.format(leaf=('Parser key "schedule.seconds":\n          Does not validate against any of the Union subtypes\n'
+      "  Given value type: <class 'str'>\n  Given value: abc"), "trainer.max_epochs: expected int or null, got 'abc'"),
+    (TOP.format(leaf=('Parser key "schedule.seconds":\n          Does not validate against any of the Union subtypes\n'
                       "          Subtypes: [<class 'float'>, <class 'NoneType'>]\n          Errors:\n"
                       "            - Expected a <class 'float'>\n            - Expected a <class 'NoneType'>\n"
                       "          Given value type: <class 'str'>\n          Given value: None")),

@@ -20,6 +20,11 @@ line per system, single retrievers first and the pipeline (the recipe's scorer) 
   of the largest stage-1 training it ran) and ``wall_seconds``, the end-to-end time of the run
   (stage-1 training included when it ran: ``stage1_seconds``).
 
+With the recipe's ``refit_retrievers``, the kNN and co-visitation retrievers are fitted again on the
+training and validation sessions once the ranker's rows are built (as ``sessrec fit`` saves the
+pipeline): the retrievers-alone lines and the test candidates come from them, and ``--ablations
+retrievers`` (which builds the ranker's rows again) is refused.
+
 Each line has ``recall@20``, ``mrr@20``, ``ndcg@20`` (and @10) and ``seconds`` (a retriever: its
 test-split scoring; a ranker: its fitting plus scoring the test candidates, which are built once
 and shared by every ranker compared), and the seeds it ran with (``stage1_seed``, ``ranker_seed``).
@@ -325,6 +330,9 @@ def main() -> None:
     valid = recipe.ranker_data()
     ks = [int(k) for k in args.recall_ks.split(",")]
     which = set() if args.ablations is None else set(args.ablations or ["retrievers", "features"])
+    if "retrievers" in which and recipe.refit_retrievers:
+        parser.error(f"{path}: --ablations retrievers builds the ranker's rows again, from retrievers that "
+                     "refit_retrievers has fitted on the validation sessions; use --ablations features")
     make_ablation = GBDTScorer if args.ablation_scorer == "gbdt" else DLRMScorer
     scorers = {"gbdt": GBDTScorer(), "dlrm": DLRMScorer()}  # both compared, the recipe's with its settings
     final = next((name for name, s in scorers.items() if type(s) is type(recipe.scorer)), type(recipe.scorer).__name__.lower())
@@ -346,6 +354,14 @@ def main() -> None:
         build_seconds = time.perf_counter() - start
         log(f"{dataset} (stage-1 seed {stage1_seed}): {len(valid)} validation pairs (ranker), {len(test)} test pairs; "
             f"built on {pipe.device} in {build_seconds:.0f} s")
+        start = time.perf_counter()
+        data = candidate_rows(pipe, valid, batch)
+        candidates_seconds = time.perf_counter() - start
+        log(f"ranker rows: {tuple(data.valid.shape)}, coverage {data.coverage:.4f}, {candidates_seconds:.0f} s")
+        if recipe.refit_retrievers:  # as `sessrec fit` saves it: the ranker's rows first, then the fresher index
+            start = time.perf_counter()
+            recipe.refit(pipe)
+            log(f"kNN and co-visitation fitted again on the training and validation sessions in {time.perf_counter() - start:.0f} s")
         names = [n for n in pipe.retrievers if n in specs or stage1_seed == stage1_seeds[0]]  # seed-free ones once
         view = copy.copy(pipe)
         view.retrievers = {n: pipe.retrievers[n] for n in names}
@@ -358,10 +374,6 @@ def main() -> None:
             record({"system": name, "dataset": dataset, **metrics, **{f"retrieval_{k}": v for k, v in ceilings[name].items()},
                     "seconds": time.perf_counter() - start, **extra, **seeds})
 
-        start = time.perf_counter()
-        data = candidate_rows(pipe, valid, batch)
-        candidates_seconds = time.perf_counter() - start
-        log(f"ranker rows: {tuple(data.valid.shape)}, coverage {data.coverage:.4f}, {candidates_seconds:.0f} s")
         start = time.perf_counter()
         test_rows = candidate_rows(pipe, test, batch)
         test_seconds = time.perf_counter() - start

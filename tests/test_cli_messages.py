@@ -163,7 +163,8 @@ def test_stages_print_a_line_when_each_starts_and_ends_and_while_one_runs(capsys
     assert lines[2 + len(still) :] == ["[fit 2/2] fitting the ranker ...", "[fit 2/2] fitting the ranker: done in 0 s"]
 
 
-def test_pipeline_fit_prints_its_stages(tmp_path, capsys, sessrec_main):
+@pytest.mark.parametrize("refit", [False, True])
+def test_pipeline_fit_prints_its_stages(tmp_path, capsys, sessrec_main, refit):
     import yaml
 
     block = {
@@ -174,17 +175,18 @@ def test_pipeline_fit_prints_its_stages(tmp_path, capsys, sessrec_main):
                    "init_args": {"max_rounds": 5, "threads": 1, "min_data_in_leaf": 5}},
         "features": {"groups": ["retrievers", "popularity"]},
         "output": str(tmp_path / "pipeline"),
+        "refit_retrievers": refit,
     }
     recipe = tmp_path / "pipeline.yaml"
     recipe.write_text(yaml.safe_dump({"pipeline": block}))
     assert sessrec_main("fit", "--config", str(recipe)) == ""
-    stages = [x.split(" ...")[0] for x in capsys.readouterr().out.splitlines() if re.match(r"\[fit \d/4\] .* \.\.\.$", x)]
-    assert stages == [
-        "[fit 1/4] reading the data, fitting the retrievers and the feature statistics",
-        "[fit 2/4] fitting the ranker GBDTScorer on the validation pairs",
-        f"[fit 3/4] saving the pipeline to {tmp_path / 'pipeline'}",
-        "[fit 4/4] scoring the validation pairs",
-    ]
+    stages = [x.split(" ...")[0] for x in capsys.readouterr().out.splitlines() if re.match(r"\[fit \d/\d\] .* \.\.\.$", x)]
+    n = 5 if refit else 4
+    refitting = ["fitting the kNN and co-visitation retrievers again on the training and validation sessions"] if refit else []
+    names = ["reading the data, fitting the retrievers and the feature statistics",
+             "fitting the ranker GBDTScorer on the validation pairs", "scoring the validation pairs", *refitting,
+             f"saving the pipeline to {tmp_path / 'pipeline'}"]
+    assert stages == [f"[fit {i}/{n}] {name}" for i, name in enumerate(names, 1)]
 
 
 def test_serve_with_a_port_out_of_range_or_a_truncated_weights_file_is_one_line(tmp_path, sessrec_main):

@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
@@ -27,6 +28,7 @@ import yaml
 from sessrec.baselines import VSKNN
 from sessrec.cli import main
 from sessrec.data import EvalPairs, ItemVocab, SchemaError, SyntheticSource
+from sessrec.data.vocab import NUM_SPECIAL
 from sessrec.models import XLNetEncoder
 from sessrec.pipeline import training
 from sessrec.pipeline.candidate_features import GROUPS, CandidateFeatures
@@ -35,7 +37,7 @@ from sessrec.pipeline.filters import ItemTableFilter, SeenItemsFilter
 from sessrec.pipeline.offline import recommend_file
 from sessrec.pipeline.ordering import BoostRule, DiversityCap, Ordering, SoftmaxSampling
 from sessrec.pipeline.pipeline import Pipeline
-from sessrec.pipeline.recipe import BaselineRetrieval, ModelRetrieval, PipelineRecipe, _time_ordered
+from sessrec.pipeline.recipe import BaselineRetrieval, ModelRetrieval, PipelineRecipe, index_sessions
 from sessrec.pipeline.retrieval.baseline import BaselineRetriever
 from sessrec.pipeline.retrieval.covisitation import CoVisitation
 from sessrec.pipeline.retrieval.index import FaissIndex
@@ -88,14 +90,14 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
     retrievers = {
         "xlnet": (SessionModelRetriever.from_checkpoint(recipe, checkpoint, FaissIndex("hnsw")), 30),
         "vsknn": (vsknn, 30),
-        "covisitation": (CoVisitation().fit(_time_ordered(train, dm), dm.num_items), 30),
+        "covisitation": (CoVisitation().fit(index_sessions(dm), dm.num_items), 30),
     }
     valid = replace(dm.pairs("valid"), times=None)  # the requests of these tests carry no times
     pipelines, pairs = {}, {}
     real_rows = training.candidate_rows
     with pytest.MonkeyPatch.context() as patch:  # record the pairs that reach the ranker's features
         for name, scorer in (("gbdt", GBDTScorer(**GBDT_ARGS)), ("dlrm", DLRMScorer(max_epochs=2))):
-            features = CandidateFeatures().fit_statistics(_time_ordered(train, dm), dm.num_items)
+            features = CandidateFeatures().fit_statistics(index_sessions(dm), dm.num_items)
             pipe = Pipeline(dm.vocab, retrievers, max_length=MAX_LENGTH, max_candidates=50, features=features)
 
             def rows(pipe, given, batch_size=512, name=name):
@@ -155,11 +157,15 @@ def test_recipe_fit_reads_train_and_valid_only(
 ) -> None:
     dm = world.dm
     requested, ranked = [], []
-    real_tensors, real_pairs, real_fit = dm.tensors, dm.pairs, training.fit_ranker
+    real_tensors, real_sessions, real_pairs, real_fit = dm.tensors, dm.sessions, dm.pairs, training.fit_ranker
 
     def tensors(split):
         requested.append(split)
         return real_tensors(split)
+
+    def sessions(split):
+        requested.append(split)
+        return real_sessions(split)
 
     def pairs(split, protocol=None):
         requested.append(split)
@@ -170,6 +176,7 @@ def test_recipe_fit_reads_train_and_valid_only(
         return real_fit(pipe, pairs, scorer, batch_size)
 
     monkeypatch.setattr(dm, "tensors", tensors)
+    monkeypatch.setattr(dm, "sessions", sessions)
     monkeypatch.setattr(dm, "pairs", pairs)
     monkeypatch.setattr("sessrec.pipeline.recipe.fit_ranker", fit_ranker)
     model = ModelRetrieval(str(world.recipe), str(world.checkpoint), k=30, index="hnsw")
@@ -178,6 +185,36 @@ def test_recipe_fit_reads_train_and_valid_only(
     assert set(requested) == {"train", "valid"}
     assert len(ranked) == 1 and torch.equal(ranked[0], real_tensors("valid")[0])
     assert set(Pipeline.from_pretrained(recipe.output).retrievers) == {"xlnet", "vsknn", "covisitation"}
+
+
+def test_refit_retrievers_index_the_validation_sessions_once_the_ranker_is_fitted(
+    world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dm = world.dm
+    indexed, real_fit = [], training.fit_ranker
+
+    def fit_ranker(pipe, pairs, scorer, batch_size=512):
+        indexed.append(len(pipe.retrievers["vsknn"][0].sessions))  # the index the ranker's rows come from
+        return real_fit(pipe, pairs, scorer, batch_size)
+
+    monkeypatch.setattr("sessrec.pipeline.recipe.fit_ranker", fit_ranker)
+    recipe = small_recipe(world, tmp_path, refit_retrievers=True)
+    fitted = recipe.fit()
+    train, both = index_sessions(dm), index_sessions(dm, ("train", "valid"))
+    assert indexed == [len(train)] and len(both) == len(train) + dm.splits.valid.num_rows
+    assert np.array_equal(both[: len(train)], train)  # the validation days come after the training days
+    loaded = Pipeline.from_pretrained(recipe.output)
+    assert np.array_equal(loaded.retrievers["vsknn"][0].sessions, both)
+    covisitation = CoVisitation().fit(both, dm.num_items).state_dict()
+    saved = loaded.retrievers["covisitation"][0].state_dict()
+    assert saved.keys() == covisitation.keys() and all(np.array_equal(saved[k], covisitation[k]) for k in saved)
+    counts = np.bincount(both[both >= NUM_SPECIAL], minlength=dm.num_items)[: dm.num_items]
+    assert np.array_equal(loaded.features.popularity[:, 0], counts)
+    test = dm.pairs("test")  # with their event times: the ranker has time features
+    assert training.evaluate(loaded, test) == training.evaluate(fitted, test)
+    plain = small_recipe(world, tmp_path / "plain").fit()  # the ranker as fitted: the same in both
+    assert config_of(plain.scorer) == config_of(fitted.scorer)
+    assert np.array_equal(plain.retrievers["vsknn"][0].sessions, train)
 
 
 # ----------------------------------------------------------------------------------- save/load
@@ -202,7 +239,7 @@ def test_saved_pipeline_recommends_identically(world: World, tmp_path: Path, sco
 def test_a_blend_ranker_saves_and_loads_with_its_members(world: World, tmp_path: Path) -> None:
     dm = world.dm
     train, _ = dm.tensors("train")
-    features = CandidateFeatures().fit_statistics(_time_ordered(train, dm), dm.num_items)
+    features = CandidateFeatures().fit_statistics(index_sessions(dm), dm.num_items)
     pipe = Pipeline(dm.vocab, world.retrievers, max_length=MAX_LENGTH, max_candidates=50, features=features)
     blend = BlendScorer([DLRMScorer(max_epochs=1), GBDTScorer(**GBDT_ARGS)])
     training.fit_ranker(pipe, replace(dm.pairs("valid"), times=None), blend)  # requests without times
@@ -719,7 +756,7 @@ def test_pipeline_on_cuda_matches_the_cpu(world: World, name: str) -> None:
     for device in ("cpu", "cuda"):
         model = SessionModelRetriever.from_checkpoint(world.recipe, world.checkpoint, ExactIndex())
         retrievers = {**world.retrievers, "xlnet": (model, 30)}  # kNN and co-visitation stay on the host
-        features = CandidateFeatures().fit_statistics(_time_ordered(train, world.dm), world.dm.num_items)
+        features = CandidateFeatures().fit_statistics(index_sessions(world.dm), world.dm.num_items)
         pipe = pipes[device] = Pipeline(world.dm.vocab, retrievers, max_length=MAX_LENGTH, max_candidates=50,
                                         features=features, device=device)
         scorer = GBDTScorer(**GBDT_ARGS) if name == "gbdt" else DLRMScorer(max_epochs=2)

@@ -104,6 +104,27 @@ def test_pairs_carry_their_session_and_event_times(dm: SessionDataModule) -> Non
         dm.pairs("train")
 
 
+def test_whole_sessions_and_their_time_order(dm: SessionDataModule) -> None:
+    from sessrec.pipeline.recipe import index_sessions
+
+    encode = lambda raw: dm.vocab.encode(pa.array(raw)).ids.tolist()  # noqa: E731
+    valid = dm.sessions("valid")  # one row per session, its last MAX_LENGTH events, right-aligned
+    assert valid.shape == (len(VALID), MAX_LENGTH)
+    assert valid[0].tolist() == encode([11, 10, 11, 10]) and valid[4].tolist() == [0, *encode([13, 12, 13])]
+    assert torch.equal(dm.sessions("train"), dm.tensors("train")[0])  # no augmentation here: the training rows
+    # by the time of their last event (training sessions run into day 2, past the validation day's)
+    ends = [(event_time(i, len(s) - 1, 1), valid[i]) for i, s in enumerate(VALID)]
+    ends += [(event_time(i, len(s) - 1, 0), dm.sessions("train")[i]) for i, s in enumerate(TRAIN)]
+    expected = [row.tolist() for _, row in sorted(ends, key=lambda pair: pair[0])]
+    assert index_sessions(dm, ("valid", "train")).tolist() == expected
+    train = dm.sessions("train").tolist()
+    assert expected[0] == train[0] and expected[-1] == train[-1] and expected != [*valid.tolist(), *train]
+    timeless = SessionDataModule(source=HandSessions(times=False), max_length=MAX_LENGTH)
+    assert np.array_equal(index_sessions(timeless, ("valid", "train")), np.concatenate([valid, dm.sessions("train")]))
+    with pytest.raises(ValueError, match="split must be 'train', 'valid' or 'test', got 'validation'"):
+        dm.sessions("validation")
+
+
 def test_pairs_times_come_from_an_event_log_and_are_none_without(tmp_path: Path) -> None:
     rows = [(s, item, event_time(s, j, day=0)) for s, session in enumerate(VALID) for j, item in enumerate(session)]
     path = tmp_path / "events.csv"

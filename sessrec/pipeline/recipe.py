@@ -122,6 +122,7 @@ class PipelineRecipe:
         scorer: DLRMScorer | GBDTScorer | BlendScorer = BlendScorer(),  # noqa: B008 - a config value, copied per recipe
         ordering: Ordering = Ordering(),  # noqa: B008 - a config value, copied per recipe
         ranker_pairs: Literal["protocol", "all_prefixes"] = "protocol",
+        refit_retrievers: bool = False,
         output: str = "runs/pipeline/pipeline",
         ks: list[int] = [10, 20],  # noqa: B006 - read only
         batch_size: int = 512,
@@ -138,7 +139,7 @@ class PipelineRecipe:
         self.features, self.scorer, self.ordering = copy.deepcopy((features, scorer, ordering))
         self.device = device
         self.output, self.ks, self.batch_size = Path(output), list(ks), batch_size
-        self.ranker_pairs = ranker_pairs
+        self.ranker_pairs, self.refit_retrievers = ranker_pairs, refit_retrievers
         for rule in (*self.item_tables, *self.ordering.rules):
             rule.read()  # a bad table is refused now, before anything is fitted
 
@@ -150,8 +151,7 @@ class PipelineRecipe:
     def retrievers(self, names: set[str] | None = None) -> dict[str, tuple[Retriever, int]]:
         """Every retriever (or those in `names`), fitted or loaded; kNN and co-visitation on the training split."""
         dm = self.data
-        train, _ = dm.tensors("train")
-        times = frame.end_times(dm.splits.train)
+        train = index_sessions(dm)
         out: dict[str, tuple[Retriever, int]] = {}
         for name, spec in self.models.items():
             if names is not None and name not in names:
@@ -162,18 +162,30 @@ class PipelineRecipe:
         for name, spec in self.baselines.items():
             if names is not None and name not in names:
                 continue
-            out[name] = (BaselineRetriever(spec.baseline).fit(train, dm.num_items, times), spec.k)
+            out[name] = (BaselineRetriever(spec.baseline).fit(train, dm.num_items), spec.k)
         if self.covisitation is not None and (names is None or "covisitation" in names):
-            out["covisitation"] = (self.covisitation.fit(_time_ordered(train, dm), dm.num_items), self.covisitation_k)
+            out["covisitation"] = (self.covisitation.fit(train, dm.num_items), self.covisitation_k)
         return out
+
+    def refit(self, pipe: Pipeline) -> Pipeline:
+        """Fit the kNN and co-visitation retrievers and the popularity statistics of `pipe` again, on
+        the training and validation sessions; the session models, the feature ops and the ranker stay as
+        fitted. Run after the ranker is fitted (its rows must come from retrievers that never saw the
+        validation sessions): the pipeline then serves and is tested with the most recent sessions."""
+        dm = self.data
+        rows = index_sessions(dm, ("train", "valid"))
+        for name, (retriever, _) in pipe.retrievers.items():
+            if name in self.baselines or (name == "covisitation" and self.covisitation is not None):
+                retriever.fit(rows, dm.num_items).to(pipe.device)
+        pipe.features.fit_statistics(rows, dm.num_items)
+        return pipe
 
     def build(self, names: set[str] | None = None) -> Pipeline:
         dm = self.data
         filters = list(self.item_tables)
         if self.seen_filter != "none":
             filters.insert(0, SeenItemsFilter(window=self.seen_window if self.seen_filter == "window" else None))
-        train, _ = dm.tensors("train")
-        self.features.fit_statistics(_time_ordered(train, dm), dm.num_items)
+        self.features.fit_statistics(index_sessions(dm), dm.num_items)
         return Pipeline(
             dm.vocab, self.retrievers(names), max_length=dm.max_length, max_candidates=self.max_candidates,
             filters=filters, features=self.features, ordering=self.ordering, device=self.device,
@@ -183,15 +195,18 @@ class PipelineRecipe:
     def fit(self) -> Pipeline:
         """Build, fit the ranker on the validation pairs, save to `output`; print each stage as it starts
         and ends (and a line a minute while one runs, `Stages`), then what it did."""
-        start, stages = time.perf_counter(), Stages("fit", 4)
+        start, stages = time.perf_counter(), Stages("fit", 5 if self.refit_retrievers else 4)
         with stages.stage("reading the data, fitting the retrievers and the feature statistics"):
             pipe = self.build()
         with stages.stage(f"fitting the ranker {type(self.scorer).__name__} on the validation pairs"):
             info = fit_ranker(pipe, self.ranker_data(), self.scorer, self.batch_size)
-        with stages.stage(f"saving the pipeline to {self.output}"):
-            pipe.save_pretrained(self.output)
         with stages.stage("scoring the validation pairs"):
             valid = evaluate_pipeline(pipe, self.data.pairs("valid"), self.ks, self.batch_size)
+        if self.refit_retrievers:  # after the validation scores: the refitted retrievers have seen those sessions
+            with stages.stage("fitting the kNN and co-visitation retrievers again on the training and validation sessions"):
+                self.refit(pipe)
+        with stages.stage(f"saving the pipeline to {self.output}"):
+            pipe.save_pretrained(self.output)
         shown = " ".join(f"{k}={v:.4f}" for k, v in valid.items())
         print(f"[fit] ranker {type(self.scorer).__name__} on {info['pairs']} validation pairs "
               f"(candidate coverage {info['coverage']:.4f}); saved to {self.output} in {time.perf_counter() - start:.0f} s")
@@ -227,10 +242,15 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Pipelin
     return parser.instantiate(parser.parse_args(["--config", str(path), *(overrides or [])])).pipeline
 
 
-def _time_ordered(train: torch.Tensor, dm: SessionDataModule) -> np.ndarray:
-    times = frame.end_times(dm.splits.train)
-    order = np.argsort(times, kind="stable") if times is not None else np.arange(len(train))
-    return train.numpy()[order]
+def index_sessions(dm: SessionDataModule, splits: tuple[str, ...] = ("train",)) -> np.ndarray:
+    """(N, L) whole sessions of `splits` in time order, oldest first (by their last event where the
+    data has times, else as listed: the splits in the order given, each in its file's order). The
+    kNN and co-visitation retrievers and the popularity statistics are fitted on them."""
+    rows = np.concatenate([dm.sessions(split).numpy() for split in splits])
+    times = [frame.end_times(getattr(dm.splits, split)) for split in splits]
+    if any(t is None for t in times):
+        return rows
+    return rows[np.argsort(np.concatenate(times), kind="stable")]
 
 
 def _check_vocab(vocab: ItemVocab, path: Path, name: str) -> None:

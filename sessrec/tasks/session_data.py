@@ -248,6 +248,14 @@ class SessionDataModule(pl.LightningDataModule):
             self._build(split)
         return self._tensors[split]
 
+    def sessions(self, split: str) -> torch.Tensor:
+        """(N, L) whole sessions of any split, one row each in the split's order, right-aligned, their
+        last `max_length` events: what retrievers index (no reversed copies, no prefixes, no pairs)."""
+        if split not in ("train", "valid", "test"):
+            raise ValueError(f"split must be 'train', 'valid' or 'test', got {split!r}")
+        ids, offsets, _ = self._encode(split)
+        return torch.from_numpy(frame.pad_sessions(ids, offsets[:-1], offsets[1:], self.max_length, ITEM_DTYPE))
+
     def feature_tensors(self, split: str) -> dict[str, torch.Tensor]:
         """Side features by name, each (N, L) aligned with ``tensors(split)[0]``; empty without side features."""
         if split not in self._tensors:

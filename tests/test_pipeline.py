@@ -238,7 +238,6 @@ def test_saved_pipeline_recommends_identically(world: World, tmp_path: Path, sco
 
 def test_a_blend_ranker_saves_and_loads_with_its_members(world: World, tmp_path: Path) -> None:
     dm = world.dm
-    train, _ = dm.tensors("train")
     features = CandidateFeatures().fit_statistics(index_sessions(dm), dm.num_items)
     pipe = Pipeline(dm.vocab, world.retrievers, max_length=MAX_LENGTH, max_candidates=50, features=features)
     blend = BlendScorer([DLRMScorer(max_epochs=1), GBDTScorer(**GBDT_ARGS)])
@@ -750,7 +749,6 @@ def test_pipeline_on_cuda_matches_the_cpu(world: World, name: str) -> None:
     """Fitted and run on CUDA (session model, exact index and DLRM there), the pipeline agrees with the CPU run."""
     from sessrec.pipeline.retrieval.index import ExactIndex
 
-    train, _ = world.dm.tensors("train")
     valid, test = world.dm.pairs("valid"), world.dm.pairs("test")
     out, pipes = {}, {}
     for device in ("cpu", "cuda"):

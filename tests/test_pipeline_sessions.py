@@ -107,7 +107,7 @@ def test_pairs_carry_their_session_and_event_times(dm: SessionDataModule) -> Non
 def test_whole_sessions_and_their_time_order(dm: SessionDataModule) -> None:
     from sessrec.pipeline.recipe import index_sessions
 
-    encode = lambda raw: dm.vocab.encode(pa.array(raw)).ids.tolist()  # noqa: E731
+    encode = lambda raw: dm.vocab.encode(pa.array(raw)).ids.tolist()
     valid = dm.sessions("valid")  # one row per session, its last MAX_LENGTH events, right-aligned
     assert valid.shape == (len(VALID), MAX_LENGTH)
     assert valid[0].tolist() == encode([11, 10, 11, 10]) and valid[4].tolist() == [0, *encode([13, 12, 13])]

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-import torch
 
 from sessrec.baselines import SessionBaseline
 from sessrec.data import frame

@@ -147,10 +147,11 @@ class PipelineRecipe:
         return self.data.pairs("valid", None if self.ranker_pairs == "protocol" else "all_prefixes")
 
     # -- building -------------------------------------------------------------------------------
-    def retrievers(self, names: set[str] | None = None) -> dict[str, tuple[Retriever, int]]:
-        """Every retriever (or those in `names`), fitted or loaded; kNN and co-visitation on the training split."""
+    def retrievers(self, names: set[str] | None = None, train: np.ndarray | None = None) -> dict[str, tuple[Retriever, int]]:
+        """Every retriever (or those in `names`), fitted or loaded; kNN and co-visitation on the training
+        split (`train`: its `index_sessions`, when the caller has them)."""
         dm = self.data
-        train = index_sessions(dm)
+        train = index_sessions(dm) if train is None else train
         out: dict[str, tuple[Retriever, int]] = {}
         for name, spec in self.models.items():
             if names is not None and name not in names:
@@ -184,9 +185,10 @@ class PipelineRecipe:
         filters = list(self.item_tables)
         if self.seen_filter != "none":
             filters.insert(0, SeenItemsFilter(window=self.seen_window if self.seen_filter == "window" else None))
-        self.features.fit_statistics(index_sessions(dm), dm.num_items)
+        train = index_sessions(dm)  # encoded once, for the statistics and the retrievers
+        self.features.fit_statistics(train, dm.num_items)
         return Pipeline(
-            dm.vocab, self.retrievers(names), max_length=dm.max_length, max_candidates=self.max_candidates,
+            dm.vocab, self.retrievers(names, train), max_length=dm.max_length, max_candidates=self.max_candidates,
             filters=filters, features=self.features, ordering=self.ordering, device=self.device,
         )
 

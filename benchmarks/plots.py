@@ -237,12 +237,15 @@ def _figure(name: str):
     return plt.figure(figsize=SIZES[name], dpi=DPI, layout="constrained")
 
 
-STYLE = {  # model -> (colour, marker); baselines are squares, XLNet-MLM variants share its colour
+STYLE = {  # model -> (colour, marker); baselines are squares, a model's variants share its colour
     "V-SKNN": ("black", "s"),
     "STAN": ("#969696", "s"),
     "GRU4Rec": ("#ff7f0e", "o"),
     "SASRec": ("#2ca02c", "o"),
     "GPT-2 CLM": ("#17becf", "o"),
+    "GPT-2, full softmax": ("#17becf", "^"),
+    "HSTU": ("#393b79", "o"),
+    "HSTU, full softmax": ("#393b79", "^"),
     "BERT MLM": ("#d62728", "o"),
     "ELECTRA RTD": ("#e377c2", "o"),
     "XLNet PLM": ("#9467bd", "o"),

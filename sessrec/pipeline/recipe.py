@@ -147,11 +147,10 @@ class PipelineRecipe:
         return self.data.pairs("valid", None if self.ranker_pairs == "protocol" else "all_prefixes")
 
     # -- building -------------------------------------------------------------------------------
-    def retrievers(self, names: set[str] | None = None, train: np.ndarray | None = None) -> dict[str, tuple[Retriever, int]]:
-        """Every retriever (or those in `names`), fitted or loaded; kNN and co-visitation on the training
-        split (`train`: its `index_sessions`, when the caller has them)."""
+    def retrievers(self, names: set[str] | None, train: np.ndarray) -> dict[str, tuple[Retriever, int]]:
+        """Every retriever (or those in `names`), fitted or loaded; kNN and co-visitation on `train`, the
+        training split's `index_sessions`."""
         dm = self.data
-        train = index_sessions(dm) if train is None else train
         out: dict[str, tuple[Retriever, int]] = {}
         for name, spec in self.models.items():
             if names is not None and name not in names:

@@ -27,11 +27,14 @@ retrievers`` (which builds the ranker's rows again) is refused.
 
 Each line has ``recall@20``, ``mrr@20``, ``ndcg@20`` (and @10) and ``seconds`` (a retriever: its
 test-split scoring; a ranker: its fitting plus scoring the test candidates, which are built once
-and shared by every ranker compared), and the seeds it ran with (``stage1_seed``, ``ranker_seed``).
+and shared by every ranker compared), and the seeds it ran with (``stage1_seed``, ``ranker_seed``; a
+session model's line: that model's own stage-1 seed).
 
 Seeds. ``--seeds N`` runs N times, run i with stage-1 seed i (``sessrec fit --seed_everything i``,
 its checkpoint in ``runs/<stage-1 recipe>_seed<i>/checkpoints``; the recipe's own seed keeps the
-recipe's checkpoint folder) and ranker seed i (the scorers' ``seed``: their early-stopping split,
+recipe's checkpoint folder; a pipeline recipe whose models name their ``seed``, e.g. one stage-1
+recipe twice with seeds 0 and 1, has its models' seeds shifted by their span times i: 2i and 2i + 1)
+and ranker seed i (the scorers' ``seed``: their early-stopping split,
 initial weights and shuffling; a blend's member j with config seed c_j gets c_j + n * i, n members,
 so its LightGBM members keep distinct seeds). ``--stage1-seeds 0`` keeps one stage-1 model for every run and
 varies the ranker seed only (when stage 1 cannot be retrained N times in the budget). The kNN and
@@ -69,7 +72,7 @@ import yaml
 from sessrec.pipeline import RequestSessions
 from sessrec.pipeline.candidate_features import CandidateFeatures, group_of
 from sessrec.pipeline.pipeline import Pipeline
-from sessrec.pipeline.recipe import PipelineRecipe, load_recipe
+from sessrec.pipeline.recipe import ModelRetrieval, PipelineRecipe, load_recipe
 from sessrec.pipeline.scoring import BlendScorer, DLRMScorer, GBDTScorer, Scorer
 from sessrec.pipeline.training import (
     RankerData,
@@ -123,13 +126,36 @@ def recipe_seed(stage1: dict) -> int | None:
     return seed if isinstance(seed, int) and not isinstance(seed, bool) else None
 
 
-def checkpoint_of(spec_recipe: str, checkpoint: str, seed: int) -> Path:
-    """Where the stage-1 model of `seed` is: the pipeline recipe's checkpoint for the stage-1 recipe's own
-    seed, else ``runs/<stage-1 recipe>_seed<seed>/checkpoints/<same file name>``."""
-    stage1 = yaml.safe_load(Path(spec_recipe).read_text()) or {}
-    if seed == recipe_seed(stage1):
+def checkpoint_of(spec_recipe: str, checkpoint: str, seed: int, own: int | None = None) -> Path:
+    """Where the stage-1 model of `seed` is: the pipeline recipe's checkpoint for its model's own seed
+    (`own`; None: the stage-1 recipe's), else ``runs/<stage-1 recipe>_seed<seed>/checkpoints/<same file name>``."""
+    if own is None:
+        own = recipe_seed(yaml.safe_load(Path(spec_recipe).read_text()) or {})
+    if seed == own:
         return Path(checkpoint)
     return Path("runs") / f"{Path(spec_recipe).stem}_seed{seed}" / "checkpoints" / Path(checkpoint).name
+
+
+def model_seeds(specs: dict[str, ModelRetrieval], run_seed: int) -> dict[str, tuple[int, Path]]:
+    """(stage-1 seed, checkpoint) of each model in the run of stage-1 seed `run_seed`: each model's own
+    seed (its ``seed``, else its recipe's) plus `run_seed` times the span of those seeds, so that no
+    two runs share a model's seed."""
+    own = {}
+    for name, spec in specs.items():
+        own[name] = spec.seed if spec.seed is not None else recipe_seed(yaml.safe_load(Path(spec.recipe).read_text()) or {})
+        if own[name] is None:
+            raise SystemExit(f"{spec.recipe}: seed_everything must be an integer for seeded runs (model {name!r})")
+    twice = [sorted(n for n in own if (specs[n].recipe, own[n]) == key) for key in {(s.recipe, own[n]) for n, s in specs.items()}]
+    twice = [names for names in twice if len(names) > 1]
+    if twice:
+        raise SystemExit(f"models {twice[0]} are one stage-1 recipe with one seed ({own[twice[0][0]]}): "
+                         "give each its own `seed` (a seed ensemble) or keep one")
+    span = max(own.values()) - min(own.values()) + 1 if own else 1
+    out = {}
+    for name, spec in specs.items():
+        seed = own[name] + span * run_seed
+        out[name] = (seed, checkpoint_of(spec.recipe, spec.checkpoint, seed, own[name]))
+    return out
 
 
 def seed_overlay(stage1: dict, recipe: str, seed: int, dirpath: Path) -> dict[str, Any]:
@@ -152,15 +178,15 @@ def seed_overlay(stage1: dict, recipe: str, seed: int, dirpath: Path) -> dict[st
 
 
 def train_models(recipe: PipelineRecipe, seeds: list[int], retrain: bool, extra: list[str]) -> dict[tuple[str, int], float]:
-    """``sessrec fit`` each stage-1 model of each seed whose checkpoint is missing (or all with `retrain`);
-    seconds per (model, seed) trained."""
+    """``sessrec fit`` each stage-1 model of each run seed whose checkpoint is missing (or all with
+    `retrain`); seconds per (model, run seed) trained."""
     took = {}
-    for name, spec in recipe.models.items():
-        stage1 = yaml.safe_load(Path(spec.recipe).read_text()) or {}
-        for seed in seeds:
-            checkpoint = checkpoint_of(spec.recipe, spec.checkpoint, seed)
+    for run_seed in seeds:
+        for name, (seed, checkpoint) in model_seeds(recipe.models, run_seed).items():
             if checkpoint.exists() and not retrain:
                 continue
+            spec = recipe.models[name]
+            stage1 = yaml.safe_load(Path(spec.recipe).read_text()) or {}
             checkpoint.parent.mkdir(parents=True, exist_ok=True)
             overlay = checkpoint.parent.parent / f"seed{seed}.yaml"
             overlay.write_text(yaml.safe_dump(seed_overlay(stage1, spec.recipe, seed, checkpoint.parent)))
@@ -168,7 +194,7 @@ def train_models(recipe: PipelineRecipe, seeds: list[int], retrain: bool, extra:
             log(f"training {name} (seed {seed}): {shlex.join(command)}")
             start = time.perf_counter()
             subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
-            took[(name, seed)] = time.perf_counter() - start
+            took[(name, run_seed)] = time.perf_counter() - start
             if not checkpoint.exists():
                 raise SystemExit(f"{spec.recipe} (seed {seed}) wrote no {checkpoint}: its ModelCheckpoint's "
                                  f"filename must be {checkpoint.stem!r}, as the pipeline recipe names it")
@@ -347,8 +373,8 @@ def main() -> None:
             emit(line)
 
     for stage1_seed in stage1_seeds:
-        recipe.models = {n: dataclasses.replace(s, checkpoint=str(checkpoint_of(s.recipe, s.checkpoint, stage1_seed)))
-                         for n, s in specs.items()}
+        stage1 = model_seeds(specs, stage1_seed)
+        recipe.models = {n: dataclasses.replace(s, checkpoint=str(stage1[n][1]), seed=stage1[n][0]) for n, s in specs.items()}
         start = time.perf_counter()
         pipe = recipe.build()
         build_seconds = time.perf_counter() - start
@@ -370,7 +396,7 @@ def main() -> None:
             start = time.perf_counter()
             metrics = single(pipe, name, test.items, test.targets, batch)
             extra = {"train_seconds": trained[(name, stage1_seed)]} if (name, stage1_seed) in trained else {}
-            seeds = {"stage1_seed": stage1_seed} if name in specs else {}
+            seeds = {"stage1_seed": stage1[name][0]} if name in specs else {}
             record({"system": name, "dataset": dataset, **metrics, **{f"retrieval_{k}": v for k, v in ceilings[name].items()},
                     "seconds": time.perf_counter() - start, **extra, **seeds})
 

@@ -204,6 +204,16 @@ def test_pipeline_eval_seed_plan_and_stage1_overlays(tmp_path):
     assert "logger" not in pe.seed_overlay(STAGE1, str(recipe), 0, own.parent)["trainer"]  # its own seed logs as usual
     with pytest.raises(SystemExit, match="one ModelCheckpoint"):
         pe.seed_overlay({"trainer": {"callbacks": []}}, str(recipe), 1, other.parent)
+    # a two-seed ensemble of one recipe: run i takes seeds 2i and 2i + 1, the run of the models' own seeds their checkpoints
+    from sessrec.pipeline.recipe import ModelRetrieval
+    pair = {"a": ModelRetrieval(str(recipe), "runs/m/checkpoints/best.ckpt"),
+            "b": ModelRetrieval(str(recipe), "runs/m1/checkpoints/best.ckpt", seed=1)}
+    assert pe.model_seeds(pair, 0) == {"a": (0, Path("runs/m/checkpoints/best.ckpt")), "b": (1, Path("runs/m1/checkpoints/best.ckpt"))}
+    assert pe.model_seeds(pair, 2) == {"a": (4, Path("runs/gpt2_x_seed4/checkpoints/best.ckpt")),
+                                       "b": (5, Path("runs/gpt2_x_seed5/checkpoints/best.ckpt"))}
+    assert pe.model_seeds({"a": pair["a"]}, 2) == {"a": (2, Path("runs/gpt2_x_seed2/checkpoints/best.ckpt"))}
+    with pytest.raises(SystemExit, match=r"models \['a', 'c'\] are one stage-1 recipe with one seed \(0\)"):
+        pe.model_seeds({**pair, "c": ModelRetrieval(str(recipe), "runs/other/best.ckpt", seed=0)}, 0)
     means = pe.summary([{"system": "p", "dataset": "d", "recall@20": 0.5, "stage1_seed": 0, "ranker_seed": 0},
                         {"system": "p", "dataset": "d", "recall@20": 0.7, "stage1_seed": 0, "ranker_seed": 1}], "p", ["ranker"])
     assert means["recall@20"] == pytest.approx(0.6) and means["recall@20_std"] == pytest.approx(0.1414, abs=1e-4)

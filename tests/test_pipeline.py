@@ -544,6 +544,13 @@ def test_model_with_another_vocabulary_is_refused(world: World, tmp_path: Path) 
         recipe.build()
 
 
+def test_a_model_seed_that_no_training_can_have_is_refused(world: World, tmp_path: Path) -> None:
+    for seed in (-1, 2**32):
+        with pytest.raises(ValueError, match=f"models.again.seed: {seed} is not a --seed_everything value"):
+            small_recipe(world, tmp_path, models={"again": ModelRetrieval(str(world.recipe), str(world.checkpoint), seed=seed)})
+    assert small_recipe(world, tmp_path, models={"again": ModelRetrieval(str(world.recipe), str(world.checkpoint), seed=1)})
+
+
 def test_category_table_without_its_column_names_file_and_column(tmp_path: Path) -> None:
     table = tmp_path / "categories.csv"
     pacsv.write_csv(pa.table({"item_id": [1000], "cat": ["shoes"]}), table)

@@ -57,12 +57,16 @@ class ModelRetrieval:
         checkpoint: its best checkpoint (``vocab.parquet`` beside it).
         k: candidates it contributes.
         index: ``exact`` (blocked product), ``hnsw`` or ``ivf`` (FAISS).
+        seed: the stage-1 seed the checkpoint was trained with (``sessrec fit --seed_everything``);
+            None: the recipe's own. Two entries of one recipe with seeds 0 and 1 are a two-seed
+            ensemble; ``benchmarks/pipeline_eval.py`` trains a missing checkpoint with this seed.
     """
 
     recipe: str
     checkpoint: str
     k: int = 100
     index: Literal["exact", "hnsw", "ivf"] = "exact"
+    seed: int | None = None
 
 
 @dataclass
@@ -133,6 +137,9 @@ class PipelineRecipe:
         self.covisitation, self.covisitation_k = covisitation, covisitation_k
         self.max_candidates, self.seen_filter, self.seen_window = max_candidates, seen_filter, seen_window
         self.item_tables = list(item_tables or [])
+        for name, spec in self.models.items():
+            if spec.seed is not None and not 0 <= spec.seed < 2**32:
+                raise ValueError(f"models.{name}.seed: {spec.seed} is not a --seed_everything value (0 to 2**32 - 1)")
         # fitted in place: each recipe owns copies, so recipes built from the same defaults (or the
         # same objects) never share a fitted estimator
         self.features, self.scorer, self.ordering = copy.deepcopy((features, scorer, ordering))

@@ -145,11 +145,13 @@ def model_seeds(specs: dict[str, ModelRetrieval], run_seed: int) -> dict[str, tu
         own[name] = spec.seed if spec.seed is not None else recipe_seed(yaml.safe_load(Path(spec.recipe).read_text()) or {})
         if own[name] is None:
             raise SystemExit(f"{spec.recipe}: seed_everything must be an integer for seeded runs (model {name!r})")
-    twice = [sorted(n for n in own if (specs[n].recipe, own[n]) == key) for key in {(s.recipe, own[n]) for n, s in specs.items()}]
-    twice = [names for names in twice if len(names) > 1]
-    if twice:
-        raise SystemExit(f"models {twice[0]} are one stage-1 recipe with one seed ({own[twice[0][0]]}): "
-                         "give each its own `seed` (a seed ensemble) or keep one")
+    trained_as: dict[tuple[str, int], list[str]] = {}
+    for name, spec in specs.items():
+        trained_as.setdefault((spec.recipe, own[name]), []).append(name)
+    for (_, seed), names in trained_as.items():
+        if len(names) > 1:
+            raise SystemExit(f"models {sorted(names)} are one stage-1 recipe with one seed ({seed}): "
+                             "give each its own `seed` (a seed ensemble) or keep one")
     span = max(own.values()) - min(own.values()) + 1 if own else 1
     out = {}
     for name, spec in specs.items():

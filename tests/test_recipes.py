@@ -270,8 +270,33 @@ def holds(actual, expected) -> bool:
     return actual == expected
 
 
+def unless_overridden(block: dict, args: tuple[str, ...], section: str) -> dict:
+    """A fragment's `section` block without the values that the command's `--<section>.a.b value` flags replace."""
+    out = yaml.safe_load(yaml.safe_dump(block))
+    for flag in args:
+        if not flag.startswith(f"--{section}."):
+            continue
+        *parents, key = [k for k in flag.removeprefix(f"--{section}.").split(".") if k != "init_args"]
+        node = out
+        for k in parents:
+            node = node.get(k) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(key, None)
+    return out
+
+
+def flag_value(cfg: dict, flag: str) -> object:
+    """The value at a `--model.a.b` / `--data.a.b` flag's path in the merged config (through `init_args` levels)."""
+    node = cfg
+    for k in flag.removeprefix("--").split("."):
+        if isinstance(node, dict) and k not in node and "init_args" in node:
+            node = node["init_args"]
+        node = node[k]
+    return node
+
+
 def check_config(cfg: dict, args: tuple[str, ...]) -> None:
-    """The merged config holds what each stacked file says."""
+    """The merged config holds what each stacked file says, and the flags after them."""
     files = paths(args)
     data = next((p for p in files if p.parent.name == "data"), None)
     model = next((p for p in files if p.parent.name == "model"), None)
@@ -293,7 +318,10 @@ def check_config(cfg: dict, args: tuple[str, ...]) -> None:
         else:
             assert cfg["model"]["class_path"].endswith("NextItemTask")
             assert cfg["model"]["init_args"]["encoder"]["class_path"] == block["encoder"]["class_path"]
-            assert holds(cfg["model"]["init_args"], load(data)["model"] if data is not None else {})
+            assert holds(cfg["model"]["init_args"], unless_overridden(load(data)["model"], args, "model") if data is not None else {})
+    for flag, value in zip(args, args[1:]):  # the flags after the files, as given
+        if flag.startswith(("--model.", "--data.")) and flag != "--model.loss":  # a loss by name: checked by its type
+            assert flag_value(cfg, flag) == yaml.safe_load(value), (flag, value)
     for tuned in (p for p in files if p.parent.name == "tuned"):
         values = load(tuned)["model"]["init_args"]["baseline"]["init_args"]
         assert holds(cfg["model"]["init_args"]["baseline"]["init_args"], values)

@@ -14,6 +14,7 @@ into the repository; a combination whose dataset is absent is skipped.
 """
 
 import contextlib
+import copy
 import io
 import itertools
 import os
@@ -270,13 +271,11 @@ def holds(actual, expected) -> bool:
     return actual == expected
 
 
-def unless_overridden(block: dict, args: tuple[str, ...], section: str) -> dict:
-    """A fragment's `section` block without the values that the command's `--<section>.a.b value` flags replace."""
-    out = yaml.safe_load(yaml.safe_dump(block))
-    for flag in args:
-        if not flag.startswith(f"--{section}."):
-            continue
-        *parents, key = [k for k in flag.removeprefix(f"--{section}.").split(".") if k != "init_args"]
+def unless_overridden(block: dict, args: tuple[str, ...]) -> dict:
+    """A data fragment's `model` block without the values that the command's `--model.a.b value` flags replace."""
+    out = copy.deepcopy(block)
+    for flag in (a for a in args if a.startswith("--model.")):
+        *parents, key = [k for k in flag.removeprefix("--model.").split(".") if k != "init_args"]
         node = out
         for k in parents:
             node = node.get(k) if isinstance(node, dict) else None
@@ -318,8 +317,8 @@ def check_config(cfg: dict, args: tuple[str, ...]) -> None:
         else:
             assert cfg["model"]["class_path"].endswith("NextItemTask")
             assert cfg["model"]["init_args"]["encoder"]["class_path"] == block["encoder"]["class_path"]
-            assert holds(cfg["model"]["init_args"], unless_overridden(load(data)["model"], args, "model") if data is not None else {})
-    for flag, value in zip(args, args[1:]):  # the flags after the files, as given
+            assert holds(cfg["model"]["init_args"], unless_overridden(load(data)["model"], args) if data is not None else {})
+    for flag, value in itertools.pairwise(args):  # the flags after the files, as given
         if flag.startswith(("--model.", "--data.")) and flag != "--model.loss":  # a loss by name: checked by its type
             assert flag_value(cfg, flag) == yaml.safe_load(value), (flag, value)
     for tuned in (p for p in files if p.parent.name == "tuned"):

@@ -319,8 +319,11 @@ def check_config(cfg: dict, args: tuple[str, ...]) -> None:
             assert cfg["model"]["init_args"]["encoder"]["class_path"] == block["encoder"]["class_path"]
             assert holds(cfg["model"]["init_args"], unless_overridden(load(data)["model"], args) if data is not None else {})
     for flag, value in itertools.pairwise(args):  # the flags after the files, as given
-        if flag.startswith(("--model.", "--data.")) and flag != "--model.loss":  # a loss by name: checked by its type
-            assert flag_value(cfg, flag) == yaml.safe_load(value), (flag, value)
+        if flag.startswith(("--model.", "--data.")):
+            actual, expected = flag_value(cfg, flag), yaml.safe_load(value)
+            if isinstance(actual, dict) and "class_path" in actual:  # a class given by name, short or dotted
+                actual, expected = actual["class_path"].rsplit(".", 1)[-1], str(expected).rsplit(".", 1)[-1]
+            assert actual == expected, (flag, value)
     for tuned in (p for p in files if p.parent.name == "tuned"):
         values = load(tuned)["model"]["init_args"]["baseline"]["init_args"]
         assert holds(cfg["model"]["init_args"]["baseline"]["init_args"], values)

@@ -315,7 +315,7 @@ def restore_metrics(logger: object, run: Path, step: int) -> None:
     experiment.save()
 
 
-UNTRAINED_TASKS = ("BaselineTask",)  # tasks with nothing to train: test and predict need no checkpoint
+UNTRAINED_TASKS = ("BaselineTask", "EnsembleTask")  # tasks with nothing to train: test and predict need no checkpoint
 
 
 def cli(args: list[str] | None = None) -> SessrecCLI:

@@ -6,6 +6,7 @@ from sessrec.metrics import RankingMetrics
 from sessrec.tasks.baseline import BaselineTask
 from sessrec.tasks.callbacks import LastCheckpoint, TopKWriter, VocabularyCheckpoint
 from sessrec.tasks.clickout_data import ClickoutDataModule
+from sessrec.tasks.ensemble import EnsembleTask
 from sessrec.tasks.next_item import NextItemTask, TopK
 from sessrec.tasks.ranking import DLRMTask
 from sessrec.tasks.session_data import SessionDataModule
@@ -13,6 +14,6 @@ from sessrec.tasks.settings import Evaluation, Optimization, Schedule
 from sessrec.tasks.sharded import TorchRecStrategy
 
 __all__ = [
-    "BaselineTask", "ClickoutDataModule", "DLRMTask", "Evaluation", "LastCheckpoint", "NextItemTask", "Optimization",
+    "BaselineTask", "ClickoutDataModule", "DLRMTask", "EnsembleTask", "Evaluation", "LastCheckpoint", "NextItemTask", "Optimization",
     "RankingMetrics", "Schedule", "SessionDataModule", "TopK", "TopKWriter", "TorchRecStrategy", "VocabularyCheckpoint",
 ]

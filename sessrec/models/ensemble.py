@@ -1,0 +1,142 @@
+"""`SessionEnsemble`: several trained session models scoring the next item as one.
+
+The ensemble's score of an item is the weighted mean of the members' log-probabilities (the
+log-softmax of each member's scores over the catalogue): the log of a normalised geometric mean
+of their next-item distributions. Scores on different scales (a cosine x 16, a dot product) are
+comparable after the softmax, and a member that is sure of an item counts as much as its
+probability says, not as its raw logit. Items that no member may recommend (padding, OOV,
+virtual) stay at -inf.
+
+Members are `SessionModel`s as `SessionModel.from_pretrained` or a task's ``network()`` give
+them: each carries the objective it was trained with (how it reads a session) and its
+vocabulary. They must score the same catalogue under the same ids: same size, same recommendable
+items, and the same vocabulary where they carry one (compared by content). Each member reads the
+latest items its own ``max_length`` allows, and event times when its encoder uses them.
+
+Examples:
+    >>> import torch
+    >>> from sessrec.models import SessionModel, GRU4RecEncoder
+    >>> a = SessionModel(num_items=12, encoder=GRU4RecEncoder(d_model=8), max_length=5)
+    >>> b = SessionModel(num_items=12, encoder=GRU4RecEncoder(d_model=8), max_length=5)
+    >>> SessionEnsemble([a, b], weights=[3, 1])(torch.tensor([[0, 4, 5, 6]])).shape
+    torch.Size([1, 12])
+
+Shape letters: B sessions, L positions, V items.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from sessrec.data.batch import SessionBatch
+from sessrec.models.objective import EVENT_TIMES
+from sessrec.models.session_model import SessionModel
+
+
+class SessionEnsemble(nn.Module):
+    """Weighted mean of the next-item log-probabilities of trained `SessionModel`s.
+
+    Args:
+        members: the trained networks, each with its objective attached (or read the default way
+            for its encoder, as `SessionModel.forward`).
+        weights: one positive weight per member (normalised to sum 1); None: equal weights.
+        names: how errors name each member (its file, say); default ``member 0``, ``member 1`` ...
+    """
+
+    def __init__(
+        self,
+        members: Sequence[SessionModel],
+        weights: Sequence[float] | None = None,
+        names: Sequence[str] | None = None,
+    ) -> None:
+        super().__init__()
+        members = list(members)
+        names = [f"member {i}" for i in range(len(members))] if names is None else [str(n) for n in names]
+        if not members:
+            raise ValueError("an ensemble needs at least one member")
+        if len(names) != len(members):
+            raise ValueError(f"{len(names)} names for {len(members)} members")
+        for name, member in zip(names, members):
+            if not isinstance(member, SessionModel):
+                raise TypeError(f"{name}: an ensemble member must be a SessionModel, got {type(member).__name__}")
+            if member.side_info is not None:
+                raise ValueError(
+                    f"{name}: the model reads side features, which an ensemble does not feed its members; "
+                    "ensemble models trained on items (and event times) only"
+                )
+        _check_same_catalogue(members, names)
+        if weights is None:
+            weights = [1.0] * len(members)
+        weights = [float(w) for w in weights]
+        if len(weights) != len(members):
+            raise ValueError(f"{len(weights)} weights for {len(members)} members: give one weight per member")
+        bad = [w for w in weights if not (math.isfinite(w) and w > 0)]
+        if bad:
+            raise ValueError(f"ensemble weights must be positive and finite, got {bad[0]}")
+        self.members = nn.ModuleList(members)
+        self.names = names
+        total = sum(weights)
+        self.register_buffer("weights", torch.tensor([w / total for w in weights]), persistent=False)
+
+    @property
+    def num_items(self) -> int:
+        return int(self.members[0].num_items)
+
+    @property
+    def recommendable(self) -> torch.Tensor:
+        return self.members[0].recommendable
+
+    @property
+    def uses_times(self) -> bool:
+        """Whether some member reads event times (then the batches should carry them)."""
+        return any(m.uses_times for m in self.members)
+
+    def forward(
+        self, items: torch.Tensor | SessionBatch, features: dict[str, torch.Tensor] | None = None
+    ) -> torch.Tensor:
+        """(B, V) ensemble log-probabilities of right-aligned (B, L) sessions or a `SessionBatch`.
+
+        With a batch, each member takes what it reads of it (`SessionModel.batch_features`); with
+        items and `features`, event times (`EVENT_TIMES`) go only to the members that use them.
+        """
+        total = None
+        for weight, member in zip(self.weights, self.members):
+            if isinstance(items, SessionBatch):
+                scores = member(items)
+            else:
+                own = features
+                if features is not None and not member.uses_times and EVENT_TIMES in features:
+                    own = {k: v for k, v in features.items() if k != EVENT_TIMES} or None
+                scores = member(items, None, own)
+            part = weight * torch.log_softmax(scores.float(), dim=-1)
+            total = part if total is None else total + part
+        return total
+
+
+def _check_same_catalogue(members: list[SessionModel], names: list[str]) -> None:
+    """Refuse members that do not score the same items under the same ids."""
+    first, name0 = members[0], names[0]
+    fingerprint0 = _vocab_fingerprint(first)
+    for name, member in zip(names[1:], members[1:]):
+        if member.num_items != first.num_items:
+            raise ValueError(
+                f"{name}: scores {member.num_items} items where {name0} scores {first.num_items}: ensemble members "
+                "must be trained on one vocabulary"
+            )
+        if not torch.equal(member.recommendable.cpu(), first.recommendable.cpu()):
+            raise ValueError(f"{name}: recommends other ids than {name0} (its virtual items differ)")
+        fingerprint = _vocab_fingerprint(member)
+        if fingerprint is not None and fingerprint0 is not None and fingerprint != fingerprint0:
+            raise ValueError(
+                f"{name}: was trained on another vocabulary than {name0} (fingerprint {fingerprint[:19]}... against "
+                f"{fingerprint0[:19]}...): the same id would be different items"
+            )
+
+
+def _vocab_fingerprint(member: SessionModel) -> str | None:
+    vocab = getattr(member, "vocab", None)
+    return vocab.fingerprint() if vocab is not None and hasattr(vocab, "fingerprint") else None

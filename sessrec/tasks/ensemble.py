@@ -1,0 +1,176 @@
+"""`EnsembleTask`: evaluate or score several trained session models as one (`SessionEnsemble`).
+
+Nothing is trained here: the members are trained with ``sessrec fit`` (one run each, e.g. the
+same recipe with other seeds), and a recipe names their checkpoints or model directories. Then
+``sessrec validate`` / ``sessrec test`` rank every evaluation prefix over the full catalogue by
+the weighted mean of the members' log-probabilities, with the same metrics and ``[val]`` /
+``[test]`` lines as `NextItemTask`, and ``sessrec predict`` writes top-K recommendations:
+
+    sessrec test --config recipes/seq_s3rec_beauty_ensemble.yaml
+
+Members are loaded without running code from their files (a checkpoint with
+``torch.load(weights_only=True)``, registered classes only) and refused, one line naming the file,
+when they are not trained session models, read side features, score another catalogue than each
+other or than the data module's vocabulary (compared by content), or read a longer window than the
+data module gives them. Shape letters: B batch, V items.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytorch_lightning as pl
+import torch
+from torch import nn
+
+from sessrec.data.batch import SessionBatch
+from sessrec.metrics import TopKMetrics
+from sessrec.models.ensemble import SessionEnsemble
+from sessrec.models.pretrained import load_pretrained
+from sessrec.models.session_model import SessionModel
+from sessrec.saved.registry import config_of, register
+from sessrec.tasks.next_item import NextItemTask, TopK, exclude_seen
+from sessrec.tasks.pretrained import load_checkpoint
+from sessrec.tasks.settings import Evaluation
+
+
+@register
+class EnsembleTask(pl.LightningModule):
+    """Evaluate or score a `SessionEnsemble` of trained session models.
+
+    Args:
+        members: checkpoints of ``sessrec fit`` (``.ckpt``) or model directories of trained
+            `NextItemTask` models, at least one.
+        weights: one positive weight per member; None: equal weights.
+        num_items: score vector size; linked from the data module (``data.num_items``), checked
+            against the members'.
+        max_length: the items of a session the data module gives (``data.max_length``, linked);
+            a member that reads more is refused.
+        evaluation: metric cut-offs, recommendations per session, and whether the input
+            session's items are excluded (`Evaluation`, as `NextItemTask`'s); the recipe's, not the members'.
+        num_virtual: linked from the data module; virtual ids are never recommended (the members' own
+            masks, which agree as their vocabularies do).
+    """
+
+    EVALUATION_SETTINGS = ("evaluation",)
+    TRAINING_SETTINGS = ()
+
+    def __init__(
+        self,
+        members: list[str],
+        weights: list[float] | None = None,
+        num_items: int = 0,
+        max_length: int = 0,
+        evaluation: Evaluation = Evaluation(),  # noqa: B008 - frozen
+        num_virtual: int = 0,
+    ) -> None:
+        super().__init__()
+        evaluation = Evaluation.of(evaluation)
+        self.save_hyperparameters(ignore=["evaluation"])
+        self.hparams.update(evaluation=config_of(evaluation))
+        self.metrics = nn.ModuleDict({stage: TopKMetrics(evaluation.ks) for stage in ("val", "test")})
+        self._ensemble: SessionEnsemble | None = None
+
+    evaluation = NextItemTask.evaluation
+
+    @property
+    def ensemble(self) -> SessionEnsemble:
+        """The members, loaded and checked on first use (at `setup`: loading them while LightningCLI builds
+        this task would hand them its hyper-parameters)."""
+        if self._ensemble is None:
+            members, num_items, max_length = self.hparams.members, self.hparams.num_items, self.hparams.max_length
+            networks = [load_member(path) for path in members]
+            ensemble = SessionEnsemble(networks, self.hparams.weights, names=[str(p) for p in members])
+            for path, network in zip(members, networks):
+                if num_items and network.num_items != num_items:
+                    raise ValueError(
+                        f"{path}: scores {network.num_items} items where the data module's vocabulary has {num_items}: "
+                        "the member was trained on other data"
+                    )
+                window = getattr(getattr(network, "inference", None), "max_length", None)
+                if max_length and window is not None and window > max_length:
+                    raise ValueError(
+                        f"{path}: reads the latest {window} items of a session where --data.max_length gives {max_length}: "
+                        f"set --data.max_length {window} (or more) so that every member sees what it was trained on"
+                    )
+            self._ensemble = ensemble.to(self.device)
+        return self._ensemble
+
+    @property
+    def uses_times(self) -> bool:
+        """Whether the batches should carry event times: some member's encoder reads them."""
+        return self.ensemble.uses_times
+
+    def _nothing_to_train(self) -> ValueError:
+        return ValueError(
+            "an EnsembleTask has no weights to train: train each member with `sessrec fit`, then run "
+            "`sessrec test` (or validate, predict) with the ensemble recipe"
+        )
+
+    def setup(self, stage: str) -> None:
+        if stage == "fit":
+            raise self._nothing_to_train()
+        dm = self.trainer.datamodule if self._trainer is not None else None
+        vocab = getattr(dm, "vocab", None)
+        if vocab is None:
+            raise ValueError("EnsembleTask scores the sessions of a SessionDataModule; pass datamodule=")
+        found = vocab.fingerprint()
+        for name, member in zip(self.ensemble.names, self.ensemble.members):
+            held = getattr(member, "vocab", None)
+            if held is None:
+                raise ValueError(f"{name}: holds no vocabulary, so its ids cannot be checked against the data's")
+            if held.fingerprint() != found:
+                raise ValueError(
+                    f"{name}: was trained on another vocabulary than the data module's ({len(held)} against {len(vocab)} "
+                    "ids, or the same ids for other items): evaluate it on the data it was trained on"
+                )
+
+    def forward(self, batch: SessionBatch) -> torch.Tensor:
+        """(B, V) ensemble scores of the batch's prefixes (its targets are never read)."""
+        scores = self.ensemble(batch)
+        return exclude_seen(scores, batch.items) if self.evaluation.exclude_seen else scores
+
+    def _step(self, batch: SessionBatch, stage: str) -> None:
+        self.metrics[stage].update(self(batch), batch.targets)
+
+    def training_step(self, batch: SessionBatch, batch_idx: int) -> None:
+        raise self._nothing_to_train()  # defined so that Lightning reaches `setup`, which says why
+
+    def configure_optimizers(self) -> None:
+        raise self._nothing_to_train()
+
+    def validation_step(self, batch: SessionBatch, batch_idx: int) -> None:
+        self._step(batch, "val")
+
+    def test_step(self, batch: SessionBatch, batch_idx: int) -> None:
+        self._step(batch, "test")
+
+    _log_metrics = NextItemTask._log_metrics
+    on_validation_epoch_end = NextItemTask.on_validation_epoch_end
+    on_test_epoch_end = NextItemTask.on_test_epoch_end
+
+    def predict_step(self, batch: SessionBatch, batch_idx: int) -> TopK:
+        scores = self(batch)
+        k = min(self.evaluation.top_k, int(self.ensemble.recommendable.sum()))
+        top = scores.topk(k, dim=1)
+        return TopK(items=top.indices, scores=top.values)
+
+
+def load_member(path: str | os.PathLike) -> SessionModel:
+    """The trained network of a ``sessrec fit`` checkpoint or a model directory, with its objective,
+    vocabulary and inference settings attached; anything else is refused in one line naming `path`."""
+    where = Path(path)
+    if not where.exists():
+        raise FileNotFoundError(f"{path}: no such checkpoint or model directory (ensemble member)")
+    if where.is_dir():
+        network = load_pretrained(where)
+    else:
+        task = load_checkpoint(where)
+        if not isinstance(task, NextItemTask):
+            raise ValueError(f"{path}: holds a {type(task).__name__}, not a trained session model (NextItemTask)")
+        network = task.network()
+    if not isinstance(network, SessionModel):
+        raise TypeError(f"{path}: holds a {type(network).__name__}, not a session model")
+    return network.eval()
+

@@ -1,0 +1,223 @@
+"""Ensembles of trained session models: `SessionEnsemble` by hand, and `EnsembleTask` through the CLI."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+import re
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+import yaml
+
+from sessrec.cli import cli
+from sessrec.data import SyntheticSource
+from sessrec.data.vocab import ItemVocab
+from sessrec.metrics import TopKMetrics
+from sessrec.models import GRU4RecEncoder, HSTUEncoder, SessionEnsemble, SessionModel
+from sessrec.models.objective import EVENT_TIMES
+from sessrec.tasks import SessionDataModule
+from sessrec.tasks.ensemble import EnsembleTask, load_member
+
+torch.set_num_threads(1)
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def gru(num_items: int = 12, seed: int = 0) -> SessionModel:
+    torch.manual_seed(seed)
+    return SessionModel(num_items=num_items, encoder=GRU4RecEncoder(d_model=8), max_length=5).eval()
+
+
+SESSIONS = torch.tensor([[0, 4, 5, 6], [0, 0, 7, 3]])
+
+
+def test_the_ensemble_is_the_weighted_mean_of_the_members_log_probabilities():
+    a, b = gru(seed=0), gru(seed=1)
+    with torch.no_grad():
+        got = SessionEnsemble([a, b], weights=[3, 1])(SESSIONS)
+        want = 0.75 * torch.log_softmax(a(SESSIONS), -1) + 0.25 * torch.log_softmax(b(SESSIONS), -1)
+        assert torch.allclose(got, want, atol=1e-6)
+        assert torch.isinf(got[:, :2]).all() and torch.isfinite(got[:, 2:]).all()  # padding and OOV: never
+        # a normalised geometric mean: the probabilities sum to one again only for one member
+        assert torch.exp(got).sum(-1).le(1 + 1e-6).all()
+        one = SessionEnsemble([a])(SESSIONS)
+        assert torch.allclose(one, torch.log_softmax(a(SESSIONS), -1), atol=1e-6)
+        assert torch.equal(one.argsort(-1, descending=True)[:, :5], a(SESSIONS).argsort(-1, descending=True)[:, :5])
+
+
+def test_event_times_go_only_to_the_members_that_read_them():
+    torch.manual_seed(0)
+    hstu = SessionModel(num_items=12, encoder=HSTUEncoder(d_model=8, n_head=2, n_layer=1), max_length=5).eval()
+    for layer in hstu.modules():  # trained time biases (they start at zero)
+        if hasattr(layer, "time_bias"):
+            torch.nn.init.normal_(layer.time_bias, std=1.0)
+    plain = gru(seed=2)
+    times = torch.tensor([[0.0, 10.0, 70.0, 4000.0], [0.0, 0.0, 5.0, 9.0]])
+    with torch.no_grad():
+        got = SessionEnsemble([hstu, plain])(SESSIONS, {EVENT_TIMES: times})
+        want = 0.5 * torch.log_softmax(hstu(SESSIONS, None, {EVENT_TIMES: times}), -1) + 0.5 * torch.log_softmax(plain(SESSIONS), -1)
+        assert torch.allclose(got, want, atol=1e-6)
+        assert not torch.allclose(got, SessionEnsemble([hstu, plain])(SESSIONS), atol=1e-6)  # the times count for HSTU
+
+
+def test_members_that_do_not_belong_together_are_refused():
+    with pytest.raises(ValueError, match="member 1: scores 13 items where member 0 scores 12"):
+        SessionEnsemble([gru(12), gru(13)])
+    with pytest.raises(ValueError, match="2 weights for 1 members"):
+        SessionEnsemble([gru()], weights=[1, 1])
+    for bad in (0, -1, math.nan, math.inf):
+        with pytest.raises(ValueError, match="positive and finite"):
+            SessionEnsemble([gru(), gru()], weights=[1, bad])
+    with pytest.raises(ValueError, match="at least one member"):
+        SessionEnsemble([])
+    with pytest.raises(TypeError, match="must be a SessionModel, got Linear"):
+        SessionEnsemble([gru(), torch.nn.Linear(2, 2)])
+    a, b = gru(), gru()
+    a.attach(ItemVocab.fit(pa.array(list(range(10))), min_count=1))
+    b.attach(ItemVocab.fit(pa.array(list(range(1, 11))), min_count=1))  # 10 items each, other raw ids
+    with pytest.raises(ValueError, match="b.ckpt: was trained on another vocabulary than a.ckpt"):
+        SessionEnsemble([a, b], names=["a.ckpt", "b.ckpt"])
+
+
+# -- EnsembleTask through the CLI --------------------------------------------------------------------
+
+TINY = [
+    "--config", str(ROOT / "recipes" / "quickstart.yaml"),
+    "--trainer.enable_progress_bar", "false",
+    "--trainer.max_epochs", "1",
+    "--data.source.init_args.num_sessions", "1500",
+    "--data.source.init_args.num_items", "150",
+    "--model.encoder.init_args.d_model", "16",
+    "--model.encoder.init_args.n_head", "2",
+    "--model.encoder.init_args.n_layer", "1",
+]
+DATA = """data:
+  source:
+    class_path: sessrec.data.SyntheticSource
+    init_args: {{num_sessions: {sessions}, num_items: 150}}
+  max_length: 20
+  eval_batch_size: 128
+"""
+
+
+def ensemble_recipe(folder: Path, members: list[Path], sessions: int = 1500, weights: str = "null") -> str:
+    path = folder / f"ensemble_{len(list(folder.glob('ensemble_*.yaml')))}.yaml"
+    listed = ", ".join(str(m) for m in members)
+    path.write_text(
+        "trainer: {enable_progress_bar: false, enable_model_summary: false}\n"
+        "model:\n  class_path: sessrec.tasks.EnsembleTask\n"
+        f"  init_args: {{members: [{listed}], weights: {weights}, evaluation: {{ks: [5, 20]}}}}\n"
+        + DATA.format(sessions=sessions)
+    )
+    return str(path)
+
+
+def printed_test(out: str) -> dict[str, float]:
+    (line,) = [x for x in out.splitlines() if x.startswith("[test]")]
+    return {k: float(v) for k, v in re.findall(r"(\S+)=([0-9.]+)", line)}
+
+
+@pytest.fixture(scope="module")
+def members(tmp_path_factory) -> list[Path]:
+    """Two tiny XLNet-MLM runs on the same synthetic sessions, seeds 0 and 1."""
+    folder = tmp_path_factory.mktemp("members")
+    out = []
+    for seed in (0, 1):
+        dirpath = folder / f"seed{seed}"
+        cli(["fit", *TINY, "--seed_everything", str(seed), "--model.seed", str(seed),
+             "--trainer.logger.init_args.save_dir", str(folder / "runs"), "--trainer.callbacks.init_args.dirpath", str(dirpath)])
+        out.append(dirpath / "best.ckpt")
+    return out
+
+
+@pytest.mark.slow
+def test_an_ensemble_of_one_is_its_member_and_of_two_is_the_mean_of_both(members, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    a, b = members
+    cli(["test", *TINY, "--ckpt_path", str(a), "--model.evaluation.ks", "[5, 20]"])
+    alone = printed_test(capsys.readouterr().out)
+    cli(["test", "--config", ensemble_recipe(tmp_path, [a])])
+    assert printed_test(capsys.readouterr().out) == alone  # one member: its own ranking, so its own metrics
+    run = cli(["test", "--config", ensemble_recipe(tmp_path, [a, b], weights="[2, 1]")])
+    both = printed_test(capsys.readouterr().out)
+    assert both != alone
+
+    # by hand: the data module's test pairs, the members' log-probabilities weighted 2:1
+    dm = SessionDataModule(source=SyntheticSource(num_sessions=1500, num_items=150), max_length=20)
+    items, targets = dm.tensors("test")
+    nets = [load_member(a), load_member(b)]
+    with torch.no_grad():
+        scores = sum(w * torch.log_softmax(n(items.long()), -1) for w, n in zip((2 / 3, 1 / 3), nets))
+    metrics = TopKMetrics([5, 20])
+    metrics.update(scores, targets.long())
+    for name, value in metrics.compute().items():
+        assert both[name] == pytest.approx(float(value), abs=6e-5), name
+    assert run.model.ensemble.names == [str(a), str(b)]
+
+
+@pytest.mark.slow
+def test_ensemble_predict_writes_the_ensembles_top_k(members, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    raw = SessionDataModule(source=SyntheticSource(num_sessions=1500, num_items=150)).vocab.raw_ids.to_pylist()
+    src, out = tmp_path / "sessions.parquet", tmp_path / "recs.parquet"
+    pq.write_table(pa.table({"session_id": ["a", "b"], "item_id": [raw[:3], raw[5:6]]}), src)
+    cli(["predict", "--config", ensemble_recipe(tmp_path, members), "--data.predict_path", str(src),
+         "--scoring.output", str(out), "--model.init_args.evaluation.top_k", "7"])
+    recs = pq.read_table(out)
+    assert recs.column("session_id").to_pylist() == ["a", "b"]
+    for items, scores in zip(recs.column("item_ids").to_pylist(), recs.column("scores").to_pylist()):
+        assert len(set(items)) == 7 and set(items) <= set(raw)
+        assert scores == sorted(scores, reverse=True) and all(s < 0 for s in scores)  # log-probabilities
+
+
+@pytest.mark.slow
+def test_the_cli_refuses_members_that_do_not_fit_the_data_or_the_task(members, tmp_path, monkeypatch, sessrec_main):
+    monkeypatch.chdir(tmp_path)
+    a, _ = members
+    other = ensemble_recipe(tmp_path, [a], sessions=900)  # another vocabulary (fewer items seen in training)
+    assert re.fullmatch(rf"sessrec test: error: {re.escape(str(a))}: (scores \d+ items where the data module's vocabulary "
+                        rf"has \d+|was trained on another vocabulary than the data module's).* \(--traceback for details\)",
+                        sessrec_main("test", "--config", other))
+    recipe = ensemble_recipe(tmp_path, [a])
+    assert "reads the latest 20 items of a session where --data.max_length gives 10" in sessrec_main(
+        "test", "--config", recipe, "--data.max_length", "10")
+    missing = tmp_path / "nowhere.ckpt"
+    assert f"{missing}: no such checkpoint or model directory" in sessrec_main("test", "--config", ensemble_recipe(tmp_path, [missing]))
+    assert "an EnsembleTask has no weights to train" in sessrec_main("fit", "--config", recipe)
+
+
+def test_a_checkpoint_of_another_task_is_not_a_member(tmp_path):
+    from sessrec.baselines import Popularity
+    from sessrec.tasks import BaselineTask
+
+    path = tmp_path / "baseline.ckpt"
+    task = BaselineTask(baseline=Popularity(), num_items=10)
+    torch.save({"state_dict": task.state_dict(), "hyper_parameters": {"_class_path": "sessrec.tasks.BaselineTask",
+                "baseline": {"class_path": "sessrec.baselines.Popularity"}, "num_items": 10},
+                "sessrec": {"task": "sessrec.tasks.BaselineTask"}}, path)
+    with pytest.raises(ValueError, match=f"{re.escape(str(path))}: .*BaselineTask"):  # refused by name, nothing built
+        load_member(path)
+
+
+def test_the_shipped_ensemble_recipe_names_the_members_its_fit_commands_write(monkeypatch):
+    path = ROOT / "recipes" / "seq_s3rec_beauty_ensemble.yaml"
+    text = path.read_text()
+    recipe = yaml.safe_load(text)
+    members = recipe["model"]["init_args"]["members"]
+    assert recipe["model"]["class_path"] == "sessrec.tasks.EnsembleTask"
+    assert members == [f"runs/seq_s3rec_beauty/seed{s}/best.ckpt" for s in range(4)]
+    assert "for s in 0 1 2 3; do sessrec fit --config recipes/seq_s3rec_beauty.yaml --seed_everything $s --model.seed $s " \
+           "--data.seed $s --trainer.callbacks.init_args.dirpath runs/seq_s3rec_beauty/seed$s; done" in text
+    single = yaml.safe_load((ROOT / "recipes" / "seq_s3rec_beauty.yaml").read_text())
+    assert recipe["data"] == single["data"]  # the same vocabulary as the members'
+    monkeypatch.chdir(ROOT)
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), pytest.raises(SystemExit):
+        cli(["test", "--config", str(path), "--print_config"])
+    parsed = yaml.safe_load(buf.getvalue())["model"]
+    assert parsed["class_path"] == f"{EnsembleTask.__module__.rpartition('.')[0]}.{EnsembleTask.__name__}"
+    assert parsed["init_args"]["members"] == members and parsed["init_args"]["evaluation"]["exclude_seen"] is False

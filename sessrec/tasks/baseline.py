@@ -13,22 +13,21 @@ Shape letters: B batch, V items.
 
 from __future__ import annotations
 
-import pytorch_lightning as pl
 import torch
 from torch import nn
 
 from sessrec.baselines import SessionBaseline
 from sessrec.data import frame
 from sessrec.data.batch import SessionBatch
-from sessrec.data.vocab import NUM_SPECIAL
 from sessrec.metrics import TopKMetrics
 from sessrec.saved.registry import config_of, register
-from sessrec.tasks.next_item import NextItemTask, TopK, exclude_seen
+from sessrec.tasks.next_item import NextItemTask, exclude_seen
+from sessrec.tasks.scoring_only import ScoringOnlyTask
 from sessrec.tasks.settings import Evaluation
 
 
 @register
-class BaselineTask(pl.LightningModule):
+class BaselineTask(ScoringOnlyTask):
     """Evaluate or score a `SessionBaseline` (no trainable weights).
 
     Args:
@@ -59,7 +58,7 @@ class BaselineTask(pl.LightningModule):
 
     evaluation = NextItemTask.evaluation
 
-    def _nothing_to_train(self) -> ValueError:
+    def nothing_to_train(self) -> ValueError:
         return ValueError(
             f"{type(self.baseline).__name__} has no weights to train: run `sessrec test` "
             "(or `sessrec validate`) with this recipe; the baseline is fitted on the training split there"
@@ -67,7 +66,7 @@ class BaselineTask(pl.LightningModule):
 
     def setup(self, stage: str) -> None:
         if stage == "fit":
-            raise self._nothing_to_train()
+            raise self.nothing_to_train()
         if self.baseline.fitted:
             return
         dm = self.trainer.datamodule
@@ -86,32 +85,6 @@ class BaselineTask(pl.LightningModule):
         if self.hparams.num_virtual:
             scores[:, scores.shape[1] - self.hparams.num_virtual :] = float("-inf")
         return exclude_seen(scores, batch.items) if self.evaluation.exclude_seen else scores
-
-    def _step(self, batch: SessionBatch, stage: str) -> None:
-        self.metrics[stage].update(self(batch), batch.targets)
-
-    def training_step(self, batch: SessionBatch, batch_idx: int) -> None:
-        raise self._nothing_to_train()  # defined so that Lightning reaches `setup`, which says why
-
-    def configure_optimizers(self) -> None:
-        raise self._nothing_to_train()
-
-    def validation_step(self, batch: SessionBatch, batch_idx: int) -> None:
-        self._step(batch, "val")
-
-    def test_step(self, batch: SessionBatch, batch_idx: int) -> None:
-        self._step(batch, "test")
-
-    # the metric logging and the printed [val]/[test] lines are NextItemTask's, shared as they are
-    _log_metrics = NextItemTask._log_metrics
-    on_validation_epoch_end = NextItemTask.on_validation_epoch_end
-    on_test_epoch_end = NextItemTask.on_test_epoch_end
-
-    def predict_step(self, batch: SessionBatch, batch_idx: int) -> TopK:
-        scores = self(batch)
-        k = min(self.evaluation.top_k, scores.shape[1] - NUM_SPECIAL)
-        top = scores.topk(k, dim=1)
-        return TopK(items=top.indices, scores=top.values)
 
 
 _end_times = frame.end_times  # the name the kNN fits and tests use

@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pytorch_lightning as pl
 import torch
 from torch import nn
 
@@ -30,13 +29,14 @@ from sessrec.models.ensemble import SessionEnsemble
 from sessrec.models.pretrained import load_pretrained
 from sessrec.models.session_model import SessionModel
 from sessrec.saved.registry import config_of, register
-from sessrec.tasks.next_item import NextItemTask, TopK, exclude_seen
+from sessrec.tasks.next_item import NextItemTask, exclude_seen
 from sessrec.tasks.pretrained import load_checkpoint
+from sessrec.tasks.scoring_only import ScoringOnlyTask
 from sessrec.tasks.settings import Evaluation
 
 
 @register
-class EnsembleTask(pl.LightningModule):
+class EnsembleTask(ScoringOnlyTask):
     """Evaluate or score a `SessionEnsemble` of trained session models.
 
     Args:
@@ -102,7 +102,7 @@ class EnsembleTask(pl.LightningModule):
         """Whether the batches should carry event times: some member's encoder reads them."""
         return self.ensemble.uses_times
 
-    def _nothing_to_train(self) -> ValueError:
+    def nothing_to_train(self) -> ValueError:
         return ValueError(
             "an EnsembleTask has no weights to train: train each member with `sessrec fit`, then run "
             "`sessrec test` (or validate, predict) with the ensemble recipe"
@@ -110,7 +110,7 @@ class EnsembleTask(pl.LightningModule):
 
     def setup(self, stage: str) -> None:
         if stage == "fit":
-            raise self._nothing_to_train()
+            raise self.nothing_to_train()
         dm = self.trainer.datamodule if self._trainer is not None else None
         vocab = getattr(dm, "vocab", None)
         if vocab is None:
@@ -130,31 +130,6 @@ class EnsembleTask(pl.LightningModule):
         """(B, V) ensemble scores of the batch's prefixes (its targets are never read)."""
         scores = self.ensemble(batch)
         return exclude_seen(scores, batch.items) if self.evaluation.exclude_seen else scores
-
-    def _step(self, batch: SessionBatch, stage: str) -> None:
-        self.metrics[stage].update(self(batch), batch.targets)
-
-    def training_step(self, batch: SessionBatch, batch_idx: int) -> None:
-        raise self._nothing_to_train()  # defined so that Lightning reaches `setup`, which says why
-
-    def configure_optimizers(self) -> None:
-        raise self._nothing_to_train()
-
-    def validation_step(self, batch: SessionBatch, batch_idx: int) -> None:
-        self._step(batch, "val")
-
-    def test_step(self, batch: SessionBatch, batch_idx: int) -> None:
-        self._step(batch, "test")
-
-    _log_metrics = NextItemTask._log_metrics
-    on_validation_epoch_end = NextItemTask.on_validation_epoch_end
-    on_test_epoch_end = NextItemTask.on_test_epoch_end
-
-    def predict_step(self, batch: SessionBatch, batch_idx: int) -> TopK:
-        scores = self(batch)
-        k = min(self.evaluation.top_k, int(self.ensemble.recommendable.sum()))
-        top = scores.topk(k, dim=1)
-        return TopK(items=top.indices, scores=top.values)
 
 
 def load_member(path: str | os.PathLike) -> SessionModel:

@@ -22,6 +22,7 @@ from sessrec.models import GRU4RecEncoder, HSTUEncoder, SessionEnsemble, Session
 from sessrec.models.objective import EVENT_TIMES
 from sessrec.tasks import SessionDataModule
 from sessrec.tasks.ensemble import EnsembleTask, load_member
+from sessrec.tasks.pretrained import load_checkpoint
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
@@ -142,6 +143,9 @@ def test_an_ensemble_of_one_is_its_member_and_of_two_is_the_mean_of_both(members
     alone = printed_test(capsys.readouterr().out)
     cli(["test", "--config", ensemble_recipe(tmp_path, [a])])
     assert printed_test(capsys.readouterr().out) == alone  # one member: its own ranking, so its own metrics
+    folder = load_checkpoint(a).save_pretrained(tmp_path / "model_a")  # the same member as a model directory
+    cli(["test", "--config", ensemble_recipe(tmp_path, [folder])])
+    assert printed_test(capsys.readouterr().out) == alone
     run = cli(["test", "--config", ensemble_recipe(tmp_path, [a, b], weights="[2, 1]")])
     both = printed_test(capsys.readouterr().out)
     assert both != alone

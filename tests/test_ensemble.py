@@ -207,21 +207,35 @@ def test_a_checkpoint_of_another_task_is_not_a_member(tmp_path):
         load_member(path)
 
 
-def test_the_shipped_ensemble_recipe_names_the_members_its_fit_commands_write(monkeypatch):
-    path = ROOT / "recipes" / "seq_s3rec_beauty_ensemble.yaml"
+ENSEMBLE_RECIPES = sorted(p for p in (ROOT / "recipes").glob("*.yaml") if "sessrec.tasks.EnsembleTask" in p.read_text())
+
+
+def test_there_are_ensemble_recipes():
+    assert {p.stem for p in ENSEMBLE_RECIPES} >= {"seq_s3rec_beauty_ensemble", "seq_amazon_beauty_ensemble"}
+
+
+@pytest.mark.parametrize("path", ENSEMBLE_RECIPES, ids=lambda p: p.stem)
+def test_a_shipped_ensemble_recipe_names_the_members_its_fit_commands_write(path, monkeypatch):
+    """The header's ``for s in ...; do sessrec fit <configs> ... dirpath <dir>$s`` writes the members the recipe lists,
+    and the recipe's data block and evaluation are those the members were trained and evaluated with."""
     text = path.read_text()
     recipe = yaml.safe_load(text)
     members = recipe["model"]["init_args"]["members"]
-    assert recipe["model"]["class_path"] == "sessrec.tasks.EnsembleTask"
-    assert members == [f"runs/seq_s3rec_beauty/seed{s}/best.ckpt" for s in range(4)]
-    assert "for s in 0 1 2 3; do sessrec fit --config recipes/seq_s3rec_beauty.yaml --seed_everything $s --model.seed $s " \
-           "--data.seed $s --trainer.callbacks.init_args.dirpath runs/seq_s3rec_beauty/seed$s; done" in text
-    single = yaml.safe_load((ROOT / "recipes" / "seq_s3rec_beauty.yaml").read_text())
-    assert recipe["data"] == single["data"]  # the same vocabulary as the members'
+    loop = re.search(r"for s in ([\d ]+); do sessrec fit ((?:--config \S+ )+)--seed_everything \$s --model.seed \$s "
+                     r"--data.seed \$s --trainer.callbacks.init_args.dirpath (\S+)\$s; done", text)
+    assert loop, path.name
+    seeds, configs, folder = loop.group(1).split(), loop.group(2).split()[1::2], loop.group(3)
+    assert members == [f"{folder}{s}/best.ckpt" for s in seeds]
+    trained: dict = {}
+    for config in configs:  # later files override earlier ones, block by block as the CLI merges them
+        for key, value in (yaml.safe_load((ROOT / config).read_text()) or {}).items():
+            trained[key] = {**trained.get(key, {}), **value} if isinstance(value, dict) else value
+    assert recipe["data"] == trained["data"], path.name  # the same vocabulary and windows as the members'
+    assert recipe["model"]["init_args"]["evaluation"] == trained["model"]["evaluation"], path.name
     monkeypatch.chdir(ROOT)
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf), pytest.raises(SystemExit):
         cli(["test", "--config", str(path), "--print_config"])
     parsed = yaml.safe_load(buf.getvalue())["model"]
     assert parsed["class_path"] == f"{EnsembleTask.__module__.rpartition('.')[0]}.{EnsembleTask.__name__}"
-    assert parsed["init_args"]["members"] == members and parsed["init_args"]["evaluation"]["exclude_seen"] is False
+    assert parsed["init_args"]["members"] == members

@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 import yaml
+from test_cli_runs import TINY as TINY_RUN
 
 from sessrec.cli import cli
 from sessrec.data import SyntheticSource
@@ -86,16 +87,7 @@ def test_members_that_do_not_belong_together_are_refused():
 
 # -- EnsembleTask through the CLI --------------------------------------------------------------------
 
-TINY = [
-    "--config", str(ROOT / "recipes" / "quickstart.yaml"),
-    "--trainer.enable_progress_bar", "false",
-    "--trainer.max_epochs", "1",
-    "--data.source.init_args.num_sessions", "1500",
-    "--data.source.init_args.num_items", "150",
-    "--model.encoder.init_args.d_model", "16",
-    "--model.encoder.init_args.n_head", "2",
-    "--model.encoder.init_args.n_layer", "1",
-]
+TINY = [*TINY_RUN, "--trainer.max_epochs", "1"]  # the tiny XLNet-MLM of tests/test_cli_runs.py, one epoch
 DATA = """data:
   source:
     class_path: sessrec.data.SyntheticSource

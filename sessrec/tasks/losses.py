@@ -46,11 +46,15 @@ def smoothed_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, label_smo
         labels: (N,) column of each row's target.
         label_smoothing: share of the target mass spread uniformly over the valid candidates.
     """
-    logp = torch.log_softmax(logits, dim=1)  # (N, K)
+    return smoothed_nll(torch.log_softmax(logits, dim=1), labels, label_smoothing)
+
+
+def smoothed_nll(logp: torch.Tensor, labels: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
+    """`smoothed_cross_entropy` from (N, K) log-probabilities (-inf: not a candidate of the row)."""
     nll = -logp.gather(1, labels[:, None]).squeeze(1)
     if label_smoothing == 0.0:
         return nll.mean()
-    valid = torch.isfinite(logits)
+    valid = torch.isfinite(logp)
     uniform = -(logp.masked_fill(~valid, 0.0).sum(dim=1) / valid.sum(dim=1))
     return ((1.0 - label_smoothing) * nll + label_smoothing * uniform).mean()
 

@@ -26,12 +26,13 @@ from sessrec.models.pretrained import Inference
 from sessrec.models.session_model import exclude_seen, next_item_scores
 from sessrec.models.side_info import SideInfoConfig, SideInfoEmbedding
 from sessrec.saved.registry import ConfigError, config_of, instantiate, register, resolve, split_config
+from sessrec.tasks.distillation import Teachers, check_student
 from sessrec.tasks.losses import CatalogueLoss, FullSoftmax
 from sessrec.tasks.optim import adamw
 from sessrec.tasks.pretrained import Pretrained
-from sessrec.tasks.settings import Evaluation, Optimization, Schedule
+from sessrec.tasks.settings import Distillation, Evaluation, Optimization, Schedule
 
-PARTS = ("optimization", "schedule", "evaluation")  # the typed parts of the config, as plain data in hparams
+PARTS = ("optimization", "schedule", "evaluation", "distillation")  # the typed parts of the config, as plain data in hparams
 
 
 @dataclass
@@ -76,14 +77,18 @@ class NextItemTask(Pretrained, pl.LightningModule):
         side_features: sizes of the side features and item vectors; linked from the data module
             (``data.side_info``). None = item ids only.
         side_info: how side information is embedded and aggregated (`SideInfoConfig`).
+        distillation: learn also towards trained teachers' next-item distribution
+            (`Distillation`: their checkpoints or model directories, alpha, temperature;
+            `sessrec.tasks.distillation`); needs `CausalLanguageModeling` and `FullSoftmax`.
 
     Evaluating a checkpoint (``sessrec validate|test|predict``), `evaluation` is taken from the
-    recipe and the command line; `optimization`, `schedule` and `seed` are read only while fitting;
+    recipe and the command line; `optimization`, `schedule`, `seed` and `distillation` are read only
+    while fitting;
     every other setting is the checkpoint's (`sessrec.tasks.restore`).
     """
 
     EVALUATION_SETTINGS = ("evaluation",)  # a checkpoint is evaluated with the given values
-    TRAINING_SETTINGS = ("optimization", "schedule", "seed")  # read only while fitting
+    TRAINING_SETTINGS = ("optimization", "schedule", "seed", "distillation")  # read only while fitting
     NETWORK = SessionModel  # a directory that a SessionModel wrote alone loads as this task
 
     def __init__(
@@ -105,6 +110,7 @@ class NextItemTask(Pretrained, pl.LightningModule):
         num_virtual: int = 0,
         side_features: SideInfoSpec | dict | None = None,
         side_info: SideInfoConfig = SideInfoConfig(),  # noqa: B008 - a config value, never mutated
+        distillation: Distillation | None = None,
     ) -> None:
         super().__init__()
         # as stored in a checkpoint, a model directory or a resolved recipe: plain configs, built here from
@@ -119,6 +125,9 @@ class NextItemTask(Pretrained, pl.LightningModule):
         if isinstance(side_features, dict):
             side_features = SideInfoSpec(**side_features)
         optimization, schedule, evaluation = Optimization.of(optimization), Schedule.of(schedule), Evaluation.of(evaluation)
+        distillation = None if distillation is None else Distillation.of(distillation)
+        if distillation is not None:
+            check_student(objective, loss)
         self.save_hyperparameters(ignore=[*PARTS, "encoder", "objective", "loss", "side_info", "side_features"])
         encoder = encoder if encoder is not None else XLNetEncoder()
         # every part as plain data (class_path + init_args): a checkpoint rebuilds the network without its
@@ -127,6 +136,7 @@ class NextItemTask(Pretrained, pl.LightningModule):
             encoder=config_of(encoder), objective=config_of(objective), loss=config_of(loss),
             side_info=config_of(side_info), side_features=None if side_features is None else asdict(side_features),
             optimization=config_of(optimization), schedule=config_of(schedule), evaluation=config_of(evaluation),
+            distillation=config_of(distillation),
         )
         side = None
         if side_features is not None:
@@ -148,6 +158,7 @@ class NextItemTask(Pretrained, pl.LightningModule):
         self.objective.bind(self.model)  # refuses an invalid (encoder, objective) pair
         self.metrics = nn.ModuleDict({stage: TopKMetrics(evaluation.ks) for stage in ("val", "test")})
         self._clock_before, self._clock_start = 0.0, time.monotonic()
+        self._teachers: Teachers | None = None  # loaded when fitting starts; never a submodule (not trained, not saved)
 
     # the parts are read from the hyper-parameters, so what a checkpoint saves is what the task uses
     @property
@@ -169,6 +180,12 @@ class NextItemTask(Pretrained, pl.LightningModule):
         datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
         if datamodule is not None:
             self.attach_data(datamodule)
+        distillation = self.hparams.get("distillation")
+        if stage == "fit" and distillation is not None and self._teachers is None:
+            if not hasattr(datamodule, "vocab"):
+                raise ValueError("distillation checks its teachers against a SessionDataModule's vocabulary; pass datamodule=")
+            self._teachers = Teachers(Distillation.of(distillation), datamodule.vocab, self.model.num_items,
+                                      int(self.hparams.max_length))
         if stage == "fit" and self.loss.needs_item_counts and hasattr(datamodule, "vocab"):
             self.loss.set_item_counts(torch.from_numpy(datamodule.vocab.id_counts()))
         vectors = self.model.side_info.item_vectors if self.model.side_info is not None else None
@@ -178,9 +195,9 @@ class NextItemTask(Pretrained, pl.LightningModule):
 
     @property
     def uses_times(self) -> bool:
-        """Whether the batches should carry event times: the encoder reads them (`SessionDataModule`'s
-        ``times=None`` asks this)."""
-        return self.model.uses_times
+        """Whether the batches should carry event times: the encoder reads them, or a teacher's does while
+        distilling (`SessionDataModule`'s ``times=None`` asks this when it builds its loaders)."""
+        return self.model.uses_times or (self._teachers is not None and self._teachers.ensemble.uses_times)
 
     def schedule_clock(self) -> float:
         """Seconds of training so far, across resumes (what a `Schedule` with ``seconds`` decays on)."""
@@ -202,7 +219,11 @@ class NextItemTask(Pretrained, pl.LightningModule):
         if stage == "train":
             gen = torch.Generator(device=batch.items.device).manual_seed(self.hparams.seed * 7919 + self.global_step)
             out = self.objective.training_output(self.model, batch.items, gen, features)
-            if len(out.targets):
+            if len(out.targets) and self._teachers is not None:
+                loss, target, kl = self._teachers.loss(self.model, self.loss, out.hidden, out.targets, batch.items, batch)
+                self.log("train/target_loss", target, batch_size=len(batch))
+                self.log("train/teacher_kl", kl, batch_size=len(batch))
+            elif len(out.targets):
                 loss = self.loss(self.model, out.hidden, out.targets, gen)
             else:  # a batch without targets gives 0, not NaN
                 loss = out.hidden.sum() * 0.0

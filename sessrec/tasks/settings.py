@@ -1,7 +1,8 @@
 """The typed parts of a task's configuration: optimisation, learning-rate schedule, evaluation.
 
-`NextItemTask` takes all three, `BaselineTask` takes `Evaluation`, `DLRMTask` takes
-`Optimization`, `Evaluation` and its network's shape (`DLRMNetwork`). In a recipe each part is a
+`NextItemTask` takes all three (and `Distillation`, to learn from trained teachers),
+`BaselineTask` takes `Evaluation`, `DLRMTask` takes `Optimization`, `Evaluation` and its
+network's shape (`DLRMNetwork`). In a recipe each part is a
 mapping under ``model:`` (or ``model.init_args:``), and on the command line a dotted flag::
 
     model:
@@ -155,6 +156,46 @@ class Evaluation(_Part):
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1:
             raise ValueError(f"evaluation top_k must be an integer >= 1, got {self.top_k!r}")
         object.__setattr__(self, "ks", ks)  # a tuple from a caller is stored as the list the type says
+
+
+@register
+@dataclass(frozen=True)
+class Distillation(_Part):
+    """Training a model towards trained teachers' next-item distribution as well as the targets.
+
+    The teachers, scored as one (`sessrec.models.SessionEnsemble`: the weighted mean of their
+    log-probabilities), give a distribution over the catalogue at every position the student
+    learns from; the student's loss is ``(1 - alpha)`` times its cross-entropy on the targets plus
+    ``alpha * temperature ** 2`` times the KL divergence from the teachers' distribution to its
+    own, both softened by `temperature` (Hinton et al., 2015). The result is one model, which
+    exports and serves as any other, trained from several.
+
+    Args:
+        teachers: checkpoints of ``sessrec fit`` or model directories of trained causal
+            (`CausalLanguageModeling`) session models on the student's vocabulary.
+        weights: one positive weight per teacher; None: equal weights.
+        alpha: share of the teachers' term in the loss, in (0, 1].
+        temperature: both distributions are softened by it (logits divided by it).
+    """
+
+    teachers: list[str] = field(default_factory=list)
+    weights: list[float] | None = None
+    alpha: float = 0.5
+    temperature: float = 1.0
+
+    def __post_init__(self) -> None:
+        teachers = [str(t) for t in self.teachers]
+        if not teachers:
+            raise ValueError("distillation needs at least one teacher (a checkpoint or a model directory)")
+        object.__setattr__(self, "teachers", teachers)
+        if self.weights is not None:
+            object.__setattr__(self, "weights", [float(w) for w in self.weights])
+            if len(self.weights) != len(teachers):
+                raise ValueError(f"distillation: {len(self.weights)} weights for {len(teachers)} teachers")
+        if not (math.isfinite(self.alpha) and 0.0 < self.alpha <= 1.0):
+            raise ValueError(f"distillation alpha must be in (0, 1], got {self.alpha}")
+        if not (math.isfinite(self.temperature) and self.temperature > 0):
+            raise ValueError(f"distillation temperature must be a positive number, got {self.temperature}")
 
 
 def _default_dense_layers() -> list[int]:

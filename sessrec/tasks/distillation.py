@@ -1,0 +1,125 @@
+"""`Teachers`: trained session models whose next-item distribution a `NextItemTask` learns towards.
+
+Knowledge distillation (Hinton et al., 2015) of an ensemble into one model: several runs scored
+as one rank better than each (`EnsembleTask`), but an ensemble is several networks to export,
+serve and score. A student trained with ``--model.distillation.teachers [...]`` learns at every
+training position both the observed next item and the teachers' distribution over the whole
+catalogue, and is one network afterwards:
+
+    loss = (1 - alpha) * CE(student, target) + alpha * T**2 * KL(teachers_T || student_T)
+
+where ``_T`` is a softmax of the logits divided by the temperature T, and the teachers'
+distribution is their weighted geometric mean (`SessionEnsemble`), renormalised.
+
+The positions must be the same for student and teachers, so both train with
+`CausalLanguageModeling` (every position predicts the next item; nothing random): the teachers'
+targets are compared with the student's at every step. The student's loss is `FullSoftmax` (the
+teachers' distribution covers the catalogue, so the student's logits over it are computed
+anyway; its label smoothing and temperature apply to the target term). Teachers are loaded as
+`EnsembleTask` loads members (no code run from their files) and refused, naming the file, when
+they are not causal, were trained on another vocabulary than the data module's, or read a shorter
+window than the student's batches. They are kept out of the task's modules: not trained, not in
+its checkpoint, always in eval mode. Shape letters: N training positions, V items.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from sessrec.data.batch import SessionBatch
+from sessrec.data.vocab import ItemVocab
+from sessrec.models.causal_lm import CausalLanguageModeling
+from sessrec.models.ensemble import SessionEnsemble
+from sessrec.models.objective import Objective
+from sessrec.tasks.losses import CatalogueLoss, FullSoftmax, smoothed_cross_entropy, smoothed_nll
+from sessrec.tasks.settings import Distillation
+
+
+def check_student(objective: Objective, loss: CatalogueLoss) -> None:
+    """Refuse a student that cannot be distilled into (at construction, before any data is read)."""
+    if not isinstance(objective, CausalLanguageModeling):
+        raise ValueError(  # noqa: TRY004 - a setting that cannot work, refused as the other settings are
+            f"distillation trains a CausalLanguageModeling student (the teachers' positions must be its own), "
+            f"got {type(objective).__name__}"
+        )
+    if not isinstance(loss, FullSoftmax):
+        raise ValueError(  # noqa: TRY004 - a setting that cannot work, refused as the other settings are
+            f"distillation needs the FullSoftmax loss (the teachers' distribution covers the catalogue), got "
+            f"{type(loss).__name__}: set --model.loss sessrec.tasks.losses.FullSoftmax"
+        )
+
+
+class Teachers:
+    """The teachers of a `Distillation` setting, loaded and checked against the student's data.
+
+    Args:
+        setting: the teachers' files, weights, alpha and temperature.
+        vocab: the data module's vocabulary (each teacher's must equal it by content).
+        num_items: the student's catalogue size.
+        max_length: the items of a training session the data module gives.
+    """
+
+    def __init__(self, setting: Distillation, vocab: ItemVocab, num_items: int, max_length: int) -> None:
+        from sessrec.tasks.ensemble import (
+            load_member,  # tasks.ensemble imports tasks.next_item, which imports this
+        )
+
+        members = [load_member(path) for path in setting.teachers]
+        found = vocab.fingerprint()
+        for path, member in zip(setting.teachers, members):
+            if not isinstance(getattr(member, "objective", None), CausalLanguageModeling):
+                raise ValueError(  # noqa: TRY004 - a setting that cannot work, refused as the other settings are
+                    f"{path}: was trained with {type(getattr(member, 'objective', None)).__name__}, not "
+                    "CausalLanguageModeling: a teacher must predict the next item at every position, as the student does"
+                )
+            held = getattr(member, "vocab", None)
+            if held is None or held.fingerprint() != found or member.num_items != num_items:
+                raise ValueError(
+                    f"{path}: was trained on another vocabulary than the data module's: teach with models of this data"
+                )
+            window = getattr(getattr(member, "inference", None), "max_length", None)
+            if window is not None and window < max_length:
+                raise ValueError(
+                    f"{path}: reads sessions of up to {window} items where the student trains on {max_length}: "
+                    f"set --data.max_length {window} (or less) or teach with a model of that window"
+                )
+        self.ensemble = SessionEnsemble(members, setting.weights, names=setting.teachers).eval()
+        self.ensemble.requires_grad_(False)
+        self.alpha, self.temperature = setting.alpha, setting.temperature
+
+    def log_probs(self, items: torch.Tensor, batch: SessionBatch, targets: torch.Tensor) -> torch.Tensor:
+        """(N, V) the teachers' log-probabilities at the student's training positions of (B, L) `items`."""
+        if self.ensemble.weights.device != items.device:
+            self.ensemble.to(items.device)
+        total = None
+        with torch.no_grad():
+            for name, weight, member in zip(self.ensemble.names, self.ensemble.weights, self.ensemble.members):
+                out = member.objective.training_output(member, items, None, member.batch_features(batch))
+                if not torch.equal(out.targets, targets):  # the positions are the student's, or nothing is learnt
+                    raise RuntimeError(f"{name}: predicts other positions of the batch than the student")
+                part = member.score(out.hidden).float()  # (N, V); in place from here: N x V is the large tensor
+                if self.temperature != 1.0:
+                    part.div_(self.temperature)
+                part = torch.log_softmax(part, dim=-1).mul_(weight)
+                total = part if total is None else total.add_(part)
+            return torch.log_softmax(total, dim=-1)
+
+    def loss(self, student: nn.Module, target_loss: FullSoftmax, hidden: torch.Tensor, targets: torch.Tensor,
+             items: torch.Tensor, batch: SessionBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The student's loss at (N, D) `hidden` predicting (N,) `targets`: (total, target term, KL term)."""
+        teacher = self.log_probs(items, batch, targets)  # (N, V), -inf where nothing may be recommended
+        logits = student.score(hidden)  # (N, V), -inf at the same ids (the vocabularies are equal)
+        mine = torch.log_softmax(logits / self.temperature if self.temperature != 1.0 else logits, dim=-1)
+        if target_loss.temperature == self.temperature:  # one log-softmax serves both terms
+            target = smoothed_nll(mine, targets, target_loss.label_smoothing)
+        else:
+            target = smoothed_cross_entropy(logits / target_loss.temperature, targets, target_loss.label_smoothing)
+        with torch.no_grad():
+            valid = torch.isfinite(teacher)
+            probs = teacher.exp()  # 0 where invalid
+            own = (probs * teacher.masked_fill(~valid, 0.0)).sum(dim=-1)  # sum p log p, no gradient
+        cross = (probs * mine.masked_fill(~valid, 0.0)).sum(dim=-1)  # sum p log q
+        kl = (own - cross).mean()
+        total = (1.0 - self.alpha) * target + self.alpha * self.temperature**2 * kl
+        return total, target, kl

@@ -1,0 +1,214 @@
+"""Distillation of trained teachers into one model: the loss by hand, the refusals, and runs through the CLI."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+from sessrec.cli import cli
+from sessrec.data.vocab import ItemVocab
+from sessrec.models import (
+    CausalLanguageModeling,
+    GRU4RecEncoder,
+    HSTUEncoder,
+    MaskedItemModeling,
+    SASRecEncoder,
+    SessionModel,
+    XLNetEncoder,
+)
+from sessrec.models.objective import EVENT_TIMES
+from sessrec.tasks import NextItemTask, SessionDataModule
+from sessrec.tasks.distillation import Teachers
+from sessrec.tasks.ensemble import load_member
+from sessrec.tasks.losses import FullSoftmax, SampledSoftmax
+from sessrec.tasks.settings import Distillation
+
+torch.set_num_threads(1)
+V = 14  # 12 items after padding and OOV
+VOCAB = ItemVocab(pa.array(np.arange(100, 112)), np.arange(12, 0, -1))
+ITEMS = torch.tensor([[0, 0, 3, 4, 5], [6, 7, 8, 9, 10], [0, 0, 0, 11, 3], [0, 0, 0, 0, 12]])
+NO_FEATURES = SimpleNamespace(features=None, times=None)  # a batch without side features or times
+
+
+def causal(seed: int, window: int = 5, encoder: type = GRU4RecEncoder) -> SessionModel:
+    torch.manual_seed(seed)
+    enc = GRU4RecEncoder(d_model=8) if encoder is GRU4RecEncoder else SASRecEncoder(d_model=8, n_head=2, n_layer=1)
+    return SessionModel(V, encoder=enc, max_length=window + 1).eval()
+
+
+def teacher_dir(folder: Path, seed: int, window: int = 5, vocab: ItemVocab = VOCAB) -> str:
+    path = causal(seed, window).save_pretrained(folder / f"teacher{seed}_{window}", vocab, CausalLanguageModeling())
+    return str(path)
+
+
+def test_the_loss_is_the_target_cross_entropy_and_the_kl_to_the_teachers_geometric_mean(tmp_path):
+    paths = [teacher_dir(tmp_path, 0), teacher_dir(tmp_path, 1)]
+    setting = Distillation(teachers=paths, weights=[3, 1], alpha=0.3, temperature=2.0)
+    teachers = Teachers(setting, VOCAB, V, max_length=5)
+    student = causal(7, encoder=SASRecEncoder)
+    out = CausalLanguageModeling().training_output(student, ITEMS)
+    total, target, kl = teachers.loss(student, FullSoftmax(), out.hidden, out.targets, ITEMS, NO_FEATURES)
+
+    # by hand: every real item followed by an item is read, the next item is its target
+    read = (ITEMS[:, :-1] != 0) & (ITEMS[:, 1:] >= 2)
+    assert out.targets.tolist() == ITEMS[:, 1:][read].tolist() == [4, 5, 7, 8, 9, 10, 3]
+    with torch.no_grad():
+        logps = []
+        for path in paths:
+            member = load_member(path)
+            hidden = member.encode(ITEMS, torch.zeros_like(ITEMS, dtype=torch.bool))[:, :-1][read]
+            logps.append(torch.log_softmax(member.score(hidden)[:, 2:] / 2.0, -1))  # the 12 items only
+        p = torch.softmax(0.75 * logps[0] + 0.25 * logps[1], -1)  # the geometric mean, renormalised
+    logits = student.score(out.hidden)[:, 2:]
+    q = torch.log_softmax(logits / 2.0, -1)
+    want_kl = (p * (p.log() - q)).sum(-1).mean()
+    want_target = torch.nn.functional.cross_entropy(logits, out.targets - 2)
+    torch.testing.assert_close(kl, want_kl)
+    torch.testing.assert_close(target, want_target)
+    torch.testing.assert_close(total, 0.7 * want_target + 0.3 * 4.0 * want_kl)
+    assert kl > 0
+    total.backward()
+    grads = [p.grad for p in student.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)
+
+    # the student the teacher itself: no divergence left, only the target term
+    alone = Teachers(Distillation(teachers=paths[:1], alpha=1.0), VOCAB, V, max_length=5)
+    same = load_member(paths[0])
+    hidden = CausalLanguageModeling().training_output(same, ITEMS).hidden
+    _, target, kl = alone.loss(same, FullSoftmax(label_smoothing=0.1), hidden, out.targets, ITEMS, NO_FEATURES)
+    assert abs(kl.item()) < 1e-5
+    logp = torch.log_softmax(same.score(hidden)[:, 2:], -1)
+    smoothed = 0.9 * -logp.gather(1, (out.targets - 2)[:, None]).squeeze(1) - 0.1 * logp.mean(-1)
+    torch.testing.assert_close(target, smoothed.mean())  # the loss's label smoothing applies to the target term
+
+
+def test_a_teacher_that_reads_event_times_gets_them_and_has_the_data_module_load_them(tmp_path):
+    torch.manual_seed(0)
+    hstu = SessionModel(V, encoder=HSTUEncoder(d_model=8, n_head=2, n_layer=1), max_length=6).eval()
+    for layer in hstu.modules():  # trained time biases (they start at zero)
+        if hasattr(layer, "time_bias"):
+            torch.nn.init.normal_(layer.time_bias, std=1.0)
+    path = str(hstu.save_pretrained(tmp_path / "hstu", VOCAB, CausalLanguageModeling()))
+    teachers = Teachers(Distillation(teachers=[path]), VOCAB, V, max_length=5)
+    read = (ITEMS[:, :-1] != 0) & (ITEMS[:, 1:] >= 2)
+    targets = ITEMS[:, 1:][read]
+    times = torch.cumsum(torch.rand(ITEMS.shape, dtype=torch.float64) * 5000, dim=1)
+    got = teachers.log_probs(ITEMS, SimpleNamespace(features=None, times=times), targets)
+    with torch.no_grad():
+        hidden = hstu.encode(ITEMS, torch.zeros_like(ITEMS, dtype=torch.bool), {EVENT_TIMES: times})[:, :-1][read]
+        torch.testing.assert_close(got, torch.log_softmax(hstu.score(hidden), -1))
+    assert not torch.allclose(got[:, 2:], teachers.log_probs(ITEMS, NO_FEATURES, targets)[:, 2:])  # the times count
+    task = NextItemTask(num_items=V, encoder=GRU4RecEncoder(d_model=8), objective=CausalLanguageModeling(),
+                        distillation={"teachers": [path]})
+    assert not task.uses_times  # before fitting: the student alone reads no times
+    task._teachers = teachers  # as `setup("fit")` loads them, before the loaders are built
+    assert task.uses_times
+
+
+def test_settings_and_students_that_cannot_be_distilled_are_refused():
+    with pytest.raises(ValueError, match="at least one teacher"):
+        Distillation(teachers=[])
+    for alpha in (0.0, -0.1, 1.5, math.nan):
+        with pytest.raises(ValueError, match="alpha must be in"):
+            Distillation(teachers=["a.ckpt"], alpha=alpha)
+    for temperature in (0.0, -1.0, math.inf):
+        with pytest.raises(ValueError, match="temperature must be a positive number"):
+            Distillation(teachers=["a.ckpt"], temperature=temperature)
+    with pytest.raises(ValueError, match="2 weights for 1 teachers"):
+        Distillation(teachers=["a.ckpt"], weights=[1, 2])
+    setting = {"teachers": ["a.ckpt"]}
+    with pytest.raises(ValueError, match="CausalLanguageModeling student .* got MaskedItemModeling"):
+        NextItemTask(num_items=V, objective=MaskedItemModeling(), distillation=setting)
+    with pytest.raises(ValueError, match="needs the FullSoftmax loss .* got SampledSoftmax"):
+        NextItemTask(num_items=V, encoder=GRU4RecEncoder(d_model=8), objective=CausalLanguageModeling(),
+                     loss=SampledSoftmax(), distillation=setting)
+    task = NextItemTask(num_items=V, encoder=GRU4RecEncoder(d_model=8), objective=CausalLanguageModeling(),
+                        distillation=setting)
+    assert task.hparams.distillation["init_args"] == {"teachers": ["a.ckpt"], "weights": None, "alpha": 0.5,
+                                                      "temperature": 1.0}
+    assert "distillation" in NextItemTask.TRAINING_SETTINGS  # read only while fitting: evaluation never loads teachers
+
+
+def test_teachers_that_do_not_fit_the_student_are_refused_by_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nowhere.ckpt: no such checkpoint"):
+        Teachers(Distillation(teachers=[str(tmp_path / "nowhere.ckpt")]), VOCAB, V, 5)
+    torch.manual_seed(0)
+    mlm = SessionModel(V, encoder=XLNetEncoder(d_model=8, n_head=2, n_layer=1), max_length=6)
+    bidirectional = str(mlm.save_pretrained(tmp_path / "mlm", VOCAB, MaskedItemModeling()))
+    with pytest.raises(ValueError, match=f"{re.escape(bidirectional)}: was trained with MaskedItemModeling"):
+        Teachers(Distillation(teachers=[bidirectional]), VOCAB, V, 5)
+    other = teacher_dir(tmp_path, 0, vocab=ItemVocab(pa.array(np.arange(200, 212)), np.arange(12, 0, -1)))
+    with pytest.raises(ValueError, match=f"{re.escape(other)}: was trained on another vocabulary"):
+        Teachers(Distillation(teachers=[teacher_dir(tmp_path, 1), other]), VOCAB, V, 5)
+    short = teacher_dir(tmp_path, 2, window=3)
+    with pytest.raises(ValueError, match=f"{re.escape(short)}: reads sessions of up to 3 items where the student trains on 5"):
+        Teachers(Distillation(teachers=[short]), VOCAB, V, 5)
+
+
+# -- through the CLI ---------------------------------------------------------------------------------
+
+RECIPE = """trainer:
+  max_epochs: 3
+  enable_progress_bar: false
+  enable_model_summary: false
+  logger: false
+  callbacks:
+    - class_path: pytorch_lightning.callbacks.ModelCheckpoint
+      init_args: {monitor: val/ndcg@20, mode: max, save_top_k: 1, filename: best}
+model:
+  encoder: {class_path: sessrec.models.GRU4RecEncoder, init_args: {d_model: 16}}
+  objective: {class_path: sessrec.models.CausalLanguageModeling}
+  loss: {class_path: sessrec.tasks.losses.FullSoftmax}
+  optimization: {lr: 0.01}
+data:
+  source:
+    class_path: sessrec.data.SyntheticSource
+    init_args: {num_sessions: 1500, num_items: 150}
+  max_length: 20
+  batch_size: 32
+"""
+
+
+def kl_to(teacher: SessionModel, student: SessionModel, items: torch.Tensor) -> float:
+    """Mean KL from the teacher's next-item distribution to the student's on (B, L) evaluation prefixes."""
+    with torch.no_grad():
+        p, q = torch.log_softmax(teacher(items)[:, 2:], -1), torch.log_softmax(student(items)[:, 2:], -1)
+        return float((p.exp() * (p - q)).sum(-1).mean())
+
+
+@pytest.mark.slow
+def test_a_distilled_student_is_closer_to_its_teacher_and_saves_alone(tmp_path, monkeypatch, sessrec_main):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "recipe.yaml").write_text(RECIPE)
+    fit = ["fit", "--config", "recipe.yaml"]
+    cli([*fit, "--trainer.callbacks.init_args.dirpath", "teacher"])
+    student = [*fit, "--seed_everything", "1", "--model.seed", "1", "--model.encoder.init_args.d_model", "8"]
+    cli([*student, "--trainer.callbacks.init_args.dirpath", "plain"])
+    run = cli([*student, "--trainer.callbacks.init_args.dirpath", "distilled",
+               "--model.distillation.teachers", "[teacher/best.ckpt]", "--model.distillation.alpha", "1.0"])
+    assert run.model._teachers is not None and run.trainer.logged_metrics["train/teacher_kl"] > 0
+
+    teacher, plain, distilled = (load_member(f"{name}/best.ckpt") for name in ("teacher", "plain", "distilled"))
+    items, _ = SessionDataModule(source=run.datamodule.source, max_length=20).tensors("test")
+    items = items.long()
+    # taught by the teacher alone (alpha 1), the student's distribution is several times closer to it
+    assert kl_to(teacher, distilled, items) < 0.3 * kl_to(teacher, plain, items)
+    # the checkpoint holds the student alone: the plain run's tensors, and its setting for the record
+    held = torch.load("distilled/best.ckpt", weights_only=True)
+    assert held["state_dict"].keys() == torch.load("plain/best.ckpt", weights_only=True)["state_dict"].keys()
+    assert held["hyper_parameters"]["distillation"]["init_args"]["teachers"] == ["teacher/best.ckpt"]
+    # evaluation reads the student only: the teachers may be gone
+    Path("teacher/best.ckpt").rename("teacher/moved.ckpt")
+    assert sessrec_main("test", *student[1:], "--ckpt_path", "distilled/best.ckpt") == ""
+    assert "teacher/best.ckpt: no such checkpoint or model directory" in sessrec_main(
+        *student, "--model.distillation.teachers", "[teacher/best.ckpt]")
+    assert "needs the FullSoftmax loss" in sessrec_main(
+        *student, "--model.distillation.teachers", "[teacher/moved.ckpt]", "--model.loss",
+        "sessrec.tasks.losses.SampledSoftmax")

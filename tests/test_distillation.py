@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -27,7 +28,7 @@ from sessrec.models.objective import EVENT_TIMES
 from sessrec.tasks import NextItemTask, SessionDataModule
 from sessrec.tasks.distillation import Teachers
 from sessrec.tasks.ensemble import load_member
-from sessrec.tasks.losses import FullSoftmax, SampledSoftmax
+from sessrec.tasks.losses import CatalogueLoss, FullSoftmax, SampledSoftmax
 from sessrec.tasks.settings import Distillation
 
 torch.set_num_threads(1)
@@ -35,6 +36,14 @@ V = 14  # 12 items after padding and OOV
 VOCAB = ItemVocab(pa.array(np.arange(100, 112)), np.arange(12, 0, -1))
 ITEMS = torch.tensor([[0, 0, 3, 4, 5], [6, 7, 8, 9, 10], [0, 0, 0, 11, 3], [0, 0, 0, 0, 12]])
 NO_FEATURES = SimpleNamespace(features=None, times=None)  # a batch without side features or times
+
+
+@dataclass
+class Hinge(CatalogueLoss):
+    """A loss that compares no distributions (a margin on the target's score)."""
+
+    def __call__(self, model, hidden, targets, generator=None):
+        return torch.relu(1.0 - model.score_targets(hidden, targets)).mean()
 
 
 def causal(seed: int, window: int = 5, encoder: type = GRU4RecEncoder) -> SessionModel:
@@ -112,6 +121,40 @@ def test_a_teacher_that_reads_event_times_gets_them_and_has_the_data_module_load
     assert task.uses_times
 
 
+def test_with_sampled_negatives_both_distributions_cover_the_drawn_columns(tmp_path):
+    teachers = Teachers(Distillation(teachers=[teacher_dir(tmp_path, 0)], alpha=0.4), VOCAB, V, max_length=5)
+    student = causal(7, encoder=SASRecEncoder)
+    loss = SampledSoftmax(negatives="sampled", num_samples=6, sampler="uniform")
+    out = CausalLanguageModeling().training_output(student, ITEMS)
+    targets = out.targets
+    total, target, kl = teachers.loss(student, loss, out.hidden, targets, ITEMS, NO_FEATURES, torch.Generator().manual_seed(3))
+    # the target term is the sampled softmax itself, on the same draws
+    torch.testing.assert_close(target, loss(student, out.hidden, targets, torch.Generator().manual_seed(3)))
+
+    # by hand: column 0 each row's target, then 6 uniform draws over the 12 items, logQ-corrected, accidental hits out
+    probs = torch.ones(V, dtype=torch.float64)
+    probs[:2] = 0.0
+    probs = (probs / probs.sum()).float()
+    samples = torch.multinomial(probs, 6, replacement=True, generator=torch.Generator().manual_seed(3))
+
+    def columns(model: SessionModel, hidden: torch.Tensor) -> torch.Tensor:
+        full = model.score(hidden)
+        negative = (full[:, samples] - torch.log(probs[samples] * 6)).masked_fill(samples[None, :] == targets[:, None], -math.inf)
+        return torch.cat([full.gather(1, targets[:, None]), negative], dim=1)
+
+    teacher = load_member(teachers.ensemble.names[0])
+    read = (ITEMS[:, :-1] != 0) & (ITEMS[:, 1:] >= 2)
+    with torch.no_grad():
+        hidden = teacher.encode(ITEMS, torch.zeros_like(ITEMS, dtype=torch.bool))[:, :-1][read]
+        p = torch.log_softmax(columns(teacher, hidden), -1)
+    q = torch.log_softmax(columns(student, out.hidden), -1)
+    assert torch.isinf(p).any()  # an accidental hit: some draw is some row's target
+    finite = torch.isfinite(p)
+    want = torch.where(finite, p.exp() * (p - q), torch.zeros_like(q)).sum(-1).mean()
+    torch.testing.assert_close(kl, want)
+    torch.testing.assert_close(total, 0.6 * target + 0.4 * want)
+
+
 def test_settings_and_students_that_cannot_be_distilled_are_refused():
     with pytest.raises(ValueError, match="at least one teacher"):
         Distillation(teachers=[])
@@ -126,9 +169,9 @@ def test_settings_and_students_that_cannot_be_distilled_are_refused():
     setting = {"teachers": ["a.ckpt"]}
     with pytest.raises(ValueError, match="CausalLanguageModeling student .* got MaskedItemModeling"):
         NextItemTask(num_items=V, objective=MaskedItemModeling(), distillation=setting)
-    with pytest.raises(ValueError, match="needs the FullSoftmax loss .* got SampledSoftmax"):
+    with pytest.raises(ValueError, match="over the catalogue .* or over the negatives of SampledSoftmax, got Hinge"):
         NextItemTask(num_items=V, encoder=GRU4RecEncoder(d_model=8), objective=CausalLanguageModeling(),
-                     loss=SampledSoftmax(), distillation=setting)
+                     loss=Hinge(), distillation=setting)
     task = NextItemTask(num_items=V, encoder=GRU4RecEncoder(d_model=8), objective=CausalLanguageModeling(),
                         distillation=setting)
     assert task.hparams.distillation["init_args"] == {"teachers": ["a.ckpt"], "weights": None, "alpha": 0.5,
@@ -209,6 +252,6 @@ def test_a_distilled_student_is_closer_to_its_teacher_and_saves_alone(tmp_path, 
     assert sessrec_main("test", *student[1:], "--ckpt_path", "distilled/best.ckpt") == ""
     assert "teacher/best.ckpt: no such checkpoint or model directory" in sessrec_main(
         *student, "--model.distillation.teachers", "[teacher/best.ckpt]")
-    assert "needs the FullSoftmax loss" in sessrec_main(
-        *student, "--model.distillation.teachers", "[teacher/moved.ckpt]", "--model.loss",
-        "sessrec.tasks.losses.SampledSoftmax")
+    assert "distillation trains a CausalLanguageModeling student" in sessrec_main(
+        *student, "--model.distillation.teachers", "[teacher/moved.ckpt]", "--model.objective",
+        "sessrec.models.MaskedItemModeling")

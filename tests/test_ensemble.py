@@ -206,22 +206,29 @@ def test_there_are_ensemble_recipes():
     assert {p.stem for p in ENSEMBLE_RECIPES} >= {"seq_s3rec_beauty_ensemble", "seq_amazon_beauty_ensemble"}
 
 
-@pytest.mark.parametrize("path", ENSEMBLE_RECIPES, ids=lambda p: p.stem)
-def test_a_shipped_ensemble_recipe_names_the_members_its_fit_commands_write(path, monkeypatch):
-    """The header's ``for s in ...; do sessrec fit <configs> ... dirpath <dir>$s`` writes the members the recipe lists,
-    and the recipe's data block and evaluation are those the members were trained and evaluated with."""
+def fit_loop(path: Path) -> tuple[list[str], dict]:
+    """The checkpoints that a recipe header's ``for s in ...; do sessrec fit <configs> --seed_everything $s ...
+    dirpath <dir>$s; done`` writes, and the config those runs train with (their files merged)."""
     text = path.read_text()
-    recipe = yaml.safe_load(text)
-    members = recipe["model"]["init_args"]["members"]
     loop = re.search(r"for s in ([\d ]+); do sessrec fit ((?:--config \S+ )+)--seed_everything \$s --model.seed \$s "
                      r"--data.seed \$s --trainer.callbacks.init_args.dirpath (\S+)\$s; done", text)
-    assert loop, path.name
+    assert loop, f"{path.name}: no fit loop in its header"
     seeds, configs, folder = loop.group(1).split(), loop.group(2).split()[1::2], loop.group(3)
-    assert members == [f"{folder}{s}/best.ckpt" for s in seeds]
     trained: dict = {}
     for config in configs:  # later files override earlier ones, block by block as the CLI merges them
         for key, value in (yaml.safe_load((ROOT / config).read_text()) or {}).items():
             trained[key] = {**trained.get(key, {}), **value} if isinstance(value, dict) else value
+    return [f"{folder}{s}/best.ckpt" for s in seeds], trained
+
+
+@pytest.mark.parametrize("path", ENSEMBLE_RECIPES, ids=lambda p: p.stem)
+def test_a_shipped_ensemble_recipe_names_the_members_its_fit_commands_write(path, monkeypatch):
+    """The header's ``for s in ...; do sessrec fit <configs> ... dirpath <dir>$s`` writes the members the recipe lists,
+    and the recipe's data block and evaluation are those the members were trained and evaluated with."""
+    recipe = yaml.safe_load(path.read_text())
+    members = recipe["model"]["init_args"]["members"]
+    written, trained = fit_loop(path)
+    assert members == written
     assert recipe["data"] == trained["data"], path.name  # the same vocabulary and windows as the members'
     assert recipe["model"]["init_args"]["evaluation"] == trained["model"]["evaluation"], path.name
     monkeypatch.chdir(ROOT)

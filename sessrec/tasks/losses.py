@@ -181,18 +181,20 @@ class SampledSoftmax(CatalogueLoss):
     def __call__(
         self, model: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, generator: torch.Generator | None = None
     ) -> torch.Tensor:
-        n, num_items, device = targets.shape[0], model.num_items, hidden.device
+        columns = self.columns(model, targets, generator)
+        logits = columns.logits(model, hidden, targets, self.temperature)
+        return smoothed_cross_entropy(logits, columns.labels, self.label_smoothing)
+
+    def columns(self, model: torch.nn.Module, targets: torch.Tensor, generator: torch.Generator | None = None) -> Columns:
+        """Draw the candidates of one step: what every row is scored against (`Columns`)."""
+        n, num_items, device = targets.shape[0], model.num_items, targets.device
         recommendable = getattr(model, "recommendable", None)
         if self.negatives == "sampled":  # each row: its own target, then the S shared negatives
             probs = self._sampling_probs(num_items, device, recommendable)
             samples = torch.multinomial(probs, self.num_samples, replacement=True, generator=generator)  # (S,)
-            positive = model.score_targets(hidden, targets)[:, None] / self.temperature  # (N, 1)
-            negative = model.score(hidden, samples) / self.temperature  # (N, S)
-            if self.logq_correction:
-                negative = negative - torch.log(probs[samples] * self.num_samples)[None, :]
-            negative = negative.masked_fill(samples[None, :] == targets[:, None], float("-inf"))  # accidental hits
-            logits = torch.cat([positive, negative], dim=1)
-            return smoothed_cross_entropy(logits, torch.zeros_like(targets), self.label_smoothing)
+            log_q = torch.cat([probs.new_zeros(1), torch.log(probs[samples] * self.num_samples)])
+            hit = torch.cat([torch.zeros_like(targets[:, None], dtype=torch.bool), samples[None, :] == targets[:, None]], 1)
+            return Columns(samples, True, log_q if self.logq_correction else None, hit, torch.zeros_like(targets))
 
         # in-batch (and mixed): the batch's targets are the candidates, the diagonal the positives
         if self.counts is not None:
@@ -205,12 +207,38 @@ class SampledSoftmax(CatalogueLoss):
             samples = torch.multinomial(probs, self.num_samples, replacement=True, generator=generator)
             candidates = torch.cat([targets, samples])
             log_q = torch.cat([log_q, torch.log(probs[samples] * self.num_samples)])
-        logits = model.score(hidden, candidates) / self.temperature  # (N, K)
-        if self.logq_correction:
-            logits = logits - log_q[None, :]
         # accidental hits: a candidate equal to the row's target, other than the row's own column
         hit = candidates[None, :] == targets[:, None]  # (N, K)
         hit[:, :n].fill_diagonal_(False)
-        logits = logits.masked_fill(hit, float("-inf"))
-        return smoothed_cross_entropy(logits, torch.arange(n, device=device), self.label_smoothing)
+        return Columns(candidates, False, log_q if self.logq_correction else None, hit, torch.arange(n, device=device))
 
+
+@dataclass
+class Columns:
+    """The candidates a sampled loss scores the N rows of one step against: K columns a row.
+
+    Args:
+        ids: item ids scored by every row: the S shared negatives (after each row's own target
+            when `own_target`), or the in-batch (and sampled) candidates.
+        own_target: column 0 of each row is its own target (``sampled`` negatives).
+        log_q: (K,) subtracted from every row's column (the logQ correction), or None.
+        removed: (N, K) accidental hits, scored -inf.
+        labels: (N,) the column of each row's target.
+    """
+
+    ids: torch.Tensor
+    own_target: bool
+    log_q: torch.Tensor | None
+    removed: torch.Tensor
+    labels: torch.Tensor
+
+    def logits(self, model: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+        """(N, K) the corrected logits of `model`'s (N, D) `hidden` at these columns, divided by `temperature`
+        before the correction; any model on the same ids scores the same columns (a teacher, say)."""
+        logits = model.score(hidden, self.ids)  # (N, S) or (N, K)
+        if self.own_target:
+            logits = torch.cat([model.score_targets(hidden, targets)[:, None], logits], dim=1)
+        logits = logits / temperature
+        if self.log_q is not None:
+            logits = logits - self.log_q[None, :]
+        return logits.masked_fill(self.removed, float("-inf"))

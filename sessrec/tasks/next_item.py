@@ -79,7 +79,8 @@ class NextItemTask(Pretrained, pl.LightningModule):
         side_info: how side information is embedded and aggregated (`SideInfoConfig`).
         distillation: learn also towards trained teachers' next-item distribution
             (`Distillation`: their checkpoints or model directories, alpha, temperature;
-            `sessrec.tasks.distillation`); needs `CausalLanguageModeling` and `FullSoftmax`.
+            `sessrec.tasks.distillation`); needs `CausalLanguageModeling`, and `FullSoftmax` or
+            `SampledSoftmax` (then over the negatives it draws).
 
     Evaluating a checkpoint (``sessrec validate|test|predict``), `evaluation` is taken from the
     recipe and the command line; `optimization`, `schedule`, `seed` and `distillation` are read only
@@ -220,7 +221,7 @@ class NextItemTask(Pretrained, pl.LightningModule):
             gen = torch.Generator(device=batch.items.device).manual_seed(self.hparams.seed * 7919 + self.global_step)
             out = self.objective.training_output(self.model, batch.items, gen, features)
             if len(out.targets) and self._teachers is not None:
-                loss, target, kl = self._teachers.loss(self.model, self.loss, out.hidden, out.targets, batch.items, batch)
+                loss, target, kl = self._teachers.loss(self.model, self.loss, out.hidden, out.targets, batch.items, batch, gen)
                 self.log("train/target_loss", target, batch_size=len(batch))
                 self.log("train/teacher_kl", kl, batch_size=len(batch))
             elif len(out.targets):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
 import re
 from dataclasses import dataclass
@@ -12,6 +14,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
+import yaml
+from test_ensemble import ROOT, fit_loop
 
 from sessrec.cli import cli
 from sessrec.data.vocab import ItemVocab
@@ -255,3 +259,25 @@ def test_a_distilled_student_is_closer_to_its_teacher_and_saves_alone(tmp_path, 
     assert "distillation trains a CausalLanguageModeling student" in sessrec_main(
         *student, "--model.distillation.teachers", "[teacher/moved.ckpt]", "--model.objective",
         "sessrec.models.MaskedItemModeling")
+
+
+DISTILLED_RECIPES = sorted(p for p in (ROOT / "recipes").glob("*.yaml") if "distillation:" in p.read_text())
+
+
+@pytest.mark.parametrize("path", DISTILLED_RECIPES, ids=lambda p: p.stem)
+def test_a_shipped_distilled_recipe_names_the_teachers_its_fit_commands_write(path, monkeypatch):
+    """The header's ``for s in ...; do sessrec fit ...`` writes the teachers the recipe lists, on the recipe's data,
+    and the student is the teachers' configuration."""
+    recipe = yaml.safe_load(path.read_text())
+    written, trained = fit_loop(path)
+    assert recipe["model"]["distillation"]["teachers"] == written
+    assert recipe["data"] == trained["data"], path.name  # the teachers' vocabulary and windows
+    student = {k: v for k, v in recipe["model"].items() if k != "distillation"}
+    assert student == trained["model"], path.name  # the teachers' configuration, distilled
+    monkeypatch.chdir(ROOT)
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), pytest.raises(SystemExit):
+        cli(["fit", "--config", str(path), "--print_config"])
+    parsed = yaml.safe_load(buf.getvalue())["model"]["init_args"]
+    assert parsed["distillation"]["teachers"] == written
+    assert parsed["objective"]["class_path"].endswith("CausalLanguageModeling")

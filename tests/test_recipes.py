@@ -39,6 +39,7 @@ FULL = {p.stem: p for p in sorted(RECIPES.glob("*.yaml"))}
 PIPELINES = [p for p in FULL.values() if p.stem.startswith("pipeline_")]
 RETRAINING = [p for p in FULL.values() if p.stem.startswith("retrain_")]  # `sessrec retrain` configs (tests/test_lifecycle.py)
 ENSEMBLES = [p for p in FULL.values() if "sessrec.tasks.EnsembleTask" in p.read_text()]  # of trained members (tests/test_ensemble.py)
+DISTILLED = [p for p in FULL.values() if "distillation:" in p.read_text()]  # of trained teachers (tests/test_distillation.py)
 DOCS = [ROOT / "README.md", RECIPES / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 VOCAB_KEYS = ("source", "min_item_count", "max_vocab_size")  # what decides the vocabulary
 
@@ -151,7 +152,7 @@ def documented() -> dict[tuple[str, ...], str]:
 
 def runnable(args: tuple[str, ...]) -> bool:
     configs = [ROOT / args[i + 1] for i, a in enumerate(args) if a == "--config"]
-    return not any(p in PIPELINES or p in RETRAINING or p in ENSEMBLES for p in configs)
+    return not any(p in PIPELINES or p in RETRAINING or p in ENSEMBLES or p in DISTILLED for p in configs)
 
 
 def cases() -> dict[tuple[str, ...], str]:

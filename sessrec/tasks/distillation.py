@@ -71,9 +71,8 @@ class Teachers:
     """
 
     def __init__(self, setting: Distillation, vocab: ItemVocab, num_items: int, max_length: int) -> None:
-        from sessrec.tasks.ensemble import (
-            load_member,  # tasks.ensemble imports tasks.next_item, which imports this
-        )
+        # here, not at the top: tasks.ensemble imports tasks.next_item, which imports this module
+        from sessrec.tasks.ensemble import check_vocabulary, load_member
 
         members = [load_member(path) for path in setting.teachers]
         found = vocab.fingerprint()
@@ -83,11 +82,9 @@ class Teachers:
                     f"{path}: was trained with {type(getattr(member, 'objective', None)).__name__}, not "
                     "CausalLanguageModeling: a teacher must predict the next item at every position, as the student does"
                 )
-            held = getattr(member, "vocab", None)
-            if held is None or held.fingerprint() != found or member.num_items != num_items:
-                raise ValueError(
-                    f"{path}: was trained on another vocabulary than the data module's: teach with models of this data"
-                )
+            check_vocabulary(path, member, vocab, found)
+            if member.num_items != num_items:
+                raise ValueError(f"{path}: scores {member.num_items} items where the student scores {num_items}")
             window = getattr(getattr(member, "inference", None), "max_length", None)
             if window is not None and window < max_length:
                 raise ValueError(

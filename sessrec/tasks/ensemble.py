@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from sessrec.data.batch import SessionBatch
+from sessrec.data.vocab import ItemVocab
 from sessrec.metrics import TopKMetrics
 from sessrec.models.ensemble import SessionEnsemble
 from sessrec.models.pretrained import load_pretrained
@@ -117,19 +118,25 @@ class EnsembleTask(ScoringOnlyTask):
             raise ValueError("EnsembleTask scores the sessions of a SessionDataModule; pass datamodule=")
         found = vocab.fingerprint()
         for name, member in zip(self.ensemble.names, self.ensemble.members):
-            held = getattr(member, "vocab", None)
-            if held is None:
-                raise ValueError(f"{name}: holds no vocabulary, so its ids cannot be checked against the data's")
-            if held.fingerprint() != found:
-                raise ValueError(
-                    f"{name}: was trained on another vocabulary than the data module's ({len(held)} against {len(vocab)} "
-                    "ids, or the same ids for other items): evaluate it on the data it was trained on"
-                )
+            check_vocabulary(name, member, vocab, found)
 
     def forward(self, batch: SessionBatch) -> torch.Tensor:
         """(B, V) ensemble scores of the batch's prefixes (its targets are never read)."""
         scores = self.ensemble(batch)
         return exclude_seen(scores, batch.items) if self.evaluation.exclude_seen else scores
+
+
+def check_vocabulary(name: str, member: SessionModel, vocab: ItemVocab, found: str) -> None:
+    """Refuse a loaded member (or teacher) trained on another vocabulary than the data module's `vocab`,
+    whose fingerprint is `found` (compared by content: the same ids must be the same items)."""
+    held = getattr(member, "vocab", None)
+    if held is None:
+        raise ValueError(f"{name}: holds no vocabulary, so its ids cannot be checked against the data's")
+    if held.fingerprint() != found:
+        raise ValueError(
+            f"{name}: was trained on another vocabulary than the data module's ({len(held)} against {len(vocab)} "
+            "ids, or the same ids for other items): use it with the data it was trained on"
+        )
 
 
 def load_member(path: str | os.PathLike) -> SessionModel:

@@ -170,6 +170,9 @@ def test_settings_and_students_that_cannot_be_distilled_are_refused():
             Distillation(teachers=["a.ckpt"], temperature=temperature)
     with pytest.raises(ValueError, match="2 weights for 1 teachers"):
         Distillation(teachers=["a.ckpt"], weights=[1, 2])
+    for weight in (0.0, -1.0, math.nan):
+        with pytest.raises(ValueError, match=f"weights must be positive and finite, got {weight}"):
+            Distillation(teachers=["a.ckpt", "b.ckpt"], weights=[1, weight])
     setting = {"teachers": ["a.ckpt"]}
     with pytest.raises(ValueError, match="CausalLanguageModeling student .* got MaskedItemModeling"):
         NextItemTask(num_items=V, objective=MaskedItemModeling(), distillation=setting)

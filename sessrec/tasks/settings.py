@@ -192,6 +192,9 @@ class Distillation(_Part):
             object.__setattr__(self, "weights", [float(w) for w in self.weights])
             if len(self.weights) != len(teachers):
                 raise ValueError(f"distillation: {len(self.weights)} weights for {len(teachers)} teachers")
+            bad = [w for w in self.weights if not (math.isfinite(w) and w > 0)]
+            if bad:
+                raise ValueError(f"distillation weights must be positive and finite, got {bad[0]}")
         if not (math.isfinite(self.alpha) and 0.0 < self.alpha <= 1.0):
             raise ValueError(f"distillation alpha must be in (0, 1], got {self.alpha}")
         if not (math.isfinite(self.temperature) and self.temperature > 0):

@@ -37,6 +37,17 @@ from sessrec.models.objective import EVENT_TIMES
 from sessrec.models.session_model import SessionModel
 
 
+def check_weights(weights: Sequence[float], count: int, of: str = "members") -> list[float]:
+    """`weights` as floats, refused unless there is one positive, finite weight for each of `count` `of`."""
+    weights = [float(w) for w in weights]
+    if len(weights) != count:
+        raise ValueError(f"{len(weights)} weights for {count} {of}: give one weight per {of.rstrip('s')}")
+    bad = [w for w in weights if not (math.isfinite(w) and w > 0)]
+    if bad:
+        raise ValueError(f"{of.rstrip('s')} weights must be positive and finite, got {bad[0]}")
+    return weights
+
+
 class SessionEnsemble(nn.Module):
     """Weighted mean of the next-item log-probabilities of trained `SessionModel`s.
 
@@ -69,14 +80,7 @@ class SessionEnsemble(nn.Module):
                     "ensemble models trained on items (and event times) only"
                 )
         _check_same_catalogue(members, names)
-        if weights is None:
-            weights = [1.0] * len(members)
-        weights = [float(w) for w in weights]
-        if len(weights) != len(members):
-            raise ValueError(f"{len(weights)} weights for {len(members)} members: give one weight per member")
-        bad = [w for w in weights if not (math.isfinite(w) and w > 0)]
-        if bad:
-            raise ValueError(f"ensemble weights must be positive and finite, got {bad[0]}")
+        weights = check_weights([1.0] * len(members) if weights is None else weights, len(members))
         self.members = nn.ModuleList(members)
         self.names = names
         total = sum(weights)

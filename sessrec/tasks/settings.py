@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
+from sessrec.models.ensemble import check_weights
 from sessrec.saved.registry import instantiate, register
 
 Part = TypeVar("Part", bound="_Part")  # typing.Self needs Python 3.11
@@ -189,12 +190,7 @@ class Distillation(_Part):
             raise ValueError("distillation needs at least one teacher (a checkpoint or a model directory)")
         object.__setattr__(self, "teachers", teachers)
         if self.weights is not None:
-            object.__setattr__(self, "weights", [float(w) for w in self.weights])
-            if len(self.weights) != len(teachers):
-                raise ValueError(f"distillation: {len(self.weights)} weights for {len(teachers)} teachers")
-            bad = [w for w in self.weights if not (math.isfinite(w) and w > 0)]
-            if bad:
-                raise ValueError(f"distillation weights must be positive and finite, got {bad[0]}")
+            object.__setattr__(self, "weights", check_weights(self.weights, len(teachers), of="teachers"))
         if not (math.isfinite(self.alpha) and 0.0 < self.alpha <= 1.0):
             raise ValueError(f"distillation alpha must be in (0, 1], got {self.alpha}")
         if not (math.isfinite(self.temperature) and self.temperature > 0):

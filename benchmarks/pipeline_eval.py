@@ -10,8 +10,10 @@ line per system, single retrievers first and the pipeline (the recipe's scorer) 
 - ``{"system": "pipeline-gbdt"}`` / ``"pipeline-dlrm"``: the same candidates ranked by each scorer.
   With a `BlendScorer` in the recipe (the default), these are its members, each fitted once and
   evaluated alone (the first LightGBM member is ``pipeline-gbdt``), then ``"pipeline-blend"``: the
-  blend of those fitted members. With one scorer in the recipe: the recipe's with its settings, the
-  other with its defaults (a scorer of another class adds ``"pipeline-<its class, lower case>"``);
+  blend of those fitted members (``--blend-weights 2,1,1,0,0``: also ``"pipeline-blend[2,1,1,0,0]"``,
+  the same fitted members with those weights, e.g. a subset of them). With one scorer in the recipe:
+  the recipe's with its settings, the other with its defaults (a scorer of another class adds
+  ``"pipeline-<its class, lower case>"``);
 - with ``--ablations``: ``"pipeline-without-retriever-<name>"`` and ``"pipeline-without-features-<group>"``
   (``--ablation-scorer``, GBDT by default: it trains in seconds), a group only where the data has its
   columns (no ``time`` without event times) and never the ``ids``;
@@ -63,6 +65,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -274,20 +277,41 @@ def scored(pipe: Pipeline, data, scorer, test) -> dict:
             "ranker_coverage": info["coverage"]}
 
 
-def blended(pipe: Pipeline, data, blend: BlendScorer, test) -> dict[str, dict]:
+def blended(pipe: Pipeline, data, blend: BlendScorer, test, reweighted: Sequence[list[float]] = ()) -> dict[str, dict]:
     """Each member of `blend` fitted and evaluated alone (by `member_name`), then ``blend``: the
-    members as fitted, blended; its ``seconds`` the members' fits and its own scoring."""
+    members as fitted, blended; its ``seconds`` the members' fits and its own scoring. Each weight
+    list of `reweighted` adds ``blend[w1,w2,...]``: the same fitted members with those weights."""
     results: dict[str, dict] = {}
     for member in blend.scorers:
         results[member_name(member, set(results))] = scored(pipe, data, member, test)
-    start = time.perf_counter()
-    pipe.scorer = blend
-    metrics = evaluate_rows(pipe, test, KS)
     fitted = sum(r["seconds"] for r in results.values())
     first = next(iter(results.values()))
-    results["blend"] = {**metrics, "seconds": fitted + time.perf_counter() - start, "ranker_pairs": first["ranker_pairs"],
-                        "ranker_coverage": first["ranker_coverage"]}
+    for name, weights in [("blend", blend.weights), *((f"blend[{','.join(f'{w:g}' for w in ws)}]", ws) for ws in reweighted)]:
+        start = time.perf_counter()
+        pipe.scorer = BlendScorer(blend.scorers, weights)
+        metrics = evaluate_rows(pipe, test, KS)
+        results[name] = {**metrics, "seconds": fitted + time.perf_counter() - start, "ranker_pairs": first["ranker_pairs"],
+                         "ranker_coverage": first["ranker_coverage"]}
+    pipe.scorer = blend
     return results
+
+
+def weight_lists(texts: list[str], scorer: Scorer, parser: argparse.ArgumentParser) -> list[list[float]]:
+    """``--blend-weights``: each text a comma-separated weight per member of the recipe's blend."""
+    if texts and not isinstance(scorer, BlendScorer):
+        parser.error(f"--blend-weights reweights a BlendScorer's members; the recipe's scorer is {type(scorer).__name__}")
+    out = []
+    for text in texts:
+        try:
+            weights = [float(w) for w in text.split(",")]
+        except ValueError:
+            parser.error(f"--blend-weights {text!r}: give numbers separated by commas, e.g. 1,1,0")
+        try:
+            BlendScorer(scorer.scorers, weights)
+        except ValueError as err:
+            parser.error(f"--blend-weights {text!r}: {err}")
+        out.append(weights)
+    return out
 
 
 def ablated_groups(groups: list[str], data: RankerData) -> list[str]:
@@ -337,6 +361,8 @@ def main() -> None:
     parser.add_argument("--ablation-scorer", choices=["gbdt", "dlrm"], default="gbdt")
     parser.add_argument("--recall-ks", default="50,100,200,500")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--blend-weights", nargs="+", default=[], metavar="W1,W2,...",
+                        help="also the recipe's blend with these member weights, its members fitted once (one list each)")
     args = parser.parse_args()
     if not (args.dataset or args.recipe):
         parser.error("give --dataset (or --recipe)")
@@ -367,6 +393,7 @@ def main() -> None:
     scorers[final] = recipe.scorer
     if isinstance(recipe.scorer, BlendScorer):  # its members are the single rankers compared
         final, scorers = "blend", {}
+    reweighted = weight_lists(args.blend_weights, recipe.scorer, parser)
     lines: dict[str, list[dict]] = {}
 
     def record(line: dict, show: bool = True) -> None:
@@ -413,7 +440,7 @@ def main() -> None:
             for name, base in scorers.items():
                 results[name] = scored(pipe, data, seeded(base, ranker_seed), test_rows)
             if isinstance(recipe.scorer, BlendScorer):
-                results.update(blended(pipe, data, seeded(recipe.scorer, ranker_seed), test_rows))
+                results.update(blended(pipe, data, seeded(recipe.scorer, ranker_seed), test_rows, reweighted))
             for name, metrics in results.items():
                 record({"system": f"pipeline-{name}", "dataset": dataset, **metrics, **seeds})
             if which and (stage1_seed, ranker_seed) == runs[0]:

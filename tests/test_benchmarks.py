@@ -236,10 +236,29 @@ def test_pipeline_eval_ablates_only_the_feature_groups_the_data_has(capsys):
     assert pe.ablated_groups(["retrievers", "time"], SimpleNamespace(raw={"stan_score": None})) == ["retrievers"]
 
 
-@pytest.mark.slow
-def test_pipeline_eval_over_two_seeds_prints_each_seed_then_the_means(tmp_path):
-    """Two stage-1 checkpoints (seed 0 where the pipeline recipe names it, seed 1 in its seed folder,
-    written here untrained so that nothing is trained) and two ranker seeds."""
+def test_pipeline_eval_blend_weights_are_checked_against_the_recipe_blend(capsys):
+    pe = pipeline_eval()
+    import argparse
+
+    from sessrec.pipeline.scoring import BlendScorer, GBDTScorer
+
+    parser = argparse.ArgumentParser()
+    blend = BlendScorer([GBDTScorer(), GBDTScorer(seed=1), GBDTScorer(seed=2)])
+    assert pe.weight_lists(["1,1,0", "2,0.5,1"], blend, parser) == [[1.0, 1.0, 0.0], [2.0, 0.5, 1.0]]
+    for text, message in (("1,1", "one non-negative weight per scorer"), ("1,x,1", "numbers separated by commas"),
+                          ("0,0,0", "not all 0"), ("1,nan,1", "one non-negative weight per scorer")):
+        with pytest.raises(SystemExit):
+            pe.weight_lists([text], blend, parser)
+        err = capsys.readouterr().err
+        assert f"--blend-weights {text!r}" in err and message in err, err
+    with pytest.raises(SystemExit):
+        pe.weight_lists(["1"], GBDTScorer(), parser)
+    assert "the recipe's scorer is GBDTScorer" in capsys.readouterr().err
+
+
+def run_pipeline_eval(tmp_path: Path, scorer: dict, *flags: str) -> list[dict]:
+    """pipeline_eval.py on synthetic sessions with untrained XLNet checkpoints of stage-1 seeds 0 (where
+    the pipeline recipe names it) and 1 (in its seed folder), written here so that nothing is trained."""
     import torch
     import yaml
 
@@ -260,21 +279,28 @@ def test_pipeline_eval_over_two_seeds_prints_each_seed_then_the_means(tmp_path):
     pipeline = {
         "data": {"source": {"class_path": "sessrec.data.SyntheticSource", "init_args": source}, "max_length": 8},
         "models": {"xlnet": {"recipe": "stage1.yaml", "checkpoint": "runs/m/checkpoints/best.ckpt", "k": 20}},
-        "covisitation": {}, "covisitation_k": 20, "max_candidates": 30,
-        "scorer": {"class_path": "sessrec.pipeline.scoring.GBDTScorer",
-                   "init_args": {"max_rounds": 10, "threads": 1, "min_data_in_leaf": 5}},
-        "output": "runs/pipeline",
+        "covisitation": {}, "covisitation_k": 20, "max_candidates": 30, "scorer": scorer, "output": "runs/pipeline",
     }
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump({"pipeline": pipeline}))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "pipeline_eval.py"), "--recipe", "tiny.yaml", "--seeds", "2",
-         "--threads", "1", "--recall-ks", "10,20"],
+        [sys.executable, str(ROOT / "benchmarks" / "pipeline_eval.py"), "--recipe", "tiny.yaml", "--threads", "1",
+         "--recall-ks", "10,20", *flags],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "training" not in done.stderr  # both checkpoints existed
-    records = [json.loads(line) for line in done.stdout.splitlines()]
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+TINY_GBDT = {"max_rounds": 10, "threads": 1, "min_data_in_leaf": 5}
+
+
+@pytest.mark.slow
+def test_pipeline_eval_over_two_seeds_prints_each_seed_then_the_means(tmp_path):
+    """Two stage-1 checkpoints and two ranker seeds."""
+    records = run_pipeline_eval(tmp_path, {"class_path": "sessrec.pipeline.scoring.GBDTScorer", "init_args": TINY_GBDT},
+                                "--seeds", "2")
     systems = [(r["system"], r.get("stage1_seed"), r.get("ranker_seed"), "seeds" in r) for r in records]
     rankers = ("pipeline-gbdt", "pipeline-dlrm", "pipeline")
     assert systems == [
@@ -295,3 +321,18 @@ def test_pipeline_eval_over_two_seeds_prints_each_seed_then_the_means(tmp_path):
     assert (last["seeds"], last["stage1_seeds"], last["ranker_seeds"], last["varied"]) == (2, [0, 1], [0, 1], ["stage1", "ranker"])
     assert last["scorer"] == "GBDTScorer" and last["stage1_trained"] == 0 and last["device"] == "cpu"
     assert last["peak_rss_mb"] > 50 and last["wall_seconds"] > 0 and "peak_rss_children_mb" in last
+
+
+@pytest.mark.slow
+def test_pipeline_eval_reweights_the_fitted_blend_members(tmp_path):
+    """A blend weighted onto one member ranks every session as that member alone (standardising a
+    session's scores keeps their order), so its metrics are that member's."""
+    member = {"class_path": "sessrec.pipeline.scoring.GBDTScorer", "init_args": TINY_GBDT}
+    seeded = {"class_path": "sessrec.pipeline.scoring.GBDTScorer", "init_args": {**TINY_GBDT, "seed": 1}}
+    blend = {"class_path": "sessrec.pipeline.scoring.BlendScorer", "init_args": {"scorers": [member, seeded]}}
+    records = {r["system"]: r for r in run_pipeline_eval(tmp_path, blend, "--blend-weights", "1,0", "0,2")}
+    assert list(records)[-6:] == ["pipeline-gbdt", "pipeline-gbdt-1", "pipeline-blend", "pipeline-blend[1,0]", "pipeline-blend[0,2]", "pipeline"]
+    for weighted, alone in (("pipeline-blend[1,0]", "pipeline-gbdt"), ("pipeline-blend[0,2]", "pipeline-gbdt-1")):
+        for key in ("recall@20", "mrr@20", "ndcg@10"):
+            assert records[weighted][key] == pytest.approx(records[alone][key], abs=1e-9)
+    assert records["pipeline-gbdt"]["mrr@20"] != records["pipeline-gbdt-1"]["mrr@20"]  # two different members

@@ -13,6 +13,7 @@ Shape letters: B sessions, K candidates.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -60,7 +61,8 @@ class BlendScorer(Scorer):
         if any(isinstance(s, BlendScorer) for s in self.scorers):
             raise ValueError("BlendScorer members are rankers, not blends: list the rankers themselves")
         self.weights = [1.0] * len(self.scorers) if weights is None else [float(w) for w in weights]
-        if len(self.weights) != len(self.scorers) or min(self.weights) < 0 or sum(self.weights) <= 0:
+        if (len(self.weights) != len(self.scorers) or not all(math.isfinite(w) and w >= 0 for w in self.weights)
+                or sum(self.weights) <= 0):
             raise ValueError(f"BlendScorer needs one non-negative weight per scorer ({len(self.scorers)}), not all 0; "
                              f"got {list(self.weights)}")
 

@@ -374,6 +374,7 @@ def main() -> None:
     if not Path(path).is_file():
         parser.error(f"{path}: no such pipeline recipe")
     recipe = load_recipe(path, ["--pipeline.device", args.device] if args.device else [])
+    reweighted = weight_lists(args.blend_weights, recipe.scorer, parser)  # refused before any training
     runs = seed_plan(args.seeds, args.stage1_seeds)
     varied = [name for name, i in (("stage1", 0), ("ranker", 1)) if len({run[i] for run in runs}) > 1]
     stage1_seeds = sorted({s for s, _ in runs})
@@ -393,7 +394,6 @@ def main() -> None:
     scorers[final] = recipe.scorer
     if isinstance(recipe.scorer, BlendScorer):  # its members are the single rankers compared
         final, scorers = "blend", {}
-    reweighted = weight_lists(args.blend_weights, recipe.scorer, parser)
     lines: dict[str, list[dict]] = {}
 
     def record(line: dict, show: bool = True) -> None:

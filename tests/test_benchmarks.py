@@ -245,8 +245,8 @@ def test_pipeline_eval_blend_weights_are_checked_against_the_recipe_blend(capsys
     parser = argparse.ArgumentParser()
     blend = BlendScorer([GBDTScorer(), GBDTScorer(seed=1), GBDTScorer(seed=2)])
     assert pe.weight_lists(["1,1,0", "2,0.5,1"], blend, parser) == [[1.0, 1.0, 0.0], [2.0, 0.5, 1.0]]
-    for text, message in (("1,1", "one non-negative weight per scorer"), ("1,x,1", "numbers separated by commas"),
-                          ("0,0,0", "not all 0"), ("1,nan,1", "one non-negative weight per scorer")):
+    for text, message in (("1,1", "one finite, non-negative weight per scorer"), ("1,x,1", "numbers separated by commas"),
+                          ("0,0,0", "not all 0"), ("1,nan,1", "one finite, non-negative weight per scorer")):
         with pytest.raises(SystemExit):
             pe.weight_lists([text], blend, parser)
         err = capsys.readouterr().err

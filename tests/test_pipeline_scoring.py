@@ -198,8 +198,9 @@ def test_blend_sums_the_members_standardised_scores_with_their_weights() -> None
     z = math.sqrt(1.5)
     assert torch.allclose(blend.score(inputs), torch.tensor([[-4 * z, z, 3 * z]]), atol=1e-5)
     assert all(s.fitted for s in blend.scorers)
-    with pytest.raises(ValueError, match="one non-negative weight per scorer"):
-        BlendScorer([FixedScorer()], weights=[1.0, 1.0])
+    for weights in ([1.0, 1.0], [float("nan")], [-1.0], [float("inf")]):
+        with pytest.raises(ValueError, match="one finite, non-negative weight per scorer"):
+            BlendScorer([FixedScorer()], weights=weights)
 
 
 def test_blend_of_dlrm_and_lightgbm_saves_and_loads_through_its_config(fitted) -> None:

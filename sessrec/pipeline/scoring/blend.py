@@ -63,7 +63,7 @@ class BlendScorer(Scorer):
         self.weights = [1.0] * len(self.scorers) if weights is None else [float(w) for w in weights]
         if (len(self.weights) != len(self.scorers) or not all(math.isfinite(w) and w >= 0 for w in self.weights)
                 or sum(self.weights) <= 0):
-            raise ValueError(f"BlendScorer needs one non-negative weight per scorer ({len(self.scorers)}), not all 0; "
+            raise ValueError(f"BlendScorer needs one finite, non-negative weight per scorer ({len(self.scorers)}), not all 0; "
                              f"got {list(self.weights)}")
 
     def fit(self, inputs: RankingInputs | RankerRows, labels: torch.Tensor) -> BlendScorer:

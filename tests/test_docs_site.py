@@ -14,18 +14,12 @@ API = ROOT / "docs" / "api"
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
-def is_shim(path: Path) -> bool:
-    """A module (or package) kept only as a deprecated re-export: its docstring starts with "Deprecated"."""
-    path = path / "__init__.py" if path.is_dir() else path
-    return path.read_text().lstrip('"\n ').startswith("Deprecated")
-
-
 def library_modules(package: Path) -> list[str]:
     """Dotted names of a package's modules with their own API entry: not ``__init__`` (a package is
-    documented through its modules), not ``__main__``, not the deprecated shims."""
+    documented through its modules), not ``__main__``."""
     names = []
     for path in sorted(package.rglob("*.py")):
-        if path.name in ("__init__.py", "__main__.py") or is_shim(path) or any(is_shim(d) for d in path.parents if package in d.parents):
+        if path.name in ("__init__.py", "__main__.py"):
             continue
         names.append(".".join(path.relative_to(ROOT).with_suffix("").parts))
     return names

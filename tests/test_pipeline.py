@@ -211,7 +211,7 @@ def test_refit_retrievers_index_the_validation_sessions_once_the_ranker_is_fitte
     counts = np.bincount(both[both >= NUM_SPECIAL], minlength=dm.num_items)[: dm.num_items]
     assert np.array_equal(loaded.features.popularity[:, 0], counts)
     test = dm.pairs("test")  # with their event times: the ranker has time features
-    assert training.evaluate(loaded, test) == training.evaluate(fitted, test)
+    assert training.evaluate_pipeline(loaded, test) == training.evaluate_pipeline(fitted, test)
     plain = small_recipe(world, tmp_path / "plain").fit()  # the ranker as fitted: the same in both
     assert config_of(plain.scorer) == config_of(fitted.scorer)
     assert np.array_equal(plain.retrievers["vsknn"][0].sessions, train)
@@ -333,7 +333,8 @@ def test_recommend_takes_and_returns_raw_ids(world: World, scorer: str) -> None:
         assert set(rec["item_ids"]) <= known
         assert rec["scores"] == sorted(rec["scores"], reverse=True) and all(map(math.isfinite, rec["scores"]))
     # the synthetic transitions are learnable: the ranked lists find most next items of the test day
-    metrics = training.evaluate(pipe, world.dm.pairs("test"), ks=(10,))  # times given, no time features: ignored
+    # times given, no time features: ignored
+    metrics = training.evaluate_pipeline(pipe, world.dm.pairs("test"), ks=(10,))
     assert 0.6 < metrics["recall@10"] <= metrics["candidate_recall"] <= 1.0
     assert 0.2 < metrics["mrr@10"] < metrics["recall@10"]
 
@@ -600,7 +601,7 @@ def test_evaluate_rows_equals_evaluate(world: World, name: str) -> None:
     """Ranking prepared test rows gives exactly the metrics of the end-to-end evaluation."""
     pipe = world.pipelines[name]
     pairs = world.dm.pairs("test")
-    direct = training.evaluate(pipe, pairs, (5, 10), batch_size=64)
+    direct = training.evaluate_pipeline(pipe, pairs, (5, 10), batch_size=64)
     prepared = training.evaluate_rows(pipe, training.candidate_rows(pipe, pairs, 64), (5, 10), batch_size=48)
     assert prepared.keys() == direct.keys()
     for key, value in direct.items():
@@ -617,11 +618,11 @@ def test_metrics_do_not_depend_on_the_order_or_the_batching_of_the_test_pairs(wo
     pairs = world.dm.pairs("test")
     shuffled = pairs.take(torch.randperm(len(pairs), generator=torch.Generator().manual_seed(0)))
     assert not torch.equal(shuffled.targets, pairs.targets)
-    base = training.evaluate(pipe, pairs, (5, 10), batch_size=64)
+    base = training.evaluate_pipeline(pipe, pairs, (5, 10), batch_size=64)
     runs = {
-        "shuffled": training.evaluate(pipe, shuffled, (5, 10), batch_size=64),
-        "batch 7": training.evaluate(pipe, pairs, (5, 10), batch_size=7),
-        "batch all": training.evaluate(pipe, shuffled, (5, 10), batch_size=len(pairs)),
+        "shuffled": training.evaluate_pipeline(pipe, shuffled, (5, 10), batch_size=64),
+        "batch 7": training.evaluate_pipeline(pipe, pairs, (5, 10), batch_size=7),
+        "batch all": training.evaluate_pipeline(pipe, shuffled, (5, 10), batch_size=len(pairs)),
         "rows shuffled": training.evaluate_rows(pipe, training.candidate_rows(pipe, shuffled, 33), (5, 10), batch_size=11),
         "rows batch all": training.evaluate_rows(pipe, training.candidate_rows(pipe, pairs, 13), (5, 10), batch_size=len(pairs)),
     }
@@ -695,7 +696,7 @@ def test_pipeline_runs_on_an_explicit_device(world: World, saved: dict[str, Path
     for tensor in (cands.items, *cands.features.values(), scored.scores, recs.items, recs.scores):
         assert tensor.device == cpu
     assert recs.items.tolist() == world.pipelines["dlrm"].recommend_batch(sessions, k=K).items.tolist()
-    assert training.evaluate(pipe, pairs) == training.evaluate(world.pipelines["dlrm"], pairs)
+    assert training.evaluate_pipeline(pipe, pairs) == training.evaluate_pipeline(world.pipelines["dlrm"], pairs)
 
 
 def rule_pipeline(world: World, tmp_path: Path) -> Pipeline:
@@ -739,7 +740,7 @@ def test_every_stage_builds_its_tensors_on_the_sessions_device(
             pipe.ordering.sampling = SoftmaxSampling(1.0, seed=3)  # the same samples on each run
         recs = pipe.recommend_batch(RequestSessions(items[:80], now=now.clone()), k=K)
         rows = training.candidate_rows(pipe, pairs, 64)
-        return (recs.items, recs.scores, training.evaluate(pipe, pairs, batch_size=64),
+        return (recs.items, recs.scores, training.evaluate_pipeline(pipe, pairs, batch_size=64),
                 training.evaluate_rows(pipe, rows, batch_size=48), training.retrieval_recall(pipe, items, targets, (10, 50)))
 
     expected = run()
@@ -770,7 +771,7 @@ def test_pipeline_on_cuda_matches_the_cpu(world: World, name: str) -> None:
         assert recs.items.device.type == device and model.built_index()._vectors.device.type == device
         if name == "dlrm":
             assert next(pipe.scorer.network.parameters()).device.type == device
-        out[device] = (recs, training.evaluate(pipe, test))
+        out[device] = (recs, training.evaluate_pipeline(pipe, test))
     (cpu, cpu_metrics), (_, gpu_metrics) = out["cpu"], out["cuda"]
     # each device's ranker is fitted on its own rows: the session model's scores differ in the last
     # bits on the GPU, which reorders near-tied ranks, so the rows and the fitted rankers differ a
@@ -782,7 +783,7 @@ def test_pipeline_on_cuda_matches_the_cpu(world: World, name: str) -> None:
         # (on an H100: NDCG@10 0.65369 against 0.65354)
         pipes["cuda"].scorer = pipes["cpu"].scorer
         served = pipes["cuda"].recommend_batch(training.sessions_of(test.take(slice(0, 80))), k=K)
-        for key, value in training.evaluate(pipes["cuda"], test).items():
+        for key, value in training.evaluate_pipeline(pipes["cuda"], test).items():
             assert value == pytest.approx(cpu_metrics[key], abs=0.005), key
         # near-tied candidates may swap places, shifting the ranks after them (on an H100: 0.93 of the
         # 800 served positions hold the CPU's item, 0.99 of each session's top 10 is the CPU's)

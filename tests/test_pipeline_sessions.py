@@ -328,7 +328,7 @@ def test_times_become_ranker_features_and_are_required_once_fitted(dm: SessionDa
     assert value["time_hour_sin"] == pytest.approx(math.sin(2 * math.pi * hour / 24), abs=1e-6)
     assert value["time_weekday_cos"] == pytest.approx(math.cos(2 * math.pi * weekday / 7), abs=1e-6)
     # the test pairs are scored with their times (`evaluate_pipeline`, as `PipelineRecipe.test`)
-    metrics = training.evaluate(pipe, dm.pairs("test"), ks=(3,))
+    metrics = training.evaluate_pipeline(pipe, dm.pairs("test"), ks=(3,))
     assert metrics["candidate_recall"] == 1.0
     # without times the fitted ranker refuses, in one line naming what it needs
     with pytest.raises(ValueError, match=r"fitted with time features \(session_duration, time_hour_cos, .*\): give every session's event times") as err:
@@ -350,7 +350,7 @@ def test_a_ranker_fitted_without_times_ignores_them(dm: SessionDataModule) -> No
     assert not [n for n in names if n.startswith("time_") or n == "session_duration"]
     test = dm.pairs("test")
     without = EvalPairs(test.items, test.targets, test.sessions)
-    assert training.evaluate(pipe, test, ks=(3,)) == training.evaluate(pipe, without, ks=(3,))
+    assert training.evaluate_pipeline(pipe, test, ks=(3,)) == training.evaluate_pipeline(pipe, without, ks=(3,))
 
 
 def test_rule_windows_hold_at_the_pairs_times(dm: SessionDataModule, tmp_path: Path) -> None:
@@ -393,7 +393,7 @@ def test_list_metrics_rank_by_the_served_position() -> None:
 def test_evaluation_ranks_what_a_sampling_ordering_served(dm: SessionDataModule) -> None:
     pairs = dm.pairs("valid", "all_prefixes")
     sampled = lambda: Ordering(sampling=SoftmaxSampling(temperature=50.0, seed=3))  # noqa: E731 - a fresh, seeded sampler
-    metrics = training.evaluate(pipeline(dm, ordering=sampled()), pairs, ks=(2, 5), batch_size=6)
+    metrics = training.evaluate_pipeline(pipeline(dm, ordering=sampled()), pairs, ks=(2, 5), batch_size=6)
     by_hand = pipeline(dm, ordering=sampled())  # the same samples, batch by batch
     served, unsorted = [], 0
     for lo in range(0, len(pairs), 6):

@@ -16,8 +16,9 @@ import pyarrow as pa
 import pytest
 import yaml
 
-from sessrec.data import SessionDataModule, UserSequenceSource
+from sessrec.data import UserSequenceSource
 from sessrec.data.vocab import NUM_SPECIAL
+from sessrec.tasks import SessionDataModule
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"

@@ -3,16 +3,11 @@ among them), loaders, streams, evaluation pairs, side information and synthetic 
 Imports no model and no Lightning.
 
 Each name below is imported from its module on first use (``sessrec.data.SRGNNSource`` loads
-`sessrec.data.sources` only). Names that moved out of this package (feature ops to
-`sessrec.features`, dataset adapters to `sessrec.datasets`, `SparseFeatures` to
-`sessrec.embeddings`, the Lightning data modules to `sessrec.tasks`) still resolve here, with a
-`DeprecationWarning` naming their new path, until the next release.
+`sessrec.data.sources` only).
 """
 
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
-
-from sessrec.saved.moved import forward
 
 if TYPE_CHECKING:
     from sessrec.data.batch import SessionBatch
@@ -54,15 +49,12 @@ SUBMODULES = ("batch", "frame", "loader", "merlin", "pairs", "readers", "schema"
 __all__ = sorted(MODULE_OF)
 
 
-def _own(name: str) -> Any:
+def __getattr__(name: str) -> Any:
     if name in MODULE_OF:
         return getattr(import_module(MODULE_OF[name]), name)
     if name in SUBMODULES:  # ``sessrec.data.frame`` after a bare ``import sessrec.data``
         return import_module(f"{__name__}.{name}")
-    raise AttributeError(name)
-
-
-__getattr__ = forward(__name__, _own)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:

@@ -57,7 +57,6 @@ from sessrec.models.objective import EVENT_TIMES, Objective
 from sessrec.models.pretrained import load_pretrained
 from sessrec.models.session_model import SessionModel, next_item_scores
 from sessrec.saved.atomic import atomic_path
-from sessrec.saved.moved import forward
 
 Format = Literal["onnx", "torchscript"]
 FORMATS: tuple[str, ...] = ("onnx", "torchscript")
@@ -529,6 +528,3 @@ def _first_line(err: BaseException) -> str:
         lines = [line.strip() for line in after.splitlines() if line.strip()] or lines
     line = re.sub(r"\x1b\[[0-9;]*m", "", lines[0] if lines else type(err).__name__)
     return line[:300]
-
-
-__getattr__ = forward(__name__)  # renamed names, with a DeprecationWarning (sessrec.saved.moved)

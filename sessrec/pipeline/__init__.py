@@ -25,7 +25,6 @@ from sessrec.pipeline.retrieval.index import ExactIndex, FaissIndex
 from sessrec.pipeline.retrieval.session_model import SessionModelRetriever
 from sessrec.pipeline.scoring import BlendScorer, DLRMScorer, GBDTScorer
 from sessrec.pipeline.training import evaluate_pipeline, fit_ranker, retrieval_recall
-from sessrec.saved.moved import forward
 
 if TYPE_CHECKING:
     from sessrec.pipeline.recipe import PipelineRecipe, load_recipe
@@ -33,13 +32,10 @@ if TYPE_CHECKING:
 FIT_TIME = {"PipelineRecipe": "sessrec.pipeline.recipe", "load_recipe": "sessrec.pipeline.recipe"}
 
 
-def _fit_time(name: str) -> Any:
+def __getattr__(name: str) -> Any:
     if name in FIT_TIME:
         return getattr(import_module(FIT_TIME[name]), name)
-    raise AttributeError(name)
-
-
-__getattr__ = forward(__name__, _fit_time)  # and the renamed ``evaluate`` and ``Sessions``, with a warning
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [

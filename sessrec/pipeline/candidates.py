@@ -16,7 +16,6 @@ from typing import Any
 import torch
 
 from sessrec.data.vocab import NUM_SPECIAL, PAD
-from sessrec.saved.moved import forward
 
 
 @dataclass
@@ -200,6 +199,3 @@ def merge(retrieved: dict[str, Retrieved]) -> Candidates:
         grid[u_row[by], col] = values[by]
         out_feats[name] = grid
     return Candidates(out_items, out_feats)
-
-
-__getattr__ = forward(__name__)  # renamed names, with a DeprecationWarning (sessrec.saved.moved)

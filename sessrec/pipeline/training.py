@@ -40,7 +40,6 @@ from sessrec.pipeline.candidate_features import RankingInputs
 from sessrec.pipeline.candidates import Candidates, RequestSessions
 from sessrec.pipeline.pipeline import Pipeline
 from sessrec.pipeline.scoring import RankerRows, Scorer
-from sessrec.saved.moved import forward
 
 CHUNK = 4096  # pairs whose features a scorer's fit reads at once
 
@@ -286,6 +285,3 @@ def retrieval_recall(
                 out[name][f"recall@{k}"] += float(rank_values(ranks, f"recall@{k}").sum())
     n = max(len(items), 1)
     return {name: {k: v / n for k, v in vals.items()} for name, vals in out.items()}
-
-
-__getattr__ = forward(__name__)  # renamed names, with a DeprecationWarning (sessrec.saved.moved)

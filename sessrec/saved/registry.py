@@ -18,10 +18,7 @@ is imported, since it registers itself on definition.
 
 A ``class_path`` is the class's ``module.qualname``, or a public alias of it: a package prefix and
 the class name (``sessrec.tasks.NextItemTask``, ``sessrec.MaskedItemModeling``) names the one
-registered class of that name whose module lies under the prefix. A class path of a module or class
-that moved (`sessrec.saved.moved`: ``sessrec.data.features.ops.Categorify``,
-``sessrec.pipeline.features.CandidateFeatures``, ...) names the class at its new place, so
-directories and recipes written before the move still load.
+registered class of that name whose module lies under the prefix.
 
 Examples:
     >>> from sessrec.models import GRU4RecEncoder
@@ -47,10 +44,7 @@ import os
 import types
 import typing
 from collections.abc import Mapping, Sequence
-from importlib import import_module
 from typing import Any, TypeVar
-
-from sessrec.saved.moved import new_path
 
 LIBRARY = "sessrec."
 MAX_DEPTH = 32  # nesting levels of a config (a task config is 5 deep: task, init_args, encoder, init_args, value)
@@ -177,7 +171,7 @@ def resolve(name: Any, expected: Any, source: str, key: str = "") -> type:
     if not isinstance(name, str):
         raise ConfigError(source, key, f"class_path must be a string, got {type(name).__name__}")
     allowed = _classes(_annotation(expected))
-    cls = _CLASSES.get(name) or _alias(name, source, key) or _moved(name, source, key)
+    cls = _CLASSES.get(name) or _alias(name, source, key)
     if cls is None:
         raise ConfigError(source, key, _unregistered(name, allowed))
     if allowed is not None and not issubclass(cls, allowed):
@@ -296,17 +290,6 @@ def _alias(name: str, source: str, key: str) -> type | None:
         paths = sorted(f"{c.__module__}.{c.__qualname__}" for c in found)
         raise ConfigError(source, key, f"{name!r} names {len(found)} registered classes {paths}; give the full class path")
     return found.pop() if found else None
-
-
-def _moved(name: str, source: str, key: str) -> type | None:
-    """The registered class at the new place of a moved class path (its library module imported), or None."""
-    target = new_path(name)
-    if target is None:
-        return None
-    module = target.rpartition(".")[0]
-    if module.startswith(LIBRARY):  # a module of this library, from the fixed table of moves
-        import_module(module)
-    return _CLASSES.get(target) or _alias(target, source, key)
 
 
 def _unregistered(name: str, allowed: tuple[type, ...] | None) -> str:

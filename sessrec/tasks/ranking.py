@@ -26,7 +26,6 @@ from sessrec.embeddings import FusedTables, SparseTables, TableConfig
 from sessrec.embeddings.host_memory import retain_freed_memory
 from sessrec.metrics import RankingMetrics
 from sessrec.models.dlrm import DLRM, with_sparse_module
-from sessrec.saved.moved import forward
 from sessrec.saved.registry import ConfigError, config_of, register, resolve, split_config
 from sessrec.tasks.pretrained import Pretrained
 from sessrec.tasks.settings import DLRMNetwork, Evaluation, Optimization
@@ -257,6 +256,3 @@ class DLRMTask(Pretrained, pl.LightningModule):
         if tables:
             groups.append({"params": tables, "weight_decay": 0.0})
         return torch.optim.AdamW(groups, lr=optimization.lr)
-
-
-__getattr__ = forward(__name__)  # the metrics that moved to sessrec.metrics, with a DeprecationWarning

@@ -18,10 +18,10 @@ import torch
 
 from sessrec.cli import cli
 from sessrec.data import ItemVocab
-from sessrec.tasks import BaselineTask, DLRMTask, NextItemTask
+from sessrec.tasks import DLRMTask, NextItemTask
 from sessrec.tasks.pretrained import plain_hparams
-from sessrec.tasks.restore import merge_with_checkpoint, renamed
-from sessrec.tasks.settings import Evaluation, regroup
+from sessrec.tasks.restore import merge_with_checkpoint
+from sessrec.tasks.settings import Evaluation
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
@@ -166,53 +166,36 @@ def test_bad_evaluation_settings_are_refused(
     assert not out.exists()
 
 
-@pytest.mark.parametrize("flag, new", [
-    ("--model.top_k", "--model.evaluation.top_k"), ("--model.ks", "--model.evaluation.ks"),
-    ("--model.exclude_seen", "--model.evaluation.exclude_seen"), ("--model.lr", "--model.optimization.lr"),
-    ("--model.weight_decay", "--model.optimization.weight_decay"), ("--model.warmup_steps", "--model.schedule.warmup_steps"),
-    ("--model.scheduler", "--model.schedule.decay"), ("--model.schedule_seconds", "--model.schedule.seconds"),
-    ("--model.init_args.top_k", "--model.evaluation.top_k"),
-])
-def test_a_renamed_flag_names_the_new_key(capsys, checkpoint, flag, new, sessrec_main):
-    got = sessrec_main("test", *TINY, "--ckpt_path", str(checkpoint), flag, "5")
-    assert got == f"sessrec test: error: {flag} was renamed: use {new} (--traceback for details)"
-    assert "NestedArg" not in capsys.readouterr().err  # nothing of jsonargparse's printed before it
+OPTIONS = "its options are num_items, max_length, encoder, objective"  # NextItemTask's, in order
 
 
-def test_a_renamed_recipe_key_names_the_new_key(capsys, tmp_path, sessrec_main):
-    recipe = tmp_path / "old.yaml"
+@pytest.mark.parametrize("flag", ["--model.top_k", "--model.init_args.top_k"])
+def test_a_setting_outside_its_part_is_an_unknown_key_in_one_line(capsys, flag, sessrec_main):
+    got = sessrec_main("test", *TINY, flag, "5")
+    unknown = "unknown key model.top_k (NextItemTask has no option 'top_k')"
+    assert got.startswith(f"sessrec test: error: {unknown}; {OPTIONS}")
+    assert "evaluation" in got and "NestedArg" not in capsys.readouterr().err  # nothing of jsonargparse's printed before it
+
+
+def test_a_recipe_key_outside_its_part_is_an_unknown_key_in_one_line(capsys, tmp_path, sessrec_main):
+    recipe = tmp_path / "flat.yaml"
     recipe.write_text("model:\n  exclude_seen: true\n  evaluation: {ks: [5]}\n")
     got = sessrec_main("fit", *TINY, "--config", str(recipe))
-    assert got == f"sessrec fit: error: {recipe}: model.exclude_seen was renamed: use model.evaluation.exclude_seen (--traceback for details)"
+    unknown = "unknown key model.exclude_seen (NextItemTask has no option 'exclude_seen')"
+    assert got.startswith(f"sessrec fit: error: {unknown}; {OPTIONS}")
     assert capsys.readouterr().err == ""
 
 
-def test_renamed_depends_on_the_task():
-    assert renamed(NextItemTask, "lr") == "optimization.lr" and renamed(NextItemTask, "scheduler") == "schedule.decay"
-    assert renamed(BaselineTask, "top_k") == "evaluation.top_k"
-    assert renamed(BaselineTask, "lr") is None  # no optimization part: jsonargparse's unknown option
-    assert renamed(DLRMTask, "lr") == "optimization.lr" and renamed(DLRMTask, "ks") == "evaluation.ks"
-    assert renamed(NextItemTask, "dropout") is None
-
-
-# a DLRMTask checkpoint's settings in the flag form, and what it holds grouped
-DLRM_FLAGS = {"cardinalities": {"hotel": 10}, "num_dense": 3, "embedding_dim": 16, "ks": [1, 5, 20], "lr": 0.001,
-              "embedding_optimizer": "adagrad_rowwise", "compile": False, "seed": 0}
+# a DLRMTask checkpoint's settings
 DLRM_HELD = plain_hparams(DLRMTask(cardinalities={"hotel": 10}, num_dense=3))
 
 
 def test_dlrm_takes_ks_and_compile_keeps_the_training_settings_and_refuses_its_shape():
-    assert regroup("DLRMTask", DLRM_FLAGS) == {
-        "cardinalities": {"hotel": 10}, "num_dense": 3, "compile": False, "seed": 0, "network": {"embedding_dim": 16},
-        "optimization": {"lr": 0.001}, "evaluation": {"ks": [1, 5, 20]},
-        "sparse": {"class_path": "sessrec.embeddings.sparse_arch.FusedTables",
-                   "init_args": {"optimizer": "adagrad_rowwise", "lr": 0.05, "pad_to_bytes": 16}}}
     given = {"evaluation": {"ks": [3]}, "compile": "aot_eager", "optimization": {"lr": 0.01}, "network": {"embedding_dim": 16}}
-    for held in (DLRM_HELD, regroup("DLRMTask", DLRM_FLAGS)):
-        merged = merge_with_checkpoint(DLRMTask, held, given, "dlrm.ckpt", from_data=("cardinalities", "num_dense"))
-        assert Evaluation.of(merged.init_args["evaluation"]).ks == [3]
-        assert merged.init_args["compile"] == "aot_eager" and merged.init_args["sparse"] == held["sparse"]
-        assert merged.notes == ["--model.optimization.lr 0.01 differs from the checkpoint's 0.001"]
+    merged = merge_with_checkpoint(DLRMTask, DLRM_HELD, given, "dlrm.ckpt", from_data=("cardinalities", "num_dense"))
+    assert Evaluation.of(merged.init_args["evaluation"]).ks == [3]
+    assert merged.init_args["compile"] == "aot_eager" and merged.init_args["sparse"] == DLRM_HELD["sparse"]
+    assert merged.notes == ["--model.optimization.lr 0.01 differs from the checkpoint's 0.001"]
     for given, key, value in (({"network": {"embedding_dim": 32}}, "network.embedding_dim", 32),
                               ({"sparse": {"class_path": "sessrec.embeddings.FusedTables", "init_args": {"optimizer": "sgd"}}},
                                "sparse.init_args.optimizer", "sgd")):

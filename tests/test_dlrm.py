@@ -1,6 +1,6 @@
 """DLRM parts (shapes, a hand-computed output, a seeded expected output), the ranking metrics on hand
 cases, DLRMTask's optimizers and baselines, the sparse modules (the hybrid one against the fused one),
-saved configs in the flag form, the allocator opt-in, and the synthetic Criteo-like generator."""
+the allocator opt-in, and the synthetic Criteo-like generator."""
 
 import pytest
 import pytorch_lightning as pl
@@ -12,9 +12,7 @@ from sessrec.embeddings import DynamicTables, FusedTables, HybridTables, SparseF
 from sessrec.metrics import RankingMetrics, binary_auc, clicked_ranks
 from sessrec.models.dlrm import DLRM, DCNv2Arch, InteractionArch
 from sessrec.saved.registry import config_of
-from sessrec.tasks.pretrained import build
 from sessrec.tasks.ranking import DLRMTask
-from sessrec.tasks.settings import DLRMNetwork, Optimization, grouped_dlrm
 
 torch.set_num_threads(1)
 TABLES = [TableConfig("a", 10, 4), TableConfig("b", 7, 4), TableConfig("c", 5, 4)]
@@ -306,30 +304,7 @@ def test_a_dlrm_task_trains_hybrid_tables_with_the_dense_optimizer():
     assert not torch.equal(table.full_weight().detach(), before)
 
 
-# -- the task's parts and the flag form of saved configs ---------------------------------------------------
-FLAG_FORM = {"cardinalities": {"a": 10, "b": 7, "c": 5}, "num_dense": 3, "embedding_dim": 4, "dense_layers": [4],
-             "over_layers": [8], "interaction": "dcn", "dcn_rank": 2, "optimizer": "adam", "lr": 0.002,
-             "weight_decay": 0.0, "embedding_optimizer": "sgd", "embedding_lr": 0.3, "compile": False, "ks": [1, 3],
-             "seed": 5, "retain_freed_memory": True, "dynamic_tables": False, "max_rows": 1 << 20, "sparse_backend": "fused"}
-
-
-def test_a_checkpoint_config_in_the_flag_form_builds_the_same_task():
-    task = build({"class_path": "sessrec.tasks.DLRMTask", "init_args": FLAG_FORM}, "old.ckpt")
-    assert task.sparse == FusedTables(optimizer="sgd", lr=0.3)
-    assert task.optimization == Optimization(lr=0.002) and task.evaluation.ks == [1, 3]
-    assert task.hparams.network["init_args"] == {"embedding_dim": 4, "dense_layers": [4], "over_layers": [8],
-                                                 "interaction": "dcn", "dcn_layers": 2, "dcn_rank": 2}
-    assert task.hparams.seed == 5 and task.hparams.retain_freed_memory is False  # the opt-in is not carried over
-    same = DLRMTask(FLAG_FORM["cardinalities"], 3, network=DLRMNetwork(4, [4], [8], "dcn", dcn_rank=2),
-                    sparse=FusedTables(optimizer="sgd", lr=0.3), seed=5)
-    assert {k: v.shape for k, v in task.state_dict().items()} == {k: v.shape for k, v in same.state_dict().items()}
-    grown = grouped_dlrm({**FLAG_FORM, "dynamic_tables": True, "embedding_optimizer": "adagrad_rowwise"})
-    assert grown["sparse"] == {"class_path": "sessrec.embeddings.sparse_arch.DynamicTables",
-                               "init_args": {"optimizer": "adagrad_rowwise", "lr": 0.3, "max_rows": 1 << 20}}
-    with pytest.raises(ValueError, match=r"names both \['embedding_lr'\] and 'sparse'"):
-        grouped_dlrm({"embedding_lr": 0.1, "sparse": {"class_path": "sessrec.embeddings.FusedTables"}})
-
-
+# -- the allocator opt-in ------------------------------------------------------------------------------------
 def test_retain_freed_memory_is_an_explicit_opt_in(monkeypatch):
     calls = []
     monkeypatch.setattr("sessrec.tasks.ranking.retain_freed_memory", lambda *a, **k: calls.append(1) or True)

@@ -274,38 +274,6 @@ def test_an_old_dlrm_directory_loads_through_the_network(tmp_path, version):
         assert torch.equal(network(dense, ids), task.model(dense, ids))
 
 
-def test_a_dlrm_directory_in_the_flag_form_loads_through_the_network_and_the_task(tmp_path):
-    """A DLRM config naming its sparse module by flags (the flag form) builds the module those flags choose."""
-    model = trained(dlrm(sparse=FusedTables(optimizer="adagrad_rowwise", lr=0.2))).eval()
-    tables = [TableConfig("city", 10, 4), TableConfig("tags", 7, 4)]
-    plain = trained(DLRM(3, tables, dense_layers=[8, 4], over_layers=[8], sparse=FusedTables(optimizer="sgd"), seed=1))
-    ids = SparseFeatures.from_dense({"city": torch.tensor([[1], [9]]), "tags": torch.tensor([[0, 6], [2, -1]])})
-    for name, net, flags in (("shared", model, {"embedding_optimizer": "adagrad_rowwise", "embedding_lr": 0.2,
-                                                "dynamic_tables": False, "sparse_backend": "fused", "pad_to_bytes": 16}),
-                             ("plain", plain.eval(), {"embedding_optimizer": "sgd"})):
-        path = net.save_pretrained(tmp_path / name, ranking_vocab())
-        config = json.loads((path / "config.json").read_text())
-        args = config["model"]["init_args"]
-        del args["sparse"]
-        args.update(flags)
-        (path / "config.json").write_text(json.dumps(config))
-        loaded = DLRM.from_pretrained(path)
-        assert loaded.sparse_arch.collection.optimizer == flags["embedding_optimizer"]
-        assert config_of(loaded) == config_of(net)
-        for key, value in net.state_dict().items():
-            assert torch.equal(loaded.state_dict()[key], value), key
-    task = DLRMTask.from_pretrained(tmp_path / "plain")  # one summed table per feature: the task trains it
-    assert task.sparse == FusedTables(optimizer="sgd") and task.hparams.network["init_args"]["embedding_dim"] == 4
-    dense = torch.randn(2, 3)
-    with torch.no_grad():
-        assert torch.equal(task.model(dense, ids), plain(dense, ids))
-    config = json.loads((tmp_path / "plain" / "config.json").read_text())
-    config["model"]["init_args"].update(sparse_backend="torchrec", embedding_optimizer="sgd")
-    (tmp_path / "plain" / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ConfigError, match=r"config.json: model.init_args: sparse_backend torchrec with a fused optimizer"):
-        DLRM.from_pretrained(tmp_path / "plain")
-
-
 def test_the_task_config_translation_builds_the_network_the_task_builds():
     """With every default left out, the sections of a task config describe the very network the task builds."""
     encoder = {"class_path": "sessrec.models.GRU4RecEncoder", "init_args": {"d_model": 8}}

@@ -181,31 +181,3 @@ def test_a_baseline_keeps_its_evaluation_as_plain_data():
     assert task.evaluation == Evaluation(ks=[3], exclude_seen=True)
     assert task.hparams.evaluation["init_args"] == {"ks": [3], "top_k": 20, "exclude_seen": True}
     assert task.metrics["val"].ks == [3]
-
-
-def test_a_saved_config_naming_the_settings_one_by_one_builds_the_same_parts(tmp_path):
-    import json
-
-    task = tiny_task(**PARTS)
-    task.vocab = ItemVocab(pa.array(np.arange(100, 118)), np.arange(18, 0, -1))
-    directory = task.save_pretrained(tmp_path / "model")
-    config = json.loads((directory / "config.json").read_text())
-    init_args = config["task"]["init_args"]
-    for name in PARTS:
-        del init_args[name]
-    init_args.update(lr=0.004, weight_decay=0.01, warmup_steps=7, scheduler="linear", schedule_seconds=120.0,
-                     ks=[5, 10], top_k=7, exclude_seen=True)
-    (directory / "config.json").write_text(json.dumps(config))
-    loaded = NextItemTask.from_pretrained(directory)
-    assert (loaded.optimization, loaded.schedule, loaded.evaluation) == tuple(PARTS.values())
-
-
-def test_grouping_keeps_other_arguments_and_refuses_a_setting_given_twice():
-    from sessrec.tasks.settings import grouped
-
-    plain = {"num_items": 5, "optimization": {"lr": 0.1}}
-    assert grouped(plain) is plain
-    assert grouped({"num_items": 5, "lr": 0.1, "schedule": {"decay": "linear"}, "warmup_steps": 3}) == {
-        "num_items": 5, "optimization": {"lr": 0.1}, "schedule": {"warmup_steps": 3, "decay": "linear"}}
-    with pytest.raises(ValueError, match="names both 'lr' and 'optimization'"):
-        grouped({"lr": 0.1, "optimization": {"class_path": "sessrec.tasks.Optimization", "init_args": {}}})

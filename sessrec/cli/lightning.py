@@ -37,8 +37,6 @@ ids and features map exactly as in training.
   trained with (and the flags that changed it) always passes; so does ``--config
   runs/<name>/version_N/config.yaml``, the full config ``sessrec fit`` saved.
 
-A renamed setting (``--model.top_k``, ``--model.lr`` ...: `sessrec.tasks.settings.SEPARATE`), on
-the command line or in a recipe, is refused with one line naming the key that replaces it.
 ``fit --ckpt_path`` resumes with the checkpoint's model settings (LightningCLI's own restore); a
 checkpoint of ``<save_dir>/<name>/version_N/checkpoints/`` (``last.ckpt`` of a killed run) continues
 in ``version_N`` (its logger, checkpoints and ``metrics.csv``), not in a new version folder.
@@ -62,14 +60,12 @@ from jsonargparse import Namespace
 from pytorch_lightning.callbacks import ProgressBar
 from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 
-from sessrec.cli import _config_paths, _recipe
 from sessrec.cli.errors import RecipeError, explain_parse_error
 from sessrec.saved.checkpoint import checkpoint_summary, data_state
 from sessrec.tasks import LastCheckpoint, TopKWriter, VocabularyCheckpoint
 from sessrec.tasks.callbacks import MetricHistory, PredictProgress, find_features, find_vocab
-from sessrec.tasks.pretrained import GROUPED_TASKS, load_checkpoint, plain_hparams
-from sessrec.tasks.restore import merge_with_checkpoint, renamed, same_class, same_value, show, task_class
-from sessrec.tasks.settings import regroup
+from sessrec.tasks.pretrained import load_checkpoint, plain_hparams
+from sessrec.tasks.restore import merge_with_checkpoint, same_class, same_value, show, task_class
 
 EVALUATING = ("validate", "test", "predict")  # subcommands that evaluate or run a trained model
 # the task settings linked from the data module (below), with the data setting that gives each
@@ -88,11 +84,10 @@ class SessrecCLI(LightningCLI):
     _resumed: tuple[Path, int] | None = None  # the run folder a `fit --ckpt_path` continues, and its step
 
     def parse_arguments(self, parser: LightningArgumentParser, args: object) -> None:
-        """Refuse a renamed setting in one line, then parse (LightningCLI's); a key or value the parser
-        refuses is one line naming the key and the closest valid one (`explain_parse_error`)."""
+        """Parse (LightningCLI's); a key or value the parser refuses is one line naming the key and the
+        closest valid one (`explain_parse_error`)."""
         if args is None or isinstance(args, (list, tuple)):
             self._args = list(sys.argv[1:] if args is None else args)
-            refuse_renamed(self._args)
         try:
             super().parse_arguments(parser, args)
         except ArgumentError as err:  # jsonargparse's tree of every type it tried: one line of it
@@ -127,8 +122,6 @@ class SessrecCLI(LightningCLI):
                 f"--model.class_path {path} differs from the checkpoint's {trained} ({ckpt}): evaluate a checkpoint "
                 "with the task it was trained as"
             )
-        if path.rpartition(".")[2] in GROUPED_TASKS:  # an older checkpoint may name lr, ks, ... one by one
-            held = regroup(path.rpartition(".")[2], held)
         given = self.parser.parse_args(self._args, defaults=False)[sub] if self._args is not None else cfg
         model = given.get("model")
         init_args = model.get("init_args") if model is not None else None
@@ -330,44 +323,3 @@ def cli(args: list[str] | None = None) -> SessrecCLI:
         parser_kwargs={"exit_on_error": False},  # a parse error raises: `sessrec.cli.main` says it in one line
         args=args,
     )
-
-
-def refuse_renamed(args: list[str]) -> None:
-    """One line for a renamed model setting (``--model.top_k`` -> ``--model.evaluation.top_k``), on the
-    command line or in a ``--config`` file, before jsonargparse reports an unknown option."""
-    task = task_class(_task_path(args))
-    if task is None:
-        return
-    for arg in args:
-        if not arg.startswith("--model."):
-            continue
-        key = arg[2:].partition("=")[0]
-        new = renamed(task, key.removeprefix("model.").removeprefix("init_args."))
-        if new is not None:
-            raise ValueError(f"--{key} was renamed: use --model.{new}")
-    for path in _config_paths(args):
-        model = _recipe(path).get("model")
-        if not isinstance(model, dict):
-            continue
-        inner = model.get("init_args")
-        for block, where in ((model, "model"), (inner if isinstance(inner, dict) else {}, "model.init_args")):
-            for name in block:
-                new = renamed(task, str(name))
-                if new is not None:
-                    raise ValueError(f"{path}: {where}.{name} was renamed: use {where}.{new}")
-
-
-def _task_path(args: list[str]) -> str:
-    """The task class the arguments choose: the last ``model.class_path`` of a ``--config`` file or a
-    ``--model.class_path`` flag, in order (`NextItemTask` when none does)."""
-    found = "sessrec.tasks.NextItemTask"
-    for i, arg in enumerate(args):
-        name, eq, value = arg.partition("=")
-        value = value if eq else (args[i + 1] if i + 1 < len(args) else "")
-        if name == "--config":
-            model = _recipe(Path(value)).get("model")
-            given = model.get("class_path") if isinstance(model, dict) else None
-            found = str(given) if given else found
-        elif name == "--model.class_path" and value:
-            found = value
-    return found

@@ -32,7 +32,6 @@ from torch import nn
 from sessrec.datasets.clickout_rows import RankingVocab
 from sessrec.embeddings import SparseFeatures, TableConfig
 from sessrec.embeddings.sparse_arch import (  # noqa: F401 - the sparse modules, importable from here too
-    BACKEND_FLAGS,
     DynamicSparseArch,
     FusedTables,
     HybridSparseArch,
@@ -40,7 +39,6 @@ from sessrec.embeddings.sparse_arch import (  # noqa: F401 - the sparse modules,
     SparseTables,
     TorchRecSparseArch,
     one_width,
-    sparse_of_flags,
 )
 from sessrec.models.pretrained import (
     NETWORK,
@@ -53,7 +51,7 @@ from sessrec.models.pretrained import (
     with_prefix,
     write_model_directory,
 )
-from sessrec.saved.registry import ConfigError, Configurable, config_of, instantiate, split_config
+from sessrec.saved.registry import Configurable, config_of, instantiate
 
 
 def _mlp(in_features: int, layer_sizes: Sequence[int], last_activation: bool = True) -> nn.Sequential:
@@ -241,30 +239,7 @@ class DLRM(nn.Module, PretrainedNetwork, Configurable):
 
     @classmethod
     def load_directory(cls, folder: Path, config: dict[str, Any], source: str) -> DLRM:
-        model = instantiate(with_sparse_module(config.get("model"), source), expected=cls, source=source, key="model")
+        model = instantiate(config.get("model"), expected=cls, source=source, key="model")
         load_into(model, under(load_weights(folder), NETWORK), str(folder / WEIGHTS))
         model.attach(load_vocab(folder, config, RankingVocab))
         return model.eval()
-
-
-def with_sparse_module(config: Any, source: str, key: str = "model") -> Any:
-    """A saved DLRM config (``{"class_path", "init_args"}``) with its sparse module as a `sparse` config.
-
-    A config in the flag form (the flags of `BACKEND_FLAGS`: ``sparse_backend``, ``dynamic_tables``,
-    ``embedding_optimizer`` ..., which earlier DLRM directories hold) gets the module those
-    flags choose (`sparse_of_flags`): the same network, whose weights load as they are. Any other
-    config is returned as it is.
-    """
-    path, init_args = split_config(config, source, key)
-    if not isinstance(init_args, dict) or not BACKEND_FLAGS.keys() & init_args.keys():
-        return config
-    if "sparse" in init_args:
-        raise ConfigError(source, f"{key}.init_args", f"names both 'sparse' and {sorted(BACKEND_FLAGS.keys() & init_args.keys())}; "
-                          "give the sparse module alone")
-    flags = {k: v for k, v in init_args.items() if k in BACKEND_FLAGS}
-    try:
-        sparse = sparse_of_flags(flags)
-    except ValueError as err:
-        raise ConfigError(source, f"{key}.init_args", str(err)) from None
-    rest = {k: v for k, v in init_args.items() if k not in BACKEND_FLAGS}
-    return {"class_path": path, "init_args": {**rest, "sparse": sparse}}

@@ -11,7 +11,7 @@ A model or pipeline directory ``D`` that has been saved into more than once, or 
       .lock              held (flock) by the one process that writes D
 
 A reader calls `resolve(D)` and reads the directory it returns; a directory without ``CURRENT``
-(written by `write_directory`'s first save, or by an older sessrec) is read as it is. A writer
+(written by `write_directory`'s first save) is read as it is. A writer
 goes through `VersionedDirectory`: `add` writes a version under a staging name and renames it
 into ``versions/`` only when every byte is on disk; `promote` appends the decision to the log,
 then moves the pointer. A crash at any point therefore leaves the old version current or the new

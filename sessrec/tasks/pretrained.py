@@ -55,9 +55,7 @@ from sessrec.saved.registry import (  # noqa: F401 - config_of: sessrec.deploy.r
     resolve,
     split_config,
 )
-from sessrec.tasks.settings import regroup
 
-GROUPED_TASKS = ("NextItemTask", "BaselineTask", "DLRMTask")  # tasks whose settings form typed parts (`sessrec.tasks.settings`)
 _TASK_OF_NETWORK: dict[type, type] = {}  # network class -> the task that trains it (`Pretrained.NETWORK`)
 
 
@@ -202,13 +200,7 @@ def build(
     path, init_args = split_config(task_config, source, key)
     cls = resolve(path, expected, source, key)
     args_key = args_key or f"{key}.init_args"
-    init_args = init_args or {}
-    if cls.__name__ in GROUPED_TASKS and isinstance(init_args, dict):  # a saved config may name lr, ks, ... one by one
-        try:
-            init_args = regroup(cls.__name__, init_args)
-        except ValueError as err:
-            raise ConfigError(source, args_key, str(err)) from err
-    return construct(cls, init_args, source, args_key)
+    return construct(cls, init_args or {}, source, args_key)
 
 
 def load_checkpoint(path: str | os.PathLike) -> pl.LightningModule:

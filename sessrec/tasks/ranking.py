@@ -25,7 +25,7 @@ from sessrec.datasets.clickout_rows import RankingBatch
 from sessrec.embeddings import FusedTables, SparseTables, TableConfig
 from sessrec.embeddings.host_memory import retain_freed_memory
 from sessrec.metrics import RankingMetrics
-from sessrec.models.dlrm import DLRM, with_sparse_module
+from sessrec.models.dlrm import DLRM
 from sessrec.saved.registry import ConfigError, config_of, register, resolve, split_config
 from sessrec.tasks.pretrained import Pretrained
 from sessrec.tasks.settings import DLRMNetwork, Evaluation, Optimization
@@ -80,9 +80,7 @@ class DLRMTask(Pretrained, pl.LightningModule):
     from the recipe and the command line; `optimization`, `seed` and `retain_freed_memory` are read
     only while fitting; every other setting (the sparse module with its fused optimizer included:
     a row-wise Adagrad table has its state in the weights) is the checkpoint's
-    (`sessrec.tasks.restore`). A checkpoint or model directory that names these settings one by one
-    (``embedding_dim``, ``sparse_backend``, ``embedding_optimizer``, ``lr``, ``ks`` ...) loads with
-    them grouped into these parts (`sessrec.tasks.settings.grouped_dlrm`).
+    (`sessrec.tasks.restore`).
     """
 
     EVALUATION_SETTINGS = ("evaluation", "compile")  # a checkpoint is evaluated (and run) with the given values
@@ -222,7 +220,7 @@ class DLRMTask(Pretrained, pl.LightningModule):
 
     @classmethod
     def task_from_network(cls, config: dict[str, Any], source: str) -> dict[str, Any]:
-        path, args = split_config(with_sparse_module(config.get("model"), source), source, "model")
+        path, args = split_config(config.get("model"), source, "model")
         if resolve(path, nn.Module, source, "model") is not DLRM:
             raise ConfigError(source, "model", f"{path!r} is not a DLRM, the network a DLRMTask trains")
         args = dict(args or {})

@@ -37,8 +37,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sessrec.tasks.settings import SEPARATE
-
 _ABSENT = object()  # a setting the checkpoint does not hold
 
 
@@ -114,19 +112,6 @@ def merge_with_checkpoint(
             "evaluate with the checkpoint's value"
         )
     return Merged(init_args, notes)
-
-
-def renamed(task: type, key: str) -> str | None:
-    """The key that replaces `key` among `task`'s settings (``top_k`` -> ``evaluation.top_k``), or None.
-
-    A setting of `SEPARATE` is renamed for a task that takes its part (``evaluation``) and not the
-    setting itself (`DLRMTask` keeps its own ``lr`` and ``ks``).
-    """
-    if key not in SEPARATE:
-        return None
-    part, name = SEPARATE[key]
-    parameters = _parameters(task)
-    return f"{part}.{name}" if part in parameters and key not in parameters else None
 
 
 def _takes(task: type, key: str) -> bool:

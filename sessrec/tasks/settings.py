@@ -13,7 +13,7 @@ mapping under ``model:`` (or ``model.init_args:``), and on the command line a do
     sessrec fit ... --model.optimization.lr 0.001 --model.schedule.seconds 2460
 
 A saved task holds each part as plain data (`sessrec.saved.registry.config_of`); `of` turns that
-back into the part, and `grouped` reads a saved config that names the settings one by one.
+back into the part.
 
 Examples:
     >>> Schedule(warmup_steps=2, decay="linear").factor(step=6, total_steps=10)
@@ -236,81 +236,3 @@ class DLRMNetwork(_Part):
             )
         if self.interaction not in ("dot", "dcn"):
             raise ValueError(f"network interaction must be 'dot' or 'dcn', got {self.interaction!r}")
-
-
-# a setting named on its own in a saved config -> (its part, its name there)
-SEPARATE = {
-    "lr": ("optimization", "lr"), "weight_decay": ("optimization", "weight_decay"),
-    "warmup_steps": ("schedule", "warmup_steps"), "scheduler": ("schedule", "decay"), "schedule_seconds": ("schedule", "seconds"),
-    "ks": ("evaluation", "ks"), "top_k": ("evaluation", "top_k"), "exclude_seen": ("evaluation", "exclude_seen"),
-}
-
-
-def grouped(init_args: dict[str, Any]) -> dict[str, Any]:
-    """A `NextItemTask` or `BaselineTask` config with the settings of `SEPARATE` moved into their parts.
-
-    A saved config (a model directory, a checkpoint's hyper-parameters, a pipeline directory) may
-    name these settings one by one (``lr``, ``warmup_steps``, ``scheduler``, ``schedule_seconds``,
-    ``ks``, ``top_k``, ``exclude_seen``); grouped, it builds the task with the same values. A
-    config without them is returned as it is.
-    """
-    if not SEPARATE.keys() & init_args.keys():
-        return init_args
-    out = {k: v for k, v in init_args.items() if k not in SEPARATE}
-    for key in SEPARATE.keys() & init_args.keys():
-        part, name = SEPARATE[key]
-        given = out.get(part) or {}
-        if not isinstance(given, dict) or "class_path" in given:
-            raise ValueError(f"the config names both {key!r} and {part!r}; give {key} inside {part}")
-        out[part] = {name: init_args[key], **given}
-    return out
-
-
-# DLRMTask settings named one by one (the flag form that earlier checkpoints and directories hold) -> their part
-DLRM_NETWORK_FLAGS = ("embedding_dim", "dense_layers", "over_layers", "interaction", "dcn_layers", "dcn_rank")
-# the flags that chose the sparse module, with that DLRMTask's defaults (`sessrec.embeddings.sparse_arch.sparse_of_flags`)
-DLRM_TASK_SPARSE_FLAGS = {"sparse_backend": "fused", "dynamic_tables": False, "embedding_optimizer": "adagrad_rowwise",
-                          "embedding_lr": 0.05, "max_rows": 1 << 20}
-DLRM_DROPPED = ("optimizer", "retain_freed_memory")  # Adam or AdamW (the same without weight decay); an allocator switch
-
-
-def grouped_dlrm(init_args: dict[str, Any]) -> dict[str, Any]:
-    """A `DLRMTask` config in the flag form, with its flags moved into the typed parts.
-
-    The flag form names ``embedding_dim``, ``dense_layers``, ... (-> ``network``), ``sparse_backend``,
-    ``dynamic_tables``, ``embedding_optimizer``, ``embedding_lr``, ``max_rows`` (-> ``sparse``, the
-    module they choose), ``lr``, ``weight_decay`` (-> ``optimization``) and ``ks`` (-> ``evaluation``).
-    Grouped, it builds the same network, so its weights load as they are. ``optimizer`` (the dense
-    optimizer is AdamW, the same as Adam without weight decay) and ``retain_freed_memory`` (a
-    process-wide switch, on only where a recipe or the command line asks for it) are left out. A
-    config without these flags is returned as it is.
-    """
-    from sessrec.embeddings.sparse_arch import sparse_of_flags
-
-    flags = set(DLRM_NETWORK_FLAGS) | DLRM_TASK_SPARSE_FLAGS.keys() | {"optimizer", "lr", "weight_decay", "ks"}
-    if not flags & init_args.keys():
-        return init_args
-    out = {k: v for k, v in init_args.items() if k not in flags and k not in DLRM_DROPPED}
-    for part, names in (("network", DLRM_NETWORK_FLAGS), ("optimization", ("lr", "weight_decay")), ("evaluation", ("ks",))):
-        given = {k: init_args[k] for k in names if k in init_args}
-        if not given:
-            continue
-        if part in out:
-            raise ValueError(f"the config names both {sorted(given)} and {part!r}; give them inside {part}")
-        out[part] = given
-    sparse = {k: init_args[k] for k in DLRM_TASK_SPARSE_FLAGS if k in init_args}
-    if sparse or "sparse" not in out:
-        if "sparse" in out:
-            raise ValueError(f"the config names both {sorted(sparse)} and 'sparse'; give the sparse module alone")
-        out["sparse"] = sparse_of_flags(sparse, {**DLRM_TASK_SPARSE_FLAGS, "pad_to_bytes": 16})
-    return out
-
-
-def regroup(task: str, init_args: dict[str, Any]) -> dict[str, Any]:
-    """A saved config of the task named `task` (a class name) with its flags in their parts:
-    `grouped` for `NextItemTask` and `BaselineTask`, `grouped_dlrm` for `DLRMTask`."""
-    if task == "DLRMTask":
-        return grouped_dlrm(init_args)
-    if task in ("NextItemTask", "BaselineTask"):
-        return grouped(init_args)
-    return init_args

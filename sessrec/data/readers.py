@@ -105,8 +105,8 @@ def load_pickle(path: str | Path) -> object:
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
     try:
-        with opener(path, "rb") as f:
-            return _NoGlobals(io.BufferedReader(f)).load()
+        with opener(path, "rb") as f, io.BufferedReader(f) as buffered:  # the buffer closed too, not left to the GC
+            return _NoGlobals(buffered).load()
     except FileNotFoundError:
         raise
     except Exception as err:  # no global can load, so any failure means a malformed file

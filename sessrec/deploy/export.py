@@ -41,6 +41,7 @@ import contextlib
 import json
 import os
 import re
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -475,7 +476,11 @@ def _to_onnx(
 
 def _to_torchscript(module: nn.Module, example: tuple[torch.Tensor, ...], path: Path) -> None:
     """torch.jit.trace; shapes stay symbolic (checked by `_verify` on another shape)."""
-    traced = torch.jit.trace(module, example, check_trace=False)
+    with warnings.catch_warnings():
+        # a TracerWarning says a Python value became a constant of the trace: `_verify` runs the file on
+        # another shape, which is the check that warning asks for
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        traced = torch.jit.trace(module, example, check_trace=False)
     with atomic_path(path) as tmp:
         torch.jit.save(traced, str(tmp))
 

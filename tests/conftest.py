@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _no_command_line() -> Iterator[None]:
+    """sys.argv without pytest's own arguments: a test or fixture that runs the CLI in-process gives it its
+    arguments (``cli([...])``), and LightningCLI warns when it sees both those and a command line."""
+    argv = sys.argv[:]
+    del sys.argv[1:]
+    yield
+    sys.argv[:] = argv
 
 
 @pytest.fixture(scope="session")

@@ -62,7 +62,7 @@ from jsonargparse import Namespace
 from pytorch_lightning.callbacks import ProgressBar
 from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 
-from sessrec.cli import _config_paths, _recipe
+from sessrec.cli.config_files import config_paths, recipe_mapping
 from sessrec.cli.errors import RecipeError, explain_parse_error
 from sessrec.saved.checkpoint import checkpoint_summary, data_state
 from sessrec.tasks import LastCheckpoint, TopKWriter, VocabularyCheckpoint
@@ -345,8 +345,8 @@ def refuse_renamed(args: list[str]) -> None:
         new = renamed(task, key.removeprefix("model.").removeprefix("init_args."))
         if new is not None:
             raise ValueError(f"--{key} was renamed: use --model.{new}")
-    for path in _config_paths(args):
-        model = _recipe(path).get("model")
+    for path in config_paths(args):
+        model = recipe_mapping(path).get("model")
         if not isinstance(model, dict):
             continue
         inner = model.get("init_args")
@@ -365,7 +365,7 @@ def _task_path(args: list[str]) -> str:
         name, eq, value = arg.partition("=")
         value = value if eq else (args[i + 1] if i + 1 < len(args) else "")
         if name == "--config":
-            model = _recipe(Path(value)).get("model")
+            model = recipe_mapping(Path(value)).get("model")
             given = model.get("class_path") if isinstance(model, dict) else None
             found = str(given) if given else found
         elif name == "--model.class_path" and value:

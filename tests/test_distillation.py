@@ -32,8 +32,8 @@ from sessrec.models import (
 from sessrec.models.objective import EVENT_TIMES
 from sessrec.tasks import NextItemTask, SessionDataModule
 from sessrec.tasks.distillation import Teachers
-from sessrec.tasks.ensemble import load_member
 from sessrec.tasks.losses import CatalogueLoss, FullSoftmax, SampledSoftmax
+from sessrec.tasks.members import load_member
 from sessrec.tasks.settings import Distillation
 
 torch.set_num_threads(1)

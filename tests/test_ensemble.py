@@ -22,7 +22,8 @@ from sessrec.metrics import TopKMetrics
 from sessrec.models import GRU4RecEncoder, HSTUEncoder, SessionEnsemble, SessionModel
 from sessrec.models.objective import EVENT_TIMES
 from sessrec.tasks import SessionDataModule
-from sessrec.tasks.ensemble import EnsembleTask, load_member
+from sessrec.tasks.ensemble import EnsembleTask
+from sessrec.tasks.members import load_member
 from sessrec.tasks.pretrained import load_checkpoint
 
 torch.set_num_threads(1)

@@ -1,56 +1,106 @@
-"""The package's layers: saved -> data, features -> embeddings -> datasets -> models -> tasks -> pipeline
--> deploy -> cli, one way.
+"""The package's layers: the import-linter contracts of pyproject.toml pass, and the run-time rules behind them.
 
-`features` sits beside `data` (feature ops encode with data's vocabulary; data's side information
-is built from feature ops); `metrics` and `baselines` sit beside `models` (they read data only).
-An import, at module level or inside a function, from a lower layer to a higher one fails the
-test; the model layers import without Lightning, and the serving path (a saved pipeline or model
-directory loaded, served and exported) imports neither Lightning nor jsonargparse. The table is
-printed in docs/architecture.md.
+`lint-imports` checks the contracts (`[tool.importlinter]`): the layers saved -> data -> features,
+embeddings -> datasets -> models, metrics, baselines -> artifacts -> tasks -> pipeline -> deploy ->
+cli, the packages that must not know each other, no dataset adapter in the networks, no Lightning or
+jsonargparse below tasks, no import of the top package from inside it, no circle between packages or
+between the files of one package. One test runs it on this repository, and one per contract runs it
+on a copy of the package given an import that breaks that contract. The contract on circles compares
+the files of a package with each other, not with the package's ``__init__.py``:
+`test_no_file_imports_itself_round_a_circle` follows every import. At run time: the model layers
+import without Lightning, and the serving path (a saved pipeline or model directory loaded, served
+and exported) imports neither Lightning nor jsonargparse.
 """
 
-import ast
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import grimp
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "sessrec"
-LAYER = {"saved": -1, "data": 0, "features": 0, "embeddings": 1, "datasets": 2, "models": 3, "metrics": 3, "baselines": 3,
-         "tasks": 4, "pipeline": 5, "deploy": 6, "cli": 7}
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "sessrec"
 
 
-def imported_layers(path: Path) -> set[str]:
-    """The sessrec sub-packages that `path` imports, anywhere in the file."""
+def lint_imports(root: Path, *options: str) -> subprocess.CompletedProcess:
+    """``lint-imports`` (import-linter, the dev extra) on the package under `root`, with its pyproject.toml."""
+    command = [str(Path(sys.executable).with_name("lint-imports")), "--no-cache", *options]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, check=False)
+
+
+def test_the_import_contracts_are_kept():
+    result = lint_imports(ROOT)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "0 broken" in result.stdout
+
+
+BREAKING = [  # (contract id, files added to a copy of the package, what lint-imports must say)
+    ("layers", {"data/upward.py": "def later():\n    from ..tasks import next_item  # relative, in a function\n"},
+     "sessrec.data.upward -> sessrec.tasks.next_item"),
+    ("layers", {"extra/__init__.py": ""}, "- sessrec.extra"),  # a package without a layer
+    ("scorers-apart", {"metrics/sideways.py": "from sessrec.models.session_model import SessionModel\n"},
+     "sessrec.metrics.sideways -> sessrec.models.session_model"),
+    ("tables-apart-from-feature-ops", {"embeddings/ops.py": "from sessrec.features.ops import Categorify\n"},
+     "sessrec.embeddings.ops -> sessrec.features.ops"),
+    ("networks-without-datasets", {"models/adapter.py": "from sessrec.datasets.trivago import TrivagoSource\n"},
+     "sessrec.models.adapter -> sessrec.datasets.trivago"),
+    ("model-layers-without-training-stack", {"data/trainer.py": "import pytorch_lightning\n"},
+     "sessrec.data.trainer -> pytorch_lightning"),
+    ("no-root-imports", {"saved/root.py": "from sessrec import NextItemTask\n"}, "sessrec.saved.root -> sessrec"),
+    ("acyclic", {"baselines/one.py": "from sessrec.baselines import two\n", "baselines/two.py": "from . import one\n"},
+     "No cycles are allowed in sessrec.baselines."),
+]
+
+
+@pytest.mark.parametrize("contract, files, said", BREAKING, ids=[f"{c}-{next(iter(f))}" for c, f, _ in BREAKING])
+def test_a_contract_fails_on_an_import_that_breaks_it(tmp_path, contract, files, said):
+    shutil.copytree(PACKAGE, tmp_path / "sessrec", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    for name, code in files.items():
+        (tmp_path / "sessrec" / name).parent.mkdir(exist_ok=True)
+        (tmp_path / "sessrec" / name).write_text(code)
+    result = lint_imports(tmp_path, "--contract", contract)
+    assert result.returncode == 1, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "0 kept, 1 broken" in result.stdout and said in result.stdout, result.stdout[-4000:]
+
+
+def test_the_architecture_page_shows_the_contracts():
+    """docs/architecture.md prints pyproject.toml's [tool.importlinter] section, as it is."""
+    toml = (ROOT / "pyproject.toml").read_text()
+    lines = toml[toml.index("\n[tool.importlinter]\n") + 1:].splitlines(keepends=True)
+    end = next((i for i, line in enumerate(lines) if i and line.startswith("[") and "importlinter" not in line), len(lines))
+    section = "".join(lines[:end]).rstrip() + "\n"
+    assert f"```toml\n{section}```" in (ROOT / "docs" / "architecture.md").read_text()
+
+
+def file_circles(graph: grimp.ImportGraph) -> set[tuple[str, ...]]:
+    """Every circle of imports between modules, package ``__init__`` modules included: for each import
+    a -> b from which a chain leads back to a, the circle a -> b -> ... -> a."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
-        names += [a.name for a in node.names] if isinstance(node, ast.Import) else []
-        found |= {n.split(".")[1] for n in names if n.startswith("sessrec.")}
+    for importer in graph.modules:
+        for imported in graph.find_modules_directly_imported_by(importer) - {importer}:
+            back = graph.find_shortest_chain(importer=imported, imported=importer)
+            if back is not None:
+                found.add((importer, *back))
     return found
 
 
-def test_every_sub_package_has_a_layer():
-    packages = {p.stem if p.is_file() else p.name for p in PACKAGE.iterdir() if not p.name.startswith("__")}
-    assert packages == set(LAYER)
+def test_no_file_imports_itself_round_a_circle():
+    assert file_circles(grimp.build_graph("sessrec", cache_dir=None)) == set()
 
 
-@pytest.mark.parametrize("layer", sorted(LAYER, key=LAYER.get))
-def test_imports_run_one_way(layer):
-    files = [PACKAGE / f"{layer}.py"] if (PACKAGE / f"{layer}.py").exists() else sorted((PACKAGE / layer).rglob("*.py"))
-    upward = {
-        f"{path.relative_to(PACKAGE)} imports sessrec.{other}"
-        for path in files for other in imported_layers(path) if LAYER[other] > LAYER[layer]
+def test_a_circle_through_a_package_init_is_found():
+    graph = grimp.ImportGraph()
+    for importer, imported in [("p", "p.b"), ("p.a", "p.c"), ("p.b", "p.a"), ("p.a", "p")]:
+        graph.add_import(importer=importer, imported=imported)
+    assert file_circles(graph) == {
+        ("p", "p.b", "p.a", "p"), ("p.b", "p.a", "p", "p.b"), ("p.a", "p", "p.b", "p.a"),
     }
-    assert not upward
-
-
-def test_the_checker_sees_an_upward_import(tmp_path):
-    bad = tmp_path / "bad.py"
-    bad.write_text("def f():\n    from sessrec.tasks.next_item import NextItemTask\n")
-    assert imported_layers(bad) == {"tasks"}
 
 
 @pytest.mark.slow
@@ -171,14 +221,6 @@ def test_a_command_whose_extra_is_missing_says_which_extra(monkeypatch):
         main()
     message = str(exit_.value)
     assert "needs the 'deploy' extra (module 'prometheus_client' is not installed)" in message and "\n" not in message
-
-
-def test_the_architecture_page_shows_this_table():
-    """docs/architecture.md prints the LAYER table above, as it is."""
-    import re
-
-    block = re.search(r"^LAYER = \{.*?\}\n", Path(__file__).read_text(), re.S | re.M).group(0)
-    assert block in (PACKAGE.parent / "docs" / "architecture.md").read_text()
 
 
 def test_no_library_default_points_at_this_repository_data():

@@ -14,8 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from sessrec.data import MerlinSource, SchemaError, SideFeatureTransform, read_merlin_schema
+from sessrec.data import MerlinSource, SchemaError, read_merlin_schema
 from sessrec.data.merlin import MerlinColumn, parse_pbtxt
+from sessrec.features import SideFeatureTransform
 
 torch.set_num_threads(1)
 FIXTURES = Path(__file__).parent / "fixtures" / "merlin"

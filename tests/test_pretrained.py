@@ -17,9 +17,10 @@ import pyarrow as pa
 import pytest
 import torch
 
-from sessrec.data import ItemVocab, SideFeatures, SideFeatureTransform, SideInfoSpec
+from sessrec.data import ItemVocab, SideFeatures, SideInfoSpec
 from sessrec.datasets.clickout_rows import CLICKS, SPARSE_FEATURES, RankingVocab
 from sessrec.embeddings import FusedTables, HybridTables, SparseFeatures, TableConfig
+from sessrec.features import SideFeatureTransform
 from sessrec.models import (
     DLRM,
     BertEncoder,

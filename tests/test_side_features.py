@@ -15,11 +15,11 @@ from sessrec.data import (
     SchemaError,
     SessionSplits,
     SideFeatures,
-    SideFeatureTransform,
     SideInfoSpec,
     read_item_vectors,
 )
 from sessrec.data.sources import SessionSource
+from sessrec.features import SideFeatureTransform
 from sessrec.models import SessionModel, XLNetEncoder
 from sessrec.models.side_info import SideInfoConfig, SideInfoEmbedding, SoftOneHot
 from sessrec.saved.registry import config_of

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from sessrec.cli import cli as main
-from sessrec.data import SchemaError, SideFeatures, SideFeatureTransform, frame
+from sessrec.data import SchemaError, SideFeatures, frame
 from sessrec.datasets import TrivagoSource
+from sessrec.features import SideFeatureTransform
 from sessrec.tasks import SessionDataModule
 
 torch.set_num_threads(1)

@@ -32,11 +32,11 @@ import os
 import sys
 import typing
 import warnings
-from pathlib import Path
 from typing import Any
 
 import yaml
 
+from sessrec.cli.config_files import config_paths
 from sessrec.cli.errors import parse_args
 from sessrec.saved.checkpoint import data_state
 
@@ -44,25 +44,9 @@ PIPELINE_COMMANDS = ("fit", "test", "recommend")
 LIGHTNING_COMMANDS = ("fit", "validate", "test", "predict")
 
 
-def _recipe(path: Path) -> dict:
-    """A recipe file's mapping; {} for anything else (jsonargparse then says what is wrong)."""
-    try:
-        content = yaml.safe_load(path.read_text()) if path.is_file() else None
-    except (OSError, yaml.YAMLError):
-        return {}
-    return content if isinstance(content, dict) else {}
-
-
-def _config_paths(args: list[str]) -> list[Path]:
-    """The files named by ``--config PATH`` or ``--config=PATH`` in `args`."""
-    paths = [args[i + 1] for i, arg in enumerate(args[:-1]) if arg == "--config"]
-    paths += [arg.partition("=")[2] for arg in args if arg.startswith("--config=")]
-    return [Path(p) for p in paths]
-
-
 def pipeline_recipe(args: list[str]) -> bool:
     """True when a ``--config`` of `args` is a pipeline recipe (a top-level ``pipeline:`` block)."""
-    for path in _config_paths(args):
+    for path in config_paths(args):
         content = yaml.safe_load(path.read_text()) if path.is_file() else None
         if isinstance(content, dict) and "pipeline" in content:
             return True
@@ -142,7 +126,7 @@ def _model_class(args: list[str]) -> str:
 
     found = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--model_dir"]
     found += [a.partition("=")[2] for a in args if a.startswith("--model_dir=")]
-    for path in _config_paths(args):
+    for path in config_paths(args):
         content = yaml.safe_load(path.read_text()) if path.is_file() else None
         if isinstance(content, dict) and "model_dir" in content and not found:
             found.append(str(content["model_dir"]))

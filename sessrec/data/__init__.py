@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from sessrec.data.pairs import EvalPairs
     from sessrec.data.readers import read_events, read_srgnn, read_user_sequences
     from sessrec.data.schema import FeatureSpec, Schema, SchemaError
-    from sessrec.data.side import SideFeatures, SideFeatureTransform, SideInfoSpec, read_item_vectors
+    from sessrec.data.side import FittedSideFeatures, SideFeatures, SideInfoSpec, read_item_vectors
     from sessrec.data.sources import (
         EventLogSource,
         SessionSource,
@@ -37,7 +37,7 @@ EXPORTS = {
     "sessrec.data.pairs": ["EvalPairs"],
     "sessrec.data.readers": ["read_events", "read_srgnn", "read_user_sequences"],
     "sessrec.data.schema": ["FeatureSpec", "Schema", "SchemaError"],
-    "sessrec.data.side": ["SideFeatureTransform", "SideFeatures", "SideInfoSpec", "read_item_vectors"],
+    "sessrec.data.side": ["FittedSideFeatures", "SideFeatures", "SideInfoSpec", "read_item_vectors"],
     "sessrec.data.sources": ["EventLogSource", "SRGNNSource", "SessionSource", "SessionSplits", "SyntheticSource",
                              "TimeWindowSource", "UserSequenceSource"],
     "sessrec.data.stream": ["ScoringStream"],

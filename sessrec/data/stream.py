@@ -34,7 +34,7 @@ from sessrec.data import frame
 from sessrec.data.batch import ITEM_DTYPE, SessionBatch
 from sessrec.data.readers import _is_parquet, _sniff_delimiter
 from sessrec.data.schema import FeatureSpec, Schema, SchemaError, check_id, parse_time
-from sessrec.data.side import SideFeatureTransform
+from sessrec.data.side import FittedSideFeatures
 from sessrec.data.vocab import ItemVocab
 
 
@@ -76,7 +76,7 @@ class ScoringStream:
         max_length: int = 20,
         batch_size: int = 1024,
         chunk_rows: int = 100_000,
-        side: SideFeatureTransform | None = None,
+        side: FittedSideFeatures | None = None,
         rank: int = 0,
         world_size: int = 1,
         times: bool = False,

@@ -15,7 +15,8 @@ outputs are identical across backends; float outputs agree to rounding (a few ul
 and parallel sums are not bit-identical across devices).
 
 Modules: `ops` (the base class, fitted keys and the column encoders), `time` (per-event
-session and calendar features) and `pipeline` (`FeaturePipeline` and its file format).
+session and calendar features), `pipeline` (`FeaturePipeline` and its file format) and
+`side_transform` (`SideFeatureTransform`: the model's side features, fitted on training sessions).
 """
 
 from sessrec.features.ops import (
@@ -28,6 +29,7 @@ from sessrec.features.ops import (
     TargetEncoding,
 )
 from sessrec.features.pipeline import FeaturePipeline
+from sessrec.features.side_transform import SideFeatureTransform
 from sessrec.features.time import (
     CyclicTime,
     CyclicTimes,
@@ -39,6 +41,6 @@ from sessrec.features.time import (
 
 __all__ = [
     "Categorify", "CountEncoding", "CyclicTime", "CyclicTimes", "FeatureOp", "FeaturePipeline", "HashedCross",
-    "LogNormalize", "NotFittedError", "SessionTimeFeatures", "SessionTimes", "TargetEncoding",
+    "LogNormalize", "NotFittedError", "SessionTimeFeatures", "SessionTimes", "SideFeatureTransform", "TargetEncoding",
     "session_offsets", "session_times",
 ]

@@ -10,14 +10,11 @@ Shape letters: B batch, L sequence, D width, N targets in the batch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import torch
 
-from sessrec.models.objective import Features, MaskingResult, Objective, latest, targetable
-
-if TYPE_CHECKING:
-    from sessrec.models.session_model import SessionModel
+from sessrec.models.objective import Features, MaskingResult, Network, Objective, latest, targetable
 
 
 @dataclass
@@ -49,7 +46,7 @@ class CausalLanguageModeling(Objective):
             targets=items[:, 1:][read[:, :-1]],
         )
 
-    def next_item_hidden(self, model: SessionModel, items: torch.Tensor, features: Features | None = None) -> torch.Tensor:
+    def next_item_hidden(self, model: Network, items: torch.Tensor, features: Features | None = None) -> torch.Tensor:
         """(B, L) observed sessions -> (B, D): the state at the last item, which has seen them all."""
         inputs, features = latest(items, features, model.max_length)
         return model.encode(inputs, torch.zeros_like(inputs, dtype=torch.bool), features)[:, -1]

@@ -19,16 +19,13 @@ Shape letters: B batch, L sequence, D width, N targets in the batch.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar, Protocol
 
 import torch
 from torch import nn
 
 from sessrec.data.vocab import NUM_SPECIAL
 from sessrec.saved.registry import Configurable
-
-if TYPE_CHECKING:
-    from sessrec.models.session_model import SessionModel
 
 
 @dataclass
@@ -78,6 +75,30 @@ Features = dict[str, torch.Tensor]
 
 EVENT_TIMES = "event_times"
 """The key of the (B, L) event times (seconds) in a features dict, for an encoder with ``uses_times``."""
+
+
+class Network(Protocol):
+    """What an objective reads of the network it trains and evaluates (`SessionModel` is the one):
+    its encoder, its position count, the ids that may be targets, and its embed / encode / score steps.
+    An objective module needs no import of the network's own."""
+
+    encoder: nn.Module
+    max_length: int
+    recommendable: torch.Tensor  # (V,) bool
+
+    def embed(self, inputs: torch.Tensor, masked: torch.Tensor, features: Features | None = None) -> torch.Tensor:
+        """(B, L) ids, (B, L) bool [MASK] slots and side features -> (B, L, D) encoder input."""
+        ...
+
+    def encode(
+        self, inputs: torch.Tensor, masked: torch.Tensor, features: Features | None = None, **encoder_kwargs: torch.Tensor
+    ) -> torch.Tensor:
+        """(B, L) ids, (B, L) bool [MASK] slots and side features -> (B, L, D) the encoder's output."""
+        ...
+
+    def score(self, hidden: torch.Tensor, candidates: torch.Tensor | None = None) -> torch.Tensor:
+        """(N, D) hidden states -> (N, V) scores, or (N, K) scores of the (K,) `candidates` ids."""
+        ...
 
 
 def targetable(items: torch.Tensor, recommendable: torch.Tensor | None = None) -> torch.Tensor:
@@ -177,7 +198,7 @@ class Objective(Configurable):
                 "encoder (XLNetEncoder, BertEncoder, ElectraEncoder)"
             )
 
-    def bind(self, model: SessionModel) -> None:
+    def bind(self, model: Network) -> None:
         """Check the pair and build any parameters of the objective's own (RTD's heads).
 
         An encoder with a query stream (XLNet) trains its query embedding only for an objective
@@ -191,7 +212,7 @@ class Objective(Configurable):
 
     def training_output(
         self,
-        model: SessionModel,
+        model: Network,
         items: torch.Tensor,
         generator: torch.Generator | None = None,
         features: Features | None = None,
@@ -203,7 +224,7 @@ class Objective(Configurable):
         hidden = model.encode(m.inputs, m.masked, features)[m.read]  # (N, D)
         return ObjectiveOutput(hidden=hidden, targets=m.targets)
 
-    def next_item_hidden(self, model: SessionModel, items: torch.Tensor, features: Features | None = None) -> torch.Tensor:
+    def next_item_hidden(self, model: Network, items: torch.Tensor, features: Features | None = None) -> torch.Tensor:
         """(B, L) observed sessions (and side features) -> (B, D): the state that predicts the item after them.
 
         A [MASK] slot is appended after the last item and read; the target is never an input.

@@ -15,15 +15,12 @@ Shape letters: B batch, L sequence, D width, P most targets of one session, N ta
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import torch
 
 from sessrec.models.masking import MaskedItemModeling
-from sessrec.models.objective import Features, MaskingResult, Objective, ObjectiveOutput, append_slot
-
-if TYPE_CHECKING:
-    from sessrec.models.session_model import SessionModel
+from sessrec.models.objective import Features, MaskingResult, Network, Objective, ObjectiveOutput, append_slot
 
 
 @dataclass
@@ -101,7 +98,7 @@ class PermutationLanguageModeling(Objective):
 
     def training_output(
         self,
-        model: SessionModel,
+        model: Network,
         items: torch.Tensor,
         generator: torch.Generator | None = None,
         features: Features | None = None,
@@ -112,7 +109,7 @@ class PermutationLanguageModeling(Objective):
         )  # (B, P, D)
         return ObjectiveOutput(hidden=query[m.valid], targets=m.targets)
 
-    def next_item_hidden(self, model: SessionModel, items: torch.Tensor, features: Features | None = None) -> torch.Tensor:
+    def next_item_hidden(self, model: Network, items: torch.Tensor, features: Features | None = None) -> torch.Tensor:
         """(B, L) observed sessions -> (B, D): the query stream at an appended, unseen slot."""
         inputs, features = append_slot(items, features, model.max_length)
         b, length = inputs.shape

@@ -51,11 +51,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from sessrec.data.side import SideFeatures, SideFeatureTransform
+from sessrec.data.side import SideFeatures
 from sessrec.data.vocab import ItemVocab
 from sessrec.datasets.clickout_rows import RankingVocab
 from sessrec.embeddings.dynamic import DynamicEmbeddingBag
 from sessrec.embeddings.sparse_arch import sparse_of_flags
+from sessrec.features.side_transform import SideFeatureTransform
 from sessrec.saved import versions
 from sessrec.saved.directory import (
     check_vocabulary,

@@ -20,7 +20,7 @@ the generator, R replaced positions, N next-item targets.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -33,14 +33,12 @@ from sessrec.models.masking import MaskedItemModeling
 from sessrec.models.objective import (
     Features,
     MaskingResult,
+    Network,
     Objective,
     ObjectiveOutput,
     encoder_is_causal,
     targetable,
 )
-
-if TYPE_CHECKING:
-    from sessrec.models.session_model import SessionModel
 
 
 @dataclass
@@ -106,7 +104,7 @@ class ReplacedTokenDetection(nn.Module, Objective, Configurable):
         self.generator_out: nn.Module = nn.Identity()
         self.discriminator: nn.Linear | None = None
 
-    def bind(self, model: SessionModel) -> None:
+    def bind(self, model: Network) -> None:
         """Check the encoder and build the generator (if none was given) and the heads at its width."""
         self.check(model.encoder)
         d = int(model.encoder.d_model)
@@ -155,7 +153,7 @@ class ReplacedTokenDetection(nn.Module, Objective, Configurable):
 
     def training_output(
         self,
-        model: SessionModel,
+        model: Network,
         items: torch.Tensor,
         generator: torch.Generator | None = None,
         features: Features | None = None,

@@ -43,8 +43,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from sessrec.data.batch import SessionBatch
-from sessrec.data.side import SideFeatures, SideFeatureTransform
+from sessrec.data.side import SideFeatures
 from sessrec.data.vocab import NUM_SPECIAL, ItemVocab
+from sessrec.features.side_transform import SideFeatureTransform
 from sessrec.models.causal_lm import CausalLanguageModeling
 from sessrec.models.dropout import use_fast_dropout
 from sessrec.models.masking import MaskedItemModeling

@@ -43,6 +43,7 @@ from sessrec.tasks.losses import (
     smoothed_cross_entropy,
     smoothed_nll,
 )
+from sessrec.tasks.members import check_vocabulary, load_member
 from sessrec.tasks.settings import Distillation
 
 
@@ -71,9 +72,6 @@ class Teachers:
     """
 
     def __init__(self, setting: Distillation, vocab: ItemVocab, num_items: int, max_length: int) -> None:
-        # here, not at the top: tasks.ensemble imports tasks.next_item, which imports this module
-        from sessrec.tasks.ensemble import check_vocabulary, load_member
-
         members = [load_member(path) for path in setting.teachers]
         found = vocab.fingerprint()
         for path, member in zip(setting.teachers, members):

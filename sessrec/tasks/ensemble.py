@@ -17,21 +17,15 @@ data module gives them. Shape letters: B batch, V items.
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import torch
 from torch import nn
 
 from sessrec.data.batch import SessionBatch
-from sessrec.data.vocab import ItemVocab
 from sessrec.metrics import TopKMetrics
 from sessrec.models.ensemble import SessionEnsemble
-from sessrec.models.pretrained import load_pretrained
-from sessrec.models.session_model import SessionModel
 from sessrec.saved.registry import config_of, register
+from sessrec.tasks.members import check_vocabulary, load_member
 from sessrec.tasks.next_item import NextItemTask, exclude_seen
-from sessrec.tasks.pretrained import load_checkpoint
 from sessrec.tasks.scoring_only import ScoringOnlyTask
 from sessrec.tasks.settings import Evaluation
 
@@ -124,35 +118,3 @@ class EnsembleTask(ScoringOnlyTask):
         """(B, V) ensemble scores of the batch's prefixes (its targets are never read)."""
         scores = self.ensemble(batch)
         return exclude_seen(scores, batch.items) if self.evaluation.exclude_seen else scores
-
-
-def check_vocabulary(name: str, member: SessionModel, vocab: ItemVocab, found: str) -> None:
-    """Refuse a loaded member (or teacher) trained on another vocabulary than the data module's `vocab`,
-    whose fingerprint is `found` (compared by content: the same ids must be the same items)."""
-    held = getattr(member, "vocab", None)
-    if held is None:
-        raise ValueError(f"{name}: holds no vocabulary, so its ids cannot be checked against the data's")
-    if held.fingerprint() != found:
-        raise ValueError(
-            f"{name}: was trained on another vocabulary than the data module's ({len(held)} against {len(vocab)} "
-            "ids, or the same ids for other items): use it with the data it was trained on"
-        )
-
-
-def load_member(path: str | os.PathLike) -> SessionModel:
-    """The trained network of a ``sessrec fit`` checkpoint or a model directory, with its objective,
-    vocabulary and inference settings attached; anything else is refused in one line naming `path`."""
-    where = Path(path)
-    if not where.exists():
-        raise FileNotFoundError(f"{path}: no such checkpoint or model directory (ensemble member)")
-    if where.is_dir():
-        network = load_pretrained(where)
-    else:
-        task = load_checkpoint(where)
-        if not isinstance(task, NextItemTask):
-            raise ValueError(f"{path}: holds a {type(task).__name__}, not a trained session model (NextItemTask)")
-        network = task.network()
-    if not isinstance(network, SessionModel):
-        raise TypeError(f"{path}: holds a {type(network).__name__}, not a session model")
-    return network.eval()
-

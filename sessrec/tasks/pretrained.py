@@ -27,9 +27,10 @@ import pytorch_lightning as pl
 import torch
 from torch import nn
 
-from sessrec.data.side import SideFeatures, SideFeatureTransform
+from sessrec.data.side import SideFeatures
 from sessrec.data.vocab import ItemVocab
 from sessrec.datasets.clickout_rows import RankingVocab
+from sessrec.features.side_transform import SideFeatureTransform
 from sessrec.models.pretrained import (  # noqa: F401 - CONFIG ... READABLE_VERSIONS: the format's names, read here too
     CONFIG,
     FEATURES,

@@ -22,16 +22,11 @@ from sessrec.data.batch import ITEM_DTYPE
 from sessrec.data.loader import SessionLoader, ranks_of
 from sessrec.data.pairs import EvalPairs
 from sessrec.data.schema import Schema
-from sessrec.data.side import (
-    SideFeatures,
-    SideFeatureTransform,
-    SideInfoSpec,
-    read_item_vectors,
-    transforms_state,
-)
+from sessrec.data.side import SideFeatures, SideInfoSpec, read_item_vectors
 from sessrec.data.sources import SessionSource, SessionSplits, SyntheticSource
 from sessrec.data.stream import ScoringStream
 from sessrec.data.vocab import ItemVocab
+from sessrec.features.side_transform import SideFeatureTransform, transforms_state
 from sessrec.saved.checkpoint import as_tensors, is_checkpoint, parquet_state, saved_state
 
 Protocol = Literal["last", "all_prefixes"]

@@ -1,0 +1,204 @@
+"""`SideFeatureTransform`: the side features of `sessrec.data.side.SideFeatures`, fitted on training sessions.
+
+Categorical columns go through `Categorify`, continuous columns and time features through
+`LogNormalize`, positions are counted from the start of each session; one `FeaturePipeline`
+holds every fitted table and is saved as ``features.npz`` beside the checkpoint, so that
+evaluation and scoring apply exactly the transforms of training.
+
+Shape letters: E events (flat, session after session).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from sessrec.data import frame
+from sessrec.data.schema import SchemaError
+from sessrec.data.side import POSITION, SideFeatures, SideInfoSpec
+from sessrec.features.ops import Categorify, LogNormalize
+from sessrec.features.pipeline import FeaturePipeline, op_signatures
+from sessrec.saved.checkpoint import as_arrays, file_bytes
+from sessrec.saved.registry import config_of
+
+
+class SideFeatureTransform:
+    """Fitted transforms from session-table columns to per-event model features.
+
+    Examples:
+        >>> sessions = pa.table({"item_id": [[5, 6], [7]], "device": [["mobile", "mobile"], ["desktop"]]})
+        >>> side = SideFeatureTransform(SideFeatures(categorical=["device"])).fit(sessions)
+        >>> side.transform(sessions)["device"].tolist()
+        [2, 2, 3]
+    """
+
+    def __init__(self, config: SideFeatures) -> None:
+        self.config = config
+        self.pipeline = FeaturePipeline(
+            {
+                **{c: Categorify(c, min_count=config.min_count, nulls=config.nulls) for c in config.categorical},
+                **{c: LogNormalize(c) for c in [*config.continuous, *config.time]},
+            }
+        )
+
+    @property
+    def fitted(self) -> bool:
+        return self.pipeline.fitted
+
+    def fit(self, sessions: pa.Table, source: str = "<sessions>") -> SideFeatureTransform:
+        """Fit every transform on the (training) sessions."""
+        columns = self._columns(sessions, source)
+        for name, op in self.pipeline.ops.items():
+            values, present = columns[name]
+            try:
+                op.fit({name: values if present is None else values[present]})
+            except (ValueError, TypeError) as err:
+                raise SchemaError(f"{source}: side feature {name!r}: {err}") from err
+        self.pipeline.fitted = True
+        return self
+
+    def transform(self, sessions: pa.Table, source: str = "<sessions>") -> dict[str, np.ndarray]:
+        """Per-event features (E,) by name: int64 ids (categorical) or float32 (continuous, 0 = missing)."""
+        if not self.fitted:
+            raise ValueError("SideFeatureTransform is not fitted: fit() on the training split, or load() one")
+        columns = self._columns(sessions, source)
+        out: dict[str, np.ndarray] = {}
+        for name in self.config.sequence_features:
+            if name == POSITION:
+                out[name] = columns[name][0]
+                continue
+            op = self.pipeline.ops[name]
+            values, present = columns[name]
+            try:
+                if present is None:
+                    out[name] = np.asarray(op.transform({name: values}), dtype=np.int64)
+                else:
+                    dense = np.zeros(len(present), dtype=np.float32)
+                    if present.any():
+                        dense[present] = op.transform({name: values[present]})
+                    out[name] = dense
+            except (ValueError, TypeError) as err:
+                raise SchemaError(f"{source}: side feature {name!r}: {err}") from err
+        return out
+
+    @property
+    def spec(self) -> SideInfoSpec:
+        """Embedding sizes for the model (item vectors are added by the data module)."""
+        categorical = {c: self.pipeline.ops[c].num_ids for c in self.config.categorical}
+        if self.config.position:
+            categorical[POSITION] = self.config.position + 1
+        continuous = [*self.config.continuous, *self.config.time]
+        return SideInfoSpec(categorical=categorical, continuous=continuous, looks_ahead=self.config.looks_ahead_features)
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """One ``.npz`` (written under a temporary name, then renamed) with every fitted table."""
+        return self.pipeline.save(path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, config: SideFeatures) -> SideFeatureTransform:
+        """The transforms of a file `save` wrote; refused when they are not those `config` builds."""
+        return cls(config).load_state_dict(FeaturePipeline.load(path).state_dict(), str(path))
+
+    def state_dict(self) -> dict[str, Any]:
+        """The fitted transforms (`FeaturePipeline.state_dict`): what a checkpoint carries."""
+        return self.pipeline.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any], source: str = "the state dict") -> SideFeatureTransform:
+        """Take the fitted transforms of a `state_dict`; returns self.
+
+        Raises:
+            ValueError: they are other transforms than this config builds (another recipe's),
+                naming `source`.
+        """
+        if not isinstance(state, Mapping) or "config" not in state:
+            raise ValueError(f"{source}: expected the state dict of side-feature transforms (keys 'config' and 'ops')")
+        found = op_signatures(state["config"], source)
+        expected = op_signatures(config_of(self.pipeline), source)
+        if expected != found:
+            raise ValueError(
+                f"{source}: the saved side features {sorted(found)} do not match the recipe's {sorted(expected)} "
+                f"(saved {found}, recipe {expected}); use the recipe the checkpoint was trained with"
+            )
+        self.pipeline.load_state_dict(state, source)
+        return self
+
+    # -- columns --------------------------------------------------------------------------
+    def _columns(self, sessions: pa.Table, source: str) -> dict[str, tuple[np.ndarray, np.ndarray | None]]:
+        """Flat (E,) values of each feature, and a (E,) bool presence mask for continuous ones."""
+        cfg = self.config
+        _, offsets = frame.list_offsets(sessions.column(frame.ITEMS))
+        needed = [*cfg.categorical, *cfg.continuous] + ([frame.TIMES] if cfg.time else [])
+        missing = [c for c in needed if c not in sessions.column_names]
+        if missing:
+            raise SchemaError(
+                f"{source}: column {missing[0]!r} is missing for the side features; the sessions have "
+                f"columns {sessions.column_names}. Carry it from the source or remove it from side_features."
+            )
+        out: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
+        for name in cfg.categorical:
+            values = self._flat(sessions, name, offsets, source)
+            if cfg.nulls == "error" and values.null_count:
+                row = int(np.flatnonzero(values.is_null().to_numpy(zero_copy_only=False))[0])
+                session = np.searchsorted(offsets, row, side="right") - 1
+                sid = sessions.column(frame.SESSION)[int(session)].as_py() if frame.SESSION in sessions.column_names else session
+                raise SchemaError(
+                    f"{source}: column {name!r} has a null value (None) at event {row - offsets[session]} of "
+                    f"session {sid!r}; drop or fill those rows, or set side_features.nulls: pad (nulls -> padding id 0)"
+                )
+            if pa.types.is_floating(values.type) or pa.types.is_boolean(values.type):
+                bad = values.drop_null()[0].as_py() if len(values.drop_null()) else None
+                raise SchemaError(
+                    f"{source}: column {name!r} has dtype {values.type} (e.g. {bad!r}); a categorical side feature "
+                    "needs integer or string codes: list it under side_features.continuous, or cast it"
+                )
+            out[name] = (values, None)
+        for name in cfg.continuous:
+            values = self._flat(sessions, name, offsets, source)
+            if not (pa.types.is_integer(values.type) or pa.types.is_floating(values.type) or pa.types.is_null(values.type)):
+                bad = values.drop_null()[0].as_py() if len(values.drop_null()) else None
+                raise SchemaError(
+                    f"{source}: column {name!r} has dtype {values.type} (e.g. {bad!r}); a continuous side "
+                    "feature needs numbers: list it under side_features.categorical, or cast it"
+                )
+            x = values.cast(pa.float64()).fill_null(np.nan).to_numpy(zero_copy_only=False)
+            out[name] = (x, np.isfinite(x))
+        if cfg.time:
+            t = self._flat(sessions, frame.TIMES, offsets, source).cast(pa.float64()).to_numpy(zero_copy_only=False)
+            gap = np.diff(t)  # (E - 1,) seconds between consecutive events
+            same = np.ones(len(t), dtype=bool)
+            same[offsets[:-1]] = False  # an event that starts its session has no predecessor
+            since = np.full(len(t), np.nan)
+            since[1:] = gap
+            since[~same] = np.nan
+            dwell = np.full(len(t), np.nan)
+            dwell[:-1] = np.where(same[1:], gap, np.nan)
+            for name, x in (("since_prev", since), ("dwell", dwell)):  # as TIME_FEATURES describes them
+                if name in cfg.time:
+                    out[name] = (x, np.isfinite(x))
+        if cfg.position:
+            lengths = np.diff(offsets)
+            pos = np.arange(offsets[-1]) - np.repeat(offsets[:-1], lengths)
+            out[POSITION] = (1 + np.minimum(pos, cfg.position - 1).astype(np.int64), None)
+        return out
+
+    @staticmethod
+    def _flat(sessions: pa.Table, name: str, offsets: np.ndarray, source: str) -> pa.Array:
+        values, off = frame.list_offsets(sessions.column(name))
+        if not np.array_equal(off, offsets):
+            raise SchemaError(f"{source}: column {name!r} does not hold one value per event of each session")
+        return values
+
+
+def transforms_state(part: Any, source: str | os.PathLike) -> dict[str, Any]:
+    """A checkpoint's side-feature part as a `SideFeatureTransform` state dict of numpy arrays, also when
+    it is held as the bytes of the transforms' ``.npz`` (one uint8 tensor)."""
+    data = file_bytes(part)
+    if data is not None:
+        return FeaturePipeline.load(io.BytesIO(data), source).state_dict()
+    return as_arrays(part)

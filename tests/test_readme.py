@@ -46,7 +46,8 @@ def test_quickstart_command_trains(tmp_path):
     done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     metrics = next(tmp_path.glob("runs/quickstart/*/metrics.csv"))
-    rows = [r for r in csv.DictReader(metrics.open()) if r.get("val/recall@20")]
+    with metrics.open() as fh:
+        rows = [r for r in csv.DictReader(fh) if r.get("val/recall@20")]
     assert len(rows) == 3
     recall = [float(r["val/recall@20"]) for r in rows]
     # synthetic Markov sessions are learnable: well above chance, improving with training

@@ -553,7 +553,7 @@ def test_export_gru4rec_to_onnx_names_the_reason(tmp_path):
 def test_cli_serve_a_directory_without_a_model(tmp_path, sessrec_main):
     pytest.importorskip("fastapi")
     assert "neither a saved pipeline (pipeline.json) nor a model directory (config.json)" in sessrec_main(
-        "serve", "--model-dir", str(tmp_path))
+        "serve", "--model_dir", str(tmp_path))
 
 
 @pytest.mark.parametrize("content, message", [

@@ -5,7 +5,7 @@ arguments below (checked by jsonargparse before anything runs):
 
     sessrec fit       --config recipes/pipeline_rsc15.yaml    # fits kNN/co-visitation and the ranker, saves
     sessrec test      --config recipes/pipeline_rsc15.yaml    # loads the saved pipeline, test-split metrics
-    sessrec recommend --config recipes/pipeline_rsc15.yaml --input sessions.parquet --output recs.parquet
+    sessrec recommend --config recipes/pipeline_rsc15.yaml --input_path sessions.parquet --output recs.parquet
 
 The data block is a `SessionDataModule` like the stage-1 recipes' (the same source and
 vocabulary settings, so that every stage shares one vocabulary; this is checked against each
@@ -13,7 +13,8 @@ model's ``vocab.parquet``). Training sessions fit the kNN and co-visitation retr
 validation pairs fit the ranker, the test pairs are scored by ``test`` only.
 
 A fit-time module: `sessrec.pipeline` imports it on first use of `PipelineRecipe` or
-`load_recipe` (it loads the Lightning data module), and jsonargparse is imported by `recipe_parser`.
+`load_recipe` (it loads the Lightning data module), and jsonargparse is imported by `recipe_parser`
+(`sessrec.cli.parsers`, the parser every command is built with).
 """
 
 from __future__ import annotations
@@ -234,19 +235,21 @@ class PipelineRecipe:
 
 
 def recipe_parser(prog: str = "sessrec") -> ArgumentParser:
-    """The parser of a pipeline recipe: ``--config`` and the ``pipeline.*`` arguments, typed."""
-    from jsonargparse import ActionConfigFile, ArgumentParser
+    """The parser of a pipeline recipe (`sessrec.cli.parsers.command_parser`): ``--config`` and the
+    ``pipeline.*`` arguments, typed."""
+    from sessrec.cli.parsers import command_parser
 
-    parser = ArgumentParser(prog=prog, exit_on_error=False)
-    parser.add_argument("--config", action=ActionConfigFile, help="a pipeline recipe (YAML)")
+    parser = command_parser(prog, "a pipeline recipe: its retrievers, filters, features, ranker and ordering")
     parser.add_class_arguments(PipelineRecipe, "pipeline", instantiate=True)
     return parser
 
 
 def load_recipe(path: str | Path, overrides: list[str] | None = None) -> PipelineRecipe:
     """A `PipelineRecipe` from a recipe file, with ``--pipeline.<key> value`` overrides."""
+    from sessrec.cli.parsers import parse
+
     parser = recipe_parser()
-    return parser.instantiate(parser.parse_args(["--config", str(path), *(overrides or [])])).pipeline
+    return parser.instantiate(parse(parser, ["--config", str(path), *(overrides or [])], roots={"pipeline": PipelineRecipe})).pipeline
 
 
 def index_sessions(dm: SessionDataModule, splits: tuple[str, ...] = ("train",)) -> np.ndarray:

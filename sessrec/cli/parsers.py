@@ -1,0 +1,87 @@
+"""The one way sessrec builds a command's parser and reads its configuration files: jsonargparse.
+
+Every command parses with a jsonargparse `ArgumentParser` (the Lightning commands through
+LightningCLI, which is one): ``--config FILE`` (YAML) and typed flags from the signature of the
+function or class the command runs, with help texts from its docstring (jsonargparse's own reading
+of the ``Args:`` section). Flags are spelt as the parameters are, with underscores
+(``--model_dir``); a flag no parameter takes is refused in one line naming the closest
+(`sessrec.cli.errors`), and a value jsonargparse refuses is its own message on one line.
+
+`config_value` reads a key of the ``--config`` files with jsonargparse's loader: which command a
+recipe is for (a pipeline recipe's top-level ``pipeline:``) and which model a lifecycle command
+works on are read from the configuration so loaded, before the command's parser is chosen.
+"""
+
+from __future__ import annotations
+
+from argparse import ArgumentError
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from jsonargparse import ActionConfigFile, ArgumentParser, Namespace, get_loader
+from yaml import YAMLError
+
+from sessrec.cli.errors import RecipeError, check_arguments, check_keys, flag_mapping, merged, one_line
+
+
+def command_parser(prog: str, description: str | None = None) -> ArgumentParser:
+    """A parser that raises on a parse error (``exit_on_error=False``) and reads ``--config`` files."""
+    parser = ArgumentParser(prog=prog, description=description, exit_on_error=False)
+    parser.add_argument("--config", action=ActionConfigFile, help="a YAML file of this command's options")
+    return parser
+
+
+def function_command(func: Callable[..., Any], prog: str, skip: set[str] | None = None) -> ArgumentParser:
+    """`command_parser` with `func`'s parameters as flags (``--name``), typed and helped by its
+    signature and docstring; `skip`: parameters the command sets itself."""
+    parser = command_parser(prog, (func.__doc__ or "").strip().splitlines()[0])
+    parser.add_function_arguments(func, skip=skip, fail_untyped=False)
+    return parser
+
+
+def parse(parser: ArgumentParser, args: list[str], owner: Callable[..., Any] | None = None,
+          roots: Mapping[str, Callable[..., Any] | None] | None = None, extra: tuple[str, ...] = ()) -> Namespace:
+    """``parser.parse_args(args)``, after sessrec's own check of the keys of `args` and of its ``--config``
+    files: every top-level key against `owner` (with `extra`, the keys added beside it), the blocks of
+    `roots` against their classes (`sessrec.cli.errors.check_keys`). A value the parser refuses is
+    `RecipeError` with its message on one line."""
+    flags = flag_mapping(args)
+    given = merged(*(read_config(path) for path in config_paths(args)), flags)
+    if owner is not None:
+        check_arguments(flags, owner, "--", extra=(*extra, *(roots or {})))  # a flag's message names the flag
+        check_arguments(given, owner, extra=(*extra, *(roots or {})))
+    if roots:
+        check_keys(given, roots)
+    try:
+        return parser.parse_args(args)
+    except ArgumentError as err:
+        raise RecipeError(one_line(err)) from err
+
+
+def config_paths(args: list[str]) -> list[Path]:
+    """The files named by ``--config PATH`` or ``--config=PATH`` in `args`, in order."""
+    paths = [args[i + 1] for i, arg in enumerate(args[:-1]) if arg == "--config"]
+    paths += [arg.partition("=")[2] for arg in args if arg.startswith("--config=")]
+    return [Path(p) for p in paths]
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    """A configuration file's mapping as jsonargparse loads it; {} for a file that is missing or not
+    a mapping (the command's parser then says what is wrong with it)."""
+    try:
+        content = get_loader("yaml")(path.read_text()) if path.is_file() else None
+    except (OSError, YAMLError):
+        return {}
+    return content if isinstance(content, dict) else {}
+
+
+def config_value(args: list[str], key: str) -> Any:
+    """The value `args` give `key`: its last ``--key V`` / ``--key=V`` flag, else the last ``--config``
+    file with a top-level `key`; None when none gives it."""
+    flags = [args[i + 1] for i, a in enumerate(args[:-1]) if a == f"--{key}"]
+    flags += [a.partition("=")[2] for a in args if a.startswith(f"--{key}=")]
+    if flags:
+        return flags[-1]
+    found = [content[key] for content in map(read_config, config_paths(args)) if key in content]
+    return found[-1] if found else None

@@ -47,19 +47,23 @@ def test_an_unknown_key_is_one_line_with_the_closest_key(config, expected):
     assert str(refused.value).startswith(expected) and "\n" not in str(refused.value)
 
 
-def test_known_keys_pass_and_a_block_of_another_class_replaces_the_earlier_one():
-    from sessrec.cli.errors import check_keys, flag_mapping, merged
+def test_each_block_is_checked_against_the_class_it_was_written_for():
+    """A data fragment's NextItemTask settings stay valid when a later fragment chooses BaselineTask (jsonargparse
+    drops them), and a block without class_path configures the class chosen before it."""
+    from sessrec.cli.errors import RecipeError, check_in_order, flag_mapping
     from sessrec.tasks import NextItemTask
 
-    recipe = {"model": {"class_path": "sessrec.tasks.BaselineTask", "init_args": {"baseline": {"class_path": "sessrec.baselines.VSKNN"}}}}
-    flags = flag_mapping(["--model.class_path", "sessrec.tasks.NextItemTask", "--model.init_args.optimization.lr", "0.1",
-                          "--model.encoder.init_args.d_model=16", "--print_config"])
-    assert flags == {"model": {"class_path": "sessrec.tasks.NextItemTask", "init_args": {"optimization": {"lr": "0.1"}},
-                               "encoder": {"init_args": {"d_model": "16"}}}, "print_config": None}
-    given = merged(recipe, flags)
-    assert "baseline" not in given["model"]["init_args"]  # NextItemTask has no baseline: BaselineTask's block is gone
-    check_keys(given, {"model": NextItemTask})
-    check_keys(merged(recipe, {"model": {"init_args": {"baseline": {"class_path": "sessrec.baselines.STAN"}}}}), {"model": NextItemTask})
+    data = {"model": {"score_scale": 16.0, "optimization": {"lr": 0.005}}}
+    baseline = {"model": {"class_path": "sessrec.tasks.BaselineTask",
+                          "init_args": {"baseline": {"class_path": "sessrec.baselines.STAN", "init_args": {"k": 500}}}}}
+    tuned = {"model": {"init_args": {"baseline": {"init_args": {"k": 200}}}}}
+    flags = flag_mapping(["--model.init_args.evaluation.ks=[5]", "--print_config"])
+    assert flags == {"model": {"init_args": {"evaluation": {"ks": "[5]"}}}, "print_config": None}
+    check_in_order([data, baseline, tuned, flags], {"model": NextItemTask})
+    with pytest.raises(RecipeError, match=r"^unknown key model.score_scale \(BaselineTask has no option"):
+        check_in_order([baseline, data], {"model": NextItemTask})
+    with pytest.raises(RecipeError, match=r"^unknown key model.init_args.baseline \(NextItemTask has no option"):
+        check_in_order([tuned], {"model": NextItemTask})
 
 
 def test_a_flag_no_parameter_takes_names_the_closest_one(sessrec_main, tmp_path):

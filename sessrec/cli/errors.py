@@ -102,21 +102,17 @@ def refuse_null_below_class(args: list[str], groups: tuple[str, ...]) -> None:
                               f"--{group}.{inner} '{{{path[-1]}: null}}'")
 
 
-def merged(*configs: Mapping[str, Any]) -> dict[str, Any]:
-    """The mappings merged in order, nested blocks key by key (later values win)."""
-    out: dict[str, Any] = {}
-    for config in configs:
-        for key, value in config.items():
-            if isinstance(value, Mapping) and isinstance(out.get(key), dict) and _same_class(out[key], value):
-                out[key] = merged(out[key], value)
-            else:
-                out[key] = dict(value) if isinstance(value, Mapping) else value
-    return out
-
-
-def _same_class(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
-    """False when `new` names another ``class_path`` than `old`: its block replaces the old one."""
-    return "class_path" not in new or old.get("class_path") in (None, new["class_path"])
+def check_in_order(sources: list[Mapping[str, Any]], roots: Mapping[str, Callable[..., Any] | None]) -> None:
+    """`check_keys` of each source (the ``--config`` files, then the flags) in the order jsonargparse
+    reads them: a block without a ``class_path`` configures the class an earlier source chose for its
+    root. (jsonargparse drops the keys of an earlier block that a newly chosen class does not take:
+    each block is checked against the class it was written for.)"""
+    chosen = dict(roots)
+    for source in sources:
+        check_keys(source, chosen)
+        for key, block in source.items():
+            if key in chosen and isinstance(block, Mapping) and "class_path" in block:
+                chosen[key] = _importable(str(block["class_path"]))  # None: a short name, left to jsonargparse
 
 
 def _check_block(block: Any, owner: Callable[..., Any], key: str, top: bool = False) -> None:

@@ -62,7 +62,7 @@ from jsonargparse import Namespace
 from pytorch_lightning.callbacks import ProgressBar
 from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 
-from sessrec.cli.errors import RecipeError, check_keys, flag_mapping, merged, one_line, refuse_null_below_class
+from sessrec.cli.errors import RecipeError, check_in_order, flag_mapping, one_line, refuse_null_below_class
 from sessrec.cli.parsers import config_paths, read_config
 from sessrec.saved.checkpoint import checkpoint_summary, data_state
 from sessrec.tasks import LastCheckpoint, TopKWriter, VocabularyCheckpoint
@@ -334,11 +334,11 @@ def cli(args: list[str] | None = None) -> SessrecCLI:
 
 def check_recipe_keys(args: list[str]) -> None:
     """Refuse the first key of the ``--config`` files and flags that the task, the data module or the
-    Trainer does not take (`sessrec.cli.errors.check_keys`; `NextItemTask` and `SessionDataModule` where a
+    Trainer does not take (`sessrec.cli.errors.check_in_order`; `NextItemTask` and `SessionDataModule` where a
     block names no class), and a null that a dotted flag would lose (`refuse_null_below_class`)."""
     task, data = import_module("sessrec.tasks").NextItemTask, import_module("sessrec.tasks").SessionDataModule
     roots = {"model": task, "data": data, "trainer": pl.Trainer}
-    check_keys(merged(*(read_config(path) for path in config_paths(args)), flag_mapping(args)), roots)
+    check_in_order([*(read_config(path) for path in config_paths(args)), flag_mapping(args)], roots)
     refuse_null_below_class(args, ("model", "data"))
 
 

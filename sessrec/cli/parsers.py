@@ -22,7 +22,7 @@ from typing import Any
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace, get_loader
 from yaml import YAMLError
 
-from sessrec.cli.errors import RecipeError, check_arguments, check_keys, flag_mapping, merged, one_line
+from sessrec.cli.errors import RecipeError, check_arguments, check_in_order, flag_mapping, one_line
 
 
 def command_parser(prog: str, description: str | None = None) -> ArgumentParser:
@@ -44,15 +44,14 @@ def parse(parser: ArgumentParser, args: list[str], owner: Callable[..., Any] | N
           roots: Mapping[str, Callable[..., Any] | None] | None = None, extra: tuple[str, ...] = ()) -> Namespace:
     """``parser.parse_args(args)``, after sessrec's own check of the keys of `args` and of its ``--config``
     files: every top-level key against `owner` (with `extra`, the keys added beside it), the blocks of
-    `roots` against their classes (`sessrec.cli.errors.check_keys`). A value the parser refuses is
+    `roots` against their classes (`sessrec.cli.errors.check_in_order`). A value the parser refuses is
     `RecipeError` with its message on one line."""
-    flags = flag_mapping(args)
-    given = merged(*(read_config(path) for path in config_paths(args)), flags)
+    sources = [*(read_config(path) for path in config_paths(args)), flag_mapping(args)]
     if owner is not None:
-        check_arguments(flags, owner, "--", extra=(*extra, *(roots or {})))  # a flag's message names the flag
-        check_arguments(given, owner, extra=(*extra, *(roots or {})))
+        for i, source in enumerate(sources):  # a flag's message names the flag
+            check_arguments(source, owner, "--" if i == len(sources) - 1 else "", extra=(*extra, *(roots or {})))
     if roots:
-        check_keys(given, roots)
+        check_in_order(sources, roots)
     try:
         return parser.parse_args(args)
     except ArgumentError as err:

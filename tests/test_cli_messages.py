@@ -75,6 +75,9 @@ def test_a_flag_no_parameter_takes_names_the_closest_one(sessrec_main, tmp_path)
     got = sessrec_main("rollback", "--model_dir", str(tmp_path), "--too", "v000001")
     assert got == ("sessrec rollback: error: unknown key --too (rollback has no option 'too'); did you mean --to? "
                    "(--traceback for details)")
+    got = sessrec_main("recommend", "--config", str(ROOT / "recipes" / "pipeline_rsc15.yaml"), "--input", "x.parquet")
+    assert got == ("sessrec recommend: error: unknown key --input (recommend_file has no option 'input'); did you mean "
+                   "--input_path? (--traceback for details)")
     got = sessrec_main("serve", "--model_dir", str(tmp_path), "--port", "eighty")
     assert got.startswith('sessrec serve: error: Parser key "port": ') and "eighty" in got
     config = tmp_path / "serve.yaml"
@@ -82,6 +85,19 @@ def test_a_flag_no_parameter_takes_names_the_closest_one(sessrec_main, tmp_path)
     got = sessrec_main("serve", "--config", str(config))
     assert got == ("sessrec serve: error: unknown key max_batch_sise (serve has no option 'max_batch_sise'); did you mean "
                    "max_batch_size? (--traceback for details)")
+
+
+@pytest.mark.parametrize("command, flag, help_text", [
+    ("serve", "--max_queue_wait_ms", "503 before the body is read"),
+    ("rollback", "--to", "the version to make current"),
+    ("export", "--top_k", "session models also output the K best items"),
+    ("recommend", "--input_path", "sessions file"),
+])
+def test_command_help_comes_from_the_docstring(command, flag, help_text, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        run([command, "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert exit_.value.code == 0 and flag in out and help_text in out
 
 
 def test_a_recipe_typo_through_sessrec_is_one_line(tmp_path, capsys, sessrec_main):

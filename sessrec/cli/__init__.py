@@ -222,7 +222,7 @@ def run(args: list[str]) -> object:
         return None
     if command in COMMANDS:
         return COMMANDS[command](args[1:])
-    if command in PIPELINE_COMMANDS and _pipeline_recipe(args):
+    if command in PIPELINE_COMMANDS and _pipeline_recipe(args) or command == "recommend" and {"-h", "--help"} & set(args):
         return pipeline_cli(args)
     if command == "recommend":
         raise ValueError("--config must name a pipeline recipe (a top-level 'pipeline:' block)")

@@ -668,7 +668,7 @@ def test_recipes_own_their_estimators(world: World, tmp_path: Path) -> None:
 
 
 def test_recipe_files_leave_estimators_to_the_defaults_and_still_show_them(world: World, tmp_path: Path) -> None:
-    from sessrec.pipeline.recipe import load_recipe, recipe_parser
+    from sessrec.cli.parsers import load_recipe, recipe_parser
 
     recipe, _ = write_recipe(world, tmp_path)  # sets the scorer, leaves features and ordering to the defaults
     a, b = load_recipe(recipe), load_recipe(recipe)

@@ -45,9 +45,9 @@ LIGHTNING_COMMANDS = ("fit", "validate", "test", "predict")
 
 def pipeline_cli(args: list[str]) -> object:
     """``sessrec fit|test|recommend`` on a pipeline recipe; returns what the subcommand returns."""
-    from sessrec.cli.parsers import parse
+    from sessrec.cli.parsers import parse, recipe_parser
     from sessrec.pipeline.offline import recommend_file
-    from sessrec.pipeline.recipe import PipelineRecipe, recipe_parser
+    from sessrec.pipeline.recipe import PipelineRecipe
 
     command, rest = args[0], args[1:]
     parser = recipe_parser(prog=f"sessrec {command}")

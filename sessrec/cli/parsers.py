@@ -58,6 +58,25 @@ def parse(parser: ArgumentParser, args: list[str], owner: Callable[..., Any] | N
         raise RecipeError(one_line(err)) from err
 
 
+def recipe_parser(prog: str = "sessrec") -> ArgumentParser:
+    """The parser of a pipeline recipe: ``--config`` and the ``pipeline.*`` arguments of
+    `sessrec.pipeline.PipelineRecipe`, typed."""
+    from sessrec.pipeline.recipe import PipelineRecipe
+
+    parser = command_parser(prog, "a pipeline recipe: its retrievers, filters, features, ranker and ordering")
+    parser.add_class_arguments(PipelineRecipe, "pipeline", instantiate=True)
+    return parser
+
+
+def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Any:
+    """The `sessrec.pipeline.PipelineRecipe` of a recipe file, with ``--pipeline.<key> value`` overrides."""
+    from sessrec.pipeline.recipe import PipelineRecipe
+
+    parser = recipe_parser()
+    cfg = parse(parser, ["--config", str(path), *(overrides or [])], roots={"pipeline": PipelineRecipe})
+    return parser.instantiate(cfg).pipeline
+
+
 def config_paths(args: list[str]) -> list[Path]:
     """The files named by ``--config PATH`` or ``--config=PATH`` in `args`, in order."""
     paths = [args[i + 1] for i, arg in enumerate(args[:-1]) if arg == "--config"]

@@ -12,9 +12,9 @@ vocabulary settings, so that every stage shares one vocabulary; this is checked 
 model's ``vocab.parquet``). Training sessions fit the kNN and co-visitation retrievers, the
 validation pairs fit the ranker, the test pairs are scored by ``test`` only.
 
-A fit-time module: `sessrec.pipeline` imports it on first use of `PipelineRecipe` or
-`load_recipe` (it loads the Lightning data module), and jsonargparse is imported by `recipe_parser`
-(`sessrec.cli.parsers`, the parser every command is built with).
+A fit-time module: `sessrec.pipeline` imports it on first use of `PipelineRecipe` (it loads the
+Lightning data module). A recipe file is read by the command line's parser of it
+(`sessrec.cli.parsers.recipe_parser`, `load_recipe`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import copy
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import numpy as np
 
@@ -44,9 +44,6 @@ from sessrec.pipeline.retrieval.session_model import SessionModelRetriever
 from sessrec.pipeline.scoring import BlendScorer, DLRMScorer, GBDTScorer
 from sessrec.pipeline.training import evaluate_pipeline, fit_ranker
 from sessrec.tasks.session_data import SessionDataModule
-
-if TYPE_CHECKING:
-    from jsonargparse import ArgumentParser
 
 
 @dataclass
@@ -232,24 +229,6 @@ class PipelineRecipe:
             metrics = evaluate_pipeline(pipe, self.data.pairs("test"), self.ks, self.batch_size)
         print("[test] " + " ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
         return metrics
-
-
-def recipe_parser(prog: str = "sessrec") -> ArgumentParser:
-    """The parser of a pipeline recipe (`sessrec.cli.parsers.command_parser`): ``--config`` and the
-    ``pipeline.*`` arguments, typed."""
-    from sessrec.cli.parsers import command_parser
-
-    parser = command_parser(prog, "a pipeline recipe: its retrievers, filters, features, ranker and ordering")
-    parser.add_class_arguments(PipelineRecipe, "pipeline", instantiate=True)
-    return parser
-
-
-def load_recipe(path: str | Path, overrides: list[str] | None = None) -> PipelineRecipe:
-    """A `PipelineRecipe` from a recipe file, with ``--pipeline.<key> value`` overrides."""
-    from sessrec.cli.parsers import parse
-
-    parser = recipe_parser()
-    return parser.instantiate(parse(parser, ["--config", str(path), *(overrides or [])], roots={"pipeline": PipelineRecipe})).pipeline
 
 
 def index_sessions(dm: SessionDataModule, splits: tuple[str, ...] = ("train",)) -> np.ndarray:

@@ -247,3 +247,31 @@ def test_a_truncated_gz_input_is_one_line(tmp_path):
     path.write_bytes(packed[: len(packed) // 2])
     with pytest.raises(SchemaError, match=r"clicks.csv.gz: cannot be read as CSV: Truncated compressed stream"):
         read_events(path, Schema())
+
+
+def test_export_and_rollback_run_from_their_flags(tmp_path, capsys):
+    """``sessrec export`` parses a Literal, an optional int and the defaults with jsonargparse and writes the model;
+    ``rollback`` (given in a ``--config`` file) makes the version before current again."""
+    import numpy as np
+    import pyarrow as pa
+
+    from sessrec.data import ItemVocab
+    from sessrec.models import CausalLanguageModeling, GRU4RecEncoder
+    from sessrec.saved.versions import VersionedDirectory
+    from sessrec.tasks import NextItemTask
+
+    vocab = ItemVocab(pa.array(np.arange(100, 130)), np.arange(30, 0, -1))
+    task = NextItemTask(num_items=len(vocab), max_length=8, encoder=GRU4RecEncoder(d_model=8),
+                        objective=CausalLanguageModeling()).eval()
+    task.vocab = vocab
+    model = task.save_pretrained(tmp_path / "model")
+    written = run(["export", "--ckpt_path", str(model), "--format", "torchscript", "--top_k", "null", "--out", str(tmp_path / "ts")])
+    assert Path(written).exists() and Path(written).parent == tmp_path / "ts"
+    assert f"sessrec export: wrote {written}" in capsys.readouterr().out
+
+    store = VersionedDirectory(tmp_path / "versions")
+    for text in ("one", "two"):
+        store.publish(lambda folder, text=text: (folder / "part.txt").write_text(text))
+    config = tmp_path / "rollback.yaml"
+    config.write_text(f"model_dir: {store.root}\n")
+    assert run(["rollback", "--config", str(config)]) == "v000001"

@@ -1,10 +1,12 @@
-"""sessrec's own check of a command's keys: an unknown key is one line naming it and the closest valid one.
+"""sessrec's own check of a command's keys and plain values: one line naming the key, and the closest valid
+key or the type the value should have.
 
 A recipe or a flag is checked against the signatures of the classes and functions it configures
 before jsonargparse parses it: every key of a ``{class_path, init_args}`` block (or of a block
 of a root's default class) must be a parameter of that class, every key below a dataclass setting
-(``optimization.lr``) a field of it. jsonargparse then checks the types; its message for a value
-it refuses names the key and the value and is shown as it is, on one line (`one_line`).
+(``optimization.lr``) a field of it, and a value of a plain type (int, float, bool, a Literal,
+optional or not) must be one. jsonargparse then checks everything else; its message for a value it
+refuses names the key and the value and is shown as it is, on one line (`one_line`).
 
 Examples:
     >>> from sessrec.models import XLNetEncoder
@@ -20,17 +22,19 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import inspect
+import types
 import typing
 from collections.abc import Callable, Mapping
 from importlib import import_module
-from typing import Any
+from typing import Any, Literal
 
 
 class RecipeError(ValueError):
-    """A recipe key or command-line flag that the command refuses, in one line."""
+    """A recipe key, value or command-line flag that the command refuses, in one line."""
 
 
 PARSER_KEYS = ("config", "help", "print_config")  # keys of every jsonargparse parser, of no class
+NO_VALUE = "<no value>"  # a flag given without a value (``--print_config``): its key is checked, not its value
 
 
 def one_line(err: BaseException) -> str:
@@ -65,7 +69,7 @@ def check_arguments(config: Mapping[str, Any], owner: Callable[..., Any], prefix
 def flag_mapping(args: list[str]) -> dict[str, Any]:
     """The ``--key value`` / ``--key=value`` flags of `args` as nested mappings (``--model.encoder.init_args.d_model 16``
     -> ``{"model": {"encoder": {"init_args": {"d_model": "16"}}}}``); values stay text, flags without one
-    (``--help``) map to None. Only the keys are checked from it: jsonargparse reads the values."""
+    (``--print_config``) map to `NO_VALUE`. jsonargparse parses the flags themselves."""
     found: dict[str, Any] = {}
     for i, arg in enumerate(args):
         if not arg.startswith("--") or arg == "--":
@@ -73,7 +77,7 @@ def flag_mapping(args: list[str]) -> dict[str, Any]:
         name, eq, value = arg[2:].partition("=")
         name = name.removesuffix("+")  # --trainer.callbacks+=...: appends to a list
         if not eq:
-            value = args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("--") else None
+            value = args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("--") else NO_VALUE
         *parents, leaf = name.split(".")
         block = found
         for part in parents:
@@ -104,15 +108,36 @@ def refuse_null_below_class(args: list[str], groups: tuple[str, ...]) -> None:
 
 def check_in_order(sources: list[Mapping[str, Any]], roots: Mapping[str, Callable[..., Any] | None]) -> None:
     """`check_keys` of each source (the ``--config`` files, then the flags) in the order jsonargparse
-    reads them: a block without a ``class_path`` configures the class an earlier source chose for its
-    root. (jsonargparse drops the keys of an earlier block that a newly chosen class does not take:
-    each block is checked against the class it was written for.)"""
-    chosen = dict(roots)
+    reads them: a block without a ``class_path`` configures the class that an earlier source chose at
+    its place (``model``, ``model.encoder``), else its root's default. jsonargparse drops the keys of an
+    earlier block that a newly chosen class does not take, so each block is checked against the class
+    it was written for."""
+    classes: dict[tuple[str, ...], str] = {}  # the place of a block (without init_args) -> its class_path so far
     for source in sources:
-        check_keys(source, chosen)
-        for key, block in source.items():
-            if key in chosen and isinstance(block, Mapping) and "class_path" in block:
-                chosen[key] = _importable(str(block["class_path"]))  # None: a short name, left to jsonargparse
+        check_keys(_with_classes(source, classes, ()), roots)
+        _record_classes(source, classes, ())
+
+
+def _with_classes(block: Mapping[str, Any], classes: dict[tuple[str, ...], str], place: tuple[str, ...],
+                  inject: bool = True) -> dict[str, Any]:
+    """`block` with the ``class_path`` of `classes` added to each block of it that names none."""
+    out = {k: _with_classes(v, classes, place if k == "init_args" else (*place, k), k != "init_args")
+           if isinstance(v, Mapping) else v for k, v in block.items()}
+    if inject and place and "class_path" not in out and place in classes:
+        out["class_path"] = classes[place]
+    return out
+
+
+def _record_classes(block: Mapping[str, Any], classes: dict[tuple[str, ...], str], place: tuple[str, ...]) -> None:
+    """Note the ``class_path`` of each block of `block` in `classes`; a class that changes forgets those below it."""
+    if place and "class_path" in block:
+        if classes.get(place) != block["class_path"]:
+            for below in [p for p in classes if p[: len(place)] == place]:
+                del classes[below]
+        classes[place] = str(block["class_path"])
+    for key, value in block.items():
+        if isinstance(value, Mapping):
+            _record_classes(value, classes, place if key == "init_args" else (*place, key))
 
 
 def _check_block(block: Any, owner: Callable[..., Any], key: str, top: bool = False) -> None:
@@ -126,7 +151,7 @@ def _check_block(block: Any, owner: Callable[..., Any], key: str, top: bool = Fa
         owner, init = found, block.get("init_args")
         extra = [k for k in block if k not in ("class_path", "init_args", "dict_kwargs")]
         block, key = ({**(init if isinstance(init, Mapping) else {}), **{k: block[k] for k in extra}},
-                      f"{key}.init_args")
+                      f"{key}.init_args" if isinstance(init, Mapping) else key)  # the key as written
     params = _parameters(owner)
     if params is None:
         return  # takes **kwargs: any key may stand
@@ -148,6 +173,41 @@ def _check_block(block: Any, owner: Callable[..., Any], key: str, top: bool = Fa
             for item in value:
                 if isinstance(item, Mapping) and "class_path" in item:
                     _check_block(item, object, where)
+        elif value is not NO_VALUE:
+            _check_value(where, value, hint)
+
+
+def _check_value(key: str, value: Any, hint: Any) -> None:
+    """Refuse a value that a plain setting's type cannot take: an int, float or bool (or null where the
+    type is optional), one of a Literal's values; other types are left to jsonargparse. A text value
+    (a flag's) is read as jsonargparse reads it (``null``, ``true``, numbers)."""
+    args = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    optional = type(None) in args
+    kinds = [a for a in args if a is not type(None)]
+    if len(kinds) != 1:
+        return
+    kind, text = kinds[0], value.strip() if isinstance(value, str) else None
+    if text == "null" or value is None:
+        ok = optional
+    elif typing.get_origin(kind) is Literal:
+        ok = value in typing.get_args(kind) or text in map(str, typing.get_args(kind))
+    elif kind is bool:
+        ok = isinstance(value, bool) or (text or "").lower() in ("true", "false")
+    elif kind in (int, float):
+        ok = (isinstance(value, (int, float)) and not isinstance(value, bool)) or _number(text, kind)
+    else:
+        return
+    if not ok:
+        name = "one of " + ", ".join(map(repr, typing.get_args(kind))) if typing.get_origin(kind) is Literal else kind.__name__
+        raise RecipeError(f"{key}: expected {name}{' or null' if optional else ''}, got {value!r}")
+
+
+def _number(text: str | None, kind: type) -> bool:
+    try:
+        kind(text) if text is not None else None
+    except ValueError:
+        return False
+    return text is not None
 
 
 def _refuse(key: str, option: str, valid: list[str], owner: Callable[..., Any]) -> typing.NoReturn:

@@ -289,3 +289,15 @@ def test_export_and_rollback_run_from_their_flags(tmp_path, capsys):
     config = tmp_path / "rollback.yaml"
     config.write_text(f"model_dir: {store.root}\n")
     assert run(["rollback", "--config", str(config)]) == "v000001"
+
+
+def test_a_pipeline_recipe_typo_is_one_line_with_the_closest_key(tmp_path, sessrec_main):
+    """Below ``pipeline:``, a block of the one class a setting takes (the data module) is checked against it."""
+    recipe = tmp_path / "pipeline.yaml"
+    recipe.write_text("pipeline:\n  data:\n    max_lenght: 10\n  covisitation: {}\n")
+    got = sessrec_main("fit", "--config", str(recipe))
+    assert got == ("sessrec fit: error: unknown key pipeline.data.max_lenght (SessionDataModule has no option "
+                   "'max_lenght'); did you mean pipeline.data.max_length? (--traceback for details)")
+    recipe.write_text("pipeline:\n  data:\n    max_length: 10\n  covisitation: {}\n")
+    got = sessrec_main("test", "--config", str(recipe), "--pipeline.covisitation_k", "many")
+    assert got == "sessrec test: error: pipeline.covisitation_k: expected int, got 'many' (--traceback for details)"

@@ -53,7 +53,8 @@ def check_keys(config: Mapping[str, Any], roots: Mapping[str, Callable[..., Any]
         prefix: the key path of `config` in the messages (``--`` for flags).
 
     Raises:
-        RecipeError: ``unknown key K (Owner has no option 'o'); did you mean V?``.
+        RecipeError: ``unknown key K (Owner has no option 'o'); did you mean V?``, or
+            ``K: expected int or null, got 'abc'`` (`_check_value`).
     """
     for key, value in config.items():
         if key in roots and roots[key] is not None:
@@ -166,9 +167,9 @@ def _check_block(block: Any, owner: Callable[..., Any], key: str, top: bool = Fa
         if isinstance(value, Mapping) and "class_path" in value:
             _check_block(value, object, where)
         elif isinstance(value, Mapping):
-            fields = next((t for t in (hint, *typing.get_args(hint)) if dataclasses.is_dataclass(t)), None)
-            if fields is not None:
-                _check_block(value, fields, where)
+            kind = _one_kind(hint)[0]
+            if inspect.isclass(kind) and not inspect.isabstract(kind) and typing.get_origin(kind) is None:
+                _check_block(value, kind, where)  # a dataclass setting, or the init args of the one class it takes
         elif isinstance(value, list):
             for item in value:
                 if isinstance(item, Mapping) and "class_path" in item:
@@ -181,12 +182,10 @@ def _check_value(key: str, value: Any, hint: Any) -> None:
     """Refuse a value that a plain setting's type cannot take: an int, float or bool (or null where the
     type is optional), one of a Literal's values; other types are left to jsonargparse. A text value
     (a flag's) is read as jsonargparse reads it (``null``, ``true``, numbers)."""
-    args = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
-    optional = type(None) in args
-    kinds = [a for a in args if a is not type(None)]
-    if len(kinds) != 1:
+    kind, optional = _one_kind(hint)
+    if kind is None:
         return
-    kind, text = kinds[0], value.strip() if isinstance(value, str) else None
+    text = value.strip() if isinstance(value, str) else None
     if text == "null" or value is None:
         ok = optional
     elif typing.get_origin(kind) is Literal:
@@ -200,6 +199,13 @@ def _check_value(key: str, value: Any, hint: Any) -> None:
     if not ok:
         name = "one of " + ", ".join(map(repr, typing.get_args(kind))) if typing.get_origin(kind) is Literal else kind.__name__
         raise RecipeError(f"{key}: expected {name}{' or null' if optional else ''}, got {value!r}")
+
+
+def _one_kind(hint: Any) -> tuple[Any, bool]:
+    """The one type `hint` takes besides None (None when it takes several), and whether it takes None."""
+    args = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    kinds = [a for a in args if a is not type(None)]
+    return (kinds[0] if len(kinds) == 1 else None), type(None) in args
 
 
 def _number(text: str | None, kind: type) -> bool:

@@ -4,8 +4,10 @@ Every command parses with a jsonargparse `ArgumentParser` (the Lightning command
 LightningCLI, which is one): ``--config FILE`` (YAML) and typed flags from the signature of the
 function or class the command runs, with help texts from its docstring (jsonargparse's own reading
 of the ``Args:`` section). Flags are spelt as the parameters are, with underscores
-(``--model_dir``); a flag no parameter takes is refused in one line naming the closest
-(`sessrec.cli.errors`), and a value jsonargparse refuses is its own message on one line.
+(``--model_dir``). Before jsonargparse parses, sessrec checks the keys and plain values of the flags
+and files against the same signatures (`sessrec.cli.errors`): an unknown key is one line naming the
+closest valid one, a value of another type one line naming the key, the type and the value; what
+jsonargparse refuses beyond that is its own message, on one line.
 
 `config_value` reads a key of the ``--config`` files with jsonargparse's loader: which command a
 recipe is for (a pipeline recipe's top-level ``pipeline:``) and which model a lifecycle command
@@ -42,10 +44,14 @@ def function_command(func: Callable[..., Any], prog: str, skip: set[str] | None 
 
 def parse(parser: ArgumentParser, args: list[str], owner: Callable[..., Any] | None = None,
           roots: Mapping[str, Callable[..., Any] | None] | None = None, extra: tuple[str, ...] = ()) -> Namespace:
-    """``parser.parse_args(args)``, after sessrec's own check of the keys of `args` and of its ``--config``
-    files: every top-level key against `owner` (with `extra`, the keys added beside it), the blocks of
-    `roots` against their classes (`sessrec.cli.errors.check_in_order`). A value the parser refuses is
-    `RecipeError` with its message on one line."""
+    """``parser.parse_args(args)``, after sessrec's own check of the keys and plain values of `args` and of
+    its ``--config`` files: every top-level key against `owner` (with `extra`, the keys added beside it),
+    the blocks of `roots` against their classes (`sessrec.cli.errors.check_in_order`).
+
+    Raises:
+        RecipeError: the first key or value refused, in one line; a value the parser refuses beyond
+            those checks, with the parser's message on one line.
+    """
     sources = [*(read_config(path) for path in config_paths(args)), flag_mapping(args)]
     if owner is not None:
         for i, source in enumerate(sources):  # a flag's message names the flag

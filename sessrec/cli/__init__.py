@@ -16,9 +16,9 @@ Options of every command:
     --show-warnings (or SESSREC_SHOW_WARNINGS=1)  third-party notices that are hidden by default: Lightning's
                                                   logger tips, wandb's banner, known deprecation warnings
 
-Only the Lightning commands, the pipeline's ``fit`` and ``retrain`` import the training stack
-(Lightning, jsonargparse's LightningCLI); ``serve``, ``export`` of a model directory, ``recommend``
-and ``rollback`` start without it. A user error is one line on stderr and exit status 1
+Only the Lightning commands, the pipeline commands (a pipeline recipe's data block is the Lightning
+data module) and ``retrain`` import the training stack (Lightning, LightningCLI); ``serve``,
+``export`` of a model directory and ``rollback`` start without it. A user error is one line on stderr and exit status 1
 (``--traceback`` or ``SESSREC_TRACEBACK=1`` for the trace).
 
 Every command parses its flags and ``--config`` files with jsonargparse (`sessrec.cli.parsers`; the

@@ -222,7 +222,8 @@ def run(args: list[str]) -> object:
         return None
     if command in COMMANDS:
         return COMMANDS[command](args[1:])
-    if command in PIPELINE_COMMANDS and _pipeline_recipe(args) or command == "recommend" and {"-h", "--help"} & set(args):
+    asks_help = bool({"-h", "--help"} & set(args))
+    if (command in PIPELINE_COMMANDS and _pipeline_recipe(args)) or (command == "recommend" and asks_help):
         return pipeline_cli(args)
     if command == "recommend":
         raise ValueError("--config must name a pipeline recipe (a top-level 'pipeline:' block)")

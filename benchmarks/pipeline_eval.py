@@ -72,10 +72,11 @@ from typing import Any
 import torch
 import yaml
 
+from sessrec.cli.parsers import load_recipe
 from sessrec.pipeline import RequestSessions
 from sessrec.pipeline.candidate_features import CandidateFeatures, group_of
 from sessrec.pipeline.pipeline import Pipeline
-from sessrec.pipeline.recipe import ModelRetrieval, PipelineRecipe, load_recipe
+from sessrec.pipeline.recipe import ModelRetrieval, PipelineRecipe
 from sessrec.pipeline.scoring import BlendScorer, DLRMScorer, GBDTScorer, Scorer
 from sessrec.pipeline.training import (
     RankerData,

@@ -176,26 +176,32 @@ def test_the_serving_path_imports_no_training_stack(tmp_path):
 
 @pytest.mark.slow
 def test_the_serving_commands_start_without_the_training_stack():
-    """``sessrec --help``, ``serve``'s and ``rollback``'s flags parse without Lightning or jsonargparse."""
+    """``sessrec --help``, ``serve``'s and ``rollback``'s flags parse (jsonargparse, `sessrec.cli.parsers`)
+    without Lightning or the training tasks."""
     code = (
         "import sys\n"
-        "from sessrec.cli import function_parser, run\n"
+        "from sessrec.cli import run\n"
+        "from sessrec.cli.parsers import function_command, parse\n"
         "from sessrec.deploy.server import serve\n"
         "run(['--help'])\n"
-        "cfg = function_parser(serve, 'sessrec serve').parse_args(['--model-dir', 'd', '--port', '9', '--access_log', 'false'])\n"
+        "cfg = parse(function_command(serve, 'sessrec serve'), ['--model_dir', 'd', '--port', '9', '--access_log', 'false'], owner=serve)\n"
         "print(cfg.model_dir, cfg.port, cfg.access_log, cfg.max_batch_size)\n"
-        "print(sorted({m.split('.')[0] for m in sys.modules} & {'pytorch_lightning', 'lightning', 'lightning_fabric', 'jsonargparse'}))\n"
+        "try:\n"
+        "    run(['rollback', '--model_dir', 'nowhere'])\n"
+        "except FileNotFoundError as err:\n"
+        "    print(err)\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'pytorch_lightning', 'lightning', 'lightning_fabric'}))\n"
+        "print(sorted(m for m in sys.modules if m.startswith('sessrec.tasks')))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
     assert out[0] == "usage:" and any("sessrec rollback" in line for line in out)
-    assert out[-2] == "d 9 False 64"
-    assert out[-1] == "[]"
+    assert out[-4:] == ["d 9 False 64", "nowhere: no such model directory", "[]", "[]"]
 
 
 def test_serve_refuses_a_port_outside_tcp(monkeypatch, capsys):
     from sessrec.cli import main
 
-    monkeypatch.setattr(sys, "argv", ["sessrec", "serve", "--model-dir", "nowhere", "--port", "80000"])
+    monkeypatch.setattr(sys, "argv", ["sessrec", "serve", "--model_dir", "nowhere", "--port", "80000"])
     with pytest.raises(SystemExit) as exit_:
         main()
     assert "--port 80000 is not a TCP port" in str(exit_.value)
@@ -216,7 +222,7 @@ def test_a_command_whose_extra_is_missing_says_which_extra(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", without_prometheus)
     for module in [m for m in sys.modules if m.startswith(("sessrec.deploy.server", "sessrec.deploy.request_metrics", "prometheus_client"))]:
         monkeypatch.delitem(sys.modules, module)
-    monkeypatch.setattr(sys, "argv", ["sessrec", "serve", "--model-dir", "nowhere"])
+    monkeypatch.setattr(sys, "argv", ["sessrec", "serve", "--model_dir", "nowhere"])
     with pytest.raises(SystemExit) as exit_:
         main()
     message = str(exit_.value)

@@ -334,16 +334,14 @@ def test_retrain_refuses_a_metric_it_cannot_compare_pair_by_pair_and_a_directory
 
 @pytest.mark.parametrize("recipe,turn", [("retrain_rsc15.yaml", "retrain"), ("retrain_dlrm_trivago.yaml", "retrain_dlrm")])
 def test_the_retraining_recipes_parse_into_a_turn_with_its_gate(recipe, turn):
-    from jsonargparse import ActionConfigFile, ArgumentParser
-
     import sessrec.deploy.retrain as module
+    from sessrec.cli.parsers import function_command, parse
 
-    parser = ArgumentParser()
-    parser.add_argument("--config", action=ActionConfigFile)
-    parser.add_function_arguments(getattr(module, turn))
+    parser = function_command(getattr(module, turn), "sessrec retrain")
     window = ["--end", "2018-11-08T06:00"] if turn == "retrain_dlrm" else [
         "--train_from", "2014-04-02", "--train_until", "2014-04-05", "--test_until", "2014-04-06"]
-    kwargs = parser.instantiate(parser.parse_args(["--config", str(ROOT / "recipes" / recipe), *window, "--out", "x"]))
+    args = ["--config", str(ROOT / "recipes" / recipe), *window, "--out", "x"]
+    kwargs = parser.instantiate(parse(parser, args, owner=getattr(module, turn)))
     gate = kwargs.as_dict()["gate"]
     assert isinstance(gate, Gate) and (gate.tolerance, gate.confidence, gate.min_pairs) == (0.005, 0.95, 1000)
     assert gate.metric == ("mrr" if turn == "retrain_dlrm" else "recall@20")

@@ -483,15 +483,15 @@ def test_cli_fit_test_recommend(
     assert all(0.0 <= v <= 1.0 for v in metrics.values()) and metrics["mrr@20"] <= metrics["recall@20"]
     src, out = tmp_path / "sessions.parquet", tmp_path / "recs.parquet"
     ids = write_requests(world, src)
-    sessrec(monkeypatch, "recommend", "--config", recipe, "--input", src, "--output", out, "--k", "5")
+    sessrec(monkeypatch, "recommend", "--config", recipe, "--input_path", src, "--output", out, "--k", "5")
     recs = pq.read_table(out)
     assert recs.column("session_id").to_pylist() == ids
     assert all(len(items) == 5 for items in recs.column("item_ids").to_pylist())
     at = tmp_path / "at.parquet"  # a request time for every session (no rule table here: the same lists)
-    sessrec(monkeypatch, "recommend", "--config", recipe, "--input", src, "--output", at, "--k", "5", "--now", "1700000000")
+    sessrec(monkeypatch, "recommend", "--config", recipe, "--input_path", src, "--output", at, "--k", "5", "--now", "1700000000")
     assert pq.read_table(at).equals(recs)
     with pytest.raises(SystemExit) as exit:
-        sessrec(monkeypatch, "recommend", "--config", recipe, "--input", src, "--output", tmp_path / "ms.parquet",
+        sessrec(monkeypatch, "recommend", "--config", recipe, "--input_path", src, "--output", tmp_path / "ms.parquet",
                 "--now", "1700000000000")
     assert str(exit.value.code).startswith("sessrec recommend: error: now 1700000000000 is not a time in seconds since")
 
@@ -668,7 +668,7 @@ def test_recipes_own_their_estimators(world: World, tmp_path: Path) -> None:
 
 
 def test_recipe_files_leave_estimators_to_the_defaults_and_still_show_them(world: World, tmp_path: Path) -> None:
-    from sessrec.pipeline.recipe import load_recipe, recipe_parser
+    from sessrec.cli.parsers import load_recipe, recipe_parser
 
     recipe, _ = write_recipe(world, tmp_path)  # sets the scorer, leaves features and ordering to the defaults
     a, b = load_recipe(recipe), load_recipe(recipe)

@@ -407,7 +407,7 @@ def test_pipeline_recipe_parses_and_shares_its_models_vocabulary(recipe, monkeyp
     Running it needs the stage-1 checkpoints (``sessrec fit`` on each model's recipe): tests/test_pipeline.py
     runs the same code on a tiny pipeline; benchmarks/pipeline_eval.py runs these recipes.
     """
-    from sessrec.pipeline.recipe import load_recipe
+    from sessrec.cli.parsers import load_recipe
 
     monkeypatch.chdir(ROOT)
     spec = load(recipe)["pipeline"]

@@ -291,14 +291,14 @@ def test_sessrec_rollback_on_the_command_line(tmp_path, capsys):
     store = VersionedDirectory(tmp_path / "m")
     for text in ("one", "two"):
         store.publish(write_file(text))
-    assert run(["rollback", "--model-dir", str(store.root)]) == "v000001" and read_part(store.root) == "one"
+    assert run(["rollback", "--model_dir", str(store.root)]) == "v000001" and read_part(store.root) == "one"
     assert "v000001 is current (was v000002)" in capsys.readouterr().out
     with pytest.raises(FileNotFoundError, match="no such model directory"):
-        run(["rollback", "--model-dir", str(tmp_path / "none")])
+        run(["rollback", "--model_dir", str(tmp_path / "none")])
     assert not (tmp_path / "none").exists()
     write_directory(tmp_path / "plain", write_file("once"))
     with pytest.raises(ValueError, match="holds one model and no versions"):
-        run(["rollback", "--model-dir", str(tmp_path / "plain")])
+        run(["rollback", "--model_dir", str(tmp_path / "plain")])
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ four-stage pipeline instead of a Lightning task:
 
     sessrec fit       --config recipes/pipeline_rsc15.yaml      # ranker on the validation sessions
     sessrec test      --config recipes/pipeline_rsc15.yaml      # end-to-end test metrics
-    sessrec recommend --config recipes/pipeline_rsc15.yaml --input sessions.parquet --output recs.parquet
+    sessrec recommend --config recipes/pipeline_rsc15.yaml --input_path sessions.parquet --output recs.parquet
 
 Data-derived values (catalogue size, sequence length, virtual items, side-feature sizes) are
 linked from the data module into the model, never typed twice. With ``--ckpt_path``, the
@@ -62,8 +62,8 @@ from jsonargparse import Namespace
 from pytorch_lightning.callbacks import ProgressBar
 from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 
-from sessrec.cli.config_files import config_paths, recipe_mapping
-from sessrec.cli.errors import RecipeError, explain_parse_error
+from sessrec.cli.errors import RecipeError, check_in_order, flag_mapping, one_line, refuse_null_below_class
+from sessrec.cli.parsers import config_paths, read_config
 from sessrec.saved.checkpoint import checkpoint_summary, data_state
 from sessrec.tasks import LastCheckpoint, TopKWriter, VocabularyCheckpoint
 from sessrec.tasks.callbacks import MetricHistory, PredictProgress, find_features, find_vocab
@@ -88,17 +88,17 @@ class SessrecCLI(LightningCLI):
     _resumed: tuple[Path, int] | None = None  # the run folder a `fit --ckpt_path` continues, and its step
 
     def parse_arguments(self, parser: LightningArgumentParser, args: object) -> None:
-        """Refuse a renamed setting in one line, then parse (LightningCLI's); a key or value the parser
-        refuses is one line naming the key and the closest valid one (`explain_parse_error`)."""
+        """Refuse a renamed setting in one line and an unknown key of the model, data or trainer in one
+        line naming the closest valid one (`check_recipe_keys`), then parse (LightningCLI's); a value the
+        parser refuses is its message on one line."""
         if args is None or isinstance(args, (list, tuple)):
             self._args = list(sys.argv[1:] if args is None else args)
             refuse_renamed(self._args)
+            check_recipe_keys(self._args)
         try:
             super().parse_arguments(parser, args)
         except ArgumentError as err:  # jsonargparse's tree of every type it tried: one line of it
-            sub = next((a for a in self._args or () if a in self._subcommand_parsers), None)
-            keys = [o for a in self._subcommand_parsers[sub]._actions for o in a.option_strings] if sub else []
-            raise RecipeError(explain_parse_error(str(err), keys)) from err
+            raise RecipeError(one_line(err)) from err
 
     def _parse_ckpt_path(self) -> None:
         """LightningCLI's hook that puts a checkpoint's hyper-parameters over the model's config.
@@ -332,6 +332,16 @@ def cli(args: list[str] | None = None) -> SessrecCLI:
     )
 
 
+def check_recipe_keys(args: list[str]) -> None:
+    """Refuse the first key of the ``--config`` files and flags that the task, the data module or the
+    Trainer does not take (`sessrec.cli.errors.check_in_order`; `NextItemTask` and `SessionDataModule` where a
+    block names no class), and a null that a dotted flag would lose (`refuse_null_below_class`)."""
+    task, data = import_module("sessrec.tasks").NextItemTask, import_module("sessrec.tasks").SessionDataModule
+    roots = {"model": task, "data": data, "trainer": pl.Trainer}
+    check_in_order([*(read_config(path) for path in config_paths(args)), flag_mapping(args)], roots)
+    refuse_null_below_class(args, ("model", "data"))
+
+
 def refuse_renamed(args: list[str]) -> None:
     """One line for a renamed model setting (``--model.top_k`` -> ``--model.evaluation.top_k``), on the
     command line or in a ``--config`` file, before jsonargparse reports an unknown option."""
@@ -346,7 +356,7 @@ def refuse_renamed(args: list[str]) -> None:
         if new is not None:
             raise ValueError(f"--{key} was renamed: use --model.{new}")
     for path in config_paths(args):
-        model = recipe_mapping(path).get("model")
+        model = read_config(path).get("model")
         if not isinstance(model, dict):
             continue
         inner = model.get("init_args")
@@ -365,7 +375,7 @@ def _task_path(args: list[str]) -> str:
         name, eq, value = arg.partition("=")
         value = value if eq else (args[i + 1] if i + 1 < len(args) else "")
         if name == "--config":
-            model = recipe_mapping(Path(value)).get("model")
+            model = read_config(Path(value)).get("model")
             given = model.get("class_path") if isinstance(model, dict) else None
             found = str(given) if given else found
         elif name == "--model.class_path" and value:

@@ -5,15 +5,16 @@ arguments below (checked by jsonargparse before anything runs):
 
     sessrec fit       --config recipes/pipeline_rsc15.yaml    # fits kNN/co-visitation and the ranker, saves
     sessrec test      --config recipes/pipeline_rsc15.yaml    # loads the saved pipeline, test-split metrics
-    sessrec recommend --config recipes/pipeline_rsc15.yaml --input sessions.parquet --output recs.parquet
+    sessrec recommend --config recipes/pipeline_rsc15.yaml --input_path sessions.parquet --output recs.parquet
 
 The data block is a `SessionDataModule` like the stage-1 recipes' (the same source and
 vocabulary settings, so that every stage shares one vocabulary; this is checked against each
 model's ``vocab.parquet``). Training sessions fit the kNN and co-visitation retrievers, the
 validation pairs fit the ranker, the test pairs are scored by ``test`` only.
 
-A fit-time module: `sessrec.pipeline` imports it on first use of `PipelineRecipe` or
-`load_recipe` (it loads the Lightning data module), and jsonargparse is imported by `recipe_parser`.
+A fit-time module: `sessrec.pipeline` imports it on first use of `PipelineRecipe` (it loads the
+Lightning data module). A recipe file is read by the command line's parser of it
+(`sessrec.cli.parsers.recipe_parser`, `load_recipe`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import copy
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import numpy as np
 
@@ -43,9 +44,6 @@ from sessrec.pipeline.retrieval.session_model import SessionModelRetriever
 from sessrec.pipeline.scoring import BlendScorer, DLRMScorer, GBDTScorer
 from sessrec.pipeline.training import evaluate_pipeline, fit_ranker
 from sessrec.tasks.session_data import SessionDataModule
-
-if TYPE_CHECKING:
-    from jsonargparse import ArgumentParser
 
 
 @dataclass
@@ -231,22 +229,6 @@ class PipelineRecipe:
             metrics = evaluate_pipeline(pipe, self.data.pairs("test"), self.ks, self.batch_size)
         print("[test] " + " ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
         return metrics
-
-
-def recipe_parser(prog: str = "sessrec") -> ArgumentParser:
-    """The parser of a pipeline recipe: ``--config`` and the ``pipeline.*`` arguments, typed."""
-    from jsonargparse import ActionConfigFile, ArgumentParser
-
-    parser = ArgumentParser(prog=prog, exit_on_error=False)
-    parser.add_argument("--config", action=ActionConfigFile, help="a pipeline recipe (YAML)")
-    parser.add_class_arguments(PipelineRecipe, "pipeline", instantiate=True)
-    return parser
-
-
-def load_recipe(path: str | Path, overrides: list[str] | None = None) -> PipelineRecipe:
-    """A `PipelineRecipe` from a recipe file, with ``--pipeline.<key> value`` overrides."""
-    parser = recipe_parser()
-    return parser.instantiate(parser.parse_args(["--config", str(path), *(overrides or [])])).pipeline
 
 
 def index_sessions(dm: SessionDataModule, splits: tuple[str, ...] = ("train",)) -> np.ndarray:

@@ -1,12 +1,12 @@
 """``sessrec`` command line.
 
     sessrec fit --config <recipe> ...                            train a task recipe, or fit a pipeline recipe's ranker
-    sessrec validate --config <task recipe> --ckpt_path C        validation metrics of a trained checkpoint
-    sessrec test --config <recipe> [--ckpt_path C]               test metrics of a checkpoint, or of a pipeline end to end
-    sessrec predict --config <task recipe> --ckpt_path C ...     top-k items for sessions of --data.predict_path (parquet)
+    sessrec validate --config <data recipe> --model_dir M        validation metrics of a trained model (runs/<name>/model)
+    sessrec test --config <recipe> [--model_dir M]               test metrics of a trained model, or of a pipeline end to end
+    sessrec predict --config <data recipe> --model_dir M ...     top-k items for sessions of --data.predict_path (parquet)
     sessrec recommend --config <pipeline recipe> --input F ...   a pipeline's top-k for a file of sessions (--output)
     sessrec serve --model-dir D                                  HTTP recommendations (`sessrec.deploy.server`)
-    sessrec export --ckpt_path <ckpt|model dir> --format ...     ONNX, TorchScript or a Triton repository
+    sessrec export --model_dir M --format ...                    ONNX, TorchScript or a Triton repository
     sessrec retrain --config <retrain recipe> ...                one warm-start turn with its quality gate
     sessrec rollback --model-dir D [--to VERSION]                an earlier version of D current again
 
@@ -85,6 +85,7 @@ def pipeline_cli(args: list[str]) -> object:
         parser.add_argument("--now", type=float | None, default=None,
                             help="seconds since the epoch at which allow/deny windows hold, for every session "
                                  "(default: each session's last event with a time column, else the time the run starts)")
+    refuse_checkpoint_models(_config_paths(rest))
     cfg = parse_args(parser, rest)
     recipe = parser.instantiate(cfg).pipeline
     if command == "fit":
@@ -95,6 +96,19 @@ def pipeline_cli(args: list[str]) -> object:
         recipe.output, cfg.input, cfg.output, k=cfg.k, batch_size=cfg.batch_size,
         schema=recipe.data.predict_schema, overwrite=cfg.overwrite, now=cfg.now,
     )
+
+
+def refuse_checkpoint_models(paths: list[Path]) -> None:
+    """One line for a pipeline recipe whose session model is named by its training recipe and checkpoint."""
+    for path in paths:
+        pipeline = _recipe(path).get("pipeline")
+        models = pipeline.get("models") if isinstance(pipeline, dict) else None
+        for name, spec in (models.items() if isinstance(models, dict) else ()):
+            if isinstance(spec, dict) and spec.keys() & {"recipe", "checkpoint"}:
+                raise ValueError(
+                    f"{path}: pipeline.models.{name}: a pipeline takes the model directory that sessrec fit writes, "
+                    "not a recipe and a checkpoint: model_dir: runs/<name>/model"
+                )
 
 
 def _recipe_error(err: BaseException) -> BaseException:
@@ -161,9 +175,9 @@ def serve_cli(args: list[str]) -> None:
 
 
 def export_cli(args: list[str]) -> object:
-    """``sessrec export --ckpt_path <ckpt|model dir> --format {onnx,torchscript,triton} --out <dir>``."""
+    """``sessrec export --model_dir runs/<name>/model --format {onnx,torchscript,triton} --out <dir>``."""
     parser = argparse.ArgumentParser(prog="sessrec export", description="export a session model or DLRM for serving")
-    parser.add_argument("--ckpt_path", type=str, required=True, help="a checkpoint of sessrec fit, or a model directory")
+    parser.add_argument("--model_dir", type=str, required=True, help="the model directory that sessrec fit writes (runs/<name>/model)")
     parser.add_argument("--format", choices=["onnx", "torchscript", "triton"], default="onnx",
                         help="onnx / torchscript: one model file; triton: a Triton model repository (ONNX backend)")
     parser.add_argument("--out", type=str, required=True, help="output directory")
@@ -172,14 +186,15 @@ def export_cli(args: list[str]) -> object:
     parser.add_argument("--name", type=str, default="sessrec", help="the model's name in a Triton repository")
     parser.add_argument("--max_batch_size", type=int, default=64, help="Triton's dynamic batching: largest batch")
     cfg = parser.parse_args(args)
-    from sessrec.deploy.export import export_checkpoint, load_model
+    from sessrec.deploy.export import export_model_dir
 
     if cfg.format == "triton":
+        from sessrec.artifacts import load_artifact
         from sessrec.deploy.triton import triton_repository
 
-        written = triton_repository(load_model(cfg.ckpt_path), cfg.out, cfg.name, cfg.max_batch_size, top_k=cfg.top_k)
+        written = triton_repository(load_artifact(cfg.model_dir), cfg.out, cfg.name, cfg.max_batch_size, top_k=cfg.top_k)
     else:
-        written = export_checkpoint(cfg.ckpt_path, cfg.out, cfg.format, top_k=cfg.top_k)
+        written = export_model_dir(cfg.model_dir, cfg.out, cfg.format, top_k=cfg.top_k)
     print(f"sessrec export: wrote {written} (checked against PyTorch on a batch of another size and length)")
     return written
 
@@ -276,6 +291,9 @@ def run(args: list[str]) -> object:
         return pipeline_cli(args)
     if command == "recommend":
         raise ValueError("--config must name a pipeline recipe (a top-level 'pipeline:' block)")
+    if command in ("validate", "test", "predict") and any(a.partition("=")[0] == "--ckpt_path" for a in args):
+        raise ValueError(f"sessrec {command} takes the model directory that sessrec fit writes: --model_dir "
+                         "runs/<name>/model (checkpoints only resume fit)")
     for i, arg in enumerate(args[:-1]):
         if arg == "--ckpt_path":  # a one-line error for an unreadable file, before LightningCLI reads its config
             data_state(args[i + 1])  # (and the data module's state, read once here for every later use)

@@ -1,37 +1,37 @@
 """`EnsembleTask`: evaluate or score several trained session models as one (`SessionEnsemble`).
 
 Nothing is trained here: the members are trained with ``sessrec fit`` (one run each, e.g. the
-same recipe with other seeds), and a recipe names their checkpoints or model directories. Then
+same recipe with other seeds), and a recipe names their model directories (``runs/<name>/model``,
+which ``sessrec fit`` writes). Then
 ``sessrec validate`` / ``sessrec test`` rank every evaluation prefix over the full catalogue by
 the weighted mean of the members' log-probabilities, with the same metrics and ``[val]`` /
 ``[test]`` lines as `NextItemTask`, and ``sessrec predict`` writes top-K recommendations:
 
     sessrec test --config recipes/seq_s3rec_beauty_ensemble.yaml
 
-Members are loaded without running code from their files (a checkpoint with
-``torch.load(weights_only=True)``, registered classes only) and refused, one line naming the file,
-when they are not trained session models, read side features, score another catalogue than each
-other or than the data module's vocabulary (compared by content), or read a longer window than the
-data module gives them. Shape letters: B batch, V items.
+Members are loaded without running code from their files (`SessionRecommender.from_pretrained`:
+registered classes only) and refused, one line naming the directory, when they are not model
+directories of session models, read side features, score another catalogue than each other or
+than the data module's vocabulary (compared by content), or read a longer window than the data
+module gives them. Shape letters: B batch, V items.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from sessrec.artifacts.session_recommender import SessionRecommender
 from sessrec.data.batch import SessionBatch
 from sessrec.data.vocab import ItemVocab
 from sessrec.metrics import TopKMetrics
 from sessrec.models.ensemble import SessionEnsemble
-from sessrec.models.pretrained import load_pretrained
-from sessrec.models.session_model import SessionModel
 from sessrec.saved.registry import config_of, register
 from sessrec.tasks.next_item import NextItemTask, exclude_seen
-from sessrec.tasks.pretrained import load_checkpoint
 from sessrec.tasks.scoring_only import ScoringOnlyTask
 from sessrec.tasks.settings import Evaluation
 
@@ -41,8 +41,8 @@ class EnsembleTask(ScoringOnlyTask):
     """Evaluate or score a `SessionEnsemble` of trained session models.
 
     Args:
-        members: checkpoints of ``sessrec fit`` (``.ckpt``) or model directories of trained
-            `NextItemTask` models, at least one.
+        members: model directories of trained session models (``runs/<name>/model``, which
+            ``sessrec fit`` writes), at least one.
         weights: one positive weight per member; None: equal weights.
         num_items: score vector size; linked from the data module (``data.num_items``), checked
             against the members'.
@@ -54,8 +54,6 @@ class EnsembleTask(ScoringOnlyTask):
             masks, which agree as their vocabularies do).
     """
 
-    EVALUATION_SETTINGS = ("evaluation",)
-    TRAINING_SETTINGS = ()
 
     def __init__(
         self,
@@ -72,6 +70,7 @@ class EnsembleTask(ScoringOnlyTask):
         self.hparams.update(evaluation=config_of(evaluation))
         self.metrics = nn.ModuleDict({stage: TopKMetrics(evaluation.ks) for stage in ("val", "test")})
         self._ensemble: SessionEnsemble | None = None
+        self._vocabs: list[ItemVocab] = []  # the members' vocabularies, checked against the data module's at setup
 
     evaluation = NextItemTask.evaluation
 
@@ -81,16 +80,20 @@ class EnsembleTask(ScoringOnlyTask):
         this task would hand them its hyper-parameters)."""
         if self._ensemble is None:
             members, num_items, max_length = self.hparams.members, self.hparams.num_items, self.hparams.max_length
-            networks = [load_member(path) for path in members]
-            ensemble = SessionEnsemble(networks, self.hparams.weights, names=[str(p) for p in members])
-            for path, network in zip(members, networks):
+            loaded = [load_member(path) for path in members]
+            check_same_vocabulary(loaded, [str(p) for p in members])
+            ensemble = SessionEnsemble([r.model for r in loaded], self.hparams.weights, names=[str(p) for p in members],
+                                       objectives=[r.objective for r in loaded])
+            self._vocabs = [r.vocab for r in loaded]
+            for path, member in zip(members, loaded):
+                network = member.model
                 if num_items and network.num_items != num_items:
                     raise ValueError(
                         f"{path}: scores {network.num_items} items where the data module's vocabulary has {num_items}: "
                         "the member was trained on other data"
                     )
-                window = getattr(getattr(network, "inference", None), "max_length", None)
-                if max_length and window is not None and window > max_length:
+                window = member.inference.max_length
+                if max_length and window > max_length:
                     raise ValueError(
                         f"{path}: reads the latest {window} items of a session where --data.max_length gives {max_length}: "
                         f"set --data.max_length {window} (or more) so that every member sees what it was trained on"
@@ -117,8 +120,8 @@ class EnsembleTask(ScoringOnlyTask):
         if vocab is None:
             raise ValueError("EnsembleTask scores the sessions of a SessionDataModule; pass datamodule=")
         found = vocab.fingerprint()
-        for name, member in zip(self.ensemble.names, self.ensemble.members):
-            check_vocabulary(name, member, vocab, found)
+        for name, held in zip(self.ensemble.names, self._vocabs):
+            check_vocabulary(name, held, vocab, found)
 
     def forward(self, batch: SessionBatch) -> torch.Tensor:
         """(B, V) ensemble scores of the batch's prefixes (its targets are never read)."""
@@ -126,12 +129,9 @@ class EnsembleTask(ScoringOnlyTask):
         return exclude_seen(scores, batch.items) if self.evaluation.exclude_seen else scores
 
 
-def check_vocabulary(name: str, member: SessionModel, vocab: ItemVocab, found: str) -> None:
-    """Refuse a loaded member (or teacher) trained on another vocabulary than the data module's `vocab`,
-    whose fingerprint is `found` (compared by content: the same ids must be the same items)."""
-    held = getattr(member, "vocab", None)
-    if held is None:
-        raise ValueError(f"{name}: holds no vocabulary, so its ids cannot be checked against the data's")
+def check_vocabulary(name: str, held: ItemVocab, vocab: ItemVocab, found: str) -> None:
+    """Refuse a member (or teacher) whose vocabulary `held` is not the data module's `vocab`, whose
+    fingerprint is `found` (compared by content: the same ids must be the same items)."""
     if held.fingerprint() != found:
         raise ValueError(
             f"{name}: was trained on another vocabulary than the data module's ({len(held)} against {len(vocab)} "
@@ -139,20 +139,27 @@ def check_vocabulary(name: str, member: SessionModel, vocab: ItemVocab, found: s
         )
 
 
-def load_member(path: str | os.PathLike) -> SessionModel:
-    """The trained network of a ``sessrec fit`` checkpoint or a model directory, with its objective,
-    vocabulary and inference settings attached; anything else is refused in one line naming `path`."""
-    where = Path(path)
-    if not where.exists():
-        raise FileNotFoundError(f"{path}: no such checkpoint or model directory (ensemble member)")
-    if where.is_dir():
-        network = load_pretrained(where)
-    else:
-        task = load_checkpoint(where)
-        if not isinstance(task, NextItemTask):
-            raise ValueError(f"{path}: holds a {type(task).__name__}, not a trained session model (NextItemTask)")
-        network = task.network()
-    if not isinstance(network, SessionModel):
-        raise TypeError(f"{path}: holds a {type(network).__name__}, not a session model")
-    return network.eval()
+def check_same_vocabulary(members: Sequence[SessionRecommender], names: Sequence[str]) -> None:
+    """Refuse members trained on different vocabularies (compared by content), naming the first that differs."""
+    first = members[0].vocab.fingerprint()
+    for name, member in zip(names[1:], members[1:]):
+        found = member.vocab.fingerprint()
+        if found != first:
+            raise ValueError(
+                f"{name}: was trained on another vocabulary than {names[0]} (fingerprint {found[:19]}... against "
+                f"{first[:19]}...): the same id would be different items"
+            )
 
+
+def load_member(path: str | os.PathLike) -> SessionRecommender:
+    """The trained session model of a model directory (``runs/<name>/model``); a checkpoint file or
+    anything else is refused in one line naming `path`."""
+    where = Path(path)
+    if where.is_file():
+        raise ValueError(
+            f"{path}: a file, where an ensemble member or teacher is the model directory that sessrec fit writes "
+            "(runs/<name>/model); checkpoints only resume fit"
+        )
+    if not where.exists():
+        raise FileNotFoundError(f"{path}: no such model directory (sessrec fit writes runs/<name>/model)")
+    return SessionRecommender.from_pretrained(where)

@@ -162,9 +162,9 @@ class SessionRecommender:
         """
         folder, config = read_model_directory(directory)
         source = str(folder / CONFIG)
-        model = instantiate(config.get("model"), expected=SessionModel, source=source, key="model")
         if "objective" not in config:
-            raise ConfigError(source, "objective", "the section is missing: this directory holds no session model")
+            raise ConfigError(source, "model", "this directory holds a click ranker: load it with ClickRanker.from_pretrained")
+        model = instantiate(config.get("model"), expected=SessionModel, source=source, key="model")
         objective = instantiate(config["objective"], expected=Objective, source=source, key="objective")
         try:
             objective.bind(model)

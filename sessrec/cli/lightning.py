@@ -24,10 +24,18 @@ linked from the data module into the model, never typed twice.
 (`sessrec.artifacts`: a `SessionRecommender` or a `ClickRanker`). ``validate``, ``test`` and
 ``predict`` of a trained model take that directory (``--model_dir``) with the data recipe
 (``--config``): the data module reads the directory's vocabulary and side-feature transforms, and
-the model is the directory's, evaluated with the given evaluation settings
-(``--model.evaluation.*``; a DLRM's ``--model.compile``), else its saved inference settings
-(top_k, exclude_seen). The recipe's other model settings are not read. A checkpoint resumes
-``fit`` (``--ckpt_path``) and nothing else.
+the model is the directory's, by one rule (`sessrec.tasks.restore`), where "given" means
+set by a recipe or on the command line:
+
+- the evaluation settings (``--model.evaluation.top_k|ks|exclude_seen``; a DLRM's
+  ``--model.evaluation.ks`` and ``--model.compile``) are the given ones, else the model's (its
+  saved inference settings: top_k, exclude_seen);
+- the training settings (loss, ``--model.optimization.*``, ``--model.schedule.*``, seeds) are not read;
+- every other model setting fixes the network: a given value that differs from the model's is
+  refused with one line naming the key and both values, as is a ``--data.max_length`` other than
+  the model's. The recipe a model was trained with always passes.
+
+A checkpoint resumes ``fit`` (``--ckpt_path``) and nothing else.
 
 A renamed setting (``--model.top_k``, ``--model.lr`` ...: `sessrec.tasks.settings.SEPARATE`), on
 the command line or in a recipe, is refused with one line naming the key that replaces it.
@@ -55,18 +63,19 @@ from jsonargparse import Namespace
 from pytorch_lightning.callbacks import ProgressBar
 from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 
-from sessrec.artifacts import ClickRanker, SessionRecommender
+from sessrec.artifacts import ClickRanker, SessionRecommender, load_artifact
 from sessrec.artifacts.model_directory import FEATURES, VOCAB, read_model_directory
 from sessrec.cli import _config_paths, _recipe
 from sessrec.cli.errors import RecipeError, explain_parse_error
 from sessrec.saved.checkpoint import checkpoint_summary
 from sessrec.tasks import DLRMTask, LastCheckpoint, NextItemTask, TopKWriter
 from sessrec.tasks.callbacks import MetricHistory, PredictProgress
-from sessrec.tasks.pretrained import best_of_run
-from sessrec.tasks.restore import renamed, task_class
-from sessrec.tasks.settings import Evaluation
+from sessrec.tasks.pretrained import best_of_run, plain_hparams
+from sessrec.tasks.restore import merge_with_model, renamed, task_class
 
 EVALUATING = ("validate", "test", "predict")  # subcommands that evaluate or run a trained model
+# the task settings linked from the data module: the model directory's vocabulary and transforms give them
+FROM_DATA = ("num_items", "num_virtual", "side_features", "max_length", "cardinalities", "num_dense")
 
 
 class SessrecCLI(LightningCLI):
@@ -74,6 +83,8 @@ class SessrecCLI(LightningCLI):
     _history: MetricHistory | None = None  # the metrics of every validation of `fit`
     _resumed: tuple[Path, int] | None = None  # the run folder a `fit --ckpt_path` continues, and its step
     _model_dir: Path | None = None  # the model directory evaluated (its current version)
+    _artifact: SessionRecommender | ClickRanker | None = None  # what it holds
+    _settings: dict | None = None  # the evaluation settings it is evaluated with
 
     def parse_arguments(self, parser: LightningArgumentParser, args: object) -> None:
         """Refuse a renamed setting in one line, then parse (LightningCLI's); a key or value the parser
@@ -90,17 +101,40 @@ class SessrecCLI(LightningCLI):
 
     def _parse_ckpt_path(self) -> None:
         """LightningCLI's hook that puts a checkpoint's hyper-parameters over the model's config: ``fit``
-        resumes with it; ``validate``, ``test`` and ``predict`` refuse a checkpoint in one line naming
-        the model directory they take."""
+        resumes with it. ``validate``, ``test`` and ``predict`` refuse a checkpoint in one line naming
+        the model directory they take, and with ``--model_dir`` put the settings of the directory's
+        model over the config by the rule of the module docstring (`merge_with_model`)."""
         sub = self.config.get("subcommand")
         if sub not in EVALUATING:
             super()._parse_ckpt_path()
             return
-        if self.config[sub].get("ckpt_path"):
+        cfg = self.config[sub]
+        if cfg.get("ckpt_path"):
             raise ValueError(
                 f"sessrec {sub} takes the model directory that sessrec fit writes: --model_dir runs/<name>/model "
                 "(checkpoints only resume fit)"
             )
+        if not cfg.get("model_dir"):
+            return
+        folder, _ = read_model_directory(cfg.model_dir)  # its format, version and parts checked before anything is built
+        artifact = load_artifact(folder)
+        task = NextItemTask if isinstance(artifact, SessionRecommender) else DLRMTask
+        named = str(cfg.model.class_path)
+        if task_class(named) is not task:
+            raise ValueError(
+                f"--model.class_path {named} cannot evaluate {folder}: it holds a {type(artifact).__name__}, which "
+                f"{task.__name__} evaluates; give a data recipe without a model block, or the recipe it was trained with"
+            )
+        base = NextItemTask.from_recommender(artifact) if task is NextItemTask else DLRMTask.from_ranker(artifact)
+        given = self.parser.parse_args(self._args, defaults=False)[sub] if self._args is not None else cfg
+        model = given.get("model")
+        init_args = model.get("init_args") if model is not None else None
+        merged = merge_with_model(task, plain_hparams(base), init_args.as_dict() if init_args is not None else {},
+                                  str(folder), from_data=FROM_DATA)
+        update = {sub: {"model": {"class_path": named, "init_args": merged.init_args}}}
+        self.config = self.parser.parse_object(update, self.config)
+        self._model_dir, self._artifact = folder, artifact
+        self._settings = {k: merged.init_args[k] for k in task.EVALUATION_SETTINGS}
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # a recipe's `model:` block without class_path configures NextItemTask, the default task
@@ -153,8 +187,7 @@ class SessrecCLI(LightningCLI):
             )
         if not model_dir:
             return
-        folder, _ = read_model_directory(model_dir)  # its format, version and parts checked before the data is read
-        self._model_dir = folder
+        folder = self._model_dir
         data = cfg.data.init_args
         if "vocab_path" in data:
             data.vocab_path = str(folder / VOCAB)  # the ids the model was trained with
@@ -162,40 +195,21 @@ class SessrecCLI(LightningCLI):
             data.features_path = str(folder / FEATURES) if (folder / FEATURES).exists() else None
 
     def after_instantiate_classes(self) -> None:
-        """With ``--model_dir``: the task that evaluates the directory's model, with the given evaluation
-        settings, else its saved inference settings (the recipe's network settings are not read)."""
+        """With ``--model_dir``: the task that evaluates the directory's model with the settings chosen
+        (`_parse_ckpt_path`), in place of the one built from the config."""
         if self._model_dir is None:
             return
-        sub, folder = self.subcommand, self._model_dir
-        given = self._given_model_settings(sub)
-        if hasattr(self.datamodule, "cardinalities"):
-            ranker = ClickRanker.from_pretrained(folder)
-            settings = {k: v for k, v in given.items() if k in ("evaluation", "compile")}
-            self.model = DLRMTask.from_ranker(ranker, **settings)
-            return
-        recommender = SessionRecommender.from_pretrained(folder)
-        inference = recommender.inference
-        length = getattr(self.datamodule, "max_length", None)
-        if length is not None and int(length) != inference.max_length:
-            raise ValueError(
-                f"--data.max_length {length} differs from the model's {inference.max_length} ({folder}/config.json "
-                f"inference.max_length): evaluate with --data.max_length {inference.max_length}"
-            )
-        evaluation = dict(given.get("evaluation") or {})
-        default = self.config[sub].model.init_args.get("evaluation")
-        default = default.as_dict() if isinstance(default, Namespace) else default
-        ks = evaluation.get("ks", Evaluation.of(default).ks if default is not None else Evaluation().ks)
-        self.model = NextItemTask.from_recommender(recommender, evaluation=Evaluation(
-            ks=ks, top_k=evaluation.get("top_k", inference.top_k),
-            exclude_seen=evaluation.get("exclude_seen", inference.exclude_seen)))
-
-    def _given_model_settings(self, sub: str) -> dict:
-        """The model settings given by the recipe or the command line (not the defaults), as plain data."""
-        if self._args is None:
-            return {}
-        model = self.parser.parse_args(self._args, defaults=False)[sub].get("model")
-        init_args = model.get("init_args") if model is not None else None
-        return init_args.as_dict() if init_args is not None else {}
+        artifact, folder = self._artifact, self._model_dir
+        if isinstance(artifact, SessionRecommender):
+            length = getattr(self.datamodule, "max_length", None)
+            if length is not None and int(length) != artifact.inference.max_length:
+                raise ValueError(
+                    f"--data.max_length {length} differs from the model's {artifact.inference.max_length} ({folder}): "
+                    f"evaluate it with the session length it was trained with (--data.max_length {artifact.inference.max_length})"
+                )
+            self.model = NextItemTask.from_recommender(artifact, **self._settings)
+        else:
+            self.model = DLRMTask.from_ranker(artifact, **self._settings)
 
     def before_fit(self) -> None:
         """Record the metrics of every validation (`MetricHistory`), and on a resume put the earlier

@@ -87,7 +87,8 @@ class NextItemTask(Pretrained, pl.LightningModule):
     fit`` writes as ``runs/<name>/model``.
     """
 
-    TRAINING_SETTINGS = ("optimization", "schedule", "seed", "distillation")  # read only while fitting
+    EVALUATION_SETTINGS = ("evaluation",)  # ``sessrec test --model_dir``: the given values (`sessrec.tasks.restore`)
+    TRAINING_SETTINGS = ("loss", "optimization", "schedule", "seed", "distillation")  # read only while fitting
 
     def __init__(
         self,

@@ -82,6 +82,9 @@ class DLRMTask(Pretrained, pl.LightningModule):
     ``runs/<name>/model``; ``sessrec test|predict --model_dir`` evaluate it with `from_ranker`.
     """
 
+    EVALUATION_SETTINGS = ("evaluation", "compile")  # ``sessrec test --model_dir``: the given values (`sessrec.tasks.restore`)
+    TRAINING_SETTINGS = ("optimization", "seed", "retain_freed_memory")  # read only while fitting
+
     def __init__(
         self,
         cardinalities: dict[str, int] = {},  # noqa: B006 - linked from the data module, read only

@@ -1,11 +1,12 @@
-"""The package's layers: saved -> data, features -> embeddings -> datasets -> models -> tasks -> pipeline
--> deploy -> cli, one way.
+"""The package's layers: saved -> data, features -> embeddings -> datasets -> models -> artifacts -> tasks
+-> pipeline -> deploy -> cli, one way.
 
 `features` sits beside `data` (feature ops encode with data's vocabulary; data's side information
 is built from feature ops); `metrics` and `baselines` sit beside `models` (they read data only).
 An import, at module level or inside a function, from a lower layer to a higher one fails the
-test; the model layers import without Lightning, and the serving path (a saved pipeline or model
-directory loaded, served and exported) imports neither Lightning nor jsonargparse. The table is
+test, and so does an import of a dataset adapter by a network (`sessrec.models` holds no
+vocabulary); the model layers import without Lightning, and the serving path (a saved pipeline or
+model directory loaded, served and exported) imports neither Lightning nor jsonargparse. The table is
 printed in docs/architecture.md.
 """
 
@@ -19,7 +20,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "sessrec"
 LAYER = {"saved": -1, "data": 0, "features": 0, "embeddings": 1, "datasets": 2, "models": 3, "metrics": 3, "baselines": 3,
-         "tasks": 4, "pipeline": 5, "deploy": 6, "cli": 7}
+         "artifacts": 4, "tasks": 5, "pipeline": 6, "deploy": 7, "cli": 8}
 
 
 def imported_layers(path: Path) -> set[str]:
@@ -47,6 +48,12 @@ def test_imports_run_one_way(layer):
     assert not upward
 
 
+def test_networks_import_no_dataset_adapter():
+    found = {str(path.relative_to(PACKAGE)) for path in sorted((PACKAGE / "models").rglob("*.py"))
+             if "datasets" in imported_layers(path)}
+    assert not found
+
+
 def test_the_checker_sees_an_upward_import(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("def f():\n    from sessrec.tasks.next_item import NextItemTask\n")
@@ -72,12 +79,13 @@ TRAINING_STACK = ("pytorch_lightning", "lightning", "lightning_fabric", "jsonarg
 
 @pytest.mark.slow
 def test_the_serving_path_imports_no_training_stack(tmp_path):
-    """In a fresh interpreter: the serving modules import, and directories written by a network, by a
-    task and by a pipeline load, recommend and export, without Lightning, jsonargparse or sessrec.tasks."""
+    """In a fresh interpreter: the serving modules import, and model directories (written from a network
+    and from a task) and a pipeline load, recommend and export, without Lightning, jsonargparse or sessrec.tasks."""
     import numpy as np
     import pyarrow as pa
     import torch
 
+    from sessrec.artifacts import ClickRanker, Inference, SessionRecommender
     from sessrec.baselines import Popularity
     from sessrec.data import ItemVocab
     from sessrec.datasets.clickout_rows import CLICKS, SPARSE_FEATURES, RankingVocab
@@ -98,21 +106,22 @@ def test_the_serving_path_imports_no_training_stack(tmp_path):
     ranking = RankingVocab({n: ItemVocab(pa.array([f"{n}{i}" for i in range(4)]), np.ones(4, dtype=np.int64))
                             for n in (*SPARSE_FEATURES, CLICKS)})
     directories = {
-        "network": model.save_pretrained(tmp_path / "network", vocab),
-        "task": task.save_pretrained(tmp_path / "task"),
+        "network": SessionRecommender(model, CausalLanguageModeling(), vocab, Inference(5)).save_pretrained(tmp_path / "network"),
+        "task": task.recommender().save_pretrained(tmp_path / "task"),
         "pipeline": Pipeline(vocab, retrievers, max_length=5).save_pretrained(tmp_path / "pipeline"),
     }
-    dlrm = DLRM(2, [TableConfig("city", 4, 4)], dense_layers=[4], over_layers=[4]).save_pretrained(tmp_path / "dlrm", ranking)
+    dlrm = DLRM(2, [TableConfig("city", 4, 4)], dense_layers=[4], over_layers=[4])
+    dlrm = ClickRanker(dlrm, ranking).save_pretrained(tmp_path / "dlrm")
     request = [["101", "102", "103"], ["110"]]
     expected = {name: load_recommender(d).recommend(request, k=3) for name, d in directories.items()}
     code = (
         "import json, sys\n"
         "import sessrec.pipeline, sessrec.deploy.server, sessrec.deploy.export, sessrec.deploy.recommender, sessrec.deploy.triton\n"
-        "from sessrec.deploy.export import export_checkpoint\n"
+        "from sessrec.deploy.export import export_model_dir\n"
         "from sessrec.deploy.recommender import load_recommender\n"
         f"directories, dlrm, out = {json.dumps({k: str(v) for k, v in directories.items()})}, {str(dlrm)!r}, {str(tmp_path / 'out')!r}\n"
         f"recs = {{name: load_recommender(d).recommend({request!r}, k=3) for name, d in directories.items()}}\n"
-        "export_checkpoint(dlrm, out, 'torchscript')\n"
+        "export_model_dir(dlrm, out, 'torchscript')\n"
         f"loaded = sorted(m for m in sys.modules if m.split('.')[0] in {TRAINING_STACK!r} or m.startswith('sessrec.tasks'))\n"
         "print(json.dumps({'loaded': loaded, 'recs': recs}))\n"
     )

@@ -138,7 +138,7 @@ def retrain_cli(args: list[str]) -> object:
 
     from sessrec.deploy.retrain import retrain, retrain_dlrm, summary
 
-    turn = retrain_dlrm if _model_class(args).endswith("DLRMTask") else retrain
+    turn = retrain_dlrm if _model_kind(args) == "ClickRanker" else retrain
     parser = ArgumentParser(prog="sessrec retrain", description=turn.__doc__.splitlines()[0], exit_on_error=False)
     parser.add_argument("--config", action=ActionConfigFile)
     parser.add_function_arguments(turn)
@@ -149,9 +149,10 @@ def retrain_cli(args: list[str]) -> object:
     return decision
 
 
-def _model_class(args: list[str]) -> str:
-    """The task class of the model directory that ``--model_dir`` (on the command line or in a
-    ``--config`` file) names; "" when it cannot be read (the chosen parser then says what is wrong)."""
+def _model_kind(args: list[str]) -> str:
+    """The artifact the model directory that ``--model_dir`` (on the command line or in a ``--config``
+    file) names holds, by its sections: ``SessionRecommender`` (it has an ``objective``) or
+    ``ClickRanker``; "" when it cannot be read (the chosen turn then says what is wrong)."""
     from sessrec.saved.versions import resolve
 
     found = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--model_dir"]
@@ -162,7 +163,10 @@ def _model_class(args: list[str]) -> str:
             found.append(str(content["model_dir"]))
     try:
         config = resolve(found[-1]) / "config.json" if found else None  # a versioned directory: its current version's
-        return str(json.loads(config.read_text())["task"]["class_path"]) if config is not None else ""
+        sections = json.loads(config.read_text()) if config is not None else None
+        if not isinstance(sections, dict) or "model" not in sections:
+            return ""
+        return "SessionRecommender" if "objective" in sections else "ClickRanker"
     except (OSError, ValueError, KeyError, TypeError):
         return ""
 

@@ -103,7 +103,7 @@ class PipelineRecipe:
         ordering: business rules of the final list. The recipe keeps its own copies of
             `features`, `scorer` and `ordering` (it fits them in place), never the objects given.
         device: where the pipeline runs (``cpu``, ``cuda``, ``cuda:1``); None: the device of the
-            first session model's weights (CPU as loaded from a checkpoint).
+            first session model's weights (CPU as loaded from a model directory).
         ranker_pairs: the validation pairs the ranker trains on: ``protocol`` (the evaluation
             protocol's, e.g. each session's last item) or ``all_prefixes`` (every prefix of every
             validation session with its next item: more rows, still only validation sessions).

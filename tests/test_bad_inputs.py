@@ -554,11 +554,10 @@ def test_cli_export_of_a_broken_model_directory_writes_nothing(tmp_path, sessrec
 
 def test_export_gru4rec_to_onnx_names_the_reason(tmp_path):
     pytest.importorskip("onnxruntime")
+    from sessrec.data import ItemVocab
     from sessrec.deploy.export import export_session_model
     from sessrec.models import CausalLanguageModeling, GRU4RecEncoder
     from sessrec.tasks import NextItemTask
-
-    from sessrec.data import ItemVocab
 
     task = NextItemTask(num_items=20, max_length=5, encoder=GRU4RecEncoder(d_model=8), objective=CausalLanguageModeling())
     task.vocab = ItemVocab(pa.array(range(18)), np.ones(18, dtype=np.int64))

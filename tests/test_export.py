@@ -15,15 +15,15 @@ from torch import nn
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
+from sessrec.data import ItemVocab
 from sessrec.data.batch import SessionBatch
 from sessrec.data.side import SideInfoSpec
-from sessrec.data import ItemVocab
 from sessrec.datasets.clickout_rows import RankingVocab
 from sessrec.deploy.export import (
     ExportedClickScorer,
     NextItemScorer,
-    export_model_dir,
     export_dlrm,
+    export_model_dir,
     export_session_model,
     max_abs_diff,
     run_exported,

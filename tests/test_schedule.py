@@ -7,10 +7,10 @@ import pyarrow as pa
 import pytest
 import torch
 
+from sessrec.artifacts import SessionRecommender
 from sessrec.data.vocab import ItemVocab
 from sessrec.models import XLNetEncoder
 from sessrec.tasks import BaselineTask, Evaluation, NextItemTask, Optimization, Schedule, next_item
-from sessrec.artifacts import SessionRecommender
 from sessrec.tasks.pretrained import best_of_run, build, plain_hparams
 
 

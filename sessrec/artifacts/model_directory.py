@@ -29,7 +29,13 @@ from torch import nn
 from sessrec.data.side import SideFeatures, SideFeatureTransform
 from sessrec.embeddings.dynamic import DynamicEmbeddingBag
 from sessrec.saved import versions
-from sessrec.saved.directory import check_vocabulary, describe, read_description, vocabulary_record, write_description
+from sessrec.saved.directory import (
+    check_vocabulary,
+    describe,
+    read_description,
+    vocabulary_record,
+    write_description,
+)
 from sessrec.saved.registry import config_of
 
 FORMAT, VERSION = "sessrec.model", 4

@@ -41,9 +41,9 @@ from sessrec.data.sources import SessionSource, SessionSplits, TimeWindowSource
 from sessrec.deploy.gate import Gate
 from sessrec.deploy.pairs import PairRanks, aligned, clickout_ranks, next_item_ranks, pair_values
 from sessrec.embeddings import DynamicTables
+from sessrec.saved.registry import class_path, config_of
 from sessrec.saved.versions import VersionedDirectory, resolve
 from sessrec.tasks import NextItemTask
-from sessrec.saved.registry import class_path, config_of
 from sessrec.tasks.pretrained import best_of_run, build, plain_hparams, with_more_items
 from sessrec.tasks.session_data import SessionDataModule
 

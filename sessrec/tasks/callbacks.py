@@ -21,6 +21,7 @@ from pytorch_lightning.utilities import rank_zero_info
 
 from sessrec.saved.atomic import atomic_path
 
+
 class MetricHistory(pl.Callback):
     """The logged metrics (names with a ``/``) at the end of each validation, by global step: what
     ``sessrec fit`` prints for the checkpoint it keeps, which need not be the last epoch's."""

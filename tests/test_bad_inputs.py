@@ -485,6 +485,12 @@ def test_cli_evaluating_a_checkpoint_names_the_model_directory(tmp_path, sub, se
         "runs/<name>/model (checkpoints only resume fit) (--traceback for details)")
 
 
+def test_cli_fit_refuses_a_model_directory(tmp_path, sessrec_main):
+    assert sessrec_main("fit", *TINY, "--model_dir", str(tmp_path)) == (
+        "sessrec fit: error: sessrec fit trains the recipe's model: --model_dir is for validate, test and predict "
+        "(--ckpt_path resumes a fit) (--traceback for details)")
+
+
 def test_cli_test_of_a_folder_that_is_no_model_directory(tmp_path, sessrec_main):
     assert f"{tmp_path}: not a saved model directory (no config.json)" in sessrec_main("test", *TINY, "--model_dir", str(tmp_path))
 

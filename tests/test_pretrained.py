@@ -273,3 +273,14 @@ def test_a_recommender_is_refused_a_vocabulary_of_another_size(tmp_path):
     with pytest.raises(ValueError, match=r"^the vocabulary has 7 ids where the model scores 40"):
         SessionRecommender(model, objective, small, Inference(5))
     assert not (tmp_path / "model").exists()
+
+
+def test_sessrec_retrain_picks_its_turn_by_the_directorys_sections(tmp_path, vocab):
+    from sessrec.cli import _model_kind
+
+    model, objective = session_model("gru4rec_clm")
+    session_dir = SessionRecommender(model, objective, vocab, Inference(5)).save_pretrained(tmp_path / "session")
+    dlrm_dir = ClickRanker(dlrm(), ranking_vocab()).save_pretrained(tmp_path / "dlrm")
+    assert _model_kind(["--model_dir", str(session_dir)]) == "SessionRecommender"
+    assert _model_kind([f"--model_dir={dlrm_dir}"]) == "ClickRanker"
+    assert _model_kind(["--model_dir", str(tmp_path / "nowhere")]) == ""

@@ -240,7 +240,7 @@ def test_serve_with_a_port_out_of_range_or_a_truncated_weights_file_is_one_line(
     task = NextItemTask(num_items=len(vocab), max_length=8, encoder=GRU4RecEncoder(d_model=8),
                         objective=CausalLanguageModeling()).eval()
     task.vocab = vocab
-    model = task.save_pretrained(tmp_path / "model")
+    model = task.recommender().save_pretrained(tmp_path / "model")
     got = sessrec_main("serve", "--model_dir", str(model), "--port", "80000")
     assert got == "sessrec serve: error: --port 80000 is not a TCP port (0 to 65535) (--traceback for details)"
     weights = next(model.glob("*.safetensors"))
@@ -278,8 +278,8 @@ def test_export_and_rollback_run_from_their_flags(tmp_path, capsys):
     task = NextItemTask(num_items=len(vocab), max_length=8, encoder=GRU4RecEncoder(d_model=8),
                         objective=CausalLanguageModeling()).eval()
     task.vocab = vocab
-    model = task.save_pretrained(tmp_path / "model")
-    written = run(["export", "--ckpt_path", str(model), "--format", "torchscript", "--top_k", "null", "--out", str(tmp_path / "ts")])
+    model = task.recommender().save_pretrained(tmp_path / "model")
+    written = run(["export", "--model_dir", str(model), "--format", "torchscript", "--top_k", "null", "--out", str(tmp_path / "ts")])
     assert Path(written).exists() and Path(written).parent == tmp_path / "ts"
     assert f"sessrec export: wrote {written}" in capsys.readouterr().out
 

@@ -122,12 +122,13 @@ TRAINING_STACK = ("pytorch_lightning", "lightning", "lightning_fabric", "jsonarg
 
 @pytest.mark.slow
 def test_the_serving_path_imports_no_training_stack(tmp_path):
-    """In a fresh interpreter: the serving modules import, and directories written by a network, by a
-    task and by a pipeline load, recommend and export, without Lightning, jsonargparse or sessrec.tasks."""
+    """In a fresh interpreter: the serving modules import, and model directories (written from a network
+    and from a task) and a pipeline load, recommend and export, without Lightning, jsonargparse or sessrec.tasks."""
     import numpy as np
     import pyarrow as pa
     import torch
 
+    from sessrec.artifacts import ClickRanker, Inference, SessionRecommender
     from sessrec.baselines import Popularity
     from sessrec.data import ItemVocab
     from sessrec.datasets.clickout_rows import CLICKS, SPARSE_FEATURES, RankingVocab
@@ -148,21 +149,22 @@ def test_the_serving_path_imports_no_training_stack(tmp_path):
     ranking = RankingVocab({n: ItemVocab(pa.array([f"{n}{i}" for i in range(4)]), np.ones(4, dtype=np.int64))
                             for n in (*SPARSE_FEATURES, CLICKS)})
     directories = {
-        "network": model.save_pretrained(tmp_path / "network", vocab),
-        "task": task.save_pretrained(tmp_path / "task"),
+        "network": SessionRecommender(model, CausalLanguageModeling(), vocab, Inference(5)).save_pretrained(tmp_path / "network"),
+        "task": task.recommender().save_pretrained(tmp_path / "task"),
         "pipeline": Pipeline(vocab, retrievers, max_length=5).save_pretrained(tmp_path / "pipeline"),
     }
-    dlrm = DLRM(2, [TableConfig("city", 4, 4)], dense_layers=[4], over_layers=[4]).save_pretrained(tmp_path / "dlrm", ranking)
+    dlrm = DLRM(2, [TableConfig("city", 4, 4)], dense_layers=[4], over_layers=[4])
+    dlrm = ClickRanker(dlrm, ranking).save_pretrained(tmp_path / "dlrm")
     request = [["101", "102", "103"], ["110"]]
     expected = {name: load_recommender(d).recommend(request, k=3) for name, d in directories.items()}
     code = (
         "import json, sys\n"
         "import sessrec.pipeline, sessrec.deploy.server, sessrec.deploy.export, sessrec.deploy.recommender, sessrec.deploy.triton\n"
-        "from sessrec.deploy.export import export_checkpoint\n"
+        "from sessrec.deploy.export import export_model_dir\n"
         "from sessrec.deploy.recommender import load_recommender\n"
         f"directories, dlrm, out = {json.dumps({k: str(v) for k, v in directories.items()})}, {str(dlrm)!r}, {str(tmp_path / 'out')!r}\n"
         f"recs = {{name: load_recommender(d).recommend({request!r}, k=3) for name, d in directories.items()}}\n"
-        "export_checkpoint(dlrm, out, 'torchscript')\n"
+        "export_model_dir(dlrm, out, 'torchscript')\n"
         f"loaded = sorted(m for m in sys.modules if m.split('.')[0] in {TRAINING_STACK!r} or m.startswith('sessrec.tasks'))\n"
         "print(json.dumps({'loaded': loaded, 'recs': recs}))\n"
     )

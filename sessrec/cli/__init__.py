@@ -1,12 +1,12 @@
 """``sessrec`` command line.
 
     sessrec fit --config <recipe> ...                            train a task recipe, or fit a pipeline recipe's ranker
-    sessrec validate --config <task recipe> --ckpt_path C        validation metrics of a trained checkpoint
-    sessrec test --config <recipe> [--ckpt_path C]               test metrics of a checkpoint, or of a pipeline end to end
-    sessrec predict --config <task recipe> --ckpt_path C ...     top-k items for sessions of --data.predict_path (parquet)
-    sessrec recommend --config <pipeline recipe> --input_path F  a pipeline's top-k for a file of sessions (--output)
+    sessrec validate --config <data recipe> --model_dir M        validation metrics of a trained model (runs/<name>/model)
+    sessrec test --config <recipe> [--model_dir M]               test metrics of a trained model, or of a pipeline end to end
+    sessrec predict --config <data recipe> --model_dir M ...     top-k items for sessions of --data.predict_path (parquet)
+    sessrec recommend --config <pipeline recipe> --input_path F a pipeline's top-k for a file of sessions (--output)
     sessrec serve --model_dir D                                  HTTP recommendations (`sessrec.deploy.server`)
-    sessrec export --ckpt_path <ckpt|model dir> --format ...     ONNX, TorchScript or a Triton repository
+    sessrec export --model_dir M --format ...                    ONNX, TorchScript or a Triton repository
     sessrec retrain --config <retrain recipe> ...                one warm-start turn with its quality gate
     sessrec rollback --model_dir D [--to VERSION]                an earlier version of D current again
 
@@ -35,6 +35,7 @@ import logging
 import os
 import sys
 import warnings
+from pathlib import Path
 from typing import Any, Literal
 
 from sessrec.saved.checkpoint import data_state
@@ -45,7 +46,7 @@ LIGHTNING_COMMANDS = ("fit", "validate", "test", "predict")
 
 def pipeline_cli(args: list[str]) -> object:
     """``sessrec fit|test|recommend`` on a pipeline recipe; returns what the subcommand returns."""
-    from sessrec.cli.parsers import parse, recipe_parser
+    from sessrec.cli.parsers import config_paths, parse, recipe_parser
     from sessrec.pipeline.offline import recommend_file
     from sessrec.pipeline.recipe import PipelineRecipe
 
@@ -55,6 +56,7 @@ def pipeline_cli(args: list[str]) -> object:
     if command == "recommend":
         parser.add_function_arguments(recommend_file, skip={"pipeline", "schema"})
         owner = recommend_file
+    refuse_checkpoint_models(config_paths(rest))
     cfg = parse(parser, rest, owner=owner, roots={"pipeline": PipelineRecipe})
     recipe = parser.instantiate(cfg).pipeline
     if command == "fit":
@@ -65,6 +67,21 @@ def pipeline_cli(args: list[str]) -> object:
         recipe.output, cfg.input_path, cfg.output, k=cfg.k, batch_size=cfg.batch_size,
         schema=recipe.data.predict_schema, overwrite=cfg.overwrite, now=cfg.now,
     )
+
+
+def refuse_checkpoint_models(paths: list[Path]) -> None:
+    """One line for a pipeline recipe whose session model is named by its training recipe and checkpoint."""
+    from sessrec.cli.parsers import read_config
+
+    for path in paths:
+        pipeline = read_config(path).get("pipeline")
+        models = pipeline.get("models") if isinstance(pipeline, dict) else None
+        for name, spec in (models.items() if isinstance(models, dict) else ()):
+            if isinstance(spec, dict) and spec.keys() & {"recipe", "checkpoint"}:
+                raise ValueError(
+                    f"{path}: pipeline.models.{name}: a pipeline takes the model directory that sessrec fit writes, "
+                    "not a recipe and a checkpoint: model_dir: runs/<name>/model"
+                )
 
 
 def _recipe_error(err: BaseException) -> BaseException:
@@ -93,7 +110,7 @@ def retrain_cli(args: list[str]) -> object:
     from sessrec.cli.parsers import config_value, function_command, parse
     from sessrec.deploy.retrain import retrain, retrain_dlrm, summary
 
-    turn = retrain_dlrm if _model_class(config_value(args, "model_dir")).endswith("DLRMTask") else retrain
+    turn = retrain_dlrm if _model_kind(config_value(args, "model_dir")) == "ClickRanker" else retrain
     parser = function_command(turn, "sessrec retrain")
     kwargs = parser.instantiate(parse(parser, args, owner=turn)).as_dict()
     kwargs.pop("config", None)
@@ -102,16 +119,20 @@ def retrain_cli(args: list[str]) -> object:
     return decision
 
 
-def _model_class(model_dir: object) -> str:
-    """The task class of the model directory `model_dir`; "" when it cannot be read (the chosen
-    parser then says what is wrong)."""
+def _model_kind(model_dir: object) -> str:
+    """The artifact the model directory `model_dir` holds, by its sections: ``SessionRecommender`` (it
+    has an ``objective``) or ``ClickRanker``; "" when it cannot be read (the chosen turn then says what
+    is wrong)."""
     from sessrec.saved.versions import resolve
 
     if model_dir is None:
         return ""
     try:
         config = resolve(str(model_dir)) / "config.json"  # a versioned directory: its current version's
-        return str(json.loads(config.read_text())["task"]["class_path"])
+        sections = json.loads(config.read_text())
+        if not isinstance(sections, dict) or "model" not in sections:
+            return ""
+        return "SessionRecommender" if "objective" in sections else "ClickRanker"
     except (OSError, ValueError, KeyError, TypeError):
         return ""
 
@@ -128,7 +149,7 @@ def serve_cli(args: list[str]) -> None:
 
 
 def export(
-    ckpt_path: str,
+    model_dir: str,
     out: str,
     format: Literal["onnx", "torchscript", "triton"] = "onnx",
     top_k: int | None = 20,
@@ -138,7 +159,7 @@ def export(
     """Export a session model or DLRM for serving, checked against PyTorch on a batch of another size and length.
 
     Args:
-        ckpt_path: a checkpoint of ``sessrec fit``, or a model directory.
+        model_dir: the model directory that ``sessrec fit`` writes (``runs/<name>/model``).
         out: output directory.
         format: ``onnx`` / ``torchscript``: one model file; ``triton``: a Triton model repository (ONNX backend).
         top_k: session models also output the K best items (null: scores only).
@@ -148,17 +169,18 @@ def export(
     Returns:
         The file or repository written.
     """
-    from sessrec.deploy.export import export_checkpoint, load_model
+    from sessrec.deploy.export import export_model_dir
 
     if format == "triton":
+        from sessrec.artifacts import load_artifact
         from sessrec.deploy.triton import triton_repository
 
-        return str(triton_repository(load_model(ckpt_path), out, name, max_batch_size, top_k=top_k))
-    return str(export_checkpoint(ckpt_path, out, format, top_k=top_k))
+        return str(triton_repository(load_artifact(model_dir), out, name, max_batch_size, top_k=top_k))
+    return str(export_model_dir(model_dir, out, format, top_k=top_k))
 
 
 def export_cli(args: list[str]) -> str:
-    """``sessrec export --ckpt_path <ckpt|model dir> --format {onnx,torchscript,triton} --out <dir>``."""
+    """``sessrec export --model_dir runs/<name>/model --format {onnx,torchscript,triton} --out <dir>``."""
     from sessrec.cli.parsers import function_command, parse
 
     parser = function_command(export, "sessrec export")
@@ -227,6 +249,9 @@ def run(args: list[str]) -> object:
         return pipeline_cli(args)
     if command == "recommend":
         raise ValueError("--config must name a pipeline recipe (a top-level 'pipeline:' block)")
+    if command in ("validate", "test", "predict") and any(a.partition("=")[0] == "--ckpt_path" for a in args):
+        raise ValueError(f"sessrec {command} takes the model directory that sessrec fit writes: --model_dir "
+                         "runs/<name>/model (checkpoints only resume fit)")
     for i, arg in enumerate(args[:-1]):
         if arg == "--ckpt_path":  # a one-line error for an unreadable file, before LightningCLI reads its config
             data_state(args[i + 1])  # (and the data module's state, read once here for every later use)

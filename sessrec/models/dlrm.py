@@ -15,24 +15,20 @@ does it in a Lightning run).
 Shape letters: B batch, Dd dense input features, D embedding width (= the bottom MLP's output),
 F sparse features, I interaction output width, H hidden width.
 
-A `DLRM` saves itself with its vocabulary (``model.save_pretrained(directory, vocab)``, a
-`RankingVocab`) and loads back with ``DLRM.from_pretrained(directory)`` (`sessrec.models.pretrained`).
+The network holds no vocabulary and saves nothing itself: a trained one is saved with the
+vocabulary of its sparse ids as a `sessrec.artifacts.ClickRanker`.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 from torch import nn
 
-from sessrec.datasets.clickout_rows import RankingVocab
 from sessrec.embeddings import SparseFeatures, TableConfig
 from sessrec.embeddings.sparse_arch import (  # noqa: F401 - the sparse modules, importable from here too
-    BACKEND_FLAGS,
     DynamicSparseArch,
     FusedTables,
     HybridSparseArch,
@@ -40,20 +36,8 @@ from sessrec.embeddings.sparse_arch import (  # noqa: F401 - the sparse modules,
     SparseTables,
     TorchRecSparseArch,
     one_width,
-    sparse_of_flags,
 )
-from sessrec.models.pretrained import (
-    NETWORK,
-    WEIGHTS,
-    PretrainedNetwork,
-    load_into,
-    load_vocab,
-    load_weights,
-    under,
-    with_prefix,
-    write_model_directory,
-)
-from sessrec.saved.registry import ConfigError, Configurable, config_of, instantiate, split_config
+from sessrec.saved.registry import Configurable
 
 
 def _mlp(in_features: int, layer_sizes: Sequence[int], last_activation: bool = True) -> nn.Sequential:
@@ -161,7 +145,7 @@ class OverArch(nn.Module):
         return self.mlp(x).squeeze(1)
 
 
-class DLRM(nn.Module, PretrainedNetwork, Configurable):
+class DLRM(nn.Module, Configurable):
     """DLRM: bottom MLP on dense features, embeddings of sparse ones, an interaction and a top MLP.
 
     Args:
@@ -227,44 +211,3 @@ class DLRM(nn.Module, PretrainedNetwork, Configurable):
         x = self.dense_arch(dense)  # (B, D)
         e = self.sparse_arch(sparse).to(x.dtype)  # (B, F, D)
         return self.over_arch(self.interaction(x, e))
-
-    # -- model directories (`sessrec.models.pretrained`) --------------------------------------------
-    def save_pretrained(self, directory: str | os.PathLike, vocab: RankingVocab | None = None) -> Path:
-        """Write the model directory (a new version of an existing one) with the vocabulary of the
-        sparse features' ids (default: the one it was loaded with); returns the folder written."""
-        sections, weights = self.pretrained_parts()
-        return write_model_directory(directory, sections, weights, vocab if vocab is not None else self.vocab)
-
-    def pretrained_parts(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-        """The config section (``model``) and the weights (``model.*``) of a model directory."""
-        return {"model": config_of(self)}, with_prefix(self.state_dict(), NETWORK)
-
-    @classmethod
-    def load_directory(cls, folder: Path, config: dict[str, Any], source: str) -> DLRM:
-        model = instantiate(with_sparse_module(config.get("model"), source), expected=cls, source=source, key="model")
-        load_into(model, under(load_weights(folder), NETWORK), str(folder / WEIGHTS))
-        model.attach(load_vocab(folder, config, RankingVocab))
-        return model.eval()
-
-
-def with_sparse_module(config: Any, source: str, key: str = "model") -> Any:
-    """A saved DLRM config (``{"class_path", "init_args"}``) with its sparse module as a `sparse` config.
-
-    A config in the flag form (the flags of `BACKEND_FLAGS`: ``sparse_backend``, ``dynamic_tables``,
-    ``embedding_optimizer`` ..., which earlier DLRM directories hold) gets the module those
-    flags choose (`sparse_of_flags`): the same network, whose weights load as they are. Any other
-    config is returned as it is.
-    """
-    path, init_args = split_config(config, source, key)
-    if not isinstance(init_args, dict) or not BACKEND_FLAGS.keys() & init_args.keys():
-        return config
-    if "sparse" in init_args:
-        raise ConfigError(source, f"{key}.init_args", f"names both 'sparse' and {sorted(BACKEND_FLAGS.keys() & init_args.keys())}; "
-                          "give the sparse module alone")
-    flags = {k: v for k, v in init_args.items() if k in BACKEND_FLAGS}
-    try:
-        sparse = sparse_of_flags(flags)
-    except ValueError as err:
-        raise ConfigError(source, f"{key}.init_args", str(err)) from None
-    rest = {k: v for k, v in init_args.items() if k not in BACKEND_FLAGS}
-    return {"class_path": path, "init_args": {**rest, "sparse": sparse}}

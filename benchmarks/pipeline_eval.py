@@ -1,6 +1,7 @@
 """The four-stage pipeline against its own retrievers, end to end, on a real dataset, over seeds.
 
-Fits what it needs: the stage-1 session model (``sessrec fit`` on its recipe, when its checkpoint
+Fits what it needs: the stage-1 session model (``sessrec fit`` on its recipe ``recipes/<name>.yaml``,
+which writes the model directory ``runs/<name>/model`` the pipeline recipe names, when that directory
 is missing or ``--retrain``), the kNN and co-visitation retrievers (on the training split), the
 ranker (on the validation pairs' candidates), then scores the test pairs once. Prints one JSON
 line per system, single retrievers first and the pipeline (the recipe's scorer) last:
@@ -33,8 +34,8 @@ and shared by every ranker compared), and the seeds it ran with (``stage1_seed``
 session model's line: that model's own stage-1 seed).
 
 Seeds. ``--seeds N`` runs N times, run i with stage-1 seed i (``sessrec fit --seed_everything i``,
-its checkpoint in ``runs/<stage-1 recipe>_seed<i>/checkpoints``; the recipe's own seed keeps the
-recipe's checkpoint folder; a pipeline recipe whose models name their ``seed``, e.g. one stage-1
+its model directory ``runs/<stage-1 recipe>_seed<i>/model``; the recipe's own seed keeps the
+pipeline recipe's model directory; a pipeline recipe whose models name their ``seed``, e.g. one stage-1
 recipe twice with seeds 0 and 1, has its models' seeds shifted by their span times i: 2i and 2i + 1)
 and ranker seed i (the scorers' ``seed``: their early-stopping split,
 initial weights and shuffling; a blend's member j with config seed c_j gets c_j + n * i, n members,
@@ -59,6 +60,7 @@ import argparse
 import copy
 import dataclasses
 import json
+import re
 import resource
 import shlex
 import statistics
@@ -72,10 +74,11 @@ from typing import Any
 import torch
 import yaml
 
+from sessrec.cli.parsers import load_recipe
 from sessrec.pipeline import RequestSessions
 from sessrec.pipeline.candidate_features import CandidateFeatures, group_of
 from sessrec.pipeline.pipeline import Pipeline
-from sessrec.pipeline.recipe import ModelRetrieval, PipelineRecipe, load_recipe
+from sessrec.pipeline.recipe import ModelRetrieval, PipelineRecipe
 from sessrec.pipeline.scoring import BlendScorer, DLRMScorer, GBDTScorer, Scorer
 from sessrec.pipeline.training import (
     RankerData,
@@ -129,28 +132,38 @@ def recipe_seed(stage1: dict) -> int | None:
     return seed if isinstance(seed, int) and not isinstance(seed, bool) else None
 
 
-def checkpoint_of(spec_recipe: str, checkpoint: str, seed: int, own: int | None = None) -> Path:
-    """Where the stage-1 model of `seed` is: the pipeline recipe's checkpoint for its model's own seed
-    (`own`; None: the stage-1 recipe's), else ``runs/<stage-1 recipe>_seed<seed>/checkpoints/<same file name>``."""
-    if own is None:
-        own = recipe_seed(yaml.safe_load(Path(spec_recipe).read_text()) or {})
+def stage1_recipe(model_dir: str) -> Path:
+    """The stage-1 recipe that writes a model directory ``runs/<recipe>/model`` (or ``runs/<recipe>_seed<s>/model``,
+    a seeded run of it): ``recipes/<recipe>.yaml``."""
+    found = re.fullmatch(r"runs/(.+?)(_seed\d+)?/model", str(model_dir))
+    recipe = Path("recipes") / f"{found.group(1)}.yaml" if found else None
+    if recipe is None or not recipe.is_file():
+        raise SystemExit(f"{model_dir}: not runs/<recipe>/model of a stage-1 recipe recipes/<recipe>.yaml; seeded runs "
+                         "train that recipe")
+    return recipe
+
+
+def model_dir_of(model_dir: str, seed: int, own: int) -> Path:
+    """Where the stage-1 model of `seed` is: the pipeline recipe's model directory for its model's own seed
+    (`own`), else ``runs/<stage-1 recipe>_seed<seed>/model``."""
     if seed == own:
-        return Path(checkpoint)
-    return Path("runs") / f"{Path(spec_recipe).stem}_seed{seed}" / "checkpoints" / Path(checkpoint).name
+        return Path(model_dir)
+    return Path("runs") / f"{stage1_recipe(model_dir).stem}_seed{seed}" / "model"
 
 
 def model_seeds(specs: dict[str, ModelRetrieval], run_seed: int) -> dict[str, tuple[int, Path]]:
-    """(stage-1 seed, checkpoint) of each model in the run of stage-1 seed `run_seed`: each model's own
+    """(stage-1 seed, model directory) of each model in the run of stage-1 seed `run_seed`: each model's own
     seed (its ``seed``, else its recipe's) plus `run_seed` times the span of those seeds, so that no
     two runs share a model's seed."""
     own = {}
     for name, spec in specs.items():
-        own[name] = spec.seed if spec.seed is not None else recipe_seed(yaml.safe_load(Path(spec.recipe).read_text()) or {})
+        recipe = stage1_recipe(spec.model_dir)
+        own[name] = spec.seed if spec.seed is not None else recipe_seed(yaml.safe_load(recipe.read_text()) or {})
         if own[name] is None:
-            raise SystemExit(f"{spec.recipe}: seed_everything must be an integer for seeded runs (model {name!r})")
-    trained_as: dict[tuple[str, int], list[str]] = {}
+            raise SystemExit(f"{recipe}: seed_everything must be an integer for seeded runs (model {name!r})")
+    trained_as: dict[tuple[Path, int], list[str]] = {}
     for name, spec in specs.items():
-        trained_as.setdefault((spec.recipe, own[name]), []).append(name)
+        trained_as.setdefault((stage1_recipe(spec.model_dir), own[name]), []).append(name)
     for (_, seed), names in trained_as.items():
         if len(names) > 1:
             raise SystemExit(f"models {sorted(names)} are one stage-1 recipe with one seed ({seed}): "
@@ -159,7 +172,7 @@ def model_seeds(specs: dict[str, ModelRetrieval], run_seed: int) -> dict[str, tu
     out = {}
     for name, spec in specs.items():
         seed = own[name] + span * run_seed
-        out[name] = (seed, checkpoint_of(spec.recipe, spec.checkpoint, seed, own[name]))
+        out[name] = (seed, model_dir_of(spec.model_dir, seed, own[name]))
     return out
 
 
@@ -183,26 +196,28 @@ def seed_overlay(stage1: dict, recipe: str, seed: int, dirpath: Path) -> dict[st
 
 
 def train_models(recipe: PipelineRecipe, seeds: list[int], retrain: bool, extra: list[str]) -> dict[tuple[str, int], float]:
-    """``sessrec fit`` each stage-1 model of each run seed whose checkpoint is missing (or all with
-    `retrain`); seconds per (model, run seed) trained."""
+    """``sessrec fit`` each stage-1 model of each run seed whose model directory is missing (or all with
+    `retrain`); its checkpoints go to ``checkpoints`` beside the model directory, which ``sessrec fit``
+    writes there. Seconds per (model, run seed) trained."""
     took = {}
     for run_seed in seeds:
-        for name, (seed, checkpoint) in model_seeds(recipe.models, run_seed).items():
-            if checkpoint.exists() and not retrain:
+        for name, (seed, model_dir) in model_seeds(recipe.models, run_seed).items():
+            if model_dir.exists() and not retrain:
                 continue
-            spec = recipe.models[name]
-            stage1 = yaml.safe_load(Path(spec.recipe).read_text()) or {}
-            checkpoint.parent.mkdir(parents=True, exist_ok=True)
-            overlay = checkpoint.parent.parent / f"seed{seed}.yaml"
-            overlay.write_text(yaml.safe_dump(seed_overlay(stage1, spec.recipe, seed, checkpoint.parent)))
-            command = [sys.executable, "-m", "sessrec.cli", "fit", "--config", spec.recipe, "--config", str(overlay), *extra]
+            stage1_path = stage1_recipe(recipe.models[name].model_dir)
+            stage1 = yaml.safe_load(stage1_path.read_text()) or {}
+            checkpoints = model_dir.parent / "checkpoints"
+            checkpoints.mkdir(parents=True, exist_ok=True)
+            overlay = model_dir.parent / f"seed{seed}.yaml"
+            overlay.write_text(yaml.safe_dump(seed_overlay(stage1, str(stage1_path), seed, checkpoints)))
+            command = [sys.executable, "-m", "sessrec.cli", "fit", "--config", str(stage1_path), "--config", str(overlay), *extra]
             log(f"training {name} (seed {seed}): {shlex.join(command)}")
             start = time.perf_counter()
             subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
             took[(name, run_seed)] = time.perf_counter() - start
-            if not checkpoint.exists():
-                raise SystemExit(f"{spec.recipe} (seed {seed}) wrote no {checkpoint}: its ModelCheckpoint's "
-                                 f"filename must be {checkpoint.stem!r}, as the pipeline recipe names it")
+            if not model_dir.exists():
+                raise SystemExit(f"{stage1_path} (seed {seed}) wrote no {model_dir}: sessrec fit writes the model "
+                                 "directory beside its checkpoints folder")
     return took
 
 
@@ -350,7 +365,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", choices=sorted(RECIPES), help="the dataset (its recipes/pipeline_<dataset>.yaml)")
     parser.add_argument("--recipe", help="a pipeline recipe other than the dataset's (the lines name its file when no --dataset)")
-    parser.add_argument("--retrain", action="store_true", help="train the stage-1 models even if checkpoints exist")
+    parser.add_argument("--retrain", action="store_true", help="train the stage-1 models even if their model directories exist")
     parser.add_argument("--seeds", type=int, default=1, help="runs, with stage-1 and ranker seeds 0..N-1 (default 1)")
     parser.add_argument("--stage1-seeds", type=int, nargs="+", default=None,
                         help="stage-1 seeds: one for every run (only the ranker seed varies) or one per run")
@@ -403,7 +418,7 @@ def main() -> None:
 
     for stage1_seed in stage1_seeds:
         stage1 = model_seeds(specs, stage1_seed)
-        recipe.models = {n: dataclasses.replace(s, checkpoint=str(stage1[n][1]), seed=stage1[n][0]) for n, s in specs.items()}
+        recipe.models = {n: dataclasses.replace(s, model_dir=str(stage1[n][1]), seed=stage1[n][0]) for n, s in specs.items()}
         start = time.perf_counter()
         pipe = recipe.build()
         build_seconds = time.perf_counter() - start

@@ -34,8 +34,8 @@ from pathlib import Path
 
 import torch
 
+from sessrec.cli.parsers import load_recipe
 from sessrec.pipeline import training
-from sessrec.pipeline.recipe import load_recipe
 from sessrec.pipeline.scoring import BlendScorer, DLRMScorer, GBDTScorer, Scorer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -6,7 +6,7 @@ For each checkout given by `--checkout NAME=PATH[,MODEL_DIR]` (a sessrec source 
 
 - ``python -X importtime -c "import M"`` for each module of `--modules`: the cumulative import
   time of `M` and which of Lightning, lightning_fabric and jsonargparse it loaded;
-- ``python -X importtime -m sessrec.cli serve --model-dir D --port P`` started fresh: seconds until
+- ``python -X importtime -m sessrec.cli serve --model_dir D --port P`` started fresh: seconds until
   ``GET /health`` answers 200, the process's RSS then, and which of the training-stack packages it
   imported (from its own ``-X importtime`` lines, which cost both checkouts the same).
 
@@ -74,7 +74,7 @@ def serve_start(checkout: Path, model_dir: Path, timeout: float) -> dict[str, ob
     port = free_port()
     log = tempfile.TemporaryFile(mode="w+")
     started = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "sessrec.cli", "serve", "--model-dir",
+    proc = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "sessrec.cli", "serve", "--model_dir",
                              str(model_dir.resolve()), "--port", str(port), "--log_level", "warning", "--access_log", "false"],
                             env=environment(checkout), cwd="/", stdout=subprocess.DEVNULL, stderr=log, text=True)
     try:

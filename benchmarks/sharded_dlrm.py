@@ -6,7 +6,7 @@ Runs ``recipes/dlrm_trivago.yaml`` twice with the tables updated by the dense op
 - 2 processes (gloo), ``recipes/overlays/torchrec_cpu.yaml``: TorchRec tables sharded by
   `TorchRecStrategy`, 2048 rows per process (the same global batch of the same rows);
 
-then ``sessrec test`` on each best checkpoint, and prints one JSON line: the training loss of every
+then ``sessrec test`` on the model directory of each (its best checkpoint's), and prints one JSON line: the training loss of every
 step of both (logged as the mean over all processes' rows), their largest difference, validation
 MRR per epoch, test MRR and wall time. Needs the torchrec extra (docs/sharding.md).
 
@@ -55,7 +55,7 @@ def run(name: str, extra: list[str], work: Path, path: str) -> dict:
                    cwd=cwd, check=True, capture_output=True, text=True)
     seconds = time.monotonic() - start
     tested = subprocess.run(["sessrec", "test", *common, "--trainer.devices", "1",
-                             "--ckpt_path", "runs/dlrm_trivago/checkpoints/best.ckpt"],
+                             "--model_dir", "runs/dlrm_trivago/model"],
                             cwd=cwd, check=True, capture_output=True, text=True)
     line = next(s for s in tested.stdout.splitlines() if s.startswith("[test]"))
     train, val = curves(next((cwd / "runs" / "dlrm_trivago" / "logs").glob("version_*/metrics.csv")))

@@ -9,6 +9,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from sessrec.artifacts import ClickRanker, SessionRecommender
     from sessrec.data import (
         EventLogSource,
         ItemVocab,
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 EXPORTS = {
+    "sessrec.artifacts": ["ClickRanker", "SessionRecommender"],
     "sessrec.data": ["EventLogSource", "ItemVocab", "SRGNNSource", "Schema", "SchemaError", "SessionBatch",
                      "SyntheticSource", "UserSequenceSource"],
     "sessrec.metrics": ["TopKMetrics"],

@@ -1,6 +1,7 @@
 """The curated public API: everything in ``__all__`` imports, and nothing private leaks in."""
 
 import sessrec
+import sessrec.artifacts
 import sessrec.data
 import sessrec.models
 import sessrec.pipeline
@@ -9,15 +10,15 @@ import sessrec.tasks
 
 def test_top_level_api():
     assert set(sessrec.__all__) == {
-        "BertEncoder", "CausalLanguageModeling", "ElectraEncoder", "EventLogSource", "GPT2Encoder", "GRU4RecEncoder", "HSTUEncoder",
+        "BertEncoder", "CausalLanguageModeling", "ClickRanker", "ElectraEncoder", "EventLogSource", "GPT2Encoder", "GRU4RecEncoder", "HSTUEncoder",
         "ItemVocab", "MaskedItemModeling", "NextItemTask", "PermutationLanguageModeling", "Pipeline", "ReplacedTokenDetection",
-        "SASRecEncoder", "SRGNNSource", "Schema", "SchemaError", "SessionBatch", "SessionDataModule", "SessionModel",
+        "SASRecEncoder", "SRGNNSource", "Schema", "SchemaError", "SessionBatch", "SessionDataModule", "SessionModel", "SessionRecommender",
         "SyntheticSource", "TopKMetrics", "UserSequenceSource", "XLNetEncoder",
     }
 
 
 def test_every_exported_name_exists():
-    for module in (sessrec, sessrec.data, sessrec.models, sessrec.tasks, sessrec.pipeline):
+    for module in (sessrec, sessrec.artifacts, sessrec.data, sessrec.models, sessrec.tasks, sessrec.pipeline):
         for name in module.__all__:
             assert not name.startswith("_")
             assert getattr(module, name) is not None, f"{module.__name__}.{name}"
@@ -35,11 +36,11 @@ def test_models_do_not_import_lightning():
 
 
 def test_nothing_imports_upward():
-    """data -> embeddings -> models -> tasks -> pipeline -> deploy -> cli: a package imports only from its left."""
+    """data -> embeddings -> models -> artifacts -> tasks -> pipeline -> deploy -> cli: a package imports only from its left."""
     import ast
     from pathlib import Path
 
-    order = ["data", "embeddings", "models", "tasks", "pipeline", "deploy", "cli"]
+    order = ["data", "embeddings", "models", "artifacts", "tasks", "pipeline", "deploy", "cli"]
     root = Path(sessrec.__file__).parent
     for i, package in enumerate(order[:-1]):
         above = tuple(f"sessrec.{p}" for p in order[i + 1 :])

@@ -457,7 +457,7 @@ def checkpoint(tmp_path_factory) -> Path:
 def test_cli_test_without_checkpoint(monkeypatch, tmp_path, sessrec_main):
     monkeypatch.chdir(tmp_path)
     message = sessrec_main("test", *TINY)
-    assert "test needs --ckpt_path" in message and "random weights" in message
+    assert "test needs --model_dir" in message and "random weights" in message
     assert not (tmp_path / "runs").exists()
 
 
@@ -465,16 +465,34 @@ def test_cli_test_without_checkpoint(monkeypatch, tmp_path, sessrec_main):
     (bytes(range(256)) * 40, "not a readable PyTorch checkpoint"),
     (b"", "not a readable PyTorch checkpoint"),
 ], ids=["random-bytes", "empty"])
-def test_cli_test_unreadable_checkpoint(tmp_path, content, message, sessrec_main):
+def test_cli_fit_resuming_an_unreadable_checkpoint(tmp_path, content, message, sessrec_main):
     bad = write(tmp_path / "bad.ckpt", content)
-    assert message in sessrec_main("test", *TINY, "--ckpt_path", str(bad))
+    assert message in sessrec_main("fit", *TINY, "--ckpt_path", str(bad))
 
 
 @pytest.mark.slow
-def test_cli_test_truncated_checkpoint(tmp_path, checkpoint, sessrec_main):
+def test_cli_fit_resuming_a_truncated_checkpoint(tmp_path, checkpoint, sessrec_main):
     cut = write(tmp_path / "cut.ckpt", checkpoint.read_bytes()[:4000])
     assert f"{cut}: not a readable PyTorch checkpoint, truncated or corrupt" in sessrec_main(
-        "test", *TINY, "--ckpt_path", str(cut))
+        "fit", *TINY, "--ckpt_path", str(cut))
+
+
+@pytest.mark.parametrize("sub", ["test", "validate", "predict"])
+def test_cli_evaluating_a_checkpoint_names_the_model_directory(tmp_path, sub, sessrec_main):
+    bad = write(tmp_path / "best.ckpt", b"never read")
+    assert sessrec_main(sub, *TINY, "--ckpt_path", str(bad)) == (
+        f"sessrec {sub}: error: sessrec {sub} takes the model directory that sessrec fit writes: --model_dir "
+        "runs/<name>/model (checkpoints only resume fit) (--traceback for details)")
+
+
+def test_cli_fit_refuses_a_model_directory(tmp_path, sessrec_main):
+    assert sessrec_main("fit", *TINY, "--model_dir", str(tmp_path)) == (
+        "sessrec fit: error: sessrec fit trains the recipe's model: --model_dir is for validate, test and predict "
+        "(--ckpt_path resumes a fit) (--traceback for details)")
+
+
+def test_cli_test_of_a_folder_that_is_no_model_directory(tmp_path, sessrec_main):
+    assert f"{tmp_path}: not a saved model directory (no config.json)" in sessrec_main("test", *TINY, "--model_dir", str(tmp_path))
 
 
 class Foreign:
@@ -482,12 +500,12 @@ class Foreign:
 
 
 def test_checkpoint_with_pickled_objects_is_not_unpickled(tmp_path):
-    from sessrec.tasks.pretrained import load_checkpoint
+    from sessrec.saved.checkpoint import read_checkpoint
 
     path = tmp_path / "objects.ckpt"
     torch.save({"state_dict": {}, "hyper_parameters": {"thing": Foreign()}}, path)
     with pytest.raises(ValueError, match="holds a pickled .*Foreign object, which sessrec does not load"):
-        load_checkpoint(path)
+        read_checkpoint(path)
 
 
 def test_checkpoint_of_another_configuration(checkpoint):
@@ -498,12 +516,13 @@ def test_checkpoint_of_another_configuration(checkpoint):
         NextItemTask.load_from_checkpoint(checkpoint, encoder=XLNetEncoder(d_model=32, n_head=2, n_layer=1))
 
 
-def test_cli_test_refuses_a_recipe_of_another_network_than_the_checkpoints(checkpoint, sessrec_main):
-    """A recipe of another width is refused, never silently replaced by the checkpoint's network."""
+def test_cli_test_refuses_a_recipe_of_another_network_than_the_models(checkpoint, sessrec_main):
+    """A recipe of another width is refused, never silently replaced by the model directory's network."""
+    model = checkpoint.parent.parent / "model"
     assert sessrec_main(
-        "test", *TINY, "--model.encoder.init_args.d_model", "32", "--ckpt_path", str(checkpoint)) == (
-        f"sessrec test: error: --model.encoder.init_args.d_model 32 differs from the checkpoint's 16 ({checkpoint}): the "
-        "network (its shape and what it computes) is fixed by training; evaluate with the checkpoint's value "
+        "test", *TINY, "--model.encoder.init_args.d_model", "32", "--model_dir", str(model)) == (
+        f"sessrec test: error: --model.encoder.init_args.d_model 32 differs from the model's 16 ({model}): the "
+        "network (its shape and what it computes) is fixed by training; evaluate the model as it was trained "
         "(--traceback for details)"
     )
 
@@ -518,42 +537,46 @@ def test_cli_fit_max_length_zero(monkeypatch, tmp_path, sessrec_main):
 def test_cli_predict_duplicate_sessions_leave_no_output(tmp_path, checkpoint, sessrec_main):
     sessions = write(tmp_path / "s.parquet", pa.table({"session_id": [1, 1], "item_id": [[5, 6], [7, 8]]}))
     out = tmp_path / "recs.parquet"
-    message = sessrec_main("predict", *TINY, "--ckpt_path", str(checkpoint), "--data.predict_path",
+    message = sessrec_main("predict", *TINY, "--model_dir", str(checkpoint.parent.parent / "model"), "--data.predict_path",
                            str(sessions), "--scoring.output", str(out))
     assert "session_id" in message and "1" in message
     assert not out.exists() and not list(tmp_path.glob(".recs*"))
 
 
-def test_cli_export_refuses_unknown_format(tmp_path, checkpoint, capsys, sessrec_main):
-    code = sessrec_main(
-        "export", "--ckpt_path", str(checkpoint), "--format", "pmml", "--out", str(tmp_path / "x"))
-    assert code == "2" and "pmml" in capsys.readouterr().err
+def test_cli_export_refuses_unknown_format(tmp_path, checkpoint, sessrec_main):
+    message = sessrec_main(
+        "export", "--model_dir", str(checkpoint.parent.parent / "model"), "--format", "pmml", "--out", str(tmp_path / "x"))
+    assert message == ("sessrec export: error: --format: expected one of 'onnx', 'torchscript', 'triton', got 'pmml' "
+                       "(--traceback for details)")
     assert not (tmp_path / "x").exists()
 
 
-def test_cli_export_of_a_broken_checkpoint_writes_nothing(tmp_path, sessrec_main):
-    bad = write(tmp_path / "bad.ckpt", b"\x00" * 100)
-    assert "not a readable PyTorch checkpoint" in sessrec_main(
-        "export", "--ckpt_path", str(bad), "--out", str(tmp_path / "out"))
+def test_cli_export_of_a_broken_model_directory_writes_nothing(tmp_path, sessrec_main):
+    (tmp_path / "bad").mkdir()
+    write(tmp_path / "bad" / "config.json", "{not json")
+    assert f"{tmp_path / 'bad' / 'config.json'}: not valid JSON" in sessrec_main(
+        "export", "--model_dir", str(tmp_path / "bad"), "--out", str(tmp_path / "out"))
     assert not (tmp_path / "out").exists()
 
 
 def test_export_gru4rec_to_onnx_names_the_reason(tmp_path):
     pytest.importorskip("onnxruntime")
+    from sessrec.data import ItemVocab
     from sessrec.deploy.export import export_session_model
     from sessrec.models import CausalLanguageModeling, GRU4RecEncoder
     from sessrec.tasks import NextItemTask
 
     task = NextItemTask(num_items=20, max_length=5, encoder=GRU4RecEncoder(d_model=8), objective=CausalLanguageModeling())
+    task.vocab = ItemVocab(pa.array(range(18)), np.ones(18, dtype=np.int64))
     with pytest.raises(ValueError, match="GRU4RecEncoder.*onnx"):
-        export_session_model(task, tmp_path / "out", "onnx")
+        export_session_model(task.recommender(), tmp_path / "out", "onnx")
     assert not list((tmp_path / "out").glob("model.*")) if (tmp_path / "out").exists() else True
 
 
 def test_cli_serve_a_directory_without_a_model(tmp_path, sessrec_main):
     pytest.importorskip("fastapi")
     assert "neither a saved pipeline (pipeline.json) nor a model directory (config.json)" in sessrec_main(
-        "serve", "--model-dir", str(tmp_path))
+        "serve", "--model_dir", str(tmp_path))
 
 
 @pytest.mark.parametrize("content, message", [
@@ -561,22 +584,22 @@ def test_cli_serve_a_directory_without_a_model(tmp_path, sessrec_main):
     ('{"format": "something.else", "version": 1}', "format 'something.else' version 1 is not 'sessrec.model'"),
 ], ids=["broken-json", "foreign-format"])
 def test_model_directory_with_a_bad_config(tmp_path, content, message):
-    from sessrec.tasks import NextItemTask
+    from sessrec.artifacts import SessionRecommender
 
     write(tmp_path / "config.json", content)
     with pytest.raises(ValueError, match=message):
-        NextItemTask.from_pretrained(tmp_path)
+        SessionRecommender.from_pretrained(tmp_path)
 
 
 def test_model_directory_without_weights(tmp_path, checkpoint):
     import shutil
 
-    from sessrec.tasks import NextItemTask
+    from sessrec.artifacts import SessionRecommender
 
     model = shutil.copytree(checkpoint.parent.parent / "model", tmp_path / "model")
     (model / "model.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match="directory lacks model.safetensors"):
-        NextItemTask.from_pretrained(model)
+        SessionRecommender.from_pretrained(model)
 
 
 def test_cli_retrain_window_without_sessions(tmp_path, checkpoint, sessrec_main):

@@ -181,39 +181,42 @@ STAGE1 = {
 }
 
 
-def test_pipeline_eval_seed_plan_and_stage1_overlays(tmp_path):
+def test_pipeline_eval_seed_plan_and_stage1_overlays(tmp_path, monkeypatch):
     pe = pipeline_eval()
     assert pe.seed_plan(3, None) == [(0, 0), (1, 1), (2, 2)]
     assert pe.seed_plan(3, [0]) == [(0, 0), (0, 1), (0, 2)]  # one stage-1 model, three ranker seeds
     assert pe.seed_plan(2, [4, 7]) == [(4, 0), (7, 1)]
     with pytest.raises(SystemExit, match="one seed or one per run"):
         pe.seed_plan(3, [0, 1])
-    recipe = tmp_path / "gpt2_x.yaml"
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "recipes").mkdir()
+    recipe = tmp_path / "recipes" / "gpt2_x.yaml"
     recipe.write_text(json.dumps(STAGE1))
-    own = pe.checkpoint_of(str(recipe), "runs/m/checkpoints/best.ckpt", 0)
-    other = pe.checkpoint_of(str(recipe), "runs/m/checkpoints/best.ckpt", 2)
-    assert own == Path("runs/m/checkpoints/best.ckpt") and other == Path("runs/gpt2_x_seed2/checkpoints/best.ckpt")
+    assert pe.stage1_recipe("runs/gpt2_x_seed3/model") == Path("recipes/gpt2_x.yaml")
+    with pytest.raises(SystemExit, match=r"runs/elsewhere/model: not runs/<recipe>/model of a stage-1 recipe"):
+        pe.stage1_recipe("runs/elsewhere/model")
+    own = pe.model_dir_of("runs/gpt2_x/model", 0, 0)
+    other = pe.model_dir_of("runs/gpt2_x/model", 2, 0)
+    assert own == Path("runs/gpt2_x/model") and other == Path("runs/gpt2_x_seed2/model")
     # the ModelCheckpoint is edited where the recipe lists it (first here), the whole list given
-    overlay = pe.seed_overlay(STAGE1, str(recipe), 2, other.parent)
+    overlay = pe.seed_overlay(STAGE1, str(recipe), 2, other.parent / "checkpoints")
     assert overlay["seed_everything"] == 2
     callbacks = overlay["trainer"]["callbacks"]
     assert [c["class_path"].rsplit(".", 1)[1] for c in callbacks] == ["ModelCheckpoint", "LearningRateMonitor"]
-    assert callbacks[0]["init_args"] == {**STAGE1["trainer"]["callbacks"][0]["init_args"], "dirpath": str(other.parent)}
+    assert callbacks[0]["init_args"] == {**STAGE1["trainer"]["callbacks"][0]["init_args"], "dirpath": str(other.parent / "checkpoints")}
     assert overlay["trainer"]["logger"]["init_args"]["save_dir"] == "runs/gpt2_x_seed2"
     assert STAGE1["trainer"]["callbacks"][0]["init_args"]["dirpath"] == "runs/m/checkpoints"  # the recipe is left as it was
-    assert "logger" not in pe.seed_overlay(STAGE1, str(recipe), 0, own.parent)["trainer"]  # its own seed logs as usual
+    assert "logger" not in pe.seed_overlay(STAGE1, str(recipe), 0, own.parent / "checkpoints")["trainer"]  # its own seed logs as usual
     with pytest.raises(SystemExit, match="one ModelCheckpoint"):
         pe.seed_overlay({"trainer": {"callbacks": []}}, str(recipe), 1, other.parent)
-    # a two-seed ensemble of one recipe: run i takes seeds 2i and 2i + 1, the run of the models' own seeds their checkpoints
+    # a two-seed ensemble of one recipe: run i takes seeds 2i and 2i + 1, the run of the models' own seeds their directories
     from sessrec.pipeline.recipe import ModelRetrieval
-    pair = {"a": ModelRetrieval(str(recipe), "runs/m/checkpoints/best.ckpt"),
-            "b": ModelRetrieval(str(recipe), "runs/m1/checkpoints/best.ckpt", seed=1)}
-    assert pe.model_seeds(pair, 0) == {"a": (0, Path("runs/m/checkpoints/best.ckpt")), "b": (1, Path("runs/m1/checkpoints/best.ckpt"))}
-    assert pe.model_seeds(pair, 2) == {"a": (4, Path("runs/gpt2_x_seed4/checkpoints/best.ckpt")),
-                                       "b": (5, Path("runs/gpt2_x_seed5/checkpoints/best.ckpt"))}
-    assert pe.model_seeds({"a": pair["a"]}, 2) == {"a": (2, Path("runs/gpt2_x_seed2/checkpoints/best.ckpt"))}
+    pair = {"a": ModelRetrieval("runs/gpt2_x/model"), "b": ModelRetrieval("runs/gpt2_x_seed1/model", seed=1)}
+    assert pe.model_seeds(pair, 0) == {"a": (0, Path("runs/gpt2_x/model")), "b": (1, Path("runs/gpt2_x_seed1/model"))}
+    assert pe.model_seeds(pair, 2) == {"a": (4, Path("runs/gpt2_x_seed4/model")), "b": (5, Path("runs/gpt2_x_seed5/model"))}
+    assert pe.model_seeds({"a": pair["a"]}, 2) == {"a": (2, Path("runs/gpt2_x_seed2/model"))}
     with pytest.raises(SystemExit, match=r"models \['a', 'c'\] are one stage-1 recipe with one seed \(0\)"):
-        pe.model_seeds({**pair, "c": ModelRetrieval(str(recipe), "runs/other/best.ckpt", seed=0)}, 0)
+        pe.model_seeds({**pair, "c": ModelRetrieval("runs/gpt2_x_seed9/model", seed=0)}, 0)
     means = pe.summary([{"system": "p", "dataset": "d", "recall@20": 0.5, "stage1_seed": 0, "ranker_seed": 0},
                         {"system": "p", "dataset": "d", "recall@20": 0.7, "stage1_seed": 0, "ranker_seed": 1}], "p", ["ranker"])
     assert means["recall@20"] == pytest.approx(0.6) and means["recall@20_std"] == pytest.approx(0.1414, abs=1e-4)
@@ -257,8 +260,8 @@ def test_pipeline_eval_blend_weights_are_checked_against_the_recipe_blend(capsys
 
 
 def run_pipeline_eval(tmp_path: Path, scorer: dict, *flags: str) -> list[dict]:
-    """pipeline_eval.py on synthetic sessions with untrained XLNet checkpoints of stage-1 seeds 0 (where
-    the pipeline recipe names it) and 1 (in its seed folder), written here so that nothing is trained."""
+    """pipeline_eval.py on synthetic sessions with the model directories of untrained XLNets of stage-1 seeds 0
+    (where the pipeline recipe names it) and 1 (in its seed folder), written here so that nothing is trained."""
     import torch
     import yaml
 
@@ -268,17 +271,16 @@ def run_pipeline_eval(tmp_path: Path, scorer: dict, *flags: str) -> list[dict]:
 
     source = {"num_sessions": 1500, "num_items": 150, "days": 10}
     dm = SessionDataModule(source=SyntheticSource(**source), max_length=8)
-    (tmp_path / "stage1.yaml").write_text(yaml.safe_dump(STAGE1))
-    for seed, folder in ((0, "runs/m/checkpoints"), (1, "runs/stage1_seed1/checkpoints")):
-        (tmp_path / folder).mkdir(parents=True)
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "stage1.yaml").write_text(yaml.safe_dump(STAGE1))
+    for seed, folder in ((0, "runs/stage1/model"), (1, "runs/stage1_seed1/model")):
         torch.manual_seed(seed)
         task = NextItemTask(num_items=dm.num_items, max_length=8, encoder=XLNetEncoder(d_model=16, n_head=2, n_layer=1))
-        torch.save({"state_dict": task.state_dict(), "hyper_parameters": {"num_items": dm.num_items, "max_length": 8}},
-                   tmp_path / folder / "best.ckpt")
-        dm.vocab.save(tmp_path / folder / "vocab.parquet")
+        task.vocab = dm.vocab
+        task.recommender().save_pretrained(tmp_path / folder)
     pipeline = {
         "data": {"source": {"class_path": "sessrec.data.SyntheticSource", "init_args": source}, "max_length": 8},
-        "models": {"xlnet": {"recipe": "stage1.yaml", "checkpoint": "runs/m/checkpoints/best.ckpt", "k": 20}},
+        "models": {"xlnet": {"model_dir": "runs/stage1/model", "k": 20}},
         "covisitation": {}, "covisitation_k": 20, "max_candidates": 30, "scorer": scorer, "output": "runs/pipeline",
     }
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump({"pipeline": pipeline}))

@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from sessrec.artifacts import SessionRecommender
 from sessrec.cli import cli as main
 from sessrec.data import ItemVocab, SchemaError
 
@@ -38,20 +39,22 @@ def trained(tmp_path_factory):
     finally:
         os.chdir(cwd)
     ckpt = next(run.glob("runs/quickstart/*/checkpoints/best.ckpt"))
-    return run, ckpt
+    return run, ckpt.parent.parent / "model"
 
 
 @pytest.mark.slow
-def test_fit_writes_checkpoint_and_vocab(trained):
-    _, ckpt = trained
-    vocab = ItemVocab.load(ckpt.parent / "vocab.parquet")
+def test_fit_writes_checkpoint_and_model_directory(trained):
+    _, model_dir = trained
+    vocab = SessionRecommender.from_pretrained(model_dir).vocab
     assert 150 < len(vocab) <= 202
-    assert not list(ckpt.parent.glob(".*tmp*"))
+    checkpoints = model_dir.parent / "checkpoints"
+    assert (checkpoints / "best.ckpt").is_file() and not (checkpoints / "vocab.parquet").exists()  # one vocabulary: the model's
+    assert not list(checkpoints.glob(".*tmp*"))
 
 
 def test_test_subcommand_reports_metrics(trained):
-    run, ckpt = trained
-    cli = main(["test", *TINY, "--ckpt_path", str(ckpt)])
+    run, model_dir = trained
+    cli = main(["test", *TINY, "--model_dir", str(model_dir)])
     metrics = cli.trainer.callback_metrics
     # learnable synthetic transitions: far above popularity after one epoch
     assert metrics["test/recall@20"] > 0.3
@@ -73,12 +76,12 @@ def sessions_file(path: Path, vocab: ItemVocab, layout: str) -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("layout,name", [("lists", "sessions.parquet"), ("events", "events.csv")])
 def test_predict_writes_raw_topk(trained, tmp_path, layout, name):
-    _, ckpt = trained
-    vocab = ItemVocab.load(ckpt.parent / "vocab.parquet")
+    _, model_dir = trained
+    vocab = SessionRecommender.from_pretrained(model_dir).vocab
     src = tmp_path / name
     sessions = sessions_file(src, vocab, layout)
     out = tmp_path / "recs.parquet"
-    main(["predict", *TINY, "--ckpt_path", str(ckpt), "--data.predict_path", str(src), "--scoring.output", str(out)])
+    main(["predict", *TINY, "--model_dir", str(model_dir), "--data.predict_path", str(src), "--scoring.output", str(out)])
     recs = pq.read_table(out)
     assert recs.column_names == ["session_id", "item_ids", "scores"]
     assert sorted(recs.column("session_id").to_pylist()) == sorted(sessions)
@@ -89,15 +92,15 @@ def test_predict_writes_raw_topk(trained, tmp_path, layout, name):
         assert scores == sorted(scores, reverse=True)
     # refuses to overwrite unless told
     with pytest.raises(FileExistsError, match="exists"):
-        main(["predict", *TINY, "--ckpt_path", str(ckpt), "--data.predict_path", str(src), "--scoring.output", str(out)])
-    main(["predict", *TINY, "--ckpt_path", str(ckpt), "--data.predict_path", str(src),
+        main(["predict", *TINY, "--model_dir", str(model_dir), "--data.predict_path", str(src), "--scoring.output", str(out)])
+    main(["predict", *TINY, "--model_dir", str(model_dir), "--data.predict_path", str(src),
           "--scoring.output", str(out), "--scoring.overwrite", "true"])
 
 
 @pytest.mark.slow
 def test_predict_failure_leaves_nothing(trained, tmp_path):
-    _, ckpt = trained
-    vocab = ItemVocab.load(ckpt.parent / "vocab.parquet")
+    _, model_dir = trained
+    vocab = SessionRecommender.from_pretrained(model_dir).vocab
     raw = vocab.raw_ids.to_pylist()
     # many good sessions, then a bad id far down the file: fails after batches were written
     n = 5000
@@ -108,27 +111,27 @@ def test_predict_failure_leaves_nothing(trained, tmp_path):
     pacsv.write_csv(pa.table({"session_id": sid, "item_id": pa.array([str(v) for v in iid])}), src)
     out = tmp_path / "recs.parquet"
     with pytest.raises((SchemaError, TypeError)):
-        main(["predict", *TINY, "--ckpt_path", str(ckpt), "--data.predict_path", str(src), "--scoring.output", str(out),
+        main(["predict", *TINY, "--model_dir", str(model_dir), "--data.predict_path", str(src), "--scoring.output", str(out),
               "--data.eval_batch_size", "64"])
     assert not out.exists()
     assert list(tmp_path.iterdir()) == [src]
 
 
 def test_predict_rejects_empty_session(trained, tmp_path):
-    _, ckpt = trained
+    _, model_dir = trained
     src = tmp_path / "empty.parquet"
     pq.write_table(pa.table({"session_id": ["a", "b"], "item_id": pa.array([[1000], []], pa.list_(pa.int64()))}), src)
     out = tmp_path / "recs.parquet"
     with pytest.raises(SchemaError, match=r"empty.parquet.*item_id.*'b'.*no items"):
-        main(["predict", *TINY, "--ckpt_path", str(ckpt), "--data.predict_path", str(src), "--scoring.output", str(out)])
+        main(["predict", *TINY, "--model_dir", str(model_dir), "--data.predict_path", str(src), "--scoring.output", str(out)])
     assert not out.exists()
 
 
 def test_predict_reports_progress_in_lines_not_a_bar_of_unknown_length(trained, tmp_path, capsys):
-    _, ckpt = trained
+    _, model_dir = trained
     src = tmp_path / "sessions.parquet"
-    sessions_file(src, ItemVocab.load(ckpt.parent / "vocab.parquet"), "lists")
-    main(["predict", *TINY, "--trainer.enable_progress_bar", "true", "--ckpt_path", str(ckpt),
+    sessions_file(src, SessionRecommender.from_pretrained(model_dir).vocab, "lists")
+    main(["predict", *TINY, "--trainer.enable_progress_bar", "true", "--model_dir", str(model_dir),
           "--data.predict_path", str(src), "--scoring.output", str(tmp_path / "recs.parquet")])
     shown = capsys.readouterr()
     assert re.search(r"^\[predict\] done: 1 batches, 3 sessions in \d+ s \(\d+ sessions/s\)$", shown.out, flags=re.MULTILINE)

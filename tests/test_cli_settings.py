@@ -1,8 +1,8 @@
-"""The model's settings at ``sessrec validate|test|predict --ckpt_path`` (`sessrec.tasks.restore`).
+"""The model's settings at ``sessrec validate|test|predict --model_dir`` (`sessrec.tasks.restore`).
 
-Evaluation settings are the given ones (recipe, command line), else the checkpoint's; training
-settings are the checkpoint's, with a note for a given value that differs; the network's settings
-are the checkpoint's, and a given value that differs is refused with one line. Renamed settings
+Evaluation settings are the given ones (recipe, command line), else the model's; training settings
+are not read; the network's settings are the model's, and a given value that differs is refused
+with one line. A checkpoint is refused in one line naming the model directory. Renamed settings
 name the key that replaces them.
 """
 
@@ -16,11 +16,11 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from sessrec.artifacts import SessionRecommender
 from sessrec.cli import cli
-from sessrec.data import ItemVocab
 from sessrec.tasks import DLRMTask, NextItemTask
 from sessrec.tasks.pretrained import plain_hparams
-from sessrec.tasks.restore import merge_with_checkpoint
+from sessrec.tasks.restore import merge_with_model
 from sessrec.tasks.settings import Evaluation
 
 torch.set_num_threads(1)
@@ -30,20 +30,21 @@ DATA = ["--trainer.enable_progress_bar", "false", "--trainer.logger", "false",
 TINY = ["--config", str(ROOT / "recipes" / "quickstart.yaml"), *DATA, "--trainer.max_epochs", "1",
         "--model.encoder.init_args.d_model", "16", "--model.encoder.init_args.n_head", "2",
         "--model.encoder.init_args.n_layer", "1"]
-TRAINED_TOP_K = 7  # the checkpoint's evaluation.top_k, not the default 20
+TRAINED_TOP_K = 7  # the model's evaluation.top_k, not the default 20
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
+    """The model directory of a fitted run (named for the tests it shares with the checkpoint it replaced)."""
     run = tmp_path_factory.mktemp("fitted")
     cli(["fit", *TINY, "--trainer.default_root_dir", str(run), "--model.evaluation.top_k", str(TRAINED_TOP_K)])
-    return next(run.glob("**/checkpoints/best.ckpt"))
+    return next(run.glob("**/checkpoints/best.ckpt")).parent.parent / "model"
 
 
 @pytest.fixture(scope="module")
 def sessions(checkpoint, tmp_path_factory) -> Path:
     """Sessions of known items for predict: long ones, so that a seen item ranks high without exclusion."""
-    raw = ItemVocab.load(checkpoint.parent / "vocab.parquet").raw_ids.to_pylist()
+    raw = SessionRecommender.from_pretrained(checkpoint).vocab.raw_ids.to_pylist()
     path = tmp_path_factory.mktemp("sessions") / "sessions.parquet"
     items = [raw[i : i + 12] for i in range(0, 120, 12)]
     pq.write_table(pa.table({"session_id": [f"s{i}" for i in range(len(items))], "item_id": items}), path)
@@ -51,13 +52,13 @@ def sessions(checkpoint, tmp_path_factory) -> Path:
 
 
 def predicted(checkpoint: Path, sessions: Path, out: Path, *flags: str) -> dict[str, list]:
-    cli(["predict", *TINY, "--ckpt_path", str(checkpoint), "--data.predict_path", str(sessions),
+    cli(["predict", *TINY, "--model_dir", str(checkpoint), "--data.predict_path", str(sessions),
          "--scoring.output", str(out), *flags])
     return {row["session_id"]: row["item_ids"] for row in pq.read_table(out).to_pylist()}
 
 
 @pytest.mark.slow
-def test_predict_takes_top_k_from_the_command_line_else_from_the_checkpoint(checkpoint, sessions, tmp_path):
+def test_predict_takes_top_k_from_the_command_line_else_from_the_model(checkpoint, sessions, tmp_path):
     assert {len(v) for v in predicted(checkpoint, sessions, tmp_path / "a.parquet").values()} == {TRAINED_TOP_K}
     given = predicted(checkpoint, sessions, tmp_path / "b.parquet", "--model.evaluation.top_k", "5")
     assert len(given) == 10 and {len(v) for v in given.values()} == {5}
@@ -75,8 +76,8 @@ def test_predict_excludes_seen_items_when_told(checkpoint, sessions, tmp_path):
 
 @pytest.mark.slow
 def test_test_excludes_seen_items_when_told(checkpoint):
-    plain = cli(["test", *TINY, "--ckpt_path", str(checkpoint)]).trainer.callback_metrics
-    excluded = cli(["test", *TINY, "--ckpt_path", str(checkpoint), "--model.evaluation.exclude_seen", "true"])
+    plain = cli(["test", *TINY, "--model_dir", str(checkpoint)]).trainer.callback_metrics
+    excluded = cli(["test", *TINY, "--model_dir", str(checkpoint), "--model.evaluation.exclude_seen", "true"])
     assert excluded.model.evaluation.exclude_seen
     # the synthetic sessions repeat items: excluding them changes every metric
     metrics = excluded.trainer.callback_metrics
@@ -86,15 +87,15 @@ def test_test_excludes_seen_items_when_told(checkpoint):
 
 @pytest.mark.parametrize("sub, stage", [("test", "test"), ("validate", "val")])
 def test_ks_from_the_command_line(checkpoint, sub, stage):
-    metrics = cli([sub, *TINY, "--ckpt_path", str(checkpoint), "--model.evaluation.ks", "[5]"]).trainer.callback_metrics
+    metrics = cli([sub, *TINY, "--model_dir", str(checkpoint), "--model.evaluation.ks", "[5]"]).trainer.callback_metrics
     assert sorted(k for k in metrics if "@" in k) == [f"{stage}/mrr@5", f"{stage}/ndcg@5", f"{stage}/recall@5"]
     assert 0 < float(metrics[f"{stage}/mrr@5"]) <= float(metrics[f"{stage}/recall@5"])
 
 
-def test_not_given_settings_are_the_checkpoints(checkpoint):
-    """A recipe without a model block: the network and the evaluation settings of the checkpoint."""
+def test_not_given_settings_are_the_models(checkpoint):
+    """A recipe without a model block: the network and the evaluation settings of the model directory."""
     data = ["--config", str(ROOT / "recipes" / "data" / "synthetic.yaml"), *DATA]
-    task = cli(["test", *data, "--ckpt_path", str(checkpoint)]).model
+    task = cli(["test", *data, "--model_dir", str(checkpoint)]).model
     assert task.hparams.encoder["init_args"]["d_model"] == 16 and task.evaluation.top_k == TRAINED_TOP_K
     assert task.hparams.objective["class_path"].endswith("MaskedItemModeling")
 
@@ -102,15 +103,15 @@ def test_not_given_settings_are_the_checkpoints(checkpoint):
 @pytest.mark.slow
 @pytest.mark.parametrize("flags, message", [
     (["--model.encoder.init_args.d_model", "32"],
-     ("--model.encoder.init_args.d_model 32 differs from the checkpoint's 16 ({ckpt}): the network (its shape and what "
-      "it computes) is fixed by training; evaluate with the checkpoint's value")),
+     ("--model.encoder.init_args.d_model 32 differs from the model's 16 ({ckpt}): the network (its shape and what "
+      "it computes) is fixed by training; evaluate the model as it was trained")),
     (["--model.dropout", "0.3", "--model.encoder.init_args.n_layer", "2"],
-     "--model.dropout 0.3 differs from the checkpoint's 0.1 ({ckpt}) (1 more setting differs): the network"),
+     "--model.dropout 0.3 differs from the model's 0.1 ({ckpt}) (1 more setting differs): the network"),
     (["--model.objective", '{"class_path": "sessrec.models.CausalLanguageModeling"}'],
-     ("--model.objective.class_path sessrec.models.CausalLanguageModeling differs from the checkpoint's "
+     ("--model.objective.class_path sessrec.models.CausalLanguageModeling differs from the model's "
       "sessrec.models.masking.MaskedItemModeling ({ckpt})")),
     (["--data.max_length", "30"],
-     "--data.max_length 30 differs from the checkpoint's 20 ({ckpt}): the network's shape is fixed by training"),
+     "--data.max_length 30 differs from the model's 20 ({ckpt}): evaluate it with the session length it was trained with"),
 ], ids=["width", "dropout-and-depth", "objective", "max-length"])
 @pytest.mark.parametrize("sub", ["test", "predict"])
 def test_a_network_setting_that_differs_is_refused(
@@ -118,35 +119,44 @@ def test_a_network_setting_that_differs_is_refused(
 ):
     out = tmp_path / "recs.parquet"
     where = ["--data.predict_path", str(sessions), "--scoring.output", str(out)] if sub == "predict" else []
-    got = sessrec_main(sub, *TINY, "--ckpt_path", str(checkpoint), *where, *flags)
+    got = sessrec_main(sub, *TINY, "--model_dir", str(checkpoint), *where, *flags)
     assert got.startswith(f"sessrec {sub}: error: ") and message.format(ckpt=checkpoint) in got
     assert not out.exists()
 
 
-def test_another_task_than_the_checkpoints_is_refused(checkpoint, sessrec_main):
+def test_another_task_than_the_models_is_refused(checkpoint, sessrec_main):
     got = sessrec_main("test", "--config", str(ROOT / "recipes" / "data" / "synthetic.yaml"), *DATA,
-                       "--config", str(ROOT / "recipes" / "model" / "vsknn.yaml"), "--ckpt_path", str(checkpoint))
-    assert "--model.class_path sessrec.tasks.BaselineTask differs from the checkpoint's sessrec.tasks.next_item.NextItemTask" in got
+                       "--config", str(ROOT / "recipes" / "model" / "vsknn.yaml"), "--model_dir", str(checkpoint))
+    assert (f"--model.class_path sessrec.tasks.BaselineTask cannot evaluate {checkpoint}: it holds a SessionRecommender, "
+            "which NextItemTask evaluates") in got
 
 
 @pytest.mark.slow
-def test_training_settings_are_the_checkpoints_with_a_note(checkpoint, capsys):
-    task = cli(["test", *TINY, "--ckpt_path", str(checkpoint), "--model.optimization.lr", "0.1",
+def test_training_settings_are_not_read(checkpoint, capsys):
+    task = cli(["test", *TINY, "--model_dir", str(checkpoint), "--model.optimization.lr", "0.1",
                 "--model.seed", "4"]).model
-    assert task.optimization.lr == 0.003 and task.hparams.seed == 0  # the quickstart's lr, trained with
-    note = [line for line in capsys.readouterr().err.splitlines() if "note" in line]
-    assert note == [("sessrec test: note: training settings not used (test keeps the checkpoint's): --model.seed 4 "
-                     "differs from the checkpoint's 0; --model.optimization.lr 0.1 differs from the checkpoint's 0.003")]
+    assert task.optimization.lr == 0.001 and task.hparams.seed == 0  # the task's defaults: nothing trains here
+    assert "note" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("sub", ["test", "predict", "validate"])
+def test_a_checkpoint_is_refused_in_one_line_naming_the_model_directory(checkpoint, sub, sessrec_main):
+    ckpt = next(checkpoint.parent.glob("checkpoints/best.ckpt"))
+    got = sessrec_main(sub, *TINY, "--ckpt_path", str(ckpt))
+    assert got == (f"sessrec {sub}: error: sessrec {sub} takes the model directory that sessrec fit writes: --model_dir "
+                   "runs/<name>/model (checkpoints only resume fit) (--traceback for details)")
+    with pytest.raises(ValueError, match=rf"^sessrec {sub} takes the model directory that sessrec fit writes"):
+        cli([sub, *TINY, "--ckpt_path", str(ckpt)])
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("saved", [False, True], ids=["recipe-and-flags", "saved-config"])
 def test_the_training_config_passes_without_a_note(checkpoint, capsys, saved):
     """The recipe and flags of the training run, or the full config `sessrec fit` saved in its run folder."""
-    recipe = ["--config", str(checkpoint.parent.parent / "config.yaml")] if saved else TINY
-    task = cli(["test", *recipe, "--ckpt_path", str(checkpoint)]).model
+    recipe = ["--config", str(checkpoint.parent / "config.yaml")] if saved else TINY
+    task = cli(["test", *recipe, "--model_dir", str(checkpoint)]).model
     assert task.evaluation.top_k == TRAINED_TOP_K
-    assert "note" not in capsys.readouterr().err
+    assert "error" not in capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -161,51 +171,46 @@ def test_bad_evaluation_settings_are_refused(
 ):
     out = tmp_path / "recs.parquet"
     where = ["--data.predict_path", str(sessions), "--scoring.output", str(out)] if sub == "predict" else []
-    got = sessrec_main(sub, *TINY, "--ckpt_path", str(checkpoint), *where, *flags)
+    got = sessrec_main(sub, *TINY, "--model_dir", str(checkpoint), *where, *flags)
     assert got == f"sessrec {sub}: error: {message} (--traceback for details)"
     assert not out.exists()
 
 
-OPTIONS = "its options are num_items, max_length, encoder, objective"  # NextItemTask's, in order
-
-
 @pytest.mark.parametrize("flag", ["--model.top_k", "--model.init_args.top_k"])
-def test_a_setting_outside_its_part_is_an_unknown_key_in_one_line(capsys, flag, sessrec_main):
-    got = sessrec_main("test", *TINY, flag, "5")
-    unknown = "unknown key model.top_k (NextItemTask has no option 'top_k')"
-    assert got.startswith(f"sessrec test: error: {unknown}; {OPTIONS}")
-    assert "evaluation" in got and "NestedArg" not in capsys.readouterr().err  # nothing of jsonargparse's printed before it
+def test_a_setting_outside_its_part_is_an_unknown_key_in_one_line(capsys, checkpoint, flag, sessrec_main):
+    got = sessrec_main("test", *TINY, "--model_dir", str(checkpoint), flag, "5")
+    unknown = "unknown key model.top_k (NextItemTask has no option 'top_k'); its options are num_items"
+    assert got.startswith(f"sessrec test: error: {unknown}") and "evaluation" in got
+    assert "NestedArg" not in capsys.readouterr().err  # nothing of jsonargparse's printed before it
 
 
 def test_a_recipe_key_outside_its_part_is_an_unknown_key_in_one_line(capsys, tmp_path, sessrec_main):
     recipe = tmp_path / "flat.yaml"
     recipe.write_text("model:\n  exclude_seen: true\n  evaluation: {ks: [5]}\n")
     got = sessrec_main("fit", *TINY, "--config", str(recipe))
-    unknown = "unknown key model.exclude_seen (NextItemTask has no option 'exclude_seen')"
-    assert got.startswith(f"sessrec fit: error: {unknown}; {OPTIONS}")
+    unknown = "unknown key model.exclude_seen (NextItemTask has no option 'exclude_seen'); its options are num_items"
+    assert got.startswith(f"sessrec fit: error: {unknown}") and "evaluation" in got
     assert capsys.readouterr().err == ""
 
 
-# a DLRMTask checkpoint's settings
 DLRM_HELD = plain_hparams(DLRMTask(cardinalities={"hotel": 10}, num_dense=3))
 
 
-def test_dlrm_takes_ks_and_compile_keeps_the_training_settings_and_refuses_its_shape():
+def test_dlrm_takes_ks_and_compile_and_refuses_its_shape():
     given = {"evaluation": {"ks": [3]}, "compile": "aot_eager", "optimization": {"lr": 0.01}, "network": {"embedding_dim": 16}}
-    merged = merge_with_checkpoint(DLRMTask, DLRM_HELD, given, "dlrm.ckpt", from_data=("cardinalities", "num_dense"))
+    merged = merge_with_model(DLRMTask, DLRM_HELD, given, "runs/dlrm/model", from_data=("cardinalities", "num_dense"))
     assert Evaluation.of(merged.init_args["evaluation"]).ks == [3]
     assert merged.init_args["compile"] == "aot_eager" and merged.init_args["sparse"] == DLRM_HELD["sparse"]
-    assert merged.notes == ["--model.optimization.lr 0.01 differs from the checkpoint's 0.001"]
     for given, key, value in (({"network": {"embedding_dim": 32}}, "network.embedding_dim", 32),
                               ({"sparse": {"class_path": "sessrec.embeddings.FusedTables", "init_args": {"optimizer": "sgd"}}},
                                "sparse.init_args.optimizer", "sgd")):
-        with pytest.raises(ValueError, match=rf"^--model\.{key} {value} differs from the checkpoint's \S+ \(dlrm\.ckpt\): the network"):
-            merge_with_checkpoint(DLRMTask, DLRM_HELD, given, "dlrm.ckpt")
+        with pytest.raises(ValueError, match=rf"^--model\.{key} {value} differs from the model's \S+ \(runs/dlrm/model\): the network"):
+            merge_with_model(DLRMTask, DLRM_HELD, given, "runs/dlrm/model")
 
 
-def test_a_checkpoint_setting_the_task_does_not_take_is_refused():
-    with pytest.raises(ValueError, match=r"^x\.ckpt: the checkpoint's setting 'lr' is not one of NextItemTask's"):
-        merge_with_checkpoint(NextItemTask, {"dropout": 0.1, "lr": 0.01}, {}, "x.ckpt")
+def test_a_model_setting_the_task_does_not_take_is_refused():
+    with pytest.raises(ValueError, match=r"^x: the model's setting 'lr' is not one of NextItemTask's"):
+        merge_with_model(NextItemTask, {"dropout": 0.1, "lr": 0.01}, {}, "x")
 
 
 def test_a_saved_part_is_compared_field_by_field():
@@ -213,11 +218,11 @@ def test_a_saved_part_is_compared_field_by_field():
                            "init_args": {"ks": [10, 20], "top_k": 20, "exclude_seen": True}},
             "encoder": {"class_path": "sessrec.models.xlnet.XLNetEncoder", "init_args": {"d_model": 16, "n_head": 2}}}
     given = {"evaluation": {"ks": [5]}, "encoder": {"class_path": "sessrec.models.XLNetEncoder", "init_args": {"d_model": 16}}}
-    merged = merge_with_checkpoint(NextItemTask, held, given, "x.ckpt")
+    merged = merge_with_model(NextItemTask, held, given, "x")
     assert merged.init_args["evaluation"] == {"ks": [5], "top_k": 20, "exclude_seen": True}
-    assert merged.init_args["encoder"] == held["encoder"] and merged.notes == []
+    assert merged.init_args["encoder"] == held["encoder"]
     with pytest.raises(ValueError, match=r"^--model\.encoder\.class_path sessrec\.models\.GRU4RecEncoder differs"):
-        merge_with_checkpoint(NextItemTask, held, {"encoder": {"class_path": "sessrec.models.GRU4RecEncoder"}}, "x.ckpt")
+        merge_with_model(NextItemTask, held, {"encoder": {"class_path": "sessrec.models.GRU4RecEncoder"}}, "x")
 
 
 # -- DLRMTask: ks and compile are its evaluation settings -------------------------------------------
@@ -225,7 +230,7 @@ def test_a_saved_part_is_compared_field_by_field():
 
 @pytest.fixture(scope="module")
 def dlrm(tmp_path_factory) -> tuple[list[str], Path]:
-    """The DLRM recipe fitted for one epoch on a hand-made click-out log: (its flags, its best checkpoint)."""
+    """The DLRM recipe fitted for one epoch on a hand-made click-out log: (its flags, its model directory)."""
     from test_ranking_data import log_table
 
     run = tmp_path_factory.mktemp("dlrm")
@@ -241,18 +246,17 @@ def dlrm(tmp_path_factory) -> tuple[list[str], Path]:
         cli(["fit", *flags])
     finally:
         os.chdir(cwd)
-    return flags, run / "runs" / "dlrm_trivago" / "checkpoints" / "best.ckpt"
+    return flags, run / "runs" / "dlrm_trivago" / "model"
 
 
 @pytest.mark.slow
-def test_dlrm_test_takes_ks_notes_lr_and_refuses_another_width(capsys, dlrm, sessrec_main):
-    flags, ckpt = dlrm
-    given = cli(["test", *flags, "--ckpt_path", str(ckpt), "--model.evaluation.ks", "[2]", "--model.optimization.lr", "0.5"])
-    assert given.model.evaluation.ks == [2] and given.model.optimization.lr == 0.001
+def test_dlrm_test_takes_ks_and_refuses_another_width(dlrm, sessrec_main):
+    flags, model_dir = dlrm
+    given = cli(["test", *flags, "--model_dir", str(model_dir), "--model.evaluation.ks", "[2]", "--model.optimization.lr", "0.5"])
+    assert given.model.evaluation.ks == [2]
     assert sorted(k for k in given.trainer.callback_metrics if k.startswith("test/recall")) == ["test/recall@2"]
-    assert "--model.optimization.lr 0.5 differs from the checkpoint's 0.001" in capsys.readouterr().err
-    got = sessrec_main("test", *flags, "--ckpt_path", str(ckpt), "--model.network.embedding_dim", "4",
+    got = sessrec_main("test", *flags, "--model_dir", str(model_dir), "--model.network.embedding_dim", "4",
                        "--model.network.dense_layers", "[8, 4]")
-    assert f"--model.network.embedding_dim 4 differs from the checkpoint's 8 ({ckpt}) (1 more setting differs): the network" in got
-    got = sessrec_main("test", *flags, "--ckpt_path", str(ckpt), "--model.sparse.init_args.optimizer", "sgd")
-    assert f"--model.sparse.init_args.optimizer sgd differs from the checkpoint's adagrad_rowwise ({ckpt}): the network" in got
+    assert f"--model.network.embedding_dim 4 differs from the model's 8 ({model_dir}) (1 more setting differs): the network" in got
+    got = sessrec_main("test", *flags, "--model_dir", str(model_dir), "--model.sparse.init_args.optimizer", "sgd")
+    assert f"--model.sparse.init_args.optimizer sgd differs from the model's adagrad_rowwise ({model_dir}): the network" in got

@@ -18,6 +18,7 @@ import torch
 import yaml
 from test_ensemble import ROOT, fit_loop
 
+from sessrec.artifacts import Inference, SessionRecommender
 from sessrec.cli import cli
 from sessrec.data.vocab import ItemVocab
 from sessrec.models import (
@@ -58,8 +59,8 @@ def causal(seed: int, window: int = 5, encoder: type = GRU4RecEncoder) -> Sessio
 
 
 def teacher_dir(folder: Path, seed: int, window: int = 5, vocab: ItemVocab = VOCAB) -> str:
-    path = causal(seed, window).save_pretrained(folder / f"teacher{seed}_{window}", vocab, CausalLanguageModeling())
-    return str(path)
+    teacher = SessionRecommender(causal(seed, window), CausalLanguageModeling(), vocab, Inference(window))
+    return str(teacher.save_pretrained(folder / f"teacher{seed}_{window}"))
 
 
 def test_the_loss_is_the_target_cross_entropy_and_the_kl_to_the_teachers_geometric_mean(tmp_path):
@@ -76,7 +77,7 @@ def test_the_loss_is_the_target_cross_entropy_and_the_kl_to_the_teachers_geometr
     with torch.no_grad():
         logps = []
         for path in paths:
-            member = load_member(path)
+            member = load_member(path).model
             hidden = member.encode(ITEMS, torch.zeros_like(ITEMS, dtype=torch.bool))[:, :-1][read]
             logps.append(torch.log_softmax(member.score(hidden)[:, 2:] / 2.0, -1))  # the 12 items only
         p = torch.softmax(0.75 * logps[0] + 0.25 * logps[1], -1)  # the geometric mean, renormalised
@@ -94,7 +95,7 @@ def test_the_loss_is_the_target_cross_entropy_and_the_kl_to_the_teachers_geometr
 
     # the student the teacher itself: no divergence left, only the target term
     alone = Teachers(Distillation(teachers=paths[:1], alpha=1.0), VOCAB, V, max_length=5)
-    same = load_member(paths[0])
+    same = load_member(paths[0]).model
     hidden = CausalLanguageModeling().training_output(same, ITEMS).hidden
     _, target, kl = alone.loss(same, FullSoftmax(label_smoothing=0.1), hidden, out.targets, ITEMS, NO_FEATURES)
     assert abs(kl.item()) < 1e-5
@@ -109,7 +110,7 @@ def test_a_teacher_that_reads_event_times_gets_them_and_has_the_data_module_load
     for layer in hstu.modules():  # trained time biases (they start at zero)
         if hasattr(layer, "time_bias"):
             torch.nn.init.normal_(layer.time_bias, std=1.0)
-    path = str(hstu.save_pretrained(tmp_path / "hstu", VOCAB, CausalLanguageModeling()))
+    path = str(SessionRecommender(hstu, CausalLanguageModeling(), VOCAB, Inference(5)).save_pretrained(tmp_path / "hstu"))
     teachers = Teachers(Distillation(teachers=[path]), VOCAB, V, max_length=5)
     read = (ITEMS[:, :-1] != 0) & (ITEMS[:, 1:] >= 2)
     targets = ITEMS[:, 1:][read]
@@ -147,7 +148,7 @@ def test_with_sampled_negatives_both_distributions_cover_the_drawn_columns(tmp_p
         negative = (full[:, samples] - torch.log(probs[samples] * 6)).masked_fill(samples[None, :] == targets[:, None], -math.inf)
         return torch.cat([full.gather(1, targets[:, None]), negative], dim=1)
 
-    teacher = load_member(teachers.ensemble.names[0])
+    teacher = load_member(teachers.ensemble.names[0]).model
     read = (ITEMS[:, :-1] != 0) & (ITEMS[:, 1:] >= 2)
     with torch.no_grad():
         hidden = teacher.encode(ITEMS, torch.zeros_like(ITEMS, dtype=torch.bool))[:, :-1][read]
@@ -188,11 +189,16 @@ def test_settings_and_students_that_cannot_be_distilled_are_refused():
 
 
 def test_teachers_that_do_not_fit_the_student_are_refused_by_file(tmp_path):
-    with pytest.raises(FileNotFoundError, match="nowhere.ckpt: no such checkpoint"):
-        Teachers(Distillation(teachers=[str(tmp_path / "nowhere.ckpt")]), VOCAB, V, 5)
+    with pytest.raises(FileNotFoundError, match="nowhere: no such model directory"):
+        Teachers(Distillation(teachers=[str(tmp_path / "nowhere")]), VOCAB, V, 5)
+    checkpoint = tmp_path / "best.ckpt"
+    checkpoint.write_bytes(b"a checkpoint")
+    with pytest.raises(ValueError, match=f"^{re.escape(str(checkpoint))}: a file, where an ensemble member or teacher is "
+                                         r"the model directory that sessrec fit writes \(runs/<name>/model\)"):
+        Teachers(Distillation(teachers=[str(checkpoint)]), VOCAB, V, 5)
     torch.manual_seed(0)
     mlm = SessionModel(V, encoder=XLNetEncoder(d_model=8, n_head=2, n_layer=1), max_length=6)
-    bidirectional = str(mlm.save_pretrained(tmp_path / "mlm", VOCAB, MaskedItemModeling()))
+    bidirectional = str(SessionRecommender(mlm, MaskedItemModeling(), VOCAB, Inference(5)).save_pretrained(tmp_path / "mlm"))
     with pytest.raises(ValueError, match=f"{re.escape(bidirectional)}: was trained with MaskedItemModeling"):
         Teachers(Distillation(teachers=[bidirectional]), VOCAB, V, 5)
     other = teacher_dir(tmp_path, 0, vocab=ItemVocab(pa.array(np.arange(200, 212)), np.arange(12, 0, -1)))
@@ -230,7 +236,7 @@ data:
 def kl_to(teacher: SessionModel, student: SessionModel, items: torch.Tensor) -> float:
     """Mean KL from the teacher's next-item distribution to the student's on (B, L) evaluation prefixes."""
     with torch.no_grad():
-        p, q = torch.log_softmax(teacher(items)[:, 2:], -1), torch.log_softmax(student(items)[:, 2:], -1)
+        p, q = torch.log_softmax(teacher(items)[:, 2:], -1), torch.log_softmax(student(items)[:, 2:], -1)  # causal: read by CLM
         return float((p.exp() * (p - q)).sum(-1).mean())
 
 
@@ -239,29 +245,30 @@ def test_a_distilled_student_is_closer_to_its_teacher_and_saves_alone(tmp_path, 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "recipe.yaml").write_text(RECIPE)
     fit = ["fit", "--config", "recipe.yaml"]
-    cli([*fit, "--trainer.callbacks.init_args.dirpath", "teacher"])
+    cli([*fit, "--trainer.callbacks.init_args.dirpath", "teacher/checkpoints"])  # the model directory: teacher/model
     student = [*fit, "--seed_everything", "1", "--model.seed", "1", "--model.encoder.init_args.d_model", "8"]
-    cli([*student, "--trainer.callbacks.init_args.dirpath", "plain"])
-    run = cli([*student, "--trainer.callbacks.init_args.dirpath", "distilled",
-               "--model.distillation.teachers", "[teacher/best.ckpt]", "--model.distillation.alpha", "1.0"])
+    cli([*student, "--trainer.callbacks.init_args.dirpath", "plain/checkpoints"])
+    run = cli([*student, "--trainer.callbacks.init_args.dirpath", "distilled/checkpoints",
+               "--model.distillation.teachers", "[teacher/model]", "--model.distillation.alpha", "1.0"])
     assert run.model._teachers is not None and run.trainer.logged_metrics["train/teacher_kl"] > 0
 
-    teacher, plain, distilled = (load_member(f"{name}/best.ckpt") for name in ("teacher", "plain", "distilled"))
+    teacher, plain, distilled = (load_member(f"{name}/model").model for name in ("teacher", "plain", "distilled"))
     items, _ = SessionDataModule(source=run.datamodule.source, max_length=20).tensors("test")
     items = items.long()
     # taught by the teacher alone (alpha 1), the student's distribution is several times closer to it
     assert kl_to(teacher, distilled, items) < 0.3 * kl_to(teacher, plain, items)
     # the checkpoint holds the student alone: the plain run's tensors, and its setting for the record
-    held = torch.load("distilled/best.ckpt", weights_only=True)
-    assert held["state_dict"].keys() == torch.load("plain/best.ckpt", weights_only=True)["state_dict"].keys()
-    assert held["hyper_parameters"]["distillation"]["init_args"]["teachers"] == ["teacher/best.ckpt"]
+    held = torch.load("distilled/checkpoints/best.ckpt", weights_only=True)
+    assert held["state_dict"].keys() == torch.load("plain/checkpoints/best.ckpt", weights_only=True)["state_dict"].keys()
+    assert held["hyper_parameters"]["distillation"]["init_args"]["teachers"] == ["teacher/model"]
     # evaluation reads the student only: the teachers may be gone
-    Path("teacher/best.ckpt").rename("teacher/moved.ckpt")
-    assert sessrec_main("test", *student[1:], "--ckpt_path", "distilled/best.ckpt") == ""
-    assert "teacher/best.ckpt: no such checkpoint or model directory" in sessrec_main(
-        *student, "--model.distillation.teachers", "[teacher/best.ckpt]")
+    Path("teacher/model").rename("teacher/moved")
+    assert sessrec_main("test", *student[1:], "--model_dir", "distilled/model") == ""
+    assert "teacher/model: no such model directory" in sessrec_main(*student, "--model.distillation.teachers", "[teacher/model]")
+    assert ("distilled/checkpoints/best.ckpt: a file, where an ensemble member or teacher is the model directory" in
+            sessrec_main(*student, "--model.distillation.teachers", "[distilled/checkpoints/best.ckpt]"))
     assert "distillation trains a CausalLanguageModeling student" in sessrec_main(
-        *student, "--model.distillation.teachers", "[teacher/moved.ckpt]", "--model.objective",
+        *student, "--model.distillation.teachers", "[teacher/moved]", "--model.objective",
         "sessrec.models.MaskedItemModeling")
 
 

@@ -50,8 +50,8 @@ def test_the_recipe_example_trains_saves_and_loads(tmp_path):
     assert directories, f"no model directory under {tmp_path / 'runs'}"
     load = (
         "import sys, my_encoders\n"
-        "from sessrec.models import SessionModel\n"
-        f"model = SessionModel.from_pretrained({str(directories[0])!r})\n"
+        "from sessrec.artifacts import SessionRecommender\n"
+        f"model = SessionRecommender.from_pretrained({str(directories[0])!r}).model\n"
         "print(type(model.encoder).__module__, type(model.encoder).__name__, model.encoder.convs[2].dilation[0])\n"
     )
     out = subprocess.run([sys.executable, "-c", load], cwd=tmp_path, env=env, capture_output=True, text=True, check=True)

@@ -15,16 +15,16 @@ import torch
 import yaml
 from test_cli_runs import TINY as TINY_RUN
 
+from sessrec.artifacts import Inference, SessionRecommender
 from sessrec.cli import cli
 from sessrec.data import SyntheticSource
 from sessrec.data.vocab import ItemVocab
 from sessrec.metrics import TopKMetrics
-from sessrec.models import GRU4RecEncoder, HSTUEncoder, SessionEnsemble, SessionModel
+from sessrec.models import CausalLanguageModeling, GRU4RecEncoder, HSTUEncoder, SessionEnsemble, SessionModel
 from sessrec.models.objective import EVENT_TIMES
 from sessrec.tasks import SessionDataModule
 from sessrec.tasks.ensemble import EnsembleTask
-from sessrec.tasks.members import load_member
-from sessrec.tasks.pretrained import load_checkpoint
+from sessrec.tasks.members import check_same_vocabulary, load_member
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,11 +79,11 @@ def test_members_that_do_not_belong_together_are_refused():
         SessionEnsemble([])
     with pytest.raises(TypeError, match="must be a SessionModel, got Linear"):
         SessionEnsemble([gru(), torch.nn.Linear(2, 2)])
-    a, b = gru(), gru()
-    a.attach(ItemVocab.fit(pa.array(list(range(10))), min_count=1))
-    b.attach(ItemVocab.fit(pa.array(list(range(1, 11))), min_count=1))  # 10 items each, other raw ids
-    with pytest.raises(ValueError, match="b.ckpt: was trained on another vocabulary than a.ckpt"):
-        SessionEnsemble([a, b], names=["a.ckpt", "b.ckpt"])
+    a = SessionRecommender(gru(), CausalLanguageModeling(), ItemVocab.fit(pa.array(list(range(10))), min_count=1), Inference(4))
+    b = SessionRecommender(gru(), CausalLanguageModeling(), ItemVocab.fit(pa.array(list(range(1, 11))), min_count=1),
+                           Inference(4))  # 10 items each, other raw ids
+    with pytest.raises(ValueError, match="runs/b/model: was trained on another vocabulary than runs/a/model"):
+        check_same_vocabulary([a, b], ["runs/a/model", "runs/b/model"])
 
 
 # -- EnsembleTask through the CLI --------------------------------------------------------------------
@@ -117,14 +117,14 @@ def printed_test(out: str) -> dict[str, float]:
 
 @pytest.fixture(scope="module")
 def members(tmp_path_factory) -> list[Path]:
-    """Two tiny XLNet-MLM runs on the same synthetic sessions, seeds 0 and 1."""
+    """The model directories of two tiny XLNet-MLM runs on the same synthetic sessions, seeds 0 and 1."""
     folder = tmp_path_factory.mktemp("members")
     out = []
     for seed in (0, 1):
-        dirpath = folder / f"seed{seed}"
+        dirpath = folder / f"seed{seed}" / "checkpoints"
         cli(["fit", *TINY, "--seed_everything", str(seed), "--model.seed", str(seed),
              "--trainer.logger.init_args.save_dir", str(folder / "runs"), "--trainer.callbacks.init_args.dirpath", str(dirpath)])
-        out.append(dirpath / "best.ckpt")
+        out.append(dirpath.parent / "model")  # the model directory sessrec fit writes beside the checkpoints
     return out
 
 
@@ -132,13 +132,10 @@ def members(tmp_path_factory) -> list[Path]:
 def test_an_ensemble_of_one_is_its_member_and_of_two_is_the_mean_of_both(members, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     a, b = members
-    cli(["test", *TINY, "--ckpt_path", str(a), "--model.evaluation.ks", "[5, 20]"])
+    cli(["test", *TINY, "--model_dir", str(a), "--model.evaluation.ks", "[5, 20]"])
     alone = printed_test(capsys.readouterr().out)
     cli(["test", "--config", ensemble_recipe(tmp_path, [a])])
     assert printed_test(capsys.readouterr().out) == alone  # one member: its own ranking, so its own metrics
-    folder = load_checkpoint(a).save_pretrained(tmp_path / "model_a")  # the same member as a model directory
-    cli(["test", "--config", ensemble_recipe(tmp_path, [folder])])
-    assert printed_test(capsys.readouterr().out) == alone
     run = cli(["test", "--config", ensemble_recipe(tmp_path, [a, b], weights="[2, 1]")])
     both = printed_test(capsys.readouterr().out)
     assert both != alone
@@ -148,7 +145,7 @@ def test_an_ensemble_of_one_is_its_member_and_of_two_is_the_mean_of_both(members
     items, targets = dm.tensors("test")
     nets = [load_member(a), load_member(b)]
     with torch.no_grad():
-        scores = sum(w * torch.log_softmax(n(items.long()), -1) for w, n in zip((2 / 3, 1 / 3), nets))
+        scores = sum(w * torch.log_softmax(n.model(items.long(), n.objective), -1) for w, n in zip((2 / 3, 1 / 3), nets))
     metrics = TopKMetrics([5, 20])
     metrics.update(scores, targets.long())
     for name, value in metrics.compute().items():
@@ -182,22 +179,18 @@ def test_the_cli_refuses_members_that_do_not_fit_the_data_or_the_task(members, t
     recipe = ensemble_recipe(tmp_path, [a])
     assert "reads the latest 20 items of a session where --data.max_length gives 10" in sessrec_main(
         "test", "--config", recipe, "--data.max_length", "10")
-    missing = tmp_path / "nowhere.ckpt"
-    assert f"{missing}: no such checkpoint or model directory" in sessrec_main("test", "--config", ensemble_recipe(tmp_path, [missing]))
+    missing = tmp_path / "nowhere"
+    assert f"{missing}: no such model directory" in sessrec_main("test", "--config", ensemble_recipe(tmp_path, [missing]))
     assert "an EnsembleTask has no weights to train" in sessrec_main("fit", "--config", recipe)
 
 
-def test_a_checkpoint_of_another_task_is_not_a_member(tmp_path):
-    from sessrec.baselines import Popularity
-    from sessrec.tasks import BaselineTask
-
-    path = tmp_path / "baseline.ckpt"
-    task = BaselineTask(baseline=Popularity(), num_items=10)
-    torch.save({"state_dict": task.state_dict(), "hyper_parameters": {"_class_path": "sessrec.tasks.BaselineTask",
-                "baseline": {"class_path": "sessrec.baselines.Popularity"}, "num_items": 10},
-                "sessrec": {"task": "sessrec.tasks.BaselineTask"}}, path)
-    with pytest.raises(ValueError, match=f"{re.escape(str(path))}: .*BaselineTask"):  # refused by name, nothing built
+def test_a_checkpoint_is_not_a_member_and_the_refusal_names_the_model_directory(tmp_path):
+    path = tmp_path / "best.ckpt"
+    path.write_bytes(b"a checkpoint")  # refused by its kind, nothing read
+    with pytest.raises(ValueError) as info:
         load_member(path)
+    assert str(info.value) == (f"{path}: a file, where an ensemble member or teacher is the model directory that sessrec "
+                               "fit writes (runs/<name>/model); checkpoints only resume fit")
 
 
 ENSEMBLE_RECIPES = sorted(p for p in (ROOT / "recipes").glob("*.yaml") if "sessrec.tasks.EnsembleTask" in p.read_text())
@@ -208,18 +201,19 @@ def test_there_are_ensemble_recipes():
 
 
 def fit_loop(path: Path) -> tuple[list[str], dict]:
-    """The checkpoints that a recipe header's ``for s in ...; do sessrec fit <configs> --seed_everything $s ...
-    dirpath <dir>$s; done`` writes, and the config those runs train with (their files merged)."""
+    """The model directories that a recipe header's ``for s in ...; do sessrec fit <configs> --seed_everything $s ...
+    dirpath <dir>$s/checkpoints; done`` writes (``<dir>$s/model``, beside the checkpoints), and the config those
+    runs train with (their files merged)."""
     text = path.read_text()
     loop = re.search(r"for s in ([\d ]+); do sessrec fit ((?:--config \S+ )+)--seed_everything \$s --model.seed \$s "
-                     r"--data.seed \$s --trainer.callbacks.init_args.dirpath (\S+)\$s; done", text)
+                     r"--data.seed \$s --trainer.callbacks.init_args.dirpath (\S+)\$s/checkpoints; done", text)
     assert loop, f"{path.name}: no fit loop in its header"
     seeds, configs, folder = loop.group(1).split(), loop.group(2).split()[1::2], loop.group(3)
     trained: dict = {}
     for config in configs:  # later files override earlier ones, block by block as the CLI merges them
         for key, value in (yaml.safe_load((ROOT / config).read_text()) or {}).items():
             trained[key] = {**trained.get(key, {}), **value} if isinstance(value, dict) else value
-    return [f"{folder}{s}/best.ckpt" for s in seeds], trained
+    return [f"{folder}{s}/model" for s in seeds], trained
 
 
 @pytest.mark.parametrize("path", ENSEMBLE_RECIPES, ids=lambda p: p.stem)

@@ -7,6 +7,7 @@ import re
 from dataclasses import asdict
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 from torch import nn
@@ -14,13 +15,15 @@ from torch import nn
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
+from sessrec.data import ItemVocab
 from sessrec.data.batch import SessionBatch
 from sessrec.data.side import SideInfoSpec
+from sessrec.datasets.clickout_rows import RankingVocab
 from sessrec.deploy.export import (
     ExportedClickScorer,
     NextItemScorer,
-    export_checkpoint,
     export_dlrm,
+    export_model_dir,
     export_session_model,
     max_abs_diff,
     run_exported,
@@ -61,7 +64,9 @@ EXPORTS = [(m, f) for m in MODELS for f in ("onnx", "torchscript") if (m, f) not
 def session_task(name: str, **kwargs) -> NextItemTask:
     torch.manual_seed(0)
     encoder, objective = MODELS[name]
-    return NextItemTask(num_items=50, max_length=10, encoder=encoder(), objective=objective(), **kwargs).eval()
+    task = NextItemTask(num_items=50, max_length=10, encoder=encoder(), objective=objective(), **kwargs).eval()
+    task.vocab = ItemVocab(pa.array(np.arange(48)), np.ones(48, dtype=np.int64))  # 48 items, padding and OOV
+    return task
 
 
 def sessions(batch: int, length: int, seed: int) -> torch.Tensor:
@@ -82,7 +87,7 @@ def event_times(items: torch.Tensor, seed: int) -> torch.Tensor:
 @pytest.mark.parametrize("name,fmt", EXPORTS)
 def test_session_model_matches_eager_on_other_shapes(tmp_path, name, fmt):
     task = session_task(name)
-    path = export_session_model(task, tmp_path, fmt, top_k=20)
+    path = export_session_model(task.recommender(), tmp_path, fmt, top_k=20)
     items = sessions(7, 13, seed=1)  # longer than max_length too: the latest items are kept
     times = event_times(items, seed=1) if task.model.uses_times else None  # HSTU reads them
     scores, top_scores, top_items = run_exported(path, items, *([] if times is None else [times]))
@@ -97,7 +102,7 @@ def test_session_model_matches_eager_on_other_shapes(tmp_path, name, fmt):
 
 
 def test_description_beside_the_model(tmp_path):
-    path = export_session_model(session_task("sasrec_clm"), tmp_path, "torchscript", top_k=5)
+    path = export_session_model(session_task("sasrec_clm").recommender(), tmp_path, "torchscript", top_k=5)
     spec = json.loads(path.with_suffix(".json").read_text())
     assert spec["file"] == "model.pt" and spec["format"] == "torchscript" and spec["opset"] is None
     assert spec["inputs"] == [{"name": "items", "dtype": "int64", "shape": ["batch", "length"]}]
@@ -112,7 +117,7 @@ def test_description_beside_the_model(tmp_path):
 def test_side_features_are_inputs_and_exclude_seen_is_applied(tmp_path, fmt):
     side = SideInfoSpec(categorical={"device": 5}, continuous=["price", "dwell"], looks_ahead=["dwell"])
     task = session_task("bert_mlm", side_features=side, evaluation=Evaluation(exclude_seen=True))
-    path = export_session_model(task, tmp_path, fmt)
+    path = export_session_model(task.recommender(), tmp_path, fmt)
     items = sessions(5, 9, seed=2)
     g = torch.Generator().manual_seed(3)
     device, price, dwell = torch.randint(1, 5, items.shape, generator=g), torch.randn(items.shape, generator=g), torch.rand(items.shape, generator=g)
@@ -131,7 +136,7 @@ def test_event_times_are_an_input_of_a_model_that_reads_them(tmp_path, fmt):
     with torch.no_grad():  # a trained time bias: the initial one is zero and would read no times
         for layer in task.model.encoder.layers:
             layer.time_bias.normal_(generator=torch.Generator().manual_seed(4))
-    path = export_session_model(task, tmp_path, fmt, top_k=5)
+    path = export_session_model(task.recommender(), tmp_path, fmt, top_k=5)
     spec = json.loads(path.with_suffix(".json").read_text())
     assert spec["inputs"][1] == {"name": "event_times", "dtype": "float64", "shape": ["batch", "length"]}
     items = sessions(6, 8, seed=7)
@@ -146,14 +151,14 @@ def test_event_times_are_an_input_of_a_model_that_reads_them(tmp_path, fmt):
     (moved,) = run_exported(path, items, event_times(items, seed=9))[:1]  # other gaps: other scores
     assert max_abs_diff(moved, scores) > 1e-3
     with pytest.raises(ValueError, match="expected the inputs items, event_times; got 1 tensors"):
-        NextItemScorer(task.model)(items)
+        NextItemScorer(task.recommender())(items)
     config = parse_pbtxt(model_config("hstu", spec, 8, 100))
     assert config["input"][1] == {"name": "event_times", "data_type": "TYPE_FP64", "dims": [-1]}
 
 
 def test_gru4rec_to_onnx_is_refused_with_the_reason(tmp_path):
     with pytest.raises(ValueError, match=r"GRU4RecEncoder cannot be exported to onnx: .*pack_padded_sequence.*torchscript"):
-        export_session_model(session_task("gru4rec_clm"), tmp_path, "onnx")
+        export_session_model(session_task("gru4rec_clm").recommender(), tmp_path, "onnx")
     assert not list(tmp_path.iterdir())
 
 
@@ -172,31 +177,29 @@ def test_an_encoder_the_exporter_cannot_follow_gets_a_clear_error(tmp_path):
     task = session_task("bert_mlm")
     task.model.encoder = DataDependentEncoder()  # swapped in after the task is built: only export reads it
     with pytest.raises(ValueError, match=r"^DataDependentEncoder cannot be exported to onnx: "):
-        export_session_model(task, tmp_path, "onnx")
+        export_session_model(task.recommender(), tmp_path, "onnx")
     with pytest.raises(ValueError, match="format must be one of"):
-        export_session_model(task, tmp_path, "tflite")
+        export_session_model(task.recommender(), tmp_path, "tflite")
 
 
 def test_export_leaves_the_task_in_its_mode(tmp_path):
     task = session_task("sasrec_clm").train()
-    export_session_model(task, tmp_path, "torchscript")
+    export_session_model(task.recommender(), tmp_path, "torchscript")
     assert all(m.training for m in task.modules())
 
 
 @pytest.mark.parametrize("kind", ["session", "dlrm"])
-def test_export_from_a_checkpoint(tmp_path, kind):
+def test_export_from_a_model_directory(tmp_path, kind):
     task = session_task("sasrec_clm") if kind == "session" else dlrm_task()
-    checkpoint = {"state_dict": task.state_dict(), "hyper_parameters": dict(task.hparams)}
-    task.on_save_checkpoint(checkpoint)  # what Lightning adds to the checkpoint it writes
-    torch.save(checkpoint, tmp_path / "best.ckpt")
-    path = export_checkpoint(tmp_path / "best.ckpt", tmp_path / "out", "torchscript", top_k=20)
+    artifact = task.recommender() if kind == "session" else task.ranker()
+    path = export_model_dir(artifact.save_pretrained(tmp_path / "model"), tmp_path / "out", "torchscript", top_k=20)
     if kind == "session":
         items = sessions(4, 7, seed=8)
         with torch.no_grad():
             expected = task.model(items, task.objective).numpy()
         assert max_abs_diff(run_exported(path, items)[0], expected) <= 1e-4
     else:
-        scorer = ExportedClickScorer(task)
+        scorer = ExportedClickScorer(task.model)
         inputs = scorer.example(5, 3, seed=9)
         with torch.no_grad():
             expected = scorer.eager(*inputs).numpy()
@@ -205,15 +208,17 @@ def test_export_from_a_checkpoint(tmp_path, kind):
 
 def dlrm_task(interaction: str = "dot") -> DLRMTask:
     torch.manual_seed(0)
-    return DLRMTask(cardinalities={"city": 10, "tags": 7, "item id": 5}, num_dense=3, network=DLRMNetwork(
+    task = DLRMTask(cardinalities={"city": 10, "tags": 7, "item id": 5}, num_dense=3, network=DLRMNetwork(
         embedding_dim=4, dense_layers=[8, 4], over_layers=[8], interaction=interaction)).eval()
+    task.vocab = RankingVocab.empty()
+    return task
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("interaction,fmt", [("dot", "onnx"), ("dot", "torchscript"), ("dcn", "torchscript")])
 def test_dlrm_matches_eager_on_other_shapes(tmp_path, interaction, fmt):
     task = dlrm_task(interaction)
-    path = export_dlrm(task, tmp_path, fmt)
+    path = export_dlrm(task.ranker(), tmp_path, fmt)
     g = torch.Generator().manual_seed(4)
     dense = torch.randn(9, 3, generator=g)
     ids = {
@@ -241,11 +246,12 @@ def test_dlrm_with_growing_tables_exports_its_rows_by_id(tmp_path, fmt):
     task = DLRMTask(cardinalities={"city": 4, "tags": 4, "item id": 4}, num_dense=3,
                     network=DLRMNetwork(embedding_dim=4, dense_layers=[8, 4], over_layers=[8]),
                     sparse=DynamicTables(lr=0.05))
+    task.vocab = RankingVocab.empty()
     met = {"city": torch.tensor([[1], [6], [9]]), "tags": torch.tensor([[2, 3], [5, -1], [-1, -1]]),
            "item id": torch.tensor([[1], [2], [3]])}
     task.train().model(torch.randn(3, 3), SparseFeatures.from_dense(met))  # training inserts these ids
     task.eval()
-    path = export_dlrm(task, tmp_path, fmt)
+    path = export_dlrm(task.ranker(), tmp_path, fmt)
     g = torch.Generator().manual_seed(4)
     dense = torch.randn(9, 3, generator=g)
     ids = {name: torch.randint(0, 12, (9, 2), generator=g) for name in met}  # met and never-met ids alike
@@ -299,7 +305,7 @@ def parse_pbtxt(text: str) -> dict:
 @pytest.mark.slow
 def test_triton_repository(tmp_path):
     task = session_task("sasrec_clm")
-    model_dir = triton_repository(task, tmp_path, "sasrec", max_batch_size=32, max_queue_delay_microseconds=500, top_k=20)
+    model_dir = triton_repository(task.recommender(), tmp_path, "sasrec", max_batch_size=32, max_queue_delay_microseconds=500, top_k=20)
     assert model_dir == tmp_path / "sasrec"
     config = parse_pbtxt((model_dir / "config.pbtxt").read_text())
     assert config["name"] == "sasrec" and config["platform"] == "onnxruntime_onnx" and config["max_batch_size"] == 32
@@ -319,7 +325,7 @@ def test_triton_repository(tmp_path):
 
 
 def test_triton_config_of_a_batch_only_output_and_without_batching():
-    scorer = ExportedClickScorer(dlrm_task())
+    scorer = ExportedClickScorer(dlrm_task().model)
     spec = {"inputs": [asdict(t) for t in scorer.inputs()], "outputs": [asdict(t) for t in scorer.outputs()]}
     batched = parse_pbtxt(model_config("dlrm", spec, 64, 100))
     assert batched["output"] == [{"name": "logits", "data_type": "TYPE_FP32", "dims": [1], "reshape": {"shape": []}}]
@@ -332,7 +338,7 @@ def test_triton_config_of_a_batch_only_output_and_without_batching():
 
 def test_triton_repository_refuses_bad_arguments(tmp_path):
     with pytest.raises(ValueError, match="model name must be"):
-        triton_repository(dlrm_task(), tmp_path, "a/b")
+        triton_repository(dlrm_task().ranker(), tmp_path, "a/b")
     with pytest.raises(ValueError, match="max_batch_size"):
-        triton_repository(dlrm_task(), tmp_path, "dlrm", max_batch_size=-1)
+        triton_repository(dlrm_task().ranker(), tmp_path, "dlrm", max_batch_size=-1)
     assert not list(tmp_path.iterdir())

@@ -7,6 +7,7 @@ import pyarrow as pa
 import pytest
 import torch
 
+from sessrec.artifacts import Inference, SessionRecommender
 from sessrec.data import SessionBatch, SessionSplits
 from sessrec.data.sources import SessionSource
 from sessrec.data.vocab import ItemVocab
@@ -227,8 +228,8 @@ def test_saves_and_loads_as_a_model_directory(tmp_path):
     torch.manual_seed(0)
     model = SessionModel(20, encoder(n_layer=1, jagged=False), max_length=6).eval()
     vocab = ItemVocab(pa.array(np.arange(100, 118)), np.arange(18, 0, -1))
-    path = model.save_pretrained(tmp_path / "model", vocab, CausalLanguageModeling(), top_k=5)
-    loaded = SessionModel.from_pretrained(path)
+    saved = SessionRecommender(model, CausalLanguageModeling(), vocab, Inference(max_length=5, top_k=5))
+    loaded = SessionRecommender.from_pretrained(saved.save_pretrained(tmp_path / "model")).model
     assert isinstance(loaded.encoder, HSTUEncoder) and loaded.encoder.jagged is False and loaded.encoder.n_head == 2
     items = torch.tensor([[0, 0, 3, 4, 5], [2, 9, 3, 7, 11]])
     times = torch.tensor([[0, 0, 1.0, 90.0, 4000.0], [1.0, 2.0, 3.0, 1e4, 1e5]], dtype=torch.float64)
@@ -360,18 +361,18 @@ def test_the_pipeline_retriever_gives_hstu_the_request_times():
 
 
 def test_a_served_hstu_model_reads_the_request_times():
-    """`SessionRecommender` (what `sessrec serve` runs for a model directory) scores with the request's times:
+    """`SessionModelService` (what `sessrec serve` runs for a model directory) scores with the request's times:
     its scores equal the model's own with those times, and differ from the scores without them."""
     import pyarrow as pa
 
     from sessrec.data import ItemVocab
-    from sessrec.deploy.recommender import SessionRecommender
+    from sessrec.deploy.recommender import SessionModelService
     from sessrec.models import CausalLanguageModeling
     from sessrec.models.objective import EVENT_TIMES
 
     model = _timed_hstu()
-    model.vocab = ItemVocab.fit(pa.array(list(range(100, 128))))
-    served = SessionRecommender(model.eval())
+    vocab = ItemVocab.fit(pa.array(list(range(100, 128))))
+    served = SessionModelService(SessionRecommender(model.eval(), CausalLanguageModeling(), vocab, Inference(7)))
     sessions, times = [[101, 102, 103], [110, 111, 112, 113]], [[1e9, 1e9 + 60, 1e9 + 9e4], [1e9, 1e9 + 1, 1e9 + 2, 2e9]]
     request = served.encode(sessions, now=2e9, times=times)  # served when its last event happened
     with_times, without = served.recommend_batch(request, k=5), served.recommend_batch(served.encode(sessions), k=5)

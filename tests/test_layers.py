@@ -122,12 +122,13 @@ TRAINING_STACK = ("pytorch_lightning", "lightning", "lightning_fabric", "jsonarg
 
 @pytest.mark.slow
 def test_the_serving_path_imports_no_training_stack(tmp_path):
-    """In a fresh interpreter: the serving modules import, and directories written by a network, by a
-    task and by a pipeline load, recommend and export, without Lightning, jsonargparse or sessrec.tasks."""
+    """In a fresh interpreter: the serving modules import, and model directories (written from a network
+    and from a task) and a pipeline load, recommend and export, without Lightning, jsonargparse or sessrec.tasks."""
     import numpy as np
     import pyarrow as pa
     import torch
 
+    from sessrec.artifacts import ClickRanker, Inference, SessionRecommender
     from sessrec.baselines import Popularity
     from sessrec.data import ItemVocab
     from sessrec.datasets.clickout_rows import CLICKS, SPARSE_FEATURES, RankingVocab
@@ -148,21 +149,22 @@ def test_the_serving_path_imports_no_training_stack(tmp_path):
     ranking = RankingVocab({n: ItemVocab(pa.array([f"{n}{i}" for i in range(4)]), np.ones(4, dtype=np.int64))
                             for n in (*SPARSE_FEATURES, CLICKS)})
     directories = {
-        "network": model.save_pretrained(tmp_path / "network", vocab),
-        "task": task.save_pretrained(tmp_path / "task"),
+        "network": SessionRecommender(model, CausalLanguageModeling(), vocab, Inference(5)).save_pretrained(tmp_path / "network"),
+        "task": task.recommender().save_pretrained(tmp_path / "task"),
         "pipeline": Pipeline(vocab, retrievers, max_length=5).save_pretrained(tmp_path / "pipeline"),
     }
-    dlrm = DLRM(2, [TableConfig("city", 4, 4)], dense_layers=[4], over_layers=[4]).save_pretrained(tmp_path / "dlrm", ranking)
+    dlrm = DLRM(2, [TableConfig("city", 4, 4)], dense_layers=[4], over_layers=[4])
+    dlrm = ClickRanker(dlrm, ranking).save_pretrained(tmp_path / "dlrm")
     request = [["101", "102", "103"], ["110"]]
     expected = {name: load_recommender(d).recommend(request, k=3) for name, d in directories.items()}
     code = (
         "import json, sys\n"
         "import sessrec.pipeline, sessrec.deploy.server, sessrec.deploy.export, sessrec.deploy.recommender, sessrec.deploy.triton\n"
-        "from sessrec.deploy.export import export_checkpoint\n"
+        "from sessrec.deploy.export import export_model_dir\n"
         "from sessrec.deploy.recommender import load_recommender\n"
         f"directories, dlrm, out = {json.dumps({k: str(v) for k, v in directories.items()})}, {str(dlrm)!r}, {str(tmp_path / 'out')!r}\n"
         f"recs = {{name: load_recommender(d).recommend({request!r}, k=3) for name, d in directories.items()}}\n"
-        "export_checkpoint(dlrm, out, 'torchscript')\n"
+        "export_model_dir(dlrm, out, 'torchscript')\n"
         f"loaded = sorted(m for m in sys.modules if m.split('.')[0] in {TRAINING_STACK!r} or m.startswith('sessrec.tasks'))\n"
         "print(json.dumps({'loaded': loaded, 'recs': recs}))\n"
     )
@@ -176,26 +178,32 @@ def test_the_serving_path_imports_no_training_stack(tmp_path):
 
 @pytest.mark.slow
 def test_the_serving_commands_start_without_the_training_stack():
-    """``sessrec --help``, ``serve``'s and ``rollback``'s flags parse without Lightning or jsonargparse."""
+    """``sessrec --help``, ``serve``'s and ``rollback``'s flags parse (jsonargparse, `sessrec.cli.parsers`)
+    without Lightning or the training tasks."""
     code = (
         "import sys\n"
-        "from sessrec.cli import function_parser, run\n"
+        "from sessrec.cli import run\n"
+        "from sessrec.cli.parsers import function_command, parse\n"
         "from sessrec.deploy.server import serve\n"
         "run(['--help'])\n"
-        "cfg = function_parser(serve, 'sessrec serve').parse_args(['--model-dir', 'd', '--port', '9', '--access_log', 'false'])\n"
+        "cfg = parse(function_command(serve, 'sessrec serve'), ['--model_dir', 'd', '--port', '9', '--access_log', 'false'], owner=serve)\n"
         "print(cfg.model_dir, cfg.port, cfg.access_log, cfg.max_batch_size)\n"
-        "print(sorted({m.split('.')[0] for m in sys.modules} & {'pytorch_lightning', 'lightning', 'lightning_fabric', 'jsonargparse'}))\n"
+        "try:\n"
+        "    run(['rollback', '--model_dir', 'nowhere'])\n"
+        "except FileNotFoundError as err:\n"
+        "    print(err)\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'pytorch_lightning', 'lightning', 'lightning_fabric'}))\n"
+        "print(sorted(m for m in sys.modules if m.startswith('sessrec.tasks')))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
     assert out[0] == "usage:" and any("sessrec rollback" in line for line in out)
-    assert out[-2] == "d 9 False 64"
-    assert out[-1] == "[]"
+    assert out[-4:] == ["d 9 False 64", "nowhere: no such model directory", "[]", "[]"]
 
 
 def test_serve_refuses_a_port_outside_tcp(monkeypatch, capsys):
     from sessrec.cli import main
 
-    monkeypatch.setattr(sys, "argv", ["sessrec", "serve", "--model-dir", "nowhere", "--port", "80000"])
+    monkeypatch.setattr(sys, "argv", ["sessrec", "serve", "--model_dir", "nowhere", "--port", "80000"])
     with pytest.raises(SystemExit) as exit_:
         main()
     assert "--port 80000 is not a TCP port" in str(exit_.value)
@@ -216,7 +224,7 @@ def test_a_command_whose_extra_is_missing_says_which_extra(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", without_prometheus)
     for module in [m for m in sys.modules if m.startswith(("sessrec.deploy.server", "sessrec.deploy.request_metrics", "prometheus_client"))]:
         monkeypatch.delitem(sys.modules, module)
-    monkeypatch.setattr(sys, "argv", ["sessrec", "serve", "--model-dir", "nowhere"])
+    monkeypatch.setattr(sys, "argv", ["sessrec", "serve", "--model_dir", "nowhere"])
     with pytest.raises(SystemExit) as exit_:
         main()
     message = str(exit_.value)

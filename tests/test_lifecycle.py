@@ -1,4 +1,4 @@
-"""From checkpoint to production: checkpoints that stand alone, model directories, resume after SIGKILL,
+"""From checkpoint to production: checkpoints that resume fit, model directories, resume after SIGKILL,
 growing the catalogue and the retraining gate."""
 
 import json
@@ -17,11 +17,12 @@ import pytorch_lightning as pl
 import torch
 import yaml
 
+from sessrec.artifacts import ClickRanker, SessionRecommender
 from sessrec.cli import cli
 from sessrec.data import ItemVocab, Schema, TimeWindowSource, generate_sessions
 from sessrec.data.loader import SessionLoader
 from sessrec.deploy.gate import Gate
-from sessrec.deploy.recommender import SessionRecommender, load_recommender
+from sessrec.deploy.recommender import SessionModelService, load_recommender
 from sessrec.deploy.retrain import retrain, summary
 from sessrec.embeddings import DynamicTables
 from sessrec.models import (
@@ -34,7 +35,7 @@ from sessrec.models import (
     XLNetEncoder,
 )
 from sessrec.tasks import DLRMTask, NextItemTask, Optimization, SessionDataModule
-from sessrec.tasks.pretrained import load_checkpoint, with_more_items
+from sessrec.tasks.pretrained import best_of_run, with_more_items
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,16 +95,13 @@ def test_a_checkpoint_holding_the_vocabulary_as_file_bytes_loads(fitted, tmp_pat
     data = bytearray((tmp_path / "vocab.parquet").read_bytes())
     checkpoint["SessionDataModule"] = {"vocab": torch.frombuffer(data, dtype=torch.uint8)}
     torch.save(checkpoint, tmp_path / "bytes.ckpt")
-    task = load_checkpoint(tmp_path / "bytes.ckpt")
-    assert task.vocab == fit.datamodule.vocab
-    items = torch.tensor([[0, 0, 5, 9, 12]])
-    original = fit.model.eval()
-    torch.testing.assert_close(task.model(items, task.objective), original.model(items, original.objective))
+    data = SessionDataModule(source=fit.datamodule.source, max_length=5, vocab_path=str(tmp_path / "bytes.ckpt"))
+    assert data.vocab == fit.datamodule.vocab  # what a resumed fit reads
 
 
-def test_checkpoint_rebuilds_without_its_recipe(fitted):
+def test_the_last_checkpoint_restores_the_task_of_its_run(fitted):
     run, _, fit = fitted
-    task = load_checkpoint(run / "checkpoints" / "last.ckpt")
+    task = best_of_run(fit.model, run / "checkpoints" / "last.ckpt", fit.datamodule)
     original = fit.model.eval()
     items = torch.tensor([[0, 0, 5, 9, 12], [3, 4, 5, 6, 7]])
     torch.testing.assert_close(task.model(items, task.objective), original.model(items, original.objective))
@@ -112,12 +110,14 @@ def test_checkpoint_rebuilds_without_its_recipe(fitted):
 
 def test_fit_writes_the_model_directory_of_the_best_checkpoint(fitted):
     run, _, fit = fitted
-    task = NextItemTask.from_pretrained(run / "model")
-    best = load_checkpoint(run / "checkpoints" / "best.ckpt")
+    recommender = SessionRecommender.from_pretrained(run / "model")
+    best = best_of_run(fit.model, run / "checkpoints" / "best.ckpt", fit.datamodule)
     items = torch.tensor([[0, 2, 3, 4], [9, 8, 7, 6]])
-    torch.testing.assert_close(task.model(items, task.objective), best.model(items, best.objective))
+    torch.testing.assert_close(recommender.scores(items), best.model(items, best.objective))
     config = json.loads((run / "model" / "config.json").read_text())
-    assert config["format"] == "sessrec.model" and config["task"]["init_args"]["num_items"] == len(task.vocab)
+    assert config["format"] == "sessrec.model" and config["version"] == 4 and "task" not in config
+    assert config["model"]["init_args"]["num_items"] == len(recommender.vocab) and recommender.vocab == fit.datamodule.vocab
+    assert not (run / "checkpoints" / "vocab.parquet").exists()  # the vocabulary is stored once: in the model directory
 
 
 @pytest.mark.slow
@@ -164,7 +164,7 @@ def test_loader_state_continues_the_epoch():
 
 def test_test_without_a_checkpoint_is_refused(fitted):
     _, recipe, _ = fitted
-    with pytest.raises(ValueError, match="test needs --ckpt_path: the model NextItemTask is trained"):
+    with pytest.raises(ValueError, match="test needs --model_dir: the model NextItemTask is trained"):
         cli(["test", "--config", str(recipe)])
 
 
@@ -177,8 +177,7 @@ def test_test_and_predict_create_no_run_folder(tmp_path, monkeypatch):
             "--model.encoder.init_args.n_head", "2", "--model.encoder.init_args.n_layer", "1"]
     cli(["fit", *tiny])
     before = sorted(p.name for p in (tmp_path / "runs" / "quickstart").iterdir())
-    ckpt = next(tmp_path.glob("runs/quickstart/version_0/checkpoints/best.ckpt"))
-    cli(["test", *tiny, "--ckpt_path", str(ckpt)])
+    cli(["test", *tiny, "--model_dir", str(tmp_path / "runs" / "quickstart" / "version_0" / "model")])
     assert sorted(p.name for p in (tmp_path / "runs" / "quickstart").iterdir()) == before == ["version_0"]
 
 
@@ -197,12 +196,11 @@ def test_model_directory_round_trip(name, tmp_path):
     vocab = ItemVocab(pa.array(np.arange(100, 130)), np.arange(30, 0, -1))
     task = NextItemTask(num_items=len(vocab), max_length=8, encoder=encoder(), objective=objective()).eval()
     task.vocab = vocab
-    task.save_pretrained(tmp_path / "model")
-    loaded = NextItemTask.from_pretrained(tmp_path / "model")
+    loaded = SessionRecommender.from_pretrained(task.recommender().save_pretrained(tmp_path / "model"))
     items = torch.tensor([[0, 0, 3, 4, 5], [7, 8, 9, 10, 11]])
-    torch.testing.assert_close(loaded.model(items, loaded.objective), task.model(items, task.objective))
+    torch.testing.assert_close(loaded.scores(items), task.model(items, task.objective))
     assert loaded.vocab == vocab
-    recs = SessionRecommender(loaded).recommend([["101", "102", "103"], ["110"]], k=5)  # id strings are cast
+    recs = SessionModelService(loaded).recommend([["101", "102", "103"], ["110"]], k=5)  # id strings are cast
     top = task.model(torch.tensor([[3, 4, 5], [0, 0, 12]]), task.objective).topk(5, dim=1).indices
     assert [r["item_ids"] for r in recs] == [vocab.decode(row.numpy()).to_pylist() for row in top]
 
@@ -217,8 +215,7 @@ def test_dlrm_model_directory_round_trip(tmp_path):
     task = DLRMTask(cardinalities=vocab.cardinalities, num_dense=3,
                     network={"embedding_dim": 4, "dense_layers": [8, 4], "over_layers": [8]}).eval()
     task.vocab = vocab
-    task.save_pretrained(tmp_path / "dlrm")
-    loaded = DLRMTask.from_pretrained(tmp_path / "dlrm")
+    loaded = DLRMTask.from_ranker(ClickRanker.from_pretrained(task.ranker().save_pretrained(tmp_path / "dlrm")))
     for name, value in task.state_dict().items():
         torch.testing.assert_close(loaded.state_dict()[name], value)
     assert loaded.vocab.cardinalities == vocab.cardinalities
@@ -229,8 +226,8 @@ def test_load_recommender_reads_model_and_pipeline_directories(tmp_path):
     task = NextItemTask(num_items=len(vocab), max_length=8, encoder=GRU4RecEncoder(d_model=8),
                         objective=CausalLanguageModeling())
     task.vocab = vocab
-    task.save_pretrained(tmp_path / "model")
-    assert isinstance(load_recommender(tmp_path / "model"), SessionRecommender)
+    task.recommender().save_pretrained(tmp_path / "model")
+    assert isinstance(load_recommender(tmp_path / "model"), SessionModelService)
     with pytest.raises(FileNotFoundError, match="neither a saved pipeline .* nor a model directory"):
         load_recommender(tmp_path)
 
@@ -283,7 +280,7 @@ def test_retrain_promotes_a_good_candidate_and_rejects_a_bad_one(tmp_path):
     pl.Trainer(max_epochs=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                enable_model_summary=False).fit(base, datamodule=data)
     root = tmp_path / "current"
-    base.save_pretrained(root)
+    base.recommender().save_pretrained(root)
     common = dict(paths=[str(path)], schema=Schema(), max_epochs=1, train_from=mid, train_until=late, test_until=end + 1)
     good = retrain(str(root), out=str(tmp_path / "good"), gate=Gate("recall@20", tolerance=0.05, min_pairs=100), lr=0.005,
                    **common)
@@ -291,8 +288,8 @@ def test_retrain_promotes_a_good_candidate_and_rejects_a_bad_one(tmp_path):
     assert good["current_version"] is None and good["best_compared"] is None and good["versus_best"] is None
     assert good["pairs"] == good["test_sessions"] > 100  # the last item of each test session
     assert good["best"] == ("v000002" if good["new_best"] else "v000001")  # the plain model became v000001
-    promoted = NextItemTask.from_pretrained(root)
-    assert promoted.vocab == NextItemTask.from_pretrained(tmp_path / "good" / "model").vocab
+    promoted = SessionRecommender.from_pretrained(root)
+    assert promoted.vocab == SessionRecommender.from_pretrained(tmp_path / "good" / "model").vocab
     # a random model, let through by a tolerance of 1: promoted, but the best stays the anchor
     noise = retrain(str(root), out=str(tmp_path / "noise"), gate=Gate("recall@20", tolerance=1.0, min_pairs=100),
                     warm_start=False, lr=1e-9, **common)
@@ -309,8 +306,8 @@ def test_retrain_promotes_a_good_candidate_and_rejects_a_bad_one(tmp_path):
     assert bad["reason"].endswith(": more than the tolerance 0")
     assert bad["versus_best"]["difference"] == pytest.approx(
         bad["metrics"]["candidate"]["recall@20"] - bad["metrics"]["best"]["recall@20"], abs=1e-6)
-    after = NextItemTask.from_pretrained(root)
-    assert after.vocab == NextItemTask.from_pretrained(tmp_path / "noise" / "model").vocab  # the rejected one replaced nothing
+    after = SessionRecommender.from_pretrained(root)
+    assert after.vocab == SessionRecommender.from_pretrained(tmp_path / "noise" / "model").vocab  # the rejected one replaced nothing
     log = [json.loads(line) for line in (root / "promotions.jsonl").read_text().splitlines()]
     assert [e["event"] for e in log] == ["adopt", "promote", "promote", "decision"]
     assert log[-1] == bad and log[2]["previous"] == "v000002"
@@ -334,16 +331,14 @@ def test_retrain_refuses_a_metric_it_cannot_compare_pair_by_pair_and_a_directory
 
 @pytest.mark.parametrize("recipe,turn", [("retrain_rsc15.yaml", "retrain"), ("retrain_dlrm_trivago.yaml", "retrain_dlrm")])
 def test_the_retraining_recipes_parse_into_a_turn_with_its_gate(recipe, turn):
-    from jsonargparse import ActionConfigFile, ArgumentParser
-
     import sessrec.deploy.retrain as module
+    from sessrec.cli.parsers import function_command, parse
 
-    parser = ArgumentParser()
-    parser.add_argument("--config", action=ActionConfigFile)
-    parser.add_function_arguments(getattr(module, turn))
+    parser = function_command(getattr(module, turn), "sessrec retrain")
     window = ["--end", "2018-11-08T06:00"] if turn == "retrain_dlrm" else [
         "--train_from", "2014-04-02", "--train_until", "2014-04-05", "--test_until", "2014-04-06"]
-    kwargs = parser.instantiate(parser.parse_args(["--config", str(ROOT / "recipes" / recipe), *window, "--out", "x"]))
+    args = ["--config", str(ROOT / "recipes" / recipe), *window, "--out", "x"]
+    kwargs = parser.instantiate(parse(parser, args, owner=getattr(module, turn)))
     gate = kwargs.as_dict()["gate"]
     assert isinstance(gate, Gate) and (gate.tolerance, gate.confidence, gate.min_pairs) == (0.005, 0.95, 1000)
     assert gate.metric == ("mrr" if turn == "retrain_dlrm" else "recall@20")
@@ -365,14 +360,14 @@ def test_dlrm_retrain_grows_its_tables_and_keeps_what_it_learned(tmp_path):
                     network={"embedding_dim": 8, "dense_layers": [16, 8], "over_layers": [16]}, sparse=DynamicTables(lr=0.05))
     pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                enable_model_summary=False).fit(base, datamodule=data)
-    base.save_pretrained(tmp_path / "current")
+    base.ranker().save_pretrained(tmp_path / "current")
     before = base.model.sparse_arch.tables["hotel"]
     common = dict(path=str(TRIVAGO), end="2018-11-08T00:00", max_epochs=1, **{k: v for k, v in window.items() if k != "min_count"})
     good = retrain_dlrm(str(tmp_path / "current"), out=str(tmp_path / "good"), gate=Gate("mrr", 1.0, min_pairs=100), **common)
     assert good["promoted"] and good["candidate_ids"]["hotel"] > good["current_ids"]["hotel"]
     assert good["pairs"] > 100 and good["versus_current"]["difference"] == pytest.approx(
         good["metrics"]["candidate"]["mrr"] - good["metrics"]["current"]["mrr"], abs=1e-6)
-    grown = DLRMTask.from_pretrained(tmp_path / "current").model.sparse_arch.tables["hotel"]
+    grown = ClickRanker.from_pretrained(tmp_path / "current").model.sparse_arch.tables["hotel"]
     assert grown.num_keys > before.num_keys and bool(torch.isin(before.sorted_keys, grown.sorted_keys).all())
     old_rows = before.embedding(before.sorted_keys)
     kept = (grown.embedding(before.sorted_keys) == old_rows).all(dim=1)
@@ -381,5 +376,5 @@ def test_dlrm_retrain_grows_its_tables_and_keeps_what_it_learned(tmp_path):
                        **common)
     assert not bad["promoted"] and bad["metrics"]["candidate"]["mrr"] < bad["metrics"]["current"]["mrr"]
     assert bad["reason"].startswith("candidate trails the current model (v000002) by ")
-    after = DLRMTask.from_pretrained(tmp_path / "current").model.sparse_arch.tables["hotel"]
+    after = ClickRanker.from_pretrained(tmp_path / "current").model.sparse_arch.tables["hotel"]
     assert torch.equal(after.sorted_keys, grown.sorted_keys)

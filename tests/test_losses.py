@@ -201,21 +201,23 @@ def test_a_loss_outside_the_library_is_found_by_class_path(tmp_path, monkeypatch
     assert isinstance(run.model.loss, ScaledFullSoftmax) and run.model.loss.factor == 0.25
     assert losses["scaled"] == pytest.approx(0.25 * losses["full"], rel=1e-5)  # the same first step, scaled
 
-    # its saved model loads where the class is registered (a CatalogueLoss subclass registers itself
-    # when its module is imported), and is refused with the fix where it is not
+    # its saved config (the hyper-parameters a checkpoint holds, which resume fit) builds where the class is
+    # registered (a CatalogueLoss subclass registers itself when its module is imported), and is refused
+    # with the fix where it is not
     from sessrec.saved import registry
-    from sessrec.tasks import NextItemTask
+    from sessrec.saved.registry import class_path
+    from sessrec.tasks.pretrained import build, plain_hparams
 
-    model = run.model.save_pretrained(tmp_path / "model")
+    config = {"class_path": class_path(run.model), "init_args": plain_hparams(run.model)}
     path = f"{__name__}.ScaledFullSoftmax"
-    assert json.loads((model / "config.json").read_text())["task"]["init_args"]["loss"]["class_path"] == path
-    loaded = NextItemTask.from_pretrained(model)
+    assert json.loads(json.dumps(config))["init_args"]["loss"]["class_path"] == path
+    loaded = build(config, "best.ckpt", "hyper_parameters")
     assert isinstance(loaded.loss, ScaledFullSoftmax) and loaded.loss.factor == 0.25
     monkeypatch.delitem(registry._CLASSES, path)  # as before the module that defines it is imported
     with pytest.raises(ValueError) as refused:
-        NextItemTask.from_pretrained(model)
+        build(config, "best.ckpt", "hyper_parameters")
     assert str(refused.value) == (
-        f"{model / 'config.json'}: task.init_args.loss: '{path}' is not registered; import the module that defines it "
+        f"best.ckpt: hyper_parameters.init_args.loss: '{path}' is not registered; import the module that defines it "
         "(subclasses of CatalogueLoss register themselves) or call sessrec.saved.registry.register(ScaledFullSoftmax) "
         "before loading"
     )

@@ -1,8 +1,8 @@
 """The four-stage pipeline end to end on tiny synthetic sessions.
 
 One module-scoped world: `SyntheticSource` sessions split by time (train, then a validation day,
-then a test day); a seeded, untrained XLNet task (d_model 16) saved as a checkpoint with its
-``vocab.parquet`` and loaded behind a FAISS HNSW index; V-SKNN and co-visitation fitted on the
+then a test day); a seeded, untrained XLNet task (d_model 16) saved as a model directory (its
+`SessionRecommender`) and loaded behind a FAISS HNSW index; V-SKNN and co-visitation fitted on the
 training split; two pipelines over these retrievers whose rankers (LightGBM, DLRM) are fitted on
 the validation pairs. The tests check that nothing of the test split reaches the fit, that a
 saved pipeline recommends exactly as the one in memory, the online and offline (resumable)
@@ -25,6 +25,7 @@ import pytest
 import torch
 import yaml
 
+from sessrec.artifacts import SessionRecommender
 from sessrec.baselines import VSKNN
 from sessrec.cli import main
 from sessrec.data import EvalPairs, ItemVocab, SchemaError, SyntheticSource
@@ -55,7 +56,6 @@ faiss.omp_set_num_threads(1)
 MAX_LENGTH, K = 10, 10
 SOURCE = {"num_sessions": 2000, "num_items": 300, "days": 10}  # ~1,570 train, ~210 valid, ~170 test sessions
 XLNET = {"d_model": 16, "n_head": 2, "n_layer": 1}
-ENCODER = {"class_path": "sessrec.models.XLNetEncoder", "init_args": XLNET}
 VSKNN_ARGS = {"k": 50, "sample_size": 200}
 GBDT_ARGS = {"max_rounds": 20, "threads": 1, "min_data_in_leaf": 5}
 UNKNOWN = 99_999_999  # a raw id the vocabulary does not hold
@@ -64,8 +64,7 @@ UNKNOWN = 99_999_999  # a raw id the vocabulary does not hold
 @dataclass
 class World:
     dm: SessionDataModule
-    recipe: Path  # the model's training recipe (its `model:` block)
-    checkpoint: Path  # with vocab.parquet beside it
+    model_dir: Path  # the session model's model directory
     retrievers: dict  # name -> (retriever, K), fitted on the training split
     pipelines: dict[str, Pipeline]  # "gbdt" / "dlrm" -> a pipeline whose ranker is fitted
     ranker_pairs: dict[str, EvalPairs]  # what each ranker's fit received
@@ -76,19 +75,15 @@ class World:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> World:
     dm = SessionDataModule(source=SyntheticSource(**SOURCE), max_length=MAX_LENGTH)
-    model_dir = tmp_path_factory.mktemp("model")
-    recipe, checkpoint = model_dir / "recipe.yaml", model_dir / "best.ckpt"
-    recipe.write_text(yaml.safe_dump({"model": {"encoder": ENCODER}}))
     torch.manual_seed(0)
     task = NextItemTask(num_items=dm.num_items, max_length=MAX_LENGTH, encoder=XLNetEncoder(**XLNET))
-    hparams = {"num_items": dm.num_items, "max_length": MAX_LENGTH}
-    torch.save({"state_dict": task.state_dict(), "hyper_parameters": hparams}, checkpoint)
-    dm.vocab.save(model_dir / "vocab.parquet")
+    task.vocab = dm.vocab
+    model_dir = task.recommender().save_pretrained(tmp_path_factory.mktemp("model") / "model")
 
     train, _ = dm.tensors("train")
     vsknn = BaselineRetriever(VSKNN(**VSKNN_ARGS)).fit(train, dm.num_items, _end_times(dm.splits.train))
     retrievers = {
-        "xlnet": (SessionModelRetriever.from_checkpoint(recipe, checkpoint, FaissIndex("hnsw")), 30),
+        "xlnet": (SessionModelRetriever.from_pretrained(model_dir, FaissIndex("hnsw")), 30),
         "vsknn": (vsknn, 30),
         "covisitation": (CoVisitation().fit(index_sessions(dm), dm.num_items), 30),
     }
@@ -109,7 +104,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
             pipelines[name] = pipe
     built = set(dm._tensors)
     sessions = dm.splits.test.column("item_id").to_pylist()[:60]
-    return World(dm, recipe, checkpoint, retrievers, pipelines, pairs, built, sessions)
+    return World(dm, model_dir, retrievers, pipelines, pairs, built, sessions)
 
 
 @pytest.fixture(scope="module")
@@ -179,7 +174,7 @@ def test_recipe_fit_reads_train_and_valid_only(
     monkeypatch.setattr(dm, "sessions", sessions)
     monkeypatch.setattr(dm, "pairs", pairs)
     monkeypatch.setattr("sessrec.pipeline.recipe.fit_ranker", fit_ranker)
-    model = ModelRetrieval(str(world.recipe), str(world.checkpoint), k=30, index="hnsw")
+    model = ModelRetrieval(str(world.model_dir), k=30, index="hnsw")
     recipe = small_recipe(world, tmp_path, models={"xlnet": model})
     recipe.fit()
     assert set(requested) == {"train", "valid"}
@@ -266,20 +261,7 @@ def test_saving_again_adds_a_version_and_never_replaces_other_files(world: World
     assert [p.name for p in other.iterdir()] == ["mine.txt"]
 
 
-@pytest.mark.parametrize("scorer", ["gbdt", "dlrm"])
-def test_a_pipeline_of_format_version_2_recommends_identically(
-    world: World, saved: dict[str, Path], tmp_path: Path, pipeline_version_2, scorer: str
-) -> None:
-    old = pipeline_version_2(saved[scorer], tmp_path / "v2")
-    spec = json.loads((old / "pipeline.json").read_text())
-    assert spec["version"] == 2 and spec["scorer"]["kind"] == type(world.pipelines[scorer].scorer).__name__
-    assert (old / "features.npz").exists() and "ops" not in spec["features"]["config"]
-    loaded = Pipeline.from_pretrained(old)
-    assert loaded.recommend(world.sessions, k=K) == world.pipelines[scorer].recommend(world.sessions, k=K)
-    assert config_of(loaded.scorer) == config_of(world.pipelines[scorer].scorer)
-
-
-def test_saved_rules_load_without_their_files_in_both_layouts(world: World, tmp_path: Path, pipeline_version_2) -> None:
+def test_saved_rules_load_without_their_files(world: World, tmp_path: Path) -> None:
     raw = world.dm.vocab.raw_ids.to_pylist()
     deny, categories = tmp_path / "deny.parquet", tmp_path / "categories.parquet"
     pq.write_table(pa.table({"item_id": raw[:20]}), deny)
@@ -291,13 +273,11 @@ def test_saved_rules_load_without_their_files_in_both_layouts(world: World, tmp_
     expected = pipe.recommend(world.sessions, k=K)  # the first sample of the seeded sampler, as a loaded pipeline's
     assert any(len(r["item_ids"]) for r in expected)
     current = pipe.save_pretrained(tmp_path / "v3")
-    old = pipeline_version_2(current, tmp_path / "v2")
     deny.unlink()
     categories.unlink()
-    for directory in (current, old):
-        loaded = Pipeline.from_pretrained(directory)
-        assert loaded.recommend(world.sessions, k=K) == expected, directory.name
-        assert [r.num_unknown for r in loaded.ordering.rules] == [r.num_unknown for r in ordering.rules]
+    loaded = Pipeline.from_pretrained(current)
+    assert loaded.recommend(world.sessions, k=K) == expected
+    assert [r.num_unknown for r in loaded.ordering.rules] == [r.num_unknown for r in ordering.rules]
 
 
 def test_failing_save_leaves_nothing_and_keeps_the_old_pipeline(
@@ -484,15 +464,15 @@ def test_cli_fit_test_recommend(
     assert all(0.0 <= v <= 1.0 for v in metrics.values()) and metrics["mrr@20"] <= metrics["recall@20"]
     src, out = tmp_path / "sessions.parquet", tmp_path / "recs.parquet"
     ids = write_requests(world, src)
-    sessrec(monkeypatch, "recommend", "--config", recipe, "--input", src, "--output", out, "--k", "5")
+    sessrec(monkeypatch, "recommend", "--config", recipe, "--input_path", src, "--output", out, "--k", "5")
     recs = pq.read_table(out)
     assert recs.column("session_id").to_pylist() == ids
     assert all(len(items) == 5 for items in recs.column("item_ids").to_pylist())
     at = tmp_path / "at.parquet"  # a request time for every session (no rule table here: the same lists)
-    sessrec(monkeypatch, "recommend", "--config", recipe, "--input", src, "--output", at, "--k", "5", "--now", "1700000000")
+    sessrec(monkeypatch, "recommend", "--config", recipe, "--input_path", src, "--output", at, "--k", "5", "--now", "1700000000")
     assert pq.read_table(at).equals(recs)
     with pytest.raises(SystemExit) as exit:
-        sessrec(monkeypatch, "recommend", "--config", recipe, "--input", src, "--output", tmp_path / "ms.parquet",
+        sessrec(monkeypatch, "recommend", "--config", recipe, "--input_path", src, "--output", tmp_path / "ms.parquet",
                 "--now", "1700000000000")
     assert str(exit.value.code).startswith("sessrec recommend: error: now 1700000000000 is not a time in seconds since")
 
@@ -530,26 +510,42 @@ def test_load_refuses_a_directory_that_is_not_a_pipeline(world: World, tmp_path:
     directory = world.pipelines["gbdt"].save_pretrained(tmp_path / "pipeline")
     spec = json.loads((directory / "pipeline.json").read_text())
     (directory / "pipeline.json").write_text(json.dumps({**spec, "version": 99}))
-    with pytest.raises(ValueError, match="pipeline.json: format 'sessrec.pipeline' version 99"):
+    with pytest.raises(ValueError, match="pipeline.json: a pipeline of format version 99, which this sessrec does not read"):
         Pipeline.from_pretrained(directory)
 
 
 def test_model_with_another_vocabulary_is_refused(world: World, tmp_path: Path) -> None:
-    other = tmp_path / "best.ckpt"
-    other.write_bytes(world.checkpoint.read_bytes())
-    recipe = small_recipe(world, tmp_path, models={"xlnet": ModelRetrieval(str(world.recipe), str(other))})
-    with pytest.raises(FileNotFoundError, match="model 'xlnet': no vocab.parquet beside its checkpoint"):
+    mine = SessionRecommender.from_pretrained(world.model_dir)
+    size = len(mine.vocab) - 2
+    vocab = ItemVocab(pa.array(np.arange(10_000, 10_000 + size)), np.ones(size, dtype=np.int64))  # as many ids, other items
+    other = SessionRecommender(mine.model, mine.objective, vocab, mine.inference).save_pretrained(tmp_path / "other")
+    recipe = small_recipe(world, tmp_path, models={"xlnet": ModelRetrieval(str(world.model_dir)),
+                                                   "other": ModelRetrieval(str(other))})
+    with pytest.raises(ValueError, match=rf"^models.other.model_dir: {other}: its vocabulary differs from the pipeline's"):
         recipe.build()
-    ItemVocab(pa.array([1000, 1001]), [5, 3]).save(tmp_path / "vocab.parquet")
-    with pytest.raises(ValueError, match=r"model 'xlnet': its vocabulary \(.*vocab.parquet\) differs"):
-        recipe.build()
+
+
+def test_the_stage_1_vocabulary_is_read_from_the_model_directory(world: World, tmp_path: Path) -> None:
+    dm = SessionDataModule(source=SyntheticSource(**SOURCE), max_length=MAX_LENGTH)
+    recipe = PipelineRecipe(data=dm, models={"xlnet": ModelRetrieval(str(world.model_dir))}, output=str(tmp_path / "p"))
+    recipe.stage1_vocabulary()
+    assert dm.vocab_path == str(world.model_dir / "vocab.parquet") and dm.vocab == world.dm.vocab
+
+
+@pytest.mark.parametrize("keys", [{"recipe": "recipes/xlnet_mlm_rsc15.yaml", "checkpoint": "runs/x/checkpoints/best.ckpt"},
+                                  {"checkpoint": "runs/x/checkpoints/best.ckpt"}])
+def test_a_model_named_by_recipe_and_checkpoint_is_refused_in_one_line(world, tmp_path, sessrec_main, keys) -> None:
+    recipe, _ = write_recipe(world, tmp_path, models={"xlnet": {**keys, "k": 30}})
+    assert sessrec_main("fit", "--config", str(recipe)) == (
+        f"sessrec fit: error: {recipe}: pipeline.models.xlnet: a pipeline takes the model directory that sessrec fit "
+        "writes, not a recipe and a checkpoint: model_dir: runs/<name>/model (--traceback for details)")
 
 
 def test_a_model_seed_that_no_training_can_have_is_refused(world: World, tmp_path: Path) -> None:
     for seed in (-1, 2**32):
         with pytest.raises(ValueError, match=f"models.again.seed: {seed} is not a --seed_everything value"):
-            small_recipe(world, tmp_path, models={"again": ModelRetrieval(str(world.recipe), str(world.checkpoint), seed=seed)})
-    assert small_recipe(world, tmp_path, models={"again": ModelRetrieval(str(world.recipe), str(world.checkpoint), seed=1)})
+            small_recipe(world, tmp_path, models={"again": ModelRetrieval(str(world.model_dir), seed=seed)})
+    assert small_recipe(world, tmp_path, models={"again": ModelRetrieval(str(world.model_dir), seed=1)})
 
 
 def test_category_table_without_its_column_names_file_and_column(tmp_path: Path) -> None:
@@ -669,7 +665,7 @@ def test_recipes_own_their_estimators(world: World, tmp_path: Path) -> None:
 
 
 def test_recipe_files_leave_estimators_to_the_defaults_and_still_show_them(world: World, tmp_path: Path) -> None:
-    from sessrec.pipeline.recipe import load_recipe, recipe_parser
+    from sessrec.cli.parsers import load_recipe, recipe_parser
 
     recipe, _ = write_recipe(world, tmp_path)  # sets the scorer, leaves features and ordering to the defaults
     a, b = load_recipe(recipe), load_recipe(recipe)
@@ -760,7 +756,7 @@ def test_pipeline_on_cuda_matches_the_cpu(world: World, name: str) -> None:
     valid, test = world.dm.pairs("valid"), world.dm.pairs("test")
     out, pipes = {}, {}
     for device in ("cpu", "cuda"):
-        model = SessionModelRetriever.from_checkpoint(world.recipe, world.checkpoint, ExactIndex())
+        model = SessionModelRetriever.from_pretrained(world.model_dir, ExactIndex())
         retrievers = {**world.retrievers, "xlnet": (model, 30)}  # kNN and co-visitation stay on the host
         features = CandidateFeatures().fit_statistics(index_sessions(world.dm), world.dm.num_items)
         pipe = pipes[device] = Pipeline(world.dm.vocab, retrievers, max_length=MAX_LENGTH, max_candidates=50,

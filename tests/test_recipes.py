@@ -402,22 +402,31 @@ def test_documented_fast_dev_run(args, scratch):
 
 @pytest.mark.parametrize("recipe", PIPELINES, ids=lambda p: p.stem)
 def test_pipeline_recipe_parses_and_shares_its_models_vocabulary(recipe, monkeypatch):
-    """A pipeline recipe is typed-checked, and its data block fits the same vocabulary as each model's recipe.
+    """A pipeline recipe is typed-checked, each model is the model directory its stage-1 recipe's ``sessrec fit``
+    writes (``runs/<recipe>/model``, beside the recipe's checkpoints; a model of another stage-1 seed where
+    pipeline_eval.py writes it), and the pipeline's data block fits the same vocabulary as that recipe.
 
-    Running it needs the stage-1 checkpoints (``sessrec fit`` on each model's recipe): tests/test_pipeline.py
-    runs the same code on a tiny pipeline; benchmarks/pipeline_eval.py runs these recipes.
+    Running it needs the stage-1 model directories: tests/test_pipeline.py runs the same code on a tiny
+    pipeline; benchmarks/pipeline_eval.py runs these recipes.
     """
-    from sessrec.pipeline.recipe import load_recipe
+    import re
+
+    from sessrec.cli.parsers import load_recipe
 
     monkeypatch.chdir(ROOT)
     spec = load(recipe)["pipeline"]
     parsed = load_recipe(recipe)
     assert parsed.models or parsed.baselines
     for name, model in spec.get("models", {}).items():
-        trained = load(ROOT / model["recipe"])
+        assert set(model) <= {"model_dir", "k", "index", "seed"}, name
+        found = re.fullmatch(r"runs/(.+?)(_seed(\d+))?/model", model["model_dir"])
+        assert found, (name, model["model_dir"])
+        trained = load(ROOT / "recipes" / f"{found.group(1)}.yaml")
         assert {k: trained["data"].get(k) for k in VOCAB_KEYS} == {k: spec["data"].get(k) for k in VOCAB_KEYS}, name
-        # where the recipe's `sessrec fit` writes it; a model of another stage-1 seed where pipeline_eval.py does
         own = trained.get("seed_everything", 0)
-        folder = Path(model["recipe"]).stem + ("" if model.get("seed", own) == own else f"_seed{model['seed']}")
-        assert model["checkpoint"].startswith(f"runs/{folder}/checkpoints/"), name
+        seed = model.get("seed", own)
+        assert (found.group(3) is None) == (seed == own) and (found.group(3) is None or int(found.group(3)) == seed), name
+        callbacks = trained["trainer"]["callbacks"]
+        dirpath = next(c["init_args"]["dirpath"] for c in callbacks if c["class_path"].endswith("ModelCheckpoint"))
+        assert dirpath == f"runs/{found.group(1)}/checkpoints", name  # sessrec fit writes the model directory beside it
         assert trained["data"].get("eval_protocol") == spec["data"]["eval_protocol"], name

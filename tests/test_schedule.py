@@ -7,10 +7,11 @@ import pyarrow as pa
 import pytest
 import torch
 
+from sessrec.artifacts import SessionRecommender
 from sessrec.data.vocab import ItemVocab
 from sessrec.models import XLNetEncoder
 from sessrec.tasks import BaselineTask, Evaluation, NextItemTask, Optimization, Schedule, next_item
-from sessrec.tasks.pretrained import Pretrained, load_checkpoint
+from sessrec.tasks.pretrained import best_of_run
 
 
 def tiny_task(**kw) -> NextItemTask:
@@ -155,13 +156,14 @@ def test_parts_are_plain_data_in_the_hyperparameters():
     assert (rebuilt.optimization, rebuilt.schedule, rebuilt.evaluation) == tuple(PARTS.values())
 
 
-def test_parts_round_trip_through_a_model_directory(tmp_path):
+def test_the_evaluation_round_trips_through_a_model_directory_as_its_inference_settings(tmp_path):
     task = tiny_task(**PARTS)
     task.vocab = ItemVocab(pa.array(np.arange(100, 118)), np.arange(18, 0, -1))
-    loaded = Pretrained.from_pretrained(task.save_pretrained(tmp_path / "model"))
-    assert isinstance(loaded, NextItemTask)
-    assert (loaded.optimization, loaded.schedule, loaded.evaluation) == tuple(PARTS.values())
-    assert loaded.metrics["test"].ks == [5, 10]
+    loaded = SessionRecommender.from_pretrained(task.recommender().save_pretrained(tmp_path / "model"))
+    evaluation = PARTS["evaluation"]
+    assert (loaded.inference.top_k, loaded.inference.exclude_seen) == (evaluation.top_k, evaluation.exclude_seen)
+    again = NextItemTask.from_recommender(loaded, evaluation=evaluation)
+    assert again.evaluation == evaluation and again.metrics["test"].ks == [5, 10]
 
 
 def test_parts_round_trip_through_a_checkpoint(tmp_path):
@@ -170,7 +172,7 @@ def test_parts_round_trip_through_a_checkpoint(tmp_path):
     task.on_save_checkpoint(checkpoint)  # what Lightning adds to the checkpoint it writes
     torch.save(checkpoint, tmp_path / "task.ckpt")
     torch.load(tmp_path / "task.ckpt", weights_only=True)  # plain data only
-    loaded = load_checkpoint(tmp_path / "task.ckpt")
+    loaded = best_of_run(task, tmp_path / "task.ckpt", None)
     assert (loaded.optimization, loaded.schedule, loaded.evaluation) == tuple(PARTS.values())
 
 

@@ -29,7 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sessrec.data import SyntheticSource
 from sessrec.deploy import server
 from sessrec.deploy.batching import Pace
-from sessrec.deploy.recommender import SessionRecommender, join_sessions
+from sessrec.deploy.recommender import SessionModelService, join_sessions
 from sessrec.deploy.request import Limits
 from sessrec.deploy.server import Overload, Served, build_app, serve
 from sessrec.models import MaskedItemModeling, XLNetEncoder
@@ -584,7 +584,7 @@ def test_a_session_model_is_served_in_mixed_batches_as_alone(data) -> None:
     task = NextItemTask(num_items=data.num_items, max_length=10, encoder=XLNetEncoder(d_model=16, n_head=2, n_layer=1),
                         objective=MaskedItemModeling())
     task.vocab = data.vocab
-    model = SessionRecommender(task)
+    model = SessionModelService(task.recommender())
     raw = data.vocab.raw_ids.slice(2).to_pylist()
     parts = [[raw[:3], raw[5:6]], [raw[10:22]], [raw[30:32]]]  # widths 3, 10 (the last 10 of 12) and 2
     joined = join_sessions([model.encode(p) for p in parts])

@@ -164,12 +164,12 @@ def test_fitted_side_features_round_trip_through_predict(tmp_path, monkeypatch):
     args = [*TINY, "--data.source.init_args.path", str(log)]
     fitted = main(["fit", *args])
     dm = fitted.datamodule
-    ckpt = work / "runs" / "xlnet_mlm_trivago_side" / "checkpoints" / "best.ckpt"
-    assert ckpt.exists() and (ckpt.parent / "features.npz").exists() and (ckpt.parent / "vocab.parquet").exists()
+    model_dir = work / "runs" / "xlnet_mlm_trivago_side" / "model"
+    assert (model_dir / "features.npz").exists() and (model_dir / "vocab.parquet").exists()
     assert dm.num_virtual > 0 and dm.side_info.categorical["action_type"] == 2 + 4  # 4 action types in training
 
     # the saved transforms reproduce the training-time ones exactly
-    loaded = SideFeatureTransform.load(ckpt.parent / "features.npz", dm.side_features)
+    loaded = SideFeatureTransform.load(model_dir / "features.npz", dm.side_features)
     test = dm.splits.test
     a, b = dm.side.transform(test), loaded.transform(test)
     assert set(a) == {"action_type", "device", "platform", "position", "price", "since_prev", "dwell"}
@@ -183,13 +183,13 @@ def test_fitted_side_features_round_trip_through_predict(tmp_path, monkeypatch):
         events[name] = frame.list_offsets(test.column(name))[0]
     src, out = tmp_path / "events.parquet", tmp_path / "recs.parquet"
     pq.write_table(pa.table(events), src)
-    predicted = main(["predict", *args, "--ckpt_path", str(ckpt), "--data.predict_path", str(src),
+    predicted = main(["predict", *args, "--model_dir", str(model_dir), "--data.predict_path", str(src),
                       "--data.predict_schema.timestamp", "timestamp", "--scoring.output", str(out)])
-    assert predicted.datamodule.features_path == str(ckpt)  # the checkpoint carries its fitted transforms
+    assert predicted.datamodule.features_path == str(model_dir / "features.npz")  # the model's fitted transforms
     recs = pq.read_table(out)
     assert recs.column("session_id").to_pylist() == test.column("session_id").to_pylist()
 
-    # ... which matches scoring them directly with the training-time transforms and the checkpoint's weights
+    # ... which matches scoring them directly with the training-time transforms and the model directory's weights
     model = predicted.model.eval()
     virtual = frame.list_offsets(test.column("virtual"))[0].to_numpy(zero_copy_only=False)
     pad = lambda v: torch.from_numpy(frame.pad_sessions(v, offsets[:-1], offsets[1:], dm.max_length))
@@ -206,9 +206,9 @@ def test_fitted_side_features_round_trip_through_predict(tmp_path, monkeypatch):
     assert not torch.equal(top, blind)  # the features matter, so a wrong transform would show
     assert not set(got) & set(dm.vocab.raw_ids.slice(dm.vocab.num_products).to_pylist())  # no virtual item recommended
 
-    # the checkpoint itself carries the vocabulary and the fitted transforms: the side files are not needed
-    os.remove(ckpt.parent / "features.npz")
-    os.remove(ckpt.parent / "vocab.parquet")
-    main(["predict", *args, "--ckpt_path", str(ckpt), "--data.predict_path", str(src),
+    # the model directory is all predict needs: the checkpoints may be gone
+    for path in (work / "runs" / "xlnet_mlm_trivago_side" / "checkpoints").iterdir():
+        os.remove(path)
+    main(["predict", *args, "--model_dir", str(model_dir), "--data.predict_path", str(src),
           "--data.predict_schema.timestamp", "timestamp", "--scoring.output", str(tmp_path / "r2.parquet")])
     assert pq.read_table(tmp_path / "r2.parquet").equals(pq.read_table(out))

@@ -1,14 +1,14 @@
 """``sessrec`` command line.
 
     sessrec fit --config <recipe> ...                            train a task recipe, or fit a pipeline recipe's ranker
-    sessrec validate --config <task recipe> --ckpt_path C        validation metrics of a trained checkpoint
-    sessrec test --config <recipe> [--ckpt_path C]               test metrics of a checkpoint, or of a pipeline end to end
-    sessrec predict --config <task recipe> --ckpt_path C ...     top-k items for sessions of --data.predict_path (parquet)
-    sessrec recommend --config <pipeline recipe> --input F ...   a pipeline's top-k for a file of sessions (--output)
-    sessrec serve --model-dir D                                  HTTP recommendations (`sessrec.deploy.server`)
-    sessrec export --ckpt_path <ckpt|model dir> --format ...     ONNX, TorchScript or a Triton repository
+    sessrec validate --config <data recipe> --model_dir M        validation metrics of a trained model (runs/<name>/model)
+    sessrec test --config <recipe> [--model_dir M]               test metrics of a trained model, or of a pipeline end to end
+    sessrec predict --config <data recipe> --model_dir M ...     top-k items for sessions of --data.predict_path (parquet)
+    sessrec recommend --config <pipeline recipe> --input_path F a pipeline's top-k for a file of sessions (--output)
+    sessrec serve --model_dir D                                  HTTP recommendations (`sessrec.deploy.server`)
+    sessrec export --model_dir M --format ...                    ONNX, TorchScript or a Triton repository
     sessrec retrain --config <retrain recipe> ...                one warm-start turn with its quality gate
-    sessrec rollback --model-dir D [--to VERSION]                an earlier version of D current again
+    sessrec rollback --model_dir D [--to VERSION]                an earlier version of D current again
 
 Options of every command:
 
@@ -16,69 +16,72 @@ Options of every command:
     --show-warnings (or SESSREC_SHOW_WARNINGS=1)  third-party notices that are hidden by default: Lightning's
                                                   logger tips, wandb's banner, known deprecation warnings
 
-Only the Lightning commands, the pipeline's ``fit`` and ``retrain`` import the training stack
-(Lightning, jsonargparse's LightningCLI); ``serve``, ``export`` of a model directory, ``recommend``
-and ``rollback`` start without it. A user error is one line on stderr and exit status 1
+Only the Lightning commands, the pipeline commands (a pipeline recipe's data block is the Lightning
+data module) and ``retrain`` import the training stack (Lightning, LightningCLI); ``serve``,
+``export`` of a model directory and ``rollback`` start without it. A user error is one line on stderr and exit status 1
 (``--traceback`` or ``SESSREC_TRACEBACK=1`` for the trace).
+
+Every command parses its flags and ``--config`` files with jsonargparse (`sessrec.cli.parsers`; the
+Lightning commands with LightningCLI): flags are spelt as the parameters of the function or class the
+command runs (``--model_dir``, ``--max_batch_size``), and ``sessrec <command> --help`` shows them with
+the help of its docstring. Whether ``fit``, ``test`` and ``recommend`` run a pipeline is read from the
+configuration: a recipe with a top-level ``pipeline:`` block is a pipeline recipe.
 """
 
 from __future__ import annotations
 
-import argparse
-import inspect
 import json
 import logging
 import os
 import sys
-import typing
 import warnings
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 
-import yaml
-
-from sessrec.cli.config_files import config_paths
-from sessrec.cli.errors import parse_args
 from sessrec.saved.checkpoint import data_state
 
 PIPELINE_COMMANDS = ("fit", "test", "recommend")
 LIGHTNING_COMMANDS = ("fit", "validate", "test", "predict")
 
 
-def pipeline_recipe(args: list[str]) -> bool:
-    """True when a ``--config`` of `args` is a pipeline recipe (a top-level ``pipeline:`` block)."""
-    for path in config_paths(args):
-        content = yaml.safe_load(path.read_text()) if path.is_file() else None
-        if isinstance(content, dict) and "pipeline" in content:
-            return True
-    return False
-
-
 def pipeline_cli(args: list[str]) -> object:
     """``sessrec fit|test|recommend`` on a pipeline recipe; returns what the subcommand returns."""
+    from sessrec.cli.parsers import config_paths, parse, recipe_parser
     from sessrec.pipeline.offline import recommend_file
-    from sessrec.pipeline.recipe import recipe_parser
+    from sessrec.pipeline.recipe import PipelineRecipe
 
     command, rest = args[0], args[1:]
     parser = recipe_parser(prog=f"sessrec {command}")
+    owner = None
     if command == "recommend":
-        parser.add_argument("--input", type=str, required=True, help="sessions (parquet/CSV): a list column or one row per event")
-        parser.add_argument("--output", type=str, required=True, help="a .parquet file (session_id, item_ids, scores) or a .csv file (session_id, rank, item_id, score)")
-        parser.add_argument("--k", type=int, default=20, help="recommendations per session")
-        parser.add_argument("--batch_size", type=int, default=1024, help="sessions per batch (and per part file)")
-        parser.add_argument("--overwrite", type=bool, default=False, help="replace an existing output")
-        parser.add_argument("--now", type=float | None, default=None,
-                            help="seconds since the epoch at which allow/deny windows hold, for every session "
-                                 "(default: each session's last event with a time column, else the time the run starts)")
-    cfg = parse_args(parser, rest)
+        parser.add_function_arguments(recommend_file, skip={"pipeline", "schema"})
+        owner = recommend_file
+    refuse_checkpoint_models(config_paths(rest))
+    cfg = parse(parser, rest, owner=owner, roots={"pipeline": PipelineRecipe})
     recipe = parser.instantiate(cfg).pipeline
     if command == "fit":
         return recipe.fit()
     if command == "test":
         return recipe.test()
     return recommend_file(
-        recipe.output, cfg.input, cfg.output, k=cfg.k, batch_size=cfg.batch_size,
+        recipe.output, cfg.input_path, cfg.output, k=cfg.k, batch_size=cfg.batch_size,
         schema=recipe.data.predict_schema, overwrite=cfg.overwrite, now=cfg.now,
     )
+
+
+def refuse_checkpoint_models(paths: list[Path]) -> None:
+    """One line for a pipeline recipe whose session model is named by its training recipe and checkpoint."""
+    from sessrec.cli.parsers import read_config
+
+    for path in paths:
+        pipeline = read_config(path).get("pipeline")
+        models = pipeline.get("models") if isinstance(pipeline, dict) else None
+        for name, spec in (models.items() if isinstance(models, dict) else ()):
+            if isinstance(spec, dict) and spec.keys() & {"recipe", "checkpoint"}:
+                raise ValueError(
+                    f"{path}: pipeline.models.{name}: a pipeline takes the model directory that sessrec fit writes, "
+                    "not a recipe and a checkpoint: model_dir: runs/<name>/model"
+                )
 
 
 def _recipe_error(err: BaseException) -> BaseException:
@@ -104,132 +107,117 @@ def _raised_in(err: BaseException, package: str) -> bool:
 def retrain_cli(args: list[str]) -> object:
     """``sessrec retrain``: one warm-start turn with its quality gate, for the session model or the DLRM
     that ``--model_dir`` holds (`sessrec.deploy.retrain.retrain` / `retrain_dlrm`)."""
-    from jsonargparse import ActionConfigFile, ArgumentParser
-
+    from sessrec.cli.parsers import config_value, function_command, parse
     from sessrec.deploy.retrain import retrain, retrain_dlrm, summary
 
-    turn = retrain_dlrm if _model_class(args).endswith("DLRMTask") else retrain
-    parser = ArgumentParser(prog="sessrec retrain", description=turn.__doc__.splitlines()[0], exit_on_error=False)
-    parser.add_argument("--config", action=ActionConfigFile)
-    parser.add_function_arguments(turn)
-    kwargs = parser.instantiate(parse_args(parser, args)).as_dict()
+    turn = retrain_dlrm if _model_kind(config_value(args, "model_dir")) == "ClickRanker" else retrain
+    parser = function_command(turn, "sessrec retrain")
+    kwargs = parser.instantiate(parse(parser, args, owner=turn)).as_dict()
     kwargs.pop("config", None)
     decision = turn(**kwargs)
     print(f"sessrec retrain: {summary(decision)}")
     return decision
 
 
-def _model_class(args: list[str]) -> str:
-    """The task class of the model directory that ``--model_dir`` (on the command line or in a
-    ``--config`` file) names; "" when it cannot be read (the chosen parser then says what is wrong)."""
+def _model_kind(model_dir: object) -> str:
+    """The artifact the model directory `model_dir` holds, by its sections: ``SessionRecommender`` (it
+    has an ``objective``) or ``ClickRanker``; "" when it cannot be read (the chosen turn then says what
+    is wrong)."""
     from sessrec.saved.versions import resolve
 
-    found = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--model_dir"]
-    found += [a.partition("=")[2] for a in args if a.startswith("--model_dir=")]
-    for path in config_paths(args):
-        content = yaml.safe_load(path.read_text()) if path.is_file() else None
-        if isinstance(content, dict) and "model_dir" in content and not found:
-            found.append(str(content["model_dir"]))
+    if model_dir is None:
+        return ""
     try:
-        config = resolve(found[-1]) / "config.json" if found else None  # a versioned directory: its current version's
-        return str(json.loads(config.read_text())["task"]["class_path"]) if config is not None else ""
+        config = resolve(str(model_dir)) / "config.json"  # a versioned directory: its current version's
+        sections = json.loads(config.read_text())
+        if not isinstance(sections, dict) or "model" not in sections:
+            return ""
+        return "SessionRecommender" if "objective" in sections else "ClickRanker"
     except (OSError, ValueError, KeyError, TypeError):
         return ""
 
 
 def serve_cli(args: list[str]) -> None:
-    """``sessrec serve --model-dir <dir>``: HTTP recommendations from a model or pipeline directory."""
+    """``sessrec serve --model_dir <dir>``: HTTP recommendations from a model or pipeline directory."""
+    from sessrec.cli.parsers import function_command, parse
     from sessrec.deploy.server import serve
 
-    serve(**vars(function_parser(serve, "sessrec serve").parse_args(args)))
+    parser = function_command(serve, "sessrec serve")
+    cfg = parse(parser, args, owner=serve).as_dict()
+    cfg.pop("config", None)
+    serve(**cfg)
 
 
-def export_cli(args: list[str]) -> object:
-    """``sessrec export --ckpt_path <ckpt|model dir> --format {onnx,torchscript,triton} --out <dir>``."""
-    parser = argparse.ArgumentParser(prog="sessrec export", description="export a session model or DLRM for serving")
-    parser.add_argument("--ckpt_path", type=str, required=True, help="a checkpoint of sessrec fit, or a model directory")
-    parser.add_argument("--format", choices=["onnx", "torchscript", "triton"], default="onnx",
-                        help="onnx / torchscript: one model file; triton: a Triton model repository (ONNX backend)")
-    parser.add_argument("--out", type=str, required=True, help="output directory")
-    parser.add_argument("--top_k", type=_optional(int), default=20,
-                        help="session models also output the K best items (null: scores only)")
-    parser.add_argument("--name", type=str, default="sessrec", help="the model's name in a Triton repository")
-    parser.add_argument("--max_batch_size", type=int, default=64, help="Triton's dynamic batching: largest batch")
-    cfg = parser.parse_args(args)
-    from sessrec.deploy.export import export_checkpoint, load_model
+def export(
+    model_dir: str,
+    out: str,
+    format: Literal["onnx", "torchscript", "triton"] = "onnx",
+    top_k: int | None = 20,
+    name: str = "sessrec",
+    max_batch_size: int = 64,
+) -> str:
+    """Export a session model or DLRM for serving, checked against PyTorch on a batch of another size and length.
 
-    if cfg.format == "triton":
+    Args:
+        model_dir: the model directory that ``sessrec fit`` writes (``runs/<name>/model``).
+        out: output directory.
+        format: ``onnx`` / ``torchscript``: one model file; ``triton``: a Triton model repository (ONNX backend).
+        top_k: session models also output the K best items (null: scores only).
+        name: the model's name in a Triton repository.
+        max_batch_size: Triton's dynamic batching: largest batch.
+
+    Returns:
+        The file or repository written.
+    """
+    from sessrec.deploy.export import export_model_dir
+
+    if format == "triton":
+        from sessrec.artifacts import load_artifact
         from sessrec.deploy.triton import triton_repository
 
-        written = triton_repository(load_model(cfg.ckpt_path), cfg.out, cfg.name, cfg.max_batch_size, top_k=cfg.top_k)
-    else:
-        written = export_checkpoint(cfg.ckpt_path, cfg.out, cfg.format, top_k=cfg.top_k)
+        return str(triton_repository(load_artifact(model_dir), out, name, max_batch_size, top_k=top_k))
+    return str(export_model_dir(model_dir, out, format, top_k=top_k))
+
+
+def export_cli(args: list[str]) -> str:
+    """``sessrec export --model_dir runs/<name>/model --format {onnx,torchscript,triton} --out <dir>``."""
+    from sessrec.cli.parsers import function_command, parse
+
+    parser = function_command(export, "sessrec export")
+    cfg = parse(parser, args, owner=export).as_dict()
+    cfg.pop("config", None)
+    written = export(**cfg)
     print(f"sessrec export: wrote {written} (checked against PyTorch on a batch of another size and length)")
     return written
 
 
-def rollback_cli(args: list[str]) -> str:
-    """``sessrec rollback --model-dir D [--to VERSION]``: make an earlier version of a versioned model or
-    pipeline directory current again (default: the one current before this one); logged like a promotion."""
+def rollback(model_dir: str, to: str | None = None) -> str:
+    """Make an earlier version of a versioned model or pipeline directory current again (logged like a promotion).
+
+    Args:
+        model_dir: a model or pipeline directory with versions.
+        to: the version to make current (e.g. ``v000003``); default: the one current before this one.
+
+    Returns:
+        The version now current.
+    """
     from sessrec.saved.versions import VersionedDirectory
 
-    parser = argparse.ArgumentParser(prog="sessrec rollback", description="make an earlier version current again")
-    parser.add_argument("--model_dir", "--model-dir", dest="model_dir", required=True,
-                        help="a model or pipeline directory with versions")
-    parser.add_argument("--to", default=None, help="the version to make current (e.g. v000003); default: the previous one")
-    cfg = parser.parse_args(args)
-    store = VersionedDirectory(cfg.model_dir)
+    store = VersionedDirectory(model_dir)
     before = store.current_version()
-    version = store.rollback(cfg.to)
-    print(f"sessrec rollback: {cfg.model_dir}: {version} is current (was {before}); a server following it reloads")
+    version = store.rollback(to)
+    print(f"sessrec rollback: {model_dir}: {version} is current (was {before}); a server following it reloads")
     return version
 
 
-def function_parser(func: Any, prog: str) -> argparse.ArgumentParser:
-    """A command-line parser of `func`'s keyword arguments (``--name`` and ``--name-with-dashes``), typed by
-    its annotations (int, float, str, bool, paths), helped by its docstring's ``Args:``: the lifecycle
-    commands parse their flags without jsonargparse (which the serving path does not import)."""
-    hints = typing.get_type_hints(func)
-    parser = argparse.ArgumentParser(prog=prog, description=(func.__doc__ or "").strip().splitlines()[0])
-    docs = _argument_docs(func.__doc__ or "")
-    for name, param in inspect.signature(func).parameters.items():
-        kind = hints.get(name, str)
-        convert = {bool: _boolean, int: int, float: float}.get(kind, str)
-        flags = [f"--{name}"] + ([f"--{name.replace('_', '-')}"] if "_" in name else [])
-        required = param.default is inspect.Parameter.empty
-        parser.add_argument(*flags, dest=name, type=convert, required=required,
-                            default=None if required else param.default, help=docs.get(name))
-    return parser
+def rollback_cli(args: list[str]) -> str:
+    """``sessrec rollback --model_dir D [--to VERSION]``."""
+    from sessrec.cli.parsers import function_command, parse
 
-
-def _argument_docs(doc: str) -> dict[str, str]:
-    """``name: text`` entries of a Google-style ``Args:`` section (continuation lines joined)."""
-    found: dict[str, str] = {}
-    name = None
-    for line in doc.partition("Args:")[2].splitlines():
-        head, sep, text = line.strip().partition(": ")
-        if sep and head.isidentifier() and line.startswith(" " * 8) and not line.startswith(" " * 12):
-            name, found[head] = head, text
-        elif name and line.strip() and not line.strip().endswith(":"):
-            found[name] += " " + line.strip()
-        elif not line.strip() or line.strip().endswith(":"):
-            name = None if line.strip().endswith(":") else name
-    return found
-
-
-def _boolean(text: str) -> bool:
-    value = text.strip().lower()
-    if value not in ("true", "false", "1", "0", "yes", "no"):
-        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-    return value in ("true", "1", "yes")
-
-
-def _optional(convert: Any) -> Any:
-    def parse(text: str) -> Any:
-        return None if text.strip().lower() in ("null", "none") else convert(text)
-
-    parse.__name__ = convert.__name__
-    return parse
+    parser = function_command(rollback, "sessrec rollback")
+    cfg = parse(parser, args, owner=rollback).as_dict()
+    cfg.pop("config", None)
+    return rollback(**cfg)
 
 
 COMMANDS = {"export": export_cli, "retrain": retrain_cli, "rollback": rollback_cli, "serve": serve_cli}
@@ -256,10 +244,14 @@ def run(args: list[str]) -> object:
         return None
     if command in COMMANDS:
         return COMMANDS[command](args[1:])
-    if command in PIPELINE_COMMANDS and pipeline_recipe(args):
+    asks_help = bool({"-h", "--help"} & set(args))
+    if (command in PIPELINE_COMMANDS and _pipeline_recipe(args)) or (command == "recommend" and asks_help):
         return pipeline_cli(args)
     if command == "recommend":
         raise ValueError("--config must name a pipeline recipe (a top-level 'pipeline:' block)")
+    if command in ("validate", "test", "predict") and any(a.partition("=")[0] == "--ckpt_path" for a in args):
+        raise ValueError(f"sessrec {command} takes the model directory that sessrec fit writes: --model_dir "
+                         "runs/<name>/model (checkpoints only resume fit)")
     for i, arg in enumerate(args[:-1]):
         if arg == "--ckpt_path":  # a one-line error for an unreadable file, before LightningCLI reads its config
             data_state(args[i + 1])  # (and the data module's state, read once here for every later use)
@@ -269,6 +261,13 @@ def run(args: list[str]) -> object:
 
     sys.argv = [sys.argv[0], *args]  # LightningCLI reads them there
     return cli()
+
+
+def _pipeline_recipe(args: list[str]) -> bool:
+    """True when the configuration that `args` give has a top-level ``pipeline:`` block (a pipeline recipe)."""
+    from sessrec.cli.parsers import config_value
+
+    return config_value(args, "pipeline") is not None
 
 
 COMMAND_NAMES = ("fit", "validate", "test", "predict", "recommend", "serve", "export", "retrain", "rollback")

@@ -6,8 +6,8 @@ unless the recipe names another, e.g. ``class_path: sessrec.tasks.ClickoutDataMo
 ``sessrec.tasks.DLRMTask``).
 
     sessrec fit     --config recipes/quickstart.yaml
-    sessrec test    --config recipes/xlnet_mlm_diginetica.yaml --ckpt_path runs/.../best.ckpt
-    sessrec predict --config recipes/xlnet_mlm_diginetica.yaml --ckpt_path runs/.../best.ckpt \\
+    sessrec test    --config recipes/xlnet_mlm_diginetica.yaml --model_dir runs/xlnet_mlm_diginetica/model
+    sessrec predict --config recipes/xlnet_mlm_diginetica.yaml --model_dir runs/xlnet_mlm_diginetica/model \\
                     --data.predict_path sessions.parquet [--scoring.output recs.parquet]
 
 A pipeline recipe (one top-level ``pipeline:`` block, `sessrec.pipeline.PipelineRecipe`) runs the
@@ -15,27 +15,27 @@ four-stage pipeline instead of a Lightning task:
 
     sessrec fit       --config recipes/pipeline_rsc15.yaml      # ranker on the validation sessions
     sessrec test      --config recipes/pipeline_rsc15.yaml      # end-to-end test metrics
-    sessrec recommend --config recipes/pipeline_rsc15.yaml --input sessions.parquet --output recs.parquet
+    sessrec recommend --config recipes/pipeline_rsc15.yaml --input_path sessions.parquet --output recs.parquet
 
 Data-derived values (catalogue size, sequence length, virtual items, side-feature sizes) are
-linked from the data module into the model, never typed twice. With ``--ckpt_path``, the
-vocabulary and the fitted side-feature transforms saved beside the checkpoint are used, so raw
-ids and features map exactly as in training.
+linked from the data module into the model, never typed twice.
 
-``validate``, ``test`` and ``predict`` with ``--ckpt_path`` take the model's settings by one rule
-(`sessrec.tasks.restore`), where "given" means set by a recipe or on the command line:
+``sessrec fit`` writes the model directory of its best checkpoint, ``runs/<name>/model``
+(`sessrec.artifacts`: a `SessionRecommender` or a `ClickRanker`). ``validate``, ``test`` and
+``predict`` of a trained model take that directory (``--model_dir``) with the data recipe
+(``--config``): the data module reads the directory's vocabulary and side-feature transforms, and
+the model is the directory's, by one rule (`sessrec.tasks.restore`), where "given" means
+set by a recipe or on the command line:
 
 - the evaluation settings (``--model.evaluation.top_k|ks|exclude_seen``; a DLRM's
-  ``--model.evaluation.ks`` and ``--model.compile``) are the given ones, else the checkpoint's; the data module's settings
-  (batch sizes, ``--data.predict_path``) and the output (``--scoring.*``) are always the given ones;
-- the training settings (``--model.optimization.*``, ``--model.schedule.*``, ``--model.seed``; a
-  DLRM's ``--model.optimization.*``, ``seed`` and ``retain_freed_memory``) are the checkpoint's: a given value that
-  differs is not used, and a note on stderr names it;
-- every other model setting (the encoder and its sizes, the objective, the loss, dropout, side
-  information, ``--data.max_length`` ...) fixes the network: a given value that differs from the
-  checkpoint's is refused with one line naming the key and both values. The recipe a model was
-  trained with (and the flags that changed it) always passes; so does ``--config
-  runs/<name>/version_N/config.yaml``, the full config ``sessrec fit`` saved.
+  ``--model.evaluation.ks`` and ``--model.compile``) are the given ones, else the model's (its
+  saved inference settings: top_k, exclude_seen);
+- the training settings (loss, ``--model.optimization.*``, ``--model.schedule.*``, seeds) are not read;
+- every other model setting fixes the network: a given value that differs from the model's is
+  refused with one line naming the key and both values, as is a ``--data.max_length`` other than
+  the model's. The recipe a model was trained with always passes.
+
+A checkpoint resumes ``fit`` (``--ckpt_path``) and nothing else.
 
 ``fit --ckpt_path`` resumes with the checkpoint's model settings (LightningCLI's own restore); a
 checkpoint of ``<save_dir>/<name>/version_N/checkpoints/`` (``last.ckpt`` of a killed run) continues
@@ -60,80 +60,77 @@ from jsonargparse import Namespace
 from pytorch_lightning.callbacks import ProgressBar
 from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 
-from sessrec.cli.errors import RecipeError, explain_parse_error
-from sessrec.saved.checkpoint import checkpoint_summary, data_state
-from sessrec.tasks import LastCheckpoint, TopKWriter, VocabularyCheckpoint
-from sessrec.tasks.callbacks import MetricHistory, PredictProgress, find_features, find_vocab
-from sessrec.tasks.pretrained import load_checkpoint, plain_hparams
-from sessrec.tasks.restore import merge_with_checkpoint, same_class, same_value, show, task_class
+from sessrec.artifacts import ClickRanker, SessionRecommender, load_artifact
+from sessrec.artifacts.model_directory import FEATURES, VOCAB, read_model_directory
+from sessrec.cli.errors import RecipeError, check_in_order, flag_mapping, one_line, refuse_null_below_class
+from sessrec.cli.parsers import config_paths, read_config
+from sessrec.saved.checkpoint import checkpoint_summary
+from sessrec.tasks import DLRMTask, LastCheckpoint, NextItemTask, TopKWriter
+from sessrec.tasks.callbacks import MetricHistory, PredictProgress
+from sessrec.tasks.pretrained import best_of_run, plain_hparams
+from sessrec.tasks.restore import merge_with_model, task_class
 
 EVALUATING = ("validate", "test", "predict")  # subcommands that evaluate or run a trained model
-# the task settings linked from the data module (below), with the data setting that gives each
-FROM_DATA = {
-    "num_items": "the data module's num_items", "num_virtual": "the data module's num_virtual",
-    "side_features": "the data module's side_info", "max_length": "--data.max_length",
-    "cardinalities": "the data module's cardinalities", "num_dense": "the data module's num_dense",
-}
+# the task settings linked from the data module: the model directory's vocabulary and transforms give them
+FROM_DATA = ("num_items", "num_virtual", "side_features", "max_length", "cardinalities", "num_dense")
 
 
 class SessrecCLI(LightningCLI):
     _args: list[str] | None = None  # the arguments parsed (None when given as a dict or Namespace)
-    _held: dict | None = None  # the model settings of the checkpoint evaluated
-    _checkpoint: str = ""
     _history: MetricHistory | None = None  # the metrics of every validation of `fit`
     _resumed: tuple[Path, int] | None = None  # the run folder a `fit --ckpt_path` continues, and its step
+    _model_dir: Path | None = None  # the model directory evaluated (its current version)
+    _artifact: SessionRecommender | ClickRanker | None = None  # what it holds
+    _settings: dict | None = None  # the evaluation settings it is evaluated with
 
     def parse_arguments(self, parser: LightningArgumentParser, args: object) -> None:
-        """Parse (LightningCLI's); a key or value the parser refuses is one line naming the key and the
-        closest valid one (`explain_parse_error`)."""
+        """Refuse an unknown key of the model, data or trainer in one line naming the closest valid one
+        (`check_recipe_keys`), then parse (LightningCLI's); a value the parser refuses is its message on
+        one line."""
         if args is None or isinstance(args, (list, tuple)):
             self._args = list(sys.argv[1:] if args is None else args)
+            check_recipe_keys(self._args)
         try:
             super().parse_arguments(parser, args)
         except ArgumentError as err:  # jsonargparse's tree of every type it tried: one line of it
-            sub = next((a for a in self._args or () if a in self._subcommand_parsers), None)
-            keys = [o for a in self._subcommand_parsers[sub]._actions for o in a.option_strings] if sub else []
-            raise RecipeError(explain_parse_error(str(err), keys)) from err
+            raise RecipeError(one_line(err)) from err
 
     def _parse_ckpt_path(self) -> None:
-        """LightningCLI's hook that puts a checkpoint's hyper-parameters over the model's config.
-
-        ``fit`` resumes with it as it is; ``validate``, ``test`` and ``predict`` apply the rule of the
-        module docstring (`sessrec.tasks.restore.merge_with_checkpoint`) instead.
-        """
+        """LightningCLI's hook that puts a checkpoint's hyper-parameters over the model's config: ``fit``
+        resumes with it. ``validate``, ``test`` and ``predict`` refuse a checkpoint in one line naming
+        the model directory they take, and with ``--model_dir`` put the settings of the directory's
+        model over the config by the rule of the module docstring (`merge_with_model`)."""
         sub = self.config.get("subcommand")
         if sub not in EVALUATING:
             super()._parse_ckpt_path()
             return
         cfg = self.config[sub]
-        ckpt = cfg.get("ckpt_path")
-        if not ckpt:
-            return
-        summary = checkpoint_summary(ckpt)  # read once: run() read it already for its data state
-        hparams = summary["hyper_parameters"]
-        held = {k: v for k, v in hparams.items() if not str(k).startswith("_")}
-        trained = summary["sessrec"].get("task") or hparams.get("_class_path")
-        if not held or not trained:
-            return
-        path = str(cfg.model.class_path)
-        task = task_class(path)
-        if task is None or not same_class(path, str(trained)):
+        if cfg.get("ckpt_path"):
             raise ValueError(
-                f"--model.class_path {path} differs from the checkpoint's {trained} ({ckpt}): evaluate a checkpoint "
-                "with the task it was trained as"
+                f"sessrec {sub} takes the model directory that sessrec fit writes: --model_dir runs/<name>/model "
+                "(checkpoints only resume fit)"
             )
+        if not cfg.get("model_dir"):
+            return
+        folder, _ = read_model_directory(cfg.model_dir)  # its format, version and parts checked before anything is built
+        artifact = load_artifact(folder)
+        task = NextItemTask if isinstance(artifact, SessionRecommender) else DLRMTask
+        named = str(cfg.model.class_path)
+        if task_class(named) is not task:
+            raise ValueError(
+                f"--model.class_path {named} cannot evaluate {folder}: it holds a {type(artifact).__name__}, which "
+                f"{task.__name__} evaluates; give a data recipe without a model block, or the recipe it was trained with"
+            )
+        base = NextItemTask.from_recommender(artifact) if task is NextItemTask else DLRMTask.from_ranker(artifact)
         given = self.parser.parse_args(self._args, defaults=False)[sub] if self._args is not None else cfg
         model = given.get("model")
         init_args = model.get("init_args") if model is not None else None
-        merged = merge_with_checkpoint(
-            task, held, init_args.as_dict() if init_args is not None else {}, str(ckpt), from_data=FROM_DATA
-        )
-        if merged.notes:
-            notes = "; ".join(merged.notes)
-            print(f"sessrec {sub}: note: training settings not used ({sub} keeps the checkpoint's): {notes}", file=sys.stderr)
-        update = {sub: {"model": {"class_path": path, "init_args": merged.init_args}}}
+        merged = merge_with_model(task, plain_hparams(base), init_args.as_dict() if init_args is not None else {},
+                                  str(folder), from_data=FROM_DATA)
+        update = {sub: {"model": {"class_path": named, "init_args": merged.init_args}}}
         self.config = self.parser.parse_object(update, self.config)
-        self._held, self._checkpoint = held, str(ckpt)
+        self._model_dir, self._artifact = folder, artifact
+        self._settings = {k: merged.init_args[k] for k in task.EVALUATION_SETTINGS}
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # a recipe's `model:` block without class_path configures NextItemTask, the default task
@@ -148,7 +145,8 @@ class SessrecCLI(LightningCLI):
         # tasks without a max_length argument (BaselineTask) ignore this link
         parser.link_arguments("data.init_args.max_length", "model.init_args.max_length", apply_on="parse")
         parser.add_lightning_class_args(TopKWriter, "scoring")
-        parser.add_lightning_class_args(VocabularyCheckpoint, "vocab_checkpoint")
+        parser.add_argument("--model_dir", type=str | None, default=None,
+                            help="validate, test, predict: the model directory of a trained model (runs/<name>/model)")
         parser.add_lightning_class_args(LastCheckpoint, "last_checkpoint")
 
     def before_instantiate_classes(self) -> None:
@@ -165,6 +163,9 @@ class SessrecCLI(LightningCLI):
             parser.link_arguments("data.cardinalities", "model.init_args.cardinalities", apply_on="instantiate")
             parser.link_arguments("data.num_dense", "model.init_args.num_dense", apply_on="instantiate")
         if sub == "fit":
+            if cfg.get("model_dir"):
+                raise ValueError("sessrec fit trains the recipe's model: --model_dir is for validate, test and predict "
+                                 "(--ckpt_path resumes a fit)")
             self._resumed = resumed_run(cfg)
         if sub not in ("validate", "test", "predict"):
             return
@@ -174,51 +175,37 @@ class SessrecCLI(LightningCLI):
         # would make "the latest run" point at a run without a model); the metrics are printed
         cfg.trainer.logger = False
         self.save_config_callback = None  # nor a config.yaml in the working directory
-        ckpt = cfg.get("ckpt_path")
-        if not ckpt and not cfg.model.class_path.endswith(UNTRAINED_TASKS):
+        model_dir = cfg.get("model_dir")
+        if not model_dir and not cfg.model.class_path.endswith(UNTRAINED_TASKS):
             raise ValueError(
-                f"{sub} needs --ckpt_path: the model {cfg.model.class_path.rpartition('.')[2]} is trained, and "
-                "without a checkpoint it would score random weights (e.g. --ckpt_path runs/<name>/checkpoints/best.ckpt)"
+                f"{sub} needs --model_dir: the model {cfg.model.class_path.rpartition('.')[2]} is trained, and "
+                "without its model directory it would score random weights (e.g. --model_dir runs/<name>/model)"
             )
+        if not model_dir:
+            return
+        folder = self._model_dir
         data = cfg.data.init_args
-        state = data_state(ckpt) if ckpt else None
-        if state is not None and "vocab_path" in data and data.get("vocab_path") is None and "vocab" in state:
-            data.vocab_path = str(ckpt)  # the checkpoint carries the vocabulary of its run
-        if state is not None and "features_path" in data and data.get("features_path") is None and "features" in state:
-            data.features_path = str(ckpt)
-        if ckpt and "vocab_path" in data and data.get("vocab_path") is None:
-            vocab = find_vocab(ckpt)
-            if vocab is None and sub == "predict":
-                raise FileNotFoundError(
-                    f"no vocab.parquet beside {ckpt}; pass --data.vocab_path to the vocabulary of that training run"
-                )
-            data.vocab_path = None if vocab is None else str(vocab)
-        if ckpt and "features_path" in data and data.get("features_path") is None:
-            features = find_features(ckpt)
-            side = data.get("side_features")
-            wants = side is not None and any(side.get(k) for k in ("categorical", "continuous", "time", "position"))
-            if features is None and wants and sub == "predict":
-                raise FileNotFoundError(
-                    f"no features.npz beside {ckpt}; pass --data.features_path to the side-feature transforms "
-                    "of that training run"
-                )
-            data.features_path = None if features is None else str(features)
+        if "vocab_path" in data:
+            data.vocab_path = str(folder / VOCAB)  # the ids the model was trained with
+        if "features_path" in data:
+            data.features_path = str(folder / FEATURES) if (folder / FEATURES).exists() else None
 
     def after_instantiate_classes(self) -> None:
-        """Refuse a data module that derives other model settings than the checkpoint's (one line)."""
-        if not self._held:
+        """With ``--model_dir``: the task that evaluates the directory's model with the settings chosen
+        (`_parse_ckpt_path`), in place of the one built from the config."""
+        if self._model_dir is None:
             return
-        derived = plain_hparams(self.model)
-        for key, name in FROM_DATA.items():
-            if key in self._held and key in derived and not same_value(derived[key], self._held[key]):
-                why = (
-                    "the network's shape is fixed by training; evaluate with the checkpoint's value" if key == "max_length"
-                    else "read the data with the vocabulary and feature transforms of the training run (the checkpoint "
-                    "carries them; --data.vocab_path and --data.features_path name others)"
-                )
+        artifact, folder = self._artifact, self._model_dir
+        if isinstance(artifact, SessionRecommender):
+            length = getattr(self.datamodule, "max_length", None)
+            if length is not None and int(length) != artifact.inference.max_length:
                 raise ValueError(
-                    f"{name} {show(derived[key])} differs from the checkpoint's {show(self._held[key])} ({self._checkpoint}): {why}"
+                    f"--data.max_length {length} differs from the model's {artifact.inference.max_length} ({folder}): "
+                    f"evaluate it with the session length it was trained with (--data.max_length {artifact.inference.max_length})"
                 )
+            self.model = NextItemTask.from_recommender(artifact, **self._settings)
+        else:
+            self.model = DLRMTask.from_ranker(artifact, **self._settings)
 
     def before_fit(self) -> None:
         """Record the metrics of every validation (`MetricHistory`), and on a resume put the earlier
@@ -243,11 +230,11 @@ class SessrecCLI(LightningCLI):
         saved = [cb.best_model_path for cb in trainer.checkpoint_callbacks if cb.best_model_path]
         best = next((path for path in saved if Path(path).name != "last.ckpt"), saved[0] if saved else "")
         print(f"sessrec fit: {self._kept_metrics(best)}")
-        if not best or not hasattr(model, "save_pretrained"):
+        if not best or not isinstance(model, (NextItemTask, DLRMTask)):
             return
-        trained = load_checkpoint(best)
-        trained.attach_data(self.datamodule)
-        directory = trained.save_pretrained(Path(best).parent.parent / "model")
+        trained = best_of_run(model, best, self.datamodule)
+        artifact = trained.recommender() if isinstance(trained, NextItemTask) else trained.ranker()
+        directory = artifact.save_pretrained(Path(best).parent.parent / "model")
         print(f"sessrec fit: best checkpoint {best}; model directory {directory}")
 
     def _kept_metrics(self, best: str) -> str:
@@ -323,3 +310,13 @@ def cli(args: list[str] | None = None) -> SessrecCLI:
         parser_kwargs={"exit_on_error": False},  # a parse error raises: `sessrec.cli.main` says it in one line
         args=args,
     )
+
+
+def check_recipe_keys(args: list[str]) -> None:
+    """Refuse the first key of the ``--config`` files and flags that the task, the data module or the
+    Trainer does not take (`sessrec.cli.errors.check_in_order`; `NextItemTask` and `SessionDataModule` where a
+    block names no class), and a null that a dotted flag would lose (`refuse_null_below_class`)."""
+    task, data = import_module("sessrec.tasks").NextItemTask, import_module("sessrec.tasks").SessionDataModule
+    roots = {"model": task, "data": data, "trainer": pl.Trainer}
+    check_in_order([*(read_config(path) for path in config_paths(args)), flag_mapping(args)], roots)
+    refuse_null_below_class(args, ("model", "data"))

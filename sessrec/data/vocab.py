@@ -5,7 +5,7 @@ decreasing training frequency, then (optionally) the *virtual items* by decreasi
 input-only tokens for events that carry no product (a search, a filter change), keyed by text
 (Coveo SIGIR'21). Virtual ids form the contiguous range ``[len(vocab) - num_virtual, len(vocab))``;
 `recommendable` marks the ids that may be targets and recommendations (the products). The fitted
-vocabulary is saved as parquet beside the checkpoint, so that scoring maps raw ids exactly as
+vocabulary is saved as parquet in the model directory, so that scoring maps raw ids exactly as
 training did and returns raw ids.
 """
 

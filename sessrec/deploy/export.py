@@ -1,7 +1,7 @@
 """Export of trained models to ONNX and TorchScript, each with a JSON description of its tensors.
 
-`export_session_model` writes a `SessionModel`'s scorer, `export_dlrm` a `DLRM`'s (each also
-takes the trained task, `NextItemTask` or `DLRMTask`, by its ``network()``); both write ``model.onnx`` (or ``model.pt``) and ``model.json`` (inputs and outputs: names, dtypes,
+`export_session_model` writes a `SessionRecommender`'s scorer, `export_dlrm` a `ClickRanker`'s
+(the artifacts of `sessrec.artifacts`); both write ``model.onnx`` (or ``model.pt``) and ``model.json`` (inputs and outputs: names, dtypes,
 shapes with symbolic axes; the ONNX opset) into a directory, and by default check the written
 file against eager PyTorch on a batch of another shape than the export example, so a file whose
 batch or length axis came out fixed is refused at export time rather than found in serving.
@@ -24,13 +24,12 @@ to TorchScript.
 Shape letters: B batch, L session length, V items (incl. padding and OOV), K top-k,
 Dd dense features, H ids per sample of one sparse feature.
 
-`export_checkpoint` does the same for a model directory (read without Lightning) or for the task
-a ``sessrec fit`` checkpoint holds (Lightning is imported for that one only).
+`export_model_dir` does the same for a model directory (``runs/<name>/model``, read without Lightning).
 
 Examples:
-    >>> from sessrec.deploy.export import export_session_model
-    >>> model = SessionModel.from_pretrained("runs/xlnet/model")  # doctest: +SKIP
-    >>> path = export_session_model(model, "exported/xlnet", "onnx", top_k=20)  # doctest: +SKIP
+    >>> from sessrec.artifacts import SessionRecommender
+    >>> recommender = SessionRecommender.from_pretrained("runs/xlnet/model")  # doctest: +SKIP
+    >>> path = export_session_model(recommender, "exported/xlnet", "onnx", top_k=20)  # doctest: +SKIP
     >>> path.name  # doctest: +SKIP
     'model.onnx'
 """
@@ -51,12 +50,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from sessrec.artifacts import ClickRanker, SessionRecommender, load_artifact
 from sessrec.embeddings import SparseFeatures
 from sessrec.models import GRU4RecEncoder
 from sessrec.models.dlrm import DLRM
-from sessrec.models.objective import EVENT_TIMES, Objective
-from sessrec.models.pretrained import load_pretrained
-from sessrec.models.session_model import SessionModel, next_item_scores
+from sessrec.models.objective import EVENT_TIMES
+from sessrec.models.session_model import next_item_scores
 from sessrec.saved.atomic import atomic_path
 
 Format = Literal["onnx", "torchscript"]
@@ -117,28 +116,23 @@ class NextItemScorer(nn.Module):
     seconds aligned with the items (padding's are not read), as served models read a request's.
 
     Args:
-        model: the trained network (shared, not copied), or a trained task (its ``network()``).
+        recommender: the trained model (its network shared, not copied) with its objective and
+            inference settings.
         top_k: also return the K best items (clipped to the recommendable ones); None: scores only.
-        objective: how the next item is read (default: the model's, from ``from_pretrained`` or the task).
-        exclude_seen: never score an item of the input session (default: the model's inference settings).
+        exclude_seen: never score an item of the input session (default: the inference settings').
     """
 
-    def __init__(
-        self, model: SessionModel, top_k: int | None = None, objective: Objective | None = None,
-        exclude_seen: bool | None = None,
-    ) -> None:
+    def __init__(self, recommender: SessionRecommender, top_k: int | None = None, exclude_seen: bool | None = None) -> None:
         super().__init__()
+        if not isinstance(recommender, SessionRecommender):
+            raise TypeError(f"NextItemScorer exports a SessionRecommender, got {type(recommender).__name__}")
         if top_k is not None and top_k < 1:
             raise ValueError(f"top_k must be >= 1 or None, got {top_k}")
-        model = network_of(model, SessionModel)
+        model = recommender.model
         self.model = model
-        if objective is None:
-            objective = model.objective if model.objective is not None else model.default_objective()
         # a plain attribute, not a submodule: RTD's generator is training-only and stays out of the file
-        object.__setattr__(self, "objective", objective)
-        if exclude_seen is None:
-            exclude_seen = model.inference.exclude_seen if model.inference is not None else False
-        self.exclude_seen = exclude_seen
+        object.__setattr__(self, "objective", recommender.objective)
+        self.exclude_seen = recommender.inference.exclude_seen if exclude_seen is None else exclude_seen
         self.top_k = None if top_k is None else min(top_k, int(self.model.recommendable.sum()))
         side = self.model.side_info
         self.categorical = list(side.categorical) if side is not None else []
@@ -219,12 +213,14 @@ class ExportedClickScorer(nn.Module):
     model's own.
 
     Args:
-        model: the trained network (shared, not copied), or a trained task (its ``network()``).
+        model: the trained network (shared, not copied).
     """
 
     def __init__(self, model: DLRM) -> None:
         super().__init__()
-        self.model = network_of(model, DLRM)
+        if not isinstance(model, DLRM):
+            raise TypeError(f"ExportedClickScorer exports a DLRM, got {type(model).__name__}")
+        self.model = model
         arch = self.model.sparse_arch
         self.feature_names = list(arch.feature_names)
         self.tables = [arch.table_of[f] for f in self.feature_names]
@@ -277,7 +273,7 @@ class ExportedClickScorer(nn.Module):
 
 # -- public functions ----------------------------------------------------------------------------
 def export_session_model(
-    model: SessionModel,
+    recommender: SessionRecommender,
     out_dir: str | os.PathLike,
     format: Format = "onnx",
     top_k: int | None = None,
@@ -287,9 +283,9 @@ def export_session_model(
     """Write a session model's next-item scorer (`NextItemScorer`) and its ``model.json`` into `out_dir`.
 
     Args:
-        model: a trained `SessionModel` (``SessionModel.from_pretrained``: read the way its objective
-            and inference settings say), or a trained `NextItemTask` (its ``network()``). It is
-            exported in eval mode and left in the mode it was in.
+        recommender: a trained session model (`SessionRecommender.from_pretrained`), read the way its
+            objective and inference settings say. Its network is exported in eval mode and left in
+            the mode it was in.
         out_dir: directory for ``model.onnx`` / ``model.pt`` and ``model.json`` (created).
         format: ``onnx`` or ``torchscript``.
         top_k: also output the K best items and their scores.
@@ -306,19 +302,21 @@ def export_session_model(
             says why, e.g. GRU4Rec to ONNX).
     """
     _check_format(format)
-    model = network_of(model, SessionModel)
+    if not isinstance(recommender, SessionRecommender):
+        raise TypeError(f"export_session_model exports a SessionRecommender, got {type(recommender).__name__}")
+    model = recommender.model
     encoder = model.encoder
     reason = next((why for (cls, fmt), why in KNOWN_LIMITS.items() if isinstance(encoder, cls) and fmt == format), None)
     if reason is not None:
         raise ValueError(f"{type(encoder).__name__} cannot be exported to {format}: {reason}")
-    scorer = NextItemScorer(model, top_k)
+    scorer = NextItemScorer(recommender, top_k)
     length = max(2, min(model.max_length - 1, 6))  # >= 2: torch.export fixes axes of size 1
     example, probe = scorer.example(3, length, seed=0), scorer.example(5, length + 3, seed=1)
     return _export(scorer, scorer.forward, example, probe, out_dir, format, opset, verify, type(encoder).__name__)
 
 
 def export_dlrm(
-    model: DLRM,
+    ranker: ClickRanker,
     out_dir: str | os.PathLike,
     format: Format = "onnx",
     opset: int | None = None,
@@ -327,8 +325,8 @@ def export_dlrm(
     """Write a DLRM's scorer (`ExportedClickScorer`: dense and padded sparse ids -> logits) and its ``model.json``.
 
     Args:
-        model: a trained `DLRM` (``DLRM.from_pretrained``), or a trained `DLRMTask` (its
-            ``network()``); exported in eval mode and left in the mode it was in.
+        ranker: a trained click model (`ClickRanker.from_pretrained`); its network is exported in
+            eval mode and left in the mode it was in.
         out_dir: directory for ``model.onnx`` / ``model.pt`` and ``model.json`` (created).
         format: ``onnx`` or ``torchscript``.
         opset: ONNX opset; None = the exporter's default.
@@ -339,22 +337,24 @@ def export_dlrm(
         The path of the model file.
     """
     _check_format(format)
-    scorer = ExportedClickScorer(model)
+    if not isinstance(ranker, ClickRanker):
+        raise TypeError(f"export_dlrm exports a ClickRanker, got {type(ranker).__name__}")
+    scorer = ExportedClickScorer(ranker.model)
     example, probe = scorer.example(3, 2, seed=0), scorer.example(7, 4, seed=1)
     return _export(scorer, scorer.eager, example, probe, out_dir, format, opset, verify, "DLRM")
 
 
-def export_checkpoint(
-    ckpt_path: str | os.PathLike,
+def export_model_dir(
+    model_dir: str | os.PathLike,
     out_dir: str | os.PathLike,
     format: Format = "onnx",
     top_k: int | None = None,
     verify: bool = True,
 ) -> Path:
-    """Export the network of a model directory or of a Lightning checkpoint (`load_model`): a session model or a DLRM.
+    """Export the model of a model directory (``runs/<name>/model``): a session model or a DLRM.
 
     Args:
-        ckpt_path: a model directory (``save_pretrained``), or a checkpoint written by ``sessrec fit``.
+        model_dir: the model directory (`sessrec.artifacts.load_artifact` reads it).
         out_dir: directory for the model file and ``model.json``.
         format: ``onnx`` or ``torchscript``.
         top_k: for a session model, also output the K best items.
@@ -364,31 +364,10 @@ def export_checkpoint(
         The path of the model file.
     """
     _check_format(format)
-    model = load_model(ckpt_path)
-    if isinstance(model, DLRM):
-        return export_dlrm(model, out_dir, format, verify=verify)
-    return export_session_model(model, out_dir, format, top_k=top_k, verify=verify)
-
-
-def load_model(path: str | os.PathLike) -> SessionModel | DLRM:
-    """The network of a model directory (`load_pretrained`, without Lightning) or of a checkpoint
-    file (its task's ``network()``; the training stack is imported for it), with its vocabulary,
-    objective and inference settings."""
-    if Path(path).is_dir():
-        return load_pretrained(path)
-    from sessrec.tasks.pretrained import load_checkpoint  # a checkpoint is Lightning's: only for one
-
-    return network_of(load_checkpoint(path), (SessionModel, DLRM))
-
-
-def network_of(model: nn.Module, kind: type | tuple[type, ...]) -> SessionModel | DLRM:
-    """`model` as the network that is exported: a network of `kind` as it is, a trained task by its ``network()``."""
-    if not isinstance(model, kind) and callable(getattr(model, "network", None)):
-        model = model.network()
-    if not isinstance(model, kind):
-        names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
-        raise TypeError(f"expected a {names} (or the task that trains it), got {type(model).__name__}")
-    return model
+    artifact = load_artifact(model_dir)
+    if isinstance(artifact, ClickRanker):
+        return export_dlrm(artifact, out_dir, format, verify=verify)
+    return export_session_model(artifact, out_dir, format, top_k=top_k, verify=verify)
 
 
 # -- helpers -------------------------------------------------------------------------------------

@@ -1,10 +1,10 @@
 """What a model directory serves: raw-id sessions in, raw-id recommendations out.
 
-`load_recommender` reads any saved model the library writes: a pipeline directory
-(``pipeline.json``, `Pipeline.save_pretrained`) or a session model directory (``config.json``,
-``SessionModel.save_pretrained`` or ``NextItemTask.save_pretrained``, read by
-``SessionModel.from_pretrained`` without Lightning), and returns a `Recommender`. Its work comes
-in three steps, so that a server can check each request alone and score many at once:
+`load_recommender` reads either saved thing a server serves: a pipeline directory
+(``pipeline.json``, `Pipeline.save_pretrained`) or a session model's model directory
+(``config.json``, which ``sessrec fit`` writes; `SessionRecommender.from_pretrained`, without
+Lightning, served by `SessionModelService`), and returns a `Recommender`. Its work comes in three
+steps, so that a server can check each request alone and score many at once:
 
 - ``encode(sessions, on_unknown, now, times)``: one request's raw ids -> `RequestSessions` of model ids,
   with the request's time (``now``, seconds since the epoch; None: the clock at the call) and its
@@ -29,9 +29,8 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 
+from sessrec.artifacts.session_recommender import SessionRecommender
 from sessrec.data.vocab import ItemVocab
-from sessrec.models.pretrained import Inference
-from sessrec.models.session_model import SessionModel, next_item_scores
 from sessrec.pipeline import clock
 from sessrec.pipeline.candidates import Recommendations, RequestSessions
 from sessrec.pipeline.pipeline import Pipeline, decode_dicts, encode_raw
@@ -56,35 +55,31 @@ class Recommender(Protocol):
     def decode(self, recs: Recommendations) -> list[dict[str, list]]: ...
 
 
-class SessionRecommender:
+class SessionModelService:
     """A trained session model over its vocabulary: the full catalogue scored, the top `k` returned.
 
     Args:
-        model: the trained `SessionModel` with what it was saved with (``SessionModel.from_pretrained``
-            gives it: ``vocab``, ``objective``, ``inference``), or a trained task, whose
-            ``network()`` is such a model.
+        recommender: the trained model with its objective, vocabulary and inference settings
+            (`SessionRecommender.from_pretrained`); its network is put in eval mode.
     """
 
-    def __init__(self, model: SessionModel) -> None:
-        if not isinstance(model, SessionModel) and callable(getattr(model, "network", None)):
-            model = model.network()  # a trained task (NextItemTask): its network, with what serving reads
-        if not isinstance(model, SessionModel):
-            raise TypeError(f"SessionRecommender serves a SessionModel, got {type(model).__name__}")
-        if model.vocab is None:
-            raise ValueError("the session model has no vocabulary: load it with SessionModel.from_pretrained")
-        if model.side_info is not None:
+    def __init__(self, recommender: SessionRecommender) -> None:
+        if not isinstance(recommender, SessionRecommender):
+            raise TypeError(f"SessionModelService serves a SessionRecommender, got {type(recommender).__name__}")
+        if recommender.model.side_info is not None:
             raise ValueError(
                 "this session model reads side features, which a request of item ids does not carry; "
                 "serve it through sessrec predict with an event file instead"
             )
-        self.model, self.vocab = model.eval(), model.vocab
-        self.objective = model.objective if model.objective is not None else model.default_objective()
-        self.inference = model.inference if model.inference is not None else Inference(int(model.max_length) - 1)
+        recommender.model.eval()
+        self.recommender, self.model, self.vocab = recommender, recommender.model, recommender.vocab
+        self.inference = recommender.inference
         self.max_length = self.inference.max_length
 
     @classmethod
-    def from_pretrained(cls, directory: str | os.PathLike) -> SessionRecommender:
-        return cls(SessionModel.from_pretrained(directory))
+    def from_pretrained(cls, directory: str | os.PathLike) -> SessionModelService:
+        """The service of a model directory (`SessionRecommender.from_pretrained`)."""
+        return cls(SessionRecommender.from_pretrained(directory))
 
     def encode(
         self,
@@ -107,7 +102,7 @@ class SessionRecommender:
         """The `k` best-scored products (B, k) of encoded sessions, best first; an encoder that reads
         event times (`HSTUEncoder`) gets the sessions' times where the request carries them."""
         features = self.model.batch_features(sessions)  # {EVENT_TIMES: times} for such an encoder, else None
-        scores = next_item_scores(self.model, self.objective, sessions.items, features, self.inference.exclude_seen)
+        scores = self.recommender.scores(sessions.items, features)
         top = scores.topk(min(k, int(self.model.recommendable.sum())), dim=1)
         return Recommendations(top.indices, top.values.float())
 
@@ -159,14 +154,14 @@ def _left_pad_cat(tensors: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat([F.pad(t, (width - t.shape[1], 0)) for t in tensors])
 
 
-def load_recommender(directory: str | os.PathLike) -> Pipeline | SessionRecommender:
+def load_recommender(directory: str | os.PathLike) -> Pipeline | SessionModelService:
     """The recommender saved in `directory` (at its current version when it is versioned): a
     pipeline or a session model, by the file that describes it."""
     directory = resolve(directory)
     if (directory / "pipeline.json").exists():
         return Pipeline.from_pretrained(directory)
     if (directory / "config.json").exists():
-        return SessionRecommender.from_pretrained(directory)
+        return SessionModelService.from_pretrained(directory)
     raise FileNotFoundError(
         f"{directory}: neither a saved pipeline (pipeline.json) nor a model directory (config.json); "
         "sessrec fit writes one beside the best checkpoint (runs/<name>/model)"

@@ -33,23 +33,18 @@ import numpy as np
 import pytorch_lightning as pl
 from pytorch_lightning.callbacks import ModelCheckpoint
 
+from sessrec.artifacts import ClickRanker, SessionRecommender
+from sessrec.artifacts.model_directory import VOCAB
 from sessrec.data import frame
 from sessrec.data.schema import Schema
 from sessrec.data.sources import SessionSource, SessionSplits, TimeWindowSource
 from sessrec.deploy.gate import Gate
 from sessrec.deploy.pairs import PairRanks, aligned, clickout_ranks, next_item_ranks, pair_values
 from sessrec.embeddings import DynamicTables
+from sessrec.saved.registry import class_path, config_of
 from sessrec.saved.versions import VersionedDirectory, resolve
 from sessrec.tasks import NextItemTask
-from sessrec.tasks.pretrained import (
-    VOCAB,
-    build,
-    class_path,
-    config_of,
-    load_checkpoint,
-    plain_hparams,
-    with_more_items,
-)
+from sessrec.tasks.pretrained import best_of_run, build, plain_hparams, with_more_items
 from sessrec.tasks.session_data import SessionDataModule
 
 
@@ -124,7 +119,8 @@ def retrain(
     """Train a candidate on one window, gate it on the next against the current and the best model, promote or not.
 
     Args:
-        model_dir: the model directory (`save_pretrained`; versioned once a candidate is promoted into it).
+        model_dir: the model directory of a trained session model (``runs/<name>/model``, which ``sessrec
+            fit`` writes; versioned once a candidate is promoted into it).
         paths: event files holding both windows (read together).
         train_from: start of the training window (see `TimeWindowSource`).
         train_until: end of the training window, start of the test window.
@@ -135,8 +131,9 @@ def retrain(
         warm_start: start from the current model's weights (grown to the new items); False trains
             the same architecture from scratch on the window, with a vocabulary of its own.
         max_epochs: training epochs on the window.
-        lr: peak learning rate (``optimization.lr``); default the current model's.
-        warmup_steps: warm-up steps (``schedule.warmup_steps``); default the current model's.
+        lr: peak learning rate (``optimization.lr``); default `Optimization`'s (a model directory holds
+            no training settings).
+        warmup_steps: warm-up steps (``schedule.warmup_steps``); default `Schedule`'s.
         batch_size: training sessions per batch.
         valid_fraction: latest share of the window's training sessions used for checkpoint selection.
         seed: seed of initialisation, shuffling and masking.
@@ -149,7 +146,7 @@ def retrain(
     """
     out_dir = Path(out)
     with turn(model_dir, keep, gate.metric) as (store, standing, current_path):
-        current = NextItemTask.from_pretrained(current_path)
+        current = NextItemTask.from_recommender(SessionRecommender.from_pretrained(current_path))
         source = TimeWindowSource(paths, schema, train_from, train_until, test_until, valid_fraction=valid_fraction)
         splits = source.load()
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -184,7 +181,8 @@ def retrain(
         return settle(store, standing, gate, {
             "candidate": lambda: ranks(candidate, vocab_path),
             "current": lambda: ranks(current, current_path / VOCAB),
-            **({} if best_path is None else {"best": lambda: ranks(NextItemTask.from_pretrained(best_path), best_path / VOCAB)}),
+            **({} if best_path is None else {"best": lambda: ranks(
+                NextItemTask.from_recommender(SessionRecommender.from_pretrained(best_path)), best_path / VOCAB)}),
         }, out_dir / "model", promote, {
             "train_window": [str(train_from), str(train_until)],
             "test_window": [str(train_until), str(test_until)],
@@ -269,9 +267,9 @@ def fit_candidate(
     seconds = time.perf_counter() - started
     if not best.best_model_path:
         raise RuntimeError(f"training saved no checkpoint (is {monitor!r} logged?)")
-    trained = load_checkpoint(best.best_model_path)
-    trained.attach_data(data)
-    trained.save_pretrained(out_dir / "model")
+    trained = best_of_run(candidate, best.best_model_path, data)
+    artifact = trained.recommender() if isinstance(trained, NextItemTask) else trained.ranker()
+    artifact.save_pretrained(out_dir / "model")
     return trained, seconds, trainer.current_epoch
 
 
@@ -308,7 +306,7 @@ def retrain_dlrm(
         train_hours: train on this many hours before validation (None: everything before it).
         gate: the promotion test, as `retrain`'s (here on ``mrr`` or ``recall@k`` of click-outs).
         max_epochs: training epochs of the candidate.
-        lr: the DLRM's learning rate; None: the current model's.
+        lr: the DLRM's learning rate; None: `Optimization`'s (a model directory holds no training settings).
         batch_size: training rows per batch.
         seed: seeds the candidate's training.
         promote: promote a candidate that passes the gate (False: decide and report only).
@@ -319,7 +317,7 @@ def retrain_dlrm(
 
     out_dir = Path(out)
     with turn(model_dir, keep, gate.metric) as (store, standing, current_path):
-        current = DLRMTask.from_pretrained(current_path)
+        current = DLRMTask.from_ranker(ClickRanker.from_pretrained(current_path))
         if not isinstance(current.sparse, DynamicTables):
             raise ValueError(
                 f"{current_path}: this DLRM has fixed tables ({type(current.sparse).__name__}); retraining grows them, so train "
@@ -332,14 +330,14 @@ def retrain_dlrm(
         vocab_path = current.vocab.grow(old.rows["train"]).save(out_dir / VOCAB)
         new = ClickoutDataModule(path, vocab_path=str(vocab_path), **window)
         pl.seed_everything(seed, verbose=False)
-        candidate = DLRMTask.from_pretrained(current_path).train()
+        candidate = DLRMTask.from_ranker(ClickRanker.from_pretrained(current_path)).train()
         if lr is not None:
             candidate.hparams.optimization = config_of(replace(candidate.optimization, lr=lr))
         candidate, seconds, epochs = fit_candidate(candidate, new, out_dir, f"val/{gate.metric}", max_epochs)
 
         def best_ranks(folder: Path) -> PairRanks:
-            return clickout_ranks(DLRMTask.from_pretrained(folder), ClickoutDataModule(path, vocab_path=str(folder / VOCAB),
-                                                                                      **window))
+            return clickout_ranks(DLRMTask.from_ranker(ClickRanker.from_pretrained(folder)),
+                                  ClickoutDataModule(path, vocab_path=str(folder / VOCAB), **window))
 
         best_path = standing.best_apart(store)
         return settle(store, standing, gate, {

@@ -14,8 +14,8 @@ length (left padding, id 0, changes no score) for requests to batch together. No
 Shape letters as in `sessrec.deploy.export`.
 
 Examples:
-    >>> from sessrec.deploy.triton import triton_repository
-    >>> triton_repository(SessionModel.from_pretrained("runs/xlnet/model"), "model_repository", "xlnet")  # doctest: +SKIP
+    >>> from sessrec.artifacts import SessionRecommender
+    >>> triton_repository(SessionRecommender.from_pretrained("runs/xlnet/model"), "model_repository", "xlnet")  # doctest: +SKIP
     $ tritonserver --model-repository=model_repository
 """
 
@@ -26,16 +26,15 @@ import os
 import re
 from pathlib import Path
 
-from sessrec.deploy.export import export_dlrm, export_session_model, network_of
-from sessrec.models.dlrm import DLRM
-from sessrec.models.session_model import SessionModel
+from sessrec.artifacts import ClickRanker, SessionRecommender
+from sessrec.deploy.export import export_dlrm, export_session_model
 from sessrec.saved.atomic import atomic_path
 
 TRITON_TYPES = {"int64": "TYPE_INT64", "int32": "TYPE_INT32", "float64": "TYPE_FP64", "float32": "TYPE_FP32", "float16": "TYPE_FP16", "bool": "TYPE_BOOL"}
 
 
 def triton_repository(
-    model: SessionModel | DLRM,
+    artifact: SessionRecommender | ClickRanker,
     out_dir: str | os.PathLike,
     name: str,
     max_batch_size: int = 64,
@@ -43,13 +42,12 @@ def triton_repository(
     top_k: int | None = 20,
     verify: bool = True,
 ) -> Path:
-    """Export `model` to ONNX into a Triton model repository and write its ``config.pbtxt``.
+    """Export a trained model to ONNX into a Triton model repository and write its ``config.pbtxt``.
 
     Args:
-        model: a `SessionModel` (inputs ``items`` [+ side features]; outputs ``scores`` and, with
-            `top_k`, ``top_scores``/``top_items``) or a `DLRM` (``dense`` + one ids input per
-            sparse feature; output ``logits``), e.g. from ``from_pretrained``; or the trained task
-            (`NextItemTask`, `DLRMTask`), by its ``network()``.
+        artifact: a `SessionRecommender` (inputs ``items`` [+ side features]; outputs ``scores``
+            and, with `top_k`, ``top_scores``/``top_items``) or a `ClickRanker` (``dense`` + one ids
+            input per sparse feature; output ``logits``), from ``from_pretrained`` of a model directory.
         out_dir: the model repository (created); other models in it are left alone.
         name: the model's name in Triton (its directory).
         max_batch_size: the largest batch Triton forms; 0 turns batching (and the dynamic batcher) off.
@@ -67,11 +65,12 @@ def triton_repository(
             f"max_batch_size and max_queue_delay_microseconds must be >= 0, got {max_batch_size}, {max_queue_delay_microseconds}"
         )
     model_dir = Path(out_dir) / name
-    model = network_of(model, (SessionModel, DLRM))
-    if isinstance(model, DLRM):
-        path = export_dlrm(model, model_dir / "1", "onnx", verify=verify)
+    if isinstance(artifact, ClickRanker):
+        path = export_dlrm(artifact, model_dir / "1", "onnx", verify=verify)
+    elif isinstance(artifact, SessionRecommender):
+        path = export_session_model(artifact, model_dir / "1", "onnx", top_k=top_k, verify=verify)
     else:
-        path = export_session_model(model, model_dir / "1", "onnx", top_k=top_k, verify=verify)
+        raise TypeError(f"triton_repository exports a SessionRecommender or a ClickRanker, got {type(artifact).__name__}")
     spec = json.loads(path.with_suffix(".json").read_text())
     text = model_config(name, spec, max_batch_size, max_queue_delay_microseconds)
     with atomic_path(model_dir / "config.pbtxt") as tmp:

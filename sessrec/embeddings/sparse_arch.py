@@ -332,39 +332,3 @@ class TorchRecTables(SparseTables):
 
     def build(self, tables: Sequence[TableConfig], seed: int | None = None) -> TorchRecSparseArch:
         return TorchRecSparseArch(tables, seed)
-
-
-# -- saved configs that chose the module by flags --------------------------------------------------
-# a DLRM's flags that chose its sparse module, with the DLRM's defaults
-BACKEND_FLAGS = {"sparse_backend": "fused", "dynamic_tables": False, "embedding_optimizer": "none",
-                 "embedding_lr": 0.01, "max_rows": 1 << 20, "pad_to_bytes": 16}
-
-
-def sparse_of_flags(flags: dict[str, Any], defaults: dict[str, Any] = BACKEND_FLAGS) -> dict[str, Any]:
-    """The sparse config (plain ``{"class_path", "init_args"}``) that the flags of `BACKEND_FLAGS` chose.
-
-    Args:
-        flags: the flags a saved config names (missing ones take `defaults`).
-        defaults: the values of the flags it does not name.
-
-    Raises:
-        ValueError: flags that chose no module (TorchRec tables with a fused optimizer or growing).
-
-    Examples:
-        >>> sparse_of_flags({"dynamic_tables": True, "embedding_optimizer": "sgd"})["init_args"]
-        {'optimizer': 'sgd', 'lr': 0.01, 'max_rows': 1048576}
-    """
-    f = {**defaults, **{k: v for k, v in flags.items() if k in BACKEND_FLAGS}}
-    if f["sparse_backend"] == "torchrec":
-        if f["embedding_optimizer"] != "none" or f["dynamic_tables"]:
-            raise ValueError("sparse_backend torchrec with a fused optimizer or growing tables builds no DLRM")
-        return _config(TorchRecTables, {})
-    if f["sparse_backend"] != "fused":
-        raise ValueError(f"sparse_backend must be 'fused' or 'torchrec', got {f['sparse_backend']!r}")
-    if f["dynamic_tables"]:
-        return _config(DynamicTables, {"optimizer": f["embedding_optimizer"], "lr": f["embedding_lr"], "max_rows": f["max_rows"]})
-    return _config(FusedTables, {"optimizer": f["embedding_optimizer"], "lr": f["embedding_lr"], "pad_to_bytes": f["pad_to_bytes"]})
-
-
-def _config(cls: type, init_args: dict[str, Any]) -> dict[str, Any]:
-    return {"class_path": f"{cls.__module__}.{cls.__qualname__}", "init_args": init_args}

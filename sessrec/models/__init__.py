@@ -1,8 +1,8 @@
 """Networks as plain `nn.Module`s (no Lightning): encoders, the session model, objectives.
 
 Encoders map ((B, L, D) embeddings, (B, L) bool real positions) to (B, L, D) and say whether
-they are ``causal``; objectives say which kind they train (`Objective.check`). `SessionModel` and
-`DLRM` save and load themselves as model directories (`sessrec.models.pretrained`).
+they are ``causal``; objectives say which kind they train (`Objective.check`). Networks hold no
+vocabulary and save nothing: `sessrec.artifacts` saves a trained one with what reads raw input into it.
 """
 
 from sessrec.models.bert import BertEncoder
@@ -18,7 +18,6 @@ from sessrec.models.hstu import HSTUEncoder
 from sessrec.models.masking import MaskedItemModeling
 from sessrec.models.objective import MaskingResult, Objective, ObjectiveOutput
 from sessrec.models.permutation_lm import PermutationLanguageModeling, PermutationResult
-from sessrec.models.pretrained import Inference, PretrainedNetwork, load_pretrained
 from sessrec.models.replaced_token import ReplacedTokenDetection, ReplacementResult
 from sessrec.models.sasrec import SASRecEncoder
 from sessrec.models.session_model import SessionModel
@@ -37,7 +36,6 @@ __all__ = [
     "GRU4RecEncoder",
     "HFEncoder",
     "HSTUEncoder",
-    "Inference",
     "InteractionArch",
     "MaskedItemModeling",
     "MaskingResult",
@@ -46,7 +44,6 @@ __all__ = [
     "OverArch",
     "PermutationLanguageModeling",
     "PermutationResult",
-    "PretrainedNetwork",
     "ReplacedTokenDetection",
     "ReplacementResult",
     "SASRecEncoder",
@@ -56,6 +53,5 @@ __all__ = [
     "SideInfoEmbedding",
     "SparseArch",
     "XLNetEncoder",
-    "load_pretrained",
     "use_fast_dropout",
 ]

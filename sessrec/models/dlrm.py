@@ -15,21 +15,18 @@ does it in a Lightning run).
 Shape letters: B batch, Dd dense input features, D embedding width (= the bottom MLP's output),
 F sparse features, I interaction output width, H hidden width.
 
-A `DLRM` saves itself with its vocabulary (``model.save_pretrained(directory, vocab)``, a
-`RankingVocab`) and loads back with ``DLRM.from_pretrained(directory)`` (`sessrec.models.pretrained`).
+The network holds no vocabulary and saves nothing itself: a trained one is saved with the
+vocabulary of its sparse ids as a `sessrec.artifacts.ClickRanker`.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 from torch import nn
 
-from sessrec.datasets.clickout_rows import RankingVocab
 from sessrec.embeddings import SparseFeatures, TableConfig
 from sessrec.embeddings.sparse_arch import (  # noqa: F401 - the sparse modules, importable from here too
     DynamicSparseArch,
@@ -40,18 +37,7 @@ from sessrec.embeddings.sparse_arch import (  # noqa: F401 - the sparse modules,
     TorchRecSparseArch,
     one_width,
 )
-from sessrec.models.pretrained import (
-    NETWORK,
-    WEIGHTS,
-    PretrainedNetwork,
-    load_into,
-    load_vocab,
-    load_weights,
-    under,
-    with_prefix,
-    write_model_directory,
-)
-from sessrec.saved.registry import Configurable, config_of, instantiate
+from sessrec.saved.registry import Configurable
 
 
 def _mlp(in_features: int, layer_sizes: Sequence[int], last_activation: bool = True) -> nn.Sequential:
@@ -159,7 +145,7 @@ class OverArch(nn.Module):
         return self.mlp(x).squeeze(1)
 
 
-class DLRM(nn.Module, PretrainedNetwork, Configurable):
+class DLRM(nn.Module, Configurable):
     """DLRM: bottom MLP on dense features, embeddings of sparse ones, an interaction and a top MLP.
 
     Args:
@@ -225,21 +211,3 @@ class DLRM(nn.Module, PretrainedNetwork, Configurable):
         x = self.dense_arch(dense)  # (B, D)
         e = self.sparse_arch(sparse).to(x.dtype)  # (B, F, D)
         return self.over_arch(self.interaction(x, e))
-
-    # -- model directories (`sessrec.models.pretrained`) --------------------------------------------
-    def save_pretrained(self, directory: str | os.PathLike, vocab: RankingVocab | None = None) -> Path:
-        """Write the model directory (a new version of an existing one) with the vocabulary of the
-        sparse features' ids (default: the one it was loaded with); returns the folder written."""
-        sections, weights = self.pretrained_parts()
-        return write_model_directory(directory, sections, weights, vocab if vocab is not None else self.vocab)
-
-    def pretrained_parts(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-        """The config section (``model``) and the weights (``model.*``) of a model directory."""
-        return {"model": config_of(self)}, with_prefix(self.state_dict(), NETWORK)
-
-    @classmethod
-    def load_directory(cls, folder: Path, config: dict[str, Any], source: str) -> DLRM:
-        model = instantiate(config.get("model"), expected=cls, source=source, key="model")
-        load_into(model, under(load_weights(folder), NETWORK), str(folder / WEIGHTS))
-        model.attach(load_vocab(folder, config, RankingVocab))
-        return model.eval()

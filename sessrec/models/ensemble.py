@@ -7,11 +7,11 @@ comparable after the softmax, and a member that is sure of an item counts as muc
 probability says, not as its raw logit. Items that no member may recommend (padding, OOV,
 virtual) stay at -inf.
 
-Members are `SessionModel`s as `SessionModel.from_pretrained` or a task's ``network()`` give
-them: each carries the objective it was trained with (how it reads a session) and its
-vocabulary. They must score the same catalogue under the same ids: same size, same recommendable
-items, and the same vocabulary where they carry one (compared by content). Each member reads the
-latest items its own ``max_length`` allows, and event times when its encoder uses them.
+Members are trained `SessionModel`s, each read with the objective it was trained with (how it
+reads a session; a `sessrec.artifacts.SessionRecommender` holds both). They must score the same
+catalogue: same size, same recommendable items (whoever loads them checks that their
+vocabularies are one). Each member reads the latest items its own ``max_length`` allows, and
+event times when its encoder uses them.
 
 Examples:
     >>> import torch
@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from sessrec.data.batch import SessionBatch
-from sessrec.models.objective import EVENT_TIMES
+from sessrec.models.objective import EVENT_TIMES, Objective
 from sessrec.models.session_model import SessionModel
 
 
@@ -52,10 +52,11 @@ class SessionEnsemble(nn.Module):
     """Weighted mean of the next-item log-probabilities of trained `SessionModel`s.
 
     Args:
-        members: the trained networks, each with its objective attached (or read the default way
-            for its encoder, as `SessionModel.forward`).
+        members: the trained networks.
         weights: one positive weight per member (normalised to sum 1); None: equal weights.
         names: how errors name each member (its file, say); default ``member 0``, ``member 1`` ...
+        objectives: the objective each member was trained with (how it reads a session); None, or
+            None for a member: the default way for its encoder (`SessionModel.default_objective`).
     """
 
     def __init__(
@@ -63,6 +64,7 @@ class SessionEnsemble(nn.Module):
         members: Sequence[SessionModel],
         weights: Sequence[float] | None = None,
         names: Sequence[str] | None = None,
+        objectives: Sequence[Objective | None] | None = None,
     ) -> None:
         super().__init__()
         members = list(members)
@@ -79,10 +81,20 @@ class SessionEnsemble(nn.Module):
                     f"{name}: the model reads side features, which an ensemble does not feed its members; "
                     "ensemble models trained on items (and event times) only"
                 )
+        objectives = [None] * len(members) if objectives is None else list(objectives)
+        if len(objectives) != len(members):
+            raise ValueError(f"{len(objectives)} objectives for {len(members)} members")
+        objectives = [m.default_objective() if o is None else o for m, o in zip(members, objectives)]
+        for name, member, objective in zip(names, members, objectives):
+            try:
+                objective.check(member.encoder)
+            except ValueError as err:
+                raise ValueError(f"{name}: {err}") from None
         _check_same_catalogue(members, names)
         weights = check_weights([1.0] * len(members) if weights is None else weights, len(members))
         self.members = nn.ModuleList(members)
         self.names = names
+        self.objectives = objectives  # a plain list: an objective's own layers (RTD's) are no part of the ensemble
         total = sum(weights)
         self.register_buffer("weights", torch.tensor([w / total for w in weights]), persistent=False)
 
@@ -108,14 +120,14 @@ class SessionEnsemble(nn.Module):
         items and `features`, event times (`EVENT_TIMES`) go only to the members that use them.
         """
         total = None
-        for weight, member in zip(self.weights, self.members):
+        for weight, member, objective in zip(self.weights, self.members, self.objectives):
             if isinstance(items, SessionBatch):
-                scores = member(items)
+                scores = member(items.items, objective, member.batch_features(items))
             else:
                 own = features
                 if features is not None and not member.uses_times and EVENT_TIMES in features:
                     own = {k: v for k, v in features.items() if k != EVENT_TIMES} or None
-                scores = member(items, None, own)
+                scores = member(items, objective, own)
             part = weight * torch.log_softmax(scores.float(), dim=-1)
             total = part if total is None else total + part
         return total
@@ -124,7 +136,6 @@ class SessionEnsemble(nn.Module):
 def _check_same_catalogue(members: list[SessionModel], names: list[str]) -> None:
     """Refuse members that do not score the same items under the same ids."""
     first, name0 = members[0], names[0]
-    fingerprint0 = _vocab_fingerprint(first)
     for name, member in zip(names[1:], members[1:]):
         if member.num_items != first.num_items:
             raise ValueError(
@@ -133,14 +144,3 @@ def _check_same_catalogue(members: list[SessionModel], names: list[str]) -> None
             )
         if not torch.equal(member.recommendable.cpu(), first.recommendable.cpu()):
             raise ValueError(f"{name}: recommends other ids than {name0} (its virtual items differ)")
-        fingerprint = _vocab_fingerprint(member)
-        if fingerprint is not None and fingerprint0 is not None and fingerprint != fingerprint0:
-            raise ValueError(
-                f"{name}: was trained on another vocabulary than {name0} (fingerprint {fingerprint[:19]}... against "
-                f"{fingerprint0[:19]}...): the same id would be different items"
-            )
-
-
-def _vocab_fingerprint(member: SessionModel) -> str | None:
-    vocab = getattr(member, "vocab", None)
-    return vocab.fingerprint() if vocab is not None and hasattr(vocab, "fingerprint") else None

@@ -15,13 +15,10 @@ a causal model must not know, and the last item read at evaluation would sit at 
 training never reads.
 
 How the next item is read (a [MASK] slot, the last item, XLNet's query stream) belongs to the
-training objective: ``model(items, objective)``; without one, the objective the model was loaded
-with (`from_pretrained`), else a [MASK] slot for bidirectional encoders and the last item for
-causal ones.
-
-A model saves itself with its vocabulary, objective and inference settings into a model directory
-(``model.save_pretrained(directory, vocab, objective)``) and loads back with
-``SessionModel.from_pretrained(directory)`` (`sessrec.models.pretrained`), without Lightning.
+training objective: ``model(items, objective)``; without one, a [MASK] slot for bidirectional
+encoders and the last item for causal ones. The network holds no vocabulary and saves nothing
+itself: a trained one is saved with its objective and vocabulary as a
+`sessrec.artifacts.SessionRecommender`.
 
 Shape letters: B batch, L sequence, D width, V items (incl. padding and OOV), N selected positions.
 
@@ -33,40 +30,18 @@ Examples:
 
 from __future__ import annotations
 
-import os
-from dataclasses import asdict
-from pathlib import Path
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from sessrec.data.batch import SessionBatch
-from sessrec.data.side import SideFeatures
-from sessrec.data.vocab import NUM_SPECIAL, ItemVocab
-from sessrec.features.side_transform import SideFeatureTransform
+from sessrec.data.vocab import NUM_SPECIAL
 from sessrec.models.causal_lm import CausalLanguageModeling
 from sessrec.models.dropout import use_fast_dropout
 from sessrec.models.masking import MaskedItemModeling
 from sessrec.models.objective import EVENT_TIMES, Objective
-from sessrec.models.pretrained import (
-    NETWORK,
-    OBJECTIVE,
-    WEIGHTS,
-    Inference,
-    PretrainedNetwork,
-    inference_of,
-    load_into,
-    load_side,
-    load_vocab,
-    load_weights,
-    under,
-    with_prefix,
-    write_model_directory,
-)
 from sessrec.models.side_info import SideInfoEmbedding
-from sessrec.saved.registry import ConfigError, Configurable, config_of, instantiate
+from sessrec.saved.registry import Configurable
 
 
 def exclude_seen(scores: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
@@ -91,7 +66,7 @@ def next_item_scores(
     return exclude_seen(scores, items) if exclude else scores
 
 
-class SessionModel(nn.Module, PretrainedNetwork, Configurable):
+class SessionModel(nn.Module, Configurable):
     """Next-item model around a sequence encoder.
 
     Args:
@@ -113,15 +88,7 @@ class SessionModel(nn.Module, PretrainedNetwork, Configurable):
             tokens only, never targets nor recommendations.
         side_info: embeds side features and item vectors with the items (see `SideInfoEmbedding`);
             its width must be the encoder's. None = item ids only.
-
-    A model loaded by `from_pretrained` also carries ``vocab``, ``objective`` (how it was trained
-    to read the next item; what ``model(items)`` uses), ``inference`` (`Inference`: the session
-    length, exclusion of seen items and top-k that serving reads) and, for side features,
-    ``side_transform`` and ``side_features``.
     """
-
-    objective: Objective | None = None
-    inference: Inference | None = None
 
     def __init__(
         self,
@@ -271,93 +238,17 @@ class SessionModel(nn.Module, PretrainedNetwork, Configurable):
         """Next-item scores (B, V) for right-aligned sessions (B, L) or a `SessionBatch`.
 
         The sessions are read the way `objective` trained the model (see
-        `Objective.next_item_hidden`); by default the objective the model carries (``from_pretrained``,
-        a task's ``network()``), else a [MASK] slot appended after the last item (bidirectional
-        encoders) or the last item (causal encoders). The target of an evaluation
+        `Objective.next_item_hidden`); by default a [MASK] slot appended after the last item
+        (bidirectional encoders) or the last item (causal encoders). The target of an evaluation
         batch is never part of the input. Side `features` (B, L) each are taken from the batch
         when a `SessionBatch` is given, with its event times (`EVENT_TIMES`) for an encoder that uses them.
         """
         if isinstance(items, SessionBatch):
             items, features = items.items, self.batch_features(items, features)
         if objective is None:
-            objective = self.objective if self.objective is not None else self.default_objective()
+            objective = self.default_objective()
         return self.score(objective.next_item_hidden(self, items, features))  # (B, V)
 
     def default_objective(self) -> Objective:
         """How a model read without an objective reads the next item: a [MASK] slot, or the last item (causal)."""
         return CausalLanguageModeling() if self.causal else MaskedItemModeling()
-
-    # -- model directories (`sessrec.models.pretrained`) --------------------------------------------
-    def save_pretrained(
-        self,
-        directory: str | os.PathLike,
-        vocab: ItemVocab | None = None,
-        objective: Objective | None = None,
-        max_length: int | None = None,
-        exclude_seen: bool | None = None,
-        top_k: int | None = None,
-        side_transform: SideFeatureTransform | None = None,
-        side_features: SideFeatures | None = None,
-    ) -> Path:
-        """Write the model directory (a new version of an existing one); returns the folder written.
-
-        Args:
-            directory: the model directory.
-            vocab: the vocabulary the model was trained with (default: the one it was loaded with).
-            objective: the objective it was trained with (default: the loaded one, else `default_objective`).
-            max_length: items of a session that serving reads (default: the loaded setting, else
-                ``max_length - 1`` of the network, the [MASK] slot left out).
-            exclude_seen: never recommend an item of the input session (default: loaded, else False).
-            top_k: default recommendations per session (default: loaded, else 20).
-            side_transform: the fitted side-feature transforms, for a model with side information
-                (default: the loaded ones).
-            side_features: their settings (default: the loaded ones, else the transforms' own).
-        """
-        if objective is None:
-            objective = self.objective if self.objective is not None else self.default_objective()
-        inference = inference_of(self, max_length, exclude_seen, top_k, self.inference)
-        sections, weights = self.pretrained_parts(objective, inference)
-        side_transform = side_transform if side_transform is not None else self.side_transform
-        return write_model_directory(directory, sections, weights, vocab if vocab is not None else self.vocab,
-                                     side_transform, side_features if side_features is not None else self.side_features)
-
-    def pretrained_parts(self, objective: Objective, inference: Inference) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-        """The config sections (``model``, ``objective``, ``inference``) and the weights (``model.*``,
-        ``objective.*``) of a model directory: what a task's directory holds besides its own section."""
-        objective.check(self.encoder)  # a pair that cannot have been trained together is not saved
-        sections = {"model": config_of(self), "objective": config_of(objective), "inference": asdict(inference)}
-        weights = with_prefix(self.state_dict(), NETWORK)
-        if isinstance(objective, nn.Module):
-            weights.update(with_prefix(objective.state_dict(), OBJECTIVE))
-        return sections, weights
-
-    @classmethod
-    def from_sections(cls, config: dict[str, Any], source: str) -> tuple[SessionModel, Objective]:
-        """The network and the objective that a config's ``model`` and ``objective`` sections describe,
-        built from registered classes only (with fresh weights); one `ConfigError` line naming
-        `source` and the key for anything else."""
-        model = instantiate(config.get("model"), expected=cls, source=source, key="model")
-        objective = instantiate(config.get("objective"), expected=Objective, source=source, key="objective")
-        try:
-            objective.bind(model)
-        except (TypeError, ValueError) as err:
-            raise ConfigError(source, "objective", " ".join(str(err).split())) from err
-        return model, objective
-
-    def restore_weights(self, objective: Objective, weights: dict[str, torch.Tensor], source: str) -> None:
-        """Load the ``model.*`` tensors of `weights` (a model directory's, or a task's state dict) into
-        the network and the ``objective.*`` ones into an objective with parameters; shapes checked."""
-        load_into(self, under(weights, NETWORK), source)
-        if isinstance(objective, nn.Module):
-            load_into(objective, under(weights, OBJECTIVE), source)
-            objective.eval()
-
-    @classmethod
-    def load_directory(cls, folder: Path, config: dict[str, Any], source: str) -> SessionModel:
-        model, objective = cls.from_sections(config, source)
-        inference = Inference.read(config.get("inference"), source)
-        model.restore_weights(objective, load_weights(folder), str(folder / WEIGHTS))
-        model.attach(load_vocab(folder, config, ItemVocab), *load_side(folder, config))
-        object.__setattr__(model, "objective", objective)  # a plain attribute: RTD's generator is no part of the network
-        model.inference = inference
-        return model.eval()

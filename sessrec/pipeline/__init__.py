@@ -6,8 +6,8 @@ through `BaselineRetriever`, co-visitation), `filters.py`, `candidate_features.p
 the ranker and evaluates (`evaluate_pipeline`), `recipe.py` reads a pipeline recipe, `offline.py`
 recommends for a file of sessions. See docs/pipeline.md.
 
-Loading and serving a saved pipeline imports no training stack: `PipelineRecipe` and
-`load_recipe` (jsonargparse, the Lightning data module) are imported on first use.
+Loading and serving a saved pipeline imports no training stack: `PipelineRecipe` (the Lightning
+data module) is imported on first use; a recipe file is read by `sessrec.cli.parsers.load_recipe`.
 """
 
 from importlib import import_module
@@ -27,9 +27,9 @@ from sessrec.pipeline.scoring import BlendScorer, DLRMScorer, GBDTScorer
 from sessrec.pipeline.training import evaluate_pipeline, fit_ranker, retrieval_recall
 
 if TYPE_CHECKING:
-    from sessrec.pipeline.recipe import PipelineRecipe, load_recipe
+    from sessrec.pipeline.recipe import PipelineRecipe
 
-FIT_TIME = {"PipelineRecipe": "sessrec.pipeline.recipe", "load_recipe": "sessrec.pipeline.recipe"}
+FIT_TIME = {"PipelineRecipe": "sessrec.pipeline.recipe"}
 
 
 def __getattr__(name: str) -> Any:
@@ -42,6 +42,6 @@ __all__ = [
     "BaselineRetriever", "BlendScorer", "BoostRule", "CandidateFeatures", "Candidates", "CoVisitation", "DLRMScorer",
     "DiversityCap", "ExactIndex", "FaissIndex", "GBDTScorer", "ItemTableFilter", "NonProductFilter", "Ordering",
     "Pipeline", "PipelineRecipe", "Recommendations", "RequestSessions", "Retrieved", "SeenItemsFilter",
-    "SessionModelRetriever", "SoftmaxSampling", "evaluate_pipeline", "fit_ranker", "load_recipe", "merge",
+    "SessionModelRetriever", "SoftmaxSampling", "evaluate_pipeline", "fit_ranker", "merge",
     "recommend_file", "retrieval_recall",
 ]

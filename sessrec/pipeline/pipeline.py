@@ -24,8 +24,8 @@ file under their path in the state (``weights/model.item_embedding.weight``), it
 ``load_state_dict``. ``pipeline.json`` is written last and records the content hash of every
 other file and the vocabulary's fingerprint, so a part from another run is refused when loaded;
 saving again into the same directory adds a version (`sessrec.saved.versions`). Loading builds
-only registered classes (`sessrec.saved.registry`) and unpickles nothing; pipelines of format
-versions 1 and 2 load too (`sessrec.pipeline.version2`).
+only registered classes (`sessrec.saved.registry`) and unpickles nothing; a pipeline of another
+format version is refused in one line (fit it again with ``sessrec fit``).
 
 Shape letters: B sessions, L positions, K candidates, k recommendations.
 """
@@ -33,6 +33,7 @@ Shape letters: B sessions, L positions, K candidates, k recommendations.
 from __future__ import annotations
 
 import copy
+import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -69,8 +70,6 @@ from sessrec.saved.directory import (
 from sessrec.saved.registry import ConfigError, config_of, instantiate
 
 FORMAT, VERSION = "sessrec.pipeline", 3
-# 1: stages as kind + settings + arrays, parts not hashed; 2: the same, parts hashed; 3: config + state
-READABLE_VERSIONS = (1, 2, 3)
 AnyFilter = SeenItemsFilter | NonProductFilter | ItemTableFilter
 SEP = "/"  # joins the keys of a state's nested dicts into the names of its arrays
 
@@ -334,10 +333,19 @@ class Pipeline:
         path = directory / "pipeline.json"
         if not path.exists():
             raise FileNotFoundError(f"{directory}: not a saved pipeline (no pipeline.json); run sessrec fit on a pipeline recipe")
-        spec = read_description(directory, "pipeline.json", FORMAT, READABLE_VERSIONS)
+        try:
+            found = json.loads(path.read_text())
+        except (OSError, ValueError, RecursionError):
+            found = None  # read_description names what is wrong with it
+        if isinstance(found, dict) and found.get("format") == FORMAT and found.get("version") != VERSION:
+            raise ValueError(
+                f"{path}: a pipeline of format version {found.get('version')!r}, which this sessrec does not read (it "
+                f"reads version {VERSION}): fit the pipeline again with sessrec fit --config <pipeline recipe>"
+            )
+        spec = read_description(directory, "pipeline.json", FORMAT, VERSION)
         vocab = ItemVocab.load(directory / "vocab.parquet")
         check_vocabulary(vocab, spec, directory / "vocab.parquet", what="pipeline")
-        stages = _Stages(directory, spec["version"])
+        stages = _Stages(directory)
         retrievers = {}
         for i, r in enumerate(_entries(spec, "retrievers", stages.source)):
             retrievers[r["name"]] = (stages.load(Retriever, r, f"retrievers[{i}]"), int(r["k"]))
@@ -354,8 +362,8 @@ class Pipeline:
 class _Stages:
     """Builds the stages of one saved pipeline: each from its config, then `load_state_dict`."""
 
-    def __init__(self, directory: Path, version: int) -> None:
-        self.directory, self.version, self.source = directory, version, str(directory / "pipeline.json")
+    def __init__(self, directory: Path) -> None:
+        self.directory, self.source = directory, str(directory / "pipeline.json")
 
     def arrays(self, entry: Mapping[str, Any], key: str) -> dict[str, np.ndarray]:
         from safetensors.numpy import load_file
@@ -369,25 +377,17 @@ class _Stages:
         """The stage of `entry` (at `key` of ``pipeline.json``), a registered `base` class."""
         if not isinstance(entry, Mapping):
             raise ConfigError(self.source, key, f"expected a mapping that describes the stage, got {type(entry).__name__}")
-        if self.version >= 3:
-            try:
-                config, state, moves = entry.get("config"), join_state(entry.get("state", {}), self.arrays(entry, key)), {}
-            except ValueError as err:
-                raise ValueError(f"{self.source}: {key}: {err}") from None
-            if not isinstance(state, dict):
-                raise ConfigError(self.source, f"{key}.state", f"expected a mapping of the stage's state, got {type(state).__name__}")
-        else:
-            from sessrec.pipeline import version2
-
-            config, state, moves = version2.stage(base, entry, key, self.arrays(entry, key), self.directory, self.source)
         try:
-            stage = instantiate(config, expected=base, source=self.source, key=f"{key}.config")
-        except ConfigError as err:
-            raise _moved(err, moves) from None
+            config, state = entry.get("config"), join_state(entry.get("state", {}), self.arrays(entry, key))
+        except ValueError as err:
+            raise ValueError(f"{self.source}: {key}: {err}") from None
+        if not isinstance(state, dict):
+            raise ConfigError(self.source, f"{key}.state", f"expected a mapping of the stage's state, got {type(state).__name__}")
+        stage = instantiate(config, expected=base, source=self.source, key=f"{key}.config")
         try:
             return stage.load_state_dict(state)
         except ConfigError as err:
-            raise _moved(err.within(self.source, f"{key}.state"), moves) from None
+            raise err.within(self.source, f"{key}.state") from None
         except (KeyError, ValueError, TypeError, RuntimeError) as err:
             problem = " ".join(str(err).split()) or type(err).__name__
             raise ValueError(f"{self.source}: {key}: the saved state does not load into the {type(stage).__name__} ({problem})") from None
@@ -398,15 +398,6 @@ def _entries(spec: dict[str, Any], name: str, source: str) -> list[Any]:
     if not isinstance(entries, list):
         raise ConfigError(source, name, f"expected a list of stages, got {type(entries).__name__}")
     return entries
-
-
-def _moved(err: ConfigError, moves: dict[str, str]) -> ConfigError:
-    """`err` located at the key of the file that was read, where a version 1 or 2 entry was converted
-    (`moves`: converted key prefix -> the file's key prefix; the longest prefix applies)."""
-    for new in sorted(moves, key=len, reverse=True):
-        if err.key == new or err.key.startswith((f"{new}.", f"{new}[")):
-            return ConfigError(err.source, moves[new] + err.key[len(new):], err.problem)
-    return err
 
 
 def split_state(state: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:

@@ -5,15 +5,18 @@ arguments below (checked by jsonargparse before anything runs):
 
     sessrec fit       --config recipes/pipeline_rsc15.yaml    # fits kNN/co-visitation and the ranker, saves
     sessrec test      --config recipes/pipeline_rsc15.yaml    # loads the saved pipeline, test-split metrics
-    sessrec recommend --config recipes/pipeline_rsc15.yaml --input sessions.parquet --output recs.parquet
+    sessrec recommend --config recipes/pipeline_rsc15.yaml --input_path sessions.parquet --output recs.parquet
 
-The data block is a `SessionDataModule` like the stage-1 recipes' (the same source and
-vocabulary settings, so that every stage shares one vocabulary; this is checked against each
-model's ``vocab.parquet``). Training sessions fit the kNN and co-visitation retrievers, the
-validation pairs fit the ranker, the test pairs are scored by ``test`` only.
+Each trained session model is named by its model directory (``models.<name>.model_dir:
+runs/<x>/model``, which ``sessrec fit`` writes). The data block is a `SessionDataModule` over the
+stage-1 models' sessions; its vocabulary is the first model's (read from its model directory, unless
+the block names a ``vocab_path``), and every other model's must equal it, so that every stage
+shares one vocabulary. Training sessions fit the kNN and co-visitation retrievers, the validation
+pairs fit the ranker, the test pairs are scored by ``test`` only.
 
-A fit-time module: `sessrec.pipeline` imports it on first use of `PipelineRecipe` or
-`load_recipe` (it loads the Lightning data module), and jsonargparse is imported by `recipe_parser`.
+A fit-time module: `sessrec.pipeline` imports it on first use of `PipelineRecipe` (it loads the
+Lightning data module). A recipe file is read by the command line's parser of it
+(`sessrec.cli.parsers.recipe_parser`, `load_recipe`).
 """
 
 from __future__ import annotations
@@ -22,14 +25,15 @@ import copy
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import numpy as np
 
+from sessrec.artifacts.model_directory import VOCAB
+from sessrec.artifacts.session_recommender import SessionRecommender
 from sessrec.baselines import SessionBaseline
 from sessrec.data import frame
 from sessrec.data.pairs import EvalPairs
-from sessrec.data.vocab import ItemVocab
 from sessrec.pipeline.candidate_features import CandidateFeatures
 from sessrec.pipeline.filters import ItemTableFilter, SeenItemsFilter
 from sessrec.pipeline.ordering import Ordering
@@ -42,10 +46,8 @@ from sessrec.pipeline.retrieval.index import ExactIndex, FaissIndex
 from sessrec.pipeline.retrieval.session_model import SessionModelRetriever
 from sessrec.pipeline.scoring import BlendScorer, DLRMScorer, GBDTScorer
 from sessrec.pipeline.training import evaluate_pipeline, fit_ranker
+from sessrec.saved import versions
 from sessrec.tasks.session_data import SessionDataModule
-
-if TYPE_CHECKING:
-    from jsonargparse import ArgumentParser
 
 
 @dataclass
@@ -53,17 +55,15 @@ class ModelRetrieval:
     """A trained session model as a retriever.
 
     Args:
-        recipe: its training recipe (the ``model:`` block rebuilds the network).
-        checkpoint: its best checkpoint (``vocab.parquet`` beside it).
+        model_dir: its model directory (``runs/<name>/model``, which ``sessrec fit`` writes).
         k: candidates it contributes.
         index: ``exact`` (blocked product), ``hnsw`` or ``ivf`` (FAISS).
-        seed: the stage-1 seed the checkpoint was trained with (``sessrec fit --seed_everything``);
-            None: the recipe's own. Two entries of one recipe with seeds 0 and 1 are a two-seed
-            ensemble; ``benchmarks/pipeline_eval.py`` trains a missing checkpoint with this seed.
+        seed: the stage-1 seed the model was trained with (``sessrec fit --seed_everything``);
+            None: its recipe's own. Two models of one recipe with seeds 0 and 1 are a two-seed
+            ensemble; ``benchmarks/pipeline_eval.py`` reads it to find the models of other seeds.
     """
 
-    recipe: str
-    checkpoint: str
+    model_dir: str
     k: int = 100
     index: Literal["exact", "hnsw", "ivf"] = "exact"
     seed: int | None = None
@@ -101,7 +101,7 @@ class PipelineRecipe:
         ordering: business rules of the final list. The recipe keeps its own copies of
             `features`, `scorer` and `ordering` (it fits them in place), never the objects given.
         device: where the pipeline runs (``cpu``, ``cuda``, ``cuda:1``); None: the device of the
-            first session model's weights (CPU as loaded from a checkpoint).
+            first session model's weights (CPU as loaded from a model directory).
         ranker_pairs: the validation pairs the ranker trains on: ``protocol`` (the evaluation
             protocol's, e.g. each session's last item) or ``all_prefixes`` (every prefix of every
             validation session with its next item: more rows, still only validation sessions).
@@ -162,9 +162,14 @@ class PipelineRecipe:
         for name, spec in self.models.items():
             if names is not None and name not in names:
                 continue
-            _check_vocab(dm.vocab, Path(spec.checkpoint).parent / "vocab.parquet", name)
+            recommender = SessionRecommender.from_pretrained(spec.model_dir)
+            if recommender.vocab != dm.vocab:
+                raise ValueError(
+                    f"models.{name}.model_dir: {spec.model_dir}: its vocabulary differs from the pipeline's "
+                    f"({dm.vocab_path}): every model of a pipeline is trained on the same data and vocabulary"
+                )
             index = {"exact": ExactIndex, "hnsw": lambda: FaissIndex("hnsw"), "ivf": lambda: FaissIndex("ivf")}[spec.index]()
-            out[name] = (SessionModelRetriever.from_checkpoint(spec.recipe, spec.checkpoint, index), spec.k)
+            out[name] = (SessionModelRetriever(recommender.model, recommender.objective, index), spec.k)
         for name, spec in self.baselines.items():
             if names is not None and name not in names:
                 continue
@@ -186,7 +191,15 @@ class PipelineRecipe:
         pipe.features.fit_statistics(rows, dm.num_items)
         return pipe
 
+    def stage1_vocabulary(self) -> None:
+        """Read the data with the first session model's vocabulary (its model directory's), unless the data
+        block names a vocabulary of its own or the pipeline has no session model."""
+        if self.models and self.data.vocab_path is None:
+            first = next(iter(self.models.values()))
+            self.data.vocab_path = str(versions.resolve(first.model_dir) / VOCAB)
+
     def build(self, names: set[str] | None = None) -> Pipeline:
+        self.stage1_vocabulary()
         dm = self.data
         filters = list(self.item_tables)
         if self.seen_filter != "none":
@@ -225,28 +238,13 @@ class PipelineRecipe:
         stages = Stages("test", 2)
         with stages.stage(f"loading {self.output} and reading the data"):
             pipe = Pipeline.from_pretrained(self.output)
+            self.stage1_vocabulary()
             if pipe.vocab != self.data.vocab:
                 raise ValueError(f"{self.output}: the saved pipeline's vocabulary differs from this recipe's data")
         with stages.stage("scoring the test pairs"):
             metrics = evaluate_pipeline(pipe, self.data.pairs("test"), self.ks, self.batch_size)
         print("[test] " + " ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
         return metrics
-
-
-def recipe_parser(prog: str = "sessrec") -> ArgumentParser:
-    """The parser of a pipeline recipe: ``--config`` and the ``pipeline.*`` arguments, typed."""
-    from jsonargparse import ActionConfigFile, ArgumentParser
-
-    parser = ArgumentParser(prog=prog, exit_on_error=False)
-    parser.add_argument("--config", action=ActionConfigFile, help="a pipeline recipe (YAML)")
-    parser.add_class_arguments(PipelineRecipe, "pipeline", instantiate=True)
-    return parser
-
-
-def load_recipe(path: str | Path, overrides: list[str] | None = None) -> PipelineRecipe:
-    """A `PipelineRecipe` from a recipe file, with ``--pipeline.<key> value`` overrides."""
-    parser = recipe_parser()
-    return parser.instantiate(parser.parse_args(["--config", str(path), *(overrides or [])])).pipeline
 
 
 def index_sessions(dm: SessionDataModule, splits: tuple[str, ...] = ("train",)) -> np.ndarray:
@@ -258,13 +256,3 @@ def index_sessions(dm: SessionDataModule, splits: tuple[str, ...] = ("train",)) 
     if any(t is None for t in times):
         return rows
     return rows[np.argsort(np.concatenate(times), kind="stable")]
-
-
-def _check_vocab(vocab: ItemVocab, path: Path, name: str) -> None:
-    if not path.exists():
-        raise FileNotFoundError(f"model {name!r}: no vocab.parquet beside its checkpoint ({path})")
-    if ItemVocab.load(path) != vocab:
-        raise ValueError(
-            f"model {name!r}: its vocabulary ({path}) differs from the pipeline's data block; "
-            "use the data settings (source, min_item_count, max_vocab_size) of that model's recipe"
-        )

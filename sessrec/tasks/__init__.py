@@ -1,10 +1,10 @@
-"""The Lightning side: LightningModules and callbacks (losses, metrics, optimisation, checkpoint side
-files), the typed parts of a task's config (`Optimization`, `Schedule`, `Evaluation`), and the
+"""The Lightning side: LightningModules and callbacks (losses, metrics, optimisation, prediction
+writing), the typed parts of a task's config (`Optimization`, `Schedule`, `Evaluation`), and the
 Lightning data modules (`SessionDataModule` for session tasks, `ClickoutDataModule` for `DLRMTask`)."""
 
 from sessrec.metrics import RankingMetrics
 from sessrec.tasks.baseline import BaselineTask
-from sessrec.tasks.callbacks import LastCheckpoint, TopKWriter, VocabularyCheckpoint
+from sessrec.tasks.callbacks import LastCheckpoint, TopKWriter
 from sessrec.tasks.clickout_data import ClickoutDataModule
 from sessrec.tasks.ensemble import EnsembleTask
 from sessrec.tasks.next_item import NextItemTask, TopK
@@ -15,5 +15,5 @@ from sessrec.tasks.sharded import TorchRecStrategy
 
 __all__ = [
     "BaselineTask", "ClickoutDataModule", "DLRMTask", "EnsembleTask", "Evaluation", "LastCheckpoint", "NextItemTask", "Optimization",
-    "RankingMetrics", "Schedule", "SessionDataModule", "TopK", "TopKWriter", "TorchRecStrategy", "VocabularyCheckpoint",
+    "RankingMetrics", "Schedule", "SessionDataModule", "TopK", "TopKWriter", "TorchRecStrategy",
 ]

@@ -39,8 +39,6 @@ class BaselineTask(ScoringOnlyTask):
             data module: input only, so their scores are -inf whatever the baseline counted.
     """
 
-    EVALUATION_SETTINGS = ("evaluation",)  # with a checkpoint, the given values (`sessrec.tasks.restore`)
-    TRAINING_SETTINGS = ()
 
     def __init__(
         self,

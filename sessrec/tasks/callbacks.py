@@ -1,4 +1,4 @@
-"""Callbacks: persist the fitted vocabulary and side-feature transforms beside checkpoints; write top-K predictions.
+"""Callbacks: the metrics of every validation, progress of prediction, the last checkpoint; write top-K predictions.
 
 `TopKWriter` streams one parquet row group per batch to a temporary file and renames it
 into place when scoring ends, so a failed run leaves nothing at the output path.
@@ -17,30 +17,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytorch_lightning as pl
 from pytorch_lightning.callbacks import BasePredictionWriter, ModelCheckpoint
-from pytorch_lightning.utilities import rank_zero_info, rank_zero_only
+from pytorch_lightning.utilities import rank_zero_info
 
 from sessrec.saved.atomic import atomic_path
-
-VOCAB_FILE = "vocab.parquet"
-FEATURES_FILE = "features.npz"
-
-
-class VocabularyCheckpoint(pl.Callback):
-    """Save the data module's vocabulary as ``vocab.parquet`` in every checkpoint folder, and its
-    fitted side-feature transforms (if any) as ``features.npz``."""
-
-    @rank_zero_only
-    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        vocab = getattr(trainer.datamodule, "vocab", None)
-        if vocab is None or trainer.fast_dev_run:
-            return
-        side = getattr(trainer.datamodule, "side", None)
-        for cb in trainer.checkpoint_callbacks:
-            dirpath = getattr(cb, "dirpath", None)
-            if dirpath:
-                vocab.save(Path(dirpath) / VOCAB_FILE)
-                if side is not None:
-                    side.save(Path(dirpath) / FEATURES_FILE)
 
 
 class MetricHistory(pl.Callback):
@@ -93,18 +72,6 @@ class PredictProgress(pl.Callback):
             rate = self.sessions / seconds if seconds > 0 else 0.0
             print(f"[predict] {head}{self.batches} batches, {self.sessions} sessions in {seconds:.0f} s "
                   f"({rate:.0f} sessions/s)", flush=True)
-
-
-def find_vocab(ckpt_path: str | os.PathLike) -> Path | None:
-    """The ``vocab.parquet`` beside a checkpoint (same folder), if any."""
-    candidate = Path(ckpt_path).resolve().parent / VOCAB_FILE
-    return candidate if candidate.exists() else None
-
-
-def find_features(ckpt_path: str | os.PathLike) -> Path | None:
-    """The ``features.npz`` (fitted side-feature transforms) beside a checkpoint, if any."""
-    candidate = Path(ckpt_path).resolve().parent / FEATURES_FILE
-    return candidate if candidate.exists() else None
 
 
 class LastCheckpoint(ModelCheckpoint):

@@ -34,7 +34,8 @@ class ClickoutDataModule(pl.LightningDataModule):
         eval_batch_size: about this many rows per evaluation batch (whole click-outs).
         session_scores: optional file of session-model scores (``session_id``, ``step``,
             ``item_id``, ``score``) used as a dense feature.
-        vocab_path: load this fitted vocabulary instead of fitting one (evaluating a checkpoint).
+        vocab_path: load this fitted vocabulary instead of fitting one (a model directory's ``vocab.parquet``,
+            or a ``.ckpt`` whose data module state carries it).
         seed: shuffling seed.
         end: the end of the log to use (ISO date/time, UTC, or epoch seconds; None: its last event):
             events after it are dropped, so the test period is the `test_hours` before it. Rolling

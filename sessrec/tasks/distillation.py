@@ -18,8 +18,9 @@ The loss's label smoothing and temperature apply to the target term.
 
 The positions must be the same for student and teachers, so both train with
 `CausalLanguageModeling` (every position predicts the next item; nothing random): the teachers'
-targets are compared with the student's at every step. Teachers are loaded as
-`EnsembleTask` loads members (no code run from their files) and refused, naming the file, when
+targets are compared with the student's at every step. Teachers are model directories
+(``runs/<name>/model``), loaded as `EnsembleTask` loads members (no code run from their files) and
+refused, naming the directory, when
 they are not causal, were trained on another vocabulary than the data module's, or read a shorter
 window than the student's batches. They are kept out of the task's modules: not trained, not in
 its checkpoint, always in eval mode. Shape letters: N training positions, V items, K sampled columns.
@@ -75,21 +76,22 @@ class Teachers:
         members = [load_member(path) for path in setting.teachers]
         found = vocab.fingerprint()
         for path, member in zip(setting.teachers, members):
-            if not isinstance(getattr(member, "objective", None), CausalLanguageModeling):
+            if not isinstance(member.objective, CausalLanguageModeling):
                 raise ValueError(  # noqa: TRY004 - a setting that cannot work, refused as the other settings are
-                    f"{path}: was trained with {type(getattr(member, 'objective', None)).__name__}, not "
+                    f"{path}: was trained with {type(member.objective).__name__}, not "
                     "CausalLanguageModeling: a teacher must predict the next item at every position, as the student does"
                 )
-            check_vocabulary(path, member, vocab, found)
-            if member.num_items != num_items:
-                raise ValueError(f"{path}: scores {member.num_items} items where the student scores {num_items}")
-            window = getattr(getattr(member, "inference", None), "max_length", None)
-            if window is not None and window < max_length:
+            check_vocabulary(path, member.vocab, vocab, found)
+            if member.model.num_items != num_items:
+                raise ValueError(f"{path}: scores {member.model.num_items} items where the student scores {num_items}")
+            window = member.inference.max_length
+            if window < max_length:
                 raise ValueError(
                     f"{path}: reads sessions of up to {window} items where the student trains on {max_length}: "
                     f"set --data.max_length {window} (or less) or teach with a model of that window"
                 )
-        self.ensemble = SessionEnsemble(members, setting.weights, names=setting.teachers).eval()
+        self.ensemble = SessionEnsemble([m.model for m in members], setting.weights, names=setting.teachers,
+                                        objectives=[m.objective for m in members]).eval()
         self.ensemble.requires_grad_(False)
         self.alpha, self.temperature = setting.alpha, setting.temperature
 
@@ -102,8 +104,9 @@ class Teachers:
             self.ensemble.to(items.device)
         total = None
         with torch.no_grad():
-            for name, weight, member in zip(self.ensemble.names, self.ensemble.weights, self.ensemble.members):
-                out = member.objective.training_output(member, items, None, member.batch_features(batch))
+            ensemble = self.ensemble
+            for name, weight, member, objective in zip(ensemble.names, ensemble.weights, ensemble.members, ensemble.objectives):
+                out = objective.training_output(member, items, None, member.batch_features(batch))
                 if not torch.equal(out.targets, targets):  # the positions are the student's, or nothing is learnt
                     raise RuntimeError(f"{name}: predicts other positions of the batch than the student")
                 if columns is not None:

@@ -1,18 +1,19 @@
 """`EnsembleTask`: evaluate or score several trained session models as one (`SessionEnsemble`).
 
 Nothing is trained here: the members are trained with ``sessrec fit`` (one run each, e.g. the
-same recipe with other seeds), and a recipe names their checkpoints or model directories. Then
+same recipe with other seeds), and a recipe names their model directories (``runs/<name>/model``,
+which ``sessrec fit`` writes). Then
 ``sessrec validate`` / ``sessrec test`` rank every evaluation prefix over the full catalogue by
 the weighted mean of the members' log-probabilities, with the same metrics and ``[val]`` /
 ``[test]`` lines as `NextItemTask`, and ``sessrec predict`` writes top-K recommendations:
 
     sessrec test --config recipes/seq_s3rec_beauty_ensemble.yaml
 
-Members are loaded without running code from their files (a checkpoint with
-``torch.load(weights_only=True)``, registered classes only) and refused, one line naming the file,
-when they are not trained session models, read side features, score another catalogue than each
-other or than the data module's vocabulary (compared by content), or read a longer window than the
-data module gives them. Shape letters: B batch, V items.
+Members are loaded without running code from their files (`SessionRecommender.from_pretrained`:
+registered classes only) and refused, one line naming the directory, when they are not model
+directories of session models, read side features, score another catalogue than each other or
+than the data module's vocabulary (compared by content), or read a longer window than the data
+module gives them. Shape letters: B batch, V items.
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ import torch
 from torch import nn
 
 from sessrec.data.batch import SessionBatch
+from sessrec.data.vocab import ItemVocab
 from sessrec.metrics import TopKMetrics
 from sessrec.models.ensemble import SessionEnsemble
 from sessrec.saved.registry import config_of, register
-from sessrec.tasks.members import check_vocabulary, load_member
+from sessrec.tasks.members import check_same_vocabulary, check_vocabulary, load_member
 from sessrec.tasks.next_item import NextItemTask, exclude_seen
 from sessrec.tasks.scoring_only import ScoringOnlyTask
 from sessrec.tasks.settings import Evaluation
@@ -35,8 +37,8 @@ class EnsembleTask(ScoringOnlyTask):
     """Evaluate or score a `SessionEnsemble` of trained session models.
 
     Args:
-        members: checkpoints of ``sessrec fit`` (``.ckpt``) or model directories of trained
-            `NextItemTask` models, at least one.
+        members: model directories of trained session models (``runs/<name>/model``, which
+            ``sessrec fit`` writes), at least one.
         weights: one positive weight per member; None: equal weights.
         num_items: score vector size; linked from the data module (``data.num_items``), checked
             against the members'.
@@ -48,8 +50,6 @@ class EnsembleTask(ScoringOnlyTask):
             masks, which agree as their vocabularies do).
     """
 
-    EVALUATION_SETTINGS = ("evaluation",)
-    TRAINING_SETTINGS = ()
 
     def __init__(
         self,
@@ -66,6 +66,7 @@ class EnsembleTask(ScoringOnlyTask):
         self.hparams.update(evaluation=config_of(evaluation))
         self.metrics = nn.ModuleDict({stage: TopKMetrics(evaluation.ks) for stage in ("val", "test")})
         self._ensemble: SessionEnsemble | None = None
+        self._vocabs: list[ItemVocab] = []  # the members' vocabularies, checked against the data module's at setup
 
     evaluation = NextItemTask.evaluation
 
@@ -75,16 +76,20 @@ class EnsembleTask(ScoringOnlyTask):
         this task would hand them its hyper-parameters)."""
         if self._ensemble is None:
             members, num_items, max_length = self.hparams.members, self.hparams.num_items, self.hparams.max_length
-            networks = [load_member(path) for path in members]
-            ensemble = SessionEnsemble(networks, self.hparams.weights, names=[str(p) for p in members])
-            for path, network in zip(members, networks):
+            loaded = [load_member(path) for path in members]
+            check_same_vocabulary(loaded, [str(p) for p in members])
+            ensemble = SessionEnsemble([r.model for r in loaded], self.hparams.weights, names=[str(p) for p in members],
+                                       objectives=[r.objective for r in loaded])
+            self._vocabs = [r.vocab for r in loaded]
+            for path, member in zip(members, loaded):
+                network = member.model
                 if num_items and network.num_items != num_items:
                     raise ValueError(
                         f"{path}: scores {network.num_items} items where the data module's vocabulary has {num_items}: "
                         "the member was trained on other data"
                     )
-                window = getattr(getattr(network, "inference", None), "max_length", None)
-                if max_length and window is not None and window > max_length:
+                window = member.inference.max_length
+                if max_length and window > max_length:
                     raise ValueError(
                         f"{path}: reads the latest {window} items of a session where --data.max_length gives {max_length}: "
                         f"set --data.max_length {window} (or more) so that every member sees what it was trained on"
@@ -111,8 +116,8 @@ class EnsembleTask(ScoringOnlyTask):
         if vocab is None:
             raise ValueError("EnsembleTask scores the sessions of a SessionDataModule; pass datamodule=")
         found = vocab.fingerprint()
-        for name, member in zip(self.ensemble.names, self.ensemble.members):
-            check_vocabulary(name, member, vocab, found)
+        for name, held in zip(self.ensemble.names, self._vocabs):
+            check_vocabulary(name, held, vocab, found)
 
     def forward(self, batch: SessionBatch) -> torch.Tensor:
         """(B, V) ensemble scores of the batch's prefixes (its targets are never read)."""

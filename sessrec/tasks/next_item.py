@@ -12,20 +12,21 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sessrec.artifacts.session_recommender import Inference, SessionRecommender
 from sessrec.data.batch import SessionBatch
 from sessrec.data.side import SideInfoSpec
 from sessrec.metrics import TopKMetrics
 from sessrec.models import MaskedItemModeling, Objective, SessionModel, XLNetEncoder
-from sessrec.models.pretrained import Inference
 from sessrec.models.session_model import exclude_seen, next_item_scores
 from sessrec.models.side_info import SideInfoConfig, SideInfoEmbedding
-from sessrec.saved.registry import ConfigError, config_of, instantiate, register, resolve, split_config
+from sessrec.saved.registry import config_of, instantiate, register
 from sessrec.tasks.distillation import Teachers, check_student
 from sessrec.tasks.losses import CatalogueLoss, FullSoftmax
 from sessrec.tasks.optim import adamw
@@ -78,19 +79,16 @@ class NextItemTask(Pretrained, pl.LightningModule):
             (``data.side_info``). None = item ids only.
         side_info: how side information is embedded and aggregated (`SideInfoConfig`).
         distillation: learn also towards trained teachers' next-item distribution
-            (`Distillation`: their checkpoints or model directories, alpha, temperature;
+            (`Distillation`: their model directories, alpha, temperature;
             `sessrec.tasks.distillation`); needs `CausalLanguageModeling`, and `FullSoftmax` or
             `SampledSoftmax` (then over the negatives it draws).
 
-    Evaluating a checkpoint (``sessrec validate|test|predict``), `evaluation` is taken from the
-    recipe and the command line; `optimization`, `schedule`, `seed` and `distillation` are read only
-    while fitting;
-    every other setting is the checkpoint's (`sessrec.tasks.restore`).
+    The trained model leaves the task as a `SessionRecommender` (`recommender`), which ``sessrec
+    fit`` writes as ``runs/<name>/model``.
     """
 
-    EVALUATION_SETTINGS = ("evaluation",)  # a checkpoint is evaluated with the given values
-    TRAINING_SETTINGS = ("optimization", "schedule", "seed", "distillation")  # read only while fitting
-    NETWORK = SessionModel  # a directory that a SessionModel wrote alone loads as this task
+    EVALUATION_SETTINGS = ("evaluation",)  # ``sessrec test --model_dir``: the given values (`sessrec.tasks.restore`)
+    TRAINING_SETTINGS = ("loss", "optimization", "schedule", "seed", "distillation")  # read only while fitting
 
     def __init__(
         self,
@@ -272,51 +270,48 @@ class NextItemTask(Pretrained, pl.LightningModule):
         top = scores.topk(min(k, int(self.model.recommendable.sum())), dim=1)
         return TopK(items=top.indices, scores=top.values)
 
-    # -- model directories (`sessrec.tasks.pretrained`) --------------------------------------------
+    # -- the artifact (`sessrec.artifacts.SessionRecommender`) ------------------------------------
     def inference(self) -> Inference:
         """What serving reads besides the weights: the session length, exclusion of seen items, top-k."""
         evaluation = self.evaluation
         return Inference(int(self.hparams.max_length), evaluation.exclude_seen, evaluation.top_k)
 
-    def network(self) -> SessionModel:
-        """The trained network with what serving reads attached to it (``vocab``, ``objective``,
-        ``inference``, the side-feature transforms): what ``SessionModel.from_pretrained`` gives
-        for this task's model directory. The network is the task's own (``self.model``), not a copy."""
-        model = self.model
-        model.attach(self.vocab, self.side_transform, self.side_config)
-        object.__setattr__(model, "objective", self.objective)  # a plain attribute, not a submodule
-        model.inference = self.inference()
-        return model
-
-    def network_parts(self) -> tuple[dict, dict]:
-        return self.model.pretrained_parts(self.objective, self.inference())
+    def recommender(self) -> SessionRecommender:
+        """The trained model as its artifact: the network and objective (the task's own, not copies),
+        the data module's vocabulary and side-feature transforms, the inference settings of `evaluation`."""
+        if self.vocab is None:
+            raise ValueError("the task has no vocabulary: train it with a data module (sessrec fit)")
+        return SessionRecommender(self.model, self.objective, self.vocab, self.inference(), self.side_transform,
+                                  self.side_config)
 
     @classmethod
-    def task_from_network(cls, config: dict, source: str) -> dict:
-        path, args = split_config(config.get("model"), source, "model")
-        if resolve(path, nn.Module, source, "model") is not SessionModel:
-            raise ConfigError(source, "model", f"{path!r} is not a SessionModel, the network a NextItemTask trains")
-        args = dict(args or {})
-        inference = Inference.read(config.get("inference"), source)
-        positions = args.get("max_length", 21)
-        if positions != inference.max_length + 1:
-            raise ConfigError(
-                source, "model.init_args.max_length", f"the network reads {positions} positions and serving "
-                f"{inference.max_length} items, where a NextItemTask reads one position more than items (its [MASK] "
-                "slot); load the directory with SessionModel.from_pretrained"
+    def from_recommender(cls, recommender: SessionRecommender, **settings: Any) -> NextItemTask:
+        """A task that trains on from a trained recommender (a warm start): its network's settings, its
+        objective and weights, its inference settings as `evaluation`; `settings` give the rest (the
+        loss, `optimization`, `schedule`, `seed`: a model directory holds no training settings).
+        A network a NextItemTask does not build (one that reads another number of positions than its
+        items and a [MASK] slot) is refused in one line."""
+        model, inference = recommender.model, recommender.inference
+        args = config_of(model)["init_args"]
+        if args["max_length"] != inference.max_length + 1:
+            raise ValueError(
+                f"the network reads {args['max_length']} positions and serving {inference.max_length} items, where a "
+                "NextItemTask reads one position more than items (its [MASK] slot): train on with the recipe instead"
             )
-        init = {k: args[k] for k in ("num_items", "encoder", "position_embedding", "dropout", "input_norm",
-                                     "output_transform", "score_scale", "num_virtual") if k in args}
-        init.update(max_length=inference.max_length, objective=config.get("objective"),
-                    evaluation={"top_k": inference.top_k, "exclude_seen": inference.exclude_seen})
+        init = {k: args[k] for k in ("num_items", "position_embedding", "dropout", "input_norm", "output_transform",
+                                     "score_scale", "num_virtual")}
+        init.update(encoder=args["encoder"], max_length=inference.max_length, objective=config_of(recommender.objective),
+                    evaluation=Evaluation(top_k=inference.top_k, exclude_seen=inference.exclude_seen))
         if args.get("side_info") is not None:
-            _, side = split_config(args["side_info"], source, "model.init_args.side_info")
-            side = side or {}
-            spec = side.get("spec")
-            init["side_features"] = split_config(spec, source, "model.init_args.side_info.init_args.spec")[1] or {}
-            if side.get("config") is not None:
-                init["side_info"] = side["config"]
-        return {"class_path": f"{cls.__module__}.{cls.__qualname__}", "init_args": init}
+            side = args["side_info"]["init_args"]
+            init.update(side_features=side["spec"]["init_args"], side_info=side["config"])
+        task = cls(**{**init, **settings})
+        task.model.load_state_dict(model.state_dict())
+        if isinstance(task.objective, nn.Module):
+            task.objective.load_state_dict(recommender.objective.state_dict())
+        task.vocab, task.side_transform, task.side_config = (recommender.vocab, recommender.side_transform,
+                                                             recommender.side_features)
+        return task
 
     def predict_step(self, batch: SessionBatch, batch_idx: int) -> TopK:
         return self.recommend(batch.items, self.evaluation.top_k, self.model.batch_features(batch))  # duck-typed batches too

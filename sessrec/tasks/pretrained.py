@@ -1,73 +1,36 @@
-"""Saved models without their recipe: Lightning checkpoints and model directories.
+"""What every training task shares: the fitted data it trains with, checkpoints that resume ``fit``.
 
-A task's hyper-parameters are its full constructor config as plain data (the encoder and the
-objective as ``class_path``/``init_args``), so either form rebuilds the network alone:
-
-- a **checkpoint** (``.ckpt``, Lightning's, for resuming): the config, the weights, the optimizer
-  and loop state, and the data module's state (vocabulary, fitted feature transforms);
-  `load_checkpoint` reads it with ``torch.load(weights_only=True)``.
-- a **model directory** (`save_pretrained` / `from_pretrained`, for serving and export): the
-  format of `sessrec.models.pretrained`, written through the network's own writer
-  (``self.model.pretrained_parts``) with the task's section added (``"task": {"class_path",
-  "init_args"}``, what rebuilds the trainable task) and the task's state dict as the weights (the
-  network's tensors under ``model.``, an objective's under ``objective.``: the keys the network
-  loader reads). `from_pretrained` reads a directory with a ``task`` section (any version) by it,
-  and one written by a network alone (``SessionModel.save_pretrained``) by building the task
-  that trains that network (`NextItemTask`, `DLRMTask`) from the network's sections.
+A checkpoint (``.ckpt``, Lightning's) exists to resume ``sessrec fit``: the task's config, the
+weights, the optimizer and loop state, the random state and the data module's state. The trained
+model leaves training as an artifact (`sessrec.artifacts`): `NextItemTask.recommender` and
+`DLRMTask.ranker` build it, and ``sessrec fit`` writes it as ``runs/<name>/model``.
 """
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import pytorch_lightning as pl
 import torch
-from torch import nn
 
+from sessrec.artifacts.model_directory import VERSION, check_weights
 from sessrec.data.side import SideFeatures
 from sessrec.data.vocab import ItemVocab
 from sessrec.datasets.clickout_rows import RankingVocab
 from sessrec.features.side_transform import SideFeatureTransform
-from sessrec.models.pretrained import (  # noqa: F401 - CONFIG ... READABLE_VERSIONS: the format's names, read here too
-    CONFIG,
-    FEATURES,
-    FORMAT,
-    READABLE_VERSIONS,
-    VERSION,
-    VOCAB,
-    WEIGHTS,
-    check_weights,
-    load_side,
-    load_weights,
-    read_config,
-    write_model_directory,
-)
-from sessrec.saved import versions
-from sessrec.saved.checkpoint import DATA_STATE_KEYS, parquet_state, read_checkpoint
-from sessrec.saved.directory import check_vocabulary
-from sessrec.saved.registry import (  # noqa: F401 - config_of: sessrec.deploy.retrain reads it from here
-    ConfigError,
-    class_path,
-    config_of,
-    construct,
-    resolve,
-    split_config,
-)
-
-_TASK_OF_NETWORK: dict[type, type] = {}  # network class -> the task that trains it (`Pretrained.NETWORK`)
+from sessrec.saved.checkpoint import read_checkpoint
+from sessrec.saved.registry import class_path, construct, resolve, split_config
 
 
 class Pretrained:
-    """Mixin of the tasks: checkpoints that say which class they are, shape checks on load, model directories.
+    """Mixin of the training tasks: the data module's fitted data, checkpoints that resume ``fit``.
 
     The fitted data a model needs to read raw input (``vocab``, ``side_transform``) is taken from
-    the data module at setup, from a checkpoint, or from a model directory.
+    the data module at setup.
     """
 
-    NETWORK: ClassVar[type | None] = None  # the network a subclass trains: it reads that network's own directories
     vocab: ItemVocab | RankingVocab | None = None
     side_transform: SideFeatureTransform | None = None
     side_config: SideFeatures | None = None
@@ -98,63 +61,6 @@ class Pretrained:
             torch.set_rng_state(rng["torch"])
         if "cuda" in rng and torch.cuda.is_available() and len(rng["cuda"]) == torch.cuda.device_count():
             torch.cuda.set_rng_state_all(rng["cuda"])
-
-    def save_pretrained(self: pl.LightningModule, directory: str | os.PathLike) -> Path:
-        """Write the model directory (see the module docstring); a new version of an existing one."""
-        if self.vocab is None:
-            raise ValueError("the model has no vocabulary to save: train it with a data module, or load it with one")
-        sections, _ = self.network_parts()
-        sections["task"] = {"class_path": class_path(self), "init_args": plain_hparams(self)}
-        return write_model_directory(directory, sections, self.state_dict(), self.vocab, self.side_transform,
-                                     self.side_config)
-
-    def network_parts(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-        """The network's sections and weights of a model directory (`sessrec.models.pretrained`)."""
-        raise NotImplementedError
-
-    @classmethod
-    def task_from_network(cls, config: dict[str, Any], source: str) -> dict[str, Any]:
-        """The ``{"class_path", "init_args"}`` of the task that trains the network of `config`'s
-        network sections (a directory written by the network alone)."""
-        raise NotImplementedError
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        network = cls.__dict__.get("NETWORK")
-        if network is not None:
-            _TASK_OF_NETWORK[network] = cls
-
-    @classmethod
-    def from_pretrained(cls, directory: str | os.PathLike) -> pl.LightningModule:
-        """The task a model directory holds, in eval mode, with its vocabulary and feature transforms
-        (``Pretrained.from_pretrained`` takes any task; a task class refuses the others)."""
-        directory = versions.resolve(directory)
-        config = read_config(directory)
-        source = f"{directory / CONFIG}"
-        task_config = config.get("task") if "task" in config else _task_of_network(cls, config, source)
-        task = build(task_config, source, "task", expected=cls)
-        weights = load_weights(directory)
-        check_weights(task, weights, str(directory / WEIGHTS))
-        task.load_state_dict(weights)
-        if isinstance(task.hparams.get("cardinalities"), dict):
-            task.vocab = RankingVocab.load(directory / VOCAB)
-        else:
-            task.vocab = ItemVocab.load(directory / VOCAB)
-        check_vocabulary(task.vocab, config, directory / VOCAB)
-        task.side_transform, task.side_config = load_side(directory, config)
-        return task.eval()
-
-
-def _task_of_network(cls: type, config: dict[str, Any], source: str) -> dict[str, Any]:
-    """The task config of a directory that a network wrote alone: the task that trains its network."""
-    path, _ = split_config(config.get("model"), source, "model")
-    network = resolve(path, nn.Module, source, "model")
-    task = next((t for n, t in _TASK_OF_NETWORK.items() if issubclass(network, n)), None)
-    if task is None or not issubclass(task, cls):
-        wanted = cls.__name__ if cls is not Pretrained else "a task"
-        raise ConfigError(source, "model", f"holds a {network.__name__}, which {wanted} does not train; "
-                          f"load it with {network.__name__}.from_pretrained")
-    return task.task_from_network(config, source)
 
 
 def with_more_items(task: pl.LightningModule, old_to_new: np.ndarray, num_items: int) -> pl.LightningModule:
@@ -204,24 +110,13 @@ def build(
     return construct(cls, init_args or {}, source, args_key)
 
 
-def load_checkpoint(path: str | os.PathLike) -> pl.LightningModule:
-    """The task a checkpoint holds, built from its saved config, in eval mode, with its vocabulary attached."""
-    checkpoint = read_checkpoint(path)
-    hparams = {k: v for k, v in checkpoint.get("hyper_parameters", {}).items() if not str(k).startswith("_")}
-    task_path = checkpoint.get("sessrec", {}).get("task") or checkpoint.get("hyper_parameters", {}).get("_class_path")
-    if not task_path:
-        raise ValueError(f"{path}: the checkpoint does not say which task it holds; load it with the recipe it was trained with")
-    if isinstance(task_path, str) and task_path.rpartition(".")[2] == "NextItemTask" and "encoder" not in hparams:
-        raise ValueError(
-            f"{path}: the checkpoint has no encoder config (an older sessrec wrote it); "
-            "evaluate it with the recipe it was trained with: sessrec test --config <recipe> --ckpt_path ..."
-        )
-    task = build({"class_path": task_path, "init_args": hparams}, str(path), "sessrec.task", "hyper_parameters")
-    check_weights(task, checkpoint["state_dict"], str(path))
-    task.load_state_dict(checkpoint["state_dict"])
-    for key in DATA_STATE_KEYS:
-        state = checkpoint.get(key)
-        if isinstance(state, dict) and "vocab" in state:
-            reader = RankingVocab if key == "ClickoutDataModule" else ItemVocab
-            task.vocab = reader.empty().load_state_dict(parquet_state(state["vocab"]), str(path))
-    return task.eval()
+def best_of_run(task: pl.LightningModule, checkpoint: str | os.PathLike, datamodule: Any) -> pl.LightningModule:
+    """A copy of the task of a run with the weights of its `checkpoint` (the best one kept) and the
+    fitted data of its `datamodule`, in eval mode: what leaves training as an artifact."""
+    trained = build({"class_path": class_path(task), "init_args": plain_hparams(task)}, str(checkpoint), "hyper_parameters",
+                    expected=type(task))
+    state = read_checkpoint(checkpoint)["state_dict"]
+    check_weights(trained, state, str(checkpoint))
+    trained.load_state_dict(state)
+    trained.attach_data(datamodule)
+    return trained.eval()

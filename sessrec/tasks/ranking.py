@@ -12,7 +12,6 @@ Shape letters: B batch rows, G queries in a batch, Dd dense features.
 
 from __future__ import annotations
 
-import inspect
 import time
 from typing import Any
 
@@ -21,12 +20,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sessrec.artifacts.click_ranker import ClickRanker
+from sessrec.artifacts.model_directory import load_into
 from sessrec.datasets.clickout_rows import RankingBatch
 from sessrec.embeddings import FusedTables, SparseTables, TableConfig
 from sessrec.embeddings.host_memory import retain_freed_memory
 from sessrec.metrics import RankingMetrics
 from sessrec.models.dlrm import DLRM
-from sessrec.saved.registry import ConfigError, config_of, register, resolve, split_config
+from sessrec.saved.registry import config_of, register
 from sessrec.tasks.pretrained import Pretrained
 from sessrec.tasks.settings import DLRMNetwork, Evaluation, Optimization
 
@@ -76,16 +77,12 @@ class DLRMTask(Pretrained, pl.LightningModule):
             It changes malloc's settings for the whole process, every allocation of every library
             included, and keeps up to 1 GB of freed memory, so it is off unless asked for.
 
-    Evaluating a checkpoint (``sessrec validate|test|predict``), `evaluation` and `compile` are taken
-    from the recipe and the command line; `optimization`, `seed` and `retain_freed_memory` are read
-    only while fitting; every other setting (the sparse module with its fused optimizer included:
-    a row-wise Adagrad table has its state in the weights) is the checkpoint's
-    (`sessrec.tasks.restore`).
+    The trained model leaves the task as a `ClickRanker` (`ranker`), which ``sessrec fit`` writes as
+    ``runs/<name>/model``; ``sessrec test|predict --model_dir`` evaluate it with `from_ranker`.
     """
 
-    EVALUATION_SETTINGS = ("evaluation", "compile")  # a checkpoint is evaluated (and run) with the given values
+    EVALUATION_SETTINGS = ("evaluation", "compile")  # ``sessrec test --model_dir``: the given values (`sessrec.tasks.restore`)
     TRAINING_SETTINGS = ("optimization", "seed", "retain_freed_memory")  # read only while fitting
-    NETWORK = DLRM  # a directory that a DLRM wrote alone loads as this task
 
     def __init__(
         self,
@@ -208,40 +205,36 @@ class DLRMTask(Pretrained, pl.LightningModule):
     def on_test_epoch_end(self) -> None:
         self._log_metrics("test")
 
-    # -- model directories (`sessrec.tasks.pretrained`) --------------------------------------------
-    def network(self) -> DLRM:
-        """The trained network with its vocabulary attached: what ``DLRM.from_pretrained`` gives for
-        this task's model directory (the task's own network, not a copy)."""
-        self.model.attach(self.vocab)
-        return self.model
-
-    def network_parts(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-        return self.model.pretrained_parts()
+    # -- the artifact (`sessrec.artifacts.ClickRanker`) -------------------------------------------
+    def ranker(self) -> ClickRanker:
+        """The trained model as its artifact: the network (the task's own, not a copy) and the data
+        module's vocabulary."""
+        if self.vocab is None:
+            raise ValueError("the task has no vocabulary: train it with a data module (sessrec fit)")
+        return ClickRanker(self.model, self.vocab)
 
     @classmethod
-    def task_from_network(cls, config: dict[str, Any], source: str) -> dict[str, Any]:
-        path, args = split_config(config.get("model"), source, "model")
-        if resolve(path, nn.Module, source, "model") is not DLRM:
-            raise ConfigError(source, "model", f"{path!r} is not a DLRM, the network a DLRMTask trains")
-        args = dict(args or {})
-        defaults = {k: p.default for k, p in inspect.signature(DLRM).parameters.items()}
-        key = "model.init_args.tables"
-        tables = [split_config(t, source, f"{key}[{i}]")[1] or {} for i, t in enumerate(args.get("tables") or [])]
-        widths = {t.get("embedding_dim") for t in tables}
-        plain = all(t.get("pooling", "sum") == "sum" and list(t.get("feature_names") or [t.get("name")]) == [t.get("name")]
+    def from_ranker(cls, ranker: ClickRanker, **settings: Any) -> DLRMTask:
+        """A task over a trained ranker's network (its settings and weights) and vocabulary, to evaluate
+        it or train on (a warm start); `settings` give the rest (`evaluation`, `optimization`, `compile`,
+        `seed`: a model directory holds no training settings). A DLRM that a DLRMTask does not build
+        (tables of several widths, or shared by several features) is refused in one line."""
+        args = config_of(ranker.model)["init_args"]
+        tables = [t["init_args"] for t in args["tables"]]
+        widths = {t["embedding_dim"] for t in tables}
+        plain = all(t.get("pooling", "sum") == "sum" and list(t.get("feature_names") or [t["name"]]) == [t["name"]]
                     for t in tables)
-        if not tables or len(widths) != 1 or not plain:
-            raise ConfigError(
-                source, key, "a DLRMTask builds one summed table per feature, all of one width; this DLRM has other "
-                "tables: load the directory with DLRM.from_pretrained"
-            )
-        network = {k: args.get(k, defaults[k]) for k in ("dense_layers", "over_layers", "interaction", "dcn_layers", "dcn_rank")}
-        init = {"cardinalities": {t.get("name"): t.get("num_embeddings") for t in tables}, "num_dense": args.get("num_dense"),
-                "network": {"embedding_dim": widths.pop(), **network},
-                "sparse": args.get("sparse") or config_of(defaults["sparse"])}
+        if len(widths) != 1 or not plain:
+            raise ValueError("a DLRMTask builds one summed table per feature, all of one width; this DLRM has other tables")
+        network = {k: args[k] for k in ("dense_layers", "over_layers", "interaction", "dcn_layers", "dcn_rank")}
+        init = {"cardinalities": {t["name"]: t["num_embeddings"] for t in tables}, "num_dense": args["num_dense"],
+                "network": {"embedding_dim": widths.pop(), **network}, "sparse": args["sparse"]}
         if args.get("seed") is not None:
             init["seed"] = args["seed"]
-        return {"class_path": f"{cls.__module__}.{cls.__qualname__}", "init_args": init}
+        task = cls(**{**init, **settings})
+        load_into(task.model, ranker.model.state_dict(), "the ranker's weights")
+        task.vocab = ranker.vocab
+        return task
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         # by name: under TorchRecStrategy `self.model` is TorchRec's wrapper, and the tables its local shards

@@ -1,31 +1,32 @@
-"""Which settings of a trained task ``sessrec validate|test|predict`` takes from the checkpoint.
+"""Which settings ``sessrec validate|test|predict --model_dir`` take from the model directory.
 
-A checkpoint holds the constructor config its task was trained with; the recipe and the command
-line give another. `merge_with_checkpoint` decides setting by setting, by what the task class
-declares:
+The model directory holds the trained network (`sessrec.artifacts`); the task that evaluates it
+(`NextItemTask.from_recommender`, `DLRMTask.from_ranker`) has its settings. The recipe and the
+command line give settings too. `merge_with_model` decides setting by setting, by what the task
+class declares:
 
 - ``EVALUATION_SETTINGS`` (how the model is evaluated or run: metric cut-offs, recommendations
   per session, exclusion of seen items, compilation) are taken from the recipe and the command
-  line over the checkpoint; a setting they do not give keeps the checkpoint's value.
-- ``TRAINING_SETTINGS`` (read only while fitting: optimizer, schedule, seeds) keep the
-  checkpoint's value; a given value that differs is not used, and is reported in a note.
-- every other setting fixes the network (its shape, the function it computes): the checkpoint's
+  line over the model's; a setting they do not give keeps the model's value.
+- ``TRAINING_SETTINGS`` (read only while fitting: loss, optimizer, schedule, seeds) are not
+  read: the recipe a model was trained with passes as it is.
+- every other setting fixes the network (its shape, the function it computes): the model's
   value; a given value that differs is refused with one line naming the key and both values.
 
 "Given" means set by the recipe or the command line (a default is not given). Data-derived
-settings, linked from the data module, are left out here: the data module reads the
-checkpoint's vocabulary and feature transforms, and the CLI compares what it derives.
+settings, linked from the data module, are left out here: the data module reads the model
+directory's vocabulary and feature transforms.
 
 Examples:
     >>> from sessrec.tasks import NextItemTask
     >>> held = {"dropout": 0.1, "evaluation": {"ks": [10, 20], "top_k": 20, "exclude_seen": False}}
-    >>> merged = merge_with_checkpoint(NextItemTask, held, given={"evaluation": {"top_k": 5}}, source="best.ckpt")
+    >>> merged = merge_with_model(NextItemTask, held, given={"evaluation": {"top_k": 5}}, source="runs/x/model")
     >>> merged.init_args["evaluation"]
     {'ks': [10, 20], 'top_k': 5, 'exclude_seen': False}
-    >>> merge_with_checkpoint(NextItemTask, held, given={"dropout": 0.3}, source="best.ckpt")
+    >>> merge_with_model(NextItemTask, held, given={"dropout": 0.3}, source="runs/x/model")
     Traceback (most recent call last):
     ...
-    ValueError: --model.dropout 0.3 differs from the checkpoint's 0.1 (best.ckpt): the network (its shape and what it computes) is fixed by training; evaluate with the checkpoint's value
+    ValueError: --model.dropout 0.3 differs from the model's 0.1 (runs/x/model): the network (its shape and what it computes) is fixed by training; evaluate the model as it was trained
 """
 
 from __future__ import annotations
@@ -34,26 +35,24 @@ import importlib
 import inspect
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-_ABSENT = object()  # a setting the checkpoint does not hold
+_ABSENT = object()  # a setting the model does not hold
 
 
 @dataclass(frozen=True)
 class Merged:
-    """What a trained task is evaluated with.
+    """What a trained model is evaluated with.
 
     Attributes:
-        init_args: the constructor settings from the checkpoint, with the evaluation settings given over them.
-        notes: the training settings given with another value than the checkpoint's (not used), one per entry.
+        init_args: the constructor settings of the model's task, with the evaluation settings given over them.
     """
 
     init_args: dict[str, Any]
-    notes: list[str] = field(default_factory=list)
 
 
-def merge_with_checkpoint(
+def merge_with_model(
     task: type,
     held: Mapping[str, Any],
     given: Mapping[str, Any],
@@ -61,37 +60,33 @@ def merge_with_checkpoint(
     from_data: Iterable[str] = (),
     prefix: str = "--model.",
 ) -> Merged:
-    """The settings that evaluate the checkpoint of a `task`; refuses a given network setting that differs.
+    """The settings that evaluate the model of a model directory; refuses a given network setting that differs.
 
     Args:
         task: the task class (its ``EVALUATION_SETTINGS`` and ``TRAINING_SETTINGS`` are read; a class
-            without them takes every setting from the checkpoint).
-        held: the checkpoint's constructor settings (plain data: ``{"class_path", "init_args"}`` for objects).
+            without them takes every setting from the model).
+        held: the constructor settings of the model's task (plain data: ``{"class_path", "init_args"}`` for objects).
         given: the settings the recipe and the command line set, in the same form (dataclass parts
             may be plain mappings of their fields).
-        source: the checkpoint, named in the error.
+        source: the model directory, named in the error.
         from_data: settings linked from the data module, left out of the result.
         prefix: what names a setting in messages (``--model.encoder.init_args.d_model``).
 
     Returns:
-        the settings to build the task with, and the notes on unused training settings.
+        the settings to build the task with.
 
     Raises:
-        ValueError: a given setting that fixes the network differs from the checkpoint's, in one line
-            naming the first such setting, both values, and how many others differ; or the checkpoint
-            holds a setting `task` does not take (a checkpoint of another version or task).
+        ValueError: a given setting that fixes the network differs from the model's, in one line
+            naming the first such setting, both values, and how many others differ; or the model
+            holds a setting `task` does not take.
     """
     unknown = [key for key in held if not _takes(task, key)]
     if unknown:
-        raise ValueError(
-            f"{source}: the checkpoint's setting {unknown[0]!r} is not one of {task.__name__}'s; evaluate it with the "
-            "sessrec version and task it was trained with"
-        )
+        raise ValueError(f"{source}: the model's setting {unknown[0]!r} is not one of {task.__name__}'s")
     evaluation = set(getattr(task, "EVALUATION_SETTINGS", ()))
     training = set(getattr(task, "TRAINING_SETTINGS", ()))
     skipped = set(from_data)
     init_args: dict[str, Any] = {}
-    notes: list[str] = []
     conflicts: list[str] = []
     for key, kept in held.items():
         if key in skipped:
@@ -102,16 +97,17 @@ def merge_with_checkpoint(
             init_args[key] = _overlay(kept, mine)
             continue
         init_args[key] = kept
+        if key in training:
+            continue
         for path, value, was in _differences(mine, kept, key):
-            line = f"{prefix}{path} {show(value)} differs from the checkpoint's {show(was)}"
-            (notes if key in training else conflicts).append(line)
+            conflicts.append(f"{prefix}{path} {show(value)} differs from the model's {show(was)}")
     if conflicts:
         more = {1: "", 2: " (1 more setting differs)"}.get(len(conflicts), f" ({len(conflicts) - 1} more settings differ)")
         raise ValueError(
             f"{conflicts[0]} ({source}){more}: the network (its shape and what it computes) is fixed by training; "
-            "evaluate with the checkpoint's value"
+            "evaluate the model as it was trained"
         )
-    return Merged(init_args, notes)
+    return Merged(init_args)
 
 
 def _takes(task: type, key: str) -> bool:
@@ -153,7 +149,7 @@ def show(value: Any) -> str:
 
 
 def _conform(kept: Any, mine: Any) -> Any:
-    """The checkpoint's `kept` in the form of the given `mine`: a dataclass part saved as
+    """The model's `kept` in the form of the given `mine`: a dataclass part saved as
     ``{"class_path", "init_args"}`` is given as the mapping of its fields."""
     if not isinstance(kept, dict) or not isinstance(mine, dict):
         return kept
@@ -176,7 +172,7 @@ def _overlay(kept: Any, mine: Any) -> Any:
 
 
 def _differences(mine: Any, kept: Any, path: str) -> list[tuple[str, Any, Any]]:
-    """(setting, given value, checkpoint's value) for each given leaf of `mine` that differs from `kept`."""
+    """(setting, given value, model's value) for each given leaf of `mine` that differs from `kept`."""
     if mine is _ABSENT:
         return []
     if isinstance(mine, dict) and isinstance(kept, dict):

@@ -1,7 +1,7 @@
 """`SessionDataModule`: source -> vocabulary (+ side features) -> padded tensors -> columnar loaders.
 
 The vocabulary and the side-feature transforms are fitted on the training split only (or loaded
-from `vocab_path` / `features_path`, as written beside a checkpoint). Evaluation splits are
+from `vocab_path` / `features_path`: the files of a model directory, or a checkpoint's data state). Evaluation splits are
 expanded into (prefix, next item) pairs by the chosen protocol; the prefix never contains the
 target event, and a virtual (non-product) event is never a target. Reversed copies of the
 training sessions (`augment_reversed`) are added to training only. Event times (`times`) are
@@ -66,7 +66,8 @@ class SessionDataModule(pl.LightningDataModule):
             its events (they decrease), and a training prefix has the times of its events.
             The (N, L) float64 times of a split are built the first time its batches need them.
         vocab_path: load this fitted vocabulary instead of fitting one: a ``vocab.parquet``, or a
-            ``.ckpt`` whose data module state carries it (``sessrec test/predict --ckpt_path`` set this).
+            ``.ckpt`` whose data module state carries it (``sessrec test/predict --model_dir`` set it to the
+            model directory's ``vocab.parquet``).
         features_path: load these fitted side-feature transforms instead of fitting them (an
             ``.npz`` or a ``.ckpt``, as `vocab_path`).
         predict_path: sessions file to score with ``sessrec predict``.

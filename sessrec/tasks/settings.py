@@ -172,8 +172,8 @@ class Distillation(_Part):
     exports and serves as any other, trained from several.
 
     Args:
-        teachers: checkpoints of ``sessrec fit`` or model directories of trained causal
-            (`CausalLanguageModeling`) session models on the student's vocabulary.
+        teachers: model directories (``runs/<name>/model``, which ``sessrec fit`` writes) of trained
+            causal (`CausalLanguageModeling`) session models on the student's vocabulary.
         weights: one positive weight per teacher; None: equal weights.
         alpha: share of the teachers' term in the loss, in (0, 1].
         temperature: both distributions are softened by it (logits divided by it).

@@ -9,8 +9,8 @@ fitting, the TorchRec ``EmbeddingBagCollection``s of one submodule (a `DLRM` bui
 that submodule is replicated and its gradients averaged by the data-parallel wrapper TorchRec
 puts around it.
 
-Checkpoints hold the unsharded state dict (the shards of all ranks assembled), so
-``sessrec test``, ``save_pretrained`` and export read them in one process as usual, and after
+Checkpoints hold the unsharded state dict (the shards of all ranks assembled), so the model
+directory ``sessrec fit`` writes from the best one is read in one process as usual, and after
 fitting every process holds the whole trained model again. Whole tables must therefore fit in
 one host's memory, though not in one device's.
 

@@ -14,31 +14,21 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-import yaml
 
+from sessrec.artifacts.model_directory import NETWORK, OBJECTIVE, load_into, under, with_prefix
+from sessrec.artifacts.session_recommender import SessionRecommender
 from sessrec.models.objective import Objective
-from sessrec.models.pretrained import NETWORK, OBJECTIVE, sections_from_task, with_prefix
 from sessrec.models.session_model import SessionModel
 from sessrec.pipeline.candidates import RequestSessions, Retrieved
 from sessrec.pipeline.retrieval.base import Retriever
 from sessrec.pipeline.retrieval.index import ExactIndex, FaissIndex
-from sessrec.saved.checkpoint import read_checkpoint
 
 AnyIndex = ExactIndex | FaissIndex
-_DATA_LINKED = ("num_items", "max_length", "num_virtual", "side_features")
-
-
-def as_class_config(model_config: Any) -> Any:
-    """A recipe's ``model:`` block as a class config (a block without ``class_path`` configures NextItemTask)."""
-    if isinstance(model_config, dict) and "class_path" not in model_config:
-        return {"class_path": "sessrec.tasks.NextItemTask", "init_args": dict(model_config)}
-    return model_config
 
 
 class SessionModelRetriever(Retriever):
@@ -46,9 +36,8 @@ class SessionModelRetriever(Retriever):
 
     Args:
         model: the trained network (used in eval mode).
-        objective: the objective it was trained with, bound to the model (a task's, or the one
-            `SessionModel.from_pretrained` attaches), which says how the next item is read
-            (default: the one the model carries, else its `SessionModel.default_objective`).
+        objective: the objective it was trained with, bound to the model (a `SessionRecommender`'s),
+            which says how the next item is read (default: `SessionModel.default_objective`).
         index: `ExactIndex` (default) or `FaissIndex` over the item vectors, built on first use.
 
     Its config records the network's, the objective's and the index's configs; its state is the
@@ -59,9 +48,9 @@ class SessionModelRetriever(Retriever):
 
     def __init__(self, model: SessionModel, objective: Objective | None = None, index: AnyIndex | None = None) -> None:
         if not isinstance(model, SessionModel):
-            raise TypeError(f"SessionModelRetriever takes a SessionModel (a task's .network()), got {type(model).__name__}")
+            raise TypeError(f"SessionModelRetriever takes a SessionModel (a SessionRecommender's model), got {type(model).__name__}")
         if objective is None:
-            objective = model.objective if model.objective is not None else model.default_objective()
+            objective = model.default_objective()
         objective.check(model.encoder)  # a pair that cannot have been trained together
         self.model, self.objective = model.eval(), objective
         self.index = index if index is not None else ExactIndex()
@@ -70,26 +59,10 @@ class SessionModelRetriever(Retriever):
 
     @classmethod
     def from_pretrained(cls, directory: str | os.PathLike, index: AnyIndex | None = None) -> SessionModelRetriever:
-        """The session model of a model directory (``save_pretrained``) as a retriever."""
-        return cls(SessionModel.from_pretrained(directory), index=index)
-
-    @classmethod
-    def from_checkpoint(cls, recipe: str | Path, checkpoint: str | Path, index: AnyIndex | None = None) -> SessionModelRetriever:
-        """Load the best checkpoint of ``sessrec fit --config recipe``: the network from the recipe's
-        ``model:`` block, the data-derived sizes and the weights from the checkpoint."""
-        recipe, checkpoint = Path(recipe), Path(checkpoint)
-        for path in (recipe, checkpoint):
-            if not path.exists():
-                raise FileNotFoundError(f"{path}: no such file (train the model first: sessrec fit --config {recipe})")
-        block = as_class_config(dict(yaml.safe_load(recipe.read_text()).get("model") or {}))
-        ckpt = read_checkpoint(checkpoint)
-        hparams = ckpt.get("hyper_parameters", {})
-        init = dict(block.get("init_args") or {})
-        init.update({k: hparams[k] for k in _DATA_LINKED if k in hparams})
-        sections = sections_from_task({"class_path": block["class_path"], "init_args": init}, str(recipe), "model")
-        model, objective = SessionModel.from_sections(sections, str(recipe))
-        model.restore_weights(objective, ckpt["state_dict"], str(checkpoint))
-        return cls(model, objective, index)
+        """The session model of a model directory (``runs/<name>/model``, `SessionRecommender.from_pretrained`)
+        as a retriever."""
+        recommender = SessionRecommender.from_pretrained(directory)
+        return cls(recommender.model, recommender.objective, index)
 
     @property
     def device(self) -> torch.device:
@@ -165,7 +138,10 @@ class SessionModelRetriever(Retriever):
         (shapes checked) and the index; returns self."""
         self.objective.bind(self.model)
         weights = {k: torch.from_numpy(np.array(v)) for k, v in state["weights"].items()}
-        self.model.restore_weights(self.objective, weights, "the retriever's weights")
+        load_into(self.model, under(weights, NETWORK), "the retriever's weights")
+        if isinstance(self.objective, torch.nn.Module):
+            load_into(self.objective, under(weights, OBJECTIVE), "the retriever's weights")
+            self.objective.eval()
         self.model.eval()
         self.index.load_state_dict(state["index"]).to(self.device)
         return self

@@ -1,0 +1,26 @@
+"""Trained things as model directories, one class per kind, each the only owner of its directory.
+
+- `SessionRecommender`: a session model, its objective, vocabulary, inference settings and
+  side-feature transforms (what `NextItemTask` trains).
+- `ClickRanker`: a DLRM and the vocabulary of its sparse ids (what `DLRMTask` trains).
+
+Each saves itself with ``save_pretrained(directory)`` and loads with ``from_pretrained(directory)``
+(`load_artifact` picks the class a directory holds), without Lightning (`sessrec.artifacts.model_directory` describes the directory). ``sessrec fit``
+writes the artifact of its best checkpoint as ``runs/<name>/model``; every later step (test,
+predict, serve, export, pipelines, ensembles, teachers, retrain) takes that directory.
+"""
+
+import os
+
+from sessrec.artifacts.click_ranker import ClickRanker
+from sessrec.artifacts.model_directory import read_model_directory
+from sessrec.artifacts.session_recommender import Inference, SessionRecommender
+
+__all__ = ["ClickRanker", "Inference", "SessionRecommender", "load_artifact"]
+
+
+def load_artifact(directory: str | os.PathLike) -> SessionRecommender | ClickRanker:
+    """The artifact a model directory holds, by its sections: a `SessionRecommender` (it has an
+    ``objective`` section) or a `ClickRanker`; each class refuses what it cannot read in one line."""
+    _, config = read_model_directory(directory)
+    return (SessionRecommender if "objective" in config else ClickRanker).from_pretrained(directory)

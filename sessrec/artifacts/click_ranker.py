@@ -1,0 +1,60 @@
+"""`ClickRanker`: a trained `DLRM` with the vocabulary of its sparse features' ids.
+
+The artifact of a trained `DLRMTask` (``sessrec fit`` writes it as ``runs/<name>/model``,
+`DLRMTask.ranker` builds it in memory). Its model directory (`sessrec.artifacts.model_directory`)
+holds the sections ``model`` (the DLRM, built by the registry) and ``vocab``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from sessrec.artifacts.model_directory import (
+    CONFIG,
+    NETWORK,
+    WEIGHTS,
+    load_into,
+    load_vocab,
+    load_weights,
+    read_model_directory,
+    under,
+    with_prefix,
+    write_model_directory,
+)
+from sessrec.datasets.clickout_rows import RankingVocab
+from sessrec.models.dlrm import DLRM
+from sessrec.saved.registry import ConfigError, config_of, instantiate
+
+
+class ClickRanker:
+    """A trained click model and the vocabulary of its sparse ids.
+
+    Args:
+        model: the trained `DLRM`.
+        vocab: one vocabulary per sparse feature, as many ids as each table has rows.
+    """
+
+    def __init__(self, model: DLRM, vocab: RankingVocab) -> None:
+        if not isinstance(model, DLRM):
+            raise TypeError(f"a ClickRanker holds a DLRM, got {type(model).__name__}")
+        if not isinstance(vocab, RankingVocab):
+            raise TypeError(f"a ClickRanker's vocabulary is a RankingVocab, got {type(vocab).__name__}")
+        self.model, self.vocab = model, vocab
+
+    def save_pretrained(self, directory: str | os.PathLike) -> Path:
+        """Write the model directory (a new version of an existing one); returns the folder written."""
+        return write_model_directory(directory, {"model": config_of(self.model)},
+                                     with_prefix(self.model.state_dict(), NETWORK), self.vocab)
+
+    @classmethod
+    def from_pretrained(cls, directory: str | os.PathLike) -> ClickRanker:
+        """The ranker a model directory holds (its current version), its network in eval mode; refused
+        in one line naming the file as `SessionRecommender.from_pretrained` refuses."""
+        folder, config = read_model_directory(directory)
+        source = str(folder / CONFIG)
+        if "objective" in config:
+            raise ConfigError(source, "model", "this directory holds a session model: load it with SessionRecommender.from_pretrained")
+        model = instantiate(config.get("model"), expected=DLRM, source=source, key="model")
+        load_into(model, under(load_weights(folder), NETWORK), str(folder / WEIGHTS))
+        return cls(model.eval(), load_vocab(folder, config, RankingVocab.load))

@@ -1,0 +1,111 @@
+"""The one way sessrec builds a command's parser and reads its configuration files: jsonargparse.
+
+Every command parses with a jsonargparse `ArgumentParser` (the Lightning commands through
+LightningCLI, which is one): ``--config FILE`` (YAML) and typed flags from the signature of the
+function or class the command runs, with help texts from its docstring (jsonargparse's own reading
+of the ``Args:`` section). Flags are spelt as the parameters are, with underscores
+(``--model_dir``). Before jsonargparse parses, sessrec checks the keys and plain values of the flags
+and files against the same signatures (`sessrec.cli.errors`): an unknown key is one line naming the
+closest valid one, a value of another type one line naming the key, the type and the value; what
+jsonargparse refuses beyond that is its own message, on one line.
+
+`config_value` reads a key of the ``--config`` files with jsonargparse's loader: which command a
+recipe is for (a pipeline recipe's top-level ``pipeline:``) and which model a lifecycle command
+works on are read from the configuration so loaded, before the command's parser is chosen.
+"""
+
+from __future__ import annotations
+
+from argparse import ArgumentError
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from jsonargparse import ActionConfigFile, ArgumentParser, Namespace, get_loader
+from yaml import YAMLError
+
+from sessrec.cli.errors import RecipeError, check_arguments, check_in_order, flag_mapping, one_line
+
+
+def command_parser(prog: str, description: str | None = None) -> ArgumentParser:
+    """A parser that raises on a parse error (``exit_on_error=False``) and reads ``--config`` files."""
+    parser = ArgumentParser(prog=prog, description=description, exit_on_error=False)
+    parser.add_argument("--config", action=ActionConfigFile, help="a YAML file of this command's options")
+    return parser
+
+
+def function_command(func: Callable[..., Any], prog: str, skip: set[str] | None = None) -> ArgumentParser:
+    """`command_parser` with `func`'s parameters as flags (``--name``), typed and helped by its
+    signature and docstring; `skip`: parameters the command sets itself."""
+    parser = command_parser(prog, (func.__doc__ or "").strip().splitlines()[0])
+    parser.add_function_arguments(func, skip=skip, fail_untyped=False)
+    return parser
+
+
+def parse(parser: ArgumentParser, args: list[str], owner: Callable[..., Any] | None = None,
+          roots: Mapping[str, Callable[..., Any] | None] | None = None, extra: tuple[str, ...] = ()) -> Namespace:
+    """``parser.parse_args(args)``, after sessrec's own check of the keys and plain values of `args` and of
+    its ``--config`` files: every top-level key against `owner` (with `extra`, the keys added beside it),
+    the blocks of `roots` against their classes (`sessrec.cli.errors.check_in_order`).
+
+    Raises:
+        RecipeError: the first key or value refused, in one line; a value the parser refuses beyond
+            those checks, with the parser's message on one line.
+    """
+    sources = [*(read_config(path) for path in config_paths(args)), flag_mapping(args)]
+    if owner is not None:
+        for i, source in enumerate(sources):  # a flag's message names the flag
+            check_arguments(source, owner, "--" if i == len(sources) - 1 else "", extra=(*extra, *(roots or {})))
+    if roots:
+        check_in_order(sources, roots)
+    try:
+        return parser.parse_args(args)
+    except ArgumentError as err:
+        raise RecipeError(one_line(err)) from err
+
+
+def recipe_parser(prog: str = "sessrec") -> ArgumentParser:
+    """The parser of a pipeline recipe: ``--config`` and the ``pipeline.*`` arguments of
+    `sessrec.pipeline.PipelineRecipe`, typed."""
+    from sessrec.pipeline.recipe import PipelineRecipe
+
+    parser = command_parser(prog, "a pipeline recipe: its retrievers, filters, features, ranker and ordering")
+    parser.add_class_arguments(PipelineRecipe, "pipeline", instantiate=True)
+    return parser
+
+
+def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Any:
+    """The `sessrec.pipeline.PipelineRecipe` of a recipe file, with ``--pipeline.<key> value`` overrides."""
+    from sessrec.pipeline.recipe import PipelineRecipe
+
+    parser = recipe_parser()
+    cfg = parse(parser, ["--config", str(path), *(overrides or [])], roots={"pipeline": PipelineRecipe})
+    return parser.instantiate(cfg).pipeline
+
+
+def config_paths(args: list[str]) -> list[Path]:
+    """The files named by ``--config PATH`` or ``--config=PATH`` in `args`, in order."""
+    paths = [args[i + 1] for i, arg in enumerate(args[:-1]) if arg == "--config"]
+    paths += [arg.partition("=")[2] for arg in args if arg.startswith("--config=")]
+    return [Path(p) for p in paths]
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    """A configuration file's mapping as jsonargparse loads it; {} for a file that is missing or not
+    a mapping (the command's parser then says what is wrong with it)."""
+    try:
+        content = get_loader("yaml")(path.read_text()) if path.is_file() else None
+    except (OSError, YAMLError):
+        return {}
+    return content if isinstance(content, dict) else {}
+
+
+def config_value(args: list[str], key: str) -> Any:
+    """The value `args` give `key`: its last ``--key V`` / ``--key=V`` flag, else the last ``--config``
+    file with a top-level `key`; None when none gives it."""
+    flags = [args[i + 1] for i, a in enumerate(args[:-1]) if a == f"--{key}"]
+    flags += [a.partition("=")[2] for a in args if a.startswith(f"--{key}=")]
+    if flags:
+        return flags[-1]
+    found = [content[key] for content in map(read_config, config_paths(args)) if key in content]
+    return found[-1] if found else None

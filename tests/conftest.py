@@ -42,13 +42,14 @@ def sessrec_main(monkeypatch: pytest.MonkeyPatch) -> Callable[..., str]:
     def run(*args: str) -> str:
         from sessrec.cli import main
 
-        monkeypatch.setattr("sys.argv", ["sessrec", *args])
-        try:
-            main()
-        except SystemExit as exit:
-            message = str(exit.code)
-            assert "\n" not in message and "Traceback" not in message
-            return message
+        with monkeypatch.context() as patch:  # sys.argv is the entry point's, not the rest of the test's
+            patch.setattr("sys.argv", ["sessrec", *args])
+            try:
+                main()
+            except SystemExit as exit:
+                message = str(exit.code)
+                assert "\n" not in message and "Traceback" not in message
+                return message
         return ""
 
     return run

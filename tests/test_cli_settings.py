@@ -179,7 +179,7 @@ def test_bad_evaluation_settings_are_refused(
 @pytest.mark.parametrize("flag", ["--model.top_k", "--model.init_args.top_k"])
 def test_a_setting_outside_its_part_is_an_unknown_key_in_one_line(capsys, checkpoint, flag, sessrec_main):
     got = sessrec_main("test", *TINY, "--model_dir", str(checkpoint), flag, "5")
-    unknown = "unknown key model.top_k (NextItemTask has no option 'top_k'); its options are num_items"
+    unknown = f"unknown key {flag[2:]} (NextItemTask has no option 'top_k'); its options are num_items"
     assert got.startswith(f"sessrec test: error: {unknown}") and "evaluation" in got
     assert "NestedArg" not in capsys.readouterr().err  # nothing of jsonargparse's printed before it
 

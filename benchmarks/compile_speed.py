@@ -48,7 +48,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     build, objective_type = ENCODERS[args.encoder]
-    eager = SessionModel(num_items=args.items + NUM_SPECIAL, encoder=build(args), max_length=max(args.widths) + 1).train()
+    eager = SessionModel(num_items=args.items + NUM_SPECIAL, encoder=build(args), max_length=max(args.widths)).train()
     compiled = copy.deepcopy(eager)
     compiled.encoder.compile()
     objective = objective_type()

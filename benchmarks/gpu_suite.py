@@ -92,7 +92,7 @@ def training_step(model: SessionModel, objective: Objective, data: torch.Tensor)
 
 def xlnet_mlm_fit(device: torch.device, quick: bool, repeats: int) -> dict:
     items, batch, d = (1000, 64, 32) if quick else (50_000, 1024, 128)
-    model = SessionModel(num_items=items + NUM_SPECIAL, encoder=XLNetEncoder(d_model=d, n_head=4, n_layer=2), max_length=21)
+    model = SessionModel(num_items=items + NUM_SPECIAL, encoder=XLNetEncoder(d_model=d, n_head=4, n_layer=2), max_length=20)
     model = model.to(device).train()
     data = sessions(batch, 20, items, torch.Generator().manual_seed(0)).to(device)
     seconds = timed(training_step(model, MaskedItemModeling(), data), device, warmup=3, repeats=repeats)
@@ -112,7 +112,7 @@ def encoder_steps(device: torch.device, quick: bool, repeats: int) -> dict:
     out: dict = {"items": items, "batch": batch, "d_model": d, "max_length": length, "precision": "bf16 autocast"}
     for name, (encoder, objective) in encoders.items():
         torch.manual_seed(0)
-        model = SessionModel(num_items=items + NUM_SPECIAL, encoder=encoder(), max_length=length + 1).to(device).train()
+        model = SessionModel(num_items=items + NUM_SPECIAL, encoder=encoder(), max_length=length).to(device).train()
         try:
             seconds = timed(training_step(model, objective, data), device, warmup=3, repeats=repeats)
             out[f"{name}_step_ms"] = round(seconds * 1e3, 2)

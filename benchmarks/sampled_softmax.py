@@ -46,7 +46,7 @@ def build(args: argparse.Namespace) -> SessionModel:
     if args.encoder == "xlnet":
         return build_model(args)
     encoder = SASRecEncoder(d_model=args.d_model, n_head=args.n_head, n_layer=args.n_layer, dropout=args.dropout)
-    return SessionModel(num_items=args.items + NUM_SPECIAL, encoder=encoder, max_length=args.max_len + 1, dropout=args.dropout)
+    return SessionModel(num_items=args.items + NUM_SPECIAL, encoder=encoder, max_length=args.max_len, dropout=args.dropout)
 
 
 def main() -> None:

@@ -81,7 +81,7 @@ ENCODERS = {
 def build_model(args: argparse.Namespace, encoder: str = "xlnet_mlm") -> SessionModel:
     """The `SessionModel` of the model flags around one of `ENCODERS`."""
     return SessionModel(
-        num_items=args.items + NUM_SPECIAL, encoder=ENCODERS[encoder][0](args), max_length=args.max_len + 1,
+        num_items=args.items + NUM_SPECIAL, encoder=ENCODERS[encoder][0](args), max_length=args.max_len,
         dropout=args.dropout,
     )
 

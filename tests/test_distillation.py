@@ -55,7 +55,7 @@ class Hinge(CatalogueLoss):
 def causal(seed: int, window: int = 5, encoder: type = GRU4RecEncoder) -> SessionModel:
     torch.manual_seed(seed)
     enc = GRU4RecEncoder(d_model=8) if encoder is GRU4RecEncoder else SASRecEncoder(d_model=8, n_head=2, n_layer=1)
-    return SessionModel(V, encoder=enc, max_length=window + 1).eval()
+    return SessionModel(V, encoder=enc, max_length=window).eval()
 
 
 def teacher_dir(folder: Path, seed: int, window: int = 5, vocab: ItemVocab = VOCAB) -> str:
@@ -106,7 +106,7 @@ def test_the_loss_is_the_target_cross_entropy_and_the_kl_to_the_teachers_geometr
 
 def test_a_teacher_that_reads_event_times_gets_them_and_has_the_data_module_load_them(tmp_path):
     torch.manual_seed(0)
-    hstu = SessionModel(V, encoder=HSTUEncoder(d_model=8, n_head=2, n_layer=1), max_length=6).eval()
+    hstu = SessionModel(V, encoder=HSTUEncoder(d_model=8, n_head=2, n_layer=1), max_length=5).eval()
     for layer in hstu.modules():  # trained time biases (they start at zero)
         if hasattr(layer, "time_bias"):
             torch.nn.init.normal_(layer.time_bias, std=1.0)
@@ -197,7 +197,7 @@ def test_teachers_that_do_not_fit_the_student_are_refused_by_file(tmp_path):
                                          r"the model directory that sessrec fit writes \(runs/<name>/model\)"):
         Teachers(Distillation(teachers=[str(checkpoint)]), VOCAB, V, 5)
     torch.manual_seed(0)
-    mlm = SessionModel(V, encoder=XLNetEncoder(d_model=8, n_head=2, n_layer=1), max_length=6)
+    mlm = SessionModel(V, encoder=XLNetEncoder(d_model=8, n_head=2, n_layer=1), max_length=5)
     bidirectional = str(SessionRecommender(mlm, MaskedItemModeling(), VOCAB, Inference(5)).save_pretrained(tmp_path / "mlm"))
     with pytest.raises(ValueError, match=f"{re.escape(bidirectional)}: was trained with MaskedItemModeling"):
         Teachers(Distillation(teachers=[bidirectional]), VOCAB, V, 5)

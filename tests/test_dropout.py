@@ -46,7 +46,7 @@ def test_eval_mode_and_zero_p_are_identity_and_bad_p_is_refused():
 def test_session_model_swaps_every_dropout_and_keeps_its_state_dict():
     encoder = XLNetEncoder(d_model=16, n_head=2, n_layer=2, dropout=0.2)
     plain_keys = set(encoder.state_dict())
-    model = SessionModel(30, encoder, max_length=6, dropout=0.3)
+    model = SessionModel(30, encoder, max_length=5, dropout=0.3)
     kinds = [type(m) for m in model.modules()]
     assert nn.Dropout not in kinds and kinds.count(FastDropout) >= 5
     assert model.dropout.p == 0.3

@@ -141,8 +141,8 @@ def test_hf_absolute_position_tables_are_disabled(name):
 
 
 def test_session_model_positions_count_from_the_start_for_causal_encoders():
-    causal = SessionModel(30, GPT2Encoder(d_model=16, n_head=2, n_layer=1), max_length=5)
-    bidirectional = SessionModel(30, BertEncoder(d_model=16, n_head=2, n_layer=1), max_length=5)
+    causal = SessionModel(30, GPT2Encoder(d_model=16, n_head=2, n_layer=1), max_length=4)
+    bidirectional = SessionModel(30, BertEncoder(d_model=16, n_head=2, n_layer=1), max_length=4)
     real = torch.tensor([[False, False, True, True, True], [True] * 5])
     assert causal.positions(real).tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]]
     assert bidirectional.positions(real).tolist() == [4, 3, 2, 1, 0]
@@ -167,7 +167,7 @@ def test_tiny_model_learns_a_transition(pair):
     name, make_objective = PAIRS[pair]
     torch.manual_seed(0)
     enc = {**ENCODERS, "xlnet": lambda: XLNetEncoder(d_model=16, n_head=2, n_layer=1, dropout=0.0)}[name]()
-    model = SessionModel(22, enc, max_length=7, dropout=0.0)
+    model = SessionModel(22, enc, max_length=6, dropout=0.0)
     objective = make_objective()
     objective.bind(model)
     starts = torch.randint(2, 16, (256,))
@@ -196,7 +196,7 @@ def test_tiny_model_learns_a_transition(pair):
 def test_cuda_matches_cpu(pair):  # CPU twins: every test above
     name, make_objective = PAIRS[pair]
     torch.manual_seed(0)
-    model = SessionModel(22, encoder(name), max_length=7, dropout=0.0).eval()
+    model = SessionModel(22, encoder(name), max_length=6, dropout=0.0).eval()
     objective = make_objective()
     objective.bind(model)
     items = torch.tensor([[0, 0, 4, 5, 6], [3, 4, 9, 12, 2]])

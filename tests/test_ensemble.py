@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def gru(num_items: int = 12, seed: int = 0) -> SessionModel:
     torch.manual_seed(seed)
-    return SessionModel(num_items=num_items, encoder=GRU4RecEncoder(d_model=8), max_length=5).eval()
+    return SessionModel(num_items=num_items, encoder=GRU4RecEncoder(d_model=8), max_length=4).eval()
 
 
 SESSIONS = torch.tensor([[0, 4, 5, 6], [0, 0, 7, 3]])
@@ -54,7 +54,7 @@ def test_the_ensemble_is_the_weighted_mean_of_the_members_log_probabilities():
 
 def test_event_times_go_only_to_the_members_that_read_them():
     torch.manual_seed(0)
-    hstu = SessionModel(num_items=12, encoder=HSTUEncoder(d_model=8, n_head=2, n_layer=1), max_length=5).eval()
+    hstu = SessionModel(num_items=12, encoder=HSTUEncoder(d_model=8, n_head=2, n_layer=1), max_length=4).eval()
     for layer in hstu.modules():  # trained time biases (they start at zero)
         if hasattr(layer, "time_bias"):
             torch.nn.init.normal_(layer.time_bias, std=1.0)

@@ -9,7 +9,7 @@ from sessrec.models import SessionModel, XLNetEncoder
 
 def tiny():
     torch.manual_seed(0)
-    return SessionModel(40, XLNetEncoder(d_model=16, n_head=2, n_layer=1, dropout=0.0), max_length=8).eval()
+    return SessionModel(40, XLNetEncoder(d_model=16, n_head=2, n_layer=1, dropout=0.0), max_length=7).eval()
 
 
 ITEMS = torch.tensor([[0, 0, 5, 6, 7], [3, 4, 9, 12, 2]])

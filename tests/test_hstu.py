@@ -188,12 +188,12 @@ def test_session_model_passes_event_times_only_to_an_encoder_that_uses_them():
     times = torch.tensor([[0, 0, 1e9, 1e9 + 60, 1e9 + 7200], [1e9, 1e9 + 1, 1e9 + 2, 1e9 + 3e5, 1e9 + 3e5 + 5]],
                          dtype=torch.float64)
     torch.manual_seed(0)
-    model = SessionModel(20, encoder(), max_length=6).eval()
+    model = SessionModel(20, encoder(), max_length=5).eval()
     with torch.no_grad():
         plain, timed = model(SessionBatch(items)), model(SessionBatch(items, times=times))
         torch.testing.assert_close(timed, model(items, features={EVENT_TIMES: times}))
         assert not torch.allclose(plain, timed)
-        sasrec = SessionModel(20, SASRecEncoder(d_model=16, n_head=2, n_layer=1), max_length=6).eval()
+        sasrec = SessionModel(20, SASRecEncoder(d_model=16, n_head=2, n_layer=1), max_length=5).eval()
         torch.testing.assert_close(sasrec(SessionBatch(items, times=times)), sasrec(items))  # never given times
 
 
@@ -201,7 +201,7 @@ def test_trains_with_clm_and_a_full_softmax():
     """A chain a -> a + 1 (a ring over 18 items): 60 steps of CLM with the full softmax bring the loss
     from ln(18) ~ 2.9 below 0.5, and the successor is ranked first, read as at evaluation."""
     torch.manual_seed(0)
-    model = SessionModel(20, HSTUEncoder(d_model=16, n_head=2, n_layer=1, dropout=0.0), max_length=7, dropout=0.0)
+    model = SessionModel(20, HSTUEncoder(d_model=16, n_head=2, n_layer=1, dropout=0.0), max_length=6, dropout=0.0)
     objective, loss_fn = CausalLanguageModeling(), FullSoftmax()
     objective.bind(model)
     starts = torch.randint(0, 18, (256,))
@@ -226,7 +226,7 @@ def test_trains_with_clm_and_a_full_softmax():
 
 def test_saves_and_loads_as_a_model_directory(tmp_path):
     torch.manual_seed(0)
-    model = SessionModel(20, encoder(n_layer=1, jagged=False), max_length=6).eval()
+    model = SessionModel(20, encoder(n_layer=1, jagged=False), max_length=5).eval()
     vocab = ItemVocab(pa.array(np.arange(100, 118)), np.arange(18, 0, -1))
     saved = SessionRecommender(model, CausalLanguageModeling(), vocab, Inference(max_length=5, top_k=5))
     loaded = SessionRecommender.from_pretrained(saved.save_pretrained(tmp_path / "model")).model
@@ -334,7 +334,7 @@ def _timed_hstu():
     from sessrec.models import SessionModel
 
     torch.manual_seed(0)
-    model = SessionModel(num_items=30, encoder=HSTUEncoder(d_model=16, n_head=2, n_layer=1, dropout=0.0), max_length=8)
+    model = SessionModel(num_items=30, encoder=HSTUEncoder(d_model=16, n_head=2, n_layer=1, dropout=0.0), max_length=7)
     with torch.no_grad():
         model.encoder.layers[0].time_bias.normal_()
     return model

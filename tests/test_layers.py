@@ -140,7 +140,7 @@ def test_the_serving_path_imports_no_training_stack(tmp_path):
 
     vocab = ItemVocab(pa.array(np.arange(100, 120)), np.arange(20, 0, -1))
     torch.manual_seed(0)
-    model = SessionModel(len(vocab), GRU4RecEncoder(d_model=8), max_length=6).eval()
+    model = SessionModel(len(vocab), GRU4RecEncoder(d_model=8), max_length=5).eval()
     task = NextItemTask(num_items=len(vocab), max_length=5, encoder=GRU4RecEncoder(d_model=8), objective=CausalLanguageModeling())
     task.vocab = vocab
     sessions = torch.tensor([[0, 2, 3, 4], [5, 6, 7, 8]])

@@ -11,7 +11,7 @@ torch.set_num_threads(1)
 
 def tiny_model(num_items=50, seed=0, **kw):
     torch.manual_seed(seed)
-    return SessionModel(num_items, XLNetEncoder(d_model=16, n_head=2, n_layer=1, dropout=0.0), max_length=9, **kw).eval()
+    return SessionModel(num_items, XLNetEncoder(d_model=16, n_head=2, n_layer=1, dropout=0.0), max_length=8, **kw).eval()
 
 
 ITEMS = torch.tensor(
@@ -91,7 +91,7 @@ def test_default_reading_follows_the_encoder():
     bidirectional = tiny_model()
     torch.testing.assert_close(bidirectional(x), bidirectional(x, MaskedItemModeling()))
     torch.manual_seed(0)
-    causal = SessionModel(50, GPT2Encoder(d_model=16, n_head=2, n_layer=1, dropout=0.0), max_length=9).eval()
+    causal = SessionModel(50, GPT2Encoder(d_model=16, n_head=2, n_layer=1, dropout=0.0), max_length=8).eval()
     torch.testing.assert_close(causal(x), causal(x, CausalLanguageModeling()))
     with torch.no_grad():
         last = causal.encode(x, torch.zeros_like(x, dtype=torch.bool))[:, -1]
@@ -107,7 +107,7 @@ def test_encoder_validates_heads():
 def test_tiny_model_learns_a_transition():
     """A few hundred steps of MLM on a deterministic chain a -> a+1 must rank the successor first."""
     torch.manual_seed(0)
-    model = SessionModel(22, XLNetEncoder(d_model=16, n_head=2, n_layer=1, dropout=0.0), max_length=7, dropout=0.0)
+    model = SessionModel(22, XLNetEncoder(d_model=16, n_head=2, n_layer=1, dropout=0.0), max_length=6, dropout=0.0)
     starts = torch.randint(2, 16, (256,))
     items = starts[:, None] + torch.arange(6)[None, :]  # (256, 6) ids 2..21
     objective = MaskedItemModeling(mask_prob=0.3, last_item_prob=0.3)

@@ -48,7 +48,7 @@ def gen(seed=0):
 
 def tiny(encoder, num_items=30, seed=0):
     torch.manual_seed(seed)
-    return SessionModel(num_items, encoder, max_length=9, dropout=0.0).eval()
+    return SessionModel(num_items, encoder, max_length=8, dropout=0.0).eval()
 
 
 # ---------------------------------------------------------------- MLM
@@ -196,7 +196,7 @@ def test_plm_evaluation_reads_an_unseen_slot():
 def bound_rtd(**kw):
     rtd = ReplacedTokenDetection(**kw)
     torch.manual_seed(0)
-    model = SessionModel(60, ElectraEncoder(d_model=16, n_head=2, n_layer=1, dropout=0.0), max_length=13, dropout=0.0)
+    model = SessionModel(60, ElectraEncoder(d_model=16, n_head=2, n_layer=1, dropout=0.0), max_length=12, dropout=0.0)
     rtd.bind(model)
     return rtd, model
 
@@ -340,8 +340,8 @@ def test_an_appended_mask_slot_takes_the_last_event_time():
 
     items = torch.tensor([[0, 5, 6], [7, 8, 9]])
     times = torch.tensor([[0.0, 100.0, 160.0], [10.0, 20.0, 35.0]], dtype=torch.float64)
-    inputs, features = append_slot(items, {EVENT_TIMES: times, "price": torch.ones(2, 3)}, max_length=3)
-    assert inputs.tolist() == [[5, 6, 0], [8, 9, 0]]
+    inputs, features = append_slot(items, {EVENT_TIMES: times, "price": torch.ones(2, 3)}, max_length=2)
+    assert inputs.tolist() == [[5, 6, 0], [8, 9, 0]]  # the latest 2 items and the slot
     assert features[EVENT_TIMES].tolist() == [[100.0, 160.0, 160.0], [20.0, 35.0, 35.0]]
     assert features["price"].tolist() == [[1, 1, 0], [1, 1, 0]]
     _, cropped = latest(items, {EVENT_TIMES: times}, max_length=2)  # a causal read keeps the latest columns

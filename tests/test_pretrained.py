@@ -72,7 +72,7 @@ def trained(module: torch.nn.Module, seed: int = 1) -> torch.nn.Module:
     return module
 
 
-def session_model(name: str, max_length: int = 6) -> tuple[SessionModel, object]:
+def session_model(name: str, max_length: int = 5) -> tuple[SessionModel, object]:
     torch.manual_seed(0)
     encoder, objective = ENCODERS[name]
     model = SessionModel(NUM_ITEMS, encoder(), max_length=max_length)
@@ -130,7 +130,7 @@ def test_a_session_recommender_with_side_information_round_trips_with_its_transf
     torch.manual_seed(0)
     spec = SideInfoSpec(categorical={"device": 5}, continuous=["price"], item_vectors={"text": 3})
     side = SideInfoEmbedding(8, NUM_ITEMS, spec, SideInfoConfig(aggregation="sum", soft_one_hot_bins=4))
-    model = trained(SessionModel(NUM_ITEMS, BertEncoder(d_model=8, n_head=2, n_layer=1), max_length=6, side_info=side))
+    model = trained(SessionModel(NUM_ITEMS, BertEncoder(d_model=8, n_head=2, n_layer=1), max_length=5, side_info=side))
     side.item_vectors.set_vectors("text", torch.randn(NUM_ITEMS, 3))
     table = pa.table({"item_id": [[100, 101], [102]], "device": [["mobile", "tv"], ["mobile"]], "price": [[1.5, 2.0], [None]]})
     settings = SideFeatures(categorical=["device"], continuous=["price"])
@@ -197,8 +197,8 @@ def test_a_task_writes_its_recommender_and_trains_on_from_it(tmp_path, vocab):
 
 
 def test_a_recommender_of_another_window_is_refused_by_the_task_with_one_line(vocab):
-    model, objective = session_model("sasrec_clm")  # the network reads 6 positions
-    with pytest.raises(ValueError, match=r"^the network reads 6 positions and serving 3 items, where a NextItemTask"):
+    model, objective = session_model("sasrec_clm")  # the network reads 5 items
+    with pytest.raises(ValueError, match=r"^the network reads 5 items and serving 3, where a NextItemTask"):
         NextItemTask.from_recommender(SessionRecommender(model, objective, vocab, Inference(3)))
 
 

@@ -38,7 +38,7 @@ IS_VIRTUAL = ITEMS >= NUM_ITEMS - NUM_VIRTUAL
 
 def model_for(encoder, seed=0):
     torch.manual_seed(seed)
-    return SessionModel(NUM_ITEMS, encoder, max_length=9, dropout=0.0, num_virtual=NUM_VIRTUAL).eval()
+    return SessionModel(NUM_ITEMS, encoder, max_length=8, dropout=0.0, num_virtual=NUM_VIRTUAL).eval()
 
 
 def test_vocab_puts_virtual_keys_after_products():

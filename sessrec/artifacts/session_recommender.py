@@ -16,7 +16,7 @@ Examples:
     >>> from sessrec.data import ItemVocab
     >>> from sessrec.models import CausalLanguageModeling, GRU4RecEncoder, SessionModel
     >>> vocab = ItemVocab.fit(pa.array(np.arange(1, 9)))
-    >>> model = SessionModel(len(vocab), GRU4RecEncoder(d_model=8), max_length=6).eval()
+    >>> model = SessionModel(len(vocab), GRU4RecEncoder(d_model=8), max_length=5).eval()
     >>> saved = SessionRecommender(model, CausalLanguageModeling(), vocab, Inference(max_length=5))
     >>> loaded = SessionRecommender.from_pretrained(saved.save_pretrained(tempfile.mkdtemp() + "/model"))
     >>> loaded.vocab == vocab, loaded.inference.max_length

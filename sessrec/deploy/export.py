@@ -192,7 +192,7 @@ class NextItemScorer(nn.Module):
             "objective": type(self.objective).__name__,
             "exclude_seen": self.exclude_seen,
             "num_items": self.model.num_items,
-            "max_length": self.model.max_length - 1,  # the [MASK] slot is added inside
+            "max_length": self.model.max_length,  # items; the [MASK] slot is added inside
             "items": "right-aligned model ids, 0 = padding; longer sessions keep their latest items",
             "scores": "-inf for padding, OOV, virtual and excluded items",
             **({EVENT_TIMES: "event times in seconds (float64), aligned with items; padding's are not read"}
@@ -310,7 +310,7 @@ def export_session_model(
     if reason is not None:
         raise ValueError(f"{type(encoder).__name__} cannot be exported to {format}: {reason}")
     scorer = NextItemScorer(recommender, top_k)
-    length = max(2, min(model.max_length - 1, 6))  # >= 2: torch.export fixes axes of size 1
+    length = max(2, min(model.max_length, 6))  # >= 2: torch.export fixes axes of size 1
     example, probe = scorer.example(3, length, seed=0), scorer.example(5, length + 3, seed=1)
     return _export(scorer, scorer.forward, example, probe, out_dir, format, opset, verify, type(encoder).__name__)
 

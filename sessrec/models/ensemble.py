@@ -16,8 +16,8 @@ event times when its encoder uses them.
 Examples:
     >>> import torch
     >>> from sessrec.models import SessionModel, GRU4RecEncoder
-    >>> a = SessionModel(num_items=12, encoder=GRU4RecEncoder(d_model=8), max_length=5)
-    >>> b = SessionModel(num_items=12, encoder=GRU4RecEncoder(d_model=8), max_length=5)
+    >>> a = SessionModel(num_items=12, encoder=GRU4RecEncoder(d_model=8), max_length=4)
+    >>> b = SessionModel(num_items=12, encoder=GRU4RecEncoder(d_model=8), max_length=4)
     >>> SessionEnsemble([a, b], weights=[3, 1])(torch.tensor([[0, 4, 5, 6]])).shape
     torch.Size([1, 12])
 

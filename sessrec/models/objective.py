@@ -83,7 +83,7 @@ class Network(Protocol):
     An objective module needs no import of the network's own."""
 
     encoder: nn.Module
-    max_length: int
+    max_length: int  # items read; the position table has one more row, for the [MASK] slot
     recommendable: torch.Tensor  # (V,) bool
 
     def embed(self, inputs: torch.Tensor, masked: torch.Tensor, features: Features | None = None) -> torch.Tensor:
@@ -115,12 +115,12 @@ def targetable(items: torch.Tensor, recommendable: torch.Tensor | None = None) -
 
 
 def append_slot(items: torch.Tensor, features: Features | None, max_length: int) -> tuple[torch.Tensor, Features | None]:
-    """Append an empty slot (id 0, features 0) after the last item and keep the latest `max_length` columns.
+    """Keep the latest `max_length` items and append an empty slot (id 0, features 0) after the last one.
 
     The slot's event time (`EVENT_TIMES`) is the last item's, the latest time known: the next
     event's own time would tell when the item it asks for happened.
     """
-    pad = lambda t, fill=None: torch.cat([t, t.new_zeros(t.shape[0], 1) if fill is None else fill], dim=1)[:, -max_length:]
+    pad = lambda t, fill=None: torch.cat([t, t.new_zeros(t.shape[0], 1) if fill is None else fill], dim=1)[:, -(max_length + 1):]
     if features is None:
         return pad(items), None
     slotted = {k: pad(v, v[:, -1:] if k == EVENT_TIMES else None) for k, v in features.items()}

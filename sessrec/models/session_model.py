@@ -74,7 +74,8 @@ class SessionModel(nn.Module, Configurable):
         encoder: module mapping ((B, L, D) embeddings, (B, L) bool mask) -> (B, L, D); must
             expose ``d_model`` and a class attribute ``causal`` (read for the positions; an
             encoder without one is taken as bidirectional).
-        max_length: longest input, [MASK] slot included; longer inputs keep their latest items.
+        max_length: items of a session the network reads (longer inputs keep their latest items); the
+            position table has one more row, for the [MASK] slot a bidirectional objective appends.
         position_embedding: add a learned position embedding (from the session end, or from its
             start for a causal encoder; see the module docstring).
         dropout: dropout on the input embeddings.
@@ -94,7 +95,7 @@ class SessionModel(nn.Module, Configurable):
         self,
         num_items: int,
         encoder: nn.Module,
-        max_length: int = 21,
+        max_length: int = 20,
         position_embedding: bool = True,
         dropout: float = 0.1,
         input_norm: bool = False,
@@ -115,7 +116,7 @@ class SessionModel(nn.Module, Configurable):
         self.causal = bool(getattr(encoder, "causal", False))
         self.item_embedding = nn.Embedding(num_items, d, padding_idx=0)
         self.mask_embedding = nn.Parameter(torch.zeros(d))
-        self.position_embedding = nn.Embedding(max_length, d) if position_embedding else None
+        self.position_embedding = nn.Embedding(max_length + 1, d) if position_embedding else None
         self.input_norm = nn.LayerNorm(d) if input_norm else nn.Identity()
         self.dropout = nn.Dropout(dropout)
         self.encoder = encoder
@@ -143,9 +144,9 @@ class SessionModel(nn.Module, Configurable):
         """(B, L) bool real positions -> (B, L) position ids (or (L,) when they do not depend on B)."""
         if self.causal:
             from_start = real.long().cumsum(dim=1) - 1  # first real item 0; left padding -1 -> 0
-            return from_start.clamp(min=0, max=self.max_length - 1)
+            return from_start.clamp(min=0, max=self.max_length)
         from_end = torch.arange(real.shape[1] - 1, -1, -1, device=real.device)
-        return from_end.clamp(max=self.max_length - 1)
+        return from_end.clamp(max=self.max_length)
 
     @property
     def uses_times(self) -> bool:

@@ -143,7 +143,7 @@ class NextItemTask(Pretrained, pl.LightningModule):
         self.model = SessionModel(
             num_items=num_items,
             encoder=encoder,
-            max_length=max_length + 1,  # + the [MASK] slot after the last item
+            max_length=max_length,
             position_embedding=position_embedding,
             dropout=dropout,
             input_norm=input_norm,
@@ -289,14 +289,14 @@ class NextItemTask(Pretrained, pl.LightningModule):
         """A task that trains on from a trained recommender (a warm start): its network's settings, its
         objective and weights, its inference settings as `evaluation`; `settings` give the rest (the
         loss, `optimization`, `schedule`, `seed`: a model directory holds no training settings).
-        A network a NextItemTask does not build (one that reads another number of positions than its
-        items and a [MASK] slot) is refused in one line."""
+        A network a NextItemTask does not build (one that reads another number of items than its
+        inference settings) is refused in one line."""
         model, inference = recommender.model, recommender.inference
         args = config_of(model)["init_args"]
-        if args["max_length"] != inference.max_length + 1:
+        if args["max_length"] != inference.max_length:
             raise ValueError(
-                f"the network reads {args['max_length']} positions and serving {inference.max_length} items, where a "
-                "NextItemTask reads one position more than items (its [MASK] slot): train on with the recipe instead"
+                f"the network reads {args['max_length']} items and serving {inference.max_length}, where a "
+                "NextItemTask serves the items its network reads: train on with the recipe instead"
             )
         init = {k: args[k] for k in ("num_items", "position_embedding", "dropout", "input_norm", "output_transform",
                                      "score_scale", "num_virtual")}

@@ -78,9 +78,9 @@ from sessrec.cli.parsers import load_recipe
 from sessrec.pipeline import RequestSessions
 from sessrec.pipeline.candidate_features import CandidateFeatures, group_of
 from sessrec.pipeline.pipeline import Pipeline
-from sessrec.pipeline.recipe import ModelRetrieval, PipelineRecipe
+from sessrec.pipeline_training.recipe import ModelRetrieval, PipelineRecipe
 from sessrec.pipeline.scoring import BlendScorer, DLRMScorer, GBDTScorer, Scorer
-from sessrec.pipeline.training import (
+from sessrec.pipeline_training.fitting import (
     RankerData,
     candidate_rows,
     evaluate_rows,

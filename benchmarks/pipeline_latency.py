@@ -30,12 +30,12 @@ from sessrec.data import SyntheticSource
 from sessrec.models import XLNetEncoder
 from sessrec.pipeline.candidate_features import CandidateFeatures
 from sessrec.pipeline.pipeline import Pipeline
-from sessrec.pipeline.retrieval.baseline import BaselineRetriever
+from sessrec.pipeline.retrieval.baseline_retriever import BaselineRetriever
 from sessrec.pipeline.retrieval.covisitation import CoVisitation
 from sessrec.pipeline.retrieval.index import ExactIndex, FaissIndex
-from sessrec.pipeline.retrieval.session_model import SessionModelRetriever
+from sessrec.pipeline.retrieval.session_model_retriever import SessionModelRetriever
 from sessrec.pipeline.scoring import DLRMScorer
-from sessrec.pipeline.training import fit_ranker
+from sessrec.pipeline_training.fitting import fit_ranker
 from sessrec.tasks import NextItemTask, SessionDataModule
 
 

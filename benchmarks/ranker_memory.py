@@ -3,9 +3,9 @@
 Each step runs in its own process, so that each peak (``ru_maxrss``) is that step's:
 
 - ``{"stage": "rows"}``: the pipeline built from the dataset's recipe (its retrievers fitted or
-  loaded), then `training.candidate_rows` of the ranker's validation pairs (the first ``--pairs``
+  loaded), then `fitting.candidate_rows` of the ranker's validation pairs (the first ``--pairs``
   of them when given), saved to ``--rows`` (reused when that file exists: ``"reused": true``);
-- ``{"stage": "fit", "scorer": ...}``: the rows loaded, then `training.fit_on` with the scorer
+- ``{"stage": "fit", "scorer": ...}``: the rows loaded, then `fitting.fit_on` with the scorer
   (``gbdt``: `GBDTScorer` with ``--threads``; ``dlrm``: `DLRMScorer` with ``--dlrm-epochs``;
   ``blend``: the recipe's default `BlendScorer`), reading the features ``--chunk`` pairs at a time.
   The process holds the data module and one retriever (the co-visitation, else the first kNN
@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from sessrec.cli.parsers import load_recipe
-from sessrec.pipeline import training
+from sessrec.pipeline_training import fitting
 from sessrec.pipeline.scoring import BlendScorer, DLRMScorer, GBDTScorer, Scorer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -56,7 +56,7 @@ def rows_stage(args: argparse.Namespace) -> dict:
     pairs = recipe.ranker_data()
     if args.pairs:
         pairs = pairs.take(slice(0, args.pairs))
-    data = training.candidate_rows(pipe, pairs, recipe.batch_size)
+    data = fitting.candidate_rows(pipe, pairs, recipe.batch_size)
     torch.save({"data": data, "features": pipe.features}, args.rows)
     return {"stage": "rows", "pairs": len(data), "slots": int(data.valid.sum()), "candidates": data.valid.shape[1],
             "peak_rss_mb": round(peak_mb()), "seconds": round(time.perf_counter() - start, 1)}
@@ -79,7 +79,7 @@ def fit_stage(args: argparse.Namespace) -> dict:
     data, pipe.features = saved["data"], saved["features"]
     loaded = peak_mb()
     start = time.perf_counter()
-    info = training.fit_on(pipe, data, scorer_of(args.scorer, args), chunk=args.chunk)
+    info = fitting.fit_on(pipe, data, scorer_of(args.scorer, args), chunk=args.chunk)
     return {"stage": "fit", "scorer": args.scorer, "chunk": args.chunk, "pairs": len(data), "slots": int(data.valid.sum()),
             "features": len(info["features"]), "loaded_rss_mb": round(loaded), "peak_rss_mb": round(peak_mb()),
             "seconds": round(time.perf_counter() - start, 1)}
@@ -90,7 +90,7 @@ def main() -> None:
     parser.add_argument("--dataset", choices=sorted(RECIPES), default="yoochoose164")
     parser.add_argument("--recipe", help="a pipeline recipe other than the dataset's")
     parser.add_argument("--pairs", type=int, default=0, help="the first N validation pairs only (0: all)")
-    parser.add_argument("--chunk", type=int, default=training.CHUNK, help="pairs whose features a fit reads at once")
+    parser.add_argument("--chunk", type=int, default=fitting.CHUNK, help="pairs whose features a fit reads at once")
     parser.add_argument("--scorers", nargs="+", choices=["gbdt", "dlrm", "blend"], default=["gbdt", "dlrm"])
     parser.add_argument("--threads", type=int, default=1, help="LightGBM threads")
     parser.add_argument("--dlrm-epochs", type=int, default=2)

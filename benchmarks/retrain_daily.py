@@ -24,8 +24,8 @@ import torch
 import yaml
 
 from sessrec.data import Schema
-from sessrec.deploy.gate import Gate
-from sessrec.deploy.retrain import retrain
+from sessrec.lifecycle.gate import Gate
+from sessrec.lifecycle.retrain import retrain
 
 DAYS = ["2014-04-04", "2014-04-05", "2014-04-06", "2014-04-07", "2014-04-08"]
 

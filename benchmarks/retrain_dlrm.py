@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from sessrec.deploy.gate import Gate
-from sessrec.deploy.retrain import retrain_dlrm
+from sessrec.lifecycle.gate import Gate
+from sessrec.lifecycle.retrain import retrain_dlrm
 
 LOG = "../shared/data/trivago_rsc19_100k/trivago_val_100k.parquet.snappy"
 ENDS = ["2018-11-08T06:00", "2018-11-08T12:00", "2018-11-08T18:00", "2018-11-09T00:00"]

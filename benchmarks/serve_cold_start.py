@@ -108,7 +108,7 @@ def main() -> None:
     parser.add_argument("--model-dir", type=Path, default=ROOT / "runs/pipeline_rsc15/pipeline")
     parser.add_argument("--checkout", action="append", default=[],
                         help="NAME=PATH[,MODEL_DIR]: a sessrec source tree and the directory it serves")
-    parser.add_argument("--modules", nargs="+", default=["sessrec.pipeline", "sessrec.deploy.server", "sessrec.deploy.export"])
+    parser.add_argument("--modules", nargs="+", default=["sessrec.pipeline", "sessrec.serving.server", "sessrec.lifecycle.export"])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=300.0)
     args = parser.parse_args()

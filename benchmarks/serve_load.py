@@ -1,4 +1,4 @@
-"""Load test of the HTTP server (`sessrec.deploy.server`) on loopback: latency and requests/s, overload, bad requests.
+"""Load test of the HTTP server (`sessrec.serving.server`) on loopback: latency and requests/s, overload, bad requests.
 
 Starts ``serve(--model-dir)`` in a subprocess on a free 127.0.0.1 port (server torch threads:
 `--threads`), waits for ``/health``, and at each `--concurrency` level runs that many async
@@ -74,7 +74,7 @@ def start_server(args: argparse.Namespace, port: int) -> subprocess.Popen:
     settings = "".join(f", {name}={value!r}" for name, value in given.items())
     code = (
         f"import torch; torch.set_num_threads({args.threads})\n"
-        "from sessrec.deploy.server import serve\n"
+        "from sessrec.serving.server import serve\n"
         f"serve({str(args.model_dir)!r}, port={port}, max_batch_size={args.max_batch_size}, "
         f"max_wait_ms={args.max_wait_ms}{settings}, log_level='warning', access_log=False)\n"
     )

@@ -562,7 +562,7 @@ def test_cli_export_of_a_broken_model_directory_writes_nothing(tmp_path, sessrec
 def test_export_gru4rec_to_onnx_names_the_reason(tmp_path):
     pytest.importorskip("onnxruntime")
     from sessrec.data import ItemVocab
-    from sessrec.deploy.export import export_session_model
+    from sessrec.lifecycle.export import export_session_model
     from sessrec.models import CausalLanguageModeling, GRU4RecEncoder
     from sessrec.tasks import NextItemTask
 

@@ -210,7 +210,7 @@ def test_pipeline_eval_seed_plan_and_stage1_overlays(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="one ModelCheckpoint"):
         pe.seed_overlay({"trainer": {"callbacks": []}}, str(recipe), 1, other.parent)
     # a two-seed ensemble of one recipe: run i takes seeds 2i and 2i + 1, the run of the models' own seeds their directories
-    from sessrec.pipeline.recipe import ModelRetrieval
+    from sessrec.pipeline_training.recipe import ModelRetrieval
     pair = {"a": ModelRetrieval("runs/gpt2_x/model"), "b": ModelRetrieval("runs/gpt2_x_seed1/model", seed=1)}
     assert pe.model_seeds(pair, 0) == {"a": (0, Path("runs/gpt2_x/model")), "b": (1, Path("runs/gpt2_x_seed1/model"))}
     assert pe.model_seeds(pair, 2) == {"a": (4, Path("runs/gpt2_x_seed4/model")), "b": (5, Path("runs/gpt2_x_seed5/model"))}

@@ -187,7 +187,7 @@ def test_third_party_notices_are_hidden_and_sessrecs_own_warnings_are_not():
 def test_stages_print_a_line_when_each_starts_and_ends_and_while_one_runs(capsys):
     import time
 
-    from sessrec.pipeline.progress import Stages
+    from sessrec.pipeline_training.progress import Stages
 
     stages = Stages("fit", 2, interval=0.05)
     with stages.stage("reading the data"):

@@ -19,7 +19,7 @@ import torch
 from sessrec.artifacts import SessionRecommender
 from sessrec.cli import cli
 from sessrec.tasks import DLRMTask, NextItemTask
-from sessrec.tasks.pretrained import plain_hparams
+from sessrec.tasks.checkpointing import plain_hparams
 from sessrec.tasks.restore import merge_with_model
 from sessrec.tasks.settings import Evaluation
 

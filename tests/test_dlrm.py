@@ -12,7 +12,7 @@ from sessrec.embeddings import DynamicTables, FusedTables, HybridTables, SparseF
 from sessrec.metrics import RankingMetrics, binary_auc, clicked_ranks
 from sessrec.models.dlrm import DLRM, DCNv2Arch, InteractionArch
 from sessrec.saved.registry import config_of
-from sessrec.tasks.ranking import DLRMTask
+from sessrec.tasks.dlrm_task import DLRMTask
 
 torch.set_num_threads(1)
 TABLES = [TableConfig("a", 10, 4), TableConfig("b", 7, 4), TableConfig("c", 5, 4)]
@@ -307,7 +307,7 @@ def test_a_dlrm_task_trains_hybrid_tables_with_the_dense_optimizer():
 # -- the allocator opt-in ------------------------------------------------------------------------------------
 def test_retain_freed_memory_is_an_explicit_opt_in(monkeypatch):
     calls = []
-    monkeypatch.setattr("sessrec.tasks.ranking.retain_freed_memory", lambda *a, **k: calls.append(1) or True)
+    monkeypatch.setattr("sessrec.tasks.dlrm_task.retain_freed_memory", lambda *a, **k: calls.append(1) or True)
     cards = {t.name: t.num_embeddings for t in TABLES}
     for opt_in, expected in ((None, 0), (True, 1)):
         task = DLRMTask(cards, 3, network=SMALL) if opt_in is None else DLRMTask(cards, 3, network=SMALL, retain_freed_memory=True)

@@ -23,7 +23,7 @@ from sessrec.metrics import TopKMetrics
 from sessrec.models import CausalLanguageModeling, GRU4RecEncoder, HSTUEncoder, SessionEnsemble, SessionModel
 from sessrec.models.objective import EVENT_TIMES
 from sessrec.tasks import SessionDataModule
-from sessrec.tasks.ensemble import EnsembleTask
+from sessrec.tasks.ensemble_task import EnsembleTask
 from sessrec.tasks.members import check_same_vocabulary, load_member
 
 torch.set_num_threads(1)

@@ -19,7 +19,7 @@ from sessrec.data import ItemVocab
 from sessrec.data.batch import SessionBatch
 from sessrec.data.side import SideInfoSpec
 from sessrec.datasets.clickout_rows import RankingVocab
-from sessrec.deploy.export import (
+from sessrec.lifecycle.export import (
     ExportedClickScorer,
     NextItemScorer,
     export_dlrm,
@@ -28,7 +28,7 @@ from sessrec.deploy.export import (
     max_abs_diff,
     run_exported,
 )
-from sessrec.deploy.triton import model_config, triton_repository
+from sessrec.lifecycle.triton import model_config, triton_repository
 from sessrec.embeddings import DynamicTables, SparseFeatures
 from sessrec.models import (
     BertEncoder,

@@ -1,5 +1,5 @@
-"""The retraining gate (`sessrec.deploy.gate`) on per-pair values, and the per-pair test metrics
-(`sessrec.deploy.pairs`) it compares, against the tasks' own test metrics."""
+"""The retraining gate (`sessrec.lifecycle.gate`) on per-pair values, and the per-pair test metrics
+(`sessrec.lifecycle.paired_ranks`) it compares, against the tasks' own test metrics."""
 
 import itertools
 import math
@@ -11,9 +11,9 @@ import pytorch_lightning as pl
 import torch
 
 from sessrec.data import ItemVocab, SyntheticSource, frame
-from sessrec.deploy.gate import Gate
-from sessrec.deploy.pairs import PairRanks, aligned, clickout_ranks, next_item_ranks, pair_values
-from sessrec.deploy.retrain import LoadedSplits
+from sessrec.lifecycle.gate import Gate
+from sessrec.lifecycle.paired_ranks import PairRanks, aligned, clickout_ranks, next_item_ranks, pair_values
+from sessrec.lifecycle.retrain import LoadedSplits
 from sessrec.models import CausalLanguageModeling, GRU4RecEncoder
 from sessrec.saved.registry import config_of
 from sessrec.tasks import DLRMTask, Evaluation, NextItemTask, Optimization, SessionDataModule

@@ -346,7 +346,7 @@ def test_the_pipeline_retriever_gives_hstu_the_request_times():
     from sessrec.models import CausalLanguageModeling
     from sessrec.models.objective import EVENT_TIMES
     from sessrec.pipeline.candidates import RequestSessions
-    from sessrec.pipeline.retrieval.session_model import SessionModelRetriever
+    from sessrec.pipeline.retrieval.session_model_retriever import SessionModelRetriever
 
     model = _timed_hstu()
     retriever = SessionModelRetriever(model.eval())
@@ -366,7 +366,7 @@ def test_a_served_hstu_model_reads_the_request_times():
     import pyarrow as pa
 
     from sessrec.data import ItemVocab
-    from sessrec.deploy.recommender import SessionModelService
+    from sessrec.serving.recommender import SessionModelService
     from sessrec.models import CausalLanguageModeling
     from sessrec.models.objective import EVENT_TIMES
 

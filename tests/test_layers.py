@@ -132,7 +132,7 @@ def test_the_serving_path_imports_no_training_stack(tmp_path):
     from sessrec.baselines import Popularity
     from sessrec.data import ItemVocab
     from sessrec.datasets.clickout_rows import CLICKS, SPARSE_FEATURES, RankingVocab
-    from sessrec.deploy.recommender import load_recommender
+    from sessrec.serving.recommender import load_recommender
     from sessrec.embeddings import TableConfig
     from sessrec.models import DLRM, CausalLanguageModeling, GRU4RecEncoder, SessionModel
     from sessrec.pipeline import BaselineRetriever, Pipeline, SessionModelRetriever
@@ -159,9 +159,9 @@ def test_the_serving_path_imports_no_training_stack(tmp_path):
     expected = {name: load_recommender(d).recommend(request, k=3) for name, d in directories.items()}
     code = (
         "import json, sys\n"
-        "import sessrec.pipeline, sessrec.deploy.server, sessrec.deploy.export, sessrec.deploy.recommender, sessrec.deploy.triton\n"
-        "from sessrec.deploy.export import export_model_dir\n"
-        "from sessrec.deploy.recommender import load_recommender\n"
+        "import sessrec.pipeline, sessrec.serving.server, sessrec.lifecycle.export, sessrec.serving.recommender, sessrec.lifecycle.triton\n"
+        "from sessrec.lifecycle.export import export_model_dir\n"
+        "from sessrec.serving.recommender import load_recommender\n"
         f"directories, dlrm, out = {json.dumps({k: str(v) for k, v in directories.items()})}, {str(dlrm)!r}, {str(tmp_path / 'out')!r}\n"
         f"recs = {{name: load_recommender(d).recommend({request!r}, k=3) for name, d in directories.items()}}\n"
         "export_model_dir(dlrm, out, 'torchscript')\n"
@@ -184,7 +184,7 @@ def test_the_serving_commands_start_without_the_training_stack():
         "import sys\n"
         "from sessrec.cli import run\n"
         "from sessrec.cli.parsers import function_command, parse\n"
-        "from sessrec.deploy.server import serve\n"
+        "from sessrec.serving.server import serve\n"
         "run(['--help'])\n"
         "cfg = parse(function_command(serve, 'sessrec serve'), ['--model_dir', 'd', '--port', '9', '--access_log', 'false'], owner=serve)\n"
         "print(cfg.model_dir, cfg.port, cfg.access_log, cfg.max_batch_size)\n"
@@ -222,7 +222,7 @@ def test_a_command_whose_extra_is_missing_says_which_extra(monkeypatch):
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", without_prometheus)
-    for module in [m for m in sys.modules if m.startswith(("sessrec.deploy.server", "sessrec.deploy.request_metrics", "prometheus_client"))]:
+    for module in [m for m in sys.modules if m.startswith(("sessrec.serving.server", "sessrec.serving.request_metrics", "prometheus_client"))]:
         monkeypatch.delitem(sys.modules, module)
     monkeypatch.setattr(sys, "argv", ["sessrec", "serve", "--model_dir", "nowhere"])
     with pytest.raises(SystemExit) as exit_:

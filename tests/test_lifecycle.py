@@ -21,9 +21,9 @@ from sessrec.artifacts import ClickRanker, SessionRecommender
 from sessrec.cli import cli
 from sessrec.data import ItemVocab, Schema, TimeWindowSource, generate_sessions
 from sessrec.data.loader import SessionLoader
-from sessrec.deploy.gate import Gate
-from sessrec.deploy.recommender import SessionModelService, load_recommender
-from sessrec.deploy.retrain import retrain, summary
+from sessrec.lifecycle.gate import Gate
+from sessrec.serving.recommender import SessionModelService, load_recommender
+from sessrec.lifecycle.retrain import retrain, summary
 from sessrec.embeddings import DynamicTables
 from sessrec.models import (
     CausalLanguageModeling,
@@ -35,7 +35,7 @@ from sessrec.models import (
     XLNetEncoder,
 )
 from sessrec.tasks import DLRMTask, NextItemTask, Optimization, SessionDataModule
-from sessrec.tasks.pretrained import best_of_run, with_more_items
+from sessrec.tasks.checkpointing import best_of_run, with_more_items
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
@@ -331,7 +331,7 @@ def test_retrain_refuses_a_metric_it_cannot_compare_pair_by_pair_and_a_directory
 
 @pytest.mark.parametrize("recipe,turn", [("retrain_rsc15.yaml", "retrain"), ("retrain_dlrm_trivago.yaml", "retrain_dlrm")])
 def test_the_retraining_recipes_parse_into_a_turn_with_its_gate(recipe, turn):
-    import sessrec.deploy.retrain as module
+    import sessrec.lifecycle.retrain as module
     from sessrec.cli.parsers import function_command, parse
 
     parser = function_command(getattr(module, turn), "sessrec retrain")
@@ -350,7 +350,7 @@ TRIVAGO = ROOT.parent / "shared" / "data" / "trivago_rsc19_100k" / "trivago_val_
 @pytest.mark.slow
 @pytest.mark.skipif(not TRIVAGO.exists(), reason="trivago_rsc19_100k is not available here")
 def test_dlrm_retrain_grows_its_tables_and_keeps_what_it_learned(tmp_path):
-    from sessrec.deploy.retrain import retrain_dlrm
+    from sessrec.lifecycle.retrain import retrain_dlrm
     from sessrec.tasks import ClickoutDataModule
 
     window = dict(test_hours=6.0, valid_hours=4.0, train_hours=6.0, min_count=1)

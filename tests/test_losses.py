@@ -206,7 +206,7 @@ def test_a_loss_outside_the_library_is_found_by_class_path(tmp_path, monkeypatch
     # with the fix where it is not
     from sessrec.saved import registry
     from sessrec.saved.registry import class_path
-    from sessrec.tasks.pretrained import build, plain_hparams
+    from sessrec.tasks.checkpointing import build, plain_hparams
 
     config = {"class_path": class_path(run.model), "init_args": plain_hparams(run.model)}
     path = f"{__name__}.ScaledFullSoftmax"

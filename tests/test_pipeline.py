@@ -31,22 +31,22 @@ from sessrec.cli import main
 from sessrec.data import EvalPairs, ItemVocab, SchemaError, SyntheticSource
 from sessrec.data.vocab import NUM_SPECIAL
 from sessrec.models import XLNetEncoder
-from sessrec.pipeline import training
+from sessrec.pipeline_training import fitting
 from sessrec.pipeline.candidate_features import GROUPS, CandidateFeatures
 from sessrec.pipeline.candidates import Candidates, RequestSessions
 from sessrec.pipeline.filters import ItemTableFilter, SeenItemsFilter
 from sessrec.pipeline.offline import recommend_file
 from sessrec.pipeline.ordering import BoostRule, DiversityCap, Ordering, SoftmaxSampling
 from sessrec.pipeline.pipeline import Pipeline
-from sessrec.pipeline.recipe import BaselineRetrieval, ModelRetrieval, PipelineRecipe, index_sessions
-from sessrec.pipeline.retrieval.baseline import BaselineRetriever
+from sessrec.pipeline_training.recipe import BaselineRetrieval, ModelRetrieval, PipelineRecipe, index_sessions
+from sessrec.pipeline.retrieval.baseline_retriever import BaselineRetriever
 from sessrec.pipeline.retrieval.covisitation import CoVisitation
 from sessrec.pipeline.retrieval.index import FaissIndex
-from sessrec.pipeline.retrieval.session_model import SessionModelRetriever
+from sessrec.pipeline.retrieval.session_model_retriever import SessionModelRetriever
 from sessrec.pipeline.scoring import BlendScorer, DLRMScorer, GBDTScorer
 from sessrec.saved.registry import config_of
 from sessrec.tasks import NextItemTask, SessionDataModule
-from sessrec.tasks.baseline import _end_times
+from sessrec.tasks.baseline_task import _end_times
 
 torch.set_num_threads(1)
 faiss = pytest.importorskip("faiss")
@@ -89,7 +89,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
     }
     valid = replace(dm.pairs("valid"), times=None)  # the requests of these tests carry no times
     pipelines, pairs = {}, {}
-    real_rows = training.candidate_rows
+    real_rows = fitting.candidate_rows
     with pytest.MonkeyPatch.context() as patch:  # record the pairs that reach the ranker's features
         for name, scorer in (("gbdt", GBDTScorer(**GBDT_ARGS)), ("dlrm", DLRMScorer(max_epochs=2))):
             features = CandidateFeatures().fit_statistics(index_sessions(dm), dm.num_items)
@@ -99,8 +99,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
                 pairs[name] = given
                 return real_rows(pipe, given, batch_size)
 
-            patch.setattr(training, "candidate_rows", rows)
-            training.fit_ranker(pipe, valid, scorer)
+            patch.setattr(fitting, "candidate_rows", rows)
+            fitting.fit_ranker(pipe, valid, scorer)
             pipelines[name] = pipe
     built = set(dm._tensors)
     sessions = dm.splits.test.column("item_id").to_pylist()[:60]
@@ -152,7 +152,7 @@ def test_recipe_fit_reads_train_and_valid_only(
 ) -> None:
     dm = world.dm
     requested, ranked = [], []
-    real_tensors, real_sessions, real_pairs, real_fit = dm.tensors, dm.sessions, dm.pairs, training.fit_ranker
+    real_tensors, real_sessions, real_pairs, real_fit = dm.tensors, dm.sessions, dm.pairs, fitting.fit_ranker
 
     def tensors(split):
         requested.append(split)
@@ -173,7 +173,7 @@ def test_recipe_fit_reads_train_and_valid_only(
     monkeypatch.setattr(dm, "tensors", tensors)
     monkeypatch.setattr(dm, "sessions", sessions)
     monkeypatch.setattr(dm, "pairs", pairs)
-    monkeypatch.setattr("sessrec.pipeline.recipe.fit_ranker", fit_ranker)
+    monkeypatch.setattr("sessrec.pipeline_training.recipe.fit_ranker", fit_ranker)
     model = ModelRetrieval(str(world.model_dir), k=30, index="hnsw")
     recipe = small_recipe(world, tmp_path, models={"xlnet": model})
     recipe.fit()
@@ -186,13 +186,13 @@ def test_refit_retrievers_index_the_validation_sessions_once_the_ranker_is_fitte
     world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     dm = world.dm
-    indexed, real_fit = [], training.fit_ranker
+    indexed, real_fit = [], fitting.fit_ranker
 
     def fit_ranker(pipe, pairs, scorer, batch_size=512):
         indexed.append(len(pipe.retrievers["vsknn"][0].sessions))  # the index the ranker's rows come from
         return real_fit(pipe, pairs, scorer, batch_size)
 
-    monkeypatch.setattr("sessrec.pipeline.recipe.fit_ranker", fit_ranker)
+    monkeypatch.setattr("sessrec.pipeline_training.recipe.fit_ranker", fit_ranker)
     recipe = small_recipe(world, tmp_path, refit_retrievers=True)
     fitted = recipe.fit()
     train, both = index_sessions(dm), index_sessions(dm, ("train", "valid"))
@@ -206,7 +206,7 @@ def test_refit_retrievers_index_the_validation_sessions_once_the_ranker_is_fitte
     counts = np.bincount(both[both >= NUM_SPECIAL], minlength=dm.num_items)[: dm.num_items]
     assert np.array_equal(loaded.features.popularity[:, 0], counts)
     test = dm.pairs("test")  # with their event times: the ranker has time features
-    assert training.evaluate_pipeline(loaded, test) == training.evaluate_pipeline(fitted, test)
+    assert fitting.evaluate_pipeline(loaded, test) == fitting.evaluate_pipeline(fitted, test)
     plain = small_recipe(world, tmp_path / "plain").fit()  # the ranker as fitted: the same in both
     assert config_of(plain.scorer) == config_of(fitted.scorer)
     assert np.array_equal(plain.retrievers["vsknn"][0].sessions, train)
@@ -236,7 +236,7 @@ def test_a_blend_ranker_saves_and_loads_with_its_members(world: World, tmp_path:
     features = CandidateFeatures().fit_statistics(index_sessions(dm), dm.num_items)
     pipe = Pipeline(dm.vocab, world.retrievers, max_length=MAX_LENGTH, max_candidates=50, features=features)
     blend = BlendScorer([DLRMScorer(max_epochs=1), GBDTScorer(**GBDT_ARGS)])
-    training.fit_ranker(pipe, replace(dm.pairs("valid"), times=None), blend)  # requests without times
+    fitting.fit_ranker(pipe, replace(dm.pairs("valid"), times=None), blend)  # requests without times
     dlrm = blend.scorers[0]  # its tables span the vocabulary and the cross's buckets, whatever the rows held
     assert (dlrm.rows["item"].vocabulary, dlrm.rows["cross"].vocabulary) == (dm.num_items, features.cross_buckets)
     directory = pipe.save_pretrained(tmp_path / "blend")
@@ -314,7 +314,7 @@ def test_recommend_takes_and_returns_raw_ids(world: World, scorer: str) -> None:
         assert rec["scores"] == sorted(rec["scores"], reverse=True) and all(map(math.isfinite, rec["scores"]))
     # the synthetic transitions are learnable: the ranked lists find most next items of the test day
     # times given, no time features: ignored
-    metrics = training.evaluate_pipeline(pipe, world.dm.pairs("test"), ks=(10,))
+    metrics = fitting.evaluate_pipeline(pipe, world.dm.pairs("test"), ks=(10,))
     assert 0.6 < metrics["recall@10"] <= metrics["candidate_recall"] <= 1.0
     assert 0.2 < metrics["mrr@10"] < metrics["recall@10"]
 
@@ -597,8 +597,8 @@ def test_evaluate_rows_equals_evaluate(world: World, name: str) -> None:
     """Ranking prepared test rows gives exactly the metrics of the end-to-end evaluation."""
     pipe = world.pipelines[name]
     pairs = world.dm.pairs("test")
-    direct = training.evaluate_pipeline(pipe, pairs, (5, 10), batch_size=64)
-    prepared = training.evaluate_rows(pipe, training.candidate_rows(pipe, pairs, 64), (5, 10), batch_size=48)
+    direct = fitting.evaluate_pipeline(pipe, pairs, (5, 10), batch_size=64)
+    prepared = fitting.evaluate_rows(pipe, fitting.candidate_rows(pipe, pairs, 64), (5, 10), batch_size=48)
     assert prepared.keys() == direct.keys()
     for key, value in direct.items():
         assert prepared[key] == pytest.approx(value, abs=1e-9), key
@@ -614,13 +614,13 @@ def test_metrics_do_not_depend_on_the_order_or_the_batching_of_the_test_pairs(wo
     pairs = world.dm.pairs("test")
     shuffled = pairs.take(torch.randperm(len(pairs), generator=torch.Generator().manual_seed(0)))
     assert not torch.equal(shuffled.targets, pairs.targets)
-    base = training.evaluate_pipeline(pipe, pairs, (5, 10), batch_size=64)
+    base = fitting.evaluate_pipeline(pipe, pairs, (5, 10), batch_size=64)
     runs = {
-        "shuffled": training.evaluate_pipeline(pipe, shuffled, (5, 10), batch_size=64),
-        "batch 7": training.evaluate_pipeline(pipe, pairs, (5, 10), batch_size=7),
-        "batch all": training.evaluate_pipeline(pipe, shuffled, (5, 10), batch_size=len(pairs)),
-        "rows shuffled": training.evaluate_rows(pipe, training.candidate_rows(pipe, shuffled, 33), (5, 10), batch_size=11),
-        "rows batch all": training.evaluate_rows(pipe, training.candidate_rows(pipe, pairs, 13), (5, 10), batch_size=len(pairs)),
+        "shuffled": fitting.evaluate_pipeline(pipe, shuffled, (5, 10), batch_size=64),
+        "batch 7": fitting.evaluate_pipeline(pipe, pairs, (5, 10), batch_size=7),
+        "batch all": fitting.evaluate_pipeline(pipe, shuffled, (5, 10), batch_size=len(pairs)),
+        "rows shuffled": fitting.evaluate_rows(pipe, fitting.candidate_rows(pipe, shuffled, 33), (5, 10), batch_size=11),
+        "rows batch all": fitting.evaluate_rows(pipe, fitting.candidate_rows(pipe, pairs, 13), (5, 10), batch_size=len(pairs)),
     }
     for run, metrics in runs.items():
         assert metrics.keys() == base.keys(), run
@@ -692,7 +692,7 @@ def test_pipeline_runs_on_an_explicit_device(world: World, saved: dict[str, Path
     for tensor in (cands.items, *cands.features.values(), scored.scores, recs.items, recs.scores):
         assert tensor.device == cpu
     assert recs.items.tolist() == world.pipelines["dlrm"].recommend_batch(sessions, k=K).items.tolist()
-    assert training.evaluate_pipeline(pipe, pairs) == training.evaluate_pipeline(world.pipelines["dlrm"], pairs)
+    assert fitting.evaluate_pipeline(pipe, pairs) == fitting.evaluate_pipeline(world.pipelines["dlrm"], pairs)
 
 
 def rule_pipeline(world: World, tmp_path: Path) -> Pipeline:
@@ -735,9 +735,9 @@ def test_every_stage_builds_its_tensors_on_the_sessions_device(
         if pipe.ordering.sampling is not None:
             pipe.ordering.sampling = SoftmaxSampling(1.0, seed=3)  # the same samples on each run
         recs = pipe.recommend_batch(RequestSessions(items[:80], now=now.clone()), k=K)
-        rows = training.candidate_rows(pipe, pairs, 64)
-        return (recs.items, recs.scores, training.evaluate_pipeline(pipe, pairs, batch_size=64),
-                training.evaluate_rows(pipe, rows, batch_size=48), training.retrieval_recall(pipe, items, targets, (10, 50)))
+        rows = fitting.candidate_rows(pipe, pairs, 64)
+        return (recs.items, recs.scores, fitting.evaluate_pipeline(pipe, pairs, batch_size=64),
+                fitting.evaluate_rows(pipe, rows, batch_size=48), fitting.retrieval_recall(pipe, items, targets, (10, 50)))
 
     expected = run()
     with torch.device("meta"):
@@ -762,12 +762,12 @@ def test_pipeline_on_cuda_matches_the_cpu(world: World, name: str) -> None:
         pipe = pipes[device] = Pipeline(world.dm.vocab, retrievers, max_length=MAX_LENGTH, max_candidates=50,
                                         features=features, device=device)
         scorer = GBDTScorer(**GBDT_ARGS) if name == "gbdt" else DLRMScorer(max_epochs=2)
-        training.fit_ranker(pipe, valid, scorer)
-        recs = pipe.recommend_batch(training.sessions_of(test.take(slice(0, 80))), k=K)  # with their event times
+        fitting.fit_ranker(pipe, valid, scorer)
+        recs = pipe.recommend_batch(fitting.sessions_of(test.take(slice(0, 80))), k=K)  # with their event times
         assert recs.items.device.type == device and model.built_index()._vectors.device.type == device
         if name == "dlrm":
             assert next(pipe.scorer.network.parameters()).device.type == device
-        out[device] = (recs, training.evaluate_pipeline(pipe, test))
+        out[device] = (recs, fitting.evaluate_pipeline(pipe, test))
     (cpu, cpu_metrics), (_, gpu_metrics) = out["cpu"], out["cuda"]
     # each device's ranker is fitted on its own rows: the session model's scores differ in the last
     # bits on the GPU, which reorders near-tied ranks, so the rows and the fitted rankers differ a
@@ -778,8 +778,8 @@ def test_pipeline_on_cuda_matches_the_cpu(world: World, name: str) -> None:
         # the CPU's ranker (LightGBM runs on the host) served by the CUDA pipeline: the CPU's figures
         # (on an H100: NDCG@10 0.65369 against 0.65354)
         pipes["cuda"].scorer = pipes["cpu"].scorer
-        served = pipes["cuda"].recommend_batch(training.sessions_of(test.take(slice(0, 80))), k=K)
-        for key, value in training.evaluate_pipeline(pipes["cuda"], test).items():
+        served = pipes["cuda"].recommend_batch(fitting.sessions_of(test.take(slice(0, 80))), k=K)
+        for key, value in fitting.evaluate_pipeline(pipes["cuda"], test).items():
             assert value == pytest.approx(cpu_metrics[key], abs=0.005), key
         # near-tied candidates may swap places, shifting the ranks after them (on an H100: 0.93 of the
         # 800 served positions hold the CPU's item, 0.99 of each session's top 10 is the CPU's)

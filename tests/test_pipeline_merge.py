@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from sessrec.pipeline import Candidates, Retrieved, merge
-from sessrec.pipeline.retrieval.base import top_k_dense
+from sessrec.pipeline.retrieval.retriever import top_k_dense
 
 
 def test_merge_orders_by_agreement_and_keeps_each_source():
@@ -87,7 +87,7 @@ def test_top_k_dense_returns_empty_slots_for_minus_inf():
 
 
 def test_list_metrics_count_ties_against_the_target():
-    from sessrec.pipeline.training import list_metrics
+    from sessrec.pipeline_training.fitting import list_metrics
 
     items = torch.tensor([[4, 7, 9, 5], [4, 7, 9, 5], [4, 7, 9, 5], [4, 7, 0, 0]])
     scores = torch.tensor([[3.0, 2.0, 2.0, 1.0], [3.0, 2.0, 1.5, 1.0], [3.0, 2.0, 1.5, 1.5], [3.0, 2.0, -1, -1]])

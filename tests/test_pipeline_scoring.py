@@ -22,9 +22,9 @@ from sessrec.pipeline.scoring import (
     Scorer,
     early_stopping_split,
 )
-from sessrec.pipeline.scoring.blend import standardised
-from sessrec.pipeline.scoring.dlrm import IdRows, rank_gauss, session_relative
-from sessrec.pipeline.scoring.gbdt import SessionRows
+from sessrec.pipeline.scoring.blend_scorer import standardised
+from sessrec.pipeline.scoring.dlrm_scorer import IdRows, rank_gauss, session_relative
+from sessrec.pipeline.scoring.gbdt_scorer import SessionRows
 from sessrec.saved.registry import config_of, instantiate
 
 torch.set_num_threads(1)

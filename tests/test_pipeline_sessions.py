@@ -25,14 +25,14 @@ import torch
 from sessrec.baselines import Popularity
 from sessrec.data import EvalPairs, EventLogSource, Schema, SRGNNSource
 from sessrec.data.sources import SessionSource, SessionSplits
-from sessrec.pipeline import training
+from sessrec.pipeline_training import fitting
 from sessrec.pipeline.candidate_features import CandidateFeatures
 from sessrec.pipeline.candidates import Candidates, RequestSessions
 from sessrec.pipeline.filters import ItemTableFilter
 from sessrec.pipeline.ordering import Ordering, SoftmaxSampling
 from sessrec.pipeline.pipeline import Pipeline
-from sessrec.pipeline.retrieval.baseline import BaselineRetriever
-from sessrec.pipeline.scoring import BlendScorer, DLRMScorer, GBDTScorer, dlrm, early_stopping_split, gbdt
+from sessrec.pipeline.retrieval.baseline_retriever import BaselineRetriever
+from sessrec.pipeline.scoring import BlendScorer, DLRMScorer, GBDTScorer, dlrm_scorer, early_stopping_split, gbdt_scorer
 from sessrec.tasks import SessionDataModule
 
 torch.set_num_threads(1)
@@ -105,7 +105,7 @@ def test_pairs_carry_their_session_and_event_times(dm: SessionDataModule) -> Non
 
 
 def test_whole_sessions_and_their_time_order(dm: SessionDataModule) -> None:
-    from sessrec.pipeline.recipe import index_sessions
+    from sessrec.pipeline_training.recipe import index_sessions
 
     encode = lambda raw: dm.vocab.encode(pa.array(raw)).ids.tolist()
     valid = dm.sessions("valid")  # one row per session, its last MAX_LENGTH events, right-aligned
@@ -151,16 +151,16 @@ def test_pairs_times_come_from_an_event_log_and_are_none_without(tmp_path: Path)
 def test_ranker_rows_keep_the_filled_slots_only(dm: SessionDataModule) -> None:
     pipe = pipeline(dm, max_candidates=10)  # 8 items: two empty slots in every row
     pairs = dm.pairs("valid", "all_prefixes")
-    data = training.candidate_rows(pipe, pairs, batch_size=5)
+    data = fitting.candidate_rows(pipe, pairs, batch_size=5)
     assert data.valid.shape == (len(pairs), 10) and int(data.valid.sum()) == len(data.items) == 8 * len(pairs)
     assert data.items.dtype == torch.int32 and data.labels.dtype == torch.bool
     assert all(v.dtype == torch.float32 and v.shape == data.items.shape for v in data.raw.values())
     # a block of rows (across the batches they were built in) is what the pipeline computes for those pairs
     sessions, cands, raw, labels = data.block(7, 12)
     part = pairs.take(slice(7, 12))
-    again = pipe.candidates(training.sessions_of(part))
+    again = pipe.candidates(fitting.sessions_of(part))
     assert torch.equal(cands.items, again.items) and torch.equal(sessions.times, part.times)
-    grids = pipe.features.raw(training.sessions_of(part), again, pipe.stage_retrievers)
+    grids = pipe.features.raw(fitting.sessions_of(part), again, pipe.stage_retrievers)
     assert raw.keys() == grids.keys() and "session_duration" in raw
     for name, grid in grids.items():
         assert torch.equal(raw[name], grid[again.valid].float()), name
@@ -175,11 +175,11 @@ def test_target_encoding_and_early_stopping_go_by_session(
 ) -> None:
     pairs = dm.pairs("valid", "all_prefixes")
     pipe = pipeline(dm)
-    data = training.candidate_rows(pipe, pairs, batch_size=5)
+    data = fitting.candidate_rows(pipe, pairs, batch_size=5)
     assert data.coverage == 1.0
     seen: dict = {}
-    module, scorer = (gbdt, GBDTScorer(max_rounds=3, min_data_in_leaf=1, threads=1, stop_fraction=0.3)) if name == "gbdt" \
-        else (dlrm, DLRMScorer(max_epochs=1, stop_fraction=0.3))
+    module, scorer = (gbdt_scorer, GBDTScorer(max_rounds=3, min_data_in_leaf=1, threads=1, stop_fraction=0.3)) if name == "gbdt" \
+        else (dlrm_scorer, DLRMScorer(max_epochs=1, stop_fraction=0.3))
     real_split, real_fit = module.early_stopping_split, type(scorer).fit
 
     def split(labels, fraction, seed, groups=None):
@@ -192,7 +192,7 @@ def test_target_encoding_and_early_stopping_go_by_session(
 
     monkeypatch.setattr(module, "early_stopping_split", split)
     monkeypatch.setattr(type(scorer), "fit", fit)
-    training.fit_on(pipe, data, scorer)
+    fitting.fit_on(pipe, data, scorer)
     rows, labels = seen["inputs"], seen["labels"]
     inputs = rows.inputs(torch.arange(len(rows)))  # what the scorer reads, a chunk of pairs at a time
     assert torch.equal(rows.groups, pairs.sessions) and torch.equal(inputs.groups, pairs.sessions)
@@ -237,12 +237,12 @@ def test_chunked_rows_are_the_rows_of_the_whole_grid(dm: SessionDataModule) -> N
     out-of-fold target encoding included."""
     pairs = dm.pairs("valid", "all_prefixes")
     pipe = pipeline(dm)
-    data = training.candidate_rows(pipe, pairs, batch_size=5)
+    data = fitting.candidate_rows(pipe, pairs, batch_size=5)
     sessions, cands, raw, labels = data.block(0, len(data))
     whole = pipe.features.fit_transform(sessions, cands, raw, labels, groups=pairs.sessions)
     fitted = pipe.features.fit(sessions, cands, raw, labels, groups=pairs.sessions)
     assert list(fitted) == ["item_target"] and fitted["item_target"].shape == (int(data.valid.sum()),)
-    rows = training.FeatureRows(pipe, data, fitted, chunk=3)
+    rows = fitting.FeatureRows(pipe, data, fitted, chunk=3)
     order = torch.tensor([7, 0, 12, 3, 3, 20, 1])
     got = rows.inputs(order)
     assert rows.names == whole.names and rows.cardinality == whole.cardinality
@@ -261,7 +261,7 @@ def test_fit_in_small_chunks_scores_as_in_one(dm: SessionDataModule, name: str) 
     scores = []
     for chunk in (3, len(pairs), None):  # None: one whole RankingInputs, as the scorers take it from a caller
         pipe = pipeline(dm)
-        data = training.candidate_rows(pipe, pairs, batch_size=5)
+        data = fitting.candidate_rows(pipe, pairs, batch_size=5)
         if chunk is None:
             sessions, cands, raw, labels = data.block(0, len(data))
             inputs = pipe.features.fit_transform(sessions, cands, raw, labels, groups=pairs.sessions)
@@ -269,8 +269,8 @@ def test_fit_in_small_chunks_scores_as_in_one(dm: SessionDataModule, name: str) 
             grid[data.valid] = labels.float()
             pipe.scorer = small_scorer(name).fit(inputs, grid)
         else:
-            training.fit_on(pipe, data, small_scorer(name), chunk=chunk)
-        rows = training.candidate_rows(pipe, test, batch_size=5)
+            fitting.fit_on(pipe, data, small_scorer(name), chunk=chunk)
+        rows = fitting.candidate_rows(pipe, test, batch_size=5)
         sessions, cands, raw, _ = rows.block(0, len(rows))
         scores.append(pipe.scorer.score(pipe.features.transform(sessions, cands, {}, raw)))
     assert torch.isfinite(scores[0]).any()
@@ -284,17 +284,17 @@ def test_fit_in_small_chunks_scores_as_in_one(dm: SessionDataModule, name: str) 
 def test_the_fit_never_asks_for_more_than_a_chunk(dm: SessionDataModule, monkeypatch: pytest.MonkeyPatch) -> None:
     pairs = dm.pairs("valid", "all_prefixes")
     pipe = pipeline(dm)
-    data = training.candidate_rows(pipe, pairs, batch_size=5)
+    data = fitting.candidate_rows(pipe, pairs, batch_size=5)
     asked: list[int] = []
-    real = training.FeatureRows._build
+    real = fitting.FeatureRows._build
 
     def counted(self, rows):
         asked.append(len(rows))
         return real(self, rows)
 
-    monkeypatch.setattr(training.FeatureRows, "_build", counted)
+    monkeypatch.setattr(fitting.FeatureRows, "_build", counted)
     blend = BlendScorer([small_scorer("dlrm"), small_scorer("gbdt")])  # DLRM batches of 4 sessions, bins over all
-    training.fit_on(pipe, data, blend, chunk=3)
+    fitting.fit_on(pipe, data, blend, chunk=3)
     assert max(asked) == 3 and sum(asked) > 3 * len(pairs)  # every member read the rows, 3 pairs at a time at most
 
 
@@ -315,11 +315,11 @@ def test_early_stopping_split_by_group_by_hand() -> None:
 def test_times_become_ranker_features_and_are_required_once_fitted(dm: SessionDataModule) -> None:
     pipe = pipeline(dm)
     pairs = dm.pairs("valid", "all_prefixes")
-    info = training.fit_ranker(pipe, pairs, GBDTScorer(max_rounds=3, min_data_in_leaf=1, threads=1))
+    info = fitting.fit_ranker(pipe, pairs, GBDTScorer(max_rounds=3, min_data_in_leaf=1, threads=1))
     cyclic = ["time_hour_cos", "time_hour_sin", "time_weekday_cos", "time_weekday_sin"]
     assert {"session_duration", *cyclic} <= set(info["features"])
     # row 0: session 0's prefix of four events, a minute apart, the last at 06:03 on Tuesday
-    sessions = training.sessions_of(pairs.take(slice(0, 1)))
+    sessions = fitting.sessions_of(pairs.take(slice(0, 1)))
     cands = pipe.candidates(sessions)
     inputs = pipe.features.transform(sessions, cands, pipe.stage_retrievers)
     value = dict(zip(inputs.names, inputs.dense[0, 0].tolist()))
@@ -328,7 +328,7 @@ def test_times_become_ranker_features_and_are_required_once_fitted(dm: SessionDa
     assert value["time_hour_sin"] == pytest.approx(math.sin(2 * math.pi * hour / 24), abs=1e-6)
     assert value["time_weekday_cos"] == pytest.approx(math.cos(2 * math.pi * weekday / 7), abs=1e-6)
     # the test pairs are scored with their times (`evaluate_pipeline`, as `PipelineRecipe.test`)
-    metrics = training.evaluate_pipeline(pipe, dm.pairs("test"), ks=(3,))
+    metrics = fitting.evaluate_pipeline(pipe, dm.pairs("test"), ks=(3,))
     assert metrics["candidate_recall"] == 1.0
     # without times the fitted ranker refuses, in one line naming what it needs
     with pytest.raises(ValueError, match=r"fitted with time features \(session_duration, time_hour_cos, .*\): give every session's event times") as err:
@@ -346,11 +346,11 @@ def test_a_ranker_fitted_without_times_ignores_them(dm: SessionDataModule) -> No
     pipe = pipeline(dm)
     untimed = dm.pairs("valid", "all_prefixes")
     untimed = EvalPairs(untimed.items, untimed.targets, untimed.sessions)
-    names = training.fit_ranker(pipe, untimed, GBDTScorer(max_rounds=3, min_data_in_leaf=1, threads=1))["features"]
+    names = fitting.fit_ranker(pipe, untimed, GBDTScorer(max_rounds=3, min_data_in_leaf=1, threads=1))["features"]
     assert not [n for n in names if n.startswith("time_") or n == "session_duration"]
     test = dm.pairs("test")
     without = EvalPairs(test.items, test.targets, test.sessions)
-    assert training.evaluate_pipeline(pipe, test, ks=(3,)) == training.evaluate_pipeline(pipe, without, ks=(3,))
+    assert fitting.evaluate_pipeline(pipe, test, ks=(3,)) == fitting.evaluate_pipeline(pipe, without, ks=(3,))
 
 
 def test_rule_windows_hold_at_the_pairs_times(dm: SessionDataModule, tmp_path: Path) -> None:
@@ -361,7 +361,7 @@ def test_rule_windows_hold_at_the_pairs_times(dm: SessionDataModule, tmp_path: P
     pq.write_table(pa.table({"item_id": [13], "valid_from": [start], "valid_to": [start + 2 * 3600.0]}), table)
     pipe = pipeline(dm, filters=[ItemTableFilter(str(table))])
     pairs = dm.pairs("valid", "all_prefixes")
-    data = training.candidate_rows(pipe, pairs)
+    data = fitting.candidate_rows(pipe, pairs)
     _, cands, _, _ = data.block(0, len(data))
     denied = int(dm.vocab.encode(pa.array([13])).ids[0])
     has = (cands.items == denied).any(dim=1)
@@ -369,7 +369,7 @@ def test_rule_windows_hold_at_the_pairs_times(dm: SessionDataModule, tmp_path: P
     assert (ends < start + 2 * 3600).any() and (ends >= start + 2 * 3600).any()
     assert has.tolist() == (ends >= start + 2 * 3600).tolist()
     untimed = EvalPairs(pairs.items, pairs.targets, pairs.sessions)
-    assert not training.candidate_rows(pipe, untimed).block(0, len(pairs))[1].items.eq(denied).any()
+    assert not fitting.candidate_rows(pipe, untimed).block(0, len(pairs))[1].items.eq(denied).any()
 
 
 # --------------------------------------------------------------------------------- the served order
@@ -379,10 +379,10 @@ def test_list_metrics_rank_by_the_served_position() -> None:
     scores = torch.tensor([[3.0, 1.0, 2.0, 0.5], [3.0, 2.0, 2.0, 0.5], [3.0, 2.0, 2.0, 2.0]])
     # in score order: row 0 is not (9 outscored twice: rank 3), row 1 ties 9 with 7 (ties count against it:
     # rank 3), row 2 is full and 9 ties its last entry (unlisted items may tie too: a miss)
-    out = training.list_metrics(recommended, scores, targets, ks=[2, 3])
+    out = fitting.list_metrics(recommended, scores, targets, ks=[2, 3])
     assert out["recall@2"] == 0.0 and out["recall@3"] == 2.0 and out["mrr@3"] == pytest.approx(2 / 3)
     # served in another order (sampled): the positions 2, 3 and 4, whatever the scores
-    out = training.list_metrics(recommended, scores, targets, ks=[2, 3], by_score=False)
+    out = fitting.list_metrics(recommended, scores, targets, ks=[2, 3], by_score=False)
     assert out["recall@2"] == 1.0 and out["mrr@2"] == pytest.approx(0.5)
     assert out["recall@3"] == 2.0 and out["mrr@3"] == pytest.approx(0.5 + 1 / 3)
     assert out["ndcg@3"] == pytest.approx(1 / math.log2(3) + 1 / math.log2(4))
@@ -393,12 +393,12 @@ def test_list_metrics_rank_by_the_served_position() -> None:
 def test_evaluation_ranks_what_a_sampling_ordering_served(dm: SessionDataModule) -> None:
     pairs = dm.pairs("valid", "all_prefixes")
     sampled = lambda: Ordering(sampling=SoftmaxSampling(temperature=50.0, seed=3))  # noqa: E731 - a fresh, seeded sampler
-    metrics = training.evaluate_pipeline(pipeline(dm, ordering=sampled()), pairs, ks=(2, 5), batch_size=6)
+    metrics = fitting.evaluate_pipeline(pipeline(dm, ordering=sampled()), pairs, ks=(2, 5), batch_size=6)
     by_hand = pipeline(dm, ordering=sampled())  # the same samples, batch by batch
     served, unsorted = [], 0
     for lo in range(0, len(pairs), 6):
         part = pairs.take(slice(lo, lo + 6))
-        sessions = training.sessions_of(part)
+        sessions = fitting.sessions_of(part)
         cands = by_hand.score(sessions, by_hand.candidates(sessions))
         recs = by_hand.ordering.order(sessions, cands, 6)
         for items, scores, target in zip(recs.items.tolist(), recs.scores.tolist(), part.targets.tolist()):

@@ -30,9 +30,9 @@ from fastapi.testclient import TestClient
 from sessrec.data.schema import Schema, SchemaError
 from sessrec.data.stream import ScoringStream
 from sessrec.data.vocab import ItemVocab
-from sessrec.deploy import server
-from sessrec.deploy.recommender import join_sessions
-from sessrec.deploy.server import build_app
+from sessrec.serving import server
+from sessrec.serving.recommender import join_sessions
+from sessrec.serving.server import build_app
 from sessrec.pipeline import clock, offline
 from sessrec.pipeline.candidate_features import CandidateFeatures
 from sessrec.pipeline.candidates import RequestSessions

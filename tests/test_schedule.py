@@ -11,7 +11,7 @@ from sessrec.artifacts import SessionRecommender
 from sessrec.data.vocab import ItemVocab
 from sessrec.models import XLNetEncoder
 from sessrec.tasks import BaselineTask, Evaluation, NextItemTask, Optimization, Schedule, next_item
-from sessrec.tasks.pretrained import best_of_run
+from sessrec.tasks.checkpointing import best_of_run
 
 
 def tiny_task(**kw) -> NextItemTask:

@@ -1,4 +1,4 @@
-"""The HTTP server (`sessrec.deploy.server`) on a tiny co-visitation pipeline, in process.
+"""The HTTP server (`sessrec.serving.server`) on a tiny co-visitation pipeline, in process.
 
 The pipeline: `SyntheticSource` sessions (60 items, int64 raw ids), a `CoVisitation` retriever
 fitted on the training split, no ranker. Requests go through FastAPI's TestClient (the app's
@@ -27,11 +27,11 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from sessrec.data import SyntheticSource
-from sessrec.deploy import server
-from sessrec.deploy.batching import Pace
-from sessrec.deploy.recommender import SessionModelService, join_sessions
-from sessrec.deploy.request import Limits
-from sessrec.deploy.server import Overload, Served, build_app, serve
+from sessrec.serving import server
+from sessrec.serving.batching import Pace
+from sessrec.serving.recommender import SessionModelService, join_sessions
+from sessrec.serving.request import Limits
+from sessrec.serving.server import Overload, Served, build_app, serve
 from sessrec.models import MaskedItemModeling, XLNetEncoder
 from sessrec.pipeline.pipeline import Pipeline
 from sessrec.pipeline.retrieval.covisitation import CoVisitation

@@ -300,9 +300,9 @@ def test_a_retrain_promotion_killed_at_random_moments_keeps_record_pointer_and_m
     import signal
     import time
 
-    from sessrec.deploy.gate import Gate
-    from sessrec.deploy.pairs import PairRanks
-    from sessrec.deploy.retrain import Standing, settle
+    from sessrec.lifecycle.gate import Gate
+    from sessrec.lifecycle.paired_ranks import PairRanks
+    from sessrec.lifecycle.retrain import Standing, settle
 
     rng = np.random.default_rng(0)
     n = 2000

@@ -6,7 +6,7 @@ they run inside `sessrec.tasks.BaselineTask`:
 ``sessrec test --config recipes/data/diginetica.yaml --config recipes/model/vsknn.yaml``.
 """
 
-from sessrec.baselines.base import SessionBaseline
+from sessrec.baselines.baseline import SessionBaseline
 from sessrec.baselines.popularity import Popularity
 from sessrec.baselines.stan import STAN
 from sessrec.baselines.vsknn import VSKNN

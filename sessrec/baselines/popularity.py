@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from sessrec.baselines.base import SessionBaseline
+from sessrec.baselines.baseline import SessionBaseline
 from sessrec.data.vocab import NUM_SPECIAL
 
 

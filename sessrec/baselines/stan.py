@@ -39,7 +39,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from sessrec.baselines.base import SessionBaseline
+from sessrec.baselines.baseline import SessionBaseline
 from sessrec.baselines.knn import SessionIndex, dense_scores, session_items, sum_over_bits, top_k
 
 

@@ -42,7 +42,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from sessrec.baselines.base import SessionBaseline
+from sessrec.baselines.baseline import SessionBaseline
 from sessrec.baselines.knn import SessionIndex, dense_scores, session_items, sum_over_bits, top_k
 
 Weighting = Literal["same", "div", "linear", "quadratic", "log"]

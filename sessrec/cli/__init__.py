@@ -5,7 +5,7 @@
     sessrec test --config <recipe> [--model_dir M]               test metrics of a trained model, or of a pipeline end to end
     sessrec predict --config <data recipe> --model_dir M ...     top-k items for sessions of --data.predict_path (parquet)
     sessrec recommend --config <pipeline recipe> --input_path F a pipeline's top-k for a file of sessions (--output)
-    sessrec serve --model_dir D                                  HTTP recommendations (`sessrec.deploy.server`)
+    sessrec serve --model_dir D                                  HTTP recommendations (`sessrec.serving.server`)
     sessrec export --model_dir M --format ...                    ONNX, TorchScript or a Triton repository
     sessrec retrain --config <retrain recipe> ...                one warm-start turn with its quality gate
     sessrec rollback --model_dir D [--to VERSION]                an earlier version of D current again
@@ -48,7 +48,7 @@ def pipeline_cli(args: list[str]) -> object:
     """``sessrec fit|test|recommend`` on a pipeline recipe; returns what the subcommand returns."""
     from sessrec.cli.parsers import config_paths, parse, recipe_parser
     from sessrec.pipeline.offline import recommend_file
-    from sessrec.pipeline.recipe import PipelineRecipe
+    from sessrec.pipeline_training.recipe import PipelineRecipe
 
     command, rest = args[0], args[1:]
     parser = recipe_parser(prog=f"sessrec {command}")
@@ -106,9 +106,9 @@ def _raised_in(err: BaseException, package: str) -> bool:
 
 def retrain_cli(args: list[str]) -> object:
     """``sessrec retrain``: one warm-start turn with its quality gate, for the session model or the DLRM
-    that ``--model_dir`` holds (`sessrec.deploy.retrain.retrain` / `retrain_dlrm`)."""
+    that ``--model_dir`` holds (`sessrec.lifecycle.retrain.retrain` / `retrain_dlrm`)."""
     from sessrec.cli.parsers import config_value, function_command, parse
-    from sessrec.deploy.retrain import retrain, retrain_dlrm, summary
+    from sessrec.lifecycle.retrain import retrain, retrain_dlrm, summary
 
     turn = retrain_dlrm if _model_kind(config_value(args, "model_dir")) == "ClickRanker" else retrain
     parser = function_command(turn, "sessrec retrain")
@@ -140,7 +140,7 @@ def _model_kind(model_dir: object) -> str:
 def serve_cli(args: list[str]) -> None:
     """``sessrec serve --model_dir <dir>``: HTTP recommendations from a model or pipeline directory."""
     from sessrec.cli.parsers import function_command, parse
-    from sessrec.deploy.server import serve
+    from sessrec.serving.server import serve
 
     parser = function_command(serve, "sessrec serve")
     cfg = parse(parser, args, owner=serve).as_dict()
@@ -169,11 +169,11 @@ def export(
     Returns:
         The file or repository written.
     """
-    from sessrec.deploy.export import export_model_dir
+    from sessrec.lifecycle.export import export_model_dir
 
     if format == "triton":
         from sessrec.artifacts import load_artifact
-        from sessrec.deploy.triton import triton_repository
+        from sessrec.lifecycle.triton import triton_repository
 
         return str(triton_repository(load_artifact(model_dir), out, name, max_batch_size, top_k=top_k))
     return str(export_model_dir(model_dir, out, format, top_k=top_k))

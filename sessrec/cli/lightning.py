@@ -10,7 +10,7 @@ unless the recipe names another, e.g. ``class_path: sessrec.tasks.ClickoutDataMo
     sessrec predict --config recipes/xlnet_mlm_diginetica.yaml --model_dir runs/xlnet_mlm_diginetica/model \\
                     --data.predict_path sessions.parquet [--scoring.output recs.parquet]
 
-A pipeline recipe (one top-level ``pipeline:`` block, `sessrec.pipeline.PipelineRecipe`) runs the
+A pipeline recipe (one top-level ``pipeline:`` block, `sessrec.pipeline_training.PipelineRecipe`) runs the
 four-stage pipeline instead of a Lightning task:
 
     sessrec fit       --config recipes/pipeline_rsc15.yaml      # ranker on the validation sessions
@@ -67,7 +67,7 @@ from sessrec.cli.parsers import config_paths, read_config
 from sessrec.saved.checkpoint import checkpoint_summary
 from sessrec.tasks import DLRMTask, LastCheckpoint, NextItemTask, TopKWriter
 from sessrec.tasks.callbacks import MetricHistory, PredictProgress
-from sessrec.tasks.pretrained import best_of_run, plain_hparams
+from sessrec.tasks.checkpointing import best_of_run, plain_hparams
 from sessrec.tasks.restore import merge_with_model, task_class
 
 EVALUATING = ("validate", "test", "predict")  # subcommands that evaluate or run a trained model

@@ -66,8 +66,8 @@ def parse(parser: ArgumentParser, args: list[str], owner: Callable[..., Any] | N
 
 def recipe_parser(prog: str = "sessrec") -> ArgumentParser:
     """The parser of a pipeline recipe: ``--config`` and the ``pipeline.*`` arguments of
-    `sessrec.pipeline.PipelineRecipe`, typed."""
-    from sessrec.pipeline.recipe import PipelineRecipe
+    `sessrec.pipeline_training.PipelineRecipe`, typed."""
+    from sessrec.pipeline_training.recipe import PipelineRecipe
 
     parser = command_parser(prog, "a pipeline recipe: its retrievers, filters, features, ranker and ordering")
     parser.add_class_arguments(PipelineRecipe, "pipeline", instantiate=True)
@@ -75,8 +75,8 @@ def recipe_parser(prog: str = "sessrec") -> ArgumentParser:
 
 
 def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Any:
-    """The `sessrec.pipeline.PipelineRecipe` of a recipe file, with ``--pipeline.<key> value`` overrides."""
-    from sessrec.pipeline.recipe import PipelineRecipe
+    """The `sessrec.pipeline_training.PipelineRecipe` of a recipe file, with ``--pipeline.<key> value`` overrides."""
+    from sessrec.pipeline_training.recipe import PipelineRecipe
 
     parser = recipe_parser()
     cfg = parse(parser, ["--config", str(path), *(overrides or [])], roots={"pipeline": PipelineRecipe})

@@ -2,7 +2,7 @@
 
 Each config builds, from the tables, a module that maps `SparseFeatures` to the pooled embedding of
 every feature, stacked: (B, F, D), in the tables' feature order. All four modules expose what a
-`sessrec.models.DLRM`, its export (`sessrec.deploy.export`) and TorchRec's sharding read:
+`sessrec.models.DLRM`, its export (`sessrec.lifecycle.export`) and TorchRec's sharding read:
 
 - ``embedding_dim`` (D), ``feature_names`` (the F features in output order), ``table_of``
   (feature -> table name) and ``pooling`` (table name -> ``sum`` / ``mean``);
@@ -14,7 +14,7 @@ config             module                     the tables
 `FusedTables`      `SparseArch`               one fused weight per width; ``optimizer`` ``none``: parameters of
                                               the dense optimizer, else updated in backward (SGD, row-wise Adagrad)
 `DynamicTables`    `DynamicSparseArch`        grow with new ids, evict the least used rows past ``max_rows``
-                                              (what `sessrec.deploy.retrain.retrain_dlrm` warm-starts)
+                                              (what `sessrec.lifecycle.retrain.retrain_dlrm` warm-starts)
 `HybridTables`     `HybridSparseArch`         the ``num_hot`` first ids of each table on the model's device,
                                               the rest in host memory (`HybridEmbeddingBag`)
 `TorchRecTables`   `TorchRecSparseArch`       TorchRec's ``EmbeddingBagCollection`` (the ``torchrec`` extra),
@@ -124,7 +124,7 @@ class DynamicSparseArch(_Stacked):
     stay as they are, the new one starts from the table's seeded initialisation); past `max_rows`
     rows the least used ones are evicted and reused. In eval mode an unseen id adds nothing to its
     bag. This is what lets a trained DLRM be retrained on a catalogue that has grown since
-    (`sessrec.deploy.retrain`) with no rebuild of its tables.
+    (`sessrec.lifecycle.retrain`) with no rebuild of its tables.
 
     Args:
         tables: the tables (all of width D); ``num_embeddings`` is each table's initial capacity.

@@ -28,7 +28,7 @@ from sessrec.features.ops import (
     NotFittedError,
     TargetEncoding,
 )
-from sessrec.features.pipeline import FeaturePipeline
+from sessrec.features.feature_pipeline import FeaturePipeline
 from sessrec.features.side_transform import SideFeatureTransform
 from sessrec.features.time import (
     CyclicTime,

@@ -23,7 +23,7 @@ from sessrec.data import frame
 from sessrec.data.schema import SchemaError
 from sessrec.data.side import POSITION, SideFeatures, SideInfoSpec
 from sessrec.features.ops import Categorify, LogNormalize
-from sessrec.features.pipeline import FeaturePipeline, op_signatures
+from sessrec.features.feature_pipeline import FeaturePipeline, op_signatures
 from sessrec.saved.checkpoint import as_arrays, file_bytes
 from sessrec.saved.registry import config_of
 

@@ -10,7 +10,7 @@ from sessrec.models.causal_lm import CausalLanguageModeling
 from sessrec.models.dlrm import DLRM, DCNv2Arch, DenseArch, InteractionArch, OverArch, SparseArch
 from sessrec.models.dropout import FastDropout, use_fast_dropout
 from sessrec.models.electra import ElectraEncoder
-from sessrec.models.ensemble import SessionEnsemble
+from sessrec.models.session_ensemble import SessionEnsemble
 from sessrec.models.gpt2 import GPT2Encoder
 from sessrec.models.gru4rec import GRU4RecEncoder
 from sessrec.models.hf_encoder import HFEncoder

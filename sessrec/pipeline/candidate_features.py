@@ -54,7 +54,7 @@ from sessrec.features import (
     TargetEncoding,
 )
 from sessrec.pipeline.candidates import Candidates, RequestSessions
-from sessrec.pipeline.retrieval.base import Retriever
+from sessrec.pipeline.retrieval.retriever import Retriever
 from sessrec.saved.registry import Configurable, instantiate
 
 GROUPS = ("retrievers", "popularity", "session", "covisitation", "context", "time", "encodings", "ids")

@@ -3,12 +3,12 @@ writing), the typed parts of a task's config (`Optimization`, `Schedule`, `Evalu
 Lightning data modules (`SessionDataModule` for session tasks, `ClickoutDataModule` for `DLRMTask`)."""
 
 from sessrec.metrics import RankingMetrics
-from sessrec.tasks.baseline import BaselineTask
+from sessrec.tasks.baseline_task import BaselineTask
 from sessrec.tasks.callbacks import LastCheckpoint, TopKWriter
 from sessrec.tasks.clickout_data import ClickoutDataModule
-from sessrec.tasks.ensemble import EnsembleTask
+from sessrec.tasks.ensemble_task import EnsembleTask
 from sessrec.tasks.next_item import NextItemTask, TopK
-from sessrec.tasks.ranking import DLRMTask
+from sessrec.tasks.dlrm_task import DLRMTask
 from sessrec.tasks.session_data import SessionDataModule
 from sessrec.tasks.settings import Evaluation, Optimization, Schedule
 from sessrec.tasks.sharded import TorchRecStrategy

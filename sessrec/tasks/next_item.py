@@ -30,7 +30,7 @@ from sessrec.saved.registry import config_of, instantiate, register
 from sessrec.tasks.distillation import Teachers, check_student
 from sessrec.tasks.losses import CatalogueLoss, FullSoftmax
 from sessrec.tasks.optim import adamw
-from sessrec.tasks.pretrained import Pretrained
+from sessrec.tasks.checkpointing import Pretrained
 from sessrec.tasks.settings import Distillation, Evaluation, Optimization, Schedule
 
 PARTS = ("optimization", "schedule", "evaluation", "distillation")  # the typed parts of the config, as plain data in hparams

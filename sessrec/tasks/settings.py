@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
-from sessrec.models.ensemble import check_weights
+from sessrec.models.session_ensemble import check_weights
 from sessrec.saved.registry import instantiate, register
 
 Part = TypeVar("Part", bound="_Part")  # typing.Self needs Python 3.11

@@ -44,10 +44,10 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from sessrec.baselines.base import _as_ids
+from sessrec.baselines.baseline import _as_ids
 from sessrec.data.vocab import NUM_SPECIAL
 from sessrec.pipeline.candidates import RequestSessions, Retrieved
-from sessrec.pipeline.retrieval.base import Retriever
+from sessrec.pipeline.retrieval.retriever import Retriever
 
 Direction = Literal["forward", "both"]
 _FITS = itertools.count()  # numbers each fitted matrix: its products' key in `RequestSessions.cache`

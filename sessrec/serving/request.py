@@ -12,7 +12,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from sessrec.deploy.recommender import Recommender
+from sessrec.serving.recommender import Recommender
 from sessrec.pipeline.candidates import RequestSessions
 from sessrec.pipeline.clock import check_seconds
 

@@ -38,14 +38,14 @@ from sessrec.pipeline.candidate_features import CandidateFeatures
 from sessrec.pipeline.filters import ItemTableFilter, SeenItemsFilter
 from sessrec.pipeline.ordering import Ordering
 from sessrec.pipeline.pipeline import Pipeline
-from sessrec.pipeline.progress import Stages
-from sessrec.pipeline.retrieval.base import Retriever
-from sessrec.pipeline.retrieval.baseline import BaselineRetriever
+from sessrec.pipeline_training.progress import Stages
+from sessrec.pipeline.retrieval.retriever import Retriever
+from sessrec.pipeline.retrieval.baseline_retriever import BaselineRetriever
 from sessrec.pipeline.retrieval.covisitation import CoVisitation
 from sessrec.pipeline.retrieval.index import ExactIndex, FaissIndex
-from sessrec.pipeline.retrieval.session_model import SessionModelRetriever
+from sessrec.pipeline.retrieval.session_model_retriever import SessionModelRetriever
 from sessrec.pipeline.scoring import BlendScorer, DLRMScorer, GBDTScorer
-from sessrec.pipeline.training import evaluate_pipeline, fit_ranker
+from sessrec.pipeline_training.fitting import evaluate_pipeline, fit_ranker
 from sessrec.saved import versions
 from sessrec.tasks.session_data import SessionDataModule
 

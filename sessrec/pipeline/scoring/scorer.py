@@ -22,7 +22,7 @@ class RankerRows:
     What is known of all B sessions at once is small: their `valid` slots, `groups`, the feature
     `names` and `cardinality`; `inputs` builds the features of the sessions asked for, and a
     subclass decides how (`InputRows`: rows of one `RankingInputs`;
-    `sessrec.pipeline.training.FeatureRows`: from the compact candidate rows, so that no grid of
+    `sessrec.pipeline_training.fitting.FeatureRows`: from the compact candidate rows, so that no grid of
     all sessions' features exists).
 
     Args:

@@ -27,7 +27,7 @@ from sessrec.data import frame
 from sessrec.metrics import RankingMetrics, TopKMetrics, clicked_ranks, rank_values, target_ranks
 from sessrec.tasks import NextItemTask
 from sessrec.tasks.next_item import next_item_scores
-from sessrec.tasks.ranking import DLRMTask
+from sessrec.tasks.dlrm_task import DLRMTask
 from sessrec.tasks.session_data import SessionDataModule
 
 if TYPE_CHECKING:
@@ -74,7 +74,7 @@ class PairRanks:
         if metric in self.metrics and len(values) and abs(values.mean() - self.metrics[metric]) > AGREEMENT:
             raise RuntimeError(
                 f"the per-pair {metric} averages {values.mean():.7f} but the task's metric is {self.metrics[metric]:.7f}: "
-                "sessrec.deploy.pairs and the metric class compute it differently"
+                "sessrec.lifecycle.paired_ranks and the metric class compute it differently"
             )
         return values
 

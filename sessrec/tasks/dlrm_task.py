@@ -28,7 +28,7 @@ from sessrec.embeddings.host_memory import retain_freed_memory
 from sessrec.metrics import RankingMetrics
 from sessrec.models.dlrm import DLRM
 from sessrec.saved.registry import config_of, register
-from sessrec.tasks.pretrained import Pretrained
+from sessrec.tasks.checkpointing import Pretrained
 from sessrec.tasks.settings import DLRMNetwork, Evaluation, Optimization
 
 PARTS = ("network", "sparse", "optimization", "evaluation")  # DLRMTask's typed parts, as plain data in hparams
@@ -59,7 +59,7 @@ class DLRMTask(Pretrained, pl.LightningModule):
             (with ``optimizer`` ``adagrad_rowwise`` or ``sgd`` the tables are updated by the fused
             update during backward, never seen by the dense optimizer; with ``none`` they are plain
             parameters of the dense optimizer), `DynamicTables` (tables that grow with new ids:
-            what `sessrec.deploy.retrain.retrain_dlrm` warm-starts on a grown vocabulary),
+            what `sessrec.lifecycle.retrain.retrain_dlrm` warm-starts on a grown vocabulary),
             `HybridTables` (hot rows on the device, the rest in host memory) or `TorchRecTables`
             (which `sessrec.tasks.TorchRecStrategy` shards across processes).
         optimization: the dense optimizer, AdamW (`Optimization`): of the MLPs, and of the tables

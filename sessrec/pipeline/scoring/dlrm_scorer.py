@@ -36,7 +36,7 @@ from sessrec.embeddings import TableConfig
 from sessrec.embeddings.jagged import SparseFeatures
 from sessrec.models.dlrm import DLRM
 from sessrec.pipeline.candidate_features import RankingInputs
-from sessrec.pipeline.scoring.base import InputRows, RankerRows, Scorer, early_stopping_split, mrr_of
+from sessrec.pipeline.scoring.scorer import InputRows, RankerRows, Scorer, early_stopping_split, mrr_of
 
 TABLES = {"item": ("item", "last_item"), "cross": ("cross",)}  # table -> the sparse features looked up in it
 QUANTILES = 256

@@ -18,7 +18,7 @@ import torch
 
 from sessrec.baselines import SessionBaseline
 from sessrec.pipeline.candidates import RequestSessions, Retrieved
-from sessrec.pipeline.retrieval.base import Retriever, top_k_dense
+from sessrec.pipeline.retrieval.retriever import Retriever, top_k_dense
 
 
 class BaselineRetriever(Retriever):

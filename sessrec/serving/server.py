@@ -41,7 +41,7 @@ separate worker process, so one bad request fails every request of its batch, an
 several sessions is one batch element.
 
 Example (then ``curl -s localhost:8000/recommend -d '{"session": [214536502, 214536500], "k": 5}'``):
-    >>> from sessrec.deploy.server import serve
+    >>> from sessrec.serving.server import serve
     >>> serve("runs/pipeline_rsc15/pipeline", port=8000)  # doctest: +SKIP
 """
 
@@ -67,10 +67,10 @@ from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from sessrec.deploy.batching import Batcher, ServerFault, dumps
-from sessrec.deploy.request_metrics import MeasureRequests, Metrics
-from sessrec.deploy.recommender import Recommender, load_recommender
-from sessrec.deploy.request import Limits, RequestError, prepare
+from sessrec.serving.batching import Batcher, ServerFault, dumps
+from sessrec.serving.request_metrics import MeasureRequests, Metrics
+from sessrec.serving.recommender import Recommender, load_recommender
+from sessrec.serving.request import Limits, RequestError, prepare
 from sessrec.saved.versions import resolve
 
 logger = logging.getLogger(__name__)

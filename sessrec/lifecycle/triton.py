@@ -1,7 +1,7 @@
 """A Triton Inference Server model repository for a trained network: ``model.onnx`` and ``config.pbtxt``.
 
     <out_dir>/<name>/config.pbtxt        platform "onnxruntime_onnx", inputs, outputs, dynamic batching
-    <out_dir>/<name>/1/model.onnx        from `sessrec.deploy.export` (version 1)
+    <out_dir>/<name>/1/model.onnx        from `sessrec.lifecycle.export` (version 1)
     <out_dir>/<name>/1/model.json        the export's description of its tensors
 
 Axes: with ``max_batch_size > 0`` Triton adds the batch axis itself, so ``dims`` list the other
@@ -11,7 +11,7 @@ as Triton asks. The dynamic batcher only merges requests of the same shape: pad 
 length (left padding, id 0, changes no score) for requests to batch together. No
 ``instance_group`` is written, so Triton places the model on the GPUs it finds, else on the CPU.
 
-Shape letters as in `sessrec.deploy.export`.
+Shape letters as in `sessrec.lifecycle.export`.
 
 Examples:
     >>> from sessrec.artifacts import SessionRecommender
@@ -27,7 +27,7 @@ import re
 from pathlib import Path
 
 from sessrec.artifacts import ClickRanker, SessionRecommender
-from sessrec.deploy.export import export_dlrm, export_session_model
+from sessrec.lifecycle.export import export_dlrm, export_session_model
 from sessrec.saved.atomic import atomic_path
 
 TRITON_TYPES = {"int64": "TYPE_INT64", "int32": "TYPE_INT32", "float64": "TYPE_FP64", "float32": "TYPE_FP32", "float16": "TYPE_FP16", "bool": "TYPE_BOOL"}

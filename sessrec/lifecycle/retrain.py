@@ -7,9 +7,9 @@ One call of `retrain` is one turn of the loop that keeps a served session model 
    (every known item keeps its id and learned row; new rows start from the model's initialisation);
 3. train the grown model on that window (warm start), or a fresh one (``warm_start=False``);
 4. evaluate the candidate, the current model and the best model promoted so far on the window
-   after it, pair by pair on the same (prefix, next item) pairs (`sessrec.deploy.pairs`): an item
+   after it, pair by pair on the same (prefix, next item) pairs (`sessrec.lifecycle.paired_ranks`): an item
    a model never saw counts against it;
-5. decide with the `Gate` (`sessrec.deploy.gate`): a paired bootstrap against the current model and
+5. decide with the `Gate` (`sessrec.lifecycle.gate`): a paired bootstrap against the current model and
    against the best promoted, so small losses cannot add up turn after turn;
 6. promote a passing candidate as a new version of the model directory, or not, and append the
    whole decision to the directory's log (``promotions.jsonl``, fsynced before the pointer moves).
@@ -38,13 +38,13 @@ from sessrec.artifacts.model_directory import VOCAB
 from sessrec.data import frame
 from sessrec.data.schema import Schema
 from sessrec.data.sources import SessionSource, SessionSplits, TimeWindowSource
-from sessrec.deploy.gate import Gate
-from sessrec.deploy.pairs import PairRanks, aligned, clickout_ranks, next_item_ranks, pair_values
+from sessrec.lifecycle.gate import Gate
+from sessrec.lifecycle.paired_ranks import PairRanks, aligned, clickout_ranks, next_item_ranks, pair_values
 from sessrec.embeddings import DynamicTables
 from sessrec.saved.registry import class_path, config_of
 from sessrec.saved.versions import VersionedDirectory, resolve
 from sessrec.tasks import NextItemTask
-from sessrec.tasks.pretrained import best_of_run, build, plain_hparams, with_more_items
+from sessrec.tasks.checkpointing import best_of_run, build, plain_hparams, with_more_items
 from sessrec.tasks.session_data import SessionDataModule
 
 

@@ -24,7 +24,7 @@ from torch import nn
 from sessrec.data.batch import SessionBatch
 from sessrec.data.vocab import ItemVocab
 from sessrec.metrics import TopKMetrics
-from sessrec.models.ensemble import SessionEnsemble
+from sessrec.models.session_ensemble import SessionEnsemble
 from sessrec.saved.registry import config_of, register
 from sessrec.tasks.members import check_same_vocabulary, check_vocabulary, load_member
 from sessrec.tasks.next_item import NextItemTask, exclude_seen

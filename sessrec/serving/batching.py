@@ -1,6 +1,6 @@
 """Dynamic batching of encoded sessions: the requests waiting for the model, and the model calls.
 
-Requests arrive here already checked and encoded (`sessrec.deploy.request.prepare`); the batcher
+Requests arrive here already checked and encoded (`sessrec.serving.request.prepare`); the batcher
 joins the sessions of concurrent ones, scores and decodes them in one call on its own thread, and
 hands each request its JSON answer. A failure in that call is the server's (`ServerFault`).
 """
@@ -17,8 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from sessrec.deploy.recommender import Recommender, join_sessions
-from sessrec.deploy.request_metrics import Metrics
+from sessrec.serving.recommender import Recommender, join_sessions
+from sessrec.serving.request_metrics import Metrics
 from sessrec.pipeline.candidates import RequestSessions
 
 logger = logging.getLogger(__name__)

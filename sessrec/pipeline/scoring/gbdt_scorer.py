@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from sessrec.pipeline.candidate_features import RankingInputs
-from sessrec.pipeline.scoring.base import RankerRows, Scorer, early_stopping_split
+from sessrec.pipeline.scoring.scorer import RankerRows, Scorer, early_stopping_split
 
 
 def _lightgbm():

@@ -1,0 +1,10 @@
+"""A trained model's life after ``sessrec fit``: export, retraining with a quality gate, versions.
+
+- `sessrec.lifecycle.export`: ONNX and TorchScript files of a session model or DLRM (``sessrec export``).
+- `sessrec.lifecycle.triton`: a Triton model repository (ONNX backend, dynamic batching).
+- `sessrec.lifecycle.retrain`: warm-start retraining on a new time window (``sessrec retrain``), gated by
+  `sessrec.lifecycle.gate` (a paired bootstrap over `sessrec.lifecycle.paired_ranks`).
+
+Import the parts from their modules: export needs the optional ``deploy`` packages (onnx, onnxscript,
+onnxruntime) that a training install lacks.
+"""

@@ -1,0 +1,10 @@
+"""Serving trained models: raw-id sessions in, raw-id recommendations out, without the training stack.
+
+- `sessrec.serving.recommender`: `load_recommender`, a model or pipeline directory as raw ids in, raw ids out
+  (per request ``encode``, per batch ``recommend_batch`` + ``decode``).
+- `sessrec.serving.server`: the HTTP server (``sessrec serve``): bounded admission, deadlines, hot reload;
+  with `request` (one request's checks), `batching` (the model calls) and `request_metrics` (Prometheus).
+
+Import the parts from their modules: the server needs the optional ``deploy`` packages (fastapi,
+uvicorn, prometheus-client) that a training install lacks.
+"""

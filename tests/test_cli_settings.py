@@ -149,6 +149,30 @@ def test_a_checkpoint_is_refused_in_one_line_naming_the_model_directory(checkpoi
         cli([sub, *TINY, "--ckpt_path", str(ckpt)])
 
 
+def test_export_refuses_a_checkpoint_in_one_line_naming_the_model_directory(checkpoint, sessrec_main, tmp_path):
+    ckpt = next(checkpoint.parent.glob("checkpoints/best.ckpt"))
+    got = sessrec_main("export", "--ckpt_path", str(ckpt), "--out", str(tmp_path / "out"))
+    assert got == ("sessrec export: error: sessrec export takes the model directory that sessrec fit writes: --model_dir "
+                   "runs/<name>/model (checkpoints only resume fit) (--traceback for details)")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("owner", "new_way"), [
+    ("sessrec.models.SessionModel", "use sessrec.artifacts.SessionRecommender.from_pretrained('{d}').model"),
+    ("sessrec.models.DLRM", "use sessrec.artifacts.ClickRanker.from_pretrained('{d}').model"),
+    ("sessrec.tasks.NextItemTask", "use NextItemTask.from_recommender(sessrec.artifacts.SessionRecommender.from_pretrained('{d}'))"),
+    ("sessrec.tasks.DLRMTask", "use DLRMTask.from_ranker(sessrec.artifacts.ClickRanker.from_pretrained('{d}'))"),
+])
+def test_a_network_or_task_refuses_to_load_a_directory_naming_the_artifact(checkpoint, owner, new_way):
+    import importlib
+
+    module, _, name = owner.rpartition(".")
+    cls = getattr(importlib.import_module(module), name)
+    with pytest.raises(TypeError) as err:
+        cls.from_pretrained(str(checkpoint))
+    assert str(err.value) == f"{name} loads no model directory: " + new_way.format(d=checkpoint)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("saved", [False, True], ids=["recipe-and-flags", "saved-config"])
 def test_the_training_config_passes_without_a_note(checkpoint, capsys, saved):

@@ -183,6 +183,9 @@ def export_cli(args: list[str]) -> str:
     """``sessrec export --model_dir runs/<name>/model --format {onnx,torchscript,triton} --out <dir>``."""
     from sessrec.cli.parsers import function_command, parse
 
+    if any(arg.partition("=")[0] == "--ckpt_path" for arg in args):
+        raise ValueError("sessrec export takes the model directory that sessrec fit writes: --model_dir runs/<name>/model "
+                         "(checkpoints only resume fit)")
     parser = function_command(export, "sessrec export")
     cfg = parse(parser, args, owner=export).as_dict()
     cfg.pop("config", None)

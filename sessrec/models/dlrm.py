@@ -166,6 +166,12 @@ class DLRM(nn.Module, Configurable):
         torch.Size([3])
     """
 
+    @classmethod
+    def from_pretrained(cls, directory: object) -> None:
+        """Refused in one line: a network loads no model directory (`sessrec.artifacts.ClickRanker` does)."""
+        raise TypeError(f"{cls.__name__} loads no model directory: use sessrec.artifacts.ClickRanker.from_pretrained"
+                        f"({str(directory)!r}).model")
+
     def __init__(
         self,
         num_dense: int,

@@ -91,6 +91,12 @@ class SessionModel(nn.Module, Configurable):
             its width must be the encoder's. None = item ids only.
     """
 
+    @classmethod
+    def from_pretrained(cls, directory: object) -> None:
+        """Refused in one line: a network loads no model directory (`sessrec.artifacts.SessionRecommender` does)."""
+        raise TypeError(f"{cls.__name__} loads no model directory: use sessrec.artifacts.SessionRecommender.from_pretrained"
+                        f"({str(directory)!r}).model")
+
     def __init__(
         self,
         num_items: int,

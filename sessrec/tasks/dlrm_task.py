@@ -81,6 +81,12 @@ class DLRMTask(Pretrained, pl.LightningModule):
     ``runs/<name>/model``; ``sessrec test|predict --model_dir`` evaluate it with `from_ranker`.
     """
 
+    @classmethod
+    def from_pretrained(cls, directory: object) -> None:
+        """Refused in one line: a task is built from the artifact (`from_ranker`)."""
+        raise TypeError(f"{cls.__name__} loads no model directory: use {cls.__name__}.from_ranker(sessrec.artifacts."
+                        f"ClickRanker.from_pretrained({str(directory)!r}))")
+
     EVALUATION_SETTINGS = ("evaluation", "compile")  # ``sessrec test --model_dir``: the given values (`sessrec.tasks.restore`)
     TRAINING_SETTINGS = ("optimization", "seed", "retain_freed_memory")  # read only while fitting
 

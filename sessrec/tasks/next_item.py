@@ -87,6 +87,12 @@ class NextItemTask(Pretrained, pl.LightningModule):
     fit`` writes as ``runs/<name>/model``.
     """
 
+    @classmethod
+    def from_pretrained(cls, directory: object) -> None:
+        """Refused in one line: a task is built from the artifact (`from_recommender`)."""
+        raise TypeError(f"{cls.__name__} loads no model directory: use {cls.__name__}.from_recommender(sessrec.artifacts."
+                        f"SessionRecommender.from_pretrained({str(directory)!r}))")
+
     EVALUATION_SETTINGS = ("evaluation",)  # ``sessrec test --model_dir``: the given values (`sessrec.tasks.restore`)
     TRAINING_SETTINGS = ("loss", "optimization", "schedule", "seed", "distillation")  # read only while fitting
 

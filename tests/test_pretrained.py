@@ -276,6 +276,12 @@ def test_a_recommender_is_refused_a_vocabulary_of_another_size(tmp_path):
     assert not (tmp_path / "model").exists()
 
 
+def test_a_recommender_serving_more_items_than_its_network_reads_is_refused(vocab):
+    model, objective = session_model("gru4rec_clm")  # reads 5 items
+    with pytest.raises(ValueError, match=r"^inference max_length 6 is more than the 5 items the network reads"):
+        SessionRecommender(model, objective, vocab, Inference(6))
+
+
 def test_sessrec_retrain_picks_its_turn_by_the_directorys_sections(tmp_path, vocab):
     from sessrec.cli import _model_kind
 

@@ -126,6 +126,9 @@ class SessionRecommender:
         if len(vocab) != model.num_items:
             raise ValueError(f"the vocabulary has {len(vocab)} ids where the model scores {model.num_items}: "
                              "give the vocabulary it was trained with")
+        if inference.max_length > model.max_length:
+            raise ValueError(f"inference max_length {inference.max_length} is more than the {model.max_length} items "
+                             "the network reads: serve at most what it was trained on")
         objective.check(model.encoder)  # a pair that cannot have been trained together
         self.model, self.objective, self.vocab, self.inference = model, objective, vocab, inference
         self.side_transform = side_transform

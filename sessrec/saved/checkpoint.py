@@ -3,9 +3,8 @@
 A checkpoint written by sessrec holds only tensors and plain values: the task's
 hyper-parameters are configs (``class_path``/``init_args``), and the data module's state (the
 state dicts of the vocabulary and of the fitted side-feature transforms) sits under the data
-module's class name; a part may also be one uint8 tensor, the bytes of the part's file
-(`file_bytes`). Nothing in it is unpickled as an object, so a checkpoint from elsewhere cannot
-run code when it is read.
+module's class name. Nothing in it is unpickled as an object, so a checkpoint from elsewhere
+cannot run code when it is read.
 """
 
 from __future__ import annotations
@@ -19,8 +18,6 @@ from typing import Any
 
 import numpy as np
 import torch
-
-from sessrec.saved.atomic import ParquetFile
 
 DATA_STATE_KEYS = ("SessionDataModule", "ClickoutDataModule")
 
@@ -111,16 +108,3 @@ def as_arrays(state: Any) -> Any:
     if isinstance(state, (list, tuple)):
         return [as_arrays(v) for v in state]
     return state
-
-
-def file_bytes(part: Any) -> bytes | None:
-    """The bytes of a file that a data module state holds as one uint8 tensor (a vocabulary's parquet
-    file, the transforms' ``.npz``), or None for a part held as a state dict."""
-    if isinstance(part, torch.Tensor) and part.dtype == torch.uint8 and part.dim() == 1:
-        return part.cpu().numpy().tobytes()
-    return None
-
-
-def parquet_state(part: Any) -> Any:
-    """A checkpoint's vocabulary part as a `ParquetFile` state dict, also when it is held as the bytes of the file."""
-    return {ParquetFile.STATE_KEY: part} if file_bytes(part) is not None else part

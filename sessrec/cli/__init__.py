@@ -35,6 +35,7 @@ import logging
 import os
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -107,14 +108,11 @@ def _raised_in(err: BaseException, package: str) -> bool:
 def retrain_cli(args: list[str]) -> object:
     """``sessrec retrain``: one warm-start turn with its quality gate, for the session model or the DLRM
     that ``--model_dir`` holds (`sessrec.lifecycle.retrain.retrain` / `retrain_dlrm`)."""
-    from sessrec.cli.parsers import config_value, function_command, parse
+    from sessrec.cli.parsers import config_value
     from sessrec.lifecycle.retrain import retrain, retrain_dlrm, summary
 
     turn = retrain_dlrm if _model_kind(config_value(args, "model_dir")) == "ClickRanker" else retrain
-    parser = function_command(turn, "sessrec retrain")
-    kwargs = parser.instantiate(parse(parser, args, owner=turn)).as_dict()
-    kwargs.pop("config", None)
-    decision = turn(**kwargs)
+    decision = call_with_flags(turn, "sessrec retrain", args, instantiate=True)
     print(f"sessrec retrain: {summary(decision)}")
     return decision
 
@@ -139,13 +137,21 @@ def _model_kind(model_dir: object) -> str:
 
 def serve_cli(args: list[str]) -> None:
     """``sessrec serve --model_dir <dir>``: HTTP recommendations from a model or pipeline directory."""
-    from sessrec.cli.parsers import function_command, parse
     from sessrec.serving.server import serve
 
-    parser = function_command(serve, "sessrec serve")
-    cfg = parse(parser, args, owner=serve).as_dict()
-    cfg.pop("config", None)
-    serve(**cfg)
+    call_with_flags(serve, "sessrec serve", args)
+
+
+def call_with_flags(func: Callable[..., Any], prog: str, args: list[str], instantiate: bool = False) -> Any:
+    """`func` called with the arguments that the flags and ``--config`` files of `args` give its parameters
+    (`sessrec.cli.parsers.function_command`); `instantiate`: build the classes its arguments name."""
+    from sessrec.cli.parsers import function_command, parse
+
+    parser = function_command(func, prog)
+    cfg = parse(parser, args, owner=func)
+    kwargs = (parser.instantiate(cfg) if instantiate else cfg).as_dict()
+    kwargs.pop("config", None)
+    return func(**kwargs)
 
 
 def export(
@@ -181,12 +187,7 @@ def export(
 
 def export_cli(args: list[str]) -> str:
     """``sessrec export --model_dir runs/<name>/model --format {onnx,torchscript,triton} --out <dir>``."""
-    from sessrec.cli.parsers import function_command, parse
-
-    parser = function_command(export, "sessrec export")
-    cfg = parse(parser, args, owner=export).as_dict()
-    cfg.pop("config", None)
-    written = export(**cfg)
+    written = call_with_flags(export, "sessrec export", args)
     print(f"sessrec export: wrote {written} (checked against PyTorch on a batch of another size and length)")
     return written
 
@@ -212,12 +213,7 @@ def rollback(model_dir: str, to: str | None = None) -> str:
 
 def rollback_cli(args: list[str]) -> str:
     """``sessrec rollback --model_dir D [--to VERSION]``."""
-    from sessrec.cli.parsers import function_command, parse
-
-    parser = function_command(rollback, "sessrec rollback")
-    cfg = parse(parser, args, owner=rollback).as_dict()
-    cfg.pop("config", None)
-    return rollback(**cfg)
+    return call_with_flags(rollback, "sessrec rollback", args)
 
 
 COMMANDS = {"export": export_cli, "retrain": retrain_cli, "rollback": rollback_cli, "serve": serve_cli}

@@ -39,7 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from sessrec.saved.checkpoint import data_state
+from sessrec.saved.checkpoint import checkpoint_summary
 
 PIPELINE_COMMANDS = ("fit", "test", "recommend")
 LIGHTNING_COMMANDS = ("fit", "validate", "test", "predict")
@@ -250,7 +250,7 @@ def run(args: list[str]) -> object:
                          "runs/<name>/model (checkpoints only resume fit)")
     for i, arg in enumerate(args[:-1]):
         if arg == "--ckpt_path":  # a one-line error for an unreadable file, before LightningCLI reads its config
-            data_state(args[i + 1])  # (and the data module's state, read once here for every later use)
+            checkpoint_summary(args[i + 1])  # (and its data module's state, read once for every later use)
     if command not in LIGHTNING_COMMANDS:
         raise ValueError(f"unknown command {command!r}; the commands are {', '.join(COMMAND_NAMES)} (sessrec --help)")
     from sessrec.cli.lightning import cli

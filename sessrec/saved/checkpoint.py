@@ -47,15 +47,10 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     return checkpoint
 
 
-def data_state(path: str | os.PathLike) -> dict[str, Any] | None:
-    """The data module state a checkpoint carries (vocabulary, feature transforms), or None."""
-    return checkpoint_summary(path)["data"]
-
-
 def checkpoint_summary(path: str | os.PathLike) -> dict[str, Any]:
     """What a checkpoint says of itself, without its weights and loop state: ``hyper_parameters``,
-    ``sessrec`` (the task's class and format), ``data`` (`data_state`), and the ``epoch`` and
-    ``global_step`` it was saved at.
+    ``sessrec`` (the task's class and format), ``data`` (the data module's state: vocabulary, feature
+    transforms; None when it carries none), and the ``epoch`` and ``global_step`` it was saved at.
 
     Kept for the file as it is now (path, size, modification time): the command line, the
     vocabulary and the feature transforms all ask for it, and a checkpoint is read once for them all.
@@ -81,7 +76,7 @@ def is_checkpoint(path: str | os.PathLike) -> bool:
 
 def saved_state(path: str | os.PathLike, key: str) -> Any:
     """The part `key` (``vocab``, ``features``) of the data module state a checkpoint carries."""
-    state = data_state(path)
+    state = checkpoint_summary(path)["data"]
     if state is None or key not in state:
         raise ValueError(f"{path}: the checkpoint carries no {key}; pass the {key} file of its training run instead")
     return state[key]

@@ -30,7 +30,6 @@ configuration: a recipe with a top-level ``pipeline:`` block is a pipeline recip
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -108,31 +107,15 @@ def _raised_in(err: BaseException, package: str) -> bool:
 def retrain_cli(args: list[str]) -> object:
     """``sessrec retrain``: one warm-start turn with its quality gate, for the session model or the DLRM
     that ``--model_dir`` holds (`sessrec.lifecycle.retrain.retrain` / `retrain_dlrm`)."""
+    from sessrec.artifacts import ClickRanker, artifact_class
     from sessrec.cli.parsers import config_value
     from sessrec.lifecycle.retrain import retrain, retrain_dlrm, summary
 
-    turn = retrain_dlrm if _model_kind(config_value(args, "model_dir")) == "ClickRanker" else retrain
+    model_dir = config_value(args, "model_dir")
+    turn = retrain_dlrm if model_dir is not None and artifact_class(str(model_dir)) is ClickRanker else retrain
     decision = call_with_flags(turn, "sessrec retrain", args, instantiate=True)
     print(f"sessrec retrain: {summary(decision)}")
     return decision
-
-
-def _model_kind(model_dir: object) -> str:
-    """The artifact the model directory `model_dir` holds, by its sections: ``SessionRecommender`` (it
-    has an ``objective``) or ``ClickRanker``; "" when it cannot be read (the chosen turn then says what
-    is wrong)."""
-    from sessrec.saved.versions import resolve
-
-    if model_dir is None:
-        return ""
-    try:
-        config = resolve(str(model_dir)) / "config.json"  # a versioned directory: its current version's
-        sections = json.loads(config.read_text())
-        if not isinstance(sections, dict) or "model" not in sections:
-            return ""
-        return "SessionRecommender" if "objective" in sections else "ClickRanker"
-    except (OSError, ValueError, KeyError, TypeError):
-        return ""
 
 
 def serve_cli(args: list[str]) -> None:

@@ -192,11 +192,8 @@ def test_expand_prefixes_empty_and_unknown():
         frame.expand_prefixes(np.array([0, 2]), "first")
 
 
-def test_map_items_and_list_offsets_on_slices():
+def test_list_offsets_on_slices():
     sessions = sessions_of([(1, [10, 11], [1, 2]), (2, [12], [3]), (3, [13, 14, 15], [4, 5, 6])])
     values, offsets = frame.list_offsets(sessions["item_id"].combine_chunks().slice(1))
     assert values.to_pylist() == [12, 13, 14, 15]
     np.testing.assert_array_equal(offsets, [0, 1, 4])
-    mapped = frame.map_items(sessions, np.array([2, 3, 4, 5, 6, 7]))
-    assert mapped["item_id"].to_pylist() == [[2, 3], [4], [5, 6, 7]]
-    assert mapped["timestamp"].equals(sessions["timestamp"])

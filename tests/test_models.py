@@ -5,6 +5,7 @@ import torch
 
 from sessrec.data import SessionBatch
 from sessrec.models import CausalLanguageModeling, GPT2Encoder, MaskedItemModeling, SessionModel, XLNetEncoder
+from sessrec.models.objective import realign
 
 torch.set_num_threads(1)
 
@@ -153,12 +154,12 @@ def test_candidate_scores_are_the_full_scores_of_those_columns(score_scale):
     torch.testing.assert_close(model.score_targets(hidden, targets), model.score(hidden, targets).diagonal())
 
 
-def test_random_prefixes_keep_a_right_aligned_head_of_each_cut_session():
+def test_prefixes_keep_a_right_aligned_head_of_each_cut_session():
     items = torch.tensor([[0, 0, 5, 6, 7, 8], [0, 0, 0, 0, 3, 4], [9, 8, 7, 6, 5, 4]])
     objective = MaskedItemModeling(prefix_prob=1.0)
     seen = set()
     for seed in range(40):
-        cut = objective.random_prefixes(items, torch.Generator().manual_seed(seed))
+        cut = realign(items, objective.prefix_source(items, torch.Generator().manual_seed(seed)))
         for row, original in zip(cut.tolist(), items.tolist()):
             real = [i for i in row if i]
             n = sum(1 for i in original if i)
@@ -167,8 +168,8 @@ def test_random_prefixes_keep_a_right_aligned_head_of_each_cut_session():
             assert len(real) == n if n < 3 else 2 <= len(real) <= n - 1
             seen.add((n, len(real)))
     assert {(4, 2), (4, 3), (6, 2), (6, 5), (2, 2)} <= seen  # every allowed length is drawn
-    untouched = MaskedItemModeling(prefix_prob=0.0).random_prefixes(items, torch.Generator().manual_seed(0))
-    assert torch.equal(untouched, items)
+    untouched = MaskedItemModeling(prefix_prob=0.0).prefix_source(items, torch.Generator().manual_seed(0))
+    assert torch.equal(realign(items, untouched), items)
     m = objective(items, torch.Generator().manual_seed(3))
     assert len(m.targets) >= 3 and not (m.inputs[m.masked] != 0).any()  # one target per session, hidden
     with pytest.raises(ValueError, match="prefix_prob"):

@@ -283,12 +283,12 @@ def test_a_recommender_serving_more_items_than_its_network_reads_is_refused(voca
 
 
 def test_sessrec_retrain_picks_its_turn_by_the_directorys_sections(tmp_path, vocab):
-    from sessrec.cli import _model_kind
+    from sessrec.artifacts import artifact_class
 
     model, objective = session_model("gru4rec_clm")
     session_dir = SessionRecommender(model, objective, vocab, Inference(5)).save_pretrained(tmp_path / "session")
     dlrm_dir = ClickRanker(dlrm(), ranking_vocab()).save_pretrained(tmp_path / "dlrm")
-    assert _model_kind(str(session_dir)) == "SessionRecommender"
-    assert _model_kind(dlrm_dir) == "ClickRanker"
-    assert _model_kind(str(tmp_path / "nowhere")) == ""
-    assert _model_kind(None) == ""
+    assert artifact_class(str(session_dir)) is SessionRecommender
+    assert artifact_class(dlrm_dir) is ClickRanker
+    with pytest.raises(FileNotFoundError, match=r"nowhere: no such model directory$"):
+        artifact_class(str(tmp_path / "nowhere"))

@@ -1,8 +1,6 @@
 """Side information: fitted transforms, alignment with the items through the loader, the
 embedding module, item vectors, and clear errors on bad input."""
 
-import io
-import json
 
 import numpy as np
 import pyarrow as pa
@@ -22,7 +20,6 @@ from sessrec.data.sources import SessionSource
 from sessrec.features import SideFeatureTransform
 from sessrec.models import SessionModel, XLNetEncoder
 from sessrec.models.side_info import SideInfoConfig, SideInfoEmbedding, SoftOneHot
-from sessrec.saved.registry import config_of
 from sessrec.tasks import NextItemTask, SessionDataModule
 
 torch.set_num_threads(1)
@@ -138,40 +135,19 @@ def test_transforms_round_trip_through_a_file(tmp_path):
     assert dm.side.pipeline.ops["value"].mean_ == side.pipeline.ops["value"].mean_
 
 
-def features_file_version_1(side: SideFeatureTransform) -> bytes:
-    """The bytes of a version 1 ``features.npz`` of `side`: each op as {"name", "op": class name, "config"}."""
-    ops = side.pipeline.ops
-    spec = [{"name": name, "op": type(op).__name__, "config": config_of(op)["init_args"]} for name, op in ops.items()]
-    header = json.dumps({"format": "sessrec.features", "version": 1, "ops": spec}, sort_keys=True)
-    arrays = {"__pipeline__": np.frombuffer(header.encode(), np.uint8)}
-    for i, op in enumerate(ops.values()):
-        arrays.update({f"{i}/{key}": value for key, value in op.state_dict().items()})
-    buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
-    return buffer.getvalue()
-
-
-def file_tensor(data: bytes) -> torch.Tensor:
-    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
-
-
-def test_the_data_module_state_round_trips_and_reads_parts_held_as_file_bytes(tmp_path):
+def test_the_data_module_state_round_trips(tmp_path):
     dm = SessionDataModule(source=Source(), side_features=SIDE)
     expected = dm.side.transform(dm.splits.test)
-    dm.vocab.save(tmp_path / "vocab.parquet")
-    as_files = {"vocab": file_tensor((tmp_path / "vocab.parquet").read_bytes()),
-                "features": file_tensor(features_file_version_1(dm.side))}
-    for name, state in (("state", dm.state_dict()), ("files", as_files)):
-        torch.save({"state_dict": {}, "SessionDataModule": state}, tmp_path / f"{name}.ckpt")
-        saved = torch.load(tmp_path / f"{name}.ckpt", weights_only=True)["SessionDataModule"]
-        fresh = SessionDataModule(source=Source(), side_features=SIDE)
-        fresh.load_state_dict(saved)
-        by_path = SessionDataModule(source=Source(), side_features=SIDE, vocab_path=str(tmp_path / f"{name}.ckpt"),
-                                    features_path=str(tmp_path / f"{name}.ckpt"))
-        for loaded in (fresh, by_path):
-            assert loaded.vocab == dm.vocab, name
-            got = loaded.side.transform(dm.splits.test)
-            assert all(np.array_equal(got[k], expected[k]) for k in expected), name
+    torch.save({"state_dict": {}, "SessionDataModule": dm.state_dict()}, tmp_path / "state.ckpt")
+    saved = torch.load(tmp_path / "state.ckpt", weights_only=True)["SessionDataModule"]
+    fresh = SessionDataModule(source=Source(), side_features=SIDE)
+    fresh.load_state_dict(saved)
+    by_path = SessionDataModule(source=Source(), side_features=SIDE, vocab_path=str(tmp_path / "state.ckpt"),
+                                features_path=str(tmp_path / "state.ckpt"))
+    for loaded in (fresh, by_path):
+        assert loaded.vocab == dm.vocab
+        got = loaded.side.transform(dm.splits.test)
+        assert all(np.array_equal(got[k], expected[k]) for k in expected)
     with pytest.raises(ValueError, match="the checkpoint: the saved side features .* do not match the recipe"):
         SessionDataModule(source=Source(), side_features=SideFeatures(categorical=["device"])).load_state_dict(saved)
 

@@ -17,7 +17,6 @@ one line: retrain it with ``sessrec fit``, which writes this version.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -132,17 +131,8 @@ def read_model_directory(directory: str | os.PathLike) -> tuple[Path, dict[str, 
     a missing part, or one whose content hash differs, in one line naming the part.
     """
     folder = versions.resolve(directory)
-    path = folder / CONFIG
-    try:
-        spec = json.loads(path.read_text())
-    except (OSError, ValueError, RecursionError):
-        spec = None  # read_description names what is wrong with it
-    if isinstance(spec, dict) and spec.get("format") == FORMAT and spec.get("version") != VERSION:
-        raise ValueError(
-            f"{path}: a model directory of format version {spec.get('version')!r}, which this sessrec does not read "
-            f"(it reads version {VERSION}): retrain the model with sessrec fit, which writes a version {VERSION} directory"
-        )
-    config = read_description(folder, CONFIG, FORMAT, VERSION)
+    config = read_description(folder, CONFIG, FORMAT, VERSION, "model directory",
+                              f"retrain the model with sessrec fit, which writes a version {VERSION} directory")
     for name in (WEIGHTS, VOCAB):
         if not (folder / name).exists():
             raise FileNotFoundError(f"{folder}: the model directory lacks {name}")

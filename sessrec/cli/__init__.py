@@ -30,15 +30,15 @@ configuration: a recipe with a top-level ``pipeline:`` block is a pipeline recip
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from sessrec.saved.checkpoint import data_state
+from sessrec.saved.checkpoint import checkpoint_summary
 
 PIPELINE_COMMANDS = ("fit", "test", "recommend")
 LIGHTNING_COMMANDS = ("fit", "validate", "test", "predict")
@@ -107,45 +107,34 @@ def _raised_in(err: BaseException, package: str) -> bool:
 def retrain_cli(args: list[str]) -> object:
     """``sessrec retrain``: one warm-start turn with its quality gate, for the session model or the DLRM
     that ``--model_dir`` holds (`sessrec.lifecycle.retrain.retrain` / `retrain_dlrm`)."""
-    from sessrec.cli.parsers import config_value, function_command, parse
+    from sessrec.artifacts import ClickRanker, artifact_class
+    from sessrec.cli.parsers import config_value
     from sessrec.lifecycle.retrain import retrain, retrain_dlrm, summary
 
-    turn = retrain_dlrm if _model_kind(config_value(args, "model_dir")) == "ClickRanker" else retrain
-    parser = function_command(turn, "sessrec retrain")
-    kwargs = parser.instantiate(parse(parser, args, owner=turn)).as_dict()
-    kwargs.pop("config", None)
-    decision = turn(**kwargs)
+    model_dir = config_value(args, "model_dir")
+    turn = retrain_dlrm if model_dir is not None and artifact_class(str(model_dir)) is ClickRanker else retrain
+    decision = call_with_flags(turn, "sessrec retrain", args, instantiate=True)
     print(f"sessrec retrain: {summary(decision)}")
     return decision
 
 
-def _model_kind(model_dir: object) -> str:
-    """The artifact the model directory `model_dir` holds, by its sections: ``SessionRecommender`` (it
-    has an ``objective``) or ``ClickRanker``; "" when it cannot be read (the chosen turn then says what
-    is wrong)."""
-    from sessrec.saved.versions import resolve
-
-    if model_dir is None:
-        return ""
-    try:
-        config = resolve(str(model_dir)) / "config.json"  # a versioned directory: its current version's
-        sections = json.loads(config.read_text())
-        if not isinstance(sections, dict) or "model" not in sections:
-            return ""
-        return "SessionRecommender" if "objective" in sections else "ClickRanker"
-    except (OSError, ValueError, KeyError, TypeError):
-        return ""
-
-
 def serve_cli(args: list[str]) -> None:
     """``sessrec serve --model_dir <dir>``: HTTP recommendations from a model or pipeline directory."""
-    from sessrec.cli.parsers import function_command, parse
     from sessrec.serving.server import serve
 
-    parser = function_command(serve, "sessrec serve")
-    cfg = parse(parser, args, owner=serve).as_dict()
-    cfg.pop("config", None)
-    serve(**cfg)
+    call_with_flags(serve, "sessrec serve", args)
+
+
+def call_with_flags(func: Callable[..., Any], prog: str, args: list[str], instantiate: bool = False) -> Any:
+    """`func` called with the arguments that the flags and ``--config`` files of `args` give its parameters
+    (`sessrec.cli.parsers.function_command`); `instantiate`: build the classes its arguments name."""
+    from sessrec.cli.parsers import function_command, parse
+
+    parser = function_command(func, prog)
+    cfg = parse(parser, args, owner=func)
+    kwargs = (parser.instantiate(cfg) if instantiate else cfg).as_dict()
+    kwargs.pop("config", None)
+    return func(**kwargs)
 
 
 def export(
@@ -181,15 +170,10 @@ def export(
 
 def export_cli(args: list[str]) -> str:
     """``sessrec export --model_dir runs/<name>/model --format {onnx,torchscript,triton} --out <dir>``."""
-    from sessrec.cli.parsers import function_command, parse
-
     if any(arg.partition("=")[0] == "--ckpt_path" for arg in args):
         raise ValueError("sessrec export takes the model directory that sessrec fit writes: --model_dir runs/<name>/model "
                          "(checkpoints only resume fit)")
-    parser = function_command(export, "sessrec export")
-    cfg = parse(parser, args, owner=export).as_dict()
-    cfg.pop("config", None)
-    written = export(**cfg)
+    written = call_with_flags(export, "sessrec export", args)
     print(f"sessrec export: wrote {written} (checked against PyTorch on a batch of another size and length)")
     return written
 
@@ -215,12 +199,7 @@ def rollback(model_dir: str, to: str | None = None) -> str:
 
 def rollback_cli(args: list[str]) -> str:
     """``sessrec rollback --model_dir D [--to VERSION]``."""
-    from sessrec.cli.parsers import function_command, parse
-
-    parser = function_command(rollback, "sessrec rollback")
-    cfg = parse(parser, args, owner=rollback).as_dict()
-    cfg.pop("config", None)
-    return rollback(**cfg)
+    return call_with_flags(rollback, "sessrec rollback", args)
 
 
 COMMANDS = {"export": export_cli, "retrain": retrain_cli, "rollback": rollback_cli, "serve": serve_cli}
@@ -257,7 +236,7 @@ def run(args: list[str]) -> object:
                          "runs/<name>/model (checkpoints only resume fit)")
     for i, arg in enumerate(args[:-1]):
         if arg == "--ckpt_path":  # a one-line error for an unreadable file, before LightningCLI reads its config
-            data_state(args[i + 1])  # (and the data module's state, read once here for every later use)
+            checkpoint_summary(args[i + 1])  # (and its data module's state, read once for every later use)
     if command not in LIGHTNING_COMMANDS:
         raise ValueError(f"unknown command {command!r}; the commands are {', '.join(COMMAND_NAMES)} (sessrec --help)")
     from sessrec.cli.lightning import cli

@@ -120,13 +120,6 @@ def filter_lengths(sessions: pa.Table, min_length: int = 1, max_length: int | No
     return sessions.filter(pa.array(session_lengths(sessions) >= min_length))
 
 
-def map_items(sessions: pa.Table, item_ids: np.ndarray) -> pa.Table:
-    """Replace the flat values of the ``item_id`` list column with `item_ids` (same length)."""
-    _, offsets = list_offsets(sessions.column(ITEMS))
-    mapped = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(item_ids))
-    return sessions.set_column(sessions.column_names.index(ITEMS), ITEMS, mapped)
-
-
 def time_split(
     sessions: pa.Table,
     test_days: float | None = None,

@@ -78,17 +78,6 @@ class HybridEmbeddingBag(nn.Module):
         hot = torch.arange(num_hot) if counts is None else hot_rows(counts.cpu(), num_hot)
         self._place(weight, hot, device)
 
-    @classmethod
-    def from_weight(
-        cls, weight: torch.Tensor, num_hot: int, counts: torch.Tensor | None = None,
-        pooling: Literal["sum", "mean"] = "sum", device: torch.device | str | None = None,
-    ) -> HybridEmbeddingBag:
-        """Split an existing (N, D) weight (e.g. a trained table) by hotness."""
-        module = cls(weight.shape[0], weight.shape[1], num_hot, counts, pooling, device, seed=0)
-        hot = torch.arange(num_hot) if counts is None else hot_rows(counts.cpu(), num_hot)
-        module._place(weight.detach().cpu(), hot, device)
-        return module
-
     def _place(self, weight: torch.Tensor, hot: torch.Tensor, device: torch.device | str | None) -> None:
         n = weight.shape[0]
         is_hot = torch.zeros(n, dtype=torch.bool)

@@ -3,8 +3,8 @@
 Its config is its operations' configs (``{"class_path", "init_args"}`` each, `config_of`); what
 they learned is its `state_dict`. The file is one ``.npz``: a JSON header (format, version,
 config) and every operation's fitted arrays under ``<position>/<name>``. Loading builds only
-registered `FeatureOp` classes (`sessrec.saved.registry`) and unpickles nothing. Version 1 files
-name each operation by its class name, with its arguments under ``config``; they load too.
+registered `FeatureOp` classes (`sessrec.saved.registry`) and unpickles nothing. A file of another
+version is refused in one line naming its version.
 
 Shape letters: E events (rows).
 """
@@ -29,7 +29,6 @@ from sessrec.saved.atomic import atomic_path
 from sessrec.saved.registry import ConfigError, Configurable, config_of, instantiate
 
 VERSION = 2
-READABLE_VERSIONS = (1, 2)  # 1: each op as {"name", "op": class name, "config": arguments}
 
 
 class FeaturePipeline(Configurable):
@@ -135,7 +134,7 @@ class FeaturePipeline(Configurable):
         error for any other file."""
         source = str(file if source is None else source)
         arrays, header = _read(file, source)
-        config = header.get("config") if header["version"] >= 2 else _version_1_config(header, source)
+        config = header.get("config")
         try:
             pipeline = instantiate(config, expected=cls, source=source, key="config")
         except ConfigError as err:
@@ -143,15 +142,6 @@ class FeaturePipeline(Configurable):
         ops = {name: {k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith(f"{i}/")}
                for i, name in enumerate(pipeline.ops)}
         return pipeline.load_state_dict({"config": config_of(pipeline), "ops": ops}, source)
-
-
-def _version_1_config(header: dict[str, Any], source: str) -> dict[str, Any]:
-    """The config of a version 1 header: ``ops`` as ``[{"name", "op": class name, "config": arguments}]``."""
-    specs = header.get("ops")
-    if not isinstance(specs, list) or not all(isinstance(s, dict) and {"name", "op", "config"} <= s.keys() for s in specs):
-        raise ValueError(f"{source}: not a sessrec feature pipeline (its header lists no ops)")
-    ops = {spec["name"]: {"class_path": spec["op"], "init_args": spec["config"]} for spec in specs}
-    return {"class_path": f"{FeaturePipeline.__module__}.FeaturePipeline", "init_args": {"ops": ops}}
 
 
 def op_signatures(config: Any, source: str) -> dict[str, str]:
@@ -173,9 +163,10 @@ def _read(file: str | os.PathLike | BinaryIO, source: str) -> tuple[dict[str, np
         header = json.loads(arrays.pop("__pipeline__").tobytes().decode())
     except (OSError, ValueError, KeyError, AttributeError, zipfile.BadZipFile) as err:
         raise ValueError(f"{source}: not a sessrec feature pipeline ({type(err).__name__}: {err})") from err
-    if not isinstance(header, dict) or header.get("format") != FORMAT or header.get("version") not in READABLE_VERSIONS:
+    if not isinstance(header, dict) or header.get("format") != FORMAT or header.get("version") != VERSION:
         found = f"{header.get('format')!r} version {header.get('version')!r}" if isinstance(header, dict) else "another file"
-        raise ValueError(f"{source}: a feature file {found}; this sessrec reads {FORMAT!r} version 1 or 2")
+        raise ValueError(f"{source}: a feature file {found}; this sessrec reads {FORMAT!r} version {VERSION}: "
+                         "fit the features again with sessrec fit")
     return arrays, header
 
 

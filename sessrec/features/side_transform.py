@@ -10,7 +10,6 @@ Shape letters: E events (flat, session after session).
 
 from __future__ import annotations
 
-import io
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -24,7 +23,6 @@ from sessrec.data.schema import SchemaError
 from sessrec.data.side import POSITION, SideFeatures, SideInfoSpec
 from sessrec.features.ops import Categorify, LogNormalize
 from sessrec.features.feature_pipeline import FeaturePipeline, op_signatures
-from sessrec.saved.checkpoint import as_arrays, file_bytes
 from sessrec.saved.registry import config_of
 
 
@@ -193,12 +191,3 @@ class SideFeatureTransform:
         if not np.array_equal(off, offsets):
             raise SchemaError(f"{source}: column {name!r} does not hold one value per event of each session")
         return values
-
-
-def transforms_state(part: Any, source: str | os.PathLike) -> dict[str, Any]:
-    """A checkpoint's side-feature part as a `SideFeatureTransform` state dict of numpy arrays, also when
-    it is held as the bytes of the transforms' ``.npz`` (one uint8 tensor)."""
-    data = file_bytes(part)
-    if data is not None:
-        return FeaturePipeline.load(io.BytesIO(data), source).state_dict()
-    return as_arrays(part)

@@ -55,16 +55,13 @@ class MaskedItemModeling(Objective):
         if not 0.0 <= self.prefix_prob <= 1.0:
             raise ValueError(f"prefix_prob must be in [0, 1], got {self.prefix_prob}")
 
-    def random_prefixes(self, items: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        """(B, L) right-aligned sessions -> the same with a `prefix_prob` share cut to a random prefix.
-
-        A cut session of n >= 3 items keeps its first k items, k uniform in [2, n - 1], shifted
-        right so that they end in the last column; the dropped items never reach the model.
-        """
-        return realign(items, self.prefix_source(items, generator))
-
     def prefix_source(self, items: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        """(B, L) column of `items` that each column of `random_prefixes` holds; < 0 = padding."""
+        """(B, L) column of `items` that each column of the cut sessions holds (< 0 = padding), for `realign`.
+
+        A `prefix_prob` share of the sessions of n >= 3 items keeps its first k items, k uniform
+        in [2, n - 1], shifted right so that they end in the last column; the dropped items never
+        reach the model.
+        """
         b, width = items.shape
         lengths = (items != 0).sum(dim=1)  # (B,)
         keep = torch.rand(b, generator=generator, device=items.device) * (lengths - 2).clamp(min=0).float()

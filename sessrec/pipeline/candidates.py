@@ -108,12 +108,6 @@ class Candidates:
         scores = None if self.scores is None else self.scores.masked_fill(~mask, float("-inf"))
         return replace(self, items=items, scores=scores)
 
-    def with_features(self, **columns: torch.Tensor) -> Candidates:
-        for name, value in columns.items():
-            if value.shape != self.items.shape:
-                raise ValueError(f"feature {name!r} has shape {tuple(value.shape)}, candidates {tuple(self.items.shape)}")
-        return replace(self, features={**self.features, **{k: v.float() for k, v in columns.items()}})
-
     def compact(self) -> Candidates:
         """Move the filled slots to the front of each row (stable) and drop all-empty columns."""
         order = torch.argsort((~self.valid).to(torch.int8), dim=1, stable=True)

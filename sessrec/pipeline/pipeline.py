@@ -33,7 +33,6 @@ Shape letters: B sessions, L positions, K candidates, k recommendations.
 from __future__ import annotations
 
 import copy
-import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -330,19 +329,10 @@ class Pipeline:
                 state does not load (one line naming ``pipeline.json`` and the stage).
         """
         directory = versions.resolve(directory)
-        path = directory / "pipeline.json"
-        if not path.exists():
+        if not (directory / "pipeline.json").exists():
             raise FileNotFoundError(f"{directory}: not a saved pipeline (no pipeline.json); run sessrec fit on a pipeline recipe")
-        try:
-            found = json.loads(path.read_text())
-        except (OSError, ValueError, RecursionError):
-            found = None  # read_description names what is wrong with it
-        if isinstance(found, dict) and found.get("format") == FORMAT and found.get("version") != VERSION:
-            raise ValueError(
-                f"{path}: a pipeline of format version {found.get('version')!r}, which this sessrec does not read (it "
-                f"reads version {VERSION}): fit the pipeline again with sessrec fit --config <pipeline recipe>"
-            )
-        spec = read_description(directory, "pipeline.json", FORMAT, VERSION)
+        spec = read_description(directory, "pipeline.json", FORMAT, VERSION, "pipeline",
+                                "fit the pipeline again with sessrec fit --config <pipeline recipe>")
         vocab = ItemVocab.load(directory / "vocab.parquet")
         check_vocabulary(vocab, spec, directory / "vocab.parquet", what="pipeline")
         stages = _Stages(directory)

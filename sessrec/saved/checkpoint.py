@@ -3,9 +3,8 @@
 A checkpoint written by sessrec holds only tensors and plain values: the task's
 hyper-parameters are configs (``class_path``/``init_args``), and the data module's state (the
 state dicts of the vocabulary and of the fitted side-feature transforms) sits under the data
-module's class name; a part may also be one uint8 tensor, the bytes of the part's file
-(`file_bytes`). Nothing in it is unpickled as an object, so a checkpoint from elsewhere cannot
-run code when it is read.
+module's class name. Nothing in it is unpickled as an object, so a checkpoint from elsewhere
+cannot run code when it is read.
 """
 
 from __future__ import annotations
@@ -19,8 +18,6 @@ from typing import Any
 
 import numpy as np
 import torch
-
-from sessrec.saved.atomic import ParquetFile
 
 DATA_STATE_KEYS = ("SessionDataModule", "ClickoutDataModule")
 
@@ -50,15 +47,10 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     return checkpoint
 
 
-def data_state(path: str | os.PathLike) -> dict[str, Any] | None:
-    """The data module state a checkpoint carries (vocabulary, feature transforms), or None."""
-    return checkpoint_summary(path)["data"]
-
-
 def checkpoint_summary(path: str | os.PathLike) -> dict[str, Any]:
     """What a checkpoint says of itself, without its weights and loop state: ``hyper_parameters``,
-    ``sessrec`` (the task's class and format), ``data`` (`data_state`), and the ``epoch`` and
-    ``global_step`` it was saved at.
+    ``sessrec`` (the task's class and format), ``data`` (the data module's state: vocabulary, feature
+    transforms; None when it carries none), and the ``epoch`` and ``global_step`` it was saved at.
 
     Kept for the file as it is now (path, size, modification time): the command line, the
     vocabulary and the feature transforms all ask for it, and a checkpoint is read once for them all.
@@ -84,7 +76,7 @@ def is_checkpoint(path: str | os.PathLike) -> bool:
 
 def saved_state(path: str | os.PathLike, key: str) -> Any:
     """The part `key` (``vocab``, ``features``) of the data module state a checkpoint carries."""
-    state = data_state(path)
+    state = checkpoint_summary(path)["data"]
     if state is None or key not in state:
         raise ValueError(f"{path}: the checkpoint carries no {key}; pass the {key} file of its training run instead")
     return state[key]
@@ -111,16 +103,3 @@ def as_arrays(state: Any) -> Any:
     if isinstance(state, (list, tuple)):
         return [as_arrays(v) for v in state]
     return state
-
-
-def file_bytes(part: Any) -> bytes | None:
-    """The bytes of a file that a data module state holds as one uint8 tensor (a vocabulary's parquet
-    file, the transforms' ``.npz``), or None for a part held as a state dict."""
-    if isinstance(part, torch.Tensor) and part.dtype == torch.uint8 and part.dim() == 1:
-        return part.cpu().numpy().tobytes()
-    return None
-
-
-def parquet_state(part: Any) -> Any:
-    """A checkpoint's vocabulary part as a `ParquetFile` state dict, also when it is held as the bytes of the file."""
-    return {ParquetFile.STATE_KEY: part} if file_bytes(part) is not None else part

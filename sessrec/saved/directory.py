@@ -38,9 +38,12 @@ def write_description(folder: Path, name: str, spec: dict[str, Any]) -> None:
     write_text(folder / name, json.dumps(spec, indent=1, default=_json_default))
 
 
-def read_description(folder: str | os.PathLike, name: str, format: str, versions: int | tuple[int, ...]) -> dict[str, Any]:
+def read_description(folder: str | os.PathLike, name: str, format: str, version: int, what: str = "",
+                     fix: str = "") -> dict[str, Any]:
     """The checked description `name` of `folder`: valid JSON of the right format and version, every
-    listed part present with its recorded hash. One line naming the file for anything else."""
+    listed part present with its recorded hash. One line naming the file for anything else; a
+    description of `format` in another version names its version, what it describes (`what`) and
+    how to get the version read (`fix`)."""
     folder = Path(folder)
     path = folder / name
     if not folder.is_dir():
@@ -53,10 +56,12 @@ def read_description(folder: str | os.PathLike, name: str, format: str, versions
         raise ValueError(f"{path}: not valid JSON ({err})") from None
     except RecursionError:
         raise ValueError(f"{path}: nested too deeply to be a saved description") from None
-    versions = (versions,) if isinstance(versions, int) else versions
-    if not isinstance(spec, dict) or spec.get("format") != format or spec.get("version") not in versions:
+    if isinstance(spec, dict) and spec.get("format") == format and spec.get("version") != version and what:
+        raise ValueError(f"{path}: a {what} of format version {spec.get('version')!r}, which this sessrec does not "
+                         f"read (it reads version {version}): {fix}")
+    if not isinstance(spec, dict) or spec.get("format") != format or spec.get("version") != version:
         found = f"{spec.get('format')!r} version {spec.get('version')!r}" if isinstance(spec, dict) else type(spec).__name__
-        raise ValueError(f"{path}: format {found} is not {format!r} version {' or '.join(map(str, versions))}")
+        raise ValueError(f"{path}: format {found} is not {format!r} version {version}")
     check_parts(folder, spec.get("parts", {}), path)
     return spec
 

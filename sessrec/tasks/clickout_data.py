@@ -19,7 +19,7 @@ from sessrec.data.readers import read_table
 from sessrec.data.sources import to_seconds
 from sessrec.datasets.clickout_rows import RankingLoader, RankingTensors, RankingVocab, encode_rows
 from sessrec.datasets.clickouts import DENSE_FEATURES, SPLITS, build_clickout_rows, split_by_time
-from sessrec.saved.checkpoint import as_tensors, is_checkpoint, parquet_state, saved_state
+from sessrec.saved.checkpoint import as_tensors, is_checkpoint, saved_state
 
 
 class ClickoutDataModule(pl.LightningDataModule):
@@ -108,7 +108,7 @@ class ClickoutDataModule(pl.LightningDataModule):
     def vocab(self) -> RankingVocab:
         if self._vocab is None:
             if self.vocab_path is not None and is_checkpoint(self.vocab_path):
-                saved = parquet_state(saved_state(self.vocab_path, "vocab"))
+                saved = saved_state(self.vocab_path, "vocab")
                 self._vocab = RankingVocab.empty().load_state_dict(saved, self.vocab_path)
             elif self.vocab_path is not None:
                 self._vocab = RankingVocab.load(self.vocab_path)
@@ -121,9 +121,8 @@ class ClickoutDataModule(pl.LightningDataModule):
         return {"vocab": as_tensors(self.vocab.state_dict())}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Take a checkpoint's vocabulary (also one held as the bytes of its parquet file); refused when it
-        differs from the one in use."""
-        vocab = RankingVocab.empty().load_state_dict(parquet_state(state["vocab"]), "the checkpoint's ranking vocabulary")
+        """Take a checkpoint's vocabulary; refused when it differs from the one in use."""
+        vocab = RankingVocab.empty().load_state_dict(state["vocab"], "the checkpoint's ranking vocabulary")
         if self._vocab is not None and self._vocab.cardinalities != vocab.cardinalities:
             raise ValueError(
                 f"the checkpoint's ranking vocabulary {vocab.cardinalities} differs from the one in use "

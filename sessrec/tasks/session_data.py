@@ -26,8 +26,8 @@ from sessrec.data.side import SideFeatures, SideInfoSpec, read_item_vectors
 from sessrec.data.sources import SessionSource, SessionSplits, SyntheticSource
 from sessrec.data.stream import ScoringStream
 from sessrec.data.vocab import ItemVocab
-from sessrec.features.side_transform import SideFeatureTransform, transforms_state
-from sessrec.saved.checkpoint import as_tensors, is_checkpoint, parquet_state, saved_state
+from sessrec.features.side_transform import SideFeatureTransform
+from sessrec.saved.checkpoint import as_arrays, as_tensors, is_checkpoint, saved_state
 
 Protocol = Literal["last", "all_prefixes"]
 
@@ -144,7 +144,7 @@ class SessionDataModule(pl.LightningDataModule):
     def vocab(self) -> ItemVocab:
         if self._vocab is None:
             if self.vocab_path is not None and is_checkpoint(self.vocab_path):
-                saved = parquet_state(saved_state(self.vocab_path, "vocab"))
+                saved = saved_state(self.vocab_path, "vocab")
                 self._vocab = ItemVocab.empty().load_state_dict(saved, self.vocab_path)
             elif self.vocab_path is not None:
                 self._vocab = ItemVocab.load(self.vocab_path)
@@ -169,7 +169,7 @@ class SessionDataModule(pl.LightningDataModule):
         """The fitted side-feature transforms (fitted on the training split, or loaded)."""
         if self._side is None and self.side_features.sequence_features:
             if self.features_path is not None and is_checkpoint(self.features_path):
-                saved = transforms_state(saved_state(self.features_path, "features"), self.features_path)
+                saved = as_arrays(saved_state(self.features_path, "features"))
                 self._side = SideFeatureTransform(self.side_features).load_state_dict(saved, self.features_path)
             elif self.features_path is not None:
                 self._side = SideFeatureTransform.load(self.features_path, self.side_features)
@@ -207,12 +207,8 @@ class SessionDataModule(pl.LightningDataModule):
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Take a checkpoint's vocabulary and transforms; refused when they differ from those in use.
-
-        A part may be held as the bytes of its file (one uint8 tensor: the parquet vocabulary, the
-        transforms' ``.npz``); it is read as that file.
-        """
-        vocab = ItemVocab.empty().load_state_dict(parquet_state(state["vocab"]), "the checkpoint's vocabulary")
+        """Take a checkpoint's vocabulary and transforms; refused when they differ from those in use."""
+        vocab = ItemVocab.empty().load_state_dict(state["vocab"], "the checkpoint's vocabulary")
         if self._vocab is not None and self._vocab != vocab:
             raise ValueError(
                 f"the checkpoint's vocabulary ({len(vocab)} ids) differs from the one this data module uses "
@@ -220,7 +216,7 @@ class SessionDataModule(pl.LightningDataModule):
             )
         self._vocab = vocab
         if "features" in state and self._side is None and self.side_features.sequence_features:
-            saved = transforms_state(state["features"], "the checkpoint")
+            saved = as_arrays(state["features"])
             self._side = SideFeatureTransform(self.side_features).load_state_dict(saved, "the checkpoint")
 
     # -- tensors --------------------------------------------------------------------------

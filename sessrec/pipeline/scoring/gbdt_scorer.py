@@ -169,11 +169,6 @@ class GBDTScorer(Scorer):
             out[inputs.valid] = predicted.to(out.device, torch.float32)
         return out
 
-    def importance(self) -> dict[str, float]:
-        """Total gain of each feature."""
-        gains = self.booster.feature_importance(importance_type="gain")
-        return dict(zip(self.booster.feature_name(), (float(g) for g in gains)))
-
     def state_dict(self) -> dict[str, Any]:
         """``model``: LightGBM's text format of the trees up to the best round (uint8), and ``best_round``."""
         if self.booster is None:

@@ -430,3 +430,27 @@ def test_pipeline_recipe_parses_and_shares_its_models_vocabulary(recipe, monkeyp
         dirpath = next(c["init_args"]["dirpath"] for c in callbacks if c["class_path"].endswith("ModelCheckpoint"))
         assert dirpath == f"runs/{found.group(1)}/checkpoints", name  # sessrec fit writes the model directory beside it
         assert trained["data"].get("eval_protocol") == spec["data"]["eval_protocol"], name
+
+
+SESSION_DATA = [p for p in [*DATA.values(), *FULL.values()]
+                if isinstance(load(p).get("data"), dict) and "class_path" not in load(p)["data"]]
+
+
+@pytest.mark.parametrize("recipe", SESSION_DATA, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_a_recipes_data_module_is_built_again_from_what_sessrec_fit_records(recipe):
+    """The data module of each recipe's data block (of every source: synthetic, SR-GNN, event log, user
+    sequences, Merlin, trivago), as ``sessrec fit`` records it in a model directory (its constructor's
+    arguments, as JSON), is built again by the registry alone, and records the same arguments."""
+    import json
+
+    from jsonargparse import ArgumentParser
+
+    from sessrec.saved.registry import config_of, instantiate
+    from sessrec.tasks import SessionDataModule
+
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_class_arguments(SessionDataModule, "data")
+    dm = parser.instantiate(parser.parse_object({"data": load(recipe)["data"]})).data
+    section = json.loads(json.dumps(config_of(dm)))
+    built = instantiate(section, expected=SessionDataModule, source=str(recipe), key="data")
+    assert type(built.source) is type(dm.source) and config_of(built) == section

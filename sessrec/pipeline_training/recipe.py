@@ -15,8 +15,8 @@ same sessions (the settings that only shape training batches aside, `BATCH_ONLY`
 (``pipeline.data``, a `SessionDataModule`) given in the recipe wins over them: the pipeline then
 reads other data with the same vocabulary. The vocabulary is the first model's (read from its model
 directory, unless a data block names a ``vocab_path``), and every other model's must equal it, so
-that every stage shares one vocabulary. Training sessions fit the kNN and co-visitation retrievers, the validation
-pairs fit the ranker, the test pairs are scored by ``test`` only.
+that every stage shares one vocabulary. Training sessions fit the kNN and co-visitation retrievers,
+the validation pairs fit the ranker, the test pairs are scored by ``test`` only.
 
 A fit-time module: `sessrec.pipeline` imports it on first use of `PipelineRecipe` (it loads the
 Lightning data module). A recipe file is read by the command line's parser of it
@@ -59,6 +59,8 @@ from sessrec.tasks.session_data import SessionDataModule
 # the splits' sessions and evaluation pairs, so two model directories that differ in them share their sessions
 BATCH_ONLY = frozenset({"batch_size", "eval_batch_size", "train_prefixes", "augment_reversed",
                         "shuffle_chunk", "pin_memory", "seed"})
+NO_DATA = ("a pipeline recipe reads its sessions from pipeline.data or from its models' model directories: give "
+           "pipeline.data (the stage-1 recipe's data block) or models.<name>.model_dir, a model directory written by sessrec fit")
 
 
 @dataclass
@@ -175,7 +177,8 @@ class PipelineRecipe:
         any class it does not hold before importing anything), reading that directory's vocabulary.
 
         Every model directory needs that section, and each must describe the same sessions as the first one
-        (`BATCH_ONLY` aside); otherwise one line names the directory (both directories and the first differing key).
+        (`BATCH_ONLY` aside); otherwise one line names the directory (for a difference: both directories and the
+        first differing key).
         """
         sections = []
         for name, spec in self.models.items():
@@ -292,10 +295,6 @@ class PipelineRecipe:
             metrics = evaluate_pipeline(pipe, self.data.pairs("test"), self.ks, self.batch_size)
         print("[test] " + " ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
         return metrics
-
-
-NO_DATA = ("a pipeline recipe reads its sessions from pipeline.data or from its models' model directories: give "
-           "pipeline.data (the stage-1 recipe's data block) or models.<name>.model_dir, a model directory written by sessrec fit")
 
 
 def first_difference(a: object, b: object, key: str) -> str | None:

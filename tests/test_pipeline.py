@@ -621,13 +621,16 @@ def test_models_trained_on_other_sessions_are_refused_naming_the_key(world: Worl
     assert recipe.data.vocab_path == str(first / "vocab.parquet")
 
 
-def test_a_recipe_without_data_and_a_model_directory_without_it_is_refused(world: World, tmp_path: Path) -> None:
+def test_a_recipe_without_data_and_a_model_directory_without_it_is_refused(world, tmp_path, sessrec_main) -> None:
     needs = ("a pipeline recipe reads its sessions from pipeline.data or from its models' model directories: give "
              "pipeline.data (the stage-1 recipe's data block) or models.<name>.model_dir, a model directory written by sessrec fit")
     recipe = small_recipe(world, tmp_path, data=None, models={"xlnet": ModelRetrieval(str(world.model_dir))})
     with pytest.raises(ValueError) as err:
         recipe.build()
     assert str(err.value) == f"models.xlnet.model_dir: {world.model_dir} records no data section: {needs}"
+    recipe_file, _ = write_recipe(world, tmp_path, data=None, models={"xlnet": {"model_dir": str(world.model_dir), "k": 30}})
+    assert sessrec_main("fit", "--config", str(recipe_file)) == (
+        f"sessrec fit: error: models.xlnet.model_dir: {world.model_dir} records no data section: {needs} (--traceback for details)")
     with pytest.raises(ValueError) as err:
         small_recipe(world, tmp_path, data=None)  # baselines only: no model directory to read
     assert str(err.value) == needs

@@ -597,7 +597,7 @@ def test_a_hostile_data_section_is_refused_before_anything_is_imported(
     edit_data(model_dir, data)
     recipe = small_recipe(world, tmp_path, data=None, models={"xlnet": ModelRetrieval(str(model_dir))})
     with pytest.raises(ConfigError, match=rf"^{versions.resolve(model_dir) / 'config.json'}: {message}"):
-        recipe.data
+        _ = recipe.data  # read on first use
     assert not marker.exists() and "pipeline_sentinel" not in sys.modules and not (tmp_path / "pwned").exists()
 
 
@@ -608,13 +608,13 @@ def test_models_trained_on_other_sessions_are_refused_naming_the_key(world: Worl
     with pytest.raises(ValueError, match=(
         rf"^models.b.model_dir: {other} was trained on other sessions than models.a.model_dir: {first} "
         r"\(data.init_args.max_length differs\); a pipeline's models share their sessions: give pipeline.data")):
-        recipe.data
+        _ = recipe.data  # read on first use
     source = {**config_of(world.dm.source)["init_args"], "num_items": 301}
     edit_data(other, config_of(world.dm) | {"init_args": {**config_of(world.dm)["init_args"], "source": {
         "class_path": "sessrec.data.sources.SyntheticSource", "init_args": source}}})
     recipe = small_recipe(world, tmp_path, data=None, models={"a": ModelRetrieval(str(first)), "b": ModelRetrieval(str(other))})
     with pytest.raises(ValueError, match=r"\(data.init_args.source.init_args.num_items differs\)"):
-        recipe.data
+        _ = recipe.data  # read on first use
     # only training-batch settings differ: the same sessions
     same = with_data(world, tmp_path / "same", batch_size=3, eval_batch_size=5, train_prefixes=True, augment_reversed=True)
     recipe = small_recipe(world, tmp_path, data=None, models={"a": ModelRetrieval(str(first)), "b": ModelRetrieval(str(same))})

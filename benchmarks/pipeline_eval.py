@@ -395,6 +395,8 @@ def main() -> None:
     stage1_seeds = sorted({s for s, _ in runs})
     trained = train_models(recipe, stage1_seeds, args.retrain, shlex.split(args.stage1_args))
     specs = dict(recipe.models)
+    first = model_seeds(specs, stage1_seeds[0])  # the sessions are read from model directories trained above
+    recipe.models = {n: dataclasses.replace(s, model_dir=str(first[n][1]), seed=first[n][0]) for n, s in specs.items()}
     dm, batch = recipe.data, recipe.batch_size
     test = dm.pairs("test")
     valid = recipe.ranker_data()

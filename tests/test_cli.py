@@ -14,6 +14,8 @@ import torch
 from sessrec.artifacts import SessionRecommender
 from sessrec.cli import cli as main
 from sessrec.data import ItemVocab, SchemaError
+from sessrec.saved.registry import config_of, instantiate
+from sessrec.tasks import SessionDataModule
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,6 +52,43 @@ def test_fit_writes_checkpoint_and_model_directory(trained):
     checkpoints = model_dir.parent / "checkpoints"
     assert (checkpoints / "best.ckpt").is_file() and not (checkpoints / "vocab.parquet").exists()  # one vocabulary: the model's
     assert not list(checkpoints.glob(".*tmp*"))
+
+
+def test_fit_records_the_data_module_it_trained_with(trained):
+    _, model_dir = trained
+    data = SessionRecommender.from_pretrained(model_dir).data
+    assert data["class_path"] == "sessrec.tasks.session_data.SessionDataModule"
+    assert data["init_args"]["source"]["class_path"] == "sessrec.data.sources.SyntheticSource"
+    assert {k: data["init_args"]["source"]["init_args"][k] for k in ("num_sessions", "num_items")} == {
+        "num_sessions": 3000, "num_items": 200}  # the recipe's values as the command line changed them
+    assert {k: data["init_args"][k] for k in ("max_length", "batch_size", "vocab_path")} == {
+        "max_length": 20, "batch_size": 256, "vocab_path": None}
+    built = instantiate(data, expected=SessionDataModule, source=str(model_dir / "config.json"), key="data")
+    assert config_of(built) == data  # the registry builds the data module it describes
+
+
+def test_a_pipeline_without_a_data_block_reads_the_sessions_fit_recorded(trained, tmp_path):
+    """The pipeline built from the model directory alone equals the one given the recipe's data block."""
+    pytest.importorskip("lightgbm")
+    from sessrec.data import SyntheticSource
+    from sessrec.pipeline.retrieval.covisitation import CoVisitation
+    from sessrec.pipeline.scoring import GBDTScorer
+    from sessrec.pipeline_training import fitting
+    from sessrec.pipeline_training.recipe import ModelRetrieval, PipelineRecipe
+
+    _, model_dir = trained
+
+    def metrics(data: SessionDataModule | None) -> dict[str, float]:
+        recipe = PipelineRecipe(data=data, models={"m": ModelRetrieval(str(model_dir), k=20)}, covisitation=CoVisitation(),
+                                covisitation_k=20, max_candidates=30, output=str(tmp_path / "pipeline"),
+                                scorer=GBDTScorer(max_rounds=10, threads=1, min_data_in_leaf=5))
+        pipe = recipe.build()
+        fitting.fit_ranker(pipe, recipe.ranker_data(), recipe.scorer)
+        return fitting.evaluate_pipeline(pipe, recipe.data.pairs("test"), [10, 20])
+
+    written = SessionDataModule(source=SyntheticSource(num_sessions=3000, num_items=200), max_length=20)  # TINY's
+    got = metrics(None)
+    assert got == metrics(written) and got["recall@20"] > 0
 
 
 def test_test_subcommand_reports_metrics(trained):

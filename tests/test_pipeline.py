@@ -44,7 +44,8 @@ from sessrec.pipeline.retrieval.covisitation import CoVisitation
 from sessrec.pipeline.retrieval.index import FaissIndex
 from sessrec.pipeline.retrieval.session_model_retriever import SessionModelRetriever
 from sessrec.pipeline.scoring import BlendScorer, DLRMScorer, GBDTScorer
-from sessrec.saved.registry import config_of
+from sessrec.saved import versions
+from sessrec.saved.registry import ConfigError, config_of
 from sessrec.tasks import NextItemTask, SessionDataModule
 from sessrec.tasks.baseline_task import _end_times
 
@@ -120,9 +121,11 @@ def pairs_of(items: torch.Tensor, targets: torch.Tensor) -> set[tuple[int, ...]]
 
 
 def small_recipe(world: World, tmp_path: Path, **pipeline) -> PipelineRecipe:
-    """A recipe over the world's data module: V-SKNN and co-visitation, a small LightGBM ranker."""
+    """A recipe over the world's data module (unless `pipeline` gives its data): V-SKNN and co-visitation, a
+    small LightGBM ranker."""
+    pipeline.setdefault("data", world.dm)
     return PipelineRecipe(
-        data=world.dm, baselines={"vsknn": BaselineRetrieval(VSKNN(**VSKNN_ARGS), k=30)},
+        baselines={"vsknn": BaselineRetrieval(VSKNN(**VSKNN_ARGS), k=30)},
         covisitation=CoVisitation(), covisitation_k=30, max_candidates=50, scorer=GBDTScorer(**GBDT_ARGS),
         output=str(tmp_path / "pipeline"), **pipeline,
     )
@@ -530,6 +533,107 @@ def test_the_stage_1_vocabulary_is_read_from_the_model_directory(world: World, t
     recipe = PipelineRecipe(data=dm, models={"xlnet": ModelRetrieval(str(world.model_dir))}, output=str(tmp_path / "p"))
     recipe.stage1_vocabulary()
     assert dm.vocab_path == str(world.model_dir / "vocab.parquet") and dm.vocab == world.dm.vocab
+
+
+def with_data(world: World, directory: Path, **changes) -> Path:
+    """The world's model written again with a data section (what sessrec fit records): the world's data
+    module's configuration, with `changes` to its init_args."""
+    recommender = SessionRecommender.from_pretrained(world.model_dir)
+    data = config_of(world.dm)
+    data["init_args"].update(changes)
+    recommender.data = data
+    return recommender.save_pretrained(directory)
+
+
+def edit_data(directory: Path, data: object) -> None:
+    """Put `data` as the data section of the current version of a model directory (config.json is not hashed)."""
+    path = versions.resolve(directory) / "config.json"
+    config = json.loads(path.read_text())
+    config["data"] = data
+    path.write_text(json.dumps(config))
+
+
+def fitted_metrics(recipe: PipelineRecipe) -> dict[str, float]:
+    """Build the recipe's pipeline, fit its ranker on the validation pairs, score the test pairs."""
+    pipe = recipe.build()
+    fitting.fit_ranker(pipe, recipe.ranker_data(), recipe.scorer)
+    return fitting.evaluate_pipeline(pipe, recipe.data.pairs("test"), recipe.ks)
+
+
+def test_a_recipe_without_data_reads_the_sessions_of_its_model_directory(world: World, tmp_path: Path) -> None:
+    model_dir = with_data(world, tmp_path / "model", batch_size=7)  # a setting that only shapes training batches
+    assert SessionRecommender.from_pretrained(model_dir).data == config_of(world.dm) | {
+        "init_args": {**config_of(world.dm)["init_args"], "batch_size": 7}}
+
+    def recipe(data: SessionDataModule | None) -> PipelineRecipe:
+        return small_recipe(world, tmp_path, data=data, models={"xlnet": ModelRetrieval(str(model_dir), k=30)})
+
+    read = recipe(None)
+    assert type(read.data.source) is SyntheticSource and config_of(read.data.source) == config_of(world.dm.source)
+    assert read.data.max_length == MAX_LENGTH and read.data.vocab_path == str(model_dir / "vocab.parquet")
+    written = recipe(SessionDataModule(source=SyntheticSource(**SOURCE), max_length=MAX_LENGTH))
+    got, expected = fitted_metrics(read), fitted_metrics(written)
+    assert got == expected and got["recall@20"] > 0
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"class_path": "os.system", "init_args": {"command": "touch pwned"}},
+     r"data: 'os.system' is not registered; import the module that defines it"),
+    ({"class_path": "sessrec.tasks.SessionDataModule", "init_args": {"source": {"class_path": "pipeline_sentinel.Thing"}}},
+     r"data.init_args.source: 'pipeline_sentinel.Thing' is not registered"),
+    ({"class_path": "sessrec.tasks.SessionDataModule", "init_args": {"source": {"class_path": "sessrec.models.GRU4RecEncoder"}}},
+     r"data.init_args.source: 'sessrec.models.GRU4RecEncoder' is a registered class, but not a SessionSource"),
+], ids=["function", "unimported-module", "not-a-source"])
+def test_a_hostile_data_section_is_refused_before_anything_is_imported(
+    world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data: dict, message: str
+) -> None:
+    marker = tmp_path / "imported"
+    (tmp_path / "modules").mkdir()
+    (tmp_path / "modules" / "pipeline_sentinel.py").write_text(
+        f"from pathlib import Path\nPath({str(marker)!r}).write_text('imported')\n\n\nclass Thing:\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "modules"))
+    monkeypatch.chdir(tmp_path)
+    model_dir = with_data(world, tmp_path / "model")
+    edit_data(model_dir, data)
+    recipe = small_recipe(world, tmp_path, data=None, models={"xlnet": ModelRetrieval(str(model_dir))})
+    with pytest.raises(ConfigError, match=rf"^{versions.resolve(model_dir) / 'config.json'}: {message}"):
+        _ = recipe.data  # read on first use
+    assert not marker.exists() and "pipeline_sentinel" not in sys.modules and not (tmp_path / "pwned").exists()
+
+
+def test_models_trained_on_other_sessions_are_refused_naming_the_key(world: World, tmp_path: Path) -> None:
+    first = with_data(world, tmp_path / "first")
+    other = with_data(world, tmp_path / "other", max_length=MAX_LENGTH - 1)
+    recipe = small_recipe(world, tmp_path, data=None, models={"a": ModelRetrieval(str(first)), "b": ModelRetrieval(str(other))})
+    with pytest.raises(ValueError, match=(
+        rf"^models.b.model_dir: {other} was trained on other sessions than models.a.model_dir: {first} "
+        r"\(data.init_args.max_length differs\); a pipeline's models share their sessions: give pipeline.data")):
+        _ = recipe.data  # read on first use
+    source = {**config_of(world.dm.source)["init_args"], "num_items": 301}
+    edit_data(other, config_of(world.dm) | {"init_args": {**config_of(world.dm)["init_args"], "source": {
+        "class_path": "sessrec.data.sources.SyntheticSource", "init_args": source}}})
+    recipe = small_recipe(world, tmp_path, data=None, models={"a": ModelRetrieval(str(first)), "b": ModelRetrieval(str(other))})
+    with pytest.raises(ValueError, match=r"\(data.init_args.source.init_args.num_items differs\)"):
+        _ = recipe.data  # read on first use
+    # only training-batch settings differ: the same sessions
+    same = with_data(world, tmp_path / "same", batch_size=3, eval_batch_size=5, train_prefixes=True, augment_reversed=True)
+    recipe = small_recipe(world, tmp_path, data=None, models={"a": ModelRetrieval(str(first)), "b": ModelRetrieval(str(same))})
+    assert recipe.data.vocab_path == str(first / "vocab.parquet")
+
+
+def test_a_recipe_without_data_and_a_model_directory_without_it_is_refused(world, tmp_path, sessrec_main) -> None:
+    needs = ("a pipeline recipe reads its sessions from pipeline.data or from its models' model directories: give "
+             "pipeline.data (the stage-1 recipe's data block) or models.<name>.model_dir, a model directory written by sessrec fit")
+    recipe = small_recipe(world, tmp_path, data=None, models={"xlnet": ModelRetrieval(str(world.model_dir))})
+    with pytest.raises(ValueError) as err:
+        recipe.build()
+    assert str(err.value) == f"models.xlnet.model_dir: {world.model_dir} records no data section: {needs}"
+    recipe_file, _ = write_recipe(world, tmp_path, data=None, models={"xlnet": {"model_dir": str(world.model_dir), "k": 30}})
+    assert sessrec_main("fit", "--config", str(recipe_file)) == (
+        f"sessrec fit: error: models.xlnet.model_dir: {world.model_dir} records no data section: {needs} (--traceback for details)")
+    with pytest.raises(ValueError) as err:
+        small_recipe(world, tmp_path, data=None)  # baselines only: no model directory to read
+    assert str(err.value) == needs
 
 
 @pytest.mark.parametrize("keys", [{"recipe": "recipes/xlnet_mlm_rsc15.yaml", "checkpoint": "runs/x/checkpoints/best.ckpt"},

@@ -126,6 +126,21 @@ def test_saving_a_loaded_recommender_writes_the_same_directory(tmp_path, vocab):
     assert a["parts"] == b["parts"]  # the same weights and vocabulary, byte for byte
 
 
+def test_a_session_recommender_carries_the_data_configuration_it_is_given(tmp_path, vocab):
+    model, objective = session_model("gru4rec_clm")
+    data = {"class_path": "sessrec.tasks.session_data.SessionDataModule", "init_args": {
+        "source": {"class_path": "sessrec.data.sources.SRGNNSource", "init_args": {"path": "d", "valid_fraction": 0.02}},
+        "max_length": 5, "batch_size": 64}}
+    path = SessionRecommender(model, objective, vocab, Inference(5), data=data).save_pretrained(tmp_path / "with")
+    assert read_config(path)["data"] == data and SessionRecommender.from_pretrained(path).data == data
+    again = SessionRecommender.from_pretrained(path).save_pretrained(tmp_path / "again")
+    assert read_config(again)["data"] == data
+    bare = SessionRecommender(model, objective, vocab, Inference(5)).save_pretrained(tmp_path / "bare")
+    assert "data" not in read_config(bare) and SessionRecommender.from_pretrained(bare).data is None
+    with pytest.raises(TypeError, match="data configuration is a mapping or None, got list"):
+        SessionRecommender(model, objective, vocab, Inference(5), data=[data])
+
+
 def test_a_session_recommender_with_side_information_round_trips_with_its_transforms(tmp_path, vocab):
     torch.manual_seed(0)
     spec = SideInfoSpec(categorical={"device": 5}, continuous=["price"], item_vectors={"text": 3})

@@ -404,7 +404,9 @@ def test_documented_fast_dev_run(args, scratch):
 def test_pipeline_recipe_parses_and_shares_its_models_vocabulary(recipe, monkeypatch):
     """A pipeline recipe is typed-checked, each model is the model directory its stage-1 recipe's ``sessrec fit``
     writes (``runs/<recipe>/model``, beside the recipe's checkpoints; a model of another stage-1 seed where
-    pipeline_eval.py writes it), and the pipeline's data block fits the same vocabulary as that recipe.
+    pipeline_eval.py writes it), and the pipeline has no data block of its own: its sessions are the data section
+    of the first model directory, the stage-1 recipe's data block, and every other model's stage-1 recipe reads
+    the same sessions with the same vocabulary (what the pipeline checks of their model directories).
 
     Running it needs the stage-1 model directories: tests/test_pipeline.py runs the same code on a tiny
     pipeline; benchmarks/pipeline_eval.py runs these recipes.
@@ -412,21 +414,50 @@ def test_pipeline_recipe_parses_and_shares_its_models_vocabulary(recipe, monkeyp
     import re
 
     from sessrec.cli.parsers import load_recipe
+    from sessrec.pipeline_training.recipe import BATCH_ONLY
 
     monkeypatch.chdir(ROOT)
     spec = load(recipe)["pipeline"]
     parsed = load_recipe(recipe)
     assert parsed.models or parsed.baselines
+    assert "data" not in spec and parsed._data is None  # read from the first model directory on first use
+    first = None
     for name, model in spec.get("models", {}).items():
         assert set(model) <= {"model_dir", "k", "index", "seed"}, name
         found = re.fullmatch(r"runs/(.+?)(_seed(\d+))?/model", model["model_dir"])
         assert found, (name, model["model_dir"])
         trained = load(ROOT / "recipes" / f"{found.group(1)}.yaml")
-        assert {k: trained["data"].get(k) for k in VOCAB_KEYS} == {k: spec["data"].get(k) for k in VOCAB_KEYS}, name
+        first = trained["data"] if first is None else first
+        assert {k: trained["data"].get(k) for k in VOCAB_KEYS} == {k: first.get(k) for k in VOCAB_KEYS}, name
+        sessions = {k: v for k, v in trained["data"].items() if k not in BATCH_ONLY}
+        assert sessions == {k: v for k, v in first.items() if k not in BATCH_ONLY}, name
         own = trained.get("seed_everything", 0)
         seed = model.get("seed", own)
         assert (found.group(3) is None) == (seed == own) and (found.group(3) is None or int(found.group(3)) == seed), name
         callbacks = trained["trainer"]["callbacks"]
         dirpath = next(c["init_args"]["dirpath"] for c in callbacks if c["class_path"].endswith("ModelCheckpoint"))
         assert dirpath == f"runs/{found.group(1)}/checkpoints", name  # sessrec fit writes the model directory beside it
-        assert trained["data"].get("eval_protocol") == spec["data"]["eval_protocol"], name
+
+
+SESSION_DATA = [p for p in [*DATA.values(), *FULL.values()]
+                if isinstance(load(p).get("data"), dict) and "class_path" not in load(p)["data"]]
+
+
+@pytest.mark.parametrize("recipe", SESSION_DATA, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_a_recipes_data_module_is_built_again_from_what_sessrec_fit_records(recipe):
+    """The data module of each recipe's data block (of every source: synthetic, SR-GNN, event log, user
+    sequences, Merlin, trivago), as ``sessrec fit`` records it in a model directory (its constructor's
+    arguments, as JSON), is built again by the registry alone, and records the same arguments."""
+    import json
+
+    from jsonargparse import ArgumentParser
+
+    from sessrec.saved.registry import config_of, instantiate
+    from sessrec.tasks import SessionDataModule
+
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_class_arguments(SessionDataModule, "data")
+    dm = parser.instantiate(parser.parse_object({"data": load(recipe)["data"]})).data
+    section = json.loads(json.dumps(config_of(dm)))
+    built = instantiate(section, expected=SessionDataModule, source=str(recipe), key="data")
+    assert type(built.source) is type(dm.source) and config_of(built) == section

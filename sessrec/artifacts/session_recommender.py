@@ -5,7 +5,9 @@ The artifact of a trained `NextItemTask` (``sessrec fit`` writes it as ``runs/<n
 was trained with (how it reads the next item), the vocabulary of its ids, the inference settings
 serving reads (`Inference`) and, for a model that reads side features, the fitted transforms. Its
 model directory (`sessrec.artifacts.model_directory`) holds the sections ``model``, ``objective``,
-``inference``, ``side_features`` (with features.npz) and ``vocab``; the network and the objective
+``inference``, ``side_features`` (with features.npz), ``vocab`` and, as ``sessrec fit`` writes it, ``data``:
+the configuration of the data module the model was trained on, which the recommender carries and
+never reads (a pipeline recipe rebuilds its sessions from it); the network and the objective
 are built from their sections by the registry (`sessrec.saved.registry`), the only builder of
 classes from saved files.
 
@@ -104,6 +106,9 @@ class SessionRecommender:
         inference: the session length, exclusion of seen items and top-k that serving reads.
         side_transform: the fitted side-feature transforms, for a model that reads side features.
         side_features: their settings (default: the transforms' own).
+        data: the ``{"class_path", "init_args"}`` configuration (plain data) of the data module it was
+            trained on, as ``sessrec fit`` records it; None when unknown (a recommender built by hand).
+            Carried through `save_pretrained` / `from_pretrained`, not interpreted.
     """
 
     def __init__(
@@ -114,6 +119,7 @@ class SessionRecommender:
         inference: Inference,
         side_transform: SideFeatureTransform | None = None,
         side_features: SideFeatures | None = None,
+        data: dict[str, Any] | None = None,
     ) -> None:
         if not isinstance(model, SessionModel):
             raise TypeError(f"a SessionRecommender holds a SessionModel, got {type(model).__name__}")
@@ -123,6 +129,8 @@ class SessionRecommender:
             raise TypeError(f"a SessionRecommender's vocabulary is an ItemVocab, got {type(vocab).__name__}")
         if not isinstance(inference, Inference):
             raise TypeError(f"a SessionRecommender's inference settings are an Inference, got {type(inference).__name__}")
+        if data is not None and not isinstance(data, dict):
+            raise TypeError(f"a SessionRecommender's data configuration is a mapping or None, got {type(data).__name__}")
         if len(vocab) != model.num_items:
             raise ValueError(f"the vocabulary has {len(vocab)} ids where the model scores {model.num_items}: "
                              "give the vocabulary it was trained with")
@@ -133,6 +141,7 @@ class SessionRecommender:
         self.model, self.objective, self.vocab, self.inference = model, objective, vocab, inference
         self.side_transform = side_transform
         self.side_features = side_features if side_features is not None or side_transform is None else side_transform.config
+        self.data = data
 
     def scores(self, items: torch.Tensor, features: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
         """(B, V) next-item scores of (B, L) right-aligned sessions of model ids, read the way the
@@ -151,6 +160,8 @@ class SessionRecommender:
         """Write the model directory (a new version of an existing one); returns the folder written."""
         sections = {"model": config_of(self.model), "objective": config_of(self.objective),
                     "inference": asdict(self.inference)}
+        if self.data is not None:
+            sections["data"] = self.data
         weights = with_prefix(self.model.state_dict(), NETWORK)
         if isinstance(self.objective, nn.Module):
             weights.update(with_prefix(self.objective.state_dict(), OBJECTIVE))
@@ -182,4 +193,7 @@ class SessionRecommender:
             objective.eval()
         vocab = load_vocab(folder, config, ItemVocab.load)
         side_transform, side_features = load_side(folder, config)
-        return cls(model.eval(), objective, vocab, inference, side_transform, side_features)
+        data = config.get("data")
+        if data is not None and not isinstance(data, dict):
+            raise ConfigError(source, "data", f"expected the data module's {{class_path, init_args}}, got {type(data).__name__}")
+        return cls(model.eval(), objective, vocab, inference, side_transform, side_features, data)

@@ -21,7 +21,9 @@ Data-derived values (catalogue size, sequence length, virtual items, side-featur
 linked from the data module into the model, never typed twice.
 
 ``sessrec fit`` writes the model directory of its best checkpoint, ``runs/<name>/model``
-(`sessrec.artifacts`: a `SessionRecommender` or a `ClickRanker`). ``validate``, ``test`` and
+(`sessrec.artifacts`: a `SessionRecommender` or a `ClickRanker`); a session model's records the
+configuration of the `SessionDataModule` it was trained on (its ``data`` section), from which a
+pipeline recipe without a data block reads its sessions. ``validate``, ``test`` and
 ``predict`` of a trained model take that directory (``--model_dir``) with the data recipe
 (``--config``): the data module reads the directory's vocabulary and side-feature transforms, and
 the model is the directory's, by one rule (`sessrec.tasks.restore`), where "given" means
@@ -65,7 +67,8 @@ from sessrec.artifacts.model_directory import FEATURES, VOCAB, read_model_direct
 from sessrec.cli.errors import RecipeError, check_in_order, flag_mapping, one_line, refuse_null_below_class
 from sessrec.cli.parsers import config_paths, read_config
 from sessrec.saved.checkpoint import checkpoint_summary
-from sessrec.tasks import DLRMTask, LastCheckpoint, NextItemTask, TopKWriter
+from sessrec.saved.registry import config_of
+from sessrec.tasks import DLRMTask, LastCheckpoint, NextItemTask, SessionDataModule, TopKWriter
 from sessrec.tasks.callbacks import MetricHistory, PredictProgress
 from sessrec.tasks.checkpointing import best_of_run, plain_hparams
 from sessrec.tasks.restore import merge_with_model, task_class
@@ -223,7 +226,8 @@ class SessrecCLI(LightningCLI):
 
     def after_fit(self) -> None:
         """Print the metrics of the checkpoint kept (the best one, with its epoch) and write its model
-        directory beside it."""
+        directory beside it; a session model's directory records the data module's configuration (its
+        ``data`` section)."""
         trainer, model = self.trainer, self.model
         if trainer.fast_dev_run or not trainer.is_global_zero:
             return
@@ -234,6 +238,9 @@ class SessrecCLI(LightningCLI):
             return
         trained = best_of_run(model, best, self.datamodule)
         artifact = trained.recommender() if isinstance(trained, NextItemTask) else trained.ranker()
+        if isinstance(artifact, SessionRecommender) and isinstance(self.datamodule, SessionDataModule):
+            # the sessions it was trained on, which a pipeline recipe rebuilds from the model directory
+            artifact.data = config_of(self.datamodule)
         directory = artifact.save_pretrained(Path(best).parent.parent / "model")
         print(f"sessrec fit: best checkpoint {best}; model directory {directory}")
 

@@ -15,6 +15,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sessrec.saved.registry import register
+
 FeatureKind = Literal["categorical", "continuous"]
 TimeUnit = Literal["s", "ms", "us", "ns", "datetime"]
 
@@ -23,6 +25,7 @@ class SchemaError(ValueError):
     """Input data that does not match its `Schema`. The message names file, column and value."""
 
 
+@register  # a model directory's data section builds it (a source's schema)
 @dataclass(frozen=True)
 class FeatureSpec:
     """A per-interaction side feature.
@@ -42,6 +45,7 @@ class FeatureSpec:
             )
 
 
+@register  # a model directory's data section builds it (a source's schema)
 @dataclass(frozen=True)
 class Schema:
     """Column roles of an event log (one row per interaction).

@@ -62,6 +62,7 @@ TIME_FEATURES: dict[str, TimeFeatureSpec] = {
 }
 
 
+@register  # a model directory's data section builds it (the data module's side_features)
 @dataclass
 class SideFeatures:
     """Which side information the model gets (all empty: none).

@@ -23,6 +23,7 @@ from sessrec.data.readers import read_events, read_srgnn, read_user_sequences
 from sessrec.data.schema import Schema
 from sessrec.data.synthetic import generate_sessions
 from sessrec.saved.atomic import atomic_path
+from sessrec.saved.registry import Configurable
 
 
 @dataclass
@@ -57,8 +58,10 @@ class SessionSplits:
         }
 
 
-class SessionSource:
-    """Base class: `load()` returns the splits. Subclasses are configured by their constructor."""
+class SessionSource(Configurable):
+    """Base class: `load()` returns the splits. Subclasses are configured by their constructor, which
+    each instance records (`Configurable`): a model directory's ``data`` section names the source its
+    model was trained on, and the registry rebuilds it from there (every subclass registers itself)."""
 
     def load(self) -> SessionSplits:
         raise NotImplementedError

@@ -8,11 +8,15 @@ arguments below (checked by jsonargparse before anything runs):
     sessrec recommend --config recipes/pipeline_rsc15.yaml --input_path sessions.parquet --output recs.parquet
 
 Each trained session model is named by its model directory (``models.<name>.model_dir:
-runs/<x>/model``, which ``sessrec fit`` writes). The data block is a `SessionDataModule` over the
-stage-1 models' sessions; its vocabulary is the first model's (read from its model directory, unless
-the block names a ``vocab_path``), and every other model's must equal it, so that every stage
-shares one vocabulary. Training sessions fit the kNN and co-visitation retrievers, the validation
-pairs fit the ranker, the test pairs are scored by ``test`` only.
+runs/<x>/model``, which ``sessrec fit`` writes). The sessions are those the stage-1 models were
+trained on: the data module that the first model directory's ``data`` section describes (``sessrec
+fit`` records it there; built by the registry), and every other model directory's must describe the
+same sessions (the settings that only shape training batches aside, `BATCH_ONLY`). A data block
+(``pipeline.data``, a `SessionDataModule`) given in the recipe wins over them: the pipeline then
+reads other data with the same vocabulary. The vocabulary is the first model's (read from its model
+directory, unless a data block names a ``vocab_path``), and every other model's must equal it, so
+that every stage shares one vocabulary. Training sessions fit the kNN and co-visitation retrievers,
+the validation pairs fit the ranker, the test pairs are scored by ``test`` only.
 
 A fit-time module: `sessrec.pipeline` imports it on first use of `PipelineRecipe` (it loads the
 Lightning data module). A recipe file is read by the command line's parser of it
@@ -29,7 +33,7 @@ from typing import Literal
 
 import numpy as np
 
-from sessrec.artifacts.model_directory import VOCAB
+from sessrec.artifacts.model_directory import CONFIG, VOCAB, read_model_directory
 from sessrec.artifacts.session_recommender import SessionRecommender
 from sessrec.baselines import SessionBaseline
 from sessrec.data import frame
@@ -47,7 +51,16 @@ from sessrec.pipeline.retrieval.session_model_retriever import SessionModelRetri
 from sessrec.pipeline.scoring import BlendScorer, DLRMScorer, GBDTScorer
 from sessrec.pipeline_training.fitting import evaluate_pipeline, fit_ranker
 from sessrec.saved import versions
+from sessrec.saved.registry import instantiate
 from sessrec.tasks.session_data import SessionDataModule
+
+
+# settings of a data module that only shape training batches (the training loader's): the pipeline reads
+# the splits' sessions and evaluation pairs, so two model directories that differ in them share their sessions
+BATCH_ONLY = frozenset({"batch_size", "eval_batch_size", "train_prefixes", "augment_reversed",
+                        "shuffle_chunk", "pin_memory", "seed"})
+NO_DATA = ("a pipeline recipe reads its sessions from pipeline.data or from its models' model directories: give "
+           "pipeline.data (the stage-1 recipe's data block) or models.<name>.model_dir, a model directory written by sessrec fit")
 
 
 @dataclass
@@ -86,7 +99,8 @@ class PipelineRecipe:
     """Everything a pipeline is built from.
 
     Args:
-        data: the sessions (the stage-1 recipes' data block, without ``train_prefixes``).
+        data: other sessions than the stage-1 models' (a data block with their vocabulary); None: the data
+            module that the first model directory's ``data`` section describes (``sessrec fit`` writes it).
         models: name -> trained session model.
         baselines: name -> kNN baseline.
         covisitation: co-visitation retriever settings; None for none.
@@ -112,7 +126,7 @@ class PipelineRecipe:
 
     def __init__(
         self,
-        data: SessionDataModule,
+        data: SessionDataModule | None = None,
         models: dict[str, ModelRetrieval] | None = None,
         baselines: dict[str, BaselineRetrieval] | None = None,
         covisitation: CoVisitation | None = None,
@@ -133,7 +147,9 @@ class PipelineRecipe:
     ) -> None:
         if not (models or baselines or covisitation):
             raise ValueError("a pipeline recipe needs at least one retriever: models, baselines or covisitation")
-        self.data, self.models, self.baselines = data, dict(models or {}), dict(baselines or {})
+        self._data, self.models, self.baselines = data, dict(models or {}), dict(baselines or {})
+        if data is None and not self.models:
+            raise ValueError(NO_DATA)
         self.covisitation, self.covisitation_k = covisitation, covisitation_k
         self.max_candidates, self.seen_filter, self.seen_window = max_candidates, seen_filter, seen_window
         self.item_tables = list(item_tables or [])
@@ -148,6 +164,39 @@ class PipelineRecipe:
         self.ranker_pairs, self.refit_retrievers = ranker_pairs, refit_retrievers
         for rule in (*self.item_tables, *self.ordering.rules):
             rule.read()  # a bad table is refused now, before anything is fitted
+
+    @property
+    def data(self) -> SessionDataModule:
+        """The pipeline's sessions: the recipe's data block, else the stage-1 models' (`stage1_data`, read on first use)."""
+        if self._data is None:
+            self._data = self.stage1_data()
+        return self._data
+
+    def stage1_data(self) -> SessionDataModule:
+        """The data module of the first model directory's ``data`` section (built by the registry, which refuses
+        any class it does not hold before importing anything), reading that directory's vocabulary.
+
+        Every model directory needs that section, and each must describe the same sessions as the first one
+        (`BATCH_ONLY` aside); otherwise one line names the directory (for a difference: both directories and the
+        first differing key).
+        """
+        sections = []
+        for name, spec in self.models.items():
+            folder, config = read_model_directory(spec.model_dir)  # its current version, format and parts checked
+            if config.get("data") is None:
+                raise ValueError(f"models.{name}.model_dir: {spec.model_dir} records no data section: {NO_DATA}")
+            sections.append((name, spec.model_dir, folder, config["data"]))
+        name, first, folder, section = sections[0]
+        data = instantiate(section, expected=SessionDataModule, source=str(folder / CONFIG), key="data")
+        for other, directory, _, theirs in sections[1:]:
+            key = first_difference(section, theirs, "data")
+            if key is not None:
+                raise ValueError(
+                    f"models.{other}.model_dir: {directory} was trained on other sessions than models.{name}.model_dir: "
+                    f"{first} ({key} differs); a pipeline's models share their sessions: give pipeline.data to choose them"
+                )
+        data.vocab_path = str(folder / VOCAB)  # the ids the first model was trained with
+        return data
 
     def ranker_data(self) -> EvalPairs:
         """The validation (prefix, next item) pairs that the ranker trains on, with their sessions and times."""
@@ -193,7 +242,8 @@ class PipelineRecipe:
 
     def stage1_vocabulary(self) -> None:
         """Read the data with the first session model's vocabulary (its model directory's), unless the data
-        block names a vocabulary of its own or the pipeline has no session model."""
+        block names a vocabulary of its own or the pipeline has no session model (the data module of a
+        model directory's data section reads it already)."""
         if self.models and self.data.vocab_path is None:
             first = next(iter(self.models.values()))
             self.data.vocab_path = str(versions.resolve(first.model_dir) / VOCAB)
@@ -245,6 +295,25 @@ class PipelineRecipe:
             metrics = evaluate_pipeline(pipe, self.data.pairs("test"), self.ks, self.batch_size)
         print("[test] " + " ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
         return metrics
+
+
+def first_difference(a: object, b: object, key: str) -> str | None:
+    """The key path of the first value where two data sections differ, `BATCH_ONLY` settings of a data
+    module's ``init_args`` aside; None when they describe the same sessions."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        ignored = BATCH_ONLY if key == "data.init_args" else frozenset()
+        for k in [*a, *(k for k in b if k not in a)]:
+            if k in ignored:
+                continue
+            if k not in a or k not in b:
+                return f"{key}.{k}"
+            found = first_difference(a[k], b[k], f"{key}.{k}")
+            if found is not None:
+                return found
+        return None
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return next((f for f in (first_difference(x, y, f"{key}[{i}]") for i, (x, y) in enumerate(zip(a, b))) if f), None)
+    return None if a == b else key
 
 
 def index_sessions(dm: SessionDataModule, splits: tuple[str, ...] = ("train",)) -> np.ndarray:

@@ -28,12 +28,16 @@ from sessrec.data.stream import ScoringStream
 from sessrec.data.vocab import ItemVocab
 from sessrec.features.side_transform import SideFeatureTransform
 from sessrec.saved.checkpoint import as_arrays, as_tensors, is_checkpoint, saved_state
+from sessrec.saved.registry import Configurable
 
 Protocol = Literal["last", "all_prefixes"]
 
 
-class SessionDataModule(pl.LightningDataModule):
+class SessionDataModule(Configurable, pl.LightningDataModule):
     """Sessions for training, evaluation and batch scoring.
+
+    Each instance records its constructor's arguments (`Configurable`): ``sessrec fit`` writes them into
+    the model directory as its ``data`` section, from which a pipeline recipe rebuilds the sessions.
 
     Args:
         source: where sessions come from (`SRGNNSource`, `EventLogSource`, `SyntheticSource`, ...).

@@ -24,7 +24,14 @@ import torch
 import torch.nn.functional as F
 
 from sessrec.data.vocab import NUM_SPECIAL
-from sessrec.models import CausalLanguageModeling, GPT2Encoder, MaskedItemModeling, SASRecEncoder, SessionModel, XLNetEncoder
+from sessrec.models import (
+    CausalLanguageModeling,
+    GPT2Encoder,
+    MaskedItemModeling,
+    SASRecEncoder,
+    SessionModel,
+    XLNetEncoder,
+)
 from sessrec.tasks.optim import adamw
 
 ENCODERS = {

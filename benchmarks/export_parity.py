@@ -17,7 +17,13 @@ import tempfile
 import numpy as np
 import torch
 
-from sessrec.lifecycle.export import ExportedClickScorer, export_dlrm, export_session_model, max_abs_diff, run_exported
+from sessrec.lifecycle.export import (
+    ExportedClickScorer,
+    export_dlrm,
+    export_session_model,
+    max_abs_diff,
+    run_exported,
+)
 from sessrec.models import (
     BertEncoder,
     CausalLanguageModeling,

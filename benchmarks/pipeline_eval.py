@@ -78,7 +78,6 @@ from sessrec.cli.parsers import load_recipe
 from sessrec.pipeline import RequestSessions
 from sessrec.pipeline.candidate_features import CandidateFeatures, group_of
 from sessrec.pipeline.pipeline import Pipeline
-from sessrec.pipeline_training.recipe import ModelRetrieval, PipelineRecipe
 from sessrec.pipeline.scoring import BlendScorer, DLRMScorer, GBDTScorer, Scorer
 from sessrec.pipeline_training.fitting import (
     RankerData,
@@ -88,6 +87,7 @@ from sessrec.pipeline_training.fitting import (
     list_metrics,
     retrieval_recall,
 )
+from sessrec.pipeline_training.recipe import ModelRetrieval, PipelineRecipe
 from sessrec.saved.registry import config_of
 
 RECIPES = {

@@ -20,7 +20,6 @@ import sys
 import time
 
 import torch
-
 from train_throughput import add_model_flags, build_model, synthetic_sessions
 
 

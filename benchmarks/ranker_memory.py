@@ -35,12 +35,11 @@ from pathlib import Path
 import torch
 
 from sessrec.cli.parsers import load_recipe
-from sessrec.pipeline_training import fitting
 from sessrec.pipeline.scoring import BlendScorer, DLRMScorer, GBDTScorer, Scorer
+from sessrec.pipeline_training import fitting
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pipeline_eval import RECIPES  # noqa: E402 - the datasets' pipeline recipes, one list for both scripts
-
 
 
 def peak_mb() -> float:

@@ -19,6 +19,7 @@ from sessrec.data import ItemVocab
 from sessrec.data.batch import SessionBatch
 from sessrec.data.side import SideInfoSpec
 from sessrec.datasets.clickout_rows import RankingVocab
+from sessrec.embeddings import DynamicTables, SparseFeatures
 from sessrec.lifecycle.export import (
     ExportedClickScorer,
     NextItemScorer,
@@ -29,7 +30,6 @@ from sessrec.lifecycle.export import (
     run_exported,
 )
 from sessrec.lifecycle.triton import model_config, triton_repository
-from sessrec.embeddings import DynamicTables, SparseFeatures
 from sessrec.models import (
     BertEncoder,
     CausalLanguageModeling,

@@ -366,9 +366,9 @@ def test_a_served_hstu_model_reads_the_request_times():
     import pyarrow as pa
 
     from sessrec.data import ItemVocab
-    from sessrec.serving.recommender import SessionModelService
     from sessrec.models import CausalLanguageModeling
     from sessrec.models.objective import EVENT_TIMES
+    from sessrec.serving.recommender import SessionModelService
 
     model = _timed_hstu()
     vocab = ItemVocab.fit(pa.array(list(range(100, 128))))

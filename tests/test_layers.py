@@ -132,10 +132,10 @@ def test_the_serving_path_imports_no_training_stack(tmp_path):
     from sessrec.baselines import Popularity
     from sessrec.data import ItemVocab
     from sessrec.datasets.clickout_rows import CLICKS, SPARSE_FEATURES, RankingVocab
-    from sessrec.serving.recommender import load_recommender
     from sessrec.embeddings import TableConfig
     from sessrec.models import DLRM, CausalLanguageModeling, GRU4RecEncoder, SessionModel
     from sessrec.pipeline import BaselineRetriever, Pipeline, SessionModelRetriever
+    from sessrec.serving.recommender import load_recommender
     from sessrec.tasks import NextItemTask
 
     vocab = ItemVocab(pa.array(np.arange(100, 120)), np.arange(20, 0, -1))

@@ -21,10 +21,9 @@ from sessrec.artifacts import ClickRanker, SessionRecommender
 from sessrec.cli import cli
 from sessrec.data import ItemVocab, Schema, TimeWindowSource, generate_sessions
 from sessrec.data.loader import SessionLoader
-from sessrec.lifecycle.gate import Gate
-from sessrec.serving.recommender import SessionModelService, load_recommender
-from sessrec.lifecycle.retrain import retrain, summary
 from sessrec.embeddings import DynamicTables
+from sessrec.lifecycle.gate import Gate
+from sessrec.lifecycle.retrain import retrain, summary
 from sessrec.models import (
     CausalLanguageModeling,
     ElectraEncoder,
@@ -34,6 +33,7 @@ from sessrec.models import (
     SASRecEncoder,
     XLNetEncoder,
 )
+from sessrec.serving.recommender import SessionModelService, load_recommender
 from sessrec.tasks import DLRMTask, NextItemTask, Optimization, SessionDataModule
 from sessrec.tasks.checkpointing import best_of_run, with_more_items
 

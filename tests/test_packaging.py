@@ -4,11 +4,11 @@ nothing core is declared that the package never imports, and `docs/constraints.t
 
 import ast
 import sys
-import tomllib
 from importlib.metadata import packages_distributions
 from pathlib import Path
 
 import pytest
+import tomllib
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 

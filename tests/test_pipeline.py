@@ -31,19 +31,19 @@ from sessrec.cli import main
 from sessrec.data import EvalPairs, ItemVocab, SchemaError, SyntheticSource
 from sessrec.data.vocab import NUM_SPECIAL
 from sessrec.models import XLNetEncoder
-from sessrec.pipeline_training import fitting
 from sessrec.pipeline.candidate_features import GROUPS, CandidateFeatures
 from sessrec.pipeline.candidates import Candidates, RequestSessions
 from sessrec.pipeline.filters import ItemTableFilter, SeenItemsFilter
 from sessrec.pipeline.offline import recommend_file
 from sessrec.pipeline.ordering import BoostRule, DiversityCap, Ordering, SoftmaxSampling
 from sessrec.pipeline.pipeline import Pipeline
-from sessrec.pipeline_training.recipe import BaselineRetrieval, ModelRetrieval, PipelineRecipe, index_sessions
 from sessrec.pipeline.retrieval.baseline_retriever import BaselineRetriever
 from sessrec.pipeline.retrieval.covisitation import CoVisitation
 from sessrec.pipeline.retrieval.index import FaissIndex
 from sessrec.pipeline.retrieval.session_model_retriever import SessionModelRetriever
 from sessrec.pipeline.scoring import BlendScorer, DLRMScorer, GBDTScorer
+from sessrec.pipeline_training import fitting
+from sessrec.pipeline_training.recipe import BaselineRetrieval, ModelRetrieval, PipelineRecipe, index_sessions
 from sessrec.saved import versions
 from sessrec.saved.registry import ConfigError, config_of
 from sessrec.tasks import NextItemTask, SessionDataModule

@@ -25,14 +25,21 @@ import torch
 from sessrec.baselines import Popularity
 from sessrec.data import EvalPairs, EventLogSource, Schema, SRGNNSource
 from sessrec.data.sources import SessionSource, SessionSplits
-from sessrec.pipeline_training import fitting
 from sessrec.pipeline.candidate_features import CandidateFeatures
 from sessrec.pipeline.candidates import Candidates, RequestSessions
 from sessrec.pipeline.filters import ItemTableFilter
 from sessrec.pipeline.ordering import Ordering, SoftmaxSampling
 from sessrec.pipeline.pipeline import Pipeline
 from sessrec.pipeline.retrieval.baseline_retriever import BaselineRetriever
-from sessrec.pipeline.scoring import BlendScorer, DLRMScorer, GBDTScorer, dlrm_scorer, early_stopping_split, gbdt_scorer
+from sessrec.pipeline.scoring import (
+    BlendScorer,
+    DLRMScorer,
+    GBDTScorer,
+    dlrm_scorer,
+    early_stopping_split,
+    gbdt_scorer,
+)
+from sessrec.pipeline_training import fitting
 from sessrec.tasks import SessionDataModule
 
 torch.set_num_threads(1)

@@ -30,9 +30,6 @@ from fastapi.testclient import TestClient
 from sessrec.data.schema import Schema, SchemaError
 from sessrec.data.stream import ScoringStream
 from sessrec.data.vocab import ItemVocab
-from sessrec.serving import server
-from sessrec.serving.recommender import join_sessions
-from sessrec.serving.server import build_app
 from sessrec.pipeline import clock, offline
 from sessrec.pipeline.candidate_features import CandidateFeatures
 from sessrec.pipeline.candidates import RequestSessions
@@ -41,6 +38,9 @@ from sessrec.pipeline.offline import recommend_file
 from sessrec.pipeline.pipeline import Pipeline
 from sessrec.pipeline.retrieval.covisitation import CoVisitation
 from sessrec.pipeline.scoring import Scorer
+from sessrec.serving import server
+from sessrec.serving.recommender import join_sessions
+from sessrec.serving.server import build_app
 
 torch.set_num_threads(1)
 T0, T1 = 1_700_000_000.0, 1_700_086_400.0  # a day's window [T0, T1)

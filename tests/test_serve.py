@@ -27,15 +27,15 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from sessrec.data import SyntheticSource
+from sessrec.models import MaskedItemModeling, XLNetEncoder
+from sessrec.pipeline.pipeline import Pipeline
+from sessrec.pipeline.retrieval.covisitation import CoVisitation
+from sessrec.saved.versions import resolve
 from sessrec.serving import server
 from sessrec.serving.batching import Pace
 from sessrec.serving.recommender import SessionModelService, join_sessions
 from sessrec.serving.request import Limits
 from sessrec.serving.server import Overload, Served, build_app, serve
-from sessrec.models import MaskedItemModeling, XLNetEncoder
-from sessrec.pipeline.pipeline import Pipeline
-from sessrec.pipeline.retrieval.covisitation import CoVisitation
-from sessrec.saved.versions import resolve
 from sessrec.tasks import NextItemTask, SessionDataModule
 
 torch.set_num_threads(1)

@@ -18,8 +18,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sessrec.saved.atomic import ParquetFile
 from sessrec.data.schema import first_failing_cast
+from sessrec.saved.atomic import ParquetFile
 
 PAD = 0
 OOV = 1

@@ -43,11 +43,11 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from sessrec.embeddings.jagged import SparseFeatures
 from sessrec.embeddings.config import TableConfig
 from sessrec.embeddings.dynamic import DynamicEmbeddingBag
 from sessrec.embeddings.fused import FusedEmbeddingBagCollection
 from sessrec.embeddings.hybrid import HybridEmbeddingBag
+from sessrec.embeddings.jagged import SparseFeatures
 from sessrec.embeddings.sharding import embedding_bag_collection, pooled_features, to_keyed_jagged_tensor
 from sessrec.saved.registry import instantiate, register
 

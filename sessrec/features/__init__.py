@@ -19,6 +19,7 @@ session and calendar features), `pipeline` (`FeaturePipeline` and its file forma
 `side_transform` (`SideFeatureTransform`: the model's side features, fitted on training sessions).
 """
 
+from sessrec.features.feature_pipeline import FeaturePipeline
 from sessrec.features.ops import (
     Categorify,
     CountEncoding,
@@ -28,7 +29,6 @@ from sessrec.features.ops import (
     NotFittedError,
     TargetEncoding,
 )
-from sessrec.features.feature_pipeline import FeaturePipeline
 from sessrec.features.side_transform import SideFeatureTransform
 from sessrec.features.time import (
     CyclicTime,

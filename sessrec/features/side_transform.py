@@ -21,8 +21,8 @@ import pyarrow as pa
 from sessrec.data import frame
 from sessrec.data.schema import SchemaError
 from sessrec.data.side import POSITION, SideFeatures, SideInfoSpec
-from sessrec.features.ops import Categorify, LogNormalize
 from sessrec.features.feature_pipeline import FeaturePipeline, op_signatures
+from sessrec.features.ops import Categorify, LogNormalize
 from sessrec.saved.registry import config_of
 
 

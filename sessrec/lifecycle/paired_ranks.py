@@ -26,8 +26,8 @@ import torch
 from sessrec.data import frame
 from sessrec.metrics import RankingMetrics, TopKMetrics, clicked_ranks, rank_values, target_ranks
 from sessrec.tasks import NextItemTask
-from sessrec.tasks.next_item import next_item_scores
 from sessrec.tasks.dlrm_task import DLRMTask
+from sessrec.tasks.next_item import next_item_scores
 from sessrec.tasks.session_data import SessionDataModule
 
 if TYPE_CHECKING:

@@ -38,9 +38,9 @@ from sessrec.artifacts.model_directory import VOCAB
 from sessrec.data import frame
 from sessrec.data.schema import Schema
 from sessrec.data.sources import SessionSource, SessionSplits, TimeWindowSource
+from sessrec.embeddings import DynamicTables
 from sessrec.lifecycle.gate import Gate
 from sessrec.lifecycle.paired_ranks import PairRanks, aligned, clickout_ranks, next_item_ranks, pair_values
-from sessrec.embeddings import DynamicTables
 from sessrec.saved.registry import class_path, config_of
 from sessrec.saved.versions import VersionedDirectory, resolve
 from sessrec.tasks import NextItemTask

@@ -10,7 +10,6 @@ from sessrec.models.causal_lm import CausalLanguageModeling
 from sessrec.models.dlrm import DLRM, DCNv2Arch, DenseArch, InteractionArch, OverArch, SparseArch
 from sessrec.models.dropout import FastDropout, use_fast_dropout
 from sessrec.models.electra import ElectraEncoder
-from sessrec.models.session_ensemble import SessionEnsemble
 from sessrec.models.gpt2 import GPT2Encoder
 from sessrec.models.gru4rec import GRU4RecEncoder
 from sessrec.models.hf_encoder import HFEncoder
@@ -20,6 +19,7 @@ from sessrec.models.objective import MaskingResult, Objective, ObjectiveOutput
 from sessrec.models.permutation_lm import PermutationLanguageModeling, PermutationResult
 from sessrec.models.replaced_token import ReplacedTokenDetection, ReplacementResult
 from sessrec.models.sasrec import SASRecEncoder
+from sessrec.models.session_ensemble import SessionEnsemble
 from sessrec.models.session_model import SessionModel
 from sessrec.models.side_info import SideInfoConfig, SideInfoEmbedding
 from sessrec.models.xlnet import XLNetEncoder

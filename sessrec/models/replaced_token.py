@@ -26,7 +26,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sessrec.saved.registry import Configurable
 from sessrec.models.dropout import use_fast_dropout
 from sessrec.models.electra import ElectraEncoder
 from sessrec.models.masking import MaskedItemModeling
@@ -39,6 +38,7 @@ from sessrec.models.objective import (
     encoder_is_causal,
     targetable,
 )
+from sessrec.saved.registry import Configurable
 
 
 @dataclass

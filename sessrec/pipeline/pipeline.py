@@ -51,9 +51,9 @@ from sessrec.pipeline.candidate_features import CandidateFeatures
 from sessrec.pipeline.candidates import Candidates, Recommendations, RequestSessions, merge
 from sessrec.pipeline.filters import ItemTableFilter, NonProductFilter, SeenItemsFilter
 from sessrec.pipeline.ordering import Ordering
-from sessrec.pipeline.retrieval.retriever import Retriever
 from sessrec.pipeline.retrieval.baseline_retriever import BaselineRetriever  # noqa: F401 - registered; pipeline.json names it
 from sessrec.pipeline.retrieval.covisitation import CoVisitation  # noqa: F401 - registered; pipeline.json names it
+from sessrec.pipeline.retrieval.retriever import Retriever
 from sessrec.pipeline.retrieval.session_model_retriever import SessionModelRetriever
 from sessrec.pipeline.scoring import DLRMScorer, GBDTScorer, Scorer  # noqa: F401 - registered; pipeline.json names it
 from sessrec.saved import versions

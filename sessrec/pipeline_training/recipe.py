@@ -42,18 +42,17 @@ from sessrec.pipeline.candidate_features import CandidateFeatures
 from sessrec.pipeline.filters import ItemTableFilter, SeenItemsFilter
 from sessrec.pipeline.ordering import Ordering
 from sessrec.pipeline.pipeline import Pipeline
-from sessrec.pipeline_training.progress import Stages
-from sessrec.pipeline.retrieval.retriever import Retriever
 from sessrec.pipeline.retrieval.baseline_retriever import BaselineRetriever
 from sessrec.pipeline.retrieval.covisitation import CoVisitation
 from sessrec.pipeline.retrieval.index import ExactIndex, FaissIndex
+from sessrec.pipeline.retrieval.retriever import Retriever
 from sessrec.pipeline.retrieval.session_model_retriever import SessionModelRetriever
 from sessrec.pipeline.scoring import BlendScorer, DLRMScorer, GBDTScorer
 from sessrec.pipeline_training.fitting import evaluate_pipeline, fit_ranker
+from sessrec.pipeline_training.progress import Stages
 from sessrec.saved import versions
 from sessrec.saved.registry import instantiate
 from sessrec.tasks.session_data import SessionDataModule
-
 
 # settings of a data module that only shape training batches (the training loader's): the pipeline reads
 # the splits' sessions and evaluation pairs, so two model directories that differ in them share their sessions

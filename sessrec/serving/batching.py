@@ -17,9 +17,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from sessrec.pipeline.candidates import RequestSessions
 from sessrec.serving.recommender import Recommender, join_sessions
 from sessrec.serving.request_metrics import Metrics
-from sessrec.pipeline.candidates import RequestSessions
 
 logger = logging.getLogger(__name__)
 

@@ -12,9 +12,9 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from sessrec.serving.recommender import Recommender
 from sessrec.pipeline.candidates import RequestSessions
 from sessrec.pipeline.clock import check_seconds
+from sessrec.serving.recommender import Recommender
 
 OnUnknown = Literal["oov", "error"]
 _FIELDS = {"session", "sessions", "k", "on_unknown", "now", "times"}

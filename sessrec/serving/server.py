@@ -67,11 +67,11 @@ from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from sessrec.saved.versions import resolve
 from sessrec.serving.batching import Batcher, ServerFault, dumps
-from sessrec.serving.request_metrics import MeasureRequests, Metrics
 from sessrec.serving.recommender import Recommender, load_recommender
 from sessrec.serving.request import Limits, RequestError, prepare
-from sessrec.saved.versions import resolve
+from sessrec.serving.request_metrics import MeasureRequests, Metrics
 
 logger = logging.getLogger(__name__)
 

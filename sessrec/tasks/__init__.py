@@ -6,9 +6,9 @@ from sessrec.metrics import RankingMetrics
 from sessrec.tasks.baseline_task import BaselineTask
 from sessrec.tasks.callbacks import LastCheckpoint, TopKWriter
 from sessrec.tasks.clickout_data import ClickoutDataModule
+from sessrec.tasks.dlrm_task import DLRMTask
 from sessrec.tasks.ensemble_task import EnsembleTask
 from sessrec.tasks.next_item import NextItemTask, TopK
-from sessrec.tasks.dlrm_task import DLRMTask
 from sessrec.tasks.session_data import SessionDataModule
 from sessrec.tasks.settings import Evaluation, Optimization, Schedule
 from sessrec.tasks.sharded import TorchRecStrategy

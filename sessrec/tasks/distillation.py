@@ -34,8 +34,8 @@ from torch import nn
 from sessrec.data.batch import SessionBatch
 from sessrec.data.vocab import ItemVocab
 from sessrec.models.causal_lm import CausalLanguageModeling
-from sessrec.models.session_ensemble import SessionEnsemble
 from sessrec.models.objective import Objective
+from sessrec.models.session_ensemble import SessionEnsemble
 from sessrec.tasks.losses import (
     CatalogueLoss,
     Columns,

@@ -27,10 +27,10 @@ from sessrec.models import MaskedItemModeling, Objective, SessionModel, XLNetEnc
 from sessrec.models.session_model import exclude_seen, next_item_scores
 from sessrec.models.side_info import SideInfoConfig, SideInfoEmbedding
 from sessrec.saved.registry import config_of, instantiate, register
+from sessrec.tasks.checkpointing import Pretrained
 from sessrec.tasks.distillation import Teachers, check_student
 from sessrec.tasks.losses import CatalogueLoss, FullSoftmax
 from sessrec.tasks.optim import adamw
-from sessrec.tasks.checkpointing import Pretrained
 from sessrec.tasks.settings import Distillation, Evaluation, Optimization, Schedule
 
 PARTS = ("optimization", "schedule", "evaluation", "distillation")  # the typed parts of the config, as plain data in hparams

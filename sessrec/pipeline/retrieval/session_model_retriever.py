@@ -25,8 +25,8 @@ from sessrec.artifacts.session_recommender import SessionRecommender
 from sessrec.models.objective import Objective
 from sessrec.models.session_model import SessionModel
 from sessrec.pipeline.candidates import RequestSessions, Retrieved
-from sessrec.pipeline.retrieval.retriever import Retriever
 from sessrec.pipeline.retrieval.index import ExactIndex, FaissIndex
+from sessrec.pipeline.retrieval.retriever import Retriever
 
 AnyIndex = ExactIndex | FaissIndex
 

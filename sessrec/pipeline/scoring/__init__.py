@@ -7,9 +7,9 @@ scores, -inf at empty slots; each fits on `RankerRows`, read a chunk of sessions
 one whole `RankingInputs`.
 """
 
-from sessrec.pipeline.scoring.scorer import InputRows, RankerRows, Scorer, early_stopping_split
 from sessrec.pipeline.scoring.blend_scorer import BlendScorer
 from sessrec.pipeline.scoring.dlrm_scorer import DLRMScorer
 from sessrec.pipeline.scoring.gbdt_scorer import GBDTScorer
+from sessrec.pipeline.scoring.scorer import InputRows, RankerRows, Scorer, early_stopping_split
 
 __all__ = ["BlendScorer", "DLRMScorer", "GBDTScorer", "InputRows", "RankerRows", "Scorer", "early_stopping_split"]

@@ -20,9 +20,9 @@ from typing import Any
 import torch
 
 from sessrec.pipeline.candidate_features import RankingInputs
-from sessrec.pipeline.scoring.scorer import RankerRows, Scorer
 from sessrec.pipeline.scoring.dlrm_scorer import DLRMScorer
 from sessrec.pipeline.scoring.gbdt_scorer import GBDTScorer
+from sessrec.pipeline.scoring.scorer import RankerRows, Scorer
 
 
 def standardised(scores: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:

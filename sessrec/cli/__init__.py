@@ -170,9 +170,10 @@ def export(
 
 def export_cli(args: list[str]) -> str:
     """``sessrec export --model_dir runs/<name>/model --format {onnx,torchscript,triton} --out <dir>``."""
+    from sessrec.cli.parsers import checkpoint_refused
+
     if any(arg.partition("=")[0] == "--ckpt_path" for arg in args):
-        raise ValueError("sessrec export takes the model directory that sessrec fit writes: --model_dir runs/<name>/model "
-                         "(checkpoints only resume fit)")
+        raise ValueError(checkpoint_refused("export"))
     written = call_with_flags(export, "sessrec export", args)
     print(f"sessrec export: wrote {written} (checked against PyTorch on a batch of another size and length)")
     return written
@@ -231,11 +232,8 @@ def run(args: list[str]) -> object:
         return pipeline_cli(args)
     if command == "recommend":
         raise ValueError("--config must name a pipeline recipe (a top-level 'pipeline:' block)")
-    if command in ("validate", "test", "predict") and any(a.partition("=")[0] == "--ckpt_path" for a in args):
-        raise ValueError(f"sessrec {command} takes the model directory that sessrec fit writes: --model_dir "
-                         "runs/<name>/model (checkpoints only resume fit)")
     for i, arg in enumerate(args[:-1]):
-        if arg == "--ckpt_path":  # a one-line error for an unreadable file, before LightningCLI reads its config
+        if command == "fit" and arg == "--ckpt_path":  # a one-line error for an unreadable file, before LightningCLI reads its config
             checkpoint_summary(args[i + 1])  # (and its data module's state, read once for every later use)
     if command not in LIGHTNING_COMMANDS:
         raise ValueError(f"unknown command {command!r}; the commands are {', '.join(COMMAND_NAMES)} (sessrec --help)")

@@ -65,7 +65,7 @@ from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 from sessrec.artifacts import ClickRanker, SessionRecommender, load_artifact
 from sessrec.artifacts.model_directory import FEATURES, VOCAB, read_model_directory
 from sessrec.cli.errors import RecipeError, check_in_order, flag_mapping, one_line, refuse_null_below_class
-from sessrec.cli.parsers import config_paths, read_config
+from sessrec.cli.parsers import checkpoint_refused, config_paths, read_config
 from sessrec.saved.checkpoint import checkpoint_summary
 from sessrec.saved.registry import config_of
 from sessrec.tasks import DLRMTask, LastCheckpoint, NextItemTask, SessionDataModule, TopKWriter
@@ -109,10 +109,7 @@ class SessrecCLI(LightningCLI):
             return
         cfg = self.config[sub]
         if cfg.get("ckpt_path"):
-            raise ValueError(
-                f"sessrec {sub} takes the model directory that sessrec fit writes: --model_dir runs/<name>/model "
-                "(checkpoints only resume fit)"
-            )
+            raise ValueError(checkpoint_refused(sub))
         if not cfg.get("model_dir"):
             return
         folder, _ = read_model_directory(cfg.model_dir)  # its format, version and parts checked before anything is built

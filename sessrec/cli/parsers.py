@@ -109,3 +109,9 @@ def config_value(args: list[str], key: str) -> Any:
         return flags[-1]
     found = [content[key] for content in map(read_config, config_paths(args)) if key in content]
     return found[-1] if found else None
+
+
+def checkpoint_refused(command: str) -> str:
+    """The one line for a checkpoint given to a command that reads a trained model (only ``fit`` resumes one)."""
+    return (f"sessrec {command} takes the model directory that sessrec fit writes: --model_dir runs/<name>/model "
+            "(checkpoints only resume fit)")

@@ -52,6 +52,7 @@ Example (from the repository root):
     python benchmarks/pipeline_eval.py --dataset diginetica --ablations features
     python benchmarks/pipeline_eval.py --dataset diginetica --seeds 3
     python benchmarks/pipeline_eval.py --dataset tmall --seeds 3 --stage1-seeds 0
+    python benchmarks/pipeline_eval.py --quick   # seconds: synthetic sessions, an untrained tiny XLNet, in a temporary folder
 """
 
 from __future__ import annotations
@@ -60,12 +61,14 @@ import argparse
 import copy
 import dataclasses
 import json
+import os
 import re
 import resource
 import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -99,6 +102,8 @@ RECIPES = {
     "nowplaying": "recipes/pipeline_nowplaying.yaml",
 }
 KS = (10, 20)
+QUICK_SOURCE = {"num_sessions": 1500, "num_items": 150, "days": 10}  # --quick: the sizes of tests/test_benchmarks.py
+QUICK_GBDT = {"max_rounds": 10, "threads": 1, "min_data_in_leaf": 5}
 SEED_KEYS = ("stage1_seed", "ranker_seed")
 
 
@@ -193,6 +198,45 @@ def seed_overlay(stage1: dict, recipe: str, seed: int, dirpath: Path) -> dict[st
         logger["init_args"]["save_dir"] = str(dirpath.parent)
         overlay["trainer"]["logger"] = logger
     return overlay
+
+
+def quick_recipe(work: Path) -> str:
+    """``--quick`` (also ``ranker_memory.py --quick``): in `work`, a pipeline recipe ``quick.yaml`` on synthetic
+    sessions (`QUICK_SOURCE`) with one tiny XLNet (d_model 16, one layer), co-visitation and a 10-round GBDT, and
+    that XLNet's model directory ``runs/quick_stage1/model`` written untrained (its stage-1 recipe beside it, in
+    ``recipes/``), so nothing is trained and the rest runs as on a real dataset. Paths are relative to `work`."""
+    from sessrec.data import SyntheticSource
+    from sessrec.models import XLNetEncoder
+    from sessrec.tasks import NextItemTask, SessionDataModule
+
+    encoder = {"class_path": "sessrec.models.XLNetEncoder", "init_args": {"d_model": 16, "n_head": 2, "n_layer": 1}}
+    data = {"source": {"class_path": "sessrec.data.SyntheticSource", "init_args": QUICK_SOURCE}, "max_length": 8}
+    (work / "recipes").mkdir(parents=True, exist_ok=True)
+    (work / "recipes" / "quick_stage1.yaml").write_text(yaml.safe_dump({
+        "seed_everything": 0, "trainer": {"max_epochs": 1, "logger": False, "callbacks": [
+            {"class_path": "pytorch_lightning.callbacks.ModelCheckpoint",
+             "init_args": {"dirpath": "runs/quick_stage1/checkpoints", "monitor": "val/mrr@20", "filename": "best"}}]},
+        "model": {"encoder": encoder}, "data": data}))
+    dm = SessionDataModule(source=SyntheticSource(**QUICK_SOURCE), max_length=8)
+    torch.manual_seed(0)
+    task = NextItemTask(num_items=dm.num_items, max_length=8, encoder=XLNetEncoder(d_model=16, n_head=2, n_layer=1))
+    task.vocab = dm.vocab
+    task.recommender().save_pretrained(work / "runs" / "quick_stage1" / "model")
+    pipeline = {"data": data, "models": {"xlnet": {"model_dir": "runs/quick_stage1/model", "k": 20}},
+                "covisitation": {}, "covisitation_k": 20, "max_candidates": 30, "output": "runs/quick_pipeline",
+                "scorer": {"class_path": "sessrec.pipeline.scoring.GBDTScorer", "init_args": QUICK_GBDT}}
+    (work / "quick.yaml").write_text(yaml.safe_dump({"pipeline": pipeline}))
+    return "quick.yaml"
+
+
+def quick_folder(name: str) -> Path:
+    """A temporary folder for a ``--quick`` run, removed when the process ends."""
+    import atexit
+    import shutil
+
+    work = Path(tempfile.mkdtemp(prefix=f"{name}_quick_"))
+    atexit.register(shutil.rmtree, work, True)
+    return work
 
 
 def train_models(recipe: PipelineRecipe, seeds: list[int], retrain: bool, extra: list[str]) -> dict[tuple[str, int], float]:
@@ -378,7 +422,17 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--blend-weights", nargs="+", default=[], metavar="W1,W2,...",
                         help="also the recipe's blend with these member weights, its members fitted once (one list each)")
+    parser.add_argument("--quick", action="store_true",
+                        help="seconds, for CI: synthetic sessions, an untrained tiny XLNet (quick_recipe), recall@10/20, "
+                             "1 thread, all in a temporary folder")
     args = parser.parse_args()
+    if args.quick:
+        if args.dataset or args.recipe:
+            parser.error("--quick brings its own synthetic recipe: no --dataset or --recipe")
+        work = quick_folder("pipeline_eval")
+        args.recipe = str(work / quick_recipe(work))
+        args.recall_ks, args.threads = "10,20", 1
+        os.chdir(work)  # the recipe's runs/ and recipes/ paths are relative to it
     if not (args.dataset or args.recipe):
         parser.error("give --dataset (or --recipe)")
     torch.set_num_threads(args.threads)

@@ -19,12 +19,14 @@ in place (``benchmarks/pipeline_eval.py`` trains missing ones).
 Example:
     OMP_NUM_THREADS=1 python benchmarks/ranker_memory.py --dataset yoochoose164
     python benchmarks/ranker_memory.py --dataset diginetica --scorers gbdt --chunk 1024
+    python benchmarks/ranker_memory.py --quick   # seconds: pipeline_eval.py's synthetic recipe, 100 pairs, chunk 64
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -39,7 +41,7 @@ from sessrec.pipeline.scoring import BlendScorer, DLRMScorer, GBDTScorer, Scorer
 from sessrec.pipeline_training import fitting
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from pipeline_eval import RECIPES  # noqa: E402 - the datasets' pipeline recipes, one list for both scripts
+from pipeline_eval import RECIPES, quick_folder, quick_recipe  # noqa: E402 - the datasets' pipeline recipes, one list for both scripts
 
 
 def peak_mb() -> float:
@@ -94,9 +96,17 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="LightGBM threads")
     parser.add_argument("--dlrm-epochs", type=int, default=2)
     parser.add_argument("--rows", help="where the rows are saved between the steps (default: a temporary file)")
+    parser.add_argument("--quick", action="store_true",
+                        help="seconds, for CI: pipeline_eval.py's synthetic recipe and untrained tiny XLNet (in a temporary "
+                             "folder), 100 pairs, chunk 64, 1 DLRM epoch")
     parser.add_argument("--stage", choices=["rows", "fit"], help=argparse.SUPPRESS)
     parser.add_argument("--scorer", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.quick:
+        work = quick_folder("ranker_memory")
+        args.recipe = str(work / quick_recipe(work))
+        args.pairs, args.chunk, args.dlrm_epochs = 100, 64, 1
+        os.chdir(work)  # the recipe's paths are relative to it; the steps' processes start there
     args.recipe = args.recipe or RECIPES[args.dataset]
     torch.set_num_threads(1)
     if args.stage == "rows":

@@ -8,6 +8,11 @@ start with a learning rate 50x too high shows the gate rejecting a candidate.
 
     sessrec fit --config recipes/xlnet_mlm_rsc15_daily.yaml      # the base model, runs/rsc15_daily/model
     python benchmarks/retrain_daily.py                            # JSON: one row per decision
+    python benchmarks/retrain_daily.py --quick                    # seconds: synthetic days, untrained tiny base
+
+``--quick`` (for CI) needs neither the dataset nor the base model: synthetic sessions (3,000 over
+2014-04-01 .. 04-09) in a temporary folder, an untrained tiny XLNet (d_model 16, one layer) on their
+first three days as the base, every run 1 epoch, the gate's minimum test size 50; the same turns.
 
 Timings are wall seconds of training alone (evaluation excluded) on this machine, 1 torch thread.
 """
@@ -15,9 +20,11 @@ Timings are wall seconds of training alone (evaluation excluded) on this machine
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import shutil
-from datetime import date, timedelta
+import tempfile
+from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
 
 import torch
@@ -40,9 +47,20 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=None, help="warm-start epochs (default: the recipe's)")
     parser.add_argument("--lr", type=float, default=None, help="warm-start learning rate (default: the recipe's)")
     parser.add_argument("--skip_scratch", action="store_true", help="only the warm starts and the rejection")
+    parser.add_argument("--quick", action="store_true",
+                        help="seconds, for CI: synthetic days and an untrained tiny base model in a temporary folder, 1 epoch")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     recipe = yaml.safe_load(Path(args.recipe).read_text())
+    scratch_epochs = 10
+    if args.quick:
+        work = Path(tempfile.mkdtemp(prefix="retrain_daily_quick_"))
+        atexit.register(shutil.rmtree, work, True)
+        args.work, args.base = str(work / "benchmark"), str(work / "base")
+        recipe = {**recipe, "paths": [quick_events(work / "events.parquet")], "schema": {},
+                  "gate": {**recipe["gate"], "min_pairs": 50}, "max_epochs": 1}
+        quick_base(recipe["paths"], args.base)
+        scratch_epochs = 1
     work = Path(args.work)
     shutil.rmtree(work, ignore_errors=True)
     current = work / "model"
@@ -59,16 +77,49 @@ def main() -> None:
         if args.skip_scratch:
             continue
         scratch = retrain(str(current), train_from="2014-04-01", train_until=next_day, test_until=after,
-                          out=str(work / f"scratch-{day}"), warm_start=False, max_epochs=10, lr=0.003, warmup_steps=100,
+                          out=str(work / f"scratch-{day}"), warm_start=False, max_epochs=scratch_epochs, lr=0.003, warmup_steps=100,
                           promote=False, **common)
         rows.append(summary("from scratch (shadow)", scratch))
     start = (date.fromisoformat(DAYS[2]) - timedelta(days=args.replay_days)).isoformat()
     bad = retrain(str(current), train_from=start, train_until=DAYS[3], test_until=DAYS[4], out=str(work / "too-high-lr"),
                   warm_start=True, max_epochs=epochs, lr=0.05, warmup_steps=0, **common)
     rows.append(summary("warm start, lr 0.05", bad))
-    settings = {"replay_days": args.replay_days, "warm_epochs": epochs, "warm_lr": lr, "threads": args.threads}
+    settings = {"replay_days": args.replay_days, "warm_epochs": epochs, "warm_lr": lr, "threads": args.threads,
+                **({"quick": True, "scratch_epochs": scratch_epochs, "min_pairs": recipe["gate"]["min_pairs"]} if args.quick else {})}
     log = str(current / "promotions.jsonl")
     print(json.dumps({"benchmark": "retrain_daily", "settings": settings, "log": log, "rows": rows}, indent=1))
+
+
+def quick_events(path: Path) -> str:
+    """``--quick``: 3,000 synthetic sessions (100 items) over the 8 days from 2014-04-01 00:00 UTC, product views
+    only, as a parquet event file with the default schema's columns."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from sessrec.data import generate_sessions
+
+    events = generate_sessions(num_sessions=3000, num_items=100, days=8, seed=0)
+    events = events.filter(pc.equal(events.column("event_type"), "product"))  # page views carry no item
+    t = events.column("timestamp").to_numpy()
+    start = datetime(2014, 4, 1, tzinfo=timezone.utc).timestamp()
+    events = events.set_column(events.schema.get_field_index("timestamp"), "timestamp", pa.array(t - np.min(t) + start))
+    pq.write_table(events.select(["session_id", "item_id", "timestamp"]), path)
+    return str(path)
+
+
+def quick_base(paths: list[str], out: str) -> None:
+    """``--quick``: the base model, an untrained tiny XLNet-MLM whose catalogue is the first three days'."""
+    from sessrec.data import TimeWindowSource
+    from sessrec.models import XLNetEncoder
+    from sessrec.tasks import NextItemTask, SessionDataModule
+
+    dm = SessionDataModule(TimeWindowSource(paths, Schema(), "2014-04-01", "2014-04-03", "2014-04-04"), max_length=8)
+    torch.manual_seed(0)
+    task = NextItemTask(num_items=dm.num_items, max_length=8, encoder=XLNetEncoder(d_model=16, n_head=2, n_layer=1))
+    task.vocab = dm.vocab
+    task.recommender().save_pretrained(out)
 
 
 def summary(kind: str, decision: dict) -> dict:

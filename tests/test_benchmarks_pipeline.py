@@ -1,0 +1,83 @@
+"""Smoke tests of the pipeline and retraining benchmark scripts: each runs end to end with ``--quick``
+(synthetic data and tiny untrained or 1-epoch models, in a temporary folder of its own, so nothing is
+written under runs/) and its JSON records carry the configuration they claim (metrics and timings are
+not checked: they belong to benchmarks/)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def quick(script: str) -> str:
+    """``python benchmarks/<script> --quick`` from the repository root, on one thread; its stdout."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, f"benchmarks/{script}", "--quick"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=180, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+@pytest.mark.slow
+def test_pipeline_eval_quick_run_prints_every_system_then_the_pipeline():
+    records = [json.loads(line) for line in quick("pipeline_eval.py").splitlines()]
+    assert [r["system"] for r in records] == ["xlnet", "covisitation", "pipeline-gbdt", "pipeline-dlrm", "pipeline"]
+    for r in records:
+        assert r["dataset"] == "quick" and {"recall@10", "recall@20", "mrr@20", "ndcg@10"} <= set(r)
+    for r in records[:2]:  # --quick: recall@10 and @20 only
+        assert {k for k in r if k.startswith("retrieval_")} == {"retrieval_recall@10", "retrieval_recall@20"}
+    assert records[0]["stage1_seed"] == 0
+    last = records[-1]
+    assert last["scorer"] == "GBDTScorer" and (last["stage1_seed"], last["ranker_seed"]) == (0, 0)
+    assert last["stage1_trained"] == 0 and last["device"] == "cpu" and last["ranker_pairs"] > 0
+    assert last["peak_rss_mb"] > 50 and last["wall_seconds"] > 0 and "peak_rss_children_mb" in last
+
+
+@pytest.mark.slow
+def test_ranker_memory_quick_run_prints_the_rows_then_one_fit_per_default_scorer():
+    records = [json.loads(line) for line in quick("ranker_memory.py").splitlines()]
+    assert [(r["stage"], r.get("scorer")) for r in records] == [("rows", None), ("fit", "gbdt"), ("fit", "dlrm")]
+    rows = records[0]
+    assert rows["pairs"] == 100 and rows["candidates"] == 30 and 0 < rows["slots"] <= 30 * rows["pairs"]
+    for r in records[1:]:
+        assert r["chunk"] == 64 and (r["pairs"], r["slots"]) == (rows["pairs"], rows["slots"]) and r["features"] > 0
+        assert r["peak_rss_mb"] >= r["loaded_rss_mb"] > 0
+
+
+@pytest.mark.slow
+def test_retrain_daily_quick_run_prints_each_turn_and_the_rejection():
+    stdout = quick("retrain_daily.py")
+    out = json.loads(stdout[stdout.index("{"):])  # after the fits' validation lines
+    assert out["benchmark"] == "retrain_daily"
+    assert out["settings"] == {"replay_days": 2, "warm_epochs": 1, "warm_lr": 0.003, "threads": 1, "quick": True,
+                               "scratch_epochs": 1, "min_pairs": 50}
+    rows = out["rows"]
+    assert [r["run"] for r in rows] == ["warm start", "from scratch (shadow)"] * 3 + ["warm start, lr 0.05"]
+    for r in rows:
+        assert r["test_sessions"] > 0 and r["pairs"] > 0 and r["items"] > 0 and "candidate_recall@20" in r
+    assert [r["promoted"] for r in rows[1:-1:2]] == [False] * 3  # the shadow runs are never promoted
+    days = ["2014-04-04", "2014-04-05", "2014-04-06", "2014-04-07", "2014-04-08"]
+    replay = ["2014-04-02", "2014-04-03", "2014-04-04"]  # 2 days before each new one
+    assert [r["train_window"] for r in rows[:-1:2]] == [[replay[i], days[i + 1]] for i in range(3)]
+    assert [r["train_window"] for r in rows[1:-1:2]] == [["2014-04-01", days[i + 1]] for i in range(3)]
+    assert rows[-1]["train_window"] == rows[-3]["train_window"]
+
+
+@pytest.mark.slow
+def test_retrain_dlrm_quick_run_prints_each_window_and_the_rejection():
+    stdout = quick("retrain_dlrm.py")
+    out = json.loads(stdout[stdout.index("{"):])
+    assert (out["benchmark"], out["epochs"], out["quick"], out["path"], out["min_pairs"]) == (
+        "retrain_dlrm", 1, True, "synthetic", 100)
+    rows = out["rows"]
+    assert [r["run"] for r in rows] == ["warm start"] * 4 + ["warm start, lr 0.1"]
+    assert [r["window_end"] for r in rows][:4] == sorted({r["window_end"] for r in rows})
+    for r in rows:
+        assert r["train_rows"] > 0 and r["test_rows"] > 0 and r["clickouts"] > 0
+        assert r["hotel_ids"][1] >= r["hotel_ids"][0] > 0
+    assert any(r["hotel_ids"][1] > r["hotel_ids"][0] for r in rows)  # the tables grow by new hotels

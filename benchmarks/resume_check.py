@@ -6,6 +6,10 @@ with ``--ckpt_path .../last.ckpt``) and prints JSON with the final validation me
 largest difference.
 
     python benchmarks/resume_check.py [--recipe recipes/quickstart.yaml] [--kill_step 100]
+    python benchmarks/resume_check.py --quick   # smoke run: the quickstart at tiny sizes, killed at step 6
+
+`--quick` overrides the recipe's sizes on the command line (`QUICK`: 400 sessions of 60 items, a
+one-layer width-16 encoder, batch 32, 2 epochs, last.ckpt every 3 steps) and kills at step 6.
 """
 
 from __future__ import annotations
@@ -20,6 +24,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+QUICK = ["--data.source.init_args.num_sessions", "400", "--data.source.init_args.num_items", "60",
+         "--data.batch_size", "32", "--model.encoder.init_args.d_model", "16", "--model.encoder.init_args.n_head", "2",
+         "--model.encoder.init_args.n_layer", "1", "--trainer.max_epochs", "2",
+         "--last_checkpoint.every_n_train_steps", "3"]
+
 KILLER = """
 import os, signal, sys
 from sessrec.tasks import NextItemTask
@@ -29,7 +38,7 @@ def killed(self, batch, i):
         os.kill(os.getpid(), signal.SIGKILL)
     return step(self, batch, i)
 NextItemTask.training_step = killed
-sys.argv = ["sessrec", "fit", "--config", {recipe!r}, "--trainer.enable_progress_bar", "false"]
+sys.argv = ["sessrec", "fit", "--config", {recipe!r}, *{extra!r}, "--trainer.enable_progress_bar", "false"]
 from sessrec.cli import main
 main()
 """
@@ -48,13 +57,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipe", default="recipes/quickstart.yaml")
     parser.add_argument("--kill_step", type=int, default=100)
+    parser.add_argument("--quick", action="store_true", help="smoke run: the recipe at tiny sizes (QUICK), killed at step 6")
     args = parser.parse_args()
+    extra = QUICK if args.quick else []
+    if args.quick:
+        args.kill_step = 6
     recipe = str(Path(args.recipe).resolve())
     with tempfile.TemporaryDirectory() as scratch:
         whole, broken = Path(scratch) / "whole", Path(scratch) / "broken"
         whole.mkdir(), broken.mkdir()
-        uninterrupted = fit(["--config", recipe], whole)
-        killed = subprocess.run([sys.executable, "-c", KILLER.format(kill=args.kill_step, recipe=recipe)], cwd=broken, check=False,
+        uninterrupted = fit(["--config", recipe, *extra], whole)
+        killed = subprocess.run([sys.executable, "-c", KILLER.format(kill=args.kill_step, recipe=recipe, extra=extra)], cwd=broken, check=False,
                                 capture_output=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         if killed.returncode != -signal.SIGKILL:
             raise SystemExit(f"the run was not killed (exit {killed.returncode}): is --kill_step past the end of training?")
@@ -62,9 +75,9 @@ def main() -> None:
         import torch
 
         saved_step = int(torch.load(last, weights_only=True, map_location="cpu")["global_step"])
-        resumed = fit(["--config", recipe, "--ckpt_path", str(last)], broken)
+        resumed = fit(["--config", recipe, *extra, "--ckpt_path", str(last)], broken)
     diff = max(abs(uninterrupted[k] - resumed[k]) for k in uninterrupted)
-    print(json.dumps({"benchmark": "resume_check", "recipe": args.recipe, "killed_at_step": args.kill_step,
+    print(json.dumps({"benchmark": "resume_check", "recipe": args.recipe, "quick": args.quick, "killed_at_step": args.kill_step,
                       "resumed_from_step": saved_step, "uninterrupted": uninterrupted, "resumed": resumed,
                       "max_abs_diff": diff}, indent=1))
 

@@ -16,6 +16,10 @@ interleaved (as here) and compare them with each other, not with figures of anot
 Example (from the repository root, after ``sessrec fit --config recipes/pipeline_rsc15.yaml``):
     python benchmarks/serve_cold_start.py --model-dir runs/pipeline_rsc15/pipeline
     python benchmarks/serve_cold_start.py --checkout before=/tmp/sessrec-before,/tmp/before/pipeline --checkout current=.
+    python benchmarks/serve_cold_start.py --quick   # smoke run: one round, a tiny pipeline it builds itself
+
+`--quick` runs one round, times the import of `sessrec.serving.server` alone and, unless `--model-dir`
+is given, serves a tiny co-visitation pipeline (synthetic sessions, 60 items) saved in a scratch folder.
 """
 
 from __future__ import annotations
@@ -103,15 +107,38 @@ def serve_start(checkout: Path, model_dir: Path, timeout: float) -> dict[str, ob
         log.close()
 
 
+def tiny_pipeline(directory: Path) -> Path:
+    """A co-visitation pipeline over 60 synthetic items saved in `directory` (what `--quick` serves)."""
+    from sessrec.data import SyntheticSource
+    from sessrec.pipeline.pipeline import Pipeline
+    from sessrec.pipeline.retrieval.covisitation import CoVisitation
+    from sessrec.tasks import SessionDataModule
+
+    data = SessionDataModule(source=SyntheticSource(num_sessions=400, num_items=60, days=10), max_length=10)
+    train, _ = data.tensors("train")
+    pipe = Pipeline(data.vocab, {"covisitation": (CoVisitation().fit(train, data.num_items), 20)}, max_length=10,
+                    max_candidates=20)
+    return Path(pipe.save_pretrained(directory))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model-dir", type=Path, default=ROOT / "runs/pipeline_rsc15/pipeline")
+    parser.add_argument("--model-dir", type=Path, help="the directory served (default: runs/pipeline_rsc15/pipeline)")
     parser.add_argument("--checkout", action="append", default=[],
                         help="NAME=PATH[,MODEL_DIR]: a sessrec source tree and the directory it serves")
     parser.add_argument("--modules", nargs="+", default=["sessrec.pipeline", "sessrec.serving.server", "sessrec.lifecycle.export"])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run: one round, sessrec.serving.server's import, a tiny pipeline unless --model-dir")
     args = parser.parse_args()
+    scratch = None
+    if args.quick:
+        args.repeats, args.modules = 1, ["sessrec.serving.server"]
+        if args.model_dir is None:
+            scratch = tempfile.TemporaryDirectory(prefix="serve_cold_start_")
+            args.model_dir = tiny_pipeline(Path(scratch.name) / "pipeline")
+    args.model_dir = args.model_dir or ROOT / "runs/pipeline_rsc15/pipeline"
     given = dict(c.split("=", 1) for c in args.checkout) or {"current": str(ROOT)}
     checkouts = {name: Path(spec.split(",")[0]).resolve() for name, spec in given.items()}
     served = {name: Path(spec.split(",")[1]) if "," in spec else args.model_dir for name, spec in given.items()}
@@ -137,6 +164,8 @@ def main() -> None:
                 line[f"{key}_s_median"] = round(statistics.median(s for s, _ in runs), 3)
                 line[f"{key}_training_stack"] = runs[-1][1]
         print(json.dumps(line))
+    if scratch is not None:
+        scratch.cleanup()
 
 
 if __name__ == "__main__":

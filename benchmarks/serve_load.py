@@ -35,6 +35,11 @@ Example (from the repository root):
     python benchmarks/serve_load.py                                     # runs/pipeline_rsc15/pipeline
     python benchmarks/serve_load.py --model-dir <dir> --concurrency 1 4 16 --requests 1000
     python benchmarks/serve_load.py --model-dir runs/quickstart/model --data none --requests 2000 --overload
+    python benchmarks/serve_load.py --quick --overload   # smoke run: a tiny co-visitation pipeline it builds itself
+
+`--quick` serves a tiny co-visitation pipeline (synthetic sessions, 60 items) saved in a scratch folder
+unless `--model-dir` is given, with sessions from its vocabulary, at concurrency 1 and 4, 20 requests
+each, and (with `--overload`) 1 s of capacity and 2 s of flood of 8-session requests.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ import resource
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -424,10 +430,25 @@ def overload(args: argparse.Namespace, port: int, server: subprocess.Popen, sess
     }
 
 
+def tiny_pipeline(directory: Path) -> Path:
+    """A co-visitation pipeline over 60 synthetic items saved in `directory` (what `--quick` serves)."""
+    from sessrec.data import SyntheticSource
+    from sessrec.pipeline.pipeline import Pipeline
+    from sessrec.pipeline.retrieval.covisitation import CoVisitation
+    from sessrec.tasks import SessionDataModule
+
+    data = SessionDataModule(source=SyntheticSource(num_sessions=400, num_items=60, days=10), max_length=10)
+    train, _ = data.tensors("train")
+    pipe = Pipeline(data.vocab, {"covisitation": (CoVisitation().fit(train, data.num_items), 20)}, max_length=10,
+                    max_candidates=20)
+    return Path(pipe.save_pretrained(directory))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model-dir", type=Path, default=ROOT / "runs/pipeline_rsc15/pipeline")
-    parser.add_argument("--data", type=Path, default=DATA, help="click file the request sessions come from")
+    parser.add_argument("--model-dir", type=Path, help="saved pipeline or model (default: runs/pipeline_rsc15/pipeline)")
+    parser.add_argument("--data", type=Path, help="click file the request sessions come from (default: rsc15_100k's test "
+                        "day; a missing file: random sessions of the model's vocabulary)")
     parser.add_argument("--concurrency", type=int, nargs="*", default=[1, 16])
     parser.add_argument("--requests", type=int, default=500, help="requests per concurrency level (at most)")
     parser.add_argument("--seconds", type=float, default=30.0, help="time per concurrency level (at most)")
@@ -449,7 +470,19 @@ def main() -> None:
     parser.add_argument("--max-connections", type=int, default=512, help="client connections open at once")
     parser.add_argument("--health-interval-ms", type=float, default=20.0)
     parser.add_argument("--drain-seconds", type=float, default=60.0, help="wait for answers after the flood")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run: a tiny pipeline built here (unless --model-dir), concurrency 1 and 4, 20 requests")
     args = parser.parse_args()
+    scratch = None
+    if args.quick:
+        args.concurrency, args.requests, args.warmup, args.seconds = [1, 4], 20, 2, 20.0
+        args.capacity_seconds, args.overload_seconds, args.overload_sessions = 1.0, 2.0, 8
+        if args.model_dir is None:  # its own tiny pipeline, asked for sessions of its vocabulary
+            scratch = tempfile.TemporaryDirectory(prefix="serve_load_")
+            args.model_dir = tiny_pipeline(Path(scratch.name) / "pipeline")
+            args.data = args.data or Path(scratch.name) / "none"
+    args.model_dir = args.model_dir or ROOT / "runs/pipeline_rsc15/pipeline"
+    args.data = args.data or DATA
     if not any((args.model_dir / name).exists() for name in ("pipeline.json", "config.json")):
         raise SystemExit(f"{args.model_dir}: no saved pipeline or model; run sessrec fit on a recipe first")
 
@@ -494,6 +527,8 @@ def main() -> None:
     finally:
         server.terminate()
         server.wait(timeout=30)
+        if scratch is not None:
+            scratch.cleanup()
     sys.exit(0 if ok else 1)
 
 if __name__ == "__main__":

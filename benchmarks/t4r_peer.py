@@ -5,6 +5,7 @@ Runs in a separate virtual environment with Transformers4Rec (not sessrec's), e.
     python3 -m venv /work/t4r-venv && /work/t4r-venv/bin/pip install torch==2.13.0
     /work/t4r-venv/bin/pip install "transformers4rec[pytorch]==23.12.0" "transformers==4.30.2" "torch==2.13.0"
     /work/t4r-venv/bin/python benchmarks/t4r_peer.py --path tests/fixtures/merlin/sequence_testing
+    /work/t4r-venv/bin/python benchmarks/t4r_peer.py --quick   # smoke run: that fixture, 1 epoch, width 16
 
 (23.12 installs with numpy<2, pandas 1.5, pyarrow<15 and dask 2023.5: pin them with ``--no-deps`` if pip
 picked newer ones; docs/migrating-from-transformers4rec.md lists the versions used.)
@@ -16,6 +17,10 @@ T4R's XLNet-MLM example: `TabularSequenceFeatures` (item embedding projected to 
 `MaskedLanguageModeling`), `XLNetConfig.build`, `NextItemPredictionTask` with weight tying, trained by
 `tr.Trainer`; the test set is evaluated on each session's last item (``eval_on_last_item_seq_only``),
 which is sessrec's ``last`` protocol. Prints one JSON object.
+
+`--quick` trains one epoch of a one-layer width-16 model (2 heads, batch 32) on `--path`, by default
+tests/fixtures/merlin/sequence_testing. The script runs Transformers4Rec only (sessrec's side is
+``sessrec fit`` on the same directory); without it, it exits 1 with one line naming the package.
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ warnings.filterwarnings("ignore")
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--path", required=True, help="Merlin dataset directory: one parquet file and schema.json")
+    parser.add_argument("--path", help="Merlin dataset directory: one parquet file and schema.json (required but "
+                        "with --quick: tests/fixtures/merlin/sequence_testing)")
     parser.add_argument("--d-model", type=int, default=64)
     parser.add_argument("--n-head", type=int, default=4)
     parser.add_argument("--n-layer", type=int, default=1)
@@ -48,13 +54,22 @@ def main() -> None:
     parser.add_argument("--test-fraction", type=float, default=0.1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--quick", action="store_true", help="smoke run: 1 epoch, d_model 16, 2 heads, batch 32")
     args = parser.parse_args()
+    if args.quick:
+        args.epochs, args.d_model, args.n_head, args.n_layer, args.batch_size = 1, 16, 2, 1, 32
+        args.path = args.path or str(Path(__file__).resolve().parents[1] / "tests/fixtures/merlin/sequence_testing")
+    if args.path is None:
+        parser.error("--path is required (or --quick)")
 
     import pyarrow.parquet as pq
     import torch
 
     torch.set_num_threads(args.threads)
-    import transformers4rec.torch as tr
+    try:
+        import transformers4rec.torch as tr
+    except ImportError as err:
+        sys.exit(f"t4r_peer.py needs transformers4rec (Transformers4Rec 23.12, its own virtualenv): {err}")
     from merlin_standard_lib import Schema
     from transformers4rec.torch.masking import MaskedLanguageModeling
     from transformers4rec.torch.ranking_metric import NDCGAt, RecallAt

@@ -17,6 +17,7 @@ summary line.
 
 Example (from the repository root):
     python benchmarks/dlrm.py --batch 2048 --steps 10 --repeats 5
+    python benchmarks/dlrm.py --quick   # smoke size: 4 tables of 100-1000 rows, batch 256, 2 steps x 2 repeats
 """
 
 from __future__ import annotations
@@ -104,7 +105,12 @@ def main() -> None:
     parser.add_argument("--over-layers", type=lambda s: [int(x) for x in s.split(",")], default=[128, 64])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke size (4 tables of 100-1000 rows, batch 256, 2 steps x 2 repeats, 1 warm-up); overrides those")
     args = parser.parse_args()
+    if args.quick:
+        args.batch, args.steps, args.repeats, args.warmup = 256, 2, 2, 1
+        args.tables, args.min_rows, args.max_rows = 4, 1e2, 1e3
     torch.set_num_threads(args.threads)
 
     cards = cardinalities(args.tables, args.min_rows, args.max_rows, args.seed)

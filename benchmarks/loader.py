@@ -17,6 +17,7 @@ Prints one JSON line per batch size on stdout; progress goes to stderr.
 
 Example (from the repository root):
     python benchmarks/loader.py --threads 1 --repeats 5 --batch 256 512 1024
+    python benchmarks/loader.py --quick   # smoke size: 2,000 synthetic sessions, batch 64 and 128, 5 batches x 2 repeats
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from collections.abc import Iterable
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from sessrec.data import SRGNNSource
+from sessrec.data import SRGNNSource, SyntheticSource
 from sessrec.tasks import SessionDataModule
 
 
@@ -65,7 +66,9 @@ def time_epoch(batches: Iterable, max_batches: int) -> tuple[float, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default="../shared/data/diginetica_srgnn", help="SR-GNN dataset folder")
+    parser.add_argument("--data", default=None,
+                        help="SR-GNN dataset folder, or 'synthetic' (SyntheticSource, 2,000 sessions); "
+                             "default ../shared/data/diginetica_srgnn (synthetic with --quick)")
     parser.add_argument("--max-length", type=int, default=20)
     parser.add_argument("--batch", type=int, nargs="+", default=[256, 512], help="batch sizes to compare at")
     parser.add_argument("--batches", type=int, default=0, help="batches per measurement; 0 = a full epoch")
@@ -73,14 +76,21 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1, help="untimed epochs (or --batches) of each loader")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke size (synthetic data unless --data, batch 64 and 128, 5 batches x 2 repeats); overrides those")
     args = parser.parse_args()
+    if args.quick:
+        args.data = args.data or "synthetic"
+        args.batch, args.batches, args.repeats, args.warmup = [64, 128], 5, 2, 1
+    args.data = args.data or "../shared/data/diginetica_srgnn"
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
 
     t0 = time.perf_counter()
-    dm = SessionDataModule(source=SRGNNSource(args.data), max_length=args.max_length, seed=args.seed)
+    source = SyntheticSource(num_sessions=2_000, num_items=500, seed=args.seed) if args.data == "synthetic" else SRGNNSource(args.data)
+    dm = SessionDataModule(source=source, max_length=args.max_length, seed=args.seed)
     items, _ = dm.tensors("train")  # (N, L)
     seconds = time.perf_counter() - t0
     print(f"loaded {tuple(items.shape)} training sessions in {seconds:.1f}s", file=sys.stderr)

@@ -11,6 +11,7 @@ step of both (logged as the mean over all processes' rows), their largest differ
 MRR per epoch, test MRR and wall time. Needs the torchrec extra (docs/sharding.md).
 
     python benchmarks/sharded_dlrm.py
+    python benchmarks/sharded_dlrm.py --quick   # smoke size: 1 epoch of 3 training batches, 1 validation batch
 """
 
 from __future__ import annotations
@@ -46,10 +47,13 @@ def curves(metrics_csv: Path) -> tuple[dict[int, float], dict[int, float]]:
     return train, val
 
 
-def run(name: str, extra: list[str], work: Path, path: str) -> dict:
+QUICK = ["--trainer.max_epochs", "1", "--trainer.limit_train_batches", "3", "--trainer.limit_val_batches", "1"]
+
+
+def run(name: str, extra: list[str], work: Path, path: str, quick: bool = False) -> dict:
     cwd = work / name
     cwd.mkdir(parents=True)
-    common = ["--config", RECIPE, *extra, "--data.init_args.path", path]
+    common = ["--config", RECIPE, *extra, "--data.init_args.path", path, *(QUICK if quick else [])]
     start = time.monotonic()
     subprocess.run(["sessrec", "fit", *common, "--trainer.log_every_n_steps", "1", "--trainer.enable_progress_bar", "false"],
                    cwd=cwd, check=True, capture_output=True, text=True)
@@ -67,15 +71,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--path", default=str(LOG))
     parser.add_argument("--work", default=str(ROOT / "runs" / "sharded_dlrm"), help="scratch folder (replaced)")
+    parser.add_argument("--quick", action="store_true", help="smoke size: " + " ".join(QUICK))
     args = parser.parse_args()
     work = Path(args.work)
     shutil.rmtree(work, ignore_errors=True)
-    out = {name: run(name, extra, work, args.path) for name, extra in RUNS.items()}
+    out = {name: run(name, extra, work, args.path, args.quick) for name, extra in RUNS.items()}
     one, two = out["one_process"], out["two_processes_sharded"]
     steps = sorted(set(one["train_loss"]) & set(two["train_loss"]))
     gaps = [abs(one["train_loss"][s] - two["train_loss"][s]) for s in steps]
     print(json.dumps({
         "benchmark": "sharded_dlrm",
+        "quick": args.quick,
         "steps_compared": len(steps),
         "train_loss_max_abs_diff": max(gaps),
         "train_loss_first_last": {k: [v["train_loss"][steps[0]], v["train_loss"][steps[-1]]] for k, v in out.items()},

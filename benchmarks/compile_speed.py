@@ -57,6 +57,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.d_model, args.items, args.batch, args.widths, args.steps, args.warmup = 16, 300, 16, [8], 3, 2
+        import torch._inductor.config
+
+        torch._inductor.config.compile_threads = 1  # no pool of compile workers to start for one small graph
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     build, objective_type = ENCODERS[args.encoder]

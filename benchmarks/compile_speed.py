@@ -9,6 +9,7 @@ is measured after warm-up (``dynamic=None``: torch marks a dimension dynamic onc
 One JSON line: median step ms of each, and eager / compiled (above 1: compiled is faster).
 
     python benchmarks/compile_speed.py [--encoder xlnet|sasrec|gpt2] [--steps 30] [--threads 1]
+    python benchmarks/compile_speed.py --quick
 """
 
 from __future__ import annotations
@@ -51,7 +52,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30, help="timed steps of each")
     parser.add_argument("--warmup", type=int, default=6, help="untimed steps of each (compilation happens here)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke size: d_model 16, 300 items, batch 16, widths 8, 3 steps, 2 warm-up (one compilation)")
     args = parser.parse_args()
+    if args.quick:
+        args.d_model, args.items, args.batch, args.widths, args.steps, args.warmup = 16, 300, 16, [8], 3, 2
+        import torch._inductor.config
+
+        torch._inductor.config.compile_threads = 1  # no pool of compile workers to start for one small graph
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     build, objective_type = ENCODERS[args.encoder]

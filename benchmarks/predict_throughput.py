@@ -9,6 +9,7 @@ Prints one JSON line on stdout; progress goes to stderr.
 
 Example (from the repository root):
     python benchmarks/predict_throughput.py --batches 256 1024 --threads 1
+    python benchmarks/predict_throughput.py --quick
 """
 
 from __future__ import annotations
@@ -30,7 +31,12 @@ def main() -> None:
     parser.add_argument("--top-k", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=20, help="timed batches per batch size")
     parser.add_argument("--warmup", type=int, default=3, help="untimed batches per batch size first")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke size: batches 16 64, 300 items, d_model 16, 2 heads, 1 layer, max-len 8, 3 repeats")
     args = parser.parse_args()
+    if args.quick:
+        args.batches, args.items, args.d_model, args.n_head, args.n_layer, args.max_len = [16, 64], 300, 16, 2, 1, 8
+        args.repeats, args.warmup = 3, 1
     if args.repeats < 1 or min(args.batches) < 1:
         parser.error("--repeats and every --batches value must be >= 1")
     torch.set_num_threads(args.threads)

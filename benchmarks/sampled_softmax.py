@@ -16,6 +16,7 @@ goes to stderr.
 Example (from the repository root):
     python benchmarks/sampled_softmax.py --items 50000 --steps 20 --threads 1
     python benchmarks/sampled_softmax.py --items 50000 --steps 20 --threads 1 --encoder sasrec
+    python benchmarks/sampled_softmax.py --quick
 """
 
 from __future__ import annotations
@@ -59,7 +60,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20, help="timed steps per loss")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--encoder", choices=["xlnet", "sasrec"], default="xlnet")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke size: 2000 items, batch 32, 64 samples, d_model 16, 2 heads, 1 layer, max-len 8, "
+                             "3 steps, 1 warm-up")
     args = parser.parse_args()
+    if args.quick:
+        args.items, args.batch, args.samples, args.max_len = 2000, 32, 64, 8
+        args.d_model, args.n_head, args.n_layer, args.steps, args.warmup = 16, 2, 1, 3, 1
     torch.set_num_threads(args.threads)
     counts = zipf_counts(args.items)
 

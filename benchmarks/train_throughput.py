@@ -31,6 +31,7 @@ Example (from the repository root):
     python benchmarks/train_throughput.py --steps 30 --threads 1
     python benchmarks/train_throughput.py --steps 30 --threads 1 --max-len 50 --encoders hstu hstu_padded sasrec xlnet_mlm
     python benchmarks/train_throughput.py --steps 30 --threads 1 --peer transformers4rec --profile
+    python benchmarks/train_throughput.py --quick
 """
 
 from __future__ import annotations
@@ -202,7 +203,12 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="profile extra steps; top ops to stderr")
     parser.add_argument("--encoders", nargs="+", choices=sorted(ENCODERS), default=["xlnet_mlm"],
                         help="encoders timed in turn, step by step, on the same sessions (the first is the record's)")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke size: batch 16, 300 items, d_model 16, 2 heads, 1 layer, max-len 8, 20 steps, 1 warm-up")
     args = parser.parse_args()
+    if args.quick:
+        args.batch, args.items, args.d_model, args.n_head, args.n_layer, args.max_len = 16, 300, 16, 2, 1, 8
+        args.steps, args.warmup = 20, 1
     if args.steps < 20:
         parser.error("--steps must be >= 20 for a stable median")
     torch.set_num_threads(args.threads)

@@ -18,7 +18,7 @@ def quick_records(script: str) -> list[dict]:
     """`python benchmarks/<script> --quick` from the repository root: its JSON lines, after a zero exit."""
     done = subprocess.run(
         [sys.executable, f"benchmarks/{script}", "--quick"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     assert done.returncode == 0, done.stderr[-2000:]

@@ -28,6 +28,17 @@ from typing import Any
 from sessrec.saved.atomic import digest, write_text
 
 
+def loads_no_directory(use: str) -> classmethod:
+    """A ``from_pretrained`` for a network or task, which loads no model directory: it refuses in one line
+    naming what does (`use`, with ``{cls}`` and ``{directory}`` filled in)."""
+
+    def from_pretrained(cls: type, directory: object) -> None:
+        how = use.format(cls=cls.__name__, directory=repr(str(directory)))
+        raise TypeError(f"{cls.__name__} loads no model directory: use {how}")
+
+    return classmethod(from_pretrained)
+
+
 def describe(folder: Path, spec: dict[str, Any], parts: Iterable[str]) -> dict[str, Any]:
     """`spec` with the content hash of each of `parts` (files of `folder`) under ``"parts"``."""
     return {**spec, "parts": {name: digest(folder / name) for name in sorted(parts)}}

@@ -27,6 +27,7 @@ from sessrec.embeddings import FusedTables, SparseTables, TableConfig
 from sessrec.embeddings.host_memory import retain_freed_memory
 from sessrec.metrics import RankingMetrics
 from sessrec.models.dlrm import DLRM
+from sessrec.saved.directory import loads_no_directory
 from sessrec.saved.registry import config_of, register
 from sessrec.tasks.checkpointing import Pretrained
 from sessrec.tasks.settings import DLRMNetwork, Evaluation, Optimization
@@ -81,11 +82,8 @@ class DLRMTask(Pretrained, pl.LightningModule):
     ``runs/<name>/model``; ``sessrec test|predict --model_dir`` evaluate it with `from_ranker`.
     """
 
-    @classmethod
-    def from_pretrained(cls, directory: object) -> None:
-        """Refused in one line: a task is built from the artifact (`from_ranker`)."""
-        raise TypeError(f"{cls.__name__} loads no model directory: use {cls.__name__}.from_ranker(sessrec.artifacts."
-                        f"ClickRanker.from_pretrained({str(directory)!r}))")
+    from_pretrained = loads_no_directory(
+        "{cls}.from_ranker(sessrec.artifacts.ClickRanker.from_pretrained({directory}))")
 
     EVALUATION_SETTINGS = ("evaluation", "compile")  # ``sessrec test --model_dir``: the given values (`sessrec.tasks.restore`)
     TRAINING_SETTINGS = ("optimization", "seed", "retain_freed_memory")  # read only while fitting

@@ -26,6 +26,7 @@ from sessrec.metrics import TopKMetrics
 from sessrec.models import MaskedItemModeling, Objective, SessionModel, XLNetEncoder
 from sessrec.models.session_model import exclude_seen, next_item_scores
 from sessrec.models.side_info import SideInfoConfig, SideInfoEmbedding
+from sessrec.saved.directory import loads_no_directory
 from sessrec.saved.registry import config_of, instantiate, register
 from sessrec.tasks.checkpointing import Pretrained
 from sessrec.tasks.distillation import Teachers, check_student
@@ -87,11 +88,8 @@ class NextItemTask(Pretrained, pl.LightningModule):
     fit`` writes as ``runs/<name>/model``.
     """
 
-    @classmethod
-    def from_pretrained(cls, directory: object) -> None:
-        """Refused in one line: a task is built from the artifact (`from_recommender`)."""
-        raise TypeError(f"{cls.__name__} loads no model directory: use {cls.__name__}.from_recommender(sessrec.artifacts."
-                        f"SessionRecommender.from_pretrained({str(directory)!r}))")
+    from_pretrained = loads_no_directory(
+        "{cls}.from_recommender(sessrec.artifacts.SessionRecommender.from_pretrained({directory}))")
 
     EVALUATION_SETTINGS = ("evaluation",)  # ``sessrec test --model_dir``: the given values (`sessrec.tasks.restore`)
     TRAINING_SETTINGS = ("loss", "optimization", "schedule", "seed", "distillation")  # read only while fitting

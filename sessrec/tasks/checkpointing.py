@@ -25,7 +25,8 @@ from sessrec.saved.registry import class_path, construct, resolve, split_config
 
 
 class Pretrained:
-    """Mixin of the training tasks: the data module's fitted data, checkpoints that resume ``fit``.
+    """Mixin of the training tasks: the data module's fitted data, checkpoints that resume ``fit``, and
+    the Lightning loops over the task's one ``_step(batch, stage)`` and ``_log_metrics(stage)``.
 
     The fitted data a model needs to read raw input (``vocab``, ``side_transform``) is taken from
     the data module at setup.
@@ -40,6 +41,21 @@ class Pretrained:
         self.vocab = getattr(datamodule, "vocab", None)
         self.side_transform = getattr(datamodule, "side", None)
         self.side_config = getattr(datamodule, "side_features", None) if self.side_transform is not None else None
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self._step(batch, "train")
+
+    def validation_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self._step(batch, "val")
+
+    def test_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self._step(batch, "test")
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_metrics("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_metrics("test")
 
     def on_train_epoch_start(self: pl.LightningModule) -> None:
         # the loaders shuffle by the trainer's epoch, so a resumed run draws the orders the uninterrupted one drew

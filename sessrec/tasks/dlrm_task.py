@@ -161,15 +161,6 @@ class DLRMTask(Pretrained, pl.LightningModule):
                     self.baseline_metrics[key].update(scores, batch.labels, batch.groups)
         return loss
 
-    def training_step(self, batch: RankingBatch, batch_idx: int) -> torch.Tensor:
-        return self._step(batch, "train")
-
-    def validation_step(self, batch: RankingBatch, batch_idx: int) -> torch.Tensor:
-        return self._step(batch, "val")
-
-    def test_step(self, batch: RankingBatch, batch_idx: int) -> torch.Tensor:
-        return self._step(batch, "test")
-
     def setup(self, stage: str) -> None:
         datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
         if datamodule is not None:
@@ -202,12 +193,6 @@ class DLRMTask(Pretrained, pl.LightningModule):
         if shown and not self.trainer.sanity_checking:
             elapsed = "" if self._fit_start is None else f" ({time.monotonic() - self._fit_start:.0f} s)"
             self.print(f"[{stage}] epoch {self.current_epoch} step {self.global_step}{elapsed}: " + " | ".join(shown))
-
-    def on_validation_epoch_end(self) -> None:
-        self._log_metrics("val")
-
-    def on_test_epoch_end(self) -> None:
-        self._log_metrics("test")
 
     # -- the artifact (`sessrec.artifacts.ClickRanker`) -------------------------------------------
     def ranker(self) -> ClickRanker:

@@ -245,15 +245,6 @@ class NextItemTask(Pretrained, pl.LightningModule):
         self.log(f"{stage}/loss", loss, batch_size=len(batch))
         return loss
 
-    def training_step(self, batch: SessionBatch, batch_idx: int) -> torch.Tensor:
-        return self._step(batch, "train")
-
-    def validation_step(self, batch: SessionBatch, batch_idx: int) -> torch.Tensor:
-        return self._step(batch, "val")
-
-    def test_step(self, batch: SessionBatch, batch_idx: int) -> torch.Tensor:
-        return self._step(batch, "test")
-
     def _log_metrics(self, stage: str) -> None:
         values = self.metrics[stage].compute()
         self.log_dict({f"{stage}/{k}": v for k, v in values.items()}, prog_bar=False)
@@ -261,12 +252,6 @@ class NextItemTask(Pretrained, pl.LightningModule):
         if not self.trainer.sanity_checking:
             shown = " ".join(f"{k}={float(v):.4f}" for k, v in values.items())
             self.print(f"[{stage}] epoch {self.current_epoch} step {self.global_step}: {shown}")
-
-    def on_validation_epoch_end(self) -> None:
-        self._log_metrics("val")
-
-    def on_test_epoch_end(self) -> None:
-        self._log_metrics("test")
 
     def recommend(self, items: torch.Tensor, k: int, features: dict[str, torch.Tensor] | None = None) -> TopK:
         """The `k` best recommendable items (fewer if the catalogue is smaller) of (B, L) model-id sessions."""

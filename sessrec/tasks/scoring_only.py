@@ -34,13 +34,9 @@ class ScoringOnlyTask(pl.LightningModule):
     def configure_optimizers(self) -> None:
         raise self.nothing_to_train()
 
-    def validation_step(self, batch: SessionBatch, batch_idx: int) -> None:
-        self._step(batch, "val")
-
-    def test_step(self, batch: SessionBatch, batch_idx: int) -> None:
-        self._step(batch, "test")
-
-    # the metric logging and the printed [val]/[test] lines are NextItemTask's, shared as they are
+    # the loops over `_step`, the metric logging and the printed [val]/[test] lines are NextItemTask's, shared as they are
+    validation_step = NextItemTask.validation_step
+    test_step = NextItemTask.test_step
     _log_metrics = NextItemTask._log_metrics
     on_validation_epoch_end = NextItemTask.on_validation_epoch_end
     on_test_epoch_end = NextItemTask.on_test_epoch_end

@@ -18,7 +18,6 @@ Examples:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Iterable
@@ -93,14 +92,6 @@ def check_vocabulary(vocab: Any, spec: dict[str, Any], source: Path, what: str =
             f"{source}: is not the vocabulary this {what} was trained with ({vocab.to_table().num_rows} rows, fingerprint "
             f"{found[:19]}...; the {what}'s: {spec['vocab'].get('rows')} rows, {recorded[:19]}...)"
         )
-
-
-def digest_of_parts(parts: dict[str, str]) -> str:
-    """One ``sha256:<hex>`` for a set of named content hashes (order-free)."""
-    h = hashlib.sha256()
-    for name in sorted(parts):
-        h.update(f"{name}\0{parts[name]}\n".encode())
-    return f"sha256:{h.hexdigest()}"
 
 
 def check_parts(folder: Path, parts: Any, source: Path) -> None:

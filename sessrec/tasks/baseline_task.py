@@ -74,7 +74,7 @@ class BaselineTask(ScoringOnlyTask):
             )
         sessions, _ = dm.tensors("train")  # only the training split: evaluation sessions never enter
         self.baseline.fit(
-            sessions, num_items=self.hparams.num_items or dm.num_items, times=_end_times(dm.splits.train)
+            sessions, num_items=self.hparams.num_items or dm.num_items, times=frame.end_times(dm.splits.train)
         )
 
     def forward(self, batch: SessionBatch) -> torch.Tensor:
@@ -83,6 +83,3 @@ class BaselineTask(ScoringOnlyTask):
         if self.hparams.num_virtual:
             scores[:, scores.shape[1] - self.hparams.num_virtual :] = float("-inf")
         return exclude_seen(scores, batch.items) if self.evaluation.exclude_seen else scores
-
-
-_end_times = frame.end_times  # the name the kNN fits and tests use

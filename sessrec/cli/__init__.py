@@ -198,12 +198,8 @@ def rollback(model_dir: str, to: str | None = None) -> str:
     return version
 
 
-def rollback_cli(args: list[str]) -> str:
-    """``sessrec rollback --model_dir D [--to VERSION]``."""
-    return call_with_flags(rollback, "sessrec rollback", args)
-
-
-COMMANDS = {"export": export_cli, "retrain": retrain_cli, "rollback": rollback_cli, "serve": serve_cli}
+COMMANDS = {"export": export_cli, "retrain": retrain_cli, "serve": serve_cli,
+            "rollback": lambda args: call_with_flags(rollback, "sessrec rollback", args)}
 USER_ERRORS = (ValueError, TypeError, RuntimeError, OSError, KeyError)  # OSError: missing or existing files
 LIGHTNING = ("lightning", "lightning_fabric", "pytorch_lightning")
 VERBOSE_FLAGS = ("--traceback", "--verbose")

@@ -22,6 +22,7 @@ from sessrec.datasets.clickout_rows import RankingVocab
 from sessrec.features.side_transform import SideFeatureTransform
 from sessrec.saved.checkpoint import read_checkpoint
 from sessrec.saved.registry import class_path, construct, resolve, split_config
+from sessrec.tasks.settings import Evaluation, Optimization
 
 
 class Pretrained:
@@ -41,6 +42,17 @@ class Pretrained:
         self.vocab = getattr(datamodule, "vocab", None)
         self.side_transform = getattr(datamodule, "side", None)
         self.side_config = getattr(datamodule, "side_features", None) if self.side_transform is not None else None
+
+    # the parts are read from the hyper-parameters, so what a checkpoint saves is what the task uses
+    @property
+    def optimization(self: pl.LightningModule) -> Optimization:
+        """The dense optimizer's settings (`Optimization`: AdamW's)."""
+        return Optimization.of(self.hparams.optimization)
+
+    @property
+    def evaluation(self: pl.LightningModule) -> Evaluation:
+        """Metric cut-offs, recommendations per session, exclusion of seen items (`Evaluation`; a DLRM reads ``ks``)."""
+        return Evaluation.of(self.hparams.evaluation)
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         return self._step(batch, "train")

@@ -129,21 +129,11 @@ class DLRMTask(Pretrained, pl.LightningModule):
         })
         self._fit_start: float | None = None
 
-    # the parts are read from the hyper-parameters, so what a checkpoint saves is what the task uses
     @property
     def sparse(self) -> SparseTables:
-        """The sparse module's config (`FusedTables`, `DynamicTables`, `HybridTables`, `TorchRecTables`)."""
+        """The sparse module's config (`FusedTables`, `DynamicTables`, `HybridTables`, `TorchRecTables`), read
+        from the hyper-parameters as `Pretrained`'s parts."""
         return SparseTables.of(self.hparams.sparse)
-
-    @property
-    def optimization(self) -> Optimization:
-        """The dense optimizer's settings (`Optimization`)."""
-        return Optimization.of(self.hparams.optimization)
-
-    @property
-    def evaluation(self) -> Evaluation:
-        """The recall@k cut-offs (`Evaluation`'s ``ks``)."""
-        return Evaluation.of(self.hparams.evaluation)
 
     def forward(self, batch: RankingBatch) -> torch.Tensor:
         return self.model(batch.dense, batch.sparse)  # (B,) logits

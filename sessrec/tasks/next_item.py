@@ -163,21 +163,10 @@ class NextItemTask(Pretrained, pl.LightningModule):
         self._clock_before, self._clock_start = 0.0, time.monotonic()
         self._teachers: Teachers | None = None  # loaded when fitting starts; never a submodule (not trained, not saved)
 
-    # the parts are read from the hyper-parameters, so what a checkpoint saves is what the task uses
-    @property
-    def optimization(self) -> Optimization:
-        """AdamW's settings (`Optimization`)."""
-        return Optimization.of(self.hparams.optimization)
-
     @property
     def schedule(self) -> Schedule:
-        """The learning-rate schedule (`Schedule`)."""
+        """The learning-rate schedule (`Schedule`), read from the hyper-parameters as `Pretrained`'s parts."""
         return Schedule.of(self.hparams.schedule)
-
-    @property
-    def evaluation(self) -> Evaluation:
-        """Metric cut-offs, recommendations per session, exclusion of seen items (`Evaluation`)."""
-        return Evaluation.of(self.hparams.evaluation)
 
     def setup(self, stage: str) -> None:
         datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None

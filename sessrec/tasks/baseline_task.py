@@ -21,7 +21,7 @@ from sessrec.data import frame
 from sessrec.data.batch import SessionBatch
 from sessrec.metrics import TopKMetrics
 from sessrec.saved.registry import config_of, register
-from sessrec.tasks.next_item import NextItemTask, exclude_seen
+from sessrec.tasks.next_item import exclude_seen
 from sessrec.tasks.scoring_only import ScoringOnlyTask
 from sessrec.tasks.settings import Evaluation
 
@@ -53,8 +53,6 @@ class BaselineTask(ScoringOnlyTask):
         self.hparams.update(evaluation=config_of(evaluation))  # plain data, as NextItemTask keeps its parts
         self.baseline = baseline
         self.metrics = nn.ModuleDict({stage: TopKMetrics(evaluation.ks) for stage in ("val", "test")})
-
-    evaluation = NextItemTask.evaluation
 
     def nothing_to_train(self) -> ValueError:
         return ValueError(

@@ -223,8 +223,11 @@ def run(args: list[str]) -> object:
         return None
     if command in COMMANDS:
         return COMMANDS[command](args[1:])
+    from sessrec.cli.parsers import config_value
+
     asks_help = bool({"-h", "--help"} & set(args))
-    if (command in PIPELINE_COMMANDS and _pipeline_recipe(args)) or (command == "recommend" and asks_help):
+    pipeline_recipe = command in PIPELINE_COMMANDS and config_value(args, "pipeline") is not None  # a `pipeline:` block
+    if pipeline_recipe or (command == "recommend" and asks_help):
         return pipeline_cli(args)
     if command == "recommend":
         raise ValueError("--config must name a pipeline recipe (a top-level 'pipeline:' block)")
@@ -237,13 +240,6 @@ def run(args: list[str]) -> object:
 
     sys.argv = [sys.argv[0], *args]  # LightningCLI reads them there
     return cli()
-
-
-def _pipeline_recipe(args: list[str]) -> bool:
-    """True when the configuration that `args` give has a top-level ``pipeline:`` block (a pipeline recipe)."""
-    from sessrec.cli.parsers import config_value
-
-    return config_value(args, "pipeline") is not None
 
 
 COMMAND_NAMES = ("fit", "validate", "test", "predict", "recommend", "serve", "export", "retrain", "rollback")

@@ -223,8 +223,8 @@ DLRM_HELD = plain_hparams(DLRMTask(cardinalities={"hotel": 10}, num_dense=3))
 def test_dlrm_takes_ks_and_compile_and_refuses_its_shape():
     given = {"evaluation": {"ks": [3]}, "compile": "aot_eager", "optimization": {"lr": 0.01}, "network": {"embedding_dim": 16}}
     merged = merge_with_model(DLRMTask, DLRM_HELD, given, "runs/dlrm/model", from_data=("cardinalities", "num_dense"))
-    assert Evaluation.of(merged.init_args["evaluation"]).ks == [3]
-    assert merged.init_args["compile"] == "aot_eager" and merged.init_args["sparse"] == DLRM_HELD["sparse"]
+    assert Evaluation.of(merged["evaluation"]).ks == [3]
+    assert merged["compile"] == "aot_eager" and merged["sparse"] == DLRM_HELD["sparse"]
     for given, key, value in (({"network": {"embedding_dim": 32}}, "network.embedding_dim", 32),
                               ({"sparse": {"class_path": "sessrec.embeddings.FusedTables", "init_args": {"optimizer": "sgd"}}},
                                "sparse.init_args.optimizer", "sgd")):
@@ -243,8 +243,8 @@ def test_a_saved_part_is_compared_field_by_field():
             "encoder": {"class_path": "sessrec.models.xlnet.XLNetEncoder", "init_args": {"d_model": 16, "n_head": 2}}}
     given = {"evaluation": {"ks": [5]}, "encoder": {"class_path": "sessrec.models.XLNetEncoder", "init_args": {"d_model": 16}}}
     merged = merge_with_model(NextItemTask, held, given, "x")
-    assert merged.init_args["evaluation"] == {"ks": [5], "top_k": 20, "exclude_seen": True}
-    assert merged.init_args["encoder"] == held["encoder"]
+    assert merged["evaluation"] == {"ks": [5], "top_k": 20, "exclude_seen": True}
+    assert merged["encoder"] == held["encoder"]
     with pytest.raises(ValueError, match=r"^--model\.encoder\.class_path sessrec\.models\.GRU4RecEncoder differs"):
         merge_with_model(NextItemTask, held, {"encoder": {"class_path": "sessrec.models.GRU4RecEncoder"}}, "x")
 

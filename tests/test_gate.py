@@ -3,6 +3,7 @@
 
 import itertools
 import math
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -77,7 +78,7 @@ def test_the_reason_names_the_reference_the_candidate_trails():
     )
     assert 0.005 < low < 0.008 < high < 0.0095
     assert decision.versus_current.difference == pytest.approx(-0.004) and decision.versus_current.holds(0.005)
-    assert decision.to_dict()["versus_best"]["reference"] == "the best promoted (v000003)"
+    assert asdict(decision)["versus_best"]["reference"] == "the best promoted (v000003)"
 
 
 def test_too_few_pairs_are_refused_even_for_an_equal_candidate():

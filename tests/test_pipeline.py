@@ -28,7 +28,7 @@ import yaml
 from sessrec.artifacts import SessionRecommender
 from sessrec.baselines import VSKNN
 from sessrec.cli import main
-from sessrec.data import EvalPairs, ItemVocab, SchemaError, SyntheticSource
+from sessrec.data import EvalPairs, ItemVocab, SchemaError, SyntheticSource, frame
 from sessrec.data.vocab import NUM_SPECIAL
 from sessrec.models import XLNetEncoder
 from sessrec.pipeline.candidate_features import GROUPS, CandidateFeatures
@@ -47,7 +47,6 @@ from sessrec.pipeline_training.recipe import BaselineRetrieval, ModelRetrieval, 
 from sessrec.saved import versions
 from sessrec.saved.registry import ConfigError, config_of
 from sessrec.tasks import NextItemTask, SessionDataModule
-from sessrec.tasks.baseline_task import _end_times
 
 torch.set_num_threads(1)
 faiss = pytest.importorskip("faiss")
@@ -82,7 +81,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
     model_dir = task.recommender().save_pretrained(tmp_path_factory.mktemp("model") / "model")
 
     train, _ = dm.tensors("train")
-    vsknn = BaselineRetriever(VSKNN(**VSKNN_ARGS)).fit(train, dm.num_items, _end_times(dm.splits.train))
+    vsknn = BaselineRetriever(VSKNN(**VSKNN_ARGS)).fit(train, dm.num_items, frame.end_times(dm.splits.train))
     retrievers = {
         "xlnet": (SessionModelRetriever.from_pretrained(model_dir, FaissIndex("hnsw")), 30),
         "vsknn": (vsknn, 30),

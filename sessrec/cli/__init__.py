@@ -198,12 +198,8 @@ def rollback(model_dir: str, to: str | None = None) -> str:
     return version
 
 
-def rollback_cli(args: list[str]) -> str:
-    """``sessrec rollback --model_dir D [--to VERSION]``."""
-    return call_with_flags(rollback, "sessrec rollback", args)
-
-
-COMMANDS = {"export": export_cli, "retrain": retrain_cli, "rollback": rollback_cli, "serve": serve_cli}
+COMMANDS = {"export": export_cli, "retrain": retrain_cli, "serve": serve_cli,
+            "rollback": lambda args: call_with_flags(rollback, "sessrec rollback", args)}
 USER_ERRORS = (ValueError, TypeError, RuntimeError, OSError, KeyError)  # OSError: missing or existing files
 LIGHTNING = ("lightning", "lightning_fabric", "pytorch_lightning")
 VERBOSE_FLAGS = ("--traceback", "--verbose")
@@ -227,8 +223,11 @@ def run(args: list[str]) -> object:
         return None
     if command in COMMANDS:
         return COMMANDS[command](args[1:])
+    from sessrec.cli.parsers import config_value
+
     asks_help = bool({"-h", "--help"} & set(args))
-    if (command in PIPELINE_COMMANDS and _pipeline_recipe(args)) or (command == "recommend" and asks_help):
+    pipeline_recipe = command in PIPELINE_COMMANDS and config_value(args, "pipeline") is not None  # a `pipeline:` block
+    if pipeline_recipe or (command == "recommend" and asks_help):
         return pipeline_cli(args)
     if command == "recommend":
         raise ValueError("--config must name a pipeline recipe (a top-level 'pipeline:' block)")
@@ -241,13 +240,6 @@ def run(args: list[str]) -> object:
 
     sys.argv = [sys.argv[0], *args]  # LightningCLI reads them there
     return cli()
-
-
-def _pipeline_recipe(args: list[str]) -> bool:
-    """True when the configuration that `args` give has a top-level ``pipeline:`` block (a pipeline recipe)."""
-    from sessrec.cli.parsers import config_value
-
-    return config_value(args, "pipeline") is not None
 
 
 COMMAND_NAMES = ("fit", "validate", "test", "predict", "recommend", "serve", "export", "retrain", "rollback")

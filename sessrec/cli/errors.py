@@ -19,7 +19,6 @@ Examples:
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import inspect
 import types
@@ -27,6 +26,8 @@ import typing
 from collections.abc import Callable, Mapping
 from importlib import import_module
 from typing import Any, Literal
+
+from sessrec.saved.registry import parameters
 
 
 class RecipeError(ValueError):
@@ -153,10 +154,10 @@ def _check_block(block: Any, owner: Callable[..., Any], key: str, top: bool = Fa
         extra = [k for k in block if k not in ("class_path", "init_args", "dict_kwargs")]
         block, key = ({**(init if isinstance(init, Mapping) else {}), **{k: block[k] for k in extra}},
                       f"{key}.init_args" if isinstance(init, Mapping) else key)  # the key as written
-    params = _parameters(owner)
-    if params is None:
+    hints, open_ended = parameters(owner)
+    if open_ended:
         return  # takes **kwargs: any key may stand
-    hints = _hints(owner)
+    params = list(hints)
     for name, value in block.items():
         where = f"{key}{name}" if top else f"{key}.{name}"
         if top and name in PARSER_KEYS:
@@ -233,23 +234,3 @@ def _importable(class_path: str) -> type | None:
     except (ImportError, AttributeError, ValueError):
         return None
     return found if inspect.isclass(found) else None
-
-
-def _parameters(owner: Callable[..., Any]) -> list[str] | None:
-    """The keyword names `owner` takes (a dataclass: its fields); None when it takes any (``**kwargs``)."""
-    if dataclasses.is_dataclass(owner):
-        return [f.name for f in dataclasses.fields(owner)]
-    try:
-        params = inspect.signature(owner).parameters.values()
-    except (TypeError, ValueError):
-        return None
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        return None
-    return [p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
-
-
-def _hints(owner: Callable[..., Any]) -> dict[str, Any]:
-    try:
-        return typing.get_type_hints(owner.__init__ if inspect.isclass(owner) else owner)
-    except (NameError, TypeError, AttributeError):  # an annotation that does not resolve here: the names still help
-        return {}

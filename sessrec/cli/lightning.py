@@ -127,10 +127,10 @@ class SessrecCLI(LightningCLI):
         init_args = model.get("init_args") if model is not None else None
         merged = merge_with_model(task, plain_hparams(base), init_args.as_dict() if init_args is not None else {},
                                   str(folder), from_data=FROM_DATA)
-        update = {sub: {"model": {"class_path": named, "init_args": merged.init_args}}}
+        update = {sub: {"model": {"class_path": named, "init_args": merged}}}
         self.config = self.parser.parse_object(update, self.config)
         self._model_dir, self._artifact = folder, artifact
-        self._settings = {k: merged.init_args[k] for k in task.EVALUATION_SETTINGS}
+        self._settings = {k: merged[k] for k in task.EVALUATION_SETTINGS}
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # a recipe's `model:` block without class_path configures NextItemTask, the default task

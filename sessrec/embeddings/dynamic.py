@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sessrec.embeddings.fused import _FusedLookup
+from sessrec.embeddings.fused import _FusedLookup, seeded_generator
 
 _STATE = ("weight", "momentum", "counts", "row_keys", "sorted_keys", "sorted_rows", "used")
 
@@ -105,11 +105,7 @@ class DynamicEmbeddingBag(nn.Module):
         self.embedding_dim, self.max_capacity, self.pooling = embedding_dim, max_capacity, pooling
         self.optimizer, self.lr, self.eps, self.init_bound = optimizer, lr, eps, init_bound
         self.compile_update = compile_update
-        self.generator = torch.Generator(device=device or "cpu")
-        if seed is None:
-            self.generator.seed()
-        else:
-            self.generator.manual_seed(seed)
+        self.generator = seeded_generator(seed, device)
         long = {"dtype": torch.long, "device": device}
         self.register_buffer("weight", self._new_rows(initial_capacity, device))  # (C, D)
         self.register_buffer("momentum", torch.zeros(initial_capacity, device=device))  # (C,) row-wise Adagrad

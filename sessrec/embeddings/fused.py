@@ -50,6 +50,16 @@ def padded_width(dim: int, pad_to_bytes: int | None, element_size: int = 4) -> i
     return -(-dim // step) * step
 
 
+def seeded_generator(seed: int | None, device: torch.device | str | None = None) -> torch.Generator:
+    """A generator on `device` (None: the CPU) seeded with `seed`, or from the system's entropy when None."""
+    generator = torch.Generator(device=device or "cpu")
+    if seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(seed)
+    return generator
+
+
 def _row_writer(weight: torch.Tensor) -> torch.Tensor:
     """``weight`` viewed with 16-byte elements (complex128) when its rows allow, else itself.
 
@@ -341,11 +351,7 @@ class FusedEmbeddingBagCollection(nn.Module):
         self.tables = tables
         self.optimizer, self.lr, self.eps, self.pad_to_bytes = optimizer, lr, eps, pad_to_bytes
         self.compile_update = compile_update
-        generator = torch.Generator(device=device or "cpu")
-        if seed is None:
-            generator.seed()
-        else:
-            generator.manual_seed(seed)
+        generator = seeded_generator(seed, device)
 
         # width groups in order of first appearance: padded width -> table indices
         groups: dict[int, list[int]] = {}

@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sessrec.embeddings.fused import seeded_generator
+
 
 def hot_rows(counts: torch.Tensor, num_hot: int) -> torch.Tensor:
     """(H,) ids of the ``num_hot`` largest ``counts`` (ties: the lower id first)."""
@@ -68,11 +70,7 @@ class HybridEmbeddingBag(nn.Module):
         if counts is not None and counts.shape != (num_embeddings,):
             raise ValueError(f"counts must have shape ({num_embeddings},), got {tuple(counts.shape)}")
         self.num_embeddings, self.embedding_dim, self.num_hot, self.pooling = num_embeddings, embedding_dim, num_hot, pooling
-        generator = torch.Generator()
-        if seed is None:
-            generator.seed()
-        else:
-            generator.manual_seed(seed)
+        generator = seeded_generator(seed)
         bound = math.sqrt(1.0 / num_embeddings)
         weight = torch.empty(num_embeddings, embedding_dim).uniform_(-bound, bound, generator=generator)
         hot = torch.arange(num_hot) if counts is None else hot_rows(counts.cpu(), num_hot)

@@ -177,6 +177,7 @@ class ShardingPlan:
         return self.describe()
 
 
+@dataclass(frozen=True)
 class ShardingPlanner:
     """Greedy table placement over W devices of equal memory (rules and cost model in the module doc).
 
@@ -194,43 +195,30 @@ class ShardingPlanner:
         network_bandwidth: bytes/s in or out of one device, for the communication time.
     """
 
-    def __init__(
-        self,
-        world_size: int,
-        device_memory_bytes: int,
-        batch_size: int,
-        optimizer: Optimizer = "rowwise_adagrad",
-        param_bytes: int = 4,
-        data_parallel_max_bytes: int = 1 << 20,
-        column_wise_min_dim: int = 256,
-        column_shard_dim: int = 128,
-        memory_bandwidth: float = 100e9,
-        network_bandwidth: float = 10e9,
-    ) -> None:
-        for name, value in (
-            ("world_size", world_size), ("device_memory_bytes", device_memory_bytes), ("batch_size", batch_size),
-            ("param_bytes", param_bytes), ("column_wise_min_dim", column_wise_min_dim),
-            ("column_shard_dim", column_shard_dim),
-        ):
+    world_size: int
+    device_memory_bytes: int
+    batch_size: int
+    optimizer: Optimizer = "rowwise_adagrad"
+    param_bytes: int = 4
+    data_parallel_max_bytes: int = 1 << 20
+    column_wise_min_dim: int = 256
+    column_shard_dim: int = 128
+    memory_bandwidth: float = 100e9
+    network_bandwidth: float = 10e9
+
+    def __post_init__(self) -> None:
+        for name in ("world_size", "device_memory_bytes", "batch_size", "param_bytes", "column_wise_min_dim",
+                     "column_shard_dim"):
+            value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"ShardingPlanner: {name} must be a positive int, got {value!r}")
-        if optimizer not in OPTIMIZERS:
-            raise ValueError(f"ShardingPlanner: optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
-        if data_parallel_max_bytes < 0:
-            raise ValueError(f"ShardingPlanner: data_parallel_max_bytes must be >= 0, got {data_parallel_max_bytes!r}")
-        for name, value in (("memory_bandwidth", memory_bandwidth), ("network_bandwidth", network_bandwidth)):
-            if not value > 0:
-                raise ValueError(f"ShardingPlanner: {name} must be > 0 bytes/s, got {value!r}")
-        self.world_size = world_size
-        self.device_memory_bytes = device_memory_bytes
-        self.batch_size = batch_size
-        self.optimizer = optimizer
-        self.param_bytes = param_bytes
-        self.data_parallel_max_bytes = data_parallel_max_bytes
-        self.column_wise_min_dim = column_wise_min_dim
-        self.column_shard_dim = column_shard_dim
-        self.memory_bandwidth = float(memory_bandwidth)
-        self.network_bandwidth = float(network_bandwidth)
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"ShardingPlanner: optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        if self.data_parallel_max_bytes < 0:
+            raise ValueError(f"ShardingPlanner: data_parallel_max_bytes must be >= 0, got {self.data_parallel_max_bytes!r}")
+        for name in ("memory_bandwidth", "network_bandwidth"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"ShardingPlanner: {name} must be > 0 bytes/s, got {getattr(self, name)!r}")
 
     def row_bytes(self, embedding_dim: int) -> int:
         """Bytes per row of width D: the weights plus the optimizer's state."""

@@ -45,7 +45,7 @@ from torch import nn
 
 from sessrec.embeddings.config import TableConfig
 from sessrec.embeddings.dynamic import DynamicEmbeddingBag
-from sessrec.embeddings.fused import FusedEmbeddingBagCollection
+from sessrec.embeddings.fused import FusedEmbeddingBagCollection, seeded_generator
 from sessrec.embeddings.hybrid import HybridEmbeddingBag
 from sessrec.embeddings.jagged import SparseFeatures
 from sessrec.embeddings.sharding import embedding_bag_collection, pooled_features, to_keyed_jagged_tensor
@@ -217,11 +217,7 @@ class TorchRecSparseArch(_Stacked):
         super().__init__(tables)
         with torch.random.fork_rng(devices=[]):  # TorchRec's own init draws from the global generator
             self.collection = embedding_bag_collection(tables)
-        generator = torch.Generator()
-        if seed is None:
-            generator.seed()
-        else:
-            generator.manual_seed(seed)
+        generator = seeded_generator(seed)
         with torch.no_grad():
             for t in tables:
                 bound = (1.0 / t.num_embeddings) ** 0.5

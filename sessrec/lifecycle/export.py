@@ -56,7 +56,7 @@ from sessrec.models import GRU4RecEncoder
 from sessrec.models.dlrm import DLRM
 from sessrec.models.objective import EVENT_TIMES
 from sessrec.models.session_model import next_item_scores
-from sessrec.saved.atomic import atomic_path
+from sessrec.saved.atomic import atomic_path, write_text
 
 Format = Literal["onnx", "torchscript"]
 FORMATS: tuple[str, ...] = ("onnx", "torchscript")
@@ -95,9 +95,7 @@ class ExportSpec:
     notes: dict[str, object]
 
     def write(self, path: Path) -> Path:
-        with atomic_path(path) as tmp:
-            tmp.write_text(json.dumps(asdict(self), indent=2) + "\n")
-        return path
+        return write_text(path, json.dumps(asdict(self), indent=2) + "\n")
 
 
 # -- the exported modules ------------------------------------------------------------------------

@@ -16,8 +16,7 @@ when the one-sided lower confidence bound of the mean difference (candidate - re
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -78,10 +77,6 @@ class GateDecision:
     versus_current: Comparison
     versus_best: Comparison | None
     new_best: bool
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain data for a JSON record."""
-        return asdict(self)
 
 
 @dataclass(frozen=True)

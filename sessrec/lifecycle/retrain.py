@@ -226,7 +226,7 @@ def settle(
         "best_compared": best_compared,
         "gate": asdict(gate),
         "metrics": {name: r.metrics for name, r in ranks.items()},
-        **decision.to_dict(),
+        **asdict(decision),
         **facts,
         "evaluate_seconds": round(time.perf_counter() - started, 2),
         "promoted": False,

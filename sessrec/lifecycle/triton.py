@@ -28,7 +28,7 @@ from pathlib import Path
 
 from sessrec.artifacts import ClickRanker, SessionRecommender
 from sessrec.lifecycle.export import export_dlrm, export_session_model
-from sessrec.saved.atomic import atomic_path
+from sessrec.saved.atomic import write_text
 
 TRITON_TYPES = {"int64": "TYPE_INT64", "int32": "TYPE_INT32", "float64": "TYPE_FP64", "float32": "TYPE_FP32", "float16": "TYPE_FP16", "bool": "TYPE_BOOL"}
 
@@ -72,9 +72,7 @@ def triton_repository(
     else:
         raise TypeError(f"triton_repository exports a SessionRecommender or a ClickRanker, got {type(artifact).__name__}")
     spec = json.loads(path.with_suffix(".json").read_text())
-    text = model_config(name, spec, max_batch_size, max_queue_delay_microseconds)
-    with atomic_path(model_dir / "config.pbtxt") as tmp:
-        tmp.write_text(text)
+    write_text(model_dir / "config.pbtxt", model_config(name, spec, max_batch_size, max_queue_delay_microseconds))
     return model_dir
 
 

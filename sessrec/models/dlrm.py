@@ -37,6 +37,7 @@ from sessrec.embeddings.sparse_arch import (  # noqa: F401 - the sparse modules,
     TorchRecSparseArch,
     one_width,
 )
+from sessrec.saved.directory import loads_no_directory
 from sessrec.saved.registry import Configurable
 
 
@@ -166,11 +167,7 @@ class DLRM(nn.Module, Configurable):
         torch.Size([3])
     """
 
-    @classmethod
-    def from_pretrained(cls, directory: object) -> None:
-        """Refused in one line: a network loads no model directory (`sessrec.artifacts.ClickRanker` does)."""
-        raise TypeError(f"{cls.__name__} loads no model directory: use sessrec.artifacts.ClickRanker.from_pretrained"
-                        f"({str(directory)!r}).model")
+    from_pretrained = loads_no_directory("sessrec.artifacts.ClickRanker.from_pretrained({directory}).model")
 
     def __init__(
         self,

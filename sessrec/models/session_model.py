@@ -41,6 +41,7 @@ from sessrec.models.dropout import use_fast_dropout
 from sessrec.models.masking import MaskedItemModeling
 from sessrec.models.objective import EVENT_TIMES, Objective
 from sessrec.models.side_info import SideInfoEmbedding
+from sessrec.saved.directory import loads_no_directory
 from sessrec.saved.registry import Configurable
 
 
@@ -91,11 +92,7 @@ class SessionModel(nn.Module, Configurable):
             its width must be the encoder's. None = item ids only.
     """
 
-    @classmethod
-    def from_pretrained(cls, directory: object) -> None:
-        """Refused in one line: a network loads no model directory (`sessrec.artifacts.SessionRecommender` does)."""
-        raise TypeError(f"{cls.__name__} loads no model directory: use sessrec.artifacts.SessionRecommender.from_pretrained"
-                        f"({str(directory)!r}).model")
+    from_pretrained = loads_no_directory("sessrec.artifacts.SessionRecommender.from_pretrained({directory}).model")
 
     def __init__(
         self,

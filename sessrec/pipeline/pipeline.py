@@ -61,7 +61,6 @@ from sessrec.saved.atomic import digest
 from sessrec.saved.directory import (
     check_vocabulary,
     describe,
-    digest_of_parts,
     read_description,
     vocabulary_record,
     write_description,
@@ -345,7 +344,7 @@ class Pipeline:
         ordering = stages.load(Ordering, spec["ordering"], "ordering")
         pipeline = cls(vocab, retrievers, spec["max_length"], spec["max_candidates"], spec["history_length"], filters,
                        features, scorer, ordering, device)
-        pipeline.content_hash = content_hash(directory, spec)
+        pipeline.content_hash = digest(directory / "pipeline.json")  # the description records every part's hash
         return pipeline
 
 
@@ -444,13 +443,6 @@ def join_state(plain: Any, arrays: Mapping[str, np.ndarray]) -> Any:
             raise ValueError(f"array {name!r} has no place in the saved state")  # noqa: TRY004 - a file's content
         node[last] = value
     return state
-
-
-def content_hash(directory: Path, spec: dict[str, Any]) -> str:
-    """The identity of a saved pipeline: the hash of its description, which records every part's hash
-    (a directory written before parts were hashed: the hash of all its files)."""
-    files = ["pipeline.json"] if "parts" in spec else sorted(p.name for p in directory.iterdir() if p.is_file())
-    return digest_of_parts({name: digest(directory / name) for name in files})
 
 
 def resolve_device(device: torch.device | str) -> torch.device:

@@ -42,6 +42,8 @@ from sessrec.pipeline.pipeline import Pipeline
 from sessrec.pipeline.scoring import RankerRows, Scorer
 
 CHUNK = 4096  # pairs whose features a scorer's fit reads at once
+# pairs as the stages see them: their sessions, (B, K) candidates, and the (M,) raw columns and labels of the filled slots
+Block = tuple[RequestSessions, Candidates, dict[str, torch.Tensor], torch.Tensor]
 
 
 def sessions_of(pairs: EvalPairs) -> RequestSessions:
@@ -79,15 +81,10 @@ class RankerData:
         hits = torch.searchsorted(self.offsets, torch.nonzero(self.labels).squeeze(1), right=True) - 1
         return float(len(torch.unique(hits))) / max(len(self), 1)
 
-    def block(self, lo: int, hi: int) -> tuple[RequestSessions, Candidates, dict[str, torch.Tensor], torch.Tensor]:
+    def block(self, lo: int, hi: int) -> Block:
         """Pairs ``lo:hi`` as the stages see them: `RequestSessions`, (B, K) `Candidates`, and the (M_b,) raw
         columns and labels of their filled slots."""
-        rows, slots = slice(lo, hi), slice(int(self.offsets[lo]), int(self.offsets[min(hi, len(self))]))
-        valid = self.valid[rows]
-        items = torch.zeros(valid.shape, dtype=torch.long, device=valid.device)
-        items[valid] = self.items[slots].long()
-        raw = {name: value[slots] for name, value in self.raw.items()}
-        return sessions_of(self.pairs.take(rows)), Candidates(items), raw, self.labels[slots]
+        return self._rows(slice(lo, hi), slice(int(self.offsets[lo]), int(self.offsets[min(hi, len(self))])))
 
     def slots(self, rows: torch.Tensor) -> torch.Tensor:
         """(M_r,) int64 positions of the filled slots of pairs `rows` ((R,) indices), row by row in that order."""
@@ -100,11 +97,14 @@ class RankerData:
         """Pairs `rows` ((R,) indices, in that order) as `block` gives them, and the positions of their slots (`slots`)."""
         rows = rows.long().to(self.valid.device)
         slots = self.slots(rows)
+        return (*self._rows(rows, slots), slots)
+
+    def _rows(self, rows: slice | torch.Tensor, slots: slice | torch.Tensor) -> Block:
         valid = self.valid[rows]
         items = torch.zeros(valid.shape, dtype=torch.long, device=valid.device)
         items[valid] = self.items[slots].long()
         raw = {name: value[slots] for name, value in self.raw.items()}
-        return sessions_of(self.pairs.take(rows)), Candidates(items), raw, self.labels[slots], slots
+        return sessions_of(self.pairs.take(rows)), Candidates(items), raw, self.labels[slots]
 
 
 class FeatureRows(RankerRows):
@@ -162,9 +162,7 @@ def candidate_rows(pipe: Pipeline, pairs: EvalPairs, batch_size: int = 512) -> R
                       cat(labels, torch.zeros(0, dtype=torch.bool, device="cpu")), raw)
 
 
-def to_device(
-    block: tuple[RequestSessions, Candidates, dict[str, torch.Tensor], torch.Tensor], device: torch.device
-) -> tuple[RequestSessions, Candidates, dict[str, torch.Tensor], torch.Tensor]:
+def to_device(block: Block, device: torch.device) -> Block:
     """A `RankerData.block` on `device`."""
     sessions, cands, raw, labels = block
     cands = Candidates(cands.items.to(device), {n: v.to(device) for n, v in cands.features.items()})

@@ -18,7 +18,6 @@ Examples:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Iterable
@@ -26,6 +25,17 @@ from pathlib import Path
 from typing import Any
 
 from sessrec.saved.atomic import digest, write_text
+
+
+def loads_no_directory(use: str) -> classmethod:
+    """A ``from_pretrained`` for a network or task, which loads no model directory: it refuses in one line
+    naming what does (`use`, with ``{cls}`` and ``{directory}`` filled in)."""
+
+    def from_pretrained(cls: type, directory: object) -> None:
+        how = use.format(cls=cls.__name__, directory=repr(str(directory)))
+        raise TypeError(f"{cls.__name__} loads no model directory: use {how}")
+
+    return classmethod(from_pretrained)
 
 
 def describe(folder: Path, spec: dict[str, Any], parts: Iterable[str]) -> dict[str, Any]:
@@ -82,14 +92,6 @@ def check_vocabulary(vocab: Any, spec: dict[str, Any], source: Path, what: str =
             f"{source}: is not the vocabulary this {what} was trained with ({vocab.to_table().num_rows} rows, fingerprint "
             f"{found[:19]}...; the {what}'s: {spec['vocab'].get('rows')} rows, {recorded[:19]}...)"
         )
-
-
-def digest_of_parts(parts: dict[str, str]) -> str:
-    """One ``sha256:<hex>`` for a set of named content hashes (order-free)."""
-    h = hashlib.sha256()
-    for name in sorted(parts):
-        h.update(f"{name}\0{parts[name]}\n".encode())
-    return f"sha256:{h.hexdigest()}"
 
 
 def check_parts(folder: Path, parts: Any, source: Path) -> None:

@@ -43,7 +43,7 @@ import inspect
 import os
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 LIBRARY = "sessrec."
@@ -250,7 +250,7 @@ class _Resolver:
             init_args = {}
         if not isinstance(init_args, Mapping):
             raise ConfigError(self.source, key, f"the arguments of {cls.__name__} must be a mapping, got {type(init_args).__name__}")
-        params, open_ended = _parameters(cls)
+        params, open_ended = parameters(cls)
         out = {}
         for name, value in init_args.items():
             if not isinstance(name, str) or (name not in params and not open_ended):
@@ -363,18 +363,23 @@ def _inner(annotation: Any, kind: str) -> Any:
 
 
 @functools.cache
-def _parameters(cls: type) -> tuple[dict[str, Any], bool]:
-    """(parameter name -> annotation, whether ``**kwargs`` takes any other name) of ``cls.__init__``."""
-    init = cls.__init__
-    if init is object.__init__:  # no constructor of its own: no arguments (not object's *args, **kwargs)
+def parameters(owner: Callable[..., Any]) -> tuple[dict[str, Any], bool]:
+    """(keyword name -> annotation, whether ``**kwargs`` takes any other name) of a function, or of a
+    class's ``__init__`` (without self); an annotation that does not evaluate is `Any`, and a callable
+    without a readable signature takes any name."""
+    function = owner.__init__ if isinstance(owner, type) else owner
+    if function is object.__init__:  # no constructor of its own: no arguments (not object's *args, **kwargs)
         return {}, False
-    signature = inspect.signature(init)
-    hints = _hints(init)
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return {}, True
+    hints = _hints(function)
     params = {}
     open_ended = False
     for i, (name, param) in enumerate(signature.parameters.items()):
-        if i == 0 or param.kind is inspect.Parameter.VAR_POSITIONAL:
-            continue  # self
+        if (i == 0 and function is not owner) or param.kind in (param.VAR_POSITIONAL, param.POSITIONAL_ONLY):
+            continue  # self, or no keyword
         if param.kind is inspect.Parameter.VAR_KEYWORD:
             open_ended = True
             continue

@@ -89,19 +89,24 @@ def write_directory(directory: str | os.PathLike, write: Callable[[Path], Any], 
 def _write_plain(directory: Path, write: Callable[[Path], Any]) -> Path:
     """Write a new directory under a temporary sibling name, fsync it, rename it into place."""
     directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
-    try:
-        write(tmp)
-        normal_modes(tmp)  # mkdtemp's 0700 and safetensors' 0600 would make the model private to this user
-        fsync_tree(tmp)
-        if directory.exists():
-            directory.rmdir()  # empty (checked by the caller); a folder that filled meanwhile makes this fail
-        os.replace(tmp, directory)
-        fsync_dir(directory.parent)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    _write_folder(Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent)), write, directory)
     return directory
+
+
+def _write_folder(staging: Path, write: Callable[[Path], Any], target: Path) -> None:
+    """``write(staging)``, then give it plain modes, fsync it and rename it to `target` (an empty folder
+    there is replaced); `staging` is removed when any step fails."""
+    try:
+        write(staging)
+        normal_modes(staging)  # mkdtemp's 0700 and safetensors' 0600 would make the model private to this user
+        fsync_tree(staging)
+        if target.exists():
+            target.rmdir()  # empty (checked by the caller); a folder that filled meanwhile makes this fail
+        os.replace(staging, target)
+        fsync_dir(target.parent)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
 
 
 class VersionedDirectory:
@@ -181,15 +186,7 @@ class VersionedDirectory:
             name = f"v{max(existing, default=0) + 1:06d}"
             staging = self.root / f"{_STAGING}{name}-{os.getpid()}"
             staging.mkdir(mode=0o755)
-            try:
-                write(staging)
-                normal_modes(staging)
-                fsync_tree(staging)
-                os.replace(staging, self.path(name))
-                fsync_dir(self.root / VERSIONS)
-            except BaseException:
-                shutil.rmtree(staging, ignore_errors=True)
-                raise
+            _write_folder(staging, write, self.path(name))
             return name
 
     def promote(self, version: str, record: dict[str, Any] | None = None, event: str = "promote") -> Path:

@@ -21,7 +21,7 @@ from sessrec.data import frame
 from sessrec.data.batch import SessionBatch
 from sessrec.metrics import TopKMetrics
 from sessrec.saved.registry import config_of, register
-from sessrec.tasks.next_item import NextItemTask, exclude_seen
+from sessrec.tasks.next_item import exclude_seen
 from sessrec.tasks.scoring_only import ScoringOnlyTask
 from sessrec.tasks.settings import Evaluation
 
@@ -54,8 +54,6 @@ class BaselineTask(ScoringOnlyTask):
         self.baseline = baseline
         self.metrics = nn.ModuleDict({stage: TopKMetrics(evaluation.ks) for stage in ("val", "test")})
 
-    evaluation = NextItemTask.evaluation
-
     def nothing_to_train(self) -> ValueError:
         return ValueError(
             f"{type(self.baseline).__name__} has no weights to train: run `sessrec test` "
@@ -74,7 +72,7 @@ class BaselineTask(ScoringOnlyTask):
             )
         sessions, _ = dm.tensors("train")  # only the training split: evaluation sessions never enter
         self.baseline.fit(
-            sessions, num_items=self.hparams.num_items or dm.num_items, times=_end_times(dm.splits.train)
+            sessions, num_items=self.hparams.num_items or dm.num_items, times=frame.end_times(dm.splits.train)
         )
 
     def forward(self, batch: SessionBatch) -> torch.Tensor:
@@ -83,6 +81,3 @@ class BaselineTask(ScoringOnlyTask):
         if self.hparams.num_virtual:
             scores[:, scores.shape[1] - self.hparams.num_virtual :] = float("-inf")
         return exclude_seen(scores, batch.items) if self.evaluation.exclude_seen else scores
-
-
-_end_times = frame.end_times  # the name the kNN fits and tests use

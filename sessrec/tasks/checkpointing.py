@@ -22,10 +22,12 @@ from sessrec.datasets.clickout_rows import RankingVocab
 from sessrec.features.side_transform import SideFeatureTransform
 from sessrec.saved.checkpoint import read_checkpoint
 from sessrec.saved.registry import class_path, construct, resolve, split_config
+from sessrec.tasks.settings import Evaluation, Optimization
 
 
 class Pretrained:
-    """Mixin of the training tasks: the data module's fitted data, checkpoints that resume ``fit``.
+    """Mixin of the training tasks: the data module's fitted data, checkpoints that resume ``fit``, and
+    the Lightning loops over the task's one ``_step(batch, stage)`` and ``_log_metrics(stage)``.
 
     The fitted data a model needs to read raw input (``vocab``, ``side_transform``) is taken from
     the data module at setup.
@@ -40,6 +42,32 @@ class Pretrained:
         self.vocab = getattr(datamodule, "vocab", None)
         self.side_transform = getattr(datamodule, "side", None)
         self.side_config = getattr(datamodule, "side_features", None) if self.side_transform is not None else None
+
+    # the parts are read from the hyper-parameters, so what a checkpoint saves is what the task uses
+    @property
+    def optimization(self: pl.LightningModule) -> Optimization:
+        """The dense optimizer's settings (`Optimization`: AdamW's)."""
+        return Optimization.of(self.hparams.optimization)
+
+    @property
+    def evaluation(self: pl.LightningModule) -> Evaluation:
+        """Metric cut-offs, recommendations per session, exclusion of seen items (`Evaluation`; a DLRM reads ``ks``)."""
+        return Evaluation.of(self.hparams.evaluation)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self._step(batch, "train")
+
+    def validation_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self._step(batch, "val")
+
+    def test_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self._step(batch, "test")
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_metrics("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_metrics("test")
 
     def on_train_epoch_start(self: pl.LightningModule) -> None:
         # the loaders shuffle by the trainer's epoch, so a resumed run draws the orders the uninterrupted one drew

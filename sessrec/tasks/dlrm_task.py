@@ -27,6 +27,7 @@ from sessrec.embeddings import FusedTables, SparseTables, TableConfig
 from sessrec.embeddings.host_memory import retain_freed_memory
 from sessrec.metrics import RankingMetrics
 from sessrec.models.dlrm import DLRM
+from sessrec.saved.directory import loads_no_directory
 from sessrec.saved.registry import config_of, register
 from sessrec.tasks.checkpointing import Pretrained
 from sessrec.tasks.settings import DLRMNetwork, Evaluation, Optimization
@@ -81,11 +82,8 @@ class DLRMTask(Pretrained, pl.LightningModule):
     ``runs/<name>/model``; ``sessrec test|predict --model_dir`` evaluate it with `from_ranker`.
     """
 
-    @classmethod
-    def from_pretrained(cls, directory: object) -> None:
-        """Refused in one line: a task is built from the artifact (`from_ranker`)."""
-        raise TypeError(f"{cls.__name__} loads no model directory: use {cls.__name__}.from_ranker(sessrec.artifacts."
-                        f"ClickRanker.from_pretrained({str(directory)!r}))")
+    from_pretrained = loads_no_directory(
+        "{cls}.from_ranker(sessrec.artifacts.ClickRanker.from_pretrained({directory}))")
 
     EVALUATION_SETTINGS = ("evaluation", "compile")  # ``sessrec test --model_dir``: the given values (`sessrec.tasks.restore`)
     TRAINING_SETTINGS = ("optimization", "seed", "retain_freed_memory")  # read only while fitting
@@ -131,21 +129,11 @@ class DLRMTask(Pretrained, pl.LightningModule):
         })
         self._fit_start: float | None = None
 
-    # the parts are read from the hyper-parameters, so what a checkpoint saves is what the task uses
     @property
     def sparse(self) -> SparseTables:
-        """The sparse module's config (`FusedTables`, `DynamicTables`, `HybridTables`, `TorchRecTables`)."""
+        """The sparse module's config (`FusedTables`, `DynamicTables`, `HybridTables`, `TorchRecTables`), read
+        from the hyper-parameters as `Pretrained`'s parts."""
         return SparseTables.of(self.hparams.sparse)
-
-    @property
-    def optimization(self) -> Optimization:
-        """The dense optimizer's settings (`Optimization`)."""
-        return Optimization.of(self.hparams.optimization)
-
-    @property
-    def evaluation(self) -> Evaluation:
-        """The recall@k cut-offs (`Evaluation`'s ``ks``)."""
-        return Evaluation.of(self.hparams.evaluation)
 
     def forward(self, batch: RankingBatch) -> torch.Tensor:
         return self.model(batch.dense, batch.sparse)  # (B,) logits
@@ -162,15 +150,6 @@ class DLRMTask(Pretrained, pl.LightningModule):
                 if key in self.baseline_metrics:
                     self.baseline_metrics[key].update(scores, batch.labels, batch.groups)
         return loss
-
-    def training_step(self, batch: RankingBatch, batch_idx: int) -> torch.Tensor:
-        return self._step(batch, "train")
-
-    def validation_step(self, batch: RankingBatch, batch_idx: int) -> torch.Tensor:
-        return self._step(batch, "val")
-
-    def test_step(self, batch: RankingBatch, batch_idx: int) -> torch.Tensor:
-        return self._step(batch, "test")
 
     def setup(self, stage: str) -> None:
         datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
@@ -204,12 +183,6 @@ class DLRMTask(Pretrained, pl.LightningModule):
         if shown and not self.trainer.sanity_checking:
             elapsed = "" if self._fit_start is None else f" ({time.monotonic() - self._fit_start:.0f} s)"
             self.print(f"[{stage}] epoch {self.current_epoch} step {self.global_step}{elapsed}: " + " | ".join(shown))
-
-    def on_validation_epoch_end(self) -> None:
-        self._log_metrics("val")
-
-    def on_test_epoch_end(self) -> None:
-        self._log_metrics("test")
 
     # -- the artifact (`sessrec.artifacts.ClickRanker`) -------------------------------------------
     def ranker(self) -> ClickRanker:

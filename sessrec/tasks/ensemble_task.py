@@ -27,7 +27,7 @@ from sessrec.metrics import TopKMetrics
 from sessrec.models.session_ensemble import SessionEnsemble
 from sessrec.saved.registry import config_of, register
 from sessrec.tasks.members import check_same_vocabulary, check_vocabulary, load_member
-from sessrec.tasks.next_item import NextItemTask, exclude_seen
+from sessrec.tasks.next_item import exclude_seen
 from sessrec.tasks.scoring_only import ScoringOnlyTask
 from sessrec.tasks.settings import Evaluation
 
@@ -67,8 +67,6 @@ class EnsembleTask(ScoringOnlyTask):
         self.metrics = nn.ModuleDict({stage: TopKMetrics(evaluation.ks) for stage in ("val", "test")})
         self._ensemble: SessionEnsemble | None = None
         self._vocabs: list[ItemVocab] = []  # the members' vocabularies, checked against the data module's at setup
-
-    evaluation = NextItemTask.evaluation
 
     @property
     def ensemble(self) -> SessionEnsemble:

@@ -26,6 +26,7 @@ from sessrec.metrics import TopKMetrics
 from sessrec.models import MaskedItemModeling, Objective, SessionModel, XLNetEncoder
 from sessrec.models.session_model import exclude_seen, next_item_scores
 from sessrec.models.side_info import SideInfoConfig, SideInfoEmbedding
+from sessrec.saved.directory import loads_no_directory
 from sessrec.saved.registry import config_of, instantiate, register
 from sessrec.tasks.checkpointing import Pretrained
 from sessrec.tasks.distillation import Teachers, check_student
@@ -87,11 +88,8 @@ class NextItemTask(Pretrained, pl.LightningModule):
     fit`` writes as ``runs/<name>/model``.
     """
 
-    @classmethod
-    def from_pretrained(cls, directory: object) -> None:
-        """Refused in one line: a task is built from the artifact (`from_recommender`)."""
-        raise TypeError(f"{cls.__name__} loads no model directory: use {cls.__name__}.from_recommender(sessrec.artifacts."
-                        f"SessionRecommender.from_pretrained({str(directory)!r}))")
+    from_pretrained = loads_no_directory(
+        "{cls}.from_recommender(sessrec.artifacts.SessionRecommender.from_pretrained({directory}))")
 
     EVALUATION_SETTINGS = ("evaluation",)  # ``sessrec test --model_dir``: the given values (`sessrec.tasks.restore`)
     TRAINING_SETTINGS = ("loss", "optimization", "schedule", "seed", "distillation")  # read only while fitting
@@ -165,21 +163,10 @@ class NextItemTask(Pretrained, pl.LightningModule):
         self._clock_before, self._clock_start = 0.0, time.monotonic()
         self._teachers: Teachers | None = None  # loaded when fitting starts; never a submodule (not trained, not saved)
 
-    # the parts are read from the hyper-parameters, so what a checkpoint saves is what the task uses
-    @property
-    def optimization(self) -> Optimization:
-        """AdamW's settings (`Optimization`)."""
-        return Optimization.of(self.hparams.optimization)
-
     @property
     def schedule(self) -> Schedule:
-        """The learning-rate schedule (`Schedule`)."""
+        """The learning-rate schedule (`Schedule`), read from the hyper-parameters as `Pretrained`'s parts."""
         return Schedule.of(self.hparams.schedule)
-
-    @property
-    def evaluation(self) -> Evaluation:
-        """Metric cut-offs, recommendations per session, exclusion of seen items (`Evaluation`)."""
-        return Evaluation.of(self.hparams.evaluation)
 
     def setup(self, stage: str) -> None:
         datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
@@ -247,15 +234,6 @@ class NextItemTask(Pretrained, pl.LightningModule):
         self.log(f"{stage}/loss", loss, batch_size=len(batch))
         return loss
 
-    def training_step(self, batch: SessionBatch, batch_idx: int) -> torch.Tensor:
-        return self._step(batch, "train")
-
-    def validation_step(self, batch: SessionBatch, batch_idx: int) -> torch.Tensor:
-        return self._step(batch, "val")
-
-    def test_step(self, batch: SessionBatch, batch_idx: int) -> torch.Tensor:
-        return self._step(batch, "test")
-
     def _log_metrics(self, stage: str) -> None:
         values = self.metrics[stage].compute()
         self.log_dict({f"{stage}/{k}": v for k, v in values.items()}, prog_bar=False)
@@ -263,12 +241,6 @@ class NextItemTask(Pretrained, pl.LightningModule):
         if not self.trainer.sanity_checking:
             shown = " ".join(f"{k}={float(v):.4f}" for k, v in values.items())
             self.print(f"[{stage}] epoch {self.current_epoch} step {self.global_step}: {shown}")
-
-    def on_validation_epoch_end(self) -> None:
-        self._log_metrics("val")
-
-    def on_test_epoch_end(self) -> None:
-        self._log_metrics("test")
 
     def recommend(self, items: torch.Tensor, k: int, features: dict[str, torch.Tensor] | None = None) -> TopK:
         """The `k` best recommendable items (fewer if the catalogue is smaller) of (B, L) model-id sessions."""

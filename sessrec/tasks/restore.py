@@ -21,7 +21,7 @@ Examples:
     >>> from sessrec.tasks import NextItemTask
     >>> held = {"dropout": 0.1, "evaluation": {"ks": [10, 20], "top_k": 20, "exclude_seen": False}}
     >>> merged = merge_with_model(NextItemTask, held, given={"evaluation": {"top_k": 5}}, source="runs/x/model")
-    >>> merged.init_args["evaluation"]
+    >>> merged["evaluation"]
     {'ks': [10, 20], 'top_k': 5, 'exclude_seen': False}
     >>> merge_with_model(NextItemTask, held, given={"dropout": 0.3}, source="runs/x/model")
     Traceback (most recent call last):
@@ -32,24 +32,13 @@ Examples:
 from __future__ import annotations
 
 import importlib
-import inspect
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
+from sessrec.saved.registry import parameters
+
 _ABSENT = object()  # a setting the model does not hold
-
-
-@dataclass(frozen=True)
-class Merged:
-    """What a trained model is evaluated with.
-
-    Attributes:
-        init_args: the constructor settings of the model's task, with the evaluation settings given over them.
-    """
-
-    init_args: dict[str, Any]
 
 
 def merge_with_model(
@@ -59,7 +48,7 @@ def merge_with_model(
     source: str,
     from_data: Iterable[str] = (),
     prefix: str = "--model.",
-) -> Merged:
+) -> dict[str, Any]:
     """The settings that evaluate the model of a model directory; refuses a given network setting that differs.
 
     Args:
@@ -73,7 +62,7 @@ def merge_with_model(
         prefix: what names a setting in messages (``--model.encoder.init_args.d_model``).
 
     Returns:
-        the settings to build the task with.
+        the constructor settings of the model's task, with the evaluation settings given over them.
 
     Raises:
         ValueError: a given setting that fixes the network differs from the model's, in one line
@@ -107,18 +96,13 @@ def merge_with_model(
             f"{conflicts[0]} ({source}){more}: the network (its shape and what it computes) is fixed by training; "
             "evaluate the model as it was trained"
         )
-    return Merged(init_args)
+    return init_args
 
 
 def _takes(task: type, key: str) -> bool:
     """Whether `task`'s constructor takes a setting `key`."""
-    parameters = _parameters(task)
-    return key in parameters or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
-
-
-def _parameters(task: type) -> Mapping[str, inspect.Parameter]:
-    """The parameters of `task`'s constructor."""
-    return inspect.signature(task.__init__).parameters
+    params, open_ended = parameters(task)
+    return key in params or open_ended
 
 
 def task_class(path: str) -> type | None:

@@ -4,9 +4,9 @@
 members, loaded at `setup`) share them: ``sessrec validate`` / ``sessrec test`` update the same
 `TopKMetrics` and print the same ``[val]`` / ``[test]`` lines as `NextItemTask`, ``sessrec predict``
 returns the top-K recommendable items of each session, and ``sessrec fit`` is refused with the
-subclass's `nothing_to_train` message. A subclass gives ``forward(batch) -> (B, V)`` scores, its
-``evaluation`` (`Evaluation`), ``metrics`` (a `TopKMetrics` per stage ``val`` / ``test``) and a
-``num_virtual`` hyper-parameter. Shape letters: B batch, V items.
+subclass's `nothing_to_train` message. A subclass gives ``forward(batch) -> (B, V)`` scores,
+``metrics`` (a `TopKMetrics` per stage ``val`` / ``test``), and ``evaluation`` (`Evaluation` as plain
+data) and ``num_virtual`` hyper-parameters. Shape letters: B batch, V items.
 """
 
 from __future__ import annotations
@@ -34,13 +34,11 @@ class ScoringOnlyTask(pl.LightningModule):
     def configure_optimizers(self) -> None:
         raise self.nothing_to_train()
 
-    def validation_step(self, batch: SessionBatch, batch_idx: int) -> None:
-        self._step(batch, "val")
-
-    def test_step(self, batch: SessionBatch, batch_idx: int) -> None:
-        self._step(batch, "test")
-
-    # the metric logging and the printed [val]/[test] lines are NextItemTask's, shared as they are
+    # the evaluation settings, the loops over `_step`, the metric logging and the printed [val]/[test] lines are
+    # NextItemTask's, shared as they are
+    evaluation = NextItemTask.evaluation
+    validation_step = NextItemTask.validation_step
+    test_step = NextItemTask.test_step
     _log_metrics = NextItemTask._log_metrics
     on_validation_epoch_end = NextItemTask.on_validation_epoch_end
     on_test_epoch_end = NextItemTask.on_test_epoch_end

@@ -127,10 +127,6 @@ class Schedule(_Part):
         return 1.0
 
 
-def _default_ks() -> list[int]:
-    return [10, 20]
-
-
 @register
 @dataclass(frozen=True)
 class Evaluation(_Part):
@@ -146,7 +142,7 @@ class Evaluation(_Part):
             (`sessrec.tasks.next_item.exclude_seen`); the validation loss is computed before this filter.
     """
 
-    ks: list[int] = field(default_factory=_default_ks)
+    ks: list[int] = field(default_factory=lambda: [10, 20])
     top_k: int = 20
     exclude_seen: bool = False
 
@@ -197,14 +193,6 @@ class Distillation(_Part):
             raise ValueError(f"distillation temperature must be a positive number, got {self.temperature}")
 
 
-def _default_dense_layers() -> list[int]:
-    return [64, 16]
-
-
-def _default_over_layers() -> list[int]:
-    return [128, 64]
-
-
 @register
 @dataclass(frozen=True)
 class DLRMNetwork(_Part):
@@ -220,8 +208,8 @@ class DLRMNetwork(_Part):
     """
 
     embedding_dim: int = 16
-    dense_layers: list[int] = field(default_factory=_default_dense_layers)
-    over_layers: list[int] = field(default_factory=_default_over_layers)
+    dense_layers: list[int] = field(default_factory=lambda: [64, 16])
+    over_layers: list[int] = field(default_factory=lambda: [128, 64])
     interaction: Literal["dot", "dcn"] = "dot"
     dcn_layers: int = 2
     dcn_rank: int = 16

@@ -88,7 +88,7 @@ class MerlinColumn:
     Args:
         name: the parquet column.
         dtype: the schema's ``type`` (``INT``, ``FLOAT``, ``BYTES``), or "" when absent.
-        tags: the ``annotation.tag`` values as merlin-core normalises them (`merlin_tags`).
+        tags: the ``annotation.tag`` values as merlin-core normalises them (`merlin_tags`), sorted.
         is_list: the schema declares several values per row (a ``value_count``, the ``list`` or
             ``sequence`` tag, merlin-core's ``is_list`` or a two-dimensional ``_dims`` shape).
         int_min: the ``int_domain``'s lower bound, when given.
@@ -154,7 +154,7 @@ def read_merlin_schema(path: str | Path) -> MerlinSchema:
         >>> p = pathlib.Path(tempfile.mkdtemp()) / "schema.pbtxt"
         >>> _ = p.write_text(text)
         >>> read_merlin_schema(p).item_column()
-        MerlinColumn(name='item_id-list', dtype='INT', tags=('item', 'id', 'list'), is_list=True, int_min=1, int_max=500)
+        MerlinColumn(name='item_id-list', dtype='INT', tags=('id', 'item', 'list'), is_list=True, int_min=1, int_max=500)
 
     Raises:
         SchemaError: the file does not parse as that proto, or a feature has no name; one line naming the file.
@@ -195,7 +195,7 @@ def _typed_any(raw: dict[str, Any]) -> dict[str, Any]:
 def _column(feature: schema_pb2.Feature, path: Path, index: int) -> MerlinColumn:
     if not feature.name:
         raise SchemaError(f"{path}: feature #{index} has no name")
-    tags = merlin_tags(list(feature.annotation.tag))
+    tags = tuple(sorted(merlin_tags(list(feature.annotation.tag))))  # a set, as merlin-core holds them
     extra: dict[str, Any] = {}
     for entry in feature.annotation.extra_metadata:
         struct = struct_pb2.Struct()
@@ -434,7 +434,7 @@ def _values(values: pa.Array, column: MerlinColumn, path: Path, schema: MerlinSc
     bad = ~np.isnan(x) & ((~np.isfinite(x)) | (np.floor(x) != x) | (np.abs(x) >= 2.0**63))
     if bad.any():
         raise SchemaError(
-            f"{path}: column {column.name!r} holds {x[np.flatnonzero(bad)[0]]!r}, not an integer, where {schema.path} "
+            f"{path}: column {column.name!r} holds {float(x[np.flatnonzero(bad)[0]])!r}, not an integer, where {schema.path} "
             f"declares it INT; write integer codes (e.g. Categorify before ListSlice)"
         )
     return pc.cast(values, pa.int64(), safe=False)

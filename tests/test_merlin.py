@@ -401,6 +401,9 @@ BAD = {
     "corrupt parquet": (lambda p: (p / "train" / "part.parquet").write_bytes(b"PAR1 not really"), "part.parquet: cannot be read as parquet"),
     "no schema": (lambda p: (p / "schema.pbtxt").unlink(), "no .merlin/schema.json, schema.json, schema.pbtxt in the directory"),
     "bad json": (lambda p: (p / "schema.json").write_text("{feature: "), "schema.json: not valid JSON (line 1"),
+    "binary schema": (lambda p: (p / "schema.pbtxt").write_bytes(b"\n\x8f\x01feature"), "schema.pbtxt: not UTF-8 text (byte 1)"),
+    "json of another proto": (lambda p: (p / "schema.json").write_text('{"feature": [{"name": "x", "colour": 3}]}'),
+                              "schema.json: not a TensorFlow-Metadata schema: Failed to parse feature field: Message type \"tensorflow.metadata.v0.Feature\" has no field named \"colour\" at \"Schema.feature[0]\""),
     "no parquet": (lambda p: [f.unlink() for f in p.rglob("*.parquet")], "no parquet file in the dataset directory"),
     "no held-out files": (lambda p: (p / "valid" / "part.parquet").unlink(), "training files but no valid or test files"),
 }

@@ -160,7 +160,10 @@ def read_merlin_schema(path: str | Path) -> MerlinSchema:
         SchemaError: the file does not parse as that proto, or a feature has no name; one line naming the file.
     """
     path = Path(path)
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise SchemaError(f"{path}: not UTF-8 text (byte {err.start}); a schema is JSON or protobuf text") from err
     proto = schema_pb2.Schema()
     try:
         if path.suffix == ".json":

@@ -180,7 +180,8 @@ def split(path: Path, item: str, valid_fraction: float, test_fraction: float) ->
     for file in sorted(path.rglob("*.parquet"), key=natural):
         parts = [*file.relative_to(path).parent.parts, file.stem]
         name = next((names[m.group(1)] for p in parts if (m := SPLIT.match(p.lower()))), "all")
-        groups.setdefault(name, []).append(pq.read_table(file, columns=[item]))
+        table = pq.ParquetFile(file).read(columns=[item], use_pandas_metadata=False)
+        groups.setdefault(name, []).append(table.replace_schema_metadata(None))  # pandas' index, not read
     tables = {}
     for name, parts in groups.items():
         table = pa.concat_tables(parts, promote_options="permissive")

@@ -272,6 +272,8 @@ def test_the_t4r_tutorial_output():
     assert splits.train.column("age_days-list")[1].as_py()[:2] == pytest.approx([-0.5050210, -1.7811394])
     side = source.side_features()
     assert side.categorical == ["category-list"] and side.continuous == ["age_days-list", "weekday_sin-list"]
+    chosen = MerlinSource(str(TUTORIAL), item_column="item_id-list").load()  # the item + id column, named
+    assert chosen.test.column("item_id").equals(splits.test.column("item_id"))
 
 
 def test_the_t4r_day_folders():

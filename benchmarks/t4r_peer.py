@@ -77,8 +77,6 @@ def main() -> None:
     except ImportError as err:
         sys.exit(f"t4r_peer.py needs transformers4rec (Transformers4Rec 23.12, its own virtualenv): {err}")
     from merlin.schema import Tags
-    from merlin.schema.io.tensorflow_metadata import TensorflowMetadata
-    from merlin_standard_lib import Schema
     from transformers4rec.torch.masking import MaskedLanguageModeling
     from transformers4rec.torch.ranking_metric import NDCGAt, RecallAt
 
@@ -172,7 +170,7 @@ def split(path: Path, item: str, valid_fraction: float, test_fraction: float) ->
         return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(file))]
 
     def tail(table, fraction: float):
-        cut = table.num_rows - int(round(table.num_rows * fraction))
+        cut = table.num_rows - round(table.num_rows * fraction)
         return table.slice(0, cut), table.slice(cut)
 
     names = {"train": "train", "training": "train", "valid": "valid", "validation": "valid", "test": "test"}

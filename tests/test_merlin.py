@@ -353,6 +353,19 @@ def test_a_non_integer_double_in_an_int_column_is_refused(tmp_path, column):
                               f"{path / '.merlin' / 'schema.json'} declares it INT; write integer codes (e.g. Categorify before ListSlice)")
 
 
+def test_a_nan_in_a_padded_int_list_is_a_missing_value(tmp_path):
+    """NaN in a double list the schema declares INT: a null item is refused with its row, a null category is missing."""
+    values = pq.read_table(TUTORIAL / "part_0.parquet").column("item_id-list").to_pylist()
+    values[4][2] = float("nan")
+    path = copy_with(tmp_path, TUTORIAL, "part_0.parquet", "item_id-list", pa.array(values))
+    with pytest.raises(SchemaError, match=r"part_0.parquet: column 'item_id-list' has a null item id \(None\) in row 4; fill or drop it$"):
+        MerlinSource(str(path)).load()
+    categories = pq.read_table(TUTORIAL / "part_0.parquet").column("category-list").to_pylist()
+    categories[1][0] = float("nan")
+    path = copy_with(tmp_path / "c", TUTORIAL, "part_0.parquet", "category-list", pa.array(categories))
+    assert MerlinSource(str(path)).load().train.column("category-list")[1].as_py() == [None, 5, 6, 4, 4, 6, 6]
+
+
 def test_a_null_string_item_is_refused_naming_file_column_and_row(tmp_path):
     values = pq.read_table(STRINGS / "part_0.parquet").column("item_id-list").to_pylist()
     values[5][0] = None

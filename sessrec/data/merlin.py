@@ -430,7 +430,7 @@ class MerlinSource(SessionSource):
 
 
 def _values(values: pa.Array, column: MerlinColumn, path: Path, schema: MerlinSchema) -> pa.Array:
-    """The flat values of a column; integer-valued doubles as int64 where the schema says INT, other doubles refused."""
+    """The flat values of a column; integer-valued doubles as int64 where the schema says INT (NaN as null), other doubles refused."""
     if column.dtype != "INT" or not pa.types.is_floating(values.type):
         return values
     x = values.to_numpy(zero_copy_only=False)
@@ -440,7 +440,8 @@ def _values(values: pa.Array, column: MerlinColumn, path: Path, schema: MerlinSc
             f"{path}: column {column.name!r} holds {float(x[np.flatnonzero(bad)[0]])!r}, not an integer, where {schema.path} "
             f"declares it INT; write integer codes (e.g. Categorify before ListSlice)"
         )
-    return pc.cast(values, pa.int64(), safe=False)
+    missing = np.isnan(x)  # nulls and NaN: missing values, for the readers' null checks
+    return pa.array(np.where(missing, 0, x).astype(np.int64), mask=missing if missing.any() else None)
 
 
 def _first(column: pa.Array | pa.ChunkedArray) -> Any:

@@ -1,27 +1,36 @@
 """`MerlinSource`: a Merlin / NVTabular dataset directory read by its schema's tags.
 
-The fixtures in tests/fixtures/merlin are copied from the transformers4rec and merlin-models wheels
-(Apache-2.0, see their README); the small directories here are written by hand, their expected
-sessions and side values read off the tables below.
+Two kinds of fixtures (tests/fixtures/merlin/README.md): directories written by merlin-core, NVTabular and
+Transformers4Rec themselves (``make_fixtures.py``; the expected values below are read off their parquet files),
+and files copied from the T4R and merlin-models wheels. The small directories built here by hand test the
+split rules and the refusals.
 """
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 import torch
 
 from sessrec.data import MerlinSource, SchemaError, read_merlin_schema
-from sessrec.data.merlin import MerlinColumn, parse_pbtxt
+from sessrec.data.merlin import MerlinColumn, merlin_tags
+from sessrec.data.side import SideFeatures
 from sessrec.features import SideFeatureTransform
 
 torch.set_num_threads(1)
 FIXTURES = Path(__file__).parent / "fixtures" / "merlin"
 SEQUENCE = FIXTURES / "sequence_testing"  # transformers4rec 23.12's tabular_sequence_testing_data
 BOOKING = FIXTURES / "booking_transformed_schema.pbtxt"  # merlin-models 23.12's Booking.com schema
+TUTORIAL = FIXTURES / "t4r_tutorial"  # NVTabular 23.8: T4R's getting-started ETL, two part files
+DAYS = FIXTURES / "t4r_day_folders"  # the same ETL cut into T4R's day folders, schema.pbtxt only
+SYNTHETIC = FIXTURES / "synthetic_parts"  # merlin-models' generate_data("sequence-testing") via merlin-core
+STRINGS = FIXTURES / "string_items"  # NVTabular's Groupby of string item ids
+WRITTEN = [TUTORIAL, DAYS, SYNTHETIC, STRINGS]
 
 SCHEMA_PBTXT = """\
 # a hand-written schema in NVTabular's text form
@@ -106,9 +115,19 @@ def test_pbtxt_and_json_read_to_the_same_schema(tmp_path):
     pbtxt_path.write_text(SCHEMA_PBTXT)
     from_json, from_pbtxt = read_merlin_schema(json_path), read_merlin_schema(pbtxt_path)
     assert from_json.columns == from_pbtxt.columns
-    assert from_json.item_column() == MerlinColumn("item_id-list", "INT", ("item_id", "list", "categorical"), True, 1, 99)
+    assert from_json.item_column() == MerlinColumn("item_id-list", "INT", ("categorical", "id", "item", "list"), True, 1, 99)
     assert [c.name for c in from_json.tagged("session_id")] == ["session_id"]
+    assert [c.name for c in from_json.tagged("user_id")] == ["user_id"]
     assert [c.is_list for c in from_json.columns] == [False, True, True, True, False]
+
+
+def test_compound_tags_resolve_as_merlin_resolves_them():
+    """merlin-core's TagSet: its tags in lower case, item_id = item + id; select_by_tag(ITEM_ID) needs both parts."""
+    assert merlin_tags(["ITEM_ID", "list", "MyTag"]) == ("item", "id", "list", "MyTag")
+    assert merlin_tags(["item", "id", "item_id"]) == ("item", "id")
+    assert MerlinColumn("a", tags=("item", "id")).has("item_id") and MerlinColumn("a", tags=("item", "id")).has("item")
+    assert not MerlinColumn("b", tags=("user", "id")).has("item_id")
+    assert not MerlinColumn("c", tags=("item", "categorical")).has("item_id")
 
 
 def test_the_shipped_t4r_schema_reads_alike_as_json_and_pbtxt():
@@ -117,27 +136,53 @@ def test_the_shipped_t4r_schema_reads_alike_as_json_and_pbtxt():
     from_pbtxt = read_merlin_schema(SEQUENCE / "schema.pbtxt")
     assert from_json.columns == from_pbtxt.columns
     assert len(from_json.columns) == 14
-    assert from_json.item_column() == MerlinColumn("item_id/list", "INT", ("item_id", "list", "categorical", "item"), True, 1, 51996)
+    assert from_json.item_column() == MerlinColumn("item_id/list", "INT", ("categorical", "id", "item", "list"), True, 1, 51996)
     assert [c.name for c in from_json.tagged("continuous") if c.is_list][:2] == [
         "timestamp/age_days/LogOp/Normalize/list", "timestamp/hour/list"]
 
 
-def test_the_shipped_nvtabular_pbtxt_reads_with_its_escaped_metadata():
-    """merlin-models' Booking.com schema: NVTabular's text form, with binary ``extra_metadata`` strings."""
+def test_the_shipped_nvtabular_pbtxt_reads_with_its_any_values():
+    """merlin-models' Booking.com schema: NVTabular's text form, ``extra_metadata`` as ``type_url`` + bytes."""
     schema = read_merlin_schema(BOOKING)
-    assert schema.item_column() == MerlinColumn("city_id", "INT", ("item_id", "item", "categorical", "id"), True, None, 39902)
+    assert schema.item_column() == MerlinColumn("city_id", "INT", ("categorical", "id", "item"), True, None, 39902)
     assert [c.name for c in schema.tagged("session_id")] == ["session_id"]
-    assert [c.name for c in schema.columns if c.is_list and "categorical" in c.tags] == [
+    assert [c.name for c in schema.columns if c.is_list and c.has("categorical")] == [
         "booker_country", "hotel_country", "month", "is_weekend", "weekday_checkin", "weekday_checkout", "city_id"]
-    device = parse_pbtxt(BOOKING.read_text())["feature"][3]
-    assert device["name"] == ["device_class"]
-    assert device["annotation"][0]["extra_metadata"][0]["value"][0].startswith(
-        "\n\x18\n\x0bstart_index\x12\t\x11\x00\x00\x00\x00\x00\x00\xf0?\n\x0f\n\tis_ragged")  # \030 \013 ... \360 in the file
 
 
-def test_pbtxt_syntax():
-    parsed = parse_pbtxt('a: 1 b { c: "x" "y" d: [1, 2.5, E] } b: < c: \'q\\"\\101\' > # comment\n e: true;')
-    assert parsed == {"a": [1], "b": [{"c": ["xy"], "d": [1, 2.5, "E"]}, {"c": ['q"A']}], "e": ["true"]}
+def test_merlin_core_json_and_its_pbtxt_any_form_read_alike():
+    """What merlin-core 23.8 writes beside a workflow's output: ``.merlin/schema.json`` (``extraMetadata`` as bare
+    Struct values) and ``schema.pbtxt`` (``[type.googleapis.com/google.protobuf.Struct] { ... }``)."""
+    assert "[type.googleapis.com/google.protobuf.Struct]" in (TUTORIAL / "schema.pbtxt").read_text()
+    from_json = read_merlin_schema(TUTORIAL / ".merlin" / "schema.json")
+    assert from_json.columns == read_merlin_schema(TUTORIAL / "schema.pbtxt").columns
+    assert from_json.columns == read_merlin_schema(DAYS / "schema.pbtxt").columns
+    assert [(c.name, c.dtype, c.tags, c.is_list) for c in from_json.columns] == [
+        ("session_id", "INT", (), False),
+        ("day-first", "INT", ("categorical",), False),
+        ("item_id-list", "INT", ("categorical", "id", "item", "list"), True),
+        ("category-list", "INT", ("categorical", "list"), True),
+        ("age_days-list", "FLOAT", ("continuous", "list"), True),
+        ("weekday_sin-list", "FLOAT", ("continuous", "list"), True),
+    ]
+    assert from_json.item_column().int_max == 42  # Categorify's largest id
+    synthetic = read_merlin_schema(SYNTHETIC / ".merlin" / "schema.json")
+    assert synthetic.item_column().name == "item_id_seq" and [c.name for c in synthetic.tagged("user_id")] == ["test_user_id"]
+    assert synthetic.columns == read_merlin_schema(SYNTHETIC / "schema.pbtxt").columns
+
+
+def test_the_schema_files_are_read_in_merlin_cores_order(tmp_path):
+    """``.merlin/schema.json`` first (the others may be stale), then ``schema.json``, then ``schema.pbtxt``."""
+    path = tmp_path / "data"
+    shutil.copytree(TUTORIAL, path)
+    (path / "schema.pbtxt").write_text("not a schema")
+    assert MerlinSource(str(path)).schema().path == str(path / ".merlin" / "schema.json")
+    shutil.rmtree(path / ".merlin")
+    (path / "schema.json").write_text(json.dumps(SCHEMA_JSON))
+    assert MerlinSource(str(path)).schema().path == str(path / "schema.json")
+    (path / "schema.json").unlink()
+    shutil.copy(TUTORIAL / "schema.pbtxt", path / "schema.pbtxt")
+    assert MerlinSource(str(path)).schema().item_column().name == "item_id-list"
 
 
 # -- sessions ----------------------------------------------------------------------------------
@@ -207,6 +252,139 @@ def test_the_shipped_t4r_dataset():
     assert side.categorical == ["category/list"] and len(side.continuous) == 10
 
 
+# -- directories written by merlin-core / NVTabular / T4R ---------------------------------------
+
+
+def test_the_t4r_tutorial_output():
+    """NVTabular's two part files: 200 sessions in file order (no session_id tag: row numbers), split 160 / 20 / 20;
+    ListSlice's doubles read as int64 ids, its padding (0) dropped with the side values; normalised ages kept."""
+    source = MerlinSource(str(TUTORIAL))
+    assert [p.name for p in source.files()["all"]] == ["part_0.parquet", "part_1.parquet"]
+    assert pq.read_schema(TUTORIAL / "part_0.parquet").field("item_id-list").type == pa.list_(pa.field("element", pa.float64()))
+    splits = source.load()
+    assert splits.summary() == {"train_sessions": 160, "train_events": 934, "valid_sessions": 20,
+                                "valid_events": 118, "test_sessions": 20, "test_events": 127}
+    assert splits.train.column_names == ["session_id", "item_id", "category-list", "age_days-list", "weekday_sin-list"]
+    assert splits.train.schema.field("item_id").type == pa.list_(pa.int64())
+    assert rows(splits.train.slice(1, 1), "session_id", "item_id", "category-list") == [
+        (1, [22, 16, 12, 4, 6, 21, 17], [6, 5, 6, 4, 4, 6, 6])]  # part_0 row 1: [22.0, ..., 17.0, 0.0]
+    assert rows(splits.test.slice(0, 1), "session_id", "item_id") == [(180, [4, 26, 37, 6, 26, 27, 34, 37])]  # part_1 row 80
+    assert splits.train.column("age_days-list")[1].as_py()[:2] == pytest.approx([-0.5050210, -1.7811394])
+    side = source.side_features()
+    assert side.categorical == ["category-list"] and side.continuous == ["age_days-list", "weekday_sin-list"]
+    chosen = MerlinSource(str(TUTORIAL), item_column="item_id-list").load()  # the item + id column, named
+    assert chosen.test.column("item_id").equals(splits.test.column("item_id"))
+
+
+def test_the_t4r_day_folders():
+    """T4R's day folders (1/, 2/, 3/: train, valid, test), read in day order with the schema.pbtxt beside them."""
+    source = MerlinSource(str(DAYS))
+    assert {k: [p.relative_to(DAYS).as_posix() for p in v] for k, v in source.files().items()} == {
+        split: [f"{day}/{split}.parquet" for day in (1, 2, 3)] for split in ("test", "train", "valid")}
+    assert source.schema().path == str(DAYS / "schema.pbtxt")
+    splits = source.load()
+    assert splits.summary() == {"train_sessions": 170, "train_events": 992, "valid_sessions": 18,
+                                "valid_events": 100, "test_sessions": 12, "test_events": 74}
+    assert rows(splits.test.slice(0, 2), "item_id") == [([31, 17, 28, 26, 32, 29, 25, 23],), ([7, 3, 15, 19, 35, 10, 11, 9],)]
+    assert splits.test.column("category-list")[0].as_py() == [4, 4, 4, 5, 4, 4, 4, 5]
+
+
+def test_generate_data_written_by_merlin_core():
+    """merlin-models' generate_data("sequence-testing"): items are ``item_id_seq`` (categorical + item + id), per-user
+    columns (``test_user_id`` tagged user_id, ``user_country``, ``user_age``) are not read."""
+    source = MerlinSource(str(SYNTHETIC))
+    splits = source.load()
+    assert splits.summary() == {"train_sessions": 32, "train_events": 128, "valid_sessions": 4,
+                                "valid_events": 16, "test_sessions": 4, "test_events": 16}
+    assert rows(splits.test.slice(0, 1), "session_id", "item_id", "categories") == [(36, [7, 13, 19, 29], [66, 83, 90, 102])]
+    side = source.side_features()
+    assert side.categorical == ["categories"]
+    assert side.continuous == ["item_age_days_norm", "event_hour_sin", "event_hour_cos", "event_weekday_sin", "event_weekday_cos"]
+
+
+def test_string_item_ids_are_read_and_encoded():
+    """NVTabular's Groupby of string ids (no Categorify): the session key tagged session (+ id) is the session id,
+    the strings are the items; no padding is looked for among strings; the vocabulary maps them."""
+    from sessrec.data.vocab import ItemVocab
+
+    splits = MerlinSource(str(STRINGS)).load()
+    assert splits.summary()["train_sessions"] == 160 and splits.test.num_rows == 20
+    assert rows(splits.test.slice(0, 1), "session_id", "item_id") == [(1180, ["sku-22", "sku-23", "sku-24", "sku-25", "sku-26", "sku-27"])]
+    vocab = ItemVocab.fit(splits.train.column("item_id").combine_chunks().flatten())
+    assert len(vocab.raw_ids) == 40 and vocab.decode(vocab.encode(pa.array(["sku-22", "sku-7"])).ids).to_pylist() == ["sku-22", "sku-7"]
+
+
+def test_normalised_continuous_features_are_used_as_given():
+    """NVTabular's Normalize writes negative values: log-normalisation refuses them with a hint, ``normalized`` takes them."""
+    splits = MerlinSource(str(TUTORIAL)).load()
+    with pytest.raises(SchemaError, match=r"side feature 'age_days-list': column 'age_days-list' has a negative value .*side_features.normalized"):
+        SideFeatureTransform(SideFeatures(continuous=["age_days-list"])).fit(splits.train)
+    side = SideFeatures(categorical=["category-list"], continuous=["age_days-list", "weekday_sin-list"],
+                        normalized=["age_days-list", "weekday_sin-list"])
+    features = SideFeatureTransform(side).fit(splits.train).transform(splits.test)
+    for name in side.normalized:
+        flat = np.concatenate([np.asarray(a) for a in splits.test.column(name).to_pylist()])
+        assert len(flat) == 127 and flat.min() < 0
+        np.testing.assert_array_equal(features[name], flat.astype(np.float32))
+    # categories 4, 4, 6, 4, 4, 3, 6, 6; training counts 3: 248, 4: 246, 5: 208, 6: 205, 7: 27 give ids 2, 3, 4, 5, 6
+    assert features["category-list"][:8].tolist() == [3, 3, 5, 3, 3, 2, 5, 5]
+    with pytest.raises(ValueError, match=r"normalized names 'price', which is not a continuous side feature"):
+        SideFeatures(continuous=["age_days-list"], normalized=["price"])
+
+
+def copy_with(tmp_path: Path, source: Path, rel: str, column: str, values: pa.Array) -> Path:
+    """A copy of a fixture directory whose file `rel` has `column` replaced."""
+    path = tmp_path / source.name
+    shutil.copytree(source, path)
+    table = pq.read_table(path / rel)
+    pq.write_table(table.set_column(table.column_names.index(column), column, values), path / rel)
+    return path
+
+
+@pytest.mark.parametrize("column", ["item_id-list", "category-list"])
+def test_a_non_integer_double_in_an_int_column_is_refused(tmp_path, column):
+    table = pq.read_table(TUTORIAL / "part_1.parquet")
+    values = table.column(column).to_pylist()
+    values[3][1] = 2.5
+    path = copy_with(tmp_path, TUTORIAL, "part_1.parquet", column, pa.array(values))
+    with pytest.raises(SchemaError) as err:
+        MerlinSource(str(path)).load()
+    assert str(err.value) == (f"{path / 'part_1.parquet'}: column {column!r} holds 2.5, not an integer, where "
+                              f"{path / '.merlin' / 'schema.json'} declares it INT; write integer codes (e.g. Categorify before ListSlice)")
+
+
+def test_a_nan_in_a_padded_int_list_is_a_missing_value(tmp_path):
+    """NaN in a double list the schema declares INT: a null item is refused with its row, a null category is missing."""
+    values = pq.read_table(TUTORIAL / "part_0.parquet").column("item_id-list").to_pylist()
+    values[4][2] = float("nan")
+    path = copy_with(tmp_path, TUTORIAL, "part_0.parquet", "item_id-list", pa.array(values))
+    with pytest.raises(SchemaError, match=r"part_0.parquet: column 'item_id-list' has a null item id \(None\) in row 4; fill or drop it$"):
+        MerlinSource(str(path)).load()
+    categories = pq.read_table(TUTORIAL / "part_0.parquet").column("category-list").to_pylist()
+    categories[1][0] = float("nan")
+    path = copy_with(tmp_path / "c", TUTORIAL, "part_0.parquet", "category-list", pa.array(categories))
+    assert MerlinSource(str(path)).load().train.column("category-list")[1].as_py() == [None, 5, 6, 4, 4, 6, 6]
+
+
+def test_a_null_string_item_is_refused_naming_file_column_and_row(tmp_path):
+    values = pq.read_table(STRINGS / "part_0.parquet").column("item_id-list").to_pylist()
+    values[5][0] = None
+    path = copy_with(tmp_path, STRINGS, "part_0.parquet", "item_id-list", pa.array(values))
+    with pytest.raises(SchemaError, match=r"part_0.parquet: column 'item_id-list' has a null item id \(None\) in row 5; fill or drop it$"):
+        MerlinSource(str(path)).load()
+
+
+def test_float_item_ids_where_the_schema_says_float_are_refused(tmp_path):
+    path = tmp_path / "float_items"
+    shutil.copytree(TUTORIAL, path)
+    text = (path / "schema.pbtxt").read_text()
+    (path / "schema.pbtxt").write_text(text.replace('name: "item_id-list"\n  value_count {\n    min: 8\n    max: 8\n  }\n  type: INT', 'name: "item_id-list"\n  value_count {\n    min: 8\n    max: 8\n  }\n  type: FLOAT'))
+    shutil.rmtree(path / ".merlin")
+    assert read_merlin_schema(path / "schema.pbtxt").item_column().dtype == "FLOAT"
+    with pytest.raises(SchemaError, match=r"part_0.parquet: column 'item_id-list' holds double item ids \(e.g. 42.0\); item ids are integers or strings"):
+        MerlinSource(str(path)).load()
+
+
 # -- bad schemas: one line naming the file -------------------------------------------------------
 
 
@@ -219,7 +397,8 @@ def replace_in_pbtxt(old: str, new: str):
 
 
 BAD = {
-    "no item_id tag": (replace_in_pbtxt('tag: "item_id" ', ""), "schema.pbtxt: no column is tagged item_id"),
+    "no item_id tag": (replace_in_pbtxt('tag: "item_id" ', ""), "schema.pbtxt: no column is tagged item_id (or item + id)"),
+    "item without id": (replace_in_pbtxt('tag: "item_id" ', 'tag: "item" '), "schema.pbtxt: no column is tagged item_id (or item + id)"),
     "two item_id tags": (replace_in_pbtxt('annotation { tag: "list" tag: "categorical" }', 'annotation { tag: "item_id" tag: "list" }'),
                          "schema.pbtxt: 2 columns are tagged item_id (['item_id-list', 'category-list'])"),
     "two session_id tags": (replace_in_pbtxt('tag: "user_id"', 'tag: "session_id"'), "schema.pbtxt: 2 columns are tagged session_id"),
@@ -227,14 +406,19 @@ BAD = {
         replace_in_pbtxt('name: "price-list"', 'name: "cost-list"'), "part.parquet: column 'cost-list', tagged in"),
     "non-list item column": (
         lambda p: pq.write_table(sessions(0, [[1, 2]]).set_column(1, "item_id-list", pa.array([1])), p / "train" / "part.parquet"),
-        "part.parquet: the item_id column 'item_id-list' has dtype int64, expected a list of items per session"),
+        "part.parquet: the item_id column 'item_id-list' has dtype int64 (e.g. 1), expected a list of items per session"),
     "side feature not aligned with the items": (
         lambda p: pq.write_table(sessions(0, [[1, 2]]).set_column(2, "category-list", pa.array([[1]])), p / "train" / "part.parquet"),
         "part.parquet: side feature 'category-list' has 1 values in row 0, where 'item_id-list' has 2 items"),
-    "pbtxt syntax": (replace_in_pbtxt('name: "user_id"', 'name "user_id"'), "schema.pbtxt:27: expected ':' or '{' after 'name', got '\"user_id\"'"),
+    "pbtxt syntax": (replace_in_pbtxt('name: "user_id"', 'name "user_id"'), "schema.pbtxt: not a TensorFlow-Metadata schema: 27:8 : ' name \"user_id\"': Expected \":\"."),
+    "pbtxt unknown field": (replace_in_pbtxt('name: "user_id"', 'name: "user_id" colour: 3'),
+                            "schema.pbtxt: not a TensorFlow-Metadata schema: 27:19 : Message type \"tensorflow.metadata.v0.Feature\" has no field named \"colour\"."),
     "corrupt parquet": (lambda p: (p / "train" / "part.parquet").write_bytes(b"PAR1 not really"), "part.parquet: cannot be read as parquet"),
-    "no schema": (lambda p: (p / "schema.pbtxt").unlink(), "no schema.json or schema.pbtxt in the directory"),
+    "no schema": (lambda p: (p / "schema.pbtxt").unlink(), "no .merlin/schema.json, schema.json, schema.pbtxt in the directory"),
     "bad json": (lambda p: (p / "schema.json").write_text("{feature: "), "schema.json: not valid JSON (line 1"),
+    "binary schema": (lambda p: (p / "schema.pbtxt").write_bytes(b"\n\x8f\x01feature"), "schema.pbtxt: not UTF-8 text (byte 1)"),
+    "json of another proto": (lambda p: (p / "schema.json").write_text('{"feature": [{"name": "x", "colour": 3}]}'),
+                              "schema.json: not a TensorFlow-Metadata schema: Failed to parse feature field: Message type \"tensorflow.metadata.v0.Feature\" has no field named \"colour\" at \"Schema.feature[0]\""),
     "no parquet": (lambda p: [f.unlink() for f in p.rglob("*.parquet")], "no parquet file in the dataset directory"),
     "no held-out files": (lambda p: (p / "valid" / "part.parquet").unlink(), "training files but no valid or test files"),
 }
@@ -255,23 +439,40 @@ def test_unknown_feature_and_item_column_are_named(tmp_path):
     path = directory(tmp_path, {"train/part.parquet": sessions(0, [[1, 2]]), "valid/part.parquet": sessions(5, [[3, 4]])})
     with pytest.raises(SchemaError, match=r"feature 'color' is not in the schema"):
         MerlinSource(str(path), features=["color"]).load()
-    with pytest.raises(SchemaError, match=r"item_column 'category-list' is not tagged item_id"):
+    with pytest.raises(SchemaError, match=r"item_column 'category-list' is not tagged item_id \(or item \+ id\)"):
         MerlinSource(str(path), item_column="category-list").load()
     with pytest.raises(ValueError, match="valid_fraction"):
         MerlinSource(str(path), valid_fraction=0.5, test_fraction=0.5)
 
 
-def test_fit_with_side_features_on_the_t4r_data(tmp_path, monkeypatch):
-    """The data fragment with the tagged side features, one training and one validation batch."""
+def fit(tmp_path: Path, monkeypatch, path: Path, *extra: str):
     from sessrec.cli import cli
 
     root = Path(__file__).resolve().parents[1]
     monkeypatch.chdir(tmp_path)
-    run = cli(["fit", "--config", str(root / "recipes/data/merlin.yaml"), "--config", str(root / "recipes/model/xlnet_mlm.yaml"),
-               "--data.source.init_args.path", str(SEQUENCE), "--data.side_features.categorical", "[category/list]",
-               "--data.side_features.continuous", "[timestamp/hour/sin/list]", "--trainer.fast_dev_run", "true",
-               "--trainer.enable_progress_bar", "false"])
+    return cli(["fit", "--config", str(root / "recipes/data/merlin.yaml"), "--config", str(root / "recipes/model/xlnet_mlm.yaml"),
+                "--data.source.init_args.path", str(path), *extra, "--trainer.fast_dev_run", "true",
+                "--trainer.enable_progress_bar", "false"])
+
+
+def test_fit_with_normalised_side_features_on_the_nvtabular_output(tmp_path, monkeypatch):
+    """The data fragment on the T4R tutorial's output with its tagged side features, the normalised ones as given."""
+    run = fit(tmp_path, monkeypatch, TUTORIAL, "--data.side_features.categorical", "[category-list]",
+              "--data.side_features.continuous", "[age_days-list, weekday_sin-list]",
+              "--data.side_features.normalized", "[age_days-list, weekday_sin-list]")
     assert run.trainer.state.finished
-    assert set(run.datamodule.side_info.categorical) == {"category/list"}
+    assert set(run.datamodule.side_info.categorical) == {"category-list"}
+    assert run.datamodule.side_info.continuous == ["age_days-list", "weekday_sin-list"]
     assert np.isfinite(float(run.trainer.callback_metrics["train/loss"]))
     assert "val/recall@20" in run.trainer.callback_metrics
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", [SEQUENCE, *WRITTEN], ids=lambda p: p.name)
+def test_every_fixture_directory_trains_as_written(tmp_path, monkeypatch, path):
+    """``sessrec fit --config recipes/data/merlin.yaml --config recipes/model/xlnet_mlm.yaml --data.source.init_args.path <dir>``."""
+    run = fit(tmp_path, monkeypatch, path)
+    assert run.trainer.state.finished
+    splits = MerlinSource(str(path)).load()
+    assert run.datamodule.vocab.num_products == pc.count_distinct(splits.train.column("item_id").combine_chunks().flatten()).as_py()
+    assert np.isfinite(float(run.trainer.callback_metrics["train/loss"]))

@@ -22,6 +22,8 @@ GPU_ONLY = {"cupy": "cupy-cuda12x", "cudf": "cudf-cu12"}
 # safetensors (read through transformers' and torch's loaders as well as by name), scipy (torchmetrics'
 # retrieval metrics), wandb (the recipes' logger, imported by Lightning)
 IMPORTED_INDIRECTLY = {"jsonargparse", "scipy", "wandb"}
+# namespace packages that several distributions fill: the distribution of each module imported from them
+NAMESPACE_MODULES = {"google.protobuf": "protobuf"}
 
 
 def requirements(group: str | None) -> dict[str, Requirement]:
@@ -42,7 +44,10 @@ def imported_distributions() -> dict[str, set[str]]:
                 names = [node.module]
             else:
                 continue
-            for top in {n.split(".")[0] for n in names} - {"sessrec"} - set(sys.stdlib_module_names):
+            spaced = {n: d for n in names for m, d in NAMESPACE_MODULES.items() if n == m or n.startswith(m + ".")}
+            for dist in spaced.values():
+                found.setdefault(canonicalize_name(dist), set()).add(str(path.relative_to(ROOT)))
+            for top in {n.split(".")[0] for n in names if n not in spaced} - {"sessrec"} - set(sys.stdlib_module_names):
                 dists = [GPU_ONLY[top]] if top in GPU_ONLY else to_dist.get(top, [top])
                 for dist in dists:
                     found.setdefault(canonicalize_name(dist), set()).add(str(path.relative_to(ROOT)))

@@ -1,21 +1,31 @@
 """`MerlinSource`: sessions from a Merlin / NVTabular dataset directory, read by its schema's tags.
 
 This is what a Transformers4Rec (T4R) user has: parquet files whose rows are sessions, with the
-session's items and per-event features as list columns, and a schema beside them, either
-``schema.json`` (merlin-core's JSON form of the TensorFlow-Metadata schema) or ``schema.pbtxt``
-(its protobuf text form, as NVTabular writes it and T4R's examples ship it). The schema is read
-without protobuf: `read_merlin_schema` parses the few fields used here (feature ``name``,
-``type``, ``value_count``, ``int_domain`` min/max and ``annotation.tag``).
+session's items and per-event features as list columns, and a schema beside them. The schema is
+the TensorFlow-Metadata ``Schema`` proto, read with ``tensorflow-metadata`` and protobuf from the
+first of the files merlin-core itself looks for: ``.merlin/schema.json`` (merlin-core's JSON form,
+whose ``extraMetadata`` entries are ``google.protobuf.Struct`` values written without their
+``@type``), ``schema.json`` (the same form, as T4R ships it), ``schema.pbtxt`` (the text form,
+including the ``[type.googleapis.com/google.protobuf.Struct] {...}`` form of current protobuf and
+the ``type_url``/``value`` form of older NVTabular releases).
 
-Tags map to the session table as follows:
+Tags are resolved as merlin-core resolves them (`merlin_tags`): names of Merlin's tags are read in
+lower case, and the compound tags ``item_id``, ``session_id``, ``user_id`` and ``text_tokenized``
+stand for their two parts, so a column tagged ``item`` + ``id`` (what merlin-core writes) is the
+item column, as ``schema.select_by_tag(Tags.ITEM_ID)`` finds it. They map to the session table:
 
 - ``item_id`` (one column, a list: ``list`` tag or list dtype): the session's items (``item_id``);
 - ``session_id`` (at most one column, one value per row): the session id (``session_id``); row
-  numbers when no column has the tag;
+  numbers when no column has the tag (NVTabular's Groupby leaves its key untagged);
 - ``categorical`` or ``continuous`` list columns with one value per item: carried under their own
   names, ready for ``data.side_features.categorical`` / ``.continuous`` (`side_features()` names
-  them); a column tagged neither, or one value per session (``user_id``, ``day_index`` ...), is
+  them); a column tagged neither, or one value per session (``user_id``, ``day-first`` ...), is
   not read.
+
+Values are checked file by file, and a refusal names the file, the column and a value: a column
+the schema declares ``INT`` may hold integer-valued doubles (NVTabular's ``ListSlice(pad=True)``
+writes padded lists as doubles); they are read as int64, and any other double is refused. Item ids
+may be integers or strings (the vocabulary maps either).
 
 Shape letters: N sessions, E events (flat, session after session).
 """
@@ -24,7 +34,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,15 +42,42 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from google.protobuf import json_format, struct_pb2, text_format
+from tensorflow_metadata.proto.v0 import schema_pb2
 
 from sessrec.data import frame
 from sessrec.data.schema import SchemaError
 from sessrec.data.side import SideFeatures
 from sessrec.data.sources import SessionSource, SessionSplits, _tail_split
 
-SCHEMA_FILES = ("schema.json", "schema.pbtxt")
+SCHEMA_FILES = (".merlin/schema.json", "schema.json", "schema.pbtxt")  # merlin-core's order
 _SPLIT = re.compile(r"^(train|training|valid|validation|test)(?:[_\-.\d].*)?$")  # a folder or file stem naming its split
 _SPLIT_NAMES = {"train": "train", "training": "train", "valid": "valid", "validation": "valid", "test": "test"}
+_STRUCT_URL = "type.googleapis.com/google.protobuf.Struct"
+
+# merlin.schema.Tags: the values merlin-core knows (read in lower case), and its compound tags
+MERLIN_TAGS = frozenset({
+    "categorical", "continuous", "list", "sequence", "text", "tokenized", "time", "embedding", "id", "user", "item",
+    "session", "context", "target", "regression", "classification", "binary", "multi_class", "user_id", "item_id",
+    "session_id", "text_tokenized", "binary_classification", "multi_class_classification",
+})
+COMPOUND_TAGS = {"user_id": ("user", "id"), "item_id": ("item", "id"), "session_id": ("session", "id"), "text_tokenized": ("text", "tokenized")}
+
+
+def merlin_tags(tags: list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """Tags as merlin-core's ``TagSet`` normalises them: its own tags in lower case, compound tags as their parts.
+
+    Examples:
+        >>> merlin_tags(["ITEM_ID", "list", "MyTag"])
+        ('item', 'id', 'list', 'MyTag')
+    """
+    out: list[str] = []
+    for tag in tags:
+        name = tag.lower() if tag.lower() in MERLIN_TAGS else tag
+        for part in COMPOUND_TAGS.get(name, (name,)):
+            if part not in out:
+                out.append(part)
+    return tuple(out)
 
 
 # -- schema ---------------------------------------------------------------------------------
@@ -51,9 +88,9 @@ class MerlinColumn:
     Args:
         name: the parquet column.
         dtype: the schema's ``type`` (``INT``, ``FLOAT``, ``BYTES``), or "" when absent.
-        tags: the ``annotation.tag`` values, lower case.
+        tags: the ``annotation.tag`` values as merlin-core normalises them (`merlin_tags`), sorted.
         is_list: the schema declares several values per row (a ``value_count``, the ``list`` or
-            ``sequence`` tag, or a two-dimensional ``_dims`` shape).
+            ``sequence`` tag, merlin-core's ``is_list`` or a two-dimensional ``_dims`` shape).
         int_min: the ``int_domain``'s lower bound, when given.
         int_max: the ``int_domain``'s upper bound, when given.
     """
@@ -65,20 +102,24 @@ class MerlinColumn:
     int_min: int | None = None
     int_max: int | None = None
 
+    def has(self, tag: str) -> bool:
+        """Whether the column carries `tag` as merlin-core's ``select_by_tag`` decides (all parts of a compound tag)."""
+        return set(merlin_tags([tag])) <= set(self.tags)
+
 
 @dataclass(frozen=True)
 class MerlinSchema:
-    """The features of a ``schema.json`` / ``schema.pbtxt`` and the file they came from."""
+    """The features of a Merlin schema file and the file they came from."""
 
     columns: tuple[MerlinColumn, ...]
     path: str = "<schema>"
 
     def tagged(self, tag: str) -> list[MerlinColumn]:
-        """The columns carrying `tag`, in schema order."""
-        return [c for c in self.columns if tag in c.tags]
+        """The columns carrying `tag` (compound tags resolved as merlin-core resolves them), in schema order."""
+        return [c for c in self.columns if c.has(tag)]
 
     def item_column(self, name: str | None = None) -> MerlinColumn:
-        """The one column tagged ``item_id`` (or the tagged one named `name`).
+        """The one column tagged ``item_id`` (or ``item`` + ``id``), or the tagged one named `name`.
 
         Raises:
             SchemaError: no column, or more than one, has the tag; `name` is not one of them.
@@ -87,10 +128,10 @@ class MerlinSchema:
         if name is not None:
             chosen = [c for c in items if c.name == name]
             if not chosen:
-                raise SchemaError(f"{self.path}: item_column {name!r} is not tagged item_id; the tagged columns are {[c.name for c in items]}")
+                raise SchemaError(f"{self.path}: item_column {name!r} is not tagged item_id (or item + id); the tagged columns are {[c.name for c in items]}")
             return chosen[0]
         if not items:
-            raise SchemaError(f"{self.path}: no column is tagged item_id; tag the session's item list column 'item_id'")
+            raise SchemaError(f"{self.path}: no column is tagged item_id (or item + id); tag the session's item list column, e.g. NVTabular's TagAsItemID")
         if len(items) > 1:
             raise SchemaError(
                 f"{self.path}: {len(items)} columns are tagged item_id ({[c.name for c in items]}); "
@@ -100,220 +141,111 @@ class MerlinSchema:
 
 
 def read_merlin_schema(path: str | Path) -> MerlinSchema:
-    """Read a ``schema.json`` (merlin-core JSON) or ``schema.pbtxt`` (protobuf text format).
+    """Read a Merlin schema file: JSON (``.merlin/schema.json``, ``schema.json``) or protobuf text (``schema.pbtxt``).
+
+    Both are parsed into tensorflow-metadata's ``Schema`` proto, JSON with protobuf's
+    ``json_format`` (merlin-core's ``extraMetadata`` entries, bare ``Struct`` values, are given
+    their ``@type``), text with ``text_format``.
 
     Examples:
         >>> import tempfile, pathlib
         >>> text = 'feature { name: "item_id-list" type: INT value_count { min: 1 max: 20 } '
-        >>> text += 'int_domain { min: 1 max: 500 } annotation { tag: "item_id" tag: "list" } }'
+        >>> text += 'int_domain { min: 1 max: 500 } annotation { tag: "item" tag: "id" tag: "list" } }'
         >>> p = pathlib.Path(tempfile.mkdtemp()) / "schema.pbtxt"
         >>> _ = p.write_text(text)
-        >>> read_merlin_schema(p).columns[0]
-        MerlinColumn(name='item_id-list', dtype='INT', tags=('item_id', 'list'), is_list=True, int_min=1, int_max=500)
+        >>> read_merlin_schema(p).item_column()
+        MerlinColumn(name='item_id-list', dtype='INT', tags=('id', 'item', 'list'), is_list=True, int_min=1, int_max=500)
 
     Raises:
-        SchemaError: the file does not parse, or a feature has no name; the message names the file.
+        SchemaError: the file does not parse as that proto, or a feature has no name; one line naming the file.
     """
     path = Path(path)
-    text = path.read_text(encoding="utf-8")
-    if path.suffix == ".json":
-        try:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise SchemaError(f"{path}: not UTF-8 text (byte {err.start}); a schema is JSON or protobuf text") from err
+    proto = schema_pb2.Schema()
+    try:
+        if path.suffix == ".json":
             raw = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise SchemaError(f"{path}: not valid JSON (line {err.lineno}: {err.msg})") from err
-        if not isinstance(raw, dict):
-            raise SchemaError(f"{path}: expected a JSON object with a 'feature' list, got {type(raw).__name__}")
-        features = raw.get("feature", [])
-    else:
-        features = parse_pbtxt(text, str(path)).get("feature", [])
-    if not isinstance(features, list) or not features:
+            if not isinstance(raw, dict):
+                raise SchemaError(f"{path}: expected a JSON object with a 'feature' list, got {type(raw).__name__}")
+            json_format.ParseDict(_typed_any(raw), proto)
+        else:
+            text_format.Parse(text, proto)
+    except json.JSONDecodeError as err:
+        raise SchemaError(f"{path}: not valid JSON (line {err.lineno}: {err.msg})") from err
+    except (json_format.ParseError, text_format.ParseError) as err:
+        raise SchemaError(f"{path}: not a TensorFlow-Metadata schema: {' '.join(str(err).split())}") from err
+    if not proto.feature:
         raise SchemaError(f"{path}: the schema lists no feature")
-    return MerlinSchema(tuple(_column(_snake(f), path, i) for i, f in enumerate(features)), str(path))
+    return MerlinSchema(tuple(_column(f, path, i) for i, f in enumerate(proto.feature)), str(path))
 
 
-def _column(feature: Any, path: Path, index: int) -> MerlinColumn:
-    if not isinstance(feature, dict) or not isinstance(_one(feature.get("name")), str):
+def _typed_any(raw: dict[str, Any]) -> dict[str, Any]:
+    """merlin-core's JSON with each ``extraMetadata`` entry in protobuf's JSON form of an ``Any`` holding a ``Struct``."""
+    for feature in raw.get("feature", []) if isinstance(raw.get("feature"), list) else []:
+        annotation = feature.get("annotation") if isinstance(feature, dict) else None
+        extra = annotation.get("extraMetadata", annotation.get("extra_metadata")) if isinstance(annotation, dict) else None
+        if isinstance(extra, list):
+            annotation.pop("extra_metadata", None)
+            annotation["extraMetadata"] = [
+                e if isinstance(e, dict) and "@type" in e else {"@type": _STRUCT_URL, "value": e} for e in extra
+            ]
+    return raw
+
+
+def _column(feature: schema_pb2.Feature, path: Path, index: int) -> MerlinColumn:
+    if not feature.name:
         raise SchemaError(f"{path}: feature #{index} has no name")
-    annotation = _one(feature.get("annotation")) or {}
-    tags = annotation.get("tag", []) if isinstance(annotation, dict) else []
-    tags = tuple(str(t).lower() for t in (tags if isinstance(tags, list) else [tags]))
-    domain = _one(feature.get("int_domain")) or {}
-    dims = _dims(annotation)
-    is_list = bool("value_count" in feature or "value_counts" in feature or {"list", "sequence"} & set(tags)) or (dims is not None and len(dims) > 1)
-
-    def bound(key: str) -> int | None:
-        value = _one(domain.get(key)) if isinstance(domain, dict) else None
-        try:
-            return None if value is None else int(value)
-        except (TypeError, ValueError) as err:
-            raise SchemaError(f"{path}: feature {_one(feature['name'])!r}: int_domain {key} {value!r} is not an integer") from err
-
+    tags = tuple(sorted(merlin_tags(list(feature.annotation.tag))))  # a set, as merlin-core holds them
+    extra: dict[str, Any] = {}
+    for entry in feature.annotation.extra_metadata:
+        struct = struct_pb2.Struct()
+        if entry.Unpack(struct):
+            extra.update(json_format.MessageToDict(struct))
+    dims = extra.get("_dims")
+    is_list = (
+        feature.HasField("value_count") or feature.HasField("value_counts") or bool({"list", "sequence"} & set(tags))
+        or extra.get("is_list") is True or (isinstance(dims, list) and len(dims) > 1)
+    )
+    domain = feature.int_domain if feature.HasField("int_domain") else None
     return MerlinColumn(
-        name=_one(feature["name"]),
-        dtype=str(_one(feature.get("type")) or ""),
+        name=feature.name,
+        dtype=schema_pb2.FeatureType.Name(feature.type) if feature.type else "",
         tags=tags,
         is_list=is_list,
-        int_min=bound("min"),
-        int_max=bound("max"),
+        int_min=domain.min if domain is not None and domain.HasField("min") else None,
+        int_max=domain.max if domain is not None and domain.HasField("max") else None,
     )
-
-
-def _dims(annotation: Any) -> list[Any] | None:
-    """merlin-core's ``_dims`` shape (in ``annotation.extra_metadata``), when present."""
-    extra = annotation.get("extra_metadata") if isinstance(annotation, dict) else None
-    for entry in extra if isinstance(extra, list) else [extra]:
-        if isinstance(entry, dict) and isinstance(entry.get("_dims"), list):
-            return entry["_dims"]
-    return None
-
-
-def _one(value: Any) -> Any:
-    """A singular field: the text format gives every field as a list of its occurrences."""
-    return value[-1] if isinstance(value, list) and value else (None if isinstance(value, list) else value)
-
-
-def _snake(value: Any) -> Any:
-    """JSON keys as the proto's field names (``intDomain`` -> ``int_domain``), recursively."""
-    if isinstance(value, dict):
-        return {re.sub(r"(?<!^)(?=[A-Z])", "_", k).lower(): _snake(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_snake(v) for v in value]
-    return value
-
-
-_TOKEN = re.compile(
-    r"""\s+|\#[^\n]*|(?P<str>"(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*')|(?P<punct>[{}<>\[\]:,;])|(?P<word>[^\s{}<>\[\]:,;"'\#]+)"""
-)
-_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "a": "\a", "b": "\b", "f": "\f", "v": "\v"}
-
-
-def _unescape(match: re.Match[str]) -> str:
-    """One C-style escape of a text-format string: octal ``\\101``, hex ``\\x41``, ``\\n`` ... or the character itself."""
-    code = match.group(1)
-    if code[0] in "01234567":
-        return chr(int(code, 8))
-    if code[0] == "x" and len(code) > 1:
-        return chr(int(code[1:], 16))
-    return _ESCAPES.get(code, code)
-
-
-def parse_pbtxt(text: str, source: str = "<pbtxt>") -> dict[str, list[Any]]:
-    """Parse protobuf text format into nested dicts: field name -> list of values (one per occurrence).
-
-    Messages (``name { ... }``, ``name: { ... }`` or ``< ... >``) become dicts, strings are
-    unescaped (adjacent strings joined), numbers become int or float, other words (enum values,
-    ``true``) stay text. Lists (``tag: ["a", "b"]``) add one value per element.
-
-    Raises:
-        SchemaError: a syntax error, with the file and line.
-    """
-    tokens: list[tuple[str, str, int]] = []
-    pos, line = 0, 1
-    while pos < len(text):
-        match = _TOKEN.match(text, pos)
-        if match is None:
-            raise SchemaError(f"{source}:{line}: cannot read {text[pos:pos + 20]!r}")
-        kind = match.lastgroup
-        if kind is not None:
-            tokens.append((kind, match.group(kind), line))
-        line += match.group(0).count("\n")
-        pos = match.end()
-    tokens.append(("end", "", line))
-    at = 0
-
-    def fail(expected: str) -> SchemaError:
-        kind, value, where = tokens[at]
-        return SchemaError(f"{source}:{where}: expected {expected}, got {value!r}" if kind != "end" else f"{source}: expected {expected}, got the end of the file")
-
-    def scalar() -> Any:
-        nonlocal at
-        kind, value, _ = tokens[at]
-        if kind == "str":
-            parts = []
-            while tokens[at][0] == "str":
-                raw = tokens[at][1][1:-1]
-                parts.append(re.sub(r"\\([0-7]{1,3}|x[0-9a-fA-F]{1,2}|.)", _unescape, raw))
-                at += 1
-            return "".join(parts)
-        if kind != "word":
-            raise fail("a value")
-        at += 1
-        for convert in (int, float):
-            try:
-                return convert(value)
-            except ValueError:
-                pass
-        return value
-
-    def message(close: str | None) -> dict[str, list[Any]]:
-        nonlocal at
-        out: dict[str, list[Any]] = {}
-        while True:
-            kind, value, _ = tokens[at]
-            if close is None and kind == "end":
-                return out
-            if kind == "punct" and value == close:
-                at += 1
-                return out
-            if kind != "word":
-                raise fail("a field name" + (f" or {close!r}" if close else ""))
-            name = value
-            at += 1
-            colon = tokens[at][:2] == ("punct", ":")
-            at += colon
-            kind, value, _ = tokens[at]
-            values = out.setdefault(name, [])
-            if kind == "punct" and value in "{<":
-                at += 1
-                values.append(message("}" if value == "{" else ">"))
-            elif not colon:
-                raise fail(f"':' or '{{' after {name!r}")
-            elif kind == "punct" and value == "[":
-                at += 1
-                while tokens[at][:2] != ("punct", "]"):
-                    if tokens[at][:2] in (("punct", "{"), ("punct", "<")):
-                        closing = "}" if tokens[at][1] == "{" else ">"
-                        at += 1
-                        values.append(message(closing))
-                    else:
-                        values.append(scalar())
-                    if tokens[at][:2] == ("punct", ","):
-                        at += 1
-                    elif tokens[at][:2] != ("punct", "]"):
-                        raise fail("',' or ']'")
-                at += 1
-            else:
-                values.append(scalar())
-            if tokens[at][0] == "punct" and tokens[at][1] in ",;":
-                at += 1
-
-    return message(None)
 
 
 # -- source ---------------------------------------------------------------------------------
 class MerlinSource(SessionSource):
     """Sessions of a Merlin / NVTabular dataset directory (Transformers4Rec's input), read by schema tags.
 
-    The directory holds ``schema.json`` or ``schema.pbtxt`` (at its top, else in a ``train``
-    folder) and parquet files of sessions. Their split is respected:
+    The directory holds its schema (`SCHEMA_FILES`, in that order, at its top, else in a ``train``
+    folder: merlin-core writes ``.merlin/schema.json`` and ``schema.pbtxt`` beside the parquet
+    files) and parquet files of sessions. Their split is respected:
 
     - files under a ``train``, ``valid`` or ``test`` folder, or named ``train*.parquet`` ...
       (T4R's day folders ``1/train.parquet``, ``1/valid.parquet``, ``2/...``, read in day order),
       form those splits; without test files the ``valid`` files are the test set (T4R evaluates on
       them) and validation is the latest `valid_fraction` of the training sessions;
-    - otherwise every parquet file is read (in path order) and the sessions, in file order, are
-      split at the end: the last `test_fraction` test, the `valid_fraction` before it validation,
-      as `SRGNNSource` splits its training sessions.
+    - otherwise every parquet file is read (in natural path order: ``part_2`` before ``part_10``)
+      and the sessions, in file order, are split at the end: the last `test_fraction` test, the
+      `valid_fraction` before it validation, as `SRGNNSource` splits its training sessions.
 
-    Item ids equal to `padding_id` (NVTabular's padding, 0) are dropped with their side values,
-    then sessions shorter than `min_length` are dropped.
+    Integer item ids equal to `padding_id` (NVTabular's padding, 0) are dropped with their side
+    values, then sessions shorter than `min_length` are dropped.
 
     Args:
         path: the dataset directory.
         item_column: which ``item_id``-tagged column holds the sessions, when several have the tag.
         features: the side-feature columns to carry; None: every ``categorical`` or ``continuous``
             list column (other than the items) with one value per item.
-        padding_id: the item id that marks padding; None keeps every id.
+        padding_id: the integer item id that marks padding; None keeps every id. String ids have
+            no padding.
         min_length: drop sessions with fewer items.
         valid_fraction: latest share of the training sessions held out for validation when the
             directory has no validation files of its own (or uses them as the test set).
@@ -348,14 +280,14 @@ class MerlinSource(SessionSource):
 
     # -- what the directory holds -----------------------------------------------------------
     def schema(self) -> MerlinSchema:
-        """The directory's schema (``schema.json`` preferred over ``schema.pbtxt``)."""
+        """The directory's schema: the first of `SCHEMA_FILES` found at its top, else in its ``train`` folder."""
         if not self.path.is_dir():
             raise FileNotFoundError(f"{self.path}: no such dataset directory")
         for folder in (self.path, self.path / "train"):
             for name in SCHEMA_FILES:
                 if (folder / name).is_file():
                     return read_merlin_schema(folder / name)
-        raise SchemaError(f"{self.path}: no schema.json or schema.pbtxt in the directory (or its train folder)")
+        raise SchemaError(f"{self.path}: no {', '.join(SCHEMA_FILES)} in the directory (or its train folder)")
 
     def files(self) -> dict[str, list[Path]]:
         """Parquet files by split (``train``/``valid``/``test``), or under ``all`` when the directory has no split."""
@@ -380,8 +312,8 @@ class MerlinSource(SessionSource):
         """`SideFeatures` naming the carried columns by their tags (categorical / continuous); `settings` go to it."""
         columns = self._columns(self.schema())[2]
         return SideFeatures(
-            categorical=[c.name for c in columns if "categorical" in c.tags],
-            continuous=[c.name for c in columns if "categorical" not in c.tags],
+            categorical=[c.name for c in columns if c.has("categorical")],
+            continuous=[c.name for c in columns if not c.has("categorical")],
             **settings,
         )
 
@@ -412,7 +344,7 @@ class MerlinSource(SessionSource):
 
     def _columns(self, schema: MerlinSchema) -> tuple[MerlinColumn, MerlinColumn | None, list[MerlinColumn]]:
         item = schema.item_column(self.item_column)
-        sessions = schema.tagged("session_id")
+        sessions = [c for c in schema.tagged("session_id") if c.name != item.name]
         if len(sessions) > 1:
             raise SchemaError(f"{schema.path}: {len(sessions)} columns are tagged session_id ({[c.name for c in sessions]}); keep the tag on one")
         session = sessions[0] if sessions else None
@@ -427,7 +359,7 @@ class MerlinSource(SessionSource):
         else:
             side = [
                 c for c in schema.columns
-                if c.is_list and c.name != item.name and ({"categorical", "continuous"} & set(c.tags))
+                if c.is_list and c.name != item.name and (c.has("categorical") or c.has("continuous"))
             ]
         reserved = {frame.SESSION, frame.ITEMS, frame.TIMES, frame.VIRTUAL, frame.TARGETABLE}
         clash = [c.name for c in side if c.name in reserved]
@@ -436,36 +368,45 @@ class MerlinSource(SessionSource):
         return item, session, side
 
     def _read(self, paths: list[Path], schema: MerlinSchema) -> pa.Table:
-        """The sessions of some parquet files: ``session_id``, ``item_id`` and the side-feature lists."""
+        """The sessions of some parquet files (file by file): ``session_id``, ``item_id`` and the side-feature lists."""
         item, session, side = self._columns(schema)
-        wanted = [item.name, *([session.name] if session else []), *(c.name for c in side)]
-        parts = []
-        for path in paths:
-            try:
-                names = pq.read_schema(path).names
-                missing = [c for c in wanted if c not in names]
-                if not missing:
-                    parts.append(pq.read_table(path, columns=wanted))
-            except (pa.ArrowInvalid, OSError) as err:
-                raise SchemaError(f"{path}: cannot be read as parquet: {err}") from err
-            if missing:
-                raise SchemaError(f"{path}: column {missing[0]!r}, tagged in {schema.path}, is missing; the file has columns {names}")
+        parts = [self._read_file(path, schema, item, session, side) for path in paths]
         where = str(paths[0]) if len(paths) == 1 else f"{paths[0].parent} ({len(paths)} files)"
         try:
             table = pa.concat_tables(parts, promote_options="permissive") if len(parts) > 1 else parts[0]
         except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
-            raise SchemaError(f"{where}: the files' columns have types that do not combine: {err}") from err
+            raise SchemaError(f"{where}: the files' columns have types that do not combine: {' '.join(str(err).split())}") from err
+        if session is None:  # row numbers across the split's files
+            table = table.set_column(0, frame.SESSION, pa.array(np.arange(table.num_rows)))
+        return frame.filter_lengths(table, self.min_length)
+
+    def _read_file(
+        self, path: Path, schema: MerlinSchema, item: MerlinColumn, session: MerlinColumn | None, side: list[MerlinColumn]
+    ) -> pa.Table:
+        wanted = [item.name, *([session.name] if session else []), *(c.name for c in side)]
+        try:
+            names = pq.read_schema(path).names
+            missing = [c for c in wanted if c not in names]
+            table = None if missing else pq.read_table(path, columns=wanted)
+        except (pa.ArrowInvalid, OSError) as err:
+            raise SchemaError(f"{path}: cannot be read as parquet: {' '.join(str(err).split())}") from err
+        if table is None:
+            raise SchemaError(f"{path}: column {missing[0]!r}, tagged in {schema.path}, is missing; the file has columns {names}")
         items = table.column(item.name)
         if not (pa.types.is_list(items.type) or pa.types.is_large_list(items.type)):
             raise SchemaError(
-                f"{where}: the item_id column {item.name!r} has dtype {items.type}, expected a list of items per session "
-                "(group the events into sessions first, e.g. NVTabular's Groupby with 'list' aggregation)"
+                f"{path}: the item_id column {item.name!r} has dtype {items.type} (e.g. {_first(items)!r}), expected a list of "
+                "items per session (group the events into sessions first, e.g. NVTabular's Groupby with 'list' aggregation)"
             )
         values, offsets = frame.list_offsets(items)
+        values = _values(values, item, path, schema)
+        if not (pa.types.is_integer(values.type) or pa.types.is_string(values.type) or pa.types.is_large_string(values.type)):
+            raise SchemaError(f"{path}: column {item.name!r} holds {values.type} item ids (e.g. {_first(values)!r}); item ids are integers or strings")
         if values.null_count:
-            raise SchemaError(f"{where}: column {item.name!r} has a null item id; fill or drop it")
+            row = int(np.searchsorted(offsets, int(np.flatnonzero(values.is_null().to_numpy(zero_copy_only=False))[0]), side="right") - 1)
+            raise SchemaError(f"{path}: column {item.name!r} has a null item id (None) in row {row}; fill or drop it")
         keep = np.ones(len(values), dtype=bool)
-        if self.padding_id is not None and len(values):
+        if self.padding_id is not None and pa.types.is_integer(values.type) and len(values):
             keep = pc.not_equal(values, pa.scalar(self.padding_id, values.type)).to_numpy(zero_copy_only=False)
         session_of = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
         counts = np.bincount(session_of[keep], minlength=len(offsets) - 1)
@@ -476,18 +417,39 @@ class MerlinSource(SessionSource):
         for col in side:
             column = table.column(col.name)
             if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)):
-                raise SchemaError(f"{where}: side feature {col.name!r} has dtype {column.type}, expected a list with one value per item")
+                raise SchemaError(f"{path}: side feature {col.name!r} has dtype {column.type} (e.g. {_first(column)!r}), expected a list with one value per item")
             flat, off = frame.list_offsets(column)
             if not np.array_equal(off, offsets):
                 row = int(np.flatnonzero(np.diff(off) != np.diff(offsets))[0])
                 raise SchemaError(
-                    f"{where}: side feature {col.name!r} has {int(np.diff(off)[row])} values in row {row}, "
+                    f"{path}: side feature {col.name!r} has {int(np.diff(off)[row])} values in row {row}, "
                     f"where {item.name!r} has {int(np.diff(offsets)[row])} items; list only per-item columns in features"
                 )
-            out[col.name] = pa.ListArray.from_arrays(new_offsets, flat.filter(mask))
-        return frame.filter_lengths(pa.table(out), self.min_length)
+            out[col.name] = pa.ListArray.from_arrays(new_offsets, _values(flat, col, path, schema).filter(mask))
+        return pa.table(out)
+
+
+def _values(values: pa.Array, column: MerlinColumn, path: Path, schema: MerlinSchema) -> pa.Array:
+    """The flat values of a column; integer-valued doubles as int64 where the schema says INT (NaN as null), other doubles refused."""
+    if column.dtype != "INT" or not pa.types.is_floating(values.type):
+        return values
+    x = values.to_numpy(zero_copy_only=False)
+    bad = ~np.isnan(x) & ((~np.isfinite(x)) | (np.floor(x) != x) | (np.abs(x) >= 2.0**63))
+    if bad.any():
+        raise SchemaError(
+            f"{path}: column {column.name!r} holds {float(x[np.flatnonzero(bad)[0]])!r}, not an integer, where {schema.path} "
+            f"declares it INT; write integer codes (e.g. Categorify before ListSlice)"
+        )
+    missing = np.isnan(x)  # nulls and NaN: missing values, for the readers' null checks
+    return pa.array(np.where(missing, 0, x).astype(np.int64), mask=missing if missing.any() else None)
+
+
+def _first(column: pa.Array | pa.ChunkedArray) -> Any:
+    """A value of a column, for a message (the first non-null one)."""
+    valid = column.drop_null()
+    return valid[0].as_py() if len(valid) else None
 
 
 def _natural(path: Path) -> list[Any]:
-    """Sort key putting ``2/`` before ``10/`` (T4R's day folders)."""
+    """Sort key putting ``2/`` before ``10/`` (T4R's day folders) and ``part_2`` before ``part_10``."""
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(path))]

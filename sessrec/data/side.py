@@ -70,6 +70,8 @@ class SideFeatures:
     Args:
         categorical: list columns of the session table embedded as categories.
         continuous: list columns of numbers, log-normalised; nulls are missing values (0).
+        normalized: the continuous columns already normalised upstream (e.g. by NVTabular's
+            ``Normalize``, negative values included): used as given, not log-normalised.
         time: features derived from the timestamps: ``since_prev``, ``dwell``.
         position: when > 0, the position in the session from its start, capped at this many
             categories.
@@ -85,6 +87,7 @@ class SideFeatures:
 
     categorical: list[str] = field(default_factory=list)
     continuous: list[str] = field(default_factory=list)
+    normalized: list[str] = field(default_factory=list)
     time: list[TimeFeature] = field(default_factory=list)
     position: int = 0
     min_count: int = 1
@@ -99,6 +102,9 @@ class SideFeatures:
         bad = [t for t in self.time if t not in TIME_FEATURES]
         if bad:
             raise ValueError(f"unknown time feature {bad[0]!r}; use one of {sorted(TIME_FEATURES)}")
+        given = [c for c in self.normalized if c not in self.continuous]
+        if given:
+            raise ValueError(f"normalized names {given[0]!r}, which is not a continuous side feature {self.continuous}")
         columns = [*self.categorical, *self.continuous]
         stray = [c for c in self.looks_ahead if c not in columns]
         if stray:

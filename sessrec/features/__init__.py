@@ -21,6 +21,7 @@ session and calendar features), `pipeline` (`FeaturePipeline` and its file forma
 
 from sessrec.features.feature_pipeline import FeaturePipeline
 from sessrec.features.ops import (
+    AsGiven,
     Categorify,
     CountEncoding,
     FeatureOp,
@@ -40,7 +41,7 @@ from sessrec.features.time import (
 )
 
 __all__ = [
-    "Categorify", "CountEncoding", "CyclicTime", "CyclicTimes", "FeatureOp", "FeaturePipeline", "HashedCross",
+    "AsGiven", "Categorify", "CountEncoding", "CyclicTime", "CyclicTimes", "FeatureOp", "FeaturePipeline", "HashedCross",
     "LogNormalize", "NotFittedError", "SessionTimeFeatures", "SessionTimes", "SideFeatureTransform", "TargetEncoding",
     "session_offsets", "session_times",
 ]

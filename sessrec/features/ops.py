@@ -447,6 +447,19 @@ class LogNormalize(FeatureOp):
         return self
 
 
+class AsGiven(FeatureOp):
+    """A continuous column used as it is, e.g. one normalised upstream (NVTabular's ``Normalize``); stateless.
+
+    Output: float64 values (E,); nulls and non-finite values are refused (`finite_floats`).
+    """
+
+    def __init__(self, column: str) -> None:
+        self.column = column
+
+    def transform(self, frame: Any) -> Array:
+        return finite_floats(get_column(frame, self.column), "a continuous feature")
+
+
 class HashedCross(FeatureOp):
     """Cross of integer columns hashed into `buckets` (see `hash_columns`); stateless.
 

@@ -1,7 +1,7 @@
 """`SideFeatureTransform`: the side features of `sessrec.data.side.SideFeatures`, fitted on training sessions.
 
 Categorical columns go through `Categorify`, continuous columns and time features through
-`LogNormalize`, positions are counted from the start of each session; one `FeaturePipeline`
+`LogNormalize` (those normalised upstream, `SideFeatures.normalized`, through `AsGiven`), positions are counted from the start of each session; one `FeaturePipeline`
 holds every fitted table and is saved as ``features.npz`` beside the checkpoint, so that
 evaluation and scoring apply exactly the transforms of training.
 
@@ -22,7 +22,7 @@ from sessrec.data import frame
 from sessrec.data.schema import SchemaError
 from sessrec.data.side import POSITION, SideFeatures, SideInfoSpec
 from sessrec.features.feature_pipeline import FeaturePipeline, op_signatures
-from sessrec.features.ops import Categorify, LogNormalize
+from sessrec.features.ops import AsGiven, Categorify, LogNormalize
 from sessrec.saved.registry import config_of
 
 
@@ -41,7 +41,7 @@ class SideFeatureTransform:
         self.pipeline = FeaturePipeline(
             {
                 **{c: Categorify(c, min_count=config.min_count, nulls=config.nulls) for c in config.categorical},
-                **{c: LogNormalize(c) for c in [*config.continuous, *config.time]},
+                **{c: AsGiven(c) if c in config.normalized else LogNormalize(c) for c in [*config.continuous, *config.time]},
             }
         )
 
@@ -57,7 +57,8 @@ class SideFeatureTransform:
             try:
                 op.fit({name: values if present is None else values[present]})
             except (ValueError, TypeError) as err:
-                raise SchemaError(f"{source}: side feature {name!r}: {err}") from err
+                hint = "; a column normalised upstream goes under side_features.normalized" if isinstance(op, LogNormalize) else ""
+                raise SchemaError(f"{source}: side feature {name!r}: {err}{hint}") from err
         self.pipeline.fitted = True
         return self
 

@@ -599,9 +599,9 @@ def test_a_session_model_is_served_in_mixed_batches_as_alone(data) -> None:
 
 
 def test_settings_are_checked() -> None:
-    with pytest.raises(ValueError, match="k_max must be a positive integer, got 0"):
+    with pytest.raises(ValueError, match="k_max must be an integer >= 1, got 0"):
         Limits(k_max=0)
-    with pytest.raises(ValueError, match="max_queue must be a positive integer, got 0"):
+    with pytest.raises(ValueError, match="max_queue must be an integer >= 1, got 0"):
         Overload(max_queue=0)
     with pytest.raises(ValueError, match="deadline_ms must be a positive number of milliseconds, got -1"):
         Overload(deadline_ms=-1)

@@ -67,6 +67,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from sessrec.saved.registry import check_integers
 from sessrec.saved.versions import resolve
 from sessrec.serving.batching import Batcher, ServerFault, dumps
 from sessrec.serving.recommender import Recommender, load_recommender
@@ -106,10 +107,8 @@ class Overload:
     retry_after_s: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("max_queue", "max_queued_sessions", "retry_after_s"):
-            value = getattr(self, name)
-            if type(value) is not int or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        check_integers({"max_queue": self.max_queue, "max_queued_sessions": self.max_queued_sessions,
+                        "retry_after_s": self.retry_after_s})
         for name in ("max_queue_wait_ms", "deadline_ms"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:

@@ -619,7 +619,8 @@ def test_serve_binds_loopback_unless_told(pipe, tmp_path: Path, monkeypatch: pyt
     assert [(c.host, c.port) for c in calls] == [("127.0.0.1", 8123), ("0.0.0.0", 8124)]
     with pytest.raises(FileNotFoundError, match="neither a saved pipeline"):
         serve(tmp_path)
-    assert server.describe(pipe)["kind"] == "Pipeline"
+    assert server.Served(pipe).describe() == {"kind": "Pipeline", "version": None, "vocabulary_size": len(pipe.vocab),
+                                              "items": pipe.vocab.num_products}
 
 
 @pytest.mark.slow

@@ -118,16 +118,6 @@ class Overload:
                              f"({self.deadline_ms:g}): a request admitted behind more work would miss its deadline")
 
 
-def describe(recommender: Recommender) -> dict[str, Any]:
-    """What `/health` reports of a recommender: its kind and, where it has one, its vocabulary size."""
-    info: dict[str, Any] = {"kind": type(recommender).__name__}
-    vocab = getattr(recommender, "vocab", None)
-    if vocab is not None:
-        info["vocabulary_size"] = len(vocab)
-        info["items"] = int(getattr(vocab, "num_products", len(vocab)))
-    return info
-
-
 @dataclass(frozen=True)
 class Served:
     """A recommender and where it was read from.
@@ -149,7 +139,13 @@ class Served:
         return cls(load_recommender(path), path, None if path == Path(model_dir) else path.name)
 
     def describe(self) -> dict[str, Any]:
-        return {**describe(self.recommender), "version": self.version}
+        """What `/health` reports: the recommender's kind, its vocabulary size where it has one, and the version."""
+        info: dict[str, Any] = {"kind": type(self.recommender).__name__, "version": self.version}
+        vocab = getattr(self.recommender, "vocab", None)
+        if vocab is not None:
+            info["vocabulary_size"] = len(vocab)
+            info["items"] = int(getattr(vocab, "num_products", len(vocab)))
+        return info
 
 
 class Admission:

@@ -93,9 +93,6 @@ class ExportSpec:
     outputs: list[TensorSpec]
     notes: dict[str, object]
 
-    def write(self, path: Path) -> Path:
-        return write_text(path, json.dumps(asdict(self), indent=2) + "\n")
-
 
 # -- the exported modules ------------------------------------------------------------------------
 class NextItemScorer(nn.Module):
@@ -410,7 +407,7 @@ def _export(
         if verify:
             _verify(path, format, probe, reference(*probe), what)
     spec = ExportSpec(format, path.name, written_opset, type(scorer.model).__name__, inputs, outputs, scorer.describe())
-    spec.write(path.with_suffix(".json"))
+    write_text(path.with_suffix(".json"), json.dumps(asdict(spec), indent=2) + "\n")
     return path
 
 

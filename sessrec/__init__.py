@@ -6,37 +6,7 @@ training layer when asked for.
 """
 
 from importlib import import_module
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from sessrec.artifacts import ClickRanker, SessionRecommender
-    from sessrec.data import (
-        EventLogSource,
-        ItemVocab,
-        Schema,
-        SchemaError,
-        SessionBatch,
-        SRGNNSource,
-        SyntheticSource,
-        UserSequenceSource,
-    )
-    from sessrec.metrics import TopKMetrics
-    from sessrec.models import (
-        BertEncoder,
-        CausalLanguageModeling,
-        ElectraEncoder,
-        GPT2Encoder,
-        GRU4RecEncoder,
-        HSTUEncoder,
-        MaskedItemModeling,
-        PermutationLanguageModeling,
-        ReplacedTokenDetection,
-        SASRecEncoder,
-        SessionModel,
-        XLNetEncoder,
-    )
-    from sessrec.pipeline import Pipeline
-    from sessrec.tasks import NextItemTask, SessionDataModule
+from typing import Any
 
 __version__ = "0.1.0"
 

@@ -13,7 +13,7 @@ import torch
 
 from sessrec.data import ItemVocab, SyntheticSource, frame
 from sessrec.lifecycle.gate import Gate
-from sessrec.lifecycle.paired_ranks import PairRanks, aligned, clickout_ranks, next_item_ranks, pair_values
+from sessrec.lifecycle.paired_ranks import PairRanks, aligned, clickout_ranks, next_item_ranks
 from sessrec.lifecycle.retrain import LoadedSplits
 from sessrec.models import CausalLanguageModeling, GRU4RecEncoder
 from sessrec.saved.registry import config_of
@@ -139,12 +139,15 @@ def test_the_decision_is_seeded_and_the_inputs_checked():
 
 def test_per_pair_values_follow_the_metric_formulas():
     ranks = np.array([1.0, 2.0, 3.0, 21.0, np.inf])
-    assert pair_values(ranks, "recall@2").tolist() == [1.0, 1.0, 0.0, 0.0, 0.0]
-    assert pair_values(ranks, "ndcg@20") == pytest.approx([1.0, 1 / math.log2(3), 0.5, 0.0, 0.0])
-    assert pair_values(ranks, "mrr@20") == pytest.approx([1.0, 0.5, 1 / 3, 0.0, 0.0])
-    assert pair_values(ranks, "mrr") == pytest.approx([1.0, 0.5, 1 / 3, 1 / 21, 0.0])
+    pairs = PairRanks(np.arange(5), np.zeros(5, np.int64), ranks, {})
+    assert pairs.values("recall@2").tolist() == [1.0, 1.0, 0.0, 0.0, 0.0]
+    assert pairs.values("ndcg@20") == pytest.approx([1.0, 1 / math.log2(3), 0.5, 0.0, 0.0])
+    assert pairs.values("mrr@20") == pytest.approx([1.0, 0.5, 1 / 3, 0.0, 0.0])
+    assert pairs.values("mrr") == pytest.approx([1.0, 0.5, 1 / 3, 1 / 21, 0.0])
     with pytest.raises(ValueError, match="metric 'auc' is not a mean over test pairs"):
-        pair_values(ranks, "auc")
+        pairs.values("auc")
+    with pytest.raises(ValueError, match="metric 'auc' is not a mean over test pairs"):
+        Gate("auc")
     disagreeing = PairRanks(np.arange(5), np.zeros(5, np.int64), ranks, {"recall@2": 0.5})
     with pytest.raises(RuntimeError, match="the per-pair recall@2 averages 0.4000000 but the task's metric is 0.5000000"):
         disagreeing.values("recall@2")

@@ -143,8 +143,8 @@ def test_data_parallel_must_fit_on_every_device():
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"world_size": 0}, "world_size must be a positive int"),
-        ({"device_memory_bytes": -1}, "device_memory_bytes must be a positive int"),
+        ({"world_size": 0}, "world_size must be an integer >= 1"),
+        ({"device_memory_bytes": -1}, "device_memory_bytes must be an integer >= 1"),
         ({"optimizer": "adamw"}, "optimizer must be one of"),
         ({"network_bandwidth": 0}, "network_bandwidth must be > 0"),
     ],

@@ -599,9 +599,9 @@ def test_a_session_model_is_served_in_mixed_batches_as_alone(data) -> None:
 
 
 def test_settings_are_checked() -> None:
-    with pytest.raises(ValueError, match="k_max must be a positive integer, got 0"):
+    with pytest.raises(ValueError, match="k_max must be an integer >= 1, got 0"):
         Limits(k_max=0)
-    with pytest.raises(ValueError, match="max_queue must be a positive integer, got 0"):
+    with pytest.raises(ValueError, match="max_queue must be an integer >= 1, got 0"):
         Overload(max_queue=0)
     with pytest.raises(ValueError, match="deadline_ms must be a positive number of milliseconds, got -1"):
         Overload(deadline_ms=-1)
@@ -619,7 +619,8 @@ def test_serve_binds_loopback_unless_told(pipe, tmp_path: Path, monkeypatch: pyt
     assert [(c.host, c.port) for c in calls] == [("127.0.0.1", 8123), ("0.0.0.0", 8124)]
     with pytest.raises(FileNotFoundError, match="neither a saved pipeline"):
         serve(tmp_path)
-    assert server.describe(pipe)["kind"] == "Pipeline"
+    assert server.Served(pipe).describe() == {"kind": "Pipeline", "version": None, "vocabulary_size": len(pipe.vocab),
+                                              "items": pipe.vocab.num_products}
 
 
 @pytest.mark.slow

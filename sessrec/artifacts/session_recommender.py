@@ -57,7 +57,7 @@ from sessrec.data.vocab import ItemVocab
 from sessrec.features.side_transform import SideFeatureTransform
 from sessrec.models.objective import Objective
 from sessrec.models.session_model import SessionModel, next_item_scores
-from sessrec.saved.registry import ConfigError, config_of, instantiate
+from sessrec.saved.registry import ConfigError, check_integers, config_of, instantiate
 
 
 @dataclass(frozen=True)
@@ -75,10 +75,7 @@ class Inference:
     top_k: int = 20
 
     def __post_init__(self) -> None:
-        for name in ("max_length", "top_k"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"inference {name} must be an integer >= 1, got {value!r}")
+        check_integers({"max_length": self.max_length, "top_k": self.top_k}, "inference ")
         if not isinstance(self.exclude_seen, bool):
             raise ValueError(f"inference exclude_seen must be true or false, got {self.exclude_seen!r}")  # noqa: TRY004
 

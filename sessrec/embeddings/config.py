@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from sessrec.saved.registry import register
+from sessrec.saved.registry import check_integers, register
 
 POOLINGS = ("sum", "mean")
 
@@ -40,10 +40,7 @@ class TableConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"table name must be a non-empty string, got {self.name!r}")
-        for field in ("num_embeddings", "embedding_dim"):
-            value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"table {self.name!r}: {field} must be a positive int, got {value!r}")
+        check_integers({"num_embeddings": self.num_embeddings, "embedding_dim": self.embedding_dim}, f"table {self.name!r}: ")
         if self.pooling not in POOLINGS:
             raise ValueError(f"table {self.name!r}: pooling must be one of {POOLINGS}, got {self.pooling!r}")
         names = tuple(self.feature_names)

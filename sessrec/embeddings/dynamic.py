@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sessrec.embeddings.fused import _FusedLookup, seeded_generator
+from sessrec.embeddings.fused import _FusedLookup, flat_bags, seeded_generator
 
 _STATE = ("weight", "momentum", "counts", "row_keys", "sorted_keys", "sorted_rows", "used")
 
@@ -200,18 +200,7 @@ class DynamicEmbeddingBag(nn.Module):
         """
         if not isinstance(keys, torch.Tensor) or keys.dtype != torch.int64:
             raise TypeError(f"keys must be an int64 tensor, got {getattr(keys, 'dtype', type(keys))}")
-        if keys.dim() == 2:
-            if offsets is not None:
-                raise ValueError("offsets are only for 1-D keys")
-            offsets = torch.arange(0, keys.numel(), max(keys.shape[1], 1), device=keys.device)[: keys.shape[0]]
-            keys = keys.reshape(-1)
-            per_sample_weights = None if per_sample_weights is None else per_sample_weights.reshape(-1)
-        elif keys.dim() != 1 or offsets is None:
-            raise ValueError(f"keys must be (B, k), or (T,) with offsets; got shape {tuple(keys.shape)}, offsets {offsets}")
-        offsets = torch.cat([offsets, offsets.new_tensor([keys.numel()])])  # (B + 1,)
-        lengths = offsets.diff()
-        if bool((lengths < 0).any()) or int(offsets[0]) != 0:
-            raise ValueError("offsets must start at 0 and be non-decreasing")
+        keys, offsets, per_sample_weights = flat_bags(keys, offsets, per_sample_weights, "keys")  # (T,), (B + 1,)
         rows, found = self.lookup(keys)
         if self.training:
             with torch.no_grad():

@@ -60,6 +60,25 @@ def seeded_generator(seed: int | None, device: torch.device | str | None = None)
     return generator
 
 
+def flat_bags(
+    ids: torch.Tensor, offsets: torch.Tensor | None, per_sample_weights: torch.Tensor | None, what: str = "ids"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """`nn.EmbeddingBag`'s inputs, (B, k) `ids` one bag per row or (T,) `ids` with (B,) bag starts, as (T,)
+    ids, (B + 1,) offsets ending at T, and (T,) weights (or None); a layout that is neither is refused."""
+    if ids.dim() == 2:
+        if offsets is not None:
+            raise ValueError(f"offsets are only for 1-D {what}")
+        offsets = torch.arange(0, ids.numel(), max(ids.shape[1], 1), device=ids.device)[: ids.shape[0]]
+        ids = ids.reshape(-1)
+        per_sample_weights = None if per_sample_weights is None else per_sample_weights.reshape(-1)
+    elif ids.dim() != 1 or offsets is None:
+        raise ValueError(f"{what} must be (B, k), or (T,) with offsets; got shape {tuple(ids.shape)}, offsets {offsets}")
+    offsets = torch.cat([offsets, offsets.new_tensor([ids.numel()])])  # (B + 1,)
+    if bool((offsets.diff() < 0).any()) or int(offsets[0]) != 0:
+        raise ValueError("offsets must start at 0 and be non-decreasing")
+    return ids, offsets, per_sample_weights
+
+
 def _row_writer(weight: torch.Tensor) -> torch.Tensor:
     """``weight`` viewed with 16-byte elements (complex128) when its rows allow, else itself.
 

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sessrec.embeddings.fused import seeded_generator
+from sessrec.embeddings.fused import flat_bags, seeded_generator
 
 
 def hot_rows(counts: torch.Tensor, num_hot: int) -> torch.Tensor:
@@ -118,15 +118,7 @@ class HybridEmbeddingBag(nn.Module):
         """(B, D) pooled embeddings; arguments as `nn.EmbeddingBag` ((B, k) ids, or (T,) ids with (B,) offsets)."""
         if not isinstance(input, torch.Tensor) or input.dtype not in (torch.int64, torch.int32):
             raise TypeError(f"ids must be an int64 tensor, got {getattr(input, 'dtype', type(input))}")
-        if input.dim() == 2:
-            b, k = input.shape
-            offsets = torch.arange(0, b * k + 1, max(k, 1), device=input.device)[: b + 1]
-            input = input.reshape(-1)
-            per_sample_weights = None if per_sample_weights is None else per_sample_weights.reshape(-1)
-        elif input.dim() == 1 and offsets is not None:
-            offsets = torch.cat([offsets, offsets.new_tensor([input.numel()])])
-        else:
-            raise ValueError(f"ids must be (B, k), or (T,) with offsets; got shape {tuple(input.shape)}")
+        input, offsets, per_sample_weights = flat_bags(input, offsets, per_sample_weights)  # (T,), (B + 1,)
         ids = input.long()
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.num_embeddings):
             bad = ids[(ids < 0) | (ids >= self.num_embeddings)][0]

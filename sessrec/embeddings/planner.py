@@ -59,6 +59,7 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from sessrec.embeddings.config import TableConfig
+from sessrec.saved.registry import check_integers
 
 Placement = Literal["data_parallel", "table_wise", "row_wise", "column_wise"]
 Optimizer = Literal["sgd", "rowwise_adagrad", "adagrad", "adam"]
@@ -207,11 +208,8 @@ class ShardingPlanner:
     network_bandwidth: float = 10e9
 
     def __post_init__(self) -> None:
-        for name in ("world_size", "device_memory_bytes", "batch_size", "param_bytes", "column_wise_min_dim",
-                     "column_shard_dim"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"ShardingPlanner: {name} must be a positive int, got {value!r}")
+        names = ("world_size", "device_memory_bytes", "batch_size", "param_bytes", "column_wise_min_dim", "column_shard_dim")
+        check_integers({name: getattr(self, name) for name in names}, "ShardingPlanner: ")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"ShardingPlanner: optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
         if self.data_parallel_max_bytes < 0:

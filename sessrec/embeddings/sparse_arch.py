@@ -49,7 +49,7 @@ from sessrec.embeddings.fused import FusedEmbeddingBagCollection, seeded_generat
 from sessrec.embeddings.hybrid import HybridEmbeddingBag
 from sessrec.embeddings.jagged import SparseFeatures
 from sessrec.embeddings.sharding import embedding_bag_collection, pooled_features, to_keyed_jagged_tensor
-from sessrec.saved.registry import instantiate, register
+from sessrec.saved.registry import check_integers, instantiate, register
 
 
 def one_width(tables: Sequence[TableConfig]) -> int:
@@ -61,7 +61,8 @@ def one_width(tables: Sequence[TableConfig]) -> int:
 
 
 class _Stacked(nn.Module):
-    """What the four modules share: the tables' features, their tables and poolings."""
+    """What the four modules share: the tables' features, their tables and poolings, and the forward of
+    the modules with one bag module per table (``tables``: table name -> module(values, offsets, weights))."""
 
     def __init__(self, tables: Sequence[TableConfig]) -> None:
         super().__init__()
@@ -70,8 +71,8 @@ class _Stacked(nn.Module):
         self.table_of = {f: t.name for t in tables for f in t.features}
         self.pooling = {t.name: t.pooling for t in tables}
 
-    def _per_feature(self, features: SparseFeatures, lookup: Any) -> torch.Tensor:
-        """(B, F, D): ``lookup(table, values, offsets, weights)`` of each feature, one call per feature."""
+    def forward(self, features: SparseFeatures) -> torch.Tensor:
+        """(B, F, D): each feature pooled by its table's bag module, one call per feature."""
         b = features.batch_size
         lengths = features.lengths.view(len(features.keys), b)  # (F, B)
         per_feature = lengths.sum(dim=1).tolist()
@@ -81,7 +82,8 @@ class _Stacked(nn.Module):
         for name in self.feature_names:
             k = features.keys.index(name)
             offsets = torch.cumsum(lengths[k], 0) - lengths[k]  # (B,) start of each bag
-            pooled.append(lookup(self.table_of[name], values[k], offsets, None if weights is None else weights[k]))
+            table = self.tables[self.table_of[name]]
+            pooled.append(table(values[k], offsets, None if weights is None else weights[k]))
         return torch.stack(pooled, dim=1)  # (B, F, D)
 
 
@@ -163,9 +165,6 @@ class DynamicSparseArch(_Stacked):
         rows[table.sorted_keys] = table.weight[table.sorted_rows]
         return rows
 
-    def forward(self, features: SparseFeatures) -> torch.Tensor:
-        return self._per_feature(features, lambda t, v, o, w: self.tables[t](v, o, w))
-
 
 class HybridSparseArch(_Stacked):
     """Tables split between the model's device and host memory: one `HybridEmbeddingBag` per table.
@@ -194,9 +193,6 @@ class HybridSparseArch(_Stacked):
     def table_weight(self, name: str) -> torch.Tensor:
         """(num_embeddings, D) rows of table `name` in id order (a copy gathered from both parts)."""
         return self.tables[name].full_weight()
-
-    def forward(self, features: SparseFeatures) -> torch.Tensor:
-        return self._per_feature(features, lambda t, v, o, w: self.tables[t](v, o, w))
 
 
 class TorchRecSparseArch(_Stacked):
@@ -313,8 +309,7 @@ class HybridTables(SparseTables):
     num_hot: int
 
     def __post_init__(self) -> None:
-        if isinstance(self.num_hot, bool) or not isinstance(self.num_hot, int) or self.num_hot < 0:
-            raise ValueError(f"HybridTables num_hot must be an integer >= 0, got {self.num_hot!r}")
+        check_integers({"num_hot": self.num_hot}, "HybridTables ", minimum=0)
 
     def build(self, tables: Sequence[TableConfig], seed: int | None = None) -> HybridSparseArch:
         return HybridSparseArch(tables, self.num_hot, seed)

@@ -59,7 +59,6 @@ from sessrec.models.session_model import next_item_scores
 from sessrec.saved.atomic import atomic_path, write_text
 
 Format = Literal["onnx", "torchscript"]
-FORMATS: tuple[str, ...] = ("onnx", "torchscript")
 FILES = {"onnx": "model.onnx", "torchscript": "model.pt"}
 TOLERANCE = 1e-4  # max abs difference of finite scores between the exported file and eager PyTorch
 
@@ -93,9 +92,6 @@ class ExportSpec:
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
     notes: dict[str, object]
-
-    def write(self, path: Path) -> Path:
-        return write_text(path, json.dumps(asdict(self), indent=2) + "\n")
 
 
 # -- the exported modules ------------------------------------------------------------------------
@@ -299,15 +295,12 @@ def export_session_model(
         ValueError: the format is unknown, or the encoder cannot be exported to it (the message
             says why, e.g. GRU4Rec to ONNX).
     """
-    _check_format(format)
-    if not isinstance(recommender, SessionRecommender):
-        raise TypeError(f"export_session_model exports a SessionRecommender, got {type(recommender).__name__}")
+    scorer = NextItemScorer(recommender, top_k)  # refuses anything but a SessionRecommender
     model = recommender.model
     encoder = model.encoder
     reason = next((why for (cls, fmt), why in KNOWN_LIMITS.items() if isinstance(encoder, cls) and fmt == format), None)
     if reason is not None:
         raise ValueError(f"{type(encoder).__name__} cannot be exported to {format}: {reason}")
-    scorer = NextItemScorer(recommender, top_k)
     length = max(2, min(model.max_length, 6))  # >= 2: torch.export fixes axes of size 1
     example, probe = scorer.example(3, length, seed=0), scorer.example(5, length + 3, seed=1)
     return _export(scorer, scorer.forward, example, probe, out_dir, format, opset, verify, type(encoder).__name__)
@@ -334,7 +327,6 @@ def export_dlrm(
     Returns:
         The path of the model file.
     """
-    _check_format(format)
     if not isinstance(ranker, ClickRanker):
         raise TypeError(f"export_dlrm exports a ClickRanker, got {type(ranker).__name__}")
     scorer = ExportedClickScorer(ranker.model)
@@ -361,7 +353,6 @@ def export_model_dir(
     Returns:
         The path of the model file.
     """
-    _check_format(format)
     artifact = load_artifact(model_dir)
     if isinstance(artifact, ClickRanker):
         return export_dlrm(artifact, out_dir, format, verify=verify)
@@ -369,11 +360,6 @@ def export_model_dir(
 
 
 # -- helpers -------------------------------------------------------------------------------------
-def _check_format(format: str) -> None:
-    if format not in FORMATS:
-        raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
-
-
 def _axis(prefix: str, name: str) -> str:
     """A symbolic axis name that is a Python identifier (torch.export's ``Dim`` needs one)."""
     return f"{prefix}_{re.sub(r'[^0-9a-zA-Z_]', '_', name)}"
@@ -404,6 +390,8 @@ def _export(
     what: str,
 ) -> Path:
     """Export `scorer` traced on `example`, check it on `probe` against `reference`, write ``model.json``."""
+    if format not in FILES:
+        raise ValueError(f"format must be one of {tuple(FILES)}, got {format!r}")
     path = Path(out_dir) / FILES[format]
     inputs, outputs = scorer.inputs(), scorer.outputs()
     with _eval_mode(scorer):
@@ -419,7 +407,7 @@ def _export(
         if verify:
             _verify(path, format, probe, reference(*probe), what)
     spec = ExportSpec(format, path.name, written_opset, type(scorer.model).__name__, inputs, outputs, scorer.describe())
-    spec.write(path.with_suffix(".json"))
+    write_text(path.with_suffix(".json"), json.dumps(asdict(spec), indent=2) + "\n")
     return path
 
 

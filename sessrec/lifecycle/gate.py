@@ -19,6 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
+
+from sessrec.metrics.ranks import rank_values
 
 DRAWS_PER_CHUNK = 1 << 22  # resampled pair indices held at once (16 MiB of int32)
 
@@ -101,6 +104,7 @@ class Gate:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        rank_values(torch.ones(1), self.metric)  # refuses a metric that is not a mean over test pairs
         if not self.tolerance >= 0:
             raise ValueError(f"gate tolerance must be >= 0, got {self.tolerance}")
         if not 0.5 < self.confidence < 1:

@@ -6,7 +6,7 @@ A task's test metric is a mean over test pairs: over (prefix, next item) pairs f
 pair comes from, so that two models evaluated on the same splits, each read with its own
 vocabulary, are compared pair by pair (`aligned`): an item a model never saw is a miss for it.
 
-The per-pair values (`pair_values`) are `sessrec.metrics.rank_values`, the formulas the metric
+The per-pair values (`PairRanks.values`) are `sessrec.metrics.rank_values`, the formulas the metric
 classes sum; `PairRanks.values` checks their mean against the metric class's own aggregate of the
 same pass.
 
@@ -36,19 +36,6 @@ if TYPE_CHECKING:
 AGREEMENT = 1e-6  # per-pair means and the metric classes' aggregates (float32) agree to this
 
 
-def pair_values(ranks: np.ndarray, metric: str) -> np.ndarray:
-    """(P,) float64 value of `metric` for each pair from its target's 1-based rank (inf: a miss).
-
-    ``recall@K``: 1 if rank <= K; ``ndcg@K``: 1 / log2(rank + 1) if rank <= K; ``mrr@K``: 1 / rank
-    if rank <= K; ``mrr``: 1 / rank (no cut-off: the click-out MRR). Else 0.
-
-    Examples:
-        >>> pair_values(np.array([1.0, 3.0, np.inf]), "mrr@2").tolist()
-        [1.0, 0.0, 0.0]
-    """
-    return rank_values(torch.from_numpy(np.asarray(ranks, dtype=np.float64)), metric).numpy()
-
-
 @dataclass(frozen=True)
 class PairRanks:
     """The rank of every test pair's target under one model, and that model's aggregate test metrics.
@@ -69,8 +56,9 @@ class PairRanks:
         return len(self.ranks)
 
     def values(self, metric: str) -> np.ndarray:
-        """(P,) per-pair values of `metric` (`pair_values`), checked against the task's aggregate when it has one."""
-        values = pair_values(self.ranks, metric)
+        """(P,) per-pair values of `metric` (`sessrec.metrics.rank_values`), checked against the task's aggregate
+        when it has one."""
+        values = rank_values(torch.from_numpy(np.asarray(self.ranks, dtype=np.float64)), metric).numpy()
         if metric in self.metrics and len(values) and abs(values.mean() - self.metrics[metric]) > AGREEMENT:
             raise RuntimeError(
                 f"the per-pair {metric} averages {values.mean():.7f} but the task's metric is {self.metrics[metric]:.7f}: "

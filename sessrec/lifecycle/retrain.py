@@ -29,7 +29,6 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytorch_lightning as pl
 from pytorch_lightning.callbacks import ModelCheckpoint
 
@@ -40,7 +39,7 @@ from sessrec.data.schema import Schema
 from sessrec.data.sources import SessionSource, SessionSplits, TimeWindowSource
 from sessrec.embeddings import DynamicTables
 from sessrec.lifecycle.gate import Gate
-from sessrec.lifecycle.paired_ranks import PairRanks, aligned, clickout_ranks, next_item_ranks, pair_values
+from sessrec.lifecycle.paired_ranks import PairRanks, aligned, clickout_ranks, next_item_ranks
 from sessrec.saved.registry import class_path, config_of
 from sessrec.saved.versions import VersionedDirectory, resolve
 from sessrec.tasks import NextItemTask
@@ -84,11 +83,9 @@ class Standing:
 
 
 @contextmanager
-def turn(model_dir: str, keep: int, metric: str) -> Iterator[tuple[VersionedDirectory, Standing, Path]]:
-    """Hold the model directory for one turn: the gate's metric checked (before any training), the
-    directory's lock taken and the directory recovered after a crash; yields the store, where it
-    stands and the current version's folder."""
-    pair_values(np.ones(1), metric)
+def turn(model_dir: str, keep: int) -> Iterator[tuple[VersionedDirectory, Standing, Path]]:
+    """Hold the model directory for one turn: the directory's lock taken and the directory recovered
+    after a crash; yields the store, where it stands and the current version's folder."""
     root = Path(model_dir)
     resolve(root)  # a missing model directory is an error here, before the lock would create it
     store = VersionedDirectory(root, keep=keep)
@@ -145,7 +142,7 @@ def retrain(
         the decision as the model directory's log holds it (``promotions.jsonl``).
     """
     out_dir = Path(out)
-    with turn(model_dir, keep, gate.metric) as (store, standing, current_path):
+    with turn(model_dir, keep) as (store, standing, current_path):
         current = NextItemTask.from_recommender(SessionRecommender.from_pretrained(current_path))
         source = TimeWindowSource(paths, schema, train_from, train_until, test_until, valid_fraction=valid_fraction)
         splits = source.load()
@@ -316,7 +313,7 @@ def retrain_dlrm(
     from sessrec.tasks.clickout_data import ClickoutDataModule
 
     out_dir = Path(out)
-    with turn(model_dir, keep, gate.metric) as (store, standing, current_path):
+    with turn(model_dir, keep) as (store, standing, current_path):
         current = DLRMTask.from_ranker(ClickRanker.from_pretrained(current_path))
         if not isinstance(current.sparse, DynamicTables):
             raise ValueError(

@@ -130,6 +130,14 @@ def config_of(value: Any) -> Any:
     )
 
 
+def check_integers(values: Mapping[str, Any], what: str = "", minimum: int = 1) -> None:
+    """Refuse a config's count settings in one line, ``<what><name> must be an integer >= <minimum>, got
+    <value>``, for the first of `values` that is not an int (a bool is not one) of at least `minimum`."""
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(f"{what}{name} must be an integer >= {minimum}, got {value!r}")
+
+
 class ConfigError(ValueError):
     """A saved config that does not resolve: one line ``<source>: <key path>: <problem>``."""
 

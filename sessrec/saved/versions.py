@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from sessrec.saved.atomic import fsync_dir, fsync_tree, normal_modes, write_text
+from sessrec.saved.registry import check_integers
 
 POINTER, VERSIONS, LOG, LOCK = "CURRENT", "versions", "promotions.jsonl", ".lock"
 _NAME = re.compile(r"^v(\d{6,})$")
@@ -119,8 +120,7 @@ class VersionedDirectory:
     """
 
     def __init__(self, root: str | os.PathLike, keep: int = 5) -> None:
-        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-            raise ValueError(f"keep must be an integer >= 1, got {keep!r}")
+        check_integers({"keep": keep})
         self.root, self.keep = Path(root), keep
         self._lock_fd: int | None = None
 

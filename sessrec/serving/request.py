@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from sessrec.pipeline.candidates import RequestSessions
 from sessrec.pipeline.clock import check_seconds
+from sessrec.saved.registry import check_integers
 from sessrec.serving.recommender import Recommender
 
 OnUnknown = Literal["oov", "error"]
@@ -38,9 +39,7 @@ class Limits:
     k_max: int = 100
 
     def __post_init__(self) -> None:
-        for name, value in asdict(self).items():
-            if type(value) is not int or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        check_integers(asdict(self))
 
 
 class RequestError(Exception):

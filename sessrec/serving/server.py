@@ -67,6 +67,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from sessrec.saved.registry import check_integers
 from sessrec.saved.versions import resolve
 from sessrec.serving.batching import Batcher, ServerFault, dumps
 from sessrec.serving.recommender import Recommender, load_recommender
@@ -106,10 +107,8 @@ class Overload:
     retry_after_s: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("max_queue", "max_queued_sessions", "retry_after_s"):
-            value = getattr(self, name)
-            if type(value) is not int or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        check_integers({"max_queue": self.max_queue, "max_queued_sessions": self.max_queued_sessions,
+                        "retry_after_s": self.retry_after_s})
         for name in ("max_queue_wait_ms", "deadline_ms"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
@@ -117,16 +116,6 @@ class Overload:
         if self.max_queue_wait_ms > self.deadline_ms:
             raise ValueError(f"max_queue_wait_ms ({self.max_queue_wait_ms:g}) must be at most deadline_ms "
                              f"({self.deadline_ms:g}): a request admitted behind more work would miss its deadline")
-
-
-def describe(recommender: Recommender) -> dict[str, Any]:
-    """What `/health` reports of a recommender: its kind and, where it has one, its vocabulary size."""
-    info: dict[str, Any] = {"kind": type(recommender).__name__}
-    vocab = getattr(recommender, "vocab", None)
-    if vocab is not None:
-        info["vocabulary_size"] = len(vocab)
-        info["items"] = int(getattr(vocab, "num_products", len(vocab)))
-    return info
 
 
 @dataclass(frozen=True)
@@ -150,7 +139,13 @@ class Served:
         return cls(load_recommender(path), path, None if path == Path(model_dir) else path.name)
 
     def describe(self) -> dict[str, Any]:
-        return {**describe(self.recommender), "version": self.version}
+        """What `/health` reports: the recommender's kind, its vocabulary size where it has one, and the version."""
+        info: dict[str, Any] = {"kind": type(self.recommender).__name__, "version": self.version}
+        vocab = getattr(self.recommender, "vocab", None)
+        if vocab is not None:
+            info["vocabulary_size"] = len(vocab)
+            info["items"] = int(getattr(vocab, "num_products", len(vocab)))
+        return info
 
 
 class Admission:

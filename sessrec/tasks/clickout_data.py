@@ -19,7 +19,7 @@ from sessrec.data.readers import read_table
 from sessrec.data.sources import to_seconds
 from sessrec.datasets.clickout_rows import RankingLoader, RankingTensors, RankingVocab, encode_rows
 from sessrec.datasets.clickouts import DENSE_FEATURES, SPLITS, build_clickout_rows, split_by_time
-from sessrec.saved.checkpoint import as_tensors, is_checkpoint, saved_state
+from sessrec.saved.checkpoint import as_tensors
 
 
 class ClickoutDataModule(pl.LightningDataModule):
@@ -34,8 +34,7 @@ class ClickoutDataModule(pl.LightningDataModule):
         eval_batch_size: about this many rows per evaluation batch (whole click-outs).
         session_scores: optional file of session-model scores (``session_id``, ``step``,
             ``item_id``, ``score``) used as a dense feature.
-        vocab_path: load this fitted vocabulary instead of fitting one (a model directory's ``vocab.parquet``,
-            or a ``.ckpt`` whose data module state carries it).
+        vocab_path: load this fitted vocabulary instead of fitting one (a model directory's ``vocab.parquet``).
         seed: shuffling seed.
         end: the end of the log to use (ISO date/time, UTC, or epoch seconds; None: its last event):
             events after it are dropped, so the test period is the `test_hours` before it. Rolling
@@ -107,10 +106,7 @@ class ClickoutDataModule(pl.LightningDataModule):
     @property
     def vocab(self) -> RankingVocab:
         if self._vocab is None:
-            if self.vocab_path is not None and is_checkpoint(self.vocab_path):
-                saved = saved_state(self.vocab_path, "vocab")
-                self._vocab = RankingVocab.empty().load_state_dict(saved, self.vocab_path)
-            elif self.vocab_path is not None:
+            if self.vocab_path is not None:
                 self._vocab = RankingVocab.load(self.vocab_path)
             else:
                 self._vocab = RankingVocab.fit(self.rows["train"], self.min_count)
@@ -126,7 +122,7 @@ class ClickoutDataModule(pl.LightningDataModule):
         if self._vocab is not None and self._vocab.cardinalities != vocab.cardinalities:
             raise ValueError(
                 f"the checkpoint's ranking vocabulary {vocab.cardinalities} differs from the one in use "
-                f"{self._vocab.cardinalities}: pass the checkpoint as --data.vocab_path"
+                f"{self._vocab.cardinalities}: resume with the data settings of the run it continues"
             )
         self._vocab = vocab
 

@@ -31,12 +31,11 @@ Examples:
 
 from __future__ import annotations
 
-import importlib
 import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from sessrec.saved.registry import parameters
+from sessrec.saved.registry import ConfigError, parameters, resolve
 
 _ABSENT = object()  # a setting the model does not hold
 
@@ -106,13 +105,11 @@ def _takes(task: type, key: str) -> bool:
 
 
 def task_class(path: str) -> type | None:
-    """The class a ``class_path`` names (``NextItemTask`` alone is looked up in `sessrec.tasks`), or None."""
-    module, _, name = path.rpartition(".")
+    """The registered class a ``class_path`` or an alias names (`sessrec.saved.registry.resolve`), or None."""
     try:
-        found = getattr(importlib.import_module(module or "sessrec.tasks"), name)
-    except (ImportError, AttributeError, ValueError):
+        return resolve(path, object, "")
+    except ConfigError:
         return None
-    return found if isinstance(found, type) else None
 
 
 def same_class(a: str, b: str) -> bool:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 from sessrec.models.session_ensemble import check_weights
-from sessrec.saved.registry import instantiate, register
+from sessrec.saved.registry import check_integers, instantiate, register
 
 Part = TypeVar("Part", bound="_Part")  # typing.Self needs Python 3.11
 
@@ -95,8 +95,7 @@ class Schedule(_Part):
     seconds: float | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
-            raise ValueError(f"schedule warmup_steps must be an integer >= 0, got {self.warmup_steps!r}")
+        check_integers({"warmup_steps": self.warmup_steps}, "schedule ", minimum=0)
         if self.decay not in ("constant", "cosine", "linear"):
             raise ValueError(f"schedule decay must be 'constant', 'cosine' or 'linear', got {self.decay!r}")
         if self.seconds is not None and not (math.isfinite(self.seconds) and self.seconds > 0):
@@ -150,8 +149,7 @@ class Evaluation(_Part):
         ks = list(self.ks)
         if not ks or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in ks):
             raise ValueError(f"evaluation ks must be positive integer cut-offs, got {ks}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1:
-            raise ValueError(f"evaluation top_k must be an integer >= 1, got {self.top_k!r}")
+        check_integers({"top_k": self.top_k}, "evaluation ")
         object.__setattr__(self, "ks", ks)  # a tuple from a caller is stored as the list the type says
 
 

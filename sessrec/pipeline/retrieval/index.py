@@ -34,7 +34,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from sessrec.saved.registry import Configurable
+from sessrec.saved.registry import Configurable, check_integers
 
 
 def _as_table(
@@ -67,8 +67,7 @@ def _check_search(queries: torch.Tensor, k: int, dim: int | None) -> torch.Tenso
     """(B, D) float32 queries, after checking the index is built, the width and k."""
     if dim is None:
         raise RuntimeError("search called before build: call build(vectors, ids) or load_state_dict first")
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"k must be an integer >= 1, got {k!r}")
+    check_integers({"k": k})
     if not isinstance(queries, torch.Tensor):
         raise TypeError(f"queries must be a torch.Tensor (B, D), got {type(queries).__name__}")
     if queries.dim() != 2 or queries.shape[1] != dim:
@@ -106,8 +105,7 @@ class ExactIndex(Configurable):
     """
 
     def __init__(self, block_size: int = 65536) -> None:
-        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-            raise ValueError(f"block_size must be an integer >= 1, got {block_size!r}")
+        check_integers({"block_size": block_size})
         self.block_size = block_size
         self._vectors: torch.Tensor | None = None  # (N, D) float32
         self._ids: torch.Tensor | None = None  # (N,) int64
@@ -209,10 +207,8 @@ class FaissIndex(Configurable):
     ) -> None:
         if kind not in ("hnsw", "ivf"):
             raise ValueError(f"kind must be 'hnsw' or 'ivf', got {kind!r}")
-        for name, value, low in (("hnsw_m", hnsw_m, 2), ("ef_construction", ef_construction, 1),
-                                 ("ef_search", ef_search, 1), ("nprobe", nprobe, 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        check_integers({"hnsw_m": hnsw_m}, minimum=2)
+        check_integers({"ef_construction": ef_construction, "ef_search": ef_search, "nprobe": nprobe})
         if nlist is not None and (isinstance(nlist, bool) or not isinstance(nlist, int) or nlist < 1):
             raise ValueError(f"nlist must be None (about 4 sqrt(N)) or an integer >= 1, got {nlist!r}")
         self.kind, self.hnsw_m, self.ef_construction = kind, hnsw_m, ef_construction

@@ -94,10 +94,9 @@ def test_a_checkpoint_holding_the_vocabulary_as_file_bytes_is_refused_in_one_lin
     fit.datamodule.vocab.save(tmp_path / "vocab.parquet")
     data = bytearray((tmp_path / "vocab.parquet").read_bytes())
     checkpoint["SessionDataModule"] = {"vocab": torch.frombuffer(data, dtype=torch.uint8)}
-    torch.save(checkpoint, tmp_path / "bytes.ckpt")
-    data = SessionDataModule(source=fit.datamodule.source, max_length=5, vocab_path=str(tmp_path / "bytes.ckpt"))
-    with pytest.raises(ValueError, match=r"bytes.ckpt: expected a state dict with the key 'parquet', got Tensor$"):
-        data.vocab  # noqa: B018
+    data = SessionDataModule(source=fit.datamodule.source, max_length=5)
+    with pytest.raises(ValueError, match=r"the checkpoint's vocabulary: expected a state dict with the key 'parquet', got Tensor$"):
+        data.load_state_dict(checkpoint["SessionDataModule"])
 
 
 def test_the_last_checkpoint_restores_the_task_of_its_run(fitted):

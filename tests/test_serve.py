@@ -30,6 +30,7 @@ from sessrec.data import SyntheticSource
 from sessrec.models import MaskedItemModeling, XLNetEncoder
 from sessrec.pipeline.pipeline import Pipeline
 from sessrec.pipeline.retrieval.covisitation import CoVisitation
+from sessrec.saved.atomic import write_text
 from sessrec.saved.versions import resolve
 from sessrec.serving import server
 from sessrec.serving.batching import Pace
@@ -519,7 +520,7 @@ def test_metrics_count_requests_by_route_and_status_and_sessions_per_call(pipe, 
 def versioned(root: Path, name: str, pipe: Pipeline) -> Path:
     """Save `pipe` as version `name` of the versioned directory `root` and point ``CURRENT`` at it."""
     pipe.save_pretrained(root / "versions" / name)
-    (root / "CURRENT").write_text(f"{name}\n")
+    write_text(root / "CURRENT", f"{name}\n")  # renamed into place, as a promotion does: a reloader never reads it half-written
     return root / "versions" / name
 
 
@@ -544,12 +545,12 @@ def test_hot_reload_follows_the_pointer_and_in_flight_requests_finish_on_their_m
         gate.release.set()
         replies = flight.join()
         (tmp_path / "model" / "versions" / "v000003").mkdir()  # a version that cannot be loaded
-        (tmp_path / "model" / "CURRENT").write_text("v000003\n")
+        write_text(tmp_path / "model" / "CURRENT", "v000003\n")
         wait_until(lambda: c.get("/health").json()["reload_error"] is not None)
         health = c.get("/health").json()
         still = c.post("/recommend", json={"session": probe, "k": K})
         metrics = c.get("/metrics").text
-        (tmp_path / "model" / "CURRENT").write_text("v000002\n")  # the pointer back on the version served
+        write_text(tmp_path / "model" / "CURRENT", "v000002\n")  # the pointer back on the version served
         wait_until(lambda: c.get("/health").json()["reload_error"] is None)
         assert c.get("/health").json()["version"] == "v000002"
     assert replies["in-model"].json()["recommendations"] == expected(pipe, [probe])

@@ -233,7 +233,7 @@ def run(args: list[str]) -> object:
         raise ValueError("--config must name a pipeline recipe (a top-level 'pipeline:' block)")
     for i, arg in enumerate(args[:-1]):
         if command == "fit" and arg == "--ckpt_path":  # a one-line error for an unreadable file, before LightningCLI reads its config
-            checkpoint_summary(args[i + 1])  # (and its data module's state, read once for every later use)
+            checkpoint_summary(args[i + 1])  # (read once for every later use)
     if command not in LIGHTNING_COMMANDS:
         raise ValueError(f"unknown command {command!r}; the commands are {', '.join(COMMAND_NAMES)} (sessrec --help)")
     from sessrec.cli.lightning import cli

@@ -2,9 +2,9 @@
 
 A checkpoint written by sessrec holds only tensors and plain values: the task's
 hyper-parameters are configs (``class_path``/``init_args``), and the data module's state (the
-state dicts of the vocabulary and of the fitted side-feature transforms) sits under the data
-module's class name. Nothing in it is unpickled as an object, so a checkpoint from elsewhere
-cannot run code when it is read.
+state dicts of the vocabulary and of the fitted side-feature transforms, restored when `fit`
+resumes) sits under the data module's class name. Nothing in it is unpickled as an object, so a
+checkpoint from elsewhere cannot run code when it is read.
 """
 
 from __future__ import annotations
@@ -18,9 +18,6 @@ from typing import Any
 
 import numpy as np
 import torch
-
-DATA_STATE_KEYS = ("SessionDataModule", "ClickoutDataModule")
-
 
 def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     """The checkpoint at `path`, read with ``weights_only=True``; a one-line error for anything else."""
@@ -49,11 +46,10 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
 
 def checkpoint_summary(path: str | os.PathLike) -> dict[str, Any]:
     """What a checkpoint says of itself, without its weights and loop state: ``hyper_parameters``,
-    ``sessrec`` (the task's class and format), ``data`` (the data module's state: vocabulary, feature
-    transforms; None when it carries none), and the ``epoch`` and ``global_step`` it was saved at.
+    ``sessrec`` (the task's class and format), and the ``epoch`` and ``global_step`` it was saved at.
 
-    Kept for the file as it is now (path, size, modification time): the command line, the
-    vocabulary and the feature transforms all ask for it, and a checkpoint is read once for them all.
+    Kept for the file as it is now (path, size, modification time): the command line asks for it
+    several times, and a checkpoint is read once for them all.
     """
     path = Path(path)
     stat = path.stat() if path.is_file() else None
@@ -63,23 +59,8 @@ def checkpoint_summary(path: str | os.PathLike) -> dict[str, Any]:
 @functools.lru_cache(maxsize=4)
 def _summary(path: str, size: int, mtime_ns: int) -> dict[str, Any]:
     checkpoint = read_checkpoint(path)
-    data = next((checkpoint[key] for key in DATA_STATE_KEYS if isinstance(checkpoint.get(key), dict) and checkpoint[key]),
-                None)
     return {"hyper_parameters": checkpoint.get("hyper_parameters") or {}, "sessrec": checkpoint.get("sessrec") or {},
-            "data": data, "epoch": checkpoint.get("epoch"), "global_step": checkpoint.get("global_step")}
-
-
-def is_checkpoint(path: str | os.PathLike) -> bool:
-    """True for a Lightning checkpoint path (``.ckpt``), as against a vocabulary or feature file."""
-    return str(path).endswith(".ckpt")
-
-
-def saved_state(path: str | os.PathLike, key: str) -> Any:
-    """The part `key` (``vocab``, ``features``) of the data module state a checkpoint carries."""
-    state = checkpoint_summary(path)["data"]
-    if state is None or key not in state:
-        raise ValueError(f"{path}: the checkpoint carries no {key}; pass the {key} file of its training run instead")
-    return state[key]
+            "epoch": checkpoint.get("epoch"), "global_step": checkpoint.get("global_step")}
 
 
 def as_tensors(state: Any) -> Any:

@@ -1,7 +1,7 @@
 """`SessionDataModule`: source -> vocabulary (+ side features) -> padded tensors -> columnar loaders.
 
 The vocabulary and the side-feature transforms are fitted on the training split only (or loaded
-from `vocab_path` / `features_path`: the files of a model directory, or a checkpoint's data state). Evaluation splits are
+from `vocab_path` / `features_path`: the files of a model directory). Evaluation splits are
 expanded into (prefix, next item) pairs by the chosen protocol; the prefix never contains the
 target event, and a virtual (non-product) event is never a target. Reversed copies of the
 training sessions (`augment_reversed`) are added to training only. Event times (`times`) are
@@ -27,7 +27,7 @@ from sessrec.data.sources import SessionSource, SessionSplits, SyntheticSource
 from sessrec.data.stream import ScoringStream
 from sessrec.data.vocab import ItemVocab
 from sessrec.features.side_transform import SideFeatureTransform
-from sessrec.saved.checkpoint import as_arrays, as_tensors, is_checkpoint, saved_state
+from sessrec.saved.checkpoint import as_arrays, as_tensors
 from sessrec.saved.registry import Configurable
 
 Protocol = Literal["last", "all_prefixes"]
@@ -69,11 +69,9 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
             its own time, virtual events included; a reversed training copy's times travel with
             its events (they decrease), and a training prefix has the times of its events.
             The (N, L) float64 times of a split are built the first time its batches need them.
-        vocab_path: load this fitted vocabulary instead of fitting one: a ``vocab.parquet``, or a
-            ``.ckpt`` whose data module state carries it (``sessrec test/predict --model_dir`` set it to the
-            model directory's ``vocab.parquet``).
-        features_path: load these fitted side-feature transforms instead of fitting them (an
-            ``.npz`` or a ``.ckpt``, as `vocab_path`).
+        vocab_path: load this fitted vocabulary (a ``vocab.parquet``) instead of fitting one
+            (``sessrec test/predict --model_dir`` set it to the model directory's).
+        features_path: load these fitted side-feature transforms (a ``features.npz``) instead of fitting them.
         predict_path: sessions file to score with ``sessrec predict``.
         predict_schema: column names of `predict_path` (its ``features`` name the side-feature
             columns of an event file); the events of a session are ordered by its ``timestamp``
@@ -147,10 +145,7 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
     @property
     def vocab(self) -> ItemVocab:
         if self._vocab is None:
-            if self.vocab_path is not None and is_checkpoint(self.vocab_path):
-                saved = saved_state(self.vocab_path, "vocab")
-                self._vocab = ItemVocab.empty().load_state_dict(saved, self.vocab_path)
-            elif self.vocab_path is not None:
+            if self.vocab_path is not None:
                 self._vocab = ItemVocab.load(self.vocab_path)
             else:
                 values, _ = frame.list_offsets(self.splits.train.column(frame.ITEMS))
@@ -172,10 +167,7 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
     def side(self) -> SideFeatureTransform | None:
         """The fitted side-feature transforms (fitted on the training split, or loaded)."""
         if self._side is None and self.side_features.sequence_features:
-            if self.features_path is not None and is_checkpoint(self.features_path):
-                saved = as_arrays(saved_state(self.features_path, "features"))
-                self._side = SideFeatureTransform(self.side_features).load_state_dict(saved, self.features_path)
-            elif self.features_path is not None:
+            if self.features_path is not None:
                 self._side = SideFeatureTransform.load(self.features_path, self.side_features)
             else:
                 self._side = SideFeatureTransform(self.side_features).fit(self.splits.train, self.splits.source)
@@ -216,7 +208,7 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
         if self._vocab is not None and self._vocab != vocab:
             raise ValueError(
                 f"the checkpoint's vocabulary ({len(vocab)} ids) differs from the one this data module uses "
-                f"({len(self._vocab)} ids): pass the checkpoint as --data.vocab_path, or train from scratch"
+                f"({len(self._vocab)} ids): resume with the data settings of the run it continues"
             )
         self._vocab = vocab
         if "features" in state and self._side is None and self.side_features.sequence_features:

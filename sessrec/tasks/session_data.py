@@ -25,6 +25,7 @@ from sessrec.data.schema import Schema
 from sessrec.data.side import SideFeatures, SideInfoSpec, read_item_vectors
 from sessrec.data.sources import SessionSource, SessionSplits, SyntheticSource
 from sessrec.data.stream import ScoringStream
+from sessrec.data.training_rows import TrainingRows
 from sessrec.data.vocab import ItemVocab
 from sessrec.features.side_transform import SideFeatureTransform
 from sessrec.saved.checkpoint import as_arrays, as_tensors, is_checkpoint, saved_state
@@ -129,7 +130,7 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
         self._item_vectors: dict[str, np.ndarray] | None = None
         self._tensors: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
         self._features: dict[str, dict[str, torch.Tensor]] = {}
-        self._train_rows: tuple[np.ndarray, np.ndarray] | None = None  # (starts, ends) of the training rows
+        self._train_rows: TrainingRows | None = None
         self._times: dict[str, torch.Tensor | None] = {}
         self._pair_index: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._pairs: dict[tuple[str, str], EvalPairs] = {}
@@ -154,7 +155,7 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
                 self._vocab = ItemVocab.load(self.vocab_path)
             else:
                 values, _ = frame.list_offsets(self.splits.train.column(frame.ITEMS))
-                virtual = _virtual_flags(self.splits.train)
+                virtual = frame.virtual_flags(self.splits.train)
                 self._vocab = ItemVocab.fit(values, self.min_item_count, self.max_vocab_size, virtual=virtual)
         return self._vocab
 
@@ -227,7 +228,7 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
     def _encode(self, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         sessions = getattr(self.splits, name)
         values, offsets = frame.list_offsets(sessions.column(frame.ITEMS))
-        virtual = _virtual_flags(sessions)
+        virtual = frame.virtual_flags(sessions)
         encoded = self.vocab.encode(values, virtual=virtual)
         self.stats[f"{name}_unknown_items"] = encoded.num_unknown
         return encoded.ids, offsets, virtual
@@ -271,21 +272,12 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
                 "have one), so there is nothing to train on or evaluate; check the session_id column"
             )
         if split == "train":
-            starts, ends = offsets[:-1], offsets[1:]
+            rows = self._train_rows = TrainingRows.of(offsets, virtual, self.augment_reversed, self.train_prefixes)
             if self.augment_reversed:
-                mirror = frame.mirror_index(offsets)
-                rev = np.flatnonzero(np.diff(offsets) >= 2)  # a one-event session reversed is itself
-                ids = np.concatenate([ids, ids[mirror]])
-                flat = {k: np.concatenate([v, v[mirror]]) for k, v in flat.items()}
-                starts = np.concatenate([starts, offsets[:-1][rev] + offsets[-1]])
-                ends = np.concatenate([ends, offsets[1:][rev] + offsets[-1]])
-                virtual = None if virtual is None else np.concatenate([virtual, virtual[mirror]])
-                self.stats["train_reversed"] = len(rev)
+                self.stats["train_reversed"] = rows.num_reversed
             if self.train_prefixes:
-                starts, ends = frame.prefix_rows(starts, ends, None if virtual is None else ~virtual)
-                self.stats["train_prefix_rows"] = len(starts)
-            self._train_rows = (starts, ends)  # over the flat events, reversed copies after the originals
-            pad = lambda values, dtype=None: frame.pad_sessions(values, starts, ends, self.max_length, dtype)
+                self.stats["train_prefix_rows"] = len(rows)
+            pad = lambda values, dtype=None: rows.pad(values, self.max_length, dtype)
             self._tensors[split] = (torch.from_numpy(pad(ids, ITEM_DTYPE)), None)
         else:
             session, starts, target_at = self._pair_index[split] = self._expand(split, self.eval_protocol, offsets, virtual)
@@ -352,20 +344,18 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
             if split == "train":
                 self.tensors(split)
                 assert self._train_rows is not None
-                self._times[split] = self._padded_times(split, *self._train_rows)
+                times = frame.event_times(self.splits.train)
+                self._times[split] = None if times is None else torch.from_numpy(
+                    self._train_rows.pad(times, self.max_length, np.float64))
             else:
                 self._times[split] = self.pairs(split).times
         return self._times[split]
 
     def _padded_times(self, split: str, starts: np.ndarray, ends: np.ndarray) -> torch.Tensor | None:
-        """Event times of the rows ``[starts, ends)`` of a split's flat events, padded like the items;
-        the training split's flat events are followed by their reversed copies with `augment_reversed`."""
-        sessions = getattr(self.splits, split)
-        times = frame.event_times(sessions)
+        """Event times of the rows ``[starts, ends)`` of an evaluation split's flat events, padded like the items."""
+        times = frame.event_times(getattr(self.splits, split))
         if times is None:
             return None
-        if split == "train" and self.augment_reversed:
-            times = np.concatenate([times, times[frame.mirror_index(frame.list_offsets(sessions.column(frame.ITEMS))[1])]])
         return torch.from_numpy(frame.pad_sessions(times, starts, ends, self.max_length, np.float64))
 
     def _wants_times(self) -> bool:
@@ -445,12 +435,4 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
     def decode(self, ids: torch.Tensor) -> pa.Array:
         """Model ids -> raw item ids (flat)."""
         return self.vocab.decode(ids.detach().cpu().numpy())
-
-
-def _virtual_flags(sessions: pa.Table) -> np.ndarray | None:
-    """(E,) bool flags of the virtual events of a session table, or None when it has none."""
-    if frame.VIRTUAL not in sessions.column_names:
-        return None
-    values, _ = frame.list_offsets(sessions.column(frame.VIRTUAL))
-    return values.to_numpy(zero_copy_only=False).astype(bool)
 

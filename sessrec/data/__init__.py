@@ -27,6 +27,7 @@ if TYPE_CHECKING:
         UserSequenceSource,
     )
     from sessrec.data.stream import ScoringStream
+    from sessrec.data.streaming import StreamingLoader
     from sessrec.data.synthetic import generate_sessions
     from sessrec.data.vocab import ItemVocab
 
@@ -41,11 +42,13 @@ EXPORTS = {
     "sessrec.data.sources": ["EventLogSource", "SRGNNSource", "SessionSource", "SessionSplits", "SyntheticSource",
                              "TimeWindowSource", "UserSequenceSource"],
     "sessrec.data.stream": ["ScoringStream"],
+    "sessrec.data.streaming": ["StreamingLoader"],
     "sessrec.data.synthetic": ["generate_sessions"],
     "sessrec.data.vocab": ["ItemVocab"],
 }
 MODULE_OF = {name: module for module, names in EXPORTS.items() for name in names}
-SUBMODULES = ("batch", "frame", "loader", "merlin", "pairs", "readers", "schema", "side", "sources", "stream", "synthetic", "vocab")
+SUBMODULES = ("batch", "frame", "loader", "merlin", "pairs", "readers", "schema", "side", "sources", "stream", "streaming",
+              "synthetic", "training_rows", "vocab")
 __all__ = sorted(MODULE_OF)
 
 

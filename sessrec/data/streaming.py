@@ -66,7 +66,9 @@ class StreamingLoader:
         side: fitted side-feature transforms; batches carry their features.
         times: batches carry their events' times (the parts need a ``timestamp`` column).
         augment_reversed: add a reversed copy of every session with two or more events (`TrainingRows`).
-        train_prefixes: train on every prefix of the rows instead (`TrainingRows`).
+        train_prefixes: train on every prefix of the rows instead (`TrainingRows`). With either, the
+            constructor reads the ``item_id`` (and ``virtual``) column of every row group once, to count
+            its rows (the ranks' spans need them); without, the parquet footers say it.
         drop_last: drop each epoch's final incomplete batch. None: drop it unless a rank's rows fit in
             one batch (as `SessionDataModule`'s in-memory training loader).
         pin_memory: return batches in pinned memory.

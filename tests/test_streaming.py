@@ -202,6 +202,8 @@ def test_a_loader_given_the_state_after_k_batches_yields_exactly_the_rest(tmp_pa
     other = StreamingLoader(**{**loader_args(streamed), "batch_size": 16})
     with pytest.raises(ValueError, match="^the saved loader state has batch_size 32, this loader 16: resume with"):
         other.load_state_dict(state)
+    with pytest.raises(ValueError, match="^the saved loader state has no 'batch_size': it is not a StreamingLoader's"):
+        fresh.load_state_dict({"epoch": 2, "position": k, "seed": 0})  # an in-memory SessionLoader's
 
 
 def test_settings_the_streaming_path_cannot_honour_are_refused_in_one_line(tmp_path):

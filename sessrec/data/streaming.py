@@ -185,7 +185,10 @@ class StreamingLoader:
         """Continue the epoch of `state` after the batches it had handed out; refused when it was saved by
         a loader that cuts other batches (another seed, batch size, buffer, number of processes or split)."""
         for key, value in self._settings().items():
-            if int(state.get(key, value)) != value:
+            if key not in state:
+                raise ValueError(f"the saved loader state has no {key!r}: it is not a StreamingLoader's; resume with "
+                                 "the loader the checkpoint was trained with (--data.streaming as then)")
+            if int(state[key]) != value:
                 raise ValueError(f"the saved loader state has {key} {state[key]}, this loader {value}: resume with the same setting")
         self.epoch, self._resume_at = int(state["epoch"]), int(state["position"])
 

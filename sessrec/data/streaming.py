@@ -112,7 +112,7 @@ class StreamingLoader:
         self._metadata = [pq.read_metadata(f) for f in self.files]
         groups = [(i, g, m.row_group(g).num_rows) for i, m in enumerate(self._metadata) for g in range(m.num_row_groups)]
         self._file, self._group, sessions = np.array(groups, dtype=np.int64).reshape(-1, 3).T  # (G,) each
-        self._first_session = np.concatenate([[0], np.cumsum(sessions)[:-1]]).astype(np.int64)  # (G,) split row
+        self._first_session = np.cumsum(sessions) - sessions  # (G,) the split row of each group's first session
         self._rows = sessions if not (augment_reversed or train_prefixes) else self._count_rows()  # (G,) training rows
         self.share = int(self._rows.sum()) // world_size  # rows each rank reads per epoch
         self.drop_last = self.share > batch_size if drop_last is None else drop_last

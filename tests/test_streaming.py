@@ -120,7 +120,7 @@ def test_an_epoch_holds_the_in_memory_training_rows_once_each(tmp_path, options,
     rows, batches = streamed_rows(loader)
     assert Counter(rows) == Counter(expected) and len(rows) == len(expected)
     if options.get("train_prefixes"):
-        assert len(expected) > 2 * splits.train.num_rows  # the prefixes are there, the virtual ends left out
+        assert len(expected) > 2 * splits.train.num_rows  # the prefixes are there (the Counter checks which)
     for b in batches:  # every batch is trimmed to its longest row, as SessionLoader trims
         assert b.items.shape[1] == max(int((b.items != 0).sum(dim=1).max()), 1) and b.times.shape == b.items.shape
 

@@ -235,6 +235,13 @@ def test_settings_the_streaming_path_cannot_honour_are_refused_in_one_line(tmp_p
     pq.write_table(splits.train.slice(0, 3), part)
     with pytest.raises(ValueError, match=r"part-00001.parquet: does not match the manifest's sha256 [0-9a-f]{64} "):
         dm.train_dataloader()
+    pq.write_table(splits.train.slice(0, 3).drop_columns(["timestamp"]), part)
+    with pytest.raises(ValueError, match=r"part-00001.parquet: its columns \(session_id int64, item_id list<element: int64>\) "
+                                         r"differ from those of .*part-00000.parquet \(session_id .*, timestamp list<.*>\)$"):
+        StreamingLoader(**loader_args(dm))
+    pq.write_table(splits.train.slice(0, 3).rename_columns(["session_id", "item", "timestamp"]), part)
+    with pytest.raises(ValueError, match=r"part-00001.parquet: no 'item_id' column \(it has \['session_id', 'item', 'time"):
+        StreamingLoader(**loader_args(dm))
 
 
 def task(dm: SessionDataModule) -> NextItemTask:

@@ -110,6 +110,15 @@ class StreamingLoader:
         self.batch_size, self.shuffle_buffer, self.pin_memory, self.seed = batch_size, shuffle_buffer, pin_memory, seed
         self.rank, self.world_size = rank, world_size
         self._metadata = [pq.read_metadata(f) for f in self.files]
+        schemas = [m.schema.to_arrow_schema().remove_metadata() for m in self._metadata]
+        for path, schema in zip(self.files, schemas):
+            if frame.ITEMS not in schema.names:
+                raise ValueError(f"{path}: no {frame.ITEMS!r} column (it has {schema.names}); a training part is a session table")
+            if schema != schemas[0]:
+                columns = lambda s: ", ".join(f"{f.name} {f.type}" for f in s)
+                raise ValueError(f"{path}: its columns ({columns(schema)}) differ from those of {self.files[0]} "
+                                 f"({columns(schemas[0])})")
+        self._columns = schemas[0].names
         groups = [(i, g, m.row_group(g).num_rows) for i, m in enumerate(self._metadata) for g in range(m.num_row_groups)]
         self._file, self._group, sessions = np.array(groups, dtype=np.int64).reshape(-1, 3).T  # (G,) each
         self._first_session = np.cumsum(sessions) - sessions  # (G,) the split row of each group's first session
@@ -131,8 +140,7 @@ class StreamingLoader:
         """(G,) training rows of each row group, from its ``item_id`` (and ``virtual``) columns."""
         counts = np.zeros(len(self._group), dtype=np.int64)
         for k in range(len(self._group)):
-            names = self._metadata[self._file[k]].schema.to_arrow_schema().names
-            table = self._read(k, [c for c in (frame.ITEMS, frame.VIRTUAL) if c in names])
+            table = self._read(k, [c for c in (frame.ITEMS, frame.VIRTUAL) if c in self._columns])
             offsets = frame.list_offsets(table.column(frame.ITEMS))[1]
             counts[k] = len(TrainingRows.of(offsets, frame.virtual_flags(table), self.augment_reversed, self.train_prefixes))
         return counts

@@ -110,7 +110,7 @@ class PartsSource(SessionSource):
 
     def load(self) -> SessionSplits:
         manifest = json.loads((Path(self.path) / "manifest.json").read_text())
-        read = lambda split: pa.concat_tables(  # noqa: E731
+        read = lambda split: pa.concat_tables(
             pq.read_table(Path(self.path) / f) for f in manifest["splits"][split]["files"])
         return SessionSplits(read("train"), read("valid"), read("test"), source=self.path)
 

@@ -12,7 +12,7 @@ import pytorch_lightning as pl
 import torch
 
 import sessrec.models as m
-from sessrec.data import ItemVocab, SessionSplits, SideFeatures, SyntheticSource, frame
+from sessrec.data import ItemVocab, SessionLoader, SessionSplits, SideFeatures, SyntheticSource, frame
 from sessrec.data.sources import SessionSource
 from sessrec.data.streaming import StreamingLoader
 from sessrec.features.side_transform import SideFeatureTransform
@@ -204,6 +204,8 @@ def test_a_loader_given_the_state_after_k_batches_yields_exactly_the_rest(tmp_pa
         other.load_state_dict(state)
     with pytest.raises(ValueError, match="^the saved loader state has no 'batch_size': it is not a StreamingLoader's"):
         fresh.load_state_dict({"epoch": 2, "position": k, "seed": 0})  # an in-memory SessionLoader's
+    with pytest.raises(ValueError, match="^the saved loader state is a StreamingLoader's: resume with --data.streaming true"):
+        SessionLoader(torch.ones(4, 2, dtype=torch.int32), batch_size=2, shuffle=True).load_state_dict(state)
 
 
 def test_settings_the_streaming_path_cannot_honour_are_refused_in_one_line(tmp_path):

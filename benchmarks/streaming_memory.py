@@ -11,7 +11,11 @@ batch touched) in its own process, so that each peak resident memory (``ru_maxrs
 - ``memory``: `SessionDataModule` as it trains without streaming: the training split read, encoded
   and padded into one tensor, then `SessionLoader`'s epoch;
 - ``streaming``: `SessionDataModule(streaming=True, shuffle_buffer=--buffer)`: `StreamingLoader`'s epoch
-  (the parts' sha256 checked first, as the data module does).
+  (the parts' sha256 checked first, as the data module does), the next row group read ahead;
+- ``streaming-serial``: the same without reading ahead (``prefetch=False``).
+
+``--step-ms`` waits that long after each batch, as a training step on an accelerator leaves the host
+waiting: what reading ahead hides.
 
 Prints one JSON line per (size, loader): ``peak_rss_mb``, ``base_rss_mb`` (the same process before it
 reads any session: interpreter, torch, the vocabulary), ``data_mb`` (their difference), ``seconds``
@@ -115,10 +119,10 @@ class PartsSource(SessionSource):
         return SessionSplits(read("train"), read("valid"), read("test"), source=self.path)
 
 
-def epoch(directory: Path, loader: str, args: argparse.Namespace) -> dict:
-    """One training epoch of `loader` over the prepared dataset in `directory` (the child process's work)."""
+def epoch(directory: Path, kind: str, args: argparse.Namespace) -> dict:
+    """One training epoch of the loader `kind` over the prepared dataset in `directory` (the child process's work)."""
     torch.set_num_threads(1)
-    options = {"streaming": True, "shuffle_buffer": args.buffer} if loader == "streaming" else {
+    options = {"streaming": True, "shuffle_buffer": args.buffer} if kind.startswith("streaming") else {
         "vocab_path": str(directory / "vocab.parquet")}
     source = PartsSource(str(directory))
     dm = SessionDataModule(source=source, max_length=MAX_LENGTH, batch_size=args.batch, **options)
@@ -126,15 +130,21 @@ def epoch(directory: Path, loader: str, args: argparse.Namespace) -> dict:
     base = peak_mb()
     start = time.perf_counter()
     batches, sessions, touched = 0, 0, 0
-    for batch in dm.train_dataloader():
+    loader = dm.train_dataloader()
+    if kind.startswith("streaming"):
+        loader.prefetch = kind == "streaming"
+    for batch in loader:
+        if args.step_ms:
+            time.sleep(args.step_ms / 1000)
         batches += 1
         sessions += len(batch)
         touched += int(batch.items.sum())
     seconds = time.perf_counter() - start
-    return {"loader": loader, "sessions": int(json.loads((directory / "manifest.json").read_text())["splits"]["train"]["sessions"]),
+    return {"loader": kind, "sessions": int(json.loads((directory / "manifest.json").read_text())["splits"]["train"]["sessions"]),
             "batches": batches, "rows_seen": sessions, "peak_rss_mb": round(peak_mb()), "base_rss_mb": round(base),
             "data_mb": round(peak_mb() - base), "seconds": round(seconds, 2), "sessions_per_s": round(sessions / seconds),
-            "batch_size": args.batch, "shuffle_buffer": args.buffer if loader == "streaming" else None,
+            "batch_size": args.batch, "shuffle_buffer": args.buffer if kind.startswith("streaming") else None,
+            "step_ms": args.step_ms,
             "group_rows": args.group_rows, "items": args.items, "max_length": MAX_LENGTH}
 
 
@@ -147,7 +157,9 @@ def main() -> None:
     parser.add_argument("--group-rows", type=int, default=65_536, help="sessions per row group")
     parser.add_argument("--buffer", type=int, default=65_536, help="the streaming loader's shuffle buffer (rows)")
     parser.add_argument("--batch", type=int, default=512)
-    parser.add_argument("--loaders", nargs="+", choices=["memory", "streaming"], default=["memory", "streaming"])
+    parser.add_argument("--loaders", nargs="+", choices=["memory", "streaming", "streaming-serial"],
+                        default=["memory", "streaming"])
+    parser.add_argument("--step-ms", type=float, default=0.0, help="wait this long after each batch (a device step)")
     parser.add_argument("--quick", action="store_true",
                         help="seconds, for CI: 20,000 and 100,000 sessions, 10,000 items, parts of 20,000 sessions, "
                              "row groups of 4,096, a buffer of 8,192")
@@ -167,7 +179,7 @@ def main() -> None:
         sha = {name: digest(root / "parts" / name).removeprefix("sha256:") for name in names}
         print(f"wrote {max(args.sessions):,} sessions in {time.perf_counter() - start:.0f} s", file=sys.stderr)
         flags = ["--items", str(args.items), "--group-rows", str(args.group_rows), "--buffer", str(args.buffer),
-                 "--batch", str(args.batch)]
+                 "--batch", str(args.batch), "--step-ms", str(args.step_ms)]
         for n in sorted(args.sessions):
             directory = prepared(root, names, n // args.part_sessions, counts, sha)
             records = {}
@@ -178,7 +190,7 @@ def main() -> None:
                     raise SystemExit(f"{loader} at {n} sessions failed:\n{done.stderr[-3000:]}")
                 records[loader] = json.loads(done.stdout.splitlines()[-1])
                 print(json.dumps(records[loader]), flush=True)
-            if len(records) == 2:
+            if "memory" in records and "streaming" in records:
                 mem, stream = records["memory"], records["streaming"]
                 print(json.dumps({"sessions": n, "peak_rss_ratio_memory_to_streaming": round(mem["peak_rss_mb"] / stream["peak_rss_mb"], 2),
                                   "data_mb_memory": mem["data_mb"], "data_mb_streaming": stream["data_mb"],

@@ -159,6 +159,8 @@ def test_the_order_is_seeded_and_changes_with_the_epoch(tmp_path):
     assert not torch.equal(epoch(other.train_dataloader(), 3), epoch(a, 3))
     first = epoch(a, 0)  # the row groups' own order is not kept: rows of different groups mix in a batch
     assert len(set((first[:50] // 16).tolist())) > 3
+    unthreaded = StreamingLoader(**loader_args(streamed), prefetch=False)  # reading ahead changes no batch
+    assert torch.equal(epoch(unthreaded, 3), epoch(a, 3))
 
 
 @pytest.mark.parametrize("group_rows", [16, 1000])  # many row groups; one per part (ranks share one)
@@ -199,6 +201,10 @@ def test_a_loader_given_the_state_after_k_batches_yields_exactly_the_rest(tmp_pa
     assert len(rest) == len(expected) - k > 0
     for (i, items), (j, want) in zip(rest, expected[k:]):
         assert torch.equal(i, j) and torch.equal(items, want)
+    ended = streamed.train_dataloader()
+    ended.load_state_dict({**state, "position": len(full)})
+    ended._block = None  # an epoch resumed at its end reads no row group
+    assert list(ended) == [] and ended.state_dict()["position"] == len(full)
     other = StreamingLoader(**{**loader_args(streamed), "batch_size": 16})
     with pytest.raises(ValueError, match="^the saved loader state has batch_size 32, this loader 16: resume with"):
         other.load_state_dict(state)
@@ -233,6 +239,11 @@ def test_settings_the_streaming_path_cannot_honour_are_refused_in_one_line(tmp_p
         side.side  # noqa: B018
     with pytest.raises(ValueError, match="^shuffle_buffer .32. must hold at least one batch .batch_size 64."):
         StreamingLoader(**{**loader_args(dm), "batch_size": 64, "shuffle_buffer": 32})
+    bad = splits.train.set_column(1, "item_id", pa.array([["x"] * len(s) for s in splits.train.column("item_id").to_pylist()]))
+    pq.write_table(bad, tmp_path / "bad.parquet", row_group_size=100)
+    loader = StreamingLoader(**{**loader_args(dm), "files": [tmp_path / "bad.parquet"]})
+    with pytest.raises(TypeError, match=r"^.*bad.parquet \(row group \d\), column 'item_id': item ids of type string cannot be"):
+        next(iter(loader))  # raised in the reading thread, re-raised here
     part = directory / "train" / "part-00001.parquet"
     pq.write_table(splits.train.slice(0, 3), part)
     with pytest.raises(ValueError, match=r"part-00001.parquet: does not match the manifest's sha256 [0-9a-f]{64} "):

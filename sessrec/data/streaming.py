@@ -2,7 +2,8 @@
 
 A prepared dataset (``sessrec prepare``) holds each split as parquet parts of session tables,
 listed in ``manifest.json`` with their sha256. `StreamingLoader` reads the training parts one
-row group at a time and never holds the split: its memory is the shuffle buffer plus one row group.
+row group at a time and never holds the split: its memory is the shuffle buffer plus a row group
+(two while the next one is read ahead, `prefetch`).
 
 An epoch, on every rank alike: a permutation of the row groups, drawn from the seed and the epoch
 number, lays their training rows end to end; rank ``r`` of ``w`` takes the ``r``-th of ``w`` equal
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +74,8 @@ class StreamingLoader:
         drop_last: drop each epoch's final incomplete batch. None: drop it unless a rank's rows fit in
             one batch (as `SessionDataModule`'s in-memory training loader).
         pin_memory: return batches in pinned memory.
+        prefetch: read and encode the next row group in a background thread while batches are drawn
+            from the current one (memory: one more row group).
         seed: base seed of the row-group permutations and of the buffer's draws.
         rank: this process's index among the data-parallel processes (0 .. world_size - 1).
         world_size: the number of data-parallel processes (module docstring).
@@ -90,6 +94,7 @@ class StreamingLoader:
         train_prefixes: bool = False,
         drop_last: bool | None = None,
         pin_memory: bool = False,
+        prefetch: bool = True,
         seed: int = 0,
         rank: int = 0,
         world_size: int = 1,
@@ -108,7 +113,7 @@ class StreamingLoader:
         self.vocab, self.max_length, self.side, self.times = vocab, max_length, side, times
         self.augment_reversed, self.train_prefixes = augment_reversed, train_prefixes
         self.batch_size, self.shuffle_buffer, self.pin_memory, self.seed = batch_size, shuffle_buffer, pin_memory, seed
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size, self.prefetch = rank, world_size, prefetch
         self._metadata = [pq.read_metadata(f) for f in self.files]
         schemas = [m.schema.to_arrow_schema().remove_metadata() for m in self._metadata]
         for path, schema in zip(self.files, schemas):
@@ -207,8 +212,12 @@ class StreamingLoader:
     def __iter__(self) -> Iterator[SessionBatch]:
         self._current, self.epoch = self.epoch, self.epoch + 1  # without set_epoch, each iteration draws anew
         skip, self._resume_at, self._position = self._resume_at, 0, 0
+        if skip >= len(self):  # resumed at the epoch's end: nothing is left to read
+            self._position = len(self)
+            return
         rng = np.random.default_rng([self.seed, self._current, self.rank])
-        draws = _Buffer(self._span(self._current), self.shuffle_buffer, rng)
+        blocks = self._span(self._current)
+        draws = _Buffer(_ahead(blocks) if self.prefetch else blocks, self.shuffle_buffer, rng)
         total = len(self) * self.batch_size if self.drop_last else self.share
         for start in range(0, total, self.batch_size):
             n = min(self.batch_size, total - start)
@@ -274,6 +283,16 @@ class _Buffer:
                 v[: self.fill] = v[: len(live)][live]
             self.drain = self.rng.permutation(self.fill)
         return out
+
+
+def _ahead(blocks: Iterator[Block]) -> Iterator[Block]:
+    """The blocks of `blocks`, each next one read and encoded in a background thread while the current one
+    is drawn from (Parquet reads, Arrow kernels and NumPy copies release the GIL); the order is the same."""
+    with ThreadPoolExecutor(1, thread_name_prefix="StreamingLoader") as reader:
+        pending = reader.submit(next, blocks, None)
+        while (block := pending.result()) is not None:
+            pending = reader.submit(next, blocks, None)
+            yield block
 
 
 def _length(block: Block) -> int:

@@ -95,10 +95,10 @@ def test_train_prefixes_after_reversal():
 def test_prefix_rows_skip_virtual_ends():
     starts, ends = np.array([0, 4, 5]), np.array([4, 5, 8])  # rows of 4, 1 and 3 events
     targetable = np.array([1, 1, 0, 1, 1, 1, 0, 1], dtype=bool)  # events 2 and 6 are virtual
-    s, e = frame.prefix_rows(starts, ends, targetable)
-    assert s.tolist() == [0, 0, 5] and e.tolist() == [2, 4, 8]  # the prefixes ending at 2 and 6 are gone
-    s, e = frame.prefix_rows(starts, ends)
-    assert s.tolist() == [0, 0, 0, 5, 5] and e.tolist() == [2, 3, 4, 7, 8]
+    s, e, r = frame.prefix_rows(starts, ends, targetable)
+    assert s.tolist() == [0, 0, 5] and e.tolist() == [2, 4, 8] and r.tolist() == [0, 0, 2]  # ending at 2 and 6: gone
+    s, e, r = frame.prefix_rows(starts, ends)
+    assert s.tolist() == [0, 0, 0, 5, 5] and e.tolist() == [2, 3, 4, 7, 8] and r.tolist() == [0, 0, 0, 2, 2]
 
 
 class Stamped(Source):

@@ -20,12 +20,13 @@ from sessrec.data.sources import (
     UserSequenceSource,
 )
 from sessrec.data.stream import ScoringStream
+from sessrec.data.streaming import StreamingLoader
 from sessrec.data.synthetic import generate_sessions
 from sessrec.data.vocab import ItemVocab
 
 __all__ = [
     "EvalPairs", "EventLogSource", "FeatureSpec", "FittedSideFeatures", "ItemVocab", "MerlinSchema", "MerlinSource",
     "SRGNNSource", "ScoringStream", "Schema", "SchemaError", "SessionBatch", "SessionLoader", "SessionSource",
-    "SessionSplits", "SideFeatures", "SideInfoSpec", "SyntheticSource", "TimeWindowSource", "UserSequenceSource",
+    "SessionSplits", "SideFeatures", "SideInfoSpec", "StreamingLoader", "SyntheticSource", "TimeWindowSource", "UserSequenceSource",
     "generate_sessions", "read_events", "read_item_vectors", "read_merlin_schema", "read_srgnn", "read_user_sequences",
 ]

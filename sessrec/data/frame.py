@@ -201,7 +201,7 @@ def pad_sessions(
 
 def prefix_rows(
     starts: np.ndarray, ends: np.ndarray, targetable: np.ndarray | None = None
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Every prefix of each ``[start, end)`` row that ends at a targetable event after its first.
 
     Args:
@@ -211,8 +211,9 @@ def prefix_rows(
             never targets (virtual items); all events are targetable when None.
 
     Returns:
-        (starts, ends) of the prefix rows, (P,) each: row by row, shortest prefix first. A row of
-        n events gives the prefixes ending at its events 2..n (the targetable ones).
+        (starts, ends, row) of the prefix rows, (P,) each: row by row, shortest prefix first; ``row``
+        is the input row each comes from. A row of n events gives the prefixes ending at its events
+        2..n (the targetable ones).
     """
     n = np.maximum(ends - starts - 1, 0)  # (N,) prefixes of each row
     row = np.repeat(np.arange(len(starts)), n)
@@ -220,8 +221,16 @@ def prefix_rows(
     new_starts, new_ends = starts[row], starts[row] + 2 + rank
     if targetable is not None:
         keep = np.asarray(targetable, dtype=bool)[new_ends - 1]
-        new_starts, new_ends = new_starts[keep], new_ends[keep]
-    return new_starts, new_ends
+        new_starts, new_ends, row = new_starts[keep], new_ends[keep], row[keep]
+    return new_starts, new_ends, row
+
+
+def virtual_flags(sessions: pa.Table) -> np.ndarray | None:
+    """(E,) bool flags of the virtual events of a session table (its ``virtual`` column), or None when it has none."""
+    if VIRTUAL not in sessions.column_names:
+        return None
+    values, _ = list_offsets(sessions.column(VIRTUAL))
+    return values.to_numpy(zero_copy_only=False).astype(bool)
 
 
 def target_flags(sessions: pa.Table, virtual: np.ndarray | None = None) -> np.ndarray | None:

@@ -139,6 +139,8 @@ class SessionLoader:
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Continue the epoch of `state` after the batches it had handed out."""
+        if "shuffle_buffer" in state:
+            raise ValueError("the saved loader state is a StreamingLoader's: resume with --data.streaming true, as it was trained")
         if int(state.get("seed", self.seed)) != self.seed:
             raise ValueError(f"the saved loader state was shuffled with seed {state['seed']}, this loader with {self.seed}")
         self.epoch, self._resume_at = int(state["epoch"]), int(state["position"])

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pyarrow as pa
 import torch
 
 from sessrec.data import frame
@@ -92,7 +91,7 @@ def next_item_ranks(task: NextItemTask, data: SessionDataModule) -> PairRanks:
     """
     test = data.splits.test
     values, offsets = frame.list_offsets(test.column(frame.ITEMS))
-    virtual = _virtual_flags(test)
+    virtual = frame.virtual_flags(test)
     session, target_at = frame.expand_prefixes(offsets, data.eval_protocol, frame.target_flags(test, virtual))
     _, targets = data.tensors("test")
     expected = data.vocab.encode(values, virtual=virtual).ids[target_at]
@@ -153,10 +152,3 @@ def evaluation_batches(task: torch.nn.Module, data: Any, device: torch.device) -
 def _floats(metrics: dict[str, torch.Tensor]) -> dict[str, float]:
     return {name: float(value) for name, value in metrics.items()}
 
-
-def _virtual_flags(sessions: pa.Table) -> np.ndarray | None:
-    """(E,) bool flags of the virtual events of a session table (as `SessionDataModule` reads them), or None."""
-    if frame.VIRTUAL not in sessions.column_names:
-        return None
-    values, _ = frame.list_offsets(sessions.column(frame.VIRTUAL))
-    return values.to_numpy(zero_copy_only=False).astype(bool)

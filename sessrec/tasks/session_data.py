@@ -10,10 +10,12 @@ padded like the items, built only for the batches that carry them.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytorch_lightning as pl
 import torch
 
@@ -25,6 +27,8 @@ from sessrec.data.schema import Schema
 from sessrec.data.side import SideFeatures, SideInfoSpec, read_item_vectors
 from sessrec.data.sources import SessionSource, SessionSplits, SyntheticSource
 from sessrec.data.stream import ScoringStream
+from sessrec.data.streaming import MANIFEST, StreamedSplits, StreamingLoader, read_manifest, split_files
+from sessrec.data.training_rows import TrainingRows
 from sessrec.data.vocab import ItemVocab
 from sessrec.features.side_transform import SideFeatureTransform
 from sessrec.saved.checkpoint import as_arrays, as_tensors
@@ -52,6 +56,14 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
         pin_memory: pin batches for faster host-to-GPU copies.
         device: hold the splits on this device (e.g. ``cuda``) and cut the batches there
             (`SessionLoader`'s torch gather): no host-to-device copy per batch. None: host memory.
+        streaming: read the training batches from a prepared dataset's parquet row groups
+            (`StreamingLoader`: memory flat in the dataset's size, each data-parallel rank reading
+            its own row groups) instead of holding the training split in memory; the source must be
+            a prepared dataset (``sessrec prepare``), whose stored vocabulary is used. Validation and
+            test stay in memory. Refused with `device` and `shuffle_chunk`; side features need
+            their fitted transforms (`features_path`).
+        shuffle_buffer: training rows the streaming loader holds for shuffling (None: 65,536); only
+            with `streaming`.
         augment_reversed: add a reversed copy of every training session with two or more events
             (Booking.com, WSDM'21); validation and test are never augmented. Side features
             travel with their events (a reversed copy's ``since_prev`` is then a time to the next event).
@@ -91,6 +103,8 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
         shuffle_chunk: int = 1,
         pin_memory: bool = False,
         device: str | None = None,
+        streaming: bool = False,
+        shuffle_buffer: int | None = None,
         augment_reversed: bool = False,
         train_prefixes: bool = False,
         side_features: SideFeatures = SideFeatures(),  # noqa: B008 - a config value, never mutated
@@ -116,6 +130,13 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
         if device is not None and pin_memory:
             raise ValueError("pin_memory is for batches copied from the host; with device set they are cut on the device")
         self.device = device
+        if shuffle_buffer is not None and not streaming:
+            raise ValueError("shuffle_buffer is the streaming loader's: set streaming true, or leave shuffle_buffer null")
+        if streaming and (device is not None or shuffle_chunk != 1):
+            raise ValueError("streaming reads the training split batch by batch: it is not held on a device nor shuffled "
+                             "in chunks; set device null and shuffle_chunk 1")
+        self.streaming, self.shuffle_buffer = streaming, shuffle_buffer
+        self._manifest: dict[str, Any] | None = None
         self._on_device: dict[str, torch.Tensor] = {}  # "<split>/<tensor>" -> that tensor on `device`
         self.augment_reversed, self.side_features = augment_reversed, side_features
         self.train_prefixes, self.times = train_prefixes, times
@@ -127,7 +148,7 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
         self._item_vectors: dict[str, np.ndarray] | None = None
         self._tensors: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
         self._features: dict[str, dict[str, torch.Tensor]] = {}
-        self._train_rows: tuple[np.ndarray, np.ndarray] | None = None  # (starts, ends) of the training rows
+        self._train_rows: TrainingRows | None = None
         self._times: dict[str, torch.Tensor | None] = {}
         self._pair_index: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._pairs: dict[tuple[str, str], EvalPairs] = {}
@@ -138,7 +159,7 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
     @property
     def splits(self) -> SessionSplits:
         if self._splits is None:
-            self._splits = self.source.load()
+            self._splits = StreamedSplits(*self.prepared) if self.streaming else self.source.load()
             self.stats.update(self._splits.summary())
         return self._splits
 
@@ -147,11 +168,38 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
         if self._vocab is None:
             if self.vocab_path is not None:
                 self._vocab = ItemVocab.load(self.vocab_path)
+            elif self.streaming:
+                self._vocab = self._stored_vocab()
             else:
                 values, _ = frame.list_offsets(self.splits.train.column(frame.ITEMS))
-                virtual = _virtual_flags(self.splits.train)
+                virtual = frame.virtual_flags(self.splits.train)
                 self._vocab = ItemVocab.fit(values, self.min_item_count, self.max_vocab_size, virtual=virtual)
         return self._vocab
+
+    @property
+    def prepared(self) -> tuple[Path, dict[str, Any]]:
+        """The prepared dataset's directory and manifest (`streaming`); refused in one line for another source."""
+        if self._manifest is None:
+            path = getattr(self.source, "path", None)
+            if path is None or not (Path(path) / MANIFEST).is_file():
+                raise ValueError(
+                    f"streaming reads a prepared dataset (a directory with {MANIFEST}, written by `sessrec prepare`), "
+                    f"but the source is {type(self.source).__name__}({path or ''}); set streaming false, or prepare it"
+                )
+            self._manifest = read_manifest(path)
+        return Path(self.source.path), self._manifest
+
+    def _stored_vocab(self) -> ItemVocab:
+        """The prepared dataset's vocabulary, refused where this data module asks for another fit of it."""
+        directory, manifest = self.prepared
+        settings = manifest.get("settings", {})
+        for key, default in (("min_item_count", 1), ("max_vocab_size", None)):
+            if settings.get(key, default) != getattr(self, key):
+                raise ValueError(
+                    f"{directory / MANIFEST}: the stored vocabulary was fitted with {key} {settings.get(key, default)}, "
+                    f"this data module asks for {getattr(self, key)}; prepare the dataset with it, or drop the setting"
+                )
+        return ItemVocab.load(directory / "vocab.parquet")
 
     @property
     def num_items(self) -> int:
@@ -169,6 +217,9 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
         if self._side is None and self.side_features.sequence_features:
             if self.features_path is not None:
                 self._side = SideFeatureTransform.load(self.features_path, self.side_features)
+            elif self.streaming:
+                raise ValueError("streaming never holds the training split to fit the side features on: give their "
+                                 "fitted transforms as --data.features_path (a features.npz, or a checkpoint)")
             else:
                 self._side = SideFeatureTransform(self.side_features).fit(self.splits.train, self.splits.source)
         return self._side
@@ -219,7 +270,7 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
     def _encode(self, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         sessions = getattr(self.splits, name)
         values, offsets = frame.list_offsets(sessions.column(frame.ITEMS))
-        virtual = _virtual_flags(sessions)
+        virtual = frame.virtual_flags(sessions)
         encoded = self.vocab.encode(values, virtual=virtual)
         self.stats[f"{name}_unknown_items"] = encoded.num_unknown
         return encoded.ids, offsets, virtual
@@ -263,21 +314,12 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
                 "have one), so there is nothing to train on or evaluate; check the session_id column"
             )
         if split == "train":
-            starts, ends = offsets[:-1], offsets[1:]
+            rows = self._train_rows = TrainingRows.of(offsets, virtual, self.augment_reversed, self.train_prefixes)
             if self.augment_reversed:
-                mirror = frame.mirror_index(offsets)
-                rev = np.flatnonzero(np.diff(offsets) >= 2)  # a one-event session reversed is itself
-                ids = np.concatenate([ids, ids[mirror]])
-                flat = {k: np.concatenate([v, v[mirror]]) for k, v in flat.items()}
-                starts = np.concatenate([starts, offsets[:-1][rev] + offsets[-1]])
-                ends = np.concatenate([ends, offsets[1:][rev] + offsets[-1]])
-                virtual = None if virtual is None else np.concatenate([virtual, virtual[mirror]])
-                self.stats["train_reversed"] = len(rev)
+                self.stats["train_reversed"] = rows.num_reversed
             if self.train_prefixes:
-                starts, ends = frame.prefix_rows(starts, ends, None if virtual is None else ~virtual)
-                self.stats["train_prefix_rows"] = len(starts)
-            self._train_rows = (starts, ends)  # over the flat events, reversed copies after the originals
-            pad = lambda values, dtype=None: frame.pad_sessions(values, starts, ends, self.max_length, dtype)
+                self.stats["train_prefix_rows"] = len(rows)
+            pad = lambda values, dtype=None: rows.pad(values, self.max_length, dtype)
             self._tensors[split] = (torch.from_numpy(pad(ids, ITEM_DTYPE)), None)
         else:
             session, starts, target_at = self._pair_index[split] = self._expand(split, self.eval_protocol, offsets, virtual)
@@ -344,20 +386,18 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
             if split == "train":
                 self.tensors(split)
                 assert self._train_rows is not None
-                self._times[split] = self._padded_times(split, *self._train_rows)
+                times = frame.event_times(self.splits.train)
+                self._times[split] = None if times is None else torch.from_numpy(
+                    self._train_rows.pad(times, self.max_length, np.float64))
             else:
                 self._times[split] = self.pairs(split).times
         return self._times[split]
 
     def _padded_times(self, split: str, starts: np.ndarray, ends: np.ndarray) -> torch.Tensor | None:
-        """Event times of the rows ``[starts, ends)`` of a split's flat events, padded like the items;
-        the training split's flat events are followed by their reversed copies with `augment_reversed`."""
-        sessions = getattr(self.splits, split)
-        times = frame.event_times(sessions)
+        """Event times of the rows ``[starts, ends)`` of an evaluation split's flat events, padded like the items."""
+        times = frame.event_times(getattr(self.splits, split))
         if times is None:
             return None
-        if split == "train" and self.augment_reversed:
-            times = np.concatenate([times, times[frame.mirror_index(frame.list_offsets(sessions.column(frame.ITEMS))[1])]])
         return torch.from_numpy(frame.pad_sessions(times, starts, ends, self.max_length, np.float64))
 
     def _wants_times(self) -> bool:
@@ -383,7 +423,8 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         wanted = {"fit": ["train", "valid"], "validate": ["valid"], "test": ["test"], None: ["train", "valid", "test"]}
         for split in wanted.get(stage, []):
-            self.tensors(split)
+            if not (split == "train" and self.streaming):
+                self.tensors(split)
 
     # -- loaders --------------------------------------------------------------------------
     def _resident(
@@ -403,13 +444,27 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
             self._on_device[key] = tensor.to(self.device)
         return self._on_device[key]
 
-    def train_dataloader(self) -> SessionLoader:
+    def train_dataloader(self) -> SessionLoader | StreamingLoader:
+        if self.streaming:
+            return self._streaming_loader()
         items, _, features, times = self._resident("train")
         ranks = ranks_of(self.trainer)
         return SessionLoader(
             items, features=features, times=times, batch_size=self.batch_size, shuffle=True,
             shuffle_chunk=self.shuffle_chunk, drop_last=items.shape[0] // ranks.get("world_size", 1) > self.batch_size,
             pin_memory=self.pin_memory, seed=self.seed, **ranks,
+        )
+
+    def _streaming_loader(self) -> StreamingLoader:
+        directory, manifest = self.prepared
+        files = split_files(directory, manifest, "train")
+        times = self._wants_times() and frame.TIMES in pq.read_schema(files[0]).names
+        if self.times and not times:
+            raise ValueError(f"{files[0]}: times=True, but the sessions have no {frame.TIMES!r} column; set --data.times null")
+        return StreamingLoader(
+            files, self.vocab, self.max_length, self.batch_size, self.shuffle_buffer or 65_536, side=self.side,
+            times=times, augment_reversed=self.augment_reversed, train_prefixes=self.train_prefixes,
+            pin_memory=self.pin_memory, seed=self.seed, **ranks_of(self.trainer),
         )
 
     def _eval_loader(self, split: str) -> SessionLoader:
@@ -437,12 +492,4 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
     def decode(self, ids: torch.Tensor) -> pa.Array:
         """Model ids -> raw item ids (flat)."""
         return self.vocab.decode(ids.detach().cpu().numpy())
-
-
-def _virtual_flags(sessions: pa.Table) -> np.ndarray | None:
-    """(E,) bool flags of the virtual events of a session table, or None when it has none."""
-    if frame.VIRTUAL not in sessions.column_names:
-        return None
-    values, _ = frame.list_offsets(sessions.column(frame.VIRTUAL))
-    return values.to_numpy(zero_copy_only=False).astype(bool)
 

@@ -310,6 +310,7 @@ EXTRA_OF = {
     **dict.fromkeys(("fastapi", "uvicorn", "prometheus_client", "onnx", "onnxscript", "onnxruntime"), "deploy"),
     **dict.fromkeys(("faiss", "lightgbm"), "pipeline"),
     **dict.fromkeys(("cudf", "cupy"), "gpu"),
+    **dict.fromkeys(("dask", "distributed"), "scale"),
 }
 
 

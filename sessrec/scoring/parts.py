@@ -16,6 +16,7 @@ row groups, one per batch, and the batches are cut the same way whatever the par
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -102,11 +103,12 @@ class PartsFolder:
                     for name in names:
                         writer.write_table(_long(pq.read_table(name)))
             else:
-                with pq.ParquetWriter(tmp, pq.read_schema(names[0])) as writer:
+                schema = written_schema(pq.ParquetFile(names[0]))
+                with pq.ParquetWriter(tmp, schema) as writer:
                     for name in names:
                         part = pq.ParquetFile(name)
                         for group in range(part.num_row_groups):
-                            writer.write_table(part.read_row_group(group))
+                            writer.write_table(part.read_row_group(group).cast(schema))
             os.replace(tmp, self.output)
         finally:
             tmp.unlink(missing_ok=True)  # only still there when joining failed
@@ -132,6 +134,14 @@ def write_part(path: Path, tables: Iterable[pa.Table]) -> int:
             writer.close()
         tmp.unlink(missing_ok=True)
     return rows
+
+
+def written_schema(file: pq.ParquetFile) -> pa.Schema:
+    """The Arrow schema `file` was written with, as its ``ARROW:schema`` metadata records it: reading
+    names a list's values ``element`` where the writer's table may have named them ``item``, and
+    the joined file keeps the writer's names (the bytes a single process writes)."""
+    stored = (file.metadata.metadata or {}).get(b"ARROW:schema")
+    return file.schema_arrow if stored is None else pa.ipc.read_schema(pa.py_buffer(base64.b64decode(stored)))
 
 
 def _long(table: pa.Table) -> pa.Table:

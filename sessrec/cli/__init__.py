@@ -65,7 +65,8 @@ def pipeline_cli(args: list[str]) -> object:
         return recipe.test()
     return recommend_file(
         recipe.output, cfg.input_path, cfg.output, k=cfg.k, batch_size=cfg.batch_size,
-        schema=recipe.data.predict_schema, overwrite=cfg.overwrite, now=cfg.now,
+        schema=recipe.data.predict_schema, overwrite=cfg.overwrite, now=cfg.now, engine=cfg.engine,
+        scheduler=cfg.scheduler, workers=cfg.workers, partition_batches=cfg.partition_batches,
     )
 
 

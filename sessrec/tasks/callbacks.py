@@ -150,6 +150,9 @@ class TopKWriter(BasePredictionWriter):
 
     def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._target = self.target(trainer.datamodule.predict_path)
+        if self._target.is_dir():
+            raise ValueError(f"--scoring.output {self._target} is a directory; name a file in it (e.g. "
+                             f"{self._target / 'recs.parquet'})")
         if self._target.exists() and not self.overwrite:
             raise FileExistsError(f"{self._target} exists; pass --scoring.overwrite true to replace it")
         self._target.parent.mkdir(parents=True, exist_ok=True)

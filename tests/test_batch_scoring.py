@@ -11,6 +11,7 @@ stack, and that a run whose worker was killed resumes from the parts it wrote.
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 from dataclasses import dataclass
@@ -26,7 +27,6 @@ import yaml
 
 from sessrec.cli import run
 from sessrec.data import SchemaError, SyntheticSource
-from sessrec.data.schema import Schema
 from sessrec.data.stream import ScoringStream
 from sessrec.models import XLNetEncoder
 from sessrec.pipeline.offline import recommend_file
@@ -103,7 +103,7 @@ def test_partitions_hold_whole_sessions_and_the_same_batches_as_the_whole_file(w
     assert [p.sessions for p in partitions] == [96] * 7 + [SESSIONS - 7 * 96]
     ids = pq.read_table(world.events).column("session_id").to_numpy()
     assert partitions[0].start == 0 and partitions[-1].stop == len(ids)
-    for before, after in zip(partitions, partitions[1:]):
+    for before, after in itertools.pairwise(partitions):
         assert before.stop == after.start and ids[after.start - 1] != ids[after.start]  # cut between sessions
     parts = [b for p in partitions for b in ScoringStream(world.events, vocab, max_length=MAX_LENGTH, batch_size=32,
                                                           chunk_rows=50, rows=(p.start, p.stop))]
@@ -265,18 +265,19 @@ def test_predict_resumes_after_a_worker_is_killed(world: World, one_process: Pat
 
     out, parts = tmp_path / "recs.parquet", tmp_path / "recs.parquet.parts"
     with dask.config.set({"distributed.scheduler.allowed-failures": 0}):  # a task whose worker dies fails the run
-        cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, scheduler_kwargs={"dashboard": False})
+        cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0")
     with cluster, Client(cluster) as client:
         client.register_plugin(kill_once(tmp_path / "killed", partition=4))
-        with pytest.raises(RuntimeError, match=r"a Dask worker died while scoring 'sessrec-partition-4-.*'; the parts "
-                                               r"written are kept in .*recs.parquet.parts: run the same command again"):
+        # the error names a partition the dead worker held (4, or one queued there behind it)
+        with pytest.raises(RuntimeError, match=r"a Dask worker died while scoring 'sessrec-partition-\d+-\w+' .*; the "
+                                               r"parts written are kept in .*recs.parquet.parts: run the same command again"):
             predict_file(world.model_dir, world.events, out, batch_size=32, partition_batches=1,
                          engine=Engine("dask", scheduler=cluster.scheduler_address))
         assert (tmp_path / "killed").exists() and not out.exists()
         # the workers imported what scoring needs, not the training stack
         assert set(client.run(lambda: "pytorch_lightning" in sys.modules).values()) == {False}
     done = sorted(p.name for p in parts.glob("part-*.parquet"))
-    assert len(done) >= 3 and "part-000004.parquet" not in done  # 0..3 were scored before 4 started
+    assert done and "part-000004.parquet" not in done  # 4 started when a worker had finished a partition
     counts = predict_file(world.model_dir, world.events, out, batch_size=32, partition_batches=1,
                           engine=Engine("dask", workers=2))
     assert counts["partitions_resumed"] == len(done) and counts["partitions_written"] == 22 - len(done)

@@ -249,7 +249,7 @@ class SessrecCLI(LightningCLI):
             return
         if not isinstance(self._artifact, SessionRecommender) or not isinstance(model, NextItemTask):
             what = "no --model_dir" if self._model_dir is None else f"{self._model_dir} holds a {type(self._artifact).__name__}"
-            raise ValueError(f"--engine dask scores a session model's directory (--model_dir runs/<name>/model); {what}")
+            raise ValueError(f"--engine dask scores a session model's directory (--model_dir runs/<name>/model); {what}")  # noqa: TRY004 - a setting, not a type
         if not isinstance(datamodule, SessionDataModule) or datamodule.predict_path is None:
             raise ValueError("set --data.predict_path to the sessions file to score")
         writer = next(cb for cb in self.trainer.callbacks if isinstance(cb, TopKWriter))

@@ -120,7 +120,7 @@ class Engine:
         cluster = None
         if self.scheduler is None:
             cluster = LocalCluster(n_workers=self.workers or DEFAULT_WORKERS, threads_per_worker=1, processes=True,
-                                   scheduler_kwargs={"dashboard": False})
+                                   dashboard_address=":0")
         try:
             client = _connect(self.scheduler if cluster is None else cluster.scheduler_address)
             try:

@@ -41,7 +41,7 @@ from sessrec.artifacts import Inference, SessionRecommender
 from sessrec.data import ItemVocab
 from sessrec.data.schema import Schema
 from sessrec.models import MaskedItemModeling, SessionModel, XLNetEncoder
-from sessrec.scoring import Engine, predict_file
+from sessrec.scoring import predict_file
 
 ROOT = Path(__file__).resolve().parents[1]
 INPUT = ROOT.parent / "shared" / "data" / "rsc15_100k" / "yoochoose-clicks-100k_train_full.txt.gz"
@@ -95,13 +95,13 @@ def measure(args: argparse.Namespace, folder: Path) -> dict:
         start = time.perf_counter()
         cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0")
         cluster_start = time.perf_counter() - start
-        engines = {"local": Engine("local"), "dask": Engine("dask", scheduler=cluster.scheduler_address)}
+        engines = {"local": {"engine": "local"}, "dask": {"engine": "dask", "scheduler": cluster.scheduler_address}}
 
         def score(name: str) -> dict:
             outputs[name] = folder / f"{name}.parquet"
             begin = time.perf_counter()
             counts = predict_file(model_dir, events, outputs[name], batch_size=args.batch_size, schema=SCHEMA,
-                                  overwrite=True, engine=engines[name], partition_batches=args.partition_batches)
+                                  overwrite=True, partition_batches=args.partition_batches, **engines[name])
             counts["wall_s"] = time.perf_counter() - begin
             return counts
 
@@ -111,7 +111,7 @@ def measure(args: argparse.Namespace, folder: Path) -> dict:
                 times.append(score(name)["wall_s"])
         cluster.close()
         one_shot = predict_file(model_dir, events, folder / "one_shot.parquet", batch_size=args.batch_size,
-                                schema=SCHEMA, engine=Engine("dask", workers=2), partition_batches=args.partition_batches)
+                                schema=SCHEMA, engine="dask", workers=2, partition_batches=args.partition_batches)
     same = outputs["local"].read_bytes() == outputs["dask"].read_bytes() == (folder / "one_shot.parquet").read_bytes()
     sessions = warm["local"]["sessions"]
     local_s, dask_s = statistics.median(runs["local"]), statistics.median(runs["dask"])

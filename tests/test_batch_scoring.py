@@ -144,11 +144,11 @@ def test_the_local_engine_writes_what_the_trainer_writes_and_resumes(
 
     monkeypatch.setattr(TopKJob, "score", killed_in_the_third_partition)
     with pytest.raises(RuntimeError, match="killed"):
-        predict_file(world.model_dir, world.events, out, batch_size=32, engine=Engine("local"), partition_batches=3)
+        predict_file(world.model_dir, world.events, out, batch_size=32, partition_batches=3)
     parts = out.with_name("recs.parquet.parts")
     assert sorted(p.name for p in parts.iterdir()) == ["manifest.json", "part-000000.parquet", "part-000001.parquet"]
     monkeypatch.undo()
-    counts = predict_file(world.model_dir, world.events, out, batch_size=32, engine=Engine("local"), partition_batches=3)
+    counts = predict_file(world.model_dir, world.events, out, batch_size=32, partition_batches=3)
     assert (counts["sessions"], counts["partitions_written"], counts["partitions_resumed"]) == (SESSIONS, 6, 2)
     first_rescored = ScoringStream(world.events, Pipeline.from_pretrained(world.pipeline_dir).vocab).partitions(96)[2].start
     assert counts["unknown_items"] == int((np.array([5, 400, 1500]) >= first_rescored).sum())  # of the partitions scored
@@ -272,14 +272,14 @@ def test_predict_resumes_after_a_worker_is_killed(world: World, one_process: Pat
         with pytest.raises(RuntimeError, match=r"a Dask worker died while scoring 'sessrec-partition-\d+-\w+' .*; the "
                                                r"parts written are kept in .*recs.parquet.parts: run the same command again"):
             predict_file(world.model_dir, world.events, out, batch_size=32, partition_batches=1,
-                         engine=Engine("dask", scheduler=cluster.scheduler_address))
+                         engine="dask", scheduler=cluster.scheduler_address)
         assert (tmp_path / "killed").exists() and not out.exists()
         # the workers imported what scoring needs, not the training stack
         assert set(client.run(lambda: "pytorch_lightning" in sys.modules).values()) == {False}
     done = sorted(p.name for p in parts.glob("part-*.parquet"))
     assert done and "part-000004.parquet" not in done  # 4 started when a worker had finished a partition
     counts = predict_file(world.model_dir, world.events, out, batch_size=32, partition_batches=1,
-                          engine=Engine("dask", workers=2))
+                          engine="dask", workers=2)
     assert counts["partitions_resumed"] == len(done) and counts["partitions_written"] == 22 - len(done)
     assert sum(counts["loads"].values()) <= 2 and counts["sessions"] == SESSIONS
     assert out.read_bytes() == one_process.read_bytes()

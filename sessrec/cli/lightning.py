@@ -256,8 +256,8 @@ class SessrecCLI(LightningCLI):
         evaluation = model.evaluation
         predict_file(self._model_dir, datamodule.predict_path, writer.target(datamodule.predict_path), k=evaluation.top_k,
                      exclude_seen=evaluation.exclude_seen, batch_size=datamodule.eval_batch_size,
-                     schema=datamodule.predict_schema, overwrite=writer.overwrite, engine=self._engine,
-                     partition_batches=self.config["predict"].partition_batches or PARTITION_BATCHES)
+                     schema=datamodule.predict_schema, overwrite=writer.overwrite, engine=self._engine.engine,
+                     scheduler=self._engine.scheduler, workers=self._engine.workers, partition_batches=self.config["predict"].partition_batches or PARTITION_BATCHES)
 
     def after_fit(self) -> None:
         """Print the metrics of the checkpoint kept (the best one, with its epoch) and write its model

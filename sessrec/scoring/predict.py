@@ -19,6 +19,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pyarrow as pa
@@ -98,7 +99,9 @@ def predict_file(
     batch_size: int = 1024,
     schema: Schema = Schema(),  # noqa: B008 - a config value, never mutated
     overwrite: bool = False,
-    engine: Engine = Engine("dask"),  # noqa: B008 - frozen
+    engine: Literal["local", "dask"] = "local",
+    scheduler: str | None = None,
+    workers: int | None = None,
     partition_batches: int = 8,
 ) -> dict:
     """Write the top-`k` items of every session of `input_path` to `output` (``session_id``, ``item_ids``, ``scores``).
@@ -112,7 +115,11 @@ def predict_file(
         batch_size: sessions per batch.
         schema: column names of the input.
         overwrite: replace an existing output (otherwise refuse, before anything is scored).
-        engine: where the partitions are scored.
+        engine: ``local`` (this process, without the Trainer) or ``dask`` (one task per partition on a Dask
+            cluster).
+        scheduler: with ``dask``, the address of a running Dask scheduler (``tcp://host:8786``); none: a
+            local cluster of `workers` processes.
+        workers: with ``dask`` and no scheduler, the processes of the local cluster, one thread each (none: 2).
         partition_batches: batches per partition (and per part): the unit of work and of resumption.
 
     Returns:
@@ -120,11 +127,14 @@ def predict_file(
         them and how often each read the model, seconds, output.
 
     Raises:
-        ValueError: a setting below 1, `output` a directory or not ``.parquet``, a directory that
-            holds no session model (all before anything is scored); a bad row of the input.
+        ValueError: a setting below 1, `output` a directory or not ``.parquet``, an engine setting that
+            cannot be honoured, a directory that holds no session model (all before anything is scored);
+            a bad row of the input.
+        OSError: the scheduler cannot be reached (one line naming its address).
         FileExistsError: `output` exists and `overwrite` is false.
     """
     output, input_path = Path(output).absolute(), Path(input_path).absolute()
+    run_on = Engine(engine, scheduler, workers)
     folder = versions.resolve(model_dir).absolute()
     recommender = SessionRecommender.from_pretrained(folder)  # refused here, in one line, before any scoring
     k = recommender.inference.top_k if k is None else k
@@ -137,7 +147,7 @@ def predict_file(
     identity = digest(folder / "config.json")
     stream = ScoringStream(input_path, recommender.vocab, schema, recommender.inference.max_length, batch_size)
     started = time.monotonic()
-    with engine.started() as runner:
+    with run_on.started() as runner:
         if runner.client is None:  # this process scores: with the model read above
             load_once(str(folder), identity, lambda _: recommender)
         partitions = stream.partitions(batch_size * partition_batches)
@@ -147,7 +157,7 @@ def predict_file(
         parts.open()
         pending = [(i, (p.start, p.stop)) for i, p in enumerate(partitions) if not parts.done(i)]
         print(f"[predict] {input_path}: {len(partitions)} partitions of {partition_batches} batches of {batch_size} "
-              f"sessions, {len(partitions) - len(pending)} already written; scoring on {engine.describe()}")
+              f"sessions, {len(partitions) - len(pending)} already written; scoring on {run_on.describe()}")
         job = TopKJob(str(folder), identity, str(input_path), schema, batch_size, k, exclude_seen, str(parts.folder))
         records = runner.run(job, pending, str(parts.folder))
     parts.join(len(partitions))

@@ -202,6 +202,17 @@ def test_an_unreachable_scheduler_is_one_line_naming_it(world: World, tmp_path: 
     assert not (tmp_path / "recs.parquet").exists() and not (tmp_path / "recs.parquet.parts").exists()
 
 
+def test_predict_on_dask_refuses_trainer_settings_it_cannot_honour(world: World, tmp_path: Path, sessrec_main) -> None:
+    got = sessrec_main(*predict_args(world, tmp_path / "recs.parquet"), "--engine", "dask", "--trainer.precision", "bf16-mixed")
+    assert got == ("sessrec predict: error: --trainer.precision bf16-mixed: predict --engine dask scores on each "
+                   "worker's CPU in float32, without the Trainer; set --trainer.precision 32-true or use --engine local "
+                   "(--traceback for details)")
+    got = sessrec_main(*predict_args(world, tmp_path / "recs.parquet"), "--partition_batches", "2")
+    assert got == ("sessrec predict: error: --partition_batches needs --engine dask (the local engine scores on the "
+                   "Trainer) (--traceback for details)")
+    assert not list(tmp_path.iterdir())
+
+
 def test_engine_settings_that_cannot_be_honoured_are_refused() -> None:
     with pytest.raises(ValueError, match="--workers needs --engine dask"):
         Engine("local", workers=2)

@@ -180,6 +180,8 @@ class SessrecCLI(LightningCLI):
             raise ValueError(f"--engine {cfg.engine} is for sessrec predict (and recommend); {sub} runs on the Trainer")
         if cfg.partition_batches is not None and self._engine.engine == "local":
             raise ValueError("--partition_batches needs --engine dask (the local engine scores on the Trainer)")
+        if self._engine.engine == "dask":
+            refuse_trainer_settings(cfg.trainer)
         if sub == "fit":
             if cfg.get("model_dir"):
                 raise ValueError("sessrec fit trains the recipe's model: --model_dir is for validate, test and predict "
@@ -293,6 +295,22 @@ class SessrecCLI(LightningCLI):
                       if cb.best_model_path == best and cb.monitor and cb.best_model_score is not None}
             return f"metrics of {best} (epoch {epoch}, step {step}): {_shown(scores) or 'not recorded in this run'}"
         return f"metrics of {best} (epoch {epoch}, step {step}, the checkpoint kept): {_shown(metrics)}"
+
+
+# what a Dask worker scores with: its CPU, float32, one process per worker (the Trainer is not used)
+DASK_TRAINER = {"accelerator": ("auto", "cpu"), "strategy": ("auto",), "devices": ("auto", 1, "1"), "num_nodes": (1,),
+                "precision": (None, 32, "32", "32-true")}
+
+
+def refuse_trainer_settings(trainer: Namespace) -> None:
+    """Refuse a Trainer setting that ``predict --engine dask`` cannot honour (its workers score on their CPU in
+    float32, without the Trainer), in one line naming it."""
+    for key, allowed in DASK_TRAINER.items():
+        value = trainer.get(key, allowed[0])
+        if value not in allowed:
+            raise ValueError(f"--trainer.{key} {value}: predict --engine dask scores on each worker's CPU in float32, "
+                             f"without the Trainer; set --trainer.{key} {allowed[-1] if key == 'precision' else allowed[0]} "
+                             "or use --engine local")
 
 
 def _shown(metrics: dict) -> str:

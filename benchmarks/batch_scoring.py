@@ -7,12 +7,14 @@ score does not depend on them). Both contenders run `sessrec.scoring.predict_fil
 partitions (the same parts, joined into the same bytes, which the script checks):
 
 - ``local``: the partitions one after the other in this process (torch: 1 thread);
-- ``dask``: one task per partition on a `distributed.LocalCluster` of 2 worker processes with one
-  thread each, started once (its start, and the workers' first imports and model read, are timed
-  apart: a warm-up run), reached with ``--scheduler`` as a long-lived cluster would be.
+- ``dask_1`` / ``dask_2``: one task per partition on a `distributed.LocalCluster` of 1 / 2 worker
+  processes with one thread each, started once (its start, and the workers' first imports and model
+  read, are timed apart: a warm-up run), reached with ``--scheduler`` as a long-lived cluster would
+  be. One worker against this process is the engine's own cost; two, what a second core gives.
 
-The two run interleaved, ``--repeats`` times each after one warm-up run of each; the JSON line
-reports their medians, sessions per second and the ratio, and the one-shot time of
+The three run interleaved, ``--repeats`` times each after one warm-up run of each; the JSON line
+reports their medians, sessions per second and the ratios, the 1-minute load average at the end (the
+machine is shared), and the one-shot time of
 ``--engine dask --workers 2`` (a cluster started and closed by the run itself). Progress goes to
 stderr, the JSON line to stdout.
 
@@ -42,6 +44,7 @@ from sessrec.data import ItemVocab
 from sessrec.data.schema import Schema
 from sessrec.models import MaskedItemModeling, SessionModel, XLNetEncoder
 from sessrec.scoring import predict_file
+from sessrec.scoring.engine import scoring_environ
 
 ROOT = Path(__file__).resolve().parents[1]
 INPUT = ROOT.parent / "shared" / "data" / "rsc15_100k" / "yoochoose-clicks-100k_train_full.txt.gz"
@@ -87,15 +90,21 @@ def measure(args: argparse.Namespace, folder: Path) -> dict:
         events.write_text("".join(head))
     model_dir, vocab_size = build_model(events, folder, args.d_model, args.layers, max_length=20)
 
+    import dask
     from distributed import LocalCluster
 
-    runs: dict[str, list[float]] = {"local": [], "dask": []}
+    runs: dict[str, list[float]] = {"local": [], "dask_1": [], "dask_2": []}
     outputs: dict[str, Path] = {}
     with contextlib.redirect_stdout(sys.stderr):  # predict_file's progress lines
-        start = time.perf_counter()
-        cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0")
-        cluster_start = time.perf_counter() - start
-        engines = {"local": {"engine": "local"}, "dask": {"engine": "dask", "scheduler": cluster.scheduler_address}}
+        clusters, started = {}, {}
+        for name in ("dask_1", "dask_2"):
+            begin = time.perf_counter()
+            with dask.config.set({"distributed.nanny.pre-spawn-environ": scoring_environ()}):  # as --workers starts them
+                clusters[name] = LocalCluster(n_workers=int(name[-1]), threads_per_worker=1, processes=True,
+                                              dashboard_address=":0")
+            started[name] = time.perf_counter() - begin
+        engines = {"local": {"engine": "local"},
+                   **{name: {"engine": "dask", "scheduler": c.scheduler_address} for name, c in clusters.items()}}
 
         def score(name: str) -> dict:
             outputs[name] = folder / f"{name}.parquet"
@@ -109,25 +118,28 @@ def measure(args: argparse.Namespace, folder: Path) -> dict:
         for _ in range(args.repeats):
             for name, times in runs.items():
                 times.append(score(name)["wall_s"])
-        cluster.close()
+        for cluster in clusters.values():
+            cluster.close()
         one_shot = predict_file(model_dir, events, folder / "one_shot.parquet", batch_size=args.batch_size,
                                 schema=SCHEMA, engine="dask", workers=2, partition_batches=args.partition_batches)
-    same = outputs["local"].read_bytes() == outputs["dask"].read_bytes() == (folder / "one_shot.parquet").read_bytes()
+    written = {path.read_bytes() for path in [*outputs.values(), folder / "one_shot.parquet"]}
     sessions = warm["local"]["sessions"]
-    local_s, dask_s = statistics.median(runs["local"]), statistics.median(runs["dask"])
+    median = {name: statistics.median(times) for name, times in runs.items()}
     return {
         "system": "batch_scoring", "input": str(args.input), "quick": args.quick, "sessions": sessions,
         "vocabulary": vocab_size,
         "model": f"XLNet-MLM d_model {args.d_model}, 2 heads, {args.layers} layers, max_length 20, top 20",
         "batch_size": args.batch_size, "partition_batches": args.partition_batches,
-        "partitions": warm["local"]["partitions_written"], "workers": 2, "cpus": os.cpu_count(), "repeats": args.repeats,
-        "local_s_runs": runs["local"], "dask_s_runs": runs["dask"], "local_s_median": local_s, "dask_s_median": dask_s,
-        "local_sessions_per_s": sessions / local_s, "dask_sessions_per_s": sessions / dask_s,
-        "dask_speedup": local_s / dask_s, "cluster_start_s": cluster_start, "dask_warmup_s": warm["dask"]["wall_s"],
-        "dask_warmup_model_reads": warm["dask"]["loads"], "one_shot_workers_2_s": one_shot["seconds"],
-        "bytes_equal": same,
+        "partitions": warm["local"]["partitions_written"], "cpus": os.cpu_count(), "repeats": args.repeats,
+        "load_average_1min": os.getloadavg()[0],
+        **{f"{name}_s_runs": times for name, times in runs.items()},
+        **{f"{name}_s_median": value for name, value in median.items()},
+        **{f"{name}_sessions_per_s": sessions / value for name, value in median.items()},
+        "dask_1_over_local": median["local"] / median["dask_1"], "dask_2_over_local": median["local"] / median["dask_2"],
+        "cluster_start_s": started, "warmup_s": {name: counts["wall_s"] for name, counts in warm.items()},
+        "warmup_model_reads": {name: counts["loads"] for name, counts in warm.items()},
+        "one_shot_workers_2_s": one_shot["seconds"], "bytes_equal": len(written) == 1,
     }
-
 
 if __name__ == "__main__":
     main()

@@ -18,8 +18,9 @@ def test_batch_scoring_quick_run_writes_the_same_bytes_on_two_workers(shared_dat
                           text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     (record,) = [json.loads(line) for line in done.stdout.splitlines()]
-    assert (record["quick"], record["repeats"], record["batch_size"], record["workers"]) == (True, 1, 64, 2)
+    assert (record["quick"], record["repeats"], record["batch_size"]) == (True, 1, 64)
     assert record["sessions"] > 700 and record["partitions"] == -(-record["sessions"] // (64 * 4))
     assert record["bytes_equal"] is True
-    assert sorted(record["dask_warmup_model_reads"].values()) == [1, 1]  # each worker read the model once
-    assert record["local_s_median"] > 0 and record["dask_s_median"] > 0
+    reads = record["warmup_model_reads"]  # each worker read the model once
+    assert (list(reads["dask_1"].values()), sorted(reads["dask_2"].values())) == ([1], [1, 1])
+    assert min(record[f"{name}_s_median"] for name in ("local", "dask_1", "dask_2")) > 0

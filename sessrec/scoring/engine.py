@@ -8,7 +8,8 @@ anything, so an unreachable scheduler leaves nothing behind. Dask does the sched
 Dask's ``distributed.scheduler.allowed-failures`` times), results gathered. A job writes its own
 part (`sessrec.scoring.parts`) and returns a small record; the workers read the input and write
 the parts at the paths the driver gives, so a cluster of several machines needs a file system
-they share.
+they share. The local cluster's workers start without Dask's ``MALLOC_TRIM_THRESHOLD_``
+(`scoring_environ`); start the workers of a cluster of your own without it too.
 
 A job loads its model or pipeline directory with `load_once`: once per process, kept for the next
 partitions that process scores, so a worker reads the directory once whatever the number of
@@ -115,12 +116,14 @@ class Engine:
             finally:
                 forget_loaded()
             return
+        import dask
         from distributed import LocalCluster
 
         cluster = None
         if self.scheduler is None:
-            cluster = LocalCluster(n_workers=self.workers or DEFAULT_WORKERS, threads_per_worker=1, processes=True,
-                                   dashboard_address=":0")
+            with dask.config.set({"distributed.nanny.pre-spawn-environ": scoring_environ()}):
+                cluster = LocalCluster(n_workers=self.workers or DEFAULT_WORKERS, threads_per_worker=1, processes=True,
+                                       dashboard_address=":0")
         try:
             client = _connect(self.scheduler if cluster is None else cluster.scheduler_address)
             try:
@@ -166,6 +169,16 @@ class Runner:
             ) from err
         finally:
             self.client.cancel(futures)
+
+
+def scoring_environ() -> dict[str, Any]:
+    """Dask's ``distributed.nanny.pre-spawn-environ`` (the variables its workers start with) without
+    ``MALLOC_TRIM_THRESHOLD_``: set, it makes glibc hand every large torch temporary back to the system
+    and fault it in again, which made a worker score 2x slower (docs/benchmarks.md)."""
+    import dask
+
+    environ = dask.config.get("distributed.nanny.pre-spawn-environ", default={}) or {}
+    return {key: value for key, value in environ.items() if key != "MALLOC_TRIM_THRESHOLD_"}
 
 
 def _connect(address: str) -> Any:

@@ -213,6 +213,15 @@ def test_predict_on_dask_refuses_trainer_settings_it_cannot_honour(world: World,
     assert not list(tmp_path.iterdir())
 
 
+def test_the_local_clusters_workers_start_without_dasks_malloc_trim_threshold() -> None:
+    import dask
+
+    from sessrec.scoring.engine import scoring_environ
+
+    with dask.config.set({"distributed.nanny.pre-spawn-environ": {"MALLOC_TRIM_THRESHOLD_": 65536, "OMP_NUM_THREADS": 1}}):
+        assert scoring_environ() == {"OMP_NUM_THREADS": 1}
+
+
 def test_engine_settings_that_cannot_be_honoured_are_refused() -> None:
     with pytest.raises(ValueError, match="--workers needs --engine dask"):
         Engine("local", workers=2)
@@ -274,8 +283,11 @@ def test_predict_resumes_after_a_worker_is_killed(world: World, one_process: Pat
     import dask
     from distributed import Client, LocalCluster
 
+    from sessrec.scoring.engine import scoring_environ
+
     out, parts = tmp_path / "recs.parquet", tmp_path / "recs.parquet.parts"
-    with dask.config.set({"distributed.scheduler.allowed-failures": 0}):  # a task whose worker dies fails the run
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0,  # a task whose worker dies fails the run
+                          "distributed.nanny.pre-spawn-environ": scoring_environ()}):
         cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0")
     with cluster, Client(cluster) as client:
         client.register_plugin(kill_once(tmp_path / "killed", partition=4))

@@ -25,7 +25,7 @@ import pytest
 import torch
 import yaml
 
-from sessrec.cli import run
+from sessrec.cli import cli
 from sessrec.data import SchemaError, SyntheticSource
 from sessrec.data.stream import ScoringStream
 from sessrec.models import XLNetEncoder
@@ -90,7 +90,7 @@ def predict_args(world: World, output: Path, *extra: str) -> list[str]:
 def one_process(world: World, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """What ``sessrec predict`` writes in one process (the Trainer's loop, `TopKWriter`)."""
     out = tmp_path_factory.mktemp("one_process") / "recs.parquet"
-    run(predict_args(world, out))
+    cli(predict_args(world, out))
     return out
 
 
@@ -249,7 +249,7 @@ def command_args(world: World, command: str, output: Path) -> list[str]:
 @pytest.mark.slow
 def test_predict_on_two_workers_writes_what_one_process_writes(world: World, one_process: Path, tmp_path: Path) -> None:
     out = tmp_path / "recs.parquet"
-    run(predict_args(world, out, "--engine", "dask", "--workers", "2", "--partition_batches", "3"))
+    cli(predict_args(world, out, "--engine", "dask", "--workers", "2", "--partition_batches", "3"))
     assert out.read_bytes() == one_process.read_bytes()
 
 

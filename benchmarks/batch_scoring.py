@@ -10,9 +10,11 @@ partitions (the same parts, joined into the same bytes, which the script checks)
 - ``dask_1`` / ``dask_2``: one task per partition on a `distributed.LocalCluster` of 1 / 2 worker
   processes with one thread each, started once (its start, and the workers' first imports and model
   read, are timed apart: a warm-up run), reached with ``--scheduler`` as a long-lived cluster would
-  be. One worker against this process is the engine's own cost; two, what a second core gives.
+  be. One worker against this process is the engine's own cost; two, what a second core gives;
+- ``dask_1_malloc_trim``: one worker started with Dask's own ``distributed.nanny.pre-spawn-environ``,
+  ``MALLOC_TRIM_THRESHOLD_=65536`` included, which ``--workers`` leaves out.
 
-The three run interleaved, ``--repeats`` times each after one warm-up run of each; the JSON line
+The four run interleaved, ``--repeats`` times each after one warm-up run of each; the JSON line
 reports their medians, sessions per second and the ratios, the 1-minute load average at the end (the
 machine is shared), and the one-shot time of
 ``--engine dask --workers 2`` (a cluster started and closed by the run itself). Progress goes to
@@ -93,14 +95,18 @@ def measure(args: argparse.Namespace, folder: Path) -> dict:
     import dask
     from distributed import LocalCluster
 
-    runs: dict[str, list[float]] = {"local": [], "dask_1": [], "dask_2": []}
+    # name -> (workers, the variables they start with): as --workers starts them, and with Dask's own
+    # (MALLOC_TRIM_THRESHOLD_ too; started last: a nanny puts them in this process's environment as well)
+    specs = {"dask_1": (1, scoring_environ()), "dask_2": (2, scoring_environ()),
+             "dask_1_malloc_trim": (1, dask.config.get("distributed.nanny.pre-spawn-environ"))}
+    runs: dict[str, list[float]] = {"local": [], **{name: [] for name in specs}}
     outputs: dict[str, Path] = {}
     with contextlib.redirect_stdout(sys.stderr):  # predict_file's progress lines
         clusters, started = {}, {}
-        for name in ("dask_1", "dask_2"):
+        for name, (workers, environ) in specs.items():
             begin = time.perf_counter()
-            with dask.config.set({"distributed.nanny.pre-spawn-environ": scoring_environ()}):  # as --workers starts them
-                clusters[name] = LocalCluster(n_workers=int(name[-1]), threads_per_worker=1, processes=True,
+            with dask.config.set({"distributed.nanny.pre-spawn-environ": environ}):
+                clusters[name] = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
                                               dashboard_address=":0")
             started[name] = time.perf_counter() - begin
         engines = {"local": {"engine": "local"},
@@ -135,7 +141,7 @@ def measure(args: argparse.Namespace, folder: Path) -> dict:
         **{f"{name}_s_runs": times for name, times in runs.items()},
         **{f"{name}_s_median": value for name, value in median.items()},
         **{f"{name}_sessions_per_s": sessions / value for name, value in median.items()},
-        "dask_1_over_local": median["local"] / median["dask_1"], "dask_2_over_local": median["local"] / median["dask_2"],
+        **{f"{name}_over_local": median["local"] / median[name] for name in specs},
         "cluster_start_s": started, "warmup_s": {name: counts["wall_s"] for name, counts in warm.items()},
         "warmup_model_reads": {name: counts["loads"] for name, counts in warm.items()},
         "one_shot_workers_2_s": one_shot["seconds"], "bytes_equal": len(written) == 1,

@@ -174,7 +174,7 @@ class Runner:
 def scoring_environ() -> dict[str, Any]:
     """Dask's ``distributed.nanny.pre-spawn-environ`` (the variables its workers start with) without
     ``MALLOC_TRIM_THRESHOLD_``: set, it makes glibc hand every large torch temporary back to the system
-    and fault it in again, which made a worker score 2x slower (docs/benchmarks.md)."""
+    and fault it in again, which made a worker score 2.8x slower (docs/pipeline.md, "Across workers: measured")."""
     import dask
 
     environ = dask.config.get("distributed.nanny.pre-spawn-environ", default={}) or {}

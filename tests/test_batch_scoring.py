@@ -210,6 +210,9 @@ def test_predict_on_dask_refuses_trainer_settings_it_cannot_honour(world: World,
     got = sessrec_main(*predict_args(world, tmp_path / "recs.parquet"), "--partition_batches", "2")
     assert got == ("sessrec predict: error: --partition_batches needs --engine dask (the local engine scores on the "
                    "Trainer) (--traceback for details)")
+    got = sessrec_main("fit", "--config", str(world.recipe), "--engine", "dask")
+    assert got == ("sessrec fit: error: --engine dask is for sessrec predict (and recommend); fit runs on the Trainer "
+                   "(--traceback for details)")
     assert not list(tmp_path.iterdir())
 
 

@@ -241,25 +241,30 @@ class SessrecCLI(LightningCLI):
         self.trainer.callbacks = [cb for cb in self.trainer.callbacks if not isinstance(cb, ProgressBar)]
         self.trainer.callbacks.append(PredictProgress())
 
-    def predict(self, model: pl.LightningModule, datamodule: pl.LightningDataModule | None = None, **kwargs: object) -> None:
+    def predict(self, model: pl.LightningModule, datamodule: pl.LightningDataModule | None = None,
+                **kwargs: object) -> None:
         """``sessrec predict``: the Trainer's prediction loop with ``--engine local``; with ``--engine dask``,
         `sessrec.scoring.predict_file` on the model directory, the data module's ``predict_path``,
         ``predict_schema`` and ``eval_batch_size``, the evaluation settings chosen (top_k, exclude_seen)
         and the `TopKWriter`'s output: the same file, partition by partition on the workers."""
-        if self._engine.engine == "local":
+        engine = self._engine
+        if engine.engine == "local":
             self.trainer.predict(model, datamodule=datamodule, **kwargs)
             return
         if not isinstance(self._artifact, SessionRecommender) or not isinstance(model, NextItemTask):
-            what = "no --model_dir" if self._model_dir is None else f"{self._model_dir} holds a {type(self._artifact).__name__}"
-            raise ValueError(f"--engine dask scores a session model's directory (--model_dir runs/<name>/model); {what}")  # noqa: TRY004 - a setting, not a type
+            held = f"{self._model_dir} holds a {type(self._artifact).__name__}"
+            raise ValueError(  # noqa: TRY004 - a setting, not a type
+                "--engine dask scores a session model's directory (--model_dir runs/<name>/model); "
+                + ("no --model_dir" if self._model_dir is None else held))
         if not isinstance(datamodule, SessionDataModule) or datamodule.predict_path is None:
             raise ValueError("set --data.predict_path to the sessions file to score")
         writer = next(cb for cb in self.trainer.callbacks if isinstance(cb, TopKWriter))
-        evaluation = model.evaluation
-        predict_file(self._model_dir, datamodule.predict_path, writer.target(datamodule.predict_path), k=evaluation.top_k,
+        path, evaluation = datamodule.predict_path, model.evaluation
+        predict_file(self._model_dir, path, writer.target(path), k=evaluation.top_k,
                      exclude_seen=evaluation.exclude_seen, batch_size=datamodule.eval_batch_size,
-                     schema=datamodule.predict_schema, overwrite=writer.overwrite, engine=self._engine.engine,
-                     scheduler=self._engine.scheduler, workers=self._engine.workers, partition_batches=self.config["predict"].partition_batches or PARTITION_BATCHES)
+                     schema=datamodule.predict_schema, overwrite=writer.overwrite, engine=engine.engine,
+                     scheduler=engine.scheduler, workers=engine.workers,
+                     partition_batches=self.config["predict"].partition_batches or PARTITION_BATCHES)
 
     def after_fit(self) -> None:
         """Print the metrics of the checkpoint kept (the best one, with its epoch) and write its model

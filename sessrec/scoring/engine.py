@@ -4,8 +4,9 @@
 task per pending partition (``client.map``) to a Dask cluster: the one at ``scheduler``, else a
 `distributed.LocalCluster` of ``workers`` processes with one thread each, started for the run and
 closed after it. `Engine.started` connects (or starts the cluster) before the run reads or writes
-anything, so an unreachable scheduler leaves nothing behind. Dask does the scheduling: placement, a task moved when its worker dies (up to
-Dask's ``distributed.scheduler.allowed-failures`` times), results gathered. A job writes its own
+anything, so an unreachable scheduler leaves nothing behind. Dask does the scheduling: placement, a
+task moved when its worker dies (up to Dask's ``distributed.scheduler.allowed-failures`` times),
+results gathered. A job writes its own
 part (`sessrec.scoring.parts`) and returns a small record; the workers read the input and write
 the parts at the paths the driver gives, so a cluster of several machines needs a file system
 they share. The local cluster's workers start without Dask's ``MALLOC_TRIM_THRESHOLD_``

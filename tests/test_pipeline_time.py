@@ -93,7 +93,7 @@ def ids(recs: list[dict]) -> list[list]:
 
 def at_clock(monkeypatch: pytest.MonkeyPatch, module, seconds: float) -> None:
     """Make `module`'s clock read `seconds`."""
-    monkeypatch.setattr(module, "time", types.SimpleNamespace(time=lambda: seconds))
+    monkeypatch.setattr(module, "time", types.SimpleNamespace(time=lambda: seconds, monotonic=time.monotonic))
 
 
 def with_time_features(pipe: Pipeline) -> Pipeline:
@@ -301,9 +301,9 @@ def test_scoring_stream_gives_event_times_right_aligned_in_time_order(vocab: Ite
     src = tmp_path / "events.csv"  # each session's events newest first in the file
     pacsv.write_csv(pa.table({"session_id": [1, 1, 2], "item_id": [10, 20, 30], "timestamp": [T0, T0 - 30, T1]}), src)
     batches = list(ScoringStream(src, vocab, Schema(), max_length=3, batch_size=8, times=True))
-    assert [b.times.tolist() for b in batches] == [[[T0 - 30, T0]], [[T1]]]  # the last session: a batch of its own
+    assert [b.times.tolist() for b in batches] == [[[T0 - 30, T0], [0.0, T1]]]  # one batch, 0 on padding
     model_id = dict(zip([10, 20, 30], vocab.encode(pa.array([10, 20, 30])).ids.tolist()))
-    assert [b.items.tolist() for b in batches] == [[[model_id[20], model_id[10]]], [[model_id[30]]]]
+    assert [b.items.tolist() for b in batches] == [[[model_id[20], model_id[10]], [0, model_id[30]]]]
     lists = tmp_path / "lists.parquet"
     pq.write_table(pa.table({"session_id": [1, 2], "item_id": [[10, 20], [30]], "timestamp": [[T0, T0 - 30], [T1]]}),
                    lists)
@@ -358,19 +358,19 @@ def test_a_resumed_run_serves_at_the_time_the_run_started_and_another_now_starts
         at_clock(patch, offline, T0)  # the run starts inside the window
         kill_after_one_batch(patch)
         with pytest.raises(RuntimeError, match="killed"):
-            recommend_file(pipe, src, out, k=K, batch_size=2)
+            recommend_file(pipe, src, out, k=K, batch_size=2, partition_batches=1)
     manifest = json.loads((tmp_path / "recs.parquet.parts" / "manifest.json").read_text())
     assert manifest["now"] == T0
     at_clock(monkeypatch, offline, T1)  # resumed after the window closed: still served at T0
-    counts = recommend_file(pipe, src, out, k=K, batch_size=2)
-    assert (counts["batches_written"], counts["batches_resumed"], counts["now"]) == (1, 1, T0)
+    counts = recommend_file(pipe, src, out, k=K, batch_size=2, partition_batches=1)
+    assert (counts["partitions_written"], counts["partitions_resumed"], counts["now"]) == (1, 1, T0)
     assert recommended(out) == [EXPECTED["deny"][T0]] * 4
     with monkeypatch.context() as patch:
         kill_after_one_batch(patch)
         with pytest.raises(RuntimeError, match="killed"):
-            recommend_file(pipe, src, out, k=K, batch_size=2, overwrite=True, now=T0)
-    counts = recommend_file(pipe, src, out, k=K, batch_size=2, overwrite=True, now=T1)  # another now
-    assert (counts["batches_written"], counts["batches_resumed"]) == (2, 0)
+            recommend_file(pipe, src, out, k=K, batch_size=2, overwrite=True, now=T0, partition_batches=1)
+    counts = recommend_file(pipe, src, out, k=K, batch_size=2, overwrite=True, now=T1, partition_batches=1)  # another now
+    assert (counts["partitions_written"], counts["partitions_resumed"]) == (2, 0)
     assert "starting over" in capsys.readouterr().out
     assert recommended(out) == [EXPECTED["deny"][T1]] * 4
 

@@ -65,7 +65,8 @@ def pipeline_cli(args: list[str]) -> object:
         return recipe.test()
     return recommend_file(
         recipe.output, cfg.input_path, cfg.output, k=cfg.k, batch_size=cfg.batch_size,
-        schema=recipe.data.predict_schema, overwrite=cfg.overwrite, now=cfg.now,
+        schema=recipe.data.predict_schema, overwrite=cfg.overwrite, now=cfg.now, engine=cfg.engine,
+        scheduler=cfg.scheduler, workers=cfg.workers, partition_batches=cfg.partition_batches,
     )
 
 
@@ -302,6 +303,7 @@ EXTRA_OF = {
     **dict.fromkeys(("fastapi", "uvicorn", "prometheus_client", "onnx", "onnxscript", "onnxruntime"), "deploy"),
     **dict.fromkeys(("faiss", "lightgbm"), "pipeline"),
     **dict.fromkeys(("cudf", "cupy"), "gpu"),
+    **dict.fromkeys(("dask", "distributed"), "scale"),
 }
 
 

@@ -56,6 +56,7 @@ import warnings
 from argparse import ArgumentError
 from importlib import import_module
 from pathlib import Path
+from typing import Literal
 
 import pytorch_lightning as pl
 from jsonargparse import Namespace
@@ -68,11 +69,13 @@ from sessrec.cli.errors import RecipeError, check_in_order, flag_mapping, one_li
 from sessrec.cli.parsers import checkpoint_refused, config_paths, read_config
 from sessrec.saved.checkpoint import checkpoint_summary
 from sessrec.saved.registry import config_of
+from sessrec.scoring import Engine, predict_file
 from sessrec.tasks import DLRMTask, LastCheckpoint, NextItemTask, SessionDataModule, TopKWriter
 from sessrec.tasks.callbacks import MetricHistory, PredictProgress
 from sessrec.tasks.checkpointing import best_of_run, plain_hparams
 from sessrec.tasks.restore import merge_with_model, task_class
 
+PARTITION_BATCHES = 8  # predict --engine dask: batches per partition by default
 EVALUATING = ("validate", "test", "predict")  # subcommands that evaluate or run a trained model
 # the task settings linked from the data module: the model directory's vocabulary and transforms give them
 FROM_DATA = ("num_items", "num_virtual", "side_features", "max_length", "cardinalities", "num_dense")
@@ -85,6 +88,7 @@ class SessrecCLI(LightningCLI):
     _model_dir: Path | None = None  # the model directory evaluated (its current version)
     _artifact: SessionRecommender | ClickRanker | None = None  # what it holds
     _settings: dict | None = None  # the evaluation settings it is evaluated with
+    _engine: Engine = Engine()  # where predict scores (--engine, --scheduler, --workers)
 
     def parse_arguments(self, parser: LightningArgumentParser, args: object) -> None:
         """Refuse an unknown key of the model, data or trainer in one line naming the closest valid one
@@ -148,6 +152,15 @@ class SessrecCLI(LightningCLI):
         parser.add_argument("--model_dir", type=str | None, default=None,
                             help="validate, test, predict: the model directory of a trained model (runs/<name>/model)")
         parser.add_lightning_class_args(LastCheckpoint, "last_checkpoint")
+        parser.add_argument("--engine", type=Literal["local", "dask"], default="local",
+                            help="predict: local (the Trainer, in this process) or dask (partitions of the input on the "
+                                 "workers of a Dask cluster, sessrec.scoring)")
+        parser.add_argument("--scheduler", type=str | None, default=None,
+                            help="predict --engine dask: the address of a running Dask scheduler (else a local cluster)")
+        parser.add_argument("--workers", type=int | None, default=None,
+                            help="predict --engine dask without --scheduler: worker processes of the local cluster (2)")
+        parser.add_argument("--partition_batches", type=int | None, default=None,
+                            help="predict --engine dask: batches per partition, the unit of work and of resumption (8)")
 
     def before_instantiate_classes(self) -> None:
         sub = self.subcommand
@@ -162,6 +175,13 @@ class SessrecCLI(LightningCLI):
             parser = self._subcommand_parsers[sub]
             parser.link_arguments("data.cardinalities", "model.init_args.cardinalities", apply_on="instantiate")
             parser.link_arguments("data.num_dense", "model.init_args.num_dense", apply_on="instantiate")
+        self._engine = Engine(cfg.engine, cfg.scheduler, cfg.workers)
+        if sub != "predict" and self._engine.engine != "local":
+            raise ValueError(f"--engine {cfg.engine} is for sessrec predict (and recommend); {sub} runs on the Trainer")
+        if cfg.partition_batches is not None and self._engine.engine == "local":
+            raise ValueError("--partition_batches needs --engine dask (the local engine scores on the Trainer)")
+        if self._engine.engine == "dask":
+            refuse_trainer_settings(cfg.trainer)
         if sub == "fit":
             if cfg.get("model_dir"):
                 raise ValueError("sessrec fit trains the recipe's model: --model_dir is for validate, test and predict "
@@ -221,6 +241,31 @@ class SessrecCLI(LightningCLI):
         self.trainer.callbacks = [cb for cb in self.trainer.callbacks if not isinstance(cb, ProgressBar)]
         self.trainer.callbacks.append(PredictProgress())
 
+    def predict(self, model: pl.LightningModule, datamodule: pl.LightningDataModule | None = None,
+                **kwargs: object) -> None:
+        """``sessrec predict``: the Trainer's prediction loop with ``--engine local``; with ``--engine dask``,
+        `sessrec.scoring.predict_file` on the model directory, the data module's ``predict_path``,
+        ``predict_schema`` and ``eval_batch_size``, the evaluation settings chosen (top_k, exclude_seen)
+        and the `TopKWriter`'s output: the same file, partition by partition on the workers."""
+        engine = self._engine
+        if engine.engine == "local":
+            self.trainer.predict(model, datamodule=datamodule, **kwargs)
+            return
+        if not isinstance(self._artifact, SessionRecommender) or not isinstance(model, NextItemTask):
+            held = f"{self._model_dir} holds a {type(self._artifact).__name__}"
+            raise ValueError(  # noqa: TRY004 - a setting, not a type
+                "--engine dask scores a session model's directory (--model_dir runs/<name>/model); "
+                + ("no --model_dir" if self._model_dir is None else held))
+        if not isinstance(datamodule, SessionDataModule) or datamodule.predict_path is None:
+            raise ValueError("set --data.predict_path to the sessions file to score")
+        writer = next(cb for cb in self.trainer.callbacks if isinstance(cb, TopKWriter))
+        path, evaluation = datamodule.predict_path, model.evaluation
+        predict_file(self._model_dir, path, writer.target(path), k=evaluation.top_k,
+                     exclude_seen=evaluation.exclude_seen, batch_size=datamodule.eval_batch_size,
+                     schema=datamodule.predict_schema, overwrite=writer.overwrite, engine=engine.engine,
+                     scheduler=engine.scheduler, workers=engine.workers,
+                     partition_batches=self.config["predict"].partition_batches or PARTITION_BATCHES)
+
     def after_fit(self) -> None:
         """Print the metrics of the checkpoint kept (the best one, with its epoch) and write its model
         directory beside it; a session model's directory records the data module's configuration (its
@@ -255,6 +300,22 @@ class SessrecCLI(LightningCLI):
                       if cb.best_model_path == best and cb.monitor and cb.best_model_score is not None}
             return f"metrics of {best} (epoch {epoch}, step {step}): {_shown(scores) or 'not recorded in this run'}"
         return f"metrics of {best} (epoch {epoch}, step {step}, the checkpoint kept): {_shown(metrics)}"
+
+
+# what a Dask worker scores with: its CPU, float32, one process per worker (the Trainer is not used)
+DASK_TRAINER = {"accelerator": ("auto", "cpu"), "strategy": ("auto",), "devices": ("auto", 1, "1"), "num_nodes": (1,),
+                "precision": (None, 32, "32", "32-true")}
+
+
+def refuse_trainer_settings(trainer: Namespace) -> None:
+    """Refuse a Trainer setting that ``predict --engine dask`` cannot honour (its workers score on their CPU in
+    float32, without the Trainer), in one line naming it."""
+    for key, allowed in DASK_TRAINER.items():
+        value = trainer.get(key, allowed[0])
+        if value not in allowed:
+            raise ValueError(f"--trainer.{key} {value}: predict --engine dask scores on each worker's CPU in float32, "
+                             f"without the Trainer; set --trainer.{key} {allowed[-1] if key == 'precision' else allowed[0]} "
+                             "or use --engine local")
 
 
 def _shown(metrics: dict) -> str:

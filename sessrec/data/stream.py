@@ -6,6 +6,12 @@ Two input layouts are accepted:
   chunk boundary is carried over to the next chunk, so memory stays at one chunk plus one
   session (and the session ids seen, to refuse one that comes again).
 
+Batches hold `batch_size` sessions each (the last one the rest), cut the same way whatever the
+chunks read: batch ``i`` is the sessions ``i * batch_size ..`` of the file. `ScoringStream.partitions`
+cuts the file into row ranges of whole sessions (a session never spans two), read from the session
+id column alone; a stream over one range (``rows``) yields exactly the batches of the whole file's
+stream that fall in it when the range starts at a multiple of `batch_size` sessions.
+
 Either way the schema's ``timestamp`` column, when the file has it, orders the events of each
 session (a list column of times in the list layout); without it the file order is the time order.
 Asked for them (``times=True``), the batches carry those times in seconds (`SessionBatch.times`).
@@ -22,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -36,6 +43,14 @@ from sessrec.data.readers import _is_parquet, _sniff_delimiter
 from sessrec.data.schema import FeatureSpec, Schema, SchemaError, check_id, parse_time
 from sessrec.data.side import FittedSideFeatures
 from sessrec.data.vocab import ItemVocab
+
+
+class Partition(NamedTuple):
+    """File rows ``[start, stop)`` that hold `sessions` whole sessions."""
+
+    start: int
+    stop: int
+    sessions: int
 
 
 class ScoringStream:
@@ -62,6 +77,8 @@ class ScoringStream:
             epoch, right-aligned with the items, 0 on padding) when the file has the schema's
             ``timestamp`` column (read from the file's header here); ``self.times`` then says
             whether the batches carry them.
+        rows: read only the file rows ``[start, stop)`` (a range of `partitions`); a session
+            repeated outside it is not seen here (`partitions` refuses it for the whole file).
 
     Raises:
         SchemaError: (while iterating) on a bad row; the message names the file, column, row and value.
@@ -80,7 +97,11 @@ class ScoringStream:
         rank: int = 0,
         world_size: int = 1,
         times: bool = False,
+        rows: tuple[int, int] | None = None,
     ) -> None:
+        if rows is not None and not 0 <= rows[0] < rows[1]:
+            raise ValueError(f"rows must be a range [start, stop) with 0 <= start < stop, got {rows}")
+        self.rows = rows
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"need world_size >= 1 and 0 <= rank < world_size, got rank {rank} of {world_size}")
         self.rank, self.world_size = rank, world_size
@@ -112,12 +133,13 @@ class ScoringStream:
         except (pa.ArrowInvalid, OSError) as err:
             raise SchemaError(f"{self.path}: cannot be read: {err}") from err
 
-    def _csv(self) -> pacsv.CSVStreamingReader:
+    def _csv(self, columns: list[str] | None = None) -> pacsv.CSVStreamingReader:
         parse = pacsv.ParseOptions(delimiter=_sniff_delimiter(self.path))
         convert = pacsv.ConvertOptions(
             column_types={c: pa.string() for c in self.schema.id_columns} if self.schema.string_ids else {},
             null_values=["", "NA", "null"],
             strings_can_be_null=True,
+            include_columns=columns or [],
         )
         return pacsv.open_csv(
             self.path,
@@ -126,22 +148,66 @@ class ScoringStream:
             convert_options=convert,
         )
 
-    def _chunks(self) -> Iterator[tuple[pa.Table, int]]:
-        """(rows, file row of the first one) chunk by chunk; raises when the file has no rows."""
+    def _chunks(self, columns: list[str] | None = None) -> Iterator[tuple[pa.Table, int]]:
+        """(rows, file row of the first one) chunk by chunk, of `columns` (None: all) and of the rows
+        of ``self.rows`` (None: all); raises when the file has no rows."""
+        start, stop = self.rows if self.rows is not None else (0, None)
         first = 0
         try:
             if _is_parquet(self.path):
-                batches = pq.ParquetFile(self.path).iter_batches(batch_size=self.chunk_rows)
+                meta = pq.ParquetFile(self.path)
+                sizes = np.array([meta.metadata.row_group(g).num_rows for g in range(meta.num_row_groups)], np.int64)
+                ends = np.cumsum(sizes)
+                # the row groups that hold rows of [start, stop): skip those before, read none after
+                groups = [g for g in range(len(sizes)) if ends[g] > start and (stop is None or ends[g] - sizes[g] < stop)]
+                first = int(ends[groups[0]] - sizes[groups[0]]) if groups else 0
+                batches = meta.iter_batches(batch_size=self.chunk_rows, row_groups=groups, columns=columns)
             else:
-                batches = self._csv()
+                batches = self._csv(columns)
             for rb in batches:
-                if rb.num_rows:
-                    yield pa.Table.from_batches([rb]), first
+                lo, hi = max(start - first, 0), rb.num_rows if stop is None else min(stop - first, rb.num_rows)
+                if hi > lo:
+                    yield pa.Table.from_batches([rb.slice(lo, hi - lo)]), first + lo
                 first += rb.num_rows
+                if stop is not None and first >= stop:
+                    break
         except (pa.ArrowInvalid, OSError) as err:
             raise SchemaError(f"{self.path}: cannot be read: {err}") from err
         if first == 0:
             raise SchemaError(f"{self.path}: the file has no rows")
+
+    def partitions(self, sessions: int) -> list[Partition]:
+        """The file cut into row ranges ``[start, stop)`` of `sessions` whole sessions each (the last
+        one the rest), in file order, read from the session id column alone.
+
+        Every session id is checked as iterating checks it (a null or bad id, a session that comes
+        again), for the whole file: streams over the ranges (``rows``) then need not see each other.
+
+        Raises:
+            SchemaError: a missing session column, a bad or repeated session id (the file, column,
+                value and row named), a file without rows.
+        """
+        if sessions < 1:
+            raise ValueError(f"sessions per partition must be >= 1, got {sessions}")
+        s, columns = self.schema, self.columns()
+        if s.session_id not in columns:
+            raise SchemaError(f"{self.path}: column {s.session_id!r} is missing; the file has columns {columns}")
+        lists = _is_parquet(self.path) and s.item_id in columns and _is_list(pq.read_schema(self.path).field(s.item_id).type)
+        seen, cuts, count, last, end = _SeenIds(), [], 0, None, 0
+        for chunk, first in self._chunks([s.session_id]):
+            ids = check_id(chunk, s.session_id, str(self.path), first, s.string_ids)
+            keys = ids.to_numpy(zero_copy_only=False)
+            new = np.ones(len(keys), dtype=bool)
+            if not lists:  # the event layout: a session is a run of rows with one id
+                new[1:] = keys[1:] != keys[:-1]
+                new[0] = last is None or keys[0] != last
+            starts = np.flatnonzero(new)
+            self._check_new(seen, pa.table({frame.SESSION: ids.take(starts)}), first + starts, s)
+            number = count + np.arange(len(starts))  # of each session starting here, in the file
+            cuts.extend((first + starts[number % sessions == 0]).tolist())
+            count, last, end = count + len(starts), keys[-1], first + len(keys)
+        counts = [sessions] * (len(cuts) - 1) + [count - sessions * (len(cuts) - 1)]
+        return [Partition(*bounds) for bounds in zip(cuts, [*cuts[1:], end], counts)]
 
     def _file_schema(self, columns: list[str]) -> Schema:
         """The schema, without its timestamp when the file has no such column (file order then)."""
@@ -276,7 +342,7 @@ class ScoringStream:
 
     def __iter__(self) -> Iterator[SessionBatch]:
         batch = -1
-        for sessions in self._sessions():
+        for sessions in _whole_batches(self._sessions(), self.batch_size):
             values, offsets = frame.list_offsets(sessions.column(frame.ITEMS))
             virtual = None
             if frame.VIRTUAL in sessions.column_names:
@@ -318,6 +384,21 @@ class ScoringStream:
         values, offsets = frame.list_offsets(column)
         seconds = values.to_numpy(zero_copy_only=False).astype(np.float64)
         return torch.from_numpy(frame.pad_sessions(seconds, offsets[:-1], offsets[1:], self.max_length, np.float64))
+
+
+def _whole_batches(tables: Iterator[pa.Table], size: int) -> Iterator[pa.Table]:
+    """The rows of `tables` again, in tables of a multiple of `size` rows (the last one the rest):
+    batches cut from them do not depend on where the chunks were cut."""
+    carry = None
+    for table in tables:
+        if carry is not None:
+            table = pa.concat_tables([carry, table])
+        whole = table.num_rows - table.num_rows % size
+        if whole:
+            yield table.slice(0, whole)
+        carry = table.slice(whole)
+    if carry is not None and carry.num_rows:
+        yield carry
 
 
 def _is_list(typ: pa.DataType) -> bool:

@@ -1,15 +1,18 @@
-"""Offline batch recommendation: a sessions file in, a recommendations parquet out, resumable.
+"""Offline batch recommendation: a sessions file in, a recommendations parquet or CSV out, resumable.
 
-`recommend_file` streams the input (`ScoringStream`: parquet or CSV, a list column or one row per
-event, bounded memory) through the same `Pipeline.recommend_batch` that serves one request,
-and writes each batch to its own part file under ``<output>.parts/``, each under a temporary
-name and renamed when complete. A run that is killed leaves complete parts only; the next run
-with the same input, pipeline and settings skips them (the batches are cut the same way) and goes
-on. "The same" is decided by content: the parts folder's manifest records the input file's content
-hash and the saved pipeline's (`Pipeline.content_hash`), never a path, a size or a time, so a
-pipeline re-fitted in place or an input rewritten meanwhile starts the run over.
-At the end the parts are joined into ``<output>`` under a temporary name, renamed, and the
-parts folder is removed: every session exactly once, in input order.
+`recommend_file` cuts the input into partitions of whole sessions (`ScoringStream.partitions`,
+`partition_batches` batches each) and scores each with `RecommendJob`: the partition's batches
+(`ScoringStream`: parquet or CSV, a list column or one row per event, bounded memory) through the
+same `Pipeline.recommend_batch` that serves one request, into its own part under
+``<output>.parts/`` (`sessrec.scoring.PartsFolder`), written under a temporary name and renamed
+when complete. The partitions are scored in this process or on the workers of a Dask cluster
+(`sessrec.scoring.Engine`: ``--engine dask``), where each worker reads the pipeline directory once.
+A run that is killed (or whose worker died) leaves complete parts only; the next run with the same
+input, pipeline and settings scores only the other partitions. "The same" is decided by content: the
+manifest records the input file's content hash and the saved pipeline's (`Pipeline.content_hash`),
+never a path, a size or a time, so a pipeline re-fitted in place or an input rewritten meanwhile
+starts the run over. At the end the parts are joined into ``<output>`` in input order, the same bytes
+whatever the engine and the number of workers.
 
 Time: an input with the schema's ``timestamp`` column gives each session its event times (for
 the ranker's time features) and its request time ``now``, at which the allow/deny windows hold:
@@ -20,17 +23,13 @@ serves at the time its first part was served at, and a run given another ``now``
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.csv as pacsv
-import pyarrow.parquet as pq
 import torch
 
 from sessrec.data.batch import SessionBatch
@@ -38,16 +37,13 @@ from sessrec.data.schema import Schema
 from sessrec.data.stream import ScoringStream
 from sessrec.pipeline.clock import LATEST, check_seconds
 from sessrec.pipeline.pipeline import Pipeline
-from sessrec.saved.atomic import digest, write_text
+from sessrec.saved import versions
+from sessrec.saved.atomic import digest
+from sessrec.scoring.engine import Engine, load_once, worker_name
+from sessrec.scoring.parts import PartsFolder, check_output, write_part
+from sessrec.scoring.predict import summary
 
 LAST_EVENT = "last event"  # the manifest's ``now`` of an input with event times
-
-
-def _manifest(input_path: Path, k: int, batch_size: int, pipeline: Pipeline, schema: Schema, now: float | str) -> dict:
-    """What the parts of a run depend on, by content; a pipeline never saved has no identity (None): its
-    parts are never reused."""
-    return {"input": digest(input_path), "pipeline": pipeline.content_hash, "k": k, "batch_size": batch_size,
-            "schema": repr(schema), "now": now}
 
 
 def recommend_file(
@@ -59,135 +55,131 @@ def recommend_file(
     schema: Schema = Schema(),  # noqa: B008 - a config value, never mutated
     overwrite: bool = False,
     now: float | None = None,
+    engine: Literal["local", "dask"] = "local",
+    scheduler: str | None = None,
+    workers: int | None = None,
+    partition_batches: int = 8,
 ) -> dict:
     """Recommend `k` items for every session of `input_path`; write ``session_id``, ``item_ids``, ``scores``.
 
     Args:
-        pipeline: a saved pipeline directory (or a loaded `Pipeline`).
+        pipeline: a saved pipeline directory (or a loaded `Pipeline`, with the local engine).
         input_path: sessions file (see `ScoringStream`).
         output: the file to write: ``.parquet`` (``session_id``, ``item_ids``, ``scores``) or ``.csv``
             (one row per recommendation: ``session_id``, ``rank``, ``item_id``, ``score``).
         k: recommendations per session.
-        batch_size: sessions per batch and per part file.
+        batch_size: sessions per batch.
         schema: column names of the input; its ``timestamp`` column (in its ``time_unit``), when
             the input has it, gives each session's event times and serves it at its last event.
         overwrite: replace an existing output (otherwise refuse).
         now: the time every session is served at (seconds since the epoch), for the allow/deny
             windows. None: each session's last event time where the input has a time column,
             else the time the run starts (the time a resumed run started, recorded in its manifest).
+        engine: ``local`` (this process) or ``dask`` (one task per partition on a Dask cluster).
+        scheduler: with ``dask``, the address of a running Dask scheduler (``tcp://host:8786``); none: a
+            local cluster of `workers` processes.
+        workers: with ``dask`` and no scheduler, the processes of the local cluster, one thread each (none: 2).
+        partition_batches: batches per partition and per part: the unit of work and of resumption.
 
     Returns:
-        counts: sessions, batches written, batches resumed (skipped), unknown items, output, and
-        ``now`` (the time every session was served at; None: each at its last event).
+        counts: sessions, partitions written and resumed (skipped), unknown items (of the partitions
+        scored), the workers and how often each read the pipeline, output, and ``now`` (the time every
+        session was served at; None: each at its last event).
 
     Raises:
-        ValueError: `k` or `batch_size` below 1, `output` a directory or of another suffix (before
-            anything is written), an implausible `now` or event time (after the year 3000: milliseconds given
-            as seconds), or an input without a time column for a ranker fitted with time features.
+        ValueError: `k`, `batch_size` or `partition_batches` below 1, `output` a directory or of another
+            suffix, an engine setting that cannot be honoured (all before anything is written), an
+            implausible `now` or event time (after the year 3000: milliseconds given as seconds), or an
+            input without a time column for a ranker fitted with time features.
+        OSError: the scheduler cannot be reached (one line naming its address).
     """
-    output, input_path = Path(output), Path(input_path)
+    output, input_path = Path(output).absolute(), Path(input_path).absolute()
     check_output(output, k, batch_size)
+    if isinstance(partition_batches, bool) or not isinstance(partition_batches, int) or partition_batches < 1:
+        raise ValueError(f"--partition_batches {partition_batches}: must be 1 or more")
+    run_on = Engine(engine, scheduler, workers)
+    if run_on.engine == "dask" and isinstance(pipeline, Pipeline):
+        raise ValueError("--engine dask reads the pipeline on every worker from its directory: pass the saved "
+                         "directory, not a loaded Pipeline")
     if output.exists() and not overwrite:
         raise FileExistsError(f"{output} exists; pass --overwrite true to replace it")
     if now is not None:
         now = float(check_seconds(now, "now"))
-    pipe = pipeline if isinstance(pipeline, Pipeline) else Pipeline.from_pretrained(pipeline)
+    directory = None if isinstance(pipeline, Pipeline) else str(versions.resolve(pipeline).absolute())
+    pipe = pipeline if isinstance(pipeline, Pipeline) else Pipeline.from_pretrained(directory)
     stream = ScoringStream(input_path, pipe.vocab, schema, pipe.history_length, batch_size, times=True)
     if pipe.time_features and not stream.times:
         where = f"column {schema.timestamp!r}" if schema.timestamp is not None else "a column named by the schema's timestamp"
         raise ValueError(f"{input_path}: {pipe.missing_times(where)}; the file has columns {stream.columns()}")
-    parts = output.with_name(output.name + ".parts")
-    marker = parts / "manifest.json"
-    recorded = _read(marker) if marker.exists() else None
+    started = time.monotonic()
+    settings = {"input": digest(input_path), "pipeline": pipe.content_hash, "k": k, "batch_size": batch_size,
+                "partition_batches": partition_batches, "schema": repr(schema)}
+    parts = PartsFolder(output, {**settings, "now": LAST_EVENT}, reusable=pipe.content_hash is not None, tag="recommend")
     if now is None and not stream.times:  # the time the run starts, or the one the run it resumes started at
-        same = _manifest(input_path, k, batch_size, pipe, schema, None)
-        started = recorded.get("now") if isinstance(recorded, dict) else None
-        resumes = isinstance(started, float) and {**recorded, "now": None} == same
-        now = started if resumes else time.time()
-    manifest = _manifest(input_path, k, batch_size, pipe, schema, LAST_EVENT if now is None else now)
-    if parts.exists() and (manifest["pipeline"] is None or recorded != manifest):
-        print(f"[recommend] {parts}: written by another pipeline, input or settings; starting over")
-        shutil.rmtree(parts)
-    parts.mkdir(parents=True, exist_ok=True)
-    write_text(marker, json.dumps(manifest))
-    written = resumed = sessions = 0
-    names = []
-    for i, batch in enumerate(stream):
-        part = parts / f"part-{i:06d}.parquet"
-        names.append(part)
-        sessions += len(batch)
-        if part.exists():
-            resumed += 1
-            continue
-        request = pipe.wrap(batch.items, _checked_times(batch, input_path, schema),
-                            None if now is None else torch.full((len(batch),), now, dtype=torch.float64))
-        recs = pipe.recommend_batch(request, k)  # as `Pipeline.recommend` for one request
-        item_ids, scores = pipe.decode_lists(recs)
-        table = pa.table({"session_id": batch.keys, "item_ids": item_ids, "scores": scores})
-        tmp = part.with_name(part.name + ".tmp")
-        pq.write_table(table, tmp)
-        os.replace(tmp, part)
-        written += 1
-    if not names:
-        raise ValueError(f"{input_path}: no sessions to recommend for")
-    _join(names, output)
-    shutil.rmtree(parts)
-    counts = {"sessions": sessions, "batches_written": written, "batches_resumed": resumed,
-              "unknown_items": stream.num_unknown, "output": str(output), "now": now}
-    print(f"[recommend] {sessions} sessions -> {output} ({written} batches scored, {resumed} resumed, "
-          f"{stream.num_unknown} unknown item ids scored as OOV)")
+        recorded = parts.recorded() or {}
+        started_at = recorded.get("now")
+        resumes = isinstance(started_at, float) and {**recorded, "now": None} == {**settings, "now": None}
+        now = started_at if resumes else time.time()
+    parts.manifest = {**settings, "now": LAST_EVENT if now is None else now}
+    with run_on.started() as runner:
+        partitions = stream.partitions(batch_size * partition_batches)
+        parts.open()
+        pending = [(i, (p.start, p.stop)) for i, p in enumerate(partitions) if not parts.done(i)]
+        print(f"[recommend] {input_path}: {len(partitions)} partitions of {partition_batches} batches of {batch_size} "
+              f"sessions, {len(partitions) - len(pending)} already written; scoring on {run_on.describe()}")
+        job = RecommendJob(directory, pipe.content_hash, str(input_path), schema, batch_size, k, now, str(parts.folder),
+                           pipe if runner.client is None else None)
+        records = runner.run(job, pending, str(parts.folder))
+    parts.join(len(partitions))
+    counts = {**summary(records, partitions, time.monotonic() - started, output), "now": now}
+    print(f"[recommend] {counts['sessions']} sessions -> {output} ({counts['partitions_written']} partitions scored, "
+          f"{counts['partitions_resumed']} resumed, {counts['unknown_items']} unknown item ids scored as OOV)")
     return counts
 
 
-OUTPUT_SUFFIXES = (".parquet", ".csv")
+@dataclass(frozen=True)
+class RecommendJob:
+    """Recommend for one partition of the input and write its part (a Dask task).
 
-
-def check_output(output: Path, k: int, batch_size: int) -> None:
-    """Refuse settings that cannot give an output, before anything is written.
-
-    Raises:
-        ValueError: `k` or `batch_size` below 1, `output` a directory, or a suffix other than
-            `OUTPUT_SUFFIXES`.
+    Args:
+        directory: the saved pipeline's version folder (None: `pipeline` given, the local engine).
+        identity: its content hash (`Pipeline.content_hash`).
+        input_path: the sessions file.
+        schema: its column names.
+        batch_size: sessions per batch.
+        k: recommendations per session.
+        now: the time every session is served at (None: each at its last event).
+        parts: the parts folder.
+        pipeline: the pipeline, where the run has it in memory (the local engine).
     """
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"--k {k}: the number of recommendations per session must be 1 or more")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"--batch_size {batch_size}: must be 1 or more")
-    if output.is_dir():
-        raise ValueError(f"--output {output} is a directory; name a file in it (e.g. {output / 'recs.parquet'})")
-    if output.suffix.lower() not in OUTPUT_SUFFIXES:
-        raise ValueError(
-            f"--output {output}: unknown suffix {output.suffix or '(none)'!r}; name a .parquet file (session_id, "
-            "item_ids, scores) or a .csv file (one row per recommendation: session_id, rank, item_id, score)"
-        )
 
+    directory: str | None
+    identity: str | None
+    input_path: str
+    schema: Schema
+    batch_size: int
+    k: int
+    now: float | None
+    parts: str
+    pipeline: Pipeline | None = None
 
-def _join(names: list[Path], output: Path) -> None:
-    """Join the part files into `output` (parquet as they are; CSV one row per recommendation), under a
-    temporary name renamed when complete."""
-    tmp = output.with_name(f".{output.name}.tmp")
-    try:
-        if output.suffix.lower() == ".csv":
-            with pacsv.CSVWriter(tmp, _long(pq.read_table(names[0]).slice(0, 0)).schema) as writer:
-                for name in names:
-                    writer.write_table(_long(pq.read_table(name)))
-        else:
-            with pq.ParquetWriter(tmp, pq.read_schema(names[0])) as writer:
-                for name in names:
-                    writer.write_table(pq.read_table(name))
-        os.replace(tmp, output)
-    finally:
-        tmp.unlink(missing_ok=True)  # only still there when joining failed
+    def __call__(self, index: int, rows: tuple[int, int]) -> dict:
+        """Write part `index` from the file rows `rows`; its counts, the worker and whether it read the pipeline."""
+        pipe, loaded = self.pipeline, False
+        if pipe is None:
+            pipe, loaded = load_once(self.directory, self.identity, Pipeline.from_pretrained)
+        stream = ScoringStream(self.input_path, pipe.vocab, self.schema, pipe.history_length, self.batch_size,
+                               times=True, rows=rows)
+        write_part(Path(self.parts) / f"part-{index:06d}.parquet", (self.recommend(pipe, b) for b in stream))
+        return {"index": index, "sessions": stream.num_sessions, "items": stream.num_items,
+                "unknown": stream.num_unknown, "worker": worker_name(), "pid": os.getpid(), "loaded": loaded}
 
-
-def _long(table: pa.Table) -> pa.Table:
-    """One row per recommendation: ``session_id``, ``rank`` (1 = best), ``item_id``, ``score``."""
-    items, scores = table.column("item_ids").combine_chunks(), table.column("scores").combine_chunks()
-    parent = pc.list_parent_indices(items)
-    starts = pc.take(items.offsets, parent)
-    rank = pc.add(pc.subtract(pa.array(np.arange(len(parent), dtype=np.int64)), starts.cast(pa.int64())), 1)
-    return pa.table({"session_id": pc.take(table.column("session_id"), parent), "rank": rank,
-                     "item_id": pc.list_flatten(items), "score": pc.list_flatten(scores)})
+    def recommend(self, pipe: Pipeline, batch: SessionBatch) -> pa.Table:
+        """The recommendations of one batch, as `Pipeline.recommend` gives them for one request."""
+        now = None if self.now is None else torch.full((len(batch),), self.now, dtype=torch.float64)
+        request = pipe.wrap(batch.items, _checked_times(batch, Path(self.input_path), self.schema), now)
+        item_ids, scores = pipe.decode_lists(pipe.recommend_batch(request, self.k))
+        return pa.table({"session_id": batch.keys, "item_ids": item_ids, "scores": scores})
 
 
 def _checked_times(batch: SessionBatch, input_path: Path, schema: Schema) -> torch.Tensor | None:
@@ -204,10 +196,3 @@ def _checked_times(batch: SessionBatch, input_path: Path, schema: Schema) -> tor
             "column's unit (ms?)"
         )
     return batch.times
-
-
-def _read(marker: Path) -> dict | None:
-    try:
-        return json.loads(marker.read_text())
-    except (OSError, ValueError):
-        return None

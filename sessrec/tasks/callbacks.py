@@ -12,14 +12,13 @@ from pathlib import Path
 from typing import Any
 from weakref import proxy
 
-import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytorch_lightning as pl
 from pytorch_lightning.callbacks import BasePredictionWriter, ModelCheckpoint
 from pytorch_lightning.utilities import rank_zero_info
 
 from sessrec.saved.atomic import atomic_path
+from sessrec.scoring.predict import topk_table
 
 
 class MetricHistory(pl.Callback):
@@ -141,15 +140,19 @@ class TopKWriter(BasePredictionWriter):
         self._tmp: Path | None = None
         self._target: Path | None = None
 
-    def _resolve(self, trainer: pl.Trainer) -> Path:
+    def target(self, predict_path: str | Path) -> Path:
+        """The file written for the sessions of `predict_path`: `output`, else ``<stem>.recs.parquet`` beside it."""
         if self.output is not None:
             return Path(self.output)
-        src = Path(trainer.datamodule.predict_path)
+        src = Path(predict_path)
         stem = src.name.split(".")[0]
         return src.with_name(f"{stem}.recs.parquet")
 
     def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._target = self._resolve(trainer)
+        self._target = self.target(trainer.datamodule.predict_path)
+        if self._target.is_dir():
+            raise ValueError(f"--scoring.output {self._target} is a directory; name a file in it (e.g. "
+                             f"{self._target / 'recs.parquet'})")
         if self._target.exists() and not self.overwrite:
             raise FileExistsError(f"{self._target} exists; pass --scoring.overwrite true to replace it")
         self._target.parent.mkdir(parents=True, exist_ok=True)
@@ -163,17 +166,7 @@ class TopKWriter(BasePredictionWriter):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, prediction: Any, batch_indices: Any,
         batch: Any, batch_idx: int, dataloader_idx: int,
     ) -> None:
-        k = prediction.items.shape[1]
-        raw = trainer.datamodule.decode(prediction.items)
-        offsets = pa.array(np.arange(0, len(raw) + 1, k, dtype=np.int32))
-        scores = pa.array(prediction.scores.detach().float().cpu().numpy().reshape(-1))
-        table = pa.table(
-            {
-                "session_id": batch.keys,
-                "item_ids": pa.ListArray.from_arrays(offsets, raw),
-                "scores": pa.ListArray.from_arrays(offsets, scores),
-            }
-        )
+        table = topk_table(batch.keys, trainer.datamodule.decode(prediction.items), prediction.scores)
         if self._writer is None:
             self._writer = pq.ParquetWriter(self._tmp, table.schema)
         self._writer.write_table(table)

@@ -1,0 +1,179 @@
+"""A session model's top-k for every session of a file, partition by partition, on an `Engine`.
+
+`predict_file` is what ``sessrec predict --engine dask`` runs: the input is cut into partitions of
+whole sessions (`ScoringStream.partitions`, `partition_batches` batches each), each partition is
+scored by `TopKJob` (on a Dask worker: the model directory read once per worker, `load_once`) into
+its own part, and the parts are joined in input order (`PartsFolder`). A rerun with the same input,
+model and settings scores only the partitions without a complete part.
+
+The output is the one ``sessrec predict`` writes in one process (`sessrec.tasks.TopKWriter`), byte
+for byte: the same batches (`ScoringStream` cuts them the same way whatever the partitions), the
+same scores (`next_item_scores`, the call of `NextItemTask.recommend`), the same table per batch
+(`topk_table`), one row group each. Workers need the scoring stack only: this module imports
+neither Lightning nor the training side.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from sessrec.artifacts.session_recommender import SessionRecommender
+from sessrec.data.batch import SessionBatch
+from sessrec.data.schema import Schema
+from sessrec.data.stream import Partition, ScoringStream
+from sessrec.models.session_model import next_item_scores
+from sessrec.saved import versions
+from sessrec.saved.atomic import digest
+from sessrec.scoring.engine import Engine, load_once, worker_name
+from sessrec.scoring.parts import PartsFolder, check_output, write_part
+
+
+def topk_table(keys: pa.Array, items: pa.Array, scores: torch.Tensor) -> pa.Table:
+    """``session_id``, ``item_ids`` (raw ids, best first) and ``scores`` (float32) of a batch: its
+    session ids, the flat raw ids of its (B, K) top items and their (B, K) scores."""
+    k = scores.shape[1]
+    offsets = pa.array(np.arange(0, len(items) + 1, k, dtype=np.int32))
+    values = pa.array(scores.detach().float().cpu().numpy().reshape(-1))
+    return pa.table({"session_id": keys, "item_ids": pa.ListArray.from_arrays(offsets, items),
+                     "scores": pa.ListArray.from_arrays(offsets, values)})
+
+
+@dataclass(frozen=True)
+class TopKJob:
+    """Score one partition of the input with a model directory and write its part (a Dask task).
+
+    Args:
+        folder: the model directory's version folder (`sessrec.saved.versions.resolve`).
+        identity: its content hash (the hash of its ``config.json``, which records every part's).
+        input_path: the sessions file.
+        schema: its column names.
+        batch_size: sessions per batch.
+        k: recommendations per session.
+        exclude_seen: never recommend an item of the session.
+        parts: the parts folder.
+    """
+
+    folder: str
+    identity: str
+    input_path: str
+    schema: Schema
+    batch_size: int
+    k: int
+    exclude_seen: bool
+    parts: str
+
+    def __call__(self, index: int, rows: tuple[int, int]) -> dict:
+        """Write part `index` from the file rows `rows`; its counts, the worker and whether it read the model."""
+        recommender, loaded = load_once(self.folder, self.identity, SessionRecommender.from_pretrained)
+        stream = ScoringStream(self.input_path, recommender.vocab, self.schema, recommender.inference.max_length,
+                               self.batch_size, side=recommender.side_transform, times=recommender.model.uses_times,
+                               rows=rows)
+        write_part(Path(self.parts) / f"part-{index:06d}.parquet", (self.score(recommender, b) for b in stream))
+        return {"index": index, "sessions": stream.num_sessions, "items": stream.num_items,
+                "unknown": stream.num_unknown, "worker": worker_name(), "pid": os.getpid(), "loaded": loaded}
+
+    def score(self, recommender: SessionRecommender, batch: SessionBatch) -> pa.Table:
+        """The top-k table of one batch, as `NextItemTask.recommend` scores it."""
+        model = recommender.model
+        with torch.inference_mode():
+            scores = next_item_scores(model, recommender.objective, batch.items, model.batch_features(batch),
+                                      self.exclude_seen)
+            top = scores.topk(min(self.k, int(model.recommendable.sum())), dim=1)
+        return topk_table(batch.keys, recommender.vocab.decode(top.indices.numpy()), top.values)
+
+
+def predict_file(
+    model_dir: str | os.PathLike,
+    input_path: str | os.PathLike,
+    output: str | os.PathLike,
+    k: int | None = None,
+    exclude_seen: bool | None = None,
+    batch_size: int = 1024,
+    schema: Schema = Schema(),  # noqa: B008 - a config value, never mutated
+    overwrite: bool = False,
+    engine: Literal["local", "dask"] = "local",
+    scheduler: str | None = None,
+    workers: int | None = None,
+    partition_batches: int = 8,
+) -> dict:
+    """Write the top-`k` items of every session of `input_path` to `output` (``session_id``, ``item_ids``, ``scores``).
+
+    Args:
+        model_dir: a session model's directory (``runs/<name>/model``).
+        input_path: sessions file (parquet or CSV; `ScoringStream`'s layouts).
+        output: the ``.parquet`` file to write; its parts go to ``<output>.parts/`` until joined.
+        k: recommendations per session (None: the model's inference setting ``top_k``).
+        exclude_seen: never recommend an item of the session (None: the model's inference setting).
+        batch_size: sessions per batch.
+        schema: column names of the input.
+        overwrite: replace an existing output (otherwise refuse, before anything is scored).
+        engine: ``local`` (this process, without the Trainer) or ``dask`` (one task per partition on a Dask
+            cluster).
+        scheduler: with ``dask``, the address of a running Dask scheduler (``tcp://host:8786``); none: a
+            local cluster of `workers` processes.
+        workers: with ``dask`` and no scheduler, the processes of the local cluster, one thread each (none: 2).
+        partition_batches: batches per partition (and per part): the unit of work and of resumption.
+
+    Returns:
+        counts: sessions, items, unknown items, partitions (written, resumed), the workers that scored
+        them and how often each read the model, seconds, output.
+
+    Raises:
+        ValueError: a setting below 1, `output` a directory or not ``.parquet``, an engine setting that
+            cannot be honoured, a directory that holds no session model (all before anything is scored);
+            a bad row of the input.
+        OSError: the scheduler cannot be reached (one line naming its address).
+        FileExistsError: `output` exists and `overwrite` is false.
+    """
+    output, input_path = Path(output).absolute(), Path(input_path).absolute()
+    run_on = Engine(engine, scheduler, workers)
+    folder = versions.resolve(model_dir).absolute()
+    recommender = SessionRecommender.from_pretrained(folder)  # refused here, in one line, before any scoring
+    k = recommender.inference.top_k if k is None else k
+    exclude_seen = recommender.inference.exclude_seen if exclude_seen is None else exclude_seen
+    check_output(output, k, batch_size, suffixes=(".parquet",))
+    if isinstance(partition_batches, bool) or not isinstance(partition_batches, int) or partition_batches < 1:
+        raise ValueError(f"--partition_batches {partition_batches}: must be 1 or more")
+    if output.exists() and not overwrite:
+        raise FileExistsError(f"{output} exists; pass --scoring.overwrite true to replace it")
+    identity = digest(folder / "config.json")
+    stream = ScoringStream(input_path, recommender.vocab, schema, recommender.inference.max_length, batch_size)
+    started = time.monotonic()
+    with run_on.started() as runner:
+        if runner.client is None:  # this process scores: with the model read above
+            load_once(str(folder), identity, lambda _: recommender)
+        partitions = stream.partitions(batch_size * partition_batches)
+        manifest = {"input": digest(input_path), "model": identity, "k": k, "exclude_seen": exclude_seen,
+                    "batch_size": batch_size, "partition_batches": partition_batches, "schema": repr(schema)}
+        parts = PartsFolder(output, manifest, tag="predict")
+        parts.open()
+        pending = [(i, (p.start, p.stop)) for i, p in enumerate(partitions) if not parts.done(i)]
+        print(f"[predict] {input_path}: {len(partitions)} partitions of {partition_batches} batches of {batch_size} "
+              f"sessions, {len(partitions) - len(pending)} already written; scoring on {run_on.describe()}")
+        job = TopKJob(str(folder), identity, str(input_path), schema, batch_size, k, exclude_seen, str(parts.folder))
+        records = runner.run(job, pending, str(parts.folder))
+    parts.join(len(partitions))
+    counts = summary(records, partitions, time.monotonic() - started, output)
+    print(f"[predict] wrote {output}: {counts['partitions_written']} partitions scored, {counts['partitions_resumed']} "
+          f"resumed; {counts['unknown_items']} of {counts['items']} input items of those scored were unknown to the "
+          f"model (scored as OOV); model read {sum(counts['loads'].values())} times ({len(counts['loads'])} workers)")
+    return counts
+
+
+def summary(records: list[dict], partitions: list[Partition], seconds: float, output: Path) -> dict:
+    """The counts of a run: sessions of the input, and from the records of the partitions it scored, the
+    items and unknown items read, the partitions written and resumed, each worker's reads of the model."""
+    loads: dict[str, int] = {}
+    for record in records:
+        loads[record["worker"]] = loads.get(record["worker"], 0) + int(record["loaded"])
+    return {"sessions": sum(p.sessions for p in partitions), "items": sum(r["items"] for r in records),
+            "unknown_items": sum(r["unknown"] for r in records), "partitions_written": len(records),
+            "partitions_resumed": len(partitions) - len(records), "loads": loads, "seconds": seconds, "output": str(output)}

@@ -24,9 +24,11 @@ from sessrec.saved.atomic import ParquetFile
 PAD = 0
 OOV = 1
 NUM_SPECIAL = 2
-# Up to this many ids, `encode` looks them up in the vocabulary's keys sorted once (binary search,
-# microseconds); beyond, it hashes the whole vocabulary for the call (`pc.index_in`), which pays off
-# on a file but costs tens of milliseconds per call at a million items (one request of a few ids).
+# `encode` looks integer ids up in the vocabulary's keys sorted once (binary search: microseconds for a
+# request, 0.3 s for a million ids at 10M items), and up to this many text ids too; more text ids
+# hash the whole vocabulary for the call (`pc.index_in`), which pays off on a file (a binary search
+# over Python strings does not) but costs tens of milliseconds per call at a million items, seconds at
+# ten million (docs/benchmarks.md, Large catalogues).
 SMALL_LOOKUP = 4096
 
 
@@ -56,7 +58,7 @@ class ItemVocab(ParquetFile):
             raise ValueError(f"num_virtual must be in [0, {len(raw_ids)}], got {num_virtual}")
         split = len(raw_ids) - num_virtual
         for part in (raw_ids.slice(0, split), raw_ids.slice(split)):
-            if pc.count_distinct(part).as_py() != len(part):
+            if not _distinct(part):
                 raise ValueError("vocabulary raw ids must be distinct (products among themselves, virtual keys too)")
         self.raw_ids = raw_ids
         self.counts = np.asarray(counts, dtype=np.int64)
@@ -189,7 +191,7 @@ class ItemVocab(ParquetFile):
             if len(rows) == 0:
                 continue
             values = raw if len(rows) == len(raw) else raw.take(pa.array(rows))
-            if len(rows) <= SMALL_LOOKUP and _searchable(values.type):
+            if _searchable(values.type) and (len(rows) <= SMALL_LOOKUP or pa.types.is_integer(values.type)):
                 valid = values.is_valid().to_numpy(zero_copy_only=False)
                 pos = self._sorted_keys(is_virtual).positions(values.drop_null())
                 ids[rows[valid][pos >= 0]] = pos[pos >= 0] + first
@@ -247,6 +249,17 @@ class ItemVocab(ParquetFile):
             and np.array_equal(self.counts, other.counts)
             and self.num_virtual == other.num_virtual
         )
+
+
+def _distinct(keys: pa.Array) -> bool:
+    """Whether `keys` holds no null and no value twice. Integers are sorted by numpy: at 10M ids
+    0.7 s, where Arrow's hashing (`pc.count_distinct`) takes 8 s."""
+    if keys.null_count:
+        return False
+    if pa.types.is_integer(keys.type):
+        ordered = np.sort(keys.to_numpy())
+        return not (ordered[1:] == ordered[:-1]).any()
+    return len(pc.unique(keys)) == len(keys)
 
 
 def _searchable(kind: pa.DataType) -> bool:

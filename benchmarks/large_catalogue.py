@@ -16,11 +16,16 @@ Parts (``--parts``):
   d 64, causal LM, `SampledSoftmax` with 1,024 shared uniform negatives, batch 256, length 20. Times
   forward (objective + loss), backward and the optimizer step separately, and the sampler alone
   (``loss.columns``). Memory: the model, and the rise to the peak over the steps (gradient and AdamW moments).
+- ``head_lookups``: the same step with the tied head's lookups as the library makes them
+  (`SessionModel.item_rows`, sparse lookup gradients summed into the table's one dense gradient)
+  and as dense ``index_select`` lookups (a (V, D) gradient buffer per lookup), interleaved step by step on the
+  same batches; checks that both train the same weights.
 - ``eval``: one `NextItemTask` test step (full-catalogue scores, loss, ranks of the targets) at
   ``--eval-batch`` sessions, and the serving top-k (`next_item_scores` + ``topk``) of one session.
   Memory per score: the peak rise / (batch x items).
 - ``ann``: `FaissIndex("ivf")` and `ExactIndex` over ``--items`` clustered vectors (``ann_index.py``'s data,
-  d 64 + the bias column): build seconds, index bytes, one-query latency, recall@k against exact.
+  d 64 + the bias column): build seconds, the memory the built index keeps, one-query latency, recall@k
+  against exact.
   ``--hnsw-items`` caps the HNSW build, which takes minutes per million vectors on one thread.
 
 A measurement whose estimated peak exceeds ``--memory-gb`` is not run at that size: the record says
@@ -185,6 +190,29 @@ def sessions(args: argparse.Namespace, items: int, count: int, seed: int) -> tor
     return ids.masked_fill(torch.arange(args.max_len)[None, :] < args.max_len - lengths, 0)
 
 
+def training_setup(args: argparse.Namespace, n: int):
+    """A `NextItemTask` with its loss's item counts set (what setup does) and its optimizer, in train mode."""
+    task = build_task(args, n)
+    counts = torch.cat([torch.zeros(2, dtype=torch.float64), 1e6 / torch.arange(1, n + 1, dtype=torch.float64)])
+    task.loss.set_item_counts(counts)
+    opt = task.configure_optimizers()["optimizer"]  # the library's AdamW (fused) over every parameter
+    return task.train(), opt
+
+
+def train_step(task, opt, batch, step: int) -> tuple[float, float, float, str]:
+    """One step as Lightning runs it: seconds of forward (objective + loss), backward and optimizer, and
+    the layout of the item table's gradient."""
+    t0 = time.perf_counter()
+    loss = task.training_step(batch, step)
+    t1 = time.perf_counter()
+    loss.backward()
+    t2 = time.perf_counter()
+    layout = "sparse" if task.model.item_embedding.weight.grad.is_sparse else "dense"
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return t1 - t0, t2 - t1, time.perf_counter() - t2, layout
+
+
 def train_part(args: argparse.Namespace) -> list[dict]:
     from sessrec.data.batch import SessionBatch
 
@@ -192,34 +220,22 @@ def train_part(args: argparse.Namespace) -> list[dict]:
 
     n = args.items
     base = _status("VmRSS")
-    task = build_task(args, n)
-    counts = torch.cat([torch.zeros(2, dtype=torch.float64), 1e6 / torch.arange(1, n + 1, dtype=torch.float64)])
-    task.loss.set_item_counts(counts)  # what setup does with the vocabulary's counts
+    task, opt = training_setup(args, n)
     model_bytes = _status("VmRSS") - base
     params = sum(p.numel() for p in task.parameters())
-    opt = task.configure_optimizers()["optimizer"]
-    task.train()
     batches = [SessionBatch(sessions(args, n, args.batch, args.seed + s)) for s in range(args.warmup + args.steps)]
     phases: dict[str, list[float]] = {"forward": [], "backward": [], "optimizer": [], "sampler": []}
     with Peak() as mem:
         for step, batch in enumerate(batches):
-            t0 = time.perf_counter()
-            loss = task.training_step(batch, step)
-            t1 = time.perf_counter()
-            loss.backward()
-            t2 = time.perf_counter()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            t3 = time.perf_counter()
-            gen = torch.Generator().manual_seed(step)
+            *times, layout = train_step(task, opt, batch, step)
             targets = batch.items[:, 1:][batch.items[:, 1:] != 0].long()
-            t4 = time.perf_counter()
-            task.loss.columns(task.model, targets, gen)
-            t5 = time.perf_counter()
+            start = time.perf_counter()
+            task.loss.columns(task.model, targets, torch.Generator().manual_seed(step))
+            times.append(time.perf_counter() - start)
             if step >= args.warmup:
-                for name, s in zip(phases, (t1 - t0, t2 - t1, t3 - t2, t5 - t4)):
-                    phases[name].append(s)
-            print(f"train {n}: step {step} {t3 - t0:.2f}s", file=sys.stderr)
+                for name, seconds in zip(phases, times):
+                    phases[name].append(seconds)
+            print(f"train {n}: step {step} {sum(times[:3]):.2f}s", file=sys.stderr)
     ms = {name: round(statistics.median(v) * 1e3, 1) for name, v in phases.items()}
     table = task.model.item_embedding.weight
     return [{
@@ -232,7 +248,38 @@ def train_part(args: argparse.Namespace) -> list[dict]:
         "model_bytes_per_item": round(model_bytes / n, 1),
         "training_peak_rise_bytes_per_item": round(mem.rise / n, 1),
         "model_plus_training_peak_gb": round((model_bytes + mem.rise) / GB, 2),
-        "item_grad_layout": "sparse" if table.grad is not None and table.grad.is_sparse else "dense",
+        "item_grad_layout": layout,
+    }]
+
+
+def head_lookups_part(args: argparse.Namespace) -> list[dict]:
+    """The training step with the library's head lookups (`SessionModel.item_rows`: sparse lookup gradients)
+    against dense ``index_select`` lookups of the same rows (one (V, D) gradient buffer each), interleaved."""
+    from sessrec.data.batch import SessionBatch
+
+    n = args.items
+    library, library_opt = training_setup(args, n)
+    dense, dense_opt = training_setup(args, n)
+    table = dense.model.item_embedding.weight
+    dense.model.item_rows = lambda ids: table.index_select(0, ids)
+    times: dict[str, list[float]] = {"library": [], "dense_lookups": []}
+    for step in range(args.warmup + args.steps):
+        batch = SessionBatch(sessions(args, n, args.batch, args.seed + step))
+        for name, (task, opt) in (("library", (library, library_opt)), ("dense_lookups", (dense, dense_opt))):
+            seconds = sum(train_step(task, opt, batch, step)[:3])
+            if step >= args.warmup:
+                times[name].append(seconds)
+        print(f"head lookups {n}: step {step} " + " ".join(f"{k}={v[-1]:.2f}s" for k, v in times.items() if v),
+              file=sys.stderr)
+    for a, b in zip(library.parameters(), dense.parameters()):  # the same training, whatever the lookups
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    ms = {name: statistics.median(v) * 1e3 for name, v in times.items()}
+    pairs = [d / s for s, d in zip(times["library"], times["dense_lookups"])]
+    return [{
+        "part": "head_lookups", "items": n, "dim": args.dim, "batch": args.batch, "samples": args.samples,
+        "timed_steps": args.steps, "library_step_ms": round(ms["library"], 1),
+        "dense_lookups_step_ms": round(ms["dense_lookups"], 1),
+        "speedup": round(ms["dense_lookups"] / ms["library"], 2), "speedup_min_max": [round(min(pairs), 2), round(max(pairs), 2)],
     }]
 
 
@@ -285,7 +332,6 @@ def ann_part(args: argparse.Namespace) -> list[dict]:
             start = time.perf_counter()
             index = FaissIndex(kind, seed=args.seed, **settings).build(vectors, ids)
             build_s = time.perf_counter() - start
-        index_bytes = len(index.state_dict()["index"])
         for i in range(5):
             index.search(queries[i:i + 1], k)
         times, found = [], []
@@ -297,7 +343,7 @@ def ann_part(args: argparse.Namespace) -> list[dict]:
             "part": "ann", "index": f"faiss-{kind}", "items": n, "vector_width": args.dim + 1, "k": k,
             "queries": args.queries, **({"nlist": index.num_lists} if kind == "ivf" else {"hnsw_m": 32, "ef_construction": 80}),
             **settings, "build_s": round(build_s, 1), "build_peak_bytes_per_item": round(mem.rise / n, 1),
-            "index_bytes_per_item": round(index_bytes / n, 1), "table_bytes_per_item": vectors.itemsize * vectors.shape[1],
+            "index_resident_bytes_per_item": round(mem.kept / n, 1), "table_bytes_per_item": vectors.itemsize * vectors.shape[1],
             "ann_ms_per_query": round(statistics.median(times) * 1e3, 3),
             "exact_ms_per_query": round(one_exact * 1e3, 2), "exact_batch_ms_per_query": round(exact_s * 1e3 / len(queries), 2),
             "recall@k": round(set_recall(torch.cat(found), truth), 4), "faiss": faiss.__version__,
@@ -306,7 +352,7 @@ def ann_part(args: argparse.Namespace) -> list[dict]:
     return records
 
 
-PARTS = {"vocab": vocab_part, "train": train_part, "eval": eval_part, "ann": ann_part}
+PARTS = {"vocab": vocab_part, "train": train_part, "head_lookups": head_lookups_part, "eval": eval_part, "ann": ann_part}
 
 
 def estimate_gb(part: str, items: int, args: argparse.Namespace) -> float:
@@ -314,6 +360,7 @@ def estimate_gb(part: str, items: int, args: argparse.Namespace) -> float:
     per_item = {
         "vocab": 40.0 * args.events_per_item + 150,  # string events, value counts, the sorted keys
         "train": args.dim * 4 * 4 + 120,  # table, gradient, two AdamW moments; counts, bias, masks
+        "head_lookups": 2 * (args.dim * 4 * 5 + 120),  # two trainings, one more (V, D) gradient buffer in one
         "eval": args.dim * 4 + 4 * 5 * args.eval_batch + 40,  # table; about five (B, V) float32 buffers
         "ann": (args.dim + 1) * 4 * 2 + 16 + (8 * 32 + (args.dim + 1) * 4 if items <= args.hnsw_items else 0),
     }[part]
@@ -351,7 +398,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.items, args.steps, args.queries, args.encode_batch = [100_000], 2, 20, 100_000
-        args.hnsw_items, args.repeats = 20_000, 2
+        args.hnsw_items, args.repeats = 100_000, 2
     if args.one:
         (args.items,) = args.items
         run_one(args)

@@ -125,8 +125,8 @@ def test_constructor_checks():
 
 @pytest.mark.parametrize("kind", ["int64", "string"])
 def test_a_few_ids_are_looked_up_as_a_whole_file_is(kind):
-    """Up to SMALL_LOOKUP text ids go through the sorted keys, more through pc.index_in (integer ids always
-    through the sorted keys): the same ids one by one as in a whole file, virtual split kept."""
+    """Up to SMALL_LOOKUP ids go through the sorted keys, more through pc.index_in: the same ids one by one
+    as in a whole file, virtual split kept."""
     from sessrec.data.vocab import SMALL_LOOKUP
 
     rng = np.random.default_rng(0)
@@ -136,7 +136,7 @@ def test_a_few_ids_are_looked_up_as_a_whole_file_is(kind):
     query = [int(x) for x in rng.choice(keys, 3 * SMALL_LOOKUP)] + [123_456, -1]  # two unknown ids
     query[5] = None
     virtual = rng.random(len(query)) < 0.5
-    assert min(virtual.sum(), (~virtual).sum()) > SMALL_LOOKUP  # text: each side through pc.index_in
+    assert min(virtual.sum(), (~virtual).sum()) > SMALL_LOOKUP  # each side through pc.index_in
     whole = vocab.encode(pa.array(cast(query)), virtual=virtual)
     assert whole.num_unknown > 2  # None, the unknown ids, and keys looked up on the wrong side of the split
     one_by_one = [vocab.encode(pa.array(cast([q])), virtual=virtual[i : i + 1]).ids[0] for i, q in enumerate(query)]
@@ -159,17 +159,18 @@ def test_a_request_of_a_few_ids_does_not_hash_the_whole_vocabulary(monkeypatch):
     assert vocab.encode(pa.array([3, 4, 299_997])).ids.tolist() == [NUM_SPECIAL + 1, OOV, NUM_SPECIAL + 99_999]
 
 
-def test_a_file_of_integer_ids_does_not_hash_the_whole_vocabulary(monkeypatch):
+def test_a_file_of_integer_ids_far_fewer_than_the_keys_does_not_hash_the_whole_vocabulary(monkeypatch):
     import sessrec.data.vocab as vocab_module
 
-    vocab = ItemVocab(pa.array(np.arange(20_000, 0, -1) * 5), np.ones(20_000, dtype=np.int64))
+    vocab = ItemVocab(pa.array(np.arange(200_000, 0, -1) * 5), np.ones(200_000, dtype=np.int64))
 
     def whole_vocabulary(*args, **kwargs):
-        raise AssertionError("pc.index_in hashes all 20,000 keys for every file of integer ids")
+        raise AssertionError("pc.index_in hashes all 200,000 keys for a file of 14,287 integer ids")
 
     monkeypatch.setattr(vocab_module.pc, "index_in", whole_vocabulary)
-    query = np.arange(0, 100_005, 7)  # 14,287 ids: multiples of 35 are known, 0 and 100,005 are not
-    expected = np.where((query % 5 == 0) & (query > 0) & (query <= 100_000), NUM_SPECIAL + 20_000 - query // 5, OOV)
+    query = np.arange(0, 100_005, 7)  # 14,287 ids (> SMALL_LOOKUP): multiples of 35 are known, 0 is not
+    query[-1] = 1_000_005  # the last key, 1,000,000, is the largest: beyond it
+    expected = np.where((query % 5 == 0) & (query > 0) & (query <= 1_000_000), NUM_SPECIAL + 200_000 - query // 5, OOV)
     assert vocab.encode(pa.array(query)).ids.tolist() == expected.tolist()
 
 

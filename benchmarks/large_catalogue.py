@@ -71,7 +71,7 @@ def _status(field: str) -> int:
 class Peak:
     """Peak resident memory of a block above the resident memory at its start (bytes)."""
 
-    def __enter__(self) -> Peak:
+    def __enter__(self) -> Peak:  # noqa: PYI034  (typing.Self: Python 3.11)
         Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
         self.start = _status("VmRSS")
         return self
@@ -81,12 +81,12 @@ class Peak:
         self.kept = _status("VmRSS") - self.start
 
 
-def timed(fn, repeats: int) -> tuple[float, object]:
-    """Median seconds of `repeats` calls and the last result."""
+def timed(fn, repeats: int, *call_args: object) -> tuple[float, object]:
+    """Median seconds of `repeats` calls ``fn(*call_args)`` and the last result."""
     times, out = [], None
     for _ in range(repeats):
         start = time.perf_counter()
-        out = fn()
+        out = fn(*call_args)
         times.append(time.perf_counter() - start)
     return statistics.median(times), out
 
@@ -132,17 +132,17 @@ def vocab_part(args: argparse.Namespace) -> list[dict]:
         assert vocab.num_products == n, (vocab.num_products, n)
         batch = raw_ids(batch_ranks, kind)
         request = raw_ids(request_ranks, kind)
-        encode_s, encoded = timed(lambda: vocab.encode(batch), args.repeats)
+        encode_s, encoded = timed(vocab.encode, args.repeats, batch)
         with Peak() as first_mem:
             start = time.perf_counter()
             vocab.encode(request)  # sorts the keys once
             first_s = time.perf_counter() - start
-        request_s, _ = timed(lambda: vocab.encode(request), 20)
-        decode_s, decoded = timed(lambda: vocab.decode(encoded.ids), args.repeats)
+        request_s, _ = timed(vocab.encode, 20, request)
+        decode_s, decoded = timed(vocab.decode, args.repeats, encoded.ids)
         assert decoded.equals(batch)
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "vocab.parquet"
-            save_s, _ = timed(lambda: vocab.save(path), 1)
+            save_s, _ = timed(vocab.save, 1, path)
             size = path.stat().st_size
             with Peak() as load_mem:
                 start = time.perf_counter()
@@ -163,7 +163,6 @@ def vocab_part(args: argparse.Namespace) -> list[dict]:
             "save_s": round(save_s, 2), "file_bytes_per_item": round(size / n, 1),
             "load_s": round(load_s, 2), "load_peak_bytes_per_item": round(load_mem.rise / n, 1),
         })
-        del vocab, loaded, batch, request, encoded, decoded
     return records
 
 
@@ -214,9 +213,8 @@ def train_step(task, opt, batch, step: int) -> tuple[float, float, float, str]:
 
 
 def train_part(args: argparse.Namespace) -> list[dict]:
-    from sessrec.data.batch import SessionBatch
-
     import sessrec.tasks.next_item  # noqa: F401  imported before the memory baseline
+    from sessrec.data.batch import SessionBatch
 
     n = args.items
     base = _status("VmRSS")
@@ -322,8 +320,8 @@ def ann_part(args: argparse.Namespace) -> list[dict]:
     ids = np.arange(n, dtype=np.int64) + 2
     queries = cluster_queries(centres, args.queries, 1.0, args.seed)
     exact = ExactIndex().build(vectors, ids)  # a view of `vectors`: no copy
-    exact_s, truth = timed(lambda: exact.search(queries, k)[1], 1)
-    one_exact = statistics.median(timed(lambda q=queries[i:i + 1]: exact.search(q, k), 1)[0] for i in range(5))
+    exact_s, (_, truth) = timed(exact.search, 1, queries, k)
+    one_exact = statistics.median(timed(exact.search, 1, queries[i:i + 1], k)[0] for i in range(5))
     records = []
     kinds = ["ivf"] + (["hnsw"] if n <= args.hnsw_items else [])
     for kind in kinds:
@@ -336,9 +334,9 @@ def ann_part(args: argparse.Namespace) -> list[dict]:
             index.search(queries[i:i + 1], k)
         times, found = [], []
         for i in range(len(queries)):
-            s, out = timed(lambda q=queries[i:i + 1]: index.search(q, k)[1], 1)
+            s, out = timed(index.search, 1, queries[i:i + 1], k)
             times.append(s)
-            found.append(out)
+            found.append(out[1])
         records.append({
             "part": "ann", "index": f"faiss-{kind}", "items": n, "vector_width": args.dim + 1, "k": k,
             "queries": args.queries, **({"nlist": index.num_lists} if kind == "ivf" else {"hnsw_m": 32, "ef_construction": 80}),

@@ -17,7 +17,7 @@ ITEMS = 100_000
 def records(*args: str) -> list[dict]:
     done = subprocess.run(
         [sys.executable, "benchmarks/large_catalogue.py", *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=600, check=False,
+        cwd=ROOT, capture_output=True, text=True, timeout=1200, check=False,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     assert done.returncode == 0, done.stderr[-2000:]

@@ -29,7 +29,7 @@ Parts (``--parts``):
   ``--hnsw-items`` caps the HNSW build, which takes minutes per million vectors on one thread.
 
 A measurement whose estimated peak exceeds ``--memory-gb`` is not run at that size: the record says
-``"skipped"`` with the estimate, and docs/benchmarks.md extrapolates from the sizes measured.
+``"skipped"`` with the estimate, and docs/catalogues.md extrapolates from the sizes measured.
 
 Prints one JSON line per (part, size); progress goes to stderr.
 

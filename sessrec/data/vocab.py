@@ -28,7 +28,7 @@ NUM_SPECIAL = 2
 # microseconds); beyond, it hashes the whole vocabulary for the call (`pc.index_in`), which pays off
 # on a file but costs tens of milliseconds per call at a million items (one request of a few ids) and
 # seconds at ten million: integer ids fewer than the keys / `SORTED_RATIO` are searched too (a
-# million ids in 10M keys: 0.26 s, hashing 2.6 s; docs/benchmarks.md, Large catalogues). A binary
+# million ids in 10M keys: 0.26 s, hashing 2.6 s; docs/catalogues.md). A binary
 # search over Python strings does not pay off beyond a request.
 SMALL_LOOKUP = 4096
 SORTED_RATIO = 8

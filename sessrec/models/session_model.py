@@ -234,7 +234,7 @@ class SessionModel(nn.Module, Configurable):
         Their gradient is sparse (K rows): autograd adds it to the table's dense gradient from the
         input embedding, so a step writes one (V, D) gradient, not one more per lookup; the
         table's ``.grad`` stays dense, for any optimizer. At a million items each dense lookup
-        gradient costs a (V, D) buffer filled with zeros (``docs/benchmarks.md``, Large catalogues).
+        gradient costs a (V, D) buffer filled with zeros (``docs/catalogues.md``).
         """
         return F.embedding(ids, self.item_embedding.weight, sparse=True)
 

@@ -174,3 +174,31 @@ def test_prefixes_keep_a_right_aligned_head_of_each_cut_session():
     assert len(m.targets) >= 3 and not (m.inputs[m.masked] != 0).any()  # one target per session, hidden
     with pytest.raises(ValueError, match="prefix_prob"):
         MaskedItemModeling(prefix_prob=1.5)
+
+
+@pytest.mark.parametrize("score_scale", [None, 3.0])
+def test_sampled_head_lookups_give_the_dense_lookups_gradient_in_one_dense_table_gradient(score_scale):
+    """`item_rows` (sparse lookup gradients, summed into the input embedding's dense one) trains exactly
+    as dense `index_select` lookups of the same rows: same loss, same gradients, a dense table gradient."""
+    import copy
+
+    from sessrec.tasks.losses import SampledSoftmax
+
+    torch.manual_seed(0)
+    model = SessionModel(num_items=40, encoder=GPT2Encoder(d_model=8, n_head=2, n_layer=1, dropout=0.0), dropout=0.0,
+                         score_scale=score_scale)
+    reference = copy.deepcopy(model)
+    reference.item_rows = lambda ids: reference.item_embedding.weight.index_select(0, ids)
+    items = torch.tensor([[0, 5, 7, 9], [3, 4, 9, 12], [0, 0, 30, 31]])
+    grads = []
+    for net in (model, reference):
+        out = CausalLanguageModeling().training_output(net, items, torch.Generator().manual_seed(1))
+        loss = SampledSoftmax(num_samples=16)(net, out.hidden, out.targets, torch.Generator().manual_seed(2))
+        loss.backward()
+        grads.append({name: p.grad for name, p in net.named_parameters() if p.grad is not None})
+    got, expected = grads
+    assert got.keys() == expected.keys() and "item_embedding.weight" in got
+    assert got["item_embedding.weight"].layout == torch.strided
+    assert got["item_embedding.weight"][[9, 12, 31]].abs().sum() > 0  # targets and inputs receive gradient
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], rtol=1e-5, atol=1e-7)

@@ -125,7 +125,8 @@ def test_constructor_checks():
 
 @pytest.mark.parametrize("kind", ["int64", "string"])
 def test_a_few_ids_are_looked_up_as_a_whole_file_is(kind):
-    """Up to SMALL_LOOKUP ids go through the sorted keys, more through pc.index_in: same ids, virtual split kept."""
+    """Up to SMALL_LOOKUP ids go through the sorted keys, more through pc.index_in: the same ids one by one
+    as in a whole file, virtual split kept."""
     from sessrec.data.vocab import SMALL_LOOKUP
 
     rng = np.random.default_rng(0)
@@ -156,6 +157,29 @@ def test_a_request_of_a_few_ids_does_not_hash_the_whole_vocabulary(monkeypatch):
 
     monkeypatch.setattr(vocab_module.pc, "index_in", whole_vocabulary)
     assert vocab.encode(pa.array([3, 4, 299_997])).ids.tolist() == [NUM_SPECIAL + 1, OOV, NUM_SPECIAL + 99_999]
+
+
+def test_a_file_of_integer_ids_far_fewer_than_the_keys_does_not_hash_the_whole_vocabulary(monkeypatch):
+    import sessrec.data.vocab as vocab_module
+
+    vocab = ItemVocab(pa.array(np.arange(200_000, 0, -1) * 5), np.ones(200_000, dtype=np.int64))
+
+    def whole_vocabulary(*args, **kwargs):
+        raise AssertionError("pc.index_in hashes all 200,000 keys for a file of 14,287 integer ids")
+
+    monkeypatch.setattr(vocab_module.pc, "index_in", whole_vocabulary)
+    query = np.arange(0, 100_005, 7)  # 14,287 ids (> SMALL_LOOKUP): multiples of 35 are known, 0 is not
+    query[-1] = 1_000_005  # the last key, 1,000,000, is the largest: beyond it
+    expected = np.where((query % 5 == 0) & (query > 0) & (query <= 1_000_000), NUM_SPECIAL + 200_000 - query // 5, OOV)
+    assert vocab.encode(pa.array(query)).ids.tolist() == expected.tolist()
+
+
+@pytest.mark.parametrize("raw", [[3, 1, 2, 1], ["b", "a", "b"], [1, None, 2]])
+def test_repeated_or_null_raw_ids_are_refused(raw):
+    with pytest.raises(ValueError, match="distinct"):
+        ItemVocab(pa.array(raw), np.ones(len(raw), dtype=np.int64))
+    distinct = [x for i, x in enumerate(raw) if x is not None and x not in raw[:i]]
+    assert len(ItemVocab(pa.array(distinct), np.ones(len(distinct), dtype=np.int64))) == len(distinct) + NUM_SPECIAL
 
 
 def test_keys_sorted_for_lookups_follow_a_loaded_state():

@@ -214,20 +214,33 @@ class SessionModel(nn.Module, Configurable):
         (sampled losses) are the same numbers for the chosen columns; candidates are expected to
         be real items.
         """
-        h, table, bias = self.output_transform(hidden), self.item_embedding.weight, self.output_bias + self.never
-        if candidates is not None:
-            table, bias = table.index_select(0, candidates), bias.index_select(0, candidates)  # (K, D), (K,)
+        h = self.output_transform(hidden)
+        if candidates is None:
+            table, bias = self.item_embedding.weight, self.output_bias + self.never
+        else:  # (K, D), (K,)
+            table = self.item_rows(candidates)
+            bias = self.output_bias.index_select(0, candidates) + self.never.index_select(0, candidates)
         if self.score_scale is not None:
             h = F.normalize(h, dim=-1) * self.score_scale
             table = F.normalize(table, dim=-1)  # the all-zero padding row stays zero
         return torch.addmm(bias, h, table.T)
+
+    def item_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """(K,) item ids -> (K, D) their rows of the item table, for the tied head.
+
+        Their gradient is sparse (K rows): autograd adds it to the table's dense gradient from the
+        input embedding, so a step writes one (V, D) gradient, not one more per lookup; the
+        table's ``.grad`` stays dense, for any optimizer. At a million items each dense lookup
+        gradient costs a (V, D) buffer filled with zeros (``docs/catalogues.md``).
+        """
+        return F.embedding(ids, self.item_embedding.weight, sparse=True)
 
     def score_targets(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """(N, D) hidden states and (N,) item ids -> (N,) the score of each row's own item.
 
         The diagonal of ``score(hidden, targets)`` without the N x N product (sampled losses).
         """
-        h, table, bias = self.output_transform(hidden), self.item_embedding.weight[targets], self.output_bias[targets]
+        h, table, bias = self.output_transform(hidden), self.item_rows(targets), self.output_bias[targets]
         if self.score_scale is not None:
             h = F.normalize(h, dim=-1) * self.score_scale
             table = F.normalize(table, dim=-1)

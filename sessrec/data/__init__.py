@@ -1,5 +1,5 @@
 """Data layer: schema, readers, frame operations, vocabulary, sources (Merlin/NVTabular directories
-among them), loaders, streams, evaluation pairs, side information and synthetic sessions.
+among them), loaders, streams, evaluation pairs, side information, synthetic sessions and prepared datasets (`prepare`, `PreparedSource`).
 Imports no model and no Lightning.
 
 Each name below is imported from its module on first use (``sessrec.data.SRGNNSource`` loads
@@ -14,6 +14,8 @@ if TYPE_CHECKING:
     from sessrec.data.loader import SessionLoader
     from sessrec.data.merlin import MerlinSchema, MerlinSource, read_merlin_schema
     from sessrec.data.pairs import EvalPairs
+    from sessrec.data.prepared import prepare
+    from sessrec.data.prepared.dataset import PreparedSource
     from sessrec.data.readers import read_events, read_srgnn, read_user_sequences
     from sessrec.data.schema import FeatureSpec, Schema, SchemaError
     from sessrec.data.side import FittedSideFeatures, SideFeatures, SideInfoSpec, read_item_vectors
@@ -35,6 +37,8 @@ EXPORTS = {
     "sessrec.data.loader": ["SessionLoader"],
     "sessrec.data.merlin": ["MerlinSchema", "MerlinSource", "read_merlin_schema"],
     "sessrec.data.pairs": ["EvalPairs"],
+    "sessrec.data.prepared": ["prepare"],
+    "sessrec.data.prepared.dataset": ["PreparedSource"],
     "sessrec.data.readers": ["read_events", "read_srgnn", "read_user_sequences"],
     "sessrec.data.schema": ["FeatureSpec", "Schema", "SchemaError"],
     "sessrec.data.side": ["FittedSideFeatures", "SideFeatures", "SideInfoSpec", "read_item_vectors"],
@@ -45,7 +49,7 @@ EXPORTS = {
     "sessrec.data.vocab": ["ItemVocab"],
 }
 MODULE_OF = {name: module for module, names in EXPORTS.items() for name in names}
-SUBMODULES = ("batch", "frame", "loader", "merlin", "pairs", "readers", "schema", "side", "sources", "stream", "synthetic", "vocab")
+SUBMODULES = ("batch", "frame", "loader", "merlin", "pairs", "prepared", "readers", "schema", "side", "sources", "stream", "synthetic", "vocab")
 __all__ = sorted(MODULE_OF)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import gzip
 import io
 import pickle
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -320,3 +321,49 @@ def read_user_sequences(path: str | Path, layout: Literal["pairs", "lines"] = "p
     schema = Schema(session_id="session_id", item_id="item_id", timestamp=None, order_by="position")
     validated = schema.validate(table, source=str(path))
     return validated.set_column(2, "position", pa.array(position.astype(np.int64)))
+
+
+def scan_events(
+    path: str | Path, schema: Schema, delimiter: str | None = None, batch_rows: int = 1 << 20
+) -> Iterator[pa.Table]:
+    """`read_events` a batch at a time: validated tables of about `batch_rows` rows, in file order.
+
+    The file is read as `read_table` reads it (the same CSV options, the same sniffed delimiter),
+    streamed (``pyarrow.csv.open_csv``, parquet row groups), so memory holds a batch, not the file.
+    Validation messages name the rows of the file.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such file")
+    if path.is_dir():
+        raise SchemaError(f"{path}: is a folder, expected a CSV/TSV or parquet file")
+    string_columns = schema.id_columns if schema.string_ids else []
+    try:
+        if _is_parquet(path):
+            parquet = pq.ParquetFile(path)
+            names = parquet.schema_arrow.names
+            columns = schema.columns if all(c in names for c in schema.columns) else None
+            batches = parquet.iter_batches(batch_size=batch_rows, columns=columns)
+        else:
+            batches = pacsv.open_csv(  # blocks of read_csv's size: the column types inferred from the same first block
+                path,
+                parse_options=pacsv.ParseOptions(delimiter=delimiter or _sniff_delimiter(path)),
+                convert_options=pacsv.ConvertOptions(
+                    column_types={c: pa.string() for c in string_columns},
+                    null_values=["", "NA", "NaN", "null", "None"],
+                    strings_can_be_null=True,
+                ),
+            )
+        row, pending = 0, []
+        for batch in batches:
+            pending.append(batch)
+            if sum(b.num_rows for b in pending) >= batch_rows:
+                table = pa.Table.from_batches(pending)
+                yield schema.validate(table, source=str(path), first_row=row)
+                row, pending = row + table.num_rows, []
+        if pending:
+            yield schema.validate(pa.Table.from_batches(pending), source=str(path), first_row=row)
+        elif row == 0:
+            raise SchemaError(f"{path}: the file has no rows")
+    except (pa.ArrowInvalid, OSError, UnicodeDecodeError) as err:
+        raise SchemaError(f"{path}: cannot be read as {'parquet' if _is_parquet(path) else 'CSV'}: {err}") from err

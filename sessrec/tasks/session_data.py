@@ -1,7 +1,8 @@
 """`SessionDataModule`: source -> vocabulary (+ side features) -> padded tensors -> columnar loaders.
 
 The vocabulary and the side-feature transforms are fitted on the training split only (or loaded
-from `vocab_path` / `features_path`: the files of a model directory, or a checkpoint's data state). Evaluation splits are
+from `vocab_path` / `features_path`: the files of a model directory, or a checkpoint's data state;
+a prepared dataset's vocabulary is read from it, `PreparedSource`). Evaluation splits are
 expanded into (prefix, next item) pairs by the chosen protocol; the prefix never contains the
 target event, and a virtual (non-product) event is never a target. Reversed copies of the
 training sessions (`augment_reversed`) are added to training only. Event times (`times`) are
@@ -21,6 +22,7 @@ from sessrec.data import frame
 from sessrec.data.batch import ITEM_DTYPE
 from sessrec.data.loader import SessionLoader, ranks_of
 from sessrec.data.pairs import EvalPairs
+from sessrec.data.prepared.dataset import PreparedSource
 from sessrec.data.schema import Schema
 from sessrec.data.side import SideFeatures, SideInfoSpec, read_item_vectors
 from sessrec.data.sources import SessionSource, SessionSplits, SyntheticSource
@@ -152,6 +154,8 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
                 self._vocab = ItemVocab.empty().load_state_dict(saved, self.vocab_path)
             elif self.vocab_path is not None:
                 self._vocab = ItemVocab.load(self.vocab_path)
+            elif isinstance(self.source, PreparedSource):  # fitted by sessrec prepare, with the same settings
+                self._vocab = self.source.vocab(self.min_item_count, self.max_vocab_size)
             else:
                 values, _ = frame.list_offsets(self.splits.train.column(frame.ITEMS))
                 virtual = _virtual_flags(self.splits.train)

@@ -1,0 +1,164 @@
+"""`sessrec prepare`: the engines write the same prepared dataset, byte for byte, as the in-memory path."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+import pytest
+
+from sessrec.data import EventLogSource, FeatureSpec, ItemVocab, PreparedSource, Schema, frame, prepare
+from sessrec.data.prepared import parse_bytes
+from sessrec.data.prepared.dataset import read_manifest
+
+SCHEMA = Schema(
+    session_id="sid", item_id="item", timestamp="t", order_by="step",
+    features=[FeatureSpec("virtual"), FeatureSpec("category"), FeatureSpec("price", "continuous")],
+)
+LAYOUT = {"part_sessions": 37, "row_group_sessions": 8}  # several parts a split, several row groups a part
+
+
+def event_log(seed: int = 0, sessions: int = 400, string_ids: bool = False) -> pa.Table:
+    """Events in arrival order: ties of times within sessions (broken by `step`, some not at all), consecutive
+    repeats, virtual events (``virtual`` 1, keys beyond the products), side features, and sessions ending at
+    the same time (ties for the fraction splits)."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 9, sessions)
+    sid = np.repeat(rng.permutation(sessions) * 7 + 3, lengths)  # ids not in arrival order
+    start = np.repeat(rng.integers(0, 10, sessions) * 3600.0, lengths)  # whole hours: equal end times
+    within = np.concatenate([np.sort(rng.integers(0, 4, n)) for n in lengths]) * 60.0  # equal times in a session
+    item = rng.zipf(1.6, lengths.sum()) % 50
+    repeat = rng.random(lengths.sum()) < 0.2
+    item[1:][repeat[1:]] = item[:-1][repeat[1:]]  # consecutive repeats
+    virtual = (rng.random(lengths.sum()) < 0.15).astype(np.int64)
+    item = np.where(virtual == 1, 1000 + item % 5, item)
+    step = np.concatenate([rng.permutation(n) // 2 for n in lengths])  # ties left in step too: file order decides
+    table = pa.table({
+        "sid": sid, "item": item, "t": 1.4e9 + start + within, "step": step,
+        "virtual": virtual, "category": rng.integers(0, 6, lengths.sum()), "price": rng.random(lengths.sum()).round(3),
+        "other": np.arange(lengths.sum()),
+    })
+    order = rng.permutation(table.num_rows)  # arrival order: sessions interleaved
+    table = table.take(pa.array(order))
+    if string_ids:
+        table = table.set_column(0, "sid", pa.array([f"s{v}" for v in table.column("sid").to_pylist()]))
+    return table
+
+
+def write(table: pa.Table, path: Path) -> str:
+    if path.suffix == ".parquet":
+        pq.write_table(table, path, row_group_size=500)
+    else:
+        pacsv.write_csv(table, path)
+    return str(path)
+
+
+def hashes(directory: Path) -> dict[str, str]:
+    return read_manifest(directory)["sha256"]
+
+
+SPLITTINGS = {
+    "days": {"test_days": 0.1, "valid_days": 0.1},
+    "fractions": {"test_fraction": 0.2, "valid_fraction": 0.15},
+    "repeats_and_cut": {"test_fraction": 0.25, "valid_days": 0.05, "drop_repeats": True, "max_length": 5, "min_length": 3},
+}
+
+
+@pytest.mark.parametrize("splitting", list(SPLITTINGS))
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_the_engines_write_the_in_memory_dataset_byte_for_byte(tmp_path, splitting, suffix):
+    path = write(event_log(), tmp_path / f"events{suffix}")
+    source = EventLogSource(path, schema=SCHEMA, **SPLITTINGS[splitting])
+    memory = prepare(source, str(tmp_path / "memory"), engine="memory", **LAYOUT)
+    runs = {p: prepare(source, str(tmp_path / f"local{p}"), engine="local", partitions=p, workers=2, **LAYOUT)
+            for p in (1, 3, 8)}
+    expected = hashes(memory)
+    assert len([n for n in expected if n.startswith("train/")]) > 1  # several parts
+    for run in runs.values():
+        assert hashes(run) == expected
+        assert (run / "manifest.json").read_bytes() == (memory / "manifest.json").read_bytes()
+    splits, prepared = source.load(), PreparedSource(str(runs[3])).load()
+    manifest = read_manifest(runs[3])
+    for name in ("train", "valid", "test"):
+        assert getattr(prepared, name).equals(getattr(splits, name))
+        assert manifest["splits"][name]["sessions"] == getattr(splits, name).num_rows
+        assert manifest["splits"][name]["events"] == frame.session_lengths(getattr(splits, name)).sum()
+    assert all(getattr(splits, n).num_rows for n in ("train", "valid", "test"))
+    items, _ = frame.list_offsets(splits.train.column(frame.ITEMS))
+    virtual = frame.list_offsets(splits.train.column(frame.VIRTUAL))[0].to_numpy().astype(bool)
+    fitted = ItemVocab.fit(items, virtual=virtual)
+    assert fitted.num_virtual > 0
+    assert PreparedSource(str(runs[8])).vocab(1, None) == fitted
+
+
+def test_string_session_ids_and_a_shipped_test_file(tmp_path):
+    log = event_log(seed=1, string_ids=True)
+    train = write(log.slice(0, 1500), tmp_path / "train.parquet")
+    test = write(log.slice(1500), tmp_path / "test.csv")
+    schema = Schema(session_id="sid", item_id="item", timestamp="t", order_by="step", string_ids=True)
+    source = EventLogSource(train, schema=schema, test_path=test, valid_fraction=0.2, min_length=2)
+    memory = prepare(source, str(tmp_path / "memory"), engine="memory", **LAYOUT)
+    local = prepare(source, str(tmp_path / "local"), engine="local", partitions=5, **LAYOUT)
+    assert hashes(local) == hashes(memory)
+    splits, prepared = source.load(), PreparedSource(str(local)).load()
+    assert prepared.test.equals(splits.test) and prepared.valid.equals(splits.valid)
+    assert prepared.train.column("session_id").type == pa.string()
+
+
+def test_vocabulary_settings_are_the_datasets(tmp_path):
+    from sessrec.tasks import SessionDataModule
+
+    path = write(event_log(), tmp_path / "events.parquet")
+    source = EventLogSource(path, schema=SCHEMA, test_fraction=0.2)
+    out = prepare(source, str(tmp_path / "p"), engine="local", min_item_count=3, max_vocab_size=20, **LAYOUT)
+    splits = source.load()
+    items, _ = frame.list_offsets(splits.train.column(frame.ITEMS))
+    virtual = frame.list_offsets(splits.train.column(frame.VIRTUAL))[0].to_numpy().astype(bool)
+    dm = SessionDataModule(source=PreparedSource(str(out)), min_item_count=3, max_vocab_size=20)
+    assert dm.vocab == ItemVocab.fit(items, 3, 20, virtual=virtual)
+    other = SessionDataModule(source=PreparedSource(str(out)), min_item_count=1)
+    with pytest.raises(ValueError, match=r"prepared with min_item_count 3, max_vocab_size 20, but the data module has 1, None"):
+        _ = other.vocab
+
+
+def test_a_changed_file_is_refused_by_name_and_nothing_half_written_is_left(tmp_path):
+    path = write(event_log(), tmp_path / "events.parquet")
+    source = EventLogSource(path, schema=SCHEMA, test_fraction=0.2)
+    out = prepare(source, str(tmp_path / "p"), engine="local", **LAYOUT)
+    part = out / "valid" / "part-00000.parquet"
+    table = pq.read_table(part)
+    pq.write_table(table.slice(1), part)
+    with pytest.raises(ValueError, match=r"valid/part-00000\.parquet: its content differs from the manifest's sha256"):
+        PreparedSource(str(out)).load()
+    part.unlink()
+    with pytest.raises(FileNotFoundError, match=r"part-00000\.parquet: missing"):
+        PreparedSource(str(out)).load()
+    with pytest.raises(FileExistsError, match="exists"):
+        prepare(source, str(out), engine="local")
+    broken = EventLogSource(path, schema=Schema(session_id="sid", item_id="price"), test_fraction=0.2)
+    with pytest.raises(ValueError, match="'price'"):
+        prepare(broken, str(tmp_path / "q"), engine="local")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["events.parquet", "p"]
+
+
+def test_only_event_logs_are_partitioned(tmp_path):
+    from sessrec.data import SyntheticSource
+
+    source = SyntheticSource(num_sessions=300, num_items=40, days=4.0)
+    with pytest.raises(ValueError, match="SyntheticSource is prepared whole: use --engine memory"):
+        prepare(source, str(tmp_path / "p"), engine="local")
+    out = prepare(source, str(tmp_path / "p"), engine="memory")
+    assert PreparedSource(str(out)).load().train.equals(source.load().train)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["source"]["class_path"] == "sessrec.data.sources.SyntheticSource"
+    assert manifest["splits"]["train"]["files"] == ["train/part-00000.parquet"]
+
+
+def test_memory_budget_sizes():
+    assert parse_bytes("4GiB") == 4 * 2**30 and parse_bytes("500MB") == 500_000_000 and parse_bytes(123) == 123
+    with pytest.raises(ValueError, match="memory_budget: '4 parsecs' is not a size"):
+        parse_bytes("4 parsecs")

@@ -68,14 +68,27 @@ SPLITTINGS = {
 }
 
 
+@pytest.fixture(scope="module")
+def dask_scheduler():
+    """A local Dask cluster of two worker processes for the module's dask runs (started once)."""
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+        yield cluster.scheduler_address
+
+
 @pytest.mark.parametrize("splitting", list(SPLITTINGS))
 @pytest.mark.parametrize("suffix", [".csv", ".parquet"])
-def test_the_engines_write_the_in_memory_dataset_byte_for_byte(tmp_path, splitting, suffix):
+def test_the_engines_write_the_in_memory_dataset_byte_for_byte(tmp_path, splitting, suffix, dask_scheduler, monkeypatch):
+    from sessrec.data.prepared import cluster
+
+    monkeypatch.setattr(cluster, "PIECE_BYTES", 4096)  # a CSV file in several pieces
+    monkeypatch.setattr(cluster, "PIECE_ROWS", 1000)
     path = write(event_log(), tmp_path / f"events{suffix}")
     source = EventLogSource(path, schema=SCHEMA, **SPLITTINGS[splitting])
     memory = prepare(source, str(tmp_path / "memory"), engine="memory", **LAYOUT)
     runs = {p: prepare(source, str(tmp_path / f"local{p}"), engine="local", partitions=p, workers=2, **LAYOUT)
             for p in (1, 3, 8)}
+    runs["dask"] = prepare(source, str(tmp_path / "dask"), engine="dask", partitions=4, scheduler=dask_scheduler, **LAYOUT)
     expected = hashes(memory)
     assert len([n for n in expected if n.startswith("train/")]) > 1  # several parts
     for run in runs.values():
@@ -95,7 +108,7 @@ def test_the_engines_write_the_in_memory_dataset_byte_for_byte(tmp_path, splitti
     assert PreparedSource(str(runs[8])).vocab(1, None) == fitted
 
 
-def test_string_session_ids_and_a_shipped_test_file(tmp_path):
+def test_string_session_ids_and_a_shipped_test_file(tmp_path, dask_scheduler):
     log = event_log(seed=1, string_ids=True)
     train = write(log.slice(0, 1500), tmp_path / "train.parquet")
     test = write(log.slice(1500), tmp_path / "test.csv")
@@ -103,7 +116,8 @@ def test_string_session_ids_and_a_shipped_test_file(tmp_path):
     source = EventLogSource(train, schema=schema, test_path=test, valid_fraction=0.2, min_length=2)
     memory = prepare(source, str(tmp_path / "memory"), engine="memory", **LAYOUT)
     local = prepare(source, str(tmp_path / "local"), engine="local", partitions=5, **LAYOUT)
-    assert hashes(local) == hashes(memory)
+    dask = prepare(source, str(tmp_path / "dask"), engine="dask", partitions=3, scheduler=dask_scheduler, **LAYOUT)
+    assert hashes(local) == hashes(memory) == hashes(dask)
     splits, prepared = source.load(), PreparedSource(str(local)).load()
     assert prepared.test.equals(splits.test) and prepared.valid.equals(splits.valid)
     assert prepared.train.column("session_id").type == pa.string()

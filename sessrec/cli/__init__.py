@@ -333,7 +333,8 @@ def main() -> None:
 EXTRA_OF = {
     **dict.fromkeys(("fastapi", "uvicorn", "prometheus_client", "onnx", "onnxscript", "onnxruntime"), "deploy"),
     **dict.fromkeys(("faiss", "lightgbm"), "pipeline"),
-    **dict.fromkeys(("cudf", "cupy"), "gpu"),
+    **dict.fromkeys(("cudf", "cupy", "dask_cudf", "dask_cuda"), "gpu"),
+    **dict.fromkeys(("dask", "distributed"), "cluster"),
 }
 
 

@@ -27,6 +27,8 @@ import pyarrow.parquet as pq
 from sessrec.data import frame
 from sessrec.data.schema import Schema, SchemaError
 
+NULL_VALUES = ["", "NA", "NaN", "null", "None"]  # what a CSV field holds for a missing value
+
 
 def _open_text_head(path: Path, n: int = 4096) -> str:
     opener = gzip.open if path.suffix == ".gz" else open
@@ -72,7 +74,7 @@ def read_table(
         convert = pacsv.ConvertOptions(
             include_columns=columns,
             column_types={c: pa.string() for c in string_columns or []},
-            null_values=["", "NA", "NaN", "null", "None"],
+            null_values=NULL_VALUES,
             strings_can_be_null=True,
         )
         return pacsv.read_csv(path, parse_options=parse, convert_options=convert)
@@ -350,7 +352,7 @@ def scan_events(
                 parse_options=pacsv.ParseOptions(delimiter=delimiter or _sniff_delimiter(path)),
                 convert_options=pacsv.ConvertOptions(
                     column_types={c: pa.string() for c in string_columns},
-                    null_values=["", "NA", "NaN", "null", "None"],
+                    null_values=NULL_VALUES,
                     strings_can_be_null=True,
                 ),
             )

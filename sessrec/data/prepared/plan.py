@@ -37,18 +37,26 @@ LABELS = {"train": 0, "valid": 1, "test": 2}
 
 
 def hash_partition(ids: pa.Array | pa.ChunkedArray, partitions: int) -> np.ndarray:
-    """(E,) partition in [0, partitions) of each session id: integers by a multiplicative hash, text by
-    Polars' hash (the same in every process of one installation)."""
+    """(E,) partition in [0, partitions) of each session id (integers, or non-empty text), the same in
+    every process: a multiplicative hash of the integer, or of a polynomial hash of the text's bytes."""
     if isinstance(ids, pa.ChunkedArray):
         ids = ids.combine_chunks()
     if pa.types.is_integer(ids.type):
         keys = ids.to_numpy(zero_copy_only=False).astype(np.int64).view(np.uint64)
-        mixed = (keys * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(32)
     else:
-        import polars as pl
-
-        mixed = pl.Series(ids).hash(seed=0).to_numpy()
+        keys = _text_hash(ids.cast(pa.large_string()))
+    mixed = (keys * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(32)
     return (mixed % np.uint64(partitions)).astype(np.int64)
+
+
+def _text_hash(text: pa.LargeStringArray) -> np.ndarray:
+    """(E,) uint64 sum of byte * 31^(bytes after it) of each string (wrapping), vectorized over the bytes."""
+    offsets = np.frombuffer(text.buffers()[1], dtype=np.int64)[text.offset:text.offset + len(text) + 1]
+    data = np.frombuffer(text.buffers()[2], dtype=np.uint8)[offsets[0]:offsets[-1]].astype(np.uint64)
+    lengths = np.diff(offsets)
+    after = np.repeat(offsets[1:] - offsets[0], lengths) - np.arange(len(data)) - 1  # (B,) bytes after each byte
+    powers = np.cumprod(np.concatenate([[1], np.full(int(lengths.max(initial=1)) - 1, 31)]).astype(np.uint64))  # 31^k
+    return np.add.reduceat(data * powers[after], offsets[:-1] - offsets[0]) if len(data) else np.zeros(len(text), np.uint64)
 
 
 def split_by_partition(events: pa.Table, column: str, partitions: int) -> Iterator[tuple[int, pa.Table]]:

@@ -18,9 +18,9 @@ from typing import Literal
 
 from sessrec.data import frame
 from sessrec.data.prepared.dataset import Layout, PreparedSource, PreparedWriter, read_manifest
-from sessrec.data.prepared.plan import PartResult
+from sessrec.data.prepared.plan import CountFold
 from sessrec.data.sources import EventLogSource, SessionSource
-from sessrec.data.vocab import ItemVocab, sum_counts
+from sessrec.data.vocab import ItemVocab
 from sessrec.saved.registry import config_of
 
 __all__ = ["Layout", "PreparedSource", "PreparedWriter", "parse_bytes", "prepare", "read_manifest"]
@@ -98,10 +98,11 @@ def prepare(
                 from sessrec.data.prepared.cluster import DaskEngine
 
                 runner = DaskEngine(budget, workers, partitions, scheduler, backend)
-            results = runner.run(source, writer.directory, layout)
-            vocab = _vocab_of(results, min_item_count, max_vocab_size)
-            for result in results:
+            counts = CountFold()
+            for result in runner.run(source, writer.directory, layout):
+                counts.add(result)
                 writer.add(result.written.name.partition("/")[0], result.written)
+            vocab = counts.vocab(min_item_count, max_vocab_size)
         settings = {"min_item_count": min_item_count, "max_vocab_size": max_vocab_size}
         return writer.finish(vocab, config_of(source), settings)
     except BaseException:
@@ -118,11 +119,3 @@ def _prepare_in_memory(source: SessionSource, writer: PreparedWriter, min_count:
     for split in ("train", "valid", "test"):
         writer.write_split(split, getattr(splits, split))
     return ItemVocab.fit(values, min_count, max_size, virtual=virtual)
-
-
-def _vocab_of(results: list[PartResult], min_count: int, max_size: int | None) -> ItemVocab:
-    """The vocabulary of the training parts' item counts (the counting reduction)."""
-    train = [r for r in results if r.products is not None]
-    products = sum_counts([r.products for r in train])
-    virtual = [r.virtual for r in train if r.virtual is not None]
-    return ItemVocab.from_counts(products, sum_counts(virtual) if virtual else None, min_count, max_size)

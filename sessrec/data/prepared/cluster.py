@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import itertools
 import logging
-import math
 import os
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from sessrec.data.prepared.dataset import Layout
-from sessrec.data.prepared.local import PEAK_PER_EVENT_BYTE, estimated_event_bytes
+from sessrec.data.prepared.local import estimated_event_bytes, partitions_for
 from sessrec.data.prepared.plan import (
     PartitionSummary,
     PartResult,
@@ -197,9 +197,10 @@ class DaskEngine:
                                memory_limit=self.memory_budget // self.workers, dashboard_address=None)
         return Client(cluster)
 
-    def run(self, source: EventLogSource, directory: Path, layout: Layout) -> list[PartResult]:
-        """Write the parts of every split into `directory`; returns what each part gave."""
+    def run(self, source: EventLogSource, directory: Path, layout: Layout) -> Iterator[PartResult]:
+        """Write the parts of every split into `directory`; yields what each part gave."""
         import dask
+        from distributed import as_completed
 
         if self.backend == "cudf":
             import cudf  # noqa: F401 - the cuDF backend needs it: a missing one is said before the cluster starts
@@ -215,7 +216,9 @@ class DaskEngine:
                     summaries = self.sessionize(client, source, path, scratch / f"file{f}")
                     tasks += plan_parts(source, path, summaries, splits, layout)
                 futures = client.map(build_part, tasks, directory=directory, layout=layout, pure=False)
-                return client.gather(futures)
+                for done in as_completed(futures):  # the driver folds the counts as the parts finish
+                    yield done.result()
+                    done.release()
         finally:
             cluster = client.cluster if self.scheduler is None else None
             client.close()
@@ -241,8 +244,8 @@ class DaskEngine:
         meta = _to_frame(first.slice(0, 0), self.backend)
         events = dd.from_map(_load_piece, pieces, args=[source.schema, source.delimiter, column_types, self.backend],
                              meta=meta, enforce_metadata=False)
-        need = estimated_event_bytes(path, len(source.schema.columns)) * PEAK_PER_EVENT_BYTE * self.workers
-        partitions = self.partitions or max(1, math.ceil(need / (self.memory_budget / 2)))
+        partitions = self.partitions or partitions_for(estimated_event_bytes(path, len(source.schema.columns)),
+                                                       self.memory_budget, self.workers)
         shuffled = events.shuffle(on=source.schema.session_id, npartitions=partitions)
         parts = shuffled.to_delayed()
         summaries = [dask.delayed(_sessionize)(part, source, str(folder / f"sessions-{p:05d}.arrow"))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
@@ -32,7 +32,7 @@ from sessrec.data.prepared.plan import (
 from sessrec.data.readers import scan_events
 from sessrec.data.sources import EventLogSource
 
-PEAK_PER_EVENT_BYTE = 8  # bytes that sessionizing a partition holds at its peak, per byte of its events in Arrow
+PEAK_PER_EVENT_BYTE = 6  # bytes that sessionizing a partition holds at its peak, per byte of its events in Arrow
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -42,6 +42,15 @@ def estimated_event_bytes(path: str, columns: int) -> int:
     if ".parquet" in Path(path).name or Path(path).suffix == ".pq":
         return pq.ParquetFile(path).metadata.num_rows * 8 * columns
     return os.path.getsize(path) * (5 if Path(path).suffix == ".gz" else 1)
+
+
+def partitions_for(event_bytes: int, memory_budget: int, workers: int) -> int:
+    """The fewest partitions such that the partitions sessionized at once (one a worker) peak within half
+    the budget (the other half: the batches read, the session ids and end times, the parts being written)."""
+    need = event_bytes * PEAK_PER_EVENT_BYTE
+    if need <= memory_budget / 2:
+        return 1
+    return math.ceil(need * workers / (memory_budget / 2))
 
 
 class LocalEngine:
@@ -66,22 +75,24 @@ class LocalEngine:
     def partitions_for(self, source: EventLogSource, path: str) -> int:
         if self.partitions is not None:
             return self.partitions
-        need = estimated_event_bytes(path, len(source.schema.columns)) * PEAK_PER_EVENT_BYTE * self.workers
-        return max(1, math.ceil(need / (self.memory_budget / 2)))
+        return partitions_for(estimated_event_bytes(path, len(source.schema.columns)), self.memory_budget, self.workers)
 
-    def run(self, source: EventLogSource, directory: Path, layout: Layout) -> list[PartResult]:
-        """Write the parts of every split into `directory`; returns what each part gave."""
+    def run(self, source: EventLogSource, directory: Path, layout: Layout) -> Iterator[PartResult]:
+        """Write the parts of every split into `directory`; yields what each part gave, as it is written."""
         with tempfile.TemporaryDirectory(prefix="sessrec-prepare-", dir=self.scratch or directory.parent) as scratch:
             tasks = []
             for f, (path, splits) in enumerate(files_of(source)):
                 summaries = self.sessionize(source, path, Path(scratch) / f"file{f}")
                 tasks += plan_parts(source, path, summaries, splits, layout)
-            return self.map(lambda task: build_part(task, directory, layout), tasks)
+            yield from self.map(lambda task: build_part(task, directory, layout), tasks)
 
     def sessionize(self, source: EventLogSource, path: str, folder: Path) -> list[PartitionSummary]:
         """Steps 1 and 2 for one file: partition its events to disk, then sessionize each partition."""
         folder.mkdir(parents=True)
         partitions = self.partitions_for(source, path)
+        if partitions == 1:  # the log fits: sessionized as read, without partition files
+            events = pa.concat_tables(scan_events(path, source.schema, source.delimiter, self.batch_rows))
+            return [sessionize_partition(source, events, folder / "sessions-00000.arrow")]
         files = [folder / f"events-{p:05d}.arrow" for p in range(partitions)]
         writers: dict[int, pa.ipc.RecordBatchFileWriter] = {}
         try:
@@ -101,11 +112,13 @@ class LocalEngine:
             files[p].unlink()
             return summary
 
-        return self.map(one, sorted(writers))
+        return list(self.map(one, sorted(writers)))
 
-    def map(self, func: Callable[[T], R], items: Iterable[T]) -> list[R]:
+    def map(self, func: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
+        """`func` of each item, in order, on `workers` threads."""
         items = list(items)
         if self.workers == 1 or len(items) < 2:
-            return [func(item) for item in items]
+            yield from map(func, items)
+            return
         with ThreadPoolExecutor(self.workers) as pool:
-            return list(pool.map(func, items))
+            yield from pool.map(func, items)

@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 from sessrec.data import frame
 from sessrec.data.prepared.dataset import SPLITS, Layout, PartWritten, write_part
 from sessrec.data.sources import EventLogSource
-from sessrec.data.vocab import count_items
+from sessrec.data.vocab import ItemVocab, count_items, sum_counts
 
 BATCH_SESSIONS = 65_536  # sessions in a record batch of a partition's session file (what a part reads at a time)
 LABELS = {"train": 0, "valid": 1, "test": 2}
@@ -132,6 +132,28 @@ def build_part(task: PartTask, directory: str | os.PathLike, layout: Layout) -> 
         return PartResult(written, count_items(items), None)
     virtual = frame.list_offsets(table.column(frame.VIRTUAL))[0].to_numpy(zero_copy_only=False).astype(bool)
     return PartResult(written, count_items(items.filter(pa.array(~virtual))), count_items(items.filter(pa.array(virtual))))
+
+
+class CountFold:
+    """The training parts' item counts summed as they arrive (`sum_counts` whenever `rows` are pending),
+    so that memory holds about one catalogue of counts, not one per part."""
+
+    def __init__(self, rows: int = 4_000_000) -> None:
+        self.rows = rows
+        self.pending: dict[str, list[pa.Table]] = {"products": [], "virtual": []}
+
+    def add(self, result: PartResult) -> None:
+        for kind, table in (("products", result.products), ("virtual", result.virtual)):
+            if table is not None:
+                self.pending[kind].append(table)
+                if sum(t.num_rows for t in self.pending[kind]) > self.rows:
+                    self.pending[kind] = [sum_counts(self.pending[kind])]
+        result.products = result.virtual = None
+
+    def vocab(self, min_count: int, max_size: int | None) -> ItemVocab:
+        """The vocabulary of the counts (`ItemVocab.from_counts`): `ItemVocab.fit` of the training split."""
+        products, virtual = self.pending["products"], self.pending["virtual"]
+        return ItemVocab.from_counts(sum_counts(products), sum_counts(virtual) if virtual else None, min_count, max_size)
 
 
 def plan_parts(

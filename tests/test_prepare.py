@@ -102,7 +102,7 @@ def test_the_engines_write_the_in_memory_dataset_byte_for_byte(tmp_path, splitti
         assert manifest["splits"][name]["events"] == frame.session_lengths(getattr(splits, name)).sum()
     assert all(getattr(splits, n).num_rows for n in ("train", "valid", "test"))
     items, _ = frame.list_offsets(splits.train.column(frame.ITEMS))
-    virtual = frame.list_offsets(splits.train.column(frame.VIRTUAL))[0].to_numpy().astype(bool)
+    virtual = frame.list_offsets(splits.train.column(frame.VIRTUAL))[0].to_numpy(zero_copy_only=False).astype(bool)
     fitted = ItemVocab.fit(items, virtual=virtual)
     assert fitted.num_virtual > 0
     assert PreparedSource(str(runs[8])).vocab(1, None) == fitted
@@ -131,7 +131,7 @@ def test_vocabulary_settings_are_the_datasets(tmp_path):
     out = prepare(source, str(tmp_path / "p"), engine="local", min_item_count=3, max_vocab_size=20, **LAYOUT)
     splits = source.load()
     items, _ = frame.list_offsets(splits.train.column(frame.ITEMS))
-    virtual = frame.list_offsets(splits.train.column(frame.VIRTUAL))[0].to_numpy().astype(bool)
+    virtual = frame.list_offsets(splits.train.column(frame.VIRTUAL))[0].to_numpy(zero_copy_only=False).astype(bool)
     dm = SessionDataModule(source=PreparedSource(str(out)), min_item_count=3, max_vocab_size=20)
     assert dm.vocab == ItemVocab.fit(items, 3, 20, virtual=virtual)
     other = SessionDataModule(source=PreparedSource(str(out)), min_item_count=1)
@@ -176,3 +176,104 @@ def test_memory_budget_sizes():
     assert parse_bytes("4GiB") == 4 * 2**30 and parse_bytes("500MB") == 500_000_000 and parse_bytes(123) == 123
     with pytest.raises(ValueError, match="memory_budget: '4 parsecs' is not a size"):
         parse_bytes("4 parsecs")
+
+
+def test_the_recipes_fixture_holds_what_its_source_gives():
+    from sessrec.data import SyntheticSource
+
+    fixture = Path(__file__).parent / "fixtures" / "prepared" / "synthetic"
+    splits = PreparedSource(str(fixture)).load()
+    expected = SyntheticSource(num_sessions=2000, num_items=200, days=6.0).load()
+    for name in ("train", "valid", "test"):
+        assert getattr(splits, name).equals(getattr(expected, name))
+
+
+# -- the shared datasets that have an event log --------------------------------------------------------
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+RSC15 = DATA / "rsc15_100k"
+EVENT_LOGS = {  # every event log of ../shared/data (SOURCE.md), read as an event log can be
+    "rsc15_full": {"path": "rsc15_100k/yoochoose-clicks-100k_train_full.txt.gz", "valid_days": 1.0,
+                   "test_path": "rsc15_100k/yoochoose-clicks-100k_test.txt.gz",
+                   "schema": Schema(session_id="SessionId", item_id="ItemId", timestamp="Time")},
+    "rsc15_tr": {"path": "rsc15_100k/yoochoose-clicks-100k_train_tr.txt.gz", "valid_fraction": 0.1,
+                 "test_path": "rsc15_100k/yoochoose-clicks-100k_train_valid.txt.gz", "drop_repeats": True,
+                 "schema": Schema(session_id="SessionId", item_id="ItemId", timestamp="Time")},
+    "diginetica_views": {"path": "diginetica_sample/sample_train-item-views.csv.gz", "test_days": 7.0, "valid_days": 7.0,
+                         "schema": Schema(session_id="session_id", item_id="item_id", timestamp="eventdate",
+                                          time_unit="datetime", order_by="timeframe")},
+    "diginetica_purchases": {"path": "diginetica_sample/train-purchases.csv.gz", "test_fraction": 0.1, "min_length": 1,
+                             "schema": Schema(session_id="sessionId", item_id="itemId", timestamp="eventdate",
+                                              time_unit="datetime", order_by="timeframe")},
+    "movielens": {"path": "movielens_latest_small/ratings.csv.gz", "test_fraction": 0.1, "valid_fraction": 0.1,
+                  "max_length": 50, "schema": Schema(session_id="userId", item_id="movieId", timestamp="timestamp",
+                                                     features=[FeatureSpec("rating", "continuous")])},
+    "trivago": {"path": "trivago_rsc19_100k/trivago_val_100k.parquet.snappy", "test_fraction": 0.2, "drop_repeats": True,
+                "schema": Schema(session_id="session_id", item_id="reference", timestamp="timestamp", order_by="step",
+                                 features=[FeatureSpec("action_type"), FeatureSpec("device")])},
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(EVENT_LOGS))
+def test_every_shared_event_log_prepares_the_same_with_every_engine(tmp_path, name, dask_scheduler):
+    settings = dict(EVENT_LOGS[name])
+    for key in ("path", "test_path"):
+        if key in settings:
+            settings[key] = str(DATA / settings[key])
+    if not Path(settings["path"]).exists():
+        pytest.skip(f"{settings['path']} is not available here")
+    source = EventLogSource(**settings)
+    memory = prepare(source, str(tmp_path / "memory"), engine="memory")
+    local = prepare(source, str(tmp_path / "local"), engine="local", partitions=4)
+    dask = prepare(source, str(tmp_path / "dask"), engine="dask", partitions=3, scheduler=dask_scheduler)
+    assert hashes(memory) == hashes(local) == hashes(dask)
+    splits = source.load()
+    prepared = PreparedSource(str(dask)).load()
+    assert all(getattr(prepared, s).equals(getattr(splits, s)) for s in ("train", "valid", "test"))
+
+
+@pytest.mark.slow
+def test_trivago_with_virtual_items_and_side_features_prepares_whole(tmp_path):
+    from sessrec.datasets import TrivagoSource
+
+    path = DATA / "trivago_rsc19_100k" / "trivago_val_100k.parquet.snappy"
+    if not path.exists():
+        pytest.skip(f"{path} is not available here")
+    source = TrivagoSource(str(path), virtual_items=True, features=["price", "device"])
+    out = prepare(source, str(tmp_path / "p"), engine="memory", part_sessions=500)
+    splits, prepared = source.load(), PreparedSource(str(out)).load()
+    assert all(getattr(prepared, s).equals(getattr(splits, s)) for s in ("train", "valid", "test"))
+    items, _ = frame.list_offsets(splits.train.column(frame.ITEMS))
+    virtual = frame.list_offsets(splits.train.column(frame.VIRTUAL))[0].to_numpy(zero_copy_only=False).astype(bool)
+    assert PreparedSource(str(out)).vocab(1, None) == ItemVocab.fit(items, virtual=virtual)
+
+
+@pytest.mark.slow
+def test_a_prepared_rsc15_trains_to_the_in_memory_validation_metrics(tmp_path, monkeypatch):
+    """The same recipe, seed and tiny model on rsc15 read as an event log and as a prepared dataset
+    (``sessrec prepare``, then ``--data.source.class_path sessrec.data.PreparedSource``): equal validation metrics."""
+    from sessrec.cli import cli, run
+
+    if not RSC15.exists():
+        pytest.skip(f"{RSC15} is not available here")
+    work = tmp_path / "work"
+    work.mkdir()
+    (tmp_path / "shared").symlink_to(DATA.parent)
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    root = Path(__file__).resolve().parents[1]
+    recipe = ["--config", str(root / "recipes/data/rsc15.yaml"), "--config", str(root / "recipes/model/gru4rec.yaml")]
+    run(["prepare", *recipe, "--out", "prepared", "--engine", "local", "--partitions", "3"])
+    tiny = ["--model.encoder.init_args.d_model", "16", "--model.loss.init_args.num_samples", "64",
+            "--model.schedule.warmup_steps", "0", "--trainer.max_epochs", "1", "--trainer.enable_progress_bar", "false",
+            "--trainer.logger.class_path", "pytorch_lightning.loggers.CSVLogger"]  # two fits in one process: no wandb run
+    metrics = []
+    for extra in ([], ["--data.source.class_path", "sessrec.data.PreparedSource", "--data.source.init_args.path", "prepared"]):
+        done = cli(["fit", *recipe, *tiny, *extra])
+        assert type(done.datamodule.source).__name__ == ("PreparedSource" if extra else "EventLogSource")
+        metrics.append({k: float(v) for k, v in done.trainer.callback_metrics.items() if k.startswith("val/")})
+    assert len(metrics[0]) >= 6 and metrics[0].keys() == metrics[1].keys()
+    for key, value in metrics[0].items():
+        assert abs(metrics[1][key] - value) <= 1e-6, key

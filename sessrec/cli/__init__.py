@@ -208,8 +208,6 @@ def prepare_cli(args: list[str]) -> Path:
     """``sessrec prepare --config <data recipe> --out DIR [--engine local|dask|memory]``: the recipe's source
     prepared once (`sessrec.data.prepared.prepare`), with its data block's vocabulary settings; the recipe's
     other blocks (trainer, model) are read and not used."""
-    from typing import Any as AnyValue
-
     from sessrec.cli.parsers import command_parser, parse
     from sessrec.data.prepared import prepare
     from sessrec.tasks import SessionDataModule
@@ -218,8 +216,10 @@ def prepare_cli(args: list[str]) -> Path:
     parser.add_function_arguments(prepare, skip={"source", "min_item_count", "max_vocab_size"}, fail_untyped=False)
     parser.add_class_arguments(SessionDataModule, "data")
     for unused in ("trainer", "model", "seed_everything"):  # a data recipe's other blocks
-        parser.add_argument(f"--{unused}", type=AnyValue, default=None, help="read from the recipe, not used")
+        parser.add_argument(f"--{unused}", type=dict | int | None, default=None, help="read from the recipe, not used")
     cfg = parse(parser, args)
+    for unused in ("trainer", "model", "seed_everything"):
+        cfg[unused] = None  # nothing of them is built
     data = parser.instantiate(cfg).data
     kwargs = {k: v for k, v in cfg.as_dict().items() if k not in ("config", "data", "trainer", "model", "seed_everything")}
     out = prepare(data.source, min_item_count=data.min_item_count, max_vocab_size=data.max_vocab_size, **kwargs)

@@ -159,6 +159,27 @@ def test_a_changed_file_is_refused_by_name_and_nothing_half_written_is_left(tmp_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["events.parquet", "p"]
 
 
+def test_times_plausible_batch_by_batch_but_not_together_are_refused_as_in_memory(tmp_path, dask_scheduler, monkeypatch):
+    """Every batch of this log passes validation alone (the first half in 2014, the second relative times
+    from 0), the whole file does not: streamed and distributed reading refuse it as the in-memory path does."""
+    from sessrec.data.prepared import cluster
+    from sessrec.data.readers import scan_events
+
+    times = np.r_[1.4e9 + np.arange(2000.0), np.arange(2000.0)]
+    table = pa.table({"sid": np.arange(4000) // 4, "item": np.arange(4000) % 7, "t": times})
+    path = write(table, tmp_path / "events.parquet")  # row groups of 500
+    source = EventLogSource(path, schema=Schema(session_id="sid", item_id="item", timestamp="t"), test_fraction=0.2)
+    with pytest.raises(ValueError) as whole:
+        source.load()
+    assert "has the time 0.0 at row 2000" in str(whole.value)
+    with pytest.raises(ValueError) as streamed:
+        list(scan_events(path, source.schema, batch_rows=500))
+    monkeypatch.setattr(cluster, "PIECE_ROWS", 500)
+    with pytest.raises(ValueError) as distributed:
+        prepare(source, str(tmp_path / "p"), engine="dask", scheduler=dask_scheduler)
+    assert str(streamed.value) == str(distributed.value) == str(whole.value)
+
+
 def test_only_event_logs_are_partitioned(tmp_path):
     from sessrec.data import SyntheticSource
 

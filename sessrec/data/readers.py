@@ -25,7 +25,8 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from sessrec.data import frame
-from sessrec.data.schema import Schema, SchemaError
+from sessrec.data.schema import PLAUSIBLE_SECONDS, Schema, SchemaError
+from sessrec.data.schema import _check_plausible as check_plausible
 
 NULL_VALUES = ["", "NA", "NaN", "null", "None"]  # what a CSV field holds for a missing value
 
@@ -356,16 +357,52 @@ def scan_events(
                     strings_can_be_null=True,
                 ),
             )
-        row, pending = 0, []
+        row, pending, samples = 0, [], []
         for batch in batches:
             pending.append(batch)
             if sum(b.num_rows for b in pending) >= batch_rows:
                 table = pa.Table.from_batches(pending)
-                yield schema.validate(table, source=str(path), first_row=row)
+                events = schema.validate(table, source=str(path), first_row=row)
+                samples.append(time_sample(table, events, schema, row))
+                yield events
                 row, pending = row + table.num_rows, []
         if pending:
-            yield schema.validate(pa.Table.from_batches(pending), source=str(path), first_row=row)
+            table = pa.Table.from_batches(pending)
+            events = schema.validate(table, source=str(path), first_row=row)
+            samples.append(time_sample(table, events, schema, row))
+            yield events
         elif row == 0:
             raise SchemaError(f"{path}: the file has no rows")
+        check_time_samples(samples, schema, str(path))
     except (pa.ArrowInvalid, OSError, UnicodeDecodeError) as err:
         raise SchemaError(f"{path}: cannot be read as {'parquet' if _is_parquet(path) else 'CSV'}: {err}") from err
+
+
+def time_sample(raw: pa.Table, events: pa.Table, schema: Schema, first_row: int) -> tuple[pa.Array, np.ndarray, np.ndarray] | None:
+    """The rows of a batch that decide whether its numeric times are plausible together with other batches:
+    its first time inside 1990..2100, its first outside, its earliest and its latest (raw values, seconds,
+    file rows); None without numeric times. `check_time_samples` checks the batches' samples together."""
+    if schema.timestamp is None or not (pa.types.is_integer(raw.column(schema.timestamp).type)
+                                        or pa.types.is_floating(raw.column(schema.timestamp).type)):
+        return None
+    seconds = events.column(schema.timestamp).to_numpy()
+    if not len(seconds):
+        return None
+    low, high = PLAUSIBLE_SECONDS
+    inside = (seconds >= low) & (seconds < high)
+    picks = {int(np.argmin(seconds)), int(np.argmax(seconds))}
+    picks |= {int(np.argmax(flags)) for flags in (inside, ~inside) if flags.any()}
+    rows = np.array(sorted(picks))
+    return raw.column(schema.timestamp).combine_chunks().take(pa.array(rows)), seconds[rows], rows + first_row
+
+
+def check_time_samples(samples: list[tuple[pa.Array, np.ndarray, np.ndarray] | None], schema: Schema, source: str) -> None:
+    """Refuse the times of batches that each passed `Schema.validate` but would not pass it together (some
+    batches in 1990..2100, others before): the check of the whole file, on the rows that decide it."""
+    kept = [s for s in samples if s is not None]
+    if len(kept) < 2:
+        return
+    values = pa.chunked_array([s[0] for s in kept])
+    seconds = np.concatenate([s[1] for s in kept])
+    rows = np.concatenate([s[2] for s in kept])
+    check_plausible(values, seconds, schema.timestamp, schema.time_unit, source, rows)

@@ -42,7 +42,7 @@ from sessrec.data.prepared.plan import (
     plan_parts,
     sessionize_partition,
 )
-from sessrec.data.readers import NULL_VALUES, _is_parquet, _sniff_delimiter
+from sessrec.data.readers import NULL_VALUES, _is_parquet, _sniff_delimiter, check_time_samples, time_sample
 from sessrec.data.schema import Schema, SchemaError
 from sessrec.data.sources import EventLogSource
 
@@ -83,8 +83,8 @@ def pieces_of(path: str) -> list[Piece]:
     return [Piece(path, i, start=a, end=b) for i, (a, b) in enumerate(itertools.pairwise(bounds))]
 
 
-def read_piece(piece: Piece, schema: Schema, delimiter: str | None, column_types: pa.Schema | None) -> pa.Table:
-    """The validated events of a piece, with their file order in the column `ROW`."""
+def read_piece(piece: Piece, schema: Schema, delimiter: str | None, column_types: pa.Schema | None) -> tuple[pa.Table, Any]:
+    """The validated events of a piece, with their file order in the column `ROW`, and its `time_sample`."""
     path = Path(piece.path)
     try:
         if _is_parquet(path):
@@ -107,9 +107,11 @@ def read_piece(piece: Piece, schema: Schema, delimiter: str | None, column_types
                 where = f"{path} (the lines from byte {piece.start})"
     except (pa.ArrowInvalid, OSError, UnicodeDecodeError) as err:
         raise SchemaError(f"{path}: cannot be read as {'parquet' if _is_parquet(path) else 'CSV'}: {err}") from err
-    events = schema.validate(table, source=where, first_row=piece.first_row) if table.num_rows else _empty(schema, table)
+    if not table.num_rows:
+        return _empty(schema, table).append_column(ROW, pa.array([], pa.int64())), None
+    events = schema.validate(table, source=where, first_row=piece.first_row)
     rows = (np.int64(piece.index) << np.int64(32)) + np.arange(events.num_rows, dtype=np.int64)
-    return events.append_column(ROW, pa.array(rows))
+    return events.append_column(ROW, pa.array(rows)), time_sample(table, events, schema, piece.first_row)
 
 
 def _empty(schema: Schema, table: pa.Table) -> pa.Table:
@@ -152,8 +154,10 @@ def _to_arrow(frame: Any) -> pa.Table:
     return pa.Table.from_pandas(frame, preserve_index=False)
 
 
-def _load_piece(piece: Piece, schema: Schema, delimiter: str | None, column_types: pa.Schema | None, backend: str) -> Any:
-    return _to_frame(read_piece(piece, schema, delimiter, column_types), backend)
+def _load_piece(piece: Piece, schema: Schema, delimiter: str | None, column_types: pa.Schema | None,
+                backend: str) -> tuple[Any, Any]:
+    events, sample = read_piece(piece, schema, delimiter, column_types)
+    return _to_frame(events, backend), sample
 
 
 def _sessionize(frame: Any, source: EventLogSource, path: str) -> PartitionSummary:
@@ -240,14 +244,17 @@ class DaskEngine:
             delim = pacsv.ParseOptions(delimiter=source.delimiter or _sniff_delimiter(Path(path)))
             column_types = pacsv.open_csv(path, parse_options=delim, convert_options=opts).schema
         pieces = pieces_of(path)
-        first = read_piece(pieces[0], source.schema, source.delimiter, column_types)
+        first, _ = read_piece(pieces[0], source.schema, source.delimiter, column_types)
         meta = _to_frame(first.slice(0, 0), self.backend)
-        events = dd.from_map(_load_piece, pieces, args=[source.schema, source.delimiter, column_types, self.backend],
-                             meta=meta, enforce_metadata=False)
+        loaded = [dask.delayed(_load_piece, nout=2)(piece, source.schema, source.delimiter, column_types, self.backend)
+                  for piece in pieces]
+        events = dd.from_delayed([frame for frame, _ in loaded], meta=meta, verify_meta=False)
         partitions = self.partitions or partitions_for(estimated_event_bytes(path, len(source.schema.columns)),
                                                        self.memory_budget, self.workers)
         shuffled = events.shuffle(on=source.schema.session_id, npartitions=partitions)
         parts = shuffled.to_delayed()
         summaries = [dask.delayed(_sessionize)(part, source, str(folder / f"sessions-{p:05d}.arrow"))
                      for p, part in enumerate(parts)]
-        return list(client.gather(client.compute(summaries)))
+        summaries, samples = client.gather(client.compute([summaries, [sample for _, sample in loaded]]))
+        check_time_samples(samples, source.schema, path)  # the pieces' times, plausible together
+        return list(summaries)

@@ -13,7 +13,7 @@ validation, the vocabulary counted on the training sessions, everything written 
   split by end time, count the training items), sinking each result to parquet.
 
 The three sessrec engines write the same files; each contender runs in a subprocess of its own, timed
-there, and its peak memory is the process tree's: ``peak_rss_mb`` the largest resident set of one of
+there from after its imports (the dask figures include starting the local cluster), and its peak memory is the process tree's: ``peak_rss_mb`` the largest resident set of one of
 its processes (``getrusage``), ``peak_tree_rss_mb`` the sum over the tree sampled every 0.1 s (psutil;
 what a Dask cluster's driver, scheduler and workers hold together). Sizes run smallest first; the in-memory
 path is skipped where its peak, extrapolated from the sizes it ran (bytes per event), would exceed
@@ -73,6 +73,17 @@ def generate(path: Path, events: int, seed: int = 0, chunk_sessions: int = 1_000
             writer.write_table(table, row_group_size=1 << 20)
 
 
+def import_contender(name: str) -> None:
+    """Import what a contender runs (before its clock starts)."""
+    if name == "polars":
+        import polars  # noqa: F401
+    else:
+        import sessrec.data.prepared.local  # noqa: F401
+        if name == "dask":
+            import dask.dataframe  # noqa: F401
+            import distributed  # noqa: F401
+
+
 def run_contender(name: str, log: str, out: str, workers: int, budget: str) -> None:
     """One contender, in this (sub)process."""
     if name == "polars":
@@ -116,7 +127,8 @@ def measure(name: str, log: str, scratch: Path, workers: int, budget: str) -> di
     import psutil
 
     out = scratch / f"out-{name}"
-    code = ("import sys, time, resource; sys.path.insert(0, 'benchmarks'); from etl_scale import run_contender; "
+    code = ("import sys, time, resource; sys.path.insert(0, 'benchmarks'); "
+            "from etl_scale import import_contender, run_contender; import_contender(sys.argv[1]); "
             "t = time.perf_counter(); run_contender(*sys.argv[1:4], int(sys.argv[4]), sys.argv[5]); "
             "print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "
             "resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")

@@ -38,6 +38,7 @@ from sessrec.data.prepared.plan import (
     PartitionSummary,
     PartResult,
     build_part,
+    check_driver_memory,
     files_of,
     plan_parts,
     sessionize_partition,
@@ -218,6 +219,7 @@ class DaskEngine:
                 tasks = []
                 for f, (path, splits) in enumerate(files_of(source)):
                     summaries = self.sessionize(client, source, path, scratch / f"file{f}")
+                    check_driver_memory(path, summaries, self.memory_budget)
                     tasks += plan_parts(source, path, summaries, splits, layout)
                 futures = client.map(build_part, tasks, directory=directory, layout=layout, pure=False)
                 for done in as_completed(futures):  # the driver folds the counts as the parts finish

@@ -3,7 +3,8 @@
 The log is streamed in batches (`scan_events`) into Arrow IPC files, one per partition, in a
 temporary folder; the partitions are sessionized one at a time per worker thread (Arrow's kernels
 release the GIL), and the parts are gathered from them the same way. Enough partitions are used that
-each worker's partition fits its share of the budget.
+each worker's partition fits its share of the budget; a log that fits whole is split in memory, a
+partition a worker, and its sessions are kept in memory.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from sessrec.data.prepared.plan import (
     PartitionSummary,
     PartResult,
     build_part,
+    check_driver_memory,
     files_of,
     plan_parts,
     sessionize_partition,
@@ -83,6 +85,7 @@ class LocalEngine:
             tasks = []
             for f, (path, splits) in enumerate(files_of(source)):
                 summaries = self.sessionize(source, path, Path(scratch) / f"file{f}")
+                check_driver_memory(path, summaries, self.memory_budget)
                 tasks += plan_parts(source, path, summaries, splits, layout)
             yield from self.map(lambda task: build_part(task, directory, layout), tasks)
 
@@ -90,9 +93,11 @@ class LocalEngine:
         """Steps 1 and 2 for one file: partition its events to disk, then sessionize each partition."""
         folder.mkdir(parents=True)
         partitions = self.partitions_for(source, path)
-        if partitions == 1:  # the log fits: sessionized as read, without partition files
+        if partitions == 1:  # the log fits: a partition a worker, in memory
             events = pa.concat_tables(scan_events(path, source.schema, source.delimiter, self.batch_rows))
-            return [sessionize_partition(source, events, folder / "sessions-00000.arrow")]
+            parts = [rows for _, rows in split_by_partition(events, source.schema.session_id, self.workers)]
+            del events
+            return list(self.map(lambda rows: sessionize_partition(source, rows, None), parts))
         files = [folder / f"events-{p:05d}.arrow" for p in range(partitions)]
         writers: dict[int, pa.ipc.RecordBatchFileWriter] = {}
         try:

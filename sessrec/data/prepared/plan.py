@@ -12,6 +12,10 @@
    count their items (`count_items`), and the vocabulary is the sum of those counts
    (`ItemVocab.from_counts`), ranked as `ItemVocab.fit` ranks them.
 
+Steps 3 and 4 hold `DRIVER_BYTES_PER_SESSION` bytes a session of a file in one process, the driver
+(`check_driver_memory` refuses a file that would need more than half the memory budget); everything
+else is held a partition or a part at a time.
+
 So the parts equal, byte for byte, what the in-memory path (`EventLogSource.load`, `ItemVocab.fit`)
 writes, whatever the number of partitions (tests/test_prepare.py).
 """
@@ -72,9 +76,10 @@ def split_by_partition(events: pa.Table, column: str, partitions: int) -> Iterat
 
 @dataclass
 class PartitionSummary:
-    """The sessions of one partition, written to `path` (Arrow IPC, record batches of `BATCH_SESSIONS`)."""
+    """The sessions of one partition: written to `path` (Arrow IPC, record batches of `BATCH_SESSIONS`), or
+    held in memory (`path` the table itself) when the engine keeps them."""
 
-    path: str
+    path: str | pa.Table
     sessions: pa.Array  # (n,) session ids, ascending
     ends: np.ndarray | None  # (n,) end times; None without timestamps
     count: int  # sessions before the length filter
@@ -82,23 +87,29 @@ class PartitionSummary:
     schema: pa.Schema = field(repr=False, default=None)  # type: ignore[assignment]
 
 
-def sessionize_partition(source: EventLogSource, events: pa.Table, path: str | os.PathLike) -> PartitionSummary:
-    """Step 2 for one partition's events (in file order): its sessions written to `path`."""
+def sessionize_partition(source: EventLogSource, events: pa.Table, path: str | os.PathLike | None) -> PartitionSummary:
+    """Step 2 for one partition's events (in file order): its sessions written to `path` (None: kept)."""
     kept, count, longest = source.sessionize(events)
-    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, kept.schema) as writer:
-        for start in range(0, kept.num_rows, BATCH_SESSIONS):
-            writer.write_table(kept.slice(start, BATCH_SESSIONS).combine_chunks())
-    return PartitionSummary(str(path), kept.column(frame.SESSION).combine_chunks(), frame.end_times(kept),
-                            count, longest, kept.schema)
+    if path is not None:
+        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, kept.schema) as writer:
+            for start in range(0, kept.num_rows, BATCH_SESSIONS):
+                writer.write_table(kept.slice(start, BATCH_SESSIONS).combine_chunks())
+    return PartitionSummary(kept if path is None else str(path), kept.column(frame.SESSION).combine_chunks(),
+                            frame.end_times(kept), count, longest, kept.schema)
 
 
-def read_rows(path: str, rows: np.ndarray) -> pa.Table:
-    """Rows (ascending) of a partition's session file, reading only the record batches that hold them."""
-    with pa.OSFile(path, "rb") as source:
-        reader = pa.ipc.open_file(source)
-        first, last = int(rows[0]) // BATCH_SESSIONS, int(rows[-1]) // BATCH_SESSIONS
-        table = pa.Table.from_batches([reader.get_batch(i) for i in range(first, last + 1)])
-    return table.take(pa.array(rows - first * BATCH_SESSIONS))
+def read_rows(sessions: str | pa.Table, rows: np.ndarray) -> pa.Table:
+    """Rows (ascending) of a partition's sessions; of a session file only the record batches that hold them."""
+    first = 0
+    if isinstance(sessions, str):
+        with pa.OSFile(sessions, "rb") as file:
+            reader = pa.ipc.open_file(file)
+            first, last = int(rows[0]) // BATCH_SESSIONS, int(rows[-1]) // BATCH_SESSIONS
+            sessions = pa.Table.from_batches([reader.get_batch(i) for i in range(first, last + 1)])
+        first *= BATCH_SESSIONS
+    if rows[-1] - rows[0] + 1 == len(rows):  # a run of rows: a slice
+        return sessions.slice(int(rows[0]) - first, len(rows))
+    return sessions.take(pa.array(rows - first))
 
 
 @dataclass
@@ -108,8 +119,8 @@ class PartTask:
 
     split: str
     index: int
-    reads: list[tuple[str, np.ndarray]]  # (session file, rows ascending)
-    order: np.ndarray  # (n,) take of the concatenated rows
+    reads: list[tuple[str | pa.Table, np.ndarray]]  # (the sessions of a partition, rows ascending)
+    order: np.ndarray | None  # (n,) take of the concatenated rows; None: in order (one partition)
     schema: pa.Schema
 
 
@@ -122,8 +133,10 @@ class PartResult:
 
 def build_part(task: PartTask, directory: str | os.PathLike, layout: Layout) -> PartResult:
     """Gather, order and write one part; a training part also counts its items."""
-    pieces = [read_rows(path, rows) for path, rows in task.reads]
-    table = pa.concat_tables(pieces).take(pa.array(task.order)) if pieces else task.schema.empty_table()
+    pieces = [read_rows(sessions, rows) for sessions, rows in task.reads]
+    table = pa.concat_tables(pieces) if pieces else task.schema.empty_table()
+    if task.order is not None:
+        table = table.take(pa.array(task.order))
     written = write_part(table, Path(directory), task.split, task.index, layout)
     if task.split != "train":
         return PartResult(written, None, None)
@@ -191,8 +204,23 @@ def plan_parts(
             bounds = np.searchsorted(part[grouped], np.arange(len(summaries) + 1))
             reads = [(summaries[p].path, chunk[grouped[bounds[p]:bounds[p + 1]]] - starts[p])
                      for p in range(len(summaries)) if bounds[p + 1] > bounds[p]]
-            tasks.append(PartTask(split, k, reads, order, summaries[0].schema))
+            tasks.append(PartTask(split, k, reads, order if len(reads) > 1 else None, summaries[0].schema))
     return tasks
+
+
+DRIVER_BYTES_PER_SESSION = 64  # what steps 3 and 4 hold a session: its id, end time, order, split, partition, row
+
+
+def check_driver_memory(path: str, summaries: list[PartitionSummary], memory_budget: int) -> None:
+    """Refuse a file whose sessions the split and the ordering of the parts cannot hold in half the budget."""
+    sessions = sum(len(s.sessions) for s in summaries)
+    need = sessions * DRIVER_BYTES_PER_SESSION
+    if need > memory_budget / 2:
+        raise ValueError(
+            f"{path}: its {sessions:,} sessions need about {need / 2**30:.1f} GiB to be split and put in order "
+            f"({DRIVER_BYTES_PER_SESSION} bytes a session), more than half the memory budget "
+            f"({memory_budget / 2**30:.1f} GiB); raise --memory_budget"
+        )
 
 
 def files_of(source: EventLogSource) -> list[tuple[str, tuple[str, ...]]]:

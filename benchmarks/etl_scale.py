@@ -177,13 +177,15 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="local engine threads, dask workers")
     parser.add_argument("--memory-budget", default="4GiB", help="of the local engine, of the dask workers together")
     parser.add_argument("--memory-cap", type=float, default=8.0, help="GB the in-memory path may need, else skipped")
+    parser.add_argument("--memory-runs", type=float, nargs="*", default=[],
+                        help="events and peak bytes of earlier in-memory runs (e1 b1 e2 b2), for its extrapolation")
     parser.add_argument("--scratch", default=None, help="folder for the logs and outputs (a temporary one inside)")
     parser.add_argument("--repeats", type=int, default=1, help="interleaved runs of each contender (the median)")
     parser.add_argument("--repeat-below", type=int, default=20_000_000, help="repeat only sizes up to this")
     parser.add_argument("--quick", action="store_true", help="200,000 events, every contender")
     args = parser.parse_args()
     sizes = [200_000] if args.quick else args.sizes
-    memory_runs: list[tuple[int, float]] = []  # (events, peak bytes) of the in-memory path
+    memory_runs = [(int(e), b) for e, b in zip(args.memory_runs[::2], args.memory_runs[1::2], strict=True)]
     with tempfile.TemporaryDirectory(prefix="etl-scale-", dir=args.scratch) as tmp:
         scratch = Path(tmp)
         for events in sizes:
@@ -206,6 +208,8 @@ def main() -> None:
                     if not record.get("skipped"):
                         print(f"{events:,} events: {name} ...", file=sys.stderr)
                         runs[name].append(measure(name, str(log), scratch, args.workers, args.memory_budget))
+                        if repeats == 1:
+                            print(json.dumps({**record, **runs[name][0]}), file=sys.stderr, flush=True)  # as it ends
             for name, record in results.items():
                 if runs[name]:
                     record["seconds"] = statistics.median(r["seconds"] for r in runs[name])

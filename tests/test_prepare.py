@@ -72,7 +72,7 @@ SPLITTINGS = {
 def dask_scheduler():
     """A local Dask cluster of two worker processes for the module's dask runs (started once)."""
     distributed = pytest.importorskip("distributed")
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
         yield cluster.scheduler_address
 
 

@@ -300,6 +300,8 @@ def count_items(items: pa.Array | pa.ChunkedArray) -> pa.Table:
 
 def sum_counts(parts: list[pa.Table]) -> pa.Table:
     """The `count_items` tables of several parts of the events, summed per raw id (any order)."""
+    if len(parts) == 1:  # a count table's raw ids are distinct already
+        return parts[0]
     table = pa.concat_tables(parts)
     summed = table.group_by("raw_id").aggregate([("count", "sum")])
     return pa.table({"raw_id": summed.column("raw_id"), "count": summed.column("count_sum")})

@@ -199,7 +199,7 @@ class DaskEngine:
 
             return Client(LocalCUDACluster())
         cluster = LocalCluster(n_workers=self.workers, threads_per_worker=1, processes=True,
-                               memory_limit=self.memory_budget // self.workers, dashboard_address=None)
+                               memory_limit=self.memory_budget // self.workers, dashboard_address=":0")
         return Client(cluster)
 
     def run(self, source: EventLogSource, directory: Path, layout: Layout) -> Iterator[PartResult]:

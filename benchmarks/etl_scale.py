@@ -176,7 +176,7 @@ def main() -> None:
     parser.add_argument("--contenders", nargs="+", default=list(CONTENDERS), choices=CONTENDERS)
     parser.add_argument("--workers", type=int, default=2, help="local engine threads, dask workers")
     parser.add_argument("--memory-budget", default="4GiB", help="of the local engine, of the dask workers together")
-    parser.add_argument("--memory-cap", type=float, default=8.0, help="GB the in-memory path may need, else skipped")
+    parser.add_argument("--memory-cap", type=float, default=6.0, help="GB the in-memory path may need, else skipped")
     parser.add_argument("--memory-runs", type=float, nargs="*", default=[],
                         help="events and peak bytes of earlier in-memory runs (e1 b1 e2 b2), for its extrapolation")
     parser.add_argument("--scratch", default=None, help="folder for the logs and outputs (a temporary one inside)")

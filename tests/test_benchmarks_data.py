@@ -24,6 +24,7 @@ def test_etl_scale_quick_run_prints_every_contender_with_its_ratio_to_polars():
     for r in records:
         assert r["benchmark"] == "etl_scale" and r["quick"] and r["events"] == 199_998  # 33,333 sessions of 6
         assert r["seconds"] > 0 and r["events_per_s"] == round(r["events"] / r["seconds"])
-        assert r["peak_tree_rss_mb"] >= r["peak_rss_mb"] * 0.9 > 20
+        assert r["peak_rss_mb"] > 20 and r["peak_tree_rss_mb"] > 20  # the tree's is sampled: a short peak may fall between
         assert r["ratio_to_polars"] == round(r["events_per_s"] / records[-1]["events_per_s"], 2)
     assert records[-1]["ratio_to_polars"] == 1.0
+    assert records[2]["peak_tree_rss_mb"] > records[2]["peak_rss_mb"]  # dask: the workers beside the driver

@@ -161,9 +161,10 @@ def _load_piece(piece: Piece, schema: Schema, delimiter: str | None, column_type
     return _to_frame(events, backend), sample
 
 
-def _sessionize(frame: Any, source: EventLogSource, path: str) -> PartitionSummary:
-    """Step 2 on a shuffled partition: back in file order, then the source's sessionization."""
-    events = _to_arrow(frame)
+def _sessionize(frame: Any, source: EventLogSource, path: str, schema: pa.Schema) -> PartitionSummary:
+    """Step 2 on a shuffled partition: back in Arrow with the validated events' types (`schema`; cuDF may
+    give large strings), back in file order, then the source's sessionization."""
+    events = _to_arrow(frame).select(schema.names).cast(schema)
     events = events.take(pc.sort_indices(events.column(ROW))).drop_columns([ROW])
     return sessionize_partition(source, events, path)
 
@@ -255,7 +256,7 @@ class DaskEngine:
                                                        self.memory_budget, self.workers)
         shuffled = events.shuffle(on=source.schema.session_id, npartitions=partitions)
         parts = shuffled.to_delayed()
-        summaries = [dask.delayed(_sessionize)(part, source, str(folder / f"sessions-{p:05d}.arrow"))
+        summaries = [dask.delayed(_sessionize)(part, source, str(folder / f"sessions-{p:05d}.arrow"), first.schema)
                      for p, part in enumerate(parts)]
         summaries, samples = client.gather(client.compute([summaries, [sample for _, sample in loaded]]))
         check_time_samples(samples, source.schema, path)  # the pieces' times, plausible together

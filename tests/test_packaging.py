@@ -17,7 +17,7 @@ PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 # installed without dependencies (docs/sharding.md): no extra can hold them
 NO_DEPS = {"torchrec", "fbgemm-gpu-cpu", "tensordict"}
 # not installed on a CPU machine, so their import names cannot be looked up
-GPU_ONLY = {"cupy": "cupy-cuda12x", "cudf": "cudf-cu12"}
+GPU_ONLY = {"cupy": "cupy-cuda12x", "cudf": "cudf-cu12", "dask_cuda": "dask-cuda", "dask_cudf": "dask-cudf-cu12"}
 # declared for what they bring, not imported by name: jsonargparse's `signatures` extra (LightningCLI),
 # safetensors (read through transformers' and torch's loaders as well as by name), scipy (torchmetrics'
 # retrieval metrics), wandb (the recipes' logger, imported by Lightning)
@@ -68,8 +68,8 @@ def test_every_core_dependency_is_used():
     assert set(requirements(None)) - used == set()
 
 
-def test_dev_takes_the_pipeline_deploy_and_scale_extras_whole():
-    assert "sessrec[deploy,pipeline,scale]" in {str(Requirement(line)).replace(" ", "") for line in PROJECT["optional-dependencies"]["dev"]}
+def test_dev_takes_the_pipeline_deploy_and_cluster_extras_whole():
+    assert "sessrec[cluster,deploy,pipeline]" in {str(Requirement(line)).replace(" ", "") for line in PROJECT["optional-dependencies"]["dev"]}
 
 
 def test_the_constraints_pin_inside_the_declared_ranges():
@@ -94,4 +94,5 @@ def test_the_constraints_pin_inside_the_declared_ranges():
 @pytest.mark.slow
 def test_import_names_map_to_their_distributions():
     assert "pyyaml" in imported_distributions()  # sessrec/cli imports yaml, distributed as PyYAML
-    assert "pandas" not in imported_distributions()
+    # pandas only for the partitions of `sessrec prepare --engine dask` (the cluster extra)
+    assert imported_distributions().get("pandas", set()) <= {"sessrec/data/prepared/cluster.py"}

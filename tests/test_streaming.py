@@ -13,6 +13,7 @@ import torch
 
 import sessrec.models as m
 from sessrec.data import ItemVocab, SessionLoader, SessionSplits, SideFeatures, SyntheticSource, frame
+from sessrec.data.prepared.dataset import PreparedSource
 from sessrec.data.sources import SessionSource
 from sessrec.data.streaming import StreamingLoader
 from sessrec.features.side_transform import SideFeatureTransform
@@ -52,22 +53,11 @@ def write_prepared(directory: Path, splits: SessionSplits, parts: int = 3, group
     vocab = ItemVocab.fit(values, settings.get("min_item_count", 1), settings.get("max_vocab_size"),
                           virtual=frame.virtual_flags(splits.train))
     vocab.save(directory / "vocab.parquet")
+    settings = {"min_item_count": 1, "max_vocab_size": None, **settings}
     manifest = {"format": "sessrec-prepared", "version": 1, "source": {}, "settings": settings, "splits": listing,
                 "sha256": sha}
     (directory / "manifest.json").write_text(json.dumps(manifest))
     return directory
-
-
-class Prepared(SessionSource):
-    """A prepared dataset as a source: `path` names it (the streaming data module reads it from there)."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def load(self) -> SessionSplits:
-        manifest = json.loads((Path(self.path) / "manifest.json").read_text())
-        read = lambda s: pa.concat_tables(pq.read_table(Path(self.path) / f) for f in manifest["splits"][s]["files"])
-        return SessionSplits(read("train"), read("valid"), read("test"), source=self.path)
 
 
 class InMemory(SessionSource):
@@ -85,7 +75,7 @@ def pair(tmp_path, splits=None, group_rows=16, buffer=None, **options):
     if not directory.exists():
         write_prepared(directory, splits, group_rows=group_rows)
     memory = SessionDataModule(source=InMemory(splits), max_length=L, vocab_path=str(directory / "vocab.parquet"), **options)
-    streamed = SessionDataModule(source=Prepared(str(directory)), max_length=L, streaming=True, shuffle_buffer=buffer,
+    streamed = SessionDataModule(source=PreparedSource(str(directory)), max_length=L, streaming=True, shuffle_buffer=buffer,
                                  **options)
     return memory, streamed
 
@@ -220,21 +210,21 @@ def test_settings_the_streaming_path_cannot_honour_are_refused_in_one_line(tmp_p
     with pytest.raises(ValueError, match=r"^streaming reads a prepared dataset .*, but the source is SyntheticSource\(\); "):
         SessionDataModule(source=SyntheticSource(), streaming=True).vocab  # noqa: B018
     with pytest.raises(ValueError, match="^shuffle_buffer is the streaming loader's: set streaming true"):
-        SessionDataModule(source=Prepared(str(directory)), shuffle_buffer=10)
+        SessionDataModule(source=PreparedSource(str(directory)), shuffle_buffer=10)
     with pytest.raises(ValueError, match="^streaming reads the training split batch by batch: .*set device null"):
-        SessionDataModule(source=Prepared(str(directory)), streaming=True, device="cpu")
+        SessionDataModule(source=PreparedSource(str(directory)), streaming=True, device="cpu")
     with pytest.raises(ValueError, match="^streaming reads the training split batch by batch: .*shuffle_chunk 1"):
-        SessionDataModule(source=Prepared(str(directory)), streaming=True, shuffle_chunk=8)
-    dm = SessionDataModule(source=Prepared(str(directory)), streaming=True)
-    with pytest.raises(ValueError, match=r"manifest.json: the stored vocabulary was fitted with min_item_count 2, this data"):
+        SessionDataModule(source=PreparedSource(str(directory)), streaming=True, shuffle_chunk=8)
+    dm = SessionDataModule(source=PreparedSource(str(directory)), streaming=True)
+    with pytest.raises(ValueError, match=r"/p: prepared with min_item_count 2, max_vocab_size None, but the data module has 1, None"):
         dm.vocab  # noqa: B018
-    dm = SessionDataModule(source=Prepared(str(directory)), streaming=True, min_item_count=2, batch_size=8)
+    dm = SessionDataModule(source=PreparedSource(str(directory)), streaming=True, min_item_count=2, batch_size=8)
     assert len(dm.vocab) == len(ItemVocab.load(directory / "vocab.parquet"))
     with pytest.raises(ValueError, match=r"/p: the training split streams \(--data.streaming true\) and is not held in"):
         dm.tensors("train")
     assert dm.splits.valid.num_rows == splits.valid.num_rows
     assert dm.stats["train_sessions"] == splits.train.num_rows  # from the manifest
-    side = SessionDataModule(source=Prepared(str(directory)), streaming=True, side_features=SideFeatures(position=4))
+    side = SessionDataModule(source=PreparedSource(str(directory)), streaming=True, side_features=SideFeatures(position=4))
     with pytest.raises(ValueError, match="^streaming never holds the training split to fit the side features on: give"):
         side.side  # noqa: B018
     with pytest.raises(ValueError, match="^shuffle_buffer .32. must hold at least one batch .batch_size 64."):
@@ -246,8 +236,9 @@ def test_settings_the_streaming_path_cannot_honour_are_refused_in_one_line(tmp_p
         next(iter(loader))  # raised in the reading thread, re-raised here
     part = directory / "train" / "part-00001.parquet"
     pq.write_table(splits.train.slice(0, 3), part)
-    with pytest.raises(ValueError, match=r"part-00001.parquet: does not match the manifest's sha256 [0-9a-f]{64} "):
-        dm.train_dataloader()
+    tampered = SessionDataModule(source=PreparedSource(str(directory)), streaming=True, min_item_count=2, batch_size=8)
+    with pytest.raises(ValueError, match=r"part-00001.parquet: its content differs from the manifest's sha256 "):
+        tampered.train_dataloader()
     pq.write_table(splits.train.slice(0, 3).drop_columns(["timestamp"]), part)
     with pytest.raises(ValueError, match=r"part-00001.parquet: its columns \(session_id int64, item_id list<element: int64>\) "
                                          r"differ from those of .*part-00000.parquet \(session_id .*, timestamp list<.*>\)$"):

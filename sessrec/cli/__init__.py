@@ -5,6 +5,7 @@
     sessrec test --config <recipe> [--model_dir M]               test metrics of a trained model, or of a pipeline end to end
     sessrec predict --config <data recipe> --model_dir M ...     top-k items for sessions of --data.predict_path (parquet)
     sessrec recommend --config <pipeline recipe> --input_path F a pipeline's top-k for a file of sessions (--output)
+    sessrec prepare --config <data recipe> --out D               sessions, splits and vocabulary computed once (a prepared dataset)
     sessrec serve --model_dir D                                  HTTP recommendations (`sessrec.serving.server`)
     sessrec export --model_dir M --format ...                    ONNX, TorchScript or a Triton repository
     sessrec retrain --config <retrain recipe> ...                one warm-start turn with its quality gate
@@ -199,7 +200,30 @@ def rollback(model_dir: str, to: str | None = None) -> str:
     return version
 
 
-COMMANDS = {"export": export_cli, "retrain": retrain_cli, "serve": serve_cli,
+def prepare_cli(args: list[str]) -> Path:
+    """``sessrec prepare --config <data recipe> --out DIR [--engine local|dask|memory]``: the recipe's source
+    prepared once (`sessrec.data.prepared.prepare`), with its data block's vocabulary settings; the recipe's
+    other blocks (trainer, model) are read and not used."""
+    from sessrec.cli.parsers import command_parser, parse
+    from sessrec.data.prepared import prepare
+    from sessrec.tasks import SessionDataModule
+
+    parser = command_parser("sessrec prepare", (prepare.__doc__ or "").strip().splitlines()[0])
+    parser.add_function_arguments(prepare, skip={"source", "min_item_count", "max_vocab_size"}, fail_untyped=False)
+    parser.add_class_arguments(SessionDataModule, "data")
+    for unused in ("trainer", "model", "seed_everything"):  # a data recipe's other blocks
+        parser.add_argument(f"--{unused}", type=dict | int | None, default=None, help="read from the recipe, not used")
+    cfg = parse(parser, args)
+    for unused in ("trainer", "model", "seed_everything"):
+        cfg[unused] = None  # nothing of them is built
+    data = parser.instantiate(cfg).data
+    kwargs = {k: v for k, v in cfg.as_dict().items() if k not in ("config", "data", "trainer", "model", "seed_everything")}
+    out = prepare(data.source, min_item_count=data.min_item_count, max_vocab_size=data.max_vocab_size, **kwargs)
+    print(f"sessrec prepare: wrote {out} ({kwargs.get('engine')} engine)")
+    return out
+
+
+COMMANDS = {"export": export_cli, "prepare": prepare_cli, "retrain": retrain_cli, "serve": serve_cli,
             "rollback": lambda args: call_with_flags(rollback, "sessrec rollback", args)}
 USER_ERRORS = (ValueError, TypeError, RuntimeError, OSError, KeyError)  # OSError: missing or existing files
 LIGHTNING = ("lightning", "lightning_fabric", "pytorch_lightning")
@@ -243,7 +267,7 @@ def run(args: list[str]) -> object:
     return cli()
 
 
-COMMAND_NAMES = ("fit", "validate", "test", "predict", "recommend", "serve", "export", "retrain", "rollback")
+COMMAND_NAMES = ("fit", "validate", "test", "predict", "recommend", "prepare", "serve", "export", "retrain", "rollback")
 
 
 def _usage() -> str:
@@ -302,8 +326,8 @@ def main() -> None:
 EXTRA_OF = {
     **dict.fromkeys(("fastapi", "uvicorn", "prometheus_client", "onnx", "onnxscript", "onnxruntime"), "deploy"),
     **dict.fromkeys(("faiss", "lightgbm"), "pipeline"),
-    **dict.fromkeys(("cudf", "cupy"), "gpu"),
-    **dict.fromkeys(("dask", "distributed"), "scale"),
+    **dict.fromkeys(("cudf", "cupy", "dask_cudf", "dask_cuda"), "gpu"),
+    **dict.fromkeys(("dask", "distributed"), "cluster"),
 }
 
 

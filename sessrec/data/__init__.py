@@ -1,5 +1,6 @@
 """Data layer: schema, readers, frame operations, vocabulary, sources (Merlin/NVTabular directories
-among them), loaders, streams, evaluation pairs, side information and synthetic sessions.
+among them), loaders, streams, evaluation pairs, side information, synthetic sessions and prepared
+datasets (`prepare`, `PreparedSource`).
 Imports no model and no Lightning.
 """
 
@@ -7,6 +8,8 @@ from sessrec.data.batch import SessionBatch
 from sessrec.data.loader import SessionLoader
 from sessrec.data.merlin import MerlinSchema, MerlinSource, read_merlin_schema
 from sessrec.data.pairs import EvalPairs
+from sessrec.data.prepared import prepare
+from sessrec.data.prepared.dataset import PreparedSource
 from sessrec.data.readers import read_events, read_srgnn, read_user_sequences
 from sessrec.data.schema import FeatureSpec, Schema, SchemaError
 from sessrec.data.side import FittedSideFeatures, SideFeatures, SideInfoSpec, read_item_vectors
@@ -26,7 +29,7 @@ from sessrec.data.vocab import ItemVocab
 
 __all__ = [
     "EvalPairs", "EventLogSource", "FeatureSpec", "FittedSideFeatures", "ItemVocab", "MerlinSchema", "MerlinSource",
-    "SRGNNSource", "ScoringStream", "Schema", "SchemaError", "SessionBatch", "SessionLoader", "SessionSource",
+    "PreparedSource", "SRGNNSource", "ScoringStream", "Schema", "SchemaError", "SessionBatch", "SessionLoader", "SessionSource",
     "SessionSplits", "SideFeatures", "SideInfoSpec", "StreamingLoader", "SyntheticSource", "TimeWindowSource", "UserSequenceSource",
-    "generate_sessions", "read_events", "read_item_vectors", "read_merlin_schema", "read_srgnn", "read_user_sequences",
+    "generate_sessions", "prepare", "read_events", "read_item_vectors", "read_merlin_schema", "read_srgnn", "read_user_sequences",
 ]

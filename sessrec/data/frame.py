@@ -131,25 +131,50 @@ def time_split(
 
     Either give days (sessions ending in the last `test_days` are test, the `valid_days` before
     that are validation), or fractions of sessions ordered by end time. Every session lands in
-    exactly one split, so no event of a held-out session is trained on.
+    exactly one split, so no event of a held-out session is trained on. The rule is
+    `time_labels`'s, the sessions' positions breaking ties of end times.
+    """
+    if TIMES not in sessions.column_names:
+        time_labels(None, test_days, valid_days, test_fraction, valid_fraction)  # raises: no timestamp
+    split = time_labels(last_times(sessions), test_days, valid_days, test_fraction, valid_fraction)
+    return tuple(sessions.filter(pa.array(split == k)) for k in range(3))  # type: ignore[return-value]
+
+
+def time_labels(
+    end: np.ndarray | None,
+    test_days: float | None = None,
+    valid_days: float | None = None,
+    test_fraction: float | None = None,
+    valid_fraction: float | None = None,
+    order: np.ndarray | None = None,
+) -> np.ndarray:
+    """(N,) split of each session from the time of its last event: 0 train, 1 valid, 2 test.
+
+    Args:
+        end: (N,) end time of each session; None when the sessions carry no timestamps (refused).
+        test_days: sessions ending in the last `test_days` of the latest end time are test, those
+            ending in the `valid_days` before that validation.
+        test_fraction: instead of days, the latest `test_fraction` of the sessions (by end time)
+            are test, the `valid_fraction` before them validation (counts rounded).
+        order: (N,) distinct keys that order sessions with equal end times for the fractions (a
+            later key ranks later); None: the sessions' positions. A session table sorted by
+            session id ranks the same with its positions and with its session ids' ranks.
     """
     if (test_days is None) == (test_fraction is None):
         raise ValueError("give exactly one of test_days or test_fraction")
-    if TIMES not in sessions.column_names:
+    if end is None:
         raise ValueError("time_split needs a timestamp column; the schema has none")
-    end = last_times(sessions)
     if test_days is not None:
         t_max = end.max() if end.size else 0.0
         t_test = t_max - test_days * 86400.0
         t_valid = t_test - (valid_days or 0.0) * 86400.0
-        split = np.where(end > t_test, 2, np.where(end > t_valid, 1, 0))
-    else:
-        rank = np.empty(len(end), dtype=np.int64)
-        rank[np.argsort(end, kind="stable")] = np.arange(len(end))
-        n_test = int(round(len(end) * test_fraction))
-        n_valid = int(round(len(end) * (valid_fraction or 0.0)))
-        split = np.where(rank >= len(end) - n_test, 2, np.where(rank >= len(end) - n_test - n_valid, 1, 0))
-    return tuple(sessions.filter(pa.array(split == k)) for k in range(3))  # type: ignore[return-value]
+        return np.where(end > t_test, 2, np.where(end > t_valid, 1, 0))
+    by = np.argsort(end, kind="stable") if order is None else np.lexsort((order, end))
+    rank = np.empty(len(end), dtype=np.int64)
+    rank[by] = np.arange(len(end))
+    n_test = int(round(len(end) * test_fraction))
+    n_valid = int(round(len(end) * (valid_fraction or 0.0)))
+    return np.where(rank >= len(end) - n_test, 2, np.where(rank >= len(end) - n_test - n_valid, 1, 0))
 
 
 def end_times(sessions: pa.Table) -> np.ndarray | None:

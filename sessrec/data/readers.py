@@ -13,6 +13,7 @@ from __future__ import annotations
 import gzip
 import io
 import pickle
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -24,7 +25,10 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from sessrec.data import frame
-from sessrec.data.schema import Schema, SchemaError
+from sessrec.data.schema import PLAUSIBLE_SECONDS, Schema, SchemaError
+from sessrec.data.schema import _check_plausible as check_plausible
+
+NULL_VALUES = ["", "NA", "NaN", "null", "None"]  # what a CSV field holds for a missing value
 
 
 def _open_text_head(path: Path, n: int = 4096) -> str:
@@ -71,7 +75,7 @@ def read_table(
         convert = pacsv.ConvertOptions(
             include_columns=columns,
             column_types={c: pa.string() for c in string_columns or []},
-            null_values=["", "NA", "NaN", "null", "None"],
+            null_values=NULL_VALUES,
             strings_can_be_null=True,
         )
         return pacsv.read_csv(path, parse_options=parse, convert_options=convert)
@@ -320,3 +324,85 @@ def read_user_sequences(path: str | Path, layout: Literal["pairs", "lines"] = "p
     schema = Schema(session_id="session_id", item_id="item_id", timestamp=None, order_by="position")
     validated = schema.validate(table, source=str(path))
     return validated.set_column(2, "position", pa.array(position.astype(np.int64)))
+
+
+def scan_events(
+    path: str | Path, schema: Schema, delimiter: str | None = None, batch_rows: int = 1 << 20
+) -> Iterator[pa.Table]:
+    """`read_events` a batch at a time: validated tables of about `batch_rows` rows, in file order.
+
+    The file is read as `read_table` reads it (the same CSV options, the same sniffed delimiter),
+    streamed (``pyarrow.csv.open_csv``, parquet row groups), so memory holds a batch, not the file.
+    Validation messages name the rows of the file.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such file")
+    if path.is_dir():
+        raise SchemaError(f"{path}: is a folder, expected a CSV/TSV or parquet file")
+    string_columns = schema.id_columns if schema.string_ids else []
+    try:
+        if _is_parquet(path):
+            parquet = pq.ParquetFile(path)
+            names = parquet.schema_arrow.names
+            columns = schema.columns if all(c in names for c in schema.columns) else None
+            batches = parquet.iter_batches(batch_size=batch_rows, columns=columns)
+        else:
+            batches = pacsv.open_csv(  # blocks of read_csv's size: the column types inferred from the same first block
+                path,
+                parse_options=pacsv.ParseOptions(delimiter=delimiter or _sniff_delimiter(path)),
+                convert_options=pacsv.ConvertOptions(
+                    column_types={c: pa.string() for c in string_columns},
+                    null_values=NULL_VALUES,
+                    strings_can_be_null=True,
+                ),
+            )
+        row, pending, samples = 0, [], []
+        for batch in batches:
+            pending.append(batch)
+            if sum(b.num_rows for b in pending) >= batch_rows:
+                table = pa.Table.from_batches(pending)
+                events = schema.validate(table, source=str(path), first_row=row)
+                samples.append(time_sample(table, events, schema, row))
+                yield events
+                row, pending = row + table.num_rows, []
+        if pending:
+            table = pa.Table.from_batches(pending)
+            events = schema.validate(table, source=str(path), first_row=row)
+            samples.append(time_sample(table, events, schema, row))
+            yield events
+        elif row == 0:
+            raise SchemaError(f"{path}: the file has no rows")
+        check_time_samples(samples, schema, str(path))
+    except (pa.ArrowInvalid, OSError, UnicodeDecodeError) as err:
+        raise SchemaError(f"{path}: cannot be read as {'parquet' if _is_parquet(path) else 'CSV'}: {err}") from err
+
+
+def time_sample(raw: pa.Table, events: pa.Table, schema: Schema, first_row: int) -> tuple[pa.Array, np.ndarray, np.ndarray] | None:
+    """The rows of a batch that decide whether its numeric times are plausible together with other batches:
+    its first time inside 1990..2100, its first outside, its earliest and its latest (raw values, seconds,
+    file rows); None without numeric times. `check_time_samples` checks the batches' samples together."""
+    if schema.timestamp is None or not (pa.types.is_integer(raw.column(schema.timestamp).type)
+                                        or pa.types.is_floating(raw.column(schema.timestamp).type)):
+        return None
+    seconds = events.column(schema.timestamp).to_numpy()
+    if not len(seconds):
+        return None
+    low, high = PLAUSIBLE_SECONDS
+    inside = (seconds >= low) & (seconds < high)
+    picks = {int(np.argmin(seconds)), int(np.argmax(seconds))}
+    picks |= {int(np.argmax(flags)) for flags in (inside, ~inside) if flags.any()}
+    rows = np.array(sorted(picks))
+    return raw.column(schema.timestamp).combine_chunks().take(pa.array(rows)), seconds[rows], rows + first_row
+
+
+def check_time_samples(samples: list[tuple[pa.Array, np.ndarray, np.ndarray] | None], schema: Schema, source: str) -> None:
+    """Refuse the times of batches that each passed `Schema.validate` but would not pass it together (some
+    batches in 1990..2100, others before): the check of the whole file, on the rows that decide it."""
+    kept = [s for s in samples if s is not None]
+    if len(kept) < 2:
+        return
+    values = pa.chunked_array([s[0] for s in kept])
+    seconds = np.concatenate([s[1] for s in kept])
+    rows = np.concatenate([s[2] for s in kept])
+    check_plausible(values, seconds, schema.timestamp, schema.time_unit, source, rows)

@@ -159,32 +159,60 @@ class EventLogSource(SessionSource):
 
     def sessions(self, path: str) -> pa.Table:
         """The sessions of one file with at least `min_length` events; raises when none is left."""
-        events = frame.sort_events(read_events(path, self.schema, self.delimiter), self.schema)
+        kept, count, longest = self.sessionize(read_events(path, self.schema, self.delimiter))
+        self.check_kept(path, kept.num_rows, count, longest)
+        return kept
+
+    def sessionize(self, events: pa.Table) -> tuple[pa.Table, int, int]:
+        """Validated events (all events of a session among them) as sessions, by session id: those with at
+        least `min_length` events, and the number and greatest length of the sessions before that filter."""
+        events = frame.sort_events(events, self.schema)
         sessions = frame.group_sessions(events, self.schema, drop_repeats=self.drop_repeats)
-        kept = frame.filter_lengths(sessions, self.min_length, self.max_length)
-        if kept.num_rows == 0:
-            longest = int(frame.session_lengths(sessions).max())
+        lengths = frame.session_lengths(sessions)
+        return frame.filter_lengths(sessions, self.min_length, self.max_length), len(lengths), int(lengths.max(initial=0))
+
+    def check_kept(self, path: str, kept: int, count: int, longest: int) -> None:
+        """Refuse a file of which no session is kept (`kept` of `count` sessions, the longest `longest` events)."""
+        if kept == 0:
             raise ValueError(
-                f"{path}: no session has {self.min_length} or more events (the {sessions.num_rows} sessions "
+                f"{path}: no session has {self.min_length} or more events (the {count} sessions "
                 f"have at most {longest}{' after dropping repeats' if self.drop_repeats else ''}), so there is "
                 f"nothing to train on or evaluate; check the schema's session_id column ({self.schema.session_id!r})"
             )
-        return kept
 
-    def load(self) -> SessionSplits:
-        train = self.sessions(self.path)
-        if self.test_path is not None:
-            test = self.sessions(self.test_path)
-        else:
-            train, _, test = frame.time_split(train, test_days=self.test_days, test_fraction=self.test_fraction)
-        if self.valid_path is not None:
-            valid = self.sessions(self.valid_path)
-        else:
-            train, _, valid = frame.time_split(
-                train,
+    def split_labels(self, end: np.ndarray | None, count: int, order: np.ndarray | None = None) -> np.ndarray:
+        """(N,) split of each session of `path`: 0 train, 1 valid, 2 test (`frame.time_labels`).
+
+        Args:
+            end: (N,) end time of each session, None when they carry no timestamps.
+            count: N.
+            order: keys ordering sessions of equal end times (see `frame.time_labels`); None: positions.
+
+        The test sessions come from `test_path` when it is given (none of `path` is labelled test), the
+        validation sessions from `valid_path` likewise.
+        """
+        labels = np.zeros(count, dtype=np.int64)
+        if self.test_path is None:
+            labels = frame.time_labels(end, test_days=self.test_days, test_fraction=self.test_fraction, order=order)
+        if self.valid_path is None:
+            train = np.flatnonzero(labels == 0)
+            sub = frame.time_labels(
+                None if end is None else end[train],
                 test_days=self.valid_days,
                 test_fraction=None if self.valid_days is not None else self.valid_fraction or 0.0,
+                order=None if order is None else order[train],
             )
+            labels[train[sub == 2]] = 1
+        return labels
+
+    def load(self) -> SessionSplits:
+        sessions = self.sessions(self.path)
+        labels = self.split_labels(frame.end_times(sessions), sessions.num_rows)
+        train, valid, test = (sessions.filter(pa.array(labels == k)) for k in range(3))
+        if self.test_path is not None:
+            test = self.sessions(self.test_path)
+        if self.valid_path is not None:
+            valid = self.sessions(self.valid_path)
         return SessionSplits(train=train, valid=valid, test=test, source=str(self.path))
 
 

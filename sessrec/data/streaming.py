@@ -32,7 +32,6 @@ Shape letters: G row groups, T training rows of an epoch, C buffer rows, B batch
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -49,10 +48,7 @@ from sessrec.data.side import FittedSideFeatures
 from sessrec.data.sources import SessionSplits
 from sessrec.data.training_rows import TrainingRows
 from sessrec.data.vocab import ItemVocab
-from sessrec.saved.atomic import digest
 
-MANIFEST = "manifest.json"
-FORMAT, VERSION = "sessrec-prepared", 1
 Block = dict[str, np.ndarray]  # "items" (R, L), "index" (R,), "times" (R, L), "feature/<name>" (R, L)
 
 
@@ -310,34 +306,9 @@ def _batch(rows: Block, max_length: int) -> SessionBatch:
 
 
 # -- prepared datasets --------------------------------------------------------------------------
-def read_manifest(directory: str | Path) -> dict[str, Any]:
-    """The manifest of a prepared dataset; one line names the directory when it is none."""
-    path = Path(directory) / MANIFEST
-    if not path.is_file():
-        raise ValueError(f"{directory}: not a prepared dataset (no {MANIFEST}); write one with `sessrec prepare`")
-    try:
-        manifest = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise ValueError(f"{path}: unreadable manifest ({err})") from err
-    if not isinstance(manifest, dict) or (manifest.get("format"), manifest.get("version")) != (FORMAT, VERSION):
-        found = (manifest.get("format"), manifest.get("version")) if isinstance(manifest, dict) else type(manifest).__name__
-        raise ValueError(f"{path}: not a {FORMAT} manifest of version {VERSION} (found {found})")
-    return manifest
-
-
-def split_files(directory: str | Path, manifest: dict[str, Any], split: str, verify: bool = True) -> list[Path]:
-    """The parts of `split` in their order, each checked against the manifest's sha256 (`verify`)."""
-    try:
-        names = manifest["splits"][split]["files"]
-    except (KeyError, TypeError) as err:
-        raise ValueError(f"{Path(directory) / MANIFEST}: no file list for the {split!r} split") from err
-    paths = [Path(directory) / name for name in names]
-    for name, path in zip(names, paths):
-        expected = manifest.get("sha256", {}).get(name)
-        if verify and (not path.is_file() or digest(path).removeprefix("sha256:") != expected):
-            found = digest(path) if path.is_file() else "no such file"
-            raise ValueError(f"{path}: does not match the manifest's sha256 {expected} ({found}); prepare the dataset again")
-    return paths
+def split_files(directory: str | Path, manifest: dict[str, Any], split: str) -> list[Path]:
+    """The parts of `split` in their order (a manifest `PreparedSource` has read and checked)."""
+    return [Path(directory) / name for name in manifest["splits"][split]["files"]]
 
 
 class StreamedSplits(SessionSplits):

@@ -104,8 +104,26 @@ class ItemVocab(ParquetFile):
         virtual = np.asarray(virtual, dtype=bool)
         if virtual.shape != (len(items),):
             raise ValueError(f"virtual must be a ({len(items)},) bool mask, got shape {virtual.shape}")
-        raw, cnt = _counted(items.filter(pa.array(~virtual)), min_count, max_size)
-        vraw, vcnt = _counted(items.filter(pa.array(virtual)), min_count, None)
+        return cls.from_counts(
+            count_items(items.filter(pa.array(~virtual))), count_items(items.filter(pa.array(virtual))), min_count, max_size
+        )
+
+    @classmethod
+    def from_counts(
+        cls, products: pa.Table, virtual: pa.Table | None = None, min_count: int = 1, max_size: int | None = None
+    ) -> ItemVocab:
+        """The vocabulary `fit` gives for events whose products and virtual keys occur as counted.
+
+        Args:
+            products: `count_items` of the product events (summed over parts by `sum_counts`).
+            virtual: `count_items` of the virtual events; None or empty: there are none.
+            min_count: minimum training count of a product or virtual key.
+            max_size: most products kept.
+        """
+        raw, cnt = _ranked(products, min_count, max_size)
+        if virtual is None or virtual.num_rows == 0:
+            return cls(raw, cnt)
+        vraw, vcnt = _ranked(virtual, min_count, None)
         return cls(pa.concat_arrays([raw, vraw.cast(raw.type)]), np.concatenate([cnt, vcnt]), num_virtual=len(vraw))
 
     def grow(self, items: pa.Array | pa.ChunkedArray, min_count: int = 1) -> tuple[ItemVocab, np.ndarray]:
@@ -291,11 +309,35 @@ class _SortedKeys:
         return np.where(self.keys[at] == query, self.order[at], -1)
 
 
+def count_items(items: pa.Array | pa.ChunkedArray) -> pa.Table:
+    """``raw_id``/``count``: the distinct values of `items` and how often each occurs (any order).
+
+    Counts of parts of the training events add up (`sum_counts`) to the counts of all of them,
+    which `ItemVocab.from_counts` ranks as `ItemVocab.fit` ranks the events.
+    """
+    counts = pc.value_counts(items)
+    return pa.table({"raw_id": counts.field("values"), "count": counts.field("counts").cast(pa.int64())})
+
+
+def sum_counts(parts: list[pa.Table]) -> pa.Table:
+    """The `count_items` tables of several parts of the events, summed per raw id (any order)."""
+    if len(parts) == 1:  # a count table's raw ids are distinct already
+        return parts[0]
+    table = pa.concat_tables(parts)
+    summed = table.group_by("raw_id").aggregate([("count", "sum")])
+    return pa.table({"raw_id": summed.column("raw_id"), "count": summed.column("count_sum")})
+
+
 def _counted(items: pa.Array, min_count: int, max_size: int | None) -> tuple[pa.Array, np.ndarray]:
     """Distinct values of `items` seen at least `min_count` times, by decreasing count then value."""
-    counts = pc.value_counts(items)
-    raw = counts.field("values")
-    cnt = counts.field("counts").to_numpy().astype(np.int64)
+    return _ranked(count_items(items), min_count, max_size)
+
+
+def _ranked(counts: pa.Table, min_count: int, max_size: int | None) -> tuple[pa.Array, np.ndarray]:
+    """The raw ids of a `count_items` table seen at least `min_count` times, by decreasing count then
+    raw id (the `max_size` first), and their counts."""
+    raw = counts.column("raw_id").combine_chunks()
+    cnt = counts.column("count").to_numpy().astype(np.int64)
     order = pc.sort_indices(pa.table({"c": cnt, "r": raw}), sort_keys=[("c", "descending"), ("r", "ascending")])
     order = order.to_numpy()
     keep = order[cnt[order] >= min_count]

@@ -1,7 +1,8 @@
 """`SessionDataModule`: source -> vocabulary (+ side features) -> padded tensors -> columnar loaders.
 
 The vocabulary and the side-feature transforms are fitted on the training split only (or loaded
-from `vocab_path` / `features_path`: the files of a model directory). Evaluation splits are
+from `vocab_path` / `features_path`: the files of a model directory; a prepared dataset's vocabulary
+is read from it, `PreparedSource`). Evaluation splits are
 expanded into (prefix, next item) pairs by the chosen protocol; the prefix never contains the
 target event, and a virtual (non-product) event is never a target. Reversed copies of the
 training sessions (`augment_reversed`) are added to training only. Event times (`times`) are
@@ -23,11 +24,12 @@ from sessrec.data import frame
 from sessrec.data.batch import ITEM_DTYPE
 from sessrec.data.loader import SessionLoader, ranks_of
 from sessrec.data.pairs import EvalPairs
+from sessrec.data.prepared.dataset import PreparedSource
 from sessrec.data.schema import Schema
 from sessrec.data.side import SideFeatures, SideInfoSpec, read_item_vectors
 from sessrec.data.sources import SessionSource, SessionSplits, SyntheticSource
 from sessrec.data.stream import ScoringStream
-from sessrec.data.streaming import MANIFEST, StreamedSplits, StreamingLoader, read_manifest, split_files
+from sessrec.data.streaming import StreamedSplits, StreamingLoader, split_files
 from sessrec.data.training_rows import TrainingRows
 from sessrec.data.vocab import ItemVocab
 from sessrec.features.side_transform import SideFeatureTransform
@@ -136,7 +138,6 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
             raise ValueError("streaming reads the training split batch by batch: it is not held on a device nor shuffled "
                              "in chunks; set device null and shuffle_chunk 1")
         self.streaming, self.shuffle_buffer = streaming, shuffle_buffer
-        self._manifest: dict[str, Any] | None = None
         self._on_device: dict[str, torch.Tensor] = {}  # "<split>/<tensor>" -> that tensor on `device`
         self.augment_reversed, self.side_features = augment_reversed, side_features
         self.train_prefixes, self.times = train_prefixes, times
@@ -168,8 +169,8 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
         if self._vocab is None:
             if self.vocab_path is not None:
                 self._vocab = ItemVocab.load(self.vocab_path)
-            elif self.streaming:
-                self._vocab = self._stored_vocab()
+            elif isinstance(self.source, PreparedSource):  # fitted by sessrec prepare, with the same settings
+                self._vocab = self.source.vocab(self.min_item_count, self.max_vocab_size)
             else:
                 values, _ = frame.list_offsets(self.splits.train.column(frame.ITEMS))
                 virtual = frame.virtual_flags(self.splits.train)
@@ -179,27 +180,13 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
     @property
     def prepared(self) -> tuple[Path, dict[str, Any]]:
         """The prepared dataset's directory and manifest (`streaming`); refused in one line for another source."""
-        if self._manifest is None:
-            path = getattr(self.source, "path", None)
-            if path is None or not (Path(path) / MANIFEST).is_file():
-                raise ValueError(
-                    f"streaming reads a prepared dataset (a directory with {MANIFEST}, written by `sessrec prepare`), "
-                    f"but the source is {type(self.source).__name__}({path or ''}); set streaming false, or prepare it"
-                )
-            self._manifest = read_manifest(path)
-        return Path(self.source.path), self._manifest
-
-    def _stored_vocab(self) -> ItemVocab:
-        """The prepared dataset's vocabulary, refused where this data module asks for another fit of it."""
-        directory, manifest = self.prepared
-        settings = manifest.get("settings", {})
-        for key, default in (("min_item_count", 1), ("max_vocab_size", None)):
-            if settings.get(key, default) != getattr(self, key):
-                raise ValueError(
-                    f"{directory / MANIFEST}: the stored vocabulary was fitted with {key} {settings.get(key, default)}, "
-                    f"this data module asks for {getattr(self, key)}; prepare the dataset with it, or drop the setting"
-                )
-        return ItemVocab.load(directory / "vocab.parquet")
+        if not isinstance(self.source, PreparedSource):
+            raise ValueError(
+                f"streaming reads a prepared dataset (written by `sessrec prepare`, read by PreparedSource), but the "
+                f"source is {type(self.source).__name__}({getattr(self.source, 'path', None) or ''}); set streaming "
+                "false, or prepare it"
+            )
+        return Path(self.source.path), self.source.manifest
 
     @property
     def num_items(self) -> int:

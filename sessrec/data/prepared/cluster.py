@@ -1,0 +1,263 @@
+"""`DaskEngine`: the partitioned plan (`sessrec.data.prepared.plan`) on a Dask cluster.
+
+Dask reads the log in pieces (parquet row groups, byte ranges of a plain CSV file; a gzipped file is
+one piece, since it can only be decompressed from its start), validates each piece with the
+schema, shuffles the events by session id into partitions, and runs the plan's steps as tasks:
+each partition sessionized with `EventLogSource.sessionize` into a session file, then each part
+gathered from them. The scheduling, the shuffle (spilled to disk beyond the workers' memory) and the
+transfers are Dask's.
+
+Partitions are pandas frames (Arrow-backed columns) on CPUs, or cuDF frames with ``backend="cudf"``
+(dask-cudf): then the pieces are read into GPU memory and shuffled there, and each partition comes
+back to Arrow for the sessionization, so the semantics stay those of the Arrow code.
+
+The session files and the parts are written under the output directory: on a cluster of several
+machines it must be a filesystem that every worker sees (NFS, a mounted bucket).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from sessrec.data.prepared.dataset import Layout
+from sessrec.data.prepared.local import estimated_event_bytes, partitions_for
+from sessrec.data.prepared.plan import (
+    PartitionSummary,
+    PartResult,
+    build_part,
+    check_driver_memory,
+    files_of,
+    plan_parts,
+    sessionize_partition,
+)
+from sessrec.data.readers import NULL_VALUES, _is_parquet, _sniff_delimiter, check_time_samples, time_sample
+from sessrec.data.schema import Schema, SchemaError
+from sessrec.data.sources import EventLogSource
+
+ROW = "__row"  # the file order of an event: piece << 32 | row within the piece
+PIECE_BYTES = 64 << 20  # bytes of a plain CSV file in one piece
+PIECE_ROWS = 1 << 21  # rows of a parquet file in one piece (whole row groups)
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A part of a log that one task reads: parquet row groups, or the lines starting in a byte range."""
+
+    path: str
+    index: int
+    row_groups: tuple[int, ...] = ()  # parquet
+    first_row: int = 0  # parquet: the file row of its first row
+    start: int = 0  # CSV: lines whose first byte lies in [start, end); end None: to the end of the file
+    end: int | None = None
+
+
+def pieces_of(path: str) -> list[Piece]:
+    """The pieces of a log: row groups of `PIECE_ROWS` rows, byte ranges of `PIECE_BYTES`, or a gzipped file whole."""
+    piece_bytes, piece_rows = PIECE_BYTES, PIECE_ROWS
+    if _is_parquet(Path(path)):
+        meta = pq.ParquetFile(path).metadata
+        pieces, groups, rows, first = [], [], 0, 0
+        for g in range(meta.num_row_groups):
+            groups.append(g)
+            rows += meta.row_group(g).num_rows
+            if rows >= piece_rows or g == meta.num_row_groups - 1:
+                pieces.append(Piece(path, len(pieces), tuple(groups), first))
+                first, groups, rows = first + rows, [], 0
+        return pieces or [Piece(path, 0)]
+    if Path(path).suffix == ".gz":
+        return [Piece(path, 0)]
+    size = os.path.getsize(path)
+    bounds = list(range(0, size, piece_bytes)) + [size]
+    return [Piece(path, i, start=a, end=b) for i, (a, b) in enumerate(itertools.pairwise(bounds))]
+
+
+def read_piece(piece: Piece, schema: Schema, delimiter: str | None, column_types: pa.Schema | None) -> tuple[pa.Table, Any]:
+    """The validated events of a piece, with their file order in the column `ROW`, and its `time_sample`."""
+    path = Path(piece.path)
+    try:
+        if _is_parquet(path):
+            parquet = pq.ParquetFile(path)
+            names = parquet.schema_arrow.names
+            columns = schema.columns if all(c in names for c in schema.columns) else None
+            table = parquet.read_row_groups(list(piece.row_groups), columns=columns)
+            where = str(path)
+        else:
+            delim = delimiter or _sniff_delimiter(path)
+            convert = pacsv.ConvertOptions(column_types={f.name: f.type for f in column_types or []},
+                                           null_values=NULL_VALUES, strings_can_be_null=True)
+            parse = pacsv.ParseOptions(delimiter=delim)
+            if piece.end is None:  # the whole file (gzipped)
+                table = pacsv.read_csv(path, parse_options=parse, convert_options=convert)
+                where = str(path)
+            else:
+                table = pacsv.read_csv(pa.py_buffer(_lines(path, piece.start, piece.end)), parse_options=parse,
+                                       convert_options=convert)
+                where = f"{path} (the lines from byte {piece.start})"
+    except (pa.ArrowInvalid, OSError, UnicodeDecodeError) as err:
+        raise SchemaError(f"{path}: cannot be read as {'parquet' if _is_parquet(path) else 'CSV'}: {err}") from err
+    if not table.num_rows:
+        return _empty(schema, table).append_column(ROW, pa.array([], pa.int64())), None
+    events = schema.validate(table, source=where, first_row=piece.first_row)
+    rows = (np.int64(piece.index) << np.int64(32)) + np.arange(events.num_rows, dtype=np.int64)
+    return events.append_column(ROW, pa.array(rows)), time_sample(table, events, schema, piece.first_row)
+
+
+def _empty(schema: Schema, table: pa.Table) -> pa.Table:
+    return pa.table({c: table.column(c) for c in schema.columns})
+
+
+def _lines(path: Path, start: int, end: int) -> bytes:
+    """The header line and the lines of a text file whose first byte lies in [start, end)."""
+    with open(path, "rb") as fh:
+        header = fh.readline()
+        if start <= len(header):
+            start = len(header)
+            fh.seek(start)
+        else:
+            fh.seek(start - 1)
+            if fh.read(1) != b"\n":
+                fh.readline()  # the rest of a line that starts before `start`
+        pos = fh.tell()
+        if pos >= end:
+            return header
+        data = fh.read(end - pos)
+        if data and not data.endswith(b"\n"):
+            data += fh.readline()  # the line that starts before `end` ends after it
+    return header + data
+
+
+def _to_frame(table: pa.Table, backend: str) -> Any:
+    if backend == "cudf":
+        import cudf
+
+        return cudf.DataFrame.from_arrow(table)
+    import pandas as pd
+
+    return table.to_pandas(types_mapper=pd.ArrowDtype)
+
+
+def _to_arrow(frame: Any) -> pa.Table:
+    if hasattr(frame, "to_arrow"):  # cuDF
+        return frame.to_arrow()
+    return pa.Table.from_pandas(frame, preserve_index=False)
+
+
+def _load_piece(piece: Piece, schema: Schema, delimiter: str | None, column_types: pa.Schema | None,
+                backend: str) -> tuple[Any, Any]:
+    events, sample = read_piece(piece, schema, delimiter, column_types)
+    return _to_frame(events, backend), sample
+
+
+def _sessionize(frame: Any, source: EventLogSource, path: str, schema: pa.Schema) -> PartitionSummary:
+    """Step 2 on a shuffled partition: back in Arrow with the validated events' types (`schema`; cuDF may
+    give large strings), back in file order, then the source's sessionization."""
+    events = _to_arrow(frame).select(schema.names).cast(schema)
+    events = events.take(pc.sort_indices(events.column(ROW))).drop_columns([ROW])
+    return sessionize_partition(source, events, path)
+
+
+class DaskEngine:
+    """Runs the partitioned plan on a Dask cluster.
+
+    Args:
+        memory_budget: memory of the local cluster's workers together (each gets its share); the
+            partitions are sized for it, also on a remote cluster.
+        workers: workers of the local cluster (one thread each).
+        partitions: number of partitions of the shuffle; None: enough for `memory_budget`.
+        scheduler: address of a running scheduler (``tcp://host:8786``); None: a local cluster.
+        backend: ``pandas`` (CPU) or ``cudf`` (GPU, dask-cudf).
+    """
+
+    def __init__(self, memory_budget: int, workers: int = 2, partitions: int | None = None,
+                 scheduler: str | None = None, backend: str = "pandas") -> None:
+        if backend not in ("pandas", "cudf"):
+            raise ValueError(f"backend must be 'pandas' or 'cudf', got {backend!r}")
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        self.memory_budget, self.workers, self.partitions = memory_budget, workers, partitions
+        self.scheduler, self.backend = scheduler, backend
+
+    def client(self) -> Any:
+        from distributed import Client, LocalCluster
+
+        if self.scheduler is not None:
+            return Client(self.scheduler)
+        if self.backend == "cudf":
+            from dask_cuda import LocalCUDACluster
+
+            return Client(LocalCUDACluster())
+        cluster = LocalCluster(n_workers=self.workers, threads_per_worker=1, processes=True,
+                               memory_limit=self.memory_budget // self.workers, dashboard_address=":0")
+        return Client(cluster)
+
+    def run(self, source: EventLogSource, directory: Path, layout: Layout) -> Iterator[PartResult]:
+        """Write the parts of every split into `directory`; yields what each part gave."""
+        import dask
+        from distributed import as_completed
+
+        if self.backend == "cudf":
+            import cudf  # noqa: F401 - the cuDF backend needs it: a missing one is said before the cluster starts
+        for name in ("distributed.shuffle._scheduler_plugin", "distributed.shuffle._worker_plugin"):
+            logging.getLogger(name).setLevel(logging.ERROR)  # each shuffle's start and end, at WARNING
+        scratch = directory / ".scratch"
+        scratch.mkdir()
+        client = self.client()
+        try:
+            with dask.config.set({"dataframe.backend": self.backend, "dataframe.shuffle.method": "p2p"}):
+                tasks = []
+                for f, (path, splits) in enumerate(files_of(source)):
+                    summaries = self.sessionize(client, source, path, scratch / f"file{f}")
+                    check_driver_memory(path, summaries, self.memory_budget)
+                    tasks += plan_parts(source, path, summaries, splits, layout)
+                futures = client.map(build_part, tasks, directory=directory, layout=layout, pure=False)
+                for done in as_completed(futures):  # the driver folds the counts as the parts finish
+                    yield done.result()
+                    done.release()
+        finally:
+            cluster = client.cluster if self.scheduler is None else None
+            client.close()
+            if cluster is not None:
+                cluster.close()
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    def sessionize(self, client: Any, source: EventLogSource, path: str, folder: Path) -> list[PartitionSummary]:
+        """Steps 1 and 2 for one file: read and shuffle its events by session, then sessionize each partition."""
+        import dask
+        import dask.dataframe as dd
+
+        folder.mkdir()
+        column_types = None
+        if not _is_parquet(Path(path)):  # every piece parses with the types inferred from the file's first block
+            opts = pacsv.ConvertOptions(column_types={c: pa.string() for c in source.schema.id_columns}
+                                        if source.schema.string_ids else {}, null_values=NULL_VALUES,
+                                        strings_can_be_null=True)
+            delim = pacsv.ParseOptions(delimiter=source.delimiter or _sniff_delimiter(Path(path)))
+            column_types = pacsv.open_csv(path, parse_options=delim, convert_options=opts).schema
+        pieces = pieces_of(path)
+        first, _ = read_piece(pieces[0], source.schema, source.delimiter, column_types)
+        meta = _to_frame(first.slice(0, 0), self.backend)
+        loaded = [dask.delayed(_load_piece, nout=2)(piece, source.schema, source.delimiter, column_types, self.backend)
+                  for piece in pieces]
+        events = dd.from_delayed([frame for frame, _ in loaded], meta=meta, verify_meta=False)
+        partitions = self.partitions or partitions_for(estimated_event_bytes(path, len(source.schema.columns)),
+                                                       self.memory_budget, self.workers)
+        shuffled = events.shuffle(on=source.schema.session_id, npartitions=partitions)
+        parts = shuffled.to_delayed()
+        summaries = [dask.delayed(_sessionize)(part, source, str(folder / f"sessions-{p:05d}.arrow"), first.schema)
+                     for p, part in enumerate(parts)]
+        summaries, samples = client.gather(client.compute([summaries, [sample for _, sample in loaded]]))
+        check_time_samples(samples, source.schema, path)  # the pieces' times, plausible together
+        return list(summaries)

@@ -1,0 +1,232 @@
+"""A prepared dataset: the sessions of a source, split, in parquet parts, with its vocabulary and a manifest.
+
+Layout of a prepared directory::
+
+    manifest.json                 format, version, the source's config, the settings, each split's files
+                                  and counts, the sha256 of every file
+    train/part-00000.parquet ...  session tables (the columns of `SessionSplits`' tables, raw item ids);
+    valid/part-*.parquet          the parts of a split, concatenated in file order, are the split, sessions
+    test/part-*.parquet           in session-id order; each part holds `Layout.part_sessions` sessions (the
+                                  last fewer; an empty split one empty part), in row groups of
+                                  `Layout.row_group_sessions`
+    vocab.parquet                 `ItemVocab.save` of the vocabulary fitted on the training split
+
+`PreparedWriter` writes one into a temporary directory and renames it into place; `PreparedSource` reads
+one (every file checked against the manifest's hash first) and is a `SessionSource` like any other.
+Side-feature transforms are not part of it: they depend on the data module's side-feature settings,
+and the data module fits them on the training split as it does for every source.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from sessrec.data import frame
+from sessrec.data.sources import SessionSource, SessionSplits
+from sessrec.data.vocab import ItemVocab
+from sessrec.saved.atomic import fsync_dir, fsync_tree, normal_modes
+
+FORMAT = "sessrec-prepared"
+VERSION = 1
+SPLITS = ("train", "valid", "test")
+MANIFEST = "manifest.json"
+VOCAB = "vocab.parquet"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a prepared dataset cuts its splits into files.
+
+    Args:
+        part_sessions: sessions in each part file of a split (the last part holds the rest).
+        row_group_sessions: sessions in each parquet row group (what a streaming reader reads at a time).
+    """
+
+    part_sessions: int = 1_000_000
+    row_group_sessions: int = 65_536
+
+    def __post_init__(self) -> None:
+        if self.part_sessions < 1 or self.row_group_sessions < 1:
+            raise ValueError(f"part_sessions and row_group_sessions must be >= 1, got {self.part_sessions}, "
+                             f"{self.row_group_sessions}")
+
+    def parts(self, sessions: int) -> int:
+        """Number of part files of a split of `sessions` sessions (an empty split has one, empty)."""
+        return max(1, -(-sessions // self.part_sessions))
+
+
+def part_name(split: str, index: int) -> str:
+    """The path of a part file relative to the dataset's directory."""
+    return f"{split}/part-{index:05d}.parquet"
+
+
+def sha256_of(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class PartWritten:
+    """What writing one part file gave: its name, its counts and its hash."""
+
+    name: str
+    sessions: int
+    events: int
+    sha256: str
+
+
+def write_part(table: pa.Table, directory: Path, split: str, index: int, layout: Layout) -> PartWritten:
+    """Write part `index` of `split` under `directory` (the temporary directory of a `PreparedWriter`)."""
+    name = part_name(split, index)
+    path = directory / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = table.combine_chunks()
+    # zstd without dictionaries: against parquet's defaults (snappy, dictionaries), a third smaller, and
+    # faster to write and to read (list columns of a million distinct items make large dictionaries)
+    pq.write_table(table, path, row_group_size=layout.row_group_sessions, compression="zstd", use_dictionary=False)
+    events = int(frame.session_lengths(table).sum()) if table.num_rows else 0
+    return PartWritten(name, table.num_rows, events, sha256_of(path))
+
+
+class PreparedWriter:
+    """Writes a prepared dataset into a temporary directory beside `out`, renamed to `out` by `finish`.
+
+    Args:
+        out: the dataset's directory; it must not exist unless `overwrite`.
+        layout: how splits are cut into files.
+        overwrite: replace an existing dataset at `out` (only once the new one is complete).
+    """
+
+    def __init__(self, out: str | os.PathLike, layout: Layout = Layout(), overwrite: bool = False) -> None:
+        self.out, self.layout = Path(out), layout
+        if self.out.exists() and not overwrite:
+            raise FileExistsError(f"{self.out}: exists; remove it, choose another --out, or pass --overwrite true")
+        self.tmp = self.out.with_name(f".{self.out.name}.tmp-{os.getpid()}")
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        self.tmp.mkdir(parents=True)
+        self.parts: dict[str, list[PartWritten]] = {split: [] for split in SPLITS}
+
+    @property
+    def directory(self) -> Path:
+        """Where the parts are written until `finish` (a task may write parts here itself: `write_part`)."""
+        return self.tmp
+
+    def add(self, split: str, written: PartWritten) -> None:
+        self.parts[split].append(written)
+
+    def write_split(self, split: str, table: pa.Table) -> None:
+        """Cut a whole split into its parts and write them."""
+        for k in range(self.layout.parts(table.num_rows)):
+            chunk = table.slice(k * self.layout.part_sessions, self.layout.part_sessions)
+            self.add(split, write_part(chunk, self.tmp, split, k, self.layout))
+
+    def finish(self, vocab: ItemVocab, source: dict[str, Any], settings: dict[str, Any]) -> Path:
+        """Write the vocabulary and the manifest, then rename the directory into place."""
+        vocab.save(self.tmp / VOCAB)
+        hashes = {VOCAB: sha256_of(self.tmp / VOCAB)}
+        splits = {}
+        for split in SPLITS:
+            parts = sorted(self.parts[split], key=lambda p: p.name)
+            if [p.name for p in parts] != [part_name(split, k) for k in range(len(parts))] or not parts:
+                raise RuntimeError(f"{self.out}: the {split} split's parts are not complete: {[p.name for p in parts]}")
+            splits[split] = {"files": [p.name for p in parts], "sessions": sum(p.sessions for p in parts),
+                             "events": sum(p.events for p in parts)}
+            hashes.update({p.name: p.sha256 for p in parts})
+        manifest = {"format": FORMAT, "version": VERSION, "source": source,
+                    "settings": {**asdict(self.layout), **settings}, "splits": splits, "sha256": hashes}
+        (self.tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+        normal_modes(self.tmp)
+        fsync_tree(self.tmp)
+        old = self.out.with_name(f".{self.out.name}.old-{os.getpid()}")
+        if self.out.exists():
+            os.replace(self.out, old)
+        os.replace(self.tmp, self.out)
+        fsync_dir(self.out.parent)
+        shutil.rmtree(old, ignore_errors=True)
+        return self.out
+
+    def abort(self) -> None:
+        """Remove the temporary directory (nothing is left behind by a failed preparation)."""
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
+    """The manifest of a prepared dataset; one-line errors for a directory that is not one."""
+    file = Path(path) / MANIFEST
+    if not file.is_file():
+        raise FileNotFoundError(f"{path}: not a prepared dataset (no {MANIFEST}); write one with sessrec prepare")
+    try:
+        manifest = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{file}: not a readable manifest: {err}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise ValueError(f"{file}: not a sessrec prepared dataset (format {manifest.get('format') if isinstance(manifest, dict) else None!r})")
+    if manifest.get("version") != VERSION:
+        raise ValueError(f"{file}: version {manifest.get('version')!r}; this sessrec reads version {VERSION}")
+    return manifest
+
+
+def verify(path: str | os.PathLike, manifest: dict[str, Any]) -> None:
+    """Check every file the manifest lists against its sha256; refuse the first that differs or is missing."""
+    root = Path(path)
+    for name, expected in manifest["sha256"].items():
+        file = root / name
+        if not file.is_file():
+            raise FileNotFoundError(f"{file}: missing from the prepared dataset {root} (its manifest lists it)")
+        if sha256_of(file) != expected:
+            raise ValueError(f"{file}: its content differs from the manifest's sha256 (changed or damaged since "
+                             "sessrec prepare wrote it); prepare the dataset again")
+
+
+class PreparedSource(SessionSource):
+    """The sessions of a prepared dataset (``sessrec prepare``): read, not computed again.
+
+    The data module takes the dataset's vocabulary (`vocab`) instead of fitting one, and refuses a
+    dataset prepared with other vocabulary settings than its own.
+
+    Args:
+        path: the prepared dataset's directory.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._manifest: dict[str, Any] | None = None
+
+    @property
+    def manifest(self) -> dict[str, Any]:
+        """The manifest, with every file checked against its hash (once)."""
+        if self._manifest is None:
+            manifest = read_manifest(self.path)
+            verify(self.path, manifest)
+            self._manifest = manifest
+        return self._manifest
+
+    def load(self) -> SessionSplits:
+        tables = {}
+        for split in SPLITS:
+            files = [Path(self.path) / name for name in self.manifest["splits"][split]["files"]]
+            tables[split] = pa.concat_tables([pq.read_table(f) for f in files])
+        return SessionSplits(**tables, source=str(self.path))
+
+    def vocab(self, min_item_count: int, max_vocab_size: int | None) -> ItemVocab:
+        """The dataset's vocabulary; refused when it was fitted with other settings than these."""
+        settings = self.manifest["settings"]
+        stored = (settings.get("min_item_count"), settings.get("max_vocab_size"))
+        if stored != (min_item_count, max_vocab_size):
+            raise ValueError(
+                f"{self.path}: prepared with min_item_count {stored[0]}, max_vocab_size {stored[1]}, but the data module "
+                f"has {min_item_count}, {max_vocab_size}; set those, or prepare the dataset again with its settings"
+            )
+        return ItemVocab.load(Path(self.path) / VOCAB)

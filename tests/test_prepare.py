@@ -1,0 +1,309 @@
+"""`sessrec prepare`: the engines write the same prepared dataset, byte for byte, as the in-memory path."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+import pytest
+
+from sessrec.data import EventLogSource, FeatureSpec, ItemVocab, PreparedSource, Schema, frame, prepare
+from sessrec.data.prepared import parse_bytes
+from sessrec.data.prepared.dataset import read_manifest
+
+SCHEMA = Schema(
+    session_id="sid", item_id="item", timestamp="t", order_by="step",
+    features=[FeatureSpec("virtual"), FeatureSpec("category"), FeatureSpec("price", "continuous")],
+)
+LAYOUT = {"part_sessions": 37, "row_group_sessions": 8}  # several parts a split, several row groups a part
+
+
+def event_log(seed: int = 0, sessions: int = 400, string_ids: bool = False) -> pa.Table:
+    """Events in arrival order: ties of times within sessions (broken by `step`, some not at all), consecutive
+    repeats, virtual events (``virtual`` 1, keys beyond the products), side features, and sessions ending at
+    the same time (ties for the fraction splits)."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 9, sessions)
+    sid = np.repeat(rng.permutation(sessions) * 7 + 3, lengths)  # ids not in arrival order
+    start = np.repeat(rng.integers(0, 10, sessions) * 3600.0, lengths)  # whole hours: equal end times
+    within = np.concatenate([np.sort(rng.integers(0, 4, n)) for n in lengths]) * 60.0  # equal times in a session
+    item = rng.zipf(1.6, lengths.sum()) % 50
+    repeat = rng.random(lengths.sum()) < 0.2
+    item[1:][repeat[1:]] = item[:-1][repeat[1:]]  # consecutive repeats
+    virtual = (rng.random(lengths.sum()) < 0.15).astype(np.int64)
+    item = np.where(virtual == 1, 1000 + item % 5, item)
+    step = np.concatenate([rng.permutation(n) // 2 for n in lengths])  # ties left in step too: file order decides
+    table = pa.table({
+        "sid": sid, "item": item, "t": 1.4e9 + start + within, "step": step,
+        "virtual": virtual, "category": rng.integers(0, 6, lengths.sum()), "price": rng.random(lengths.sum()).round(3),
+        "other": np.arange(lengths.sum()),
+    })
+    order = rng.permutation(table.num_rows)  # arrival order: sessions interleaved
+    table = table.take(pa.array(order))
+    if string_ids:
+        table = table.set_column(0, "sid", pa.array([f"s{v}" for v in table.column("sid").to_pylist()]))
+    return table
+
+
+def write(table: pa.Table, path: Path) -> str:
+    if path.suffix == ".parquet":
+        pq.write_table(table, path, row_group_size=500)
+    else:
+        pacsv.write_csv(table, path)
+    return str(path)
+
+
+def hashes(directory: Path) -> dict[str, str]:
+    return read_manifest(directory)["sha256"]
+
+
+SPLITTINGS = {
+    "days": {"test_days": 0.1, "valid_days": 0.1},
+    "fractions": {"test_fraction": 0.2, "valid_fraction": 0.15},
+    "repeats_and_cut": {"test_fraction": 0.25, "valid_days": 0.05, "drop_repeats": True, "max_length": 5, "min_length": 3},
+}
+
+
+@pytest.fixture(scope="module")
+def dask_scheduler():
+    """A local Dask cluster of two worker processes for the module's dask runs (started once)."""
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
+        yield cluster.scheduler_address
+
+
+@pytest.mark.parametrize("splitting", list(SPLITTINGS))
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_the_engines_write_the_in_memory_dataset_byte_for_byte(tmp_path, splitting, suffix, dask_scheduler, monkeypatch):
+    from sessrec.data.prepared import cluster
+
+    monkeypatch.setattr(cluster, "PIECE_BYTES", 4096)  # a CSV file in several pieces
+    monkeypatch.setattr(cluster, "PIECE_ROWS", 1000)
+    path = write(event_log(), tmp_path / f"events{suffix}")
+    source = EventLogSource(path, schema=SCHEMA, **SPLITTINGS[splitting])
+    memory = prepare(source, str(tmp_path / "memory"), engine="memory", **LAYOUT)
+    runs = {p: prepare(source, str(tmp_path / f"local{p}"), engine="local", partitions=p, workers=2, **LAYOUT)
+            for p in (1, 3, 8)}
+    runs["dask"] = prepare(source, str(tmp_path / "dask"), engine="dask", partitions=4, scheduler=dask_scheduler, **LAYOUT)
+    expected = hashes(memory)
+    assert len([n for n in expected if n.startswith("train/")]) > 1  # several parts
+    for run in runs.values():
+        assert hashes(run) == expected
+        assert (run / "manifest.json").read_bytes() == (memory / "manifest.json").read_bytes()
+    splits, prepared = source.load(), PreparedSource(str(runs[3])).load()
+    manifest = read_manifest(runs[3])
+    for name in ("train", "valid", "test"):
+        assert getattr(prepared, name).equals(getattr(splits, name))
+        assert manifest["splits"][name]["sessions"] == getattr(splits, name).num_rows
+        assert manifest["splits"][name]["events"] == frame.session_lengths(getattr(splits, name)).sum()
+    assert all(getattr(splits, n).num_rows for n in ("train", "valid", "test"))
+    items, _ = frame.list_offsets(splits.train.column(frame.ITEMS))
+    virtual = frame.list_offsets(splits.train.column(frame.VIRTUAL))[0].to_numpy(zero_copy_only=False).astype(bool)
+    fitted = ItemVocab.fit(items, virtual=virtual)
+    assert fitted.num_virtual > 0
+    assert PreparedSource(str(runs[8])).vocab(1, None) == fitted
+
+
+def test_string_session_ids_and_a_shipped_test_file(tmp_path, dask_scheduler):
+    log = event_log(seed=1, string_ids=True)
+    train = write(log.slice(0, 1500), tmp_path / "train.parquet")
+    test = write(log.slice(1500), tmp_path / "test.csv")
+    schema = Schema(session_id="sid", item_id="item", timestamp="t", order_by="step", string_ids=True)
+    source = EventLogSource(train, schema=schema, test_path=test, valid_fraction=0.2, min_length=2)
+    memory = prepare(source, str(tmp_path / "memory"), engine="memory", **LAYOUT)
+    local = prepare(source, str(tmp_path / "local"), engine="local", partitions=5, **LAYOUT)
+    dask = prepare(source, str(tmp_path / "dask"), engine="dask", partitions=3, scheduler=dask_scheduler, **LAYOUT)
+    assert hashes(local) == hashes(memory) == hashes(dask)
+    splits, prepared = source.load(), PreparedSource(str(local)).load()
+    assert prepared.test.equals(splits.test) and prepared.valid.equals(splits.valid)
+    assert prepared.train.column("session_id").type == pa.string()
+
+
+def test_vocabulary_settings_are_the_datasets(tmp_path):
+    from sessrec.tasks import SessionDataModule
+
+    path = write(event_log(), tmp_path / "events.parquet")
+    source = EventLogSource(path, schema=SCHEMA, test_fraction=0.2)
+    out = prepare(source, str(tmp_path / "p"), engine="local", min_item_count=3, max_vocab_size=20, **LAYOUT)
+    splits = source.load()
+    items, _ = frame.list_offsets(splits.train.column(frame.ITEMS))
+    virtual = frame.list_offsets(splits.train.column(frame.VIRTUAL))[0].to_numpy(zero_copy_only=False).astype(bool)
+    dm = SessionDataModule(source=PreparedSource(str(out)), min_item_count=3, max_vocab_size=20)
+    assert dm.vocab == ItemVocab.fit(items, 3, 20, virtual=virtual)
+    other = SessionDataModule(source=PreparedSource(str(out)), min_item_count=1)
+    with pytest.raises(ValueError, match=r"prepared with min_item_count 3, max_vocab_size 20, but the data module has 1, None"):
+        _ = other.vocab
+
+
+def test_a_changed_file_is_refused_by_name_and_nothing_half_written_is_left(tmp_path):
+    path = write(event_log(), tmp_path / "events.parquet")
+    source = EventLogSource(path, schema=SCHEMA, test_fraction=0.2)
+    out = prepare(source, str(tmp_path / "p"), engine="local", **LAYOUT)
+    part = out / "valid" / "part-00000.parquet"
+    table = pq.read_table(part)
+    pq.write_table(table.slice(1), part)
+    with pytest.raises(ValueError, match=r"valid/part-00000\.parquet: its content differs from the manifest's sha256"):
+        PreparedSource(str(out)).load()
+    part.unlink()
+    with pytest.raises(FileNotFoundError, match=r"part-00000\.parquet: missing"):
+        PreparedSource(str(out)).load()
+    with pytest.raises(FileExistsError, match="exists"):
+        prepare(source, str(out), engine="local")
+    broken = EventLogSource(path, schema=Schema(session_id="sid", item_id="price"), test_fraction=0.2)
+    with pytest.raises(ValueError, match="'price'"):
+        prepare(broken, str(tmp_path / "q"), engine="local")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["events.parquet", "p"]
+
+
+def test_times_plausible_batch_by_batch_but_not_together_are_refused_as_in_memory(tmp_path, dask_scheduler, monkeypatch):
+    """Every batch of this log passes validation alone (the first half in 2014, the second relative times
+    from 0), the whole file does not: streamed and distributed reading refuse it as the in-memory path does."""
+    from sessrec.data.prepared import cluster
+    from sessrec.data.readers import scan_events
+
+    times = np.r_[1.4e9 + np.arange(2000.0), np.arange(2000.0)]
+    table = pa.table({"sid": np.arange(4000) // 4, "item": np.arange(4000) % 7, "t": times})
+    path = write(table, tmp_path / "events.parquet")  # row groups of 500
+    source = EventLogSource(path, schema=Schema(session_id="sid", item_id="item", timestamp="t"), test_fraction=0.2)
+    with pytest.raises(ValueError) as whole:
+        source.load()
+    assert "has the time 0.0 at row 2000" in str(whole.value)
+    with pytest.raises(ValueError) as streamed:
+        list(scan_events(path, source.schema, batch_rows=500))
+    monkeypatch.setattr(cluster, "PIECE_ROWS", 500)
+    with pytest.raises(ValueError) as distributed:
+        prepare(source, str(tmp_path / "p"), engine="dask", scheduler=dask_scheduler)
+    assert str(streamed.value) == str(distributed.value) == str(whole.value)
+
+
+def test_a_log_with_more_sessions_than_the_budget_holds_is_refused(tmp_path):
+    path = write(event_log(), tmp_path / "events.parquet")
+    source = EventLogSource(path, schema=SCHEMA, test_fraction=0.2)
+    with pytest.raises(ValueError, match=r"its 3.. sessions need about 0.0 GiB to be split and put in order \(64 bytes a "
+                                         r"session\), more than half the memory budget \(0.0 GiB\); raise --memory_budget"):
+        prepare(source, str(tmp_path / "p"), engine="local", partitions=2, memory_budget="10KB")
+    assert not (tmp_path / "p").exists()
+
+
+def test_only_event_logs_are_partitioned(tmp_path):
+    from sessrec.data import SyntheticSource
+
+    source = SyntheticSource(num_sessions=300, num_items=40, days=4.0)
+    with pytest.raises(ValueError, match="SyntheticSource is prepared whole: use --engine memory"):
+        prepare(source, str(tmp_path / "p"), engine="local")
+    out = prepare(source, str(tmp_path / "p"), engine="memory")
+    assert PreparedSource(str(out)).load().train.equals(source.load().train)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["source"]["class_path"] == "sessrec.data.sources.SyntheticSource"
+    assert manifest["splits"]["train"]["files"] == ["train/part-00000.parquet"]
+
+
+def test_memory_budget_sizes():
+    assert parse_bytes("4GiB") == 4 * 2**30 and parse_bytes("500MB") == 500_000_000 and parse_bytes(123) == 123
+    with pytest.raises(ValueError, match="memory_budget: '4 parsecs' is not a size"):
+        parse_bytes("4 parsecs")
+
+
+def test_the_recipes_fixture_holds_what_its_source_gives():
+    from sessrec.data import SyntheticSource
+
+    fixture = Path(__file__).parent / "fixtures" / "prepared" / "synthetic"
+    splits = PreparedSource(str(fixture)).load()
+    expected = SyntheticSource(num_sessions=2000, num_items=200, days=6.0).load()
+    for name in ("train", "valid", "test"):
+        assert getattr(splits, name).equals(getattr(expected, name))
+
+
+# -- the shared datasets that have an event log --------------------------------------------------------
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+RSC15 = DATA / "rsc15_100k"
+EVENT_LOGS = {  # every event log of ../shared/data (SOURCE.md), read as an event log can be
+    "rsc15_full": {"path": "rsc15_100k/yoochoose-clicks-100k_train_full.txt.gz", "valid_days": 1.0,
+                   "test_path": "rsc15_100k/yoochoose-clicks-100k_test.txt.gz",
+                   "schema": Schema(session_id="SessionId", item_id="ItemId", timestamp="Time")},
+    "rsc15_tr": {"path": "rsc15_100k/yoochoose-clicks-100k_train_tr.txt.gz", "valid_fraction": 0.1,
+                 "test_path": "rsc15_100k/yoochoose-clicks-100k_train_valid.txt.gz", "drop_repeats": True,
+                 "schema": Schema(session_id="SessionId", item_id="ItemId", timestamp="Time")},
+    "diginetica_views": {"path": "diginetica_sample/sample_train-item-views.csv.gz", "test_days": 7.0, "valid_days": 7.0,
+                         "schema": Schema(session_id="session_id", item_id="item_id", timestamp="eventdate",
+                                          time_unit="datetime", order_by="timeframe")},
+    "diginetica_purchases": {"path": "diginetica_sample/train-purchases.csv.gz", "test_fraction": 0.1, "min_length": 1,
+                             "schema": Schema(session_id="sessionId", item_id="itemId", timestamp="eventdate",
+                                              time_unit="datetime", order_by="timeframe")},
+    "movielens": {"path": "movielens_latest_small/ratings.csv.gz", "test_fraction": 0.1, "valid_fraction": 0.1,
+                  "max_length": 50, "schema": Schema(session_id="userId", item_id="movieId", timestamp="timestamp",
+                                                     features=[FeatureSpec("rating", "continuous")])},
+    "trivago": {"path": "trivago_rsc19_100k/trivago_val_100k.parquet.snappy", "test_fraction": 0.2, "drop_repeats": True,
+                "schema": Schema(session_id="session_id", item_id="reference", timestamp="timestamp", order_by="step",
+                                 features=[FeatureSpec("action_type"), FeatureSpec("device")])},
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(EVENT_LOGS))
+def test_every_shared_event_log_prepares_the_same_with_every_engine(tmp_path, name, dask_scheduler):
+    settings = dict(EVENT_LOGS[name])
+    for key in ("path", "test_path"):
+        if key in settings:
+            settings[key] = str(DATA / settings[key])
+    if not Path(settings["path"]).exists():
+        pytest.skip(f"{settings['path']} is not available here")
+    source = EventLogSource(**settings)
+    memory = prepare(source, str(tmp_path / "memory"), engine="memory")
+    local = prepare(source, str(tmp_path / "local"), engine="local", partitions=4)
+    dask = prepare(source, str(tmp_path / "dask"), engine="dask", partitions=3, scheduler=dask_scheduler)
+    assert hashes(memory) == hashes(local) == hashes(dask)
+    splits = source.load()
+    prepared = PreparedSource(str(dask)).load()
+    assert all(getattr(prepared, s).equals(getattr(splits, s)) for s in ("train", "valid", "test"))
+
+
+@pytest.mark.slow
+def test_trivago_with_virtual_items_and_side_features_prepares_whole(tmp_path):
+    from sessrec.datasets import TrivagoSource
+
+    path = DATA / "trivago_rsc19_100k" / "trivago_val_100k.parquet.snappy"
+    if not path.exists():
+        pytest.skip(f"{path} is not available here")
+    source = TrivagoSource(str(path), virtual_items=True, features=["price", "device"])
+    out = prepare(source, str(tmp_path / "p"), engine="memory", part_sessions=500)
+    splits, prepared = source.load(), PreparedSource(str(out)).load()
+    assert all(getattr(prepared, s).equals(getattr(splits, s)) for s in ("train", "valid", "test"))
+    items, _ = frame.list_offsets(splits.train.column(frame.ITEMS))
+    virtual = frame.list_offsets(splits.train.column(frame.VIRTUAL))[0].to_numpy(zero_copy_only=False).astype(bool)
+    assert PreparedSource(str(out)).vocab(1, None) == ItemVocab.fit(items, virtual=virtual)
+
+
+@pytest.mark.slow
+def test_a_prepared_rsc15_trains_to_the_in_memory_validation_metrics(tmp_path, monkeypatch):
+    """The same recipe, seed and tiny model on rsc15 read as an event log and as a prepared dataset
+    (``sessrec prepare``, then ``--data.source.class_path sessrec.data.PreparedSource``): equal validation metrics."""
+    from sessrec.cli import cli, run
+
+    if not RSC15.exists():
+        pytest.skip(f"{RSC15} is not available here")
+    work = tmp_path / "work"
+    work.mkdir()
+    (tmp_path / "shared").symlink_to(DATA.parent)
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    root = Path(__file__).resolve().parents[1]
+    recipe = ["--config", str(root / "recipes/data/rsc15.yaml"), "--config", str(root / "recipes/model/gru4rec.yaml")]
+    run(["prepare", *recipe, "--out", "prepared", "--engine", "local", "--partitions", "3"])
+    tiny = ["--model.encoder.init_args.d_model", "16", "--model.loss.init_args.num_samples", "64",
+            "--model.schedule.warmup_steps", "0", "--trainer.max_epochs", "1", "--trainer.enable_progress_bar", "false",
+            "--trainer.logger.class_path", "pytorch_lightning.loggers.CSVLogger"]  # two fits in one process: no wandb run
+    metrics = []
+    for extra in ([], ["--data.source.class_path", "sessrec.data.PreparedSource", "--data.source.init_args.path", "prepared"]):
+        done = cli(["fit", *recipe, *tiny, *extra])
+        assert type(done.datamodule.source).__name__ == ("PreparedSource" if extra else "EventLogSource")
+        metrics.append({k: float(v) for k, v in done.trainer.callback_metrics.items() if k.startswith("val/")})
+    assert len(metrics[0]) >= 6 and metrics[0].keys() == metrics[1].keys()
+    for key, value in metrics[0].items():
+        assert abs(metrics[1][key] - value) <= 1e-6, key

@@ -44,8 +44,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from sessrec.data import ItemVocab, SessionSplits
-from sessrec.data.sources import SessionSource
+from sessrec.data import ItemVocab, PreparedSource
 from sessrec.saved.atomic import digest
 from sessrec.tasks import SessionDataModule
 
@@ -100,23 +99,11 @@ def prepared(root: Path, names: list[str], n_parts: int, counts: np.ndarray, sha
     seen = np.flatnonzero(counts)
     order = seen[np.argsort(-counts[seen], kind="stable")]  # by decreasing count, as ItemVocab.fit orders them
     ItemVocab(pa.array(order), counts[order]).save(directory / "vocab.parquet")
-    manifest = {"format": "sessrec-prepared", "version": 1, "source": {"synthetic": True}, "settings": {},
+    manifest = {"format": "sessrec-prepared", "version": 1, "source": {"synthetic": True},
+                "settings": {"min_item_count": 1, "max_vocab_size": None},
                 "splits": listing, "sha256": hashes}
     (directory / "manifest.json").write_text(json.dumps(manifest))
     return directory
-
-
-class PartsSource(SessionSource):
-    """The in-memory side: every part of a prepared dataset read into one table per split."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def load(self) -> SessionSplits:
-        manifest = json.loads((Path(self.path) / "manifest.json").read_text())
-        read = lambda split: pa.concat_tables(
-            pq.read_table(Path(self.path) / f) for f in manifest["splits"][split]["files"])
-        return SessionSplits(read("train"), read("valid"), read("test"), source=self.path)
 
 
 def epoch(directory: Path, kind: str, args: argparse.Namespace) -> dict:
@@ -124,7 +111,7 @@ def epoch(directory: Path, kind: str, args: argparse.Namespace) -> dict:
     torch.set_num_threads(1)
     options = {"streaming": True, "shuffle_buffer": args.buffer} if kind.startswith("streaming") else {
         "vocab_path": str(directory / "vocab.parquet")}
-    source = PartsSource(str(directory))
+    source = PreparedSource(str(directory))  # every part read whole by the in-memory loader
     dm = SessionDataModule(source=source, max_length=MAX_LENGTH, batch_size=args.batch, **options)
     dm.vocab  # noqa: B018 - the vocabulary is part of the base, not of the data
     base = peak_mb()

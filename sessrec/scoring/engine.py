@@ -148,9 +148,10 @@ class Runner:
 
         `where` names the parts folder in the line that a dead worker gives: what a rerun resumes from.
 
+        An exception a job raises (a bad row of the input) reaches the caller as it was raised.
+
         Raises:
             RuntimeError: a worker died while scoring a partition more often than Dask retries it.
-            Whatever a job raises (a bad row of the input), as it raised it.
         """
         if self.client is None:
             return [job(index, rows) for index, rows in pending]

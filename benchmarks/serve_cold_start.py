@@ -107,20 +107,6 @@ def serve_start(checkout: Path, model_dir: Path, timeout: float) -> dict[str, ob
         log.close()
 
 
-def tiny_pipeline(directory: Path) -> Path:
-    """A co-visitation pipeline over 60 synthetic items saved in `directory` (what `--quick` serves)."""
-    from sessrec.data import SyntheticSource
-    from sessrec.pipeline.pipeline import Pipeline
-    from sessrec.pipeline.retrieval.covisitation import CoVisitation
-    from sessrec.tasks import SessionDataModule
-
-    data = SessionDataModule(source=SyntheticSource(num_sessions=400, num_items=60, days=10), max_length=10)
-    train, _ = data.tensors("train")
-    pipe = Pipeline(data.vocab, {"covisitation": (CoVisitation().fit(train, data.num_items), 20)}, max_length=10,
-                    max_candidates=20)
-    return Path(pipe.save_pretrained(directory))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-dir", type=Path, help="the directory served (default: runs/pipeline_rsc15/pipeline)")
@@ -136,6 +122,9 @@ def main() -> None:
     if args.quick:
         args.repeats, args.modules = 1, ["sessrec.serving.server"]
         if args.model_dir is None:
+            sys.path.insert(0, str(Path(__file__).resolve().parent))
+            from serve_load import tiny_pipeline  # the same tiny pipeline the load benchmark serves
+
             scratch = tempfile.TemporaryDirectory(prefix="serve_cold_start_")
             args.model_dir = tiny_pipeline(Path(scratch.name) / "pipeline")
     args.model_dir = args.model_dir or ROOT / "runs/pipeline_rsc15/pipeline"

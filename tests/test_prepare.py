@@ -307,3 +307,13 @@ def test_a_prepared_rsc15_trains_to_the_in_memory_validation_metrics(tmp_path, m
     assert len(metrics[0]) >= 6 and metrics[0].keys() == metrics[1].keys()
     for key, value in metrics[0].items():
         assert abs(metrics[1][key] - value) <= 1e-6, key
+
+
+def test_text_session_ids_hash_by_their_bytes_alone():
+    """Each string's hash is sum(byte * 31^(bytes after it)) mod 2^64, whatever its neighbours (an empty one: 0)."""
+    from sessrec.data.prepared.plan import _text_hash
+
+    texts = ["ab", "", "session-" * 40, "é", ""]
+    reference = [sum(b * pow(31, len(t.encode()) - i - 1, 2**64) for i, b in enumerate(t.encode())) % 2**64 for t in texts]
+    assert _text_hash(pa.array(texts, pa.large_string())).tolist() == reference
+    assert _text_hash(pa.array(texts[1:], pa.large_string())).tolist() == reference[1:]  # no neighbour changes a hash

@@ -60,7 +60,8 @@ def _text_hash(text: pa.LargeStringArray) -> np.ndarray:
     lengths = np.diff(offsets)
     after = np.repeat(offsets[1:] - offsets[0], lengths) - np.arange(len(data)) - 1  # (B,) bytes after each byte
     powers = np.cumprod(np.concatenate([[1], np.full(int(lengths.max(initial=1)) - 1, 31)]).astype(np.uint64))  # 31^k
-    return np.add.reduceat(data * powers[after], offsets[:-1] - offsets[0]) if len(data) else np.zeros(len(text), np.uint64)
+    sums = np.concatenate([np.zeros(1, np.uint64), np.cumsum(data * powers[after], dtype=np.uint64)])  # wrap mod 2^64
+    return sums[offsets[1:] - offsets[0]] - sums[offsets[:-1] - offsets[0]]  # an empty string hashes to 0
 
 
 def split_by_partition(events: pa.Table, column: str, partitions: int) -> Iterator[tuple[int, pa.Table]]:

@@ -15,6 +15,7 @@ from sessrec.artifacts import SessionRecommender
 from sessrec.data import ItemVocab
 from sessrec.models import CausalLanguageModeling, GRU4RecEncoder
 from sessrec.saved import versions
+from sessrec.saved.directory import describe, write_description
 from sessrec.saved.versions import VersionedDirectory, resolve, write_directory
 from sessrec.tasks import NextItemTask
 
@@ -36,11 +37,17 @@ def weights_of(directory) -> torch.Tensor:
 
 
 def write_file(text: str):
-    return lambda folder: (folder / "config.json").write_text(text)
+    """A writer of a saved folder of one part, ``part.txt`` holding `text`, and its description."""
+
+    def write(folder):
+        (folder / "part.txt").write_text(text)
+        write_description(folder, "config.json", describe(folder, {"format": "test"}, ["part.txt"]))
+
+    return write
 
 
 def read_part(root) -> str:
-    return (resolve(root) / "config.json").read_text()
+    return (resolve(root) / "part.txt").read_text()
 
 
 # -- the store ----------------------------------------------------------------------------------

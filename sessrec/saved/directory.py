@@ -26,6 +26,8 @@ from typing import Any
 
 from sessrec.saved.atomic import digest, write_text
 
+DESCRIPTIONS = ("config.json", "pipeline.json")  # the file that describes a saved folder: a model's, a pipeline's
+
 
 def loads_no_directory(use: str) -> classmethod:
     """A ``from_pretrained`` for a network or task, which loads no model directory: it refuses in one line
@@ -60,12 +62,7 @@ def read_description(folder: str | os.PathLike, name: str, format: str, version:
         raise FileNotFoundError(f"{folder}: no such directory")
     if not path.exists():
         raise FileNotFoundError(f"{folder}: not a saved {format.rpartition('.')[2]} directory (no {name})")
-    try:
-        spec = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path}: not valid JSON ({err})") from None
-    except RecursionError:
-        raise ValueError(f"{path}: nested too deeply to be a saved description") from None
+    spec = _parse(path)
     if isinstance(spec, dict) and spec.get("format") == format and spec.get("version") != version and what:
         raise ValueError(f"{path}: a {what} of format version {spec.get('version')!r}, which this sessrec does not "
                          f"read (it reads version {version}): {fix}")
@@ -74,6 +71,22 @@ def read_description(folder: str | os.PathLike, name: str, format: str, version:
         raise ValueError(f"{path}: format {found} is not {format!r} version {version}")
     check_parts(folder, spec.get("parts", {}), path)
     return spec
+
+
+def check_folder(folder: str | os.PathLike) -> None:
+    """Refuse a saved folder whose parts are not those its description (``config.json`` or
+    ``pipeline.json``, `DESCRIPTIONS`) records, in one line naming the part; what the description
+    says is not read here (its loader reads it)."""
+    folder = Path(folder)
+    for name in DESCRIPTIONS:
+        path = folder / name
+        if path.is_file():
+            spec = _parse(path)
+            if not isinstance(spec, dict):
+                raise ValueError(f"{path}: a saved description is a JSON object, got {type(spec).__name__}")
+            check_parts(folder, spec.get("parts", {}), path)
+            return
+    raise FileNotFoundError(f"{folder}: holds no {' or '.join(DESCRIPTIONS)}: not a saved model or pipeline")
 
 
 def vocabulary_record(vocab: Any) -> dict[str, Any]:
@@ -110,6 +123,16 @@ def check_parts(folder: Path, parts: Any, source: Path) -> None:
                 f"{part}: does not belong to this directory (its content hash is {found[:19]}..., {source.name} "
                 f"records {str(recorded)[:19]}...): a part from another run or a changed file; save the model again"
             )
+
+
+def _parse(path: Path) -> Any:
+    """The JSON value of a description file; one line naming it when it is not JSON."""
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: not valid JSON ({err})") from None
+    except RecursionError:
+        raise ValueError(f"{path}: nested too deeply to be a saved description") from None
 
 
 def _json_default(value: Any) -> Any:

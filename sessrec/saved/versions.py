@@ -47,13 +47,14 @@ from pathlib import Path
 from typing import Any
 
 from sessrec.saved.atomic import fsync_dir, fsync_tree, normal_modes, write_text
+from sessrec.saved.directory import DESCRIPTIONS, check_folder
 from sessrec.saved.registry import check_integers
 
 POINTER, VERSIONS, LOG, LOCK = "CURRENT", "versions", "promotions.jsonl", ".lock"
 _NAME = re.compile(r"^v(\d{6,})$")
 _STAGING, _TRASH = ".staging-", ".trash-"
 POINTER_EVENTS = ("save", "promote", "rollback")  # log entries that move the pointer
-SAVED_MARKERS = (POINTER, "config.json", "pipeline.json")  # what makes a folder a saved directory
+SAVED_MARKERS = (POINTER, *DESCRIPTIONS)  # what makes a folder a saved directory
 
 
 def resolve(directory: str | os.PathLike) -> Path:
@@ -199,7 +200,13 @@ class VersionedDirectory:
             return name
 
     def promote(self, version: str, record: dict[str, Any] | None = None, event: str = "promote") -> Path:
-        """Log the move to `version` (fsynced), then point at it; returns its folder."""
+        """Log the move to `version` (fsynced), then point at it; returns its folder.
+
+        A promotion or a rollback first checks every part of `version` against the hash its
+        description records (`check_folder`), and refuses a version that fails in one line naming
+        the part and both hashes; the pointer does not move then. A save (`publish`) has just
+        written and hashed its parts.
+        """
         if event not in POINTER_EVENTS:
             raise ValueError(f"event must be one of {POINTER_EVENTS}, got {event!r}")
         with self.lock():
@@ -208,6 +215,8 @@ class VersionedDirectory:
             previous = self.current_version()
             if previous is None and self._plain_files() and version != "v000001":
                 previous = "v000001"  # the plain directory's model, adopted as the first version
+            if event != "save":
+                self._check(version, previous)
             self.log({**(record or {}), "event": event, "version": version, "previous": previous})
             self._point(version)
             self._tidy()
@@ -302,6 +311,14 @@ class VersionedDirectory:
             raise ValueError(f"{self.root}: the version before {current} in the promotion history, {line[-2]}, was "
                              f"deleted when old versions were pruned; give --to one of {self.versions()}")
         return line[-2]
+
+    def _check(self, version: str, current: str | None) -> None:
+        """Refuse to make `version` current when a part of it fails its hash (`check_folder`)."""
+        try:
+            check_folder(self.path(version))
+        except (ValueError, OSError) as err:
+            stays = f"{current} stays current" if current else "the plain directory's model stays current"
+            raise type(err)(f"{err}; {version} is not made current, {stays}") from None
 
     def _point(self, version: str) -> None:
         write_text(self.root / POINTER, version + "\n")

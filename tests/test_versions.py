@@ -263,7 +263,7 @@ def test_a_vocabulary_swapped_or_permuted_is_refused(tmp_path):
         SessionRecommender.from_pretrained(tmp_path / "m")
 
 
-def test_a_vocabulary_whose_hash_was_edited_in_is_refused_by_its_fingerprint(tmp_path):
+def test_a_vocabulary_whose_hash_was_edited_in_is_refused_by_the_description_hash_and_its_fingerprint(tmp_path):
     from sessrec.saved.atomic import digest
 
     tiny_task(0).save_pretrained(tmp_path / "m")
@@ -272,6 +272,9 @@ def test_a_vocabulary_whose_hash_was_edited_in_is_refused_by_its_fingerprint(tmp
     config = json.loads((tmp_path / "m" / "config.json").read_text())
     config["parts"]["vocab.parquet"] = digest(tmp_path / "m" / "vocab.parquet")
     (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="config.json: edited after it was saved"):
+        SessionRecommender.from_pretrained(tmp_path / "m")
+    write_description(tmp_path / "m", "config.json", config)  # its own hash recomputed as well
     with pytest.raises(ValueError, match="is not the vocabulary this model was trained with"):
         SessionRecommender.from_pretrained(tmp_path / "m")
 

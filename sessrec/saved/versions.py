@@ -202,10 +202,10 @@ class VersionedDirectory:
     def promote(self, version: str, record: dict[str, Any] | None = None, event: str = "promote") -> Path:
         """Log the move to `version` (fsynced), then point at it; returns its folder.
 
-        A promotion or a rollback first checks every part of `version` against the hash its
-        description records (`check_folder`), and refuses a version that fails in one line naming
-        the part and both hashes; the pointer does not move then. A save (`publish`) has just
-        written and hashed its parts.
+        A promotion or a rollback first checks the description of `version` and every part of it
+        against the hashes the description records (`check_folder`), and refuses a version that
+        fails in one line naming the file and both hashes; the pointer does not move then. A save
+        (`publish`) has just written and hashed its parts.
         """
         if event not in POINTER_EVENTS:
             raise ValueError(f"event must be one of {POINTER_EVENTS}, got {event!r}")
@@ -313,11 +313,11 @@ class VersionedDirectory:
         return line[-2]
 
     def _check(self, version: str, current: str | None) -> None:
-        """Refuse to make `version` current when a part of it fails its hash (`check_folder`)."""
+        """Refuse to make `version` current when its description or a part fails its hash (`check_folder`)."""
         try:
             check_folder(self.path(version))
         except (ValueError, OSError) as err:
-            stays = f"{current} stays current" if current else "the plain directory's model stays current"
+            stays = f"{current} stays current" if current else "the current model stays as it is"
             raise type(err)(f"{err}; {version} is not made current, {stays}") from None
 
     def _point(self, version: str) -> None:

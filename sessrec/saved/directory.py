@@ -73,8 +73,8 @@ def check_content_hash(spec: dict[str, Any], path: Path) -> None:
     """Refuse a description (read from `path`) whose content is not what its ``"hash"`` records."""
     recorded = spec.get(HASH)
     if not isinstance(recorded, str):
-        raise ValueError(f"{path}: records no content hash of itself ({HASH!r}): not written by save_pretrained; "
-                         "save the model again")
+        raise ValueError(  # noqa: TRY004 - a file's content, not an argument
+            f"{path}: records no content hash of itself ({HASH!r}): not written by save_pretrained; save the model again")
     try:
         found = content_hash(spec)
     except RecursionError:
@@ -118,7 +118,7 @@ def check_folder(folder: str | os.PathLike) -> None:
         if path.is_file():
             spec = _parse(path)
             if not isinstance(spec, dict):
-                raise ValueError(f"{path}: a saved description is a JSON object, got {type(spec).__name__}")  # noqa: TRY004
+                raise ValueError(f"{path}: a saved description is a JSON object, got {type(spec).__name__}")
             check_content_hash(spec, path)
             check_parts(folder, spec.get("parts", {}), path)
             return

@@ -271,8 +271,13 @@ def test_export_and_rollback_run_from_their_flags(tmp_path, capsys):
 
     from sessrec.data import ItemVocab
     from sessrec.models import CausalLanguageModeling, GRU4RecEncoder
+    from sessrec.saved.directory import describe, write_description
     from sessrec.saved.versions import VersionedDirectory
     from sessrec.tasks import NextItemTask
+
+    def write(folder, text):  # a saved folder of one part and its description
+        (folder / "part.txt").write_text(text)
+        write_description(folder, "config.json", describe(folder, {"format": "test"}, ["part.txt"]))
 
     vocab = ItemVocab(pa.array(np.arange(100, 130)), np.arange(30, 0, -1))
     task = NextItemTask(num_items=len(vocab), max_length=8, encoder=GRU4RecEncoder(d_model=8),
@@ -285,7 +290,7 @@ def test_export_and_rollback_run_from_their_flags(tmp_path, capsys):
 
     store = VersionedDirectory(tmp_path / "versions")
     for text in ("one", "two"):
-        store.publish(lambda folder, text=text: (folder / "part.txt").write_text(text))
+        store.publish(lambda folder, text=text: write(folder, text))
     config = tmp_path / "rollback.yaml"
     config.write_text(f"model_dir: {store.root}\n")
     assert run(["rollback", "--config", str(config)]) == "v000001"

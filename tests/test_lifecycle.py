@@ -17,7 +17,7 @@ import pytorch_lightning as pl
 import torch
 import yaml
 
-from sessrec.artifacts import ClickRanker, SessionRecommender
+from sessrec.artifacts import ClickRanker, SessionRecommender, load_artifact
 from sessrec.cli import cli
 from sessrec.data import ItemVocab, Schema, TimeWindowSource, generate_sessions
 from sessrec.data.loader import SessionLoader
@@ -115,9 +115,25 @@ def test_fit_writes_the_model_directory_of_the_best_checkpoint(fitted):
     items = torch.tensor([[0, 2, 3, 4], [9, 8, 7, 6]])
     torch.testing.assert_close(recommender.scores(items), best.model(items, best.objective))
     config = json.loads((run / "model" / "config.json").read_text())
-    assert config["format"] == "sessrec.model" and config["version"] == 4 and "task" not in config
+    assert config["format"] == "sessrec.model" and config["version"] == 5 and "task" not in config
     assert config["model"]["init_args"]["num_items"] == len(recommender.vocab) and recommender.vocab == fit.datamodule.vocab
     assert not (run / "checkpoints" / "vocab.parquet").exists()  # the vocabulary is stored once: in the model directory
+
+
+def test_a_fit_records_the_network_once_and_every_loader_builds_it_from_there(fitted):
+    """The served recommender (`load_recommender`) and the task that evaluates and retrains
+    (`NextItemTask.from_recommender` of `load_artifact`) read the one ``model`` section and agree."""
+    run, _, _ = fitted
+    text = (run / "model" / "config.json").read_text()
+    config = json.loads(text)
+    assert text.count('"sessrec.models.xlnet.XLNetEncoder"') == 1 and text.count('"d_model"') == 1
+    assert config["model"]["init_args"]["encoder"]["init_args"]["d_model"] == 16
+    served = load_recommender(run / "model")
+    task = NextItemTask.from_recommender(load_artifact(run / "model")).eval()
+    assert task.hparams["encoder"] == config["model"]["init_args"]["encoder"]
+    items = torch.tensor([[0, 2, 3, 4], [9, 8, 7, 6]])
+    with torch.no_grad():
+        torch.testing.assert_close(task.model(items, task.objective), served.recommender.scores(items), rtol=0, atol=0)
 
 
 @pytest.mark.slow

@@ -45,6 +45,7 @@ from sessrec.pipeline.scoring import BlendScorer, DLRMScorer, GBDTScorer
 from sessrec.pipeline_training import fitting
 from sessrec.pipeline_training.recipe import BaselineRetrieval, ModelRetrieval, PipelineRecipe, index_sessions
 from sessrec.saved import versions
+from sessrec.saved.directory import write_description
 from sessrec.saved.registry import ConfigError, config_of
 from sessrec.tasks import NextItemTask, SessionDataModule
 
@@ -223,7 +224,7 @@ def test_saved_pipeline_recommends_identically(world: World, tmp_path: Path, sco
     assert not [n for n in names if n.endswith((".pkl", ".pickle", ".pt", ".ckpt"))]
     assert {"pipeline.json", "vocab.parquet", "features.safetensors", "scorer.safetensors"} <= set(names)
     spec = json.loads((directory / "pipeline.json").read_text())
-    assert spec["version"] == 3 and spec["scorer"]["config"] == config_of(pipe.scorer)
+    assert spec["version"] == 4 and spec["scorer"]["config"] == config_of(pipe.scorer)
     index = spec["retrievers"][0]["config"]["init_args"]["index"]
     assert (index["class_path"], index["init_args"]["kind"]) == ("sessrec.pipeline.retrieval.index.FaissIndex", "hnsw")
     assert spec["features"]["state"]["names"] == pipe.features.names
@@ -542,11 +543,11 @@ def with_data(world: World, directory: Path, **changes) -> Path:
 
 
 def edit_data(directory: Path, data: object) -> None:
-    """Put `data` as the data section of the current version of a model directory (config.json is not hashed)."""
-    path = versions.resolve(directory) / "config.json"
-    config = json.loads(path.read_text())
+    """Put `data` as the data section of the current version of a model directory (its content hash recomputed)."""
+    folder = versions.resolve(directory)
+    config = json.loads((folder / "config.json").read_text())
     config["data"] = data
-    path.write_text(json.dumps(config))
+    write_description(folder, "config.json", config)
 
 
 def fitted_metrics(recipe: PipelineRecipe) -> dict[str, float]:

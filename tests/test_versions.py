@@ -15,6 +15,7 @@ from sessrec.artifacts import SessionRecommender
 from sessrec.data import ItemVocab
 from sessrec.models import CausalLanguageModeling, GRU4RecEncoder
 from sessrec.saved import versions
+from sessrec.saved.directory import describe, write_description
 from sessrec.saved.versions import VersionedDirectory, resolve, write_directory
 from sessrec.tasks import NextItemTask
 
@@ -36,11 +37,17 @@ def weights_of(directory) -> torch.Tensor:
 
 
 def write_file(text: str):
-    return lambda folder: (folder / "config.json").write_text(text)
+    """A writer of a saved folder of one part, ``part.txt`` holding `text`, and its description."""
+
+    def write(folder):
+        (folder / "part.txt").write_text(text)
+        write_description(folder, "config.json", describe(folder, {"format": "test"}, ["part.txt"]))
+
+    return write
 
 
 def read_part(root) -> str:
-    return (resolve(root) / "config.json").read_text()
+    return (resolve(root) / "part.txt").read_text()
 
 
 # -- the store ----------------------------------------------------------------------------------
@@ -68,18 +75,19 @@ def test_rollback_goes_back_one_version_or_to_the_one_named(tmp_path):
         store.rollback(to="v000003")
 
 
-def test_old_versions_are_pruned_but_the_current_previous_and_best_stay(tmp_path):
+def test_old_versions_are_pruned_but_the_current_the_history_before_it_and_the_best_stay(tmp_path):
     store = VersionedDirectory(tmp_path / "m", keep=2)
     store.publish(write_file("one"))
     store.log({"event": "decision", "best": "v000001"})
     for text in ("two", "three", "four", "five"):
         store.publish(write_file(text))
-    assert store.versions() == ["v000001", "v000004", "v000005"]  # the best, the newest two (v000004 also the previous)
+    assert store.versions() == ["v000001", "v000003", "v000004", "v000005"]  # the best, the current and the 2 before it
     store.log({"event": "decision", "best": "v000004"})
     store.publish(write_file("six"))
+    store.rollback()
     store.log({"event": "decision", "best": "v000004"})
-    store.publish(write_file("seven"))
-    assert set(store.versions()) == {"v000004", "v000006", "v000007"}
+    store.publish(write_file("seven"))  # the history: ... v000004 v000005 v000007; v000006 was rolled back from
+    assert store.versions() == ["v000004", "v000005", "v000006", "v000007"]  # v000006 among the newest 2
     assert not [p for p in store.root.iterdir() if p.name.startswith(".trash")]
 
 
@@ -255,7 +263,7 @@ def test_a_vocabulary_swapped_or_permuted_is_refused(tmp_path):
         SessionRecommender.from_pretrained(tmp_path / "m")
 
 
-def test_a_vocabulary_whose_hash_was_edited_in_is_refused_by_its_fingerprint(tmp_path):
+def test_a_vocabulary_whose_hash_was_edited_in_is_refused_by_the_description_hash_and_its_fingerprint(tmp_path):
     from sessrec.saved.atomic import digest
 
     tiny_task(0).save_pretrained(tmp_path / "m")
@@ -264,6 +272,9 @@ def test_a_vocabulary_whose_hash_was_edited_in_is_refused_by_its_fingerprint(tmp
     config = json.loads((tmp_path / "m" / "config.json").read_text())
     config["parts"]["vocab.parquet"] = digest(tmp_path / "m" / "vocab.parquet")
     (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="config.json: edited after it was saved"):
+        SessionRecommender.from_pretrained(tmp_path / "m")
+    write_description(tmp_path / "m", "config.json", config)  # its own hash recomputed as well
     with pytest.raises(ValueError, match="is not the vocabulary this model was trained with"):
         SessionRecommender.from_pretrained(tmp_path / "m")
 
@@ -369,3 +380,135 @@ def test_saved_files_take_the_mode_of_the_umask_not_0600(tmp_path, mask):
     for path in paths:
         expected = (0o777 if path.is_dir() else 0o666) & ~mask
         assert path.stat().st_mode & 0o777 == expected, f"{path}: {oct(path.stat().st_mode & 0o777)}"
+
+
+# -- walking the promotion history ----------------------------------------------------------------
+
+def test_two_rollbacks_walk_two_steps_back(tmp_path):
+    store = VersionedDirectory(tmp_path / "m")
+    for text in ("one", "two", "three"):
+        store.publish(write_file(text))
+    assert store.rollback() == "v000002" and read_part(store.root) == "two"
+    assert store.rollback() == "v000001" and read_part(store.root) == "one"
+    assert store.current_version() == "v000001"
+
+
+def test_rolling_back_past_the_first_version_is_refused_in_one_line(tmp_path):
+    store = VersionedDirectory(tmp_path / "m")
+    for text in ("one", "two"):
+        store.publish(write_file(text))
+    store.rollback()
+    with pytest.raises(ValueError) as info:
+        store.rollback()
+    assert str(info.value) == (f"{store.root}: v000001 is the first version of its promotion history: there is no "
+                               "version before it to roll back to")
+    assert store.current_version() == "v000001" and read_part(store.root) == "one"
+
+
+def test_a_promotion_after_rollbacks_starts_from_the_version_rolled_back_to(tmp_path):
+    """v1 v2 v3, two rollbacks (v1), a promotion of v4: the history is v1 v4, and v2 v3 are out of it."""
+    store = VersionedDirectory(tmp_path / "m")
+    for text in ("one", "two", "three"):
+        store.publish(write_file(text))
+    store.rollback()
+    store.rollback()
+    store.publish(write_file("four"))
+    assert store.rollback() == "v000001" and read_part(store.root) == "one"
+    with pytest.raises(ValueError, match="v000001 is the first version of its promotion history"):
+        store.rollback()
+    store.publish(write_file("five"))
+    assert store.line() == ["v000001", "v000005"]
+
+
+def test_rollback_to_a_version_of_the_history_walks_there_and_to_another_makes_it_current(tmp_path):
+    store = VersionedDirectory(tmp_path / "m")
+    for text in ("one", "two", "three", "four"):
+        store.publish(write_file(text))
+    assert store.rollback(to="v000002") == "v000002"
+    assert store.rollback(to="v000004") == "v000004"
+    assert store.rollback() == "v000002" and store.rollback() == "v000001"  # v000003 is out of the history
+    assert store.line() == ["v000001"]
+
+
+def test_the_walk_back_keeps_its_versions_and_refuses_one_that_was_pruned(tmp_path):
+    store = VersionedDirectory(tmp_path / "m", keep=2)
+    for text in ("one", "two", "three", "four", "five"):
+        store.publish(write_file(text))
+    assert store.versions() == ["v000003", "v000004", "v000005"]  # the current one and the two before it
+    assert store.rollback() == "v000004" and store.rollback() == "v000003"
+    with pytest.raises(ValueError, match=r"the version before v000003 in the promotion history, v000002, was deleted "
+                                         r"when old versions were pruned; give --to one of \['v000003', 'v000004', "
+                                         r"'v000005'\]$"):
+        store.rollback()
+
+
+# -- a version must be whole before it is made current ----------------------------------------------
+
+def test_a_tampered_version_is_refused_by_rollback_naming_the_part_and_both_hashes(tmp_path):
+    from sessrec.cli import run
+    from sessrec.saved.atomic import digest
+
+    root = tmp_path / "m"
+    tiny_task(0).save_pretrained(root)
+    tiny_task(1).save_pretrained(root)
+    tiny_task(2).save_pretrained(tmp_path / "other")
+    recorded = digest(root / "versions" / "v000001" / "model.safetensors")
+    part = root / "versions" / "v000001" / "model.safetensors"
+    part.unlink()  # a hard link of the first save's file: replaced, not written through
+    shutil.copy(tmp_path / "other" / "model.safetensors", part)
+    found = digest(part)
+    for roll in (lambda: VersionedDirectory(root).rollback(), lambda: run(["rollback", "--model_dir", str(root)])):
+        with pytest.raises(ValueError) as info:
+            roll()
+        message = str(info.value)
+        assert message.startswith(f"{part}: does not belong to this directory") and "\n" not in message, message
+        assert found[:19] in message and recorded[:19] in message and "v000002 stays current" in message, message
+    assert versions.current_version(root) == "v000002"
+    assert torch.equal(weights_of(root), tiny_task(1).model.item_embedding.weight.detach())
+
+
+def test_a_version_whose_description_was_edited_is_refused_by_promote(tmp_path):
+    root = tmp_path / "m"
+    tiny_task(0).save_pretrained(root)
+    store = VersionedDirectory(root)
+    version = store.add(lambda folder: shutil.copytree(root, folder, dirs_exist_ok=True,
+                                                        ignore=shutil.ignore_patterns("versions", "promotions.jsonl", ".lock")))
+    config = store.path(version) / "config.json"
+    edited = json.loads(config.read_text())
+    edited["model"]["init_args"]["score_scale"] = 2.0
+    config.write_text(json.dumps(edited))
+    with pytest.raises(ValueError, match=rf"^{config}: edited after it was saved"):
+        store.promote(version)
+    assert store.current_version() is None and not any(e.get("version") == version and e["event"] == "promote"
+                                                       for e in store.history())
+
+
+# -- the description is covered by a hash -------------------------------------------------------------
+
+def test_an_edited_config_json_is_refused_at_load_naming_the_file(tmp_path):
+    from sessrec.serving.recommender import load_recommender
+
+    path = tiny_task(0).save_pretrained(tmp_path / "m")
+    config = json.loads((path / "config.json").read_text())
+    config["model"]["init_args"]["score_scale"] = 2.0
+    (path / "config.json").write_text(json.dumps(config, indent=1))
+    for load in (SessionRecommender.from_pretrained, load_recommender):
+        with pytest.raises(ValueError) as info:
+            load(path)
+        message = str(info.value)
+        assert message.startswith(f"{path / 'config.json'}: edited after it was saved (its content hash is sha256:")
+        assert "\n" not in message, message
+
+
+def test_a_description_rewritten_with_other_spacing_or_key_order_still_loads(tmp_path):
+    path = tiny_task(0).save_pretrained(tmp_path / "m")
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps(dict(reversed(list(config.items())))))
+    assert torch.equal(weights_of(path), tiny_task(0).model.item_embedding.weight.detach())
+
+
+def test_a_features_file_the_description_does_not_list_is_refused(tmp_path):
+    path = tiny_task(0).save_pretrained(tmp_path / "m")
+    (path / "features.npz").write_bytes(b"not listed")
+    with pytest.raises(ValueError, match=rf"^{path / 'features.npz'}: is not a part that config.json lists"):
+        SessionRecommender.from_pretrained(path)

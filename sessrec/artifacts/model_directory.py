@@ -2,15 +2,18 @@
 
 A model directory::
 
-    config.json         {"format": "sessrec.model", "version": 4, <the artifact's sections>,
-                         "vocab": {"fingerprint", "rows"}, "parts": {file name: content hash}}
+    config.json         {"format": "sessrec.model", "version": 5, <the artifact's sections>,
+                         "vocab": {"fingerprint", "rows"}, "parts": {file name: content hash},
+                         "hash": the content hash of everything above}
     model.safetensors   the weights: the network's tensors under ``model.``, an objective's own under ``objective.``
     vocab.parquet       raw ids <-> model ids (`ItemVocab`, or `RankingVocab` for a click ranker)
     features.npz        fitted side-feature transforms, when the model reads side features
 
-``config.json`` is written last and records the content hash of every other file and the
-fingerprint of the vocabulary the weights were trained with, so loading refuses a part that does
-not belong (`sessrec.saved.directory`). Saving again into the same directory adds a version and
+``config.json`` is written last and records the content hash of every other file, the
+fingerprint of the vocabulary the weights were trained with and its own content hash, so loading
+refuses a part that does not belong, an edited ``config.json``, and any of the files above that
+``config.json`` does not list (`sessrec.saved.directory`). The network is recorded once, in the
+``model`` section, which every loader reads. Saving again into the same directory adds a version and
 moves its pointer (`sessrec.saved.versions`). A directory of another format version is refused in
 one line: retrain it with ``sessrec fit``, which writes this version.
 """
@@ -38,7 +41,7 @@ from sessrec.saved.directory import (
 )
 from sessrec.saved.registry import config_of
 
-FORMAT, VERSION = "sessrec.model", 4
+FORMAT, VERSION = "sessrec.model", 5
 CONFIG, WEIGHTS, VOCAB, FEATURES = "config.json", "model.safetensors", "vocab.parquet", "features.npz"
 NETWORK, OBJECTIVE = "model.", "objective."  # the weight keys' prefixes
 
@@ -128,7 +131,8 @@ def read_model_directory(directory: str | os.PathLike) -> tuple[Path, dict[str, 
     """The folder of a model directory's current version and its checked ``config.json``.
 
     A directory of another format version is refused in one line naming the file and its version;
-    a missing part, or one whose content hash differs, in one line naming the part.
+    an edited ``config.json``, a missing part, one whose content hash differs or one that
+    ``config.json`` does not list, in one line naming the file.
     """
     folder = versions.resolve(directory)
     config = read_description(folder, CONFIG, FORMAT, VERSION, "model directory",
@@ -136,6 +140,10 @@ def read_model_directory(directory: str | os.PathLike) -> tuple[Path, dict[str, 
     for name in (WEIGHTS, VOCAB):
         if not (folder / name).exists():
             raise FileNotFoundError(f"{folder}: the model directory lacks {name}")
+    for name in (WEIGHTS, VOCAB, FEATURES):
+        if (folder / name).exists() and name not in config.get("parts", {}):
+            raise ValueError(f"{folder / name}: is not a part that {CONFIG} lists (a file from elsewhere): remove it, "
+                             "or save the model again")
     return folder, config
 
 
@@ -154,8 +162,8 @@ def load_vocab(folder: Path, config: dict[str, Any], load: Callable[[Path], Any]
 
 
 def load_side(folder: Path, config: dict[str, Any]) -> tuple[SideFeatureTransform | None, SideFeatures | None]:
-    """The fitted side-feature transforms and their settings, when the directory holds them."""
-    if not (folder / FEATURES).exists():
+    """The fitted side-feature transforms and their settings, when the directory's parts list them."""
+    if FEATURES not in config.get("parts", {}):
         return None, None
     settings = SideFeatures(**config.get("side_features", {}))
     return SideFeatureTransform.load(folder / FEATURES, settings), settings

@@ -186,7 +186,8 @@ def rollback(model_dir: str, to: str | None = None) -> str:
 
     Args:
         model_dir: a model or pipeline directory with versions.
-        to: the version to make current (e.g. ``v000003``); default: the one current before this one.
+        to: the version to make current (e.g. ``v000003``); default: the one before the current one in the
+            promotion history, so that rollbacks in a row walk back one version each.
 
     Returns:
         The version now current.

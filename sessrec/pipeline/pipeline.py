@@ -22,7 +22,8 @@ the kNN retrievers, fitted feature ops, the ranker): its arrays in the stage's `
 file under their path in the state (``weights/model.item_embedding.weight``), its plain values in
 ``pipeline.json`` (``state``). Loading builds each stage from its config, then calls its
 ``load_state_dict``. ``pipeline.json`` is written last and records the content hash of every
-other file and the vocabulary's fingerprint, so a part from another run is refused when loaded;
+other file, the vocabulary's fingerprint and its own content hash, so a part from another run or
+an edited ``pipeline.json`` is refused when loaded;
 saving again into the same directory adds a version (`sessrec.saved.versions`). Loading builds
 only registered classes (`sessrec.saved.registry`) and unpickles nothing; a pipeline of another
 format version is refused in one line (fit it again with ``sessrec fit``).
@@ -67,7 +68,7 @@ from sessrec.saved.directory import (
 )
 from sessrec.saved.registry import ConfigError, config_of, instantiate
 
-FORMAT, VERSION = "sessrec.pipeline", 3
+FORMAT, VERSION = "sessrec.pipeline", 4
 AnyFilter = SeenItemsFilter | NonProductFilter | ItemTableFilter
 SEP = "/"  # joins the keys of a state's nested dicts into the names of its arrays
 

@@ -19,8 +19,17 @@ one, never a mix: before the rename a staging folder that nobody reads; after it
 version that the pointer names or not; between the log and the pointer, a log that is one step
 ahead, which `recover` (run by every writer before it writes) completes.
 
-Old versions are kept up to `keep`, and never the current one, the one before it (the rollback
-target) or the best promoted so far (the ``best`` the log names last).
+The promotion history (`VersionedDirectory.line`) is read from the log: every save and promotion
+puts its version on top, every rollback takes versions off down to the one it makes current. A
+rollback without a target therefore walks one step back each time (v3, v2, v1), and refuses in one
+line at the first version; a promotion after rollbacks goes on from the version rolled back to, and
+the versions rolled back from are out of the history (still reachable by ``rollback(to=...)`` while
+they are kept). ``rollback(to=V)`` walks back to V when V is in the history, and otherwise puts V on
+top, as a promotion would.
+
+Old versions are kept up to `keep`, and never the current one, the `keep` before it in the
+promotion history (where a rollback walks) or the best promoted so far (the ``best`` the log names
+last).
 """
 
 from __future__ import annotations
@@ -38,13 +47,14 @@ from pathlib import Path
 from typing import Any
 
 from sessrec.saved.atomic import fsync_dir, fsync_tree, normal_modes, write_text
+from sessrec.saved.directory import DESCRIPTIONS, check_folder
 from sessrec.saved.registry import check_integers
 
 POINTER, VERSIONS, LOG, LOCK = "CURRENT", "versions", "promotions.jsonl", ".lock"
 _NAME = re.compile(r"^v(\d{6,})$")
 _STAGING, _TRASH = ".staging-", ".trash-"
 POINTER_EVENTS = ("save", "promote", "rollback")  # log entries that move the pointer
-SAVED_MARKERS = (POINTER, "config.json", "pipeline.json")  # what makes a folder a saved directory
+SAVED_MARKERS = (POINTER, *DESCRIPTIONS)  # what makes a folder a saved directory
 
 
 def resolve(directory: str | os.PathLike) -> Path:
@@ -115,8 +125,8 @@ class VersionedDirectory:
 
     Args:
         root: the directory (created when missing).
-        keep: versions kept at least (the newest ones); the current one, the one before it and
-            the best promoted are kept besides.
+        keep: versions kept at least (the newest ones); the current one, the `keep` before it in
+            the promotion history and the best promoted are kept besides.
     """
 
     def __init__(self, root: str | os.PathLike, keep: int = 5) -> None:
@@ -190,7 +200,13 @@ class VersionedDirectory:
             return name
 
     def promote(self, version: str, record: dict[str, Any] | None = None, event: str = "promote") -> Path:
-        """Log the move to `version` (fsynced), then point at it; returns its folder."""
+        """Log the move to `version` (fsynced), then point at it; returns its folder.
+
+        A promotion or a rollback first checks the description of `version` and every part of it
+        against the hashes the description records (`check_folder`), and refuses a version that
+        fails in one line naming the file and both hashes; the pointer does not move then. A save
+        (`publish`) has just written and hashed its parts.
+        """
         if event not in POINTER_EVENTS:
             raise ValueError(f"event must be one of {POINTER_EVENTS}, got {event!r}")
         with self.lock():
@@ -199,6 +215,8 @@ class VersionedDirectory:
             previous = self.current_version()
             if previous is None and self._plain_files() and version != "v000001":
                 previous = "v000001"  # the plain directory's model, adopted as the first version
+            if event != "save":
+                self._check(version, previous)
             self.log({**(record or {}), "event": event, "version": version, "previous": previous})
             self._point(version)
             self._tidy()
@@ -245,8 +263,25 @@ class VersionedDirectory:
                 self._remove_adopted()
             return self.current_version()
 
+    def line(self) -> list[str]:
+        """The promotion history, oldest first, its last entry the current version: the versions made
+        current by saves and promotions, less those that rollbacks walked back from (module docstring)."""
+        line: list[str] = []
+        for entry in self.history():
+            if entry.get("event") not in POINTER_EVENTS:
+                continue
+            version, previous = entry.get("version"), entry.get("previous")
+            if not line and previous is not None:
+                line.append(previous)  # the plain directory's model, adopted as the first version
+            if entry["event"] == "rollback" and version in line:
+                del line[len(line) - line[::-1].index(version):]
+            elif not line or line[-1] != version:
+                line.append(version)
+        return line
+
     def rollback(self, to: str | None = None) -> str:
-        """Make `to` (default: the version current before this one) current again; returns its name."""
+        """Make `to` current again (default: the version before the current one in the promotion
+        history, `line`); returns its name."""
         if not self.root.is_dir():
             raise FileNotFoundError(f"{self.root}: no such model directory")
         with self.lock():
@@ -254,10 +289,7 @@ class VersionedDirectory:
             if current is None:
                 raise ValueError(f"{self.root}: holds one model and no versions (it was saved once): nothing to roll back to")
             if to is None:
-                moves = [e for e in self.history() if e.get("event") in POINTER_EVENTS and e.get("version") == current]
-                to = moves[-1].get("previous") if moves else None
-                if to is None:
-                    raise ValueError(f"{self.root}: the log names no version before {current}; give --to VERSION")
+                to = self._step_back(current)
             if to not in self.versions():
                 raise ValueError(f"{self.root}: no version {to!r}; it holds {self.versions()}")
             if to == current:
@@ -266,6 +298,28 @@ class VersionedDirectory:
             return to
 
     # -- internals --------------------------------------------------------------------------------
+    def _step_back(self, current: str) -> str:
+        """The version before `current` in the promotion history; one line when there is none to go to."""
+        line = self.line()
+        if not line or line[-1] != current:
+            raise ValueError(f"{self.root}: the promotion history in {LOG} does not end at the current version "
+                             f"{current}; give --to VERSION")
+        if len(line) == 1:
+            raise ValueError(f"{self.root}: {current} is the first version of its promotion history: there is no "
+                             "version before it to roll back to")
+        if line[-2] not in self.versions():
+            raise ValueError(f"{self.root}: the version before {current} in the promotion history, {line[-2]}, was "
+                             f"deleted when old versions were pruned; give --to one of {self.versions()}")
+        return line[-2]
+
+    def _check(self, version: str, current: str | None) -> None:
+        """Refuse to make `version` current when its description or a part fails its hash (`check_folder`)."""
+        try:
+            check_folder(self.path(version))
+        except (ValueError, OSError) as err:
+            stays = f"{current} stays current" if current else "the current model stays as it is"
+            raise type(err)(f"{err}; {version} is not made current, {stays}") from None
+
     def _point(self, version: str) -> None:
         write_text(self.root / POINTER, version + "\n")
 
@@ -305,10 +359,7 @@ class VersionedDirectory:
         self._remove_adopted()
         names = self.versions()
         history = self.history()
-        keep = set(names[-self.keep :]) | {self.current_version()}
-        moves = [e for e in history if e.get("event") in POINTER_EVENTS]
-        if moves:
-            keep.add(moves[-1].get("previous"))
+        keep = set(names[-self.keep :]) | {self.current_version()} | set(self.line()[-self.keep - 1 :])
         best = [e["best"] for e in history if e.get("best")]
         if best:
             keep.add(best[-1])

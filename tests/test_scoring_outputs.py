@@ -243,3 +243,43 @@ def test_a_recommend_refused_on_a_dask_worker_leaves_nothing_behind(world: World
         recommend_file(world.pipeline_dir, world.late_ms, tmp_path / "made" / "recs.parquet", k=4, batch_size=32,
                        partition_batches=1, engine="dask", workers=2)
     assert not list(tmp_path.iterdir())
+
+
+# --------------------------------------------------------------------- the folders other commands write
+def test_export_refuses_an_out_folder_it_cannot_write_before_reading_the_model(world: World, tmp_path: Path,
+                                                                                 sessrec_main, monkeypatch) -> None:
+    import sessrec.lifecycle.export as export
+
+    monkeypatch.setattr(export, "load_artifact", lambda *a: pytest.fail("the model was read before --out was checked"))
+    (tmp_path / "a_file").write_text("kept")
+    for out, message in [
+        ("a_file", "is a file; name a folder"),
+        ("a_file/x", f": {tmp_path / 'a_file'} is a file, not a folder"),
+        (f"{world.model_dir}/exported", f"is inside {world.model_dir}, which the command reads; name another folder"),
+    ]:
+        given = out if out.startswith("/") else f"{tmp_path}/{out}"
+        got = sessrec_main("export", "--model_dir", str(world.model_dir), "--format", "torchscript", "--out", given)
+        assert got == refused("export", f"--out {given}{'' if message.startswith(':') else ' '}{message}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"] and not (world.model_dir / "exported").exists()
+
+
+def test_prepare_never_replaces_what_is_not_a_prepared_dataset_and_leaves_nothing_when_refused(tmp_path: Path) -> None:
+    from sessrec.data import EventLogSource, Schema, prepare
+
+    events = tmp_path / "raw" / "events.parquet"
+    events.parent.mkdir()
+    pq.write_table(pa.table({"sid": np.arange(60) // 3, "item": np.arange(60) % 7, "t": T0 + np.arange(60.0)}), events)
+    source = EventLogSource(str(events), schema=Schema(session_id="sid", item_id="item", timestamp="t"), test_fraction=0.2)
+    with pytest.raises(FileExistsError, match=r"raw: exists and is not a prepared dataset \(no manifest.json\); "
+                                              r"--overwrite replaces a prepared dataset only: choose another --out"):
+        prepare(source, str(events.parent), engine="local", overwrite=True)
+    assert events.exists()  # the folder holding the source's events is not replaced
+    (tmp_path / "a_file").write_text("kept")
+    with pytest.raises(PermissionError, match=r"^--out .*a_file/p: cannot write there \(Not a directory"):
+        prepare(source, str(tmp_path / "a_file" / "p"), engine="local")
+    broken = EventLogSource(str(events), schema=Schema(session_id="sid", item_id="price"), test_fraction=0.2)
+    with pytest.raises(ValueError, match="'price'"):
+        prepare(broken, str(tmp_path / "made" / "deeper" / "p"), engine="local")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "raw"]  # no folder made for the refused run
+    out = prepare(source, str(tmp_path / "made" / "p"), engine="local")
+    assert prepare(source, str(out), engine="local", overwrite=True) == out  # a prepared dataset is replaced

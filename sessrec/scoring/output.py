@@ -78,16 +78,7 @@ class OutputFile:
                 raise ValueError(f"{where} is the input file; name another file for the recommendations")
         if self.path.exists() and not overwrite:
             raise FileExistsError(f"{where} exists; pass {self.flag.replace('output', 'overwrite')} true to replace it")
-        folder = self.path.parent
-        while not folder.exists():
-            folder = folder.parent
-        if not folder.is_dir():
-            raise PermissionError(f"{where}: {folder} is a file, not a folder")
-        try:
-            with tempfile.TemporaryFile(dir=folder, prefix=".sessrec-probe-"):
-                pass
-        except OSError as err:
-            raise PermissionError(f"{where}: cannot write in {folder} ({err.strerror or err})") from None
+        check_writable(self.path.parent, where)
 
     def make_folder(self) -> None:
         """Create the folders missing on the way to the file, remembering which (`remove_made`)."""
@@ -118,6 +109,44 @@ class OutputFile:
                 with pq.ParquetWriter(tmp, schema) as writer:
                     for table in tables:
                         writer.write_table(table.cast(schema))
+
+
+def check_folder(folder: str | os.PathLike, flag: str, inputs: Sequence[str | os.PathLike] = ()) -> None:
+    """Refuse a folder a command writes its files into (``sessrec export --out``), before any work: a
+    file, a folder that cannot be written (`check_writable`), one of `inputs` or a folder inside one
+    (a model directory). The files it holds of another run are replaced; missing folders are created.
+
+    Raises:
+        ValueError: `folder` is one of `inputs` or inside one.
+        PermissionError: `folder` is a file or cannot be written.
+    """
+    where, path = f"{flag} {os.fspath(folder)}", Path(folder).absolute()
+    if path.exists() and not path.is_dir():
+        raise PermissionError(f"{where} is a file; name a folder")
+    for given in inputs:
+        root = Path(given).absolute()
+        if path == root or root in path.parents or (path.exists() and os.path.samefile(path, root)):
+            raise ValueError(f"{where} is inside {given}, which the command reads; name another folder")
+    check_writable(path, where)
+
+
+def check_writable(folder: Path, where: str) -> None:
+    """Refuse `folder` (missing folders on the way are created later) when the nearest existing folder
+    on its way is a file, or refuses a new file (tried by creating and removing one).
+
+    Raises:
+        PermissionError: one line starting with `where`.
+    """
+    existing = folder
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise PermissionError(f"{where}: {existing} is a file, not a folder")
+    try:
+        with tempfile.TemporaryFile(dir=existing, prefix=".sessrec-probe-"):
+            pass
+    except OSError as err:
+        raise PermissionError(f"{where}: cannot write in {existing} ({err.strerror or err})") from None
 
 
 def long_table(table: pa.Table) -> pa.Table:

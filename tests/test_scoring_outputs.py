@@ -248,7 +248,7 @@ def test_a_recommend_refused_on_a_dask_worker_leaves_nothing_behind(world: World
 # --------------------------------------------------------------------- the folders other commands write
 def test_export_refuses_an_out_folder_it_cannot_write_before_reading_the_model(world: World, tmp_path: Path,
                                                                                  sessrec_main, monkeypatch) -> None:
-    import sessrec.lifecycle.export as export
+    from sessrec.lifecycle import export
 
     monkeypatch.setattr(export, "load_artifact", lambda *a: pytest.fail("the model was read before --out was checked"))
     (tmp_path / "a_file").write_text("kept")

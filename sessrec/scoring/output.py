@@ -74,7 +74,8 @@ class OutputFile:
         if self.path.suffix.lower() not in FORMATS:
             raise ValueError(f"{where}: unknown extension {self.path.suffix or '(none)'!r}; {SUPPORTED}")
         for given in inputs:
-            if self.path == Path(given).absolute() or (self.path.exists() and os.path.samefile(self.path, given)):
+            same = self.path.exists() and Path(given).exists() and os.path.samefile(self.path, given)
+            if same or self.path == Path(given).absolute():
                 raise ValueError(f"{where} is the input file; name another file for the recommendations")
         if self.path.exists() and not overwrite:
             raise FileExistsError(f"{where} exists; pass {self.flag.replace('output', 'overwrite')} true to replace it")

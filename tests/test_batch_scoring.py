@@ -184,7 +184,8 @@ def test_an_output_directory_is_refused_before_any_scoring(world: World, tmp_pat
     out = tmp_path / "out"
     out.mkdir()
     got = sessrec_main(*command_args(world, command, out), "--engine", "dask", "--workers", "2")
-    assert got == (f"sessrec {command}: error: --output {out} is a directory; name a file in it (e.g. "
+    flag = "--scoring.output" if command == "predict" else "--output"
+    assert got == (f"sessrec {command}: error: {flag} {out} is a directory; name a file in it (e.g. "
                    f"{out / 'recs.parquet'}) (--traceback for details)")
     assert not list(out.iterdir()) and not out.with_name("out.parts").exists()
 

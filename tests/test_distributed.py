@@ -123,7 +123,9 @@ def test_dlrm_ddp_ends_with_identical_weights_and_refuses_the_fused_optimizer(tm
 @pytest.mark.slow
 def test_predict_on_two_processes_writes_one_output_in_input_order(tmp_path):
     import pyarrow as pa
+    import pyarrow.csv as pacsv
 
+    from sessrec.scoring.output import long_table
     from sessrec.tasks import TopKWriter
 
     pl.seed_everything(0)
@@ -135,16 +137,19 @@ def test_predict_on_two_processes_writes_one_output_in_input_order(tmp_path):
     sessions = [[raw[i] for i in rng.integers(0, len(raw), rng.integers(1, 6))] for _ in range(150)]
     pq.write_table(pa.table({"session_id": list(range(1000, 1150)), "item_id": sessions}), tmp_path / "s.parquet")
     outputs = {}
-    for devices, strategy in ((1, "auto"), (2, "ddp_spawn")):
-        out = tmp_path / f"recs{devices}.parquet"
+    for devices, strategy, name in ((1, "auto", "recs1.parquet"), (2, "ddp_spawn", "recs2.parquet"),
+                                    (2, "ddp_spawn", "recs2.csv")):
         data = SessionDataModule(SyntheticSource(num_sessions=400, num_items=50), max_length=8, eval_batch_size=16,
                                  predict_path=str(tmp_path / "s.parquet"))
         pl.Trainer(accelerator="cpu", devices=devices, strategy=strategy, logger=False, enable_progress_bar=False,
-                   callbacks=[TopKWriter(str(out))]).predict(task, datamodule=data, return_predictions=False)
-        outputs[devices] = pq.read_table(out)
-    assert outputs[2].column("session_id").to_pylist() == list(range(1000, 1150))
-    assert outputs[2].equals(outputs[1])
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["recs1.parquet", "recs2.parquet", "s.parquet"]  # no parts left
+                   callbacks=[TopKWriter(str(tmp_path / name))]).predict(task, datamodule=data, return_predictions=False)
+        outputs[name] = (pacsv.read_csv if name.endswith(".csv") else pq.read_table)(tmp_path / name)
+    assert outputs["recs2.parquet"].column("session_id").to_pylist() == list(range(1000, 1150))
+    assert outputs["recs2.parquet"].equals(outputs["recs1.parquet"])
+    long = long_table(outputs["recs1.parquet"])  # one row per recommendation, in the same order
+    assert outputs["recs2.csv"].column("item_id").equals(long.column("item_id").cast(pa.int64()))
+    assert outputs["recs2.csv"].column("session_id").to_pylist() == long.column("session_id").to_pylist()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["recs1.parquet", "recs2.csv", "recs2.parquet", "s.parquet"]
 
 
 def test_bf16_mixed_precision_trains_on_cpu():

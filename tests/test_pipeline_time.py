@@ -399,7 +399,7 @@ def test_recommend_file_refuses_an_output_it_cannot_write_before_writing_anythin
     cases = [
         (tmp_path / "recs.parquet", 0, r"--k 0: the number of recommendations per session must be 1 or more"),
         (tmp_path / "out", K, r"--output .*out is a directory; name a file in it \(e.g. .*out/recs.parquet\)"),
-        (tmp_path / "recs.txt", K, r"--output .*recs.txt: unknown suffix '.txt'; name a .parquet file .* or a .csv file"),
+        (tmp_path / "recs.txt", K, r"--output .*recs.txt: unknown extension '.txt'; name a .parquet or .pq file .* or a .csv file"),
     ]
     for output, k, message in cases:
         with pytest.raises(ValueError, match=message):

@@ -93,7 +93,8 @@ class SessrecCLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args: object) -> None:
         """Refuse an unknown key of the model, data or trainer in one line naming the closest valid one
         (`check_recipe_keys`), then parse (LightningCLI's); a value the parser refuses is its message on
-        one line."""
+        one line. ``predict``'s output is checked here, before the model or any data is read
+        (`TopKWriter.check`)."""
         if args is None or isinstance(args, (list, tuple)):
             self._args = list(sys.argv[1:] if args is None else args)
             check_recipe_keys(self._args)
@@ -101,6 +102,9 @@ class SessrecCLI(LightningCLI):
             super().parse_arguments(parser, args)
         except ArgumentError as err:  # jsonargparse's tree of every type it tried: one line of it
             raise RecipeError(one_line(err)) from err
+        cfg = self.config.get("predict") if self.config.get("subcommand") == "predict" else None
+        if cfg is not None and cfg.data.init_args.get("predict_path") is not None:
+            TopKWriter(**cfg.scoring.as_dict()).check(cfg.data.init_args.predict_path)
 
     def _parse_ckpt_path(self) -> None:
         """LightningCLI's hook that puts a checkpoint's hyper-parameters over the model's config: ``fit``

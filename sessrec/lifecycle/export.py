@@ -57,6 +57,7 @@ from sessrec.models.dlrm import DLRM
 from sessrec.models.objective import EVENT_TIMES
 from sessrec.models.session_model import next_item_scores
 from sessrec.saved.atomic import atomic_path, write_text
+from sessrec.scoring.output import check_folder
 
 Format = Literal["onnx", "torchscript"]
 FILES = {"onnx": "model.onnx", "torchscript": "model.pt"}
@@ -352,7 +353,12 @@ def export_model_dir(
 
     Returns:
         The path of the model file.
+
+    Raises:
+        ValueError: `out_dir` is `model_dir` or inside it (before the model is read).
+        PermissionError: `out_dir` is a file or cannot be written (before the model is read).
     """
+    check_folder(out_dir, "--out", [model_dir])
     artifact = load_artifact(model_dir)
     if isinstance(artifact, ClickRanker):
         return export_dlrm(artifact, out_dir, format, verify=verify)

@@ -8,7 +8,8 @@ same `Pipeline.recommend_batch` that serves one request, into its own part under
 when complete. The partitions are scored in this process or on the workers of a Dask cluster
 (`sessrec.scoring.Engine`: ``--engine dask``), where each worker reads the pipeline directory once.
 A run that is killed (or whose worker died) leaves complete parts only; the next run with the same
-input, pipeline and settings scores only the other partitions. "The same" is decided by content: the
+input, pipeline and settings scores only the other partitions. A run refused for its input (a bad
+row, a time in the wrong unit) removes its parts: rerun, it would be refused again. "The same" is decided by content: the
 manifest records the input file's content hash and the saved pipeline's (`Pipeline.content_hash`),
 never a path, a size or a time, so a pipeline re-fitted in place or an input rewritten meanwhile
 starts the run over. At the end the parts are joined into ``<output>`` in input order, the same bytes
@@ -40,7 +41,8 @@ from sessrec.pipeline.pipeline import Pipeline
 from sessrec.saved import versions
 from sessrec.saved.atomic import digest
 from sessrec.scoring.engine import Engine, load_once, worker_name
-from sessrec.scoring.parts import PartsFolder, check_output, write_part
+from sessrec.scoring.output import OutputFile
+from sessrec.scoring.parts import PartsFolder, check_settings, write_part
 from sessrec.scoring.predict import summary
 
 LAST_EVENT = "last event"  # the manifest's ``now`` of an input with event times
@@ -65,8 +67,9 @@ def recommend_file(
     Args:
         pipeline: a saved pipeline directory (or a loaded `Pipeline`, with the local engine).
         input_path: sessions file (see `ScoringStream`).
-        output: the file to write: ``.parquet`` (``session_id``, ``item_ids``, ``scores``) or ``.csv``
-            (one row per recommendation: ``session_id``, ``rank``, ``item_id``, ``score``).
+        output: the file to write, its format by its extension (`sessrec.scoring.output`): ``.parquet`` or
+            ``.pq`` (``session_id``, ``item_ids``, ``scores``) or ``.csv`` (one row per recommendation:
+            ``session_id``, ``rank``, ``item_id``, ``score``); missing folders on the way are created.
         k: recommendations per session.
         batch_size: sessions per batch.
         schema: column names of the input; its ``timestamp`` column (in its ``time_unit``), when
@@ -87,22 +90,22 @@ def recommend_file(
         session was served at; None: each at its last event).
 
     Raises:
-        ValueError: `k`, `batch_size` or `partition_batches` below 1, `output` a directory or of another
-            suffix, an engine setting that cannot be honoured (all before anything is written), an
-            implausible `now` or event time (after the year 3000: milliseconds given as seconds), or an
-            input without a time column for a ranker fitted with time features.
+        ValueError: `k`, `batch_size` or `partition_batches` below 1, `output` a directory, of another
+            extension or the input itself, an engine setting that cannot be honoured (all before anything
+            is read or written), an implausible `now` or event time (after the year 3000: milliseconds
+            given as seconds), or an input without a time column for a ranker fitted with time features
+            (a refusal while scoring removes the parts written).
+        FileExistsError: `output` exists and `overwrite` is false (before anything is read).
+        PermissionError: `output` cannot be written there (`OutputFile.check`).
         OSError: the scheduler cannot be reached (one line naming its address).
     """
-    output, input_path = Path(output).absolute(), Path(input_path).absolute()
-    check_output(output, k, batch_size)
-    if isinstance(partition_batches, bool) or not isinstance(partition_batches, int) or partition_batches < 1:
-        raise ValueError(f"--partition_batches {partition_batches}: must be 1 or more")
+    out, input_path = OutputFile(output), Path(input_path).absolute()
+    check_settings(k, batch_size, partition_batches)
+    out.check(overwrite, [input_path])
     run_on = Engine(engine, scheduler, workers)
     if run_on.engine == "dask" and isinstance(pipeline, Pipeline):
         raise ValueError("--engine dask reads the pipeline on every worker from its directory: pass the saved "
                          "directory, not a loaded Pipeline")
-    if output.exists() and not overwrite:
-        raise FileExistsError(f"{output} exists; pass --overwrite true to replace it")
     if now is not None:
         now = float(check_seconds(now, "now"))
     directory = None if isinstance(pipeline, Pipeline) else str(versions.resolve(pipeline).absolute())
@@ -114,7 +117,7 @@ def recommend_file(
     started = time.monotonic()
     settings = {"input": digest(input_path), "pipeline": pipe.content_hash, "k": k, "batch_size": batch_size,
                 "partition_batches": partition_batches, "schema": repr(schema)}
-    parts = PartsFolder(output, {**settings, "now": LAST_EVENT}, reusable=pipe.content_hash is not None, tag="recommend")
+    parts = PartsFolder(out, {**settings, "now": LAST_EVENT}, reusable=pipe.content_hash is not None, tag="recommend")
     if now is None and not stream.times:  # the time the run starts, or the one the run it resumes started at
         recorded = parts.recorded() or {}
         started_at = recorded.get("now")
@@ -129,10 +132,10 @@ def recommend_file(
               f"sessions, {len(partitions) - len(pending)} already written; scoring on {run_on.describe()}")
         job = RecommendJob(directory, pipe.content_hash, str(input_path), schema, batch_size, k, now, str(parts.folder),
                            pipe if runner.client is None else None)
-        records = runner.run(job, pending, str(parts.folder))
+        records = parts.run(lambda: runner.run(job, pending, str(parts.folder)))
     parts.join(len(partitions))
-    counts = {**summary(records, partitions, time.monotonic() - started, output), "now": now}
-    print(f"[recommend] {counts['sessions']} sessions -> {output} ({counts['partitions_written']} partitions scored, "
+    counts = {**summary(records, partitions, time.monotonic() - started, out.path), "now": now}
+    print(f"[recommend] {counts['sessions']} sessions -> {out.path} ({counts['partitions_written']} partitions scored, "
           f"{counts['partitions_resumed']} resumed, {counts['unknown_items']} unknown item ids scored as OOV)")
     return counts
 

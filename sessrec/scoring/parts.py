@@ -2,12 +2,17 @@
 
 The parts of ``<output>`` lie in ``<output>.parts/``: ``part-NNNNNN.parquet`` for partition N of
 the input (`sessrec.data.ScoringStream.partitions`), one row group per batch, each written under a
-temporary name and renamed when complete, so a run that is killed leaves complete parts only.
+temporary name, fsynced and renamed when complete, so a run that is killed leaves complete parts only.
 ``manifest.json`` records what the parts depend on, by content: the input file's hash, the model's
 or pipeline's, every setting that changes a part. A run whose manifest is the one recorded keeps
 the parts there and scores only the others (it resumes); any other starts the folder over. At the
-end the parts are joined in partition order into ``<output>`` (a temporary name, renamed) and
-the folder is removed: every session exactly once, in input order.
+end the parts are joined in partition order into ``<output>`` in its format (`OutputFile`; a
+temporary name, renamed) and the folder is removed: every session exactly once, in input order.
+
+`PartsFolder.run` decides what a failed run leaves: one refused for its input (a `ValueError` or
+`TypeError`: a bad row, a time in the wrong unit) removes the folder and the folders it created, since
+a rerun of the same input would be refused again; one interrupted (killed, a worker lost, a full
+disk) keeps its complete parts for the rerun that resumes from them.
 
 The joined file does not depend on how the input was partitioned: its row groups are the parts'
 row groups, one per batch, and the batches are cut the same way whatever the partitions
@@ -20,38 +25,31 @@ import base64
 import json
 import os
 import shutil
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from sessrec.saved.atomic import write_text
+from sessrec.saved.atomic import fsync_file, write_text
+from sessrec.scoring.output import OutputFile
 
-OUTPUT_SUFFIXES = (".parquet", ".csv")
 MANIFEST = "manifest.json"
+REFUSED = (ValueError, TypeError)  # a run failed for its input: nothing of it is kept
 
 
-def check_output(output: Path, k: int, batch_size: int, suffixes: tuple[str, ...] = OUTPUT_SUFFIXES) -> None:
-    """Refuse settings that cannot give an output, before anything is read or written.
+def check_settings(k: int, batch_size: int, partition_batches: int) -> None:
+    """Refuse counts that cannot give an output, before anything is read or written.
 
     Raises:
-        ValueError: `k` or `batch_size` below 1, `output` a directory, or a suffix other than `suffixes`.
+        ValueError: `k`, `batch_size` or `partition_batches` not an integer of 1 or more.
     """
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"--k {k}: the number of recommendations per session must be 1 or more")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"--batch_size {batch_size}: must be 1 or more")
-    if output.is_dir():
-        raise ValueError(f"--output {output} is a directory; name a file in it (e.g. {output / 'recs.parquet'})")
-    if output.suffix.lower() not in suffixes:
-        kinds = ("a .parquet file (session_id, item_ids, scores)" if suffix == ".parquet" else
-                 "a .csv file (one row per recommendation: session_id, rank, item_id, score)" for suffix in suffixes)
-        raise ValueError(f"--output {output}: unknown suffix {output.suffix or '(none)'!r}; name {' or '.join(kinds)}")
+    for flag, value in (("--k", k), ("--batch_size", batch_size), ("--partition_batches", partition_batches)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            what = "the number of recommendations per session must" if flag == "--k" else "must"
+            raise ValueError(f"{flag} {value}: {what} be 1 or more")
 
 
 class PartsFolder:
@@ -65,9 +63,9 @@ class PartsFolder:
         tag: the command's name in the lines printed (``[recommend]``).
     """
 
-    def __init__(self, output: Path, manifest: dict[str, Any], reusable: bool = True, tag: str = "scoring") -> None:
+    def __init__(self, output: OutputFile, manifest: dict[str, Any], reusable: bool = True, tag: str = "scoring") -> None:
         self.output, self.manifest, self.reusable, self.tag = output, manifest, reusable, tag
-        self.folder = output.with_name(output.name + ".parts")
+        self.folder = output.path.with_name(output.path.name + ".parts")
 
     def recorded(self) -> dict[str, Any] | None:
         """The manifest of the run that wrote the folder (None: no folder, or an unreadable manifest)."""
@@ -79,11 +77,37 @@ class PartsFolder:
 
     def open(self) -> None:
         """Keep the parts of a run with this manifest; start the folder over otherwise."""
+        self.output.make_folder()
         if self.folder.exists() and (not self.reusable or self.recorded() != self.manifest):
             print(f"[{self.tag}] {self.folder}: written by another model, input or settings; starting over")
             shutil.rmtree(self.folder)
-        self.folder.mkdir(parents=True, exist_ok=True)
+        self.folder.mkdir(exist_ok=True)
         write_text(self.folder / MANIFEST, json.dumps(self.manifest))
+
+    def run(self, score: Callable[[], Any]) -> Any:
+        """``score()`` (what writes the parts), then nothing left of a run refused for its input: the
+        folder and the folders the run created are removed on a `REFUSED` error; on any other the
+        complete parts are kept (and named) for the rerun that resumes from them."""
+        try:
+            return score()
+        except REFUSED:
+            self.discard()
+            raise
+        except BaseException:
+            if self.folder.exists():
+                print(f"[{self.tag}] the parts written are kept in {self.folder}: run the same command again to "
+                      "resume from them")
+            raise
+
+    def discard(self) -> None:
+        """Remove the folder, then the folders the run created. Tries again while a Dask task that was
+        running when the run failed still finishes a part (its rename into a removed folder fails)."""
+        for _ in range(50):
+            shutil.rmtree(self.folder, ignore_errors=True)
+            if not self.folder.exists():
+                break
+            time.sleep(0.1)
+        self.output.remove_made()
 
     def part(self, index: int) -> Path:
         return self.folder / f"part-{index:06d}.parquet"
@@ -93,31 +117,24 @@ class PartsFolder:
         return self.part(index).exists()
 
     def join(self, count: int) -> None:
-        """Join parts 0 .. `count` - 1 into the output (parquet row group by row group; CSV one row per
-        recommendation), under a temporary name renamed when complete; then remove the folder."""
+        """Join parts 0 .. `count` - 1 into the output in its format (`OutputFile.write`), row group by
+        row group, under a temporary name renamed when complete; then remove the folder."""
         names = [self.part(i) for i in range(count)]
-        tmp = self.output.with_name(f".{self.output.name}.tmp")
-        try:
-            if self.output.suffix.lower() == ".csv":
-                with pacsv.CSVWriter(tmp, _long(pq.read_table(names[0]).slice(0, 0)).schema) as writer:
-                    for name in names:
-                        writer.write_table(_long(pq.read_table(name)))
-            else:
-                schema = written_schema(pq.ParquetFile(names[0]))
-                with pq.ParquetWriter(tmp, schema) as writer:
-                    for name in names:
-                        part = pq.ParquetFile(name)
-                        for group in range(part.num_row_groups):
-                            writer.write_table(part.read_row_group(group).cast(schema))
-            os.replace(tmp, self.output)
-        finally:
-            tmp.unlink(missing_ok=True)  # only still there when joining failed
+        self.output.write(row_groups(pq.ParquetFile(name) for name in names), written_schema(pq.ParquetFile(names[0])))
         shutil.rmtree(self.folder)
 
 
+def row_groups(files: Iterable[pq.ParquetFile]) -> Iterator[pa.Table]:
+    """The row groups of `files`, file after file."""
+    for file in files:
+        for group in range(file.num_row_groups):
+            yield file.read_row_group(group)
+
+
 def write_part(path: Path, tables: Iterable[pa.Table]) -> int:
-    """Write `tables` to `path`, one row group each, under a temporary name renamed when complete;
-    returns the rows written. Nothing is left at either name when a table fails."""
+    """Write `tables` to `path`, one row group each, under a temporary name fsynced and renamed when
+    complete; returns the rows written. Nothing is left at either name when a table fails. The folder
+    is never created: a part of a run whose folder was removed fails."""
     tmp, writer, rows = path.with_name(path.name + ".tmp"), None, 0
     try:
         for table in tables:
@@ -128,6 +145,7 @@ def write_part(path: Path, tables: Iterable[pa.Table]) -> int:
         if writer is None:
             raise ValueError(f"{path}: a partition without sessions")
         writer.close()
+        fsync_file(tmp)
         os.replace(tmp, path)
     finally:
         if writer is not None:
@@ -142,13 +160,3 @@ def written_schema(file: pq.ParquetFile) -> pa.Schema:
     the joined file keeps the writer's names (the bytes a single process writes)."""
     stored = (file.metadata.metadata or {}).get(b"ARROW:schema")
     return file.schema_arrow if stored is None else pa.ipc.read_schema(pa.py_buffer(base64.b64decode(stored)))
-
-
-def _long(table: pa.Table) -> pa.Table:
-    """One row per recommendation: ``session_id``, ``rank`` (1 = best), ``item_id``, ``score``."""
-    items, scores = table.column("item_ids").combine_chunks(), table.column("scores").combine_chunks()
-    parent = pc.list_parent_indices(items)
-    starts = pc.take(items.offsets, parent)
-    rank = pc.add(pc.subtract(pa.array(np.arange(len(parent), dtype=np.int64)), starts.cast(pa.int64())), 1)
-    return pa.table({"session_id": pc.take(table.column("session_id"), parent), "rank": rank,
-                     "item_id": pc.list_flatten(items), "score": pc.list_flatten(scores)})

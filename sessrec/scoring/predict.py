@@ -33,7 +33,8 @@ from sessrec.models.session_model import next_item_scores
 from sessrec.saved import versions
 from sessrec.saved.atomic import digest
 from sessrec.scoring.engine import Engine, load_once, worker_name
-from sessrec.scoring.parts import PartsFolder, check_output, write_part
+from sessrec.scoring.output import OutputFile
+from sessrec.scoring.parts import PartsFolder, check_settings, write_part
 
 
 def topk_table(keys: pa.Array, items: pa.Array, scores: torch.Tensor) -> pa.Table:
@@ -104,12 +105,14 @@ def predict_file(
     workers: int | None = None,
     partition_batches: int = 8,
 ) -> dict:
-    """Write the top-`k` items of every session of `input_path` to `output` (``session_id``, ``item_ids``, ``scores``).
+    """Write the top-`k` items of every session of `input_path` to `output` (``session_id``, ``item_ids``, ``scores``;
+    in CSV one row per recommendation).
 
     Args:
         model_dir: a session model's directory (``runs/<name>/model``).
         input_path: sessions file (parquet or CSV; `ScoringStream`'s layouts).
-        output: the ``.parquet`` file to write; its parts go to ``<output>.parts/`` until joined.
+        output: the file to write, its format by its extension (`sessrec.scoring.output`: ``.parquet``/``.pq``
+            or ``.csv``); its parts go to ``<output>.parts/`` until joined.
         k: recommendations per session (None: the model's inference setting ``top_k``).
         exclude_seen: never recommend an item of the session (None: the model's inference setting).
         batch_size: sessions per batch.
@@ -127,23 +130,21 @@ def predict_file(
         them and how often each read the model, seconds, output.
 
     Raises:
-        ValueError: a setting below 1, `output` a directory or not ``.parquet``, an engine setting that
-            cannot be honoured, a directory that holds no session model (all before anything is scored);
-            a bad row of the input.
-        OSError: the scheduler cannot be reached (one line naming its address).
+        ValueError: a setting below 1, `output` a directory, of another extension or the input itself, an
+            engine setting that cannot be honoured, a directory that holds no session model (all before
+            anything is read or scored); a bad row of the input (the parts written are removed).
         FileExistsError: `output` exists and `overwrite` is false.
+        PermissionError: `output` cannot be written there (`OutputFile.check`).
+        OSError: the scheduler cannot be reached (one line naming its address).
     """
-    output, input_path = Path(output).absolute(), Path(input_path).absolute()
+    out, input_path = OutputFile(output, "--scoring.output"), Path(input_path).absolute()
+    out.check(overwrite, [input_path])
     run_on = Engine(engine, scheduler, workers)
     folder = versions.resolve(model_dir).absolute()
     recommender = SessionRecommender.from_pretrained(folder)  # refused here, in one line, before any scoring
     k = recommender.inference.top_k if k is None else k
     exclude_seen = recommender.inference.exclude_seen if exclude_seen is None else exclude_seen
-    check_output(output, k, batch_size, suffixes=(".parquet",))
-    if isinstance(partition_batches, bool) or not isinstance(partition_batches, int) or partition_batches < 1:
-        raise ValueError(f"--partition_batches {partition_batches}: must be 1 or more")
-    if output.exists() and not overwrite:
-        raise FileExistsError(f"{output} exists; pass --scoring.overwrite true to replace it")
+    check_settings(k, batch_size, partition_batches)
     identity = digest(folder / "config.json")
     stream = ScoringStream(input_path, recommender.vocab, schema, recommender.inference.max_length, batch_size)
     started = time.monotonic()
@@ -153,16 +154,16 @@ def predict_file(
         partitions = stream.partitions(batch_size * partition_batches)
         manifest = {"input": digest(input_path), "model": identity, "k": k, "exclude_seen": exclude_seen,
                     "batch_size": batch_size, "partition_batches": partition_batches, "schema": repr(schema)}
-        parts = PartsFolder(output, manifest, tag="predict")
+        parts = PartsFolder(out, manifest, tag="predict")
         parts.open()
         pending = [(i, (p.start, p.stop)) for i, p in enumerate(partitions) if not parts.done(i)]
         print(f"[predict] {input_path}: {len(partitions)} partitions of {partition_batches} batches of {batch_size} "
               f"sessions, {len(partitions) - len(pending)} already written; scoring on {run_on.describe()}")
         job = TopKJob(str(folder), identity, str(input_path), schema, batch_size, k, exclude_seen, str(parts.folder))
-        records = runner.run(job, pending, str(parts.folder))
+        records = parts.run(lambda: runner.run(job, pending, str(parts.folder)))
     parts.join(len(partitions))
-    counts = summary(records, partitions, time.monotonic() - started, output)
-    print(f"[predict] wrote {output}: {counts['partitions_written']} partitions scored, {counts['partitions_resumed']} "
+    counts = summary(records, partitions, time.monotonic() - started, out.path)
+    print(f"[predict] wrote {out.path}: {counts['partitions_written']} partitions scored, {counts['partitions_resumed']} "
           f"resumed; {counts['unknown_items']} of {counts['items']} input items of those scored were unknown to the "
           f"model (scored as OOV); model read {sum(counts['loads'].values())} times ({len(counts['loads'])} workers)")
     return counts

@@ -1,7 +1,8 @@
 """Callbacks: the metrics of every validation, progress of prediction, the last checkpoint; write top-K predictions.
 
-`TopKWriter` streams one parquet row group per batch to a temporary file and renames it
-into place when scoring ends, so a failed run leaves nothing at the output path.
+`TopKWriter` streams one parquet row group per batch to a temporary file and writes the output (in
+the format its extension names) under a temporary name renamed into place when scoring ends, so a
+failed run leaves nothing at the output path.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from pytorch_lightning.callbacks import BasePredictionWriter, ModelCheckpoint
 from pytorch_lightning.utilities import rank_zero_info
 
 from sessrec.saved.atomic import atomic_path
+from sessrec.scoring.output import OutputFile
+from sessrec.scoring.parts import written_schema
 from sessrec.scoring.predict import topk_table
 
 
@@ -122,14 +125,19 @@ class LastCheckpoint(ModelCheckpoint):
 
 
 class TopKWriter(BasePredictionWriter):
-    """Write ``session_id``, ``item_ids`` (raw top-K) and ``scores`` per session to parquet.
+    """Write ``session_id``, ``item_ids`` (raw top-K) and ``scores`` per session, in the format the
+    output's extension names (`sessrec.scoring.OutputFile`: ``.parquet``/``.pq``, or ``.csv`` with
+    one row per recommendation).
 
-    Each process writes its batches (one row group each) to a part file beside the output; when
-    scoring ends, rank 0 interleaves the parts back into the input's order (batch i was scored by
-    rank i mod world size), writes the one output under a temporary name and renames it into place.
+    The output is checked (`check`) before the data module or the model is built (``sessrec
+    predict`` calls it first) and again when scoring starts. Each process writes its batches (one
+    parquet row group each) to a part file beside the output; when scoring ends, rank 0 joins the
+    parts into the input's order (batch i was scored by rank i mod world size) under a temporary
+    name renamed into place (a single parquet part is itself renamed). A failed run removes its
+    parts and the folders it created.
 
     Args:
-        output: parquet path; defaults to ``<predict_path stem>.recs.parquet`` beside the input.
+        output: the file to write; defaults to ``<predict_path stem>.recs.parquet`` beside the input.
         overwrite: replace an existing output (refused otherwise, before any scoring).
     """
 
@@ -138,29 +146,36 @@ class TopKWriter(BasePredictionWriter):
         self.output, self.overwrite = output, overwrite
         self._writer: pq.ParquetWriter | None = None
         self._tmp: Path | None = None
-        self._target: Path | None = None
+        self._out: OutputFile | None = None
 
-    def target(self, predict_path: str | Path) -> Path:
-        """The file written for the sessions of `predict_path`: `output`, else ``<stem>.recs.parquet`` beside it."""
+    def target(self, predict_path: str | Path) -> str:
+        """The file written for the sessions of `predict_path`: `output` as given, else
+        ``<stem>.recs.parquet`` beside it."""
         if self.output is not None:
-            return Path(self.output)
+            return self.output
         src = Path(predict_path)
         stem = src.name.split(".")[0]
-        return src.with_name(f"{stem}.recs.parquet")
+        return str(src.with_name(f"{stem}.recs.parquet"))
+
+    def check(self, predict_path: str | Path | None) -> OutputFile:
+        """The output for the sessions of `predict_path`, refused in one line when it cannot be written
+        as named (`OutputFile.check`: a directory, another extension, the input, an existing file
+        without `overwrite`, a folder that cannot be written)."""
+        if predict_path is None:
+            raise ValueError("set --data.predict_path to the sessions file to score")
+        out = OutputFile(self.target(predict_path), "--scoring.output")
+        out.check(self.overwrite, [predict_path])
+        return out
 
     def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._target = self.target(trainer.datamodule.predict_path)
-        if self._target.is_dir():
-            raise ValueError(f"--scoring.output {self._target} is a directory; name a file in it (e.g. "
-                             f"{self._target / 'recs.parquet'})")
-        if self._target.exists() and not self.overwrite:
-            raise FileExistsError(f"{self._target} exists; pass --scoring.overwrite true to replace it")
-        self._target.parent.mkdir(parents=True, exist_ok=True)
+        self._out = self.check(trainer.datamodule.predict_path)
+        self._out.make_folder()
         self._tmp = self._part(trainer.global_rank, trainer.world_size)
         self._writer = None
 
     def _part(self, rank: int, world_size: int) -> Path:
-        return self._target.with_name(f".{self._target.name}.part-{rank}-of-{world_size}")
+        target = self._out.path
+        return target.with_name(f".{target.name}.part-{rank}-of-{world_size}")
 
     def write_on_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, prediction: Any, batch_indices: Any,
@@ -181,20 +196,19 @@ class TopKWriter(BasePredictionWriter):
             written = [part for part in parts if part.exists()]
             if not written:
                 raise ValueError(f"{trainer.datamodule.predict_path}: no sessions to score")
-            if len(written) == 1:  # one process (or one with batches): its part is the output
-                os.replace(written[0], self._target)
+            if len(written) == 1 and self._out.format == "parquet":  # one process (or one with batches): the output
+                with atomic_path(self._out.path) as tmp:
+                    os.replace(written[0], tmp)
             else:
                 files = [pq.ParquetFile(part) for part in written]
-                with atomic_path(self._target) as merged, pq.ParquetWriter(merged, files[0].schema_arrow) as writer:
-                    for group in range(max(f.num_row_groups for f in files)):  # batch i is rank i mod world's
-                        for f in files:
-                            if group < f.num_row_groups:
-                                writer.write_table(f.read_row_group(group))
+                groups = (f.read_row_group(group) for group in range(max(f.num_row_groups for f in files))
+                          for f in files if group < f.num_row_groups)  # batch i is rank i mod world's
+                self._out.write(groups, written_schema(files[0]))
             for part in parts:
                 part.unlink(missing_ok=True)
             stream = trainer.datamodule.scoring_stream
             rank_zero_info(
-                f"sessrec predict: wrote {stream.num_sessions} sessions to {self._target}; "
+                f"sessrec predict: wrote {stream.num_sessions} sessions to {self._out.path}; "
                 f"{stream.num_unknown} of {stream.num_items} input items were unknown to the model (scored as OOV)"
             )
         trainer.strategy.barrier("TopKWriter output")
@@ -203,5 +217,7 @@ class TopKWriter(BasePredictionWriter):
         if self._writer is not None:
             self._writer.close()
             self._writer = None
-        if self._tmp is not None and self._tmp.exists():
-            self._tmp.unlink()
+        if self._tmp is not None:
+            self._tmp.unlink(missing_ok=True)
+        if self._out is not None:
+            self._out.remove_made()

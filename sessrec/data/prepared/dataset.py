@@ -113,9 +113,17 @@ class PreparedWriter:
         self.out, self.layout = Path(out), layout
         if self.out.exists() and not overwrite:
             raise FileExistsError(f"{self.out}: exists; remove it, choose another --out, or pass --overwrite true")
+        if self.out.exists() and not (self.out / MANIFEST).is_file():  # never replace the folder of something else
+            raise FileExistsError(f"{self.out}: exists and is not a prepared dataset (no {MANIFEST}); --overwrite "
+                                  "replaces a prepared dataset only: choose another --out")
         self.tmp = self.out.with_name(f".{self.out.name}.tmp-{os.getpid()}")
+        self.made = [p for p in reversed(self.out.absolute().parents) if not p.exists()]  # removed by `abort`
         shutil.rmtree(self.tmp, ignore_errors=True)
-        self.tmp.mkdir(parents=True)
+        try:
+            self.tmp.mkdir(parents=True)
+        except OSError as err:
+            raise PermissionError(f"--out {out}: cannot write there ({err.strerror or err}: "
+                                  f"{err.filename or self.tmp})") from None
         self.parts: dict[str, list[PartWritten]] = {split: [] for split in SPLITS}
 
     @property
@@ -158,8 +166,14 @@ class PreparedWriter:
         return self.out
 
     def abort(self) -> None:
-        """Remove the temporary directory (nothing is left behind by a failed preparation)."""
+        """Remove the temporary directory and the folders made for it (nothing is left behind by a
+        failed preparation)."""
         shutil.rmtree(self.tmp, ignore_errors=True)
+        for folder in reversed(self.made):
+            try:
+                folder.rmdir()
+            except OSError:  # something else was written there meanwhile: kept
+                break
 
 
 def read_manifest(path: str | os.PathLike) -> dict[str, Any]:

@@ -225,7 +225,7 @@ def test_event_log_max_length_below_two(max_length):
 
 
 def test_event_log_without_a_test_set():
-    with pytest.raises(ValueError, match="needs test_path, test_days or test_fraction"):
+    with pytest.raises(ValueError, match="needs test_path, or one of test_days and test_fraction"):
         EventLogSource("events.parquet")
 
 

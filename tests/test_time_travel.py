@@ -1,0 +1,181 @@
+"""No time travel: splits and retraining windows that go back in time, and empty or negative periods,
+are refused in one line naming the files, the settings and the dates."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from sessrec.data import EventLogSource, SyntheticSource, prepare
+from sessrec.data.sources import SessionSource, SessionSplits
+from sessrec.tasks import SessionDataModule
+
+DAY = 86400.0
+T0 = 1396310400.0  # 2014-04-01T00:00:00Z
+
+
+def write_log(path: Path, days: list[float], first_id: int = 0, per_day: int = 10) -> str:
+    """`per_day` sessions of 3 events (a minute apart) starting on each of `days` (days after T0), each
+    session starting an hour after the one before; ids from `first_id`."""
+    starts = np.array([T0 + d * DAY + k * 3600.0 for d in days for k in range(per_day)])
+    sid = np.repeat(np.arange(first_id, first_id + len(starts)), 3)
+    times = np.repeat(starts, 3) + np.tile([0.0, 60.0, 120.0], len(starts))
+    items = (sid * 7 + np.tile([1, 2, 3], len(starts))) % 13 + 1
+    pq.write_table(pa.table({"session_id": sid, "item_id": items, "timestamp": times}), path)
+    return str(path)
+
+
+def test_the_dates_are_iso_utc():
+    from sessrec.data.sources import iso
+
+    assert iso(T0) == "2014-04-01T00:00:00Z" and iso(T0 + 0.25) == "2014-04-01T00:00:00.250Z"
+
+
+# ------------------------------------------------------------------------- separate split files
+def test_a_test_file_older_than_the_training_file_is_refused_naming_both(tmp_path):
+    train = write_log(tmp_path / "train.parquet", [5, 6, 7])
+    test = write_log(tmp_path / "test.parquet", [1], first_id=100)
+    with pytest.raises(ValueError) as err:
+        EventLogSource(train, test_path=test).load()
+    said = str(err.value)
+    assert "\n" not in said and said.startswith(f"{test}: the test period starts before the training period ends")
+    # its first session ends 2 minutes after 2014-04-02T00:00Z; the last training session (day 7, 9 h, minus the
+    # validation tenth: the 27th of 30 sessions, day 7 at 6 h) ends at 06:02
+    assert "its first session ends 2014-04-02T00:02:00Z" in said
+    assert f"before the last training session (of {train}, training split) ends 2014-04-08T06:02:00Z" in said
+
+
+def test_overlapping_files_are_refused_and_consecutive_ones_accepted(tmp_path):
+    train = write_log(tmp_path / "train.parquet", [0, 1, 2])
+    overlapping = write_log(tmp_path / "overlap.parquet", [2, 3], first_id=100)
+    with pytest.raises(ValueError, match=re.escape(f"{overlapping}: the test period starts before the training period ends: "
+                                                   "its first session ends 2014-04-03T00:02:00Z")):
+        EventLogSource(train, test_path=overlapping, valid_fraction=0.1).load()
+    after = write_log(tmp_path / "after.parquet", [3, 4], first_id=100)
+    splits = EventLogSource(train, test_path=after, valid_fraction=0.1).load()
+    assert (splits.train.num_rows, splits.valid.num_rows, splits.test.num_rows) == (27, 3, 20)
+
+
+def test_a_test_file_may_start_before_training_ends_when_its_sessions_end_after(tmp_path):
+    """The rule is on end times, as day splits assign sessions: a test session that starts before the
+    last training session ends but ends after it is in the test period; equal end times are allowed."""
+    train = write_log(tmp_path / "train.parquet", [0, 1], per_day=2)  # the last session ends day 1, 01:02
+    t = T0 + DAY + 3600.0 + 120.0
+    test = tmp_path / "test.parquet"
+    pq.write_table(pa.table({"session_id": [100, 100, 101, 101], "item_id": [1, 2, 3, 4],
+                             "timestamp": [t - 600.0, t, t - 30.0, t + 30.0]}), test)
+    splits = EventLogSource(train, test_path=str(test), valid_fraction=0.25).load()
+    assert splits.test.num_rows == 2 and splits.train.num_rows == 3
+
+
+def test_a_validation_file_before_the_training_period_is_refused(tmp_path):
+    train = write_log(tmp_path / "train.parquet", [3, 4])
+    valid = write_log(tmp_path / "valid.parquet", [1], first_id=100)
+    with pytest.raises(ValueError, match=re.escape(f"{valid}: the validation period starts before the training period "
+                                                   "ends: its first session ends 2014-04-02T00:02:00Z, before the last "
+                                                   f"training session (of {train}, training split) ends")):
+        EventLogSource(train, valid_path=valid, test_days=1).load()
+
+
+def test_a_test_file_before_the_validation_file_is_refused(tmp_path):
+    train = write_log(tmp_path / "train.parquet", [0])
+    test = write_log(tmp_path / "test.parquet", [1], first_id=100)
+    valid = write_log(tmp_path / "valid.parquet", [2], first_id=200)
+    with pytest.raises(ValueError, match=re.escape(f"{test}: the test period starts before the validation period ends: "
+                                                   "its first session ends 2014-04-02T00:02:00Z, before the last "
+                                                   f"validation session (of {valid}) ends 2014-04-03T09:02:00Z")):
+        EventLogSource(train, test_path=test, valid_path=valid).load()
+
+
+# ------------------------------------------------------------------------- negative and empty periods
+@pytest.mark.parametrize("settings,message", [
+    ({"test_days": 1, "valid_days": -1}, "EventLogSource: valid_days must be a positive number of days, got -1"),
+    ({"test_days": 1, "valid_days": 0}, "EventLogSource: valid_days must be a positive number of days, got 0"),
+    ({"test_days": 0}, "EventLogSource: test_days must be a positive number of days, got 0"),
+    ({"test_days": -2.5}, "EventLogSource: test_days must be a positive number of days, got -2.5"),
+    ({"test_fraction": 0.0}, "EventLogSource: test_fraction must be a share in (0, 1), got 0.0"),
+    ({"test_fraction": 1.0}, "EventLogSource: test_fraction must be a share in (0, 1), got 1.0"),
+    ({"test_days": 1, "valid_fraction": -0.1}, "EventLogSource: valid_fraction must be a share in (0, 1), got -0.1"),
+    ({"test_days": 1, "valid_fraction": None}, "EventLogSource needs valid_path, valid_days or valid_fraction"),
+    ({"test_days": 1, "test_fraction": 0.1}, "EventLogSource needs test_path, or one of test_days and test_fraction"),
+    ({"test_days": None}, "EventLogSource needs test_path, or one of test_days and test_fraction"),
+])
+def test_negative_or_empty_periods_are_refused_when_configured(settings, message):
+    with pytest.raises(ValueError, match="^" + re.escape(message)):
+        EventLogSource("events.parquet", **settings)
+
+
+@pytest.mark.parametrize("settings,message", [
+    ({"valid_days": -1.0}, "SyntheticSource: valid_days must be a positive number of days, got -1.0"),
+    ({"test_days": 0.0}, "SyntheticSource: test_days must be a positive number of days, got 0.0"),
+    ({"test_days": 7.0, "valid_days": 7.0}, "SyntheticSource: test_days 7 and valid_days 7 leave no training day of the 14"),
+])
+def test_synthetic_periods_are_checked_alike(settings, message):
+    with pytest.raises(ValueError, match="^" + re.escape(message)):
+        SyntheticSource(**settings)
+
+
+def test_a_test_period_holding_every_session_names_its_dates(tmp_path):
+    path = write_log(tmp_path / "events.parquet", [0, 1, 2])
+    with pytest.raises(ValueError) as err:
+        EventLogSource(path, test_days=5).load()
+    assert str(err.value) == (
+        f"{path}: no session is left for training: test_days 5 (30 sessions, ending from 2014-04-01T00:02:00Z) and "
+        "valid_fraction 0.1 (0 sessions) hold out all its 30 sessions, which end from 2014-04-01T00:02:00Z to "
+        "2014-04-03T09:02:00Z; shorten those periods"
+    )
+
+
+def test_a_fraction_that_rounds_to_no_session_names_it(tmp_path):
+    path = write_log(tmp_path / "events.parquet", [0, 1, 2])
+    with pytest.raises(ValueError, match="^" + re.escape(f"{path}: the test split is empty: test_fraction 0.01 of its 30 "
+                                                         "sessions rounds to none; lengthen test_fraction")):
+        EventLogSource(path, test_fraction=0.01).load()
+    with pytest.raises(ValueError, match="^" + re.escape(f"{path}: the validation split is empty: valid_fraction 0.01 of "
+                                                         "its 20 sessions rounds to none; lengthen valid_fraction")):
+        EventLogSource(path, test_days=1, valid_fraction=0.01).load()
+
+
+def test_periods_of_days_holding_every_session_name_both(tmp_path):
+    path = write_log(tmp_path / "events.parquet", [0, 5])  # nothing ends on days 1 to 4
+    with pytest.raises(ValueError, match="^" + re.escape(
+            f"{path}: no session is left for training: test_days 2 (10 sessions, ending from 2014-04-06T00:02:00Z) and "
+            "valid_days 1 (10 sessions, ending from 2014-04-01T00:02:00Z) hold out all its 20 sessions")):
+        EventLogSource(path, test_days=2, valid_days=1).load()
+
+
+class EmptyTraining(SessionSource):
+    """A source that hands over an empty training split (as a hand-written source may)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def load(self) -> SessionSplits:
+        sessions = EventLogSource(self.path, test_days=1).sessions(self.path)
+        return SessionSplits(train=sessions.slice(0, 0), valid=sessions, test=sessions, source=self.path)
+
+
+def test_an_empty_training_split_is_named_before_a_model_is_built(tmp_path):
+    path = write_log(tmp_path / "events.parquet", [0, 1, 2])
+    with pytest.raises(ValueError, match="^" + re.escape(f"{path}: no session is left for training: test_days 9")):
+        _ = SessionDataModule(EventLogSource(path, test_days=9), max_length=5).num_items
+    with pytest.raises(ValueError, match="^" + re.escape(f"{path}: the training split holds no session, so there is no "
+                                                         "item to fit the vocabulary on")):
+        _ = SessionDataModule(EmptyTraining(path), max_length=5).num_items
+
+
+@pytest.mark.parametrize("engine", ["memory", "local"])
+def test_prepare_refuses_time_travel_and_empty_splits_before_writing(tmp_path, engine):
+    train = write_log(tmp_path / "train.parquet", [5, 6])
+    test = write_log(tmp_path / "test.parquet", [1], first_id=100)
+    out = tmp_path / "prepared"
+    with pytest.raises(ValueError, match="^" + re.escape(f"{test}: the test period starts before the training period ends")):
+        prepare(EventLogSource(train, test_path=test), str(out), engine=engine)
+    with pytest.raises(ValueError, match="^" + re.escape(f"{train}: no session is left for training: test_days 3")):
+        prepare(EventLogSource(train, test_days=3), str(out), engine=engine)
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["test.parquet", "train.parquet"]

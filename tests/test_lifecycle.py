@@ -118,6 +118,8 @@ def test_fit_writes_the_model_directory_of_the_best_checkpoint(fitted):
     assert config["format"] == "sessrec.model" and config["version"] == 4 and "task" not in config
     assert config["model"]["init_args"]["num_items"] == len(recommender.vocab) and recommender.vocab == fit.datamodule.vocab
     assert not (run / "checkpoints" / "vocab.parquet").exists()  # the vocabulary is stored once: in the model directory
+    train = fit.datamodule.splits.train  # the last event of the training split: where a retrain may start
+    assert config["train_end"] == recommender.train_end == max(max(t) for t in train.column("timestamp").to_pylist())
 
 
 @pytest.mark.slow
@@ -265,7 +267,7 @@ def test_time_windows_split_sessions_by_their_last_event(tmp_path):
     assert (last(splits.train) < mid).all() and (last(splits.valid) < mid).all()
     assert ((last(splits.test) >= mid) & (last(splits.test) < late)).all()
     assert set(splits.train.column("session_id").to_pylist()).isdisjoint(splits.test.column("session_id").to_pylist())
-    with pytest.raises(ValueError, match="train_from < train_until < test_until"):
+    with pytest.raises(ValueError, match="train_from < train_until <= test_from < test_until"):
         TimeWindowSource([str(path)], Schema(), mid, start, late)
     with pytest.raises(ValueError, match="'yesterday' is neither an ISO-8601 date/time nor epoch seconds"):
         TimeWindowSource([str(path)], Schema(), "yesterday", mid, late)
@@ -280,7 +282,9 @@ def test_retrain_promotes_a_good_candidate_and_rejects_a_bad_one(tmp_path):
     pl.Trainer(max_epochs=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                enable_model_summary=False).fit(base, datamodule=data)
     root = tmp_path / "current"
-    base.recommender().save_pretrained(root)
+    served = base.recommender()
+    served.train_end = data.splits.train_end()  # as sessrec fit records it
+    served.save_pretrained(root)
     common = dict(paths=[str(path)], schema=Schema(), max_epochs=1, train_from=mid, train_until=late, test_until=end + 1)
     good = retrain(str(root), out=str(tmp_path / "good"), gate=Gate("recall@20", tolerance=0.05, min_pairs=100), lr=0.005,
                    **common)

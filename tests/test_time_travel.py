@@ -3,6 +3,7 @@ are refused in one line naming the files, the settings and the dates."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -10,9 +11,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from sessrec.data import EventLogSource, SyntheticSource, prepare
 from sessrec.data.sources import SessionSource, SessionSplits
+from sessrec.lifecycle.gate import Gate, check_unseen
+from sessrec.lifecycle.retrain import retrain
+from sessrec.models import CausalLanguageModeling, GRU4RecEncoder
 from sessrec.tasks import SessionDataModule
 
 DAY = 86400.0
@@ -179,3 +184,107 @@ def test_prepare_refuses_time_travel_and_empty_splits_before_writing(tmp_path, e
     with pytest.raises(ValueError, match="^" + re.escape(f"{train}: no session is left for training: test_days 3")):
         prepare(EventLogSource(train, test_days=3), str(out), engine=engine)
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["test.parquet", "train.parquet"]
+
+
+# ------------------------------------------------------------------------- retraining
+def served_model(root: Path, train_end: float | None) -> Path:
+    """An (untrained) GRU4Rec model directory over items 1..13 whose training data ends at `train_end`."""
+    from sessrec.artifacts import SessionRecommender
+    from sessrec.data import ItemVocab
+    from sessrec.tasks import NextItemTask
+
+    torch.manual_seed(0)
+    vocab = ItemVocab.fit(pa.array(np.arange(1, 14)))
+    task = NextItemTask(num_items=len(vocab), max_length=5, encoder=GRU4RecEncoder(d_model=8),
+                        objective=CausalLanguageModeling())
+    task.vocab = vocab
+    recommender = task.recommender()
+    recommender.train_end = train_end
+    recommender.save_pretrained(root)
+    return root
+
+
+def retrain_args(tmp_path: Path, log: str, **window: str) -> dict:
+    return dict(paths=[log], out=str(tmp_path / "candidate"), gate=Gate("recall@20", tolerance=1.0, min_pairs=5),
+                max_epochs=1, batch_size=16, **window)
+
+
+def test_the_recorded_end_round_trips_and_a_bad_one_is_refused(tmp_path):
+    from sessrec.artifacts import SessionRecommender
+
+    root = served_model(tmp_path / "model", T0 + 3 * DAY + 0.5)
+    assert SessionRecommender.from_pretrained(root).train_end == T0 + 3 * DAY + 0.5
+    config = json.loads((root / "config.json").read_text())
+    assert config["train_end"] == T0 + 3 * DAY + 0.5
+
+
+def test_retrain_on_a_window_older_than_the_served_model_is_refused(tmp_path):
+    log = write_log(tmp_path / "events.parquet", list(range(8)))
+    root = served_model(tmp_path / "model", T0 + 5 * DAY + 7200.0)  # trained until 2014-04-06T02:00Z
+    with pytest.raises(ValueError) as err:
+        retrain(str(root), **retrain_args(tmp_path, log, train_from="2014-04-01", train_until="2014-04-04",
+                                          test_until="2014-04-05"))
+    assert str(err.value) == (
+        f"the training window ends 2014-04-04T00:00:00Z, not after the current model's training data "
+        f"(2014-04-06T02:00:00Z, train_end in {root}/config.json): retrain on a later window, or pass --backfill to "
+        "train on an older one"
+    )
+    assert not (tmp_path / "candidate").exists() and not (root / "promotions.jsonl").exists()
+
+
+def test_the_gate_refuses_to_compare_on_sessions_the_served_model_trained_on(tmp_path):
+    log = write_log(tmp_path / "events.parquet", list(range(8)))
+    root = served_model(tmp_path / "model", T0 + 5 * DAY + 7200.0)
+    window = dict(train_from="2014-04-01", train_until="2014-04-04", test_from="2014-04-06", test_until="2014-04-08")
+    with pytest.raises(ValueError, match="^" + re.escape(  # a backfill whose test window starts before 02:00 on the 6th
+            "the test window (--test_from, default --train_until) starts 2014-04-06T00:00:00Z, not after the last event "
+            f"the current model trained on (2014-04-06T02:00:00Z, train_end in {root}/config.json): the gate would "
+            "compare on sessions it trained on; start the window after 2014-04-06T02:00:00Z")):
+        retrain(str(root), backfill=True, **retrain_args(tmp_path, log, **window))
+    assert not (tmp_path / "candidate").exists()
+
+
+def test_the_gate_refuses_a_window_the_best_promoted_trained_on():
+    """After a rollback the best promoted may have trained on later sessions than the current model."""
+    trained = [("the current model", T0, "current/config.json"), ("the best promoted", T0 + DAY, "v2/config.json")]
+    check_unseen("the test window", T0 + DAY + 1, trained)
+    with pytest.raises(ValueError, match="^" + re.escape(
+            "the test window starts 2014-04-02T00:00:00Z, not after the last event the best promoted trained on "
+            "(2014-04-02T00:00:00Z, train_end in v2/config.json)")):
+        check_unseen("the test window", T0 + DAY, trained)
+
+
+def test_a_served_model_that_records_no_training_end_is_refused(tmp_path):
+    log = write_log(tmp_path / "events.parquet", list(range(8)))
+    root = served_model(tmp_path / "model", None)
+    with pytest.raises(ValueError, match="^" + re.escape(f"{root}/config.json: the current model records no train_end")):
+        retrain(str(root), **retrain_args(tmp_path, log, train_from="2014-04-01", train_until="2014-04-07",
+                                          test_until="2014-04-09"))
+
+
+def test_backfill_trains_an_older_window_and_gates_it_on_unseen_sessions(tmp_path):
+    from sessrec.artifacts import SessionRecommender
+
+    log = write_log(tmp_path / "events.parquet", list(range(8)))
+    root = served_model(tmp_path / "model", T0 + 5 * DAY + 7200.0)
+    decision = retrain(str(root), backfill=True, warm_start=False, **retrain_args(
+        tmp_path, log, train_from="2014-04-01", train_until="2014-04-05", test_from="2014-04-07", test_until="2014-04-09"))
+    assert decision["backfill"] and decision["test_window"] == ["2014-04-07", "2014-04-09"]
+    assert decision["current_train_end"] == "2014-04-06T02:00:00Z"
+    assert decision["train_sessions"] == 36 and decision["test_sessions"] == 20  # days 0-3 (a tenth validates); 6-7
+    candidate = SessionRecommender.from_pretrained(tmp_path / "candidate" / "model")
+    assert candidate.train_end == T0 + 3 * DAY + 5 * 3600.0 + 120.0  # the 36th session, 05:02 on the 4th
+    assert decision["promoted"]  # a tolerance of 1: its recorded end is what the next turn reads
+    assert SessionRecommender.from_pretrained(root).train_end == candidate.train_end
+
+
+def test_a_streamed_training_split_ends_where_the_in_memory_one_does(tmp_path):
+    from sessrec.data import PreparedSource
+    from sessrec.data.streaming import StreamedSplits
+
+    log = write_log(tmp_path / "events.parquet", list(range(6)))
+    source = EventLogSource(log, test_days=1, valid_days=1)
+    out = prepare(source, str(tmp_path / "prepared"), engine="local", part_sessions=7, row_group_sessions=3)
+    streamed = StreamedSplits(out, PreparedSource(str(out)).manifest)
+    assert len(streamed.train_files) == 6  # 40 sessions in parts of 7: the maximum is over every part's row groups
+    assert streamed.train_end() == source.load().train_end() == T0 + 3 * DAY + 9 * 3600.0 + 120.0

@@ -48,6 +48,12 @@ class SessionSplits:
                 pq.write_table(getattr(self, name), tmp)
         return directory
 
+    def train_end(self) -> float | None:
+        """Time (epoch seconds) of the training split's last event, the end of the period a model trained on it
+        has seen; None when its sessions carry no timestamps."""
+        end = frame.end_times(self.train)
+        return None if end is None else float(end.max())
+
     def summary(self) -> dict[str, int]:
         return {
             f"{name}_{what}": int(n)
@@ -397,12 +403,13 @@ class UserSequenceSource(SessionSource):
 
 
 class TimeWindowSource(SessionSource):
-    """The sessions of an event log in one time window, tested on the window after it (retraining).
+    """The sessions of an event log in one time window, tested on a window after it (retraining).
 
     A session belongs to the window of its last event, as in `frame.time_split`, so no event of
     a test session is trained on. Training is on the sessions ending in
     [`train_from`, `train_until`) (the latest `valid_fraction` of them held out for checkpoint
-    selection), testing on those ending in [`train_until`, `test_until`).
+    selection), testing on those ending in [`test_from`, `test_until`), `test_from` by default
+    `train_until` (the window right after).
 
     Args:
         paths: the event files, read together (e.g. a dataset's training and test files).
@@ -411,6 +418,7 @@ class TimeWindowSource(SessionSource):
             ``2014-04-04`` or ``2014-04-04T06:00``) or seconds since the epoch.
         train_until: end of the training window and start of the test window (same forms).
         test_until: end of the test window (same forms).
+        test_from: start of the test window, at or after `train_until` (same forms); None: `train_until`.
         valid_fraction: latest share of the training window's sessions used for validation.
         min_length: drop sessions with fewer events.
         drop_repeats: remove consecutive repeats of the same item.
@@ -426,14 +434,17 @@ class TimeWindowSource(SessionSource):
         valid_fraction: float = 0.1,
         min_length: int = 2,
         drop_repeats: bool = False,
+        test_from: str | float | None = None,
     ) -> None:
         if schema.timestamp is None:
             raise ValueError("TimeWindowSource needs a timestamp column in the schema")
         self.paths, self.schema = list(paths), schema
-        self.bounds = [to_seconds(t, name) for t, name in
-                       ((train_from, "train_from"), (train_until, "train_until"), (test_until, "test_until"))]
-        if not self.bounds[0] < self.bounds[1] < self.bounds[2]:
-            raise ValueError(f"need train_from < train_until < test_until, got {train_from}, {train_until}, {test_until}")
+        test_from = train_until if test_from is None else test_from
+        self.bounds = [to_seconds(t, name) for t, name in ((train_from, "train_from"), (train_until, "train_until"),
+                                                           (test_from, "test_from"), (test_until, "test_until"))]
+        if not self.bounds[0] < self.bounds[1] <= self.bounds[2] < self.bounds[3]:
+            raise ValueError(f"need train_from < train_until <= test_from < test_until, got {train_from}, {train_until}, "
+                             f"{test_from}, {test_until}")
         if not 0.0 < valid_fraction < 1.0:
             raise ValueError(f"valid_fraction must be in (0, 1), got {valid_fraction}")
         self.valid_fraction, self.min_length, self.drop_repeats = valid_fraction, min_length, drop_repeats
@@ -443,11 +454,11 @@ class TimeWindowSource(SessionSource):
         events = frame.sort_events(events, self.schema)
         sessions = frame.filter_lengths(frame.group_sessions(events, self.schema, self.drop_repeats), self.min_length)
         end = frame.last_times(sessions)
-        start, middle, stop = self.bounds
+        start, middle, test_from, stop = self.bounds
         train = sessions.filter(pa.array((end >= start) & (end < middle)))
-        test = sessions.filter(pa.array((end >= middle) & (end < stop)))
+        test = sessions.filter(pa.array((end >= test_from) & (end < stop)))
         source = " + ".join(self.paths)
-        for name, part, (a, b) in (("training", train, (start, middle)), ("test", test, (middle, stop))):
+        for name, part, (a, b) in (("training", train, (start, middle)), ("test", test, (test_from, stop))):
             if part.num_rows == 0:
                 raise ValueError(f"{source}: no session of {self.min_length}+ events ends in the {name} window, from "
                                  f"{iso(a)} to {iso(b)}")

@@ -5,7 +5,10 @@ One call of `retrain` is one turn of the loop that keeps a served session model 
 1. lock the model directory (`VersionedDirectory`: one turn at a time) and read its current version;
 2. grow the current model's vocabulary with the products first seen in the new training window
    (every known item keeps its id and learned row; new rows start from the model's initialisation);
-3. train the grown model on that window (warm start), or a fresh one (``warm_start=False``);
+3. train the grown model on that window (warm start), or a fresh one (``warm_start=False``); a window
+   that ends before the current model's training data (``train_end`` in its directory) is refused
+   unless asked to backfill, and so is a test window that does not start after the training data of
+   every model compared (`sessrec.lifecycle.gate.check_unseen`);
 4. evaluate the candidate, the current model and the best model promoted so far on the window
    after it, pair by pair on the same (prefix, next item) pairs (`sessrec.lifecycle.paired_ranks`): an item
    a model never saw counts against it;
@@ -33,12 +36,12 @@ import pytorch_lightning as pl
 from pytorch_lightning.callbacks import ModelCheckpoint
 
 from sessrec.artifacts import ClickRanker, SessionRecommender
-from sessrec.artifacts.model_directory import VOCAB
+from sessrec.artifacts.model_directory import CONFIG, VOCAB, read_model_directory
 from sessrec.data import frame
 from sessrec.data.schema import Schema
-from sessrec.data.sources import SessionSource, SessionSplits, TimeWindowSource
+from sessrec.data.sources import SessionSource, SessionSplits, TimeWindowSource, iso, to_seconds
 from sessrec.embeddings import DynamicTables
-from sessrec.lifecycle.gate import Gate
+from sessrec.lifecycle.gate import Gate, check_unseen
 from sessrec.lifecycle.paired_ranks import PairRanks, aligned, clickout_ranks, next_item_ranks
 from sessrec.saved.registry import class_path, config_of
 from sessrec.saved.versions import VersionedDirectory, resolve
@@ -112,6 +115,8 @@ def retrain(
     seed: int = 0,
     promote: bool = True,
     keep: int = 5,
+    test_from: str | None = None,
+    backfill: bool = False,
 ) -> dict[str, Any]:
     """Train a candidate on one window, gate it on the next against the current and the best model, promote or not.
 
@@ -120,7 +125,9 @@ def retrain(
             fit`` writes; versioned once a candidate is promoted into it).
         paths: event files holding both windows (read together).
         train_from: start of the training window (see `TimeWindowSource`).
-        train_until: end of the training window, start of the test window.
+        train_until: end of the training window, and start of the test window unless `test_from` says.
+            It must be after the current model's training data ends (``train_end`` in its directory)
+            unless `backfill`.
         test_until: end of the test window.
         out: folder of this candidate: its checkpoints and model directory (``out/model``).
         schema: column roles of the event files.
@@ -137,14 +144,24 @@ def retrain(
         promote: False evaluates and logs the decision but never promotes (a shadow run, e.g. to
             compare training from scratch).
         keep: versions of `model_dir` kept besides the current one, the one before it and the best.
+        test_from: start of the test window, at or after `train_until` (None: `train_until`). It must be
+            after the training data of the current model and of the best promoted ends: the gate never
+            compares on sessions a compared model trained on.
+        backfill: train on a window that ends before the current model's training data does (its test
+            window, from `test_from`, must still start after it).
 
     Returns:
         the decision as the model directory's log holds it (``promotions.jsonl``).
     """
     out_dir = Path(out)
     with turn(model_dir, keep) as (store, standing, current_path):
-        current = NextItemTask.from_recommender(SessionRecommender.from_pretrained(current_path))
-        source = TimeWindowSource(paths, schema, train_from, train_until, test_until, valid_fraction=valid_fraction)
+        served = SessionRecommender.from_pretrained(current_path)
+        source = TimeWindowSource(paths, schema, train_from, train_until, test_until, valid_fraction=valid_fraction,
+                                  test_from=test_from)
+        best_path = standing.best_apart(store)
+        check_window(current_path, served.train_end, best_path, to_seconds(train_until, "train_until"),
+                     source.bounds[2], backfill)
+        current = NextItemTask.from_recommender(served)
         splits = source.load()
         out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -174,7 +191,6 @@ def retrain(
                                       vocab_path=str(vocab_file))
             return next_item_ranks(task, pairs)
 
-        best_path = standing.best_apart(store)
         return settle(store, standing, gate, {
             "candidate": lambda: ranks(candidate, vocab_path),
             "current": lambda: ranks(current, current_path / VOCAB),
@@ -182,7 +198,9 @@ def retrain(
                 NextItemTask.from_recommender(SessionRecommender.from_pretrained(best_path)), best_path / VOCAB)}),
         }, out_dir / "model", promote, {
             "train_window": [str(train_from), str(train_until)],
-            "test_window": [str(train_until), str(test_until)],
+            "test_window": [str(train_until if test_from is None else test_from), str(test_until)],
+            "current_train_end": iso(served.train_end),
+            "backfill": backfill,
             "warm_start": warm_start,
             "current_items": len(current.vocab),
             "candidate_items": len(vocab),
@@ -192,6 +210,21 @@ def retrain(
             "train_seconds": round(train_seconds, 2),
             "epochs": epochs,
         })
+
+
+def check_window(current_path: Path, served_end: float | None, best_path: Path | None, train_until: float,
+                 test_from: float, backfill: bool) -> None:
+    """Refuse, before anything is trained, a turn that goes back in time: a training window ending at or before
+    the current model's training data (unless `backfill`), or a test window that a compared model trained on."""
+    config = str(current_path / CONFIG)
+    trained = [("the current model", served_end, config)]
+    if best_path is not None:
+        trained.append(("the best promoted", read_model_directory(best_path)[1].get("train_end"), str(best_path / CONFIG)))
+    if served_end is not None and train_until <= served_end and not backfill:
+        raise ValueError(f"the training window ends {iso(train_until)}, not after the current model's training data "
+                         f"({iso(served_end)}, train_end in {config}): retrain on a later window, or pass --backfill "
+                         "to train on an older one")
+    check_unseen("the test window (--test_from, default --train_until)", test_from, trained)
 
 
 def settle(
@@ -266,6 +299,8 @@ def fit_candidate(
         raise RuntimeError(f"training saved no checkpoint (is {monitor!r} logged?)")
     trained = best_of_run(candidate, best.best_model_path, data)
     artifact = trained.recommender() if isinstance(trained, NextItemTask) else trained.ranker()
+    if isinstance(artifact, SessionRecommender):
+        artifact.train_end = data.splits.train_end()  # the next turn never goes back before it
     artifact.save_pretrained(out_dir / "model")
     return trained, seconds, trainer.current_epoch
 

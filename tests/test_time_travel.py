@@ -226,7 +226,7 @@ def test_retrain_on_a_window_older_than_the_served_model_is_refused(tmp_path):
                                           test_until="2014-04-05"))
     assert str(err.value) == (
         f"the training window ends 2014-04-04T00:00:00Z, not after the current model's training data "
-        f"(2014-04-06T02:00:00Z, train_end in {root}/config.json): retrain on a later window, or pass --backfill to "
+        f"(2014-04-06T02:00:00Z, train_end in {root}/config.json): retrain on a later window, or pass --backfill true to "
         "train on an older one"
     )
     assert not (tmp_path / "candidate").exists() and not (root / "promotions.jsonl").exists()

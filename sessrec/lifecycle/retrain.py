@@ -222,7 +222,7 @@ def check_window(current_path: Path, served_end: float | None, best_path: Path |
         trained.append(("the best promoted", read_model_directory(best_path)[1].get("train_end"), str(best_path / CONFIG)))
     if served_end is not None and train_until <= served_end and not backfill:
         raise ValueError(f"the training window ends {iso(train_until)}, not after the current model's training data "
-                         f"({iso(served_end)}, train_end in {config}): retrain on a later window, or pass --backfill "
+                         f"({iso(served_end)}, train_end in {config}): retrain on a later window, or pass --backfill true "
                          "to train on an older one")
     check_unseen("the test window (--test_from, default --train_until)", test_from, trained)
 

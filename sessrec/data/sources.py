@@ -325,7 +325,7 @@ class SplitPeriods:
         raise ValueError(
             f"{where}: the {NAMES[later]} period starts before the {NAMES[earlier]} period ends: its first session ends "
             f"{iso(first)}, before the last {NAMES[earlier]} session (of {earlier_where}) ends {iso(last)}; a session "
-            f"belongs to the period of its last event, and the {NAMES[later]} sessions must end after the "
+            f"belongs to the period of its last event, and the {NAMES[later]} sessions must end at or after the "
             f"{NAMES[earlier]} ones"
         )
 

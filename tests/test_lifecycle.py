@@ -364,7 +364,9 @@ def test_dlrm_retrain_grows_its_tables_and_keeps_what_it_learned(tmp_path):
                     network={"embedding_dim": 8, "dense_layers": [16, 8], "over_layers": [16]}, sparse=DynamicTables(lr=0.05))
     pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                enable_model_summary=False).fit(base, datamodule=data)
-    base.ranker().save_pretrained(tmp_path / "current")
+    served = base.ranker()
+    served.train_end = data.train_end()  # as sessrec fit records it
+    served.save_pretrained(tmp_path / "current")
     before = base.model.sparse_arch.tables["hotel"]
     common = dict(path=str(TRIVAGO), end="2018-11-08T00:00", max_epochs=1, **{k: v for k, v in window.items() if k != "min_count"})
     good = retrain_dlrm(str(tmp_path / "current"), out=str(tmp_path / "good"), gate=Gate("mrr", 1.0, min_pairs=100), **common)

@@ -225,7 +225,7 @@ def test_retrain_on_a_window_older_than_the_served_model_is_refused(tmp_path):
         retrain(str(root), **retrain_args(tmp_path, log, train_from="2014-04-01", train_until="2014-04-04",
                                           test_until="2014-04-05"))
     assert str(err.value) == (
-        f"the training window ends 2014-04-04T00:00:00Z, not after the current model's training data "
+        "the training window ends 2014-04-04T00:00:00Z, before reaching the last event the current model trained on "
         f"(2014-04-06T02:00:00Z, train_end in {root}/config.json): retrain on a later window, or pass --backfill true to "
         "train on an older one"
     )
@@ -288,3 +288,38 @@ def test_a_streamed_training_split_ends_where_the_in_memory_one_does(tmp_path):
     streamed = StreamedSplits(out, PreparedSource(str(out)).manifest)
     assert len(streamed.train_files) == 6  # 40 sessions in parts of 7: the maximum is over every part's row groups
     assert streamed.train_end() == source.load().train_end() == T0 + 3 * DAY + 9 * 3600.0 + 120.0
+
+
+TRIVAGO = Path(__file__).resolve().parents[2] / "shared" / "data" / "trivago_rsc19_100k" / "trivago_val_100k.parquet.snappy"
+
+
+@pytest.mark.skipif(not TRIVAGO.exists(), reason="trivago_rsc19_100k is not available here")
+def test_a_dlrm_turn_on_older_click_outs_is_refused(tmp_path):
+    from sessrec.artifacts import ClickRanker
+    from sessrec.data.sources import iso
+    from sessrec.embeddings import DynamicTables
+    from sessrec.lifecycle.retrain import retrain_dlrm
+    from sessrec.tasks import ClickoutDataModule, DLRMTask
+
+    window = dict(test_hours=6.0, valid_hours=4.0)
+    data = ClickoutDataModule(str(TRIVAGO), end="2018-11-08T00:00", **window)  # trains on click-outs until 14:00 on the 7th
+    torch.manual_seed(0)
+    task = DLRMTask(cardinalities=data.cardinalities, num_dense=data.num_dense, sparse=DynamicTables(),
+                    network={"embedding_dim": 4, "dense_layers": [8, 4], "over_layers": [8]})
+    task.vocab = data.vocab
+    ranker = task.ranker()
+    ranker.train_end = data.train_end()
+    seen = iso(ranker.train_end)
+    assert "2018-11-07T13:00:00Z" < seen <= "2018-11-07T14:00:00Z"
+    ranker.save_pretrained(tmp_path / "current")
+    assert ClickRanker.from_pretrained(tmp_path / "current").train_end == ranker.train_end
+    with pytest.raises(ValueError, match="^" + re.escape(
+            "the training window (before the --valid_hours and --test_hours that end at --end) ends 2018-11-07T08:00:00Z, "
+            f"before reaching the last event the current model trained on ({seen}, train_end in ")):
+        retrain_dlrm(str(tmp_path / "current"), path=str(TRIVAGO), end="2018-11-07T18:00", out=str(tmp_path / "c"), **window)
+    with pytest.raises(ValueError, match="^" + re.escape(
+            "the test window (the --test_hours before --end) starts 2018-11-07T12:00:00Z, not after the last event the "
+            f"current model trained on ({seen}")):
+        retrain_dlrm(str(tmp_path / "current"), path=str(TRIVAGO), end="2018-11-07T18:00", out=str(tmp_path / "c"),
+                     backfill=True, **window)
+    assert not (tmp_path / "c").exists()

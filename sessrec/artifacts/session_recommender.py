@@ -31,7 +31,6 @@ Examples:
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -50,6 +49,7 @@ from sessrec.artifacts.model_directory import (
     load_vocab,
     load_weights,
     read_model_directory,
+    read_train_end,
     under,
     with_prefix,
     write_model_directory,
@@ -201,8 +201,5 @@ class SessionRecommender:
         data = config.get("data")
         if data is not None and not isinstance(data, dict):
             raise ConfigError(source, "data", f"expected the data module's {{class_path, init_args}}, got {type(data).__name__}")
-        train_end = config.get("train_end")
-        if train_end is not None and (isinstance(train_end, bool) or not isinstance(train_end, (int, float))
-                                      or not math.isfinite(train_end)):
-            raise ConfigError(source, "train_end", f"expected the epoch seconds of the training data's last event, got {train_end!r}")
-        return cls(model.eval(), objective, vocab, inference, side_transform, side_features, data, train_end)
+        return cls(model.eval(), objective, vocab, inference, side_transform, side_features, data,
+                   read_train_end(config, source))

@@ -283,7 +283,8 @@ class SessrecCLI(LightningCLI):
         if isinstance(artifact, SessionRecommender) and isinstance(self.datamodule, SessionDataModule):
             # the sessions it was trained on, which a pipeline recipe rebuilds from the model directory
             artifact.data = config_of(self.datamodule)
-            artifact.train_end = self.datamodule.splits.train_end()  # sessrec retrain never goes back before it
+        if callable(getattr(self.datamodule, "train_end", None)):  # SessionDataModule, ClickoutDataModule
+            artifact.train_end = self.datamodule.train_end()  # sessrec retrain never goes back before it
         directory = artifact.save_pretrained(Path(best).parent.parent / "model")
         print(f"sessrec fit: best checkpoint {best}; model directory {directory}")
 

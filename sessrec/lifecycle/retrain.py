@@ -36,7 +36,7 @@ import pytorch_lightning as pl
 from pytorch_lightning.callbacks import ModelCheckpoint
 
 from sessrec.artifacts import ClickRanker, SessionRecommender
-from sessrec.artifacts.model_directory import CONFIG, VOCAB, read_model_directory
+from sessrec.artifacts.model_directory import CONFIG, VOCAB, read_model_directory, read_train_end
 from sessrec.data import frame
 from sessrec.data.schema import Schema
 from sessrec.data.sources import SessionSource, SessionSplits, TimeWindowSource, iso, to_seconds
@@ -159,8 +159,9 @@ def retrain(
         source = TimeWindowSource(paths, schema, train_from, train_until, test_until, valid_fraction=valid_fraction,
                                   test_from=test_from)
         best_path = standing.best_apart(store)
-        check_window(current_path, served.train_end, best_path, to_seconds(train_until, "train_until"),
-                     source.bounds[2], backfill)
+        check_window(current_path, served.train_end, best_path, backfill,
+                     ("the training window", to_seconds(train_until, "train_until"), False),
+                     ("the test window (--test_from, default --train_until)", source.bounds[2]))
         current = NextItemTask.from_recommender(served)
         splits = source.load()
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -212,19 +213,29 @@ def retrain(
         })
 
 
-def check_window(current_path: Path, served_end: float | None, best_path: Path | None, train_until: float,
-                 test_from: float, backfill: bool) -> None:
+def check_window(current_path: Path, served_end: float | None, best_path: Path | None, backfill: bool,
+                 train: tuple[str, float, bool], test: tuple[str, float]) -> None:
     """Refuse, before anything is trained, a turn that goes back in time: a training window ending at or before
-    the current model's training data (unless `backfill`), or a test window that a compared model trained on."""
+    the current model's training data (unless `backfill`), or a test window that a compared model trained on.
+
+    Args:
+        served_end: the current model's ``train_end`` (None: not recorded, refused).
+        best_path: the best promoted version's folder when it is another version, else None.
+        train: the training window in words, its end (epoch seconds) and whether the end is in it: it goes
+            back in time when it cannot hold an event at or after the current model's ``train_end``.
+        test: the test window in words and its start.
+    """
     config = str(current_path / CONFIG)
     trained = [("the current model", served_end, config)]
     if best_path is not None:
-        trained.append(("the best promoted", read_model_directory(best_path)[1].get("train_end"), str(best_path / CONFIG)))
-    if served_end is not None and train_until <= served_end and not backfill:
-        raise ValueError(f"the training window ends {iso(train_until)}, not after the current model's training data "
+        trained.append(("the best promoted", read_train_end(read_model_directory(best_path)[1], str(best_path / CONFIG)),
+                        str(best_path / CONFIG)))
+    (window, until, closed), (test_window, test_from) = train, test
+    if served_end is not None and (until < served_end or until == served_end and not closed) and not backfill:
+        raise ValueError(f"{window} ends {iso(until)}, before reaching the last event the current model trained on "
                          f"({iso(served_end)}, train_end in {config}): retrain on a later window, or pass --backfill true "
                          "to train on an older one")
-    check_unseen("the test window (--test_from, default --train_until)", test_from, trained)
+    check_unseen(test_window, test_from, trained)
 
 
 def settle(
@@ -299,8 +310,7 @@ def fit_candidate(
         raise RuntimeError(f"training saved no checkpoint (is {monitor!r} logged?)")
     trained = best_of_run(candidate, best.best_model_path, data)
     artifact = trained.recommender() if isinstance(trained, NextItemTask) else trained.ranker()
-    if isinstance(artifact, SessionRecommender):
-        artifact.train_end = data.splits.train_end()  # the next turn never goes back before it
+    artifact.train_end = data.train_end()  # the next turn never goes back before it
     artifact.save_pretrained(out_dir / "model")
     return trained, seconds, trainer.current_epoch
 
@@ -320,6 +330,7 @@ def retrain_dlrm(
     seed: int = 0,
     promote: bool = True,
     keep: int = 5,
+    backfill: bool = False,
 ) -> dict[str, Any]:
     """The same turn for a DLRM on click-outs: warm start on the hours before `end`, gate on the last ones.
 
@@ -343,13 +354,21 @@ def retrain_dlrm(
         seed: seeds the candidate's training.
         promote: promote a candidate that passes the gate (False: decide and report only).
         keep: versions of `model_dir` kept besides the current one, the one before it and the best.
+        backfill: train on click-outs that end before the current model's training data does (its test
+            hours must still start after it: the gate never compares on click-outs a compared model trained on).
     """
     from sessrec.tasks import DLRMTask
     from sessrec.tasks.clickout_data import ClickoutDataModule
 
     out_dir = Path(out)
     with turn(model_dir, keep) as (store, standing, current_path):
-        current = DLRMTask.from_ranker(ClickRanker.from_pretrained(current_path))
+        served = ClickRanker.from_pretrained(current_path)
+        stop = to_seconds(end, "end")
+        check_window(current_path, served.train_end, standing.best_apart(store), backfill,
+                     ("the training window (before the --valid_hours and --test_hours that end at --end)",
+                      stop - (test_hours + valid_hours) * 3600.0, True),
+                     ("the test window (the --test_hours before --end)", stop - test_hours * 3600.0))
+        current = DLRMTask.from_ranker(served)
         if not isinstance(current.sparse, DynamicTables):
             raise ValueError(
                 f"{current_path}: this DLRM has fixed tables ({type(current.sparse).__name__}); retraining grows them, so train "
@@ -377,7 +396,7 @@ def retrain_dlrm(
             "current": lambda: clickout_ranks(current, old),
             **({} if best_path is None else {"best": lambda: best_ranks(best_path)}),
         }, out_dir / "model", promote, {
-            "window_end": str(end), "test_hours": test_hours, "valid_hours": valid_hours, "train_hours": train_hours,
+            "window_end": str(end), "current_train_end": iso(served.train_end), "backfill": backfill, "test_hours": test_hours, "valid_hours": valid_hours, "train_hours": train_hours,
             "current_ids": current.vocab.cardinalities, "candidate_ids": new.vocab.cardinalities,
             "rows_in_tables": {name: int(t.num_keys) for name, t in candidate.model.sparse_arch.tables.items()},
             "train_rows": new.rows["train"].num_rows, "test_rows": new.rows["test"].num_rows,

@@ -192,6 +192,10 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
             )
         return Path(self.source.path), self.source.manifest
 
+    def train_end(self) -> float | None:
+        """Time (epoch seconds) of the training split's last event (`SessionSplits.train_end`); None without times."""
+        return self.splits.train_end()
+
     @property
     def num_items(self) -> int:
         """Size of the score vector (items + padding + OOV + virtual items); linked into the model's config."""

@@ -189,7 +189,6 @@ def test_prepare_refuses_time_travel_and_empty_splits_before_writing(tmp_path, e
 # ------------------------------------------------------------------------- retraining
 def served_model(root: Path, train_end: float | None) -> Path:
     """An (untrained) GRU4Rec model directory over items 1..13 whose training data ends at `train_end`."""
-    from sessrec.artifacts import SessionRecommender
     from sessrec.data import ItemVocab
     from sessrec.tasks import NextItemTask
 
@@ -205,17 +204,22 @@ def served_model(root: Path, train_end: float | None) -> Path:
 
 
 def retrain_args(tmp_path: Path, log: str, **window: str) -> dict:
-    return dict(paths=[log], out=str(tmp_path / "candidate"), gate=Gate("recall@20", tolerance=1.0, min_pairs=5),
-                max_epochs=1, batch_size=16, **window)
+    return {"paths": [log], "out": str(tmp_path / "candidate"), "gate": Gate("recall@20", tolerance=1.0, min_pairs=5),
+            "max_epochs": 1, "batch_size": 16, **window}
 
 
 def test_the_recorded_end_round_trips_and_a_bad_one_is_refused(tmp_path):
     from sessrec.artifacts import SessionRecommender
+    from sessrec.artifacts.model_directory import read_train_end
 
     root = served_model(tmp_path / "model", T0 + 3 * DAY + 0.5)
     assert SessionRecommender.from_pretrained(root).train_end == T0 + 3 * DAY + 0.5
-    config = json.loads((root / "config.json").read_text())
-    assert config["train_end"] == T0 + 3 * DAY + 0.5
+    assert json.loads((root / "config.json").read_text())["train_end"] == T0 + 3 * DAY + 0.5
+    assert read_train_end({}, "m/config.json") is None
+    for bad in ("2014-04-04", True, float("nan")):
+        with pytest.raises(ValueError, match="^" + re.escape(f"m/config.json: train_end: expected the epoch seconds of the "
+                                                             f"training data's last event, got {bad!r}")):
+            read_train_end({"train_end": bad}, "m/config.json")
 
 
 def test_retrain_on_a_window_older_than_the_served_model_is_refused(tmp_path):
@@ -235,7 +239,7 @@ def test_retrain_on_a_window_older_than_the_served_model_is_refused(tmp_path):
 def test_the_gate_refuses_to_compare_on_sessions_the_served_model_trained_on(tmp_path):
     log = write_log(tmp_path / "events.parquet", list(range(8)))
     root = served_model(tmp_path / "model", T0 + 5 * DAY + 7200.0)
-    window = dict(train_from="2014-04-01", train_until="2014-04-04", test_from="2014-04-06", test_until="2014-04-08")
+    window = {"train_from": "2014-04-01", "train_until": "2014-04-04", "test_from": "2014-04-06", "test_until": "2014-04-08"}
     with pytest.raises(ValueError, match="^" + re.escape(  # a backfill whose test window starts before 02:00 on the 6th
             "the test window (--test_from, default --train_until) starts 2014-04-06T00:00:00Z, not after the last event "
             f"the current model trained on (2014-04-06T02:00:00Z, train_end in {root}/config.json): the gate would "
@@ -301,7 +305,7 @@ def test_a_dlrm_turn_on_older_click_outs_is_refused(tmp_path):
     from sessrec.lifecycle.retrain import retrain_dlrm
     from sessrec.tasks import ClickoutDataModule, DLRMTask
 
-    window = dict(test_hours=6.0, valid_hours=4.0)
+    window = {"test_hours": 6.0, "valid_hours": 4.0}
     data = ClickoutDataModule(str(TRIVAGO), end="2018-11-08T00:00", **window)  # trains on click-outs until 14:00 on the 7th
     torch.manual_seed(0)
     task = DLRMTask(cardinalities=data.cardinalities, num_dense=data.num_dense, sparse=DynamicTables(),

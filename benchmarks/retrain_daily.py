@@ -119,7 +119,9 @@ def quick_base(paths: list[str], out: str) -> None:
     torch.manual_seed(0)
     task = NextItemTask(num_items=dm.num_items, max_length=8, encoder=XLNetEncoder(d_model=16, n_head=2, n_layer=1))
     task.vocab = dm.vocab
-    task.recommender().save_pretrained(out)
+    recommender = task.recommender()
+    recommender.train_end = dm.splits.train_end()  # as sessrec fit records it: no turn goes back before it
+    recommender.save_pretrained(out)
 
 
 def summary(kind: str, decision: dict) -> dict:

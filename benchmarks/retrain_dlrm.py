@@ -118,7 +118,9 @@ def quick_base(path: str, out: str) -> None:
                     network={"embedding_dim": 8, "dense_layers": [16, 8], "over_layers": [16]}, sparse=DynamicTables(lr=0.05))
     pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                enable_model_summary=False).fit(base, datamodule=data)
-    base.ranker().save_pretrained(out)
+    ranker = base.ranker()
+    ranker.train_end = data.train_end()  # as sessrec fit records it: no turn goes back before it
+    ranker.save_pretrained(out)
 
 
 def summary(kind: str, d: dict) -> dict:

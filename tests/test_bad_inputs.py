@@ -225,7 +225,7 @@ def test_event_log_max_length_below_two(max_length):
 
 
 def test_event_log_without_a_test_set():
-    with pytest.raises(ValueError, match="needs test_path, test_days or test_fraction"):
+    with pytest.raises(ValueError, match="needs test_path, or one of test_days and test_fraction"):
         EventLogSource("events.parquet")
 
 
@@ -603,9 +603,11 @@ def test_model_directory_without_weights(tmp_path, checkpoint):
 
 
 def test_cli_retrain_window_without_sessions(tmp_path, checkpoint, sessrec_main):
-    events = write(tmp_path / "e.parquet", pa.table({"session_id": [1, 1], "item_id": [5, 6], "timestamp": [10.0, 20.0]}))
-    message = sessrec_main("retrain", "--model_dir", str(checkpoint.parent.parent / "model"),
-                           "--paths", f"[{events}]", "--train_from", "0", "--train_until", "100", "--test_until", "200",
+    later = 4e9  # 2096: after the model's training data (its train_end)
+    events = write(tmp_path / "e.parquet", pa.table({"session_id": [1, 1], "item_id": [5, 6],
+                                                     "timestamp": [later + 10.0, later + 20.0]}))
+    message = sessrec_main("retrain", "--model_dir", str(checkpoint.parent.parent / "model"), "--paths", f"[{events}]",
+                           "--train_from", str(later), "--train_until", str(later + 100), "--test_until", str(later + 200),
                            "--out", str(tmp_path / "cand"))
     assert "no session of 2+ events ends in the test window" in message
 

@@ -118,6 +118,8 @@ def test_fit_writes_the_model_directory_of_the_best_checkpoint(fitted):
     assert config["format"] == "sessrec.model" and config["version"] == 5 and "task" not in config
     assert config["model"]["init_args"]["num_items"] == len(recommender.vocab) and recommender.vocab == fit.datamodule.vocab
     assert not (run / "checkpoints" / "vocab.parquet").exists()  # the vocabulary is stored once: in the model directory
+    train = fit.datamodule.splits.train  # the last event of the training split: where a retrain may start
+    assert config["train_end"] == recommender.train_end == max(max(t) for t in train.column("timestamp").to_pylist())
 
 
 def test_a_fit_records_the_network_once_and_every_loader_builds_it_from_there(fitted):
@@ -281,7 +283,7 @@ def test_time_windows_split_sessions_by_their_last_event(tmp_path):
     assert (last(splits.train) < mid).all() and (last(splits.valid) < mid).all()
     assert ((last(splits.test) >= mid) & (last(splits.test) < late)).all()
     assert set(splits.train.column("session_id").to_pylist()).isdisjoint(splits.test.column("session_id").to_pylist())
-    with pytest.raises(ValueError, match="train_from < train_until < test_until"):
+    with pytest.raises(ValueError, match="train_from < train_until <= test_from < test_until"):
         TimeWindowSource([str(path)], Schema(), mid, start, late)
     with pytest.raises(ValueError, match="'yesterday' is neither an ISO-8601 date/time nor epoch seconds"):
         TimeWindowSource([str(path)], Schema(), "yesterday", mid, late)
@@ -296,7 +298,9 @@ def test_retrain_promotes_a_good_candidate_and_rejects_a_bad_one(tmp_path):
     pl.Trainer(max_epochs=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                enable_model_summary=False).fit(base, datamodule=data)
     root = tmp_path / "current"
-    base.recommender().save_pretrained(root)
+    served = base.recommender()
+    served.train_end = data.splits.train_end()  # as sessrec fit records it
+    served.save_pretrained(root)
     common = dict(paths=[str(path)], schema=Schema(), max_epochs=1, train_from=mid, train_until=late, test_until=end + 1)
     good = retrain(str(root), out=str(tmp_path / "good"), gate=Gate("recall@20", tolerance=0.05, min_pairs=100), lr=0.005,
                    **common)
@@ -376,7 +380,9 @@ def test_dlrm_retrain_grows_its_tables_and_keeps_what_it_learned(tmp_path):
                     network={"embedding_dim": 8, "dense_layers": [16, 8], "over_layers": [16]}, sparse=DynamicTables(lr=0.05))
     pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                enable_model_summary=False).fit(base, datamodule=data)
-    base.ranker().save_pretrained(tmp_path / "current")
+    served = base.ranker()
+    served.train_end = data.train_end()  # as sessrec fit records it
+    served.save_pretrained(tmp_path / "current")
     before = base.model.sparse_arch.tables["hotel"]
     common = dict(path=str(TRIVAGO), end="2018-11-08T00:00", max_epochs=1, **{k: v for k, v in window.items() if k != "min_count"})
     good = retrain_dlrm(str(tmp_path / "current"), out=str(tmp_path / "good"), gate=Gate("mrr", 1.0, min_pairs=100), **common)

@@ -2,7 +2,8 @@
 
 The artifact of a trained `DLRMTask` (``sessrec fit`` writes it as ``runs/<name>/model``,
 `DLRMTask.ranker` builds it in memory). Its model directory (`sessrec.artifacts.model_directory`)
-holds the sections ``model`` (the DLRM, built by the registry) and ``vocab``.
+holds the sections ``model`` (the DLRM, built by the registry), ``vocab`` and, as ``sessrec fit`` and
+``sessrec retrain`` write it, ``train_end``: the time of its training click-outs' last event.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from sessrec.artifacts.model_directory import (
     load_vocab,
     load_weights,
     read_model_directory,
+    read_train_end,
     under,
     with_prefix,
     write_model_directory,
@@ -33,18 +35,22 @@ class ClickRanker:
     Args:
         model: the trained `DLRM`.
         vocab: one vocabulary per sparse feature, as many ids as each table has rows.
+        train_end: time (epoch seconds, UTC) of the last click-out it was trained on; None when unknown.
     """
 
-    def __init__(self, model: DLRM, vocab: RankingVocab) -> None:
+    def __init__(self, model: DLRM, vocab: RankingVocab, train_end: float | None = None) -> None:
         if not isinstance(model, DLRM):
             raise TypeError(f"a ClickRanker holds a DLRM, got {type(model).__name__}")
         if not isinstance(vocab, RankingVocab):
             raise TypeError(f"a ClickRanker's vocabulary is a RankingVocab, got {type(vocab).__name__}")
-        self.model, self.vocab = model, vocab
+        self.model, self.vocab, self.train_end = model, vocab, train_end
 
     def save_pretrained(self, directory: str | os.PathLike) -> Path:
         """Write the model directory (a new version of an existing one); returns the folder written."""
-        return write_model_directory(directory, {"model": config_of(self.model)},
+        sections = {"model": config_of(self.model)}
+        if self.train_end is not None:
+            sections["train_end"] = float(self.train_end)
+        return write_model_directory(directory, sections,
                                      with_prefix(self.model.state_dict(), NETWORK), self.vocab)
 
     @classmethod
@@ -57,4 +63,4 @@ class ClickRanker:
             raise ConfigError(source, "model", "this directory holds a session model: load it with SessionRecommender.from_pretrained")
         model = instantiate(config.get("model"), expected=DLRM, source=source, key="model")
         load_into(model, under(load_weights(folder), NETWORK), str(folder / WEIGHTS))
-        return cls(model.eval(), load_vocab(folder, config, RankingVocab.load))
+        return cls(model.eval(), load_vocab(folder, config, RankingVocab.load), read_train_end(config, source))

@@ -20,6 +20,7 @@ one line: retrain it with ``sessrec fit``, which writes this version.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -39,7 +40,7 @@ from sessrec.saved.directory import (
     vocabulary_record,
     write_description,
 )
-from sessrec.saved.registry import config_of
+from sessrec.saved.registry import ConfigError, config_of
 
 FORMAT, VERSION = "sessrec.model", 5
 CONFIG, WEIGHTS, VOCAB, FEATURES = "config.json", "model.safetensors", "vocab.parquet", "features.npz"
@@ -159,6 +160,15 @@ def load_vocab(folder: Path, config: dict[str, Any], load: Callable[[Path], Any]
     vocab = load(folder / VOCAB)
     check_vocabulary(vocab, config, folder / VOCAB)
     return vocab
+
+
+def read_train_end(config: dict[str, Any], source: str) -> float | None:
+    """The ``train_end`` a directory records: the epoch seconds of its training data's last event (None: not
+    recorded); a value that is not a finite number is refused in one line naming the file."""
+    value = config.get("train_end")
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)):
+        raise ConfigError(source, "train_end", f"expected the epoch seconds of the training data's last event, got {value!r}")
+    return value
 
 
 def load_side(folder: Path, config: dict[str, Any]) -> tuple[SideFeatureTransform | None, SideFeatures | None]:

@@ -7,7 +7,8 @@ serving reads (`Inference`) and, for a model that reads side features, the fitte
 model directory (`sessrec.artifacts.model_directory`) holds the sections ``model``, ``objective``,
 ``inference``, ``side_features`` (with features.npz), ``vocab`` and, as ``sessrec fit`` writes it, ``data``:
 the configuration of the data module the model was trained on, which the recommender carries and
-never reads (a pipeline recipe rebuilds its sessions from it); the network and the objective
+never reads (a pipeline recipe rebuilds its sessions from it), and ``train_end``: the time of the
+training split's last event, which ``sessrec retrain`` reads so that no turn goes back in time; the network and the objective
 are built from their sections by the registry (`sessrec.saved.registry`), the only builder of
 classes from saved files.
 
@@ -48,6 +49,7 @@ from sessrec.artifacts.model_directory import (
     load_vocab,
     load_weights,
     read_model_directory,
+    read_train_end,
     under,
     with_prefix,
     write_model_directory,
@@ -106,6 +108,8 @@ class SessionRecommender:
         data: the ``{"class_path", "init_args"}`` configuration (plain data) of the data module it was
             trained on, as ``sessrec fit`` records it; None when unknown (a recommender built by hand).
             Carried through `save_pretrained` / `from_pretrained`, not interpreted.
+        train_end: time (epoch seconds, UTC) of the last event of the training split it was trained on, as
+            ``sessrec fit`` and ``sessrec retrain`` record it; None when unknown.
     """
 
     def __init__(
@@ -117,6 +121,7 @@ class SessionRecommender:
         side_transform: SideFeatureTransform | None = None,
         side_features: SideFeatures | None = None,
         data: dict[str, Any] | None = None,
+        train_end: float | None = None,
     ) -> None:
         if not isinstance(model, SessionModel):
             raise TypeError(f"a SessionRecommender holds a SessionModel, got {type(model).__name__}")
@@ -139,6 +144,7 @@ class SessionRecommender:
         self.side_transform = side_transform
         self.side_features = side_features if side_features is not None or side_transform is None else side_transform.config
         self.data = data
+        self.train_end = train_end
 
     def scores(self, items: torch.Tensor, features: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
         """(B, V) next-item scores of (B, L) right-aligned sessions of model ids, read the way the
@@ -159,6 +165,8 @@ class SessionRecommender:
                     "inference": asdict(self.inference)}
         if self.data is not None:
             sections["data"] = self.data
+        if self.train_end is not None:
+            sections["train_end"] = float(self.train_end)
         weights = with_prefix(self.model.state_dict(), NETWORK)
         if isinstance(self.objective, nn.Module):
             weights.update(with_prefix(self.objective.state_dict(), OBJECTIVE))
@@ -193,4 +201,5 @@ class SessionRecommender:
         data = config.get("data")
         if data is not None and not isinstance(data, dict):
             raise ConfigError(source, "data", f"expected the data module's {{class_path, init_args}}, got {type(data).__name__}")
-        return cls(model.eval(), objective, vocab, inference, side_transform, side_features, data)
+        return cls(model.eval(), objective, vocab, inference, side_transform, side_features, data,
+                   read_train_end(config, source))

@@ -273,7 +273,7 @@ class SessrecCLI(LightningCLI):
     def after_fit(self) -> None:
         """Print the metrics of the checkpoint kept (the best one, with its epoch) and write its model
         directory beside it; a session model's directory records the data module's configuration (its
-        ``data`` section)."""
+        ``data`` section) and the time of its training split's last event (``train_end``)."""
         trainer, model = self.trainer, self.model
         if trainer.fast_dev_run or not trainer.is_global_zero:
             return
@@ -287,6 +287,8 @@ class SessrecCLI(LightningCLI):
         if isinstance(artifact, SessionRecommender) and isinstance(self.datamodule, SessionDataModule):
             # the sessions it was trained on, which a pipeline recipe rebuilds from the model directory
             artifact.data = config_of(self.datamodule)
+        if callable(getattr(self.datamodule, "train_end", None)):  # SessionDataModule, ClickoutDataModule
+            artifact.train_end = self.datamodule.train_end()  # sessrec retrain never goes back before it
         directory = artifact.save_pretrained(Path(best).parent.parent / "model")
         print(f"sessrec fit: best checkpoint {best}; model directory {directory}")
 

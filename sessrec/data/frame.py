@@ -152,22 +152,24 @@ def time_labels(
 
     Args:
         end: (N,) end time of each session; None when the sessions carry no timestamps (refused).
-        test_days: sessions ending in the last `test_days` of the latest end time are test, those
-            ending in the `valid_days` before that validation.
+        test_days: sessions ending in the last `test_days` of the latest end time (after `day_cut`)
+            are test, those ending in the `valid_days` before that validation.
         test_fraction: instead of days, the latest `test_fraction` of the sessions (by end time)
             are test, the `valid_fraction` before them validation (counts rounded).
         order: (N,) distinct keys that order sessions with equal end times for the fractions (a
             later key ranks later); None: the sessions' positions. A session table sorted by
             session id ranks the same with its positions and with its session ids' ranks.
+
+    A period is given positive (`check_periods`); None leaves out the validation period.
     """
     if (test_days is None) == (test_fraction is None):
         raise ValueError("give exactly one of test_days or test_fraction")
+    check_periods("time_split", test_days=test_days, valid_days=valid_days, test_fraction=test_fraction, valid_fraction=valid_fraction)
     if end is None:
         raise ValueError("time_split needs a timestamp column; the schema has none")
     if test_days is not None:
-        t_max = end.max() if end.size else 0.0
-        t_test = t_max - test_days * 86400.0
-        t_valid = t_test - (valid_days or 0.0) * 86400.0
+        t_test = day_cut(end, test_days)
+        t_valid = t_test - (valid_days or 0.0) * DAY
         return np.where(end > t_test, 2, np.where(end > t_valid, 1, 0))
     by = np.argsort(end, kind="stable") if order is None else np.lexsort((order, end))
     rank = np.empty(len(end), dtype=np.int64)
@@ -175,6 +177,27 @@ def time_labels(
     n_test = int(round(len(end) * test_fraction))
     n_valid = int(round(len(end) * (valid_fraction or 0.0)))
     return np.where(rank >= len(end) - n_test, 2, np.where(rank >= len(end) - n_test - n_valid, 1, 0))
+
+
+DAY = 86400.0  # seconds
+
+
+def day_cut(end: np.ndarray, days: float) -> float:
+    """The time after which a session ends in the last `days` of `end` (the latest end time minus the days)."""
+    return (float(end.max()) if end.size else 0.0) - days * DAY
+
+
+def check_periods(owner: str, **periods: float | None) -> None:
+    """Refuse a negative or empty period of `owner` (who is given it) in one line: days (``*_days``) must
+    be positive, fractions (``*_fraction``) in (0, 1); None is a period not given."""
+    for name, value in periods.items():
+        if value is None:
+            continue
+        if name.endswith("_fraction") and not 0.0 < value < 1.0:
+            raise ValueError(f"{owner}: {name} must be a share in (0, 1), got {value}: a period of no session (or of all) holds "
+                             "nothing out")
+        if name.endswith("_days") and not value > 0.0:
+            raise ValueError(f"{owner}: {name} must be a positive number of days, got {value}: that period would hold no session")
 
 
 def end_times(sessions: pa.Table) -> np.ndarray | None:

@@ -8,6 +8,7 @@ data module fits the vocabulary on the training split only.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -46,6 +47,12 @@ class SessionSplits:
             with atomic_path(directory / f"{name}.parquet") as tmp:
                 pq.write_table(getattr(self, name), tmp)
         return directory
+
+    def train_end(self) -> float | None:
+        """Time (epoch seconds) of the training split's last event, the end of the period a model trained on it
+        has seen; None when its sessions carry no timestamps."""
+        end = frame.end_times(self.train)
+        return None if end is None else float(end.max())
 
     def summary(self) -> dict[str, int]:
         return {
@@ -112,7 +119,8 @@ class EventLogSource(SessionSource):
     Give `test_path` (and optionally `valid_path`) when the dataset ships its own split, as
     session-rec's ``*_train_full`` / ``*_test`` files do; otherwise the sessions of the last
     `test_days` (or the latest `test_fraction`) become the test set. Validation is taken from
-    the end of the training period the same way.
+    the end of the training period the same way. A file given wins over the days and fractions of its
+    split; the periods never go back in time and none is empty (`SplitPeriods`, docs/data.md).
 
     Args:
         path: training events (or all events when `test_path` is None).
@@ -149,8 +157,16 @@ class EventLogSource(SessionSource):
         self.min_length, self.max_length, self.drop_repeats = min_length, max_length, drop_repeats
         self.test_days, self.test_fraction = test_days, test_fraction
         self.valid_days, self.valid_fraction = valid_days, valid_fraction
-        if test_path is None and test_days is None and test_fraction is None:
-            raise ValueError("EventLogSource needs test_path, test_days or test_fraction to hold out a test set")
+        if test_path is None and (test_days is None) == (test_fraction is None):
+            raise ValueError("EventLogSource needs test_path, or one of test_days and test_fraction, to hold out a test "
+                             f"set; got test_days {test_days}, test_fraction {test_fraction}")
+        if valid_path is None and valid_days is None and valid_fraction is None:
+            raise ValueError("EventLogSource needs valid_path, valid_days or valid_fraction to hold out validation sessions")
+        if test_path is None:
+            frame.check_periods("EventLogSource", test_days=test_days, test_fraction=test_fraction)
+        if valid_path is None:
+            frame.check_periods("EventLogSource", valid_days=valid_days,
+                                valid_fraction=valid_fraction if valid_days is None else None)
         if max_length is not None and max_length < max(min_length, 2):
             raise ValueError(
                 f"EventLogSource: max_length must be >= 2 and >= min_length ({min_length}), got {max_length}: "
@@ -199,21 +215,119 @@ class EventLogSource(SessionSource):
             sub = frame.time_labels(
                 None if end is None else end[train],
                 test_days=self.valid_days,
-                test_fraction=None if self.valid_days is not None else self.valid_fraction or 0.0,
+                test_fraction=None if self.valid_days is not None else self.valid_fraction,
                 order=None if order is None else order[train],
             )
             labels[train[sub == 2]] = 1
         return labels
 
+    def splits_of(self) -> list[tuple[str, tuple[str, ...]]]:
+        """The source's files and the splits each provides: `path`, then `test_path` and `valid_path`."""
+        main = tuple(s for s in ("train", "valid", "test") if not (s == "test" and self.test_path)
+                     and not (s == "valid" and self.valid_path))
+        files = [(self.path, main)]
+        files += [(p, (s,)) for p, s in ((self.test_path, "test"), (self.valid_path, "valid")) if p is not None]
+        return files
+
+    def check_file(self, periods: SplitPeriods, path: str, splits: tuple[str, ...], labels: np.ndarray,
+                   end: np.ndarray | None) -> None:
+        """Add the sessions of one of the source's files to `periods` (`labels` (N,) as `split_labels` gives
+        them, the file's one split for a `test_path` / `valid_path`; `end` (N,) their end times, or None),
+        which refuses an empty split or one that starts before the split before it ends."""
+        for split in splits:
+            chosen = labels == SPLIT_LABELS[split]
+            periods.add(split, int(chosen.sum()), None if end is None else end[chosen],
+                        path if len(splits) == 1 else f"{path}, {NAMES[split]} split"
+                        + ("" if split == "train" else f" ({self.setting(split)})"),
+                        lambda split=split: self.emptied(split, path, labels, end))
+
+    def setting(self, split: str) -> str:
+        """The setting that holds `split` out of the main file, in words: ``test_days 1``."""
+        days = getattr(self, f"{split}_days")
+        return f"{split}_days {days:g}" if days is not None else f"{split}_fraction {getattr(self, f'{split}_fraction'):g}"
+
+    def emptied(self, split: str, path: str, labels: np.ndarray, end: np.ndarray | None) -> str:
+        """Why the main file's `split` holds no session: the settings that emptied it, with their dates or counts."""
+        if split == "train":
+            held = []
+            for s in ("test", "valid"):
+                pool = labels == SPLIT_LABELS[s]
+                if getattr(self, f"{s}_path") is None:
+                    since = "" if end is None or not pool.any() else f", ending from {iso(end[pool].min())}"
+                    held.append(f"{self.setting(s)} ({int(pool.sum())} sessions{since})")
+            span = "" if end is None else f", which end from {iso(end.min())} to {iso(end.max())}"
+            return (f"{path}: no session is left for training: {' and '.join(held)} hold out all its {len(labels)} "
+                    f"sessions{span}; shorten those periods")
+        # a period of days holds at least the latest session it is cut from: only a fraction can round to none
+        pool = int((labels <= 1).sum()) if split == "valid" else len(labels)  # the sessions it is chosen from
+        return (f"{path}: the {NAMES[split]} split is empty: {self.setting(split)} of its {pool} sessions rounds to "
+                f"none; lengthen {split}_fraction")
+
     def load(self) -> SessionSplits:
         sessions = self.sessions(self.path)
-        labels = self.split_labels(frame.end_times(sessions), sessions.num_rows)
+        end = frame.end_times(sessions)
+        labels = self.split_labels(end, sessions.num_rows)
+        periods = SplitPeriods()
+        self.check_file(periods, self.path, self.splits_of()[0][1], labels, end)
         train, valid, test = (sessions.filter(pa.array(labels == k)) for k in range(3))
         if self.test_path is not None:
             test = self.sessions(self.test_path)
+            self.check_file(periods, self.test_path, ("test",), np.full(test.num_rows, 2), frame.end_times(test))
         if self.valid_path is not None:
             valid = self.sessions(self.valid_path)
+            self.check_file(periods, self.valid_path, ("valid",), np.full(valid.num_rows, 1), frame.end_times(valid))
         return SessionSplits(train=train, valid=valid, test=test, source=str(self.path))
+
+
+SPLIT_LABELS = {"train": 0, "valid": 1, "test": 2}
+NAMES = {"train": "training", "valid": "validation", "test": "test"}
+
+
+def iso(seconds: float) -> str:
+    """Epoch seconds as an ISO-8601 UTC time: ``2014-04-05T23:59:59Z`` (with its fraction when it has one)."""
+    moment = datetime.fromtimestamp(float(seconds), timezone.utc)
+    return moment.isoformat(timespec="seconds" if moment.microsecond == 0 else "milliseconds").replace("+00:00", "Z")
+
+
+class SplitPeriods:
+    """The splits of a source in time, gathered as its files are split, refused when they travel in time.
+
+    Each split's sessions are added with the file they came from (`add`): a split of no session is
+    refused, naming the setting that emptied it, and so is one that starts before a split it follows
+    ends. The splits follow each other as training, validation, test; a session belongs to the period
+    of its **last** event, so the rule is on end times: every validation session ends at or after the
+    last training session ends, every test session at or after the last training and validation
+    sessions end. A session may start before that (as in a day split of one file); two sessions
+    ending at the same moment may fall on either side.
+    """
+
+    def __init__(self) -> None:
+        self.spans: dict[str, tuple[float, float, str]] = {}  # split -> (first end, last end, where it comes from)
+
+    def add(self, split: str, count: int, end: np.ndarray | None, where: str, emptied: Callable[[], str]) -> None:
+        """The `count` sessions of `split` from `where` (a file, with the setting that chose them), `end` (count,)
+        their end times (None: without timestamps, nothing to order); `emptied` says why when there is none."""
+        if count == 0:
+            raise ValueError(emptied())
+        if end is None:
+            return
+        first, last = float(end.min()), float(end.max())
+        rank = SPLIT_LABELS[split]
+        for other, (o_first, o_last, o_where) in self.spans.items():
+            if SPLIT_LABELS[other] < rank and first < o_last:
+                self.refuse(split, first, where, other, o_last, o_where)
+            if SPLIT_LABELS[other] > rank and o_first < last:
+                self.refuse(other, o_first, o_where, split, last, where)
+        self.spans[split] = (first, last, where)
+
+    @staticmethod
+    def refuse(later: str, first: float, where: str, earlier: str, last: float, earlier_where: str) -> None:
+        raise ValueError(
+            f"{where}: the {NAMES[later]} period starts before the {NAMES[earlier]} period ends: its first session ends "
+            f"{iso(first)}, before the last {NAMES[earlier]} session (of {earlier_where}) ends {iso(last)}; a session "
+            f"belongs to the period of its last event, and the {NAMES[later]} sessions must end at or after the "
+            f"{NAMES[earlier]} ones"
+        )
 
 
 class SyntheticSource(SessionSource):
@@ -233,6 +347,10 @@ class SyntheticSource(SessionSource):
         valid_days: float = 1.0,
         seed: int = 0,
     ) -> None:
+        frame.check_periods("SyntheticSource", days=days, test_days=test_days, valid_days=valid_days)
+        if test_days + valid_days >= days:
+            raise ValueError(f"SyntheticSource: test_days {test_days:g} and valid_days {valid_days:g} leave no training day "
+                             f"of the {days:g} days generated")
         self.kwargs = dict(num_sessions=num_sessions, num_items=num_items, num_clusters=num_clusters, days=days, seed=seed)
         self.test_days, self.valid_days = test_days, valid_days
 
@@ -285,12 +403,13 @@ class UserSequenceSource(SessionSource):
 
 
 class TimeWindowSource(SessionSource):
-    """The sessions of an event log in one time window, tested on the window after it (retraining).
+    """The sessions of an event log in one time window, tested on a window after it (retraining).
 
     A session belongs to the window of its last event, as in `frame.time_split`, so no event of
     a test session is trained on. Training is on the sessions ending in
     [`train_from`, `train_until`) (the latest `valid_fraction` of them held out for checkpoint
-    selection), testing on those ending in [`train_until`, `test_until`).
+    selection), testing on those ending in [`test_from`, `test_until`), `test_from` by default
+    `train_until` (the window right after).
 
     Args:
         paths: the event files, read together (e.g. a dataset's training and test files).
@@ -299,6 +418,7 @@ class TimeWindowSource(SessionSource):
             ``2014-04-04`` or ``2014-04-04T06:00``) or seconds since the epoch.
         train_until: end of the training window and start of the test window (same forms).
         test_until: end of the test window (same forms).
+        test_from: start of the test window, at or after `train_until` (same forms); None: `train_until`.
         valid_fraction: latest share of the training window's sessions used for validation.
         min_length: drop sessions with fewer events.
         drop_repeats: remove consecutive repeats of the same item.
@@ -314,14 +434,17 @@ class TimeWindowSource(SessionSource):
         valid_fraction: float = 0.1,
         min_length: int = 2,
         drop_repeats: bool = False,
+        test_from: str | float | None = None,
     ) -> None:
         if schema.timestamp is None:
             raise ValueError("TimeWindowSource needs a timestamp column in the schema")
         self.paths, self.schema = list(paths), schema
-        self.bounds = [to_seconds(t, name) for t, name in
-                       ((train_from, "train_from"), (train_until, "train_until"), (test_until, "test_until"))]
-        if not self.bounds[0] < self.bounds[1] < self.bounds[2]:
-            raise ValueError(f"need train_from < train_until < test_until, got {train_from}, {train_until}, {test_until}")
+        test_from = train_until if test_from is None else test_from
+        self.bounds = [to_seconds(t, name) for t, name in ((train_from, "train_from"), (train_until, "train_until"),
+                                                           (test_from, "test_from"), (test_until, "test_until"))]
+        if not self.bounds[0] < self.bounds[1] <= self.bounds[2] < self.bounds[3]:
+            raise ValueError(f"need train_from < train_until <= test_from < test_until, got {train_from}, {train_until}, "
+                             f"{test_from}, {test_until}")
         if not 0.0 < valid_fraction < 1.0:
             raise ValueError(f"valid_fraction must be in (0, 1), got {valid_fraction}")
         self.valid_fraction, self.min_length, self.drop_repeats = valid_fraction, min_length, drop_repeats
@@ -331,13 +454,14 @@ class TimeWindowSource(SessionSource):
         events = frame.sort_events(events, self.schema)
         sessions = frame.filter_lengths(frame.group_sessions(events, self.schema, self.drop_repeats), self.min_length)
         end = frame.last_times(sessions)
-        start, middle, stop = self.bounds
+        start, middle, test_from, stop = self.bounds
         train = sessions.filter(pa.array((end >= start) & (end < middle)))
-        test = sessions.filter(pa.array((end >= middle) & (end < stop)))
+        test = sessions.filter(pa.array((end >= test_from) & (end < stop)))
         source = " + ".join(self.paths)
-        for name, part in (("training", train), ("test", test)):
+        for name, part, (a, b) in (("training", train, (start, middle)), ("test", test, (test_from, stop))):
             if part.num_rows == 0:
-                raise ValueError(f"{source}: no session of {self.min_length}+ events ends in the {name} window")
+                raise ValueError(f"{source}: no session of {self.min_length}+ events ends in the {name} window, from "
+                                 f"{iso(a)} to {iso(b)}")
         train, _, valid = frame.time_split(train, test_fraction=self.valid_fraction)
         return SessionSplits(train=train, valid=valid, test=test, source=source)
 

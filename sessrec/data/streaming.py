@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
@@ -321,6 +322,7 @@ class StreamedSplits(SessionSplits):
         read = lambda split: pa.concat_tables(pq.read_table(p) for p in split_files(directory, manifest, split))
         self.valid, self.test, self.source = read("valid"), read("test"), str(directory)
         self.counts = {split: manifest["splits"][split] for split in ("train", "valid", "test")}
+        self.train_files = split_files(directory, manifest, "train")
 
     @property
     def train(self) -> pa.Table:  # type: ignore[override]
@@ -328,6 +330,24 @@ class StreamedSplits(SessionSplits):
             f"{self.source}: the training split streams (--data.streaming true) and is not held in memory; "
             "what needs it whole (fitting a vocabulary or side features, indexing training sessions) needs streaming false"
         )
+
+    def train_end(self) -> float | None:
+        """The training split's last event time, from the parts' parquet statistics (the greatest ``timestamp``
+        of each row group), without reading the split; None when its sessions carry no timestamps."""
+        highs = []
+        for path in self.train_files:
+            metadata = pq.read_metadata(path)
+            names = [metadata.schema.column(i).path.split(".")[0] for i in range(metadata.num_columns)]
+            if frame.TIMES not in names:
+                return None
+            stats = [metadata.row_group(g).column(names.index(frame.TIMES)).statistics for g in range(metadata.num_row_groups)]
+            if all(s is not None and s.has_min_max for s in stats):
+                highs += [s.max for s in stats]
+            else:  # written without statistics: the column itself
+                times = pq.read_table(path, columns=[frame.TIMES]).column(frame.TIMES).combine_chunks().flatten()
+                highs.append(pc.max(times).as_py())
+        highs = [h for h in highs if h is not None]
+        return float(max(highs)) if highs else None
 
     def summary(self) -> dict[str, int]:
         return {f"{split}_{what}": int(self.counts[split][what]) for split in ("train", "valid", "test")

@@ -9,6 +9,10 @@ bootstrap: the test pairs are resampled (the same pairs for both models), and th
 when the one-sided lower confidence bound of the mean difference (candidate - reference) is above
 ``-tolerance``. Fewer than `min_pairs` test pairs are too few to decide on: the candidate is refused.
 
+The gate never compares on sessions a compared model trained on (`check_unseen`): the comparison
+window must start after the last event of each compared model's training data, or the current model
+would be scored on its own training sessions.
+
     >>> gate = Gate("recall@20", tolerance=0.005, min_pairs=4, samples=200)
     >>> gate.decide(np.array([1., 1, 0, 1, 1, 0]), np.array([1., 0, 0, 1, 1, 0])).passed
     True
@@ -21,9 +25,30 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from sessrec.data.sources import iso
 from sessrec.metrics.ranks import rank_values
 
 DRAWS_PER_CHUNK = 1 << 22  # resampled pair indices held at once (16 MiB of int32)
+
+
+def check_unseen(window: str, starts: float, trained: list[tuple[str, float | None, str]]) -> None:
+    """Refuse in one line a comparison window that starts at or before the end of a compared model's training data.
+
+    Args:
+        window: the comparison window in words, for the message (``the test window (--test_from)``).
+        starts: its start, epoch seconds: the test sessions end at or after it.
+        trained: each compared model in words, the time (epoch seconds) of the last event it trained on, and
+            where that is recorded; None: not recorded (refused: the window cannot be shown to be unseen).
+    """
+    for model, end, where in trained:
+        if end is None:
+            raise ValueError(f"{where}: {model} records no train_end (when its training data ends), so the gate cannot "
+                             "tell whether it would compare on sessions it trained on; train it with sessrec fit on "
+                             "sessions with timestamps")
+        if starts <= end:
+            raise ValueError(f"{window} starts {iso(starts)}, not after the last event {model} trained on ({iso(end)}, "
+                             f"train_end in {where}): the gate would compare on sessions it trained on; start the "
+                             f"window after {iso(end)}")
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,10 @@ One call of `retrain` is one turn of the loop that keeps a served session model 
 1. lock the model directory (`VersionedDirectory`: one turn at a time) and read its current version;
 2. grow the current model's vocabulary with the products first seen in the new training window
    (every known item keeps its id and learned row; new rows start from the model's initialisation);
-3. train the grown model on that window (warm start), or a fresh one (``warm_start=False``);
+3. train the grown model on that window (warm start), or a fresh one (``warm_start=False``); a window
+   that ends before the current model's training data (``train_end`` in its directory) is refused
+   unless asked to backfill, and so is a test window that does not start after the training data of
+   every model compared (`sessrec.lifecycle.gate.check_unseen`);
 4. evaluate the candidate, the current model and the best model promoted so far on the window
    after it, pair by pair on the same (prefix, next item) pairs (`sessrec.lifecycle.paired_ranks`): an item
    a model never saw counts against it;
@@ -33,12 +36,12 @@ import pytorch_lightning as pl
 from pytorch_lightning.callbacks import ModelCheckpoint
 
 from sessrec.artifacts import ClickRanker, SessionRecommender
-from sessrec.artifacts.model_directory import VOCAB
+from sessrec.artifacts.model_directory import CONFIG, VOCAB, read_model_directory, read_train_end
 from sessrec.data import frame
 from sessrec.data.schema import Schema
-from sessrec.data.sources import SessionSource, SessionSplits, TimeWindowSource
+from sessrec.data.sources import SessionSource, SessionSplits, TimeWindowSource, iso, to_seconds
 from sessrec.embeddings import DynamicTables
-from sessrec.lifecycle.gate import Gate
+from sessrec.lifecycle.gate import Gate, check_unseen
 from sessrec.lifecycle.paired_ranks import PairRanks, aligned, clickout_ranks, next_item_ranks
 from sessrec.saved.registry import class_path, config_of
 from sessrec.saved.versions import VersionedDirectory, resolve
@@ -112,6 +115,8 @@ def retrain(
     seed: int = 0,
     promote: bool = True,
     keep: int = 5,
+    test_from: str | None = None,
+    backfill: bool = False,
 ) -> dict[str, Any]:
     """Train a candidate on one window, gate it on the next against the current and the best model, promote or not.
 
@@ -120,7 +125,9 @@ def retrain(
             fit`` writes; versioned once a candidate is promoted into it).
         paths: event files holding both windows (read together).
         train_from: start of the training window (see `TimeWindowSource`).
-        train_until: end of the training window, start of the test window.
+        train_until: end of the training window, and start of the test window unless `test_from` says.
+            It must be after the current model's training data ends (``train_end`` in its directory)
+            unless `backfill`.
         test_until: end of the test window.
         out: folder of this candidate: its checkpoints and model directory (``out/model``).
         schema: column roles of the event files.
@@ -137,14 +144,25 @@ def retrain(
         promote: False evaluates and logs the decision but never promotes (a shadow run, e.g. to
             compare training from scratch).
         keep: versions of `model_dir` kept besides the current one, the one before it and the best.
+        test_from: start of the test window, at or after `train_until` (None: `train_until`). It must be
+            after the training data of the current model and of the best promoted ends: the gate never
+            compares on sessions a compared model trained on.
+        backfill: train on a window that ends before the current model's training data does (its test
+            window, from `test_from`, must still start after it).
 
     Returns:
         the decision as the model directory's log holds it (``promotions.jsonl``).
     """
     out_dir = Path(out)
     with turn(model_dir, keep) as (store, standing, current_path):
-        current = NextItemTask.from_recommender(SessionRecommender.from_pretrained(current_path))
-        source = TimeWindowSource(paths, schema, train_from, train_until, test_until, valid_fraction=valid_fraction)
+        served = SessionRecommender.from_pretrained(current_path)
+        source = TimeWindowSource(paths, schema, train_from, train_until, test_until, valid_fraction=valid_fraction,
+                                  test_from=test_from)
+        best_path = standing.best_apart(store)
+        check_window(current_path, served.train_end, best_path, backfill,
+                     ("the training window", to_seconds(train_until, "train_until"), False),
+                     ("the test window (--test_from, default --train_until)", source.bounds[2]))
+        current = NextItemTask.from_recommender(served)
         splits = source.load()
         out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -174,7 +192,6 @@ def retrain(
                                       vocab_path=str(vocab_file))
             return next_item_ranks(task, pairs)
 
-        best_path = standing.best_apart(store)
         return settle(store, standing, gate, {
             "candidate": lambda: ranks(candidate, vocab_path),
             "current": lambda: ranks(current, current_path / VOCAB),
@@ -182,7 +199,9 @@ def retrain(
                 NextItemTask.from_recommender(SessionRecommender.from_pretrained(best_path)), best_path / VOCAB)}),
         }, out_dir / "model", promote, {
             "train_window": [str(train_from), str(train_until)],
-            "test_window": [str(train_until), str(test_until)],
+            "test_window": [str(train_until if test_from is None else test_from), str(test_until)],
+            "current_train_end": iso(served.train_end),
+            "backfill": backfill,
             "warm_start": warm_start,
             "current_items": len(current.vocab),
             "candidate_items": len(vocab),
@@ -192,6 +211,31 @@ def retrain(
             "train_seconds": round(train_seconds, 2),
             "epochs": epochs,
         })
+
+
+def check_window(current_path: Path, served_end: float | None, best_path: Path | None, backfill: bool,
+                 train: tuple[str, float, bool], test: tuple[str, float]) -> None:
+    """Refuse, before anything is trained, a turn that goes back in time: a training window ending at or before
+    the current model's training data (unless `backfill`), or a test window that a compared model trained on.
+
+    Args:
+        served_end: the current model's ``train_end`` (None: not recorded, refused).
+        best_path: the best promoted version's folder when it is another version, else None.
+        train: the training window in words, its end (epoch seconds) and whether the end is in it: it goes
+            back in time when it cannot hold an event at or after the current model's ``train_end``.
+        test: the test window in words and its start.
+    """
+    config = str(current_path / CONFIG)
+    trained = [("the current model", served_end, config)]
+    if best_path is not None:
+        trained.append(("the best promoted", read_train_end(read_model_directory(best_path)[1], str(best_path / CONFIG)),
+                        str(best_path / CONFIG)))
+    (window, until, closed), (test_window, test_from) = train, test
+    if served_end is not None and (until < served_end or until == served_end and not closed) and not backfill:
+        raise ValueError(f"{window} ends {iso(until)}, before reaching the last event the current model trained on "
+                         f"({iso(served_end)}, train_end in {config}): retrain on a later window, or pass --backfill true "
+                         "to train on an older one")
+    check_unseen(test_window, test_from, trained)
 
 
 def settle(
@@ -266,6 +310,7 @@ def fit_candidate(
         raise RuntimeError(f"training saved no checkpoint (is {monitor!r} logged?)")
     trained = best_of_run(candidate, best.best_model_path, data)
     artifact = trained.recommender() if isinstance(trained, NextItemTask) else trained.ranker()
+    artifact.train_end = data.train_end()  # the next turn never goes back before it
     artifact.save_pretrained(out_dir / "model")
     return trained, seconds, trainer.current_epoch
 
@@ -285,6 +330,7 @@ def retrain_dlrm(
     seed: int = 0,
     promote: bool = True,
     keep: int = 5,
+    backfill: bool = False,
 ) -> dict[str, Any]:
     """The same turn for a DLRM on click-outs: warm start on the hours before `end`, gate on the last ones.
 
@@ -308,13 +354,21 @@ def retrain_dlrm(
         seed: seeds the candidate's training.
         promote: promote a candidate that passes the gate (False: decide and report only).
         keep: versions of `model_dir` kept besides the current one, the one before it and the best.
+        backfill: train on click-outs that end before the current model's training data does (its test
+            hours must still start after it: the gate never compares on click-outs a compared model trained on).
     """
     from sessrec.tasks import DLRMTask
     from sessrec.tasks.clickout_data import ClickoutDataModule
 
     out_dir = Path(out)
     with turn(model_dir, keep) as (store, standing, current_path):
-        current = DLRMTask.from_ranker(ClickRanker.from_pretrained(current_path))
+        served = ClickRanker.from_pretrained(current_path)
+        stop = to_seconds(end, "end")
+        check_window(current_path, served.train_end, standing.best_apart(store), backfill,
+                     ("the training window (before the --valid_hours and --test_hours that end at --end)",
+                      stop - (test_hours + valid_hours) * 3600.0, True),
+                     ("the test window (the --test_hours before --end)", stop - test_hours * 3600.0))
+        current = DLRMTask.from_ranker(served)
         if not isinstance(current.sparse, DynamicTables):
             raise ValueError(
                 f"{current_path}: this DLRM has fixed tables ({type(current.sparse).__name__}); retraining grows them, so train "
@@ -342,7 +396,7 @@ def retrain_dlrm(
             "current": lambda: clickout_ranks(current, old),
             **({} if best_path is None else {"best": lambda: best_ranks(best_path)}),
         }, out_dir / "model", promote, {
-            "window_end": str(end), "test_hours": test_hours, "valid_hours": valid_hours, "train_hours": train_hours,
+            "window_end": str(end), "current_train_end": iso(served.train_end), "backfill": backfill, "test_hours": test_hours, "valid_hours": valid_hours, "train_hours": train_hours,
             "current_ids": current.vocab.cardinalities, "candidate_ids": new.vocab.cardinalities,
             "rows_in_tables": {name: int(t.num_keys) for name, t in candidate.model.sparse_arch.tables.items()},
             "train_rows": new.rows["train"].num_rows, "test_rows": new.rows["test"].num_rows,

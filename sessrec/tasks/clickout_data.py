@@ -103,6 +103,10 @@ class ClickoutDataModule(pl.LightningDataModule):
                 raise ValueError(f"{self.path}: no click-outs before the last {self.test_hours + self.valid_hours} hours")
         return self._rows
 
+    def train_end(self) -> float:
+        """Time (epoch seconds) of the last training click-out: the end of what a model trained here has seen."""
+        return float(pc.max(self.rows["train"].column("timestamp").cast(pa.float64())).as_py())
+
     @property
     def vocab(self) -> RankingVocab:
         if self._vocab is None:

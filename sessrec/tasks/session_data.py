@@ -169,7 +169,11 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
         if self._vocab is None:
             if self.vocab_path is not None:
                 self._vocab = ItemVocab.load(self.vocab_path)
-            elif isinstance(self.source, PreparedSource):  # fitted by sessrec prepare, with the same settings
+                return self._vocab
+            if self.splits.summary()["train_sessions"] == 0:  # a source that does not refuse it itself
+                raise ValueError(f"{self.splits.source}: the training split holds no session, so there is no item to "
+                                 f"fit the vocabulary on; check the source's split settings ({type(self.source).__name__})")
+            if isinstance(self.source, PreparedSource):  # fitted by sessrec prepare, with the same settings
                 self._vocab = self.source.vocab(self.min_item_count, self.max_vocab_size)
             else:
                 values, _ = frame.list_offsets(self.splits.train.column(frame.ITEMS))
@@ -187,6 +191,10 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
                 "false, or prepare it"
             )
         return Path(self.source.path), self.source.manifest
+
+    def train_end(self) -> float | None:
+        """Time (epoch seconds) of the training split's last event (`SessionSplits.train_end`); None without times."""
+        return self.splits.train_end()
 
     @property
     def num_items(self) -> int:

@@ -39,13 +39,12 @@ from sessrec.data.prepared.plan import (
     PartResult,
     build_part,
     check_driver_memory,
-    files_of,
     plan_parts,
     sessionize_partition,
 )
 from sessrec.data.readers import NULL_VALUES, _is_parquet, _sniff_delimiter, check_time_samples, time_sample
 from sessrec.data.schema import Schema, SchemaError
-from sessrec.data.sources import EventLogSource
+from sessrec.data.sources import EventLogSource, SplitPeriods
 
 ROW = "__row"  # the file order of an event: piece << 32 | row within the piece
 PIECE_BYTES = 64 << 20  # bytes of a plain CSV file in one piece
@@ -217,11 +216,11 @@ class DaskEngine:
         client = self.client()
         try:
             with dask.config.set({"dataframe.backend": self.backend, "dataframe.shuffle.method": "p2p"}):
-                tasks = []
-                for f, (path, splits) in enumerate(files_of(source)):
+                tasks, periods = [], SplitPeriods()
+                for f, (path, splits) in enumerate(source.splits_of()):
                     summaries = self.sessionize(client, source, path, scratch / f"file{f}")
                     check_driver_memory(path, summaries, self.memory_budget)
-                    tasks += plan_parts(source, path, summaries, splits, layout)
+                    tasks += plan_parts(source, path, summaries, splits, layout, periods)
                 futures = client.map(build_part, tasks, directory=directory, layout=layout, pure=False)
                 for done in as_completed(futures):  # the driver folds the counts as the parts finish
                     yield done.result()

@@ -26,13 +26,12 @@ from sessrec.data.prepared.plan import (
     PartResult,
     build_part,
     check_driver_memory,
-    files_of,
     plan_parts,
     sessionize_partition,
     split_by_partition,
 )
 from sessrec.data.readers import scan_events
-from sessrec.data.sources import EventLogSource
+from sessrec.data.sources import EventLogSource, SplitPeriods
 
 PEAK_PER_EVENT_BYTE = 6  # bytes that sessionizing a partition holds at its peak, per byte of its events in Arrow
 T = TypeVar("T")
@@ -82,11 +81,11 @@ class LocalEngine:
     def run(self, source: EventLogSource, directory: Path, layout: Layout) -> Iterator[PartResult]:
         """Write the parts of every split into `directory`; yields what each part gave, as it is written."""
         with tempfile.TemporaryDirectory(prefix="sessrec-prepare-", dir=self.scratch or directory.parent) as scratch:
-            tasks = []
-            for f, (path, splits) in enumerate(files_of(source)):
+            tasks, periods = [], SplitPeriods()
+            for f, (path, splits) in enumerate(source.splits_of()):
                 summaries = self.sessionize(source, path, Path(scratch) / f"file{f}")
                 check_driver_memory(path, summaries, self.memory_budget)
-                tasks += plan_parts(source, path, summaries, splits, layout)
+                tasks += plan_parts(source, path, summaries, splits, layout, periods)
             yield from self.map(lambda task: build_part(task, directory, layout), tasks)
 
     def sessionize(self, source: EventLogSource, path: str, folder: Path) -> list[PartitionSummary]:

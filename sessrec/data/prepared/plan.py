@@ -6,7 +6,9 @@
    drop repeats, cut lengths) into a session file sorted by session id (`sessionize_partition`).
 3. **Split**: the end time and session id of every session (16 bytes a session, on the driver) give each
    session its split by the source's rule (`EventLogSource.split_labels`), the ties of end times broken
-   by session id, as the in-memory path breaks them by position in session-id order.
+   by session id, as the in-memory path breaks them by position in session-id order. Each file's splits
+   join one `SplitPeriods`, which refuses an empty split or one that goes back in time before any part is
+   written (`EventLogSource.check_file`, as the in-memory path checks them).
 4. **Parts**: each part file of a split is the split's next `Layout.part_sessions` sessions in session-id
    order, gathered from the partitions' session files (`plan_parts`, `build_part`); the training parts
    count their items (`count_items`), and the vocabulary is the sum of those counts
@@ -32,12 +34,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sessrec.data import frame
-from sessrec.data.prepared.dataset import SPLITS, Layout, PartWritten, write_part
-from sessrec.data.sources import EventLogSource
+from sessrec.data.prepared.dataset import Layout, PartWritten, write_part
+from sessrec.data.sources import SPLIT_LABELS, EventLogSource, SplitPeriods
 from sessrec.data.vocab import ItemVocab, count_items, sum_counts
 
 BATCH_SESSIONS = 65_536  # sessions in a record batch of a partition's session file (what a part reads at a time)
-LABELS = {"train": 0, "valid": 1, "test": 2}
 
 
 def hash_partition(ids: pa.Array | pa.ChunkedArray, partitions: int) -> np.ndarray:
@@ -171,12 +172,15 @@ class CountFold:
 
 
 def plan_parts(
-    source: EventLogSource, path: str, summaries: list[PartitionSummary], splits: tuple[str, ...], layout: Layout
+    source: EventLogSource, path: str, summaries: list[PartitionSummary], splits: tuple[str, ...], layout: Layout,
+    periods: SplitPeriods,
 ) -> list[PartTask]:
     """Steps 3 and 4 for one file of the source: the part tasks of the `splits` it provides.
 
     `splits` is ``("train", "valid", "test")`` for the source's main file (labelled by
-    `EventLogSource.split_labels`), or the one split that a `test_path` / `valid_path` file is.
+    `EventLogSource.split_labels`), or the one split that a `test_path` / `valid_path` file is
+    (`EventLogSource.splits_of`). The file's splits join `periods` (`EventLogSource.check_file`), which
+    refuses an empty split, or one that starts before a split it follows ends, before any part is written.
     """
     source.check_kept(path, sum(len(s.sessions) for s in summaries), sum(s.count for s in summaries),
                       max((s.longest for s in summaries), default=0))
@@ -185,17 +189,18 @@ def plan_parts(
     starts = np.concatenate([[0], np.cumsum(sizes)])
     ids = pa.concat_arrays([s.sessions for s in summaries])
     by_id = pc.sort_indices(ids).to_numpy().astype(np.int64)  # (N,) the sessions in session-id order
+    ends = None if summaries[0].ends is None else np.concatenate([s.ends for s in summaries])
     if len(splits) == 1:
-        labels = np.full(len(ids), LABELS[splits[0]], dtype=np.int64)
+        labels = np.full(len(ids), SPLIT_LABELS[splits[0]], dtype=np.int64)
     else:
         rank = np.empty(len(ids), dtype=np.int64)
         rank[by_id] = np.arange(len(ids))
-        ends = None if summaries[0].ends is None else np.concatenate([s.ends for s in summaries])
         labels = source.split_labels(ends, len(ids), order=rank)
+    source.check_file(periods, path, splits, labels, ends)
     partition_of = np.repeat(np.arange(len(summaries)), sizes)
     tasks = []
     for split in splits:
-        chosen = by_id[labels[by_id] == LABELS[split]]
+        chosen = by_id[labels[by_id] == SPLIT_LABELS[split]]
         for k in range(layout.parts(len(chosen))):
             chunk = chosen[k * layout.part_sessions:(k + 1) * layout.part_sessions]
             part = partition_of[chunk]
@@ -222,11 +227,3 @@ def check_driver_memory(path: str, summaries: list[PartitionSummary], memory_bud
             f"({DRIVER_BYTES_PER_SESSION} bytes a session), more than half the memory budget "
             f"({memory_budget / 2**30:.1f} GiB); raise --memory_budget"
         )
-
-
-def files_of(source: EventLogSource) -> list[tuple[str, tuple[str, ...]]]:
-    """The source's files and the splits each provides: its main file, then `test_path` and `valid_path`."""
-    main = tuple(s for s in SPLITS if not (s == "test" and source.test_path) and not (s == "valid" and source.valid_path))
-    files = [(source.path, main)]
-    files += [(p, (s,)) for p, s in ((source.test_path, "test"), (source.valid_path, "valid")) if p is not None]
-    return files

@@ -1,0 +1,329 @@
+"""No time travel: splits and retraining windows that go back in time, and empty or negative periods,
+are refused in one line naming the files, the settings and the dates."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from sessrec.data import EventLogSource, SyntheticSource, prepare
+from sessrec.data.sources import SessionSource, SessionSplits
+from sessrec.lifecycle.gate import Gate, check_unseen
+from sessrec.lifecycle.retrain import retrain
+from sessrec.models import CausalLanguageModeling, GRU4RecEncoder
+from sessrec.tasks import SessionDataModule
+
+DAY = 86400.0
+T0 = 1396310400.0  # 2014-04-01T00:00:00Z
+
+
+def write_log(path: Path, days: list[float], first_id: int = 0, per_day: int = 10) -> str:
+    """`per_day` sessions of 3 events (a minute apart) starting on each of `days` (days after T0), each
+    session starting an hour after the one before; ids from `first_id`."""
+    starts = np.array([T0 + d * DAY + k * 3600.0 for d in days for k in range(per_day)])
+    sid = np.repeat(np.arange(first_id, first_id + len(starts)), 3)
+    times = np.repeat(starts, 3) + np.tile([0.0, 60.0, 120.0], len(starts))
+    items = (sid * 7 + np.tile([1, 2, 3], len(starts))) % 13 + 1
+    pq.write_table(pa.table({"session_id": sid, "item_id": items, "timestamp": times}), path)
+    return str(path)
+
+
+def test_the_dates_are_iso_utc():
+    from sessrec.data.sources import iso
+
+    assert iso(T0) == "2014-04-01T00:00:00Z" and iso(T0 + 0.25) == "2014-04-01T00:00:00.250Z"
+
+
+# ------------------------------------------------------------------------- separate split files
+def test_a_test_file_older_than_the_training_file_is_refused_naming_both(tmp_path):
+    train = write_log(tmp_path / "train.parquet", [5, 6, 7])
+    test = write_log(tmp_path / "test.parquet", [1], first_id=100)
+    with pytest.raises(ValueError) as err:
+        EventLogSource(train, test_path=test).load()
+    said = str(err.value)
+    assert "\n" not in said and said.startswith(f"{test}: the test period starts before the training period ends")
+    # its first session ends 2 minutes after 2014-04-02T00:00Z; the last training session (day 7, 9 h, minus the
+    # validation tenth: the 27th of 30 sessions, day 7 at 6 h) ends at 06:02
+    assert "its first session ends 2014-04-02T00:02:00Z" in said
+    assert f"before the last training session (of {train}, training split) ends 2014-04-08T06:02:00Z" in said
+
+
+def test_overlapping_files_are_refused_and_consecutive_ones_accepted(tmp_path):
+    train = write_log(tmp_path / "train.parquet", [0, 1, 2])
+    overlapping = write_log(tmp_path / "overlap.parquet", [2, 3], first_id=100)
+    with pytest.raises(ValueError, match=re.escape(f"{overlapping}: the test period starts before the training period ends: "
+                                                   "its first session ends 2014-04-03T00:02:00Z")):
+        EventLogSource(train, test_path=overlapping, valid_fraction=0.1).load()
+    after = write_log(tmp_path / "after.parquet", [3, 4], first_id=100)
+    splits = EventLogSource(train, test_path=after, valid_fraction=0.1).load()
+    assert (splits.train.num_rows, splits.valid.num_rows, splits.test.num_rows) == (27, 3, 20)
+
+
+def test_a_test_file_may_start_before_training_ends_when_its_sessions_end_after(tmp_path):
+    """The rule is on end times, as day splits assign sessions: a test session that starts before the
+    last training session ends but ends after it is in the test period; equal end times are allowed."""
+    train = write_log(tmp_path / "train.parquet", [0, 1], per_day=2)  # the last session ends day 1, 01:02
+    t = T0 + DAY + 3600.0 + 120.0
+    test = tmp_path / "test.parquet"
+    pq.write_table(pa.table({"session_id": [100, 100, 101, 101], "item_id": [1, 2, 3, 4],
+                             "timestamp": [t - 600.0, t, t - 30.0, t + 30.0]}), test)
+    splits = EventLogSource(train, test_path=str(test), valid_fraction=0.25).load()
+    assert splits.test.num_rows == 2 and splits.train.num_rows == 3
+
+
+def test_a_validation_file_before_the_training_period_is_refused(tmp_path):
+    train = write_log(tmp_path / "train.parquet", [3, 4])
+    valid = write_log(tmp_path / "valid.parquet", [1], first_id=100)
+    with pytest.raises(ValueError, match=re.escape(f"{valid}: the validation period starts before the training period "
+                                                   "ends: its first session ends 2014-04-02T00:02:00Z, before the last "
+                                                   f"training session (of {train}, training split) ends")):
+        EventLogSource(train, valid_path=valid, test_days=1).load()
+
+
+def test_a_test_file_before_the_validation_file_is_refused(tmp_path):
+    train = write_log(tmp_path / "train.parquet", [0])
+    test = write_log(tmp_path / "test.parquet", [1], first_id=100)
+    valid = write_log(tmp_path / "valid.parquet", [2], first_id=200)
+    with pytest.raises(ValueError, match=re.escape(f"{test}: the test period starts before the validation period ends: "
+                                                   "its first session ends 2014-04-02T00:02:00Z, before the last "
+                                                   f"validation session (of {valid}) ends 2014-04-03T09:02:00Z")):
+        EventLogSource(train, test_path=test, valid_path=valid).load()
+
+
+# ------------------------------------------------------------------------- negative and empty periods
+@pytest.mark.parametrize("settings,message", [
+    ({"test_days": 1, "valid_days": -1}, "EventLogSource: valid_days must be a positive number of days, got -1"),
+    ({"test_days": 1, "valid_days": 0}, "EventLogSource: valid_days must be a positive number of days, got 0"),
+    ({"test_days": 0}, "EventLogSource: test_days must be a positive number of days, got 0"),
+    ({"test_days": -2.5}, "EventLogSource: test_days must be a positive number of days, got -2.5"),
+    ({"test_fraction": 0.0}, "EventLogSource: test_fraction must be a share in (0, 1), got 0.0"),
+    ({"test_fraction": 1.0}, "EventLogSource: test_fraction must be a share in (0, 1), got 1.0"),
+    ({"test_days": 1, "valid_fraction": -0.1}, "EventLogSource: valid_fraction must be a share in (0, 1), got -0.1"),
+    ({"test_days": 1, "valid_fraction": None}, "EventLogSource needs valid_path, valid_days or valid_fraction"),
+    ({"test_days": 1, "test_fraction": 0.1}, "EventLogSource needs test_path, or one of test_days and test_fraction"),
+    ({"test_days": None}, "EventLogSource needs test_path, or one of test_days and test_fraction"),
+])
+def test_negative_or_empty_periods_are_refused_when_configured(settings, message):
+    with pytest.raises(ValueError, match="^" + re.escape(message)):
+        EventLogSource("events.parquet", **settings)
+
+
+@pytest.mark.parametrize("settings,message", [
+    ({"valid_days": -1.0}, "SyntheticSource: valid_days must be a positive number of days, got -1.0"),
+    ({"test_days": 0.0}, "SyntheticSource: test_days must be a positive number of days, got 0.0"),
+    ({"test_days": 7.0, "valid_days": 7.0}, "SyntheticSource: test_days 7 and valid_days 7 leave no training day of the 14"),
+])
+def test_synthetic_periods_are_checked_alike(settings, message):
+    with pytest.raises(ValueError, match="^" + re.escape(message)):
+        SyntheticSource(**settings)
+
+
+def test_a_test_period_holding_every_session_names_its_dates(tmp_path):
+    path = write_log(tmp_path / "events.parquet", [0, 1, 2])
+    with pytest.raises(ValueError) as err:
+        EventLogSource(path, test_days=5).load()
+    assert str(err.value) == (
+        f"{path}: no session is left for training: test_days 5 (30 sessions, ending from 2014-04-01T00:02:00Z) and "
+        "valid_fraction 0.1 (0 sessions) hold out all its 30 sessions, which end from 2014-04-01T00:02:00Z to "
+        "2014-04-03T09:02:00Z; shorten those periods"
+    )
+
+
+def test_a_fraction_that_rounds_to_no_session_names_it(tmp_path):
+    path = write_log(tmp_path / "events.parquet", [0, 1, 2])
+    with pytest.raises(ValueError, match="^" + re.escape(f"{path}: the test split is empty: test_fraction 0.01 of its 30 "
+                                                         "sessions rounds to none; lengthen test_fraction")):
+        EventLogSource(path, test_fraction=0.01).load()
+    with pytest.raises(ValueError, match="^" + re.escape(f"{path}: the validation split is empty: valid_fraction 0.01 of "
+                                                         "its 20 sessions rounds to none; lengthen valid_fraction")):
+        EventLogSource(path, test_days=1, valid_fraction=0.01).load()
+
+
+def test_periods_of_days_holding_every_session_name_both(tmp_path):
+    path = write_log(tmp_path / "events.parquet", [0, 5])  # nothing ends on days 1 to 4
+    with pytest.raises(ValueError, match="^" + re.escape(
+            f"{path}: no session is left for training: test_days 2 (10 sessions, ending from 2014-04-06T00:02:00Z) and "
+            "valid_days 1 (10 sessions, ending from 2014-04-01T00:02:00Z) hold out all its 20 sessions")):
+        EventLogSource(path, test_days=2, valid_days=1).load()
+
+
+class EmptyTraining(SessionSource):
+    """A source that hands over an empty training split (as a hand-written source may)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def load(self) -> SessionSplits:
+        sessions = EventLogSource(self.path, test_days=1).sessions(self.path)
+        return SessionSplits(train=sessions.slice(0, 0), valid=sessions, test=sessions, source=self.path)
+
+
+def test_an_empty_training_split_is_named_before_a_model_is_built(tmp_path):
+    path = write_log(tmp_path / "events.parquet", [0, 1, 2])
+    with pytest.raises(ValueError, match="^" + re.escape(f"{path}: no session is left for training: test_days 9")):
+        _ = SessionDataModule(EventLogSource(path, test_days=9), max_length=5).num_items
+    with pytest.raises(ValueError, match="^" + re.escape(f"{path}: the training split holds no session, so there is no "
+                                                         "item to fit the vocabulary on")):
+        _ = SessionDataModule(EmptyTraining(path), max_length=5).num_items
+
+
+@pytest.mark.parametrize("engine", ["memory", "local"])
+def test_prepare_refuses_time_travel_and_empty_splits_before_writing(tmp_path, engine):
+    train = write_log(tmp_path / "train.parquet", [5, 6])
+    test = write_log(tmp_path / "test.parquet", [1], first_id=100)
+    out = tmp_path / "prepared"
+    with pytest.raises(ValueError, match="^" + re.escape(f"{test}: the test period starts before the training period ends")):
+        prepare(EventLogSource(train, test_path=test), str(out), engine=engine)
+    with pytest.raises(ValueError, match="^" + re.escape(f"{train}: no session is left for training: test_days 3")):
+        prepare(EventLogSource(train, test_days=3), str(out), engine=engine)
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["test.parquet", "train.parquet"]
+
+
+# ------------------------------------------------------------------------- retraining
+def served_model(root: Path, train_end: float | None) -> Path:
+    """An (untrained) GRU4Rec model directory over items 1..13 whose training data ends at `train_end`."""
+    from sessrec.data import ItemVocab
+    from sessrec.tasks import NextItemTask
+
+    torch.manual_seed(0)
+    vocab = ItemVocab.fit(pa.array(np.arange(1, 14)))
+    task = NextItemTask(num_items=len(vocab), max_length=5, encoder=GRU4RecEncoder(d_model=8),
+                        objective=CausalLanguageModeling())
+    task.vocab = vocab
+    recommender = task.recommender()
+    recommender.train_end = train_end
+    recommender.save_pretrained(root)
+    return root
+
+
+def retrain_args(tmp_path: Path, log: str, **window: str) -> dict:
+    return {"paths": [log], "out": str(tmp_path / "candidate"), "gate": Gate("recall@20", tolerance=1.0, min_pairs=5),
+            "max_epochs": 1, "batch_size": 16, **window}
+
+
+def test_the_recorded_end_round_trips_and_a_bad_one_is_refused(tmp_path):
+    from sessrec.artifacts import SessionRecommender
+    from sessrec.artifacts.model_directory import read_train_end
+
+    root = served_model(tmp_path / "model", T0 + 3 * DAY + 0.5)
+    assert SessionRecommender.from_pretrained(root).train_end == T0 + 3 * DAY + 0.5
+    assert json.loads((root / "config.json").read_text())["train_end"] == T0 + 3 * DAY + 0.5
+    assert read_train_end({}, "m/config.json") is None
+    for bad in ("2014-04-04", True, float("nan")):
+        with pytest.raises(ValueError, match="^" + re.escape(f"m/config.json: train_end: expected the epoch seconds of the "
+                                                             f"training data's last event, got {bad!r}")):
+            read_train_end({"train_end": bad}, "m/config.json")
+
+
+def test_retrain_on_a_window_older_than_the_served_model_is_refused(tmp_path):
+    log = write_log(tmp_path / "events.parquet", list(range(8)))
+    root = served_model(tmp_path / "model", T0 + 5 * DAY + 7200.0)  # trained until 2014-04-06T02:00Z
+    with pytest.raises(ValueError) as err:
+        retrain(str(root), **retrain_args(tmp_path, log, train_from="2014-04-01", train_until="2014-04-04",
+                                          test_until="2014-04-05"))
+    assert str(err.value) == (
+        "the training window ends 2014-04-04T00:00:00Z, before reaching the last event the current model trained on "
+        f"(2014-04-06T02:00:00Z, train_end in {root}/config.json): retrain on a later window, or pass --backfill true to "
+        "train on an older one"
+    )
+    assert not (tmp_path / "candidate").exists() and not (root / "promotions.jsonl").exists()
+
+
+def test_the_gate_refuses_to_compare_on_sessions_the_served_model_trained_on(tmp_path):
+    log = write_log(tmp_path / "events.parquet", list(range(8)))
+    root = served_model(tmp_path / "model", T0 + 5 * DAY + 7200.0)
+    window = {"train_from": "2014-04-01", "train_until": "2014-04-04", "test_from": "2014-04-06", "test_until": "2014-04-08"}
+    with pytest.raises(ValueError, match="^" + re.escape(  # a backfill whose test window starts before 02:00 on the 6th
+            "the test window (--test_from, default --train_until) starts 2014-04-06T00:00:00Z, not after the last event "
+            f"the current model trained on (2014-04-06T02:00:00Z, train_end in {root}/config.json): the gate would "
+            "compare on sessions it trained on; start the window after 2014-04-06T02:00:00Z")):
+        retrain(str(root), backfill=True, **retrain_args(tmp_path, log, **window))
+    assert not (tmp_path / "candidate").exists()
+
+
+def test_the_gate_refuses_a_window_the_best_promoted_trained_on():
+    """After a rollback the best promoted may have trained on later sessions than the current model."""
+    trained = [("the current model", T0, "current/config.json"), ("the best promoted", T0 + DAY, "v2/config.json")]
+    check_unseen("the test window", T0 + DAY + 1, trained)
+    with pytest.raises(ValueError, match="^" + re.escape(
+            "the test window starts 2014-04-02T00:00:00Z, not after the last event the best promoted trained on "
+            "(2014-04-02T00:00:00Z, train_end in v2/config.json)")):
+        check_unseen("the test window", T0 + DAY, trained)
+
+
+def test_a_served_model_that_records_no_training_end_is_refused(tmp_path):
+    log = write_log(tmp_path / "events.parquet", list(range(8)))
+    root = served_model(tmp_path / "model", None)
+    with pytest.raises(ValueError, match="^" + re.escape(f"{root}/config.json: the current model records no train_end")):
+        retrain(str(root), **retrain_args(tmp_path, log, train_from="2014-04-01", train_until="2014-04-07",
+                                          test_until="2014-04-09"))
+
+
+def test_backfill_trains_an_older_window_and_gates_it_on_unseen_sessions(tmp_path):
+    from sessrec.artifacts import SessionRecommender
+
+    log = write_log(tmp_path / "events.parquet", list(range(8)))
+    root = served_model(tmp_path / "model", T0 + 5 * DAY + 7200.0)
+    decision = retrain(str(root), backfill=True, warm_start=False, **retrain_args(
+        tmp_path, log, train_from="2014-04-01", train_until="2014-04-05", test_from="2014-04-07", test_until="2014-04-09"))
+    assert decision["backfill"] and decision["test_window"] == ["2014-04-07", "2014-04-09"]
+    assert decision["current_train_end"] == "2014-04-06T02:00:00Z"
+    assert decision["train_sessions"] == 36 and decision["test_sessions"] == 20  # days 0-3 (a tenth validates); 6-7
+    candidate = SessionRecommender.from_pretrained(tmp_path / "candidate" / "model")
+    assert candidate.train_end == T0 + 3 * DAY + 5 * 3600.0 + 120.0  # the 36th session, 05:02 on the 4th
+    assert decision["promoted"]  # a tolerance of 1: its recorded end is what the next turn reads
+    assert SessionRecommender.from_pretrained(root).train_end == candidate.train_end
+
+
+def test_a_streamed_training_split_ends_where_the_in_memory_one_does(tmp_path):
+    from sessrec.data import PreparedSource
+    from sessrec.data.streaming import StreamedSplits
+
+    log = write_log(tmp_path / "events.parquet", list(range(6)))
+    source = EventLogSource(log, test_days=1, valid_days=1)
+    out = prepare(source, str(tmp_path / "prepared"), engine="local", part_sessions=7, row_group_sessions=3)
+    streamed = StreamedSplits(out, PreparedSource(str(out)).manifest)
+    assert len(streamed.train_files) == 6  # 40 sessions in parts of 7: the maximum is over every part's row groups
+    assert streamed.train_end() == source.load().train_end() == T0 + 3 * DAY + 9 * 3600.0 + 120.0
+
+
+TRIVAGO = Path(__file__).resolve().parents[2] / "shared" / "data" / "trivago_rsc19_100k" / "trivago_val_100k.parquet.snappy"
+
+
+@pytest.mark.skipif(not TRIVAGO.exists(), reason="trivago_rsc19_100k is not available here")
+def test_a_dlrm_turn_on_older_click_outs_is_refused(tmp_path):
+    from sessrec.artifacts import ClickRanker
+    from sessrec.data.sources import iso
+    from sessrec.embeddings import DynamicTables
+    from sessrec.lifecycle.retrain import retrain_dlrm
+    from sessrec.tasks import ClickoutDataModule, DLRMTask
+
+    window = {"test_hours": 6.0, "valid_hours": 4.0}
+    data = ClickoutDataModule(str(TRIVAGO), end="2018-11-08T00:00", **window)  # trains on click-outs until 14:00 on the 7th
+    torch.manual_seed(0)
+    task = DLRMTask(cardinalities=data.cardinalities, num_dense=data.num_dense, sparse=DynamicTables(),
+                    network={"embedding_dim": 4, "dense_layers": [8, 4], "over_layers": [8]})
+    task.vocab = data.vocab
+    ranker = task.ranker()
+    ranker.train_end = data.train_end()
+    seen = iso(ranker.train_end)
+    assert "2018-11-07T13:00:00Z" < seen <= "2018-11-07T14:00:00Z"
+    ranker.save_pretrained(tmp_path / "current")
+    assert ClickRanker.from_pretrained(tmp_path / "current").train_end == ranker.train_end
+    with pytest.raises(ValueError, match="^" + re.escape(
+            "the training window (before the --valid_hours and --test_hours that end at --end) ends 2018-11-07T08:00:00Z, "
+            f"before reaching the last event the current model trained on ({seen}, train_end in ")):
+        retrain_dlrm(str(tmp_path / "current"), path=str(TRIVAGO), end="2018-11-07T18:00", out=str(tmp_path / "c"), **window)
+    with pytest.raises(ValueError, match="^" + re.escape(
+            "the test window (the --test_hours before --end) starts 2018-11-07T12:00:00Z, not after the last event the "
+            f"current model trained on ({seen}")):
+        retrain_dlrm(str(tmp_path / "current"), path=str(TRIVAGO), end="2018-11-07T18:00", out=str(tmp_path / "c"),
+                     backfill=True, **window)
+    assert not (tmp_path / "c").exists()

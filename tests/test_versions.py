@@ -91,6 +91,22 @@ def test_old_versions_are_pruned_but_the_current_the_history_before_it_and_the_b
     assert not [p for p in store.root.iterdir() if p.name.startswith(".trash")]
 
 
+def test_a_version_rolled_back_from_is_no_longer_the_best_a_retrain_compares_with(tmp_path):
+    from sessrec.lifecycle.retrain import Standing
+
+    store = VersionedDirectory(tmp_path / "m")
+    store.publish(write_file("one"))
+    store.log({"event": "decision", "best": "v000001"})
+    store.publish(write_file("two"))
+    store.log({"event": "decision", "best": "v000002"})
+    store.publish(write_file("three"))
+    assert Standing.read(store) == Standing("v000003", "v000002")
+    store.rollback()  # v000003 -> v000002: the best is still in the history
+    assert Standing.read(store) == Standing("v000002", "v000002")
+    store.rollback()  # v000002 -> v000001: the operator walked back from the best
+    assert Standing.read(store) == Standing("v000001", "v000001")
+
+
 def test_a_second_writer_is_refused_while_the_first_holds_the_lock(tmp_path):
     first, second = VersionedDirectory(tmp_path / "m"), VersionedDirectory(tmp_path / "m")
     with first.lock():

@@ -66,8 +66,9 @@ class Standing:
 
     Args:
         current: the current version's name; None for a plain directory (one model, no versions yet).
-        best: the best promoted so far, as the log's latest ``best`` names it; None when no decision
-            named one (the current model is then the best).
+        best: the best promoted so far, as the log's latest ``best`` names it among the versions of the
+            promotion history (`VersionedDirectory.line`: a version a rollback walked back from is no
+            longer anyone's best); None when none is named (the current model is then the best).
     """
 
     current: str | None
@@ -75,7 +76,8 @@ class Standing:
 
     @classmethod
     def read(cls, store: VersionedDirectory) -> Standing:
-        named = [entry["best"] for entry in store.history() if entry.get("best")]
+        line = set(store.line())
+        named = [entry["best"] for entry in store.history() if entry.get("best") in line]
         return cls(store.current_version(), named[-1] if named else None)
 
     def best_apart(self, store: VersionedDirectory) -> Path | None:

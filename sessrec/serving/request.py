@@ -68,20 +68,20 @@ def parse_request(body: bytes, limits: Limits) -> Request:
         raise RequestError(422, 'give either "sessions" (a list of sessions) or "session" (one list of item ids)')
     one = "session" in payload  # one session, and its times as one list
     sessions = [payload["session"]] if one else payload["sessions"]
-    if isinstance(sessions, list) and len(sessions) > limits.max_sessions_per_request:
-        raise RequestError(
-            413, f"{len(sessions)} sessions in one request; the limit is {limits.max_sessions_per_request}"
-        )
-    longest = max((len(s) for s in sessions if isinstance(s, list)), default=0) if isinstance(sessions, list) else 0
-    if longest > limits.max_items_per_session:
-        row = next(i for i, s in enumerate(sessions) if isinstance(s, list) and len(s) == longest)
-        raise RequestError(
-            413, f"session {row} has {longest} items; the limit is {limits.max_items_per_session} per session"
-        )
+    if isinstance(sessions, list):  # the server's bounds; the values are check_request's
+        if len(sessions) > limits.max_sessions_per_request:
+            raise RequestError(
+                413, f"{len(sessions)} sessions in one request; the limit is {limits.max_sessions_per_request}"
+            )
+        for row, session in enumerate(sessions):
+            if isinstance(session, list) and len(session) > limits.max_items_per_session:
+                raise RequestError(
+                    413, f"session {row} has {len(session)} items; the limit is {limits.max_items_per_session} per session"
+                )
     times = payload.get("times")
     try:
         request = check_request(sessions, payload.get("k", 20), payload.get("on_unknown", "oov"), payload.get("now"),
-                                [times] if one and "times" in payload else times)
+                                [times] if one and times is not None else times)
     except ValueError as err:
         raise RequestError(422, str(err)) from None
     if request.k > limits.k_max:

@@ -13,8 +13,6 @@ with the same one-line message).
 from __future__ import annotations
 
 import json
-import math
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -107,14 +105,16 @@ CASES = [
     ({"sessions": [[10]], "on_unknown": "skip"}, 'on_unknown must be "oov" or "error", got \'skip\''),
     ({"sessions": [[10, 20]], "times": [[T0]]}, "times of session 0 has 1 values for its 2 item ids"),
     ({"sessions": [[10]], "times": [[T0 * 1000]]},
-     "session 0's event time 1700000000000 is not a time in seconds since the epoch: after the year 3000 "
-     "(milliseconds? give seconds)"),
+     ("session 0's event time 1700000000000 is not a time in seconds since the epoch: after the year 3000 "
+      "(milliseconds? give seconds)")),
     ({"sessions": [[10, 20]], "times": [[T0, T0 - 1]]},
      "times of session 0 go back at position 1 (1699999999 after 1700000000): give each session's events oldest first"),
     ({"sessions": [[10, 20]], "times": [[T0, T0 + 600]], "now": T0},
      "now 1700000000 is 600 s before the last event of session 0 (1700000600): a session is served after its events"),
     ({"sessions": [[10]], "now": -1}, "now -1 is not a time in seconds since the epoch: before 1970 (negative)"),
     ({"sessions": [[10]], "now": [T0, T0]}, "now holds 2 times for 1 sessions: give one time, or one per session"),
+    ({"sessions": [[10]], "now": [None]}, "now must be seconds since the epoch (a number, or one per session), got [None]"),
+    ({"sessions": [[10]], "times": [[None]]}, "times of session 0 must be numbers (seconds since the epoch), got None"),
 ]
 
 

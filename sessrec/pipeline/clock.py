@@ -111,8 +111,7 @@ def check_now(now: Any, n: int) -> np.ndarray | None:
         now = now.detach().cpu().numpy()
     flat = now.tolist() if isinstance(now, (np.ndarray, np.generic)) else now
     numbers = flat if isinstance(flat, (list, tuple)) else [flat]
-    bad = next((t for t in numbers if isinstance(t, bool) or not isinstance(t, (int, float))), None)
-    if bad is not None or isinstance(flat, (list, tuple)) and not flat:
+    if not all(map(_is_number, numbers)) or isinstance(flat, (list, tuple)) and not flat:
         raise ValueError(f"now must be seconds since the epoch (a number, or one per session), got {short(now)}")
     seconds = check_seconds(flat, "now")
     if seconds.ndim == 1 and len(seconds) != n:
@@ -142,8 +141,8 @@ def check_times(times: Any, lengths: Sequence[int]) -> np.ndarray:
             raise ValueError(f"times of session {row} must be a list of numbers, got {type(session).__name__}")  # noqa: TRY004
         if len(session) != length:
             raise ValueError(f"times of session {row} has {len(session)} values for its {length} item ids")
-        bad = next((t for t in session if isinstance(t, bool) or not isinstance(t, (int, float))), None)
-        if bad is not None:
+        if not all(map(_is_number, session)):
+            bad = next(t for t in session if not _is_number(t))
             raise ValueError(f"times of session {row} must be numbers (seconds since the epoch), got {short(bad)}")
     offsets = np.concatenate([[0], np.cumsum(np.asarray(lengths, dtype=np.int64))])
     row_of = np.repeat(np.arange(len(lengths)), np.diff(offsets))
@@ -213,6 +212,11 @@ def request_now(now: np.ndarray | None, n: int, times: torch.Tensor | None = Non
     if times is not None:
         return times[:, -1].to(torch.float64).clone()
     return torch.full((n,), time.time() if arrival is None else arrival, dtype=torch.float64)
+
+
+def _is_number(value: Any) -> bool:
+    """An int or a float (numpy's float64 included), not a bool."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def short(value: Any) -> str:

@@ -132,17 +132,3 @@ def test_a_now_before_the_last_event_is_refused_alike_everywhere(fitted, tmp_pat
     with pytest.raises(ValueError) as offline:
         recommend_file(pipe, src, tmp_path / "recs.parquet", k=K, now=NOW)
     assert str(offline.value) == f"{src}: {message}"
-
-
-def test_without_times_a_ranker_with_time_features_refuses_and_reads_no_clock(fitted, tmp_path: Path) -> None:
-    pipe, pairs = fitted
-    sessions, _ = requests(pipe, pairs)
-    message = ("the pipeline's ranker was fitted with time features (session_duration, time_hour_cos, time_hour_sin, "
-               "time_weekday_cos, time_weekday_sin): give every session's event times (times: per session a list of "
-               "seconds since the epoch, one per item id)")
-    with pytest.raises(ValueError) as api:
-        pipe.recommend(sessions, k=K, now=CLOCKS[0])
-    assert str(api.value) == message
-    with TestClient(build_app(pipe, max_wait_ms=1.0)) as client:
-        reply = client.post("/recommend", json={"sessions": sessions, "k": K})
-    assert (reply.status_code, reply.json()) == (422, {"error": message})

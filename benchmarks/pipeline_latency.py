@@ -30,6 +30,7 @@ from sessrec.data import SyntheticSource
 from sessrec.models import XLNetEncoder
 from sessrec.pipeline.candidate_features import CandidateFeatures
 from sessrec.pipeline.pipeline import Pipeline
+from sessrec.pipeline.request import check_request
 from sessrec.pipeline.retrieval.baseline_retriever import BaselineRetriever
 from sessrec.pipeline.retrieval.covisitation import CoVisitation
 from sessrec.pipeline.retrieval.index import ExactIndex, FaissIndex
@@ -63,13 +64,14 @@ def build(args: argparse.Namespace) -> tuple[Pipeline, SessionDataModule]:
     return pipe, dm
 
 
-def raw_sessions(dm: SessionDataModule, n: int) -> list[list[int]]:
-    """`n` validation sessions as raw-id lists (what a request carries)."""
-    items, _ = dm.tensors("valid")
-    rows = items[:n].numpy()
-    raw = dm.vocab.decode(np.where(rows >= 2, rows, 2).ravel()).to_pylist()
-    width = rows.shape[1]
-    return [[raw[r * width + c] for c in range(width) if rows[r, c] >= 2] or [raw[r * width]] for r in range(len(rows))]
+def raw_requests(dm: SessionDataModule, n: int) -> tuple[list[list[int]], list[list[float]]]:
+    """`n` validation sessions as raw-id lists and their event times (what a request carries; the
+    ranker reads its time features from them). An out-of-vocabulary id is sent as the first item's."""
+    pairs = dm.pairs("valid")
+    rows, stamps = pairs.items[:n].numpy(), pairs.times[:n].numpy()
+    keep = rows != 0
+    raw = np.array(dm.vocab.decode(np.where(rows >= 2, rows, 2).ravel()).to_pylist(), dtype=object).reshape(rows.shape)
+    return [r[k].tolist() for r, k in zip(raw, keep)], [t[k].tolist() for t, k in zip(stamps, keep)]
 
 
 def main() -> None:
@@ -92,21 +94,22 @@ def main() -> None:
     start = time.perf_counter()
     pipe, dm = build(args)
     print(f"built in {time.perf_counter() - start:.0f} s", file=sys.stderr)
-    requests = raw_sessions(dm, args.warmup + args.requests)
+    sessions, stamps = raw_requests(dm, args.warmup + args.requests)
     with torch.inference_mode():
-        for session in requests[: args.warmup]:
-            pipe.recommend([session], k=args.k)
+        for session, stamp in zip(sessions[: args.warmup], stamps[: args.warmup]):
+            pipe.recommend([session], k=args.k, times=[stamp])
         times = []
-        for session in requests[args.warmup :]:
+        for session, stamp in zip(sessions[args.warmup :], stamps[args.warmup :]):
             t = time.perf_counter()
-            out = pipe.recommend([session], k=args.k)
+            out = pipe.recommend([session], k=args.k, times=[stamp])
             times.append((time.perf_counter() - t) * 1e3)
             assert len(out[0]["item_ids"]) > 0
-        batch = pipe.encode(raw_sessions(dm, args.batch))
+        many, their_times = raw_requests(dm, args.batch)
+        batch = pipe.encode(check_request(many, times=their_times))
         pipe.recommend_batch(batch, args.k)  # warm-up at this batch size
         rounds, t = 3, time.perf_counter()
         for _ in range(rounds):
-            pipe.recommend_batch(pipe.encode(raw_sessions(dm, args.batch)), args.k)
+            pipe.recommend_batch(pipe.encode(check_request(many, times=their_times)), args.k)
         per_s = rounds * args.batch / (time.perf_counter() - t)
     times = np.array(times)
     print(json.dumps({

@@ -424,9 +424,9 @@ def test_pipeline_recommend_refuses_text_ids_for_int_vocab(pipeline):
 @pytest.mark.parametrize(
     "sessions, kwargs, message",
     [
-        ([[1], []], {}, "session 1 of the request is empty"),
+        ([[1], []], {}, "session 1 is empty: give at least one item id"),
         ([[1, 99]], {"on_unknown": "error"}, "item id 99 is not in the model's vocabulary"),
-        ("1 2 3", {}, "recommend takes a list of sessions"),
+        ("1 2 3", {}, "sessions must be a non-empty list of sessions, each a list of item ids, got str"),
     ],
     ids=["empty-session", "unknown-item", "not-a-list"],
 )

@@ -368,14 +368,15 @@ def test_a_served_hstu_model_reads_the_request_times():
     from sessrec.data import ItemVocab
     from sessrec.models import CausalLanguageModeling
     from sessrec.models.objective import EVENT_TIMES
+    from sessrec.pipeline.request import check_request
     from sessrec.serving.recommender import SessionModelService
 
     model = _timed_hstu()
     vocab = ItemVocab.fit(pa.array(list(range(100, 128))))
     served = SessionModelService(SessionRecommender(model.eval(), CausalLanguageModeling(), vocab, Inference(7)))
     sessions, times = [[101, 102, 103], [110, 111, 112, 113]], [[1e9, 1e9 + 60, 1e9 + 9e4], [1e9, 1e9 + 1, 1e9 + 2, 2e9]]
-    request = served.encode(sessions, now=2e9, times=times)  # served when its last event happened
-    with_times, without = served.recommend_batch(request, k=5), served.recommend_batch(served.encode(sessions), k=5)
+    request = served.encode(check_request(sessions, times=times))  # served when its last event happened
+    with_times, without = served.recommend_batch(request, k=5), served.recommend_batch(served.encode(check_request(sessions)), k=5)
     with torch.no_grad():
         hidden = CausalLanguageModeling().next_item_hidden(model, request.items, {EVENT_TIMES: request.times})
         expected = model.score(hidden).topk(5, dim=1)

@@ -327,7 +327,7 @@ def test_recommend_unknown_and_empty_sessions(world: World) -> None:
     first = world.sessions[0]
     with pytest.raises(ValueError, match=f"item id {UNKNOWN} is not in the model's vocabulary"):
         pipe.recommend([first, [*first, UNKNOWN]], k=K, on_unknown="error")
-    with pytest.raises(ValueError, match="session 1 of the request is empty"):
+    with pytest.raises(ValueError, match="session 1 is empty: give at least one item id"):
         pipe.recommend([first, []], k=K)
     recs = pipe.recommend([[UNKNOWN], [*first, UNKNOWN]], k=K)
     assert [len(r["item_ids"]) for r in recs] == [K, K]

@@ -343,8 +343,9 @@ def test_times_become_ranker_features_and_are_required_once_fitted(dm: SessionDa
     assert "\n" not in str(err.value)
     with pytest.raises(ValueError, match=r"fitted with time features \(session_duration, .*\): give every session's event times"):
         pipe.recommend_batch(RequestSessions(sessions.items, now=sessions.now))
-    # the features themselves say which need the event times and which the time of the request
-    with pytest.raises(ValueError, match=r"\['session_duration'\] need the event times .*time_hour_cos.* need the time") as err:
+    # the features themselves say which need the event times: all of them, never the time of the request
+    with pytest.raises(ValueError, match=r"\['session_duration', 'time_hour_cos', .*\] need the event times "
+                                         r"\(RequestSessions.times\), which these sessions do not carry") as err:
         pipe.features.transform(RequestSessions(sessions.items), cands, pipe.stage_retrievers)
     assert "\n" not in str(err.value)
 

@@ -36,6 +36,7 @@ from sessrec.pipeline.candidates import RequestSessions
 from sessrec.pipeline.filters import ItemTableFilter
 from sessrec.pipeline.offline import recommend_file
 from sessrec.pipeline.pipeline import Pipeline
+from sessrec.pipeline.request import check_request
 from sessrec.pipeline.retrieval.covisitation import CoVisitation
 from sessrec.pipeline.scoring import Scorer
 from sessrec.serving import server
@@ -124,18 +125,20 @@ def test_recommend_takes_one_now_per_session(pipes, mode: str) -> None:
 def test_recommend_defaults_to_the_wall_clock(pipes, monkeypatch: pytest.MonkeyPatch) -> None:
     at_clock(monkeypatch, clock, T0)
     assert ids(pipes["deny"].recommend([SESSION], k=K)) == [EXPECTED["deny"][T0]]
-    assert pipes["deny"].encode([SESSION]).now.tolist() == [T0]
+    assert pipes["deny"].encode(check_request([SESSION])).now.tolist() == [T0]
     at_clock(monkeypatch, clock, T1)
     assert ids(pipes["deny"].recommend([SESSION], k=K)) == [EXPECTED["deny"][T1]]
-    # event times do not move the request time: the clock's, unless given
-    assert pipes["deny"].encode([SESSION], times=[[T0 - 5]]).now.tolist() == [T1]
+    # with event times the request is served at each session's last event, whatever the clock
+    assert pipes["deny"].encode(check_request([SESSION, [10, 20]], times=[[T0 - 5], [T0 - 9, T0]])).now.tolist() == [
+        T0 - 5, T0]
+    assert ids(pipes["deny"].recommend([SESSION], k=K, times=[[T0 - 5]])) == [EXPECTED["deny"][T0 - 1]]
 
 
 def test_times_fill_the_sessions_right_aligned_as_the_items(pipes) -> None:
     pipe = pipes["plain"]
     sessions = [[10, 20, 30], [10, 20, 30, 40, 50, 60]]  # 3 events; 6 (the stages see the last 4)
     times = [[100, 200, 300.5], [1, 2, 3, 4, 5, 6]]
-    encoded = pipe.encode(sessions, now=T0, times=times)
+    encoded = pipe.encode(check_request(sessions, now=T0, times=times))
     assert encoded.times.dtype == torch.float64
     assert encoded.times.tolist() == [[0, 100, 200, 300.5], [3, 4, 5, 6]]
     assert encoded.items[0, 0] == 0 and (encoded.items[1] != 0).all()  # padding where the times are 0
@@ -152,7 +155,7 @@ def test_times_fill_the_sessions_right_aligned_as_the_items(pipes) -> None:
         ({"now": -1}, ValueError, r"now -1 is not a time in seconds since the epoch: before 1970 \(negative\)"),
         ({"now": 1_700_000_000_000}, ValueError, r"now 1700000000000 is not .* after the year 3000 \(milliseconds\?"),
         ({"now": [T0, T0, T0]}, ValueError, "now holds 3 times for 2 sessions"),
-        ({"now": "today"}, TypeError, "now must be seconds since the epoch"),
+        ({"now": "today"}, ValueError, "now must be seconds since the epoch"),
         ({"times": [[1.0], [1.0]]}, ValueError, "times of session 1 has 1 values for its 2 item ids"),
         ({"times": [[1.0]]}, ValueError, "times has 1 lists for 2 sessions"),
         ({"times": [[1.0], [5.0, 4.0]]}, ValueError, r"times of session 1 go back at position 1 \(4 after 5\)"),
@@ -161,7 +164,7 @@ def test_times_fill_the_sessions_right_aligned_as_the_items(pipes) -> None:
         ({"now": T0, "times": [[T0 - 60], [T0, T0 + 301]]}, ValueError,
          rf"now {T0:.0f} is 301 s before the last event of session 1 \({T0 + 301:.0f}\): a session is served after its events"),
         ({"times": [[1.0], [5.0, 1.7e12]]}, ValueError, "session 1's event time 1700000000000 is not a time .* year 3000"),
-        ({"times": [[1.0], [5.0, "6"]]}, TypeError, "times of session 1 must be numbers .* got '6'"),
+        ({"times": [[1.0], [5.0, "6"]]}, ValueError, "times of session 1 must be numbers .* got '6'"),
     ],
 )
 def test_implausible_times_are_refused_in_one_line(pipes, kwargs: dict, error: type, message: str) -> None:
@@ -173,12 +176,9 @@ def test_a_last_event_may_follow_the_request_time_by_the_clock_skew_only(pipes) 
     """The caller's clock may run ahead of the server's by up to CLOCK_SKEW (300 s); half a second more is refused."""
     pipe = pipes["deny"]
     assert clock.CLOCK_SKEW == 300
-    assert pipe.encode([[10, 20]], now=T0, times=[[T0 - 5, T0 + 300]]).now.tolist() == [T0]
+    assert pipe.encode(check_request([[10, 20]], now=T0, times=[[T0 - 5, T0 + 300]])).now.tolist() == [T0]
     with pytest.raises(ValueError, match="now 1700000000 is 300.5 s before the last event of session 0"):
-        pipe.encode([[10, 20]], now=T0, times=[[T0 - 5, T0 + 300.5]])
-    future = int(time.time()) + 3600.5  # the wall clock's now is checked too
-    with pytest.raises(ValueError, match=r"s before the last event of session 0 \(\d+\.\d+\)"):
-        pipe.encode([[10, 20]], times=[[future - 1, future]])
+        pipe.recommend([[10, 20]], now=T0, times=[[T0 - 5, T0 + 300.5]])
 
 
 def test_a_ranker_with_time_features_refuses_sessions_without_times(pipes) -> None:
@@ -187,7 +187,7 @@ def test_a_ranker_with_time_features_refuses_sessions_without_times(pipes) -> No
     with pytest.raises(ValueError, match=r"fitted with time features \(session_duration, time_hour_cos, time_hour_sin\): "
                                          r"give every session's event times \(times: "):
         pipe.recommend([SESSION], k=K, now=T0)
-    assert pipe.encode([SESSION], now=T0, times=[[T0 - 60]]).times.tolist() == [[0, 0, 0, T0 - 60]]
+    assert pipe.encode(check_request([SESSION], now=T0, times=[[T0 - 60]])).times.tolist() == [[0, 0, 0, T0 - 60]]
     with pytest.raises(ValueError, match=r"give every session's event times \(RequestSessions.times\)"):
         pipe.score(RequestSessions(torch.tensor([[2]]), now=torch.tensor([T0], dtype=torch.float64)), pipe.candidates(
             RequestSessions(torch.tensor([[2]]))))
@@ -196,9 +196,9 @@ def test_a_ranker_with_time_features_refuses_sessions_without_times(pipes) -> No
 
 def test_join_sessions_keeps_each_requests_now_and_the_times_all_of_them_gave(pipes) -> None:
     pipe = pipes["plain"]
-    timed = pipe.encode([[10, 20]], now=T0, times=[[1.0, 2.0]])
-    untimed = pipe.encode([[30]], now=T1)
-    both = join_sessions([timed, pipe.encode([[40]], now=T1 - 1, times=[[3.0]])])
+    timed = pipe.encode(check_request([[10, 20]], now=T0, times=[[1.0, 2.0]]))
+    untimed = pipe.encode(check_request([[30]], now=T1))
+    both = join_sessions([timed, pipe.encode(check_request([[40]], now=T1 - 1, times=[[3.0]]))])
     assert both.now.tolist() == [T0, T1 - 1]
     assert both.times.tolist() == [[0, 0, 1, 2], [0, 0, 0, 3]]
     mixed = join_sessions([timed, untimed])
@@ -231,14 +231,14 @@ def test_the_server_serves_a_request_without_now_at_its_arrival(pipes, monkeypat
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        ({"session": SESSION, "now": "today"}, "\"now\" must be a number of seconds since the epoch, got 'today'"),
-        ({"session": SESSION, "now": True}, "\"now\" must be a number of seconds since the epoch, got True"),
-        ({"session": SESSION, "now": -5}, "\"now\" -5 is not a time in seconds since the epoch: before 1970"),
-        ({"session": SESSION, "now": 1_700_000_000_000}, r"\"now\" 1700000000000 is not a time .*year 3000 \(milliseconds"),
-        ({"session": SESSION, "now": 10**400}, r"\"now\" 100000000000\.\.\. \(401 digits\) is not a time"),
-        ({"session": SESSION, "times": 5}, "\"times\" must be a list of event times"),
+        ({"session": SESSION, "now": "today"}, r"now must be seconds since the epoch \(a number, or one per session\), got 'today'"),
+        ({"session": SESSION, "now": True}, "now must be seconds since the epoch .*, got True"),
+        ({"session": SESSION, "now": -5}, "now -5 is not a time in seconds since the epoch: before 1970"),
+        ({"session": SESSION, "now": 1_700_000_000_000}, r"now 1700000000000 is not a time .*year 3000 \(milliseconds"),
+        ({"session": SESSION, "now": 10**400}, r"now 100000000000\.\.\. \(401 digits\) is not a time"),
+        ({"session": SESSION, "times": 5}, "times of session 0 must be a list of numbers, got int"),
         ({"session": [10, 20], "times": [T0]}, "times of session 0 has 1 values for its 2 item ids"),
-        ({"sessions": [SESSION], "times": [T0]}, "\"times\" must be a list with, per session, a list"),
+        ({"sessions": [SESSION], "times": [T0]}, "times of session 0 must be a list of numbers, got float"),
         ({"sessions": [SESSION, SESSION], "times": [[T0]]}, "times has 1 lists for 2 sessions"),
         ({"session": [10, 20], "times": [T0, T0 - 1]}, "times of session 0 go back at position 1"),
         ({"session": [10, 20], "now": T0, "times": [T0, T0 + 3600]}, "is 3600 s before the last event of session 0"),
@@ -292,9 +292,9 @@ def test_recommend_file_applies_the_windows_at_each_sessions_last_event(
     counts = recommend_file(pipes[mode], src, tmp_path / "recs.parquet", k=K, batch_size=3)
     assert counts["now"] is None  # each session at its last event
     assert recommended(tmp_path / "recs.parquet") == [EXPECTED[mode][now] for now in NOWS]
-    # a `now` given serves every session at it, event times or not
-    counts = recommend_file(pipes[mode], src, tmp_path / "at_t0.parquet", k=K, now=T0)
-    assert recommended(tmp_path / "at_t0.parquet") == [EXPECTED[mode][T0]] * 4
+    # a `now` given (after every session's last event) serves every session at it
+    recommend_file(pipes[mode], src, tmp_path / "later.parquet", k=K, now=T1 + 1)
+    assert recommended(tmp_path / "later.parquet") == [EXPECTED[mode][T1]] * 4
 
 
 def test_scoring_stream_gives_event_times_right_aligned_in_time_order(vocab: ItemVocab, tmp_path: Path) -> None:
@@ -397,7 +397,7 @@ def test_recommend_file_refuses_an_output_it_cannot_write_before_writing_anythin
     write_sessions(src, list(NOWS), "lists")
     (tmp_path / "out").mkdir()
     cases = [
-        (tmp_path / "recs.parquet", 0, r"--k 0: the number of recommendations per session must be 1 or more"),
+        (tmp_path / "recs.parquet", 0, r"k must be an integer of 1 or more, got 0"),
         (tmp_path / "out", K, r"--output .*out is a directory; name a file in it \(e.g. .*out/recs.parquet\)"),
         (tmp_path / "recs.txt", K, r"--output .*recs.txt: unknown extension '.txt'; name a .parquet or .pq file .* or a .csv file"),
     ]

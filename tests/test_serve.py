@@ -29,6 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sessrec.data import SyntheticSource
 from sessrec.models import MaskedItemModeling, XLNetEncoder
 from sessrec.pipeline.pipeline import Pipeline
+from sessrec.pipeline.request import check_request
 from sessrec.pipeline.retrieval.covisitation import CoVisitation
 from sessrec.saved.atomic import write_text
 from sessrec.saved.versions import resolve
@@ -85,8 +86,8 @@ class Gate:
         self.release, self.entered = threading.Event(), threading.Event()
         self.calls: list[int] = []
 
-    def encode(self, sessions, on_unknown="oov", now=None, times=None):
-        return self.inner.encode(sessions, on_unknown, now, times)
+    def encode(self, request, arrival=None):
+        return self.inner.encode(request, arrival)
 
     def recommend_batch(self, sessions, k=20):
         self.calls.append(len(sessions))
@@ -210,16 +211,17 @@ def test_a_bad_request_fails_alone_and_the_model_is_called_once_for_the_others(p
         (b'{"sessions": [[1, 2]', 400, "body is not valid JSON"),
         (b"\xff\xfe", 400, "body is not valid JSON"),
         (b"[[1, 2]]", 422, "body must be a JSON object, got list"),
-        (b'{"sessions": "abc"}', 422, '"sessions" must be a non-empty list'),
-        (b'{"sessions": []}', 422, '"sessions" must be a non-empty list'),
+        (b'{"sessions": "abc"}', 422, "sessions must be a non-empty list of sessions, each a list of item ids, got str"),
+        (b'{"sessions": []}', 422, "sessions must be a non-empty list of sessions, each a list of item ids, got an empty"),
         (b'{"sessions": [1031]}', 422, "session 0 must be a list of item ids, got int"),
         (b'{"session": [1031], "sessions": [[1031]]}', 422, 'give either "sessions"'),
         (b'{"session": [1031], "kk": 3}', 422, "unknown field(s) ['kk']"),
-        (b'{"session": [1031], "k": "5"}', 422, '"k" must be an integer in [1, 100], got \'5\''),
-        (b'{"session": [1031], "k": 0}', 422, '"k" must be an integer in [1, 100], got 0'),
-        (b'{"session": [1031], "k": true}', 422, '"k" must be an integer'),
-        (b'{"session": [1031], "k": 101}', 422, '"k" must be an integer in [1, 100], got 101'),
-        (b'{"session": [1031], "on_unknown": "skip"}', 422, '"on_unknown" must be "oov" or "error"'),
+        (b'{"session": [1031], "k": "5"}', 422, "k must be an integer of 1 or more, got '5'"),
+        (b'{"session": [1031], "k": 0}', 422, "k must be an integer of 1 or more, got 0"),
+        (b'{"session": [1031], "k": true}', 422, "k must be an integer of 1 or more, got True"),
+        (b'{"session": [1031], "k": 2.5}', 422, "k must be an integer of 1 or more, got 2.5"),
+        (b'{"session": [1031], "k": 101}', 422, "k 101 is more than this server's limit of 100 (k_max)"),
+        (b'{"session": [1031], "on_unknown": "skip"}', 422, 'on_unknown must be "oov" or "error"'),
         (b'{"session": [1031, 1.5]}', 422, "session 0: item ids must be strings or integers, got 1.5"),
         (b'{"session": [null]}', 422, "item ids must be strings or integers, got None"),
         (b'{"session": [[1031]]}', 422, "item ids must be strings or integers, got [1031]"),
@@ -360,8 +362,8 @@ class Broken:
     def __init__(self, inner: Pipeline, error: Exception) -> None:
         self.inner, self.vocab, self.error = inner, inner.vocab, error
 
-    def encode(self, sessions, on_unknown="oov", now=None, times=None):
-        return self.inner.encode(sessions, on_unknown, now, times)
+    def encode(self, request, arrival=None):
+        return self.inner.encode(request, arrival)
 
     def recommend_batch(self, sessions, k=20):
         raise self.error
@@ -588,7 +590,7 @@ def test_a_session_model_is_served_in_mixed_batches_as_alone(data) -> None:
     model = SessionModelService(task.recommender())
     raw = data.vocab.raw_ids.slice(2).to_pylist()
     parts = [[raw[:3], raw[5:6]], [raw[10:22]], [raw[30:32]]]  # widths 3, 10 (the last 10 of 12) and 2
-    joined = join_sessions([model.encode(p) for p in parts])
+    joined = join_sessions([model.encode(check_request(p)) for p in parts])
     assert joined.items.shape == (4, 10)
     batched = model.decode(model.recommend_batch(joined, 5))
     alone = [r for p in parts for r in model.recommend(p, k=5)]
@@ -596,7 +598,7 @@ def test_a_session_model_is_served_in_mixed_batches_as_alone(data) -> None:
     for b, a in zip(batched, alone):
         assert b["scores"] == pytest.approx(a["scores"], abs=1e-5)
     with pytest.raises(ValueError, match="is not in the model's vocabulary"):
-        model.encode([[UNKNOWN]], on_unknown="error")
+        model.recommend([[UNKNOWN]], on_unknown="error")
 
 
 def test_settings_are_checked() -> None:

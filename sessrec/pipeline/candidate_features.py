@@ -12,9 +12,11 @@ Groups (each can be switched off, for ablations):
 - ``covisitation``: co-visitation weight of the candidate with the last item and with the last
   three items (needs a `CoVisitation` retriever);
 - ``context``: session length and the share of distinct items;
-- ``time``: the session's duration (needs the event times, `RequestSessions.times`) and the hour and
-  weekday of its time (`CyclicTime` of `RequestSessions.now`, which defaults to the last event's time),
-  built when the ranker's rows carry times; a ranker fitted with them refuses sessions without;
+- ``time``: the session's duration and the hour and weekday of its last event (`CyclicTime`), both
+  from the event times (`RequestSessions.times`), never from the time the session is served at
+  (`RequestSessions.now`, which only the allow/deny windows read): the same session gets the same
+  features whenever and wherever it is scored. Built when the ranker's rows carry times; a ranker
+  fitted with them refuses sessions without;
 - ``encodings``: out-of-fold target encoding of the candidate item (`TargetEncoding`, folded by
   the session each row was cut from, so that the prefixes of one session share a fold) and its
   count among the ranker's candidate rows (`CountEncoding`);
@@ -59,7 +61,7 @@ from sessrec.saved.registry import Configurable, instantiate
 
 GROUPS = ("retrievers", "popularity", "session", "covisitation", "context", "time", "encodings", "ids")
 DURATION = "session_duration"  # the raw column that needs the event times
-CYCLIC = ("time_hour_", "time_weekday_")  # the outputs of the CyclicTime op ``time``: they need the request time
+CYCLIC = ("time_hour_", "time_weekday_")  # the outputs of the CyclicTime op ``time``: of the last event time
 
 
 def group_of(column: str) -> str:
@@ -195,7 +197,7 @@ class CandidateFeatures(Configurable):
         groups: torch.Tensor | None = None, use_time: bool = False,
     ) -> dict[str, np.ndarray]:
         """One row per valid candidate: the columns the ops read (``session``: `groups`, else the row;
-        ``timestamp``: `RequestSessions.now` with `use_time`, when the sessions carry it)."""
+        ``timestamp``: the session's last event time with `use_time`, when the sessions carry times)."""
         valid = candidates.valid
         counts = valid.sum(dim=1)  # (B,) filled slots of each row, row-major like `valid`
         b = valid.shape[0]
@@ -212,8 +214,8 @@ class CandidateFeatures(Configurable):
         for name in ("popularity", "recent_popularity"):
             if name in raw:
                 frame[name] = _slots(raw[name], valid).double().cpu().numpy()
-        if use_time and sessions.now is not None:
-            frame["timestamp"] = per_row(sessions.now.double())
+        if use_time and sessions.times is not None:
+            frame["timestamp"] = per_row(sessions.times[:, -1].double())  # right-aligned: the last event
         return frame
 
     def _ops(self, has_time: bool) -> FeaturePipeline:
@@ -313,22 +315,17 @@ class CandidateFeatures(Configurable):
 
     @property
     def time_names(self) -> list[str]:
-        """The fitted features that read the sessions' times: ``session_duration`` (the event times)
-        and the `CyclicTime` op's outputs (``time_hour_*``, ``time_weekday_*``: the request time)."""
+        """The fitted features that read the sessions' event times: ``session_duration`` and the
+        `CyclicTime` op's outputs (``time_hour_*``, ``time_weekday_*``, of the last event)."""
         return [n for n in self.names or () if n == DURATION or n.startswith(CYCLIC)]
 
     def _missing_times(self, sessions: RequestSessions) -> str | None:
         """What the fitted features need of the sessions' times and these sessions lack, in one line (None: nothing)."""
-        lacking = []
-        if DURATION in self.names and sessions.times is None:
-            lacking.append(f"[{DURATION!r}] need the event times (RequestSessions.times)")
-        cyclic = [n for n in self.time_names if n != DURATION]
-        if cyclic and sessions.now is None:
-            lacking.append(f"{cyclic} need the time of the request (RequestSessions.now, or the event times)")
-        if not lacking:
+        if not self.time_names or sessions.times is not None:
             return None
-        return (f"the ranker was fitted with time features: {'; '.join(lacking)}, which these sessions do not "
-                "carry; give the sessions their times, or fit the ranker without the 'time' feature group")
+        return (f"the ranker was fitted with time features: {self.time_names} need the event times "
+                "(RequestSessions.times), which these sessions do not carry; give the sessions their times, or fit "
+                "the ranker without the 'time' feature group")
 
     @staticmethod
     def _dense_columns(raw: dict[str, Any], fitted: dict[str, Any]) -> dict[str, Any]:

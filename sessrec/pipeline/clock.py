@@ -1,28 +1,32 @@
-"""When a request is served and when its events happened: the times the pipeline reads.
+"""The two times of a request: when its events happened and when it is served, and the one rule between them.
 
-Two times enter the pipeline with a batch of sessions (`RequestSessions`):
-
-- ``now`` (B,): the time at which each session is served. The validity windows of rule tables
-  (`ItemTableFilter`) are applied at it. Every entry point sets it: `Pipeline.recommend` and the
-  server take it from the caller or from the clock at the call, ``sessrec recommend`` from each
-  session's last event or from the time the run starts.
-- ``times`` (B, L): each event's time, right-aligned with the items (0 on padding), from which the
-  ranker's time features are built (hour and weekday of the last event, session duration).
+- ``times`` (B, L): each event's time, right-aligned with the items (0 on padding). Everything the
+  ranker computes from time reads them and nothing else: the session's duration and the hour and
+  weekday of its last event (`CandidateFeatures`). A session scores the same whenever, and through
+  whichever entry point, it is scored: the server, `Pipeline.recommend`, ``sessrec recommend`` and
+  the evaluation (`evaluate_pipeline`). A ranker fitted with time features refuses sessions without
+  times; it never takes them from a clock.
+- ``now`` (B,): the time at which each session is served, read only by the validity windows of the
+  allow/deny tables (`ItemTableFilter`). Given by the caller (one time, or one per session), else
+  each session's last event where the request gives ``times`` (`request_now`), else the clock at
+  the request: the server's arrival, the call of `Pipeline.recommend`, the start of a ``sessrec
+  recommend`` run.
 
 All times are float64 seconds since the epoch (UTC). A time is plausible when it is finite, not
 negative and before the year 3000 (`LATEST`): a larger number is almost always milliseconds given
 where seconds are expected, which would put every request centuries past every validity window.
-A session is served after its events: its request time may precede its last event by at most
-`CLOCK_SKEW` (the caller's clock may run a little ahead of the server's).
+A session is served after its events: a ``now`` given may precede the session's last event by at
+most `CLOCK_SKEW` (the caller's clock may run a little ahead of the events' clock); more is
+refused by every entry point with the same message (`check_served_after`).
 
-Shape letters: B sessions, W positions of the widest session (at most the width asked for).
+Shape letters: B sessions, W positions of the widest session (at most the width asked for), E events.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -30,7 +34,8 @@ import torch
 
 from sessrec.data import frame
 
-__all__ = ["CLOCK_SKEW", "LATEST", "check_seconds", "event_times", "request_now"]
+__all__ = ["CLOCK_SKEW", "LATEST", "check_now", "check_seconds", "check_served_after", "check_times", "pad_times",
+           "request_now", "short"]
 
 LATEST = 32_503_680_000.0  # 3000-01-01T00:00:00Z in seconds since the epoch
 CLOCK_SKEW = 300.0  # seconds a session's last event may lie after its request time (the two clocks differ)
@@ -89,78 +94,56 @@ def check_seconds(values: np.ndarray | Sequence[float] | float, what: str) -> np
     return seconds
 
 
-def request_now(
-    now: float | Sequence[float] | np.ndarray | torch.Tensor | None, n: int, times: torch.Tensor | None = None
-) -> torch.Tensor:
-    """(n,) float64 request times: one for all sessions, one per session, or the clock's now.
+def check_now(now: Any, n: int) -> np.ndarray | None:
+    """A request's ``now``, checked: (n,) float64 seconds, or None when it gives none.
 
     Args:
-        now: seconds since the epoch for every session, or one per session; None: the wall clock
-            at the call (`time.time()`), the same for every session.
+        now: one time for every session, one per session (a list, an array, a tensor), or None.
         n: sessions in the request.
-        times: (n, W) their event times, right-aligned (`event_times`), or None. A session's last
-            event may follow its request time by at most `CLOCK_SKEW` (the events' times come from
-            the caller's clock, which may run a little ahead of the server's).
 
     Raises:
-        TypeError: `now` is neither a number nor a sequence of numbers.
-        ValueError: a sequence of another length than `n`, an implausible time (`check_seconds`),
-            or a request time more than `CLOCK_SKEW` before the session's last event.
+        ValueError: not a number nor a list of numbers, a list of another length than `n`, or an
+            implausible time (`check_seconds`); one line naming ``now`` and the value.
     """
-    out = torch.full((n,), time.time(), dtype=torch.float64) if now is None else _given_now(now, n)
-    if times is not None and times.shape[0] == n and times.shape[-1] > 0:
-        last = times[:, -1].to(torch.float64).cpu()
-        early = torch.nonzero(out + CLOCK_SKEW < last).flatten()
-        if len(early):
-            row = int(early[0])
-            raise ValueError(f"now {_shown(out[row])} is {_shown(last[row] - out[row])} s before the last event of "
-                             f"session {row} ({_shown(last[row])}): a session is served after its events")
-    return out
-
-
-def _given_now(now: float | Sequence[float] | np.ndarray | torch.Tensor, n: int) -> torch.Tensor:
-    """(n,) float64: the caller's request time(s), checked (`request_now`)."""
+    if now is None:
+        return None
     if isinstance(now, torch.Tensor):
         now = now.detach().cpu().numpy()
-    if isinstance(now, (bool, str, bytes)):
-        raise TypeError(f"now must be seconds since the epoch (a number, or one per session), got {now!r}")
-    try:
-        seconds = _floats(now, "now")
-    except (TypeError, ValueError) as err:
-        if "is not a time" in str(err):
-            raise
-        raise TypeError(f"now must be seconds since the epoch (a number, or one per session), got {now!r}") from None
-    if seconds.ndim > 1 or (seconds.ndim == 1 and len(seconds) != n):
+    flat = now.tolist() if isinstance(now, (np.ndarray, np.generic)) else now
+    numbers = flat if isinstance(flat, (list, tuple)) else [flat]
+    if not all(map(_is_number, numbers)) or isinstance(flat, (list, tuple)) and not flat:
+        raise ValueError(f"now must be seconds since the epoch (a number, or one per session), got {short(now)}")
+    seconds = check_seconds(flat, "now")
+    if seconds.ndim == 1 and len(seconds) != n:
         raise ValueError(f"now holds {seconds.size} times for {n} sessions: give one time, or one per session")
-    check_seconds(seconds, "now")
-    return torch.from_numpy(np.broadcast_to(seconds, (n,)).copy())
+    return np.ascontiguousarray(np.broadcast_to(seconds, (n,)))
 
 
-def event_times(times: Sequence[Sequence[Any]], lengths: Sequence[int], width: int) -> torch.Tensor:
-    """(B, W) float64 event times, right-aligned as the items are (0 on padding), the last `width` kept.
+def check_times(times: Any, lengths: Sequence[int]) -> np.ndarray:
+    """A request's ``times``, checked: (E,) float64 seconds, the events of each session in turn.
 
     Args:
         times: per session its events' times in seconds, oldest first, one per item id.
         lengths: (B,) item ids of each session.
-        width: W, the width of the encoded items (their latest `width` events).
 
     Raises:
-        TypeError: `times` is not a list of lists of numbers.
-        ValueError: another number of sessions or of times than of item ids, an implausible time
-            (`check_seconds`), or times that go back within a session. The message names the session.
+        ValueError: not a list of lists of numbers, another number of sessions or of times than of
+            item ids, an implausible time (`check_seconds`), or times that go back within a
+            session; one line naming the session and the value.
     """
-    if isinstance(times, (str, bytes)) or not isinstance(times, Sequence):
-        raise TypeError("times must be a list with, per session, a list of its events' times in seconds")
+    if not isinstance(times, (list, tuple)):
+        got = type(times).__name__
+        raise ValueError(f"times must be a list with, per session, a list of its events' times in seconds, got {got}")  # noqa: TRY004
     if len(times) != len(lengths):
         raise ValueError(f"times has {len(times)} lists for {len(lengths)} sessions: give one list per session")
     for row, (session, length) in enumerate(zip(times, lengths)):
-        if isinstance(session, (str, bytes)) or not isinstance(session, Sequence):
-            raise TypeError(f"times of session {row} must be a list of numbers, got {type(session).__name__}")
+        if not isinstance(session, (list, tuple)):
+            raise ValueError(f"times of session {row} must be a list of numbers, got {type(session).__name__}")  # noqa: TRY004
         if len(session) != length:
             raise ValueError(f"times of session {row} has {len(session)} values for its {length} item ids")
-        bad = next((t for t in session if isinstance(t, bool) or not isinstance(t, (int, float))), None)
-        if bad is not None:
-            raise TypeError(f"times of session {row} must be numbers (seconds since the epoch), got {bad!r}")
+        if not all(map(_is_number, session)):
+            bad = next(t for t in session if not _is_number(t))
+            raise ValueError(f"times of session {row} must be numbers (seconds since the epoch), got {short(bad)}")
     offsets = np.concatenate([[0], np.cumsum(np.asarray(lengths, dtype=np.int64))])
     row_of = np.repeat(np.arange(len(lengths)), np.diff(offsets))
     values = [t for session in times for t in session]
@@ -182,5 +165,61 @@ def event_times(times: Sequence[Sequence[Any]], lengths: Sequence[int], width: i
             f"times of session {row} go back at position {at - int(offsets[row])} ({_shown(flat[at])} after "
             f"{_shown(flat[at - 1])}): give each session's events oldest first"
         )
+    return flat
+
+
+def check_served_after(now: np.ndarray | torch.Tensor, last: np.ndarray | torch.Tensor,
+                       names: Callable[[int], str] = lambda row: f"session {row}") -> None:
+    """Refuse sessions served more than `CLOCK_SKEW` before their last event.
+
+    Args:
+        now: (B,) the times the sessions are served at.
+        last: (B,) the times of their last events.
+        names: how the message names the session of a row (``session 3``, ``session 'a7'``).
+
+    Raises:
+        ValueError: ``now T is D s before the last event of session S (L): a session is served after
+            its events``, for the first such session.
+    """
+    now, last = np.asarray(now, dtype=np.float64), np.asarray(last, dtype=np.float64)
+    early = np.flatnonzero(now + CLOCK_SKEW < last)
+    if len(early):
+        row = int(early[0])
+        raise ValueError(f"now {_shown(now[row])} is {_shown(last[row] - now[row])} s before the last event of "
+                         f"{names(row)} ({_shown(last[row])}): a session is served after its events")
+
+
+def pad_times(flat: np.ndarray, lengths: Sequence[int], width: int) -> torch.Tensor:
+    """(B, W) float64 event times of `check_times`, right-aligned as the items are (0 on padding), the
+    last `width` of each session kept."""
+    offsets = np.concatenate([[0], np.cumsum(np.asarray(lengths, dtype=np.int64))])
     padded = frame.pad_sessions(flat, offsets[:-1], offsets[1:], width, np.float64)
     return torch.from_numpy(np.ascontiguousarray(padded))
+
+
+def request_now(now: np.ndarray | None, n: int, times: torch.Tensor | None = None,
+                arrival: float | None = None) -> torch.Tensor:
+    """(n,) float64: the times `n` sessions are served at, by the rule of the module docstring.
+
+    Args:
+        now: (n,) the request's times (`check_now`), or None when it gives none.
+        n: sessions in the request.
+        times: (n, W) their event times, right-aligned (`pad_times`), or None.
+        arrival: the clock's reading at the request (the server's arrival); None: `time.time()`.
+    """
+    if now is not None:
+        return torch.from_numpy(np.asarray(now, dtype=np.float64).copy())
+    if times is not None:
+        return times[:, -1].to(torch.float64).clone()
+    return torch.full((n,), time.time() if arrival is None else arrival, dtype=torch.float64)
+
+
+def _is_number(value: Any) -> bool:
+    """An int or a float (numpy's float64 included), not a bool."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def short(value: Any) -> str:
+    """`value` for a one-line message, cut to 60 characters."""
+    text = " ".join(repr(value).split())
+    return text if len(text) <= 60 else text[:57] + "..."

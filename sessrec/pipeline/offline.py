@@ -15,10 +15,13 @@ never a path, a size or a time, so a pipeline re-fitted in place or an input rew
 starts the run over. At the end the parts are joined into ``<output>`` in input order, the same bytes
 whatever the engine and the number of workers.
 
-Time: an input with the schema's ``timestamp`` column gives each session its event times (for
-the ranker's time features) and its request time ``now``, at which the allow/deny windows hold:
-the time of its last event. An input without one is served at one ``now`` for every session: the
-one given, else the time the run starts. That time is recorded in the manifest: a resumed run
+Time, by the rule of every entry point (`sessrec.pipeline.clock`): an input with the schema's
+``timestamp`` column gives each session its event times, from which the ranker's time features are
+built, and serves it at its last event, where the allow/deny windows hold; a ``now`` given serves
+every session at it, and a session whose last event comes more than `CLOCK_SKEW` after it is refused
+(the message `Pipeline.recommend` and the server give, naming the file and the session). An input
+without a time column is served at one ``now`` for every session: the one given, else the time the
+run starts. That time is recorded in the manifest: a resumed run
 serves at the time its first part was served at, and a run given another ``now`` starts over.
 """
 
@@ -36,8 +39,9 @@ import torch
 from sessrec.data.batch import SessionBatch
 from sessrec.data.schema import Schema
 from sessrec.data.stream import ScoringStream
-from sessrec.pipeline.clock import LATEST, check_seconds
+from sessrec.pipeline.clock import LATEST, check_now, check_served_after
 from sessrec.pipeline.pipeline import Pipeline
+from sessrec.pipeline.request import check_k
 from sessrec.saved import versions
 from sessrec.saved.atomic import digest
 from sessrec.scoring.engine import Engine, load_once, worker_name
@@ -76,8 +80,9 @@ def recommend_file(
             the input has it, gives each session's event times and serves it at its last event.
         overwrite: replace an existing output (otherwise refuse).
         now: the time every session is served at (seconds since the epoch), for the allow/deny
-            windows. None: each session's last event time where the input has a time column,
-            else the time the run starts (the time a resumed run started, recorded in its manifest).
+            windows only; a session whose last event comes more than `CLOCK_SKEW` after it is refused.
+            None: each session's last event time where the input has a time column, else the time
+            the run starts (the time a resumed run started, recorded in its manifest).
         engine: ``local`` (this process) or ``dask`` (one task per partition on a Dask cluster).
         scheduler: with ``dask``, the address of a running Dask scheduler (``tcp://host:8786``); none: a
             local cluster of `workers` processes.
@@ -93,12 +98,13 @@ def recommend_file(
         ValueError: `k`, `batch_size` or `partition_batches` below 1, `output` a directory, of another
             extension or the input itself, an engine setting that cannot be honoured (all before anything
             is read or written), an implausible `now` or event time (after the year 3000: milliseconds
-            given as seconds), or an input without a time column for a ranker fitted with time features
-            (a refusal while scoring removes the parts written).
+            given as seconds), a `now` before a session's last event, or an input without a time column
+            for a ranker fitted with time features (a refusal while scoring removes the parts written).
         FileExistsError: `output` exists and `overwrite` is false (before anything is read).
         PermissionError: `output` cannot be written there (`OutputFile.check`).
         OSError: the scheduler cannot be reached (one line naming its address).
     """
+    k = check_k(k)  # the rule and message of every entry point
     out, input_path = OutputFile(output), Path(input_path).absolute()
     check_settings(k, batch_size, partition_batches)
     out.check(overwrite, [input_path])
@@ -107,7 +113,7 @@ def recommend_file(
         raise ValueError("--engine dask reads the pipeline on every worker from its directory: pass the saved "
                          "directory, not a loaded Pipeline")
     if now is not None:
-        now = float(check_seconds(now, "now"))
+        now = float(check_now(now, 1)[0])
     directory = None if isinstance(pipeline, Pipeline) else str(versions.resolve(pipeline).absolute())
     pipe = pipeline if isinstance(pipeline, Pipeline) else Pipeline.from_pretrained(directory)
     stream = ScoringStream(input_path, pipe.vocab, schema, pipe.history_length, batch_size, times=True)
@@ -180,7 +186,13 @@ class RecommendJob:
     def recommend(self, pipe: Pipeline, batch: SessionBatch) -> pa.Table:
         """The recommendations of one batch, as `Pipeline.recommend` gives them for one request."""
         now = None if self.now is None else torch.full((len(batch),), self.now, dtype=torch.float64)
-        request = pipe.wrap(batch.items, _checked_times(batch, Path(self.input_path), self.schema), now)
+        times = _checked_times(batch, Path(self.input_path), self.schema)
+        if now is not None and times is not None:
+            try:
+                check_served_after(now, times[:, -1], lambda row: f"session {batch.keys[row].as_py()!r}")
+            except ValueError as err:
+                raise ValueError(f"{self.input_path}: {err}") from None
+        request = pipe.wrap(batch.items, times, now)
         item_ids, scores = pipe.decode_lists(pipe.recommend_batch(request, self.k))
         return pa.table({"session_id": batch.keys, "item_ids": item_ids, "scores": scores})
 

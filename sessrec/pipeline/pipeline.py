@@ -5,10 +5,11 @@ asks every retriever for its top-K, merges them (`merge`), applies the filters, 
 features, scores and orders. ``sessrec recommend`` calls the same `recommend_batch` over chunks
 of a file that `recommend` calls for one request.
 
-Every request has a time (``now``, `sessrec.pipeline.clock`): the validity windows of the allow and
-deny tables are applied at it. `recommend` takes it from the caller or from the wall clock at the
-call; per-event ``times`` fill `RequestSessions.times` for the ranker's time features, and a ranker fitted
-with time features refuses sessions without them.
+`recommend` checks a request as the server does (`check_request`, the same messages). Time
+(`sessrec.pipeline.clock`): the ranker's time features are built from the sessions' event times
+(``times``, `RequestSessions.times`), never from a clock, and a ranker fitted with them refuses
+sessions without them; the request time (``now``) only opens and closes the validity windows of the
+allow and deny tables: the caller's, else each session's last event, else the wall clock at the call.
 
 The pipeline runs on one device (`Pipeline.device`, by default its session model's): each batch
 of sessions is moved there, the stages return their tensors there (those that compute on the
@@ -52,6 +53,7 @@ from sessrec.pipeline.candidate_features import CandidateFeatures
 from sessrec.pipeline.candidates import Candidates, Recommendations, RequestSessions, merge
 from sessrec.pipeline.filters import ItemTableFilter, NonProductFilter, SeenItemsFilter
 from sessrec.pipeline.ordering import Ordering
+from sessrec.pipeline.request import Request, check_request
 from sessrec.pipeline.retrieval.baseline_retriever import BaselineRetriever  # noqa: F401 - registered; pipeline.json names it
 from sessrec.pipeline.retrieval.covisitation import CoVisitation  # noqa: F401 - registered; pipeline.json names it
 from sessrec.pipeline.retrieval.retriever import Retriever
@@ -192,10 +194,11 @@ class Pipeline:
 
     @torch.no_grad()
     def recommend_batch(self, sessions: RequestSessions, k: int = 20) -> Recommendations:
-        """Top-`k` model ids and scores (B, k) of a batch of encoded sessions, on the pipeline's device."""
+        """Top-`k` model ids and scores (B, min(k, max_candidates)) of a batch of encoded sessions, on the
+        pipeline's device: no more than the candidates are ever recommended."""
         sessions = sessions.to(self.device)
         cands = self.score(sessions, self.candidates(sessions))
-        return self.ordering.order(sessions, cands, k)
+        return self.ordering.order(sessions, cands, min(k, self.max_candidates))
 
     def wrap(self, items: torch.Tensor, times: torch.Tensor | None = None, now: torch.Tensor | None = None) -> RequestSessions:
         """`RequestSessions` of right-aligned model ids of any width: the stages see the last `max_length`
@@ -219,32 +222,25 @@ class Pipeline:
         return RequestSessions(window(items), times=None if times is None else window(times.double()), now=now,
                         history=items[:, -self.history_length :] if width > self.max_length else None)
 
-    def encode(
-        self,
-        sessions: Sequence[Sequence[Any]],
-        on_unknown: str = "oov",
-        now: float | Sequence[float] | None = None,
-        times: Sequence[Sequence[float]] | None = None,
-    ) -> RequestSessions:
-        """Raw-id sessions -> `RequestSessions` (right-aligned, the last `max_length` events), with their times.
+    def encode(self, request: Request, arrival: float | None = None) -> RequestSessions:
+        """A checked request's raw-id sessions -> `RequestSessions` (right-aligned, the last `max_length`
+        events), with their event times and the times they are served at (`clock.request_now`).
 
         Args:
-            sessions: each session's raw item ids, oldest first.
-            on_unknown: ``oov`` or ``error`` (see `recommend`).
-            now: the request time in seconds since the epoch, one for all sessions or one per
-                session; None: the wall clock at the call (``time.time()``).
-            times: per session its events' times in seconds, aligned with its item ids; None: unknown.
+            request: the request, checked (`check_request`).
+            arrival: the clock's reading at the request, its ``now`` when it gives neither ``now``
+                nor ``times``; None: `time.time()`.
 
         Raises:
-            ValueError: an empty session, an unknown id under ``on_unknown="error"``, an implausible
-                time (NaN, negative, after the year 3000: milliseconds), or no `times` for a ranker
+            ValueError: an unknown id under ``on_unknown="error"``, or no ``times`` for a ranker
                 fitted with time features.
+            TypeError: ids the vocabulary cannot read (``"x"`` for an int64 vocabulary, mixed types).
         """
-        items = encode_raw(self.vocab, sessions, self.history_length, on_unknown)
-        stamps = None if times is None else clock.event_times(times, [len(s) for s in sessions], items.shape[1])
+        items = encode_raw(self.vocab, request.sessions, self.history_length, request.on_unknown)
+        stamps = None if request.times is None else clock.pad_times(request.times, request.lengths, items.shape[1])
         if stamps is None and self.time_features:
             raise ValueError(self.missing_times("times: per session a list of seconds since the epoch, one per item id"))
-        return self.wrap(items, stamps, clock.request_now(now, len(sessions), stamps))
+        return self.wrap(items, stamps, clock.request_now(request.now, len(items), stamps, arrival))
 
     def recommend(
         self,
@@ -256,26 +252,26 @@ class Pipeline:
     ) -> list[dict[str, list]]:
         """Recommend for raw-id sessions (one request): per session ``{"item_ids": [...], "scores": [...]}``.
 
+        Checked as the server checks a request (`check_request`), with the same messages.
+
         Args:
             sessions: each session's raw item ids, oldest first.
             k: recommendations per session.
             on_unknown: ``oov`` scores unknown ids as the out-of-vocabulary item; ``error`` refuses them.
             now: when the request is served, in seconds since the epoch (one for all sessions, or
-                one per session): the allow/deny tables' validity windows hold at it. None: the
-                wall clock at the call (``time.time()``); give the time to replay a past request.
+                one per session): the allow/deny tables' validity windows hold at it, and nothing
+                else reads it. None: each session's last event with `times`, else the wall clock at
+                the call (``time.time()``).
             times: per session its events' times in seconds since the epoch, oldest first, one
-                per item id: they feed the ranker's time features (hour and weekday of the last
-                event, session duration), and a ranker fitted with them refuses a request without.
+                per item id: the ranker's time features (hour and weekday of the last event, session
+                duration) are built from them, and a ranker fitted with them refuses a request without.
 
         Raises:
-            ValueError: see `encode`.
+            ValueError: a request `check_request` refuses, or one `encode` refuses.
+            TypeError: see `encode`.
         """
-        if isinstance(sessions, (str, bytes)) or not isinstance(sessions, Sequence):
-            raise TypeError("recommend takes a list of sessions, each a list of raw item ids")
-        if not sessions:
-            return []
-        recs = self.recommend_batch(self.encode(sessions, on_unknown, now, times), k)
-        return self.decode(recs)
+        request = check_request(sessions, k, on_unknown, now, times)
+        return self.decode(self.recommend_batch(self.encode(request), request.k))
 
     def decode_lists(self, recs: Recommendations) -> tuple[pa.ListArray, pa.ListArray]:
         """(B,) lists of raw ids and of their float32 scores, best first; empty slots (id 0) dropped."""
@@ -460,17 +456,13 @@ def model_device(retrievers: Mapping[str, tuple[Retriever, int]]) -> torch.devic
 
 
 def encode_raw(vocab: ItemVocab, sessions: Sequence[Sequence[Any]], max_width: int, on_unknown: str = "oov") -> torch.Tensor:
-    """Raw-id sessions (oldest first) -> (B, W) right-aligned int64 model ids, W <= `max_width` (the latest events).
+    """Raw-id sessions of a checked request (`check_request`: none empty), oldest first -> (B, W)
+    right-aligned int64 model ids, W <= `max_width` (the latest events).
 
     Ids of another type than the vocabulary's (``"214536502"`` for an int64 vocabulary) are cast;
-    unknown ids become the OOV id, or raise with ``on_unknown="error"``. An empty session raises.
+    unknown ids become the OOV id, or raise with ``on_unknown="error"``.
     """
-    if on_unknown not in ("oov", "error"):
-        raise ValueError(f"on_unknown must be 'oov' or 'error', got {on_unknown!r}")
     lengths = np.array([len(s) for s in sessions], dtype=np.int64)
-    if len(lengths) and (lengths == 0).any():
-        row = int(np.flatnonzero(lengths == 0)[0])
-        raise ValueError(f"session {row} of the request is empty: give at least one item id")
     flat = [item for s in sessions for item in s]
     try:  # ids of another type (e.g. "214536502" for an int64 vocabulary) are cast by the vocabulary
         raw = pa.array(flat) if flat else pa.array([], type=vocab.raw_ids.type)

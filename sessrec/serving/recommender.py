@@ -6,16 +6,17 @@
 Lightning, served by `SessionModelService`), and returns a `Recommender`. Its work comes in three
 steps, so that a server can check each request alone and score many at once:
 
-- ``encode(sessions, on_unknown, now, times)``: one request's raw ids -> `RequestSessions` of model ids,
-  with the request's time (``now``, seconds since the epoch; None: the clock at the call) and its
-  sessions' event times (``times``, or None); raises ValueError / TypeError for what the request
-  got wrong (an id the vocabulary cannot read, an unknown id under ``on_unknown="error"``, an empty
-  session, an implausible time, no times for a ranker fitted with time features);
+- ``encode(request, arrival)``: one request, checked (`check_request`, the same rules and messages
+  for the server and the Python entry points), raw ids -> `RequestSessions` of model ids, with its
+  event times and the times its sessions are served at (`sessrec.pipeline.clock.request_now`: the
+  request's ``now``, else each session's last event, else `arrival`); raises ValueError / TypeError
+  for what needs the model to see (an id the vocabulary cannot read, an unknown id under
+  ``on_unknown="error"``, no times for a ranker fitted with time features);
 - ``recommend_batch(sessions, k)``: the top-`k` model ids and scores of encoded sessions, those of
   several requests joined by `join_sessions`;
 - ``decode(recommendations)``: per session ``{"item_ids": [...], "scores": [...]}`` in raw ids.
 
-``recommend(sessions, k, on_unknown)`` runs the three in a row. A model directory that is
+``recommend(sessions, k, on_unknown, now, times)`` checks the request and runs the three in a row. A model directory that is
 versioned (a ``CURRENT`` file naming one of ``versions/<name>/``) is read at its current version
 (`sessrec.saved.versions.resolve`).
 """
@@ -34,6 +35,7 @@ from sessrec.data.vocab import ItemVocab
 from sessrec.pipeline import clock
 from sessrec.pipeline.candidates import Recommendations, RequestSessions
 from sessrec.pipeline.pipeline import Pipeline, decode_dicts, encode_raw
+from sessrec.pipeline.request import Request, check_request
 from sessrec.saved.versions import resolve
 
 
@@ -42,13 +44,7 @@ class Recommender(Protocol):
 
     vocab: ItemVocab
 
-    def encode(
-        self,
-        sessions: Sequence[Sequence[Any]],
-        on_unknown: str = "oov",
-        now: float | Sequence[float] | None = None,
-        times: Sequence[Sequence[float]] | None = None,
-    ) -> RequestSessions: ...
+    def encode(self, request: Request, arrival: float | None = None) -> RequestSessions: ...
 
     def recommend_batch(self, sessions: RequestSessions, k: int = 20) -> Recommendations: ...
 
@@ -81,21 +77,13 @@ class SessionModelService:
         """The service of a model directory (`SessionRecommender.from_pretrained`)."""
         return cls(SessionRecommender.from_pretrained(directory))
 
-    def encode(
-        self,
-        sessions: Sequence[Sequence[Any]],
-        on_unknown: str = "oov",
-        now: float | Sequence[float] | None = None,
-        times: Sequence[Sequence[float]] | None = None,
-    ) -> RequestSessions:
-        """Raw-id sessions -> `RequestSessions` of right-aligned model ids (the last `max_length` events).
-
-        The request time (`now`; None: the clock at the call) and the event times (`times`) are
-        checked and kept as `Pipeline.encode` keeps them; the session model reads neither.
-        """
-        items = encode_raw(self.vocab, sessions, self.max_length, on_unknown)
-        stamps = None if times is None else clock.event_times(times, [len(s) for s in sessions], items.shape[1])
-        return RequestSessions(items, times=stamps, now=clock.request_now(now, len(sessions), stamps))
+    def encode(self, request: Request, arrival: float | None = None) -> RequestSessions:
+        """A checked request's raw-id sessions -> `RequestSessions` of right-aligned model ids (the last
+        `max_length` events), with their event times and request times as `Pipeline.encode` gives them;
+        the network reads the event times where its encoder does (`HSTUEncoder`), never the request time."""
+        items = encode_raw(self.vocab, request.sessions, self.max_length, request.on_unknown)
+        stamps = None if request.times is None else clock.pad_times(request.times, request.lengths, items.shape[1])
+        return RequestSessions(items, times=stamps, now=clock.request_now(request.now, len(items), stamps, arrival))
 
     @torch.no_grad()
     def recommend_batch(self, sessions: RequestSessions, k: int = 20) -> Recommendations:
@@ -110,13 +98,20 @@ class SessionModelService:
         """Per session ``{"item_ids": [...], "scores": [...]}`` (raw ids, best first)."""
         return decode_dicts(self.vocab, recs.items, recs.scores)
 
-    def recommend(self, sessions: Sequence[Sequence[Any]], k: int = 20, on_unknown: str = "oov") -> list[dict[str, list]]:
-        """Per session ``{"item_ids": [...], "scores": [...]}``: the `k` best-scored products, best first."""
-        if isinstance(sessions, (str, bytes)) or not isinstance(sessions, Sequence):
-            raise TypeError("recommend takes a list of sessions, each a list of raw item ids")
-        if not sessions:
-            return []
-        return self.decode(self.recommend_batch(self.encode(sessions, on_unknown), k))
+    def recommend(
+        self,
+        sessions: Sequence[Sequence[Any]],
+        k: int = 20,
+        on_unknown: str = "oov",
+        now: float | Sequence[float] | None = None,
+        times: Sequence[Sequence[float]] | None = None,
+    ) -> list[dict[str, list]]:
+        """Per session ``{"item_ids": [...], "scores": [...]}``: the `k` best-scored products, best first.
+
+        The arguments are `Pipeline.recommend`'s, checked alike (`check_request`, the server's messages).
+        """
+        request = check_request(sessions, k, on_unknown, now, times)
+        return self.decode(self.recommend_batch(self.encode(request), request.k))
 
 
 def join_sessions(parts: Sequence[RequestSessions]) -> RequestSessions:

@@ -2,9 +2,11 @@
 
 Routes:
     ``POST /recommend``: ``{"sessions": [[id, ...], ...], "k": 20, "on_unknown": "oov"}`` (or one
-        ``{"session": [...]}``), optionally with ``"now"`` (the request's time in seconds since the
-        epoch, at which allow/deny windows hold; default: its arrival) and ``"times"`` (each
-        session's event times in seconds, a list per session, for the ranker's time features)
+        ``{"session": [...]}``), optionally with ``"times"`` (each session's event times in seconds,
+        a list per session, from which the ranker's time features are built) and ``"now"`` (the
+        request's time in seconds since the epoch, one or one per session, at which the allow/deny
+        windows hold and which nothing else reads; default: each session's last event with
+        ``"times"``, else its arrival)
         -> ``{"recommendations": [{"item_ids": [...], "scores": [...]}, ...]}``.
     ``GET /health``: the model served (kind, version) and the last reload error; 503 while shutting down.
     ``GET /metadata``: the limits, the overload settings and the batching counters.
@@ -18,7 +20,8 @@ How a request goes (each refusal a one-line ``{"error": ...}``):
    `Overload.max_queue_wait_ms` behind (the sessions waiting, at the pace of its recent calls), or
    once shutdown has begun, ``503`` with ``Retry-After``. A flood costs one small answer per request.
 2. **Checks, alone**: the body is read (413 past `Limits.max_request_bytes`), parsed and checked
-   (`parse_request`), and encoded by the model's vocabulary (``encode``: unknown ids under
+   (`parse_request`: the server's bounds, then `check_request`, the rules and messages of
+   `Pipeline.recommend` too), and encoded by the model's vocabulary (``encode``: unknown ids under
    ``on_unknown="error"``, unreadable ids). A bad request fails here with a 4xx and never joins a
    batch. Bodies over 16 KiB are parsed in a worker thread, so the event loop stays free.
 3. **Batching** (`Batcher`): encoded sessions wait in a queue bounded by
@@ -421,20 +424,20 @@ def build_app(
         body = await _read_body(request, limits.max_request_bytes)
         current = holder.current
         if len(body) <= INLINE_PARSE_BYTES:
-            query, sessions = prepare(body, current.recommender, limits, arrival)
+            checked, sessions = prepare(body, current.recommender, limits, arrival)
         else:
             parse = asyncio.get_running_loop().run_in_executor(
                 parsers[0], prepare, body, current.recommender, limits, arrival)
-            query, sessions = await parse
+            checked, sessions = await parse
         if batcher.queued_sessions + len(sessions) > overload.max_queued_sessions:
             metrics.shed.labels("queued_sessions_full").inc()
             return _error(503, f"the server is busy: {batcher.queued_sessions} sessions are waiting for the model; "
                           f"retry after {overload.retry_after_s} s", busy)
-        payload = await batcher.submit(sessions, query.k, current.recommender, deadline)
+        payload = await batcher.submit(sessions, checked.k, current.recommender, deadline)
         return Response(payload, media_type="application/json")
 
     async def recommend(request: Request) -> Response:  # admitted by `AdmissionGate`
-        arrival = time.time()  # the request's time when it gives no "now"
+        arrival = time.time()  # the request's time when it gives neither "now" nor "times"
         try:
             deadline = asyncio.get_running_loop().time() + deadline_s
             return await _within(answer(request, deadline, arrival), deadline_s)

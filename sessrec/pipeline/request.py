@@ -1,0 +1,131 @@
+"""`check_request`: what every way in checks of a recommendation request, with the same one-line messages.
+
+The server (``POST /recommend``, which answers a refusal with 422 and its message),
+`Pipeline.recommend`, the session model's `recommend` (`sessrec.serving.SessionModelService`) and
+``sessrec recommend`` (its ``k`` and ``now``) call it, so that one request is accepted by all of
+them or refused by all of them with the same words. It checks what needs no model: the shape and
+types of the sessions, ``k``, ``on_unknown``, and the two times (`sessrec.pipeline.clock`). What
+needs the model's vocabulary (an id it cannot read, an unknown id under ``on_unknown="error"``) and
+its ranker (event times for time features) is checked when the request is encoded.
+
+The rules:
+
+- ``sessions``: a non-empty list of sessions, each a non-empty list of item ids, oldest first; an
+  id is a string or an integer that fits in 64 bits (not a bool, a float, None or a list);
+- ``k``: an integer of 1 or more (not a bool, not a float);
+- ``on_unknown``: ``"oov"`` (unknown ids scored as the out-of-vocabulary item) or ``"error"``;
+- ``now``: None, a number of seconds since the epoch, or one per session, each plausible
+  (`clock.check_seconds`); with ``times``, at most `clock.CLOCK_SKEW` before each session's last event;
+- ``times``: None, or per session a list of its events' times in seconds, one per item id, plausible
+  and oldest first (`clock.check_times`).
+
+Examples:
+    >>> check_request([["a", 7]], k=3).k
+    3
+    >>> check_request("ab")
+    Traceback (most recent call last):
+    ...
+    ValueError: sessions must be a non-empty list of sessions, each a list of item ids, got str
+    >>> check_request([[1, None]])
+    Traceback (most recent call last):
+    ...
+    ValueError: session 0: item ids must be strings or integers, got None
+    >>> check_request([[1]], k=0)
+    Traceback (most recent call last):
+    ...
+    ValueError: k must be an integer of 1 or more, got 0
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from sessrec.pipeline import clock
+
+__all__ = ["Request", "check_k", "check_request"]
+
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+@dataclass(frozen=True)
+class Request:
+    """A request that `check_request` accepted.
+
+    Args:
+        sessions: each session's raw item ids, oldest first.
+        k: recommendations per session.
+        on_unknown: ``oov`` or ``error``.
+        now: (B,) float64 seconds each session is served at, or None when the request gave none.
+        times: (E,) float64 seconds of every event, session after session, or None when the request gave none.
+    """
+
+    sessions: list[list[Any]]
+    k: int = 20
+    on_unknown: str = "oov"
+    now: np.ndarray | None = None
+    times: np.ndarray | None = None
+
+    @property
+    def lengths(self) -> list[int]:
+        """(B,) item ids of each session."""
+        return [len(s) for s in self.sessions]
+
+
+def check_request(
+    sessions: Any, k: Any = 20, on_unknown: Any = "oov", now: Any = None, times: Any = None
+) -> Request:
+    """The request checked by the rules of the module docstring.
+
+    Every refusal is a ValueError, a wrong type included: the server answers it with 422 and its text.
+
+    Raises:
+        ValueError: one line naming the field and the value, for the first rule broken (in the
+            order of the module docstring).
+    """
+    if not isinstance(sessions, (list, tuple)) or not sessions:
+        got = "an empty list" if isinstance(sessions, (list, tuple)) else type(sessions).__name__
+        raise ValueError(f"sessions must be a non-empty list of sessions, each a list of item ids, got {got}")
+    for row, session in enumerate(sessions):
+        _check_session(row, session)
+    k = check_k(k)
+    if not isinstance(on_unknown, str) or on_unknown not in ("oov", "error"):
+        raise ValueError(f'on_unknown must be "oov" or "error", got {on_unknown!r}')
+    checked_now = clock.check_now(now, len(sessions))
+    checked_times = None if times is None else clock.check_times(times, [len(s) for s in sessions])
+    if checked_now is not None and checked_times is not None:
+        clock.check_served_after(checked_now, checked_times[np.cumsum([len(s) for s in sessions]) - 1])
+    return Request([list(s) for s in sessions], k, on_unknown, checked_now, checked_times)
+
+
+def check_k(k: Any) -> int:
+    """`k`, the number of recommendations per session, checked: an integer of 1 or more.
+
+    Raises:
+        ValueError: ``k must be an integer of 1 or more, got ...``.
+    """
+    if isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"k must be an integer of 1 or more, got {k!r}")
+    return int(k)
+
+
+def _check_session(row: int, session: Any) -> None:
+    if not isinstance(session, (list, tuple)):
+        raise ValueError(f"session {row} must be a list of item ids, got {type(session).__name__}")  # noqa: TRY004
+    if not session:
+        raise ValueError(f"session {row} is empty: give at least one item id")
+    if not set(map(type, session)) <= {str, int}:  # else: plain ids; bool, float, None and lists are not ids
+        at = next((at for at, item in enumerate(session) if not _is_id(item)), None)
+        if at is not None:
+            raise ValueError(f"session {row}: item ids must be strings or integers, got {clock.short(session[at])}")
+    ints = [int(i) for i in session if not isinstance(i, str)]
+    if ints and (min(ints) < _INT64[0] or max(ints) > _INT64[1]):
+        bad = max(ints) if max(ints) > _INT64[1] else min(ints)
+        raise ValueError(f"session {row}: item id {bad} does not fit in a 64-bit integer")
+
+
+def _is_id(item: Any) -> bool:
+    """A string, or an integer that is not a bool (numpy integers included)."""
+    return isinstance(item, str) or (isinstance(item, (int, np.integer)) and not isinstance(item, (bool, np.bool_)))

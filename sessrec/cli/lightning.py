@@ -65,8 +65,8 @@ from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 
 from sessrec.artifacts import ClickRanker, SessionRecommender, load_artifact
 from sessrec.artifacts.model_directory import FEATURES, VOCAB, read_model_directory
-from sessrec.cli.errors import RecipeError, check_in_order, flag_mapping, one_line, refuse_null_below_class
-from sessrec.cli.parsers import checkpoint_refused, config_paths, read_config
+from sessrec.cli.errors import RecipeError, one_line, refuse_null_below_class
+from sessrec.cli.parsers import check_sources, checkpoint_refused
 from sessrec.saved.checkpoint import checkpoint_summary
 from sessrec.saved.registry import config_of
 from sessrec.scoring import Engine, predict_file
@@ -378,10 +378,10 @@ def cli(args: list[str] | None = None) -> SessrecCLI:
 
 
 def check_recipe_keys(args: list[str]) -> None:
-    """Refuse the first key of the ``--config`` files and flags that the task, the data module or the
-    Trainer does not take (`sessrec.cli.errors.check_in_order`; `NextItemTask` and `SessionDataModule` where a
-    block names no class), and a null that a dotted flag would lose (`refuse_null_below_class`)."""
+    """Refuse a YAML syntax error of the ``--config`` files and the first key of them and of the flags that
+    the task, the data module or the Trainer does not take (`sessrec.cli.parsers.check_sources`;
+    `NextItemTask` and `SessionDataModule` where a block names no class), and a null that a dotted flag
+    would lose (`refuse_null_below_class`)."""
     task, data = import_module("sessrec.tasks").NextItemTask, import_module("sessrec.tasks").SessionDataModule
-    roots = {"model": task, "data": data, "trainer": pl.Trainer}
-    check_in_order([*(read_config(path) for path in config_paths(args)), flag_mapping(args)], roots)
+    check_sources(args, roots={"model": task, "data": data, "trainer": pl.Trainer})
     refuse_null_below_class(args, ("model", "data"))

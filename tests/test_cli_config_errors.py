@@ -1,7 +1,8 @@
 """Configuration errors through the ``sessrec`` entry point: a YAML syntax error is one line
 ``file:line:column: problem``, a mistyped key at any depth names its line and column and the closest
-valid key, and a value outside a Literal lists the allowed ones; nothing is written when a command
-refuses its configuration."""
+valid key, a value outside a Literal lists the allowed ones, and a setting that trains nothing (a
+dropout of 1, no layers, a batch of 0, a Trainer of no step) is refused when it is built; nothing is
+written when a command refuses its configuration."""
 
 from __future__ import annotations
 
@@ -91,22 +92,22 @@ def test_a_key_given_twice_is_refused(tmp_path, sessrec_main):
     ("trainer:\n  max_epoch: 1\n", "max_epoch",
      "unknown key trainer.max_epoch (Trainer has no option 'max_epoch'); did you mean trainer.max_epochs?"),
     ("data:\n  source:\n    class_path: sessrec.data.EventLogSource\n    init_args: {path: x.csv, schema: {item_colum: item}}\n",
-     "item_colum", "unknown key data.source.init_args.schema.item_colum (Schema has no option 'item_colum'); did you mean "
-     "data.source.init_args.schema.item_id?"),
+     "item_colum", ("unknown key data.source.init_args.schema.item_colum (Schema has no option 'item_colum'); did you mean "
+     "data.source.init_args.schema.item_id?")),
     ("data:\n  class_path: sessrec.tasks.SessionDataModule\n  init_args:\n    predict_schema:\n      item_colum: item\n",
-     "item_colum", "unknown key data.init_args.predict_schema.item_colum (Schema has no option 'item_colum'); did you mean "
-     "data.init_args.predict_schema.item_id?"),
+     "item_colum", ("unknown key data.init_args.predict_schema.item_colum (Schema has no option 'item_colum'); did you mean "
+     "data.init_args.predict_schema.item_id?")),
     ("data:\n  source:\n    class_path: EventLogSource\n    init_args:\n      path: x.csv\n      schema: {sesion_id: s}\n",
-     "sesion_id", "unknown key data.source.init_args.schema.sesion_id (Schema has no option 'sesion_id'); did you mean "
-     "data.source.init_args.schema.session_id?"),
+     "sesion_id", ("unknown key data.source.init_args.schema.sesion_id (Schema has no option 'sesion_id'); did you mean "
+     "data.source.init_args.schema.session_id?")),
     ("data:\n  class_path: sessrec.tasks.SessionDataModule\n  init_args:\n    eval_protocol: {lastt: true}\n",
      "eval_protocol", "data.init_args.eval_protocol: expected one of 'last', 'all_prefixes', got {'lastt': True}"),
     ("data:\n  eval_protocol: every_prefix\n", "eval_protocol",
      "data.eval_protocol: expected one of 'last', 'all_prefixes', got 'every_prefix'"),
-    ("model:\n  class_path: sessrec.tasks.NextItemTask\n  init_args:\n    encoder:\n"
-     "      class_path: sessrec.models.GRU4RecEncoder\n      init_args: {d_model: 8, n_layers: 2}\n",
-     "n_layers", "unknown key model.init_args.encoder.init_args.n_layers (GRU4RecEncoder has no option 'n_layers'); did "
-     "you mean model.init_args.encoder.init_args.n_layer?"),
+    (("model:\n  class_path: sessrec.tasks.NextItemTask\n  init_args:\n    encoder:\n"
+     "      class_path: sessrec.models.GRU4RecEncoder\n      init_args: {d_model: 8, n_layers: 2}\n"),
+     "n_layers", ("unknown key model.init_args.encoder.init_args.n_layers (GRU4RecEncoder has no option 'n_layers'); did "
+     "you mean model.init_args.encoder.init_args.n_layer?")),
 ])
 def test_a_mistyped_key_or_value_at_any_depth_names_its_line_and_the_closest_key(block, typo, expected, tmp_path,
                                                                                   sessrec_main):
@@ -132,3 +133,48 @@ def test_typos_in_a_pipeline_recipe_in_a_file_named_by_a_flag_and_of_prepare(tmp
     got = refused(sessrec_main, tmp_path, "prepare", "--config", str(typo), "--out", str(tmp_path / "out"))
     assert got == (f"{typo}:4:3: unknown key data.batch_sise (SessionDataModule has no option 'batch_sise'); "
                    "did you mean data.batch_size?")
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--model.encoder.init_args.dropout", "1.0"], "GRU4RecEncoder dropout must be a probability in [0, 1), got 1.0"),
+    (["--model.dropout", "1.0"], "SessionModel dropout must be a probability in [0, 1), got 1.0"),
+    (["--model.encoder.init_args.n_layer", "0"], "GRU4RecEncoder n_layer must be an integer >= 1, got 0"),
+    (["--data.batch_size", "0"], "SessionDataModule batch_size must be an integer >= 1, got 0"),
+    (["--trainer.max_epochs", "0"], ("--trainer.max_epochs 0: sessrec fit would take no training step and save untrained "
+                                    "weights; give at least one (fast_dev_run true checks a recipe without saving)")),
+    (["--trainer.limit_train_batches", "0"], "--trainer.limit_train_batches 0: sessrec fit would take no training step"),
+])
+def test_a_setting_that_trains_nothing_is_refused_before_anything_is_written(flags, expected, tmp_path, sessrec_main):
+    recipe = write(tmp_path, "recipe.yaml", TRAINER + MODEL + DATA)
+    assert refused(sessrec_main, tmp_path, "fit", "--config", str(recipe), *flags).startswith(expected)
+
+
+def test_every_dropout_probability_of_the_models_is_checked_by_one_rule():
+    from sessrec.models import (
+        BertEncoder,
+        ElectraEncoder,
+        FastDropout,
+        GPT2Encoder,
+        GRU4RecEncoder,
+        HSTUEncoder,
+        MaskedItemModeling,
+        SASRecEncoder,
+        XLNetEncoder,
+    )
+    from sessrec.saved.registry import check_probabilities
+
+    for encoder in (XLNetEncoder, BertEncoder, ElectraEncoder, GPT2Encoder, SASRecEncoder, HSTUEncoder, GRU4RecEncoder):
+        for bad in (1.0, -0.1, float("nan"), True):
+            with pytest.raises(ValueError, match=rf"^{encoder.__name__} dropout must be a probability in \[0, 1\), got "):
+                encoder(d_model=8, n_layer=1, dropout=bad)
+        assert encoder(d_model=8, n_layer=1, dropout=0.0).d_model == 8
+    with pytest.raises(ValueError, match=r"^FastDropout p must be a probability in \[0, 1\), got 1.0$"):
+        FastDropout(1.0)
+    with pytest.raises(ValueError, match=r"^MaskedItemModeling mask_prob must be a probability in \(0, 1\], got 0.0$"):
+        MaskedItemModeling(mask_prob=0.0)
+    with pytest.raises(ValueError, match="hides every item of every session"):
+        MaskedItemModeling(mask_prob=1.0, last_item_prob=0.0).check(XLNetEncoder(d_model=8, n_layer=1))
+    MaskedItemModeling(mask_prob=1.0, last_item_prob=0.5).check(XLNetEncoder(d_model=8, n_layer=1))  # half read items
+    check_probabilities({"p": 0.0, "q": 1.0}, one=True)
+    with pytest.raises(ValueError, match=r"^x q must be a probability in \(0, 1\), got 0$"):
+        check_probabilities({"p": 0.5, "q": 0}, "x ", zero=False)

@@ -183,6 +183,7 @@ class SessrecCLI(LightningCLI):
         if self._engine.engine == "dask":
             refuse_trainer_settings(cfg.trainer)
         if sub == "fit":
+            refuse_no_training(cfg.trainer)
             if cfg.get("model_dir"):
                 raise ValueError("sessrec fit trains the recipe's model: --model_dir is for validate, test and predict "
                                  "(--ckpt_path resumes a fit)")
@@ -316,6 +317,19 @@ def refuse_trainer_settings(trainer: Namespace) -> None:
             raise ValueError(f"--trainer.{key} {value}: predict --engine dask scores on each worker's CPU in float32, "
                              f"without the Trainer; set --trainer.{key} {allowed[-1] if key == 'precision' else allowed[0]} "
                              "or use --engine local")
+
+
+NO_TRAINING = {"max_epochs": (0,), "max_steps": (0,), "limit_train_batches": (0, 0.0)}  # Trainer settings of no step
+
+
+def refuse_no_training(trainer: Namespace) -> None:
+    """Refuse a Trainer setting with which ``fit`` takes no training step (and would save untrained weights
+    as the model directory), in one line naming it."""
+    for key, nothing in NO_TRAINING.items():
+        value = trainer.get(key)
+        if value is not None and not isinstance(value, bool) and value in nothing:
+            raise ValueError(f"--trainer.{key} {value}: sessrec fit would take no training step and save untrained "
+                             "weights; give at least one (fast_dev_run true checks a recipe without saving)")
 
 
 def _shown(metrics: dict) -> str:

@@ -20,7 +20,8 @@ Options of every command:
 Only the Lightning commands, the pipeline commands (a pipeline recipe's data block is the Lightning
 data module) and ``retrain`` import the training stack (Lightning, LightningCLI); ``serve``,
 ``export`` of a model directory and ``rollback`` start without it. A user error is one line on stderr and exit status 1
-(``--traceback`` or ``SESSREC_TRACEBACK=1`` for the trace).
+(``--traceback`` or ``SESSREC_TRACEBACK=1`` for the trace); a YAML syntax error, or a key or value refused, in a
+configuration file names the file, line and column (``recipe.yaml:4:1: ...``, `sessrec.cli.errors`).
 
 Every command parses its flags and ``--config`` files with jsonargparse (`sessrec.cli.parsers`; the
 Lightning commands with LightningCLI): flags are spelt as the parameters of the function or class the

@@ -294,6 +294,9 @@ def _check_block(block: Any, owner: Callable[..., Any], place: _Place, top: bool
         elif isinstance(value, Mapping) and _is_plain(kind):
             _check_value(where, value, hint)  # a mapping where a number, bool or one of some values goes
         elif isinstance(value, Mapping):
+            default = _default(owner, name)
+            if inspect.isclass(kind) and isinstance(default, kind):
+                kind = type(default)  # a block without class_path configures the default's class (SyntheticSource)
             if inspect.isclass(kind) and not inspect.isabstract(kind) and typing.get_origin(kind) is None:
                 _check_block(value, kind, where)  # a dataclass setting, or the init args of the one class it takes
         elif isinstance(value, list) and _is_plain(kind):
@@ -322,6 +325,15 @@ def _check_file(name: str, hint: Any, place: _Place) -> None:
             _check_block(content, kind, inner)
     except RecipeError as err:
         raise locate(err, path) from None
+
+
+def _default(owner: Callable[..., Any], name: str) -> Any:
+    """The default value of `owner`'s parameter `name` (None when it has none)."""
+    try:
+        param = inspect.signature(owner).parameters.get(name)
+    except (TypeError, ValueError):
+        return None
+    return None if param is None or param.default is inspect.Parameter.empty else param.default
 
 
 def _configures_a_class(hint: Any) -> bool:
@@ -372,9 +384,12 @@ def _check_value(place: _Place, value: Any, hint: Any) -> None:
 
 
 def _one_kind(hint: Any) -> tuple[Any, bool]:
-    """The one type `hint` takes besides None (None when it takes several), and whether it takes None."""
+    """The one type `hint` takes besides None (None when it takes several; one Literal of all their values
+    when they are Literals, as Lightning's ``precision``), and whether it takes None."""
     args = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
     kinds = [a for a in args if a is not type(None)]
+    if len(kinds) > 1 and all(typing.get_origin(k) is Literal for k in kinds):
+        kinds = [Literal[tuple(v for k in kinds for v in typing.get_args(k))]]
     return (kinds[0] if len(kinds) == 1 else None), type(None) in args
 
 

@@ -37,7 +37,9 @@ set by a recipe or on the command line:
   refused with one line naming the key and both values, as is a ``--data.max_length`` other than
   the model's. The recipe a model was trained with always passes.
 
-A checkpoint resumes ``fit`` (``--ckpt_path``) and nothing else.
+A checkpoint resumes ``fit`` (``--ckpt_path``) and nothing else. ``fit`` refuses a Trainer that would
+take no training step (``max_epochs``, ``max_steps`` or ``limit_train_batches`` 0), which would save
+untrained weights as the model directory.
 
 ``fit --ckpt_path`` resumes with the checkpoint's model settings (LightningCLI's own restore); a
 checkpoint of ``<save_dir>/<name>/version_N/checkpoints/`` (``last.ckpt`` of a killed run) continues

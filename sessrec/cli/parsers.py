@@ -4,12 +4,14 @@ Every command parses with a jsonargparse `ArgumentParser` (the Lightning command
 LightningCLI, which is one): ``--config FILE`` (YAML) and typed flags from the signature of the
 function or class the command runs, with help texts from its docstring (jsonargparse's own reading
 of the ``Args:`` section). Flags are spelt as the parameters are, with underscores
-(``--model_dir``). Before jsonargparse parses, sessrec checks the keys and plain values of the flags
-and files against the same signatures (`sessrec.cli.errors`): an unknown key is one line naming the
-closest valid one, a value of another type one line naming the key, the type and the value; what
-jsonargparse refuses beyond that is its own message, on one line.
+(``--model_dir``). Before jsonargparse parses, sessrec reads the files (a YAML syntax error is one line
+``file:line:column: problem``) and checks the keys and plain values of the flags and files against
+the same signatures (`check_sources`, `sessrec.cli.errors`): an unknown key is one line naming the
+closest valid one, a value of another type one line naming the key, the type and the value, each
+prefixed with the line and column of the key in its file; what jsonargparse refuses beyond that is
+its own message, on one line.
 
-`config_value` reads a key of the ``--config`` files with jsonargparse's loader: which command a
+`config_value` reads a key of the ``--config`` files with jsonargparse's loader (`read_config`): which command a
 recipe is for (a pipeline recipe's top-level ``pipeline:``) and which model a lifecycle command
 works on are read from the configuration so loaded, before the command's parser is chosen.
 """

@@ -147,6 +147,19 @@ def test_a_block_without_class_path_is_its_defaults_class_and_literals_of_a_unio
     assert "'16-mixed'" in got and "'bf16'" in got
 
 
+def test_a_flags_mapping_or_list_is_read_as_yaml_and_checked(tmp_path, sessrec_main):
+    recipe = write(tmp_path, "recipe.yaml", TRAINER + MODEL + DATA)
+    got = refused(sessrec_main, tmp_path, "fit", "--config", str(recipe), "--model.evaluation.ks", "[5, 10")
+    assert got == ("model.evaluation.ks '[5, 10': did not find expected ',' or ']' at its end "
+                   "(while parsing a flow sequence that starts at column 1)")
+    got = refused(sessrec_main, tmp_path, "fit", "--config", str(recipe), "--data", "{max_lenght: 8}")
+    assert got == "unknown key data.max_lenght (SessionDataModule has no option 'max_lenght'); did you mean data.max_length?"
+    callback = "{class_path: ModelCheckpoint, init_args: {monitr: val/ndcg@20}}"
+    got = refused(sessrec_main, tmp_path, "fit", "--config", str(recipe), f"--trainer.callbacks+={callback}")
+    assert got == ("unknown key trainer.callbacks.init_args.monitr (ModelCheckpoint has no option 'monitr'); "
+                   "did you mean trainer.callbacks.init_args.monitor?")
+
+
 @pytest.mark.parametrize("flags, expected", [
     (["--model.encoder.init_args.dropout", "1.0"], "GRU4RecEncoder dropout must be a probability in [0, 1), got 1.0"),
     (["--model.dropout", "1.0"], "SessionModel dropout must be a probability in [0, 1), got 1.0"),

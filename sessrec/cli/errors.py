@@ -155,7 +155,9 @@ def check_keys(config: Mapping[str, Any], roots: Mapping[str, Callable[..., Any]
     """
     for key, value in config.items():
         if key in roots and roots[key] is not None:
-            _check_block(value, roots[key], _Place((key,), prefix, base))
+            place = _Place((key,), prefix, base)
+            flow = isinstance(value, str) and value.lstrip().startswith(("{", "["))
+            _check_block(_flow_value(value, place) if flow else value, roots[key], place)
 
 
 def check_arguments(config: Mapping[str, Any], owner: Callable[..., Any], prefix: str = "", extra: tuple[str, ...] = (),
@@ -287,6 +289,8 @@ def _check_block(block: Any, owner: Callable[..., Any], place: _Place, top: bool
             _refuse(where, name, params, owner)
         hint = hints.get(name)
         kind = _one_kind(hint)[0]
+        if isinstance(value, str) and value.lstrip().startswith(("{", "[")) and not _takes_text(hint):
+            value = _flow_value(value, where)  # a flag's mapping or list, which jsonargparse reads as YAML
         if isinstance(value, str) and value.endswith(CONFIG_SUFFIXES) and _configures_a_class(hint):
             _check_file(value, hint, where)
         elif isinstance(value, Mapping) and "class_path" in value:
@@ -325,6 +329,25 @@ def _check_file(name: str, hint: Any, place: _Place) -> None:
             _check_block(content, kind, inner)
     except RecipeError as err:
         raise locate(err, path) from None
+
+
+def _flow_value(text: str, place: _Place) -> Any:
+    """`text`, a mapping or list in YAML's flow style (``[5, 10]``, ``{class_path: ...}``), loaded as jsonargparse
+    loads it; a syntax error is one line naming the setting and the column."""
+    try:
+        return get_loader("yaml")(text)
+    except yaml.MarkedYAMLError as err:
+        mark, start = err.problem_mark, err.context_mark
+        where = f" at column {mark.column + 1}" if mark is not None and mark.line == 0 else " at its end"
+        context = f" ({err.context} that starts at column {start.column + 1})" if err.context and start is not None else ""
+        raise RecipeError(f"{place} {text!r}: {err.problem or 'not YAML'}{where}{context}", place.keys) from None
+
+
+def _takes_text(hint: Any) -> bool:
+    """Whether a setting of type `hint` may be any text (a str, a path, or no annotation)."""
+    if hint is Any or hint is None:
+        return True
+    return any(issubclass(k, (str, Path)) for k in _classes(hint))
 
 
 def _default(owner: Callable[..., Any], name: str) -> Any:

@@ -187,6 +187,8 @@ def test_every_dropout_probability_of_the_models_is_checked_by_one_rule():
         XLNetEncoder,
     )
     from sessrec.saved.registry import check_probabilities
+    from sessrec.tasks.losses import FullSoftmax
+    from sessrec.tasks.settings import DLRMNetwork
 
     for encoder in (XLNetEncoder, BertEncoder, ElectraEncoder, GPT2Encoder, SASRecEncoder, HSTUEncoder, GRU4RecEncoder):
         for bad in (1.0, -0.1, float("nan"), True):
@@ -200,6 +202,12 @@ def test_every_dropout_probability_of_the_models_is_checked_by_one_rule():
     with pytest.raises(ValueError, match="hides every item of every session"):
         MaskedItemModeling(mask_prob=1.0, last_item_prob=0.0).check(XLNetEncoder(d_model=8, n_layer=1))
     MaskedItemModeling(mask_prob=1.0, last_item_prob=0.5).check(XLNetEncoder(d_model=8, n_layer=1))  # half read items
+    with pytest.raises(ValueError, match=r"^label_smoothing must be a probability in \[0, 1\), got 1.0$"):
+        FullSoftmax(label_smoothing=1.0)
+    with pytest.raises(ValueError, match=r"^network over_layers\[0\] must be an integer >= 1, got 0$"):
+        DLRMNetwork(over_layers=[0])
+    with pytest.raises(ValueError, match=r"^network dcn_rank must be an integer >= 1, got 0$"):
+        DLRMNetwork(interaction="dcn", dcn_rank=0)
     check_probabilities({"p": 0.0, "q": 1.0}, one=True)
     with pytest.raises(ValueError, match=r"^x q must be a probability in \(0, 1\), got 0$"):
         check_probabilities({"p": 0.5, "q": 0}, "x ", zero=False)

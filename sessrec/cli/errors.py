@@ -170,7 +170,9 @@ def check_arguments(config: Mapping[str, Any], owner: Callable[..., Any], prefix
 def flag_mapping(args: list[str]) -> dict[str, Any]:
     """The ``--key value`` / ``--key=value`` flags of `args` as nested mappings (``--model.encoder.init_args.d_model 16``
     -> ``{"model": {"encoder": {"init_args": {"d_model": "16"}}}}``); values stay text, flags without one
-    (``--print_config``) map to `NO_VALUE`. jsonargparse parses the flags themselves."""
+    (``--print_config``) map to `NO_VALUE`; a flag's value with flags below it is the class they configure
+    (``--model.loss X --model.loss.factor 2`` -> ``{"loss": {"class_path": "X", "factor": "2"}}``).
+    jsonargparse parses the flags themselves."""
     found: dict[str, Any] = {}
     for i, arg in enumerate(args):
         if not arg.startswith("--") or arg == "--":
@@ -183,6 +185,8 @@ def flag_mapping(args: list[str]) -> dict[str, Any]:
         block = found
         for part in parents:
             inner = block.get(part)
+            if isinstance(inner, str) and inner is not NO_VALUE:
+                inner = {"class_path": inner}  # --model.loss SampledSoftmax --model.loss.negatives in_batch
             block[part] = inner = inner if isinstance(inner, dict) else {}
             block = inner
         block[leaf] = value
@@ -235,15 +239,22 @@ def _with_classes(block: Mapping[str, Any], classes: dict[tuple[str, ...], str],
 
 
 def _record_classes(block: Mapping[str, Any], classes: dict[tuple[str, ...], str], place: tuple[str, ...]) -> None:
-    """Note the ``class_path`` of each block of `block` in `classes`; a class that changes forgets those below it."""
+    """Note the ``class_path`` of each block of `block` in `classes` (and each text value, which may name the
+    class of its place: ``loss: sessrec.tasks.SampledSoftmax``); a class that changes forgets those below it."""
     if place and "class_path" in block:
-        if classes.get(place) != block["class_path"]:
-            for below in [p for p in classes if p[: len(place)] == place]:
-                del classes[below]
-        classes[place] = str(block["class_path"])
+        _record(classes, place, str(block["class_path"]))
     for key, value in block.items():
         if isinstance(value, Mapping):
             _record_classes(value, classes, place if key == "init_args" else (*place, key))
+        elif isinstance(value, str) and key not in ("class_path", "init_args") and value is not NO_VALUE:
+            _record(classes, (*place, key), value)
+
+
+def _record(classes: dict[tuple[str, ...], str], place: tuple[str, ...], class_path: str) -> None:
+    if classes.get(place) != class_path:
+        for below in [p for p in classes if p[: len(place)] == place]:
+            del classes[below]
+    classes[place] = class_path
 
 
 class _Place(typing.NamedTuple):

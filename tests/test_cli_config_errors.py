@@ -59,6 +59,19 @@ def test_a_tab_in_the_config_of_any_command_is_its_line_and_column(command, tmp_
     assert got == f"{recipe}:{line}:1: found character that cannot start any token (a tab: YAML indents with spaces)"
 
 
+def test_the_trace_of_a_syntax_error_is_shown_when_asked(tmp_path, monkeypatch):
+    import yaml
+
+    from sessrec.cli import main
+    from sessrec.cli.errors import RecipeError
+
+    recipe = write(tmp_path, "tab.yaml", TAB)
+    monkeypatch.setattr("sys.argv", ["sessrec", "fit", "--config", str(recipe), "--traceback"])
+    with pytest.raises(RecipeError, match=rf"^{recipe}:\d+:1: found character") as raised:
+        main()
+    assert isinstance(raised.value.__cause__, yaml.MarkedYAMLError)
+
+
 def test_an_unclosed_bracket_is_where_yaml_gave_up_and_where_it_opened(tmp_path, sessrec_main):
     recipe = write(tmp_path, "bracket.yaml", BRACKET)
     lines = BRACKET.splitlines()

@@ -88,8 +88,9 @@ def read_config(path: Path) -> dict[str, Any]:
 
 
 def yaml_error(path: Path, text: str, err: yaml.MarkedYAMLError) -> str:
-    """``file:line:column: problem (context at line:column)`` of a YAML syntax error; a tab where the
-    problem is says that YAML indents with spaces."""
+    """``file:line:column: problem (context that starts at line:column)`` of a YAML syntax error (an unclosed
+    bracket: where YAML gave up, and where the bracket opened); a tab where the problem is says that YAML
+    indents with spaces."""
     mark = err.problem_mark or err.context_mark
     where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
     lines = text.splitlines()
@@ -102,6 +103,7 @@ def yaml_error(path: Path, text: str, err: yaml.MarkedYAMLError) -> str:
 
 
 def _refuse_repeated_keys(node: yaml.Node | None, path: Path) -> None:
+    """Refuse a key given twice in one mapping of the YAML tree `node` (of `path`), naming both places."""
     if isinstance(node, yaml.MappingNode):
         first: dict[Any, yaml.Mark] = {}
         for key, value in node.value:

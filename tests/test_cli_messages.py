@@ -92,8 +92,8 @@ def test_a_flag_no_parameter_takes_names_the_closest_one(sessrec_main, tmp_path)
     config = tmp_path / "serve.yaml"
     config.write_text("model_dir: x\nmax_batch_sise: 8\n")
     got = sessrec_main("serve", "--config", str(config))
-    assert got == ("sessrec serve: error: unknown key max_batch_sise (serve has no option 'max_batch_sise'); did you mean "
-                   "max_batch_size? (--traceback for details)")
+    assert got == (f"sessrec serve: error: {config}:2:1: unknown key max_batch_sise (serve has no option 'max_batch_sise'); "
+                   "did you mean max_batch_size? (--traceback for details)")
 
 
 @pytest.mark.parametrize("command, flag, help_text", [
@@ -113,8 +113,8 @@ def test_a_recipe_typo_through_sessrec_is_one_line(tmp_path, capsys, sessrec_mai
     recipe = tmp_path / "typo.yaml"
     recipe.write_text("model:\n  encoder:\n    class_path: sessrec.models.XLNetEncoder\n    init_args: {d_modle: 16}\n")
     got = sessrec_main("fit", "--config", str(ROOT / "recipes" / "quickstart.yaml"), "--config", str(recipe))
-    assert got == ("sessrec fit: error: unknown key model.encoder.init_args.d_modle (XLNetEncoder has no option "
-                   "'d_modle'); did you mean model.encoder.init_args.d_model? (--traceback for details)")
+    assert got == (f"sessrec fit: error: {recipe}:4:17: unknown key model.encoder.init_args.d_modle (XLNetEncoder has no "
+                   "option 'd_modle'); did you mean model.encoder.init_args.d_model? (--traceback for details)")
     assert "usage" not in capsys.readouterr().err
     got = sessrec_main("fit", "--config", str(ROOT / "recipes" / "quickstart.yaml"), "--trainer.max_epochz", "3")
     assert got == ("sessrec fit: error: unknown key trainer.max_epochz (Trainer has no option 'max_epochz'); "
@@ -301,8 +301,8 @@ def test_a_pipeline_recipe_typo_is_one_line_with_the_closest_key(tmp_path, sessr
     recipe = tmp_path / "pipeline.yaml"
     recipe.write_text("pipeline:\n  data:\n    max_lenght: 10\n  covisitation: {}\n")
     got = sessrec_main("fit", "--config", str(recipe))
-    assert got == ("sessrec fit: error: unknown key pipeline.data.max_lenght (SessionDataModule has no option "
-                   "'max_lenght'); did you mean pipeline.data.max_length? (--traceback for details)")
+    assert got == (f"sessrec fit: error: {recipe}:3:5: unknown key pipeline.data.max_lenght (SessionDataModule has no "
+                   "option 'max_lenght'); did you mean pipeline.data.max_length? (--traceback for details)")
     recipe.write_text("pipeline:\n  data:\n    max_length: 10\n  covisitation: {}\n")
     got = sessrec_main("test", "--config", str(recipe), "--pipeline.covisitation_k", "many")
     assert got == "sessrec test: error: pipeline.covisitation_k: expected int, got 'many' (--traceback for details)"

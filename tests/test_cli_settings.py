@@ -213,7 +213,7 @@ def test_a_recipe_key_outside_its_part_is_an_unknown_key_in_one_line(capsys, tmp
     recipe.write_text("model:\n  exclude_seen: true\n  evaluation: {ks: [5]}\n")
     got = sessrec_main("fit", *TINY, "--config", str(recipe))
     unknown = "unknown key model.exclude_seen (NextItemTask has no option 'exclude_seen'); its options are num_items"
-    assert got.startswith(f"sessrec fit: error: {unknown}") and "evaluation" in got
+    assert got.startswith(f"sessrec fit: error: {recipe}:2:3: {unknown}") and "evaluation" in got
     assert capsys.readouterr().err == ""
 
 

@@ -20,7 +20,8 @@ Options of every command:
 Only the Lightning commands, the pipeline commands (a pipeline recipe's data block is the Lightning
 data module) and ``retrain`` import the training stack (Lightning, LightningCLI); ``serve``,
 ``export`` of a model directory and ``rollback`` start without it. A user error is one line on stderr and exit status 1
-(``--traceback`` or ``SESSREC_TRACEBACK=1`` for the trace).
+(``--traceback`` or ``SESSREC_TRACEBACK=1`` for the trace); a YAML syntax error, or a key or value refused, in a
+configuration file names the file, line and column (``recipe.yaml:4:1: ...``, `sessrec.cli.errors`).
 
 Every command parses its flags and ``--config`` files with jsonargparse (`sessrec.cli.parsers`; the
 Lightning commands with LightningCLI): flags are spelt as the parameters of the function or class the
@@ -73,7 +74,7 @@ def pipeline_cli(args: list[str]) -> object:
 
 def refuse_checkpoint_models(paths: list[Path]) -> None:
     """One line for a pipeline recipe whose session model is named by its training recipe and checkpoint."""
-    from sessrec.cli.parsers import read_config
+    from sessrec.cli.errors import read_config
 
     for path in paths:
         pipeline = read_config(path).get("pipeline")
@@ -204,7 +205,7 @@ def rollback(model_dir: str, to: str | None = None) -> str:
 def prepare_cli(args: list[str]) -> Path:
     """``sessrec prepare --config <data recipe> --out DIR [--engine local|dask|memory]``: the recipe's source
     prepared once (`sessrec.data.prepared.prepare`), with its data block's vocabulary settings; the recipe's
-    other blocks (trainer, model) are read and not used."""
+    other blocks (`UNUSED_BY_PREPARE`) are read and not used."""
     from sessrec.cli.parsers import command_parser, parse
     from sessrec.data.prepared import prepare
     from sessrec.tasks import SessionDataModule
@@ -212,18 +213,19 @@ def prepare_cli(args: list[str]) -> Path:
     parser = command_parser("sessrec prepare", (prepare.__doc__ or "").strip().splitlines()[0])
     parser.add_function_arguments(prepare, skip={"source", "min_item_count", "max_vocab_size"}, fail_untyped=False)
     parser.add_class_arguments(SessionDataModule, "data")
-    for unused in ("trainer", "model", "seed_everything"):  # a data recipe's other blocks
+    for unused in UNUSED_BY_PREPARE:
         parser.add_argument(f"--{unused}", type=dict | int | None, default=None, help="read from the recipe, not used")
-    cfg = parse(parser, args)
-    for unused in ("trainer", "model", "seed_everything"):
+    cfg = parse(parser, args, owner=prepare, roots={"data": SessionDataModule, **dict.fromkeys(UNUSED_BY_PREPARE)})
+    for unused in UNUSED_BY_PREPARE:
         cfg[unused] = None  # nothing of them is built
     data = parser.instantiate(cfg).data
-    kwargs = {k: v for k, v in cfg.as_dict().items() if k not in ("config", "data", "trainer", "model", "seed_everything")}
+    kwargs = {k: v for k, v in cfg.as_dict().items() if k not in ("config", "data", *UNUSED_BY_PREPARE)}
     out = prepare(data.source, min_item_count=data.min_item_count, max_vocab_size=data.max_vocab_size, **kwargs)
     print(f"sessrec prepare: wrote {out} ({kwargs.get('engine')} engine)")
     return out
 
 
+UNUSED_BY_PREPARE = ("trainer", "model", "seed_everything", "last_checkpoint", "scoring")  # a task recipe's other blocks
 COMMANDS = {"export": export_cli, "prepare": prepare_cli, "retrain": retrain_cli, "serve": serve_cli,
             "rollback": lambda args: call_with_flags(rollback, "sessrec rollback", args)}
 USER_ERRORS = (ValueError, TypeError, RuntimeError, OSError, KeyError)  # OSError: missing or existing files

@@ -5,8 +5,15 @@ A recipe or a flag is checked against the signatures of the classes and function
 before jsonargparse parses it: every key of a ``{class_path, init_args}`` block (or of a block
 of a root's default class) must be a parameter of that class, every key below a dataclass setting
 (``optimization.lr``) a field of it, and a value of a plain type (int, float, bool, a Literal,
-optional or not) must be one. jsonargparse then checks everything else; its message for a value it
-refuses names the key and the value and is shown as it is, on one line (`one_line`).
+optional or not) must be one. A short ``class_path`` (``EventLogSource``) is the subclass of that
+name, as jsonargparse resolves it; a setting given as the path of another YAML file
+(``--data.source source.yaml``) is checked in that file. jsonargparse then checks everything else;
+its message for a value it refuses names the key and the value and is shown as it is, on one line
+(`one_line`).
+
+A configuration file is read here first (`read_config`): a YAML syntax error is one line
+``file:line:column: problem``, and a key or value refused in a file is prefixed with the line and
+column of that key (`locate`).
 
 Examples:
     >>> from sessrec.models import XLNetEncoder
@@ -25,13 +32,28 @@ import types
 import typing
 from collections.abc import Callable, Mapping
 from importlib import import_module
+from pathlib import Path
 from typing import Any, Literal
+
+import yaml
+from jsonargparse import get_loader
 
 from sessrec.saved.registry import parameters
 
 
 class RecipeError(ValueError):
-    """A recipe key, value or command-line flag that the command refuses, in one line."""
+    """A recipe key, value or command-line flag that the command refuses, in one line.
+
+    Args:
+        message: the line.
+        keys: the key refused, as the path of keys written in its file (``("data", "source",
+            "init_args", "path")``); empty when the error is not about one key.
+        located: the message already names the file, line and column.
+    """
+
+    def __init__(self, message: str, keys: tuple[str, ...] = (), located: bool = False) -> None:
+        super().__init__(message)
+        self.keys, self.located = keys, located
 
 
 PARSER_KEYS = ("config", "help", "print_config")  # keys of every jsonargparse parser, of no class
@@ -43,7 +65,81 @@ def one_line(err: BaseException) -> str:
     return " ".join(str(err).split())
 
 
-def check_keys(config: Mapping[str, Any], roots: Mapping[str, Callable[..., Any] | None], prefix: str = "") -> None:
+CONFIG_SUFFIXES = (".yaml", ".yml", ".json")  # a setting of a class given as a file of these names is that file's content
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    """A configuration file's mapping as jsonargparse loads it; {} for a file that is missing or not
+    a mapping (the command's parser then says what is wrong with it).
+
+    Raises:
+        RecipeError: ``file:line:column: problem`` for a YAML syntax error, or a key given twice in
+            one mapping (YAML keeps the last one silently).
+    """
+    if not path.is_file():
+        return {}
+    text = path.read_text()
+    try:
+        content = get_loader("yaml")(text)
+        _refuse_repeated_keys(yaml.compose(text, Loader=yaml.SafeLoader), path)
+    except yaml.MarkedYAMLError as err:
+        raise RecipeError(yaml_error(path, text, err), located=True) from err
+    return content if isinstance(content, dict) else {}
+
+
+def yaml_error(path: Path, text: str, err: yaml.MarkedYAMLError) -> str:
+    """``file:line:column: problem (context that starts at line:column)`` of a YAML syntax error (an unclosed
+    bracket: where YAML gave up, and where the bracket opened); a tab where the problem is says that YAML
+    indents with spaces."""
+    mark = err.problem_mark or err.context_mark
+    where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+    lines = text.splitlines()
+    found = lines[mark.line][mark.column : mark.column + 1] if mark is not None and mark.line < len(lines) else ""
+    problem = (err.problem or err.context or "not YAML") + (" (a tab: YAML indents with spaces)" if found == "\t" else "")
+    start = err.context_mark
+    if err.context and err.problem and start is not None and (mark is None or (start.line, start.column) != (mark.line, mark.column)):
+        problem += f" ({err.context} that starts at {start.line + 1}:{start.column + 1})"
+    return f"{where}: {problem}"
+
+
+def _refuse_repeated_keys(node: yaml.Node | None, path: Path) -> None:
+    """Refuse a key given twice in one mapping of the YAML tree `node` (of `path`), naming both places."""
+    if isinstance(node, yaml.MappingNode):
+        first: dict[Any, yaml.Mark] = {}
+        for key, value in node.value:
+            if isinstance(key, yaml.ScalarNode) and key.value in first and key.value != "<<":
+                mark, before = key.start_mark, first[key.value]
+                raise RecipeError(f"{path}:{mark.line + 1}:{mark.column + 1}: key {key.value!r} is given twice in one "
+                                  f"mapping (first at {before.line + 1}:{before.column + 1}); only one may stand",
+                                  located=True)
+            first.setdefault(key.value, key.start_mark)
+            _refuse_repeated_keys(value, path)
+    elif isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            _refuse_repeated_keys(item, path)
+
+
+def locate(err: RecipeError, path: Path | None) -> RecipeError:
+    """`err` prefixed with ``file:line:column`` of its key in `path` (the deepest key of its path that the
+    file has); `err` itself when it is located already or `path` is no file (flags)."""
+    if err.located or path is None or not path.is_file():
+        return err
+    node, mark = yaml.compose(path.read_text(), Loader=yaml.SafeLoader), None
+    for part in err.keys:
+        if part == "init_args" and isinstance(node, yaml.MappingNode) and not any(k.value == "init_args" for k, _ in node.value):
+            continue  # a setting of a class_path block written beside its class_path
+        found = [(k, v) for k, v in node.value if k.value == part] if isinstance(node, yaml.MappingNode) else []
+        if not found:
+            break
+        key, node = found[-1]
+        mark = key.start_mark
+    if mark is None:
+        return RecipeError(f"{path}: {err}", err.keys, located=True)
+    return RecipeError(f"{path}:{mark.line + 1}:{mark.column + 1}: {err}", err.keys, located=True)
+
+
+def check_keys(config: Mapping[str, Any], roots: Mapping[str, Callable[..., Any] | None], prefix: str = "",
+               base: Path | None = None) -> None:
     """Refuse the first key of `config` that no class or function of `roots` accepts.
 
     Args:
@@ -52,6 +148,8 @@ def check_keys(config: Mapping[str, Any], roots: Mapping[str, Callable[..., Any]
             with a ``class_path`` configures that class); None: a key whose block is not checked.
             A top-level key outside `roots` is left to the parser.
         prefix: the key path of `config` in the messages (``--`` for flags).
+        base: the folder that a setting given as a file name is relative to (the file of `config`'s);
+            None: the working directory.
 
     Raises:
         RecipeError: ``unknown key K (Owner has no option 'o'); did you mean V?``, or
@@ -59,19 +157,24 @@ def check_keys(config: Mapping[str, Any], roots: Mapping[str, Callable[..., Any]
     """
     for key, value in config.items():
         if key in roots and roots[key] is not None:
-            _check_block(value, roots[key], f"{prefix}{key}")
+            place = _Place((key,), prefix, base)
+            flow = isinstance(value, str) and value.lstrip().startswith(("{", "["))
+            _check_block(_flow_value(value, place) if flow else value, roots[key], place)
 
 
-def check_arguments(config: Mapping[str, Any], owner: Callable[..., Any], prefix: str = "", extra: tuple[str, ...] = ()) -> None:
+def check_arguments(config: Mapping[str, Any], owner: Callable[..., Any], prefix: str = "", extra: tuple[str, ...] = (),
+                    base: Path | None = None) -> None:
     """Refuse a top-level key of `config` that `owner` (a class or function) does not take, and check
     each block below it; `extra`: keys the command's parser adds beside `owner`'s."""
-    _check_block({k: v for k, v in config.items() if k not in extra}, owner, prefix, top=True)
+    _check_block({k: v for k, v in config.items() if k not in extra}, owner, _Place((), prefix, base), top=True)
 
 
 def flag_mapping(args: list[str]) -> dict[str, Any]:
     """The ``--key value`` / ``--key=value`` flags of `args` as nested mappings (``--model.encoder.init_args.d_model 16``
     -> ``{"model": {"encoder": {"init_args": {"d_model": "16"}}}}``); values stay text, flags without one
-    (``--print_config``) map to `NO_VALUE`. jsonargparse parses the flags themselves."""
+    (``--print_config``) map to `NO_VALUE`; a flag's value with flags below it is the class they configure
+    (``--model.loss X --model.loss.factor 2`` -> ``{"loss": {"class_path": "X", "factor": "2"}}``).
+    jsonargparse parses the flags themselves."""
     found: dict[str, Any] = {}
     for i, arg in enumerate(args):
         if not arg.startswith("--") or arg == "--":
@@ -84,6 +187,8 @@ def flag_mapping(args: list[str]) -> dict[str, Any]:
         block = found
         for part in parents:
             inner = block.get(part)
+            if isinstance(inner, str) and inner is not NO_VALUE:
+                inner = {"class_path": inner}  # --model.loss SampledSoftmax --model.loss.negatives in_batch
             block[part] = inner = inner if isinstance(inner, dict) else {}
             block = inner
         block[leaf] = value
@@ -108,15 +213,20 @@ def refuse_null_below_class(args: list[str], groups: tuple[str, ...]) -> None:
                               f"--{group}.{inner} '{{{path[-1]}: null}}'")
 
 
-def check_in_order(sources: list[Mapping[str, Any]], roots: Mapping[str, Callable[..., Any] | None]) -> None:
+def check_in_order(sources: list[Mapping[str, Any]], roots: Mapping[str, Callable[..., Any] | None],
+                   origins: list[Path | None] | None = None) -> None:
     """`check_keys` of each source (the ``--config`` files, then the flags) in the order jsonargparse
     reads them: a block without a ``class_path`` configures the class that an earlier source chose at
     its place (``model``, ``model.encoder``), else its root's default. jsonargparse drops the keys of an
     earlier block that a newly chosen class does not take, so each block is checked against the class
-    it was written for."""
+    it was written for. `origins`: the file of each source (None: flags), whose line and column a
+    refusal names."""
     classes: dict[tuple[str, ...], str] = {}  # the place of a block (without init_args) -> its class_path so far
-    for source in sources:
-        check_keys(_with_classes(source, classes, ()), roots)
+    for source, origin in zip(sources, origins or [None] * len(sources), strict=True):
+        try:
+            check_keys(_with_classes(source, classes, ()), roots, base=origin.parent if origin is not None else None)
+        except RecipeError as err:
+            raise locate(err, origin) from None
         _record_classes(source, classes, ())
 
 
@@ -131,55 +241,162 @@ def _with_classes(block: Mapping[str, Any], classes: dict[tuple[str, ...], str],
 
 
 def _record_classes(block: Mapping[str, Any], classes: dict[tuple[str, ...], str], place: tuple[str, ...]) -> None:
-    """Note the ``class_path`` of each block of `block` in `classes`; a class that changes forgets those below it."""
+    """Note the ``class_path`` of each block of `block` in `classes` (and each text value, which may name the
+    class of its place: ``loss: sessrec.tasks.SampledSoftmax``); a class that changes forgets those below it."""
     if place and "class_path" in block:
-        if classes.get(place) != block["class_path"]:
-            for below in [p for p in classes if p[: len(place)] == place]:
-                del classes[below]
-        classes[place] = str(block["class_path"])
+        _record(classes, place, str(block["class_path"]))
     for key, value in block.items():
         if isinstance(value, Mapping):
             _record_classes(value, classes, place if key == "init_args" else (*place, key))
+        elif isinstance(value, str) and key not in ("class_path", "init_args") and value is not NO_VALUE:
+            _record(classes, (*place, key), value)
 
 
-def _check_block(block: Any, owner: Callable[..., Any], key: str, top: bool = False) -> None:
-    """Check `block`, the configuration of `owner` at `key` (its own keys, or ``class_path``/``init_args``)."""
+def _record(classes: dict[tuple[str, ...], str], place: tuple[str, ...], class_path: str) -> None:
+    if classes.get(place) != class_path:
+        for below in [p for p in classes if p[: len(place)] == place]:
+            del classes[below]
+    classes[place] = class_path
+
+
+class _Place(typing.NamedTuple):
+    """Where a block is: its keys as written in its source, the prefix of its messages (``--`` for
+    flags), the folder that a file named in it is relative to (None: the working directory) and,
+    in a file named by a setting, the keys of that setting (shown before `keys`)."""
+
+    keys: tuple[str, ...]
+    prefix: str = ""
+    base: Path | None = None
+    outer: tuple[str, ...] = ()
+
+    def below(self, key: str) -> _Place:
+        return self._replace(keys=(*self.keys, key))
+
+    def __str__(self) -> str:
+        return self.prefix + ".".join((*self.outer, *self.keys))
+
+
+def _check_block(block: Any, owner: Callable[..., Any], place: _Place, top: bool = False,
+                 bases: tuple[type, ...] = ()) -> None:
+    """Check `block`, the configuration of `owner` at `place` (its own keys, or ``class_path``/``init_args``);
+    `bases`: the classes a short ``class_path`` names a subclass of (else `owner`'s)."""
     if not isinstance(block, Mapping):
         return
     if not top and ("class_path" in block or "init_args" in block):
-        found = _importable(str(block["class_path"])) if "class_path" in block else owner
+        found = _resolve(str(block["class_path"]), bases or _classes(owner)) if "class_path" in block else owner
         if found is None or found is object:
-            return  # a short or unknown class name: jsonargparse resolves it or says what is wrong
+            return  # an unknown class name: jsonargparse says what is wrong
         owner, init = found, block.get("init_args")
         extra = [k for k in block if k not in ("class_path", "init_args", "dict_kwargs")]
-        block, key = ({**(init if isinstance(init, Mapping) else {}), **{k: block[k] for k in extra}},
-                      f"{key}.init_args" if isinstance(init, Mapping) else key)  # the key as written
+        block = {**(init if isinstance(init, Mapping) else {}), **{k: block[k] for k in extra}}
+        place = place.below("init_args") if isinstance(init, Mapping) else place  # the key as written
     hints, open_ended = parameters(owner)
     if open_ended:
         return  # takes **kwargs: any key may stand
     params = list(hints)
     for name, value in block.items():
-        where = f"{key}{name}" if top else f"{key}.{name}"
+        where = place.below(name)
         if top and name in PARSER_KEYS:
             continue
         if name not in params:
             _refuse(where, name, params, owner)
         hint = hints.get(name)
-        if isinstance(value, Mapping) and "class_path" in value:
-            _check_block(value, object, where)
+        kind = _one_kind(hint)[0]
+        if isinstance(value, str) and value.lstrip().startswith(("{", "[")) and not _takes_text(hint):
+            value = _flow_value(value, where)  # a flag's mapping or list, which jsonargparse reads as YAML
+        if isinstance(value, str) and value.endswith(CONFIG_SUFFIXES) and _configures_a_class(hint):
+            _check_file(value, hint, where)
+        elif isinstance(value, Mapping) and "class_path" in value:
+            _check_block(value, object, where, bases=_classes(hint))
+        elif isinstance(value, Mapping) and _is_plain(kind):
+            _check_value(where, value, hint)  # a mapping where a number, bool or one of some values goes
         elif isinstance(value, Mapping):
-            kind = _one_kind(hint)[0]
+            default = _default(owner, name)
+            if inspect.isclass(kind) and isinstance(default, kind):
+                kind = type(default)  # a block without class_path configures the default's class (SyntheticSource)
             if inspect.isclass(kind) and not inspect.isabstract(kind) and typing.get_origin(kind) is None:
                 _check_block(value, kind, where)  # a dataclass setting, or the init args of the one class it takes
+        elif isinstance(value, list) and _is_plain(kind):
+            _check_value(where, value, hint)
         elif isinstance(value, list):
             for item in value:
                 if isinstance(item, Mapping) and "class_path" in item:
-                    _check_block(item, object, where)
+                    _check_block(item, object, where, bases=_classes(_item_hint(hint)))
         elif value is not NO_VALUE:
             _check_value(where, value, hint)
 
 
-def _check_value(key: str, value: Any, hint: Any) -> None:
+def _check_file(name: str, hint: Any, place: _Place) -> None:
+    """Check the YAML file `name` that gives the setting at `place` (of type `hint`), as jsonargparse reads
+    it (relative to the file that names it); a refusal names that file's line and column."""
+    path = Path(name) if place.base is None else place.base / name
+    if not path.is_file():
+        return  # not a file: jsonargparse says what is wrong
+    content = read_config(path)
+    kind = _one_kind(hint)[0]
+    inner = _Place((), place.prefix, path.parent, (*place.outer, *place.keys))
+    try:
+        if "class_path" in content or "init_args" in content:
+            _check_block(content, object, inner, bases=_classes(hint))
+        elif inspect.isclass(kind) and not inspect.isabstract(kind):
+            _check_block(content, kind, inner)
+    except RecipeError as err:
+        raise locate(err, path) from None
+
+
+def _flow_value(text: str, place: _Place) -> Any:
+    """`text`, a mapping or list in YAML's flow style (``[5, 10]``, ``{class_path: ...}``), loaded as jsonargparse
+    loads it; a syntax error is one line naming the setting and the column."""
+    try:
+        return get_loader("yaml")(text)
+    except yaml.MarkedYAMLError as err:
+        mark, start = err.problem_mark, err.context_mark
+        where = f" at column {mark.column + 1}" if mark is not None and mark.line == 0 else " at its end"
+        context = f" ({err.context} that starts at column {start.column + 1})" if err.context and start is not None else ""
+        raise RecipeError(f"{place} {text!r}: {err.problem or 'not YAML'}{where}{context}", place.keys) from None
+
+
+def _takes_text(hint: Any) -> bool:
+    """Whether a setting of type `hint` may be any text (a str, a path, or no annotation)."""
+    if hint is Any or hint is None:
+        return True
+    return any(issubclass(k, (str, Path)) for k in _classes(hint))
+
+
+def _default(owner: Callable[..., Any], name: str) -> Any:
+    """The default value of `owner`'s parameter `name` (None when it has none)."""
+    try:
+        param = inspect.signature(owner).parameters.get(name)
+    except (TypeError, ValueError):
+        return None
+    return None if param is None or param.default is inspect.Parameter.empty else param.default
+
+
+def _configures_a_class(hint: Any) -> bool:
+    """Whether a setting of type `hint` is a class's configuration (which may be given as a file), not text."""
+    kinds = _classes(hint)
+    return bool(kinds) and not any(issubclass(k, (str, Path)) for k in kinds)
+
+
+def _is_plain(kind: Any) -> bool:
+    """A type whose values are plain (a number, a bool or a Literal's value): never a mapping or a list."""
+    return kind in (int, float, bool) or typing.get_origin(kind) is Literal
+
+
+def _item_hint(hint: Any) -> Any:
+    """The item type of a list type (``list[Callback] | None`` -> Callback), else `hint`."""
+    kind = _one_kind(hint)[0]
+    args = typing.get_args(kind) if typing.get_origin(kind) in (list, tuple) else ()
+    return args[0] if args else hint
+
+
+def _classes(hint: Any) -> tuple[type, ...]:
+    """The classes that `hint` takes (the members of a union; none for a Literal or a generic)."""
+    args = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    return tuple(a for a in args if inspect.isclass(a) and typing.get_origin(a) is None and a is not type(None))
+
+
+def _check_value(place: _Place, value: Any, hint: Any) -> None:
     """Refuse a value that a plain setting's type cannot take: an int, float or bool (or null where the
     type is optional), one of a Literal's values; other types are left to jsonargparse. A text value
     (a flag's) is read as jsonargparse reads it (``null``, ``true``, numbers)."""
@@ -199,13 +416,16 @@ def _check_value(key: str, value: Any, hint: Any) -> None:
         return
     if not ok:
         name = "one of " + ", ".join(map(repr, typing.get_args(kind))) if typing.get_origin(kind) is Literal else kind.__name__
-        raise RecipeError(f"{key}: expected {name}{' or null' if optional else ''}, got {value!r}")
+        raise RecipeError(f"{place}: expected {name}{' or null' if optional else ''}, got {value!r}", place.keys)
 
 
 def _one_kind(hint: Any) -> tuple[Any, bool]:
-    """The one type `hint` takes besides None (None when it takes several), and whether it takes None."""
+    """The one type `hint` takes besides None (None when it takes several; one Literal of all their values
+    when they are Literals, as Lightning's ``precision``), and whether it takes None."""
     args = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
     kinds = [a for a in args if a is not type(None)]
+    if len(kinds) > 1 and all(typing.get_origin(k) is Literal for k in kinds):
+        kinds = [Literal[tuple(v for k in kinds for v in typing.get_args(k))]]
     return (kinds[0] if len(kinds) == 1 else None), type(None) in args
 
 
@@ -217,20 +437,37 @@ def _number(text: str | None, kind: type) -> bool:
     return text is not None
 
 
-def _refuse(key: str, option: str, valid: list[str], owner: Callable[..., Any]) -> typing.NoReturn:
-    stem = key[: len(key) - len(option)]
+def _refuse(place: _Place, option: str, valid: list[str], owner: Callable[..., Any]) -> typing.NoReturn:
     name = getattr(owner, "__name__", str(owner))
-    close = difflib.get_close_matches(option, valid, n=1, cutoff=0.6)
-    where = f"unknown key {key} ({name} has no option {option!r})"
+    close = difflib.get_close_matches(option, valid, n=1, cutoff=CLOSE)
+    where = f"unknown key {place} ({name} has no option {option!r})"
     if close:
-        raise RecipeError(f"{where}; did you mean {stem}{close[0]}?")
-    raise RecipeError(f"{where}; its options are {', '.join(valid[:24])}")
+        raise RecipeError(f"{where}; did you mean {place._replace(keys=(*place.keys[:-1], close[0]))}?", place.keys)
+    raise RecipeError(f"{where}; its options are {', '.join(valid[:24])}", place.keys)
 
 
-def _importable(class_path: str) -> type | None:
-    module, _, name = class_path.rpartition(".")
-    try:
-        found = getattr(import_module(module), name) if module else None
-    except (ImportError, AttributeError, ValueError):
-        return None
-    return found if inspect.isclass(found) else None
+CLOSE = 0.5  # difflib's ratio of a misspelt key to the one suggested (item_colum -> item_id: 0.59)
+
+
+def _resolve(class_path: str, bases: tuple[type, ...]) -> type | None:
+    """The class `class_path` names: imported, or for a name without a module (``EventLogSource``) the one
+    subclass of that name of `bases` (or of their own bases: a data module's), as jsonargparse resolves it."""
+    if "." in class_path:
+        module, _, name = class_path.rpartition(".")
+        try:
+            found = getattr(import_module(module), name)
+        except (ImportError, AttributeError, ValueError):
+            return None
+        return found if inspect.isclass(found) else None
+    for base in (c for b in bases for c in b.__mro__ if c is not object):
+        named = {c for c in _subclasses(base) if c.__name__ == class_path}
+        if len(named) == 1:
+            return named.pop()
+    return None
+
+
+def _subclasses(base: type) -> set[type]:
+    found = {base}
+    for sub in base.__subclasses__():
+        found |= _subclasses(sub)
+    return found

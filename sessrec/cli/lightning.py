@@ -37,7 +37,9 @@ set by a recipe or on the command line:
   refused with one line naming the key and both values, as is a ``--data.max_length`` other than
   the model's. The recipe a model was trained with always passes.
 
-A checkpoint resumes ``fit`` (``--ckpt_path``) and nothing else.
+A checkpoint resumes ``fit`` (``--ckpt_path``) and nothing else. ``fit`` refuses a Trainer that would
+take no training step (``max_epochs``, ``max_steps`` or ``limit_train_batches`` 0), which would save
+untrained weights as the model directory.
 
 ``fit --ckpt_path`` resumes with the checkpoint's model settings (LightningCLI's own restore); a
 checkpoint of ``<save_dir>/<name>/version_N/checkpoints/`` (``last.ckpt`` of a killed run) continues
@@ -65,8 +67,8 @@ from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 
 from sessrec.artifacts import ClickRanker, SessionRecommender, load_artifact
 from sessrec.artifacts.model_directory import FEATURES, VOCAB, read_model_directory
-from sessrec.cli.errors import RecipeError, check_in_order, flag_mapping, one_line, refuse_null_below_class
-from sessrec.cli.parsers import checkpoint_refused, config_paths, read_config
+from sessrec.cli.errors import RecipeError, one_line, refuse_null_below_class
+from sessrec.cli.parsers import check_sources, checkpoint_refused
 from sessrec.saved.checkpoint import checkpoint_summary
 from sessrec.saved.registry import config_of
 from sessrec.scoring import Engine, predict_file
@@ -187,6 +189,7 @@ class SessrecCLI(LightningCLI):
         if self._engine.engine == "dask":
             refuse_trainer_settings(cfg.trainer)
         if sub == "fit":
+            refuse_no_training(cfg.trainer)
             if cfg.get("model_dir"):
                 raise ValueError("sessrec fit trains the recipe's model: --model_dir is for validate, test and predict "
                                  "(--ckpt_path resumes a fit)")
@@ -324,6 +327,19 @@ def refuse_trainer_settings(trainer: Namespace) -> None:
                              "or use --engine local")
 
 
+NO_TRAINING = {"max_epochs": (0,), "max_steps": (0,), "limit_train_batches": (0, 0.0)}  # Trainer settings of no step
+
+
+def refuse_no_training(trainer: Namespace) -> None:
+    """Refuse a Trainer setting with which ``fit`` takes no training step (and would save untrained weights
+    as the model directory), in one line naming it."""
+    for key, nothing in NO_TRAINING.items():
+        value = trainer.get(key)
+        if value is not None and not isinstance(value, bool) and value in nothing:
+            raise ValueError(f"--trainer.{key} {value}: sessrec fit would take no training step and save untrained "
+                             "weights; give at least one (fast_dev_run true checks a recipe without saving)")
+
+
 def _shown(metrics: dict) -> str:
     """``name=value`` of the logged metrics (names with a ``/``), sorted, six decimals."""
     return " ".join(f"{k}={float(v):.6f}" for k, v in sorted(metrics.items()) if "/" in k)
@@ -384,10 +400,10 @@ def cli(args: list[str] | None = None) -> SessrecCLI:
 
 
 def check_recipe_keys(args: list[str]) -> None:
-    """Refuse the first key of the ``--config`` files and flags that the task, the data module or the
-    Trainer does not take (`sessrec.cli.errors.check_in_order`; `NextItemTask` and `SessionDataModule` where a
-    block names no class), and a null that a dotted flag would lose (`refuse_null_below_class`)."""
+    """Refuse a YAML syntax error of the ``--config`` files and the first key of them and of the flags that
+    the task, the data module or the Trainer does not take (`sessrec.cli.parsers.check_sources`;
+    `NextItemTask` and `SessionDataModule` where a block names no class), and a null that a dotted flag
+    would lose (`refuse_null_below_class`)."""
     task, data = import_module("sessrec.tasks").NextItemTask, import_module("sessrec.tasks").SessionDataModule
-    roots = {"model": task, "data": data, "trainer": pl.Trainer}
-    check_in_order([*(read_config(path) for path in config_paths(args)), flag_mapping(args)], roots)
+    check_sources(args, roots={"model": task, "data": data, "trainer": pl.Trainer})
     refuse_null_below_class(args, ("model", "data"))

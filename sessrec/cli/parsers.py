@@ -4,12 +4,14 @@ Every command parses with a jsonargparse `ArgumentParser` (the Lightning command
 LightningCLI, which is one): ``--config FILE`` (YAML) and typed flags from the signature of the
 function or class the command runs, with help texts from its docstring (jsonargparse's own reading
 of the ``Args:`` section). Flags are spelt as the parameters are, with underscores
-(``--model_dir``). Before jsonargparse parses, sessrec checks the keys and plain values of the flags
-and files against the same signatures (`sessrec.cli.errors`): an unknown key is one line naming the
-closest valid one, a value of another type one line naming the key, the type and the value; what
-jsonargparse refuses beyond that is its own message, on one line.
+(``--model_dir``). Before jsonargparse parses, sessrec reads the files (a YAML syntax error is one line
+``file:line:column: problem``) and checks the keys and plain values of the flags and files against
+the same signatures (`check_sources`, `sessrec.cli.errors`): an unknown key is one line naming the
+closest valid one, a value of another type one line naming the key, the type and the value, each
+prefixed with the line and column of the key in its file; what jsonargparse refuses beyond that is
+its own message, on one line.
 
-`config_value` reads a key of the ``--config`` files with jsonargparse's loader: which command a
+`config_value` reads a key of the ``--config`` files with jsonargparse's loader (`read_config`): which command a
 recipe is for (a pipeline recipe's top-level ``pipeline:``) and which model a lifecycle command
 works on are read from the configuration so loaded, before the command's parser is chosen.
 """
@@ -21,10 +23,17 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from jsonargparse import ActionConfigFile, ArgumentParser, Namespace, get_loader
-from yaml import YAMLError
+from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
 
-from sessrec.cli.errors import RecipeError, check_arguments, check_in_order, flag_mapping, one_line
+from sessrec.cli.errors import (
+    RecipeError,
+    check_arguments,
+    check_in_order,
+    flag_mapping,
+    locate,
+    one_line,
+    read_config,
+)
 
 
 def command_parser(prog: str, description: str | None = None) -> ArgumentParser:
@@ -52,16 +61,34 @@ def parse(parser: ArgumentParser, args: list[str], owner: Callable[..., Any] | N
         RecipeError: the first key or value refused, in one line; a value the parser refuses beyond
             those checks, with the parser's message on one line.
     """
-    sources = [*(read_config(path) for path in config_paths(args)), flag_mapping(args)]
-    if owner is not None:
-        for i, source in enumerate(sources):  # a flag's message names the flag
-            check_arguments(source, owner, "--" if i == len(sources) - 1 else "", extra=(*extra, *(roots or {})))
-    if roots:
-        check_in_order(sources, roots)
+    check_sources(args, owner, roots, extra)
     try:
         return parser.parse_args(args)
     except ArgumentError as err:
         raise RecipeError(one_line(err)) from err
+
+
+def check_sources(args: list[str], owner: Callable[..., Any] | None = None,
+                  roots: Mapping[str, Callable[..., Any] | None] | None = None, extra: tuple[str, ...] = ()) -> None:
+    """sessrec's check of the ``--config`` files (each read first: a YAML syntax error is one line
+    ``file:line:column: problem``) and the flags of `args`: every top-level key against `owner` (with
+    `extra`, the keys added beside it), the blocks of `roots` against their classes; a refusal in a file
+    names its line and column (`sessrec.cli.errors.locate`), one of a flag the flag.
+
+    Raises:
+        RecipeError: the first syntax error, key or value refused.
+    """
+    paths = config_paths(args)
+    sources, origins = [*map(read_config, paths), flag_mapping(args)], [*paths, None]
+    if owner is not None:
+        for source, origin in zip(sources, origins, strict=True):
+            try:
+                check_arguments(source, owner, "--" if origin is None else "", extra=(*extra, *(roots or {})),
+                                base=origin.parent if origin is not None else None)
+            except RecipeError as err:
+                raise locate(err, origin) from None
+    if roots:
+        check_in_order(sources, roots, origins)
 
 
 def recipe_parser(prog: str = "sessrec") -> ArgumentParser:
@@ -88,16 +115,6 @@ def config_paths(args: list[str]) -> list[Path]:
     paths = [args[i + 1] for i, arg in enumerate(args[:-1]) if arg == "--config"]
     paths += [arg.partition("=")[2] for arg in args if arg.startswith("--config=")]
     return [Path(p) for p in paths]
-
-
-def read_config(path: Path) -> dict[str, Any]:
-    """A configuration file's mapping as jsonargparse loads it; {} for a file that is missing or not
-    a mapping (the command's parser then says what is wrong with it)."""
-    try:
-        content = get_loader("yaml")(path.read_text()) if path.is_file() else None
-    except (OSError, YAMLError):
-        return {}
-    return content if isinstance(content, dict) else {}
 
 
 def config_value(args: list[str], key: str) -> Any:

@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sessrec.saved.registry import check_probabilities
+
 
 def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.device | str = "cpu") -> torch.Tensor:
     """A bool tensor of `shape`, each element True with probability ``1 - p`` (to 2^-15).
@@ -62,8 +64,7 @@ class FastDropout(nn.Module):
 
     def __init__(self, p: float = 0.1) -> None:
         super().__init__()
-        if not 0.0 <= p < 1.0:
-            raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+        check_probabilities({"p": p}, "FastDropout ")
         self.p = p
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

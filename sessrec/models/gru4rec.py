@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from sessrec.saved.registry import Configurable
+from sessrec.saved.registry import Configurable, check_integers, check_probabilities
 
 
 class GRU4RecEncoder(nn.Module, Configurable):
@@ -38,8 +38,8 @@ class GRU4RecEncoder(nn.Module, Configurable):
 
     def __init__(self, d_model: int = 64, n_layer: int = 1, dropout: float = 0.0) -> None:
         super().__init__()
-        if n_layer < 1:
-            raise ValueError(f"n_layer must be at least 1, got {n_layer}")
+        check_integers({"d_model": d_model, "n_layer": n_layer}, "GRU4RecEncoder ")
+        check_probabilities({"dropout": dropout}, "GRU4RecEncoder ")
         self.d_model = d_model
         self.gru = nn.GRU(d_model, d_model, num_layers=n_layer, batch_first=True, dropout=dropout if n_layer > 1 else 0.0)
 

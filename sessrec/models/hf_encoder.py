@@ -24,7 +24,17 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from sessrec.saved.registry import Configurable
+from sessrec.saved.registry import Configurable, check_integers, check_probabilities
+
+
+def check_encoder(owner: str, d_model: int, n_head: int, n_layer: int, dropout: float) -> None:
+    """Refuse an encoder's shape in one line naming `owner` and the setting: a width, head count or layer count
+    below 1 (an encoder of no layers reads nothing of the session), `n_head` not dividing `d_model`, or a
+    dropout outside [0, 1) (a dropout of 1 zeroes every activation: nothing trains)."""
+    check_integers({"d_model": d_model, "n_head": n_head, "n_layer": n_layer}, f"{owner} ")
+    check_probabilities({"dropout": dropout}, f"{owner} ")
+    if d_model % n_head:
+        raise ValueError(f"{owner} d_model ({d_model}) must be a multiple of n_head ({n_head})")
 
 
 class HFEncoder(nn.Module, Configurable):
@@ -33,15 +43,16 @@ class HFEncoder(nn.Module, Configurable):
     Args:
         d_model: model width D.
         n_head: attention heads; must divide `d_model`.
+        n_layer: layers, at least one.
+        dropout: the encoder's dropout probability, in [0, 1) (`check_encoder`).
         initializer_range: std of the weight init; None: ``d_model ** -0.5``.
     """
 
     causal: ClassVar[bool] = False
 
-    def __init__(self, d_model: int, n_head: int, initializer_range: float | None) -> None:
+    def __init__(self, d_model: int, n_head: int, n_layer: int, dropout: float, initializer_range: float | None) -> None:
         super().__init__()
-        if d_model % n_head:
-            raise ValueError(f"d_model ({d_model}) must be a multiple of n_head ({n_head})")
+        check_encoder(type(self).__name__, d_model, n_head, n_layer, dropout)
         self.d_model = d_model
         self.init_std = initializer_range if initializer_range is not None else d_model**-0.5
 

@@ -64,6 +64,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sessrec.models.hf_encoder import check_encoder
 from sessrec.models.sasrec import init_linear_layers
 from sessrec.saved.registry import Configurable
 
@@ -154,8 +155,7 @@ class HSTUEncoder(nn.Module, Configurable):
         initializer_range: float | None = None,
     ) -> None:
         super().__init__()
-        if d_model % n_head:
-            raise ValueError(f"d_model ({d_model}) must be a multiple of n_head ({n_head})")
+        check_encoder(type(self).__name__, d_model, n_head, n_layer, dropout)
         if num_position_buckets < 2 or max_distance <= num_position_buckets // 2 or num_time_buckets < 1:
             raise ValueError(
                 "need num_position_buckets >= 2, max_distance > num_position_buckets // 2 and num_time_buckets >= 1, got "

@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
+from torch import nn
 
 from sessrec.models.objective import MaskingResult, Objective, realign, targetable
+from sessrec.saved.registry import check_probabilities
 
 
 @dataclass
@@ -48,12 +50,18 @@ class MaskedItemModeling(Objective):
     prefix_prob: float = 0.0
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.mask_prob <= 1.0:
-            raise ValueError(f"mask_prob must be in (0, 1], got {self.mask_prob}")
-        if not 0.0 <= self.last_item_prob <= 1.0:
-            raise ValueError(f"last_item_prob must be in [0, 1], got {self.last_item_prob}")
-        if not 0.0 <= self.prefix_prob <= 1.0:
-            raise ValueError(f"prefix_prob must be in [0, 1], got {self.prefix_prob}")
+        check_probabilities({"mask_prob": self.mask_prob}, "MaskedItemModeling ", zero=False, one=True)
+        check_probabilities({"last_item_prob": self.last_item_prob, "prefix_prob": self.prefix_prob},
+                            "MaskedItemModeling ", one=True)
+
+    def check(self, encoder: nn.Module) -> None:
+        """`Objective.check`, and refuse to train on sessions whose every item is hidden (``mask_prob`` 1 with
+        ``last_item_prob`` 0): the encoder would read no item. (PLM chooses its targets with those settings
+        and keeps context itself.)"""
+        super().check(encoder)
+        if self.mask_prob == 1.0 and self.last_item_prob == 0.0:
+            raise ValueError("MaskedItemModeling mask_prob 1 with last_item_prob 0 hides every item of every session: "
+                             "the model would read no item; lower mask_prob (e.g. 0.2) or raise last_item_prob")
 
     def prefix_source(self, items: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         """(B, L) column of `items` that each column of the cut sessions holds (< 0 = padding), for `realign`.

@@ -21,6 +21,7 @@ import torch
 
 from sessrec.models.masking import MaskedItemModeling
 from sessrec.models.objective import Features, MaskingResult, Network, Objective, ObjectiveOutput, append_slot
+from sessrec.saved.registry import check_probabilities
 
 
 @dataclass
@@ -58,10 +59,8 @@ class PermutationLanguageModeling(Objective):
     last_item_prob: float = 0.1
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.target_prob <= 1.0:
-            raise ValueError(f"target_prob must be in (0, 1], got {self.target_prob}")
-        if not 0.0 <= self.last_item_prob <= 1.0:
-            raise ValueError(f"last_item_prob must be in [0, 1], got {self.last_item_prob}")
+        check_probabilities({"target_prob": self.target_prob}, "PermutationLanguageModeling ", zero=False, one=True)
+        check_probabilities({"last_item_prob": self.last_item_prob}, "PermutationLanguageModeling ", one=True)
 
     def mask(
         self, items: torch.Tensor, generator: torch.Generator | None = None, recommendable: torch.Tensor | None = None

@@ -38,7 +38,7 @@ from sessrec.models.objective import (
     encoder_is_causal,
     targetable,
 )
-from sessrec.saved.registry import Configurable
+from sessrec.saved.registry import Configurable, check_probabilities
 
 
 @dataclass
@@ -86,8 +86,7 @@ class ReplacedTokenDetection(nn.Module, Objective, Configurable):
     ) -> None:
         super().__init__()
         self.masking = MaskedItemModeling(mask_prob=mask_prob, last_item_prob=last_item_prob)
-        if not 0.0 <= replace_prob <= 1.0:
-            raise ValueError(f"replace_prob must be in [0, 1], got {replace_prob}")
+        check_probabilities({"replace_prob": replace_prob}, "ReplacedTokenDetection ", one=True)
         if generator_weight < 0 or discriminator_weight < 0:
             raise ValueError(f"loss weights must be >= 0, got {generator_weight} and {discriminator_weight}")
         if temperature <= 0:

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sessrec.models.hf_encoder import check_encoder
 from sessrec.saved.registry import Configurable
 
 
@@ -106,8 +107,7 @@ class SASRecEncoder(nn.Module, Configurable):
         initializer_range: float | None = None,
     ) -> None:
         super().__init__()
-        if d_model % n_head:
-            raise ValueError(f"d_model ({d_model}) must be a multiple of n_head ({n_head})")
+        check_encoder(type(self).__name__, d_model, n_head, n_layer, dropout)
         self.d_model = d_model
         self.blocks = nn.ModuleList(
             SASRecBlock(d_model, n_head, d_inner or 4 * d_model, dropout, layer_norm_eps) for _ in range(n_layer)

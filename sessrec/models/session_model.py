@@ -42,7 +42,7 @@ from sessrec.models.masking import MaskedItemModeling
 from sessrec.models.objective import EVENT_TIMES, Objective
 from sessrec.models.side_info import SideInfoEmbedding
 from sessrec.saved.directory import loads_no_directory
-from sessrec.saved.registry import Configurable
+from sessrec.saved.registry import Configurable, check_probabilities
 
 
 def exclude_seen(scores: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
@@ -112,6 +112,7 @@ class SessionModel(nn.Module, Configurable):
             raise ValueError(
                 f"num_items must count padding, OOV, at least one item and the {num_virtual} virtual items; got {num_items}"
             )
+        check_probabilities({"dropout": dropout}, "SessionModel ")
         if score_scale is not None and score_scale <= 0:
             raise ValueError(f"score_scale must be positive or None, got {score_scale}")
         d = int(encoder.d_model)

@@ -138,6 +138,17 @@ def check_integers(values: Mapping[str, Any], what: str = "", minimum: int = 1) 
             raise ValueError(f"{what}{name} must be an integer >= {minimum}, got {value!r}")
 
 
+def check_probabilities(values: Mapping[str, Any], what: str = "", zero: bool = True, one: bool = False) -> None:
+    """Refuse a config's probability settings in one line, ``<what><name> must be a probability in [0, 1),
+    got <value>``, for the first of `values` that is not a number (a bool is not one) in the interval;
+    `zero`, `one`: whether 0 and 1 belong to it (a dropout of 1 zeroes everything: nothing trains)."""
+    for name, value in values.items():
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not number or not ((0.0 <= value) if zero else (0.0 < value)) or not ((value <= 1.0) if one else (value < 1.0)):
+            interval = f"{'[' if zero else '('}0, 1{']' if one else ')'}"
+            raise ValueError(f"{what}{name} must be a probability in {interval}, got {value!r}")
+
+
 class ConfigError(ValueError):
     """A saved config that does not resolve: one line ``<source>: <key path>: <problem>``."""
 

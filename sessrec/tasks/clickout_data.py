@@ -20,6 +20,7 @@ from sessrec.data.sources import to_seconds
 from sessrec.datasets.clickout_rows import RankingLoader, RankingTensors, RankingVocab, encode_rows
 from sessrec.datasets.clickouts import DENSE_FEATURES, SPLITS, build_clickout_rows, split_by_time
 from sessrec.saved.checkpoint import as_tensors
+from sessrec.saved.registry import check_integers
 
 
 class ClickoutDataModule(pl.LightningDataModule):
@@ -65,6 +66,7 @@ class ClickoutDataModule(pl.LightningDataModule):
             raise ValueError(
                 f"need test_hours > 0, valid_hours > 0 and min_count >= 1; got {test_hours}, {valid_hours}, {min_count}"
             )
+        check_integers({"batch_size": batch_size, "eval_batch_size": eval_batch_size}, "ClickoutDataModule ")
         self.path, self.test_hours, self.valid_hours, self.min_count = path, test_hours, valid_hours, min_count
         self.batch_size, self.eval_batch_size, self.seed = batch_size, eval_batch_size, seed
         self.session_scores, self.vocab_path = session_scores, vocab_path

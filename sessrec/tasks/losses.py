@@ -32,7 +32,7 @@ from typing import ClassVar, Literal
 import torch
 
 from sessrec.data.vocab import NUM_SPECIAL
-from sessrec.saved.registry import Configurable
+from sessrec.saved.registry import Configurable, check_probabilities
 
 
 def smoothed_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
@@ -60,8 +60,7 @@ def smoothed_nll(logp: torch.Tensor, labels: torch.Tensor, label_smoothing: floa
 
 
 def _check(label_smoothing: float, temperature: float) -> None:
-    if not 0.0 <= label_smoothing < 1.0:
-        raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
+    check_probabilities({"label_smoothing": label_smoothing})
     if temperature <= 0.0:
         raise ValueError(f"temperature must be positive, got {temperature}")
 

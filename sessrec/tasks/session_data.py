@@ -34,7 +34,7 @@ from sessrec.data.training_rows import TrainingRows
 from sessrec.data.vocab import ItemVocab
 from sessrec.features.side_transform import SideFeatureTransform
 from sessrec.saved.checkpoint import as_arrays, as_tensors
-from sessrec.saved.registry import Configurable
+from sessrec.saved.registry import Configurable, check_integers
 
 Protocol = Literal["last", "all_prefixes"]
 
@@ -125,6 +125,7 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
                 f"max_length must be >= 2 (the most recent items a model sees per session; a prefix and "
                 f"its next item need two), got {max_length}"
             )
+        check_integers({"batch_size": batch_size, "eval_batch_size": eval_batch_size}, "SessionDataModule ")
         self.source, self.max_length = source, max_length
         self.batch_size, self.eval_batch_size, self.eval_protocol = batch_size, eval_batch_size, eval_protocol
         self.min_item_count, self.max_vocab_size = min_item_count, max_vocab_size

@@ -222,3 +222,7 @@ class DLRMNetwork(_Part):
             )
         if self.interaction not in ("dot", "dcn"):
             raise ValueError(f"network interaction must be 'dot' or 'dcn', got {self.interaction!r}")
+        widths = {f"dense_layers[{i}]": w for i, w in enumerate(self.dense_layers)}
+        widths |= {f"over_layers[{i}]": w for i, w in enumerate(self.over_layers)}
+        check_integers({"embedding_dim": self.embedding_dim, "dcn_rank": self.dcn_rank, **widths}, "network ")
+        check_integers({"dcn_layers": self.dcn_layers}, "network ", minimum=0)

@@ -1,0 +1,226 @@
+"""Configuration errors through the ``sessrec`` entry point: a YAML syntax error is one line
+``file:line:column: problem``, a mistyped key at any depth names its line and column and the closest
+valid key, a value outside a Literal lists the allowed ones, and a setting that trains nothing (a
+dropout of 1, no layers, a batch of 0, a Trainer of no step) is refused when it is built; nothing is
+written when a command refuses its configuration."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+TRAINER = """trainer:
+  max_epochs: 1
+  limit_train_batches: 1
+  limit_val_batches: 1
+  enable_progress_bar: false
+  enable_model_summary: false
+  logger: {class_path: pytorch_lightning.loggers.CSVLogger, init_args: {save_dir: OUT, name: run}}
+  callbacks:
+    - class_path: pytorch_lightning.callbacks.ModelCheckpoint
+      init_args: {dirpath: OUT/checkpoints, monitor: val/ndcg@20, mode: max, save_top_k: 1, filename: best}
+"""
+MODEL = """model:
+  encoder: {class_path: sessrec.models.GRU4RecEncoder, init_args: {d_model: 8}}
+  objective: {class_path: sessrec.models.CausalLanguageModeling}
+"""
+DATA = """data:
+  source: {class_path: sessrec.data.SyntheticSource, init_args: {num_sessions: 300, num_items: 40, num_clusters: 4}}
+  max_length: 8
+  batch_size: 32
+"""
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text.replace("OUT", str(tmp_path / "out")))
+    return path
+
+
+def refused(sessrec_main, tmp_path: Path, *args: str) -> str:
+    """The one line `args` exit with; nothing written to the output folder."""
+    message = sessrec_main(*args)
+    assert message.startswith(f"sessrec {args[0]}: error: ") and message.endswith(" (--traceback for details)")
+    assert not (tmp_path / "out").exists()
+    return message.removeprefix(f"sessrec {args[0]}: error: ").removesuffix(" (--traceback for details)")
+
+
+TAB = TRAINER + "model:\n\tdropout: 0.2\n" + DATA
+BRACKET = TRAINER + MODEL + "data:\n  source: {class_path: sessrec.data.SyntheticSource, init_args: {num_sessions: 300\n  max_length: 8\n"
+
+
+@pytest.mark.parametrize("command", ["fit", "validate", "test", "predict", "prepare", "recommend", "serve", "retrain",
+                                     "export", "rollback"])
+def test_a_tab_in_the_config_of_any_command_is_its_line_and_column(command, tmp_path, sessrec_main):
+    recipe = write(tmp_path, "tab.yaml", TAB)
+    line = TAB.splitlines().index("\tdropout: 0.2") + 1
+    got = refused(sessrec_main, tmp_path, command, "--config", str(recipe))
+    assert got == f"{recipe}:{line}:1: found character that cannot start any token (a tab: YAML indents with spaces)"
+
+
+def test_the_trace_of_a_syntax_error_is_shown_when_asked(tmp_path, monkeypatch):
+    import yaml
+
+    from sessrec.cli import main
+    from sessrec.cli.errors import RecipeError
+
+    recipe = write(tmp_path, "tab.yaml", TAB)
+    monkeypatch.setattr("sys.argv", ["sessrec", "fit", "--config", str(recipe), "--traceback"])
+    with pytest.raises(RecipeError, match=rf"^{recipe}:\d+:1: found character") as raised:
+        main()
+    assert isinstance(raised.value.__cause__, yaml.MarkedYAMLError)
+
+
+def test_an_unclosed_bracket_is_where_yaml_gave_up_and_where_it_opened(tmp_path, sessrec_main):
+    recipe = write(tmp_path, "bracket.yaml", BRACKET)
+    lines = BRACKET.splitlines()
+    opened = next(i for i, x in enumerate(lines) if "num_sessions: 300" in x) + 1
+    column = lines[opened - 1].index("{num_sessions") + 1
+    got = refused(sessrec_main, tmp_path, "fit", "--config", str(recipe))
+    assert got == (f"{recipe}:{opened + 1}:13: did not find expected ',' or '}}' "
+                   f"(while parsing a flow mapping that starts at {opened}:{column})")
+
+
+def test_a_syntax_error_in_a_pipeline_recipe_or_a_file_named_by_a_setting(tmp_path, sessrec_main):
+    pipeline = write(tmp_path, "pipeline.yaml", "pipeline:\n  covisitation: {}\n  ks: [10, 20\n")
+    got = refused(sessrec_main, tmp_path, "fit", "--config", str(pipeline))
+    assert got == f"{pipeline}:4:1: did not find expected ',' or ']' (while parsing a flow sequence that starts at 3:7)"
+    source = write(tmp_path, "source.yaml", "class_path: sessrec.data.SyntheticSource\ninit_args:\n\tnum_items: 40\n")
+    recipe = write(tmp_path, "recipe.yaml", TRAINER + MODEL + "data:\n  source: source.yaml\n")
+    expected = f"{source}:3:1: found character that cannot start any token (a tab: YAML indents with spaces)"
+    assert refused(sessrec_main, tmp_path, "fit", "--config", str(recipe)) == expected  # relative to the recipe
+    recipe = write(tmp_path, "recipe.yaml", TRAINER + MODEL + DATA)
+    assert refused(sessrec_main, tmp_path, "fit", "--config", str(recipe), "--data.source", str(source)) == expected
+
+
+def test_a_key_given_twice_is_refused(tmp_path, sessrec_main):
+    recipe = write(tmp_path, "twice.yaml", TRAINER + MODEL + DATA + "  batch_size: 64\n")
+    line = len((TRAINER + MODEL + DATA).splitlines()) + 1
+    got = refused(sessrec_main, tmp_path, "fit", "--config", str(recipe))
+    assert got == f"{recipe}:{line}:3: key 'batch_size' is given twice in one mapping (first at {line - 1}:3); only one may stand"
+
+
+@pytest.mark.parametrize("block, typo, expected", [
+    ("trainer:\n  max_epoch: 1\n", "max_epoch",
+     "unknown key trainer.max_epoch (Trainer has no option 'max_epoch'); did you mean trainer.max_epochs?"),
+    ("data:\n  source:\n    class_path: sessrec.data.EventLogSource\n    init_args: {path: x.csv, schema: {item_colum: item}}\n",
+     "item_colum", ("unknown key data.source.init_args.schema.item_colum (Schema has no option 'item_colum'); did you mean "
+     "data.source.init_args.schema.item_id?")),
+    ("data:\n  class_path: sessrec.tasks.SessionDataModule\n  init_args:\n    predict_schema:\n      item_colum: item\n",
+     "item_colum", ("unknown key data.init_args.predict_schema.item_colum (Schema has no option 'item_colum'); did you mean "
+     "data.init_args.predict_schema.item_id?")),
+    ("data:\n  source:\n    class_path: EventLogSource\n    init_args:\n      path: x.csv\n      schema: {sesion_id: s}\n",
+     "sesion_id", ("unknown key data.source.init_args.schema.sesion_id (Schema has no option 'sesion_id'); did you mean "
+     "data.source.init_args.schema.session_id?")),
+    ("data:\n  class_path: sessrec.tasks.SessionDataModule\n  init_args:\n    eval_protocol: {lastt: true}\n",
+     "eval_protocol", "data.init_args.eval_protocol: expected one of 'last', 'all_prefixes', got {'lastt': True}"),
+    ("data:\n  eval_protocol: every_prefix\n", "eval_protocol",
+     "data.eval_protocol: expected one of 'last', 'all_prefixes', got 'every_prefix'"),
+    (("model:\n  class_path: sessrec.tasks.NextItemTask\n  init_args:\n    encoder:\n"
+     "      class_path: sessrec.models.GRU4RecEncoder\n      init_args: {d_model: 8, n_layers: 2}\n"),
+     "n_layers", ("unknown key model.init_args.encoder.init_args.n_layers (GRU4RecEncoder has no option 'n_layers'); did "
+     "you mean model.init_args.encoder.init_args.n_layer?")),
+])
+def test_a_mistyped_key_or_value_at_any_depth_names_its_line_and_the_closest_key(block, typo, expected, tmp_path,
+                                                                                  sessrec_main):
+    recipe = write(tmp_path, "base.yaml", TRAINER + MODEL + DATA)
+    typos = write(tmp_path, "typo.yaml", block)
+    line = next(i for i, x in enumerate(block.splitlines()) if typo in x)
+    column = block.splitlines()[line].index(typo) + 1
+    got = refused(sessrec_main, tmp_path, "fit", "--config", str(recipe), "--config", str(typos))
+    assert got == f"{typos}:{line + 1}:{column}: {expected}"
+
+
+def test_typos_in_a_pipeline_recipe_in_a_file_named_by_a_flag_and_of_prepare(tmp_path, sessrec_main):
+    pipeline = write(tmp_path, "pipeline.yaml", "pipeline:\n  data:\n    source: {class_path: sessrec.data.SyntheticSource}\n"
+                                                "    eval_protocol: {kind: last}\n  covisitation: {}\n")
+    got = refused(sessrec_main, tmp_path, "fit", "--config", str(pipeline))
+    assert got == f"{pipeline}:4:5: pipeline.data.eval_protocol: expected one of 'last', 'all_prefixes', got {{'kind': 'last'}}"
+    source = write(tmp_path, "source.yaml", "class_path: sessrec.data.SyntheticSource\ninit_args:\n  num_itms: 40\n")
+    recipe = write(tmp_path, "recipe.yaml", TRAINER + MODEL + DATA)
+    got = refused(sessrec_main, tmp_path, "fit", "--config", str(recipe), "--data.source", str(source))
+    assert got == (f"{source}:3:3: unknown key data.source.init_args.num_itms (SyntheticSource has no option 'num_itms'); "
+                   "did you mean data.source.init_args.num_items?")
+    typo = write(tmp_path, "prepare.yaml", DATA.replace("batch_size", "batch_sise"))
+    got = refused(sessrec_main, tmp_path, "prepare", "--config", str(typo), "--out", str(tmp_path / "out"))
+    assert got == (f"{typo}:4:3: unknown key data.batch_sise (SessionDataModule has no option 'batch_sise'); "
+                   "did you mean data.batch_size?")
+
+
+def test_a_block_without_class_path_is_its_defaults_class_and_literals_of_a_union_are_listed(tmp_path, sessrec_main):
+    """``--data.source.init_args.*`` without a class_path configures the default source (SyntheticSource), and a
+    value outside a union of Literals (Lightning's precision) lists them all."""
+    recipe = write(tmp_path, "recipe.yaml", TRAINER + MODEL)
+    got = refused(sessrec_main, tmp_path, "fit", "--config", str(recipe), "--data.source.init_args.num_sesions", "300")
+    assert got == ("unknown key data.source.init_args.num_sesions (SyntheticSource has no option 'num_sesions'); "
+                   "did you mean data.source.init_args.num_sessions?")
+    got = refused(sessrec_main, tmp_path, "fit", "--config", str(recipe), "--trainer.precision", "16-mixd")
+    assert got.startswith("trainer.precision: expected one of 64, 32, 16, ") and got.endswith("or null, got '16-mixd'")
+    assert "'16-mixed'" in got and "'bf16'" in got
+
+
+def test_a_flags_mapping_or_list_is_read_as_yaml_and_checked(tmp_path, sessrec_main):
+    recipe = write(tmp_path, "recipe.yaml", TRAINER + MODEL + DATA)
+    got = refused(sessrec_main, tmp_path, "fit", "--config", str(recipe), "--model.evaluation.ks", "[5, 10")
+    assert got == ("model.evaluation.ks '[5, 10': did not find expected ',' or ']' at its end "
+                   "(while parsing a flow sequence that starts at column 1)")
+    got = refused(sessrec_main, tmp_path, "fit", "--config", str(recipe), "--data", "{max_lenght: 8}")
+    assert got == "unknown key data.max_lenght (SessionDataModule has no option 'max_lenght'); did you mean data.max_length?"
+    callback = "{class_path: ModelCheckpoint, init_args: {monitr: val/ndcg@20}}"
+    got = refused(sessrec_main, tmp_path, "fit", "--config", str(recipe), f"--trainer.callbacks+={callback}")
+    assert got == ("unknown key trainer.callbacks.init_args.monitr (ModelCheckpoint has no option 'monitr'); "
+                   "did you mean trainer.callbacks.init_args.monitor?")
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--model.encoder.init_args.dropout", "1.0"], "GRU4RecEncoder dropout must be a probability in [0, 1), got 1.0"),
+    (["--model.dropout", "1.0"], "SessionModel dropout must be a probability in [0, 1), got 1.0"),
+    (["--model.encoder.init_args.n_layer", "0"], "GRU4RecEncoder n_layer must be an integer >= 1, got 0"),
+    (["--data.batch_size", "0"], "SessionDataModule batch_size must be an integer >= 1, got 0"),
+    (["--trainer.max_epochs", "0"], ("--trainer.max_epochs 0: sessrec fit would take no training step and save untrained "
+                                    "weights; give at least one (fast_dev_run true checks a recipe without saving)")),
+    (["--trainer.limit_train_batches", "0"], "--trainer.limit_train_batches 0: sessrec fit would take no training step"),
+])
+def test_a_setting_that_trains_nothing_is_refused_before_anything_is_written(flags, expected, tmp_path, sessrec_main):
+    recipe = write(tmp_path, "recipe.yaml", TRAINER + MODEL + DATA)
+    assert refused(sessrec_main, tmp_path, "fit", "--config", str(recipe), *flags).startswith(expected)
+
+
+def test_every_dropout_probability_of_the_models_is_checked_by_one_rule():
+    from sessrec.models import (
+        BertEncoder,
+        ElectraEncoder,
+        FastDropout,
+        GPT2Encoder,
+        GRU4RecEncoder,
+        HSTUEncoder,
+        MaskedItemModeling,
+        SASRecEncoder,
+        XLNetEncoder,
+    )
+    from sessrec.saved.registry import check_probabilities
+    from sessrec.tasks.losses import FullSoftmax
+    from sessrec.tasks.settings import DLRMNetwork
+
+    for encoder in (XLNetEncoder, BertEncoder, ElectraEncoder, GPT2Encoder, SASRecEncoder, HSTUEncoder, GRU4RecEncoder):
+        for bad in (1.0, -0.1, float("nan"), True):
+            with pytest.raises(ValueError, match=rf"^{encoder.__name__} dropout must be a probability in \[0, 1\), got "):
+                encoder(d_model=8, n_layer=1, dropout=bad)
+        assert encoder(d_model=8, n_layer=1, dropout=0.0).d_model == 8
+    with pytest.raises(ValueError, match=r"^FastDropout p must be a probability in \[0, 1\), got 1.0$"):
+        FastDropout(1.0)
+    with pytest.raises(ValueError, match=r"^MaskedItemModeling mask_prob must be a probability in \(0, 1\], got 0.0$"):
+        MaskedItemModeling(mask_prob=0.0)
+    with pytest.raises(ValueError, match="hides every item of every session"):
+        MaskedItemModeling(mask_prob=1.0, last_item_prob=0.0).check(XLNetEncoder(d_model=8, n_layer=1))
+    MaskedItemModeling(mask_prob=1.0, last_item_prob=0.5).check(XLNetEncoder(d_model=8, n_layer=1))  # half read items
+    with pytest.raises(ValueError, match=r"^label_smoothing must be a probability in \[0, 1\), got 1.0$"):
+        FullSoftmax(label_smoothing=1.0)
+    with pytest.raises(ValueError, match=r"^network over_layers\[0\] must be an integer >= 1, got 0$"):
+        DLRMNetwork(over_layers=[0])
+    with pytest.raises(ValueError, match=r"^network dcn_rank must be an integer >= 1, got 0$"):
+        DLRMNetwork(interaction="dcn", dcn_rank=0)
+    check_probabilities({"p": 0.0, "q": 1.0}, one=True)
+    with pytest.raises(ValueError, match=r"^x q must be a probability in \(0, 1\), got 0$"):
+        check_probabilities({"p": 0.5, "q": 0}, "x ", zero=False)

@@ -284,3 +284,48 @@ def test_dlrm_test_takes_ks_and_refuses_another_width(dlrm, sessrec_main):
     assert f"--model.network.embedding_dim 4 differs from the model's 8 ({model_dir}) (1 more setting differs): the network" in got
     got = sessrec_main("test", *flags, "--model_dir", str(model_dir), "--model.sparse.init_args.optimizer", "sgd")
     assert f"--model.sparse.init_args.optimizer sgd differs from the model's adagrad_rowwise ({model_dir}): the network" in got
+
+
+def test_a_source_picked_by_a_recipe_gets_its_own_defaults_not_the_default_sources(tmp_path, capsys):
+    """jsonargparse keeps the init_args of a parameter's default instance that the class a recipe picks
+    also takes: with `SyntheticSource()` as the default, an `EventLogSource` recipe silently got its
+    test_days and valid_days 1.0 (valid_days beating valid_fraction)."""
+    import yaml
+
+    events = tmp_path / "events.csv"
+    events.write_text("session_id,item_id,timestamp\n1,1,1600000000\n1,2,1600000060\n")
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({"data": {"source": {
+        "class_path": "sessrec.data.EventLogSource",
+        "init_args": {"path": str(events), "test_fraction": 0.2, "valid_fraction": 0.2}}}}))
+    with pytest.raises(SystemExit):
+        cli(["fit", "--config", str(recipe), "--print_config"])
+    source = yaml.safe_load(capsys.readouterr().out)["data"]["init_args"]["source"]["init_args"]
+    assert (source["test_days"], source["test_fraction"], source["valid_days"], source["valid_fraction"]) == (
+        None, 0.2, None, 0.2)
+
+
+def test_no_setting_of_a_class_a_recipe_can_pick_defaults_to_an_instance_whose_siblings_differ():
+    """The rule behind the test above, for every class a recipe builds: a parameter typed by a base class
+    whose default is an instance of one subclass would lend that instance's settings to a sibling the
+    recipe picks instead, wherever the two share a setting with different defaults."""
+    import inspect
+
+    from sessrec.saved.registry import registered
+
+    classes = set(registered().values())
+    leaks = []
+    for owner in classes:
+        for name, parameter in inspect.signature(owner).parameters.items():
+            default = parameter.default
+            if not isinstance(default, tuple(classes)):
+                continue
+            mine = inspect.signature(type(default)).parameters
+            for base in type(default).__mro__[1:]:
+                for sibling in (c for c in classes if issubclass(c, base) and c is not type(default) and base in classes):
+                    theirs = inspect.signature(sibling).parameters
+                    leaks += [f"{owner.__name__}.{name}: {type(default).__name__}.{key} -> {sibling.__name__}"
+                              for key in set(mine) & set(theirs)
+                              if theirs[key].default is not inspect.Parameter.empty
+                              and repr(getattr(default, key, mine[key].default)) != repr(theirs[key].default)]
+    assert not leaks, leaks

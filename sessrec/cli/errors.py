@@ -313,7 +313,11 @@ def _check_block(block: Any, owner: Callable[..., Any], place: _Place, top: bool
         elif isinstance(value, Mapping):
             default = _default(owner, name)
             if inspect.isclass(kind) and isinstance(default, kind):
-                kind = type(default)  # a block without class_path configures the default's class (SyntheticSource)
+                kind = type(default)  # a block without class_path configures the default's class
+            elif default is None and inspect.isclass(kind) and len(_subclasses(kind)) > 1:
+                choices = sorted(c.__name__ for c in _subclasses(kind) if c is not kind and not inspect.isabstract(c))
+                raise RecipeError(f"{where} gives settings but no class_path, and {name} has no class to take them by "
+                                  f"default: name one ({where}.class_path: {', '.join(choices)})", where.keys)
             if inspect.isclass(kind) and not inspect.isabstract(kind) and typing.get_origin(kind) is None:
                 _check_block(value, kind, where)  # a dataclass setting, or the init args of the one class it takes
         elif isinstance(value, list) and _is_plain(kind):

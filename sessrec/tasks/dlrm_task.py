@@ -62,7 +62,9 @@ class DLRMTask(Pretrained, pl.LightningModule):
             parameters of the dense optimizer), `DynamicTables` (tables that grow with new ids:
             what `sessrec.lifecycle.retrain.retrain_dlrm` warm-starts on a grown vocabulary),
             `HybridTables` (hot rows on the device, the rest in host memory) or `TorchRecTables`
-            (which `sessrec.tasks.TorchRecStrategy` shards across processes).
+            (which `sessrec.tasks.TorchRecStrategy` shards across processes); None:
+            ``FusedTables(optimizer="adagrad_rowwise", lr=0.05)`` (None, not an instance, so that a recipe
+            naming another class gets that class's defaults).
         optimization: the dense optimizer, AdamW (`Optimization`): of the MLPs, and of the tables
             that are parameters; its weight decay is never applied to tables nor biases.
         evaluation: the recall@k cut-offs within a query (`Evaluation`'s ``ks``; its ``top_k`` is
@@ -93,7 +95,7 @@ class DLRMTask(Pretrained, pl.LightningModule):
         cardinalities: dict[str, int] = {},  # noqa: B006 - linked from the data module, read only
         num_dense: int = 0,
         network: DLRMNetwork = DLRMNetwork(),  # noqa: B008 - frozen
-        sparse: SparseTables = FusedTables(optimizer="adagrad_rowwise", lr=0.05),  # noqa: B008 - frozen
+        sparse: SparseTables | None = None,
         optimization: Optimization = Optimization(),  # noqa: B008 - frozen
         evaluation: Evaluation = Evaluation(ks=[1, 5, 20]),  # noqa: B008 - frozen
         compile: bool | str = False,
@@ -106,6 +108,7 @@ class DLRMTask(Pretrained, pl.LightningModule):
                 "DLRMTask needs the sparse features' cardinalities and num_dense >= 1; in a recipe they are "
                 f"linked from the data module (got cardinalities={cardinalities}, num_dense={num_dense})"
             )
+        sparse = FusedTables(optimizer="adagrad_rowwise", lr=0.05) if sparse is None else sparse
         network, sparse = DLRMNetwork.of(network), SparseTables.of(sparse)
         optimization, evaluation = Optimization.of(optimization), Evaluation.of(evaluation)
         if evaluation.exclude_seen:

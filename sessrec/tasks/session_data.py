@@ -46,7 +46,9 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
     the model directory as its ``data`` section, from which a pipeline recipe rebuilds the sessions.
 
     Args:
-        source: where sessions come from (`SRGNNSource`, `EventLogSource`, `SyntheticSource`, ...).
+        source: where sessions come from (`SRGNNSource`, `EventLogSource`, `SyntheticSource`, ...);
+            None: `SyntheticSource()`. (A default of None, not an instance: a recipe that picks another
+            class must get that class's own defaults, never the settings of the default's class.)
         max_length: most recent items a model sees per session.
         batch_size: training sessions per batch.
         eval_batch_size: sessions per evaluation/scoring batch.
@@ -95,7 +97,7 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
 
     def __init__(
         self,
-        source: SessionSource = SyntheticSource(),
+        source: SessionSource | None = None,
         max_length: int = 20,
         batch_size: int = 256,
         eval_batch_size: int = 1024,
@@ -126,7 +128,7 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
                 f"its next item need two), got {max_length}"
             )
         check_integers({"batch_size": batch_size, "eval_batch_size": eval_batch_size}, "SessionDataModule ")
-        self.source, self.max_length = source, max_length
+        self.source, self.max_length = SyntheticSource() if source is None else source, max_length
         self.batch_size, self.eval_batch_size, self.eval_protocol = batch_size, eval_batch_size, eval_protocol
         self.min_item_count, self.max_vocab_size = min_item_count, max_vocab_size
         self.shuffle_chunk, self.pin_memory, self.seed = shuffle_chunk, pin_memory, seed

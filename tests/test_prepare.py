@@ -180,15 +180,6 @@ def test_times_plausible_batch_by_batch_but_not_together_are_refused_as_in_memor
     assert str(streamed.value) == str(distributed.value) == str(whole.value)
 
 
-def test_a_log_with_more_sessions_than_the_budget_holds_is_refused(tmp_path):
-    path = write(event_log(), tmp_path / "events.parquet")
-    source = EventLogSource(path, schema=SCHEMA, test_fraction=0.2)
-    with pytest.raises(ValueError, match=r"its 3.. sessions need about 0.0 GiB to be split and put in order \(64 bytes a "
-                                         r"session\), more than half the memory budget \(0.0 GiB\); raise --memory_budget"):
-        prepare(source, str(tmp_path / "p"), engine="local", partitions=2, memory_budget="10KB")
-    assert not (tmp_path / "p").exists()
-
-
 def test_only_event_logs_are_partitioned(tmp_path):
     from sessrec.data import SyntheticSource
 

@@ -49,6 +49,7 @@ BATCH_SESSIONS = 65_536  # sessions in a record batch of a partition's files (wh
 LABELS = {"train": 0, "valid": 1, "test": 2}
 END = "end"  # a key file's column of end times
 PART, ROW = "__partition", "__row"  # what `merged` adds to each row: its run, its row in the run
+BATCH_KEY = b"sessrec.batch_rows"
 
 
 def hash_partition(ids: pa.Array | pa.ChunkedArray, partitions: int) -> np.ndarray:
@@ -91,7 +92,9 @@ def split_in_ranges(events: pa.Table, column: str, parts: int) -> list[pa.Table]
     order), so that the parts' sessions, each part in id order, follow each other in id order; text ids
     are hash-partitioned (`split_by_partition`)."""
     ids = events.column(column)
-    if parts == 1 or not pa.types.is_integer(ids.type):
+    if parts == 1:
+        return [events]
+    if not pa.types.is_integer(ids.type):
         return [rows for _, rows in split_by_partition(events, column, parts)]
     values = ids.to_numpy()
     at = [len(values) * k // parts for k in range(1, parts)]
@@ -127,9 +130,12 @@ def _ends(sessions: pa.Table) -> np.ndarray | None:
 
 
 def _store(table: pa.Table, path: str | None) -> Stored:
+    """`table` itself (`path` None), or written to `path` in record batches of `BATCH_SESSIONS` rows (a
+    number its schema's metadata keeps, for the readers)."""
     if path is None:
         return table
-    with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+    schema = table.schema.with_metadata({BATCH_KEY: str(BATCH_SESSIONS)})
+    with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
         for start in range(0, table.num_rows, BATCH_SESSIONS):
             writer.write_table(table.slice(start, BATCH_SESSIONS).combine_chunks())
     return path
@@ -371,12 +377,14 @@ def read_part_rows(task: PartTask) -> pa.Table:
 
 
 def _file_rows(path: str, first: int, stop: int) -> Iterator[pa.Table]:
-    """Rows [first, stop) of a session file (record batches of `BATCH_SESSIONS`), a batch at a time."""
+    """Rows [first, stop) of a session file (`_store`), a record batch at a time."""
     run = Run(path)
+    size = int(run.reader.schema.metadata[BATCH_KEY])
     try:
-        for i in range(first // BATCH_SESSIONS, -(-stop // BATCH_SESSIONS)):
-            start = i * BATCH_SESSIONS
-            yield pa.Table.from_batches([run.batch(i)]).slice(max(first - start, 0), stop - max(first, start))
+        for i in range(first // size, -(-stop // size)):
+            start = i * size
+            table = pa.Table.from_batches([run.batch(i)]).replace_schema_metadata()
+            yield table.slice(max(first - start, 0), stop - max(first, start))
     finally:
         run.close()
 

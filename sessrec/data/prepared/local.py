@@ -50,7 +50,8 @@ def estimated_event_bytes(path: str, columns: int) -> int:
 
 def partitions_for(event_bytes: int, memory_budget: int, workers: int) -> int:
     """The fewest partitions such that the partitions sessionized at once (one a worker) peak within half
-    the budget (the other half: the batches read, the session ids and end times, the parts being written)."""
+    the budget (the other half: the batches read, a batch of keys a partition while merging, the parts being
+    written)."""
     need = event_bytes * PEAK_PER_EVENT_BYTE
     if need <= memory_budget / 2:
         return 1

@@ -30,6 +30,7 @@ writes, whatever the number of partitions (tests/test_prepare.py).
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -235,13 +236,15 @@ def _in_order(pieces: list[pa.Table], sort_keys: list[tuple[str, str]]) -> pa.Ta
     key = sort_keys[0][0]
     pieces = [p for p in pieces if p.num_rows]
     pieces.sort(key=lambda p: p.column(key)[0].as_py())
-    if all(pc.less(a.column(key)[-1], b.column(key)[0]).as_py() for a, b in zip(pieces, pieces[1:])):
+    if all(pc.less(a.column(key)[-1], b.column(key)[0]).as_py() for a, b in itertools.pairwise(pieces)):
         return pa.concat_tables(pieces)
     table = pa.concat_tables(pieces)
     return table.take(pc.sort_indices(table, sort_keys=sort_keys))
 
 
-Cut = tuple[float, Any]  # (end time t, session id s): a session is at or after it if it ends after t, or at t with id >= s (s None: never at t)
+Cut = tuple[float, Any]
+"""(end time t, session id s): a session is at or after the cut if it ends after t, or at t with an id >= s
+(s None: after t only)."""
 
 
 @dataclass(frozen=True)
@@ -296,7 +299,7 @@ def _train_ends(summaries: list[PartitionSummary], t_test: float) -> tuple[int, 
             ends = ends[ends <= t_test]
             count += len(ends)
             if len(ends):
-                latest = max(latest if latest is not None else ends.max(), ends.max())
+                latest = ends.max() if latest is None else max(latest, ends.max())
         run.close()
     return count, latest
 
@@ -322,10 +325,10 @@ def labeller(source: EventLogSource, summaries: list[PartitionSummary], splits: 
         if "valid" in splits:
             n_train, train_last = _train_ends(summaries, t_test)
     elif "test" in splits:
-        n_test = int(round(n * source.test_fraction))
+        n_test = round(n * source.test_fraction)
         n_train = n - n_test
     if "valid" in splits and source.valid_days is None:
-        n_valid = int(round(n_train * (source.valid_fraction or 0.0)))
+        n_valid = round(n_train * (source.valid_fraction or 0.0))
     last_wanted = "valid" in splits and source.valid_days is not None and n_test > 0 and n_train > 0
     cuts = _keys_at(summaries, [n_train] * (n_test > 0) + [n_train - 1] * last_wanted + [n_train - n_valid] * (n_valid > 0))
     if last_wanted:

@@ -14,7 +14,7 @@ import math
 import os
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
@@ -102,15 +102,25 @@ class LocalEngine:
             return list(self.map(lambda rows: sessionize_partition(source, rows, None, by_end), parts))
         files = [folder / f"events-{p:05d}.arrow" for p in range(partitions)]
         writers: dict[int, pa.ipc.RecordBatchFileWriter] = {}
+
+        def write(batch: pa.Table) -> None:
+            for p, rows in split_by_partition(batch, source.schema.session_id, partitions):
+                if p not in writers:
+                    writers[p] = pa.ipc.new_file(str(files[p]), rows.schema)
+                writers[p].write_table(rows)
+
+        pending: Future | None = None
         try:
-            for batch in scan_events(path, source.schema, source.delimiter, self.batch_rows):
-                for p, rows in split_by_partition(batch, source.schema.session_id, partitions):
-                    if p not in writers:
-                        writers[p] = pa.ipc.new_file(str(files[p]), rows.schema)
-                    writers[p].write_table(rows)
+            with ThreadPoolExecutor(1) as writer:  # a batch is partitioned and written while the next is read
+                for batch in scan_events(path, source.schema, source.delimiter, self.batch_rows):
+                    if pending is not None:
+                        pending.result()
+                    pending = writer.submit(write, batch)
+                if pending is not None:
+                    pending.result()
         finally:
-            for writer in writers.values():
-                writer.close()
+            for file in writers.values():
+                file.close()
 
         def one(p: int) -> PartitionSummary:
             with pa.OSFile(str(files[p]), "rb") as file:  # read, not mapped: freed with the table

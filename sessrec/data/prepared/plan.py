@@ -232,13 +232,16 @@ def merged(stored: list[Stored], keys: list[str]) -> Iterator[pa.Table]:
 
 def _in_order(pieces: list[pa.Table], sort_keys: list[tuple[str, str]]) -> pa.Table:
     """Tables, each sorted by `sort_keys`, as one sorted table: concatenated when their ranges of the
-    first key follow each other, else sorted."""
+    first key follow each other, else sorted (integers alone by numpy's stable sort, which merges the
+    sorted runs)."""
     key = sort_keys[0][0]
     pieces = [p for p in pieces if p.num_rows]
     pieces.sort(key=lambda p: p.column(key)[0].as_py())
-    if all(pc.less(a.column(key)[-1], b.column(key)[0]).as_py() for a, b in itertools.pairwise(pieces)):
-        return pa.concat_tables(pieces)
     table = pa.concat_tables(pieces)
+    if all(pc.less(a.column(key)[-1], b.column(key)[0]).as_py() for a, b in itertools.pairwise(pieces)):
+        return table
+    if len(sort_keys) == 1 and pa.types.is_integer(table.schema.field(key).type):
+        return table.take(pa.array(np.argsort(table.column(key).to_numpy(), kind="stable")))
     return table.take(pc.sort_indices(table, sort_keys=sort_keys))
 
 

@@ -200,6 +200,18 @@ def test_a_log_of_more_sessions_than_the_driver_held_at_this_budget_is_prepared_
     assert min(used) > 40  # partitions with sessions
 
 
+def test_split_settings_the_in_memory_path_refuses_are_refused_by_the_partitioned_plan(tmp_path):
+    path = write(event_log(), tmp_path / "events.parquet")
+    both = EventLogSource(path, schema=SCHEMA, test_days=0.1, test_fraction=0.2)
+    untimed = EventLogSource(path, schema=Schema(session_id="sid", item_id="item", timestamp=None), test_fraction=0.2)
+    for source, message in ((both, "give exactly one of test_days or test_fraction"), (untimed, "needs a timestamp column")):
+        with pytest.raises(ValueError, match=message):
+            source.load()
+        with pytest.raises(ValueError, match=message):
+            prepare(source, str(tmp_path / "p"), engine="local", partitions=3)
+    assert not (tmp_path / "p").exists()
+
+
 def test_what_the_driver_holds_does_not_grow_with_the_sessions(tmp_path, monkeypatch):
     """The driver keeps, between the steps, the partitions' summaries, the split rule and the part tasks:
     as many bytes for 3,000 sessions as for 300 (in 4 partitions, one part a split)."""

@@ -309,6 +309,8 @@ def _train_ends(summaries: list[PartitionSummary], t_test: float) -> tuple[int, 
 
 def needs_by_end(source: EventLogSource, splits: tuple[str, ...]) -> bool:
     """Whether the split of a file with these `splits` takes a rank in end-time order (a fraction)."""
+    if source.schema.timestamp is None:  # no end times: `labeller` refuses a split by time
+        return False
     return ("test" in splits and source.test_days is None) or ("valid" in splits and source.valid_days is None)
 
 
@@ -379,7 +381,9 @@ def read_part_rows(task: PartTask) -> pa.Table:
                 keep = task.labeller.labels(table.column(frame.SESSION), _ends(table)) == label
                 table = table if keep.all() else table.filter(pa.array(keep))
             pieces.append(table)
-    return _in_order(pieces, [(frame.SESSION, "ascending")]) if any(p.num_rows for p in pieces) else task.schema.empty_table()
+    if not any(p.num_rows for p in pieces):
+        return task.schema.empty_table()
+    return _in_order(pieces, [(frame.SESSION, "ascending")])
 
 
 def _file_rows(path: str, first: int, stop: int) -> Iterator[pa.Table]:

@@ -119,8 +119,9 @@ def test_string_session_ids_and_a_shipped_test_file(tmp_path, dask_scheduler):
     source = EventLogSource(train, schema=schema, test_path=test, valid_fraction=0.2, min_length=2)
     memory = prepare(source, str(tmp_path / "memory"), engine="memory", **LAYOUT)
     local = prepare(source, str(tmp_path / "local"), engine="local", partitions=5, **LAYOUT)
+    in_memory = prepare(source, str(tmp_path / "local1"), engine="local", partitions=1, **LAYOUT)  # hashed in two
     dask = prepare(source, str(tmp_path / "dask"), engine="dask", partitions=3, scheduler=dask_scheduler, **LAYOUT)
-    assert hashes(local) == hashes(memory) == hashes(dask)
+    assert hashes(local) == hashes(memory) == hashes(dask) == hashes(in_memory)
     splits, prepared = source.load(), PreparedSource(str(local)).load()
     assert prepared.test.equals(splits.test) and prepared.valid.equals(splits.valid)
     assert prepared.train.column("session_id").type == pa.string()

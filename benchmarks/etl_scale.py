@@ -78,7 +78,11 @@ def import_contender(name: str) -> None:
     if name == "polars":
         import polars  # noqa: F401
     else:
+        import pyarrow as pa
+
         import sessrec.data.prepared.local  # noqa: F401
+
+        pa.array([0]).to_numpy()  # pyarrow imports pandas on its first to_numpy (0.3 s): an import, before the clock
         if name == "dask":
             import dask.dataframe  # noqa: F401
             import distributed  # noqa: F401

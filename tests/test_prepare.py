@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -80,10 +81,11 @@ def dask_scheduler():
 @pytest.mark.parametrize("splitting", list(SPLITTINGS))
 @pytest.mark.parametrize("suffix", [".csv", ".parquet"])
 def test_the_engines_write_the_in_memory_dataset_byte_for_byte(tmp_path, splitting, suffix, dask_scheduler, monkeypatch):
-    from sessrec.data.prepared import cluster
+    from sessrec.data.prepared import cluster, plan
 
     monkeypatch.setattr(cluster, "PIECE_BYTES", 4096)  # a CSV file in several pieces
     monkeypatch.setattr(cluster, "PIECE_ROWS", 1000)
+    monkeypatch.setattr(plan, "BATCH_SESSIONS", 8)  # the local engine's partition files in many record batches
     path = write(event_log(), tmp_path / f"events{suffix}")
     source = EventLogSource(path, schema=SCHEMA, **SPLITTINGS[splitting])
     memory = prepare(source, str(tmp_path / "memory"), engine="memory", **LAYOUT)
@@ -118,8 +120,9 @@ def test_string_session_ids_and_a_shipped_test_file(tmp_path, dask_scheduler):
     source = EventLogSource(train, schema=schema, test_path=test, valid_fraction=0.2, min_length=2)
     memory = prepare(source, str(tmp_path / "memory"), engine="memory", **LAYOUT)
     local = prepare(source, str(tmp_path / "local"), engine="local", partitions=5, **LAYOUT)
+    in_memory = prepare(source, str(tmp_path / "local1"), engine="local", partitions=1, **LAYOUT)  # hashed in two
     dask = prepare(source, str(tmp_path / "dask"), engine="dask", partitions=3, scheduler=dask_scheduler, **LAYOUT)
-    assert hashes(local) == hashes(memory) == hashes(dask)
+    assert hashes(local) == hashes(memory) == hashes(dask) == hashes(in_memory)
     splits, prepared = source.load(), PreparedSource(str(local)).load()
     assert prepared.test.equals(splits.test) and prepared.valid.equals(splits.valid)
     assert prepared.train.column("session_id").type == pa.string()
@@ -182,13 +185,73 @@ def test_times_plausible_batch_by_batch_but_not_together_are_refused_as_in_memor
     assert str(streamed.value) == str(distributed.value) == str(whole.value)
 
 
-def test_a_log_with_more_sessions_than_the_budget_holds_is_refused(tmp_path):
+def test_a_log_of_more_sessions_than_the_driver_held_at_this_budget_is_prepared_within_it(tmp_path, monkeypatch):
+    """At a 40 KB budget (some sixty partitions) the split and the parts hold a record batch of keys a
+    partition, not 64 bytes a session (the 400 sessions would need 25.6 KB, more than half the budget)."""
+    from sessrec.data.prepared import local, plan
+
+    monkeypatch.setattr(plan, "BATCH_SESSIONS", 4)
+    used = []
+    monkeypatch.setattr(local, "plan_parts", lambda *args: used.append(len(args[2])) or plan.plan_parts(*args))
     path = write(event_log(), tmp_path / "events.parquet")
-    source = EventLogSource(path, schema=SCHEMA, test_fraction=0.2)
-    with pytest.raises(ValueError, match=r"its 3.. sessions need about 0.0 GiB to be split and put in order \(64 bytes a "
-                                         r"session\), more than half the memory budget \(0.0 GiB\); raise --memory_budget"):
-        prepare(source, str(tmp_path / "p"), engine="local", partitions=2, memory_budget="10KB")
+    for splitting in ("fractions", "repeats_and_cut"):
+        source = EventLogSource(path, schema=SCHEMA, **SPLITTINGS[splitting])
+        memory = prepare(source, str(tmp_path / f"memory-{splitting}"), engine="memory", **LAYOUT)
+        tiny = prepare(source, str(tmp_path / f"local-{splitting}"), engine="local", memory_budget="40KB", **LAYOUT)
+        assert hashes(tiny) == hashes(memory)
+    assert min(used) > 40  # partitions with sessions
+
+
+def test_split_settings_the_in_memory_path_refuses_are_refused_by_the_partitioned_plan(tmp_path):
+    path = write(event_log(), tmp_path / "events.parquet")
+    untimed = EventLogSource(path, schema=Schema(session_id="sid", item_id="item", timestamp=None), test_fraction=0.2)
+    with pytest.raises(ValueError, match="needs a timestamp column"):
+        untimed.load()
+    for partitions in (1, 3):
+        with pytest.raises(ValueError, match="needs a timestamp column"):
+            prepare(untimed, str(tmp_path / "p"), engine="local", partitions=partitions)
     assert not (tmp_path / "p").exists()
+
+
+def test_what_the_driver_holds_does_not_grow_with_the_sessions(tmp_path, monkeypatch):
+    """The driver keeps, between the steps, the partitions' summaries, the split rule and the part tasks:
+    as many bytes for 3,000 sessions as for 300 (in 4 partitions, one part a split)."""
+    import pickle
+
+    from sessrec.data.prepared import local, plan
+
+    held = {}
+
+    def plan_parts(source, path, summaries, splits, layout, periods):
+        tasks = plan.plan_parts(source, path, summaries, splits, layout, periods)
+        named = [replace(s, sessions=Path(s.sessions).name, keys=Path(s.keys).name, by_end=Path(s.by_end).name)
+                 for s in summaries]  # the files' names, not the temporary folder's
+        named_tasks = [replace(t, reads=[(Path(p).name, a, b) for p, a, b in t.reads]) for t in tasks]
+        held[source.path] = len(pickle.dumps((named, named_tasks)))
+        return tasks
+
+    monkeypatch.setattr(local, "plan_parts", plan_parts)
+    for sessions in (300, 3000):
+        log = event_log(sessions=sessions)
+        path = write(log.set_column(0, "sid", pc.add(log.column("sid"), 10**6)), tmp_path / f"events{sessions}.parquet")
+        source = EventLogSource(path, schema=SCHEMA, test_fraction=0.2, valid_fraction=0.15)
+        prepare(source, str(tmp_path / f"p{sessions}"), engine="local", partitions=4)
+    small, large = held.values()
+    assert abs(large - small) <= 64  # numbers of more digits; the old driver held 64 bytes more a session
+
+
+def test_merged_puts_sorted_tables_in_one_order_a_batch_at_a_time():
+    from sessrec.data.prepared.plan import END, PART, ROW, merged
+
+    tables = [pa.table({END: [1.0, 1.0, 3.0, 5.0], "session_id": [4, 9, 2, 1]}),
+              pa.table({END: [1.0, 2.0, 3.0], "session_id": [5, 0, 7]}),
+              pa.table({END: [0.5, 6.0], "session_id": [3, 8]})]
+    chunks = list(merged([pa.Table.from_batches(t.to_batches(max_chunksize=2)) for t in tables], [END, "session_id"]))
+    out = pa.concat_tables(chunks)
+    assert out.column("session_id").to_pylist() == [3, 4, 5, 9, 0, 2, 7, 1, 8]  # by end time, then id
+    assert out.column(PART).to_pylist() == [2, 0, 1, 0, 1, 0, 1, 0, 2]
+    assert out.column(ROW).to_pylist() == [0, 0, 0, 1, 1, 2, 2, 3, 1]
+    assert len(chunks) > 1 and max(c.num_rows for c in chunks) <= 6  # a batch of 2 rows of each table at a time
 
 
 def test_only_event_logs_are_partitioned(tmp_path):

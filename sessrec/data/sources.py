@@ -229,37 +229,39 @@ class EventLogSource(SessionSource):
         files += [(p, (s,)) for p, s in ((self.test_path, "test"), (self.valid_path, "valid")) if p is not None]
         return files
 
-    def check_file(self, periods: SplitPeriods, path: str, splits: tuple[str, ...], labels: np.ndarray,
-                   end: np.ndarray | None) -> None:
-        """Add the sessions of one of the source's files to `periods` (`labels` (N,) as `split_labels` gives
-        them, the file's one split for a `test_path` / `valid_path`; `end` (N,) their end times, or None),
-        which refuses an empty split or one that starts before the split before it ends."""
-        for split in splits:
-            chosen = labels == SPLIT_LABELS[split]
-            periods.add(split, int(chosen.sum()), None if end is None else end[chosen],
+    def check_file(self, periods: SplitPeriods, path: str, spans: dict[str, Span]) -> None:
+        """Add the sessions of one of the source's files to `periods`: `spans` (`split_spans`) the count and
+        the first and last end time of each split it provides (the file's one split for a `test_path` /
+        `valid_path`); `periods` refuses an empty split or one that starts before the split before it ends."""
+        splits = tuple(spans)
+        for split, (count, first, last) in spans.items():
+            periods.add(split, count, first, last,
                         path if len(splits) == 1 else f"{path}, {NAMES[split]} split"
                         + ("" if split == "train" else f" ({self.setting(split)})"),
-                        lambda split=split: self.emptied(split, path, labels, end))
+                        lambda split=split: self.emptied(split, path, spans))
 
     def setting(self, split: str) -> str:
         """The setting that holds `split` out of the main file, in words: ``test_days 1``."""
         days = getattr(self, f"{split}_days")
         return f"{split}_days {days:g}" if days is not None else f"{split}_fraction {getattr(self, f'{split}_fraction'):g}"
 
-    def emptied(self, split: str, path: str, labels: np.ndarray, end: np.ndarray | None) -> str:
+    def emptied(self, split: str, path: str, spans: dict[str, Span]) -> str:
         """Why the main file's `split` holds no session: the settings that emptied it, with their dates or counts."""
+        total = sum(count for count, _, _ in spans.values())
         if split == "train":
             held = []
             for s in ("test", "valid"):
-                pool = labels == SPLIT_LABELS[s]
                 if getattr(self, f"{s}_path") is None:
-                    since = "" if end is None or not pool.any() else f", ending from {iso(end[pool].min())}"
-                    held.append(f"{self.setting(s)} ({int(pool.sum())} sessions{since})")
-            span = "" if end is None else f", which end from {iso(end.min())} to {iso(end.max())}"
-            return (f"{path}: no session is left for training: {' and '.join(held)} hold out all its {len(labels)} "
+                    count, first, _ = spans[s]
+                    since = "" if first is None else f", ending from {iso(first)}"
+                    held.append(f"{self.setting(s)} ({count} sessions{since})")
+            firsts = [first for _, first, _ in spans.values() if first is not None]
+            lasts = [last for _, _, last in spans.values() if last is not None]
+            span = "" if not firsts else f", which end from {iso(min(firsts))} to {iso(max(lasts))}"
+            return (f"{path}: no session is left for training: {' and '.join(held)} hold out all its {total} "
                     f"sessions{span}; shorten those periods")
         # a period of days holds at least the latest session it is cut from: only a fraction can round to none
-        pool = int((labels <= 1).sum()) if split == "valid" else len(labels)  # the sessions it is chosen from
+        pool = spans["train"][0] + spans["valid"][0] if split == "valid" else total  # the sessions it is chosen from
         return (f"{path}: the {NAMES[split]} split is empty: {self.setting(split)} of its {pool} sessions rounds to "
                 f"none; lengthen {split}_fraction")
 
@@ -268,19 +270,34 @@ class EventLogSource(SessionSource):
         end = frame.end_times(sessions)
         labels = self.split_labels(end, sessions.num_rows)
         periods = SplitPeriods()
-        self.check_file(periods, self.path, self.splits_of()[0][1], labels, end)
+        self.check_file(periods, self.path, split_spans(self.splits_of()[0][1], labels, end))
         train, valid, test = (sessions.filter(pa.array(labels == k)) for k in range(3))
         if self.test_path is not None:
             test = self.sessions(self.test_path)
-            self.check_file(periods, self.test_path, ("test",), np.full(test.num_rows, 2), frame.end_times(test))
+            self.check_file(periods, self.test_path, split_spans(("test",), np.full(test.num_rows, 2), frame.end_times(test)))
         if self.valid_path is not None:
             valid = self.sessions(self.valid_path)
-            self.check_file(periods, self.valid_path, ("valid",), np.full(valid.num_rows, 1), frame.end_times(valid))
+            self.check_file(periods, self.valid_path,
+                            split_spans(("valid",), np.full(valid.num_rows, 1), frame.end_times(valid)))
         return SessionSplits(train=train, valid=valid, test=test, source=str(self.path))
 
 
 SPLIT_LABELS = {"train": 0, "valid": 1, "test": 2}
 NAMES = {"train": "training", "valid": "validation", "test": "test"}
+Span = tuple[int, float | None, float | None]
+"""A split's sessions of one file: their number, and the first and the last of their end times (None without
+timestamps or sessions)."""
+
+
+def split_spans(splits: tuple[str, ...], labels: np.ndarray, end: np.ndarray | None) -> dict[str, Span]:
+    """The `Span` of each of `splits` among sessions of `labels` (N,) (`SPLIT_LABELS`) and end times `end` (N,)."""
+    spans = {}
+    for split in splits:
+        chosen = labels == SPLIT_LABELS[split]
+        ends = None if end is None else end[chosen]
+        spans[split] = (int(chosen.sum()), None if ends is None or not ends.size else float(ends.min()),
+                        None if ends is None or not ends.size else float(ends.max()))
+    return spans
 
 
 def iso(seconds: float) -> str:
@@ -304,14 +321,14 @@ class SplitPeriods:
     def __init__(self) -> None:
         self.spans: dict[str, tuple[float, float, str]] = {}  # split -> (first end, last end, where it comes from)
 
-    def add(self, split: str, count: int, end: np.ndarray | None, where: str, emptied: Callable[[], str]) -> None:
-        """The `count` sessions of `split` from `where` (a file, with the setting that chose them), `end` (count,)
-        their end times (None: without timestamps, nothing to order); `emptied` says why when there is none."""
+    def add(self, split: str, count: int, first: float | None, last: float | None, where: str,
+            emptied: Callable[[], str]) -> None:
+        """The `count` sessions of `split` from `where` (a file, with the setting that chose them), ending from
+        `first` to `last` (None: without timestamps, nothing to order); `emptied` says why when there is none."""
         if count == 0:
             raise ValueError(emptied())
-        if end is None:
+        if first is None or last is None:
             return
-        first, last = float(end.min()), float(end.max())
         rank = SPLIT_LABELS[split]
         for other, (o_first, o_last, o_where) in self.spans.items():
             if SPLIT_LABELS[other] < rank and first < o_last:

@@ -38,7 +38,7 @@ from sessrec.data.prepared.plan import (
     PartitionSummary,
     PartResult,
     build_part,
-    check_driver_memory,
+    needs_by_end,
     plan_parts,
     sessionize_partition,
 )
@@ -160,12 +160,12 @@ def _load_piece(piece: Piece, schema: Schema, delimiter: str | None, column_type
     return _to_frame(events, backend), sample
 
 
-def _sessionize(frame: Any, source: EventLogSource, path: str, schema: pa.Schema) -> PartitionSummary:
+def _sessionize(frame: Any, source: EventLogSource, path: str, schema: pa.Schema, by_end: bool) -> PartitionSummary:
     """Step 2 on a shuffled partition: back in Arrow with the validated events' types (`schema`; cuDF may
     give large strings), back in file order, then the source's sessionization."""
     events = _to_arrow(frame).select(schema.names).cast(schema)
     events = events.take(pc.sort_indices(events.column(ROW))).drop_columns([ROW])
-    return sessionize_partition(source, events, path)
+    return sessionize_partition(source, events, path, by_end)
 
 
 class DaskEngine:
@@ -218,8 +218,7 @@ class DaskEngine:
             with dask.config.set({"dataframe.backend": self.backend, "dataframe.shuffle.method": "p2p"}):
                 tasks, periods = [], SplitPeriods()
                 for f, (path, splits) in enumerate(source.splits_of()):
-                    summaries = self.sessionize(client, source, path, scratch / f"file{f}")
-                    check_driver_memory(path, summaries, self.memory_budget)
+                    summaries = self.sessionize(client, source, path, scratch / f"file{f}", needs_by_end(source, splits))
                     tasks += plan_parts(source, path, summaries, splits, layout, periods)
                 futures = client.map(build_part, tasks, directory=directory, layout=layout, pure=False)
                 for done in as_completed(futures):  # the driver folds the counts as the parts finish
@@ -232,7 +231,8 @@ class DaskEngine:
                 cluster.close()
             shutil.rmtree(scratch, ignore_errors=True)
 
-    def sessionize(self, client: Any, source: EventLogSource, path: str, folder: Path) -> list[PartitionSummary]:
+    def sessionize(self, client: Any, source: EventLogSource, path: str, folder: Path,
+                   by_end: bool) -> list[PartitionSummary]:
         """Steps 1 and 2 for one file: read and shuffle its events by session, then sessionize each partition."""
         import dask
         import dask.dataframe as dd
@@ -255,7 +255,8 @@ class DaskEngine:
                                                        self.memory_budget, self.workers)
         shuffled = events.shuffle(on=source.schema.session_id, npartitions=partitions)
         parts = shuffled.to_delayed()
-        summaries = [dask.delayed(_sessionize)(part, source, str(folder / f"sessions-{p:05d}.arrow"), first.schema)
+        summaries = [dask.delayed(_sessionize)(part, source, str(folder / f"sessions-{p:05d}.arrow"), first.schema,
+                                                  by_end)
                      for p, part in enumerate(parts)]
         summaries, samples = client.gather(client.compute([summaries, [sample for _, sample in loaded]]))
         check_time_samples(samples, source.schema, path)  # the pieces' times, plausible together

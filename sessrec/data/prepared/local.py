@@ -4,7 +4,8 @@ The log is streamed in batches (`scan_events`) into Arrow IPC files, one per par
 temporary folder; the partitions are sessionized one at a time per worker thread (Arrow's kernels
 release the GIL), and the parts are gathered from them the same way. Enough partitions are used that
 each worker's partition fits its share of the budget; a log that fits whole is split in memory, a
-partition a worker, and its sessions are kept in memory.
+range of session ids a worker, and its sessions are kept in memory (so a part is a run of rows of one
+partition after another, concatenated without a sort).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import math
 import os
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
@@ -25,10 +26,11 @@ from sessrec.data.prepared.plan import (
     PartitionSummary,
     PartResult,
     build_part,
-    check_driver_memory,
+    needs_by_end,
     plan_parts,
     sessionize_partition,
     split_by_partition,
+    split_in_ranges,
 )
 from sessrec.data.readers import scan_events
 from sessrec.data.sources import EventLogSource, SplitPeriods
@@ -47,7 +49,8 @@ def estimated_event_bytes(path: str, columns: int) -> int:
 
 def partitions_for(event_bytes: int, memory_budget: int, workers: int) -> int:
     """The fewest partitions such that the partitions sessionized at once (one a worker) peak within half
-    the budget (the other half: the batches read, the session ids and end times, the parts being written)."""
+    the budget (the other half: the batches read, a batch of keys a partition while merging, the parts being
+    written)."""
     need = event_bytes * PEAK_PER_EVENT_BYTE
     if need <= memory_budget / 2:
         return 1
@@ -83,36 +86,45 @@ class LocalEngine:
         with tempfile.TemporaryDirectory(prefix="sessrec-prepare-", dir=self.scratch or directory.parent) as scratch:
             tasks, periods = [], SplitPeriods()
             for f, (path, splits) in enumerate(source.splits_of()):
-                summaries = self.sessionize(source, path, Path(scratch) / f"file{f}")
-                check_driver_memory(path, summaries, self.memory_budget)
+                summaries = self.sessionize(source, path, Path(scratch) / f"file{f}", needs_by_end(source, splits))
                 tasks += plan_parts(source, path, summaries, splits, layout, periods)
             yield from self.map(lambda task: build_part(task, directory, layout), tasks)
 
-    def sessionize(self, source: EventLogSource, path: str, folder: Path) -> list[PartitionSummary]:
+    def sessionize(self, source: EventLogSource, path: str, folder: Path, by_end: bool) -> list[PartitionSummary]:
         """Steps 1 and 2 for one file: partition its events to disk, then sessionize each partition."""
         folder.mkdir(parents=True)
         partitions = self.partitions_for(source, path)
-        if partitions == 1:  # the log fits: a partition a worker, in memory
+        if partitions == 1:  # the log fits: a range of session ids a worker, in memory
             events = pa.concat_tables(scan_events(path, source.schema, source.delimiter, self.batch_rows))
-            parts = [rows for _, rows in split_by_partition(events, source.schema.session_id, self.workers)]
+            parts = split_in_ranges(events, source.schema.session_id, self.workers)
             del events
-            return list(self.map(lambda rows: sessionize_partition(source, rows, None), parts))
+            return list(self.map(lambda rows: sessionize_partition(source, rows, None, by_end), parts))
         files = [folder / f"events-{p:05d}.arrow" for p in range(partitions)]
         writers: dict[int, pa.ipc.RecordBatchFileWriter] = {}
+
+        def write(batch: pa.Table) -> None:
+            for p, rows in split_by_partition(batch, source.schema.session_id, partitions):
+                if p not in writers:
+                    writers[p] = pa.ipc.new_file(str(files[p]), rows.schema)
+                writers[p].write_table(rows)
+
+        pending: Future | None = None
         try:
-            for batch in scan_events(path, source.schema, source.delimiter, self.batch_rows):
-                for p, rows in split_by_partition(batch, source.schema.session_id, partitions):
-                    if p not in writers:
-                        writers[p] = pa.ipc.new_file(str(files[p]), rows.schema)
-                    writers[p].write_table(rows)
+            with ThreadPoolExecutor(1) as writer:  # a batch is partitioned and written while the next is read
+                for batch in scan_events(path, source.schema, source.delimiter, self.batch_rows):
+                    if pending is not None:
+                        pending.result()
+                    pending = writer.submit(write, batch)
+                if pending is not None:
+                    pending.result()
         finally:
-            for writer in writers.values():
-                writer.close()
+            for file in writers.values():
+                file.close()
 
         def one(p: int) -> PartitionSummary:
             with pa.OSFile(str(files[p]), "rb") as file:  # read, not mapped: freed with the table
                 events = pa.ipc.open_file(file).read_all()
-            summary = sessionize_partition(source, events, folder / f"sessions-{p:05d}.arrow")
+            summary = sessionize_partition(source, events, folder / f"sessions-{p:05d}.arrow", by_end)
             files[p].unlink()
             return summary
 

@@ -75,3 +75,12 @@ def test_full_softmax_is_the_cross_entropy_of_the_model_scores(score_scale):
     for name, grad in fused.items():
         assert torch.allclose(grad, dict(model.named_parameters())[name].grad, rtol=1e-4, atol=1e-6), name
     assert torch.allclose(F.cross_entropy(model.score(hidden), targets), model.catalogue_loss(hidden, targets), atol=1e-6)
+
+
+def test_autocast_takes_the_plain_composition():
+    hidden, table, bias, targets = leaves(9, 70, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = catalogue_cross_entropy(hidden, table, bias, targets, 1.0, 0.1)
+        want = smoothed_cross_entropy(torch.addmm(bias, hidden, table.T), targets, 0.1)
+    assert torch.equal(loss, want)
+    assert abs(loss.item() - reference(hidden, table, bias, targets, 1.0, 0.1).item()) < 0.05  # bf16 scores

@@ -78,10 +78,9 @@ class _CatalogueCrossEntropy(torch.autograd.Function):
         scale = 1.0 / temperature
         probs = _buffer(n, v, hidden)
         block = BLOCK if hidden.device.type == "cpu" else v  # one product on an accelerator
-        rows_in = hidden * scale if scale != 1.0 else hidden
-        for start in range(0, v, block):
-            torch.mm(rows_in, table[start : start + block].T, out=probs[:, start : start + block])
-        probs.add_(bias * scale if scale != 1.0 else bias)
+        for start in range(0, v, block):  # the bias is written first and the product added to it
+            torch.addmm(bias[start : start + block], hidden, table[start : start + block].T, beta=scale, alpha=scale,
+                        out=probs[:, start : start + block])
         rows = torch.arange(n, device=hidden.device)
         picked = probs[rows, targets]  # (N,) the targets' scores
         valid = None

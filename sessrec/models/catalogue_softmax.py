@@ -7,12 +7,13 @@ three matrix products. Here the scores are written once into one buffer and turn
 in place; the loss reads the log-sum-exp of each row off the softmax at the row's largest score
 (``lse = max - log max(softmax)``; that probability is at least 1 / V, so it never underflows),
 and the backward subtracts the targets in place: the buffer becomes the gradient of the scores.
-On a CPU the scores are computed in blocks of `BLOCK` items: a (N, D) x (D, V) product with a small D
-writes its output faster a block of columns at a time. Under autocast (mixed precision) the loss is
-the plain composition of the scores in the autocast dtype and their log-softmax. A buffer whose backward has run is kept for the next
-call of the same dtype and device (`_spare`), as a caching allocator would: a fresh one costs a page
-fault per 4 KiB page at its first write, more than the softmax itself on one CPU thread. The numbers
-are `torch.nn.functional.cross_entropy`'s to float rounding (tests/test_catalogue_softmax.py).
+
+On a CPU the scores are computed in blocks of `BLOCK` items: a (N, D) x (D, V) product with a small
+D writes its output faster a block of columns at a time. A buffer whose backward has run is kept
+for the next call of the same dtype and device (`_spare`), as a caching allocator would: a fresh
+one costs a page fault per 4 KiB page at its first write. Under autocast (mixed precision) the loss
+is the plain composition of the scores in the autocast dtype and their log-softmax. The numbers are
+`torch.nn.functional.cross_entropy`'s to float rounding (tests/test_catalogue_softmax.py).
 
 Shape letters: N rows (targets), D width, V items.
 """

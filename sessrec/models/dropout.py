@@ -7,8 +7,8 @@ lanes with a threshold: a quarter of the random draws. The keep probability is `
 within 2^-17 (8e-6), kept elements are scaled by ``1 / (1 - p)`` as usual, the mask comes from
 torch's default generator (so `torch.manual_seed` makes it reproducible), and only a bool mask is
 saved for backward. The mask is applied as a float factor (``x * keep.float() * scale``, the bool
-read as bytes): multiplying by a bool tensor directly goes through a slow type-promoting loop. Off CPU it is `torch.nn.functional.dropout` itself (CUDA's Philox Bernoulli
-is already fast).
+read as bytes): multiplying by a bool tensor directly goes through a slow type-promoting loop. Off
+CPU it is `torch.nn.functional.dropout` itself (CUDA's Philox Bernoulli is already fast).
 
 `use_fast_dropout(module)` swaps every `nn.Dropout` inside a module (the HF encoders' included)
 for a `FastDropout` of the same ``p``; dropout has no weights, so checkpoints do not change.
@@ -24,7 +24,7 @@ from torch import nn
 
 
 def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.device | str = "cpu") -> torch.Tensor:
-    """A bool tensor of `shape`, each element True with probability ``1 - p`` (to 2^-15).
+    """A bool tensor of `shape`, each element True with probability ``1 - p`` (to 2^-17).
 
     One random int64, drawn over the whole int64 range, gives four 16-bit lanes, each uniform
     over the int16 range; the first n lanes are compared with one threshold, written as bytes

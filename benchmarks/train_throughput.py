@@ -2,7 +2,8 @@
 
 A step is what `NextItemTask` does in training, without Lightning around it: masking
 (`MaskedItemModeling`, seeded per step) -> `model.encode` -> hidden states at the masked
-positions -> `model.score` over the whole catalogue -> cross-entropy -> backward -> AdamW step.
+positions -> the task's default loss (`FullSoftmax`: cross-entropy over the whole catalogue) -> backward
+-> AdamW step.
 Sessions are random item ids (seeded), lengths uniform in 2..max-len, right-aligned with 0
 padding, as the loader delivers them. The median of the timed steps is reported after warm-up.
 
@@ -43,7 +44,6 @@ import sys
 import time
 
 import torch
-import torch.nn.functional as F
 
 from sessrec.data.vocab import NUM_SPECIAL
 from sessrec.models import (
@@ -55,6 +55,7 @@ from sessrec.models import (
     SessionModel,
     XLNetEncoder,
 )
+from sessrec.tasks.losses import FullSoftmax
 from sessrec.tasks.optim import adamw
 
 
@@ -124,18 +125,17 @@ class TransformersForRecPeer:
         try:
             import transformers4rec
             import transformers4rec.torch as tr
-            from merlin.schema import Tags
-            from merlin_standard_lib import ColumnSchema, Schema
-            from merlin_standard_lib.proto.schema_bp import ValueCount
+            from merlin.schema import ColumnSchema, Schema, Tags
         except ImportError as exc:
             raise SystemExit(
                 f"--peer transformers4rec: Transformers4Rec 23.12 does not import here ({exc}); "
                 "install it in its own virtualenv (it needs transformers<4.31 and merlin packages)"
             ) from None
         num_items = args.items + NUM_SPECIAL  # ids 0 (padding) .. V - 1: T4R's table gets V rows, as ours
-        item = ColumnSchema.create_categorical(
-            "item_id", num_items=num_items - 1, tags=[Tags.ITEM_ID, Tags.LIST, Tags.CATEGORICAL],
-            value_count=ValueCount(min=0, max=args.max_len),
+        item = ColumnSchema(  # merlin-core's schema: T4R deep-copies it (merlin_standard_lib's does not copy on Python 3.11)
+            "item_id", tags=[Tags.ITEM_ID, Tags.LIST, Tags.CATEGORICAL], dtype="int64", is_list=True,
+            properties={"domain": {"min": 0, "max": num_items - 1, "name": "item_id"},
+                        "value_count": {"min": 0, "max": args.max_len}},
         )
         inputs = tr.TabularSequenceFeatures.from_schema(
             Schema([item]), max_sequence_length=args.max_len, d_output=args.d_model, masking="mlm",
@@ -239,13 +239,15 @@ def main() -> None:
         peer = TransformersForRecPeer(args, mlm_probability)
         peer_pool = left_aligned(pool)
 
+    full_softmax = FullSoftmax()
+
     def step(i: int, name: str = first) -> tuple[float, int]:
         items = batch(i, pool)
         net, task, optimizer = runs[name]
         start = time.perf_counter()
         m = task(items, masking_generator(i))
         hidden = net.encode(m.inputs, m.masked)[m.read]  # (N, D)
-        loss = F.cross_entropy(net.score(hidden), m.targets)  # (N, V) full softmax
+        loss = full_softmax(net, hidden, m.targets)  # over the (N, V) scores
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -289,10 +291,10 @@ def main() -> None:
         print(line, file=sys.stderr)
 
     if args.profile:
-        first = args.warmup + args.steps
-        print_profile("sessrec", lambda i: step(first + i), 10)
+        after = args.warmup + args.steps
+        print_profile("sessrec", lambda i: step(after + i), 10)
         if peer:
-            print_profile("transformers4rec", lambda i: peer_step(first + i), 10)
+            print_profile("transformers4rec", lambda i: peer_step(after + i), 10)
 
     median = statistics.median(times)
     record = {

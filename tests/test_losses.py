@@ -8,13 +8,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from sessrec.models.catalogue_softmax import catalogue_cross_entropy
 from sessrec.tasks.losses import CatalogueLoss, FullSoftmax, SampledSoftmax, smoothed_cross_entropy
 
 torch.set_num_threads(1)
 
 
 class DotScorer(torch.nn.Module):
-    """Minimal stand-in for `SessionModel.score(hidden, candidates)`: dot products, -inf on padding/OOV."""
+    """Minimal stand-in for `SessionModel`'s scores and catalogue loss: dot products, -inf on padding/OOV."""
 
     def __init__(self, num_items: int, d: int = 4, seed: int = 0) -> None:
         super().__init__()
@@ -29,6 +30,10 @@ class DotScorer(torch.nn.Module):
 
     def score_targets(self, hidden, targets):
         return (hidden * self.weight[targets]).sum(dim=1)
+
+    def catalogue_loss(self, hidden, targets, temperature=1.0, label_smoothing=0.0):
+        bias = torch.zeros(self.num_items).index_fill(0, torch.tensor([0, 1]), float("-inf"))
+        return catalogue_cross_entropy(hidden, self.weight, bias, targets, temperature, label_smoothing)
 
 
 def test_smoothed_cross_entropy_matches_torch_when_all_columns_are_valid():

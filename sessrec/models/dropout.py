@@ -4,10 +4,11 @@ On CPU, `torch.nn.Dropout` draws one Bernoulli sample per element (`bernoulli_`)
 of a small model's training step (``docs/benchmarks.md``, Training step, where a step goes).
 `FastDropout` draws one 64-bit random integer per four elements instead and compares its 16-bit
 lanes with a threshold: a quarter of the random draws. The keep probability is ``1 - p`` to
-within 2^-15 (3e-5), kept elements are scaled by ``1 / (1 - p)`` as usual, the mask comes from
+within 2^-17 (8e-6), kept elements are scaled by ``1 / (1 - p)`` as usual, the mask comes from
 torch's default generator (so `torch.manual_seed` makes it reproducible), and only a bool mask is
-saved for backward. Off CPU it is `torch.nn.functional.dropout` itself (CUDA's Philox Bernoulli
-is already fast).
+saved for backward. The mask is applied as a float factor (``x * keep.float() * scale``, the bool
+read as bytes): multiplying by a bool tensor directly goes through a slow type-promoting loop. Off
+CPU it is `torch.nn.functional.dropout` itself (CUDA's Philox Bernoulli is already fast).
 
 `use_fast_dropout(module)` swaps every `nn.Dropout` inside a module (the HF encoders' included)
 for a `FastDropout` of the same ``p``; dropout has no weights, so checkpoints do not change.
@@ -25,19 +26,19 @@ from sessrec.saved.registry import check_probabilities
 
 
 def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.device | str = "cpu") -> torch.Tensor:
-    """A bool tensor of `shape`, each element True with probability ``1 - p`` (to 2^-15).
+    """A bool tensor of `shape`, each element True with probability ``1 - p`` (to 2^-17).
 
-    One random int64 gives four 16-bit lanes. `random_` draws from [0, 2^63), so lanes 0-2 are
-    uniform over the int16 range and lane 3 (the top bits, sign bit 0) over [0, 2^15): each lane
-    is compared with its own threshold, in one contiguous comparison.
+    One random int64, drawn over the whole int64 range, gives four 16-bit lanes, each uniform
+    over the int16 range; the first n lanes are compared with one threshold, written as bytes
+    (a direct bool result takes a slower path) and read as bool.
     """
     n = 1
     for size in shape:
         n *= int(size)
-    words = torch.empty(-(-n // 4), dtype=torch.int64, device=device).random_()
-    keep16, keep15 = round((1.0 - p) * 65536) - 32768, round((1.0 - p) * 32768)
-    thresholds = torch.tensor([keep16, keep16, keep16, keep15], dtype=torch.int16, device=device)
-    return (words.view(torch.int16).view(-1, 4) < thresholds).view(-1)[:n].view(shape)
+    words = torch.empty(-(-n // 4), dtype=torch.int64, device=device).random_(-(2**63), None)
+    keep = torch.empty(n, dtype=torch.uint8, device=device)
+    torch.lt(words.view(torch.int16)[:n], round((1.0 - p) * 65536) - 32768, out=keep)
+    return keep.view(torch.bool).view(shape)
 
 
 class _MaskedScale(torch.autograd.Function):
@@ -47,12 +48,12 @@ class _MaskedScale(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, keep: torch.Tensor, scale: float) -> torch.Tensor:
         ctx.save_for_backward(keep)
         ctx.scale = scale
-        return x.mul(keep).mul_(scale)
+        return x.mul(keep.view(torch.uint8).to(x.dtype)).mul_(scale)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         (keep,) = ctx.saved_tensors
-        return grad.mul(keep).mul_(ctx.scale), None, None
+        return grad.mul(keep.view(torch.uint8).to(grad.dtype)).mul_(ctx.scale), None, None
 
 
 class FastDropout(nn.Module):

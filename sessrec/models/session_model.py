@@ -36,6 +36,7 @@ from torch import nn
 
 from sessrec.data.batch import SessionBatch
 from sessrec.data.vocab import NUM_SPECIAL
+from sessrec.models.catalogue_softmax import catalogue_cross_entropy
 from sessrec.models.causal_lm import CausalLanguageModeling
 from sessrec.models.dropout import use_fast_dropout
 from sessrec.models.masking import MaskedItemModeling
@@ -215,6 +216,14 @@ class SessionModel(nn.Module, Configurable):
         (sampled losses) are the same numbers for the chosen columns; candidates are expected to
         be real items.
         """
+        h, table, bias = self.head(hidden, candidates)
+        return torch.addmm(bias, h, table.T)
+
+    def head(
+        self, hidden: torch.Tensor, candidates: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(N, D) hidden states -> the factors of `score`: (N, D) rows, (V or K, D) item vectors and
+        (V or K,) biases (-inf at padding, OOV and virtual ids), the scores being ``rows @ vectors.T + biases``."""
         h = self.output_transform(hidden)
         if candidates is None:
             table, bias = self.item_embedding.weight, self.output_bias + self.never
@@ -224,7 +233,15 @@ class SessionModel(nn.Module, Configurable):
         if self.score_scale is not None:
             h = F.normalize(h, dim=-1) * self.score_scale
             table = F.normalize(table, dim=-1)  # the all-zero padding row stays zero
-        return torch.addmm(bias, h, table.T)
+        return h, table, bias
+
+    def catalogue_loss(
+        self, hidden: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, label_smoothing: float = 0.0
+    ) -> torch.Tensor:
+        """Mean cross-entropy of ``score(hidden) / temperature`` against the (N,) `targets` over the whole
+        catalogue, label smoothing spread over the recommendable items (`catalogue_cross_entropy`: the
+        same numbers as building the scores and taking their cross-entropy, in less time and memory)."""
+        return catalogue_cross_entropy(*self.head(hidden), targets, temperature, label_smoothing)
 
     def item_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """(K,) item ids -> (K, D) their rows of the item table, for the tied head.

@@ -15,8 +15,10 @@ full one without bias in the limit, whatever the sampler. Candidates equal to a 
 
 Every loss is a `CatalogueLoss`: called as ``loss(model, hidden, targets, generator)`` where
 ``model.score(hidden, candidates)`` returns (N, K) scores of the hidden states against candidate
-item ids (the whole catalogue when ``candidates`` is None) and ``model.score_targets(hidden,
-targets)`` the (N,) score of each row's own target. A new loss is a subclass (a dataclass whose
+item ids (the whole catalogue when ``candidates`` is None), ``model.score_targets(hidden,
+targets)`` the (N,) score of each row's own target and ``model.catalogue_loss(hidden, targets,
+temperature, label_smoothing)`` the full softmax's cross-entropy without keeping its (N, V) scores
+twice (`SessionModel.catalogue_loss`). A new loss is a subclass (a dataclass whose
 fields are its arguments), named in a recipe by its ``class_path``; `NextItemTask` takes any.
 
 Shape letters: N targets in the batch, D width, V catalogue (incl. padding and OOV),
@@ -106,8 +108,7 @@ class FullSoftmax(CatalogueLoss):
     def __call__(
         self, model: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, generator: torch.Generator | None = None
     ) -> torch.Tensor:
-        logits = model.score(hidden) / self.temperature  # (N, V)
-        return smoothed_cross_entropy(logits, targets, self.label_smoothing)
+        return model.catalogue_loss(hidden, targets, self.temperature, self.label_smoothing)
 
 
 @dataclass

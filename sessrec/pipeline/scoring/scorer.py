@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import torch
 
 from sessrec.metrics.ranks import pessimistic_ranks, rank_values
@@ -22,8 +23,9 @@ class RankerRows:
     What is known of all B sessions at once is small: their `valid` slots, `groups`, the feature
     `names` and `cardinality`; `inputs` builds the features of the sessions asked for, and a
     subclass decides how (`InputRows`: rows of one `RankingInputs`;
-    `sessrec.pipeline_training.fitting.FeatureRows`: from the compact candidate rows, so that no grid of
-    all sessions' features exists).
+    `sessrec.pipeline_training.fitting.FeatureMatrix`: from the features of the valid slots alone, built
+    once, so that no grid of all sessions' features exists). `valid_rows` gives the valid slots' dense
+    features as one matrix (LightGBM's input).
 
     Args:
         valid: (B, K) the filled candidate slots.
@@ -62,6 +64,12 @@ class RankerRows:
             cat("dense"), {n: torch.cat([p.sparse[n] for p in parts]) for n in first.sparse}, cat("valid"), first.names,
             None if first.groups is None else cat("groups"), first.cardinality,
         )
+
+    def valid_rows(self, rows: torch.Tensor) -> np.ndarray:
+        """(M_r, F) float32 dense features of the valid slots of sessions `rows` ((R,) indices), row by row in that order."""
+        parts = [(part.dense[part.valid]).cpu().numpy() for part in
+                 (self._build(rows[lo : lo + self.chunk]) for lo in range(0, len(rows), self.chunk))]
+        return np.concatenate(parts) if parts else np.zeros((0, len(self.names)), dtype=np.float32)
 
     def _build(self, rows: torch.Tensor) -> RankingInputs:
         """The `RankingInputs` of sessions `rows`, at most `chunk` of them."""

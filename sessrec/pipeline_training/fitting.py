@@ -12,10 +12,11 @@ Time. Pairs that carry event times (`EvalPairs.times`) reach every stage as `Req
 validity windows of rule tables hold at the last event of each prefix, and the ranker's ``time``
 features are built from them.
 
-Memory. The ranker's rows (`RankerData`) keep only the filled candidate slots, as flat float32
-columns, built batch by batch. The feature ops are fitted on them as they are (one frame row per
-slot); the scorer then reads their features `CHUNK` pairs at a time (`FeatureRows`), and
-evaluation reads them back batch by batch: no (N, K, F) grid of all pairs is built.
+Memory and time. The ranker's rows (`RankerData`) keep only the filled candidate slots, as flat
+float32 columns, built batch by batch. The feature ops are fitted on them as they are (one frame
+row per slot); the features are then built once, `CHUNK` pairs at a time, into one (M', F) matrix
+of the slots the scorers read (`FeatureMatrix`), which every member of a blend fits on in turn, and
+evaluation reads the rows back batch by batch: no (N, K, F) grid of all pairs is built.
 
 Metrics: the final list is ranked by the pipeline; a target outside it is a miss, exactly as a
 target ranked below the cut-off by a single model. The rank of a target is its position in the
@@ -40,6 +41,7 @@ from sessrec.pipeline.candidate_features import RankingInputs
 from sessrec.pipeline.candidates import Candidates, RequestSessions
 from sessrec.pipeline.pipeline import Pipeline
 from sessrec.pipeline.scoring import BlendScorer, RankerRows, Scorer
+from sessrec.pipeline.scoring.scorer import slot_positions
 
 CHUNK = 4096  # pairs whose features a scorer's fit reads at once
 # pairs as the stages see them: their sessions, (B, K) candidates, and the (M,) raw columns and labels of the filled slots
@@ -88,10 +90,7 @@ class RankerData:
 
     def slots(self, rows: torch.Tensor) -> torch.Tensor:
         """(M_r,) int64 positions of the filled slots of pairs `rows` ((R,) indices), row by row in that order."""
-        rows = rows.long().to(self.offsets.device)
-        starts, counts = self.offsets[rows], self.offsets[rows + 1] - self.offsets[rows]
-        begins = counts.cumsum(0) - counts  # where each row's slots begin in the output
-        return torch.repeat_interleave(starts - begins, counts) + torch.arange(int(counts.sum()), device=counts.device)
+        return slot_positions(self.offsets, rows)
 
     def take(self, rows: torch.Tensor) -> tuple[RequestSessions, Candidates, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
         """Pairs `rows` ((R,) indices, in that order) as `block` gives them, and the positions of their slots (`slots`)."""
@@ -160,10 +159,7 @@ class FeatureMatrix(RankerRows):
 
     def slots(self, rows: torch.Tensor) -> torch.Tensor:
         """(M_r,) int64 positions of the kept slots of pairs `rows` ((R,) indices), row by row in that order."""
-        rows = rows.long().cpu()
-        starts, counts = self.offsets[rows], self.offsets[rows + 1] - self.offsets[rows]
-        begins = counts.cumsum(0) - counts
-        return torch.repeat_interleave(starts - begins, counts) + torch.arange(int(counts.sum()))
+        return slot_positions(self.offsets, rows)
 
     def valid_rows(self, rows: torch.Tensor) -> np.ndarray:
         return self.dense[self.slots(rows)].numpy()

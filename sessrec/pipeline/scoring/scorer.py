@@ -95,6 +95,20 @@ class InputRows(RankerRows):
                              None if w.groups is None else w.groups[rows], w.cardinality)
 
 
+def slot_positions(offsets: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """(M_r,) int64 positions of the slots of rows `rows` ((R,) indices, in that order), row i's slots being
+    ``offsets[i]:offsets[i + 1]`` of a flat array, row by row.
+
+    Examples:
+        >>> slot_positions(torch.tensor([0, 2, 3, 6]), torch.tensor([2, 0])).tolist()
+        [3, 4, 5, 0, 1]
+    """
+    rows = rows.long().to(offsets.device)
+    starts, counts = offsets[rows], offsets[rows + 1] - offsets[rows]
+    begins = counts.cumsum(0) - counts  # where each row's slots begin in the output
+    return torch.repeat_interleave(starts - begins, counts) + torch.arange(int(counts.sum()), device=counts.device)
+
+
 class Scorer(Configurable):
     """Fit on labelled candidate rows, then score candidate matrices.
 

@@ -7,7 +7,7 @@ Each step runs in its own process, so that each peak (``ru_maxrss``) is that ste
   of them when given), saved to ``--rows`` (reused when that file exists: ``"reused": true``);
 - ``{"stage": "fit", "scorer": ...}``: the rows loaded, then `fitting.fit_on` with the scorer
   (``gbdt``: `GBDTScorer` with ``--threads``; ``dlrm``: `DLRMScorer` with ``--dlrm-epochs``;
-  ``blend``: the recipe's default `BlendScorer`), reading the features ``--chunk`` pairs at a time.
+  ``blend``: the recipe's default `BlendScorer`), its features built ``--chunk`` pairs at a time.
   The process holds the data module and one retriever (the co-visitation, else the first kNN
   baseline: the pipeline the fit needs), not every retriever.
 
@@ -72,7 +72,7 @@ def scorer_of(name: str, args: argparse.Namespace) -> Scorer:
 
 
 def fit_stage(args: argparse.Namespace) -> dict:
-    """Load the rows and fit one scorer on them, `args.chunk` pairs at a time."""
+    """Load the rows and fit one scorer on them, their features built `args.chunk` pairs at a time."""
     recipe = load_recipe(args.recipe)
     light = {"covisitation"} if recipe.covisitation is not None else {next(iter(recipe.baselines))}
     pipe = recipe.build(light)  # the data module and one retriever: the rows carry every retriever's columns
@@ -91,7 +91,7 @@ def main() -> None:
     parser.add_argument("--dataset", choices=sorted(RECIPES), default="yoochoose164")
     parser.add_argument("--recipe", help="a pipeline recipe other than the dataset's")
     parser.add_argument("--pairs", type=int, default=0, help="the first N validation pairs only (0: all)")
-    parser.add_argument("--chunk", type=int, default=fitting.CHUNK, help="pairs whose features a fit reads at once")
+    parser.add_argument("--chunk", type=int, default=fitting.CHUNK, help="pairs whose features a fit builds at once")
     parser.add_argument("--scorers", nargs="+", choices=["gbdt", "dlrm", "blend"], default=["gbdt", "dlrm"])
     parser.add_argument("--threads", type=int, default=1, help="LightGBM threads")
     parser.add_argument("--dlrm-epochs", type=int, default=2)

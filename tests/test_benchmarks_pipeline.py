@@ -50,6 +50,19 @@ def test_ranker_memory_quick_run_prints_the_rows_then_one_fit_per_default_scorer
 
 
 @pytest.mark.slow
+def test_ranker_fit_quick_run_prints_the_rows_then_one_fit_per_negatives_setting():
+    rows, *fits = [json.loads(line) for line in quick("ranker_fit.py").splitlines()]
+    assert rows["stage"] == "rows" and rows["quick"] and rows["pairs"] > 0 and 0 < rows["slots"] <= 30 * rows["pairs"]
+    assert [(f["stage"], f["negatives"], f["scorer"]) for f in fits] == [("fit", None, "BlendScorer"), ("fit", 10, "BlendScorer")]
+    every, sampled = fits
+    assert every["pairs"] == sampled["pairs"] == rows["pairs"] and sampled["rows"] <= 11 * rows["pairs"] < every["rows"]
+    for f in fits:
+        assert list(f["steps"]) == ["feature_ops", "features", "ranker_0", "ranker_1", "ranker_2"]
+        assert f["fit_seconds"] >= sum(f["steps"].values()) - 0.1 and f["load_average"] >= 0
+        assert {"recall@20", "mrr@20", "candidate_recall"} <= set(f["test"]) and set(f["valid"]) == set(f["test"])
+
+
+@pytest.mark.slow
 def test_retrain_daily_quick_run_prints_each_turn_and_the_rejection():
     stdout = quick("retrain_daily.py")
     out = json.loads(stdout[stdout.index("{"):])  # after the fits' validation lines

@@ -169,9 +169,9 @@ def test_recipe_fit_reads_train_and_valid_only(
         requested.append(split)
         return real_pairs(split, protocol)
 
-    def fit_ranker(pipe, pairs, scorer, batch_size=512):
+    def fit_ranker(pipe, pairs, scorer, batch_size=512, **options):
         ranked.append(pairs.items)
-        return real_fit(pipe, pairs, scorer, batch_size)
+        return real_fit(pipe, pairs, scorer, batch_size, **options)
 
     monkeypatch.setattr(dm, "tensors", tensors)
     monkeypatch.setattr(dm, "sessions", sessions)
@@ -185,15 +185,30 @@ def test_recipe_fit_reads_train_and_valid_only(
     assert set(Pipeline.from_pretrained(recipe.output).retrievers) == {"xlnet", "vsknn", "covisitation"}
 
 
+def test_recipe_ranker_negatives_sample_the_rankers_rows_and_each_step_prints_one_line(
+    world: World, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    with pytest.raises(ValueError, match="ranker_negatives must be >= 1 candidates per pair .* got 0"):
+        small_recipe(world, tmp_path, ranker_negatives=0)
+    small_recipe(world, tmp_path, ranker_negatives=5).fit()
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[fit 2/4] fitting the ranker")]
+    pairs = len(world.dm.pairs("valid"))
+    steps = [line.split(": ", 1)[1] for line in lines[1:-1]]
+    assert [step.split(" ")[0] for step in steps] == ["candidates", "feature", steps[2].split(" ")[0], "ranker"]
+    assert steps[0].startswith(f"candidates of {pairs:,} pairs") and lines[-1].split(": ")[-1].startswith("done in")
+    read = int(steps[2].split("of the ")[1].split(" rows")[0].replace(",", ""))
+    assert 0 < read <= 6 * pairs  # the target and 5 other candidates of each pair whose target is among its 50
+
+
 def test_refit_retrievers_index_the_validation_sessions_once_the_ranker_is_fitted(
     world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     dm = world.dm
     indexed, real_fit = [], fitting.fit_ranker
 
-    def fit_ranker(pipe, pairs, scorer, batch_size=512):
+    def fit_ranker(pipe, pairs, scorer, batch_size=512, **options):
         indexed.append(len(pipe.retrievers["vsknn"][0].sessions))  # the index the ranker's rows come from
-        return real_fit(pipe, pairs, scorer, batch_size)
+        return real_fit(pipe, pairs, scorer, batch_size, **options)
 
     monkeypatch.setattr("sessrec.pipeline_training.recipe.fit_ranker", fit_ranker)
     recipe = small_recipe(world, tmp_path, refit_retrievers=True)

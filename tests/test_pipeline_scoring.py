@@ -24,7 +24,6 @@ from sessrec.pipeline.scoring import (
 )
 from sessrec.pipeline.scoring.blend_scorer import standardised
 from sessrec.pipeline.scoring.dlrm_scorer import IdRows, rank_gauss, session_relative
-from sessrec.pipeline.scoring.gbdt_scorer import SessionRows
 from sessrec.saved.registry import config_of, instantiate
 
 torch.set_num_threads(1)
@@ -234,21 +233,16 @@ def test_ranker_rows_build_a_chunk_at_a_time_and_concatenate() -> None:
     assert all(torch.equal(got.sparse[n], inputs.sparse[n][order]) for n in inputs.sparse)
 
 
-def test_session_rows_give_lightgbm_the_valid_rows_by_index_and_slice() -> None:
-    lgb = pytest.importorskip("lightgbm")
+def test_valid_rows_are_the_valid_slots_of_the_sessions_asked_for_in_that_order() -> None:
     inputs, _ = training_rows()
     inputs.valid = inputs.valid.clone()
     inputs.valid[::4, 3:] = False  # sessions of 5 and of 3 filled slots
     sessions = torch.tensor([5, 1, 2, 8, 40, 41, 4])
-    expected = inputs.dense[sessions][inputs.valid[sessions]].numpy()  # (29, 2)
-    rows = SessionRows.of(lgb, InputRows(inputs, chunk=3), sessions)
-    assert isinstance(rows, lgb.Sequence) and len(rows) == len(expected) == 29
-    assert rows.starts.tolist() == [0, 15, 26]  # sessions 5, 1, 2: 5 + 5 + 5 slots; 8, 40, 41: 3 + 3 + 5; 4: 3
-    assert rows[14].dtype == np.float64 and np.array_equal(rows[14], expected[14]) and np.array_equal(rows[-1], expected[-1])
-    assert np.array_equal(rows[10:28], expected[10:28]) and np.array_equal(rows[0:29], expected)  # across chunks
-    assert rows[29:40].shape == (0, 2)
-    with pytest.raises(IndexError):
-        rows[29]
+    got = InputRows(inputs, chunk=3).valid_rows(sessions)  # three chunks of sessions
+    assert got.dtype == np.float32 and got.shape == (29, 2)  # 5 + 5 + 5 + 3 + 3 + 5 + 3 slots
+    assert np.array_equal(got[:5], inputs.dense[5, :5].numpy()) and np.array_equal(got[15:18], inputs.dense[8, :3].numpy())
+    assert np.array_equal(got, inputs.dense[sessions][inputs.valid[sessions]].numpy())
+    assert InputRows(inputs).valid_rows(torch.zeros(0, dtype=torch.long)).shape == (0, 2)
 
 
 @pytest.mark.parametrize("make", [lambda: GBDTScorer(max_rounds=20, threads=1, min_data_in_leaf=5),

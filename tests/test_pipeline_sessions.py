@@ -249,7 +249,7 @@ def test_chunked_rows_are_the_rows_of_the_whole_grid(dm: SessionDataModule) -> N
     whole = pipe.features.fit_transform(sessions, cands, raw, labels, groups=pairs.sessions)
     fitted = pipe.features.fit(sessions, cands, raw, labels, groups=pairs.sessions)
     assert list(fitted) == ["item_target"] and fitted["item_target"].shape == (int(data.valid.sum()),)
-    rows = fitting.FeatureRows(pipe, data, fitted, chunk=3)
+    rows = fitting.FeatureMatrix(pipe, data, fitted, chunk=3)
     order = torch.tensor([7, 0, 12, 3, 3, 20, 1])
     got = rows.inputs(order)
     assert rows.names == whole.names and rows.cardinality == whole.cardinality
@@ -288,21 +288,56 @@ def test_fit_in_small_chunks_scores_as_in_one(dm: SessionDataModule, name: str) 
             assert torch.allclose(scores[0], other, atol=1e-5, rtol=0)
 
 
-def test_the_fit_never_asks_for_more_than_a_chunk(dm: SessionDataModule, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_blend_fits_every_member_on_features_built_once(dm: SessionDataModule, monkeypatch: pytest.MonkeyPatch) -> None:
     pairs = dm.pairs("valid", "all_prefixes")
     pipe = pipeline(dm)
     data = fitting.candidate_rows(pipe, pairs, batch_size=5)
     asked: list[int] = []
-    real = fitting.FeatureRows._build
+    real = CandidateFeatures.transform
 
-    def counted(self, rows):
-        asked.append(len(rows))
-        return real(self, rows)
+    def counted(self, sessions, candidates, *args, **kwargs):
+        asked.append(len(candidates.items))
+        return real(self, sessions, candidates, *args, **kwargs)
 
-    monkeypatch.setattr(fitting.FeatureRows, "_build", counted)
-    blend = BlendScorer([small_scorer("dlrm"), small_scorer("gbdt")])  # DLRM batches of 4 sessions, bins over all
-    fitting.fit_on(pipe, data, blend, chunk=3)
-    assert max(asked) == 3 and sum(asked) > 3 * len(pairs)  # every member read the rows, 3 pairs at a time at most
+    monkeypatch.setattr(CandidateFeatures, "transform", counted)
+    blend = BlendScorer([small_scorer("dlrm"), small_scorer("gbdt"), small_scorer("gbdt")])  # two epochs of the DLRM
+    lines: list[str] = []
+    info = fitting.fit_on(pipe, data, blend, chunk=3, log=lines.append)
+    assert asked == [3] * (len(pairs) // 3) + [len(pairs) % 3] * (len(pairs) % 3 > 0)  # each pair's features once
+    assert info["rows"] == int(data.valid.sum()) and set(info["steps"]) == {"feature_ops", "features", "ranker_0", "ranker_1", "ranker_2"}
+    assert [line.split(":")[0] for line in lines] == [
+        f"feature ops fitted on {int(data.valid.sum())} rows", f"{len(info['features'])} features of the {info['rows']} rows "
+        "the rankers read, built once", "ranker 1/3 DLRMScorer fitted", "ranker 2/3 GBDTScorer fitted", "ranker 3/3 GBDTScorer fitted"]
+    assert all(s.network is not None if isinstance(s, DLRMScorer) else s.booster is not None for s in blend.scorers)
+
+
+def test_sampled_negatives_keep_every_target_and_that_many_others() -> None:
+    # pairs of 5, 3 and 4 slots; the second without its target among them, the third with fewer negatives than asked
+    labels = torch.tensor([0, 0, 1, 0, 0, 0, 0, 0, 1, 0, 0, 0], dtype=torch.bool)
+    offsets = torch.tensor([0, 5, 8, 12])
+    keep = fitting.sampled_slots(labels, offsets, negatives=3, seed=0)
+    assert keep[2] and keep[8] and int(keep[:5].sum()) == 4 and not keep[5:8].any() and int(keep[8:].sum()) == 4
+    assert torch.equal(keep, fitting.sampled_slots(labels, offsets, 3, seed=0))  # seeded
+    draws = {tuple(torch.nonzero(fitting.sampled_slots(labels, offsets, 1, seed=s)[:5]).squeeze(1).tolist()) for s in range(20)}
+    assert all(len(d) == 2 and 2 in d for d in draws) and len(draws) == 4  # each of the 4 negatives drawn by some seed
+    assert torch.equal(fitting.sampled_slots(labels, offsets, 10, seed=0), torch.tensor([True] * 5 + [False] * 3 + [True] * 4))
+
+
+def test_the_rankers_read_the_sampled_rows_with_the_features_of_all(dm: SessionDataModule) -> None:
+    pairs = dm.pairs("valid", "all_prefixes")
+    pipe = pipeline(dm)
+    data = fitting.candidate_rows(pipe, pairs, batch_size=5)
+    sessions, cands, raw, labels = data.block(0, len(data))
+    whole = pipe.features.fit_transform(sessions, cands, raw, labels, groups=pairs.sessions)
+    fitted = pipe.features.fit(sessions, cands, raw, labels, groups=pairs.sessions)
+    rows = fitting.FeatureMatrix(pipe, data, fitted, chunk=4, negatives=2, seed=3)
+    assert torch.equal(rows.valid.sum(dim=1), torch.full((len(pairs),), 3))  # the target and two others
+    assert rows.valid[data.valid.clone().index_put_((data.valid,), labels)].all() and not (rows.valid & ~data.valid).any()
+    got = rows.inputs(torch.arange(len(pairs)))
+    assert torch.equal(got.dense[rows.valid], whole.dense[rows.valid]) and not got.dense[~rows.valid].any()
+    expected = torch.cat([whole.dense[4][rows.valid[4]], whole.dense[1][rows.valid[1]]])  # pairs 4 then 1, 3 slots each
+    assert np.array_equal(rows.valid_rows(torch.tensor([4, 1])), expected.numpy())
+    assert fitting.fit_on(pipe, data, small_scorer("gbdt"), negatives=2)["rows"] == 3 * len(pairs)
 
 
 def test_early_stopping_split_by_group_by_hand() -> None:

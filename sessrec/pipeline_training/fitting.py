@@ -12,10 +12,11 @@ Time. Pairs that carry event times (`EvalPairs.times`) reach every stage as `Req
 validity windows of rule tables hold at the last event of each prefix, and the ranker's ``time``
 features are built from them.
 
-Memory. The ranker's rows (`RankerData`) keep only the filled candidate slots, as flat float32
-columns, built batch by batch. The feature ops are fitted on them as they are (one frame row per
-slot); the scorer then reads their features `CHUNK` pairs at a time (`FeatureRows`), and
-evaluation reads them back batch by batch: no (N, K, F) grid of all pairs is built.
+Memory and time. The ranker's rows (`RankerData`) keep only the filled candidate slots, as flat
+float32 columns, built batch by batch. The feature ops are fitted on them as they are (one frame
+row per slot); the features are then built once, `CHUNK` pairs at a time, into one (M', F) matrix
+of the slots the scorers read (`FeatureMatrix`), which every member of a blend fits on in turn, and
+evaluation reads the rows back batch by batch: no (N, K, F) grid of all pairs is built.
 
 Metrics: the final list is ranked by the pipeline; a target outside it is a miss, exactly as a
 target ranked below the cut-off by a single model. The rank of a target is its position in the
@@ -28,7 +29,7 @@ Shape letters: N pairs, L positions, K candidates, M filled candidate slots, k r
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,7 +40,8 @@ from sessrec.metrics.ranks import list_ranks, rank_sums, rank_values
 from sessrec.pipeline.candidate_features import RankingInputs
 from sessrec.pipeline.candidates import Candidates, RequestSessions
 from sessrec.pipeline.pipeline import Pipeline
-from sessrec.pipeline.scoring import RankerRows, Scorer
+from sessrec.pipeline.scoring import BlendScorer, RankerRows, Scorer
+from sessrec.pipeline.scoring.scorer import slot_positions
 
 CHUNK = 4096  # pairs whose features a scorer's fit reads at once
 # pairs as the stages see them: their sessions, (B, K) candidates, and the (M,) raw columns and labels of the filled slots
@@ -88,10 +90,7 @@ class RankerData:
 
     def slots(self, rows: torch.Tensor) -> torch.Tensor:
         """(M_r,) int64 positions of the filled slots of pairs `rows` ((R,) indices), row by row in that order."""
-        rows = rows.long().to(self.offsets.device)
-        starts, counts = self.offsets[rows], self.offsets[rows + 1] - self.offsets[rows]
-        begins = counts.cumsum(0) - counts  # where each row's slots begin in the output
-        return torch.repeat_interleave(starts - begins, counts) + torch.arange(int(counts.sum()), device=counts.device)
+        return slot_positions(self.offsets, rows)
 
     def take(self, rows: torch.Tensor) -> tuple[RequestSessions, Candidates, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
         """Pairs `rows` ((R,) indices, in that order) as `block` gives them, and the positions of their slots (`slots`)."""
@@ -107,38 +106,100 @@ class RankerData:
         return sessions_of(self.pairs.take(rows)), Candidates(items), raw, self.labels[slots]
 
 
-class FeatureRows(RankerRows):
-    """The ranker's training rows for a scorer (`RankerRows`), their features built `chunk` pairs at a time.
+class FeatureMatrix(RankerRows):
+    """The ranker's training rows for a scorer (`RankerRows`), their features built once and shared by
+    every member of a blend and every epoch of a DLRM: (M', F) float32 dense features and (M',) int32
+    sparse ids of the slots kept, about 4F + 12 bytes a slot.
 
-    Each chunk is taken from the compact `RankerData` (its raw columns), moved to the pipeline's
-    device and transformed with the fitted feature ops; the ops' out-of-fold outputs of the
-    training rows (`CandidateFeatures.fit`'s return, (M,) per name) replace what `transform`
-    would compute, so a chunk's features are exactly those rows of `fit_transform`'s grid.
+    The features are built `chunk` pairs at a time from the compact `RankerData` (its raw columns) with
+    the fitted feature ops; the ops' out-of-fold outputs of the training rows (`CandidateFeatures.fit`'s
+    return, (M,) per name) replace what `transform` would compute, so the features of a slot are exactly
+    its row of `fit_transform`'s grid. The slots kept are those of the pairs whose target is among their
+    candidates (the only pairs a scorer trains or stops on) and, with `negatives`, of each such pair its
+    target and that many of its other candidates drawn at random (`sampled_slots`); `valid` marks them.
+    `inputs` gathers the slots of the pairs asked for into (R, K, F) grids, 0 at the other slots, as
+    `transform` gives them.
 
     Args:
         pipe: the pipeline, its features fitted on `data`.
         data: the compact candidate rows.
         fitted: name -> (M,) out-of-fold outputs over all of `data`'s slots.
-        chunk: the most pairs built at once.
+        chunk: the most pairs whose features are built (and whose grids are gathered) at once.
+        negatives: the candidates other than the target kept per pair (None: all of them).
+        seed: seeds the sample of negatives.
     """
 
-    def __init__(self, pipe: Pipeline, data: RankerData, fitted: dict[str, np.ndarray], chunk: int = CHUNK) -> None:
+    def __init__(self, pipe: Pipeline, data: RankerData, fitted: dict[str, np.ndarray], chunk: int = CHUNK,
+                 negatives: int | None = None, seed: int = 0) -> None:
         if pipe.features.names is None:
-            raise RuntimeError("FeatureRows: fit the pipeline's features on these rows first (CandidateFeatures.fit)")
-        device = pipe.device
-        super().__init__(data.valid.to(device), data.pairs.sessions.long().to(device), pipe.features.names, {}, chunk)
-        self.pipe, self.data = pipe, data
-        self.fitted = {name: torch.from_numpy(values) for name, values in fitted.items()}
-        if len(data):  # the sparse features' id ranges, as the features of any row give them
-            self.cardinality = self._build(torch.zeros(1, dtype=torch.long)).cardinality
+            raise RuntimeError("FeatureMatrix: fit the pipeline's features on these rows first (CandidateFeatures.fit)")
+        if negatives is not None and negatives < 1:
+            raise ValueError(f"negatives must be >= 1 candidates per pair (or None: all of them), got {negatives}")
+        keep = sampled_slots(data.labels, data.offsets.cpu(), negatives or data.valid.shape[1], seed)  # (M,)
+        valid = data.valid.clone()
+        valid[data.valid] = keep
+        super().__init__(valid.to(pipe.device), data.pairs.sessions.long().to(pipe.device), pipe.features.names, {}, chunk)
+        self.host_valid = valid
+        self.offsets = torch.cat([torch.zeros(1, dtype=torch.long), valid.sum(dim=1).cumsum(0)])  # (N + 1,) into the kept slots
+        dense, sparse, cardinality = [], {}, {}
+        for lo in range(0, len(data), chunk):
+            hi = min(lo + chunk, len(data))
+            first, last = int(data.offsets[lo]), int(data.offsets[hi])
+            sessions, cands, raw, _ = to_device(data.block(lo, hi), pipe.device)
+            part = {name: values[first:last] for name, values in fitted.items()}
+            out = pipe.features.transform(sessions, cands, {}, raw, fitted=part)
+            kept = valid[lo:hi].to(out.valid.device)
+            dense.append(out.dense[kept].cpu())
+            for name, ids in out.sparse.items():
+                sparse.setdefault(name, []).append(ids[kept].int().cpu())
+            cardinality = out.cardinality
+        self.dense = torch.cat(dense) if dense else torch.zeros(0, len(self.names))
+        self.sparse = {name: torch.cat(parts) for name, parts in sparse.items()}
+        self.cardinality = dict(cardinality)
+
+    def slots(self, rows: torch.Tensor) -> torch.Tensor:
+        """(M_r,) int64 positions of the kept slots of pairs `rows` ((R,) indices), row by row in that order."""
+        return slot_positions(self.offsets, rows)
+
+    def valid_rows(self, rows: torch.Tensor) -> np.ndarray:
+        return self.dense[self.slots(rows)].numpy()
 
     def _build(self, rows: torch.Tensor) -> RankingInputs:
-        sessions, cands, raw, _, slots = self.data.take(rows.cpu())
-        sessions, cands, raw, _ = to_device((sessions, cands, raw, torch.zeros(0)), self.pipe.device)
-        fitted = {name: values[slots] for name, values in self.fitted.items()}
-        out = self.pipe.features.transform(sessions, cands, {}, raw, fitted=fitted)
-        out.groups = self.groups[rows.to(self.groups.device)]
-        return out
+        valid = self.host_valid[rows.long().cpu()]
+        slots = self.slots(rows)
+        dense = torch.zeros(*valid.shape, len(self.names))
+        dense[valid] = self.dense[slots]
+        sparse = {}
+        for name, ids in self.sparse.items():
+            sparse[name] = torch.zeros(valid.shape, dtype=torch.long)
+            sparse[name][valid] = ids[slots].long()
+        device = self.device
+        return RankingInputs(dense.to(device), {n: v.to(device) for n, v in sparse.items()}, valid.to(device), self.names,
+                             self.groups[rows.to(self.groups.device)], self.cardinality)
+
+
+def sampled_slots(labels: torch.Tensor, offsets: torch.Tensor, negatives: int, seed: int) -> torch.Tensor:
+    """(M,) bool, the slots kept of pairs whose slots are ``offsets[i]:offsets[i + 1]`` of (M,) `labels`:
+    of each pair with a positive, its positives and `negatives` of its other slots drawn at random (all of
+    them when it has fewer); nothing of a pair without a positive.
+
+    Examples:
+        >>> labels = torch.tensor([False, True, False, False, False, False])  # pairs of 4 and 2 slots, one positive
+        >>> keep = sampled_slots(labels, torch.tensor([0, 4, 6]), negatives=2, seed=0)
+        >>> bool(keep[1]), int(keep[:4].sum()), int(keep[4:].sum())
+        (True, 3, 0)
+    """
+    counts = offsets.diff()
+    pair = torch.repeat_interleave(torch.arange(len(counts)), counts)  # (M,)
+    key = torch.rand(len(labels), generator=torch.Generator().manual_seed(seed))
+    key[labels] = -1.0  # positives first within their pair
+    order = torch.argsort(key)
+    order = order[torch.argsort(pair[order], stable=True)]  # by pair, within a pair positives then at random
+    rank = torch.arange(len(labels)) - offsets[pair[order]]  # place within its pair
+    positives = torch.zeros(len(counts), dtype=torch.long).index_add_(0, pair, labels.long())
+    keep = torch.zeros(len(labels), dtype=torch.bool)
+    keep[order] = (rank < negatives + positives[pair[order]]) & (positives[pair[order]] > 0)
+    return keep
 
 
 def candidate_rows(pipe: Pipeline, pairs: EvalPairs, batch_size: int = 512) -> RankerData:
@@ -169,33 +230,64 @@ def to_device(block: Block, device: torch.device) -> Block:
     return sessions.to(device), cands, {n: v.to(device) for n, v in raw.items()}, labels.to(device)
 
 
-def fit_ranker(pipe: Pipeline, pairs: EvalPairs, scorer: Scorer, batch_size: int = 512, chunk: int = CHUNK) -> dict:
+def fit_ranker(pipe: Pipeline, pairs: EvalPairs, scorer: Scorer, batch_size: int = 512, chunk: int = CHUNK,
+               negatives: int | None = None, log: Callable[[str], None] | None = None) -> dict:
     """Fit the feature ops and `scorer` on the candidates of held-out (prefix, target) pairs; set it on `pipe`.
 
+    Args:
+        negatives: the candidates other than the target that the scorer trains on per pair, drawn at
+            random (None: all of them); the feature ops are fitted on all candidates either way.
+        log: called with one line as each step ends (the candidates, the feature ops, the features,
+            each ranker), with its seconds.
+
     Returns:
-        what was fitted on: pairs, candidate coverage, feature names, seconds.
+        what was fitted on: pairs, candidate coverage, feature names, rows the scorer read, seconds of each step and in all.
     """
     start = time.perf_counter()
     data = candidate_rows(pipe, pairs, batch_size)
-    return fit_on(pipe, data, scorer, chunk) | {"seconds": time.perf_counter() - start}
+    seconds = time.perf_counter() - start
+    if log is not None:
+        log(f"candidates of {len(data):,} pairs ({int(data.valid.sum()):,} rows): {seconds:.0f} s")
+    info = fit_on(pipe, data, scorer, chunk, negatives, log=log)
+    info["steps"] = {"candidates": seconds, **info["steps"]}
+    return info | {"seconds": time.perf_counter() - start}
 
 
-def fit_on(pipe: Pipeline, data: RankerData, scorer: Scorer, chunk: int = CHUNK) -> dict:
+def fit_on(pipe: Pipeline, data: RankerData, scorer: Scorer, chunk: int = CHUNK, negatives: int | None = None,
+           seed: int = 0, log: Callable[[str], None] | None = None) -> dict:
     """Fit the feature ops and `scorer` on prepared candidate rows (reused across ablations).
 
-    The ops are fitted on the compact rows (one frame row per filled slot); the scorer reads the
-    features `chunk` pairs at a time (`FeatureRows`), so no (N, K, F) grid of all pairs exists.
-    The target encoding folds and the scorer's early-stopping split go by the pairs' sessions.
+    The ops are fitted on all the compact rows (one frame row per filled slot); the features are then
+    built once (`FeatureMatrix`: the pairs whose target is among their candidates, with `negatives`
+    sampled negatives each, seeded by `seed`) and every ranker (each member of a `BlendScorer`, in turn)
+    fits on that matrix. The target encoding folds and the scorers' early-stopping splits go by the
+    pairs' sessions. `log` (`fit_ranker`) gets one line as each step ends.
     """
+    steps: dict[str, float] = {}
+
+    def done(step: str, line: str, began: float) -> None:
+        steps[step] = time.perf_counter() - began
+        if log is not None:
+            log(f"{line}: {steps[step]:.0f} s")
+
+    began = time.perf_counter()
     sessions, cands, raw, labels = data.block(0, len(data))
     fitted = pipe.features.fit(sessions, cands, raw, labels, groups=data.pairs.sessions)
     del sessions, cands, raw
-    rows = FeatureRows(pipe, data, fitted, chunk)
+    done("feature_ops", f"feature ops fitted on {len(labels):,} rows", began)
+    began = time.perf_counter()
+    rows = FeatureMatrix(pipe, data, fitted, chunk, negatives, seed)
+    del fitted
+    done("features", f"{len(rows.names)} features of the {len(rows.dense):,} rows the rankers read, built once", began)
     grid = torch.zeros(data.valid.shape, device=pipe.device)  # (N, K) labels
-    grid[rows.valid] = labels.to(pipe.device).float()
-    scorer.fit(rows, grid)
+    grid[data.valid.to(pipe.device)] = labels.to(pipe.device).float()
+    members = scorer.scorers if isinstance(scorer, BlendScorer) else [scorer]
+    for i, member in enumerate(members):
+        began = time.perf_counter()
+        member.fit(rows, grid)
+        done(f"ranker_{i}", f"ranker {i + 1}/{len(members)} {type(member).__name__} fitted", began)
     pipe.scorer = scorer
-    return {"pairs": len(data), "coverage": data.coverage, "features": rows.names}
+    return {"pairs": len(data), "coverage": data.coverage, "features": rows.names, "rows": len(rows.dense), "steps": steps}
 
 
 def list_metrics(

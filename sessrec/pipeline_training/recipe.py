@@ -118,6 +118,8 @@ class PipelineRecipe:
         ranker_pairs: the validation pairs the ranker trains on: ``protocol`` (the evaluation
             protocol's, e.g. each session's last item) or ``all_prefixes`` (every prefix of every
             validation session with its next item: more rows, still only validation sessions).
+        ranker_negatives: the candidates other than the target that the ranker trains on per pair,
+            drawn at random (None: all of them); the feature ops are fitted on all candidates.
         output: directory of the saved pipeline.
         ks: cut-offs of the printed metrics.
         batch_size: sessions per batch when building candidates.
@@ -138,6 +140,7 @@ class PipelineRecipe:
         scorer: DLRMScorer | GBDTScorer | BlendScorer = BlendScorer(),  # noqa: B008 - a config value, copied per recipe
         ordering: Ordering = Ordering(),  # noqa: B008 - a config value, copied per recipe
         ranker_pairs: Literal["protocol", "all_prefixes"] = "protocol",
+        ranker_negatives: int | None = None,
         refit_retrievers: bool = False,
         output: str = "runs/pipeline/pipeline",
         ks: list[int] = [10, 20],  # noqa: B006 - read only
@@ -160,7 +163,9 @@ class PipelineRecipe:
         self.features, self.scorer, self.ordering = copy.deepcopy((features, scorer, ordering))
         self.device = device
         self.output, self.ks, self.batch_size = Path(output), list(ks), batch_size
-        self.ranker_pairs, self.refit_retrievers = ranker_pairs, refit_retrievers
+        if ranker_negatives is not None and ranker_negatives < 1:
+            raise ValueError(f"ranker_negatives must be >= 1 candidates per pair (or null: all of them), got {ranker_negatives}")
+        self.ranker_pairs, self.ranker_negatives, self.refit_retrievers = ranker_pairs, ranker_negatives, refit_retrievers
         for rule in (*self.item_tables, *self.ordering.rules):
             rule.read()  # a bad table is refused now, before anything is fitted
 
@@ -263,12 +268,14 @@ class PipelineRecipe:
     # -- the subcommands ------------------------------------------------------------------------
     def fit(self) -> Pipeline:
         """Build, fit the ranker on the validation pairs, save to `output`; print each stage as it starts
-        and ends (and a line a minute while one runs, `Stages`), then what it did."""
+        and ends, each step of the ranker's fit as it ends (and a line a minute while one runs, `Stages`),
+        then what it did."""
         start, stages = time.perf_counter(), Stages("fit", 5 if self.refit_retrievers else 4)
         with stages.stage("reading the data, fitting the retrievers and the feature statistics"):
             pipe = self.build()
         with stages.stage(f"fitting the ranker {type(self.scorer).__name__} on the validation pairs"):
-            info = fit_ranker(pipe, self.ranker_data(), self.scorer, self.batch_size)
+            info = fit_ranker(pipe, self.ranker_data(), self.scorer, self.batch_size, negatives=self.ranker_negatives,
+                              log=stages.note)
         with stages.stage("scoring the validation pairs"):
             valid = evaluate_pipeline(pipe, self.data.pairs("valid"), self.ks, self.batch_size)
         if self.refit_retrievers:  # after the validation scores: the refitted retrievers have seen those sessions

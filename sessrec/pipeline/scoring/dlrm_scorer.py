@@ -36,7 +36,7 @@ from sessrec.embeddings import TableConfig
 from sessrec.embeddings.jagged import SparseFeatures
 from sessrec.models.dlrm import DLRM
 from sessrec.pipeline.candidate_features import RankingInputs
-from sessrec.pipeline.scoring.scorer import InputRows, RankerRows, Scorer, early_stopping_split, mrr_of
+from sessrec.pipeline.scoring.scorer import InputRows, RankerRows, Scorer, early_stopping_split, mrr_of, slot_positions
 
 TABLES = {"item": ("item", "last_item"), "cross": ("cross",)}  # table -> the sparse features looked up in it
 QUANTILES = 256
@@ -110,6 +110,46 @@ def session_relative(dense: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     best = torch.where(torch.isfinite(best), best, torch.zeros_like(best))  # a session without candidates
     mean = (dense * mask).sum(dim=1, keepdim=True) / mask.sum(dim=1, keepdim=True).clamp(min=1)
     return torch.cat([dense, dense - best, dense - mean], dim=2)
+
+
+class ScaledRows(RankerRows):
+    """Sessions of a `RankerRows` with their dense inputs scaled once by a `DLRMScorer` whose scaling is
+    fitted (`DLRMScorer._dense`: session-relative columns, rank-Gauss), kept for the valid slots only
+    ((M_s, G) float32 and the sparse ids), so that every epoch of a fit gathers its batches instead of
+    building and scaling them again. `inputs` returns (R, K, G) scaled grids (0 at empty slots) for
+    sessions among `sessions` (indices of the source's sessions).
+    """
+
+    def __init__(self, scorer: DLRMScorer, source: RankerRows, sessions: torch.Tensor) -> None:
+        super().__init__(source.valid, source.groups, source.names, source.cardinality, source.chunk)
+        self.position = torch.full((len(source),), -1, dtype=torch.long, device=source.device)
+        self.position[sessions] = torch.arange(len(sessions), device=source.device)
+        dense: list[torch.Tensor] = []
+        sparse: dict[str, list[torch.Tensor]] = {}
+        for lo in range(0, len(sessions), source.chunk):
+            part = source.inputs(sessions[lo : lo + source.chunk])
+            dense.append(scorer._dense(part)[part.valid])
+            for name, ids in part.sparse.items():
+                sparse.setdefault(name, []).append(ids[part.valid])
+        width = len(source.names) * (3 if scorer.config["relative"] else 1)
+        self.dense = torch.cat(dense) if dense else torch.zeros(0, width, device=source.device)
+        self.sparse = {name: torch.cat(parts) for name, parts in sparse.items()}
+        counts = source.valid[sessions].sum(dim=1)
+        self.offsets = torch.cat([torch.zeros(1, dtype=torch.long, device=counts.device), counts.cumsum(0)])
+
+    def _build(self, rows: torch.Tensor) -> RankingInputs:
+        at = self.position[rows]
+        if len(at) and int(at.min()) < 0:
+            raise IndexError("ScaledRows holds the scaled inputs of the sessions it was built for only")
+        valid = self.valid[rows]
+        slots = slot_positions(self.offsets, at)
+        dense = torch.zeros(*valid.shape, self.dense.shape[1], device=valid.device)
+        dense[valid] = self.dense[slots]
+        sparse = {}
+        for name, ids in self.sparse.items():
+            sparse[name] = torch.zeros(valid.shape, dtype=ids.dtype, device=valid.device)
+            sparse[name][valid] = ids[slots]
+        return RankingInputs(dense, sparse, valid, self.names, None if self.groups is None else self.groups[rows], self.cardinality)
 
 
 class DLRMScorer(Scorer):
@@ -218,12 +258,14 @@ class DLRMScorer(Scorer):
                 out[name] = looked
         return out
 
-    def _logits(self, inputs: RankingInputs, dropout: torch.Generator | None = None) -> torch.Tensor:
-        """(B, K) logits of the candidates of these sessions, -inf at empty slots (`dropout`: the id dropout's generator)."""
+    def _logits(self, inputs: RankingInputs, dropout: torch.Generator | None = None, scaled: bool = False) -> torch.Tensor:
+        """(B, K) logits of the candidates of these sessions, -inf at empty slots (`dropout`: the id dropout's
+        generator; `scaled`: the inputs' dense features are scaled already, `ScaledRows`)."""
         valid = inputs.valid
         b, k = valid.shape
         sparse = SparseFeatures.from_dense(self._ids(inputs, dropout))
-        logits = self.network(self._dense(inputs).reshape(b * k, -1), sparse).reshape(b, k)
+        dense = inputs.dense if scaled else self._dense(inputs)
+        logits = self.network(dense.reshape(b * k, -1), sparse).reshape(b, k)
         return logits.masked_fill(~valid, float("-inf"))
 
     # -- the verbs ------------------------------------------------------------------------------
@@ -274,12 +316,13 @@ class DLRMScorer(Scorer):
         return set(source.inputs(torch.zeros(1, dtype=torch.long, device=source.device)).sparse) if len(source) else set()
 
     def fit(self, inputs: RankingInputs | RankerRows, labels: torch.Tensor) -> DLRMScorer:
-        """Fit on the sessions with a positive, reading each training batch's and the held-out sessions' inputs as needed."""
+        """Fit on the sessions with a positive, their inputs read and scaled once (`ScaledRows`), then gathered per batch."""
         c = self.config
         source = RankerRows.of(inputs)
         train, stop = early_stopping_split(labels, c["stop_fraction"], c["seed"], source.groups)
         train, stop = train.to(labels.device), stop.to(labels.device)
         self._fit_inputs(source, train)
+        scaled = ScaledRows(self, source, torch.cat([train, stop]))
         self.network = self._build().to(source.device)  # trains where its rows are
         opt = torch.optim.Adam(self.network.parameters(), lr=c["lr"], weight_decay=c["weight_decay"])
         target = labels.argmax(dim=1)
@@ -292,11 +335,11 @@ class DLRMScorer(Scorer):
             order = train[torch.randperm(len(train), generator=gen).to(train.device)]
             for lo in range(0, len(order), c["batch_sessions"]):
                 batch = order[lo : lo + c["batch_sessions"]]
-                loss = F.cross_entropy(self._logits(source.inputs(batch), dropout), target[batch])
+                loss = F.cross_entropy(self._logits(scaled.inputs(batch), dropout, scaled=True), target[batch])
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
-            value = mrr_of(self._score_rows(source, stop), labels[stop])
+            value = mrr_of(self._score_rows(scaled, stop, scaled=True), labels[stop])
             self.history.append(value)
             if value > best:
                 best, waited = value, 0
@@ -310,10 +353,10 @@ class DLRMScorer(Scorer):
         return self
 
     @torch.no_grad()
-    def _score_rows(self, source: RankerRows, rows: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
-        """(len(rows), K) logits of sessions `rows`, `chunk` sessions per forward pass."""
+    def _score_rows(self, source: RankerRows, rows: torch.Tensor, chunk: int = 1024, scaled: bool = False) -> torch.Tensor:
+        """(len(rows), K) logits of sessions `rows`, `chunk` sessions per forward pass (`scaled`: `source` is `ScaledRows`)."""
         self.network.eval()
-        parts = [self._logits(source.inputs(rows[lo : lo + chunk])) for lo in range(0, len(rows), chunk)]
+        parts = [self._logits(source.inputs(rows[lo : lo + chunk]), scaled=scaled) for lo in range(0, len(rows), chunk)]
         return torch.cat(parts) if parts else torch.zeros(0, source.valid.shape[1], device=source.device)
 
     def score(self, inputs: RankingInputs) -> torch.Tensor:

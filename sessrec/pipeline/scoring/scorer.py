@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import torch
 
 from sessrec.metrics.ranks import pessimistic_ranks, rank_values
@@ -22,8 +23,9 @@ class RankerRows:
     What is known of all B sessions at once is small: their `valid` slots, `groups`, the feature
     `names` and `cardinality`; `inputs` builds the features of the sessions asked for, and a
     subclass decides how (`InputRows`: rows of one `RankingInputs`;
-    `sessrec.pipeline_training.fitting.FeatureRows`: from the compact candidate rows, so that no grid of
-    all sessions' features exists).
+    `sessrec.pipeline_training.fitting.FeatureMatrix`: from the features of the valid slots alone, built
+    once, so that no grid of all sessions' features exists). `valid_rows` gives the valid slots' dense
+    features as one matrix (LightGBM's input).
 
     Args:
         valid: (B, K) the filled candidate slots.
@@ -63,6 +65,12 @@ class RankerRows:
             None if first.groups is None else cat("groups"), first.cardinality,
         )
 
+    def valid_rows(self, rows: torch.Tensor) -> np.ndarray:
+        """(M_r, F) float32 dense features of the valid slots of sessions `rows` ((R,) indices), row by row in that order."""
+        parts = [(part.dense[part.valid]).cpu().numpy() for part in
+                 (self._build(rows[lo : lo + self.chunk]) for lo in range(0, len(rows), self.chunk))]
+        return np.concatenate(parts) if parts else np.zeros((0, len(self.names)), dtype=np.float32)
+
     def _build(self, rows: torch.Tensor) -> RankingInputs:
         """The `RankingInputs` of sessions `rows`, at most `chunk` of them."""
         raise NotImplementedError
@@ -85,6 +93,20 @@ class InputRows(RankerRows):
         rows = rows.to(w.valid.device)
         return RankingInputs(w.dense[rows], {n: v[rows] for n, v in w.sparse.items()}, w.valid[rows], w.names,
                              None if w.groups is None else w.groups[rows], w.cardinality)
+
+
+def slot_positions(offsets: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """(M_r,) int64 positions of the slots of rows `rows` ((R,) indices, in that order), row i's slots being
+    ``offsets[i]:offsets[i + 1]`` of a flat array, row by row.
+
+    Examples:
+        >>> slot_positions(torch.tensor([0, 2, 3, 6]), torch.tensor([2, 0])).tolist()
+        [3, 4, 5, 0, 1]
+    """
+    rows = rows.long().to(offsets.device)
+    starts, counts = offsets[rows], offsets[rows + 1] - offsets[rows]
+    begins = counts.cumsum(0) - counts  # where each row's slots begin in the output
+    return torch.repeat_interleave(starts - begins, counts) + torch.arange(int(counts.sum()), device=counts.device)
 
 
 class Scorer(Configurable):

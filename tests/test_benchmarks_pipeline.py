@@ -94,3 +94,12 @@ def test_retrain_dlrm_quick_run_prints_each_window_and_the_rejection():
         assert r["train_rows"] > 0 and r["test_rows"] > 0 and r["clickouts"] > 0
         assert r["hotel_ids"][1] >= r["hotel_ids"][0] > 0
     assert any(r["hotel_ids"][1] > r["hotel_ids"][0] for r in rows)  # the tables grow by new hotels
+
+
+@pytest.mark.slow
+def test_pipeline_latency_quick_run_times_requests_with_their_event_times():
+    (record,) = [json.loads(line) for line in quick("pipeline_latency.py").splitlines()]
+    assert record["system"] == "pipeline-exact" and record["threads"] == 1 and record["candidates"] == 200
+    assert record["retrievers"] == ["xlnet", "vsknn", "stan", "covisitation"] and record["scorer"] == "DLRMScorer"
+    assert record["requests"] > 0 and 0 < record["p50_ms"] <= record["p90_ms"] <= record["p99_ms"]
+    assert record["sessions_per_s"] > 0 and record["batch"] == 64

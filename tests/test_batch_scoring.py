@@ -52,17 +52,24 @@ class World:
     session_ids: list[int]
 
 
+def saved_model_and_pipeline(folder: Path, dm: SessionDataModule, per_retriever: int, max_candidates: int) -> tuple[Path, Path]:
+    """An untrained tiny XLNet (seed 0) on `dm`'s vocabulary saved to ``folder/model``, and a pipeline of it and
+    co-visitation (`per_retriever` candidates each) saved to ``folder/pipeline``."""
+    torch.manual_seed(0)
+    task = NextItemTask(num_items=dm.num_items, max_length=dm.max_length, encoder=XLNetEncoder(**XLNET))
+    task.vocab = dm.vocab
+    model_dir = task.recommender().save_pretrained(folder / "model")
+    retrievers = {"xlnet": (SessionModelRetriever.from_pretrained(model_dir), per_retriever),
+                  "covisitation": (CoVisitation().fit(index_sessions(dm), dm.num_items), per_retriever)}
+    pipeline = Pipeline(dm.vocab, retrievers, max_length=dm.max_length, max_candidates=max_candidates)
+    return model_dir, pipeline.save_pretrained(folder / "pipeline")
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> World:
     folder = tmp_path_factory.mktemp("batch_scoring")
     dm = SessionDataModule(source=SyntheticSource(**SOURCE), max_length=MAX_LENGTH)
-    torch.manual_seed(0)
-    task = NextItemTask(num_items=dm.num_items, max_length=MAX_LENGTH, encoder=XLNetEncoder(**XLNET))
-    task.vocab = dm.vocab
-    model_dir = task.recommender().save_pretrained(folder / "model")
-    retrievers = {"xlnet": (SessionModelRetriever.from_pretrained(model_dir), 20),
-                  "covisitation": (CoVisitation().fit(index_sessions(dm), dm.num_items), 20)}
-    pipeline_dir = Pipeline(dm.vocab, retrievers, max_length=MAX_LENGTH, max_candidates=30).save_pretrained(folder / "pipeline")
+    model_dir, pipeline_dir = saved_model_and_pipeline(folder, dm, per_retriever=20, max_candidates=30)
     rng = np.random.default_rng(0)
     raw = np.array(dm.vocab.raw_ids.to_pylist()[2:])
     lengths = rng.integers(1, 8, SESSIONS)

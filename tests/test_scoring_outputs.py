@@ -19,15 +19,11 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 import yaml
+from test_batch_scoring import saved_model_and_pipeline
 
 from sessrec.data import SyntheticSource
 from sessrec.data.stream import ScoringStream
-from sessrec.models import XLNetEncoder
 from sessrec.pipeline.offline import RecommendJob, recommend_file
-from sessrec.pipeline.pipeline import Pipeline
-from sessrec.pipeline.retrieval.covisitation import CoVisitation
-from sessrec.pipeline.retrieval.session_model_retriever import SessionModelRetriever
-from sessrec.pipeline_training.recipe import index_sessions
 from sessrec.scoring import OutputFile, TopKJob, predict_file
 from sessrec.scoring.output import long_table
 from sessrec.tasks import NextItemTask, SessionDataModule
@@ -53,13 +49,7 @@ class World:
 def world(tmp_path_factory: pytest.TempPathFactory) -> World:
     folder = tmp_path_factory.mktemp("scoring_outputs")
     dm = SessionDataModule(source=SyntheticSource(**SOURCE), max_length=MAX_LENGTH)
-    torch.manual_seed(0)
-    task = NextItemTask(num_items=dm.num_items, max_length=MAX_LENGTH, encoder=XLNetEncoder(**XLNET))
-    task.vocab = dm.vocab
-    model_dir = task.recommender().save_pretrained(folder / "model")
-    retrievers = {"xlnet": (SessionModelRetriever.from_pretrained(model_dir), 10),
-                  "covisitation": (CoVisitation().fit(index_sessions(dm), dm.num_items), 10)}
-    pipeline_dir = Pipeline(dm.vocab, retrievers, max_length=MAX_LENGTH, max_candidates=15).save_pretrained(folder / "pipeline")
+    model_dir, pipeline_dir = saved_model_and_pipeline(folder, dm, per_retriever=10, max_candidates=15)
     rng = np.random.default_rng(0)
     lengths = rng.integers(1, 6, SESSIONS)
     ids = np.repeat(rng.permutation(10 * SESSIONS)[:SESSIONS], lengths)

@@ -26,6 +26,7 @@ Example (from the repository root):
     python benchmarks/etl_scale.py --repeats 3           # 1M, 10M (each 3 times, interleaved) and 100M events
     python benchmarks/etl_scale.py --sizes 1000000 10000000
     python benchmarks/etl_scale.py --quick               # 200,000 events, every contender
+    python benchmarks/etl_scale.py --sizes 10000000 --write-log /tmp/log.parquet   # the log alone
 """
 
 from __future__ import annotations
@@ -187,8 +188,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1, help="interleaved runs of each contender (the median)")
     parser.add_argument("--repeat-below", type=int, default=20_000_000, help="repeat only sizes up to this")
     parser.add_argument("--quick", action="store_true", help="200,000 events, every contender")
+    parser.add_argument("--write-log", default=None, help="write the log of the first size here and stop")
     args = parser.parse_args()
     sizes = [200_000] if args.quick else args.sizes
+    if args.write_log:
+        generate(Path(args.write_log), sizes[0])
+        return
     memory_runs = [(int(e), b) for e, b in zip(args.memory_runs[::2], args.memory_runs[1::2], strict=True)]
     with tempfile.TemporaryDirectory(prefix="etl-scale-", dir=args.scratch) as tmp:
         scratch = Path(tmp)

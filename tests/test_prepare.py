@@ -186,11 +186,16 @@ def test_times_plausible_batch_by_batch_but_not_together_are_refused_as_in_memor
 
 
 def test_a_log_of_more_sessions_than_the_driver_held_at_this_budget_is_prepared_within_it(tmp_path, monkeypatch):
-    """At a 40 KB budget (some sixty partitions) the split and the parts hold a record batch of keys a
-    partition, not 64 bytes a session (the 400 sessions would need 25.6 KB, more than half the budget)."""
+    """At a 40 KB budget for the data alone (some sixty partitions) the split and the parts hold a record
+    batch of keys a partition, not 64 bytes a session (the 400 sessions would need 25.6 KB)."""
     from sessrec.data.prepared import local, plan
 
     monkeypatch.setattr(plan, "BATCH_SESSIONS", 4)
+    for name in ("KEPT", "MIN_ROOM"):  # the budget is the data's: nothing held by the process or the allocators
+        monkeypatch.setattr(local, name, 0)
+    monkeypatch.setattr(local, "PEAK_PER_PART_BYTE", 0)  # nor by the parts (tests/test_prepare_budget.py)
+    monkeypatch.setattr(local, "resident_bytes", lambda: 0)
+    monkeypatch.setattr(local, "reading_bytes", lambda path: 0)
     used = []
     monkeypatch.setattr(local, "plan_parts", lambda *args: used.append(len(args[2])) or plan.plan_parts(*args))
     path = write(event_log(), tmp_path / "events.parquet")

@@ -343,7 +343,7 @@ def scan_events(
     string_columns = schema.id_columns if schema.string_ids else []
     try:
         if _is_parquet(path):
-            parquet = pq.ParquetFile(path)
+            parquet = pq.ParquetFile(path, pre_buffer=False)  # a pre-buffered file caches every row group it read
             names = parquet.schema_arrow.names
             columns = schema.columns if all(c in names for c in schema.columns) else None
             batches = parquet.iter_batches(batch_size=batch_rows, columns=columns)

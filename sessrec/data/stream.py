@@ -155,7 +155,7 @@ class ScoringStream:
         first = 0
         try:
             if _is_parquet(self.path):
-                meta = pq.ParquetFile(self.path)
+                meta = pq.ParquetFile(self.path, pre_buffer=False)  # pre-buffering caches every row group read
                 sizes = np.array([meta.metadata.row_group(g).num_rows for g in range(meta.num_row_groups)], np.int64)
                 ends = np.cumsum(sizes)
                 # the row groups that hold rows of [start, stop): skip those before, read none after

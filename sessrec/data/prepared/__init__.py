@@ -18,7 +18,7 @@ from typing import Literal
 
 from sessrec.data import frame
 from sessrec.data.prepared.dataset import Layout, PreparedSource, PreparedWriter, read_manifest
-from sessrec.data.prepared.plan import CountFold
+from sessrec.data.prepared.plan import COUNT_PEAK_PER_ROW, CountFold
 from sessrec.data.sources import EventLogSource, SessionSource
 from sessrec.data.vocab import ItemVocab
 from sessrec.saved.registry import config_of
@@ -98,7 +98,7 @@ def prepare(
                 from sessrec.data.prepared.cluster import DaskEngine
 
                 runner = DaskEngine(budget, workers, partitions, scheduler, backend)
-            counts = CountFold()
+            counts = CountFold(min(4_000_000, budget // 8 // COUNT_PEAK_PER_ROW))  # an eighth of the budget
             for result in runner.run(source, writer.directory, layout):
                 counts.add(result)
                 writer.add(result.written.name.partition("/")[0], result.written)

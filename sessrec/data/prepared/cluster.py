@@ -252,7 +252,7 @@ class DaskEngine:
                   for piece in pieces]
         events = dd.from_delayed([frame for frame, _ in loaded], meta=meta, verify_meta=False)
         partitions = self.partitions or partitions_for(estimated_event_bytes(path, len(source.schema.columns)),
-                                                       self.memory_budget, self.workers)
+                                                       self.memory_budget // 2, self.workers)
         shuffled = events.shuffle(on=source.schema.session_id, npartitions=partitions)
         parts = shuffled.to_delayed()
         summaries = [dask.delayed(_sessionize)(part, source, str(folder / f"sessions-{p:05d}.arrow"), first.schema,

@@ -122,6 +122,7 @@ class PartitionSummary:
     count: int  # sessions before the length filter
     longest: int  # their greatest length
     last_end: float | None  # the latest end time of its sessions; None without sessions or timestamps
+    nbytes: int = 0  # its sessions' bytes in Arrow
     schema: pa.Schema = field(repr=False, default=None)  # type: ignore[assignment]
 
 
@@ -160,7 +161,7 @@ def sessionize_partition(source: EventLogSource, events: pa.Table, path: str | o
                          None if name is None else f"{name}.by-end")
     last = float(ends.max()) if ends is not None and len(ends) else None
     return PartitionSummary(_store(kept, name), _store(keys, None if name is None else f"{name}.keys"), ordered,
-                            kept.num_rows, count, longest, last, kept.schema)
+                            kept.num_rows, count, longest, last, kept.nbytes, kept.schema)
 
 
 class Run:
@@ -361,6 +362,8 @@ class PartTask:
     reads: list[tuple[Stored, int, int]]  # (a partition's sessions, first row, stop row)
     labeller: Labeller
     schema: pa.Schema
+    sessions: int = 0  # the part's sessions
+    nbytes: int = 0  # about the bytes of its sessions in Arrow (each partition's bytes a session, times its share)
 
 
 @dataclass
@@ -390,14 +393,16 @@ def read_part_rows(task: PartTask) -> pa.Table:
 
 
 def _file_rows(path: str, first: int, stop: int) -> Iterator[pa.Table]:
-    """Rows [first, stop) of a session file (`_store`), a record batch at a time."""
+    """Rows [first, stop) of a session file (`_store`), a record batch at a time; the rows of a batch
+    read in part are copied, so that the batch is freed."""
     run = Run(path)
     size = int(run.reader.schema.metadata[BATCH_KEY])
     try:
         for i in range(first // size, -(-stop // size)):
             start = i * size
             table = pa.Table.from_batches([run.batch(i)]).replace_schema_metadata()
-            yield table.slice(max(first - start, 0), stop - max(first, start))
+            lo, hi = max(first - start, 0), min(stop - start, table.num_rows)
+            yield table if hi - lo == table.num_rows else table.take(np.arange(lo, hi))
     finally:
         run.close()
 
@@ -413,6 +418,9 @@ def build_part(task: PartTask, directory: str | os.PathLike, layout: Layout) -> 
         return PartResult(written, count_items(items), None)
     virtual = frame.list_offsets(table.column(frame.VIRTUAL))[0].to_numpy(zero_copy_only=False).astype(bool)
     return PartResult(written, count_items(items.filter(pa.array(~virtual))), count_items(items.filter(pa.array(virtual))))
+
+
+COUNT_PEAK_PER_ROW = 48  # bytes that summing pending item counts holds, per pending row
 
 
 class CountFold:
@@ -456,7 +464,7 @@ def plan_parts(
     k = len(summaries)
     counts = np.zeros(3, dtype=np.int64)
     firsts, lasts = np.full(3, np.inf), np.full(3, -np.inf)  # each split's first and last end time
-    spans: dict[tuple[int, int], dict[int, list[int]]] = {}  # (split, part) -> partition -> [first, last] row
+    spans: dict[tuple[int, int], dict[int, list[int]]] = {}  # (split, part) -> partition -> [first, last, sessions]
     for chunk in merged([s.keys for s in summaries], [frame.SESSION]):
         ends = None if END not in chunk.column_names else chunk.column(END).to_numpy()
         labels = rule.labels(chunk.column(frame.SESSION), ends)
@@ -470,10 +478,12 @@ def plan_parts(
                 lasts[label] = max(lasts[label], ends[chosen].max())
             key = (counts[label] + np.arange(len(chosen))) // layout.part_sessions * k + partition[chosen]
             counts[label] += len(chosen)
-            where, first = np.unique(key, return_index=True)
+            where, first, size = np.unique(key, return_index=True, return_counts=True)
             last = len(key) - 1 - np.unique(key[::-1], return_index=True)[1]
-            for u, a, b in zip(where.tolist(), rows[chosen[first]].tolist(), rows[chosen[last]].tolist()):
-                spans.setdefault((label, u // k), {}).setdefault(u % k, [a, b])[1] = b
+            for u, a, b, n in zip(where.tolist(), rows[chosen[first]].tolist(), rows[chosen[last]].tolist(),
+                                  size.tolist()):
+                span = spans.setdefault((label, u // k), {}).setdefault(u % k, [a, b, 0])
+                span[1], span[2] = b, span[2] + n
     timed = source.schema.timestamp is not None
     source.check_file(periods, path, {split: _span(int(counts[LABELS[split]]), firsts[LABELS[split]],
                                                    lasts[LABELS[split]], timed) for split in splits})
@@ -481,8 +491,10 @@ def plan_parts(
     for split in splits:
         for index in range(layout.parts(int(counts[LABELS[split]]))):
             held = spans.get((LABELS[split], index), {})
-            reads = [(summaries[p].sessions, a, b + 1) for p, (a, b) in sorted(held.items())]
-            tasks.append(PartTask(split, index, reads, rule, summaries[0].schema))
+            reads = [(summaries[p].sessions, a, b + 1) for p, (a, b, _) in sorted(held.items())]
+            nbytes = sum(n * summaries[p].nbytes // max(summaries[p].kept, 1) for p, (_, _, n) in held.items())
+            tasks.append(PartTask(split, index, reads, rule, summaries[0].schema,
+                                  sum(n for _, _, n in held.values()), nbytes))
     return tasks
 
 

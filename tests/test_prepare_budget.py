@@ -39,8 +39,8 @@ def data_only(monkeypatch):
 
 def test_a_budget_below_what_the_process_holds_is_refused_before_anything_is_written(tmp_path):
     source = EventLogSource(log(tmp_path / "events.parquet"), schema=SCHEMA, test_fraction=0.2)
-    with pytest.raises(ValueError, match=r"memory_budget 95 MiB: this process already holds \d+ MiB \(Python and the "
-                                         r"libraries it imported\).*give at least \d+ MiB$"):
+    with pytest.raises(ValueError, match=r"memory_budget 95 MiB: this process already holds [\d.]+ [MG]iB \(Python "
+                                         r"and the libraries it imported\).*give at least [\d.]+ [MG]iB$"):
         prepare(source, str(tmp_path / "out"), engine="local", memory_budget="100MB")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["events.parquet"]
 

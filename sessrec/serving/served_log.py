@@ -52,7 +52,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 import pyarrow as pa
@@ -185,7 +185,7 @@ class ServedLog:
             self._wake.notify()
         self._thread.join()
 
-    def __enter__(self) -> ServedLog:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

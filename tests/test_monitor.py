@@ -146,3 +146,91 @@ def test_bad_inputs_are_one_line_naming_file_column_or_value(inputs: dict, tmp_p
         monitor(out=str(tmp_path / "m.csv"), **{**inputs, "reference": str(tmp_path)})
     with pytest.raises(ValueError, match="out must end in .csv or .parquet, got m.txt"):
         monitor(out="m.txt", **inputs)
+
+
+def replay(recommender, sessions: pa.Table, log: ServedLog, version: str, per_request: int = 64) -> None:
+    """Each session's events but its last, as the requests a server gets, through the server's recommender
+    (`load_recommender`: encode, recommend_batch, decode) into `log`."""
+    from sessrec.pipeline.request import check_request
+
+    ids = [str(s) for s in sessions.column("session_id").to_pylist()]
+    items, times = sessions.column("item_id").to_pylist(), sessions.column("timestamp").to_pylist()
+    for start in range(0, len(ids), per_request):
+        part = slice(start, start + per_request)
+        prefixes, stamps = [s[:-1] for s in items[part]], [t[:-1] for t in times[part]]
+        request = check_request(prefixes, k=20, times=stamps)
+        encoded = recommender.encode(request)
+        results = recommender.decode(recommender.recommend_batch(encoded, request.k))
+        log.record(f"r{start}", prefixes, results, version, now=encoded.now.tolist(), times=stamps, session_ids=ids[part])
+
+
+@pytest.mark.slow
+def test_a_replayed_day_monitors_to_the_hit_rate_of_sessrec_test_and_a_drifted_day_exits_3(tmp_path, capsys, monkeypatch):
+    """A tiny XLNet fitted on synthetic days; its test day replayed through the server's recommender into a served
+    log: ``sessrec monitor`` gives the recall@20 of ``sessrec test`` on the same sessions, with little drift; the
+    same day with its items shifted along the popularity ranking crosses psi_max and exits 3."""
+    import pyarrow.compute as pc
+
+    from sessrec.cli import cli
+    from sessrec.data import TimeWindowSource, generate_sessions
+    from sessrec.serving.recommender import load_recommender
+
+    events = generate_sessions(num_sessions=3000, num_items=80, seed=1)
+    events = events.filter(pc.equal(events.column("event_type"), "product")).select(["session_id", "item_id", "timestamp"])
+    pq.write_table(events, tmp_path / "events.parquet")
+    t = np.sort(events.column("timestamp").to_numpy())
+    train_from, train_until, test_until = (float(np.quantile(t, q)) for q in (0.0, 0.6, 0.8))
+    source = {"class_path": "sessrec.data.TimeWindowSource",
+              "init_args": {"paths": [str(tmp_path / "events.parquet")], "train_from": train_from,
+                            "train_until": train_until, "test_until": test_until}}
+    recipe = tmp_path / "fit.yaml"
+    recipe.write_text(yaml.safe_dump({
+        "seed_everything": 0,
+        "trainer": {"max_epochs": 2, "accelerator": "cpu", "logger": False, "default_root_dir": str(tmp_path),
+                    "enable_progress_bar": False, "enable_model_summary": False,
+                    "callbacks": [{"class_path": "pytorch_lightning.callbacks.ModelCheckpoint",
+                                   "init_args": {"monitor": "val/recall@20", "mode": "max", "save_top_k": 1,
+                                                 "filename": "best", "dirpath": str(tmp_path / "checkpoints")}}]},
+        "model": {"encoder": {"class_path": "sessrec.models.XLNetEncoder",
+                              "init_args": {"d_model": 16, "n_head": 2, "n_layer": 1, "dropout": 0.1}},
+                  "optimization": {"lr": 0.003}, "schedule": {"warmup_steps": 5}},
+        "data": {"source": source, "max_length": 10, "batch_size": 128},
+    }))
+    cli(["fit", "--config", str(recipe)])
+    model = tmp_path / "model"
+    tested = cli(["test", "--config", str(recipe), "--model_dir", str(model)]).trainer.callback_metrics
+
+    test = TimeWindowSource(**source["init_args"]).load().test
+    recommender = load_recommender(model)
+    with ServedLog(tmp_path / "served") as log:
+        replay(recommender, test, log, "v000001")
+    base = {"paths": [str(tmp_path / "events.parquet")], "reference": str(model), "k": 20, "window_hours": 1e6,
+            "thresholds": {"psi_max": 0.25}}
+    config = tmp_path / "monitor.yaml"
+    config.write_text(yaml.safe_dump({**base, "served_log": str(tmp_path / "served"), "out": str(tmp_path / "day.csv")}))
+    day = run(["monitor", "--config", str(config)]).to_pylist()
+    assert len(day) == 1 and day[0]["requests"] == test.num_rows == day[0]["evaluated"]
+    assert day[0]["hit_rate@20"] == pytest.approx(float(tested["test/recall@20"]), abs=1e-6)  # 0.6758 (396 / 586)
+    assert day[0]["mrr@20"] == pytest.approx(float(tested["test/mrr@20"]), abs=1e-6)
+    assert day[0]["psi"] < 0.25 and day[0]["unknown_share"] < 0.05
+
+    # the same sessions, each item replaced by the one 40 places further along the training ranking
+    ranked = pc.cast(recommender.vocab.raw_ids, pa.int64()).to_numpy()
+    shift = dict(zip(ranked, np.roll(ranked, -len(ranked) // 2), strict=True))
+    shifted_items = pa.array([[int(shift.get(i, i)) for i in s] for s in test.column("item_id").to_pylist()])
+    drifted = test.set_column(test.schema.get_field_index("item_id"), "item_id", shifted_items)
+    flat = pa.table({"session_id": pc.list_parent_indices(drifted.column("item_id")),
+                     "item_id": pc.list_flatten(drifted.column("item_id")),
+                     "timestamp": pc.list_flatten(drifted.column("timestamp"))})
+    flat = flat.set_column(0, "session_id", drifted.column("session_id").take(flat.column("session_id")))
+    pq.write_table(flat, tmp_path / "drifted.parquet")
+    with ServedLog(tmp_path / "served_drifted") as log:
+        replay(recommender, drifted, log, "v000001")
+    config.write_text(yaml.safe_dump({**base, "paths": [str(tmp_path / "drifted.parquet")],
+                                      "served_log": str(tmp_path / "served_drifted"), "out": str(tmp_path / "drift.csv")}))
+    monkeypatch.setattr(sys, "argv", ["sessrec", "monitor", "--config", str(config)])
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    assert exit_.value.code == 3
+    assert capsys.readouterr().err.startswith("sessrec monitor: threshold crossed: psi ")
+    assert pacsv.read_csv(tmp_path / "drift.csv").column("psi")[0].as_py() > 0.25  # 2.74 (0.022 before the shift)

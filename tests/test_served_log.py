@@ -122,3 +122,27 @@ def test_a_writer_killed_mid_file_leaves_no_half_file_in_the_readers_view(tmp_pa
     with pytest.raises((pa.ArrowInvalid, OSError)):
         pq.read_table(half[0])  # its footer was never written
     assert read(tmp_path).column("request_id").to_pylist() == [f"r{i}" for i in range(10)]
+
+
+def test_a_failing_disk_drops_and_counts_rows_and_the_log_goes_on(tmp_path: Path, monkeypatch) -> None:
+    from sessrec.serving import served_log
+
+    real, calls = served_log.pq.ParquetWriter, []
+
+    def writer(path, schema):  # the first file cannot be opened: a full disk
+        calls.append(path)
+        if len(calls) == 1:
+            raise OSError(28, "No space left on device")
+        return real(path, schema)
+
+    monkeypatch.setattr(served_log.pq, "ParquetWriter", writer)
+    log = ServedLog(tmp_path, flush_rows=1, max_minutes=60)
+    log.record("lost", *one(0))
+    deadline = time.monotonic() + 10
+    while log.rows_dropped == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    log.record("kept", *one(1))
+    log.close()
+    assert (log.rows_written, log.rows_dropped) == (1, 1)
+    assert read(tmp_path).column("request_id").to_pylist() == ["kept"]
+    assert not list(tmp_path.glob(".*.tmp"))

@@ -48,7 +48,6 @@ from sessrec.data.schema import Schema
 from sessrec.data.sources import to_seconds
 from sessrec.data.vocab import ItemVocab
 from sessrec.saved.atomic import atomic_path
-from sessrec.saved.registry import register
 from sessrec.saved.versions import resolve
 from sessrec.serving.served_log import SCHEMA, served_files
 
@@ -62,7 +61,6 @@ class ThresholdCrossed(RuntimeError):
     """A monitored metric crossed its threshold; the message says which, where and by how much."""
 
 
-@register
 @dataclass(frozen=True)
 class Thresholds:
     """Limits that make ``sessrec monitor`` exit with status 3; None: not checked.
@@ -261,9 +259,9 @@ def report(served: pa.Table, events: pa.Table, vocab: ItemVocab, k: int, window_
 
     products = _product_ids(vocab)
     bin_of = _psi_bins(vocab, bins)
-    index = pc.index_in(last, value_set=products).to_numpy(zero_copy_only=False)
-    unknown = np.isnan(index) if index.dtype.kind == "f" else np.zeros(n, bool)
-    request_bin = np.where(unknown, bins, bin_of[np.nan_to_num(index, nan=0).astype(np.int64)])
+    index = pc.index_in(last, value_set=products)
+    unknown = pc.is_null(index).to_numpy(zero_copy_only=False)
+    request_bin = np.where(unknown, bins, bin_of[pc.fill_null(index, 0).to_numpy()])
 
     window = np.floor(served.column("now").to_numpy() / window_s) * window_s
     version = served.column("model_version").combine_chunks()

@@ -9,8 +9,9 @@ when closed (fsynced first), so a reader that takes ``served-*.parquet`` (`serve
 half a file; a writer killed mid-file leaves only its ``.tmp`` file, which readers ignore.
 
 A full buffer drops the rows of the request that would overflow it and counts them
-(``rows_dropped``): logging never blocks nor fails a request. ``rows_written`` counts the rows in
-closed or open files; both counters are plain ints a ``/metrics`` endpoint reads. `close` writes
+(``rows_dropped``): logging never blocks nor fails a request; so does a disk that fails a write (the
+rows of the open file are dropped with it, and the next rows start a new file). ``rows_written`` counts the
+rows in closed or open files; both counters are plain ints a ``/metrics`` endpoint reads. `close` writes
 what the buffer holds, closes the file and stops the thread.
 
 One row per session of a request (`SCHEMA`):
@@ -222,17 +223,23 @@ class ServedLog:
                 self.rows_dropped += sum(len(e["sessions"]) for e in entries)
             return
         start = 0
-        while start < table.num_rows:
-            if self._writer is None:
-                self._open()
-            part = table.slice(start, self.max_rows - self._file_rows)
-            self._writer.write_table(part)
-            self._file_rows += part.num_rows
-            start += part.num_rows
+        try:
+            while start < table.num_rows:
+                if self._writer is None:
+                    self._open()
+                part = table.slice(start, self.max_rows - self._file_rows)
+                self._writer.write_table(part)
+                self._file_rows += part.num_rows
+                start += part.num_rows
+                with self._lock:
+                    self.rows_written += part.num_rows
+                if self._file_rows >= self.max_rows:
+                    self._rotate()
+        except OSError:  # a full or failing disk: these rows are lost, the open file is abandoned, the log goes on
+            logger.exception("served log: cannot write to %s; rows dropped", self.directory)
             with self._lock:
-                self.rows_written += part.num_rows
-            if self._file_rows >= self.max_rows:
-                self._rotate()
+                self.rows_dropped += table.num_rows - start
+            self._abandon()
 
     def _open(self) -> None:
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
@@ -241,6 +248,20 @@ class ServedLog:
         self._tmp = self.directory / f".{name}.tmp"
         self._writer = pq.ParquetWriter(self._tmp, SCHEMA)
         self._opened, self._file_rows = time.monotonic(), 0
+
+    def _abandon(self) -> None:
+        """Drop the open file; its rows move from ``rows_written`` to ``rows_dropped``."""
+        with self._lock:
+            self.rows_written -= self._file_rows
+            self.rows_dropped += self._file_rows
+        self._file_rows = 0
+        if self._writer is not None:
+            try:
+                self._writer.close()
+            except OSError:
+                pass
+            self._tmp.unlink(missing_ok=True)
+            self._writer = None
 
     def _rotate(self) -> None:
         """Close the open file and rename it into the readers' view."""

@@ -16,32 +16,27 @@ what the buffer holds, closes the file and stops the thread.
 
 One row per session of a request (`SCHEMA`):
 
-=============== ======================== ==============================================================
-column          type                     what it holds
-=============== ======================== ==============================================================
-request_id      string                   the request's id (the server's, or the client's)
-session_index   int32                    the session's place in its request (0-based)
-session_id      string (nullable)        the client's id of the session, which `sessrec monitor` joins
-                                         with the event log's session column
-model_version   string (nullable)        the version served (None: an unversioned directory)
-served_at       timestamp[us, UTC]       when the answer was given (wall clock)
-now             float64                  the request's time in seconds since the epoch (the request's
-                                         ``now``, else its last event's time, else its arrival:
-                                         `RequestSessions.now`)
-n_events        int32                    events the request carried for the session
-items           list<string>             its last `max_events` item ids, oldest first; raw ids as text
-                                         (integers in decimal)
-times           list<float64> (nullable) their times in seconds, where the request gave times
-recommended     list<string>             the item ids returned, best first, as text
-scores          list<float32>            their scores
-=============== ======================== ==============================================================
+| column | type | what it holds |
+|---|---|---|
+| ``request_id`` | `string` | the request's id (the server's, or the client's) |
+| ``session_index`` | `int32` | the session's place in its request (0-based) |
+| ``session_id`` | `string`, nullable | the client's id of the session, which `sessrec monitor` joins with the event log's session column |
+| ``model_version`` | `string`, nullable | the version served (null: an unversioned directory) |
+| ``served_at`` | `timestamp[us, UTC]` | when the answer was given (wall clock) |
+| ``now`` | `float64` | the request's time in seconds since the epoch (its ``now``, else its last event's time, else its arrival: `RequestSessions.now`) |
+| ``n_events`` | `int32` | events the request carried for the session |
+| ``items`` | `list<string>` | its last `max_events` item ids, oldest first; raw ids as text (integers in decimal) |
+| ``times`` | `list<float64>`, nullable | their times in seconds, where the request gave times |
+| ``recommended`` | `list<string>` | the item ids returned, best first, as text |
+| ``scores`` | `list<float32>` | their scores |
 
 Examples:
-    >>> log = ServedLog(tmp_dir, max_rows=2)  # doctest: +SKIP
-    >>> log.record("r1", [["a", 7]], [{"item_ids": [3, "b"], "scores": [0.9, 0.5]}], model_version="v000001",
-    ...            now=[1.7e9], session_ids=["s1"])  # doctest: +SKIP
-    >>> log.close(); log.rows_written  # doctest: +SKIP
-    1
+    >>> import tempfile
+    >>> with ServedLog(tempfile.mkdtemp()) as log:
+    ...     log.record("r1", [["a", 7]], [{"item_ids": [3, "b"], "scores": [0.9, 0.5]}], "v000001", session_ids=["s1"])
+    True
+    >>> log.rows_written, pq.read_table(served_files(log.directory)[0]).column("items").to_pylist()
+    (1, [['a', '7']])
 """
 
 from __future__ import annotations

@@ -8,10 +8,11 @@ log of the same sessions (any file `sessrec.data.scan_events` reads, with its `S
 - ``hit_rate@k`` and ``mrr@k`` of the next event: the event of the same session (``session_id``) right
   after the request's events. A request carries its session from the first event, so the next event is
   the session's event at position ``n_events`` in time order (`sessrec.data.frame.sort_events`); a row
-  whose last item is not the event log's item at position ``n_events - 1`` (a session the event log does
-  not hold, or a request that did not start at the session's first event) is counted in ``unmatched``
-  and left out, as are rows whose session ended with the request (``ended``). An unknown target counts
-  as a miss, as ``sessrec test`` counts it. ``evaluated`` rows give the two rates.
+  whose last item is not the event log's item at position ``n_events - 1`` (a row without a session id,
+  a session the event log does not hold, or a request that did not start at the session's first event)
+  is counted in ``unmatched`` and left out, as are rows whose session ended with the request
+  (``ended``). An unknown target counts as a miss, as ``sessrec test`` counts it. ``evaluated`` rows
+  give the two rates.
 - ``coverage@k``: distinct items among the first `k` recommended / products of the reference vocabulary.
 - ``unknown_share``: share of requests whose newest event is an item the reference vocabulary lacks.
 - ``psi``: population stability index of the requests' newest items against the training data: the
@@ -25,7 +26,8 @@ dataset: either holds ``vocab.parquet``, the training counts of its items (`Item
 The table is written to `out` (``.csv`` or ``.parquet``) and printed; `plot` draws the metrics over the
 windows with matplotlib (the ``dev`` extra). Thresholds (`Thresholds`) crossed by any row raise
 `ThresholdCrossed`, which ``sessrec monitor`` turns into exit status 3 and one line, after the table
-is written: ``sessrec monitor --config m.yaml || [ $? -ne 3 ] || sessrec retrain --config r.yaml``.
+is written: ``sessrec monitor --config m.yaml; [ $? -eq 3 ] && sessrec retrain --config r.yaml`` retrains
+on a crossed threshold only (docs/deploy.md, "Monitoring").
 """
 
 from __future__ import annotations
@@ -168,8 +170,8 @@ def read_served(directory: str, since: str | None, until: str | None, versions: 
     """The rows of a served log's closed files in [since, until) of the requested versions."""
     files = served_files(directory)
     if not files:
-        raise FileNotFoundError(f"{directory}: no served log files (served-*.parquet); is it the --served_log folder "
-                                "of a server that has closed a file yet?")
+        raise FileNotFoundError(f"{directory}: no served log files (served-*.parquet); is it the folder a ServedLog "
+                                "writes, and has that log closed a file yet?")
     for f in files:
         found = pq.read_schema(f)
         if not found.equals(SCHEMA):

@@ -3,6 +3,7 @@ one-line errors; and, end to end, the hit rate ``sessrec test`` gives for the sa
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -116,6 +117,16 @@ def test_a_threshold_crossed_exits_3_with_one_line(inputs: dict, tmp_path: Path,
         "from 2023-11-15T00:00Z)" in err and "\n" not in err
     assert (tmp_path / "m.csv").exists()  # the table is written first
     assert run(cli_args(inputs, tmp_path, {"psi_max": 10.0, "hit_rate_min": 0.5})).num_rows == 2  # none crossed
+
+
+def test_a_misspelt_threshold_is_one_line_naming_its_place(inputs: dict, tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.setattr(sys, "argv", ["sessrec", *cli_args(inputs, tmp_path, {"psi_mx": 1.0})])
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    assert re.fullmatch(rf"sessrec monitor: error: {re.escape(str(tmp_path / 'monitor.yaml'))}:13:3: unknown key "
+                        r"thresholds.psi_mx \(Thresholds has no option 'psi_mx'\); did you mean thresholds.psi_max\? "
+                        r"\(--traceback for details\)", exit_.value.code)
+    assert not (tmp_path / "m.csv").exists()
 
 
 def test_thresholds_check_each_side() -> None:

@@ -76,10 +76,12 @@ def test_metrics_per_version_and_window(inputs: dict, tmp_path: Path, capsys) ->
     assert (first["requests"], first["evaluated"], first["unmatched"], first["ended"]) == (6, 4, 1, 1)
     assert first["hit_rate@2"] == pytest.approx(3 / 4) and first["mrr@2"] == pytest.approx((1 + 1 / 2 + 1 + 0) / 4)
     assert first["coverage@2"] == 1.0 and first["unknown_share"] == pytest.approx(1 / 6)
-    # bins of equal training mass: {10, 11} (0.7), {12, 13} (0.3), unknown (0); newest items 10 11 12 99 13 11
-    assert first["psi"] == pytest.approx(psi(np.array([7, 3, 0]), np.array([3, 2, 1])))
-    p, q = np.array([0.7, 0.3, PSI_FLOOR]), np.array([3, 2, 1]) / 6
+    # bins of equal training mass: {10, 11} (0.7), {12, 13} (0.3); newest known items 10 11 12 13 11 (99 is unknown)
+    p, q = np.array([0.7, 0.3]), np.array([3, 2]) / 5
     assert first["psi"] == pytest.approx(float(np.sum((q - p) * np.log(q / p))))
+    # day 1: only 12, of the second bin; the first bin's empty share counts as PSI_FLOOR
+    p, q = np.array([0.7, 0.3]), np.array([PSI_FLOOR, 1.0])
+    assert second["psi"] == pytest.approx(float(np.sum((q - p) * np.log(q / p)))) == psi(np.array([7, 3]), np.array([0, 1]))
     assert (second["requests"], second["evaluated"], second["hit_rate@2"], second["mrr@2"]) == (1, 1, 1.0, 1.0)
     assert second["coverage@2"] == 0.5 and second["unknown_share"] == 0.0
     assert pacsv.read_csv(tmp_path / "m.csv").column("evaluated").to_pylist() == [4, 1]
@@ -113,8 +115,8 @@ def test_a_threshold_crossed_exits_3_with_one_line(inputs: dict, tmp_path: Path,
         main()
     assert exit_.value.code == 3
     err = capsys.readouterr().err.strip()
-    assert err.startswith("sessrec monitor: threshold crossed: psi 1.30") and "> psi_max 1 (version v000001, window " \
-        "from 2023-11-15T00:00Z)" in err and "\n" not in err
+    assert err == ("sessrec monitor: threshold crossed: psi 7.0395 > psi_max 1 (version v000002, window from "
+                   "2023-11-16T00:00Z)")
     assert (tmp_path / "m.csv").exists()  # the table is written first
     assert run(cli_args(inputs, tmp_path, {"psi_max": 10.0, "hit_rate_min": 0.5})).num_rows == 2  # none crossed
 
@@ -136,6 +138,9 @@ def test_thresholds_check_each_side() -> None:
     assert Thresholds(hit_rate_min=0.1, mrr_min=0.1, psi_max=0.05).crossed(table, 5) == []
     reasons = Thresholds(hit_rate_min=0.25, unknown_max=0.2, coverage_min=0.4).crossed(table, 5)
     assert [r.split(" (")[0] for r in reasons] == ["hit_rate@5 0.2000 < hit_rate_min 0.25", "unknown_share 0.3000 > unknown_max 0.2"]
+    all_new = table.set_column(7, "psi", pa.array([float("nan")]))
+    assert Thresholds(psi_max=10.0).crossed(all_new, 5) == [
+        "psi undefined: no requested item is in the training vocabulary (version v1, window from 2023-11-15T00:00Z)"]
     unknown = table.set_column(3, "hit_rate@5", pa.array([float("nan")]))
     with pytest.raises(ValueError, match=r"hit_rate@5 of version v1, window from 2023-11-15T00:00Z is unknown \(3 requests"):
         Thresholds(hit_rate_min=0.1).crossed(unknown, 5)

@@ -2,15 +2,16 @@
 
 A server calls `ServedLog.record` once per answered request; the call puts the request's rows in a
 bounded in-memory buffer and returns at once. One background thread drains the buffer into the open
-file of the log's directory, which it closes and renames when it holds `max_rows` rows or has been
-open `max_minutes` minutes (whichever comes first), and opens the next on the next rows. A file is
+file of the log's directory, which it closes and renames when it holds `max_rows` rows or
+`max_minutes` after its first row came in (whichever comes first), and opens the next on the next rows:
+a row is in a closed file `max_minutes` after its request at the latest. A file is
 written as ``.served-<...>.parquet.tmp`` and renamed to ``served-<UTC start>-<pid>-<n>.parquet``
 when closed (fsynced first), so a reader that takes ``served-*.parquet`` (`served_files`) never sees
 half a file; a writer killed mid-file leaves only its ``.tmp`` file, which readers ignore.
 
 A full buffer drops the rows of the request that would overflow it and counts them
-(``rows_dropped``): logging never blocks nor fails a request; so does a disk that fails a write (the
-rows of the open file are dropped with it, and the next rows start a new file). ``rows_written`` counts the
+(``rows_dropped``): logging never blocks nor fails a request. A disk that fails a write drops and counts
+the rows of the open file, and the next rows start a new file. ``rows_written`` counts the
 rows in closed or open files; both counters are plain ints a ``/metrics`` endpoint reads. `close` writes
 what the buffer holds, closes the file and stops the thread.
 
@@ -87,8 +88,8 @@ class ServedLog:
     Args:
         directory: the folder of the files (created).
         max_rows: rows per file; the file is closed and renamed when it holds them.
-        max_minutes: minutes a file stays open at most, rows or not (a reader sees a quiet server's rows
-            that much later at most).
+        max_minutes: minutes after its first row came in that a file is closed, rows or not: a reader
+            sees a quiet server's rows that much later at most.
         buffer_rows: rows the buffer holds at most; a request whose rows do not fit is dropped and counted.
         max_events: the last events of each session that a row keeps.
         flush_rows: rows the thread gathers before writing a row group (fewer when the buffer drains).
@@ -161,7 +162,7 @@ class ServedLog:
             raise ValueError(f"ServedLog.record: {n} sessions but {len(results)} results")
         entry = {"request_id": request_id, "sessions": sessions, "results": results, "model_version": model_version,
                  "now": now, "times": times, "session_ids": session_ids,
-                 "served_at": time.time() if served_at is None else served_at}
+                 "served_at": time.time() if served_at is None else served_at, "arrived": time.monotonic()}
         with self._lock:
             if self._closing:
                 raise RuntimeError(f"ServedLog {self.directory}: closed")
@@ -217,11 +218,12 @@ class ServedLog:
             with self._lock:
                 self.rows_dropped += sum(len(e["sessions"]) for e in entries)
             return
-        start = 0
+        start, arrived = 0, entries[0]["arrived"]
         try:
             while start < table.num_rows:
                 if self._writer is None:
-                    self._open()
+                    self._open(arrived)  # due max_minutes after its first row came in
+                    arrived = time.monotonic()
                 part = table.slice(start, self.max_rows - self._file_rows)
                 self._writer.write_table(part)
                 self._file_rows += part.num_rows
@@ -236,13 +238,13 @@ class ServedLog:
                 self.rows_dropped += table.num_rows - start
             self._abandon()
 
-    def _open(self) -> None:
+    def _open(self, since: float) -> None:
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         name = f"served-{stamp}-{os.getpid()}-{next(self._serial):06d}.parquet"
         self._final = self.directory / name
         self._tmp = self.directory / f".{name}.tmp"
         self._writer = pq.ParquetWriter(self._tmp, SCHEMA)
-        self._opened, self._file_rows = time.monotonic(), 0
+        self._opened, self._file_rows = since, 0
 
     def _abandon(self) -> None:
         """Drop the open file; its rows move from ``rows_written`` to ``rows_dropped``."""

@@ -10,6 +10,7 @@
     sessrec export --model_dir M --format ...                    ONNX, TorchScript or a Triton repository
     sessrec retrain --config <retrain recipe> ...                one warm-start turn with its quality gate
     sessrec rollback --model_dir D [--to VERSION]                an earlier version of D current again
+    sessrec monitor --config <monitor recipe>                    served log + events: hit rate, drift; exit 3 on a threshold
 
 Options of every command:
 
@@ -121,6 +122,18 @@ def retrain_cli(args: list[str]) -> object:
     return decision
 
 
+def monitor_cli(args: list[str]) -> object:
+    """``sessrec monitor``: the served log's quality and drift per version and window (`sessrec.lifecycle.monitor`);
+    exit status 3 with one line when a threshold is crossed, so that a scheduler chains ``sessrec retrain`` on it."""
+    from sessrec.lifecycle.monitor import ThresholdCrossed, monitor
+
+    try:
+        return call_with_flags(monitor, "sessrec monitor", args, instantiate=True)
+    except ThresholdCrossed as err:
+        print(f"sessrec monitor: threshold crossed: {err}", file=sys.stderr)
+        raise SystemExit(3) from None
+
+
 def serve_cli(args: list[str]) -> None:
     """``sessrec serve --model_dir <dir>``: HTTP recommendations from a model or pipeline directory."""
     from sessrec.serving.server import serve
@@ -226,7 +239,7 @@ def prepare_cli(args: list[str]) -> Path:
 
 
 UNUSED_BY_PREPARE = ("trainer", "model", "seed_everything", "last_checkpoint", "scoring")  # a task recipe's other blocks
-COMMANDS = {"export": export_cli, "prepare": prepare_cli, "retrain": retrain_cli, "serve": serve_cli,
+COMMANDS = {"export": export_cli, "prepare": prepare_cli, "retrain": retrain_cli, "serve": serve_cli, "monitor": monitor_cli,
             "rollback": lambda args: call_with_flags(rollback, "sessrec rollback", args)}
 USER_ERRORS = (ValueError, TypeError, RuntimeError, OSError, KeyError)  # OSError: missing or existing files
 LIGHTNING = ("lightning", "lightning_fabric", "pytorch_lightning")
@@ -270,7 +283,7 @@ def run(args: list[str]) -> object:
     return cli()
 
 
-COMMAND_NAMES = ("fit", "validate", "test", "predict", "recommend", "prepare", "serve", "export", "retrain", "rollback")
+COMMAND_NAMES = ("fit", "validate", "test", "predict", "recommend", "prepare", "serve", "export", "retrain", "rollback", "monitor")
 
 
 def _usage() -> str:
@@ -331,6 +344,7 @@ EXTRA_OF = {
     **dict.fromkeys(("faiss", "lightgbm"), "pipeline"),
     **dict.fromkeys(("cudf", "cupy", "dask_cudf", "dask_cuda"), "gpu"),
     **dict.fromkeys(("dask", "distributed"), "cluster"),
+    "matplotlib": "dev",  # sessrec monitor --plot
 }
 
 

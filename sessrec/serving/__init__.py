@@ -4,6 +4,8 @@
   (per request ``encode``, per batch ``recommend_batch`` + ``decode``).
 - `sessrec.serving.server`: the HTTP server (``sessrec serve``): bounded admission, deadlines, hot reload;
   with `request` (one request's checks), `batching` (the model calls) and `request_metrics` (Prometheus).
+- `sessrec.serving.served_log`: `ServedLog`, what each request got, in rotating parquet files written off the
+  request path (what ``sessrec monitor`` reads).
 
 Import the parts from their modules: the server needs the optional ``deploy`` packages (fastapi,
 uvicorn, prometheus-client) that a training install lacks.

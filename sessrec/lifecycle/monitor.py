@@ -1,0 +1,401 @@
+"""``sessrec monitor``: how the served recommendations did, per model version and time window, and drift.
+
+`monitor` joins a served log (`sessrec.serving.served_log`, one row per served session) with the event
+log of the same sessions (any file `sessrec.data.scan_events` reads, with its `Schema`: the ``paths`` and
+``schema`` of a data recipe's source) and reports, per model version and window of the requests' time
+(``now``: the request's time, else its last event's, else its arrival):
+
+- ``hit_rate@k`` and ``mrr@k`` of the next event: the event of the same session (``session_id``) right
+  after the request's events. A request carries its session from the first event, so the next event is
+  the session's event at position ``n_events`` in time order (`sessrec.data.frame.sort_events`); a row
+  whose last item is not the event log's item at position ``n_events - 1`` (a row without a session id,
+  a session the event log does not hold, or a request that did not start at the session's first event)
+  is counted in ``unmatched`` and left out, as are rows whose session ended with the request
+  (``ended``). An unknown target counts as a miss, as ``sessrec test`` counts it. ``evaluated`` rows
+  give the two rates.
+- ``coverage@k``: distinct items among the first `k` recommended / products of the reference vocabulary.
+- ``unknown_share``: share of requests whose newest event is an item the reference vocabulary lacks.
+- ``psi``: population stability index of the requests' newest known items against the training data:
+  the reference's products ranked by training count and cut into `psi_bins` bins of about equal
+  training mass; shares floored at `PSI_FLOOR`; ``sum((q - p) * ln(q / p))``. 0.1 is a common "watch"
+  level and 0.25 a common "act" level. Unknown items are ``unknown_share``'s, not in the index: a
+  catalogue that gains items every day (4% of rsc15's requests name an item its last three days did
+  not) would otherwise read as drift through the floor of an empty training bin. NaN when no
+  requested item is known, which crosses any ``psi_max``.
+
+The reference is a model directory (at its current version when it is versioned) or a prepared
+dataset: either holds ``vocab.parquet``, the training counts of its items (`ItemVocab`).
+
+The table is written to `out` (``.csv`` or ``.parquet``) and printed; `plot` draws the metrics over the
+windows with matplotlib (the ``dev`` extra). Thresholds (`Thresholds`) crossed by any row raise
+`ThresholdCrossed`, which ``sessrec monitor`` turns into exit status 3 and one line, after the table
+is written: ``sessrec monitor --config m.yaml; [ $? -eq 3 ] && sessrec retrain --config r.yaml`` retrains
+on a crossed threshold only (docs/deploy.md, "Monitoring").
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from sessrec.data import frame
+from sessrec.data.readers import scan_events
+from sessrec.data.schema import Schema
+from sessrec.data.sources import to_seconds
+from sessrec.data.vocab import ItemVocab
+from sessrec.saved.atomic import atomic_path
+from sessrec.saved.versions import resolve
+from sessrec.serving.served_log import SCHEMA, served_files
+
+__all__ = ["PSI_FLOOR", "ThresholdCrossed", "Thresholds", "monitor", "psi"]
+
+PSI_FLOOR = 1e-4  # a bin's share below this counts as this (an empty bin would make the index infinite)
+NO_VERSION = "(unversioned)"  # the model_version of rows served from an unversioned directory
+
+
+class ThresholdCrossed(RuntimeError):
+    """A monitored metric crossed its threshold; the message says which, where and by how much."""
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Limits that make ``sessrec monitor`` exit with status 3; None: not checked.
+
+    Args:
+        hit_rate_min: lowest acceptable hit rate@k of a (version, window).
+        mrr_min: lowest acceptable MRR@k.
+        coverage_min: lowest acceptable catalogue coverage@k.
+        unknown_max: highest acceptable share of requests whose newest item is unknown.
+        psi_max: highest acceptable population stability index of the requested items.
+    """
+
+    hit_rate_min: float | None = None
+    mrr_min: float | None = None
+    coverage_min: float | None = None
+    unknown_max: float | None = None
+    psi_max: float | None = None
+
+    def crossed(self, table: pa.Table, k: int) -> list[str]:
+        """One reason per (row, limit) crossed, in table order."""
+        checks = [("hit_rate_min", f"hit_rate@{k}", min), ("mrr_min", f"mrr@{k}", min),
+                  ("coverage_min", f"coverage@{k}", min), ("unknown_max", "unknown_share", max), ("psi_max", "psi", max)]
+        reasons = []
+        for row in table.to_pylist():
+            for name, column, side in checks:
+                limit = getattr(self, name)
+                if limit is None:
+                    continue
+                value = row[column]
+                where = f"version {row['model_version']}, window from {row['window_start']:%Y-%m-%dT%H:%M}Z"
+                if column == "psi" and math.isnan(value):
+                    reasons.append(f"psi undefined: no requested item is in the training vocabulary ({where})")
+                    continue
+                if math.isnan(value):
+                    raise ValueError(f"{column} of {where} is unknown ({row['evaluated']} requests with a next event), "
+                                     f"so {name} cannot be checked; widen the window or check the event log")
+                if (value < limit) if side is min else (value > limit):
+                    reasons.append(f"{column} {value:.4f} {'<' if side is min else '>'} {name} {limit:g} ({where})")
+        return reasons
+
+
+def monitor(
+    served_log: str,
+    paths: list[str],
+    reference: str,
+    out: str,
+    schema: Schema = Schema(),  # noqa: B008 - a config value, never mutated
+    k: int = 20,
+    window_hours: float = 24.0,
+    since: str | None = None,
+    until: str | None = None,
+    versions: list[str] | None = None,
+    thresholds: Thresholds = Thresholds(),
+    psi_bins: int = 10,
+    delimiter: str | None = None,
+    plot: str | None = None,
+) -> pa.Table:
+    """Hit rate, MRR, coverage, unknown share and drift of the served recommendations, per version and window.
+
+    Args:
+        served_log: the folder of a served log (``served-*.parquet``, `sessrec.serving.served_log`).
+        paths: event files of the served sessions (CSV/TSV/parquet), read with `schema`.
+        reference: a model directory or a prepared dataset: its ``vocab.parquet`` is the training distribution.
+        out: the table (``.csv`` or ``.parquet``).
+        schema: column roles of the event files.
+        k: the rank cut of hit rate, MRR and coverage; every evaluated request must have been answered with
+            at least `k` items.
+        window_hours: length of the time windows (aligned on the epoch: 24 gives UTC days).
+        since: first request time kept (ISO-8601 or epoch seconds); None: all.
+        until: requests before this time kept; None: all.
+        versions: the model versions reported (each must have rows in the period); None: every version served.
+        thresholds: limits that raise `ThresholdCrossed` once the table is written.
+        psi_bins: bins of equal training mass of the population stability index.
+        delimiter: text-file separator of the event files; sniffed when None.
+        plot: a ``.png`` of the metrics over the windows (matplotlib); None: none.
+
+    Returns:
+        The table: ``model_version``, ``window_start``, ``requests``, ``evaluated``, ``unmatched``,
+        ``ended``, ``hit_rate@k``, ``mrr@k``, ``coverage@k``, ``unknown_share``, ``psi``.
+
+    Raises:
+        ThresholdCrossed: some row crosses a threshold (the table is written first).
+    """
+    if not isinstance(k, int) or k < 1:
+        raise ValueError(f"monitor: k must be an integer of 1 or more, got {k!r}")
+    if not window_hours > 0 or psi_bins < 1:
+        raise ValueError(f"monitor: window_hours must be > 0 and psi_bins >= 1, got {window_hours} and {psi_bins}")
+    if Path(out).suffix not in (".csv", ".parquet"):
+        raise ValueError(f"monitor: out must end in .csv or .parquet, got {out}")
+    if plot is not None and Path(plot).suffix != ".png":
+        raise ValueError(f"monitor: plot must end in .png, got {plot}")
+    served = read_served(served_log, since, until, versions)
+    vocab = reference_vocab(reference)
+    events = event_positions(paths, schema, delimiter)
+    table = report(served, events, vocab, k, 3600.0 * window_hours, psi_bins, served_log)
+    write_table(table, out)
+    print(format_table(table))
+    if plot is not None:
+        plot_table(table, k, plot)
+    reasons = thresholds.crossed(table, k)
+    if reasons:
+        more = f" (and {len(reasons) - 1} more, see {out})" if len(reasons) > 1 else ""
+        raise ThresholdCrossed(f"{reasons[0]}{more}")
+    return table
+
+
+def read_served(directory: str, since: str | None, until: str | None, versions: list[str] | None) -> pa.Table:
+    """The rows of a served log's closed files in [since, until) of the requested versions."""
+    files = served_files(directory)
+    if not files:
+        raise FileNotFoundError(f"{directory}: no served log files (served-*.parquet); is it the folder a ServedLog "
+                                "writes, and has that log closed a file yet?")
+    for f in files:
+        found = pq.read_schema(f)
+        if not found.equals(SCHEMA):
+            raise ValueError(f"{f}: not a served log file; its columns are {found.names}, expected {SCHEMA.names}")
+    rows = ds.dataset([str(f) for f in files], schema=SCHEMA, format="parquet")
+    now = ds.field("now")
+    keep = None
+    if since is not None:
+        keep = now >= to_seconds(since, "since")
+    if until is not None:
+        keep = (now < to_seconds(until, "until")) if keep is None else keep & (now < to_seconds(until, "until"))
+    table = rows.to_table(filter=keep)
+    table = table.set_column(table.schema.get_field_index("model_version"), "model_version",
+                             pc.fill_null(table.column("model_version"), NO_VERSION))
+    period = f"between {since or 'the start'} and {until or 'the end'}"
+    if table.num_rows == 0:
+        raise ValueError(f"{directory}: no served rows {period}")
+    if versions is not None:
+        present = set(pc.unique(table.column("model_version")).to_pylist())
+        for version in versions:
+            if version not in present:
+                raise ValueError(f"{directory}: version {version!r} has no rows {period}; "
+                                 f"versions with rows: {', '.join(sorted(present))}")
+        table = table.filter(pc.is_in(table.column("model_version"), pa.array(versions, pa.string())))
+    return table
+
+
+def reference_vocab(reference: str) -> ItemVocab:
+    """The training vocabulary (with counts) of a model directory or a prepared dataset."""
+    path = resolve(reference) / "vocab.parquet"
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no vocabulary; reference must be a model directory (sessrec fit) or a "
+                                "prepared dataset (sessrec prepare)")
+    return ItemVocab.load(path)
+
+
+def event_positions(paths: list[str], schema: Schema, delimiter: str | None) -> pa.Table:
+    """``session_id``, ``position`` (0-based, in time order) and ``item_id`` of every event, ids as text."""
+    if not paths:
+        raise ValueError("monitor: paths must name at least one event file")
+    parts = [batch for path in paths for batch in scan_events(path, schema, delimiter)]
+    events = frame.sort_events(pa.concat_tables(parts), schema)
+    session = pc.cast(events.column(schema.session_id), pa.string()).combine_chunks()
+    starts = np.flatnonzero(np.concatenate([[True], pc.not_equal(session[1:], session[:-1]).to_numpy(zero_copy_only=False)]))
+    run_start = np.repeat(starts, np.diff(np.concatenate([starts, [len(session)]])))
+    return pa.table({
+        "session_id": session,
+        "position": pa.array(np.arange(len(session)) - run_start, pa.int32()),
+        "item_id": pc.cast(events.column(schema.item_id), pa.string()),
+    })
+
+
+def report(served: pa.Table, events: pa.Table, vocab: ItemVocab, k: int, window_s: float, bins: int,
+           source: str) -> pa.Table:
+    """The metrics of `served` rows per (version, window) (see the module docstring)."""
+    n = served.num_rows
+    row = pa.array(np.arange(n))
+    last = _last_items(served.column("items"))
+    keys = pa.table({"row": row, "session_id": served.column("session_id"),
+                     "at": pc.cast(pc.subtract(served.column("n_events"), 1), pa.int32()),
+                     "next": served.column("n_events")})
+    seen = keys.join(events, ["session_id", "at"], ["session_id", "position"], join_type="inner") \
+        .select(["row", "item_id"]).rename_columns(["row", "seen"])
+    after = keys.join(events, ["session_id", "next"], ["session_id", "position"], join_type="inner") \
+        .select(["row", "item_id"]).rename_columns(["row", "target"])
+    seen_item = _scatter(n, seen.column("row"), seen.column("seen"))
+    target = _scatter(n, after.column("row"), after.column("target"))
+    matched = pc.fill_null(pc.equal(seen_item, last), False).to_numpy(zero_copy_only=False)
+    has_next = pc.is_valid(target).to_numpy(zero_copy_only=False)
+    evaluated = matched & has_next
+
+    recommended = served.column("recommended").combine_chunks()
+    lengths = pc.list_value_length(recommended).to_numpy(zero_copy_only=False)
+    short = np.flatnonzero(evaluated & (lengths < k))
+    if len(short):
+        i = int(short[0])
+        raise ValueError(f"{source}: request {served.column('request_id')[i]} was answered with {lengths[i]} items, "
+                         f"fewer than k={k}; monitor with a k of at most the k served")
+    parent = pc.list_parent_indices(recommended).to_numpy()
+    offsets = recommended.offsets.to_numpy()
+    place = np.arange(len(parent)) - (offsets[parent] - offsets[0])
+    flat = recommended.flatten()
+    within = place < k
+    hit = within & pc.fill_null(pc.equal(flat, target.take(pa.array(parent))), False).to_numpy(zero_copy_only=False)
+    rr = np.zeros(n)
+    rr[parent[hit]] = 1.0 / (place[hit] + 1)
+
+    products = _product_ids(vocab)
+    bin_of = _psi_bins(vocab, bins)
+    index = pc.index_in(last, value_set=products)
+    unknown = pc.is_null(index).to_numpy(zero_copy_only=False)
+    request_bin = bin_of[pc.fill_null(index, 0).to_numpy()]
+
+    window = np.floor(served.column("now").to_numpy() / window_s) * window_s
+    version = served.column("model_version").combine_chunks()
+    groups = pa.table({"model_version": version, "window": window}).group_by(["model_version", "window"]) \
+        .aggregate([]).sort_by([("model_version", "ascending"), ("window", "ascending")])
+    gid = _group_ids(groups, version, window)
+    g = groups.num_rows
+    count = lambda mask: np.bincount(gid, weights=mask.astype(np.float64), minlength=g)
+    requests, evals = count(np.ones(n, bool)), count(evaluated)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        hit_rate = count(evaluated & (rr > 0)) / evals
+        mrr = np.bincount(gid, weights=np.where(evaluated, rr, 0.0), minlength=g) / evals
+    distinct = pa.table({"g": pa.array(gid[parent[within]]), "item": flat.filter(pa.array(within))}) \
+        .group_by("g").aggregate([("item", "count_distinct")])
+    coverage = np.zeros(g)
+    coverage[distinct.column("g").to_numpy()] = distinct.column("item_count_distinct").to_numpy() / max(len(products), 1)
+    expected = np.bincount(bin_of, weights=vocab.counts[: len(products)].astype(np.float64), minlength=bins)
+    observed = np.bincount((gid * bins + request_bin)[~unknown], minlength=g * bins).reshape(g, bins)
+    return pa.table({
+        "model_version": groups.column("model_version"),
+        "window_start": pa.array((groups.column("window").to_numpy() * 1e6).astype(np.int64), pa.timestamp("us", tz="UTC")),
+        "requests": requests.astype(np.int64),
+        "evaluated": evals.astype(np.int64),
+        "unmatched": count(~matched).astype(np.int64),
+        "ended": count(matched & ~has_next).astype(np.int64),
+        f"hit_rate@{k}": hit_rate,
+        f"mrr@{k}": mrr,
+        f"coverage@{k}": coverage,
+        "unknown_share": count(unknown) / requests,
+        "psi": np.array([psi(expected, o) for o in observed]),
+    })
+
+
+def psi(expected: np.ndarray, observed: np.ndarray, floor: float = PSI_FLOOR) -> float:
+    """Population stability index of two histograms over the same bins (counts or shares); NaN when
+    `observed` is empty.
+
+    Examples:
+        >>> psi(np.array([50, 50]), np.array([50, 50]))
+        0.0
+        >>> round(psi(np.array([50, 50]), np.array([90, 10])), 4)  # 0.4 ln 1.8 + 0.4 ln 5
+        0.8789
+    """
+    if observed.sum() == 0:
+        return math.nan
+    p = np.maximum(expected / expected.sum(), floor)
+    q = np.maximum(observed / observed.sum(), floor)
+    return float(np.sum((q - p) * np.log(q / p)))
+
+
+def _last_items(items: pa.ChunkedArray) -> pa.Array:
+    """The last element of each (non-empty) list, as text."""
+    items = items.combine_chunks()
+    ends = items.offsets.to_numpy()[1:] - items.offsets.to_numpy()[0] - 1
+    return items.flatten().take(pa.array(ends))
+
+
+def _scatter(n: int, rows: pa.ChunkedArray, values: pa.ChunkedArray) -> pa.Array:
+    """(n,) array of `values` at `rows`, null elsewhere."""
+    where = np.full(n, -1, dtype=np.int64)
+    where[rows.to_numpy()] = np.arange(len(rows))
+    return values.combine_chunks().take(pa.array(where, mask=where < 0))
+
+
+def _product_ids(vocab: ItemVocab) -> pa.Array:
+    """The raw ids of the vocabulary's products (not its virtual keys), as text, in model-id order."""
+    return pc.cast(vocab.raw_ids.slice(0, len(vocab.raw_ids) - vocab.num_virtual), pa.string())
+
+
+def _psi_bins(vocab: ItemVocab, bins: int) -> np.ndarray:
+    """(P,) bin of each product: products by decreasing training count cut into `bins` of about equal mass."""
+    counts = vocab.counts[: len(vocab.raw_ids) - vocab.num_virtual].astype(np.float64)
+    order = np.argsort(-counts, kind="stable")
+    before = np.concatenate([[0.0], np.cumsum(counts[order])[:-1]]) / max(counts.sum(), 1.0)
+    out = np.empty(len(counts), dtype=np.int64)
+    out[order] = np.minimum((before * bins).astype(np.int64), bins - 1)
+    return out
+
+
+def _group_ids(groups: pa.Table, version: pa.Array, window: np.ndarray) -> np.ndarray:
+    """(n,) index into `groups` of each row's (version, window)."""
+    keyed = groups.append_column("g", pa.array(np.arange(groups.num_rows)))
+    rows = pa.table({"row": pa.array(np.arange(len(window))), "model_version": version, "window": window})
+    joined = rows.join(keyed, ["model_version", "window"]).select(["row", "g"])
+    out = np.empty(len(window), dtype=np.int64)
+    out[joined.column("row").to_numpy()] = joined.column("g").to_numpy()
+    return out
+
+
+def write_table(table: pa.Table, out: str | os.PathLike) -> None:
+    with atomic_path(out) as tmp:
+        if Path(out).suffix == ".parquet":
+            pq.write_table(table, tmp)
+        else:
+            pacsv.write_csv(table, tmp)
+
+
+def plot_table(table: pa.Table, k: int, path: str) -> None:
+    """Hit rate, MRR, coverage, unknown share and PSI of each version over the windows, one panel each."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    columns = [f"hit_rate@{k}", f"mrr@{k}", f"coverage@{k}", "unknown_share", "psi"]
+    fig, axes = plt.subplots(len(columns), 1, figsize=(8, 2.2 * len(columns)), sharex=True)
+    for version in pc.unique(table.column("model_version")).to_pylist():
+        rows = table.filter(pc.equal(table.column("model_version"), version))
+        when = rows.column("window_start").to_numpy(zero_copy_only=False)
+        for ax, column in zip(axes, columns, strict=True):
+            ax.plot(when, rows.column(column).to_numpy(), marker="o", label=version)
+            ax.set_ylabel(column)
+    axes[0].legend()
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png")
+    plt.close(fig)
+
+
+def format_table(table: pa.Table) -> str:
+    """The table as aligned text (one line per version and window; rates with 4 decimals)."""
+    def cell(value: object) -> str:
+        if isinstance(value, float):
+            return f"{value:.4f}"
+        return f"{value:%Y-%m-%dT%H:%M}Z" if hasattr(value, "strftime") else str(value)
+
+    rows = [table.column_names] + [[cell(v) for v in row.values()] for row in table.to_pylist()]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows)

@@ -1,0 +1,252 @@
+"""`sessrec monitor`: a served log joined with the events that followed, per version and window; thresholds;
+one-line errors; and, end to end, the hit rate ``sessrec test`` gives for the same sessions."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from sessrec.cli import main, run
+from sessrec.data import ItemVocab, Schema
+from sessrec.lifecycle.monitor import PSI_FLOOR, Thresholds, monitor, psi
+from sessrec.serving.served_log import ServedLog
+
+DAY = 86400.0
+T0 = 19676 * DAY  # 2023-11-15T00:00Z
+
+
+def events_csv(path: Path) -> Path:
+    """Sessions s1 (10, 11, 12), s2 (99, 10), s3 (13, 12), s4 (10, 11), s5 (12, 13), written out of order."""
+    rows = [("s1", 12, 3), ("s1", 10, 1), ("s1", 11, 2), ("s2", 99, 5), ("s2", 10, 6), ("s3", 13, 7), ("s3", 12, 8),
+            ("s4", 10, 9), ("s4", 11, 10), ("s5", 12, DAY + 1), ("s5", 13, DAY + 2)]
+    table = pa.table({"sid": [r[0] for r in rows], "item": [r[1] for r in rows], "t": [T0 + r[2] for r in rows]})
+    pacsv.write_csv(table, path)
+    return path
+
+
+def reference(path: Path) -> Path:
+    """A prepared dataset's vocabulary: items 10, 11, 12, 13 seen 4, 3, 2, 1 times in training."""
+    ItemVocab.fit(pa.array([10] * 4 + [11] * 3 + [12] * 2 + [13])).save(path / "vocab.parquet")
+    return path
+
+
+def served(directory: Path) -> Path:
+    """Six requests of v000001 on day 0, one of v000002 on day 1 (k = 2 items each)."""
+    requests = [  # (session, its events so far, recommended, time)
+        ("s1", [10], [11, 13], 1),  # next 11: rank 1
+        ("s1", [10, 11], [10, 12], 2),  # next 12: rank 2
+        ("s1", [10, 11, 12], [10, 11], 3),  # the session ended
+        ("s2", [99], [10, 11], 5),  # an unknown item; next 10: rank 1
+        ("s3", [13], [10, 11], 7),  # next 12: a miss
+        ("s4", [11], [10, 11], 9),  # the event log's s4 starts with 10: unmatched
+    ]
+    with ServedLog(directory) as log:
+        for i, (session, items, recommended, t) in enumerate(requests):
+            log.record(f"r{i}", [items], [{"item_ids": recommended, "scores": [2.0, 1.0]}], "v000001",
+                       now=[T0 + t], session_ids=[session])
+        log.record("r6", [[12]], [{"item_ids": [13, 10], "scores": [2.0, 1.0]}], "v000002", now=[T0 + DAY + 1],
+                   session_ids=["s5"])
+    return directory
+
+
+SCHEMA = Schema(session_id="sid", item_id="item", timestamp="t")
+
+
+@pytest.fixture
+def inputs(tmp_path: Path) -> dict:
+    (tmp_path / "log").mkdir()
+    (tmp_path / "ref").mkdir()
+    return {"served_log": str(served(tmp_path / "log")), "paths": [str(events_csv(tmp_path / "events.csv"))],
+            "reference": str(reference(tmp_path / "ref")), "schema": SCHEMA, "k": 2, "psi_bins": 2}
+
+
+def test_metrics_per_version_and_window(inputs: dict, tmp_path: Path, capsys) -> None:
+    table = monitor(out=str(tmp_path / "m.csv"), **inputs)
+    rows = table.to_pylist()
+    assert [(r["model_version"], r["window_start"].timestamp()) for r in rows] == [("v000001", T0), ("v000002", T0 + DAY)]
+    first, second = rows
+    assert (first["requests"], first["evaluated"], first["unmatched"], first["ended"]) == (6, 4, 1, 1)
+    assert first["hit_rate@2"] == pytest.approx(3 / 4) and first["mrr@2"] == pytest.approx((1 + 1 / 2 + 1 + 0) / 4)
+    assert first["coverage@2"] == 1.0 and first["unknown_share"] == pytest.approx(1 / 6)
+    # bins of equal training mass: {10, 11} (0.7), {12, 13} (0.3); newest known items 10 11 12 13 11 (99 is unknown)
+    p, q = np.array([0.7, 0.3]), np.array([3, 2]) / 5
+    assert first["psi"] == pytest.approx(float(np.sum((q - p) * np.log(q / p))))
+    # day 1: only 12, of the second bin; the first bin's empty share counts as PSI_FLOOR
+    p, q = np.array([0.7, 0.3]), np.array([PSI_FLOOR, 1.0])
+    assert second["psi"] == pytest.approx(float(np.sum((q - p) * np.log(q / p)))) == psi(np.array([7, 3]), np.array([0, 1]))
+    assert (second["requests"], second["evaluated"], second["hit_rate@2"], second["mrr@2"]) == (1, 1, 1.0, 1.0)
+    assert second["coverage@2"] == 0.5 and second["unknown_share"] == 0.0
+    assert pacsv.read_csv(tmp_path / "m.csv").column("evaluated").to_pylist() == [4, 1]
+    assert "v000002" in capsys.readouterr().out
+
+
+def test_a_period_and_the_versions_select_rows(inputs: dict, tmp_path: Path) -> None:
+    table = monitor(out=str(tmp_path / "m.parquet"), since="2023-11-15", until="2023-11-16", **inputs)
+    assert table.column("model_version").to_pylist() == ["v000001"]
+    assert pq.read_table(tmp_path / "m.parquet").equals(table)
+    assert monitor(out=str(tmp_path / "m.csv"), versions=["v000002"], **inputs).column("requests").to_pylist() == [1]
+
+
+def test_a_plot_is_drawn(inputs: dict, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    monitor(out=str(tmp_path / "m.csv"), plot=str(tmp_path / "m.png"), **inputs)
+    assert (tmp_path / "m.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def cli_args(inputs: dict, tmp_path: Path, thresholds: dict) -> list[str]:
+    recipe = {**inputs, "schema": {"session_id": "sid", "item_id": "item", "timestamp": "t"},
+              "out": str(tmp_path / "m.csv"), "thresholds": thresholds}
+    path = tmp_path / "monitor.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    return ["monitor", "--config", str(path)]
+
+
+def test_a_threshold_crossed_exits_3_with_one_line(inputs: dict, tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.setattr(sys, "argv", ["sessrec", *cli_args(inputs, tmp_path, {"psi_max": 1.0, "hit_rate_min": 0.5})])
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    assert exit_.value.code == 3
+    err = capsys.readouterr().err.strip()
+    assert err == ("sessrec monitor: threshold crossed: psi 7.0395 > psi_max 1 (version v000002, window from "
+                   "2023-11-16T00:00Z)")
+    assert (tmp_path / "m.csv").exists()  # the table is written first
+    assert run(cli_args(inputs, tmp_path, {"psi_max": 10.0, "hit_rate_min": 0.5})).num_rows == 2  # none crossed
+
+
+def test_a_misspelt_threshold_is_one_line_naming_its_place(inputs: dict, tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.setattr(sys, "argv", ["sessrec", *cli_args(inputs, tmp_path, {"psi_mx": 1.0})])
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    assert re.fullmatch(rf"sessrec monitor: error: {re.escape(str(tmp_path / 'monitor.yaml'))}:13:3: unknown key "
+                        r"thresholds.psi_mx \(Thresholds has no option 'psi_mx'\); did you mean thresholds.psi_max\? "
+                        r"\(--traceback for details\)", exit_.value.code)
+    assert not (tmp_path / "m.csv").exists()
+
+
+def test_thresholds_check_each_side() -> None:
+    table = pa.table({"model_version": ["v1"], "window_start": pa.array([int(T0 * 1e6)], pa.timestamp("us", tz="UTC")),
+                      "evaluated": [3], "hit_rate@5": [0.2], "mrr@5": [0.1], "coverage@5": [0.5],
+                      "unknown_share": [0.3], "psi": [0.05]})
+    assert Thresholds(hit_rate_min=0.1, mrr_min=0.1, psi_max=0.05).crossed(table, 5) == []
+    reasons = Thresholds(hit_rate_min=0.25, unknown_max=0.2, coverage_min=0.4).crossed(table, 5)
+    assert [r.split(" (")[0] for r in reasons] == ["hit_rate@5 0.2000 < hit_rate_min 0.25", "unknown_share 0.3000 > unknown_max 0.2"]
+    all_new = table.set_column(7, "psi", pa.array([float("nan")]))
+    assert Thresholds(psi_max=10.0).crossed(all_new, 5) == [
+        "psi undefined: no requested item is in the training vocabulary (version v1, window from 2023-11-15T00:00Z)"]
+    unknown = table.set_column(3, "hit_rate@5", pa.array([float("nan")]))
+    with pytest.raises(ValueError, match=r"hit_rate@5 of version v1, window from 2023-11-15T00:00Z is unknown \(3 requests"):
+        Thresholds(hit_rate_min=0.1).crossed(unknown, 5)
+
+
+def test_bad_inputs_are_one_line_naming_file_column_or_value(inputs: dict, tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(FileNotFoundError, match=f"{empty}: no served log files"):
+        monitor(out=str(tmp_path / "m.csv"), **{**inputs, "served_log": str(empty)})
+    with pytest.raises(ValueError, match=r"events.csv: column 'session' is missing; the file has columns \['sid'"):
+        monitor(out=str(tmp_path / "m.csv"), **{**inputs, "schema": Schema(session_id="session", item_id="item", timestamp="t")})
+    with pytest.raises(ValueError, match=r"log: version 'v000002' has no rows between 2023-11-15 and 2023-11-16; "
+                                         "versions with rows: v000001"):
+        monitor(out=str(tmp_path / "m.csv"), since="2023-11-15", until="2023-11-16", versions=["v000002"], **inputs)
+    with pytest.raises(ValueError, match="request r0 was answered with 2 items, fewer than k=3"):
+        monitor(out=str(tmp_path / "m.csv"), **{**inputs, "k": 3})
+    with pytest.raises(FileNotFoundError, match=f"{tmp_path}/vocab.parquet: no vocabulary; reference must be"):
+        monitor(out=str(tmp_path / "m.csv"), **{**inputs, "reference": str(tmp_path)})
+    with pytest.raises(ValueError, match="out must end in .csv or .parquet, got m.txt"):
+        monitor(out="m.txt", **inputs)
+
+
+def replay(recommender, sessions: pa.Table, log: ServedLog, version: str, per_request: int = 64) -> None:
+    """Each session's events but its last, as the requests a server gets, through the server's recommender
+    (`load_recommender`: encode, recommend_batch, decode) into `log`."""
+    from sessrec.pipeline.request import check_request
+
+    ids = [str(s) for s in sessions.column("session_id").to_pylist()]
+    items, times = sessions.column("item_id").to_pylist(), sessions.column("timestamp").to_pylist()
+    for start in range(0, len(ids), per_request):
+        part = slice(start, start + per_request)
+        prefixes, stamps = [s[:-1] for s in items[part]], [t[:-1] for t in times[part]]
+        request = check_request(prefixes, k=20, times=stamps)
+        encoded = recommender.encode(request)
+        results = recommender.decode(recommender.recommend_batch(encoded, request.k))
+        log.record(f"r{start}", prefixes, results, version, now=encoded.now.tolist(), times=stamps, session_ids=ids[part])
+
+
+@pytest.mark.slow
+def test_a_replayed_day_monitors_to_the_hit_rate_of_sessrec_test_and_a_drifted_day_exits_3(tmp_path, capsys, monkeypatch):
+    """A tiny XLNet fitted on synthetic days; its test day replayed through the server's recommender into a served
+    log: ``sessrec monitor`` gives the recall@20 of ``sessrec test`` on the same sessions, with little drift; the
+    same day with its items shifted along the popularity ranking crosses psi_max and exits 3."""
+    import pyarrow.compute as pc
+
+    from sessrec.cli import cli
+    from sessrec.data import TimeWindowSource, generate_sessions
+    from sessrec.serving.recommender import load_recommender
+
+    events = generate_sessions(num_sessions=3000, num_items=80, seed=1)
+    events = events.filter(pc.equal(events.column("event_type"), "product")).select(["session_id", "item_id", "timestamp"])
+    pq.write_table(events, tmp_path / "events.parquet")
+    t = np.sort(events.column("timestamp").to_numpy())
+    train_from, train_until, test_until = (float(np.quantile(t, q)) for q in (0.0, 0.6, 0.8))
+    source = {"class_path": "sessrec.data.TimeWindowSource",
+              "init_args": {"paths": [str(tmp_path / "events.parquet")], "train_from": train_from,
+                            "train_until": train_until, "test_until": test_until}}
+    recipe = tmp_path / "fit.yaml"
+    recipe.write_text(yaml.safe_dump({
+        "seed_everything": 0,
+        "trainer": {"max_epochs": 2, "accelerator": "cpu", "logger": False, "default_root_dir": str(tmp_path),
+                    "enable_progress_bar": False, "enable_model_summary": False,
+                    "callbacks": [{"class_path": "pytorch_lightning.callbacks.ModelCheckpoint",
+                                   "init_args": {"monitor": "val/recall@20", "mode": "max", "save_top_k": 1,
+                                                 "filename": "best", "dirpath": str(tmp_path / "checkpoints")}}]},
+        "model": {"encoder": {"class_path": "sessrec.models.XLNetEncoder",
+                              "init_args": {"d_model": 16, "n_head": 2, "n_layer": 1, "dropout": 0.1}},
+                  "optimization": {"lr": 0.003}, "schedule": {"warmup_steps": 5}},
+        "data": {"source": source, "max_length": 10, "batch_size": 128},
+    }))
+    cli(["fit", "--config", str(recipe)])
+    model = tmp_path / "model"
+    tested = cli(["test", "--config", str(recipe), "--model_dir", str(model)]).trainer.callback_metrics
+
+    test = TimeWindowSource(**source["init_args"]).load().test
+    recommender = load_recommender(model)
+    with ServedLog(tmp_path / "served") as log:
+        replay(recommender, test, log, "v000001")
+    base = {"paths": [str(tmp_path / "events.parquet")], "reference": str(model), "k": 20, "window_hours": 1e6,
+            "thresholds": {"psi_max": 0.25}}
+    config = tmp_path / "monitor.yaml"
+    config.write_text(yaml.safe_dump({**base, "served_log": str(tmp_path / "served"), "out": str(tmp_path / "day.csv")}))
+    day = run(["monitor", "--config", str(config)]).to_pylist()
+    assert len(day) == 1 and day[0]["requests"] == test.num_rows == day[0]["evaluated"]
+    assert day[0]["hit_rate@20"] == pytest.approx(float(tested["test/recall@20"]), abs=1e-6)  # 0.6758 (396 / 586)
+    assert day[0]["mrr@20"] == pytest.approx(float(tested["test/mrr@20"]), abs=1e-6)
+    assert day[0]["psi"] < 0.25 and day[0]["unknown_share"] < 0.05
+
+    # the same sessions, each item replaced by the one 40 places further along the training ranking
+    ranked = pc.cast(recommender.vocab.raw_ids, pa.int64()).to_numpy()
+    shift = dict(zip(ranked, np.roll(ranked, -len(ranked) // 2), strict=True))
+    shifted_items = pa.array([[int(shift.get(i, i)) for i in s] for s in test.column("item_id").to_pylist()])
+    drifted = test.set_column(test.schema.get_field_index("item_id"), "item_id", shifted_items)
+    flat = pa.table({"session_id": pc.list_parent_indices(drifted.column("item_id")),
+                     "item_id": pc.list_flatten(drifted.column("item_id")),
+                     "timestamp": pc.list_flatten(drifted.column("timestamp"))})
+    flat = flat.set_column(0, "session_id", drifted.column("session_id").take(flat.column("session_id")))
+    pq.write_table(flat, tmp_path / "drifted.parquet")
+    with ServedLog(tmp_path / "served_drifted") as log:
+        replay(recommender, drifted, log, "v000001")
+    config.write_text(yaml.safe_dump({**base, "paths": [str(tmp_path / "drifted.parquet")],
+                                      "served_log": str(tmp_path / "served_drifted"), "out": str(tmp_path / "drift.csv")}))
+    monkeypatch.setattr(sys, "argv", ["sessrec", "monitor", "--config", str(config)])
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    assert exit_.value.code == 3
+    assert capsys.readouterr().err.startswith("sessrec monitor: threshold crossed: psi ")
+    assert pacsv.read_csv(tmp_path / "drift.csv").column("psi")[0].as_py() > 0.25  # 2.74 (0.022 before the shift)

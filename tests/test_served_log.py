@@ -1,0 +1,148 @@
+"""The served log: rotation by rows and by minutes, a full buffer dropping and counting, close flushing,
+files that pyarrow reads with the documented schema, and no half file in the readers' view after a kill."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from sessrec.serving.served_log import SCHEMA, ServedLog, served_files
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def one(i: int) -> tuple[list[list], list[dict]]:
+    """A request of one session (items i, "x"i) answered by two items."""
+    return [[i, f"x{i}"]], [{"item_ids": [i + 1, "y"], "scores": [0.5, 0.25]}]
+
+
+def read(directory: Path) -> pa.Table:
+    return pa.concat_tables([pq.read_table(f) for f in served_files(directory)])
+
+
+def test_rows_schema_and_rotation_by_rows(tmp_path: Path) -> None:
+    log = ServedLog(tmp_path, max_rows=3, max_minutes=60)
+    for i in range(7):
+        sessions, results = one(i)
+        assert log.record(f"r{i}", sessions, results, model_version="v000002", now=[1.7e9 + i],
+                          times=[[1.7e9 + i - 1, 1.7e9 + i]], session_ids=[f"s{i}"], served_at=1.8e9)
+    log.close()
+    files = served_files(tmp_path)
+    assert [pq.read_metadata(f).num_rows for f in files] == [3, 3, 1]
+    assert not list(tmp_path.glob(".*.tmp"))
+    table = read(tmp_path)
+    assert table.schema == SCHEMA
+    assert table.column("request_id").to_pylist() == [f"r{i}" for i in range(7)]
+    row = table.slice(4, 1).to_pylist()[0]
+    assert row["items"] == ["4", "x4"] and row["times"] == [1.7e9 + 3, 1.7e9 + 4]
+    assert row["recommended"] == ["5", "y"] and row["scores"] == [0.5, 0.25]
+    assert (row["session_id"], row["model_version"], row["now"], row["n_events"]) == ("s4", "v000002", 1.7e9 + 4, 2)
+    assert row["served_at"].timestamp() == 1.8e9
+    assert (log.rows_written, log.rows_dropped, log.files_closed) == (7, 0, 3)
+
+
+def test_a_request_of_several_sessions_keeps_their_last_events(tmp_path: Path) -> None:
+    with ServedLog(tmp_path, max_events=2) as log:
+        log.record("r", [[1, 2, 3], ["a"]], [{"item_ids": [9], "scores": [1.0]}, {"item_ids": [8], "scores": [2.0]}],
+                   served_at=1.7e9)
+    table = read(tmp_path)
+    assert table.column("session_index").to_pylist() == [0, 1]
+    assert table.column("items").to_pylist() == [["2", "3"], ["a"]]
+    assert table.column("n_events").to_pylist() == [3, 1]
+    assert table.column("now").to_pylist() == [1.7e9, 1.7e9]  # no request time: the time served
+    assert table.column("times").to_pylist() == [None, None]
+    assert table.column("session_id").to_pylist() == [None, None]
+
+
+def test_rotation_by_minutes_closes_a_file_of_a_quiet_log(tmp_path: Path) -> None:
+    log = ServedLog(tmp_path, max_minutes=0.002)  # 0.12 s
+    log.record("r0", *one(0))
+    deadline = time.monotonic() + 10
+    while not served_files(tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert [pq.read_metadata(f).num_rows for f in served_files(tmp_path)] == [1]  # closed without close()
+    log.record("r1", *one(1))
+    log.close()
+    assert [pq.read_metadata(f).num_rows for f in served_files(tmp_path)] == [1, 1]
+
+
+def test_a_full_buffer_drops_the_request_and_counts_its_rows(tmp_path: Path) -> None:
+    log = ServedLog(tmp_path, buffer_rows=3, flush_rows=3, max_minutes=60)  # the thread waits for 3 rows
+    two = [[1], [2]], [{"item_ids": [3], "scores": [1.0]}] * 2
+    assert log.record("a", *two)
+    assert not log.record("b", *two)  # 2 + 2 rows > 3: refused whole, at once
+    assert log.rows_dropped == 2
+    assert log.record("c", *one(5))  # 3 rows: the thread drains them
+    log.close()
+    assert read(tmp_path).column("request_id").to_pylist() == ["a", "a", "c"]
+    assert (log.rows_written, log.rows_dropped) == (3, 2)
+    with pytest.raises(RuntimeError, match="closed"):
+        log.record("d", *one(6))
+
+
+def test_bad_settings_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="max_rows must be an integer of 1 or more, got 0"):
+        ServedLog(tmp_path, max_rows=0)
+    with pytest.raises(ValueError, match=r"flush_rows \(5\) must be at most buffer_rows \(4\)"):
+        ServedLog(tmp_path, buffer_rows=4, flush_rows=5)
+    with ServedLog(tmp_path) as log, pytest.raises(ValueError, match="2 sessions but 1 results"):
+        log.record("r", [[1], [2]], [{"item_ids": [3], "scores": [1.0]}])
+
+
+def test_a_writer_killed_mid_file_leaves_no_half_file_in_the_readers_view(tmp_path: Path) -> None:
+    script = textwrap.dedent(f"""
+        import time
+        from sessrec.serving.served_log import ServedLog
+        log = ServedLog({str(tmp_path)!r}, max_rows=5, flush_rows=1, max_minutes=60)
+        for i in range(12):
+            log.record(f"r{{i}}", [[i]], [{{"item_ids": [i], "scores": [1.0]}}])
+        while log.rows_written < 12:
+            time.sleep(0.01)
+        print("written", flush=True)
+        time.sleep(60)
+    """)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env) as proc:
+        try:
+            assert proc.stdout.readline().strip() == "written"
+        finally:
+            os.kill(proc.pid, signal.SIGKILL)
+    assert [pq.read_metadata(f).num_rows for f in served_files(tmp_path)] == [5, 5]  # the open file is not among them
+    half = list(tmp_path.glob(".served-*.parquet.tmp"))
+    assert len(half) == 1
+    with pytest.raises((pa.ArrowInvalid, OSError)):
+        pq.read_table(half[0])  # its footer was never written
+    assert read(tmp_path).column("request_id").to_pylist() == [f"r{i}" for i in range(10)]
+
+
+def test_a_failing_disk_drops_and_counts_rows_and_the_log_goes_on(tmp_path: Path, monkeypatch) -> None:
+    from sessrec.serving import served_log
+
+    real, calls = served_log.pq.ParquetWriter, []
+
+    def writer(path, schema):  # the first file cannot be opened: a full disk
+        calls.append(path)
+        if len(calls) == 1:
+            raise OSError(28, "No space left on device")
+        return real(path, schema)
+
+    monkeypatch.setattr(served_log.pq, "ParquetWriter", writer)
+    log = ServedLog(tmp_path, flush_rows=1, max_minutes=60)
+    log.record("lost", *one(0))
+    deadline = time.monotonic() + 10
+    while log.rows_dropped == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    log.record("kept", *one(1))
+    log.close()
+    assert (log.rows_written, log.rows_dropped) == (1, 1)
+    assert read(tmp_path).column("request_id").to_pylist() == ["kept"]
+    assert not list(tmp_path.glob(".*.tmp"))

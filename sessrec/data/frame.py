@@ -45,7 +45,8 @@ def group_sessions(events: pa.Table, schema: Schema, drop_repeats: bool = False)
         events: validated, sorted events (see `sort_events`).
         schema: column roles.
         drop_repeats: remove an event whose item equals the previous event's item in the same
-            session (consecutive repeats, e.g. page reloads; a virtual event repeats a virtual one only).
+            session (consecutive repeats, e.g. page reloads); products only, so that the sessions are the same
+            whether virtual events are kept or not (their ids are null when they are not).
 
     Returns:
         Table with ``session_id``, ``item_id`` (list), ``timestamp`` (list, if the schema has one),
@@ -58,7 +59,7 @@ def group_sessions(events: pa.Table, schema: Schema, drop_repeats: bool = False)
         repeat[1:] = (items[1:] == items[:-1]) & (sessions[1:] == sessions[:-1])
         if schema.virtual is not None:
             flags = events.column(VIRTUAL).to_numpy(zero_copy_only=False)
-            repeat[1:] &= flags[1:] == flags[:-1]
+            repeat[1:] &= ~flags[1:] & ~flags[:-1]
         events = events.filter(pa.array(~repeat))
         sessions = sessions[~repeat]
     offsets = _boundaries(sessions)

@@ -101,6 +101,17 @@ class VirtualSpec:
         marked = pc.is_in(text, value_set=pa.array([str(v) for v in self.values], pa.string()))
         return marked.fill_null(False).to_numpy(zero_copy_only=False).astype(bool)
 
+    def check_unmarked(self, table: pa.Table, item_id: str, virtual: np.ndarray, source: str, rows: Rows) -> None:
+        """Refuse an unmarked event without an item id, naming the value of `column` that `values` misses."""
+        missing = table.column(item_id).is_null().to_numpy(zero_copy_only=False) & ~virtual
+        if missing.any():
+            index = int(np.flatnonzero(missing)[0])
+            raise SchemaError(
+                f"{source}: column {item_id!r} has a null id at row {_row(rows, index)}, where column {self.column!r} "
+                f"holds {table.column(self.column)[index].as_py()!r}, not one of virtual.values {list(self.values)}; "
+                "list that value to mark the event virtual, or drop or fill the row"
+            )
+
     def keys(self, table: pa.Table) -> pa.Array:
         """(E,) text key of every row of `table` (the `key` columns joined by `separator`)."""
         parts = [pc.cast(table.column(c), pa.string()).fill_null("") for c in (self.key or [self.column])]
@@ -226,6 +237,7 @@ class Schema:
             out[self.item_id] = check_id(table, self.item_id, source, rows, self.string_ids)
         else:
             virtual = self.virtual.marks(table, source)
+            self.virtual.check_unmarked(table, self.item_id, virtual, source, rows)
             products = table.filter(pa.array(~virtual)).select([self.item_id])
             ids = check_id(products, self.item_id, source, rows + np.flatnonzero(~virtual), self.string_ids)
             out[self.item_id] = self.virtual.items(table, ids, virtual)

@@ -132,3 +132,28 @@ def test_drop_repeats_drops_repeated_products_only():
     assert sessions.column("item_id").to_pylist() == [["a", "a", "a", "b"]]
     assert sessions.column("virtual").to_pylist() == [[True, True, False, False]]
     assert np.array_equal(frame.product_lengths(sessions), [2])
+
+
+def test_a_scoring_stream_marks_virtual_events_with_the_schema_role(tmp_path):
+    from sessrec.data import ItemVocab, ScoringStream
+
+    items = pa.array(["10", "11", "12", "search:paris", "filter:4 stars"])
+    vocab = ItemVocab.fit(items, virtual=np.array([False, False, False, True, True]))
+    path = tmp_path / "sessions.csv"
+    pacsv.write_csv(log(), path)
+    batch = next(iter(ScoringStream(path, vocab, schema=SCHEMA, max_length=4)))
+    ids = {raw: vocab.encode(pa.array([raw]), virtual=np.array([raw[0].isalpha()])).ids[0] for raw in items.to_pylist()}
+    assert batch.items.tolist() == [
+        [ids["10"], ids["11"], ids["search:paris"]],  # session 1, ending with its search
+        [0, ids["12"], 1],  # session 2: an unknown virtual key is OOV
+        [1, ids["filter:4 stars"], 1],  # session 3: unknown products 13, 14 are OOV
+        [0, 1, 1],
+    ]
+    dropped = replace(SCHEMA, virtual=replace(ROLE, keep=False))
+    only_virtual = log().slice(2, 1).set_column(0, "session_id", pa.array([5]))
+    pacsv.write_csv(pa.concat_tables([log(), only_virtual]), path)
+    with pytest.raises(SchemaError, match=r"sessions.csv: session 5 is made only of virtual events \(column 'kind' holds"):
+        list(ScoringStream(path, vocab, schema=dropped, max_length=4))
+    pacsv.write_csv(log(), path)
+    batch = next(iter(ScoringStream(path, vocab, schema=dropped, max_length=4)))
+    assert batch.items.tolist() == [[ids["10"], ids["11"]], [0, ids["12"]], [1, 1], [1, 1]]

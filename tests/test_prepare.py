@@ -13,7 +13,16 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 
-from sessrec.data import EventLogSource, FeatureSpec, ItemVocab, PreparedSource, Schema, VirtualSpec, frame, prepare
+from sessrec.data import (
+    EventLogSource,
+    FeatureSpec,
+    ItemVocab,
+    PreparedSource,
+    Schema,
+    VirtualSpec,
+    frame,
+    prepare,
+)
 from sessrec.data.prepared import parse_bytes
 from sessrec.data.prepared.dataset import read_manifest
 

@@ -9,7 +9,16 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 
-from sessrec.data import EventLogSource, FeatureSpec, MerlinSource, Schema, SchemaError, SyntheticSource, VirtualSpec, frame
+from sessrec.data import (
+    EventLogSource,
+    FeatureSpec,
+    MerlinSource,
+    Schema,
+    SchemaError,
+    SyntheticSource,
+    VirtualSpec,
+    frame,
+)
 
 ROLE = VirtualSpec("kind", ["search", "filter"], key=["kind", "page"])
 SCHEMA = Schema(virtual=ROLE)

@@ -166,3 +166,18 @@ def test_a_scoring_stream_marks_virtual_events_with_the_schema_role(tmp_path):
     pacsv.write_csv(log(), path)
     batch = next(iter(ScoringStream(path, vocab, schema=dropped, max_length=4)))
     assert batch.items.tolist() == [[ids["10"], ids["11"]], [0, ids["12"]], [1, 1], [1, 1]]
+
+
+def test_a_time_window_source_keeps_or_drops_the_virtual_events_of_the_same_sessions(tmp_path):
+    from sessrec.data import TimeWindowSource
+
+    path = tmp_path / "log.parquet"
+    pq.write_table(log(), path)
+    window = {"train_from": 0.0, "train_until": 250.0, "test_until": 1000.0, "valid_fraction": 0.5}
+    kept = TimeWindowSource([str(path)], schema=SCHEMA, **window).load()
+    dropped = TimeWindowSource([str(path)], schema=replace(SCHEMA, virtual=replace(ROLE, keep=False)), **window).load()
+    # session 1 ends at its last product (200): in the training window, though its search comes at 9000
+    assert [kept.train.column("session_id").to_pylist(), kept.valid.column("session_id").to_pylist()] == [[4], [1]]
+    assert kept.valid.column("item_id").to_pylist() == [["10", "11", "search:paris"]]
+    assert dropped.valid.column("item_id").to_pylist() == [[10, 11]] and "virtual" not in dropped.test.column_names
+    assert kept.test.column("session_id").equals(dropped.test.column("session_id"))

@@ -510,6 +510,8 @@ class TimeWindowSource(SessionSource):
                 raise ValueError(f"{source}: no session of {self.min_length}+ events ends in the {name} window, from "
                                  f"{iso(a)} to {iso(b)}")
         train, _, valid = frame.time_split(train, test_fraction=self.valid_fraction)
+        if self.schema.virtual is not None and not self.schema.virtual.keep:
+            train, valid, test = (frame.drop_virtual(part) for part in (train, valid, test))
         return SessionSplits(train=train, valid=valid, test=test, source=source)
 
 

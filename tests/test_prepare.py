@@ -13,13 +13,27 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 
-from sessrec.data import EventLogSource, FeatureSpec, ItemVocab, PreparedSource, Schema, frame, prepare
+from sessrec.data import (
+    EventLogSource,
+    FeatureSpec,
+    ItemVocab,
+    PreparedSource,
+    Schema,
+    VirtualSpec,
+    frame,
+    prepare,
+)
 from sessrec.data.prepared import parse_bytes
 from sessrec.data.prepared.dataset import read_manifest
 
 SCHEMA = Schema(
     session_id="sid", item_id="item", timestamp="t", order_by="step",
     features=[FeatureSpec("virtual"), FeatureSpec("category"), FeatureSpec("price", "continuous")],
+)
+ROLE_SCHEMA = Schema(  # the same log, its virtual events marked by the schema's virtual role (ids null there)
+    session_id="sid", item_id="item", timestamp="t", order_by="step",
+    features=[FeatureSpec("category"), FeatureSpec("price", "continuous")],
+    virtual=VirtualSpec("kind", ["search", "filter"], key=["kind", "category"]),
 )
 LAYOUT = {"part_sessions": 37, "row_group_sessions": 8}  # several parts a split, several row groups a part
 
@@ -44,6 +58,8 @@ def event_log(seed: int = 0, sessions: int = 400, string_ids: bool = False) -> p
         "virtual": virtual, "category": rng.integers(0, 6, lengths.sum()), "price": rng.random(lengths.sum()).round(3),
         "other": np.arange(lengths.sum()),
     })
+    kind = np.where(virtual == 1, np.where(item % 2 == 0, "search", "filter"), "product")
+    table = table.append_column("kind", pa.array(kind))
     order = rng.permutation(table.num_rows)  # arrival order: sessions interleaved
     table = table.take(pa.array(order))
     if string_ids:
@@ -88,15 +104,7 @@ def test_the_engines_write_the_in_memory_dataset_byte_for_byte(tmp_path, splitti
     monkeypatch.setattr(plan, "BATCH_SESSIONS", 8)  # the local engine's partition files in many record batches
     path = write(event_log(), tmp_path / f"events{suffix}")
     source = EventLogSource(path, schema=SCHEMA, **SPLITTINGS[splitting])
-    memory = prepare(source, str(tmp_path / "memory"), engine="memory", **LAYOUT)
-    runs = {p: prepare(source, str(tmp_path / f"local{p}"), engine="local", partitions=p, workers=2, **LAYOUT)
-            for p in (1, 3, 8)}
-    runs["dask"] = prepare(source, str(tmp_path / "dask"), engine="dask", partitions=4, scheduler=dask_scheduler, **LAYOUT)
-    expected = hashes(memory)
-    assert len([n for n in expected if n.startswith("train/")]) > 1  # several parts
-    for run in runs.values():
-        assert hashes(run) == expected
-        assert (run / "manifest.json").read_bytes() == (memory / "manifest.json").read_bytes()
+    runs = prepared_by_every_engine(source, tmp_path, dask_scheduler, (1, 3, 8))
     splits, prepared = source.load(), PreparedSource(str(runs[3])).load()
     manifest = read_manifest(runs[3])
     for name in ("train", "valid", "test"):
@@ -109,6 +117,51 @@ def test_the_engines_write_the_in_memory_dataset_byte_for_byte(tmp_path, splitti
     fitted = ItemVocab.fit(items, virtual=virtual)
     assert fitted.num_virtual > 0
     assert PreparedSource(str(runs[8])).vocab(1, None) == fitted
+
+
+def prepared_by_every_engine(source: EventLogSource, tmp_path: Path, dask_scheduler: str,
+                             partitions: tuple[int, ...]) -> dict[int | str, Path]:
+    """The source prepared by the local engine (with each number of `partitions`) and the dask engine, each checked
+    equal, byte for byte, to the in-memory dataset."""
+    memory = prepare(source, str(tmp_path / "memory"), engine="memory", **LAYOUT)
+    runs: dict[int | str, Path] = {
+        p: prepare(source, str(tmp_path / f"local{p}"), engine="local", partitions=p, workers=2, **LAYOUT) for p in partitions
+    }
+    runs["dask"] = prepare(source, str(tmp_path / "dask"), engine="dask", partitions=4, scheduler=dask_scheduler, **LAYOUT)
+    expected = hashes(memory)
+    assert len([n for n in expected if n.startswith("train/")]) > 1  # several parts
+    for run in runs.values():
+        assert hashes(run) == expected
+        assert (run / "manifest.json").read_bytes() == (memory / "manifest.json").read_bytes()
+    return runs
+
+
+@pytest.mark.parametrize("keep", [True, False])
+@pytest.mark.parametrize("splitting", ["fractions", "repeats_and_cut"])
+def test_the_engines_write_the_in_memory_dataset_of_a_log_with_the_virtual_role(tmp_path, splitting, keep, dask_scheduler,
+                                                                                monkeypatch):
+    from sessrec.data.prepared import cluster
+
+    monkeypatch.setattr(cluster, "PIECE_BYTES", 4096)  # a CSV file in several pieces
+    log = event_log()
+    marked = pc.equal(log.column("virtual"), 1)
+    log = log.set_column(1, "item", pc.if_else(marked, pa.scalar(None, pa.int64()), log.column("item")))
+    path = write(log, tmp_path / "events.csv")
+    schema = replace(ROLE_SCHEMA, virtual=replace(ROLE_SCHEMA.virtual, keep=keep))
+    source = EventLogSource(path, schema=schema, **SPLITTINGS[splitting])
+    runs = prepared_by_every_engine(source, tmp_path, dask_scheduler, (1, 3))
+    splits, prepared = source.load(), PreparedSource(str(runs[3])).load()
+    assert all(getattr(prepared, n).equals(getattr(splits, n)) for n in ("train", "valid", "test"))
+    as_feature = EventLogSource(path, schema=replace(ROLE_SCHEMA, virtual=replace(ROLE_SCHEMA.virtual, keep=True)),
+                                **SPLITTINGS[splitting]).load()
+    for name in ("train", "valid", "test"):  # the same sessions whether the virtual events are kept or not
+        assert getattr(splits, name).column("session_id").equals(getattr(as_feature, name).column("session_id"))
+    vocab = PreparedSource(str(runs["dask"])).vocab(1, None)
+    items, _ = frame.list_offsets(splits.train.column(frame.ITEMS))
+    assert vocab == ItemVocab.fit(items, virtual=frame.virtual_flags(splits.train))
+    assert (vocab.num_virtual > 0) == keep
+    if keep:
+        assert set(vocab.raw_ids.slice(vocab.num_products).to_pylist()) <= {f"{k}:{c}" for k in ("search", "filter") for c in range(6)}
 
 
 def test_string_session_ids_and_a_shipped_test_file(tmp_path, dask_scheduler):

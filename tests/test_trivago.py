@@ -2,6 +2,7 @@
 bad logs, and the side-feature transforms' round trip through ``sessrec fit`` -> ``sessrec predict``."""
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -12,8 +13,9 @@ import pytest
 import torch
 
 from sessrec.cli import cli as main
-from sessrec.data import SchemaError, SideFeatures, frame
+from sessrec.data import EventLogSource, SchemaError, SideFeatures, frame
 from sessrec.datasets import TrivagoSource
+from sessrec.datasets.trivago import SCHEMA
 from sessrec.features import SideFeatureTransform
 from sessrec.tasks import SessionDataModule
 
@@ -120,8 +122,9 @@ def test_bad_logs_give_clear_errors(tmp_path):
     path = fake_log(tmp_path / "log.parquet")
     with pytest.raises(SchemaError, match=r"log.parquet: column 'colour' is missing"):
         TrivagoSource(str(path), features=["colour"]).load()
+    schema = replace(SCHEMA, virtual=replace(SCHEMA.virtual, key=["action_type", "weather"]))
     with pytest.raises(SchemaError, match=r"log.parquet: column 'weather' is missing"):
-        TrivagoSource(str(path), virtual_key=["action_type", "weather"]).load()
+        EventLogSource(str(path), schema=schema, test_days=0.1).load()
     # current_filters is null on most events: refused as a categorical feature unless nulls are padded
     dm = SessionDataModule(
         source=TrivagoSource(str(path), features=["current_filters"]),

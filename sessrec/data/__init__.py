@@ -11,7 +11,7 @@ from sessrec.data.pairs import EvalPairs
 from sessrec.data.prepared import prepare
 from sessrec.data.prepared.dataset import PreparedSource
 from sessrec.data.readers import read_events, read_srgnn, read_user_sequences
-from sessrec.data.schema import FeatureSpec, Schema, SchemaError
+from sessrec.data.schema import FeatureSpec, Schema, SchemaError, VirtualSpec
 from sessrec.data.side import FittedSideFeatures, SideFeatures, SideInfoSpec, read_item_vectors
 from sessrec.data.sources import (
     EventLogSource,
@@ -30,6 +30,6 @@ from sessrec.data.vocab import ItemVocab
 __all__ = [
     "EvalPairs", "EventLogSource", "FeatureSpec", "FittedSideFeatures", "ItemVocab", "MerlinSchema", "MerlinSource",
     "PreparedSource", "SRGNNSource", "ScoringStream", "Schema", "SchemaError", "SessionBatch", "SessionLoader", "SessionSource",
-    "SessionSplits", "SideFeatures", "SideInfoSpec", "StreamingLoader", "SyntheticSource", "TimeWindowSource", "UserSequenceSource",
+    "SessionSplits", "SideFeatures", "SideInfoSpec", "StreamingLoader", "SyntheticSource", "TimeWindowSource", "UserSequenceSource", "VirtualSpec",
     "generate_sessions", "prepare", "read_events", "read_item_vectors", "read_merlin_schema", "read_srgnn", "read_user_sequences",
 ]

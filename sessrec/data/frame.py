@@ -14,12 +14,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sessrec.data.schema import Schema
+from sessrec.data.schema import VIRTUAL, Schema
 
 SESSION = "session_id"
 ITEMS = "item_id"
 TIMES = "timestamp"
-VIRTUAL = "virtual"  # optional list<bool> column: True where ``item_id`` holds a virtual (non-product) key
+# VIRTUAL: optional list<bool> column, True where ``item_id`` holds a virtual (non-product) key (`Schema.virtual`)
 TARGETABLE = "targetable"  # optional list<bool> column: False where an event is context only, never a target
 
 
@@ -45,17 +45,21 @@ def group_sessions(events: pa.Table, schema: Schema, drop_repeats: bool = False)
         events: validated, sorted events (see `sort_events`).
         schema: column roles.
         drop_repeats: remove an event whose item equals the previous event's item in the same
-            session (consecutive repeats, e.g. page reloads).
+            session (consecutive repeats, e.g. page reloads); products only, so that the sessions are the same
+            whether virtual events are kept or not (their ids are null when they are not).
 
     Returns:
-        Table with ``session_id``, ``item_id`` (list), ``timestamp`` (list, if the schema has one)
-        and one list column per side feature.
+        Table with ``session_id``, ``item_id`` (list), ``timestamp`` (list, if the schema has one),
+        one list column per side feature, and ``virtual`` (list) when the schema marks virtual events.
     """
     sessions = events.column(schema.session_id).to_numpy(zero_copy_only=False)
     if drop_repeats:
         items = events.column(schema.item_id).to_numpy(zero_copy_only=False)
         repeat = np.zeros(len(items), dtype=bool)
         repeat[1:] = (items[1:] == items[:-1]) & (sessions[1:] == sessions[:-1])
+        if schema.virtual is not None:
+            flags = events.column(VIRTUAL).to_numpy(zero_copy_only=False)
+            repeat[1:] &= ~flags[1:] & ~flags[:-1]
         events = events.filter(pa.array(~repeat))
         sessions = sessions[~repeat]
     offsets = _boundaries(sessions)
@@ -66,6 +70,8 @@ def group_sessions(events: pa.Table, schema: Schema, drop_repeats: bool = False)
         cols[TIMES] = _list(off, events.column(schema.timestamp))
     for feat in schema.features:
         cols[feat.name] = _list(off, events.column(feat.name))
+    if schema.virtual is not None:
+        cols[VIRTUAL] = _list(off, events.column(VIRTUAL))
     return pa.table(cols)
 
 
@@ -88,6 +94,41 @@ def list_offsets(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.nda
 
 def session_lengths(sessions: pa.Table) -> np.ndarray:
     return pc.list_value_length(sessions.column(ITEMS)).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def product_lengths(sessions: pa.Table) -> np.ndarray:
+    """(N,) product events of each session: its length less its virtual events."""
+    lengths = session_lengths(sessions)
+    virtual = virtual_flags(sessions)
+    if virtual is None:
+        return lengths
+    session_of = np.repeat(np.arange(len(lengths)), lengths)
+    return lengths - np.bincount(session_of[virtual], minlength=len(lengths))
+
+
+def filter_events(sessions: pa.Table, keep: np.ndarray) -> pa.Table:
+    """Keep the events where `keep` (E,) is True in every list column; sessions may become empty."""
+    _, offsets = list_offsets(sessions.column(ITEMS))
+    lengths = np.diff(offsets)
+    session_of = np.repeat(np.arange(len(lengths)), lengths)
+    new_offsets = np.concatenate([[0], np.cumsum(np.bincount(session_of[keep], minlength=len(lengths)))])
+    mask, out = pa.array(keep), {}
+    for name in sessions.column_names:
+        col = sessions.column(name)
+        if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
+            values, _ = list_offsets(col)
+            out[name] = pa.ListArray.from_arrays(pa.array(new_offsets.astype(np.int32)), values.filter(mask))
+        else:
+            out[name] = col
+    return pa.table(out)
+
+
+def drop_virtual(sessions: pa.Table) -> pa.Table:
+    """The sessions without their virtual events and without the ``virtual`` column (unchanged without one)."""
+    virtual = virtual_flags(sessions)
+    if virtual is None:
+        return sessions
+    return filter_events(sessions, ~virtual).drop_columns([VIRTUAL])
 
 
 def keep_recent(sessions: pa.Table, max_length: int) -> pa.Table:
@@ -114,10 +155,12 @@ def keep_recent(sessions: pa.Table, max_length: int) -> pa.Table:
 
 
 def filter_lengths(sessions: pa.Table, min_length: int = 1, max_length: int | None = None) -> pa.Table:
-    """Drop sessions shorter than `min_length`; keep the `max_length` most recent events."""
+    """Drop sessions of fewer than `min_length` product events (and, with virtual events, those of no product);
+    keep the `max_length` most recent events (virtual ones included)."""
     if max_length is not None:
         sessions = keep_recent(sessions, max_length)
-    return sessions.filter(pa.array(session_lengths(sessions) >= min_length))
+    least = max(min_length, 1) if VIRTUAL in sessions.column_names else min_length
+    return sessions.filter(pa.array(product_lengths(sessions) >= least))
 
 
 def time_split(
@@ -201,13 +244,25 @@ def check_periods(owner: str, **periods: float | None) -> None:
 
 
 def end_times(sessions: pa.Table) -> np.ndarray | None:
-    """(N,) time of each session's last event, or None when the sessions carry no timestamps."""
-    if TIMES not in sessions.column_names:
+    """(N,) time of each session's last event (`last_times`), or None when the sessions carry no timestamps."""
+    if TIMES not in sessions.column_names or sessions.num_rows == 0:
         return None
-    values, offsets = list_offsets(sessions.column(TIMES))
-    if len(offsets) < 2:
-        return None
-    return values.to_numpy(zero_copy_only=False)[offsets[1:] - 1]
+    return last_times(sessions)
+
+
+def end_events(sessions: pa.Table) -> np.ndarray:
+    """(N,) flat index of the event that ends each session: its last product (its last event when it has
+    no virtual events, or no product)."""
+    _, offsets = list_offsets(sessions.column(ITEMS))
+    last = offsets[1:] - 1
+    virtual = virtual_flags(sessions)
+    if virtual is None:
+        return last
+    products = np.flatnonzero(~virtual)
+    at = np.searchsorted(products, offsets[1:], side="left") - 1  # the last product before each session's end
+    found = at >= 0
+    found[found] = products[at[found]] >= offsets[:-1][found]
+    return np.where(found, products[np.maximum(at, 0)] if len(products) else last, last)
 
 
 def event_times(sessions: pa.Table) -> np.ndarray | None:
@@ -222,9 +277,9 @@ def event_times(sessions: pa.Table) -> np.ndarray | None:
 
 
 def last_times(sessions: pa.Table) -> np.ndarray:
-    values, offsets = list_offsets(sessions.column(TIMES))
-    flat = values.to_numpy(zero_copy_only=False)
-    return flat[offsets[1:] - 1]
+    """(N,) time of each session's end event (`end_events`: its last product)."""
+    values, _ = list_offsets(sessions.column(TIMES))
+    return values.to_numpy(zero_copy_only=False)[end_events(sessions)]
 
 
 def pad_sessions(

@@ -22,6 +22,9 @@ item column, as ``schema.select_by_tag(Tags.ITEM_ID)`` finds it. They map to the
   them); a column tagged neither, or one value per session (``user_id``, ``day-first`` ...), is
   not read.
 
+The source's ``virtual`` setting (`VirtualSpec`) names a list column with one value per item whose
+values mark non-product events (and the list columns that key them): those become virtual items.
+
 Values are checked file by file, and a refusal names the file, the column and a value: a column
 the schema declares ``INT`` may hold integer-valued doubles (NVTabular's ``ListSlice(pad=True)``
 writes padded lists as doubles); they are read as int64, and any other double is refused. Item ids
@@ -46,7 +49,7 @@ from google.protobuf import json_format, struct_pb2, text_format
 from tensorflow_metadata.proto.v0 import schema_pb2
 
 from sessrec.data import frame
-from sessrec.data.schema import SchemaError
+from sessrec.data.schema import SchemaError, VirtualSpec
 from sessrec.data.side import SideFeatures
 from sessrec.data.sources import SessionSource, SessionSplits, _tail_split
 
@@ -237,7 +240,7 @@ class MerlinSource(SessionSource):
       `valid_fraction` before it validation, as `SRGNNSource` splits its training sessions.
 
     Integer item ids equal to `padding_id` (NVTabular's padding, 0) are dropped with their side
-    values, then sessions shorter than `min_length` are dropped.
+    values (unless `virtual` marks the event), then sessions of fewer than `min_length` products.
 
     Args:
         path: the dataset directory.
@@ -250,6 +253,9 @@ class MerlinSource(SessionSource):
         valid_fraction: latest share of the training sessions held out for validation when the
             directory has no validation files of its own (or uses them as the test set).
         test_fraction: latest share of all sessions tested on when the directory has no split.
+        virtual: the list column (one value per item) and its values that mark non-product events, kept
+            as virtual items keyed by the `VirtualSpec`'s key columns (list columns too), or dropped after
+            the sessions are filtered when it does not keep them; None: every item is a product.
 
     Examples:
         >>> source = MerlinSource("path/to/t4r_dataset")  # doctest: +SKIP
@@ -266,6 +272,7 @@ class MerlinSource(SessionSource):
         min_length: int = 2,
         valid_fraction: float = 0.1,
         test_fraction: float = 0.1,
+        virtual: VirtualSpec | None = None,
     ) -> None:
         if not 0.0 <= valid_fraction < 1.0 or not 0.0 < test_fraction < 1.0 or valid_fraction + test_fraction >= 1.0:
             raise ValueError(
@@ -277,6 +284,7 @@ class MerlinSource(SessionSource):
         self.features = None if features is None else list(features)
         self.padding_id, self.min_length = padding_id, min_length
         self.valid_fraction, self.test_fraction = valid_fraction, test_fraction
+        self.virtual = virtual
 
     # -- what the directory holds -----------------------------------------------------------
     def schema(self) -> MerlinSchema:
@@ -323,6 +331,14 @@ class MerlinSource(SessionSource):
         files = self.files()
         read = {split: self._read(paths, schema) for split, paths in files.items()}
         source = str(self.path)
+        if self.virtual is not None:
+            if not any(frame.virtual_flags(table).any() for table in read.values()):
+                raise SchemaError(
+                    f"{source}: column {self.virtual.column!r} never holds a value of virtual.values {list(self.virtual.values)} "
+                    "in the kept sessions, so no event is virtual; give the values the column holds for non-product events"
+                )
+            if not self.virtual.keep:
+                read = {split: frame.drop_virtual(table) for split, table in read.items()}
         if "all" in read:
             rest, test = _tail_split(read["all"], self.test_fraction)
             train, valid = _tail_split(rest, self.valid_fraction / (1.0 - self.test_fraction))
@@ -383,7 +399,8 @@ class MerlinSource(SessionSource):
     def _read_file(
         self, path: Path, schema: MerlinSchema, item: MerlinColumn, session: MerlinColumn | None, side: list[MerlinColumn]
     ) -> pa.Table:
-        wanted = [item.name, *([session.name] if session else []), *(c.name for c in side)]
+        marking = [c for c in (self.virtual.columns if self.virtual else []) if c != item.name]
+        wanted = list(dict.fromkeys([item.name, *([session.name] if session else []), *(c.name for c in side), *marking]))
         try:
             names = pq.read_schema(path).names
             missing = [c for c in wanted if c not in names]
@@ -391,7 +408,8 @@ class MerlinSource(SessionSource):
         except (pa.ArrowInvalid, OSError) as err:
             raise SchemaError(f"{path}: cannot be read as parquet: {' '.join(str(err).split())}") from err
         if table is None:
-            raise SchemaError(f"{path}: column {missing[0]!r}, tagged in {schema.path}, is missing; the file has columns {names}")
+            why = "named by the source's virtual setting" if missing[0] in marking else f"tagged in {schema.path}"
+            raise SchemaError(f"{path}: column {missing[0]!r}, {why}, is missing; the file has columns {names}")
         items = table.column(item.name)
         if not (pa.types.is_list(items.type) or pa.types.is_large_list(items.type)):
             raise SchemaError(
@@ -400,14 +418,23 @@ class MerlinSource(SessionSource):
             )
         values, offsets = frame.list_offsets(items)
         values = _values(values, item, path, schema)
+        virtual = np.zeros(len(values), dtype=bool)
+        if self.virtual is not None:
+            events = pa.table({c: self._per_item(table, c, offsets, path) for c in self.virtual.columns})
+            virtual = self.virtual.marks(events, str(path))
+        products = values.filter(pa.array(~virtual))
         if not (pa.types.is_integer(values.type) or pa.types.is_string(values.type) or pa.types.is_large_string(values.type)):
             raise SchemaError(f"{path}: column {item.name!r} holds {values.type} item ids (e.g. {_first(values)!r}); item ids are integers or strings")
-        if values.null_count:
-            row = int(np.searchsorted(offsets, int(np.flatnonzero(values.is_null().to_numpy(zero_copy_only=False))[0]), side="right") - 1)
+        if products.null_count:
+            at = np.flatnonzero(~virtual)[int(np.flatnonzero(products.is_null().to_numpy(zero_copy_only=False))[0])]
+            row = int(np.searchsorted(offsets, at, side="right") - 1)
             raise SchemaError(f"{path}: column {item.name!r} has a null item id (None) in row {row}; fill or drop it")
         keep = np.ones(len(values), dtype=bool)
         if self.padding_id is not None and pa.types.is_integer(values.type) and len(values):
-            keep = pc.not_equal(values, pa.scalar(self.padding_id, values.type)).to_numpy(zero_copy_only=False)
+            keep = pc.not_equal(values, pa.scalar(self.padding_id, values.type)).fill_null(True).to_numpy(zero_copy_only=False)
+            keep |= virtual
+        if self.virtual is not None:
+            values = self.virtual.items(events, pa.chunked_array([products], products.type), virtual)
         session_of = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
         counts = np.bincount(session_of[keep], minlength=len(offsets) - 1)
         new_offsets = pa.array(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32))
@@ -426,7 +453,22 @@ class MerlinSource(SessionSource):
                     f"where {item.name!r} has {int(np.diff(offsets)[row])} items; list only per-item columns in features"
                 )
             out[col.name] = pa.ListArray.from_arrays(new_offsets, _values(flat, col, path, schema).filter(mask))
+        if self.virtual is not None:
+            out[frame.VIRTUAL] = pa.ListArray.from_arrays(new_offsets, pa.array(virtual).filter(mask))
         return pa.table(out)
+
+    def _per_item(self, table: pa.Table, name: str, offsets: np.ndarray, path: Path) -> pa.Array:
+        """The flat values of list column `name` (one value per item), refused when it is not one."""
+        column = table.column(name)
+        if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)):
+            raise SchemaError(f"{path}: column {name!r} (virtual) has dtype {column.type} (e.g. {_first(column)!r}), "
+                              "expected a list with one value per item")
+        flat, off = frame.list_offsets(column)
+        if not np.array_equal(off, offsets):
+            row = int(np.flatnonzero(np.diff(off) != np.diff(offsets))[0])
+            raise SchemaError(f"{path}: column {name!r} (virtual) has {int(np.diff(off)[row])} values in row {row}, "
+                              f"where the items have {int(np.diff(offsets)[row])}")
+        return flat
 
 
 def _values(values: pa.Array, column: MerlinColumn, path: Path, schema: MerlinSchema) -> pa.Array:

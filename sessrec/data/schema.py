@@ -1,7 +1,7 @@
 """Typed description of an interaction log, and its validation against a loaded table.
 
 A `Schema` names the columns that hold the session id, the item id, the event time and any
-side features. `Schema.validate` checks a `pyarrow.Table` read from a file and raises a
+side features, and (`VirtualSpec`) the values that mark non-product events. `Schema.validate` checks a `pyarrow.Table` read from a file and raises a
 `SchemaError` naming the file, the column, an example bad value and its row, so a user can fix
 the input without reading our code.
 """
@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 from sessrec.saved.registry import register
 
 FeatureKind = Literal["categorical", "continuous"]
+VIRTUAL = "virtual"  # the validated events' bool column (and the session table's list<bool> column) of virtual events
 TimeUnit = Literal["s", "ms", "us", "ns", "datetime"]
 
 
@@ -47,6 +48,91 @@ class FeatureSpec:
 
 @register  # a model directory's data section builds it (a source's schema)
 @dataclass(frozen=True)
+class VirtualSpec:
+    """Non-product events of a log kept as *virtual items* (Coveo SIGIR'21): input tokens, never targets
+    nor recommendations.
+
+    An event is virtual when its `column` holds one of `values`; its item is then the text of its `key`
+    columns joined by `separator` (e.g. ``filter selection:4 Star``), and its item id column may be null.
+    Product ids become text too (virtual keys and products share one vocabulary). A session's end time
+    is that of its last product, and a source's length filters count products only, so that the
+    sessions, the split and the evaluation pairs do not depend on `keep`.
+
+    Args:
+        column: the column whose values mark virtual events (``event_type``, ``action_type``).
+        values: the values of `column` that mark them, compared as text (``page_view``; ``true`` for a
+            boolean column; ``3`` for an integer code).
+        key: the columns whose values (null as empty text) key a virtual item; empty: `column` alone.
+        separator: what joins the parts of the key.
+        keep: False drops the virtual events once the sessions are filtered and split (the product ids
+            keep their type): the baseline of an ablation, with the same sessions and evaluation pairs.
+    """
+
+    column: str
+    values: list[str]
+    key: list[str] = field(default_factory=list)
+    separator: str = ":"
+    keep: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.column, str) or not self.column:
+            raise ValueError(f"VirtualSpec: column must be a column name, got {self.column!r}")
+        if not self.values:
+            raise ValueError(f"VirtualSpec: values must name at least one value of column {self.column!r} that marks a virtual event")
+        bad = [c for c in self.key if not isinstance(c, str) or not c]
+        if bad:
+            raise ValueError(f"VirtualSpec: key must be column names, got {bad[0]!r}")
+
+    @property
+    def columns(self) -> list[str]:
+        """The columns it reads: `column`, then the key's."""
+        return list(dict.fromkeys([self.column, *self.key]))
+
+    def marks(self, table: pa.Table, source: str) -> np.ndarray:
+        """(E,) bool: the rows of `table` whose `column` holds one of `values` (a null marks nothing)."""
+        col = table.column(self.column)
+        try:
+            text = pc.cast(col, pa.string())
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
+            raise SchemaError(
+                f"{source}: column {self.column!r} has dtype {col.type}, which cannot mark virtual events; "
+                "give a column of text, numbers or booleans"
+            ) from err
+        marked = pc.is_in(text, value_set=pa.array([str(v) for v in self.values], pa.string()))
+        return marked.fill_null(False).to_numpy(zero_copy_only=False).astype(bool)
+
+    def check_unmarked(self, table: pa.Table, item_id: str, virtual: np.ndarray, source: str, rows: Rows) -> None:
+        """Refuse an unmarked event without an item id, naming the value of `column` that `values` misses."""
+        missing = table.column(item_id).is_null().to_numpy(zero_copy_only=False) & ~virtual
+        if missing.any():
+            index = int(np.flatnonzero(missing)[0])
+            raise SchemaError(
+                f"{source}: column {item_id!r} has a null id at row {_row(rows, index)}, where column {self.column!r} "
+                f"holds {table.column(self.column)[index].as_py()!r}, not one of virtual.values {list(self.values)}; "
+                "list that value to mark the event virtual, or drop or fill the row"
+            )
+
+    def keys(self, table: pa.Table) -> pa.Array:
+        """(E,) text key of every row of `table` (the `key` columns joined by `separator`)."""
+        parts = [pc.cast(table.column(c), pa.string()).fill_null("") for c in (self.key or [self.column])]
+        joined = parts[0] if len(parts) == 1 else pc.binary_join_element_wise(*parts, self.separator)
+        return joined.combine_chunks() if isinstance(joined, pa.ChunkedArray) else joined
+
+    def items(self, table: pa.Table, products: pa.ChunkedArray, virtual: np.ndarray) -> pa.Array:
+        """(E,) item of every row: the validated product ids `products` (one per unmarked row, in order)
+        and each marked row's key; as text when `keep`, else the products' type with null at marked rows."""
+        index = np.empty(len(virtual), dtype=np.int64)
+        index[~virtual] = np.arange(int((~virtual).sum()))
+        index[virtual] = len(products) + np.arange(int(virtual.sum()))
+        products = products.combine_chunks()
+        if not self.keep:
+            return pa.concat_arrays([products, pa.nulls(int(virtual.sum()), products.type)]).take(pa.array(index))
+        keys = self.keys(table.filter(pa.array(virtual)))
+        return pa.concat_arrays([products.cast(pa.string()), keys.cast(pa.string())]).take(pa.array(index))
+
+
+@register  # a model directory's data section builds it (a source's schema)
+@dataclass(frozen=True)
 class Schema:
     """Column roles of an event log (one row per interaction).
 
@@ -63,10 +149,13 @@ class Schema:
         features: side-feature columns carried along with the items.
         string_ids: read the session and item id columns of a text file as strings, for ids that
             do not fit int64 (20-digit ids); integer ids of a parquet file are converted to text.
+        virtual: the column and values that mark non-product events as virtual items (`VirtualSpec`);
+            None: every event is a product.
 
     Raises:
         ValueError: on an unknown `time_unit`, or one column given two roles (which would make
-            the validated table drop one of them silently).
+            the validated table drop one of them silently), or a role column named ``virtual`` when
+            the schema marks virtual events (the validated table's column of their flags).
     """
 
     session_id: str = "session_id"
@@ -76,6 +165,7 @@ class Schema:
     order_by: str | None = None
     features: list[FeatureSpec] = field(default_factory=list)
     string_ids: bool = False
+    virtual: VirtualSpec | None = None
 
     def __post_init__(self) -> None:
         if self.time_unit not in get_args(TimeUnit):
@@ -93,12 +183,24 @@ class Schema:
                     "each role needs its own column"
                 )
             seen[column] = role
+        if self.virtual is not None and VIRTUAL in seen:
+            raise ValueError(
+                f"Schema: the {seen[VIRTUAL]} column is named {VIRTUAL!r}, the name of the flags of virtual events; "
+                "rename it"
+            )
 
     @property
-    def columns(self) -> list[str]:
+    def role_columns(self) -> list[str]:
+        """The columns of the session id, item id, timestamp, tie-break and features."""
         cols = [self.session_id, self.item_id]
         cols += [c for c in (self.timestamp, self.order_by) if c is not None]
         return cols + [f.name for f in self.features]
+
+    @property
+    def columns(self) -> list[str]:
+        """The columns read from a file: `role_columns`, then those that mark and key virtual events."""
+        cols = self.role_columns
+        return cols + [c for c in (self.virtual.columns if self.virtual else []) if c not in cols]
 
     @property
     def id_columns(self) -> list[str]:
@@ -109,7 +211,8 @@ class Schema:
         """Check `table` against the schema and return it with normalized columns.
 
         The returned table has the schema's columns only; the timestamp (if any) is converted to
-        float64 seconds since the epoch.
+        float64 seconds since the epoch. With `virtual`, the item ids are those of `VirtualSpec.items`
+        (only the products' are checked) and a bool column ``virtual`` marks the virtual events.
 
         Args:
             table: the rows read from `source`.
@@ -129,10 +232,15 @@ class Schema:
                 "Set the schema's column names to match the file."
             )
         rows = first_row
-        out = {
-            self.session_id: check_id(table, self.session_id, source, rows, self.string_ids),
-            self.item_id: check_id(table, self.item_id, source, rows, self.string_ids),
-        }
+        out = {self.session_id: check_id(table, self.session_id, source, rows, self.string_ids)}
+        if self.virtual is None:
+            out[self.item_id] = check_id(table, self.item_id, source, rows, self.string_ids)
+        else:
+            virtual = self.virtual.marks(table, source)
+            self.virtual.check_unmarked(table, self.item_id, virtual, source, rows)
+            products = table.filter(pa.array(~virtual)).select([self.item_id])
+            ids = check_id(products, self.item_id, source, rows + np.flatnonzero(~virtual), self.string_ids)
+            out[self.item_id] = self.virtual.items(table, ids, virtual)
         if self.timestamp is not None:
             out[self.timestamp] = parse_time(table, self.timestamp, self.time_unit, source, rows)
         if self.order_by is not None:
@@ -142,6 +250,8 @@ class Schema:
                 out[feat.name] = _check_numeric(table, feat.name, source, rows)
             else:
                 out[feat.name] = check_id(table, feat.name, source, rows)
+        if self.virtual is not None:
+            out[VIRTUAL] = pa.array(virtual)
         return pa.table(out)
 
 

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 
 from sessrec.data import frame
 from sessrec.data.readers import read_events, read_srgnn, read_user_sequences
-from sessrec.data.schema import Schema
+from sessrec.data.schema import Schema, VirtualSpec
 from sessrec.data.synthetic import generate_sessions
 from sessrec.saved.atomic import atomic_path
 from sessrec.saved.registry import Configurable
@@ -128,8 +128,9 @@ class EventLogSource(SessionSource):
         test_path: optional events of the test period.
         valid_path: optional events of the validation period.
         delimiter: text-file separator; sniffed when None.
-        min_length: drop sessions with fewer events (after removing repeats).
-        max_length: keep the most recent events of longer sessions.
+        min_length: drop sessions with fewer product events (after removing repeats; with the schema's
+            `VirtualSpec`, virtual events do not count).
+        max_length: keep the most recent events (virtual ones included) of longer sessions.
         drop_repeats: remove consecutive repeats of the same item.
         test_days: held-out test period in days, the last of the log (used when `test_path` is None).
         test_fraction: instead of `test_days`, the latest share of sessions held out for testing.
@@ -174,24 +175,44 @@ class EventLogSource(SessionSource):
             )
 
     def sessions(self, path: str) -> pa.Table:
-        """The sessions of one file with at least `min_length` events; raises when none is left."""
-        kept, count, longest = self.sessionize(read_events(path, self.schema, self.delimiter))
-        self.check_kept(path, kept.num_rows, count, longest)
+        """The sessions of one file with at least `min_length` products; raises when none is left."""
+        kept, count, longest, virtual = self.sessionize(read_events(path, self.schema, self.delimiter))
+        self.check_kept(path, kept.num_rows, count, longest, virtual)
         return kept
 
-    def sessionize(self, events: pa.Table) -> tuple[pa.Table, int, int]:
+    def sessionize(self, events: pa.Table) -> tuple[pa.Table, int, int, int]:
         """Validated events (all events of a session among them) as sessions, by session id: those with at
-        least `min_length` events, and the number and greatest length of the sessions before that filter."""
+        least `min_length` products (`frame.filter_lengths`), without their virtual events when the schema's
+        `VirtualSpec` does not keep them; and the number and greatest product count of the sessions before
+        that filter, and the number of virtual events."""
         events = frame.sort_events(events, self.schema)
         sessions = frame.group_sessions(events, self.schema, drop_repeats=self.drop_repeats)
-        lengths = frame.session_lengths(sessions)
-        return frame.filter_lengths(sessions, self.min_length, self.max_length), len(lengths), int(lengths.max(initial=0))
+        lengths = frame.product_lengths(sessions)
+        kept = frame.filter_lengths(sessions, self.min_length, self.max_length)
+        virtual = 0
+        if self.schema.virtual is not None:
+            virtual = int(pc.sum(events.column(frame.VIRTUAL)).as_py() or 0)
+            kept = kept if self.schema.virtual.keep else frame.drop_virtual(kept)
+        return kept, len(lengths), int(lengths.max(initial=0)), virtual
 
-    def check_kept(self, path: str, kept: int, count: int, longest: int) -> None:
-        """Refuse a file of which no session is kept (`kept` of `count` sessions, the longest `longest` events)."""
-        if kept == 0:
+    def check_kept(self, path: str, kept: int, count: int, longest: int, virtual: int = 0) -> None:
+        """Refuse a file of which no session is kept (`kept` of `count` sessions, the longest of `longest`
+        products), or whose events the schema's `VirtualSpec` marks all of, or (the main file) none of (`virtual` marked)."""
+        spec = self.schema.virtual
+        if spec is not None and virtual == 0 and path == self.path:
             raise ValueError(
-                f"{path}: no session has {self.min_length} or more events (the {count} sessions "
+                f"{path}: column {spec.column!r} never holds a value of the schema's virtual.values {list(spec.values)}, "
+                "so no event is virtual; give the values the column holds for non-product events"
+            )
+        if spec is not None and longest == 0:
+            raise ValueError(
+                f"{path}: every event is virtual (column {spec.column!r} holds one of {list(spec.values)} on all "
+                f"{virtual} rows), so no session has a product to predict; check the schema's virtual.values"
+            )
+        if kept == 0:
+            what = "products" if spec is not None else "events"
+            raise ValueError(
+                f"{path}: no session has {self.min_length} or more {what} (the {count} sessions "
                 f"have at most {longest}{' after dropping repeats' if self.drop_repeats else ''}), so there is "
                 f"nothing to train on or evaluate; check the schema's session_id column ({self.schema.session_id!r})"
             )
@@ -350,8 +371,16 @@ class SplitPeriods:
 class SyntheticSource(SessionSource):
     """Sessions from `generate_sessions`, split by time (last day test, the day before validation).
 
-    Non-product page views are dropped here (they carry no item); the virtual-item
-    augmentation that uses them lives with the other augmentations.
+    Sessions of two products or more are kept. Their page views are marked by the schema's
+    `VirtualSpec` (``event_type`` ``page_view``, keyed by ``page``): kept as virtual items with
+    `page_views`, else dropped once the sessions are filtered and split, so the two give the same
+    sessions and evaluation pairs.
+
+    Args:
+        num_sessions, num_items, num_clusters, days, seed: `generate_sessions`' settings.
+        test_days: the last days' sessions are the test set.
+        valid_days: the days before it, validation.
+        page_views: keep the page views as virtual items (input tokens, never targets).
     """
 
     def __init__(
@@ -363,21 +392,22 @@ class SyntheticSource(SessionSource):
         test_days: float = 1.0,
         valid_days: float = 1.0,
         seed: int = 0,
+        page_views: bool = False,
     ) -> None:
         frame.check_periods("SyntheticSource", days=days, test_days=test_days, valid_days=valid_days)
         if test_days + valid_days >= days:
             raise ValueError(f"SyntheticSource: test_days {test_days:g} and valid_days {valid_days:g} leave no training day "
                              f"of the {days:g} days generated")
         self.kwargs = dict(num_sessions=num_sessions, num_items=num_items, num_clusters=num_clusters, days=days, seed=seed)
-        self.test_days, self.valid_days = test_days, valid_days
+        self.test_days, self.valid_days, self.page_views = test_days, valid_days, page_views
 
     def load(self) -> SessionSplits:
         events = generate_sessions(**self.kwargs)
-        events = events.filter(pc.equal(events.column("event_type"), "product"))
-        schema = Schema()
+        schema = Schema(virtual=VirtualSpec("event_type", ["page_view"], key=["page"], keep=self.page_views))
         events = frame.sort_events(schema.validate(events, source="synthetic"), schema)
         sessions = frame.filter_lengths(frame.group_sessions(events, schema), min_length=2)
-        train, valid, test = frame.time_split(sessions, test_days=self.test_days, valid_days=self.valid_days)
+        split = frame.time_split(sessions, test_days=self.test_days, valid_days=self.valid_days)
+        train, valid, test = (part if self.page_views else frame.drop_virtual(part) for part in split)
         return SessionSplits(train=train, valid=valid, test=test)
 
 
@@ -480,6 +510,8 @@ class TimeWindowSource(SessionSource):
                 raise ValueError(f"{source}: no session of {self.min_length}+ events ends in the {name} window, from "
                                  f"{iso(a)} to {iso(b)}")
         train, _, valid = frame.time_split(train, test_fraction=self.valid_fraction)
+        if self.schema.virtual is not None and not self.schema.virtual.keep:
+            train, valid, test = (frame.drop_virtual(part) for part in (train, valid, test))
         return SessionSplits(train=train, valid=valid, test=test, source=source)
 
 

@@ -19,8 +19,9 @@ Asked for them (``times=True``), the batches carry those times in seconds (`Sess
 A model trained with side features needs their columns in the file, under the names the
 recipe's ``side_features`` gives (per event, or as list columns beside ``item_id``), and a
 timestamp column for time features; they are transformed by the transforms fitted in training
-(``features.npz``). A boolean ``virtual`` column, when present, marks events whose ``item_id``
-holds a virtual item's key (e.g. ``filter selection:4 Star``).
+(``features.npz``). Virtual events are those the schema's virtual role (`VirtualSpec`) marks, in
+the event layout; without it, a boolean ``virtual`` column, when present, marks events whose
+``item_id`` holds a virtual item's key (e.g. ``filter selection:4 Star``).
 """
 
 from __future__ import annotations
@@ -229,12 +230,16 @@ class ScoringStream:
         for chunk, first in self._chunks():
             s = self._file_schema(chunk.column_names)
             if s.item_id in chunk.column_names and _is_list(chunk.schema.field(s.item_id).type):
+                if s.virtual is not None:
+                    raise SchemaError(f"{self.path}: column {s.item_id!r} holds lists; the schema's virtual role marks "
+                                      "events of the event layout (one row per event): give one row per event")
                 sessions = self._validate_lists(chunk, first, s)
                 self._check_new(seen, sessions, first + np.arange(sessions.num_rows), s)
                 yield sessions
                 continue
             events = s.validate(chunk, source=str(self.path), first_row=first)
-            for name in [*self.extra, *([frame.VIRTUAL] if frame.VIRTUAL in chunk.column_names else [])]:
+            flags = [frame.VIRTUAL] if frame.VIRTUAL in chunk.column_names and s.virtual is None else []
+            for name in [*self.extra, *flags]:
                 if name not in chunk.column_names:
                     raise SchemaError(
                         f"{self.path}: column {name!r} is missing; the model uses it as a side feature "
@@ -287,7 +292,18 @@ class ScoringStream:
         grouping = Schema(
             s.session_id, s.item_id, s.timestamp if self._needs_times else None, features=[FeatureSpec(c) for c in carried]
         )
-        return frame.group_sessions(events, grouping)
+        sessions = frame.group_sessions(events, grouping)
+        if s.virtual is None or s.virtual.keep:
+            return sessions
+        dropped = frame.drop_virtual(sessions)
+        empty = frame.session_lengths(dropped) == 0
+        if empty.any():
+            raise SchemaError(
+                f"{self.path}: session {dropped.column(frame.SESSION)[int(np.flatnonzero(empty)[0])].as_py()!r} is made only "
+                f"of virtual events (column {s.virtual.column!r} holds one of {list(s.virtual.values)} on each), which "
+                "virtual.keep false drops, leaving nothing to score; keep them or drop the session"
+            )
+        return dropped
 
     def _validate_lists(self, chunk: pa.Table, first: int, s: Schema) -> pa.Table:
         """Sessions of the list layout, ids checked and items in time order; messages name file rows."""

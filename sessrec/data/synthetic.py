@@ -3,9 +3,10 @@
 Items fall into clusters; item popularity is Zipf-distributed; within a session the next
 product follows a fixed per-item Markov transition (to one of a few "successor" items of the
 same cluster) with probability `markov_prob`, else a popular item of the session's cluster.
-A share of events are non-product page views (search, filter, category pages) with a null
-``item_id``: a model that learns the transitions beats popularity by a wide margin, so the
-quickstart has something to show.
+A share of events are non-product page views (search, filter, category and home pages) with a
+null ``item_id``; a category page names the session's cluster (``category 7``), the other pages
+say nothing. A model that learns the transitions beats popularity by a wide margin, so the
+quickstart has something to show; the page views can be kept as virtual items (`VirtualSpec`).
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ def generate_sessions(
     Returns:
         Table with ``session_id`` (int64), ``item_id`` (int64, null for page views, raw ids start
         at 1000 so they differ from model ids), ``timestamp`` (float seconds), ``event_type``
-        (``product`` or ``page_view``) and ``page`` (page type of page views, else null).
+        (``product`` or ``page_view``) and ``page`` (the page of a page view, else null: its type, and
+        for a category page the session's cluster, ``category 7``).
     """
     if num_items < num_clusters:
         raise ValueError(f"num_items ({num_items}) must be at least num_clusters ({num_clusters})")
@@ -79,7 +81,9 @@ def generate_sessions(
     first_gap = np.repeat(cum_gap[np.cumsum(lengths) - lengths], lengths)
     timestamp = np.repeat(start, lengths) + (cum_gap - first_gap)
     is_page = (rng.random(len(item)) < page_view_share) & (step > 0)
-    page = np.where(is_page, PAGE_TYPES[rng.integers(0, len(PAGE_TYPES), len(item))], None)
+    page_type = PAGE_TYPES[rng.integers(0, len(PAGE_TYPES), len(item))]
+    category = np.char.add("category ", np.repeat(session_cluster, lengths).astype(str))
+    page = np.where(is_page, np.where(page_type == "category", category, page_type), None)
     return pa.table(
         {
             "session_id": pa.array(session, pa.int64()),

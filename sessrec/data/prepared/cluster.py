@@ -43,7 +43,7 @@ from sessrec.data.prepared.plan import (
     sessionize_partition,
 )
 from sessrec.data.readers import NULL_VALUES, _is_parquet, _sniff_delimiter, check_time_samples, time_sample
-from sessrec.data.schema import Schema, SchemaError
+from sessrec.data.schema import VIRTUAL, Schema, SchemaError
 from sessrec.data.sources import EventLogSource, SplitPeriods
 
 ROW = "__row"  # the file order of an event: piece << 32 | row within the piece
@@ -115,7 +115,9 @@ def read_piece(piece: Piece, schema: Schema, delimiter: str | None, column_types
 
 
 def _empty(schema: Schema, table: pa.Table) -> pa.Table:
-    return pa.table({c: table.column(c) for c in schema.columns})
+    """No events, with the columns `Schema.validate` gives."""
+    columns = {c: table.column(c) for c in schema.role_columns}
+    return pa.table(columns | ({VIRTUAL: pa.array([], pa.bool_())} if schema.virtual is not None else {}))
 
 
 def _lines(path: Path, start: int, end: int) -> bytes:

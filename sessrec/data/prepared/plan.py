@@ -120,18 +120,18 @@ class PartitionSummary:
     by_end: Stored | None  # the same keys ordered by (`END`, session id); None unless a fraction split needs them
     kept: int  # its sessions
     count: int  # sessions before the length filter
-    longest: int  # their greatest length
+    longest: int  # their greatest product count
     last_end: float | None  # the latest end time of its sessions; None without sessions or timestamps
     nbytes: int = 0  # its sessions' bytes in Arrow
     schema: pa.Schema = field(repr=False, default=None)  # type: ignore[assignment]
+    virtual: int = 0  # its virtual events (marked by the schema's `VirtualSpec`)
 
 
 def _ends(sessions: pa.Table) -> np.ndarray | None:
-    """(N,) end time of each session (empty for no sessions), None without timestamps."""
+    """(N,) end time of each session (`frame.last_times`; empty for no sessions), None without timestamps."""
     if frame.TIMES not in sessions.column_names:
         return None
-    values, offsets = frame.list_offsets(sessions.column(frame.TIMES))
-    return values.to_numpy(zero_copy_only=False)[offsets[1:] - 1]
+    return frame.last_times(sessions)
 
 
 def _store(table: pa.Table, path: str | None) -> Stored:
@@ -150,7 +150,7 @@ def sessionize_partition(source: EventLogSource, events: pa.Table, path: str | o
                          by_end: bool) -> PartitionSummary:
     """Step 2 for one partition's events (in file order): its sessions and keys written beside `path`
     (None: kept in memory); with `by_end` also its keys ordered by end time."""
-    kept, count, longest = source.sessionize(events)
+    kept, count, longest, virtual = source.sessionize(events)
     ends = _ends(kept)
     keys = pa.table({frame.SESSION: kept.column(frame.SESSION).combine_chunks()}
                     | ({} if ends is None else {END: ends}))
@@ -161,7 +161,7 @@ def sessionize_partition(source: EventLogSource, events: pa.Table, path: str | o
                          None if name is None else f"{name}.by-end")
     last = float(ends.max()) if ends is not None and len(ends) else None
     return PartitionSummary(_store(kept, name), _store(keys, None if name is None else f"{name}.keys"), ordered,
-                            kept.num_rows, count, longest, last, kept.nbytes, kept.schema)
+                            kept.num_rows, count, longest, last, kept.nbytes, kept.schema, virtual)
 
 
 class Run:
@@ -458,7 +458,7 @@ def plan_parts(
     written.
     """
     source.check_kept(path, sum(s.kept for s in summaries), sum(s.count for s in summaries),
-                      max((s.longest for s in summaries), default=0))
+                      max((s.longest for s in summaries), default=0), sum(s.virtual for s in summaries))
     summaries = [s for s in summaries if s.kept]
     rule = labeller(source, summaries, splits)
     k = len(summaries)

@@ -161,10 +161,6 @@ class SessionIndex:
             pairs = pairs.take(from_end < sample_size)
         return pairs
 
-    def scatter(self, pairs: Pairs, weight: np.ndarray, num_rows: int) -> sp.csr_matrix:
-        """(B, N) sparse matrix with `weight` at each pair, to spread over items by a product."""
-        return sp.csr_matrix((weight, (pairs.row, pairs.col)), shape=(num_rows, self.num_sessions))
-
     def neighbour_items(self, pairs: Pairs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every (pair, item of its training session): pair index, item id, item position (each (E,))."""
         m = self.items.positions
@@ -191,7 +187,8 @@ def sum_over_bits(
     """
     total = np.zeros(len(bits), dtype=np.float64)
     highest = np.zeros(len(bits), dtype=np.int64)
-    for p in range(1, max_position + 1):  # a loop over positions (<= L), vectorized over pairs
+    top = int(bits.max()).bit_length() if len(bits) else 0  # no position above the highest set bit
+    for p in range(1, min(max_position, top) + 1):  # a loop over positions (<= L), vectorized over pairs
         on = np.flatnonzero((bits >> (p - 1)) & 1)
         if weight is not None:
             total[on] += weight(p, on)
@@ -209,11 +206,23 @@ def top_k(row: np.ndarray, col: np.ndarray, score: np.ndarray, k: int) -> np.nda
     return order[rank < k]
 
 
-def dense_scores(scores: sp.spmatrix, num_items: int) -> torch.Tensor:
-    """Sparse (B, V) scores -> dense float32 tensor, 0 where no neighbour reached an item."""
-    coo = sp.coo_matrix(scores)
-    coo.sum_duplicates()
-    out = torch.zeros(coo.shape[0], num_items, dtype=torch.float32)
-    rows, cols = torch.from_numpy(coo.row.astype(np.int64)), torch.from_numpy(coo.col.astype(np.int64))
-    out[rows, cols] = torch.from_numpy(coo.data.astype(np.float32))
+def dense_sums(row: np.ndarray, col: np.ndarray, values: np.ndarray, shape: tuple[int, int],
+               col_factor: np.ndarray | None = None) -> torch.Tensor:
+    """(B, V) float32 tensor of the float64 sums of `values` (E,) at their (row, col), added in the
+    order given, each sum then times ``col_factor[col]`` when given; 0 where nothing was added.
+
+    Only the E entries are sorted and summed; the one (B, V) array is the dense result.
+
+    Examples:
+        >>> dense_sums(np.array([0, 1, 0]), np.array([2, 0, 2]), np.array([0.5, 1.0, 0.25]), (2, 3)).tolist()
+        [[0.0, 0.0, 0.75], [1.0, 0.0, 0.0]]
+    """
+    out = torch.zeros(shape, dtype=torch.float32)
+    if len(values):
+        key = row.astype(np.int64) * shape[1] + col
+        uniq, inverse = np.unique(key, return_inverse=True)
+        sums = np.bincount(inverse, weights=values, minlength=len(uniq))  # sequential: in the order given
+        if col_factor is not None:
+            sums = sums * col_factor[uniq % shape[1]]
+        out.view(-1)[torch.from_numpy(uniq)] = torch.from_numpy(sums.astype(np.float32))
     return out

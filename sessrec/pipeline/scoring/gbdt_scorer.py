@@ -17,6 +17,9 @@ from sessrec.pipeline.candidate_features import RankingInputs
 from sessrec.pipeline.scoring.scorer import RankerRows, Scorer, early_stopping_split
 
 
+ROWS_PER_THREAD = 20_000  # candidate rows a scoring thread is given at least: a request's few hundred take one
+
+
 def _lightgbm():
     try:
         import lightgbm
@@ -89,7 +92,8 @@ class GBDTScorer(Scorer):
         out = torch.full(inputs.valid.shape, float("-inf"), device=inputs.valid.device)
         x = inputs.dense[inputs.valid].cpu().numpy()  # LightGBM predicts on the host
         if len(x):
-            predicted = torch.from_numpy(self.booster.predict(x, num_iteration=self.best_round))
+            threads = min(self.params["num_threads"], 1 + len(x) // ROWS_PER_THREAD)  # one for a request's rows
+            predicted = torch.from_numpy(self.booster.predict(x, num_iteration=self.best_round, num_threads=threads))
             out[inputs.valid] = predicted.to(out.device, torch.float32)
         return out
 

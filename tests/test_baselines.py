@@ -267,22 +267,25 @@ class Spy(SessionBaseline):
         return self.inner._score(prefixes)
 
 
-def test_dense_sums_add_like_the_sparse_product_they_replace():
+@pytest.mark.parametrize("cells", [1 << 20, 60, 1])  # all rows at once, two rows, one row per block
+def test_dense_sums_add_like_the_sparse_product_they_replace(monkeypatch, cells):
     """`dense_sums` (what the kNN baselines spread their neighbours' weights with) gives, bit for bit,
     the float64 sums of scipy's COO -> dense conversion, duplicates added in the order given, the
-    per-column factor applied after the sum (as ``(sums).multiply(factor)``)."""
+    per-column factor applied after the sum (as ``(sums).multiply(factor)``), block by block of rows."""
     import scipy.sparse as sp
 
-    from sessrec.baselines.knn import dense_sums
+    from sessrec.baselines import knn
 
+    monkeypatch.setattr(knn, "SUM_CELLS", cells)
     rng = np.random.default_rng(0)
-    row, col = rng.integers(0, 5, 400), rng.integers(0, 30, 400)  # many duplicates
+    row, col = np.sort(rng.integers(0, 5, 400)), rng.integers(0, 30, 400)  # grouped by row, many duplicates
+    row[row == 3] = 4  # a row without entries
     values, factor = rng.random(400) * 1e3, 1 + rng.random(30)
     summed = sp.coo_matrix((values, (row, col)), shape=(5, 30)).tocsr()
     expected = summed.multiply(factor[None, :]).toarray().astype(np.float32)
-    assert np.array_equal(dense_sums(row, col, values, (5, 30), factor).numpy(), expected)
-    assert np.array_equal(dense_sums(row, col, values, (5, 30)).numpy(), summed.toarray().astype(np.float32))
-    assert not dense_sums(row[:0], col[:0], values[:0], (5, 30)).any()
+    assert np.array_equal(knn.dense_sums(row, col, values, (5, 30), factor).numpy(), expected)
+    assert np.array_equal(knn.dense_sums(row, col, values, (5, 30)).numpy(), summed.toarray().astype(np.float32))
+    assert not knn.dense_sums(row[:0], col[:0], values[:0], (5, 30)).any()
 
 
 def test_rows_are_scored_independently():

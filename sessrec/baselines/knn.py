@@ -206,23 +206,32 @@ def top_k(row: np.ndarray, col: np.ndarray, score: np.ndarray, k: int) -> np.nda
     return order[rank < k]
 
 
+SUM_CELLS = 1 << 20  # (row, item) cells summed at once: a float64 block of 8 MiB
+
+
 def dense_sums(row: np.ndarray, col: np.ndarray, values: np.ndarray, shape: tuple[int, int],
                col_factor: np.ndarray | None = None) -> torch.Tensor:
     """(B, V) float32 tensor of the float64 sums of `values` (E,) at their (row, col), added in the
     order given, each sum then times ``col_factor[col]`` when given; 0 where nothing was added.
 
-    Only the E entries are sorted and summed; the one (B, V) array is the dense result.
+    `row` must be ascending (the entries grouped by row). The sums are taken a block of rows at a
+    time (`SUM_CELLS` cells), so no float64 array of all (B, V) cells is ever held.
 
     Examples:
-        >>> dense_sums(np.array([0, 1, 0]), np.array([2, 0, 2]), np.array([0.5, 1.0, 0.25]), (2, 3)).tolist()
+        >>> dense_sums(np.array([0, 0, 1]), np.array([2, 2, 0]), np.array([0.5, 0.25, 1.0]), (2, 3)).tolist()
         [[0.0, 0.0, 0.75], [1.0, 0.0, 0.0]]
     """
-    out = torch.zeros(shape, dtype=torch.float32)
-    if len(values):
-        key = row.astype(np.int64) * shape[1] + col
-        uniq, inverse = np.unique(key, return_inverse=True)
-        sums = np.bincount(inverse, weights=values, minlength=len(uniq))  # sequential: in the order given
+    b, v = shape
+    out = np.zeros(shape, dtype=np.float32)
+    step = max(1, SUM_CELLS // max(v, 1))
+    bounds = np.searchsorted(row, np.arange(0, b + step, step))  # entries of each block of rows
+    for block, lo in enumerate(range(0, b, step)):
+        at = slice(bounds[block], bounds[block + 1])
+        if at.start == at.stop:
+            continue
+        rows = min(step, b - lo)
+        sums = np.bincount((row[at] - lo) * v + col[at], values[at], minlength=rows * v).reshape(rows, v)
         if col_factor is not None:
-            sums = sums * col_factor[uniq % shape[1]]
-        out.view(-1)[torch.from_numpy(uniq)] = torch.from_numpy(sums.astype(np.float32))
-    return out
+            sums *= col_factor  # after the sum, as the sum of the spread weights times the item's factor
+        out[lo : lo + rows] = sums
+    return torch.from_numpy(out)

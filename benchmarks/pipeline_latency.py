@@ -10,7 +10,8 @@ trees (``trees`` in the JSON). Requests are validation sessions of the synthetic
 times, timed one by one after a warm-up (`--requests`), reported as p50/p99 ms; then offline throughput
 (`recommend_batch` at batch `--batch`, sessions/s). ``--profile`` also runs every request stage by stage
 through the pipeline's parts (encode, each retriever, merge and filters, features, each ranker member,
-the blend, ordering, decode; the same lists as `recommend`, checked) and prints p50/p99 ms per stage.
+the blend, ordering, decode; the same lists as `recommend`, checked) and prints p50/p99 ms per stage
+(and the p50 of the process's CPU time, the figure to read on a loaded machine).
 ``--pipeline DIR`` saves the built pipeline there and loads it on later runs. With ``--ann`` it also runs
 `ann_index.py`'s FAISS-against-exact comparison at `--ann-items` (default 1M) items.
 
@@ -96,15 +97,17 @@ def raw_requests(dm: SessionDataModule, n: int) -> tuple[list[list[int]], list[l
     return [r[k].tolist() for r, k in zip(raw, keep)], [t[k].tolist() for t, k in zip(stamps, keep)]
 
 
-def staged(pipe: Pipeline, session: list, stamp: list[float], k: int, clock: dict[str, list[float]]) -> list[dict]:
+def staged(pipe: Pipeline, session: list, stamp: list[float], k: int, clock: dict[str, list[float]],
+           cpu: dict[str, list[float]]) -> list[dict]:
     """`Pipeline.recommend` of one session run stage by stage through the pipeline's parts, each
-    stage's milliseconds appended to `clock` under its name."""
-    mark = [time.perf_counter()]
+    stage's milliseconds appended to `clock` (wall) and `cpu` (the process's CPU time) under its name."""
+    mark = [time.perf_counter(), time.process_time()]
 
     def lap(name: str) -> None:
-        now = time.perf_counter()
-        clock[name].append((now - mark[0]) * 1e3)
-        mark[0] = now
+        now = [time.perf_counter(), time.process_time()]
+        clock[name].append((now[0] - mark[0]) * 1e3)
+        cpu[name].append((now[1] - mark[1]) * 1e3)
+        mark[:] = now
 
     request = check_request([session], k, times=[stamp])
     sessions = pipe.encode(request).to(pipe.device)
@@ -133,8 +136,9 @@ def staged(pipe: Pipeline, session: list, stamp: list[float], k: int, clock: dic
     return out
 
 
-def percentiles(ms: list[float]) -> dict[str, float]:
-    return {"p50_ms": round(float(np.percentile(ms, 50)), 3), "p99_ms": round(float(np.percentile(ms, 99)), 3)}
+def percentiles(ms: list[float], cpu: list[float]) -> dict[str, float]:
+    return {"p50_ms": round(float(np.percentile(ms, 50)), 3), "p99_ms": round(float(np.percentile(ms, 99)), 3),
+            "cpu_p50_ms": round(float(np.percentile(cpu, 50)), 3)}
 
 
 def trees(pipe: Pipeline) -> list[int]:
@@ -169,6 +173,7 @@ def main() -> None:
     print(f"built in {time.perf_counter() - start:.0f} s", file=sys.stderr)
     sessions, stamps = raw_requests(dm, args.warmup + args.requests)
     clock: dict[str, list[float]] = defaultdict(list)
+    cpu: dict[str, list[float]] = defaultdict(list)
     with torch.inference_mode():
         for session, stamp in zip(sessions[: args.warmup], stamps[: args.warmup]):
             pipe.recommend([session], k=args.k, times=[stamp])
@@ -179,9 +184,10 @@ def main() -> None:
             times.append((time.perf_counter() - t) * 1e3)
             assert len(out[0]["item_ids"]) > 0
             if args.profile:  # the same request again, stage by stage: the same list
-                parts = staged(pipe, session, stamp, args.k, clock)
+                parts = staged(pipe, session, stamp, args.k, clock, cpu)
                 assert parts[0]["item_ids"] == out[0]["item_ids"], "the staged run differs from recommend"
-                clock["total"].append(sum(clock[name][-1] for name in clock if name != "total"))
+                for lists in (clock, cpu):
+                    lists["total"].append(sum(lists[name][-1] for name in lists if name != "total"))
         many, their_times = raw_requests(dm, args.batch)
         batch = pipe.encode(check_request(many, times=their_times))
         pipe.recommend_batch(batch, args.k)  # warm-up at this batch size
@@ -199,7 +205,7 @@ def main() -> None:
         "load_average": round(os.getloadavg()[0], 2),
     }
     if args.profile:
-        record["stages"] = {name: percentiles(ms) for name, ms in clock.items()}
+        record["stages"] = {name: percentiles(ms, cpu[name]) for name, ms in clock.items()}
     print(json.dumps(record), flush=True)
     if args.ann:
         sys.path.insert(0, str(Path(__file__).parent))

@@ -286,6 +286,8 @@ def test_dense_sums_add_like_the_sparse_product_they_replace(monkeypatch, cells)
     assert np.array_equal(knn.dense_sums(row, col, values, (5, 30), factor).numpy(), expected)
     assert np.array_equal(knn.dense_sums(row, col, values, (5, 30)).numpy(), summed.toarray().astype(np.float32))
     assert not knn.dense_sums(row[:0], col[:0], values[:0], (5, 30)).any()
+    with pytest.raises(ValueError, match="grouped by row"):
+        knn.dense_sums(row[::-1], col, values, (5, 30))
 
 
 def test_rows_are_scored_independently():

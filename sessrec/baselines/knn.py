@@ -222,6 +222,8 @@ def dense_sums(row: np.ndarray, col: np.ndarray, values: np.ndarray, shape: tupl
         [[0.0, 0.0, 0.75], [1.0, 0.0, 0.0]]
     """
     b, v = shape
+    if len(row) > 1 and bool((np.diff(row) < 0).any()):
+        raise ValueError("dense_sums needs the entries grouped by row: row must be ascending")
     out = np.zeros(shape, dtype=np.float32)
     step = max(1, SUM_CELLS // max(v, 1))
     bounds = np.searchsorted(row, np.arange(0, b + step, step))  # entries of each block of rows

@@ -1,4 +1,4 @@
-"""Shared machinery of the session-kNN baselines (`VSKNN`, `STAN`), vectorized with sparse matrices.
+"""Shared machinery of the session-kNN baselines (`VSKNN`, `STAN`), vectorized over the pairs of a batch.
 
 Shape letters: N training sessions, B prefixes, L positions, V items, P candidate pairs
 (prefix, training session) of a batch.
@@ -15,11 +15,13 @@ most recent). "Most recent" candidates and STAN's recency decay use this rank; e
 evaluation prefix comes after all training sessions.
 
 Bit masks. Per (prefix, training session) pair the kNN methods need the positions of the items
-the two share: to weight the similarity and to find the most recent shared item. One sparse
-product gives them for every pair of a batch: each item of one side carries 2**(position - 1),
-the other side is binary, and the product sums the powers over the shared items. Positions of
-distinct items differ, so the sum is exactly the bit mask of the shared positions (int64: up
-to 63 positions, the longest ``max_length`` these baselines accept).
+the two share: to weight the similarity and to find the most recent shared item. Each item of a
+prefix carries 2**(position - 1); the training sessions of its items are gathered from an
+item -> sessions index (only those, never an array over all N sessions), sorted by (prefix,
+session), and the powers of the shared items OR-ed per pair. Positions of distinct items differ,
+so the OR (their sum) is exactly the bit mask of the shared positions (int64: up to 63 positions,
+the longest ``max_length`` these baselines accept); the same gather gives the positions inside
+the training session (STAN).
 """
 
 from __future__ import annotations
@@ -61,18 +63,6 @@ class SessionItems:
     def row_norms(self, values: np.ndarray) -> np.ndarray:
         """(S,) L2 norm over each session's entries of per-entry `values` (nnz,)."""
         return np.sqrt(np.bincount(self.entry_rows(), values**2, minlength=len(self.lengths)))
-
-    def with_values(self, values: np.ndarray) -> sp.csr_matrix:
-        """Same sparsity as `positions`, other values (one per entry)."""
-        m = self.positions
-        return sp.csr_matrix((values, m.indices, m.indptr), shape=m.shape)
-
-    def binary(self) -> sp.csr_matrix:
-        return self.with_values(np.ones(self.positions.nnz, dtype=np.int64))
-
-    def bits(self) -> sp.csr_matrix:
-        """Entry (s, i) = 2 ** (position - 1): a sum over distinct items is a bit mask of positions."""
-        return self.with_values(np.left_shift(np.int64(1), self.positions.data - 1))
 
 
 def session_items(items: np.ndarray, num_items: int) -> SessionItems:
@@ -131,8 +121,8 @@ class SessionIndex:
     def __init__(self, sessions: np.ndarray, num_items: int, session_bits: bool = False) -> None:
         self.items = session_items(sessions, num_items)
         self.num_sessions, self.num_items = len(sessions), num_items
-        self._binary_t = self.items.binary().T.tocsr()  # (V, N)
-        self._bits_t = self.items.bits().T.tocsr() if session_bits else None  # (V, N)
+        self.session_bits = session_bits
+        self._by_item = self.items.positions.T.tocsr()  # (V, N): each item's training sessions, its position in each
 
     def document_frequency(self) -> np.ndarray:
         """(V,) number of training sessions that contain each item."""
@@ -145,19 +135,25 @@ class SessionIndex:
             prefix: `SessionItems` of the batch of prefixes (B rows).
             sample_size: keep the most recent candidates of each prefix; 0 keeps all.
         """
-        by_prefix = prefix.bits() @ self._binary_t  # (B, N), prefix positions of shared items
-        by_prefix.sort_indices()  # columns ascending = oldest to most recent
-        counts = np.diff(by_prefix.indptr)
-        row = np.repeat(np.arange(by_prefix.shape[0]), counts)
-        pairs = Pairs(row=row, col=by_prefix.indices.astype(np.int64), prefix_bits=by_prefix.data)
-        if self._bits_t is not None:
-            by_session = prefix.binary() @ self._bits_t  # (B, N), same sparsity: session positions
-            by_session.sort_indices()
-            assert np.array_equal(by_session.indptr, by_prefix.indptr)
-            assert np.array_equal(by_session.indices, by_prefix.indices)
-            pairs.session_bits = by_session.data
+        items, bits = prefix.positions.indices, np.left_shift(np.int64(1), prefix.positions.data - 1)
+        index = self._by_item
+        counts = np.diff(index.indptr)[items]  # (entries,) training sessions holding each item of each prefix
+        flat = np.repeat(index.indptr[items] - (np.cumsum(counts) - counts), counts) + np.arange(int(counts.sum()))
+        key = np.repeat(prefix.entry_rows().astype(np.int64), counts) * self.num_sessions + index.indices[flat]
+        order = np.argsort(key, kind="stable")  # by prefix, then training session (oldest to most recent)
+        key = key[order]
+        first = np.flatnonzero(np.diff(key, prepend=-1))  # where each (prefix, session) pair's entries begin
+
+        def mask(values: np.ndarray) -> np.ndarray:  # positions of distinct items differ: OR = sum = the bit mask
+            return np.bitwise_or.reduceat(values[order], first) if len(key) else np.zeros(0, np.int64)
+
+        row, col = key[first] // self.num_sessions, key[first] % self.num_sessions
+        pairs = Pairs(row=row, col=col, prefix_bits=mask(np.repeat(bits, counts)))
+        if self.session_bits:
+            pairs.session_bits = mask(np.left_shift(np.int64(1), index.data[flat] - 1))
         if sample_size > 0:
-            from_end = by_prefix.indptr[1:][row] - 1 - np.arange(len(row))  # 0 = most recent candidate
+            ends = np.cumsum(np.bincount(row, minlength=prefix.positions.shape[0]))  # past each prefix's last pair
+            from_end = ends[row] - 1 - np.arange(len(row))  # 0 = most recent candidate
             pairs = pairs.take(from_end < sample_size)
         return pairs
 

@@ -3,14 +3,20 @@
 The pipeline has the DIGINETICA recipe's sizes: about 43,000 items (a synthetic log whose
 training split holds about as many distinct items and sessions as DIGINETICA's), an XLNet-MLM retriever (d = 64, one
 layer, exact blocked top-K or FAISS HNSW), V-SKNN and STAN with the DIGINETICA settings,
-co-visitation, 200 merged candidates, and the DLRM scorer. Weights are random and the ranker is
-fitted for one epoch: latency does not depend on training. Requests are validation sessions of
-the synthetic log, timed one by one after a warm-up (`--requests`), reported as p50/p99 ms; then
-offline throughput (`recommend_batch` at batch `--batch`, sessions/s). With ``--ann`` it also runs
+co-visitation, 200 merged candidates, and the default ranker (`BlendScorer`: a DLRM and two LightGBM
+rankers; ``--ranker dlrm``: the DLRM alone). Weights are random and the ranker is fitted on 2,000
+validation pairs (the DLRM for one epoch): latency does not depend on training, but on the size of the
+trees (``trees`` in the JSON). Requests are validation sessions of the synthetic log with their event
+times, timed one by one after a warm-up (`--requests`), reported as p50/p99 ms; then offline throughput
+(`recommend_batch` at batch `--batch`, sessions/s). ``--profile`` also runs every request stage by stage
+through the pipeline's parts (encode, each retriever, merge and filters, features, each ranker member,
+the blend, ordering, decode; the same lists as `recommend`, checked) and prints p50/p99 ms per stage
+(and the p50 of the process's CPU time, the figure to read on a loaded machine).
+``--pipeline DIR`` saves the built pipeline there and loads it on later runs. With ``--ann`` it also runs
 `ann_index.py`'s FAISS-against-exact comparison at `--ann-items` (default 1M) items.
 
 Example (from the repository root):
-    python benchmarks/pipeline_latency.py                 # p50_ms, p99_ms, sessions_per_s
+    python benchmarks/pipeline_latency.py --profile        # p50_ms, p99_ms, sessions_per_s; per stage
     python benchmarks/pipeline_latency.py --ann            # + FAISS vs exact at 1M items
 """
 
@@ -18,8 +24,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
+from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -35,16 +43,19 @@ from sessrec.pipeline.retrieval.baseline_retriever import BaselineRetriever
 from sessrec.pipeline.retrieval.covisitation import CoVisitation
 from sessrec.pipeline.retrieval.index import ExactIndex, FaissIndex
 from sessrec.pipeline.retrieval.session_model_retriever import SessionModelRetriever
-from sessrec.pipeline.scoring import DLRMScorer
+from sessrec.pipeline.scoring import BlendScorer, DLRMScorer, GBDTScorer
 from sessrec.pipeline_training.fitting import fit_ranker
 from sessrec.tasks import NextItemTask, SessionDataModule
 
 
-def build(args: argparse.Namespace) -> tuple[Pipeline, SessionDataModule]:
-    dm = SessionDataModule(
+def data(args: argparse.Namespace) -> SessionDataModule:
+    return SessionDataModule(
         source=SyntheticSource(num_sessions=args.sessions, num_items=args.items, num_clusters=200, days=28.0, seed=0),
         max_length=20,
     )
+
+
+def build(args: argparse.Namespace, dm: SessionDataModule) -> Pipeline:
     train, _ = dm.tensors("train")
     torch.manual_seed(0)
     task = NextItemTask(num_items=dm.num_items, max_length=20, score_scale=16.0,
@@ -60,8 +71,20 @@ def build(args: argparse.Namespace) -> tuple[Pipeline, SessionDataModule]:
     }
     features = CandidateFeatures().fit_statistics(train, dm.num_items)
     pipe = Pipeline(dm.vocab, retrievers, max_length=20, max_candidates=200, features=features)
-    fit_ranker(pipe, dm.pairs("valid").take(slice(0, 2000)), DLRMScorer(max_epochs=1))
-    return pipe, dm
+    dlrm = DLRMScorer(max_epochs=1)
+    scorer = dlrm if args.ranker == "dlrm" else BlendScorer([dlrm, GBDTScorer(), GBDTScorer(seed=1)])
+    fit_ranker(pipe, dm.pairs("valid").take(slice(0, 2000)), scorer)
+    return pipe
+
+
+def pipeline(args: argparse.Namespace, dm: SessionDataModule) -> Pipeline:
+    """The built pipeline, or the one saved in ``--pipeline`` (built and saved there first when it holds none)."""
+    if args.pipeline is not None and (Path(args.pipeline) / "pipeline.json").exists():
+        return Pipeline.from_pretrained(args.pipeline)
+    pipe = build(args, dm)
+    if args.pipeline is not None:
+        pipe.save_pretrained(args.pipeline)
+    return pipe
 
 
 def raw_requests(dm: SessionDataModule, n: int) -> tuple[list[list[int]], list[list[float]]]:
@@ -74,15 +97,68 @@ def raw_requests(dm: SessionDataModule, n: int) -> tuple[list[list[int]], list[l
     return [r[k].tolist() for r, k in zip(raw, keep)], [t[k].tolist() for t, k in zip(stamps, keep)]
 
 
+def staged(pipe: Pipeline, session: list, stamp: list[float], k: int, clock: dict[str, list[float]],
+           cpu: dict[str, list[float]]) -> list[dict]:
+    """`Pipeline.recommend` of one session run stage by stage through the pipeline's parts, each
+    stage's milliseconds appended to `clock` (wall) and `cpu` (the process's CPU time) under its name."""
+    mark = [time.perf_counter(), time.process_time()]
+
+    def lap(name: str) -> None:
+        now = [time.perf_counter(), time.process_time()]
+        clock[name].append((now[0] - mark[0]) * 1e3)
+        cpu[name].append((now[1] - mark[1]) * 1e3)
+        mark[:] = now
+
+    request = check_request([session], k, times=[stamp])
+    sessions = pipe.encode(request).to(pipe.device)
+    lap("encode")
+    found = {}
+    for name, (retriever, width) in pipe.retrievers.items():
+        found[name] = retriever.retrieve(sessions, width)
+        lap(f"retrieve_{name}")
+    cands = pipe.select(sessions, found)
+    lap("merge_filters")
+    inputs = pipe.ranking_inputs(sessions, cands)
+    lap("features")
+    members = pipe.scorer.scorers if isinstance(pipe.scorer, BlendScorer) else [pipe.scorer]
+    scores = []
+    for i, member in enumerate(members):
+        scores.append(member.score(inputs))
+        lap(f"rank_{i}_{type(member).__name__}")
+    if isinstance(pipe.scorer, BlendScorer):
+        scores = [pipe.scorer.combine(scores, inputs.valid)]
+        lap("blend")
+    cands.scores = scores[0].masked_fill(~cands.valid, float("-inf"))
+    recs = pipe.ordering.order(sessions, cands, min(request.k, pipe.max_candidates))
+    lap("ordering")
+    out = pipe.decode(recs)
+    lap("decode")
+    return out
+
+
+def percentiles(ms: list[float], cpu: list[float]) -> dict[str, float]:
+    return {"p50_ms": round(float(np.percentile(ms, 50)), 3), "p99_ms": round(float(np.percentile(ms, 99)), 3),
+            "cpu_p50_ms": round(float(np.percentile(cpu, 50)), 3)}
+
+
+def trees(pipe: Pipeline) -> list[int]:
+    """Trees of each LightGBM member of the ranker."""
+    members = pipe.scorer.scorers if isinstance(pipe.scorer, BlendScorer) else [pipe.scorer]
+    return [m.best_round for m in members if isinstance(m, GBDTScorer)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--items", type=int, default=56_000, help="catalogue of the synthetic log (56,000: about 43,000 seen in training, as DIGINETICA)")
     parser.add_argument("--sessions", type=int, default=200_000)
     parser.add_argument("--index", choices=["exact", "hnsw"], default="exact")
+    parser.add_argument("--ranker", choices=["blend", "dlrm"], default="blend", help="the default BlendScorer, or the DLRM alone")
+    parser.add_argument("--pipeline", default=None, help="folder to save the built pipeline in, and to load it from when it holds one")
     parser.add_argument("--requests", type=int, default=500)
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--k", type=int, default=20)
+    parser.add_argument("--profile", action="store_true", help="also time every stage of each request")
     parser.add_argument("--ann", action="store_true", help="also FAISS vs exact (benchmarks/ann_index.py)")
     parser.add_argument("--ann-items", type=int, default=1_000_000)
     parser.add_argument("--quick", action="store_true", help="a small smoke run (5,000 items)")
@@ -92,9 +168,12 @@ def main() -> None:
     torch.set_num_threads(1)
 
     start = time.perf_counter()
-    pipe, dm = build(args)
+    dm = data(args)
+    pipe = pipeline(args, dm)
     print(f"built in {time.perf_counter() - start:.0f} s", file=sys.stderr)
     sessions, stamps = raw_requests(dm, args.warmup + args.requests)
+    clock: dict[str, list[float]] = defaultdict(list)
+    cpu: dict[str, list[float]] = defaultdict(list)
     with torch.inference_mode():
         for session, stamp in zip(sessions[: args.warmup], stamps[: args.warmup]):
             pipe.recommend([session], k=args.k, times=[stamp])
@@ -104,6 +183,11 @@ def main() -> None:
             out = pipe.recommend([session], k=args.k, times=[stamp])
             times.append((time.perf_counter() - t) * 1e3)
             assert len(out[0]["item_ids"]) > 0
+            if args.profile:  # the same request again, stage by stage: the same list
+                parts = staged(pipe, session, stamp, args.k, clock, cpu)
+                assert parts[0]["item_ids"] == out[0]["item_ids"], "the staged run differs from recommend"
+                for lists in (clock, cpu):
+                    lists["total"].append(sum(lists[name][-1] for name in lists if name != "total"))
         many, their_times = raw_requests(dm, args.batch)
         batch = pipe.encode(check_request(many, times=their_times))
         pipe.recommend_batch(batch, args.k)  # warm-up at this batch size
@@ -112,13 +196,17 @@ def main() -> None:
             pipe.recommend_batch(pipe.encode(check_request(many, times=their_times)), args.k)
         per_s = rounds * args.batch / (time.perf_counter() - t)
     times = np.array(times)
-    print(json.dumps({
+    record = {
         "system": f"pipeline-{args.index}", "items": int(pipe.vocab.num_products), "candidates": pipe.max_candidates,
-        "retrievers": list(pipe.retrievers), "scorer": type(pipe.scorer).__name__, "threads": 1,
+        "retrievers": list(pipe.retrievers), "scorer": type(pipe.scorer).__name__, "trees": trees(pipe), "threads": 1,
         "requests": len(times), "p50_ms": round(float(np.percentile(times, 50)), 2),
         "p90_ms": round(float(np.percentile(times, 90)), 2), "p99_ms": round(float(np.percentile(times, 99)), 2),
         "mean_ms": round(float(times.mean()), 2), "batch": args.batch, "sessions_per_s": round(per_s, 1),
-    }), flush=True)
+        "load_average": round(os.getloadavg()[0], 2),
+    }
+    if args.profile:
+        record["stages"] = {name: percentiles(ms, cpu[name]) for name, ms in clock.items()}
+    print(json.dumps(record), flush=True)
     if args.ann:
         sys.path.insert(0, str(Path(__file__).parent))
         from ann_index import ann_vs_exact

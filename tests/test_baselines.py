@@ -267,6 +267,29 @@ class Spy(SessionBaseline):
         return self.inner._score(prefixes)
 
 
+@pytest.mark.parametrize("cells", [1 << 20, 60, 1])  # all rows at once, two rows, one row per block
+def test_dense_sums_add_like_the_sparse_product_they_replace(monkeypatch, cells):
+    """`dense_sums` (what the kNN baselines spread their neighbours' weights with) gives, bit for bit,
+    the float64 sums of scipy's COO -> dense conversion, duplicates added in the order given, the
+    per-column factor applied after the sum (as ``(sums).multiply(factor)``), block by block of rows."""
+    import scipy.sparse as sp
+
+    from sessrec.baselines import knn
+
+    monkeypatch.setattr(knn, "SUM_CELLS", cells)
+    rng = np.random.default_rng(0)
+    row, col = np.sort(rng.integers(0, 5, 400)), rng.integers(0, 30, 400)  # grouped by row, many duplicates
+    row[row == 3] = 4  # a row without entries
+    values, factor = rng.random(400) * 1e3, 1 + rng.random(30)
+    summed = sp.coo_matrix((values, (row, col)), shape=(5, 30)).tocsr()
+    expected = summed.multiply(factor[None, :]).toarray().astype(np.float32)
+    assert np.array_equal(knn.dense_sums(row, col, values, (5, 30), factor).numpy(), expected)
+    assert np.array_equal(knn.dense_sums(row, col, values, (5, 30)).numpy(), summed.toarray().astype(np.float32))
+    assert not knn.dense_sums(row[:0], col[:0], values[:0], (5, 30)).any()
+    with pytest.raises(ValueError, match="grouped by row"):
+        knn.dense_sums(row[::-1], col, values, (5, 30))
+
+
 def test_rows_are_scored_independently():
     knn = STAN(k=2, sample_size=3, lambda_2=3.0).fit(pad(TRAIN), num_items=V)
     batch = knn(pad(PREFIXES))

@@ -14,10 +14,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def quick(script: str) -> str:
-    """``python benchmarks/<script> --quick`` from the repository root, on one thread; its stdout."""
+def quick(script: str, *args: str) -> str:
+    """``python benchmarks/<script> --quick [args]`` from the repository root, on one thread; its stdout."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, f"benchmarks/{script}", "--quick"], cwd=ROOT, env=env, capture_output=True,
+    done = subprocess.run([sys.executable, f"benchmarks/{script}", "--quick", *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=180, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
@@ -97,9 +97,15 @@ def test_retrain_dlrm_quick_run_prints_each_window_and_the_rejection():
 
 
 @pytest.mark.slow
-def test_pipeline_latency_quick_run_times_requests_with_their_event_times():
-    (record,) = [json.loads(line) for line in quick("pipeline_latency.py").splitlines()]
+def test_pipeline_latency_quick_run_times_requests_with_their_event_times_and_every_stage():
+    (record,) = [json.loads(line) for line in quick("pipeline_latency.py", "--profile").splitlines()]
     assert record["system"] == "pipeline-exact" and record["threads"] == 1 and record["candidates"] == 200
-    assert record["retrievers"] == ["xlnet", "vsknn", "stan", "covisitation"] and record["scorer"] == "DLRMScorer"
+    assert record["retrievers"] == ["xlnet", "vsknn", "stan", "covisitation"] and record["scorer"] == "BlendScorer"
+    assert len(record["trees"]) == 2 and min(record["trees"]) >= 1  # the blend's two LightGBM members
     assert record["requests"] > 0 and 0 < record["p50_ms"] <= record["p90_ms"] <= record["p99_ms"]
     assert record["sessions_per_s"] > 0 and record["batch"] == 64
+    stages = record["stages"]  # the staged runs gave recommend's lists (the script checks)
+    assert list(stages) == ["encode", "retrieve_xlnet", "retrieve_vsknn", "retrieve_stan", "retrieve_covisitation",
+                            "merge_filters", "features", "rank_0_DLRMScorer", "rank_1_GBDTScorer", "rank_2_GBDTScorer",
+                            "blend", "ordering", "decode", "total"]
+    assert all(0 <= s["p50_ms"] <= s["p99_ms"] and s["cpu_p50_ms"] >= 0 for s in stages.values())

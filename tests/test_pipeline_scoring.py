@@ -23,7 +23,7 @@ from sessrec.pipeline.scoring import (
     early_stopping_split,
 )
 from sessrec.pipeline.scoring.blend_scorer import standardised
-from sessrec.pipeline.scoring.dlrm_scorer import IdRows, rank_gauss, session_relative
+from sessrec.pipeline.scoring.dlrm_scorer import IdRows, rank_gauss, run_ends, session_relative
 from sessrec.saved.registry import config_of, instantiate
 
 torch.set_num_threads(1)
@@ -129,6 +129,24 @@ def test_rank_gauss_takes_interpolated_ranks_and_the_middle_of_tied_runs() -> No
     u = torch.tensor([1 / 4, 3.5 / 4, 3 / 4, 0.9, 0.1])
     normal = torch.tensor([NormalDist().inv_cdf(v) for v in u.tolist()])
     assert torch.allclose(out.squeeze(1), normal, atol=1e-5)
+
+
+def test_rank_gauss_with_run_ends_matches_two_binary_searches() -> None:
+    """One search plus the quantiles' `run_ends` finds the end of a value's run as a second
+    (right) search does: the same scores, bit for bit, on values that hit runs, single quantiles and neither."""
+    gen = torch.Generator().manual_seed(0)
+    quantiles = torch.sort(torch.randint(0, 6, (4, 16), generator=gen).float() / 2, dim=1).values  # runs of equal values
+    x = torch.cat([torch.randint(-2, 8, (50, 4), generator=gen).float() / 2, torch.randn(50, 4, generator=gen) * 3])
+    flat, q = x.T.contiguous(), quantiles.shape[1]
+    first, past = torch.searchsorted(quantiles, flat), torch.searchsorted(quantiles, flat, right=True)
+    upper = first.clamp(1, q - 1)
+    lo, hi = quantiles.gather(1, upper - 1), quantiles.gather(1, upper)
+    between = (upper - 1 + ((flat - lo) / (hi - lo).clamp(min=1e-12)).clamp(0, 1)) / (q - 1)
+    u = torch.where(past > first, (first + past - 1).double() / (2 * (q - 1)), between.double()).clamp(0.5 / q, 1 - 0.5 / q)
+    expected = (math.sqrt(2.0) * torch.erfinv(2 * u - 1)).float().T
+    assert (past > first).any() and (past == first).any()
+    assert torch.equal(rank_gauss(x, quantiles), expected)
+    assert torch.equal(rank_gauss(x, quantiles, run_ends(quantiles)), expected)
 
 
 def test_session_relative_features_subtract_the_best_and_the_mean_valid_candidate() -> None:

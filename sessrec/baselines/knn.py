@@ -1,4 +1,4 @@
-"""Shared machinery of the session-kNN baselines (`VSKNN`, `STAN`), vectorized with sparse matrices.
+"""Shared machinery of the session-kNN baselines (`VSKNN`, `STAN`), vectorized over the pairs of a batch.
 
 Shape letters: N training sessions, B prefixes, L positions, V items, P candidate pairs
 (prefix, training session) of a batch.
@@ -15,11 +15,13 @@ most recent). "Most recent" candidates and STAN's recency decay use this rank; e
 evaluation prefix comes after all training sessions.
 
 Bit masks. Per (prefix, training session) pair the kNN methods need the positions of the items
-the two share: to weight the similarity and to find the most recent shared item. One sparse
-product gives them for every pair of a batch: each item of one side carries 2**(position - 1),
-the other side is binary, and the product sums the powers over the shared items. Positions of
-distinct items differ, so the sum is exactly the bit mask of the shared positions (int64: up
-to 63 positions, the longest ``max_length`` these baselines accept).
+the two share: to weight the similarity and to find the most recent shared item. Each item of a
+prefix carries 2**(position - 1); the training sessions of its items are gathered from an
+item -> sessions index (only those, never an array over all N sessions), sorted by (prefix,
+session), and the powers of the shared items OR-ed per pair. Positions of distinct items differ,
+so the OR (their sum) is exactly the bit mask of the shared positions (int64: up to 63 positions,
+the longest ``max_length`` these baselines accept); the same gather gives the positions inside
+the training session (STAN).
 """
 
 from __future__ import annotations
@@ -61,18 +63,6 @@ class SessionItems:
     def row_norms(self, values: np.ndarray) -> np.ndarray:
         """(S,) L2 norm over each session's entries of per-entry `values` (nnz,)."""
         return np.sqrt(np.bincount(self.entry_rows(), values**2, minlength=len(self.lengths)))
-
-    def with_values(self, values: np.ndarray) -> sp.csr_matrix:
-        """Same sparsity as `positions`, other values (one per entry)."""
-        m = self.positions
-        return sp.csr_matrix((values, m.indices, m.indptr), shape=m.shape)
-
-    def binary(self) -> sp.csr_matrix:
-        return self.with_values(np.ones(self.positions.nnz, dtype=np.int64))
-
-    def bits(self) -> sp.csr_matrix:
-        """Entry (s, i) = 2 ** (position - 1): a sum over distinct items is a bit mask of positions."""
-        return self.with_values(np.left_shift(np.int64(1), self.positions.data - 1))
 
 
 def session_items(items: np.ndarray, num_items: int) -> SessionItems:
@@ -131,8 +121,8 @@ class SessionIndex:
     def __init__(self, sessions: np.ndarray, num_items: int, session_bits: bool = False) -> None:
         self.items = session_items(sessions, num_items)
         self.num_sessions, self.num_items = len(sessions), num_items
-        self._binary_t = self.items.binary().T.tocsr()  # (V, N)
-        self._bits_t = self.items.bits().T.tocsr() if session_bits else None  # (V, N)
+        self.session_bits = session_bits
+        self._by_item = self.items.positions.T.tocsr()  # (V, N): each item's training sessions, its position in each
 
     def document_frequency(self) -> np.ndarray:
         """(V,) number of training sessions that contain each item."""
@@ -145,25 +135,27 @@ class SessionIndex:
             prefix: `SessionItems` of the batch of prefixes (B rows).
             sample_size: keep the most recent candidates of each prefix; 0 keeps all.
         """
-        by_prefix = prefix.bits() @ self._binary_t  # (B, N), prefix positions of shared items
-        by_prefix.sort_indices()  # columns ascending = oldest to most recent
-        counts = np.diff(by_prefix.indptr)
-        row = np.repeat(np.arange(by_prefix.shape[0]), counts)
-        pairs = Pairs(row=row, col=by_prefix.indices.astype(np.int64), prefix_bits=by_prefix.data)
-        if self._bits_t is not None:
-            by_session = prefix.binary() @ self._bits_t  # (B, N), same sparsity: session positions
-            by_session.sort_indices()
-            assert np.array_equal(by_session.indptr, by_prefix.indptr)
-            assert np.array_equal(by_session.indices, by_prefix.indices)
-            pairs.session_bits = by_session.data
+        items, bits = prefix.positions.indices, np.left_shift(np.int64(1), prefix.positions.data - 1)
+        index = self._by_item
+        counts = np.diff(index.indptr)[items]  # (entries,) training sessions holding each item of each prefix
+        flat = np.repeat(index.indptr[items] - (np.cumsum(counts) - counts), counts) + np.arange(int(counts.sum()))
+        key = np.repeat(prefix.entry_rows().astype(np.int64), counts) * self.num_sessions + index.indices[flat]
+        order = np.argsort(key, kind="stable")  # by prefix, then training session (oldest to most recent)
+        key = key[order]
+        first = np.flatnonzero(np.diff(key, prepend=-1))  # where each (prefix, session) pair's entries begin
+
+        def mask(values: np.ndarray) -> np.ndarray:  # positions of distinct items differ: OR = sum = the bit mask
+            return np.bitwise_or.reduceat(values[order], first) if len(key) else np.zeros(0, np.int64)
+
+        row, col = key[first] // self.num_sessions, key[first] % self.num_sessions
+        pairs = Pairs(row=row, col=col, prefix_bits=mask(np.repeat(bits, counts)))
+        if self.session_bits:
+            pairs.session_bits = mask(np.left_shift(np.int64(1), index.data[flat] - 1))
         if sample_size > 0:
-            from_end = by_prefix.indptr[1:][row] - 1 - np.arange(len(row))  # 0 = most recent candidate
+            ends = np.cumsum(np.bincount(row, minlength=prefix.positions.shape[0]))  # past each prefix's last pair
+            from_end = ends[row] - 1 - np.arange(len(row))  # 0 = most recent candidate
             pairs = pairs.take(from_end < sample_size)
         return pairs
-
-    def scatter(self, pairs: Pairs, weight: np.ndarray, num_rows: int) -> sp.csr_matrix:
-        """(B, N) sparse matrix with `weight` at each pair, to spread over items by a product."""
-        return sp.csr_matrix((weight, (pairs.row, pairs.col)), shape=(num_rows, self.num_sessions))
 
     def neighbour_items(self, pairs: Pairs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every (pair, item of its training session): pair index, item id, item position (each (E,))."""
@@ -191,7 +183,8 @@ def sum_over_bits(
     """
     total = np.zeros(len(bits), dtype=np.float64)
     highest = np.zeros(len(bits), dtype=np.int64)
-    for p in range(1, max_position + 1):  # a loop over positions (<= L), vectorized over pairs
+    top = int(bits.max()).bit_length() if len(bits) else 0  # no position above the highest set bit
+    for p in range(1, min(max_position, top) + 1):  # a loop over positions (<= L), vectorized over pairs
         on = np.flatnonzero((bits >> (p - 1)) & 1)
         if weight is not None:
             total[on] += weight(p, on)
@@ -209,11 +202,34 @@ def top_k(row: np.ndarray, col: np.ndarray, score: np.ndarray, k: int) -> np.nda
     return order[rank < k]
 
 
-def dense_scores(scores: sp.spmatrix, num_items: int) -> torch.Tensor:
-    """Sparse (B, V) scores -> dense float32 tensor, 0 where no neighbour reached an item."""
-    coo = sp.coo_matrix(scores)
-    coo.sum_duplicates()
-    out = torch.zeros(coo.shape[0], num_items, dtype=torch.float32)
-    rows, cols = torch.from_numpy(coo.row.astype(np.int64)), torch.from_numpy(coo.col.astype(np.int64))
-    out[rows, cols] = torch.from_numpy(coo.data.astype(np.float32))
-    return out
+SUM_CELLS = 1 << 20  # (row, item) cells summed at once: a float64 block of 8 MiB
+
+
+def dense_sums(row: np.ndarray, col: np.ndarray, values: np.ndarray, shape: tuple[int, int],
+               col_factor: np.ndarray | None = None) -> torch.Tensor:
+    """(B, V) float32 tensor of the float64 sums of `values` (E,) at their (row, col), added in the
+    order given, each sum then times ``col_factor[col]`` when given; 0 where nothing was added.
+
+    `row` must be ascending (the entries grouped by row). The sums are taken a block of rows at a
+    time (`SUM_CELLS` cells), so no float64 array of all (B, V) cells is ever held.
+
+    Examples:
+        >>> dense_sums(np.array([0, 0, 1]), np.array([2, 2, 0]), np.array([0.5, 0.25, 1.0]), (2, 3)).tolist()
+        [[0.0, 0.0, 0.75], [1.0, 0.0, 0.0]]
+    """
+    b, v = shape
+    if len(row) > 1 and bool((np.diff(row) < 0).any()):
+        raise ValueError("dense_sums needs the entries grouped by row: row must be ascending")
+    out = np.zeros(shape, dtype=np.float32)
+    step = max(1, SUM_CELLS // max(v, 1))
+    bounds = np.searchsorted(row, np.arange(0, b + step, step))  # entries of each block of rows
+    for block, lo in enumerate(range(0, b, step)):
+        at = slice(bounds[block], bounds[block + 1])
+        if at.start == at.stop:
+            continue
+        rows = min(step, b - lo)
+        sums = np.bincount((row[at] - lo) * v + col[at], values[at], minlength=rows * v).reshape(rows, v)
+        if col_factor is not None:
+            sums *= col_factor  # after the sum, as the sum of the spread weights times the item's factor
+        out[lo : lo + rows] = sums
+    return torch.from_numpy(out)

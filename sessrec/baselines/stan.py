@@ -20,7 +20,8 @@ Session kNN with three exponential decays. For a prefix s with events 1..|s| (la
 
 A lambda set to None switches its decay off (weight 1). Items of the prefix itself are scored
 like any other; items no neighbour contains score 0 and tie, ranked pessimistically by
-`TopKMetrics`. Everything runs per batch of prefixes with sparse products.
+`TopKMetrics`. Everything runs per batch of prefixes: a sparse product finds the candidates, and the
+neighbours' items are gathered and summed per (prefix, item) (`dense_sums`).
 
 Shape letters: N training sessions, B prefixes, L positions, V items, P candidate pairs,
 E (neighbour, item) entries.
@@ -36,11 +37,10 @@ Examples:
 from __future__ import annotations
 
 import numpy as np
-import scipy.sparse as sp
 import torch
 
 from sessrec.baselines.baseline import SessionBaseline
-from sessrec.baselines.knn import SessionIndex, dense_scores, session_items, sum_over_bits, top_k
+from sessrec.baselines.knn import SessionIndex, dense_sums, session_items, sum_over_bits, top_k
 
 
 class STAN(SessionBaseline):
@@ -94,7 +94,7 @@ class STAN(SessionBaseline):
         sim = overlap / np.maximum(norm[pairs.row] * np.sqrt(size), 1e-300)
         if self.lambda_2 is not None:
             sim = sim * np.exp(-(self.index.num_sessions - 1 - pairs.col) / self.lambda_2)
-        chosen = top_k(pairs.row, pairs.col, sim, self.k)
+        chosen = np.sort(top_k(pairs.row, pairs.col, sim, self.k))  # by prefix, then oldest first: the order summed in
         neighbours = pairs.take(chosen)
         # i*: highest position inside the neighbour among the shared items
         _, anchor = sum_over_bits(neighbours.session_bits, None, width)
@@ -102,5 +102,4 @@ class STAN(SessionBaseline):
         weight = sim[chosen][pair]
         if self.lambda_3 is not None:
             weight = weight * np.exp(-np.abs(position - anchor[pair]) / self.lambda_3)
-        scores = sp.coo_matrix((weight, (neighbours.row[pair], item)), shape=(b, self.num_items))
-        return dense_scores(scores, self.num_items)
+        return dense_sums(neighbours.row[pair], item, weight, (b, self.num_items))

@@ -20,7 +20,8 @@ is the training sessions' rank in time order (see `sessrec.baselines.knn`), idf 
 than events, ``linear`` weights are clipped at 0 instead of being cut after position 10, and
 scores are not divided by their maximum (the ranking is the same).
 
-Everything runs per batch of prefixes with sparse products (see `sessrec.baselines.knn`).
+Everything runs per batch of prefixes: a sparse product finds the candidates, and the neighbours'
+items are gathered and summed per (prefix, item) (see `sessrec.baselines.knn`).
 
 Shape letters: N training sessions, B prefixes, L positions, V items, P candidate pairs.
 
@@ -43,7 +44,7 @@ import numpy as np
 import torch
 
 from sessrec.baselines.baseline import SessionBaseline
-from sessrec.baselines.knn import SessionIndex, dense_scores, session_items, sum_over_bits, top_k
+from sessrec.baselines.knn import SessionIndex, dense_sums, session_items, sum_over_bits, top_k
 
 Weighting = Literal["same", "div", "linear", "quadratic", "log"]
 
@@ -133,10 +134,9 @@ class VSKNN(SessionBaseline):
             norm = prefix.row_norms(w)  # (B,)
             size = self.index.items.num_distinct[pairs.col]
             sim = overlap / np.maximum(norm[pairs.row] * np.sqrt(size), 1e-300)
-        chosen = top_k(pairs.row, pairs.col, sim, self.k)
+        chosen = np.sort(top_k(pairs.row, pairs.col, sim, self.k))  # by prefix, then oldest first: the order summed in
         neighbours = pairs.take(chosen)
         weight = sim[chosen] * step_decay(self.weighting_score, length[chosen] - latest[chosen] + 1)
-        scores = self.index.scatter(neighbours, weight, b) @ self.index.items.binary()  # (B, V) sparse
-        if self.idf_weighting:
-            scores = scores.multiply(self.item_factor[None, :])
-        return dense_scores(scores, self.num_items)
+        pair, item, _ = self.index.neighbour_items(neighbours)  # (E,) every item of every neighbour
+        factor = self.item_factor if self.idf_weighting else None
+        return dense_sums(neighbours.row[pair], item, weight[pair], (b, self.num_items), factor)

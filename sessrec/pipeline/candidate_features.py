@@ -173,10 +173,13 @@ class CandidateFeatures(Configurable):
         if "covisitation" in self.groups:
             covis = next((r for r in retrievers.values() if hasattr(r, "pair_weights")), None)
             if covis is not None:
-                cols["covis_last"] = covis.pair_weights(items[:, -1], cand)
+                back = min(3, items.shape[1])  # the last three items, not rows: one lookup for all of them
+                anchors = items[:, -back:].flip(1).repeat_interleave(k, dim=1)  # (B, back * K): last item first
+                weights = covis.pair_weights(anchors, cand.repeat(1, back)).reshape(b, back, k)
+                cols["covis_last"] = weights[:, 0]
                 total = torch.zeros(b, k, device=device)
-                for back in range(1, min(3, items.shape[1]) + 1):  # the last three items, not rows
-                    total += covis.pair_weights(items[:, -back], cand) * 0.5 ** (back - 1)
+                for i in range(back):
+                    total += weights[:, i] * 0.5**i
                 cols["covis_last3"] = total
         if "context" in self.groups:
             real = items != PAD
@@ -350,9 +353,14 @@ class CandidateFeatures(Configurable):
 
         columns = self._dense_columns(raw, fitted)
         names = sorted(columns)
+        # the (B, K) grids' filled slots gathered at once, then every column stacked into (M, F) and written once
+        grids = [n for n in names if isinstance(columns[n], torch.Tensor) and columns[n].dim() == 2]
+        at = {name: i for i, name in enumerate(grids)}
+        gathered = torch.stack([columns[n].to(torch.float32) for n in grids], dim=2)[valid] if grids else None  # (M, F_grid)
+        rows = [gathered[:, at[n]] if n in at else _slots(columns[n], valid).to(valid.device, torch.float32) for n in names]
         dense = torch.zeros(b, k, len(names), device=valid.device)
-        for i, name in enumerate(names):
-            dense[..., i][valid] = _slots(columns[name], valid).to(valid.device, torch.float32)
+        if rows:
+            dense[valid] = torch.stack(rows, dim=1)
         sparse: dict[str, torch.Tensor] = {}
         cardinality: dict[str, int] = {}
         if "cross" in fitted:

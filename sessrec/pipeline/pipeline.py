@@ -49,8 +49,8 @@ import torch.nn.functional as F
 from sessrec.data import frame
 from sessrec.data.vocab import NUM_SPECIAL, ItemVocab
 from sessrec.pipeline import clock
-from sessrec.pipeline.candidate_features import CandidateFeatures
-from sessrec.pipeline.candidates import Candidates, Recommendations, RequestSessions, merge
+from sessrec.pipeline.candidate_features import CandidateFeatures, RankingInputs
+from sessrec.pipeline.candidates import Candidates, Recommendations, RequestSessions, Retrieved, merge
 from sessrec.pipeline.filters import ItemTableFilter, NonProductFilter, SeenItemsFilter
 from sessrec.pipeline.ordering import Ordering
 from sessrec.pipeline.request import Request, check_request
@@ -153,8 +153,17 @@ class Pipeline:
     def candidates(self, sessions: RequestSessions) -> Candidates:
         """Merged, filtered candidates (B, max_candidates) on the pipeline's device; empty slots hold 0."""
         sessions = sessions.to(self.device)
-        found = {name: r.retrieve(sessions, k) for name, (r, k) in self.retrievers.items()}
-        cands = merge(found)
+        return self.select(sessions, self.retrieve(sessions))
+
+    @torch.no_grad()
+    def retrieve(self, sessions: RequestSessions) -> dict[str, Retrieved]:
+        """Each retriever's top-K of `sessions` (on the pipeline's device), by name."""
+        return {name: r.retrieve(sessions, k) for name, (r, k) in self.retrievers.items()}
+
+    @torch.no_grad()
+    def select(self, sessions: RequestSessions, found: Mapping[str, Retrieved]) -> Candidates:
+        """The retrievers' lists (`retrieve`) merged, filtered and laid out (B, max_candidates); empty slots hold 0."""
+        cands = merge(dict(found))
         for f in self.filters:
             cands = f.apply(sessions, cands)
         cands = cands.compact()
@@ -174,12 +183,19 @@ class Pipeline:
             name, (first, _) = next(iter(self.retrievers.items()))
             scores = first.score(sessions, cands.items).float()
         else:
-            if self.time_features and sessions.times is None:
-                raise ValueError(self.missing_times("RequestSessions.times"))
-            if not self.time_features and sessions.times is not None:
-                sessions = replace(sessions, times=None)  # a ranker fitted without times reads none
-            scores = self.scorer.score(self.features.transform(sessions, cands, self.stage_retrievers))
+            scores = self.scorer.score(self.ranking_inputs(sessions, cands))
         return Candidates(cands.items, cands.features, scores.masked_fill(~cands.valid, float("-inf")))
+
+    @torch.no_grad()
+    def ranking_inputs(self, sessions: RequestSessions, cands: Candidates) -> RankingInputs:
+        """The ranker's features of the candidates (`CandidateFeatures.transform`), built once for every
+        member of the ranker; sessions without event times are refused when the ranker reads them."""
+        sessions = sessions.to(self.device)
+        if self.time_features and sessions.times is None:
+            raise ValueError(self.missing_times("RequestSessions.times"))
+        if not self.time_features and sessions.times is not None:
+            sessions = replace(sessions, times=None)  # a ranker fitted without times reads none
+        return self.features.transform(sessions, cands, self.stage_retrievers)
 
     @property
     def time_features(self) -> list[str]:

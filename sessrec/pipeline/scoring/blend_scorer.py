@@ -73,11 +73,16 @@ class BlendScorer(Scorer):
         return self
 
     def score(self, inputs: RankingInputs) -> torch.Tensor:
-        total = torch.zeros(inputs.valid.shape, dtype=torch.float64, device=inputs.valid.device)
-        for scorer, weight in zip(self.scorers, self.weights):
+        return self.combine([s.score(inputs) if w > 0 else None for s, w in zip(self.scorers, self.weights)], inputs.valid)
+
+    def combine(self, scores: Sequence[torch.Tensor | None], valid: torch.Tensor) -> torch.Tensor:
+        """(B, K) blend of the members' (B, K) `scores` (in member order; None for a member of weight 0),
+        -inf where not `valid`."""
+        total = torch.zeros(valid.shape, dtype=torch.float64, device=valid.device)
+        for member, weight in zip(scores, self.weights):
             if weight > 0:
-                total += weight * standardised(scorer.score(inputs).to(total.device), inputs.valid)
-        return total.float().masked_fill(~inputs.valid, float("-inf"))
+                total += weight * standardised(member.to(total.device), valid)
+        return total.float().masked_fill(~valid, float("-inf"))
 
     def to(self, device: torch.device | str) -> BlendScorer:
         """Move every member to `device`; returns self."""

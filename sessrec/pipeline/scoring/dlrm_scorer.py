@@ -85,16 +85,30 @@ class IdRows:
         return self.lookup[ids.clamp(0, self.vocabulary)]
 
 
-def rank_gauss(x: torch.Tensor, quantiles: torch.Tensor) -> torch.Tensor:
+def run_ends(quantiles: torch.Tensor) -> torch.Tensor:
+    """(G, Q) int64: for each quantile, the index of the first quantile of its row above it (Q if none).
+
+    Examples:
+        >>> run_ends(torch.tensor([[0.0, 0.0, 1.0]])).tolist()
+        [[2, 2, 3]]
+    """
+    return torch.searchsorted(quantiles, quantiles, right=True)
+
+
+def rank_gauss(x: torch.Tensor, quantiles: torch.Tensor, ends: torch.Tensor | None = None) -> torch.Tensor:
     """(..., G) values -> (..., G) standard-normal scores of their interpolated ranks among the (G, Q) quantiles.
 
     A value equal to a run of equal quantiles (a point mass, e.g. zeros) takes the middle rank of
-    the run; values beyond the extremes take the extreme ranks.
+    the run; values beyond the extremes take the extreme ranks. `ends`: the quantiles' `run_ends`
+    (computed here when None), so that one binary search per value finds both ends of its run.
     """
     shape, q = x.shape, quantiles.shape[1]
     flat = x.reshape(-1, shape[-1]).T.contiguous()  # (G, N)
     first = torch.searchsorted(quantiles, flat)  # first quantile >= value
-    past = torch.searchsorted(quantiles, flat, right=True)  # first quantile > value: equal ones are first..past-1
+    at = first.clamp(max=q - 1)
+    ends = run_ends(quantiles) if ends is None else ends
+    # first quantile > value: the end of the run of quantiles equal to the value, else `first`
+    past = torch.where((first < q) & (quantiles.gather(1, at) == flat), ends.gather(1, at), first)
     upper = first.clamp(1, q - 1)
     lo, hi = quantiles.gather(1, upper - 1), quantiles.gather(1, upper)
     between = (upper - 1 + ((flat - lo) / (hi - lo).clamp(min=1e-12)).clamp(0, 1)) / (q - 1)
@@ -212,6 +226,7 @@ class DLRMScorer(Scorer):
         self.mean: torch.Tensor | None = None  # (G,)
         self.std: torch.Tensor | None = None  # (G,)
         self.quantiles: torch.Tensor | None = None  # (G, Q) with rank_gauss scaling
+        self._run_ends: tuple[torch.Tensor, torch.Tensor] | None = None  # (the quantiles, their run_ends)
         self.rows: dict[str, IdRows] = {}
         self.num_dense = 0  # F, the features read
         self.history: list[float] = []
@@ -238,8 +253,15 @@ class DLRMScorer(Scorer):
             dense, valid = inputs.dense[lo : lo + SCALING_SESSIONS], inputs.valid[lo : lo + SCALING_SESSIONS]
             if self.config["relative"]:
                 dense = session_relative(dense, valid)
-            parts.append(rank_gauss(dense, self.quantiles) if self.quantiles is not None else (dense - self.mean) / self.std)
+            parts.append(rank_gauss(dense, self.quantiles, self._ends()) if self.quantiles is not None
+                         else (dense - self.mean) / self.std)
         return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def _ends(self) -> torch.Tensor:
+        """The `run_ends` of the quantiles, computed once per quantile table."""
+        if self._run_ends is None or self._run_ends[0] is not self.quantiles:
+            self._run_ends = (self.quantiles, run_ends(self.quantiles))
+        return self._run_ends[1]
 
     def _ids(self, inputs: RankingInputs, dropout: torch.Generator | None = None) -> dict[str, torch.Tensor]:
         """Table rows (B * K,) of each sparse feature; with `dropout`, each replaced by row 0 at the id_dropout rate."""

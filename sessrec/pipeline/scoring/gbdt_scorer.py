@@ -17,6 +17,9 @@ from sessrec.pipeline.candidate_features import RankingInputs
 from sessrec.pipeline.scoring.scorer import RankerRows, Scorer, early_stopping_split
 
 
+ROWS_PER_THREAD = 20_000  # candidate rows per scoring thread: a request's few hundred take one
+
+
 def _lightgbm():
     try:
         import lightgbm
@@ -36,7 +39,8 @@ class GBDTScorer(Scorer):
         min_data_in_leaf: rows per leaf at least.
         feature_fraction: features sampled per tree.
         stop_fraction: share of the ranker's sessions held out for early stopping.
-        threads: LightGBM threads (None: the cores this process may run on).
+        threads: LightGBM threads of the fit (None: the cores this process may run on). Scoring uses
+            one thread per `ROWS_PER_THREAD` rows (one for a request), at most torch's (`torch.get_num_threads`).
         seed: seeds the split and LightGBM.
     """
 
@@ -89,7 +93,8 @@ class GBDTScorer(Scorer):
         out = torch.full(inputs.valid.shape, float("-inf"), device=inputs.valid.device)
         x = inputs.dense[inputs.valid].cpu().numpy()  # LightGBM predicts on the host
         if len(x):
-            predicted = torch.from_numpy(self.booster.predict(x, num_iteration=self.best_round))
+            threads = min(torch.get_num_threads(), 1 + len(x) // ROWS_PER_THREAD)  # one for a request's rows
+            predicted = torch.from_numpy(self.booster.predict(x, num_iteration=self.best_round, num_threads=threads))
             out[inputs.valid] = predicted.to(out.device, torch.float32)
         return out
 

@@ -1,0 +1,36 @@
+"""The per-request paths of the pipeline's features give the values of their definitions: the
+co-visitation features from one lookup of the last three items, and the dense grid written at once
+from grid and slot columns."""
+
+import numpy as np
+import torch
+
+from sessrec.pipeline.candidate_features import CandidateFeatures
+from sessrec.pipeline.candidates import Candidates, RequestSessions
+from sessrec.pipeline.retrieval.covisitation import CoVisitation
+
+torch.set_num_threads(1)
+
+
+def test_covisitation_features_are_the_weights_of_the_last_items_decayed_by_half() -> None:
+    cv = CoVisitation(window=3, normalize=False).fit(torch.tensor([[2, 3, 4, 5], [3, 4, 6, 2], [0, 5, 6, 3]]), 8)
+    for items in (torch.tensor([[0, 2, 3, 4], [0, 0, 0, 5]]), torch.tensor([[3, 4], [0, 6]])):  # 3 and 2 positions
+        sessions, cands = RequestSessions(items), Candidates(torch.tensor([[5, 6, 2, 0], [3, 6, 4, 7]]))
+        raw = CandidateFeatures(groups=["covisitation"]).raw(sessions, cands, {"cv": cv})
+        expected = 0
+        for back in range(1, min(3, items.shape[1]) + 1):
+            expected = expected + cv.pair_weights(items[:, -back], cands.items) * 0.5 ** (back - 1)
+        assert torch.equal(raw["covis_last"], cv.pair_weights(items[:, -1], cands.items))
+        assert torch.equal(raw["covis_last3"], expected) and bool((expected > 0).any())
+    # session [3, 4], by hand: W[4, 5] = 1 (adjacent once), W[3, 5] = 1/2 + 1/2; W[4, 6] = 1, W[3, 6] = 1/2 + 1
+    assert raw["covis_last3"][0, :2].tolist() == [1.0 + 0.5 * 1.0, 1.0 + 0.5 * 1.5] and raw["covis_last3"][0, 3] == 0
+
+def test_dense_features_are_every_column_at_the_filled_slots_in_name_order() -> None:
+    cands = Candidates(torch.tensor([[5, 0, 7], [0, 0, 0], [2, 3, 0]]))  # 4 filled slots
+    raw = {"b_score": torch.arange(9.0).reshape(3, 3), "a_rrank": torch.full((3, 3), 0.5, dtype=torch.float64)}
+    fitted = {"c_target": np.array([10.0, 11.0, 12.0, 13.0], dtype=np.float32)}  # (M,) slot column of an op
+    out = CandidateFeatures(groups=["retrievers"])._assemble(cands, raw, fitted, {})
+    assert out.names == ["a_rrank", "b_score", "c_target"] and out.dense.dtype == torch.float32
+    assert out.dense[0].tolist() == [[0.5, 0.0, 10.0], [0.0, 0.0, 0.0], [0.5, 2.0, 11.0]]
+    assert out.dense[1].tolist() == [[0.0] * 3] * 3
+    assert out.dense[2].tolist() == [[0.5, 6.0, 12.0], [0.5, 7.0, 13.0], [0.0, 0.0, 0.0]]

@@ -629,7 +629,7 @@ def run_workers(worker: Worker, count: int) -> None:
         SystemExit: a worker exited on its own (its model failed to load, or it crashed).
     """
     check_model_dir(resolve(worker.model_dir))  # a directory that holds no model: refused before any worker starts
-    sock = uvicorn.Config(None, host=worker.host, port=worker.port).bind_socket()
+    sock = uvicorn.Config(None, host=worker.host, port=worker.port, log_level=worker.log_level).bind_socket()
     spawn = multiprocessing.get_context("spawn")  # fresh interpreters: no torch threads or locks forked mid-use
     processes = [spawn.Process(target=worker.run, args=(sock,), name=f"sessrec-serve-{i}") for i in range(count)]
     stopping = []

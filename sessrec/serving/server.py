@@ -66,6 +66,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from time import perf_counter
 from typing import Any
 
 import prometheus_client as prom
@@ -329,7 +330,7 @@ class RecommendRoute:
         self.counts: dict[int, Any] = {}  # status -> its counter (prometheus_client's labels() is a lookup with a lock)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        start, status = time.perf_counter(), 500
+        start, status = perf_counter(), 500
         try:
             status = await self.admit(scope, receive, send)
         finally:
@@ -337,7 +338,7 @@ class RecommendRoute:
             if counter is None:
                 counter = self.counts[status] = self.metrics.requests.labels("/recommend", str(status))
             counter.inc()
-            self.latency.observe(time.perf_counter() - start)
+            self.latency.observe(perf_counter() - start)
 
     async def admit(self, scope: Scope, receive: Receive, send: Send) -> int:
         """The request admitted and answered, or refused at arrival (see `Admission.refusal`); its status."""

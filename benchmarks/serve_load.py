@@ -10,7 +10,8 @@ HTTP/1.1 client on asyncio (uvloop) in a spawned process (until `--requests` are
 per request of the server (its processes) and of the client, the 1-minute load average before
 and after, and the sessions per model call (the dynamic batching, from ``/metrics``: summed over
 the workers). Sessions are prefixes of random length of the sessions in `--data` (rsc15_100k's
-test day; raw ids, as a request carries them), or of random vocabulary ids when the file is missing.
+test day; raw ids, as a request carries them; with `--times`, their event times too), or of
+random vocabulary ids when the file is missing.
 
 With `--overload`, it then measures what the server can do (`--capacity-clients` clients sending
 requests of `--overload-sessions` sessions back to back for `--capacity-seconds`; by default
@@ -137,14 +138,16 @@ def wait_healthy(url: str, server: subprocess.Popen, timeout_s: float = 120.0) -
     raise SystemExit(f"no answer from {url}/health within {timeout_s:.0f} s")
 
 
-def request_sessions(data: Path, n: int, seed: int = 0) -> list[list[int]]:
-    """`n` session prefixes (raw ids, oldest first) from a SessionId/ItemId/Time click file."""
+def request_sessions(data: Path, n: int, seed: int = 0) -> tuple[list[list[int]], list[list[float]]]:
+    """`n` session prefixes (raw ids, oldest first) from a SessionId/ItemId/Time click file, and their event times."""
     table = pacsv.read_csv(data, parse_options=pacsv.ParseOptions(delimiter="\t")).to_pandas()
     table = table.sort_values(["SessionId", "Time"], kind="stable")
-    sessions = [g.tolist() for _, g in table.groupby("SessionId", sort=False)["ItemId"]]
+    groups = table.groupby("SessionId", sort=False)
+    sessions, times = [g.tolist() for _, g in groups["ItemId"]], [g.tolist() for _, g in groups["Time"]]
     rng = np.random.default_rng(seed)
     picked = rng.integers(0, len(sessions), n)
-    return [sessions[i][: int(rng.integers(1, len(sessions[i]) + 1))] for i in picked]
+    lengths = [int(rng.integers(1, len(sessions[i]) + 1)) for i in picked]
+    return [sessions[i][:n] for i, n in zip(picked, lengths)], [[float(t) for t in times[i][:n]] for i, n in zip(picked, lengths)]
 
 
 def vocabulary_sessions(model_dir: Path, n: int, seed: int = 0) -> list[list[int]]:
@@ -323,7 +326,7 @@ def bad_requests(vocab_id: int, max_bytes: int) -> dict[str, dict]:
     }
 
 
-async def send_bad(url: str, vocab_id: int, max_bytes: int) -> dict[str, dict]:
+async def send_bad(url: str, vocab_id: int, max_bytes: int, times: bool = False) -> dict[str, dict]:
     out = {}
     async with httpx.AsyncClient(base_url=url, timeout=30.0) as client:
         for name, kwargs in bad_requests(vocab_id, max_bytes).items():
@@ -334,7 +337,8 @@ async def send_bad(url: str, vocab_id: int, max_bytes: int) -> dict[str, dict]:
                 out[name] = {"status": reply.status_code, "error": message[:160]}
             except httpx.HTTPError as err:  # e.g. the server closed the connection mid-upload
                 out[name] = {"status": None, "error": f"{type(err).__name__}: {err}"[:160]}
-        unknown = await client.post("/recommend", json={"session": [vocab_id, 987654321987]})
+        unknown = await client.post("/recommend", json={"session": [vocab_id, 987654321987],
+                                                         **({"times": [1.396e9, 1.396e9 + 60]} if times else {})})
         out["unknown_id_oov_default"] = {"status": unknown.status_code, "error": ""}
     return out
 
@@ -516,11 +520,13 @@ def shed_counts(port: int) -> dict[str, float] | None:
         reply.text, re.MULTILINE)}
 
 
-def overload(args: argparse.Namespace, port: int, server: subprocess.Popen, sessions: list[list[int]]) -> dict:
+def overload(args: argparse.Namespace, port: int, server: subprocess.Popen, sessions: list[list[int]],
+             times: list[list[float]] | None) -> dict:
     """Capacity first, then `--overload-factor` times it, open loop; see the module docstring."""
     size = args.overload_sessions
-    bodies = [post(json.dumps({"sessions": [sessions[(i * size + j) % len(sessions)] for j in range(size)],
-                               "k": args.k}).encode()) for i in range(200)]
+    rows = [[(i * size + j) % len(sessions) for j in range(size)] for i in range(200)]
+    bodies = [post(json.dumps({"sessions": [sessions[r] for r in row], "k": args.k,
+                               **({"times": [times[r] for r in row]} if args.times else {})}).encode()) for row in rows]
     clients = args.capacity_clients or max(2, 256 // size)
     rate, capacity_statuses = asyncio.run(capacity(port, bodies, clients, args.capacity_seconds))
     gc.collect()
@@ -570,6 +576,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30.0, help="time per concurrency level (at most)")
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--k", type=int, default=20)
+    parser.add_argument("--times", action="store_true",
+                        help="send each session's event times (a ranker fitted with time features needs them)")
     parser.add_argument("--threads", type=int, default=1, help="the server's torch threads (each worker's)")
     parser.add_argument("--workers", type=int, help="the server's worker processes (its default, 1, when not given)")
     parser.add_argument("--client", choices=["wrk", "python"], default="wrk" if shutil.which("wrk") else "python",
@@ -616,8 +624,14 @@ def main() -> None:
         health = wait_healthy(url, server)
         print(f"serving {health} on {url}", file=sys.stderr)
         n = args.warmup + args.requests
-        sessions = request_sessions(args.data, n) if args.data.exists() else vocabulary_sessions(args.model_dir, n)
-        bodies = [json.dumps({"session": session, "k": args.k}).encode() for session in sessions]
+        if args.data.exists():
+            sessions, times = request_sessions(args.data, n)
+        else:
+            sessions, times = vocabulary_sessions(args.model_dir, n), None
+        if args.times and times is None:
+            raise SystemExit(f"--times needs the click file --data ({args.data} is missing)")
+        bodies = [json.dumps({"session": session, "k": args.k, **({"times": t} if args.times else {})}).encode()
+                  for session, t in zip(sessions, times or sessions)]
         run_python_client(port, bodies[: args.warmup], 1, args.warmup, args.seconds)
         for concurrency in args.concurrency:
             result = load_level(args, port, server, bodies[args.warmup :], concurrency)
@@ -628,11 +642,11 @@ def main() -> None:
                 "max_batch_size": args.max_batch_size, "max_wait_ms": args.max_wait_ms,
             }), flush=True)
         if args.overload:
-            result = overload(args, port, server, sessions)
+            result = overload(args, port, server, sessions, times)
             ok &= result["unanswered"] == 0 and result["answered"] == result["offered_requests"]
             print(json.dumps(result), flush=True)
         limits = httpx.get(f"{url}/metadata").json()["limits"]
-        bad = asyncio.run(send_bad(url, sessions[0][0], limits["max_request_bytes"]))
+        bad = asyncio.run(send_bad(url, sessions[0][0], limits["max_request_bytes"], args.times))
         health_after = httpx.get(f"{url}/health").status_code
         alive = server.poll() is None
         refused = all(v["status"] is not None and 400 <= v["status"] < 500 for name, v in bad.items()

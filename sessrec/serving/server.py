@@ -9,13 +9,16 @@ Routes:
         ``"times"``, else its arrival)
         -> ``{"recommendations": [{"item_ids": [...], "scores": [...]}, ...]}``.
     ``GET /health``: the model served (kind, version) and the last reload error; 503 while shutting down.
-    ``GET /metadata``: the limits, the overload settings and the batching counters.
+    ``GET /metadata``: the limits, the overload settings and the batching counters (of the worker that answers).
     ``GET /metrics``: Prometheus text (requests by route and status, latency, sessions per model
-        call, queue depth, requests shed).
+        call, queue depth, requests shed; summed over the workers).
 
 How a request goes (each refusal a one-line ``{"error": ...}``):
 
-1. **Admission** (`AdmissionGate`, in front of the routes), before the body is read: past
+``POST /recommend`` is a plain ASGI route (`RecommendRoute`, taken before FastAPI's middleware
+and routing by `App`); its bodies and answers are JSON through orjson.
+
+1. **Admission** (`Admission`, first thing in the route), before the body is read: past
    `Overload.max_queue` requests admitted and not yet answered, when the model is more than
    `Overload.max_queue_wait_ms` behind (the sessions waiting, at the pace of its recent calls), or
    once shutdown has begun, ``503`` with ``Retry-After``. A flood costs one small answer per request.
@@ -37,7 +40,8 @@ bodies, hands work to threads and writes answers. The model can be swapped while
 (`ModelHolder`): the server follows a versioned model directory's ``CURRENT`` pointer, loads a new
 version in a thread and serves it from the next batch on; requests already encoded finish on the
 model that encoded them. On shutdown the server refuses new requests (503) and answers those it
-admitted before it stops.
+admitted before it stops. With several workers (`run_workers`) each process does all of this for
+the connections it accepts on the one shared port.
 
 FastAPI + uvicorn with this small batcher rather than LitServe: LitServe batches whole requests in a
 separate worker process, so one bad request fails every request of its batch, and a request of

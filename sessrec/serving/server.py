@@ -463,9 +463,9 @@ def build_app(
         reload_interval_s: seconds between two reads of the pointer; 0: never read.
 
     Returns:
-        The app (FastAPI, with ``POST /recommend`` on a path of its own: `App`); its parts are on ``app.state`` (``batcher``, ``holder``, ``admission``,
-        ``metrics``); its lifespan starts them, and at shutdown refuses new requests and answers
-        the admitted ones before it stops them.
+        The app (FastAPI, with ``POST /recommend`` on a path of its own: `App`); its parts are on
+        ``app.state`` (``batcher``, ``holder``, ``admission``, ``metrics``); its lifespan starts them,
+        and at shutdown refuses new requests and answers the admitted ones before it stops them.
     """
     limits = limits if limits is not None else Limits()
     overload = overload if overload is not None else Overload()

@@ -1,12 +1,17 @@
 """Load test of the HTTP server (`sessrec.serving.server`) on loopback: latency and requests/s, overload, bad requests.
 
-Starts ``serve(--model-dir)`` in a subprocess on a free 127.0.0.1 port (server torch threads:
-`--threads`), waits for ``/health``, and at each `--concurrency` level runs that many async
-clients (httpx) sending one-session ``/recommend`` requests until `--requests` are answered or
-`--seconds` have passed, after `--warmup` requests one at a time. Sessions are prefixes of random
-length of the sessions in `--data` (rsc15_100k's test day; raw ids, as a request carries them),
-or of random vocabulary ids when the file is missing. The server's ``/metadata`` counters, read
-before and after each level, give the sessions scored per model call (the dynamic batching).
+Starts ``serve(--model-dir)`` in a subprocess on a free 127.0.0.1 port (`--workers` processes,
+each with `--threads` torch threads), waits for ``/health``, and at each `--concurrency` level
+keeps that many connections busy with one-session ``/recommend`` requests (closed loop), after
+`--warmup` requests one at a time. The client costs little and runs in a process of its own
+(`--client`): wrk (C, one thread, for `--seconds`) where installed, else this script's raw
+HTTP/1.1 client on asyncio (uvloop) in a spawned process (until `--requests` are answered or
+`--seconds` have passed). Each level reports requests/s, p50/p99 latency, the statuses, the CPU
+per request of the server (its processes) and of the client, the 1-minute load average before
+and after, and the sessions per model call (the dynamic batching, from ``/metrics``: summed over
+the workers). Sessions are prefixes of random length of the sessions in `--data` (rsc15_100k's
+test day; raw ids, as a request carries them; with `--times`, their event times too), or of
+random vocabulary ids when the file is missing.
 
 With `--overload`, it then measures what the server can do (`--capacity-clients` clients sending
 requests of `--overload-sessions` sessions back to back for `--capacity-seconds`; by default
@@ -26,20 +31,20 @@ Content-Length) and checks that each gets a 4xx and that ``/health`` still answe
 a load request failed, a bad request got anything but a 4xx, or the server went down.
 
 One JSON line per concurrency level, one for the overload, then one for the bad requests. Client
-and server share the machine's cores, so requests/s at high concurrency includes the client's own
-CPU time. The server's overload settings are its defaults unless `--deadline-ms`, `--max-queue`
-or `--max-queued-sessions` say otherwise (only the flags given are passed, so the script also
-drives a server of an older sessrec on ``PYTHONPATH``).
+and server share the machine's cores: the client's CPU per request says what it took from the
+server. The server's settings are its defaults unless `--deadline-ms`, `--max-queue`,
+`--max-queued-sessions` or `--workers` say otherwise (only the flags given are passed, so the
+script also drives a server of an older sessrec on ``PYTHONPATH``).
 
 Example (from the repository root):
     python benchmarks/serve_load.py                                     # runs/pipeline_rsc15/pipeline
-    python benchmarks/serve_load.py --model-dir <dir> --concurrency 1 4 16 --requests 1000
+    python benchmarks/serve_load.py --model-dir <dir> --concurrency 1 16 --seconds 15 --workers 2
     python benchmarks/serve_load.py --model-dir runs/quickstart/model --data none --requests 2000 --overload
     python benchmarks/serve_load.py --quick --overload   # smoke run: a tiny co-visitation pipeline it builds itself
 
 `--quick` serves a tiny co-visitation pipeline (synthetic sessions, 60 items) saved in a scratch folder
 unless `--model-dir` is given, with sessions from its vocabulary, at concurrency 1 and 4, 20 requests
-each, and (with `--overload`) 1 s of capacity and 2 s of flood of 8-session requests.
+each (the Python client), and (with `--overload`) 1 s of capacity and 2 s of flood of 8-session requests.
 """
 
 from __future__ import annotations
@@ -48,9 +53,11 @@ import argparse
 import asyncio
 import gc
 import json
+import multiprocessing
 import os
 import re
 import resource
+import shutil
 import socket
 import subprocess
 import sys
@@ -58,6 +65,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -75,13 +83,16 @@ def free_port() -> int:
 
 
 def start_server(args: argparse.Namespace, port: int) -> subprocess.Popen:
-    given = {name: getattr(args, name) for name in ("deadline_ms", "max_queue", "max_queued_sessions")
+    given = {name: getattr(args, name) for name in ("deadline_ms", "max_queue", "max_queued_sessions", "workers")
              if getattr(args, name) is not None}
+    if args.workers is not None:
+        given["threads"] = args.threads  # each worker's torch threads
     settings = "".join(f", {name}={value!r}" for name, value in given.items())
-    code = (
+    code = (  # the guard: spawned workers import this as their main module, and must not serve themselves
         f"import torch; torch.set_num_threads({args.threads})\n"
         "from sessrec.serving.server import serve\n"
-        f"serve({str(args.model_dir)!r}, port={port}, max_batch_size={args.max_batch_size}, "
+        "if __name__ == '__main__':\n"
+        f"    serve({str(args.model_dir)!r}, port={port}, max_batch_size={args.max_batch_size}, "
         f"max_wait_ms={args.max_wait_ms}{settings}, log_level='warning', access_log=False)\n"
     )
     return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT)
@@ -96,10 +107,19 @@ def cpu_s(pid: int | None = None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def rss_mb(pid: int) -> dict[str, float]:
-    """The process's resident memory now (VmRSS) and at its peak (VmHWM), in MB (Linux /proc)."""
-    status = Path(f"/proc/{pid}/status").read_text()
-    kb = {key: int(re.search(rf"^{key}:\s+(\d+) kB", status, re.MULTILINE).group(1)) for key in ("VmRSS", "VmHWM")}
+def server_pids(server: subprocess.Popen) -> list[int]:
+    """The server's process and its workers (Linux /proc)."""
+    children = Path(f"/proc/{server.pid}/task/{server.pid}/children").read_text().split()
+    return [server.pid, *(int(pid) for pid in children if Path(f"/proc/{pid}").exists())]
+
+
+def rss_mb(server: subprocess.Popen) -> dict[str, float]:
+    """The server's resident memory now (VmRSS) and at its peak (VmHWM), summed over its processes, in MB."""
+    kb = Counter()
+    for pid in server_pids(server):
+        status = Path(f"/proc/{pid}/status").read_text()
+        for key in ("VmRSS", "VmHWM"):
+            kb[key] += int(re.search(rf"^{key}:\s+(\d+) kB", status, re.MULTILINE).group(1))
     return {"rss_mb": round(kb["VmRSS"] / 1024, 1), "peak_rss_mb": round(kb["VmHWM"] / 1024, 1)}
 
 
@@ -118,14 +138,16 @@ def wait_healthy(url: str, server: subprocess.Popen, timeout_s: float = 120.0) -
     raise SystemExit(f"no answer from {url}/health within {timeout_s:.0f} s")
 
 
-def request_sessions(data: Path, n: int, seed: int = 0) -> list[list[int]]:
-    """`n` session prefixes (raw ids, oldest first) from a SessionId/ItemId/Time click file."""
+def request_sessions(data: Path, n: int, seed: int = 0) -> tuple[list[list[int]], list[list[float]]]:
+    """`n` session prefixes (raw ids, oldest first) from a SessionId/ItemId/Time click file, and their event times."""
     table = pacsv.read_csv(data, parse_options=pacsv.ParseOptions(delimiter="\t")).to_pandas()
     table = table.sort_values(["SessionId", "Time"], kind="stable")
-    sessions = [g.tolist() for _, g in table.groupby("SessionId", sort=False)["ItemId"]]
+    groups = table.groupby("SessionId", sort=False)
+    sessions, times = [g.tolist() for _, g in groups["ItemId"]], [g.tolist() for _, g in groups["Time"]]
     rng = np.random.default_rng(seed)
     picked = rng.integers(0, len(sessions), n)
-    return [sessions[i][: int(rng.integers(1, len(sessions[i]) + 1))] for i in picked]
+    lengths = [int(rng.integers(1, len(sessions[i]) + 1)) for i in picked]
+    return [sessions[i][:n] for i, n in zip(picked, lengths)], [[float(t) for t in times[i][:n]] for i, n in zip(picked, lengths)]
 
 
 def vocabulary_sessions(model_dir: Path, n: int, seed: int = 0) -> list[list[int]]:
@@ -137,43 +159,140 @@ def vocabulary_sessions(model_dir: Path, n: int, seed: int = 0) -> list[list[int
     return [[raw[i] for i in rng.integers(0, len(raw), int(rng.integers(1, 11)))] for _ in range(n)]
 
 
-async def load_level(url: str, sessions: list[list[int]], concurrency: int, requests: int, seconds: float,
-                     k: int) -> dict:
-    """`concurrency` clients, each sending its next request as soon as the previous one is answered."""
+async def closed_loop(port: int, bodies: list[bytes], concurrency: int, requests: int, seconds: float) -> dict:
+    """`concurrency` connections, each sending its next request as soon as the previous one is answered."""
     latencies: list[float] = []
     statuses: Counter = Counter()
     sent = 0
     deadline = time.perf_counter() + seconds
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=30.0) as client:
+    pool = Pool(port, concurrency)
 
-        async def worker() -> None:
-            nonlocal sent
-            while sent < requests and time.perf_counter() < deadline:
-                session = sessions[sent % len(sessions)]
-                sent += 1
-                t = time.perf_counter()
-                try:
-                    reply = await client.post("/recommend", json={"session": session, "k": k})
-                    ok = reply.status_code == 200 and len(reply.json()["recommendations"]) == 1
-                    statuses[reply.status_code if ok else f"bad-{reply.status_code}"] += 1
-                except httpx.HTTPError as err:
-                    statuses[type(err).__name__] += 1
-                    continue
-                latencies.append((time.perf_counter() - t) * 1e3)
+    async def worker() -> None:
+        nonlocal sent
+        while sent < requests and time.perf_counter() < deadline:
+            raw = bodies[sent % len(bodies)]
+            sent += 1
+            t = time.perf_counter()
+            try:
+                status, body = await pool.send(raw)
+            except (OSError, asyncio.IncompleteReadError) as err:
+                statuses[type(err).__name__] += 1
+                continue
+            ok = status == 200 and body.startswith(b'{"recommendations":[{') and body.count(b'"item_ids"') == 1
+            statuses[status if ok else f"bad-{status}"] += 1
+            latencies.append((time.perf_counter() - t) * 1e3)
 
-        start = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        wall = time.perf_counter() - start
-    times = np.array(latencies)
-    errors = sum(n for status, n in statuses.items() if status != 200)
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    wall = time.perf_counter() - start
+    pool.close()
+    return {"latencies_ms": latencies, "statuses": {str(k): v for k, v in statuses.items()}, "wall_s": wall}
+
+
+def python_client(port: int, bodies: list[bytes], concurrency: int, requests: int, seconds: float) -> dict:
+    """`closed_loop` in this process (the client's own, under uvloop where installed), with its CPU seconds."""
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    gc.disable()  # its full collections would add their pauses to the latencies measured
+    cpu = cpu_s()
+    result = asyncio.run(closed_loop(port, bodies, concurrency, requests, seconds))
+    return {**result, "client_cpu_s": cpu_s() - cpu}
+
+
+def run_python_client(port: int, bodies: list[bytes], concurrency: int, requests: int, seconds: float) -> dict:
+    """`python_client` in a process of its own: the client's CPU is counted apart from this script's."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        out = pool.submit(python_client, port, [post(b) for b in bodies], concurrency, requests, seconds).result()
+    times = np.array(out["latencies_ms"])
+    statuses = Counter(out["statuses"])
     return {
-        "requests": int(sum(statuses.values())), "errors": errors, "wall_s": round(wall, 2),
-        "requests_per_s": round(statuses[200] / wall, 1),
+        "client": "python: raw HTTP/1.1 on asyncio (uvloop), a process of its own",
+        "requests": int(sum(statuses.values())), "wall_s": round(out["wall_s"], 2),
+        "requests_per_s": round(statuses["200"] / out["wall_s"], 1),
         "p50_ms": round(float(np.percentile(times, 50)), 2) if len(times) else None,
         "p99_ms": round(float(np.percentile(times, 99)), 2) if len(times) else None,
-        "mean_ms": round(float(times.mean()), 2) if len(times) else None,
-        "statuses": {str(status): n for status, n in sorted(statuses.items(), key=str)},
+        "statuses": dict(sorted(statuses.items())), "client_cpu_s": round(out["client_cpu_s"], 2),
+    }
+
+
+WRK_SCRIPT = """
+local bodies, i = {}, 0
+for line in io.lines(os.getenv("SERVE_LOAD_BODIES")) do bodies[#bodies + 1] = line end
+local headers = {["Content-Type"] = "application/json"}
+request = function()
+  i = i % #bodies + 1
+  return wrk.format("POST", "/recommend", headers, bodies[i])
+end
+"""
+
+
+def wrk_ms(text: str) -> float:
+    value, unit = re.fullmatch(r"([\d.]+)(us|ms|s)", text).groups()
+    return float(value) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[unit]
+
+
+def run_wrk(port: int, bodies: list[bytes], concurrency: int, seconds: float) -> dict:
+    """wrk (C, one thread) keeping `concurrency` connections busy for `seconds`; its CPU from getrusage."""
+    with tempfile.TemporaryDirectory(prefix="serve_load_wrk_") as folder:
+        (Path(folder) / "bodies.jsonl").write_bytes(b"\n".join(bodies) + b"\n")
+        (Path(folder) / "post.lua").write_text(WRK_SCRIPT)
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        done = subprocess.run(["wrk", "-t1", f"-c{concurrency}", f"-d{max(1, round(seconds))}s", "--latency",
+                               "-s", str(Path(folder) / "post.lua"), f"http://127.0.0.1:{port}"],
+                              capture_output=True, text=True, check=True,
+                              env={**os.environ, "SERVE_LOAD_BODIES": str(Path(folder) / "bodies.jsonl")})
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out = done.stdout
+    count, wall = re.search(r"(\d+) requests in ([\d.]+)(m?s)", out).groups()[:2]
+    wall_s = float(wall) * (1e-3 if re.search(r"requests in [\d.]+ms", out) else 1.0)
+    bad = int(m.group(1)) if (m := re.search(r"Non-2xx or 3xx responses: (\d+)", out)) else 0
+    errors = sum(int(n) for n in re.findall(r"(?:connect|read|write|timeout) (\d+)", out))
+    percent = dict(re.findall(r"^\s+(50|99)%\s+(\S+)$", out, re.MULTILINE))
+    version = subprocess.run(["wrk", "-v"], capture_output=True, text=True, check=False).stdout.split(" [")[0].strip()
+    statuses = {"200": int(count) - bad, **({"non-2xx": bad} if bad else {}), **({"socket-errors": errors} if errors else {})}
+    return {
+        "client": f"{version}: C, one thread", "requests": int(count), "wall_s": wall_s,
+        "requests_per_s": round((int(count) - bad) / wall_s, 1),
+        "p50_ms": round(wrk_ms(percent["50"]), 2), "p99_ms": round(wrk_ms(percent["99"]), 2), "statuses": statuses,
+        "client_cpu_s": round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 2),
+    }
+
+
+def server_cpu_s(server: subprocess.Popen) -> float:
+    """CPU seconds used so far by the server: its process and its workers."""
+    return sum(cpu_s(pid) for pid in server_pids(server))
+
+
+def batch_counts(port: int) -> tuple[float, float]:
+    """(model calls, sessions scored) so far, from /metrics (summed over the workers)."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    found = dict(re.findall(r"^sessrec_batch_sessions_(count|sum) (\S+)$", text, re.MULTILINE))
+    return float(found["count"]), float(found["sum"])
+
+
+def load_level(args: argparse.Namespace, port: int, server: subprocess.Popen, bodies: list[bytes],
+               concurrency: int) -> dict:
+    """One closed-loop level through the chosen client, with the server's and the client's CPU per request."""
+    calls, scored = batch_counts(port)
+    load = os.getloadavg()[0]
+    cpu = server_cpu_s(server)
+    if args.client == "wrk":
+        result = run_wrk(port, bodies, concurrency, args.seconds)
+    else:
+        result = run_python_client(port, bodies, concurrency, args.requests, args.seconds)
+    cpu = server_cpu_s(server) - cpu
+    calls_after, scored_after = batch_counts(port)
+    errors = sum(n for status, n in result["statuses"].items() if status != "200")
+    return {
+        **result, "errors": errors, "model_calls": int(calls_after - calls),
+        "mean_sessions_per_call": round((scored_after - scored) / (calls_after - calls), 2) if calls_after > calls else None,
+        "server_cpu_us_per_request": round(cpu / result["requests"] * 1e6) if result["requests"] else None,
+        "client_cpu_us_per_request": round(result["client_cpu_s"] / result["requests"] * 1e6) if result["requests"] else None,
+        "load_average_1m": [round(load, 2), round(os.getloadavg()[0], 2)],
     }
 
 
@@ -207,7 +326,7 @@ def bad_requests(vocab_id: int, max_bytes: int) -> dict[str, dict]:
     }
 
 
-async def send_bad(url: str, vocab_id: int, max_bytes: int) -> dict[str, dict]:
+async def send_bad(url: str, vocab_id: int, max_bytes: int, times: bool = False) -> dict[str, dict]:
     out = {}
     async with httpx.AsyncClient(base_url=url, timeout=30.0) as client:
         for name, kwargs in bad_requests(vocab_id, max_bytes).items():
@@ -218,7 +337,8 @@ async def send_bad(url: str, vocab_id: int, max_bytes: int) -> dict[str, dict]:
                 out[name] = {"status": reply.status_code, "error": message[:160]}
             except httpx.HTTPError as err:  # e.g. the server closed the connection mid-upload
                 out[name] = {"status": None, "error": f"{type(err).__name__}: {err}"[:160]}
-        unknown = await client.post("/recommend", json={"session": [vocab_id, 987654321987]})
+        unknown = await client.post("/recommend", json={"session": [vocab_id, 987654321987],
+                                                         **({"times": [1.396e9, 1.396e9 + 60]} if times else {})})
         out["unknown_id_oov_default"] = {"status": unknown.status_code, "error": ""}
     return out
 
@@ -400,21 +520,23 @@ def shed_counts(port: int) -> dict[str, float] | None:
         reply.text, re.MULTILINE)}
 
 
-def overload(args: argparse.Namespace, port: int, server: subprocess.Popen, sessions: list[list[int]]) -> dict:
+def overload(args: argparse.Namespace, port: int, server: subprocess.Popen, sessions: list[list[int]],
+             times: list[list[float]] | None) -> dict:
     """Capacity first, then `--overload-factor` times it, open loop; see the module docstring."""
     size = args.overload_sessions
-    bodies = [post(json.dumps({"sessions": [sessions[(i * size + j) % len(sessions)] for j in range(size)],
-                               "k": args.k}).encode()) for i in range(200)]
+    rows = [[(i * size + j) % len(sessions) for j in range(size)] for i in range(200)]
+    bodies = [post(json.dumps({"sessions": [sessions[r] for r in row], "k": args.k,
+                               **({"times": [times[r] for r in row]} if args.times else {})}).encode()) for row in rows]
     clients = args.capacity_clients or max(2, 256 // size)
     rate, capacity_statuses = asyncio.run(capacity(port, bodies, clients, args.capacity_seconds))
     gc.collect()
     gc.freeze()  # the client's own full collections would delay the requests it sends
-    before, shed_before = rss_mb(server.pid), shed_counts(port)
-    server_cpu, client_cpu = cpu_s(server.pid), cpu_s()
+    before, shed_before, (calls, scored) = rss_mb(server), shed_counts(port), batch_counts(port)
+    server_cpu, client_cpu = server_cpu_s(server), cpu_s()
     result = asyncio.run(flood(port, bodies, args.overload_factor * rate, args.overload_seconds, args.max_connections,
                                args.health_interval_ms / 1e3, args.drain_seconds))
-    server_cpu, client_cpu = cpu_s(server.pid) - server_cpu, cpu_s() - client_cpu
-    after = rss_mb(server.pid)
+    server_cpu, client_cpu = server_cpu_s(server) - server_cpu, cpu_s() - client_cpu
+    after, (calls_after, scored_after) = rss_mb(server), batch_counts(port)
     meta = httpx.get(f"http://127.0.0.1:{port}/metadata").json()
     shed_after = shed_counts(port)
     return {
@@ -426,7 +548,7 @@ def overload(args: argparse.Namespace, port: int, server: subprocess.Popen, sess
         "server_overload_settings": meta.get("overload"),
         "server_shed_counts": None if shed_after is None else {
             name: value - shed_before.get(name, 0.0) for name, value in shed_after.items()},
-        "mean_sessions_per_call": meta["batching"]["mean_sessions_per_call"],
+        "mean_sessions_per_call": round((scored_after - scored) / (calls_after - calls), 2) if calls_after > calls else None,
     }
 
 
@@ -454,7 +576,14 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30.0, help="time per concurrency level (at most)")
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--k", type=int, default=20)
-    parser.add_argument("--threads", type=int, default=1, help="the server's torch threads")
+    parser.add_argument("--times", action="store_true",
+                        help="send each session's event times (a ranker fitted with time features needs them)")
+    parser.add_argument("--threads", type=int, default=1, help="the server's torch threads (each worker's)")
+    parser.add_argument("--workers", type=int, help="the server's worker processes (its default, 1, when not given)")
+    parser.add_argument("--client", choices=["wrk", "python"], default="wrk" if shutil.which("wrk") else "python",
+                        help="the closed-loop client: wrk (C, one thread; the default where installed, for "
+                        "--seconds) or this script's raw HTTP/1.1 client in a process of its own (for --requests "
+                        "or --seconds)")
     parser.add_argument("--max-batch-size", type=int, default=64)
     parser.add_argument("--max-wait-ms", type=float, default=2.0)
     parser.add_argument("--deadline-ms", type=float, help="the server's deadline (its default when not given)")
@@ -476,6 +605,7 @@ def main() -> None:
     scratch = None
     if args.quick:
         args.concurrency, args.requests, args.warmup, args.seconds = [1, 4], 20, 2, 20.0
+        args.client = "python"  # 20 requests a level (wrk runs for a time)
         args.capacity_seconds, args.overload_seconds, args.overload_sessions = 1.0, 2.0, 8
         if args.model_dir is None:  # its own tiny pipeline, asked for sessions of its vocabulary
             scratch = tempfile.TemporaryDirectory(prefix="serve_load_")
@@ -494,28 +624,29 @@ def main() -> None:
         health = wait_healthy(url, server)
         print(f"serving {health} on {url}", file=sys.stderr)
         n = args.warmup + args.requests
-        sessions = request_sessions(args.data, n) if args.data.exists() else vocabulary_sessions(args.model_dir, n)
-        asyncio.run(load_level(url, sessions[: args.warmup], 1, args.warmup, args.seconds, args.k))
+        if args.data.exists():
+            sessions, times = request_sessions(args.data, n)
+        else:
+            sessions, times = vocabulary_sessions(args.model_dir, n), None
+        if args.times and times is None:
+            raise SystemExit(f"--times needs the click file --data ({args.data} is missing)")
+        bodies = [json.dumps({"session": session, "k": args.k, **({"times": t} if args.times else {})}).encode()
+                  for session, t in zip(sessions, times or sessions)]
+        run_python_client(port, bodies[: args.warmup], 1, args.warmup, args.seconds)
         for concurrency in args.concurrency:
-            before = httpx.get(f"{url}/metadata").json()["batching"]
-            result = asyncio.run(load_level(url, sessions[args.warmup :], concurrency, args.requests, args.seconds,
-                                            args.k))
-            after = httpx.get(f"{url}/metadata").json()["batching"]
-            calls = after["model_calls"] - before["model_calls"]
-            scored = after["sessions"] - before["sessions"]
+            result = load_level(args, port, server, bodies[args.warmup :], concurrency)
             ok &= result["errors"] == 0
             print(json.dumps({
                 "system": "serve", "model": health["kind"], "items": health.get("items"), "threads": args.threads,
-                "concurrency": concurrency, **result, "model_calls": calls,
-                "mean_sessions_per_call": round(scored / calls, 2) if calls else None,
+                "workers": args.workers or 1, "concurrency": concurrency, **result,
                 "max_batch_size": args.max_batch_size, "max_wait_ms": args.max_wait_ms,
             }), flush=True)
         if args.overload:
-            result = overload(args, port, server, sessions)
+            result = overload(args, port, server, sessions, times)
             ok &= result["unanswered"] == 0 and result["answered"] == result["offered_requests"]
             print(json.dumps(result), flush=True)
         limits = httpx.get(f"{url}/metadata").json()["limits"]
-        bad = asyncio.run(send_bad(url, sessions[0][0], limits["max_request_bytes"]))
+        bad = asyncio.run(send_bad(url, sessions[0][0], limits["max_request_bytes"], args.times))
         health_after = httpx.get(f"{url}/health").status_code
         alive = server.poll() is None
         refused = all(v["status"] is not None and 400 <= v["status"] < 500 for name, v in bad.items()

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -227,6 +229,8 @@ def test_a_bad_request_fails_alone_and_the_model_is_called_once_for_the_others(p
         (b'{"session": [[1031]]}', 422, "item ids must be strings or integers, got [1031]"),
         (b'{"session": [1031, 100000000000000000000000]}', 422, "item id 100000000000000000000000 does not fit"),
         (b'{"session": [-100000000000000000000000]}', 422, "item id -100000000000000000000000 does not fit"),
+        (b'{"session": [-9999999999999999999]}', 422, "item id -9999999999999999999 does not fit"),  # 19 digits
+        (b'{"session": [1031], "now": NaN}', 422, "now nan is not a time in seconds since the epoch: not a number"),
         (b'{"session": ["not-an-id"]}', 422, "cannot be read as the vocabulary's int64 ids"),
         (b'{"sessions": [[1031], []]}', 422, "session 1 is empty"),
         (json.dumps({"session": [1031] * 10_000}).encode(), 413, "session 0 has 10000 items; the limit is 1000"),
@@ -370,6 +374,25 @@ class Broken:
 
     def decode(self, recs):
         return self.inner.decode(recs)
+
+
+class NaNScores(Broken):
+    """A recommender whose model call scores its first item NaN."""
+
+    def recommend_batch(self, sessions, k=20):
+        recs = self.inner.recommend_batch(sessions, k)
+        recs.scores[:, 0] = float("nan")
+        return recs
+
+
+def test_a_nan_score_is_a_server_fault_not_a_null_in_the_answer(pipe, caplog) -> None:
+    with TestClient(build_app(NaNScores(pipe, None))) as c:
+        reply = c.post("/recommend", json={"session": [1031]})
+        wrong_method = c.get("/recommend")
+    assert reply.status_code == 500
+    assert reply.json() == {"error": "internal error while recommending; see the server log"}
+    assert "the recommender scored an item NaN or infinite" in caplog.text
+    assert wrong_method.status_code == 405 and wrong_method.headers["allow"] == "POST"
 
 
 @pytest.mark.parametrize("error", [RuntimeError("index file truncated"), ValueError("index file truncated")])
@@ -622,6 +645,10 @@ def test_serve_binds_loopback_unless_told(pipe, tmp_path: Path, monkeypatch: pyt
     assert [(c.host, c.port) for c in calls] == [("127.0.0.1", 8123), ("0.0.0.0", 8124)]
     with pytest.raises(FileNotFoundError, match="neither a saved pipeline"):
         serve(tmp_path)
+    with pytest.raises(FileNotFoundError, match="neither a saved pipeline"):  # before any worker starts
+        serve(tmp_path, workers=2)
+    with pytest.raises(ValueError, match="workers must be an integer >= 1, got 0"):
+        serve(directory, workers=0)
     assert server.Served(pipe).describe() == {"kind": "Pipeline", "version": None, "vocabulary_size": len(pipe.vocab),
                                               "items": pipe.vocab.num_products}
 
@@ -631,7 +658,7 @@ def test_load_benchmark_quick_run(pipe, tmp_path: Path) -> None:
     directory = pipe.save_pretrained(tmp_path / "pipeline")
     done = subprocess.run(
         [sys.executable, "benchmarks/serve_load.py", "--model-dir", str(directory), "--data", str(tmp_path / "none"),
-         "--concurrency", "1", "4", "--requests", "20", "--warmup", "2", "--seconds", "20",
+         "--concurrency", "1", "4", "--requests", "20", "--warmup", "2", "--seconds", "20", "--client", "python",
          "--overload", "--capacity-seconds", "1", "--overload-seconds", "2", "--overload-sessions", "8"],
         cwd=ROOT, capture_output=True, text=True, timeout=180, check=False,
     )
@@ -649,3 +676,52 @@ def test_load_benchmark_quick_run(pipe, tmp_path: Path) -> None:
     bad = records[3]
     assert bad["all_4xx"] and bad["server_alive"] and bad["health_after"] == 200
     assert bad["statuses"]["body_over_limit_chunked"] == 413 and bad["statuses"]["broken_json"] == 400
+
+
+@pytest.mark.slow
+def test_workers_share_one_port_sum_their_metrics_and_stop_together(pipe, sessions, tmp_path: Path) -> None:
+    """``serve(workers=2)``: two processes answer on one port, /metrics counts the requests of both,
+    SIGTERM stops both (exit 0); a worker that dies stops the server with a message naming it."""
+    directory = pipe.save_pretrained(tmp_path / "pipeline")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    code = ("import torch; torch.set_num_threads(1)\nfrom sessrec.serving.server import serve\n"
+            f"serve({str(directory)!r}, port={port}, workers=2, log_level='warning', access_log=False)\n")
+    url = f"http://127.0.0.1:{port}"
+
+    def start() -> tuple[subprocess.Popen, list[int]]:
+        running = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+        wait_until(lambda: healthy(url), timeout_s=120)
+        children = Path(f"/proc/{running.pid}/task/{running.pid}/children").read_text().split()
+        return running, [int(pid) for pid in children]
+
+    running, children = start()
+    workers = {pid for pid in children if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text()}
+    assert len(workers) == 2
+    pids, statuses = set(), []
+    for i in range(40):  # a new connection each: the kernel hands them to either worker
+        with httpx.Client(base_url=url) as client:
+            statuses.append(client.post("/recommend", json={"session": sessions[i % 16], "k": K}).status_code)
+            pids.add(client.get("/metadata").json()["worker_pid"])
+    metrics = httpx.get(f"{url}/metrics").text
+    assert statuses == [200] * 40 and pids <= workers
+    assert sample(metrics, "sessrec_requests_total", route="/recommend", status="200") == 40  # both workers' counts
+    assert sample(metrics, "sessrec_batch_sessions_sum") == 40
+    running.terminate()
+    assert "Traceback" not in running.communicate(timeout=60)[1] and running.returncode == 0
+    assert not any(Path(f"/proc/{pid}").exists() for pid in workers)
+
+    running, children = start()
+    worker = next(pid for pid in children if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text())
+    os.kill(worker, signal.SIGKILL)
+    stderr = running.communicate(timeout=60)[1]
+    assert running.returncode == 1
+    assert stderr.strip().endswith(f"sessrec serve: worker {worker} exited with code -9; the other workers were stopped")
+
+
+def healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=1).status_code == 200
+    except httpx.TransportError:
+        return False

@@ -8,7 +8,6 @@ hands each request its JSON answer. A failure in that call is the server's (`Ser
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import time
@@ -17,7 +16,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from sessrec.pipeline.candidates import RequestSessions
+import orjson
+import torch
+
+from sessrec.data.vocab import NUM_SPECIAL
+from sessrec.pipeline.candidates import Recommendations, RequestSessions
 from sessrec.serving.recommender import Recommender, join_sessions
 from sessrec.serving.request_metrics import Metrics
 
@@ -246,6 +249,7 @@ def _score_call(jobs: list[_Job]) -> list[bytes]:
     """One model call for `jobs` (same model, same k): each request's JSON answer."""
     recommender = jobs[0].recommender
     recs = recommender.recommend_batch(join_sessions([job.sessions for job in jobs]), jobs[0].k)
+    _check_finite(recs)
     out = recommender.decode(recs)
     size = sum(job.size for job in jobs)
     if len(out) != size:
@@ -257,9 +261,16 @@ def _score_call(jobs: list[_Job]) -> list[bytes]:
     return answers
 
 
+def _check_finite(recs: Recommendations) -> None:
+    """Refuse (a server fault) a NaN or infinite score among the items an answer lists (orjson,
+    which writes the answers, would write it as null)."""
+    if not bool(torch.isfinite(recs.scores[recs.items >= NUM_SPECIAL]).all()):
+        raise ValueError("the recommender scored an item NaN or infinite")
+
+
 def dumps(content: Any) -> bytes:
-    """JSON bytes as the server answers them (compact, UTF-8, no NaN)."""
-    return json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+    """JSON bytes as the server answers them (compact, UTF-8; orjson)."""
+    return orjson.dumps(content)
 
 
 def _resolve(future: asyncio.Future, result: Any = None, exception: BaseException | None = None) -> None:

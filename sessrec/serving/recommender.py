@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -149,15 +150,22 @@ def _left_pad_cat(tensors: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat([F.pad(t, (width - t.shape[1], 0)) for t in tensors])
 
 
-def load_recommender(directory: str | os.PathLike) -> Pipeline | SessionModelService:
-    """The recommender saved in `directory` (at its current version when it is versioned): a
-    pipeline or a session model, by the file that describes it."""
-    directory = resolve(directory)
-    if (directory / "pipeline.json").exists():
-        return Pipeline.from_pretrained(directory)
-    if (directory / "config.json").exists():
-        return SessionModelService.from_pretrained(directory)
+def check_model_dir(directory: Path) -> Path:
+    """The file that says what `directory` holds (``pipeline.json``, else ``config.json``);
+    FileNotFoundError naming the directory when it holds neither."""
+    for name in ("pipeline.json", "config.json"):
+        if (directory / name).exists():
+            return directory / name
     raise FileNotFoundError(
         f"{directory}: neither a saved pipeline (pipeline.json) nor a model directory (config.json); "
         "sessrec fit writes one beside the best checkpoint (runs/<name>/model)"
     )
+
+
+def load_recommender(directory: str | os.PathLike) -> Pipeline | SessionModelService:
+    """The recommender saved in `directory` (at its current version when it is versioned): a
+    pipeline or a session model, by the file that describes it."""
+    directory = resolve(directory)
+    if check_model_dir(directory).name == "pipeline.json":
+        return Pipeline.from_pretrained(directory)
+    return SessionModelService.from_pretrained(directory)

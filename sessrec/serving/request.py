@@ -11,7 +11,10 @@ the same message, and one it accepts they accept.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass
+
+import orjson
 
 from sessrec.pipeline.candidates import RequestSessions
 from sessrec.pipeline.request import Request, check_request
@@ -19,6 +22,7 @@ from sessrec.saved.registry import check_integers
 from sessrec.serving.recommender import Recommender
 
 _FIELDS = {"session", "sessions", "k", "on_unknown", "now", "times"}
+_LONG_NUMBER = re.compile(rb"\d{19}")  # where an integer may be past 64 bits (|x| >= 10**18 has 19 digits)
 
 
 @dataclass(frozen=True)
@@ -53,12 +57,21 @@ def parse_request(body: bytes, limits: Limits) -> Request:
     """Check a ``/recommend`` body and return its checked `Request`; raise `RequestError` naming the problem.
 
     The body's structure and the server's bounds are checked here; its values by `check_request`,
-    the rules and messages of every entry point (a refusal is a 422 with its message).
+    the rules and messages of every entry point (a refusal is a 422 with its message). The body is
+    parsed by orjson, which reads JSON as Python's json does, except integers past 64 bits (which
+    it reads as floats), ``NaN`` and ``Infinity``: a body with a run of 19 digits or more, or one
+    orjson refuses, is parsed by Python's json, which reads them (`check_request` then refuses an
+    id past 64 bits by name) and words the 400 of a body that is not JSON.
     """
     try:
-        payload = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
-        raise RequestError(400, f"body is not valid JSON: {err}") from None
+        if _LONG_NUMBER.search(body) is not None:  # orjson reads integers past 64 bits as floats
+            raise orjson.JSONDecodeError("", "", 0)
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError:  # the standard parser decides: the request is read, or refused with its message
+        try:
+            payload = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
+            raise RequestError(400, f"body is not valid JSON: {err}") from None
     if not isinstance(payload, dict):
         raise RequestError(422, f"body must be a JSON object, got {type(payload).__name__}")
     unknown = sorted(set(payload) - _FIELDS)

@@ -1,13 +1,21 @@
 """The server's Prometheus metrics (``GET /metrics``), in a registry of its own, and the ASGI
-middleware that counts and times every request."""
+middleware that counts and times every request.
+
+Under several workers (`sessrec.serving.server.run_workers`, which sets ``PROMETHEUS_MULTIPROC_DIR``
+for them), each worker writes its values to files of that folder (prometheus_client's multiprocess
+mode) and ``GET /metrics``, whichever worker answers it, shows the sum over the workers.
+"""
 
 from __future__ import annotations
 
+import os
 import time
 
 import prometheus_client as prom
+from prometheus_client import multiprocess
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"
 ROUTES = ("/recommend", "/health", "/metadata", "/metrics")  # any other path is counted as "other"
 
 
@@ -16,6 +24,7 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = prom.CollectorRegistry()
+        self.shared = os.environ.get(MULTIPROCESS_DIR)  # the folder the workers' values are written to, if any
         r = self.registry
         self.requests = prom.Counter("sessrec_requests", "HTTP requests answered, by route and status code",
                                      ["route", "status"], registry=r)
@@ -29,11 +38,12 @@ class Metrics:
             "sessrec_model_call_seconds", "Time of each model call (scoring, decoding and the JSON answers)",
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5), registry=r)
         self.admitted = prom.Gauge("sessrec_admitted_requests",
-                                   "Requests admitted and not yet answered (bounded by max_queue)", registry=r)
+                                   "Requests admitted and not yet answered (bounded by max_queue)", registry=r,
+                                   multiprocess_mode="livesum")
         self.queued_requests = prom.Gauge("sessrec_queue_requests", "Requests encoded and waiting for the model",
-                                          registry=r)
+                                          registry=r, multiprocess_mode="livesum")
         self.queued_sessions = prom.Gauge("sessrec_queue_sessions", "Sessions encoded and waiting for the model",
-                                          registry=r)
+                                          registry=r, multiprocess_mode="livesum")
         self.shed = prom.Counter(
             "sessrec_shed", "Requests refused or dropped for load: queue_full, model_behind, "
             "queued_sessions_full, shutting_down (503), deadline (504)", ["reason"], registry=r)
@@ -44,7 +54,12 @@ class Metrics:
                                     registry=r)
 
     def text(self) -> bytes:
-        return prom.generate_latest(self.registry)
+        """The Prometheus text: of this process, or summed over the workers that share `shared`."""
+        if self.shared is None:
+            return prom.generate_latest(self.registry)
+        registry = prom.CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry, self.shared)
+        return prom.generate_latest(registry)
 
 
 class MeasureRequests:

@@ -9,13 +9,16 @@ Routes:
         ``"times"``, else its arrival)
         -> ``{"recommendations": [{"item_ids": [...], "scores": [...]}, ...]}``.
     ``GET /health``: the model served (kind, version) and the last reload error; 503 while shutting down.
-    ``GET /metadata``: the limits, the overload settings and the batching counters.
+    ``GET /metadata``: the limits, the overload settings and the batching counters (of the worker that answers).
     ``GET /metrics``: Prometheus text (requests by route and status, latency, sessions per model
-        call, queue depth, requests shed).
+        call, queue depth, requests shed; summed over the workers).
 
 How a request goes (each refusal a one-line ``{"error": ...}``):
 
-1. **Admission** (`AdmissionGate`, in front of the routes), before the body is read: past
+``POST /recommend`` is a plain ASGI route (`RecommendRoute`, taken before FastAPI's middleware
+and routing by `App`); its bodies and answers are JSON through orjson.
+
+1. **Admission** (`Admission`, first thing in the route), before the body is read: past
    `Overload.max_queue` requests admitted and not yet answered, when the model is more than
    `Overload.max_queue_wait_ms` behind (the sessions waiting, at the pace of its recent calls), or
    once shutdown has begun, ``503`` with ``Retry-After``. A flood costs one small answer per request.
@@ -37,7 +40,8 @@ bodies, hands work to threads and writes answers. The model can be swapped while
 (`ModelHolder`): the server follows a versioned model directory's ``CURRENT`` pointer, loads a new
 version in a thread and serves it from the next batch on; requests already encoded finish on the
 model that encoded them. On shutdown the server refuses new requests (503) and answers those it
-admitted before it stops.
+admitted before it stops. With several workers (`run_workers`) each process does all of this for
+the connections it accepts on the one shared port.
 
 FastAPI + uvicorn with this small batcher rather than LitServe: LitServe batches whole requests in a
 separate worker process, so one bad request fails every request of its batch, and a request of
@@ -53,29 +57,35 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import multiprocessing
+import multiprocessing.connection
 import os
+import signal
+import socket
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from time import perf_counter
 from typing import Any
 
 import prometheus_client as prom
+import torch
 import uvicorn
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
-from starlette.requests import ClientDisconnect
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from sessrec.saved.registry import check_integers
 from sessrec.saved.versions import resolve
 from sessrec.serving.batching import Batcher, ServerFault, dumps
-from sessrec.serving.recommender import Recommender, load_recommender
+from sessrec.serving.recommender import Recommender, check_model_dir, load_recommender
 from sessrec.serving.request import Limits, RequestError, prepare
-from sessrec.serving.request_metrics import MeasureRequests, Metrics
+from sessrec.serving.request_metrics import MULTIPROCESS_DIR, MeasureRequests, Metrics
 
 logger = logging.getLogger(__name__)
 
@@ -209,36 +219,6 @@ class Admission:
         return True
 
 
-class AdmissionGate:
-    """ASGI middleware: each ``POST /recommend`` admitted and counted until answered, or refused
-    with 503 and ``Retry-After`` before its body is read and before the app routes it (a refusal
-    costs the event loop about as little as an HTTP answer can)."""
-
-    def __init__(self, app: ASGIApp, admission: Admission) -> None:
-        self.app, self.admission = app, admission
-        self.retry_after = str(admission.overload.retry_after_s).encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] != "/recommend" or scope["method"] != "POST":
-            await self.app(scope, receive, send)
-            return
-        refusal = self.admission.refusal()
-        if refusal is not None:
-            reason, message = refusal
-            self.admission.metrics.shed.labels(reason).inc()
-            body = dumps({"error": f"{message}; retry after {self.admission.overload.retry_after_s} s"})
-            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                       (b"retry-after", self.retry_after)]
-            await send({"type": "http.response.start", "status": 503, "headers": headers})
-            await send({"type": "http.response.body", "body": body})
-            return
-        self.admission.enter()
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            self.admission.leave()
-
-
 class ModelHolder:
     """The model being served, and its hot reload from a model directory.
 
@@ -327,22 +307,138 @@ else:
     _within = asyncio.wait_for
 
 
-def _error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
-    return JSONResponse({"error": message}, status_code=status, headers=headers)
+class ClientLeft(Exception):
+    """The client closed its connection before its request's body was read."""
 
 
-async def _read_body(request: Request, max_bytes: int) -> bytes:
-    """The body, refused with 413 as soon as it passes `max_bytes` (declared or received: chunked bodies too)."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > max_bytes:
-        raise RequestError(413, f"body of {int(declared)} bytes; the limit is {max_bytes} bytes")
+class Busy(Exception):
+    """A request refused with 503 after its checks: its sessions would take the queue past its bound."""
+
+
+class RecommendRoute:
+    """``POST /recommend`` as a plain ASGI app: counted and timed in `Metrics`, admitted by
+    `Admission` (or refused with 503 before its body is read), read (413 past the byte limit),
+    checked and encoded alone (`prepare`), queued in the `Batcher`, answered by its deadline.
+
+    Requests reach it without FastAPI's routing, middleware and request objects (`App`): the
+    server's CPU per request is mostly this, the checks and the model.
+    """
+
+    def __init__(self, holder: ModelHolder, batcher: Batcher, admission: Admission, limits: Limits,
+                 metrics: Metrics, parsers: list[ThreadPoolExecutor]) -> None:
+        self.holder, self.batcher, self.admission, self.limits, self.metrics = holder, batcher, admission, limits, metrics
+        self.overload, self.parsers = admission.overload, parsers
+        self.deadline_s = self.overload.deadline_ms / 1e3
+        self.busy = [(b"retry-after", str(self.overload.retry_after_s).encode())]
+        self.latency = metrics.latency.labels("/recommend")
+        self.counts: dict[int, Any] = {}  # status -> its counter (prometheus_client's labels() is a lookup with a lock)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        start, status = perf_counter(), 500
+        try:
+            status = await self.admit(scope, receive, send)
+        finally:
+            counter = self.counts.get(status)
+            if counter is None:
+                counter = self.counts[status] = self.metrics.requests.labels("/recommend", str(status))
+            counter.inc()
+            self.latency.observe(perf_counter() - start)
+
+    async def admit(self, scope: Scope, receive: Receive, send: Send) -> int:
+        """The request admitted and answered, or refused at arrival (see `Admission.refusal`); its status."""
+        refusal = self.admission.refusal()
+        if refusal is not None:
+            reason, message = refusal
+            self.metrics.shed.labels(reason).inc()
+            return await self.error(send, 503, f"{message}; retry after {self.overload.retry_after_s} s", self.busy)
+        self.admission.enter()
+        try:
+            return await self.answer(scope, receive, send)
+        finally:
+            self.admission.leave()
+
+    async def answer(self, scope: Scope, receive: Receive, send: Send) -> int:
+        arrival = time.time()  # the request's time when it gives neither "now" nor "times"
+        try:
+            deadline = asyncio.get_running_loop().time() + self.deadline_s
+            payload = await _within(self.recommend(scope, receive, deadline, arrival), self.deadline_s)
+        except RequestError as err:
+            return await self.error(send, err.status, err.message)
+        except Busy as err:
+            self.metrics.shed.labels("queued_sessions_full").inc()
+            return await self.error(send, 503, f"{err}; retry after {self.overload.retry_after_s} s", self.busy)
+        except asyncio.TimeoutError:
+            self.metrics.shed.labels("deadline").inc()
+            return await self.error(send, 504, f"no answer within the deadline of {self.overload.deadline_ms:g} ms; "
+                                    "the server is overloaded, retry later")
+        except ClientLeft:  # the client left while sending its body: nobody to answer
+            return await _send(send, 499, b"")
+        except ServerFault:  # logged where it happened
+            return await self.error(send, 500, "internal error while recommending; see the server log")
+        except Exception:
+            logger.exception("internal error while preparing a request")
+            return await self.error(send, 500, "internal error while recommending; see the server log")
+        return await _send(send, 200, payload)
+
+    async def recommend(self, scope: Scope, receive: Receive, deadline: float, arrival: float) -> bytes:
+        """The JSON answer of the request whose body `receive` gives."""
+        body = await _read_body(scope, receive, self.limits.max_request_bytes)
+        current = self.holder.current
+        if len(body) <= INLINE_PARSE_BYTES:
+            checked, sessions = prepare(body, current.recommender, self.limits, arrival)
+        else:
+            parse = asyncio.get_running_loop().run_in_executor(
+                self.parsers[0], prepare, body, current.recommender, self.limits, arrival)
+            checked, sessions = await parse
+        if self.batcher.queued_sessions + len(sessions) > self.overload.max_queued_sessions:
+            raise Busy(f"the server is busy: {self.batcher.queued_sessions} sessions are waiting for the model")
+        return await self.batcher.submit(sessions, checked.k, current.recommender, deadline)
+
+    @staticmethod
+    async def error(send: Send, status: int, message: str, headers: list[tuple[bytes, bytes]] | None = None) -> int:
+        return await _send(send, status, dumps({"error": message}), headers)
+
+
+async def _send(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> int:
+    """Answer `status` with a JSON `body`; returns `status`."""
+    head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": head + headers if headers else head})
+    await send({"type": "http.response.body", "body": body})
+    return status
+
+
+async def _read_body(scope: Scope, receive: Receive, max_bytes: int) -> bytes:
+    """The body, refused with 413 as soon as it passes `max_bytes` (declared or received: chunked
+    bodies too); `ClientLeft` when the client disconnects first."""
+    for name, value in scope["headers"]:
+        if name == b"content-length" and value.isdigit() and int(value) > max_bytes:
+            raise RequestError(413, f"body of {int(value)} bytes; the limit is {max_bytes} bytes")
+    message = await receive()
     chunks, size = [], 0
-    async for chunk in request.stream():
+    while True:
+        if message["type"] == "http.disconnect":
+            raise ClientLeft
+        chunk = message.get("body", b"")
         size += len(chunk)
         if size > max_bytes:
             raise RequestError(413, f"body over {max_bytes} bytes; the limit is {max_bytes} bytes")
+        if not message.get("more_body", False):
+            return b"".join(chunks) + chunk if chunks else chunk
         chunks.append(chunk)
-    return b"".join(chunks)
+        message = await receive()
+
+
+class App(FastAPI):
+    """FastAPI with ``POST /recommend`` taken straight to its `RecommendRoute`, before FastAPI's
+    middleware and routing; the other routes and the lifespan are FastAPI's."""
+
+    recommend_route: RecommendRoute
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == "/recommend" and scope["method"] == "POST":
+            await self.recommend_route(scope, receive, send)
+        else:
+            await super().__call__(scope, receive, send)
 
 
 def build_app(
@@ -353,7 +449,7 @@ def build_app(
     overload: Overload | None = None,
     model_dir: str | os.PathLike | None = None,
     reload_interval_s: float = 2.0,
-) -> FastAPI:
+) -> App:
     """The ASGI app serving `model` (see the module docstring for the routes).
 
     Args:
@@ -367,9 +463,9 @@ def build_app(
         reload_interval_s: seconds between two reads of the pointer; 0: never read.
 
     Returns:
-        The FastAPI app; its parts are on ``app.state`` (``batcher``, ``holder``, ``admission``,
-        ``metrics``); its lifespan starts them, and at shutdown refuses new requests and answers
-        the admitted ones before it stops them.
+        The app (FastAPI, with ``POST /recommend`` on a path of its own: `App`); its parts are on
+        ``app.state`` (``batcher``, ``holder``, ``admission``, ``metrics``); its lifespan starts them,
+        and at shutdown refuses new requests and answers the admitted ones before it stops them.
     """
     limits = limits if limits is not None else Limits()
     overload = overload if overload is not None else Overload()
@@ -377,9 +473,7 @@ def build_app(
     metrics = Metrics()
     batcher = Batcher(max_batch_size, max_wait_ms, metrics)
     holder = ModelHolder(served, model_dir, reload_interval_s, metrics)
-    deadline_s = overload.deadline_ms / 1e3
     admission = Admission(overload, batcher, metrics)
-    busy = {"Retry-After": str(overload.retry_after_s)}
     parsers: list[ThreadPoolExecutor] = []  # the threads that parse large bodies, while the app runs
 
     @asynccontextmanager
@@ -390,17 +484,19 @@ def build_app(
         await holder.start()
         try:
             yield
-        finally:
-            if not await admission.drain(deadline_s + 5.0):  # every admitted request ends by its deadline
+        finally:  # every admitted request ends by its deadline
+            if not await admission.drain(overload.deadline_ms / 1e3 + 5.0):
                 logger.error("shutdown: %d requests still unanswered after their deadline", admission.admitted)
             await holder.stop()
             await batcher.stop()
             parsers.pop().shutdown(wait=False, cancel_futures=True)
 
-    app = FastAPI(title="sessrec", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    app.add_middleware(AdmissionGate, admission=admission)
-    app.add_middleware(MeasureRequests, metrics=metrics)  # added last: the outermost, it sees the refusals too
+    app = App(title="sessrec", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(MeasureRequests, metrics=metrics)
     app.state.batcher, app.state.holder, app.state.admission, app.state.metrics = batcher, holder, admission, metrics
+    app.recommend_route = RecommendRoute(holder, batcher, admission, limits, metrics, parsers)
+    # POST /recommend never reaches FastAPI (`App`); the route answers its other methods with 405
+    app.add_route("/recommend", app.recommend_route, methods=["POST"])
 
     @app.get("/health")
     async def health() -> Response:
@@ -414,50 +510,12 @@ def build_app(
         queue = {"admitted": admission.admitted, "queued_requests": batcher.queued_requests,
                  "queued_sessions": batcher.queued_sessions}
         return {**holder.current.describe(), "limits": asdict(limits), "overload": asdict(overload),
-                "queue": queue, "batching": batching}
+                "queue": queue, "batching": batching, "worker_pid": os.getpid()}
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
         return Response(metrics.text(), media_type=prom.CONTENT_TYPE_LATEST)
 
-    async def answer(request: Request, deadline: float, arrival: float) -> Response:
-        body = await _read_body(request, limits.max_request_bytes)
-        current = holder.current
-        if len(body) <= INLINE_PARSE_BYTES:
-            checked, sessions = prepare(body, current.recommender, limits, arrival)
-        else:
-            parse = asyncio.get_running_loop().run_in_executor(
-                parsers[0], prepare, body, current.recommender, limits, arrival)
-            checked, sessions = await parse
-        if batcher.queued_sessions + len(sessions) > overload.max_queued_sessions:
-            metrics.shed.labels("queued_sessions_full").inc()
-            return _error(503, f"the server is busy: {batcher.queued_sessions} sessions are waiting for the model; "
-                          f"retry after {overload.retry_after_s} s", busy)
-        payload = await batcher.submit(sessions, checked.k, current.recommender, deadline)
-        return Response(payload, media_type="application/json")
-
-    async def recommend(request: Request) -> Response:  # admitted by `AdmissionGate`
-        arrival = time.time()  # the request's time when it gives neither "now" nor "times"
-        try:
-            deadline = asyncio.get_running_loop().time() + deadline_s
-            return await _within(answer(request, deadline, arrival), deadline_s)
-        except RequestError as err:
-            return _error(err.status, err.message)
-        except asyncio.TimeoutError:
-            metrics.shed.labels("deadline").inc()
-            return _error(504, f"no answer within the deadline of {overload.deadline_ms:g} ms; the server is "
-                          "overloaded, retry later")
-        except ClientDisconnect:  # the client left while sending its body: nobody to answer
-            return Response(status_code=499)
-        except ServerFault:  # logged where it happened
-            return _error(500, "internal error while recommending; see the server log")
-        except Exception:
-            logger.exception("internal error while preparing a request")
-            return _error(500, "internal error while recommending; see the server log")
-
-    # a plain route: the body is read and checked here, so FastAPI's parameter resolution would add
-    # only its cost (about a tenth of the event loop's time per request)
-    app.add_route("/recommend", recommend, methods=["POST"])
     return app
 
 
@@ -479,6 +537,8 @@ def serve(
     reload_interval_s: float = 2.0,
     log_level: str = "info",
     access_log: bool = True,
+    workers: int = 1,
+    threads: int | None = None,
 ) -> None:
     """Load the recommender saved in `model_dir` and serve it over HTTP until interrupted.
 
@@ -502,22 +562,113 @@ def serve(
         reload_interval_s: seconds between two reads of the model directory's ``CURRENT``; 0: no reload.
         log_level: uvicorn's log level.
         access_log: log one line per request.
+        workers: processes serving on the one port, each with its own model, batcher, queue bounds
+            and metrics (`run_workers`); about one per core that the server may use.
+        threads: torch threads of each worker; default: torch's own with one worker, the process's
+            torch threads shared among several (at least one each).
 
     Raises:
         ValueError: a `port` outside 0..65535 (before the model is read).
     """
     if not 0 <= port <= 65535:
         raise ValueError(f"--port {port} is not a TCP port (0 to 65535)")
-    limits = Limits(max_request_bytes, max_sessions_per_request, max_items_per_session, k_max)
-    overload = Overload(max_queue, max_queued_sessions, max_queue_wait_ms, deadline_ms, retry_after_s)
-    app = build_app(Served.load(model_dir), max_batch_size, max_wait_ms, limits, overload, model_dir, reload_interval_s)
-    # The model, torch and the libraries are half a million objects that live as long as the process:
-    # frozen, the cyclic garbage collector stops scanning them, and a full collection no longer stalls
-    # the event loop (and /health) for hundreds of milliseconds in the middle of a flood.
-    gc.collect()
-    gc.freeze()
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=access_log)
-    DrainingServer(config, app).run()
+    check_integers({"workers": workers} if threads is None else {"workers": workers, "threads": threads})
+    if workers > 1 and threads is None:
+        threads = max(1, torch.get_num_threads() // workers)
+    worker = Worker(model_dir, host, port, threads, max_batch_size, max_wait_ms,
+                    Limits(max_request_bytes, max_sessions_per_request, max_items_per_session, k_max),
+                    Overload(max_queue, max_queued_sessions, max_queue_wait_ms, deadline_ms, retry_after_s),
+                    reload_interval_s, log_level, access_log)
+    if workers == 1:
+        worker.run()
+    else:
+        run_workers(worker, workers)
+
+
+@dataclass(frozen=True)
+class Worker:
+    """One server process: its model loaded, its app built and served by uvicorn (`DrainingServer`).
+
+    The arguments are `serve`'s; `threads`: torch threads (None: torch's default).
+    """
+
+    model_dir: str | os.PathLike
+    host: str
+    port: int
+    threads: int | None
+    max_batch_size: int
+    max_wait_ms: float
+    limits: Limits
+    overload: Overload
+    reload_interval_s: float
+    log_level: str
+    access_log: bool
+
+    def run(self, sock: socket.socket | None = None) -> None:
+        """Serve until shutdown, on `sock` (a listening socket shared with other workers) or on a
+        socket of its own bound to `host`:`port`."""
+        if self.threads is not None:
+            torch.set_num_threads(self.threads)
+        app = build_app(Served.load(self.model_dir), self.max_batch_size, self.max_wait_ms, self.limits, self.overload,
+                        self.model_dir, self.reload_interval_s)
+        # The model, torch and the libraries are half a million objects that live as long as the process:
+        # frozen, the cyclic garbage collector stops scanning them, and a full collection no longer stalls
+        # the event loop (and /health) for hundreds of milliseconds in the middle of a flood.
+        gc.collect()
+        gc.freeze()
+        config = uvicorn.Config(app, host=self.host, port=self.port, log_level=self.log_level,
+                                access_log=self.access_log)
+        if sock is None:
+            DrainingServer(config, app).run()
+        else:
+            DrainingServer(config, app).run(sockets=[sock])
+
+
+def run_workers(worker: Worker, count: int) -> None:
+    """`count` processes running `worker`, sharing one listening socket (the kernel hands each new
+    connection to one of them), until SIGTERM or SIGINT, which each worker gets and shuts down on
+    as one server does. A worker that exits on its own stops the others, and the server exits with
+    an error naming it (a process manager restarts it).
+
+    Raises:
+        SystemExit: a worker exited on its own (its model failed to load, or it crashed).
+    """
+    check_model_dir(resolve(worker.model_dir))  # a directory that holds no model: refused before any worker starts
+    sock = uvicorn.Config(None, host=worker.host, port=worker.port, log_level=worker.log_level).bind_socket()
+    spawn = multiprocessing.get_context("spawn")  # fresh interpreters: no torch threads or locks forked mid-use
+    processes = [spawn.Process(target=worker.run, args=(sock,), name=f"sessrec-serve-{i}") for i in range(count)]
+    stopping = []
+    shared = tempfile.TemporaryDirectory(prefix="sessrec-metrics-")  # the workers' metrics, summed by /metrics
+    os.environ[MULTIPROCESS_DIR] = shared.name  # read by each worker's prometheus_client, which it imports itself
+
+    def stop(signum: int, frame: object) -> None:
+        stopping.append(signum)
+        for process in processes:
+            if process.pid is not None and process.exitcode is None:
+                os.kill(process.pid, signal.SIGTERM)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        for process in processes:
+            process.start()
+        logger.info("serving with %d workers (pids %s)", count, ", ".join(str(p.pid) for p in processes))
+        ended = multiprocessing.connection.wait([p.sentinel for p in processes])
+        if not stopping:
+            failed = next(p for p in processes if p.sentinel in ended)
+            failed.join()
+            stop(signal.SIGTERM, None)
+            for process in processes:
+                process.join()
+            raise SystemExit(f"sessrec serve: worker {failed.pid} exited with code {failed.exitcode}; "
+                             "the other workers were stopped")
+        for process in processes:
+            process.join()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        sock.close()
+        del os.environ[MULTIPROCESS_DIR]
+        shared.cleanup()
 
 
 class DrainingServer(uvicorn.Server):

@@ -164,26 +164,34 @@ def test_bad_inputs_are_one_line_naming_file_column_or_value(inputs: dict, tmp_p
         monitor(out="m.txt", **inputs)
 
 
-def replay(recommender, sessions: pa.Table, log: ServedLog, version: str, per_request: int = 64) -> None:
-    """Each session's events but its last, as the requests a server gets, through the server's recommender
-    (`load_recommender`: encode, recommend_batch, decode) into `log`."""
-    from sessrec.pipeline.request import check_request
+def replay(recommender, sessions: pa.Table, directory: Path, version: str, per_request: int = 64) -> list[dict]:
+    """Each session's events but its last, as the requests a server gets, through the server's app (`build_app`
+    with a `ServedLog` in `directory`, as ``sessrec serve --served_log`` builds it); its answers."""
+    from fastapi.testclient import TestClient
+
+    from sessrec.serving.server import Served, build_app
 
     ids = [str(s) for s in sessions.column("session_id").to_pylist()]
     items, times = sessions.column("item_id").to_pylist(), sessions.column("timestamp").to_pylist()
-    for start in range(0, len(ids), per_request):
-        part = slice(start, start + per_request)
-        prefixes, stamps = [s[:-1] for s in items[part]], [t[:-1] for t in times[part]]
-        request = check_request(prefixes, k=20, times=stamps)
-        encoded = recommender.encode(request)
-        results = recommender.decode(recommender.recommend_batch(encoded, request.k))
-        log.record(f"r{start}", prefixes, results, version, now=encoded.now.tolist(), times=stamps, session_ids=ids[part])
+    answers = []
+    app = build_app(Served(recommender, version=version), served_log=ServedLog(directory))
+    with TestClient(app) as client:  # the log is closed (flushed) when the app shuts down
+        for start in range(0, len(ids), per_request):
+            part = slice(start, start + per_request)
+            body = {"sessions": [s[:-1] for s in items[part]], "times": [t[:-1] for t in times[part]], "k": 20,
+                    "session_ids": ids[part]}
+            answer = client.post("/recommend", json=body, headers={"X-Request-Id": f"r{start}"})
+            assert answer.status_code == 200, answer.text
+            answers += answer.json()["recommendations"]
+        metrics = client.get("/metrics").text
+    assert 'sessrec_served_log_rows{outcome="dropped"} 0.0' in metrics  # "written" counts rows in closed files
+    return answers
 
 
 @pytest.mark.slow
 def test_a_replayed_day_monitors_to_the_hit_rate_of_sessrec_test_and_a_drifted_day_exits_3(tmp_path, capsys, monkeypatch):
-    """A tiny XLNet fitted on synthetic days; its test day replayed through the server's recommender into a served
-    log: ``sessrec monitor`` gives the recall@20 of ``sessrec test`` on the same sessions, with little drift; the
+    """A tiny XLNet fitted on synthetic days; its test day replayed through the server (its app, as ``sessrec serve
+    --served_log`` runs it) into a served log: ``sessrec monitor`` gives the recall@20 of ``sessrec test`` on the same sessions, with little drift; the
     same day with its items shifted along the popularity ranking crosses psi_max and exits 3."""
     import pyarrow.compute as pc
 
@@ -218,8 +226,13 @@ def test_a_replayed_day_monitors_to_the_hit_rate_of_sessrec_test_and_a_drifted_d
 
     test = TimeWindowSource(**source["init_args"]).load().test
     recommender = load_recommender(model)
-    with ServedLog(tmp_path / "served") as log:
-        replay(recommender, test, log, "v000001")
+    answers = replay(recommender, test, tmp_path / "served", "v000001")
+    logged = pq.read_table(tmp_path / "served")
+    logged = logged.append_column("request", pc.cast(pc.utf8_slice_codeunits(logged.column("request_id"), 1), pa.int64()))
+    logged = logged.sort_by([("request", "ascending"), ("session_index", "ascending")])
+    assert logged.column("recommended").to_pylist() == [[str(i) for i in a["item_ids"]] for a in answers]
+    assert logged.column("session_id").to_pylist() == [str(s) for s in test.column("session_id").to_pylist()]
+    assert set(logged.column("model_version").to_pylist()) == {"v000001"}
     base = {"paths": [str(tmp_path / "events.parquet")], "reference": str(model), "k": 20, "window_hours": 1e6,
             "thresholds": {"psi_max": 0.25}}
     config = tmp_path / "monitor.yaml"
@@ -240,8 +253,7 @@ def test_a_replayed_day_monitors_to_the_hit_rate_of_sessrec_test_and_a_drifted_d
                      "timestamp": pc.list_flatten(drifted.column("timestamp"))})
     flat = flat.set_column(0, "session_id", drifted.column("session_id").take(flat.column("session_id")))
     pq.write_table(flat, tmp_path / "drifted.parquet")
-    with ServedLog(tmp_path / "served_drifted") as log:
-        replay(recommender, drifted, log, "v000001")
+    replay(recommender, drifted, tmp_path / "served_drifted", "v000001")
     config.write_text(yaml.safe_dump({**base, "paths": [str(tmp_path / "drifted.parquet")],
                                       "served_log": str(tmp_path / "served_drifted"), "out": str(tmp_path / "drift.csv")}))
     monkeypatch.setattr(sys, "argv", ["sessrec", "monitor", "--config", str(config)])

@@ -725,3 +725,27 @@ def healthy(url: str) -> bool:
         return httpx.get(f"{url}/health", timeout=1).status_code == 200
     except httpx.TransportError:
         return False
+
+
+def test_a_served_log_keeps_what_each_request_got_and_refuses_bad_session_ids(pipe, sessions, tmp_path) -> None:
+    import pyarrow.parquet as pq
+
+    from sessrec.serving.served_log import ServedLog
+
+    with TestClient(build_app(pipe, served_log=ServedLog(tmp_path / "log"))) as c:
+        reply = c.post("/recommend", json={"sessions": sessions[:2], "k": 3, "session_ids": ["a", 7]},
+                       headers={"X-Request-Id": "req-1"})
+        one = c.post("/recommend", json={"session": sessions[2], "k": 2, "session_ids": "s3"})
+        short = c.post("/recommend", json={"sessions": sessions[:2], "k": 3, "session_ids": ["a"]})
+        typed = c.post("/recommend", json={"sessions": sessions[:1], "k": 3, "session_ids": [1.5]})
+    assert reply.status_code == one.status_code == 200
+    assert (short.status_code, short.json()["error"]) == (422, "session_ids must be a list of one id per session (2), "
+                                                                "got ['a']")
+    assert (typed.status_code, typed.json()["error"]) == (422, "session_ids[0] must be a string or an integer, got 1.5")
+    log = pq.read_table(tmp_path / "log").sort_by("served_at").to_pylist()  # closed with the app
+    assert [(r["request_id"], r["session_index"], r["session_id"]) for r in log[:2]] == [("req-1", 0, "a"),
+                                                                                         ("req-1", 1, "7")]
+    assert log[2]["session_id"] == "s3" and len(log[2]["request_id"]) == 32  # a random id without X-Request-Id
+    answered = reply.json()["recommendations"] + one.json()["recommendations"]
+    assert [r["recommended"] for r in log] == [[str(i) for i in a["item_ids"]] for a in answered]
+    assert [r["items"] for r in log] == [[str(i) for i in s] for s in sessions[:3]]

@@ -377,7 +377,11 @@ class SyntheticSource(SessionSource):
     sessions and evaluation pairs.
 
     Args:
-        num_sessions, num_items, num_clusters, days, seed: `generate_sessions`' settings.
+        num_sessions: sessions generated (`generate_sessions`).
+        num_items: products in the catalogue.
+        num_clusters: groups of related products that sessions draw from.
+        days: the span of the sessions' start times.
+        seed: seeds the generator.
         test_days: the last days' sessions are the test set.
         valid_days: the days before it, validation.
         page_views: keep the page views as virtual items (input tokens, never targets).

@@ -12,6 +12,7 @@ import logging
 import math
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +40,7 @@ class _Job:
     recommender: Recommender  # the model whose vocabulary encoded them, which scores them
     deadline: float  # event-loop time
     future: asyncio.Future
+    log: Callable[[list[dict[str, Any]]], Any] | None = None  # given the request's decoded lists (a served log)
 
 
 @dataclass
@@ -151,13 +153,15 @@ class Batcher:
             self._thread.shutdown(wait=False, cancel_futures=True)
             self._thread = None
 
-    def submit(self, sessions: RequestSessions, k: int, recommender: Recommender, deadline: float) -> asyncio.Future:
-        """Queue one request's encoded sessions; the future gets its JSON answer (bytes)."""
+    def submit(self, sessions: RequestSessions, k: int, recommender: Recommender, deadline: float,
+               log: Callable[[list[dict[str, Any]]], Any] | None = None) -> asyncio.Future:
+        """Queue one request's encoded sessions; the future gets its JSON answer (bytes); `log`, when
+        given, gets its decoded lists on the model's thread once it is answered (`ServedLog.record`)."""
         if self._queue is None:
             raise RuntimeError("the batcher is not started: run the app under its lifespan (uvicorn, TestClient)")
         future = asyncio.get_running_loop().create_future()
         self.stats.requests += 1
-        self._queue.put_nowait(_Job(sessions, len(sessions), k, recommender, deadline, future))
+        self._queue.put_nowait(_Job(sessions, len(sessions), k, recommender, deadline, future, log))
         self._count(1, len(sessions))
         return future
 
@@ -256,7 +260,13 @@ def _score_call(jobs: list[_Job]) -> list[bytes]:
         raise RuntimeError(f"the recommender returned {len(out)} lists for {size} sessions")
     answers, start = [], 0
     for job in jobs:
-        answers.append(dumps({"recommendations": out[start : start + job.size]}))
+        lists = out[start : start + job.size]
+        answers.append(dumps({"recommendations": lists}))
+        if job.log is not None:
+            try:
+                job.log(lists)
+            except Exception:  # the log never fails a request
+                logger.exception("the served log failed to record a request")
         start += job.size
     return answers
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import orjson
 
@@ -21,7 +22,7 @@ from sessrec.pipeline.request import Request, check_request
 from sessrec.saved.registry import check_integers
 from sessrec.serving.recommender import Recommender
 
-_FIELDS = {"session", "sessions", "k", "on_unknown", "now", "times"}
+_FIELDS = {"session", "sessions", "k", "on_unknown", "now", "times", "session_ids"}
 _LONG_NUMBER = re.compile(rb"\d{19}")  # where an integer may be past 64 bits (|x| >= 10**18 has 19 digits)
 
 
@@ -53,8 +54,10 @@ class RequestError(Exception):
         self.status, self.message = status, " ".join(message.split())
 
 
-def parse_request(body: bytes, limits: Limits) -> Request:
-    """Check a ``/recommend`` body and return its checked `Request`; raise `RequestError` naming the problem.
+def parse_request(body: bytes, limits: Limits) -> tuple[Request, list[str] | None]:
+    """Check a ``/recommend`` body and return its checked `Request` and its ``session_ids`` (the client's
+    id of each session, as text, which only the served log reads; None when not given); raise
+    `RequestError` naming the problem.
 
     The body's structure and the server's bounds are checked here; its values by `check_request`,
     the rules and messages of every entry point (a refusal is a 422 with its message). The body is
@@ -99,13 +102,28 @@ def parse_request(body: bytes, limits: Limits) -> Request:
         raise RequestError(422, str(err)) from None
     if request.k > limits.k_max:
         raise RequestError(422, f"k {request.k} is more than this server's limit of {limits.k_max} (k_max)")
-    return request
+    return request, _session_ids(payload.get("session_ids"), len(request.sessions), one)
+
+
+def _session_ids(ids: Any, sessions: int, one: bool) -> list[str] | None:
+    """The ``session_ids`` field as text: one id (a string or an integer) per session; with ``session``,
+    one id or a list of one."""
+    if ids is None:
+        return None
+    if one and not isinstance(ids, list):
+        ids = [ids]
+    if not isinstance(ids, list) or len(ids) != sessions:
+        raise RequestError(422, f"session_ids must be a list of one id per session ({sessions}), got {str(ids)[:80]}")
+    for row, value in enumerate(ids):
+        if isinstance(value, bool) or not isinstance(value, (str, int)):
+            raise RequestError(422, f"session_ids[{row}] must be a string or an integer, got {str(value)[:80]}")
+    return [str(value) for value in ids]
 
 
 def prepare(
     body: bytes, recommender: Recommender, limits: Limits, arrival: float | None = None
-) -> tuple[Request, RequestSessions]:
-    """Parse, check and encode one request alone: its `Request` and its encoded sessions.
+) -> tuple[Request, RequestSessions, list[str] | None]:
+    """Parse, check and encode one request alone: its `Request`, its encoded sessions and its session ids.
 
     Args:
         body: the request's body.
@@ -118,8 +136,8 @@ def prepare(
     TypeError included (an unknown id under ``on_unknown="error"``, an id the vocabulary cannot read,
     no ``times`` for a ranker fitted with time features).
     """
-    request = parse_request(body, limits)
+    request, session_ids = parse_request(body, limits)
     try:
-        return request, recommender.encode(request, arrival)
+        return request, recommender.encode(request, arrival), session_ids
     except (ValueError, TypeError) as err:
         raise RequestError(422, str(err)) from None

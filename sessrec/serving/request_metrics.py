@@ -52,6 +52,9 @@ class Metrics:
             registry=r)
         self.reloads = prom.Counter("sessrec_reloads", "Model reloads, by result (ok, failed)", ["result"],
                                     registry=r)
+        self.served_rows = prom.Gauge(
+            "sessrec_served_log_rows", "Rows of the served log (--served_log), by outcome: written to its files, or "
+            "dropped because its buffer was full", ["outcome"], registry=r, multiprocess_mode="livesum")
 
     def text(self) -> bytes:
         """The Prometheus text: of this process, or summed over the workers that share `shared`."""

@@ -6,7 +6,8 @@ Routes:
         a list per session, from which the ranker's time features are built) and ``"now"`` (the
         request's time in seconds since the epoch, one or one per session, at which the allow/deny
         windows hold and which nothing else reads; default: each session's last event with
-        ``"times"``, else its arrival)
+        ``"times"``, else its arrival) and ``"session_ids"`` (the client's id of each session, which
+        only the served log keeps, for ``sessrec monitor``'s join with the events that followed)
         -> ``{"recommendations": [{"item_ids": [...], "scores": [...]}, ...]}``.
     ``GET /health``: the model served (kind, version) and the last reload error; 503 while shutting down.
     ``GET /metadata``: the limits, the overload settings and the batching counters (of the worker that answers).
@@ -55,6 +56,7 @@ Example (then ``curl -s localhost:8000/recommend -d '{"session": [214536502, 214
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import logging
 import multiprocessing
@@ -65,6 +67,7 @@ import socket
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -73,6 +76,7 @@ from pathlib import Path
 from time import perf_counter
 from typing import Any
 
+import numpy as np
 import prometheus_client as prom
 import torch
 import uvicorn
@@ -80,12 +84,14 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
+from sessrec.pipeline.request import Request
 from sessrec.saved.registry import check_integers
 from sessrec.saved.versions import resolve
 from sessrec.serving.batching import Batcher, ServerFault, dumps
 from sessrec.serving.recommender import Recommender, check_model_dir, load_recommender
 from sessrec.serving.request import Limits, RequestError, prepare
 from sessrec.serving.request_metrics import MULTIPROCESS_DIR, MeasureRequests, Metrics
+from sessrec.serving.served_log import ServedLog
 
 logger = logging.getLogger(__name__)
 
@@ -325,8 +331,9 @@ class RecommendRoute:
     """
 
     def __init__(self, holder: ModelHolder, batcher: Batcher, admission: Admission, limits: Limits,
-                 metrics: Metrics, parsers: list[ThreadPoolExecutor]) -> None:
+                 metrics: Metrics, parsers: list[ThreadPoolExecutor], served_log: ServedLog | None = None) -> None:
         self.holder, self.batcher, self.admission, self.limits, self.metrics = holder, batcher, admission, limits, metrics
+        self.served_log = served_log
         self.overload, self.parsers = admission.overload, parsers
         self.deadline_s = self.overload.deadline_ms / 1e3
         self.busy = [(b"retry-after", str(self.overload.retry_after_s).encode())]
@@ -385,18 +392,40 @@ class RecommendRoute:
         body = await _read_body(scope, receive, self.limits.max_request_bytes)
         current = self.holder.current
         if len(body) <= INLINE_PARSE_BYTES:
-            checked, sessions = prepare(body, current.recommender, self.limits, arrival)
+            checked, sessions, session_ids = prepare(body, current.recommender, self.limits, arrival)
         else:
             parse = asyncio.get_running_loop().run_in_executor(
                 self.parsers[0], prepare, body, current.recommender, self.limits, arrival)
-            checked, sessions = await parse
+            checked, sessions, session_ids = await parse
         if self.batcher.queued_sessions + len(sessions) > self.overload.max_queued_sessions:
             raise Busy(f"the server is busy: {self.batcher.queued_sessions} sessions are waiting for the model")
-        return await self.batcher.submit(sessions, checked.k, current.recommender, deadline)
+        log = None
+        if self.served_log is not None:
+            log = functools.partial(self.record, _request_id(scope), checked, sessions.now, session_ids,
+                                    current.version)
+        return await self.batcher.submit(sessions, checked.k, current.recommender, deadline, log)
+
+    def record(self, request_id: str, checked: Request, now: torch.Tensor | None, session_ids: list[str] | None,
+               version: str | None, lists: list[dict[str, Any]]) -> None:
+        """One answered request into the served log (on the model's thread, after its answer is written)."""
+        assert self.served_log is not None
+        times = None
+        if checked.times is not None:
+            times = [t.tolist() for t in np.split(checked.times, np.cumsum(checked.lengths)[:-1])]
+        self.served_log.record(request_id, checked.sessions, lists, model_version=version,
+                               now=None if now is None else now.tolist(), times=times, session_ids=session_ids)
 
     @staticmethod
     async def error(send: Send, status: int, message: str, headers: list[tuple[bytes, bytes]] | None = None) -> int:
         return await _send(send, status, dumps({"error": message}), headers)
+
+
+def _request_id(scope: Scope) -> str:
+    """The request's ``X-Request-Id`` header, else a new random id."""
+    for name, value in scope.get("headers", ()):
+        if name == b"x-request-id":
+            return value.decode("latin-1")[:128]
+    return uuid.uuid4().hex
 
 
 async def _send(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> int:
@@ -449,6 +478,7 @@ def build_app(
     overload: Overload | None = None,
     model_dir: str | os.PathLike | None = None,
     reload_interval_s: float = 2.0,
+    served_log: ServedLog | None = None,
 ) -> App:
     """The ASGI app serving `model` (see the module docstring for the routes).
 
@@ -461,6 +491,7 @@ def build_app(
         overload: queue bounds and deadline (defaults: `Overload()`).
         model_dir: the model directory to follow for hot reload (its ``CURRENT`` pointer); None: no reload.
         reload_interval_s: seconds between two reads of the pointer; 0: never read.
+        served_log: where each answered request's sessions and lists are appended (closed at shutdown).
 
     Returns:
         The app (FastAPI, with ``POST /recommend`` on a path of its own: `App`); its parts are on
@@ -490,11 +521,13 @@ def build_app(
             await holder.stop()
             await batcher.stop()
             parsers.pop().shutdown(wait=False, cancel_futures=True)
+            if served_log is not None:
+                served_log.close()
 
     app = App(title="sessrec", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(MeasureRequests, metrics=metrics)
     app.state.batcher, app.state.holder, app.state.admission, app.state.metrics = batcher, holder, admission, metrics
-    app.recommend_route = RecommendRoute(holder, batcher, admission, limits, metrics, parsers)
+    app.recommend_route = RecommendRoute(holder, batcher, admission, limits, metrics, parsers, served_log)
     # POST /recommend never reaches FastAPI (`App`); the route answers its other methods with 405
     app.add_route("/recommend", app.recommend_route, methods=["POST"])
 
@@ -514,6 +547,9 @@ def build_app(
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
+        if served_log is not None:
+            metrics.served_rows.labels("written").set(served_log.rows_written)
+            metrics.served_rows.labels("dropped").set(served_log.rows_dropped)
         return Response(metrics.text(), media_type=prom.CONTENT_TYPE_LATEST)
 
     return app
@@ -539,6 +575,7 @@ def serve(
     access_log: bool = True,
     workers: int = 1,
     threads: int | None = None,
+    served_log: str | None = None,
 ) -> None:
     """Load the recommender saved in `model_dir` and serve it over HTTP until interrupted.
 
@@ -566,6 +603,8 @@ def serve(
             and metrics (`run_workers`); about one per core that the server may use.
         threads: torch threads of each worker; default: torch's own with one worker, the process's
             torch threads shared among several (at least one each).
+        served_log: a folder where what each request got is appended (`ServedLog`: rotating parquet
+            files, one series a worker, written off the request path), for ``sessrec monitor``.
 
     Raises:
         ValueError: a `port` outside 0..65535 (before the model is read).
@@ -578,7 +617,7 @@ def serve(
     worker = Worker(model_dir, host, port, threads, max_batch_size, max_wait_ms,
                     Limits(max_request_bytes, max_sessions_per_request, max_items_per_session, k_max),
                     Overload(max_queue, max_queued_sessions, max_queue_wait_ms, deadline_ms, retry_after_s),
-                    reload_interval_s, log_level, access_log)
+                    reload_interval_s, log_level, access_log, served_log)
     if workers == 1:
         worker.run()
     else:
@@ -603,14 +642,16 @@ class Worker:
     reload_interval_s: float
     log_level: str
     access_log: bool
+    served_log: str | None = None
 
     def run(self, sock: socket.socket | None = None) -> None:
         """Serve until shutdown, on `sock` (a listening socket shared with other workers) or on a
         socket of its own bound to `host`:`port`."""
         if self.threads is not None:
             torch.set_num_threads(self.threads)
+        log = None if self.served_log is None else ServedLog(self.served_log)
         app = build_app(Served.load(self.model_dir), self.max_batch_size, self.max_wait_ms, self.limits, self.overload,
-                        self.model_dir, self.reload_interval_s)
+                        self.model_dir, self.reload_interval_s, log)
         # The model, torch and the libraries are half a million objects that live as long as the process:
         # frozen, the cyclic garbage collector stops scanning them, and a full collection no longer stalls
         # the event loop (and /health) for hundreds of milliseconds in the middle of a flood.

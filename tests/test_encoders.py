@@ -28,10 +28,11 @@ ENCODERS = {
     "electra": lambda: ElectraEncoder(d_model=16, n_head=2, n_layer=2, dropout=0.0),
     "gpt2": lambda: GPT2Encoder(d_model=16, n_head=2, n_layer=2, dropout=0.0),
     "sasrec": lambda: SASRecEncoder(d_model=16, n_head=2, n_layer=2, dropout=0.0),
+    "esasrec": lambda: SASRecEncoder(d_model=16, n_head=2, n_layer=2, dropout=0.0, gated=True, feed_forward="swiglu"),
     "gru4rec": lambda: GRU4RecEncoder(d_model=16, n_layer=2),
     "hstu": lambda: HSTUEncoder(d_model=16, n_head=2, n_layer=2, dropout=0.0),
 }
-CAUSAL = {"gpt2", "sasrec", "gru4rec", "hstu"}
+CAUSAL = {"gpt2", "sasrec", "esasrec", "gru4rec", "hstu"}
 
 
 def encoder(name, seed=0):
@@ -109,6 +110,33 @@ def test_sasrec_attention_matches_a_naive_softmax_reference():
         weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
         expected = attn.out((weights @ v).transpose(1, 2).reshape(4, 7, 16))
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
+
+
+def test_gated_swiglu_block_matches_its_formula():
+    """eSASRec's layer: x + sigmoid(G1 x) * attn(LN1 x), then + sigmoid(G2 x) * W2(silu(W1 LN2 x) * W3 LN2 x)."""
+    enc = encoder("esasrec")
+    x, mask, _ = padded(seed=5)
+    allowed = causal_attention_mask(mask)
+    with torch.no_grad():
+        h = x
+        for block in enc.blocks:
+            h = h + torch.sigmoid(block.gates[0](h)) * block.attn(block.attn_norm(h), allowed)
+            n = block.ffn_norm(h)
+            ffn = block.ffn.w2(F.silu(block.ffn.w1(n)) * block.ffn.w3(n))
+            h = h + torch.sigmoid(block.gates[1](h)) * ffn
+        expected = enc.norm(h)
+        got = enc(x, mask)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
+    assert enc.blocks[0].ffn.w1.bias is None and enc.blocks[0].ffn.w1.weight.shape == (64, 16)
+    plain = encoder("sasrec")
+    assert sum(p.numel() for p in enc.parameters()) - sum(p.numel() for p in plain.parameters()) == 2 * (
+        2 * (16 * 16 + 16) + 64 * 16 - 64 - 16  # two gates each; a third 16x64 matrix, no biases
+    )
+
+
+def test_sasrec_refuses_an_unknown_feed_forward():
+    with pytest.raises(ValueError, match="feed_forward must be 'gelu' or 'swiglu', got 'relu'"):
+        SASRecEncoder(d_model=16, n_head=2, feed_forward="relu")
 
 
 def test_sasrec_mask_is_causal_over_real_keys_and_padding_rows_see_themselves():

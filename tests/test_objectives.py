@@ -83,6 +83,30 @@ def test_clm_targets_are_the_sequence_shifted_by_one():
     assert not m.read[:, -1].any()
 
 
+def test_clm_last_only_reads_the_transition_to_each_rows_last_item():
+    m = CausalLanguageModeling(last_only=True)(ITEMS)
+    assert m.read.tolist() == [[False] * 5 + [True, False], [False] * 7, [False] * 5 + [True, False], [False] * 7, [False] * 5 + [True, False]]
+    assert m.targets.tolist() == [8, 2, 13]
+
+
+def test_clm_last_only_over_every_prefix_trains_the_pairs_of_clm_over_the_sessions():
+    """Each prefix row (what the data module's ``train_prefixes`` gives), right-aligned, read at its last transition:
+    the same (history, target) pairs as CLM over the whole sessions, each once."""
+    items = random_sessions(seed=5)
+    full = CausalLanguageModeling()(items)
+    rows_pos = full.read.nonzero().tolist()
+    expected = sorted((tuple(items[b, : i + 1][items[b, : i + 1] != 0].tolist()), int(items[b, i + 1])) for b, i in rows_pos)
+    prefixes = []
+    for b in range(items.shape[0]):
+        real = items[b][items[b] != 0]
+        for end in range(2, len(real) + 1):
+            prefixes.append(torch.cat([torch.zeros(items.shape[1] - end, dtype=items.dtype), real[:end]]))
+    rows = torch.stack(prefixes)
+    last = CausalLanguageModeling(last_only=True)(rows)
+    got = sorted((tuple(r[: -1][r[: -1] != 0].tolist()), int(t)) for r, t in zip(rows[last.read.any(dim=1)], last.targets, strict=True))
+    assert got == expected and len(got) == len(full.targets) > 0
+
+
 def test_clm_every_session_with_a_successor_has_a_target():
     items = random_sessions(seed=3)
     m = CausalLanguageModeling()(items)

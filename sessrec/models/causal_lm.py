@@ -1,6 +1,8 @@
 """Causal item modelling (CLM): every position predicts the item that follows it.
 
-GPT-2's and SASRec's objective: one pass trains all next-item transitions of a session. Needs a
+GPT-2's and SASRec's objective: one pass trains all next-item transitions of a session (with
+``last_only``, the last one only: with the data module's ``train_prefixes``, every prefix of a session
+is a row and trains on its next item once, the training pairs of S3-Rec's and BSARec's code). Needs a
 causal encoder (position i sees positions <= i only), so no input is hidden. At evaluation the
 hidden state of the last observed item is read; the right-aligned batch puts it in the last column.
 
@@ -26,19 +28,30 @@ class CausalLanguageModeling(Objective):
     targets are the session shifted left by one. Every session with two or more items, the second
     of them targetable, has a target. Nothing is masked.
 
+    Args:
+        last_only: read only the transition to each row's last item (the right-aligned rows' second to
+            last column); a row whose last item is not targetable trains nothing.
+
     Examples:
         >>> m = CausalLanguageModeling()(torch.tensor([[0, 4, 1, 6]]))
         >>> m.read.tolist(), m.targets.tolist()
         ([[False, False, True, False]], [6])
+        >>> CausalLanguageModeling()(torch.tensor([[0, 4, 5, 6]])).targets.tolist()
+        [5, 6]
+        >>> CausalLanguageModeling(last_only=True)(torch.tensor([[0, 4, 5, 6], [0, 4, 6, 1]])).targets.tolist()
+        [6]
     """
 
     needs_causal: ClassVar[bool] = True
+    last_only: bool = False
 
     def mask(
         self, items: torch.Tensor, generator: torch.Generator | None = None, recommendable: torch.Tensor | None = None
     ) -> MaskingResult:
         read = torch.zeros_like(items, dtype=torch.bool)
         read[:, :-1] = (items[:, :-1] != 0) & targetable(items[:, 1:], recommendable)
+        if self.last_only:
+            read[:, :-2] = False
         return MaskingResult(
             inputs=items,
             masked=torch.zeros_like(read),

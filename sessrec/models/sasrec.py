@@ -2,7 +2,10 @@
 
 A compact transformer written directly on `torch.nn.functional.scaled_dot_product_attention`:
 pre-LayerNorm blocks (attention, then a position-wise feed-forward, each added to its residual)
-and a final LayerNorm. Causal: position i attends to real positions <= i, so it trains with
+and a final LayerNorm. Two settings give eSASRec's layer (Tikhonovich et al., RecSys 2025, after LiGR,
+Gupta et al. 2025): ``gated`` multiplies each branch by a sigmoid gate read from the block's input
+(``x + sigmoid(W x) * branch``), and ``feed_forward="swiglu"`` is the gated SiLU feed-forward
+(``W2 (silu(W1 x) * W3 x)``, no biases) in place of GELU. Causal: position i attends to real positions <= i, so it trains with
 `CausalLanguageModeling` and is read at the last item. Positions come from `SessionModel`
 (counted from the first real item).
 
@@ -15,7 +18,7 @@ Shape letters: B batch, L sequence, D model width, H heads, E head width (D / H)
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -44,7 +47,8 @@ def init_linear_layers(module: nn.Module, d_model: int, initializer_range: float
     for layer in module.modules():
         if isinstance(layer, nn.Linear):
             nn.init.normal_(layer.weight, std=std)
-            nn.init.zeros_(layer.bias)
+            if layer.bias is not None:
+                nn.init.zeros_(layer.bias)
 
 
 class SelfAttention(nn.Module):
@@ -64,20 +68,53 @@ class SelfAttention(nn.Module):
         return self.out(y.transpose(1, 2).reshape(b, length, d))
 
 
-class SASRecBlock(nn.Module):
-    """x + attention(LN(x)), then x + feed-forward(LN(x))."""
+class SwiGLU(nn.Module):
+    """``W2 dropout(silu(W1 x) * W3 x)``, without biases: the gated feed-forward of LLaMA, FuXi-alpha and LiGR."""
 
-    def __init__(self, d_model: int, n_head: int, d_inner: int, dropout: float, layer_norm_eps: float) -> None:
+    def __init__(self, d_model: int, d_inner: int, dropout: float) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(d_model, d_inner, bias=False)
+        self.w3 = nn.Linear(d_model, d_inner, bias=False)
+        self.w2 = nn.Linear(d_inner, d_model, bias=False)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(self.dropout(F.silu(self.w1(x)) * self.w3(x)))
+
+
+class SASRecBlock(nn.Module):
+    """x + attention(LN(x)), then x + feed-forward(LN(x)); with `gated`, each branch times sigmoid(W x)."""
+
+    def __init__(
+        self,
+        d_model: int,
+        n_head: int,
+        d_inner: int,
+        dropout: float,
+        layer_norm_eps: float,
+        gated: bool = False,
+        feed_forward: str = "gelu",
+    ) -> None:
         super().__init__()
         self.attn_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
         self.attn = SelfAttention(d_model, n_head, dropout)
         self.ffn_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
-        self.ffn = nn.Sequential(nn.Linear(d_model, d_inner), nn.GELU(), nn.Dropout(dropout), nn.Linear(d_inner, d_model))
+        if feed_forward == "swiglu":
+            self.ffn: nn.Module = SwiGLU(d_model, d_inner, dropout)
+        else:
+            self.ffn = nn.Sequential(nn.Linear(d_model, d_inner), nn.GELU(), nn.Dropout(dropout), nn.Linear(d_inner, d_model))
         self.dropout = nn.Dropout(dropout)
+        self.gates = nn.ModuleList(nn.Linear(d_model, d_model) for _ in range(2)) if gated else None
+
+    def _add(self, x: torch.Tensor, branch: torch.Tensor, gate: int) -> torch.Tensor:
+        branch = self.dropout(branch)
+        if self.gates is not None:
+            branch = torch.sigmoid(self.gates[gate](x)) * branch
+        return x + branch
 
     def forward(self, x: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-        x = x + self.dropout(self.attn(self.attn_norm(x), allowed))
-        return x + self.dropout(self.ffn(self.ffn_norm(x)))
+        x = self._add(x, self.attn(self.attn_norm(x), allowed), 0)
+        return self._add(x, self.ffn(self.ffn_norm(x)), 1)
 
 
 class SASRecEncoder(nn.Module, Configurable):
@@ -92,6 +129,9 @@ class SASRecEncoder(nn.Module, Configurable):
         layer_norm_eps: LayerNorm epsilon.
         initializer_range: std of the Linear weights (biases start at zero); default
             ``d_model ** -0.5``, sized for small widths (see `XLNetEncoder`).
+        gated: multiply the attention and feed-forward branches by ``sigmoid(W x)`` of the block input
+            before adding them (LiGR's gated residual, as in eSASRec).
+        feed_forward: ``gelu`` (Linear, GELU, Linear) or ``swiglu`` (`SwiGLU`, width `d_inner`).
     """
 
     causal: ClassVar[bool] = True
@@ -105,12 +145,17 @@ class SASRecEncoder(nn.Module, Configurable):
         dropout: float = 0.2,
         layer_norm_eps: float = 1e-6,
         initializer_range: float | None = None,
+        gated: bool = False,
+        feed_forward: Literal["gelu", "swiglu"] = "gelu",
     ) -> None:
         super().__init__()
         check_encoder(type(self).__name__, d_model, n_head, n_layer, dropout)
+        if feed_forward not in ("gelu", "swiglu"):
+            raise ValueError(f"SASRecEncoder feed_forward must be 'gelu' or 'swiglu', got {feed_forward!r}")
         self.d_model = d_model
         self.blocks = nn.ModuleList(
-            SASRecBlock(d_model, n_head, d_inner or 4 * d_model, dropout, layer_norm_eps) for _ in range(n_layer)
+            SASRecBlock(d_model, n_head, d_inner or 4 * d_model, dropout, layer_norm_eps, gated, feed_forward)
+            for _ in range(n_layer)
         )
         self.norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
         init_linear_layers(self, d_model, initializer_range)

@@ -34,3 +34,23 @@ def test_dense_features_are_every_column_at_the_filled_slots_in_name_order() -> 
     assert out.dense[0].tolist() == [[0.5, 0.0, 10.0], [0.0, 0.0, 0.0], [0.5, 2.0, 11.0]]
     assert out.dense[1].tolist() == [[0.0] * 3] * 3
     assert out.dense[2].tolist() == [[0.5, 6.0, 12.0], [0.5, 7.0, 13.0], [0.0, 0.0, 0.0]]
+
+
+def test_a_requests_integer_ids_encode_as_the_arrow_path_encodes_them() -> None:
+    import pyarrow as pa
+
+    from sessrec.data.vocab import OOV, ItemVocab
+    from sessrec.pipeline.pipeline import encode_raw
+
+    rng = np.random.default_rng(0)
+    known = rng.choice(10**12, 300, replace=False)
+    vocab = ItemVocab.fit(pa.array(np.repeat(known, rng.integers(1, 5, 300))), 1, None)
+    sessions = [[int(x) for x in rng.choice(known, n)] for n in (1, 4, 9, 30)] + [[7, int(known[3]), 2**62, -5]]
+    flat = np.array([x for s in sessions for x in s], dtype=np.int64)
+    fast = vocab.encode_ints(flat)
+    arrow = vocab.encode(pa.array(flat))
+    np.testing.assert_array_equal(fast.ids, arrow.ids)
+    assert fast.num_unknown == arrow.num_unknown == int(np.isin(flat, [7, 2**62, -5]).sum()) > 0
+    assert (fast.ids[~np.isin(flat, known)] == OOV).all()
+    as_text = [[str(x) for x in s] for s in sessions]  # the Arrow path (ids of another type, cast)
+    assert torch.equal(encode_raw(vocab, sessions, 20), encode_raw(vocab, as_text, 20))

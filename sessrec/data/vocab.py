@@ -222,6 +222,16 @@ class ItemVocab(ParquetFile):
                 ids[rows[known]] = pos.drop_null().to_numpy().astype(np.int64) + first
         return EncodeResult(ids=ids, num_unknown=int((ids == OOV).sum()))
 
+    def encode_ints(self, raw: np.ndarray) -> EncodeResult:
+        """`encode` of a few int64 product ids given as numpy (a request's): a binary search of the sorted
+        products, without Arrow arrays; the vocabulary's ids must be int64."""
+        if self.raw_ids.type != pa.int64():
+            raise TypeError(f"encode_ints needs a vocabulary of int64 ids, this one has {self.raw_ids.type}")
+        ids = np.full(len(raw), OOV, dtype=np.int64)
+        pos = self._sorted_keys(False).positions(np.asarray(raw, dtype=np.int64))
+        ids[pos >= 0] = pos[pos >= 0] + NUM_SPECIAL
+        return EncodeResult(ids=ids, num_unknown=int((ids == OOV).sum()))
+
     def _sorted_keys(self, virtual: bool) -> _SortedKeys:
         """The product keys (or the virtual keys) sorted, built at the first small lookup and kept
         for these very `raw_ids` (`load_state_dict` replaces them: the keys are sorted again)."""
@@ -295,9 +305,9 @@ class _SortedKeys:
         self.order = order.to_numpy().astype(np.int64)
         self.keys = keys.take(order).to_numpy(zero_copy_only=False)
 
-    def positions(self, values: pa.Array) -> np.ndarray:
+    def positions(self, values: pa.Array | np.ndarray) -> np.ndarray:
         """(E,) position of each value (no nulls) among the keys as given, -1 where absent."""
-        query = values.to_numpy(zero_copy_only=False)
+        query = values if isinstance(values, np.ndarray) else values.to_numpy(zero_copy_only=False)
         if not len(self.keys):
             return np.full(len(query), -1, dtype=np.int64)
         # the values in order: numpy starts each binary search where the previous one ended, so the

@@ -471,6 +471,9 @@ def model_device(retrievers: Mapping[str, tuple[Retriever, int]]) -> torch.devic
     return torch.device("cpu")
 
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
 def encode_raw(vocab: ItemVocab, sessions: Sequence[Sequence[Any]], max_width: int, on_unknown: str = "oov") -> torch.Tensor:
     """Raw-id sessions of a checked request (`check_request`: none empty), oldest first -> (B, W)
     right-aligned int64 model ids, W <= `max_width` (the latest events).
@@ -480,11 +483,17 @@ def encode_raw(vocab: ItemVocab, sessions: Sequence[Sequence[Any]], max_width: i
     """
     lengths = np.array([len(s) for s in sessions], dtype=np.int64)
     flat = [item for s in sessions for item in s]
-    try:  # ids of another type (e.g. "214536502" for an int64 vocabulary) are cast by the vocabulary
-        raw = pa.array(flat) if flat else pa.array([], type=vocab.raw_ids.type)
-        encoded = vocab.encode(raw)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as err:
-        raise TypeError(f"item ids of the request cannot be read as the vocabulary's {vocab.raw_ids.type} ids: {err}") from err
+    if vocab.raw_ids.type == pa.int64() and flat and all(type(item) is int and INT64_MIN <= item <= INT64_MAX
+                                                         for item in flat):
+        encoded = vocab.encode_ints(np.array(flat, dtype=np.int64))  # a request's ints: no Arrow arrays
+    else:
+        try:  # ids of another type (e.g. "214536502" for an int64 vocabulary) are cast by the vocabulary
+            raw = pa.array(flat) if flat else pa.array([], type=vocab.raw_ids.type)
+            encoded = vocab.encode(raw)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as err:
+            raise TypeError(
+                f"item ids of the request cannot be read as the vocabulary's {vocab.raw_ids.type} ids: {err}"
+            ) from err
     if on_unknown == "error" and encoded.num_unknown:
         bad = flat[int(np.flatnonzero(encoded.ids == 1)[0])]
         raise ValueError(f"item id {bad!r} is not in the model's vocabulary")

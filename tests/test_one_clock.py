@@ -28,7 +28,7 @@ from sessrec.pipeline.offline import recommend_file
 from sessrec.pipeline.pipeline import Pipeline
 from sessrec.pipeline.scoring import GBDTScorer
 from sessrec.pipeline_training import fitting
-from sessrec.serving.server import build_app
+from sessrec.serving.app import build_app
 from sessrec.tasks import SessionDataModule
 
 torch.set_num_threads(1)

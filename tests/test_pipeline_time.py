@@ -39,9 +39,9 @@ from sessrec.pipeline.pipeline import Pipeline
 from sessrec.pipeline.request import check_request
 from sessrec.pipeline.retrieval.covisitation import CoVisitation
 from sessrec.pipeline.scoring import Scorer
-from sessrec.serving import server
+from sessrec.serving import app as serving_app
+from sessrec.serving.app import build_app
 from sessrec.serving.recommender import join_sessions
-from sessrec.serving.server import build_app
 
 torch.set_num_threads(1)
 T0, T1 = 1_700_000_000.0, 1_700_086_400.0  # a day's window [T0, T1)
@@ -223,7 +223,7 @@ def test_the_server_applies_the_windows_at_the_requests_now(pipes, mode: str) ->
 def test_the_server_serves_a_request_without_now_at_its_arrival(pipes, monkeypatch: pytest.MonkeyPatch) -> None:
     with TestClient(build_app(pipes["deny"], max_wait_ms=1.0)) as client:
         for now in (T0 - 1, T0, T1):
-            at_clock(monkeypatch, server, now)
+            at_clock(monkeypatch, serving_app, now)
             reply = client.post("/recommend", json={"session": SESSION, "k": K})
             assert ids(reply.json()["recommendations"]) == [EXPECTED["deny"][now]]
 

@@ -27,9 +27,9 @@ from sessrec.data.vocab import ItemVocab
 from sessrec.models import CausalLanguageModeling, GRU4RecEncoder, SessionModel
 from sessrec.pipeline.pipeline import Pipeline
 from sessrec.pipeline.retrieval.covisitation import CoVisitation
+from sessrec.serving.app import build_app
 from sessrec.serving.recommender import load_recommender
 from sessrec.serving.request import Limits
-from sessrec.serving.server import build_app
 
 torch.set_num_threads(1)
 IDS = [10, 20, 30, 40, 50, 60, 70]

@@ -35,11 +35,13 @@ from sessrec.pipeline.request import check_request
 from sessrec.pipeline.retrieval.covisitation import CoVisitation
 from sessrec.saved.atomic import write_text
 from sessrec.saved.versions import resolve
+from sessrec.serving import app as serving_app
 from sessrec.serving import server
+from sessrec.serving.app import Overload, Served, build_app
 from sessrec.serving.batching import Pace
 from sessrec.serving.recommender import SessionModelService, join_sessions
 from sessrec.serving.request import Limits
-from sessrec.serving.server import Overload, Served, build_app, serve
+from sessrec.serving.server import serve
 from sessrec.tasks import NextItemTask, SessionDataModule
 
 torch.set_num_threads(1)
@@ -161,7 +163,7 @@ def test_recommend_returns_the_pipelines_raw_ids_and_scores(client, pipe, sessio
     assert unknown.json()["recommendations"] == pipe.recommend([[UNKNOWN, sessions[0][0]]], k=K)  # scored as OOV
     big = [sessions[i % 16] * 50 for i in range(40)]  # a body over 16 KiB: parsed in a worker thread
     reply = client.post("/recommend", json={"sessions": big, "k": K})
-    assert len(reply.request.content) > server.INLINE_PARSE_BYTES
+    assert len(reply.request.content) > serving_app.INLINE_PARSE_BYTES
     assert reply.json()["recommendations"] == pipe.recommend(big, k=K)
 
 
@@ -649,7 +651,7 @@ def test_serve_binds_loopback_unless_told(pipe, tmp_path: Path, monkeypatch: pyt
         serve(tmp_path, workers=2)
     with pytest.raises(ValueError, match="workers must be an integer >= 1, got 0"):
         serve(directory, workers=0)
-    assert server.Served(pipe).describe() == {"kind": "Pipeline", "version": None, "vocabulary_size": len(pipe.vocab),
+    assert serving_app.Served(pipe).describe() == {"kind": "Pipeline", "version": None, "vocabulary_size": len(pipe.vocab),
                                               "items": pipe.vocab.num_products}
 
 

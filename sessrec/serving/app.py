@@ -1,0 +1,547 @@
+"""The server's ASGI app (`build_app`): raw-id sessions in, raw ids and scores out, held under overload.
+
+`sessrec.serving.server` serves it (``sessrec serve``), in one process or several.
+
+Routes:
+    ``POST /recommend``: ``{"sessions": [[id, ...], ...], "k": 20, "on_unknown": "oov"}`` (or one
+        ``{"session": [...]}``), optionally with ``"times"`` (each session's event times in seconds,
+        a list per session, from which the ranker's time features are built) and ``"now"`` (the
+        request's time in seconds since the epoch, one or one per session, at which the allow/deny
+        windows hold and which nothing else reads; default: each session's last event with
+        ``"times"``, else its arrival) and ``"session_ids"`` (the client's id of each session, which
+        only the served log keeps, for ``sessrec monitor``'s join with the events that followed)
+        -> ``{"recommendations": [{"item_ids": [...], "scores": [...]}, ...]}``.
+    ``GET /health``: the model served (kind, version) and the last reload error; 503 while shutting down.
+    ``GET /metadata``: the limits, the overload settings and the batching counters (of the worker that answers).
+    ``GET /metrics``: Prometheus text (requests by route and status, latency, sessions per model
+        call, queue depth, requests shed; summed over the workers).
+
+How a request goes (each refusal a one-line ``{"error": ...}``):
+
+``POST /recommend`` is a plain ASGI route (`RecommendRoute`, taken before FastAPI's middleware
+and routing by `App`); its bodies and answers are JSON through orjson.
+
+1. **Admission** (`Admission`, first thing in the route), before the body is read: past
+   `Overload.max_queue` requests admitted and not yet answered, when the model is more than
+   `Overload.max_queue_wait_ms` behind (the sessions waiting, at the pace of its recent calls), or
+   once shutdown has begun, ``503`` with ``Retry-After``. A flood costs one small answer per request.
+2. **Checks, alone**: the body is read (413 past `Limits.max_request_bytes`), parsed and checked
+   (`parse_request`: the server's bounds, then `check_request`, the rules and messages of
+   `Pipeline.recommend` too), and encoded by the model's vocabulary (``encode``: unknown ids under
+   ``on_unknown="error"``, unreadable ids). A bad request fails here with a 4xx and never joins a
+   batch. Bodies over 16 KiB are parsed in a worker thread, so the event loop stays free.
+3. **Batching** (`Batcher`): encoded sessions wait in a queue bounded by
+   `Overload.max_queued_sessions` (503 beyond); one worker joins those of concurrent requests (at
+   most `max_batch_size` sessions, waiting at most `max_wait_ms`) and scores and decodes them in
+   one call (``recommend_batch`` + ``decode``) on its own thread; the answers are serialised there too.
+   Any failure there is the server's: 500, logged.
+4. **Deadline**: a request not answered `Overload.deadline_ms` after it arrived gets ``504``; one
+   whose deadline passed while it waited is dropped before it reaches the model.
+
+`/health`, `/metadata` and `/metrics` never wait on the model: the event loop only parses small
+bodies, hands work to threads and writes answers. The model can be swapped while serving
+(`ModelHolder`): the server follows a versioned model directory's ``CURRENT`` pointer, loads a new
+version in a thread and serves it from the next batch on; requests already encoded finish on the
+model that encoded them. On shutdown the server refuses new requests (503) and answers those it
+admitted before it stops. With several workers (`sessrec.serving.server.run_workers`) each process does all of this for
+the connections it accepts on the one shared port.
+
+FastAPI + uvicorn with this small batcher rather than LitServe: LitServe batches whole requests in a
+separate worker process, so one bad request fails every request of its batch, and a request of
+several sessions is one batch element.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import gc
+import logging
+import os
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from time import perf_counter
+from typing import Any
+
+import numpy as np
+import prometheus_client as prom
+import torch
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, Response
+from starlette.types import Receive, Scope, Send
+
+from sessrec.pipeline.request import Request
+from sessrec.saved.registry import check_integers
+from sessrec.saved.versions import resolve
+from sessrec.serving.batching import Batcher, ServerFault, dumps
+from sessrec.serving.recommender import Recommender, load_recommender
+from sessrec.serving.request import Limits, RequestError, prepare
+from sessrec.serving.request_metrics import MeasureRequests, Metrics
+from sessrec.serving.served_log import ServedLog
+
+logger = logging.getLogger(__name__)
+
+INLINE_PARSE_BYTES = 16 * 1024  # bodies up to this are parsed on the event loop (well under a millisecond)
+
+
+@dataclass(frozen=True)
+class Overload:
+    """How much work the server takes on, and how long a request may take.
+
+    Each bound refuses a request with 503 at once, which is cheaper for both sides than a request
+    that waits and times out (504). `max_queue_wait_ms` adapts to the model's speed; the two
+    counts are hard caps on memory and on work in flight.
+
+    Args:
+        max_queue: most requests admitted and not yet answered; a request beyond gets 503 before
+            its body is read.
+        max_queued_sessions: most sessions encoded and waiting for the model; a request that would
+            pass it gets 503 (before its body is read once the bound is reached).
+        max_queue_wait_ms: a request arriving while the sessions queued and being scored would take
+            the model longer than this (at the pace of its recent calls) gets 503 before its body
+            is read; at most `deadline_ms`, and about half of it leaves room for the request's own call.
+        deadline_ms: a request not answered this long after it arrived gets 504; one whose deadline
+            passed while queued never reaches the model.
+        retry_after_s: the ``Retry-After`` header of a 503, in seconds.
+    """
+
+    max_queue: int = 128
+    max_queued_sessions: int = 8192
+    max_queue_wait_ms: float = 500.0
+    deadline_ms: float = 1000.0
+    retry_after_s: int = 1
+
+    def __post_init__(self) -> None:
+        check_integers({"max_queue": self.max_queue, "max_queued_sessions": self.max_queued_sessions,
+                        "retry_after_s": self.retry_after_s})
+        for name in ("max_queue_wait_ms", "deadline_ms"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"{name} must be a positive number of milliseconds, got {value!r}")
+        if self.max_queue_wait_ms > self.deadline_ms:
+            raise ValueError(f"max_queue_wait_ms ({self.max_queue_wait_ms:g}) must be at most deadline_ms "
+                             f"({self.deadline_ms:g}): a request admitted behind more work would miss its deadline")
+
+
+@dataclass(frozen=True)
+class Served:
+    """A recommender and where it was read from.
+
+    Args:
+        recommender: the model.
+        path: the directory it was read from (a version's folder in a versioned model directory).
+        version: the version's name in a versioned model directory, else None.
+    """
+
+    recommender: Recommender
+    path: Path | None = None
+    version: str | None = None
+
+    @classmethod
+    def load(cls, model_dir: str | os.PathLike) -> Served:
+        """The recommender of `model_dir` at its current version (`sessrec.saved.versions.resolve`)."""
+        path = resolve(model_dir)
+        return cls(load_recommender(path), path, None if path == Path(model_dir) else path.name)
+
+    def describe(self) -> dict[str, Any]:
+        """What `/health` reports: the recommender's kind, its vocabulary size where it has one, and the version."""
+        info: dict[str, Any] = {"kind": type(self.recommender).__name__, "version": self.version}
+        vocab = getattr(self.recommender, "vocab", None)
+        if vocab is not None:
+            info["vocabulary_size"] = len(vocab)
+            info["items"] = int(getattr(vocab, "num_products", len(vocab)))
+        return info
+
+
+class Admission:
+    """Counts the requests admitted and not yet answered, and refuses a request at arrival when the
+    server has enough (see `Overload`) or is shutting down.
+
+    Args:
+        overload: the bounds.
+        batcher: whose pace says how far behind the model is.
+        metrics: where the admitted requests are counted.
+    """
+
+    def __init__(self, overload: Overload, batcher: Batcher, metrics: Metrics) -> None:
+        self.overload, self.batcher, self.metrics = overload, batcher, metrics
+        self.admitted, self.draining = 0, False
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def open(self) -> None:
+        """Admit requests (again): the app's lifespan calls it at start-up."""
+        self.draining = False
+
+    def refusal(self) -> tuple[str, str] | None:
+        """Why a request arriving now is refused, as (reason, one-line message), or None to admit it.
+
+        Reasons: ``shutting_down``, ``queue_full`` (`Overload.max_queue`), ``queued_sessions_full``
+        (`Overload.max_queued_sessions` reached), ``model_behind`` (`Overload.max_queue_wait_ms`).
+        """
+        if self.draining:
+            return "shutting_down", "the server is shutting down"
+        if self.admitted >= self.overload.max_queue:
+            return "queue_full", f"the server is busy: {self.admitted} requests in progress"
+        if self.batcher.queued_sessions >= self.overload.max_queued_sessions:
+            return "queued_sessions_full", f"the server is busy: {self.batcher.queued_sessions} sessions are waiting"
+        behind_ms = self.batcher.expected_wait() * 1e3
+        if behind_ms > self.overload.max_queue_wait_ms:
+            return "model_behind", f"the server is busy: the model is about {behind_ms:.0f} ms behind"
+        return None
+
+    def enter(self) -> None:
+        self.admitted += 1
+        self._idle.clear()
+        self.metrics.admitted.set(self.admitted)
+
+    def leave(self) -> None:
+        self.admitted -= 1
+        self.metrics.admitted.set(self.admitted)
+        if self.admitted == 0:
+            self._idle.set()
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Refuse new requests from now on and wait until the admitted ones are answered; False on timeout."""
+        self.draining = True
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+
+class ModelHolder:
+    """The model being served, and its hot reload from a model directory.
+
+    `check` reads the directory's current version (`resolve`: one small file); when it names
+    another folder than the one served, it loads that folder in a thread and serves it from then
+    on. A load that fails keeps the model served, logs the error and keeps it in `error` (shown by
+    `/health`); that folder is not tried again until the pointer moves.
+
+    Args:
+        served: the model served first.
+        model_dir: the directory to follow; None: no reload.
+        interval_s: seconds between two checks while the server runs; 0: no polling (`check` still works).
+        metrics: where reloads are counted.
+    """
+
+    def __init__(self, served: Served, model_dir: str | os.PathLike | None = None, interval_s: float = 2.0,
+                 metrics: Metrics | None = None) -> None:
+        if interval_s < 0:
+            raise ValueError(f"reload_interval_s must be >= 0, got {interval_s}")
+        self.current, self.model_dir, self.interval_s = served, model_dir, interval_s
+        self.metrics = metrics if metrics is not None else Metrics()
+        self.error: str | None = None
+        self._failed: Path | None = None
+        self._task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        if self.model_dir is not None and self.interval_s > 0:
+            self._task = asyncio.create_task(self._poll())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            await self.check()
+
+    async def check(self) -> bool:
+        """Load and serve the directory's current version if it is not the one served; True when swapped."""
+        if self.model_dir is None:
+            return False
+        try:
+            path = await asyncio.to_thread(resolve, self.model_dir)
+        except Exception as err:  # noqa: BLE001 - a pointer being fixed by hand: keep serving, say why
+            self._failed_to_load(None, err)
+            return False
+        if path == self.current.path:  # (again): nothing to load, nothing wrong
+            self.error = self._failed = None
+            return False
+        if path == self._failed:
+            return False
+        try:
+            recommender = await asyncio.to_thread(load_recommender, path)
+        except Exception as err:  # noqa: BLE001 - any load failure keeps the served model
+            self._failed_to_load(path, err)
+            return False
+        version = None if path == Path(self.model_dir) else path.name
+        if gc.get_freeze_count():  # the process froze what it loaded at start-up (`serve`): this model too
+            gc.collect(1)
+            gc.freeze()
+        self.current, self.error, self._failed = Served(recommender, path, version), None, None
+        self.metrics.reloads.labels("ok").inc()
+        logger.info("serving %s (version %s)", path, version)
+        return True
+
+    def _failed_to_load(self, path: Path | None, err: Exception) -> None:
+        message = " ".join(f"{type(err).__name__}: {err}".split())
+        if message != self.error:
+            logger.error("model reload from %s failed; still serving %s: %s", self.model_dir, self.current.path,
+                         message)
+            self.metrics.reloads.labels("failed").inc()
+        self.error, self._failed = message, path
+
+
+if sys.version_info >= (3, 11):
+
+    async def _within(work: Awaitable[Response], seconds: float) -> Response:
+        """`work`'s result, or TimeoutError after `seconds` (without the task that `wait_for` adds)."""
+        async with asyncio.timeout(seconds):
+            return await work
+
+else:
+    _within = asyncio.wait_for
+
+
+class ClientLeft(Exception):
+    """The client closed its connection before its request's body was read."""
+
+
+class Busy(Exception):
+    """A request refused with 503 after its checks: its sessions would take the queue past its bound."""
+
+
+class RecommendRoute:
+    """``POST /recommend`` as a plain ASGI app: counted and timed in `Metrics`, admitted by
+    `Admission` (or refused with 503 before its body is read), read (413 past the byte limit),
+    checked and encoded alone (`prepare`), queued in the `Batcher`, answered by its deadline.
+
+    Requests reach it without FastAPI's routing, middleware and request objects (`App`): the
+    server's CPU per request is mostly this, the checks and the model.
+    """
+
+    def __init__(self, holder: ModelHolder, batcher: Batcher, admission: Admission, limits: Limits,
+                 metrics: Metrics, parsers: list[ThreadPoolExecutor], served_log: ServedLog | None = None) -> None:
+        self.holder, self.batcher, self.admission, self.limits, self.metrics = holder, batcher, admission, limits, metrics
+        self.served_log = served_log
+        self.overload, self.parsers = admission.overload, parsers
+        self.deadline_s = self.overload.deadline_ms / 1e3
+        self.busy = [(b"retry-after", str(self.overload.retry_after_s).encode())]
+        self.latency = metrics.latency.labels("/recommend")
+        self.counts: dict[int, Any] = {}  # status -> its counter (prometheus_client's labels() is a lookup with a lock)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        start, status = perf_counter(), 500
+        try:
+            status = await self.admit(scope, receive, send)
+        finally:
+            counter = self.counts.get(status)
+            if counter is None:
+                counter = self.counts[status] = self.metrics.requests.labels("/recommend", str(status))
+            counter.inc()
+            self.latency.observe(perf_counter() - start)
+
+    async def admit(self, scope: Scope, receive: Receive, send: Send) -> int:
+        """The request admitted and answered, or refused at arrival (see `Admission.refusal`); its status."""
+        refusal = self.admission.refusal()
+        if refusal is not None:
+            reason, message = refusal
+            self.metrics.shed.labels(reason).inc()
+            return await self.error(send, 503, f"{message}; retry after {self.overload.retry_after_s} s", self.busy)
+        self.admission.enter()
+        try:
+            return await self.answer(scope, receive, send)
+        finally:
+            self.admission.leave()
+
+    async def answer(self, scope: Scope, receive: Receive, send: Send) -> int:
+        arrival = time.time()  # the request's time when it gives neither "now" nor "times"
+        try:
+            deadline = asyncio.get_running_loop().time() + self.deadline_s
+            payload = await _within(self.recommend(scope, receive, deadline, arrival), self.deadline_s)
+        except RequestError as err:
+            return await self.error(send, err.status, err.message)
+        except Busy as err:
+            self.metrics.shed.labels("queued_sessions_full").inc()
+            return await self.error(send, 503, f"{err}; retry after {self.overload.retry_after_s} s", self.busy)
+        except asyncio.TimeoutError:
+            self.metrics.shed.labels("deadline").inc()
+            return await self.error(send, 504, f"no answer within the deadline of {self.overload.deadline_ms:g} ms; "
+                                    "the server is overloaded, retry later")
+        except ClientLeft:  # the client left while sending its body: nobody to answer
+            return await _send(send, 499, b"")
+        except ServerFault:  # logged where it happened
+            return await self.error(send, 500, "internal error while recommending; see the server log")
+        except Exception:
+            logger.exception("internal error while preparing a request")
+            return await self.error(send, 500, "internal error while recommending; see the server log")
+        return await _send(send, 200, payload)
+
+    async def recommend(self, scope: Scope, receive: Receive, deadline: float, arrival: float) -> bytes:
+        """The JSON answer of the request whose body `receive` gives."""
+        body = await _read_body(scope, receive, self.limits.max_request_bytes)
+        current = self.holder.current
+        if len(body) <= INLINE_PARSE_BYTES:
+            checked, sessions, session_ids = prepare(body, current.recommender, self.limits, arrival)
+        else:
+            parse = asyncio.get_running_loop().run_in_executor(
+                self.parsers[0], prepare, body, current.recommender, self.limits, arrival)
+            checked, sessions, session_ids = await parse
+        if self.batcher.queued_sessions + len(sessions) > self.overload.max_queued_sessions:
+            raise Busy(f"the server is busy: {self.batcher.queued_sessions} sessions are waiting for the model")
+        log = None
+        if self.served_log is not None:
+            log = functools.partial(self.record, _request_id(scope), checked, sessions.now, session_ids,
+                                    current.version)
+        return await self.batcher.submit(sessions, checked.k, current.recommender, deadline, log)
+
+    def record(self, request_id: str, checked: Request, now: torch.Tensor | None, session_ids: list[str] | None,
+               version: str | None, lists: list[dict[str, Any]]) -> None:
+        """One answered request into the served log (on the model's thread, after its answer is written)."""
+        assert self.served_log is not None
+        times = None
+        if checked.times is not None:
+            times = [t.tolist() for t in np.split(checked.times, np.cumsum(checked.lengths)[:-1])]
+        self.served_log.record(request_id, checked.sessions, lists, model_version=version,
+                               now=None if now is None else now.tolist(), times=times, session_ids=session_ids)
+
+    @staticmethod
+    async def error(send: Send, status: int, message: str, headers: list[tuple[bytes, bytes]] | None = None) -> int:
+        return await _send(send, status, dumps({"error": message}), headers)
+
+
+def _request_id(scope: Scope) -> str:
+    """The request's ``X-Request-Id`` header, else a new random id."""
+    for name, value in scope.get("headers", ()):
+        if name == b"x-request-id":
+            return value.decode("latin-1")[:128]
+    return uuid.uuid4().hex
+
+
+async def _send(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> int:
+    """Answer `status` with a JSON `body`; returns `status`."""
+    head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": head + headers if headers else head})
+    await send({"type": "http.response.body", "body": body})
+    return status
+
+
+async def _read_body(scope: Scope, receive: Receive, max_bytes: int) -> bytes:
+    """The body, refused with 413 as soon as it passes `max_bytes` (declared or received: chunked
+    bodies too); `ClientLeft` when the client disconnects first."""
+    for name, value in scope["headers"]:
+        if name == b"content-length" and value.isdigit() and int(value) > max_bytes:
+            raise RequestError(413, f"body of {int(value)} bytes; the limit is {max_bytes} bytes")
+    message = await receive()
+    chunks, size = [], 0
+    while True:
+        if message["type"] == "http.disconnect":
+            raise ClientLeft
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > max_bytes:
+            raise RequestError(413, f"body over {max_bytes} bytes; the limit is {max_bytes} bytes")
+        if not message.get("more_body", False):
+            return b"".join(chunks) + chunk if chunks else chunk
+        chunks.append(chunk)
+        message = await receive()
+
+
+class App(FastAPI):
+    """FastAPI with ``POST /recommend`` taken straight to its `RecommendRoute`, before FastAPI's
+    middleware and routing; the other routes and the lifespan are FastAPI's."""
+
+    recommend_route: RecommendRoute
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == "/recommend" and scope["method"] == "POST":
+            await self.recommend_route(scope, receive, send)
+        else:
+            await super().__call__(scope, receive, send)
+
+
+def build_app(
+    model: Recommender | Served,
+    max_batch_size: int = 64,
+    max_wait_ms: float = 2.0,
+    limits: Limits | None = None,
+    overload: Overload | None = None,
+    model_dir: str | os.PathLike | None = None,
+    reload_interval_s: float = 2.0,
+    served_log: ServedLog | None = None,
+) -> App:
+    """The ASGI app serving `model` (see the module docstring for the routes).
+
+    Args:
+        model: the recommender (``encode``, ``recommend_batch``, ``decode``), or a `Served` one that
+            says which directory and version it was read from.
+        max_batch_size: most sessions per model call.
+        max_wait_ms: longest wait for more requests after the first of a batch.
+        limits: bounds on one request (defaults: `Limits()`).
+        overload: queue bounds and deadline (defaults: `Overload()`).
+        model_dir: the model directory to follow for hot reload (its ``CURRENT`` pointer); None: no reload.
+        reload_interval_s: seconds between two reads of the pointer; 0: never read.
+        served_log: where each answered request's sessions and lists are appended (closed at shutdown).
+
+    Returns:
+        The app (FastAPI, with ``POST /recommend`` on a path of its own: `App`); its parts are on
+        ``app.state`` (``batcher``, ``holder``, ``admission``, ``metrics``); its lifespan starts them,
+        and at shutdown refuses new requests and answers the admitted ones before it stops them.
+    """
+    limits = limits if limits is not None else Limits()
+    overload = overload if overload is not None else Overload()
+    served = model if isinstance(model, Served) else Served(model)
+    metrics = Metrics()
+    batcher = Batcher(max_batch_size, max_wait_ms, metrics)
+    holder = ModelHolder(served, model_dir, reload_interval_s, metrics)
+    admission = Admission(overload, batcher, metrics)
+    parsers: list[ThreadPoolExecutor] = []  # the threads that parse large bodies, while the app runs
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        parsers.append(ThreadPoolExecutor(2, thread_name_prefix="sessrec-parse"))
+        admission.open()
+        await batcher.start()
+        await holder.start()
+        try:
+            yield
+        finally:  # every admitted request ends by its deadline
+            if not await admission.drain(overload.deadline_ms / 1e3 + 5.0):
+                logger.error("shutdown: %d requests still unanswered after their deadline", admission.admitted)
+            await holder.stop()
+            await batcher.stop()
+            parsers.pop().shutdown(wait=False, cancel_futures=True)
+            if served_log is not None:
+                served_log.close()
+
+    app = App(title="sessrec", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(MeasureRequests, metrics=metrics)
+    app.state.batcher, app.state.holder, app.state.admission, app.state.metrics = batcher, holder, admission, metrics
+    app.recommend_route = RecommendRoute(holder, batcher, admission, limits, metrics, parsers, served_log)
+    # POST /recommend never reaches FastAPI (`App`); the route answers its other methods with 405
+    app.add_route("/recommend", app.recommend_route, methods=["POST"])
+
+    @app.get("/health")
+    async def health() -> Response:
+        body = {"status": "shutting_down" if admission.draining else "ok", **holder.current.describe(),
+                "reload_error": holder.error}
+        return JSONResponse(body, status_code=503 if admission.draining else 200)
+
+    @app.get("/metadata")
+    async def metadata() -> dict[str, Any]:
+        batching = {"max_batch_size": max_batch_size, "max_wait_ms": max_wait_ms, **batcher.stats.summary()}
+        queue = {"admitted": admission.admitted, "queued_requests": batcher.queued_requests,
+                 "queued_sessions": batcher.queued_sessions}
+        return {**holder.current.describe(), "limits": asdict(limits), "overload": asdict(overload),
+                "queue": queue, "batching": batching, "worker_pid": os.getpid()}
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        if served_log is not None:
+            metrics.served_rows.labels("written").set(served_log.rows_written)
+            metrics.served_rows.labels("dropped").set(served_log.rows_dropped)
+        return Response(metrics.text(), media_type=prom.CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,228 @@
+"""A canary (`sessrec.serving.canary`, ``sessrec serve --canary``): a stable share of the sessions
+answered by another version of the served directory, ended by ``promote`` or ``rollback``.
+
+Two tiny co-visitation pipelines over one vocabulary (as in tests/test_serve.py) are versions v000001
+and v000002 of one directory. Requests go through FastAPI's TestClient; the slow test serves with
+``sessrec serve --workers 2`` and ends the canary from the command line while clients send requests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from sessrec.cli import promote, rollback
+from sessrec.data import SyntheticSource
+from sessrec.pipeline.pipeline import Pipeline
+from sessrec.pipeline.retrieval.covisitation import CoVisitation
+from sessrec.saved.versions import CANARY, VersionedDirectory, canary
+from sessrec.serving.app import Served, build_app, load_canary
+from sessrec.serving.canary import canary_sessions
+from sessrec.serving.served_log import ServedLog
+from sessrec.serving.server import serve, start_canary
+from sessrec.tasks import SessionDataModule
+
+torch.set_num_threads(1)
+ROOT = Path(__file__).resolve().parents[1]
+K = 5
+
+
+@pytest.fixture(scope="module")
+def data() -> SessionDataModule:
+    return SessionDataModule(source=SyntheticSource(num_sessions=400, num_items=60, days=10), max_length=10)
+
+
+def covisitation(data: SessionDataModule, sessions: int | None = None) -> Pipeline:
+    train, _ = data.tensors("train")
+    return Pipeline(data.vocab, {"covisitation": (CoVisitation().fit(train[:sessions], data.num_items), 20)},
+                    max_length=10, max_candidates=20)
+
+
+@pytest.fixture(scope="module")
+def live(data: SessionDataModule) -> Pipeline:
+    return covisitation(data)
+
+
+@pytest.fixture(scope="module")
+def candidate(data: SessionDataModule) -> Pipeline:
+    """Another model over the same vocabulary: co-visitation of a tenth of the training sessions."""
+    return covisitation(data, 40)
+
+
+@pytest.fixture(scope="module")
+def sessions(live: Pipeline) -> list[list[int]]:
+    raw = live.vocab.raw_ids.slice(2).to_pylist()
+    return [raw[i : i + 1 + i % 4] for i in range(16)]
+
+
+@pytest.fixture
+def model_dir(live: Pipeline, candidate: Pipeline, tmp_path: Path) -> Path:
+    """v000001 (live) and v000002 (the candidate) of one directory; v000001 current."""
+    root = tmp_path / "model"
+    live.save_pretrained(root)
+    candidate.save_pretrained(root)
+    VersionedDirectory(root).rollback()
+    assert VersionedDirectory(root).current_version() == "v000001"
+    return root
+
+
+def answers(pipe: Pipeline, sessions: list) -> list:
+    return json.loads(json.dumps(pipe.recommend(sessions, k=K)))
+
+
+def sample(text: str, name: str, **labels: str) -> float:
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return s.value
+    return 0.0
+
+
+def wait_until(condition, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.01)
+
+
+def test_a_stable_tenth_of_the_sessions_by_a_hash_of_their_ids() -> None:
+    ids = [f"session-{i}" for i in range(2000)]
+    chosen = canary_sessions(ids, 0.1)
+    assert chosen.sum() == 187  # BLAKE2b of each id: the same count on every machine and run
+    assert abs(chosen.sum() - 200) < 4 * np.sqrt(2000 * 0.1 * 0.9)  # binomial: within 4 standard deviations
+    assert np.array_equal(canary_sessions(ids[::-1], 0.1), chosen[::-1])  # each id alone decides, in any request
+    assert np.array_equal(canary_sessions(ids, 0.2) & chosen, chosen)  # a larger share keeps the sessions it had
+    assert canary_sessions([7, "7"], 0.5).tolist() == [canary_sessions(["7"], 0.5)[0]] * 2  # ids as text
+    assert not canary_sessions(None, 0.99, 3).any()  # sessions without an id: the live version
+    code = ("from sessrec.serving.canary import canary_sessions\n"
+            f"print(''.join('1' if c else '0' for c in canary_sessions([f'session-{{i}}' for i in range(2000)], 0.1)))")
+    other = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": "12345"}).stdout.strip()
+    assert other == "".join("1" if c else "0" for c in chosen)  # another process, another hash() salt
+
+
+def test_both_versions_answer_their_sessions_and_the_log_and_metrics_say_which(
+        model_dir, live, candidate, sessions, tmp_path) -> None:
+    start_canary(model_dir, "v000002", 0.5)
+    ids = [f"s{i}" for i in range(len(sessions))]
+    on_canary = canary_sessions(ids, 0.5)
+    assert 0 < on_canary.sum() < len(ids)
+    served = Served.load(model_dir)
+    app = build_app(served, model_dir=model_dir, reload_interval_s=0.05, served_log=ServedLog(tmp_path / "log"),
+                    canary=load_canary(model_dir, served))
+    with TestClient(app) as c:
+        health = c.get("/health").json()
+        alone = [c.post("/recommend", json={"session": s, "k": K, "session_ids": i}) for s, i in zip(sessions, ids)]
+        again = c.post("/recommend", json={"session": sessions[3], "k": K, "session_ids": ids[3]})
+        mixed = c.post("/recommend", json={"sessions": sessions, "k": K, "session_ids": ids,
+                                           "times": [[1.7e9 + j for j in range(len(s))] for s in sessions]})
+        anonymous = c.post("/recommend", json={"sessions": sessions, "k": K})
+        metrics = c.get("/metrics").text
+    assert health["version"] == "v000001" and health["canary"] == {"version": "v000002", "share": 0.5, "error": None}
+    version = ["v000002" if c else "v000001" for c in on_canary]
+    expected = [answers(candidate if c else live, [s])[0] for s, c in zip(sessions, on_canary)]
+    assert [r.headers["x-model-version"] for r in alone] == version
+    assert [r.json()["recommendations"][0] for r in alone] == expected
+    assert again.headers["x-model-version"] == version[3] and again.json() == alone[3].json()
+    assert mixed.headers["x-model-version"] == ",".join(version)  # one request split between the versions
+    assert mixed.json()["recommendations"] == expected
+    assert anonymous.headers["x-model-version"] == "v000001"
+    assert anonymous.json()["recommendations"] == answers(live, sessions)
+    log = pq.read_table(tmp_path / "log").to_pylist()
+    split = sorted((r for r in log if r["request_id"] == mixed_id(log, len(sessions))), key=lambda r: r["session_index"])
+    assert [(r["session_index"], r["session_id"], r["model_version"], r["canary"]) for r in split] == [
+        (i, ids[i], version[i], bool(on_canary[i])) for i in range(len(ids))]
+    assert [r["times"] for r in split] == [[1.7e9 + j for j in range(len(s))] for s in sessions]
+    canary_rows = sum(r["canary"] for r in log)
+    assert canary_rows == 2 * on_canary.sum() + on_canary[3]
+    assert all(r["model_version"] == ("v000002" if r["canary"] else "v000001") for r in log)
+    n_canary = int(2 * on_canary.sum() + on_canary[3])
+    assert sample(metrics, "sessrec_version_sessions_total", version="v000002", role="canary") == n_canary
+    assert sample(metrics, "sessrec_version_sessions_total", version="v000001", role="live") == 3 * len(ids) + 1 - n_canary
+    assert sample(metrics, "sessrec_version_request_duration_seconds_count", version="v000002", role="canary") == (
+        on_canary.sum() + on_canary[3] + 1)
+
+
+def mixed_id(log: list[dict], n: int) -> str:
+    """The request id of the one logged request whose sessions went to both versions."""
+    by_request: dict[str, set] = {}
+    for r in log:
+        by_request.setdefault(r["request_id"], set()).add(r["canary"])
+    (found,) = [rid for rid, kinds in by_request.items() if kinds == {True, False}]
+    return found
+
+
+def test_promote_and_rollback_end_the_canary_without_a_failed_request(model_dir, live, candidate, sessions,
+                                                                      capsys) -> None:
+    """The must-show, in process: a client sends requests all along; `sessrec promote` makes the canary
+    answer every session, a new canary starts, `sessrec rollback` drops it; every request is answered
+    (200) by the version its header names, with that version's lists."""
+    ids = [f"s{i}" for i in range(len(sessions))]
+    start_canary(model_dir, "v000002", 0.5)
+    served = Served.load(model_dir)
+    app = build_app(served, model_dir=model_dir, reload_interval_s=0.02, canary=load_canary(model_dir, served))
+    replies: list = []
+    stop = threading.Event()
+
+    def client_loop(c: TestClient) -> None:
+        i = 0
+        while not stop.is_set():
+            j = i % len(sessions)
+            reply = c.post("/recommend", json={"session": sessions[j], "k": K, "session_ids": ids[j]})
+            replies.append((j, reply.status_code, reply.headers.get("x-model-version"), reply.json()))
+            i += 1
+
+    with TestClient(app) as c:
+        sender = threading.Thread(target=client_loop, args=(c,))
+        sender.start()
+        try:
+            wait_until(lambda: len(replies) > 50)
+            assert promote(str(model_dir)) == "v000002"
+            wait_until(lambda: c.get("/health").json()["canary"] is None)
+            promoted, after_promote = c.get("/health").json(), len(replies)
+            wait_until(lambda: len(replies) > after_promote + 50)
+            before_canary = len(replies)
+            start_canary(model_dir, "v000001", 0.5)  # the old version as the next canary
+            wait_until(lambda: (c.get("/health").json()["canary"] or {}).get("version") == "v000001")
+            seen = len(replies)
+            wait_until(lambda: len(replies) > seen + 50)
+            assert rollback(str(model_dir)) == "v000002"
+            wait_until(lambda: c.get("/health").json()["canary"] is None)
+            dropped, after_drop = c.get("/health").json(), len(replies)
+            wait_until(lambda: len(replies) > after_drop + 50)
+        finally:
+            stop.set()
+            sender.join(30)
+        metrics = c.get("/metrics").text
+    assert promoted["version"] == dropped["version"] == "v000002"
+    assert [status for _, status, _, _ in replies] == [200] * len(replies)  # not one request failed
+    model = {"v000001": live, "v000002": candidate}
+    for j, _, version, body in replies:
+        assert body["recommendations"] == answers(model[version], [sessions[j]])
+    versions = [version for _, _, version, _ in replies]
+    assert {"v000001", "v000002"} <= set(versions[:50])  # the first canary: both versions answer
+    assert set(versions[after_promote:before_canary]) == {"v000002"}  # promoted: it answers every session
+    assert set(versions[after_drop:]) == {"v000002"}  # the second canary dropped: the live version only
+    assert sample(metrics, "sessrec_reloads_total", result="failed") == 0
+    out = capsys.readouterr().out
+    assert "sessrec promote: " in out and "canary v000002 promoted" in out
+    assert "canary v000001 dropped; v000002 answers every session" in out
+    log = [json.loads(line) for line in (model_dir / "promotions.jsonl").read_text().splitlines()]
+    assert [(e["event"], e["version"], e.get("canary_ended")) for e in log[-4:]] == [
+        ("canary", "v000002", None), ("promote", "v000002", "promoted"), ("canary", "v000001", None),
+        ("canary_end", "v000001", "dropped")]

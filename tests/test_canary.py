@@ -9,7 +9,6 @@ and v000002 of one directory. Requests go through FastAPI's TestClient; the slow
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -298,3 +297,92 @@ def test_the_canary_record_follows_the_log_after_a_crash(model_dir) -> None:
     (model_dir / CANARY).write_text("v000001")
     with pytest.raises(ValueError, match="CANARY: not a canary record .*; run sessrec rollback to drop it"):
         canary(model_dir)
+
+
+@pytest.mark.slow
+def test_sessrec_serve_with_two_workers_ends_its_canary_without_a_failed_request(model_dir, sessions, tmp_path) -> None:
+    """The must-show end to end: ``sessrec serve --workers 2 --canary v000002 --canary_share 0.5``; two
+    clients send requests (a new connection each, so both workers answer) while ``sessrec promote`` ends
+    the canary, a second canary starts and ``sessrec rollback`` drops it. No request fails; each session
+    gets the version its id hashes to from either worker; the served log and /metrics hold both versions."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-m", "sessrec.cli"]
+    server = subprocess.Popen(
+        [*command, "serve", "--model_dir", str(model_dir), "--port", str(port), "--workers", "2", "--canary", "v000002",
+         "--canary_share", "0.5", "--reload_interval_s", "0.2", "--served_log", str(tmp_path / "log"),
+         "--access_log", "false", "--log_level", "warning"], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    ids = [f"s{i}" for i in range(len(sessions))]
+    on_canary = canary_sessions(ids, 0.5)
+    replies: list = []
+    stop = threading.Event()
+
+    def client_loop(offset: int) -> None:
+        i = offset
+        while not stop.is_set():
+            j = i % len(ids)
+            try:
+                reply = httpx.post(f"{url}/recommend", json={"session": sessions[j], "k": K, "session_ids": ids[j]},
+                                   timeout=10)
+                replies.append((j, reply.status_code, reply.headers.get("x-model-version")))
+            except httpx.TransportError as err:
+                replies.append((j, type(err).__name__, None))
+            i += 1
+
+    def settle() -> int:
+        """Wait two reload intervals of each worker and some requests; the index of the first reply after."""
+        time.sleep(1.0)
+        mark = len(replies)
+        wait_until(lambda: len(replies) > mark + 60, 60)
+        return mark
+
+    try:
+        wait_until(lambda: _healthy(url), 120)
+        clients = [threading.Thread(target=client_loop, args=(offset,)) for offset in (0, 7)]
+        for t in clients:
+            t.start()
+        wait_until(lambda: len(replies) > 80, 60)
+        first_canary = len(replies)
+        subprocess.run([*command, "promote", "--model_dir", str(model_dir)], cwd=ROOT, check=True, capture_output=True)
+        promoted = settle()
+        before_second = len(replies)
+        start_canary(model_dir, "v000001", 0.5)  # what `sessrec serve --canary v000001` records
+        second_canary = settle()
+        before_rollback = len(replies)
+        dropped = subprocess.run([*command, "rollback", "--model_dir", str(model_dir)], cwd=ROOT, check=True,
+                                 capture_output=True, text=True).stdout
+        rolled_back = settle()
+        stop.set()
+        for t in clients:
+            t.join(30)
+        metrics = httpx.get(f"{url}/metrics").text
+    finally:
+        stop.set()
+        server.terminate()
+        stderr = server.communicate(timeout=60)[1]
+    assert server.returncode == 0 and "Traceback" not in stderr
+    assert [status for _, status, _ in replies] == [200] * len(replies)  # not one request failed
+    expected = {j: ("v000002" if on_canary[j] else "v000001") for j in range(len(ids))}
+    assert all(version == expected[j] for j, _, version in replies[:first_canary])  # either worker: the same version
+    assert {version for _, _, version in replies[promoted:before_second]} == {"v000002"}
+    second = {j: ("v000001" if on_canary[j] else "v000002") for j in range(len(ids))}
+    assert all(version == second[j] for j, _, version in replies[second_canary:before_rollback])
+    assert "canary v000001 dropped; v000002 answers every session" in dropped
+    assert {version for _, _, version in replies[rolled_back:]} == {"v000002"}
+    log = pq.read_table(tmp_path / "log").select(["model_version", "canary"]).to_pylist()
+    assert {(r["model_version"], r["canary"]) for r in log} == {("v000001", False), ("v000002", True),
+                                                                 ("v000002", False), ("v000001", True)}
+    assert len(log) == len(replies)
+    for version, role in (("v000001", "live"), ("v000002", "canary"), ("v000002", "live"), ("v000001", "canary")):
+        assert sample(metrics, "sessrec_version_sessions_total", version=version, role=role) > 0
+    assert sum(sample(metrics, "sessrec_version_sessions_total", version=v, role=r)
+               for v in ("v000001", "v000002") for r in ("live", "canary")) == len(replies)
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=1).status_code == 200
+    except httpx.TransportError:
+        return False

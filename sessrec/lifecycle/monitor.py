@@ -23,6 +23,10 @@ log of the same sessions (any file `sessrec.data.scan_events` reads, with its `S
   not) would otherwise read as drift through the floor of an empty training bin. NaN when no
   requested item is known, which crosses any ``psi_max``.
 
+When the served log holds rows a canary answered (``sessrec serve --canary``: its ``canary`` column),
+`compare_canary` sets the canary against the live version on each window: each side's hit rate@k and
+MRR@k, their difference and its bootstrap interval over the sessions of each side.
+
 The reference is a model directory (at its current version when it is versioned) or a prepared
 dataset: either holds ``vocab.parquet``, the training counts of its items (`ItemVocab`).
 

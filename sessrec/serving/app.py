@@ -10,8 +10,9 @@ Routes:
         windows hold and which nothing else reads; default: each session's last event with
         ``"times"``, else its arrival) and ``"session_ids"`` (the client's id of each session, which
         only the served log keeps, for ``sessrec monitor``'s join with the events that followed)
-        -> ``{"recommendations": [{"item_ids": [...], "scores": [...]}, ...]}``.
-    ``GET /health``: the model served (kind, version) and the last reload error; 503 while shutting down.
+        -> ``{"recommendations": [{"item_ids": [...], "scores": [...]}, ...]}``, with an ``x-model-version``
+        header: the version that answered every session, else each session's, in order (a canary).
+    ``GET /health``: the model served (kind, version), its canary and the last reload error; 503 while shutting down.
     ``GET /metadata``: the limits, the overload settings and the batching counters (of the worker that answers).
     ``GET /metrics``: Prometheus text (requests by route and status, latency, sessions per model
         call, queue depth, requests shed; summed over the workers).
@@ -42,7 +43,10 @@ and routing by `App`); its bodies and answers are JSON through orjson.
 bodies, hands work to threads and writes answers. The model can be swapped while serving
 (`ModelHolder`): the server follows a versioned model directory's ``CURRENT`` pointer, loads a new
 version in a thread and serves it from the next batch on; requests already encoded finish on the
-model that encoded them. On shutdown the server refuses new requests (503) and answers those it
+model that encoded them. A canary (`sessrec.serving.canary`), another version of the directory that
+the directory records, answers the sessions whose ids hash below its share, loaded and followed the
+same way; a request whose sessions go to both versions is split, each part encoded and scored by its
+version. On shutdown the server refuses new requests (503) and answers those it
 admitted before it stops. With several workers (`sessrec.serving.server.run_workers`) each process does all of this for
 the connections it accepts on the one shared port.
 

@@ -301,10 +301,11 @@ def test_the_canary_record_follows_the_log_after_a_crash(model_dir) -> None:
 
 @pytest.mark.slow
 def test_sessrec_serve_with_two_workers_ends_its_canary_without_a_failed_request(model_dir, sessions, tmp_path) -> None:
-    """The must-show end to end: ``sessrec serve --workers 2 --canary v000002 --canary_share 0.5``; two
-    clients send requests (a new connection each, so both workers answer) while ``sessrec promote`` ends
-    the canary, a second canary starts and ``sessrec rollback`` drops it. No request fails; each session
-    gets the version its id hashes to from either worker; the served log and /metrics hold both versions."""
+    """The must-show end to end: ``sessrec serve --workers 2 --canary v000002 --canary_share 0.1``; two
+    clients send requests of 60 sessions (a new connection each, so both workers answer) while ``sessrec
+    promote`` ends the canary, a second canary starts and ``sessrec rollback`` drops it. No request fails;
+    each session gets the version its id hashes to from either worker, every time; the served log and
+    /metrics hold both versions."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -312,10 +313,11 @@ def test_sessrec_serve_with_two_workers_ends_its_canary_without_a_failed_request
     command = [sys.executable, "-m", "sessrec.cli"]
     server = subprocess.Popen(
         [*command, "serve", "--model_dir", str(model_dir), "--port", str(port), "--workers", "2", "--canary", "v000002",
-         "--canary_share", "0.5", "--reload_interval_s", "0.2", "--served_log", str(tmp_path / "log"),
+         "--canary_share", "0.1", "--reload_interval_s", "0.2", "--served_log", str(tmp_path / "log"),
          "--access_log", "false", "--log_level", "warning"], cwd=ROOT, stderr=subprocess.PIPE, text=True)
-    ids = [f"s{i}" for i in range(len(sessions))]
-    on_canary = canary_sessions(ids, 0.5)
+    ids = [f"user-{i}" for i in range(60)]
+    on_canary = canary_sessions(ids, 0.1)
+    assert on_canary.sum() == 9  # of 60 (binomial: 6 ± 2.3)
     replies: list = []
     stop = threading.Event()
 
@@ -324,7 +326,8 @@ def test_sessrec_serve_with_two_workers_ends_its_canary_without_a_failed_request
         while not stop.is_set():
             j = i % len(ids)
             try:
-                reply = httpx.post(f"{url}/recommend", json={"session": sessions[j], "k": K, "session_ids": ids[j]},
+                reply = httpx.post(f"{url}/recommend", json={"session": sessions[j % len(sessions)], "k": K,
+                                                             "session_ids": ids[j]},
                                    timeout=10)
                 replies.append((j, reply.status_code, reply.headers.get("x-model-version")))
             except httpx.TransportError as err:
@@ -343,12 +346,12 @@ def test_sessrec_serve_with_two_workers_ends_its_canary_without_a_failed_request
         clients = [threading.Thread(target=client_loop, args=(offset,)) for offset in (0, 7)]
         for t in clients:
             t.start()
-        wait_until(lambda: len(replies) > 80, 60)
+        wait_until(lambda: len(replies) > 2 * len(ids), 120)  # every session asked at least twice
         first_canary = len(replies)
         subprocess.run([*command, "promote", "--model_dir", str(model_dir)], cwd=ROOT, check=True, capture_output=True)
         promoted = settle()
         before_second = len(replies)
-        start_canary(model_dir, "v000001", 0.5)  # what `sessrec serve --canary v000001` records
+        start_canary(model_dir, "v000001", 0.1)  # what `sessrec serve --canary v000001` records
         second_canary = settle()
         before_rollback = len(replies)
         dropped = subprocess.run([*command, "rollback", "--model_dir", str(model_dir)], cwd=ROOT, check=True,
@@ -366,6 +369,7 @@ def test_sessrec_serve_with_two_workers_ends_its_canary_without_a_failed_request
     assert [status for _, status, _ in replies] == [200] * len(replies)  # not one request failed
     expected = {j: ("v000002" if on_canary[j] else "v000001") for j in range(len(ids))}
     assert all(version == expected[j] for j, _, version in replies[:first_canary])  # either worker: the same version
+    assert {j for j, _, version in replies[:first_canary] if version == "v000002"} == set(np.flatnonzero(on_canary))
     assert {version for _, _, version in replies[promoted:before_second]} == {"v000002"}
     second = {j: ("v000001" if on_canary[j] else "v000002") for j in range(len(ids))}
     assert all(version == second[j] for j, _, version in replies[second_canary:before_rollback])

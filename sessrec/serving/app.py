@@ -284,8 +284,7 @@ class ModelHolder:
         if self.model_dir is None:
             return False
         try:
-            path = await asyncio.to_thread(resolve, self.model_dir)
-            running = await asyncio.to_thread(canary_record, self.model_dir)
+            running, path = await asyncio.to_thread(_read_directory, self.model_dir)
         except Exception as err:  # noqa: BLE001 - a pointer being fixed by hand: keep serving, say why
             self._failed_to_load(None, err)
             return False
@@ -323,6 +322,8 @@ class ModelHolder:
             self.canary, self.canary_error, self._canary_failed = None, None, None
             return
         version, share = running
+        if version == self.current.version:  # read as the canary was promoted: it is the live version now
+            return
         path = Path(self.model_dir) / VERSIONS / version
         if self.canary is not None and self.canary.path == path:
             self.share = share
@@ -349,6 +350,13 @@ class ModelHolder:
                          message)
             self.metrics.reloads.labels("failed").inc()
         self.error, self._failed = message, path
+
+
+def _read_directory(model_dir: str | os.PathLike) -> tuple[tuple[str, float] | None, Path]:
+    """The directory's canary, then its current version's folder: in this order, a promotion (which moves the
+    pointer before it removes ``CANARY``) is seen as the canary still running beside the old version, or as the
+    canary current (named by both), never as the old version alone."""
+    return canary_record(model_dir), resolve(model_dir)
 
 
 def load_canary_version(live: Served, path: Path) -> Served:

@@ -51,7 +51,7 @@ BRACKET = TRAINER + MODEL + "data:\n  source: {class_path: sessrec.data.Syntheti
 
 
 @pytest.mark.parametrize("command", ["fit", "validate", "test", "predict", "prepare", "recommend", "serve", "retrain",
-                                     "export", "rollback", "monitor"])
+                                     "export", "rollback", "promote", "monitor"])
 def test_a_tab_in_the_config_of_any_command_is_its_line_and_column(command, tmp_path, sessrec_main):
     recipe = write(tmp_path, "tab.yaml", TAB)
     line = TAB.splitlines().index("\tdropout: 0.2") + 1

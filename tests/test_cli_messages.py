@@ -99,6 +99,8 @@ def test_a_flag_no_parameter_takes_names_the_closest_one(sessrec_main, tmp_path)
 @pytest.mark.parametrize("command, flag, help_text", [
     ("serve", "--max_queue_wait_ms", "503 before the body is read"),
     ("rollback", "--to", "the version to make current"),
+    ("promote", "--version", "default: the directory's canary"),
+    ("serve", "--canary_share", "the share of the sessions the canary answers"),
     ("export", "--top_k", "session models also output the K best items"),
     ("recommend", "--input_path", "sessions file"),
 ])
@@ -294,6 +296,8 @@ def test_export_and_rollback_run_from_their_flags(tmp_path, capsys):
     config = tmp_path / "rollback.yaml"
     config.write_text(f"model_dir: {store.root}\n")
     assert run(["rollback", "--config", str(config)]) == "v000001"
+    assert run(["promote", "--model_dir", str(store.root), "--version", "v000002"]) == "v000002"
+    assert "sessrec promote: " + f"{store.root}: v000002 is current (was v000001); a server" in capsys.readouterr().out
 
 
 def test_a_pipeline_recipe_typo_is_one_line_with_the_closest_key(tmp_path, sessrec_main):

@@ -262,3 +262,46 @@ def test_a_replayed_day_monitors_to_the_hit_rate_of_sessrec_test_and_a_drifted_d
     assert exit_.value.code == 3
     assert capsys.readouterr().err.startswith("sessrec monitor: threshold crossed: psi ")
     assert pacsv.read_csv(tmp_path / "drift.csv").column("psi")[0].as_py() > 0.25  # 2.74 (0.022 before the shift)
+
+
+def test_the_canary_is_compared_with_the_live_version_on_the_same_window(tmp_path: Path, capsys) -> None:
+    """Live sessions l0..l7 and canary sessions c0..c3 (events 10, 11): the live version ranks the next
+    item first for six of eight, the canary second for two of four; a request of day 1 has no canary beside it."""
+    sessions = [f"l{i}" for i in range(8)] + [f"c{i}" for i in range(4)]
+    events = pa.table({"sid": [s for s in sessions for _ in (0, 1)], "item": [10, 11] * len(sessions),
+                       "t": [T0 + 10 * i + j for i in range(len(sessions)) for j in (0, 1)]})
+    pacsv.write_csv(events, tmp_path / "events.csv")
+    with ServedLog(tmp_path / "log") as log:
+        for i, session in enumerate(sessions):
+            on_canary = session.startswith("c")
+            hit = (i < 6) if not on_canary else (i < 10)
+            recommended = ([13, 11] if hit else [12, 13]) if on_canary else ([11, 12] if hit else [12, 13])
+            log.record(f"r{i}", [[10]], [{"item_ids": recommended, "scores": [2.0, 1.0]}],
+                       "v000002" if on_canary else "v000001", now=[T0 + 10 * i], session_ids=[session], canary=on_canary)
+        log.record("late", [[10]], [{"item_ids": [11, 12], "scores": [2.0, 1.0]}], "v000002", now=[T0 + DAY],
+                   session_ids=["l0"])
+    (tmp_path / "ref").mkdir()
+    table = monitor(str(tmp_path / "log"), [str(tmp_path / "events.csv")], str(reference(tmp_path / "ref")),
+                    str(tmp_path / "m.csv"), schema=SCHEMA, k=2, psi_bins=2, canary_out=str(tmp_path / "c.csv"))
+    assert [(r["model_version"], r["evaluated"], r["hit_rate@2"]) for r in table.to_pylist()] == [
+        ("v000001", 8, 0.75), ("v000002", 4, 0.5), ("v000002", 1, 1.0)]
+    (row,) = pacsv.read_csv(tmp_path / "c.csv").to_pylist()
+    assert (row["live_version"], row["canary_version"], row["live_evaluated"], row["canary_evaluated"]) == (
+        "v000001", "v000002", 8, 4)
+    assert (row["live_hit_rate@2"], row["canary_hit_rate@2"], row["hit_rate@2_difference"]) == (0.75, 0.5, -0.25)
+    assert (row["live_mrr@2"], row["canary_mrr@2"], row["mrr@2_difference"]) == (0.75, 0.25, -0.5)
+    for name in ("hit_rate@2", "mrr@2"):
+        assert -1 <= row[f"{name}_low"] < row[f"{name}_difference"] < row[f"{name}_high"] <= 1
+    assert "canary against live (difference: canary - live, with its 95% interval)" in capsys.readouterr().out
+
+
+def test_the_comparisons_interval_is_the_two_sample_interval_of_a_difference_of_means() -> None:
+    """Hit rates of 0.5 (400 sessions) and 0.4 (400): the bootstrap interval's half-width is the normal
+    interval's 1.96 * sqrt(0.25 / 400 + 0.24 / 400) = 0.0686, within 10%."""
+    from sessrec.lifecycle.monitor import difference_interval
+
+    a, b = np.repeat([1.0, 0.0], [200, 200]), np.repeat([1.0, 0.0], [160, 240])
+    low, high = difference_interval(a, b, 0.95, 4000, np.random.default_rng(0))
+    assert (high - low) / 2 == pytest.approx(1.96 * np.sqrt(0.25 / 400 + 0.24 / 400), rel=0.1)
+    assert (low + high) / 2 == pytest.approx(0.1, abs=0.01)
+    assert np.isnan(difference_interval(a, b[:0], 0.95, 10, np.random.default_rng(0))).all()

@@ -169,7 +169,8 @@ def test_recommend_returns_the_pipelines_raw_ids_and_scores(client, pipe, sessio
 
 def test_health_and_metadata_say_what_is_served(client, pipe) -> None:
     assert client.get("/health").json() == {"status": "ok", "kind": "Pipeline", "vocabulary_size": len(pipe.vocab),
-                                            "items": pipe.vocab.num_products, "version": None, "reload_error": None}
+                                            "items": pipe.vocab.num_products, "version": None, "reload_error": None,
+                                            "canary": None}
     meta = client.get("/metadata").json()
     assert meta["limits"] == {"max_request_bytes": 1 << 20, "max_sessions_per_request": 256,
                               "max_items_per_session": 1000, "k_max": 100}

@@ -9,7 +9,8 @@
     sessrec serve --model_dir D                                  HTTP recommendations (`sessrec.serving.server`)
     sessrec export --model_dir M --format ...                    ONNX, TorchScript or a Triton repository
     sessrec retrain --config <retrain recipe> ...                one warm-start turn with its quality gate
-    sessrec rollback --model_dir D [--to VERSION]                an earlier version of D current again
+    sessrec promote --model_dir D [--version V]                  a version of D (by default its canary) current for every session
+    sessrec rollback --model_dir D [--to VERSION]                an earlier version of D current again, or its canary dropped
     sessrec monitor --config <monitor recipe>                    served log + events: hit rate, drift; exit 3 on a threshold
 
 Options of every command:
@@ -20,7 +21,7 @@ Options of every command:
 
 Only the Lightning commands, the pipeline commands (a pipeline recipe's data block is the Lightning
 data module) and ``retrain`` import the training stack (Lightning, LightningCLI); ``serve``,
-``export`` of a model directory and ``rollback`` start without it. A user error is one line on stderr and exit status 1
+``export`` of a model directory, ``promote`` and ``rollback`` start without it. A user error is one line on stderr and exit status 1
 (``--traceback`` or ``SESSREC_TRACEBACK=1`` for the trace); a YAML syntax error, or a key or value refused, in a
 configuration file names the file, line and column (``recipe.yaml:4:1: ...``, `sessrec.cli.errors`).
 
@@ -206,12 +207,46 @@ def rollback(model_dir: str, to: str | None = None) -> str:
     Returns:
         The version now current.
     """
-    from sessrec.saved.versions import VersionedDirectory
+    from sessrec.saved.versions import VersionedDirectory, canary
 
     store = VersionedDirectory(model_dir)
-    before = store.current_version()
+    before, running = store.current_version(), canary(model_dir)
     version = store.rollback(to)
-    print(f"sessrec rollback: {model_dir}: {version} is current (was {before}); a server following it reloads")
+    if running is not None and to is None:
+        print(f"sessrec rollback: {model_dir}: canary {running[0]} dropped; {version} answers every session "
+              "(a server following it reloads)")
+    else:
+        print(f"sessrec rollback: {model_dir}: {version} is current (was {before}); a server following it reloads")
+    return version
+
+
+def promote(model_dir: str, version: str | None = None) -> str:
+    """Make a version of a versioned model or pipeline directory current for every session (logged; its parts
+    checked against their hashes first), which ends a canary.
+
+    Args:
+        model_dir: a model or pipeline directory with versions.
+        version: the version to make current (e.g. ``v000003``); default: the directory's canary
+            (``sessrec serve --canary``), refused when none runs.
+
+    Returns:
+        The version now current.
+    """
+    from sessrec.saved.versions import VersionedDirectory, canary
+
+    store = VersionedDirectory(model_dir)
+    if not store.root.is_dir():
+        raise FileNotFoundError(f"{model_dir}: no such model directory")
+    before, running = store.current_version(), canary(model_dir)
+    if version is None:
+        if running is None:
+            raise ValueError(f"{model_dir}: runs no canary; give --version to promote")
+        version = running[0]
+    if version == before:
+        raise ValueError(f"{model_dir}: {version} is already the current version")
+    store.promote(version, {"reason": "sessrec promote"})
+    ended = "" if running is None else (f"; canary {running[0]} " + ("promoted" if running[0] == version else "dropped"))
+    print(f"sessrec promote: {model_dir}: {version} is current (was {before}){ended}; a server following it reloads")
     return version
 
 
@@ -240,7 +275,8 @@ def prepare_cli(args: list[str]) -> Path:
 
 UNUSED_BY_PREPARE = ("trainer", "model", "seed_everything", "last_checkpoint", "scoring")  # a task recipe's other blocks
 COMMANDS = {"export": export_cli, "prepare": prepare_cli, "retrain": retrain_cli, "serve": serve_cli, "monitor": monitor_cli,
-            "rollback": lambda args: call_with_flags(rollback, "sessrec rollback", args)}
+            "rollback": lambda args: call_with_flags(rollback, "sessrec rollback", args),
+            "promote": lambda args: call_with_flags(promote, "sessrec promote", args)}
 USER_ERRORS = (ValueError, TypeError, RuntimeError, OSError, KeyError)  # OSError: missing or existing files
 LIGHTNING = ("lightning", "lightning_fabric", "pytorch_lightning")
 VERBOSE_FLAGS = ("--traceback", "--verbose")
@@ -283,7 +319,7 @@ def run(args: list[str]) -> object:
     return cli()
 
 
-COMMAND_NAMES = ("fit", "validate", "test", "predict", "recommend", "prepare", "serve", "export", "retrain", "rollback", "monitor")
+COMMAND_NAMES = ("fit", "validate", "test", "predict", "recommend", "prepare", "serve", "export", "retrain", "rollback", "promote", "monitor")
 
 
 def _usage() -> str:

@@ -23,6 +23,10 @@ log of the same sessions (any file `sessrec.data.scan_events` reads, with its `S
   not) would otherwise read as drift through the floor of an empty training bin. NaN when no
   requested item is known, which crosses any ``psi_max``.
 
+When the served log holds rows a canary answered (``sessrec serve --canary``: its ``canary`` column),
+`compare_canary` sets the canary against the live version on each window: each side's hit rate@k and
+MRR@k, their difference and its bootstrap interval over the sessions of each side.
+
 The reference is a model directory (at its current version when it is versioned) or a prepared
 dataset: either holds ``vocab.parquet``, the training counts of its items (`ItemVocab`).
 
@@ -52,11 +56,12 @@ from sessrec.data.readers import scan_events
 from sessrec.data.schema import Schema
 from sessrec.data.sources import to_seconds
 from sessrec.data.vocab import ItemVocab
+from sessrec.lifecycle.gate import DRAWS_PER_CHUNK
 from sessrec.saved.atomic import atomic_path
 from sessrec.saved.versions import resolve
 from sessrec.serving.served_log import SCHEMA, served_files
 
-__all__ = ["PSI_FLOOR", "ThresholdCrossed", "Thresholds", "monitor", "psi"]
+__all__ = ["PSI_FLOOR", "ThresholdCrossed", "Thresholds", "compare_canary", "monitor", "psi"]
 
 PSI_FLOOR = 1e-4  # a bin's share below this counts as this (an empty bin would make the index infinite)
 NO_VERSION = "(unversioned)"  # the model_version of rows served from an unversioned directory
@@ -122,6 +127,8 @@ def monitor(
     psi_bins: int = 10,
     delimiter: str | None = None,
     plot: str | None = None,
+    canary_out: str | None = None,
+    confidence: float = 0.95,
 ) -> pa.Table:
     """Hit rate, MRR, coverage, unknown share and drift of the served recommendations, per version and window.
 
@@ -141,6 +148,9 @@ def monitor(
         psi_bins: bins of equal training mass of the population stability index.
         delimiter: text-file separator of the event files; sniffed when None.
         plot: a ``.png`` of the metrics over the windows (matplotlib); None: none.
+        canary_out: where the canary's comparison with the live version (`compare_canary`) is written
+            (``.csv`` or ``.parquet``) when the served log holds rows a canary answered; it is printed either way.
+        confidence: of the comparison's intervals (two-sided).
 
     Returns:
         The table: ``model_version``, ``window_start``, ``requests``, ``evaluated``, ``unmatched``,
@@ -157,12 +167,23 @@ def monitor(
         raise ValueError(f"monitor: out must end in .csv or .parquet, got {out}")
     if plot is not None and Path(plot).suffix != ".png":
         raise ValueError(f"monitor: plot must end in .png, got {plot}")
+    if canary_out is not None and Path(canary_out).suffix not in (".csv", ".parquet"):
+        raise ValueError(f"monitor: canary_out must end in .csv or .parquet, got {canary_out}")
+    if not 0.5 < confidence < 1:
+        raise ValueError(f"monitor: confidence must be in (0.5, 1), got {confidence}")
     served = read_served(served_log, since, until, versions)
     vocab = reference_vocab(reference)
     events = event_positions(paths, schema, delimiter)
-    table = report(served, events, vocab, k, 3600.0 * window_hours, psi_bins, served_log)
+    outcomes = next_event_ranks(served, events, k, served_log)
+    table = report(served, outcomes, vocab, k, 3600.0 * window_hours, psi_bins)
     write_table(table, out)
     print(format_table(table))
+    comparison = compare_canary(served, outcomes, k, 3600.0 * window_hours, confidence)
+    if comparison is not None:
+        if canary_out is not None:
+            write_table(comparison, canary_out)
+        print("\ncanary against live (difference: canary - live, with its "
+              f"{confidence:.0%} interval):\n{format_table(comparison)}")
     if plot is not None:
         plot_table(table, k, plot)
     reasons = thresholds.crossed(table, k)
@@ -230,9 +251,10 @@ def event_positions(paths: list[str], schema: Schema, delimiter: str | None) -> 
     })
 
 
-def report(served: pa.Table, events: pa.Table, vocab: ItemVocab, k: int, window_s: float, bins: int,
-           source: str) -> pa.Table:
-    """The metrics of `served` rows per (version, window) (see the module docstring)."""
+def next_event_ranks(served: pa.Table, events: pa.Table, k: int, source: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per served row: (n,) whether its last item is the event log's at its position (``matched``), whether
+    its session has a next event (``has_next``), and the reciprocal rank of that next event within the first
+    `k` recommended (0: a miss or no next event). See the module docstring."""
     n = served.num_rows
     row = pa.array(np.arange(n))
     last = _last_items(served.column("items"))
@@ -264,6 +286,22 @@ def report(served: pa.Table, events: pa.Table, vocab: ItemVocab, k: int, window_
     hit = within & pc.fill_null(pc.equal(flat, target.take(pa.array(parent))), False).to_numpy(zero_copy_only=False)
     rr = np.zeros(n)
     rr[parent[hit]] = 1.0 / (place[hit] + 1)
+    rr[~evaluated] = 0.0
+    return matched, has_next, rr
+
+
+def report(served: pa.Table, outcomes: tuple[np.ndarray, np.ndarray, np.ndarray], vocab: ItemVocab, k: int,
+           window_s: float, bins: int) -> pa.Table:
+    """The metrics of `served` rows per (version, window) (see the module docstring), from their `next_event_ranks`."""
+    n = served.num_rows
+    matched, has_next, rr = outcomes
+    evaluated = matched & has_next
+    recommended = served.column("recommended").combine_chunks()
+    parent = pc.list_parent_indices(recommended).to_numpy()
+    offsets = recommended.offsets.to_numpy()
+    within = (np.arange(len(parent)) - (offsets[parent] - offsets[0])) < k
+    flat = recommended.flatten()
+    last = _last_items(served.column("items"))
 
     products = _product_ids(vocab)
     bin_of = _psi_bins(vocab, bins)
@@ -301,6 +339,80 @@ def report(served: pa.Table, events: pa.Table, vocab: ItemVocab, k: int, window_
         "unknown_share": count(unknown) / requests,
         "psi": np.array([psi(expected, o) for o in observed]),
     })
+
+
+def compare_canary(served: pa.Table, outcomes: tuple[np.ndarray, np.ndarray, np.ndarray], k: int, window_s: float,
+                   confidence: float = 0.95, samples: int = 2000, seed: int = 0) -> pa.Table | None:
+    """The canary against the live version in each window, from the rows' `next_event_ranks`; None when no
+    row was answered by a canary.
+
+    One row per window and canary version: the live rows of the window (those the canary did not
+    answer, whichever live version answered them) against the canary's, each side's hit rate@k and
+    MRR@k over its evaluated rows, the difference (canary - live) and its two-sided `confidence`
+    interval: a bootstrap that resamples the live rows and the canary rows of the window apart
+    (`samples` times, seeded by `seed`). The two sides are disjoint sets of sessions (a session goes to
+    one version), so the interval is over sessions, not pairs; the same window keeps both under the
+    same traffic.
+    """
+    canary = served.column("canary").to_numpy(zero_copy_only=False)
+    if not canary.any():
+        return None
+    matched, has_next, rr = outcomes
+    evaluated = matched & has_next
+    window = np.floor(served.column("now").to_numpy() / window_s) * window_s
+    version = served.column("model_version").to_numpy(zero_copy_only=False)
+    rng = np.random.default_rng(seed)
+    pairs = pa.table({"window": window[canary], "version": version[canary]}).group_by(["window", "version"]) \
+        .aggregate([]).sort_by([("window", "ascending"), ("version", "ascending")]).to_pylist()
+    rows = []
+    for pair in pairs:
+        in_window = window == pair["window"]
+        live = in_window & ~canary & evaluated
+        tried = in_window & canary & (version == pair["version"]) & evaluated
+        row = {"window_start": pair["window"], "live_version": "+".join(sorted(set(version[live].tolist()))),
+               "canary_version": pair["version"], "live_evaluated": int(live.sum()), "canary_evaluated": int(tried.sum())}
+        for name, values in ((f"hit_rate@{k}", (rr > 0).astype(np.float64)), (f"mrr@{k}", rr)):
+            row[f"live_{name}"], row[f"canary_{name}"] = _mean(values[live]), _mean(values[tried])
+            row[f"{name}_difference"] = row[f"canary_{name}"] - row[f"live_{name}"]
+            row[f"{name}_low"], row[f"{name}_high"] = difference_interval(values[tried], values[live], confidence,
+                                                                          samples, rng)
+        rows.append(row)
+    table = pa.Table.from_pylist(rows)
+    stamps = pa.array((table.column("window_start").to_numpy() * 1e6).astype(np.int64), pa.timestamp("us", tz="UTC"))
+    return table.set_column(0, "window_start", stamps)
+
+
+def difference_interval(a: np.ndarray, b: np.ndarray, confidence: float, samples: int,
+                        rng: np.random.Generator) -> tuple[float, float]:
+    """The two-sided `confidence` interval of ``mean(a) - mean(b)`` by a bootstrap resampling `a` and `b`
+    apart; NaN when either is empty.
+
+    Examples:
+        >>> low, high = difference_interval(np.ones(50), np.zeros(50), 0.95, 200, np.random.default_rng(0))
+        >>> (low, high)
+        (1.0, 1.0)
+    """
+    if len(a) == 0 or len(b) == 0:
+        return math.nan, math.nan
+    spread = _bootstrap_means(a, samples, rng) - _bootstrap_means(b, samples, rng)
+    tail = (1 - confidence) / 2
+    low, high = np.quantile(spread, [tail, 1 - tail])
+    return float(low), float(high)
+
+
+def _bootstrap_means(values: np.ndarray, samples: int, rng: np.random.Generator) -> np.ndarray:
+    """(samples,) means of `values` resampled with replacement, drawn in chunks of at most `DRAWS_PER_CHUNK` indices."""
+    n = len(values)
+    means = np.empty(samples)
+    rows = max(1, DRAWS_PER_CHUNK // n)
+    for start in range(0, samples, rows):
+        stop = min(start + rows, samples)
+        means[start:stop] = np.take(values, rng.integers(0, n, size=(stop - start, n))).mean(axis=1)
+    return means
+
+
+def _mean(values: np.ndarray) -> float:
+    return float(values.mean()) if len(values) else math.nan
 
 
 def psi(expected: np.ndarray, observed: np.ndarray, floor: float = PSI_FLOOR) -> float:

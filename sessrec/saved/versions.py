@@ -27,6 +27,15 @@ the versions rolled back from are out of the history (still reachable by ``rollb
 they are kept). ``rollback(to=V)`` walks back to V when V is in the history, and otherwise puts V on
 top, as a promotion would.
 
+A **canary** (`VersionedDirectory.start_canary`) is another version that serves a share of the sessions
+beside the current one: ``CANARY`` holds its name and share (one JSON line, replaced atomically) after
+the log records it. It ends at the next move of the pointer: a promotion of the canary makes it current
+for every session; any other move (a save, another promotion, a rollback with ``to``) drops it. A
+``rollback()`` without a target while a canary runs drops the canary and leaves the pointer where it is.
+The log says whether a canary runs (its last ``canary`` entry with no ``canary_end`` or pointer move
+after it); `recover` brings ``CANARY`` in line with it after a crash, and `canary` ignores a ``CANARY``
+that names the current version (a promotion that crashed before removing it).
+
 Old versions are kept up to `keep`, and never the current one, the `keep` before it in the
 promotion history (where a rollback walks) or the best promoted so far (the ``best`` the log names
 last).
@@ -50,7 +59,7 @@ from sessrec.saved.atomic import fsync_dir, fsync_tree, normal_modes, write_text
 from sessrec.saved.directory import DESCRIPTIONS, check_folder
 from sessrec.saved.registry import check_integers
 
-POINTER, VERSIONS, LOG, LOCK = "CURRENT", "versions", "promotions.jsonl", ".lock"
+POINTER, VERSIONS, LOG, LOCK, CANARY = "CURRENT", "versions", "promotions.jsonl", ".lock", "CANARY"
 _NAME = re.compile(r"^v(\d{6,})$")
 _STAGING, _TRASH = ".staging-", ".trash-"
 POINTER_EVENTS = ("save", "promote", "rollback")  # log entries that move the pointer
@@ -78,6 +87,31 @@ def current_version(directory: str | os.PathLike) -> str | None:
     """The current version's name, or None for a directory without versions."""
     pointer = Path(directory) / POINTER
     return pointer.read_text().strip() if pointer.exists() else None
+
+
+def canary(directory: str | os.PathLike) -> tuple[str, float] | None:
+    """The canary of a versioned directory (its version's name and the share of sessions it serves), or None
+    when none runs (a ``CANARY`` naming the current version, left by a crash mid-promotion, is none)."""
+    path = Path(directory) / CANARY
+    try:
+        record = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except ValueError as err:
+        raise ValueError(f"{path}: not a canary record ({err}); run sessrec rollback to drop it") from None
+    if not (isinstance(record, dict) and isinstance(record.get("version"), str) and _NAME.match(record["version"])
+            and isinstance(record.get("share"), float) and 0 < record["share"] < 1):
+        raise ValueError(f"{path}: not a canary record ({str(record)[:80]}); run sessrec rollback to drop it")
+    if record["version"] == current_version(directory):
+        return None
+    return record["version"], record["share"]
+
+
+def check_share(share: object) -> float:
+    """`share` as a float strictly between 0 and 1 (a canary's share of the sessions); ValueError otherwise."""
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share < 1:
+        raise ValueError(f"canary_share must be a fraction of the sessions strictly between 0 and 1, got {share!r}")
+    return float(share)
 
 
 def write_directory(directory: str | os.PathLike, write: Callable[[Path], Any], keep: int = 5) -> Path:
@@ -217,8 +251,13 @@ class VersionedDirectory:
                 previous = "v000001"  # the plain directory's model, adopted as the first version
             if event != "save":
                 self._check(version, previous)
+            running = self._canary_from_log()
+            if running is not None:  # a move of the pointer ends the canary: promoted, or dropped
+                record = {**(record or {}), "canary": running[0],
+                          "canary_ended": "promoted" if running[0] == version else "dropped"}
             self.log({**(record or {}), "event": event, "version": version, "previous": previous})
             self._point(version)
+            (self.root / CANARY).unlink(missing_ok=True)
             self._tidy()
             return self.path(version)
 
@@ -259,6 +298,11 @@ class VersionedDirectory:
             moves = [e for e in self.history() if e.get("event") in POINTER_EVENTS]
             if moves and moves[-1]["version"] != self.current_version() and moves[-1]["version"] in self.versions():
                 self._point(moves[-1]["version"])
+            running = self._canary_from_log()
+            if running is None:
+                (self.root / CANARY).unlink(missing_ok=True)
+            elif canary(self.root) != running:
+                self._write_canary(*running)
             if self.current_version() is not None:
                 self._remove_adopted()
             return self.current_version()
@@ -279,13 +323,51 @@ class VersionedDirectory:
                 line.append(version)
         return line
 
-    def rollback(self, to: str | None = None) -> str:
-        """Make `to` current again (default: the version before the current one in the promotion
-        history, `line`); returns its name."""
+    def start_canary(self, version: str, share: float) -> bool:
+        """Serve `version` to `share` of the sessions beside the current version (logged, then ``CANARY``
+        written); False when that canary already runs (nothing written).
+
+        Refused in one line: a directory without versions, a version it does not hold or that fails its
+        hashes, the current version, a share outside (0, 1), and another canary running (end it first).
+        """
+        share = check_share(share)
         if not self.root.is_dir():
             raise FileNotFoundError(f"{self.root}: no such model directory")
         with self.lock():
             current = self.recover()
+            if current is None:
+                raise ValueError(f"{self.root}: has no versions (no {POINTER}); a canary is another version of a "
+                                 "versioned model directory")
+            if version not in self.versions():
+                raise ValueError(f"{self.root}: no version {version!r} to serve as a canary; it holds {self.versions()}")
+            if version == current:
+                raise ValueError(f"{self.root}: {version} is the current version; a canary is another version, served "
+                                 "beside it")
+            running = self._canary_from_log()
+            if running == (version, share):
+                return False
+            if running is not None and running[0] != version:
+                raise ValueError(f"{self.root}: canary {running[0]} is running; end it first (sessrec promote, or "
+                                 "sessrec rollback to drop it)")
+            self._check(version, current)
+            self.log({"event": "canary", "version": version, "share": share, "live": current})
+            self._write_canary(version, share)
+            return True
+
+    def rollback(self, to: str | None = None) -> str:
+        """Make `to` current again (default: the version before the current one in the promotion
+        history, `line`); returns its name. While a canary runs, a rollback without `to` drops the
+        canary and the pointer stays (returns the current version)."""
+        if not self.root.is_dir():
+            raise FileNotFoundError(f"{self.root}: no such model directory")
+        with self.lock():
+            current = self.recover()
+            running = self._canary_from_log()
+            if running is not None and to is None:
+                self.log({"event": "canary_end", "version": running[0], "canary_ended": "dropped", "live": current})
+                (self.root / CANARY).unlink(missing_ok=True)
+                fsync_dir(self.root)
+                return current
             if current is None:
                 raise ValueError(f"{self.root}: holds one model and no versions (it was saved once): nothing to roll back to")
             if to is None:
@@ -298,6 +380,19 @@ class VersionedDirectory:
             return to
 
     # -- internals --------------------------------------------------------------------------------
+    def _canary_from_log(self) -> tuple[str, float] | None:
+        """The canary the log says runs: its last ``canary`` entry, unless a ``canary_end`` or a pointer move follows."""
+        running = None
+        for entry in self.history():
+            if entry.get("event") == "canary":
+                running = (entry["version"], float(entry["share"]))
+            elif entry.get("event") == "canary_end" or entry.get("event") in POINTER_EVENTS:
+                running = None
+        return running
+
+    def _write_canary(self, version: str, share: float) -> None:
+        write_text(self.root / CANARY, json.dumps({"version": version, "share": share}) + "\n")
+
     def _step_back(self, current: str) -> str:
         """The version before `current` in the promotion history; one line when there is none to go to."""
         line = self.line()
@@ -325,7 +420,7 @@ class VersionedDirectory:
 
     def _plain_files(self) -> list[Path]:
         """The files of a plain (unversioned) directory's one model, at the top of `root`."""
-        reserved = {POINTER, VERSIONS, LOG, LOCK}
+        reserved = {POINTER, VERSIONS, LOG, LOCK, CANARY}
         return [p for p in self.root.iterdir()
                 if p.name not in reserved and not p.name.startswith((_STAGING, _TRASH)) and p.is_file()]
 
@@ -360,6 +455,9 @@ class VersionedDirectory:
         names = self.versions()
         history = self.history()
         keep = set(names[-self.keep :]) | {self.current_version()} | set(self.line()[-self.keep - 1 :])
+        running = self._canary_from_log()
+        if running is not None:
+            keep.add(running[0])
         best = [e["best"] for e in history if e.get("best")]
         if best:
             keep.add(best[-1])

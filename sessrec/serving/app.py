@@ -10,8 +10,9 @@ Routes:
         windows hold and which nothing else reads; default: each session's last event with
         ``"times"``, else its arrival) and ``"session_ids"`` (the client's id of each session, which
         only the served log keeps, for ``sessrec monitor``'s join with the events that followed)
-        -> ``{"recommendations": [{"item_ids": [...], "scores": [...]}, ...]}``.
-    ``GET /health``: the model served (kind, version) and the last reload error; 503 while shutting down.
+        -> ``{"recommendations": [{"item_ids": [...], "scores": [...]}, ...]}``, with an ``x-model-version``
+        header: the version that answered every session, else each session's, in order (a canary).
+    ``GET /health``: the model served (kind, version), its canary and the last reload error; 503 while shutting down.
     ``GET /metadata``: the limits, the overload settings and the batching counters (of the worker that answers).
     ``GET /metrics``: Prometheus text (requests by route and status, latency, sessions per model
         call, queue depth, requests shed; summed over the workers).
@@ -42,7 +43,10 @@ and routing by `App`); its bodies and answers are JSON through orjson.
 bodies, hands work to threads and writes answers. The model can be swapped while serving
 (`ModelHolder`): the server follows a versioned model directory's ``CURRENT`` pointer, loads a new
 version in a thread and serves it from the next batch on; requests already encoded finish on the
-model that encoded them. On shutdown the server refuses new requests (503) and answers those it
+model that encoded them. A canary (`sessrec.serving.canary`), another version of the directory that
+the directory records, answers the sessions whose ids hash below its share, loaded and followed the
+same way; a request whose sessions go to both versions is split, each part encoded and scored by its
+version. On shutdown the server refuses new requests (503) and answers those it
 admitted before it stops. With several workers (`sessrec.serving.server.run_workers`) each process does all of this for
 the connections it accepts on the one shared port.
 
@@ -64,24 +68,27 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from time import perf_counter
 from typing import Any
 
 import numpy as np
+import orjson
 import prometheus_client as prom
-import torch
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
+from sessrec.pipeline.candidates import RequestSessions
 from sessrec.pipeline.request import Request
 from sessrec.saved.registry import check_integers
-from sessrec.saved.versions import resolve
+from sessrec.saved.versions import VERSIONS, resolve
+from sessrec.saved.versions import canary as canary_record
 from sessrec.serving.batching import Batcher, ServerFault, dumps
+from sessrec.serving.canary import canary_sessions, check_compatible
 from sessrec.serving.recommender import Recommender, load_recommender
-from sessrec.serving.request import Limits, RequestError, prepare
+from sessrec.serving.request import Limits, RequestError, encode, parse_request
 from sessrec.serving.request_metrics import MeasureRequests, Metrics
 from sessrec.serving.served_log import ServedLog
 
@@ -218,28 +225,36 @@ class Admission:
 
 
 class ModelHolder:
-    """The model being served, and its hot reload from a model directory.
+    """The model being served, its canary, and their hot reload from a model directory.
 
-    `check` reads the directory's current version (`resolve`: one small file); when it names
-    another folder than the one served, it loads that folder in a thread and serves it from then
-    on. A load that fails keeps the model served, logs the error and keeps it in `error` (shown by
-    `/health`); that folder is not tried again until the pointer moves.
+    `check` reads the directory's current version (`resolve`) and its canary (`sessrec.saved.versions.canary`):
+    two small files. When the current version is another folder than the one served, that folder is
+    served from then on: the canary's model when the canary was promoted (nothing to load), else the
+    folder loaded in a thread. When the canary record names a version other than the canary served,
+    that version is checked against the live one (`check_compatible`) and loaded in a thread; when it
+    names none (the canary promoted or dropped), the live version answers every session. A load that
+    fails keeps what is served, logs the error and keeps it in `error` (the live version) or
+    `canary_error` (shown by `/health`); that folder is not tried again until the record moves.
 
     Args:
         served: the model served first.
         model_dir: the directory to follow; None: no reload.
         interval_s: seconds between two checks while the server runs; 0: no polling (`check` still works).
         metrics: where reloads are counted.
+        canary: the canary served first (`load_canary`), with the share of the sessions it answers; None: none.
     """
 
     def __init__(self, served: Served, model_dir: str | os.PathLike | None = None, interval_s: float = 2.0,
-                 metrics: Metrics | None = None) -> None:
+                 metrics: Metrics | None = None, canary: tuple[Served, float] | None = None) -> None:
         if interval_s < 0:
             raise ValueError(f"reload_interval_s must be >= 0, got {interval_s}")
         self.current, self.model_dir, self.interval_s = served, model_dir, interval_s
+        self.canary, self.share = canary if canary is not None else (None, 0.0)
         self.metrics = metrics if metrics is not None else Metrics()
         self.error: str | None = None
+        self.canary_error: str | None = None
         self._failed: Path | None = None
+        self._canary_failed: Path | None = None
         self._task: asyncio.Task | None = None
 
     async def start(self) -> None:
@@ -257,18 +272,35 @@ class ModelHolder:
             await asyncio.sleep(self.interval_s)
             await self.check()
 
+    def describe_canary(self) -> dict[str, Any] | None:
+        """What `/health` says of the canary: its version and share, and its last load error."""
+        if self.canary is None and self.canary_error is None:
+            return None
+        return {"version": None if self.canary is None else self.canary.version, "share": self.share,
+                "error": self.canary_error}
+
     async def check(self) -> bool:
-        """Load and serve the directory's current version if it is not the one served; True when swapped."""
+        """Follow the directory's current version and canary (class docstring); True when the live model was swapped."""
         if self.model_dir is None:
             return False
         try:
-            path = await asyncio.to_thread(resolve, self.model_dir)
+            running, path = await asyncio.to_thread(_read_directory, self.model_dir)
         except Exception as err:  # noqa: BLE001 - a pointer being fixed by hand: keep serving, say why
             self._failed_to_load(None, err)
             return False
+        swapped = await self._follow_live(path)
+        await self._follow_canary(running)
+        return swapped
+
+    async def _follow_live(self, path: Path) -> bool:
         if path == self.current.path:  # (again): nothing to load, nothing wrong
             self.error = self._failed = None
             return False
+        if self.canary is not None and path == self.canary.path:  # the canary promoted: it answers every session
+            self.current, self.canary, self.error, self._failed = self.canary, None, None, None
+            self.metrics.reloads.labels("ok").inc()
+            logger.info("canary %s promoted: it answers every session", self.current.version)
+            return True
         if path == self._failed:
             return False
         try:
@@ -277,13 +309,39 @@ class ModelHolder:
             self._failed_to_load(path, err)
             return False
         version = None if path == Path(self.model_dir) else path.name
-        if gc.get_freeze_count():  # the process froze what it loaded at start-up (`serve`): this model too
-            gc.collect(1)
-            gc.freeze()
+        _freeze_loaded()
         self.current, self.error, self._failed = Served(recommender, path, version), None, None
         self.metrics.reloads.labels("ok").inc()
         logger.info("serving %s (version %s)", path, version)
         return True
+
+    async def _follow_canary(self, running: tuple[str, float] | None) -> None:
+        if running is None:
+            if self.canary is not None:
+                logger.info("canary %s ended: %s answers every session", self.canary.version, self.current.version)
+            self.canary, self.canary_error, self._canary_failed = None, None, None
+            return
+        version, share = running
+        if version == self.current.version:  # read as the canary was promoted: it is the live version now
+            return
+        path = Path(self.model_dir) / VERSIONS / version
+        if self.canary is not None and self.canary.path == path:
+            self.share = share
+            return
+        if path == self._canary_failed:
+            return
+        try:
+            served = await asyncio.to_thread(load_canary_version, self.current, path)
+        except Exception as err:  # noqa: BLE001 - the live version keeps answering every session
+            message = " ".join(f"{type(err).__name__}: {err}".split())
+            logger.error("canary %s not served; %s answers every session: %s", version, self.current.version, message)
+            self.metrics.reloads.labels("failed").inc()
+            self.canary, self.canary_error, self._canary_failed = None, message, path
+            return
+        _freeze_loaded()
+        self.canary, self.share, self.canary_error, self._canary_failed = served, share, None, None
+        self.metrics.reloads.labels("ok").inc()
+        logger.info("canary %s answers %.4g of the sessions", version, share)
 
     def _failed_to_load(self, path: Path | None, err: Exception) -> None:
         message = " ".join(f"{type(err).__name__}: {err}".split())
@@ -292,6 +350,36 @@ class ModelHolder:
                          message)
             self.metrics.reloads.labels("failed").inc()
         self.error, self._failed = message, path
+
+
+def _read_directory(model_dir: str | os.PathLike) -> tuple[tuple[str, float] | None, Path]:
+    """The directory's canary, then its current version's folder: in this order, a promotion (which moves the
+    pointer before it removes ``CANARY``) is seen as the canary still running beside the old version, or as the
+    canary current (named by both), never as the old version alone."""
+    return canary_record(model_dir), resolve(model_dir)
+
+
+def load_canary_version(live: Served, path: Path) -> Served:
+    """The canary version in folder `path`, checked against the live version (`check_compatible`) and loaded."""
+    if live.path is None:
+        raise ValueError(f"{path}: a canary is served beside a live version read from a model directory")
+    check_compatible(live.path, path)
+    return Served(load_recommender(path), path, path.name)
+
+
+def load_canary(model_dir: str | os.PathLike, live: Served) -> tuple[Served, float] | None:
+    """The canary that `model_dir` records (`sessrec.saved.versions.canary`), loaded, with its share; None when none runs."""
+    running = canary_record(model_dir)
+    if running is None:
+        return None
+    return load_canary_version(live, Path(model_dir) / VERSIONS / running[0]), running[1]
+
+
+def _freeze_loaded() -> None:
+    """A model loaded after start-up frozen with the rest, when the process froze what it loaded (`serve`)."""
+    if gc.get_freeze_count():
+        gc.collect(1)
+        gc.freeze()
 
 
 if sys.version_info >= (3, 11):
@@ -316,7 +404,8 @@ class Busy(Exception):
 class RecommendRoute:
     """``POST /recommend`` as a plain ASGI app: counted and timed in `Metrics`, admitted by
     `Admission` (or refused with 503 before its body is read), read (413 past the byte limit),
-    checked and encoded alone (`prepare`), queued in the `Batcher`, answered by its deadline.
+    checked and encoded alone (`prepare`: by the live version, the canary, or each its share of the sessions),
+    queued in the `Batcher`, answered by its deadline.
 
     Requests reach it without FastAPI's routing, middleware and request objects (`App`): the
     server's CPU per request is mostly this, the checks and the model.
@@ -357,10 +446,10 @@ class RecommendRoute:
             self.admission.leave()
 
     async def answer(self, scope: Scope, receive: Receive, send: Send) -> int:
-        arrival = time.time()  # the request's time when it gives neither "now" nor "times"
+        arrival, start = time.time(), perf_counter()  # the request's time when it gives neither "now" nor "times"
         try:
             deadline = asyncio.get_running_loop().time() + self.deadline_s
-            payload = await _within(self.recommend(scope, receive, deadline, arrival), self.deadline_s)
+            payload, parts = await _within(self.recommend(scope, receive, deadline, arrival), self.deadline_s)
         except RequestError as err:
             return await self.error(send, err.status, err.message)
         except Busy as err:
@@ -377,39 +466,122 @@ class RecommendRoute:
         except Exception:
             logger.exception("internal error while preparing a request")
             return await self.error(send, 500, "internal error while recommending; see the server log")
-        return await _send(send, 200, payload)
+        took = perf_counter() - start
+        for part in parts:
+            labels = (part.served.version or "unversioned", "canary" if part.canary else "live")
+            self.metrics.version_sessions.labels(*labels).inc(len(part.request.sessions))
+            self.metrics.version_latency.labels(*labels).observe(took)
+        return await _send(send, 200, payload, _version_header(parts))
 
-    async def recommend(self, scope: Scope, receive: Receive, deadline: float, arrival: float) -> bytes:
-        """The JSON answer of the request whose body `receive` gives."""
+    async def recommend(self, scope: Scope, receive: Receive, deadline: float,
+                        arrival: float) -> tuple[bytes, list[Part]]:
+        """The JSON answer of the request whose body `receive` gives, and the parts of it each version answered."""
         body = await _read_body(scope, receive, self.limits.max_request_bytes)
-        current = self.holder.current
+        holder = self.holder
+        live, canary, share = holder.current, holder.canary, holder.share
         if len(body) <= INLINE_PARSE_BYTES:
-            checked, sessions, session_ids = prepare(body, current.recommender, self.limits, arrival)
+            parts = self.prepare(body, live, canary, share, arrival)
         else:
-            parse = asyncio.get_running_loop().run_in_executor(
-                self.parsers[0], prepare, body, current.recommender, self.limits, arrival)
-            checked, sessions, session_ids = await parse
-        if self.batcher.queued_sessions + len(sessions) > self.overload.max_queued_sessions:
+            parts = await asyncio.get_running_loop().run_in_executor(
+                self.parsers[0], self.prepare, body, live, canary, share, arrival)
+        size = sum(len(part.sessions) for part in parts)
+        if self.batcher.queued_sessions + size > self.overload.max_queued_sessions:
             raise Busy(f"the server is busy: {self.batcher.queued_sessions} sessions are waiting for the model")
-        log = None
-        if self.served_log is not None:
-            log = functools.partial(self.record, _request_id(scope), checked, sessions.now, session_ids,
-                                    current.version)
-        return await self.batcher.submit(sessions, checked.k, current.recommender, deadline, log)
+        request_id = _request_id(scope) if self.served_log is not None else ""
+        answers = [self.batcher.submit(part.sessions, part.request.k, part.served.recommender, deadline,
+                                       None if self.served_log is None else functools.partial(self.record, request_id, part))
+                   for part in parts]
+        if len(parts) == 1:
+            return await answers[0], parts
+        return _merge(parts, await asyncio.gather(*answers)), parts
 
-    def record(self, request_id: str, checked: Request, now: torch.Tensor | None, session_ids: list[str] | None,
-               version: str | None, lists: list[dict[str, Any]]) -> None:
-        """One answered request into the served log (on the model's thread, after its answer is written)."""
+    def prepare(self, body: bytes, live: Served, canary: Served | None, share: float, arrival: float) -> list[Part]:
+        """The request parsed and checked alone (`parse_request`), its sessions split between the live version and the
+        canary (`canary_sessions`), and each part encoded by its version's vocabulary (`encode`)."""
+        request, session_ids = parse_request(body, self.limits)
+        to_canary = None if canary is None else canary_sessions(session_ids, share, len(request.sessions))
+        if to_canary is None or not to_canary.any():
+            return [Part.encoded(live, False, request, session_ids, None, arrival)]
+        if to_canary.all():
+            return [Part.encoded(canary, True, request, session_ids, None, arrival)]
+        return [Part.encoded(served, on_canary, request, session_ids, np.flatnonzero(to_canary == on_canary), arrival)
+                for served, on_canary in ((live, False), (canary, True))]
+
+    def record(self, request_id: str, part: Part, lists: list[dict[str, Any]]) -> None:
+        """One answered part of a request into the served log (on the model's thread, after its answer is written)."""
         assert self.served_log is not None
+        checked, now = part.request, part.sessions.now
         times = None
         if checked.times is not None:
             times = [t.tolist() for t in np.split(checked.times, np.cumsum(checked.lengths)[:-1])]
-        self.served_log.record(request_id, checked.sessions, lists, model_version=version,
-                               now=None if now is None else now.tolist(), times=times, session_ids=session_ids)
+        self.served_log.record(request_id, checked.sessions, lists, model_version=part.served.version,
+                               now=None if now is None else now.tolist(), times=times, session_ids=part.session_ids,
+                               canary=part.canary, session_index=None if part.index is None else part.index.tolist())
 
     @staticmethod
     async def error(send: Send, status: int, message: str, headers: list[tuple[bytes, bytes]] | None = None) -> int:
         return await _send(send, status, dumps({"error": message}), headers)
+
+
+@dataclass(frozen=True)
+class Part:
+    """The sessions of a request that one version answers: all of them, or its share when a canary runs.
+
+    Args:
+        served: the version that answers them.
+        canary: it is the canary.
+        request: the checked request, holding only these sessions.
+        sessions: them encoded by the version's vocabulary.
+        session_ids: their client ids, or None.
+        index: their places in the request; None: every session of the request, in order.
+    """
+
+    served: Served
+    canary: bool
+    request: Request
+    sessions: RequestSessions
+    session_ids: list[str] | None
+    index: np.ndarray | None
+
+    @classmethod
+    def encoded(cls, served: Served, canary: bool, request: Request, session_ids: list[str] | None,
+                index: np.ndarray | None, arrival: float) -> Part:
+        """The part of `request` at `index` (None: all of it), encoded by `served`'s vocabulary (`encode`)."""
+        if index is not None:
+            request, session_ids = _subset(request, index), [session_ids[i] for i in index] if session_ids else None
+        return cls(served, canary, request, encode(request, served.recommender, arrival), session_ids, index)
+
+
+def _subset(request: Request, index: np.ndarray) -> Request:
+    """The request's sessions at `index`, with their times and request times."""
+    times = None
+    if request.times is not None:
+        per_session = np.split(request.times, np.cumsum(request.lengths)[:-1])
+        times = np.concatenate([per_session[i] for i in index])
+    return replace(request, sessions=[request.sessions[i] for i in index],
+                   now=None if request.now is None else request.now[index], times=times)
+
+
+def _merge(parts: list[Part], answers: list[bytes]) -> bytes:
+    """One answer, the sessions in the request's order, from the answers of its parts."""
+    lists: list[Any] = [None] * sum(len(part.request.sessions) for part in parts)
+    for part, answer in zip(parts, answers, strict=True):
+        for i, found in zip(part.index, orjson.loads(answer)["recommendations"], strict=True):
+            lists[i] = found
+    return dumps({"recommendations": lists})
+
+
+def _version_header(parts: list[Part]) -> list[tuple[bytes, bytes]] | None:
+    """``x-model-version``: the version that answered every session, else each session's, in order; none
+    for an unversioned directory."""
+    if len(parts) == 1:
+        version = parts[0].served.version
+        return None if version is None else [(b"x-model-version", version.encode())]
+    each: list[str] = [""] * sum(len(part.request.sessions) for part in parts)
+    for part in parts:
+        for i in part.index:
+            each[i] = str(part.served.version)
+    return [(b"x-model-version", ",".join(each).encode())]
 
 
 def _request_id(scope: Scope) -> str:
@@ -471,6 +643,7 @@ def build_app(
     model_dir: str | os.PathLike | None = None,
     reload_interval_s: float = 2.0,
     served_log: ServedLog | None = None,
+    canary: tuple[Served, float] | None = None,
 ) -> App:
     """The ASGI app serving `model` (see the module docstring for the routes).
 
@@ -484,6 +657,9 @@ def build_app(
         model_dir: the model directory to follow for hot reload (its ``CURRENT`` pointer); None: no reload.
         reload_interval_s: seconds between two reads of the pointer; 0: never read.
         served_log: where each answered request's sessions and lists are appended (closed at shutdown).
+        canary: another version of `model_dir` and the share of the sessions it answers (`load_canary`:
+            the canary the directory records); the directory's record is followed from then on
+            (`ModelHolder`). None: the live version answers every session until the directory records a canary.
 
     Returns:
         The app (FastAPI, with ``POST /recommend`` on a path of its own: `App`); its parts are on
@@ -495,7 +671,7 @@ def build_app(
     served = model if isinstance(model, Served) else Served(model)
     metrics = Metrics()
     batcher = Batcher(max_batch_size, max_wait_ms, metrics)
-    holder = ModelHolder(served, model_dir, reload_interval_s, metrics)
+    holder = ModelHolder(served, model_dir, reload_interval_s, metrics, canary)
     admission = Admission(overload, batcher, metrics)
     parsers: list[ThreadPoolExecutor] = []  # the threads that parse large bodies, while the app runs
 
@@ -526,7 +702,7 @@ def build_app(
     @app.get("/health")
     async def health() -> Response:
         body = {"status": "shutting_down" if admission.draining else "ok", **holder.current.describe(),
-                "reload_error": holder.error}
+                "reload_error": holder.error, "canary": holder.describe_canary()}
         return JSONResponse(body, status_code=503 if admission.draining else 200)
 
     @app.get("/metadata")
@@ -534,7 +710,7 @@ def build_app(
         batching = {"max_batch_size": max_batch_size, "max_wait_ms": max_wait_ms, **batcher.stats.summary()}
         queue = {"admitted": admission.admitted, "queued_requests": batcher.queued_requests,
                  "queued_sessions": batcher.queued_sessions}
-        return {**holder.current.describe(), "limits": asdict(limits), "overload": asdict(overload),
+        return {**holder.current.describe(), "canary": holder.describe_canary(), "limits": asdict(limits), "overload": asdict(overload),
                 "queue": queue, "batching": batching, "worker_pid": os.getpid()}
 
     @app.get("/metrics")

@@ -1,6 +1,6 @@
 """One ``/recommend`` request: its bounds, its parsing and checks, and its encoding, done alone.
 
-A request is checked and encoded by itself before it joins a batch (`prepare`), so a bad request
+A request is checked (`parse_request`) and encoded (`encode`) by itself before it joins a batch, so a bad request
 fails with its own 4xx and costs nothing to the requests scored with it. Every refusal is a
 `RequestError`: an HTTP status and a one-line message naming the field and the value. The values
 are checked by `sessrec.pipeline.request.check_request`, as `Pipeline.recommend` and the session
@@ -120,24 +120,20 @@ def _session_ids(ids: Any, sessions: int, one: bool) -> list[str] | None:
     return [str(value) for value in ids]
 
 
-def prepare(
-    body: bytes, recommender: Recommender, limits: Limits, arrival: float | None = None
-) -> tuple[Request, RequestSessions, list[str] | None]:
-    """Parse, check and encode one request alone: its `Request`, its encoded sessions and its session ids.
+def encode(request: Request, recommender: Recommender, arrival: float | None = None) -> RequestSessions:
+    """A checked request's sessions encoded by `recommender`'s vocabulary (its ``encode``).
 
     Args:
-        body: the request's body.
+        request: the request (`parse_request`), or the part of its sessions one version answers.
         recommender: the model whose vocabulary encodes it.
-        limits: the bounds on one request.
         arrival: when the request arrived (seconds since the epoch): its ``now`` when it gives
             neither ``now`` nor ``times`` (`sessrec.pipeline.clock.request_now`); None: the clock now.
 
-    Raises `RequestError` (4xx) for what the request got wrong, the encoder's ValueError and
-    TypeError included (an unknown id under ``on_unknown="error"``, an id the vocabulary cannot read,
-    no ``times`` for a ranker fitted with time features).
+    Raises `RequestError` (422) for the encoder's ValueError and TypeError (an unknown id under
+    ``on_unknown="error"``, an id the vocabulary cannot read, no ``times`` for a ranker fitted with
+    time features).
     """
-    request, session_ids = parse_request(body, limits)
     try:
-        return request, recommender.encode(request, arrival), session_ids
+        return recommender.encode(request, arrival)
     except (ValueError, TypeError) as err:
         raise RequestError(422, str(err)) from None

@@ -52,6 +52,14 @@ class Metrics:
             registry=r)
         self.reloads = prom.Counter("sessrec_reloads", "Model reloads, by result (ok, failed)", ["result"],
                                     registry=r)
+        self.version_sessions = prom.Counter(
+            "sessrec_version_sessions", "Sessions answered, by the model version that answered them and its role "
+            "(live, canary)", ["version", "role"], registry=r)
+        self.version_latency = prom.Histogram(
+            "sessrec_version_request_duration_seconds", "Time from a /recommend request's arrival to its answer, by "
+            "the model version that answered it and its role (a request split between two versions counts in both)",
+            ["version", "role"],
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0), registry=r)
         self.served_rows = prom.Gauge(
             "sessrec_served_log_rows", "Rows of the served log (--served_log), by outcome: written to its files, or "
             "dropped because its buffer was full", ["outcome"], registry=r, multiprocess_mode="livesum")

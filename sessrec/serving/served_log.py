@@ -23,6 +23,7 @@ One row per session of a request (`SCHEMA`):
 | ``session_index`` | `int32` | the session's place in its request (0-based) |
 | ``session_id`` | `string`, nullable | the client's id of the session, which `sessrec monitor` joins with the event log's session column |
 | ``model_version`` | `string`, nullable | the version served (null: an unversioned directory) |
+| ``canary`` | `bool` | the session was answered by the server's canary (`sessrec.serving.canary`), not its live version |
 | ``served_at`` | `timestamp[us, UTC]` | when the answer was given (wall clock) |
 | ``now`` | `float64` | the request's time in seconds since the epoch (its ``now``, else its last event's time, else its arrival: `RequestSessions.now`) |
 | ``n_events`` | `int32` | events the request carried for the session |
@@ -66,6 +67,7 @@ SCHEMA = pa.schema([
     ("session_index", pa.int32()),
     ("session_id", pa.string()),
     ("model_version", pa.string()),
+    ("canary", pa.bool_()),
     ("served_at", pa.timestamp("us", tz="UTC")),
     ("now", pa.float64()),
     ("n_events", pa.int32()),
@@ -144,6 +146,8 @@ class ServedLog:
         times: Sequence[Sequence[float]] | None = None,
         session_ids: Sequence[str | None] | None = None,
         served_at: float | None = None,
+        canary: bool = False,
+        session_index: Sequence[int] | None = None,
     ) -> bool:
         """Buffer the rows of one answered request; False when the buffer is full (its rows counted as dropped).
 
@@ -156,12 +160,16 @@ class ServedLog:
             times: per session its events' times (the request's ``times``), or None.
             session_ids: per session the client's session id, or None.
             served_at: seconds since the epoch of the answer; default the time of this call.
+            canary: the sessions were answered by the canary version.
+            session_index: each session's place in its request (the request's sessions split between the
+                live and the canary version); default 0, 1, ...
         """
         n = len(sessions)
         if len(results) != n:
             raise ValueError(f"ServedLog.record: {n} sessions but {len(results)} results")
         entry = {"request_id": request_id, "sessions": sessions, "results": results, "model_version": model_version,
-                 "now": now, "times": times, "session_ids": session_ids,
+                 "now": now, "times": times, "session_ids": session_ids, "canary": canary,
+                 "session_index": range(n) if session_index is None else session_index,
                  "served_at": time.time() if served_at is None else served_at, "arrived": time.monotonic()}
         with self._lock:
             if self._closing:
@@ -287,9 +295,11 @@ class ServedLog:
         timed = np.array([t is not None for t in times])
         columns = {
             "request_id": np.repeat(np.array([str(e["request_id"]) for e in entries], dtype=object), counts),
-            "session_index": np.concatenate([np.arange(c) for c in counts]).astype(np.int32),
+            "session_index": np.fromiter(itertools.chain.from_iterable(e["session_index"] for e in entries),
+                                         dtype=np.int32, count=len(sessions)),
             "session_id": _text(per_session("session_ids")),
             "model_version": np.repeat(np.array([e["model_version"] for e in entries], dtype=object), counts),
+            "canary": np.repeat(np.array([e["canary"] for e in entries], dtype=bool), counts),
             "served_at": pa.array((served_at * 1e6).astype(np.int64), pa.timestamp("us", tz="UTC")),
             "now": now,
             "n_events": np.array([len(s) for s in sessions], dtype=np.int32),

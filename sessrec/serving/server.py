@@ -25,8 +25,9 @@ import uvicorn
 from fastapi import FastAPI
 
 from sessrec.saved.registry import check_integers
-from sessrec.saved.versions import resolve
-from sessrec.serving.app import Overload, Served, build_app
+from sessrec.saved.versions import VersionedDirectory, check_share, resolve
+from sessrec.serving.app import Overload, Served, build_app, load_canary
+from sessrec.serving.canary import check_compatible
 from sessrec.serving.recommender import check_model_dir
 from sessrec.serving.request import Limits
 from sessrec.serving.request_metrics import MULTIPROCESS_DIR
@@ -55,6 +56,8 @@ def serve(
     workers: int = 1,
     threads: int | None = None,
     served_log: str | None = None,
+    canary: str | None = None,
+    canary_share: float | None = None,
 ) -> None:
     """Load the recommender saved in `model_dir` and serve it over HTTP until interrupted.
 
@@ -84,12 +87,24 @@ def serve(
             torch threads shared among several (at least one each).
         served_log: a folder where what each request got is appended (`ServedLog`: rotating parquet
             files, one series a worker, written off the request path), for ``sessrec monitor``.
+        canary: another version of `model_dir` (``v000002``) to answer `canary_share` of the sessions beside the
+            current one, chosen by a hash of their ``session_ids`` (`sessrec.serving.canary`; sessions without
+            an id get the current version). Recorded in the directory (``CANARY``), so every worker and a
+            restarted server serve the same canary; ``sessrec promote`` makes it current for every session,
+            ``sessrec rollback`` drops it. A directory that records a canary is served with it without this flag.
+        canary_share: the share of the sessions the canary answers, strictly between 0 and 1 (e.g. 0.1).
 
     Raises:
-        ValueError: a `port` outside 0..65535 (before the model is read).
+        ValueError: a `port` outside 0..65535, a canary that the directory does not hold, that is its current
+            version or another kind or item vocabulary (`check_compatible`), or a share outside (0, 1), before
+            anything is served.
     """
     if not 0 <= port <= 65535:
         raise ValueError(f"--port {port} is not a TCP port (0 to 65535)")
+    if canary is None and canary_share is not None:
+        raise ValueError(f"--canary_share {canary_share} without --canary: name the version that answers that share")
+    if canary is not None:
+        start_canary(model_dir, canary, canary_share)
     check_integers({"workers": workers} if threads is None else {"workers": workers, "threads": threads})
     if workers > 1 and threads is None:
         threads = max(1, torch.get_num_threads() // workers)
@@ -129,8 +144,9 @@ class Worker:
         if self.threads is not None:
             torch.set_num_threads(self.threads)
         log = None if self.served_log is None else ServedLog(self.served_log)
-        app = build_app(Served.load(self.model_dir), self.max_batch_size, self.max_wait_ms, self.limits, self.overload,
-                        self.model_dir, self.reload_interval_s, log)
+        live = Served.load(self.model_dir)
+        app = build_app(live, self.max_batch_size, self.max_wait_ms, self.limits, self.overload, self.model_dir,
+                        self.reload_interval_s, log, load_canary(self.model_dir, live))
         # The model, torch and the libraries are half a million objects that live as long as the process:
         # frozen, the cyclic garbage collector stops scanning them, and a full collection no longer stalls
         # the event loop (and /health) for hundreds of milliseconds in the middle of a flood.
@@ -142,6 +158,20 @@ class Worker:
             DrainingServer(config, app).run()
         else:
             DrainingServer(config, app).run(sockets=[sock])
+
+
+def start_canary(model_dir: str | os.PathLike, version: str, share: float | None) -> None:
+    """Record `version` as the canary of `model_dir` answering `share` of the sessions
+    (`VersionedDirectory.start_canary`), once `check_compatible` accepts it beside the current version."""
+    if share is None:
+        raise ValueError(f"--canary {version} needs --canary_share: the share of the sessions it answers, e.g. 0.1")
+    store = VersionedDirectory(model_dir)
+    check_share(share)
+    current = store.current_version()
+    if current is not None and version in store.versions() and version != current:
+        check_compatible(store.path(current), store.path(version))
+    if store.start_canary(version, share):
+        logger.info("canary %s answers %.4g of the sessions beside %s", version, share, current)
 
 
 def run_workers(worker: Worker, count: int) -> None:

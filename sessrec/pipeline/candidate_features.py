@@ -150,11 +150,14 @@ class CandidateFeatures(Configurable):
         cols: dict[str, torch.Tensor] = {}
         last = items[:, -1:].expand(b, k)
         if "retrievers" in self.groups:
+            zeros = torch.zeros(b, k, device=device)
             for name, retriever in retrievers.items():
                 cols[f"{name}_score"] = retriever.score(sessions, cand)
-                rank = candidates.features.get(f"{name}_rank", torch.zeros(b, k, device=device))
-                cols[f"{name}_rrank"] = torch.where(rank > 0, 1.0 / rank.clamp(min=1), torch.zeros_like(rank))
-            cols["sources"] = candidates.features.get("sources", torch.zeros(b, k, device=device))
+            if retrievers:  # every retriever's reciprocal ranks at once
+                rank = torch.stack([candidates.features.get(f"{name}_rank", zeros) for name in retrievers])  # (R, B, K)
+                rrank = torch.where(rank > 0, 1.0 / rank.clamp(min=1), 0.0)
+                cols.update({f"{name}_rrank": each for name, each in zip(retrievers, rrank)})
+            cols["sources"] = candidates.features.get("sources", zeros)
         if "popularity" in self.groups:
             if self.popularity is None:
                 raise RuntimeError("CandidateFeatures: call fit_statistics(training sessions) first")

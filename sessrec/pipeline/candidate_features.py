@@ -168,9 +168,10 @@ class CandidateFeatures(Configurable):
             width = items.shape[1]
             position = torch.arange(1, width + 1, device=device)
             closeness = position.float() / width  # last position = 1
-            cols["seen_count"] = eq.sum(dim=2).float()
+            count = eq.sum(dim=2)
+            cols["seen_count"] = count.float()
             distance = width - (eq * position).amax(dim=2)  # 0 = last item; width = absent
-            cols["seen_recency"] = torch.where(eq.any(dim=2), 1.0 / (1.0 + distance.float()), torch.zeros(b, k, device=device))
+            cols["seen_recency"] = torch.where(count > 0, 1.0 / (1.0 + distance.float()), 0.0)
             cols["seen_weight"] = (eq * closeness).sum(dim=2)
             cols["is_last"] = (cand == last).float()
         if "covisitation" in self.groups:

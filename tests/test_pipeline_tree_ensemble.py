@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from sessrec.pipeline.candidate_features import RankingInputs
-from sessrec.pipeline.scoring import GBDTScorer
+from sessrec.pipeline.scoring import GBDTScorer, tree_ensemble
 from sessrec.pipeline.scoring.tree_ensemble import TreeEnsemble
 
 lgb = pytest.importorskip("lightgbm")
-pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxruntime", minversion="1.21")
 
 B, K, F = 200, 8, 4
 
@@ -109,7 +109,8 @@ def test_a_loaded_scorer_rebuilds_its_trees_and_copies_drop_the_session(fitted) 
     inputs, _ = rows(3)
     expected = fitted.score(inputs)
     loaded = GBDTScorer().load_state_dict(fitted.state_dict())
-    assert loaded.trees is not fitted.trees and torch.equal(loaded.score(inputs), expected)
+    assert isinstance(loaded._trees, TreeEnsemble) and loaded._trees is not fitted.trees  # built at load
+    assert torch.equal(loaded.score(inputs), expected)
     for twin in (copy.deepcopy(fitted), pickle.loads(pickle.dumps(fitted))):
         assert twin._trees is False and torch.equal(twin.score(inputs), expected)
 
@@ -154,3 +155,13 @@ def test_values_within_1e_35_of_zero_are_zero_as_to_lightgbm(fitted) -> None:
     expected = booster.predict(x)
     assert expected[0] == expected[1] != expected[2]
     np.testing.assert_allclose(TreeEnsemble.of(booster, fitted.best_round).predict(x), expected, rtol=0, atol=1e-9)
+
+
+def test_without_onnxruntime_lightgbm_scores_alike(fitted, monkeypatch: pytest.MonkeyPatch) -> None:
+    inputs, _ = rows(0)
+    expected = fitted.score(inputs)
+    monkeypatch.setattr(tree_ensemble, "_onnx", lambda: None)  # not installed, or older than 1.21
+    alone = GBDTScorer().load_state_dict(fitted.state_dict())
+    assert alone.trees is None and torch.equal(alone.score(inputs), expected)
+    with pytest.raises(ImportError, match=r"TreeEnsemble needs onnx and onnxruntime >= 1\.21"):
+        TreeEnsemble(fitted.booster.dump_model())

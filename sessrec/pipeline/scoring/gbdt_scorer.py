@@ -70,7 +70,7 @@ class GBDTScorer(Scorer):
         self.max_rounds, self.early_stopping, self.stop_fraction, self.seed = max_rounds, early_stopping, stop_fraction, seed
         self.booster = None
         self.best_round = 0
-        self._trees: TreeEnsemble | None | bool = False  # False: not built yet for this booster; None: LightGBM scores
+        self._trees: TreeEnsemble | None | bool = False  # False: not built (yet); None: LightGBM scores
 
     def fit(self, inputs: RankingInputs | RankerRows, labels: torch.Tensor) -> GBDTScorer:
         """Fit on the sessions' valid rows (`RankerRows.valid_rows`, one matrix per side of the early-stopping split),
@@ -89,7 +89,7 @@ class GBDTScorer(Scorer):
             callbacks=[lgb.early_stopping(self.early_stopping, verbose=False)],
         )
         self.best_round = int(self.booster.best_iteration or self.booster.current_iteration())
-        self._trees = False
+        self._trees = TreeEnsemble.of(self.booster, self.best_round)
         return self
 
     def score(self, inputs: RankingInputs) -> torch.Tensor:
@@ -107,8 +107,8 @@ class GBDTScorer(Scorer):
 
     @property
     def trees(self) -> TreeEnsemble | None:
-        """The trees up to `best_round` as a `TreeEnsemble` (built at the first call after a fit or load);
-        None where it cannot reproduce LightGBM's scores or onnxruntime is not installed."""
+        """The trees up to `best_round` as a `TreeEnsemble` (built by `fit` and `load_state_dict`, and by the first
+        call in a copy); None where it cannot reproduce LightGBM's scores or onnxruntime is not installed."""
         if self._trees is False:
             self._trees = TreeEnsemble.of(self.booster, self.best_round)
         return self._trees
@@ -127,5 +127,5 @@ class GBDTScorer(Scorer):
     def load_state_dict(self, state: Mapping[str, Any]) -> GBDTScorer:
         self.booster = _lightgbm().Booster(model_str=np.asarray(state["model"], dtype=np.uint8).tobytes().decode())
         self.best_round = int(state["best_round"])
-        self._trees = False
+        self._trees = TreeEnsemble.of(self.booster, self.best_round)  # here, not in the first request (0.4 s for 210 trees)
         return self

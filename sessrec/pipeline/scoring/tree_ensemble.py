@@ -26,14 +26,18 @@ import numpy as np
 ZERO = 1e-35  # LightGBM's kZeroThreshold: values of smaller magnitude are 0 to its trees
 
 
+ONNXRUNTIME = (1, 21)  # the first onnxruntime with the TreeEnsemble operator
+
+
 def _onnx() -> tuple[Any, Any] | None:
-    """(onnx, onnxruntime), or None when either is not installed."""
+    """(onnx, onnxruntime), or None when either is not installed or onnxruntime predates `ONNXRUNTIME`."""
     try:
         import onnx
         import onnxruntime
     except ImportError:
         return None
-    return onnx, onnxruntime
+    major, minor = (int(part) for part in onnxruntime.__version__.split(".")[:2])
+    return (onnx, onnxruntime) if (major, minor) >= ONNXRUNTIME else None
 
 
 class TreeEnsemble:
@@ -46,7 +50,7 @@ class TreeEnsemble:
     def __init__(self, dump: dict[str, Any]) -> None:
         modules = _onnx()
         if modules is None:
-            raise ImportError("TreeEnsemble needs onnx and onnxruntime: pip install 'sessrec[pipeline]'")
+            raise ImportError("TreeEnsemble needs onnx and onnxruntime >= 1.21: pip install 'sessrec[pipeline]'")
         onnx, ort = modules
         self.num_features = int(dump["max_feature_idx"]) + 1
         nodes: dict[str, list] = {key: [] for key in ("feature", "split", "tracks", "true", "true_leaf", "false", "false_leaf")}
@@ -88,7 +92,8 @@ class TreeEnsemble:
             [node], "trees", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.DOUBLE, [None, self.num_features])],
             [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.DOUBLE, [None, 1])],
         )
-        model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("ai.onnx.ml", 5)])
+        # IR version 10: the oldest that holds ai.onnx.ml opset 5, and what onnxruntime 1.20 reads at most
+        model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("ai.onnx.ml", 5)], ir_version=10)
         options = ort.SessionOptions()
         options.intra_op_num_threads = options.inter_op_num_threads = 1
         self.session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
@@ -110,7 +115,7 @@ class TreeEnsemble:
 
     @classmethod
     def of(cls, booster: Any, rounds: int) -> TreeEnsemble | None:
-        """The trees of LightGBM `booster` up to round `rounds`; None when onnxruntime is not installed
+        """The trees of LightGBM `booster` up to round `rounds`; None when onnxruntime (>= 1.21) is not installed
         or the trees hold splits it does not reproduce exactly (LightGBM scores those)."""
         if _onnx() is None:
             return None

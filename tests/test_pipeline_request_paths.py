@@ -3,6 +3,7 @@ co-visitation features from one lookup of the last three items, and the dense gr
 from grid and slot columns."""
 
 import numpy as np
+import pytest
 import torch
 
 from sessrec.pipeline.candidate_features import CandidateFeatures
@@ -28,12 +29,32 @@ def test_covisitation_features_are_the_weights_of_the_last_items_decayed_by_half
 def test_dense_features_are_every_column_at_the_filled_slots_in_name_order() -> None:
     cands = Candidates(torch.tensor([[5, 0, 7], [0, 0, 0], [2, 3, 0]]))  # 4 filled slots
     raw = {"b_score": torch.arange(9.0).reshape(3, 3), "a_rrank": torch.full((3, 3), 0.5, dtype=torch.float64)}
-    fitted = {"c_target": np.array([10.0, 11.0, 12.0, 13.0], dtype=np.float32)}  # (M,) slot column of an op
+    raw["d_slots"] = torch.tensor([1.0, 2.0, 3.0, 1 / 3], dtype=torch.float64)  # (M,) slot column given as such
+    fitted = {"c_target": np.array([10.0, 11.0, 12.0, 13.0], dtype=np.float32),  # (M,) slot columns of the ops
+              "e_count": np.array([4, 0, 2**40 + 1, 3], dtype=np.int64)}
     out = CandidateFeatures(groups=["retrievers"])._assemble(cands, raw, fitted, {})
-    assert out.names == ["a_rrank", "b_score", "c_target"] and out.dense.dtype == torch.float32
-    assert out.dense[0].tolist() == [[0.5, 0.0, 10.0], [0.0, 0.0, 0.0], [0.5, 2.0, 11.0]]
-    assert out.dense[1].tolist() == [[0.0] * 3] * 3
-    assert out.dense[2].tolist() == [[0.5, 6.0, 12.0], [0.5, 7.0, 13.0], [0.0, 0.0, 0.0]]
+    assert out.names == ["a_rrank", "b_score", "c_target", "d_slots", "e_count"] and out.dense.dtype == torch.float32
+    third = float(np.float32(1 / 3))
+    assert out.dense[0].tolist() == [[0.5, 0.0, 10.0, 1.0, 4.0], [0.0] * 5, [0.5, 2.0, 11.0, 2.0, 0.0]]
+    assert out.dense[1].tolist() == [[0.0] * 5] * 3
+    assert out.dense[2].tolist() == [[0.5, 6.0, 12.0, 3.0, 2.0**40], [0.5, 7.0, 13.0, third, 3.0], [0.0] * 5]
+    fitted["c_target"] = fitted["c_target"][:3]
+    with pytest.raises(ValueError, match="a column over the filled slots has 3 values for 4 slots"):
+        CandidateFeatures(groups=["retrievers"])._assemble(cands, raw, fitted, {})
+
+
+def test_reciprocal_ranks_are_one_over_each_retrievers_rank_and_0_where_it_did_not_retrieve() -> None:
+    class Fixed:
+        def score(self, sessions: RequestSessions, items: torch.Tensor) -> torch.Tensor:
+            return items.float() / 10
+
+    ranks = {"a_rank": torch.tensor([[1.0, 0.0, 4.0]]), "b_rank": torch.tensor([[0.0, 2.0, 3.0]])}
+    cands = Candidates(torch.tensor([[5, 6, 7]]), features={**ranks, "sources": torch.tensor([[1.0, 1.0, 2.0]])})
+    raw = CandidateFeatures(groups=["retrievers"]).raw(RequestSessions(torch.tensor([[5, 6]])), cands,
+                                                      {"a": Fixed(), "b": Fixed(), "c": Fixed()})
+    assert raw["a_rrank"].tolist() == [[1.0, 0.0, 0.25]] and raw["b_rrank"].tolist() == [[0.0, 0.5, float(np.float32(1 / 3))]]
+    assert raw["c_rrank"].tolist() == [[0.0, 0.0, 0.0]] and raw["sources"].tolist() == [[1.0, 1.0, 2.0]]
+    assert raw["b_score"].tolist() == [[0.5, 0.6000000238418579, 0.699999988079071]]
 
 
 def test_a_requests_integer_ids_encode_as_the_arrow_path_encodes_them() -> None:

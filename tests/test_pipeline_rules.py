@@ -248,6 +248,9 @@ def test_dedupe_keeps_the_best_entry_of_an_item() -> None:
     out = Ordering().order(anonymous(2), candidates, k=4)
     assert out.items.tolist() == [[3, 2, 4, 0], [5, 0, 0, 0]]
     assert out.scores.tolist() == [[0.75, 0.5, 0.25, -INF], [0.5, -INF, -INF, -INF]]
+    # a batch without a repeated item (empty slots repeat id 0): the top-k by score
+    alone = Ordering().order(anonymous(1), scored([[2, 0, 4, 0, 3]], [[0.125, -INF, 0.75, -INF, 0.5]]), k=4)
+    assert alone.items.tolist() == [[4, 3, 2, 0]] and alone.scores.tolist() == [[0.75, 0.5, 0.125, -INF]]
 
 
 @pytest.fixture

@@ -150,11 +150,14 @@ class CandidateFeatures(Configurable):
         cols: dict[str, torch.Tensor] = {}
         last = items[:, -1:].expand(b, k)
         if "retrievers" in self.groups:
+            zeros = torch.zeros(b, k, device=device)
             for name, retriever in retrievers.items():
                 cols[f"{name}_score"] = retriever.score(sessions, cand)
-                rank = candidates.features.get(f"{name}_rank", torch.zeros(b, k, device=device))
-                cols[f"{name}_rrank"] = torch.where(rank > 0, 1.0 / rank.clamp(min=1), torch.zeros_like(rank))
-            cols["sources"] = candidates.features.get("sources", torch.zeros(b, k, device=device))
+            if retrievers:  # every retriever's reciprocal ranks at once
+                rank = torch.stack([candidates.features.get(f"{name}_rank", zeros) for name in retrievers])  # (R, B, K)
+                rrank = torch.where(rank > 0, 1.0 / rank.clamp(min=1), 0.0)
+                cols.update({f"{name}_rrank": each for name, each in zip(retrievers, rrank)})
+            cols["sources"] = candidates.features.get("sources", zeros)
         if "popularity" in self.groups:
             if self.popularity is None:
                 raise RuntimeError("CandidateFeatures: call fit_statistics(training sessions) first")
@@ -165,9 +168,10 @@ class CandidateFeatures(Configurable):
             width = items.shape[1]
             position = torch.arange(1, width + 1, device=device)
             closeness = position.float() / width  # last position = 1
-            cols["seen_count"] = eq.sum(dim=2).float()
+            count = eq.sum(dim=2)
+            cols["seen_count"] = count.float()
             distance = width - (eq * position).amax(dim=2)  # 0 = last item; width = absent
-            cols["seen_recency"] = torch.where(eq.any(dim=2), 1.0 / (1.0 + distance.float()), torch.zeros(b, k, device=device))
+            cols["seen_recency"] = torch.where(count > 0, 1.0 / (1.0 + distance.float()), 0.0)
             cols["seen_weight"] = (eq * closeness).sum(dim=2)
             cols["is_last"] = (cand == last).float()
         if "covisitation" in self.groups:
@@ -201,22 +205,22 @@ class CandidateFeatures(Configurable):
     ) -> dict[str, np.ndarray]:
         """One row per valid candidate: the columns the ops read (``session``: `groups`, else the row;
         ``timestamp``: the session's last event time with `use_time`, when the sessions carry times)."""
-        valid = candidates.valid
-        counts = valid.sum(dim=1)  # (B,) filled slots of each row, row-major like `valid`
+        valid = candidates.valid.cpu().numpy()
         b = valid.shape[0]
         if groups is not None and groups.shape != (b,):
             raise ValueError(f"groups has shape {tuple(groups.shape)}, expected ({b},): one session per row")
-        per_row = lambda values: values.to(counts.device).repeat_interleave(counts).cpu().numpy()  # noqa: E731 - (B,) -> (M,)
+        row = np.nonzero(valid)[0]  # (M,) the row of each filled slot, row-major like `valid`
+        per_row = lambda values: values.cpu().numpy()[row]  # noqa: E731 - (B,) -> (M,)
         frame = {
-            "item": candidates.items[valid].cpu().numpy(),
+            "item": candidates.items.cpu().numpy()[valid],
             "last_item": per_row(sessions.items[:, -1]),
-            "session": per_row(torch.arange(b, device=valid.device) if groups is None else groups.long()),
+            "session": row if groups is None else per_row(groups.long()),
         }
         if labels is not None:
-            frame["label"] = _slots(labels, valid).double().cpu().numpy()
+            frame["label"] = _slots(labels, candidates.valid).double().cpu().numpy()
         for name in ("popularity", "recent_popularity"):
             if name in raw:
-                frame[name] = _slots(raw[name], valid).double().cpu().numpy()
+                frame[name] = _slots(raw[name], candidates.valid).double().cpu().numpy()
         if use_time and sessions.times is not None:
             frame["timestamp"] = per_row(sessions.times[:, -1].double())  # right-aligned: the last event
         return frame
@@ -353,14 +357,29 @@ class CandidateFeatures(Configurable):
 
         columns = self._dense_columns(raw, fitted)
         names = sorted(columns)
-        # the (B, K) grids' filled slots gathered at once, then every column stacked into (M, F) and written once
+        # the (B, K) grids' filled slots gathered at once, the host's (M,) columns as one matrix, each written into
+        # its place among the (M, F) rows, and the rows into the (B, K, F) grid
         grids = [n for n in names if isinstance(columns[n], torch.Tensor) and columns[n].dim() == 2]
-        at = {name: i for i, name in enumerate(grids)}
-        gathered = torch.stack([columns[n].to(torch.float32) for n in grids], dim=2)[valid] if grids else None  # (M, F_grid)
-        rows = [gathered[:, at[n]] if n in at else _slots(columns[n], valid).to(valid.device, torch.float32) for n in names]
+        slots = [n for n in names if isinstance(columns[n], torch.Tensor) and columns[n].dim() == 1]
+        host = [n for n in names if not isinstance(columns[n], torch.Tensor)]
+        m = int(valid.sum())
+        for name in slots + host:
+            if len(columns[name]) != m:
+                raise ValueError(f"a column over the filled slots has {len(columns[name])} values for {m} slots")
+        at = {name: i for i, name in enumerate(names)}
+        rows = torch.empty(m, len(names), device=valid.device)
+        if grids:
+            rows[:, [at[n] for n in grids]] = torch.stack([columns[n].to(torch.float32) for n in grids], dim=2)[valid]
+        if slots:
+            rows[:, [at[n] for n in slots]] = torch.stack([columns[n].to(valid.device, torch.float32) for n in slots], dim=1)
+        if host:
+            matrix = np.empty((m, len(host)), dtype=np.float32)
+            for i, name in enumerate(host):
+                matrix[:, i] = np.asarray(columns[name])
+            rows[:, [at[n] for n in host]] = torch.from_numpy(matrix).to(valid.device)
         dense = torch.zeros(b, k, len(names), device=valid.device)
-        if rows:
-            dense[valid] = torch.stack(rows, dim=1)
+        if names:
+            dense[valid] = rows
         sparse: dict[str, torch.Tensor] = {}
         cardinality: dict[str, int] = {}
         if "cross" in fitted:

@@ -262,7 +262,9 @@ class Ordering(Configurable):
         scores = candidates.scores.float().masked_fill(~candidates.valid, NEG_INF)  # (B, K)
         for rule in self.boosts:
             scores = rule.boost(items, scores)
-        scores = scores.masked_fill(occurrence(items, scores) > 0, NEG_INF)  # dedupe: one entry per item
+        ordered = items.sort(dim=1).values
+        if bool(((ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] != PAD)).any()):  # dedupe: one entry per item
+            scores = scores.masked_fill(occurrence(items, scores) > 0, NEG_INF)
         if self.diversity is not None:
             scores = scores.masked_fill(~self.diversity.cap(items, scores), NEG_INF)
         if items.shape[1] < k:  # pad so that (B, k) can always be taken

@@ -26,18 +26,19 @@ from sessrec.pipeline.scoring.scorer import RankerRows, Scorer
 
 
 def standardised(scores: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """(B, K) scores -> (B, K) scores of mean 0 and standard deviation 1 within each row's valid slots (0 at the others).
+    """(..., B, K) scores -> (..., B, K) float64 scores of mean 0 and standard deviation 1 within each row's valid
+    slots (`valid`: (B, K)), 0 at the others.
 
     Examples:
         >>> standardised(torch.tensor([[1.0, 3.0, 0.0]]), torch.tensor([[True, True, False]])).tolist()
         [[-1.0, 1.0, 0.0]]
     """
     scores = scores.double().masked_fill(~valid, 0.0)
-    n = valid.sum(dim=1, keepdim=True).clamp(min=1)
-    mean = scores.sum(dim=1, keepdim=True) / n
+    n = valid.sum(dim=-1, keepdim=True).clamp(min=1)
+    mean = scores.sum(dim=-1, keepdim=True) / n
     centred = (scores - mean).masked_fill(~valid, 0.0)
-    std = (centred.square().sum(dim=1, keepdim=True) / n).sqrt()
-    return torch.where(std > 1e-12, centred / std.clamp(min=1e-12), torch.zeros_like(centred))
+    std = (centred.square().sum(dim=-1, keepdim=True) / n).sqrt()
+    return torch.where(std > 1e-12, centred / std.clamp(min=1e-12), 0.0)
 
 
 class BlendScorer(Scorer):
@@ -78,10 +79,11 @@ class BlendScorer(Scorer):
     def combine(self, scores: Sequence[torch.Tensor | None], valid: torch.Tensor) -> torch.Tensor:
         """(B, K) blend of the members' (B, K) `scores` (in member order; None for a member of weight 0),
         -inf where not `valid`."""
+        used = [(member, weight) for member, weight in zip(scores, self.weights) if weight > 0]
+        members = standardised(torch.stack([member.to(valid.device) for member, _ in used]), valid)  # all at once
         total = torch.zeros(valid.shape, dtype=torch.float64, device=valid.device)
-        for member, weight in zip(scores, self.weights):
-            if weight > 0:
-                total += weight * standardised(member.to(total.device), valid)
+        for each, (_, weight) in zip(members, used):
+            total += weight * each
         return total.float().masked_fill(~valid, float("-inf"))
 
     def to(self, device: torch.device | str) -> BlendScorer:

@@ -1,0 +1,131 @@
+"""`TreeEnsemble`: a LightGBM model's trees run by onnxruntime's ``TreeEnsemble`` operator (ai.onnx.ml opset 5).
+
+LightGBM walks about 35 ns per tree and row on one thread; onnxruntime's tree kernel walks the same
+trees in about two thirds of that (``benchmarks/pipeline_latency.py --profile``, ``rank_*_GBDTScorer``),
+on inputs, thresholds and leaf values in float64, so its predictions are LightGBM's (the leaf values
+summed in tree order). The graph is built from the model's `dump_model` once, in milliseconds.
+
+Built only for the trees it reproduces exactly: one tree per round, numerical ``<=`` splits whose
+missing values are NaN or none, constant leaves. `TreeEnsemble.of` returns None for any other
+model (categorical splits, zero-as-missing, linear trees, several classes), which LightGBM then scores.
+How LightGBM treats an input, and how each split is written here:
+
+- a value within 1e-35 of 0 is 0 (LightGBM keeps no such values in a row): zeroed before the trees;
+- NaN at a split of missing type ``NaN`` goes the split's default side (``nodes_missing_value_tracks_true``);
+- NaN at a split of missing type ``None`` is 0: it goes left when 0 <= threshold.
+
+Shape letters: N rows, F features.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+ZERO = 1e-35  # LightGBM's kZeroThreshold: values of smaller magnitude are 0 to its trees
+
+
+ONNXRUNTIME = (1, 21)  # the first onnxruntime with the TreeEnsemble operator
+
+
+def _onnx() -> tuple[Any, Any] | None:
+    """(onnx, onnxruntime), or None when either is not installed or onnxruntime predates `ONNXRUNTIME`."""
+    try:
+        import onnx
+        import onnxruntime
+    except ImportError:
+        return None
+    major, minor = (int(part) for part in onnxruntime.__version__.split(".")[:2])
+    return (onnx, onnxruntime) if (major, minor) >= ONNXRUNTIME else None
+
+
+class TreeEnsemble:
+    """The trees of a LightGBM model up to a round, as an onnxruntime session on one thread.
+
+    Args:
+        dump: the model's `Booster.dump_model` up to that round (the trees' JSON).
+    """
+
+    def __init__(self, dump: dict[str, Any]) -> None:
+        modules = _onnx()
+        if modules is None:
+            raise ImportError("TreeEnsemble needs onnx and onnxruntime >= 1.21: pip install 'sessrec[pipeline]'")
+        onnx, ort = modules
+        self.num_features = int(dump["max_feature_idx"]) + 1
+        nodes: dict[str, list] = {key: [] for key in ("feature", "split", "tracks", "true", "true_leaf", "false", "false_leaf")}
+        leaves: list[float] = []
+
+        def add(tree: dict[str, Any]) -> tuple[int, int]:
+            """Append `tree`'s nodes (depth first) and leaves; (its index among the nodes or leaves, 1 if a leaf)."""
+            if "leaf_value" in tree:
+                leaves.append(float(tree["leaf_value"]))
+                return len(leaves) - 1, 1
+            at = len(nodes["feature"])
+            threshold = float(tree["threshold"])
+            nodes["feature"].append(int(tree["split_feature"]))
+            nodes["split"].append(threshold)
+            nodes["tracks"].append(int(tree["default_left"]) if tree["missing_type"] == "NaN" else int(0.0 <= threshold))
+            for key in ("true", "true_leaf", "false", "false_leaf"):
+                nodes[key].append(0)
+            nodes["true"][at], nodes["true_leaf"][at] = add(tree["left_child"])
+            nodes["false"][at], nodes["false_leaf"][at] = add(tree["right_child"])
+            return at, 0
+
+        roots = []
+        for info in dump["tree_info"]:
+            tree = info["tree_structure"]
+            if "leaf_value" in tree:  # a tree of one leaf: a split whose sides are both that leaf
+                tree = {"split_feature": 0, "threshold": 0.0, "missing_type": "None", "default_left": True,
+                        "left_child": tree, "right_child": tree}
+            roots.append(add(tree)[0])
+        tensor = lambda name, values, dtype: onnx.numpy_helper.from_array(np.asarray(values, dtype=dtype), name)  # noqa: E731
+        node = onnx.helper.make_node(
+            "TreeEnsemble", ["x"], ["y"], domain="ai.onnx.ml", aggregate_function=1, post_transform=0, n_targets=1,
+            tree_roots=roots, nodes_featureids=nodes["feature"], nodes_splits=tensor("splits", nodes["split"], np.float64),
+            nodes_modes=tensor("modes", np.zeros(len(nodes["split"])), np.uint8),  # 0: BRANCH_LEQ, x <= split goes true
+            nodes_missing_value_tracks_true=nodes["tracks"], nodes_truenodeids=nodes["true"],
+            nodes_trueleafs=nodes["true_leaf"], nodes_falsenodeids=nodes["false"], nodes_falseleafs=nodes["false_leaf"],
+            leaf_targetids=[0] * len(leaves), leaf_weights=tensor("leaves", leaves, np.float64),
+        )
+        graph = onnx.helper.make_graph(
+            [node], "trees", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.DOUBLE, [None, self.num_features])],
+            [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.DOUBLE, [None, 1])],
+        )
+        # IR version 10: the oldest that holds ai.onnx.ml opset 5, and what onnxruntime 1.20 reads at most
+        model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("ai.onnx.ml", 5)], ir_version=10)
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = options.inter_op_num_threads = 1
+        self.session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        self.num_trees = len(roots)
+
+    @staticmethod
+    def exact(dump: dict[str, Any]) -> bool:
+        """Whether `TreeEnsemble` reproduces the model of this `dump_model` exactly (see the module docstring)."""
+        if int(dump.get("num_tree_per_iteration", 1)) != 1 or dump.get("average_output", False):
+            return False
+
+        def plain(tree: dict[str, Any]) -> bool:
+            if "leaf_value" in tree:
+                return "leaf_coeff" not in tree  # a linear tree's leaf is a linear model
+            return (tree["decision_type"] == "<=" and tree["missing_type"] in ("None", "NaN")
+                    and plain(tree["left_child"]) and plain(tree["right_child"]))
+
+        return all(plain(info["tree_structure"]) for info in dump["tree_info"])
+
+    @classmethod
+    def of(cls, booster: Any, rounds: int) -> TreeEnsemble | None:
+        """The trees of LightGBM `booster` up to round `rounds`; None when onnxruntime (>= 1.21) is not installed
+        or the trees hold splits it does not reproduce exactly (LightGBM scores those)."""
+        if _onnx() is None:
+            return None
+        dump = booster.dump_model(num_iteration=rounds)
+        return cls(dump) if cls.exact(dump) else None
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        """(N,) float64: the sum of the trees' leaves of each of the (N, F) rows `x`, as LightGBM's `predict`."""
+        if x.ndim != 2 or x.shape[1] != self.num_features:
+            raise ValueError(f"the trees read {self.num_features} features, got rows of shape {tuple(x.shape)}")
+        rows = np.array(x, dtype=np.float64)  # a copy: its near-zeros are zeroed
+        rows[np.abs(rows) <= ZERO] = 0.0
+        return self.session.run(None, {"x": rows})[0][:, 0]

@@ -1,0 +1,167 @@
+"""`TreeEnsemble` (a LightGBM model's trees in onnxruntime) against LightGBM's own `predict`, and the
+`GBDTScorer` that scores with it: missing values of both kinds, near-zero inputs, one-leaf trees,
+the best round, and the models it must leave to LightGBM.
+
+Shape letters: B sessions, K candidates, F dense features, N rows.
+"""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from sessrec.pipeline.candidate_features import RankingInputs
+from sessrec.pipeline.scoring import GBDTScorer, tree_ensemble
+from sessrec.pipeline.scoring.tree_ensemble import TreeEnsemble
+
+lgb = pytest.importorskip("lightgbm")
+pytest.importorskip("onnxruntime", minversion="1.21")
+
+B, K, F = 200, 8, 4
+
+
+def rows(seed: int) -> tuple[RankingInputs, torch.Tensor]:
+    """B sessions of K candidates: feature 0 NaN in a fifth of the rows (a NaN split), the others never
+    NaN (splits without missing values); the positive has the largest sum of features 1 and 2 and noise."""
+    g = torch.Generator().manual_seed(seed)
+    dense = torch.randn(B, K, F, generator=g)
+    dense[..., 0][torch.rand(B, K, generator=g) < 0.2] = float("nan")
+    dense[..., 3] = torch.randint(0, 3, (B, K), generator=g).float()  # a few values: thresholds between them
+    labels = torch.zeros(B, K)
+    noise = torch.randn(B, K, generator=g)
+    labels[torch.arange(B), (dense[..., 1] + dense[..., 2] + noise).argmax(dim=1)] = 1
+    valid = torch.ones(B, K, dtype=torch.bool)
+    valid[::7, -2:] = False
+    return RankingInputs(dense, {}, valid, [f"f{i}" for i in range(F)]), labels
+
+
+def probes(seed: int) -> np.ndarray:
+    """(N, F) float32 rows that test every way of reaching a split: NaN in every feature, zeros and values
+    within 1e-35 of 0 (0 to LightGBM), each split's threshold itself, infinities, ordinary values."""
+    g = np.random.default_rng(seed)
+    x = g.normal(size=(400, F)).astype(np.float32)
+    x[g.random(x.shape) < 0.15] = np.nan
+    x[g.random(x.shape) < 0.1] = 0.0
+    tiny = g.random(x.shape) < 0.05
+    x[tiny] = np.float32(1e-40) * g.choice([-1, 1], size=int(tiny.sum()))
+    x[:8] = [[np.inf] * F, [-np.inf] * F, [np.nan] * F, [0.0] * F, [-0.0] * F, [1e-36] * F, [-1e-36] * F, [2.0] * F]
+    return x
+
+
+@pytest.fixture(scope="module")
+def fitted() -> GBDTScorer:
+    inputs, labels = rows(1)  # its best round: 25
+    scorer = GBDTScorer(num_leaves=7, max_rounds=30, early_stopping=30, min_data_in_leaf=3, threads=1)
+    return scorer.fit(inputs, labels)
+
+
+@pytest.mark.parametrize("share", [0.5, 1.0])
+def test_the_trees_predict_what_lightgbm_predicts_up_to_the_round_asked_for(fitted, share: float) -> None:
+    rounds = int(fitted.best_round * share)
+    assert rounds >= 5
+    trees = TreeEnsemble.of(fitted.booster, rounds)
+    assert trees.num_trees == rounds
+    x = probes(1)
+    thresholds = [t for tree in fitted.booster.dump_model()["tree_info"] for t in _thresholds(tree["tree_structure"])]
+    x[8 : 8 + len(thresholds), 1] = np.float32(thresholds[: len(x) - 8])  # at the thresholds, as rounded to float32
+    expected = fitted.booster.predict(x, num_iteration=rounds)
+    np.testing.assert_allclose(trees.predict(x), expected, rtol=0, atol=1e-9)
+    if share < 1:  # the later rounds would change the scores
+        assert np.abs(trees.predict(x) - fitted.booster.predict(x, num_iteration=fitted.best_round)).max() > 1e-6
+
+
+def _thresholds(tree: dict) -> list[float]:
+    if "leaf_value" in tree:
+        return []
+    return [tree["threshold"], *_thresholds(tree["left_child"]), *_thresholds(tree["right_child"])]
+
+
+def test_both_missing_kinds_are_in_the_trees(fitted) -> None:
+    kinds = set()
+
+    def walk(tree: dict) -> None:
+        if "leaf_value" not in tree:
+            kinds.add(tree["missing_type"])
+            walk(tree["left_child"])
+            walk(tree["right_child"])
+
+    for info in fitted.booster.dump_model(num_iteration=fitted.best_round)["tree_info"]:
+        walk(info["tree_structure"])
+    assert kinds == {"NaN", "None"}
+
+
+def test_the_scorer_scores_with_the_trees_as_lightgbm_scores(fitted) -> None:
+    assert isinstance(fitted.trees, TreeEnsemble) and fitted.trees.num_trees == fitted.best_round
+    inputs, _ = rows(0)
+    inputs.dense[0, :3] = float("nan")
+    scores = fitted.score(inputs)
+    x = inputs.dense[inputs.valid].numpy()
+    expected = torch.from_numpy(fitted.booster.predict(x, num_iteration=fitted.best_round)).float()
+    assert torch.equal(scores[inputs.valid], expected)
+    assert torch.isneginf(scores[~inputs.valid]).all()
+
+
+def test_a_loaded_scorer_rebuilds_its_trees_and_copies_drop_the_session(fitted) -> None:
+    inputs, _ = rows(3)
+    expected = fitted.score(inputs)
+    loaded = GBDTScorer().load_state_dict(fitted.state_dict())
+    assert isinstance(loaded._trees, TreeEnsemble) and loaded._trees is not fitted.trees  # built at load
+    assert torch.equal(loaded.score(inputs), expected)
+    for twin in (copy.deepcopy(fitted), pickle.loads(pickle.dumps(fitted))):
+        assert twin._trees is False and torch.equal(twin.score(inputs), expected)
+
+
+def test_trees_of_one_leaf_score_their_leaf() -> None:
+    inputs, labels = rows(4)
+    scorer = GBDTScorer(max_rounds=3, early_stopping=3, min_data_in_leaf=10_000, threads=1).fit(inputs, labels)
+    dump = scorer.booster.dump_model(num_iteration=scorer.best_round)
+    assert all("leaf_value" in info["tree_structure"] for info in dump["tree_info"])
+    x = probes(5)
+    np.testing.assert_allclose(scorer.trees.predict(x), scorer.booster.predict(x, num_iteration=scorer.best_round),
+                               rtol=0, atol=1e-9)
+
+
+def test_categorical_splits_and_zero_as_missing_are_left_to_lightgbm() -> None:
+    g = np.random.default_rng(6)
+    x = np.column_stack([g.integers(0, 6, 600), g.normal(size=600)]).astype(np.float64)
+    y = (x[:, 0] % 2 == 0) + (x[:, 1] > 0)
+    for params, kwargs in (({}, {"categorical_feature": [0]}), ({"zero_as_missing": True}, {})):
+        booster = lgb.train({"objective": "regression", "verbosity": -1, "min_data_in_leaf": 5, **params},
+                            lgb.Dataset(x, y, **kwargs), num_boost_round=5)
+        assert not TreeEnsemble.exact(booster.dump_model()) and TreeEnsemble.of(booster, 5) is None
+    plain = lgb.train({"objective": "regression", "verbosity": -1, "min_data_in_leaf": 5}, lgb.Dataset(x, y), 5)
+    assert TreeEnsemble.exact(plain.dump_model())
+
+
+def test_rows_of_another_width_are_refused(fitted) -> None:
+    with pytest.raises(ValueError, match=r"the trees read 4 features, got rows of shape \(2, 3\)"):
+        fitted.trees.predict(np.zeros((2, 3), dtype=np.float32))
+
+
+def test_values_within_1e_35_of_zero_are_zero_as_to_lightgbm(fitted) -> None:
+    # a split at 0 itself (LightGBM's own put 0 between -1e-35 and 1e-35): 1e-40 goes left, as 0 does
+    text = fitted.booster.model_to_string(num_iteration=fitted.best_round)
+    head, _, rest = text.partition("\nthreshold=")
+    first, _, tail = rest.partition(" ")
+    zero = "0." + "0" * (len(first) - 2)  # as long as the number it replaces: the header lists the trees' sizes
+    booster = lgb.Booster(model_str=f"{head}\nthreshold={zero} {tail}")
+    feature = booster.dump_model()["tree_info"][0]["tree_structure"]["split_feature"]
+    x = np.zeros((3, F), dtype=np.float32)
+    x[:, feature] = [1e-40, -1e-40, 1e-30]
+    expected = booster.predict(x)
+    assert expected[0] == expected[1] != expected[2]
+    np.testing.assert_allclose(TreeEnsemble.of(booster, fitted.best_round).predict(x), expected, rtol=0, atol=1e-9)
+
+
+def test_without_onnxruntime_lightgbm_scores_alike(fitted, monkeypatch: pytest.MonkeyPatch) -> None:
+    inputs, _ = rows(0)
+    expected = fitted.score(inputs)
+    monkeypatch.setattr(tree_ensemble, "_onnx", lambda: None)  # not installed, or older than 1.21
+    alone = GBDTScorer().load_state_dict(fitted.state_dict())
+    assert alone.trees is None and torch.equal(alone.score(inputs), expected)
+    with pytest.raises(ImportError, match=r"TreeEnsemble needs onnx and onnxruntime >= 1\.21"):
+        TreeEnsemble(fitted.booster.dump_model())

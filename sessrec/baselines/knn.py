@@ -123,6 +123,8 @@ class SessionIndex:
         self.num_sessions, self.num_items = len(sessions), num_items
         self.session_bits = session_bits
         self._by_item = self.items.positions.T.tocsr()  # (V, N): each item's training sessions, its position in each
+        self._item_sessions = np.diff(self._by_item.indptr)  # (V,) training sessions of each item
+        self.session_sizes = self.items.num_distinct  # (N,) distinct items of each training session
 
     def document_frequency(self) -> np.ndarray:
         """(V,) number of training sessions that contain each item."""
@@ -137,8 +139,8 @@ class SessionIndex:
         """
         items, bits = prefix.positions.indices, np.left_shift(np.int64(1), prefix.positions.data - 1)
         index = self._by_item
-        counts = np.diff(index.indptr)[items]  # (entries,) training sessions holding each item of each prefix
-        flat = np.repeat(index.indptr[items] - (np.cumsum(counts) - counts), counts) + np.arange(int(counts.sum()))
+        counts = self._item_sessions[items]  # (entries,) training sessions holding each item of each prefix
+        flat = ranges(index.indptr[items], counts)
         key = np.repeat(prefix.entry_rows().astype(np.int64), counts) * self.num_sessions + index.indices[flat]
         order = np.argsort(key, kind="stable")  # by prefix, then training session (oldest to most recent)
         key = key[order]
@@ -160,11 +162,21 @@ class SessionIndex:
     def neighbour_items(self, pairs: Pairs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every (pair, item of its training session): pair index, item id, item position (each (E,))."""
         m = self.items.positions
-        starts, counts = m.indptr[pairs.col], np.diff(m.indptr)[pairs.col]
+        counts = self.session_sizes[pairs.col]
         pair = np.repeat(np.arange(len(pairs.col)), counts)
-        offset = np.arange(len(pair)) - np.repeat(np.cumsum(counts) - counts, counts)
-        flat = np.repeat(starts, counts) + offset
+        flat = ranges(m.indptr[pairs.col], counts)
         return pair, m.indices[flat].astype(np.int64), m.data[flat]
+
+
+def ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The indices ``starts[j], ..., starts[j] + counts[j] - 1`` of every j, one after the other.
+
+    Examples:
+        >>> ranges(np.array([5, 0]), np.array([2, 3])).tolist()
+        [5, 6, 0, 1, 2]
+    """
+    ends = np.cumsum(counts)
+    return np.repeat(starts - (ends - counts), counts) + np.arange(ends[-1] if len(ends) else 0)
 
 
 def sum_over_bits(

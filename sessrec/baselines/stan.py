@@ -90,7 +90,7 @@ class STAN(SessionBaseline):
         )
         w1 = self._position_weight(prefix.positions.data, prefix.lengths[prefix.entry_rows()])
         norm = prefix.row_norms(w1)  # (B,)
-        size = self.index.items.num_distinct[pairs.col]
+        size = self.index.session_sizes[pairs.col]
         sim = overlap / np.maximum(norm[pairs.row] * np.sqrt(size), 1e-300)
         if self.lambda_2 is not None:
             sim = sim * np.exp(-(self.index.num_sessions - 1 - pairs.col) / self.lambda_2)

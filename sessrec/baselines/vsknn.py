@@ -132,7 +132,7 @@ class VSKNN(SessionBaseline):
         else:
             w = position_weight(self.weighting, prefix.positions.data, prefix.lengths[prefix.entry_rows()])
             norm = prefix.row_norms(w)  # (B,)
-            size = self.index.items.num_distinct[pairs.col]
+            size = self.index.session_sizes[pairs.col]
             sim = overlap / np.maximum(norm[pairs.row] * np.sqrt(size), 1e-300)
         chosen = np.sort(top_k(pairs.row, pairs.col, sim, self.k))  # by prefix, then oldest first: the order summed in
         neighbours = pairs.take(chosen)

@@ -10,6 +10,7 @@ Shape letters: B sessions, K candidates, V items, N training sessions, L positio
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -52,7 +53,8 @@ class BaselineRetriever(Retriever):
             items = sessions.items
             width = self.sessions.shape[1] if self.sessions is not None else items.shape[1]
             items = items[:, -width:] if items.shape[1] > width else items
-            with torch.device("cpu"):  # the baselines compute on the host, whatever the default device
+            # the baselines compute on the host, whatever the default device (a device context costs every torch call)
+            with contextlib.nullcontext() if torch.get_default_device().type == "cpu" else torch.device("cpu"):
                 parts = [self.baseline.score(items[lo : lo + self.chunk]) for lo in range(0, len(items), self.chunk)]
                 scores = torch.cat(parts) if parts else torch.zeros(0, self.baseline.num_items)
             sessions.cache[key] = scores.to(items.device)

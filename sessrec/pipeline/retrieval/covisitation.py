@@ -12,7 +12,8 @@ Retrieve. A session's query is its last `last_items` distinct real items, the mo
 weighing 1 and the r-th before it ``recency_decay ** r`` (r counts distinct items, not events),
 and its scores are the query times W: score(i) = sum_j q_j W[j, i]. Items of the session
 itself can be returned when they co-visit with the others (filters remove them if wanted).
-W and the products are scipy matrices on the host; results come back on the sessions' device.
+W is a scipy matrix on the host; a batch's scores are summed over the rows of W its queries name
+(no (V,) array per call); results come back on the sessions' device.
 
 The defaults come from rsc15_100k validation (last-item prefixes). Over the usual ranges,
 window, last_items, recency_decay and max_neighbours barely move the ranking quality; two
@@ -45,6 +46,7 @@ import scipy.sparse as sp
 import torch
 
 from sessrec.baselines.baseline import _as_ids
+from sessrec.baselines.knn import ranges
 from sessrec.data.vocab import NUM_SPECIAL
 from sessrec.pipeline.candidates import RequestSessions, Retrieved
 from sessrec.pipeline.retrieval.retriever import Retriever
@@ -158,6 +160,7 @@ class CoVisitation(Retriever):
     def _set_matrix(self, matrix: sp.csr_matrix) -> None:
         self.matrix = matrix
         self._keys = _entry_rows(matrix) * self.num_items + matrix.indices
+        self._row_sizes = np.diff(matrix.indptr)  # (V,) entries of each row of W
         # not id(self): a freed retriever's id is reused, and a refit must not read the old product
         self._cache_key = f"covisitation:{next(_FITS)}"
 
@@ -168,6 +171,11 @@ class CoVisitation(Retriever):
     # -- querying ------------------------------------------------------------------------------
     def query(self, sessions: RequestSessions) -> sp.csr_matrix:
         """(B, V) sparse query: recency weights of each session's last `last_items` distinct items."""
+        row, item, weight = self._query_entries(sessions)
+        return sp.csr_matrix((weight, (row, item)), shape=(len(sessions), self.num_items))
+
+    def _query_entries(self, sessions: RequestSessions) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The entries of `query` by (row, item) ascending: row (Q,), item (Q,) and float64 weight (Q,)."""
         self._check_fitted()
         items = _as_ids(sessions.items, self.num_items, "sessions")
         v = self.num_items
@@ -179,17 +187,26 @@ class CoVisitation(Retriever):
         u_row = uniq // v
         recency = _row_ranks(u_row, latest, np.zeros_like(latest))  # 0 = the most recent distinct item
         keep = recency < self.last_items
-        weight = self.recency_decay ** recency[keep].astype(np.float64)
-        return sp.csr_matrix((weight, (u_row[keep], uniq[keep] % v)), shape=(len(items), v))
+        return u_row[keep], uniq[keep] % v, self.recency_decay ** recency[keep].astype(np.float64)
 
-    def session_scores(self, sessions: RequestSessions) -> sp.csr_matrix:
-        """(B, V) sparse scores query @ W, with sorted columns; kept in ``sessions.cache``."""
-        query = self.query(sessions)  # checks the sessions, even when the product is cached
+    def session_scores(self, sessions: RequestSessions) -> tuple[np.ndarray, np.ndarray]:
+        """The nonzero (B, V) scores query @ W as ``keys`` (row * V + column, ascending) and their float64
+        ``values``; kept in ``sessions.cache``.
+
+        The rows of W that the query names are gathered and summed per (row, column) in the order of
+        the sparse product (query entries by item, then W's row order), so the sums are its numbers
+        bit for bit, without the product's (V,) work arrays.
+        """
+        row, item, weight = self._query_entries(sessions)  # checks the sessions, even when the product is cached
         if self._cache_key not in sessions.cache:
-            product = (query @ self.matrix).tocsr()
-            product.sum_duplicates()  # canonical: sorted distinct columns per row
-            product.eliminate_zeros()
-            sessions.cache[self._cache_key] = product
+            m = self.matrix
+            counts = self._row_sizes[item]
+            flat = ranges(m.indptr[item], counts)
+            keys = np.repeat(row, counts) * self.num_items + m.indices[flat]
+            uniq, at = np.unique(keys, return_inverse=True)
+            sums = np.bincount(at, np.repeat(weight, counts) * m.data[flat].astype(np.float64), minlength=len(uniq))
+            nonzero = sums != 0
+            sessions.cache[self._cache_key] = (uniq[nonzero], sums[nonzero])
         return sessions.cache[self._cache_key]
 
     def retrieve(self, sessions: RequestSessions, k: int) -> Retrieved:
@@ -205,27 +222,25 @@ class CoVisitation(Retriever):
         """
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
-        scores = self.session_scores(sessions)
-        row = _entry_rows(scores)
-        rank = _row_ranks(row, scores.data, scores.indices)
+        keys, data = self.session_scores(sessions)
+        row, col = keys // self.num_items, keys % self.num_items
+        rank = _row_ranks(row, data, col)
         top = rank < k
-        items = torch.zeros(len(sessions), k, dtype=torch.long, device="cpu")  # laid out on the host
-        values = torch.full((len(sessions), k), float("-inf"), device="cpu")
-        at = (torch.from_numpy(row[top]), torch.from_numpy(rank[top]))
-        items[at] = torch.from_numpy(scores.indices[top].astype(np.int64))
-        values[at] = torch.from_numpy(scores.data[top].astype(np.float32))
+        items = np.zeros((len(sessions), k), dtype=np.int64)  # laid out on the host
+        values = np.full((len(sessions), k), -np.inf, dtype=np.float32)
+        items[row[top], rank[top]] = col[top]
+        values[row[top], rank[top]] = data[top]
         device = sessions.items.device
-        return Retrieved(items=items.to(device), scores=values.to(device))
+        return Retrieved(items=torch.from_numpy(items).to(device), scores=torch.from_numpy(values).to(device))
 
     def score(self, sessions: RequestSessions, items: torch.Tensor) -> torch.Tensor:
         """(B, K) float32 co-visitation scores of candidates `items` (B, K); 0 where none (and at id 0)."""
         cand = self._check_items(items, "items")
         if cand.shape[0] != len(sessions):
             raise ValueError(f"items has {cand.shape[0]} rows for {len(sessions)} sessions")
-        scores = self.session_scores(sessions)
+        keys, data = self.session_scores(sessions)
         rows = np.broadcast_to(np.arange(len(cand))[:, None], cand.shape)
-        keys = _entry_rows(scores) * self.num_items + scores.indices
-        return torch.from_numpy(_lookup(keys, scores.data, rows, cand, self.num_items)).to(items.device)
+        return torch.from_numpy(_lookup(keys, data, rows, cand, self.num_items)).to(items.device)
 
     def pair_weights(self, anchors: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
         """(B, K) float32 W[anchor, item]: the co-visitation of each candidate with an anchor item.

@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from sessrec.baselines.baseline import SessionBaseline
-from sessrec.baselines.knn import SessionIndex, dense_sums, session_items, sum_over_bits, top_k
+from sessrec.baselines.knn import SessionIndex, item_sums, session_items, sum_over_bits, top_k
 
 Weighting = Literal["same", "div", "linear", "quadratic", "log"]
 
@@ -119,8 +119,8 @@ class VSKNN(SessionBaseline):
         idf = np.log(max(len(sessions), 1) / np.maximum(df, 1))  # items in no session: 0, never reached
         self.item_factor = 1.0 + self.idf_weighting * idf  # (V,)
 
-    def _score(self, prefixes: np.ndarray) -> torch.Tensor:
-        b, width = prefixes.shape
+    def _positive_scores(self, prefixes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        width = prefixes.shape[1]
         prefix = session_items(prefixes, self.num_items)
         pairs = self.index.candidates(prefix, self.sample_size)
         length = prefix.lengths[pairs.row]  # (P,) events of each pair's prefix
@@ -130,7 +130,7 @@ class VSKNN(SessionBaseline):
         if self.similarity == "dot":
             sim = overlap / np.maximum(prefix.num_distinct, 1)[pairs.row]
         else:
-            w = position_weight(self.weighting, prefix.positions.data, prefix.lengths[prefix.entry_rows()])
+            w = position_weight(self.weighting, prefix.positions, prefix.lengths[prefix.entry_rows()])
             norm = prefix.row_norms(w)  # (B,)
             size = self.index.session_sizes[pairs.col]
             sim = overlap / np.maximum(norm[pairs.row] * np.sqrt(size), 1e-300)
@@ -139,4 +139,5 @@ class VSKNN(SessionBaseline):
         weight = sim[chosen] * step_decay(self.weighting_score, length[chosen] - latest[chosen] + 1)
         pair, item, _ = self.index.neighbour_items(neighbours)  # (E,) every item of every neighbour
         factor = self.item_factor if self.idf_weighting else None
-        return dense_sums(neighbours.row[pair], item, weight[pair], (b, self.num_items), factor)
+        keys, sums = item_sums(neighbours.row[pair], item, weight[pair], self.num_items, factor)
+        return keys[sums > 0], sums[sums > 0]

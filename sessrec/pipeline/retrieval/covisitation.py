@@ -49,7 +49,7 @@ from sessrec.baselines.baseline import _as_ids
 from sessrec.baselines.knn import ranges
 from sessrec.data.vocab import NUM_SPECIAL
 from sessrec.pipeline.candidates import RequestSessions, Retrieved
-from sessrec.pipeline.retrieval.retriever import Retriever
+from sessrec.pipeline.retrieval.retriever import Retriever, row_ranks, lookup_sparse, top_k_sparse
 
 Direction = Literal["forward", "both"]
 _FITS = itertools.count()  # numbers each fitted matrix: its products' key in `RequestSessions.cache`
@@ -150,7 +150,7 @@ class CoVisitation(Retriever):
         """Keep the `max_neighbours` largest entries of each row (ties: lower id), then normalise."""
         counts.sort_indices()
         row = _entry_rows(counts)
-        keep = _row_ranks(row, counts.data, counts.indices) < self.max_neighbours
+        keep = row_ranks(row, counts.data, counts.indices) < self.max_neighbours
         data, indices, row = counts.data[keep], counts.indices[keep], row[keep]
         if self.normalize:
             data = data / np.bincount(row, data, minlength=self.num_items)[row]
@@ -185,7 +185,7 @@ class CoVisitation(Retriever):
         uniq, first_reversed = np.unique(keys[::-1], return_index=True)
         latest = cols[len(keys) - 1 - first_reversed]  # (distinct,) position of each item's latest event
         u_row = uniq // v
-        recency = _row_ranks(u_row, latest, np.zeros_like(latest))  # 0 = the most recent distinct item
+        recency = row_ranks(u_row, latest, np.zeros_like(latest))  # 0 = the most recent distinct item
         keep = recency < self.last_items
         return u_row[keep], uniq[keep] % v, self.recency_decay ** recency[keep].astype(np.float64)
 
@@ -223,15 +223,7 @@ class CoVisitation(Retriever):
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         keys, data = self.session_scores(sessions)
-        row, col = keys // self.num_items, keys % self.num_items
-        rank = _row_ranks(row, data, col)
-        top = rank < k
-        items = np.zeros((len(sessions), k), dtype=np.int64)  # laid out on the host
-        values = np.full((len(sessions), k), -np.inf, dtype=np.float32)
-        items[row[top], rank[top]] = col[top]
-        values[row[top], rank[top]] = data[top]
-        device = sessions.items.device
-        return Retrieved(items=torch.from_numpy(items).to(device), scores=torch.from_numpy(values).to(device))
+        return top_k_sparse(keys, data, len(sessions), self.num_items, k, sessions.items.device)
 
     def score(self, sessions: RequestSessions, items: torch.Tensor) -> torch.Tensor:
         """(B, K) float32 co-visitation scores of candidates `items` (B, K); 0 where none (and at id 0)."""
@@ -240,7 +232,7 @@ class CoVisitation(Retriever):
             raise ValueError(f"items has {cand.shape[0]} rows for {len(sessions)} sessions")
         keys, data = self.session_scores(sessions)
         rows = np.broadcast_to(np.arange(len(cand))[:, None], cand.shape)
-        return torch.from_numpy(_lookup(keys, data, rows, cand, self.num_items)).to(items.device)
+        return torch.from_numpy(lookup_sparse(keys, data, rows, cand, self.num_items)).to(items.device)
 
     def pair_weights(self, anchors: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
         """(B, K) float32 W[anchor, item]: the co-visitation of each candidate with an anchor item.
@@ -260,7 +252,7 @@ class CoVisitation(Retriever):
                 f"anchors of shape {tuple(anchors.shape)} do not match items {tuple(items.shape)}"
             )
         anchor = np.broadcast_to(anchor, cand.shape)
-        return torch.from_numpy(_lookup(self._keys, self.matrix.data, anchor, cand, self.num_items)).to(items.device)
+        return torch.from_numpy(lookup_sparse(self._keys, self.matrix.data, anchor, cand, self.num_items)).to(items.device)
 
     def _check_items(self, items: torch.Tensor, what: str) -> np.ndarray:
         """(B, K) int64 numpy ids in [0, V)."""
@@ -299,27 +291,3 @@ class CoVisitation(Retriever):
 def _entry_rows(matrix: sp.csr_matrix) -> np.ndarray:
     """(E,) int64 row of each stored entry of a CSR matrix."""
     return np.repeat(np.arange(matrix.shape[0], dtype=np.int64), np.diff(matrix.indptr))
-
-
-def _row_ranks(row: np.ndarray, value: np.ndarray, tie: np.ndarray) -> np.ndarray:
-    """(E,) 0-based rank of each entry within its row, by decreasing `value`, ties by increasing `tie`."""
-    order = np.lexsort((tie, -value, row))
-    sorted_rows = row[order]
-    ranks = np.empty(len(row), dtype=np.int64)
-    ranks[order] = np.arange(len(row)) - np.searchsorted(sorted_rows, sorted_rows, side="left")
-    return ranks
-
-
-def _lookup(keys: np.ndarray, data: np.ndarray, rows: np.ndarray, cols: np.ndarray, width: int) -> np.ndarray:
-    """float32 values at (rows, cols) of a sparse matrix given by ascending `keys` = row * width + col.
-
-    0 where there is no entry or where ``cols`` is < 2 (padding, OOV); `rows` are valid rows.
-    """
-    out = np.zeros(cols.shape, dtype=np.float32)
-    if not len(keys):
-        return out
-    want = rows * width + cols
-    at = np.minimum(np.searchsorted(keys, want), len(keys) - 1)
-    found = (keys[at] == want) & (cols >= NUM_SPECIAL)
-    out[found] = data[at[found]]
-    return out

@@ -31,7 +31,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
-import torch
 
 from sessrec.data.vocab import NUM_SPECIAL
 

@@ -37,7 +37,6 @@ Examples:
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from sessrec.baselines.baseline import SessionBaseline
 from sessrec.baselines.knn import SessionIndex, item_sums, session_items, sum_over_bits, top_k

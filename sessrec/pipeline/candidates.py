@@ -116,7 +116,7 @@ class Candidates:
         filled = max(int(self.valid.sum(dim=1).max()) if len(self.items) else 0, 1)
         order = torch.argsort((~self.valid).to(torch.int8), dim=1, stable=True)[:, : filled if width is None else min(filled, width)]
         pad = 0 if width is None else width - order.shape[1]
-        pick = lambda t: F.pad(t.gather(-1, order.expand(*t.shape[:-2], *order.shape)), (0, pad))  # noqa: E731
+        pick = lambda t: F.pad(t.gather(-1, order.expand(*t.shape[:-2], *order.shape)), (0, pad))
         names = list(self.features)
         features = dict(zip(names, pick(torch.stack([self.features[n] for n in names])).unbind(0))) if names else {}
         return Candidates(pick(self.items), features, None if self.scores is None else pick(self.scores))

@@ -49,7 +49,7 @@ from sessrec.baselines.baseline import _as_ids
 from sessrec.baselines.knn import ranges
 from sessrec.data.vocab import NUM_SPECIAL
 from sessrec.pipeline.candidates import RequestSessions, Retrieved
-from sessrec.pipeline.retrieval.retriever import Retriever, row_ranks, lookup_sparse, top_k_sparse
+from sessrec.pipeline.retrieval.retriever import Retriever, lookup_sparse, row_ranks, top_k_sparse
 
 Direction = Literal["forward", "both"]
 _FITS = itertools.count()  # numbers each fitted matrix: its products' key in `RequestSessions.cache`

@@ -20,8 +20,8 @@ Session kNN with three exponential decays. For a prefix s with events 1..|s| (la
 
 A lambda set to None switches its decay off (weight 1). Items of the prefix itself are scored
 like any other; items no neighbour contains score 0 and tie, ranked pessimistically by
-`TopKMetrics`. Everything runs per batch of prefixes: a sparse product finds the candidates, and the
-neighbours' items are gathered and summed per (prefix, item) (`item_sums`).
+`TopKMetrics`. Everything runs per batch of prefixes: an item -> sessions index finds the candidates,
+and the neighbours' items are gathered and summed per (prefix, item) reached (`item_sums`).
 
 Shape letters: N training sessions, B prefixes, L positions, V items, P candidate pairs,
 E (neighbour, item) entries.

@@ -20,8 +20,8 @@ is the training sessions' rank in time order (see `sessrec.baselines.knn`), idf 
 than events, ``linear`` weights are clipped at 0 instead of being cut after position 10, and
 scores are not divided by their maximum (the ranking is the same).
 
-Everything runs per batch of prefixes: a sparse product finds the candidates, and the neighbours'
-items are gathered and summed per (prefix, item) (see `sessrec.baselines.knn`).
+Everything runs per batch of prefixes: an item -> sessions index finds the candidates, and the
+neighbours' items are gathered and summed per (prefix, item) reached (see `sessrec.baselines.knn`).
 
 Shape letters: N training sessions, B prefixes, L positions, V items, P candidate pairs.
 

@@ -393,3 +393,14 @@ def test_baseline_task_never_recommends_virtual_items():
     assert torch.isinf(scores[0, [0, 1, 5, 6]]).all()
     assert scores[0].topk(2).indices.tolist() == [2, 3]
     assert BaselineTask(baseline=pop, num_items=7)(batch)[0].topk(2).indices.tolist() == [5, 6]
+
+
+def test_a_baseline_without_scores_says_so():
+    class Empty(SessionBaseline):
+        def _fit(self, sessions):
+            pass
+
+    empty = Empty().fit(pad(TRAIN), num_items=V)
+    for call in (empty.score, empty.positive_scores):
+        with pytest.raises(NotImplementedError, match="Empty implements neither _score nor _positive_scores"):
+            call(pad(PREFIXES))

@@ -95,6 +95,8 @@ class SessionBaseline(Configurable):
     def _score(self, prefixes: np.ndarray) -> torch.Tensor:
         """(B, V) float32 scores, writable; the special columns are overwritten by `score`. By default
         the entries of `_positive_scores`, 0 elsewhere."""
+        if type(self)._positive_scores is SessionBaseline._positive_scores:
+            raise NotImplementedError(f"{type(self).__name__} implements neither _score nor _positive_scores")
         keys, values = self._positive_scores(prefixes)
         scores = np.zeros(len(prefixes) * self.num_items, dtype=np.float32)
         scores[keys] = values

@@ -209,9 +209,15 @@ def sum_over_bits(
 
 
 def top_k(row: np.ndarray, col: np.ndarray, score: np.ndarray, k: int) -> np.ndarray:
-    """Indices of the `k` highest positive scores per row; ties go to the more recent (higher) col."""
-    positive = np.flatnonzero(score > 0)
-    order = positive[np.lexsort((-col[positive], -score[positive], row[positive]))]
+    """Indices of the `k` highest positive scores per row; ties go to the more recent (higher) col.
+
+    The entries come sorted by (row, col), as `SessionIndex.candidates` gives its pairs: read
+    backwards they are by decreasing col within each row, so two stable sorts (by decreasing score,
+    then by row) order them by (row, score descending, col descending) without a three-key sort.
+    """
+    positive = np.flatnonzero(score > 0)[::-1]
+    by_score = positive[np.argsort(-score[positive], kind="stable")]
+    order = by_score[np.argsort(row[by_score], kind="stable")]
     sorted_rows = row[order]
     first = np.searchsorted(sorted_rows, sorted_rows, side="left")
     rank = np.arange(len(order)) - first  # 0 = best of its row
@@ -229,7 +235,12 @@ def item_sums(row: np.ndarray, col: np.ndarray, values: np.ndarray, num_items: i
         >>> keys.tolist(), sums.tolist()
         ([2, 3], [0.75, 1.0])
     """
-    keys, at = np.unique(row * num_items + col, return_inverse=True)
+    keys = row * num_items + col
+    order = np.argsort(keys, kind="stable")  # the entries of one pair keep the order given
+    step = np.diff(keys[order], prepend=-1) != 0  # where each pair's entries begin
+    at = np.empty(len(keys), dtype=np.int64)
+    at[order] = np.cumsum(step) - 1  # each entry's pair
+    keys = keys[order][step]
     sums = np.bincount(at, values, minlength=len(keys))
     if col_factor is not None:
         sums *= col_factor[keys % num_items]  # after the sum, as the sum of the spread weights times the item's factor

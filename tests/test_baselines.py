@@ -267,27 +267,34 @@ class Spy(SessionBaseline):
         return self.inner._score(prefixes)
 
 
-@pytest.mark.parametrize("cells", [1 << 20, 60, 1])  # all rows at once, two rows, one row per block
-def test_dense_sums_add_like_the_sparse_product_they_replace(monkeypatch, cells):
-    """`dense_sums` (what the kNN baselines spread their neighbours' weights with) gives, bit for bit,
+def test_item_sums_add_like_the_sparse_product_they_replace():
+    """`item_sums` (what the kNN baselines spread their neighbours' weights with) gives, bit for bit,
     the float64 sums of scipy's COO -> dense conversion, duplicates added in the order given, the
-    per-column factor applied after the sum (as ``(sums).multiply(factor)``), block by block of rows."""
+    per-column factor applied after the sum (as ``(sums).multiply(factor)``), at the pairs present."""
     import scipy.sparse as sp
 
-    from sessrec.baselines import knn
+    from sessrec.baselines.knn import item_sums
 
-    monkeypatch.setattr(knn, "SUM_CELLS", cells)
     rng = np.random.default_rng(0)
-    row, col = np.sort(rng.integers(0, 5, 400)), rng.integers(0, 30, 400)  # grouped by row, many duplicates
+    row, col = np.sort(rng.integers(0, 5, 400)), rng.integers(0, 30, 400)  # many duplicates
     row[row == 3] = 4  # a row without entries
     values, factor = rng.random(400) * 1e3, 1 + rng.random(30)
     summed = sp.coo_matrix((values, (row, col)), shape=(5, 30)).tocsr()
-    expected = summed.multiply(factor[None, :]).toarray().astype(np.float32)
-    assert np.array_equal(knn.dense_sums(row, col, values, (5, 30), factor).numpy(), expected)
-    assert np.array_equal(knn.dense_sums(row, col, values, (5, 30)).numpy(), summed.toarray().astype(np.float32))
-    assert not knn.dense_sums(row[:0], col[:0], values[:0], (5, 30)).any()
-    with pytest.raises(ValueError, match="grouped by row"):
-        knn.dense_sums(row[::-1], col, values, (5, 30))
+    for dense, got in ((summed.multiply(factor[None, :]).toarray(), item_sums(row, col, values, 30, factor)),
+                       (summed.toarray(), item_sums(row, col, values, 30))):
+        keys, sums = got
+        assert keys.tolist() == np.flatnonzero(summed.toarray()).tolist() and sums.dtype == np.float32
+        assert np.array_equal(sums, dense.ravel()[keys].astype(np.float32))
+    assert [len(a) for a in item_sums(row[:0], col[:0], values[:0], 30)] == [0, 0]
+
+
+def test_positive_scores_are_the_positive_entries_of_the_dense_scores():
+    for knn in (VSKNN(k=3, sample_size=4, idf_weighting=1.0), STAN(k=2, sample_size=3, lambda_2=3.0), Popularity()):
+        knn.fit(pad(TRAIN), num_items=V)
+        dense = knn(pad(PREFIXES)).numpy()
+        keys, values = knn.positive_scores(pad(PREFIXES))
+        assert keys.tolist() == np.flatnonzero(dense > 0).tolist() and len(keys) > len(PREFIXES)
+        assert np.array_equal(values, dense.ravel()[keys])
 
 
 def test_rows_are_scored_independently():
@@ -386,3 +393,14 @@ def test_baseline_task_never_recommends_virtual_items():
     assert torch.isinf(scores[0, [0, 1, 5, 6]]).all()
     assert scores[0].topk(2).indices.tolist() == [2, 3]
     assert BaselineTask(baseline=pop, num_items=7)(batch)[0].topk(2).indices.tolist() == [5, 6]
+
+
+def test_a_baseline_without_scores_says_so():
+    class Empty(SessionBaseline):
+        def _fit(self, sessions):
+            pass
+
+    empty = Empty().fit(pad(TRAIN), num_items=V)
+    for call in (empty.score, empty.positive_scores):
+        with pytest.raises(NotImplementedError, match="Empty implements neither _score nor _positive_scores"):
+            call(pad(PREFIXES))

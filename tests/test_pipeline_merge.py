@@ -2,11 +2,12 @@
 
 import itertools
 
+import numpy as np
 import pytest
 import torch
 
 from sessrec.pipeline import Candidates, Retrieved, merge
-from sessrec.pipeline.retrieval.retriever import top_k_dense
+from sessrec.pipeline.retrieval.retriever import lookup_sparse, top_k_sparse
 
 
 def test_merge_orders_by_agreement_and_keeps_each_source():
@@ -80,10 +81,15 @@ def test_candidates_keep_and_compact():
     assert small.features["x"][small.valid].tolist() == [1.0, 3.0, 5.0]  # features travel with their items
 
 
-def test_top_k_dense_returns_empty_slots_for_minus_inf():
-    scores = torch.tensor([[float("-inf"), float("-inf"), 0.5, 0.7, float("-inf")]])
-    top = top_k_dense(scores, 3)
-    assert top.items.tolist() == [[3, 2, 0]] and top.scores[0, :2].tolist() == [pytest.approx(0.7), 0.5]
+def test_top_k_sparse_ranks_each_rows_entries_ties_to_the_lower_id_and_pads_with_empty_slots():
+    # row 0: items 2 (0.5), 3 (0.7), 6 (0.5); row 1: nothing; row 2: item 4 (0.25); width V = 8
+    keys, values = np.array([2, 3, 6, 20]), np.array([0.5, 0.7, 0.5, 0.25], dtype=np.float32)
+    top = top_k_sparse(keys, values, 3, 8, 3)
+    assert top.items.tolist() == [[3, 2, 6], [0, 0, 0], [4, 0, 0]]
+    inf = float("-inf")
+    assert top.scores.tolist() == [[pytest.approx(0.7), 0.5, 0.5], [inf] * 3, [0.25, inf, inf]]
+    assert top_k_sparse(keys, values, 3, 8, 1).items.tolist() == [[3], [0], [4]]
+    assert lookup_sparse(keys, values, np.array([[0, 0], [2, 1]]), np.array([[6, 4], [4, 4]]), 8).tolist() == [[0.5, 0.0], [0.25, 0.0]]
 
 
 def test_list_metrics_count_ties_against_the_target():

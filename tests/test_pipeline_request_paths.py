@@ -1,11 +1,13 @@
-"""The per-request paths of the pipeline's features give the values of their definitions: the
-co-visitation features from one lookup of the last three items, and the dense grid written at once
-from grid and slot columns."""
+"""The per-request paths of the pipeline give the values of their definitions: the co-visitation
+features from one lookup of the last three items, the dense grid written at once from grid and slot
+columns, the retrievers' lists and scores from their sparse entries (kNN, co-visitation) and the
+XLNet retriever's without autograd, against the dense scores they stand for."""
 
 import numpy as np
 import pytest
 import torch
 
+from sessrec.baselines import STAN, VSKNN
 from sessrec.pipeline.candidate_features import CandidateFeatures
 from sessrec.pipeline.candidates import Candidates, RequestSessions
 from sessrec.pipeline.retrieval.covisitation import CoVisitation
@@ -75,3 +77,87 @@ def test_a_requests_integer_ids_encode_as_the_arrow_path_encodes_them() -> None:
     assert (fast.ids[~np.isin(flat, known)] == OOV).all()
     as_text = [[str(x) for x in s] for s in sessions]  # the Arrow path (ids of another type, cast)
     assert torch.equal(encode_raw(vocab, sessions, 20), encode_raw(vocab, as_text, 20))
+
+
+def _knn_world() -> tuple[np.ndarray, torch.Tensor, int]:
+    """Seeded right-aligned training sessions (N, 8) over 40 items (ids 2..41) and 24 request prefixes,
+    from a few clusters so that neighbours share items and scores tie."""
+    rng = np.random.default_rng(3)
+    v = 42
+    cluster = rng.integers(0, 4, 600)
+    train = 2 + (cluster[:, None] * 10 + rng.integers(0, 10, (600, 8))) % 40
+    train[np.arange(8) < rng.integers(0, 6, (600, 1))] = 0
+    prefixes = 2 + (rng.integers(0, 4, (24, 1)) * 10 + rng.integers(0, 10, (24, 6))) % 40
+    prefixes[np.arange(6) < rng.integers(0, 5, (24, 1))] = 0
+    prefixes[3, -2] = 1  # an OOV event
+    return train, torch.from_numpy(prefixes), v
+
+
+@pytest.mark.parametrize(
+    ("baseline", "tied"),
+    [
+        (VSKNN(k=8, sample_size=20, weighting="quadratic", weighting_score="div", idf_weighting=5), True),
+        (VSKNN(k=5, sample_size=0, similarity="cosine"), True),
+        (STAN(k=8, sample_size=30, lambda_1=1.2, lambda_2=300.0, lambda_3=4.9), False),
+        (STAN(k=8, sample_size=30, lambda_1=None, lambda_2=None, lambda_3=None), True),
+    ],
+    ids=["vsknn", "vsknn-cosine", "stan", "stan-no-decay"],
+)
+def test_knn_retriever_lists_and_scores_are_the_dense_scores_top_k_ties_to_the_lower_id(baseline, tied: bool) -> None:
+    from sessrec.pipeline.retrieval.baseline_retriever import BaselineRetriever
+
+    train, prefixes, v = _knn_world()
+    retriever = BaselineRetriever(baseline, chunk=5).fit(train, v)  # several chunks of a batch
+    dense = baseline.score(prefixes).numpy()  # (B, V): the baseline's own scores, 0 = not reached
+    sessions = RequestSessions(prefixes)
+    got = retriever.retrieve(sessions, 12)
+    ties = 0
+    for row in range(len(prefixes)):
+        reached = np.flatnonzero(dense[row] > 0)
+        order = reached[np.lexsort((reached, -dense[row, reached]))][:12]  # best first, ties: the lower id
+        ties += len(order) - len(np.unique(dense[row, order]))
+        assert got.items[row, : len(order)].tolist() == order.tolist()
+        assert np.array_equal(got.scores[row, : len(order)].numpy(), dense[row, order])  # bit for bit
+        assert (got.items[row, len(order) :] == 0).all() and torch.isinf(got.scores[row, len(order) :]).all()
+    assert (ties > 0) == tied  # the tie rule was exercised where scores tie
+    cands = torch.cat([got.items, torch.tensor([[0, 1, 5, 41]] * len(prefixes))], dim=1)  # empty slots, OOV, others
+    scored = retriever.score(sessions, cands).numpy()
+    expected = np.where(cands.numpy() >= 2, np.take_along_axis(dense, cands.numpy(), 1), 0.0)
+    assert np.array_equal(scored, expected)
+
+
+def test_covisitation_scores_are_the_sparse_products_bit_for_bit() -> None:
+    train, prefixes, v = _knn_world()
+    cv = CoVisitation(window=3, max_neighbours=6, last_items=4, recency_decay=0.7).fit(train, v)
+    sessions = RequestSessions(prefixes)
+    product = (cv.query(sessions) @ cv.matrix).toarray()  # scipy's float64 sums
+    keys, values = cv.session_scores(sessions)
+    assert keys.tolist() == np.flatnonzero(product).tolist() and np.array_equal(values, product.ravel()[keys])
+    got = cv.retrieve(sessions, 10)
+    for row in range(len(prefixes)):
+        reached = np.flatnonzero(product[row])
+        order = reached[np.lexsort((reached, -product[row, reached]))][:10]
+        assert got.items[row, : len(order)].tolist() == order.tolist()
+        assert np.array_equal(got.scores[row, : len(order)].numpy(), product[row, order].astype(np.float32))
+
+
+def test_xlnet_retriever_without_autograd_gives_the_training_paths_scores_and_lists() -> None:
+    from sessrec.models import SessionModel, XLNetEncoder
+    from sessrec.pipeline.retrieval.index import ExactIndex
+    from sessrec.pipeline.retrieval.session_model_retriever import SessionModelRetriever
+
+    torch.manual_seed(0)
+    model = SessionModel(num_items=300, encoder=XLNetEncoder(d_model=16, n_head=2, n_layer=2), max_length=8, score_scale=8.0)
+    items = torch.randint(2, 300, (6, 8))
+    items[:, :3] = torch.tensor([[0, 0, 0], [0, 0, 5], [7, 8, 9], [0, 0, 0], [0, 4, 4], [0, 0, 0]])
+    items[5, :-1] = 0  # one item
+    reference = model.eval()(items)  # (B, V): the whole-catalogue head, with autograd's recording path
+    one_block = SessionModelRetriever(model, index=ExactIndex())
+    blocks = SessionModelRetriever(model, index=ExactIndex(block_size=37))  # the running top-k over blocks
+    with torch.inference_mode():
+        got, other = one_block.retrieve(RequestSessions(items), 20), blocks.retrieve(RequestSessions(items), 20)
+    assert torch.equal(got.items, other.items)
+    torch.testing.assert_close(got.scores, other.scores, rtol=0, atol=1e-6)  # products of other shapes round apart
+    top = reference.topk(20, dim=1)
+    assert torch.equal(got.items, top.indices)
+    torch.testing.assert_close(got.scores, top.values, rtol=0, atol=1e-5)

@@ -23,8 +23,9 @@ class SessionBaseline(Configurable):
     Every subclass registers itself and records its constructor arguments (`Configurable`), so a
     saved pipeline names a baseline by its config and rebuilds it.
 
-    Subclasses implement `_fit` and `_score`; this class checks the inputs and masks the
-    special ids. Scores of items that a baseline does not reach are 0, so they tie with each
+    Subclasses implement `_fit`, and `_score` (dense) or `_positive_scores` (the positive entries
+    only, which a retriever reads without a (B, V) matrix); each has a default from the other. This
+    class checks the inputs and masks the special ids. Scores of items that a baseline does not reach are 0, so they tie with each
     other; `TopKMetrics` ranks ties pessimistically (the target is placed after every item
     scoring at least as high), which never flatters a baseline.
     """
@@ -79,12 +80,35 @@ class SessionBaseline(Configurable):
 
     __call__ = score
 
+    def positive_scores(self, prefixes: torch.Tensor | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The positive entries of `score` (B, V): ``keys`` row * V + item, ascending, and their float32
+        scores; every other entry scores 0 (not reached) or -inf (a special id)."""
+        if not self.fitted:
+            raise RuntimeError(
+                f"{type(self).__name__} is not fitted: call fit(training_sessions, num_items) first"
+            )
+        return self._positive_scores(_as_ids(prefixes, self.num_items, "prefixes"))
+
     def _fit(self, sessions: np.ndarray) -> None:
         raise NotImplementedError
 
     def _score(self, prefixes: np.ndarray) -> torch.Tensor:
-        """(B, V) float32 scores, writable; the special columns are overwritten by `score`."""
-        raise NotImplementedError
+        """(B, V) float32 scores, writable; the special columns are overwritten by `score`. By default
+        the entries of `_positive_scores`, 0 elsewhere."""
+        if type(self)._positive_scores is SessionBaseline._positive_scores:
+            raise NotImplementedError(f"{type(self).__name__} implements neither _score nor _positive_scores")
+        keys, values = self._positive_scores(prefixes)
+        scores = np.zeros(len(prefixes) * self.num_items, dtype=np.float32)
+        scores[keys] = values
+        return torch.from_numpy(scores.reshape(len(prefixes), self.num_items))
+
+    def _positive_scores(self, prefixes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`positive_scores` of checked prefixes; by default read off `_score`'s dense matrix."""
+        scores = self._score(prefixes)
+        scores[:, :NUM_SPECIAL] = float("-inf")
+        flat = scores.flatten().numpy()
+        keys = np.flatnonzero(flat > 0)
+        return keys, flat[keys]
 
 
 def _as_ids(items: torch.Tensor | np.ndarray, num_items: int, what: str) -> np.ndarray:

@@ -31,7 +31,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
-import torch
 
 from sessrec.data.vocab import NUM_SPECIAL
 
@@ -40,21 +39,25 @@ MAX_POSITIONS = 63
 
 @dataclass
 class SessionItems:
-    """Distinct items of sessions with the position of their latest occurrence.
+    """Distinct items of sessions with the position of their latest occurrence, as the arrays of a
+    (S, V) CSR matrix (no scipy object: a request's prefix builds one per call).
 
     Attributes:
-        positions: (S, V) CSR int64, entry (s, i) = 1-based position of item i's last
-            occurrence in session s; rows have sorted column indices.
+        indptr: (S + 1,) where each session's entries begin.
+        items: (nnz,) int64 item of each entry, ascending within a session.
+        positions: (nnz,) int64 1-based position of the item's last occurrence in the session.
         lengths: (S,) events per session (OOV included, padding not).
     """
 
-    positions: sp.csr_matrix
+    indptr: np.ndarray
+    items: np.ndarray
+    positions: np.ndarray
     lengths: np.ndarray
 
     @property
     def num_distinct(self) -> np.ndarray:
         """(S,) distinct known items per session."""
-        return np.diff(self.positions.indptr)
+        return np.diff(self.indptr)
 
     def entry_rows(self) -> np.ndarray:
         """(nnz,) session of each (session, item) entry."""
@@ -81,10 +84,9 @@ def session_items(items: np.ndarray, num_items: int) -> SessionItems:
     uniq, first_reversed = np.unique(keys[::-1], return_index=True)
     latest = len(keys) - 1 - first_reversed
     values = position[rows[latest], cols[latest]].astype(np.int64)
-    counts = np.bincount(uniq // num_items, minlength=n)
-    indptr = np.concatenate([[0], np.cumsum(counts)])
-    positions = sp.csr_matrix((values, uniq % num_items, indptr), shape=(n, num_items))
-    return SessionItems(positions=positions, lengths=lengths)
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(uniq // num_items, minlength=n), out=indptr[1:])
+    return SessionItems(indptr=indptr, items=uniq % num_items, positions=values, lengths=lengths)
 
 
 @dataclass
@@ -122,11 +124,15 @@ class SessionIndex:
         self.items = session_items(sessions, num_items)
         self.num_sessions, self.num_items = len(sessions), num_items
         self.session_bits = session_bits
-        self._by_item = self.items.positions.T.tocsr()  # (V, N): each item's training sessions, its position in each
+        m = self.items
+        by_session = sp.csr_matrix((m.positions, m.items, m.indptr), shape=(len(sessions), num_items))
+        self._by_item = by_session.T.tocsr()  # (V, N): each item's training sessions, its position in each
+        self._item_sessions = np.diff(self._by_item.indptr)  # (V,) training sessions of each item
+        self.session_sizes = self.items.num_distinct  # (N,) distinct items of each training session
 
     def document_frequency(self) -> np.ndarray:
         """(V,) number of training sessions that contain each item."""
-        return np.bincount(self.items.positions.indices, minlength=self.num_items)
+        return np.bincount(self.items.items, minlength=self.num_items)
 
     def candidates(self, prefix: SessionItems, sample_size: int) -> Pairs:
         """Training sessions sharing at least one item with each prefix, the `sample_size` most recent.
@@ -135,10 +141,10 @@ class SessionIndex:
             prefix: `SessionItems` of the batch of prefixes (B rows).
             sample_size: keep the most recent candidates of each prefix; 0 keeps all.
         """
-        items, bits = prefix.positions.indices, np.left_shift(np.int64(1), prefix.positions.data - 1)
+        items, bits = prefix.items, np.left_shift(np.int64(1), prefix.positions - 1)
         index = self._by_item
-        counts = np.diff(index.indptr)[items]  # (entries,) training sessions holding each item of each prefix
-        flat = np.repeat(index.indptr[items] - (np.cumsum(counts) - counts), counts) + np.arange(int(counts.sum()))
+        counts = self._item_sessions[items]  # (entries,) training sessions holding each item of each prefix
+        flat = ranges(index.indptr[items], counts)
         key = np.repeat(prefix.entry_rows().astype(np.int64), counts) * self.num_sessions + index.indices[flat]
         order = np.argsort(key, kind="stable")  # by prefix, then training session (oldest to most recent)
         key = key[order]
@@ -152,19 +158,29 @@ class SessionIndex:
         if self.session_bits:
             pairs.session_bits = mask(np.left_shift(np.int64(1), index.data[flat] - 1))
         if sample_size > 0:
-            ends = np.cumsum(np.bincount(row, minlength=prefix.positions.shape[0]))  # past each prefix's last pair
+            ends = np.cumsum(np.bincount(row, minlength=len(prefix.lengths)))  # past each prefix's last pair
             from_end = ends[row] - 1 - np.arange(len(row))  # 0 = most recent candidate
             pairs = pairs.take(from_end < sample_size)
         return pairs
 
     def neighbour_items(self, pairs: Pairs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every (pair, item of its training session): pair index, item id, item position (each (E,))."""
-        m = self.items.positions
-        starts, counts = m.indptr[pairs.col], np.diff(m.indptr)[pairs.col]
+        m = self.items
+        counts = self.session_sizes[pairs.col]
         pair = np.repeat(np.arange(len(pairs.col)), counts)
-        offset = np.arange(len(pair)) - np.repeat(np.cumsum(counts) - counts, counts)
-        flat = np.repeat(starts, counts) + offset
-        return pair, m.indices[flat].astype(np.int64), m.data[flat]
+        flat = ranges(m.indptr[pairs.col], counts)
+        return pair, m.items[flat], m.positions[flat]
+
+
+def ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The indices ``starts[j], ..., starts[j] + counts[j] - 1`` of every j, one after the other.
+
+    Examples:
+        >>> ranges(np.array([5, 0]), np.array([2, 3])).tolist()
+        [5, 6, 0, 1, 2]
+    """
+    ends = np.cumsum(counts)
+    return np.repeat(starts - (ends - counts), counts) + np.arange(ends[-1] if len(ends) else 0)
 
 
 def sum_over_bits(
@@ -193,43 +209,39 @@ def sum_over_bits(
 
 
 def top_k(row: np.ndarray, col: np.ndarray, score: np.ndarray, k: int) -> np.ndarray:
-    """Indices of the `k` highest positive scores per row; ties go to the more recent (higher) col."""
-    positive = np.flatnonzero(score > 0)
-    order = positive[np.lexsort((-col[positive], -score[positive], row[positive]))]
+    """Indices of the `k` highest positive scores per row; ties go to the more recent (higher) col.
+
+    The entries come sorted by (row, col), as `SessionIndex.candidates` gives its pairs: read
+    backwards they are by decreasing col within each row, so two stable sorts (by decreasing score,
+    then by row) order them by (row, score descending, col descending) without a three-key sort.
+    """
+    positive = np.flatnonzero(score > 0)[::-1]
+    by_score = positive[np.argsort(-score[positive], kind="stable")]
+    order = by_score[np.argsort(row[by_score], kind="stable")]
     sorted_rows = row[order]
     first = np.searchsorted(sorted_rows, sorted_rows, side="left")
     rank = np.arange(len(order)) - first  # 0 = best of its row
     return order[rank < k]
 
 
-SUM_CELLS = 1 << 20  # (row, item) cells summed at once: a float64 block of 8 MiB
-
-
-def dense_sums(row: np.ndarray, col: np.ndarray, values: np.ndarray, shape: tuple[int, int],
-               col_factor: np.ndarray | None = None) -> torch.Tensor:
-    """(B, V) float32 tensor of the float64 sums of `values` (E,) at their (row, col), added in the
-    order given, each sum then times ``col_factor[col]`` when given; 0 where nothing was added.
-
-    `row` must be ascending (the entries grouped by row). The sums are taken a block of rows at a
-    time (`SUM_CELLS` cells), so no float64 array of all (B, V) cells is ever held.
+def item_sums(row: np.ndarray, col: np.ndarray, values: np.ndarray, num_items: int,
+              col_factor: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The float64 sums of `values` (E,) per (row, col), added in the order given, each then times
+    ``col_factor[col]`` when given: ``keys`` row * `num_items` + col (ascending, one per pair present)
+    and the float32 sums. Only the pairs present are held (no (B, V) array).
 
     Examples:
-        >>> dense_sums(np.array([0, 0, 1]), np.array([2, 2, 0]), np.array([0.5, 0.25, 1.0]), (2, 3)).tolist()
-        [[0.0, 0.0, 0.75], [1.0, 0.0, 0.0]]
+        >>> keys, sums = item_sums(np.array([0, 0, 1]), np.array([2, 2, 0]), np.array([0.5, 0.25, 1.0]), 3)
+        >>> keys.tolist(), sums.tolist()
+        ([2, 3], [0.75, 1.0])
     """
-    b, v = shape
-    if len(row) > 1 and bool((np.diff(row) < 0).any()):
-        raise ValueError("dense_sums needs the entries grouped by row: row must be ascending")
-    out = np.zeros(shape, dtype=np.float32)
-    step = max(1, SUM_CELLS // max(v, 1))
-    bounds = np.searchsorted(row, np.arange(0, b + step, step))  # entries of each block of rows
-    for block, lo in enumerate(range(0, b, step)):
-        at = slice(bounds[block], bounds[block + 1])
-        if at.start == at.stop:
-            continue
-        rows = min(step, b - lo)
-        sums = np.bincount((row[at] - lo) * v + col[at], values[at], minlength=rows * v).reshape(rows, v)
-        if col_factor is not None:
-            sums *= col_factor  # after the sum, as the sum of the spread weights times the item's factor
-        out[lo : lo + rows] = sums
-    return torch.from_numpy(out)
+    keys = row * num_items + col
+    order = np.argsort(keys, kind="stable")  # the entries of one pair keep the order given
+    step = np.diff(keys[order], prepend=-1) != 0  # where each pair's entries begin
+    at = np.empty(len(keys), dtype=np.int64)
+    at[order] = np.cumsum(step) - 1  # each entry's pair
+    keys = keys[order][step]
+    sums = np.bincount(at, values, minlength=len(keys))
+    if col_factor is not None:
+        sums *= col_factor[keys % num_items]  # after the sum, as the sum of the spread weights times the item's factor
+    return keys, sums.astype(np.float32)

@@ -20,8 +20,8 @@ Session kNN with three exponential decays. For a prefix s with events 1..|s| (la
 
 A lambda set to None switches its decay off (weight 1). Items of the prefix itself are scored
 like any other; items no neighbour contains score 0 and tie, ranked pessimistically by
-`TopKMetrics`. Everything runs per batch of prefixes: a sparse product finds the candidates, and the
-neighbours' items are gathered and summed per (prefix, item) (`dense_sums`).
+`TopKMetrics`. Everything runs per batch of prefixes: an item -> sessions index finds the candidates,
+and the neighbours' items are gathered and summed per (prefix, item) reached (`item_sums`).
 
 Shape letters: N training sessions, B prefixes, L positions, V items, P candidate pairs,
 E (neighbour, item) entries.
@@ -37,10 +37,9 @@ Examples:
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from sessrec.baselines.baseline import SessionBaseline
-from sessrec.baselines.knn import SessionIndex, dense_sums, session_items, sum_over_bits, top_k
+from sessrec.baselines.knn import SessionIndex, item_sums, session_items, sum_over_bits, top_k
 
 
 class STAN(SessionBaseline):
@@ -80,17 +79,17 @@ class STAN(SessionBaseline):
             return np.ones(np.broadcast(np.asarray(position), np.asarray(length)).shape)
         return np.exp((np.asarray(position, dtype=np.float64) - length) / self.lambda_1)
 
-    def _score(self, prefixes: np.ndarray) -> torch.Tensor:
-        b, width = prefixes.shape
+    def _positive_scores(self, prefixes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        width = prefixes.shape[1]
         prefix = session_items(prefixes, self.num_items)
         pairs = self.index.candidates(prefix, self.sample_size)
         length = prefix.lengths[pairs.row]  # (P,)
         overlap, _ = sum_over_bits(
             pairs.prefix_bits, lambda p, on: self._position_weight(p, length[on]), width
         )
-        w1 = self._position_weight(prefix.positions.data, prefix.lengths[prefix.entry_rows()])
+        w1 = self._position_weight(prefix.positions, prefix.lengths[prefix.entry_rows()])
         norm = prefix.row_norms(w1)  # (B,)
-        size = self.index.items.num_distinct[pairs.col]
+        size = self.index.session_sizes[pairs.col]
         sim = overlap / np.maximum(norm[pairs.row] * np.sqrt(size), 1e-300)
         if self.lambda_2 is not None:
             sim = sim * np.exp(-(self.index.num_sessions - 1 - pairs.col) / self.lambda_2)
@@ -102,4 +101,5 @@ class STAN(SessionBaseline):
         weight = sim[chosen][pair]
         if self.lambda_3 is not None:
             weight = weight * np.exp(-np.abs(position - anchor[pair]) / self.lambda_3)
-        return dense_sums(neighbours.row[pair], item, weight, (b, self.num_items))
+        keys, sums = item_sums(neighbours.row[pair], item, weight, self.num_items)
+        return keys[sums > 0], sums[sums > 0]

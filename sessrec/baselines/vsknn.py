@@ -20,8 +20,8 @@ is the training sessions' rank in time order (see `sessrec.baselines.knn`), idf 
 than events, ``linear`` weights are clipped at 0 instead of being cut after position 10, and
 scores are not divided by their maximum (the ranking is the same).
 
-Everything runs per batch of prefixes: a sparse product finds the candidates, and the neighbours'
-items are gathered and summed per (prefix, item) (see `sessrec.baselines.knn`).
+Everything runs per batch of prefixes: an item -> sessions index finds the candidates, and the
+neighbours' items are gathered and summed per (prefix, item) reached (see `sessrec.baselines.knn`).
 
 Shape letters: N training sessions, B prefixes, L positions, V items, P candidate pairs.
 
@@ -41,10 +41,9 @@ from __future__ import annotations
 from typing import Literal
 
 import numpy as np
-import torch
 
 from sessrec.baselines.baseline import SessionBaseline
-from sessrec.baselines.knn import SessionIndex, dense_sums, session_items, sum_over_bits, top_k
+from sessrec.baselines.knn import SessionIndex, item_sums, session_items, sum_over_bits, top_k
 
 Weighting = Literal["same", "div", "linear", "quadratic", "log"]
 
@@ -119,8 +118,8 @@ class VSKNN(SessionBaseline):
         idf = np.log(max(len(sessions), 1) / np.maximum(df, 1))  # items in no session: 0, never reached
         self.item_factor = 1.0 + self.idf_weighting * idf  # (V,)
 
-    def _score(self, prefixes: np.ndarray) -> torch.Tensor:
-        b, width = prefixes.shape
+    def _positive_scores(self, prefixes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        width = prefixes.shape[1]
         prefix = session_items(prefixes, self.num_items)
         pairs = self.index.candidates(prefix, self.sample_size)
         length = prefix.lengths[pairs.row]  # (P,) events of each pair's prefix
@@ -130,13 +129,14 @@ class VSKNN(SessionBaseline):
         if self.similarity == "dot":
             sim = overlap / np.maximum(prefix.num_distinct, 1)[pairs.row]
         else:
-            w = position_weight(self.weighting, prefix.positions.data, prefix.lengths[prefix.entry_rows()])
+            w = position_weight(self.weighting, prefix.positions, prefix.lengths[prefix.entry_rows()])
             norm = prefix.row_norms(w)  # (B,)
-            size = self.index.items.num_distinct[pairs.col]
+            size = self.index.session_sizes[pairs.col]
             sim = overlap / np.maximum(norm[pairs.row] * np.sqrt(size), 1e-300)
         chosen = np.sort(top_k(pairs.row, pairs.col, sim, self.k))  # by prefix, then oldest first: the order summed in
         neighbours = pairs.take(chosen)
         weight = sim[chosen] * step_decay(self.weighting_score, length[chosen] - latest[chosen] + 1)
         pair, item, _ = self.index.neighbour_items(neighbours)  # (E,) every item of every neighbour
         factor = self.item_factor if self.idf_weighting else None
-        return dense_sums(neighbours.row[pair], item, weight[pair], (b, self.num_items), factor)
+        keys, sums = item_sums(neighbours.row[pair], item, weight[pair], self.num_items, factor)
+        return keys[sums > 0], sums[sums > 0]

@@ -110,6 +110,18 @@ class XLNetEncoder(HFEncoder):
         )
         return out.last_hidden_state
 
+    def position_sinusoids(self, length: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """(P, 1, D) sinusoids for distances L .. -L + 1, the same numbers as HF's
+        ``relative_positional_encoding``; a constant of L, kept per (L, device, dtype) outside tracing
+        (and apart for inference mode, whose tensors autograd may not save)."""
+        if _symbolic():
+            return self.xlnet.relative_positional_encoding(length, length).to(device=device, dtype=dtype)
+        key = (length, device, dtype, torch.is_inference_mode_enabled())
+        cache = self.__dict__.setdefault("_sinusoids", {})
+        if key not in cache:
+            cache[key] = self.xlnet.relative_positional_encoding(length, length).to(device=device, dtype=dtype)
+        return cache[key]
+
     def content_stream(self, embeddings: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """(B, L, D) embeddings, (B, L) bool real positions -> (B, L, D): HF's content stream, batch-first.
 
@@ -125,8 +137,7 @@ class XLNetEncoder(HFEncoder):
         allowed = real[:, None, None, :] | torch.eye(length, dtype=torch.bool, device=embeddings.device)
         bias = torch.zeros(allowed.shape, dtype=embeddings.dtype, device=embeddings.device)
         bias = bias.masked_fill(~allowed, float("-inf"))  # (B, 1, L, L)
-        # (P, 1, D) sinusoids for distances L .. -L + 1, the same numbers as HF's
-        pos = xlnet.relative_positional_encoding(length, length).to(device=embeddings.device, dtype=embeddings.dtype)
+        pos = self.position_sinusoids(length, embeddings.device, embeddings.dtype)  # (P, 1, D)
         if xlnet.dropout.training and xlnet.dropout.p > 0:
             pos = xlnet.dropout(pos.transpose(0, 1).expand(b, -1, -1))  # (B, P, D): a mask per session
         else:
@@ -134,17 +145,34 @@ class XLNetEncoder(HFEncoder):
         real_at = None if _symbolic() else real.nonzero(as_tuple=True)  # ((R,), (R,)) batch and column
         if real_at is not None and len(real_at[0]) == b * length:
             real_at = None  # no padding: nothing to skip
-        h = embeddings.reshape(b * length, d) if real_at is None else _RealRows.apply(embeddings, real_at, (0, 1, 2))
+        h = embeddings.reshape(b * length, d) if real_at is None else _real_rows(embeddings, real_at, (0, 1, 2))
         h = xlnet.dropout(h)  # (R, D)
         for layer in xlnet.layer:
             h = _attention_block(layer.rel_attn, h, real_at, b, pos, bias)
             h = layer.ff(h)
         h = xlnet.dropout(h)
         if real_at is not None:
-            return _PaddedRows.apply(h, real_at, (b, length, d), (0, 1, 2))
+            return _padded_rows(h, real_at, (b, length, d), (0, 1, 2))
         if _symbolic():  # padding rows were computed: zero them as above
             return h.view(b, length, d) * real[..., None].to(h.dtype)
         return h.view(b, length, d)  # no padding
+
+
+def _padded_rows(rows: torch.Tensor, real_at: tuple[torch.Tensor, torch.Tensor], shape: tuple[int, ...],
+                 order: tuple[int, ...]) -> torch.Tensor:
+    """`_PaddedRows`; without autograd (inference) the same writes without the Function's call overhead."""
+    if torch.is_grad_enabled() and rows.requires_grad:
+        return _PaddedRows.apply(rows, real_at, shape, order)
+    out = rows.new_zeros(shape)
+    out.permute(order).index_put_(real_at, rows)
+    return out
+
+
+def _real_rows(padded: torch.Tensor, real_at: tuple[torch.Tensor, torch.Tensor], order: tuple[int, ...]) -> torch.Tensor:
+    """`_RealRows`; without autograd (inference) the same gather without the Function's call overhead."""
+    if torch.is_grad_enabled() and padded.requires_grad:
+        return _RealRows.apply(padded, real_at, order)
+    return padded.permute(order)[real_at]
 
 
 def _symbolic() -> bool:
@@ -177,7 +205,7 @@ def _attention_block(
     if real_at is None:
         q, k, v = qkv.view(b, length, 3, heads, width).permute(2, 0, 3, 1, 4).contiguous().unbind(0)
     else:  # written straight into (3, B, H, L, E) order; padding queries, keys and values are 0
-        q, k, v = _PaddedRows.apply(qkv, real_at, (3, b, heads, length, width), (1, 3, 0, 2, 4)).unbind(0)
+        q, k, v = _padded_rows(qkv, real_at, (3, b, heads, length, width), (1, 3, 0, 2, 4)).unbind(0)
     # content score (HF's ac) and position score (bd) against every distance, then bd's shift
     content = torch.matmul(q + attn.r_w_bias[:, None, :], k.transpose(-1, -2))  # (B, H, L, L)
     pos_keys = (pos @ attn.r.view(d, heads * width)).view(*pos.shape[:2], heads, width)  # (B or 1, P, H, E)
@@ -188,7 +216,7 @@ def _attention_block(
     if real_at is None:
         vec = vec.transpose(1, 2).reshape(b * length, heads * width)
     else:
-        vec = _RealRows.apply(vec, real_at, (0, 2, 1, 3)).view(-1, heads * width)  # (R, H E)
+        vec = _real_rows(vec, real_at, (0, 2, 1, 3)).view(-1, heads * width)  # (R, H E)
     out = vec @ attn.o.view(d, heads * width).T  # (R, D)
     return attn.layer_norm(attn.dropout(out) + h)
 

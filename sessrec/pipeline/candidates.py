@@ -13,7 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 
 from sessrec.data.vocab import NUM_SPECIAL, PAD
 
@@ -108,14 +110,16 @@ class Candidates:
         scores = None if self.scores is None else self.scores.masked_fill(~mask, float("-inf"))
         return replace(self, items=items, scores=scores)
 
-    def compact(self) -> Candidates:
-        """Move the filled slots to the front of each row (stable) and drop all-empty columns."""
-        order = torch.argsort((~self.valid).to(torch.int8), dim=1, stable=True)
-        width = max(int(self.valid.sum(dim=1).max()) if len(self.items) else 0, 1)
-        order = order[:, :width]
-        pick = lambda t: t.gather(1, order)  # noqa: E731
-        scores = None if self.scores is None else pick(self.scores)
-        return Candidates(pick(self.items), {k: pick(v) for k, v in self.features.items()}, scores)
+    def compact(self, width: int | None = None) -> Candidates:
+        """Move the filled slots to the front of each row (stable) and drop all-empty columns; with
+        `width`, then keep that many columns (cut, or padded with empty slots and zero features)."""
+        filled = max(int(self.valid.sum(dim=1).max()) if len(self.items) else 0, 1)
+        order = torch.argsort((~self.valid).to(torch.int8), dim=1, stable=True)[:, : filled if width is None else min(filled, width)]
+        pad = 0 if width is None else width - order.shape[1]
+        pick = lambda t: F.pad(t.gather(-1, order.expand(*t.shape[:-2], *order.shape)), (0, pad))
+        names = list(self.features)
+        features = dict(zip(names, pick(torch.stack([self.features[n] for n in names])).unbind(0))) if names else {}
+        return Candidates(pick(self.items), features, None if self.scores is None else pick(self.scores))
 
 
 @dataclass
@@ -144,52 +148,48 @@ def merge(retrieved: dict[str, Retrieved]) -> Candidates:
     b = retrieved[names[0]].items.shape[0]
     device = retrieved[names[0]].items.device
     items = torch.cat([retrieved[n].items for n in names], dim=1).long()  # (B, S) stacked sources
-    source = torch.cat(
-        [torch.full(retrieved[n].items.shape, i, dtype=torch.long, device=device) for i, n in enumerate(names)], 1
-    )
-    rank = torch.cat([torch.arange(1, r.items.shape[1] + 1, device=device).expand(b, -1) for r in retrieved.values()], 1)
-    score = torch.cat([r.scores.float() for r in retrieved.values()], 1)
+    score = torch.cat([retrieved[n].scores.float() for n in names], 1)
+    widths = [retrieved[n].items.shape[1] for n in names]
+    # each stacked column's source and 1-based rank there
+    col_source = torch.from_numpy(np.repeat(np.arange(len(names)), widths)).to(device)
+    col_rank = torch.from_numpy(np.concatenate([np.arange(1, w + 1) for w in widths])).to(device)
     valid = items >= NUM_SPECIAL
-    # one key per (row, item): sort them, number the distinct ones within each row
-    row = torch.arange(b, device=device).unsqueeze(1).expand_as(items)
+    # one key per (row, item): sort them (invalid last), number the distinct ones within each row
+    row = torch.arange(b, device=device).unsqueeze(1)
     big = int(items.max()) + 1 if items.numel() else 1
-    key = torch.where(valid, row * big + items, torch.full_like(items, b * big))  # invalid last
+    key = torch.where(valid, row * big + items, b * big)
     flat_key, order = key.flatten().sort(stable=True)
-    uniq, inverse = torch.unique_consecutive(flat_key, return_inverse=True)
-    keep = uniq < b * big
-    uniq = uniq[keep]
+    n_valid = int(valid.sum())
+    uniq, entry = torch.unique_consecutive(flat_key[:n_valid], return_inverse=True)  # entry: distinct index of each
+    order = order[:n_valid]
     n_uniq = len(uniq)
     u_row, u_item = uniq // big, uniq % big  # u_row ascending: uniq is sorted
-    # per distinct (row, item): features of each source, scattered from the stacked entries
-    entry = inverse  # (S * B,) distinct index of each sorted entry; >= n_uniq for invalid ones
-    ok = entry < n_uniq
-    e_src, e_rank, e_score = source.flatten()[order][ok], rank.flatten()[order][ok], score.flatten()[order][ok]
-    e_idx = entry[ok]
-    feats = {}
+    # per distinct (row, item) and source: its rank and score there (a source lists an item once)
+    column = order % items.shape[1]
+    source = col_source[column]
+    ranks = torch.zeros(n_uniq, len(names), 2, device=device)  # (rank, score) of each source
+    ranks[entry, source, 0] = col_rank[column].float()
+    ranks[entry, source, 1] = score.flatten()[order]
     # priority: the sum of 1 / rank added source by source in the order given, so that every device
-    # rounds it alike (an index_add_ on CUDA adds in no fixed order, and float sums depend on it)
+    # rounds it alike (a sum along a dimension adds in no fixed order, and float sums depend on it)
+    rank = ranks[..., 0]
+    inverse = torch.where(rank > 0, 1.0 / rank.double().clamp(min=1), 0.0)  # ranks are small integers: exact in float32
     priority = torch.zeros(n_uniq, dtype=torch.float64, device=device)
-    for i, n in enumerate(names):
-        m = e_src == i
-        r = torch.zeros(n_uniq, device=device)
-        s = torch.zeros(n_uniq, device=device)
-        r[e_idx[m]] = e_rank[m].float()  # a source lists an item once, so no collisions
-        s[e_idx[m]] = e_score[m]
-        priority += torch.where(r > 0, 1.0 / r.double().clamp(min=1), 0.0)  # ranks are small integers: exact in float32
-        feats[f"{n}_rank"], feats[f"{n}_score"] = r, s
-    feats["sources"] = torch.zeros(n_uniq, device=device).index_add_(0, e_idx, torch.ones(len(e_idx), device=device))
+    for i in range(len(names)):
+        priority += inverse[:, i]
+    # the features as columns: {name}_rank, {name}_score of each source, then sources
+    feats = torch.cat([ranks.view(n_uniq, 2 * len(names)), (rank > 0).sum(dim=1, keepdim=True).float()], dim=1)
     # lay the distinct items out per row, by decreasing priority (ties: the lower item id)
     counts = torch.bincount(u_row, minlength=b)
     width = max(int(counts.max()) if n_uniq else 0, 1)
     by = torch.argsort(-priority, stable=True)
     by = by[torch.argsort(u_row[by], stable=True)]  # by row, then by decreasing priority
     starts = torch.cumsum(counts, 0) - counts
-    col = torch.arange(n_uniq, device=device) - starts[u_row[by]]
-    out_items = torch.zeros(b, width, dtype=torch.long, device=device)
-    out_items[u_row[by], col] = u_item[by]
-    out_feats = {}
-    for name, values in feats.items():
-        grid = torch.zeros(b, width, device=device)
-        grid[u_row[by], col] = values[by]
-        out_feats[name] = grid
-    return Candidates(out_items, out_feats)
+    slot = u_row[by] * width + torch.arange(n_uniq, device=device) - starts[u_row[by]]
+    out_items = torch.zeros(b * width, dtype=torch.long, device=device)
+    out_items[slot] = u_item[by]
+    grid = torch.zeros(feats.shape[1], b * width, device=device)
+    grid[:, slot] = feats[by].T
+    grid = grid.view(-1, b, width)
+    feature_names = [f"{n}_{what}" for n in names for what in ("rank", "score")] + ["sources"]
+    return Candidates(out_items.view(b, width), dict(zip(feature_names, grid.unbind(0))))

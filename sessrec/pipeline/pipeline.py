@@ -166,13 +166,7 @@ class Pipeline:
         cands = merge(dict(found))
         for f in self.filters:
             cands = f.apply(sessions, cands)
-        cands = cands.compact()
-        width = self.max_candidates
-        if cands.items.shape[1] >= width:
-            keep = slice(0, width)
-            return Candidates(cands.items[:, keep], {n: v[:, keep] for n, v in cands.features.items()})
-        pad = lambda t: torch.nn.functional.pad(t, (0, width - t.shape[1]))  # noqa: E731
-        return Candidates(pad(cands.items), {n: pad(v) for n, v in cands.features.items()})
+        return cands.compact(self.max_candidates)
 
     # -- stages 3 and 4 -------------------------------------------------------------------------
     @torch.no_grad()

@@ -1,15 +1,16 @@
 """`BaselineRetriever`: candidates from a session-kNN baseline (`VSKNN`, `STAN`) or most-popular.
 
-The baseline scores the whole catalogue per batch (sparse products over the training sessions,
-see `sessrec.baselines.knn`); the top-K are the candidates, and the same score row, kept in the
-batch's cache, scores any other candidate. Items no neighbour reached score 0 and are never
-returned as candidates.
+The baseline scores the catalogue per batch, only the items its neighbours reach
+(`SessionBaseline.positive_scores`; see `sessrec.baselines.knn`); the top-K of those are the
+candidates (ties: the lower id), and the same entries, kept in the batch's cache, score any other
+candidate. Items no neighbour reached score 0 and are never returned as candidates.
 
 Shape letters: B sessions, K candidates, V items, N training sessions, L positions.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,7 +19,7 @@ import torch
 
 from sessrec.baselines import SessionBaseline
 from sessrec.pipeline.candidates import RequestSessions, Retrieved
-from sessrec.pipeline.retrieval.retriever import Retriever, top_k_dense
+from sessrec.pipeline.retrieval.retriever import Retriever, lookup_sparse, top_k_sparse
 
 
 class BaselineRetriever(Retriever):
@@ -45,27 +46,33 @@ class BaselineRetriever(Retriever):
         self.baseline.fit(self.sessions, num_items)
         return self
 
-    def _scores(self, sessions: RequestSessions) -> torch.Tensor:
-        """(B, V) scores on the sessions' device, 0 = not reached, cached on the batch."""
+    def _scores(self, sessions: RequestSessions) -> tuple[np.ndarray, np.ndarray]:
+        """The positive scores of the batch (`SessionBaseline.positive_scores`): keys row * V + item,
+        ascending, and float32 values; cached on the batch."""
         key = f"scores:{id(self)}"
         if key not in sessions.cache:
             items = sessions.items
             width = self.sessions.shape[1] if self.sessions is not None else items.shape[1]
             items = items[:, -width:] if items.shape[1] > width else items
-            with torch.device("cpu"):  # the baselines compute on the host, whatever the default device
-                parts = [self.baseline.score(items[lo : lo + self.chunk]) for lo in range(0, len(items), self.chunk)]
-                scores = torch.cat(parts) if parts else torch.zeros(0, self.baseline.num_items)
-            sessions.cache[key] = scores.to(items.device)
+            v = self.baseline.num_items
+            # the baselines compute on the host, whatever the default device (a device context costs every torch call)
+            with contextlib.nullcontext() if torch.get_default_device().type == "cpu" else torch.device("cpu"):
+                parts = [self.baseline.positive_scores(items[lo : lo + self.chunk]) for lo in range(0, len(items), self.chunk)]
+            keys = np.concatenate([part[0] + i * self.chunk * v for i, part in enumerate(parts)] or [np.zeros(0, np.int64)])
+            values = np.concatenate([part[1] for part in parts] or [np.zeros(0, np.float32)])
+            sessions.cache[key] = (keys, values)
         return sessions.cache[key]
 
     def retrieve(self, sessions: RequestSessions, k: int) -> Retrieved:
-        scores = self._scores(sessions)
-        reached = torch.where(scores > 0, scores, torch.full_like(scores, float("-inf")))
-        return top_k_dense(reached, k)
+        keys, values = self._scores(sessions)
+        v = self.baseline.num_items
+        return top_k_sparse(keys, values, len(sessions), v, min(k, v), sessions.items.device)
 
     def score(self, sessions: RequestSessions, items: torch.Tensor) -> torch.Tensor:
-        scores = self._scores(sessions).gather(1, items.long())
-        return torch.where(torch.isfinite(scores), scores, torch.zeros_like(scores))
+        keys, values = self._scores(sessions)
+        cand = items.detach().cpu().long().numpy()
+        rows = np.broadcast_to(np.arange(len(cand))[:, None], cand.shape)
+        return torch.from_numpy(lookup_sparse(keys, values, rows, cand, self.baseline.num_items)).to(items.device)
 
     def state_dict(self) -> dict[str, Any]:
         if self.sessions is None:

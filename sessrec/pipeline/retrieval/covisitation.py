@@ -12,7 +12,8 @@ Retrieve. A session's query is its last `last_items` distinct real items, the mo
 weighing 1 and the r-th before it ``recency_decay ** r`` (r counts distinct items, not events),
 and its scores are the query times W: score(i) = sum_j q_j W[j, i]. Items of the session
 itself can be returned when they co-visit with the others (filters remove them if wanted).
-W and the products are scipy matrices on the host; results come back on the sessions' device.
+W is a scipy matrix on the host; a batch's scores are summed over the rows of W its queries name
+(no (V,) array per call); results come back on the sessions' device.
 
 The defaults come from rsc15_100k validation (last-item prefixes). Over the usual ranges,
 window, last_items, recency_decay and max_neighbours barely move the ranking quality; two
@@ -45,9 +46,10 @@ import scipy.sparse as sp
 import torch
 
 from sessrec.baselines.baseline import _as_ids
+from sessrec.baselines.knn import ranges
 from sessrec.data.vocab import NUM_SPECIAL
 from sessrec.pipeline.candidates import RequestSessions, Retrieved
-from sessrec.pipeline.retrieval.retriever import Retriever
+from sessrec.pipeline.retrieval.retriever import Retriever, lookup_sparse, row_ranks, top_k_sparse
 
 Direction = Literal["forward", "both"]
 _FITS = itertools.count()  # numbers each fitted matrix: its products' key in `RequestSessions.cache`
@@ -148,7 +150,7 @@ class CoVisitation(Retriever):
         """Keep the `max_neighbours` largest entries of each row (ties: lower id), then normalise."""
         counts.sort_indices()
         row = _entry_rows(counts)
-        keep = _row_ranks(row, counts.data, counts.indices) < self.max_neighbours
+        keep = row_ranks(row, counts.data, counts.indices) < self.max_neighbours
         data, indices, row = counts.data[keep], counts.indices[keep], row[keep]
         if self.normalize:
             data = data / np.bincount(row, data, minlength=self.num_items)[row]
@@ -158,6 +160,7 @@ class CoVisitation(Retriever):
     def _set_matrix(self, matrix: sp.csr_matrix) -> None:
         self.matrix = matrix
         self._keys = _entry_rows(matrix) * self.num_items + matrix.indices
+        self._row_sizes = np.diff(matrix.indptr)  # (V,) entries of each row of W
         # not id(self): a freed retriever's id is reused, and a refit must not read the old product
         self._cache_key = f"covisitation:{next(_FITS)}"
 
@@ -168,6 +171,11 @@ class CoVisitation(Retriever):
     # -- querying ------------------------------------------------------------------------------
     def query(self, sessions: RequestSessions) -> sp.csr_matrix:
         """(B, V) sparse query: recency weights of each session's last `last_items` distinct items."""
+        row, item, weight = self._query_entries(sessions)
+        return sp.csr_matrix((weight, (row, item)), shape=(len(sessions), self.num_items))
+
+    def _query_entries(self, sessions: RequestSessions) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The entries of `query` by (row, item) ascending: row (Q,), item (Q,) and float64 weight (Q,)."""
         self._check_fitted()
         items = _as_ids(sessions.items, self.num_items, "sessions")
         v = self.num_items
@@ -177,19 +185,28 @@ class CoVisitation(Retriever):
         uniq, first_reversed = np.unique(keys[::-1], return_index=True)
         latest = cols[len(keys) - 1 - first_reversed]  # (distinct,) position of each item's latest event
         u_row = uniq // v
-        recency = _row_ranks(u_row, latest, np.zeros_like(latest))  # 0 = the most recent distinct item
+        recency = row_ranks(u_row, latest, np.zeros_like(latest))  # 0 = the most recent distinct item
         keep = recency < self.last_items
-        weight = self.recency_decay ** recency[keep].astype(np.float64)
-        return sp.csr_matrix((weight, (u_row[keep], uniq[keep] % v)), shape=(len(items), v))
+        return u_row[keep], uniq[keep] % v, self.recency_decay ** recency[keep].astype(np.float64)
 
-    def session_scores(self, sessions: RequestSessions) -> sp.csr_matrix:
-        """(B, V) sparse scores query @ W, with sorted columns; kept in ``sessions.cache``."""
-        query = self.query(sessions)  # checks the sessions, even when the product is cached
+    def session_scores(self, sessions: RequestSessions) -> tuple[np.ndarray, np.ndarray]:
+        """The nonzero (B, V) scores query @ W as ``keys`` (row * V + column, ascending) and their float64
+        ``values``; kept in ``sessions.cache``.
+
+        The rows of W that the query names are gathered and summed per (row, column) in the order of
+        the sparse product (query entries by item, then W's row order), so the sums are its numbers
+        bit for bit, without the product's (V,) work arrays.
+        """
+        row, item, weight = self._query_entries(sessions)  # checks the sessions, even when the product is cached
         if self._cache_key not in sessions.cache:
-            product = (query @ self.matrix).tocsr()
-            product.sum_duplicates()  # canonical: sorted distinct columns per row
-            product.eliminate_zeros()
-            sessions.cache[self._cache_key] = product
+            m = self.matrix
+            counts = self._row_sizes[item]
+            flat = ranges(m.indptr[item], counts)
+            keys = np.repeat(row, counts) * self.num_items + m.indices[flat]
+            uniq, at = np.unique(keys, return_inverse=True)
+            sums = np.bincount(at, np.repeat(weight, counts) * m.data[flat].astype(np.float64), minlength=len(uniq))
+            nonzero = sums != 0
+            sessions.cache[self._cache_key] = (uniq[nonzero], sums[nonzero])
         return sessions.cache[self._cache_key]
 
     def retrieve(self, sessions: RequestSessions, k: int) -> Retrieved:
@@ -205,27 +222,17 @@ class CoVisitation(Retriever):
         """
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
-        scores = self.session_scores(sessions)
-        row = _entry_rows(scores)
-        rank = _row_ranks(row, scores.data, scores.indices)
-        top = rank < k
-        items = torch.zeros(len(sessions), k, dtype=torch.long, device="cpu")  # laid out on the host
-        values = torch.full((len(sessions), k), float("-inf"), device="cpu")
-        at = (torch.from_numpy(row[top]), torch.from_numpy(rank[top]))
-        items[at] = torch.from_numpy(scores.indices[top].astype(np.int64))
-        values[at] = torch.from_numpy(scores.data[top].astype(np.float32))
-        device = sessions.items.device
-        return Retrieved(items=items.to(device), scores=values.to(device))
+        keys, data = self.session_scores(sessions)
+        return top_k_sparse(keys, data, len(sessions), self.num_items, k, sessions.items.device)
 
     def score(self, sessions: RequestSessions, items: torch.Tensor) -> torch.Tensor:
         """(B, K) float32 co-visitation scores of candidates `items` (B, K); 0 where none (and at id 0)."""
         cand = self._check_items(items, "items")
         if cand.shape[0] != len(sessions):
             raise ValueError(f"items has {cand.shape[0]} rows for {len(sessions)} sessions")
-        scores = self.session_scores(sessions)
+        keys, data = self.session_scores(sessions)
         rows = np.broadcast_to(np.arange(len(cand))[:, None], cand.shape)
-        keys = _entry_rows(scores) * self.num_items + scores.indices
-        return torch.from_numpy(_lookup(keys, scores.data, rows, cand, self.num_items)).to(items.device)
+        return torch.from_numpy(lookup_sparse(keys, data, rows, cand, self.num_items)).to(items.device)
 
     def pair_weights(self, anchors: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
         """(B, K) float32 W[anchor, item]: the co-visitation of each candidate with an anchor item.
@@ -245,7 +252,7 @@ class CoVisitation(Retriever):
                 f"anchors of shape {tuple(anchors.shape)} do not match items {tuple(items.shape)}"
             )
         anchor = np.broadcast_to(anchor, cand.shape)
-        return torch.from_numpy(_lookup(self._keys, self.matrix.data, anchor, cand, self.num_items)).to(items.device)
+        return torch.from_numpy(lookup_sparse(self._keys, self.matrix.data, anchor, cand, self.num_items)).to(items.device)
 
     def _check_items(self, items: torch.Tensor, what: str) -> np.ndarray:
         """(B, K) int64 numpy ids in [0, V)."""
@@ -284,27 +291,3 @@ class CoVisitation(Retriever):
 def _entry_rows(matrix: sp.csr_matrix) -> np.ndarray:
     """(E,) int64 row of each stored entry of a CSR matrix."""
     return np.repeat(np.arange(matrix.shape[0], dtype=np.int64), np.diff(matrix.indptr))
-
-
-def _row_ranks(row: np.ndarray, value: np.ndarray, tie: np.ndarray) -> np.ndarray:
-    """(E,) 0-based rank of each entry within its row, by decreasing `value`, ties by increasing `tie`."""
-    order = np.lexsort((tie, -value, row))
-    sorted_rows = row[order]
-    ranks = np.empty(len(row), dtype=np.int64)
-    ranks[order] = np.arange(len(row)) - np.searchsorted(sorted_rows, sorted_rows, side="left")
-    return ranks
-
-
-def _lookup(keys: np.ndarray, data: np.ndarray, rows: np.ndarray, cols: np.ndarray, width: int) -> np.ndarray:
-    """float32 values at (rows, cols) of a sparse matrix given by ascending `keys` = row * width + col.
-
-    0 where there is no entry or where ``cols`` is < 2 (padding, OOV); `rows` are valid rows.
-    """
-    out = np.zeros(cols.shape, dtype=np.float32)
-    if not len(keys):
-        return out
-    want = rows * width + cols
-    at = np.minimum(np.searchsorted(keys, want), len(keys) - 1)
-    found = (keys[at] == want) & (cols >= NUM_SPECIAL)
-    out[found] = data[at[found]]
-    return out

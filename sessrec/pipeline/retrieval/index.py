@@ -145,6 +145,10 @@ class ExactIndex(Configurable):
         q = _check_search(queries, k, self.dim)
         vectors, device = self._vectors, queries.device
         q = q.to(vectors.device)
+        if len(vectors) <= self.block_size:  # one block: its top-k is the answer
+            top = (q @ vectors.T).topk(min(k, len(vectors)), dim=1)
+            scores, ids = _pad(top.values, self._ids[top.indices], k)
+            return scores.to(device), ids.to(device)
         best = q.new_empty((q.shape[0], 0))  # (B, <=k) running top-k scores
         rows = torch.empty((q.shape[0], 0), dtype=torch.long, device=q.device)  # (B, <=k) their rows
         for start in range(0, len(vectors), self.block_size):

@@ -21,8 +21,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import torch
 
+from sessrec.data.vocab import NUM_SPECIAL
 from sessrec.pipeline.candidates import RequestSessions, Retrieved
 from sessrec.saved.registry import Configurable
 
@@ -53,9 +55,40 @@ class Retriever(Configurable):
         raise NotImplementedError
 
 
-def top_k_dense(scores: torch.Tensor, k: int) -> Retrieved:
-    """Top-`k` of a (B, V) score matrix; entries at -inf (never recommendable) come back as id 0."""
-    k = min(k, scores.shape[1])
-    top = scores.topk(k, dim=1)
-    items = torch.where(torch.isfinite(top.values), top.indices, torch.zeros_like(top.indices))
-    return Retrieved(items=items, scores=top.values.float())
+def top_k_sparse(keys: np.ndarray, values: np.ndarray, rows: int, width: int, k: int,
+                 device: torch.device | str = "cpu") -> Retrieved:
+    """Top-`k` per row of a sparse (rows, width) score matrix: its entries are ``keys`` (row * width +
+    column, ascending) and ``values``; nothing else is a candidate. Best first, ties: the lower
+    column; id 0 and score -inf past a row's entries. On `device`."""
+    row, col = keys // width, keys % width
+    rank = row_ranks(row, values, col)
+    top = rank < k
+    items = np.zeros((rows, k), dtype=np.int64)  # laid out on the host
+    scores = np.full((rows, k), -np.inf, dtype=np.float32)
+    items[row[top], rank[top]] = col[top]
+    scores[row[top], rank[top]] = values[top]
+    return Retrieved(items=torch.from_numpy(items).to(device), scores=torch.from_numpy(scores).to(device))
+
+
+def lookup_sparse(keys: np.ndarray, values: np.ndarray, rows: np.ndarray, cols: np.ndarray, width: int) -> np.ndarray:
+    """float32 values at (rows, cols) of a sparse matrix given by ascending `keys` = row * width + col.
+
+    0 where there is no entry or where ``cols`` is < 2 (padding, OOV); `rows` are valid rows.
+    """
+    out = np.zeros(cols.shape, dtype=np.float32)
+    if not len(keys):
+        return out
+    want = rows * width + cols
+    at = np.minimum(np.searchsorted(keys, want), len(keys) - 1)
+    found = (keys[at] == want) & (cols >= NUM_SPECIAL)
+    out[found] = values[at[found]]
+    return out
+
+
+def row_ranks(row: np.ndarray, value: np.ndarray, tie: np.ndarray) -> np.ndarray:
+    """(E,) 0-based rank of each entry within its row, by decreasing `value`, ties by increasing `tie`."""
+    order = np.lexsort((tie, -value, row))
+    sorted_rows = row[order]
+    ranks = np.empty(len(row), dtype=np.int64)
+    ranks[order] = np.arange(len(row)) - np.searchsorted(sorted_rows, sorted_rows, side="left")
+    return ranks

@@ -100,9 +100,9 @@ def test_per_target_negatives_hand_case(logq):
     hidden, targets = torch.randn(3, 4, generator=torch.Generator().manual_seed(1)), torch.tensor([2, 3, 5])
     loss = SampledSoftmax(negatives="per_target", num_samples=6, logq_correction=logq)
     got = loss(model, hidden, targets, torch.Generator().manual_seed(4))
-    # the same draws by hand: 4 real items (2..5), uniform, 3 x 6 of them
-    samples = torch.multinomial(torch.tensor([0, 0, 1, 1, 1, 1.0]) / 4, 18, replacement=True,
-                                generator=torch.Generator().manual_seed(4)).view(3, 6)
+    # the same draws: 4 real items (2..5), uniform, 3 x 6 of them
+    samples = loss.columns(model, targets, torch.Generator().manual_seed(4)).ids
+    assert samples.shape == (3, 6) and samples.min() >= 2
     assert not torch.equal(samples[0], samples[1])  # each target its own negatives
     assert (samples == targets[:, None]).any()  # an accidental hit to remove
     rows = []
@@ -112,6 +112,16 @@ def test_per_target_negatives_hand_case(logq):
         logits = torch.cat([(hidden[i] @ model.weight[targets[i]]).reshape(1), hidden[i] @ model.weight[negs].T - shift])
         rows.append(-torch.log_softmax(logits, 0)[0])
     torch.testing.assert_close(got, torch.stack(rows).mean())
+
+
+def test_inverse_cdf_draws_follow_the_probabilities_and_skip_zeros():
+    from sessrec.tasks.losses import inverse_cdf_draws
+
+    probs = torch.tensor([0.0, 0.5, 0.0, 0.2, 0.3, 0.0])
+    drawn = inverse_cdf_draws(probs, (200, 500), torch.Generator().manual_seed(0))
+    freq = torch.bincount(drawn.reshape(-1), minlength=6).double() / drawn.numel()
+    assert freq[[0, 2, 5]].eq(0).all()
+    torch.testing.assert_close(freq, probs.double(), atol=0.005, rtol=0)
 
 
 def test_per_target_negatives_score_as_the_session_models_full_scores():
@@ -166,6 +176,10 @@ def test_samplers_never_draw_virtual_items(sampler):
     assert probs[:2].eq(0).all() and probs[8:].eq(0).all()
     assert probs[2:8].tolist() == pytest.approx([1 / 6] * 6)
     drawn = torch.multinomial(probs, 4000, replacement=True, generator=torch.Generator().manual_seed(0))
+    assert drawn.min() >= 2 and drawn.max() <= 7
+    own = SampledSoftmax(negatives="per_target", num_samples=1000, sampler=sampler, power=1.0)
+    own.set_item_counts(loss.counts)
+    drawn = own.columns(model, torch.tensor([2, 5, 7]), torch.Generator().manual_seed(0)).ids  # (3, 1000)
     assert drawn.min() >= 2 and drawn.max() <= 7
     value = loss(model, torch.randn(3, 8), torch.tensor([2, 5, 7]), torch.Generator().manual_seed(0))
     assert torch.isfinite(value)

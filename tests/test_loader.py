@@ -258,3 +258,75 @@ def test_resident_split_carries_the_host_times(device):
         for a, b in zip(getattr(host, split)(), getattr(resident, split)()):
             assert b.times.device.type == device and torch.equal(a.times, b.times.cpu())
             assert torch.equal(a.items, b.items.cpu())
+
+
+def varied(n=203, width=30, seed=0):
+    """(n, width) right-aligned rows of random lengths 1..width."""
+    lengths = torch.randint(1, width + 1, (n,), generator=torch.Generator().manual_seed(seed))
+    cols = torch.arange(width)[None, :] >= width - lengths[:, None]
+    return torch.where(cols, torch.arange(n)[:, None] + 1, 0), lengths
+
+
+def test_bucketed_batches_hold_like_lengths_every_row_once_seeded():
+    items, lengths = varied()
+    loader = SessionLoader(items, batch_size=10, shuffle=True, bucket_batches=4, seed=5)
+    batches = list(loader)
+    index = torch.cat([b.index for b in batches])
+    assert sorted(index.tolist()) == list(range(203))
+    for b in batches:
+        assert torch.equal(b.items, items[b.index][:, -b.items.shape[1]:])
+        assert b.items.shape[1] == int(lengths[b.index].max())
+    # within a pool of 4 batches the lengths are sorted: each batch spans a quarter of a pool's range
+    cells = sum(b.items.numel() for b in batches)
+    mixed = sum(b.items.numel() for b in SessionLoader(items, batch_size=10, shuffle=True, seed=5))
+    assert cells < 0.75 * mixed
+    assert [len(b) for b in batches][-1] == 3 and all(len(b) == 10 for b in batches[:-1])  # the incomplete one last
+    again = torch.cat([b.index for b in SessionLoader(items, batch_size=10, shuffle=True, bucket_batches=4, seed=5)])
+    assert torch.equal(again, index)
+    assert not torch.equal(torch.cat([b.index for b in loader]), index)  # the next epoch draws anew
+
+
+def test_one_pool_is_a_global_sort_and_batches_come_shuffled():
+    items, lengths = varied(n=100)
+    batches = list(SessionLoader(items, batch_size=10, shuffle=True, bucket_batches=10, seed=1))
+    spans = [(int(lengths[b.index].min()), int(lengths[b.index].max())) for b in batches]
+    ordered = sorted(spans)
+    assert all(hi <= lo2 for (_, hi), (lo2, _) in zip(ordered, ordered[1:]))  # disjoint length ranges
+    assert spans != ordered  # the batches' order is shuffled
+
+
+def test_bucketed_ranks_share_each_step_rows_of_like_lengths():
+    items, lengths = varied(n=120)
+    ranks = [list(SessionLoader(items, batch_size=5, shuffle=True, bucket_batches=12, seed=2, rank=r, world_size=2))
+             for r in range(2)]
+    assert len(ranks[0]) == len(ranks[1]) == 12
+    rows = [torch.cat([b.index for b in batches]) for batches in ranks]
+    assert sorted(torch.cat(rows).tolist()) == list(range(120))
+    # one pool: each step's two batches are one sorted group of 10 rows, and the groups' length ranges are disjoint
+    spans = sorted((int(lengths[a.index].min().minimum(lengths[b.index].min())),
+                    int(lengths[a.index].max().maximum(lengths[b.index].max()))) for a, b in zip(*ranks))
+    assert all(hi <= lo2 for (_, hi), (lo2, _) in zip(spans, spans[1:]))
+
+
+def test_bucketing_needs_a_row_shuffle():
+    with pytest.raises(ValueError, match="bucket_batches needs shuffle"):
+        SessionLoader(padded(10), batch_size=4, bucket_batches=2)
+    with pytest.raises(ValueError, match="bucket_batches needs shuffle"):
+        SessionLoader(padded(10), batch_size=4, shuffle=True, shuffle_chunk=2, bucket_batches=2)
+
+
+def test_trimmed_batches_score_as_the_full_width():
+    """A model's outputs for a row do not depend on the left padding the loader trims: positions count
+    from the first real item (causal) or from the end (bidirectional), and no real position attends to padding."""
+    items = padded(8, width=12)
+    for encoder, objective in ((m.SASRecEncoder(d_model=16, n_head=2, n_layer=2, dropout=0.0), m.CausalLanguageModeling()),
+                               (m.SASRecEncoder(d_model=16, n_head=2, dropout=0.0, gated=True, feed_forward="swiglu"),
+                                m.CausalLanguageModeling()),
+                               (m.BertEncoder(d_model=16, n_head=2, n_layer=1, dropout=0.0), m.MaskedItemModeling())):
+        torch.manual_seed(0)
+        model = m.SessionModel(num_items=200, encoder=encoder, max_length=12).eval()
+        with torch.no_grad():
+            full = model(items, objective)
+            trimmed = torch.cat([model(b.items, objective) for b in SessionLoader(items, batch_size=3)])
+        assert [b.items.shape[1] for b in SessionLoader(items, batch_size=3)] == [3, 6, 8]  # of 12
+        torch.testing.assert_close(trimmed, full, atol=1e-5, rtol=1e-5)

@@ -31,6 +31,9 @@ class DotScorer(torch.nn.Module):
     def score_targets(self, hidden, targets):
         return (hidden * self.weight[targets]).sum(dim=1)
 
+    def head(self, hidden, candidates):
+        return hidden, self.weight[candidates], torch.zeros(len(candidates))
+
     def catalogue_loss(self, hidden, targets, temperature=1.0, label_smoothing=0.0):
         bias = torch.zeros(self.num_items).index_fill(0, torch.tensor([0, 1]), float("-inf"))
         return catalogue_cross_entropy(hidden, self.weight, bias, targets, temperature, label_smoothing)
@@ -90,6 +93,54 @@ def test_sampled_candidates_equal_to_the_target_are_removed():
     torch.testing.assert_close(got, torch.stack(rows).mean())
 
 
+@pytest.mark.parametrize("logq", [False, True])
+def test_per_target_negatives_hand_case(logq):
+    """Each target against its own S uniform draws; a draw equal to the row's target is removed (masked)."""
+    model = DotScorer(6)
+    hidden, targets = torch.randn(3, 4, generator=torch.Generator().manual_seed(1)), torch.tensor([2, 3, 5])
+    loss = SampledSoftmax(negatives="per_target", num_samples=6, logq_correction=logq)
+    got = loss(model, hidden, targets, torch.Generator().manual_seed(4))
+    # the same draws: 4 real items (2..5), uniform, 3 x 6 of them
+    samples = loss.columns(model, targets, torch.Generator().manual_seed(4)).ids
+    assert samples.shape == (3, 6) and samples.min() >= 2
+    assert not torch.equal(samples[0], samples[1])  # each target its own negatives
+    assert (samples == targets[:, None]).any()  # an accidental hit to remove
+    rows = []
+    for i in range(3):
+        negs = samples[i][samples[i] != targets[i]]
+        shift = math.log(1 / 4 * 6) if logq else 0.0  # log(expected draws) of each negative
+        logits = torch.cat([(hidden[i] @ model.weight[targets[i]]).reshape(1), hidden[i] @ model.weight[negs].T - shift])
+        rows.append(-torch.log_softmax(logits, 0)[0])
+    torch.testing.assert_close(got, torch.stack(rows).mean())
+
+
+def test_inverse_cdf_draws_follow_the_probabilities_and_skip_zeros():
+    from sessrec.tasks.losses import inverse_cdf_draws
+
+    probs = torch.tensor([0.0, 0.5, 0.0, 0.2, 0.3, 0.0])
+    drawn = inverse_cdf_draws(probs, (200, 500), torch.Generator().manual_seed(0))
+    freq = torch.bincount(drawn.reshape(-1), minlength=6).double() / drawn.numel()
+    assert freq[[0, 2, 5]].eq(0).all()
+    torch.testing.assert_close(freq, probs.double(), atol=0.005, rtol=0)
+
+
+def test_per_target_negatives_score_as_the_session_models_full_scores():
+    from sessrec.models import SASRecEncoder, SessionModel
+
+    torch.manual_seed(0)
+    model = SessionModel(num_items=40, encoder=SASRecEncoder(d_model=8, n_head=1, n_layer=1), score_scale=16.0)
+    torch.nn.init.normal_(model.output_bias)
+    hidden, targets = torch.randn(5, 8), torch.tensor([2, 9, 9, 30, 39])
+    loss = SampledSoftmax(negatives="per_target", num_samples=7, sampler="popularity")
+    loss.set_item_counts(torch.arange(40.0))
+    columns = loss.columns(model, targets, torch.Generator().manual_seed(0))
+    assert columns.ids.shape == (5, 7) and columns.log_q.shape == (5, 8)
+    full = model.score(hidden)  # (5, 40)
+    expected = torch.cat([full.gather(1, targets[:, None]), full.gather(1, columns.ids)], 1) - columns.log_q
+    expected = expected.masked_fill(columns.removed, float("-inf"))
+    torch.testing.assert_close(columns.logits(model, hidden, targets), expected)
+
+
 def test_in_batch_negatives_hand_case():
     model = DotScorer(6)
     hidden, targets = torch.randn(3, 4), torch.tensor([2, 4, 2])  # item 2 twice: an accidental hit
@@ -125,6 +176,10 @@ def test_samplers_never_draw_virtual_items(sampler):
     assert probs[:2].eq(0).all() and probs[8:].eq(0).all()
     assert probs[2:8].tolist() == pytest.approx([1 / 6] * 6)
     drawn = torch.multinomial(probs, 4000, replacement=True, generator=torch.Generator().manual_seed(0))
+    assert drawn.min() >= 2 and drawn.max() <= 7
+    own = SampledSoftmax(negatives="per_target", num_samples=1000, sampler=sampler, power=1.0)
+    own.set_item_counts(loss.counts)
+    drawn = own.columns(model, torch.tensor([2, 5, 7]), torch.Generator().manual_seed(0)).ids  # (3, 1000)
     assert drawn.min() >= 2 and drawn.max() <= 7
     value = loss(model, torch.randn(3, 8), torch.tensor([2, 5, 7]), torch.Generator().manual_seed(0))
     assert torch.isfinite(value)

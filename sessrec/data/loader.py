@@ -40,6 +40,13 @@ class SessionLoader:
         shuffle: permute rows every epoch (seeded by `seed` and the epoch number).
         shuffle_chunk: when > 1, permute contiguous chunks of this many rows instead of single rows
             (cache-friendlier on very large splits); rows inside a chunk keep their order.
+        bucket_batches: when > 0 (with `shuffle`), batches of similar lengths: the shuffled rows are cut
+            into pools of this many batches, each pool is sorted by session length (ties keep the
+            shuffled order) and cut into batches, and the epoch's full batches are shuffled (the
+            incomplete one stays last). Every row still comes once an epoch and the order is seeded;
+            a batch is trimmed to its longest session, so a padded encoder computes close to the real
+            items only. Each batch's loss then averages targets of like sessions (short sessions' targets
+            weigh more per step than in mixed batches).
         drop_last: drop a final incomplete batch.
         pin_memory: return batches in pinned memory for faster host-to-GPU copies.
         seed: base seed of the shuffling.
@@ -65,6 +72,7 @@ class SessionLoader:
         batch_size: int = 256,
         shuffle: bool = False,
         shuffle_chunk: int = 1,
+        bucket_batches: int = 0,
         drop_last: bool = False,
         pin_memory: bool = False,
         seed: int = 0,
@@ -84,6 +92,8 @@ class SessionLoader:
         for name, value in {"targets": targets, "times": times, **(features or {})}.items():
             if value is not None and value.device != items.device:
                 raise ValueError(f"SessionLoader: {name!r} is on {value.device} but the items are on {items.device}")
+        if bucket_batches < 0 or (bucket_batches and (not shuffle or shuffle_chunk > 1)):
+            raise ValueError(f"bucket_batches needs shuffle and shuffle_chunk 1 and must be >= 0, got {bucket_batches}")
         if gather not in (None, "numpy", "torch"):
             raise ValueError(f"gather must be None, 'numpy' or 'torch', got {gather!r}")
         if gather == "numpy" and items.device.type != "cpu":
@@ -91,6 +101,7 @@ class SessionLoader:
         self.gather = gather or ("numpy" if items.device.type == "cpu" else "torch")
         self.items, self.targets, self.features, self.times = items, targets, features or None, times
         self.batch_size, self.shuffle, self.shuffle_chunk = batch_size, shuffle, max(1, shuffle_chunk)
+        self.bucket_batches = bucket_batches
         self.drop_last, self.pin_memory, self.seed = drop_last, pin_memory, seed
         self.rank, self.world_size = rank, world_size
         self.epoch = 0  # the epoch whose order the next iteration draws (`set_epoch`)
@@ -121,12 +132,29 @@ class SessionLoader:
             return None
         n = self.items.shape[0]
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        if self.bucket_batches:
+            return self._bucketed(torch.randperm(n, generator=gen), gen)
         if self.shuffle_chunk == 1:
             return torch.randperm(n, generator=gen)
         n_chunks = -(-n // self.shuffle_chunk)
         chunks = torch.randperm(n_chunks, generator=gen)
         order = (chunks[:, None] * self.shuffle_chunk + torch.arange(self.shuffle_chunk)[None, :]).reshape(-1)
         return order[order < n]
+
+    def _bucketed(self, order: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        """The shuffled `order` regrouped into batches of like lengths (`bucket_batches`). A group is the
+        rows of one step on every rank (batch_size * world_size), so each rank's strided share of a
+        group is one of its batches."""
+        group = self.batch_size * self.world_size
+        pool = self.bucket_batches * group
+        lengths = self.lengths.cpu().index_select(0, order)
+        pad = (-len(order)) % pool  # the last pool's missing rows sort after every real one, then are dropped
+        keys = torch.cat([lengths, lengths.new_full((pad,), torch.iinfo(lengths.dtype).max)]).view(-1, pool)
+        within = keys.argsort(dim=1, stable=True) + torch.arange(0, len(keys) * pool, pool)[:, None]
+        order = torch.cat([order, order.new_full((pad,), -1)])[within.reshape(-1)][: len(order)]
+        full = len(order) // group
+        groups = torch.randperm(full, generator=gen)
+        return torch.cat([order[: full * group].view(full, group)[groups].reshape(-1), order[full * group :]])
 
     def set_epoch(self, epoch: int) -> None:
         """Draw the next iteration's order for `epoch` (the trainer's epoch, so a resumed run shuffles alike)."""

@@ -57,7 +57,7 @@ from sessrec.tasks.session_data import SessionDataModule
 # settings of a data module that only shape training batches (the training loader's): the pipeline reads
 # the splits' sessions and evaluation pairs, so two model directories that differ in them share their sessions
 BATCH_ONLY = frozenset({"batch_size", "eval_batch_size", "train_prefixes", "augment_reversed",
-                        "shuffle_chunk", "streaming", "shuffle_buffer", "pin_memory", "seed"})
+                        "shuffle_chunk", "bucket_batches", "streaming", "shuffle_buffer", "pin_memory", "seed"})
 NO_DATA = ("a pipeline recipe reads its sessions from pipeline.data or from its models' model directories: give "
            "pipeline.data (the stage-1 recipe's data block) or models.<name>.model_dir, a model directory written by sessrec fit")
 

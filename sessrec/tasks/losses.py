@@ -5,6 +5,8 @@ The sampled losses score each target against a small candidate set instead:
 
 - ``sampled``: S negatives shared by the whole batch, drawn with replacement uniformly over
   the catalogue or by popularity (count ** power);
+- ``per_target``: S negatives drawn for each target on its own, by the same sampler (RecTools'
+  SASRec with its sampled softmax: uniform negatives per position);
 - ``in_batch``: the other targets of the batch are the negatives (drawn by popularity, for free);
 - ``mixed``: both.
 
@@ -22,7 +24,7 @@ twice (`SessionModel.catalogue_loss`). A new loss is a subclass (a dataclass who
 fields are its arguments), named in a recipe by its ``class_path``; `NextItemTask` takes any.
 
 Shape letters: N targets in the batch, D width, V catalogue (incl. padding and OOV),
-S shared sampled negatives, K candidates per row.
+S sampled negatives (shared, or per target), K candidates per row.
 """
 
 from __future__ import annotations
@@ -59,6 +61,15 @@ def smoothed_nll(logp: torch.Tensor, labels: torch.Tensor, label_smoothing: floa
     valid = torch.isfinite(logp)
     uniform = -(logp.masked_fill(~valid, 0.0).sum(dim=1) / valid.sum(dim=1))
     return ((1.0 - label_smoothing) * nll + label_smoothing * uniform).mean()
+
+
+def inverse_cdf_draws(probs: torch.Tensor, shape: tuple[int, ...], generator: torch.Generator | None = None) -> torch.Tensor:
+    """Ids drawn with replacement from the (V,) probabilities `probs`, `shape` of them: each uniform number
+    is looked up in the cumulative sums, so an id of probability 0 is never drawn. The law of
+    `torch.multinomial` with replacement, at a fraction of its cost for the N x S draws of ``per_target``."""
+    cdf = probs.double().cumsum(0)
+    u = torch.rand(shape, generator=generator, device=probs.device, dtype=torch.float64) * cdf[-1]
+    return torch.searchsorted(cdf, u, right=True).clamp_(max=len(probs) - 1)
 
 
 def _check(label_smoothing: float, temperature: float) -> None:
@@ -116,9 +127,9 @@ class SampledSoftmax(CatalogueLoss):
     """Softmax over the target and a few negatives, with logQ correction.
 
     Args:
-        negatives: ``sampled`` (S shared negatives), ``in_batch`` (the batch's other targets)
-            or ``mixed`` (both).
-        num_samples: S, shared negatives per batch (``sampled`` and ``mixed``).
+        negatives: ``sampled`` (S shared negatives), ``per_target`` (S negatives of each target's own),
+            ``in_batch`` (the batch's other targets) or ``mixed`` (in-batch and S shared ones).
+        num_samples: S, negatives per batch (``sampled``, ``mixed``) or per target (``per_target``).
         sampler: ``uniform`` over the items or ``popularity`` (training count ** `power`).
         power: exponent of the popularity sampler (word2vec's 0.75 flattens the head).
         logq_correction: subtract log(expected draws) from every candidate's logit.
@@ -128,11 +139,14 @@ class SampledSoftmax(CatalogueLoss):
     The popularity sampler and the in-batch correction need the training counts of the items:
     call `set_item_counts` (the Lightning task does it from the data module's vocabulary).
     Without counts, in-batch negatives are corrected by their frequency in the batch.
+
+    A negative equal to its row's target is removed (scored -inf) under every choice; RecTools keeps
+    such draws as negatives (at S = 256 of Beauty's 12k items, 2% of its targets meet their own item once).
     """
 
     needs_item_counts: ClassVar[bool] = True
 
-    negatives: Literal["sampled", "in_batch", "mixed"] = "sampled"
+    negatives: Literal["sampled", "per_target", "in_batch", "mixed"] = "sampled"
     num_samples: int = 1024
     sampler: Literal["uniform", "popularity"] = "uniform"
     power: float = 0.75
@@ -142,8 +156,8 @@ class SampledSoftmax(CatalogueLoss):
 
     def __post_init__(self) -> None:
         _check(self.label_smoothing, self.temperature)
-        if self.negatives not in ("sampled", "in_batch", "mixed"):
-            raise ValueError(f"negatives must be 'sampled', 'in_batch' or 'mixed', got {self.negatives!r}")
+        if self.negatives not in ("sampled", "per_target", "in_batch", "mixed"):
+            raise ValueError(f"negatives must be 'sampled', 'per_target', 'in_batch' or 'mixed', got {self.negatives!r}")
         if self.sampler not in ("uniform", "popularity"):
             raise ValueError(f"sampler must be 'uniform' or 'popularity', got {self.sampler!r}")
         if self.negatives != "in_batch" and self.num_samples < 1:
@@ -195,6 +209,12 @@ class SampledSoftmax(CatalogueLoss):
             log_q = torch.cat([probs.new_zeros(1), torch.log(probs[samples] * self.num_samples)])
             hit = torch.cat([torch.zeros_like(targets[:, None], dtype=torch.bool), samples[None, :] == targets[:, None]], 1)
             return Columns(samples, True, log_q if self.logq_correction else None, hit, torch.zeros_like(targets))
+        if self.negatives == "per_target":  # each row: its own target, then its own S negatives
+            probs = self._sampling_probs(num_items, device, recommendable)
+            samples = inverse_cdf_draws(probs, (n, self.num_samples), generator)  # (N, S)
+            log_q = torch.cat([probs.new_zeros(n, 1), torch.log(probs[samples] * self.num_samples)], dim=1)
+            hit = torch.cat([torch.zeros_like(targets[:, None], dtype=torch.bool), samples == targets[:, None]], 1)
+            return Columns(samples, True, log_q if self.logq_correction else None, hit, torch.zeros_like(targets))
 
         # in-batch (and mixed): the batch's targets are the candidates, the diagonal the positives
         if self.counts is not None:
@@ -218,10 +238,11 @@ class Columns:
     """The candidates a sampled loss scores the N rows of one step against: K columns a row.
 
     Args:
-        ids: item ids scored by every row: the S shared negatives (after each row's own target
-            when `own_target`), or the in-batch (and sampled) candidates.
-        own_target: column 0 of each row is its own target (``sampled`` negatives).
-        log_q: (K,) subtracted from every row's column (the logQ correction), or None.
+        ids: (S,) item ids scored by every row: the shared negatives (after each row's own target
+            when `own_target`), or the in-batch (and sampled) candidates; or (N, S), each row's own
+            negatives (``per_target``).
+        own_target: column 0 of each row is its own target (``sampled`` and ``per_target`` negatives).
+        log_q: (K,) or (N, K) subtracted from the rows' columns (the logQ correction), or None.
         removed: (N, K) accidental hits, scored -inf.
         labels: (N,) the column of each row's target.
     """
@@ -235,10 +256,14 @@ class Columns:
     def logits(self, model: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
         """(N, K) the corrected logits of `model`'s (N, D) `hidden` at these columns, divided by `temperature`
         before the correction; any model on the same ids scores the same columns (a teacher, say)."""
-        logits = model.score(hidden, self.ids)  # (N, S) or (N, K)
+        if self.ids.dim() == 2:  # each row its own negatives: (N, D) rows against (N, S, D) item vectors
+            h, table, bias = model.head(hidden, self.ids.reshape(-1))
+            logits = torch.bmm(table.view(*self.ids.shape, -1), h[:, :, None]).squeeze(2) + bias.view(self.ids.shape)
+        else:
+            logits = model.score(hidden, self.ids)  # (N, S) or (N, K)
         if self.own_target:
             logits = torch.cat([model.score_targets(hidden, targets)[:, None], logits], dim=1)
         logits = logits / temperature
         if self.log_q is not None:
-            logits = logits - self.log_q[None, :]
+            logits = logits - (self.log_q if self.log_q.dim() == 2 else self.log_q[None, :])
         return logits.masked_fill(self.removed, float("-inf"))

@@ -57,6 +57,10 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
         min_item_count: items seen fewer times in training map to the OOV id.
         max_vocab_size: keep at most this many most frequent items.
         shuffle_chunk: shuffle contiguous chunks of this many sessions (1 = full row shuffle).
+        bucket_batches: when > 0, training batches of similar lengths, sorted within pools of this many
+            batches (`SessionLoader`): a padded encoder (SASRec) then computes close to the real items
+            of a batch, not its longest row's width for every row. 0: batches of shuffled rows. Refused
+            with `shuffle_chunk` and `streaming`.
         pin_memory: pin batches for faster host-to-GPU copies.
         device: hold the splits on this device (e.g. ``cuda``) and cut the batches there
             (`SessionLoader`'s torch gather): no host-to-device copy per batch. None: host memory.
@@ -105,6 +109,7 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
         min_item_count: int = 1,
         max_vocab_size: int | None = None,
         shuffle_chunk: int = 1,
+        bucket_batches: int = 0,
         pin_memory: bool = False,
         device: str | None = None,
         streaming: bool = False,
@@ -140,7 +145,10 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
         if streaming and (device is not None or shuffle_chunk != 1):
             raise ValueError("streaming reads the training split batch by batch: it is not held on a device nor shuffled "
                              "in chunks; set device null and shuffle_chunk 1")
-        self.streaming, self.shuffle_buffer = streaming, shuffle_buffer
+        if bucket_batches < 0 or (bucket_batches and (streaming or shuffle_chunk != 1)):
+            raise ValueError(f"bucket_batches sorts the held training rows: it needs streaming false, shuffle_chunk 1 "
+                             f"and a value >= 0, got {bucket_batches}")
+        self.streaming, self.shuffle_buffer, self.bucket_batches = streaming, shuffle_buffer, bucket_batches
         self._on_device: dict[str, torch.Tensor] = {}  # "<split>/<tensor>" -> that tensor on `device`
         self.augment_reversed, self.side_features = augment_reversed, side_features
         self.train_prefixes, self.times = train_prefixes, times
@@ -449,7 +457,7 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
         ranks = ranks_of(self.trainer)
         return SessionLoader(
             items, features=features, times=times, batch_size=self.batch_size, shuffle=True,
-            shuffle_chunk=self.shuffle_chunk, drop_last=items.shape[0] // ranks.get("world_size", 1) > self.batch_size,
+            shuffle_chunk=self.shuffle_chunk, bucket_batches=self.bucket_batches, drop_last=items.shape[0] // ranks.get("world_size", 1) > self.batch_size,
             pin_memory=self.pin_memory, seed=self.seed, **ranks,
         )
 

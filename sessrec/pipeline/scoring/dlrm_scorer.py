@@ -126,7 +126,7 @@ class RankGauss:
             lo, (hi - lo).clamp(min=1e-12), (upper - 1).float().expand(g, p + 1),
         ], dim=2).reshape(g * (p + 1), 5)
         self.search = torch.cat([quantiles, pad(float("inf"))], dim=1).reshape(-1)  # (G (P + 1),)
-        self.offsets = torch.arange(g, device=device) * (p + 1)  # (G,) each feature's first row
+        self.offsets = torch.arange(g, device=device, dtype=torch.int32) * (p + 1)  # (G,) each feature's first row (int32: faster gathers)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         shape, g = x.shape, x.shape[-1]

@@ -11,6 +11,7 @@ from sessrec.embeddings import (
     DynamicEmbeddingBag,
     FrequencyCap,
     FusedEmbeddingBagCollection,
+    FusedTables,
     HybridEmbeddingBag,
     IdHasher,
     SparseFeatures,
@@ -179,6 +180,21 @@ def test_dense_gradients_match_plain_bags_when_optimizer_is_none():
             grad = ebc.weight(g).grad[start:start + bag.weight.shape[0], :bag.weight.shape[1]]
             torch.testing.assert_close(grad, bag.weight.grad)
     torch.testing.assert_close(ebc.weight(0).grad[7:18, :8], g_item)
+
+
+def test_sparse_gradients_equal_the_dense_ones_and_sparse_adam_moves_only_the_rows_looked_up():
+    dense, sparse = (FusedEmbeddingBagCollection(TABLES, seed=0, sparse_gradient=flag) for flag in (False, True))
+    ids = batch()
+    for ebc in (dense, sparse):
+        out = ebc(SparseFeatures.from_dense(ids))
+        sum(o.pow(2).sum() * (i + 1) for i, o in enumerate(out.values())).backward()
+    grad = sparse.weight(0).grad
+    assert grad.is_sparse
+    torch.testing.assert_close(grad.to_dense(), dense.weight(0).grad)
+    before = sparse.weight(0).detach().clone()
+    torch.optim.SparseAdam(sparse.parameters(), lr=0.1).step()
+    moved = (sparse.weight(0).detach() != before).any(dim=1)
+    assert torch.equal(moved, dense.weight(0).grad.abs().sum(dim=1) > 0) and moved.any() and not moved.all()
 
 
 # --- fused optimizers ------------------------------------------------------------------------
@@ -474,6 +490,10 @@ def test_collection_config_errors():
         FusedEmbeddingBagCollection([TableConfig("a", 3, 4, feature_names=("x",)), TableConfig("b", 3, 4, feature_names=("x",))])
     with pytest.raises(ValueError, match="optimizer"):
         FusedEmbeddingBagCollection([TableConfig("a", 3, 4)], optimizer="adam")
+    with pytest.raises(ValueError, match="sparse_gradient is for tables updated by an outer optimizer"):
+        FusedEmbeddingBagCollection([TableConfig("a", 3, 4)], optimizer="sgd", sparse_gradient=True)
+    with pytest.raises(ValueError, match="sparse_gradient needs optimizer 'none'"):
+        FusedTables(optimizer="adagrad_rowwise", sparse_gradient=True)
 
 
 # --- hashing and frequency capping -------------------------------------------------------------

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from sessrec.embeddings import SparseFeatures
 from sessrec.pipeline.candidate_features import RankingInputs
 from sessrec.pipeline.scoring import (
     BlendScorer,
@@ -23,7 +24,7 @@ from sessrec.pipeline.scoring import (
     early_stopping_split,
 )
 from sessrec.pipeline.scoring.blend_scorer import standardised
-from sessrec.pipeline.scoring.dlrm_scorer import IdRows, rank_gauss, run_ends, session_relative
+from sessrec.pipeline.scoring.dlrm_scorer import IdRows, RankGauss, session_relative
 from sessrec.saved.registry import config_of, instantiate
 
 torch.set_num_threads(1)
@@ -88,14 +89,31 @@ def test_an_item_never_in_the_training_rows_gets_the_unseen_row_and_a_seen_one_k
     assert torch.equal(scorer.score(one_session([5, 6], last=15)), scorer.score(one_session([5, 6], last=16)))
 
 
+def test_scores_of_the_valid_slots_equal_the_network_over_the_whole_grid(fitted) -> None:
+    """`score` runs the network on the valid slots only; the same network over every slot of the padded
+    grid, masked, gives the same scores within 1e-6."""
+    scorer, inputs, _ = fitted
+    valid = inputs.valid.clone()
+    valid[0, 3:], valid[2, 1:] = False, False
+    part = RankingInputs(inputs.dense, inputs.sparse, valid, inputs.names, cardinality=inputs.cardinality)
+    with torch.no_grad():
+        grid = scorer._dense(part)
+        ids = scorer._ids({name: v.reshape(-1) for name, v in part.sparse.items()})
+        whole = scorer.network(grid.reshape(-1, grid.shape[2]), SparseFeatures.from_dense(ids)).reshape(valid.shape)
+    scores = scorer.score(part)
+    assert torch.equal(scores.isinf(), ~valid)
+    torch.testing.assert_close(scores[valid], whole[valid], rtol=0, atol=1e-6)
+
+
 def test_a_cross_never_in_the_training_rows_gets_the_unseen_row(fitted) -> None:
     scorer, inputs, _ = fitted
     seen = set(inputs.sparse["cross"].unique().tolist())
     unseen = [c for c in range(BUCKETS) if c not in seen][:2]
     kept = max(seen)
     assert scorer.rows["cross"](torch.tensor([*unseen, kept])).tolist() == [0, 0, len(seen)]
-    scores = scorer.score(one_session([5, 5, 5], last=4, cross=[*unseen, kept]))[0]
-    assert scores[0] == scores[1] != scores[2]
+    scores = scorer.score(one_session([5, 5, 5], last=4, cross=[*unseen, kept]))[0].double()
+    # the same row, hence the same score up to the matrix product's rounding at another row position
+    assert abs(scores[0] - scores[1]) <= 1e-6 * abs(scores[0]) and abs(scores[1] - scores[2]) > 1e-4 * abs(scores[1])
 
 
 def test_ids_seen_fewer_than_min_count_times_share_the_unseen_row() -> None:
@@ -124,18 +142,20 @@ def test_without_a_cardinality_the_tables_cover_the_training_ids_and_larger_ids_
 # ------------------------------------------------------------------------------- dense scaling
 def test_rank_gauss_takes_interpolated_ranks_and_the_middle_of_tied_runs() -> None:
     quantiles = torch.tensor([[0.0, 0.0, 0.0, 1.0, 2.0]])  # Q = 5: ranks 0..4 -> u = rank / 4
-    out = rank_gauss(torch.tensor([[0.0], [1.5], [1.0], [9.0], [-3.0]]), quantiles)
+    out = RankGauss(quantiles)(torch.tensor([[0.0], [1.5], [1.0], [9.0], [-3.0]]))
     # 0: the run of ranks 0..2 -> 1; 1.5: between ranks 3 and 4; 9 and -3: the extremes, clipped to (0.1, 0.9)
     u = torch.tensor([1 / 4, 3.5 / 4, 3 / 4, 0.9, 0.1])
     normal = torch.tensor([NormalDist().inv_cdf(v) for v in u.tolist()])
     assert torch.allclose(out.squeeze(1), normal, atol=1e-5)
 
 
-def test_rank_gauss_with_run_ends_matches_two_binary_searches() -> None:
-    """One search plus the quantiles' `run_ends` finds the end of a value's run as a second
-    (right) search does: the same scores, bit for bit, on values that hit runs, single quantiles and neither."""
+@pytest.mark.parametrize("q", [16, 13, 2])
+def test_rank_gauss_matches_two_binary_searches(q: int) -> None:
+    """The branchless search and the table give what a left and a right `searchsorted` of each value and
+    the interpolation give: the same scores, bit for bit, on values that hit runs, single quantiles and
+    neither, below and above all quantiles, for Q a power of two and not; NaN stays NaN."""
     gen = torch.Generator().manual_seed(0)
-    quantiles = torch.sort(torch.randint(0, 6, (4, 16), generator=gen).float() / 2, dim=1).values  # runs of equal values
+    quantiles = torch.sort(torch.randint(0, 6, (4, q), generator=gen).float() / 2, dim=1).values  # runs of equal values
     x = torch.cat([torch.randint(-2, 8, (50, 4), generator=gen).float() / 2, torch.randn(50, 4, generator=gen) * 3])
     flat, q = x.T.contiguous(), quantiles.shape[1]
     first, past = torch.searchsorted(quantiles, flat), torch.searchsorted(quantiles, flat, right=True)
@@ -145,8 +165,10 @@ def test_rank_gauss_with_run_ends_matches_two_binary_searches() -> None:
     u = torch.where(past > first, (first + past - 1).double() / (2 * (q - 1)), between.double()).clamp(0.5 / q, 1 - 0.5 / q)
     expected = (math.sqrt(2.0) * torch.erfinv(2 * u - 1)).float().T
     assert (past > first).any() and (past == first).any()
-    assert torch.equal(rank_gauss(x, quantiles), expected)
-    assert torch.equal(rank_gauss(x, quantiles, run_ends(quantiles)), expected)
+    scale = RankGauss(quantiles)
+    assert torch.equal(scale(x), expected)
+    assert torch.equal(scale(x.reshape(4, 25, 4)), expected.reshape(4, 25, 4))
+    assert scale(torch.tensor([[float("nan")] * 4])).isnan().all()
 
 
 def test_session_relative_features_subtract_the_best_and_the_mean_valid_candidate() -> None:

@@ -94,11 +94,12 @@ def _row_writer(weight: torch.Tensor) -> torch.Tensor:
 
 def _bag_sum(
     weight: torch.Tensor, input: torch.Tensor, offsets: torch.Tensor,
-    per_sample_weights: torch.Tensor | None = None, include_last_offset: bool = False,
+    per_sample_weights: torch.Tensor | None = None, include_last_offset: bool = False, sparse: bool = False,
 ) -> torch.Tensor:
     """Sum-pooled `embedding_bag` called directly: ``F.embedding_bag``'s Python argument checks cost
-    more than the lookup of a small chunk, and every caller here passes checked arguments."""
-    return torch.embedding_bag(weight, input, offsets, False, 0, False, per_sample_weights, include_last_offset)[0]
+    more than the lookup of a small chunk, and every caller here passes checked arguments. ``sparse``:
+    the weight's gradient is a sparse tensor of the rows looked up."""
+    return torch.embedding_bag(weight, input, offsets, False, 0, sparse, per_sample_weights, include_last_offset)[0]
 
 
 def sparse_update(
@@ -195,18 +196,19 @@ def sparse_update(
 
 def _lookup_chunks(
     weight: torch.Tensor, chunks: list[tuple[torch.Tensor, torch.Tensor]], per_sample_weights: torch.Tensor | None,
-    batch: int, dims: list[int],
+    batch: int, dims: list[int], sparse: bool = False,
 ) -> list[torch.Tensor]:
     """Sum-pooled lookups of ``(rows, offsets)`` chunks of whole features: one (B, D) output per feature.
 
     Each chunk's output is split with `unbind`, not ``out[j]``: under autograd that is one backward
     node stacking the chunk's gradients, not one zero-filled (F_c, B, P) gradient per feature.
     ``dims`` are the features' true widths: a padded output is a view of its first D columns.
+    ``sparse``: the weight's gradient is a sparse tensor of the rows looked up.
     """
     outputs, start = [], 0
     for rows, offsets in chunks:
         psw = None if per_sample_weights is None else per_sample_weights[start:start + rows.numel()]
-        out = _bag_sum(weight, rows, offsets, psw, include_last_offset=True)
+        out = _bag_sum(weight, rows, offsets, psw, include_last_offset=True, sparse=sparse)
         outputs.extend(out.view(-1, batch, out.shape[1]).unbind(0))  # (B, P) per feature of the chunk
         start += rows.numel()
     width = weight.shape[1]
@@ -315,6 +317,9 @@ class FusedEmbeddingBagCollection(nn.Module):
         pad_to_bytes: stored rows are padded to a multiple of this many bytes (0 or None: no padding).
         optimizer: ``none`` (weights are dense `nn.Parameter`s for any optimizer), ``sgd`` or
             ``adagrad_rowwise`` (rows updated in place during backward; weights are buffers).
+        sparse_gradient: with ``none``, the weights' gradients are sparse tensors of the rows a batch
+            looked up (for ``torch.optim.SparseAdam``, `torch.optim.SGD` or Adagrad): no gradient the
+            size of a table per step, and an optimizer that touches those rows only.
         lr: learning rate of the fused optimizer (an attribute, so a schedule may change it).
         eps: row-wise Adagrad's epsilon.
         device: where the weights live (default: the current default device).
@@ -345,6 +350,7 @@ class FusedEmbeddingBagCollection(nn.Module):
         tables: Sequence[TableConfig],
         pad_to_bytes: int | None = 16,
         optimizer: Literal["none", "sgd", "adagrad_rowwise"] = "none",
+        sparse_gradient: bool = False,
         lr: float = 0.01,
         eps: float = 1e-8,
         device: torch.device | str | None = None,
@@ -365,11 +371,13 @@ class FusedEmbeddingBagCollection(nn.Module):
             raise ValueError(f"each feature is looked up in one table; {dup} appear in several")
         if optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
+        if sparse_gradient and optimizer != "none":
+            raise ValueError(f"sparse_gradient is for tables updated by an outer optimizer (optimizer 'none'), got {optimizer!r}")
         if not lr > 0 or not eps > 0:
             raise ValueError(f"lr and eps must be > 0, got lr={lr}, eps={eps}")
         self.tables = tables
         self.optimizer, self.lr, self.eps, self.pad_to_bytes = optimizer, lr, eps, pad_to_bytes
-        self.compile_update = compile_update
+        self.compile_update, self.sparse_gradient = compile_update, sparse_gradient
         generator = seeded_generator(seed, device)
 
         # width groups in order of first appearance: padded width -> table indices
@@ -473,7 +481,7 @@ class FusedEmbeddingBagCollection(nn.Module):
             rows, chunks = self._chunks(g, values, lengths, sizes, feats, b)
             dims = [self._feature_table[f].embedding_dim for f in feats]
             if self.optimizer == "none":
-                per_bag = _lookup_chunks(weight, chunks, weights, b, dims)  # F_g x (B, D)
+                per_bag = _lookup_chunks(weight, chunks, weights, b, dims, self.sparse_gradient)  # F_g x (B, D)
             else:
                 row_dim = getattr(self, f"row_dim_{g}", None)
                 if row_dim is None:

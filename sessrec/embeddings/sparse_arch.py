@@ -94,6 +94,7 @@ class SparseArch(_Stacked):
         tables: the tables (all of width D); features are stacked in the tables' feature order.
         optimizer: the collection's fused optimizer (``none``: tables are ordinary parameters).
         lr: the fused optimizer's learning rate.
+        sparse_gradient: with ``none``, the tables' gradients are sparse (the rows a batch looked up).
         pad_to_bytes: the collection's row padding.
         seed: seeds the tables' initial weights.
     """
@@ -105,9 +106,12 @@ class SparseArch(_Stacked):
         lr: float = 0.01,
         pad_to_bytes: int | None = 16,
         seed: int | None = None,
+        sparse_gradient: bool = False,
     ) -> None:
         super().__init__(tables)
-        self.collection = FusedEmbeddingBagCollection(tables, pad_to_bytes=pad_to_bytes, optimizer=optimizer, lr=lr, seed=seed)
+        self.collection = FusedEmbeddingBagCollection(
+            tables, pad_to_bytes=pad_to_bytes, optimizer=optimizer, sparse_gradient=sparse_gradient, lr=lr, seed=seed
+        )
         self.feature_names = self.collection.feature_names
 
     def table_weight(self, name: str) -> torch.Tensor:
@@ -259,22 +263,27 @@ class FusedTables(SparseTables):
             then refuses it: each process's tables would drift apart).
         lr: the learning rate of that update.
         pad_to_bytes: rows padded to a multiple of this many bytes.
+        sparse_gradient: with ``none``, the tables' gradients are sparse tensors of the rows each batch
+            looked up, for an optimizer of sparse gradients (``torch.optim.SparseAdam``).
     """
 
     optimizer: Literal["none", "sgd", "adagrad_rowwise"] = "none"
     lr: float = 0.01
     pad_to_bytes: int | None = 16
+    sparse_gradient: bool = False
 
     def __post_init__(self) -> None:
         if self.optimizer not in ("none", "sgd", "adagrad_rowwise"):
             raise ValueError(f"FusedTables optimizer must be 'none', 'sgd' or 'adagrad_rowwise', got {self.optimizer!r}")
+        if self.sparse_gradient and self.optimizer != "none":
+            raise ValueError(f"FusedTables sparse_gradient needs optimizer 'none' (an outer optimizer), got {self.optimizer!r}")
 
     @property
     def fused_update(self) -> bool:  # type: ignore[override]
         return self.optimizer != "none"
 
     def build(self, tables: Sequence[TableConfig], seed: int | None = None) -> SparseArch:
-        return SparseArch(tables, self.optimizer, self.lr, self.pad_to_bytes, seed)
+        return SparseArch(tables, self.optimizer, self.lr, self.pad_to_bytes, seed, self.sparse_gradient)
 
 
 @register

@@ -4,6 +4,7 @@ one-line errors; and, end to end, the hit rate ``sessrec test`` gives for the sa
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -262,6 +263,19 @@ def test_a_replayed_day_monitors_to_the_hit_rate_of_sessrec_test_and_a_drifted_d
     assert exit_.value.code == 3
     assert capsys.readouterr().err.startswith("sessrec monitor: threshold crossed: psi ")
     assert pacsv.read_csv(tmp_path / "drift.csv").column("psi")[0].as_py() > 0.25  # 2.74 (0.022 before the shift)
+
+    # the chain of docs/deploy.md: a retrain follows status 3 (the next window: from where the model's data ends)
+    (tmp_path / "retrain.yaml").write_text(yaml.safe_dump({
+        "model_dir": str(model), "paths": [str(tmp_path / "events.parquet")], "max_epochs": 1, "batch_size": 128,
+        "gate": {"metric": "recall@20", "tolerance": 1.0, "min_pairs": 10}}))
+    sessrec = f'"{sys.executable}" -m sessrec.cli'
+    chain = (f"{sessrec} monitor --config {config}; [ $? -eq 3 ] && {sessrec} retrain --config {tmp_path / 'retrain.yaml'}"
+             f" --train_from {train_until} --train_until {test_until} --test_until {float(t[-1]) + 1} --out {tmp_path / 'next'}")
+    done = subprocess.run(["bash", "-c", chain], capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "sessrec monitor: threshold crossed: psi " in done.stderr
+    assert re.search(r"^sessrec retrain: promoted as v000002", done.stdout, re.M), done.stdout[-2000:]
+    assert (tmp_path / "next" / "model").is_dir() and (model / "CURRENT").read_text().strip() == "v000002"
 
 
 def test_the_canary_is_compared_with_the_live_version_on_the_same_window(tmp_path: Path, capsys) -> None:

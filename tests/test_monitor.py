@@ -274,7 +274,7 @@ def test_a_replayed_day_monitors_to_the_hit_rate_of_sessrec_test_and_a_drifted_d
     done = subprocess.run(["bash", "-c", chain], capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "sessrec monitor: threshold crossed: psi " in done.stderr
-    assert re.search(r"^sessrec retrain: promoted as v000002", done.stdout, re.M), done.stdout[-2000:]
+    assert re.search(r"^sessrec retrain: promoted as v000002", done.stdout, re.MULTILINE), done.stdout[-2000:]
     assert (tmp_path / "next" / "model").is_dir() and (model / "CURRENT").read_text().strip() == "v000002"
 
 

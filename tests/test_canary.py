@@ -30,8 +30,9 @@ from sessrec.data import SyntheticSource
 from sessrec.pipeline.pipeline import Pipeline
 from sessrec.pipeline.retrieval.covisitation import CoVisitation
 from sessrec.saved.versions import CANARY, VersionedDirectory, canary
-from sessrec.serving.app import Served, build_app, load_canary
-from sessrec.serving.canary import canary_sessions
+from sessrec.serving.app import build_app
+from sessrec.serving.canary import canary_sessions, load_canary
+from sessrec.serving.recommender import Served
 from sessrec.serving.served_log import ServedLog
 from sessrec.serving.server import serve, start_canary
 from sessrec.tasks import SessionDataModule

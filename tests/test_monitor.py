@@ -170,7 +170,8 @@ def replay(recommender, sessions: pa.Table, directory: Path, version: str, per_r
     with a `ServedLog` in `directory`, as ``sessrec serve --served_log`` builds it); its answers."""
     from fastapi.testclient import TestClient
 
-    from sessrec.serving.app import Served, build_app
+    from sessrec.serving.app import build_app
+    from sessrec.serving.recommender import Served
 
     ids = [str(s) for s in sessions.column("session_id").to_pylist()]
     items, times = sessions.column("item_id").to_pylist(), sessions.column("timestamp").to_pylist()

@@ -37,9 +37,9 @@ from sessrec.saved.atomic import write_text
 from sessrec.saved.versions import resolve
 from sessrec.serving import app as serving_app
 from sessrec.serving import server
-from sessrec.serving.app import Overload, Served, build_app
+from sessrec.serving.app import Overload, build_app
 from sessrec.serving.batching import Pace
-from sessrec.serving.recommender import SessionModelService, join_sessions
+from sessrec.serving.recommender import Served, SessionModelService, join_sessions
 from sessrec.serving.request import Limits
 from sessrec.serving.server import serve
 from sessrec.tasks import NextItemTask, SessionDataModule

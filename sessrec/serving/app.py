@@ -68,27 +68,24 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from time import perf_counter
 from typing import Any
 
 import numpy as np
-import orjson
 import prometheus_client as prom
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
-from sessrec.pipeline.candidates import RequestSessions
-from sessrec.pipeline.request import Request
 from sessrec.saved.registry import check_integers
 from sessrec.saved.versions import VERSIONS, resolve
 from sessrec.saved.versions import canary as canary_record
 from sessrec.serving.batching import Batcher, ServerFault, dumps
-from sessrec.serving.canary import canary_sessions, check_compatible
-from sessrec.serving.recommender import Recommender, load_recommender
-from sessrec.serving.request import Limits, RequestError, encode, parse_request
+from sessrec.serving.canary import Part, canary_sessions, load_canary_version, merge_answers, version_header
+from sessrec.serving.recommender import Recommender, Served, load_recommender
+from sessrec.serving.request import Limits, RequestError, parse_request
 from sessrec.serving.request_metrics import MeasureRequests, Metrics
 from sessrec.serving.served_log import ServedLog
 
@@ -134,36 +131,6 @@ class Overload:
         if self.max_queue_wait_ms > self.deadline_ms:
             raise ValueError(f"max_queue_wait_ms ({self.max_queue_wait_ms:g}) must be at most deadline_ms "
                              f"({self.deadline_ms:g}): a request admitted behind more work would miss its deadline")
-
-
-@dataclass(frozen=True)
-class Served:
-    """A recommender and where it was read from.
-
-    Args:
-        recommender: the model.
-        path: the directory it was read from (a version's folder in a versioned model directory).
-        version: the version's name in a versioned model directory, else None.
-    """
-
-    recommender: Recommender
-    path: Path | None = None
-    version: str | None = None
-
-    @classmethod
-    def load(cls, model_dir: str | os.PathLike) -> Served:
-        """The recommender of `model_dir` at its current version (`sessrec.saved.versions.resolve`)."""
-        path = resolve(model_dir)
-        return cls(load_recommender(path), path, None if path == Path(model_dir) else path.name)
-
-    def describe(self) -> dict[str, Any]:
-        """What `/health` reports: the recommender's kind, its vocabulary size where it has one, and the version."""
-        info: dict[str, Any] = {"kind": type(self.recommender).__name__, "version": self.version}
-        vocab = getattr(self.recommender, "vocab", None)
-        if vocab is not None:
-            info["vocabulary_size"] = len(vocab)
-            info["items"] = int(getattr(vocab, "num_products", len(vocab)))
-        return info
 
 
 class Admission:
@@ -359,22 +326,6 @@ def _read_directory(model_dir: str | os.PathLike) -> tuple[tuple[str, float] | N
     return canary_record(model_dir), resolve(model_dir)
 
 
-def load_canary_version(live: Served, path: Path) -> Served:
-    """The canary version in folder `path`, checked against the live version (`check_compatible`) and loaded."""
-    if live.path is None:
-        raise ValueError(f"{path}: a canary is served beside a live version read from a model directory")
-    check_compatible(live.path, path)
-    return Served(load_recommender(path), path, path.name)
-
-
-def load_canary(model_dir: str | os.PathLike, live: Served) -> tuple[Served, float] | None:
-    """The canary that `model_dir` records (`sessrec.saved.versions.canary`), loaded, with its share; None when none runs."""
-    running = canary_record(model_dir)
-    if running is None:
-        return None
-    return load_canary_version(live, Path(model_dir) / VERSIONS / running[0]), running[1]
-
-
 def _freeze_loaded() -> None:
     """A model loaded after start-up frozen with the rest, when the process froze what it loaded (`serve`)."""
     if gc.get_freeze_count():
@@ -471,7 +422,7 @@ class RecommendRoute:
             labels = (part.served.version or "unversioned", "canary" if part.canary else "live")
             self.metrics.version_sessions.labels(*labels).inc(len(part.request.sessions))
             self.metrics.version_latency.labels(*labels).observe(took)
-        return await _send(send, 200, payload, _version_header(parts))
+        return await _send(send, 200, payload, version_header(parts))
 
     async def recommend(self, scope: Scope, receive: Receive, deadline: float,
                         arrival: float) -> tuple[bytes, list[Part]]:
@@ -493,7 +444,7 @@ class RecommendRoute:
                    for part in parts]
         if len(parts) == 1:
             return await answers[0], parts
-        return _merge(parts, await asyncio.gather(*answers)), parts
+        return merge_answers(parts, await asyncio.gather(*answers)), parts
 
     def prepare(self, body: bytes, live: Served, canary: Served | None, share: float, arrival: float) -> list[Part]:
         """The request parsed and checked alone (`parse_request`), its sessions split between the live version and the
@@ -521,67 +472,6 @@ class RecommendRoute:
     @staticmethod
     async def error(send: Send, status: int, message: str, headers: list[tuple[bytes, bytes]] | None = None) -> int:
         return await _send(send, status, dumps({"error": message}), headers)
-
-
-@dataclass(frozen=True)
-class Part:
-    """The sessions of a request that one version answers: all of them, or its share when a canary runs.
-
-    Args:
-        served: the version that answers them.
-        canary: it is the canary.
-        request: the checked request, holding only these sessions.
-        sessions: them encoded by the version's vocabulary.
-        session_ids: their client ids, or None.
-        index: their places in the request; None: every session of the request, in order.
-    """
-
-    served: Served
-    canary: bool
-    request: Request
-    sessions: RequestSessions
-    session_ids: list[str] | None
-    index: np.ndarray | None
-
-    @classmethod
-    def encoded(cls, served: Served, canary: bool, request: Request, session_ids: list[str] | None,
-                index: np.ndarray | None, arrival: float) -> Part:
-        """The part of `request` at `index` (None: all of it), encoded by `served`'s vocabulary (`encode`)."""
-        if index is not None:
-            request, session_ids = _subset(request, index), [session_ids[i] for i in index] if session_ids else None
-        return cls(served, canary, request, encode(request, served.recommender, arrival), session_ids, index)
-
-
-def _subset(request: Request, index: np.ndarray) -> Request:
-    """The request's sessions at `index`, with their times and request times."""
-    times = None
-    if request.times is not None:
-        per_session = np.split(request.times, np.cumsum(request.lengths)[:-1])
-        times = np.concatenate([per_session[i] for i in index])
-    return replace(request, sessions=[request.sessions[i] for i in index],
-                   now=None if request.now is None else request.now[index], times=times)
-
-
-def _merge(parts: list[Part], answers: list[bytes]) -> bytes:
-    """One answer, the sessions in the request's order, from the answers of its parts."""
-    lists: list[Any] = [None] * sum(len(part.request.sessions) for part in parts)
-    for part, answer in zip(parts, answers, strict=True):
-        for i, found in zip(part.index, orjson.loads(answer)["recommendations"], strict=True):
-            lists[i] = found
-    return dumps({"recommendations": lists})
-
-
-def _version_header(parts: list[Part]) -> list[tuple[bytes, bytes]] | None:
-    """``x-model-version``: the version that answered every session, else each session's, in order; none
-    for an unversioned directory."""
-    if len(parts) == 1:
-        version = parts[0].served.version
-        return None if version is None else [(b"x-model-version", version.encode())]
-    each: list[str] = [""] * sum(len(part.request.sessions) for part in parts)
-    for part in parts:
-        for i in part.index:
-            each[i] = str(part.served.version)
-    return [(b"x-model-version", ",".join(each).encode())]
 
 
 def _request_id(scope: Scope) -> str:

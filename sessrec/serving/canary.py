@@ -15,6 +15,10 @@ new items at its end (what ``sessrec retrain`` grows a vocabulary by). A model o
 whose vocabulary was rebuilt in another order, is refused; compare such a model offline with the
 retraining gate. Each version encodes its own sessions with its own vocabulary.
 
+How a request is answered (`Part`): its sessions split between the versions, each part encoded and scored
+by its own version, the answers merged back in the request's order (`merge_answers`), and each session's
+version named in ``x-model-version`` (`version_header`).
+
 Examples:
     >>> canary_sessions(["a", "b", 7, "7"], 0.5).tolist()
     [True, False, False, False]
@@ -23,15 +27,25 @@ Examples:
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from sessrec.data.vocab import ItemVocab
-from sessrec.serving.recommender import check_model_dir
+from sessrec.pipeline.candidates import RequestSessions
+from sessrec.pipeline.request import Request
+from sessrec.saved.versions import VERSIONS
+from sessrec.saved.versions import canary as canary_record
+from sessrec.serving.batching import dumps
+from sessrec.serving.recommender import Served, check_model_dir, load_recommender
+from sessrec.serving.request import encode
 
 KINDS = {"pipeline.json": "a pipeline", "config.json": "a session model"}
 
@@ -83,3 +97,80 @@ def _first_difference(a: pa.Array, b: pa.Array) -> int:
     n = min(len(a), len(b))
     equal = np.asarray(pc.equal(a.slice(0, n), b.slice(0, n)).to_numpy(zero_copy_only=False))
     return int(np.argmin(equal))
+
+
+def load_canary_version(live: Served, path: Path) -> Served:
+    """The canary version in folder `path`, checked against the live version (`check_compatible`) and loaded."""
+    if live.path is None:
+        raise ValueError(f"{path}: a canary is served beside a live version read from a model directory")
+    check_compatible(live.path, path)
+    return Served(load_recommender(path), path, path.name)
+
+
+def load_canary(model_dir: str | os.PathLike, live: Served) -> tuple[Served, float] | None:
+    """The canary that `model_dir` records (`sessrec.saved.versions.canary`), loaded, with its share; None when none runs."""
+    running = canary_record(model_dir)
+    if running is None:
+        return None
+    return load_canary_version(live, Path(model_dir) / VERSIONS / running[0]), running[1]
+
+
+@dataclass(frozen=True)
+class Part:
+    """The sessions of a request that one version answers: all of them, or its share when a canary runs.
+
+    Args:
+        served: the version that answers them.
+        canary: it is the canary.
+        request: the checked request, holding only these sessions.
+        sessions: them encoded by the version's vocabulary.
+        session_ids: their client ids, or None.
+        index: their places in the request; None: every session of the request, in order.
+    """
+
+    served: Served
+    canary: bool
+    request: Request
+    sessions: RequestSessions
+    session_ids: list[str] | None
+    index: np.ndarray | None
+
+    @classmethod
+    def encoded(cls, served: Served, canary: bool, request: Request, session_ids: list[str] | None,
+                index: np.ndarray | None, arrival: float) -> Part:
+        """The part of `request` at `index` (None: all of it), encoded by `served`'s vocabulary (`encode`)."""
+        if index is not None:
+            request, session_ids = subset(request, index), [session_ids[i] for i in index] if session_ids else None
+        return cls(served, canary, request, encode(request, served.recommender, arrival), session_ids, index)
+
+
+def subset(request: Request, index: np.ndarray) -> Request:
+    """The request's sessions at `index`, with their times and request times."""
+    times = None
+    if request.times is not None:
+        per_session = np.split(request.times, np.cumsum(request.lengths)[:-1])
+        times = np.concatenate([per_session[i] for i in index])
+    return replace(request, sessions=[request.sessions[i] for i in index],
+                   now=None if request.now is None else request.now[index], times=times)
+
+
+def merge_answers(parts: list[Part], answers: list[bytes]) -> bytes:
+    """One answer, the sessions in the request's order, from the answers of its parts."""
+    lists: list[Any] = [None] * sum(len(part.request.sessions) for part in parts)
+    for part, answer in zip(parts, answers, strict=True):
+        for i, found in zip(part.index, orjson.loads(answer)["recommendations"], strict=True):
+            lists[i] = found
+    return dumps({"recommendations": lists})
+
+
+def version_header(parts: list[Part]) -> list[tuple[bytes, bytes]] | None:
+    """``x-model-version``: the version that answered every session, else each session's, in order; none
+    for an unversioned directory."""
+    if len(parts) == 1:
+        version = parts[0].served.version
+        return None if version is None else [(b"x-model-version", version.encode())]
+    each: list[str] = [""] * sum(len(part.request.sessions) for part in parts)
+    for part in parts:
+        for i in part.index:
+            each[i] = str(part.served.version)
+    return [(b"x-model-version", ",".join(each).encode())]

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -169,3 +170,33 @@ def load_recommender(directory: str | os.PathLike) -> Pipeline | SessionModelSer
     if check_model_dir(directory).name == "pipeline.json":
         return Pipeline.from_pretrained(directory)
     return SessionModelService.from_pretrained(directory)
+
+
+@dataclass(frozen=True)
+class Served:
+    """A recommender and where it was read from.
+
+    Args:
+        recommender: the model.
+        path: the directory it was read from (a version's folder in a versioned model directory).
+        version: the version's name in a versioned model directory, else None.
+    """
+
+    recommender: Recommender
+    path: Path | None = None
+    version: str | None = None
+
+    @classmethod
+    def load(cls, model_dir: str | os.PathLike) -> Served:
+        """The recommender of `model_dir` at its current version (`sessrec.saved.versions.resolve`)."""
+        path = resolve(model_dir)
+        return cls(load_recommender(path), path, None if path == Path(model_dir) else path.name)
+
+    def describe(self) -> dict[str, Any]:
+        """What `/health` reports: the recommender's kind, its vocabulary size where it has one, and the version."""
+        info: dict[str, Any] = {"kind": type(self.recommender).__name__, "version": self.version}
+        vocab = getattr(self.recommender, "vocab", None)
+        if vocab is not None:
+            info["vocabulary_size"] = len(vocab)
+            info["items"] = int(getattr(vocab, "num_products", len(vocab)))
+        return info

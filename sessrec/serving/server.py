@@ -26,9 +26,9 @@ from fastapi import FastAPI
 
 from sessrec.saved.registry import check_integers
 from sessrec.saved.versions import VersionedDirectory, check_share, resolve
-from sessrec.serving.app import Overload, Served, build_app, load_canary
-from sessrec.serving.canary import check_compatible
-from sessrec.serving.recommender import check_model_dir
+from sessrec.serving.app import Overload, build_app
+from sessrec.serving.canary import check_compatible, load_canary
+from sessrec.serving.recommender import Served, check_model_dir
 from sessrec.serving.request import Limits
 from sessrec.serving.request_metrics import MULTIPROCESS_DIR
 from sessrec.serving.served_log import ServedLog

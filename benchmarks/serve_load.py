@@ -7,9 +7,13 @@ keeps that many connections busy with one-session ``/recommend`` requests (close
 (`--client`): wrk (C, one thread, for `--seconds`) where installed, else this script's raw
 HTTP/1.1 client on asyncio (uvloop) in a spawned process (until `--requests` are answered or
 `--seconds` have passed). Each level reports requests/s, p50/p99 latency, the statuses, the CPU
-per request of the server (its processes) and of the client, the 1-minute load average before
-and after, and the sessions per model call (the dynamic batching, from ``/metrics``: summed over
-the workers). Sessions are prefixes of random length of the sessions in `--data` (rsc15_100k's
+per request of the server (its processes; split between the workers' event-loop threads, which
+read, check and encode the requests, and their other threads, which run the model calls, decode
+and write the answers) and of the client, the 1-minute load average before and after, the
+sessions per model call (the dynamic batching) and the mean time of a call (from ``/metrics``:
+summed over the workers). With `--model-batches`, it first times the served model in its own
+process at those batch sizes, stage by stage (`model_batches`): what a call costs at the batch
+sizes the server forms. Sessions are prefixes of random length of the sessions in `--data` (rsc15_100k's
 test day; raw ids, as a request carries them; with `--times`, their event times too), or of
 random vocabulary ids when the file is missing.
 
@@ -39,12 +43,14 @@ script also drives a server of an older sessrec on ``PYTHONPATH``).
 Example (from the repository root):
     python benchmarks/serve_load.py                                     # runs/pipeline_rsc15/pipeline
     python benchmarks/serve_load.py --model-dir <dir> --concurrency 1 16 --seconds 15 --workers 2
+    python benchmarks/serve_load.py --times --model-batches 1 4 8 16 32 --concurrency 16 --seconds 10 --workers 2
     python benchmarks/serve_load.py --model-dir runs/quickstart/model --data none --requests 2000 --overload
     python benchmarks/serve_load.py --quick --overload   # smoke run: a tiny co-visitation pipeline it builds itself
 
 `--quick` serves a tiny co-visitation pipeline (synthetic sessions, 60 items) saved in a scratch folder
 unless `--model-dir` is given, with sessions from its vocabulary, at concurrency 1 and 4, 20 requests
-each (the Python client), and (with `--overload`) 1 s of capacity and 2 s of flood of 8-session requests.
+each (the Python client), the model timed at batch 1 and 4 (8 sessions each), and (with `--overload`) 1 s
+of capacity and 2 s of flood of 8-session requests.
 """
 
 from __future__ import annotations
@@ -98,12 +104,14 @@ def start_server(args: argparse.Namespace, port: int) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT)
 
 
-def cpu_s(pid: int | None = None) -> float:
-    """CPU seconds (user + system) used so far by process `pid`, or by this one and its waited children."""
+def cpu_s(pid: int | None = None, thread: int | None = None) -> float:
+    """CPU seconds (user + system) used so far by process `pid` (by its thread `thread` when given), or
+    by this one and its waited children."""
     if pid is None:
         own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
         return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    stat = Path(f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat")
+    fields = stat.read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -267,31 +275,46 @@ def server_cpu_s(server: subprocess.Popen) -> float:
     return sum(cpu_s(pid) for pid in server_pids(server))
 
 
-def batch_counts(port: int) -> tuple[float, float]:
-    """(model calls, sessions scored) so far, from /metrics (summed over the workers)."""
+def loop_cpu_s(server: subprocess.Popen) -> float:
+    """CPU seconds used so far by the main threads of the server's processes: each worker's event loop
+    (HTTP, admission, each request's checks and encoding, batching); the rest of the server's CPU is
+    its other threads' (the model calls with their decoding and JSON answers)."""
+    return sum(cpu_s(pid, pid) for pid in server_pids(server))
+
+
+def batch_counts(port: int) -> tuple[float, float, float]:
+    """(model calls, sessions scored, seconds in model calls) so far, from /metrics (summed over the workers)."""
     text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
-    found = dict(re.findall(r"^sessrec_batch_sessions_(count|sum) (\S+)$", text, re.MULTILINE))
-    return float(found["count"]), float(found["sum"])
+    found = {f"{name}_{part}": float(value) for name, part, value in re.findall(
+        r"^sessrec_(batch_sessions|model_call_seconds)_(count|sum) (\S+)$", text, re.MULTILINE)}
+    return found["batch_sessions_count"], found["batch_sessions_sum"], found["model_call_seconds_sum"]
 
 
 def load_level(args: argparse.Namespace, port: int, server: subprocess.Popen, bodies: list[bytes],
                concurrency: int) -> dict:
     """One closed-loop level through the chosen client, with the server's and the client's CPU per request."""
-    calls, scored = batch_counts(port)
+    calls, scored, call_s = batch_counts(port)
     load = os.getloadavg()[0]
-    cpu = server_cpu_s(server)
+    cpu, loop = server_cpu_s(server), loop_cpu_s(server)
     if args.client == "wrk":
         result = run_wrk(port, bodies, concurrency, args.seconds)
     else:
         result = run_python_client(port, bodies, concurrency, args.requests, args.seconds)
-    cpu = server_cpu_s(server) - cpu
-    calls_after, scored_after = batch_counts(port)
+    cpu, loop = server_cpu_s(server) - cpu, loop_cpu_s(server) - loop
+    calls_after, scored_after, call_s_after = batch_counts(port)
     errors = sum(n for status, n in result["statuses"].items() if status != "200")
+    n, made = result["requests"], calls_after - calls
+
+    def per_request(seconds: float) -> int | None:
+        return round(seconds / n * 1e6) if n else None
+
     return {
-        **result, "errors": errors, "model_calls": int(calls_after - calls),
-        "mean_sessions_per_call": round((scored_after - scored) / (calls_after - calls), 2) if calls_after > calls else None,
-        "server_cpu_us_per_request": round(cpu / result["requests"] * 1e6) if result["requests"] else None,
-        "client_cpu_us_per_request": round(result["client_cpu_s"] / result["requests"] * 1e6) if result["requests"] else None,
+        **result, "errors": errors, "model_calls": int(made),
+        "mean_sessions_per_call": round((scored_after - scored) / made, 2) if made else None,
+        "mean_model_call_ms": round((call_s_after - call_s) / made * 1e3, 2) if made else None,
+        "server_cpu_us_per_request": per_request(cpu), "server_loop_cpu_us_per_request": per_request(loop),
+        "server_other_threads_cpu_us_per_request": per_request(cpu - loop),
+        "client_cpu_us_per_request": per_request(result["client_cpu_s"]),
         "load_average_1m": [round(load, 2), round(os.getloadavg()[0], 2)],
     }
 
@@ -531,12 +554,12 @@ def overload(args: argparse.Namespace, port: int, server: subprocess.Popen, sess
     rate, capacity_statuses = asyncio.run(capacity(port, bodies, clients, args.capacity_seconds))
     gc.collect()
     gc.freeze()  # the client's own full collections would delay the requests it sends
-    before, shed_before, (calls, scored) = rss_mb(server), shed_counts(port), batch_counts(port)
+    before, shed_before, (calls, scored, _) = rss_mb(server), shed_counts(port), batch_counts(port)
     server_cpu, client_cpu = server_cpu_s(server), cpu_s()
     result = asyncio.run(flood(port, bodies, args.overload_factor * rate, args.overload_seconds, args.max_connections,
                                args.health_interval_ms / 1e3, args.drain_seconds))
     server_cpu, client_cpu = server_cpu_s(server) - server_cpu, cpu_s() - client_cpu
-    after, (calls_after, scored_after) = rss_mb(server), batch_counts(port)
+    after, (calls_after, scored_after, _) = rss_mb(server), batch_counts(port)
     meta = httpx.get(f"http://127.0.0.1:{port}/metadata").json()
     shed_after = shed_counts(port)
     return {
@@ -550,6 +573,96 @@ def overload(args: argparse.Namespace, port: int, server: subprocess.Popen, sess
             name: value - shed_before.get(name, 0.0) for name, value in shed_after.items()},
         "mean_sessions_per_call": round((scored_after - scored) / (calls_after - calls), 2) if calls_after > calls else None,
     }
+
+
+def model_batches(args: argparse.Namespace, bodies: list[bytes]) -> list[dict]:
+    """The served recommender's CPU per call at each batch size of `--model-batches`, in this process
+    (`--threads` torch threads), stage by stage as the server runs them: each request's checks and
+    encoding (``parse_encode``, on the event loop), the join, the model call (a pipeline's stages:
+    each retriever, merge and filters, features, each ranker member, the blend, ordering; else
+    ``recommend_batch``), ``decode``, the JSON answers. Medians over calls of consecutive `bodies`
+    (at least `--model-batch-sessions` sessions a size, 3 calls at least), after one call to warm up;
+    the staged lists are checked against ``recommend_batch``'s once a size."""
+    import torch
+
+    from sessrec.pipeline.candidates import Candidates
+    from sessrec.pipeline.pipeline import Pipeline
+    from sessrec.pipeline.scoring import BlendScorer
+    from sessrec.serving.batching import dumps
+    from sessrec.serving.recommender import join_sessions, load_recommender
+    from sessrec.serving.request import Limits, encode, parse_request
+
+    torch.set_num_threads(args.threads)
+    model, limits = load_recommender(args.model_dir), Limits()
+
+    def stages(pipe: Pipeline, sessions, k: int, lap):  # Pipeline.recommend_batch, a lap a stage
+        found = {}
+        for name, (retriever, width) in pipe.retrievers.items():
+            found[name] = retriever.retrieve(sessions, width)
+            lap(f"retrieve_{name}")
+        cands = pipe.select(sessions, found)
+        lap("merge_filters")
+        if pipe.scorer is None:
+            cands = pipe.score(sessions, cands)
+            lap("score")
+        else:
+            inputs = pipe.ranking_inputs(sessions, cands)
+            lap("features")
+            members = pipe.scorer.scorers if isinstance(pipe.scorer, BlendScorer) else [pipe.scorer]
+            scores = []
+            for i, member in enumerate(members):
+                scores.append(member.score(inputs))
+                lap(f"rank_{i}_{type(member).__name__}")
+            if isinstance(pipe.scorer, BlendScorer):
+                scores = [pipe.scorer.combine(scores, inputs.valid)]
+                lap("blend")
+            cands = Candidates(cands.items, cands.features, scores[0].masked_fill(~cands.valid, float("-inf")))
+        recs = pipe.ordering.order(sessions, cands, min(k, pipe.max_candidates))
+        lap("ordering")
+        return recs
+
+    def call(batch: list[bytes]) -> tuple[dict[str, float], object, object]:
+        laps, mark = Counter(), [time.process_time()]
+
+        def lap(name: str) -> None:
+            now = time.process_time()
+            laps[name] += (now - mark[0]) * 1e3
+            mark[0] = now
+
+        parts = [encode(parse_request(body, limits)[0], model) for body in batch]
+        lap("parse_encode")
+        sessions = join_sessions(parts)
+        lap("join")
+        if isinstance(model, Pipeline):
+            recs = stages(model, sessions.to(model.device), args.k, lap)
+        else:
+            recs = model.recommend_batch(sessions, args.k)
+            lap("model")
+        lists = model.decode(recs)
+        lap("decode")
+        for i in range(len(lists)):
+            dumps({"recommendations": lists[i : i + 1]})
+        lap("answers")
+        return laps, sessions, recs
+
+    out = []
+    with torch.no_grad():
+        for size in args.model_batches:
+            calls = max(3, -(-args.model_batch_sessions // size))
+            batches = [[bodies[(i * size + j) % len(bodies)] for j in range(size)] for i in range(calls + 1)]
+            _, sessions, recs = call(batches[0])
+            if not torch.equal(recs.items, model.recommend_batch(sessions, args.k).items):
+                raise SystemExit(f"--model-batches: the staged lists differ from recommend_batch's at batch {size}")
+            timed = [call(batch)[0] for batch in batches[1:]]
+            totals = [sum(laps.values()) for laps in timed]
+            per_call = float(np.median(totals))
+            out.append({
+                "system": "serve-model-batch", "model": type(model).__name__, "threads": args.threads, "batch": size,
+                "calls": calls, "cpu_ms_per_call": round(per_call, 3), "cpu_ms_per_session": round(per_call / size, 3),
+                "stages_cpu_ms_per_call": {name: round(float(np.median([laps[name] for laps in timed])), 3)
+                                           for name in timed[0]},
+            })
+    return out
 
 
 def tiny_pipeline(directory: Path) -> Path:
@@ -589,6 +702,11 @@ def main() -> None:
     parser.add_argument("--deadline-ms", type=float, help="the server's deadline (its default when not given)")
     parser.add_argument("--max-queue", type=int, help="the server's bound on admitted requests")
     parser.add_argument("--max-queued-sessions", type=int, help="the server's bound on sessions waiting")
+    parser.add_argument("--model-batches", type=int, nargs="*", default=[],
+                        help="first time the served model in this process at these batch sizes, stage by stage "
+                        "(e.g. 1 4 8 16 32: the sessions per call the server forms; `model_batches`)")
+    parser.add_argument("--model-batch-sessions", type=int, default=512,
+                        help="sessions timed at each --model-batches size (at least 3 calls)")
     parser.add_argument("--overload", action="store_true", help="measure capacity, then offer more (see above)")
     parser.add_argument("--overload-factor", type=float, default=4.0, help="offered load / measured capacity")
     parser.add_argument("--overload-seconds", type=float, default=30.0)
@@ -605,6 +723,7 @@ def main() -> None:
     scratch = None
     if args.quick:
         args.concurrency, args.requests, args.warmup, args.seconds = [1, 4], 20, 2, 20.0
+        args.model_batches, args.model_batch_sessions = [1, 4], 8
         args.client = "python"  # 20 requests a level (wrk runs for a time)
         args.capacity_seconds, args.overload_seconds, args.overload_sessions = 1.0, 2.0, 8
         if args.model_dir is None:  # its own tiny pipeline, asked for sessions of its vocabulary
@@ -616,6 +735,18 @@ def main() -> None:
     if not any((args.model_dir / name).exists() for name in ("pipeline.json", "config.json")):
         raise SystemExit(f"{args.model_dir}: no saved pipeline or model; run sessrec fit on a recipe first")
 
+    n = args.warmup + args.requests
+    if args.data.exists():
+        sessions, times = request_sessions(args.data, n)
+    else:
+        sessions, times = vocabulary_sessions(args.model_dir, n), None
+    if args.times and times is None:
+        raise SystemExit(f"--times needs the click file --data ({args.data} is missing)")
+    bodies = [json.dumps({"session": session, "k": args.k, **({"times": t} if args.times else {})}).encode()
+              for session, t in zip(sessions, times or sessions)]
+    for record in model_batches(args, bodies) if args.model_batches else []:  # before the server: alone
+        print(json.dumps(record), flush=True)
+
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     server = start_server(args, port)
@@ -623,15 +754,6 @@ def main() -> None:
     try:
         health = wait_healthy(url, server)
         print(f"serving {health} on {url}", file=sys.stderr)
-        n = args.warmup + args.requests
-        if args.data.exists():
-            sessions, times = request_sessions(args.data, n)
-        else:
-            sessions, times = vocabulary_sessions(args.model_dir, n), None
-        if args.times and times is None:
-            raise SystemExit(f"--times needs the click file --data ({args.data} is missing)")
-        bodies = [json.dumps({"session": session, "k": args.k, **({"times": t} if args.times else {})}).encode()
-                  for session, t in zip(sessions, times or sessions)]
         run_python_client(port, bodies[: args.warmup], 1, args.warmup, args.seconds)
         for concurrency in args.concurrency:
             result = load_level(args, port, server, bodies[args.warmup :], concurrency)

@@ -22,16 +22,25 @@ def test_serve_load_quick_run_serves_its_own_tiny_pipeline():
     done = run_quick("serve_load.py", "--overload")
     assert done.returncode == 0, done.stderr[-2000:]
     records = [json.loads(line) for line in done.stdout.splitlines()]
-    assert [r["system"] for r in records] == ["serve", "serve", "serve-overload", "serve-bad-requests"]
-    for r, concurrency in zip(records[:2], [1, 4]):  # --quick: concurrency 1 and 4, 20 requests each
+    assert [r["system"] for r in records] == ["serve-model-batch"] * 2 + ["serve", "serve", "serve-overload",
+                                                                           "serve-bad-requests"]
+    for r, batch in zip(records[:2], [1, 4]):  # --quick: the model timed at batch 1 and 4, 8 sessions each
+        assert (r["model"], r["batch"], r["calls"], r["threads"]) == ("Pipeline", batch, max(3, 8 // batch), 1)
+        assert list(r["stages_cpu_ms_per_call"]) == ["parse_encode", "join", "retrieve_covisitation", "merge_filters",
+                                                      "score", "ordering", "decode", "answers"]
+        assert r["cpu_ms_per_session"] == pytest.approx(r["cpu_ms_per_call"] / batch, abs=1e-3)
+    for r, concurrency in zip(records[2:4], [1, 4]):  # --quick: concurrency 1 and 4, 20 requests each
         assert (r["concurrency"], r["requests"], r["errors"], r["threads"]) == (concurrency, 20, 0, 1)
         assert (r["model"], r["items"], r["max_batch_size"], r["max_wait_ms"]) == ("Pipeline", 58, 64, 2.0)
         assert r["p99_ms"] >= r["p50_ms"] > 0
-    flood = records[2]
+        assert r["model_calls"] >= 20 / concurrency and r["mean_model_call_ms"] > 0
+        split = r["server_loop_cpu_us_per_request"] + r["server_other_threads_cpu_us_per_request"]
+        assert r["server_cpu_us_per_request"] == pytest.approx(split, abs=1)  # each rounded to the microsecond
+    flood = records[4]
     assert (flood["sessions_per_request"], flood["seconds"], flood["factor"]) == (8, 2.0, 4.0)
     assert flood["capacity_requests_per_s"] > 0 and flood["unanswered"] == 0
     assert sum(flood["statuses"].values()) == flood["offered_requests"] == flood["answered"]
-    bad = records[3]
+    bad = records[5]
     assert bad["all_4xx"] and bad["server_alive"] and bad["health_after"] == 200
 
 

@@ -308,8 +308,13 @@ class DLRMScorer(Scorer):
                 dropout: torch.Generator | None = None) -> torch.Tensor:
         """(B, K) logits of the candidates of B sessions, -inf at empty slots, from the (M, G) scaled dense
         inputs and the (M,) ids of their M `valid` slots in row-major order (the network sees the valid
-        slots only); `dropout`: the id dropout's generator."""
-        flat = self.network(dense, SparseFeatures.from_dense(self._ids(sparse, dropout)))  # (M,)
+        slots only); `dropout`: the id dropout's generator. Without autograd (scoring) the rows are
+        gathered by `DLRM.forward_one_id`, the same logits as the bag path training needs."""
+        ids = self._ids(sparse, dropout)
+        if torch.is_grad_enabled():
+            flat = self.network(dense, SparseFeatures.from_dense(ids))  # (M,)
+        else:
+            flat = self.network.forward_one_id(dense, ids)
         return torch.full(valid.shape, float("-inf"), dtype=flat.dtype, device=flat.device).masked_scatter(valid, flat)
 
     # -- the verbs ------------------------------------------------------------------------------

@@ -315,3 +315,41 @@ def test_retain_freed_memory_is_an_explicit_opt_in(monkeypatch):
                              enable_model_summary=False, accelerator="cpu")
         trainer.fit(task, train_dataloaders=DataLoader([batch_of()], batch_size=None))
         assert len(calls) == expected, opt_in
+
+
+@pytest.mark.parametrize("pooling", ["sum", "mean"])
+def test_forward_one_id_gives_the_bag_forwards_logits_bit_for_bit(pooling):
+    torch.manual_seed(0)
+    tables = [TableConfig("a", 10, 4, pooling=pooling), TableConfig("b", 7, 4, feature_names=("b", "b2"), pooling=pooling)]
+    model = DLRM(3, tables, dense_layers=[8, 4], over_layers=[8], seed=0).eval()
+    g = torch.Generator().manual_seed(1)
+    ids = {"a": torch.randint(0, 10, (50,), generator=g), "b": torch.randint(0, 7, (50,), generator=g),
+           "b2": torch.randint(0, 7, (50,), generator=g)}
+    dense = torch.randn(50, 3, generator=g)
+    with torch.no_grad():
+        expected = model(dense, SparseFeatures.from_dense(ids))
+        assert torch.equal(model.forward_one_id(dense, ids), expected)
+        assert torch.equal(model.forward_one_id(dense[:1], {k: v[:1] for k, v in ids.items()}), expected[:1])
+
+
+def test_forward_one_id_of_other_sparse_modules_runs_forward():
+    torch.manual_seed(0)
+    model = DLRM(3, TABLES, dense_layers=[4], over_layers=[8], sparse=DynamicTables(max_rows=64), seed=0).eval()
+    ids = {"a": torch.tensor([1, 2]), "b": torch.tensor([3, 3]), "c": torch.tensor([0, 4])}
+    dense = torch.randn(2, 3)
+    with torch.no_grad():
+        assert torch.equal(model.forward_one_id(dense, ids), model(dense, SparseFeatures.from_dense(ids)))
+
+
+def test_forward_one_id_refuses_other_features_shapes_and_ids_outside_the_table():
+    model = DLRM(3, TABLES, dense_layers=[4]).eval()
+    ids = {"a": torch.tensor([1]), "b": torch.tensor([0]), "c": torch.tensor([0])}
+    with torch.no_grad():
+        with pytest.raises(ValueError, match=r"ids must hold the features \['a', 'b', 'c'\], got \['a', 'b'\]"):
+            model.forward_one_id(torch.randn(1, 3), {"a": ids["a"], "b": ids["b"]})
+        with pytest.raises(ValueError, match=r"one per sample, shape \(1,\), got \{'b': \(1, 2\)\}"):
+            model.forward_one_id(torch.randn(1, 3), {**ids, "b": torch.tensor([[0, 1]])})
+        with pytest.raises(ValueError, match=r"feature 'c': ids must lie in \[0, 5\), got 5..5"):
+            model.forward_one_id(torch.randn(1, 3), {**ids, "c": torch.tensor([5])})
+        with pytest.raises(ValueError, match=r"dense features must be \(B, 3\)"):
+            model.forward_one_id(torch.randn(1, 2), ids)

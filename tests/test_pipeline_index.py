@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from sessrec.pipeline.retrieval.index import ExactIndex, FaissIndex
+from sessrec.pipeline.retrieval.index import QUERY_ROWS, ExactIndex, FaissIndex
 from sessrec.saved.registry import config_of, instantiate
 
 
@@ -31,6 +31,17 @@ def test_exact_matches_full_product_topk_at_any_block_size(block_size):
     assert scores.dtype == torch.float32 and found.dtype == torch.int64 and found.shape == (5, 10)
     assert torch.equal(found, torch.from_numpy(ids)[top.indices])
     torch.testing.assert_close(scores, top.values, rtol=1e-5, atol=1e-5)
+
+
+def test_exact_scores_queries_in_parts_of_query_rows_with_the_results_of_one_product():
+    vectors, ids = table(300, 8, seed=2)
+    queries = torch.from_numpy(np.random.default_rng(3).standard_normal((2 * QUERY_ROWS + 5, 8), dtype=np.float32))
+    top = (queries @ torch.from_numpy(vectors).T).topk(7, dim=1)
+    scores, found = ExactIndex().build(vectors, ids).search(queries, 7)
+    assert torch.equal(found, torch.from_numpy(ids)[top.indices])
+    torch.testing.assert_close(scores, top.values, rtol=1e-5, atol=1e-5)
+    empty = ExactIndex().build(vectors, ids).search(queries[:0], 7)
+    assert empty[0].shape == (0, 7) and empty[1].shape == (0, 7)
 
 
 def test_exact_hand_computed_case_and_padding_beyond_n():

@@ -308,3 +308,15 @@ def test_gbdt_bins_rows_read_in_chunks_as_lightgbm_bins_one_matrix() -> None:
     booster = lgb.train(scorer.params, sets[0], num_boost_round=5, valid_sets=[sets[1]],
                         callbacks=[lgb.early_stopping(scorer.early_stopping, verbose=False)])
     assert scorer.booster.model_to_string() == booster.model_to_string()
+
+
+def test_scoring_gathers_the_rows_that_training_pools_to_the_same_logits(fitted) -> None:
+    """Without autograd `_logits` runs `DLRM.forward_one_id`; with it, the bag path SparseAdam trains: the same floats."""
+    scorer, inputs, _ = fitted
+    valid = inputs.valid[:8]
+    dense = scorer._dense(inputs)[:8][valid]
+    sparse = {name: ids[:8][valid] for name, ids in inputs.sparse.items()}
+    with torch.no_grad():
+        gathered = scorer._logits(valid, dense, sparse)
+    pooled = scorer._logits(valid, dense, sparse).detach()
+    assert torch.equal(gathered, pooled) and torch.isfinite(gathered[valid]).all()

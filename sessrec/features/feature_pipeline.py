@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -65,15 +65,18 @@ class FeaturePipeline(Configurable):
         self.fitted = True
         return out
 
-    def transform(self, frame: Any) -> dict[str, Array]:
+    def transform(self, frame: Any, skip: Collection[str] = ()) -> dict[str, Array]:
+        """The features of the fitted ops, but those named in `skip` (whose outputs the caller has)."""
         if not self.fitted:
             raise NotFittedError("FeaturePipeline is not fitted: call fit() on training data, or load() one")
-        return self._run(frame, fit=False)
+        return self._run(frame, fit=False, skip=skip)
 
-    def _run(self, frame: Any, fit: bool) -> dict[str, Array]:
+    def _run(self, frame: Any, fit: bool, skip: Collection[str] = ()) -> dict[str, Array]:
         view = _View(frame)
         out: dict[str, Array] = {}
         for name, op in self.ops.items():
+            if name in skip:
+                continue
             result = op.fit_transform(view) if fit else op.transform(view)
             if isinstance(result, (SessionTimes, CyclicTimes)):
                 produced = {f"{name}_{f.name}": getattr(result, f.name) for f in fields(result)}

@@ -62,6 +62,7 @@ from sessrec.saved.registry import Configurable, instantiate
 GROUPS = ("retrievers", "popularity", "session", "covisitation", "context", "time", "encodings", "ids")
 DURATION = "session_duration"  # the raw column that needs the event times
 CYCLIC = ("time_hour_", "time_weekday_")  # the outputs of the CyclicTime op ``time``: of the last event time
+ITEM_COLUMNS = ("item", "popularity", "recent_popularity")  # the columns of a frame row that its candidate alone decides
 
 
 def group_of(column: str) -> str:
@@ -131,6 +132,7 @@ class CandidateFeatures(Configurable):
         self.popularity: np.ndarray | None = None  # (V, 2) training count, recent count
         self.ops: FeaturePipeline | None = None
         self.names: list[str] | None = None
+        self._tables: tuple[Any, Any, dict[str, np.ndarray]] = (None, None, {})  # (ops, popularity, their `item_tables`)
 
     # -- statistics of the training sessions ----------------------------------------------------
     def fit_statistics(self, sessions: np.ndarray | torch.Tensor, num_items: int) -> CandidateFeatures:
@@ -310,7 +312,12 @@ class CandidateFeatures(Configurable):
         # the time features are built when the ranker was fitted with them, whatever times the sessions carry
         raw = {n: v for n, v in raw.items() if group_of(n) in self.groups and (n != DURATION or DURATION in self.names)}
         frame = self._frame(sessions, candidates, raw, None, use_time="time" in self.ops.ops)
-        computed = self.ops.transform(frame) if self.ops.ops else {}
+        tables = self.item_tables() if len(frame["item"]) else {}
+        if tables and int(frame["item"].max()) < len(self.popularity):  # the candidate-decided outputs gathered
+            computed = self.ops.transform(frame, skip=list(tables))
+            computed.update({name: table[frame["item"]] for name, table in tables.items()})
+        else:
+            computed = self.ops.transform(frame) if self.ops.ops else {}
         unknown = sorted(set(fitted or {}) - set(computed))
         if unknown:
             raise ValueError(f"fitted outputs {unknown} are not outputs of the feature ops {sorted(computed)}")
@@ -319,6 +326,23 @@ class CandidateFeatures(Configurable):
         if out.names != self.names:
             raise ValueError(f"features {out.names} differ from the fitted ones {self.names}")
         return out
+
+    def item_tables(self) -> dict[str, np.ndarray]:
+        """The outputs of the fitted ops that read only columns the candidate decides (`ITEM_COLUMNS`: the
+        popularity logs, the item's target and count encodings) for every item id, (V,) each: computed once by
+        the ops themselves on a frame of all V ids, so that `transform` gathers each candidate's value instead of
+        running them (the same values: each row's output depends on that row alone). {} before `fit_statistics`."""
+        if self._tables[0] is not self.ops or self._tables[1] is not self.popularity:
+            tables: dict[str, np.ndarray] = {}
+            names = [name for name, op in (self.ops.ops.items() if self.ops is not None else ())
+                     if getattr(op, "column", None) in ITEM_COLUMNS]
+            if names and self.popularity is not None and self.ops.fitted:
+                v = len(self.popularity)
+                frame = {"item": np.arange(v, dtype=np.int64), "popularity": self.popularity[:, 0],
+                         "recent_popularity": self.popularity[:, 1]}
+                tables = self.ops.transform(frame, skip=[name for name in self.ops.ops if name not in names])
+            self._tables = (self.ops, self.popularity, tables)
+        return self._tables[2]
 
     @property
     def time_names(self) -> list[str]:
@@ -419,4 +443,5 @@ class CandidateFeatures(Configurable):
                 raise ValueError(f"the features' state: 'ops' must be a feature pipeline's state dict, got {type(state['ops']).__name__}")
             ops = instantiate(state["ops"].get("config"), expected=FeaturePipeline, source="state", key="ops.config")
             self.ops = ops.load_state_dict(state["ops"], "the features' state")
+            self.item_tables()  # here, not in the first request
         return self

@@ -197,8 +197,8 @@ class CoVisitation(Retriever):
         the sparse product (query entries by item, then W's row order), so the sums are its numbers
         bit for bit, without the product's (V,) work arrays.
         """
-        row, item, weight = self._query_entries(sessions)  # checks the sessions, even when the product is cached
         if self._cache_key not in sessions.cache:
+            row, item, weight = self._query_entries(sessions)  # checks the sessions
             m = self.matrix
             counts = self._row_sizes[item]
             flat = ranges(m.indptr[item], counts)

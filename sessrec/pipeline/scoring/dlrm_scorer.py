@@ -418,7 +418,8 @@ class DLRMScorer(Scorer):
     def score(self, inputs: RankingInputs) -> torch.Tensor:
         if self.network is None:
             raise RuntimeError("DLRMScorer is not fitted")
-        self.network.eval()
+        if self.network.training:  # fit and load leave it in eval mode: a request skips walking the modules
+            self.network.eval()
         valid = inputs.valid
         return self._logits(valid, self._dense(inputs)[valid], {name: ids[valid] for name, ids in inputs.sparse.items()}).float()
 

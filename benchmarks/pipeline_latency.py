@@ -37,6 +37,7 @@ from sessrec.baselines import STAN, VSKNN
 from sessrec.data import SyntheticSource
 from sessrec.models import XLNetEncoder
 from sessrec.pipeline.candidate_features import CandidateFeatures
+from sessrec.pipeline.candidates import Candidates
 from sessrec.pipeline.pipeline import Pipeline
 from sessrec.pipeline.request import check_request
 from sessrec.pipeline.retrieval.baseline_retriever import BaselineRetriever
@@ -97,6 +98,36 @@ def raw_requests(dm: SessionDataModule, n: int) -> tuple[list[list[int]], list[l
     return [r[k].tolist() for r, k in zip(raw, keep)], [t[k].tolist() for t, k in zip(stamps, keep)]
 
 
+def recommend_in_stages(pipe: Pipeline, sessions, k: int, lap) -> object:
+    """`Pipeline.recommend_batch` of encoded `sessions` up to the ordering (not decoded), `lap(name)`
+    called after each stage: each retriever, merge and filters, features, each ranker member, the blend,
+    the ordering (``score`` for a pipeline without a ranker). Also `serve_load.py --model-batches`."""
+    found = {}
+    for name, (retriever, width) in pipe.retrievers.items():
+        found[name] = retriever.retrieve(sessions, width)
+        lap(f"retrieve_{name}")
+    cands = pipe.select(sessions, found)
+    lap("merge_filters")
+    if pipe.scorer is None:
+        cands = pipe.score(sessions, cands)
+        lap("score")
+    else:
+        inputs = pipe.ranking_inputs(sessions, cands)
+        lap("features")
+        members = pipe.scorer.scorers if isinstance(pipe.scorer, BlendScorer) else [pipe.scorer]
+        scores = []
+        for i, member in enumerate(members):
+            scores.append(member.score(inputs))
+            lap(f"rank_{i}_{type(member).__name__}")
+        if isinstance(pipe.scorer, BlendScorer):
+            scores = [pipe.scorer.combine(scores, inputs.valid)]
+            lap("blend")
+        cands = Candidates(cands.items, cands.features, scores[0].masked_fill(~cands.valid, float("-inf")))
+    recs = pipe.ordering.order(sessions, cands, min(k, pipe.max_candidates))
+    lap("ordering")
+    return recs
+
+
 def staged(pipe: Pipeline, session: list, stamp: list[float], k: int, clock: dict[str, list[float]],
            cpu: dict[str, list[float]]) -> list[dict]:
     """`Pipeline.recommend` of one session run stage by stage through the pipeline's parts, each
@@ -112,25 +143,7 @@ def staged(pipe: Pipeline, session: list, stamp: list[float], k: int, clock: dic
     request = check_request([session], k, times=[stamp])
     sessions = pipe.encode(request).to(pipe.device)
     lap("encode")
-    found = {}
-    for name, (retriever, width) in pipe.retrievers.items():
-        found[name] = retriever.retrieve(sessions, width)
-        lap(f"retrieve_{name}")
-    cands = pipe.select(sessions, found)
-    lap("merge_filters")
-    inputs = pipe.ranking_inputs(sessions, cands)
-    lap("features")
-    members = pipe.scorer.scorers if isinstance(pipe.scorer, BlendScorer) else [pipe.scorer]
-    scores = []
-    for i, member in enumerate(members):
-        scores.append(member.score(inputs))
-        lap(f"rank_{i}_{type(member).__name__}")
-    if isinstance(pipe.scorer, BlendScorer):
-        scores = [pipe.scorer.combine(scores, inputs.valid)]
-        lap("blend")
-    cands.scores = scores[0].masked_fill(~cands.valid, float("-inf"))
-    recs = pipe.ordering.order(sessions, cands, min(request.k, pipe.max_candidates))
-    lap("ordering")
+    recs = recommend_in_stages(pipe, sessions, request.k, lap)
     out = pipe.decode(recs)
     lap("decode")
     return out

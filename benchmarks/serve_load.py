@@ -585,41 +585,15 @@ def model_batches(args: argparse.Namespace, bodies: list[bytes]) -> list[dict]:
     the staged lists are checked against ``recommend_batch``'s once a size."""
     import torch
 
-    from sessrec.pipeline.candidates import Candidates
     from sessrec.pipeline.pipeline import Pipeline
-    from sessrec.pipeline.scoring import BlendScorer
     from sessrec.serving.batching import dumps
     from sessrec.serving.recommender import join_sessions, load_recommender
     from sessrec.serving.request import Limits, encode, parse_request
 
     torch.set_num_threads(args.threads)
     model, limits = load_recommender(args.model_dir), Limits()
-
-    def stages(pipe: Pipeline, sessions, k: int, lap):  # Pipeline.recommend_batch, a lap a stage
-        found = {}
-        for name, (retriever, width) in pipe.retrievers.items():
-            found[name] = retriever.retrieve(sessions, width)
-            lap(f"retrieve_{name}")
-        cands = pipe.select(sessions, found)
-        lap("merge_filters")
-        if pipe.scorer is None:
-            cands = pipe.score(sessions, cands)
-            lap("score")
-        else:
-            inputs = pipe.ranking_inputs(sessions, cands)
-            lap("features")
-            members = pipe.scorer.scorers if isinstance(pipe.scorer, BlendScorer) else [pipe.scorer]
-            scores = []
-            for i, member in enumerate(members):
-                scores.append(member.score(inputs))
-                lap(f"rank_{i}_{type(member).__name__}")
-            if isinstance(pipe.scorer, BlendScorer):
-                scores = [pipe.scorer.combine(scores, inputs.valid)]
-                lap("blend")
-            cands = Candidates(cands.items, cands.features, scores[0].masked_fill(~cands.valid, float("-inf")))
-        recs = pipe.ordering.order(sessions, cands, min(k, pipe.max_candidates))
-        lap("ordering")
-        return recs
+    sys.path.insert(0, str(Path(__file__).parent))
+    from pipeline_latency import recommend_in_stages
 
     def call(batch: list[bytes]) -> tuple[dict[str, float], object, object]:
         laps, mark = Counter(), [time.process_time()]
@@ -634,7 +608,7 @@ def model_batches(args: argparse.Namespace, bodies: list[bytes]) -> list[dict]:
         sessions = join_sessions(parts)
         lap("join")
         if isinstance(model, Pipeline):
-            recs = stages(model, sessions.to(model.device), args.k, lap)
+            recs = recommend_in_stages(model, sessions.to(model.device), args.k, lap)
         else:
             recs = model.recommend_batch(sessions, args.k)
             lap("model")

@@ -7,6 +7,10 @@ Items (each timed after warm-up, medians of `--repeats`, CUDA synchronised aroun
 - ``encoder_steps``: one training step (objective, encoder, full-softmax cross-entropy over the
   catalogue, backward, AdamW) of XLNet-MLM, SASRec, and HSTU on its jagged and its padded path, at
   the same width on the same mixed-length sessions, with bf16 autocast: milliseconds per step of each.
+- ``encoder_widths``: the same training step of XLNet-MLM and HSTU (padded) at d_model 128 and 512: sessions/s,
+  the step's floating-point operations as `torch.utils.flop_counter.FlopCounterMode` counts them (matrix
+  products, attention, forward and backward), and the share of the chip's bf16 matrix rate that reaches,
+  that rate measured in the same run (an 8192 x 8192 x 8192 bf16 product).
 - ``dlrm_train``: DLRM training steps (26 tables, fused row-wise Adagrad in backward, Adam on the
   MLPs) on random Criteo-like batches: samples/s.
 - ``embedding_lookup``: the fused embedding core's pooled lookup (26 tables, 10-hot): GB/s of rows
@@ -121,6 +125,52 @@ def encoder_steps(device: torch.device, quick: bool, repeats: int) -> dict:
     return out
 
 
+def matmul_peak(device: torch.device, quick: bool, repeats: int) -> float:
+    """The device's bf16 matrix rate in FLOP/s: an n x n x n product, n = 8192 (512 with `quick`)."""
+    n = 512 if quick else 8192
+    a, b = (torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(2))
+    return 2 * n**3 / timed(lambda: a @ b, device, warmup=3, repeats=max(repeats, 3))
+
+
+def step_flops(step: Callable[[], None]) -> int:
+    """Floating-point operations of one call of `step`, as torch's FlopCounterMode counts them."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        step()
+    return counter.get_total_flops()
+
+
+def encoder_widths(device: torch.device, quick: bool, repeats: int) -> dict:
+    items, batch, length = (1000, 32, 20) if quick else (50_000, 512, 50)
+    widths = (32, 64) if quick else (128, 512)
+    peak = matmul_peak(device, quick, repeats)
+    data = sessions(batch, length, items, torch.Generator().manual_seed(0)).to(device)
+    out: dict = {"items": items, "batch": batch, "max_length": length, "n_layer": 2, "precision": "bf16 autocast",
+                 "bf16_matmul_tflops": round(peak / 1e12, 1)}
+    for d in widths:
+        heads = max(d // 64, 2)
+        encoders = {
+            "xlnet_mlm": (lambda: XLNetEncoder(d_model=d, n_head=heads, n_layer=2), MaskedItemModeling()),
+            "hstu": (lambda: HSTUEncoder(d_model=d, n_head=heads, n_layer=2, jagged=False), CausalLanguageModeling()),
+        }
+        for name, (encoder, objective) in encoders.items():
+            torch.manual_seed(0)
+            model = SessionModel(num_items=items + NUM_SPECIAL, encoder=encoder(), max_length=length).to(device).train()
+            key = f"{name}_d{d}"
+            try:
+                step = training_step(model, objective, data)
+                seconds = timed(step, device, warmup=3, repeats=repeats)
+                flops = step_flops(step)
+                out.update({f"{key}_step_ms": round(seconds * 1e3, 2), f"{key}_sessions_per_s": round(batch / seconds),
+                            f"{key}_gflop_per_step": round(flops / 1e9, 1),
+                            f"{key}_share_of_peak": round(flops / seconds / peak, 4)})
+            except Exception as err:  # noqa: BLE001 - one encoder failing must not hide the others' figures
+                out[f"{key}_error"] = f"{type(err).__name__}: {err}".splitlines()[0]
+    return out
+
+
 def tables(quick: bool, dim: int) -> list[TableConfig]:
     rows = np.geomspace(1e3, 1e4 if quick else 1e6, 26).astype(int)
     return [TableConfig(f"t{i}", int(n), dim) for i, n in enumerate(rows)]
@@ -225,7 +275,7 @@ def resident_loader(device: torch.device, quick: bool, repeats: int) -> dict:
             "resident_sessions_per_s": round(n / resident_seconds), "speedup": round(host_seconds / resident_seconds, 2)}
 
 
-ITEMS = {fn.__name__: fn for fn in (xlnet_mlm_fit, encoder_steps, dlrm_train, embedding_lookup, feature_etl, resident_loader)}
+ITEMS = {fn.__name__: fn for fn in (xlnet_mlm_fit, encoder_steps, encoder_widths, dlrm_train, embedding_lookup, feature_etl, resident_loader)}
 
 
 def main() -> None:

@@ -77,7 +77,7 @@ def test_gpu_suite_reports_every_item_as_skipped_without_cuda():
     assert done.returncode == 0, done.stderr[-2000:]
     records = [json.loads(line) for line in done.stdout.splitlines()]
     assert [r["item"] for r in records] == [
-        "gpu_tests", "xlnet_mlm_fit", "encoder_steps", "dlrm_train", "embedding_lookup", "feature_etl", "resident_loader",
+        "gpu_tests", "xlnet_mlm_fit", "encoder_steps", "encoder_widths", "dlrm_train", "embedding_lookup", "feature_etl", "resident_loader",
     ]
     assert all(r["status"] == "skipped" and "no CUDA device" in r["reason"] for r in records)
 
@@ -94,12 +94,16 @@ def test_gpu_suite_code_paths_run_on_cpu(monkeypatch):
     monkeypatch.setattr("builtins.print", lambda line, **_: printed.append(json.loads(line)))
     runpy.run_path(str(ROOT / "benchmarks" / "gpu_suite.py"), run_name="__main__")
     assert [r["item"] for r in printed] == [
-        "xlnet_mlm_fit", "encoder_steps", "dlrm_train", "embedding_lookup", "feature_etl", "resident_loader"
+        "xlnet_mlm_fit", "encoder_steps", "encoder_widths", "dlrm_train", "embedding_lookup", "feature_etl", "resident_loader"
     ]
     assert all(r["status"] == "ok" for r in printed), [r for r in printed if r["status"] != "ok"]
-    assert printed[0]["sessions_per_s"] > 0 and 0 < printed[3]["share_of_copy_bandwidth"]
+    assert printed[0]["sessions_per_s"] > 0 and 0 < printed[4]["share_of_copy_bandwidth"]
     steps = [f"{name}_step_ms" for name in ("xlnet_mlm", "sasrec", "hstu_jagged", "hstu_padded")]
     assert all(printed[1][key] > 0 for key in steps), printed[1]  # every encoder ran (an error has no *_step_ms)
+    widths = printed[2]
+    for name in ("xlnet_mlm", "hstu"):  # a wider model counts more operations a step; its share of the peak is a share
+        assert 0 < widths[f"{name}_d32_gflop_per_step"] < widths[f"{name}_d64_gflop_per_step"], widths
+        assert all(0 < widths[f"{name}_d{d}_share_of_peak"] < 1 for d in (32, 64)), widths
 
 
 TINY_TRAIN = ["benchmarks/train_throughput.py", "--steps", "20", "--warmup", "1", "--batch", "16", "--items", "300",

@@ -37,7 +37,8 @@ from sessrec.saved.atomic import write_text
 from sessrec.saved.versions import resolve
 from sessrec.serving import app as serving_app
 from sessrec.serving import server
-from sessrec.serving.app import Overload, build_app
+from sessrec.serving.admission import Overload
+from sessrec.serving.app import build_app
 from sessrec.serving.batching import Pace
 from sessrec.serving.recommender import Served, SessionModelService, join_sessions
 from sessrec.serving.request import Limits

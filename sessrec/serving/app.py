@@ -22,7 +22,7 @@ How a request goes (each refusal a one-line ``{"error": ...}``):
 ``POST /recommend`` is a plain ASGI route (`RecommendRoute`, taken before FastAPI's middleware
 and routing by `App`); its bodies and answers are JSON through orjson.
 
-1. **Admission** (`Admission`, first thing in the route), before the body is read: past
+1. **Admission** (`sessrec.serving.admission`, first thing in the route), before the body is read: past
    `Overload.max_queue` requests admitted and not yet answered, when the model is more than
    `Overload.max_queue_wait_ms` behind (the sessions waiting, at the pace of its recent calls), or
    once shutdown has begun, ``503`` with ``Retry-After``. A flood costs one small answer per request.
@@ -41,7 +41,7 @@ and routing by `App`); its bodies and answers are JSON through orjson.
 
 `/health`, `/metadata` and `/metrics` never wait on the model: the event loop only parses small
 bodies, hands work to threads and writes answers. The model can be swapped while serving
-(`ModelHolder`): the server follows a versioned model directory's ``CURRENT`` pointer, loads a new
+(`sessrec.serving.hot_reload`): the server follows a versioned model directory's ``CURRENT`` pointer, loads a new
 version in a thread and serves it from the next batch on; requests already encoded finish on the
 model that encoded them. A canary (`sessrec.serving.canary`), another version of the directory that
 the directory records, answers the sessions whose ids hash below its share, loaded and followed the
@@ -59,7 +59,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import gc
 import logging
 import os
 import sys
@@ -68,8 +67,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import asdict
 from time import perf_counter
 from typing import Any
 
@@ -79,12 +77,11 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
-from sessrec.saved.registry import check_integers
-from sessrec.saved.versions import VERSIONS, resolve
-from sessrec.saved.versions import canary as canary_record
+from sessrec.serving.admission import Admission, Overload
 from sessrec.serving.batching import Batcher, ServerFault, dumps
-from sessrec.serving.canary import Part, canary_sessions, load_canary_version, merge_answers, version_header
-from sessrec.serving.recommender import Recommender, Served, load_recommender
+from sessrec.serving.canary import Part, canary_sessions, merge_answers, version_header
+from sessrec.serving.hot_reload import ModelHolder
+from sessrec.serving.recommender import Recommender, Served
 from sessrec.serving.request import Limits, RequestError, parse_request
 from sessrec.serving.request_metrics import MeasureRequests, Metrics
 from sessrec.serving.served_log import ServedLog
@@ -92,245 +89,6 @@ from sessrec.serving.served_log import ServedLog
 logger = logging.getLogger(__name__)
 
 INLINE_PARSE_BYTES = 16 * 1024  # bodies up to this are parsed on the event loop (well under a millisecond)
-
-
-@dataclass(frozen=True)
-class Overload:
-    """How much work the server takes on, and how long a request may take.
-
-    Each bound refuses a request with 503 at once, which is cheaper for both sides than a request
-    that waits and times out (504). `max_queue_wait_ms` adapts to the model's speed; the two
-    counts are hard caps on memory and on work in flight.
-
-    Args:
-        max_queue: most requests admitted and not yet answered; a request beyond gets 503 before
-            its body is read.
-        max_queued_sessions: most sessions encoded and waiting for the model; a request that would
-            pass it gets 503 (before its body is read once the bound is reached).
-        max_queue_wait_ms: a request arriving while the sessions queued and being scored would take
-            the model longer than this (at the pace of its recent calls) gets 503 before its body
-            is read; at most `deadline_ms`, and about half of it leaves room for the request's own call.
-        deadline_ms: a request not answered this long after it arrived gets 504; one whose deadline
-            passed while queued never reaches the model.
-        retry_after_s: the ``Retry-After`` header of a 503, in seconds.
-    """
-
-    max_queue: int = 128
-    max_queued_sessions: int = 8192
-    max_queue_wait_ms: float = 500.0
-    deadline_ms: float = 1000.0
-    retry_after_s: int = 1
-
-    def __post_init__(self) -> None:
-        check_integers({"max_queue": self.max_queue, "max_queued_sessions": self.max_queued_sessions,
-                        "retry_after_s": self.retry_after_s})
-        for name in ("max_queue_wait_ms", "deadline_ms"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(f"{name} must be a positive number of milliseconds, got {value!r}")
-        if self.max_queue_wait_ms > self.deadline_ms:
-            raise ValueError(f"max_queue_wait_ms ({self.max_queue_wait_ms:g}) must be at most deadline_ms "
-                             f"({self.deadline_ms:g}): a request admitted behind more work would miss its deadline")
-
-
-class Admission:
-    """Counts the requests admitted and not yet answered, and refuses a request at arrival when the
-    server has enough (see `Overload`) or is shutting down.
-
-    Args:
-        overload: the bounds.
-        batcher: whose pace says how far behind the model is.
-        metrics: where the admitted requests are counted.
-    """
-
-    def __init__(self, overload: Overload, batcher: Batcher, metrics: Metrics) -> None:
-        self.overload, self.batcher, self.metrics = overload, batcher, metrics
-        self.admitted, self.draining = 0, False
-        self._idle = asyncio.Event()
-        self._idle.set()
-
-    def open(self) -> None:
-        """Admit requests (again): the app's lifespan calls it at start-up."""
-        self.draining = False
-
-    def refusal(self) -> tuple[str, str] | None:
-        """Why a request arriving now is refused, as (reason, one-line message), or None to admit it.
-
-        Reasons: ``shutting_down``, ``queue_full`` (`Overload.max_queue`), ``queued_sessions_full``
-        (`Overload.max_queued_sessions` reached), ``model_behind`` (`Overload.max_queue_wait_ms`).
-        """
-        if self.draining:
-            return "shutting_down", "the server is shutting down"
-        if self.admitted >= self.overload.max_queue:
-            return "queue_full", f"the server is busy: {self.admitted} requests in progress"
-        if self.batcher.queued_sessions >= self.overload.max_queued_sessions:
-            return "queued_sessions_full", f"the server is busy: {self.batcher.queued_sessions} sessions are waiting"
-        behind_ms = self.batcher.expected_wait() * 1e3
-        if behind_ms > self.overload.max_queue_wait_ms:
-            return "model_behind", f"the server is busy: the model is about {behind_ms:.0f} ms behind"
-        return None
-
-    def enter(self) -> None:
-        self.admitted += 1
-        self._idle.clear()
-        self.metrics.admitted.set(self.admitted)
-
-    def leave(self) -> None:
-        self.admitted -= 1
-        self.metrics.admitted.set(self.admitted)
-        if self.admitted == 0:
-            self._idle.set()
-
-    async def drain(self, timeout_s: float) -> bool:
-        """Refuse new requests from now on and wait until the admitted ones are answered; False on timeout."""
-        self.draining = True
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout_s)
-        except asyncio.TimeoutError:
-            return False
-        return True
-
-
-class ModelHolder:
-    """The model being served, its canary, and their hot reload from a model directory.
-
-    `check` reads the directory's current version (`resolve`) and its canary (`sessrec.saved.versions.canary`):
-    two small files. When the current version is another folder than the one served, that folder is
-    served from then on: the canary's model when the canary was promoted (nothing to load), else the
-    folder loaded in a thread. When the canary record names a version other than the canary served,
-    that version is checked against the live one (`check_compatible`) and loaded in a thread; when it
-    names none (the canary promoted or dropped), the live version answers every session. A load that
-    fails keeps what is served, logs the error and keeps it in `error` (the live version) or
-    `canary_error` (shown by `/health`); that folder is not tried again until the record moves.
-
-    Args:
-        served: the model served first.
-        model_dir: the directory to follow; None: no reload.
-        interval_s: seconds between two checks while the server runs; 0: no polling (`check` still works).
-        metrics: where reloads are counted.
-        canary: the canary served first (`load_canary`), with the share of the sessions it answers; None: none.
-    """
-
-    def __init__(self, served: Served, model_dir: str | os.PathLike | None = None, interval_s: float = 2.0,
-                 metrics: Metrics | None = None, canary: tuple[Served, float] | None = None) -> None:
-        if interval_s < 0:
-            raise ValueError(f"reload_interval_s must be >= 0, got {interval_s}")
-        self.current, self.model_dir, self.interval_s = served, model_dir, interval_s
-        self.canary, self.share = canary if canary is not None else (None, 0.0)
-        self.metrics = metrics if metrics is not None else Metrics()
-        self.error: str | None = None
-        self.canary_error: str | None = None
-        self._failed: Path | None = None
-        self._canary_failed: Path | None = None
-        self._task: asyncio.Task | None = None
-
-    async def start(self) -> None:
-        if self.model_dir is not None and self.interval_s > 0:
-            self._task = asyncio.create_task(self._poll())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
-
-    async def _poll(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_s)
-            await self.check()
-
-    def describe_canary(self) -> dict[str, Any] | None:
-        """What `/health` says of the canary: its version and share, and its last load error."""
-        if self.canary is None and self.canary_error is None:
-            return None
-        return {"version": None if self.canary is None else self.canary.version, "share": self.share,
-                "error": self.canary_error}
-
-    async def check(self) -> bool:
-        """Follow the directory's current version and canary (class docstring); True when the live model was swapped."""
-        if self.model_dir is None:
-            return False
-        try:
-            running, path = await asyncio.to_thread(_read_directory, self.model_dir)
-        except Exception as err:  # noqa: BLE001 - a pointer being fixed by hand: keep serving, say why
-            self._failed_to_load(None, err)
-            return False
-        swapped = await self._follow_live(path)
-        await self._follow_canary(running)
-        return swapped
-
-    async def _follow_live(self, path: Path) -> bool:
-        if path == self.current.path:  # (again): nothing to load, nothing wrong
-            self.error = self._failed = None
-            return False
-        if self.canary is not None and path == self.canary.path:  # the canary promoted: it answers every session
-            self.current, self.canary, self.error, self._failed = self.canary, None, None, None
-            self.metrics.reloads.labels("ok").inc()
-            logger.info("canary %s promoted: it answers every session", self.current.version)
-            return True
-        if path == self._failed:
-            return False
-        try:
-            recommender = await asyncio.to_thread(load_recommender, path)
-        except Exception as err:  # noqa: BLE001 - any load failure keeps the served model
-            self._failed_to_load(path, err)
-            return False
-        version = None if path == Path(self.model_dir) else path.name
-        _freeze_loaded()
-        self.current, self.error, self._failed = Served(recommender, path, version), None, None
-        self.metrics.reloads.labels("ok").inc()
-        logger.info("serving %s (version %s)", path, version)
-        return True
-
-    async def _follow_canary(self, running: tuple[str, float] | None) -> None:
-        if running is None:
-            if self.canary is not None:
-                logger.info("canary %s ended: %s answers every session", self.canary.version, self.current.version)
-            self.canary, self.canary_error, self._canary_failed = None, None, None
-            return
-        version, share = running
-        if version == self.current.version:  # read as the canary was promoted: it is the live version now
-            return
-        path = Path(self.model_dir) / VERSIONS / version
-        if self.canary is not None and self.canary.path == path:
-            self.share = share
-            return
-        if path == self._canary_failed:
-            return
-        try:
-            served = await asyncio.to_thread(load_canary_version, self.current, path)
-        except Exception as err:  # noqa: BLE001 - the live version keeps answering every session
-            message = " ".join(f"{type(err).__name__}: {err}".split())
-            logger.error("canary %s not served; %s answers every session: %s", version, self.current.version, message)
-            self.metrics.reloads.labels("failed").inc()
-            self.canary, self.canary_error, self._canary_failed = None, message, path
-            return
-        _freeze_loaded()
-        self.canary, self.share, self.canary_error, self._canary_failed = served, share, None, None
-        self.metrics.reloads.labels("ok").inc()
-        logger.info("canary %s answers %.4g of the sessions", version, share)
-
-    def _failed_to_load(self, path: Path | None, err: Exception) -> None:
-        message = " ".join(f"{type(err).__name__}: {err}".split())
-        if message != self.error:
-            logger.error("model reload from %s failed; still serving %s: %s", self.model_dir, self.current.path,
-                         message)
-            self.metrics.reloads.labels("failed").inc()
-        self.error, self._failed = message, path
-
-
-def _read_directory(model_dir: str | os.PathLike) -> tuple[tuple[str, float] | None, Path]:
-    """The directory's canary, then its current version's folder: in this order, a promotion (which moves the
-    pointer before it removes ``CANARY``) is seen as the canary still running beside the old version, or as the
-    canary current (named by both), never as the old version alone."""
-    return canary_record(model_dir), resolve(model_dir)
-
-
-def _freeze_loaded() -> None:
-    """A model loaded after start-up frozen with the rest, when the process froze what it loaded (`serve`)."""
-    if gc.get_freeze_count():
-        gc.collect(1)
-        gc.freeze()
 
 
 if sys.version_info >= (3, 11):

@@ -26,7 +26,8 @@ from fastapi import FastAPI
 
 from sessrec.saved.registry import check_integers
 from sessrec.saved.versions import VersionedDirectory, check_share, resolve
-from sessrec.serving.app import Overload, build_app
+from sessrec.serving.admission import Overload
+from sessrec.serving.app import build_app
 from sessrec.serving.canary import check_compatible, load_canary
 from sessrec.serving.recommender import Served, check_model_dir
 from sessrec.serving.request import Limits

@@ -97,7 +97,8 @@ def test_scores_of_the_valid_slots_equal_the_network_over_the_whole_grid(fitted)
     valid[0, 3:], valid[2, 1:] = False, False
     part = RankingInputs(inputs.dense, inputs.sparse, valid, inputs.names, cardinality=inputs.cardinality)
     with torch.no_grad():
-        grid = scorer._dense(part)
+        grid = torch.zeros(*valid.shape, scorer.num_dense * 3)
+        grid[valid] = scorer._dense(part)  # (M, G) scaled inputs of the valid slots, row-major
         ids = scorer._ids({name: v.reshape(-1) for name, v in part.sparse.items()})
         whole = scorer.network(grid.reshape(-1, grid.shape[2]), SparseFeatures.from_dense(ids)).reshape(valid.shape)
     scores = scorer.score(part)
@@ -314,7 +315,7 @@ def test_scoring_gathers_the_rows_that_training_pools_to_the_same_logits(fitted)
     """Without autograd `_logits` runs `DLRM.forward_one_id`; with it, the bag path SparseAdam trains: the same floats."""
     scorer, inputs, _ = fitted
     valid = inputs.valid[:8]
-    dense = scorer._dense(inputs)[:8][valid]
+    dense = scorer._dense(inputs)[: int(valid.sum())]  # the valid slots row-major: the first 8 sessions' first
     sparse = {name: ids[:8][valid] for name, ids in inputs.sparse.items()}
     with torch.no_grad():
         gathered = scorer._logits(valid, dense, sparse)

@@ -84,7 +84,7 @@ class IdRows:
         return self
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.lookup[ids.clamp(0, self.vocabulary)]
+        return self.lookup.index_select(0, ids.clamp(0, self.vocabulary).reshape(-1)).view(ids.shape)
 
 
 def _normal(u: torch.Tensor, q: int) -> torch.Tensor:
@@ -152,6 +152,12 @@ class RankGauss:
         u = u.add_(self.rank.index_select(0, at)).div_(self.q - 1).double()
         between = u.clamp_(0.5 / self.q, 1 - 0.5 / self.q).mul_(2).sub_(1).erfinv_().mul_(math.sqrt(2.0)).float()  # `_normal`
         return out.index_copy_(0, apart, between).view(shape)
+
+
+def _slots(valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, K) `valid` and the (M,) positions of its True slots in the flattened grid, row-major: one search
+    for the mask, which each boolean index would repeat."""
+    return valid, valid.reshape(-1).nonzero().squeeze(1)
 
 
 def session_relative(dense: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -279,15 +285,17 @@ class DLRMScorer(Scorer):
     def _dense(self, inputs: RankingInputs) -> torch.Tensor:
         """(M, G) scaled dense inputs of the M valid slots of these sessions in row-major order (what the
         network reads), `_scaled` `PART_SESSIONS` sessions at a time."""
-        parts = [self._scaled(inputs.dense[lo : lo + PART_SESSIONS], inputs.valid[lo : lo + PART_SESSIONS])
+        parts = [self._scaled(inputs.dense[lo : lo + PART_SESSIONS], *_slots(inputs.valid[lo : lo + PART_SESSIONS]))
                  for lo in range(0, max(len(inputs.valid), 1), PART_SESSIONS)]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
-    def _scaled(self, dense: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        """(M, G) scaled dense inputs of the M `valid` (B, K) slots of (B, K, F) `dense`, in row-major order."""
+    def _scaled(self, dense: torch.Tensor, valid: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """(M, G) scaled dense inputs of the M `valid` (B, K) slots of (B, K, F) `dense`, whose positions in
+        the flattened grid are `slots` (`_slots`)."""
         if dense.shape[2] != self.num_dense:
             raise ValueError(f"DLRMScorer was fitted on {self.num_dense} dense features, got {dense.shape[2]}")
-        rows = (session_relative(dense, valid) if self.config["relative"] else dense)[valid]  # (M, G)
+        grid = session_relative(dense, valid) if self.config["relative"] else dense
+        rows = grid.reshape(-1, grid.shape[2]).index_select(0, slots)  # (M, G)
         return self._rank_gauss()(rows) if self.quantiles is not None else (rows - self.mean) / self.std
 
     def _rank_gauss(self) -> RankGauss:
@@ -430,9 +438,10 @@ class DLRMScorer(Scorer):
             self.network.eval()
         parts = []
         for lo in range(0, max(len(inputs.valid), 1), PART_SESSIONS):  # each part scaled and scored while in the cache
-            valid = inputs.valid[lo : lo + PART_SESSIONS]
-            dense = self._scaled(inputs.dense[lo : lo + PART_SESSIONS], valid)
-            parts.append(self._logits(valid, dense, {name: ids[lo : lo + PART_SESSIONS][valid] for name, ids in inputs.sparse.items()}))
+            valid, slots = _slots(inputs.valid[lo : lo + PART_SESSIONS])
+            dense = self._scaled(inputs.dense[lo : lo + PART_SESSIONS], valid, slots)
+            sparse = {name: ids[lo : lo + PART_SESSIONS].reshape(-1).index_select(0, slots) for name, ids in inputs.sparse.items()}
+            parts.append(self._logits(valid, dense, sparse))
         return (parts[0] if len(parts) == 1 else torch.cat(parts)).float()
 
     def to(self, device: torch.device | str) -> DLRMScorer:

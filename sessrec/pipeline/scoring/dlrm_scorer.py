@@ -143,7 +143,7 @@ class RankGauss:
         rows = at.view(-1)
         for step in self.steps[1:]:  # add `step` where the quantile at at + step - 1 lies below the value
             at.add_(torch.lt(self.search[step - 1:].index_select(0, rows).view_as(flat), flat, out=below), alpha=step)
-        found = self.search.index_select(0, rows).view_as(flat)  # below the value only past the P-th quantile
+        found = self.search.index_select(0, rows).view_as(flat)  # the quantile at at: below the value only as the P-th
         at.add_(torch.lt(found, flat, out=below))
         out = self.middle.index_select(0, rows)  # (N G,) right where the value equals the quantile at i
         apart = torch.ne(found, flat).view(-1).nonzero().squeeze(1)  # (n,) the values equal to no quantile

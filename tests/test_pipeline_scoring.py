@@ -24,7 +24,7 @@ from sessrec.pipeline.scoring import (
     early_stopping_split,
 )
 from sessrec.pipeline.scoring.blend_scorer import standardised
-from sessrec.pipeline.scoring.dlrm_scorer import IdRows, RankGauss, session_relative
+from sessrec.pipeline.scoring.dlrm_scorer import PART_SESSIONS, IdRows, RankGauss, session_relative
 from sessrec.saved.registry import config_of, instantiate
 
 torch.set_num_threads(1)
@@ -97,12 +97,31 @@ def test_scores_of_the_valid_slots_equal_the_network_over_the_whole_grid(fitted)
     valid[0, 3:], valid[2, 1:] = False, False
     part = RankingInputs(inputs.dense, inputs.sparse, valid, inputs.names, cardinality=inputs.cardinality)
     with torch.no_grad():
-        grid = scorer._dense(part)
+        grid = torch.zeros(*valid.shape, scorer.num_dense * 3)
+        grid[valid] = scorer._dense(part)  # (M, G) scaled inputs of the valid slots, row-major
         ids = scorer._ids({name: v.reshape(-1) for name, v in part.sparse.items()})
         whole = scorer.network(grid.reshape(-1, grid.shape[2]), SparseFeatures.from_dense(ids)).reshape(valid.shape)
     scores = scorer.score(part)
     assert torch.equal(scores.isinf(), ~valid)
     torch.testing.assert_close(scores[valid], whole[valid], rtol=0, atol=1e-6)
+
+
+def test_a_batch_of_several_parts_scores_each_session_as_it_scores_alone(fitted) -> None:
+    """`score` scales and scores `PART_SESSIONS` sessions at a time on their valid slots: a batch of several
+    parts, with empty slots, gives each session the scores it gets alone, within 1e-6 (the matrix products'
+    rounding at other row counts)."""
+    scorer, inputs, _ = fitted
+    valid = inputs.valid.clone()
+    valid[::7, 2:], valid[3, 1:] = False, False
+    assert len(valid) > 2 * PART_SESSIONS
+    batch = RankingInputs(inputs.dense, inputs.sparse, valid, inputs.names, cardinality=inputs.cardinality)
+    alone = torch.cat([scorer.score(RankingInputs(inputs.dense[i : i + 1], {name: ids[i : i + 1] for name, ids in inputs.sparse.items()},
+                                                  valid[i : i + 1], inputs.names, cardinality=inputs.cardinality))
+                       for i in range(len(valid))])
+    scores = scorer.score(batch)
+    assert torch.equal(scores.isinf(), ~valid) and torch.equal(alone.isinf(), ~valid)
+    torch.testing.assert_close(scores[valid], alone[valid], rtol=0, atol=1e-6)
+    assert not torch.equal(scores[0, :2], scores[1, :2])
 
 
 def test_a_cross_never_in_the_training_rows_gets_the_unseen_row(fitted) -> None:
@@ -169,6 +188,16 @@ def test_rank_gauss_matches_two_binary_searches(q: int) -> None:
     assert torch.equal(scale(x), expected)
     assert torch.equal(scale(x.reshape(4, 25, 4)), expected.reshape(4, 25, 4))
     assert scale(torch.tensor([[float("nan")] * 4])).isnan().all()
+
+
+@pytest.mark.parametrize("q", [16, 13, 2])
+def test_rank_gauss_gives_infinities_the_extreme_scores(q: int) -> None:
+    """+inf takes the top score and -inf the bottom one (the ranks clipped to 1 - 0.5 / Q and 0.5 / Q), also
+    for Q not a power of two, where +inf meets the search's +inf padding past the last quantile."""
+    scale = RankGauss(torch.linspace(-1.0, 1.0, q).repeat(2, 1))
+    out = scale(torch.tensor([[math.inf, -math.inf], [-math.inf, math.inf]]))
+    top, bottom = NormalDist().inv_cdf(1 - 0.5 / q), NormalDist().inv_cdf(0.5 / q)
+    assert out.reshape(-1).tolist() == pytest.approx([top, bottom, bottom, top], abs=1e-6)
 
 
 def test_session_relative_features_subtract_the_best_and_the_mean_valid_candidate() -> None:
@@ -314,7 +343,7 @@ def test_scoring_gathers_the_rows_that_training_pools_to_the_same_logits(fitted)
     """Without autograd `_logits` runs `DLRM.forward_one_id`; with it, the bag path SparseAdam trains: the same floats."""
     scorer, inputs, _ = fitted
     valid = inputs.valid[:8]
-    dense = scorer._dense(inputs)[:8][valid]
+    dense = scorer._dense(inputs)[: int(valid.sum())]  # the valid slots row-major: the first 8 sessions' first
     sparse = {name: ids[:8][valid] for name, ids in inputs.sparse.items()}
     with torch.no_grad():
         gathered = scorer._logits(valid, dense, sparse)

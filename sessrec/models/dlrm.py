@@ -85,16 +85,15 @@ class InteractionArch(nn.Module):
         super().__init__()
         n = num_sparse_features + 1
         rows, cols = torch.triu_indices(n, n, offset=1)
-        self.register_buffer("rows", rows, persistent=False)
-        self.register_buffer("cols", cols, persistent=False)
+        self.register_buffer("pairs", rows * n + cols, persistent=False)  # positions in the flattened (F + 1, F + 1) dots
 
     def output_width(self, embedding_dim: int) -> int:
-        return embedding_dim + self.rows.numel()
+        return embedding_dim + self.pairs.numel()
 
     def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
         stacked = torch.cat([dense.unsqueeze(1), sparse], dim=1)  # (B, F + 1, D)
         dots = torch.bmm(stacked, stacked.transpose(1, 2))  # (B, F + 1, F + 1)
-        return torch.cat([dense, dots[:, self.rows, self.cols]], dim=1)  # (B, I)
+        return torch.cat([dense, dots.flatten(1).index_select(1, self.pairs)], dim=1)  # (B, I)
 
 
 class DCNv2Arch(nn.Module):

@@ -43,7 +43,7 @@ from sessrec.pipeline.scoring.scorer import RankerRows, Scorer, early_stopping_s
 TABLES = {"item": ("item", "last_item"), "cross": ("cross",)}  # table -> the sparse features looked up in it
 QUANTILES = 256
 SCALING_ROWS = 200_000  # candidate rows (of whole training sessions) the scaling is fitted on
-SCALING_SESSIONS = 16  # sessions scaled at once: 3,200 rows of 200 candidates; larger parts scale slower (memory)
+PART_SESSIONS = 32  # sessions scaled and scored at once: 6,400 rows of 200 candidates, whose temporaries stay in the cache
 
 
 class IdRows:
@@ -84,7 +84,7 @@ class IdRows:
         return self
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.lookup[ids.clamp(0, self.vocabulary)]
+        return self.lookup.index_select(0, ids.clamp(0, self.vocabulary).reshape(-1)).view(ids.shape)
 
 
 def _normal(u: torch.Tensor, q: int) -> torch.Tensor:
@@ -99,13 +99,16 @@ class RankGauss:
     the run; a value between two quantiles the rank interpolated between theirs; values beyond the
     extremes take the extreme ranks. A value's position i (the first quantile not below it, the
     quantiles below it counted) is found by a branchless binary search run on all values at once,
-    each step one gather and one comparison (``torch.searchsorted`` searches value by value: 2.5x
-    slower at a request's 200 x 78 values on one thread); everything else the value needs is read from five (G (P + 1),)
-    columns at (feature, i), built once, each gathered into its own contiguous tensor: the quantile itself (NaN
-    past the last), the score of its run's middle rank, and the lower quantile, the gap (at least 1e-12) and
-    the rank of the interpolation that i falls in. P is the power of two at or above Q (the search's quantiles
-    padded with +inf). The arithmetic after the gathers runs in place, the same operations as `_normal` in
-    the same order (the same floats): fresh float64 buffers cost more than the arithmetic on large inputs.
+    each step one gather and one comparison (``torch.searchsorted`` searches value by value: twice as
+    slow at a batch's 51,200 x 78 values, 2.5x at a request's 200 x 78, on one thread); the first step
+    compares with one quantile per feature and gathers nothing. The search's last gather reads the
+    quantile at i: a value equal to it takes the score of its run's middle rank, read from a (G (P + 1),)
+    column at (feature, i) (P: the power of two at or above Q; the search's quantiles are padded with
+    +inf, and the scores past the last quantile with the top score, what +inf gets). Only the values equal
+    to no quantile (about 40% of a pipeline's, whose features are mostly counts, ranks and flags) are
+    gathered into a compact tensor and interpolated: the lower quantile, the gap (at least 1e-12) and the
+    rank of the interpolation read from three more columns, then the same operations as `_normal` in the
+    same order (the same floats), float64 `erfinv` the costliest of them.
 
     Examples:
         >>> scale = RankGauss(torch.tensor([[0.0, 0.0, 1.0, 2.0, 3.0]]))
@@ -122,28 +125,39 @@ class RankGauss:
         position = torch.arange(q, device=device)
         ends = torch.searchsorted(quantiles, quantiles, right=True)  # (G, Q) end of each quantile's run
         middle = _normal((position + ends - 1).double() / (2 * (q - 1)), q)  # (G, Q)
+        top = _normal(torch.ones(g, p + 1 - q, dtype=torch.float64, device=device), q)  # (G, P + 1 - Q)
         upper = torch.arange(p + 1, device=device).clamp(1, q - 1)  # (P + 1,) interpolation between upper - 1 and upper
         lo, hi = quantiles[:, upper - 1], quantiles[:, upper]  # (G, P + 1)
-        pad = lambda fill: torch.full((g, p + 1 - q), fill, device=device)
-        self.table = [column.reshape(-1).contiguous() for column in (
-            torch.cat([quantiles, pad(float("nan"))], dim=1), torch.cat([middle, pad(float("nan"))], dim=1),
-            lo, (hi - lo).clamp(min=1e-12), (upper - 1).float().expand(g, p + 1),
-        )]
-        self.search = torch.cat([quantiles, pad(float("inf"))], dim=1).reshape(-1)  # (G (P + 1),)
+        self.search = torch.cat([quantiles, torch.full((g, p + 1 - q), float("inf"), device=device)], dim=1).reshape(-1)
+        self.middle = torch.cat([middle, top], dim=1).reshape(-1)  # (G (P + 1),)
+        self.lo, self.gap, self.rank = (column.reshape(-1).contiguous() for column in (
+            lo, (hi - lo).clamp(min=1e-12), (upper - 1).float().expand(g, p + 1)))
         self.offsets = torch.arange(g, device=device, dtype=torch.int32) * (p + 1)  # (G,) first rows; int32 gathers faster
+        self.first = self.search[self.offsets.long() + self.steps[0] - 1]  # (G,) the quantile the first step compares with
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         shape, g = x.shape, x.shape[-1]
         flat = x.reshape(-1, g)  # (N, G)
-        at = self.offsets.expand(flat.shape).contiguous()  # (N, G) table row: feature, then the quantiles below
+        below = torch.empty(flat.shape, dtype=torch.int32, device=flat.device)  # comparisons write int32: twice as fast as bool
+        at = torch.add(self.offsets, torch.lt(self.first, flat, out=below), alpha=self.steps[0])  # (N, G) table row
         rows = at.view(-1)
-        for step in self.steps:  # add `step` where the quantile at at + step - 1 lies below the value
-            at.add_(self.search[step - 1:].index_select(0, rows).view_as(flat) < flat, alpha=step)
-        at.add_(self.search.index_select(0, rows).view_as(flat) < flat)  # (the P-th quantile)
-        tie, middle, lo, gap, rank = (column.index_select(0, rows).view_as(flat) for column in self.table)  # each (N, G)
-        u = torch.sub(flat, lo).div_(gap).clamp_(0, 1).add_(rank).div_(self.q - 1).double()
+        for step in self.steps[1:]:  # add `step` where the quantile at at + step - 1 lies below the value
+            at.add_(torch.lt(self.search[step - 1:].index_select(0, rows).view_as(flat), flat, out=below), alpha=step)
+        found = self.search.index_select(0, rows).view_as(flat)  # the quantile at at: below the value only as the P-th
+        at.add_(torch.lt(found, flat, out=below))
+        out = self.middle.index_select(0, rows)  # (N G,) right where the value equals the quantile at i
+        apart = torch.ne(found, flat).view(-1).nonzero().squeeze(1)  # (n,) the values equal to no quantile
+        at, value = rows.index_select(0, apart), flat.reshape(-1).index_select(0, apart)
+        u = value.sub_(self.lo.index_select(0, at)).div_(self.gap.index_select(0, at)).clamp_(0, 1)
+        u = u.add_(self.rank.index_select(0, at)).div_(self.q - 1).double()
         between = u.clamp_(0.5 / self.q, 1 - 0.5 / self.q).mul_(2).sub_(1).erfinv_().mul_(math.sqrt(2.0)).float()  # `_normal`
-        return torch.where(flat == tie, middle, between).reshape(shape)
+        return out.index_copy_(0, apart, between).view(shape)
+
+
+def _slots(valid: torch.Tensor) -> torch.Tensor:
+    """(M,) positions of the True slots of (B, K) `valid` in the flattened grid, row-major: what a boolean
+    index reads, searched once for the dense inputs and every sparse feature."""
+    return valid.reshape(-1).nonzero().squeeze(1)
 
 
 def session_relative(dense: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -171,7 +185,7 @@ class ScaledRows:
         sparse: dict[str, list[torch.Tensor]] = {}
         for lo in range(0, len(sessions), source.chunk):
             part = source.inputs(sessions[lo : lo + source.chunk])
-            dense.append(scorer._dense(part)[part.valid])
+            dense.append(scorer._dense(part))
             for name, ids in part.sparse.items():
                 sparse.setdefault(name, []).append(ids[part.valid])
         width = len(source.names) * (3 if scorer.config["relative"] else 1)
@@ -269,18 +283,22 @@ class DLRMScorer(Scorer):
         )
 
     def _dense(self, inputs: RankingInputs) -> torch.Tensor:
-        """(B, K, G) scaled dense inputs of these sessions, scaled `SCALING_SESSIONS` sessions at a time
-        (rank-Gauss holds a float64 copy of what it scales; at batch 256, parts of 16 sessions scale in
-        half the time of parts of 128)."""
-        if inputs.dense.shape[2] != self.num_dense:
-            raise ValueError(f"DLRMScorer was fitted on {self.num_dense} dense features, got {inputs.dense.shape[2]}")
+        """(M, G) scaled dense inputs of the M valid slots of these sessions in row-major order (what the
+        network reads), `_scaled` `PART_SESSIONS` sessions at a time."""
         parts = []
-        for lo in range(0, max(len(inputs.valid), 1), SCALING_SESSIONS):
-            dense, valid = inputs.dense[lo : lo + SCALING_SESSIONS], inputs.valid[lo : lo + SCALING_SESSIONS]
-            if self.config["relative"]:
-                dense = session_relative(dense, valid)
-            parts.append(self._rank_gauss()(dense) if self.quantiles is not None else (dense - self.mean) / self.std)
+        for lo in range(0, max(len(inputs.valid), 1), PART_SESSIONS):
+            valid = inputs.valid[lo : lo + PART_SESSIONS]
+            parts.append(self._scaled(inputs.dense[lo : lo + PART_SESSIONS], valid, _slots(valid)))
         return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def _scaled(self, dense: torch.Tensor, valid: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """(M, G) scaled dense inputs of the M `valid` (B, K) slots of (B, K, F) `dense`, whose positions in
+        the flattened grid are `slots` (`_slots`)."""
+        if dense.shape[2] != self.num_dense:
+            raise ValueError(f"DLRMScorer was fitted on {self.num_dense} dense features, got {dense.shape[2]}")
+        grid = session_relative(dense, valid) if self.config["relative"] else dense
+        rows = grid.reshape(-1, grid.shape[2]).index_select(0, slots)  # (M, G)
+        return self._rank_gauss()(rows) if self.quantiles is not None else (rows - self.mean) / self.std
 
     def _rank_gauss(self) -> RankGauss:
         """The `RankGauss` of the quantiles, built once per quantile table."""
@@ -420,8 +438,14 @@ class DLRMScorer(Scorer):
             raise RuntimeError("DLRMScorer is not fitted")
         if self.network.training:  # fit and load leave it in eval mode: a request skips walking the modules
             self.network.eval()
-        valid = inputs.valid
-        return self._logits(valid, self._dense(inputs)[valid], {name: ids[valid] for name, ids in inputs.sparse.items()}).float()
+        parts = []
+        for lo in range(0, max(len(inputs.valid), 1), PART_SESSIONS):  # each part scaled and scored while in the cache
+            valid = inputs.valid[lo : lo + PART_SESSIONS]
+            slots = _slots(valid)
+            dense = self._scaled(inputs.dense[lo : lo + PART_SESSIONS], valid, slots)
+            sparse = {name: ids[lo : lo + PART_SESSIONS].reshape(-1).index_select(0, slots) for name, ids in inputs.sparse.items()}
+            parts.append(self._logits(valid, dense, sparse))
+        return (parts[0] if len(parts) == 1 else torch.cat(parts)).float()
 
     def to(self, device: torch.device | str) -> DLRMScorer:
         """Move the network, the id rows and the scaling to `device`; returns self."""

@@ -35,6 +35,7 @@ import json
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 import torch
@@ -104,6 +105,15 @@ def xlnet_mlm_fit(device: torch.device, quick: bool, repeats: int) -> dict:
             "sessions_per_s": round(batch / seconds, 1)}
 
 
+def encoder_step(encoder: torch.nn.Module, objective: Objective, items: int, data: torch.Tensor,
+                 repeats: int) -> tuple[Callable[[], None], float]:
+    """`training_step` of a `SessionModel` over `encoder` (seeded) on `data`'s device, and its median seconds."""
+    torch.manual_seed(0)
+    model = SessionModel(num_items=items + NUM_SPECIAL, encoder=encoder, max_length=data.shape[1]).to(data.device).train()
+    step = training_step(model, objective, data)
+    return step, timed(step, data.device, warmup=3, repeats=repeats)
+
+
 def encoder_steps(device: torch.device, quick: bool, repeats: int) -> dict:
     items, batch, d, length = (1000, 64, 32, 20) if quick else (50_000, 512, 128, 50)
     encoders = {
@@ -115,11 +125,8 @@ def encoder_steps(device: torch.device, quick: bool, repeats: int) -> dict:
     data = sessions(batch, length, items, torch.Generator().manual_seed(0)).to(device)
     out: dict = {"items": items, "batch": batch, "d_model": d, "max_length": length, "precision": "bf16 autocast"}
     for name, (encoder, objective) in encoders.items():
-        torch.manual_seed(0)
-        model = SessionModel(num_items=items + NUM_SPECIAL, encoder=encoder(), max_length=length).to(device).train()
         try:
-            seconds = timed(training_step(model, objective, data), device, warmup=3, repeats=repeats)
-            out[f"{name}_step_ms"] = round(seconds * 1e3, 2)
+            out[f"{name}_step_ms"] = round(encoder_step(encoder(), objective, items, data, repeats)[1] * 1e3, 2)
         except Exception as err:  # noqa: BLE001 - one encoder failing must not hide the others' figures
             out[f"{name}_error"] = f"{type(err).__name__}: {err}".splitlines()[0]
     return out
@@ -152,16 +159,13 @@ def encoder_widths(device: torch.device, quick: bool, repeats: int) -> dict:
     for d in widths:
         heads = max(d // 64, 2)
         encoders = {
-            "xlnet_mlm": (lambda: XLNetEncoder(d_model=d, n_head=heads, n_layer=2), MaskedItemModeling()),
-            "hstu": (lambda: HSTUEncoder(d_model=d, n_head=heads, n_layer=2, jagged=False), CausalLanguageModeling()),
+            "xlnet_mlm": (partial(XLNetEncoder, d_model=d, n_head=heads, n_layer=2), MaskedItemModeling()),
+            "hstu": (partial(HSTUEncoder, d_model=d, n_head=heads, n_layer=2, jagged=False), CausalLanguageModeling()),
         }
         for name, (encoder, objective) in encoders.items():
-            torch.manual_seed(0)
-            model = SessionModel(num_items=items + NUM_SPECIAL, encoder=encoder(), max_length=length).to(device).train()
             key = f"{name}_d{d}"
             try:
-                step = training_step(model, objective, data)
-                seconds = timed(step, device, warmup=3, repeats=repeats)
+                step, seconds = encoder_step(encoder(), objective, items, data, repeats)
                 flops = step_flops(step)
                 out.update({f"{key}_step_ms": round(seconds * 1e3, 2), f"{key}_sessions_per_s": round(batch / seconds),
                             f"{key}_gflop_per_step": round(flops / 1e9, 1),

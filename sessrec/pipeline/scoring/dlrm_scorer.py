@@ -27,7 +27,7 @@ columns, Q quantiles, D embedding width, S kept ids of a table.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
 import numpy as np
@@ -285,11 +285,17 @@ class DLRMScorer(Scorer):
     def _dense(self, inputs: RankingInputs) -> torch.Tensor:
         """(M, G) scaled dense inputs of the M valid slots of these sessions in row-major order (what the
         network reads), `_scaled` `PART_SESSIONS` sessions at a time."""
-        parts = []
-        for lo in range(0, max(len(inputs.valid), 1), PART_SESSIONS):
-            valid = inputs.valid[lo : lo + PART_SESSIONS]
-            parts.append(self._scaled(inputs.dense[lo : lo + PART_SESSIONS], valid, _slots(valid)))
+        parts = [dense for *_, dense in self._parts(inputs)]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def _parts(self, inputs: RankingInputs) -> Iterator[tuple[slice, torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Each part of `PART_SESSIONS` sessions: its slice of the sessions, its (b, K) valid slots, their
+        positions (`_slots`) and their (m, G) scaled dense inputs (`_scaled`)."""
+        for lo in range(0, max(len(inputs.valid), 1), PART_SESSIONS):
+            part = slice(lo, lo + PART_SESSIONS)
+            valid = inputs.valid[part]
+            slots = _slots(valid)
+            yield part, valid, slots, self._scaled(inputs.dense[part], valid, slots)
 
     def _scaled(self, dense: torch.Tensor, valid: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         """(M, G) scaled dense inputs of the M `valid` (B, K) slots of (B, K, F) `dense`, whose positions in
@@ -438,13 +444,10 @@ class DLRMScorer(Scorer):
             raise RuntimeError("DLRMScorer is not fitted")
         if self.network.training:  # fit and load leave it in eval mode: a request skips walking the modules
             self.network.eval()
-        parts = []
-        for lo in range(0, max(len(inputs.valid), 1), PART_SESSIONS):  # each part scaled and scored while in the cache
-            valid = inputs.valid[lo : lo + PART_SESSIONS]
-            slots = _slots(valid)
-            dense = self._scaled(inputs.dense[lo : lo + PART_SESSIONS], valid, slots)
-            sparse = {name: ids[lo : lo + PART_SESSIONS].reshape(-1).index_select(0, slots) for name, ids in inputs.sparse.items()}
-            parts.append(self._logits(valid, dense, sparse))
+        parts = [  # each part scaled and scored while in the cache
+            self._logits(valid, dense, {name: ids[part].reshape(-1).index_select(0, slots) for name, ids in inputs.sparse.items()})
+            for part, valid, slots, dense in self._parts(inputs)
+        ]
         return (parts[0] if len(parts) == 1 else torch.cat(parts)).float()
 
     def to(self, device: torch.device | str) -> DLRMScorer:

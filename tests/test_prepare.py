@@ -35,6 +35,8 @@ ROLE_SCHEMA = Schema(  # the same log, its virtual events marked by the schema's
     features=[FeatureSpec("category"), FeatureSpec("price", "continuous")],
     virtual=VirtualSpec("kind", ["search", "filter"], key=["kind", "category"]),
 )
+# the budget of the tests that are not about it: room whatever this process holds (test_prepare_budget.py tests budgets)
+ROOMY = "16GiB"
 LAYOUT = {"part_sessions": 37, "row_group_sessions": 8}  # several parts a split, several row groups a part
 
 
@@ -125,7 +127,8 @@ def prepared_by_every_engine(source: EventLogSource, tmp_path: Path, dask_schedu
     equal, byte for byte, to the in-memory dataset."""
     memory = prepare(source, str(tmp_path / "memory"), engine="memory", **LAYOUT)
     runs: dict[int | str, Path] = {
-        p: prepare(source, str(tmp_path / f"local{p}"), engine="local", partitions=p, workers=2, **LAYOUT) for p in partitions
+        p: prepare(source, str(tmp_path / f"local{p}"), engine="local", memory_budget=ROOMY, partitions=p, workers=2, **LAYOUT)
+        for p in partitions
     }
     runs["dask"] = prepare(source, str(tmp_path / "dask"), engine="dask", partitions=4, scheduler=dask_scheduler, **LAYOUT)
     expected = hashes(memory)
@@ -172,8 +175,8 @@ def test_string_session_ids_and_a_shipped_test_file(tmp_path, dask_scheduler):
     schema = Schema(session_id="sid", item_id="item", timestamp="t", order_by="step", string_ids=True)
     source = EventLogSource(train, schema=schema, test_path=test, valid_fraction=0.2, min_length=2)
     memory = prepare(source, str(tmp_path / "memory"), engine="memory", **LAYOUT)
-    local = prepare(source, str(tmp_path / "local"), engine="local", partitions=5, **LAYOUT)
-    in_memory = prepare(source, str(tmp_path / "local1"), engine="local", partitions=1, **LAYOUT)  # hashed in two
+    local = prepare(source, str(tmp_path / "local"), engine="local", memory_budget=ROOMY, partitions=5, **LAYOUT)
+    in_memory = prepare(source, str(tmp_path / "local1"), engine="local", memory_budget=ROOMY, partitions=1, **LAYOUT)  # hashed in two
     dask = prepare(source, str(tmp_path / "dask"), engine="dask", partitions=3, scheduler=dask_scheduler, **LAYOUT)
     assert hashes(local) == hashes(memory) == hashes(dask) == hashes(in_memory)
     splits, prepared = source.load(), PreparedSource(str(local)).load()
@@ -186,7 +189,7 @@ def test_vocabulary_settings_are_the_datasets(tmp_path):
 
     path = write(event_log(), tmp_path / "events.parquet")
     source = EventLogSource(path, schema=SCHEMA, test_fraction=0.2)
-    out = prepare(source, str(tmp_path / "p"), engine="local", min_item_count=3, max_vocab_size=20, **LAYOUT)
+    out = prepare(source, str(tmp_path / "p"), engine="local", memory_budget=ROOMY, min_item_count=3, max_vocab_size=20, **LAYOUT)
     splits = source.load()
     items, _ = frame.list_offsets(splits.train.column(frame.ITEMS))
     virtual = frame.list_offsets(splits.train.column(frame.VIRTUAL))[0].to_numpy(zero_copy_only=False).astype(bool)
@@ -200,7 +203,7 @@ def test_vocabulary_settings_are_the_datasets(tmp_path):
 def test_a_changed_file_is_refused_by_name_and_nothing_half_written_is_left(tmp_path):
     path = write(event_log(), tmp_path / "events.parquet")
     source = EventLogSource(path, schema=SCHEMA, test_fraction=0.2)
-    out = prepare(source, str(tmp_path / "p"), engine="local", **LAYOUT)
+    out = prepare(source, str(tmp_path / "p"), engine="local", memory_budget=ROOMY, **LAYOUT)
     part = out / "valid" / "part-00000.parquet"
     table = pq.read_table(part)
     pq.write_table(table.slice(1), part)
@@ -210,10 +213,10 @@ def test_a_changed_file_is_refused_by_name_and_nothing_half_written_is_left(tmp_
     with pytest.raises(FileNotFoundError, match=r"part-00000\.parquet: missing"):
         PreparedSource(str(out)).load()
     with pytest.raises(FileExistsError, match="exists"):
-        prepare(source, str(out), engine="local")
+        prepare(source, str(out), engine="local", memory_budget=ROOMY)
     broken = EventLogSource(path, schema=Schema(session_id="sid", item_id="price"), test_fraction=0.2)
     with pytest.raises(ValueError, match="'price'"):
-        prepare(broken, str(tmp_path / "q"), engine="local")
+        prepare(broken, str(tmp_path / "q"), engine="local", memory_budget=ROOMY)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["events.parquet", "p"]
 
 
@@ -267,7 +270,7 @@ def test_split_settings_the_in_memory_path_refuses_are_refused_by_the_partitione
         untimed.load()
     for partitions in (1, 3):
         with pytest.raises(ValueError, match="needs a timestamp column"):
-            prepare(untimed, str(tmp_path / "p"), engine="local", partitions=partitions)
+            prepare(untimed, str(tmp_path / "p"), engine="local", memory_budget=ROOMY, partitions=partitions)
     assert not (tmp_path / "p").exists()
 
 
@@ -293,7 +296,7 @@ def test_what_the_driver_holds_does_not_grow_with_the_sessions(tmp_path, monkeyp
         log = event_log(sessions=sessions)
         path = write(log.set_column(0, "sid", pc.add(log.column("sid"), 10**6)), tmp_path / f"events{sessions}.parquet")
         source = EventLogSource(path, schema=SCHEMA, test_fraction=0.2, valid_fraction=0.15)
-        prepare(source, str(tmp_path / f"p{sessions}"), engine="local", partitions=4)
+        prepare(source, str(tmp_path / f"p{sessions}"), engine="local", memory_budget=ROOMY, partitions=4)
     small, large = held.values()
     assert abs(large - small) <= 64  # numbers of more digits; the old driver held 64 bytes more a session
 
@@ -317,7 +320,7 @@ def test_only_event_logs_are_partitioned(tmp_path):
 
     source = SyntheticSource(num_sessions=300, num_items=40, days=4.0)
     with pytest.raises(ValueError, match="SyntheticSource is prepared whole: use --engine memory"):
-        prepare(source, str(tmp_path / "p"), engine="local")
+        prepare(source, str(tmp_path / "p"), engine="local", memory_budget=ROOMY)
     out = prepare(source, str(tmp_path / "p"), engine="memory")
     assert PreparedSource(str(out)).load().train.equals(source.load().train)
     manifest = json.loads((out / "manifest.json").read_text())
@@ -378,7 +381,7 @@ def test_every_shared_event_log_prepares_the_same_with_every_engine(tmp_path, na
         pytest.skip(f"{settings['path']} is not available here")
     source = EventLogSource(**settings)
     memory = prepare(source, str(tmp_path / "memory"), engine="memory")
-    local = prepare(source, str(tmp_path / "local"), engine="local", partitions=4)
+    local = prepare(source, str(tmp_path / "local"), engine="local", memory_budget=ROOMY, partitions=4)
     dask = prepare(source, str(tmp_path / "dask"), engine="dask", partitions=3, scheduler=dask_scheduler)
     assert hashes(memory) == hashes(local) == hashes(dask)
     splits = source.load()
@@ -418,7 +421,7 @@ def test_a_prepared_rsc15_trains_to_the_in_memory_validation_metrics(tmp_path, m
     monkeypatch.setenv("WANDB_SILENT", "true")
     root = Path(__file__).resolve().parents[1]
     recipe = ["--config", str(root / "recipes/data/rsc15.yaml"), "--config", str(root / "recipes/model/gru4rec.yaml")]
-    run(["prepare", *recipe, "--out", "prepared", "--engine", "local", "--partitions", "3"])
+    run(["prepare", *recipe, "--out", "prepared", "--engine", "local", "--partitions", "3", "--memory_budget", ROOMY])
     tiny = ["--model.encoder.init_args.d_model", "16", "--model.loss.init_args.num_samples", "64",
             "--model.schedule.warmup_steps", "0", "--trainer.max_epochs", "1", "--trainer.enable_progress_bar", "false",
             "--trainer.logger.class_path", "pytorch_lightning.loggers.CSVLogger"]  # two fits in one process: no wandb run

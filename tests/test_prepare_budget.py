@@ -3,6 +3,8 @@ partitions started only while they fit, and a budget it cannot keep refused befo
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 import time
 
@@ -43,6 +45,20 @@ def test_a_budget_below_what_the_process_holds_is_refused_before_anything_is_wri
                                          r"and the libraries it imported\).*give at least [\d.]+ [MG]iB$"):
         prepare(source, str(tmp_path / "out"), engine="local", memory_budget="100MB")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["events.parquet"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim and /proc/self/statm")
+def test_what_the_process_holds_leaves_out_the_free_memory_its_allocator_keeps():
+    before = local.resident_bytes()
+    chunks = [bytearray(3000) for _ in range(100_000)]  # about 300 MiB of small blocks on the heap
+    kept = chunks[::50]  # one block in 50 stays: the heap cannot shrink from its top by itself
+    del chunks
+    with open("/proc/self/statm") as statm:
+        rss = int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    held = local.resident_bytes()
+    assert rss - before > 200 * 2**20  # the freed blocks still count in the process's resident memory
+    assert held - before < 60 * 2**20  # but not in what it holds: about 6 MiB of blocks kept, and their pages
+    assert len(kept) == 2000
 
 
 def test_a_part_larger_than_its_share_is_refused_with_the_part_size_that_fits(tmp_path, data_only, monkeypatch):

@@ -20,6 +20,7 @@ import pytest
 import torch
 import yaml
 from test_batch_scoring import saved_model_and_pipeline
+from test_prepare import ROOMY
 
 from sessrec.data import SyntheticSource
 from sessrec.data.stream import ScoringStream
@@ -262,14 +263,14 @@ def test_prepare_never_replaces_what_is_not_a_prepared_dataset_and_leaves_nothin
     source = EventLogSource(str(events), schema=Schema(session_id="sid", item_id="item", timestamp="t"), test_fraction=0.2)
     with pytest.raises(FileExistsError, match=r"raw: exists and is not a prepared dataset \(no manifest.json\); "
                                               r"--overwrite replaces a prepared dataset only: choose another --out"):
-        prepare(source, str(events.parent), engine="local", overwrite=True)
+        prepare(source, str(events.parent), engine="local", memory_budget=ROOMY, overwrite=True)
     assert events.exists()  # the folder holding the source's events is not replaced
     (tmp_path / "a_file").write_text("kept")
     with pytest.raises(PermissionError, match=r"^--out .*a_file/p: cannot write there \(Not a directory"):
-        prepare(source, str(tmp_path / "a_file" / "p"), engine="local")
+        prepare(source, str(tmp_path / "a_file" / "p"), engine="local", memory_budget=ROOMY)
     broken = EventLogSource(str(events), schema=Schema(session_id="sid", item_id="price"), test_fraction=0.2)
     with pytest.raises(ValueError, match="'price'"):
-        prepare(broken, str(tmp_path / "made" / "deeper" / "p"), engine="local")
+        prepare(broken, str(tmp_path / "made" / "deeper" / "p"), engine="local", memory_budget=ROOMY)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "raw"]  # no folder made for the refused run
-    out = prepare(source, str(tmp_path / "made" / "p"), engine="local")
-    assert prepare(source, str(out), engine="local", overwrite=True) == out  # a prepared dataset is replaced
+    out = prepare(source, str(tmp_path / "made" / "p"), engine="local", memory_budget=ROOMY)
+    assert prepare(source, str(out), engine="local", memory_budget=ROOMY, overwrite=True) == out  # a prepared dataset is replaced

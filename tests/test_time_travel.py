@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from test_prepare import ROOMY
 
 from sessrec.data import EventLogSource, SyntheticSource, prepare
 from sessrec.data.sources import SessionSource, SessionSplits
@@ -180,9 +181,9 @@ def test_prepare_refuses_time_travel_and_empty_splits_before_writing(tmp_path, e
     test = write_log(tmp_path / "test.parquet", [1], first_id=100)
     out = tmp_path / "prepared"
     with pytest.raises(ValueError, match="^" + re.escape(f"{test}: the test period starts before the training period ends")):
-        prepare(EventLogSource(train, test_path=test), str(out), engine=engine)
+        prepare(EventLogSource(train, test_path=test), str(out), engine=engine, memory_budget=ROOMY)
     with pytest.raises(ValueError, match="^" + re.escape(f"{train}: no session is left for training: test_days 3")):
-        prepare(EventLogSource(train, test_days=3), str(out), engine=engine)
+        prepare(EventLogSource(train, test_days=3), str(out), engine=engine, memory_budget=ROOMY)
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["test.parquet", "train.parquet"]
 
 
@@ -288,7 +289,7 @@ def test_a_streamed_training_split_ends_where_the_in_memory_one_does(tmp_path):
 
     log = write_log(tmp_path / "events.parquet", list(range(6)))
     source = EventLogSource(log, test_days=1, valid_days=1)
-    out = prepare(source, str(tmp_path / "prepared"), engine="local", part_sessions=7, row_group_sessions=3)
+    out = prepare(source, str(tmp_path / "prepared"), engine="local", memory_budget=ROOMY, part_sessions=7, row_group_sessions=3)
     streamed = StreamedSplits(out, PreparedSource(str(out)).manifest)
     assert len(streamed.train_files) == 6  # 40 sessions in parts of 7: the maximum is over every part's row groups
     assert streamed.train_end() == source.load().train_end() == T0 + 3 * DAY + 9 * 3600.0 + 120.0

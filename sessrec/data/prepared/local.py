@@ -19,6 +19,8 @@ which every engine shares), as is a budget that leaves too little room.
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import math
 import os
 import sys
@@ -75,7 +77,15 @@ def reading_bytes(path: str) -> int:
 
 
 def resident_bytes() -> int:
-    """This process's resident memory now (Linux's ``/proc``), else its peak so far; 0 where neither is known."""
+    """This process's resident memory now (Linux's ``/proc``), else its peak so far; 0 where neither is known.
+    Unreachable Python objects are collected and glibc's allocator hands back the free memory it keeps
+    (``malloc_trim``, every thread's arena) first: memory the preparation would reuse is not counted as held."""
+    gc.collect()
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None).malloc_trim(0)
+        except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
+            pass
     try:
         with open("/proc/self/statm") as statm:
             return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")

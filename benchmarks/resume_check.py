@@ -45,8 +45,8 @@ main()
 
 
 def fit(args: list[str], cwd: Path) -> dict[str, float]:
-    subprocess.run(["sessrec", "fit", *args, "--trainer.enable_progress_bar", "false"], cwd=cwd,
-                          capture_output=True, text=True, check=True)
+    subprocess.run([sys.executable, "-m", "sessrec.cli", "fit", *args, "--trainer.enable_progress_bar", "false"], cwd=cwd,
+                   capture_output=True, text=True, check=True)
     (metrics,) = cwd.glob("runs/**/metrics.csv")  # a resumed run logs into the folder of the run it resumes
     with open(metrics, newline="") as fh:
         last = [row for row in csv.DictReader(fh) if row.get("val/loss")][-1]  # the last epoch's validation

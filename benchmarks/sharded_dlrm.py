@@ -22,6 +22,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -55,10 +56,10 @@ def run(name: str, extra: list[str], work: Path, path: str, quick: bool = False)
     cwd.mkdir(parents=True)
     common = ["--config", RECIPE, *extra, "--data.init_args.path", path, *(QUICK if quick else [])]
     start = time.monotonic()
-    subprocess.run(["sessrec", "fit", *common, "--trainer.log_every_n_steps", "1", "--trainer.enable_progress_bar", "false"],
-                   cwd=cwd, check=True, capture_output=True, text=True)
+    subprocess.run([sys.executable, "-m", "sessrec.cli", "fit", *common, "--trainer.log_every_n_steps", "1",
+                    "--trainer.enable_progress_bar", "false"], cwd=cwd, check=True, capture_output=True, text=True)
     seconds = time.monotonic() - start
-    tested = subprocess.run(["sessrec", "test", *common, "--trainer.devices", "1",
+    tested = subprocess.run([sys.executable, "-m", "sessrec.cli", "test", *common, "--trainer.devices", "1",
                              "--model_dir", "runs/dlrm_trivago/model"],
                             cwd=cwd, check=True, capture_output=True, text=True)
     line = next(s for s in tested.stdout.splitlines() if s.startswith("[test]"))

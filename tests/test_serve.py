@@ -685,7 +685,8 @@ def test_load_benchmark_quick_run(pipe, tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_workers_share_one_port_sum_their_metrics_and_stop_together(pipe, sessions, tmp_path: Path) -> None:
     """``serve(workers=2)``: two processes answer on one port, /metrics counts the requests of both,
-    SIGTERM stops both (exit 0); a worker that dies stops the server with a message naming it."""
+    SIGTERM stops both (exit 0); a worker that dies stops the server with a message naming it; a server
+    killed outright (SIGKILL) leaves no worker behind, nor its port taken."""
     directory = pipe.save_pretrained(tmp_path / "pipeline")
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -722,6 +723,23 @@ def test_workers_share_one_port_sum_their_metrics_and_stop_together(pipe, sessio
     stderr = running.communicate(timeout=60)[1]
     assert running.returncode == 1
     assert stderr.strip().endswith(f"sessrec serve: worker {worker} exited with code -9; the other workers were stopped")
+
+    running, children = start()  # the server killed outright: its workers stop by themselves and free the port
+    workers = {pid for pid in children if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text()}
+    running.kill()
+    running.communicate(timeout=60)
+    wait_until(lambda: not any(alive(pid) for pid in workers), timeout_s=60)
+    with socket.socket() as again:
+        again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        again.bind(("127.0.0.1", port))
+
+
+def alive(pid: int) -> bool:
+    """Whether process `pid` runs (an exited one not yet reaped, a zombie, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def healthy(url: str) -> bool:

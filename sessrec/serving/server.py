@@ -18,6 +18,8 @@ import os
 import signal
 import socket
 import tempfile
+import threading
+import time
 from dataclasses import dataclass
 
 import torch
@@ -35,6 +37,8 @@ from sessrec.serving.request_metrics import MULTIPROCESS_DIR
 from sessrec.serving.served_log import ServedLog
 
 logger = logging.getLogger(__name__)
+PARENT_CHECK_S = 1.0  # how often a worker checks that the server that started it is alive
+
 
 def serve(
     model_dir: str | os.PathLike,
@@ -139,9 +143,12 @@ class Worker:
     access_log: bool
     served_log: str | None = None
 
-    def run(self, sock: socket.socket | None = None) -> None:
+    def run(self, sock: socket.socket | None = None, parent: int | None = None) -> None:
         """Serve until shutdown, on `sock` (a listening socket shared with other workers) or on a
-        socket of its own bound to `host`:`port`."""
+        socket of its own bound to `host`:`port`; `parent`: the pid of the server that started this
+        worker, whose end shuts the worker down (`stop_with_parent`)."""
+        if parent is not None:
+            stop_with_parent(parent)
         if self.threads is not None:
             torch.set_num_threads(self.threads)
         log = None if self.served_log is None else ServedLog(self.served_log)
@@ -159,6 +166,22 @@ class Worker:
             DrainingServer(config, app).run()
         else:
             DrainingServer(config, app).run(sockets=[sock])
+
+
+def stop_with_parent(parent: int, interval_s: float = PARENT_CHECK_S) -> threading.Thread:
+    """Start a daemon thread that sends this process SIGTERM (the shutdown that answers what was admitted)
+    once it is no longer the child of `parent`: a worker does not outlive a server killed by SIGKILL,
+    which the server cannot pass on, and keep its port from the server a process manager starts next."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval_s)
+        logger.warning("sessrec serve: the server (pid %d) is gone; worker %d shuts down", parent, os.getpid())
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    thread = threading.Thread(target=watch, name="sessrec-parent-watch", daemon=True)
+    thread.start()
+    return thread
 
 
 def start_canary(model_dir: str | os.PathLike, version: str, share: float | None) -> None:
@@ -179,7 +202,8 @@ def run_workers(worker: Worker, count: int) -> None:
     """`count` processes running `worker`, sharing one listening socket (the kernel hands each new
     connection to one of them), until SIGTERM or SIGINT, which each worker gets and shuts down on
     as one server does. A worker that exits on its own stops the others, and the server exits with
-    an error naming it (a process manager restarts it).
+    an error naming it (a process manager restarts it); a server that is killed outright stops its
+    workers through their `stop_with_parent` watch, within `PARENT_CHECK_S`.
 
     Raises:
         SystemExit: a worker exited on its own (its model failed to load, or it crashed).
@@ -187,7 +211,7 @@ def run_workers(worker: Worker, count: int) -> None:
     check_model_dir(resolve(worker.model_dir))  # a directory that holds no model: refused before any worker starts
     sock = uvicorn.Config(None, host=worker.host, port=worker.port, log_level=worker.log_level).bind_socket()
     spawn = multiprocessing.get_context("spawn")  # fresh interpreters: no torch threads or locks forked mid-use
-    processes = [spawn.Process(target=worker.run, args=(sock,), name=f"sessrec-serve-{i}") for i in range(count)]
+    processes = [spawn.Process(target=worker.run, args=(sock, os.getpid()), name=f"sessrec-serve-{i}") for i in range(count)]
     stopping = []
     shared = tempfile.TemporaryDirectory(prefix="sessrec-metrics-")  # the workers' metrics, summed by /metrics
     os.environ[MULTIPROCESS_DIR] = shared.name  # read by each worker's prometheus_client, which it imports itself

@@ -26,7 +26,7 @@ from sessrec.baselines import Popularity
 from sessrec.data import EvalPairs, EventLogSource, Schema, SRGNNSource
 from sessrec.data.sources import SessionSource, SessionSplits
 from sessrec.pipeline.candidate_features import CandidateFeatures
-from sessrec.pipeline.candidates import Candidates, RequestSessions
+from sessrec.pipeline.candidates import RequestSessions
 from sessrec.pipeline.filters import ItemTableFilter
 from sessrec.pipeline.ordering import Ordering, SoftmaxSampling
 from sessrec.pipeline.pipeline import Pipeline

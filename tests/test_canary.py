@@ -315,7 +315,9 @@ def test_sessrec_serve_with_two_workers_ends_its_canary_without_a_failed_request
     server = subprocess.Popen(
         [*command, "serve", "--model_dir", str(model_dir), "--port", str(port), "--workers", "2", "--canary", "v000002",
          "--canary_share", "0.1", "--reload_interval_s", "0.2", "--served_log", str(tmp_path / "log"),
-         "--access_log", "false", "--log_level", "warning"], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+         "--access_log", "false", "--log_level", "warning",
+         # shedding is tested in test_serve.py: here a loaded machine must not turn a slow answer into a 503 / 504
+         "--max_queue_wait_ms", "60000", "--deadline_ms", "60000"], cwd=ROOT, stderr=subprocess.PIPE, text=True)
     ids = [f"user-{i}" for i in range(60)]
     on_canary = canary_sessions(ids, 0.1)
     assert on_canary.sum() == 9  # of 60 (binomial: 6 ± 2.3)

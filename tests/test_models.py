@@ -202,3 +202,39 @@ def test_sampled_head_lookups_give_the_dense_lookups_gradient_in_one_dense_table
     assert got["item_embedding.weight"][[9, 12, 31]].abs().sum() > 0  # targets and inputs receive gradient
     for name in expected:
         torch.testing.assert_close(got[name], expected[name], rtol=1e-5, atol=1e-7)
+
+
+def test_a_mixed_precision_trainer_validates_tests_and_predicts_in_float32(tmp_path):
+    """bfloat16 scores tie by the hundreds over a catalogue and a tie counts against the target: under
+    ``precision="bf16-mixed"`` the evaluation loops must score as float32 does (what chooses the
+    checkpoint, what `sessrec test` reports), while training steps still run in bfloat16."""
+    import pytorch_lightning as pl
+
+    from sessrec.data import SyntheticSource
+    from sessrec.models import SASRecEncoder
+    from sessrec.tasks import NextItemTask, SessionDataModule
+
+    dm = SessionDataModule(source=SyntheticSource(num_sessions=600, num_items=3000, seed=0), max_length=10,
+                           batch_size=64, eval_batch_size=128)
+    torch.manual_seed(0)
+    task = NextItemTask(num_items=dm.num_items, max_length=10, encoder=SASRecEncoder(d_model=32, n_head=2, n_layer=1),
+                        objective=CausalLanguageModeling())
+    quiet = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                 default_root_dir=tmp_path, accelerator="cpu")
+    mixed = pl.Trainer(precision="bf16-mixed", max_epochs=1, num_sanity_val_steps=0, **quiet)
+    mixed.fit(task, dm)
+    dtypes = []
+    hook = task.model.register_forward_hook(lambda module, args, out: dtypes.append(out.dtype))
+    full = pl.Trainer(**quiet)
+    for run in ("validate", "test"):
+        expected = getattr(full, run)(task, dm, verbose=False)[0]
+        got = getattr(mixed, run)(task, dm, verbose=False)[0]
+        assert got == expected and expected  # the same metrics, to the last bit
+    loader = dm.test_dataloader()
+    tops_full, tops_mixed = full.predict(task, loader), mixed.predict(task, loader)
+    hook.remove()
+    for top_full, top_mixed in zip(tops_full, tops_mixed, strict=True):
+        assert torch.equal(top_mixed.items, top_full.items) and torch.equal(top_mixed.scores, top_full.scores)
+    assert set(dtypes) == {torch.float32}
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the training side: the network itself runs in bfloat16
+        assert task.model(next(iter(loader)).items, task.objective, None).dtype == torch.bfloat16

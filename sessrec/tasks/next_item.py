@@ -28,7 +28,7 @@ from sessrec.models.session_model import exclude_seen, next_item_scores
 from sessrec.models.side_info import SideInfoConfig, SideInfoEmbedding
 from sessrec.saved.directory import loads_no_directory
 from sessrec.saved.registry import config_of, instantiate, register
-from sessrec.tasks.checkpointing import Pretrained
+from sessrec.tasks.checkpointing import Pretrained, full_precision
 from sessrec.tasks.distillation import Teachers, check_student
 from sessrec.tasks.losses import CatalogueLoss, FullSoftmax
 from sessrec.tasks.optim import adamw
@@ -292,7 +292,8 @@ class NextItemTask(Pretrained, pl.LightningModule):
         return task
 
     def predict_step(self, batch: SessionBatch, batch_idx: int) -> TopK:
-        return self.recommend(batch.items, self.evaluation.top_k, self.model.batch_features(batch))  # duck-typed batches too
+        with full_precision(self):
+            return self.recommend(batch.items, self.evaluation.top_k, self.model.batch_features(batch))  # duck-typed batches too
 
     def configure_optimizers(self):
         optimization, schedule = self.optimization, self.schedule

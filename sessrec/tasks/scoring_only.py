@@ -15,6 +15,7 @@ import pytorch_lightning as pl
 
 from sessrec.data.batch import SessionBatch
 from sessrec.data.vocab import NUM_SPECIAL
+from sessrec.tasks.checkpointing import full_precision
 from sessrec.tasks.next_item import NextItemTask, TopK
 
 
@@ -44,7 +45,8 @@ class ScoringOnlyTask(pl.LightningModule):
     on_test_epoch_end = NextItemTask.on_test_epoch_end
 
     def predict_step(self, batch: SessionBatch, batch_idx: int) -> TopK:
-        scores = self(batch)
+        with full_precision(self):
+            scores = self(batch)
         recommendable = scores.shape[1] - NUM_SPECIAL - int(self.hparams.get("num_virtual", 0))
         top = scores.topk(min(self.evaluation.top_k, recommendable), dim=1)
         return TopK(items=top.indices, scores=top.values)

@@ -77,13 +77,30 @@ def test_full_softmax_is_the_cross_entropy_of_the_model_scores(score_scale):
     assert torch.allclose(F.cross_entropy(model.score(hidden), targets), model.catalogue_loss(hidden, targets), atol=1e-6)
 
 
-def test_autocast_takes_the_plain_composition():
-    hidden, table, bias, targets = leaves(9, 70, 8)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        loss = catalogue_cross_entropy(hidden, table, bias, targets, 1.0, 0.1)
-        want = smoothed_cross_entropy(torch.addmm(bias, hidden, table.T), targets, 0.1)
-    assert torch.equal(loss, want)
-    assert abs(loss.item() - reference(hidden, table, bias, targets, 1.0, 0.1).item()) < 0.05  # bf16 scores
+@pytest.mark.parametrize(("temperature", "smoothing"), [(1.0, 0.0), (0.5, 0.1)])
+def test_autocast_runs_the_products_in_bfloat16_and_the_rest_in_float32(temperature, smoothing):
+    hidden, table, bias, targets = leaves(9, BLOCK * 2 + 37, 8)
+    grads = {}
+    for name in ("fused", "rounded", "float32"):
+        leaf = [t.clone().requires_grad_() for t in (hidden, table, bias)]
+        if name == "fused":
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = catalogue_cross_entropy(*leaf, targets, temperature, smoothing)
+        elif name == "rounded":  # the same numbers by autograd: the product of the bfloat16 inputs, rounded to bfloat16
+            h, t, b = leaf
+            product = (h.bfloat16() @ t.bfloat16().T).float()
+            loss = smoothed_cross_entropy((product + b) / temperature, targets, smoothing)
+        else:
+            loss = reference(*leaf, targets, temperature, smoothing)
+        loss.backward()
+        grads[name] = (loss.detach(), *(t.grad for t in leaf))
+    fused, rounded, full = grads["fused"], grads["rounded"], grads["float32"]
+    assert fused[0].dtype == torch.float32 and all(g.dtype == torch.float32 for g in fused[1:])
+    assert torch.allclose(fused[0], rounded[0], rtol=1e-6, atol=1e-6)
+    for got, want in zip(fused[1:], rounded[1:]):
+        assert torch.allclose(got, want, rtol=1e-2, atol=1e-4)
+    assert fused[0] != full[0] and abs(fused[0] - full[0]) < 0.05  # bfloat16 products: near float32's, not equal
+    assert torch.equal(fused[3][:2], torch.zeros(2))
 
 
 def test_buffers_in_flight_and_reused_give_the_same_numbers():

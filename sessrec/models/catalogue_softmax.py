@@ -11,9 +11,12 @@ and the backward subtracts the targets in place: the buffer becomes the gradient
 On a CPU the scores are computed in blocks of `BLOCK` items: a (N, D) x (D, V) product with a small
 D writes its output faster a block of columns at a time. A buffer whose backward has run is kept
 for the next call of the same dtype and device (`_spare`), as a caching allocator would: a fresh
-one costs a page fault per 4 KiB page at its first write. Under autocast (mixed precision) the loss
-is the plain composition of the scores in the autocast dtype and their log-softmax. The numbers are
-`torch.nn.functional.cross_entropy`'s to float rounding (tests/test_catalogue_softmax.py).
+one costs a page fault per 4 KiB page at its first write. Under autocast (mixed precision) the three
+products run in the autocast dtype (bfloat16 or float16: a CPU's AMX units, a GPU's tensor cores) and
+everything over N x V else in float32: each block of products is added to the float32 scaled bias in
+the buffer, and the gradient is cast to the autocast dtype once for the two backward products. The
+numbers are `torch.nn.functional.cross_entropy`'s to float rounding, under autocast those of the
+scores rounded to the autocast dtype (tests/test_catalogue_softmax.py).
 
 Shape letters: N rows (targets), D width, V items.
 """
@@ -48,69 +51,91 @@ def catalogue_cross_entropy(
     """
     if hidden.shape[0] == 0:
         raise ValueError("catalogue_cross_entropy needs at least one row")
-    if torch.is_autocast_enabled(hidden.device.type) or hidden.dtype != table.dtype:
-        # mixed precision: what autograd makes of the scores in the autocast dtype
-        logp = torch.log_softmax(torch.addmm(bias, hidden, table.T) / temperature, dim=1)
-        loss = -logp.gather(1, targets.long()[:, None]).squeeze(1)
-        if label_smoothing > 0.0:
-            valid = torch.isfinite(bias)
-            loss = (1.0 - label_smoothing) * loss - label_smoothing * torch.where(valid, logp, 0.0).sum(dim=1) / valid.sum()
-        return loss.mean()
-    return _CatalogueCrossEntropy.apply(hidden, table, bias, targets.long(), float(temperature), float(label_smoothing))
+    device = hidden.device.type
+    if torch.is_autocast_enabled(device):  # the products in the autocast dtype, the rest in float32
+        compute = torch.get_autocast_dtype(device)
+    elif hidden.dtype == table.dtype == bias.dtype:
+        compute = None
+    else:
+        raise ValueError(f"catalogue_cross_entropy needs hidden, table and bias of one dtype outside autocast, got "
+                         f"{hidden.dtype}, {table.dtype}, {bias.dtype}")
+    return _CatalogueCrossEntropy.apply(hidden, table, bias, targets.long(), float(temperature), float(label_smoothing),
+                                        compute)
 
 
 _spare: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}  # a buffer back from its backward, for the next call
 
 
-def _buffer(n: int, v: int, like: torch.Tensor) -> torch.Tensor:
+def _buffer(n: int, v: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """An uninitialised (n, v) tensor: a view of the spare buffer when it is large enough, else a new one
     with room for a quarter more rows (the number of targets varies from batch to batch)."""
-    key = (like.dtype, like.device)
-    spare = _spare.pop(key, None)
+    spare = _spare.pop((dtype, device), None)
     if spare is None or spare.numel() < n * v:
-        spare = like.new_empty((n + n // 4 + 1) * v)
+        spare = torch.empty((n + n // 4 + 1) * v, dtype=dtype, device=device)
     return spare[: n * v].view(n, v)
+
+
+def _keep(buffer: torch.Tensor) -> None:
+    """Keep `buffer` (a view of `_buffer`'s) as the spare of its dtype and device."""
+    _spare[(buffer.dtype, buffer.device)] = buffer._base if buffer._base is not None else buffer
 
 
 class _CatalogueCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, table, bias, targets, temperature, smoothing):
-        n, v = hidden.shape[0], table.shape[0]
-        scale = 1.0 / temperature
-        probs = _buffer(n, v, hidden)
-        block = BLOCK if hidden.device.type == "cpu" else v  # one product on an accelerator
-        for start in range(0, v, block):  # the bias is written first and the product added to it
-            torch.addmm(bias[start : start + block], hidden, table[start : start + block].T, beta=scale, alpha=scale,
-                        out=probs[:, start : start + block])
-        rows = torch.arange(n, device=hidden.device)
-        picked = probs[rows, targets]  # (N,) the targets' scores
-        valid = None
-        if smoothing > 0.0:
-            valid = torch.isfinite(bias)  # (V,)
-            mean_valid = torch.where(valid, probs, 0.0).sum(dim=1) / valid.sum()  # (N,) mean score of the valid items
-        top = probs.amax(dim=1)
-        torch.softmax(probs, dim=1, out=probs)  # row by row: each row is read whole before it is written
-        lse = top - probs.amax(dim=1).log()  # (N,) log-sum-exp: the top score's probability is 1 / sum(exp(s - top))
-        loss = lse - picked
-        if valid is not None:
-            loss = (1.0 - smoothing) * loss + smoothing * (lse - mean_valid)
+    def forward(ctx, hidden, table, bias, targets, temperature, smoothing, compute):
+        # compute: the products' dtype under autocast (None: the inputs'); autocast is off inside, the casts explicit
+        with torch.autocast(hidden.device.type, enabled=False):
+            n, v = hidden.shape[0], table.shape[0]
+            scale = 1.0 / temperature
+            h, t = (hidden, table) if compute is None else (hidden.to(compute), table.to(compute))
+            probs = _buffer(n, v, bias.dtype, hidden.device)
+            if compute is None:
+                block = BLOCK if hidden.device.type == "cpu" else v  # one product on an accelerator
+                for start in range(0, v, block):  # the bias is written first and the product added to it
+                    torch.addmm(bias[start : start + block], h, t[start : start + block].T, beta=scale, alpha=scale,
+                                out=probs[:, start : start + block])
+            else:  # one product in the low dtype, added to the scaled bias in float32
+                product = torch.mm(h, t.T, out=_buffer(n, v, compute, hidden.device))
+                torch.add(bias if scale == 1.0 else bias * scale, product, alpha=scale, out=probs)
+                _keep(product)
+            rows = torch.arange(n, device=hidden.device)
+            picked = probs[rows, targets]  # (N,) the targets' scores
+            valid = None
+            if smoothing > 0.0:
+                valid = torch.isfinite(bias)  # (V,)
+                mean_valid = torch.where(valid, probs, 0.0).sum(dim=1) / valid.sum()  # (N,) mean score of the valid items
+            top = probs.amax(dim=1)
+            torch.softmax(probs, dim=1, out=probs)  # row by row: each row is read whole before it is written
+            lse = top - probs.amax(dim=1).log()  # (N,) log-sum-exp: the top score's probability is 1 / sum(exp(s - top))
+            loss = lse - picked
+            if valid is not None:
+                loss = (1.0 - smoothing) * loss + smoothing * (lse - mean_valid)
         ctx.save_for_backward(hidden, table, targets)
+        ctx.cast = None if compute is None else (h, t)  # the inputs in the products' dtype
         ctx.probs, ctx.valid, ctx.scale, ctx.smoothing = probs, valid, scale, smoothing
         return loss.mean()
 
     @staticmethod
     def backward(ctx, grad):
-        hidden, table, targets = ctx.saved_tensors
-        if ctx.probs is None:
-            raise RuntimeError("catalogue_cross_entropy: backward ran a second time (its buffer became the first gradient)")
-        scores_grad, ctx.probs = ctx.probs, None
-        n = hidden.shape[0]
-        scores_grad[torch.arange(n, device=targets.device), targets] -= 1.0 - ctx.smoothing
-        if ctx.valid is not None:
-            scores_grad.sub_(ctx.valid.to(scores_grad.dtype) * (ctx.smoothing / ctx.valid.sum()))
-        scores_grad.mul_(grad * (ctx.scale / n))  # (N, V): d loss / d (h @ table.T + bias)
-        hidden_grad = scores_grad @ table if ctx.needs_input_grad[0] else None
-        table_grad = scores_grad.T @ hidden if ctx.needs_input_grad[1] else None
-        bias_grad = scores_grad.new_ones(n) @ scores_grad if ctx.needs_input_grad[2] else None
-        _spare[(scores_grad.dtype, scores_grad.device)] = scores_grad._base if scores_grad._base is not None else scores_grad
-        return hidden_grad, table_grad, bias_grad, None, None, None
+        with torch.autocast(grad.device.type, enabled=False):  # the dtypes as written, as in forward
+            hidden, table, targets = ctx.saved_tensors
+            if ctx.probs is None:
+                raise RuntimeError("catalogue_cross_entropy: backward ran a second time (its buffer became the first gradient)")
+            scores_grad, ctx.probs = ctx.probs, None
+            h, t = (hidden, table) if ctx.cast is None else ctx.cast
+            n = h.shape[0]
+            scores_grad[torch.arange(n, device=targets.device), targets] -= 1.0 - ctx.smoothing
+            if ctx.valid is not None:
+                scores_grad.sub_(ctx.valid.to(scores_grad.dtype) * (ctx.smoothing / ctx.valid.sum()))
+            scores_grad.mul_(grad * (ctx.scale / n))  # (N, V): d loss / d (h @ table.T + bias)
+            bias_grad = scores_grad.new_ones(n) @ scores_grad if ctx.needs_input_grad[2] else None
+            low = scores_grad
+            if h.dtype != scores_grad.dtype:  # the gradient in the products' dtype, in a buffer of its own
+                low = _buffer(n, scores_grad.shape[1], h.dtype, h.device).copy_(scores_grad)
+            hidden_grad = (low @ t).to(hidden.dtype) if ctx.needs_input_grad[0] else None
+            table_grad = (low.T @ h).to(table.dtype) if ctx.needs_input_grad[1] else None
+            _keep(scores_grad)
+            if low is not scores_grad:
+                _keep(low)
+            ctx.cast = None
+            return hidden_grad, table_grad, bias_grad, None, None, None, None

@@ -219,8 +219,8 @@ def test_a_mixed_precision_trainer_validates_tests_and_predicts_in_float32(tmp_p
     torch.manual_seed(0)
     task = NextItemTask(num_items=dm.num_items, max_length=10, encoder=SASRecEncoder(d_model=32, n_head=2, n_layer=1),
                         objective=CausalLanguageModeling())
-    quiet = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                 default_root_dir=tmp_path, accelerator="cpu")
+    quiet = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False, "enable_model_summary": False,
+             "default_root_dir": tmp_path, "accelerator": "cpu"}
     mixed = pl.Trainer(precision="bf16-mixed", max_epochs=1, num_sanity_val_steps=0, **quiet)
     mixed.fit(task, dm)
     dtypes = []

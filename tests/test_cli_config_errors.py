@@ -189,6 +189,14 @@ def test_a_setting_that_trains_nothing_is_refused_before_anything_is_written(fla
     assert refused(sessrec_main, tmp_path, "fit", "--config", str(recipe), *flags).startswith(expected)
 
 
+@pytest.mark.parametrize("command", ["fit", "test"])
+@pytest.mark.parametrize("precision, instead", [("bf16-true", "bf16-mixed"), ("16-true", "16-mixed")])
+def test_half_precision_weights_are_refused_before_anything_is_written(command, precision, instead, tmp_path, sessrec_main):
+    recipe = write(tmp_path, "recipe.yaml", TRAINER + MODEL + DATA)
+    got = refused(sessrec_main, tmp_path, command, "--config", str(recipe), "--trainer.precision", precision)
+    assert got.startswith(f"--trainer.precision {precision}: the weights would be half precision") and f"use {instead}:" in got
+
+
 def test_every_dropout_probability_of_the_models_is_checked_by_one_rule():
     from sessrec.models import (
         BertEncoder,

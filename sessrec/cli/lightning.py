@@ -188,6 +188,7 @@ class SessrecCLI(LightningCLI):
             raise ValueError("--partition_batches needs --engine dask (the local engine scores on the Trainer)")
         if self._engine.engine == "dask":
             refuse_trainer_settings(cfg.trainer)
+        refuse_half_weights(cfg.trainer)
         if sub == "fit":
             refuse_no_training(cfg.trainer)
             if cfg.get("model_dir"):
@@ -328,6 +329,20 @@ def refuse_trainer_settings(trainer: Namespace) -> None:
 
 
 NO_TRAINING = {"max_epochs": (0,), "max_steps": (0,), "limit_train_batches": (0, 0.0)}  # Trainer settings of no step
+
+
+HALF_WEIGHTS = {"16-true": "16-mixed", "bf16-true": "bf16-mixed"}  # precision -> the mixed setting to use instead
+
+
+def refuse_half_weights(trainer: Namespace) -> None:
+    """Refuse a precision that keeps the weights in half precision: validation, test and prediction would
+    score the catalogue in it (`sessrec.tasks.checkpointing.full_precision` turns autocast off, not the weights'
+    dtype), and bfloat16 scores tie by the hundreds, a tie counting against the target."""
+    value = trainer.get("precision")
+    if value in HALF_WEIGHTS:
+        raise ValueError(f"--trainer.precision {value}: the weights would be half precision and every score of the catalogue "
+                         f"with them (ties by the hundreds, each against the target); use {HALF_WEIGHTS[value]}: the "
+                         "training steps in half precision, evaluation and predictions in float32")
 
 
 def refuse_no_training(trainer: Namespace) -> None:

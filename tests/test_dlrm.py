@@ -329,7 +329,9 @@ def test_forward_one_id_gives_the_bag_forwards_logits_bit_for_bit(pooling):
     with torch.no_grad():
         expected = model(dense, SparseFeatures.from_dense(ids))
         assert torch.equal(model.forward_one_id(dense, ids), expected)
-        assert torch.equal(model.forward_one_id(dense[:1], {k: v[:1] for k, v in ids.items()}), expected[:1])
+        one = {k: v[:1] for k, v in ids.items()}  # against the bag forward of the same one row: a matrix product of
+        # one row may round otherwise than the same row among 50 (AVX-512 kernels chosen by the row count)
+        assert torch.equal(model.forward_one_id(dense[:1], one), model(dense[:1], SparseFeatures.from_dense(one)))
 
 
 def test_forward_one_id_of_other_sparse_modules_runs_forward():

@@ -13,8 +13,9 @@ D writes its output faster a block of columns at a time. A buffer whose backward
 for the next call of the same dtype and device (`_spare`), as a caching allocator would: a fresh
 one costs a page fault per 4 KiB page at its first write. Under autocast (mixed precision) the three
 products run in the autocast dtype (bfloat16 or float16: a CPU's AMX units, a GPU's tensor cores) and
-everything over N x V else in float32: each block of products is added to the float32 scaled bias in
-the buffer, and the gradient is cast to the autocast dtype once for the two backward products. The
+everything else over N x V in float32: the scores' product, one (N, V) product in that dtype (its own
+spare buffer), is added to the scaled bias in the float32 buffer, and the gradient is cast to the
+autocast dtype once for the two backward products. The
 numbers are `torch.nn.functional.cross_entropy`'s to float rounding, under autocast those of the
 scores rounded to the autocast dtype (tests/test_catalogue_softmax.py).
 

@@ -12,7 +12,8 @@ line per system, single retrievers first and the pipeline (the recipe's scorer) 
   With a `BlendScorer` in the recipe (the default), these are its members, each fitted once and
   evaluated alone (the first LightGBM member is ``pipeline-gbdt``), then ``"pipeline-blend"``: the
   blend of those fitted members (``--blend-weights 2,1,1,0,0``: also ``"pipeline-blend[2,1,1,0,0]"``,
-  the same fitted members with those weights, e.g. a subset of them). With one scorer in the recipe:
+  the same fitted members with those weights, e.g. a subset of them; ``--shortlists 50``: also
+  ``"pipeline-blend[shortlist 50]"``, the blend as a cascade). With one scorer in the recipe:
   the recipe's with its settings, the other with its defaults (a scorer of another class adds
   ``"pipeline-<its class, lower case>"``);
 - with ``--ablations``: ``"pipeline-without-retriever-<name>"`` and ``"pipeline-without-features-<group>"``
@@ -274,7 +275,7 @@ def seeded(scorer: Scorer, seed: int) -> Scorer:
         for member in scorer.scorers:
             config = config_of(member)["init_args"]
             members.append(type(member)(**{**config, **({"seed": config["seed"] + n * seed} if "seed" in config else {})}))
-        return BlendScorer(members, scorer.weights)
+        return BlendScorer(members, scorer.weights, scorer.shortlist)
     config = config_of(scorer)["init_args"]
     return type(scorer)(**{**config, **({"seed": seed} if "seed" in config else {})})
 
@@ -336,18 +337,23 @@ def scored(pipe: Pipeline, data, scorer, test) -> dict:
             "ranker_coverage": info["coverage"]}
 
 
-def blended(pipe: Pipeline, data, blend: BlendScorer, test, reweighted: Sequence[list[float]] = ()) -> dict[str, dict]:
+def blended(pipe: Pipeline, data, blend: BlendScorer, test, reweighted: Sequence[list[float]] = (),
+            shortlists: Sequence[int] = ()) -> dict[str, dict]:
     """Each member of `blend` fitted and evaluated alone (by `member_name`), then ``blend``: the
     members as fitted, blended; its ``seconds`` the members' fits and its own scoring. Each weight
-    list of `reweighted` adds ``blend[w1,w2,...]``: the same fitted members with those weights."""
+    list of `reweighted` adds ``blend[w1,w2,...]``: the same fitted members with those weights; each
+    of `shortlists` ``blend[shortlist N]``: the same blend with its later members on the first one's N best."""
     results: dict[str, dict] = {}
     for member in blend.scorers:
         results[member_name(member, set(results))] = scored(pipe, data, member, test)
     fitted = sum(r["seconds"] for r in results.values())
     first = next(iter(results.values()))
-    for name, weights in [("blend", blend.weights), *((f"blend[{','.join(f'{w:g}' for w in ws)}]", ws) for ws in reweighted)]:
+    variants = [("blend", blend.weights, blend.shortlist),
+                *((f"blend[{','.join(f'{w:g}' for w in ws)}]", ws, blend.shortlist) for ws in reweighted),
+                *((f"blend[shortlist {n}]", blend.weights, n) for n in shortlists)]
+    for name, weights, shortlist in variants:
         start = time.perf_counter()
-        pipe.scorer = BlendScorer(blend.scorers, weights)
+        pipe.scorer = BlendScorer(blend.scorers, weights, shortlist)
         metrics = evaluate_rows(pipe, test, KS)
         results[name] = {**metrics, "seconds": fitted + time.perf_counter() - start, "ranker_pairs": first["ranker_pairs"],
                          "ranker_coverage": first["ranker_coverage"]}
@@ -422,6 +428,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--blend-weights", nargs="+", default=[], metavar="W1,W2,...",
                         help="also the recipe's blend with these member weights, its members fitted once (one list each)")
+    parser.add_argument("--shortlists", type=int, nargs="+", default=[], metavar="N",
+                        help="also the recipe's blend with its later members on the first member's N best candidates "
+                             "(BlendScorer shortlist), its members fitted once (one line each)")
     parser.add_argument("--quick", action="store_true",
                         help="seconds, for CI: synthetic sessions, an untrained tiny XLNet (quick_recipe), recall@10/20, "
                              "1 thread, all in a temporary folder")
@@ -444,6 +453,11 @@ def main() -> None:
         parser.error(f"{path}: no such pipeline recipe")
     recipe = load_recipe(path, ["--pipeline.device", args.device] if args.device else [])
     reweighted = weight_lists(args.blend_weights, recipe.scorer, parser)  # refused before any training
+    if args.shortlists and not isinstance(recipe.scorer, BlendScorer):
+        parser.error(f"--shortlists is a setting of a BlendScorer; the recipe's scorer is {type(recipe.scorer).__name__}")
+    for n in args.shortlists:
+        if n < 1:
+            parser.error(f"--shortlists: each N must be 1 or more, got {n}")
     runs = seed_plan(args.seeds, args.stage1_seeds)
     varied = [name for name, i in (("stage1", 0), ("ranker", 1)) if len({run[i] for run in runs}) > 1]
     stage1_seeds = sorted({s for s, _ in runs})
@@ -511,7 +525,7 @@ def main() -> None:
             for name, base in scorers.items():
                 results[name] = scored(pipe, data, seeded(base, ranker_seed), test_rows)
             if isinstance(recipe.scorer, BlendScorer):
-                results.update(blended(pipe, data, seeded(recipe.scorer, ranker_seed), test_rows, reweighted))
+                results.update(blended(pipe, data, seeded(recipe.scorer, ranker_seed), test_rows, reweighted, args.shortlists))
             for name, metrics in results.items():
                 record({"system": f"pipeline-{name}", "dataset": dataset, **metrics, **seeds})
             if which and (stage1_seed, ranker_seed) == runs[0]:

@@ -12,12 +12,16 @@ times, timed one by one after a warm-up (`--requests`), reported as p50/p99 ms; 
 through the pipeline's parts (encode, each retriever, merge and filters, features, each ranker member,
 the blend, ordering, decode; the same lists as `recommend`, checked) and prints p50/p99 ms per stage
 (and the p50 of the process's CPU time, the figure to read on a loaded machine).
+``--shortlist N`` times the blend as a cascade beside it (its trees score the DLRM's N best
+candidates of each request: `BlendScorer(shortlist=N)`), the two alternated request by request and
+batch by batch in this process, with the share of requests whose lists differ.
 ``--pipeline DIR`` saves the built pipeline there and loads it on later runs. With ``--ann`` it also runs
 `ann_index.py`'s FAISS-against-exact comparison at `--ann-items` (default 1M) items.
 
 Example (from the repository root):
     python benchmarks/pipeline_latency.py --profile        # p50_ms, p99_ms, sessions_per_s; per stage
     python benchmarks/pipeline_latency.py --ann            # + FAISS vs exact at 1M items
+    python benchmarks/pipeline_latency.py --shortlist 50   # + the blend's trees on the DLRM's 50 best only
 """
 
 from __future__ import annotations
@@ -114,13 +118,15 @@ def recommend_in_stages(pipe: Pipeline, sessions, k: int, lap) -> object:
     else:
         inputs = pipe.ranking_inputs(sessions, cands)
         lap("features")
-        members = pipe.scorer.scorers if isinstance(pipe.scorer, BlendScorer) else [pipe.scorer]
-        scores = []
-        for i, member in enumerate(members):
+        blend = pipe.scorer if isinstance(pipe.scorer, BlendScorer) else None
+        valid, scores = inputs.valid, []
+        for i, member in enumerate(blend.scorers if blend else [pipe.scorer]):
             scores.append(member.score(inputs))
             lap(f"rank_{i}_{type(member).__name__}")
-        if isinstance(pipe.scorer, BlendScorer):
-            scores = [pipe.scorer.combine(scores, inputs.valid)]
+            if blend and i == 0:  # a shortlist: the other members score the first one's best candidates only
+                inputs = blend.narrow(inputs, scores[0])
+        if blend:
+            scores = [blend.combine(scores, valid)]
             lap("blend")
         cands = Candidates(cands.items, cands.features, scores[0].masked_fill(~cands.valid, float("-inf")))
     recs = pipe.ordering.order(sessions, cands, min(k, pipe.max_candidates))
@@ -174,6 +180,7 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="also time every stage of each request")
     parser.add_argument("--ann", action="store_true", help="also FAISS vs exact (benchmarks/ann_index.py)")
     parser.add_argument("--ann-items", type=int, default=1_000_000)
+    parser.add_argument("--shortlist", type=int, help="also the blend with its trees on the DLRM's N best candidates, alternated")
     parser.add_argument("--quick", action="store_true", help="a small smoke run (5,000 items)")
     args = parser.parse_args()
     if args.quick:
@@ -184,39 +191,64 @@ def main() -> None:
     dm = data(args)
     pipe = pipeline(args, dm)
     print(f"built in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    scorers = {"": pipe.scorer}
+    if args.shortlist is not None:
+        if not isinstance(pipe.scorer, BlendScorer):
+            parser.error("--shortlist is a setting of the blend ranker: not with --ranker dlrm")
+        scorers["shortlist"] = BlendScorer(pipe.scorer.scorers, pipe.scorer.weights, shortlist=args.shortlist)
     sessions, stamps = raw_requests(dm, args.warmup + args.requests)
     clock: dict[str, list[float]] = defaultdict(list)
     cpu: dict[str, list[float]] = defaultdict(list)
+    times: dict[str, list[float]] = {name: [] for name in scorers}
+    lists: dict[str, list] = {name: [] for name in scorers}
     with torch.inference_mode():
         for session, stamp in zip(sessions[: args.warmup], stamps[: args.warmup]):
-            pipe.recommend([session], k=args.k, times=[stamp])
-        times = []
+            for pipe.scorer in scorers.values():
+                pipe.recommend([session], k=args.k, times=[stamp])
         for session, stamp in zip(sessions[args.warmup :], stamps[args.warmup :]):
-            t = time.perf_counter()
-            out = pipe.recommend([session], k=args.k, times=[stamp])
-            times.append((time.perf_counter() - t) * 1e3)
-            assert len(out[0]["item_ids"]) > 0
+            for name, pipe.scorer in scorers.items():  # alternated request by request
+                t = time.perf_counter()
+                out = pipe.recommend([session], k=args.k, times=[stamp])
+                times[name].append((time.perf_counter() - t) * 1e3)
+                lists[name].append(out[0]["item_ids"])
+                assert len(out[0]["item_ids"]) > 0
+            pipe.scorer = scorers[""]
             if args.profile:  # the same request again, stage by stage: the same list
                 parts = staged(pipe, session, stamp, args.k, clock, cpu)
-                assert parts[0]["item_ids"] == out[0]["item_ids"], "the staged run differs from recommend"
-                for lists in (clock, cpu):
-                    lists["total"].append(sum(lists[name][-1] for name in lists if name != "total"))
+                assert parts[0]["item_ids"] == lists[""][-1], "the staged run differs from recommend"
+                for laps in (clock, cpu):
+                    laps["total"].append(sum(laps[name][-1] for name in laps if name != "total"))
         many, their_times = raw_requests(dm, args.batch)
-        batch = pipe.encode(check_request(many, times=their_times))
-        pipe.recommend_batch(batch, args.k)  # warm-up at this batch size
-        rounds, t = 3, time.perf_counter()
-        for _ in range(rounds):
+        seconds = dict.fromkeys(scorers, 0.0)
+        for pipe.scorer in scorers.values():  # warm-up at this batch size
             pipe.recommend_batch(pipe.encode(check_request(many, times=their_times)), args.k)
-        per_s = rounds * args.batch / (time.perf_counter() - t)
-    times = np.array(times)
+        rounds = 3
+        for _ in range(rounds):
+            for name, pipe.scorer in scorers.items():
+                t = time.perf_counter()
+                pipe.recommend_batch(pipe.encode(check_request(many, times=their_times)), args.k)
+                seconds[name] += time.perf_counter() - t
+        pipe.scorer = scorers[""]
+
+    def timing(ms: list[float], total_s: float) -> dict:
+        ms = np.array(ms)
+        return {"p50_ms": round(float(np.percentile(ms, 50)), 2), "p90_ms": round(float(np.percentile(ms, 90)), 2),
+                "p99_ms": round(float(np.percentile(ms, 99)), 2), "mean_ms": round(float(ms.mean()), 2),
+                "sessions_per_s": round(rounds * args.batch / total_s, 1)}
+
     record = {
         "system": f"pipeline-{args.index}", "items": int(pipe.vocab.num_products), "candidates": pipe.max_candidates,
         "retrievers": list(pipe.retrievers), "scorer": type(pipe.scorer).__name__, "trees": trees(pipe), "threads": 1,
-        "requests": len(times), "p50_ms": round(float(np.percentile(times, 50)), 2),
-        "p90_ms": round(float(np.percentile(times, 90)), 2), "p99_ms": round(float(np.percentile(times, 99)), 2),
-        "mean_ms": round(float(times.mean()), 2), "batch": args.batch, "sessions_per_s": round(per_s, 1),
+        "requests": len(times[""]), **timing(times[""], seconds[""]), "batch": args.batch,
         "load_average": round(os.getloadavg()[0], 2),
     }
+    if args.shortlist is not None:
+        cascade = timing(times["shortlist"], seconds["shortlist"])
+        record["shortlist"] = {
+            "n": args.shortlist, **cascade, "p50_ratio": round(cascade["p50_ms"] / record["p50_ms"], 3),
+            "sessions_per_s_ratio": round(cascade["sessions_per_s"] / record["sessions_per_s"], 3),
+            "lists_differ": round(float(np.mean([a != b for a, b in zip(lists[""], lists["shortlist"])])), 3),
+        }
     if args.profile:
         record["stages"] = {name: percentiles(ms, cpu[name]) for name, ms in clock.items()}
     print(json.dumps(record), flush=True)

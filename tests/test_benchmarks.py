@@ -336,9 +336,13 @@ def test_pipeline_eval_reweights_the_fitted_blend_members(tmp_path):
     member = {"class_path": "sessrec.pipeline.scoring.GBDTScorer", "init_args": TINY_GBDT}
     seeded = {"class_path": "sessrec.pipeline.scoring.GBDTScorer", "init_args": {**TINY_GBDT, "seed": 1}}
     blend = {"class_path": "sessrec.pipeline.scoring.BlendScorer", "init_args": {"scorers": [member, seeded]}}
-    records = {r["system"]: r for r in run_pipeline_eval(tmp_path, blend, "--blend-weights", "1,0", "0,2")}
-    assert list(records)[-6:] == ["pipeline-gbdt", "pipeline-gbdt-1", "pipeline-blend", "pipeline-blend[1,0]", "pipeline-blend[0,2]", "pipeline"]
-    for weighted, alone in (("pipeline-blend[1,0]", "pipeline-gbdt"), ("pipeline-blend[0,2]", "pipeline-gbdt-1")):
+    records = {r["system"]: r for r in run_pipeline_eval(tmp_path, blend, "--blend-weights", "1,0", "0,2",
+                                                         "--shortlists", "1", "1000")}
+    assert list(records)[-8:] == ["pipeline-gbdt", "pipeline-gbdt-1", "pipeline-blend", "pipeline-blend[1,0]", "pipeline-blend[0,2]",
+                                  "pipeline-blend[shortlist 1]", "pipeline-blend[shortlist 1000]", "pipeline"]
+    # a shortlist of one keeps the first member's order; one of every candidate is the blend itself
+    for weighted, alone in (("pipeline-blend[1,0]", "pipeline-gbdt"), ("pipeline-blend[0,2]", "pipeline-gbdt-1"),
+                            ("pipeline-blend[shortlist 1]", "pipeline-gbdt"), ("pipeline-blend[shortlist 1000]", "pipeline-blend")):
         for key in ("recall@20", "mrr@20", "ndcg@10"):
             assert records[weighted][key] == pytest.approx(records[alone][key], abs=1e-9)
     assert records["pipeline-gbdt"]["mrr@20"] != records["pipeline-gbdt-1"]["mrr@20"]  # two different members

@@ -18,7 +18,7 @@ def quick(script: str, *args: str) -> str:
     """``python benchmarks/<script> --quick [args]`` from the repository root, on one thread; its stdout."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, f"benchmarks/{script}", "--quick", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=180, check=False)
+                          text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
 
@@ -98,12 +98,16 @@ def test_retrain_dlrm_quick_run_prints_each_window_and_the_rejection():
 
 @pytest.mark.slow
 def test_pipeline_latency_quick_run_times_requests_with_their_event_times_and_every_stage():
-    (record,) = [json.loads(line) for line in quick("pipeline_latency.py", "--profile").splitlines()]
+    (record,) = [json.loads(line) for line in quick("pipeline_latency.py", "--profile", "--shortlist", "20").splitlines()]
     assert record["system"] == "pipeline-exact" and record["threads"] == 1 and record["candidates"] == 200
     assert record["retrievers"] == ["xlnet", "vsknn", "stan", "covisitation"] and record["scorer"] == "BlendScorer"
     assert len(record["trees"]) == 2 and min(record["trees"]) >= 1  # the blend's two LightGBM members
     assert record["requests"] > 0 and 0 < record["p50_ms"] <= record["p90_ms"] <= record["p99_ms"]
     assert record["sessions_per_s"] > 0 and record["batch"] == 64
+    short = record["shortlist"]  # the blend's trees on the DLRM's 20 best, alternated with the whole blend
+    assert short["n"] == 20 and 0 < short["p50_ms"] <= short["p99_ms"] and short["sessions_per_s"] > 0
+    assert short["p50_ratio"] == pytest.approx(short["p50_ms"] / record["p50_ms"], abs=1e-3)
+    assert 0 < short["lists_differ"] <= 1  # 20 of 200 candidates blended: some lists change
     stages = record["stages"]  # the staged runs gave recommend's lists (the script checks)
     assert list(stages) == ["encode", "retrieve_xlnet", "retrieve_vsknn", "retrieve_stan", "retrieve_covisitation",
                             "merge_filters", "features", "rank_0_DLRMScorer", "rank_1_GBDTScorer", "rank_2_GBDTScorer",

@@ -234,3 +234,21 @@ def test_every_dropout_probability_of_the_models_is_checked_by_one_rule():
     check_probabilities({"p": 0.0, "q": 1.0}, one=True)
     with pytest.raises(ValueError, match=r"^x q must be a probability in \(0, 1\), got 0$"):
         check_probabilities({"p": 0.5, "q": 0}, "x ", zero=False)
+
+
+def test_a_ranker_setting_of_a_pipeline_recipe_is_refused_in_the_rankers_own_words(tmp_path, sessrec_main):
+    """The recipe's scorer is one of three classes: the refusal is the named class's, not the first class
+    tried's ("does not correspond to a subclass of DLRMScorer"), before anything is fitted."""
+    recipe = ("pipeline:\n  data:\n    source: {class_path: sessrec.data.SyntheticSource}\n  covisitation: {}\n"
+              "  output: OUT/pipeline\n")
+    pipeline = write(tmp_path, "pipeline.yaml", recipe)
+    got = refused(sessrec_main, tmp_path, "fit", "--config", str(pipeline), "--pipeline.scorer.init_args.shortlist", "0")
+    assert got == "BlendScorer shortlist must be an integer >= 1, got 0"
+    got = refused(sessrec_main, tmp_path, "fit", "--config", str(pipeline), "--pipeline.scorer.init_args.weights", "[1, -1, 1]")
+    assert got == "BlendScorer needs one finite, non-negative weight per scorer (3), not all 0; got [1.0, -1.0, 1.0]"
+    dlrm = write(tmp_path, "dlrm.yaml", recipe + "  scorer: {class_path: sessrec.pipeline.scoring.DLRMScorer, "
+                                                "init_args: {max_epochs: 0}}\n")
+    assert refused(sessrec_main, tmp_path, "fit", "--config", str(dlrm)) == "DLRMScorer max_epochs must be an integer >= 1, got 0"
+    got = refused(sessrec_main, tmp_path, "test", "--config", str(pipeline), "--pipeline.scorer",
+                  "sessrec.pipeline.scoring.GBDTScorer", "--pipeline.scorer.init_args.num_leaves", "1")
+    assert got == "GBDTScorer num_leaves must be an integer >= 2, got 1"

@@ -271,6 +271,67 @@ def test_blend_sums_the_members_standardised_scores_with_their_weights() -> None
             BlendScorer([FixedScorer()], weights=weights)
 
 
+class SeenRows(FixedScorer):
+    """A `FixedScorer` that keeps the valid slots it was asked to score."""
+
+    def __init__(self, column: int = 0, factor: float = 1.0) -> None:
+        super().__init__(column, factor)
+        self.asked: list[torch.Tensor] = []
+
+    def score(self, inputs: RankingInputs) -> torch.Tensor:
+        self.asked.append(inputs.valid.clone())
+        return super().score(inputs)
+
+
+def test_a_blend_shortlist_scores_the_later_members_on_the_first_members_best_only() -> None:
+    first = [[5.0, 1.0, 5.0, 3.0, 0.0], [0.0, 2.0, 4.0, 9.0, 1.0]]  # row 0: a tie at 5, ties go to the earlier slot
+    second = [[0.0, 9.0, 4.0, 2.0, 7.0], [3.0, 1.0, 2.0, 8.0, 5.0]]
+    valid = torch.tensor([[True] * 5, [True, True, True, True, False]])
+    inputs = RankingInputs(torch.tensor([first, second]).permute(1, 2, 0).contiguous(), {}, valid, ["a", "b"])
+    members = [SeenRows(0), SeenRows(1)]
+    blend = BlendScorer(members, weights=[1.0, 2.0], shortlist=2)
+    got = blend.score(inputs)
+    assert members[0].asked[0].tolist() == valid.tolist()
+    assert members[1].asked[0].tolist() == [[True, False, True, False, False], [False, False, True, True, False]]
+    # row 0: slots 0, 2 (first 5, 5 -> z 0, 0; second 0, 4 -> z -1, 1): blend -2, 2; row 1: slots 3, 2 (first 9, 4
+    # -> z 1, -1; second 8, 2 -> 1, -1): 3, -3. The rest below the lowest blended score, in the first member's order.
+    assert got[0, [2, 0]].tolist() == [2.0, -2.0] and got[1, [3, 2]].tolist() == [3.0, -3.0]
+    assert got[0].argsort(descending=True).tolist() == [2, 0, 3, 1, 4]
+    assert got[1].argsort(descending=True).tolist()[:4] == [3, 2, 1, 0] and got[1, 4] == float("-inf")
+    assert got[0, 3] == -3.0 and got[1, 1] == -4.0  # the best of the rest: one under the lowest blended score
+    alone = BlendScorer(members, weights=[1.0, 2.0], shortlist=2).score(
+        RankingInputs(inputs.dense[1:], {}, valid[1:], ["a", "b"]))
+    assert torch.equal(alone[0], got[1])  # a session's shortlist and scores do not depend on its batch
+    everything = BlendScorer(members, weights=[1.0, 2.0], shortlist=5).score(inputs)
+    assert torch.equal(everything, BlendScorer(members, weights=[1.0, 2.0]).score(inputs))
+    assert members[1].asked[-1].tolist() == valid.tolist()  # a shortlist of every slot is no shortlist
+    config = config_of(blend)
+    assert config["init_args"]["shortlist"] == 2
+    assert instantiate(config, expected=Scorer, source="test").shortlist == 2
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: BlendScorer([FixedScorer(), FixedScorer()], shortlist=0), "BlendScorer shortlist must be an integer >= 1, got 0"),
+    (lambda: BlendScorer([FixedScorer(), FixedScorer()], shortlist=True), "BlendScorer shortlist must be an integer >= 1, got True"),
+    (lambda: BlendScorer([FixedScorer()], shortlist=5), "BlendScorer shortlist needs two or more scorers"),
+    (lambda: GBDTScorer(num_leaves=1), "GBDTScorer num_leaves must be an integer >= 2, got 1"),
+    (lambda: GBDTScorer(max_rounds=0), "GBDTScorer max_rounds must be an integer >= 1, got 0"),
+    (lambda: GBDTScorer(threads=0), "GBDTScorer threads must be an integer >= 1, got 0"),
+    (lambda: GBDTScorer(learning_rate=float("nan")), "GBDTScorer learning_rate must be a finite number > 0, got nan"),
+    (lambda: GBDTScorer(feature_fraction=1.5), r"GBDTScorer feature_fraction must be a number in \(0, 1\], got 1.5"),
+    (lambda: GBDTScorer(stop_fraction=1.0), r"GBDTScorer stop_fraction must be a number in \(0, 1\), got 1.0"),
+    (lambda: DLRMScorer(max_epochs=0), "DLRMScorer max_epochs must be an integer >= 1, got 0"),
+    (lambda: DLRMScorer(dense_layers=(128, 0)), r"DLRMScorer dense_layers\[1\] must be an integer >= 1, got 0"),
+    (lambda: DLRMScorer(interaction="cat"), "DLRMScorer interaction must be 'dot' or 'dcn', got 'cat'"),
+    (lambda: DLRMScorer(id_dropout=1.0), r"DLRMScorer id_dropout must be a number in \[0, 1\), got 1.0"),
+    (lambda: DLRMScorer(lr=-1e-3), "DLRMScorer lr must be a finite number > 0, got -0.001"),
+    (lambda: DLRMScorer(stop_fraction=0), r"DLRMScorer stop_fraction must be a number in \(0, 1\), got 0"),
+])
+def test_a_ranker_setting_it_cannot_honour_is_refused_when_it_is_built(make, message) -> None:
+    with pytest.raises(ValueError, match=f"^{message}"):
+        make()
+
+
 def test_blend_of_dlrm_and_lightgbm_saves_and_loads_through_its_config(fitted) -> None:
     pytest.importorskip("lightgbm")
     _, inputs, labels = fitted

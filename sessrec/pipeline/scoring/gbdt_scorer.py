@@ -14,9 +14,9 @@ import numpy as np
 import torch
 
 from sessrec.pipeline.candidate_features import RankingInputs
-from sessrec.pipeline.scoring.scorer import RankerRows, Scorer, early_stopping_split
+from sessrec.pipeline.scoring.scorer import RankerRows, Scorer, check_numbers, early_stopping_split
 from sessrec.pipeline.scoring.tree_ensemble import TreeEnsemble
-
+from sessrec.saved.registry import check_integers
 
 ROWS_PER_THREAD = 20_000  # candidate rows per scoring thread: a request's few hundred take one
 
@@ -59,6 +59,12 @@ class GBDTScorer(Scorer):
         threads: int | None = None,
         seed: int = 0,
     ) -> None:
+        check_integers({"num_leaves": num_leaves}, "GBDTScorer ", minimum=2)
+        check_integers({"max_rounds": max_rounds, "early_stopping": early_stopping, "min_data_in_leaf": min_data_in_leaf,
+                        **({"threads": threads} if threads is not None else {})}, "GBDTScorer ")
+        check_integers({"seed": seed}, "GBDTScorer ", minimum=0)
+        check_numbers("GBDTScorer", {"learning_rate": (learning_rate, "positive"), "feature_fraction": (feature_fraction, "share"),
+                                     "stop_fraction": (stop_fraction, "fraction")})
         self.params = {
             "objective": "lambdarank", "metric": "ndcg", "eval_at": [20], "num_leaves": num_leaves,
             "learning_rate": learning_rate, "min_data_in_leaf": min_data_in_leaf,

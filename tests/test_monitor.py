@@ -17,7 +17,7 @@ import yaml
 
 from sessrec.cli import main, run
 from sessrec.data import ItemVocab, Schema
-from sessrec.lifecycle.monitor import PSI_FLOOR, Thresholds, monitor, psi
+from sessrec.lifecycle.monitor import PSI_FLOOR, CanaryWorse, Thresholds, monitor, psi
 from sessrec.serving.served_log import ServedLog
 
 DAY = 86400.0
@@ -308,6 +308,46 @@ def test_the_canary_is_compared_with_the_live_version_on_the_same_window(tmp_pat
     for name in ("hit_rate@2", "mrr@2"):
         assert -1 <= row[f"{name}_low"] < row[f"{name}_difference"] < row[f"{name}_high"] <= 1
     assert "canary against live (difference: canary - live, with its 95% interval)" in capsys.readouterr().out
+    # the interval of MRR@2's difference is [-0.875, -0.125]: worse by more than 0.1, not surely by more than 0.2;
+    # hit rate@2's, [-0.75, 0.375], crosses 0: not surely worse at all
+    assert Thresholds(canary_mrr_loss_max=0.2, canary_hit_rate_loss_max=0.0).canary_crossed(
+        pacsv.read_csv(tmp_path / "c.csv"), 2) == []
+    with pytest.raises(CanaryWorse, match=r"^canary v000002 mrr@2 0.2500 against live v000001 0.7500: the difference's "
+                       r"interval \[-0.8750, -0.1250\] lies below -canary_mrr_loss_max 0.1 \(window from 2023-11-15T00:00Z\) "
+                       r"\(and 2 more, see .*m\.csv and the comparison above\)$"):  # hit_rate_min: both rows
+        monitor(str(tmp_path / "log"), [str(tmp_path / "events.csv")], str(tmp_path / "ref"), str(tmp_path / "m.csv"),
+                schema=SCHEMA, k=2, psi_bins=2, thresholds=Thresholds(canary_mrr_loss_max=0.1, hit_rate_min=0.9))
+    with pytest.raises(ValueError, match=r"thresholds canary_mrr_loss_max must be a finite number >= 0, got -0.1"):
+        Thresholds(canary_mrr_loss_max=-0.1)
+
+
+def test_a_worse_canary_exits_4_before_any_other_threshold(tmp_path: Path, capsys, monkeypatch) -> None:
+    """Live sessions hit first, the canary's never: exit 4 and one line naming the canary; the live version's
+    own threshold, crossed too, is counted in the line, for the run after the rollback."""
+    sessions = [f"l{i}" for i in range(20)] + [f"c{i}" for i in range(20)]
+    events = pa.table({"sid": [s for s in sessions for _ in (0, 1)], "item": [10, 11] * len(sessions),
+                       "t": [T0 + 10 * i + j for i in range(len(sessions)) for j in (0, 1)]})
+    pacsv.write_csv(events, tmp_path / "events.csv")
+    with ServedLog(tmp_path / "log") as log:
+        for i, session in enumerate(sessions):
+            on_canary = session.startswith("c")
+            log.record(f"r{i}", [[10]], [{"item_ids": [12, 13] if on_canary else [11, 12], "scores": [2.0, 1.0]}],
+                       "v000002" if on_canary else "v000001", now=[T0 + 10 * i], session_ids=[session], canary=on_canary)
+    (tmp_path / "ref").mkdir()
+    recipe = {"served_log": str(tmp_path / "log"), "paths": [str(tmp_path / "events.csv")],
+              "reference": str(reference(tmp_path / "ref")), "out": str(tmp_path / "m.csv"), "k": 2, "psi_bins": 2,
+              "schema": {"session_id": "sid", "item_id": "item", "timestamp": "t"},
+              "thresholds": {"canary_hit_rate_loss_max": 0.5, "hit_rate_min": 0.5}}
+    (tmp_path / "monitor.yaml").write_text(yaml.safe_dump(recipe))
+    monkeypatch.setattr(sys, "argv", ["sessrec", "monitor", "--config", str(tmp_path / "monitor.yaml")])
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    assert exit_.value.code == 4
+    err = capsys.readouterr().err.strip()
+    assert err == ("sessrec monitor: canary worse: canary v000002 hit_rate@2 0.0000 against live v000001 1.0000: the "
+                   "difference's interval [-1.0000, -1.0000] lies below -canary_hit_rate_loss_max 0.5 (window from "
+                   f"2023-11-15T00:00Z) (and 1 more, see {tmp_path / 'm.csv'} and the comparison above)")
+    assert (tmp_path / "m.csv").exists()
 
 
 def test_the_comparisons_interval_is_the_two_sample_interval_of_a_difference_of_means() -> None:

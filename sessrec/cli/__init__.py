@@ -11,7 +11,7 @@
     sessrec retrain --config <retrain recipe> ...                one warm-start turn with its quality gate
     sessrec promote --model_dir D [--version V]                  a version of D (by default its canary) current for every session
     sessrec rollback --model_dir D [--to VERSION]                an earlier version of D current again, or its canary dropped
-    sessrec monitor --config <monitor recipe>                    served log + events: hit rate, drift; exit 3 on a threshold
+    sessrec monitor --config <monitor recipe>                    served log + events: hit rate, drift; exit 3 on a threshold, 4 on a worse canary
 
 Options of every command:
 
@@ -157,11 +157,15 @@ def retrain_cli(args: list[str]) -> object:
 
 def monitor_cli(args: list[str]) -> object:
     """``sessrec monitor``: the served log's quality and drift per version and window (`sessrec.lifecycle.monitor`);
-    exit status 3 with one line when a threshold is crossed, so that a scheduler chains ``sessrec retrain`` on it."""
-    from sessrec.lifecycle.monitor import ThresholdCrossed, monitor
+    exit status 3 with one line when a threshold is crossed, so that a scheduler chains ``sessrec retrain`` on it,
+    and 4 when a canary is worse than live by more than its tolerance (``sessrec rollback``)."""
+    from sessrec.lifecycle.monitor import CanaryWorse, ThresholdCrossed, monitor
 
     try:
         return call_with_flags(monitor, "sessrec monitor", args, instantiate=True)
+    except CanaryWorse as err:
+        print(f"sessrec monitor: canary worse: {err}", file=sys.stderr)
+        raise SystemExit(4) from None
     except ThresholdCrossed as err:
         print(f"sessrec monitor: threshold crossed: {err}", file=sys.stderr)
         raise SystemExit(3) from None

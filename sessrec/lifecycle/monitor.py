@@ -25,7 +25,10 @@ log of the same sessions (any file `sessrec.data.scan_events` reads, with its `S
 
 When the served log holds rows a canary answered (``sessrec serve --canary``: its ``canary`` column),
 `compare_canary` sets the canary against the live version on each window: each side's hit rate@k and
-MRR@k, their difference and its bootstrap interval over the sessions of each side.
+MRR@k, their difference and its bootstrap interval over the sessions of each side. A canary worse than
+live by more than a tolerance (`Thresholds.canary_hit_rate_loss_max`, ``canary_mrr_loss_max``: the
+whole interval below minus it) raises `CanaryWorse`, exit status 4: a scheduler chains
+``sessrec rollback`` on it.
 
 The reference is a model directory (at its current version when it is versioned) or a prepared
 dataset: either holds ``vocab.parquet``, the training counts of its items (`ItemVocab`).
@@ -61,7 +64,7 @@ from sessrec.saved.atomic import atomic_path
 from sessrec.saved.versions import resolve
 from sessrec.serving.served_log import SCHEMA, served_files
 
-__all__ = ["PSI_FLOOR", "ThresholdCrossed", "Thresholds", "compare_canary", "monitor", "psi"]
+__all__ = ["PSI_FLOOR", "CanaryWorse", "ThresholdCrossed", "Thresholds", "compare_canary", "monitor", "psi"]
 
 PSI_FLOOR = 1e-4  # a bin's share below this counts as this (an empty bin would make the index infinite)
 NO_VERSION = "(unversioned)"  # the model_version of rows served from an unversioned directory
@@ -69,6 +72,10 @@ NO_VERSION = "(unversioned)"  # the model_version of rows served from an unversi
 
 class ThresholdCrossed(RuntimeError):
     """A monitored metric crossed its threshold; the message says which, where and by how much."""
+
+
+class CanaryWorse(ThresholdCrossed):
+    """The canary is worse than the live version by more than its tolerance (``sessrec monitor`` exit status 4)."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +88,10 @@ class Thresholds:
         coverage_min: lowest acceptable catalogue coverage@k.
         unknown_max: highest acceptable share of requests whose newest item is unknown.
         psi_max: highest acceptable population stability index of the requested items.
+        canary_hit_rate_loss_max: largest acceptable loss of hit rate@k of a canary against live: crossed
+            (`CanaryWorse`) when the whole interval of the difference (canary - live) of a window lies below
+            minus it, the canary worse by more than this at the comparison's confidence.
+        canary_mrr_loss_max: the same for MRR@k.
     """
 
     hit_rate_min: float | None = None
@@ -88,6 +99,29 @@ class Thresholds:
     coverage_min: float | None = None
     unknown_max: float | None = None
     psi_max: float | None = None
+    canary_hit_rate_loss_max: float | None = None
+    canary_mrr_loss_max: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("canary_hit_rate_loss_max", "canary_mrr_loss_max"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value < math.inf:
+                raise ValueError(f"thresholds {name} must be a finite number >= 0, got {value!r}")
+
+    def canary_crossed(self, comparison: pa.Table | None, k: int) -> list[str]:
+        """One reason per (window, canary limit) crossed in `compare_canary`'s table (None: no canary), in table
+        order; a window where a side has no evaluated row (an interval of NaN) tells nothing and crosses none."""
+        reasons: list[str] = []
+        for row in comparison.to_pylist() if comparison is not None else []:
+            for name, metric in (("canary_hit_rate_loss_max", f"hit_rate@{k}"), ("canary_mrr_loss_max", f"mrr@{k}")):
+                limit, low, high = getattr(self, name), row[f"{metric}_low"], row[f"{metric}_high"]
+                if limit is None or math.isnan(high) or not high < -limit:
+                    continue
+                reasons.append(f"canary {row['canary_version']} {metric} {row[f'canary_{metric}']:.4f} against live "
+                               f"{row['live_version']} {row[f'live_{metric}']:.4f}: the difference's interval "
+                               f"[{low:.4f}, {high:.4f}] lies below -{name} {limit:g} "
+                               f"(window from {row['window_start']:%Y-%m-%dT%H:%M}Z)")
+        return reasons
 
     def crossed(self, table: pa.Table, k: int) -> list[str]:
         """One reason per (row, limit) crossed, in table order."""
@@ -157,7 +191,8 @@ def monitor(
         ``ended``, ``hit_rate@k``, ``mrr@k``, ``coverage@k``, ``unknown_share``, ``psi``.
 
     Raises:
-        ThresholdCrossed: some row crosses a threshold (the table is written first).
+        CanaryWorse: a canary is worse than live by more than a canary threshold (tables written first).
+        ThresholdCrossed: some row crosses another threshold (the table is written first).
     """
     if not isinstance(k, int) or k < 1:
         raise ValueError(f"monitor: k must be an integer of 1 or more, got {k!r}")
@@ -186,10 +221,11 @@ def monitor(
               f"{confidence:.0%} interval):\n{format_table(comparison)}")
     if plot is not None:
         plot_table(table, k, plot)
-    reasons = thresholds.crossed(table, k)
-    if reasons:
-        more = f" (and {len(reasons) - 1} more, see {out})" if len(reasons) > 1 else ""
-        raise ThresholdCrossed(f"{reasons[0]}{more}")
+    worse, reasons = thresholds.canary_crossed(comparison, k), thresholds.crossed(table, k)
+    for kind, found in ((CanaryWorse, worse), (ThresholdCrossed, reasons)):  # a worse canary first: roll it back
+        if found:
+            rest = len(worse) + len(reasons) - 1
+            raise kind(f"{found[0]}" + (f" (and {rest} more, see {out} and the comparison above)" if rest else ""))
     return table
 
 

@@ -45,10 +45,8 @@ from typing import Any, Literal
 # OpenMP threads that wait for work sleep instead of spinning (unless the user sets OMP_WAIT_POLICY): beside
 # another job on the same cores, spinning threads take the cores the work needs. Measured on 2 cores beside a
 # 2-thread training: the pipeline's DLRM ranker fit 62.6 -> 32.8 s, the same alone (10.5-13.3 s either way).
-# libgomp reads it once, when torch (or LightGBM) loads it: before the first import below that loads torch.
+# libgomp reads it once, when torch (or LightGBM) loads it: before any command imports either.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-from sessrec.saved.checkpoint import checkpoint_summary
 
 PIPELINE_COMMANDS = ("fit", "test", "recommend")
 LIGHTNING_COMMANDS = ("fit", "validate", "test", "predict")
@@ -346,6 +344,8 @@ def run(args: list[str]) -> object:
         raise ValueError("--config must name a pipeline recipe (a top-level 'pipeline:' block)")
     for i, arg in enumerate(args[:-1]):
         if command == "fit" and arg == "--ckpt_path":  # a one-line error for an unreadable file, before LightningCLI reads its config
+            from sessrec.saved.checkpoint import checkpoint_summary
+
             checkpoint_summary(args[i + 1])  # (read once for every later use)
     if command not in LIGHTNING_COMMANDS:
         raise ValueError(f"unknown command {command!r}; the commands are {', '.join(COMMAND_NAMES)} (sessrec --help)")

@@ -196,6 +196,12 @@ def main() -> None:
         if not isinstance(pipe.scorer, BlendScorer):
             parser.error("--shortlist is a setting of the blend ranker: not with --ranker dlrm")
         scorers["shortlist"] = BlendScorer(pipe.scorer.scorers, pipe.scorer.weights, shortlist=args.shortlist)
+
+    def on(name: str) -> Pipeline:
+        """The pipeline with ranker `name` ("": the one it was saved with; "shortlist": that one as a cascade)."""
+        pipe.scorer = scorers[name]
+        return pipe
+
     sessions, stamps = raw_requests(dm, args.warmup + args.requests)
     clock: dict[str, list[float]] = defaultdict(list)
     cpu: dict[str, list[float]] = defaultdict(list)
@@ -203,32 +209,31 @@ def main() -> None:
     lists: dict[str, list] = {name: [] for name in scorers}
     with torch.inference_mode():
         for session, stamp in zip(sessions[: args.warmup], stamps[: args.warmup]):
-            for pipe.scorer in scorers.values():
-                pipe.recommend([session], k=args.k, times=[stamp])
+            for name in scorers:
+                on(name).recommend([session], k=args.k, times=[stamp])
         for session, stamp in zip(sessions[args.warmup :], stamps[args.warmup :]):
-            for name, pipe.scorer in scorers.items():  # alternated request by request
+            for name in scorers:  # alternated request by request
                 t = time.perf_counter()
-                out = pipe.recommend([session], k=args.k, times=[stamp])
+                out = on(name).recommend([session], k=args.k, times=[stamp])
                 times[name].append((time.perf_counter() - t) * 1e3)
                 lists[name].append(out[0]["item_ids"])
                 assert len(out[0]["item_ids"]) > 0
-            pipe.scorer = scorers[""]
             if args.profile:  # the same request again, stage by stage: the same list
-                parts = staged(pipe, session, stamp, args.k, clock, cpu)
+                parts = staged(on(""), session, stamp, args.k, clock, cpu)
                 assert parts[0]["item_ids"] == lists[""][-1], "the staged run differs from recommend"
                 for laps in (clock, cpu):
                     laps["total"].append(sum(laps[name][-1] for name in laps if name != "total"))
         many, their_times = raw_requests(dm, args.batch)
         seconds = dict.fromkeys(scorers, 0.0)
-        for pipe.scorer in scorers.values():  # warm-up at this batch size
-            pipe.recommend_batch(pipe.encode(check_request(many, times=their_times)), args.k)
+        for name in scorers:  # warm-up at this batch size
+            on(name).recommend_batch(pipe.encode(check_request(many, times=their_times)), args.k)
         rounds = 3
         for _ in range(rounds):
-            for name, pipe.scorer in scorers.items():
+            for name in scorers:
                 t = time.perf_counter()
-                pipe.recommend_batch(pipe.encode(check_request(many, times=their_times)), args.k)
+                on(name).recommend_batch(pipe.encode(check_request(many, times=their_times)), args.k)
                 seconds[name] += time.perf_counter() - t
-        pipe.scorer = scorers[""]
+        on("")
 
     def timing(ms: list[float], total_s: float) -> dict:
         ms = np.array(ms)

@@ -777,6 +777,22 @@ def test_one_session_per_request_gives_the_lists_of_one_batch(world: World, name
         assert one["scores"] == pytest.approx(all_["scores"], rel=1e-5, abs=1e-6)
 
 
+def test_a_cascade_gives_one_session_the_lists_of_one_batch(world: World) -> None:
+    """The two fitted rankers blended as a cascade (the trees on the DLRM's 12 best of 50 candidates): each session
+    alone and all of them at once get the same lists; the shortlist changes lists against the whole blend."""
+    members = [world.pipelines["dlrm"].scorer, world.pipelines["gbdt"].scorer]
+    cascade, whole = copy.copy(world.pipelines["dlrm"]), copy.copy(world.pipelines["dlrm"])
+    cascade.scorer, whole.scorer = BlendScorer(members, shortlist=12), BlendScorer(members)
+    sessions = world.sessions[:40]
+    together = cascade.recommend(sessions, k=K)
+    alone = [cascade.recommend([session], k=K)[0] for session in sessions]
+    assert [r["item_ids"] for r in alone] == [r["item_ids"] for r in together]
+    for one, all_ in zip(alone, together):
+        assert one["scores"] == pytest.approx(all_["scores"], rel=1e-5, abs=1e-6)
+    blended = whole.recommend(sessions, k=K)
+    assert sum(a["item_ids"] != b["item_ids"] for a, b in zip(together, blended)) > 0
+
+
 def test_recommend_casts_id_strings_and_refuses_mixed_ids(world: World) -> None:
     pipe = world.pipelines["gbdt"]
     session = world.sessions[0]

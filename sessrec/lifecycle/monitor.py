@@ -80,7 +80,7 @@ class CanaryWorse(ThresholdCrossed):
 
 @dataclass(frozen=True)
 class Thresholds:
-    """Limits that make ``sessrec monitor`` exit with status 3; None: not checked.
+    """Limits that make ``sessrec monitor`` exit with status 3 (the canary's: 4); None: not checked.
 
     Args:
         hit_rate_min: lowest acceptable hit rate@k of a (version, window).

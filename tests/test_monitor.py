@@ -279,20 +279,29 @@ def test_a_replayed_day_monitors_to_the_hit_rate_of_sessrec_test_and_a_drifted_d
     assert (tmp_path / "next" / "model").is_dir() and (model / "CURRENT").read_text().strip() == "v000002"
 
 
-def test_the_canary_is_compared_with_the_live_version_on_the_same_window(tmp_path: Path, capsys) -> None:
-    """Live sessions l0..l7 and canary sessions c0..c3 (events 10, 11): the live version ranks the next
-    item first for six of eight, the canary second for two of four; a request of day 1 has no canary beside it."""
-    sessions = [f"l{i}" for i in range(8)] + [f"c{i}" for i in range(4)]
+def canary_day(tmp_path: Path, live: int, canary: int, recommended) -> ServedLog:
+    """Sessions l0.. (live, v000001) and c0.. (canary, v000002) of events 10, 11 at T0 in `tmp_path`/events.csv, and an
+    open served log in `tmp_path`/log with one request each (its last event 10): `recommended(i, on_canary)` lists."""
+    sessions = [f"l{i}" for i in range(live)] + [f"c{i}" for i in range(canary)]
     events = pa.table({"sid": [s for s in sessions for _ in (0, 1)], "item": [10, 11] * len(sessions),
                        "t": [T0 + 10 * i + j for i in range(len(sessions)) for j in (0, 1)]})
     pacsv.write_csv(events, tmp_path / "events.csv")
-    with ServedLog(tmp_path / "log") as log:
-        for i, session in enumerate(sessions):
-            on_canary = session.startswith("c")
-            hit = (i < 6) if not on_canary else (i < 10)
-            recommended = ([13, 11] if hit else [12, 13]) if on_canary else ([11, 12] if hit else [12, 13])
-            log.record(f"r{i}", [[10]], [{"item_ids": recommended, "scores": [2.0, 1.0]}],
-                       "v000002" if on_canary else "v000001", now=[T0 + 10 * i], session_ids=[session], canary=on_canary)
+    log = ServedLog(tmp_path / "log")
+    for i, session in enumerate(sessions):
+        on_canary = session.startswith("c")
+        log.record(f"r{i}", [[10]], [{"item_ids": recommended(i, on_canary), "scores": [2.0, 1.0]}],
+                   "v000002" if on_canary else "v000001", now=[T0 + 10 * i], session_ids=[session], canary=on_canary)
+    return log
+
+
+def test_the_canary_is_compared_with_the_live_version_on_the_same_window(tmp_path: Path, capsys) -> None:
+    """Live sessions l0..l7 and canary sessions c0..c3 (events 10, 11): the live version ranks the next
+    item first for six of eight, the canary second for two of four; a request of day 1 has no canary beside it."""
+    def recommended(i: int, on_canary: bool) -> list[int]:
+        hit = (i < 6) if not on_canary else (i < 10)
+        return ([13, 11] if hit else [12, 13]) if on_canary else ([11, 12] if hit else [12, 13])
+
+    with canary_day(tmp_path, 8, 4, recommended) as log:
         log.record("late", [[10]], [{"item_ids": [11, 12], "scores": [2.0, 1.0]}], "v000002", now=[T0 + DAY],
                    session_ids=["l0"])
     (tmp_path / "ref").mkdir()
@@ -324,15 +333,7 @@ def test_the_canary_is_compared_with_the_live_version_on_the_same_window(tmp_pat
 def test_a_worse_canary_exits_4_before_any_other_threshold(tmp_path: Path, capsys, monkeypatch) -> None:
     """Live sessions hit first, the canary's never: exit 4 and one line naming the canary; the live version's
     own threshold, crossed too, is counted in the line, for the run after the rollback."""
-    sessions = [f"l{i}" for i in range(20)] + [f"c{i}" for i in range(20)]
-    events = pa.table({"sid": [s for s in sessions for _ in (0, 1)], "item": [10, 11] * len(sessions),
-                       "t": [T0 + 10 * i + j for i in range(len(sessions)) for j in (0, 1)]})
-    pacsv.write_csv(events, tmp_path / "events.csv")
-    with ServedLog(tmp_path / "log") as log:
-        for i, session in enumerate(sessions):
-            on_canary = session.startswith("c")
-            log.record(f"r{i}", [[10]], [{"item_ids": [12, 13] if on_canary else [11, 12], "scores": [2.0, 1.0]}],
-                       "v000002" if on_canary else "v000001", now=[T0 + 10 * i], session_ids=[session], canary=on_canary)
+    canary_day(tmp_path, 20, 20, lambda i, on_canary: [12, 13] if on_canary else [11, 12]).close()
     (tmp_path / "ref").mkdir()
     recipe = {"served_log": str(tmp_path / "log"), "paths": [str(tmp_path / "events.csv")],
               "reference": str(reference(tmp_path / "ref")), "out": str(tmp_path / "m.csv"), "k": 2, "psi_bins": 2,

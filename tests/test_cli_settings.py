@@ -174,6 +174,16 @@ def test_a_network_or_task_refuses_to_load_a_directory_naming_the_artifact(check
 
 
 @pytest.mark.slow
+def test_a_fit_without_logger_or_root_folder_writes_no_config_in_the_working_directory(tmp_path, monkeypatch):
+    """With a root folder the full config is saved there (the test below reads it); without one, nothing is
+    left beside the user's files but what the recipe names."""
+    monkeypatch.chdir(tmp_path)
+    cli(["fit", *TINY])
+    assert not (tmp_path / "config.yaml").exists()
+    assert next(tmp_path.glob("**/model/config.json"))  # the run's model directory was written
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("saved", [False, True], ids=["recipe-and-flags", "saved-config"])
 def test_the_training_config_passes_without_a_note(checkpoint, capsys, saved):
     """The recipe and flags of the training run, or the full config `sessrec fit` saved in its run folder."""

@@ -195,6 +195,8 @@ class SessrecCLI(LightningCLI):
                 raise ValueError("sessrec fit trains the recipe's model: --model_dir is for validate, test and predict "
                                  "(--ckpt_path resumes a fit)")
             self._resumed = resumed_run(cfg)
+            if cfg.trainer.get("logger") is False and cfg.trainer.get("default_root_dir") is None:
+                self.save_config_callback = None  # no run folder: no config.yaml in the working directory
         if sub not in ("validate", "test", "predict"):
             return
         if sub == "predict" and cfg.get("return_predictions") is None:

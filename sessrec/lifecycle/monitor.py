@@ -61,6 +61,7 @@ from sessrec.data.sources import to_seconds
 from sessrec.data.vocab import ItemVocab
 from sessrec.lifecycle.gate import DRAWS_PER_CHUNK
 from sessrec.saved.atomic import atomic_path
+from sessrec.saved.registry import check_numbers
 from sessrec.saved.versions import resolve
 from sessrec.serving.served_log import SCHEMA, served_files
 
@@ -103,10 +104,8 @@ class Thresholds:
     canary_mrr_loss_max: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("canary_hit_rate_loss_max", "canary_mrr_loss_max"):
-            value = getattr(self, name)
-            if value is not None and not 0 <= value < math.inf:
-                raise ValueError(f"thresholds {name} must be a finite number >= 0, got {value!r}")
+        limits = {"canary_hit_rate_loss_max": self.canary_hit_rate_loss_max, "canary_mrr_loss_max": self.canary_mrr_loss_max}
+        check_numbers("thresholds", {name: (value, "non-negative") for name, value in limits.items() if value is not None})
 
     def canary_crossed(self, comparison: pa.Table | None, k: int) -> list[str]:
         """One reason per (window, canary limit) crossed in `compare_canary`'s table (None: no canary), in table

@@ -40,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import math
 import os
 import types
 import typing
@@ -420,3 +421,24 @@ def _hints(function: Any) -> dict[str, Any]:
             except Exception:  # noqa: BLE001
                 hints[name] = Any
         return hints
+
+
+def check_numbers(owner: str, values: Mapping[str, tuple[float, str]]) -> None:
+    """Refuse in one line the first of `values` (name -> (value, rule)) outside its rule: ``positive``
+    (finite, > 0), ``non-negative`` (finite, >= 0), ``fraction`` (0 < value < 1), ``share`` (0 < value <= 1)
+    or ``rate`` (0 <= value < 1).
+
+    Examples:
+        >>> check_numbers("GBDTScorer", {"learning_rate": (0.0, "positive")})
+        Traceback (most recent call last):
+        ...
+        ValueError: GBDTScorer learning_rate must be a finite number > 0, got 0.0
+    """
+    rules = {"positive": ("a finite number > 0", lambda v: 0 < v < math.inf),
+             "non-negative": ("a finite number >= 0", lambda v: 0 <= v < math.inf),
+             "fraction": ("a number in (0, 1)", lambda v: 0 < v < 1), "share": ("a number in (0, 1]", lambda v: 0 < v <= 1),
+             "rate": ("a number in [0, 1)", lambda v: 0 <= v < 1)}
+    for name, (value, rule) in values.items():
+        text, ok = rules[rule]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
+            raise ValueError(f"{owner} {name} must be {text}, got {value!r}")

@@ -38,15 +38,8 @@ from sessrec.embeddings import FusedTables, TableConfig
 from sessrec.embeddings.jagged import SparseFeatures
 from sessrec.models.dlrm import DLRM
 from sessrec.pipeline.candidate_features import RankingInputs
-from sessrec.pipeline.scoring.scorer import (
-    RankerRows,
-    Scorer,
-    check_numbers,
-    early_stopping_split,
-    mrr_of,
-    slot_positions,
-)
-from sessrec.saved.registry import check_integers
+from sessrec.pipeline.scoring.scorer import RankerRows, Scorer, early_stopping_split, mrr_of, slot_positions
+from sessrec.saved.registry import check_integers, check_numbers
 
 TABLES = {"item": ("item", "last_item"), "cross": ("cross",)}  # table -> the sparse features looked up in it
 QUANTILES = 256
@@ -266,10 +259,8 @@ class DLRMScorer(Scorer):
                         **{f"dense_layers[{i}]": n for i, n in enumerate(dense_layers)},
                         **{f"over_layers[{i}]": n for i, n in enumerate(over_layers)}}, "DLRMScorer ")
         check_integers({"seed": seed}, "DLRMScorer ", minimum=0)
-        if isinstance(id_dropout, bool) or not isinstance(id_dropout, (int, float)) or not 0 <= id_dropout < 1:
-            raise ValueError(f"DLRMScorer id_dropout must be a number in [0, 1), got {id_dropout!r}")
-        check_numbers("DLRMScorer", {"lr": (lr, "positive"), "weight_decay": (weight_decay, "non-negative"),
-                                     "stop_fraction": (stop_fraction, "fraction")})
+        check_numbers("DLRMScorer", {"id_dropout": (id_dropout, "rate"), "lr": (lr, "positive"),
+                                     "weight_decay": (weight_decay, "non-negative"), "stop_fraction": (stop_fraction, "fraction")})
         self.config = {
             "embedding_dim": embedding_dim, "dense_layers": list(dense_layers), "over_layers": list(over_layers),
             "interaction": interaction, "sparse": list(sparse), "min_count": min_count, "id_dropout": id_dropout,

@@ -14,9 +14,9 @@ import numpy as np
 import torch
 
 from sessrec.pipeline.candidate_features import RankingInputs
-from sessrec.pipeline.scoring.scorer import RankerRows, Scorer, check_numbers, early_stopping_split
+from sessrec.pipeline.scoring.scorer import RankerRows, Scorer, early_stopping_split
 from sessrec.pipeline.scoring.tree_ensemble import TreeEnsemble
-from sessrec.saved.registry import check_integers
+from sessrec.saved.registry import check_integers, check_numbers
 
 ROWS_PER_THREAD = 20_000  # candidate rows per scoring thread: a request's few hundred take one
 

@@ -6,7 +6,6 @@ Shape letters: B sessions, K candidates, F dense features.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -142,25 +141,6 @@ class Scorer(Configurable):
     def load_state_dict(self, state: Mapping[str, Any]) -> Scorer:
         """Take the trained ranker of a `state_dict` of a scorer of the same config; returns self."""
         raise NotImplementedError
-
-
-def check_numbers(owner: str, values: Mapping[str, tuple[float, str]]) -> None:
-    """Refuse in one line the first of `values` (name -> (value, rule)) outside its rule: ``positive``
-    (finite, > 0), ``non-negative`` (finite, >= 0), ``fraction`` (0 < value < 1) or ``share`` (0 < value <= 1).
-
-    Examples:
-        >>> check_numbers("GBDTScorer", {"learning_rate": (0.0, "positive")})
-        Traceback (most recent call last):
-        ...
-        ValueError: GBDTScorer learning_rate must be a finite number > 0, got 0.0
-    """
-    rules = {"positive": ("a finite number > 0", lambda v: 0 < v < math.inf),
-             "non-negative": ("a finite number >= 0", lambda v: 0 <= v < math.inf),
-             "fraction": ("a number in (0, 1)", lambda v: 0 < v < 1), "share": ("a number in (0, 1]", lambda v: 0 < v <= 1)}
-    for name, (value, rule) in values.items():
-        text, ok = rules[rule]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
-            raise ValueError(f"{owner} {name} must be {text}, got {value!r}")
 
 
 def early_stopping_split(

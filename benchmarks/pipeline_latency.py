@@ -14,7 +14,9 @@ the blend, ordering, decode; the same lists as `recommend`, checked) and prints 
 (and the p50 of the process's CPU time, the figure to read on a loaded machine).
 ``--shortlist N`` times the blend as a cascade beside it (its trees score the DLRM's N best
 candidates of each request: `BlendScorer(shortlist=N)`), the two alternated request by request and
-batch by batch in this process, with the share of requests whose lists differ.
+batch by batch in this process, with the share of requests whose lists differ. The XLNet retriever's
+query runs in onnxruntime (``--runtime``, `SessionModelRetriever`'s runtime: its ONNX graph, exported at
+build); ``--runtimes`` times it in eager PyTorch beside it, alternated the same way.
 ``--pipeline DIR`` saves the built pipeline there and loads it on later runs. With ``--ann`` it also runs
 `ann_index.py`'s FAISS-against-exact comparison at `--ann-items` (default 1M) items.
 
@@ -22,6 +24,7 @@ Example (from the repository root):
     python benchmarks/pipeline_latency.py --profile        # p50_ms, p99_ms, sessions_per_s; per stage
     python benchmarks/pipeline_latency.py --ann            # + FAISS vs exact at 1M items
     python benchmarks/pipeline_latency.py --shortlist 50   # + the blend's trees on the DLRM's 50 best only
+    python benchmarks/pipeline_latency.py --runtimes       # + the XLNet query in PyTorch instead of onnxruntime
 """
 
 from __future__ import annotations
@@ -67,7 +70,7 @@ def build(args: argparse.Namespace, dm: SessionDataModule) -> Pipeline:
                         encoder=XLNetEncoder(d_model=64, n_head=4, n_layer=1))
     index = FaissIndex("hnsw") if args.index == "hnsw" else ExactIndex()
     retrievers = {
-        "xlnet": (SessionModelRetriever(task.model, task.objective, index), 100),
+        "xlnet": (SessionModelRetriever(task.model, task.objective, index, args.runtime), 100),
         "vsknn": (BaselineRetriever(VSKNN(k=500, sample_size=5000, weighting="quadratic", weighting_score="div",
                                           idf_weighting=5)).fit(train, dm.num_items), 100),
         "stan": (BaselineRetriever(STAN(k=500, sample_size=10000, lambda_1=1.225, lambda_2=26000, lambda_3=4.9)).fit(
@@ -160,6 +163,14 @@ def percentiles(ms: list[float], cpu: list[float]) -> dict[str, float]:
             "cpu_p50_ms": round(float(np.percentile(cpu, 50)), 3)}
 
 
+def in_runtime(entry: tuple[SessionModelRetriever, int], runtime: str) -> tuple[SessionModelRetriever, int]:
+    """(retriever, width) with the retriever's query in `runtime`: itself, or one on the same model and index."""
+    retriever, width = entry
+    if retriever.runtime == runtime:
+        return entry
+    return SessionModelRetriever(retriever.model, retriever.objective, retriever.index, runtime), width
+
+
 def trees(pipe: Pipeline) -> list[int]:
     """Trees of each LightGBM member of the ranker."""
     members = pipe.scorer.scorers if isinstance(pipe.scorer, BlendScorer) else [pipe.scorer]
@@ -181,6 +192,9 @@ def main() -> None:
     parser.add_argument("--ann", action="store_true", help="also FAISS vs exact (benchmarks/ann_index.py)")
     parser.add_argument("--ann-items", type=int, default=1_000_000)
     parser.add_argument("--shortlist", type=int, help="also the blend with its trees on the DLRM's N best candidates, alternated")
+    parser.add_argument("--runtime", choices=["torch", "onnxruntime"], default="onnxruntime",
+                        help="where the XLNet retriever's query runs (SessionModelRetriever's runtime)")
+    parser.add_argument("--runtimes", action="store_true", help="also the XLNet query in the other runtime, alternated")
     parser.add_argument("--quick", action="store_true", help="a small smoke run (5,000 items)")
     args = parser.parse_args()
     if args.quick:
@@ -190,16 +204,21 @@ def main() -> None:
     start = time.perf_counter()
     dm = data(args)
     pipe = pipeline(args, dm)
+    xlnet = pipe.retrievers["xlnet"] = in_runtime(pipe.retrievers["xlnet"], args.runtime)
     print(f"built in {time.perf_counter() - start:.0f} s", file=sys.stderr)
-    scorers = {"": pipe.scorer}
+    scorers = {"": (pipe.scorer, xlnet)}  # each variant's ranker and XLNet retriever
     if args.shortlist is not None:
         if not isinstance(pipe.scorer, BlendScorer):
             parser.error("--shortlist is a setting of the blend ranker: not with --ranker dlrm")
-        scorers["shortlist"] = BlendScorer(pipe.scorer.scorers, pipe.scorer.weights, shortlist=args.shortlist)
+        scorers["shortlist"] = (BlendScorer(pipe.scorer.scorers, pipe.scorer.weights, shortlist=args.shortlist), xlnet)
+    other = "torch" if args.runtime == "onnxruntime" else "onnxruntime"
+    if args.runtimes:
+        scorers["runtime"] = (pipe.scorer, in_runtime(xlnet, other))
 
     def on(name: str) -> Pipeline:
-        """The pipeline with ranker `name` ("": the one it was saved with; "shortlist": that one as a cascade)."""
-        pipe.scorer = scorers[name]
+        """The pipeline as variant `name` ("": as built or saved, the query in `--runtime`; "shortlist": the ranker as a
+        cascade; "runtime": the query in the other runtime)."""
+        pipe.scorer, pipe.retrievers["xlnet"] = scorers[name]
         return pipe
 
     sessions, stamps = raw_requests(dm, args.warmup + args.requests)
@@ -244,16 +263,22 @@ def main() -> None:
     record = {
         "system": f"pipeline-{args.index}", "items": int(pipe.vocab.num_products), "candidates": pipe.max_candidates,
         "retrievers": list(pipe.retrievers), "scorer": type(pipe.scorer).__name__, "trees": trees(pipe), "threads": 1,
+        "runtime": args.runtime,
         "requests": len(times[""]), **timing(times[""], seconds[""]), "batch": args.batch,
         "load_average": round(os.getloadavg()[0], 2),
     }
+    def beside(name: str) -> dict:
+        """Variant `name`'s timings, their ratios to the first variant's, and the share of lists that differ."""
+        them = timing(times[name], seconds[name])
+        return {**them, "p50_ratio": round(them["p50_ms"] / record["p50_ms"], 3),
+                "p99_ratio": round(them["p99_ms"] / record["p99_ms"], 3),
+                "sessions_per_s_ratio": round(them["sessions_per_s"] / record["sessions_per_s"], 3),
+                "lists_differ": round(float(np.mean([a != b for a, b in zip(lists[""], lists[name])])), 3)}
+
     if args.shortlist is not None:
-        cascade = timing(times["shortlist"], seconds["shortlist"])
-        record["shortlist"] = {
-            "n": args.shortlist, **cascade, "p50_ratio": round(cascade["p50_ms"] / record["p50_ms"], 3),
-            "sessions_per_s_ratio": round(cascade["sessions_per_s"] / record["sessions_per_s"], 3),
-            "lists_differ": round(float(np.mean([a != b for a, b in zip(lists[""], lists["shortlist"])])), 3),
-        }
+        record["shortlist"] = {"n": args.shortlist, **beside("shortlist")}
+    if args.runtimes:
+        record["other_runtime"] = {"runtime": other, **beside("runtime")}
     if args.profile:
         record["stages"] = {name: percentiles(ms, cpu[name]) for name, ms in clock.items()}
     print(json.dumps(record), flush=True)

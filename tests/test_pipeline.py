@@ -549,6 +549,18 @@ def test_the_stage_1_vocabulary_is_read_from_the_model_directory(world: World, t
     assert dm.vocab_path == str(world.model_dir / "vocab.parquet") and dm.vocab == world.dm.vocab
 
 
+def test_a_recipes_model_retriever_runs_its_query_where_the_recipe_says(world: World, tmp_path: Path) -> None:
+    pytest.importorskip("onnxscript")
+    recipe = PipelineRecipe(data=world.dm, models={"xlnet": ModelRetrieval(str(world.model_dir), k=30, runtime="onnxruntime")},
+                            output=str(tmp_path / "p"))
+    retriever, k = recipe.retrievers({"xlnet"}, index_sessions(world.dm))["xlnet"]
+    eager = world.retrievers["xlnet"][0]
+    assert (retriever.runtime, eager.runtime, k) == ("onnxruntime", "torch", 30)
+    request = RequestSessions(world.dm.tensors("test")[0][:40].long())
+    torch.testing.assert_close(retriever.query_vectors(request), eager.query_vectors(RequestSessions(request.items)),
+                               rtol=0, atol=2e-5)
+
+
 def with_data(world: World, directory: Path, **changes) -> Path:
     """The world's model written again with a data section (what sessrec fit records): the world's data
     module's configuration, with `changes` to its init_args."""

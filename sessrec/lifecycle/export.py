@@ -55,6 +55,7 @@ from sessrec.embeddings import SparseFeatures
 from sessrec.models import GRU4RecEncoder
 from sessrec.models.dlrm import DLRM
 from sessrec.models.objective import EVENT_TIMES
+from sessrec.models.onnx_graph import first_line, max_abs_diff, opset_of, to_onnx
 from sessrec.models.session_model import next_item_scores
 from sessrec.saved.atomic import atomic_path, write_text
 from sessrec.scoring.output import check_folder
@@ -409,7 +410,7 @@ def _export(
         except ModuleNotFoundError:
             raise  # an extra that is not installed (onnx, onnxscript): the command line names the extra
         except Exception as err:  # the exporters raise many types; one clear line, with the cause chained
-            raise ValueError(f"{what} cannot be exported to {format}: {_first_line(err)}") from err
+            raise ValueError(f"{what} cannot be exported to {format}: {first_line(err)}") from err
         if verify:
             _verify(path, format, probe, reference(*probe), what)
     spec = ExportSpec(format, path.name, written_opset, type(scorer.model).__name__, inputs, outputs, scorer.describe())
@@ -425,24 +426,17 @@ def _to_onnx(
     path: Path,
     opset: int | None,
 ) -> int:
-    """torch.onnx.export(dynamo=True), the named axes of `inputs` dynamic; returns the opset written."""
-    import onnx  # optional: the deploy extra
-
-    if sum(p.numel() * p.element_size() for p in module.parameters()) > 1_800_000_000:
-        raise ValueError("its weights pass the 2 GB limit of one ONNX file (protobuf); external weight files are not supported here")
+    """`to_onnx`, the named axes of `inputs` dynamic, written to `path`; returns the opset written."""
     dims: dict[str, torch.export.Dim] = {}  # one Dim per axis name: inputs that share a name share the axis
     per_input = tuple(
         {i: dims.setdefault(a, torch.export.Dim(a)) for i, a in enumerate(t.shape) if isinstance(a, str)} for t in inputs
     )
     # forward(first, *rest): torch.export sees (first, rest) once rest is not empty
     shapes = (per_input[0], per_input[1:]) if len(per_input) > 1 else per_input
+    proto = to_onnx(module, example, [t.name for t in inputs], [t.name for t in outputs], shapes, opset)
     with atomic_path(path) as tmp:
-        torch.onnx.export(
-            module, example, str(tmp), input_names=[t.name for t in inputs], output_names=[t.name for t in outputs],
-            dynamic_shapes=shapes, opset_version=opset, dynamo=True, external_data=False, verbose=False,
-        )
-        written = onnx.load(str(tmp))
-    return next(o.version for o in written.opset_import if o.domain in ("", "ai.onnx"))
+        tmp.write_bytes(proto.SerializeToString())
+    return opset_of(proto)
 
 
 def _to_torchscript(module: nn.Module, example: tuple[torch.Tensor, ...], path: Path) -> None:
@@ -472,14 +466,6 @@ def run_exported(path: str | os.PathLike, *inputs: torch.Tensor) -> list[np.ndar
     return [t.numpy() for t in (out if isinstance(out, tuple) else (out,))]
 
 
-def max_abs_diff(actual: np.ndarray, expected: np.ndarray) -> float:
-    """Max |actual - expected| over the finite entries of `expected`; inf when the -inf entries differ."""
-    finite = np.isfinite(expected)
-    if not np.array_equal(np.isfinite(actual), finite):
-        return float("inf")
-    return float(np.abs(actual[finite] - expected[finite]).max()) if finite.any() else 0.0
-
-
 def _verify(
     path: Path, format: str, probe: tuple[torch.Tensor, ...], expected: torch.Tensor | tuple[torch.Tensor, ...], what: str
 ) -> None:
@@ -493,14 +479,3 @@ def _verify(
             f"the exported {what} ({format}) differs from eager PyTorch by {diff:.3g} (> {TOLERANCE}) on a batch "
             f"of shape {tuple(probe[0].shape)}, other than the export example's: an axis may have been fixed"
         )
-
-
-def _first_line(err: BaseException) -> str:
-    """The exporter's summary of an error: its 'Exception summary' line if any, else its first line."""
-    text = str(err)
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if "## Exception summary" in text:
-        after = text.split("## Exception summary", 1)[1]
-        lines = [line.strip() for line in after.splitlines() if line.strip()] or lines
-    line = re.sub(r"\x1b\[[0-9;]*m", "", lines[0] if lines else type(err).__name__)
-    return line[:300]

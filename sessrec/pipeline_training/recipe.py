@@ -70,6 +70,8 @@ class ModelRetrieval:
         model_dir: its model directory (``runs/<name>/model``, which ``sessrec fit`` writes).
         k: candidates it contributes.
         index: ``exact`` (blocked product), ``hnsw`` or ``ivf`` (FAISS).
+        runtime: where its query runs: ``torch`` or ``onnxruntime`` (its ONNX graph on the CPU, saved with
+            the pipeline; `SessionModelRetriever`).
         seed: the stage-1 seed the model was trained with (``sessrec fit --seed_everything``);
             None: its recipe's own. Two models of one recipe with seeds 0 and 1 are a two-seed
             ensemble; ``benchmarks/pipeline_eval.py`` reads it to find the models of other seeds.
@@ -78,6 +80,7 @@ class ModelRetrieval:
     model_dir: str
     k: int = 100
     index: Literal["exact", "hnsw", "ivf"] = "exact"
+    runtime: Literal["torch", "onnxruntime"] = "torch"
     seed: int | None = None
 
 
@@ -222,7 +225,7 @@ class PipelineRecipe:
                     f"({dm.vocab_path}): every model of a pipeline is trained on the same data and vocabulary"
                 )
             index = {"exact": ExactIndex, "hnsw": lambda: FaissIndex("hnsw"), "ivf": lambda: FaissIndex("ivf")}[spec.index]()
-            out[name] = (SessionModelRetriever(recommender.model, recommender.objective, index), spec.k)
+            out[name] = (SessionModelRetriever(recommender.model, recommender.objective, index, spec.runtime), spec.k)
         for name, spec in self.baselines.items():
             if names is not None and name not in names:
                 continue

@@ -7,6 +7,13 @@ it a plain inner product, so an index over the ``(V', D + 1)`` item table of the
 items returns exactly the model's top-K: `ExactIndex` by a blocked product (bounded memory),
 `FaissIndex` approximately and faster on large catalogues.
 
+The query runs in PyTorch (``runtime="torch"``) or as an ONNX graph of the same computation in
+onnxruntime on one thread (``runtime="onnxruntime"``): a request's query is a few dozen small
+operations, whose dispatch onnxruntime pays a fifth of (`benchmarks/pipeline_latency.py --runtimes`).
+The graph is exported when the query is first needed and saved with the weights, and refused at load
+unless it gives the weights' queries; its queries are eager PyTorch's within float rounding (1e-6 of
+a query's scale), so one runtime is chosen per retriever and kept wherever it runs (fit, test, serve).
+
 Shape letters: B sessions, L positions, D model width, K candidates, V items.
 """
 
@@ -14,7 +21,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -22,13 +29,17 @@ import torch.nn.functional as F
 
 from sessrec.artifacts.model_directory import NETWORK, OBJECTIVE, load_into, under, with_prefix
 from sessrec.artifacts.session_recommender import SessionRecommender
-from sessrec.models.objective import Objective
+from sessrec.models.gru4rec import GRU4RecEncoder
+from sessrec.models.objective import EVENT_TIMES, Objective
+from sessrec.models.onnx_graph import OnnxSession, first_line, max_abs_diff, to_onnx
 from sessrec.models.session_model import SessionModel
 from sessrec.pipeline.candidates import RequestSessions, Retrieved
 from sessrec.pipeline.retrieval.index import ExactIndex, FaissIndex
 from sessrec.pipeline.retrieval.retriever import Retriever
 
 AnyIndex = ExactIndex | FaissIndex
+Runtime = Literal["torch", "onnxruntime"]
+GRAPH_TOLERANCE = 1e-4  # max |graph - eager| of a query's entries (its scale: up to score_scale) at export and load
 
 
 class SessionModelRetriever(Retriever):
@@ -39,21 +50,34 @@ class SessionModelRetriever(Retriever):
         objective: the objective it was trained with, bound to the model (a `SessionRecommender`'s),
             which says how the next item is read (default: `SessionModel.default_objective`).
         index: `ExactIndex` (default) or `FaissIndex` over the item vectors, built on first use.
+        runtime: where the query runs: ``"torch"`` (eager) or ``"onnxruntime"`` (its ONNX graph, on the
+            CPU; needs the pipeline extra's onnx, onnxscript and onnxruntime; not for GRU4Rec, which
+            does not export to ONNX).
 
-    Its config records the network's, the objective's and the index's configs; its state is the
-    weights, keyed as a model directory's (``weights``: ``model.*``, ``objective.*``), and the
-    built index (``index``). It computes where the model's weights are (`to` moves them, the
-    exact index with them).
+    Its config records the network's, the objective's and the index's configs and the runtime; its
+    state is the weights, keyed as a model directory's (``weights``: ``model.*``, ``objective.*``),
+    the built index (``index``) and, with onnxruntime, the query's graph (``query_graph``). It
+    computes where the model's weights are (`to` moves them, the exact index with them).
     """
 
-    def __init__(self, model: SessionModel, objective: Objective | None = None, index: AnyIndex | None = None) -> None:
+    def __init__(self, model: SessionModel, objective: Objective | None = None, index: AnyIndex | None = None,
+                 runtime: Runtime = "torch") -> None:
         if not isinstance(model, SessionModel):
             raise TypeError(f"SessionModelRetriever takes a SessionModel (a SessionRecommender's model), got {type(model).__name__}")
+        if runtime not in ("torch", "onnxruntime"):
+            raise ValueError(f"runtime must be 'torch' or 'onnxruntime', got {runtime!r}")
+        if runtime == "onnxruntime" and isinstance(model.encoder, GRU4RecEncoder):
+            raise ValueError("runtime='onnxruntime': GRU4Rec's query does not export to ONNX (its packed GRU and stable "
+                             "argsort have no translation); use runtime='torch'")
         if objective is None:
             objective = model.default_objective()
         objective.check(model.encoder)  # a pair that cannot have been trained together
         self.model, self.objective = model.eval(), objective
         self.index = index if index is not None else ExactIndex()
+        self.runtime = runtime
+        self._check_device(self.device)
+        self._query = Query(model, objective)
+        self._graph: OnnxSession | None = None  # the query's ONNX graph
         # the config names the objective and the index in use, also when they were defaults
         self._init_args.update(objective=self.objective, index=self.index)
 
@@ -70,12 +94,22 @@ class SessionModelRetriever(Retriever):
         return self.model.item_embedding.weight.device
 
     def to(self, device: torch.device | str) -> SessionModelRetriever:
-        """Move the model (and an objective's own layers) and the index to `device`; returns self."""
+        """Move the model (and an objective's own layers) and the index to `device`; returns self.
+
+        Raises:
+            ValueError: another device than the CPU for a retriever whose query runs in onnxruntime.
+        """
+        self._check_device(torch.device(device))
         self.model.to(device)
         if isinstance(self.objective, torch.nn.Module):
             self.objective.to(device)
         self.index.to(device)
         return self
+
+    def _check_device(self, device: torch.device) -> None:
+        if self.runtime == "onnxruntime" and device.type != "cpu":
+            raise ValueError(f"this retriever's query runs in onnxruntime on the CPU (runtime='onnxruntime'): its model "
+                             f"cannot be on {device}; build it with runtime='torch' to run on {device}")
 
     # -- vectors --------------------------------------------------------------------------------
     def built_index(self) -> AnyIndex:
@@ -100,14 +134,71 @@ class SessionModelRetriever(Retriever):
         times (`HSTUEncoder`) gets the sessions' times where the request carries them."""
         key = f"query:{id(self)}"
         if key not in sessions.cache:
-            model = self.model
-            features = model.batch_features(sessions)  # {EVENT_TIMES: times} for such an encoder, else None
-            hidden = self.objective.next_item_hidden(model, sessions.items, features)  # (B, D)
-            q = model.output_transform(hidden)
-            if model.score_scale is not None:
-                q = F.normalize(q, dim=-1) * model.score_scale
-            sessions.cache[key] = torch.cat([q, torch.ones(len(q), 1, dtype=q.dtype, device=q.device)], dim=1).float()
+            times = sessions.times if self.model.uses_times else None  # an encoder that reads them (HSTU) gets them
+            if self.runtime == "torch":
+                sessions.cache[key] = self._query(sessions.items, *(() if times is None else (times,)))
+            elif self.model.uses_times and times is None:
+                raise ValueError(f"this retriever's {type(self.model.encoder).__name__} query runs in onnxruntime on the "
+                                 "sessions' event times (its graph reads them), and these sessions carry none: give the "
+                                 "sessions their times, or build the retriever with runtime='torch'")
+            else:
+                inputs = {"items": sessions.items.cpu().numpy(), **({EVENT_TIMES: times.cpu().numpy()} if times is not None else {})}
+                sessions.cache[key] = torch.from_numpy(self.query_graph().run(inputs)[0])
         return sessions.cache[key]
+
+    def query_graph(self) -> OnnxSession:
+        """The query's onnxruntime session, exported now (and checked against eager PyTorch) if not yet (nor loaded)."""
+        if self._graph is None:
+            self._graph = self._checked(self._export(), "exported")
+        return self._graph
+
+    def _export(self) -> bytes:
+        query, example = self._query, self._example(2, min(self.model.max_length, 8))
+        names = ["items", *([EVENT_TIMES] if self.model.uses_times else [])]
+        dims = {0: torch.export.Dim("batch"), 1: torch.export.Dim("length")}
+        shapes = (dims, (dims,)) if self.model.uses_times else (dims,)
+        try:
+            with torch.no_grad():
+                proto = to_onnx(query, example, names, ["query"], shapes)
+        except ModuleNotFoundError:
+            raise
+        except Exception as err:  # the exporter raises many types; one clear line, the cause chained
+            raise ValueError(f"runtime='onnxruntime': the {type(self.model.encoder).__name__} query cannot be exported "
+                             f"to ONNX: {first_line(err)}; use runtime='torch'") from err
+        return proto.SerializeToString()
+
+    def _checked(self, data: bytes, what: str) -> OnnxSession:
+        """`data`'s session when the graph gives eager PyTorch's queries within `GRAPH_TOLERANCE` on sessions
+        of other shapes than the export example's (batches of 1 and 5, lengths 1, 3 and the model's); else ValueError."""
+        session, query = OnnxSession(data), self._query
+        for batch, length in ((1, 1), (5, 3), (1, self.model.max_length), (5, self.model.max_length + 2)):
+            example = self._example(batch, length)
+            with torch.no_grad():
+                expected = query(*example).cpu().numpy()
+            inputs = dict(zip(session.input_names, (t.cpu().numpy() for t in example)))
+            try:
+                actual = session.run(inputs)[0]
+            except Exception as err:  # onnxruntime's own error types
+                raise ValueError(f"the {what} query graph does not run on sessions of shape ({batch}, {length}): "
+                                 f"{first_line(err)}") from err
+            diff = max_abs_diff(actual, expected)
+            if not diff <= GRAPH_TOLERANCE:
+                raise ValueError(f"the {what} query graph gives other queries than the retriever's weights (by {diff:.3g} "
+                                 f"on sessions of shape ({batch}, {length})): the graph and the weights do not belong together")
+        return session
+
+    def _example(self, batch: int, length: int) -> tuple[torch.Tensor, ...]:
+        """Right-aligned sessions (B, L) of recommendable items with left padding, and their times for an encoder
+        that reads them (rising by gaps of 1 s to about 3 days, so that every time bucket is read)."""
+        g = torch.Generator().manual_seed(batch * 1000 + length)
+        real = torch.nonzero(self.model.recommendable.cpu()).squeeze(1)
+        items = real[torch.randint(len(real), (batch, length), generator=g)]
+        sizes = torch.arange(batch) % length + 1
+        items = items.masked_fill(torch.arange(length) < (length - sizes).unsqueeze(1), 0)
+        if not self.model.uses_times:
+            return (items,)
+        gaps = torch.exp(torch.rand(batch, length, generator=g, dtype=torch.float64) * 12.5)
+        return items, 1.7e9 + gaps.cumsum(1)
 
     # -- the verbs ------------------------------------------------------------------------------
     def retrieve(self, sessions: RequestSessions, k: int) -> Retrieved:
@@ -130,12 +221,26 @@ class SessionModelRetriever(Retriever):
         weights = with_prefix(self.model.state_dict(), NETWORK)
         if isinstance(self.objective, torch.nn.Module):
             weights.update(with_prefix(self.objective.state_dict(), OBJECTIVE))
-        return {"weights": {k: v.detach().cpu().numpy() for k, v in weights.items()},
-                "index": self.built_index().state_dict()}
+        state = {"weights": {k: v.detach().cpu().numpy() for k, v in weights.items()},
+                 "index": self.built_index().state_dict()}
+        if self.runtime == "onnxruntime":
+            self.query_graph()
+            state["query_graph"] = np.frombuffer(self._graph.data, dtype=np.uint8)
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> SessionModelRetriever:
         """Bind the objective to the network (building an objective's own layers), load the weights
-        (shapes checked) and the index; returns self."""
+        (shapes checked), the index and, with onnxruntime, the query's graph (checked against the
+        weights); returns self.
+
+        Raises:
+            ValueError: a query graph without runtime='onnxruntime' or none with it, or a graph that
+                does not give the weights' queries.
+        """
+        if ("query_graph" in state) != (self.runtime == "onnxruntime"):
+            has = "holds a query graph" if "query_graph" in state else "holds no query graph"
+            raise ValueError(f"the retriever's state {has}, but its config says runtime={self.runtime!r}: "
+                             "the config and the weights do not belong together")
         self.objective.bind(self.model)
         weights = {k: torch.from_numpy(np.array(v)) for k, v in state["weights"].items()}
         load_into(self.model, under(weights, NETWORK), "the retriever's weights")
@@ -144,4 +249,31 @@ class SessionModelRetriever(Retriever):
             self.objective.eval()
         self.model.eval()
         self.index.load_state_dict(state["index"]).to(self.device)
+        self._graph = None
+        if self.runtime == "onnxruntime":
+            self._graph = self._checked(np.asarray(state["query_graph"], dtype=np.uint8).tobytes(), "saved")
         return self
+
+
+class Query(torch.nn.Module):
+    """A session model's query: (B, L) items [, (B, L) event times] -> (B, D + 1) float32, 1 last (what
+    `SessionModelRetriever.query_vectors` returns; the module its ONNX graph is exported from).
+
+    Args:
+        model: the network (eval mode).
+        objective: how it reads the next item.
+    """
+
+    def __init__(self, model: SessionModel, objective: Objective) -> None:
+        super().__init__()
+        self.model = model
+        object.__setattr__(self, "objective", objective)  # not a submodule: no training-only layers in the graph
+        self.eval()
+
+    def forward(self, items: torch.Tensor, *times: torch.Tensor) -> torch.Tensor:
+        model = self.model
+        hidden = self.objective.next_item_hidden(model, items, {EVENT_TIMES: times[0]} if times else None)  # (B, D)
+        q = model.output_transform(hidden)
+        if model.score_scale is not None:
+            q = F.normalize(q, dim=-1) * model.score_scale
+        return torch.cat([q, q.new_ones(q.shape[0], 1)], dim=1).float()  # shape[0], not len(): a symbolic batch axis

@@ -169,6 +169,9 @@ def noise():
             quiet_third_parties()
         pl.Trainer(logger=False, enable_checkpointing=False, accelerator="cpu", enable_progress_bar=False)
         _tree_flatten(1)
+        onnx = logging.getLogger("torch.onnx._internal.exporter._registration")
+        onnx.warning("torchvision is not installed. Skipping torchvision::nms")  # what a query's export logs
+        onnx.warning("another exporter note")
         warnings.warn("sessrec's own warning", UserWarning)
     return [str(w.message) for w in caught]
 
@@ -184,6 +187,8 @@ def test_third_party_notices_are_hidden_and_sessrecs_own_warnings_are_not():
     assert "Tip:" in shown.stderr and "LeafSpec" in shown.stdout and "sessrec's own warning" in shown.stdout
     assert "Tip:" not in quiet.stderr and "LeafSpec" not in quiet.stdout and "sessrec's own warning" in quiet.stdout
     assert "GPU available" in quiet.stderr  # Lightning's other messages stay
+    assert "torchvision is not installed" in shown.stderr and "torchvision is not installed" not in quiet.stderr
+    assert "another exporter note" in quiet.stderr
 
 
 def test_stages_print_a_line_when_each_starts_and_ends_and_while_one_runs(capsys):

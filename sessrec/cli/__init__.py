@@ -369,23 +369,31 @@ NOISE = ("\N{ELECTRIC LIGHT BULB} Tip:",)  # Lightning's advertisements (rank_ze
 NOISY_WARNINGS = (r".*LeafSpec",)  # torch's deprecation of what pytorch_lightning's _pytree still uses
 RANK_ZERO_LOGGERS = ("pytorch_lightning.utilities.rank_zero", "lightning_fabric.utilities.rank_zero",
                      "lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero")
+# logger -> the beginnings of its messages that are noise: torch.onnx's exporter (a pipeline fit exporting a
+# retriever's query, sessrec export) notes that it skips torchvision's operators, which sessrec never exports
+NOISY_LOGS = {**dict.fromkeys(RANK_ZERO_LOGGERS, NOISE),
+              "torch.onnx._internal.exporter._registration": ("torchvision is not installed",)}
 
 
-class _Advertisements(logging.Filter):
+class _Noise(logging.Filter):
+    def __init__(self, prefixes: tuple[str, ...]) -> None:
+        super().__init__()
+        self.prefixes = prefixes
+
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(NOISE)
+        return not str(record.msg).startswith(self.prefixes)
 
 
 def quiet_third_parties() -> None:
-    """Hide third-party notices a user cannot act on (`NOISE`, `NOISY_WARNINGS`, wandb's banner);
+    """Hide third-party notices a user cannot act on (`NOISY_LOGS`, `NOISY_WARNINGS`, wandb's banner);
     sessrec's own warnings and Lightning's other messages stay."""
     os.environ.setdefault("WANDB_SILENT", "true")
     for pattern in NOISY_WARNINGS:
         warnings.filterwarnings("ignore", message=pattern)
-    for name in RANK_ZERO_LOGGERS:
+    for name, prefixes in NOISY_LOGS.items():
         logger = logging.getLogger(name)
-        if not any(isinstance(f, _Advertisements) for f in logger.filters):
-            logger.addFilter(_Advertisements())
+        if not any(isinstance(f, _Noise) for f in logger.filters):
+            logger.addFilter(_Noise(prefixes))
 
 
 def main() -> None:

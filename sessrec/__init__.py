@@ -15,7 +15,7 @@ EXPORTS = {
     "sessrec.data": ["EventLogSource", "ItemVocab", "SRGNNSource", "Schema", "SchemaError", "SessionBatch",
                      "SyntheticSource", "UserSequenceSource"],
     "sessrec.metrics": ["TopKMetrics"],
-    "sessrec.models": ["BertEncoder", "CausalLanguageModeling", "ElectraEncoder", "GPT2Encoder", "GRU4RecEncoder",
+    "sessrec.models": ["BSARecEncoder", "BertEncoder", "CausalLanguageModeling", "ElectraEncoder", "GPT2Encoder", "GRU4RecEncoder",
                        "HSTUEncoder", "MaskedItemModeling", "PermutationLanguageModeling", "ReplacedTokenDetection", "SASRecEncoder",
                        "SessionModel", "XLNetEncoder"],
     "sessrec.pipeline": ["Pipeline"],

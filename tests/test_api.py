@@ -10,7 +10,7 @@ import sessrec.tasks
 
 def test_top_level_api():
     assert set(sessrec.__all__) == {
-        "BertEncoder", "CausalLanguageModeling", "ClickRanker", "ElectraEncoder", "EventLogSource", "GPT2Encoder", "GRU4RecEncoder", "HSTUEncoder",
+        "BSARecEncoder", "BertEncoder", "CausalLanguageModeling", "ClickRanker", "ElectraEncoder", "EventLogSource", "GPT2Encoder", "GRU4RecEncoder", "HSTUEncoder",
         "ItemVocab", "MaskedItemModeling", "NextItemTask", "PermutationLanguageModeling", "Pipeline", "ReplacedTokenDetection",
         "SASRecEncoder", "SRGNNSource", "Schema", "SchemaError", "SessionBatch", "SessionDataModule", "SessionModel", "SessionRecommender",
         "SyntheticSource", "TopKMetrics", "UserSequenceSource", "XLNetEncoder",

@@ -6,6 +6,7 @@ import torch.nn.functional as F
 
 from sessrec.models import (
     BertEncoder,
+    BSARecEncoder,
     CausalLanguageModeling,
     ElectraEncoder,
     GPT2Encoder,
@@ -31,6 +32,7 @@ ENCODERS = {
     "esasrec": lambda: SASRecEncoder(d_model=16, n_head=2, n_layer=2, dropout=0.0, gated=True, feed_forward="swiglu"),
     "gru4rec": lambda: GRU4RecEncoder(d_model=16, n_layer=2),
     "hstu": lambda: HSTUEncoder(d_model=16, n_head=2, n_layer=2, dropout=0.0),
+    "bsarec": lambda: BSARecEncoder(d_model=16, n_head=2, n_layer=2, dropout=0.0, window=9),
 }
 CAUSAL = {"gpt2", "sasrec", "esasrec", "gru4rec", "hstu"}
 
@@ -185,6 +187,7 @@ PAIRS = {
     "sasrec-clm": ("sasrec", CausalLanguageModeling),
     "gru4rec-clm": ("gru4rec", CausalLanguageModeling),
     "hstu-clm": ("hstu", CausalLanguageModeling),
+    "bsarec-mlm": ("bsarec", lambda: MaskedItemModeling(mask_prob=0.3, last_item_prob=0.3)),
 }
 
 
@@ -236,3 +239,47 @@ def test_cuda_matches_cpu(pair):  # CPU twins: every test above
         out = objective.training_output(model, items.to("cuda"), torch.Generator(device="cuda").manual_seed(0))
     torch.testing.assert_close(gpu.cpu(), cpu, rtol=1e-4, atol=1e-4)
     assert out.hidden.is_cuda and torch.isfinite(out.hidden).all()
+
+
+def test_bsarec_low_pass_is_the_dft_filter_of_the_zero_padded_window():
+    from sessrec.models.bsarec import low_pass_matrix
+
+    p = low_pass_matrix(9, 3)
+    torch.testing.assert_close(p, p.T)
+    torch.testing.assert_close(p @ p, p, atol=1e-6, rtol=0)  # a projection
+    assert abs(float(torch.trace(p)) - 5.0) < 1e-5  # DC and two bins of a real signal: 1 + 2 + 2 dimensions
+    x = torch.randn(9, 4, dtype=torch.float64)
+    x[:5] = 0  # a session of 4 items right-aligned in the window, padding read as 0
+    spectrum = torch.fft.rfft(x, dim=0, norm="ortho")
+    spectrum[3:] = 0
+    expected = torch.fft.irfft(spectrum, n=9, dim=0, norm="ortho")
+    torch.testing.assert_close(p.double() @ x, expected, atol=1e-6, rtol=0)
+    torch.testing.assert_close(low_pass_matrix(8, 1), torch.full((8, 8), 1 / 8))  # one bin: the window's mean
+
+
+def test_bsarec_block_matches_its_formula():
+    """h = alpha LN1(x + low + beta^2 (x - low)) + (1 - alpha) LN2(x + A(x)); out = LN3(h + FFN(h))."""
+    enc = encoder("bsarec")
+    x, mask, _ = padded(seed=6)
+    allowed = causal_attention_mask(mask)
+    with torch.no_grad():
+        h = x
+        for block in enc.blocks:
+            f = block.frequency
+            low = f.low_pass[-7:, -7:] @ (h * mask.unsqueeze(-1))
+            freq = f.norm(h + low + f.sqrt_beta**2 * (h - low))
+            mixed = 0.7 * freq + 0.3 * block.attn_norm(h + block.attn(h, allowed))
+            h = block.ffn_norm(mixed + block.ffn(mixed))
+        torch.testing.assert_close(enc(x, mask), h, atol=1e-5, rtol=1e-4)
+
+
+def test_bsarec_settings_and_objectives_it_cannot_take_are_refused():
+    with pytest.raises(ValueError, match=r"reads at most window=9 positions, got sessions of 10"):
+        encoder("bsarec")(torch.randn(1, 10, 16), torch.ones(1, 10, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"frequencies \(6\) must be at most window // 2 \+ 1 = 5"):
+        BSARecEncoder(d_model=16, window=8, frequencies=6)
+    with pytest.raises(ValueError, match="alpha"):
+        BSARecEncoder(d_model=16, alpha=1.5)
+    with pytest.raises(ValueError, match="needs a causal encoder, but BSARecEncoder is bidirectional"):
+        CausalLanguageModeling().check(encoder("bsarec"))
+    MaskedItemModeling(last_item_prob=1.0).check(encoder("bsarec"))

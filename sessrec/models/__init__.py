@@ -6,6 +6,7 @@ vocabulary and save nothing: `sessrec.artifacts` saves a trained one with what r
 """
 
 from sessrec.models.bert import BertEncoder
+from sessrec.models.bsarec import BSARecEncoder
 from sessrec.models.causal_lm import CausalLanguageModeling
 from sessrec.models.dlrm import DLRM, DCNv2Arch, DenseArch, InteractionArch, OverArch, SparseArch
 from sessrec.models.dropout import FastDropout, use_fast_dropout
@@ -26,6 +27,7 @@ from sessrec.models.xlnet import XLNetEncoder
 
 __all__ = [
     "DLRM",
+    "BSARecEncoder",
     "BertEncoder",
     "CausalLanguageModeling",
     "DCNv2Arch",

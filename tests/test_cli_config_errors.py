@@ -200,6 +200,7 @@ def test_half_precision_weights_are_refused_before_anything_is_written(command, 
 def test_every_dropout_probability_of_the_models_is_checked_by_one_rule():
     from sessrec.models import (
         BertEncoder,
+        BSARecEncoder,
         ElectraEncoder,
         FastDropout,
         GPT2Encoder,
@@ -213,7 +214,8 @@ def test_every_dropout_probability_of_the_models_is_checked_by_one_rule():
     from sessrec.tasks.losses import FullSoftmax
     from sessrec.tasks.settings import DLRMNetwork
 
-    for encoder in (XLNetEncoder, BertEncoder, ElectraEncoder, GPT2Encoder, SASRecEncoder, HSTUEncoder, GRU4RecEncoder):
+    for encoder in (XLNetEncoder, BertEncoder, ElectraEncoder, GPT2Encoder, SASRecEncoder, HSTUEncoder, GRU4RecEncoder,
+                    BSARecEncoder):
         for bad in (1.0, -0.1, float("nan"), True):
             with pytest.raises(ValueError, match=rf"^{encoder.__name__} dropout must be a probability in \[0, 1\), got "):
                 encoder(d_model=8, n_layer=1, dropout=bad)

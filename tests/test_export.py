@@ -32,6 +32,7 @@ from sessrec.lifecycle.export import (
 from sessrec.lifecycle.triton import model_config, triton_repository
 from sessrec.models import (
     BertEncoder,
+    BSARecEncoder,
     CausalLanguageModeling,
     ElectraEncoder,
     GPT2Encoder,
@@ -56,6 +57,7 @@ MODELS = {  # each encoder with the objective it trains with
     "sasrec_clm": (lambda: SASRecEncoder(d_model=16, n_head=2, n_layer=1), CausalLanguageModeling),
     "gru4rec_clm": (lambda: GRU4RecEncoder(d_model=16), CausalLanguageModeling),
     "hstu_clm": (lambda: HSTUEncoder(d_model=16, n_head=2, n_layer=1), CausalLanguageModeling),
+    "bsarec_mlm": (lambda: BSARecEncoder(d_model=16, n_head=2, n_layer=1, window=11), MaskedItemModeling),
 }
 REFUSED = {("gru4rec_clm", "onnx")}
 EXPORTS = [(m, f) for m in MODELS for f in ("onnx", "torchscript") if (m, f) not in REFUSED]

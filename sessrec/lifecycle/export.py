@@ -55,7 +55,14 @@ from sessrec.embeddings import SparseFeatures
 from sessrec.models import GRU4RecEncoder
 from sessrec.models.dlrm import DLRM
 from sessrec.models.objective import EVENT_TIMES
-from sessrec.models.onnx_graph import first_line, max_abs_diff, opset_of, to_onnx
+from sessrec.models.onnx_graph import (
+    example_items,
+    example_times,
+    first_line,
+    max_abs_diff,
+    opset_of,
+    to_onnx,
+)
 from sessrec.models.session_model import next_item_scores
 from sessrec.saved.atomic import atomic_path, write_text
 from sessrec.scoring.output import check_folder
@@ -169,17 +176,11 @@ class NextItemScorer(nn.Module):
         """Right-aligned sessions (B, L) of random items with left padding (and their side features)."""
         g = torch.Generator().manual_seed(seed)
         model, device = self.model, self.model.item_embedding.weight.device
-        real = torch.nonzero(model.recommendable.cpu()).squeeze(1)  # (R,) item ids
-        items = real[torch.randint(len(real), (batch, length), generator=g)]
-        sizes = torch.arange(batch) % length + 1  # 1, 2, ... items: left-padded short sessions
-        items = items.masked_fill(torch.arange(length) < (length - sizes).unsqueeze(1), 0)  # (B, L)
+        items = example_items(model.recommendable, batch, length, g)  # (B, L)
         side = model.side_info
         cats = [torch.randint(1, side.categorical[n].num_embeddings, (batch, length), generator=g) for n in self.categorical]
         conts = [torch.randn(batch, length, generator=g) for _ in self.continuous]
-        times = []
-        if self.times:  # a session's seconds rising by gaps of 1 s to ~3 days, so every time bucket is read
-            gaps = torch.exp(torch.rand(batch, length, generator=g, dtype=torch.float64) * 12.5)
-            times = [1.7e9 + gaps.cumsum(1)]
+        times = [example_times(batch, length, g)] if self.times else []
         return tuple(t.to(device) for t in (items, *cats, *conts, *times))
 
     def describe(self) -> dict[str, object]:

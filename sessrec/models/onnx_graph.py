@@ -5,7 +5,8 @@ exports, `sessrec.lifecycle.export` says why) returning the model proto instead 
 `OnnxSession` runs serialized model bytes on the CPU with one intra- and one inter-op thread, as the
 ranker's trees run (`sessrec.pipeline.scoring.tree_ensemble`). Both need the optional ``onnx``,
 ``onnxscript`` and ``onnxruntime`` packages, imported on first use. `max_abs_diff` is how an exported
-graph is compared with eager PyTorch; `first_line` shortens an exporter's error to one line.
+graph is compared with eager PyTorch; `first_line` shortens an exporter's error to one line;
+`example_items` and `example_times` are the sessions a session model is traced and checked on.
 """
 
 from __future__ import annotations
@@ -98,3 +99,19 @@ def first_line(err: BaseException) -> str:
         lines = [line.strip() for line in after.splitlines() if line.strip()] or lines
     line = re.sub(r"\x1b\[[0-9;]*m", "", lines[0] if lines else type(err).__name__)
     return line[:300]
+
+
+def example_items(recommendable: torch.Tensor, batch: int, length: int, generator: torch.Generator) -> torch.Tensor:
+    """(B, L) right-aligned sessions of random recommendable ids (`recommendable`: (V,) bool), 1, 2, ... items
+    long (cycling up to L), left-padded with 0: short sessions and padding, as requests bring them."""
+    real = torch.nonzero(recommendable.cpu()).squeeze(1)  # (R,) item ids
+    items = real[torch.randint(len(real), (batch, length), generator=generator)]
+    sizes = torch.arange(batch) % length + 1
+    return items.masked_fill(torch.arange(length) < (length - sizes).unsqueeze(1), 0)
+
+
+def example_times(batch: int, length: int, generator: torch.Generator) -> torch.Tensor:
+    """(B, L) float64 event times in seconds rising by gaps of 1 s to about 3 days, so that an encoder's
+    every time bucket is read."""
+    gaps = torch.exp(torch.rand(batch, length, generator=generator, dtype=torch.float64) * 12.5)
+    return 1.7e9 + gaps.cumsum(1)

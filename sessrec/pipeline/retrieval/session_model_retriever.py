@@ -31,7 +31,14 @@ from sessrec.artifacts.model_directory import NETWORK, OBJECTIVE, load_into, und
 from sessrec.artifacts.session_recommender import SessionRecommender
 from sessrec.models.gru4rec import GRU4RecEncoder
 from sessrec.models.objective import EVENT_TIMES, Objective
-from sessrec.models.onnx_graph import OnnxSession, first_line, max_abs_diff, to_onnx
+from sessrec.models.onnx_graph import (
+    OnnxSession,
+    example_items,
+    example_times,
+    first_line,
+    max_abs_diff,
+    to_onnx,
+)
 from sessrec.models.session_model import SessionModel
 from sessrec.pipeline.candidates import RequestSessions, Retrieved
 from sessrec.pipeline.retrieval.index import ExactIndex, FaissIndex
@@ -188,17 +195,10 @@ class SessionModelRetriever(Retriever):
         return session
 
     def _example(self, batch: int, length: int) -> tuple[torch.Tensor, ...]:
-        """Right-aligned sessions (B, L) of recommendable items with left padding, and their times for an encoder
-        that reads them (rising by gaps of 1 s to about 3 days, so that every time bucket is read)."""
+        """Sessions (B, L) of recommendable items with left padding, and their times for an encoder that reads them."""
         g = torch.Generator().manual_seed(batch * 1000 + length)
-        real = torch.nonzero(self.model.recommendable.cpu()).squeeze(1)
-        items = real[torch.randint(len(real), (batch, length), generator=g)]
-        sizes = torch.arange(batch) % length + 1
-        items = items.masked_fill(torch.arange(length) < (length - sizes).unsqueeze(1), 0)
-        if not self.model.uses_times:
-            return (items,)
-        gaps = torch.exp(torch.rand(batch, length, generator=g, dtype=torch.float64) * 12.5)
-        return items, 1.7e9 + gaps.cumsum(1)
+        items = example_items(self.model.recommendable, batch, length, g)
+        return (items, example_times(batch, length, g)) if self.model.uses_times else (items,)
 
     # -- the verbs ------------------------------------------------------------------------------
     def retrieve(self, sessions: RequestSessions, k: int) -> Retrieved:

@@ -413,8 +413,10 @@ def test_pipeline_recipe_parses_and_shares_its_models_vocabulary(recipe, monkeyp
     """
     import re
 
+    import dataclasses
+
     from sessrec.cli.parsers import load_recipe
-    from sessrec.pipeline_training.recipe import BATCH_ONLY
+    from sessrec.pipeline_training.recipe import BATCH_ONLY, ModelRetrieval
 
     monkeypatch.chdir(ROOT)
     spec = load(recipe)["pipeline"]
@@ -423,7 +425,8 @@ def test_pipeline_recipe_parses_and_shares_its_models_vocabulary(recipe, monkeyp
     assert "data" not in spec and parsed._data is None  # read from the first model directory on first use
     first = None
     for name, model in spec.get("models", {}).items():
-        assert set(model) <= {"model_dir", "k", "index", "seed"}, name
+        assert set(model) <= {f.name for f in dataclasses.fields(ModelRetrieval)}, name
+        assert model["runtime"] == "onnxruntime", name  # the query's graph, saved with the pipeline
         found = re.fullmatch(r"runs/(.+?)(_seed(\d+))?/model", model["model_dir"])
         assert found, (name, model["model_dir"])
         trained = load(ROOT / "recipes" / f"{found.group(1)}.yaml")

@@ -33,6 +33,7 @@ ENCODERS = {
     "gru4rec": lambda: GRU4RecEncoder(d_model=16, n_layer=2),
     "hstu": lambda: HSTUEncoder(d_model=16, n_head=2, n_layer=2, dropout=0.0),
     "bsarec": lambda: BSARecEncoder(d_model=16, n_head=2, n_layer=2, dropout=0.0, window=9),
+    "bsarec-session": lambda: BSARecEncoder(d_model=16, n_head=2, n_layer=2, dropout=0.0, window=9, span="session"),
 }
 CAUSAL = {"gpt2", "sasrec", "esasrec", "gru4rec", "hstu"}
 
@@ -283,3 +284,20 @@ def test_bsarec_settings_and_objectives_it_cannot_take_are_refused():
     with pytest.raises(ValueError, match="needs a causal encoder, but BSARecEncoder is bidirectional"):
         CausalLanguageModeling().check(encoder("bsarec"))
     MaskedItemModeling(last_item_prob=1.0).check(encoder("bsarec"))
+
+
+def test_bsarec_session_span_filters_each_session_over_its_own_positions():
+    from sessrec.models.bsarec import low_pass_matrix
+
+    enc = encoder("bsarec-session")
+    branch = enc.blocks[0].frequency
+    x, mask, lengths = padded(seed=7)
+    with torch.no_grad():
+        branch.sqrt_beta.zero_()  # beta 0: the branch is LN(x + low)
+        got = branch(x, mask)
+        for row, n in enumerate(lengths.tolist()):
+            low = low_pass_matrix(n, min(3, n // 2 + 1)) @ x[row, 7 - n :]
+            torch.testing.assert_close(got[row, 7 - n :], branch.norm(x[row, 7 - n :] + low), atol=1e-5, rtol=1e-4)
+    assert torch.equal(branch.low_pass[1], torch.diag(torch.tensor([0.0] * 8 + [1.0])))  # one item: its own mean
+    with pytest.raises(ValueError, match="span must be 'window' or 'session', got 'row'"):
+        BSARecEncoder(d_model=16, span="row")

@@ -6,11 +6,14 @@ attention (`sessrec.models.sasrec.SelfAttention`); ``F`` is the frequency branch
 part ``low`` (its `frequencies` lowest DFT bins over a window of `window` positions) plus the rest
 scaled by a learned per-channel ``beta ** 2``, ``low + beta**2 (x - low)``, added to x.
 
-The low pass is a fixed linear map over positions: ``P = irfft(keep * rfft(I))``, a symmetric (W, W)
-matrix, applied to the real positions right-aligned in the window, padding read as 0. BSARec filters its
-left-padded window whatever the padding holds; here a session's output does not depend on its padding
-nor on the batch's width (a batch of width L uses P's last L rows and columns). W must cover the longest
-input: ``max_length + 1`` for `MaskedItemModeling`, whose [MASK] slot follows the items.
+The low pass is a fixed linear map over positions, ``P = irfft(keep * rfft(I))``, a symmetric projection.
+BSARec filters its left-padded window whatever the padding holds; here a session's output depends neither
+on its padding nor on the batch's width, in one of two spans (`span`): ``window``, the (W, W) map of a
+window of W positions applied to the session right-aligned in it, padding read as 0 (a batch of width L
+uses P's last L rows and columns; a session much shorter than W keeps little of itself in the low band);
+``session``, the (n, n) map of the session's own n positions, so its trend over its own length is kept.
+W must cover the longest input: ``max_length + 1`` for `MaskedItemModeling`, whose [MASK] slot follows
+the items.
 
 The branch reads every position of the window, later ones included, so the encoder is not causal
 (``causal = False``): it trains with `MaskedItemModeling`, and ``last_item_prob=1`` with the data
@@ -22,7 +25,7 @@ Shape letters: B batch, L sequence, D model width, W window.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import torch
 from torch import nn
@@ -40,12 +43,23 @@ def low_pass_matrix(window: int, frequencies: int) -> torch.Tensor:
     return torch.fft.irfft(spectrum, n=window, dim=0).float()
 
 
+def session_low_pass(window: int, frequencies: int) -> torch.Tensor:
+    """(W + 1, W, W) float32: entry n holds `low_pass_matrix` (n, min(frequencies, n // 2 + 1)) in its last n
+    rows and columns (a right-aligned session of n positions), zeros elsewhere; entry 0 is all zeros."""
+    out = torch.zeros(window + 1, window, window)
+    for n in range(1, window + 1):
+        out[n, window - n :, window - n :] = low_pass_matrix(n, min(frequencies, n // 2 + 1))
+    return out
+
+
 class FrequencyBranch(nn.Module):
     """``LN(x + dropout(low + beta**2 (x - low)))`` with ``low`` the low pass of the real positions."""
 
-    def __init__(self, d_model: int, window: int, frequencies: int, dropout: float, layer_norm_eps: float) -> None:
+    def __init__(self, d_model: int, window: int, frequencies: int, span: str, dropout: float, layer_norm_eps: float) -> None:
         super().__init__()
-        self.register_buffer("low_pass", low_pass_matrix(window, frequencies), persistent=False)
+        self.span = span
+        table = low_pass_matrix(window, frequencies) if span == "window" else session_low_pass(window, frequencies)
+        self.register_buffer("low_pass", table, persistent=False)
         self.sqrt_beta = nn.Parameter(torch.randn(1, 1, d_model))
         self.dropout = nn.Dropout(dropout)
         self.norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
@@ -53,8 +67,11 @@ class FrequencyBranch(nn.Module):
     def forward(self, x: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
         """(B, L, D) and (B, L) bool real positions -> (B, L, D)."""
         length = x.shape[1]
-        p = self.low_pass[-length:, -length:]  # the window's last L positions: the right-aligned session
-        low = torch.einsum("ij,bjd->bid", p, x * real.unsqueeze(-1).to(x.dtype))
+        inputs = x * real.unsqueeze(-1).to(x.dtype)
+        if self.span == "window":  # the window's last L positions: the right-aligned session
+            low = torch.einsum("ij,bjd->bid", self.low_pass[-length:, -length:], inputs)
+        else:  # each session's own map, by its length
+            low = self.low_pass[real.sum(dim=1)][:, -length:, -length:] @ inputs
         return self.norm(x + self.dropout(low + self.sqrt_beta**2 * (x - low)))
 
 
@@ -62,10 +79,10 @@ class BSARecBlock(nn.Module):
     """``h = alpha F(x) + (1 - alpha) LN(x + dropout(A(x)))``, then ``LN(h + dropout(FFN(h)))``."""
 
     def __init__(self, d_model: int, n_head: int, d_inner: int, dropout: float, alpha: float, window: int,
-                 frequencies: int, layer_norm_eps: float) -> None:
+                 frequencies: int, span: str, layer_norm_eps: float) -> None:
         super().__init__()
         self.alpha = alpha
-        self.frequency = FrequencyBranch(d_model, window, frequencies, dropout, layer_norm_eps)
+        self.frequency = FrequencyBranch(d_model, window, frequencies, span, dropout, layer_norm_eps)
         self.attn = SelfAttention(d_model, n_head, dropout)
         self.attn_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
         self.ffn = nn.Sequential(nn.Linear(d_model, d_inner), nn.GELU(), nn.Linear(d_inner, d_model))
@@ -91,6 +108,8 @@ class BSARecEncoder(nn.Module, Configurable):
         frequencies: DFT bins the low pass keeps, 1 (the window's mean) to W // 2 + 1 (every one);
             BSARec's ``c`` keeps ``c // 2 + 1`` (its c = 5: 3).
         window: W, positions the low pass is defined over; at least the longest input the encoder reads.
+        span: ``window`` (the W-position window, padding as 0) or ``session`` (each session's own positions;
+            a session of n keeps at most n // 2 + 1 bins).
         layer_norm_eps: LayerNorm epsilon.
         initializer_range: std of the Linear weights (biases start at zero); default ``d_model ** -0.5``.
     """
@@ -107,6 +126,7 @@ class BSARecEncoder(nn.Module, Configurable):
         alpha: float = 0.7,
         frequencies: int = 3,
         window: int = 51,
+        span: Literal["window", "session"] = "window",
         layer_norm_eps: float = 1e-12,
         initializer_range: float | None = None,
     ) -> None:
@@ -116,12 +136,14 @@ class BSARecEncoder(nn.Module, Configurable):
         check_integers({"window": window, "frequencies": frequencies} | ({"d_inner": d_inner} if d_inner is not None else {}),
                        f"{owner} ")
         check_probabilities({"alpha": alpha}, f"{owner} ", one=True)
+        if span not in ("window", "session"):
+            raise ValueError(f"{owner} span must be 'window' or 'session', got {span!r}")
         if frequencies > window // 2 + 1:
             raise ValueError(f"{owner} frequencies ({frequencies}) must be at most window // 2 + 1 = {window // 2 + 1}, "
                              f"the DFT bins of a window of {window}")
         self.d_model, self.window = d_model, window
         self.blocks = nn.ModuleList(
-            BSARecBlock(d_model, n_head, d_inner or 4 * d_model, dropout, alpha, window, frequencies, layer_norm_eps)
+            BSARecBlock(d_model, n_head, d_inner or 4 * d_model, dropout, alpha, window, frequencies, span, layer_norm_eps)
             for _ in range(n_layer)
         )
         init_linear_layers(self, d_model, initializer_range)

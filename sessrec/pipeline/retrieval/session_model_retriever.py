@@ -149,7 +149,9 @@ class SessionModelRetriever(Retriever):
                                  "sessions' event times (its graph reads them), and these sessions carry none: give the "
                                  "sessions their times, or build the retriever with runtime='torch'")
             else:
-                inputs = {"items": sessions.items.cpu().numpy(), **({EVENT_TIMES: times.cpu().numpy()} if times is not None else {})}
+                inputs = {"items": sessions.items.long().cpu().numpy()}  # the graph's dtypes: int64 ids, float64 seconds
+                if times is not None:
+                    inputs[EVENT_TIMES] = times.double().cpu().numpy()
                 sessions.cache[key] = torch.from_numpy(self.query_graph().run(inputs)[0])
         return sessions.cache[key]
 

@@ -52,10 +52,10 @@ from torch import nn
 
 from sessrec.artifacts import ClickRanker, SessionRecommender, load_artifact
 from sessrec.embeddings import SparseFeatures
-from sessrec.models import GRU4RecEncoder
 from sessrec.models.dlrm import DLRM
 from sessrec.models.objective import EVENT_TIMES
 from sessrec.models.onnx_graph import (
+    ONNX_LIMITS,
     example_items,
     example_times,
     first_line,
@@ -73,11 +73,7 @@ TOLERANCE = 1e-4  # max abs difference of finite scores between the exported fil
 
 # (encoder class, format) -> why it cannot export with torch 2.13 (see the module docstring)
 KNOWN_LIMITS: dict[tuple[type[nn.Module], str], str] = {
-    (GRU4RecEncoder, "onnx"): (
-        "its GRU runs on a PackedSequence (pack_padded_sequence), whose state is sized by the data "
-        "(batch_sizes[0]), a shape torch.export cannot trace, and its stable argsort (aten.sort.stable) "
-        "has no ONNX translation in either exporter; export it with format='torchscript'"
-    ),
+    (cls, "onnx"): f"{why}; export it with format='torchscript'" for cls, why in ONNX_LIMITS.items()
 }
 
 

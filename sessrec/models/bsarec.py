@@ -71,7 +71,7 @@ class FrequencyBranch(nn.Module):
         if self.span == "window":  # the window's last L positions: the right-aligned session
             low = torch.einsum("ij,bjd->bid", self.low_pass[-length:, -length:], inputs)
         else:  # each session's own map, by its length
-            low = self.low_pass[real.sum(dim=1)][:, -length:, -length:] @ inputs
+            low = self.low_pass[:, -length:, -length:][real.sum(dim=1)] @ inputs  # (B, L, L) gathered
         return self.norm(x + self.dropout(low + self.sqrt_beta**2 * (x - low)))
 
 

@@ -19,7 +19,22 @@ import numpy as np
 import torch
 from torch import nn
 
+from sessrec.models.gru4rec import GRU4RecEncoder
+
 MAX_BYTES = 1_800_000_000  # one ONNX file holds at most 2 GB (protobuf)
+# encoder class -> why a network with it does not export to ONNX with torch 2.13 (`sessrec.lifecycle.export`)
+ONNX_LIMITS: dict[type[nn.Module], str] = {
+    GRU4RecEncoder: (
+        "its GRU runs on a PackedSequence (pack_padded_sequence), whose state is sized by the data "
+        "(batch_sizes[0]), a shape torch.export cannot trace, and its stable argsort (aten.sort.stable) "
+        "has no ONNX translation in either exporter"
+    ),
+}
+
+
+def onnx_limit(encoder: nn.Module) -> str | None:
+    """Why a network with `encoder` does not export to ONNX (`ONNX_LIMITS`); None when it does."""
+    return next((why for cls, why in ONNX_LIMITS.items() if isinstance(encoder, cls)), None)
 
 
 def to_onnx(

@@ -29,7 +29,6 @@ import torch.nn.functional as F
 
 from sessrec.artifacts.model_directory import NETWORK, OBJECTIVE, load_into, under, with_prefix
 from sessrec.artifacts.session_recommender import SessionRecommender
-from sessrec.models.gru4rec import GRU4RecEncoder
 from sessrec.models.objective import EVENT_TIMES, Objective
 from sessrec.models.onnx_graph import (
     OnnxSession,
@@ -37,6 +36,7 @@ from sessrec.models.onnx_graph import (
     example_times,
     first_line,
     max_abs_diff,
+    onnx_limit,
     to_onnx,
 )
 from sessrec.models.session_model import SessionModel
@@ -73,9 +73,10 @@ class SessionModelRetriever(Retriever):
             raise TypeError(f"SessionModelRetriever takes a SessionModel (a SessionRecommender's model), got {type(model).__name__}")
         if runtime not in ("torch", "onnxruntime"):
             raise ValueError(f"runtime must be 'torch' or 'onnxruntime', got {runtime!r}")
-        if runtime == "onnxruntime" and isinstance(model.encoder, GRU4RecEncoder):
-            raise ValueError("runtime='onnxruntime': GRU4Rec's query does not export to ONNX (its packed GRU and stable "
-                             "argsort have no translation); use runtime='torch'")
+        why = onnx_limit(model.encoder) if runtime == "onnxruntime" else None
+        if why is not None:
+            name = type(model.encoder).__name__.removesuffix("Encoder")
+            raise ValueError(f"runtime='onnxruntime': {name}'s query does not export to ONNX ({why}); use runtime='torch'")
         if objective is None:
             objective = model.default_objective()
         objective.check(model.encoder)  # a pair that cannot have been trained together

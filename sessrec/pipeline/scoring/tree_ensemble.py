@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from sessrec.models.onnx_graph import OnnxSession
+
 ZERO = 1e-35  # LightGBM's kZeroThreshold: values of smaller magnitude are 0 to its trees
 
 
@@ -51,7 +53,7 @@ class TreeEnsemble:
         modules = _onnx()
         if modules is None:
             raise ImportError("TreeEnsemble needs onnx and onnxruntime >= 1.21: pip install 'sessrec[pipeline]'")
-        onnx, ort = modules
+        onnx, _ = modules
         self.num_features = int(dump["max_feature_idx"]) + 1
         nodes: dict[str, list] = {key: [] for key in ("feature", "split", "tracks", "true", "true_leaf", "false", "false_leaf")}
         leaves: list[float] = []
@@ -94,9 +96,7 @@ class TreeEnsemble:
         )
         # IR version 10: the oldest that holds ai.onnx.ml opset 5, and what onnxruntime 1.20 reads at most
         model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("ai.onnx.ml", 5)], ir_version=10)
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = options.inter_op_num_threads = 1
-        self.session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        self.session = OnnxSession(model.SerializeToString())  # on the CPU, one thread
         self.num_trees = len(roots)
 
     @staticmethod
@@ -128,4 +128,4 @@ class TreeEnsemble:
             raise ValueError(f"the trees read {self.num_features} features, got rows of shape {tuple(x.shape)}")
         rows = np.array(x, dtype=np.float64)  # a copy: its near-zeros are zeroed
         rows[np.abs(rows) <= ZERO] = 0.0
-        return self.session.run(None, {"x": rows})[0][:, 0]
+        return self.session.run({"x": rows})[0][:, 0]

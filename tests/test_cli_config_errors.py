@@ -148,6 +148,22 @@ def test_typos_in_a_pipeline_recipe_in_a_file_named_by_a_flag_and_of_prepare(tmp
                    "did you mean data.batch_size?")
 
 
+
+def test_each_named_session_model_of_a_pipeline_recipe_is_checked_key_by_key(tmp_path, sessrec_main):
+    """``pipeline.models`` maps names to `ModelRetrieval` settings: a value outside a Literal or a mistyped
+    key of one of them is one line naming it, from the file or from a flag."""
+    head = "pipeline:\n  data:\n    source: {class_path: sessrec.data.SyntheticSource}\n  models:\n    gru:\n"
+    recipe = write(tmp_path, "pipeline.yaml", head + "      model_dir: runs/gru/model\n      runtime: onnx\n")
+    got = refused(sessrec_main, tmp_path, "fit", "--config", str(recipe))
+    assert got == f"{recipe}:7:7: pipeline.models.gru.runtime: expected one of 'torch', 'onnxruntime', got 'onnx'"
+    recipe = write(tmp_path, "pipeline.yaml", head + "      model_dir: runs/gru/model\n      indx: hnsw\n")
+    got = refused(sessrec_main, tmp_path, "fit", "--config", str(recipe))
+    assert got == (f"{recipe}:7:7: unknown key pipeline.models.gru.indx (ModelRetrieval has no option 'indx'); "
+                   "did you mean pipeline.models.gru.index?")
+    recipe = write(tmp_path, "pipeline.yaml", head + "      model_dir: runs/gru/model\n")
+    got = refused(sessrec_main, tmp_path, "fit", "--config", str(recipe), "--pipeline.models.gru.index", "annoy")
+    assert got == "pipeline.models.gru.index: expected one of 'exact', 'hnsw', 'ivf', got 'annoy'"
+
 def test_a_block_without_class_path_is_its_defaults_class_and_literals_of_a_union_are_listed(tmp_path, sessrec_main):
     """``--data.source.init_args.*`` without a class_path (the data module's source has no default class: None
     stands for SyntheticSource, so that a recipe's class never inherits its settings) asks for the class, and

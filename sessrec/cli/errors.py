@@ -310,6 +310,9 @@ def _check_block(block: Any, owner: Callable[..., Any], place: _Place, top: bool
             _check_block(value, object, where, bases=_classes(hint))
         elif isinstance(value, Mapping) and _is_plain(kind):
             _check_value(where, value, hint)  # a mapping where a number, bool or one of some values goes
+        elif isinstance(value, Mapping) and _entry_class(kind) is not None:
+            for entry, settings in value.items():  # a mapping of named settings (pipeline.models.<name>)
+                _check_block(settings, _entry_class(kind), where.below(str(entry)))
         elif isinstance(value, Mapping):
             default = _default(owner, name)
             if inspect.isclass(kind) and isinstance(default, kind):
@@ -385,6 +388,15 @@ def _configures_a_class(hint: Any) -> bool:
 def _is_plain(kind: Any) -> bool:
     """A type whose values are plain (a number, a bool or a Literal's value): never a mapping or a list."""
     return kind in (int, float, bool) or typing.get_origin(kind) is Literal
+
+
+def _entry_class(kind: Any) -> type | None:
+    """The class of a ``dict[str, C]`` type's values (``dict[str, ModelRetrieval]`` -> ModelRetrieval), else None
+    (a dict of numbers, text or mappings: nothing to check a key against)."""
+    args = typing.get_args(kind) if typing.get_origin(kind) is dict else ()
+    value = args[1] if len(args) == 2 else None
+    plain = not inspect.isclass(value) or value.__module__ == "builtins" or issubclass(value, Path)
+    return None if plain or typing.get_origin(value) is not None or inspect.isabstract(value) else value
 
 
 def _item_hint(hint: Any) -> Any:

@@ -212,17 +212,45 @@ def sum_over_bits(
     return total, highest
 
 
-def top_k(row: np.ndarray, col: np.ndarray, score: np.ndarray, k: int) -> np.ndarray:
-    """Indices of the `k` highest positive scores per row; ties go to the more recent (higher) col.
+def kth_highest(row: np.ndarray, value: np.ndarray, k: int) -> np.ndarray:
+    """(rows,) the `k`-th highest value of each row's entries, -inf for a row of at most k; `row` ascending
+    (each row's entries one run), found by a partial sort of each longer run (`np.partition`, linear in it).
 
-    The entries come sorted by (row, col), as `SessionIndex.candidates` gives its pairs: read
-    backwards they are by decreasing col within each row, so two stable sorts (by decreasing score,
-    then by row) order them by (row, score descending, col descending) without a three-key sort.
+    Examples:
+        >>> kth_highest(np.array([0, 0, 0, 2]), np.array([0.5, 0.2, 0.9, 1.0]), 2).tolist()
+        [0.5, -inf, -inf]
     """
-    positive = np.flatnonzero(score > 0)[::-1]
-    by_score = positive[np.argsort(-score[positive], kind="stable")]
-    order = by_score[stable_order(row[by_score])]
-    return order[ranks_in_rows(row[order]) < k]
+    sizes = np.bincount(row) if len(row) else np.zeros(0, dtype=np.int64)
+    ends = np.cumsum(sizes)
+    out = np.full(len(sizes), -np.inf, dtype=np.float64)
+    for r in np.flatnonzero(sizes > k):
+        run = value[ends[r] - sizes[r] : ends[r]]
+        out[r] = np.partition(run, len(run) - k)[len(run) - k]
+    return out
+
+
+def top_k(row: np.ndarray, col: np.ndarray, score: np.ndarray, k: int) -> np.ndarray:
+    """Ascending indices of the `k` highest positive scores per row; ties go to the more recent (higher) col.
+
+    The entries come sorted by (row, col), as `SessionIndex.candidates` gives its pairs: the scores above
+    a row's k-th highest (`kth_highest`) are kept, and of those equal to it the latest ones (the end of
+    the row's run) until the row holds k.
+
+    Examples:
+        >>> top_k(np.array([0, 0, 0, 1]), np.array([3, 5, 8, 2]), np.array([0.5, 0.2, 0.5, 0.0]), 1).tolist()
+        [2]
+    """
+    if not len(row):
+        return np.zeros(0, dtype=np.int64)
+    threshold = np.maximum(kth_highest(row, score, k), 0.0)[row]  # 0: every positive score of a row of at most k
+    keep = score > threshold
+    tied = np.flatnonzero((score == threshold) & (threshold > 0))
+    if len(tied):
+        rows, tied_row = int(row[-1]) + 1, row[tied]
+        room = k - np.bincount(row[keep], minlength=rows)  # places left beside the scores above
+        from_end = (np.cumsum(np.bincount(tied_row, minlength=rows)) - 1)[tied_row] - np.arange(len(tied))
+        keep[tied[from_end < room[tied_row]]] = True
+    return np.flatnonzero(keep)
 
 
 def stable_order(keys: np.ndarray) -> np.ndarray:

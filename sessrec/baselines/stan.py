@@ -93,7 +93,7 @@ class STAN(SessionBaseline):
         sim = overlap / np.maximum(norm[pairs.row] * np.sqrt(size), 1e-300)
         if self.lambda_2 is not None:
             sim = sim * np.exp(-(self.index.num_sessions - 1 - pairs.col) / self.lambda_2)
-        chosen = np.sort(top_k(pairs.row, pairs.col, sim, self.k))  # by prefix, then oldest first: the order summed in
+        chosen = top_k(pairs.row, pairs.col, sim, self.k)  # by prefix, then oldest first: the order summed in
         neighbours = pairs.take(chosen)
         # i*: highest position inside the neighbour among the shared items
         _, anchor = sum_over_bits(neighbours.session_bits, None, width)

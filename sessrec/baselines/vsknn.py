@@ -133,7 +133,7 @@ class VSKNN(SessionBaseline):
             norm = prefix.row_norms(w)  # (B,)
             size = self.index.session_sizes[pairs.col]
             sim = overlap / np.maximum(norm[pairs.row] * np.sqrt(size), 1e-300)
-        chosen = np.sort(top_k(pairs.row, pairs.col, sim, self.k))  # by prefix, then oldest first: the order summed in
+        chosen = top_k(pairs.row, pairs.col, sim, self.k)  # by prefix, then oldest first: the order summed in
         neighbours = pairs.take(chosen)
         weight = sim[chosen] * step_decay(self.weighting_score, length[chosen] - latest[chosen] + 1)
         pair, item, _ = self.index.neighbour_items(neighbours)  # (E,) every item of every neighbour

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from sessrec.baselines.knn import ranks_in_rows, stable_order
+from sessrec.baselines.knn import kth_highest, ranks_in_rows, stable_order
 from sessrec.data.vocab import NUM_SPECIAL
 from sessrec.pipeline.candidates import RequestSessions, Retrieved
 from sessrec.saved.registry import Configurable
@@ -60,8 +60,13 @@ def top_k_sparse(keys: np.ndarray, values: np.ndarray, rows: int, width: int, k:
                  device: torch.device | str = "cpu") -> Retrieved:
     """Top-`k` per row of a sparse (rows, width) score matrix: its entries are ``keys`` (row * width +
     column, ascending) and ``values``; nothing else is a candidate. Best first, ties: the lower
-    column; id 0 and score -inf past a row's entries. On `device`."""
-    row, col = keys // width, keys % width
+    column; id 0 and score -inf past a row's entries. On `device`. Only the entries at or above their
+    row's k-th highest value (`kth_highest`, linear) are ranked: the same ranks below k, fewer to sort."""
+    row = keys // width
+    if len(row) > 2 * k:
+        near = np.flatnonzero(values >= kth_highest(row, values, k)[row])
+        keys, values, row = keys[near], values[near], row[near]
+    col = keys % width
     rank = row_ranks(row, values, col)
     top = rank < k
     items = np.zeros((rows, k), dtype=np.int64)  # laid out on the host

@@ -288,6 +288,24 @@ def test_item_sums_add_like_the_sparse_product_they_replace():
     assert [len(a) for a in item_sums(row[:0], col[:0], values[:0], 30)] == [0, 0]
 
 
+
+def test_top_k_keeps_each_rows_k_highest_positive_scores_ties_to_the_latest():
+    """`top_k` (the neighbours of each prefix) against a sort by (row, score descending, col descending), on
+    rows shorter and longer than k, with many ties, zeros and negative scores."""
+    from sessrec.baselines.knn import top_k
+
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        counts = rng.integers(0, 30, rng.integers(1, 8))
+        row = np.repeat(np.arange(len(counts)), counts)
+        col = np.concatenate([np.sort(rng.choice(500, c, replace=False)) for c in counts]).astype(np.int64)
+        score = rng.integers(-2, 5, len(row)) * 0.25
+        k = int(rng.integers(1, 10))
+        ranked = sorted((r, -s, -c, i) for i, (r, s, c) in enumerate(zip(row, score, col)) if s > 0)
+        expected = [i for j, (r, *_, i) in enumerate(ranked) if sum(1 for x in ranked[:j] if x[0] == r) < k]
+        assert top_k(row, col, score, k).tolist() == sorted(expected)
+    assert top_k(row[:0], col[:0], score[:0], 3).tolist() == []
+
 def test_positive_scores_are_the_positive_entries_of_the_dense_scores():
     for knn in (VSKNN(k=3, sample_size=4, idf_weighting=1.0), STAN(k=2, sample_size=3, lambda_2=3.0), Popularity()):
         knn.fit(pad(TRAIN), num_items=V)

@@ -209,3 +209,45 @@ def test_missing_faiss_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "faiss", None)  # makes `import faiss` raise ImportError
     with pytest.raises(ImportError, match="pip install faiss-cpu"):
         FaissIndex().build(np.ones((4, 3), np.float32), np.arange(4))
+
+
+@pytest.mark.parametrize("score_scale", [None, 8.0])
+def test_a_session_models_candidate_scores_are_its_logits_and_follow_its_weights(score_scale):
+    """`SessionModelRetriever.score` reads a cached table of every id's vector: the model's own logits at any
+    recommendable ids (a finite value at the special ones, which the model masks), and the new weights' once
+    they are written in place or pickled."""
+    import pickle
+
+    from sessrec.models import CausalLanguageModeling, SASRecEncoder, SessionModel
+    from sessrec.pipeline import SessionModelRetriever
+    from sessrec.pipeline.candidates import RequestSessions
+
+    torch.manual_seed(0)
+    model = SessionModel(num_items=30, encoder=SASRecEncoder(d_model=8, n_head=2, n_layer=1, dropout=0.0),
+                         max_length=6, score_scale=score_scale).eval()
+    with torch.no_grad():
+        model.output_bias.normal_()
+    retriever = SessionModelRetriever(model, CausalLanguageModeling())
+    items = torch.tensor([[0, 0, 5, 7], [3, 9, 2, 11]])
+    candidates = torch.tensor([[0, 1, 7, 29, 4], [12, 12, 2, 6, 0]])
+
+    def expected() -> torch.Tensor:
+        with torch.no_grad():
+            return model(items, CausalLanguageModeling()).gather(1, candidates)
+
+    def check(scorer: SessionModelRetriever) -> None:
+        got, want = scorer.score(RequestSessions(items), candidates), expected()
+        assert torch.isfinite(got).all() and torch.equal(torch.isfinite(want), candidates >= 2)
+        torch.testing.assert_close(got[candidates >= 2], want[candidates >= 2], rtol=1e-5, atol=1e-5)
+
+    check(retriever)
+    with torch.no_grad():
+        model.item_embedding.weight.mul_(-2.0)  # in place: the table follows
+        model.output_bias.add_(1.0)
+    check(retriever)
+    copied = pickle.loads(pickle.dumps(retriever))
+    assert copied._table is None  # a pickle carries no copy of the item vectors
+    check(copied)
+    vectors, ids = retriever.item_vectors()
+    assert torch.equal(ids, torch.nonzero(model.recommendable).squeeze(1))
+    torch.testing.assert_close(vectors, retriever.score_table()[ids])

@@ -92,6 +92,21 @@ def test_top_k_sparse_ranks_each_rows_entries_ties_to_the_lower_id_and_pads_with
     assert lookup_sparse(keys, values, np.array([[0, 0], [2, 1]]), np.array([[6, 4], [4, 4]]), 8).tolist() == [[0.5, 0.0], [0.25, 0.0]]
 
 
+
+def test_top_k_sparse_is_a_stable_sort_of_each_dense_row_on_many_ties():
+    """Rows of many entries (only those at or above the k-th highest are ranked) against a stable argsort of
+    each dense row: the same items and scores, ties to the lower id."""
+    rng = np.random.default_rng(5)
+    for _ in range(100):
+        rows, width, k = int(rng.integers(1, 6)), int(rng.integers(4, 40)), int(rng.integers(1, 8))
+        dense = rng.integers(0, 4, (rows, width)).astype(np.float32) * 0.5
+        keys = np.flatnonzero(dense.reshape(-1) > 0)
+        top = top_k_sparse(keys, dense.reshape(-1)[keys], rows, width, k)
+        for r in range(rows):
+            order = [c for c in np.argsort(-dense[r], kind="stable") if dense[r, c] > 0][:k]
+            assert top.items[r].tolist() == order + [0] * (k - len(order))
+            assert top.scores[r, : len(order)].tolist() == dense[r, order].tolist()
+
 def test_list_metrics_count_ties_against_the_target():
     from sessrec.pipeline_training.fitting import list_metrics
 

@@ -83,6 +83,18 @@ def test_decode_specials_to_null():
     assert vocab.decode(np.array([2, PAD, 3, OOV])).to_pylist() == ["y", None, "x", None]
 
 
+
+@pytest.mark.parametrize("raw", [[7, 9, -3, 2**62], ["x", "y", "z", "w"]])
+def test_decode_list_is_decode_as_python_values(raw):
+    """The int64 vocabulary's numpy path and the Arrow one give `decode`'s values, None at padding, OOV and
+    virtual ids, in any shape."""
+    vocab = ItemVocab(pa.array(raw), np.array([2, 1, 1, 1]), num_virtual=1)  # the last id (5) virtual
+    ids = np.array([[2, PAD, 5, OOV], [4, 3, 3, 2]])
+    assert vocab.decode_list(ids) == vocab.decode(ids).to_pylist()
+    assert vocab.decode_list(ids)[:4] == [raw[0], None, None, None]
+    assert [type(v) for v in vocab.decode_list(np.array([2]))] == [type(raw[0])]
+    assert vocab.decode_list(np.zeros(0, dtype=np.int64)) == []
+
 def test_save_load_round_trip_atomic(tmp_path):
     vocab = ItemVocab.fit(pa.array(["b", "a", "c", "b"]), min_count=1)
     path = vocab.save(tmp_path / "run" / "vocab.parquet")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -251,6 +252,18 @@ class ItemVocab(ParquetFile):
         out = self.raw_ids.take(pa.array(np.where(special, 0, ids - NUM_SPECIAL)))
         if special.any():
             out = pc.if_else(pa.array(special), pa.nulls(len(out), out.type), out)
+        return out
+
+    def decode_list(self, ids: np.ndarray) -> list[Any]:
+        """`decode` as a Python list (None for padding, OOV and virtual ids); an int64 vocabulary's read
+        through numpy, without Arrow arrays (a response's few ids)."""
+        if self.raw_ids.type != pa.int64() or self.raw_ids.null_count:
+            return self.decode(ids).to_pylist()
+        ids = np.asarray(ids).reshape(-1)
+        special = (ids < NUM_SPECIAL) | (ids >= NUM_SPECIAL + self.num_products)
+        out = self.raw_ids.to_numpy()[np.where(special, NUM_SPECIAL, ids) - NUM_SPECIAL].tolist()
+        for at in np.flatnonzero(special).tolist():
+            out[at] = None
         return out
 
     def to_table(self) -> pa.Table:

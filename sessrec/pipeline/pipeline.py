@@ -508,6 +508,10 @@ def decode_lists(vocab: ItemVocab, items: torch.Tensor, scores: torch.Tensor) ->
 
 
 def decode_dicts(vocab: ItemVocab, items: torch.Tensor, scores: torch.Tensor) -> list[dict[str, list]]:
-    """Per row ``{"item_ids": [...], "scores": [...]}`` (raw ids, best first)."""
-    ids, values = decode_lists(vocab, items, scores)
-    return [{"item_ids": i, "scores": s} for i, s in zip(ids.to_pylist(), values.to_pylist())]
+    """Per row ``{"item_ids": [...], "scores": [...]}`` (raw ids, best first): `decode_lists` as Python lists,
+    built without Arrow arrays (`ItemVocab.decode_list`)."""
+    items, scores = items.cpu().numpy(), scores.cpu().numpy()
+    filled = items >= NUM_SPECIAL  # (B, k); row-major: each row's items in order
+    ids, values = vocab.decode_list(items[filled]), scores[filled].astype(np.float32).tolist()
+    ends = np.cumsum(filled.sum(axis=1)).tolist()
+    return [{"item_ids": ids[lo:hi], "scores": values[lo:hi]} for lo, hi in zip([0, *ends[:-1]], ends)]

@@ -163,6 +163,17 @@ def test_each_named_session_model_of_a_pipeline_recipe_is_checked_key_by_key(tmp
     recipe = write(tmp_path, "pipeline.yaml", head + "      model_dir: runs/gru/model\n")
     got = refused(sessrec_main, tmp_path, "fit", "--config", str(recipe), "--pipeline.models.gru.index", "annoy")
     assert got == "pipeline.models.gru.index: expected one of 'exact', 'hnsw', 'ivf', got 'annoy'"
+    fields = "(model_dir, k, index, runtime, seed)"
+    recipe = write(tmp_path, "pipeline.yaml", head.replace("    gru:\n", "    - gru\n"))
+    got = refused(sessrec_main, tmp_path, "fit", "--config", str(recipe))
+    assert got == f"{recipe}:4:3: pipeline.models: expected a mapping of names to ModelRetrieval settings {fields}, got ['gru']"
+    recipe = write(tmp_path, "pipeline.yaml", head.replace("    gru:\n", "    gru: runs/gru/model\n"))
+    got = refused(sessrec_main, tmp_path, "fit", "--config", str(recipe))
+    assert got == (f"{recipe}:5:5: pipeline.models.gru: expected ModelRetrieval's settings as a mapping {fields}, "
+                   "got 'runs/gru/model'")
+    recipe = write(tmp_path, "pipeline.yaml", head + "      k: 50\n")
+    got = refused(sessrec_main, tmp_path, "fit", "--config", str(recipe))
+    assert got == "pipeline.models: ModelRetrieval: the following arguments are required: model_dir"
 
 def test_a_block_without_class_path_is_its_defaults_class_and_literals_of_a_union_are_listed(tmp_path, sessrec_main):
     """``--data.source.init_args.*`` without a class_path (the data module's source has no default class: None

@@ -102,33 +102,14 @@ def _recipe_error(err: BaseException) -> BaseException:
     classes the summary chains the first subtype's error (the class path names another): the one
     error of the subtype the class path names is taken from the summary's list.
     """
+    from sessrec.cli.errors import named_subtype_error
+
     while err.__cause__ is not None and _raised_in(err, "jsonargparse"):
-        named = _named_subtype_error(str(err))
+        named = named_subtype_error(str(err))
         if named is not None:
             return ValueError(named)
         err = err.__cause__
     return err
-
-
-UNION_SUMMARY = "Does not validate against any of the Union subtypes"
-OTHER_SUBTYPE = ("does not correspond to a subclass of", "Expected a <class")  # a subtype the value is not
-
-
-def _named_subtype_error(text: str) -> str | None:
-    """Of jsonargparse's union summary `text`, the one listed error that is not a subtype's mismatch; None
-    for another message, or when no or several errors remain."""
-    if not text.startswith(UNION_SUMMARY) or "\nErrors:\n" not in text:
-        return None
-    entries: list[str] = []
-    for line in text.split("\nErrors:\n", 1)[1].splitlines():
-        if line.startswith("  - "):
-            entries.append(line[4:])
-        elif line.startswith("    ") and entries:
-            entries[-1] += " " + line.strip()
-        else:
-            break
-    own = [e for e in entries if not any(mark in e for mark in OTHER_SUBTYPE)]
-    return own[0] if len(own) == 1 else None
 
 
 def _raised_in(err: BaseException, package: str) -> bool:

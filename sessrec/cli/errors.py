@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import re
+import textwrap
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -63,6 +65,40 @@ NO_VALUE = "<no value>"  # a flag given without a value (``--print_config``): it
 def one_line(err: BaseException) -> str:
     """`err`'s message on one line (jsonargparse's messages indent a tree of the types it tried)."""
     return " ".join(str(err).split())
+
+
+UNION_SUMMARY = "Does not validate against any of the Union subtypes"
+OTHER_SUBTYPE = ("does not correspond to a subclass of", "Expected a <class")  # a subtype the value is not
+PARSER_KEY = re.compile(r'Parser key "([^"]+)":\n')
+CLASS_PROBLEM = re.compile(r"Problem with given class_path '(?:[\w]+\.)*(\w+)':\s*")
+
+
+def named_subtype_error(text: str) -> str | None:
+    """Of jsonargparse's union summary `text`, the one listed error that is not a subtype's mismatch; None
+    for another message, or when no or several errors remain."""
+    if not text.startswith(UNION_SUMMARY) or "\nErrors:\n" not in text:
+        return None
+    entries: list[str] = []
+    for line in text.split("\nErrors:\n", 1)[1].splitlines():
+        if line.startswith("  - "):
+            entries.append(line[4:])
+        elif line.startswith("    ") and entries:
+            entries[-1] += " " + line.strip()
+        else:
+            break
+    own = [e for e in entries if not any(mark in e for mark in OTHER_SUBTYPE)]
+    return own[0] if len(own) == 1 else None
+
+
+def union_error(text: str) -> str | None:
+    """A parser's refusal of a value that matched no type of its key's union (``Parser key "K": Does not
+    validate ...``) as ``K: <the one error of the type it was meant for>`` (``pipeline.models: ModelRetrieval:
+    the following arguments are required: model_dir``); None for another message."""
+    found = PARSER_KEY.match(text)
+    if found is None:
+        return None
+    own = named_subtype_error(textwrap.dedent(text[found.end():]))
+    return None if own is None else f"{found.group(1)}: {CLASS_PROBLEM.sub(lambda m: m.group(1) + ': ', own)}"
 
 
 CONFIG_SUFFIXES = (".yaml", ".yml", ".json")  # a setting of a class given as a file of these names is that file's content
@@ -310,9 +346,8 @@ def _check_block(block: Any, owner: Callable[..., Any], place: _Place, top: bool
             _check_block(value, object, where, bases=_classes(hint))
         elif isinstance(value, Mapping) and _is_plain(kind):
             _check_value(where, value, hint)  # a mapping where a number, bool or one of some values goes
-        elif isinstance(value, Mapping) and _entry_class(kind) is not None:
-            for entry, settings in value.items():  # a mapping of named settings (pipeline.models.<name>)
-                _check_block(settings, _entry_class(kind), where.below(str(entry)))
+        elif _entry_class(kind) is not None and value is not None and value is not NO_VALUE:
+            _check_named(value, _entry_class(kind), where)  # a mapping of named settings (pipeline.models.<name>)
         elif isinstance(value, Mapping):
             default = _default(owner, name)
             if inspect.isclass(kind) and isinstance(default, kind):
@@ -388,6 +423,21 @@ def _configures_a_class(hint: Any) -> bool:
 def _is_plain(kind: Any) -> bool:
     """A type whose values are plain (a number, a bool or a Literal's value): never a mapping or a list."""
     return kind in (int, float, bool) or typing.get_origin(kind) is Literal
+
+
+def _check_named(value: Any, owner: type, place: _Place) -> None:
+    """Check a mapping of names to `owner`'s settings (``pipeline.models``: name -> `ModelRetrieval`), each entry
+    as a block of `owner`; a list or a plain value in its place, or in an entry's, is refused in one line."""
+    fields = ", ".join(parameters(owner)[0])
+    if not isinstance(value, Mapping):
+        raise RecipeError(f"{place}: expected a mapping of names to {owner.__name__} settings ({fields}), got {value!r}",
+                          place.keys)
+    for name, settings in value.items():
+        where = place.below(str(name))
+        if not isinstance(settings, Mapping):
+            raise RecipeError(f"{where}: expected {owner.__name__}'s settings as a mapping ({fields}), got {settings!r}",
+                              where.keys)
+        _check_block(settings, owner, where)
 
 
 def _entry_class(kind: Any) -> type | None:

@@ -33,6 +33,7 @@ from sessrec.cli.errors import (
     locate,
     one_line,
     read_config,
+    union_error,
 )
 
 
@@ -65,7 +66,7 @@ def parse(parser: ArgumentParser, args: list[str], owner: Callable[..., Any] | N
     try:
         return parser.parse_args(args)
     except ArgumentError as err:
-        raise RecipeError(one_line(err)) from err
+        raise RecipeError(union_error(str(err)) or one_line(err)) from err
 
 
 def check_sources(args: list[str], owner: Callable[..., Any] | None = None,

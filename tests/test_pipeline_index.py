@@ -213,9 +213,8 @@ def test_missing_faiss_says_how_to_install(monkeypatch):
 
 @pytest.mark.parametrize("score_scale", [None, 8.0])
 def test_a_session_models_candidate_scores_are_its_logits_and_follow_its_weights(score_scale):
-    """`SessionModelRetriever.score` reads a cached table of every id's vector: the model's own logits at any
-    recommendable ids (a finite value at the special ones, which the model masks), and the new weights' once
-    they are written in place or pickled."""
+    """`SessionModelRetriever.score`: the model's own logits at any recommendable ids (a finite value at the
+    special ones, which the model masks), the new weights' once they are written in place, and a pickle's the same."""
     import pickle
 
     from sessrec.models import CausalLanguageModeling, SASRecEncoder, SessionModel
@@ -245,9 +244,4 @@ def test_a_session_models_candidate_scores_are_its_logits_and_follow_its_weights
         model.item_embedding.weight.mul_(-2.0)  # in place: the table follows
         model.output_bias.add_(1.0)
     check(retriever)
-    copied = pickle.loads(pickle.dumps(retriever))
-    assert copied._table is None  # a pickle carries no copy of the item vectors
-    check(copied)
-    vectors, ids = retriever.item_vectors()
-    assert torch.equal(ids, torch.nonzero(model.recommendable).squeeze(1))
-    torch.testing.assert_close(vectors, retriever.score_table()[ids])
+    check(pickle.loads(pickle.dumps(retriever)))

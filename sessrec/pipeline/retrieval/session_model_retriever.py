@@ -86,7 +86,6 @@ class SessionModelRetriever(Retriever):
         self._check_device(self.device)
         self._query = Query(model, objective)
         self._graph: OnnxSession | None = None  # the query's ONNX graph
-        self._table: tuple[tuple[Any, ...], torch.Tensor] | None = None  # `score_table`, keyed by the weights it was built from
         # the config names the objective and the index in use, also when they were defaults
         self._init_args.update(objective=self.objective, index=self.index)
 
@@ -127,23 +126,15 @@ class SessionModelRetriever(Retriever):
             self.index.build(*self.item_vectors()).to(self.device)
         return self.index
 
+    @torch.no_grad()
     def item_vectors(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(V', D + 1) item vectors (bias last) of the V' recommendable ids, and those ids (V',)."""
-        ids = torch.nonzero(self.model.recommendable).squeeze(1)
-        return self.score_table().index_select(0, ids), ids
-
-    @torch.no_grad()
-    def score_table(self) -> torch.Tensor:
-        """(V, D + 1) float32 vector of every id (normalised where the model scores by cosine, its output bias
-        last): a session's score of an item is its query's product with the item's row. Built once, and again
-        when the weights change (moved, loaded, or written in place)."""
         model = self.model
-        weight, bias = model.item_embedding.weight, model.output_bias
-        key = (weight.data_ptr(), weight._version, bias.data_ptr(), bias._version, model.score_scale)
-        if self._table is None or self._table[0] != key:
-            table = F.normalize(weight, dim=-1) if model.score_scale is not None else weight
-            self._table = (key, torch.cat([table, bias.unsqueeze(1)], dim=1).float().contiguous())
-        return self._table[1]
+        ids = torch.nonzero(model.recommendable).squeeze(1)
+        table = model.item_embedding.weight.index_select(0, ids)
+        if model.score_scale is not None:
+            table = F.normalize(table, dim=-1)
+        return torch.cat([table, model.output_bias.index_select(0, ids).unsqueeze(1)], dim=1).float().contiguous(), ids
 
     @torch.no_grad()
     def query_vectors(self, sessions: RequestSessions) -> torch.Tensor:
@@ -212,10 +203,6 @@ class SessionModelRetriever(Retriever):
         items = example_items(self.model.recommendable, batch, length, g)
         return (items, example_times(batch, length, g)) if self.model.uses_times else (items,)
 
-    def __getstate__(self) -> dict[str, Any]:
-        """The attributes but `score_table`'s copy of the item vectors (a copy or a pickle builds its own)."""
-        return {**self.__dict__, "_table": None}
-
     # -- the verbs ------------------------------------------------------------------------------
     def retrieve(self, sessions: RequestSessions, k: int) -> Retrieved:
         scores, items = self.built_index().search(self.query_vectors(sessions), k)
@@ -224,8 +211,12 @@ class SessionModelRetriever(Retriever):
     @torch.no_grad()
     def score(self, sessions: RequestSessions, items: torch.Tensor) -> torch.Tensor:
         q = self.query_vectors(sessions)  # (B, D + 1), 1 last
-        rows = self.score_table().index_select(0, items.reshape(-1)).view(*items.shape, -1)  # (B, K, D + 1), bias last
-        return torch.bmm(rows, q.to(rows.dtype).unsqueeze(2)).squeeze(2)
+        model, flat = self.model, items.reshape(-1)
+        table = model.item_embedding.weight.index_select(0, flat)  # (B K, D): gathers, one product per session
+        if model.score_scale is not None:
+            table = F.normalize(table, dim=-1)
+        bias = model.output_bias.index_select(0, flat).view(*items.shape, 1)
+        return torch.baddbmm(bias, table.view(*items.shape, -1), q[:, :-1].unsqueeze(2)).squeeze(2).float()
 
     # -- saving ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -671,11 +671,13 @@ def test_a_model_named_by_recipe_and_checkpoint_is_refused_in_one_line(world, tm
         "writes, not a recipe and a checkpoint: model_dir: runs/<name>/model (--traceback for details)")
 
 
-def test_a_model_seed_that_no_training_can_have_is_refused(world: World, tmp_path: Path) -> None:
+def test_a_model_seed_that_no_training_can_have_or_an_empty_model_dir_is_refused(world: World, tmp_path: Path) -> None:
     for seed in (-1, 2**32):
         with pytest.raises(ValueError, match=f"models.again.seed: {seed} is not a --seed_everything value"):
             small_recipe(world, tmp_path, models={"again": ModelRetrieval(str(world.model_dir), seed=seed)})
     assert small_recipe(world, tmp_path, models={"again": ModelRetrieval(str(world.model_dir), seed=1)})
+    with pytest.raises(ValueError, match=r"models.again.model_dir is empty: give the model directory"):
+        small_recipe(world, tmp_path, models={"again": ModelRetrieval(" ")})  # not read as the working directory
 
 
 def test_category_table_without_its_column_names_file_and_column(tmp_path: Path) -> None:

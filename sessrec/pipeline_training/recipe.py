@@ -159,6 +159,9 @@ class PipelineRecipe:
         self.max_candidates, self.seen_filter, self.seen_window = max_candidates, seen_filter, seen_window
         self.item_tables = list(item_tables or [])
         for name, spec in self.models.items():
+            if not str(spec.model_dir).strip():
+                raise ValueError(f"models.{name}.model_dir is empty: give the model directory that sessrec fit writes "
+                                 "(runs/<name>/model)")
             if spec.seed is not None and not 0 <= spec.seed < 2**32:
                 raise ValueError(f"models.{name}.seed: {spec.seed} is not a --seed_everything value (0 to 2**32 - 1)")
         # fitted in place: each recipe owns copies, so recipes built from the same defaults (or the

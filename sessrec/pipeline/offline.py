@@ -192,8 +192,8 @@ class RecommendJob:
                 check_served_after(now, times[:, -1], lambda row: f"session {batch.keys[row].as_py()!r}")
             except ValueError as err:
                 raise ValueError(f"{self.input_path}: {err}") from None
-        request = pipe.wrap(batch.items, times, now)
-        item_ids, scores = pipe.decode_lists(pipe.recommend_batch(request, self.k))
+        with torch.inference_mode():  # Arrow out: no tensor outlives the call
+            item_ids, scores = pipe.decode_lists(pipe.recommend_batch(pipe.wrap(batch.items, times, now), self.k))
         return pa.table({"session_id": batch.keys, "item_ids": item_ids, "scores": scores})
 
 

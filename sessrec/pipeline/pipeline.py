@@ -252,6 +252,7 @@ class Pipeline:
             raise ValueError(self.missing_times("times: per session a list of seconds since the epoch, one per item id"))
         return self.wrap(items, stamps, clock.request_now(request.now, len(items), stamps, arrival))
 
+    @torch.inference_mode()  # lists out: no tensor outlives the call
     def recommend(
         self,
         sessions: Sequence[Sequence[Any]],

@@ -100,6 +100,7 @@ class SessionModelService:
         """Per session ``{"item_ids": [...], "scores": [...]}`` (raw ids, best first)."""
         return decode_dicts(self.vocab, recs.items, recs.scores)
 
+    @torch.inference_mode()  # lists out: no tensor outlives the call
     def recommend(
         self,
         sessions: Sequence[Sequence[Any]],

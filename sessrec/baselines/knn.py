@@ -215,6 +215,8 @@ def sum_over_bits(
 def kth_highest(row: np.ndarray, value: np.ndarray, k: int) -> np.ndarray:
     """(rows,) the `k`-th highest value of each row's entries, -inf for a row of at most k; `row` ascending
     (each row's entries one run), found by a partial sort of each longer run (`np.partition`, linear in it).
+    One call a row: the runs differ in length, and one partition of them padded to the longest took 2-4
+    times as long at 16 and 256 rows of 2,000-10,000 entries.
 
     Examples:
         >>> kth_highest(np.array([0, 0, 0, 2]), np.array([0.5, 0.2, 0.9, 1.0]), 2).tolist()

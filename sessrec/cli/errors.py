@@ -346,8 +346,8 @@ def _check_block(block: Any, owner: Callable[..., Any], place: _Place, top: bool
             _check_block(value, object, where, bases=_classes(hint))
         elif isinstance(value, Mapping) and _is_plain(kind):
             _check_value(where, value, hint)  # a mapping where a number, bool or one of some values goes
-        elif _entry_class(kind) is not None and value is not None and value is not NO_VALUE:
-            _check_named(value, _entry_class(kind), where)  # a mapping of named settings (pipeline.models.<name>)
+        elif (entry := _entry_class(kind)) is not None and value is not None and value is not NO_VALUE:
+            _check_named(value, entry, where)  # a mapping of named settings (pipeline.models.<name>)
         elif isinstance(value, Mapping):
             default = _default(owner, name)
             if inspect.isclass(kind) and isinstance(default, kind):

@@ -498,21 +498,24 @@ def encode_raw(vocab: ItemVocab, sessions: Sequence[Sequence[Any]], max_width: i
     return torch.from_numpy(np.ascontiguousarray(items))
 
 
+def _filled(items: torch.Tensor, scores: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(B, k) model ids and scores -> the ids and float32 scores of the filled slots (special ids, the empty
+    slots, dropped), row-major: each row's in order, and (B + 1,) offsets of the rows."""
+    items, scores = items.cpu().numpy(), scores.cpu().numpy()
+    filled = items >= NUM_SPECIAL  # (B, k)
+    return items[filled], scores[filled].astype(np.float32), np.concatenate([[0], np.cumsum(filled.sum(axis=1))])
+
+
 def decode_lists(vocab: ItemVocab, items: torch.Tensor, scores: torch.Tensor) -> tuple[pa.ListArray, pa.ListArray]:
     """(B, k) model ids and scores -> (B,) lists of raw ids and float32 scores; special ids (empty slots) dropped."""
-    items, scores = items.cpu(), scores.cpu()
-    filled = items >= NUM_SPECIAL  # (B, k)
-    offsets = pa.array(np.concatenate([[0], np.cumsum(filled.sum(dim=1).numpy())]).astype(np.int32))
-    ids = vocab.decode(items[filled].numpy())  # row-major: each row's items in order
-    values = pa.array(scores[filled].numpy().astype(np.float32))
-    return pa.ListArray.from_arrays(offsets, ids), pa.ListArray.from_arrays(offsets, values)
+    ids, values, offsets = _filled(items, scores)
+    offsets = pa.array(offsets.astype(np.int32))
+    return pa.ListArray.from_arrays(offsets, vocab.decode(ids)), pa.ListArray.from_arrays(offsets, pa.array(values))
 
 
 def decode_dicts(vocab: ItemVocab, items: torch.Tensor, scores: torch.Tensor) -> list[dict[str, list]]:
     """Per row ``{"item_ids": [...], "scores": [...]}`` (raw ids, best first): `decode_lists` as Python lists,
     built without Arrow arrays (`ItemVocab.decode_list`)."""
-    items, scores = items.cpu().numpy(), scores.cpu().numpy()
-    filled = items >= NUM_SPECIAL  # (B, k); row-major: each row's items in order
-    ids, values = vocab.decode_list(items[filled]), scores[filled].astype(np.float32).tolist()
-    ends = np.cumsum(filled.sum(axis=1)).tolist()
-    return [{"item_ids": ids[lo:hi], "scores": values[lo:hi]} for lo, hi in zip([0, *ends[:-1]], ends)]
+    ids, values, offsets = _filled(items, scores)
+    ids, values, offsets = vocab.decode_list(ids), values.tolist(), offsets.tolist()
+    return [{"item_ids": ids[lo:hi], "scores": values[lo:hi]} for lo, hi in zip(offsets[:-1], offsets[1:])]

@@ -21,6 +21,7 @@ from sessrec.pipeline.scoring import (
     GBDTScorer,
     InputRows,
     Scorer,
+    dlrm_scorer,
     early_stopping_split,
 )
 from sessrec.pipeline.scoring.blend_scorer import standardised
@@ -169,10 +170,11 @@ def test_rank_gauss_takes_interpolated_ranks_and_the_middle_of_tied_runs() -> No
 
 
 @pytest.mark.parametrize("q", [16, 13, 2])
-def test_rank_gauss_matches_two_binary_searches(q: int) -> None:
+def test_rank_gauss_matches_two_binary_searches(q: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The branchless search and the table give what a left and a right `searchsorted` of each value and
     the interpolation give: the same scores, bit for bit, on values that hit runs, single quantiles and
-    neither, below and above all quantiles, for Q a power of two and not; NaN stays NaN."""
+    neither, below and above all quantiles, for Q a power of two and not, in one pass or in blocks of
+    rows; NaN stays NaN."""
     gen = torch.Generator().manual_seed(0)
     quantiles = torch.sort(torch.randint(0, 6, (4, q), generator=gen).float() / 2, dim=1).values  # runs of equal values
     x = torch.cat([torch.randint(-2, 8, (50, 4), generator=gen).float() / 2, torch.randn(50, 4, generator=gen) * 3])
@@ -188,6 +190,9 @@ def test_rank_gauss_matches_two_binary_searches(q: int) -> None:
     assert torch.equal(scale(x), expected)
     assert torch.equal(scale(x.reshape(4, 25, 4)), expected.reshape(4, 25, 4))
     assert scale(torch.tensor([[float("nan")] * 4])).isnan().all()
+    monkeypatch.setattr(dlrm_scorer, "BLOCK_VALUES", 12)  # blocks of 3 rows, the last one a single row
+    assert torch.equal(scale(x), expected)
+    assert torch.equal(scale(x.reshape(4, 25, 4)), expected.reshape(4, 25, 4))
 
 
 @pytest.mark.parametrize("q", [16, 13, 2])

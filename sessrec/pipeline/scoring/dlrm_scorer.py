@@ -99,9 +99,11 @@ class RankGauss:
     A value equal to a run of equal quantiles (a point mass, e.g. zeros) takes the middle rank of
     the run; a value between two quantiles the rank interpolated between theirs; values beyond the
     extremes take the extreme ranks. A value's position i (the first quantile not below it, the
-    quantiles below it counted) is found by a branchless binary search run on all values at once,
-    each step one gather and one comparison (``torch.searchsorted`` searches value by value: twice as
-    slow at a batch's 51,200 x 78 values, 2.5x at a request's 200 x 78, on one thread); the first step
+    quantiles below it counted) is found by a branchless binary search run on all values at once (on
+    the host on blocks of `BLOCK_VALUES`, whose passes stay in the core's cache: a quarter faster at a
+    batch's 51,200 x 78 values than one pass, on one thread), each step one gather and one comparison
+    (``torch.searchsorted`` searches value by value: twice as slow at a batch's 51,200 x 78 values, 2.5x
+    at a request's 200 x 78, on one thread); the first step
     compares with one quantile per feature and gathers nothing. The search's last gather reads the
     quantile at i: a value equal to it takes the score of its run's middle rank, read from a (G (P + 1),)
     column at (feature, i) (P: the power of two at or above Q; the search's quantiles are padded with
@@ -139,6 +141,16 @@ class RankGauss:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         shape, g = x.shape, x.shape[-1]
         flat = x.reshape(-1, g)  # (N, G)
+        block = max(1, BLOCK_VALUES // g) if flat.device.type == "cpu" else len(flat)
+        if len(flat) <= block:
+            return self._scale(flat).view(shape)
+        out = torch.empty(flat.shape, dtype=torch.float32, device=flat.device)
+        for lo in range(0, len(flat), block):
+            out[lo : lo + block] = self._scale(flat[lo : lo + block])
+        return out.view(shape)
+
+    def _scale(self, flat: torch.Tensor) -> torch.Tensor:
+        """(N, G) values -> (N, G) scores, all at once."""
         below = torch.empty(flat.shape, dtype=torch.int32, device=flat.device)  # comparisons write int32: twice as fast as bool
         at = torch.add(self.offsets, torch.lt(self.first, flat, out=below), alpha=self.steps[0])  # (N, G) table row
         rows = at.view(-1)
@@ -152,7 +164,10 @@ class RankGauss:
         u = value.sub_(self.lo.index_select(0, at)).div_(self.gap.index_select(0, at)).clamp_(0, 1)
         u = u.add_(self.rank.index_select(0, at)).div_(self.q - 1).double()
         between = u.clamp_(0.5 / self.q, 1 - 0.5 / self.q).mul_(2).sub_(1).erfinv_().mul_(math.sqrt(2.0)).float()  # `_normal`
-        return out.index_copy_(0, apart, between).view(shape)
+        return out.index_copy_(0, apart, between).view_as(flat)
+
+
+BLOCK_VALUES = 1 << 15  # values a host's RankGauss scales at once (`RankGauss`)
 
 
 def _slots(valid: torch.Tensor) -> torch.Tensor:

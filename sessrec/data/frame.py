@@ -203,10 +203,16 @@ def time_labels(
             later key ranks later); None: the sessions' positions. A session table sorted by
             session id ranks the same with its positions and with its session ids' ranks.
 
-    A period is given positive (`check_periods`); None leaves out the validation period.
+    A period is given positive (`check_periods`); None leaves out the validation period. Days and fractions
+    do not mix: a `valid_fraction` with `test_days` (or `valid_days` with `test_fraction`) is refused.
     """
     if (test_days is None) == (test_fraction is None):
         raise ValueError("give exactly one of test_days or test_fraction")
+    if (test_days is not None and valid_fraction is not None) or (test_fraction is not None and valid_days is not None):
+        given = f"test_days {test_days:g}" if test_days is not None else f"test_fraction {test_fraction:g}"
+        other = f"valid_fraction {valid_fraction:g}" if test_days is not None else f"valid_days {valid_days:g}"
+        raise ValueError(f"time_split: give days (test_days, valid_days) or fractions (test_fraction, valid_fraction), "
+                         f"not both; got {given} and {other}, which would be ignored")
     check_periods("time_split", test_days=test_days, valid_days=valid_days, test_fraction=test_fraction, valid_fraction=valid_fraction)
     if end is None:
         raise ValueError("time_split needs a timestamp column; the schema has none")

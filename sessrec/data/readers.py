@@ -13,6 +13,7 @@ from __future__ import annotations
 import gzip
 import io
 import pickle
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,9 +33,20 @@ NULL_VALUES = ["", "NA", "NaN", "null", "None"]  # what a CSV field holds for a 
 
 
 def _open_text_head(path: Path, n: int = 4096) -> str:
+    """The first `n` bytes of a text file (gzip ok), as text. A gzipped file cut short gives what it holds
+    before the cut: reading the file then refuses it in one line naming it, wherever it was cut."""
     opener = gzip.open if path.suffix == ".gz" else open
+    head = b""
     with opener(path, "rb") as f:
-        return f.read(n).decode("utf-8", errors="replace")
+        try:
+            while len(head) < n:
+                part = f.read1(n - len(head))
+                if not part:
+                    break
+                head += part
+        except (EOFError, zlib.error):  # a truncated or corrupt stream: the reader names the file
+            pass
+    return head.decode("utf-8", errors="replace")
 
 
 def _sniff_delimiter(path: Path) -> str:
@@ -282,7 +294,7 @@ def read_user_sequences(path: str | Path, layout: Literal["pairs", "lines"] = "p
         except UnicodeDecodeError as err:
             line = data.count(b"\n", 0, err.start) + 1
             raise SchemaError(f"{path}: line {line} is not valid UTF-8 text ({err.reason} at byte {err.start})") from err
-        except OSError as err:  # e.g. not gzip
+        except (OSError, EOFError, zlib.error) as err:  # not gzip, a gzip stream cut short or corrupt
             raise SchemaError(f"{path}: cannot be read: {err}") from err
         lines = pa.array(text.splitlines(), type=pa.string())
         tokens = pc.split_pattern(pc.utf8_trim_whitespace(lines), " ")

@@ -410,30 +410,36 @@ def parse_time(table: pa.Table, name: str, unit: TimeUnit, source: str, rows: Ro
     if pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type):
         col = _check_text(col, name, source, rows)
     typ = col.type
+    numbers = col  # the column's numbers (its values, or its text read as numbers); messages quote `col`
+    text = pa.types.is_string(typ) or pa.types.is_large_string(typ)
     if pa.types.is_timestamp(typ) or pa.types.is_date(typ):
         seconds = pc.cast(pc.cast(col, pa.timestamp("us")), pa.int64()).to_numpy(zero_copy_only=False) * 1e-6
         nulls = col.is_null().to_numpy(zero_copy_only=False)
-    elif pa.types.is_string(typ) or pa.types.is_large_string(typ):
+    elif text:
         nulls = col.is_null().to_numpy(zero_copy_only=False)
         if nulls.any():
             value, row = _example(col, nulls, rows)
             raise SchemaError(f"{source}: column {name!r} has a missing timestamp {value!r} at row {row}")
         parsed = _parse_time_strings(col)
-        nulls = parsed.is_null().to_numpy(zero_copy_only=False)
-        if nulls.any():
-            value, row = _example(col, nulls, rows)
-            raise SchemaError(
-                f"{source}: column {name!r} has an unparsable timestamp {value!r} at row {row}; "
-                "expected ISO-8601 (2016-05-09 or 2016-05-09T10:51:09Z) or numbers with time_unit set"
-            )
-        seconds = pc.cast(parsed, pa.int64()).to_numpy(zero_copy_only=False) * 1e-6
-    elif pa.types.is_integer(typ) or pa.types.is_floating(typ):
+        iso = parsed.is_valid().to_numpy(zero_copy_only=False)
+        if iso.all():
+            seconds = pc.cast(parsed, pa.int64()).to_numpy(zero_copy_only=False) * 1e-6
+        else:
+            numbers = _numeric_time_text(col, iso, name, unit, source, rows)
+    elif not (pa.types.is_integer(typ) or pa.types.is_floating(typ)):
+        raise SchemaError(
+            f"{source}: column {name!r} has dtype {typ} (e.g. {col[0].as_py()!r} at row {_row(rows, 0)}), "
+            "which is not a timestamp; "
+            "expected numbers, timestamps or ISO-8601 text"
+        )
+    numeric = pa.types.is_integer(numbers.type) or pa.types.is_floating(numbers.type)
+    if numeric:
         if unit == "datetime":
             raise SchemaError(
                 f"{source}: column {name!r} holds numbers (e.g. {col[0].as_py()!r} at row {_row(rows, 0)}); "
                 "set time_unit to s, ms, us or ns"
             )
-        seconds = col.cast(pa.float64()).to_numpy(zero_copy_only=False) * _UNIT_SECONDS[unit]
+        seconds = numbers.cast(pa.float64()).to_numpy(zero_copy_only=False) * _UNIT_SECONDS[unit]
         nulls = ~np.isfinite(seconds)
         negative = ~nulls & (seconds < 0)
         if negative.any():
@@ -442,18 +448,42 @@ def parse_time(table: pa.Table, name: str, unit: TimeUnit, source: str, rows: Ro
                 f"{source}: column {name!r} has a negative timestamp {value!r} at row {row} (before 1970); "
                 "drop or fill those rows"
             )
-    else:
-        raise SchemaError(
-            f"{source}: column {name!r} has dtype {typ} (e.g. {col[0].as_py()!r} at row {_row(rows, 0)}), "
-            "which is not a timestamp; "
-            "expected numbers, timestamps or ISO-8601 text"
-        )
     if nulls.any():
         value, row = _example(col, nulls, rows)
         raise SchemaError(f"{source}: column {name!r} has a missing timestamp {value!r} at row {row}")
-    if pa.types.is_integer(typ) or pa.types.is_floating(typ):
+    if numeric:
         _check_plausible(col, seconds, name, unit, source, rows)
     return pa.chunked_array([pa.array(np.asarray(seconds, dtype=np.float64))])
+
+
+_UNIT_WORDS = {"s": "seconds", "ms": "milliseconds", "us": "microseconds", "ns": "nanoseconds"}
+_ISO_FORM = "ISO-8601 (2016-05-09 or 2016-05-09T10:51:09Z)"
+
+
+def _numeric_time_text(col: pa.ChunkedArray, iso: np.ndarray, name: str, unit: TimeUnit, source: str,
+                       rows: Rows) -> pa.ChunkedArray:
+    """A text column of times that are not all ISO-8601 (`iso`: those that are): numbers as text, read in the
+    numeric `unit` (float64); else a one-line SchemaError naming the first value that does not parse.
+
+    The column's first value tells its form (numbers in `unit`, or ISO-8601): the first value of another
+    form is named, with the form expected; a first value of neither form is named itself.
+    """
+    number = pc.match_substring_regex(col, _NUMBER).to_numpy(zero_copy_only=False)
+    numeric_unit = unit != "datetime"
+    if numeric_unit and number.all():
+        return pc.cast(pc.utf8_trim_whitespace(col), pa.float64())
+    numbers = f"a number of {_UNIT_WORDS[unit]} since the epoch (time_unit: {unit})" if numeric_unit else ""
+    first = f"{col[0].as_py()!r} at row {_row(rows, 0)}"
+    if numeric_unit and number[0]:
+        bad, expected = ~number, f"{numbers}, as {first} is"
+    elif iso[0]:
+        bad, expected = ~iso, f"{_ISO_FORM}, as {first} is"
+    elif numeric_unit:
+        bad, expected = ~iso & ~number, f"{_ISO_FORM} or {numbers}"
+    else:
+        bad, expected = ~iso, f"{_ISO_FORM} with time_unit: datetime (for numbers set time_unit to s, ms, us or ns)"
+    value, row = _example(col, bad, rows)
+    raise SchemaError(f"{source}: column {name!r} has an unparsable timestamp {value!r} at row {row}; expected {expected}")
 
 
 PLAUSIBLE_SECONDS = (631_152_000.0, 4_102_444_800.0)  # 1990-01-01 and 2100-01-01 (UTC), seconds since the epoch

@@ -113,6 +113,9 @@ class SRGNNSource(SessionSource):
         return SessionSplits(train=train, valid=valid, test=test, source=str(self.path))
 
 
+VALID_FRACTION = 0.1  # `EventLogSource`'s validation share when neither valid_path nor valid_days is given
+
+
 class EventLogSource(SessionSource):
     """An event log file (CSV/TSV/parquet), sessionized and split by time.
 
@@ -135,7 +138,8 @@ class EventLogSource(SessionSource):
         test_days: held-out test period in days, the last of the log (used when `test_path` is None).
         test_fraction: instead of `test_days`, the latest share of sessions held out for testing.
         valid_days: validation period in days, before the test period (when `valid_path` is None).
-        valid_fraction: instead of `valid_days`, the latest share of the remaining sessions.
+        valid_fraction: instead of `valid_days`, the latest share of the remaining sessions; given with
+            `valid_days` (another value than its default), refused like `test_days` with `test_fraction`.
     """
 
     def __init__(
@@ -151,7 +155,7 @@ class EventLogSource(SessionSource):
         test_days: float | None = None,
         test_fraction: float | None = None,
         valid_days: float | None = None,
-        valid_fraction: float | None = 0.1,
+        valid_fraction: float | None = VALID_FRACTION,
     ) -> None:
         self.path, self.schema, self.test_path, self.valid_path = path, schema, test_path, valid_path
         self.delimiter = delimiter
@@ -163,11 +167,13 @@ class EventLogSource(SessionSource):
                              f"set; got test_days {test_days}, test_fraction {test_fraction}")
         if valid_path is None and valid_days is None and valid_fraction is None:
             raise ValueError("EventLogSource needs valid_path, valid_days or valid_fraction to hold out validation sessions")
-        if test_path is None:
-            frame.check_periods("EventLogSource", test_days=test_days, test_fraction=test_fraction)
-        if valid_path is None:
-            frame.check_periods("EventLogSource", valid_days=valid_days,
-                                valid_fraction=valid_fraction if valid_days is None else None)
+        # every period given is checked, used or not; valid_fraction's default gives way to valid_days, any other
+        # value with valid_days would be ignored: refused (a recorded default, 0.1, cannot be told from one given)
+        frame.check_periods("EventLogSource", test_days=test_days, test_fraction=test_fraction, valid_days=valid_days,
+                            valid_fraction=valid_fraction)
+        if valid_path is None and valid_days is not None and valid_fraction not in (None, VALID_FRACTION):
+            raise ValueError("EventLogSource takes one of valid_days and valid_fraction to hold out validation sessions, "
+                             f"not both; got valid_days {valid_days:g}, valid_fraction {valid_fraction:g}")
         if max_length is not None and max_length < max(min_length, 2):
             raise ValueError(
                 f"EventLogSource: max_length must be >= 2 and >= min_length ({min_length}), got {max_length}: "

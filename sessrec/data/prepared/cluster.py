@@ -246,7 +246,10 @@ class DaskEngine:
                                         if source.schema.string_ids else {}, null_values=NULL_VALUES,
                                         strings_can_be_null=True)
             delim = pacsv.ParseOptions(delimiter=source.delimiter or _sniff_delimiter(Path(path)))
-            column_types = pacsv.open_csv(path, parse_options=delim, convert_options=opts).schema
+            try:
+                column_types = pacsv.open_csv(path, parse_options=delim, convert_options=opts).schema
+            except (pa.ArrowInvalid, OSError, UnicodeDecodeError) as err:  # as `read_piece` words it
+                raise SchemaError(f"{path}: cannot be read as CSV: {err}") from err
         pieces = pieces_of(path)
         first, _ = read_piece(pieces[0], source.schema, source.delimiter, column_types)
         meta = _to_frame(first.slice(0, 0), self.backend)

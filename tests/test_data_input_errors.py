@@ -1,0 +1,133 @@
+"""Bad data settings and inputs are refused in one line naming the setting, or the file, column, row and value:
+validation periods given twice, gzipped logs cut short, one ISO-8601 time among numbers."""
+
+from __future__ import annotations
+
+import gzip
+import re
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from sessrec.data import frame
+from sessrec.data.readers import read_events, read_user_sequences, scan_events
+from sessrec.data.schema import Schema, SchemaError
+from sessrec.data.sources import EventLogSource
+from sessrec.data.stream import ScoringStream
+from sessrec.data.vocab import ItemVocab
+
+SCHEMA = Schema(session_id="sid", item_id="iid", timestamp="ts", time_unit="s")
+
+
+def event_lines(n: int = 400) -> list[list[str]]:
+    """`n` events of sessions of 4, one every 37 seconds from 2023-11-14."""
+    return [[str(i // 4), str(1 + i % 50), str(1_700_000_000 + 37 * i)] for i in range(n)]
+
+
+def write_csv(path, rows: list[list[str]]) -> str:
+    path.write_text("sid,iid,ts\n" + "".join(",".join(r) + "\n" for r in rows))
+    return str(path)
+
+
+# ------------------------------------------------------------------------------ validation periods
+@pytest.mark.parametrize("fraction", [0.3, 0.5])
+def test_valid_days_with_a_valid_fraction_is_refused_like_test_days_with_test_fraction(fraction):
+    with pytest.raises(ValueError, match="^" + re.escape(
+            "EventLogSource takes one of valid_days and valid_fraction to hold out validation sessions, not both; "
+            f"got valid_days 1, valid_fraction {fraction:g}")):
+        EventLogSource("events.csv", test_days=1, valid_days=1, valid_fraction=fraction)
+    EventLogSource("events.csv", test_days=1, valid_days=1)  # the default fraction gives way to the days
+    EventLogSource("events.csv", test_days=1, valid_days=1, valid_fraction=None)
+
+
+@pytest.mark.parametrize("settings", [
+    {"test_days": 1, "valid_days": 1, "valid_fraction": 1.5},
+    {"test_days": 1, "valid_path": "valid.csv", "valid_fraction": 1.5},
+    {"test_path": "test.csv", "test_fraction": 2.0},
+], ids=["with-valid_days", "with-valid_path", "test_fraction-with-test_path"])
+def test_a_fraction_out_of_range_is_refused_whenever_given(settings):
+    name, value = next((k, v) for k, v in settings.items() if k.endswith("_fraction"))
+    with pytest.raises(ValueError, match="^" + re.escape(f"EventLogSource: {name} must be a share in (0, 1), got {value}")):
+        EventLogSource("events.csv", **settings)
+
+
+@pytest.mark.parametrize("settings,named", [
+    ({"test_days": 1.0, "valid_fraction": 0.3}, "test_days 1 and valid_fraction 0.3"),
+    ({"test_fraction": 0.2, "valid_days": 1.0}, "test_fraction 0.2 and valid_days 1"),
+])
+def test_time_labels_refuse_days_mixed_with_fractions(settings, named):
+    with pytest.raises(ValueError, match=re.escape(f"not both; got {named}, which would be ignored")):
+        frame.time_labels(np.arange(10.0) * frame.DAY, **settings)
+
+
+# ------------------------------------------------------------------------------ truncated gzip
+@pytest.fixture
+def cut_logs(tmp_path):
+    """The same gzipped log cut at 60, 300 and 3000 bytes (early cuts end inside the first 4 KiB read)."""
+    text = "sid,iid,ts\n" + "".join(",".join(r) + "\n" for r in event_lines(2000))
+    whole = gzip.compress(text.encode())
+    assert len(whole) > 3000
+    paths = []
+    for size in (60, 300, 3000):
+        path = tmp_path / f"cut{size}.csv.gz"
+        path.write_bytes(whole[:size])
+        paths.append(path)
+    return paths
+
+
+READERS = {
+    "read_events": lambda path: read_events(path, SCHEMA),
+    "scan_events": lambda path: list(scan_events(path, SCHEMA)),
+    "ScoringStream": lambda path: list(ScoringStream(path, ItemVocab.fit(pa.array(np.arange(1, 51))), SCHEMA)),
+    "ScoringStream.partitions": lambda path: ScoringStream(path, ItemVocab.fit(pa.array([1])), SCHEMA).partitions(10),
+    "read_user_sequences": lambda path: read_user_sequences(path, "lines"),
+}
+
+
+@pytest.mark.parametrize("reader", list(READERS))
+def test_a_gzip_cut_anywhere_is_refused_in_one_line_naming_the_file(cut_logs, reader):
+    messages = []
+    for path in cut_logs:
+        with pytest.raises(SchemaError) as err:
+            READERS[reader](path)
+        message = str(err.value)
+        assert message.startswith(f"{path}: cannot be read") and "\n" not in message, message
+        messages.append(message.replace(str(path), "<file>"))
+    assert len(set(messages)) == 1, messages  # cut early or late: the same words
+
+
+# ------------------------------------------------------------------------------ one ISO time among numbers
+def test_one_iso_time_among_epoch_seconds_is_named_at_its_row(tmp_path):
+    rows = event_lines(100)
+    rows[50][2] = "2023-11-14T22:00:00"
+    path = write_csv(tmp_path / "events.csv", rows)
+    with pytest.raises(SchemaError) as err:
+        read_events(path, SCHEMA)
+    assert str(err.value) == (
+        f"{path}: column 'ts' has an unparsable timestamp '2023-11-14T22:00:00' at row 50; expected a number of "
+        "seconds since the epoch (time_unit: s), as '1700000000' at row 0 is"
+    )
+    ms = Schema(session_id="sid", item_id="iid", timestamp="ts", time_unit="ms")
+    with pytest.raises(SchemaError, match=re.escape("'2023-11-14T22:00:00' at row 50; expected a number of milliseconds "
+                                                    "since the epoch (time_unit: ms)")):
+        read_events(path, ms)
+
+
+def test_numeric_text_times_of_a_parquet_file_read_in_the_time_unit_one_iso_among_them_named(tmp_path):
+    rows = event_lines(100)
+    table = pa.table({"sid": [int(r[0]) for r in rows], "iid": [int(r[1]) for r in rows], "ts": [r[2] for r in rows]})
+    pq.write_table(table, tmp_path / "text.parquet")
+    times = read_events(tmp_path / "text.parquet", SCHEMA).column("ts").to_numpy()
+    assert np.array_equal(times, 1_700_000_000 + 37.0 * np.arange(100))
+    stamps = [r[2] for r in rows]
+    stamps[70] = "2023-11-14 22:00:00"
+    pq.write_table(table.set_column(2, "ts", pa.array(stamps)), tmp_path / "mixed.parquet")
+    with pytest.raises(SchemaError, match="^" + re.escape(
+            f"{tmp_path / 'mixed.parquet'}: column 'ts' has an unparsable timestamp '2023-11-14 22:00:00' at row 70; "
+            "expected a number of seconds since the epoch (time_unit: s)")):
+        read_events(tmp_path / "mixed.parquet", SCHEMA)
+    iso = Schema(session_id="sid", item_id="iid", timestamp="ts", time_unit="datetime")
+    with pytest.raises(SchemaError, match=re.escape("unparsable timestamp '1700000000' at row 0; expected ISO-8601")):
+        read_events(tmp_path / "text.parquet", iso)

@@ -317,3 +317,40 @@ def test_predict_resumes_after_a_worker_is_killed(world: World, one_process: Pat
     assert counts["partitions_resumed"] == len(done) and counts["partitions_written"] == 22 - len(done)
     assert sum(counts["loads"].values()) <= 2 and counts["sessions"] == SESSIONS
     assert out.read_bytes() == one_process.read_bytes()
+
+
+def test_a_k_above_what_a_session_can_be_recommended_returns_what_there_is(world: World, tmp_path: Path) -> None:
+    """With its own items excluded, a session can be recommended fewer items than the catalogue's: a k above that
+    returns those, in every path (batch scoring, the Trainer's, the Python API, the server), never a seen item, an
+    empty id or a -inf score."""
+    from dataclasses import replace
+
+    from fastapi.testclient import TestClient
+
+    from sessrec.artifacts import SessionRecommender
+    from sessrec.serving.app import build_app
+    from sessrec.serving.recommender import SessionModelService
+    from sessrec.serving.request import Limits
+
+    recommender = SessionRecommender.from_pretrained(world.model_dir)
+    recommender.inference = replace(recommender.inference, exclude_seen=True)
+    excluding = recommender.save_pretrained(tmp_path / "excluding")
+    service = SessionModelService.from_pretrained(excluding)
+    products, k = service.vocab.num_products, 10 * service.vocab.num_products
+    out, trainer = tmp_path / "recs.parquet", tmp_path / "trainer.parquet"
+    predict_file(excluding, world.events, out, k=k, batch_size=32)
+    cli(["predict", "--config", str(world.recipe), "--model_dir", str(excluding), "--data.predict_path", str(world.events),
+         "--scoring.output", str(trainer), "--model.evaluation.top_k", str(k)])
+    recs, inputs = pq.read_table(out), pq.read_table(world.events).to_pandas()
+    assert recs.equals(pq.read_table(trainer))
+    known = set(service.vocab.raw_ids.to_pylist()[2:])
+    seen = inputs.groupby("session_id", sort=False)["item_id"].agg(lambda s: set(s) & known)
+    for session, items, scores in zip(*(recs.column(c).to_pylist() for c in ("session_id", "item_ids", "scores"))):
+        assert len(items) == products - len(seen[session]) and not set(items) & seen[session]
+        assert None not in items and all(np.isfinite(scores)) and scores == sorted(scores, reverse=True)
+    session = [int(i) for i in inputs["item_id"][:3] if int(i) in known]
+    api = service.recommend([session], k=k)[0]
+    assert len(api["item_ids"]) == products - len(set(session)) and not set(api["item_ids"]) & set(session)
+    with TestClient(build_app(service, limits=Limits(k_max=k))) as client:
+        reply = client.post("/recommend", json={"session": session, "k": k})
+    assert reply.status_code == 200 and reply.json()["recommendations"] == [api]

@@ -332,6 +332,34 @@ class _SortedKeys:
         return np.where(self.keys[at] == query, self.order[at], -1)
 
 
+def _host(values: Any) -> np.ndarray:
+    """A tensor (on any device) or array as a host numpy array."""
+    return values.cpu().numpy() if hasattr(values, "cpu") else np.asarray(values)
+
+
+def _filled(items: Any, scores: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(B, k) model ids and scores -> the ids and float32 scores of the filled slots (special ids, the empty
+    slots, dropped), row-major: each row's in order, and (B + 1,) offsets of the rows."""
+    items, scores = _host(items), _host(scores)
+    filled = items >= NUM_SPECIAL  # (B, k)
+    return items[filled], scores[filled].astype(np.float32), np.concatenate([[0], np.cumsum(filled.sum(axis=1))])
+
+
+def decode_lists(vocab: ItemVocab, items: Any, scores: Any) -> tuple[pa.ListArray, pa.ListArray]:
+    """(B, k) model ids and scores -> (B,) lists of raw ids and float32 scores; special ids (empty slots) dropped."""
+    ids, values, offsets = _filled(items, scores)
+    offsets = pa.array(offsets.astype(np.int32))
+    return pa.ListArray.from_arrays(offsets, vocab.decode(ids)), pa.ListArray.from_arrays(offsets, pa.array(values))
+
+
+def decode_dicts(vocab: ItemVocab, items: Any, scores: Any) -> list[dict[str, list]]:
+    """Per row ``{"item_ids": [...], "scores": [...]}`` (raw ids, best first): `decode_lists` as Python lists,
+    built without Arrow arrays (`ItemVocab.decode_list`)."""
+    ids, values, offsets = _filled(items, scores)
+    ids, values, offsets = vocab.decode_list(ids), values.tolist(), offsets.tolist()
+    return [{"item_ids": ids[lo:hi], "scores": values[lo:hi]} for lo, hi in zip(offsets[:-1], offsets[1:])]
+
+
 def count_items(items: pa.Array | pa.ChunkedArray) -> pa.Table:
     """``raw_id``/``count``: the distinct values of `items` and how often each occurs (any order).
 

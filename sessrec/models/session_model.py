@@ -57,6 +57,20 @@ def exclude_seen(scores: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
     return scores.scatter(1, index, float("-inf"))
 
 
+def top_recommendable(scores: torch.Tensor, k: int, recommendable: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The best min(`k`, `recommendable`) ids of (B, V) next-item scores and their scores, best first, of a
+    catalogue with `recommendable` ids that can be recommended. A session with fewer (its own items excluded:
+    `exclude_seen`) gets id 0 (padding) past the last one, whose -inf score it keeps, and decoding drops
+    those slots: a `k` larger than what a session can be recommended returns what there is.
+
+    Examples:
+        >>> top_recommendable(torch.tensor([[-float("inf"), 0.5, -float("inf"), 2.0]]), 3, 3)[0].tolist()
+        [[3, 1, 0]]
+    """
+    top = scores.topk(min(k, recommendable), dim=1)
+    return top.indices.masked_fill(top.values == float("-inf"), 0), top.values
+
+
 def next_item_scores(
     model: SessionModel, objective: Objective | None, items: torch.Tensor, features: dict[str, torch.Tensor] | None = None,
     exclude: bool = False,

@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 
 from sessrec.data import frame
-from sessrec.data.vocab import NUM_SPECIAL, ItemVocab
+from sessrec.data.vocab import ItemVocab, decode_dicts, decode_lists
 from sessrec.pipeline import clock
 from sessrec.pipeline.candidate_features import CandidateFeatures, RankingInputs
 from sessrec.pipeline.candidates import Candidates, Recommendations, RequestSessions, Retrieved, merge
@@ -496,26 +496,3 @@ def encode_raw(vocab: ItemVocab, sessions: Sequence[Sequence[Any]], max_width: i
     width = int(min(max(lengths.max(initial=1), 1), max_width))
     items = frame.pad_sessions(encoded.ids, offsets[:-1], offsets[1:], width, np.int64)
     return torch.from_numpy(np.ascontiguousarray(items))
-
-
-def _filled(items: torch.Tensor, scores: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(B, k) model ids and scores -> the ids and float32 scores of the filled slots (special ids, the empty
-    slots, dropped), row-major: each row's in order, and (B + 1,) offsets of the rows."""
-    items, scores = items.cpu().numpy(), scores.cpu().numpy()
-    filled = items >= NUM_SPECIAL  # (B, k)
-    return items[filled], scores[filled].astype(np.float32), np.concatenate([[0], np.cumsum(filled.sum(axis=1))])
-
-
-def decode_lists(vocab: ItemVocab, items: torch.Tensor, scores: torch.Tensor) -> tuple[pa.ListArray, pa.ListArray]:
-    """(B, k) model ids and scores -> (B,) lists of raw ids and float32 scores; special ids (empty slots) dropped."""
-    ids, values, offsets = _filled(items, scores)
-    offsets = pa.array(offsets.astype(np.int32))
-    return pa.ListArray.from_arrays(offsets, vocab.decode(ids)), pa.ListArray.from_arrays(offsets, pa.array(values))
-
-
-def decode_dicts(vocab: ItemVocab, items: torch.Tensor, scores: torch.Tensor) -> list[dict[str, list]]:
-    """Per row ``{"item_ids": [...], "scores": [...]}`` (raw ids, best first): `decode_lists` as Python lists,
-    built without Arrow arrays (`ItemVocab.decode_list`)."""
-    ids, values, offsets = _filled(items, scores)
-    ids, values, offsets = vocab.decode_list(ids), values.tolist(), offsets.tolist()
-    return [{"item_ids": ids[lo:hi], "scores": values[lo:hi]} for lo, hi in zip(offsets[:-1], offsets[1:])]

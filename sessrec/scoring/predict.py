@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-import numpy as np
 import pyarrow as pa
 import torch
 
@@ -29,7 +28,8 @@ from sessrec.artifacts.session_recommender import SessionRecommender
 from sessrec.data.batch import SessionBatch
 from sessrec.data.schema import Schema
 from sessrec.data.stream import Partition, ScoringStream
-from sessrec.models.session_model import next_item_scores
+from sessrec.data.vocab import ItemVocab, decode_lists
+from sessrec.models.session_model import next_item_scores, top_recommendable
 from sessrec.saved import versions
 from sessrec.saved.atomic import digest
 from sessrec.scoring.engine import Engine, load_once, worker_name
@@ -37,14 +37,12 @@ from sessrec.scoring.output import OutputFile
 from sessrec.scoring.parts import PartsFolder, check_settings, write_part
 
 
-def topk_table(keys: pa.Array, items: pa.Array, scores: torch.Tensor) -> pa.Table:
+def topk_table(keys: pa.Array, vocab: ItemVocab, items: torch.Tensor, scores: torch.Tensor) -> pa.Table:
     """``session_id``, ``item_ids`` (raw ids, best first) and ``scores`` (float32) of a batch: its
-    session ids, the flat raw ids of its (B, K) top items and their (B, K) scores."""
-    k = scores.shape[1]
-    offsets = pa.array(np.arange(0, len(items) + 1, k, dtype=np.int32))
-    values = pa.array(scores.detach().float().cpu().numpy().reshape(-1))
-    return pa.table({"session_id": keys, "item_ids": pa.ListArray.from_arrays(offsets, items),
-                     "scores": pa.ListArray.from_arrays(offsets, values)})
+    session ids and the raw ids and scores of its (B, K) top model ids, the empty slots (id 0: a
+    session with fewer recommendable items, `top_recommendable`) dropped."""
+    item_ids, values = decode_lists(vocab, items, scores.detach().float())
+    return pa.table({"session_id": keys, "item_ids": item_ids, "scores": values})
 
 
 @dataclass(frozen=True)
@@ -87,8 +85,8 @@ class TopKJob:
         with torch.inference_mode():
             scores = next_item_scores(model, recommender.objective, batch.items, model.batch_features(batch),
                                       self.exclude_seen)
-            top = scores.topk(min(self.k, int(model.recommendable.sum())), dim=1)
-        return topk_table(batch.keys, recommender.vocab.decode(top.indices.numpy()), top.values)
+            items, values = top_recommendable(scores, self.k, int(model.recommendable.sum()))
+        return topk_table(batch.keys, recommender.vocab, items, values)
 
 
 def predict_file(

@@ -33,10 +33,11 @@ import torch
 import torch.nn.functional as F
 
 from sessrec.artifacts.session_recommender import SessionRecommender
-from sessrec.data.vocab import ItemVocab
+from sessrec.data.vocab import ItemVocab, decode_dicts
+from sessrec.models.session_model import top_recommendable
 from sessrec.pipeline import clock
 from sessrec.pipeline.candidates import Recommendations, RequestSessions
-from sessrec.pipeline.pipeline import Pipeline, decode_dicts, encode_raw
+from sessrec.pipeline.pipeline import Pipeline, encode_raw
 from sessrec.pipeline.request import Request, check_request
 from sessrec.saved.versions import resolve
 
@@ -93,8 +94,8 @@ class SessionModelService:
         event times (`HSTUEncoder`) gets the sessions' times where the request carries them."""
         features = self.model.batch_features(sessions)  # {EVENT_TIMES: times} for such an encoder, else None
         scores = self.recommender.scores(sessions.items, features)
-        top = scores.topk(min(k, int(self.model.recommendable.sum())), dim=1)
-        return Recommendations(top.indices, top.values.float())
+        items, values = top_recommendable(scores, k, int(self.model.recommendable.sum()))
+        return Recommendations(items, values.float())
 
     def decode(self, recs: Recommendations) -> list[dict[str, list]]:
         """Per session ``{"item_ids": [...], "scores": [...]}`` (raw ids, best first)."""

@@ -181,7 +181,7 @@ class TopKWriter(BasePredictionWriter):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, prediction: Any, batch_indices: Any,
         batch: Any, batch_idx: int, dataloader_idx: int,
     ) -> None:
-        table = topk_table(batch.keys, trainer.datamodule.decode(prediction.items), prediction.scores)
+        table = topk_table(batch.keys, trainer.datamodule.vocab, prediction.items, prediction.scores)
         if self._writer is None:
             self._writer = pq.ParquetWriter(self._tmp, table.schema)
         self._writer.write_table(table)

@@ -24,7 +24,7 @@ from sessrec.data.batch import SessionBatch
 from sessrec.data.side import SideInfoSpec
 from sessrec.metrics import TopKMetrics
 from sessrec.models import MaskedItemModeling, Objective, SessionModel, XLNetEncoder
-from sessrec.models.session_model import exclude_seen, next_item_scores
+from sessrec.models.session_model import exclude_seen, next_item_scores, top_recommendable
 from sessrec.models.side_info import SideInfoConfig, SideInfoEmbedding
 from sessrec.saved.directory import loads_no_directory
 from sessrec.saved.registry import config_of, instantiate, register
@@ -245,8 +245,8 @@ class NextItemTask(Pretrained, pl.LightningModule):
     def recommend(self, items: torch.Tensor, k: int, features: dict[str, torch.Tensor] | None = None) -> TopK:
         """The `k` best recommendable items (fewer if the catalogue is smaller) of (B, L) model-id sessions."""
         scores = next_item_scores(self.model, self.objective, items, features, self.evaluation.exclude_seen)
-        top = scores.topk(min(k, int(self.model.recommendable.sum())), dim=1)
-        return TopK(items=top.indices, scores=top.values)
+        items, values = top_recommendable(scores, k, int(self.model.recommendable.sum()))
+        return TopK(items=items, scores=values)
 
     # -- the artifact (`sessrec.artifacts.SessionRecommender`) ------------------------------------
     def inference(self) -> Inference:

@@ -15,6 +15,7 @@ import pytorch_lightning as pl
 
 from sessrec.data.batch import SessionBatch
 from sessrec.data.vocab import NUM_SPECIAL
+from sessrec.models.session_model import top_recommendable
 from sessrec.tasks.checkpointing import full_precision
 from sessrec.tasks.next_item import NextItemTask, TopK
 
@@ -48,5 +49,5 @@ class ScoringOnlyTask(pl.LightningModule):
         with full_precision(self):
             scores = self(batch)
         recommendable = scores.shape[1] - NUM_SPECIAL - int(self.hparams.get("num_virtual", 0))
-        top = scores.topk(min(self.evaluation.top_k, recommendable), dim=1)
-        return TopK(items=top.indices, scores=top.values)
+        items, values = top_recommendable(scores, self.evaluation.top_k, recommendable)
+        return TopK(items=items, scores=values)

@@ -38,12 +38,17 @@ set by a recipe or on the command line:
   the model's. The recipe a model was trained with always passes.
 
 A checkpoint resumes ``fit`` (``--ckpt_path``) and nothing else. ``fit`` refuses a Trainer that would
-take no training step (``max_epochs``, ``max_steps`` or ``limit_train_batches`` 0), which would save
-untrained weights as the model directory.
+take no training step (``max_epochs``, ``max_steps`` or ``limit_train_batches`` 0, a ``max_time`` of
+zero), which would save untrained weights as the model directory, and one of no planned end
+(``max_epochs -1``, or ``max_time`` without ``max_epochs``, and no ``max_steps``) for a schedule that
+decays over the planned steps (cosine or linear without ``schedule.seconds``).
 
-``fit --ckpt_path`` resumes with the checkpoint's model settings (LightningCLI's own restore); a
-checkpoint of ``<save_dir>/<name>/version_N/checkpoints/`` (``last.ckpt`` of a killed run) continues
-in ``version_N`` (its logger, checkpoints and ``metrics.csv``), not in a new version folder.
+``fit --ckpt_path`` resumes with the checkpoint's model settings (LightningCLI's own restore): a model
+setting given by the recipe or a flag that differs from the checkpoint's, or a ``--data.max_length``
+other than its, is refused in one line naming it, and so is data of another vocabulary, before
+anything is written. A checkpoint of ``<save_dir>/<name>/version_N/checkpoints/`` (``last.ckpt`` of a
+killed run) continues in ``version_N`` (its logger, checkpoints and ``metrics.csv``), not in a new
+version folder.
 
 After ``fit``, the metrics printed are those of the checkpoint kept (``best.ckpt``: the validation
 that chose it, with its epoch and step), which need not be the last epoch's.
@@ -56,6 +61,7 @@ import re
 import sys
 import warnings
 from argparse import ArgumentError
+from datetime import timedelta
 from importlib import import_module
 from pathlib import Path
 from typing import Literal
@@ -69,13 +75,13 @@ from sessrec.artifacts import ClickRanker, SessionRecommender, load_artifact
 from sessrec.artifacts.model_directory import FEATURES, VOCAB, read_model_directory
 from sessrec.cli.errors import RecipeError, one_line, refuse_null_below_class
 from sessrec.cli.parsers import check_sources, checkpoint_refused
-from sessrec.saved.checkpoint import checkpoint_summary
+from sessrec.saved.checkpoint import checkpoint_summary, read_checkpoint
 from sessrec.saved.registry import config_of
 from sessrec.scoring import Engine, predict_file
 from sessrec.tasks import DLRMTask, LastCheckpoint, NextItemTask, SessionDataModule, TopKWriter
 from sessrec.tasks.callbacks import MetricHistory, PredictProgress
 from sessrec.tasks.checkpointing import best_of_run, plain_hparams
-from sessrec.tasks.restore import merge_with_model, task_class
+from sessrec.tasks.restore import merge_with_model, refuse_changed, task_class
 
 PARTITION_BATCHES = 8  # predict --engine dask: batches per partition by default
 EVALUATING = ("validate", "test", "predict")  # subcommands that evaluate or run a trained model
@@ -115,6 +121,9 @@ class SessrecCLI(LightningCLI):
         model over the config by the rule of the module docstring (`merge_with_model`)."""
         sub = self.config.get("subcommand")
         if sub not in EVALUATING:
+            if sub == "fit" and self.config[sub].get("ckpt_path") and Path(self.config[sub].ckpt_path).is_file():
+                given = self.parser.parse_args(self._args, defaults=False)[sub] if self._args is not None else self.config[sub]
+                refuse_other_settings(given, self.config[sub].ckpt_path)
             super()._parse_ckpt_path()
             return
         cfg = self.config[sub]
@@ -191,6 +200,7 @@ class SessrecCLI(LightningCLI):
         refuse_half_weights(cfg.trainer)
         if sub == "fit":
             refuse_no_training(cfg.trainer)
+            refuse_endless_schedule(cfg.trainer, cfg.model)
             if cfg.get("model_dir"):
                 raise ValueError("sessrec fit trains the recipe's model: --model_dir is for validate, test and predict "
                                  "(--ckpt_path resumes a fit)")
@@ -239,7 +249,13 @@ class SessrecCLI(LightningCLI):
 
     def before_fit(self) -> None:
         """Record the metrics of every validation (`MetricHistory`), and on a resume put the earlier
-        rows of the run's ``metrics.csv`` back (the CSV logger starts the file over)."""
+        rows of the run's ``metrics.csv`` back (the CSV logger starts the file over). A checkpoint's data
+        state (its vocabulary: `SessionDataModule.load_state_dict`) is taken here, before anything is
+        written, so that one of other data is refused with no run folder left."""
+        ckpt = self.config["fit"].get("ckpt_path")
+        state = read_checkpoint(ckpt).get(type(self.datamodule).__qualname__) if ckpt and Path(ckpt).is_file() else None
+        if state is not None and callable(getattr(self.datamodule, "load_state_dict", None)):
+            self.datamodule.load_state_dict(state)
         self._history = MetricHistory()
         self.trainer.callbacks.append(self._history)
         if self._resumed is not None:
@@ -331,6 +347,7 @@ def refuse_trainer_settings(trainer: Namespace) -> None:
 
 
 NO_TRAINING = {"max_epochs": (0,), "max_steps": (0,), "limit_train_batches": (0, 0.0)}  # Trainer settings of no step
+NO_STEP = "sessrec fit would take no training step and save untrained weights; give at least one"
 
 
 HALF_WEIGHTS = {"16-true": "16-mixed", "bf16-true": "bf16-mixed"}  # precision -> the mixed setting to use instead
@@ -353,8 +370,55 @@ def refuse_no_training(trainer: Namespace) -> None:
     for key, nothing in NO_TRAINING.items():
         value = trainer.get(key)
         if value is not None and not isinstance(value, bool) and value in nothing:
-            raise ValueError(f"--trainer.{key} {value}: sessrec fit would take no training step and save untrained "
-                             "weights; give at least one (fast_dev_run true checks a recipe without saving)")
+            raise ValueError(f"--trainer.{key} {value}: {NO_STEP} (fast_dev_run true checks a recipe without saving)")
+    seconds = duration_seconds(trainer.get("max_time"))
+    if seconds is not None and seconds <= 0:
+        raise ValueError(f"--trainer.max_time {trainer.max_time}: a time limit of {seconds:g} s; {NO_STEP} second "
+                         "(DD:HH:MM:SS, e.g. 00:01:00:00 for an hour)")
+
+
+def duration_seconds(value: object) -> float | None:
+    """A Trainer's ``max_time`` in seconds, read as Lightning's `Timer` reads it (``DD:HH:MM:SS``, a mapping of
+    `timedelta`'s arguments, a `timedelta`); None when unset or not such a value (the Timer refuses it)."""
+    found = re.fullmatch(r"(\d+):(\d\d):(\d\d):(\d\d)", value.strip()) if isinstance(value, str) else None
+    if found is not None:
+        value = timedelta(**dict(zip(("days", "hours", "minutes", "seconds"), map(int, found.groups()), strict=True)))
+    elif isinstance(value, dict):
+        try:
+            value = timedelta(**value)
+        except TypeError:
+            return None
+    return value.total_seconds() if isinstance(value, timedelta) else None
+
+
+def refuse_endless_schedule(trainer: Namespace, model: Namespace) -> None:
+    """Refuse a Trainer of no planned end (``max_epochs -1``, or none with ``max_time``, and no ``max_steps``: Lightning
+    trains until stopped) for a task whose learning-rate schedule decays over the planned steps (a cosine or linear
+    `sessrec.tasks.settings.Schedule` without a time budget, ``seconds``), in one line saying why."""
+    init = model.get("init_args")
+    schedule = init.get("schedule") if isinstance(init, Namespace) else None
+    epochs, steps = trainer.get("max_epochs"), trainer.get("max_steps")
+    endless = steps in (None, -1) and (epochs == -1 or (epochs is None and trainer.get("max_time") is not None))
+    if not endless or schedule is None or schedule.get("decay") == "constant" or schedule.get("seconds") is not None:
+        return
+    given = "--trainer.max_epochs -1" if epochs == -1 else "--trainer.max_time without --trainer.max_epochs"
+    raise ValueError(f"{given} and no --trainer.max_steps: training has no planned end, and the {schedule.decay} "
+                     "learning-rate schedule decays over the planned steps; set --trainer.max_steps or a "
+                     "--trainer.max_epochs, a time budget --model.schedule.seconds, or --model.schedule.decay constant")
+
+
+def refuse_other_settings(given: Namespace, ckpt: str) -> None:
+    """For ``fit --ckpt_path``: refuse a model setting given by the recipe or the command line that differs from the
+    checkpoint's (LightningCLI's restore builds the task from the checkpoint's: it would be ignored), and a
+    ``--data.max_length`` other than the checkpoint's (`sessrec.tasks.restore.refuse_changed`)."""
+    held = checkpoint_summary(ckpt)["hyper_parameters"]
+    model, data = given.get("model") or Namespace(), given.get("data") or Namespace()
+    length = (data.get("init_args") or Namespace()).get("max_length")
+    if length is not None and held.get("max_length") not in (None, length):
+        raise ValueError(f"--data.max_length {length} differs from the checkpoint's {held['max_length']} ({ckpt}): a "
+                         "resumed fit reads sessions of the length its network was trained on")
+    mine = {**(model.get("init_args") or Namespace()).as_dict(), "class_path": model.get("class_path")}
+    refuse_changed(held, mine, ckpt, from_data=FROM_DATA)
 
 
 def _shown(metrics: dict) -> str:

@@ -304,13 +304,14 @@ class NextItemTask(Pretrained, pl.LightningModule):
             lr=optimization.lr,
         )
         self._clock_start = time.monotonic()  # just before the first step
-        planned: list[int] = []
+        planned: list[float] = []
 
-        def total() -> int:
+        def total() -> float:
             # read at the first decaying step, not here: asking the trainer now would build the training
-            # loader before a resumed run has restored its position in the epoch
+            # loader before a resumed run has restored its position in the epoch; infinite for a run of no
+            # planned end (max_epochs -1), which sessrec fit allows only with a constant decay or `seconds`
             if not planned:
-                planned.append(max(int(self.trainer.estimated_stepping_batches), 1) if self._trainer is not None else 1)
+                planned.append(max(self.trainer.estimated_stepping_batches, 1) if self._trainer is not None else 1)
             return planned[0]
 
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: schedule.factor(step, total, self.schedule_clock()))

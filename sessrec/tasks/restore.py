@@ -90,12 +90,47 @@ def merge_with_model(
         for path, value, was in _differences(mine, kept, key):
             conflicts.append(f"{prefix}{path} {show(value)} differs from the model's {show(was)}")
     if conflicts:
-        more = {1: "", 2: " (1 more setting differs)"}.get(len(conflicts), f" ({len(conflicts) - 1} more settings differ)")
         raise ValueError(
-            f"{conflicts[0]} ({source}){more}: the network (its shape and what it computes) is fixed by training; "
-            "evaluate the model as it was trained"
+            f"{conflicts[0]} ({source}){_more(conflicts)}: the network (its shape and what it computes) is fixed by "
+            "training; evaluate the model as it was trained"
         )
     return init_args
+
+
+def refuse_changed(held: Mapping[str, Any], given: Mapping[str, Any], source: str, from_data: Iterable[str] = (),
+                   prefix: str = "--model.") -> None:
+    """``fit --ckpt_path``: refuse a given setting that differs from the checkpoint's, which LightningCLI's restore
+    builds the task with (the given one would be ignored).
+
+    Args:
+        held: the checkpoint's hyper-parameters (the task's class as ``_class_path``).
+        given: the settings the recipe and the command line set, as `merge_with_model` takes them; a
+            ``class_path``: the task's class.
+        source: the checkpoint, named in the error.
+        from_data: settings linked from the data module, not compared.
+        prefix: what names a setting in messages.
+
+    Raises:
+        ValueError: one line naming the first setting that differs, both values, and how many others differ.
+    """
+    conflicts = []
+    named, saved = given.get("class_path"), held.get("_class_path")
+    if named is not None and saved is not None and not same_class(str(named), str(saved)):
+        conflicts.append(f"{prefix}class_path {named} differs from the checkpoint's {saved}")
+    for key, kept in held.items():
+        if key not in from_data and not key.startswith("_"):
+            mine = given.get(key, _ABSENT)
+            conflicts += [f"{prefix}{path} {show(value)} differs from the checkpoint's {show(was)}"
+                          for path, value, was in _differences(mine, _conform(kept, mine), key)]
+    if conflicts:
+        raise ValueError(f"{conflicts[0]} ({source}){_more(conflicts)}: a resumed fit continues its run with the "
+                         "settings it was trained with; resume with that run's recipe and flags, or fit anew "
+                         "without --ckpt_path")
+
+
+def _more(conflicts: list[str]) -> str:
+    """`` (N more settings differ)`` after the first of `conflicts`."""
+    return {1: "", 2: " (1 more setting differs)"}.get(len(conflicts), f" ({len(conflicts) - 1} more settings differ)")
 
 
 def _takes(task: type, key: str) -> bool:

@@ -31,7 +31,7 @@ from sessrec.data.sources import SessionSource, SessionSplits, SyntheticSource
 from sessrec.data.stream import ScoringStream
 from sessrec.data.streaming import StreamedSplits, StreamingLoader, split_files
 from sessrec.data.training_rows import TrainingRows
-from sessrec.data.vocab import ItemVocab
+from sessrec.data.vocab import NUM_SPECIAL, ItemVocab
 from sessrec.features.side_transform import SideFeatureTransform
 from sessrec.saved.checkpoint import as_arrays, as_tensors
 from sessrec.saved.registry import Configurable, check_integers
@@ -264,8 +264,8 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
         vocab = ItemVocab.empty().load_state_dict(state["vocab"], "the checkpoint's vocabulary")
         if self._vocab is not None and self._vocab != vocab:
             raise ValueError(
-                f"the checkpoint's vocabulary ({len(vocab)} ids) differs from the one this data module uses "
-                f"({len(self._vocab)} ids): resume with the data settings of the run it continues"
+                f"the checkpoint's vocabulary differs from the one this data module uses ({vocab_difference(vocab, self._vocab)}): "
+                "resume with the data settings of the run it continues"
             )
         self._vocab = vocab
         if "features" in state and self._side is None and self.side_features.sequence_features:
@@ -499,3 +499,19 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
         """Model ids -> raw item ids (flat)."""
         return self.vocab.decode(ids.detach().cpu().numpy())
 
+
+def vocab_difference(saved: ItemVocab, used: ItemVocab) -> str:
+    """What differs between a checkpoint's vocabulary (`saved`) and the one in use, in words: the number of
+    ids, of virtual ids, the first id that stands for another item, or else the first item counted otherwise."""
+    if len(saved) != len(used) or saved.num_virtual != used.num_virtual:
+        virtual = f", {saved.num_virtual} and {used.num_virtual} of them virtual" if saved.num_virtual != used.num_virtual else ""
+        return f"{len(saved)} ids in the checkpoint, {len(used)} here{virtual}"
+    theirs, mine = saved.raw_ids.to_pylist(), used.raw_ids.to_pylist()
+    differ = [i for i, (a, b) in enumerate(zip(theirs, mine, strict=True)) if a != b or type(a) is not type(b)]
+    if differ:
+        i = differ[0]
+        return (f"both have {len(saved)} ids, but {len(differ)} of them stand for other items: id {i + NUM_SPECIAL} is "
+                f"item {theirs[i]!r} in the checkpoint, {mine[i]!r} here")
+    i = int(np.flatnonzero(saved.counts != used.counts)[0])
+    return (f"the same {len(saved)} ids of the same items, counted on other sessions: item {theirs[i]!r} "
+            f"{saved.counts[i]} times in the checkpoint, {used.counts[i]} here")

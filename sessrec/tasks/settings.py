@@ -101,13 +101,14 @@ class Schedule(_Part):
         if self.seconds is not None and not (math.isfinite(self.seconds) and self.seconds > 0):
             raise ValueError(f"schedule seconds must be a positive number or None, got {self.seconds}")
 
-    def factor(self, step: int, total_steps: int | Callable[[], int], clock: float = 0.0) -> float:
+    def factor(self, step: int, total_steps: float | Callable[[], float], clock: float = 0.0) -> float:
         """The learning rate at optimizer step `step` (from 0) as a fraction of the peak (`LambdaLR`'s factor).
 
         Args:
             step: optimizer steps done.
             total_steps: the steps the trainer plans, or a function returning them (called only
-                once the decay has started, since a resumed run knows them only after its restore).
+                once the decay has started, since a resumed run knows them only after its restore);
+                infinite for a run of no planned end: the steps then never advance the decay.
             clock: seconds of training so far; read only when `seconds` is set.
         """
         warmup = self.warmup_steps

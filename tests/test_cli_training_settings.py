@@ -1,0 +1,133 @@
+"""Trainer and resume settings that ``sessrec fit`` cannot honour are refused in one line before anything is
+written: a time limit of zero, a run of no planned end under a schedule that decays over the planned steps,
+a resume with settings other than its checkpoint's, or with data of another vocabulary."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+from jsonargparse import Namespace
+
+from sessrec.cli import cli
+from sessrec.cli.lightning import refuse_no_training
+from sessrec.data.vocab import ItemVocab
+from sessrec.tasks.session_data import vocab_difference
+
+torch.set_num_threads(1)
+RECIPE = """seed_everything: 0
+trainer:
+  max_epochs: 1
+  limit_train_batches: 1
+  limit_val_batches: 1
+  enable_progress_bar: false
+  enable_model_summary: false
+  logger: {class_path: pytorch_lightning.loggers.CSVLogger, init_args: {save_dir: OUT, name: run}}
+model:
+  encoder: {class_path: sessrec.models.GRU4RecEncoder, init_args: {d_model: 8}}
+  objective: {class_path: sessrec.models.CausalLanguageModeling}
+data:
+  source: {class_path: sessrec.data.SyntheticSource, init_args: {num_sessions: 300, num_items: 40, num_clusters: 4}}
+  max_length: 8
+  batch_size: 32
+"""
+
+
+def recipe(folder: Path) -> Path:
+    """The tiny recipe, logging to ``folder/out``."""
+    path = folder / "recipe.yaml"
+    path.write_text(RECIPE.replace("OUT", str(folder / "out")))
+    return path
+
+
+def refused(sessrec_main, folder: Path, *args: str) -> str:
+    """The one line ``sessrec fit --config <recipe> *args`` exits with; nothing written to ``folder/out``."""
+    message = sessrec_main("fit", "--config", str(recipe(folder)), *args)
+    assert message.startswith("sessrec fit: error: ") and message.endswith(" (--traceback for details)")
+    assert not (folder / "out").exists()
+    return message.removeprefix("sessrec fit: error: ").removesuffix(" (--traceback for details)")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    """``last.ckpt`` of a fitted run of the tiny recipe (d_model 8, max_length 8)."""
+    folder = tmp_path_factory.mktemp("fitted")
+    cli(["fit", "--config", str(recipe(folder))])
+    return next((folder / "out").glob("run/version_0/checkpoints/last.ckpt"))
+
+
+@pytest.mark.parametrize("max_time", ["00:00:00:00", "{seconds: 0}", "{minutes: 1, seconds: -60}"])
+def test_a_max_time_of_zero_is_refused_before_anything_is_written(max_time, tmp_path, sessrec_main):
+    got = refused(sessrec_main, tmp_path, "--trainer.max_time", max_time)
+    assert got.startswith("--trainer.max_time ") and "a time limit of 0 s; sessrec fit would take no training step" in got
+
+
+def test_a_max_time_of_zero_as_a_timedelta_is_refused():
+    with pytest.raises(ValueError, match=r"--trainer.max_time 0:00:00: a time limit of 0 s"):
+        refuse_no_training(Namespace(max_time=timedelta(0)))
+    refuse_no_training(Namespace(max_time=timedelta(seconds=1)))
+
+
+@pytest.mark.parametrize("flags, given", [
+    (["--trainer.max_epochs", "-1"], "--trainer.max_epochs -1"),
+    (["--trainer.max_epochs", "-1", "--trainer.max_steps", "-1"], "--trainer.max_epochs -1"),
+    (["--trainer.max_epochs", "null", "--trainer.max_time", "00:00:01:00"], "--trainer.max_time without --trainer.max_epochs"),
+    (["--trainer.max_epochs", "-1", "--model.schedule.decay", "linear"], "--trainer.max_epochs -1"),
+])
+def test_a_run_of_no_planned_end_is_refused_for_a_schedule_that_decays_over_the_planned_steps(flags, given, tmp_path,
+                                                                                               sessrec_main):
+    got = refused(sessrec_main, tmp_path, *flags)
+    assert got.startswith(f"{given} and no --trainer.max_steps: training has no planned end, and the ")
+    assert "set --trainer.max_steps or a --trainer.max_epochs, a time budget --model.schedule.seconds" in got
+
+
+@pytest.mark.parametrize("flags", [
+    ["--model.schedule.decay", "constant"],  # nothing to decay
+    ["--model.schedule.seconds", "60"],  # the schedule's own length: a time budget
+])
+def test_a_run_of_no_planned_end_trains_with_a_schedule_of_no_planned_steps(flags, tmp_path, sessrec_main):
+    assert sessrec_main("fit", "--config", str(recipe(tmp_path)), "--trainer.max_epochs", "-1",
+                        "--trainer.max_time", "00:00:00:01", *flags) == ""
+    assert (tmp_path / "out" / "run" / "version_0" / "model" / "config.json").is_file()
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--model.encoder.init_args.d_model", "16"], "--model.encoder.init_args.d_model 16 differs from the checkpoint's 8"),
+    (["--model.encoder", "{class_path: sessrec.models.SASRecEncoder, init_args: {d_model: 8, n_head: 2}}"],
+     "--model.encoder.class_path sessrec.models.SASRecEncoder differs from the checkpoint's sessrec.models.gru4rec.GRU4RecEncoder"),
+    (["--model.optimization.lr", "0.1", "--model.dropout", "0.3"],
+     "--model.dropout 0.3 differs from the checkpoint's 0.1"),
+    (["--data.max_length", "10"], "--data.max_length 10 differs from the checkpoint's 8"),
+])
+def test_a_resume_with_settings_other_than_its_checkpoints_is_refused(flags, expected, checkpoint, tmp_path, sessrec_main):
+    got = refused(sessrec_main, tmp_path, "--ckpt_path", str(checkpoint), "--trainer.max_epochs", "2", *flags)
+    assert got.startswith(f"{expected} ({checkpoint})")
+    assert "a resumed fit" in got
+
+
+def test_a_resume_with_its_recipe_trains_on(checkpoint, tmp_path, sessrec_main):
+    assert sessrec_main("fit", "--config", str(recipe(tmp_path)), "--ckpt_path", str(checkpoint),
+                        "--trainer.max_epochs", "2") == ""
+    assert (tmp_path / "out" / "run" / "version_0" / "model" / "config.json").is_file()
+
+
+def test_a_resume_on_other_sessions_names_what_differs_in_the_vocabulary(checkpoint, tmp_path, sessrec_main):
+    got = refused(sessrec_main, tmp_path, "--ckpt_path", str(checkpoint), "--trainer.max_epochs", "2",
+                  "--data.source.init_args.num_sessions", "600")  # the same 40 items, in another order of counts
+    assert got.startswith("the checkpoint's vocabulary differs from the one this data module uses (both have 42 ids, "
+                          "but ")
+    assert "of them stand for other items: id " in got
+
+
+def test_vocab_difference_names_the_count_the_item_or_the_counts():
+    ids = pa.array([7, 8, 9])
+    vocab = ItemVocab(ids, np.array([5, 4, 3]))
+    assert vocab_difference(vocab, ItemVocab(ids.slice(0, 2), np.array([5, 4]))) == "5 ids in the checkpoint, 4 here"
+    assert vocab_difference(vocab, ItemVocab(pa.array([7, 9, 8]), np.array([5, 4, 3]))) == (
+        "both have 5 ids, but 2 of them stand for other items: id 3 is item 8 in the checkpoint, 9 here")
+    assert vocab_difference(vocab, ItemVocab(ids, np.array([5, 4, 2]))) == (
+        "the same 5 ids of the same items, counted on other sessions: item 9 3 times in the checkpoint, 2 here")

@@ -494,6 +494,29 @@ def test_cli_fit_test_recommend(
     assert str(exit.value.code).startswith("sessrec recommend: error: now 1700000000000 is not a time in seconds since")
 
 
+@pytest.mark.parametrize("command", ["test", "recommend"])
+@pytest.mark.parametrize("flag", [("seen_filter", "session"), ("max_candidates", "3"), ("covisitation_k", "1"),
+                                  ("baselines.vsknn.k", "1"), ("device", "cpu")])
+def test_settings_of_the_fit_are_refused_by_test_and_recommend(
+    world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str, flag: tuple[str, str]
+) -> None:
+    """`sessrec test` and `recommend` read the saved pipeline as fitted: a flag of its fit would be ignored, so it is
+    refused in one line before anything is read or written."""
+    recipe, output = write_recipe(world, tmp_path)
+    out = tmp_path / "recs.parquet"
+    extra = ["--input_path", tmp_path / "sessions.parquet", "--output", out] if command == "recommend" else []
+    with pytest.raises(SystemExit) as exit:
+        sessrec(monkeypatch, command, "--config", recipe, *extra, f"--pipeline.{flag[0]}", flag[1])
+    key = flag[0].split(".")[0]
+    assert str(exit.value.code) == (
+        f"sessrec {command}: error: --pipeline.{key}: sessrec {command} reads the pipeline saved at {output} as it was "
+        "fitted, and this setting only when fitting; refit it (sessrec fit) to change it, or drop the flag "
+        f"({command} reads {'pipeline.data, pipeline.output, pipeline.ks, pipeline.batch_size' if command == 'test' else 'pipeline.data, pipeline.output'}) "
+        "(--traceback for details)"
+    )
+    assert not output.exists() and not out.exists()
+
+
 @pytest.mark.parametrize(
     ("columns", "block", "missing"),
     [

@@ -67,6 +67,8 @@ def pipeline_cli(args: list[str]) -> object:
     refuse_checkpoint_models(config_paths(rest))
     cfg = parse(parser, rest, owner=owner, roots={"pipeline": PipelineRecipe})
     recipe = parser.instantiate(cfg).pipeline
+    if command in READ_AT_USE:
+        refuse_fit_settings(command, rest, recipe.output)
     if command == "fit":
         return recipe.fit()
     if command == "test":
@@ -76,6 +78,26 @@ def pipeline_cli(args: list[str]) -> object:
         schema=recipe.data.predict_schema, overwrite=cfg.overwrite, now=cfg.now, engine=cfg.engine,
         scheduler=cfg.scheduler, workers=cfg.workers, partition_batches=cfg.partition_batches,
     )
+
+
+# the pipeline settings that `sessrec test` and `recommend` read; every other one is read by `sessrec fit` alone (the
+# saved pipeline holds what it built from them)
+READ_AT_USE = {"test": ("data", "output", "ks", "batch_size"), "recommend": ("data", "output")}
+
+
+def refuse_fit_settings(command: str, args: list[str], output: str) -> None:
+    """Refuse, in one line, a ``--pipeline.<key>`` flag of `args` that `command` would not read: a setting of the
+    pipeline's fit, which the pipeline saved at `output` was built with."""
+    from sessrec.cli.errors import RecipeError, flag_mapping
+
+    given = flag_mapping(args).get("pipeline")
+    for key in given if isinstance(given, dict) else ():
+        if key not in READ_AT_USE[command]:
+            raise RecipeError(
+                f"--pipeline.{key}: sessrec {command} reads the pipeline saved at {output} as it was fitted, and this "
+                f"setting only when fitting; refit it (sessrec fit) to change it, or drop the flag "
+                f"({command} reads {', '.join(f'pipeline.{k}' for k in READ_AT_USE[command])})"
+            )
 
 
 def refuse_checkpoint_models(paths: list[Path]) -> None:

@@ -254,6 +254,27 @@ def test_bad_times_in_a_request_get_422_naming_the_field(pipes, body: dict, mess
     assert re.search(message, reply.json()["error"]), reply.json()["error"]
 
 
+def test_a_ranker_with_time_features_refuses_times_before_1990_in_every_path(pipes, tmp_path: Path) -> None:
+    """Times from another origin than the epoch (seconds since a session's start) pass the readers as relative times,
+    but would give a ranker that reads the hour and weekday of absolute times hours that never happened: refused."""
+    pipe = with_time_features(pipes["plain"])
+    message = (r"event time [17]0+ is not in 1990\.\.2100 in seconds since the epoch: the pipeline's ranker reads the "
+               r"hour and weekday of each session's times \(session_duration, time_hour_cos, time_hour_sin\)")
+    with pytest.raises(ValueError, match=message):
+        pipe.recommend([SESSION], k=K, times=[[100.0] * len(SESSION)], now=160.0)
+    with pytest.raises(ValueError, match=message):
+        pipe.ranking_inputs(pipe.wrap(torch.tensor([[0, 2]]), torch.tensor([[0.0, 100.0]])), None)
+    with TestClient(build_app(pipe, max_wait_ms=1.0)) as client:
+        reply = client.post("/recommend", json={"session": SESSION, "times": [100.0] * len(SESSION), "now": 160.0})
+    assert reply.status_code == 422 and "event time 100 is not in 1990..2100" in reply.json()["error"]
+    src = tmp_path / "events.csv"
+    write_sessions(src, [100.0], "events")
+    with pytest.raises(ValueError, match=message):
+        recommend_file(pipe, src, tmp_path / "recs.parquet", k=K)
+    assert not (tmp_path / "recs.parquet").exists()
+    assert pipe.encode(check_request([SESSION], now=T0, times=[[T0 - 60] * len(SESSION)])).times is not None
+
+
 def test_the_server_refuses_a_request_without_times_for_a_ranker_that_reads_them(pipes) -> None:
     with TestClient(build_app(with_time_features(pipes["plain"]), max_wait_ms=1.0)) as client:
         reply = client.post("/recommend", json={"session": SESSION, "now": T0})

@@ -47,7 +47,8 @@ import torch
 import torch.nn.functional as F
 
 from sessrec.data import frame
-from sessrec.data.vocab import ItemVocab, decode_dicts, decode_lists
+from sessrec.data.schema import PLAUSIBLE_SECONDS
+from sessrec.data.vocab import PAD, ItemVocab, decode_dicts, decode_lists
 from sessrec.pipeline import clock
 from sessrec.pipeline.candidate_features import CandidateFeatures, RankingInputs
 from sessrec.pipeline.candidates import Candidates, Recommendations, RequestSessions, Retrieved, merge
@@ -187,6 +188,7 @@ class Pipeline:
         sessions = sessions.to(self.device)
         if self.time_features and sessions.times is None:
             raise ValueError(self.missing_times("RequestSessions.times"))
+        self.check_times(sessions.items, sessions.times)
         if not self.time_features and sessions.times is not None:
             sessions = replace(sessions, times=None)  # a ranker fitted without times reads none
         return self.features.transform(sessions, cands, self.stage_retrievers)
@@ -196,6 +198,25 @@ class Pipeline:
         """The ranker's features that need each session's event times (``session_duration``, the
         ``time_*`` hour and weekday); [] when it reads none, or without a ranker."""
         return self.features.time_names if self.scorer is not None else []
+
+    def check_times(self, items: torch.Tensor, times: torch.Tensor | None) -> None:
+        """Refuse event times outside 1990..2100 (`PLAUSIBLE_SECONDS`) for a ranker that reads the hour and weekday
+        of absolute times (its time features): times from another origin (seconds since a session's start) would
+        give it hours and weekdays that never happened. (B, L) `times` beside (B, L) `items` (padding ignored)."""
+        if not self.time_features or times is None:
+            return
+        real = times[items != PAD]
+        if not len(real):
+            return
+        low, high = PLAUSIBLE_SECONDS
+        lo, hi = float(real.min()), float(real.max())
+        if lo < low or hi >= high:
+            bad = lo if lo < low else hi
+            raise ValueError(
+                f"event time {bad:.0f} is not in 1990..2100 in seconds since the epoch: the pipeline's ranker reads the "
+                f"hour and weekday of each session's times ({', '.join(self.time_features)}); give the events' times "
+                "in seconds since the epoch"
+            )
 
     def missing_times(self, field: str) -> str:
         """The one-line refusal of sessions without event times, naming the `field` that gives them."""
@@ -250,6 +271,7 @@ class Pipeline:
         stamps = None if request.times is None else clock.pad_times(request.times, request.lengths, items.shape[1])
         if stamps is None and self.time_features:
             raise ValueError(self.missing_times("times: per session a list of seconds since the epoch, one per item id"))
+        self.check_times(items, stamps)
         return self.wrap(items, stamps, clock.request_now(request.now, len(items), stamps, arrival))
 
     @torch.inference_mode()  # lists out: no tensor outlives the call

@@ -147,6 +147,21 @@ def test_thresholds_check_each_side() -> None:
         Thresholds(hit_rate_min=0.1).crossed(unknown, 5)
 
 
+@pytest.mark.parametrize(("given", "message"), [
+    ({"hit_rate_min": 1.5}, "thresholds hit_rate_min must be a number in (0, 1], got 1.5"),
+    ({"mrr_min": 0.0}, "thresholds mrr_min must be a number in (0, 1], got 0.0"),
+    ({"coverage_min": -0.1}, "thresholds coverage_min must be a number in (0, 1], got -0.1"),
+    ({"unknown_max": 1.0}, "thresholds unknown_max must be a number in [0, 1), got 1.0"),
+    ({"psi_max": -1.0}, "thresholds psi_max must be a finite number > 0, got -1.0"),
+    ({"psi_max": 0.0}, "thresholds psi_max must be a finite number > 0, got 0.0"),
+])
+def test_a_threshold_no_window_can_meet_or_every_window_meets_is_refused(given: dict, message: str) -> None:
+    """A limit that every window crosses (the documented chain would retrain every day) or none can: refused."""
+    with pytest.raises(ValueError) as err:
+        Thresholds(**given)
+    assert str(err.value) == message
+
+
 def test_bad_inputs_are_one_line_naming_file_column_or_value(inputs: dict, tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()

@@ -104,8 +104,12 @@ class Thresholds:
     canary_mrr_loss_max: float | None = None
 
     def __post_init__(self) -> None:
-        limits = {"canary_hit_rate_loss_max": self.canary_hit_rate_loss_max, "canary_mrr_loss_max": self.canary_mrr_loss_max}
-        check_numbers("thresholds", {name: (value, "non-negative") for name, value in limits.items() if value is not None})
+        # each limit where a (version, window) can meet it: a share of requests in (0, 1] at least, below 1 at most
+        # (every window meets 1), a PSI above 0 (every drift crosses 0)
+        rules = {"hit_rate_min": "share", "mrr_min": "share", "coverage_min": "share", "unknown_max": "rate",
+                 "psi_max": "positive", "canary_hit_rate_loss_max": "non-negative", "canary_mrr_loss_max": "non-negative"}
+        check_numbers("thresholds", {name: (getattr(self, name), rule) for name, rule in rules.items()
+                                     if getattr(self, name) is not None})
 
     def canary_crossed(self, comparison: pa.Table | None, k: int) -> list[str]:
         """One reason per (window, canary limit) crossed in `compare_canary`'s table (None: no canary), in table

@@ -131,3 +131,23 @@ def test_vocab_difference_names_the_count_the_item_or_the_counts():
         "both have 5 ids, but 2 of them stand for other items: id 3 is item 8 in the checkpoint, 9 here")
     assert vocab_difference(vocab, ItemVocab(ids, np.array([5, 4, 2]))) == (
         "the same 5 ids of the same items, counted on other sessions: item 9 3 times in the checkpoint, 2 here")
+
+
+@pytest.mark.parametrize("command", ["validate", "test", "predict"])
+@pytest.mark.parametrize(("flag", "value", "held"), [("min_item_count", "5", "1"), ("max_vocab_size", "10", "None")])
+def test_a_vocabulary_setting_other_than_the_models_is_refused_by_model_dir_commands(
+    sessrec_main, checkpoint: Path, tmp_path: Path, command: str, flag: str, value: str, held: str
+) -> None:
+    """With --model_dir the model's own vocabulary is read: a min_item_count or max_vocab_size other than its training's
+    would be ignored, so it is refused in one line; the same values as the model's pass."""
+    model_dir = checkpoint.parents[1] / "model"
+    extra = ["--data.predict_path", str(tmp_path / "x.parquet"), "--scoring.output", str(tmp_path / "r.parquet")] \
+        if command == "predict" else []
+    message = sessrec_main(command, "--config", str(recipe(tmp_path)), "--model_dir", str(model_dir), *extra,
+                           f"--data.{flag}", value)
+    assert message == (f"sessrec {command}: error: --data.{flag} {value} differs from the model's {held} ({model_dir}): "
+                       "the model reads the vocabulary it was trained with (its vocab.parquet); evaluate it with that "
+                       "run's data settings (--traceback for details)")
+    assert not (tmp_path / "r.parquet").exists()
+    assert sessrec_main("validate", "--config", str(recipe(tmp_path)), "--model_dir", str(model_dir),
+                        f"--data.{flag}", held.replace("None", "null")) == ""

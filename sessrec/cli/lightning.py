@@ -131,7 +131,7 @@ class SessrecCLI(LightningCLI):
             raise ValueError(checkpoint_refused(sub))
         if not cfg.get("model_dir"):
             return
-        folder, _ = read_model_directory(cfg.model_dir)  # its format, version and parts checked before anything is built
+        folder, recorded = read_model_directory(cfg.model_dir)  # its format, version and parts checked before anything is built
         artifact = load_artifact(folder)
         task = NextItemTask if isinstance(artifact, SessionRecommender) else DLRMTask
         named = str(cfg.model.class_path)
@@ -142,6 +142,7 @@ class SessrecCLI(LightningCLI):
             )
         base = NextItemTask.from_recommender(artifact) if task is NextItemTask else DLRMTask.from_ranker(artifact)
         given = self.parser.parse_args(self._args, defaults=False)[sub] if self._args is not None else cfg
+        refuse_other_vocabulary(given.get("data"), recorded.get("data"), folder)
         model = given.get("model")
         init_args = model.get("init_args") if model is not None else None
         merged = merge_with_model(task, plain_hparams(base), init_args.as_dict() if init_args is not None else {},
@@ -405,6 +406,22 @@ def refuse_endless_schedule(trainer: Namespace, model: Namespace) -> None:
     raise ValueError(f"{given} and no --trainer.max_steps: training has no planned end, and the {schedule.decay} "
                      "learning-rate schedule decays over the planned steps; set --trainer.max_steps or a "
                      "--trainer.max_epochs, a time budget --model.schedule.seconds, or --model.schedule.decay constant")
+
+
+VOCAB_SETTINGS = ("min_item_count", "max_vocab_size")  # data settings that decide the vocabulary a model is trained on
+
+
+def refuse_other_vocabulary(given: Namespace | None, recorded: dict | None, folder: Path) -> None:
+    """With ``--model_dir``: refuse a vocabulary setting (`VOCAB_SETTINGS`) given by the recipe or a flag that differs
+    from the one the model was trained with (its directory's ``data`` section): the model's own vocabulary is read
+    (``vocab.parquet``), so the setting would be ignored."""
+    init = given.get("init_args") if given is not None else None
+    held = (recorded or {}).get("init_args") or {}
+    for key in VOCAB_SETTINGS:
+        value = init.get(key, held.get(key)) if init is not None else held.get(key)
+        if key in held and value != held[key]:
+            raise ValueError(f"--data.{key} {value} differs from the model's {held[key]} ({folder}): the model reads the "
+                             "vocabulary it was trained with (its vocab.parquet); evaluate it with that run's data settings")
 
 
 def refuse_other_settings(given: Namespace, ckpt: str) -> None:

@@ -151,3 +151,22 @@ def test_a_vocabulary_setting_other_than_the_models_is_refused_by_model_dir_comm
     assert not (tmp_path / "r.parquet").exists()
     assert sessrec_main("validate", "--config", str(recipe(tmp_path)), "--model_dir", str(model_dir),
                         f"--data.{flag}", held.replace("None", "null")) == ""
+
+
+def test_data_with_no_item_of_the_models_vocabulary_is_refused_not_scored_zero(
+    sessrec_main, checkpoint: Path, tmp_path: Path
+) -> None:
+    """Evaluating a model on data none of whose items it knows would print metrics of 0 for a mismatch of files:
+    refused in one line naming the data and the vocabulary."""
+    model_dir = checkpoint.parents[1] / "model"
+    rows = [(s, 900_000 + (s * 3 + i) % 17, 1_700_000_000 + s * 7_200 + i * 60) for s in range(60) for i in range(3)]
+    events = tmp_path / "events.csv"
+    events.write_text("session_id,item_id,timestamp\n" + "".join(f"{s},{i},{t}\n" for s, i, t in rows))
+    message = sessrec_main("test", "--config", str(recipe(tmp_path)), "--model_dir", str(model_dir),
+                           "--data.source", "sessrec.data.EventLogSource", "--data.source.init_args.path", str(events),
+                           "--data.source.init_args.schema.time_unit", "s", "--data.source.init_args.test_days", "1",
+                           "--data.source.init_args.valid_days", "1")
+    assert message.startswith(f"sessrec test: error: {events}: none of the ") and " items of the test split is in " \
+        f"the vocabulary of {model_dir / 'vocab.parquet'} (" in message
+    assert "; the data's first 9000" in message
+    assert message.endswith("): the data and the model do not belong together (--traceback for details)")

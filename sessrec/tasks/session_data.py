@@ -279,6 +279,14 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
         virtual = frame.virtual_flags(sessions)
         encoded = self.vocab.encode(values, virtual=virtual)
         self.stats[f"{name}_unknown_items"] = encoded.num_unknown
+        products = len(values) - (int(np.count_nonzero(virtual)) if virtual is not None else 0)
+        if self.vocab_path is not None and products and encoded.num_unknown == products:
+            raise ValueError(
+                f"{self.splits.source}: none of the {products} items of the {name} split is in the vocabulary of "
+                f"{self.vocab_path} ({self.vocab.num_products} items of type {self.vocab.raw_ids.type}, e.g. "
+                f"{self.vocab.raw_ids[NUM_SPECIAL].as_py()!r}; the data's first {values[0].as_py()!r}): the data and the "
+                "model do not belong together"
+            )
         return encoded.ids, offsets, virtual
 
     def tensors(self, split: str) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -172,6 +172,9 @@ def test_bad_inputs_are_one_line_naming_file_column_or_value(inputs: dict, tmp_p
     with pytest.raises(ValueError, match=r"log: version 'v000002' has no rows between 2023-11-15 and 2023-11-16; "
                                          "versions with rows: v000001"):
         monitor(out=str(tmp_path / "m.csv"), since="2023-11-15", until="2023-11-16", versions=["v000002"], **inputs)
+    with pytest.raises(ValueError, match=r"since 2023-12-01 is not before until 2023-11-01: the period \[since, until\) holds no time"):
+        monitor(out=str(tmp_path / "m.csv"), since="2023-12-01", until="2023-11-01", **inputs)
+    assert not (tmp_path / "m.csv").exists()
     with pytest.raises(ValueError, match="request r0 was answered with 2 items, fewer than k=3"):
         monitor(out=str(tmp_path / "m.csv"), **{**inputs, "k": 3})
     with pytest.raises(FileNotFoundError, match=f"{tmp_path}/vocab.parquet: no vocabulary; reference must be"):

@@ -234,6 +234,8 @@ def monitor(
 
 def read_served(directory: str, since: str | None, until: str | None, versions: list[str] | None) -> pa.Table:
     """The rows of a served log's closed files in [since, until) of the requested versions."""
+    if since is not None and until is not None and to_seconds(since, "since") >= to_seconds(until, "until"):
+        raise ValueError(f"since {since} is not before until {until}: the period [since, until) holds no time")
     files = served_files(directory)
     if not files:
         raise FileNotFoundError(f"{directory}: no served log files (served-*.parquet); is it the folder a ServedLog "

@@ -494,6 +494,27 @@ def test_cli_fit_test_recommend(
     assert str(exit.value.code).startswith("sessrec recommend: error: now 1700000000000 is not a time in seconds since")
 
 
+@pytest.mark.parametrize("kind", ["file", "other folder", "under a file"])
+def test_a_pipeline_output_it_cannot_save_into_is_refused_before_fitting(
+    world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """`sessrec fit` checks `pipeline.output` before reading the data or fitting anything, not when saving."""
+    blocker = tmp_path / "taken"
+    if kind == "other folder":
+        blocker.mkdir()
+        (blocker / "notes.txt").write_text("mine")
+    else:
+        blocker.write_text("a file")
+    output = blocker / "pipeline" if kind == "under a file" else blocker
+    recipe, _ = write_recipe(world, tmp_path, output=str(output))
+    monkeypatch.setattr(PipelineRecipe, "build", lambda self: pytest.fail("fitted before the output was checked"))
+    with pytest.raises(SystemExit) as exit:
+        sessrec(monkeypatch, "fit", "--config", recipe)
+    expected = (f"{output}: {blocker} is a file, not a folder" if kind == "under a file" else
+                f"{output}: exists and is not a saved model or pipeline directory")
+    assert str(exit.value.code).startswith(f"sessrec fit: error: {expected}; save into a new or empty folder")
+
+
 @pytest.mark.parametrize("command", ["test", "recommend"])
 @pytest.mark.parametrize("flag", [("seen_filter", "session"), ("max_candidates", "3"), ("covisitation_k", "1"),
                                   ("baselines.vsknn.k", "1"), ("device", "cpu")])

@@ -276,6 +276,7 @@ class PipelineRecipe:
         """Build, fit the ranker on the validation pairs, save to `output`; print each stage as it starts
         and ends, each step of the ranker's fit as it ends (and a line a minute while one runs, `Stages`),
         then what it did."""
+        versions.check_writable(self.output)  # before the work, not at its end
         start, stages = time.perf_counter(), Stages("fit", 5 if self.refit_retrievers else 4)
         with stages.stage("reading the data, fitting the retrievers and the feature statistics"):
             pipe = self.build()

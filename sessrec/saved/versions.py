@@ -122,13 +122,26 @@ def write_directory(directory: str | os.PathLike, write: Callable[[Path], Any], 
     replace); every later save adds a version and moves the pointer (`VersionedDirectory.publish`).
     """
     directory = Path(directory)
-    if not directory.exists() or (directory.is_dir() and not any(directory.iterdir())):
+    if check_writable(directory):
         return _write_plain(directory, write)
+    return VersionedDirectory(directory, keep=keep).publish(write)
+
+
+def check_writable(directory: str | os.PathLike) -> bool:
+    """Whether `write_directory` writes `directory` anew (True: it does not exist or is empty) or adds a version
+    to a saved one (False); refused in one line, so that a command can check before any work: a file, a folder
+    that holds something other than a saved model or pipeline, or a path under a file."""
+    directory = Path(directory)
+    if not directory.exists() or (directory.is_dir() and not any(directory.iterdir())):
+        above = next((p for p in directory.parents if p.exists()), None)
+        if above is not None and not above.is_dir():
+            raise NotADirectoryError(f"{directory}: {above} is a file, not a folder; save into a new or empty folder")
+        return True
     if not directory.is_dir() or not any((directory / name).exists() for name in SAVED_MARKERS):
         raise FileExistsError(
             f"{directory}: exists and is not a saved model or pipeline directory; save into a new or empty folder"
         )
-    return VersionedDirectory(directory, keep=keep).publish(write)
+    return False
 
 
 def _write_plain(directory: Path, write: Callable[[Path], Any]) -> Path:

@@ -170,3 +170,20 @@ def test_data_with_no_item_of_the_models_vocabulary_is_refused_not_scored_zero(
         f"the vocabulary of {model_dir / 'vocab.parquet'} (" in message
     assert "; the data's first 9000" in message
     assert message.endswith("): the data and the model do not belong together (--traceback for details)")
+
+
+def test_item_ids_of_another_type_than_the_models_are_refused_naming_the_file_and_column(
+    sessrec_main, checkpoint: Path, tmp_path: Path
+) -> None:
+    model_dir = checkpoint.parents[1] / "model"
+    rows = [(s, f"x{(s * 3 + i) % 17}", 1_700_000_000 + s * 7_200 + i * 60) for s in range(60) for i in range(3)]
+    events = tmp_path / "events.csv"
+    events.write_text("sid,iid,ts\n" + "".join(f"{s},{i},{t}\n" for s, i, t in rows))
+    message = sessrec_main("test", "--config", str(recipe(tmp_path)), "--model_dir", str(model_dir),
+                           "--data.source", "sessrec.data.EventLogSource", "--data.source.init_args.path", str(events),
+                           "--data.source.init_args.schema.session_id", "sid", "--data.source.init_args.schema.item_id",
+                           "iid", "--data.source.init_args.schema.timestamp", "ts",
+                           "--data.source.init_args.schema.time_unit", "s", "--data.source.init_args.test_days", "1",
+                           "--data.source.init_args.valid_days", "1")
+    assert message.startswith(f"sessrec test: error: {events}, column 'iid': item ids of type string cannot be matched "
+                              "with a vocabulary of int64: 'x")

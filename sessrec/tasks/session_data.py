@@ -277,7 +277,8 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
         sessions = getattr(self.splits, name)
         values, offsets = frame.list_offsets(sessions.column(frame.ITEMS))
         virtual = frame.virtual_flags(sessions)
-        encoded = self.vocab.encode(values, virtual=virtual)
+        column = getattr(getattr(self.source, "schema", None), "item_id", frame.ITEMS)  # the file's name for it
+        encoded = self.vocab.encode(values, virtual=virtual, source=f"{self.splits.source}, column {column!r}")
         self.stats[f"{name}_unknown_items"] = encoded.num_unknown
         products = len(values) - (int(np.count_nonzero(virtual)) if virtual is not None else 0)
         if self.vocab_path is not None and products and encoded.num_unknown == products:

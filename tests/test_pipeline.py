@@ -855,8 +855,11 @@ def test_recommend_casts_id_strings_and_refuses_mixed_ids(world: World) -> None:
     pipe = world.pipelines["gbdt"]
     session = world.sessions[0]
     assert pipe.recommend([[str(i) for i in session]], k=K) == pipe.recommend([session], k=K)
+    with pytest.raises(TypeError, match=r"item ids of the request mix types: session 1, position 1 holds 'not-an-id' "
+                                        rf"\(str\) where the first id {session[0]} is int; give every id"):
+        pipe.recommend([[session[0]], [session[1], "not-an-id"]], k=K)
     with pytest.raises(TypeError, match="cannot be read as the vocabulary's int64 ids"):
-        pipe.recommend([[session[0], "not-an-id"]], k=K)
+        pipe.recommend([["not-an-id"]], k=K)
 
 
 # ------------------------------------------------------------------------- estimators per recipe

@@ -508,6 +508,16 @@ def encode_raw(vocab: ItemVocab, sessions: Sequence[Sequence[Any]], max_width: i
             raw = pa.array(flat) if flat else pa.array([], type=vocab.raw_ids.type)
             encoded = vocab.encode(raw)
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as err:
+            first = type(flat[0])
+            other = next((i for i, item in enumerate(flat) if type(item) is not first), None)
+            if other is not None:  # Arrow's message names neither the session nor the position
+                session = int(np.searchsorted(np.cumsum(lengths), other, side="right"))
+                position = other - int(lengths[:session].sum())
+                raise TypeError(
+                    f"item ids of the request mix types: session {session}, position {position} holds "
+                    f"{flat[other]!r} ({type(flat[other]).__name__}) where the first id {flat[0]!r} is {first.__name__}; "
+                    "give every id of a request as the same type"
+                ) from err
             raise TypeError(
                 f"item ids of the request cannot be read as the vocabulary's {vocab.raw_ids.type} ids: {err}"
             ) from err

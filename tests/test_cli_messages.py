@@ -42,6 +42,10 @@ def test_help_lists_every_command_on_its_own_line(capsys):
     ({"model": {"encoder": {"class_path": "sessrec.models.XLNetEncoder", "init_args": {"n_head": "two"}}}},
      "model.encoder.init_args.n_head: expected int, got 'two'"),
     ({"data": {"eval_protocol": "every_prefix"}}, "data.eval_protocol: expected one of "),
+    ({"data": {"batch_size": 64.7}}, "data.batch_size: expected int, got 64.7"),  # a YAML float
+    ({"data": {"max_length": 20.0}}, "data.max_length: expected int, got 20.0"),
+    ({"trainer": {"max_epochs": 1.5}}, "trainer.max_epochs: expected int or null, got 1.5"),
+    ({"model": {"dropout": 1}}, None),  # an int where a float is expected is one
 ])
 def test_an_unknown_key_or_a_value_of_another_type_is_one_line(config, expected):
     import pytorch_lightning as pl
@@ -49,6 +53,9 @@ def test_an_unknown_key_or_a_value_of_another_type_is_one_line(config, expected)
     from sessrec.cli.errors import RecipeError, check_keys
     from sessrec.tasks import NextItemTask, SessionDataModule
 
+    if expected is None:
+        check_keys(config, {"model": NextItemTask, "data": SessionDataModule, "trainer": pl.Trainer})
+        return
     with pytest.raises(RecipeError) as refused:
         check_keys(config, {"model": NextItemTask, "data": SessionDataModule, "trainer": pl.Trainer})
     assert str(refused.value).startswith(expected) and "\n" not in str(refused.value)

@@ -476,7 +476,9 @@ def _check_value(place: _Place, value: Any, hint: Any) -> None:
         ok = value in typing.get_args(kind) or text in map(str, typing.get_args(kind))
     elif kind is bool:
         ok = isinstance(value, bool) or (text or "").lower() in ("true", "false")
-    elif kind in (int, float):
+    elif kind is int:  # a YAML float (64.7, 20.0) is not one: jsonargparse refuses it in a summary of the whole block
+        ok = (isinstance(value, int) and not isinstance(value, bool)) or _number(text, kind)
+    elif kind is float:
         ok = (isinstance(value, (int, float)) and not isinstance(value, bool)) or _number(text, kind)
     else:
         return

@@ -302,6 +302,10 @@ def test_retrain_promotes_a_good_candidate_and_rejects_a_bad_one(tmp_path):
     served.train_end = data.splits.train_end()  # as sessrec fit records it
     served.save_pretrained(root)
     common = dict(paths=[str(path)], schema=Schema(), max_epochs=1, train_from=mid, train_until=late, test_until=end + 1)
+    with pytest.raises(ValueError, match=r"gate metric recall@50: the candidate's validation computes recall at "
+                                         r"[0-9, ]+ \(the current model's evaluation ks\); gate on one of those"):
+        retrain(str(root), out=str(tmp_path / "at50"), gate=Gate("recall@50"), **common)
+    assert not (tmp_path / "at50").exists()  # refused before anything was written
     good = retrain(str(root), out=str(tmp_path / "good"), gate=Gate("recall@20", tolerance=0.05, min_pairs=100), lr=0.005,
                    **common)
     assert good["promoted"] and good["version"] == "v000002" and good["candidate_items"] >= good["current_items"]
@@ -347,6 +351,14 @@ def test_retrain_refuses_a_metric_it_cannot_compare_pair_by_pair_and_a_directory
     with VersionedDirectory(model).lock(), pytest.raises(RuntimeError, match="another process .* is writing this model"):
         retrain(str(model), **args)
     assert not (tmp_path / "c").exists()
+    with pytest.raises(ValueError, match="max_epochs must be an integer >= 1, got 0: a candidate of no epoch"):
+        retrain(str(model), max_epochs=0, **args)
+    (tmp_path / "taken").write_text("x")
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "best.ckpt").write_text("x")
+    for name, what in (("taken", "is a file"), ("used", "holds another run")):
+        with pytest.raises(FileExistsError, match=f"out {tmp_path / name}: {what}; give each candidate a new folder"):
+            retrain(str(model), **{**args, "out": str(tmp_path / name)})
 
 
 @pytest.mark.parametrize("recipe,turn", [("retrain_rsc15.yaml", "retrain"), ("retrain_dlrm_trivago.yaml", "retrain_dlrm")])

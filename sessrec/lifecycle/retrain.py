@@ -155,7 +155,7 @@ def retrain(
     Returns:
         the decision as the model directory's log holds it (``promotions.jsonl``).
     """
-    out_dir = Path(out)
+    out_dir = check_candidate(out, max_epochs)
     with turn(model_dir, keep) as (store, standing, current_path):
         served = SessionRecommender.from_pretrained(current_path)
         source = TimeWindowSource(paths, schema, train_from, train_until, test_until, valid_fraction=valid_fraction,
@@ -165,6 +165,7 @@ def retrain(
                      ("the training window", to_seconds(train_until, "train_until"), False),
                      ("the test window (--test_from, default --train_until)", source.bounds[2]))
         current = NextItemTask.from_recommender(served)
+        check_gate_metric(gate, current.evaluation.ks)
         splits = source.load()
         out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -317,6 +318,27 @@ def fit_candidate(
     return trained, seconds, trainer.current_epoch
 
 
+def check_candidate(out: str, max_epochs: int) -> Path:
+    """The candidate's folder `out`, checked before any work, with `max_epochs`: refused in one line when it is a
+    file or holds anything (another candidate's run: its checkpoint would be overwritten; each turn takes a new
+    folder), or when `max_epochs` trains nothing."""
+    if isinstance(max_epochs, bool) or not isinstance(max_epochs, int) or max_epochs < 1:
+        raise ValueError(f"max_epochs must be an integer >= 1, got {max_epochs!r}: a candidate of no epoch is its initial weights")
+    folder = Path(out)
+    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+        raise FileExistsError(f"out {folder}: {'is a file' if not folder.is_dir() else 'holds another run'}; give each "
+                              "candidate a new folder (e.g. runs/<name>/candidates/<date>)")
+    return folder
+
+
+def check_gate_metric(gate: Gate, ks: list[int]) -> None:
+    """Refuse a gate metric at a cut-off the candidate's validation does not compute (its `ks`, the current model's)."""
+    name, at, k = gate.metric.partition("@")
+    if at and int(k) not in ks:
+        raise ValueError(f"gate metric {gate.metric}: the candidate's validation computes {name} at "
+                         f"{', '.join(map(str, ks))} (the current model's evaluation ks); gate on one of those")
+
+
 def retrain_dlrm(
     model_dir: str,
     path: str,
@@ -362,7 +384,7 @@ def retrain_dlrm(
     from sessrec.tasks import DLRMTask
     from sessrec.tasks.clickout_data import ClickoutDataModule
 
-    out_dir = Path(out)
+    out_dir = check_candidate(out, max_epochs)
     with turn(model_dir, keep) as (store, standing, current_path):
         served = ClickRanker.from_pretrained(current_path)
         stop = to_seconds(end, "end")

@@ -322,3 +322,12 @@ def test_a_pipeline_recipe_typo_is_one_line_with_the_closest_key(tmp_path, sessr
     recipe.write_text("pipeline:\n  data:\n    max_length: 10\n  covisitation: {}\n")
     got = sessrec_main("test", "--config", str(recipe), "--pipeline.covisitation_k", "many")
     assert got == "sessrec test: error: pipeline.covisitation_k: expected int, got 'many' (--traceback for details)"
+
+
+@pytest.mark.parametrize(("command", "flag", "name"), [("fit", "--data.help", "SessionDataModule"),
+                                                       ("predict", "--model.help", "NextItemTask")])
+def test_the_help_of_a_class_typed_setting_is_shown(sessrec_main, capsys, command: str, flag: str, name: str) -> None:
+    """``--help`` lists ``--data.help CLASS_PATH_OR_NAME``: it prints that class's settings and exits 0."""
+    assert sessrec_main(command, flag, name) in ("", "0")
+    shown = capsys.readouterr().out
+    assert shown.startswith("usage: ") and f"--{flag[2:].split('.')[0]}.max_length" in shown

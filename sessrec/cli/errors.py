@@ -217,6 +217,8 @@ def flag_mapping(args: list[str]) -> dict[str, Any]:
             continue
         name, eq, value = arg[2:].partition("=")
         name = name.removesuffix("+")  # --trainer.callbacks+=...: appends to a list
+        if name.endswith(".help"):  # --data.help SessionDataModule: jsonargparse's help of a class-typed setting
+            continue
         if not eq:
             value = args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("--") else NO_VALUE
         *parents, leaf = name.split(".")

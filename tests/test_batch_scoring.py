@@ -256,6 +256,21 @@ def command_args(world: World, command: str, output: Path) -> list[str]:
     return ["recommend", "--config", str(recipe), "--input_path", str(world.events), "--output", str(output)]
 
 
+@pytest.mark.slow
+def test_a_bad_row_met_by_a_dask_worker_is_one_line_without_the_workers_traceback(
+    world: World, tmp_path: Path, sessrec_main, capfd: pytest.CaptureFixture
+) -> None:
+    events = tmp_path / "events.csv"
+    item = pq.read_table(world.events).column("item_id")[0].as_py()
+    events.write_text("session_id,item_id\n" + "".join(f"{s},{item}\n" for s in range(40)) + "41,-5\n")
+    got = sessrec_main("predict", "--config", str(world.recipe), "--model_dir", str(world.model_dir), "--data.predict_path",
+                       str(events), "--scoring.output", str(tmp_path / "recs.csv"), "--data.eval_batch_size", "8",
+                       "--engine", "dask", "--workers", "1", "--partition_batches", "1")
+    assert got.startswith(f"sessrec predict: error: {events}: ") and "-5" in got
+    assert "Traceback" not in capfd.readouterr().err
+    assert not (tmp_path / "recs.csv").exists()
+
+
 # -------------------------------------------------------------------------------- Dask clusters
 @pytest.mark.slow
 def test_predict_on_two_workers_writes_what_one_process_writes(world: World, one_process: Path, tmp_path: Path) -> None:

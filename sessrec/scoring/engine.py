@@ -19,6 +19,7 @@ partitions (a worker that died and was restarted reads it again).
 
 from __future__ import annotations
 
+import logging
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -123,8 +124,10 @@ class Engine:
         cluster = None
         if self.scheduler is None:
             with dask.config.set({"distributed.nanny.pre-spawn-environ": scoring_environ()}):
+                # the workers log no task's failure: it reaches this process as the task's exception (one line, the
+                # traceback with --traceback), which their ERROR record would precede with the worker's traceback
                 cluster = LocalCluster(n_workers=self.workers or DEFAULT_WORKERS, threads_per_worker=1, processes=True,
-                                       dashboard_address=":0")
+                                       dashboard_address=":0", silence_logs=logging.CRITICAL)
         try:
             client = _connect(self.scheduler if cluster is None else cluster.scheduler_address)
             try:

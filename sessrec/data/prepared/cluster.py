@@ -200,8 +200,9 @@ class DaskEngine:
             from dask_cuda import LocalCUDACluster
 
             return Client(LocalCUDACluster())
-        cluster = LocalCluster(n_workers=self.workers, threads_per_worker=1, processes=True,
-                               memory_limit=self.memory_budget // self.workers, dashboard_address=":0")
+        cluster = LocalCluster(n_workers=self.workers, threads_per_worker=1, processes=True,  # quiet: see `Engine`
+                               memory_limit=self.memory_budget // self.workers, dashboard_address=":0",
+                               silence_logs=logging.CRITICAL)
         return Client(cluster)
 
     def run(self, source: EventLogSource, directory: Path, layout: Layout) -> Iterator[PartResult]:

@@ -167,6 +167,7 @@ NOISY = """
 import json, logging, sys, warnings
 import pytorch_lightning as pl
 from pytorch_lightning.utilities._pytree import _tree_flatten
+from pytorch_lightning.utilities.rank_zero import rank_zero_warn
 from sessrec.cli import quiet_third_parties
 
 def noise():
@@ -180,6 +181,7 @@ def noise():
         onnx.warning("torchvision is not installed. Skipping torchvision::nms")  # what a query's export logs
         onnx.warning("another exporter note")
         warnings.warn("sessrec's own warning", UserWarning)
+        rank_zero_warn("Couldn't infer the batch indices fetched from your dataloader: `SessionLoader`")  # on predict
     return [str(w.message) for w in caught]
 
 print(json.dumps(noise()))
@@ -193,6 +195,7 @@ def test_third_party_notices_are_hidden_and_sessrecs_own_warnings_are_not():
     quiet = subprocess.run([sys.executable, "-c", NOISY, "quiet"], capture_output=True, text=True, env=env, check=True)
     assert "Tip:" in shown.stderr and "LeafSpec" in shown.stdout and "sessrec's own warning" in shown.stdout
     assert "Tip:" not in quiet.stderr and "LeafSpec" not in quiet.stdout and "sessrec's own warning" in quiet.stdout
+    assert "batch indices" in shown.stdout and "batch indices" not in quiet.stdout
     assert "GPU available" in quiet.stderr  # Lightning's other messages stay
     assert "torchvision is not installed" in shown.stderr and "torchvision is not installed" not in quiet.stderr
     assert "another exporter note" in quiet.stderr

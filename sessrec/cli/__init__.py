@@ -369,7 +369,9 @@ def _usage() -> str:
 
 
 NOISE = ("\N{ELECTRIC LIGHT BULB} Tip:",)  # Lightning's advertisements (rank_zero_info at INFO)
-NOISY_WARNINGS = (r".*LeafSpec",)  # torch's deprecation of what pytorch_lightning's _pytree still uses
+# torch's deprecation of what pytorch_lightning's _pytree still uses; Lightning's note on every predict that sessrec's
+# loader keeps no batch indices, which its TopKWriter does not read (it writes each batch as it comes)
+NOISY_WARNINGS = (r".*LeafSpec", r"Couldn't infer the batch indices fetched from your dataloader")
 RANK_ZERO_LOGGERS = ("pytorch_lightning.utilities.rank_zero", "lightning_fabric.utilities.rank_zero",
                      "lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero")
 # logger -> the beginnings of its messages that are noise: torch.onnx's exporter (a pipeline fit exporting a

@@ -224,6 +224,16 @@ def test_half_precision_weights_are_refused_before_anything_is_written(command, 
     assert got.startswith(f"--trainer.precision {precision}: the weights would be half precision") and f"use {instead}:" in got
 
 
+@pytest.mark.parametrize("command", ["fit", "test"])
+@pytest.mark.parametrize("precision", ["16-mixed", "16"])
+def test_float16_autocast_on_the_cpu_is_refused_not_turned_into_bfloat16(command, precision, tmp_path, sessrec_main):
+    recipe = write(tmp_path, "recipe.yaml", TRAINER + MODEL + DATA)
+    got = refused(sessrec_main, tmp_path, command, "--config", str(recipe), "--trainer.precision", precision,
+                  "--trainer.accelerator", "cpu")
+    assert got == (f"--trainer.precision {precision}: float16 autocast runs on a GPU, and this run is on the CPU "
+                   "(--trainer.accelerator cpu); use bf16-mixed on the CPU")
+
+
 def test_every_dropout_probability_of_the_models_is_checked_by_one_rule():
     from sessrec.models import (
         BertEncoder,

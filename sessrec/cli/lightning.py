@@ -67,6 +67,7 @@ from pathlib import Path
 from typing import Literal
 
 import pytorch_lightning as pl
+import torch
 from jsonargparse import Namespace
 from pytorch_lightning.callbacks import ProgressBar
 from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
@@ -363,6 +364,11 @@ def refuse_half_weights(trainer: Namespace) -> None:
         raise ValueError(f"--trainer.precision {value}: the weights would be half precision and every score of the catalogue "
                          f"with them (ties by the hundreds, each against the target); use {HALF_WEIGHTS[value]}: the "
                          "training steps in half precision, evaluation and predictions in float32")
+    accelerator = str(trainer.get("accelerator") or "auto")
+    on_cpu = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
+    if str(value) in ("16-mixed", "16") and on_cpu:  # Lightning would run bfloat16 instead, with a warning
+        raise ValueError(f"--trainer.precision {value}: float16 autocast runs on a GPU, and this run is on the CPU "
+                         f"(--trainer.accelerator {accelerator}); use bf16-mixed on the CPU")
 
 
 def refuse_no_training(trainer: Namespace) -> None:

@@ -551,6 +551,17 @@ def test_cli_export_refuses_unknown_format(tmp_path, checkpoint, sessrec_main):
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.parametrize("fmt", [[], ["--format", "onnx"], ["--format=torchscript"]])
+@pytest.mark.parametrize("flag", [["--name", "../evil"], ["--max_batch_size", "8"]])
+def test_cli_export_refuses_triton_settings_for_a_model_file(tmp_path, checkpoint, sessrec_main, fmt, flag):
+    message = sessrec_main("export", "--model_dir", str(checkpoint.parent.parent / "model"), *fmt, *flag,
+                           "--out", str(tmp_path / "x"))
+    shown = (fmt[-1].partition("=")[2] or fmt[-1]) if fmt else "onnx"
+    assert message == (f"sessrec export: error: {flag[0]}: a setting of a Triton model repository (--format triton); "
+                       f"--format {shown} writes one model file, without a name or a batch limit (--traceback for details)")
+    assert not (tmp_path / "x").exists()
+
+
 def test_cli_export_of_a_broken_model_directory_writes_nothing(tmp_path, sessrec_main):
     (tmp_path / "bad").mkdir()
     write(tmp_path / "bad" / "config.json", "{not json")

@@ -226,8 +226,16 @@ def export_cli(args: list[str]) -> str:
     """``sessrec export --model_dir runs/<name>/model --format {onnx,torchscript,triton} --out <dir>``."""
     from sessrec.cli.parsers import checkpoint_refused
 
+    from sessrec.cli.errors import RecipeError, flag_mapping
+
     if any(arg.partition("=")[0] == "--ckpt_path" for arg in args):
         raise ValueError(checkpoint_refused("export"))
+    flags = flag_mapping(args)
+    fmt = flags.get("format", "onnx")
+    for key in ("name", "max_batch_size"):  # settings of a Triton repository, which the one-file formats would ignore
+        if key in flags and fmt != "triton":
+            raise RecipeError(f"--{key}: a setting of a Triton model repository (--format triton); --format {fmt} writes "
+                              "one model file, without a name or a batch limit")
     written = call_with_flags(export, "sessrec export", args)
     print(f"sessrec export: wrote {written} (checked against PyTorch on a batch of another size and length)")
     return written

@@ -285,7 +285,7 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
             raise ValueError(
                 f"{self.splits.source}: none of the {products} items of the {name} split is in the vocabulary of "
                 f"{self.vocab_path} ({self.vocab.num_products} items of type {self.vocab.raw_ids.type}, e.g. "
-                f"{self.vocab.raw_ids[NUM_SPECIAL].as_py()!r}; the data's first {values[0].as_py()!r}): the data and the "
+                f"{self.vocab.raw_ids[0].as_py()!r}; the data's first {values[0].as_py()!r}): the data and the "
                 "model do not belong together"
             )
         return encoded.ids, offsets, virtual

@@ -224,9 +224,8 @@ def export(
 
 def export_cli(args: list[str]) -> str:
     """``sessrec export --model_dir runs/<name>/model --format {onnx,torchscript,triton} --out <dir>``."""
-    from sessrec.cli.parsers import checkpoint_refused
-
     from sessrec.cli.errors import RecipeError, flag_mapping
+    from sessrec.cli.parsers import checkpoint_refused
 
     if any(arg.partition("=")[0] == "--ckpt_path" for arg in args):
         raise ValueError(checkpoint_refused("export"))

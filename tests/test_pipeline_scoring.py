@@ -211,6 +211,41 @@ def test_session_relative_features_subtract_the_best_and_the_mean_valid_candidat
     assert session_relative(dense, valid)[0].tolist() == [[1.0, -2.0, -1.0], [3.0, 0.0, 1.0], [100.0, 97.0, 98.0]]
 
 
+def test_a_feature_every_candidate_shares_is_exactly_its_mean_whatever_the_order() -> None:
+    """Summed in float32, 7 x 0.1 / 7 is not 0.1: the difference was rounding noise that the rank-Gauss scaling spreads."""
+    shared = torch.tensor([0.1, math.log1p(13.0), 1 / 3]).view(3, 1, 1).expand(3, 9, 1)
+    dense = torch.cat([shared, torch.randn(3, 9, 1, generator=torch.Generator().manual_seed(0))], dim=2)
+    valid = torch.ones(3, 9, dtype=torch.bool)
+    valid[:, 7:] = False  # 7 candidates
+    out = session_relative(dense, valid)
+    assert out[..., 2][valid].eq(0).all() and out[..., 4][valid].eq(0).all()  # minus the best, minus the mean
+    order = torch.tensor([4, 8, 0, 6, 2, 7, 1, 5, 3])
+    assert torch.equal(session_relative(dense[:, order], valid[:, order]), out[:, order])
+
+
+def test_scores_do_not_depend_on_the_order_of_the_candidates() -> None:
+    """A feature shared by a session's candidates (its length) beside per-candidate ones, slots left empty."""
+    g = torch.Generator().manual_seed(3)
+    b, k = 120, 30
+    length = torch.log1p(torch.randint(1, 50, (b, 1, 1), generator=g).float()).expand(b, k, 1)
+    dense = torch.cat([torch.randn(b, k, 2, generator=g), length], dim=2)
+    valid = torch.rand(b, k, generator=g) < 0.8
+    valid[:, 0] = True
+    items = torch.randint(3, 8, (b, k), generator=g)
+    last = torch.randint(3, 8, (b, 1), generator=g).expand(b, k)
+    labels = torch.zeros(b, k)
+    labels[torch.arange(b), dense[..., 0].masked_fill(~valid, -9).argmax(dim=1)] = 1
+    inputs = RankingInputs(dense, {"item": items, "last_item": last, "cross": (items * 7 + last) % BUCKETS}, valid,
+                           ["a", "b", "length"], cardinality={"item": VOCABULARY, "last_item": VOCABULARY, "cross": BUCKETS})
+    scorer = DLRMScorer(max_epochs=2, seed=0).fit(inputs, labels)
+    order = torch.randperm(k, generator=g)
+    moved = RankingInputs(dense[:, order], {n: ids[:, order] for n, ids in inputs.sparse.items()}, valid[:, order],
+                          inputs.names, cardinality=inputs.cardinality)
+    scores, back = scorer.score(inputs), torch.empty(b, k)
+    back[:, order] = scorer.score(moved)
+    assert torch.allclose(back[valid], scores[valid], rtol=0, atol=1e-6)  # the network's own last bits only
+
+
 # ---------------------------------------------------------------------------------------- saving
 @pytest.mark.parametrize("scaling", ["rank_gauss", "standard"])
 def test_state_dict_round_trip_scores_identically(scaling: str) -> None:

@@ -177,11 +177,19 @@ def _slots(valid: torch.Tensor) -> torch.Tensor:
 
 
 def session_relative(dense: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """(B, K, F) -> (B, K, 3F): each feature, minus its session's largest and mean value over the valid candidates."""
+    """(B, K, F) -> (B, K, 3F): each feature, minus its session's largest and mean value over the valid candidates.
+
+    The mean is summed in float64, where the sum of a session's float32 values is exact unless they lie about
+    2^21 apart in magnitude: it does not depend on the order of the candidates, and a feature that every
+    candidate of a session shares (its length, its time) is exactly 0 apart from its mean. Summed in float32,
+    that difference is rounding noise of a few 1e-7, which the rank-Gauss scaling spreads over the whole normal
+    range, so the scores moved with the order the candidates came in and with the device.
+    """
     mask = valid.unsqueeze(2)
     best = dense.masked_fill(~mask, float("-inf")).amax(dim=1, keepdim=True)
     best = torch.where(torch.isfinite(best), best, torch.zeros_like(best))  # a session without candidates
-    mean = (dense * mask).sum(dim=1, keepdim=True) / mask.sum(dim=1, keepdim=True).clamp(min=1)
+    total = dense.masked_fill(~mask, 0).sum(dim=1, keepdim=True, dtype=torch.float64)
+    mean = (total / mask.sum(dim=1, keepdim=True).clamp(min=1)).to(dense.dtype)
     return torch.cat([dense, dense - best, dense - mean], dim=2)
 
 

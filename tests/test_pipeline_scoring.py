@@ -267,6 +267,28 @@ def test_a_state_saved_without_id_rows_is_refused_in_one_line(fitted) -> None:
         DLRMScorer(max_epochs=2).load_state_dict(old)
     with pytest.raises(ValueError, match="scaling does not match"):
         DLRMScorer(max_epochs=2, scaling="standard").load_state_dict(scorer.state_dict())
+    with pytest.raises(ValueError, match="which columns its network reads .* fit the ranker again"):
+        DLRMScorer(max_epochs=2).load_state_dict({k: v for k, v in scorer.state_dict().items() if k != "columns"})
+    for columns in ([0, 1, 2, 3, 6], [0, 0, 1, 2, 3, 4], [0, 1, 2, 3, 4, 9], []):
+        with pytest.raises(ValueError, match="columns must be ascending indices of its 6 inputs|scales 6 columns and reads 5"):
+            DLRMScorer(max_epochs=2).load_state_dict({**scorer.state_dict(), "columns": np.array(columns)})
+
+
+@pytest.mark.parametrize("scaling", ["rank_gauss", "standard"])
+def test_a_column_with_one_value_among_the_training_rows_is_not_an_input(scaling: str) -> None:
+    """A third feature that every row shares: it, and its differences from the session's best and mean (0 for any
+    feature a session's candidates share), are left out; the network reads the 6 others, whatever its value later."""
+    inputs, labels = training_rows()
+    shared = RankingInputs(torch.cat([inputs.dense, torch.full((B, K, 1), 5.0)], dim=2), inputs.sparse, inputs.valid,
+                           ["a", "b", "c"], cardinality=inputs.cardinality)
+    scorer = DLRMScorer(max_epochs=2, scaling=scaling, seed=1).fit(shared, labels)
+    assert scorer.columns.tolist() == [0, 1, 3, 4, 6, 7]  # of a, b, c, a - best, b - best, c - best, a - mean, ...
+    assert scorer.network.dense_arch.mlp[0].in_features == 6
+    assert torch.equal(scorer.score(shared), scorer.score(RankingInputs(
+        torch.cat([inputs.dense, torch.full((B, K, 1), -3.0)], dim=2), inputs.sparse, inputs.valid, ["a", "b", "c"])))
+    loaded = DLRMScorer(max_epochs=2, scaling=scaling, seed=1).load_state_dict(scorer.state_dict())
+    assert loaded.columns.tolist() == [0, 1, 3, 4, 6, 7] and torch.equal(loaded.score(shared), scorer.score(shared))
+    assert len(scorer.state_dict()["quantiles" if scaling == "rank_gauss" else "mean"]) == 6
 
 
 # ------------------------------------------------------------------------------------------ blend

@@ -4,7 +4,9 @@ Dense inputs are the candidate features, each also taken relative to its session
 session's best and mean candidate value: what a listwise ranker compares), then scaled with
 statistics of the ranker's training rows: rank-Gauss (each feature through its empirical
 quantiles to a standard normal, so heavy-tailed scores and counts are spread evenly) or plain
-standardisation. Sparse inputs are the candidate id, the last item (one shared item table) and
+standardisation. A column with one value among those rows carries nothing and is left out of the
+network's inputs: the differences of a feature that a session's candidates share (its length, the
+hour of its last event) are 0 for every candidate. Sparse inputs are the candidate id, the last item (one shared item table) and
 the hashed (last item, candidate) cross.
 
 Id rows. Each table has row 0 for every id that the ranker's training rows do not hold at least
@@ -21,7 +23,7 @@ sparse gradients updated by `torch.optim.SparseAdam`: each step touches the rows
 up, not the whole tables.
 
 Shape letters: B sessions, K candidates, F dense features, G = F or 3F after the session-relative
-columns, Q quantiles, D embedding width, S kept ids of a table.
+columns, C of them kept (those that vary), Q quantiles, D embedding width, S kept ids of a table.
 """
 
 from __future__ import annotations
@@ -212,8 +214,7 @@ class ScaledRows:
             dense.append(scorer._dense(part))
             for name, ids in part.sparse.items():
                 sparse.setdefault(name, []).append(ids[part.valid])
-        width = len(source.names) * (3 if scorer.config["relative"] else 1)
-        self.dense = torch.cat(dense) if dense else torch.zeros(0, width, device=source.device)
+        self.dense = torch.cat(dense) if dense else torch.zeros(0, len(scorer.columns), device=source.device)
         self.sparse = {name: torch.cat(parts) for name, parts in sparse.items()}
         counts = source.valid[sessions].sum(dim=1)
         self.offsets = torch.cat([torch.zeros(1, dtype=torch.long, device=counts.device), counts.cumsum(0)])
@@ -292,9 +293,10 @@ class DLRMScorer(Scorer):
             "stop_fraction": stop_fraction, "seed": seed,
         }
         self.network: DLRM | None = None
-        self.mean: torch.Tensor | None = None  # (G,)
-        self.std: torch.Tensor | None = None  # (G,)
-        self.quantiles: torch.Tensor | None = None  # (G, Q) with rank_gauss scaling
+        self.columns = torch.zeros(0, dtype=torch.long)  # (C,) the columns of the G that vary among the training rows
+        self.mean: torch.Tensor | None = None  # (C,)
+        self.std: torch.Tensor | None = None  # (C,)
+        self.quantiles: torch.Tensor | None = None  # (C, Q) with rank_gauss scaling
         self._scale: tuple[torch.Tensor, RankGauss] | None = None  # (the quantiles, their RankGauss)
         self.rows: dict[str, IdRows] = {}
         self.num_dense = 0  # F, the features read
@@ -307,21 +309,20 @@ class DLRMScorer(Scorer):
         d = c["embedding_dim"]
         tables = [TableConfig(name, self.rows[name].size, d, feature_names=TABLES[name]) for name in self.rows]
         torch.manual_seed(c["seed"])
-        width = self.num_dense * (3 if c["relative"] else 1)
         return DLRM(
-            width, tables, dense_layers=[*c["dense_layers"], d], over_layers=c["over_layers"],
+            len(self.columns), tables, dense_layers=[*c["dense_layers"], d], over_layers=c["over_layers"],
             interaction=c["interaction"], sparse=FusedTables(sparse_gradient=sparse_gradient), seed=c["seed"],
         )
 
     def _dense(self, inputs: RankingInputs) -> torch.Tensor:
-        """(M, G) scaled dense inputs of the M valid slots of these sessions in row-major order (what the
+        """(M, C) scaled dense inputs of the M valid slots of these sessions in row-major order (what the
         network reads), `_scaled` `PART_SESSIONS` sessions at a time."""
         parts = [dense for *_, dense in self._parts(inputs)]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def _parts(self, inputs: RankingInputs) -> Iterator[tuple[slice, torch.Tensor, torch.Tensor, torch.Tensor]]:
         """Each part of `PART_SESSIONS` sessions: its slice of the sessions, its (b, K) valid slots, their
-        positions (`_slots`) and their (m, G) scaled dense inputs (`_scaled`)."""
+        positions (`_slots`) and their (m, C) scaled dense inputs (`_scaled`)."""
         for lo in range(0, max(len(inputs.valid), 1), PART_SESSIONS):
             part = slice(lo, lo + PART_SESSIONS)
             valid = inputs.valid[part]
@@ -329,12 +330,12 @@ class DLRMScorer(Scorer):
             yield part, valid, slots, self._scaled(inputs.dense[part], valid, slots)
 
     def _scaled(self, dense: torch.Tensor, valid: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        """(M, G) scaled dense inputs of the M `valid` (B, K) slots of (B, K, F) `dense`, whose positions in
-        the flattened grid are `slots` (`_slots`)."""
+        """(M, C) scaled dense inputs of the M `valid` (B, K) slots of (B, K, F) `dense`, whose positions in
+        the flattened grid are `slots` (`_slots`): the kept `columns` of the G."""
         if dense.shape[2] != self.num_dense:
             raise ValueError(f"DLRMScorer was fitted on {self.num_dense} dense features, got {dense.shape[2]}")
         grid = session_relative(dense, valid) if self.config["relative"] else dense
-        rows = grid.reshape(-1, grid.shape[2]).index_select(0, slots)  # (M, G)
+        rows = grid.reshape(-1, grid.shape[2]).index_select(0, slots).index_select(1, self.columns)  # (M, C)
         return self._rank_gauss()(rows) if self.quantiles is not None else (rows - self.mean) / self.std
 
     def _rank_gauss(self) -> RankGauss:
@@ -409,9 +410,14 @@ class DLRMScorer(Scorer):
             dense = session_relative(part.dense, part.valid) if c["relative"] else part.dense
             parts.append(dense[part.valid])
         rows = torch.cat(parts)  # (rows, G)
+        varies = (rows != rows[:1]).any(dim=0) if len(rows) else torch.ones(rows.shape[1], dtype=torch.bool)
+        if not bool(varies.any()):  # nothing varies: every column kept, a network needs an input
+            varies[:] = True
+        self.columns = torch.nonzero(varies).squeeze(1).to(rows.device)
+        rows = rows[:, self.columns]  # (rows, C)
         if c["scaling"] == "rank_gauss":
             levels = torch.linspace(0, 1, QUANTILES, dtype=torch.float64, device=rows.device)
-            self.quantiles = torch.quantile(rows.double(), levels, dim=0).T.float().contiguous()  # (G, Q)
+            self.quantiles = torch.quantile(rows.double(), levels, dim=0).T.float().contiguous()  # (C, Q)
         else:
             self.mean, self.std = rows.mean(dim=0), rows.std(dim=0).clamp(min=1e-6)
 
@@ -485,7 +491,7 @@ class DLRMScorer(Scorer):
         """Move the network, the id rows and the scaling to `device`; returns self."""
         if self.network is not None:
             self.network.to(device)
-            self.mean, self.std = self.mean.to(device), self.std.to(device)
+            self.mean, self.std, self.columns = self.mean.to(device), self.std.to(device), self.columns.to(device)
             if self.quantiles is not None:
                 self.quantiles = self.quantiles.to(device)
             self.rows = {name: rows.to(device) for name, rows in self.rows.items()}
@@ -494,15 +500,16 @@ class DLRMScorer(Scorer):
     # -- saving ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """``weights`` of the network; ``ids`` (each table's kept ids, ascending) and ``vocabulary`` (each
-        table's id range); the scaling: ``quantiles`` (G, Q) or ``mean`` and ``std`` (G,); the table
-        ``sizes``, ``num_dense`` (F) and the early-stopping ``history`` (held-out MRR@20 per epoch)."""
+        table's id range); ``columns`` (C,), the network's inputs among the G; the scaling of those: ``quantiles``
+        (C, Q) or ``mean`` and ``std`` (C,); the table ``sizes``, ``num_dense`` (F) and the early-stopping
+        ``history`` (held-out MRR@20 per epoch)."""
         if self.network is None:
             raise RuntimeError("DLRMScorer is not fitted: nothing to save")
         state = {"weights": {k: v.detach().cpu().numpy() for k, v in self.network.state_dict().items()},
                  "ids": {name: rows.kept.numpy() for name, rows in self.rows.items()},
                  "vocabulary": {name: rows.vocabulary for name, rows in self.rows.items()},
                  "sizes": {name: rows.size for name, rows in self.rows.items()},
-                 "num_dense": self.num_dense, "history": list(self.history)}
+                 "columns": self.columns.cpu().numpy(), "num_dense": self.num_dense, "history": list(self.history)}
         if self.quantiles is not None:
             state["quantiles"] = self.quantiles.cpu().numpy()
         else:
@@ -528,12 +535,24 @@ class DLRMScorer(Scorer):
         self.history = [float(v) for v in state.get("history", [])]
         if (self.config["scaling"] == "rank_gauss") != ("quantiles" in state):
             raise ValueError(f"the DLRMScorer state's scaling does not match its config's {self.config['scaling']!r}")
+        if "columns" not in state:
+            raise ValueError("this DLRMScorer state does not say which columns its network reads ('columns'): fit the "
+                             "ranker again (sessrec fit on the pipeline recipe)")
+        self.columns = torch.from_numpy(np.array(state["columns"], dtype=np.int64)).reshape(-1)
+        width = self.num_dense * (3 if self.config["relative"] else 1)
+        if not len(self.columns) or int(self.columns.min()) < 0 or int(self.columns.max()) >= width or \
+                bool((self.columns.diff() <= 0).any()):
+            raise ValueError(f"the DLRMScorer state's columns must be ascending indices of its {width} inputs, got "
+                             f"{self.columns.tolist()[:8]}")
         self.quantiles, self.mean, self.std = None, torch.zeros(0), torch.ones(0)
         if "quantiles" in state:
             self.quantiles = torch.from_numpy(np.array(state["quantiles"], dtype=np.float32))
         else:
             self.mean = torch.from_numpy(np.array(state["mean"], dtype=np.float32))
             self.std = torch.from_numpy(np.array(state["std"], dtype=np.float32))
+        scaled = len(self.quantiles if self.quantiles is not None else self.mean)
+        if scaled != len(self.columns):
+            raise ValueError(f"the DLRMScorer state scales {scaled} columns and reads {len(self.columns)}")
         self.network = self._build()
         self.network.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in state["weights"].items()})
         self.network.eval()

@@ -306,6 +306,10 @@ def test_retrain_promotes_a_good_candidate_and_rejects_a_bad_one(tmp_path):
                                          r"[0-9, ]+ \(the current model's evaluation ks\); gate on one of those"):
         retrain(str(root), out=str(tmp_path / "at50"), gate=Gate("recall@50"), **common)
     assert not (tmp_path / "at50").exists()  # refused before anything was written
+    with pytest.raises(ValueError, match=r"gate metric mrr: a session model's validation computes recall, ndcg and mrr "
+                                         r"at [0-9, ]+ \(the current model's evaluation ks\), not mrr without a cut-off"):
+        retrain(str(root), out=str(tmp_path / "mrr"), gate=Gate("mrr"), **common)
+    assert not (tmp_path / "mrr").exists()
     good = retrain(str(root), out=str(tmp_path / "good"), gate=Gate("recall@20", tolerance=0.05, min_pairs=100), lr=0.005,
                    **common)
     assert good["promoted"] and good["version"] == "v000002" and good["candidate_items"] >= good["current_items"]

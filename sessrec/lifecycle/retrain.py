@@ -332,9 +332,14 @@ def check_candidate(out: str, max_epochs: int) -> Path:
 
 
 def check_gate_metric(gate: Gate, ks: list[int]) -> None:
-    """Refuse a gate metric at a cut-off the candidate's validation does not compute (its `ks`, the current model's)."""
+    """Refuse a gate metric the candidate's validation does not compute: one at a cut-off other than its `ks`
+    (the current model's), or ``mrr`` without a cut-off (the click ranker's)."""
     name, at, k = gate.metric.partition("@")
-    if at and int(k) not in ks:
+    if not at:
+        raise ValueError(f"gate metric {gate.metric}: a session model's validation computes recall, ndcg and mrr at "
+                         f"{', '.join(map(str, ks))} (the current model's evaluation ks), not {gate.metric} without a "
+                         f"cut-off (a click ranker's); gate on one of those, e.g. {gate.metric}@{ks[-1]}")
+    if int(k) not in ks:
         raise ValueError(f"gate metric {gate.metric}: the candidate's validation computes {name} at "
                          f"{', '.join(map(str, ks))} (the current model's evaluation ks); gate on one of those")
 

@@ -24,7 +24,7 @@ from sessrec.data import (
     prepare,
 )
 from sessrec.data.prepared import parse_bytes
-from sessrec.data.prepared.dataset import read_manifest
+from sessrec.data.prepared.dataset import read_manifest, sha256_of
 
 SCHEMA = Schema(
     session_id="sid", item_id="item", timestamp="t", order_by="step",
@@ -218,6 +218,36 @@ def test_a_changed_file_is_refused_by_name_and_nothing_half_written_is_left(tmp_
     with pytest.raises(ValueError, match="'price'"):
         prepare(broken, str(tmp_path / "q"), engine="local", memory_budget=ROOMY)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["events.parquet", "p"]
+
+
+def test_an_edited_manifest_is_refused_before_a_split_is_read_short(tmp_path):
+    """A manifest whose listing of a split's parts (with their hashes) or whose vocabulary settings were edited by
+    hand would read a split short, or a vocabulary fitted otherwise than it says: its own content hash refuses it."""
+    path = write(event_log(), tmp_path / "events.parquet")
+    source = EventLogSource(path, schema=SCHEMA, test_fraction=0.2)
+    out = prepare(source, str(tmp_path / "p"), engine="local", memory_budget=ROOMY, part_sessions=20, row_group_sessions=8)
+    whole = PreparedSource(str(out)).load()
+    file = out / "manifest.json"
+    manifest = json.loads(file.read_text())
+    dropped = manifest["splits"]["test"]["files"].pop()
+    assert manifest["splits"]["test"]["files"] and whole.test.num_rows > 20  # the test split had several parts
+    del manifest["sha256"][dropped]
+    file.write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match=r"p/manifest\.json: edited after sessrec prepare wrote it \(its content hash is "
+                                         r"sha256:.*\): a split's files, counts or settings are not changed by hand"):
+        PreparedSource(str(out)).load()
+    manifest = json.loads(file.read_text())
+    manifest["splits"]["test"]["files"].append(dropped)
+    manifest["sha256"][dropped] = sha256_of(out / dropped)
+    manifest["settings"]["min_item_count"] = 3
+    file.write_text(json.dumps(manifest))
+    from sessrec.tasks import SessionDataModule
+
+    with pytest.raises(ValueError, match=r"manifest\.json: edited after sessrec prepare wrote it"):
+        SessionDataModule(source=PreparedSource(str(out)), min_item_count=3).vocab
+    manifest["settings"]["min_item_count"] = 1
+    file.write_text(json.dumps(manifest, indent=3))  # the same content, spaced otherwise: read
+    assert PreparedSource(str(out)).load().test.equals(whole.test)
 
 
 def test_times_plausible_batch_by_batch_but_not_together_are_refused_as_in_memory(tmp_path, dask_scheduler, monkeypatch):

@@ -13,11 +13,12 @@ import torch
 
 import sessrec.models as m
 from sessrec.data import ItemVocab, SessionLoader, SessionSplits, SideFeatures, SyntheticSource, frame
-from sessrec.data.prepared.dataset import PreparedSource
+from sessrec.data.prepared.dataset import VERSION, PreparedSource
 from sessrec.data.sources import SessionSource
 from sessrec.data.streaming import StreamingLoader
 from sessrec.features.side_transform import SideFeatureTransform
 from sessrec.saved.atomic import digest
+from sessrec.saved.directory import HASH, content_hash
 from sessrec.tasks import NextItemTask, SessionDataModule
 
 torch.set_num_threads(1)
@@ -54,8 +55,9 @@ def write_prepared(directory: Path, splits: SessionSplits, parts: int = 3, group
                           virtual=frame.virtual_flags(splits.train))
     vocab.save(directory / "vocab.parquet")
     settings = {"min_item_count": 1, "max_vocab_size": None, **settings}
-    manifest = {"format": "sessrec-prepared", "version": 1, "source": {}, "settings": settings, "splits": listing,
+    manifest = {"format": "sessrec-prepared", "version": VERSION, "source": {}, "settings": settings, "splits": listing,
                 "sha256": sha}
+    manifest[HASH] = content_hash(manifest)
     (directory / "manifest.json").write_text(json.dumps(manifest))
     return directory
 

@@ -3,7 +3,7 @@
 Layout of a prepared directory::
 
     manifest.json                 format, version, the source's config, the settings, each split's files
-                                  and counts, the sha256 of every file
+                                  and counts, the sha256 of every file, and its own content hash
     train/part-00000.parquet ...  session tables (the columns of `SessionSplits`' tables, raw item ids);
     valid/part-*.parquet          the parts of a split, concatenated in file order, are the split, sessions
     test/part-*.parquet           in session-id order; each part holds `Layout.part_sessions` sessions (the
@@ -12,7 +12,8 @@ Layout of a prepared directory::
     vocab.parquet                 `ItemVocab.save` of the vocabulary fitted on the training split
 
 `PreparedWriter` writes one into a temporary directory and renames it into place; `PreparedSource` reads
-one (every file checked against the manifest's hash first) and is a `SessionSource` like any other.
+one (the manifest checked against its own content hash, every file against the manifest's hash first) and
+is a `SessionSource` like any other.
 Side-feature transforms are not part of it: they depend on the data module's side-feature settings,
 and the data module fits them on the training split as it does for every source.
 """
@@ -34,9 +35,10 @@ from sessrec.data import frame
 from sessrec.data.sources import SessionSource, SessionSplits
 from sessrec.data.vocab import ItemVocab
 from sessrec.saved.atomic import fsync_dir, fsync_tree, normal_modes
+from sessrec.saved.directory import HASH, content_hash
 
 FORMAT = "sessrec-prepared"
-VERSION = 1
+VERSION = 2
 SPLITS = ("train", "valid", "test")
 MANIFEST = "manifest.json"
 VOCAB = "vocab.parquet"
@@ -154,6 +156,8 @@ class PreparedWriter:
             hashes.update({p.name: p.sha256 for p in parts})
         manifest = {"format": FORMAT, "version": VERSION, "source": source,
                     "settings": {**asdict(self.layout), **settings}, "splits": splits, "sha256": hashes}
+        manifest = json.loads(json.dumps(manifest))  # plain JSON values, as read back, before hashing
+        manifest[HASH] = content_hash(manifest)
         (self.tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
         normal_modes(self.tmp)
         fsync_tree(self.tmp)
@@ -177,7 +181,9 @@ class PreparedWriter:
 
 
 def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
-    """The manifest of a prepared dataset; one-line errors for a directory that is not one."""
+    """The manifest of a prepared dataset; one-line errors for a directory that is not one, and for a manifest
+    edited after `PreparedWriter` wrote it (its content is not what its ``"hash"`` records: a split's files,
+    counts or settings changed by hand)."""
     file = Path(path) / MANIFEST
     if not file.is_file():
         raise FileNotFoundError(f"{path}: not a prepared dataset (no {MANIFEST}); write one with sessrec prepare")
@@ -188,7 +194,13 @@ def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise ValueError(f"{file}: not a sessrec prepared dataset (format {manifest.get('format') if isinstance(manifest, dict) else None!r})")
     if manifest.get("version") != VERSION:
-        raise ValueError(f"{file}: version {manifest.get('version')!r}; this sessrec reads version {VERSION}")
+        raise ValueError(f"{file}: version {manifest.get('version')!r}; this sessrec reads version {VERSION}: "
+                         "prepare the dataset again")
+    found = content_hash(manifest)
+    if found != manifest.get(HASH):
+        raise ValueError(f"{file}: edited after sessrec prepare wrote it (its content hash is {found[:19]}..., it "
+                         f"records {str(manifest.get(HASH))[:19]}...): a split's files, counts or settings are not "
+                         "changed by hand; prepare the dataset again")
     return manifest
 
 

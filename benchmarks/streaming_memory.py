@@ -45,7 +45,9 @@ import pyarrow.parquet as pq
 import torch
 
 from sessrec.data import ItemVocab, PreparedSource
+from sessrec.data.prepared.dataset import VERSION
 from sessrec.saved.atomic import digest
+from sessrec.saved.directory import HASH, content_hash
 from sessrec.tasks import SessionDataModule
 
 MAX_LENGTH = 20
@@ -99,9 +101,10 @@ def prepared(root: Path, names: list[str], n_parts: int, counts: np.ndarray, sha
     seen = np.flatnonzero(counts)
     order = seen[np.argsort(-counts[seen], kind="stable")]  # by decreasing count, as ItemVocab.fit orders them
     ItemVocab(pa.array(order), counts[order]).save(directory / "vocab.parquet")
-    manifest = {"format": "sessrec-prepared", "version": 1, "source": {"synthetic": True},
+    manifest = {"format": "sessrec-prepared", "version": VERSION, "source": {"synthetic": True},
                 "settings": {"min_item_count": 1, "max_vocab_size": None},
                 "splits": listing, "sha256": hashes}
+    manifest[HASH] = content_hash(manifest)
     (directory / "manifest.json").write_text(json.dumps(manifest))
     return directory
 

@@ -190,6 +190,24 @@ def test_export_leaves_the_task_in_its_mode(tmp_path):
     assert all(m.training for m in task.modules())
 
 
+def test_an_export_in_the_other_format_replaces_the_earlier_one(tmp_path):
+    """``model.json`` describes one export: a folder that held another run's export in the other format keeps
+    no file of it, which would load as the model that ``model.json`` does not describe."""
+    other = session_task("sasrec_clm")
+    with torch.no_grad():
+        other.model.item_embedding.weight.mul_(3.0)
+    export_session_model(other.recommender(), tmp_path, "onnx")
+    path = export_session_model(session_task("sasrec_clm").recommender(), tmp_path, "torchscript", top_k=5)
+    assert path.name == "model.pt" and sorted(p.name for p in tmp_path.iterdir()) == ["model.json", "model.pt"]
+    assert json.loads((tmp_path / "model.json").read_text())["file"] == "model.pt"
+    export_session_model(other.recommender(), tmp_path, "onnx")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.json", "model.onnx"]
+    items = sessions(4, 7, seed=3)
+    with torch.no_grad():
+        expected = other.model(items, other.objective).numpy()
+    assert max_abs_diff(run_exported(tmp_path / "model.onnx", items)[0], expected) <= 1e-4
+
+
 @pytest.mark.parametrize("kind", ["session", "dlrm"])
 def test_export_from_a_model_directory(tmp_path, kind):
     task = session_task("sasrec_clm") if kind == "session" else dlrm_task()

@@ -412,6 +412,8 @@ def _export(
             _verify(path, format, probe, reference(*probe), what)
     spec = ExportSpec(format, path.name, written_opset, type(scorer.model).__name__, inputs, outputs, scorer.describe())
     write_text(path.with_suffix(".json"), json.dumps(asdict(spec), indent=2) + "\n")
+    for other in set(FILES.values()) - {path.name}:  # an export of another run in another format: replaced too
+        (path.parent / other).unlink(missing_ok=True)
     return path
 
 

@@ -319,6 +319,33 @@ def test_sessrec_rollback_on_the_command_line(tmp_path, capsys):
         run(["rollback", "--model_dir", str(tmp_path / "plain")])
 
 
+def test_promote_and_rollback_of_a_folder_inside_a_versioned_directory_are_refused_and_write_nothing(tmp_path):
+    """A version folder, the versions folder or any folder that is not a saved directory is named in one line,
+    before the move takes a lock: nothing (no ``.lock``) is written into an immutable version."""
+    from sessrec.cli import run
+
+    store = VersionedDirectory(tmp_path / "m")
+    for text in ("one", "two"):
+        store.publish(write_file(text))
+    before = {p: p.stat().st_mtime_ns for p in store.root.rglob("*")}
+    version, folder = store.path("v000001"), store.root / "versions"
+    for command in (["rollback"], ["promote", "--version", "v000002"]):
+        for inside in (version, folder):
+            with pytest.raises(ValueError, match=rf"^{inside}: a folder inside the versioned directory {store.root}, "
+                                                 rf"whose versions are never changed in place; give the directory "
+                                                 rf"itself: --model_dir {store.root}$"):
+                run([command[0], "--model_dir", str(inside), *command[1:]])
+    (tmp_path / "other").mkdir()
+    for command in (["rollback"], ["promote", "--version", "v000001"]):
+        with pytest.raises(FileNotFoundError, match=r"other: not a saved model or pipeline directory \(no CURRENT, "
+                                                    r"config\.json, pipeline\.json\)"):
+            run([command[0], "--model_dir", str(tmp_path / "other"), *command[1:]])
+    with pytest.raises(ValueError, match="a folder inside the versioned directory"):
+        VersionedDirectory(version).start_canary("v000002", 0.5)
+    assert {p: p.stat().st_mtime_ns for p in store.root.rglob("*")} == before
+    assert list((tmp_path / "other").iterdir()) == [] and store.current_version() == "v000002"
+
+
 @pytest.mark.slow
 def test_a_retrain_promotion_killed_at_random_moments_keeps_record_pointer_and_model_in_agreement(tmp_path):
     """`settle`, the decision and promotion of a `sessrec retrain` turn, on real model directories, killed

@@ -279,8 +279,7 @@ def promote(model_dir: str, version: str | None = None) -> str:
     from sessrec.saved.versions import VersionedDirectory, canary
 
     store = VersionedDirectory(model_dir)
-    if not store.root.is_dir():
-        raise FileNotFoundError(f"{model_dir}: no such model directory")
+    store.check_saved()
     before, running = store.current_version(), canary(model_dir)
     if version is None:
         if running is None:

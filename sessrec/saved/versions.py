@@ -194,6 +194,22 @@ class VersionedDirectory:
     def current_version(self) -> str | None:
         return current_version(self.root)
 
+    def check_saved(self) -> None:
+        """Refuse in one line, before anything is written into it (its lock, its log), a folder that is not a
+        saved model or pipeline directory: one that does not exist, a version folder or the ``versions``
+        folder of a versioned directory (which name the directory to give instead), or any other folder
+        without ``CURRENT``, ``config.json`` or ``pipeline.json``."""
+        if not self.root.is_dir():
+            raise FileNotFoundError(f"{self.root}: no such model directory")
+        above = self.root.parent if self.root.name == VERSIONS else self.root.parent.parent
+        if (self.root.name == VERSIONS or (_NAME.match(self.root.name) and self.root.parent.name == VERSIONS)) and (
+                above / POINTER).exists():
+            raise ValueError(f"{self.root}: a folder inside the versioned directory {above}, whose versions are never "
+                             f"changed in place; give the directory itself: --model_dir {above}")
+        if not any((self.root / marker).exists() for marker in SAVED_MARKERS):
+            raise FileNotFoundError(f"{self.root}: not a saved model or pipeline directory (no "
+                                    f"{', '.join(SAVED_MARKERS)})")
+
     def history(self) -> list[dict[str, Any]]:
         """The log's entries, oldest first (a last line cut short by a crash is left out)."""
         path = self.root / LOG
@@ -344,8 +360,7 @@ class VersionedDirectory:
         hashes, the current version, a share outside (0, 1), and another canary running (end it first).
         """
         share = check_share(share)
-        if not self.root.is_dir():
-            raise FileNotFoundError(f"{self.root}: no such model directory")
+        self.check_saved()
         with self.lock():
             current = self.recover()
             if current is None:
@@ -371,8 +386,7 @@ class VersionedDirectory:
         """Make `to` current again (default: the version before the current one in the promotion
         history, `line`); returns its name. While a canary runs, a rollback without `to` drops the
         canary and the pointer stays (returns the current version)."""
-        if not self.root.is_dir():
-            raise FileNotFoundError(f"{self.root}: no such model directory")
+        self.check_saved()
         with self.lock():
             current = self.recover()
             running = self._canary_from_log()

@@ -63,6 +63,19 @@ def test_ranker_fit_quick_run_prints_the_rows_then_one_fit_per_negatives_setting
 
 
 @pytest.mark.slow
+def test_ranker_fit_fits_one_member_of_the_blend_alone_once_per_seed_offset():
+    rows, *fits = [json.loads(line) for line in quick("ranker_fit.py", "--member", "0", "--seed-offsets", "0", "3").splitlines()]
+    assert [(f["scorer"], f["seed_offset"], f["negatives"]) for f in fits] == [
+        ("DLRMScorer", 0, None), ("DLRMScorer", 0, 10), ("DLRMScorer", 3, None), ("DLRMScorer", 3, 10)]
+    for f in fits:
+        assert list(f["steps"]) == ["feature_ops", "features", "ranker_0"] and f["pairs"] == rows["pairs"]
+    assert fits[0]["valid"] != fits[2]["valid"]  # other weights, other scores
+    done = subprocess.run([sys.executable, "benchmarks/ranker_fit.py", "--quick", "--member", "3"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, check=False, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 2 and "--member 3: the ranker has 3 member(s)" in done.stderr
+
+
+@pytest.mark.slow
 def test_retrain_daily_quick_run_prints_each_turn_and_the_rejection():
     stdout = quick("retrain_daily.py")
     out = json.loads(stdout[stdout.index("{"):])  # after the fits' validation lines

@@ -5,6 +5,7 @@ Triton repository's config.pbtxt, parsed."""
 import json
 import re
 from dataclasses import asdict
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -15,6 +16,7 @@ from torch import nn
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
+from sessrec.cli import export as cli_export
 from sessrec.data import ItemVocab
 from sessrec.data.batch import SessionBatch
 from sessrec.data.side import SideInfoSpec
@@ -45,6 +47,7 @@ from sessrec.models import (
     XLNetEncoder,
 )
 from sessrec.models.objective import EVENT_TIMES
+from sessrec.saved.versions import VersionedDirectory
 from sessrec.tasks import DLRMTask, Evaluation, NextItemTask
 from sessrec.tasks.settings import DLRMNetwork
 
@@ -198,10 +201,10 @@ def test_an_export_in_the_other_format_replaces_the_earlier_one(tmp_path):
         other.model.item_embedding.weight.mul_(3.0)
     export_session_model(other.recommender(), tmp_path, "onnx")
     path = export_session_model(session_task("sasrec_clm").recommender(), tmp_path, "torchscript", top_k=5)
-    assert path.name == "model.pt" and sorted(p.name for p in tmp_path.iterdir()) == ["model.json", "model.pt"]
+    assert path.name == "model.pt" and sorted(p.name for p in tmp_path.iterdir()) == ["model.json", "model.pt", "vocab.parquet"]
     assert json.loads((tmp_path / "model.json").read_text())["file"] == "model.pt"
     export_session_model(other.recommender(), tmp_path, "onnx")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.json", "model.onnx"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.json", "model.onnx", "vocab.parquet"]
     items = sessions(4, 7, seed=3)
     with torch.no_grad():
         expected = other.model(items, other.objective).numpy()
@@ -224,6 +227,37 @@ def test_export_from_a_model_directory(tmp_path, kind):
         with torch.no_grad():
             expected = scorer.eager(*inputs).numpy()
         assert max_abs_diff(run_exported(path, *inputs)[0], expected) <= 1e-5
+
+
+def test_an_export_carries_the_vocabulary_and_version_it_was_made_from(tmp_path):
+    """An export is self-contained: its ``vocab.parquet`` is the exported version's, whatever the model directory
+    makes current later, and ``model.json`` names that version and the vocabulary's fingerprint."""
+    first, second = session_task("sasrec_clm"), session_task("sasrec_clm")
+    second.vocab = ItemVocab(pa.array(np.arange(48)[::-1].copy()), np.ones(48, dtype=np.int64))  # other raw ids, same size
+    model_dir = tmp_path / "model"
+    first.recommender().save_pretrained(model_dir)
+    second.recommender().save_pretrained(model_dir)  # a second save: versions, v000002 current
+    path = export_model_dir(model_dir, tmp_path / "out", "torchscript", top_k=5)
+    VersionedDirectory(model_dir).rollback()  # v000001 current again: the export stays v000002's
+    assert (model_dir / "CURRENT").read_text().strip() == "v000001"
+    spec = json.loads(path.with_suffix(".json").read_text())
+    exported = ItemVocab.load(path.parent / spec["vocab"]["file"])
+    assert exported == second.vocab and not exported == first.vocab
+    assert spec["version"] == "v000002"
+    assert spec["vocab"] == {"file": "vocab.parquet", "fingerprint": second.vocab.fingerprint(), "rows": 48}
+    plain = export_model_dir(second.recommender().save_pretrained(tmp_path / "plain"), tmp_path / "out2", "torchscript")
+    assert json.loads(plain.with_suffix(".json").read_text())["version"] is None
+
+
+def test_a_triton_export_carries_the_vocabulary_and_version(tmp_path):
+    ranker = dlrm_task().ranker()
+    model_dir = tmp_path / "model"
+    ranker.save_pretrained(model_dir)
+    ranker.save_pretrained(model_dir)
+    written = Path(cli_export(str(model_dir), str(tmp_path / "repo"), "triton", name="dlrm"))
+    spec = json.loads((written / "1" / "model.json").read_text())
+    assert spec["version"] == "v000002" and spec["vocab"]["fingerprint"] == ranker.vocab.fingerprint()
+    assert RankingVocab.load(written / "1" / "vocab.parquet").fingerprint() == ranker.vocab.fingerprint()
 
 
 def dlrm_task(interaction: str = "dot") -> DLRMTask:

@@ -212,13 +212,13 @@ def export(
     Returns:
         The file or repository written.
     """
-    from sessrec.lifecycle.export import export_model_dir
+    from sessrec.lifecycle.export import export_model_dir, read_model_dir
 
     if format == "triton":
-        from sessrec.artifacts import load_artifact
         from sessrec.lifecycle.triton import triton_repository
 
-        return str(triton_repository(load_artifact(model_dir), out, name, max_batch_size, top_k=top_k))
+        artifact, version = read_model_dir(model_dir)
+        return str(triton_repository(artifact, out, name, max_batch_size, top_k=top_k, version=version))
     return str(export_model_dir(model_dir, out, format, top_k=top_k))
 
 

@@ -1,8 +1,11 @@
 """Export of trained models to ONNX and TorchScript, each with a JSON description of its tensors.
 
 `export_session_model` writes a `SessionRecommender`'s scorer, `export_dlrm` a `ClickRanker`'s
-(the artifacts of `sessrec.artifacts`); both write ``model.onnx`` (or ``model.pt``) and ``model.json`` (inputs and outputs: names, dtypes,
-shapes with symbolic axes; the ONNX opset) into a directory, and by default check the written
+(the artifacts of `sessrec.artifacts`); both write ``model.onnx`` (or ``model.pt``), the model's
+vocabulary ``vocab.parquet`` (raw ids <-> the model ids the file reads and returns) and ``model.json``
+(inputs and outputs: names, dtypes, shapes with symbolic axes; the ONNX opset; the vocabulary's
+fingerprint and rows; the version exported, for a versioned model directory) into a directory, so
+the folder is all a server needs, whatever is promoted later. By default they check the written
 file against eager PyTorch on a batch of another shape than the export example, so a file whose
 batch or length axis came out fixed is refused at export time rather than found in serving.
 
@@ -24,7 +27,8 @@ to TorchScript.
 Shape letters: B batch, L session length, V items (incl. padding and OOV), K top-k,
 Dd dense features, H ids per sample of one sparse feature.
 
-`export_model_dir` does the same for a model directory (``runs/<name>/model``, read without Lightning).
+`export_model_dir` does the same for a model directory (``runs/<name>/model``, read without Lightning):
+the current version of a versioned one, whose name ``model.json`` records.
 
 Examples:
     >>> from sessrec.artifacts import SessionRecommender
@@ -51,6 +55,7 @@ import torch
 from torch import nn
 
 from sessrec.artifacts import ClickRanker, SessionRecommender, load_artifact
+from sessrec.artifacts.model_directory import VOCAB
 from sessrec.embeddings import SparseFeatures
 from sessrec.models.dlrm import DLRM
 from sessrec.models.objective import EVENT_TIMES
@@ -64,7 +69,9 @@ from sessrec.models.onnx_graph import (
     to_onnx,
 )
 from sessrec.models.session_model import next_item_scores
+from sessrec.saved import versions
 from sessrec.saved.atomic import atomic_path, write_text
+from sessrec.saved.directory import vocabulary_record
 from sessrec.scoring.output import check_folder
 
 Format = Literal["onnx", "torchscript"]
@@ -88,7 +95,9 @@ class TensorSpec:
 
 @dataclass
 class ExportSpec:
-    """What ``model.json`` says about an exported model."""
+    """What ``model.json`` says about an exported model: its file and tensors, the vocabulary written beside it
+    (``{"file": "vocab.parquet", "fingerprint": "sha256:...", "rows": N}``) and the version of the model
+    directory exported (None: a directory without versions, or an artifact exported from memory)."""
 
     format: str
     file: str
@@ -97,6 +106,8 @@ class ExportSpec:
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
     notes: dict[str, object]
+    vocab: dict[str, object]
+    version: str | None
 
 
 # -- the exported modules ------------------------------------------------------------------------
@@ -272,20 +283,22 @@ def export_session_model(
     top_k: int | None = None,
     opset: int | None = None,
     verify: bool = True,
+    version: str | None = None,
 ) -> Path:
-    """Write a session model's next-item scorer (`NextItemScorer`) and its ``model.json`` into `out_dir`.
+    """Write a session model's next-item scorer (`NextItemScorer`), its vocabulary and ``model.json`` into `out_dir`.
 
     Args:
         recommender: a trained session model (`SessionRecommender.from_pretrained`), read the way its
             objective and inference settings say. Its network is exported in eval mode and left in
             the mode it was in.
-        out_dir: directory for ``model.onnx`` / ``model.pt`` and ``model.json`` (created).
+        out_dir: directory for ``model.onnx`` / ``model.pt``, ``vocab.parquet`` and ``model.json`` (created).
         format: ``onnx`` or ``torchscript``.
         top_k: also output the K best items and their scores.
         opset: ONNX opset; None = the exporter's default (recorded in ``model.json``).
         verify: run the written file on a batch of another size and length than the export
             example and raise RuntimeError unless its scores match eager PyTorch to `TOLERANCE`
             (needs onnxruntime for ONNX).
+        version: the version of the model directory `recommender` was read from, recorded in ``model.json``.
 
     Returns:
         The path of the model file.
@@ -302,7 +315,8 @@ def export_session_model(
         raise ValueError(f"{type(encoder).__name__} cannot be exported to {format}: {reason}")
     length = max(2, min(model.max_length, 6))  # >= 2: torch.export fixes axes of size 1
     example, probe = scorer.example(3, length, seed=0), scorer.example(5, length + 3, seed=1)
-    return _export(scorer, scorer.forward, example, probe, out_dir, format, opset, verify, type(encoder).__name__)
+    return _export(scorer, scorer.forward, example, probe, out_dir, format, opset, verify, type(encoder).__name__,
+                   recommender.vocab, version)
 
 
 def export_dlrm(
@@ -311,17 +325,19 @@ def export_dlrm(
     format: Format = "onnx",
     opset: int | None = None,
     verify: bool = True,
+    version: str | None = None,
 ) -> Path:
-    """Write a DLRM's scorer (`ExportedClickScorer`: dense and padded sparse ids -> logits) and its ``model.json``.
+    """Write a DLRM's scorer (`ExportedClickScorer`: dense and padded sparse ids -> logits), its vocabulary and ``model.json``.
 
     Args:
         ranker: a trained click model (`ClickRanker.from_pretrained`); its network is exported in
             eval mode and left in the mode it was in.
-        out_dir: directory for ``model.onnx`` / ``model.pt`` and ``model.json`` (created).
+        out_dir: directory for ``model.onnx`` / ``model.pt``, ``vocab.parquet`` and ``model.json`` (created).
         format: ``onnx`` or ``torchscript``.
         opset: ONNX opset; None = the exporter's default.
         verify: check the written file against the model's own forward (through `SparseFeatures`)
             on a batch of another size and hotness than the export example.
+        version: the version of the model directory `ranker` was read from, recorded in ``model.json``.
 
     Returns:
         The path of the model file.
@@ -330,7 +346,7 @@ def export_dlrm(
         raise TypeError(f"export_dlrm exports a ClickRanker, got {type(ranker).__name__}")
     scorer = ExportedClickScorer(ranker.model)
     example, probe = scorer.example(3, 2, seed=0), scorer.example(7, 4, seed=1)
-    return _export(scorer, scorer.eager, example, probe, out_dir, format, opset, verify, "DLRM")
+    return _export(scorer, scorer.eager, example, probe, out_dir, format, opset, verify, "DLRM", ranker.vocab, version)
 
 
 def export_model_dir(
@@ -343,8 +359,8 @@ def export_model_dir(
     """Export the model of a model directory (``runs/<name>/model``): a session model or a DLRM.
 
     Args:
-        model_dir: the model directory (`sessrec.artifacts.load_artifact` reads it).
-        out_dir: directory for the model file and ``model.json``.
+        model_dir: the model directory (`read_model_dir` reads it: the current version of a versioned one).
+        out_dir: directory for the model file, ``vocab.parquet`` and ``model.json``.
         format: ``onnx`` or ``torchscript``.
         top_k: for a session model, also output the K best items.
         verify: check the written file against eager PyTorch (see `export_session_model`).
@@ -357,10 +373,18 @@ def export_model_dir(
         PermissionError: `out_dir` is a file or cannot be written (before the model is read).
     """
     check_folder(out_dir, "--out", [model_dir])
-    artifact = load_artifact(model_dir)
+    artifact, version = read_model_dir(model_dir)
     if isinstance(artifact, ClickRanker):
-        return export_dlrm(artifact, out_dir, format, verify=verify)
-    return export_session_model(artifact, out_dir, format, top_k=top_k, verify=verify)
+        return export_dlrm(artifact, out_dir, format, verify=verify, version=version)
+    return export_session_model(artifact, out_dir, format, top_k=top_k, verify=verify, version=version)
+
+
+def read_model_dir(model_dir: str | os.PathLike) -> tuple[SessionRecommender | ClickRanker, str | None]:
+    """The artifact of a model directory and the name of the version it was read from (None for a directory
+    without versions): the pointer is read once, so a promotion meanwhile cannot pair one version's name
+    with another's model."""
+    folder = versions.resolve(model_dir)
+    return load_artifact(folder), (folder.name if folder != Path(model_dir) else None)
 
 
 # -- helpers -------------------------------------------------------------------------------------
@@ -392,8 +416,11 @@ def _export(
     opset: int | None,
     verify: bool,
     what: str,
+    vocab: object,
+    version: str | None,
 ) -> Path:
-    """Export `scorer` traced on `example`, check it on `probe` against `reference`, write ``model.json``."""
+    """Export `scorer` traced on `example`, check it on `probe` against `reference`, write `vocab` beside it and
+    ``model.json`` last (recording the vocabulary and `version`)."""
     if format not in FILES:
         raise ValueError(f"format must be one of {tuple(FILES)}, got {format!r}")
     path = Path(out_dir) / FILES[format]
@@ -410,7 +437,9 @@ def _export(
             raise ValueError(f"{what} cannot be exported to {format}: {first_line(err)}") from err
         if verify:
             _verify(path, format, probe, reference(*probe), what)
-    spec = ExportSpec(format, path.name, written_opset, type(scorer.model).__name__, inputs, outputs, scorer.describe())
+    vocab.save(path.parent / VOCAB)
+    spec = ExportSpec(format, path.name, written_opset, type(scorer.model).__name__, inputs, outputs, scorer.describe(),
+                      {"file": VOCAB, **vocabulary_record(vocab)}, version)
     write_text(path.with_suffix(".json"), json.dumps(asdict(spec), indent=2) + "\n")
     for other in set(FILES.values()) - {path.name}:  # an export of another run in another format: replaced too
         (path.parent / other).unlink(missing_ok=True)

@@ -2,7 +2,8 @@
 
     <out_dir>/<name>/config.pbtxt        platform "onnxruntime_onnx", inputs, outputs, dynamic batching
     <out_dir>/<name>/1/model.onnx        from `sessrec.lifecycle.export` (version 1)
-    <out_dir>/<name>/1/model.json        the export's description of its tensors
+    <out_dir>/<name>/1/vocab.parquet     the model's vocabulary (raw ids <-> the model ids it reads and returns)
+    <out_dir>/<name>/1/model.json        the export's description of its tensors, vocabulary and version
 
 Axes: with ``max_batch_size > 0`` Triton adds the batch axis itself, so ``dims`` list the other
 axes, -1 where the export left them symbolic (the session length, a sparse feature's ids). A
@@ -42,6 +43,7 @@ def triton_repository(
     max_queue_delay_microseconds: int = 100,
     top_k: int | None = 20,
     verify: bool = True,
+    version: str | None = None,
 ) -> Path:
     """Export a trained model to ONNX into a Triton model repository and write its ``config.pbtxt``.
 
@@ -55,6 +57,8 @@ def triton_repository(
         max_queue_delay_microseconds: how long the dynamic batcher waits to fill a batch.
         top_k: for a session model, also output the K best items (None: scores only).
         verify: check the exported file against eager PyTorch (see `export_session_model`).
+        version: the version of the model directory `artifact` was read from, recorded in ``model.json``
+            (`sessrec.lifecycle.export.read_model_dir` gives both).
 
     Returns:
         The model's directory, ``<out_dir>/<name>``.
@@ -71,9 +75,9 @@ def triton_repository(
     check_folder(out_dir, "--out")
     model_dir = Path(out_dir) / name
     if isinstance(artifact, ClickRanker):
-        path = export_dlrm(artifact, model_dir / "1", "onnx", verify=verify)
+        path = export_dlrm(artifact, model_dir / "1", "onnx", verify=verify, version=version)
     elif isinstance(artifact, SessionRecommender):
-        path = export_session_model(artifact, model_dir / "1", "onnx", top_k=top_k, verify=verify)
+        path = export_session_model(artifact, model_dir / "1", "onnx", top_k=top_k, verify=verify, version=version)
     else:
         raise TypeError(f"triton_repository exports a SessionRecommender or a ClickRanker, got {type(artifact).__name__}")
     spec = json.loads(path.with_suffix(".json").read_text())

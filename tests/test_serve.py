@@ -771,3 +771,25 @@ def test_a_served_log_keeps_what_each_request_got_and_refuses_bad_session_ids(pi
     answered = reply.json()["recommendations"] + one.json()["recommendations"]
     assert [r["recommended"] for r in log] == [[str(i) for i in a["item_ids"]] for a in answered]
     assert [r["items"] for r in log] == [[str(i) for i in s] for s in sessions[:3]]
+
+
+def test_an_int_id_given_as_text_is_read_only_as_the_model_writes_it(pipe, sessions, tmp_path) -> None:
+    """``"01050"`` is not read as 1050, as ``"+1050"`` and ``" 1050"`` are not: each is a 422 naming the session, the
+    position and the id, so that the served log stores only ids the event logs and `sessrec monitor` match."""
+    import pyarrow.parquet as pq
+
+    from sessrec.serving.served_log import ServedLog
+
+    first, second = sessions[1]  # two ids
+    with TestClient(build_app(pipe, served_log=ServedLog(tmp_path / "log"))) as c:
+        refused = {text: c.post("/recommend", json={"sessions": [[str(first)], [str(first), text]], "k": 3})
+                   for text in (f"0{second}", f"+{second}", f" {second}", f"{second} ")}
+        canonical = c.post("/recommend", json={"session": [str(first), str(second)], "k": 3})
+    for text, reply in refused.items():
+        assert (reply.status_code, reply.json()["error"]) == (
+            422, f"session 1, position 1: item id {text!r} is not written as the model's int64 ids are (no leading "
+                 f"zeros, '+' or spaces): give {str(second)!r} or {second}")
+    assert canonical.status_code == 200
+    assert canonical.json()["recommendations"] == pipe.recommend([[first, second]], k=3)
+    log = pq.read_table(tmp_path / "log").to_pylist()
+    assert [r["items"] for r in log] == [[str(first), str(second)]]  # the refused requests left no rows

@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 import torch.nn.functional as F
 
@@ -496,7 +497,11 @@ def encode_raw(vocab: ItemVocab, sessions: Sequence[Sequence[Any]], max_width: i
     right-aligned int64 model ids, W <= `max_width` (the latest events).
 
     Ids of another type than the vocabulary's (``"214536502"`` for an int64 vocabulary) are cast;
-    unknown ids become the OOV id, or raise with ``on_unknown="error"``.
+    unknown ids become the OOV id, or raise with ``on_unknown="error"``. A text id of an int64
+    vocabulary is read only as the decimal the model writes its ids in (`CANONICAL_INT`): ``"01050"``,
+    ``"+1050"`` and ``" 1050"`` are refused (ValueError naming the session, the position and the id), so
+    that the id a request gives is the id the model answers with, the served log stores and the
+    event logs read.
     """
     lengths = np.array([len(s) for s in sessions], dtype=np.int64)
     flat = [item for s in sessions for item in s]
@@ -506,13 +511,14 @@ def encode_raw(vocab: ItemVocab, sessions: Sequence[Sequence[Any]], max_width: i
     else:
         try:  # ids of another type (e.g. "214536502" for an int64 vocabulary) are cast by the vocabulary
             raw = pa.array(flat) if flat else pa.array([], type=vocab.raw_ids.type)
+            if pa.types.is_integer(vocab.raw_ids.type) and pa.types.is_string(raw.type):
+                _check_canonical_ints(raw, lengths)
             encoded = vocab.encode(raw)
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as err:
             first = type(flat[0])
             other = next((i for i, item in enumerate(flat) if type(item) is not first), None)
             if other is not None:  # Arrow's message names neither the session nor the position
-                session = int(np.searchsorted(np.cumsum(lengths), other, side="right"))
-                position = other - int(lengths[:session].sum())
+                session, position = _place(lengths, other)
                 raise TypeError(
                     f"item ids of the request mix types: session {session}, position {position} holds "
                     f"{flat[other]!r} ({type(flat[other]).__name__}) where the first id {flat[0]!r} is {first.__name__}; "
@@ -528,3 +534,30 @@ def encode_raw(vocab: ItemVocab, sessions: Sequence[Sequence[Any]], max_width: i
     width = int(min(max(lengths.max(initial=1), 1), max_width))
     items = frame.pad_sessions(encoded.ids, offsets[:-1], offsets[1:], width, np.int64)
     return torch.from_numpy(np.ascontiguousarray(items))
+
+
+CANONICAL_INT = r"^(0|-?[1-9][0-9]*)$"  # an integer as str(int) writes it: no sign '+', leading zeros or spaces
+_INTEGER_TEXT = r"^\s*[+-]?[0-9]+\s*$"  # text Arrow or Python may read as an integer
+
+
+def _check_canonical_ints(raw: pa.Array, lengths: np.ndarray) -> None:
+    """Refuse a text id (of flat `raw`, sessions of `lengths`) written as an integer but not as the model writes its
+    int64 ids (``"01050"``, ``"+1050"``, ``" 1050"``): one line naming the session, the position and the id."""
+    canonical = pc.match_substring_regex(raw, CANONICAL_INT)
+    if pc.all(canonical).as_py() is not False:
+        return
+    integer = pc.match_substring_regex(raw, _INTEGER_TEXT)
+    bad = np.flatnonzero(pc.and_(pc.invert(canonical), integer).to_numpy(zero_copy_only=False))
+    if len(bad):  # other text ("x") is the cast's to refuse
+        at = int(bad[0])
+        session, position = _place(lengths, at)
+        value = raw[at].as_py()
+        raise ValueError(
+            f"session {session}, position {position}: item id {value!r} is not written as the model's int64 ids are "
+            f"(no leading zeros, '+' or spaces): give {str(int(value))!r} or {int(value)}")
+
+
+def _place(lengths: np.ndarray, at: int) -> tuple[int, int]:
+    """The session and the position in it of the `at`-th id of a request's flat ids (sessions of `lengths`)."""
+    session = int(np.searchsorted(np.cumsum(lengths), at, side="right"))
+    return session, at - int(lengths[:session].sum())

@@ -793,3 +793,15 @@ def test_an_int_id_given_as_text_is_read_only_as_the_model_writes_it(pipe, sessi
     assert canonical.json()["recommendations"] == pipe.recommend([[first, second]], k=3)
     log = pq.read_table(tmp_path / "log").to_pylist()
     assert [r["items"] for r in log] == [[str(first), str(second)]]  # the refused requests left no rows
+
+
+def test_a_query_parameter_on_recommend_is_refused_naming_it(client, sessions) -> None:
+    """``/recommend?k=3`` would answer with the body's k (20) and no word: it is a 422 naming the parameter and
+    the body's field it belongs in."""
+    reply = client.post("/recommend?k=3", json={"session": sessions[1]})
+    assert (reply.status_code, reply.json()["error"]) == (
+        422, "query parameter 'k' of POST /recommend?k=3 is not read: the settings are fields of the JSON body "
+             "(\"k\": 3); the fields are ['k', 'now', 'on_unknown', 'session', 'session_ids', 'sessions', 'times']")
+    flag = client.post("/recommend?debug", json={"session": sessions[1]})
+    assert flag.status_code == 422 and flag.json()["error"].startswith("query parameter 'debug' of POST /recommend?debug")
+    assert client.post("/recommend", json={"session": sessions[1], "k": 3}).status_code == 200

@@ -26,7 +26,8 @@ and routing by `App`); its bodies and answers are JSON through orjson.
    `Overload.max_queue` requests admitted and not yet answered, when the model is more than
    `Overload.max_queue_wait_ms` behind (the sessions waiting, at the pace of its recent calls), or
    once shutdown has begun, ``503`` with ``Retry-After``. A flood costs one small answer per request.
-2. **Checks, alone**: the body is read (413 past `Limits.max_request_bytes`), parsed and checked
+2. **Checks, alone**: a query string is refused (422 naming its parameter: the settings are the
+   body's fields, `check_query`); the body is read (413 past `Limits.max_request_bytes`), parsed and checked
    (`parse_request`: the server's bounds, then `check_request`, the rules and messages of
    `Pipeline.recommend` too), and encoded by the model's vocabulary (``encode``: unknown ids under
    ``on_unknown="error"``, unreadable ids). A bad request fails here with a 4xx and never joins a
@@ -82,7 +83,7 @@ from sessrec.serving.batching import Batcher, ServerFault, dumps
 from sessrec.serving.canary import Part, canary_sessions, merge_answers, version_header
 from sessrec.serving.hot_reload import ModelHolder
 from sessrec.serving.recommender import Recommender, Served
-from sessrec.serving.request import Limits, RequestError, parse_request
+from sessrec.serving.request import Limits, RequestError, check_query, parse_request
 from sessrec.serving.request_metrics import MeasureRequests, Metrics
 from sessrec.serving.served_log import ServedLog
 
@@ -185,6 +186,7 @@ class RecommendRoute:
     async def recommend(self, scope: Scope, receive: Receive, deadline: float,
                         arrival: float) -> tuple[bytes, list[Part]]:
         """The JSON answer of the request whose body `receive` gives, and the parts of it each version answered."""
+        check_query(scope.get("query_string", b""))  # the settings are the body's: a query parameter would go unread
         body = await _read_body(scope, receive, self.limits.max_request_bytes)
         holder = self.holder
         live, canary, share = holder.current, holder.canary, holder.share

@@ -14,6 +14,7 @@ import json
 import re
 from dataclasses import asdict, dataclass
 from typing import Any
+from urllib.parse import parse_qsl
 
 import orjson
 
@@ -103,6 +104,19 @@ def parse_request(body: bytes, limits: Limits) -> tuple[Request, list[str] | Non
     if request.k > limits.k_max:
         raise RequestError(422, f"k {request.k} is more than this server's limit of {limits.k_max} (k_max)")
     return request, _session_ids(payload.get("session_ids"), len(request.sessions), one)
+
+
+def check_query(query_string: bytes, route: str = "/recommend") -> None:
+    """Refuse a query string on a POST route (``/recommend?k=3``): its settings are the JSON body's fields,
+    and a query parameter would go unread. A 422 naming the first parameter and where it goes."""
+    if not query_string:
+        return
+    params = parse_qsl(query_string.decode("latin-1"), keep_blank_values=True)
+    name, value = params[0] if params else (query_string.decode("latin-1"), "")
+    shown = json.dumps(value if not value.lstrip("-").isdigit() else int(value))
+    raise RequestError(
+        422, f"query parameter {name!r} of POST {route}?{query_string.decode('latin-1')[:80]} is not read: the settings "
+             f"are fields of the JSON body ({json.dumps(name)}: {shown}); the fields are {sorted(_FIELDS)}")
 
 
 def _session_ids(ids: Any, sessions: int, one: bool) -> list[str] | None:

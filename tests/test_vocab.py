@@ -199,3 +199,18 @@ def test_keys_sorted_for_lookups_follow_a_loaded_state():
     assert vocab.encode(pa.array([6, 9])).ids.tolist() == [3, OOV]  # sorts and keeps [5, 6]
     vocab.load_state_dict(ItemVocab(pa.array([9, 6]), np.array([2, 1])).state_dict())
     assert vocab.encode(pa.array([6, 9])).ids.tolist() == [3, 2]
+
+
+def test_encode_takes_a_list_or_a_numpy_array_as_an_arrow_array():
+    vocab = ItemVocab.fit(pa.array(ITEMS))
+    expected = vocab.encode(pa.array([9, 7, 42])).ids.tolist()
+    assert expected == [4, 2, OOV]
+    assert vocab.encode([9, 7, 42]).ids.tolist() == expected
+    assert vocab.encode(np.array([9, 7, 42])).ids.tolist() == expected
+    assert vocab.encode(np.array([9, 7, 42]), virtual=np.zeros(3, bool)).num_unknown == 1
+    text = ItemVocab.fit(pa.array(["b", "a", "b"]))
+    assert text.encode(np.array(["b", "zz", "a"])).ids.tolist() == [2, OOV, 3]
+    with pytest.raises(TypeError, match=r"^raw ids must be an Arrow array, a list or a numpy array of ids, got str$"):
+        text.encode("ab")
+    with pytest.raises(TypeError, match=r"^events.csv: raw ids are not one array of ids of one type: .*'a'"):
+        vocab.encode([7, "a"], source="events.csv")

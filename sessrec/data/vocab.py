@@ -173,22 +173,23 @@ class ItemVocab(ParquetFile):
         return np.concatenate([np.zeros(NUM_SPECIAL, dtype=np.int64), self.counts])
 
     def encode(
-        self, raw: pa.Array | pa.ChunkedArray, virtual: np.ndarray | None = None, source: str | None = None
+        self, raw: pa.Array | pa.ChunkedArray | list | np.ndarray, virtual: np.ndarray | None = None,
+        source: str | None = None,
     ) -> EncodeResult:
         """Map raw ids to model ids; unknown ids map to OOV and are counted.
 
         Args:
-            raw: raw ids (E,).
+            raw: raw ids (E,): an Arrow array, or a list or numpy array of ids (read by ``pa.array``).
             virtual: optional (E,) bool, True where `raw` holds a virtual key: those are looked
                 up among the virtual keys only, the others among the products only.
             source: where `raw` comes from (file and column), for the message of a type mismatch.
 
         Raises:
             TypeError: when ids of another type than the vocabulary's do not all cast to it
-                (text ids against an int64 vocabulary); the message names the first such id.
+                (text ids against an int64 vocabulary; the message names the first such id), or
+                `raw` is no sequence of ids of one type (a string, a 2-d array, ints mixed with text).
         """
-        if isinstance(raw, pa.ChunkedArray):
-            raw = raw.combine_chunks()
+        raw = _as_arrow(raw, source)
         if raw.type != self.raw_ids.type:
             bad = first_failing_cast(raw, self.raw_ids.type)
             if bad is not None:
@@ -343,6 +344,21 @@ def _filled(items: Any, scores: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray
     items, scores = _host(items), _host(scores)
     filled = items >= NUM_SPECIAL  # (B, k)
     return items[filled], scores[filled].astype(np.float32), np.concatenate([[0], np.cumsum(filled.sum(axis=1))])
+
+
+def _as_arrow(raw: Any, source: str | None) -> pa.Array:
+    """Raw ids as one Arrow array: an Arrow array as it is (chunks combined), a list or numpy array by ``pa.array``."""
+    if isinstance(raw, pa.ChunkedArray):
+        return raw.combine_chunks()
+    if isinstance(raw, pa.Array):
+        return raw
+    where = f"{source}: " if source else ""
+    if isinstance(raw, (str, bytes, dict)) or not hasattr(raw, "__len__"):
+        raise TypeError(f"{where}raw ids must be an Arrow array, a list or a numpy array of ids, got {type(raw).__name__}")
+    try:
+        return pa.array(raw)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
+        raise TypeError(f"{where}raw ids are not one array of ids of one type: {' '.join(str(err).split())}") from None
 
 
 def decode_lists(vocab: ItemVocab, items: Any, scores: Any) -> tuple[pa.ListArray, pa.ListArray]:

@@ -116,6 +116,29 @@ def test_a_session_recommender_round_trips_with_identical_scores(tmp_path, vocab
     assert type(load_artifact(path)) is SessionRecommender
 
 
+@pytest.mark.parametrize("name", ["sasrec_clm", "bert_mlm"])
+def test_scores_of_ids_that_are_no_model_ids_are_refused_naming_the_value_and_its_place(vocab, name):
+    """A negative id, an id past the vocabulary or a float tensor is a one-line ValueError naming the value,
+    its (row, column) and the model's id range, from the recommender and from the network called alone."""
+    model, objective = session_model(name)
+    recommender = SessionRecommender(model, objective, vocab, Inference(max_length=5))
+    cases = [
+        (SESSIONS.masked_fill(SESSIONS == 7, NUM_ITEMS), f"items: model id {NUM_ITEMS} at [1, 3] is out of range: "
+         f"the model's ids are 0..{NUM_ITEMS - 1} (0 padding, 1 out-of-vocabulary)"),
+        (SESSIONS.masked_fill(SESSIONS == 30, -3), f"items: model id -3 at [2, 4] is out of range: "
+         f"the model's ids are 0..{NUM_ITEMS - 1} (0 padding, 1 out-of-vocabulary)"),
+        (SESSIONS.float().index_put((torch.tensor(0), torch.tensor(3)), torch.tensor(4.5)),
+         f"items: model ids are integers (int64) 0..{NUM_ITEMS - 1}, got a float32 tensor: 4.5 at [0, 3]"),
+    ]
+    with torch.no_grad():
+        for items, message in cases:
+            for call in (recommender.scores, lambda x: model(x, objective), model):
+                with pytest.raises(ValueError) as err:
+                    call(items)
+                assert str(err.value) == message
+        assert recommender.scores(SESSIONS).shape == (3, NUM_ITEMS)
+
+
 def test_saving_a_loaded_recommender_writes_the_same_directory(tmp_path, vocab):
     model, objective = session_model("xlnet_plm")
     first = SessionRecommender(model, objective, vocab, Inference(4, True, 3)).save_pretrained(tmp_path / "a")

@@ -149,7 +149,8 @@ class SessionRecommender:
     def scores(self, items: torch.Tensor, features: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
         """(B, V) next-item scores of (B, L) right-aligned sessions of model ids, read the way the
         objective trained the model; the session's own items at -inf when the inference settings
-        exclude them."""
+        exclude them. A tensor that is not of integers, or an id outside ``0 .. len(vocab) - 1``, is a
+        ValueError naming the value and its position (`sessrec.models.session_model.check_item_ids`)."""
         return next_item_scores(self.model, self.objective, items, features, self.inference.exclude_seen)
 
     def to(self, device: torch.device | str) -> SessionRecommender:

@@ -82,6 +82,30 @@ def next_item_scores(
     return exclude_seen(scores, items) if exclude else scores
 
 
+def check_item_ids(items: torch.Tensor, num_items: int) -> None:
+    """Refuse (B, L) `items` that are not model ids of a vocabulary of `num_items` ids: a tensor that is not of
+    integers, or an id below 0 or from `num_items` on; a ValueError naming the first such value, its position and
+    the valid range (rather than the embedding's IndexError)."""
+    if items.dtype == torch.bool or items.is_floating_point() or items.is_complex():
+        bad = items != items.round() if items.is_floating_point() else torch.ones_like(items, dtype=torch.bool)
+        at = (bad if bool(bad.any()) else torch.ones_like(bad)).nonzero()  # the first non-integer, else the first value
+        first = f": {items[tuple(at[0].tolist())].item()!r} at {at[0].tolist()}" if len(at) else ""
+        raise ValueError(f"items: model ids are integers (int64) 0..{num_items - 1}, got a {str(items.dtype)[6:]} "
+                         f"tensor{first}")
+    if items.numel() == 0:
+        return
+    low, high = (int(v) for v in torch.aminmax(items))
+    if low < 0 or high >= num_items:
+        at = ((items < 0) | (items >= num_items)).nonzero()[0]
+        raise ValueError(f"items: model id {int(items[tuple(at.tolist())])} at {at.tolist()} is out of range: the model's ids "
+                         f"are 0..{num_items - 1} (0 padding, 1 out-of-vocabulary)")
+
+
+def _symbolic() -> bool:
+    """Traced, compiled or exported: no value of a tensor is read."""
+    return torch.jit.is_tracing() or torch.compiler.is_compiling() or torch.onnx.is_in_onnx_export()
+
+
 class SessionModel(nn.Module, Configurable):
     """Next-item model around a sequence encoder.
 
@@ -294,6 +318,8 @@ class SessionModel(nn.Module, Configurable):
         """
         if isinstance(items, SessionBatch):
             items, features = items.items, self.batch_features(items, features)
+        if not _symbolic():  # a trace or an export has no values to check
+            check_item_ids(items, self.num_items)
         if objective is None:
             objective = self.default_objective()
         return self.score(objective.next_item_hidden(self, items, features))  # (B, V)

@@ -344,6 +344,29 @@ def test_retrain_promotes_a_good_candidate_and_rejects_a_bad_one(tmp_path):
     assert "more than the tolerance" in summary(bad) and summary(good).startswith("promoted as v000002")
 
 
+def test_retrain_refuses_a_gate_needing_more_pairs_than_the_test_window_holds_before_training(tmp_path):
+    """min_pairs above the test window's pairs could only end in a refusal: it is refused before the candidate
+    trains, naming the pairs the window holds (one per test session: its last item)."""
+    path, (start, mid, late, end) = event_file(tmp_path)
+    data = SessionDataModule(TimeWindowSource([str(path)], Schema(), start, mid, late), max_length=8, batch_size=128)
+    task = NextItemTask(num_items=data.num_items, max_length=8, encoder=GRU4RecEncoder(d_model=8),
+                        objective=CausalLanguageModeling())
+    task.vocab = data.vocab  # untrained: the turn is refused before it reads a weight
+    served = task.recommender()
+    served.train_end = data.splits.train_end()
+    served.save_pretrained(tmp_path / "current")
+    pairs = TimeWindowSource([str(path)], Schema(), mid, late, end + 1).load().test.num_rows
+    common = dict(paths=[str(path)], schema=Schema(), max_epochs=1, train_from=mid, train_until=late, test_until=end + 1)
+    with pytest.raises(ValueError) as err:
+        retrain(str(tmp_path / "current"), out=str(tmp_path / "c"), gate=Gate("recall@20", min_pairs=pairs + 1), **common)
+    assert str(err.value) == (
+        f"gate min_pairs {pairs + 1}: the test window ({late} .. {end + 1}) holds {pairs} test pairs (the test window's "
+        "sessions (their last items)), and the gate refuses a candidate on fewer, so this turn could only be refused; "
+        "lower --gate.min_pairs or widen the test window (--test_until)")
+    assert not (tmp_path / "c").exists()  # refused before anything was written or trained
+    assert not (tmp_path / "current" / "promotions.jsonl").exists()
+
+
 def test_retrain_refuses_a_metric_it_cannot_compare_pair_by_pair_and_a_directory_in_use(tmp_path):
     from sessrec.saved.versions import VersionedDirectory
 
@@ -401,6 +424,10 @@ def test_dlrm_retrain_grows_its_tables_and_keeps_what_it_learned(tmp_path):
     served.save_pretrained(tmp_path / "current")
     before = base.model.sparse_arch.tables["hotel"]
     common = dict(path=str(TRIVAGO), end="2018-11-08T00:00", max_epochs=1, **{k: v for k, v in window.items() if k != "min_count"})
+    with pytest.raises(ValueError, match=r"^gate min_pairs 1000000: the test window \(the 6 hours before 2018-11-08T00:00\) "
+                                         r"holds \d+ test pairs \(clicked rows of the test hours' click-outs\), .* \(--test_hours\)$"):
+        retrain_dlrm(str(tmp_path / "current"), out=str(tmp_path / "many"), gate=Gate("mrr", 1.0, min_pairs=10**6), **common)
+    assert not (tmp_path / "many").exists()
     good = retrain_dlrm(str(tmp_path / "current"), out=str(tmp_path / "good"), gate=Gate("mrr", 1.0, min_pairs=100), **common)
     assert good["promoted"] and good["candidate_ids"]["hotel"] > good["current_ids"]["hotel"]
     assert good["pairs"] > 100 and good["versus_current"]["difference"] == pytest.approx(

@@ -8,7 +8,8 @@ One call of `retrain` is one turn of the loop that keeps a served session model 
 3. train the grown model on that window (warm start), or a fresh one (``warm_start=False``); a window
    that ends before the current model's training data (``train_end`` in its directory) is refused
    unless asked to backfill, and so is a test window that does not start after the training data of
-   every model compared (`sessrec.lifecycle.gate.check_unseen`);
+   every model compared (`sessrec.lifecycle.gate.check_unseen`), and so is a test window of fewer test
+   pairs than the gate's ``min_pairs`` (counted before training: such a turn could only be refused);
 4. evaluate the candidate, the current model and the best model promoted so far on the window
    after it, pair by pair on the same (prefix, next item) pairs (`sessrec.lifecycle.paired_ranks`): an item
    a model never saw counts against it;
@@ -32,6 +33,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytorch_lightning as pl
 from pytorch_lightning.callbacks import ModelCheckpoint
 
@@ -167,6 +169,8 @@ def retrain(
         current = NextItemTask.from_recommender(served)
         check_gate_metric(gate, current.evaluation.ks)
         splits = source.load()
+        check_min_pairs(gate, next_item_pairs(splits.test), "the test window's sessions (their last items)",
+                        f"{train_until if test_from is None else test_from} .. {test_until}", "--test_until")
         out_dir.mkdir(parents=True, exist_ok=True)
 
         values, _ = frame.list_offsets(splits.train.column(frame.ITEMS))
@@ -344,6 +348,23 @@ def check_gate_metric(gate: Gate, ks: list[int]) -> None:
                          f"{', '.join(map(str, ks))} (the current model's evaluation ks); gate on one of those")
 
 
+def next_item_pairs(test: pa.Table) -> int:
+    """The test pairs the gate compares on a session model's test split: one per session whose last event may be a
+    target (`frame.expand_prefixes` under the ``last`` protocol, as `next_item_ranks` cuts them)."""
+    _, offsets = frame.list_offsets(test.column(frame.ITEMS))
+    _, target_at = frame.expand_prefixes(offsets, "last", frame.target_flags(test, frame.virtual_flags(test)))
+    return len(target_at)
+
+
+def check_min_pairs(gate: Gate, pairs: int, what: str, window: str, widen: str) -> None:
+    """Refuse, before training, a gate that needs more test pairs than the test window holds: its decision could
+    only be a refusal."""
+    if pairs < gate.min_pairs:
+        raise ValueError(f"gate min_pairs {gate.min_pairs}: the test window ({window}) holds {pairs} test pairs ({what}), "
+                         f"and the gate refuses a candidate on fewer, so this turn could only be refused; lower "
+                         f"--gate.min_pairs or widen the test window ({widen})")
+
+
 def retrain_dlrm(
     model_dir: str,
     path: str,
@@ -406,6 +427,9 @@ def retrain_dlrm(
         window = {"test_hours": test_hours, "valid_hours": valid_hours, "batch_size": batch_size, "seed": seed,
                   "end": end, "train_hours": train_hours, "min_count": 1}
         old = ClickoutDataModule(path, vocab_path=str(current_path / VOCAB), **window)
+        clicked = int((old.rows["test"].column("label").to_numpy(zero_copy_only=False) > 0.5).sum())  # clickout_ranks' pairs
+        check_min_pairs(gate, clicked, "clicked rows of the test hours' click-outs", f"the {test_hours:g} hours before {end}",
+                        "--test_hours")
         out_dir.mkdir(parents=True, exist_ok=True)
         vocab_path = current.vocab.grow(old.rows["train"]).save(out_dir / VOCAB)
         new = ClickoutDataModule(path, vocab_path=str(vocab_path), **window)

@@ -103,6 +103,24 @@ def test_a_flag_no_parameter_takes_names_the_closest_one(sessrec_main, tmp_path)
                    "did you mean max_batch_size? (--traceback for details)")
 
 
+def test_one_value_where_a_list_goes_and_a_nan_float_are_one_line_of_sessrec(sessrec_main, tmp_path):
+    """jsonargparse's "Expected a <class 'list'>" and its Union summary of a 'nan' are sessrec's own line, naming the
+    key and the value (and for a list, the list of one to give)."""
+    events = str(tmp_path / "events.csv")
+    args = ("--served_log", str(tmp_path), "--reference", str(tmp_path), "--out", str(tmp_path / "m.csv"))
+    got = sessrec_main("monitor", "--paths", events, *args)
+    assert got == (f"sessrec monitor: error: --paths: expected a list, got {events!r}: give a list of one, --paths "
+                   f"'[{events}]' (--traceback for details)")
+    config = tmp_path / "monitor.yaml"
+    config.write_text(f"paths: {events}\n")
+    got = sessrec_main("monitor", "--config", str(config), *args)
+    assert got == (f"sessrec monitor: error: {config}:1:1: paths: expected a list, got {events!r}: give a list of one, "
+                   f"paths: [{events}] (--traceback for details)")
+    for text in ("nan", "NaN", "inf"):
+        got = sessrec_main("serve", "--model_dir", str(tmp_path), "--canary", "v000002", "--canary_share", text)
+        assert got == f"sessrec serve: error: --canary_share: expected float or null, got {text!r} (--traceback for details)"
+
+
 @pytest.mark.parametrize("command, flag, help_text", [
     ("serve", "--max_queue_wait_ms", "503 before the body is read"),
     ("rollback", "--to", "the version to make current"),

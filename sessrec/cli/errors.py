@@ -5,7 +5,8 @@ A recipe or a flag is checked against the signatures of the classes and function
 before jsonargparse parses it: every key of a ``{class_path, init_args}`` block (or of a block
 of a root's default class) must be a parameter of that class, every key below a dataclass setting
 (``optimization.lr``) a field of it, and a value of a plain type (int, float, bool, a Literal,
-optional or not) must be one. A short ``class_path`` (``EventLogSource``) is the subclass of that
+optional or not) must be one (a float is finite: jsonargparse reads no ``nan``), and a list setting
+(``--paths``) a list, not one value. A short ``class_path`` (``EventLogSource``) is the subclass of that
 name, as jsonargparse resolves it; a setting given as the path of another YAML file
 (``--data.source source.yaml``) is checked in that file. jsonargparse then checks everything else;
 its message for a value it refuses names the key and the value and is shown as it is, on one line
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import math
 import re
 import textwrap
 import types
@@ -466,8 +468,9 @@ def _classes(hint: Any) -> tuple[type, ...]:
 
 def _check_value(place: _Place, value: Any, hint: Any) -> None:
     """Refuse a value that a plain setting's type cannot take: an int, float or bool (or null where the
-    type is optional), one of a Literal's values; other types are left to jsonargparse. A text value
-    (a flag's) is read as jsonargparse reads it (``null``, ``true``, numbers)."""
+    type is optional), one of a Literal's values, a list (where one value is given); other types are left
+    to jsonargparse. A text value (a flag's) is read as jsonargparse reads it (``null``, ``true``, numbers;
+    ``nan`` and ``inf`` are no float)."""
     kind, optional = _one_kind(hint)
     if kind is None:
         return
@@ -481,7 +484,11 @@ def _check_value(place: _Place, value: Any, hint: Any) -> None:
     elif kind is int:  # a YAML float (64.7, 20.0) is not one: jsonargparse refuses it in a summary of the whole block
         ok = (isinstance(value, int) and not isinstance(value, bool)) or _number(text, kind)
     elif kind is float:
-        ok = (isinstance(value, (int, float)) and not isinstance(value, bool)) or _number(text, kind)
+        ok = (isinstance(value, (int, float)) and not isinstance(value, bool)) or (
+            _number(text, kind) and math.isfinite(float(text)))  # jsonargparse reads no 'nan' or 'inf'
+    elif typing.get_origin(kind) is list and not isinstance(value, (list, tuple)):
+        one = f"{place} '[{value}]'" if place.prefix else f"{place}: [{value}]"
+        raise RecipeError(f"{place}: expected a list, got {value!r}: give a list of one, {one}", place.keys)
     else:
         return
     if not ok:

@@ -396,3 +396,28 @@ def test_triton_repository_refuses_bad_arguments(tmp_path):
     with pytest.raises(ValueError, match="max_batch_size"):
         triton_repository(dlrm_task().ranker(), tmp_path, "dlrm", max_batch_size=-1)
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_sessrec_export_to_torchscript_shows_no_notice_of_transformers(tmp_path):
+    """torch.jit.trace reads a Hugging Face encoder's ``loss_function`` and ``is_gradient_checkpointing``, on which
+    transformers notes a loss sessrec never uses and a deprecation: hidden, as the README says, unless
+    ``--show-warnings``."""
+    import os
+    import subprocess
+    import sys
+
+    model_dir = session_task("xlnet_mlm").recommender().save_pretrained(tmp_path / "model")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env.pop("SESSREC_SHOW_WARNINGS", None)
+
+    def export(*flags: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "sessrec.cli", "export", "--model_dir", str(model_dir), "--format",
+                               "torchscript", "--out", str(tmp_path / "out"), *flags], capture_output=True, text=True,
+                              env=env, timeout=300)
+
+    quiet, shown = export(), export("--show-warnings")
+    assert quiet.returncode == shown.returncode == 0, quiet.stderr + shown.stderr
+    assert quiet.stderr == "" and quiet.stdout.startswith("sessrec export: wrote ")
+    assert "`loss_type=None` was set in the config but it is unrecognized" in shown.stderr
+    assert "`is_gradient_checkpointing` is deprecated" in shown.stderr

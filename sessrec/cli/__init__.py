@@ -376,14 +376,19 @@ def _usage() -> str:
 
 NOISE = ("\N{ELECTRIC LIGHT BULB} Tip:",)  # Lightning's advertisements (rank_zero_info at INFO)
 # torch's deprecation of what pytorch_lightning's _pytree still uses; Lightning's note on every predict that sessrec's
-# loader keeps no batch indices, which its TopKWriter does not read (it writes each batch as it comes)
-NOISY_WARNINGS = (r".*LeafSpec", r"Couldn't infer the batch indices fetched from your dataloader")
+# loader keeps no batch indices, which its TopKWriter does not read (it writes each batch as it comes); transformers'
+# deprecation of a property that torch.jit.trace reads on every submodule of a Hugging Face encoder (sessrec export)
+NOISY_WARNINGS = (r".*LeafSpec", r"Couldn't infer the batch indices fetched from your dataloader",
+                  r"`is_gradient_checkpointing` is deprecated")
 RANK_ZERO_LOGGERS = ("pytorch_lightning.utilities.rank_zero", "lightning_fabric.utilities.rank_zero",
                      "lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero")
 # logger -> the beginnings of its messages that are noise: torch.onnx's exporter (a pipeline fit exporting a
-# retriever's query, sessrec export) notes that it skips torchvision's operators, which sessrec never exports
+# retriever's query, sessrec export) notes that it skips torchvision's operators, which sessrec never exports;
+# transformers notes the loss it would train with when torch.jit.trace reads its `loss_function` property (sessrec
+# export to TorchScript), a loss sessrec never uses (its objectives compute their own)
 NOISY_LOGS = {**dict.fromkeys(RANK_ZERO_LOGGERS, NOISE),
-              "torch.onnx._internal.exporter._registration": ("torchvision is not installed",)}
+              "torch.onnx._internal.exporter._registration": ("torchvision is not installed",),
+              "transformers.modeling_utils": ("`loss_type=",)}
 
 
 class _Noise(logging.Filter):

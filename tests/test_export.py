@@ -211,6 +211,23 @@ def test_an_export_in_the_other_format_replaces_the_earlier_one(tmp_path):
     assert max_abs_diff(run_exported(tmp_path / "model.onnx", items)[0], expected) <= 1e-4
 
 
+def test_an_export_that_fails_leaves_the_earlier_export_whole(tmp_path, monkeypatch):
+    """An exporter's error, and a file that differs from eager PyTorch, leave the folder as it was: the earlier
+    export's file, vocabulary and model.json, byte for byte, and nothing else."""
+    import sessrec.lifecycle.export as export
+
+    export_session_model(session_task("sasrec_clm").recommender(), tmp_path, "torchscript", top_k=5)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert sorted(before) == ["model.json", "model.pt", "vocab.parquet"]
+    with pytest.raises(ValueError, match="GRU4RecEncoder cannot be exported to onnx"):
+        export_session_model(session_task("gru4rec_clm").recommender(), tmp_path, "onnx")
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    monkeypatch.setattr(export, "TOLERANCE", -1.0)  # every file differs from eager PyTorch by more
+    with pytest.raises(RuntimeError, match=r"the exported .* \(torchscript\) differs from eager PyTorch"):
+        export_session_model(session_task("bert_mlm").recommender(), tmp_path, "torchscript")
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
 @pytest.mark.parametrize("kind", ["session", "dlrm"])
 def test_export_from_a_model_directory(tmp_path, kind):
     task = session_task("sasrec_clm") if kind == "session" else dlrm_task()

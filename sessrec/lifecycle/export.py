@@ -44,6 +44,8 @@ import contextlib
 import json
 import os
 import re
+import shutil
+import tempfile
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -70,7 +72,7 @@ from sessrec.models.onnx_graph import (
 )
 from sessrec.models.session_model import next_item_scores
 from sessrec.saved import versions
-from sessrec.saved.atomic import atomic_path, write_text
+from sessrec.saved.atomic import atomic_path, fsync_dir, normal_modes, write_text
 from sessrec.saved.directory import vocabulary_record
 from sessrec.scoring.output import check_folder
 
@@ -420,31 +422,42 @@ def _export(
     version: str | None,
 ) -> Path:
     """Export `scorer` traced on `example`, check it on `probe` against `reference`, write `vocab` beside it and
-    ``model.json`` last (recording the vocabulary and `version`)."""
+    ``model.json`` (recording the vocabulary and `version`). The three are written and checked in a hidden folder
+    inside `out_dir` and moved into place only then, ``model.json`` last: an export that fails (an exporter's error,
+    a file that differs from eager PyTorch) leaves `out_dir` as it was, an earlier export in it whole."""
     if format not in FILES:
         raise ValueError(f"format must be one of {tuple(FILES)}, got {format!r}")
-    path = Path(out_dir) / FILES[format]
-    inputs, outputs = scorer.inputs(), scorer.outputs()
-    with _eval_mode(scorer):
-        try:
-            if format == "onnx":
-                written_opset = _to_onnx(scorer, example, inputs, outputs, path, opset)
-            else:
-                written_opset = _to_torchscript(scorer, example, path)
-        except ModuleNotFoundError:
-            raise  # an extra that is not installed (onnx, onnxscript): the command line names the extra
-        except Exception as err:  # the exporters raise many types; one clear line, with the cause chained
-            raise ValueError(f"{what} cannot be exported to {format}: {first_line(err)}") from err
-        if verify:
-            _verify(path, format, probe, reference(*probe), what)
-    vocab.save(path.parent / VOCAB)
-    spec = ExportSpec(format, path.name, written_opset, type(scorer.model).__name__, inputs, outputs, scorer.describe(),
-                      {"file": VOCAB, **vocabulary_record(vocab)}, version)
-    write_text(path.with_suffix(".json"), json.dumps(asdict(spec), indent=2) + "\n")
-    for other in set(FILES.values()) - {path.name}:  # an export of another run in another format: replaced too
-        (path.parent / other).unlink(missing_ok=True)
-    return path
-
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=".export-", dir=out))
+    try:
+        path = stage / FILES[format]
+        inputs, outputs = scorer.inputs(), scorer.outputs()
+        with _eval_mode(scorer):
+            try:
+                if format == "onnx":
+                    written_opset = _to_onnx(scorer, example, inputs, outputs, path, opset)
+                else:
+                    written_opset = _to_torchscript(scorer, example, path)
+            except ModuleNotFoundError:
+                raise  # an extra that is not installed (onnx, onnxscript): the command line names the extra
+            except Exception as err:  # the exporters raise many types; one clear line, with the cause chained
+                raise ValueError(f"{what} cannot be exported to {format}: {first_line(err)}") from err
+            if verify:
+                _verify(path, format, probe, reference(*probe), what)
+        vocab.save(stage / VOCAB)
+        spec = ExportSpec(format, path.name, written_opset, type(scorer.model).__name__, inputs, outputs,
+                          scorer.describe(), {"file": VOCAB, **vocabulary_record(vocab)}, version)
+        write_text(path.with_suffix(".json"), json.dumps(asdict(spec), indent=2) + "\n")
+        normal_modes(stage)
+        for name in (path.name, VOCAB, path.with_suffix(".json").name):  # model.json last
+            os.replace(stage / name, out / name)
+        for other in set(FILES.values()) - {path.name}:  # an export of another run in another format: replaced too
+            (out / other).unlink(missing_ok=True)
+        fsync_dir(out)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return out / path.name
 
 def _to_onnx(
     module: nn.Module,

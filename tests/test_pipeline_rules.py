@@ -194,6 +194,16 @@ def test_item_table_filter_must_be_bound(windows: Path) -> None:
             "rules.parquet: row 1 has valid_from=300 after valid_to=100",
         ),
         ({"item_id": [10], "valid_from": ["soon"]}, {}, "column 'valid_from' has dtype string"),
+        (  # milliseconds read as seconds: the window would open in the year 52,000 and the row never hold
+            {"item_id": [10, 20], "valid_from": [1_600_000_000, 1_600_000_000_000]},
+            {},
+            r"rules.parquet: column 'valid_from' holds 1600000000000 at row 1, after the year 3000 in seconds",
+        ),
+        (
+            {"item_id": [10], "valid_to": [1.8e12]},
+            {},
+            r"rules.parquet: column 'valid_to' holds 1800000000000.0 at row 0, after the year 3000",
+        ),
     ],
 )
 def test_item_table_filter_bad_tables(tmp_path: Path, columns: dict, kwargs: dict, message: str) -> None:

@@ -35,6 +35,7 @@ from sessrec.data.readers import read_table
 from sessrec.data.schema import SchemaError, check_id
 from sessrec.data.vocab import NUM_SPECIAL, OOV, ItemVocab
 from sessrec.pipeline.candidates import Candidates, RequestSessions
+from sessrec.pipeline.clock import LATEST
 from sessrec.saved.registry import Configurable
 
 __all__ = [
@@ -286,7 +287,8 @@ class ItemTableFilter(RawItemRule):
         valid_to: end column, the same way.
 
     Raises (from `read` or `bind`):
-        SchemaError: missing file or column, null item id, a window ending before it starts.
+        SchemaError: missing file or column, null item id, a window ending before it starts, a number
+            of seconds after the year 3000 (milliseconds given as seconds).
     """
 
     def __init__(
@@ -347,6 +349,13 @@ def _seconds(table: pa.Table, name: str | None, path: str | Path, fill: float) -
         return np.where(micros.is_null().to_numpy(zero_copy_only=False), fill, values)
     if pa.types.is_integer(col.type) or pa.types.is_floating(col.type) or pa.types.is_null(col.type):
         values = col.cast(pa.float64()).to_numpy(zero_copy_only=False)
+        late = np.isfinite(values) & (np.abs(values) >= LATEST)
+        if late.any():  # read as seconds, milliseconds would open or close the window tens of millennia away
+            row = int(np.flatnonzero(late)[0])
+            raise SchemaError(
+                f"{path}: column {name!r} holds {col[row].as_py()!r} at row {row}, after the year 3000 in seconds since "
+                "the epoch; give its times in seconds (milliseconds?) or as timestamps"
+            )
         return np.where(np.isnan(values), fill, values)
     raise SchemaError(
         f"{path}: column {name!r} has dtype {col.type}; expected seconds (numbers) or timestamps"

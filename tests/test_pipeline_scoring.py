@@ -472,3 +472,17 @@ def test_scoring_gathers_the_rows_that_training_pools_to_the_same_logits(fitted)
         gathered = scorer._logits(valid, dense, sparse)
     pooled = scorer._logits(valid, dense, sparse).detach()
     assert torch.equal(gathered, pooled) and torch.isfinite(gathered[valid]).all()
+
+
+@pytest.mark.parametrize("make", [lambda: GBDTScorer(max_rounds=5, threads=1, min_data_in_leaf=5), lambda: DLRMScorer(max_epochs=1)])
+def test_rows_without_a_dense_feature_are_refused_in_one_line_naming_the_feature_groups(make) -> None:
+    """features.groups: [ids] (or groups without their source) leave the ranker only ids: LightGBM failed on its
+    forced splits, the DLRM's rank-Gauss on an empty quantile, neither naming the setting."""
+    inputs, labels = training_rows()
+    ids_only = RankingInputs(inputs.dense[..., :0], inputs.sparse, inputs.valid, [], cardinality=inputs.cardinality)
+    scorer = make()
+    if isinstance(scorer, GBDTScorer):
+        pytest.importorskip("lightgbm")
+    with pytest.raises(ValueError, match=rf"^{type(scorer).__name__} reads the dense features and the ranker's rows "
+                                         r"have none: the feature groups switched on \(features.groups\) build none here"):
+        scorer.fit(ids_only, labels)

@@ -40,7 +40,14 @@ from sessrec.embeddings import FusedTables, TableConfig
 from sessrec.embeddings.jagged import SparseFeatures
 from sessrec.models.dlrm import DLRM
 from sessrec.pipeline.candidate_features import RankingInputs
-from sessrec.pipeline.scoring.scorer import RankerRows, Scorer, early_stopping_split, mrr_of, slot_positions
+from sessrec.pipeline.scoring.scorer import (
+    RankerRows,
+    Scorer,
+    check_dense,
+    early_stopping_split,
+    mrr_of,
+    slot_positions,
+)
 from sessrec.saved.registry import check_integers, check_numbers
 
 TABLES = {"item": ("item", "last_item"), "cross": ("cross",)}  # table -> the sparse features looked up in it
@@ -383,6 +390,7 @@ class DLRMScorer(Scorer):
             raise ValueError("DLRMScorer embeds the candidate and last item ids: keep the 'ids' feature group")
         if "cross" in c["sparse"] and "cross" not in names:
             raise ValueError("DLRMScorer sparse holds 'cross' but the inputs have no 'cross' ids: keep the 'ids' feature group")
+        check_dense(self, source)
         tables = [t for t in TABLES if t in c["sparse"]]
         ids: dict[str, list[torch.Tensor]] = {table: [] for table in tables}
         for lo in range(0, len(train), source.chunk):

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from sessrec.pipeline.candidate_features import RankingInputs
-from sessrec.pipeline.scoring.scorer import RankerRows, Scorer, early_stopping_split
+from sessrec.pipeline.scoring.scorer import RankerRows, Scorer, check_dense, early_stopping_split
 from sessrec.pipeline.scoring.tree_ensemble import TreeEnsemble
 from sessrec.saved.registry import check_integers, check_numbers
 
@@ -83,6 +83,7 @@ class GBDTScorer(Scorer):
         stopping when NDCG@20 of the held-out sessions has not risen for `early_stopping` rounds."""
         lgb = _lightgbm()
         source = RankerRows.of(inputs)
+        check_dense(self, source)
         train, stop = early_stopping_split(labels, self.stop_fraction, self.seed, source.groups)
         sets: list[Any] = []
         for sessions in (train, stop):

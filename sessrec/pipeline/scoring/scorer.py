@@ -143,6 +143,17 @@ class Scorer(Configurable):
         raise NotImplementedError
 
 
+def check_dense(scorer: Scorer, rows: RankerRows) -> None:
+    """Refuse, in one line, rows without a dense feature for a `scorer` that reads them (the feature groups
+    left build only ids, or nothing)."""
+    if not rows.names:
+        raise ValueError(
+            f"{type(scorer).__name__} reads the dense features and the ranker's rows have none: the feature groups "
+            "switched on (features.groups) build none here (ids alone, covisitation without a co-visitation retriever, "
+            "time without event times); switch on retrievers, popularity, session, context or encodings"
+        )
+
+
 def early_stopping_split(
     labels: torch.Tensor, fraction: float, seed: int, groups: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:

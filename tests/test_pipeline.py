@@ -724,6 +724,26 @@ def test_a_model_seed_that_no_training_can_have_or_an_empty_model_dir_is_refused
         small_recipe(world, tmp_path, models={"again": ModelRetrieval(" ")})  # not read as the working directory
 
 
+def test_a_recipe_setting_that_only_another_setting_reads_is_refused_without_it(tmp_path: Path) -> None:
+    """seen_window without seen_filter: window, covisitation_k without covisitation: both were ignored silently."""
+    def recipe(**pipeline) -> PipelineRecipe:
+        return PipelineRecipe(models={"m": ModelRetrieval("runs/m/model")}, output=str(tmp_path / "p"), **pipeline)
+
+    for seen_filter in ("none", "session"):
+        with pytest.raises(ValueError, match=rf"^seen_window: 3 is the window of seen_filter: window, and seen_filter is "
+                                             rf"{seen_filter}: set seen_filter: window, or drop seen_window$"):
+            recipe(seen_filter=seen_filter, seen_window=3)
+    for bad in (0, -2):
+        with pytest.raises(ValueError, match=rf"^seen_window: {bad} is not a number of events"):
+            recipe(seen_filter="window", seen_window=bad)
+    assert recipe(seen_filter="window").seen_window == 1 and recipe(seen_filter="window", seen_window=4).seen_window == 4
+    with pytest.raises(ValueError, match=r"^covisitation_k: 20 is the candidates of the co-visitation retriever, and the "
+                                         r"recipe has none: add covisitation: \{\} \(its settings\), or drop covisitation_k$"):
+        recipe(covisitation_k=20)
+    assert recipe(covisitation=CoVisitation()).covisitation_k == 100
+    assert recipe(covisitation=CoVisitation(), covisitation_k=7).covisitation_k == 7
+
+
 def test_category_table_without_its_column_names_file_and_column(tmp_path: Path) -> None:
     table = tmp_path / "categories.csv"
     pacsv.write_csv(pa.table({"item_id": [1000], "cat": ["shoes"]}), table)

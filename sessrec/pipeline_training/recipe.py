@@ -106,11 +106,13 @@ class PipelineRecipe:
         models: name -> trained session model.
         baselines: name -> kNN baseline.
         covisitation: co-visitation retriever settings; None for none.
-        covisitation_k: candidates it contributes.
+        covisitation_k: candidates it contributes (None: 100); given without `covisitation`, it is refused (it
+            would be ignored).
         max_candidates: merged candidates kept per session.
         seen_filter: drop items of the session (``none``: keep them, repeats are common targets;
             ``window``: the last `seen_window` events; ``session``: all of it).
-        seen_window: events of the ``window`` filter.
+        seen_window: events of the ``window`` filter, >= 1 (None: 1); given with another `seen_filter`, it is
+            refused (it would be ignored).
         item_tables: allow/deny tables (`ItemTableFilter`).
         features: the ranking features.
         scorer: the ranker: `BlendScorer` (default: a `DLRMScorer` and two `GBDTScorer`s), or one ranker alone.
@@ -134,10 +136,10 @@ class PipelineRecipe:
         models: dict[str, ModelRetrieval] | None = None,
         baselines: dict[str, BaselineRetrieval] | None = None,
         covisitation: CoVisitation | None = None,
-        covisitation_k: int = 100,
+        covisitation_k: int | None = None,
         max_candidates: int = 200,
         seen_filter: Literal["none", "window", "session"] = "none",
-        seen_window: int = 1,
+        seen_window: int | None = None,
         item_tables: list[ItemTableFilter] | None = None,
         features: CandidateFeatures = CandidateFeatures(),  # noqa: B008 - a config value, copied per recipe
         scorer: DLRMScorer | GBDTScorer | BlendScorer = BlendScorer(),  # noqa: B008 - a config value, copied per recipe
@@ -155,8 +157,16 @@ class PipelineRecipe:
         self._data, self.models, self.baselines = data, dict(models or {}), dict(baselines or {})
         if data is None and not self.models:
             raise ValueError(NO_DATA)
-        self.covisitation, self.covisitation_k = covisitation, covisitation_k
-        self.max_candidates, self.seen_filter, self.seen_window = max_candidates, seen_filter, seen_window
+        if covisitation_k is not None and covisitation is None:
+            raise ValueError(f"covisitation_k: {covisitation_k} is the candidates of the co-visitation retriever, and the "
+                             "recipe has none: add covisitation: {} (its settings), or drop covisitation_k")
+        self.covisitation, self.covisitation_k = covisitation, 100 if covisitation_k is None else covisitation_k
+        if seen_window is not None and seen_filter != "window":
+            raise ValueError(f"seen_window: {seen_window} is the window of seen_filter: window, and seen_filter is "
+                             f"{seen_filter}: set seen_filter: window, or drop seen_window")
+        if seen_window is not None and (isinstance(seen_window, bool) or seen_window < 1):
+            raise ValueError(f"seen_window: {seen_window} is not a number of events (an integer >= 1)")
+        self.max_candidates, self.seen_filter, self.seen_window = max_candidates, seen_filter, seen_window or 1
         self.item_tables = list(item_tables or [])
         for name, spec in self.models.items():
             if not str(spec.model_dir).strip():

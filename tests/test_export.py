@@ -438,3 +438,21 @@ def test_sessrec_export_to_torchscript_shows_no_notice_of_transformers(tmp_path)
     assert quiet.stderr == "" and quiet.stdout.startswith("sessrec export: wrote ")
     assert "`loss_type=None` was set in the config but it is unrecognized" in shown.stderr
     assert "`is_gradient_checkpointing` is deprecated" in shown.stderr
+
+
+@pytest.mark.parametrize("fmt", ["onnx", "triton"])
+def test_a_saved_pipeline_is_refused_naming_what_it_is(tmp_path, sessrec_main, fmt):
+    """A pipeline directory got 'not a saved model directory (no config.json)', as if nothing were saved there."""
+    from sessrec.pipeline import Pipeline
+    from sessrec.pipeline.retrieval.covisitation import CoVisitation
+
+    vocab = ItemVocab(pa.array([7, 8, 9]), np.array([3, 2, 1]))
+    sessions = np.array([[2, 3, 4], [0, 3, 4]])
+    pipe = Pipeline(vocab, {"covisitation": (CoVisitation().fit(sessions, len(vocab)), 2)}, max_length=3)
+    directory = pipe.save_pretrained(tmp_path / "pipeline")
+    got = sessrec_main("export", "--model_dir", str(tmp_path / "pipeline"), "--out", str(tmp_path / "out"), "--format", fmt)
+    assert got == (f"sessrec export: error: {tmp_path / 'pipeline'}: is a saved pipeline (pipeline.json), not a model "
+                   "directory: Pipeline.from_pretrained and sessrec serve --model_dir read it; sessrec export and the model "
+                   "readers take a session model's or a DLRM's model directory (a pipeline recipe's models.<name>.model_dir) "
+                   "(--traceback for details)")
+    assert (directory / "pipeline.json").is_file() and not (tmp_path / "out").exists()

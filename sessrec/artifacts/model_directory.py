@@ -131,11 +131,17 @@ def write_model_directory(
 def read_model_directory(directory: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
     """The folder of a model directory's current version and its checked ``config.json``.
 
-    A directory of another format version is refused in one line naming the file and its version;
-    an edited ``config.json``, a missing part, one whose content hash differs or one that
+    A directory of another format version is refused in one line naming the file and its version; a saved
+    pipeline, in one line saying so; an edited ``config.json``, a missing part, one whose content hash differs or one that
     ``config.json`` does not list, in one line naming the file.
     """
     folder = versions.resolve(directory)
+    if not (folder / CONFIG).exists() and (folder / "pipeline.json").is_file():
+        raise ValueError(
+            f"{directory}: is a saved pipeline (pipeline.json), not a model directory: Pipeline.from_pretrained and "
+            "sessrec serve --model_dir read it; sessrec export and the model readers take a session model's or a DLRM's "
+            "model directory (a pipeline recipe's models.<name>.model_dir)"
+        )
     config = read_description(folder, CONFIG, FORMAT, VERSION, "model directory",
                               f"retrain the model with sessrec fit, which writes a version {VERSION} directory")
     for name in (WEIGHTS, VOCAB):

@@ -361,8 +361,30 @@ def test_sampling_at_tiny_or_zero_temperature_is_greedy() -> None:
 def test_sampling_follows_softmax_of_score_over_temperature() -> None:
     # weights exp(2 log 3 / 2) : exp(0) = 3 : 1, so the first pick is item 2 with probability 3/4
     candidates = scored([[2, 3]] * 4000, [[2 * math.log(3.0), 0.0]] * 4000)
-    first = sample(candidates, k=1, temperature=2.0)[:, 0]
+    sessions = RequestSessions(torch.stack([torch.arange(4000) % 97 + 2, torch.arange(4000) // 97 + 2], dim=1))
+    first = Ordering(sampling=SoftmaxSampling(2.0)).order(sessions, candidates, 1).items[:, 0]
     assert (first == 2).double().mean().item() == pytest.approx(0.75, abs=0.03)
+
+
+def test_a_session_gets_its_sample_whatever_the_batch_its_padding_and_the_runs_before() -> None:
+    """The noise is the seed's, the session's and the candidate's: the same lists alone or in a batch, in
+    another order, with more padding, from a sampler that sampled before; another item, another list."""
+    items = torch.arange(2, 14).expand(6, -1).clone()
+    scores = torch.randn(6, 12, generator=torch.Generator().manual_seed(5))
+    sessions = torch.tensor([[0, 0, 4, 9], [0, 3, 3, 5], [7, 8, 9, 10], [0, 0, 0, 6], [0, 0, 6, 4], [0, 0, 4, 6]])
+    ordering = Ordering(sampling=SoftmaxSampling(1.0, seed=3))
+    batch = ordering.order(RequestSessions(sessions), Candidates(items, scores=scores), 5).items
+    for row in range(6):  # alone, padded to 6 positions, after the batch's draws
+        alone = RequestSessions(torch.nn.functional.pad(sessions[row : row + 1], (2, 0)))
+        assert torch.equal(ordering.order(alone, Candidates(items[row : row + 1], scores=scores[row : row + 1]), 5).items,
+                           batch[row : row + 1])
+    backwards = torch.arange(5, -1, -1)
+    again = Ordering(sampling=SoftmaxSampling(1.0, seed=3)).order(
+        RequestSessions(sessions[backwards]), Candidates(items[backwards], scores=scores[backwards]), 5).items
+    assert torch.equal(again, batch[backwards])
+    same_scores = Candidates(items, scores=scores[:1].expand(6, -1))  # sessions 4 and 5: the same items, other order
+    lists = ordering.order(RequestSessions(sessions), same_scores, 12).items.tolist()
+    assert len({tuple(r) for r in lists}) == 6
 
 
 def test_ordering_state_round_trip(tmp_path: Path, categories: Path, vocab: ItemVocab) -> None:

@@ -34,6 +34,7 @@ import torch
 
 from sessrec.data.schema import SchemaError, check_id
 from sessrec.data.vocab import PAD, ItemVocab
+from sessrec.features.backend import mix64
 from sessrec.pipeline.candidates import Candidates, Recommendations, RequestSessions
 from sessrec.pipeline.filters import RawItemRule, Stateless, read_item_table
 from sessrec.saved.registry import Configurable
@@ -178,27 +179,44 @@ class SoftmaxSampling(Stateless):
 
     Gumbel-top-k: the top-k of ``score / temperature + Gumbel noise`` is such a sample. A higher
     temperature explores more (Merlin's SoftmaxSampling multiplies by its temperature instead).
-    The noise comes from a generator seeded once here, which advances with each call: two
-    samplers with the same seed give the same sequence of samples.
+    The noise of a candidate is a function of the seed, the session's items (their ids and places
+    from its end; padding and the batch around it do not count) and the candidate's id (`noise`):
+    a session gets the same sample in a request, in a batch, on any worker or device and in a run
+    resumed, and sessions that differ in any item get independent samples.
 
     Args:
         temperature: > 0; 0 or None: greedy (the top-k by score).
-        seed: seed of the generator.
+        seed: another seed, other samples.
     """
 
     def __init__(self, temperature: float | None = 1.0, seed: int = 0) -> None:
         if temperature is not None and not (math.isfinite(temperature) and temperature >= 0):
             raise ValueError(f"SoftmaxSampling temperature must be >= 0 or None (greedy), got {temperature}")
         self.temperature, self.seed = temperature, seed
-        self._generator = torch.Generator().manual_seed(seed)
 
-    def sample(self, scores: torch.Tensor, k: int) -> torch.Tensor:
-        """(B, k) columns of the sampled entries, in sampled order (-inf entries only when too few remain)."""
+    def noise(self, sessions: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+        """(B, K) float64 standard Gumbel noise of candidates `items` (B, K) of (B, L) right-aligned `sessions`.
+
+        On the host, in wrapping uint64 arithmetic (`mix64`): a session's key is the sum of ``mix64(mix64(seed ^
+        id) + place)`` over its items (place 1 the last), and a candidate's uniform the top 53 bits of
+        ``mix64(key ^ mix64(id + seed))``, centred in its bin: in (0, 1), never 0 or 1.
+        """
+        seed = np.uint64(self.seed & (2**64 - 1))
+        ids = sessions.detach().cpu().numpy().astype(np.uint64)
+        place = np.arange(ids.shape[1], 0, -1, dtype=np.uint64)  # the last item 1, whatever the padding
+        with np.errstate(over="ignore"):
+            per_item = np.where(ids != PAD, mix64(mix64(ids ^ seed) + place), np.uint64(0))
+            key = per_item.sum(axis=1, dtype=np.uint64)  # (B,)
+            bits = mix64(key[:, None] ^ mix64(items.detach().cpu().numpy().astype(np.uint64) + seed))
+        uniform = ((bits >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53
+        return torch.from_numpy(-np.log(-np.log(uniform)))
+
+    def sample(self, scores: torch.Tensor, k: int, sessions: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+        """(B, k) columns of the sampled entries of (B, K) `scores` of candidates `items` of (B, L) `sessions`, in
+        sampled order (-inf entries only when too few remain)."""
         if not self.temperature:
             return _top_columns(scores, k)
-        # drawn on the host, where the generator is: the same samples on every device
-        noise = torch.empty(scores.shape, dtype=torch.float64, device="cpu").exponential_(generator=self._generator)
-        keys = scores.double() / self.temperature - noise.log().to(scores.device)  # -log(Exp(1)) ~ Gumbel
+        keys = scores.double() / self.temperature + self.noise(sessions, items).to(scores.device)
         return _top_columns(keys.masked_fill(scores == NEG_INF, NEG_INF), k)
 
 
@@ -270,7 +288,7 @@ class Ordering(Configurable):
         if items.shape[1] < k:  # pad so that (B, k) can always be taken
             items = torch.nn.functional.pad(items, (0, k - items.shape[1]), value=PAD)
             scores = torch.nn.functional.pad(scores, (0, k - scores.shape[1]), value=NEG_INF)
-        cols = _top_columns(scores, k) if self.sampling is None else self.sampling.sample(scores, k)
+        cols = _top_columns(scores, k) if self.sampling is None else self.sampling.sample(scores, k, sessions.items, items)
         top_scores = scores.gather(1, cols)
         top_items = items.gather(1, cols).masked_fill(top_scores == NEG_INF, PAD)
         return Recommendations(items=top_items, scores=top_scores)

@@ -11,7 +11,8 @@ times, timed one by one after a warm-up (`--requests`), reported as p50/p99 ms; 
 (`recommend_batch` at batch `--batch`, sessions/s). ``--profile`` also runs every request stage by stage
 through the pipeline's parts (encode, each retriever, merge and filters, features, each ranker member,
 the blend, ordering, decode; the same lists as `recommend`, checked) and prints p50/p99 ms per stage
-(and the p50 of the process's CPU time, the figure to read on a loaded machine).
+(and the p50 of the process's CPU time, the figure to read on a loaded machine), and the batch the same
+way three times (``batch_stages_us_per_session``: the median µs of each stage per session at `--batch`).
 ``--shortlist N`` times the blend as a cascade beside it (its trees score the DLRM's N best
 candidates of each request: `BlendScorer(shortlist=N)`), the two alternated request by request and
 batch by batch in this process, with the share of requests whose lists differ. The XLNet retriever's
@@ -252,6 +253,20 @@ def main() -> None:
                 t = time.perf_counter()
                 on(name).recommend_batch(pipe.encode(check_request(many, times=their_times)), args.k)
                 seconds[name] += time.perf_counter() - t
+        batch_clock: dict[str, list[float]] = defaultdict(list)
+        if args.profile:  # the batch again, stage by stage, three times
+            for _ in range(rounds):
+                mark = [time.perf_counter()]
+
+                def lap(name: str) -> None:
+                    now = time.perf_counter()
+                    batch_clock[name].append((now - mark[0]) * 1e6 / args.batch)
+                    mark[0] = now
+
+                encoded = pipe.encode(check_request(many, times=their_times))
+                lap("encode")
+                pipe.decode(recommend_in_stages(pipe, encoded, args.k, lap))
+                lap("decode")
         on("")
 
     def timing(ms: list[float], total_s: float) -> dict:
@@ -281,6 +296,7 @@ def main() -> None:
         record["other_runtime"] = {"runtime": other, **beside("runtime")}
     if args.profile:
         record["stages"] = {name: percentiles(ms, cpu[name]) for name, ms in clock.items()}
+        record["batch_stages_us_per_session"] = {name: round(float(np.median(us)), 1) for name, us in batch_clock.items()}
     print(json.dumps(record), flush=True)
     if args.ann:
         sys.path.insert(0, str(Path(__file__).parent))

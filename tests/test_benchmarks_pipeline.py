@@ -126,3 +126,6 @@ def test_pipeline_latency_quick_run_times_requests_with_their_event_times_and_ev
                             "merge_filters", "features", "rank_0_DLRMScorer", "rank_1_GBDTScorer", "rank_2_GBDTScorer",
                             "blend", "ordering", "decode", "total"]
     assert all(0 <= s["p50_ms"] <= s["p99_ms"] and s["cpu_p50_ms"] >= 0 for s in stages.values())
+    batch = record["batch_stages_us_per_session"]  # the batch of 64 stage by stage: every stage but the total
+    assert list(batch) == list(stages)[:-1] and all(us > 0 for us in batch.values())
+    assert sum(batch.values()) == pytest.approx(1e6 / record["sessions_per_s"], rel=1.0)  # the same work, timed apart

@@ -161,3 +161,35 @@ def test_xlnet_retriever_without_autograd_gives_the_training_paths_scores_and_li
     top = reference.topk(20, dim=1)
     assert torch.equal(got.items, top.indices)
     torch.testing.assert_close(got.scores, top.values, rtol=0, atol=1e-5)
+
+
+def fitted_names(groups: list[str] | None, covisitation: bool, times: bool) -> tuple[list[str], list[str]]:
+    """The feature groups and names of a `CandidateFeatures` fitted on four sessions of candidates, with or without a
+    co-visitation retriever and event times."""
+    cv = CoVisitation(window=3).fit(torch.tensor([[2, 3, 4, 5], [3, 4, 6, 2], [0, 5, 6, 3]]), 8)
+    items = torch.tensor([[0, 2, 3, 4], [0, 0, 0, 5], [0, 0, 6, 3], [0, 2, 4, 5]])
+    stamps = torch.tensor([1.7e9, 1.7e9 + 60, 1.7e9 + 90, 1.7e9 + 200], dtype=torch.float64).expand(4, 4).clone()
+    sessions = RequestSessions(items, times=stamps if times else None)
+    cands = Candidates(torch.tensor([[5, 6, 2, 0], [3, 6, 4, 7], [2, 4, 5, 7], [6, 3, 7, 0]]))
+    labels = torch.zeros(4, 4)
+    labels[:, 0] = 1
+    retrievers = {"cv": cv} if covisitation else {}
+    features = CandidateFeatures(groups=groups).fit_statistics(items, 8)
+    features.fit(sessions, cands, features.raw(sessions, cands, retrievers), labels)
+    return features.groups, features.names
+
+
+def test_every_group_the_rows_can_give_by_default_and_a_listed_group_they_cannot_give_is_refused() -> None:
+    groups, names = fitted_names(None, covisitation=False, times=False)
+    assert "covisitation" not in groups and "time" not in groups and "session" in groups
+    assert not [n for n in names if n.startswith(("covis_", "time_")) or n == "session_duration"]
+    groups, names = fitted_names(None, covisitation=True, times=True)
+    assert groups == ["retrievers", "popularity", "session", "covisitation", "context", "time", "encodings", "ids"]
+    assert {"covis_last", "covis_last3", "session_duration", "time_hour_sin", "time_weekday_cos"} <= set(names)
+    listed = ["retrievers", "covisitation", "time"]
+    assert fitted_names(listed, covisitation=True, times=True)[0] == listed
+    with pytest.raises(ValueError, match=r"^features.groups lists \['covisitation'\], which the ranker's rows cannot give: "
+                                         r"covisitation: no retriever gives co-visitation weights"):
+        fitted_names(listed, covisitation=False, times=True)
+    with pytest.raises(ValueError, match=r"lists \['covisitation', 'time'\], .* time: the ranker's rows carry no event times"):
+        fitted_names(listed, covisitation=False, times=False)

@@ -109,7 +109,9 @@ class CandidateFeatures(Configurable):
     """Build the ranking features of a candidate matrix.
 
     Args:
-        groups: feature groups to build (see the module docstring).
+        groups: feature groups to build (see the module docstring); None: every group the ranker's rows can
+            give (``covisitation`` needs a retriever with co-visitation weights, ``time`` rows with event
+            times). A group listed here that the rows cannot give is refused at `fit`.
         recent_fraction: the most recent fraction of training sessions counted for recent popularity.
         cross_buckets: buckets of the hashed (last item, candidate) cross.
         target_folds: folds of the out-of-fold target encoding.
@@ -117,11 +119,13 @@ class CandidateFeatures(Configurable):
 
     def __init__(
         self,
-        groups: list[str] = list(GROUPS),  # noqa: B006 - read only
+        groups: list[str] | None = None,
         recent_fraction: float = 0.1,
         cross_buckets: int = 1 << 18,
         target_folds: int = 5,
     ) -> None:
+        self.listed = groups is not None  # groups given: each one must be built
+        groups = list(GROUPS) if groups is None else groups
         unknown = sorted(set(groups) - set(GROUPS))
         if unknown:
             raise ValueError(f"unknown feature groups {unknown}; known: {list(GROUPS)}")
@@ -284,6 +288,16 @@ class CandidateFeatures(Configurable):
         """The fitted ops' outputs on these rows, the raw columns of the enabled groups, and the frame."""
         raw = {name: value for name, value in raw.items() if group_of(name) in self.groups}
         frame = self._frame(sessions, candidates, raw, labels, groups, use_time="time" in self.groups)
+        unbuilt = {group: why for group, why in (
+            ("covisitation", "no retriever gives co-visitation weights (a pipeline recipe's covisitation: block)"
+             if not any(group_of(name) == "covisitation" for name in raw) else None),
+            ("time", "the ranker's rows carry no event times" if "timestamp" not in frame else None),
+        ) if why is not None and group in self.groups}
+        if unbuilt and self.listed:
+            raise ValueError(f"features.groups lists {sorted(unbuilt)}, which the ranker's rows cannot give: "
+                             + "; ".join(f"{group}: {why}" for group, why in unbuilt.items())
+                             + "; leave them out (or the groups out: every group the rows can give)")
+        self.groups = [group for group in self.groups if group not in unbuilt]
         self.ops = self._ops("timestamp" in frame)
         return (self.ops.fit_transform(frame) if self.ops.ops else {}), raw, frame
 

@@ -342,7 +342,7 @@ def test_a_pipeline_recipe_typo_is_one_line_with_the_closest_key(tmp_path, sessr
                    "option 'max_lenght'); did you mean pipeline.data.max_length? (--traceback for details)")
     recipe.write_text("pipeline:\n  data:\n    max_length: 10\n  covisitation: {}\n")
     got = sessrec_main("test", "--config", str(recipe), "--pipeline.covisitation_k", "many")
-    assert got == "sessrec test: error: pipeline.covisitation_k: expected int, got 'many' (--traceback for details)"
+    assert got == "sessrec test: error: pipeline.covisitation_k: expected int or null, got 'many' (--traceback for details)"
 
 
 @pytest.mark.parametrize(("command", "flag", "name"), [("fit", "--data.help", "SessionDataModule"),

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
+import pyarrow as pa
 import torch
 
 from sessrec.data import frame
@@ -81,6 +82,26 @@ def aligned(named: dict[str, PairRanks]) -> int:
     return len(reference)
 
 
+class ProtocolPairs(NamedTuple):
+    """The (prefix, next item) pairs of a test split under an evaluation protocol: the split's flat item `values`
+    and their `virtual` flags, and each pair's `session` row, target index in the values (`target_at`) and target
+    `position` within its session."""
+
+    values: pa.Array
+    virtual: np.ndarray
+    session: np.ndarray
+    target_at: np.ndarray
+    position: np.ndarray
+
+
+def protocol_pairs(test: pa.Table, protocol: str) -> ProtocolPairs:
+    """The pairs `frame.expand_prefixes` cuts from a test split under `protocol`."""
+    values, offsets = frame.list_offsets(test.column(frame.ITEMS))
+    virtual = frame.virtual_flags(test)
+    session, target_at = frame.expand_prefixes(offsets, protocol, frame.target_flags(test, virtual))
+    return ProtocolPairs(values, virtual, session, target_at, (target_at - offsets[:-1][session]).astype(np.int64))
+
+
 @torch.no_grad()
 def next_item_ranks(task: NextItemTask, data: SessionDataModule) -> PairRanks:
     """The rank of each test (prefix, next item) target under `task`, the way its ``trainer.test`` scores it.
@@ -90,9 +111,7 @@ def next_item_ranks(task: NextItemTask, data: SessionDataModule) -> PairRanks:
     so), on the device of `task`'s parameters, in eval mode.
     """
     test = data.splits.test
-    values, offsets = frame.list_offsets(test.column(frame.ITEMS))
-    virtual = frame.virtual_flags(test)
-    session, target_at = frame.expand_prefixes(offsets, data.eval_protocol, frame.target_flags(test, virtual))
+    values, virtual, session, target_at, position = protocol_pairs(test, data.eval_protocol)
     _, targets = data.tensors("test")
     expected = data.vocab.encode(values, virtual=virtual).ids[target_at]
     if targets is None or not np.array_equal(targets.numpy(), expected):
@@ -109,7 +128,7 @@ def next_item_ranks(task: NextItemTask, data: SessionDataModule) -> PairRanks:
         metric.update(scores, batch.targets)
         ranks.append(target_ranks(scores, batch.targets).cpu())
     return PairRanks(
-        sessions=np.asarray(ids)[session], positions=(target_at - offsets[:-1][session]).astype(np.int64),
+        sessions=np.asarray(ids)[session], positions=position,
         ranks=torch.cat(ranks).numpy() if ranks else np.zeros(0), metrics=_floats(metric.compute()),
     )
 

@@ -33,7 +33,6 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pytorch_lightning as pl
 from pytorch_lightning.callbacks import ModelCheckpoint
 
@@ -44,12 +43,14 @@ from sessrec.data.schema import Schema
 from sessrec.data.sources import SessionSource, SessionSplits, TimeWindowSource, iso, to_seconds
 from sessrec.embeddings import DynamicTables
 from sessrec.lifecycle.gate import Gate, check_unseen
-from sessrec.lifecycle.paired_ranks import PairRanks, aligned, clickout_ranks, next_item_ranks
+from sessrec.lifecycle.paired_ranks import PairRanks, aligned, clickout_ranks, next_item_ranks, protocol_pairs
 from sessrec.saved.registry import class_path, config_of
 from sessrec.saved.versions import VersionedDirectory, resolve
 from sessrec.tasks import NextItemTask
 from sessrec.tasks.checkpointing import best_of_run, build, plain_hparams, with_more_items
 from sessrec.tasks.session_data import SessionDataModule
+
+PROTOCOL = "last"  # the test pairs a turn compares: each test session's last item
 
 
 class LoadedSplits(SessionSource):
@@ -169,7 +170,7 @@ def retrain(
         current = NextItemTask.from_recommender(served)
         check_gate_metric(gate, current.evaluation.ks)
         splits = source.load()
-        check_min_pairs(gate, next_item_pairs(splits.test), "the test window's sessions (their last items)",
+        check_min_pairs(gate, len(protocol_pairs(splits.test, PROTOCOL).session), "the test window's sessions (their last items)",
                         f"{train_until if test_from is None else test_from} .. {test_until}", "--test_until")
         out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -191,11 +192,11 @@ def retrain(
         )
         vocab_path = vocab.save(out_dir / VOCAB)
         data = SessionDataModule(LoadedSplits(splits), max_length=int(candidate.hparams.max_length), batch_size=batch_size,
-                                 eval_protocol="last", vocab_path=str(vocab_path), seed=seed)
+                                 eval_protocol=PROTOCOL, vocab_path=str(vocab_path), seed=seed)
         candidate, train_seconds, epochs = fit_candidate(candidate, data, out_dir, f"val/{gate.metric}", max_epochs)
 
         def ranks(task: NextItemTask, vocab_file: Path) -> PairRanks:
-            pairs = SessionDataModule(LoadedSplits(splits), max_length=int(task.hparams.max_length), eval_protocol="last",
+            pairs = SessionDataModule(LoadedSplits(splits), max_length=int(task.hparams.max_length), eval_protocol=PROTOCOL,
                                       vocab_path=str(vocab_file))
             return next_item_ranks(task, pairs)
 
@@ -346,14 +347,6 @@ def check_gate_metric(gate: Gate, ks: list[int]) -> None:
     if int(k) not in ks:
         raise ValueError(f"gate metric {gate.metric}: the candidate's validation computes {name} at "
                          f"{', '.join(map(str, ks))} (the current model's evaluation ks); gate on one of those")
-
-
-def next_item_pairs(test: pa.Table) -> int:
-    """The test pairs the gate compares on a session model's test split: one per session whose last event may be a
-    target (`frame.expand_prefixes` under the ``last`` protocol, as `next_item_ranks` cuts them)."""
-    _, offsets = frame.list_offsets(test.column(frame.ITEMS))
-    _, target_at = frame.expand_prefixes(offsets, "last", frame.target_flags(test, frame.virtual_flags(test)))
-    return len(target_at)
 
 
 def check_min_pairs(gate: Gate, pairs: int, what: str, window: str, widen: str) -> None:

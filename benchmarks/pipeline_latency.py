@@ -138,10 +138,10 @@ def recommend_in_stages(pipe: Pipeline, sessions, k: int, lap) -> object:
     return recs
 
 
-def staged(pipe: Pipeline, session: list, stamp: list[float], k: int, clock: dict[str, list[float]],
+def staged(pipe: Pipeline, sessions: list[list], stamps: list[list[float]], k: int, clock: dict[str, list[float]],
            cpu: dict[str, list[float]]) -> list[dict]:
-    """`Pipeline.recommend` of one session run stage by stage through the pipeline's parts, each
-    stage's milliseconds appended to `clock` (wall) and `cpu` (the process's CPU time) under its name."""
+    """`Pipeline.recommend` of `sessions` run stage by stage through the pipeline's parts, each stage's
+    milliseconds appended to `clock` (wall) and `cpu` (the process's CPU time) under its name."""
     mark = [time.perf_counter(), time.process_time()]
 
     def lap(name: str) -> None:
@@ -150,7 +150,7 @@ def staged(pipe: Pipeline, session: list, stamp: list[float], k: int, clock: dic
         cpu[name].append((now[1] - mark[1]) * 1e3)
         mark[:] = now
 
-    request = check_request([session], k, times=[stamp])
+    request = check_request(sessions, k, times=stamps)
     sessions = pipe.encode(request).to(pipe.device)
     lap("encode")
     recs = recommend_in_stages(pipe, sessions, request.k, lap)
@@ -239,7 +239,7 @@ def main() -> None:
                 lists[name].append(out[0]["item_ids"])
                 assert len(out[0]["item_ids"]) > 0
             if args.profile:  # the same request again, stage by stage: the same list
-                parts = staged(on(""), session, stamp, args.k, clock, cpu)
+                parts = staged(on(""), [session], [stamp], args.k, clock, cpu)
                 assert parts[0]["item_ids"] == lists[""][-1], "the staged run differs from recommend"
                 for laps in (clock, cpu):
                     laps["total"].append(sum(laps[name][-1] for name in laps if name != "total"))
@@ -256,17 +256,7 @@ def main() -> None:
         batch_clock: dict[str, list[float]] = defaultdict(list)
         if args.profile:  # the batch again, stage by stage, three times
             for _ in range(rounds):
-                mark = [time.perf_counter()]
-
-                def lap(name: str) -> None:
-                    now = time.perf_counter()
-                    batch_clock[name].append((now - mark[0]) * 1e6 / args.batch)
-                    mark[0] = now
-
-                encoded = pipe.encode(check_request(many, times=their_times))
-                lap("encode")
-                pipe.decode(recommend_in_stages(pipe, encoded, args.k, lap))
-                lap("decode")
+                staged(on(""), many, their_times, args.k, batch_clock, defaultdict(list))
         on("")
 
     def timing(ms: list[float], total_s: float) -> dict:
@@ -296,7 +286,8 @@ def main() -> None:
         record["other_runtime"] = {"runtime": other, **beside("runtime")}
     if args.profile:
         record["stages"] = {name: percentiles(ms, cpu[name]) for name, ms in clock.items()}
-        record["batch_stages_us_per_session"] = {name: round(float(np.median(us)), 1) for name, us in batch_clock.items()}
+        record["batch_stages_us_per_session"] = {name: round(float(np.median(ms)) * 1e3 / args.batch, 1)
+                                                 for name, ms in batch_clock.items()}
     print(json.dumps(record), flush=True)
     if args.ann:
         sys.path.insert(0, str(Path(__file__).parent))

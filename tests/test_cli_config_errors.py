@@ -10,14 +10,15 @@ from pathlib import Path
 
 import pytest
 
-TRAINER = """trainer:
+QUIET_TRAINER = """trainer:
   max_epochs: 1
   limit_train_batches: 1
   limit_val_batches: 1
   enable_progress_bar: false
   enable_model_summary: false
   logger: {class_path: pytorch_lightning.loggers.CSVLogger, init_args: {save_dir: OUT, name: run}}
-  callbacks:
+"""
+TRAINER = QUIET_TRAINER + """  callbacks:
     - class_path: pytorch_lightning.callbacks.ModelCheckpoint
       init_args: {dirpath: OUT/checkpoints, monitor: val/ndcg@20, mode: max, save_top_k: 1, filename: best}
 """

@@ -12,6 +12,7 @@ import pyarrow as pa
 import pytest
 import torch
 from jsonargparse import Namespace
+from test_cli_config_errors import DATA, MODEL, QUIET_TRAINER
 
 from sessrec.cli import cli
 from sessrec.cli.lightning import refuse_no_training
@@ -19,22 +20,7 @@ from sessrec.data.vocab import ItemVocab
 from sessrec.tasks.session_data import vocab_difference
 
 torch.set_num_threads(1)
-RECIPE = """seed_everything: 0
-trainer:
-  max_epochs: 1
-  limit_train_batches: 1
-  limit_val_batches: 1
-  enable_progress_bar: false
-  enable_model_summary: false
-  logger: {class_path: pytorch_lightning.loggers.CSVLogger, init_args: {save_dir: OUT, name: run}}
-model:
-  encoder: {class_path: sessrec.models.GRU4RecEncoder, init_args: {d_model: 8}}
-  objective: {class_path: sessrec.models.CausalLanguageModeling}
-data:
-  source: {class_path: sessrec.data.SyntheticSource, init_args: {num_sessions: 300, num_items: 40, num_clusters: 4}}
-  max_length: 8
-  batch_size: 32
-"""
+RECIPE = "seed_everything: 0\n" + QUIET_TRAINER + MODEL + DATA
 
 
 def recipe(folder: Path) -> Path:

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from sessrec.pipeline.candidate_features import RankingInputs
-from sessrec.pipeline.scoring import GBDTScorer, tree_ensemble
+from sessrec.pipeline.scoring import GBDTScorer, gbdt_scorer, tree_ensemble
 from sessrec.pipeline.scoring.tree_ensemble import TreeEnsemble
 
 lgb = pytest.importorskip("lightgbm")
@@ -165,3 +165,26 @@ def test_without_onnxruntime_lightgbm_scores_alike(fitted, monkeypatch: pytest.M
     assert alone.trees is None and torch.equal(alone.score(inputs), expected)
     with pytest.raises(ImportError, match=r"TreeEnsemble needs onnx and onnxruntime >= 1\.21"):
         TreeEnsemble(fitted.booster.dump_model())
+
+
+def test_rows_split_over_threads_get_the_floats_of_one_thread(fitted) -> None:
+    x = np.concatenate([probes(seed) for seed in range(3)])  # 1,200 rows, split unevenly over 7
+    alone = fitted.trees.predict(x)
+    assert np.array_equal(fitted.trees.predict(x, threads=7), alone)
+    assert np.array_equal(fitted.trees.predict(x[:3], threads=7), alone[:3])  # fewer rows than threads
+
+
+def test_the_scorer_runs_its_trees_on_torchs_threads(fitted, monkeypatch: pytest.MonkeyPatch) -> None:
+    inputs, _ = rows(0)
+    expected = fitted.score(inputs)  # one thread: the 1,540 rows are under ROWS_PER_THREAD
+    monkeypatch.setattr(gbdt_scorer, "ROWS_PER_THREAD", 500)  # 1 + 1,540 // 500 = 4 threads, at most torch's 3
+    asked = []
+    predict = TreeEnsemble.predict
+    monkeypatch.setattr(TreeEnsemble, "predict", lambda self, x, threads=1: asked.append(threads) or predict(self, x, threads))
+    monkeypatch.setattr(fitted.booster, "predict", lambda *a, **k: pytest.fail("LightGBM scored rows the trees reproduce"))
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        assert torch.equal(fitted.score(inputs), expected) and asked == [3]
+    finally:
+        torch.set_num_threads(before)

@@ -42,8 +42,8 @@ class GBDTScorer(Scorer):
         stop_fraction: share of the ranker's sessions held out for early stopping.
         threads: LightGBM threads of the fit (None: the cores this process may run on). Scoring uses
             one thread per `ROWS_PER_THREAD` rows (one for a request), at most torch's (`torch.get_num_threads`);
-            on one thread the trees run in onnxruntime (`TreeEnsemble`, the same scores in two thirds of
-            LightGBM's time) where it is installed and reproduces them, in LightGBM otherwise.
+            the trees run in onnxruntime (`TreeEnsemble`, the same scores in two thirds of LightGBM's time,
+            on any number of threads) where it is installed and reproduces them, in LightGBM otherwise.
         seed: seeds the split and LightGBM.
     """
 
@@ -106,8 +106,8 @@ class GBDTScorer(Scorer):
         x = inputs.dense[inputs.valid].cpu().numpy()  # LightGBM predicts on the host
         if len(x):
             threads = min(torch.get_num_threads(), 1 + len(x) // ROWS_PER_THREAD)  # one for a request's rows
-            trees = self.trees if threads == 1 else None
-            predicted = (trees.predict(x) if trees is not None
+            trees = self.trees
+            predicted = (trees.predict(x, threads) if trees is not None
                          else self.booster.predict(x, num_iteration=self.best_round, num_threads=threads))
             out[inputs.valid] = torch.from_numpy(predicted).to(out.device, torch.float32)
         return out

@@ -18,7 +18,8 @@ candidates of each request: `BlendScorer(shortlist=N)`), the two alternated requ
 batch by batch in this process, with the share of requests whose lists differ. The XLNet retriever's
 query runs in onnxruntime (``--runtime``, `SessionModelRetriever`'s runtime: its ONNX graph, exported at
 build); ``--runtimes`` times it in eager PyTorch beside it, alternated the same way.
-``--pipeline DIR`` saves the built pipeline there and loads it on later runs. With ``--ann`` it also runs
+``--batch-threads 2 4`` also times the batch on that many torch threads (offline scoring on several cores:
+the tensor stages and the trees use them, the kNN retrievers' NumPy work one). ``--pipeline DIR`` saves the built pipeline there and loads it on later runs. With ``--ann`` it also runs
 `ann_index.py`'s FAISS-against-exact comparison at `--ann-items` (default 1M) items.
 
 Example (from the repository root):
@@ -196,8 +197,12 @@ def main() -> None:
     parser.add_argument("--runtime", choices=["torch", "onnxruntime"], default="onnxruntime",
                         help="where the XLNet retriever's query runs (SessionModelRetriever's runtime)")
     parser.add_argument("--runtimes", action="store_true", help="also the XLNet query in the other runtime, alternated")
+    parser.add_argument("--batch-threads", type=int, nargs="*", default=[],
+                        help="also the offline batch on these torch thread counts (the trees' too), after the one-thread figure")
     parser.add_argument("--quick", action="store_true", help="a small smoke run (5,000 items)")
     args = parser.parse_args()
+    if any(n < 1 for n in args.batch_threads):
+        parser.error(f"--batch-threads: thread counts of 1 or more, got {args.batch_threads}")
     if args.quick:
         args.items, args.sessions, args.requests, args.warmup, args.batch = 5_000, 20_000, 30, 5, 64
     torch.set_num_threads(1)
@@ -253,6 +258,15 @@ def main() -> None:
                 t = time.perf_counter()
                 on(name).recommend_batch(pipe.encode(check_request(many, times=their_times)), args.k)
                 seconds[name] += time.perf_counter() - t
+        threaded = {}  # thread count -> sessions/s of the first variant's batch on that many threads
+        for n in args.batch_threads:
+            torch.set_num_threads(n)
+            on("").recommend_batch(pipe.encode(check_request(many, times=their_times)), args.k)  # warm-up
+            t = time.perf_counter()
+            for _ in range(rounds):
+                on("").recommend_batch(pipe.encode(check_request(many, times=their_times)), args.k)
+            threaded[n] = round(rounds * args.batch / (time.perf_counter() - t), 1)
+        torch.set_num_threads(1)
         batch_clock: dict[str, list[float]] = defaultdict(list)
         if args.profile:  # the batch again, stage by stage, three times
             for _ in range(rounds):
@@ -280,6 +294,8 @@ def main() -> None:
                 "sessions_per_s_ratio": round(them["sessions_per_s"] / record["sessions_per_s"], 3),
                 "lists_differ": round(float(np.mean([a != b for a, b in zip(lists[""], lists[name])])), 3)}
 
+    if threaded:
+        record["sessions_per_s_on_threads"] = threaded
     if args.shortlist is not None:
         record["shortlist"] = {"n": args.shortlist, **beside("shortlist")}
     if args.runtimes:

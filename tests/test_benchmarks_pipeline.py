@@ -111,12 +111,14 @@ def test_retrain_dlrm_quick_run_prints_each_window_and_the_rejection():
 
 @pytest.mark.slow
 def test_pipeline_latency_quick_run_times_requests_with_their_event_times_and_every_stage():
-    (record,) = [json.loads(line) for line in quick("pipeline_latency.py", "--profile", "--shortlist", "20").splitlines()]
+    (record,) = [json.loads(line) for line in quick("pipeline_latency.py", "--profile", "--shortlist", "20",
+                                                       "--batch-threads", "2").splitlines()]
     assert record["system"] == "pipeline-exact" and record["threads"] == 1 and record["candidates"] == 200
     assert record["retrievers"] == ["xlnet", "vsknn", "stan", "covisitation"] and record["scorer"] == "BlendScorer"
     assert len(record["trees"]) == 2 and min(record["trees"]) >= 1  # the blend's two LightGBM members
     assert record["requests"] > 0 and 0 < record["p50_ms"] <= record["p90_ms"] <= record["p99_ms"]
     assert record["sessions_per_s"] > 0 and record["batch"] == 64
+    assert list(record["sessions_per_s_on_threads"]) == ["2"] and record["sessions_per_s_on_threads"]["2"] > 0
     short = record["shortlist"]  # the blend's trees on the DLRM's 20 best, alternated with the whole blend
     assert short["n"] == 20 and 0 < short["p50_ms"] <= short["p99_ms"] and short["sessions_per_s"] > 0
     assert short["p50_ratio"] == pytest.approx(short["p50_ms"] / record["p50_ms"], abs=1e-3)

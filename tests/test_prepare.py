@@ -313,8 +313,8 @@ def test_what_the_driver_holds_does_not_grow_with_the_sessions(tmp_path, monkeyp
 
     held = {}
 
-    def plan_parts(source, path, summaries, splits, layout, periods):
-        tasks = plan.plan_parts(source, path, summaries, splits, layout, periods)
+    def plan_parts(source, path, summaries, splits, layout, periods, earlier):
+        tasks = plan.plan_parts(source, path, summaries, splits, layout, periods, earlier)
         named = [replace(s, sessions=Path(s.sessions).name, keys=Path(s.keys).name, by_end=Path(s.by_end).name)
                  for s in summaries]  # the files' names, not the temporary folder's
         named_tasks = [replace(t, reads=[(Path(p).name, a, b) for p, a, b in t.reads]) for t in tasks]
@@ -473,3 +473,34 @@ def test_text_session_ids_hash_by_their_bytes_alone():
     reference = [sum(b * pow(31, len(t.encode()) - i - 1, 2**64) for i, b in enumerate(t.encode())) % 2**64 for t in texts]
     assert _text_hash(pa.array(texts, pa.large_string())).tolist() == reference
     assert _text_hash(pa.array(texts[1:], pa.large_string())).tolist() == reference[1:]  # no neighbour changes a hash
+
+
+def test_a_session_with_events_in_two_split_files_is_refused_by_every_engine(tmp_path, dask_scheduler):
+    """A test file that holds the later events of a training session would test a session whose start was trained on:
+    refused in one line naming both files and the session, by the in-memory load and by every engine, before a part is
+    written."""
+    log = event_log(seed=2)
+    late = pc.greater_equal(log.column("t"), 1.4e9 + 7 * 3600.0)
+    train_rows, test_rows = log.filter(pc.invert(late)), log.filter(late)
+    shared = sorted(set(train_rows.column("sid").to_pylist()))[5]
+    moved = train_rows.filter(pc.equal(train_rows.column("sid"), shared))  # its last two events go to the test file
+    moved = moved.take(pc.sort_indices(moved, sort_keys=[("t", "ascending"), ("step", "ascending")]))
+    tail = moved.slice(moved.num_rows - 2)
+    tail = tail.set_column(2, "t", pc.add(tail.column("t"), 8 * 3600.0))
+    train = write(train_rows.filter(pc.invert(pc.is_in(train_rows.column("other"), tail.column("other")))),
+                  tmp_path / "train.csv")
+    test = write(pa.concat_tables([test_rows, tail]), tmp_path / "test.parquet")
+    source = EventLogSource(train, schema=SCHEMA, test_path=test, valid_fraction=0.2, min_length=1)
+    message = (f"{test}: session {shared} also has events in {train}; a session belongs to the period of its last "
+               "event, so its events must all lie in one file: move them into one file, or give the sessions of each "
+               "file their own ids")
+    with pytest.raises(ValueError) as refused:
+        source.load()
+    assert str(refused.value) == message
+    for engine, settings in (("memory", {}), ("local", {"partitions": 1}), ("local", {"partitions": 3}),
+                             ("dask", {"partitions": 2, "scheduler": dask_scheduler})):
+        with pytest.raises(ValueError) as refused:
+            prepare(source, str(tmp_path / "p"), engine=engine, **settings, **({"memory_budget": ROOMY} if engine == "local" else {}))
+        assert str(refused.value) == message
+        assert not (tmp_path / "p").exists()
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["test.parquet", "train.csv"]

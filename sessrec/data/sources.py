@@ -123,7 +123,8 @@ class EventLogSource(SessionSource):
     session-rec's ``*_train_full`` / ``*_test`` files do; otherwise the sessions of the last
     `test_days` (or the latest `test_fraction`) become the test set. Validation is taken from
     the end of the training period the same way. A file given wins over the days and fractions of its
-    split; the periods never go back in time and none is empty (`SplitPeriods`, docs/data.md).
+    split; the periods never go back in time and none is empty (`SplitPeriods`, docs/data.md), and a session
+    has its events in one of the files (`check_shared`).
 
     Args:
         path: training events (or all events when `test_path` is None).
@@ -223,6 +224,18 @@ class EventLogSource(SessionSource):
                 f"nothing to train on or evaluate; check the schema's session_id column ({self.schema.session_id!r})"
             )
 
+    def check_shared(self, path: str, shared: tuple[object, str] | None) -> None:
+        """Refuse a session of file `path` that has events in an earlier file of the source too (`shared`: the
+        session and that file, `first_shared`): its events would be split between two periods, its start trained
+        on and its end tested."""
+        if shared is not None:
+            session, other = shared
+            raise ValueError(
+                f"{path}: session {session} also has events in {other}; a session belongs to the period of its last "
+                "event, so its events must all lie in one file: move them into one file, or give the sessions of each "
+                "file their own ids"
+            )
+
     def split_labels(self, end: np.ndarray | None, count: int, order: np.ndarray | None = None) -> np.ndarray:
         """(N,) split of each session of `path`: 0 train, 1 valid, 2 test (`frame.time_labels`).
 
@@ -299,14 +312,31 @@ class EventLogSource(SessionSource):
         periods = SplitPeriods()
         self.check_file(periods, self.path, split_spans(self.splits_of()[0][1], labels, end))
         train, valid, test = (sessions.filter(pa.array(labels == k)) for k in range(3))
+        read = [(self.path, sessions.column(frame.SESSION))]
         if self.test_path is not None:
             test = self.sessions(self.test_path)
+            self.check_shared(self.test_path, first_shared(test.column(frame.SESSION), read))
+            read.append((self.test_path, test.column(frame.SESSION)))
             self.check_file(periods, self.test_path, split_spans(("test",), np.full(test.num_rows, 2), frame.end_times(test)))
         if self.valid_path is not None:
             valid = self.sessions(self.valid_path)
+            self.check_shared(self.valid_path, first_shared(valid.column(frame.SESSION), read))
             self.check_file(periods, self.valid_path,
                             split_spans(("valid",), np.full(valid.num_rows, 1), frame.end_times(valid)))
         return SessionSplits(train=train, valid=valid, test=test, source=str(self.path))
+
+
+def first_shared(ids: pa.ChunkedArray, earlier: list[tuple[str, pa.ChunkedArray]]) -> tuple[object, str] | None:
+    """The least of one file's session ids `ids` that an earlier file's ids also hold, and the first of the
+    `earlier` files (path, session ids) that holds it; None when they share none (or their ids differ in type)."""
+    found: tuple[object, str] | None = None
+    for path, other in earlier:
+        if other.type != ids.type:
+            continue
+        shared = pc.min(ids.filter(pc.is_in(ids, value_set=other.combine_chunks()))).as_py()
+        if shared is not None and (found is None or shared < found[0]):
+            found = (shared, path)
+    return found
 
 
 SPLIT_LABELS = {"train": 0, "valid": 1, "test": 2}

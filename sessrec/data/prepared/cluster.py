@@ -219,10 +219,11 @@ class DaskEngine:
         client = self.client()
         try:
             with dask.config.set({"dataframe.backend": self.backend, "dataframe.shuffle.method": "p2p"}):
-                tasks, periods = [], SplitPeriods()
+                tasks, periods, files_read = [], SplitPeriods(), []
                 for f, (path, splits) in enumerate(source.splits_of()):
                     summaries = self.sessionize(client, source, path, scratch / f"file{f}", needs_by_end(source, splits))
-                    tasks += plan_parts(source, path, summaries, splits, layout, periods)
+                    tasks += plan_parts(source, path, summaries, splits, layout, periods, files_read)
+                    files_read.append((path, [s for s in summaries if s.kept]))
                 futures = client.map(build_part, tasks, directory=directory, layout=layout, pure=False)
                 for done in as_completed(futures):  # the driver folds the counts as the parts finish
                     yield done.result()

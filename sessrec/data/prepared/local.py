@@ -188,10 +188,11 @@ class LocalEngine:
         files = list(source.splits_of())
         budget = Budget(self.memory_budget, resident_bytes(), max(reading_bytes(path) for path, _ in files))
         with tempfile.TemporaryDirectory(prefix="sessrec-prepare-", dir=self.scratch or directory.parent) as scratch:
-            tasks, periods = [], SplitPeriods()
+            tasks, periods, files_read = [], SplitPeriods(), []
             for f, (path, splits) in enumerate(files):
                 summaries = self.sessionize(source, path, Path(scratch) / f"file{f}", needs_by_end(source, splits), budget)
-                tasks += plan_parts(source, path, summaries, splits, layout, periods)
+                tasks += plan_parts(source, path, summaries, splits, layout, periods, files_read)
+                files_read.append((path, [s for s in summaries if s.kept]))
             costs = budget.check_parts(tasks, layout.part_sessions)
 
             def build(task: PartTask) -> PartResult:

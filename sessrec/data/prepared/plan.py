@@ -445,21 +445,44 @@ class CountFold:
         return ItemVocab.from_counts(sum_counts(products), sum_counts(virtual) if virtual else None, min_count, max_size)
 
 
+def shared_session(summaries: list[PartitionSummary],
+                   earlier: list[tuple[str, list[PartitionSummary]]]) -> tuple[object, str] | None:
+    """`sources.first_shared` of one file's sessionized partitions: the least session id of `summaries` that an
+    `earlier` file's partitions (path, summaries) also hold, and the first such file; their keys merged in
+    session-id order (`merged`), where a session of two files is two equal rows side by side."""
+    found: tuple[object, str] | None = None
+    for other_path, others in earlier:
+        if not summaries or not others or others[0].schema.field(frame.SESSION).type != summaries[0].schema.field(
+                frame.SESSION).type:
+            continue
+        for chunk in merged([s.keys for s in summaries] + [s.keys for s in others], [frame.SESSION]):
+            ids = chunk.column(frame.SESSION)
+            equal = np.flatnonzero(pc.equal(ids.slice(1), ids.slice(0, len(ids) - 1)).to_numpy(zero_copy_only=False))
+            if len(equal):
+                shared = ids[int(equal[0])].as_py()
+                if found is None or shared < found[0]:
+                    found = (shared, other_path)
+                break
+    return found
+
+
 def plan_parts(
     source: EventLogSource, path: str, summaries: list[PartitionSummary], splits: tuple[str, ...], layout: Layout,
-    periods: SplitPeriods,
+    periods: SplitPeriods, earlier: list[tuple[str, list[PartitionSummary]]],
 ) -> list[PartTask]:
     """Steps 3 and 4 for one file of the source: the part tasks of the `splits` it provides.
 
     `splits` is ``("train", "valid", "test")`` for the source's main file (split by
     `EventLogSource.split_labels`' rule, `labeller`), or the one split that a `test_path` / `valid_path`
-    file is (`EventLogSource.splits_of`). The file's splits join `periods` (`EventLogSource.check_file`),
-    which refuses an empty split, or one that starts before a split it follows ends, before any part is
-    written.
+    file is (`EventLogSource.splits_of`). A session that a file read before (`earlier`: their paths and
+    partitions) also holds is refused (`EventLogSource.check_shared`). The file's splits join `periods`
+    (`EventLogSource.check_file`), which refuses an empty split, or one that starts before a split it
+    follows ends, before any part is written.
     """
     source.check_kept(path, sum(s.kept for s in summaries), sum(s.count for s in summaries),
                       max((s.longest for s in summaries), default=0), sum(s.virtual for s in summaries))
     summaries = [s for s in summaries if s.kept]
+    source.check_shared(path, shared_session(summaries, earlier))
     rule = labeller(source, summaries, splits)
     k = len(summaries)
     counts = np.zeros(3, dtype=np.int64)

@@ -4,6 +4,7 @@ validation periods given twice, gzipped logs cut short, one ISO-8601 time among 
 from __future__ import annotations
 
 import gzip
+import os
 import re
 
 import numpy as np
@@ -96,6 +97,53 @@ def test_a_gzip_cut_anywhere_is_refused_in_one_line_naming_the_file(cut_logs, re
         assert message.startswith(f"{path}: cannot be read") and "\n" not in message, message
         messages.append(message.replace(str(path), "<file>"))
     assert len(set(messages)) == 1, messages  # cut early or late: the same words
+
+
+# ------------------------------------------------------------------------------ integer ids written otherwise
+def dask_piece(path):
+    from sessrec.data.prepared.cluster import Piece, read_piece
+
+    types = pa.csv.open_csv(path).schema  # the first block's types, as the dask engine reads them
+    return read_piece(Piece(str(path), 0, start=0, end=os.path.getsize(path)), SCHEMA, None, types)
+
+
+ID_READERS = {name: READERS[name] for name in ("read_events", "scan_events", "ScoringStream", "ScoringStream.partitions")}
+ID_READERS["dask piece"] = dask_piece
+
+
+@pytest.mark.parametrize("reader", list(ID_READERS))
+@pytest.mark.parametrize("column,written,number", [("sid", "01", 1), ("iid", "01050", 1050), ("iid", "0x41a", 1050)])
+def test_an_integer_id_of_a_csv_file_written_otherwise_than_its_decimal_is_refused_by_every_reader(
+        tmp_path, reader, column, written, number):
+    """Arrow reads ``01050`` and ``0x41a`` as 1050, the id of ``1050`` too, and ``01`` as session 1: refused naming
+    the file, the column, the value and its row, by every reader of a CSV file; `string_ids` reads them as text."""
+    if reader == "ScoringStream.partitions" and column == "iid":
+        pytest.skip("partitions read the session ids alone")
+    rows = event_lines(12)
+    rows[9][["sid", "iid"].index(column)] = written
+    path = write_csv(tmp_path / "events.csv", rows)
+    with pytest.raises(SchemaError) as err:
+        ID_READERS[reader](path)
+    where = f"{path} (the lines from byte 0)" if reader == "dask piece" else str(path)
+    assert str(err.value) == (f"{where}: column {column!r} has the id {written!r} at row 9, which reads as the integer "
+                              f"{number}, as {str(number)!r} does; write it {number}, or read the ids as text (the "
+                              "schema's string_ids: true)")
+    text = read_events(path, Schema(session_id="sid", item_id="iid", timestamp="ts", string_ids=True))
+    assert text.column(column)[9].as_py() == written
+
+
+def test_a_text_id_after_a_first_block_of_integers_is_refused_alike_read_whole_or_streamed(tmp_path):
+    """The first block of a CSV file decides an id column's type for every reader: a later ``x7`` is named at its
+    row (read whole, Arrow read the column as text; streamed, it failed naming no row)."""
+    rows = event_lines(300_000)  # 6 MB: past the first block of every reader (1 MB; the scoring stream's 4 MB)
+    rows[290_000][1] = "x7"
+    path = write_csv(tmp_path / "events.csv", rows)
+    message = (f"{path}: column 'iid' has the id 'x7' at row 290000, not an integer as the column's first ids are; fix "
+               "the row, or read the ids as text (the schema's string_ids: true)")
+    for reader in ("read_events", "scan_events", "ScoringStream"):
+        with pytest.raises(SchemaError) as err:
+            READERS[reader](path)
+        assert str(err.value) == message, reader
 
 
 # ------------------------------------------------------------------------------ one ISO time among numbers

@@ -26,7 +26,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from sessrec.data import frame
-from sessrec.data.schema import PLAUSIBLE_SECONDS, Schema, SchemaError
+from sessrec.data.schema import _BEYOND_INT64, PLAUSIBLE_SECONDS, Schema, SchemaError, first_failing_cast
 from sessrec.data.schema import _check_plausible as check_plausible
 
 NULL_VALUES = ["", "NA", "NaN", "null", "None"]  # what a CSV field holds for a missing value
@@ -65,6 +65,7 @@ def read_table(
     delimiter: str | None = None,
     columns: list[str] | None = None,
     string_columns: list[str] | None = None,
+    id_columns: list[str] | None = None,
 ) -> pa.Table:
     """Read a CSV/TSV (gzip ok) or parquet file into Arrow; errors name the file.
 
@@ -73,6 +74,8 @@ def read_table(
         delimiter: field separator of a text file; sniffed from the header when None.
         columns: read only these columns.
         string_columns: columns of a text file read as text, not inferred (ids beyond int64).
+        id_columns: columns of ids of a text file: those whose first block holds integers are read as
+            integers written as their decimals (`integer_columns`, `integer_ids`), the others inferred.
     """
     path = Path(path)
     if not path.exists():
@@ -84,15 +87,61 @@ def read_table(
             return pq.read_table(path, columns=columns)
         delim = delimiter or _sniff_delimiter(path)
         parse = pacsv.ParseOptions(delimiter=delim)
+        integers = integer_columns(path, parse, id_columns or [])
         convert = pacsv.ConvertOptions(
             include_columns=columns,
-            column_types={c: pa.string() for c in string_columns or []},
+            column_types={c: pa.string() for c in [*(string_columns or []), *integers]},
             null_values=NULL_VALUES,
             strings_can_be_null=True,
         )
-        return pacsv.read_csv(path, parse_options=parse, convert_options=convert)
+        table = pacsv.read_csv(path, parse_options=parse, convert_options=convert)
     except (pa.ArrowInvalid, OSError, UnicodeDecodeError) as err:
         raise SchemaError(f"{path}: cannot be read as {'parquet' if _is_parquet(path) else 'CSV'}: {err}") from err
+    return integer_ids(table, integers, str(path))
+
+
+def integer_columns(path: str | Path, parse: pacsv.ParseOptions, id_columns: list[str]) -> list[str]:
+    """The `id_columns` of a text file that Arrow reads as integers from its first block (as `read_csv` and
+    `open_csv` infer types). Read as text, `integer_ids` makes them integers: Arrow's own reading takes
+    ``01050`` and ``0x41a`` for 1050 (one item with ``1050``), and a later block's text for a cause to
+    read the whole column as text (`read_csv`) or to fail (`open_csv`)."""
+    if not id_columns:
+        return []
+    inferred = pacsv.open_csv(path, parse_options=parse,
+                              convert_options=pacsv.ConvertOptions(null_values=NULL_VALUES, strings_can_be_null=True)).schema
+    return [c for c in id_columns if c in inferred.names and pa.types.is_integer(inferred.field(c).type)]
+
+
+_AS_TEXT = "read the ids as text (the schema's string_ids: true)"
+
+
+def integer_ids(table: pa.Table, names: list[str], source: str, first_row: int = 0) -> pa.Table:
+    """`table` with its text columns `names` (`integer_columns`) as int64, each id read only as the decimal
+    it is written as (spaces around it aside); a one-line SchemaError naming `source`, the column, the
+    value and its file row for an id written otherwise (``01050``, ``0x41a``), one that is no integer,
+    and one beyond int64."""
+    for name in names:
+        if name not in table.column_names:
+            continue
+        col = table.column(name)
+        text = pc.utf8_trim_whitespace(col)
+        bad = first_failing_cast(text, pa.int64())
+        if bad is not None:
+            value, row = col[bad].as_py(), first_row + bad
+            if pc.match_substring_regex(text[bad], r"^-?[0-9]+$").as_py():
+                raise SchemaError(f"{source}: column {name!r} holds ids that do not fit int64 (e.g. {value} at row "
+                                  f"{row}); {_BEYOND_INT64}")
+            raise SchemaError(f"{source}: column {name!r} has the id {value!r} at row {row}, not an integer as the "
+                              f"column's first ids are; fix the row, or {_AS_TEXT}")
+        ids = text.cast(pa.int64())
+        other = pc.not_equal(ids.cast(pa.string()), text).fill_null(False).to_numpy(zero_copy_only=False)
+        if other.any():
+            at = int(np.flatnonzero(other)[0])
+            number = ids[at].as_py()
+            raise SchemaError(f"{source}: column {name!r} has the id {col[at].as_py()!r} at row {first_row + at}, which "
+                              f"reads as the integer {number}, as {str(number)!r} does; write it {number}, or {_AS_TEXT}")
+        table = table.set_column(table.column_names.index(name), name, ids)
+    return table
 
 
 def read_events(path: str | Path, schema: Schema, delimiter: str | None = None) -> pa.Table:
@@ -106,7 +155,8 @@ def read_events(path: str | Path, schema: Schema, delimiter: str | None = None) 
     Returns:
         The validated table (see `Schema.validate`): ids as int64 or string, times as float seconds.
     """
-    table = read_table(path, delimiter=delimiter, string_columns=schema.id_columns if schema.string_ids else None)
+    table = read_table(path, delimiter=delimiter, string_columns=schema.id_columns if schema.string_ids else None,
+                       id_columns=None if schema.string_ids else schema.id_columns)
     return schema.validate(table, source=str(path))
 
 
@@ -352,7 +402,7 @@ def scan_events(
         raise FileNotFoundError(f"{path}: no such file")
     if path.is_dir():
         raise SchemaError(f"{path}: is a folder, expected a CSV/TSV or parquet file")
-    string_columns = schema.id_columns if schema.string_ids else []
+    string_columns, integers = schema.id_columns if schema.string_ids else [], []
     try:
         if _is_parquet(path):
             parquet = pq.ParquetFile(path, pre_buffer=False)  # a pre-buffered file caches every row group it read
@@ -360,11 +410,13 @@ def scan_events(
             columns = schema.columns if all(c in names for c in schema.columns) else None
             batches = parquet.iter_batches(batch_size=batch_rows, columns=columns)
         else:
+            parse = pacsv.ParseOptions(delimiter=delimiter or _sniff_delimiter(path))
+            integers = [] if schema.string_ids else integer_columns(path, parse, schema.id_columns)
             batches = pacsv.open_csv(  # blocks of read_csv's size: the column types inferred from the same first block
                 path,
-                parse_options=pacsv.ParseOptions(delimiter=delimiter or _sniff_delimiter(path)),
+                parse_options=parse,
                 convert_options=pacsv.ConvertOptions(
-                    column_types={c: pa.string() for c in string_columns},
+                    column_types={c: pa.string() for c in [*string_columns, *integers]},
                     null_values=NULL_VALUES,
                     strings_can_be_null=True,
                 ),
@@ -373,13 +425,13 @@ def scan_events(
         for batch in batches:
             pending.append(batch)
             if sum(b.num_rows for b in pending) >= batch_rows:
-                table = pa.Table.from_batches(pending)
+                table = integer_ids(pa.Table.from_batches(pending), integers, str(path), row)
                 events = schema.validate(table, source=str(path), first_row=row)
                 samples.append(time_sample(table, events, schema, row))
                 yield events
                 row, pending = row + table.num_rows, []
         if pending:
-            table = pa.Table.from_batches(pending)
+            table = integer_ids(pa.Table.from_batches(pending), integers, str(path), row)
             events = schema.validate(table, source=str(path), first_row=row)
             samples.append(time_sample(table, events, schema, row))
             yield events

@@ -148,7 +148,8 @@ class Schema:
             DIGINETICA's ``timeframe``).
         features: side-feature columns carried along with the items.
         string_ids: read the session and item id columns of a text file as strings, for ids that
-            do not fit int64 (20-digit ids); integer ids of a parquet file are converted to text.
+            do not fit int64 (20-digit ids) or that are written with leading zeros (``01050``, which a
+            text file's integer ids refuse); integer ids of a parquet file are converted to text.
         virtual: the column and values that mark non-product events as virtual items (`VirtualSpec`);
             None: every event is a product.
 

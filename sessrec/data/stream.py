@@ -40,7 +40,7 @@ import torch
 
 from sessrec.data import frame
 from sessrec.data.batch import ITEM_DTYPE, SessionBatch
-from sessrec.data.readers import _is_parquet, _sniff_delimiter
+from sessrec.data.readers import _is_parquet, _sniff_delimiter, integer_ids
 from sessrec.data.schema import FeatureSpec, Schema, SchemaError, check_id, parse_time
 from sessrec.data.side import FittedSideFeatures
 from sessrec.data.vocab import ItemVocab
@@ -130,24 +130,27 @@ class ScoringStream:
     def columns(self) -> list[str]:
         """The file's column names, read from its header (parquet schema, CSV first line)."""
         try:
-            return list(pq.read_schema(self.path).names if _is_parquet(self.path) else self._csv().schema.names)
+            return list(pq.read_schema(self.path).names if _is_parquet(self.path) else self._csv()[0].schema.names)
         except (pa.ArrowInvalid, OSError) as err:
             raise SchemaError(f"{self.path}: cannot be read: {err}") from err
 
-    def _csv(self, columns: list[str] | None = None) -> pacsv.CSVStreamingReader:
+    def _csv(self, columns: list[str] | None = None) -> tuple[pacsv.CSVStreamingReader, list[str]]:
+        """A streaming reader of the CSV file's `columns` (None: all), and the id columns it reads as text that
+        `integer_ids` reads as integers (those its first block holds integers in, as `integer_columns`)."""
         parse = pacsv.ParseOptions(delimiter=_sniff_delimiter(self.path))
-        convert = pacsv.ConvertOptions(
-            column_types={c: pa.string() for c in self.schema.id_columns} if self.schema.string_ids else {},
-            null_values=["", "NA", "null"],
-            strings_can_be_null=True,
-            include_columns=columns or [],
-        )
-        return pacsv.open_csv(
-            self.path,
-            read_options=pacsv.ReadOptions(block_size=1 << 22),
-            parse_options=parse,
-            convert_options=convert,
-        )
+
+        def reader(types: dict[str, pa.DataType]) -> pacsv.CSVStreamingReader:
+            convert = pacsv.ConvertOptions(column_types=types, null_values=["", "NA", "null"], strings_can_be_null=True,
+                                           include_columns=columns or [])
+            return pacsv.open_csv(self.path, read_options=pacsv.ReadOptions(block_size=1 << 22), parse_options=parse,
+                                  convert_options=convert)
+
+        if self.schema.string_ids:
+            return reader({c: pa.string() for c in self.schema.id_columns}), []
+        inferred = reader({})
+        integers = [c for c in self.schema.id_columns
+                    if c in inferred.schema.names and pa.types.is_integer(inferred.schema.field(c).type)]
+        return (reader({c: pa.string() for c in integers}), integers) if integers else (inferred, [])
 
     def _chunks(self, columns: list[str] | None = None) -> Iterator[tuple[pa.Table, int]]:
         """(rows, file row of the first one) chunk by chunk, of `columns` (None: all) and of the rows
@@ -162,13 +165,14 @@ class ScoringStream:
                 # the row groups that hold rows of [start, stop): skip those before, read none after
                 groups = [g for g in range(len(sizes)) if ends[g] > start and (stop is None or ends[g] - sizes[g] < stop)]
                 first = int(ends[groups[0]] - sizes[groups[0]]) if groups else 0
-                batches = meta.iter_batches(batch_size=self.chunk_rows, row_groups=groups, columns=columns)
+                batches, integers = meta.iter_batches(batch_size=self.chunk_rows, row_groups=groups, columns=columns), []
             else:
-                batches = self._csv(columns)
+                batches, integers = self._csv(columns)
             for rb in batches:
                 lo, hi = max(start - first, 0), rb.num_rows if stop is None else min(stop - first, rb.num_rows)
                 if hi > lo:
-                    yield pa.Table.from_batches([rb.slice(lo, hi - lo)]), first + lo
+                    rows = pa.Table.from_batches([rb.slice(lo, hi - lo)])
+                    yield integer_ids(rows, integers, str(self.path), first + lo), first + lo
                 first += rb.num_rows
                 if stop is not None and first >= stop:
                     break

@@ -42,7 +42,14 @@ from sessrec.data.prepared.plan import (
     plan_parts,
     sessionize_partition,
 )
-from sessrec.data.readers import NULL_VALUES, _is_parquet, _sniff_delimiter, check_time_samples, time_sample
+from sessrec.data.readers import (
+    NULL_VALUES,
+    _is_parquet,
+    _sniff_delimiter,
+    check_time_samples,
+    integer_ids,
+    time_sample,
+)
 from sessrec.data.schema import VIRTUAL, Schema, SchemaError
 from sessrec.data.sources import EventLogSource, SplitPeriods
 
@@ -84,8 +91,13 @@ def pieces_of(path: str) -> list[Piece]:
 
 
 def read_piece(piece: Piece, schema: Schema, delimiter: str | None, column_types: pa.Schema | None) -> tuple[pa.Table, Any]:
-    """The validated events of a piece, with their file order in the column `ROW`, and its `time_sample`."""
+    """The validated events of a piece, with their file order in the column `ROW`, and its `time_sample`.
+
+    `column_types` are those of the file's first block (CSV): its id columns of integers are read as text, then
+    as the integers they are written as (`integer_ids`), as `read_events` reads them."""
     path = Path(piece.path)
+    integers = [] if column_types is None or schema.string_ids else [
+        c for c in schema.id_columns if c in column_types.names and pa.types.is_integer(column_types.field(c).type)]
     try:
         if _is_parquet(path):
             parquet = pq.ParquetFile(path)
@@ -95,7 +107,8 @@ def read_piece(piece: Piece, schema: Schema, delimiter: str | None, column_types
             where = str(path)
         else:
             delim = delimiter or _sniff_delimiter(path)
-            convert = pacsv.ConvertOptions(column_types={f.name: f.type for f in column_types or []},
+            convert = pacsv.ConvertOptions(column_types={f.name: pa.string() if f.name in integers else f.type
+                                                         for f in column_types or []},
                                            null_values=NULL_VALUES, strings_can_be_null=True)
             parse = pacsv.ParseOptions(delimiter=delim)
             if piece.end is None:  # the whole file (gzipped)
@@ -107,6 +120,7 @@ def read_piece(piece: Piece, schema: Schema, delimiter: str | None, column_types
                 where = f"{path} (the lines from byte {piece.start})"
     except (pa.ArrowInvalid, OSError, UnicodeDecodeError) as err:
         raise SchemaError(f"{path}: cannot be read as {'parquet' if _is_parquet(path) else 'CSV'}: {err}") from err
+    table = integer_ids(table, integers, where, piece.first_row)
     if not table.num_rows:
         return _empty(schema, table).append_column(ROW, pa.array([], pa.int64())), None
     events = schema.validate(table, source=where, first_row=piece.first_row)

@@ -143,6 +143,19 @@ def test_drop_repeats_drops_repeated_products_only():
     assert np.array_equal(frame.product_lengths(sessions), [2])
 
 
+@pytest.mark.parametrize("keep", [True, False])
+def test_drop_repeats_keeps_products_whose_int64_ids_differ_beyond_float_precision(keep):
+    """1234567890123456789 and ...790 are one float64: two products all the same, whether the virtual events (null
+    ids when they are not kept) are kept or not."""
+    big = 1234567890123456789
+    events = pa.table({"session_id": [1] * 5, "item_id": pa.array([big, big + 1, None, big + 1, big + 7], pa.int64()),
+                       "timestamp": [1.0, 2, 3, 4, 5], "kind": ["product", "product", "search", "product", "product"]})
+    schema = Schema(virtual=VirtualSpec("kind", ["search"], keep=keep))
+    sessions = frame.group_sessions(schema.validate(events, "e"), schema, drop_repeats=True)
+    products = [item for item in sessions.column("item_id")[0].as_py() if item not in (None, "search")]
+    assert products == [str(i) if keep else i for i in (big, big + 1, big + 1, big + 7)]
+
+
 def test_a_scoring_stream_marks_virtual_events_with_the_schema_role(tmp_path):
     from sessrec.data import ItemVocab, ScoringStream
 

@@ -54,9 +54,10 @@ def group_sessions(events: pa.Table, schema: Schema, drop_repeats: bool = False)
     """
     sessions = events.column(schema.session_id).to_numpy(zero_copy_only=False)
     if drop_repeats:
-        items = events.column(schema.item_id).to_numpy(zero_copy_only=False)
+        items = events.column(schema.item_id)  # compared in Arrow: int64 ids with nulls would be float64 in numpy
         repeat = np.zeros(len(items), dtype=bool)
-        repeat[1:] = (items[1:] == items[:-1]) & (sessions[1:] == sessions[:-1])
+        same = pc.equal(items.slice(1), items.slice(0, len(items) - 1)).fill_null(False)
+        repeat[1:] = same.to_numpy(zero_copy_only=False) & (sessions[1:] == sessions[:-1])
         if schema.virtual is not None:
             flags = events.column(VIRTUAL).to_numpy(zero_copy_only=False)
             repeat[1:] &= ~flags[1:] & ~flags[:-1]

@@ -19,7 +19,7 @@ import yaml
 
 from sessrec.artifacts import ClickRanker, SessionRecommender, load_artifact
 from sessrec.cli import cli
-from sessrec.data import ItemVocab, Schema, TimeWindowSource, generate_sessions
+from sessrec.data import ItemVocab, Schema, SchemaError, TimeWindowSource, generate_sessions
 from sessrec.data.loader import SessionLoader
 from sessrec.embeddings import DynamicTables
 from sessrec.lifecycle.gate import Gate
@@ -287,6 +287,20 @@ def test_time_windows_split_sessions_by_their_last_event(tmp_path):
         TimeWindowSource([str(path)], Schema(), mid, start, late)
     with pytest.raises(ValueError, match="'yesterday' is neither an ISO-8601 date/time nor epoch seconds"):
         TimeWindowSource([str(path)], Schema(), "yesterday", mid, late)
+
+
+def test_time_window_files_of_two_id_types_are_refused_naming_both_files_and_the_column(tmp_path):
+    path, (start, mid, late, end) = event_file(tmp_path)
+    events = pq.read_table(path)
+    text = tmp_path / "late.parquet"
+    pq.write_table(events.set_column(0, "session_id", events.column("session_id").cast(pa.string())), text)
+    with pytest.raises(SchemaError) as err:
+        TimeWindowSource([str(path), str(text)], Schema(), start, mid, late).load()
+    first = events.column("session_id")[0].as_py()
+    assert str(err.value) == (
+        f"{text}: column 'session_id' holds string values (e.g. '{first}' at row 0), where {path} holds int64 values "
+        f"(e.g. {first} at row 0); give the files one type of 'session_id' (the schema's string_ids: true reads both as "
+        "text)")
 
 
 def test_retrain_promotes_a_good_candidate_and_rejects_a_bad_one(tmp_path):

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 
 from sessrec.data import frame
 from sessrec.data.readers import read_events, read_srgnn, read_user_sequences
-from sessrec.data.schema import Schema, VirtualSpec
+from sessrec.data.schema import Schema, SchemaError, VirtualSpec
 from sessrec.data.synthetic import generate_sessions
 from sessrec.saved.atomic import atomic_path
 from sessrec.saved.registry import Configurable
@@ -499,7 +499,8 @@ class TimeWindowSource(SessionSource):
     `train_until` (the window right after).
 
     Args:
-        paths: the event files, read together (e.g. a dataset's training and test files).
+        paths: the event files, read together (e.g. a dataset's training and test files); a column of another
+            type than in the first file (text session ids beside integers) is refused naming both files.
         schema: column roles of the files (with a timestamp).
         train_from: start of the training window, as an ISO-8601 date or time (UTC, e.g.
             ``2014-04-04`` or ``2014-04-04T06:00``) or seconds since the epoch.
@@ -537,7 +538,18 @@ class TimeWindowSource(SessionSource):
         self.valid_fraction, self.min_length, self.drop_repeats = valid_fraction, min_length, drop_repeats
 
     def load(self) -> SessionSplits:
-        events = pa.concat_tables([read_events(path, self.schema) for path in self.paths], promote_options="default")
+        tables = [read_events(path, self.schema) for path in self.paths]
+        for path, table in zip(self.paths[1:], tables[1:]):
+            for name in table.column_names:
+                ours, first = table.column(name), tables[0].column(name)
+                if ours.type != first.type:
+                    text = " (the schema's string_ids: true reads both as text)" if name in self.schema.id_columns else ""
+                    raise SchemaError(
+                        f"{path}: column {name!r} holds {ours.type} values (e.g. {ours[0].as_py()!r} at row 0), where "
+                        f"{self.paths[0]} holds {first.type} values (e.g. {first[0].as_py()!r} at row 0); give the files "
+                        f"one type of {name!r}{text}"
+                    )
+        events = pa.concat_tables(tables, promote_options="default")
         events = frame.sort_events(events, self.schema)
         sessions = frame.filter_lengths(frame.group_sessions(events, self.schema, self.drop_repeats), self.min_length)
         end = frame.last_times(sessions)

@@ -15,7 +15,7 @@ import pytest
 from sessrec.data import frame
 from sessrec.data.readers import read_events, read_user_sequences, scan_events
 from sessrec.data.schema import Schema, SchemaError
-from sessrec.data.sources import EventLogSource
+from sessrec.data.sources import EventLogSource, UserSequenceSource
 from sessrec.data.stream import ScoringStream
 from sessrec.data.vocab import ItemVocab
 
@@ -144,6 +144,16 @@ def test_a_text_id_after_a_first_block_of_integers_is_refused_alike_read_whole_o
         with pytest.raises(SchemaError) as err:
             READERS[reader](path)
         assert str(err.value) == message, reader
+
+
+# ------------------------------------------------------------------------------ leave-one-out's least length
+@pytest.mark.parametrize("min_length", [1, 2])
+def test_a_user_sequence_min_length_below_leave_one_outs_three_is_refused(min_length):
+    with pytest.raises(ValueError, match="^" + re.escape(
+            f"UserSequenceSource: min_length must be >= 3, got {min_length}: leave-one-out holds out each user's last two "
+            "items, so a user of fewer than 3 has none left to train on")):
+        UserSequenceSource("users.txt", min_length=min_length)
+    assert UserSequenceSource("users.txt", min_length=4).min_length == 4
 
 
 # ------------------------------------------------------------------------------ one ISO time among numbers

@@ -460,11 +460,14 @@ class UserSequenceSource(SessionSource):
     Args:
         path: the text file.
         layout: ``pairs`` (``user item`` per line) or ``lines`` (``user item item ...``).
-        min_length: users with fewer interactions are dropped (need 3 for leave-one-out).
+        min_length: users with fewer interactions are dropped; at least 3 (leave-one-out holds out two).
     """
 
     def __init__(self, path: str, layout: Literal["pairs", "lines"] = "pairs", min_length: int = 3) -> None:
-        self.path, self.layout, self.min_length = path, layout, max(min_length, 3)
+        if min_length < 3:
+            raise ValueError(f"UserSequenceSource: min_length must be >= 3, got {min_length}: leave-one-out holds out each "
+                             "user's last two items, so a user of fewer than 3 has none left to train on")
+        self.path, self.layout, self.min_length = path, layout, min_length
 
     def load(self) -> SessionSplits:
         events = read_user_sequences(self.path, self.layout)

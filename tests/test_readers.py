@@ -448,6 +448,14 @@ def test_read_user_sequences_lines_hand_case(tmp_path):
     }
 
 
+def test_the_pairs_layout_reads_users_grouped_in_any_order_as_the_lines_layout_does(tmp_path):
+    (tmp_path / "pairs.txt").write_text("5 10\n5 11\n3 12\n3 10\n3 13\n")
+    (tmp_path / "lines.txt").write_text("5 10 11\n3 12 10 13\n")
+    pairs, lines = read_user_sequences(tmp_path / "pairs.txt", "pairs"), read_user_sequences(tmp_path / "lines.txt", "lines")
+    assert pairs.to_pydict() == lines.to_pydict() == {
+        "session_id": [5, 5, 3, 3, 3], "item_id": [10, 11, 12, 10, 13], "position": [0, 1, 0, 1, 2]}
+
+
 @pytest.mark.parametrize(
     "text, layout, message",
     [

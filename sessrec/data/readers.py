@@ -332,8 +332,10 @@ def read_user_sequences(path: str | Path, layout: Literal["pairs", "lines"] = "p
         except (pa.ArrowInvalid, OSError) as err:
             raise SchemaError(f"{path}: expected 'user item' integer pairs per line: {err}") from err
         users = table.column("session_id").to_numpy()
-        if len(users) and np.any(users[1:] < users[:-1]):
-            row = int(np.flatnonzero(users[1:] < users[:-1])[0]) + 1
+        starts = np.flatnonzero(np.concatenate([[True], users[1:] != users[:-1]])) if len(users) else np.zeros(0, np.int64)
+        _, first = np.unique(users[starts], return_index=True)
+        if len(first) < len(starts):  # a user's lines come again after another user's
+            row = int(starts[np.setdiff1d(np.arange(len(starts)), first)[0]])
             raise SchemaError(f"{path}: column 'session_id' is not grouped by user (value {users[row]} at row {row})")
     elif layout == "lines":
         opener = gzip.open if path.suffix == ".gz" else open

@@ -234,6 +234,22 @@ def test_iso_strings_keep_fractional_seconds(tmp_path):
     )
 
 
+def test_iso_strings_with_utc_offsets_read_as_utc_alike_from_csv_and_parquet_text(tmp_path):
+    """``10:51:09+02:00`` is 08:51:09Z: a parquet text column reads it so, as a CSV file does (Arrow parses the offsets
+    of a CSV column itself); fractions of seconds kept, ``Z`` and ``+00:00`` as before."""
+    stamps = ["2014-04-07T10:51:09+02:00", "2014-04-07T10:54:46.998-01:30", "2014-04-07 13:56:37+0530",
+              "2014-04-07T13:56:38.5Z"]
+    day = datetime(2014, 4, 7, tzinfo=timezone.utc).timestamp()
+    expected = [day + 8 * 3600 + 51 * 60 + 9, day + 12 * 3600 + 24 * 60 + 46.998, day + 8 * 3600 + 26 * 60 + 37,
+                day + 13 * 3600 + 56 * 60 + 38.5]
+    text = write(tmp_path, parquet(session_id=pa.array([1, 1, 2, 2]), item_id=pa.array([5, 6, 7, 8]),
+                                   timestamp=pa.array(stamps)))
+    lines = write(tmp_path, csv("session_id,item_id,timestamp\n" + "".join(
+        f"{s},{i},{t}\n" for s, i, t in zip([1, 1, 2, 2], [5, 6, 7, 8], stamps))))
+    for path in (text, lines):
+        np.testing.assert_allclose(read_events(path, ISO_TIME)["timestamp"].to_numpy(), expected, rtol=0, atol=1e-6)
+
+
 @pytest.mark.parametrize(
     "column, unit, expected",
     [

@@ -522,13 +522,23 @@ def _check_plausible(col: pa.ChunkedArray, seconds: np.ndarray, name: str, unit:
     )
 
 
+_UTC_OFFSET = r"(?P<sign>[+-])(?P<hours>\d{2}):?(?P<minutes>\d{2})$"  # after a time of day: +02:00, -0130
+
+
 def _parse_time_strings(col: pa.ChunkedArray) -> pa.ChunkedArray:
-    """ISO-8601 strings to timestamp[us]; unparsable entries become null.
+    """ISO-8601 strings to timestamp[us] (UTC); unparsable entries become null.
 
     Fractional seconds are kept to the microsecond (YOOCHOOSE clicks are ``...T10:51:09.277Z``):
-    strptime has no directive for them, so they are parsed apart and added back.
+    strptime has no directive for them, so they are parsed apart and added back. A UTC offset after
+    the time of day (``Z``, ``+02:00``, ``-0130``) is taken off, as Arrow's CSV reader takes it off.
     """
-    text = pc.replace_substring_regex(col, r"(Z|[+-]00:?00)$", "")
+    timed = pc.match_substring_regex(col, r"\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:?\d{2})$")
+    offset = pc.extract_regex(pc.if_else(timed, col, pa.scalar(None, pa.string())), _UTC_OFFSET)
+    minutes = pc.add(pc.multiply(pc.cast(pc.struct_field(offset, "hours"), pa.int64()), 60),
+                     pc.cast(pc.struct_field(offset, "minutes"), pa.int64()))
+    east = pc.if_else(pc.equal(pc.struct_field(offset, "sign"), "-"), pc.negate(minutes), minutes)
+    text = pc.if_else(timed, pc.replace_substring_regex(col, r"(Z|[+-]\d{2}:?\d{2})$", ""),
+                      pc.replace_substring_regex(col, r"(Z|[+-]00:?00)$", ""))
     whole = pc.replace_substring_regex(text, r"\.\d+$", "")
     out = None
     for fmt in ("%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S", "%Y-%m-%d"):
@@ -536,4 +546,5 @@ def _parse_time_strings(col: pa.ChunkedArray) -> pa.ChunkedArray:
         out = parsed if out is None else pc.coalesce(out, parsed)
     digits = pc.struct_field(pc.extract_regex(text, r"\.(?P<frac>\d+)$"), "frac")
     micros = pc.cast(pc.utf8_slice_codeunits(pc.utf8_rpad(digits, width=6, padding="0"), 0, 6), pa.int64())
-    return pc.cast(pc.add(pc.cast(out, pa.int64()), micros.fill_null(0)), pa.timestamp("us"))
+    local = pc.add(pc.cast(out, pa.int64()), micros.fill_null(0))
+    return pc.cast(pc.subtract(local, pc.multiply(east.fill_null(0), 60_000_000)), pa.timestamp("us"))

@@ -146,6 +146,16 @@ def test_a_text_id_after_a_first_block_of_integers_is_refused_alike_read_whole_o
         assert str(err.value) == message, reader
 
 
+@pytest.mark.parametrize("reader", ["read_events", "scan_events", "ScoringStream"])
+def test_a_role_column_the_file_has_twice_is_refused_by_every_reader_naming_it(tmp_path, reader):
+    path = tmp_path / "events.csv"
+    path.write_text("sid,iid,iid,ts\n" + "".join(f"{s},{i},{i}1,{t}\n" for s, i, t in event_lines(8)))
+    with pytest.raises(SchemaError) as err:
+        READERS[reader](str(path))
+    assert str(err.value) == (f"{path}: column 'iid' appears 2 times in the file's columns ['sid', 'iid', 'iid', 'ts'], "
+                              "so which one it is is unknown; rename or drop the others")
+
+
 # ------------------------------------------------------------------------------ leave-one-out's least length
 @pytest.mark.parametrize("min_length", [1, 2])
 def test_a_user_sequence_min_length_below_leave_one_outs_three_is_refused(min_length):

@@ -149,6 +149,18 @@ BAD_INPUTS = [
         WITH_PRICE,
         ["'price'", "None at row 1"],
     ),
+    (
+        "column-twice",
+        csv("session_id,item_id,timestamp,timestamp\n1,10,0,1462752000\n"),
+        DEFAULT,
+        ["column 'timestamp' appears 2 times", "['session_id', 'item_id', 'timestamp', 'timestamp']"],
+    ),
+    (
+        "id-column-twice",
+        csv("session_id,item_id,item_id,timestamp\n1,10,11,0\n"),
+        DEFAULT,
+        ["column 'item_id' appears 2 times"],
+    ),
     ("header-only", csv("session_id,item_id,timestamp\n"), DEFAULT, ["has no rows"]),
     ("zero-bytes", ("events.csv", b""), DEFAULT, ["cannot be read as CSV", "Empty CSV file"]),
     (

@@ -109,7 +109,7 @@ def integer_columns(path: str | Path, parse: pacsv.ParseOptions, id_columns: lis
         return []
     inferred = pacsv.open_csv(path, parse_options=parse,
                               convert_options=pacsv.ConvertOptions(null_values=NULL_VALUES, strings_can_be_null=True)).schema
-    return [c for c in id_columns if c in inferred.names and pa.types.is_integer(inferred.field(c).type)]
+    return [c for c in id_columns if inferred.names.count(c) == 1 and pa.types.is_integer(inferred.field(c).type)]
 
 
 _AS_TEXT = "read the ids as text (the schema's string_ids: true)"

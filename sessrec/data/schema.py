@@ -222,7 +222,8 @@ class Schema:
                 messages name rows of the file.
 
         Raises:
-            SchemaError: on a missing column, wrong dtype, null or negative id, or unparsable time.
+            SchemaError: on a missing column or one the file has twice, wrong dtype, null or negative id, or
+                unparsable time.
         """
         if table.num_rows == 0:
             raise SchemaError(f"{source}: the file has no rows")
@@ -231,6 +232,12 @@ class Schema:
             raise SchemaError(
                 f"{source}: column {missing[0]!r} is missing; the file has columns {table.column_names}. "
                 "Set the schema's column names to match the file."
+            )
+        twice = [c for c in self.columns if table.column_names.count(c) > 1]
+        if twice:
+            raise SchemaError(
+                f"{source}: column {twice[0]!r} appears {table.column_names.count(twice[0])} times in the file's columns "
+                f"{table.column_names}, so which one it is is unknown; rename or drop the others"
             )
         rows = first_row
         out = {self.session_id: check_id(table, self.session_id, source, rows, self.string_ids)}

@@ -149,7 +149,7 @@ class ScoringStream:
             return reader({c: pa.string() for c in self.schema.id_columns}), []
         inferred = reader({})
         integers = [c for c in self.schema.id_columns
-                    if c in inferred.schema.names and pa.types.is_integer(inferred.schema.field(c).type)]
+                    if inferred.schema.names.count(c) == 1 and pa.types.is_integer(inferred.schema.field(c).type)]
         return (reader({c: pa.string() for c in integers}), integers) if integers else (inferred, [])
 
     def _chunks(self, columns: list[str] | None = None) -> Iterator[tuple[pa.Table, int]]:
@@ -233,7 +233,7 @@ class ScoringStream:
         seen = _SeenIds()
         for chunk, first in self._chunks():
             s = self._file_schema(chunk.column_names)
-            if s.item_id in chunk.column_names and _is_list(chunk.schema.field(s.item_id).type):
+            if chunk.column_names.count(s.item_id) == 1 and _is_list(chunk.schema.field(s.item_id).type):
                 if s.virtual is not None:
                     raise SchemaError(f"{self.path}: column {s.item_id!r} holds lists; the schema's virtual role marks "
                                       "events of the event layout (one row per event): give one row per event")

@@ -289,6 +289,14 @@ def test_time_windows_split_sessions_by_their_last_event(tmp_path):
         TimeWindowSource([str(path)], Schema(), "yesterday", mid, late)
 
 
+def test_a_time_window_bound_in_milliseconds_is_refused_naming_the_setting(tmp_path):
+    path, (start, mid, late, end) = event_file(tmp_path)
+    with pytest.raises(ValueError) as err:
+        TimeWindowSource([str(path)], Schema(), start, mid * 1000, late * 1000)
+    assert str(err.value) == (f"train_until: {mid * 1000!r} seconds since the epoch fall after 2100; give seconds (not "
+                              "milliseconds) or an ISO-8601 date or time")
+
+
 def test_time_window_files_of_two_id_types_are_refused_naming_both_files_and_the_column(tmp_path):
     path, (start, mid, late, end) = event_file(tmp_path)
     events = pq.read_table(path)

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 
 from sessrec.data import frame
 from sessrec.data.readers import read_events, read_srgnn, read_user_sequences
-from sessrec.data.schema import Schema, SchemaError, VirtualSpec
+from sessrec.data.schema import PLAUSIBLE_SECONDS, Schema, SchemaError, VirtualSpec
 from sessrec.data.synthetic import generate_sessions
 from sessrec.saved.atomic import atomic_path
 from sessrec.saved.registry import Configurable
@@ -571,13 +571,17 @@ class TimeWindowSource(SessionSource):
 
 
 def to_seconds(value: str | float, name: str) -> float:
-    """An ISO-8601 date or time (UTC unless it says otherwise) or epoch seconds, as epoch seconds."""
-    if isinstance(value, (int, float)):
-        return float(value)
+    """An ISO-8601 date or time (UTC unless it says otherwise) or epoch seconds, as epoch seconds; a number of
+    seconds after 2100 (milliseconds given for seconds) is refused naming `name`."""
     try:
-        return float(value)
+        seconds = float(value)
     except ValueError:
         pass
+    else:
+        if seconds >= PLAUSIBLE_SECONDS[1]:
+            raise ValueError(f"{name}: {value!r} seconds since the epoch fall after 2100; give seconds (not milliseconds) "
+                             "or an ISO-8601 date or time")
+        return seconds
     try:
         moment = datetime.fromisoformat(value)
     except ValueError as err:

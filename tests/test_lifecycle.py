@@ -297,6 +297,18 @@ def test_a_time_window_bound_in_milliseconds_is_refused_naming_the_setting(tmp_p
                               "milliseconds) or an ISO-8601 date or time")
 
 
+def test_a_time_window_whose_validation_share_rounds_to_no_session_is_refused(tmp_path):
+    path, (start, mid, late, end) = event_file(tmp_path)
+    ends = pq.read_table(path).group_by("session_id").aggregate([("timestamp", "max")]).column("timestamp_max").to_numpy()
+    early = float(np.sort(ends)[3]) + 1e-3  # the training window holds the first 4 sessions to end
+    source = TimeWindowSource([str(path)], Schema(), start, early, late)
+    with pytest.raises(ValueError) as err:
+        source.load()
+    assert str(err.value) == (f"{path}: the validation split is empty: valid_fraction 0.1 of the training window's 4 "
+                              "sessions rounds to none; lengthen valid_fraction or the training window")
+    assert TimeWindowSource([str(path)], Schema(), start, early, late, valid_fraction=0.25).load().valid.num_rows == 1
+
+
 def test_time_window_files_of_two_id_types_are_refused_naming_both_files_and_the_column(tmp_path):
     path, (start, mid, late, end) = event_file(tmp_path)
     events = pq.read_table(path)

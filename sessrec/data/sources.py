@@ -510,7 +510,8 @@ class TimeWindowSource(SessionSource):
         train_until: end of the training window and start of the test window (same forms).
         test_until: end of the test window (same forms).
         test_from: start of the test window, at or after `train_until` (same forms); None: `train_until`.
-        valid_fraction: latest share of the training window's sessions used for validation.
+        valid_fraction: latest share of the training window's sessions used for validation (a share that
+            rounds to no session is refused).
         min_length: drop sessions with fewer events.
         drop_repeats: remove consecutive repeats of the same item.
     """
@@ -564,6 +565,9 @@ class TimeWindowSource(SessionSource):
             if part.num_rows == 0:
                 raise ValueError(f"{source}: no session of {self.min_length}+ events ends in the {name} window, from "
                                  f"{iso(a)} to {iso(b)}")
+        if round(train.num_rows * self.valid_fraction) == 0:
+            raise ValueError(f"{source}: the validation split is empty: valid_fraction {self.valid_fraction:g} of the training "
+                             f"window's {train.num_rows} sessions rounds to none; lengthen valid_fraction or the training window")
         train, _, valid = frame.time_split(train, test_fraction=self.valid_fraction)
         if self.schema.virtual is not None and not self.schema.virtual.keep:
             train, valid, test = (frame.drop_virtual(part) for part in (train, valid, test))

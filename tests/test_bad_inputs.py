@@ -392,6 +392,20 @@ def test_vocab_encode_names_value_and_types():
         VOCAB.encode(pa.array([1.0, 2.5]))
 
 
+def test_text_ids_of_an_int_vocabulary_are_read_only_as_their_decimals(tmp_path):
+    """``"01050"`` and ``"0x2"`` cast to 1050 and 2: refused naming the id, as a served request refuses them, so that
+    `sessrec predict` on a file of text ids scores no other item than the one it names."""
+    with pytest.raises(TypeError) as err:
+        VOCAB.encode(pa.array(["1", "01050"]), source="f.parquet: column 'item_id'")
+    assert str(err.value) == ("f.parquet: column 'item_id': item ids of type string cannot be matched with a vocabulary "
+                              "of int64: '01050' is not written as the vocabulary's int64 ids are (no leading zeros, '+' "
+                              "or spaces); give '1050' or 1050")
+    assert VOCAB.encode(pa.array(["1", "9", "10"])).ids.tolist() == VOCAB.encode(pa.array([1, 9, 10])).ids.tolist()
+    src = write(tmp_path / "e.parquet", pa.table({"session_id": [1, 1], "item_id": ["1", "0x2"]}))
+    with pytest.raises(TypeError, match=f"^{src}: column 'item_id': .* '0x2' is not written as the vocabulary's int64 ids"):
+        scored_sessions(src)
+
+
 def test_vocab_fit_refuses_nulls():
     with pytest.raises(ValueError, match="item ids hold 1 nulls"):
         ItemVocab.fit(pa.array([1, None, 2]))

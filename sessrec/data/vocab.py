@@ -186,7 +186,8 @@ class ItemVocab(ParquetFile):
 
         Raises:
             TypeError: when ids of another type than the vocabulary's do not all cast to it
-                (text ids against an int64 vocabulary; the message names the first such id), or
+                (text ids against an int64 vocabulary; the message names the first such id), or text ids
+                of an int64 vocabulary are not written as its decimals (``"01050"``), or
                 `raw` is no sequence of ids of one type (a string, a 2-d array, ints mixed with text).
         """
         raw = _as_arrow(raw, source)
@@ -199,7 +200,10 @@ class ItemVocab(ParquetFile):
                     f"{raw[bad].as_py()!r} is not a valid {self.raw_ids.type} id; give the ids with the type the "
                     "model was trained on"
                 )
-            raw = raw.cast(self.raw_ids.type)
+            cast = raw.cast(self.raw_ids.type)
+            if pa.types.is_integer(cast.type) and (pa.types.is_string(raw.type) or pa.types.is_large_string(raw.type)):
+                self._check_decimals(raw, cast, source)
+            raw = cast
         n_prod = self.num_products
         ids = np.full(len(raw), OOV, dtype=np.int64)
         if virtual is None:
@@ -223,6 +227,20 @@ class ItemVocab(ParquetFile):
                 known = pos.is_valid().to_numpy(zero_copy_only=False)
                 ids[rows[known]] = pos.drop_null().to_numpy().astype(np.int64) + first
         return EncodeResult(ids=ids, num_unknown=int((ids == OOV).sum()))
+
+    @staticmethod
+    def _check_decimals(text: pa.Array, ints: pa.Array, source: str | None) -> None:
+        """Refuse a text id that Arrow casts to an integer id but that is not written as that id's decimal
+        (``"01050"`` and ``"0x41a"`` cast to 1050): it names another item than the one it reads as."""
+        other = pc.not_equal(ints.cast(text.type), text).fill_null(False).to_numpy(zero_copy_only=False)
+        if other.any():
+            at = int(np.flatnonzero(other)[0])
+            where = f"{source}: " if source else ""
+            raise TypeError(
+                f"{where}item ids of type {text.type} cannot be matched with a vocabulary of {ints.type}: "
+                f"{text[at].as_py()!r} is not written as the vocabulary's {ints.type} ids are (no leading zeros, '+' "
+                f"or spaces); give {str(ints[at].as_py())!r} or {ints[at].as_py()}"
+            )
 
     def encode_ints(self, raw: np.ndarray) -> EncodeResult:
         """`encode` of a few int64 product ids given as numpy (a request's): a binary search of the sorted

@@ -162,6 +162,17 @@ def test_item_table_filter_timestamps_and_plain_csv_list(tmp_path: Path, vocab: 
     assert out.items.tolist() == [[0, 3, 6, 0]]
 
 
+def test_a_csv_item_table_lists_text_ids_as_written(tmp_path: Path) -> None:
+    """``01050`` of a CSV deny list is item ``"01050"`` of a text vocabulary, not ``"1050"`` (which Arrow's reading of the
+    file as integers made it), and is refused against an integer vocabulary, where it names no item as written."""
+    text = ItemVocab.fit(pa.array(["01050", "1050", "7"]))  # "01050" -> 2, "1050" -> 3, "7" -> 4
+    (tmp_path / "deny.csv").write_text("item_id\n01050\n7\n")
+    deny = ItemTableFilter(str(tmp_path / "deny.csv")).bind(text)
+    assert deny.apply(anonymous(1), Candidates(torch.tensor([[2, 3, 4]]))).items.tolist() == [[0, 3, 0]]
+    with pytest.raises(TypeError, match="'01050' is not written as the vocabulary's int64 ids are"):
+        ItemTableFilter(str(tmp_path / "deny.csv")).bind(ItemVocab.fit(pa.array([1050, 7])))
+
+
 def test_saved_item_table_filter_needs_no_file(windows: Path, vocab: ItemVocab) -> None:
     stage = ItemTableFilter(str(windows), mode="allow").bind(vocab)
     windows.unlink()

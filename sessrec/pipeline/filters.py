@@ -71,6 +71,9 @@ def read_item_table(
 ) -> tuple[pa.Array, pa.Table]:
     """Read a parquet/CSV table of raw item ids and check its item column.
 
+    A CSV file's ids are read as the text they are written as (``01050`` stays ``"01050"``), which the
+    vocabulary matches as `ItemVocab.encode` matches text: exactly, or as the decimals of its int64 ids.
+
     Args:
         path: the file.
         item_column: column of raw item ids (integers or strings, no nulls).
@@ -84,7 +87,7 @@ def read_item_table(
     """
     if not Path(path).is_file():
         raise SchemaError(f"{path}: no such file")
-    table = read_table(path)
+    table = read_table(path, string_columns=[item_column])
     for name in (item_column, *required):
         if name not in table.column_names:
             raise SchemaError(

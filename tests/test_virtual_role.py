@@ -19,6 +19,7 @@ from sessrec.data import (
     VirtualSpec,
     frame,
 )
+from sessrec.data.readers import read_events
 
 ROLE = VirtualSpec("kind", ["search", "filter"], key=["kind", "page"])
 SCHEMA = Schema(virtual=ROLE)
@@ -154,6 +155,18 @@ def test_drop_repeats_keeps_products_whose_int64_ids_differ_beyond_float_precisi
     sessions = frame.group_sessions(schema.validate(events, "e"), schema, drop_repeats=True)
     products = [item for item in sessions.column("item_id")[0].as_py() if item not in (None, "search")]
     assert products == [str(i) if keep else i for i in (big, big + 1, big + 1, big + 7)]
+
+
+def test_a_csv_item_column_holds_virtual_keys_after_a_first_block_of_integer_ids(tmp_path):
+    """The item column of a log with the virtual role may hold a virtual event's key text (trivago's ``reference``)
+    anywhere, also after a first block of integer product ids: read as text, the key kept."""
+    path = tmp_path / "events.csv"
+    rows = [f"{i // 4},{1 + i % 50},{1_700_000_000 + i},product\n" for i in range(100_000)]  # 2.9 MB of products
+    path.write_text("sid,iid,ts,kind\n" + "".join(rows) + "25000,red shoes,1700100000,search\n25000,5,1700100001,product\n")
+    schema = Schema(session_id="sid", item_id="iid", timestamp="ts", virtual=VirtualSpec("kind", ["search"], key=["kind", "iid"]))
+    events = read_events(path, schema)
+    assert events.column("iid")[-3:].to_pylist() == ["50", "search:red shoes", "5"]
+    assert events.column("virtual")[-2:].to_pylist() == [True, False]
 
 
 def test_a_scoring_stream_marks_virtual_events_with_the_schema_role(tmp_path):

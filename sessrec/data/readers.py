@@ -156,7 +156,7 @@ def read_events(path: str | Path, schema: Schema, delimiter: str | None = None) 
         The validated table (see `Schema.validate`): ids as int64 or string, times as float seconds.
     """
     table = read_table(path, delimiter=delimiter, string_columns=schema.id_columns if schema.string_ids else None,
-                       id_columns=None if schema.string_ids else schema.id_columns)
+                       id_columns=schema.decimal_id_columns)
     return schema.validate(table, source=str(path))
 
 
@@ -413,7 +413,7 @@ def scan_events(
             batches = parquet.iter_batches(batch_size=batch_rows, columns=columns)
         else:
             parse = pacsv.ParseOptions(delimiter=delimiter or _sniff_delimiter(path))
-            integers = [] if schema.string_ids else integer_columns(path, parse, schema.id_columns)
+            integers = integer_columns(path, parse, schema.decimal_id_columns)
             batches = pacsv.open_csv(  # blocks of read_csv's size: the column types inferred from the same first block
                 path,
                 parse_options=parse,

@@ -208,6 +208,15 @@ class Schema:
         """The session and item id columns (read as text from a CSV file when `string_ids`)."""
         return [self.session_id, self.item_id]
 
+    @property
+    def decimal_id_columns(self) -> list[str]:
+        """The id columns that a text file whose first block holds integers in them reads as integers written
+        as decimals (`readers.integer_ids`): none with `string_ids`; the session ids, and the item ids unless
+        the schema marks virtual events, whose item column may hold their text keys."""
+        if self.string_ids:
+            return []
+        return [self.session_id] if self.virtual is not None else self.id_columns
+
     def validate(self, table: pa.Table, source: str = "<table>", first_row: int = 0) -> pa.Table:
         """Check `table` against the schema and return it with normalized columns.
 

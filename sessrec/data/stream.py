@@ -148,7 +148,7 @@ class ScoringStream:
         if self.schema.string_ids:
             return reader({c: pa.string() for c in self.schema.id_columns}), []
         inferred = reader({})
-        integers = [c for c in self.schema.id_columns
+        integers = [c for c in self.schema.decimal_id_columns
                     if inferred.schema.names.count(c) == 1 and pa.types.is_integer(inferred.schema.field(c).type)]
         return (reader({c: pa.string() for c in integers}), integers) if integers else (inferred, [])
 

@@ -96,8 +96,8 @@ def read_piece(piece: Piece, schema: Schema, delimiter: str | None, column_types
     `column_types` are those of the file's first block (CSV): its id columns of integers are read as text, then
     as the integers they are written as (`integer_ids`), as `read_events` reads them."""
     path = Path(piece.path)
-    integers = [] if column_types is None or schema.string_ids else [
-        c for c in schema.id_columns if column_types.names.count(c) == 1 and pa.types.is_integer(column_types.field(c).type)]
+    integers = [] if column_types is None else [c for c in schema.decimal_id_columns if column_types.names.count(c) == 1
+                                                and pa.types.is_integer(column_types.field(c).type)]
     try:
         if _is_parquet(path):
             parquet = pq.ParquetFile(path)

@@ -270,11 +270,14 @@ def test_iso_strings_with_utc_offsets_read_as_utc_alike_from_csv_and_parquet_tex
         (pa.array([1.5e18, 2e18]), "ns", [1.5e9, 2e9]),
         (pa.array([0, 1_500_000], pa.timestamp("us", tz="Europe/Berlin")), "datetime", [0.0, 1.5]),
         (pa.array([0, 1], pa.date32()), "datetime", [0.0, 86_400.0]),
+        (pa.array([1_500_000_001, 2_000_000_000], pa.timestamp("ns")), "datetime", [1.500000001, 2.0]),  # below a us
+        (pa.array([86_400_000, 0], pa.date64()), "datetime", [86_400.0, 0.0]),
     ],
 )
 def test_time_units_to_seconds(tmp_path, column, unit, expected):
     path = write(tmp_path, parquet(session_id=pa.array([1, 1]), item_id=pa.array([3, 4]), timestamp=column))
-    np.testing.assert_allclose(read_events(path, Schema(time_unit=unit))["timestamp"].to_numpy(), expected)
+    np.testing.assert_allclose(read_events(path, Schema(time_unit=unit))["timestamp"].to_numpy(), expected, rtol=1e-15,
+                               atol=0)
 
 
 def test_dictionary_and_string_ids(tmp_path):

@@ -430,7 +430,9 @@ def parse_time(table: pa.Table, name: str, unit: TimeUnit, source: str, rows: Ro
     numbers = col  # the column's numbers (its values, or its text read as numbers); messages quote `col`
     text = pa.types.is_string(typ) or pa.types.is_large_string(typ)
     if pa.types.is_timestamp(typ) or pa.types.is_date(typ):
-        seconds = pc.cast(pc.cast(col, pa.timestamp("us")), pa.int64()).to_numpy(zero_copy_only=False) * 1e-6
+        stamps = col if pa.types.is_timestamp(typ) else pc.cast(col, pa.timestamp("s" if pa.types.is_date32(typ) else "ms"))
+        # counted in the column's own unit (UTC): a cast to another unit would refuse nanoseconds it cannot hold
+        seconds = pc.cast(stamps, pa.int64()).to_numpy(zero_copy_only=False) * _UNIT_SECONDS[stamps.type.unit]
         nulls = col.is_null().to_numpy(zero_copy_only=False)
     elif text:
         nulls = col.is_null().to_numpy(zero_copy_only=False)

@@ -262,6 +262,20 @@ def test_iso_strings_with_utc_offsets_read_as_utc_alike_from_csv_and_parquet_tex
         np.testing.assert_allclose(read_events(path, ISO_TIME)["timestamp"].to_numpy(), expected, rtol=0, atol=1e-6)
 
 
+def test_iso_strings_to_the_minute_or_hour_read_alike_from_csv_and_parquet_text(tmp_path):
+    """The ISO-8601 forms Arrow's CSV reader takes (a time to the minute or the hour, an offset of hours) are read
+    from a parquet text column too, to the same times."""
+    stamps = ["2014-04-07T10:51", "2014-04-07 11", "2014-04-07T12:00:00+01", "2014-04-07T13:30-00:30"]
+    day = datetime(2014, 4, 7, tzinfo=timezone.utc).timestamp()
+    expected = [day + 10 * 3600 + 51 * 60, day + 11 * 3600, day + 11 * 3600, day + 14 * 3600]
+    text = write(tmp_path, parquet(session_id=pa.array([1, 1, 2, 2]), item_id=pa.array([5, 6, 7, 8]),
+                                   timestamp=pa.array(stamps)))
+    lines = write(tmp_path, csv("session_id,item_id,timestamp\n" + "".join(
+        f"{s},{i},{t}\n" for s, i, t in zip([1, 1, 2, 2], [5, 6, 7, 8], stamps))))
+    for path in (lines, text):
+        np.testing.assert_allclose(read_events(path, ISO_TIME)["timestamp"].to_numpy(), expected, rtol=0, atol=1e-6)
+
+
 @pytest.mark.parametrize(
     "column, unit, expected",
     [

@@ -540,29 +540,38 @@ def _check_plausible(col: pa.ChunkedArray, seconds: np.ndarray, name: str, unit:
     )
 
 
-_UTC_OFFSET = r"(?P<sign>[+-])(?P<hours>\d{2}):?(?P<minutes>\d{2})$"  # after a time of day: +02:00, -0130
+_UTC_OFFSET = r"(?P<sign>[+-])(?P<hours>\d{2})(?::?(?P<minutes>\d{2}))?$"  # after a time of day: +02:00, -0130, +01
+_OFFSET_AFTER_TIME = r"[T ]\d{2}(:\d{2}(:\d{2}(\.\d+)?)?)?[+-]\d{2}(:?\d{2})?$"  # 10:51:09+02:00, 10-05, 10:51+0130
+_ISO_FORMATS = ("%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S", "%Y-%m-%d", "%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M", "%Y-%m-%dT%H",
+                "%Y-%m-%d %H")
 
 
 def _parse_time_strings(col: pa.ChunkedArray) -> pa.ChunkedArray:
     """ISO-8601 strings to timestamp[us] (UTC); unparsable entries become null.
 
-    Fractional seconds are kept to the microsecond (YOOCHOOSE clicks are ``...T10:51:09.277Z``):
+    The forms Arrow's CSV reader takes: a date, or a date and a time to the hour, the minute or the
+    second. Fractional seconds are kept to the microsecond (YOOCHOOSE clicks are ``...T10:51:09.277Z``):
     strptime has no directive for them, so they are parsed apart and added back. A UTC offset after
-    the time of day (``Z``, ``+02:00``, ``-0130``) is taken off, as Arrow's CSV reader takes it off.
+    the time of day (``Z``, ``+02:00``, ``-0130``, ``+01``) is taken off, as Arrow's CSV reader takes it off.
     """
-    timed = pc.match_substring_regex(col, r"\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:?\d{2})$")
-    offset = pc.extract_regex(pc.if_else(timed, col, pa.scalar(None, pa.string())), _UTC_OFFSET)
-    minutes = pc.add(pc.multiply(pc.cast(pc.struct_field(offset, "hours"), pa.int64()), 60),
-                     pc.cast(pc.struct_field(offset, "minutes"), pa.int64()))
-    east = pc.if_else(pc.equal(pc.struct_field(offset, "sign"), "-"), pc.negate(minutes), minutes)
-    text = pc.if_else(timed, pc.replace_substring_regex(col, r"(Z|[+-]\d{2}:?\d{2})$", ""),
-                      pc.replace_substring_regex(col, r"(Z|[+-]00:?00)$", ""))
+    text = pc.replace_substring_regex(col, r"(Z|[+-]00:?00)$", "")
+    east = None  # minutes east of UTC of each time with an offset
+    zoned = pc.match_substring_regex(text, _OFFSET_AFTER_TIME)
+    if pc.any(zoned).as_py():
+        offset = pc.extract_regex(pc.if_else(zoned, text, pa.scalar(None, pa.string())), _UTC_OFFSET)
+        given = pc.struct_field(offset, "minutes")  # empty for an offset of hours
+        minutes = pc.add(pc.multiply(pc.cast(pc.struct_field(offset, "hours"), pa.int64()), 60),
+                         pc.cast(pc.if_else(pc.equal(given, ""), "0", given), pa.int64()))
+        east = pc.if_else(pc.equal(pc.struct_field(offset, "sign"), "-"), pc.negate(minutes), minutes).fill_null(0)
+        text = pc.if_else(zoned, pc.replace_substring_regex(text, r"[+-]\d{2}(:?\d{2})?$", ""), text)
     whole = pc.replace_substring_regex(text, r"\.\d+$", "")
     out = None
-    for fmt in ("%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S", "%Y-%m-%d"):
+    for fmt in _ISO_FORMATS:  # until every text parses: a column of one form is read by one of them
         parsed = pc.strptime(whole, format=fmt, unit="us", error_is_null=True)
         out = parsed if out is None else pc.coalesce(out, parsed)
+        if out.null_count == whole.null_count:
+            break
     digits = pc.struct_field(pc.extract_regex(text, r"\.(?P<frac>\d+)$"), "frac")
     micros = pc.cast(pc.utf8_slice_codeunits(pc.utf8_rpad(digits, width=6, padding="0"), 0, 6), pa.int64())
     local = pc.add(pc.cast(out, pa.int64()), micros.fill_null(0))
-    return pc.cast(pc.subtract(local, pc.multiply(east.fill_null(0), 60_000_000)), pa.timestamp("us"))
+    return pc.cast(local if east is None else pc.subtract(local, pc.multiply(east, 60_000_000)), pa.timestamp("us"))

@@ -321,6 +321,17 @@ def test_a_recommender_serving_more_items_than_its_network_reads_is_refused(voca
         SessionRecommender(model, objective, vocab, Inference(6))
 
 
+@pytest.mark.parametrize("name", ["sasrec_clm", "bert_mlm"])
+def test_a_recommender_scores_the_latest_items_its_inference_settings_read(vocab, name):
+    """A recommender serving fewer items than its network reads scores a session by its latest
+    `inference.max_length` items, as ``sessrec predict`` and the server (which cut the sessions there) do."""
+    model, objective = session_model(name)  # the network reads 5 items
+    recommender = SessionRecommender(model, objective, vocab, Inference(max_length=3))
+    with torch.no_grad():
+        assert torch.equal(recommender.scores(SESSIONS), recommender.scores(SESSIONS[:, -3:]))
+        assert not torch.equal(model(SESSIONS, objective), model(SESSIONS[:, -3:], objective))
+
+
 def test_sessrec_retrain_picks_its_turn_by_the_directorys_sections(tmp_path, vocab):
     from sessrec.artifacts import artifact_class
 

@@ -57,7 +57,7 @@ from sessrec.artifacts.model_directory import (
 from sessrec.data.side import SideFeatures
 from sessrec.data.vocab import ItemVocab
 from sessrec.features.side_transform import SideFeatureTransform
-from sessrec.models.objective import Objective
+from sessrec.models.objective import Objective, latest
 from sessrec.models.session_model import SessionModel, next_item_scores
 from sessrec.saved.registry import ConfigError, check_integers, config_of, instantiate
 
@@ -148,9 +148,11 @@ class SessionRecommender:
 
     def scores(self, items: torch.Tensor, features: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
         """(B, V) next-item scores of (B, L) right-aligned sessions of model ids, read the way the
-        objective trained the model; the session's own items at -inf when the inference settings
-        exclude them. A tensor that is not of integers, or an id outside ``0 .. len(vocab) - 1``, is a
-        ValueError naming the value and its position (`sessrec.models.session_model.check_item_ids`)."""
+        objective trained the model from their latest ``inference.max_length`` items (and side features);
+        the session's own items at -inf when the inference settings exclude them. A tensor that is not of
+        integers, or an id outside ``0 .. len(vocab) - 1``, is a ValueError naming the value and its
+        position (`sessrec.models.session_model.check_item_ids`)."""
+        items, features = latest(items, features, self.inference.max_length)
         return next_item_scores(self.model, self.objective, items, features, self.inference.exclude_seen)
 
     def to(self, device: torch.device | str) -> SessionRecommender:

@@ -73,6 +73,19 @@ def test_left_padding_does_not_change_scores():
     torch.testing.assert_close(model(short), model(padded))
 
 
+@pytest.mark.parametrize("encoder", [XLNetEncoder, GPT2Encoder])
+def test_sessions_padded_on_the_right_are_refused_naming_the_row(encoder):
+    """The last column is read as the latest item: a row with padding after an item (left-aligned, or a
+    hole) is a one-line ValueError, as the baselines refuse it, not scores of the padding slot."""
+    torch.manual_seed(0)
+    model = SessionModel(50, encoder(d_model=16, n_head=2, n_layer=1), max_length=8).eval()
+    for items, row in ((torch.tensor([[0, 5, 6, 7], [5, 6, 7, 0]]), 1), (torch.tensor([[5, 0, 6, 7]]), 0)):
+        with pytest.raises(ValueError, match=rf"^items must be right-aligned: padding \(0\) only on the left of each row; "
+                                             rf"row {row} has padding after an item"):
+            model(items)
+    assert model(torch.tensor([[0, 0, 0, 0], [0, 5, 6, 7]])).shape == (2, 50)  # an empty row is padding only
+
+
 def test_longer_inputs_keep_the_most_recent_items():
     model = tiny_model()  # max_length 9 = 8 items + [MASK]
     long = torch.arange(2, 14).unsqueeze(0)  # 12 items

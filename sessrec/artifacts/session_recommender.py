@@ -150,8 +150,8 @@ class SessionRecommender:
         """(B, V) next-item scores of (B, L) right-aligned sessions of model ids, read the way the
         objective trained the model from their latest ``inference.max_length`` items (and side features);
         the session's own items at -inf when the inference settings exclude them. A tensor that is not of
-        integers, or an id outside ``0 .. len(vocab) - 1``, is a ValueError naming the value and its
-        position (`sessrec.models.session_model.check_item_ids`)."""
+        integers, an id outside ``0 .. len(vocab) - 1`` or a row with padding after an item is a ValueError
+        naming the value or the row (`sessrec.models.session_model.check_item_ids`)."""
         items, features = latest(items, features, self.inference.max_length)
         return next_item_scores(self.model, self.objective, items, features, self.inference.exclude_seen)
 

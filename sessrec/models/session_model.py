@@ -83,9 +83,10 @@ def next_item_scores(
 
 
 def check_item_ids(items: torch.Tensor, num_items: int) -> None:
-    """Refuse (B, L) `items` that are not model ids of a vocabulary of `num_items` ids: a tensor that is not of
-    integers, or an id below 0 or from `num_items` on; a ValueError naming the first such value, its position and
-    the valid range (rather than the embedding's IndexError)."""
+    """Refuse (B, L) `items` that are not right-aligned sessions of model ids of a vocabulary of `num_items` ids: a
+    tensor that is not of integers, or an id below 0 or from `num_items` on (a ValueError naming the first such
+    value, its position and the valid range, rather than the embedding's IndexError), or a row with padding (0)
+    after an item (naming the row: its last column would be read as its latest item)."""
     if items.dtype == torch.bool or items.is_floating_point() or items.is_complex():
         bad = items != items.round() if items.is_floating_point() else torch.ones_like(items, dtype=torch.bool)
         at = (bad if bool(bad.any()) else torch.ones_like(bad)).nonzero()  # the first non-integer, else the first value
@@ -99,6 +100,12 @@ def check_item_ids(items: torch.Tensor, num_items: int) -> None:
         at = ((items < 0) | (items >= num_items)).nonzero()[0]
         raise ValueError(f"items: model id {int(items[tuple(at.tolist())])} at {at.tolist()} is out of range: the model's ids "
                          f"are 0..{num_items - 1} (0 padding, 1 out-of-vocabulary)")
+    real = items != 0
+    after_item = real[:, :-1] & ~real[:, 1:]  # (B, L - 1) an item followed by padding
+    if bool(after_item.any()):
+        row = int(after_item.any(dim=1).nonzero()[0])
+        raise ValueError(f"items must be right-aligned: padding (0) only on the left of each row; row {row} has padding "
+                         f"after an item: {items[row].tolist()}")
 
 
 def _symbolic() -> bool:

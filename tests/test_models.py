@@ -86,6 +86,18 @@ def test_sessions_padded_on_the_right_are_refused_naming_the_row(encoder):
     assert model(torch.tensor([[0, 0, 0, 0], [0, 5, 6, 7]])).shape == (2, 50)  # an empty row is padding only
 
 
+@pytest.mark.parametrize("encoder", [XLNetEncoder, GPT2Encoder])
+def test_items_of_another_shape_than_sessions_by_positions_are_refused_naming_the_shape(encoder):
+    """A (L,) session, a (B, 1, L) stack or sessions of no column is a one-line ValueError naming the shape."""
+    torch.manual_seed(0)
+    model = SessionModel(50, encoder(d_model=16, n_head=2, n_layer=1), max_length=8).eval()
+    for items, shape in ((torch.tensor([5, 6, 7]), "(3,)"), (torch.tensor([[[5, 6, 7]]]), "(1, 1, 3)"),
+                         (torch.zeros(2, 0, dtype=torch.long), "(2, 0)")):
+        with pytest.raises(ValueError, match=rf"^items: sessions are a \(B, L\) tensor of model ids, L >= 1, got shape "
+                                             rf"{shape.replace('(', '[(]').replace(')', '[)]')}$"):
+            model(items)
+
+
 def test_longer_inputs_keep_the_most_recent_items():
     model = tiny_model()  # max_length 9 = 8 items + [MASK]
     long = torch.arange(2, 14).unsqueeze(0)  # 12 items

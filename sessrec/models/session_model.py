@@ -84,9 +84,12 @@ def next_item_scores(
 
 def check_item_ids(items: torch.Tensor, num_items: int) -> None:
     """Refuse (B, L) `items` that are not right-aligned sessions of model ids of a vocabulary of `num_items` ids: a
-    tensor that is not of integers, or an id below 0 or from `num_items` on (a ValueError naming the first such
-    value, its position and the valid range, rather than the embedding's IndexError), or a row with padding (0)
-    after an item (naming the row: its last column would be read as its latest item)."""
+    tensor of another shape than (B, L) with L >= 1 (naming its shape), a tensor that is not of integers, or an id
+    below 0 or from `num_items` on (a ValueError naming the first such value, its position and the valid range,
+    rather than the embedding's IndexError), or a row with padding (0) after an item (naming the row: its last
+    column would be read as its latest item)."""
+    if items.dim() != 2 or items.shape[1] == 0:
+        raise ValueError(f"items: sessions are a (B, L) tensor of model ids, L >= 1, got shape {tuple(items.shape)}")
     if items.dtype == torch.bool or items.is_floating_point() or items.is_complex():
         bad = items != items.round() if items.is_floating_point() else torch.ones_like(items, dtype=torch.bool)
         at = (bad if bool(bad.any()) else torch.ones_like(bad)).nonzero()  # the first non-integer, else the first value

@@ -1,5 +1,7 @@
 """Masking objective and session model: targets, shapes, padding invariance, no special ids."""
 
+import re
+
 import pytest
 import torch
 
@@ -96,6 +98,23 @@ def test_items_of_another_shape_than_sessions_by_positions_are_refused_naming_th
         with pytest.raises(ValueError, match=rf"^items: sessions are a \(B, L\) tensor of model ids, L >= 1, got shape "
                                              rf"{shape.replace('(', '[(]').replace(')', '[)]')}$"):
             model(items)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"max_length": 0}, "SessionModel max_length must be an integer >= 1, got 0"),
+    ({"max_length": -2}, "SessionModel max_length must be an integer >= 1, got -2"),
+    ({"max_length": 2.5}, "SessionModel max_length must be an integer >= 1, got 2.5"),
+    ({"num_items": 20.5}, "SessionModel num_items must be an integer >= 1, got 20.5"),
+    ({"num_virtual": 1.5}, "SessionModel num_virtual must be an integer >= 0, got 1.5"),
+    ({"score_scale": float("nan")}, "SessionModel score_scale must be a positive finite number or None, got nan"),
+    ({"score_scale": float("inf")}, "SessionModel score_scale must be a positive finite number or None, got inf"),
+])
+def test_a_session_model_of_settings_out_of_range_is_refused_in_one_line(kwargs, message):
+    """A window of no item (which a causal model read as the whole session, ``items[:, -0:]``), a count that
+    is no integer, or a score scale that makes every score NaN is refused naming the setting."""
+    settings = {"num_items": 20, "encoder": GPT2Encoder(d_model=8, n_head=2, n_layer=1), **kwargs}
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        SessionModel(**settings)
 
 
 def test_longer_inputs_keep_the_most_recent_items():

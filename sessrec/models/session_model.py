@@ -30,6 +30,8 @@ Examples:
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -43,7 +45,7 @@ from sessrec.models.masking import MaskedItemModeling
 from sessrec.models.objective import EVENT_TIMES, Objective
 from sessrec.models.side_info import SideInfoEmbedding
 from sessrec.saved.directory import loads_no_directory
-from sessrec.saved.registry import Configurable, check_probabilities
+from sessrec.saved.registry import Configurable, check_integers, check_probabilities
 
 
 def exclude_seen(scores: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
@@ -124,16 +126,16 @@ class SessionModel(nn.Module, Configurable):
         encoder: module mapping ((B, L, D) embeddings, (B, L) bool mask) -> (B, L, D); must
             expose ``d_model`` and a class attribute ``causal`` (read for the positions; an
             encoder without one is taken as bidirectional).
-        max_length: items of a session the network reads (longer inputs keep their latest items); the
-            position table has one more row, for the [MASK] slot a bidirectional objective appends.
+        max_length: items of a session the network reads, at least 1 (longer inputs keep their latest
+            items); the position table has one more row, for the [MASK] slot a bidirectional objective appends.
         position_embedding: add a learned position embedding (from the session end, or from its
             start for a causal encoder; see the module docstring).
         dropout: dropout on the input embeddings.
         input_norm: LayerNorm on the summed input embeddings.
         output_transform: a Linear-GELU-LayerNorm block before the tied head (BERT4Rec's).
             Both are off by default: on DIGINETICA each slows early learning.
-        score_scale: when set, score by cosine similarity times this scale: the hidden state and
-            every item vector are L2-normalised first (NISER, Gupta et al. 2019), which keeps
+        score_scale: when set (positive, finite), score by cosine similarity times this scale: the hidden
+            state and every item vector are L2-normalised first (NISER, Gupta et al. 2019), which keeps
             popular items from winning on vector length alone. None = plain dot product.
         num_virtual: the last `num_virtual` ids are virtual items (`ItemVocab`'s layout): input
             tokens only, never targets nor recommendations.
@@ -157,13 +159,15 @@ class SessionModel(nn.Module, Configurable):
         side_info: SideInfoEmbedding | None = None,
     ) -> None:
         super().__init__()
-        if num_items - num_virtual <= NUM_SPECIAL or num_virtual < 0:
+        check_integers({"num_items": num_items, "max_length": max_length}, "SessionModel ")
+        check_integers({"num_virtual": num_virtual}, "SessionModel ", minimum=0)
+        if num_items - num_virtual <= NUM_SPECIAL:
             raise ValueError(
                 f"num_items must count padding, OOV, at least one item and the {num_virtual} virtual items; got {num_items}"
             )
         check_probabilities({"dropout": dropout}, "SessionModel ")
-        if score_scale is not None and score_scale <= 0:
-            raise ValueError(f"score_scale must be positive or None, got {score_scale}")
+        if score_scale is not None and not (math.isfinite(score_scale) and score_scale > 0):
+            raise ValueError(f"SessionModel score_scale must be a positive finite number or None, got {score_scale}")
         d = int(encoder.d_model)
         self.num_items, self.max_length, self.score_scale = num_items, max_length, score_scale
         self.causal = bool(getattr(encoder, "causal", False))

@@ -274,6 +274,25 @@ def test_bsarec_block_matches_its_formula():
         torch.testing.assert_close(enc(x, mask), h, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("cls", [XLNetEncoder, BertEncoder, ElectraEncoder, GPT2Encoder, SASRecEncoder, BSARecEncoder])
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"d_inner": 0}, "d_inner must be an integer >= 1, got 0"),
+    ({"d_inner": -4}, "d_inner must be an integer >= 1, got -4"),
+    ({"initializer_range": -1.0}, "initializer_range must be a finite std >= 0 or None, got -1.0"),
+    ({"initializer_range": float("nan")}, "initializer_range must be a finite std >= 0 or None, got nan"),
+])
+def test_a_feed_forward_width_or_init_scale_out_of_range_is_refused_naming_the_encoder(cls, kwargs, message):
+    """d_inner 0 is no default width (it built 4 * d_model, or a feed-forward of no unit), a negative one failed
+    deep in torch, and so did a negative init std: each is one line naming the encoder and the setting."""
+    with pytest.raises(ValueError, match=rf"^{cls.__name__} {message}$"):
+        cls(d_model=16, n_head=2, **kwargs)
+
+
+def test_an_hstu_init_scale_out_of_range_is_refused_naming_the_encoder():
+    with pytest.raises(ValueError, match=r"^HSTUEncoder initializer_range must be a finite std >= 0 or None, got -1.0$"):
+        HSTUEncoder(d_model=16, n_head=2, initializer_range=-1.0)
+
+
 def test_bsarec_settings_and_objectives_it_cannot_take_are_refused():
     with pytest.raises(ValueError, match=r"reads at most window=9 positions, got sessions of 10"):
         encoder("bsarec")(torch.randn(1, 10, 16), torch.ones(1, 10, dtype=torch.bool))

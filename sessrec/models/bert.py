@@ -41,7 +41,7 @@ class BertEncoder(HFEncoder):
         layer_norm_eps: float = 1e-12,
         initializer_range: float | None = None,
     ) -> None:
-        super().__init__(d_model, n_head, n_layer, dropout, initializer_range)
+        super().__init__(d_model, n_head, n_layer, dropout, initializer_range, d_inner)
         self.build(
             vocab_size=1,  # items are embedded outside
             hidden_size=d_model,

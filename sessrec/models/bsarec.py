@@ -132,9 +132,8 @@ class BSARecEncoder(nn.Module, Configurable):
     ) -> None:
         super().__init__()
         owner = type(self).__name__
-        check_encoder(owner, d_model, n_head, n_layer, dropout)
-        check_integers({"window": window, "frequencies": frequencies} | ({"d_inner": d_inner} if d_inner is not None else {}),
-                       f"{owner} ")
+        check_encoder(owner, d_model, n_head, n_layer, dropout, d_inner, initializer_range)
+        check_integers({"window": window, "frequencies": frequencies}, f"{owner} ")
         check_probabilities({"alpha": alpha}, f"{owner} ", one=True)
         if span not in ("window", "session"):
             raise ValueError(f"{owner} span must be 'window' or 'session', got {span!r}")

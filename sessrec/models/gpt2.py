@@ -45,7 +45,7 @@ class GPT2Encoder(HFEncoder):
         layer_norm_eps: float = 1e-5,
         initializer_range: float | None = None,
     ) -> None:
-        super().__init__(d_model, n_head, n_layer, dropout, initializer_range)
+        super().__init__(d_model, n_head, n_layer, dropout, initializer_range, d_inner)
         config = GPT2Config(
             vocab_size=1,  # items are embedded outside
             n_positions=1,  # positions come from SessionModel

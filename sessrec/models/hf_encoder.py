@@ -19,6 +19,7 @@ Shape letters: B batch, L sequence, D model width.
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar
 
 import torch
@@ -27,14 +28,22 @@ from torch import nn
 from sessrec.saved.registry import Configurable, check_integers, check_probabilities
 
 
-def check_encoder(owner: str, d_model: int, n_head: int, n_layer: int, dropout: float) -> None:
+def check_encoder(
+    owner: str, d_model: int, n_head: int, n_layer: int, dropout: float, d_inner: int | None = None,
+    initializer_range: float | None = None,
+) -> None:
     """Refuse an encoder's shape in one line naming `owner` and the setting: a width, head count or layer count
-    below 1 (an encoder of no layers reads nothing of the session), `n_head` not dividing `d_model`, or a
-    dropout outside [0, 1) (a dropout of 1 zeroes every activation: nothing trains)."""
+    below 1 (an encoder of no layers reads nothing of the session), `n_head` not dividing `d_model`, a
+    dropout outside [0, 1) (a dropout of 1 zeroes every activation: nothing trains), a feed-forward width
+    `d_inner` below 1 (None is the encoder's default), or an `initializer_range` that is no finite std >= 0."""
     check_integers({"d_model": d_model, "n_head": n_head, "n_layer": n_layer}, f"{owner} ")
+    if d_inner is not None:
+        check_integers({"d_inner": d_inner}, f"{owner} ")
     check_probabilities({"dropout": dropout}, f"{owner} ")
     if d_model % n_head:
         raise ValueError(f"{owner} d_model ({d_model}) must be a multiple of n_head ({n_head})")
+    if initializer_range is not None and not (math.isfinite(initializer_range) and initializer_range >= 0):
+        raise ValueError(f"{owner} initializer_range must be a finite std >= 0 or None, got {initializer_range!r}")
 
 
 class HFEncoder(nn.Module, Configurable):
@@ -46,13 +55,17 @@ class HFEncoder(nn.Module, Configurable):
         n_layer: layers, at least one.
         dropout: the encoder's dropout probability, in [0, 1) (`check_encoder`).
         initializer_range: std of the weight init; None: ``d_model ** -0.5``.
+        d_inner: the feed-forward width the wrapper builds, checked here (None: its default).
     """
 
     causal: ClassVar[bool] = False
 
-    def __init__(self, d_model: int, n_head: int, n_layer: int, dropout: float, initializer_range: float | None) -> None:
+    def __init__(
+        self, d_model: int, n_head: int, n_layer: int, dropout: float, initializer_range: float | None,
+        d_inner: int | None = None,
+    ) -> None:
         super().__init__()
-        check_encoder(type(self).__name__, d_model, n_head, n_layer, dropout)
+        check_encoder(type(self).__name__, d_model, n_head, n_layer, dropout, d_inner, initializer_range)
         self.d_model = d_model
         self.init_std = initializer_range if initializer_range is not None else d_model**-0.5
 

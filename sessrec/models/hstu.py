@@ -155,7 +155,7 @@ class HSTUEncoder(nn.Module, Configurable):
         initializer_range: float | None = None,
     ) -> None:
         super().__init__()
-        check_encoder(type(self).__name__, d_model, n_head, n_layer, dropout)
+        check_encoder(type(self).__name__, d_model, n_head, n_layer, dropout, initializer_range=initializer_range)
         if num_position_buckets < 2 or max_distance <= num_position_buckets // 2 or num_time_buckets < 1:
             raise ValueError(
                 "need num_position_buckets >= 2, max_distance > num_position_buckets // 2 and num_time_buckets >= 1, got "

@@ -149,7 +149,7 @@ class SASRecEncoder(nn.Module, Configurable):
         feed_forward: Literal["gelu", "swiglu"] = "gelu",
     ) -> None:
         super().__init__()
-        check_encoder(type(self).__name__, d_model, n_head, n_layer, dropout)
+        check_encoder(type(self).__name__, d_model, n_head, n_layer, dropout, d_inner, initializer_range)
         if feed_forward not in ("gelu", "swiglu"):
             raise ValueError(f"SASRecEncoder feed_forward must be 'gelu' or 'swiglu', got {feed_forward!r}")
         self.d_model = d_model

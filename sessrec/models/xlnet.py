@@ -58,7 +58,7 @@ class XLNetEncoder(HFEncoder):
         layer_norm_eps: float = 1e-12,
         initializer_range: float | None = None,
     ) -> None:
-        super().__init__(d_model, n_head, n_layer, dropout, initializer_range)
+        super().__init__(d_model, n_head, n_layer, dropout, initializer_range, d_inner)
         config = XLNetConfig(
             vocab_size=1,  # items are embedded outside; XLNet's own token table stays tiny
             d_model=d_model,

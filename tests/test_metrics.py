@@ -1,11 +1,12 @@
 """Ranking metrics against hand-computed cases."""
 
 import math
+import re
 
 import pytest
 import torch
 
-from sessrec.metrics import TopKMetrics, target_ranks
+from sessrec.metrics import RankingMetrics, TopKMetrics, target_ranks
 
 NEG = float("-inf")
 
@@ -81,6 +82,15 @@ def test_accumulates_over_batches_like_one_batch():
 def test_rejects_bad_cutoffs():
     with pytest.raises(ValueError, match="ks"):
         TopKMetrics(ks=[0])
+
+
+@pytest.mark.parametrize("metric", [TopKMetrics, RankingMetrics])
+@pytest.mark.parametrize("ks", [[0], [5, -1], [2.5], [True], []])
+def test_cutoffs_that_are_no_positive_integers_are_refused_when_the_metric_is_built(metric, ks):
+    """A cut-off of 2.5 is not reported as recall@2, and RankingMetrics refuses what TopKMetrics refuses,
+    before any update, naming the cut-offs."""
+    with pytest.raises(ValueError, match=rf"^ks must be positive integer cut-offs, got {re.escape(str(ks))}$"):
+        metric(ks=ks)
 
 
 def test_exclude_seen_masks_the_input_items_and_makes_a_repeat_target_a_miss():

@@ -39,6 +39,13 @@ def binary_auc(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 
+def cutoffs(ks: Sequence[int]) -> list[int]:
+    """The distinct cut-offs `ks` in increasing order; a ValueError unless they are one or more integers >= 1."""
+    if not ks or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in ks):
+        raise ValueError(f"ks must be positive integer cut-offs, got {list(ks)}")
+    return sorted(set(ks))
+
+
 # -- accumulated over batches ------------------------------------------------------------------------
 class TopKMetrics(Metric):
     """Recall@K, NDCG@K and MRR@K for several K, summed over batches and reduced across processes.
@@ -54,9 +61,7 @@ class TopKMetrics(Metric):
 
     def __init__(self, ks: Sequence[int] = (10, 20)) -> None:
         super().__init__()
-        if not ks or min(ks) < 1:
-            raise ValueError(f"ks must be positive cut-offs, got {list(ks)}")
-        self.ks = sorted(set(int(k) for k in ks))
+        self.ks = cutoffs(ks)
         n = len(self.ks)
         self.add_state("recall", default=torch.zeros(n, dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("ndcg", default=torch.zeros(n, dtype=torch.float64), dist_reduce_fx="sum")
@@ -91,7 +96,7 @@ class RankingMetrics(Metric):
 
     def __init__(self, ks: list[int] = [1, 5, 20], logits: bool = True) -> None:  # noqa: B006 - read only
         super().__init__()
-        self.ks, self.logits = sorted(set(ks)), logits
+        self.ks, self.logits = cutoffs(ks), logits
         self.add_state("scores", default=[], dist_reduce_fx="cat")
         self.add_state("labels", default=[], dist_reduce_fx="cat")
         self.add_state("rr", default=torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")

@@ -125,6 +125,27 @@ def test_exclude_seen_masks_the_input_items_and_makes_a_repeat_target_a_miss():
 
 
 # -- one implementation for every caller -------------------------------------------------------------
+def test_targets_and_labels_of_another_shape_than_their_scores_are_refused_naming_both_shapes():
+    """One target per row of scores, one label and one query per score, one served list per target: a batch of two rows and one target
+    was ranked by broadcasting (both rows against the first row's target) and counted twice."""
+    from sessrec.metrics import clicked_ranks, list_ranks
+
+    two_rows = scores([NEG, NEG, 3.0, 2.0, 1.0], [NEG, NEG, 1.0, 2.0, 3.0])
+    for targets in (torch.tensor([3]), torch.tensor([[3], [4]]), torch.tensor([3, 4, 2])):
+        message = f"targets must be (2,) item ids, one per row of the (2, 5) scores, got shape {tuple(targets.shape)}"
+        with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+            TopKMetrics(ks=[1]).update(two_rows, targets)
+    with pytest.raises(ValueError, match=re.escape("scores must be (B, V) rows of item scores, got shape (5,)")):
+        target_ranks(two_rows[0], torch.tensor([3]))
+    with pytest.raises(ValueError, match=re.escape("labels (2,) and groups (3,) must be (3,) as the scores")):
+        clicked_ranks(torch.tensor([1.0, 2.0, 3.0]), torch.tensor([1, 0]), torch.tensor([0, 0, 1]))
+    lists = torch.tensor([[4, 7, 9], [4, 9, 7]])
+    for list_scores, targets, shapes in ((scores([3.0, 2.0, 1.0], [3.0, 2.0, 1.0]), torch.tensor([7]), "(2, 3), (2, 3) and (1,)"),
+                                         (scores([3.0, 2.0, 1.0]), torch.tensor([7, 9]), "(2, 3), (1, 3) and (2,)")):
+        with pytest.raises(ValueError, match=re.escape(f"(N,) targets, got shapes {shapes}")):
+            list_ranks(lists, list_scores, targets)
+
+
 def test_rank_values_by_hand():
     from sessrec.metrics import rank_values
 

@@ -33,7 +33,13 @@ def pessimistic_ranks(
 
 
 def target_ranks(scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """1-based pessimistic rank (B,) of each target in its row of scores (B, V); inf if unrankable."""
+    """1-based pessimistic rank (B,) of each target in its row of scores (B, V); inf if unrankable.
+    Scores of another shape than (B, V), or targets of another than (B,), are a ValueError naming the shapes."""
+    if scores.dim() != 2:
+        raise ValueError(f"scores must be (B, V) rows of item scores, got shape {tuple(scores.shape)}")
+    if targets.shape != scores.shape[:1]:
+        raise ValueError(f"targets must be ({scores.shape[0]},) item ids, one per row of the {tuple(scores.shape)} "
+                         f"scores, got shape {tuple(targets.shape)}")
     target_score = scores.gather(1, targets.unsqueeze(1))  # (B, 1)
     ranks = pessimistic_ranks(scores, target_score)
     unrankable = (targets < NUM_SPECIAL) | ~torch.isfinite(target_score.squeeze(1))
@@ -49,12 +55,16 @@ def clicked_ranks(scores: torch.Tensor, labels: torch.Tensor, groups: torch.Tens
         groups: (B,) query id of each row (queries need not be contiguous).
 
     Returns:
-        (C,) float64 ranks, one per clicked row; queries without a click contribute nothing.
+        (C,) float64 ranks, one per clicked row; queries without a click contribute nothing. Labels or
+        groups of another shape than the scores' are a ValueError naming the shapes.
 
     Examples:
         >>> clicked_ranks(torch.tensor([3., 1., 2., 5., 5.]), torch.tensor([0, 0, 1, 1, 0]), torch.tensor([0, 0, 0, 1, 1])).tolist()
         [2.0, 2.0]
     """
+    if scores.dim() != 1 or labels.shape != scores.shape or groups.shape != scores.shape:
+        raise ValueError(f"labels {tuple(labels.shape)} and groups {tuple(groups.shape)} must be {tuple(scores.shape)} "
+                         "as the scores, one score, label and query id per row")
     _, local = torch.unique(groups, return_inverse=True)  # (B,) query index 0..G-1
     clicked = torch.nonzero(labels > 0.5).squeeze(1)  # (C,)
     same = local.unsqueeze(0) == local[clicked].unsqueeze(1)  # (C, B) the rows of each click's query, itself included
@@ -62,7 +72,8 @@ def clicked_ranks(scores: torch.Tensor, labels: torch.Tensor, groups: torch.Tens
 
 
 def list_ranks(recommended: torch.Tensor, scores: torch.Tensor, targets: torch.Tensor, by_score: bool = True) -> torch.Tensor:
-    """(N,) float64 1-based rank of each target within its served list; inf when it is not found.
+    """(N,) float64 1-based rank of each target within its served list; inf when it is not found. Shapes
+    other than those below are a ValueError naming them.
 
     Args:
         recommended: (N, W) item ids as served, 0 at empty slots.
@@ -79,6 +90,9 @@ def list_ranks(recommended: torch.Tensor, scores: torch.Tensor, targets: torch.T
         >>> list_ranks(torch.tensor([[4, 7, 9], [4, 9, 7]]), torch.tensor([[3., 2., 2.], [3., 2., 1.]]), torch.tensor([7, 9])).tolist()
         [inf, 2.0]
     """
+    if recommended.dim() != 2 or scores.shape != recommended.shape or targets.shape != recommended.shape[:1]:
+        raise ValueError(f"list_ranks takes (N, W) recommended ids and scores and (N,) targets, got shapes "
+                         f"{tuple(recommended.shape)}, {tuple(scores.shape)} and {tuple(targets.shape)}")
     hit = recommended == targets.long().unsqueeze(1)
     found = hit.any(dim=1)
     if by_score:

@@ -248,6 +248,21 @@ def test_bad_arguments_fail_with_one_line():
         HSTUEncoder(d_model=8, n_head=2)(torch.zeros(1, 3, 8), torch.ones(1, 3, dtype=torch.bool), torch.zeros(1, 4))
 
 
+@pytest.mark.parametrize("jagged", [True, False])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_an_event_time_that_is_no_number_is_refused_naming_its_place(jagged, bad):
+    """A NaN or infinite time of a real item has no time bucket: one line naming the value and its (row, column),
+    not an index error in the bucket lookup (jagged) or a bias read past its table (padded); padding is not read."""
+    x, mask, _, times = padded()
+    enc = encoder(jagged=jagged)
+    times[~mask] = float("nan")
+    with torch.no_grad():
+        assert torch.isfinite(enc(x, mask, times)).all()
+        times[3, 5] = bad
+        with pytest.raises(ValueError, match=rf"^times: event time {bad} at \[3, 5\] of a real item is not a finite number$"):
+            enc(x, mask, times)
+
+
 def hstu_task():
     from sessrec.tasks import NextItemTask
 

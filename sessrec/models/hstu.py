@@ -78,8 +78,9 @@ def position_buckets(distance: torch.Tensor, num_buckets: int, max_distance: int
 
 
 def time_buckets(seconds: torch.Tensor, num_buckets: int) -> torch.Tensor:
-    """Time differences in seconds -> bucket ids ``floor(log2(max(|dt|, 1)))``, capped at ``num_buckets - 1``."""
-    return torch.log2(seconds.abs().clamp(min=1.0)).floor().long().clamp(max=num_buckets - 1)
+    """Time differences in seconds -> bucket ids ``floor(log2(max(|dt|, 1)))``, capped at ``num_buckets - 1``
+    (a difference that is no number, as padding's may be, gets a bucket in range, never read)."""
+    return torch.log2(seconds.abs().clamp(min=1.0)).floor().long().clamp(min=0, max=num_buckets - 1)
 
 
 class HSTULayer(nn.Module):
@@ -173,9 +174,14 @@ class HSTUEncoder(nn.Module, Configurable):
         self, embeddings: torch.Tensor, attention_mask: torch.Tensor, times: torch.Tensor | None = None
     ) -> torch.Tensor:
         """(B, L, D) embeddings, (B, L) bool mask of real positions and optional (B, L) event times
-        in seconds -> (B, L, D), zeros at padding."""
+        in seconds -> (B, L, D), zeros at padding. A real item's time that is no finite number is a ValueError."""
         if times is not None and times.shape != attention_mask.shape:
             raise ValueError(f"times has shape {tuple(times.shape)}, the sessions {tuple(attention_mask.shape)}")
+        if times is not None and not _symbolic():
+            bad = ~torch.isfinite(times) & attention_mask
+            if bool(bad.any()):
+                at = bad.nonzero()[0].tolist()
+                raise ValueError(f"times: event time {times[tuple(at)].item()} at {at} of a real item is not a finite number")
         jagged = embeddings.device.type == "cpu" if self.jagged is None else self.jagged
         if jagged and not _symbolic():
             return self._jagged(embeddings, attention_mask, times)

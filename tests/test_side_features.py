@@ -2,6 +2,8 @@
 embedding module, item vectors, and clear errors on bad input."""
 
 
+import re
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -334,6 +336,31 @@ def test_session_model_without_features_refuses_a_side_model():
         model(torch.tensor([[2, 3]]))
     scores = model(torch.tensor([[2, 3]]), features={"device": torch.tensor([[2, 2]])})
     assert scores.shape == (1, 10)
+
+
+@pytest.mark.parametrize("aggregation", ["concat", "sum"])
+def test_side_features_the_model_cannot_embed_are_refused_naming_the_feature(aggregation):
+    """A feature of another shape than the items, a category id outside its table or a categorical feature
+    that is not of ids is one line naming the feature, where torch said "index out of range in self"."""
+    spec = SideInfoSpec(categorical={"device": 5}, continuous=["price"])
+    side = SideInfoEmbedding(8, 30, spec, SideInfoConfig(aggregation=aggregation))
+    model = SessionModel(30, XLNetEncoder(d_model=8, n_head=2, n_layer=1), side_info=side).eval()
+    items, price = torch.tensor([[0, 5, 6, 7]]), torch.tensor([[0.0, 1.0, 2.0, 3.0]])
+    cases = [
+        ({"device": torch.tensor([[1, 2, 3]]), "price": price}, "side feature 'device' has shape (1, 3), the items (1, 4)"),
+        ({"device": torch.tensor([[0, 1, 2, 3]]), "price": price[:, 1:]}, "side feature 'price' has shape (1, 3), the items (1, 4)"),
+        ({"device": torch.tensor([[0, 1, 2, 5]]), "price": price},
+         "side feature 'device': id 5 at [0, 3] is out of range: its ids are 0..4"),
+        ({"device": torch.tensor([[0, -1, 2, 3]]), "price": price},
+         "side feature 'device': id -1 at [0, 1] is out of range: its ids are 0..4"),
+        ({"device": torch.tensor([[0.0, 1.0, 2.0, 3.0]]), "price": price},
+         "side feature 'device' holds category ids (integers), got a float32 tensor"),
+    ]
+    with torch.no_grad():
+        for features, message in cases:
+            with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+                model(items, features=features)
+        assert model(items, features={"device": torch.tensor([[0, 1, 2, 4]]), "price": price}).shape == (1, 30)
 
 
 def test_side_features_follow_the_items_when_mlm_cuts_random_prefixes():

@@ -113,6 +113,28 @@ def check_item_ids(items: torch.Tensor, num_items: int) -> None:
                          f"after an item: {items[row].tolist()}")
 
 
+def check_side_features(features: dict[str, torch.Tensor] | None, items: torch.Tensor, side_info: SideInfoEmbedding) -> None:
+    """Refuse side features that `side_info` cannot embed for the (B, L) `items`: one of another shape than the
+    items, or a categorical one that is not of integers or holds an id outside its table; a ValueError naming
+    the feature (and the first such id and its position). A missing one is `SideInfoEmbedding`'s to refuse."""
+    for name in side_info.names:
+        values = (features or {}).get(name)
+        if values is None:
+            continue
+        if values.shape != items.shape:
+            raise ValueError(f"side feature {name!r} has shape {tuple(values.shape)}, the items {tuple(items.shape)}")
+        if name not in side_info.categorical:
+            continue
+        if values.dtype == torch.bool or values.is_floating_point() or values.is_complex():
+            raise ValueError(f"side feature {name!r} holds category ids (integers), got a {str(values.dtype)[6:]} tensor")
+        size = side_info.categorical[name].num_embeddings
+        bad = (values < 0) | (values >= size)
+        if bool(bad.any()):
+            at = bad.nonzero()[0].tolist()
+            raise ValueError(f"side feature {name!r}: id {int(values[tuple(at)])} at {at} is out of range: its ids "
+                             f"are 0..{size - 1}")
+
+
 def _symbolic() -> bool:
     """Traced, compiled or exported: no value of a tensor is read."""
     return torch.jit.is_tracing() or torch.compiler.is_compiling() or torch.onnx.is_in_onnx_export()
@@ -334,6 +356,8 @@ class SessionModel(nn.Module, Configurable):
             items, features = items.items, self.batch_features(items, features)
         if not _symbolic():  # a trace or an export has no values to check
             check_item_ids(items, self.num_items)
+            if self.side_info is not None:
+                check_side_features(features, items, self.side_info)
         if objective is None:
             objective = self.default_objective()
         return self.score(objective.next_item_hidden(self, items, features))  # (B, V)

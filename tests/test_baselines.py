@@ -315,6 +315,17 @@ def test_positive_scores_are_the_positive_entries_of_the_dense_scores():
         assert np.array_equal(values, dense.ravel()[keys])
 
 
+@pytest.mark.parametrize(
+    "params", STAN_CASES, ids=lambda p: f"k{p['k']}-l1_{p['lambda_1']}-l2_{p['lambda_2']}"
+)
+def test_stan_matches_reference_on_prefixes_narrower_than_the_training_sessions(params):
+    """A batch of prefixes as wide as its longest (5 columns, training sessions of 6) is scored as the
+    reference scores it: a neighbour's shared item past the batch's width still anchors lambda_3's distances."""
+    stan = STAN(**params).fit(pad(TRAIN), num_items=V)
+    assert_matches(stan(pad(PREFIXES, width=5)), [stan_reference(p, **params) for p in PREFIXES])
+    torch.testing.assert_close(stan(pad(PREFIXES[:2], width=2)), stan(pad(PREFIXES[:2])))
+
+
 def test_rows_are_scored_independently():
     knn = STAN(k=2, sample_size=3, lambda_2=3.0).fit(pad(TRAIN), num_items=V)
     batch = knn(pad(PREFIXES))

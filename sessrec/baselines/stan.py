@@ -39,7 +39,7 @@ from __future__ import annotations
 import numpy as np
 
 from sessrec.baselines.baseline import SessionBaseline
-from sessrec.baselines.knn import SessionIndex, item_sums, session_items, sum_over_bits, top_k
+from sessrec.baselines.knn import MAX_POSITIONS, SessionIndex, item_sums, session_items, sum_over_bits, top_k
 
 
 class STAN(SessionBaseline):
@@ -95,8 +95,8 @@ class STAN(SessionBaseline):
             sim = sim * np.exp(-(self.index.num_sessions - 1 - pairs.col) / self.lambda_2)
         chosen = top_k(pairs.row, pairs.col, sim, self.k)  # by prefix, then oldest first: the order summed in
         neighbours = pairs.take(chosen)
-        # i*: highest position inside the neighbour among the shared items
-        _, anchor = sum_over_bits(neighbours.session_bits, None, width)
+        # i*: highest position inside the neighbour among the shared items (a training session may be wider than the batch)
+        _, anchor = sum_over_bits(neighbours.session_bits, None, MAX_POSITIONS)
         pair, item, position = self.index.neighbour_items(neighbours)  # (E,) each
         weight = sim[chosen][pair]
         if self.lambda_3 is not None:

@@ -158,6 +158,21 @@ def test_rank_values_by_hand():
         rank_values(ranks, "auc")
 
 
+def test_ranks_below_one_are_refused_as_no_1_based_ranks():
+    """0-based ranks (argsort positions) gave recall@K of one rank too many and an MRR of inf; a rank below 1
+    or NaN is a ValueError naming it, whatever the metric."""
+    from sessrec.metrics import rank_sums, rank_values
+
+    for ranks, value in ((torch.tensor([0.0, 2.0, 3.0]), "0.0 at 0"), (torch.tensor([1.0, float("nan")]), "nan at 1"),
+                         (torch.tensor([2.0, -1.0]), "-1.0 at 1")):
+        for metric in ("recall@2", "ndcg@2", "mrr@2", "mrr"):
+            with pytest.raises(ValueError, match=rf"^ranks are 1-based \(1: first, inf: a miss\), got {re.escape(value)}"):
+                rank_values(ranks, metric)
+        with pytest.raises(ValueError, match="^ranks are 1-based"):
+            rank_sums(ranks, [2])
+    assert rank_values(torch.zeros(0), "mrr@2").tolist() == []
+
+
 def test_list_clicked_and_catalogue_ranks_break_ties_the_same_way():
     """The same scores seen as a catalogue row, a served list and a query's rows give the same rank."""
     from sessrec.metrics import clicked_ranks, list_ranks

@@ -110,7 +110,8 @@ def rank_values(ranks: torch.Tensor, metric: str) -> torch.Tensor:
     """(P,) float64 value of `metric` for each target from its 1-based rank (inf: a miss).
 
     ``recall@K``: 1 if rank <= K; ``ndcg@K``: 1 / log2(rank + 1) if rank <= K; ``mrr@K``: 1 / rank
-    if rank <= K; ``mrr``: 1 / rank (no cut-off: the click-out MRR). Else 0.
+    if rank <= K; ``mrr``: 1 / rank (no cut-off: the click-out MRR). Else 0. A rank below 1 or NaN
+    (a 0-based rank, say) is a ValueError naming the first.
 
     Examples:
         >>> rank_values(torch.tensor([1.0, 3.0, float("inf")]), "mrr@2").tolist()
@@ -118,6 +119,10 @@ def rank_values(ranks: torch.Tensor, metric: str) -> torch.Tensor:
     """
     # a tensor keeps its device (torch.as_tensor would move it to the default device of a `torch.device` context)
     ranks = ranks.to(torch.float64) if isinstance(ranks, torch.Tensor) else torch.as_tensor(ranks, dtype=torch.float64)
+    bad = ~(ranks >= 1.0)  # NaN included
+    if bool(bad.any()):
+        at = int(bad.reshape(-1).nonzero()[0])
+        raise ValueError(f"ranks are 1-based (1: first, inf: a miss), got {ranks.reshape(-1)[at].item()} at {at}")
     if metric == "mrr":
         return 1.0 / ranks
     cut = _CUT.match(metric)

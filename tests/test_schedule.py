@@ -9,7 +9,14 @@ import torch
 
 from sessrec.artifacts import SessionRecommender
 from sessrec.data.vocab import ItemVocab
-from sessrec.models import XLNetEncoder
+from sessrec.models import (
+    BSARecEncoder,
+    CausalLanguageModeling,
+    HSTUEncoder,
+    MaskedItemModeling,
+    SideInfoConfig,
+    XLNetEncoder,
+)
 from sessrec.tasks import BaselineTask, Evaluation, NextItemTask, Optimization, Schedule, next_item
 from sessrec.tasks.checkpointing import best_of_run
 
@@ -105,6 +112,31 @@ def test_the_optimizer_takes_the_learning_rate_and_decays_matrices_only():
     assert decayed["weight_decay"] == 0.1 and rest["weight_decay"] == 0.0
     assert decayed["initial_lr"] == rest["initial_lr"] == 0.02
     assert all(p.dim() >= 2 for p in decayed["params"]) and any(p.dim() == 1 for p in rest["params"])
+
+
+@pytest.mark.parametrize("encoder", [lambda: HSTUEncoder(d_model=16, n_head=2, n_layer=1),
+                                     lambda: XLNetEncoder(d_model=16, n_head=2, n_layer=1),
+                                     lambda: BSARecEncoder(d_model=16, n_head=2, n_layer=1, window=7)])
+def test_weight_decay_reaches_the_layers_matrices_and_no_embedding_table_bias_or_scale(encoder):
+    """What `Optimization.weight_decay` promises: matrices only. A side feature's embedding table (its name says
+    no "embedding"), a soft one-hot table, HSTU's relative position and time biases, XLNet's attention biases and
+    BSARec's per-channel scale were decayed as matrices, being two-dimensional."""
+    enc = encoder()
+    objective = CausalLanguageModeling() if enc.causal else MaskedItemModeling()
+    task = NextItemTask(num_items=20, max_length=6, encoder=enc, objective=objective,
+                        side_features={"categorical": {"device": 4}, "continuous": ["price"]},
+                        side_info=SideInfoConfig(soft_one_hot_bins=3),
+                        optimization=Optimization(lr=0.02, weight_decay=0.1))
+    decayed, rest = task.configure_optimizers()["optimizer"].param_groups
+    names = {id(p): n for n, p in task.named_parameters()}
+    decayed_names = {names[id(p)] for p in decayed["params"]}
+    assert len(decayed["params"]) + len(rest["params"]) == len(names)
+    for name in names.values():
+        leaf = name.rsplit(".", 1)[-1]
+        kept = any(word in leaf for word in ("bias", "emb", "table", "beta")) or ".categorical." in name
+        assert (name not in decayed_names) if kept else True, name
+    linear = {f"{n}.weight" for n, m in task.named_modules() if isinstance(m, torch.nn.Linear)}
+    assert linear and linear <= decayed_names
 
 
 # -- validation ---------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from sessrec.saved.registry import config_of, instantiate, register
 from sessrec.tasks.checkpointing import Pretrained, full_precision
 from sessrec.tasks.distillation import Teachers, check_student
 from sessrec.tasks.losses import CatalogueLoss, FullSoftmax
-from sessrec.tasks.optim import adamw
+from sessrec.tasks.optim import adamw, decayed_and_rest
 from sessrec.tasks.settings import Distillation, Evaluation, Optimization, Schedule
 
 PARTS = ("optimization", "schedule", "evaluation", "distillation")  # the typed parts of the config, as plain data in hparams
@@ -297,8 +297,7 @@ class NextItemTask(Pretrained, pl.LightningModule):
 
     def configure_optimizers(self):
         optimization, schedule = self.optimization, self.schedule
-        decay = [p for n, p in self.named_parameters() if p.dim() >= 2 and "embedding" not in n]
-        rest = [p for n, p in self.named_parameters() if not (p.dim() >= 2 and "embedding" not in n)]
+        decay, rest = decayed_and_rest(self)
         opt = adamw(
             [{"params": decay, "weight_decay": optimization.weight_decay}, {"params": rest, "weight_decay": 0.0}],
             lr=optimization.lr,

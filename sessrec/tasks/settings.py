@@ -59,7 +59,8 @@ class Optimization(_Part):
 
     Args:
         lr: peak learning rate (the schedule scales it).
-        weight_decay: weight decay on matrices only (not on biases, norms, or embeddings).
+        weight_decay: weight decay on the layers' matrices only (not on biases, norms, scales or embedding
+            tables: `sessrec.tasks.optim.decayed_and_rest`).
     """
 
     lr: float = 1e-3

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import decimal
 import pickle
+import re
 from pathlib import Path
 
 import numpy as np
@@ -259,6 +260,26 @@ def test_data_module_with_only_one_event_sessions():
     dm = SessionDataModule(source=TinySource([[1], [2], [3]]), max_length=5)
     with pytest.raises(ValueError, match=r"^tiny \(train split\): no session has two or more events \(all 3 have one\)"):
         dm.setup("fit")
+
+
+@pytest.mark.parametrize("num_items", [8, 20])
+def test_a_task_scoring_another_number_of_ids_than_its_data_vocabulary_is_refused_before_training(tmp_path, num_items):
+    """TinySource's vocabulary has 11 ids: a task built by hand for 20 trained and ranked 9 ids the data never
+    holds among the candidates (its metrics off, its recommender refused only when saved), one for 8 failed
+    deep in the embedding."""
+    from sessrec.models import GRU4RecEncoder
+    from sessrec.tasks import NextItemTask
+
+    dm = SessionDataModule(source=TinySource(), max_length=5, batch_size=2)
+    task = NextItemTask(num_items=num_items, max_length=5, encoder=GRU4RecEncoder(d_model=8),
+                        objective={"class_path": "sessrec.models.CausalLanguageModeling"})
+    trainer = pl.Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, default_root_dir=tmp_path)
+    message = (f"the data module's vocabulary has 11 ids (0 virtual) where the model scores {num_items} (0 virtual): "
+               "build the task with num_items=datamodule.num_items and num_virtual=datamodule.num_virtual")
+    for run in (trainer.fit, trainer.test):
+        with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+            run(task, datamodule=dm)
 
 
 def test_data_module_predict_without_path():

@@ -263,11 +263,11 @@ def test_an_event_time_that_is_no_number_is_refused_naming_its_place(jagged, bad
             enc(x, mask, times)
 
 
-def hstu_task():
+def hstu_task(num_items: int = 20):
     from sessrec.tasks import NextItemTask
 
     torch.manual_seed(0)
-    return NextItemTask(num_items=20, max_length=6, encoder=HSTUEncoder(d_model=16, n_head=2, n_layer=1, dropout=0.0),
+    return NextItemTask(num_items=num_items, max_length=6, encoder=HSTUEncoder(d_model=16, n_head=2, n_layer=1, dropout=0.0),
                         objective=CausalLanguageModeling(), loss=FullSoftmax(), dropout=0.0)
 
 
@@ -330,8 +330,9 @@ def test_fit_and_validate_give_the_encoder_the_data_event_times():
                                  enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")
     learned = {}
     for timed in (True, False):
-        task = hstu_task()
-        trainer().fit(task, SessionDataModule(TimedLog(timed), max_length=6, batch_size=64))
+        data = SessionDataModule(TimedLog(timed), max_length=6, batch_size=64)
+        task = hstu_task(data.num_items)
+        trainer().fit(task, data)
         learned[timed] = task.model.encoder.layers[0].time_bias.detach().clone()
     assert learned[True].abs().sum() > 0 and not learned[False].any()  # one step moves the table only with times
     with torch.no_grad():

@@ -50,7 +50,9 @@ class NextItemTask(Pretrained, pl.LightningModule):
     """Next-item training with a full-catalogue softmax, evaluated by Recall/NDCG/MRR@K.
 
     Args:
-        num_items: score vector size; linked from the data module (``data.num_items``).
+        num_items: score vector size; linked from the data module (``data.num_items``). Fitting or
+            evaluating on a data module whose vocabulary has another size (or other virtual ids) is a
+            ValueError at setup.
         max_length: items per session; linked from the data module (``data.max_length``).
         encoder: the sequence encoder (``class_path`` in a recipe); XLNetEncoder() when None.
         objective: the training objective, any `sessrec.models.Objective` (in a recipe
@@ -172,6 +174,12 @@ class NextItemTask(Pretrained, pl.LightningModule):
         datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
         if datamodule is not None:
             self.attach_data(datamodule)
+        if self.vocab is not None and (len(self.vocab), self.vocab.num_virtual) != (self.model.num_items, self.model.num_virtual):
+            raise ValueError(
+                f"the data module's vocabulary has {len(self.vocab)} ids ({self.vocab.num_virtual} virtual) where the model "
+                f"scores {self.model.num_items} ({self.model.num_virtual} virtual): build the task with "
+                "num_items=datamodule.num_items and num_virtual=datamodule.num_virtual"
+            )
         distillation = self.hparams.get("distillation")
         if stage == "fit" and distillation is not None and self._teachers is None:
             if not hasattr(datamodule, "vocab"):

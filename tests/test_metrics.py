@@ -25,6 +25,20 @@ def test_ranks_are_pessimistic_on_ties():
     assert target_ranks(flat, torch.tensor([2])).tolist() == [3.0]
 
 
+def test_items_scored_nan_count_against_the_target_and_a_target_scored_nan_is_a_miss():
+    """NaN compares false with every score: counted as 'not at least as high', the items a broken model scores NaN
+    would lift the target's rank."""
+    from sessrec.metrics import clicked_ranks, list_ranks
+
+    nan = float("nan")
+    assert target_ranks(scores([NEG, NEG, nan, nan, 1.0]), torch.tensor([4])).tolist() == [3.0]
+    assert math.isinf(target_ranks(scores([NEG, NEG, 2.0, nan]), torch.tensor([3])).item())
+    listed = list_ranks(torch.tensor([[2, 3, 4]]), torch.tensor([[nan, 1.0, 0.5]]), torch.tensor([3]))
+    assert listed.tolist() == [2.0]
+    clicked = clicked_ranks(torch.tensor([nan, 1.0, 0.5]), torch.tensor([0, 1, 0]), torch.tensor([0, 0, 0]))
+    assert clicked.tolist() == [2.0]
+
+
 def test_oov_and_padding_targets_are_misses():
     s = scores([NEG, NEG, 3.0, 2.0])
     r = target_ranks(s, torch.tensor([1]))

@@ -11,7 +11,7 @@ cut-off) is 1 / rank. A rank of inf is a miss. The ranks come from
 - `pessimistic_ranks`: the shared rule below, for any row of scores and a target score.
 
 Ties are broken pessimistically everywhere: the rank of the target is 1 + the number of *other*
-candidates scoring at least as high, so a model that scores everything equally earns nothing.
+candidates scoring at least as high (or NaN), so a model that scores everything equally earns nothing.
 A target that cannot be recommended (padding or OOV, scored -inf) is a miss. AUC is torchmetrics'
 binary AUROC (`binary_auc`), tied scores counted half.
 

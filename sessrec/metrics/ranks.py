@@ -21,14 +21,15 @@ def pessimistic_ranks(
     scores: torch.Tensor, target_scores: torch.Tensor, candidates: torch.Tensor | None = None
 ) -> torch.Tensor:
     """(B,) float64 number of candidates scoring at least as high as each row's target: the target's
-    1-based rank when it is among the candidates, ties counted against it.
+    1-based rank when it is among the candidates, ties counted against it, and so is a candidate scored
+    NaN (no score can be said to lie above it: a model that scores some items NaN earns no rank from them).
 
     Args:
         scores: (B, W) the scores of a row's candidates.
         target_scores: (B, 1) the score of each row's target.
         candidates: (B, W) bool, the entries that count (None: all of them).
     """
-    at_least = scores >= target_scores
+    at_least = torch.lt(scores, target_scores).logical_not_()  # >=, or NaN
     return (at_least if candidates is None else at_least & candidates).sum(dim=1).to(torch.float64)
 
 

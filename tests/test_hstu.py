@@ -263,6 +263,18 @@ def test_an_event_time_that_is_no_number_is_refused_naming_its_place(jagged, bad
             enc(x, mask, times)
 
 
+def test_epoch_seconds_in_float32_are_refused_and_short_times_in_float32_are_read() -> None:
+    """float32 holds whole seconds exactly up to 2^24: epoch seconds in it are multiples of 128 s, whose differences
+    fall in other time buckets than the float64 ones; times counted from a session's start fit."""
+    x, mask, _, times = padded()
+    enc = encoder()
+    with torch.no_grad():
+        with pytest.raises(ValueError, match=r"^times: torch\.float32 event times reach 17\d{8} s, beyond the 16777216 "):
+            enc(x, mask, times.float())
+        relative = (times - 1.7e9).masked_fill(~mask, 0)  # at most 7 x 5,000 s
+        torch.testing.assert_close(enc(x, mask, relative.float()), enc(x, mask, relative), rtol=0, atol=0)
+
+
 def hstu_task(num_items: int = 20):
     from sessrec.tasks import NextItemTask
 

@@ -174,7 +174,9 @@ class HSTUEncoder(nn.Module, Configurable):
         self, embeddings: torch.Tensor, attention_mask: torch.Tensor, times: torch.Tensor | None = None
     ) -> torch.Tensor:
         """(B, L, D) embeddings, (B, L) bool mask of real positions and optional (B, L) event times
-        in seconds -> (B, L, D), zeros at padding. A real item's time that is no finite number is a ValueError."""
+        in seconds -> (B, L, D), zeros at padding. A real item's time that is no finite number is a ValueError, and
+        so are floating times of fewer bits than float64 beyond the whole seconds they hold exactly (float32: 2^24 s,
+        about 194 days; epoch seconds in float32 are whole multiples of 128 s, their differences buckets apart)."""
         if times is not None and times.shape != attention_mask.shape:
             raise ValueError(f"times has shape {tuple(times.shape)}, the sessions {tuple(attention_mask.shape)}")
         if times is not None and not _symbolic():
@@ -182,6 +184,12 @@ class HSTUEncoder(nn.Module, Configurable):
             if bool(bad.any()):
                 at = bad.nonzero()[0].tolist()
                 raise ValueError(f"times: event time {times[tuple(at)].item()} at {at} of a real item is not a finite number")
+            if times.is_floating_point() and times.dtype != torch.float64:
+                exact = 2 / torch.finfo(times.dtype).eps  # whole seconds the dtype holds exactly
+                largest = float(times.abs().masked_fill(~attention_mask, 0).max()) if times.numel() else 0.0
+                if largest >= exact:
+                    raise ValueError(f"times: {times.dtype} event times reach {largest:.0f} s, beyond the {exact:.0f} whole "
+                                     "seconds it holds exactly: give float64 seconds (torch.float64)")
         jagged = embeddings.device.type == "cpu" if self.jagged is None else self.jagged
         if jagged and not _symbolic():
             return self._jagged(embeddings, attention_mask, times)

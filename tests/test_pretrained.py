@@ -9,6 +9,7 @@ format version, of the other kind or with bad sections is refused with.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -233,6 +234,16 @@ def test_a_task_writes_its_recommender_and_trains_on_from_it(tmp_path, vocab):
     for key, value in task.state_dict().items():  # the generator too
         assert torch.equal(again.state_dict()[key], value), key
     assert again.vocab == vocab
+
+
+@pytest.mark.parametrize("k", [0, -1, 2.0, True, "3"])
+def test_a_task_recommends_k_items_and_refuses_a_k_that_is_no_count_in_one_line(vocab, k):
+    task = next_item_task(vocab)
+    with torch.no_grad():
+        top = task.recommend(SESSIONS, np.int64(4))  # an integer of any kind
+        assert top.items.shape == top.scores.shape == (len(SESSIONS), 4)
+        with pytest.raises(ValueError, match=rf"^k must be an integer >= 1, got {re.escape(repr(k))}$"):
+            task.recommend(SESSIONS, k)
 
 
 def test_a_recommender_of_another_window_is_refused_by_the_task_with_one_line(vocab):

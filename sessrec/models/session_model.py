@@ -31,6 +31,7 @@ Examples:
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 import torch.nn.functional as F
@@ -68,7 +69,11 @@ def top_recommendable(scores: torch.Tensor, k: int, recommendable: int) -> tuple
     Examples:
         >>> top_recommendable(torch.tensor([[-float("inf"), 0.5, -float("inf"), 2.0]]), 3, 3)[0].tolist()
         [[3, 1, 0]]
+
+    A `k` that is no integer of 1 or more is a ValueError naming it.
     """
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
+        raise ValueError(f"k must be an integer >= 1, got {k!r}")
     top = scores.topk(min(k, recommendable), dim=1)
     return top.indices.masked_fill(top.values == float("-inf"), 0), top.values
 

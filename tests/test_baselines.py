@@ -17,7 +17,7 @@ import torch
 
 from sessrec.baselines import STAN, VSKNN, Popularity, SessionBaseline
 from sessrec.cli import cli as main
-from sessrec.data import SessionBatch, SyntheticSource
+from sessrec.data import SessionBatch, SyntheticSource, frame
 from sessrec.tasks import BaselineTask, Evaluation, SessionDataModule
 
 torch.set_num_threads(1)
@@ -347,6 +347,28 @@ def test_task_never_shows_the_target_and_fits_on_train_only():
     b = task(SessionBatch(items=items, targets=(targets + 1) % dm.num_items))
     torch.testing.assert_close(a, b)  # the target does not move any score
     assert all(np.array_equal(seen, items.numpy()) for seen in spy.seen)  # exactly the prefixes, no more
+
+
+@pytest.mark.parametrize("rows", [{"train_prefixes": True}, {"augment_reversed": True}])
+def test_a_baseline_is_fitted_on_the_whole_training_sessions_whatever_rows_the_models_train_on(rows):
+    """Training prefixes and reversed copies are rows for a network to learn from; a kNN index or a
+    popularity count holds each training session once, in time order, so the test metrics are those
+    of the data module without them."""
+    import pytorch_lightning as pl
+
+    source = SyntheticSource(num_sessions=300, num_items=40)
+    fitted, metrics = {}, {}
+    for name, settings in (("plain", {}), ("augmented", rows)):
+        dm = SessionDataModule(source=source, **settings)
+        spy = Spy(VSKNN(k=20, sample_size=100))
+        task = BaselineTask(baseline=spy, num_items=dm.num_items)
+        trainer = pl.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")
+        metrics[name] = trainer.test(task, datamodule=dm, verbose=False)[0]
+        fitted[name] = spy.fitted_on
+    order = np.argsort(frame.end_times(dm.splits.train), kind="stable")
+    assert np.array_equal(fitted["augmented"], dm.sessions("train").numpy()[order])
+    assert np.array_equal(fitted["augmented"], fitted["plain"])
+    assert metrics["augmented"] == metrics["plain"]
 
 
 # -- through the CLI -----------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """`BaselineTask`: a non-neural baseline in the same Lightning loops and metrics as `NextItemTask`.
 
-Nothing is trained: `setup` fits the baseline on the data module's training sessions, then
+Nothing is trained: `setup` fits the baseline on the data module's training sessions (each whole
+session once, whatever rows a network would train on), then
 ``sessrec validate`` / ``sessrec test`` rank every evaluation prefix over the full catalogue
 with `TopKMetrics` and print the same ``[val]`` / ``[test]`` lines, and ``sessrec predict``
 writes top-K recommendations with the same `TopKWriter`:
@@ -70,7 +71,9 @@ class BaselineTask(ScoringOnlyTask):
             raise ValueError(
                 "BaselineTask fits on the training sessions of a SessionDataModule; pass datamodule="
             )
-        sessions, _ = dm.tensors("train")  # only the training split: evaluation sessions never enter
+        # only the training split, each session once: evaluation sessions never enter, nor the training
+        # prefixes and reversed copies that a network's rows add (`train_prefixes`, `augment_reversed`)
+        sessions = dm.sessions("train")
         self.baseline.fit(
             sessions, num_items=self.hparams.num_items or dm.num_items, times=frame.end_times(dm.splits.train)
         )

@@ -217,6 +217,17 @@ def test_a_setting_that_trains_nothing_is_refused_before_anything_is_written(fla
     assert refused(sessrec_main, tmp_path, "fit", "--config", str(recipe), *flags).startswith(expected)
 
 
+@pytest.mark.parametrize("key, value, counted", [
+    ("accumulate_grad_batches", "0", "batches"), ("accumulate_grad_batches", "-2", "batches"),
+    ("check_val_every_n_epoch", "0", "epochs"), ("check_val_every_n_epoch", "-1", "epochs"),
+    ("val_check_interval", "0", "batches"), ("val_check_interval", "-3", "batches"),
+])
+def test_a_trainer_count_below_one_is_refused_before_anything_is_written(key, value, counted, tmp_path, sessrec_main):
+    recipe = write(tmp_path, "recipe.yaml", TRAINER + MODEL + DATA)
+    got = refused(sessrec_main, tmp_path, "fit", "--config", str(recipe), f"--trainer.{key}", value)
+    assert got.startswith(f"--trainer.{key} {value}: a number of {counted}, 1 or more")
+
+
 @pytest.mark.parametrize("command", ["fit", "test"])
 @pytest.mark.parametrize("precision, instead", [("bf16-true", "bf16-mixed"), ("16-true", "16-mixed")])
 def test_half_precision_weights_are_refused_before_anything_is_written(command, precision, instead, tmp_path, sessrec_main):

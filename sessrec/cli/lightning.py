@@ -41,7 +41,8 @@ A checkpoint resumes ``fit`` (``--ckpt_path``) and nothing else. ``fit`` refuses
 take no training step (``max_epochs``, ``max_steps`` or ``limit_train_batches`` 0, a ``max_time`` of
 zero), which would save untrained weights as the model directory, and one of no planned end
 (``max_epochs -1``, or ``max_time`` without ``max_epochs``, and no ``max_steps``) for a schedule that
-decays over the planned steps (cosine or linear without ``schedule.seconds``).
+decays over the planned steps (cosine or linear without ``schedule.seconds``), and an integer below 1 for
+``accumulate_grad_batches``, ``check_val_every_n_epoch`` or ``val_check_interval`` (`COUNTS`).
 
 ``fit --ckpt_path`` resumes with the checkpoint's model settings (LightningCLI's own restore): a model
 setting given by the recipe or a flag that differs from the checkpoint's, or a ``--data.max_length``
@@ -202,6 +203,7 @@ class SessrecCLI(LightningCLI):
         refuse_half_weights(cfg.trainer)
         if sub == "fit":
             refuse_no_training(cfg.trainer)
+            refuse_counts_below_one(cfg.trainer)
             refuse_endless_schedule(cfg.trainer, cfg.model)
             if cfg.get("model_dir"):
                 raise ValueError("sessrec fit trains the recipe's model: --model_dir is for validate, test and predict "
@@ -382,6 +384,19 @@ def refuse_no_training(trainer: Namespace) -> None:
     if seconds is not None and seconds <= 0:
         raise ValueError(f"--trainer.max_time {trainer.max_time}: a time limit of {seconds:g} s; {NO_STEP} second "
                          "(DD:HH:MM:SS, e.g. 00:01:00:00 for an hour)")
+
+
+COUNTS = {"accumulate_grad_batches": "batches", "check_val_every_n_epoch": "epochs", "val_check_interval": "batches"}
+
+
+def refuse_counts_below_one(trainer: Namespace) -> None:
+    """Refuse a Trainer setting that counts the batches or epochs of a training step or a validation (`COUNTS`) given
+    as an integer below 1, in one line naming it: Lightning divides by it (0) or reads it as another count (below 0).
+    A float ``val_check_interval`` is a share of the epoch, as Lightning reads it."""
+    for key, counted in COUNTS.items():
+        value = trainer.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+            raise ValueError(f"--trainer.{key} {value}: a number of {counted}, 1 or more")
 
 
 def duration_seconds(value: object) -> float | None:

@@ -228,6 +228,22 @@ def test_a_trainer_count_below_one_is_refused_before_anything_is_written(key, va
     assert got.startswith(f"--trainer.{key} {value}: a number of {counted}, 1 or more")
 
 
+@pytest.mark.parametrize("flags, callback, monitor, ks", [
+    (["--model.evaluation.ks", "[5, 10]"], "ModelCheckpoint", "val/ndcg@20", [5, 10]),
+    (["--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.monitor", "val/ndcg@50"], "EarlyStopping", "val/ndcg@50",
+     [10, 20]),
+])
+def test_a_callback_monitoring_a_metric_the_validation_never_logs_is_refused_before_training(
+    flags, callback, monitor, ks, tmp_path, sessrec_main
+):
+    recipe = write(tmp_path, "recipe.yaml", TRAINER + MODEL + DATA)
+    got = refused(sessrec_main, tmp_path, "fit", "--config", str(recipe), *flags)
+    logged = ", ".join(f"val/{name}@{k}" for k in ks for name in ("recall", "ndcg", "mrr"))
+    assert got == (f"--trainer.callbacks: {callback} monitors {monitor}, which the validation never logs; it logs "
+                   f"val/loss, {logged} (the cut-offs of --model.evaluation.ks {ks}): monitor one of them, or add the "
+                   "cut-off to --model.evaluation.ks")
+
+
 @pytest.mark.parametrize("command", ["fit", "test"])
 @pytest.mark.parametrize("precision, instead", [("bf16-true", "bf16-mixed"), ("16-true", "16-mixed")])
 def test_half_precision_weights_are_refused_before_anything_is_written(command, precision, instead, tmp_path, sessrec_main):

@@ -256,6 +256,7 @@ class SessrecCLI(LightningCLI):
         rows of the run's ``metrics.csv`` back (the CSV logger starts the file over). A checkpoint's data
         state (its vocabulary: `SessionDataModule.load_state_dict`) is taken here, before anything is
         written, so that one of other data is refused with no run folder left."""
+        refuse_unlogged_monitor(self.trainer, self.model)
         ckpt = self.config["fit"].get("ckpt_path")
         state = read_checkpoint(ckpt).get(type(self.datamodule).__qualname__) if ckpt and Path(ckpt).is_file() else None
         if state is not None and callable(getattr(self.datamodule, "load_state_dict", None)):
@@ -397,6 +398,26 @@ def refuse_counts_below_one(trainer: Namespace) -> None:
         value = trainer.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value < 1:
             raise ValueError(f"--trainer.{key} {value}: a number of {counted}, 1 or more")
+
+
+def refuse_unlogged_monitor(trainer: pl.Trainer, task: pl.LightningModule) -> None:
+    """Refuse a callback (``ModelCheckpoint``, ``EarlyStopping``) that monitors a validation metric ``val/<name>``
+    which the task's validation never logs (``val/ndcg@20`` with ``--model.evaluation.ks [5, 10]``), in one line
+    before training: Lightning stops at the end of the first validation. A task without validation metrics of known
+    names (``metrics["val"].names``), and a name below another level (``val/<ranker>/<name>``), are not checked."""
+    metrics = getattr(task, "metrics", None)
+    names = getattr(metrics["val"], "names", None) if isinstance(metrics, torch.nn.ModuleDict) and "val" in metrics else None
+    if names is None:
+        return
+    logged = ["val/loss", *(f"val/{name}" for name in names)]
+    for callback in trainer.callbacks:
+        monitor = getattr(callback, "monitor", None)
+        if isinstance(monitor, str) and monitor.startswith("val/") and monitor.count("/") == 1 and monitor not in logged:
+            raise ValueError(
+                f"--trainer.callbacks: {type(callback).__name__} monitors {monitor}, which the validation never logs; "
+                f"it logs {', '.join(logged)} (the cut-offs of --model.evaluation.ks {metrics['val'].ks}): monitor one "
+                "of them, or add the cut-off to --model.evaluation.ks"
+            )
 
 
 def duration_seconds(value: object) -> float | None:

@@ -68,6 +68,11 @@ class TopKMetrics(Metric):
         self.add_state("mrr", default=torch.zeros(n, dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("count", default=torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
 
+    @property
+    def names(self) -> list[str]:
+        """The keys of `compute`, in its order."""
+        return [f"{name}@{k}" for k in self.ks for name in ("recall", "ndcg", "mrr")]
+
     def update(self, scores: torch.Tensor, targets: torch.Tensor) -> None:  # type: ignore[override]
         ranks = target_ranks(scores.detach(), targets)  # (B,)
         sums = rank_sums(ranks, self.ks)
@@ -102,6 +107,11 @@ class RankingMetrics(Metric):
         self.add_state("rr", default=torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("hits", default=torch.zeros(len(self.ks), dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("queries", default=torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+
+    @property
+    def names(self) -> list[str]:
+        """The keys of `compute`, in its order."""
+        return ["auc", "mrr", *(["logloss"] if self.logits else []), *(f"recall@{k}" for k in self.ks)]
 
     def update(self, scores: torch.Tensor, labels: torch.Tensor, groups: torch.Tensor) -> None:  # type: ignore[override]
         scores = scores.detach().float()

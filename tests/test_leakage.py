@@ -13,7 +13,7 @@ import pytorch_lightning as pl
 import torch
 
 from sessrec.data import SessionSplits
-from sessrec.data.sources import SessionSource
+from sessrec.data.sources import SessionSource, UserSequenceSource
 from sessrec.models import (
     CausalLanguageModeling,
     ElectraEncoder,
@@ -122,3 +122,22 @@ def test_predict_inputs_are_the_whole_session(tmp_path):
     out = task.predict_step(type("B", (), {"items": items})(), 0)
     assert torch.equal(seen[-1][:, -4:-1], torch.tensor([[11, 12, 13]]))
     assert out.items.shape == (1, 20)
+
+
+@pytest.mark.parametrize("protocol", ["last", "all_prefixes"])
+def test_leave_one_out_targets_only_each_users_held_out_item_under_every_protocol(protocol, tmp_path):
+    """Each user's sequence without its last two items is trained on; validation and test are the same
+    sequences one and two items longer. Under every protocol, their only targets are the items held
+    out (the second to last, the last), one per user, never an item the model was trained on."""
+    rng = np.random.default_rng(0)
+    lines = {u: rng.integers(1, 40, rng.integers(3, 9)).tolist() for u in range(30)}
+    path = tmp_path / "sequences.txt"
+    path.write_text("".join(f"{u} {i}\n" for u, items in lines.items() for i in items))
+    dm = SessionDataModule(source=UserSequenceSource(str(path)), max_length=10, eval_protocol=protocol)
+    for split, from_end in (("valid", 2), ("test", 1)):
+        pairs = dm.pairs(split)
+        users = getattr(dm.splits, split).column("session_id").to_numpy()[pairs.sessions.numpy()]
+        assert sorted(users.tolist()) == list(lines)
+        held_out = pa.array([lines[u][-from_end] for u in users], dm.vocab.raw_ids.type)
+        assert np.array_equal(pairs.targets.numpy(), dm.vocab.encode(held_out).ids), split
+        assert dm.stats[f"{split}_pairs"] == len(lines)

@@ -455,7 +455,9 @@ class UserSequenceSource(SessionSource):
     """One sequence per user, split leave-one-out (SASRec/BERT4Rec/S3-Rec protocol).
 
     Train on each sequence without its last two items, validate on predicting the second to
-    last from what precedes it, test on predicting the last item from everything before it.
+    last from what precedes it, test on predicting the last item from everything before it. In
+    the validation and test splits only that held-out item is `targetable` (the events before it
+    are trained on), so every protocol, ``all_prefixes`` included, scores it alone.
 
     Args:
         path: the text file.
@@ -482,14 +484,19 @@ class UserSequenceSource(SessionSource):
         sessions = sessions.select([frame.SESSION, frame.ITEMS])
         values, offsets = frame.list_offsets(sessions.column(frame.ITEMS))
 
-        def cut(drop: int) -> pa.Table:
+        def cut(drop: int, held_out: bool) -> pa.Table:
+            """The sequences without their last `drop` items; `held_out`: only the last item left is a target."""
             lengths = np.diff(offsets) - drop
             keep = np.arange(offsets[-1]) < np.repeat(offsets[:-1] + lengths, lengths + drop)
-            new_off = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
-            lists = pa.ListArray.from_arrays(pa.array(new_off), values.filter(pa.array(keep)))
-            return pa.table({frame.SESSION: sessions.column(frame.SESSION), frame.ITEMS: lists})
+            new_off = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
+            table = pa.table({frame.SESSION: sessions.column(frame.SESSION),
+                              frame.ITEMS: pa.ListArray.from_arrays(new_off, values.filter(pa.array(keep)))})
+            if not held_out:
+                return table
+            last = np.arange(int(lengths.sum())) == np.repeat(np.cumsum(lengths) - 1, lengths)
+            return table.append_column(frame.TARGETABLE, pa.ListArray.from_arrays(new_off, pa.array(last)))
 
-        return SessionSplits(train=cut(2), valid=cut(1), test=sessions)
+        return SessionSplits(train=cut(2, False), valid=cut(1, True), test=cut(0, True))
 
 
 class TimeWindowSource(SessionSource):

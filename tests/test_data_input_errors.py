@@ -199,3 +199,38 @@ def test_numeric_text_times_of_a_parquet_file_read_in_the_time_unit_one_iso_amon
     iso = Schema(session_id="sid", item_id="iid", timestamp="ts", time_unit="datetime")
     with pytest.raises(SchemaError, match=re.escape("unparsable timestamp '1700000000' at row 0; expected ISO-8601")):
         read_events(tmp_path / "text.parquet", iso)
+
+
+# ------------------------------------------------------------------------------ empty evaluation splits
+SYNTHETIC = {"class_path": "sessrec.data.SyntheticSource", "init_args": {"num_sessions": 300, "num_items": 40}}
+
+
+def test_validating_on_a_split_of_no_pair_is_refused_in_one_line(tmp_path, sessrec_main):
+    """A split whose sessions give no (prefix, next item) pair has no metric: `validate` says so instead of
+    exiting 0 with nothing."""
+    import yaml
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({
+        "trainer": {"logger": False, "enable_progress_bar": False},
+        "model": {"class_path": "sessrec.tasks.BaselineTask",
+                  "init_args": {"baseline": {"class_path": "sessrec.baselines.Popularity"}}},
+        "data": {"source": SYNTHETIC},
+    }))
+    got = sessrec_main("validate", "--config", str(recipe), "--data.source.init_args.valid_days", "0.00001")
+    assert got == ("sessrec validate: error: <sessions> (valid split): no (prefix, next item) pair to score: its 0 "
+                   "sessions have none (a pair needs a session of two or more events); check the source's split "
+                   "settings (SyntheticSource) (--traceback for details)")
+
+
+def test_a_pipeline_without_validation_pairs_is_refused_before_fitting_its_ranker(tmp_path, sessrec_main):
+    import yaml
+
+    recipe = tmp_path / "pipeline.yaml"
+    source = {**SYNTHETIC, "init_args": {**SYNTHETIC["init_args"], "valid_days": 0.00001}}
+    recipe.write_text(yaml.safe_dump({"pipeline": {"data": {"source": source}, "covisitation": {},
+                                                   "output": str(tmp_path / "pipeline")}}))
+    got = sessrec_main("fit", "--config", str(recipe))
+    assert got.startswith("sessrec fit: error: <sessions> (valid split): no (prefix, next item) pair to score: its 0 "
+                          "sessions have none")
+    assert not (tmp_path / "pipeline").exists()

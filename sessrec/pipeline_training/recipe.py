@@ -220,7 +220,7 @@ class PipelineRecipe:
 
     def ranker_data(self) -> EvalPairs:
         """The validation (prefix, next item) pairs that the ranker trains on, with their sessions and times."""
-        return self.data.pairs("valid", None if self.ranker_pairs == "protocol" else "all_prefixes")
+        return self.data.scored_pairs("valid", None if self.ranker_pairs == "protocol" else "all_prefixes")
 
     # -- building -------------------------------------------------------------------------------
     def retrievers(self, names: set[str] | None, train: np.ndarray) -> dict[str, tuple[Retriever, int]]:
@@ -315,7 +315,7 @@ class PipelineRecipe:
             if pipe.vocab != self.data.vocab:
                 raise ValueError(f"{self.output}: the saved pipeline's vocabulary differs from this recipe's data")
         with stages.stage("scoring the test pairs"):
-            metrics = evaluate_pipeline(pipe, self.data.pairs("test"), self.ks, self.batch_size)
+            metrics = evaluate_pipeline(pipe, self.data.scored_pairs("test"), self.ks, self.batch_size)
         print("[test] " + " ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
         return metrics
 

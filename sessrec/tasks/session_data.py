@@ -389,6 +389,18 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
             self._pairs[split, protocol] = EvalPairs(items, targets, torch.from_numpy(session), times)
         return self._pairs[split, protocol]
 
+    def scored_pairs(self, split: str, protocol: Protocol | None = None) -> EvalPairs:
+        """`pairs`, refused in one line where the split gives none: there is no metric to compute (``sessrec
+        validate`` or ``test``), nor a pipeline's ranker to fit."""
+        pairs = self.pairs(split, protocol)
+        if not len(pairs):
+            raise ValueError(
+                f"{self.splits.source} ({split} split): no (prefix, next item) pair to score: its "
+                f"{getattr(self.splits, split).num_rows} sessions have none (a pair needs a session of two or more "
+                f"events); check the source's split settings ({type(self.source).__name__})"
+            )
+        return pairs
+
     def time_tensor(self, split: str) -> torch.Tensor | None:
         """(N, L) float64 event times in seconds aligned with ``tensors(split)[0]`` (0 on padding), or
         None when the split's sessions carry no ``timestamp`` column. Built on the first call.
@@ -438,7 +450,9 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         wanted = {"fit": ["train", "valid"], "validate": ["valid"], "test": ["test"], None: ["train", "valid", "test"]}
         for split in wanted.get(stage, []):
-            if not (split == "train" and self.streaming):
+            if stage in ("validate", "test"):
+                self.scored_pairs(split)  # fit may go without validation; these commands score nothing else
+            elif not (split == "train" and self.streaming):
                 self.tensors(split)
 
     # -- loaders --------------------------------------------------------------------------

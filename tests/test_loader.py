@@ -48,6 +48,27 @@ def test_shuffle_covers_every_row_once_and_changes_per_epoch():
     assert torch.equal(again, epochs[0])  # seeded
 
 
+def test_a_mid_epoch_state_resumes_only_with_the_batch_size_it_counted():
+    """The saved position counts batches: a loader of another batch size would skip another number of rows
+    of the epoch, training some twice and others never, so it refuses the state; with the same size the
+    epoch ends with every row once."""
+    items = padded(103)
+    loader = SessionLoader(items, batch_size=16, shuffle=True, seed=3)
+    batches = iter(loader)
+    seen = torch.cat([next(batches).index for _ in range(3)])
+    state = loader.state_dict()
+    with pytest.raises(ValueError, match=r"^the saved loader state stands 3 batches of 16 sessions into epoch 0, "
+                                         r"this loader cuts batches of 8: resume with --data.batch_size 16"):
+        SessionLoader(items, batch_size=8, shuffle=True, seed=3).load_state_dict(state)
+    resumed = SessionLoader(items, batch_size=16, shuffle=True, seed=3)
+    resumed.load_state_dict(state)
+    rest = torch.cat([b.index for b in resumed])
+    assert sorted(torch.cat([seen, rest]).tolist()) == list(range(103))
+    fresh = SessionLoader(items, batch_size=8, shuffle=True, seed=3)
+    fresh.load_state_dict(SessionLoader(items, batch_size=16, shuffle=True, seed=3).state_dict())  # no batch yet
+    assert sorted(torch.cat([b.index for b in fresh]).tolist()) == list(range(103))
+
+
 def test_drop_last_and_len():
     loader = SessionLoader(padded(10), batch_size=4, shuffle=True, drop_last=True)
     assert len(loader) == 2

@@ -161,16 +161,23 @@ class SessionLoader:
         self.epoch = int(epoch)
 
     def state_dict(self) -> dict[str, int]:
-        """Where the current epoch stands: its number and the batches handed out (Lightning saves it in
-        checkpoints and hands it back on resume, so a run killed mid-epoch continues at the next batch)."""
-        return {"epoch": self._current, "position": self._position, "seed": self.seed}
+        """Where the current epoch stands: its number and the batches handed out, of `batch_size` rows (Lightning
+        saves it in checkpoints and hands it back on resume, so a run killed mid-epoch continues at the next batch)."""
+        return {"epoch": self._current, "position": self._position, "seed": self.seed, "batch_size": self.batch_size}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        """Continue the epoch of `state` after the batches it had handed out."""
+        """Continue the epoch of `state` after the batches it had handed out; refused for a state shuffled with
+        another seed, or one of batches handed out that were of another size than this loader's (it would skip
+        another number of rows: some rows of the epoch trained twice, others never)."""
         if "shuffle_buffer" in state:
             raise ValueError("the saved loader state is a StreamingLoader's: resume with --data.streaming true, as it was trained")
         if int(state.get("seed", self.seed)) != self.seed:
             raise ValueError(f"the saved loader state was shuffled with seed {state['seed']}, this loader with {self.seed}")
+        size = int(state.get("batch_size", self.batch_size))
+        if int(state["position"]) and size != self.batch_size:
+            raise ValueError(f"the saved loader state stands {state['position']} batches of {size} sessions into epoch "
+                             f"{state['epoch']}, this loader cuts batches of {self.batch_size}: resume with "
+                             f"--data.batch_size {size}, the size it was trained with")
         self.epoch, self._resume_at = int(state["epoch"]), int(state["position"])
 
     def __iter__(self) -> Iterator[SessionBatch]:

@@ -244,6 +244,18 @@ def test_a_callback_monitoring_a_metric_the_validation_never_logs_is_refused_bef
                    "cut-off to --model.evaluation.ks")
 
 
+@pytest.mark.parametrize("command, flag, value, reader", [
+    ("test", "--scoring.output", "recs.parquet", "predict"),
+    ("fit", "--scoring.overwrite", "true", "predict"),
+    ("validate", "--data.predict_path", "sessions.parquet", "predict"),
+    ("test", "--last_checkpoint.every_n_train_steps", "5", "fit"),
+])
+def test_a_flag_of_another_command_is_refused_not_ignored(command, flag, value, reader, tmp_path, sessrec_main):
+    recipe = write(tmp_path, "recipe.yaml", TRAINER + MODEL + DATA)
+    got = refused(sessrec_main, tmp_path, command, "--config", str(recipe), flag, value)
+    assert got == f"{flag} is read by sessrec {reader} alone, and sessrec {command} would ignore it: drop the flag"
+
+
 @pytest.mark.parametrize("command", ["fit", "test"])
 @pytest.mark.parametrize("precision, instead", [("bf16-true", "bf16-mixed"), ("16-true", "16-mixed")])
 def test_half_precision_weights_are_refused_before_anything_is_written(command, precision, instead, tmp_path, sessrec_main):

@@ -37,6 +37,9 @@ set by a recipe or on the command line:
   refused with one line naming the key and both values, as is a ``--data.max_length`` other than
   the model's. The recipe a model was trained with always passes.
 
+A flag that only another command reads (``--scoring.*`` and ``--data.predict_path``, ``predict``'s;
+``--last_checkpoint.*``, ``fit``'s) is refused in one line; a recipe may hold them for that command.
+
 A checkpoint resumes ``fit`` (``--ckpt_path``) and nothing else. ``fit`` refuses a Trainer that would
 take no training step (``max_epochs``, ``max_steps`` or ``limit_train_batches`` 0, a ``max_time`` of
 zero), which would save untrained weights as the model directory, and one of no planned end
@@ -75,7 +78,7 @@ from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 
 from sessrec.artifacts import ClickRanker, SessionRecommender, load_artifact
 from sessrec.artifacts.model_directory import FEATURES, VOCAB, read_model_directory
-from sessrec.cli.errors import RecipeError, one_line, refuse_null_below_class
+from sessrec.cli.errors import RecipeError, flag_mapping, one_line, refuse_null_below_class
 from sessrec.cli.parsers import check_sources, checkpoint_refused
 from sessrec.saved.checkpoint import checkpoint_summary, read_checkpoint
 from sessrec.saved.registry import config_of
@@ -193,6 +196,8 @@ class SessrecCLI(LightningCLI):
             parser = self._subcommand_parsers[sub]
             parser.link_arguments("data.cardinalities", "model.init_args.cardinalities", apply_on="instantiate")
             parser.link_arguments("data.num_dense", "model.init_args.num_dense", apply_on="instantiate")
+        if self._args is not None:
+            refuse_flags_of_other_commands(sub, self._args)
         self._engine = Engine(cfg.engine, cfg.scheduler, cfg.workers)
         if sub != "predict" and self._engine.engine != "local":
             raise ValueError(f"--engine {cfg.engine} is for sessrec predict (and recommend); {sub} runs on the Trainer")
@@ -338,6 +343,25 @@ class SessrecCLI(LightningCLI):
 # what a Dask worker scores with: its CPU, float32, one process per worker (the Trainer is not used)
 DASK_TRAINER = {"accelerator": ("auto", "cpu"), "strategy": ("auto",), "devices": ("auto", 1, "1"), "num_nodes": (1,),
                 "precision": (None, 32, "32", "32-true")}
+
+
+# settings that one command reads and the others do not: a recipe may hold them for that command, a flag is refused
+ONE_COMMAND = {("scoring",): "predict", ("data", "predict_path"): "predict", ("data", "init_args", "predict_path"): "predict",
+               ("last_checkpoint",): "fit"}
+
+
+def refuse_flags_of_other_commands(sub: str, args: list[str]) -> None:
+    """Refuse a flag of `args` that only another command reads (`ONE_COMMAND`: ``--scoring.output`` writes
+    ``sessrec predict``'s recommendations, ``--last_checkpoint.*`` saves ``fit``'s), in one line naming it."""
+    given = flag_mapping(args)
+    for path, reader in ONE_COMMAND.items():
+        found: object = given
+        for part in path:
+            found = found.get(part) if isinstance(found, dict) else None
+        if found is None or sub == reader:
+            continue
+        flag = ".".join((*path, *([next(iter(found))] if isinstance(found, dict) and found else [])))
+        raise ValueError(f"--{flag} is read by sessrec {reader} alone, and sessrec {sub} would ignore it: drop the flag")
 
 
 def refuse_trainer_settings(trainer: Namespace) -> None:

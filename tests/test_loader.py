@@ -1,5 +1,6 @@
 """Columnar loader: every session once per epoch, seeded shuffles, trimmed widths, aligned targets."""
 
+import re
 from types import SimpleNamespace
 
 import pyarrow as pa
@@ -48,18 +49,26 @@ def test_shuffle_covers_every_row_once_and_changes_per_epoch():
     assert torch.equal(again, epochs[0])  # seeded
 
 
-def test_a_mid_epoch_state_resumes_only_with_the_batch_size_it_counted():
-    """The saved position counts batches: a loader of another batch size would skip another number of rows
-    of the epoch, training some twice and others never, so it refuses the state; with the same size the
-    epoch ends with every row once."""
+@pytest.mark.parametrize("other, named", [
+    ({"batch_size": 8}, "--data.batch_size 16, this loader with 8"),
+    ({"items": padded(110)}, "training rows (the sessions, --data.train_prefixes, --data.augment_reversed) 103, this "
+                             "loader with 110"),
+    ({"shuffle_chunk": 4}, "--data.shuffle_chunk 1, this loader with 4"),
+    ({"bucket_batches": 2}, "--data.bucket_batches 0, this loader with 2"),
+])
+def test_a_mid_epoch_state_resumes_only_with_the_rows_and_batches_it_counted(other, named):
+    """The saved position counts batches of the epoch's order: a loader of other rows, another batch size or
+    another order would skip other rows, training some twice and others never, so it refuses the state; with
+    the same ones the epoch ends with every row once."""
     items = padded(103)
     loader = SessionLoader(items, batch_size=16, shuffle=True, seed=3)
     batches = iter(loader)
     seen = torch.cat([next(batches).index for _ in range(3)])
     state = loader.state_dict()
-    with pytest.raises(ValueError, match=r"^the saved loader state stands 3 batches of 16 sessions into epoch 0, "
-                                         r"this loader cuts batches of 8: resume with --data.batch_size 16"):
-        SessionLoader(items, batch_size=8, shuffle=True, seed=3).load_state_dict(state)
+    settings = {"items": items, "batch_size": 16, "shuffle": True, "seed": 3, **other}
+    with pytest.raises(ValueError, match=re.escape(f"the saved loader state stands 3 batches into epoch 0 with {named}: "
+                                                   "resume mid-epoch with the rows and batches it was trained with")):
+        SessionLoader(**settings).load_state_dict(state)
     resumed = SessionLoader(items, batch_size=16, shuffle=True, seed=3)
     resumed.load_state_dict(state)
     rest = torch.cat([b.index for b in resumed])

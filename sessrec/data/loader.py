@@ -161,23 +161,29 @@ class SessionLoader:
         self.epoch = int(epoch)
 
     def state_dict(self) -> dict[str, int]:
-        """Where the current epoch stands: its number and the batches handed out, of `batch_size` rows (Lightning
-        saves it in checkpoints and hands it back on resume, so a run killed mid-epoch continues at the next batch)."""
-        return {"epoch": self._current, "position": self._position, "seed": self.seed, "batch_size": self.batch_size}
+        """Where the current epoch stands: its number and the batches handed out, with what that position counts
+        in (`EPOCH_LAYOUT`: the rows, and how they are ordered and cut into batches). Lightning saves it in
+        checkpoints and hands it back on resume, so a run killed mid-epoch continues at the next batch."""
+        return {"epoch": self._current, "position": self._position, "seed": self.seed, **self._layout()}
+
+    def _layout(self) -> dict[str, int]:
+        return {"rows": int(self.items.shape[0]), "batch_size": self.batch_size, "shuffle_chunk": self.shuffle_chunk,
+                "bucket_batches": self.bucket_batches, "world_size": self.world_size}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Continue the epoch of `state` after the batches it had handed out; refused for a state shuffled with
-        another seed, or one of batches handed out that were of another size than this loader's (it would skip
-        another number of rows: some rows of the epoch trained twice, others never)."""
+        another seed, or one whose batches handed out were cut from other rows or in another way
+        (`EPOCH_LAYOUT`): skipping them here would train some rows of the epoch twice and others never."""
         if "shuffle_buffer" in state:
             raise ValueError("the saved loader state is a StreamingLoader's: resume with --data.streaming true, as it was trained")
         if int(state.get("seed", self.seed)) != self.seed:
             raise ValueError(f"the saved loader state was shuffled with seed {state['seed']}, this loader with {self.seed}")
-        size = int(state.get("batch_size", self.batch_size))
-        if int(state["position"]) and size != self.batch_size:
-            raise ValueError(f"the saved loader state stands {state['position']} batches of {size} sessions into epoch "
-                             f"{state['epoch']}, this loader cuts batches of {self.batch_size}: resume with "
-                             f"--data.batch_size {size}, the size it was trained with")
+        for key, mine in self._layout().items() if int(state["position"]) else ():
+            saved = int(state.get(key, mine))
+            if saved != mine:
+                raise ValueError(f"the saved loader state stands {state['position']} batches into epoch {state['epoch']} "
+                                 f"with {EPOCH_LAYOUT[key]} {saved}, this loader with {mine}: resume mid-epoch with the "
+                                 "rows and batches it was trained with")
         self.epoch, self._resume_at = int(state["epoch"]), int(state["position"])
 
     def __iter__(self) -> Iterator[SessionBatch]:
@@ -233,6 +239,12 @@ class SessionLoader:
                 features=feats,
                 times=None if self.times is None else self.times.index_select(0, rows)[:, cut:],
             )
+
+
+# what a mid-epoch position of `SessionLoader` counts in, in the words of the settings that decide it
+EPOCH_LAYOUT = {"rows": "training rows (the sessions, --data.train_prefixes, --data.augment_reversed)",
+                "batch_size": "--data.batch_size", "shuffle_chunk": "--data.shuffle_chunk",
+                "bucket_batches": "--data.bucket_batches", "world_size": "data-parallel processes"}
 
 
 def ranks_of(trainer: object | None) -> dict[str, int]:

@@ -256,6 +256,25 @@ def test_a_flag_of_another_command_is_refused_not_ignored(command, flag, value, 
     assert got == f"{flag} is read by sessrec {reader} alone, and sessrec {command} would ignore it: drop the flag"
 
 
+@pytest.mark.parametrize("command, key, value, expected", [
+    ("test", "limit_test_batches", "0", "sessrec test would score no batch and print no metric; give at least one"),
+    ("validate", "limit_val_batches", "0.0", "sessrec validate would score no batch and print no metric; give at least one"),
+    ("predict", "limit_predict_batches", "1", "sessrec predict writes every session of --data.predict_path, and a "
+                                              "limit would write part of them as the output; drop the flag"),
+    ("predict", "limit_predict_batches", "0", "sessrec predict writes every session of --data.predict_path, and a "
+                                              "limit would write part of them as the output; drop the flag"),
+])
+def test_an_evaluation_or_scoring_limited_to_part_of_its_batches_is_refused(command, key, value, expected, tmp_path,
+                                                                            sessrec_main):
+    recipe = write(tmp_path, "recipe.yaml", TRAINER + MODEL + DATA)
+    sessions = tmp_path / "sessions.csv"
+    sessions.write_text("session_id,item_id\n1,5\n")
+    scoring = ["--data.predict_path", str(sessions), "--scoring.output", str(tmp_path / "out" / "recs.parquet")]
+    got = refused(sessrec_main, tmp_path, command, "--config", str(recipe), f"--trainer.{key}", value,
+                  *(scoring if command == "predict" else []))
+    assert got == f"--trainer.{key} {value}: {expected}"
+
+
 @pytest.mark.parametrize("command", ["fit", "test"])
 @pytest.mark.parametrize("precision, instead", [("bf16-true", "bf16-mixed"), ("16-true", "16-mixed")])
 def test_half_precision_weights_are_refused_before_anything_is_written(command, precision, instead, tmp_path, sessrec_main):

@@ -37,6 +37,9 @@ set by a recipe or on the command line:
   refused with one line naming the key and both values, as is a ``--data.max_length`` other than
   the model's. The recipe a model was trained with always passes.
 
+``validate`` and ``test`` refuse a ``limit_val_batches`` / ``limit_test_batches`` of 0 (no metric), ``predict`` any
+``limit_predict_batches`` (an output of part of the file's sessions).
+
 A flag that only another command reads (``--scoring.*`` and ``--data.predict_path``, ``predict``'s;
 ``--last_checkpoint.*``, ``fit``'s) is refused in one line; a recipe may hold them for that command.
 
@@ -206,6 +209,8 @@ class SessrecCLI(LightningCLI):
         if self._engine.engine == "dask":
             refuse_trainer_settings(cfg.trainer)
         refuse_half_weights(cfg.trainer)
+        if sub in EVALUATING:
+            refuse_partial_scoring(sub, cfg.trainer)
         if sub == "fit":
             refuse_no_training(cfg.trainer)
             refuse_counts_below_one(cfg.trainer)
@@ -396,6 +401,25 @@ def refuse_half_weights(trainer: Namespace) -> None:
     if str(value) in ("16-mixed", "16") and on_cpu:  # Lightning would run bfloat16 instead, with a warning
         raise ValueError(f"--trainer.precision {value}: float16 autocast runs on a GPU, and this run is on the CPU "
                          f"(--trainer.accelerator {accelerator}); use bf16-mixed on the CPU")
+
+
+LIMITS = {"validate": "limit_val_batches", "test": "limit_test_batches", "predict": "limit_predict_batches"}
+
+
+def refuse_partial_scoring(sub: str, trainer: Namespace) -> None:
+    """Refuse a Trainer limit with which ``validate`` or ``test`` scores no batch (``limit_*_batches 0``: no metric,
+    exit 0), or with which ``predict`` scores part of the file (any ``limit_predict_batches``: an output of part of
+    the sessions), in one line naming it."""
+    key = LIMITS[sub]
+    value = trainer.get(key)
+    if value is None or isinstance(value, bool):
+        return
+    if sub == "predict" and not (isinstance(value, float) and value == 1.0):  # an int counts batches: 1 is one
+        raise ValueError(f"--trainer.{key} {value}: sessrec predict writes every session of --data.predict_path, and a "
+                         "limit would write part of them as the output; drop the flag")
+    if value == 0:
+        raise ValueError(f"--trainer.{key} {value}: sessrec {sub} would score no batch and print no metric; give at "
+                         "least one")
 
 
 def refuse_no_training(trainer: Namespace) -> None:

@@ -156,6 +156,18 @@ def test_a_role_column_the_file_has_twice_is_refused_by_every_reader_naming_it(t
                               "so which one it is is unknown; rename or drop the others")
 
 
+@pytest.mark.parametrize("marker", ["", "NA", "NaN", "null", "None"])
+@pytest.mark.parametrize("reader", ["read_events", "scan_events", "ScoringStream"])
+def test_every_reader_reads_the_same_markers_as_a_missing_id(tmp_path, reader, marker):
+    """A session id written ``None`` or ``NaN`` among text ids is missing to the training readers; the scoring stream
+    read it as a session named 'None' and scored it."""
+    rows = [[f"s{sid}", iid, ts] for sid, iid, ts in event_lines(12)]
+    rows[9][0] = marker
+    path = write_csv(tmp_path / "events.csv", rows)
+    with pytest.raises(SchemaError, match="^" + re.escape(f"{path}: column 'sid' has a null id at row 9; drop or fill")):
+        READERS[reader](path)
+
+
 # ------------------------------------------------------------------------------ leave-one-out's least length
 @pytest.mark.parametrize("min_length", [1, 2])
 def test_a_user_sequence_min_length_below_leave_one_outs_three_is_refused(min_length):

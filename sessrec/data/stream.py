@@ -40,7 +40,7 @@ import torch
 
 from sessrec.data import frame
 from sessrec.data.batch import ITEM_DTYPE, SessionBatch
-from sessrec.data.readers import _is_parquet, _sniff_delimiter, integer_ids
+from sessrec.data.readers import NULL_VALUES, _is_parquet, _sniff_delimiter, integer_ids
 from sessrec.data.schema import FeatureSpec, Schema, SchemaError, check_id, parse_time
 from sessrec.data.side import FittedSideFeatures
 from sessrec.data.vocab import ItemVocab
@@ -140,7 +140,7 @@ class ScoringStream:
         parse = pacsv.ParseOptions(delimiter=_sniff_delimiter(self.path))
 
         def reader(types: dict[str, pa.DataType]) -> pacsv.CSVStreamingReader:
-            convert = pacsv.ConvertOptions(column_types=types, null_values=["", "NA", "null"], strings_can_be_null=True,
+            convert = pacsv.ConvertOptions(column_types=types, null_values=NULL_VALUES, strings_can_be_null=True,
                                            include_columns=columns or [])
             return pacsv.open_csv(self.path, read_options=pacsv.ReadOptions(block_size=1 << 22), parse_options=parse,
                                   convert_options=convert)

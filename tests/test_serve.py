@@ -29,7 +29,7 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from sessrec.data import SyntheticSource
-from sessrec.models import MaskedItemModeling, XLNetEncoder
+from sessrec.models import CausalLanguageModeling, HSTUEncoder, MaskedItemModeling, XLNetEncoder
 from sessrec.pipeline.pipeline import Pipeline
 from sessrec.pipeline.request import check_request
 from sessrec.pipeline.retrieval.covisitation import CoVisitation
@@ -626,6 +626,31 @@ def test_a_session_model_is_served_in_mixed_batches_as_alone(data) -> None:
         assert b["scores"] == pytest.approx(a["scores"], abs=1e-5)
     with pytest.raises(ValueError, match="is not in the model's vocabulary"):
         model.recommend([[UNKNOWN]], on_unknown="error")
+
+
+def test_a_session_with_times_batched_with_sessions_without_is_scored_with_its_times(data) -> None:
+    torch.manual_seed(0)
+    task = NextItemTask(num_items=data.num_items, max_length=10, encoder=HSTUEncoder(d_model=16, n_head=2, n_layer=1),
+                        objective=CausalLanguageModeling())
+    task.vocab = data.vocab
+    with torch.no_grad():  # an untrained HSTU's time biases are 0: make its answer depend on the event times
+        for name, parameter in task.model.named_parameters():
+            if name.endswith("time_bias"):
+                parameter.normal_(0.0, 3.0)
+    model = SessionModelService(task.recommender())
+    raw = data.vocab.raw_ids.slice(2).to_pylist()
+    timed = {"session": raw[:3], "times": [1.7e9, 1.7e9 + 3600, 1.7e9 + 90_000], "k": K}
+    bodies = [timed] + [{"session": raw[i : i + 2], "k": K} for i in range(5, 11)]
+    with TestClient(build_app(model, max_batch_size=8, max_wait_ms=300.0)) as c:
+        replies = post_concurrently(c, bodies)
+        assert c.get("/metadata").json()["batching"]["model_calls"] < len(bodies)  # the untimed ones batched
+    alone = model.recommend([timed["session"]], k=K, times=[timed["times"]])
+    assert alone != model.recommend([timed["session"]], k=K)  # the times change the answer
+    expected = [alone] + [model.recommend([body["session"]], k=K) for body in bodies[1:]]
+    for reply, (want,) in zip(replies, expected):
+        (got,) = reply.json()["recommendations"]
+        assert got["item_ids"] == want["item_ids"]
+        assert got["scores"] == pytest.approx(want["scores"], abs=1e-5)
 
 
 def test_settings_are_checked() -> None:

@@ -114,8 +114,9 @@ class Batcher:
     """Dynamic batching of encoded sessions: those of concurrent requests scored in one model call.
 
     One worker task takes the first waiting request, then more until `max_batch_size` sessions or
-    `max_wait_ms` after the first; requests with the same ``k`` encoded by the same model share one
-    ``recommend_batch`` + ``decode`` call, run on the batcher's own thread, which also writes each
+    `max_wait_ms` after the first; requests with the same ``k`` encoded by the same model, either all
+    with event times or all without (`join_sessions` would drop the times of a mixed batch, which an
+    encoder that reads them, HSTU, scores otherwise), share one ``recommend_batch`` + ``decode`` call, run on the batcher's own thread, which also writes each
     request's JSON answer. A request whose deadline has passed (or whose client went away) is
     dropped before the call. The time of the recent calls (`Pace`) gives `expected_wait`, how long
     a request arriving now would wait before its own call.
@@ -211,9 +212,9 @@ class Batcher:
     async def _run(self) -> None:
         while True:
             batch = await self._next_batch()
-            groups: dict[tuple[int, int], list[_Job]] = {}
+            groups: dict[tuple[int, int, bool], list[_Job]] = {}
             for job in batch:
-                groups.setdefault((id(job.recommender), job.k), []).append(job)
+                groups.setdefault((id(job.recommender), job.k, job.sessions.times is not None), []).append(job)
             for jobs in groups.values():
                 await self._score(jobs)
 

@@ -124,9 +124,9 @@ def join_sessions(parts: Sequence[RequestSessions]) -> RequestSessions:
     Each part's ``items`` (and ``history``, its whole-session ids, where one part has it; ``times``,
     its event times, where every part has them) is left-padded to the widest part: the ids stay
     right-aligned and padding is id 0 (time 0), which every stage ignores. Each session keeps its
-    request time (``now``). Event times given by only some of the requests are dropped: a ranker
-    that reads them refuses a request without them when it is encoded, so only a stage that does
-    not read them sees such a batch.
+    request time (``now``). Event times given by only some of the requests are dropped; the server's
+    `Batcher` never joins such requests, since a session model whose encoder reads times (HSTU) scores
+    a session without them otherwise.
 
     Raises:
         ValueError: some parts have a request time and others none (a part built by hand without

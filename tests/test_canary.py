@@ -258,6 +258,23 @@ def test_a_canary_that_cannot_run_is_refused_in_one_line(model_dir, data, tmp_pa
         promote(str(tmp_path / "plain"))
 
 
+@pytest.mark.parametrize(("setting", "message"), [
+    ({"max_queue": 0}, "max_queue must be an integer >= 1, got 0"),
+    ({"deadline_ms": -1}, "deadline_ms must be a positive number of milliseconds, got -1"),
+    ({"k_max": 0}, "k_max must be an integer >= 1, got 0"),
+    ({"workers": 0}, "workers must be an integer >= 1, got 0"),
+    ({"threads": 0}, "threads must be an integer >= 1, got 0"),
+    ({"max_batch_size": 0}, "max_batch_size must be an integer >= 1, got 0"),
+    ({"max_wait_ms": -1.0}, "max_wait_ms must be a finite number >= 0, got -1.0"),
+    ({"reload_interval_s": -2.0}, "reload_interval_s must be a finite number >= 0, got -2.0"),
+])
+def test_a_serve_refused_for_its_settings_records_no_canary(model_dir, setting: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        serve(model_dir, canary="v000002", canary_share=0.1, **setting)
+    assert canary(model_dir) is None and not (model_dir / CANARY).exists()
+    assert all(entry["event"] != "canary" for entry in VersionedDirectory(model_dir).history())
+
+
 def test_a_grown_vocabulary_is_compatible_and_each_version_encodes_with_its_own(model_dir, data, sessions) -> None:
     """A canary whose vocabulary is the live one grown by new items (as ``sessrec retrain`` grows it) is served;
     a session naming a new item is read by the canary's vocabulary, and is unknown to the live version's."""

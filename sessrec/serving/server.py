@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import math
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -100,23 +101,26 @@ def serve(
         canary_share: the share of the sessions the canary answers, strictly between 0 and 1 (e.g. 0.1).
 
     Raises:
-        ValueError: a `port` outside 0..65535, a canary that the directory does not hold, that is its current
-            version or another kind or item vocabulary (`check_compatible`), or a share outside (0, 1), before
-            anything is served.
+        ValueError: a `port` outside 0..65535, a setting out of its range, a canary that the directory does not
+            hold, that is its current version or another kind or item vocabulary (`check_compatible`), or a share
+            outside (0, 1), before anything is served; the canary is recorded only once every setting is accepted.
     """
     if not 0 <= port <= 65535:
         raise ValueError(f"--port {port} is not a TCP port (0 to 65535)")
     if canary is None and canary_share is not None:
         raise ValueError(f"--canary_share {canary_share} without --canary: name the version that answers that share")
-    if canary is not None:
-        start_canary(model_dir, canary, canary_share)
-    check_integers({"workers": workers} if threads is None else {"workers": workers, "threads": threads})
+    check_integers({"workers": workers, "max_batch_size": max_batch_size, **({} if threads is None else {"threads": threads})})
+    for name, value in (("max_wait_ms", max_wait_ms), ("reload_interval_s", reload_interval_s)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
     if workers > 1 and threads is None:
         threads = max(1, torch.get_num_threads() // workers)
     worker = Worker(model_dir, host, port, threads, max_batch_size, max_wait_ms,
                     Limits(max_request_bytes, max_sessions_per_request, max_items_per_session, k_max),
                     Overload(max_queue, max_queued_sessions, max_queue_wait_ms, deadline_ms, retry_after_s),
                     reload_interval_s, log_level, access_log, served_log)
+    if canary is not None:  # recorded in the directory once every setting is accepted
+        start_canary(model_dir, canary, canary_share)
     if workers == 1:
         worker.run()
     else:

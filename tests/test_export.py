@@ -136,6 +136,25 @@ def test_side_features_are_inputs_and_exclude_seen_is_applied(tmp_path, fmt):
 
 
 @pytest.mark.parametrize("fmt", ["onnx", "torchscript"])
+def test_a_session_longer_than_the_model_reads_excludes_only_the_items_it_reads(tmp_path, fmt):
+    """As served: a session is cut to its latest max_length items (10) before it is scored, so an item seen
+    only before them is recommendable."""
+    task = session_task("sasrec_clm", evaluation=Evaluation(exclude_seen=True))
+    recommender = task.recommender()
+    path = export_session_model(recommender, tmp_path, fmt, top_k=20)
+    items = torch.randint(2, 50, (7, 13), generator=torch.Generator().manual_seed(1))  # 13 items each
+    window = items[:, -10:]
+    scores, _, top_items = run_exported(path, items)
+    with torch.no_grad():
+        expected = recommender.scores(window)  # what the server scores: the latest max_length items
+        assert torch.equal(recommender.scores(items), expected)
+    assert max_abs_diff(scores, expected.numpy()) <= 1e-4
+    np.testing.assert_array_equal(top_items, expected.topk(20).indices.numpy())
+    early = [(row, int(item)) for row in range(7) for item in items[row, :3] if item > 0 and item not in window[row]]
+    assert early and all(np.isfinite(scores[row, item]) for row, item in early)
+
+
+@pytest.mark.parametrize("fmt", ["onnx", "torchscript"])
 def test_event_times_are_an_input_of_a_model_that_reads_them(tmp_path, fmt):
     task = session_task("hstu_clm")
     with torch.no_grad():  # a trained time bias: the initial one is zero and would read no times

@@ -83,10 +83,11 @@ def next_item_scores(
     exclude: bool = False,
 ) -> torch.Tensor:
     """(B, V) next-item scores of (B, L) sessions read the way `objective` trained `model`; with
-    `exclude`, the session's own items get -inf (`exclude_seen`). What evaluation, prediction,
-    serving and export all compute."""
+    `exclude`, the session's own items among the latest ``model.max_length`` (those the network reads,
+    and all a server passes it) get -inf (`exclude_seen`). What evaluation, prediction, serving and
+    export all compute."""
     scores = model(items, objective, features)
-    return exclude_seen(scores, items) if exclude else scores
+    return exclude_seen(scores, items[:, -model.max_length :]) if exclude else scores
 
 
 def check_item_ids(items: torch.Tensor, num_items: int) -> None:

@@ -379,3 +379,29 @@ def test_the_comparisons_interval_is_the_two_sample_interval_of_a_difference_of_
     assert (high - low) / 2 == pytest.approx(1.96 * np.sqrt(0.25 / 400 + 0.24 / 400), rel=0.1)
     assert (low + high) / 2 == pytest.approx(0.1, abs=0.01)
     assert np.isnan(difference_interval(a, b[:0], 0.95, 10, np.random.default_rng(0))).all()
+
+
+def test_the_comparisons_interval_resamples_sessions_not_the_requests_of_a_session(tmp_path: Path) -> None:
+    """Each of 40 live and 40 canary sessions (events 10, 11, 10, 11) is served three times, at each of its
+    first three events, and every request of a session hits or every one misses: 20 live sessions and 16 canary
+    ones hit. The sessions, not the 120 requests a side, are the sample: the interval's half-width is the
+    normal one over 40 sessions a side, 1.96 * sqrt(0.25 / 40 + 0.24 / 40) = 0.2169, within 15%."""
+    sessions = [(f"l{i}", False, i < 20) for i in range(40)] + [(f"c{i}", True, i < 16) for i in range(40)]
+    items = [10, 11, 10, 11]
+    events = pa.table({"sid": [s for s, _, _ in sessions for _ in items], "item": items * len(sessions),
+                       "t": [T0 + 10 * i + j for i in range(len(sessions)) for j in range(len(items))]})
+    pacsv.write_csv(events, tmp_path / "events.csv")
+    with ServedLog(tmp_path / "log") as log:
+        for i, (session, on_canary, hit) in enumerate(sessions):
+            for n in (1, 2, 3):
+                recommended = [items[n], 12] if hit else [12, 13]
+                log.record(f"r{i}-{n}", [items[:n]], [{"item_ids": recommended, "scores": [2.0, 1.0]}],
+                           "v000002" if on_canary else "v000001", now=[T0 + 10 * i + n - 1], session_ids=[session],
+                           canary=on_canary)
+    (tmp_path / "ref").mkdir()
+    monitor(str(tmp_path / "log"), [str(tmp_path / "events.csv")], str(reference(tmp_path / "ref")),
+            str(tmp_path / "m.csv"), schema=SCHEMA, k=2, psi_bins=2, canary_out=str(tmp_path / "c.csv"))
+    (row,) = pacsv.read_csv(tmp_path / "c.csv").to_pylist()
+    assert (row["live_evaluated"], row["canary_evaluated"], row["hit_rate@2_difference"]) == (120, 120, pytest.approx(-0.1))
+    half_width = (row["hit_rate@2_high"] - row["hit_rate@2_low"]) / 2
+    assert half_width == pytest.approx(1.96 * np.sqrt(0.25 / 40 + 0.24 / 40), rel=0.15)

@@ -390,8 +390,9 @@ def compare_canary(served: pa.Table, outcomes: tuple[np.ndarray, np.ndarray, np.
     One row per window and canary version: the live rows of the window (those the canary did not
     answer, whichever live version answered them) against the canary's, each side's hit rate@k and
     MRR@k over its evaluated rows, the difference (canary - live) and its two-sided `confidence`
-    interval: a bootstrap that resamples the live rows and the canary rows of the window apart
-    (`samples` times, seeded by `seed`). The two sides are disjoint sets of sessions (a session goes to
+    interval: a bootstrap that resamples the live sessions and the canary sessions of the window apart,
+    each drawn with all its rows (`samples` times, seeded by `seed`), since the requests of one session
+    are not independent of each other. The two sides are disjoint sets of sessions (a session goes to
     one version), so the interval is over sessions, not pairs; the same window keeps both under the
     same traffic.
     """
@@ -402,6 +403,7 @@ def compare_canary(served: pa.Table, outcomes: tuple[np.ndarray, np.ndarray, np.
     evaluated = matched & has_next
     window = np.floor(served.column("now").to_numpy() / window_s) * window_s
     version = served.column("model_version").to_numpy(zero_copy_only=False)
+    session = served.column("session_id").to_numpy(zero_copy_only=False)  # every evaluated row has one
     rng = np.random.default_rng(seed)
     pairs = pa.table({"window": window[canary], "version": version[canary]}).group_by(["window", "version"]) \
         .aggregate([]).sort_by([("window", "ascending"), ("version", "ascending")]).to_pylist()
@@ -416,17 +418,18 @@ def compare_canary(served: pa.Table, outcomes: tuple[np.ndarray, np.ndarray, np.
             row[f"live_{name}"], row[f"canary_{name}"] = _mean(values[live]), _mean(values[tried])
             row[f"{name}_difference"] = row[f"canary_{name}"] - row[f"live_{name}"]
             row[f"{name}_low"], row[f"{name}_high"] = difference_interval(values[tried], values[live], confidence,
-                                                                          samples, rng)
+                                                                          samples, rng, session[tried], session[live])
         rows.append(row)
     table = pa.Table.from_pylist(rows)
     stamps = pa.array((table.column("window_start").to_numpy() * 1e6).astype(np.int64), pa.timestamp("us", tz="UTC"))
     return table.set_column(0, "window_start", stamps)
 
 
-def difference_interval(a: np.ndarray, b: np.ndarray, confidence: float, samples: int,
-                        rng: np.random.Generator) -> tuple[float, float]:
+def difference_interval(a: np.ndarray, b: np.ndarray, confidence: float, samples: int, rng: np.random.Generator,
+                        a_sessions: np.ndarray | None = None, b_sessions: np.ndarray | None = None) -> tuple[float, float]:
     """The two-sided `confidence` interval of ``mean(a) - mean(b)`` by a bootstrap resampling `a` and `b`
-    apart; NaN when either is empty.
+    apart, by session: each side's values of one session (`a_sessions`, `b_sessions`: a session id per value;
+    None: every value its own session) are drawn together. NaN when either is empty.
 
     Examples:
         >>> low, high = difference_interval(np.ones(50), np.zeros(50), 0.95, 200, np.random.default_rng(0))
@@ -435,20 +438,27 @@ def difference_interval(a: np.ndarray, b: np.ndarray, confidence: float, samples
     """
     if len(a) == 0 or len(b) == 0:
         return math.nan, math.nan
-    spread = _bootstrap_means(a, samples, rng) - _bootstrap_means(b, samples, rng)
+    spread = _bootstrap_means(a, a_sessions, samples, rng) - _bootstrap_means(b, b_sessions, samples, rng)
     tail = (1 - confidence) / 2
     low, high = np.quantile(spread, [tail, 1 - tail])
     return float(low), float(high)
 
 
-def _bootstrap_means(values: np.ndarray, samples: int, rng: np.random.Generator) -> np.ndarray:
-    """(samples,) means of `values` resampled with replacement, drawn in chunks of at most `DRAWS_PER_CHUNK` indices."""
-    n = len(values)
+def _bootstrap_means(values: np.ndarray, sessions: np.ndarray | None, samples: int, rng: np.random.Generator) -> np.ndarray:
+    """(samples,) means of `values` over their sessions resampled with replacement (each drawn with all its values;
+    `sessions` None: each value alone), drawn in chunks of at most `DRAWS_PER_CHUNK` indices."""
+    if sessions is None:
+        sums, counts = values.astype(np.float64), np.ones(len(values))
+    else:
+        _, group = np.unique(sessions, return_inverse=True)
+        sums, counts = np.bincount(group, weights=values), np.bincount(group).astype(np.float64)
+    n = len(sums)
     means = np.empty(samples)
     rows = max(1, DRAWS_PER_CHUNK // n)
     for start in range(0, samples, rows):
         stop = min(start + rows, samples)
-        means[start:stop] = np.take(values, rng.integers(0, n, size=(stop - start, n))).mean(axis=1)
+        drawn = rng.integers(0, n, size=(stop - start, n))
+        means[start:stop] = np.take(sums, drawn).sum(axis=1) / np.take(counts, drawn).sum(axis=1)
     return means
 
 

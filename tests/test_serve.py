@@ -682,6 +682,24 @@ def test_serve_binds_loopback_unless_told(pipe, tmp_path: Path, monkeypatch: pyt
                                               "items": pipe.vocab.num_products}
 
 
+def test_a_served_log_folder_that_cannot_be_written_is_refused_in_one_line_before_any_worker(
+        pipe, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(server, "run_workers", lambda worker, count: pytest.fail("a worker was started"))
+    monkeypatch.setattr(server.Worker, "run", lambda self: pytest.fail("the model was loaded"))
+    directory = pipe.save_pretrained(tmp_path / "pipeline")
+    (tmp_path / "file").write_text("")
+    for workers in (1, 2):
+        with pytest.raises(PermissionError, match=f"^--served_log {tmp_path / 'file'} is a file; name a folder$"):
+            serve(directory, served_log=str(tmp_path / "file"), workers=workers)
+        with pytest.raises(PermissionError, match=f"^--served_log {tmp_path / 'file' / 'log'}: {tmp_path / 'file'} is a "
+                                                  "file, not a folder$"):
+            serve(directory, served_log=str(tmp_path / "file" / "log"), workers=workers)
+        with pytest.raises(ValueError, match=f"^--served_log {directory / 'log'} is inside {directory}, which the command "
+                                             "reads; name another folder$"):
+            serve(directory, served_log=str(directory / "log"), workers=workers)
+    assert not (directory / "log").exists()
+
+
 @pytest.mark.slow
 def test_load_benchmark_quick_run(pipe, tmp_path: Path) -> None:
     directory = pipe.save_pretrained(tmp_path / "pipeline")

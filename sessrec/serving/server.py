@@ -29,6 +29,7 @@ from fastapi import FastAPI
 
 from sessrec.saved.registry import check_integers
 from sessrec.saved.versions import VersionedDirectory, check_share, resolve
+from sessrec.scoring.output import check_folder
 from sessrec.serving.admission import Overload
 from sessrec.serving.app import build_app
 from sessrec.serving.canary import check_compatible, load_canary
@@ -101,9 +102,11 @@ def serve(
         canary_share: the share of the sessions the canary answers, strictly between 0 and 1 (e.g. 0.1).
 
     Raises:
-        ValueError: a `port` outside 0..65535, a setting out of its range, a canary that the directory does not
-            hold, that is its current version or another kind or item vocabulary (`check_compatible`), or a share
-            outside (0, 1), before anything is served; the canary is recorded only once every setting is accepted.
+        PermissionError: a `served_log` that is a file or a folder that cannot be written.
+        ValueError: a `port` outside 0..65535, a setting out of its range, a `served_log` inside `model_dir`, a
+            canary that the directory does not hold, that is its current version or another kind or item vocabulary
+            (`check_compatible`), or a share outside (0, 1), before anything is served; the canary is recorded
+            only once every setting is accepted.
     """
     if not 0 <= port <= 65535:
         raise ValueError(f"--port {port} is not a TCP port (0 to 65535)")
@@ -113,6 +116,8 @@ def serve(
     for name, value in (("max_wait_ms", max_wait_ms), ("reload_interval_s", reload_interval_s)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
             raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    if served_log is not None:
+        check_folder(served_log, "--served_log", [model_dir])
     if workers > 1 and threads is None:
         threads = max(1, torch.get_num_threads() // workers)
     worker = Worker(model_dir, host, port, threads, max_batch_size, max_wait_ms,

@@ -364,6 +364,32 @@ def test_past_its_deadline_a_request_gets_504_and_never_reaches_the_model(pipe, 
     assert sample(metrics, "sessrec_shed_total", reason="deadline") == 2
 
 
+def test_a_request_answered_504_or_500_leaves_no_row_in_the_served_log(pipe, sessions, tmp_path) -> None:
+    """The model call of "stuck" outlives its deadline: its client gets 504, and the lists computed after it are
+    no answer anyone saw; a model call that fails is a 500. The served log keeps the request answered 200 alone."""
+    import pyarrow.parquet as pq
+
+    from sessrec.serving.served_log import ServedLog, served_files
+
+    gate, log = Gate(pipe), ServedLog(tmp_path / "log")
+    app = build_app(gate, max_wait_ms=0.0, overload=Overload(max_queue_wait_ms=300, deadline_ms=300), served_log=log)
+    with TestClient(app) as c:
+        flight = InFlight(c)
+        flight.post("stuck", {"session": sessions[0], "k": K, "session_ids": ["late"]}, admitted=1)
+        assert gate.entered.wait(10)
+        wait_until(lambda: c.app.state.admission.admitted == 0)  # answered 504 while the model is stuck
+        gate.release.set()
+        after = c.post("/recommend", json={"session": sessions[3], "k": K, "session_ids": ["on-time"]})
+        assert flight.join()["stuck"].status_code == 504 and after.status_code == 200
+    with TestClient(build_app(Broken(pipe, RuntimeError("a bug")), served_log=ServedLog(tmp_path / "broken"))) as c:
+        assert c.post("/recommend", json={"session": sessions[3], "session_ids": ["failed"]}).status_code == 500
+    assert gate.calls == [1, 1]
+    rows = pq.read_table(served_files(tmp_path / "log")).to_pylist()
+    assert [r["session_id"] for r in rows] == ["on-time"]
+    assert rows[0]["recommended"] == [str(i) for i in after.json()["recommendations"][0]["item_ids"]]
+    assert served_files(tmp_path / "broken") == []
+
+
 class Broken:
     """A recommender that fails in its model call as a server bug would."""
 

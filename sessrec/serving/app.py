@@ -59,7 +59,6 @@ several sessions is one batch element.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import os
 import sys
@@ -198,13 +197,15 @@ class RecommendRoute:
         size = sum(len(part.sessions) for part in parts)
         if self.batcher.queued_sessions + size > self.overload.max_queued_sessions:
             raise Busy(f"the server is busy: {self.batcher.queued_sessions} sessions are waiting for the model")
-        request_id = _request_id(scope) if self.served_log is not None else ""
-        answers = [self.batcher.submit(part.sessions, part.request.k, part.served.recommender, deadline,
-                                       None if self.served_log is None else functools.partial(self.record, request_id, part))
-                   for part in parts]
+        answers = [self.batcher.submit(part.sessions, part.request.k, part.served.recommender, deadline) for part in parts]
+        results = [await answers[0]] if len(parts) == 1 else await asyncio.gather(*answers)
+        if self.served_log is not None:  # every part answered: the request's rows, none of a 504 or a 500
+            request_id = _request_id(scope)
+            for part, (_, lists) in zip(parts, results, strict=True):
+                self.record(request_id, part, lists)
         if len(parts) == 1:
-            return await answers[0], parts
-        return merge_answers(parts, await asyncio.gather(*answers)), parts
+            return results[0][0], parts
+        return merge_answers(parts, [body for body, _ in results]), parts
 
     def prepare(self, body: bytes, live: Served, canary: Served | None, share: float, arrival: float) -> list[Part]:
         """The request parsed and checked alone (`parse_request`), its sessions split between the live version and the
@@ -219,15 +220,19 @@ class RecommendRoute:
                 for served, on_canary in ((live, False), (canary, True))]
 
     def record(self, request_id: str, part: Part, lists: list[dict[str, Any]]) -> None:
-        """One answered part of a request into the served log (on the model's thread, after its answer is written)."""
+        """One part of an answered request into the served log (`ServedLog.record` only buffers the rows; its
+        thread writes them); a failure is logged and never fails the request."""
         assert self.served_log is not None
         checked, now = part.request, part.sessions.now
-        times = None
-        if checked.times is not None:
-            times = [t.tolist() for t in np.split(checked.times, np.cumsum(checked.lengths)[:-1])]
-        self.served_log.record(request_id, checked.sessions, lists, model_version=part.served.version,
-                               now=None if now is None else now.tolist(), times=times, session_ids=part.session_ids,
-                               canary=part.canary, session_index=None if part.index is None else part.index.tolist())
+        try:
+            times = None
+            if checked.times is not None:
+                times = [t.tolist() for t in np.split(checked.times, np.cumsum(checked.lengths)[:-1])]
+            self.served_log.record(request_id, checked.sessions, lists, model_version=part.served.version,
+                                   now=None if now is None else now.tolist(), times=times, session_ids=part.session_ids,
+                                   canary=part.canary, session_index=None if part.index is None else part.index.tolist())
+        except Exception:  # the log never fails a request
+            logger.exception("the served log failed to record a request")
 
     @staticmethod
     async def error(send: Send, status: int, message: str, headers: list[tuple[bytes, bytes]] | None = None) -> int:

@@ -12,7 +12,6 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,7 +39,6 @@ class _Job:
     recommender: Recommender  # the model whose vocabulary encoded them, which scores them
     deadline: float  # event-loop time
     future: asyncio.Future
-    log: Callable[[list[dict[str, Any]]], Any] | None = None  # given the request's decoded lists (a served log)
 
 
 @dataclass
@@ -154,15 +152,14 @@ class Batcher:
             self._thread.shutdown(wait=False, cancel_futures=True)
             self._thread = None
 
-    def submit(self, sessions: RequestSessions, k: int, recommender: Recommender, deadline: float,
-               log: Callable[[list[dict[str, Any]]], Any] | None = None) -> asyncio.Future:
-        """Queue one request's encoded sessions; the future gets its JSON answer (bytes); `log`, when
-        given, gets its decoded lists on the model's thread once it is answered (`ServedLog.record`)."""
+    def submit(self, sessions: RequestSessions, k: int, recommender: Recommender, deadline: float) -> asyncio.Future:
+        """Queue one request's encoded sessions; the future gets its JSON answer (bytes) and its decoded lists
+        (what a served log records once the request is answered: `ServedLog.record`)."""
         if self._queue is None:
             raise RuntimeError("the batcher is not started: run the app under its lifespan (uvicorn, TestClient)")
         future = asyncio.get_running_loop().create_future()
         self.stats.requests += 1
-        self._queue.put_nowait(_Job(sessions, len(sessions), k, recommender, deadline, future, log))
+        self._queue.put_nowait(_Job(sessions, len(sessions), k, recommender, deadline, future))
         self._count(1, len(sessions))
         return future
 
@@ -251,8 +248,8 @@ class Batcher:
 
 
 @torch.inference_mode()  # answers leave as bytes: no tensor of the call outlives it (7% of a request's time against no_grad)
-def _score_call(jobs: list[_Job]) -> list[bytes]:
-    """One model call for `jobs` (same model, same k): each request's JSON answer."""
+def _score_call(jobs: list[_Job]) -> list[tuple[bytes, list[dict[str, Any]]]]:
+    """One model call for `jobs` (same model, same k): each request's JSON answer and its decoded lists."""
     recommender = jobs[0].recommender
     recs = recommender.recommend_batch(join_sessions([job.sessions for job in jobs]), jobs[0].k)
     _check_finite(recs)
@@ -263,12 +260,7 @@ def _score_call(jobs: list[_Job]) -> list[bytes]:
     answers, start = [], 0
     for job in jobs:
         lists = out[start : start + job.size]
-        answers.append(dumps({"recommendations": lists}))
-        if job.log is not None:
-            try:
-                job.log(lists)
-            except Exception:  # the log never fails a request
-                logger.exception("the served log failed to record a request")
+        answers.append((dumps({"recommendations": lists}), lists))
         start += job.size
     return answers
 

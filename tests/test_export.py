@@ -283,6 +283,8 @@ def test_an_export_carries_the_vocabulary_and_version_it_was_made_from(tmp_path)
     assert spec["vocab"] == {"file": "vocab.parquet", "fingerprint": second.vocab.fingerprint(), "rows": 48}
     plain = export_model_dir(second.recommender().save_pretrained(tmp_path / "plain"), tmp_path / "out2", "torchscript")
     assert json.loads(plain.with_suffix(".json").read_text())["version"] is None
+    pinned = export_model_dir(model_dir / "versions" / "v000002", tmp_path / "out3", "torchscript")  # a version's folder
+    assert json.loads(pinned.with_suffix(".json").read_text())["version"] == "v000002"
 
 
 def test_a_triton_export_carries_the_vocabulary_and_version(tmp_path):

@@ -635,6 +635,29 @@ def test_resolve_reads_the_current_version_pointer(pipe, tmp_path: Path) -> None
         resolve(root)
 
 
+def test_a_version_folder_served_by_itself_is_named_by_its_version(pipe, sessions, tmp_path: Path) -> None:
+    """``--model_dir runs/x/model/versions/v000002`` pins a version: /health, the answer's header and the served
+    log name it, as they do when the pointer names it."""
+    import pyarrow.parquet as pq
+
+    from sessrec.serving.served_log import ServedLog, served_files
+
+    root = tmp_path / "model"
+    pipe.save_pretrained(root)
+    pipe.save_pretrained(root)  # v000002 current
+    (root / "CURRENT").write_text("v000001\n")
+    pinned = root / "versions" / "v000002"
+    served = Served.load(pinned)
+    assert (served.path, served.version) == (pinned, "v000002")
+    app = build_app(served, model_dir=pinned, reload_interval_s=0.05, served_log=ServedLog(tmp_path / "log"))
+    with TestClient(app) as c:
+        time.sleep(0.2)  # a few reads of the pinned folder: nothing to reload
+        assert c.get("/health").json()["version"] == "v000002"
+        reply = c.post("/recommend", json={"session": sessions[0], "k": K, "session_ids": ["s"]})
+    assert reply.headers["x-model-version"] == "v000002"
+    assert pq.read_table(served_files(tmp_path / "log")).column("model_version").to_pylist() == ["v000002"]
+
+
 def test_a_session_model_is_served_in_mixed_batches_as_alone(data) -> None:
     torch.manual_seed(0)
     task = NextItemTask(num_items=data.num_items, max_length=10, encoder=XLNetEncoder(d_model=16, n_head=2, n_layer=1),

@@ -386,7 +386,7 @@ def read_model_dir(model_dir: str | os.PathLike) -> tuple[SessionRecommender | C
     without versions): the pointer is read once, so a promotion meanwhile cannot pair one version's name
     with another's model."""
     folder = versions.resolve(model_dir)
-    return load_artifact(folder), (folder.name if folder != Path(model_dir) else None)
+    return load_artifact(folder), versions.version_of(folder)
 
 
 # -- helpers -------------------------------------------------------------------------------------

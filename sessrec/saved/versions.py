@@ -83,6 +83,14 @@ def resolve(directory: str | os.PathLike) -> Path:
     return version
 
 
+def version_of(folder: str | os.PathLike) -> str | None:
+    """The version a folder that `resolve` returned holds: its name when it is a version's folder
+    (``runs/x/model/versions/v000003``, the current one or one given directly), else None (a directory
+    without versions)."""
+    folder = Path(folder)
+    return folder.name if folder.parent.name == VERSIONS and _NAME.match(folder.name) else None
+
+
 def current_version(directory: str | os.PathLike) -> str | None:
     """The current version's name, or None for a directory without versions."""
     pointer = Path(directory) / POINTER

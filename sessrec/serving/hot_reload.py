@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from sessrec.saved.versions import VERSIONS, resolve
+from sessrec.saved.versions import VERSIONS, resolve, version_of
 from sessrec.saved.versions import canary as canary_record
 from sessrec.serving.canary import load_canary_version
 from sessrec.serving.recommender import Served, load_recommender
@@ -108,7 +108,7 @@ class ModelHolder:
         except Exception as err:  # noqa: BLE001 - any load failure keeps the served model
             self._failed_to_load(path, err)
             return False
-        version = None if path == Path(self.model_dir) else path.name
+        version = version_of(path)
         _freeze_loaded()
         self.current, self.error, self._failed = Served(recommender, path, version), None, None
         self.metrics.reloads.labels("ok").inc()

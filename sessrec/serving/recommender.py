@@ -39,7 +39,7 @@ from sessrec.pipeline import clock
 from sessrec.pipeline.candidates import Recommendations, RequestSessions
 from sessrec.pipeline.pipeline import Pipeline, encode_raw
 from sessrec.pipeline.request import Request, check_request
-from sessrec.saved.versions import resolve
+from sessrec.saved.versions import resolve, version_of
 
 
 class Recommender(Protocol):
@@ -181,7 +181,7 @@ class Served:
     Args:
         recommender: the model.
         path: the directory it was read from (a version's folder in a versioned model directory).
-        version: the version's name in a versioned model directory, else None.
+        version: the version's name when `path` is a version's folder (`version_of`), else None.
     """
 
     recommender: Recommender
@@ -192,7 +192,7 @@ class Served:
     def load(cls, model_dir: str | os.PathLike) -> Served:
         """The recommender of `model_dir` at its current version (`sessrec.saved.versions.resolve`)."""
         path = resolve(model_dir)
-        return cls(load_recommender(path), path, None if path == Path(model_dir) else path.name)
+        return cls(load_recommender(path), path, version_of(path))
 
     def describe(self) -> dict[str, Any]:
         """What `/health` reports: the recommender's kind, its vocabulary size where it has one, and the version."""

@@ -115,6 +115,11 @@ CASES = [
     ({"sessions": [[10]], "now": [T0, T0]}, "now holds 2 times for 1 sessions: give one time, or one per session"),
     ({"sessions": [[10]], "now": [None]}, "now must be seconds since the epoch (a number, or one per session), got [None]"),
     ({"sessions": [[10]], "times": [[None]]}, "times of session 0 must be numbers (seconds since the epoch), got None"),
+    ({"sessions": [[10]], "times": [[1e300]]},
+     ("session 0's event time 100000000000... (301 digits) is not a time in seconds since the epoch: after the year 3000 "
+      "(milliseconds? give seconds)")),
+    ({"sessions": [[10]], "now": 1e300},
+     "now 100000000000... (301 digits) is not a time in seconds since the epoch: after the year 3000 (milliseconds? give seconds)"),
 ]
 
 

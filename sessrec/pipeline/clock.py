@@ -62,9 +62,10 @@ def _floats(values: Any, what: str) -> np.ndarray:
 
 
 def _shown(value: float) -> str:
-    """A time for a message: whole seconds as an integer, else every digit float64 keeps."""
+    """A time for a message: whole seconds as an integer (shortened past 24 digits: `_digits`), else every digit
+    float64 keeps."""
     value = float(value)
-    return repr(int(value)) if math.isfinite(value) and value == int(value) else repr(value)
+    return _digits(int(value)) if math.isfinite(value) and value == int(value) else repr(value)
 
 
 def _digits(value: int) -> str:

@@ -317,6 +317,21 @@ def test_the_canary_record_follows_the_log_after_a_crash(model_dir) -> None:
         canary(model_dir)
 
 
+def test_sessrec_promote_reads_the_directory_as_its_log_leaves_it_after_a_crash(model_dir) -> None:
+    """A crash after the log recorded a promotion and before the pointer moved: the log says v000002 is current,
+    the pointer v000001. `promote` brings the directory in line first (as rollback and save do), so promoting
+    v000001 back is a move, and the canary the log ended is not reported as running."""
+    store = VersionedDirectory(model_dir)
+    store.start_canary("v000002", 0.25)
+    store.log({"event": "promote", "version": "v000002", "previous": "v000001", "canary": "v000002",
+               "canary_ended": "promoted"})  # the crash: the pointer and CANARY not yet moved
+    assert store.current_version() == "v000001" and canary(model_dir) == ("v000002", 0.25)
+    assert promote(str(model_dir), "v000001") == "v000001"
+    moves = [e for e in store.history() if e.get("event") == "promote"]
+    assert moves[-1]["previous"] == "v000002" and "canary" not in moves[-1]
+    assert store.current_version() == "v000001" and canary(model_dir) is None
+
+
 @pytest.mark.slow
 def test_sessrec_serve_with_two_workers_ends_its_canary_without_a_failed_request(model_dir, sessions, tmp_path) -> None:
     """The must-show end to end: ``sessrec serve --workers 2 --canary v000002 --canary_share 0.1``; two

@@ -280,7 +280,8 @@ def promote(model_dir: str, version: str | None = None) -> str:
 
     store = VersionedDirectory(model_dir)
     store.check_saved()
-    before, running = store.current_version(), canary(model_dir)
+    before = store.recover()  # the pointer and the canary as the log says, after a crash between them
+    running = canary(model_dir)
     if version is None:
         if running is None:
             raise ValueError(f"{model_dir}: runs no canary; give --version to promote")

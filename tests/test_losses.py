@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -154,6 +155,19 @@ def test_in_batch_negatives_hand_case():
     torch.testing.assert_close(loss(model, hidden, targets), expected)
 
 
+@pytest.mark.parametrize("settings,ignored,why", [
+    ({"negatives": "in_batch", "num_samples": 2048, "sampler": "popularity"}, "num_samples=2048, sampler='popularity'",
+     "negatives='in_batch' draws none"),
+    ({"negatives": "in_batch", "power": 1.0}, "power=1.0", "negatives='in_batch' draws none"),
+    ({"negatives": "sampled", "power": 0.5}, "power=0.5", "sampler='uniform' reads no popularity"),
+])
+def test_settings_a_sampled_softmax_would_not_read_are_refused(settings, ignored, why):
+    with pytest.raises(ValueError, match="^" + re.escape(f"SampledSoftmax: {ignored} would have no effect: {why}")):
+        SampledSoftmax(**settings)
+    SampledSoftmax(negatives="in_batch", num_samples=1024, sampler="uniform")  # the defaults said aloud
+    SampledSoftmax(negatives="mixed", num_samples=2048, sampler="popularity", power=0.5)
+
+
 def test_mixed_uses_both_candidate_sets_and_never_samples_special_ids():
     model = DotScorer(8)
     loss = SampledSoftmax(negatives="mixed", num_samples=500, sampler="popularity", power=1.0)
@@ -170,14 +184,15 @@ def test_samplers_never_draw_virtual_items(sampler):
 
     torch.manual_seed(0)
     model = SessionModel(12, XLNetEncoder(d_model=8, n_head=2, n_layer=1), num_virtual=4)  # ids 8-11 virtual
-    loss = SampledSoftmax(negatives="sampled", num_samples=4000, sampler=sampler, power=1.0)
+    power = {"power": 1.0} if sampler == "popularity" else {}  # the uniform sampler reads no power
+    loss = SampledSoftmax(negatives="sampled", num_samples=4000, sampler=sampler, **power)
     loss.set_item_counts(torch.tensor([0, 0, 1, 1, 1, 1, 1, 1, 1000, 1000, 1000, 1000.0]))  # page views: frequent
     probs = loss._sampling_probs(12, torch.device("cpu"), model.recommendable)
     assert probs[:2].eq(0).all() and probs[8:].eq(0).all()
     assert probs[2:8].tolist() == pytest.approx([1 / 6] * 6)
     drawn = torch.multinomial(probs, 4000, replacement=True, generator=torch.Generator().manual_seed(0))
     assert drawn.min() >= 2 and drawn.max() <= 7
-    own = SampledSoftmax(negatives="per_target", num_samples=1000, sampler=sampler, power=1.0)
+    own = SampledSoftmax(negatives="per_target", num_samples=1000, sampler=sampler, **power)
     own.set_item_counts(loss.counts)
     drawn = own.columns(model, torch.tensor([2, 5, 7]), torch.Generator().manual_seed(0)).ids  # (3, 1000)
     assert drawn.min() >= 2 and drawn.max() <= 7

@@ -30,7 +30,7 @@ S sampled negatives (shared, or per target), K candidates per row.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import ClassVar, Literal
 
 import torch
@@ -162,6 +162,16 @@ class SampledSoftmax(CatalogueLoss):
             raise ValueError(f"sampler must be 'uniform' or 'popularity', got {self.sampler!r}")
         if self.negatives != "in_batch" and self.num_samples < 1:
             raise ValueError(f"num_samples must be >= 1 with {self.negatives!r} negatives, got {self.num_samples}")
+        defaults = {f.name: f.default for f in fields(self)}
+        unused = (["num_samples", "sampler", "power"] if self.negatives == "in_batch"  # the batch's targets: none drawn
+                  else ["power"] if self.sampler == "uniform" else [])
+        ignored = [f"{name}={getattr(self, name)!r}" for name in unused if getattr(self, name) != defaults[name]]
+        if ignored:
+            why = ("negatives='in_batch' draws none (the batch's other targets are the negatives)"
+                   if self.negatives == "in_batch" else "sampler='uniform' reads no popularity")
+            at = ", ".join(f"{name}={defaults[name]!r}" for name in unused if getattr(self, name) != defaults[name])
+            raise ValueError(f"SampledSoftmax: {', '.join(ignored)} would have no effect: {why}; leave them out, or at "
+                             f"their defaults ({at})")
         self.counts: torch.Tensor | None = None
 
     def set_item_counts(self, counts: torch.Tensor) -> None:

@@ -3,7 +3,11 @@ against eager PyTorch on a batch of another size and length than the export exam
 Triton repository's config.pbtxt, parsed."""
 
 import json
+import os
 import re
+import socket
+import subprocess
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -245,6 +249,22 @@ def test_an_export_that_fails_leaves_the_earlier_export_whole(tmp_path, monkeypa
     with pytest.raises(RuntimeError, match=r"the exported .* \(torchscript\) differs from eager PyTorch"):
         export_session_model(session_task("bert_mlm").recommender(), tmp_path, "torchscript")
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_an_export_removes_the_hidden_folder_of_an_export_killed_on_this_host(tmp_path):
+    """A SIGKILL leaves an export's hidden folder behind; the next export into the folder removes it when its
+    process is gone, and leaves a live export's (this process's) and another host's alone."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    host = socket.gethostname()
+    killed, live, elsewhere = (tmp_path / f".export-{host}-{gone.pid}-x1", tmp_path / f".export-{host}-{os.getpid()}-x2",
+                               tmp_path / ".export-another-host-1-x3")
+    for stage in (killed, live, elsewhere):
+        stage.mkdir()
+        (stage / "model.onnx").write_bytes(b"half")
+    export_session_model(session_task("sasrec_clm").recommender(), tmp_path, "torchscript", top_k=5)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, elsewhere.name, "model.json", "model.pt",
+                                                                 "vocab.parquet"])
 
 
 @pytest.mark.parametrize("kind", ["session", "dlrm"])

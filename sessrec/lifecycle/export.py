@@ -45,6 +45,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator
@@ -408,6 +409,25 @@ def _eval_mode(module: nn.Module) -> Iterator[None]:
             m.training = training
 
 
+STAGE = ".export-"  # an export's hidden folder in `out_dir`: .export-<host>-<pid>-<random>
+
+
+def remove_abandoned_stages(out: Path) -> None:
+    """Remove the hidden folders of exports into `out` that were killed (SIGKILL, a lost machine) before they could
+    remove their own: this host's, whose process is gone. Another host's, or a live process's, are left alone."""
+    host = socket.gethostname()
+    for stage in out.glob(f"{STAGE}{host}-*"):
+        pid = stage.name[len(STAGE) + len(host) + 1 :].partition("-")[0]
+        if not pid.isdigit() or not stage.is_dir():
+            continue
+        try:
+            os.kill(int(pid), 0)  # signal 0: is the process there
+        except ProcessLookupError:
+            shutil.rmtree(stage, ignore_errors=True)
+        except PermissionError:  # there, another user's
+            continue
+
+
 def _export(
     scorer: NextItemScorer | ExportedClickScorer,
     reference: Callable[..., torch.Tensor | tuple[torch.Tensor, ...]],
@@ -429,7 +449,8 @@ def _export(
         raise ValueError(f"format must be one of {tuple(FILES)}, got {format!r}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=".export-", dir=out))
+    remove_abandoned_stages(out)
+    stage = Path(tempfile.mkdtemp(prefix=f"{STAGE}{socket.gethostname()}-{os.getpid()}-", dir=out))
     try:
         path = stage / FILES[format]
         inputs, outputs = scorer.inputs(), scorer.outputs()

@@ -625,6 +625,17 @@ def test_cli_serve_a_directory_without_a_model(tmp_path, sessrec_main):
         "serve", "--model_dir", str(tmp_path))
 
 
+def test_cli_serve_a_click_rankers_directory_says_what_the_server_serves(tmp_path, sessrec_main):
+    pytest.importorskip("fastapi")
+    from test_export import dlrm_task
+
+    model_dir = dlrm_task().ranker().save_pretrained(tmp_path / "model")
+    got = sessrec_main("serve", "--model_dir", str(model_dir))
+    assert got == (f"sessrec serve: error: {model_dir / 'config.json'}: holds a click ranker (a DLRM that scores the "
+                   "candidates it is given), which the server does not serve: it answers sessions with a session model's "
+                   "or a pipeline's next items; score clicks with ClickRanker.from_pretrained (--traceback for details)")
+
+
 @pytest.mark.parametrize("content, message", [
     ("{not json", "not valid JSON"),
     ('{"format": "something.else", "version": 1}', "format 'something.else' version 1 is not 'sessrec.model'"),

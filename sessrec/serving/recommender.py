@@ -23,6 +23,7 @@ versioned (a ``CURRENT`` file naming one of ``versions/<name>/``) is read at its
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -169,9 +170,24 @@ def load_recommender(directory: str | os.PathLike) -> Pipeline | SessionModelSer
     """The recommender saved in `directory` (at its current version when it is versioned): a
     pipeline or a session model, by the file that describes it."""
     directory = resolve(directory)
-    if check_model_dir(directory).name == "pipeline.json":
+    described = check_model_dir(directory)
+    if described.name == "pipeline.json":
         return Pipeline.from_pretrained(directory)
+    if is_click_ranker(described):
+        raise ValueError(f"{described}: holds a click ranker (a DLRM that scores the candidates it is given), "
+                         "which the server does not serve: it answers sessions with a session model's or a pipeline's "
+                         "next items; score clicks with ClickRanker.from_pretrained")
     return SessionModelService.from_pretrained(directory)
+
+
+def is_click_ranker(config: Path) -> bool:
+    """Whether the model directory's `config` describes a click ranker (`ClickRanker`: no objective); a file that
+    does not read as a JSON object is left to the loader's one-line refusal."""
+    try:
+        described = json.loads(config.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(described, dict) and "model" in described and "objective" not in described
 
 
 @dataclass(frozen=True)

@@ -217,6 +217,14 @@ def test_a_setting_that_trains_nothing_is_refused_before_anything_is_written(fla
     assert refused(sessrec_main, tmp_path, "fit", "--config", str(recipe), *flags).startswith(expected)
 
 
+@pytest.mark.parametrize("value", ["2", "0.1"])
+def test_overfit_batches_which_the_loaders_cannot_honour_is_refused(value, tmp_path, sessrec_main):
+    """Lightning repeats the same batches by turning off a sampler's shuffling; the loaders have none."""
+    recipe = write(tmp_path, "recipe.yaml", TRAINER + MODEL + DATA)
+    got = refused(sessrec_main, tmp_path, "fit", "--config", str(recipe), "--trainer.overfit_batches", value)
+    assert got.startswith(f"--trainer.overfit_batches {value}: the loaders shuffle each epoch by their own seed")
+
+
 @pytest.mark.parametrize("key, value, counted", [
     ("accumulate_grad_batches", "0", "batches"), ("accumulate_grad_batches", "-2", "batches"),
     ("check_val_every_n_epoch", "0", "epochs"), ("check_val_every_n_epoch", "-1", "epochs"),

@@ -214,6 +214,7 @@ class SessrecCLI(LightningCLI):
         if sub == "fit":
             refuse_no_training(cfg.trainer)
             refuse_counts_below_one(cfg.trainer)
+            refuse_overfit_batches(cfg.trainer)
             refuse_endless_schedule(cfg.trainer, cfg.model)
             if cfg.get("model_dir"):
                 raise ValueError("sessrec fit trains the recipe's model: --model_dir is for validate, test and predict "
@@ -446,6 +447,17 @@ def refuse_counts_below_one(trainer: Namespace) -> None:
         value = trainer.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value < 1:
             raise ValueError(f"--trainer.{key} {value}: a number of {counted}, 1 or more")
+
+
+def refuse_overfit_batches(trainer: Namespace) -> None:
+    """Refuse ``--trainer.overfit_batches``: Lightning fixes the batches it repeats by turning off a sampler's
+    shuffling, and sessrec's loaders shuffle by their own seed and epoch, with no sampler, so every epoch would
+    train on other batches than the last."""
+    value = trainer.get("overfit_batches")
+    if value is not None and not isinstance(value, bool) and value != 0:
+        raise ValueError(f"--trainer.overfit_batches {value}: the loaders shuffle each epoch by their own seed, with no "
+                         "sampler Lightning can turn off, so each epoch would train on other batches; train on a few with "
+                         "--trainer.limit_train_batches")
 
 
 def refuse_unlogged_monitor(trainer: pl.Trainer, task: pl.LightningModule) -> None:

@@ -246,6 +246,17 @@ def test_iso_strings_keep_fractional_seconds(tmp_path):
     )
 
 
+def assert_iso_times_read_alike(tmp_path, stamps: list[str], expected: list[float]) -> None:
+    """Four events whose times are the text `stamps` read as `expected` seconds from a CSV file and from a parquet
+    text column alike."""
+    text = write(tmp_path, parquet(session_id=pa.array([1, 1, 2, 2]), item_id=pa.array([5, 6, 7, 8]),
+                                   timestamp=pa.array(stamps)))
+    lines = write(tmp_path, csv("session_id,item_id,timestamp\n" + "".join(
+        f"{s},{i},{t}\n" for s, i, t in zip([1, 1, 2, 2], [5, 6, 7, 8], stamps))))
+    for path in (lines, text):
+        np.testing.assert_allclose(read_events(path, ISO_TIME)["timestamp"].to_numpy(), expected, rtol=0, atol=1e-6)
+
+
 def test_iso_strings_with_utc_offsets_read_as_utc_alike_from_csv_and_parquet_text(tmp_path):
     """``10:51:09+02:00`` is 08:51:09Z: a parquet text column reads it so, as a CSV file does (Arrow parses the offsets
     of a CSV column itself); fractions of seconds kept, ``Z`` and ``+00:00`` as before."""
@@ -254,12 +265,7 @@ def test_iso_strings_with_utc_offsets_read_as_utc_alike_from_csv_and_parquet_tex
     day = datetime(2014, 4, 7, tzinfo=timezone.utc).timestamp()
     expected = [day + 8 * 3600 + 51 * 60 + 9, day + 12 * 3600 + 24 * 60 + 46.998, day + 8 * 3600 + 26 * 60 + 37,
                 day + 13 * 3600 + 56 * 60 + 38.5]
-    text = write(tmp_path, parquet(session_id=pa.array([1, 1, 2, 2]), item_id=pa.array([5, 6, 7, 8]),
-                                   timestamp=pa.array(stamps)))
-    lines = write(tmp_path, csv("session_id,item_id,timestamp\n" + "".join(
-        f"{s},{i},{t}\n" for s, i, t in zip([1, 1, 2, 2], [5, 6, 7, 8], stamps))))
-    for path in (text, lines):
-        np.testing.assert_allclose(read_events(path, ISO_TIME)["timestamp"].to_numpy(), expected, rtol=0, atol=1e-6)
+    assert_iso_times_read_alike(tmp_path, stamps, expected)
 
 
 def test_iso_strings_to_the_minute_or_hour_read_alike_from_csv_and_parquet_text(tmp_path):
@@ -268,12 +274,7 @@ def test_iso_strings_to_the_minute_or_hour_read_alike_from_csv_and_parquet_text(
     stamps = ["2014-04-07T10:51", "2014-04-07 11", "2014-04-07T12:00:00+01", "2014-04-07T13:30-00:30"]
     day = datetime(2014, 4, 7, tzinfo=timezone.utc).timestamp()
     expected = [day + 10 * 3600 + 51 * 60, day + 11 * 3600, day + 11 * 3600, day + 14 * 3600]
-    text = write(tmp_path, parquet(session_id=pa.array([1, 1, 2, 2]), item_id=pa.array([5, 6, 7, 8]),
-                                   timestamp=pa.array(stamps)))
-    lines = write(tmp_path, csv("session_id,item_id,timestamp\n" + "".join(
-        f"{s},{i},{t}\n" for s, i, t in zip([1, 1, 2, 2], [5, 6, 7, 8], stamps))))
-    for path in (lines, text):
-        np.testing.assert_allclose(read_events(path, ISO_TIME)["timestamp"].to_numpy(), expected, rtol=0, atol=1e-6)
+    assert_iso_times_read_alike(tmp_path, stamps, expected)
 
 
 @pytest.mark.parametrize(

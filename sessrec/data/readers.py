@@ -1,6 +1,6 @@
 """Readers for the public session datasets' real formats, into Arrow tables.
 
-- `read_events`: event logs (one row per interaction) in CSV/TSV (optionally gzipped) or parquet,
+- `read_events`: event logs (one row per interaction) in CSV/TSV (plain or compressed: .gz, .bz2, .zst, .lz4) or parquet,
   validated against a `Schema` (YOOCHOOSE/rsc15, DIGINETICA, trivago RecSys'19).
 - `read_srgnn`: the SR-GNN/GCE-GNN pickles (``all_train_seq.txt``, ``test.txt``), loaded with an
   unpickler that refuses every global, so a hostile file cannot run code.
@@ -32,10 +32,34 @@ from sessrec.data.schema import _check_plausible as check_plausible
 NULL_VALUES = ["", "NA", "NaN", "null", "None"]  # what a CSV field holds for a missing value
 
 
+def compression(path: str | Path) -> str | None:
+    """The codec Arrow's CSV readers decompress `path` with, named by its extension (``gzip`` for ``.gz``, ``bz2``,
+    ``zstd`` for ``.zst``, ``lz4``), or None for a plain file."""
+    try:
+        return pa.Codec.detect(str(path)).name
+    except (TypeError, ValueError):  # no codec's extension
+        return None
+
+
+def open_binary(path: Path):
+    """`path` opened for reading bytes, decompressed as Arrow's CSV readers decompress it (`compression`)."""
+    codec = compression(path)
+    if codec == "gzip":
+        return gzip.open(path, "rb")
+    return open(path, "rb") if codec is None else pa.input_stream(str(path), compression=codec)
+
+
 def _open_text_head(path: Path, n: int = 4096) -> str:
-    """The first `n` bytes of a text file (gzip ok), as text. A gzipped file cut short gives what it holds
-    before the cut: reading the file then refuses it in one line naming it, wherever it was cut."""
-    opener = gzip.open if path.suffix == ".gz" else open
+    """The first `n` bytes of a text file (plain, or compressed as `compression` names), as text. A compressed file cut
+    short gives what it holds before the cut: reading the file then refuses it in one line naming it, wherever it was cut."""
+    codec = compression(path)
+    if codec not in (None, "gzip"):
+        with pa.input_stream(str(path), compression=codec) as f:
+            try:
+                return f.read(n).decode("utf-8", errors="replace")
+            except OSError:  # a truncated or corrupt stream: the reader names the file
+                return ""
+    opener = gzip.open if codec == "gzip" else open
     head = b""
     with opener(path, "rb") as f:
         try:
@@ -67,7 +91,7 @@ def read_table(
     string_columns: list[str] | None = None,
     id_columns: list[str] | None = None,
 ) -> pa.Table:
-    """Read a CSV/TSV (gzip ok) or parquet file into Arrow; errors name the file.
+    """Read a CSV/TSV (plain or compressed, `compression`) or parquet file into Arrow; errors name the file.
 
     Args:
         path: the file.
@@ -148,7 +172,7 @@ def read_events(path: str | Path, schema: Schema, delimiter: str | None = None) 
     """Read an event log and validate it against `schema`.
 
     Args:
-        path: ``.csv``/``.tsv``/``.txt``/``.dat`` (optionally ``.gz``) or ``.parquet`` file.
+        path: ``.csv``/``.tsv``/``.txt``/``.dat`` (optionally ``.gz``, ``.bz2``, ``.zst``, ``.lz4``) or ``.parquet`` file.
         schema: column roles; only its columns are kept.
         delimiter: field separator for text files; sniffed from the header line when None.
 
@@ -307,7 +331,7 @@ def read_user_sequences(path: str | Path, layout: Literal["pairs", "lines"] = "p
     """Read one-sequence-per-user text files as an event table (``session_id``, ``item_id``, ``position``).
 
     Args:
-        path: text file, optionally gzipped.
+        path: text file, plain or compressed (`compression`).
         layout: ``pairs`` — one ``user item`` interaction per line, grouped by user in time order
             (SASRec ``Video.txt``, BERT4Rec ``beauty.txt``); ``lines`` — ``user item item ...``
             (S3-Rec ``Beauty.txt``).
@@ -338,9 +362,8 @@ def read_user_sequences(path: str | Path, layout: Literal["pairs", "lines"] = "p
             row = int(starts[np.setdiff1d(np.arange(len(starts)), first)[0]])
             raise SchemaError(f"{path}: column 'session_id' is not grouped by user (value {users[row]} at row {row})")
     elif layout == "lines":
-        opener = gzip.open if path.suffix == ".gz" else open
         try:
-            with opener(path, "rb") as f:
+            with open_binary(path) as f:
                 data = f.read()
             text = data.decode("utf-8")
         except UnicodeDecodeError as err:

@@ -64,7 +64,7 @@ class ScoringStream:
     ids streamed so far are kept for that check (8 bytes per integer id).
 
     Args:
-        path: parquet, or CSV/TSV (optionally gzipped).
+        path: parquet, or CSV/TSV (plain or compressed: .gz, .bz2, .zst, .lz4).
         vocab: the fitted vocabulary of the model; unknown items map to OOV and are counted.
         schema: session/item (and optional timestamp) column names of the file.
         max_length: most recent items kept per session.

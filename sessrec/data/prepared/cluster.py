@@ -47,6 +47,7 @@ from sessrec.data.readers import (
     _is_parquet,
     _sniff_delimiter,
     check_time_samples,
+    compression,
     integer_ids,
     time_sample,
 )
@@ -71,7 +72,7 @@ class Piece:
 
 
 def pieces_of(path: str) -> list[Piece]:
-    """The pieces of a log: row groups of `PIECE_ROWS` rows, byte ranges of `PIECE_BYTES`, or a gzipped file whole."""
+    """The pieces of a log: row groups of `PIECE_ROWS` rows, byte ranges of `PIECE_BYTES`, or a compressed file whole."""
     piece_bytes, piece_rows = PIECE_BYTES, PIECE_ROWS
     if _is_parquet(Path(path)):
         meta = pq.ParquetFile(path).metadata
@@ -83,7 +84,7 @@ def pieces_of(path: str) -> list[Piece]:
                 pieces.append(Piece(path, len(pieces), tuple(groups), first))
                 first, groups, rows = first + rows, [], 0
         return pieces or [Piece(path, 0)]
-    if Path(path).suffix == ".gz":
+    if compression(path) is not None:  # a compressed stream is read from its start
         return [Piece(path, 0)]
     size = os.path.getsize(path)
     bounds = list(range(0, size, piece_bytes)) + [size]

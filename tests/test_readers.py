@@ -638,3 +638,12 @@ def test_a_compressed_text_file_reads_as_the_plain_one_by_every_reader(tmp_path,
     with pa.output_stream(str(packed_lines), compression=codec) as f:
         f.write(lines.read_bytes())
     assert read_user_sequences(packed_lines, "lines").equals(read_user_sequences(lines, "lines"))
+
+
+@pytest.mark.parametrize("name", ["events.jsonl", "events.json", "events.ndjson.gz"])
+def test_a_json_file_is_refused_naming_it_not_read_as_a_csv_of_no_rows(tmp_path, name):
+    path = tmp_path / name
+    with pa.output_stream(str(path), compression="gzip" if name.endswith(".gz") else None) as f:
+        f.write(b'{"sid": 1, "iid": 2, "ts": 1700000000}\n{"sid": 1, "iid": 3, "ts": 1700000060}\n')
+    with pytest.raises(SchemaError, match=f"^{path}: a JSON file; event logs are read from CSV/TSV files"):
+        read_events(path, Schema(session_id="sid", item_id="iid", timestamp="ts"))

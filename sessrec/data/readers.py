@@ -73,7 +73,16 @@ def _open_text_head(path: Path, n: int = 4096) -> str:
     return head.decode("utf-8", errors="replace")
 
 
+JSON_SUFFIXES = (".json", ".jsonl", ".ndjson")  # JSON (lines), which no reader of event logs reads
+
+
 def _sniff_delimiter(path: Path) -> str:
+    """The field separator of a text file's header line (tab, semicolon, comma or bar: the most frequent); a JSON
+    file (by its extension, under a compression's) is refused naming it, as no event log reader reads JSON."""
+    path = Path(path)
+    if (path.with_suffix("") if compression(path) else path).suffix in JSON_SUFFIXES:
+        raise SchemaError(f"{path}: a JSON file; event logs are read from CSV/TSV files (plain or compressed) and parquet: "
+                          "convert it (pyarrow.json.read_json, then pyarrow.parquet.write_table)")
     first = _open_text_head(path).splitlines()[0] if _open_text_head(path) else ""
     counts = {d: first.count(d) for d in ("\t", ";", ",", "|")}
     best = max(counts, key=counts.get)

@@ -95,6 +95,13 @@ def test_a_resume_with_settings_other_than_its_checkpoints_is_refused(flags, exp
     assert "a resumed fit" in got
 
 
+def test_a_resume_from_a_checkpoint_at_max_steps_is_refused(checkpoint, tmp_path, sessrec_main):
+    """The tiny recipe's checkpoint stands at step 1 (one batch, one epoch): nothing is left to train."""
+    got = refused(sessrec_main, tmp_path, "--ckpt_path", str(checkpoint), "--trainer.max_steps", "1")
+    assert got == (f"--ckpt_path {checkpoint} stands at step 1, --trainer.max_steps 1: the resumed fit would "
+                   "take no step; give a --trainer.max_steps above 1 to train on")
+
+
 def test_a_resume_with_its_recipe_trains_on(checkpoint, tmp_path, sessrec_main):
     assert sessrec_main("fit", "--config", str(recipe(tmp_path)), "--ckpt_path", str(checkpoint),
                         "--trainer.max_epochs", "2") == ""

@@ -219,6 +219,7 @@ class SessrecCLI(LightningCLI):
             if cfg.get("model_dir"):
                 raise ValueError("sessrec fit trains the recipe's model: --model_dir is for validate, test and predict "
                                  "(--ckpt_path resumes a fit)")
+            refuse_finished_resume(cfg)
             self._resumed = resumed_run(cfg)
             if cfg.trainer.get("logger") is False and cfg.trainer.get("default_root_dir") is None:
                 self.save_config_callback = None  # no run folder: no config.yaml in the working directory
@@ -543,6 +544,18 @@ def refuse_other_settings(given: Namespace, ckpt: str) -> None:
 def _shown(metrics: dict) -> str:
     """``name=value`` of the logged metrics (names with a ``/``), sorted, six decimals."""
     return " ".join(f"{k}={float(v):.6f}" for k, v in sorted(metrics.items()) if "/" in k)
+
+
+def refuse_finished_resume(cfg: object) -> None:
+    """For ``fit --ckpt_path``: refuse a checkpoint that stands at or past ``--trainer.max_steps``, in one line: the
+    fit would take no step and still write its model directory again, as a new version of the same weights."""
+    ckpt, max_steps = cfg.get("ckpt_path"), cfg.trainer.get("max_steps")
+    if not ckpt or not Path(ckpt).is_file() or not isinstance(max_steps, int) or max_steps < 0:
+        return
+    step = int(checkpoint_summary(ckpt).get("global_step") or 0)
+    if step >= max_steps:
+        raise ValueError(f"--ckpt_path {ckpt} stands at step {step}, --trainer.max_steps {max_steps}: the resumed fit "
+                         f"would take no step; give a --trainer.max_steps above {step} to train on")
 
 
 def resumed_run(cfg: object) -> tuple[Path, int] | None:

@@ -412,6 +412,10 @@ def retrain_dlrm(
                       stop - (test_hours + valid_hours) * 3600.0, True),
                      ("the test window (the --test_hours before --end)", stop - test_hours * 3600.0))
         current = DLRMTask.from_ranker(served)
+        logged = current.metrics["val"].names  # what the candidate's validation logs: its checkpoint is chosen by one
+        if gate.metric not in logged:
+            raise ValueError(f"gate metric {gate.metric}: the click ranker's validation computes {', '.join(logged)} (the "
+                             "current model's evaluation ks); gate on one of those")
         if not isinstance(current.sparse, DynamicTables):
             raise ValueError(
                 f"{current_path}: this DLRM has fixed tables ({type(current.sparse).__name__}); retraining grows them, so train "

@@ -353,6 +353,18 @@ def test_a_non_integer_double_in_an_int_column_is_refused(tmp_path, column):
                               f"{path / '.merlin' / 'schema.json'} declares it INT; write integer codes (e.g. Categorify before ListSlice)")
 
 
+def test_an_int_column_written_as_doubles_past_2_53_is_refused(tmp_path):
+    """2^53 + 1 is no double: ids that large, written as doubles, may have been rounded onto their neighbours."""
+    values = pq.read_table(TUTORIAL / "part_1.parquet").column("item_id-list").to_pylist()
+    values[3][1] = float(2**53 + 2)
+    path = copy_with(tmp_path, TUTORIAL, "part_1.parquet", "item_id-list", pa.array(values))
+    with pytest.raises(SchemaError) as err:
+        MerlinSource(str(path)).load()
+    assert str(err.value) == (f"{path / 'part_1.parquet'}: column 'item_id-list' holds 9007199254740994 as a double, where "
+                              f"{path / '.merlin' / 'schema.json'} declares it INT: doubles hold every integer only below "
+                              "2^53, so ids written as doubles may have been rounded onto one another; write the column as int64")
+
+
 def test_a_nan_in_a_padded_int_list_is_a_missing_value(tmp_path):
     """NaN in a double list the schema declares INT: a null item is refused with its row, a null category is missing."""
     values = pq.read_table(TUTORIAL / "part_0.parquet").column("item_id-list").to_pylist()

@@ -472,15 +472,24 @@ class MerlinSource(SessionSource):
 
 
 def _values(values: pa.Array, column: MerlinColumn, path: Path, schema: MerlinSchema) -> pa.Array:
-    """The flat values of a column; integer-valued doubles as int64 where the schema says INT (NaN as null), other doubles refused."""
+    """The flat values of a column; integer-valued doubles as int64 where the schema says INT (NaN as null), other doubles
+    refused, and so are those of 2^53 or more in magnitude: past it a double does not hold every integer, so ids written as
+    doubles may have been rounded onto one another."""
     if column.dtype != "INT" or not pa.types.is_floating(values.type):
         return values
     x = values.to_numpy(zero_copy_only=False)
-    bad = ~np.isnan(x) & ((~np.isfinite(x)) | (np.floor(x) != x) | (np.abs(x) >= 2.0**63))
+    bad = ~np.isnan(x) & ((~np.isfinite(x)) | (np.floor(x) != x))
     if bad.any():
         raise SchemaError(
             f"{path}: column {column.name!r} holds {float(x[np.flatnonzero(bad)[0]])!r}, not an integer, where {schema.path} "
             f"declares it INT; write integer codes (e.g. Categorify before ListSlice)"
+        )
+    inexact = ~np.isnan(x) & (np.abs(x) >= 2.0**53)
+    if inexact.any():
+        raise SchemaError(
+            f"{path}: column {column.name!r} holds {float(x[np.flatnonzero(inexact)[0]]):.0f} as a double, where {schema.path} "
+            "declares it INT: doubles hold every integer only below 2^53, so ids written as doubles may have been rounded "
+            "onto one another; write the column as int64"
         )
     missing = np.isnan(x)  # nulls and NaN: missing values, for the readers' null checks
     return pa.array(np.where(missing, 0, x).astype(np.int64), mask=missing if missing.any() else None)

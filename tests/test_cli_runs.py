@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+import pytorch_lightning as pl
 import torch
 
 from sessrec.cli import cli
@@ -62,3 +63,22 @@ def test_fit_prints_the_kept_checkpoints_metrics_and_a_resume_continues_its_fold
     assert epochs == {0.0, 1.0, 2.0}  # the rows of the run resumed are kept
     (line,) = [x for x in out.splitlines() if x.startswith("sessrec fit: metrics of")]
     assert f"(epoch {kept}, step " in line
+
+
+class Failing(pl.Callback):
+    """Fails the fit when training starts: after the run folder's config.yaml and hparams.yaml, before any checkpoint."""
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        raise RuntimeError("the disk is full")
+
+
+def test_a_fit_that_fails_before_its_first_checkpoint_leaves_no_run_folder(tmp_path, sessrec_main):
+    from test_cli_config_errors import DATA, MODEL, TRAINER
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text((TRAINER + MODEL + DATA).replace("OUT", str(tmp_path / "out")))
+    got = sessrec_main("fit", "--config", str(recipe), "--trainer.callbacks+=test_cli_runs.Failing")
+    assert got == "sessrec fit: error: the disk is full (--traceback for details)"
+    assert not (tmp_path / "out" / "run" / "version_0").exists()
+    assert sessrec_main("fit", "--config", str(recipe)) == ""  # the next run is version_0 again, and kept
+    assert (tmp_path / "out" / "run" / "version_0" / "config.yaml").is_file()

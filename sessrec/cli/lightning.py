@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import csv
 import re
+import shutil
 import sys
 import warnings
 from argparse import ArgumentError
@@ -277,6 +278,20 @@ class SessrecCLI(LightningCLI):
         self.trainer.callbacks.append(self._history)
         if self._resumed is not None:
             restore_metrics(self.trainer.logger, *self._resumed)
+
+    def fit(self, model: pl.LightningModule, datamodule: pl.LightningDataModule | None = None, **kwargs: object) -> None:
+        """``sessrec fit``: the Trainer's fit. One that fails (an error, Ctrl-C) before any checkpoint was saved removes
+        the run folder it created (its config.yaml, hparams.yaml and metrics.csv describe no model): nothing
+        half-written is left behind. A resumed run's folder, or one that existed before, is left as it is."""
+        folder = Path(self.trainer.log_dir) if self.trainer.logger is not None and self.trainer.log_dir else None
+        fresh = folder is not None and not folder.exists() and self._resumed is None
+        try:
+            self.trainer.fit(model, datamodule=datamodule, **kwargs)
+        except BaseException:
+            saved = any(cb.best_model_path or cb.last_model_path for cb in self.trainer.checkpoint_callbacks)
+            if fresh and self.trainer.is_global_zero and not saved and not any(folder.rglob("*.ckpt")):
+                shutil.rmtree(folder, ignore_errors=True)
+            raise
 
     def before_predict(self) -> None:
         """A line of progress every 30 s (`PredictProgress`) in place of the progress bar, which cannot

@@ -15,7 +15,7 @@ from jsonargparse import Namespace
 from test_cli_config_errors import DATA, MODEL, QUIET_TRAINER
 
 from sessrec.cli import cli
-from sessrec.cli.lightning import refuse_no_training
+from sessrec.cli.trainer_settings import refuse_no_training
 from sessrec.data.vocab import ItemVocab
 from sessrec.tasks.session_data import vocab_difference
 

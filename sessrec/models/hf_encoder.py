@@ -46,6 +46,12 @@ def check_encoder(
         raise ValueError(f"{owner} initializer_range must be a finite std >= 0 or None, got {initializer_range!r}")
 
 
+def symbolic() -> bool:
+    """Traced, compiled or exported: no value of a tensor can be read (the checks on values are skipped) and
+    shapes must not depend on the data."""
+    return torch.jit.is_tracing() or torch.compiler.is_compiling() or torch.onnx.is_in_onnx_export()
+
+
 class HFEncoder(nn.Module, Configurable):
     """Base of the HF encoder wrappers: (B, L, D) embeddings and (B, L) real positions -> (B, L, D).
 

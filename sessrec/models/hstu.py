@@ -64,7 +64,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sessrec.models.hf_encoder import check_encoder
+from sessrec.models.hf_encoder import check_encoder, symbolic
 from sessrec.models.sasrec import init_linear_layers
 from sessrec.saved.registry import Configurable
 
@@ -179,7 +179,7 @@ class HSTUEncoder(nn.Module, Configurable):
         about 194 days; epoch seconds in float32 are whole multiples of 128 s, their differences buckets apart)."""
         if times is not None and times.shape != attention_mask.shape:
             raise ValueError(f"times has shape {tuple(times.shape)}, the sessions {tuple(attention_mask.shape)}")
-        if times is not None and not _symbolic():
+        if times is not None and not symbolic():
             bad = ~torch.isfinite(times) & attention_mask
             if bool(bad.any()):
                 at = bad.nonzero()[0].tolist()
@@ -191,7 +191,7 @@ class HSTUEncoder(nn.Module, Configurable):
                     raise ValueError(f"times: {times.dtype} event times reach {largest:.0f} s, beyond the {exact:.0f} whole "
                                      "seconds it holds exactly: give float64 seconds (torch.float64)")
         jagged = embeddings.device.type == "cpu" if self.jagged is None else self.jagged
-        if jagged and not _symbolic():
+        if jagged and not symbolic():
             return self._jagged(embeddings, attention_mask, times)
         return self._padded(embeddings, attention_mask, times)
 
@@ -278,8 +278,3 @@ class _Block:
     scale: torch.Tensor
     position: torch.Tensor
     time: torch.Tensor | None
-
-
-def _symbolic() -> bool:
-    """Traced, compiled or exported: shapes must not depend on the data."""
-    return torch.jit.is_tracing() or torch.compiler.is_compiling() or torch.onnx.is_in_onnx_export()

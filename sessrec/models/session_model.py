@@ -42,6 +42,7 @@ from sessrec.data.vocab import NUM_SPECIAL
 from sessrec.models.catalogue_softmax import catalogue_cross_entropy
 from sessrec.models.causal_lm import CausalLanguageModeling
 from sessrec.models.dropout import use_fast_dropout
+from sessrec.models.hf_encoder import symbolic
 from sessrec.models.masking import MaskedItemModeling
 from sessrec.models.objective import EVENT_TIMES, Objective
 from sessrec.models.side_info import SideInfoEmbedding
@@ -139,11 +140,6 @@ def check_side_features(features: dict[str, torch.Tensor] | None, items: torch.T
             at = bad.nonzero()[0].tolist()
             raise ValueError(f"side feature {name!r}: id {int(values[tuple(at)])} at {at} is out of range: its ids "
                              f"are 0..{size - 1}")
-
-
-def _symbolic() -> bool:
-    """Traced, compiled or exported: no value of a tensor is read."""
-    return torch.jit.is_tracing() or torch.compiler.is_compiling() or torch.onnx.is_in_onnx_export()
 
 
 class SessionModel(nn.Module, Configurable):
@@ -360,7 +356,7 @@ class SessionModel(nn.Module, Configurable):
         """
         if isinstance(items, SessionBatch):
             items, features = items.items, self.batch_features(items, features)
-        if not _symbolic():  # a trace or an export has no values to check
+        if not symbolic():  # a trace or an export has no values to check
             check_item_ids(items, self.num_items)
             if self.side_info is not None:
                 check_side_features(features, items, self.side_info)

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 from transformers import XLNetConfig, XLNetModel
 
-from sessrec.models.hf_encoder import HFEncoder
+from sessrec.models.hf_encoder import HFEncoder, symbolic
 
 
 class XLNetEncoder(HFEncoder):
@@ -114,7 +114,7 @@ class XLNetEncoder(HFEncoder):
         """(P, 1, D) sinusoids for distances L .. -L + 1, the same numbers as HF's
         ``relative_positional_encoding``; a constant of L, kept per (L, device, dtype) outside tracing
         (and apart for inference mode, whose tensors autograd may not save)."""
-        if _symbolic():
+        if symbolic():
             return self.xlnet.relative_positional_encoding(length, length).to(device=device, dtype=dtype)
         key = (length, device, dtype, torch.is_inference_mode_enabled())
         cache = self.__dict__.setdefault("_sinusoids", {})
@@ -142,7 +142,7 @@ class XLNetEncoder(HFEncoder):
             pos = xlnet.dropout(pos.transpose(0, 1).expand(b, -1, -1))  # (B, P, D): a mask per session
         else:
             pos = pos.transpose(0, 1)  # (1, P, D): shared by the batch
-        real_at = None if _symbolic() else real.nonzero(as_tuple=True)  # ((R,), (R,)) batch and column
+        real_at = None if symbolic() else real.nonzero(as_tuple=True)  # ((R,), (R,)) batch and column
         if real_at is not None and len(real_at[0]) == b * length:
             real_at = None  # no padding: nothing to skip
         h = embeddings.reshape(b * length, d) if real_at is None else _real_rows(embeddings, real_at, (0, 1, 2))
@@ -153,7 +153,7 @@ class XLNetEncoder(HFEncoder):
         h = xlnet.dropout(h)
         if real_at is not None:
             return _padded_rows(h, real_at, (b, length, d), (0, 1, 2))
-        if _symbolic():  # padding rows were computed: zero them as above
+        if symbolic():  # padding rows were computed: zero them as above
             return h.view(b, length, d) * real[..., None].to(h.dtype)
         return h.view(b, length, d)  # no padding
 
@@ -173,11 +173,6 @@ def _real_rows(padded: torch.Tensor, real_at: tuple[torch.Tensor, torch.Tensor],
     if torch.is_grad_enabled() and padded.requires_grad:
         return _RealRows.apply(padded, real_at, order)
     return padded.permute(order)[real_at]
-
-
-def _symbolic() -> bool:
-    """Traced, compiled or exported: shapes must not depend on the data."""
-    return torch.jit.is_tracing() or torch.compiler.is_compiling() or torch.onnx.is_in_onnx_export()
 
 
 def _attention_block(
@@ -262,7 +257,7 @@ def _rel_shift(x: torch.Tensor, length: int) -> torch.Tensor:
     """(B, H, L, P) scores against distances L - m (m = 0 .. P - 1) -> (B, H, L, L): entry (i, j) is
     x[..., i, L - i + j], the score of distance i - j (HF's ``rel_shift_bnij``, without its copies
     where possible: a strided view of the contiguous scores)."""
-    if _symbolic():  # symbolic shapes: the reshape-and-slice form, as HF writes it
+    if symbolic():  # symbolic shapes: the reshape-and-slice form, as HF writes it
         b, heads, rows, cols = x.shape
         return x.reshape(b, heads, cols, rows)[:, :, 1:].reshape(b, heads, rows, cols - 1)[..., :length]
     x = x.contiguous()

@@ -26,7 +26,14 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from sessrec.data import frame
-from sessrec.data.schema import _BEYOND_INT64, PLAUSIBLE_SECONDS, Schema, SchemaError, first_failing_cast
+from sessrec.data.schema import (
+    _BEYOND_INT64,
+    PLAUSIBLE_SECONDS,
+    Schema,
+    SchemaError,
+    first_failing_cast,
+    first_not_decimal,
+)
 from sessrec.data.schema import _check_plausible as check_plausible
 
 NULL_VALUES = ["", "NA", "NaN", "null", "None"]  # what a CSV field holds for a missing value
@@ -167,9 +174,8 @@ def integer_ids(table: pa.Table, names: list[str], source: str, first_row: int =
             raise SchemaError(f"{source}: column {name!r} has the id {value!r} at row {row}, not an integer as the "
                               f"column's first ids are; fix the row, or {_AS_TEXT}")
         ids = text.cast(pa.int64())
-        other = pc.not_equal(ids.cast(pa.string()), text).fill_null(False).to_numpy(zero_copy_only=False)
-        if other.any():
-            at = int(np.flatnonzero(other)[0])
+        at = first_not_decimal(text, ids)
+        if at is not None:
             number = ids[at].as_py()
             raise SchemaError(f"{source}: column {name!r} has the id {col[at].as_py()!r} at row {first_row + at}, which "
                               f"reads as the integer {number}, as {str(number)!r} does; write it {number}, or {_AS_TEXT}")

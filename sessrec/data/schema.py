@@ -291,6 +291,14 @@ _INT64_MAX = np.iinfo(np.int64).max
 _BEYOND_INT64 = "read the column as strings (Schema(string_ids=True), or store it as text)"
 
 
+def first_not_decimal(text: pa.Array, ints: pa.Array) -> int | None:
+    """Index of the first id of `text` that its integer cast `ints` writes otherwise (Arrow casts ``"01050"``,
+    ``"0x41a"`` and ``"+1050"`` to 1050: text naming another id than ``"1050"``), or None when each is the decimal
+    of its cast. Nulls pass."""
+    at = pc.index(pc.not_equal(ints.cast(text.type), text).fill_null(False), True).as_py()
+    return None if at < 0 else at
+
+
 def first_failing_cast(values: pa.Array | pa.ChunkedArray, to: pa.DataType) -> int | None:
     """Index of the first value of `values` that does not cast to `to`, or None when all do.
 

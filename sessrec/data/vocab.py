@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sessrec.data.schema import first_failing_cast
+from sessrec.data.schema import first_failing_cast, first_not_decimal
 from sessrec.saved.atomic import ParquetFile
 
 PAD = 0
@@ -232,9 +232,8 @@ class ItemVocab(ParquetFile):
     def _check_decimals(text: pa.Array, ints: pa.Array, source: str | None) -> None:
         """Refuse a text id that Arrow casts to an integer id but that is not written as that id's decimal
         (``"01050"`` and ``"0x41a"`` cast to 1050): it names another item than the one it reads as."""
-        other = pc.not_equal(ints.cast(text.type), text).fill_null(False).to_numpy(zero_copy_only=False)
-        if other.any():
-            at = int(np.flatnonzero(other)[0])
+        at = first_not_decimal(text, ints)
+        if at is not None:
             where = f"{source}: " if source else ""
             raise TypeError(
                 f"{where}item ids of type {text.type} cannot be matched with a vocabulary of {ints.type}: "

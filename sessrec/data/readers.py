@@ -59,23 +59,17 @@ def open_binary(path: Path):
 def _open_text_head(path: Path, n: int = 4096) -> str:
     """The first `n` bytes of a text file (plain, or compressed as `compression` names), as text. A compressed file cut
     short gives what it holds before the cut: reading the file then refuses it in one line naming it, wherever it was cut."""
-    codec = compression(path)
-    if codec not in (None, "gzip"):
-        with pa.input_stream(str(path), compression=codec) as f:
-            try:
-                return f.read(n).decode("utf-8", errors="replace")
-            except OSError:  # a truncated or corrupt stream: the reader names the file
-                return ""
-    opener = gzip.open if codec == "gzip" else open
+    codec = compression(path)  # Arrow's streams raise OSError where gzip raises EOFError or zlib.error
+    broken = (EOFError, zlib.error) if codec in (None, "gzip") else (EOFError, zlib.error, OSError)
     head = b""
-    with opener(path, "rb") as f:
+    with open_binary(path) as f:
         try:
             while len(head) < n:
                 part = f.read1(n - len(head))
                 if not part:
                     break
                 head += part
-        except (EOFError, zlib.error):  # a truncated or corrupt stream: the reader names the file
+        except broken:  # a truncated or corrupt stream: the reader names the file
             pass
     return head.decode("utf-8", errors="replace")
 

@@ -11,18 +11,26 @@ predict, serve, export, pipelines, ensembles, teachers, retrain) takes that dire
 """
 
 import os
+from collections.abc import Mapping
+from typing import Any
 
 from sessrec.artifacts.click_ranker import ClickRanker
 from sessrec.artifacts.model_directory import read_model_directory
 from sessrec.artifacts.session_recommender import Inference, SessionRecommender
 
-__all__ = ["ClickRanker", "Inference", "SessionRecommender", "artifact_class", "load_artifact"]
+__all__ = ["ClickRanker", "Inference", "SessionRecommender", "artifact_class", "artifact_class_of", "load_artifact"]
 
 
 def artifact_class(directory: str | os.PathLike) -> type[SessionRecommender] | type[ClickRanker]:
-    """The class of the artifact a model directory holds, by its sections: `SessionRecommender` (it has
-    an ``objective`` section) or `ClickRanker`; a directory it cannot read is refused in one line."""
+    """The class of the artifact a model directory holds (`artifact_class_of` its ``config.json``); a directory it
+    cannot read is refused in one line."""
     _, config = read_model_directory(directory)
+    return artifact_class_of(config)
+
+
+def artifact_class_of(config: Mapping[str, Any]) -> type[SessionRecommender] | type[ClickRanker]:
+    """The class of the artifact a model directory's ``config.json`` describes, by its sections: `SessionRecommender`
+    (it has an ``objective`` section) or `ClickRanker`."""
     return SessionRecommender if "objective" in config else ClickRanker
 
 

@@ -33,6 +33,7 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 
+from sessrec.artifacts import ClickRanker, artifact_class_of
 from sessrec.artifacts.session_recommender import SessionRecommender
 from sessrec.data.vocab import ItemVocab, decode_dicts
 from sessrec.models.session_model import top_recommendable
@@ -181,13 +182,14 @@ def load_recommender(directory: str | os.PathLike) -> Pipeline | SessionModelSer
 
 
 def is_click_ranker(config: Path) -> bool:
-    """Whether the model directory's `config` describes a click ranker (`ClickRanker`: no objective); a file that
-    does not read as a JSON object is left to the loader's one-line refusal."""
+    """Whether the model directory's `config` describes a click ranker (`artifact_class_of`), read without the
+    checks of its parts that loading makes; a file that does not read as a JSON object is left to the loader's
+    one-line refusal."""
     try:
         described = json.loads(config.read_text())
     except (OSError, ValueError):
         return False
-    return isinstance(described, dict) and "model" in described and "objective" not in described
+    return isinstance(described, dict) and "model" in described and artifact_class_of(described) is ClickRanker
 
 
 @dataclass(frozen=True)

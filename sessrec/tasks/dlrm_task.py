@@ -30,6 +30,7 @@ from sessrec.models.dlrm import DLRM
 from sessrec.saved.directory import loads_no_directory
 from sessrec.saved.registry import config_of, register
 from sessrec.tasks.checkpointing import Pretrained
+from sessrec.tasks.optim import decayed_and_rest
 from sessrec.tasks.settings import DLRMNetwork, Evaluation, Optimization
 
 PARTS = ("network", "sparse", "optimization", "evaluation")  # DLRMTask's typed parts, as plain data in hparams
@@ -222,8 +223,7 @@ class DLRMTask(Pretrained, pl.LightningModule):
         # by name: under TorchRecStrategy `self.model` is TorchRec's wrapper, and the tables its local shards
         tables = [p for n, p in self.named_parameters() if ".sparse_arch." in f".{n}"]  # none with a fused optimizer
         ids = {id(p) for p in tables}
-        decay = [p for p in self.parameters() if id(p) not in ids and p.dim() >= 2]
-        rest = [p for p in self.parameters() if id(p) not in ids and p.dim() < 2]
+        decay, rest = ([p for p in group if id(p) not in ids] for group in decayed_and_rest(self))  # the layers' matrices
         optimization = self.optimization
         groups = [{"params": decay, "weight_decay": optimization.weight_decay}, {"params": rest, "weight_decay": 0.0}]
         if tables:

@@ -20,7 +20,7 @@ import pytest
 
 from sessrec.data import frame
 from sessrec.data.readers import load_pickle, read_events, read_srgnn, read_user_sequences
-from sessrec.data.schema import FeatureSpec, Schema, SchemaError
+from sessrec.data.schema import FeatureSpec, Schema, SchemaError, VirtualSpec
 from sessrec.data.sources import EventLogSource, SRGNNSource, SyntheticSource, UserSequenceSource
 from sessrec.data.synthetic import generate_sessions
 
@@ -542,6 +542,46 @@ def test_user_sequence_source_leave_one_out(user_sequences):
         assert frame.session_lengths(splits.train).sum() == 153_776
         first = [getattr(splits, name)["item_id"][0].as_py() for name in ("train", "valid", "test")]
         assert first == [[1, 2, 3], [1, 2, 3, 4], [1, 2, 3, 4, 5]]
+
+
+def test_user_sequence_source_reads_an_event_log_in_time_order(tmp_path):
+    """layout 'events': any event log, each user's events ordered by time (the file's order is not), the times and
+    side features cut with the items; a user of fewer than min_length events is dropped."""
+    path = tmp_path / "ratings.csv"
+    path.write_text("userId,movieId,rating,timestamp\n"
+                    "1,10,4.0,300\n1,11,3.5,100\n1,12,5.0,200\n1,13,1.0,400\n"
+                    "2,20,2.0,50\n2,10,3.0,60\n"
+                    "3,30,4.5,9\n3,31,4.0,7\n3,32,3.0,8\n")
+    schema = Schema(session_id="userId", item_id="movieId", timestamp="timestamp", time_unit="s",
+                    features=[FeatureSpec("rating", "continuous")])
+    splits = UserSequenceSource(str(path), layout="events", schema=schema).load()
+    assert splits.test.to_pylist() == [
+        {"session_id": 1, "item_id": [11, 12, 10, 13], "timestamp": [100.0, 200.0, 300.0, 400.0],
+         "rating": [3.5, 5.0, 4.0, 1.0], "targetable": [False, False, False, True]},
+        {"session_id": 3, "item_id": [31, 32, 30], "timestamp": [7.0, 8.0, 9.0],
+         "rating": [4.0, 3.0, 4.5], "targetable": [False, False, True]},
+    ]
+    assert splits.valid.to_pylist()[0] == {"session_id": 1, "item_id": [11, 12, 10], "timestamp": [100.0, 200.0, 300.0],
+                                           "rating": [3.5, 5.0, 4.0], "targetable": [False, False, True]}
+    assert splits.train.to_pylist() == [
+        {"session_id": 1, "item_id": [11, 12], "timestamp": [100.0, 200.0], "rating": [3.5, 5.0]},
+        {"session_id": 3, "item_id": [31], "timestamp": [7.0], "rating": [4.0]},
+    ]
+    assert splits.source == str(path)
+
+
+def test_user_sequence_source_refuses_what_its_layout_cannot_read(tmp_path):
+    with pytest.raises(ValueError, match="layout 'pairs' has fixed columns"):
+        UserSequenceSource("x.txt", schema=Schema(session_id="user"))
+    with pytest.raises(ValueError, match="layout must be 'pairs', 'lines' or 'events', got 'csv'"):
+        UserSequenceSource("x.csv", layout="csv")
+    with pytest.raises(ValueError, match="virtual events"):
+        UserSequenceSource("x.csv", layout="events",
+                           schema=Schema(virtual=VirtualSpec(column="action", values=["search"])))
+    path = tmp_path / "events.csv"
+    path.write_text("session_id,item_id,timestamp\n1,5,1\n1,6,2\n2,5,3\n")
+    with pytest.raises(ValueError, match=r"events.csv: no user has 3 or more interactions \(the 2 users have at most 2\)"):
+        UserSequenceSource(str(path), layout="events").load()
 
 
 def test_synthetic_source_splits_by_day():

@@ -457,46 +457,71 @@ class UserSequenceSource(SessionSource):
     Train on each sequence without its last two items, validate on predicting the second to
     last from what precedes it, test on predicting the last item from everything before it. In
     the validation and test splits only that held-out item is `targetable` (the events before it
-    are trained on), so every protocol, ``all_prefixes`` included, scores it alone.
+    are trained on), so every protocol, ``all_prefixes`` included, scores it alone. The split is by
+    position within each user, not by time: a user's test item may come before another user's
+    training items (the protocol of the papers; `EventLogSource` splits by time).
 
     Args:
-        path: the text file.
-        layout: ``pairs`` (``user item`` per line) or ``lines`` (``user item item ...``).
+        path: the file.
+        layout: ``pairs`` (``user item`` per line, in time order), ``lines`` (``user item item ...``), or
+            ``events``: an event log (CSV/TSV/parquet, as `EventLogSource` reads) whose `schema` names the
+            user (``session_id``), the item and the time, each user's events ordered by time (then the
+            schema's ``order_by``); the times and side features travel with the items.
         min_length: users with fewer interactions are dropped; at least 3 (leave-one-out holds out two).
+        schema: column roles of an ``events`` file (the other layouts have fixed columns).
+        delimiter: text-file separator of an ``events`` file; sniffed when None.
     """
 
-    def __init__(self, path: str, layout: Literal["pairs", "lines"] = "pairs", min_length: int = 3) -> None:
+    def __init__(self, path: str, layout: Literal["pairs", "lines", "events"] = "pairs", min_length: int = 3,
+                 schema: Schema | None = None, delimiter: str | None = None) -> None:
         if min_length < 3:
             raise ValueError(f"UserSequenceSource: min_length must be >= 3, got {min_length}: leave-one-out holds out each "
                              "user's last two items, so a user of fewer than 3 has none left to train on")
+        if layout not in ("pairs", "lines", "events"):
+            raise ValueError(f"UserSequenceSource: layout must be 'pairs', 'lines' or 'events', got {layout!r}")
+        if layout != "events" and (schema is not None or delimiter is not None):
+            raise ValueError(f"UserSequenceSource: schema and delimiter describe an event log (layout 'events'); layout "
+                             f"{layout!r} has fixed columns")
+        if schema is not None and schema.virtual is not None:
+            raise ValueError("UserSequenceSource: leave-one-out holds out each user's last items, and virtual events "
+                             "(schema.virtual) are never targets: drop them from the file or read it with EventLogSource")
         self.path, self.layout, self.min_length = path, layout, min_length
+        self.schema, self.delimiter = schema if schema is not None else Schema(), delimiter
+
+    def users(self) -> pa.Table:
+        """One row per user of the file: the session id and its list columns (items; an event log's times and
+        side features), in time order."""
+        if self.layout == "events":
+            events = frame.sort_events(read_events(self.path, self.schema, self.delimiter), self.schema)
+            return frame.group_sessions(events, self.schema)
+        events = read_user_sequences(self.path, self.layout)
+        return frame.group_sessions(events, Schema(timestamp=None, order_by="position")).select([frame.SESSION, frame.ITEMS])
 
     def load(self) -> SessionSplits:
-        events = read_user_sequences(self.path, self.layout)
-        schema = Schema(timestamp=None, order_by="position")
-        users = frame.group_sessions(events, schema)
+        users = self.users()
         sessions = frame.filter_lengths(users, min_length=self.min_length)
         if sessions.num_rows == 0:
             raise ValueError(
                 f"{self.path}: no user has {self.min_length} or more interactions (the {users.num_rows} users have "
-                f"at most {int(frame.session_lengths(users).max())}), so leave-one-out has nothing to train on"
+                f"at most {int(frame.session_lengths(users).max(initial=0))}), so leave-one-out has nothing to train on"
             )
-        sessions = sessions.select([frame.SESSION, frame.ITEMS])
-        values, offsets = frame.list_offsets(sessions.column(frame.ITEMS))
+        lists = [name for name in sessions.column_names if name != frame.SESSION]
+        offsets = frame.list_offsets(sessions.column(frame.ITEMS))[1]
 
         def cut(drop: int, held_out: bool) -> pa.Table:
-            """The sequences without their last `drop` items; `held_out`: only the last item left is a target."""
+            """The sequences without their last `drop` events; `held_out`: only the last event left is a target."""
             lengths = np.diff(offsets) - drop
-            keep = np.arange(offsets[-1]) < np.repeat(offsets[:-1] + lengths, lengths + drop)
+            keep = pa.array(np.arange(offsets[-1]) < np.repeat(offsets[:-1] + lengths, lengths + drop))
             new_off = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
-            table = pa.table({frame.SESSION: sessions.column(frame.SESSION),
-                              frame.ITEMS: pa.ListArray.from_arrays(new_off, values.filter(pa.array(keep)))})
-            if not held_out:
-                return table
-            last = np.arange(int(lengths.sum())) == np.repeat(np.cumsum(lengths) - 1, lengths)
-            return table.append_column(frame.TARGETABLE, pa.ListArray.from_arrays(new_off, pa.array(last)))
+            columns = {frame.SESSION: sessions.column(frame.SESSION)}
+            for name in lists:
+                columns[name] = pa.ListArray.from_arrays(new_off, frame.list_offsets(sessions.column(name))[0].filter(keep))
+            if held_out:
+                last = np.arange(int(lengths.sum())) == np.repeat(np.cumsum(lengths) - 1, lengths)
+                columns[frame.TARGETABLE] = pa.ListArray.from_arrays(new_off, pa.array(last))
+            return pa.table(columns)
 
-        return SessionSplits(train=cut(2, False), valid=cut(1, True), test=cut(0, True))
+        return SessionSplits(train=cut(2, False), valid=cut(1, True), test=cut(0, True), source=str(self.path))
 
 
 class TimeWindowSource(SessionSource):

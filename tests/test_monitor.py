@@ -39,8 +39,9 @@ def reference(path: Path) -> Path:
     return path
 
 
-def served(directory: Path) -> Path:
-    """Six requests of v000001 on day 0, one of v000002 on day 1 (k = 2 items each)."""
+def served(directory: Path, day_2: bool = False) -> Path:
+    """Six requests of v000001 on day 0, one of v000002 on day 1 (k = 2 items each); `day_2`: and one of v000002 on
+    day 2 at the end of session s5 (no next event)."""
     requests = [  # (session, its events so far, recommended, time)
         ("s1", [10], [11, 13], 1),  # next 11: rank 1
         ("s1", [10, 11], [10, 12], 2),  # next 12: rank 2
@@ -55,6 +56,9 @@ def served(directory: Path) -> Path:
                        now=[T0 + t], session_ids=[session])
         log.record("r6", [[12]], [{"item_ids": [13, 10], "scores": [2.0, 1.0]}], "v000002", now=[T0 + DAY + 1],
                    session_ids=["s5"])
+        if day_2:
+            log.record("r7", [[12, 13]], [{"item_ids": [10, 11], "scores": [2.0, 1.0]}], "v000002", now=[T0 + 2 * DAY + 1],
+                       session_ids=["s5"])
     return directory
 
 
@@ -122,6 +126,25 @@ def test_a_threshold_crossed_exits_3_with_one_line(inputs: dict, tmp_path: Path,
     assert run(cli_args(inputs, tmp_path, {"psi_max": 10.0, "hit_rate_min": 0.5})).num_rows == 2  # none crossed
 
 
+def test_a_window_without_a_judged_request_is_reported_and_crosses_nothing(inputs: dict, tmp_path: Path, capsys,
+                                                                           monkeypatch) -> None:
+    """Day 2 holds one request of a session that ended with it (s5's last event): a window of no judged request,
+    counts 0 and NaN rates marked in the printout; it crosses no threshold, while another window's psi still does."""
+    (tmp_path / "log_2").mkdir()
+    inputs = {**inputs, "served_log": str(served(tmp_path / "log_2", day_2=True))}
+    table = run(cli_args(inputs, tmp_path, {"psi_max": 10.0, "hit_rate_min": 0.5, "mrr_min": 0.5}))
+    last = table.to_pylist()[-1]
+    assert (last["window_start"].timestamp(), last["requests"], last["evaluated"], last["ended"]) == (T0 + 2 * DAY, 1, 0, 1)
+    assert np.isnan(last["hit_rate@2"]) and np.isnan(last["mrr@2"])
+    out = capsys.readouterr().out
+    assert "version v000002, window from 2023-11-17T00:00Z: no request with a next event; hit_rate@2 and mrr@2 not judged" in out
+    monkeypatch.setattr(sys, "argv", ["sessrec", *cli_args(inputs, tmp_path, {"psi_max": 1.0, "hit_rate_min": 0.5})])
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    assert exit_.value.code == 3
+    assert capsys.readouterr().err.startswith("sessrec monitor: threshold crossed: psi 7.0395 > psi_max 1 (version v000002")
+
+
 def test_a_misspelt_threshold_is_one_line_naming_its_place(inputs: dict, tmp_path: Path, capsys, monkeypatch) -> None:
     monkeypatch.setattr(sys, "argv", ["sessrec", *cli_args(inputs, tmp_path, {"psi_mx": 1.0})])
     with pytest.raises(SystemExit) as exit_:
@@ -142,9 +165,10 @@ def test_thresholds_check_each_side() -> None:
     all_new = table.set_column(7, "psi", pa.array([float("nan")]))
     assert Thresholds(psi_max=10.0).crossed(all_new, 5) == [
         "psi undefined: no requested item is in the training vocabulary (version v1, window from 2023-11-15T00:00Z)"]
-    unknown = table.set_column(3, "hit_rate@5", pa.array([float("nan")]))
-    with pytest.raises(ValueError, match=r"hit_rate@5 of version v1, window from 2023-11-15T00:00Z is unknown \(3 requests"):
-        Thresholds(hit_rate_min=0.1).crossed(unknown, 5)
+    unjudged = table.set_column(2, "evaluated", pa.array([0])).set_column(3, "hit_rate@5", pa.array([float("nan")]))
+    with pytest.raises(ValueError, match=r"^no served request has a next event in the event log, so hit_rate_min cannot"):
+        Thresholds(hit_rate_min=0.1).crossed(unjudged, 5)
+    assert Thresholds(hit_rate_min=0.1).crossed(pa.concat_tables([table, unjudged]), 5) == []
 
 
 @pytest.mark.parametrize(("given", "message"), [

@@ -12,7 +12,8 @@ log of the same sessions (any file `sessrec.data.scan_events` reads, with its `S
   a session the event log does not hold, or a request that did not start at the session's first event)
   is counted in ``unmatched`` and left out, as are rows whose session ended with the request
   (``ended``). An unknown target counts as a miss, as ``sessrec test`` counts it. ``evaluated`` rows
-  give the two rates.
+  give the two rates; a window without one (the log's last, whose sessions have no next event yet) has
+  NaN rates, is printed as not judged and crosses no hit rate or MRR threshold.
 - ``coverage@k``: distinct items among the first `k` recommended / products of the reference vocabulary.
 - ``unknown_share``: share of requests whose newest event is an item the reference vocabulary lacks.
 - ``psi``: population stability index of the requests' newest known items against the training data:
@@ -127,9 +128,14 @@ class Thresholds:
         return reasons
 
     def crossed(self, table: pa.Table, k: int) -> list[str]:
-        """One reason per (row, limit) crossed, in table order."""
+        """One reason per (row, limit) crossed, in table order; a row without a judged request (``evaluated`` 0:
+        hit rate and MRR NaN) crosses no hit rate or MRR limit, unless no row has one."""
         checks = [("hit_rate_min", f"hit_rate@{k}", min), ("mrr_min", f"mrr@{k}", min),
                   ("coverage_min", f"coverage@{k}", min), ("unknown_max", "unknown_share", max), ("psi_max", "psi", max)]
+        judged = [name for name in ("hit_rate_min", "mrr_min") if getattr(self, name) is not None]
+        if judged and not any(table.column("evaluated").to_pylist()):
+            raise ValueError(f"no served request has a next event in the event log, so {' and '.join(judged)} cannot "
+                             "be checked; check the event log and the period")
         reasons = []
         for row in table.to_pylist():
             for name, column, side in checks:
@@ -141,9 +147,8 @@ class Thresholds:
                 if column == "psi" and math.isnan(value):
                     reasons.append(f"psi undefined: no requested item is in the training vocabulary ({where})")
                     continue
-                if math.isnan(value):
-                    raise ValueError(f"{column} of {where} is unknown ({row['evaluated']} requests with a next event), "
-                                     f"so {name} cannot be checked; widen the window or check the event log")
+                if math.isnan(value):  # hit rate or MRR of a window without a judged request
+                    continue
                 if (value < limit) if side is min else (value > limit):
                     reasons.append(f"{column} {value:.4f} {'<' if side is min else '>'} {name} {limit:g} ({where})")
         return reasons
@@ -216,6 +221,9 @@ def monitor(
     table = report(served, outcomes, vocab, k, 3600.0 * window_hours, psi_bins)
     write_table(table, out)
     print(format_table(table))
+    for row in table.filter(pc.equal(table.column("evaluated"), 0)).to_pylist():
+        print(f"version {row['model_version']}, window from {row['window_start']:%Y-%m-%dT%H:%M}Z: no request with a "
+              f"next event; hit_rate@{k} and mrr@{k} not judged")
     comparison = compare_canary(served, outcomes, k, 3600.0 * window_hours, confidence)
     if comparison is not None:
         if canary_out is not None:

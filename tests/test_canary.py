@@ -31,7 +31,7 @@ from sessrec.pipeline.pipeline import Pipeline
 from sessrec.pipeline.retrieval.covisitation import CoVisitation
 from sessrec.saved.versions import CANARY, VersionedDirectory, canary
 from sessrec.serving.app import build_app
-from sessrec.serving.canary import canary_sessions, load_canary
+from sessrec.serving.canary import canary_sessions, load_canary, load_canary_version
 from sessrec.serving.recommender import Served
 from sessrec.serving.served_log import ServedLog
 from sessrec.serving.server import serve, start_canary
@@ -308,8 +308,8 @@ def test_the_canary_record_follows_the_log_after_a_crash(model_dir) -> None:
     assert canary(model_dir) == ("v000002", 0.25)
     assert store.start_canary("v000002", 0.25) is False  # running already: nothing logged twice
     store.promote("v000002")
-    (model_dir / CANARY).write_text('{"version": "v000002", "share": 0.25}\n')  # a promotion cut before removing it
-    assert canary(model_dir) is None  # it names the current version: no canary
+    (model_dir / CANARY).write_text('{"version": "v000002", "share": 0.25, "live": "v000001"}\n')  # a promotion cut
+    assert canary(model_dir) is None  # before removing it: recorded beside another live version, no canary
     store.recover()
     assert not (model_dir / CANARY).exists()
     (model_dir / CANARY).write_text("v000001")
@@ -330,6 +330,43 @@ def test_sessrec_promote_reads_the_directory_as_its_log_leaves_it_after_a_crash(
     moves = [e for e in store.history() if e.get("event") == "promote"]
     assert moves[-1]["previous"] == "v000002" and "canary" not in moves[-1]
     assert store.current_version() == "v000001" and canary(model_dir) is None
+
+
+def test_a_reload_reads_one_state_and_never_keeps_a_canary_beside_another_live_version(model_dir, live,
+                                                                                      monkeypatch) -> None:
+    """A promotion of v000003 while canary v000002 runs beside v000001 moves the pointer, then removes ``CANARY``:
+    a reload between the two serves v000003 alone, not the dropped canary beside it. A pointer move and a new
+    canary between two reloads: while the new canary loads, the new live version answers every session."""
+    import asyncio
+
+    from sessrec.serving import hot_reload
+
+    start_canary(model_dir, "v000002", 0.5)
+    record = (model_dir / CANARY).read_text()
+    served = Served.load(model_dir)
+    holder = hot_reload.ModelHolder(served, model_dir, 0, canary=load_canary(model_dir, served))
+    assert holder.canary.version == "v000002"
+    live.save_pretrained(model_dir)  # v000003 current, the canary dropped
+    (model_dir / CANARY).write_text(record)  # read between the pointer's move and the record's removal
+    assert asyncio.run(holder.check())
+    assert (holder.current.version, holder.canary, canary(model_dir)) == ("v000003", None, None)
+
+    (model_dir / CANARY).unlink()
+    start_canary(model_dir, "v000002", 0.5)
+    asyncio.run(holder.check())
+    assert (holder.current.version, holder.canary.version) == ("v000003", "v000002")
+    assert promote(str(model_dir), "v000001") == "v000001"  # drops canary v000002
+    start_canary(model_dir, "v000003", 0.25)
+    seen = []
+
+    def loading(current: Served, path: Path) -> Served:
+        seen.append((holder.current.version, holder.canary))
+        return load_canary_version(current, path)
+
+    monkeypatch.setattr(hot_reload, "load_canary_version", loading)
+    asyncio.run(holder.check())
+    assert seen == [("v000001", None)]
+    assert (holder.current.version, holder.canary.version, holder.share) == ("v000001", "v000003", 0.25)
 
 
 @pytest.mark.slow

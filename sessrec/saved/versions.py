@@ -28,13 +28,15 @@ they are kept). ``rollback(to=V)`` walks back to V when V is in the history, and
 top, as a promotion would.
 
 A **canary** (`VersionedDirectory.start_canary`) is another version that serves a share of the sessions
-beside the current one: ``CANARY`` holds its name and share (one JSON line, replaced atomically) after
-the log records it. It ends at the next move of the pointer: a promotion of the canary makes it current
-for every session; any other move (a save, another promotion, a rollback with ``to``) drops it. A
-``rollback()`` without a target while a canary runs drops the canary and leaves the pointer where it is.
-The log says whether a canary runs (its last ``canary`` entry with no ``canary_end`` or pointer move
-after it); `recover` brings ``CANARY`` in line with it after a crash, and `canary` ignores a ``CANARY``
-that names the current version (a promotion that crashed before removing it).
+beside the current one: ``CANARY`` holds its name, share and the live version it runs beside (one JSON
+line, replaced atomically) after the log records it. It ends at the next move of the pointer: a promotion
+of the canary makes it current for every session; any other move (a save, another promotion, a rollback
+with ``to``) drops it. A ``rollback()`` without a target while a canary runs drops the canary and leaves the
+pointer where it is. The log says whether a canary runs (its last ``canary`` entry with no ``canary_end`` or
+pointer move after it); `recover` brings ``CANARY`` in line with it after a crash, and `canary` ignores a
+``CANARY`` whose live version is not the current one (the pointer moved and ``CANARY`` is not yet removed:
+a promotion in progress, or one that crashed before removing it). `served_state` reads the current
+version and its canary as one state, for a server that follows the directory.
 
 Old versions are kept up to `keep`, and never the current one, the `keep` before it in the
 promotion history (where a rollback walks) or the best promoted so far (the ``best`` the log names
@@ -69,12 +71,29 @@ SAVED_MARKERS = (POINTER, *DESCRIPTIONS)  # what makes a folder a saved director
 def resolve(directory: str | os.PathLike) -> Path:
     """The directory to read now: the current version of a versioned directory, else `directory` itself."""
     directory = Path(directory)
-    pointer = directory / POINTER
     if not directory.is_dir():
         raise FileNotFoundError(f"{directory}: no such model directory")
-    if not pointer.exists():
+    return _folder(directory, current_version(directory))
+
+
+def served_state(directory: str | os.PathLike) -> tuple[Path, tuple[str, float] | None]:
+    """The directory to read now (`resolve`) and the canary served beside it (`canary`), as one state: ``CANARY``
+    read before ``CURRENT``, and ``CURRENT`` read once. A promotion moves the pointer, then removes ``CANARY``: a
+    record read between the two names the old live version and is none, so the state read is the old one or the
+    new one, never the new live version beside the old canary."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"{directory}: no such model directory")
+    record = _canary_record(directory)
+    current = current_version(directory)
+    return _folder(directory, current), _running(record, current)
+
+
+def _folder(directory: Path, name: str | None) -> Path:
+    """The folder of version `name` of `directory` (read from its pointer); `directory` itself when None."""
+    if name is None:
         return directory
-    name = pointer.read_text().strip()
+    pointer = directory / POINTER
     if not _NAME.match(name):
         raise ValueError(f"{pointer}: names version {name!r}, not a version of the form v000001")
     version = directory / VERSIONS / name
@@ -99,18 +118,31 @@ def current_version(directory: str | os.PathLike) -> str | None:
 
 def canary(directory: str | os.PathLike) -> tuple[str, float] | None:
     """The canary of a versioned directory (its version's name and the share of sessions it serves), or None
-    when none runs (a ``CANARY`` naming the current version, left by a crash mid-promotion, is none)."""
-    path = Path(directory) / CANARY
+    when none runs (a ``CANARY`` recorded beside another live version than the current one, left by a promotion
+    in progress or one that crashed before removing it, is none)."""
+    record = _canary_record(Path(directory))
+    return _running(record, current_version(directory))
+
+
+def _canary_record(directory: Path) -> dict[str, Any] | None:
+    """``CANARY`` of `directory`, checked, or None when there is none."""
+    path = directory / CANARY
     try:
         record = json.loads(path.read_text())
     except FileNotFoundError:
         return None
     except ValueError as err:
         raise ValueError(f"{path}: not a canary record ({err}); run sessrec rollback to drop it") from None
-    if not (isinstance(record, dict) and isinstance(record.get("version"), str) and _NAME.match(record["version"])
+    if not (isinstance(record, dict) and all(isinstance(record.get(key), str) and _NAME.match(record[key])
+                                             for key in ("version", "live"))
             and isinstance(record.get("share"), float) and 0 < record["share"] < 1):
         raise ValueError(f"{path}: not a canary record ({str(record)[:80]}); run sessrec rollback to drop it")
-    if record["version"] == current_version(directory):
+    return record
+
+
+def _running(record: dict[str, Any] | None, current: str | None) -> tuple[str, float] | None:
+    """The canary a ``CANARY`` `record` names, when it runs beside the `current` version."""
+    if record is None or record["live"] != current:
         return None
     return record["version"], record["share"]
 
@@ -339,7 +371,7 @@ class VersionedDirectory:
             if running is None:
                 (self.root / CANARY).unlink(missing_ok=True)
             elif canary(self.root) != running:
-                self._write_canary(*running)
+                self._write_canary(*running, self.current_version())
             if self.current_version() is not None:
                 self._remove_adopted()
             return self.current_version()
@@ -387,7 +419,7 @@ class VersionedDirectory:
                                  "sessrec rollback to drop it)")
             self._check(version, current)
             self.log({"event": "canary", "version": version, "share": share, "live": current})
-            self._write_canary(version, share)
+            self._write_canary(version, share, current)
             return True
 
     def rollback(self, to: str | None = None) -> str:
@@ -425,8 +457,8 @@ class VersionedDirectory:
                 running = None
         return running
 
-    def _write_canary(self, version: str, share: float) -> None:
-        write_text(self.root / CANARY, json.dumps({"version": version, "share": share}) + "\n")
+    def _write_canary(self, version: str, share: float, live: str) -> None:
+        write_text(self.root / CANARY, json.dumps({"version": version, "share": share, "live": live}) + "\n")
 
     def _step_back(self, current: str) -> str:
         """The version before `current` in the promotion history; one line when there is none to go to."""

@@ -15,8 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from sessrec.saved.versions import VERSIONS, resolve, version_of
-from sessrec.saved.versions import canary as canary_record
+from sessrec.saved.versions import VERSIONS, served_state, version_of
 from sessrec.serving.canary import load_canary_version
 from sessrec.serving.recommender import Served, load_recommender
 from sessrec.serving.request_metrics import Metrics
@@ -27,12 +26,13 @@ logger = logging.getLogger(__name__)
 class ModelHolder:
     """The model being served, its canary, and their hot reload from a model directory.
 
-    `check` reads the directory's current version (`resolve`) and its canary (`sessrec.saved.versions.canary`):
-    two small files. When the current version is another folder than the one served, that folder is
-    served from then on: the canary's model when the canary was promoted (nothing to load), else the
-    folder loaded in a thread. When the canary record names a version other than the canary served,
-    that version is checked against the live one (`check_compatible`) and loaded in a thread; when it
-    names none (the canary promoted or dropped), the live version answers every session. A load that
+    `check` reads the directory's current version and its canary as one state (`served_state`): two small
+    files. When the current version is another folder than the one served, that folder is served from then
+    on: the canary's model when the canary was promoted (nothing to load), else the folder loaded in a
+    thread, which then answers every session (the move of the pointer ended the canary) until the canary
+    the directory records, if any, is loaded. When the canary record names a version other than the canary
+    served, that version is checked against the live one (`check_compatible`) and loaded in a thread; when
+    it names none (the canary promoted or dropped), the live version answers every session. A load that
     fails keeps what is served, logs the error and keeps it in `error` (the live version) or
     `canary_error` (shown by `/health`); that folder is not tried again until the record moves.
 
@@ -84,7 +84,7 @@ class ModelHolder:
         if self.model_dir is None:
             return False
         try:
-            running, path = await asyncio.to_thread(_read_directory, self.model_dir)
+            path, running = await asyncio.to_thread(served_state, self.model_dir)
         except Exception as err:  # noqa: BLE001 - a pointer being fixed by hand: keep serving, say why
             self._failed_to_load(None, err)
             return False
@@ -110,7 +110,7 @@ class ModelHolder:
             return False
         version = version_of(path)
         _freeze_loaded()
-        self.current, self.error, self._failed = Served(recommender, path, version), None, None
+        self.current, self.canary, self.error, self._failed = Served(recommender, path, version), None, None, None
         self.metrics.reloads.labels("ok").inc()
         logger.info("serving %s (version %s)", path, version)
         return True
@@ -150,13 +150,6 @@ class ModelHolder:
                          message)
             self.metrics.reloads.labels("failed").inc()
         self.error, self._failed = message, path
-
-
-def _read_directory(model_dir: str | os.PathLike) -> tuple[tuple[str, float] | None, Path]:
-    """The directory's canary, then its current version's folder: in this order, a promotion (which moves the
-    pointer before it removes ``CANARY``) is seen as the canary still running beside the old version, or as the
-    canary current (named by both), never as the old version alone."""
-    return canary_record(model_dir), resolve(model_dir)
 
 
 def _freeze_loaded() -> None:

@@ -237,6 +237,21 @@ def test_retrain_on_a_window_older_than_the_served_model_is_refused(tmp_path):
     assert not (tmp_path / "candidate").exists() and not (root / "promotions.jsonl").exists()
 
 
+def test_a_warm_turn_on_sessions_the_served_model_trained_on_all_of_is_refused(tmp_path):
+    """Days 0-2 of 10 sessions, the latest 3 validating: a served model whose training data ends with the 27th session
+    (06:02 on the 3rd, as a turn on that window leaves it) is not trained on the same sessions again."""
+    log = write_log(tmp_path / "events.parquet", list(range(8)))
+    root = served_model(tmp_path / "model", T0 + 2 * DAY + 6 * 3600.0 + 120.0)
+    window = {"train_from": "2014-04-01", "train_until": "2014-04-04", "test_until": "2014-04-06"}
+    with pytest.raises(ValueError) as err:
+        retrain(str(root), **retrain_args(tmp_path, log, **window))
+    assert str(err.value) == (
+        "the training window's training sessions (2014-04-01 .. 2014-04-04) end 2014-04-03T06:02:00Z, not after the last "
+        f"event the current model trained on (2014-04-03T06:02:00Z, train_end in {root}/config.json): a warm start would "
+        "train it again on sessions it trained on; retrain on a later window, or pass --backfill true")
+    assert not (tmp_path / "candidate").exists() and not (root / "promotions.jsonl").exists()
+
+
 def test_the_gate_refuses_to_compare_on_sessions_the_served_model_trained_on(tmp_path):
     log = write_log(tmp_path / "events.parquet", list(range(8)))
     root = served_model(tmp_path / "model", T0 + 5 * DAY + 7200.0)

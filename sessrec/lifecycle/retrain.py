@@ -7,7 +7,8 @@ One call of `retrain` is one turn of the loop that keeps a served session model 
    (every known item keeps its id and learned row; new rows start from the model's initialisation);
 3. train the grown model on that window (warm start), or a fresh one (``warm_start=False``); a window
    that ends before the current model's training data (``train_end`` in its directory) is refused
-   unless asked to backfill, and so is a test window that does not start after the training data of
+   unless asked to backfill, and so is a warm start on a window whose training sessions hold no event
+   after that data (the same sessions trained on again), and so is a test window that does not start after the training data of
    every model compared (`sessrec.lifecycle.gate.check_unseen`), and so is a test window of fewer test
    pairs than the gate's ``min_pairs`` (counted before training: such a turn could only be refused);
 4. evaluate the candidate, the current model and the best model promoted so far on the window
@@ -152,8 +153,8 @@ def retrain(
         test_from: start of the test window, at or after `train_until` (None: `train_until`). It must be
             after the training data of the current model and of the best promoted ends: the gate never
             compares on sessions a compared model trained on.
-        backfill: train on a window that ends before the current model's training data does (its test
-            window, from `test_from`, must still start after it).
+        backfill: train on a window that ends before the current model's training data does, or warm-start on
+            training sessions that end with it (its test window, from `test_from`, must still start after it).
 
     Returns:
         the decision as the model directory's log holds it (``promotions.jsonl``).
@@ -170,6 +171,11 @@ def retrain(
         current = NextItemTask.from_recommender(served)
         check_gate_metric(gate, current.evaluation.ks)
         splits = source.load()
+        if warm_start and not backfill and splits.train_end() <= served.train_end:
+            raise ValueError(f"the training window's training sessions ({train_from} .. {train_until}) end "
+                             f"{iso(splits.train_end())}, not after the last event the current model trained on "
+                             f"({iso(served.train_end)}, train_end in {current_path / CONFIG}): a warm start would train "
+                             "it again on sessions it trained on; retrain on a later window, or pass --backfill true")
         check_min_pairs(gate, len(protocol_pairs(splits.test, PROTOCOL).session), "the test window's sessions (their last items)",
                         f"{train_until if test_from is None else test_from} .. {test_until}", "--test_until")
         out_dir.mkdir(parents=True, exist_ok=True)

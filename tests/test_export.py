@@ -318,6 +318,16 @@ def test_a_triton_export_carries_the_vocabulary_and_version(tmp_path):
     assert RankingVocab.load(written / "1" / "vocab.parquet").fingerprint() == ranker.vocab.fingerprint()
 
 
+def test_a_triton_repository_inside_the_model_directory_is_refused_before_the_export(tmp_path, sessrec_main):
+    """As ``--format onnx`` refuses it: a repository written into a version's folder would change a version in place."""
+    model_dir = dlrm_task().ranker().save_pretrained(tmp_path / "model")
+    for out in (model_dir / "repo", model_dir):
+        got = sessrec_main("export", "--model_dir", str(model_dir), "--out", str(out), "--format", "triton")
+        assert got == (f"sessrec export: error: --out {out} is inside {model_dir}, which the command reads; name another "
+                       "folder (--traceback for details)")
+    assert sorted(p.name for p in model_dir.iterdir()) == ["config.json", "model.safetensors", "vocab.parquet"]
+
+
 def dlrm_task(interaction: str = "dot") -> DLRMTask:
     torch.manual_seed(0)
     task = DLRMTask(cardinalities={"city": 10, "tags": 7, "item id": 5}, num_dense=3, network=DLRMNetwork(

@@ -216,7 +216,9 @@ def export(
 
     if format == "triton":
         from sessrec.lifecycle.triton import triton_repository
+        from sessrec.scoring.output import check_folder
 
+        check_folder(out, "--out", [model_dir])
         artifact, version = read_model_dir(model_dir)
         return str(triton_repository(artifact, out, name, max_batch_size, top_k=top_k, version=version))
     return str(export_model_dir(model_dir, out, format, top_k=top_k))

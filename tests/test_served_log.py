@@ -63,6 +63,18 @@ def test_a_request_of_several_sessions_keeps_their_last_events(tmp_path: Path) -
     assert table.column("session_id").to_pylist() == [None, None]
 
 
+def test_two_logs_of_one_process_in_one_second_keep_each_others_files(tmp_path: Path, monkeypatch) -> None:
+    """A server restarted in its process (an app built again) logs into the same folder: its first file must not
+    replace the first file of the log before it, which has the same UTC start and pid."""
+    from sessrec.serving import served_log
+
+    monkeypatch.setattr(served_log.time, "strftime", lambda fmt, t=None: "20240101T000000Z")
+    for i in range(2):
+        with ServedLog(tmp_path) as log:
+            log.record(f"r{i}", *one(i), served_at=1.7e9)
+    assert read(tmp_path).column("request_id").to_pylist() == ["r0", "r1"]
+
+
 def test_rotation_by_minutes_closes_a_file_of_a_quiet_log(tmp_path: Path) -> None:
     log = ServedLog(tmp_path, max_minutes=0.002)  # 0.12 s
     log.record("r0", *one(0))

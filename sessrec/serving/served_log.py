@@ -4,10 +4,11 @@ A server calls `ServedLog.record` once per answered request; the call puts the r
 bounded in-memory buffer and returns at once. One background thread drains the buffer into the open
 file of the log's directory, which it closes and renames when it holds `max_rows` rows or
 `max_minutes` after its first row came in (whichever comes first), and opens the next on the next rows:
-a row is in a closed file `max_minutes` after its request at the latest. A file is
-written as ``.served-<...>.parquet.tmp`` and renamed to ``served-<UTC start>-<pid>-<n>.parquet``
-when closed (fsynced first), so a reader that takes ``served-*.parquet`` (`served_files`) never sees
-half a file; a writer killed mid-file leaves only its ``.tmp`` file, which readers ignore.
+a row is in a closed file `max_minutes` after its request at the latest. A file is written as
+``.served-<...>.parquet.tmp`` and renamed to ``served-<UTC start>-<pid>-<n>.parquet`` (`n` counts the
+files the process opened, over all its logs) when closed (fsynced first), so a reader that takes
+``served-*.parquet`` (`served_files`) never sees half a file; a writer killed mid-file leaves only its
+``.tmp`` file, which readers ignore.
 
 A full buffer drops the rows of the request that would overflow it and counts them
 (``rows_dropped``): logging never blocks nor fails a request. A disk that fails a write drops and counts
@@ -77,6 +78,8 @@ SCHEMA = pa.schema([
     ("scores", pa.list_(pa.float32())),
 ])
 PATTERN = "served-*.parquet"
+_SERIAL = itertools.count()  # the <n> of a file's name, one count for every log of the process: two logs of one
+# process (a server's app built again) that open a file in the same second never give it one name
 
 
 def served_files(directory: str | os.PathLike) -> list[Path]:
@@ -132,7 +135,6 @@ class ServedLog:
         self._final: Path | None = None
         self._opened = 0.0  # monotonic time the open file was opened
         self._file_rows = 0
-        self._serial = itertools.count()
         self._thread = threading.Thread(target=self._run, name="served-log", daemon=True)
         self._thread.start()
 
@@ -248,7 +250,7 @@ class ServedLog:
 
     def _open(self, since: float) -> None:
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        name = f"served-{stamp}-{os.getpid()}-{next(self._serial):06d}.parquet"
+        name = f"served-{stamp}-{os.getpid()}-{next(_SERIAL):06d}.parquet"
         self._final = self.directory / name
         self._tmp = self.directory / f".{name}.tmp"
         self._writer = pq.ParquetWriter(self._tmp, SCHEMA)

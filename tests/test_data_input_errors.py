@@ -146,6 +146,19 @@ def test_a_text_id_after_a_first_block_of_integers_is_refused_alike_read_whole_o
         assert str(err.value) == message, reader
 
 
+def test_a_decimal_time_after_a_first_block_of_integer_times_reads_alike_whole_or_streamed(tmp_path):
+    """A number column holding integers in its first block and a decimal later is read as floats by `read_csv`; the
+    streamed readers (`prepare`'s, the scoring stream's, the dask pieces') refused the decimal."""
+    rows = event_lines(300_000)  # 6 MB: past the first block of every reader
+    rows[290_000][2] += ".5"
+    path = write_csv(tmp_path / "events.csv", rows)
+    whole = read_events(path, SCHEMA)
+    assert whole.column("ts")[290_000].as_py() == 1_700_000_000 + 37 * 290_000 + 0.5
+    assert pa.concat_tables(scan_events(path, SCHEMA, batch_rows=100_000)).equals(whole)
+    assert dask_piece(path)[0].drop_columns("__row").equals(whole)
+    assert sum(len(batch.items) for batch in READERS["ScoringStream"](path)) == 75_000
+
+
 @pytest.mark.parametrize("reader", ["read_events", "scan_events", "ScoringStream"])
 def test_a_role_column_the_file_has_twice_is_refused_by_every_reader_naming_it(tmp_path, reader):
     path = tmp_path / "events.csv"

@@ -121,7 +121,7 @@ def read_table(
             return pq.read_table(path, columns=columns)
         delim = delimiter or _sniff_delimiter(path)
         parse = pacsv.ParseOptions(delimiter=delim)
-        integers = integer_columns(path, parse, id_columns or [])
+        integers = integer_columns(first_block(path, parse), id_columns or []) if id_columns else []
         convert = pacsv.ConvertOptions(
             include_columns=columns,
             column_types={c: pa.string() for c in [*(string_columns or []), *integers]},
@@ -134,16 +134,27 @@ def read_table(
     return integer_ids(table, integers, str(path))
 
 
-def integer_columns(path: str | Path, parse: pacsv.ParseOptions, id_columns: list[str]) -> list[str]:
-    """The `id_columns` of a text file that Arrow reads as integers from its first block (as `read_csv` and
-    `open_csv` infer types). Read as text, `integer_ids` makes them integers: Arrow's own reading takes
-    ``01050`` and ``0x41a`` for 1050 (one item with ``1050``), and a later block's text for a cause to
-    read the whole column as text (`read_csv`) or to fail (`open_csv`)."""
-    if not id_columns:
-        return []
-    inferred = pacsv.open_csv(path, parse_options=parse,
-                              convert_options=pacsv.ConvertOptions(null_values=NULL_VALUES, strings_can_be_null=True)).schema
+def first_block(path: str | Path, parse: pacsv.ParseOptions) -> pa.Schema:
+    """The column types Arrow infers from the first block of a text file (as `read_csv` and `open_csv` infer them)."""
+    return pacsv.open_csv(path, parse_options=parse,
+                          convert_options=pacsv.ConvertOptions(null_values=NULL_VALUES, strings_can_be_null=True)).schema
+
+
+def integer_columns(inferred: pa.Schema, id_columns: list[str]) -> list[str]:
+    """The `id_columns` of a text file whose first block (`inferred`, `first_block`) holds integers. Read as text,
+    `integer_ids` makes them integers: Arrow's own reading takes ``01050`` and ``0x41a`` for 1050 (one item with
+    ``1050``), and a later block's text for a cause to read the whole column as text (`read_csv`) or to fail
+    (`open_csv`)."""
     return [c for c in id_columns if inferred.names.count(c) == 1 and pa.types.is_integer(inferred.field(c).type)]
+
+
+def float_columns(inferred: pa.Schema, schema: Schema) -> dict[str, pa.DataType]:
+    """The schema's number columns (`Schema.number_columns`) that the first block of a text file (`inferred`) holds
+    integers in, as float64: the type `read_csv` gives such a column when a later block holds a decimal, which a
+    streamed reader (`open_csv`, a dask piece) typed by the first block refuses. Validated, they are the same
+    float64 numbers either way."""
+    return {c: pa.float64() for c in schema.number_columns
+            if inferred.names.count(c) == 1 and pa.types.is_integer(inferred.field(c).type)}
 
 
 _AS_TEXT = "read the ids as text (the schema's string_ids: true)"
@@ -445,12 +456,13 @@ def scan_events(
             batches = parquet.iter_batches(batch_size=batch_rows, columns=columns)
         else:
             parse = pacsv.ParseOptions(delimiter=delimiter or _sniff_delimiter(path))
-            integers = integer_columns(path, parse, schema.decimal_id_columns)
+            inferred = first_block(path, parse)
+            integers = integer_columns(inferred, schema.decimal_id_columns)
             batches = pacsv.open_csv(  # blocks of read_csv's size: the column types inferred from the same first block
                 path,
                 parse_options=parse,
                 convert_options=pacsv.ConvertOptions(
-                    column_types={c: pa.string() for c in [*string_columns, *integers]},
+                    column_types=float_columns(inferred, schema) | {c: pa.string() for c in [*string_columns, *integers]},
                     null_values=NULL_VALUES,
                     strings_can_be_null=True,
                 ),

@@ -209,6 +209,13 @@ class Schema:
         return [self.session_id, self.item_id]
 
     @property
+    def number_columns(self) -> list[str]:
+        """The columns `validate` reads as float64 numbers: a numeric timestamp's (not one of ``datetime``), the
+        tie-break and the continuous features."""
+        cols = [c for c in (None if self.time_unit == "datetime" else self.timestamp, self.order_by) if c is not None]
+        return cols + [f.name for f in self.features if f.kind == "continuous"]
+
+    @property
     def decimal_id_columns(self) -> list[str]:
         """The id columns that a text file whose first block holds integers in them reads as integers written
         as decimals (`readers.integer_ids`): none with `string_ids`; the session ids, and the item ids unless

@@ -40,7 +40,14 @@ import torch
 
 from sessrec.data import frame
 from sessrec.data.batch import ITEM_DTYPE, SessionBatch
-from sessrec.data.readers import NULL_VALUES, _is_parquet, _sniff_delimiter, integer_ids
+from sessrec.data.readers import (
+    NULL_VALUES,
+    _is_parquet,
+    _sniff_delimiter,
+    float_columns,
+    integer_columns,
+    integer_ids,
+)
 from sessrec.data.schema import FeatureSpec, Schema, SchemaError, check_id, parse_time
 from sessrec.data.side import FittedSideFeatures
 from sessrec.data.vocab import ItemVocab
@@ -136,7 +143,8 @@ class ScoringStream:
 
     def _csv(self, columns: list[str] | None = None) -> tuple[pacsv.CSVStreamingReader, list[str]]:
         """A streaming reader of the CSV file's `columns` (None: all), and the id columns it reads as text that
-        `integer_ids` reads as integers (those its first block holds integers in, as `integer_columns`)."""
+        `integer_ids` reads as integers (those its first block holds integers in, as `integer_columns`); its
+        number columns of integers it reads as floats (`float_columns`)."""
         parse = pacsv.ParseOptions(delimiter=_sniff_delimiter(self.path))
 
         def reader(types: dict[str, pa.DataType]) -> pacsv.CSVStreamingReader:
@@ -145,12 +153,12 @@ class ScoringStream:
             return pacsv.open_csv(self.path, read_options=pacsv.ReadOptions(block_size=1 << 22), parse_options=parse,
                                   convert_options=convert)
 
+        inferred = reader({}).schema
+        floats = float_columns(inferred, self.schema)
         if self.schema.string_ids:
-            return reader({c: pa.string() for c in self.schema.id_columns}), []
-        inferred = reader({})
-        integers = [c for c in self.schema.decimal_id_columns
-                    if inferred.schema.names.count(c) == 1 and pa.types.is_integer(inferred.schema.field(c).type)]
-        return (reader({c: pa.string() for c in integers}), integers) if integers else (inferred, [])
+            return reader(floats | {c: pa.string() for c in self.schema.id_columns}), []
+        integers = integer_columns(inferred, self.schema.decimal_id_columns)
+        return reader(floats | {c: pa.string() for c in integers}), integers
 
     def _chunks(self, columns: list[str] | None = None) -> Iterator[tuple[pa.Table, int]]:
         """(rows, file row of the first one) chunk by chunk, of `columns` (None: all) and of the rows

@@ -48,6 +48,8 @@ from sessrec.data.readers import (
     _sniff_delimiter,
     check_time_samples,
     compression,
+    float_columns,
+    integer_columns,
     integer_ids,
     time_sample,
 )
@@ -95,10 +97,11 @@ def read_piece(piece: Piece, schema: Schema, delimiter: str | None, column_types
     """The validated events of a piece, with their file order in the column `ROW`, and its `time_sample`.
 
     `column_types` are those of the file's first block (CSV): its id columns of integers are read as text, then
-    as the integers they are written as (`integer_ids`), as `read_events` reads them."""
+    as the integers they are written as (`integer_ids`), as `read_events` reads them; its number columns of
+    integers as floats (`float_columns`)."""
     path = Path(piece.path)
-    integers = [] if column_types is None else [c for c in schema.decimal_id_columns if column_types.names.count(c) == 1
-                                                and pa.types.is_integer(column_types.field(c).type)]
+    integers = [] if column_types is None else integer_columns(column_types, schema.decimal_id_columns)
+    floats = {} if column_types is None else float_columns(column_types, schema)
     try:
         if _is_parquet(path):
             parquet = pq.ParquetFile(path)
@@ -108,8 +111,8 @@ def read_piece(piece: Piece, schema: Schema, delimiter: str | None, column_types
             where = str(path)
         else:
             delim = delimiter or _sniff_delimiter(path)
-            convert = pacsv.ConvertOptions(column_types={f.name: pa.string() if f.name in integers else f.type
-                                                         for f in column_types or []},
+            convert = pacsv.ConvertOptions(column_types={f.name: pa.string() if f.name in integers else
+                                                         floats.get(f.name, f.type) for f in column_types or []},
                                            null_values=NULL_VALUES, strings_can_be_null=True)
             parse = pacsv.ParseOptions(delimiter=delim)
             if piece.end is None:  # the whole file (gzipped)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -504,3 +505,29 @@ def test_a_session_with_events_in_two_split_files_is_refused_by_every_engine(tmp
         assert str(refused.value) == message
         assert not (tmp_path / "p").exists()
         assert sorted(p.name for p in tmp_path.iterdir()) == ["test.parquet", "train.csv"]
+
+
+def test_split_files_whose_session_ids_differ_in_type_are_refused_by_every_engine(tmp_path, dask_scheduler):
+    """Session 3 of the training file and session '3' of the test file may be one session: the check that a
+    session's events lie in one file compared nothing between ids of two types, and let them through."""
+    log = event_log(seed=2)
+    late = pc.greater_equal(log.column("t"), 1.4e9 + 7 * 3600.0)
+    train = write(log.filter(pc.invert(late)), tmp_path / "train.parquet")
+    test_rows = log.filter(late)
+    test = write(test_rows.set_column(0, "sid", test_rows.column("sid").cast(pa.string())), tmp_path / "test.parquet")
+    source = EventLogSource(train, schema=SCHEMA, test_path=test, valid_fraction=0.2, min_length=1)
+    message = (f"{test}: its session ids are text, those of {train} integers, so whether a session has events in both "
+               "files cannot be told; give the files session ids of one type, or read them as text (the schema's "
+               "string_ids: true)")
+    with pytest.raises(ValueError) as refused:
+        source.load()
+    assert str(refused.value) == message
+    for engine, settings in (("memory", {}), ("local", {"partitions": 2, "memory_budget": ROOMY}),
+                             ("dask", {"partitions": 2, "scheduler": dask_scheduler})):
+        with pytest.raises(ValueError) as refused:
+            prepare(source, str(tmp_path / "p"), engine=engine, **settings)
+        assert str(refused.value) == message
+        assert not (tmp_path / "p").exists()
+    as_text = EventLogSource(train, schema=dataclasses.replace(SCHEMA, string_ids=True), test_path=test,
+                             valid_fraction=0.2, min_length=1)
+    assert as_text.load().test.num_rows == source.sessions(test).num_rows

@@ -315,27 +315,41 @@ class EventLogSource(SessionSource):
         read = [(self.path, sessions.column(frame.SESSION))]
         if self.test_path is not None:
             test = self.sessions(self.test_path)
-            self.check_shared(self.test_path, first_shared(test.column(frame.SESSION), read))
+            self.check_shared(self.test_path, first_shared(self.test_path, test.column(frame.SESSION), read))
             read.append((self.test_path, test.column(frame.SESSION)))
             self.check_file(periods, self.test_path, split_spans(("test",), np.full(test.num_rows, 2), frame.end_times(test)))
         if self.valid_path is not None:
             valid = self.sessions(self.valid_path)
-            self.check_shared(self.valid_path, first_shared(valid.column(frame.SESSION), read))
+            self.check_shared(self.valid_path, first_shared(self.valid_path, valid.column(frame.SESSION), read))
             self.check_file(periods, self.valid_path,
                             split_spans(("valid",), np.full(valid.num_rows, 1), frame.end_times(valid)))
         return SessionSplits(train=train, valid=valid, test=test, source=str(self.path))
 
 
-def first_shared(ids: pa.ChunkedArray, earlier: list[tuple[str, pa.ChunkedArray]]) -> tuple[object, str] | None:
-    """The least of one file's session ids `ids` that an earlier file's ids also hold, and the first of the
-    `earlier` files (path, session ids) that holds it; None when they share none (or their ids differ in type)."""
+def check_id_types(path: str, ids: pa.DataType, other_path: str, other: pa.DataType) -> None:
+    """Refuse the session ids of file `path` (of type `ids`: integers or text, as `Schema.validate` gives them) when
+    those of an earlier file `other_path` are of the other kind: session 3 and session '3' may be one session, which
+    `first_shared` cannot tell."""
+    text = pa.types.is_string(ids) or pa.types.is_large_string(ids)
+    if text != (pa.types.is_string(other) or pa.types.is_large_string(other)):
+        kinds = ("text", "integers") if text else ("integers", "text")
+        raise ValueError(
+            f"{path}: its session ids are {kinds[0]}, those of {other_path} {kinds[1]}, so whether a session has events "
+            "in both files cannot be told; give the files session ids of one type, or read them as text (the schema's "
+            "string_ids: true)"
+        )
+
+
+def first_shared(path: str, ids: pa.ChunkedArray, earlier: list[tuple[str, pa.ChunkedArray]]) -> tuple[object, str] | None:
+    """The least of file `path`'s session ids `ids` that an earlier file's ids also hold, and the first of the
+    `earlier` files (path, session ids) that holds it; None when they share none. Ids of another kind than an
+    earlier file's are refused (`check_id_types`)."""
     found: tuple[object, str] | None = None
-    for path, other in earlier:
-        if other.type != ids.type:
-            continue
+    for other_path, other in earlier:
+        check_id_types(path, ids.type, other_path, other.type)
         shared = pc.min(ids.filter(pc.is_in(ids, value_set=other.combine_chunks()))).as_py()
         if shared is not None and (found is None or shared < found[0]):
-            found = (shared, path)
+            found = (shared, other_path)
     return found
 
 

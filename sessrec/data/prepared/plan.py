@@ -47,7 +47,7 @@ import pyarrow.compute as pc
 from sessrec.data import frame
 from sessrec.data.prepared.dataset import Layout, PartWritten, write_part
 from sessrec.data.sources import SPLIT_LABELS as LABELS
-from sessrec.data.sources import EventLogSource, Span, SplitPeriods
+from sessrec.data.sources import EventLogSource, Span, SplitPeriods, check_id_types
 from sessrec.data.vocab import ItemVocab, count_items, sum_counts
 
 BATCH_SESSIONS = 65_536  # sessions in a record batch of a partition's files (what a merge or a part reads at a time)
@@ -445,16 +445,18 @@ class CountFold:
         return ItemVocab.from_counts(sum_counts(products), sum_counts(virtual) if virtual else None, min_count, max_size)
 
 
-def shared_session(summaries: list[PartitionSummary],
+def shared_session(path: str, summaries: list[PartitionSummary],
                    earlier: list[tuple[str, list[PartitionSummary]]]) -> tuple[object, str] | None:
-    """`sources.first_shared` of one file's sessionized partitions: the least session id of `summaries` that an
+    """`sources.first_shared` of file `path`'s sessionized partitions: the least session id of `summaries` that an
     `earlier` file's partitions (path, summaries) also hold, and the first such file; their keys merged in
-    session-id order (`merged`), where a session of two files is two equal rows side by side."""
+    session-id order (`merged`), where a session of two files is two equal rows side by side. Ids of another kind
+    than an earlier file's are refused (`check_id_types`)."""
     found: tuple[object, str] | None = None
     for other_path, others in earlier:
-        if not summaries or not others or others[0].schema.field(frame.SESSION).type != summaries[0].schema.field(
-                frame.SESSION).type:
+        if not summaries or not others:
             continue
+        check_id_types(path, summaries[0].schema.field(frame.SESSION).type, other_path,
+                       others[0].schema.field(frame.SESSION).type)
         for chunk in merged([s.keys for s in summaries] + [s.keys for s in others], [frame.SESSION]):
             ids = chunk.column(frame.SESSION)
             equal = np.flatnonzero(pc.equal(ids.slice(1), ids.slice(0, len(ids) - 1)).to_numpy(zero_copy_only=False))
@@ -482,7 +484,7 @@ def plan_parts(
     source.check_kept(path, sum(s.kept for s in summaries), sum(s.count for s in summaries),
                       max((s.longest for s in summaries), default=0), sum(s.virtual for s in summaries))
     summaries = [s for s in summaries if s.kept]
-    source.check_shared(path, shared_session(summaries, earlier))
+    source.check_shared(path, shared_session(path, summaries, earlier))
     rule = labeller(source, summaries, splits)
     k = len(summaries)
     counts = np.zeros(3, dtype=np.int64)

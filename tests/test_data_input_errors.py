@@ -14,7 +14,7 @@ import pytest
 
 from sessrec.data import frame
 from sessrec.data.readers import read_events, read_user_sequences, scan_events
-from sessrec.data.schema import Schema, SchemaError
+from sessrec.data.schema import FeatureSpec, Schema, SchemaError
 from sessrec.data.sources import EventLogSource, UserSequenceSource
 from sessrec.data.stream import ScoringStream
 from sessrec.data.vocab import ItemVocab
@@ -157,6 +157,28 @@ def test_a_decimal_time_after_a_first_block_of_integer_times_reads_alike_whole_o
     assert pa.concat_tables(scan_events(path, SCHEMA, batch_rows=100_000)).equals(whole)
     assert dask_piece(path)[0].drop_columns("__row").equals(whole)
     assert sum(len(batch.items) for batch in READERS["ScoringStream"](path)) == 75_000
+
+
+def test_categorical_codes_of_a_csv_file_are_read_as_their_text_by_every_reader(tmp_path):
+    """A category written ``01`` and one written ``1`` are two categories: Arrow read both as the integer 1 (one
+    category), whether the file was read whole, streamed, in dask pieces or scored."""
+    from sessrec.data.prepared.cluster import Piece, read_piece
+    from sessrec.data.side import SideFeatures
+    from sessrec.features import SideFeatureTransform
+
+    path = tmp_path / "events.csv"
+    path.write_text("sid,iid,ts,cat\n" + "".join(f"{s},{i},{t},{['1', '01', '2'][n % 3]}\n"
+                                                 for n, (s, i, t) in enumerate(event_lines(12))))
+    schema = Schema(session_id="sid", item_id="iid", timestamp="ts", features=[FeatureSpec("cat")])
+    codes = ["1", "01", "2"] * 4
+    assert read_events(path, schema).column("cat").to_pylist() == codes
+    assert pa.concat_tables(scan_events(path, schema)).column("cat").to_pylist() == codes
+    piece = read_piece(Piece(str(path), 0, start=0, end=os.path.getsize(path)), schema, None, pa.csv.open_csv(path).schema)
+    assert piece[0].column("cat").to_pylist() == codes
+    sessions = EventLogSource(str(path), schema, test_fraction=0.25, valid_fraction=0.34, min_length=1).sessions(str(path))
+    side = SideFeatureTransform(SideFeatures(categorical=["cat"])).fit(sessions)
+    scored = list(ScoringStream(path, ItemVocab.fit(pa.array(np.arange(1, 51))), Schema("sid", "iid", "ts"), side=side))
+    assert len({int(c) for b in scored for c in b.features["cat"][b.items > 0]}) == 3
 
 
 @pytest.mark.parametrize("reader", ["read_events", "scan_events", "ScoringStream"])

@@ -107,7 +107,7 @@ def read_table(
         path: the file.
         delimiter: field separator of a text file; sniffed from the header when None.
         columns: read only these columns.
-        string_columns: columns of a text file read as text, not inferred (ids beyond int64).
+        string_columns: columns of a text file read as text, not inferred (ids beyond int64, categorical codes).
         id_columns: columns of ids of a text file: those whose first block holds integers are read as
             integers written as their decimals (`integer_columns`, `integer_ids`), the others inferred.
     """
@@ -199,7 +199,7 @@ def read_events(path: str | Path, schema: Schema, delimiter: str | None = None) 
     Returns:
         The validated table (see `Schema.validate`): ids as int64 or string, times as float seconds.
     """
-    table = read_table(path, delimiter=delimiter, string_columns=schema.id_columns if schema.string_ids else None,
+    table = read_table(path, delimiter=delimiter, string_columns=schema.text_columns,
                        id_columns=schema.decimal_id_columns)
     return schema.validate(table, source=str(path))
 
@@ -447,7 +447,7 @@ def scan_events(
         raise FileNotFoundError(f"{path}: no such file")
     if path.is_dir():
         raise SchemaError(f"{path}: is a folder, expected a CSV/TSV or parquet file")
-    string_columns, integers = schema.id_columns if schema.string_ids else [], []
+    string_columns, integers = schema.text_columns, []
     try:
         if _is_parquet(path):
             parquet = pq.ParquetFile(path, pre_buffer=False)  # a pre-buffered file caches every row group it read

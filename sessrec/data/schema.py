@@ -209,6 +209,14 @@ class Schema:
         return [self.session_id, self.item_id]
 
     @property
+    def text_columns(self) -> list[str]:
+        """The columns a text file's readers read as text, not as the numbers Arrow would take them for: the id
+        columns with `string_ids`, and the categorical features (codes are labels: ``01`` is another one than ``1``)
+        but a ``virtual`` one (the flags of virtual events, `frame.virtual_flags`)."""
+        ids = self.id_columns if self.string_ids else []
+        return ids + [f.name for f in self.features if f.kind == "categorical" and f.name != VIRTUAL]
+
+    @property
     def number_columns(self) -> list[str]:
         """The columns `validate` reads as float64 numbers: a numeric timestamp's (not one of ``datetime``), the
         tie-break and the continuous features."""

@@ -144,7 +144,8 @@ class ScoringStream:
     def _csv(self, columns: list[str] | None = None) -> tuple[pacsv.CSVStreamingReader, list[str]]:
         """A streaming reader of the CSV file's `columns` (None: all), and the id columns it reads as text that
         `integer_ids` reads as integers (those its first block holds integers in, as `integer_columns`); its
-        number columns of integers it reads as floats (`float_columns`)."""
+        number columns of integers it reads as floats (`float_columns`), its categorical columns (the schema's and
+        the model's side features) as text (`Schema.text_columns`)."""
         parse = pacsv.ParseOptions(delimiter=_sniff_delimiter(self.path))
 
         def reader(types: dict[str, pa.DataType]) -> pacsv.CSVStreamingReader:
@@ -155,10 +156,10 @@ class ScoringStream:
 
         inferred = reader({}).schema
         floats = float_columns(inferred, self.schema)
-        if self.schema.string_ids:
-            return reader(floats | {c: pa.string() for c in self.schema.id_columns}), []
+        side = [c for c in self.side.config.categorical if c != frame.VIRTUAL] if self.side is not None else []
+        text = [*self.schema.text_columns, *side]
         integers = integer_columns(inferred, self.schema.decimal_id_columns)
-        return reader(floats | {c: pa.string() for c in integers}), integers
+        return reader(floats | {c: pa.string() for c in [*text, *integers]}), integers
 
     def _chunks(self, columns: list[str] | None = None) -> Iterator[tuple[pa.Table, int]]:
         """(rows, file row of the first one) chunk by chunk, of `columns` (None: all) and of the rows

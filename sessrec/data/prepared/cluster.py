@@ -48,6 +48,7 @@ from sessrec.data.readers import (
     _sniff_delimiter,
     check_time_samples,
     compression,
+    first_block,
     float_columns,
     integer_columns,
     integer_ids,
@@ -98,7 +99,7 @@ def read_piece(piece: Piece, schema: Schema, delimiter: str | None, column_types
 
     `column_types` are those of the file's first block (CSV): its id columns of integers are read as text, then
     as the integers they are written as (`integer_ids`), as `read_events` reads them; its number columns of
-    integers as floats (`float_columns`)."""
+    integers as floats (`float_columns`); its text columns (`Schema.text_columns`) as text."""
     path = Path(piece.path)
     integers = [] if column_types is None else integer_columns(column_types, schema.decimal_id_columns)
     floats = {} if column_types is None else float_columns(column_types, schema)
@@ -111,7 +112,8 @@ def read_piece(piece: Piece, schema: Schema, delimiter: str | None, column_types
             where = str(path)
         else:
             delim = delimiter or _sniff_delimiter(path)
-            convert = pacsv.ConvertOptions(column_types={f.name: pa.string() if f.name in integers else
+            text = [*integers, *schema.text_columns]
+            convert = pacsv.ConvertOptions(column_types={f.name: pa.string() if f.name in text else
                                                          floats.get(f.name, f.type) for f in column_types or []},
                                            null_values=NULL_VALUES, strings_can_be_null=True)
             parse = pacsv.ParseOptions(delimiter=delim)
@@ -262,12 +264,9 @@ class DaskEngine:
         folder.mkdir()
         column_types = None
         if not _is_parquet(Path(path)):  # every piece parses with the types inferred from the file's first block
-            opts = pacsv.ConvertOptions(column_types={c: pa.string() for c in source.schema.id_columns}
-                                        if source.schema.string_ids else {}, null_values=NULL_VALUES,
-                                        strings_can_be_null=True)
             delim = pacsv.ParseOptions(delimiter=source.delimiter or _sniff_delimiter(Path(path)))
             try:
-                column_types = pacsv.open_csv(path, parse_options=delim, convert_options=opts).schema
+                column_types = first_block(path, delim)
             except (pa.ArrowInvalid, OSError, UnicodeDecodeError) as err:  # as `read_piece` words it
                 raise SchemaError(f"{path}: cannot be read as CSV: {err}") from err
         pieces = pieces_of(path)

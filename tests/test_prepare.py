@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
+import socket
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -528,6 +530,27 @@ def test_split_files_whose_session_ids_differ_in_type_are_refused_by_every_engin
             prepare(source, str(tmp_path / "p"), engine=engine, **settings)
         assert str(refused.value) == message
         assert not (tmp_path / "p").exists()
-    as_text = EventLogSource(train, schema=dataclasses.replace(SCHEMA, string_ids=True), test_path=test,
+    as_text = EventLogSource(train, schema=replace(SCHEMA, string_ids=True), test_path=test,
                              valid_fraction=0.2, min_length=1)
     assert as_text.load().test.num_rows == source.sessions(test).num_rows
+
+
+def test_a_preparation_removes_what_one_killed_on_this_host_left_beside_its_dataset(tmp_path):
+    """A SIGKILL leaves a preparation's temporary dataset folder and its scratch folder beside `out`; the next
+    preparation into `out` removes them when their process is gone, and leaves a live one's and another host's alone."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        host = socket.gethostname()
+        left = [f".p.tmp-{host}-{gone.pid}", f"sessrec-prepare-{host}-{gone.pid}-x1", f".p.old-{host}-{gone.pid}"]
+        kept = [f".p.tmp-{host}-{live.pid}", f"sessrec-prepare-{host}-{live.pid}-x2", ".p.tmp-another-host-1"]
+        for name in left + kept:
+            (tmp_path / name).mkdir()
+            (tmp_path / name / "part-00000.parquet").write_bytes(b"half")
+        path = write(event_log(), tmp_path / "events.parquet")
+        prepare(EventLogSource(path, schema=SCHEMA, test_fraction=0.2), str(tmp_path / "p"), memory_budget=ROOMY)
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*kept, "events.parquet", "p"])
+    finally:
+        live.kill()
+        live.wait()

@@ -4,6 +4,8 @@ and parts that must belong together."""
 import json
 import os
 import shutil
+import socket
+import subprocess
 import sys
 
 import numpy as np
@@ -15,6 +17,7 @@ from sessrec.artifacts import SessionRecommender
 from sessrec.data import ItemVocab
 from sessrec.models import CausalLanguageModeling, GRU4RecEncoder
 from sessrec.saved import versions
+from sessrec.saved.atomic import write_text
 from sessrec.saved.directory import describe, write_description
 from sessrec.saved.versions import VersionedDirectory, resolve, write_directory
 from sessrec.tasks import NextItemTask
@@ -555,3 +558,22 @@ def test_a_features_file_the_description_does_not_list_is_refused(tmp_path):
     (path / "features.npz").write_bytes(b"not listed")
     with pytest.raises(ValueError, match=rf"^{path / 'features.npz'}: is not a part that config.json lists"):
         SessionRecommender.from_pretrained(path)
+
+
+def test_a_write_removes_the_temporary_files_of_writes_killed_on_this_host(tmp_path):
+    """A SIGKILL leaves `atomic_path`'s temporary file behind; the next write of that file removes it when its
+    process is gone, and leaves a live writer's and another host's alone."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        host = socket.gethostname()
+        names = [f".model.json.tmp-{host}-{gone.pid}", f".model.json.tmp-{host}-{live.pid}", ".model.json.tmp-another-host-1"]
+        for name in names:
+            (tmp_path / name).write_text("half")
+        write_text(tmp_path / "model.json", "{}")
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*names[1:], "model.json"])
+        assert (tmp_path / "model.json").read_text() == "{}"
+    finally:
+        live.kill()
+        live.wait()

@@ -45,7 +45,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator
@@ -73,7 +72,14 @@ from sessrec.models.onnx_graph import (
 )
 from sessrec.models.session_model import next_item_scores
 from sessrec.saved import versions
-from sessrec.saved.atomic import atomic_path, fsync_dir, normal_modes, write_text
+from sessrec.saved.atomic import (
+    atomic_path,
+    fsync_dir,
+    normal_modes,
+    remove_abandoned,
+    stage_name,
+    write_text,
+)
 from sessrec.saved.directory import vocabulary_record
 from sessrec.scoring.output import check_folder
 
@@ -409,23 +415,7 @@ def _eval_mode(module: nn.Module) -> Iterator[None]:
             m.training = training
 
 
-STAGE = ".export-"  # an export's hidden folder in `out_dir`: .export-<host>-<pid>-<random>
-
-
-def remove_abandoned_stages(out: Path) -> None:
-    """Remove the hidden folders of exports into `out` that were killed (SIGKILL, a lost machine) before they could
-    remove their own: this host's, whose process is gone. Another host's, or a live process's, are left alone."""
-    host = socket.gethostname()
-    for stage in out.glob(f"{STAGE}{host}-*"):
-        pid = stage.name[len(STAGE) + len(host) + 1 :].partition("-")[0]
-        if not pid.isdigit() or not stage.is_dir():
-            continue
-        try:
-            os.kill(int(pid), 0)  # signal 0: is the process there
-        except ProcessLookupError:
-            shutil.rmtree(stage, ignore_errors=True)
-        except PermissionError:  # there, another user's
-            continue
+STAGE = ".export-"  # an export's hidden folder in `out_dir`: .export-<host>-<pid>-<random> (`stage_name`)
 
 
 def _export(
@@ -449,8 +439,8 @@ def _export(
         raise ValueError(f"format must be one of {tuple(FILES)}, got {format!r}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    remove_abandoned_stages(out)
-    stage = Path(tempfile.mkdtemp(prefix=f"{STAGE}{socket.gethostname()}-{os.getpid()}-", dir=out))
+    remove_abandoned(out, STAGE)
+    stage = Path(tempfile.mkdtemp(prefix=f"{stage_name(STAGE)}-", dir=out))
     try:
         path = stage / FILES[format]
         inputs, outputs = scorer.inputs(), scorer.outputs()

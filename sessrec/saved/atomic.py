@@ -1,14 +1,20 @@
 """Files written under a temporary name, fsynced and renamed into place: readers never see half a file,
 and a crash or a power loss leaves the old file or the new one.
 
+A temporary entry is named for its host and process (`stage_name`), so that the next write into the same place
+removes one that a killed process left behind (`remove_abandoned`).
+
 `ParquetFile` gives an object that is one table its parquet file, on disk and in a state dict; `digest`
 and `fingerprint` name a file's or a table's content.
 """
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import os
+import shutil
+import socket
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -76,10 +82,37 @@ def normal_modes(root: str | os.PathLike) -> None:
             (Path(folder) / name).chmod(0o666 & ~mask)
 
 
+def stage_name(prefix: str) -> str:
+    """`prefix`, this host and this process: ``<prefix><host>-<pid>``, the name of a temporary file or folder (a
+    writer may add ``-<anything>``) that `remove_abandoned` removes once its process is gone."""
+    return f"{prefix}{socket.gethostname()}-{os.getpid()}"
+
+
+def remove_abandoned(folder: str | os.PathLike, prefix: str) -> None:
+    """Remove the temporary files and folders of `folder` named by `stage_name` with `prefix` whose process was
+    killed (SIGKILL, a crash) before it could remove them: this host's, whose process is gone. Another host's,
+    or a live process's, are left alone."""
+    start = f"{prefix}{socket.gethostname()}-"
+    for entry in Path(folder).glob(glob.escape(start) + "*"):
+        pid = entry.name[len(start):].partition("-")[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)  # signal 0: is the process there
+        except ProcessLookupError:
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+        except PermissionError:  # there, another user's
+            continue
+
+
 @contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside `path`; on success give it the umask's mode (`normal_modes`), fsync
-    it and rename it to `path`; on failure remove it.
+    it and rename it to `path`; on failure remove it. A temporary path of `path` that a killed writer left
+    is removed first (`remove_abandoned`).
 
     Examples:
         >>> with atomic_path("out.parquet") as tmp:  # doctest: +SKIP
@@ -87,7 +120,8 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    remove_abandoned(path.parent, f".{path.name}.tmp-")
+    tmp = path.with_name(stage_name(f".{path.name}.tmp-"))
     try:
         yield tmp
         normal_modes(tmp)

@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 from sessrec.data import frame
 from sessrec.data.sources import SessionSource, SessionSplits
 from sessrec.data.vocab import ItemVocab
-from sessrec.saved.atomic import fsync_dir, fsync_tree, normal_modes
+from sessrec.saved.atomic import fsync_dir, fsync_tree, normal_modes, remove_abandoned, stage_name
 from sessrec.saved.directory import HASH, content_hash
 
 FORMAT = "sessrec-prepared"
@@ -118,7 +118,9 @@ class PreparedWriter:
         if self.out.exists() and not (self.out / MANIFEST).is_file():  # never replace the folder of something else
             raise FileExistsError(f"{self.out}: exists and is not a prepared dataset (no {MANIFEST}); --overwrite "
                                   "replaces a prepared dataset only: choose another --out")
-        self.tmp = self.out.with_name(f".{self.out.name}.tmp-{os.getpid()}")
+        for left in (".tmp-", ".old-"):  # what a preparation killed on this host left beside `out`
+            remove_abandoned(self.out.parent, f".{self.out.name}{left}")
+        self.tmp = self.out.with_name(stage_name(f".{self.out.name}.tmp-"))
         self.made = [p for p in reversed(self.out.absolute().parents) if not p.exists()]  # removed by `abort`
         shutil.rmtree(self.tmp, ignore_errors=True)
         try:
@@ -161,7 +163,7 @@ class PreparedWriter:
         (self.tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
         normal_modes(self.tmp)
         fsync_tree(self.tmp)
-        old = self.out.with_name(f".{self.out.name}.old-{os.getpid()}")
+        old = self.out.with_name(stage_name(f".{self.out.name}.old-"))
         if self.out.exists():
             os.replace(self.out, old)
         os.replace(self.tmp, self.out)

@@ -49,6 +49,7 @@ from sessrec.data.prepared.plan import (
 )
 from sessrec.data.readers import scan_events
 from sessrec.data.sources import EventLogSource, SplitPeriods
+from sessrec.saved.atomic import remove_abandoned, stage_name
 
 PEAK_PER_EVENT_BYTE = 6  # bytes that sessionizing a partition holds at its peak, per byte of its events in Arrow
 PEAK_PER_PART_BYTE = 3  # bytes that gathering, ordering, writing and counting a part holds, per byte of its sessions
@@ -56,6 +57,7 @@ PEAK_PER_READ_VALUE = 96  # bytes that reading a batch of the log holds, per val
 MIN_ROOM = 32 * 2**20  # the least room for the data a budget must leave
 KEPT = 160 * 2**20  # what the allocators keep of the batches read and the steps before (measured: 10M events)
 MIN_BATCH_ROWS = 4096
+SCRATCH = "sessrec-prepare-"  # the partition files' folder: sessrec-prepare-<host>-<pid>-<random> (`stage_name`)
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -172,7 +174,8 @@ class LocalEngine:
         workers: threads that sessionize partitions and gather parts at once.
         partitions: number of hash partitions; None: enough for `memory_budget`.
         batch_rows: rows read from the log at a time; None: as many as the budget gives room for.
-        scratch: folder for the partition files (a temporary folder inside it, removed at the end);
+        scratch: folder for the partition files (a temporary folder inside it, removed at the end, or by the next
+            preparation there when this one is killed);
             None: beside the output.
     """
 
@@ -187,7 +190,9 @@ class LocalEngine:
         """Write the parts of every split into `directory`; yields what each part gave, as it is written."""
         files = list(source.splits_of())
         budget = Budget(self.memory_budget, resident_bytes(), max(reading_bytes(path) for path, _ in files))
-        with tempfile.TemporaryDirectory(prefix="sessrec-prepare-", dir=self.scratch or directory.parent) as scratch:
+        where = self.scratch or directory.parent
+        remove_abandoned(where, SCRATCH)  # the scratch of a preparation killed on this host
+        with tempfile.TemporaryDirectory(prefix=f"{stage_name(SCRATCH)}-", dir=where) as scratch:
             tasks, periods, files_read = [], SplitPeriods(), []
             for f, (path, splits) in enumerate(files):
                 summaries = self.sessionize(source, path, Path(scratch) / f"file{f}", needs_by_end(source, splits), budget)

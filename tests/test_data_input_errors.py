@@ -230,6 +230,21 @@ def test_one_iso_time_among_epoch_seconds_is_named_at_its_row(tmp_path):
         read_events(path, ms)
 
 
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_integer_nanosecond_times_read_as_the_nearest_seconds_by_every_reader(tmp_path, suffix):
+    """Integer times of nanoseconds lie beyond 2**53, the integers a float64 holds exactly: Arrow's cast to float64
+    refused them (`read_events` raised Arrow's own error), where the streamed readers read them."""
+    rows = event_lines(12)
+    nanoseconds = [int(r[2]) * 10**9 + 123_456_789 for r in rows]
+    table = pa.table({"sid": [int(r[0]) for r in rows], "iid": [int(r[1]) for r in rows], "ts": nanoseconds})
+    path = tmp_path / f"events{suffix}"
+    pq.write_table(table, path) if suffix == ".parquet" else pa.csv.write_csv(table, path)
+    schema = Schema(session_id="sid", item_id="iid", timestamp="ts", time_unit="ns")
+    times = read_events(path, schema).column("ts").to_numpy()
+    assert np.array_equal(times, np.array(nanoseconds, dtype=np.float64) * 1e-9)
+    assert pa.concat_tables(scan_events(path, schema)).column("ts").to_numpy().tolist() == times.tolist()
+
+
 def test_numeric_text_times_of_a_parquet_file_read_in_the_time_unit_one_iso_among_them_named(tmp_path):
     rows = event_lines(100)
     table = pa.table({"sid": [int(r[0]) for r in rows], "iid": [int(r[1]) for r in rows], "ts": [r[2] for r in rows]})

@@ -412,6 +412,12 @@ def check_id(
     return col.cast(pa.string())
 
 
+def as_floats(numbers: pa.ChunkedArray) -> np.ndarray:
+    """A column of numbers as float64, an integer beyond 2**53 (nanoseconds since the epoch) as the nearest one,
+    which Arrow's checked cast refuses."""
+    return pc.cast(numbers, pa.float64(), safe=False).to_numpy(zero_copy_only=False)
+
+
 def _check_numeric(table: pa.Table, name: str, source: str, rows: Rows = 0) -> pa.ChunkedArray:
     col = table.column(name)
     if pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type):
@@ -428,7 +434,7 @@ def _check_numeric(table: pa.Table, name: str, source: str, rows: Rows = 0) -> p
             f"{source}: column {name!r} has dtype {col.type}, expected numbers "
             f"(value {value!r} at row {row} is not a number)"
         )
-    values = col.cast(pa.float64()).to_numpy(zero_copy_only=False)
+    values = as_floats(col)
     bad = ~np.isfinite(values)
     if bad.any():
         value, row = _example(col, bad, rows)
@@ -481,7 +487,7 @@ def parse_time(table: pa.Table, name: str, unit: TimeUnit, source: str, rows: Ro
                 f"{source}: column {name!r} holds numbers (e.g. {col[0].as_py()!r} at row {_row(rows, 0)}); "
                 "set time_unit to s, ms, us or ns"
             )
-        seconds = numbers.cast(pa.float64()).to_numpy(zero_copy_only=False) * _UNIT_SECONDS[unit]
+        seconds = as_floats(numbers) * _UNIT_SECONDS[unit]
         nulls = ~np.isfinite(seconds)
         negative = ~nulls & (seconds < 0)
         if negative.any():

@@ -397,6 +397,23 @@ def test_float_item_ids_where_the_schema_says_float_are_refused(tmp_path):
         MerlinSource(str(path)).load()
 
 
+@pytest.mark.parametrize("bad,message", [
+    (None, "has a null id at row 1; drop or fill those rows"),
+    (-3, "has a negative id -3 at row 1"),
+    (1.5, "has dtype double, expected integer or string ids (example value 1.5 at row 1)"),
+])
+def test_a_session_id_that_is_no_id_is_refused_naming_file_column_and_row(tmp_path, bad, message):
+    """A session id column holding a null, a negative or a fraction was read as it was: sessions without an id, or with
+    one that no event log's reader would give, under which their recommendations were written."""
+    table = sessions(10, [[3, 4], [6, 7], [21, 22]])
+    ids = pa.array([10, bad, 12], pa.float64() if isinstance(bad, float) else pa.int64())
+    path = directory(tmp_path, {"train/part_0.parquet": table.set_column(0, "session_id", ids),
+                                "valid/part_0.parquet": sessions(20, [[3, 21]])})
+    with pytest.raises(SchemaError) as err:
+        MerlinSource(str(path)).load()
+    assert str(err.value) == f"{path / 'train' / 'part_0.parquet'}: column 'session_id' {message}"
+
+
 # -- bad schemas: one line naming the file -------------------------------------------------------
 
 

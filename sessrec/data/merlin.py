@@ -25,7 +25,8 @@ item column, as ``schema.select_by_tag(Tags.ITEM_ID)`` finds it. They map to the
 The source's ``virtual`` setting (`VirtualSpec`) names a list column with one value per item whose
 values mark non-product events (and the list columns that key them): those become virtual items.
 
-Values are checked file by file, and a refusal names the file, the column and a value: a column
+Values are checked file by file, and a refusal names the file, the column and a value: session ids are
+integers or text, none null or negative (as an event log's, `check_id`); a column
 the schema declares ``INT`` may hold integer-valued doubles (NVTabular's ``ListSlice(pad=True)``
 writes padded lists as doubles); they are read as int64, and any other double is refused. Item ids
 may be integers or strings (the vocabulary maps either).
@@ -49,7 +50,7 @@ from google.protobuf import json_format, struct_pb2, text_format
 from tensorflow_metadata.proto.v0 import schema_pb2
 
 from sessrec.data import frame
-from sessrec.data.schema import SchemaError, VirtualSpec
+from sessrec.data.schema import SchemaError, VirtualSpec, check_id
 from sessrec.data.side import SideFeatures
 from sessrec.data.sources import SessionSource, SessionSplits, _tail_split
 
@@ -439,7 +440,7 @@ class MerlinSource(SessionSource):
         counts = np.bincount(session_of[keep], minlength=len(offsets) - 1)
         new_offsets = pa.array(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32))
         mask = pa.array(keep)
-        ids = table.column(session.name).combine_chunks() if session else pa.array(np.arange(table.num_rows))
+        ids = check_id(table, session.name, str(path)).combine_chunks() if session else pa.array(np.arange(table.num_rows))
         out = {frame.SESSION: ids, frame.ITEMS: pa.ListArray.from_arrays(new_offsets, values.filter(mask))}
         for col in side:
             column = table.column(col.name)

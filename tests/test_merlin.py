@@ -414,6 +414,17 @@ def test_a_session_id_that_is_no_id_is_refused_naming_file_column_and_row(tmp_pa
     assert str(err.value) == f"{path / 'train' / 'part_0.parquet'}: column 'session_id' {message}"
 
 
+def test_a_negative_item_id_is_refused_unless_it_is_the_padding(tmp_path):
+    """Item -1 (a placeholder for a missing item) was trained on and recommended as an item: refused as an event log's
+    reader refuses it, naming file, column and row; a source whose padding it is drops it."""
+    path = directory(tmp_path, {"train/part_0.parquet": sessions(10, [[3, 4], [6, -1, 7], [21, 22]]),
+                                "valid/part_0.parquet": sessions(20, [[3, 21]])})
+    with pytest.raises(SchemaError) as err:
+        MerlinSource(str(path)).load()
+    assert str(err.value) == f"{path / 'train' / 'part_0.parquet'}: column 'item_id-list' has a negative id -1 at row 1"
+    assert MerlinSource(str(path), padding_id=-1).load().train.column("item_id")[1].as_py() == [6, 7]
+
+
 # -- bad schemas: one line naming the file -------------------------------------------------------
 
 

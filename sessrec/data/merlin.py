@@ -26,7 +26,7 @@ The source's ``virtual`` setting (`VirtualSpec`) names a list column with one va
 values mark non-product events (and the list columns that key them): those become virtual items.
 
 Values are checked file by file, and a refusal names the file, the column and a value: session ids are
-integers or text, none null or negative (as an event log's, `check_id`); a column
+integers or text, none null or negative (as an event log's, `check_id`), and so are item ids but the padding; a column
 the schema declares ``INT`` may hold integer-valued doubles (NVTabular's ``ListSlice(pad=True)``
 writes padded lists as doubles); they are read as int64, and any other double is refused. Item ids
 may be integers or strings (the vocabulary maps either).
@@ -434,9 +434,12 @@ class MerlinSource(SessionSource):
         if self.padding_id is not None and pa.types.is_integer(values.type) and len(values):
             keep = pc.not_equal(values, pa.scalar(self.padding_id, values.type)).fill_null(True).to_numpy(zero_copy_only=False)
             keep |= virtual
+        session_of = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
+        if pa.types.is_signed_integer(values.type):  # the products kept refused as an event log's are (a negative id)
+            kept = keep & ~virtual
+            check_id(pa.table({item.name: values.filter(pa.array(kept))}), item.name, str(path), session_of[kept])
         if self.virtual is not None:
             values = self.virtual.items(events, pa.chunked_array([products], products.type), virtual)
-        session_of = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
         counts = np.bincount(session_of[keep], minlength=len(offsets) - 1)
         new_offsets = pa.array(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32))
         mask = pa.array(keep)

@@ -46,6 +46,8 @@ def test_oov_and_padding_targets_are_misses():
     m = TopKMetrics(ks=[100])  # K larger than the catalogue: still a miss
     m.update(s, torch.tensor([1]))
     assert m.compute()["recall@100"].item() == 0.0
+    m.update(s, torch.tensor([2]))  # a target in the vocabulary: rankable
+    assert m.compute()["unrankable"].item() == 0.5
 
 
 def test_hand_computed_batch():
@@ -136,6 +138,7 @@ def test_exclude_seen_masks_the_input_items_and_makes_a_repeat_target_a_miss():
     got = task.metrics["test"].compute()
     assert got == expected.compute()
     assert float(got["recall@8"]) <= 0.5  # target 3 repeats an item of row 0: always a miss
+    assert float(got["unrankable"]) == 0.5  # and is counted as one no list can hold
 
 
 # -- one implementation for every caller -------------------------------------------------------------

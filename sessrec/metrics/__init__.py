@@ -12,7 +12,8 @@ cut-off) is 1 / rank. A rank of inf is a miss. The ranks come from
 
 Ties are broken pessimistically everywhere: the rank of the target is 1 + the number of *other*
 candidates scoring at least as high (or NaN), so a model that scores everything equally earns nothing.
-A target that cannot be recommended (padding or OOV, scored -inf) is a miss. AUC is torchmetrics'
+A target that cannot be recommended (padding or OOV, scored -inf, an item of the session under
+``exclude_seen``) is a miss, and `TopKMetrics` reports the share of such targets as ``unrankable``. AUC is torchmetrics'
 binary AUROC (`binary_auc`), tied scores counted half.
 
 Two modules: `ranks` (plain torch: the ranks and the values of ranks; what the pipeline and the

@@ -48,13 +48,17 @@ def cutoffs(ks: Sequence[int]) -> list[int]:
 
 # -- accumulated over batches ------------------------------------------------------------------------
 class TopKMetrics(Metric):
-    """Recall@K, NDCG@K and MRR@K for several K, summed over batches and reduced across processes.
+    """Recall@K, NDCG@K and MRR@K for several K, summed over batches and reduced across processes, and
+    ``unrankable``: the share of targets that no list can hold (`target_ranks`' inf: scored -inf, as an item
+    of the session under ``exclude_seen`` or an item the model never recommends, or outside the vocabulary).
+    Each counts as a miss; the share says how much of a figure the protocol decided before any model
+    (on data where users repeat items, ``exclude_seen`` can rule out most targets).
 
     Examples:
         >>> m = TopKMetrics(ks=[1, 2])
-        >>> m.update(torch.tensor([[0., 0., 3., 2., 1.]]), torch.tensor([3]))
+        >>> m.update(torch.tensor([[0., 0., 3., 2., 1.], [0., 0., 1., 2., float("-inf")]]), torch.tensor([3, 4]))
         >>> {k: round(float(v), 4) for k, v in m.compute().items()}
-        {'recall@1': 0.0, 'ndcg@1': 0.0, 'mrr@1': 0.0, 'recall@2': 1.0, 'ndcg@2': 0.6309, 'mrr@2': 0.5}
+        {'recall@1': 0.0, 'ndcg@1': 0.0, 'mrr@1': 0.0, 'recall@2': 0.5, 'ndcg@2': 0.3155, 'mrr@2': 0.25, 'unrankable': 0.5}
     """
 
     full_state_update = False
@@ -66,18 +70,20 @@ class TopKMetrics(Metric):
         self.add_state("recall", default=torch.zeros(n, dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("ndcg", default=torch.zeros(n, dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("mrr", default=torch.zeros(n, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("unrankable", default=torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("count", default=torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
 
     @property
     def names(self) -> list[str]:
         """The keys of `compute`, in its order."""
-        return [f"{name}@{k}" for k in self.ks for name in ("recall", "ndcg", "mrr")]
+        return [*(f"{name}@{k}" for k in self.ks for name in ("recall", "ndcg", "mrr")), "unrankable"]
 
     def update(self, scores: torch.Tensor, targets: torch.Tensor) -> None:  # type: ignore[override]
         ranks = target_ranks(scores.detach(), targets)  # (B,)
         sums = rank_sums(ranks, self.ks)
         for name in ("recall", "ndcg", "mrr"):
             getattr(self, name).add_(torch.stack([sums[f"{name}@{k}"] for k in self.ks]))
+        self.unrankable += torch.isinf(ranks).sum()
         self.count += ranks.numel()
 
     def compute(self) -> dict[str, torch.Tensor]:  # type: ignore[override]
@@ -87,6 +93,7 @@ class TopKMetrics(Metric):
             out[f"recall@{k}"] = (self.recall[i] / n).float()
             out[f"ndcg@{k}"] = (self.ndcg[i] / n).float()
             out[f"mrr@{k}"] = (self.mrr[i] / n).float()
+        out["unrankable"] = (self.unrankable / n).float()
         return out
 
 

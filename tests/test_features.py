@@ -94,6 +94,17 @@ def test_categorify_matches_item_vocab(kind):
         assert op.num_ids == len(vocab)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_codes_fitted_in_one_kind_are_read_in_the_other_by_their_decimal_text(backend):
+    """A parquet file's integer codes and a CSV's text codes are one category when the text is the integer's
+    decimal: `1` is 1, `01` and `x` are codes never seen, never 1 (unseen: OOV 1)."""
+    ints = Categorify("c").fit(on(backend, {"c": [7, 7, 1, -3, 2**62]}))
+    text = pa.array(["1", "01", "7", "x", "-3", str(2**62), str(2**64), "+7", " 7"])
+    assert host(ints.transform({"c": text})).tolist() == [4, 1, 2, 1, 3, 5, 1, 1, 1]  # 7 most frequent, then -3, 1, 2**62
+    words = Categorify("c").fit({"c": pa.array(["7", "7", "1", "01"])})
+    assert host(words.transform(on(backend, {"c": [1, 7, 5]}))).tolist() == [4, 2, 1]  # "7", then "01" and "1" by bytes
+
+
 # ---------------------------------------------------------------------------------- CountEncoding
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_count_encoding(backend):
@@ -418,8 +429,10 @@ def test_bad_columns_are_named_with_an_example():
         LogNormalize("x").fit({"x": np.array([np.inf])})
     with pytest.raises(ValueError, match=r"column 'c' has a null at row 1"):
         CountEncoding("c").fit({"c": pa.array([1, None])})
-    with pytest.raises(TypeError, match=r"column 'c' was fitted on integer values"):
-        Categorify("c").fit({"c": np.array([1])}).transform({"c": pa.array(["a"])})
+    with pytest.raises(TypeError, match=r"column 'c' was fitted on integer values; now it holds another kind, none of"):
+        Categorify("c").fit({"c": np.array([1])}).transform({"c": pa.array(["a", "01"])})
+    with pytest.raises(TypeError, match=r"column 'c' was fitted on text values; now it holds another kind"):
+        Categorify("c").fit({"c": pa.array(["a", "01"])}).transform({"c": np.array([1])})
     with pytest.raises(TypeError, match=r"column 'when' has Arrow type timestamp.*float seconds"):
         CyclicTime("when").transform({"when": pa.array([0], pa.timestamp("s"))})
     with pytest.raises(ValueError, match="n_folds must be >= 2"):

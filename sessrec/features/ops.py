@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -76,8 +77,7 @@ class _Keys:
     def lookup(self, col: Column, like: Array | None = None) -> Array:
         """Position (E,) of each value among the keys; -1 for unseen values and nulls."""
         if col.is_text != isinstance(self.values, pa.Array):
-            fitted = "text" if isinstance(self.values, pa.Array) else "integer"
-            raise TypeError(f"column {col.name!r} was fitted on {fitted} values; now it holds another kind")
+            col = _as_kind(col, self.values)
         if col.is_text:
             codes = pc.index_in(col.values, value_set=self.values).fill_null(-1)
             codes = codes.to_numpy(zero_copy_only=False).astype(np.int64)
@@ -113,6 +113,34 @@ class _Keys:
         offsets, data = state["text_offsets"], state["text_data"]
         text = pa.LargeStringArray.from_buffers(len(offsets) - 1, pa.py_buffer(offsets), pa.py_buffer(data))
         return cls(text.cast(pa.string()), state["counts"])
+
+
+INTEGER_TEXT = r"^-?(0|[1-9][0-9]{0,37})$"  # the decimal text of an integer, as Arrow casts it back
+
+
+def _as_kind(col: Column, keys: np.ndarray | pa.Array) -> Column:
+    """Column `col` in the kind of the fitted `keys` (integers, or text as a text file's codes are read), a code's
+    identity being its decimal text: integer codes as their text (fitted on a CSV, scoring a parquet file's
+    integers); text codes as the integers they write canonically (fitted on integers, scoring a CSV), other text
+    (``01``, ``x``) a code never seen, never another code's: ``01`` is not category 1. Refused when the two kinds
+    share no code at all (text codes of which none is an integer's, or integers against text keys of which none
+    is): another column, not another spelling."""
+    fitted = "text" if isinstance(keys, pa.Array) else "integer"
+    refused = TypeError(f"column {col.name!r} was fitted on {fitted} values; now it holds another kind, none of its "
+                        "codes an integer's decimal text")
+    if isinstance(keys, pa.Array):
+        if not pc.any(pc.match_substring_regex(keys, INTEGER_TEXT)).as_py():
+            raise refused
+        values = pa.array(to_host(integer_values(col)), mask=None if col.valid is None else ~to_host(col.valid))
+        return Column(col.name, values.cast(pa.string()))
+    canonical = pc.fill_null(pc.match_substring_regex(col.values, INTEGER_TEXT), False)
+    if col.values.null_count < len(col.values) and not pc.any(canonical).as_py():
+        raise refused
+    number = pc.cast(pc.if_else(canonical, col.values, "0"), pa.decimal128(38, 0))
+    low, high = (pa.scalar(Decimal(bound), pa.decimal128(38, 0)) for bound in (-(2**63), 2**63 - 1))
+    fits = pc.and_(canonical, pc.and_(pc.greater_equal(number, low), pc.less_equal(number, high)))
+    values = pc.cast(pc.if_else(fits, number, low), pa.int64())
+    return Column(col.name, values.to_numpy(zero_copy_only=False), fits.to_numpy(zero_copy_only=False))
 
 
 # ------------------------------------------------------------------------------------ operations

@@ -98,7 +98,7 @@ def test_shape_finite_and_causal_flag():
             enc.jagged = jagged
             out = enc(x, mask, times)
             assert out.shape == (5, 7, 16) and torch.isfinite(out).all() and (out[~mask] == 0).all()
-    assert HSTUEncoder.causal is True and HSTUEncoder.uses_times is True and enc.d_model == 16
+    assert HSTUEncoder.causal is True and enc.uses_times is True and enc.d_model == 16
 
 
 def test_the_default_path_is_jagged_on_the_cpu_and_padded_elsewhere(monkeypatch):
@@ -333,28 +333,33 @@ class TimedLog(SessionSource):
 
 
 def test_fit_and_validate_give_the_encoder_the_data_event_times():
-    """Through Lightning: the data module's loaders carry the times because the task reads them (times=None)."""
+    """Through Lightning: the data module's loaders carry the times because the task reads them (times=None); the
+    encoder records whether it was trained with them. A model trained with times refuses validation without them,
+    one trained without them reads none of the times it is given."""
     import pytorch_lightning as pl
 
     from sessrec.tasks import SessionDataModule
 
     trainer = lambda: pl.Trainer(max_steps=1, limit_val_batches=0, logger=False, enable_checkpointing=False,
                                  enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")
-    learned = {}
+    tasks = {}
     for timed in (True, False):
         data = SessionDataModule(TimedLog(timed), max_length=6, batch_size=64)
-        task = hstu_task(data.num_items)
-        trainer().fit(task, data)
-        learned[timed] = task.model.encoder.layers[0].time_bias.detach().clone()
+        tasks[timed] = hstu_task(data.num_items)
+        trainer().fit(tasks[timed], data)
+        assert tasks[timed].model.encoder.trained_with_times is timed and tasks[timed].model.needs_times is timed
+    learned = {timed: task.model.encoder.layers[0].time_bias for timed, task in tasks.items()}
     assert learned[True].abs().sum() > 0 and not learned[False].any()  # one step moves the table only with times
+    assert tasks[True].uses_times and not tasks[False].uses_times
+    validate = lambda task, times: pl.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False,
+                                              accelerator="cpu").validate(
+        task, SessionDataModule(TimedLog(True), max_length=6, eval_batch_size=8, times=times), verbose=False)[0]["val/loss"]
     with torch.no_grad():
-        task.model.encoder.layers[0].time_bias.normal_()
-    losses = {}
-    for times in (None, False):
-        dm = SessionDataModule(TimedLog(True), max_length=6, eval_batch_size=8, times=times)
-        validate = pl.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")
-        losses[times] = validate.validate(task, dm, verbose=False)[0]["val/loss"]
-    assert losses[None] != losses[False]  # validation reads the times that the data module gives
+        tasks[False].model.encoder.layers[0].time_bias.normal_()  # were they read, they would change the scores
+    assert validate(tasks[False], None) == validate(tasks[False], True)
+    with pytest.raises(ValueError, match=r"^log \(valid split\): the model was trained with event times and these "
+                                         r"batches carry none \(--data\.times false\)"):
+        validate(tasks[True], False)
 
 
 def _timed_hstu():
@@ -410,3 +415,64 @@ def test_a_served_hstu_model_reads_the_request_times():
         expected = model.score(hidden).topk(5, dim=1)
     torch.testing.assert_close(with_times.scores, expected.values)
     assert not torch.allclose(with_times.scores, without.scores, atol=1e-4)
+
+
+def _trained(timed: bool) -> SessionRecommender:
+    """A tiny HSTU recommender after one training step with (or without) the event times of `ITEMS`, its time table
+    then drawn at random (were the times read, they would change the scores)."""
+    torch.manual_seed(0)
+    model = SessionModel(20, HSTUEncoder(d_model=16, n_head=2, n_layer=1, dropout=0.0), max_length=6, dropout=0.0)
+    objective = CausalLanguageModeling()
+    objective.bind(model)
+    out = objective.training_output(model, ITEMS.long(), features={EVENT_TIMES: TIMES} if timed else None)
+    FullSoftmax()(model, out.hidden, out.targets).backward()
+    with torch.no_grad():
+        model.encoder.layers[0].time_bias.normal_()
+    vocab = ItemVocab(pa.array(np.arange(100, 118)), np.arange(18, 0, -1))
+    return SessionRecommender(model.eval(), objective, vocab, Inference(max_length=6, top_k=5))
+
+
+def test_a_model_trained_with_times_records_it_and_refuses_to_be_read_without_them(tmp_path):
+    """Trained with event times, the model directory says so; read without times (a file without a time column,
+    a served request or a batch without them) it is refused in one line, not scored with the time term off."""
+    import pyarrow.parquet as pq
+
+    from sessrec.pipeline.candidates import RequestSessions
+    from sessrec.pipeline.request import check_request
+    from sessrec.pipeline.retrieval.session_model_retriever import SessionModelRetriever
+    from sessrec.scoring import predict_file
+    from sessrec.serving.recommender import SessionModelService
+
+    directory = _trained(timed=True).save_pretrained(tmp_path / "model")
+    loaded = SessionRecommender.from_pretrained(directory)
+    assert loaded.model.encoder.trained_with_times is True and loaded.model.needs_times and loaded.model.uses_times
+    refusal = r"^HSTUEncoder: this model was trained with event times and is given none: give the sessions"
+    with torch.no_grad(), pytest.raises(ValueError, match=refusal):
+        loaded.model(SessionBatch(ITEMS))
+    with pytest.raises(ValueError, match=r"^this model was trained with event times: give the request's times"):
+        SessionModelService(loaded).encode(check_request([[101, 102, 103]]))
+    with pytest.raises(ValueError, match=r"^this retriever's HSTUEncoder was trained with event times and these sessions "):
+        SessionModelRetriever(loaded.model, loaded.objective).query_vectors(RequestSessions(ITEMS.long()))
+    sessions = tmp_path / "sessions.parquet"
+    pq.write_table(pa.table({"session_id": [1, 1, 2], "item_id": [101, 102, 103]}), sessions)
+    with pytest.raises(ValueError, match=rf"^{sessions}: the model was trained with event times and these sessions have "
+                                         r"no 'timestamp' column"):
+        predict_file(directory, sessions, tmp_path / "recs.parquet")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "sessions.parquet"]  # nothing written
+
+
+def test_a_model_trained_without_times_ignores_the_times_it_is_given(tmp_path):
+    """Trained without event times, the model directory says so: the times of a batch are not read (the same scores
+    as without them, whatever its time table holds), and nothing passes them (`uses_times` is false)."""
+    loaded = SessionRecommender.from_pretrained(_trained(timed=False).save_pretrained(tmp_path / "model"))
+    assert loaded.model.encoder.trained_with_times is False and not loaded.model.uses_times and not loaded.model.needs_times
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.model(ITEMS, loaded.objective, {EVENT_TIMES: TIMES}),
+                                   loaded.model(ITEMS, loaded.objective))
+
+
+def test_training_on_without_times_is_refused():
+    """An encoder trained with times refuses a training batch without them."""
+    model = _trained(timed=True).model.train()
+    with pytest.raises(ValueError, match=r"^HSTUEncoder: this model was trained with event times and is given none"):
+        model(ITEMS)

@@ -41,8 +41,13 @@ Padding positions come back as zeros. No softmax means no empty row to guard aga
 row's weights are all zero, never NaN, and real rows never read padding, so their outputs do not
 depend on how much of it there is.
 
-Event times: an encoder whose class sets ``uses_times`` is called by `SessionModel` with a
-``times`` keyword, (B, L) seconds aligned with the items (`SessionModel.encode`), or None.
+Event times: an encoder whose ``uses_times`` is true is called by `SessionModel` with a ``times``
+keyword, (B, L) seconds aligned with the items (`SessionModel.encode`), or None. The encoder records
+whether it was trained with them (`HSTUEncoder.trained_with_times`, set by its first forward in training
+mode, saved with its weights): one trained with times refuses to be read without them (the time term off
+would be another model's answer); one trained without them ignores times it is given (its time table was
+never trained, and its ``uses_times`` is false, so that nothing passes them); one not yet trained reads
+what it is given.
 
 Shape letters: B batch, L sequence, D model width, H heads, E head width (D / H), T real items of
 the batch, Bg / Wg sessions and width of a length group, Kp / Kt position and time buckets.
@@ -136,11 +141,11 @@ class HSTUEncoder(nn.Module, Configurable):
         initializer_range: std of the Linear weights (biases start at zero); default
             ``d_model ** -0.5``, as `SASRecEncoder`.
 
-    A final LayerNorm follows the last layer, as in `SASRecEncoder`.
+    A final LayerNorm follows the last layer, as in `SASRecEncoder`. ``trained_with_times`` says whether it was
+    trained with event times (None before training; see the module docstring), saved with the weights.
     """
 
     causal: ClassVar[bool] = True
-    uses_times: ClassVar[bool] = True  # `SessionModel` passes ``times`` (or None)
 
     def __init__(
         self,
@@ -169,6 +174,35 @@ class HSTUEncoder(nn.Module, Configurable):
         )
         self.norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
         init_linear_layers(self, d_model, initializer_range)
+        # whether the training batches carried event times: None until the first forward in training mode
+        self.trained_with_times: bool | None = None
+
+    @property
+    def uses_times(self) -> bool:
+        """Whether `SessionModel` passes this encoder event times: unless it was trained without them."""
+        return self.trained_with_times is not False
+
+    def get_extra_state(self) -> torch.Tensor:
+        """`trained_with_times` in the state dict (checkpoints, model directories): -1 not yet trained, 0 without times, 1 with."""
+        return torch.tensor(-1 if self.trained_with_times is None else int(self.trained_with_times), dtype=torch.int8)
+
+    def set_extra_state(self, state: torch.Tensor) -> None:
+        value = int(state)
+        if value not in (-1, 0, 1):
+            raise ValueError(f"HSTUEncoder: the saved trained_with_times is {value}, not -1 (not yet trained), 0 or 1")
+        self.trained_with_times = None if value < 0 else bool(value)
+
+    def _times_read(self, times: torch.Tensor | None) -> torch.Tensor | None:
+        """The times a forward reads: the first forward in training mode records whether they are given; a model
+        trained with them refuses a forward without them (training on included), one trained without them reads
+        none (see the module docstring)."""
+        if self.training and self.trained_with_times is None:
+            self.trained_with_times = times is not None
+        if self.trained_with_times and times is None:
+            raise ValueError("HSTUEncoder: this model was trained with event times and is given none: give the "
+                             "sessions their times (a timestamp column of the data, 'times' of a served request, "
+                             "SessionBatch.times)")
+        return times if self.trained_with_times is not False else None
 
     def forward(
         self, embeddings: torch.Tensor, attention_mask: torch.Tensor, times: torch.Tensor | None = None
@@ -176,9 +210,13 @@ class HSTUEncoder(nn.Module, Configurable):
         """(B, L, D) embeddings, (B, L) bool mask of real positions and optional (B, L) event times
         in seconds -> (B, L, D), zeros at padding. A real item's time that is no finite number is a ValueError, and
         so are floating times of fewer bits than float64 beyond the whole seconds they hold exactly (float32: 2^24 s,
-        about 194 days; epoch seconds in float32 are whole multiples of 128 s, their differences buckets apart)."""
+        about 194 days; epoch seconds in float32 are whole multiples of 128 s, their differences buckets apart). No
+        times for a model trained with them is a ValueError too; times for one trained without them are not read
+        (`trained_with_times`)."""
         if times is not None and times.shape != attention_mask.shape:
             raise ValueError(f"times has shape {tuple(times.shape)}, the sessions {tuple(attention_mask.shape)}")
+        if not symbolic():
+            times = self._times_read(times)
         if times is not None and not symbolic():
             bad = ~torch.isfinite(times) & attention_mask
             if bool(bad.any()):

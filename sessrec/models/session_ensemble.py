@@ -111,6 +111,11 @@ class SessionEnsemble(nn.Module):
         """Whether some member reads event times (then the batches should carry them)."""
         return any(m.uses_times for m in self.members)
 
+    @property
+    def needs_times(self) -> bool:
+        """Whether some member was trained with event times (then it refuses sessions without them)."""
+        return any(m.needs_times for m in self.members)
+
     def forward(
         self, items: torch.Tensor | SessionBatch, features: dict[str, torch.Tensor] | None = None
     ) -> torch.Tensor:

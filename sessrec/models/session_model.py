@@ -234,6 +234,12 @@ class SessionModel(nn.Module, Configurable):
         """Whether the encoder reads event times (its ``uses_times``, as `HSTUEncoder`)."""
         return bool(getattr(self.encoder, "uses_times", False))
 
+    @property
+    def needs_times(self) -> bool:
+        """Whether the model must be read with event times: its encoder was trained with them
+        (`HSTUEncoder.trained_with_times`), and refuses sessions without them."""
+        return bool(getattr(self.encoder, "trained_with_times", False))
+
     def batch_features(
         self, batch: SessionBatch, features: dict[str, torch.Tensor] | None = None
     ) -> dict[str, torch.Tensor] | None:

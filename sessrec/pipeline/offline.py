@@ -99,7 +99,7 @@ def recommend_file(
             extension or the input itself, an engine setting that cannot be honoured (all before anything
             is read or written), an implausible `now` or event time (after the year 3000: milliseconds
             given as seconds), a `now` before a session's last event, or an input without a time column
-            for a ranker fitted with time features (a refusal while scoring removes the parts written).
+            for a ranker fitted with time features or a retriever trained with event times (a refusal while scoring removes the parts written).
         FileExistsError: `output` exists and `overwrite` is false (before anything is read).
         PermissionError: `output` cannot be written there (`OutputFile.check`).
         OSError: the scheduler cannot be reached (one line naming its address).
@@ -117,7 +117,7 @@ def recommend_file(
     directory = None if isinstance(pipeline, Pipeline) else str(versions.resolve(pipeline).absolute())
     pipe = pipeline if isinstance(pipeline, Pipeline) else Pipeline.from_pretrained(directory)
     stream = ScoringStream(input_path, pipe.vocab, schema, pipe.history_length, batch_size, times=True)
-    if pipe.time_features and not stream.times:
+    if (pipe.time_features or pipe.timed_retrievers) and not stream.times:
         where = f"column {schema.timestamp!r}" if schema.timestamp is not None else "a column named by the schema's timestamp"
         raise ValueError(f"{input_path}: {pipe.missing_times(where)}; the file has columns {stream.columns()}")
     started = time.monotonic()

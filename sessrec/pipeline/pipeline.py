@@ -219,10 +219,19 @@ class Pipeline:
                 "in seconds since the epoch"
             )
 
+    @property
+    def timed_retrievers(self) -> list[str]:
+        """The retrievers whose session model was trained with event times (their ``needs_times``): they refuse
+        sessions without them."""
+        return [name for name, (r, _) in self.retrievers.items() if getattr(r, "needs_times", False)]
+
     def missing_times(self, field: str) -> str:
         """The one-line refusal of sessions without event times, naming the `field` that gives them."""
-        shown = ", ".join(self.time_features)
-        return f"the pipeline's ranker was fitted with time features ({shown}): give every session's event times ({field})"
+        if self.time_features:
+            shown = ", ".join(self.time_features)
+            return f"the pipeline's ranker was fitted with time features ({shown}): give every session's event times ({field})"
+        shown = ", ".join(self.timed_retrievers)
+        return f"the pipeline's retrievers {shown} were trained with event times: give every session's event times ({field})"
 
     @torch.no_grad()
     def recommend_batch(self, sessions: RequestSessions, k: int = 20) -> Recommendations:
@@ -265,12 +274,12 @@ class Pipeline:
 
         Raises:
             ValueError: an unknown id under ``on_unknown="error"``, or no ``times`` for a ranker
-                fitted with time features.
+                fitted with time features or a retriever trained with event times.
             TypeError: ids the vocabulary cannot read (``"x"`` for an int64 vocabulary, mixed types).
         """
         items = encode_raw(self.vocab, request.sessions, self.history_length, request.on_unknown)
         stamps = None if request.times is None else clock.pad_times(request.times, request.lengths, items.shape[1])
-        if stamps is None and self.time_features:
+        if stamps is None and (self.time_features or self.timed_retrievers):
             raise ValueError(self.missing_times("times: per session a list of seconds since the epoch, one per item id"))
         self.check_times(items, stamps)
         return self.wrap(items, stamps, clock.request_now(request.now, len(items), stamps, arrival))

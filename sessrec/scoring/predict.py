@@ -129,7 +129,8 @@ def predict_file(
 
     Raises:
         ValueError: a setting below 1, `output` a directory, of another extension or the input itself, an
-            engine setting that cannot be honoured, a directory that holds no session model (all before
+            engine setting that cannot be honoured, a directory that holds no session model, a model trained with
+            event times for sessions without a time column (all before
             anything is read or scored); a bad row of the input (the parts written are removed).
         FileExistsError: `output` exists and `overwrite` is false.
         PermissionError: `output` cannot be written there (`OutputFile.check`).
@@ -144,7 +145,11 @@ def predict_file(
     exclude_seen = recommender.inference.exclude_seen if exclude_seen is None else exclude_seen
     check_settings(k, batch_size, partition_batches)
     identity = digest(folder / "config.json")
-    stream = ScoringStream(input_path, recommender.vocab, schema, recommender.inference.max_length, batch_size)
+    stream = ScoringStream(input_path, recommender.vocab, schema, recommender.inference.max_length, batch_size,
+                           times=recommender.model.uses_times)
+    if recommender.model.needs_times and not stream.times:
+        raise ValueError(f"{input_path}: the model was trained with event times and these sessions have no "
+                         f"{schema.timestamp!r} column; give them their time column (--data.predict_schema.timestamp)")
     started = time.monotonic()
     with run_on.started() as runner:
         if runner.client is None:  # this process scores: with the model read above

@@ -85,8 +85,12 @@ class SessionModelService:
     def encode(self, request: Request, arrival: float | None = None) -> RequestSessions:
         """A checked request's raw-id sessions -> `RequestSessions` of right-aligned model ids (the last
         `max_length` events), with their event times and request times as `Pipeline.encode` gives them;
-        the network reads the event times where its encoder does (`HSTUEncoder`), never the request time."""
+        the network reads the event times where its encoder does (`HSTUEncoder`), never the request time; a
+        request without them for a model trained with them is a ValueError."""
         items = encode_raw(self.vocab, request.sessions, self.max_length, request.on_unknown)
+        if request.times is None and self.model.needs_times:
+            raise ValueError("this model was trained with event times: give the request's times, per session a list of "
+                             "seconds since the epoch, one per item id")
         stamps = None if request.times is None else clock.pad_times(request.times, request.lengths, items.shape[1])
         return RequestSessions(items, times=stamps, now=clock.request_now(request.now, len(items), stamps, arrival))
 

@@ -100,6 +100,11 @@ class EnsembleTask(ScoringOnlyTask):
         """Whether the batches should carry event times: some member's encoder reads them."""
         return self.ensemble.uses_times
 
+    @property
+    def needs_times(self) -> bool:
+        """Whether the batches must carry event times: some member was trained with them."""
+        return self.ensemble.needs_times
+
     def nothing_to_train(self) -> ValueError:
         return ValueError(
             "an EnsembleTask has no weights to train: train each member with `sessrec fit`, then run "

@@ -199,6 +199,12 @@ class NextItemTask(Pretrained, pl.LightningModule):
         distilling (`SessionDataModule`'s ``times=None`` asks this when it builds its loaders)."""
         return self.model.uses_times or (self._teachers is not None and self._teachers.ensemble.uses_times)
 
+    @property
+    def needs_times(self) -> bool:
+        """Whether the batches must carry event times: the model, or a teacher while distilling, was trained
+        with them (`SessionModel.needs_times`)."""
+        return self.model.needs_times or (self._teachers is not None and self._teachers.ensemble.needs_times)
+
     def schedule_clock(self) -> float:
         """Seconds of training so far, across resumes (what a `Schedule` with ``seconds`` decays on)."""
         return self._clock_before + (time.monotonic() - self._clock_start)

@@ -427,23 +427,30 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
             return None
         return torch.from_numpy(frame.pad_sessions(times, starts, ends, self.max_length, np.float64))
 
+    def _task_reads(self, what: str) -> bool:
+        """The trainer's task's `what` (``uses_times``, ``needs_times``); False without a trainer or one."""
+        task = self.trainer.lightning_module if self.trainer is not None else None
+        return bool(getattr(task, what, False))
+
     def _wants_times(self) -> bool:
         """`times`, or where it is None whether the trainer's task reads event times (its ``uses_times``)."""
-        if self.times is not None:
-            return self.times
-        task = self.trainer.lightning_module if self.trainer is not None else None
-        return bool(getattr(task, "uses_times", False))
+        return self._task_reads("uses_times") if self.times is None else self.times
 
     def batch_times(self, split: str) -> torch.Tensor | None:
         """The event times the batches of `split` carry (`time_tensor`), or None where `times` and the
-        task leave them out; `times=True` refuses sessions without a ``timestamp`` column."""
-        if not self._wants_times():
-            return None
-        times = self.time_tensor(split)
+        task leave them out; `times=True` refuses sessions without a ``timestamp`` column, and a task
+        whose model was trained with times (its ``needs_times``) refuses batches without them."""
+        times = self.time_tensor(split) if self._wants_times() else None
         if times is None and self.times:
             raise ValueError(
                 f"{self.splits.source} ({split} split): times=True, but the sessions have no {frame.TIMES!r} column; "
                 "read the event time column (the source's schema.timestamp) or set --data.times null"
+            )
+        if times is None and self._task_reads("needs_times"):
+            why = "--data.times false" if self.times is False else f"the sessions have no {frame.TIMES!r} column"
+            raise ValueError(
+                f"{self.splits.source} ({split} split): the model was trained with event times and these batches carry "
+                f"none ({why}); read the event time column (the source's schema.timestamp) and set --data.times null"
             )
         return times
 
@@ -516,6 +523,11 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
             self.predict_path, self.vocab, self.predict_schema, self.max_length, self.eval_batch_size, side=self.side,
             times=self._wants_times(), **ranks_of(self.trainer),
         )
+        if self._task_reads("needs_times") and not self.scoring_stream.times:
+            why = "--data.times false" if self.times is False else f"no {self.predict_schema.timestamp!r} column"
+            raise ValueError(f"{self.predict_path}: the model was trained with event times and these sessions have none "
+                             f"({why}); give them their time column (--data.predict_schema.timestamp) and set "
+                             "--data.times null")
         return self.scoring_stream
 
     def decode(self, ids: torch.Tensor) -> pa.Array:

@@ -97,6 +97,11 @@ class SessionModelRetriever(Retriever):
         return cls(recommender.model, recommender.objective, index)
 
     @property
+    def needs_times(self) -> bool:
+        """Whether the model was trained with event times (`SessionModel.needs_times`): sessions without them are refused."""
+        return self.model.needs_times
+
+    @property
     def device(self) -> torch.device:
         """Where the model's weights are."""
         return self.model.item_embedding.weight.device
@@ -139,10 +144,14 @@ class SessionModelRetriever(Retriever):
     @torch.no_grad()
     def query_vectors(self, sessions: RequestSessions) -> torch.Tensor:
         """(B, D + 1) query of each session (1 last), cached on the batch. An encoder that reads event
-        times (`HSTUEncoder`) gets the sessions' times where the request carries them."""
+        times (`HSTUEncoder`) gets the sessions' times where the request carries them; one trained with
+        them refuses sessions without them (ValueError)."""
         key = f"query:{id(self)}"
         if key not in sessions.cache:
             times = sessions.times if self.model.uses_times else None  # an encoder that reads them (HSTU) gets them
+            if times is None and self.needs_times:
+                raise ValueError(f"this retriever's {type(self.model.encoder).__name__} was trained with event times and "
+                                 "these sessions carry none: give the sessions their times")
             if self.runtime == "torch":
                 sessions.cache[key] = self._query(sessions.items, *(() if times is None else (times,)))
             elif self.model.uses_times and times is None:

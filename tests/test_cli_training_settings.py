@@ -180,3 +180,20 @@ def test_item_ids_of_another_type_than_the_models_are_refused_naming_the_file_an
                            "--data.source.init_args.valid_days", "1")
     assert message.startswith(f"sessrec test: error: {events}, column 'iid': item ids of type string cannot be matched "
                               "with a vocabulary of int64: 'x")
+
+
+def test_a_mid_epoch_resume_with_other_batches_is_refused_before_anything_is_written(tmp_path, sessrec_main):
+    """A run stopped one batch into its epoch, resumed with another batch size: the loader's position counts in
+    batches of the checkpoint's size, so the resume is refused, and the run's folder (its config.yaml above all)
+    is left as it was."""
+    args = ["--config", str(recipe(tmp_path)), "--trainer.limit_train_batches", "1.0"]
+    assert sessrec_main("fit", *args, "--trainer.max_steps", "1") == ""
+    run = tmp_path / "out" / "run" / "version_0"
+    checkpoint = run / "checkpoints" / "last.ckpt"
+    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted((tmp_path / "out").rglob("*")) if p.is_file()}
+    got = sessrec_main("fit", *args, "--trainer.max_steps", "3", "--data.batch_size", "16", "--ckpt_path", str(checkpoint))
+    assert got == ("sessrec fit: error: the saved loader state stands 1 batches into epoch 0 with --data.batch_size 32, "
+                   "this loader with 16: resume mid-epoch with the rows and batches it was trained with "
+                   "(--traceback for details)")
+    after = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted((tmp_path / "out").rglob("*")) if p.is_file()}
+    assert after == before

@@ -276,12 +276,21 @@ class SessrecCLI(LightningCLI):
         """Record the metrics of every validation (`MetricHistory`), and on a resume put the earlier
         rows of the run's ``metrics.csv`` back (the CSV logger starts the file over). A checkpoint's data
         state (its vocabulary: `SessionDataModule.load_state_dict`) is taken here, before anything is
-        written, so that one of other data is refused with no run folder left."""
+        written, so that one of other data is refused with no run folder left; so is the position of a run stopped
+        mid-epoch, which the training loader built here takes (and refuses where it counts in other batches)
+        before the Trainer rewrites the run's config.yaml."""
         refuse_unlogged_monitor(self.trainer, self.model)
         ckpt = self.config["fit"].get("ckpt_path")
-        state = read_checkpoint(ckpt).get(type(self.datamodule).__qualname__) if ckpt and Path(ckpt).is_file() else None
+        checkpoint = read_checkpoint(ckpt) if ckpt and Path(ckpt).is_file() else {}
+        state = checkpoint.get(type(self.datamodule).__qualname__)
         if state is not None and callable(getattr(self.datamodule, "load_state_dict", None)):
             self.datamodule.load_state_dict(state)
+        loaders = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {}).get("combined_loader")
+        if loaders and callable(getattr(self.datamodule, "train_dataloader", None)):
+            self.datamodule.trainer = self.trainer  # its ranks, as the fit will build the loader
+            loader = self.datamodule.train_dataloader()
+            if callable(getattr(loader, "load_state_dict", None)):
+                loader.load_state_dict(loaders[0])
         self._history = MetricHistory()
         self.trainer.callbacks.append(self._history)
         if self._resumed is not None:

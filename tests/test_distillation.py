@@ -209,6 +209,31 @@ def test_teachers_that_do_not_fit_the_student_are_refused_by_file(tmp_path):
         Teachers(Distillation(teachers=[short]), VOCAB, V, 5)
 
 
+@pytest.mark.parametrize("distilled", [False, True])
+def test_a_data_module_of_another_width_than_the_model_is_refused_before_training(tmp_path, distilled):
+    """Research code that builds the task and the data module apart: the CLI links --data.max_length to the model's,
+    here a data module of rows 8 wide beside a model (and a teacher) of 5 would train the student, and have the teacher
+    score, positions neither was built for; refused in one line, as every stage that reads the data module."""
+    import pytorch_lightning as pl
+
+    from sessrec.data import SyntheticSource
+
+    dm = SessionDataModule(SyntheticSource(num_sessions=200, num_items=30, num_clusters=3), max_length=8, batch_size=16)
+    teacher = SessionRecommender(SessionModel(dm.num_items, GRU4RecEncoder(d_model=8), max_length=5),
+                                 CausalLanguageModeling(), dm.vocab, Inference(5))
+    distillation = {"teachers": [str(teacher.save_pretrained(tmp_path / "teacher"))]} if distilled else None
+    task = NextItemTask(num_items=dm.num_items, max_length=5, encoder=GRU4RecEncoder(d_model=8),
+                        objective=CausalLanguageModeling(), loss=FullSoftmax(), distillation=distillation)
+    trainer = pl.Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, default_root_dir=tmp_path)
+    message = ("the data module gives sessions of up to 8 items where the model reads 5: build the task with "
+               "max_length=datamodule.max_length")
+    for run in (trainer.fit, trainer.test):
+        with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+            run(task, datamodule=dm)
+    assert task.global_step == 0
+
+
 # -- through the CLI ---------------------------------------------------------------------------------
 
 RECIPE = """trainer:

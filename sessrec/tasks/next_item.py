@@ -53,7 +53,8 @@ class NextItemTask(Pretrained, pl.LightningModule):
         num_items: score vector size; linked from the data module (``data.num_items``). Fitting or
             evaluating on a data module whose vocabulary has another size (or other virtual ids) is a
             ValueError at setup.
-        max_length: items per session; linked from the data module (``data.max_length``).
+        max_length: items per session; linked from the data module (``data.max_length``). Training or
+            evaluating on a data module of another ``max_length`` is a ValueError at setup.
         encoder: the sequence encoder (``class_path`` in a recipe); XLNetEncoder() when None.
         objective: the training objective, any `sessrec.models.Objective` (in a recipe
             ``{class_path: sessrec.models.<Objective>, init_args: {...}}``; a new objective is a
@@ -179,6 +180,12 @@ class NextItemTask(Pretrained, pl.LightningModule):
                 f"the data module's vocabulary has {len(self.vocab)} ids ({self.vocab.num_virtual} virtual) where the model "
                 f"scores {self.model.num_items} ({self.model.num_virtual} virtual): build the task with "
                 "num_items=datamodule.num_items and num_virtual=datamodule.num_virtual"
+            )
+        width = getattr(datamodule, "max_length", None)
+        if width is not None and int(width) != int(self.hparams.max_length):  # the CLI links the two
+            raise ValueError(
+                f"the data module gives sessions of up to {width} items where the model reads {self.hparams.max_length}: "
+                "build the task with max_length=datamodule.max_length"
             )
         distillation = self.hparams.get("distillation")
         if stage == "fit" and distillation is not None and self._teachers is None:

@@ -51,7 +51,9 @@ from sessrec.models import (
     XLNetEncoder,
 )
 from sessrec.models.objective import EVENT_TIMES
+from sessrec.pipeline import RequestSessions
 from sessrec.saved.versions import VersionedDirectory
+from sessrec.serving.recommender import SessionModelService
 from sessrec.tasks import DLRMTask, Evaluation, NextItemTask
 from sessrec.tasks.settings import DLRMNetwork
 
@@ -156,6 +158,20 @@ def test_a_session_longer_than_the_model_reads_excludes_only_the_items_it_reads(
     np.testing.assert_array_equal(top_items, expected.topk(20).indices.numpy())
     early = [(row, int(item)) for row in range(7) for item in items[row, :3] if item > 0 and item not in window[row]]
     assert early and all(np.isfinite(scores[row, item]) for row, item in early)
+
+
+@pytest.mark.parametrize("fmt", ["onnx", "torchscript"])
+def test_a_top_k_past_what_a_session_can_be_recommended_ends_in_padding_as_served(tmp_path, fmt):
+    """exclude_seen and a top_k of every product (48): a session of 3 items has 45 left; the slots past them hold
+    id 0 (padding, -inf), as `SessionModelService` returns them, never a seen item or OOV scored -inf."""
+    recommender = session_task("sasrec_clm", evaluation=Evaluation(exclude_seen=True)).recommender()
+    path = export_session_model(recommender, tmp_path, fmt, top_k=50)
+    items = torch.tensor([[0, 0, 5, 9, 17], [4, 4, 4, 4, 4]])
+    _, top_scores, top_items = run_exported(path, items)
+    served = SessionModelService(recommender).recommend_batch(RequestSessions(items), 50)
+    assert top_items.shape == (2, 48) and (top_items[0, 45:] == 0).all() and (top_items[1, 47:] == 0).all()
+    np.testing.assert_array_equal(top_items, served.items.numpy())
+    np.testing.assert_allclose(top_scores, served.scores.numpy(), atol=1e-4)
 
 
 @pytest.mark.parametrize("fmt", ["onnx", "torchscript"])

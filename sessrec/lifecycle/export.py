@@ -70,7 +70,7 @@ from sessrec.models.onnx_graph import (
     opset_of,
     to_onnx,
 )
-from sessrec.models.session_model import next_item_scores
+from sessrec.models.session_model import next_item_scores, top_recommendable
 from sessrec.saved import versions
 from sessrec.saved.atomic import (
     atomic_path,
@@ -126,7 +126,8 @@ class NextItemScorer(nn.Module):
     Sessions are right-aligned model ids (0 = padding), read the way the model was trained to read
     them: ``model(items, objective, features)``, then `exclude_seen` when its inference settings
     ask for it. Outputs: ``scores`` (B, V), -inf for padding, OOV, virtual (and excluded) items;
-    with `top_k`, also ``top_scores`` (B, K) and ``top_items`` (B, K) model ids.
+    with `top_k`, also ``top_scores`` (B, K) and ``top_items`` (B, K) model ids, best first (`top_recommendable`,
+    as served: a session with fewer than K recommendable items, its own excluded, gets id 0 past the last, scored -inf).
 
     Side features are extra inputs, one (B, L) tensor per feature after ``items``, in
     `feature_names` order: int64 ids for categorical features, float32 for continuous ones.
@@ -152,7 +153,8 @@ class NextItemScorer(nn.Module):
         # a plain attribute, not a submodule: RTD's generator is training-only and stays out of the file
         object.__setattr__(self, "objective", recommender.objective)
         self.exclude_seen = recommender.inference.exclude_seen if exclude_seen is None else exclude_seen
-        self.top_k = None if top_k is None else min(top_k, int(self.model.recommendable.sum()))
+        self.recommendable = int(self.model.recommendable.sum())
+        self.top_k = None if top_k is None else min(top_k, self.recommendable)
         side = self.model.side_info
         self.categorical = list(side.categorical) if side is not None else []
         self.continuous = list(side.continuous) if side is not None else []
@@ -170,8 +172,8 @@ class NextItemScorer(nn.Module):
         scores = next_item_scores(self.model, self.objective, items, side, self.exclude_seen)  # (B, V)
         if self.top_k is None:
             return scores
-        top = scores.topk(self.top_k, dim=1)  # (B, K)
-        return scores, top.values, top.indices
+        items, values = top_recommendable(scores, self.top_k, self.recommendable)  # (B, K)
+        return scores, values, items
 
     def inputs(self) -> list[TensorSpec]:
         return [
@@ -208,6 +210,8 @@ class NextItemScorer(nn.Module):
             "max_length": self.model.max_length,  # items; the [MASK] slot is added inside
             "items": "right-aligned model ids, 0 = padding; longer sessions keep their latest items",
             "scores": "-inf for padding, OOV, virtual and excluded items",
+            **({"top_items": "best first; 0 (padding, scored -inf) past the last item a session can be recommended"}
+               if self.top_k is not None else {}),
             **({EVENT_TIMES: "event times in seconds (float64), aligned with items; padding's are not read"}
                if self.times else {}),
         }

@@ -93,6 +93,19 @@ def test_metrics_per_version_and_window(inputs: dict, tmp_path: Path, capsys) ->
     assert "v000002" in capsys.readouterr().out
 
 
+def test_coverage_counts_only_the_reference_products_so_a_grown_vocabulary_keeps_it_a_share(tmp_path: Path) -> None:
+    """A retrained version recommends 20 and 21, which the reference (10..13) lacks: coverage@2 is the share of the
+    reference's 4 products recommended (10, 11: 0.5), not 4 distinct items / 4 products."""
+    with ServedLog(tmp_path / "log") as log:
+        for i, (items, recommended) in enumerate([([10], [11, 20]), ([10, 11], [10, 21])]):
+            log.record(f"r{i}", [items], [{"item_ids": recommended, "scores": [2.0, 1.0]}], "v000003", now=[T0 + 1 + i],
+                       session_ids=["s1"])
+    (tmp_path / "ref").mkdir()
+    table = monitor(str(tmp_path / "log"), [str(events_csv(tmp_path / "events.csv"))], str(reference(tmp_path / "ref")),
+                    str(tmp_path / "m.csv"), SCHEMA, k=2, psi_bins=2)
+    assert table.column("coverage@2").to_pylist() == [0.5]
+
+
 def test_a_period_and_the_versions_select_rows(inputs: dict, tmp_path: Path) -> None:
     table = monitor(out=str(tmp_path / "m.parquet"), since="2023-11-15", until="2023-11-16", **inputs)
     assert table.column("model_version").to_pylist() == ["v000001"]

@@ -14,7 +14,9 @@ log of the same sessions (any file `sessrec.data.scan_events` reads, with its `S
   (``ended``). An unknown target counts as a miss, as ``sessrec test`` counts it. ``evaluated`` rows
   give the two rates; a window without one (the log's last, whose sessions have no next event yet) has
   NaN rates, is printed as not judged and crosses no hit rate or MRR threshold.
-- ``coverage@k``: distinct items among the first `k` recommended / products of the reference vocabulary.
+- ``coverage@k``: the share of the reference vocabulary's products that are among the first `k` recommended
+  of some request, in [0, 1]; a recommended item the reference lacks (a later version's vocabulary grew) is
+  not counted.
 - ``unknown_share``: share of requests whose newest event is an item the reference vocabulary lacks.
 - ``psi``: population stability index of the requests' newest known items against the training data:
   the reference's products ranked by training count and cut into `psi_bins` bins of about equal
@@ -369,7 +371,8 @@ def report(served: pa.Table, outcomes: tuple[np.ndarray, np.ndarray, np.ndarray]
     with np.errstate(invalid="ignore", divide="ignore"):
         hit_rate = count(evaluated & (rr > 0)) / evals
         mrr = np.bincount(gid, weights=np.where(evaluated, rr, 0.0), minlength=g) / evals
-    distinct = pa.table({"g": pa.array(gid[parent[within]]), "item": flat.filter(pa.array(within))}) \
+    counted = within & pc.is_in(flat, value_set=products).to_numpy(zero_copy_only=False)  # the reference's products
+    distinct = pa.table({"g": pa.array(gid[parent[counted]]), "item": flat.filter(pa.array(counted))}) \
         .group_by("g").aggregate([("item", "count_distinct")])
     coverage = np.zeros(g)
     coverage[distinct.column("g").to_numpy()] = distinct.column("item_count_distinct").to_numpy() / max(len(products), 1)

@@ -313,15 +313,14 @@ def test_a_streamed_training_split_ends_where_the_in_memory_one_does(tmp_path):
 TRIVAGO = Path(__file__).resolve().parents[2] / "shared" / "data" / "trivago_rsc19_100k" / "trivago_val_100k.parquet.snappy"
 
 
-@pytest.mark.skipif(not TRIVAGO.exists(), reason="trivago_rsc19_100k is not available here")
-def test_a_dlrm_turn_on_older_click_outs_is_refused(tmp_path):
+def served_ranker(folder: Path, window: dict) -> str:
+    """A DLRM of growing tables saved in `folder` as a turn ending 2018-11-08T00:00 leaves it: trained on the
+    click-outs until 14:00 on the 7th; returns its train_end in ISO."""
     from sessrec.artifacts import ClickRanker
     from sessrec.data.sources import iso
     from sessrec.embeddings import DynamicTables
-    from sessrec.lifecycle.retrain import retrain_dlrm
     from sessrec.tasks import ClickoutDataModule, DLRMTask
 
-    window = {"test_hours": 6.0, "valid_hours": 4.0}
     data = ClickoutDataModule(str(TRIVAGO), end="2018-11-08T00:00", **window)  # trains on click-outs until 14:00 on the 7th
     torch.manual_seed(0)
     task = DLRMTask(cardinalities=data.cardinalities, num_dense=data.num_dense, sparse=DynamicTables(),
@@ -329,10 +328,18 @@ def test_a_dlrm_turn_on_older_click_outs_is_refused(tmp_path):
     task.vocab = data.vocab
     ranker = task.ranker()
     ranker.train_end = data.train_end()
-    seen = iso(ranker.train_end)
+    ranker.save_pretrained(folder)
+    assert ClickRanker.from_pretrained(folder).train_end == ranker.train_end
+    return iso(ranker.train_end)
+
+
+@pytest.mark.skipif(not TRIVAGO.exists(), reason="trivago_rsc19_100k is not available here")
+def test_a_dlrm_turn_on_older_click_outs_is_refused(tmp_path):
+    from sessrec.lifecycle.retrain import retrain_dlrm
+
+    window = {"test_hours": 6.0, "valid_hours": 4.0}
+    seen = served_ranker(tmp_path / "current", window)
     assert "2018-11-07T13:00:00Z" < seen <= "2018-11-07T14:00:00Z"
-    ranker.save_pretrained(tmp_path / "current")
-    assert ClickRanker.from_pretrained(tmp_path / "current").train_end == ranker.train_end
     with pytest.raises(ValueError, match="^" + re.escape(
             "the training window (before the --valid_hours and --test_hours that end at --end) ends 2018-11-07T08:00:00Z, "
             f"before reaching the last event the current model trained on ({seen}, train_end in ")):
@@ -343,3 +350,20 @@ def test_a_dlrm_turn_on_older_click_outs_is_refused(tmp_path):
         retrain_dlrm(str(tmp_path / "current"), path=str(TRIVAGO), end="2018-11-07T18:00", out=str(tmp_path / "c"),
                      backfill=True, **window)
     assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.skipif(not TRIVAGO.exists(), reason="trivago_rsc19_100k is not available here")
+def test_a_warm_dlrm_turn_on_the_click_outs_the_served_ranker_trained_on_all_of_is_refused(tmp_path):
+    """The turn that made the served ranker, run again (--end 2018-11-08T00:00): its training click-outs end where the
+    ranker's do, so it would train it again on them."""
+    from sessrec.lifecycle.retrain import retrain_dlrm
+
+    window = {"test_hours": 6.0, "valid_hours": 4.0}
+    seen = served_ranker(tmp_path / "current", window)
+    with pytest.raises(ValueError) as err:
+        retrain_dlrm(str(tmp_path / "current"), path=str(TRIVAGO), end="2018-11-08T00:00", out=str(tmp_path / "c"), **window)
+    assert str(err.value) == (
+        f"the training window's training click-outs (before 2018-11-07T14:00:00Z) end {seen}, not after the last "
+        f"event the current model trained on ({seen}, train_end in {tmp_path / 'current'}/config.json): a warm start "
+        "would train it again on click-outs it trained on; retrain on a later window, or pass --backfill true")
+    assert not (tmp_path / "c").exists() and not (tmp_path / "current" / "promotions.jsonl").exists()

@@ -171,11 +171,9 @@ def retrain(
         current = NextItemTask.from_recommender(served)
         check_gate_metric(gate, current.evaluation.ks)
         splits = source.load()
-        if warm_start and not backfill and splits.train_end() <= served.train_end:
-            raise ValueError(f"the training window's training sessions ({train_from} .. {train_until}) end "
-                             f"{iso(splits.train_end())}, not after the last event the current model trained on "
-                             f"({iso(served.train_end)}, train_end in {current_path / CONFIG}): a warm start would train "
-                             "it again on sessions it trained on; retrain on a later window, or pass --backfill true")
+        if warm_start and not backfill:
+            check_new_data(f"the training window's training sessions ({train_from} .. {train_until})", "sessions",
+                           splits.train_end(), served.train_end, current_path)
         check_min_pairs(gate, len(protocol_pairs(splits.test, PROTOCOL).session), "the test window's sessions (their last items)",
                         f"{train_until if test_from is None else test_from} .. {test_until}", "--test_until")
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -250,6 +248,15 @@ def check_window(current_path: Path, served_end: float | None, best_path: Path |
                          f"({iso(served_end)}, train_end in {config}): retrain on a later window, or pass --backfill true "
                          "to train on an older one")
     check_unseen(test_window, test_from, trained)
+
+
+def check_new_data(window: str, what: str, data_end: float, served_end: float, current_path: Path) -> None:
+    """Refuse a warm start on training data that ends at or before the current model's ``train_end`` (`data_end`,
+    `served_end`): it holds nothing the model has not trained on, and would train it again on the same `what`."""
+    if data_end <= served_end:
+        raise ValueError(f"{window} end {iso(data_end)}, not after the last event the current model trained on "
+                         f"({iso(served_end)}, train_end in {current_path / CONFIG}): a warm start would train it again "
+                         f"on {what} it trained on; retrain on a later window, or pass --backfill true")
 
 
 def settle(
@@ -403,8 +410,9 @@ def retrain_dlrm(
         seed: seeds the candidate's training.
         promote: promote a candidate that passes the gate (False: decide and report only).
         keep: versions of `model_dir` kept besides the current one, the one before it and the best.
-        backfill: train on click-outs that end before the current model's training data does (its test
-            hours must still start after it: the gate never compares on click-outs a compared model trained on).
+        backfill: train on click-outs that end before the current model's training data does, or on training
+            click-outs that end with it (its test hours must still start after it: the gate never compares on
+            click-outs a compared model trained on).
     """
     from sessrec.tasks import DLRMTask
     from sessrec.tasks.clickout_data import ClickoutDataModule
@@ -430,6 +438,9 @@ def retrain_dlrm(
         window = {"test_hours": test_hours, "valid_hours": valid_hours, "batch_size": batch_size, "seed": seed,
                   "end": end, "train_hours": train_hours, "min_count": 1}
         old = ClickoutDataModule(path, vocab_path=str(current_path / VOCAB), **window)
+        if not backfill:
+            check_new_data(f"the training window's training click-outs (before {iso(stop - (test_hours + valid_hours) * 3600.0)})",
+                           "click-outs", old.train_end(), served.train_end, current_path)
         clicked = int((old.rows["test"].column("label").to_numpy(zero_copy_only=False) > 0.5).sum())  # clickout_ranks' pairs
         check_min_pairs(gate, clicked, "clicked rows of the test hours' click-outs", f"the {test_hours:g} hours before {end}",
                         "--test_hours")

@@ -167,9 +167,9 @@ def test_recipe_fit_reads_train_and_valid_only(
         requested.append(split)
         return real_sessions(split)
 
-    def pairs(split, protocol=None):
+    def pairs(split, protocol=None, width=None):
         requested.append(split)
-        return real_pairs(split, protocol)
+        return real_pairs(split, protocol, width)
 
     def fit_ranker(pipe, pairs, scorer, batch_size=512, **options):
         ranked.append(pairs.items)

@@ -415,6 +415,40 @@ def test_rule_windows_hold_at_the_pairs_times(dm: SessionDataModule, tmp_path: P
     assert not fitting.candidate_rows(pipe, untimed).block(0, len(pairs))[1].items.eq(denied).any()
 
 
+class RepeatInTest(HandSessions):
+    """HandSessions with one test session, [12, 13, 14, 12]: its last item repeats one 3 events back."""
+
+    def load(self) -> SessionSplits:
+        splits = super().load()
+        test = pa.table({"session_id": [200], "item_id": [[12, 13, 14, 12]],
+                         "timestamp": [[event_time(0, j, day=2) for j in range(4)]]})
+        return SessionSplits(splits.train, splits.valid, test, source="hand")
+
+
+def test_the_evaluation_filters_the_seen_items_the_server_filters_past_max_length() -> None:
+    """max_length 2 and a filter of the whole session: the prefix [12, 13, 14] is read by its last two items, and its
+    target 12 is filtered as served (the session up to history_length), so the evaluation's metrics are those of the
+    served lists."""
+    from sessrec.pipeline.filters import SeenItemsFilter
+
+    dm = SessionDataModule(source=RepeatInTest(), max_length=2)
+    train, _ = dm.tensors("train")
+    pipe = Pipeline(dm.vocab, {"pop": (BaselineRetriever(Popularity()).fit(train, dm.num_items), 8)}, max_length=2,
+                    max_candidates=8, filters=[SeenItemsFilter()])
+    pairs = dm.pairs("test", "all_prefixes", width=pipe.history_length)
+    prefixes = [[12, 13, 14], [12, 13], [12]]  # all_prefixes: the longest first
+    decode = lambda ids: dm.vocab.decode(ids[ids != 0].numpy()).to_pylist()  # noqa: E731
+    assert [decode(row) for row in pairs.items] == prefixes
+    recs = pipe.recommend(prefixes, k=5, now=T0 + 3 * 86400.0)
+    assert 12 not in recs[0]["item_ids"]
+    served = torch.from_numpy(np.stack([pipe.vocab.encode(pa.array(r["item_ids"])).ids for r in recs]))
+    sums = fitting.list_metrics(served, torch.tensor([r["scores"] for r in recs]), pairs.targets.long(), ks=(4,))
+    metrics = fitting.evaluate_pipeline(pipe, pairs, ks=(4,))
+    assert {n: v for n, v in metrics.items() if n != "candidate_recall"} == pytest.approx(
+        {n: v / len(pairs) for n, v in sums.items()})
+    assert metrics["recall@4"] == pytest.approx(1 / 3)
+
+
 # --------------------------------------------------------------------------------- the served order
 def test_list_metrics_rank_by_the_served_position() -> None:
     targets = torch.tensor([9, 9, 9])

@@ -319,13 +319,15 @@ def list_metrics(
 def evaluate_pipeline(pipe: Pipeline, pairs: EvalPairs, ks: Sequence[int] = (10, 20), batch_size: int = 512) -> dict[str, float]:
     """Recall/MRR/NDCG@k of the pipeline's final lists on (prefix, target) pairs, and candidate coverage.
 
+    The prefixes are read as a served session is (`Pipeline.wrap`): the stages see their last ``max_length`` events,
+    the filters of everything seen up to ``history_length`` (pairs that wide: ``pairs(split, width=history_length)``).
     The sessions carry the pairs' event times when they have them (validity windows, time features).
     """
     totals: dict[str, float] = {}
     covered = 0.0
     for lo in range(0, len(pairs), batch_size):
         part = pairs.take(slice(lo, lo + batch_size))
-        sessions = sessions_of(part).to(pipe.device)
+        sessions = pipe.wrap(part.items, part.times).to(pipe.device)
         cands = pipe.score(sessions, pipe.candidates(sessions))
         target = part.targets.to(pipe.device)
         covered += float((cands.items == target.long().unsqueeze(1)).any(dim=1).sum())

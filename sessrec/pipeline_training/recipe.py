@@ -294,7 +294,7 @@ class PipelineRecipe:
             info = fit_ranker(pipe, self.ranker_data(), self.scorer, self.batch_size, negatives=self.ranker_negatives,
                               log=stages.note)
         with stages.stage("scoring the validation pairs"):
-            valid = evaluate_pipeline(pipe, self.data.pairs("valid"), self.ks, self.batch_size)
+            valid = evaluate_pipeline(pipe, self.data.pairs("valid", width=pipe.history_length), self.ks, self.batch_size)
         if self.refit_retrievers:  # after the validation scores: the refitted retrievers have seen those sessions
             with stages.stage("fitting the kNN and co-visitation retrievers again on the training and validation sessions"):
                 self.refit(pipe)
@@ -315,7 +315,7 @@ class PipelineRecipe:
             if pipe.vocab != self.data.vocab:
                 raise ValueError(f"{self.output}: the saved pipeline's vocabulary differs from this recipe's data")
         with stages.stage("scoring the test pairs"):
-            metrics = evaluate_pipeline(pipe, self.data.scored_pairs("test"), self.ks, self.batch_size)
+            metrics = evaluate_pipeline(pipe, self.data.scored_pairs("test", width=pipe.history_length), self.ks, self.batch_size)
         print("[test] " + " ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
         return metrics
 

@@ -163,7 +163,7 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
         self._train_rows: TrainingRows | None = None
         self._times: dict[str, torch.Tensor | None] = {}
         self._pair_index: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-        self._pairs: dict[tuple[str, str], EvalPairs] = {}
+        self._pairs: dict[tuple[str, str, int], EvalPairs] = {}
         self.stats: dict[str, int] = {}
         self.scoring_stream: ScoringStream | None = None
 
@@ -358,13 +358,16 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
         session, target_at = frame.expand_prefixes(offsets, protocol, targetable)
         return session.astype(np.int64), offsets[:-1][session], target_at
 
-    def pairs(self, split: str, protocol: Protocol | None = None) -> EvalPairs:
+    def pairs(self, split: str, protocol: Protocol | None = None, width: int | None = None) -> EvalPairs:
         """The (prefix, target) pairs of an evaluation split with the session and event times of each.
 
         Args:
             split: ``valid`` or ``test``.
             protocol: ``last`` or ``all_prefixes``; None: `eval_protocol`, whose items and targets
                 are those of `tensors` (the same tensors).
+            width: events kept of each prefix, its latest (past `max_length`, no more columns than the longest
+                prefix has); None: `max_length`. A pipeline's evaluation takes its ``history_length``, the events its filters read
+                of a served session.
 
         Returns:
             `EvalPairs` whose ``sessions`` index the split's sessions (rows of ``splits.<split>``) and
@@ -376,23 +379,26 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
         protocol = self.eval_protocol if protocol is None else protocol
         if protocol not in ("last", "all_prefixes"):
             raise ValueError(f"protocol must be 'last' or 'all_prefixes', got {protocol!r}")
-        if (split, protocol) not in self._pairs:
+        width = self.max_length if width is None else width
+        if (split, protocol, width) not in self._pairs:
             items, targets = self.tensors(split)  # validates the split once
-            if protocol == self.eval_protocol:
+            if protocol == self.eval_protocol and width == self.max_length:
                 session, starts, ends = self._pair_index[split]
             else:
                 ids, offsets, virtual = self._encode(split)
-                session, starts, ends = self._expand(split, protocol, offsets, virtual)
-                items = torch.from_numpy(frame.pad_sessions(ids, starts, ends, self.max_length, ITEM_DTYPE))
+                session, starts, ends = (self._pair_index[split] if protocol == self.eval_protocol
+                                         else self._expand(split, protocol, offsets, virtual))
+                columns = max(min(width, int((ends - starts).max(initial=0))), self.max_length)  # none of padding alone
+                items = torch.from_numpy(frame.pad_sessions(ids, starts, ends, columns, ITEM_DTYPE))
                 targets = torch.from_numpy(ids[ends])
-            times = self._padded_times(split, starts, ends)
-            self._pairs[split, protocol] = EvalPairs(items, targets, torch.from_numpy(session), times)
-        return self._pairs[split, protocol]
+            times = self._padded_times(split, starts, ends, items.shape[1])
+            self._pairs[split, protocol, width] = EvalPairs(items, targets, torch.from_numpy(session), times)
+        return self._pairs[split, protocol, width]
 
-    def scored_pairs(self, split: str, protocol: Protocol | None = None) -> EvalPairs:
+    def scored_pairs(self, split: str, protocol: Protocol | None = None, width: int | None = None) -> EvalPairs:
         """`pairs`, refused in one line where the split gives none: there is no metric to compute (``sessrec
         validate`` or ``test``), nor a pipeline's ranker to fit."""
-        pairs = self.pairs(split, protocol)
+        pairs = self.pairs(split, protocol, width)
         if not len(pairs):
             raise ValueError(
                 f"{self.splits.source} ({split} split): no (prefix, next item) pair to score: its "
@@ -420,12 +426,13 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
                 self._times[split] = self.pairs(split).times
         return self._times[split]
 
-    def _padded_times(self, split: str, starts: np.ndarray, ends: np.ndarray) -> torch.Tensor | None:
-        """Event times of the rows ``[starts, ends)`` of an evaluation split's flat events, padded like the items."""
+    def _padded_times(self, split: str, starts: np.ndarray, ends: np.ndarray, width: int) -> torch.Tensor | None:
+        """Event times of the rows ``[starts, ends)`` of an evaluation split's flat events, padded like the items (their
+        latest `width`)."""
         times = frame.event_times(getattr(self.splits, split))
         if times is None:
             return None
-        return torch.from_numpy(frame.pad_sessions(times, starts, ends, self.max_length, np.float64))
+        return torch.from_numpy(frame.pad_sessions(times, starts, ends, width, np.float64))
 
     def _task_reads(self, what: str) -> bool:
         """The trainer's task's `what` (``uses_times``, ``needs_times``); False without a trainer or one."""

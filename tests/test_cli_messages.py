@@ -125,6 +125,7 @@ def test_one_value_where_a_list_goes_and_a_nan_float_are_one_line_of_sessrec(ses
     ("serve", "--max_queue_wait_ms", "503 before the body is read"),
     ("rollback", "--to", "the version to make current"),
     ("promote", "--version", "default: the directory's canary"),
+    ("promote", "--model_dir", "current for every session, which ends a canary."),
     ("serve", "--canary_share", "the share of the sessions the canary answers"),
     ("export", "--top_k", "session models also output the K best items"),
     ("recommend", "--input_path", "sessions file"),

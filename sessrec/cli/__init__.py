@@ -267,8 +267,9 @@ def rollback(model_dir: str, to: str | None = None) -> str:
 
 
 def promote(model_dir: str, version: str | None = None) -> str:
-    """Make a version of a versioned model or pipeline directory current for every session (logged; its parts
-    checked against their hashes first), which ends a canary.
+    """Make a version of a versioned model or pipeline directory current for every session, which ends a canary.
+
+    The version's parts are checked against their hashes before the pointer moves; the move is logged.
 
     Args:
         model_dir: a model or pipeline directory with versions.

@@ -22,6 +22,8 @@ def test_help_lists_every_command_on_its_own_line(capsys):
     for name in COMMAND_NAMES:
         assert sum(line.startswith(f"    sessrec {name} ") for line in out.splitlines()) == 1, name
     assert "--traceback" in out and "--show-warnings" in out and "SESSREC_SHOW_WARNINGS" in out
+    # a baseline validates without a model directory; predict reads CSV as well as parquet
+    assert "sessrec validate --config <recipe> [--model_dir M]" in out and "--data.predict_path (parquet or CSV)" in out
 
 
 @pytest.mark.parametrize("config, expected", [

@@ -1,9 +1,9 @@
 """``sessrec`` command line.
 
     sessrec fit --config <recipe> ...                            train a task recipe, or fit a pipeline recipe's ranker
-    sessrec validate --config <data recipe> --model_dir M        validation metrics of a trained model (runs/<name>/model)
+    sessrec validate --config <recipe> [--model_dir M]           validation metrics of a trained model (runs/<name>/model) or a baseline
     sessrec test --config <recipe> [--model_dir M]               test metrics of a trained model, or of a pipeline end to end
-    sessrec predict --config <data recipe> --model_dir M ...     top-k items for sessions of --data.predict_path (parquet)
+    sessrec predict --config <data recipe> --model_dir M ...     top-k items for sessions of --data.predict_path (parquet or CSV)
     sessrec recommend --config <pipeline recipe> --input_path F a pipeline's top-k for a file of sessions (--output)
     sessrec prepare --config <data recipe> --out D               sessions, splits and vocabulary computed once (a prepared dataset)
     sessrec serve --model_dir D                                  HTTP recommendations (`sessrec.serving.server`)

@@ -130,6 +130,7 @@ def test_one_value_where_a_list_goes_and_a_nan_float_are_one_line_of_sessrec(ses
     ("promote", "--model_dir", "current for every session, which ends a canary."),
     ("serve", "--canary_share", "the share of the sessions the canary answers"),
     ("export", "--top_k", "session models also output the K best items"),
+    ("retrain", "--model_dir", "retrain --model_dir <its directory> --help``"),
     ("recommend", "--input_path", "sessions file"),
 ])
 def test_command_help_comes_from_the_docstring(command, flag, help_text, capsys):

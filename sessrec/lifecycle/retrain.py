@@ -128,7 +128,9 @@ def retrain(
 
     Args:
         model_dir: the model directory of a trained session model (``runs/<name>/model``, which ``sessrec
-            fit`` writes; versioned once a candidate is promoted into it).
+            fit`` writes; versioned once a candidate is promoted into it). A DLRM's directory is retrained by
+            `retrain_dlrm`, with other options (``--path``, ``--end``, ...): ``sessrec retrain --model_dir
+            <its directory> --help`` lists them.
         paths: event files holding both windows (read together).
         train_from: start of the training window (see `TimeWindowSource`).
         train_until: end of the training window, and start of the test window unless `test_from` says.

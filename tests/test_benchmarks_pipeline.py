@@ -76,7 +76,9 @@ def test_ranker_fit_fits_one_member_of_the_blend_alone_once_per_seed_offset():
 
 
 @pytest.mark.slow
-def test_retrain_daily_quick_run_prints_each_turn_and_the_rejection():
+def test_retrain_daily_quick_run_prints_each_turn_and_never_promotes_a_shadow_run():
+    """The quick base is untrained, so any warm start may beat it (the lr-0.05 turn too): the gate's rejection of
+    that turn is the full run's (docs/deploy.md), not checked here."""
     stdout = quick("retrain_daily.py")
     out = json.loads(stdout[stdout.index("{"):])  # after the fits' validation lines
     assert out["benchmark"] == "retrain_daily"
@@ -95,7 +97,8 @@ def test_retrain_daily_quick_run_prints_each_turn_and_the_rejection():
 
 
 @pytest.mark.slow
-def test_retrain_dlrm_quick_run_prints_each_window_and_the_rejection():
+def test_retrain_dlrm_quick_run_prints_each_window_and_grows_the_tables():
+    """The quick base is barely trained, so the gate's decisions are the full run's to show, not checked here."""
     stdout = quick("retrain_dlrm.py")
     out = json.loads(stdout[stdout.index("{"):])
     assert (out["benchmark"], out["epochs"], out["quick"], out["path"], out["min_pairs"]) == (

@@ -158,6 +158,9 @@ def test_loaders_slice_whole_queries_and_gather_multi_hot(rows):
         (lambda t: _with(t, "prices", 2, "100|cheap|75"), r"column 'prices' holds a value that is not a number"),
         (lambda t: _with(t, "prices", 2, "100|-5|75"), r"column 'prices' holds '-5'"),
         (lambda t: _with(t, "impressions", 5, None), r"column 'impressions' is empty on a click-out \(session 'b', step 1\)"),
+        # a hotel shown twice: which place was clicked is unknown, and the click-out would count twice in MRR
+        (lambda t: _with(_with(t, "impressions", 2, "H1|H2|H2"), "prices", 2, "100|50|50"),
+         r"column 'impressions' shows hotel 'H2' twice on a click-out \(session 'a', step 3: 'H1\|H2\|H2'\)"),
         (lambda t: _with(t, "session_id", 1, None), r"column 'session_id' has a null value at row 1"),
         (lambda t: t.set_column(2, "timestamp", pa.array(["x"] * t.num_rows)), r"column 'timestamp' must be numeric"),
     ],

@@ -72,8 +72,8 @@ def build_clickout_rows(raw: pa.Table, source: str = "<table>", session_scores: 
         ``session_score`` (NaN when absent), ``label`` (1 = clicked).
 
     Raises:
-        SchemaError: a missing column, a null id/time, a click-out without impressions, unaligned
-            ``impressions``/``prices``, or a price that is not a non-negative number.
+        SchemaError: a missing column, a null id/time, a click-out without impressions or showing a hotel
+            twice, unaligned ``impressions``/``prices``, or a price that is not a non-negative number.
     """
     missing = [c for c in REQUIRED if c not in raw.column_names]
     if missing:
@@ -148,13 +148,25 @@ def build_clickout_rows(raw: pa.Table, source: str = "<table>", session_scores: 
         )
     offsets = np.r_[0, np.cumsum(n_imp)]
     position = np.arange(len(parent)) - offsets[parent]
+    hotel_code, ref_code = _shared_codes(hotel, ref)
+    n_codes = int(max(hotel_code.max(initial=-1), ref_code.max(initial=-1))) + 2
+    shown = parent * n_codes + hotel_code
+    _, first_shown = np.unique(shown, return_index=True)
+    if len(first_shown) != len(shown):  # a hotel twice in a list: its click would count twice, and which was clicked?
+        again = np.ones(len(shown), dtype=bool)
+        again[first_shown] = False
+        row = int(np.flatnonzero(again)[0])
+        q = clicks[parent[row]]
+        raise SchemaError(
+            f"{source}: column 'impressions' shows hotel {hotel[row].as_py()!r} twice on a click-out (session "
+            f"{col('session_id')[q].as_py()!r}, step {col('step')[q].as_py()}: {col('impressions')[q].as_py()!r}); "
+            "each hotel may be shown once per click-out"
+        )
     order = np.lexsort((position, price, parent))  # by click-out, price, then position
     price_rank = np.empty(len(parent), dtype=np.int64)
     price_rank[order] = np.arange(len(parent)) - offsets[parent[order]]
 
     # earlier interactions with each shown hotel: one sort of (session, hotel) keys, no join
-    hotel_code, ref_code = _shared_codes(hotel, ref)
-    n_codes = int(max(hotel_code.max(initial=-1), ref_code.max(initial=-1))) + 2
     row_event = clicks[parent]  # (N,) event index of each row's click-out
     item_events = np.flatnonzero(is_item)
     key = np.r_[session_code[row_event] * n_codes + hotel_code, session_code[item_events] * n_codes + ref_code[item_events]]

@@ -163,6 +163,11 @@ def test_loaders_slice_whole_queries_and_gather_multi_hot(rows):
          r"column 'impressions' shows hotel 'H2' twice on a click-out \(session 'a', step 3: 'H1\|H2\|H2'\)"),
         (lambda t: _with(t, "session_id", 1, None), r"column 'session_id' has a null value at row 1"),
         (lambda t: t.set_column(2, "timestamp", pa.array(["x"] * t.num_rows)), r"column 'timestamp' must be numeric"),
+        # milliseconds read as seconds would make the test hours a few seconds long
+        (lambda t: t.set_column(2, "timestamp", pa.array([(1_541_548_939 + s) * 1000 for s in t.column("timestamp").to_pylist()])),
+         r"column 'timestamp' has the time 1541549039000 at row 0, read with time_unit: s as the year 50,8.*set time_unit: ms"),
+        (lambda t: _with(t.set_column(2, "timestamp", t.column("timestamp").cast(pa.float64())), "timestamp", 1, float("nan")),
+         r"column 'timestamp' has a missing timestamp nan at row 1"),
     ],
 )
 def test_bad_input_names_file_column_and_value(change, match):
@@ -188,6 +193,11 @@ def test_data_module_on_a_file_and_its_errors(tmp_path):
     assert batch.dense.shape == (2, len(DENSE_FEATURES)) and batch.sparse.batch_size == 2
     with pytest.raises(ValueError, match="test_hours > 0"):
         ClickoutDataModule(str(path), test_hours=0)
+    # an event of no time is refused, not dropped as one after `end`
+    timeless = log_table().set_column(2, "timestamp", pa.array([100, 110, 120, 130, float("nan"), 200, 210]))
+    pq.write_table(timeless, tmp_path / "timeless.parquet")
+    with pytest.raises(SchemaError, match=r"timeless.parquet: column 'timestamp' has a missing timestamp nan"):
+        ClickoutDataModule(str(tmp_path / "timeless.parquet"), test_hours=50 / 3600, valid_hours=30 / 3600, end=205).rows
     with pytest.raises(FileNotFoundError, match="nope.parquet"):
         ClickoutDataModule(str(tmp_path / "nope.parquet")).setup("fit")
 

@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sessrec.data.schema import SchemaError
+from sessrec.data.schema import SchemaError, parse_time
 from sessrec.datasets.trivago import ITEM_ACTIONS
 
 CLICKOUT = "clickout item"
@@ -72,8 +72,9 @@ def build_clickout_rows(raw: pa.Table, source: str = "<table>", session_scores: 
         ``session_score`` (NaN when absent), ``label`` (1 = clicked).
 
     Raises:
-        SchemaError: a missing column, a null id/time, a click-out without impressions or showing a hotel
-            twice, unaligned ``impressions``/``prices``, or a price that is not a non-negative number.
+        SchemaError: a missing column, a null id/time, a time that is not plausible in seconds (`parse_time`),
+            a click-out without impressions or showing a hotel twice, unaligned ``impressions``/``prices``,
+            or a price that is not a non-negative number.
     """
     missing = [c for c in REQUIRED if c not in raw.column_names]
     if missing:
@@ -88,6 +89,7 @@ def build_clickout_rows(raw: pa.Table, source: str = "<table>", session_scores: 
                 f"{source}: column {col!r} must be numeric, got {raw.column(col).type} "
                 f"(first value {raw.column(col)[0].as_py()!r})"
             )
+    parse_time(raw, "timestamp", "s", source)  # finite, and seconds: not milliseconds (the split counts hours)
     raw = raw.take(pc.sort_indices(raw, sort_keys=[("session_id", "ascending"), ("timestamp", "ascending"),
                                                    ("step", "ascending")]))
     col = lambda name: raw.column(name).combine_chunks()

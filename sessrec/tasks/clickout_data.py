@@ -88,7 +88,8 @@ class ClickoutDataModule(pl.LightningDataModule):
         if self._rows is None:
             raw = read_table(Path(self.path))
             if self.end is not None:
-                raw = raw.filter(pc.less(raw.column("timestamp").cast(pa.float64()), self.end))
+                late = pc.greater_equal(raw.column("timestamp").cast(pa.float64()), self.end).fill_null(False)
+                raw = raw.filter(pc.invert(late))  # an event of no time stays, for `build_clickout_rows` to refuse
             scores = None if self.session_scores is None else read_table(Path(self.session_scores))
             rows = build_clickout_rows(raw, str(self.path), scores)
             end = self.end if self.end is not None else (pc.max(raw.column("timestamp")).as_py() if raw.num_rows else 0)

@@ -193,6 +193,14 @@ def test_data_module_on_a_file_and_its_errors(tmp_path):
     assert batch.dense.shape == (2, len(DENSE_FEATURES)) and batch.sparse.batch_size == 2
     with pytest.raises(ValueError, match="test_hours > 0"):
         ClickoutDataModule(str(path), test_hours=0)
+    # an `end` after the log leaves nothing to validate or test on: refused, not an evaluation of no click-out
+    late = ClickoutDataModule(str(path), test_hours=50 / 3600, valid_hours=30 / 3600, end=1000)
+    with pytest.raises(ValueError, match=r"log.parquet: no click-outs in the test split \(after 1970-01-01T00:15:50Z, "
+                                         r"until 1970-01-01T00:16:40Z\); the log's click-outs run from 1970-01-01T00:02:00Z "
+                                         r"to 1970-01-01T00:03:20Z"):
+        late.setup("test")
+    with pytest.raises(ValueError, match=r"no click-outs in the validation split \(after 1970-01-01T00:15:20Z"):
+        late.setup("fit")
     # an event of no time is refused, not dropped as one after `end`
     timeless = log_table().set_column(2, "timestamp", pa.array([100, 110, 120, 130, float("nan"), 200, 210]))
     pq.write_table(timeless, tmp_path / "timeless.parquet")

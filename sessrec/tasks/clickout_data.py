@@ -16,7 +16,7 @@ import pytorch_lightning as pl
 
 from sessrec.data.loader import ranks_of
 from sessrec.data.readers import read_table
-from sessrec.data.sources import to_seconds
+from sessrec.data.sources import iso, to_seconds
 from sessrec.datasets.clickout_rows import RankingLoader, RankingTensors, RankingVocab, encode_rows
 from sessrec.datasets.clickouts import DENSE_FEATURES, SPLITS, build_clickout_rows, split_by_time
 from sessrec.saved.checkpoint import as_tensors
@@ -75,6 +75,7 @@ class ClickoutDataModule(pl.LightningDataModule):
             raise ValueError(f"train_hours must be positive or None, got {train_hours}")
         self.train_hours = train_hours
         self._rows: dict[str, pa.Table] | None = None
+        self._end_of_log = 0.0  # the end of the test period, set with the rows
         self._vocab: RankingVocab | None = None
         self._tensors: dict[str, RankingTensors] = {}
         self.stats: dict[str, int] = {}
@@ -93,6 +94,7 @@ class ClickoutDataModule(pl.LightningDataModule):
             scores = None if self.session_scores is None else read_table(Path(self.session_scores))
             rows = build_clickout_rows(raw, str(self.path), scores)
             end = self.end if self.end is not None else (pc.max(raw.column("timestamp")).as_py() if raw.num_rows else 0)
+            self._end_of_log = float(end)
             split = split_by_time(rows, float(end), self.test_hours, self.valid_hours)
             if self.train_hours is not None:
                 start = float(end) - (self.test_hours + self.valid_hours + self.train_hours) * 3600.0
@@ -151,7 +153,18 @@ class ClickoutDataModule(pl.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         wanted = {"fit": ("train", "valid"), "validate": ("valid",), "test": ("test",)}.get(stage or "", SPLITS)
         for split in wanted:
+            if self.rows[split].num_rows == 0:  # the training split is refused with the rows
+                raise ValueError(self._no_clickouts(split))
             self.tensors(split)
+
+    def _no_clickouts(self, split: str) -> str:
+        """Why the evaluation `split` is empty: its period and that of the click-outs read."""
+        stop = self._end_of_log - (self.test_hours * 3600.0 if split == "valid" else 0.0)
+        start = stop - (self.test_hours if split == "test" else self.valid_hours) * 3600.0
+        times = pa.concat_tables(self.rows.values()).column("timestamp").cast(pa.float64())
+        return (f"{self.path}: no click-outs in the {'test' if split == 'test' else 'validation'} split (after {iso(start)}, "
+                f"until {iso(stop)}); the log's click-outs run from {iso(pc.min(times).as_py())} to "
+                f"{iso(pc.max(times).as_py())}: set end, test_hours and valid_hours to periods of the log")
 
     def train_dataloader(self) -> RankingLoader:
         return RankingLoader(self.tensors("train"), self.batch_size, shuffle=True, seed=self.seed, **ranks_of(self.trainer))

@@ -117,8 +117,9 @@ def build_clickout_rows(raw: pa.Table, source: str = "<table>", session_scores: 
     # click-outs and their shown hotels
     clicks = np.flatnonzero(pc.equal(action, CLICKOUT).to_numpy(zero_copy_only=False))
     clicks_arr = pa.array(clicks)
-    imp = pc.split_pattern(col("impressions").take(clicks_arr), "|")
-    prices = pc.split_pattern(col("prices").take(clicks_arr), "|")
+    # as text: a CSV whose lists are all one hotel long types these columns as numbers
+    imp = pc.split_pattern(col("impressions").take(clicks_arr).cast(pa.string()), "|")
+    prices = pc.split_pattern(col("prices").take(clicks_arr).cast(pa.string()), "|")
     n_imp = pc.list_value_length(imp).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
     n_pr = pc.list_value_length(prices).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
     empty = np.flatnonzero(n_imp == 0)

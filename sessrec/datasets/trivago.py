@@ -139,8 +139,9 @@ def _clicked_price(raw: pa.Table) -> pa.Array:
 
     ``impressions`` and ``prices`` are ``|``-separated lists of the same length on click-outs.
     """
-    impressions = pc.split_pattern(raw.column("impressions").combine_chunks(), "|")
-    prices = pc.split_pattern(raw.column("prices").combine_chunks(), "|")
+    # as text: a CSV whose lists are all one hotel long types these columns as numbers
+    impressions = pc.split_pattern(raw.column("impressions").combine_chunks().cast(pa.string()), "|")
+    prices = pc.split_pattern(raw.column("prices").combine_chunks().cast(pa.string()), "|")
     n_imp = pc.list_value_length(impressions).fill_null(0).to_numpy(zero_copy_only=False)
     n_pr = pc.list_value_length(prices).fill_null(0).to_numpy(zero_copy_only=False)
     if (n_imp != n_pr).any():

@@ -367,3 +367,31 @@ def test_a_warm_dlrm_turn_on_the_click_outs_the_served_ranker_trained_on_all_of_
         f"event the current model trained on ({seen}, train_end in {tmp_path / 'current'}/config.json): a warm start "
         "would train it again on click-outs it trained on; retrain on a later window, or pass --backfill true")
     assert not (tmp_path / "c").exists() and not (tmp_path / "current" / "promotions.jsonl").exists()
+
+
+def test_a_click_ranker_is_not_evaluated_on_click_outs_it_trained_on(tmp_path, sessrec_main):
+    from test_ranking_data import EVENTS, log_table
+
+    from sessrec.embeddings import FusedTables
+    from sessrec.tasks import ClickoutDataModule, DLRMTask
+
+    path = tmp_path / "log.parquet"  # click-outs at 50, 120, 140 and 200 seconds
+    pq.write_table(log_table([("c", 50, 1, "clickout item", "H1", None, "H1|H2", "5|6"), *EVENTS]), path)
+    hours = lambda seconds: str(seconds / 3600)
+    data = ClickoutDataModule(str(path), test_hours=50 / 3600, valid_hours=30 / 3600)  # trains on 50 and 120
+    task = DLRMTask(cardinalities=data.cardinalities, num_dense=data.num_dense,  # the recipe's network
+                    network={"embedding_dim": 16, "dense_layers": [64, 16], "over_layers": [128, 64]},
+                    sparse=FusedTables(optimizer="adagrad_rowwise", lr=0.003))
+    task.vocab = data.vocab
+    ranker = task.ranker()
+    ranker.train_end = data.train_end()
+    ranker.save_pretrained(tmp_path / "model")
+    flags = ["--config", str(Path(__file__).resolve().parents[1] / "recipes" / "dlrm_trivago.yaml"),
+             "--data.init_args.path", str(path), "--model_dir", str(tmp_path / "model"), "--trainer.enable_progress_bar", "false"]
+    # the recipe's own periods pass; a test period of 100 seconds holds the click-out at 120, which it trained on
+    assert sessrec_main("test", *flags, "--data.init_args.test_hours", hours(50), "--data.init_args.valid_hours", hours(30)) == ""
+    got = sessrec_main("test", *flags, "--data.init_args.test_hours", hours(100), "--data.init_args.valid_hours", hours(30))
+    assert got == (
+        f"sessrec test: error: {path}: the test split starts with a click-out at 1970-01-01T00:02:00Z, not after the last "
+        f"one {tmp_path / 'model'} trained on (1970-01-01T00:02:00Z): it would be scored on click-outs it learned; "
+        "evaluate it on a later period (set end, test_hours and valid_hours) (--traceback for details)")

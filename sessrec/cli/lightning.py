@@ -38,7 +38,8 @@ set by a recipe or on the command line:
   the model's. The recipe a model was trained with always passes.
 
 ``validate`` and ``test`` refuse a ``limit_val_batches`` / ``limit_test_batches`` of 0 (no metric), ``predict`` any
-``limit_predict_batches`` (an output of part of the file's sessions).
+``limit_predict_batches`` (an output of part of the file's sessions), and a click ranker's ``validate`` and
+``test`` a split holding a click-out no later than the last it trained on (its ``train_end``).
 
 A flag that only another command reads (``--scoring.*`` and ``--data.predict_path``, ``predict``'s;
 ``--last_checkpoint.*``, ``fit``'s) is refused in one line; a recipe may hold them for that command.
@@ -95,7 +96,14 @@ from sessrec.cli.trainer_settings import (
 from sessrec.saved.checkpoint import checkpoint_summary, read_checkpoint
 from sessrec.saved.registry import config_of
 from sessrec.scoring import Engine, predict_file
-from sessrec.tasks import DLRMTask, LastCheckpoint, NextItemTask, SessionDataModule, TopKWriter
+from sessrec.tasks import (
+    ClickoutDataModule,
+    DLRMTask,
+    LastCheckpoint,
+    NextItemTask,
+    SessionDataModule,
+    TopKWriter,
+)
 from sessrec.tasks.callbacks import MetricHistory, PredictProgress
 from sessrec.tasks.checkpointing import best_of_run, plain_hparams
 from sessrec.tasks.restore import merge_with_model, refuse_changed, task_class
@@ -270,6 +278,9 @@ class SessrecCLI(LightningCLI):
                 )
             self.model = NextItemTask.from_recommender(artifact, **self._settings)
         else:
+            split = {"validate": "valid", "test": "test"}.get(self.subcommand)
+            if split is not None and artifact.train_end is not None and isinstance(self.datamodule, ClickoutDataModule):
+                self.datamodule.check_unseen(split, artifact.train_end, str(folder))
             self.model = DLRMTask.from_ranker(artifact, **self._settings)
 
     def before_fit(self) -> None:

@@ -112,6 +112,17 @@ class ClickoutDataModule(pl.LightningDataModule):
         """Time (epoch seconds) of the last training click-out: the end of what a model trained here has seen."""
         return float(pc.max(self.rows["train"].column("timestamp").cast(pa.float64())).as_py())
 
+    def check_unseen(self, split: str, train_end: float, model: str) -> None:
+        """Refuse to evaluate `model`, trained on click-outs until `train_end` (epoch seconds), on a `split` that
+        holds a click-out at or before it: one it may have learned."""
+        first = pc.min(self.rows[split].column("timestamp").cast(pa.float64())).as_py()
+        if first is not None and first <= train_end:
+            raise ValueError(
+                f"{self.path}: the {'test' if split == 'test' else 'validation'} split starts with a click-out at "
+                f"{iso(first)}, not after the last one {model} trained on ({iso(train_end)}): it would be scored on "
+                "click-outs it learned; evaluate it on a later period (set end, test_hours and valid_hours)"
+            )
+
     @property
     def vocab(self) -> RankingVocab:
         if self._vocab is None:

@@ -108,6 +108,9 @@ def test_split_by_time_and_vocab_fitted_on_train(rows, tmp_path):
     assert full.baselines["popularity"].tolist() == pytest.approx([0, 0.99, -0.02, 0, -0.01, 0.98, 0, -0.01])
     path = vocab.save(tmp_path / "vocab.parquet")
     assert RankingVocab.load(path).cardinalities == vocab.cardinalities
+    # no hotel shown twice in training: min_count 2 keeps none, and the vocabulary still saves and loads
+    rare = RankingVocab.fit(train, min_count=2)
+    assert RankingVocab.load(rare.save(tmp_path / "rare.parquet")).cardinalities == {**vocab.cardinalities, "hotel": 2}
     assert not list(tmp_path.glob(".*tmp*"))
 
 

@@ -69,7 +69,7 @@ class RankingVocab(ParquetFile):
     def to_table(self) -> pa.Table:
         """``feature``, ``raw_id``, ``count``: every feature's vocabulary, one after the other."""
         parts = [
-            pa.table({"feature": pa.array([name] * len(v.raw_ids)), "raw_id": v.raw_ids.cast(pa.string()),
+            pa.table({"feature": pa.array([name] * len(v.raw_ids), pa.string()), "raw_id": v.raw_ids.cast(pa.string()),
                       "count": v.counts})
             for name, v in self.vocabs.items()
         ]

@@ -678,3 +678,24 @@ def test_cli_retrain_without_a_current_model(tmp_path, sessrec_main):
 def test_cli_recommend_without_a_pipeline_recipe(sessrec_main):
     assert "--config must name a pipeline recipe" in sessrec_main(
         "recommend", "--config", str(ROOT / "recipes" / "quickstart.yaml"))
+
+
+def test_cli_predict_of_a_click_ranker_says_what_scores_click_outs(tmp_path, sessrec_main):
+    from test_ranking_data import log_table
+
+    from sessrec.embeddings import FusedTables
+    from sessrec.tasks import ClickoutDataModule, DLRMTask
+
+    pq.write_table(log_table(), tmp_path / "log.parquet")
+    data = ClickoutDataModule(str(tmp_path / "log.parquet"), test_hours=50 / 3600, valid_hours=30 / 3600)
+    task = DLRMTask(cardinalities=data.cardinalities, num_dense=data.num_dense,  # the recipe's network
+                    network={"embedding_dim": 16, "dense_layers": [64, 16], "over_layers": [128, 64]},
+                    sparse=FusedTables(optimizer="adagrad_rowwise", lr=0.003))
+    task.vocab = data.vocab
+    model_dir = task.ranker().save_pretrained(tmp_path / "model")
+    got = sessrec_main("predict", "--config", str(Path(__file__).resolve().parents[1] / "recipes" / "dlrm_trivago.yaml"),
+                       "--data.init_args.path", str(tmp_path / "log.parquet"), "--model_dir", str(model_dir),
+                       "--data.init_args.test_hours", str(50 / 3600), "--data.init_args.valid_hours", str(30 / 3600))
+    assert got == ("sessrec predict: error: sessrec predict writes a session model's next items; a DLRMTask on click-outs "
+                   "(sessrec.tasks.ClickoutDataModule) has none: sessrec test ranks each click-out's hotels, sessrec export "
+                   "writes the scorer (--traceback for details)")

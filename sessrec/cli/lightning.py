@@ -39,7 +39,8 @@ set by a recipe or on the command line:
 
 ``validate`` and ``test`` refuse a ``limit_val_batches`` / ``limit_test_batches`` of 0 (no metric), ``predict`` any
 ``limit_predict_batches`` (an output of part of the file's sessions), and a click ranker's ``validate`` and
-``test`` a split holding a click-out no later than the last it trained on (its ``train_end``).
+``test`` a split holding a click-out no later than the last it trained on (its ``train_end``). A click ranker
+has no ``predict`` (``test`` ranks each click-out's hotels): refused before the log is read.
 
 A flag that only another command reads (``--scoring.*`` and ``--data.predict_path``, ``predict``'s;
 ``--last_checkpoint.*``, ``fit``'s) is refused in one line; a recipe may hold them for that command.
@@ -210,6 +211,11 @@ class SessrecCLI(LightningCLI):
         cfg = self.config[sub]
         module, _, name = cfg.data.class_path.rpartition(".")
         if hasattr(getattr(import_module(module), name), "cardinalities"):
+            if sub == "predict":  # before the log is read: the ranking data has no predict loader
+                raise ValueError(
+                    f"sessrec predict writes a session model's next items; a DLRMTask on click-outs ({cfg.data.class_path}) "
+                    "has none: sessrec test ranks each click-out's hotels, sessrec export writes the scorer"
+                )
             # ranking data (ClickoutDataModule) -> DLRMTask. Added only for such a data module: for one
             # without the attribute jsonargparse would format it in a debug message, and a
             # LightningDataModule's str() builds (and here fails on) every loader

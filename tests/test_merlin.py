@@ -425,6 +425,31 @@ def test_a_negative_item_id_is_refused_unless_it_is_the_padding(tmp_path):
     assert MerlinSource(str(path), padding_id=-1).load().train.column("item_id")[1].as_py() == [6, 7]
 
 
+def test_a_session_id_on_two_rows_is_refused_naming_both(tmp_path):
+    """A session id on two rows (of one file, of two files of a split, or of two splits) was read as two sessions of one
+    id: trained on, or tested, twice, and recommendations written twice under it. Refused naming the file(s) and rows."""
+    path = directory(tmp_path / "one", {
+        "train/part_0.parquet": sessions(10, [[3, 4], [6, 7], [21, 22]]).set_column(0, "session_id", pa.array([10, 11, 10])),
+        "valid/part_0.parquet": sessions(20, [[3, 21]])})
+    with pytest.raises(SchemaError) as err:
+        MerlinSource(str(path)).load()
+    assert str(err.value).startswith(
+        f"{path / 'train' / 'part_0.parquet'}: column 'session_id' has session 10 in rows 0 and 2; each session needs one row")
+    path = directory(tmp_path / "two", {"train/part_0.parquet": sessions(10, [[3, 4], [6, 7]]),
+                                        "train/part_1.parquet": sessions(12, [[5, 6], [8, 9]]),
+                                        "valid/part_0.parquet": sessions(11, [[3, 21]])})
+    with pytest.raises(SchemaError) as err:
+        MerlinSource(str(path)).load()
+    assert str(err.value).startswith(
+        f"{path / 'valid' / 'part_0.parquet'}: column 'session_id' has session 11 in row 0, "
+        f"and in row 1 of {path / 'train' / 'part_0.parquet'}; each session needs one row")
+    text = sessions(20, [[3, 21]]).set_column(0, "session_id", pa.array(["12"]))
+    path = directory(tmp_path / "kinds", {"train/part_0.parquet": sessions(10, [[3, 4], [6, 7], [8, 9]]),
+                                          "valid/part_0.parquet": text})
+    with pytest.raises(SchemaError, match=r"valid/part_0.parquet: column 'session_id' has session '12' in row 0, and in row 2 of"):
+        MerlinSource(str(path)).load()
+
+
 # -- bad schemas: one line naming the file -------------------------------------------------------
 
 

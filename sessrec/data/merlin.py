@@ -26,7 +26,8 @@ The source's ``virtual`` setting (`VirtualSpec`) names a list column with one va
 values mark non-product events (and the list columns that key them): those become virtual items.
 
 Values are checked file by file, and a refusal names the file, the column and a value: session ids are
-integers or text, none null or negative (as an event log's, `check_id`), and so are item ids but the padding; a column
+integers or text, none null or negative (as an event log's, `check_id`), each on one row of the whole directory
+(a session on two rows is refused naming both), and so are item ids but the padding; a column
 the schema declares ``INT`` may hold integer-valued doubles (NVTabular's ``ListSlice(pad=True)``
 writes padded lists as doubles); they are read as int64, and any other double is refused. Item ids
 may be integers or strings (the vocabulary maps either).
@@ -329,8 +330,11 @@ class MerlinSource(SessionSource):
     # -- reading ----------------------------------------------------------------------------
     def load(self) -> SessionSplits:
         schema = self.schema()
-        files = self.files()
-        read = {split: self._read(paths, schema) for split, paths in files.items()}
+        columns = self._columns(schema)
+        parts = {split: [(path, self._read_file(path, schema, *columns)) for path in paths] for split, paths in self.files().items()}
+        if columns[1] is not None:
+            _check_unique([(path, part.column(frame.SESSION)) for files in parts.values() for path, part in files], columns[1].name)
+        read = {split: self._combine(files, columns[1] is None) for split, files in parts.items()}
         source = str(self.path)
         if self.virtual is not None:
             if not any(frame.virtual_flags(table).any() for table in read.values()):
@@ -384,16 +388,16 @@ class MerlinSource(SessionSource):
             raise SchemaError(f"{schema.path}: side feature {clash[0]!r} has a name sessrec reserves {sorted(reserved)}; rename the column")
         return item, session, side
 
-    def _read(self, paths: list[Path], schema: MerlinSchema) -> pa.Table:
-        """The sessions of some parquet files (file by file): ``session_id``, ``item_id`` and the side-feature lists."""
-        item, session, side = self._columns(schema)
-        parts = [self._read_file(path, schema, item, session, side) for path in paths]
+    def _combine(self, files: list[tuple[Path, pa.Table]], numbered: bool) -> pa.Table:
+        """The sessions of a split's files (`_read_file`, file by file) in one table, of `min_length` items or more;
+        `numbered`: the files have no session id column, so sessions are numbered by row across the files."""
+        paths, parts = [path for path, _ in files], [part for _, part in files]
         where = str(paths[0]) if len(paths) == 1 else f"{paths[0].parent} ({len(paths)} files)"
         try:
             table = pa.concat_tables(parts, promote_options="permissive") if len(parts) > 1 else parts[0]
         except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
             raise SchemaError(f"{where}: the files' columns have types that do not combine: {' '.join(str(err).split())}") from err
-        if session is None:  # row numbers across the split's files
+        if numbered:  # row numbers across the split's files
             table = table.set_column(0, frame.SESSION, pa.array(np.arange(table.num_rows)))
         return frame.filter_lengths(table, self.min_length)
 
@@ -497,6 +501,33 @@ def _values(values: pa.Array, column: MerlinColumn, path: Path, schema: MerlinSc
         )
     missing = np.isnan(x)  # nulls and NaN: missing values, for the readers' null checks
     return pa.array(np.where(missing, 0, x).astype(np.int64), mask=missing if missing.any() else None)
+
+
+def _check_unique(files: list[tuple[Path, pa.Array | pa.ChunkedArray]], column: str) -> None:
+    """Refuse a session id on two rows of the dataset (`files`: each file's session ids, one per row, in reading order),
+    naming both places: which row holds the session is ambiguous, and its recommendations would be written twice.
+    Ids of files that differ in kind are compared as text (integer 10 and text "10" are one id)."""
+    ids = [np.asarray(a.to_numpy(zero_copy_only=False)) for _, a in files]
+    if len({a.dtype.kind for a in ids if len(a)}) > 1:
+        ids = [a.astype(str) for a in ids]
+    keys = np.concatenate(ids)
+    file_of = np.repeat(np.arange(len(ids)), [len(a) for a in ids])
+    row_of = np.concatenate([np.arange(len(a)) for a in ids])
+    _, first = np.unique(keys, return_index=True)
+    again = np.ones(len(keys), dtype=bool)
+    again[first] = False
+    if not again.any():
+        return
+    at = int(np.flatnonzero(again)[0])
+    before = int(np.flatnonzero(keys[:at] == keys[at])[0])
+    (f1, r1), (f2, r2) = (file_of[before], row_of[before]), (file_of[at], row_of[at])
+    where = f"rows {r1} and {r2}" if f1 == f2 else f"row {r2}, and in row {r1} of {files[f1][0]}"
+    raise SchemaError(
+        f"{files[f2][0]}: column {column!r} has session {files[f2][1][int(r2)].as_py()!r} in {where}; "
+        "each session needs one row (a Merlin dataset lists a session's events in one row), else which events are the "
+        "session's is ambiguous and its recommendations would be written twice: group its events into one row, or "
+        "give each session its own id"
+    )
 
 
 def _first(column: pa.Array | pa.ChunkedArray) -> Any:

@@ -14,7 +14,7 @@ import pytest
 
 from sessrec.data import frame
 from sessrec.data.readers import read_events, read_user_sequences, scan_events
-from sessrec.data.schema import FeatureSpec, Schema, SchemaError
+from sessrec.data.schema import FeatureSpec, Schema, SchemaError, VirtualSpec
 from sessrec.data.sources import EventLogSource, UserSequenceSource
 from sessrec.data.stream import ScoringStream
 from sessrec.data.vocab import ItemVocab
@@ -179,6 +179,28 @@ def test_categorical_codes_of_a_csv_file_are_read_as_their_text_by_every_reader(
     side = SideFeatureTransform(SideFeatures(categorical=["cat"])).fit(sessions)
     scored = list(ScoringStream(path, ItemVocab.fit(pa.array(np.arange(1, 51))), Schema("sid", "iid", "ts"), side=side))
     assert len({int(c) for b in scored for c in b.features["cat"][b.items > 0]}) == 3
+
+
+def test_virtual_key_columns_of_a_csv_file_are_read_as_their_text_by_every_reader(tmp_path):
+    """A search for ``01`` and one for ``1`` are two virtual items: Arrow read the key column as integers, so both
+    became ``search:1``, whether the file was read whole, streamed, in dask pieces or scored."""
+    from sessrec.data.prepared.cluster import Piece, read_piece
+
+    path = tmp_path / "events.csv"
+    path.write_text("sid,iid,ts,etype,q\n" + "".join(
+        f"{s},,{t},search,{['01', '1', '2'][n // 4]}\n" if n % 4 == 1 else f"{s},{i},{t},view,\n"
+        for n, (s, i, t) in enumerate(event_lines(12))))
+    schema = Schema(session_id="sid", item_id="iid", timestamp="ts",
+                    virtual=VirtualSpec("etype", ["search"], key=["etype", "q"]))
+    items = ["1", "search:01", "3", "4", "5", "search:1", "7", "8", "9", "search:2", "11", "12"]
+    assert read_events(path, schema).column("iid").to_pylist() == items
+    assert pa.concat_tables(scan_events(path, schema)).column("iid").to_pylist() == items
+    piece = read_piece(Piece(str(path), 0, start=0, end=os.path.getsize(path)), schema, None, pa.csv.open_csv(path).schema)
+    assert piece[0].column("iid").to_pylist() == items
+    marked = np.array([item.startswith("search") for item in items])
+    vocab = ItemVocab.fit(pa.array(items), virtual=marked)
+    ids = np.concatenate([np.asarray(b.items).ravel() for b in ScoringStream(path, vocab, schema)])
+    assert sorted(set(ids[ids >= len(vocab) - 3].tolist())) == [len(vocab) - 3, len(vocab) - 2, len(vocab) - 1]  # 3 virtual items
 
 
 @pytest.mark.parametrize("reader", ["read_events", "scan_events", "ScoringStream"])

@@ -211,10 +211,13 @@ class Schema:
     @property
     def text_columns(self) -> list[str]:
         """The columns a text file's readers read as text, not as the numbers Arrow would take them for: the id
-        columns with `string_ids`, and the categorical features (codes are labels: ``01`` is another one than ``1``)
-        but a ``virtual`` one (the flags of virtual events, `frame.virtual_flags`)."""
+        columns with `string_ids`, the categorical features (codes are labels: ``01`` is another one than ``1``)
+        but a ``virtual`` one (the flags of virtual events, `frame.virtual_flags`), and the key columns of virtual
+        items that have no role of their own nor mark the events (``search:01`` is another item than ``search:1``)."""
         ids = self.id_columns if self.string_ids else []
-        return ids + [f.name for f in self.features if f.kind == "categorical" and f.name != VIRTUAL]
+        categorical = [f.name for f in self.features if f.kind == "categorical" and f.name != VIRTUAL]
+        keys = [c for c in self.virtual.key if c not in self.role_columns and c != self.virtual.column] if self.virtual else []
+        return ids + categorical + keys
 
     @property
     def number_columns(self) -> list[str]:

@@ -203,6 +203,21 @@ def test_virtual_key_columns_of_a_csv_file_are_read_as_their_text_by_every_reade
     assert sorted(set(ids[ids >= len(vocab) - 3].tolist())) == [len(vocab) - 3, len(vocab) - 2, len(vocab) - 1]  # 3 virtual items
 
 
+@pytest.mark.parametrize("column", ["sid", "iid"])
+@pytest.mark.parametrize("reader", ["read_events", "scan_events", "ScoringStream"])
+def test_a_text_id_past_the_first_mebibyte_is_refused_by_every_reader(tmp_path, reader, column):
+    """The scoring stream typed its columns by a first block of 4 MiB, the other readers by one of 1 MiB: a text id
+    2 MB into the file, refused by fit, was read by predict as text (an unknown item, a session named by text)."""
+    rows = event_lines(110_000)
+    at = next(n for n, size in enumerate(np.cumsum([len(",".join(r)) + 1 for r in rows])) if size > 2_000_000)
+    rows[at][["sid", "iid"].index(column)] = "x7"
+    path = write_csv(tmp_path / "events.csv", rows)
+    with pytest.raises(SchemaError) as err:
+        READERS[reader](path)
+    assert str(err.value) == (f"{path}: column {column!r} has the id 'x7' at row {at}, not an integer as the column's "
+                              "first ids are; fix the row, or read the ids as text (the schema's string_ids: true)")
+
+
 @pytest.mark.parametrize("reader", ["read_events", "scan_events", "ScoringStream"])
 def test_a_role_column_the_file_has_twice_is_refused_by_every_reader_naming_it(tmp_path, reader):
     path = tmp_path / "events.csv"

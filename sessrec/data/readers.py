@@ -37,6 +37,7 @@ from sessrec.data.schema import (
 from sessrec.data.schema import _check_plausible as check_plausible
 
 NULL_VALUES = ["", "NA", "NaN", "null", "None"]  # what a CSV field holds for a missing value
+BLOCK_BYTES = 1 << 20  # a text file's block, read at once; the first decides the column types (`first_block`)
 
 
 def compression(path: str | Path) -> str | None:
@@ -128,15 +129,17 @@ def read_table(
             null_values=NULL_VALUES,
             strings_can_be_null=True,
         )
-        table = pacsv.read_csv(path, parse_options=parse, convert_options=convert)
+        table = pacsv.read_csv(path, read_options=pacsv.ReadOptions(block_size=BLOCK_BYTES), parse_options=parse,
+                               convert_options=convert)
     except (pa.ArrowInvalid, OSError, UnicodeDecodeError) as err:
         raise SchemaError(f"{path}: cannot be read as {'parquet' if _is_parquet(path) else 'CSV'}: {err}") from err
     return integer_ids(table, integers, str(path))
 
 
 def first_block(path: str | Path, parse: pacsv.ParseOptions) -> pa.Schema:
-    """The column types Arrow infers from the first block of a text file (as `read_csv` and `open_csv` infer them)."""
-    return pacsv.open_csv(path, parse_options=parse,
+    """The column types Arrow infers from the first block (`BLOCK_BYTES`) of a text file, as every reader's `read_csv`
+    and `open_csv` infer them."""
+    return pacsv.open_csv(path, read_options=pacsv.ReadOptions(block_size=BLOCK_BYTES), parse_options=parse,
                           convert_options=pacsv.ConvertOptions(null_values=NULL_VALUES, strings_can_be_null=True)).schema
 
 
@@ -460,6 +463,7 @@ def scan_events(
             integers = integer_columns(inferred, schema.decimal_id_columns)
             batches = pacsv.open_csv(  # blocks of read_csv's size: the column types inferred from the same first block
                 path,
+                read_options=pacsv.ReadOptions(block_size=BLOCK_BYTES),
                 parse_options=parse,
                 convert_options=pacsv.ConvertOptions(
                     column_types=float_columns(inferred, schema) | {c: pa.string() for c in [*string_columns, *integers]},

@@ -41,9 +41,11 @@ import torch
 from sessrec.data import frame
 from sessrec.data.batch import ITEM_DTYPE, SessionBatch
 from sessrec.data.readers import (
+    BLOCK_BYTES,
     NULL_VALUES,
     _is_parquet,
     _sniff_delimiter,
+    first_block,
     float_columns,
     integer_columns,
     integer_ids,
@@ -151,10 +153,10 @@ class ScoringStream:
         def reader(types: dict[str, pa.DataType]) -> pacsv.CSVStreamingReader:
             convert = pacsv.ConvertOptions(column_types=types, null_values=NULL_VALUES, strings_can_be_null=True,
                                            include_columns=columns or [])
-            return pacsv.open_csv(self.path, read_options=pacsv.ReadOptions(block_size=1 << 22), parse_options=parse,
+            return pacsv.open_csv(self.path, read_options=pacsv.ReadOptions(block_size=BLOCK_BYTES), parse_options=parse,
                                   convert_options=convert)
 
-        inferred = reader({}).schema
+        inferred = first_block(self.path, parse)
         floats = float_columns(inferred, self.schema)
         side = [c for c in self.side.config.categorical if c != frame.VIRTUAL] if self.side is not None else []
         text = [*self.schema.text_columns, *side]

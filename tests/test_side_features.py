@@ -179,6 +179,15 @@ def test_wrong_kinds_are_refused():
         SideFeatures(time=["elapsed"])
 
 
+def test_integer_continuous_values_beyond_2_53_are_read_as_the_nearest_float():
+    """An int64 continuous feature past 2**53 (nanoseconds, a Merlin INT list column) failed with Arrow's raw error
+    'Integer value ... not in range'; it is a number, read as the nearest float64 (as the readers read such times)."""
+    sessions = pa.table({"session_id": [1, 2], "item_id": [[1, 2], [3, 4]],
+                         "ns": pa.array([[2**53 + 1, 5], [None, 2**62]], pa.list_(pa.int64()))})
+    side = SideFeatureTransform(SideFeatures(continuous=["ns"], normalized=["ns"])).fit(sessions, "f.parquet")
+    assert side.transform(sessions, "f.parquet")["ns"].tolist() == [np.float32(2**53), 5.0, 0.0, np.float32(2**62)]
+
+
 # ----------------------------------------------------------------------------- the model side
 
 

@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from sessrec.data import frame
-from sessrec.data.schema import SchemaError
+from sessrec.data.schema import SchemaError, as_floats
 from sessrec.data.side import POSITION, SideFeatures, SideInfoSpec
 from sessrec.features.feature_pipeline import FeaturePipeline, op_signatures
 from sessrec.features.ops import AsGiven, Categorify, LogNormalize
@@ -165,7 +165,7 @@ class SideFeatureTransform:
                     f"{source}: column {name!r} has dtype {values.type} (e.g. {bad!r}); a continuous side "
                     "feature needs numbers: list it under side_features.categorical, or cast it"
                 )
-            x = values.cast(pa.float64()).fill_null(np.nan).to_numpy(zero_copy_only=False)
+            x = as_floats(values)  # an integer beyond 2**53 as the nearest float64; a null as NaN
             out[name] = (x, np.isfinite(x))
         if cfg.time:
             t = self._flat(sessions, frame.TIMES, offsets, source).cast(pa.float64()).to_numpy(zero_copy_only=False)

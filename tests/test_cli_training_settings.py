@@ -4,6 +4,7 @@ a resume with settings other than its checkpoint's, or with data of another voca
 
 from __future__ import annotations
 
+import shutil
 from datetime import timedelta
 from pathlib import Path
 
@@ -197,3 +198,26 @@ def test_a_mid_epoch_resume_with_other_batches_is_refused_before_anything_is_wri
                    "(--traceback for details)")
     after = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted((tmp_path / "out").rglob("*")) if p.is_file()}
     assert after == before
+
+
+@pytest.mark.parametrize("version", [[], ["--trainer.logger.init_args.version", "0"]], ids=["found", "given"])
+def test_a_resume_keeps_the_runs_metrics_and_says_nothing_is_deleted(tmp_path, sessrec_main, version):
+    """A resume into the run's own folder: with the version given (it is the run's), the CSV logger deleted the run's
+    metrics.csv (steps 0 and 1 lost); without a metrics.csv yet (stopped before logging) it warned that previous
+    log files would be deleted. Either way the rows of the run resumed are kept, and no such warning is printed."""
+    import csv
+    import warnings
+
+    args = ["--config", str(recipe(tmp_path)), "--trainer.limit_train_batches", "1.0", "--trainer.max_epochs", "3"]
+    run = tmp_path / "out" / "run" / "version_0"
+    for log_every, logged in (("1", [0, 1, 2, 3]), ("50", [])):
+        assert sessrec_main("fit", *args, "--trainer.max_steps", "2", "--trainer.log_every_n_steps", log_every) == ""
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert sessrec_main("fit", *args, *version, "--trainer.max_steps", "4", "--trainer.log_every_n_steps",
+                                log_every, "--ckpt_path", str(run / "checkpoints" / "last.ckpt")) == ""
+        assert not [w for w in caught if "will be deleted" in str(w.message)]
+        assert sorted(p.name for p in run.parent.iterdir()) == ["version_0"]
+        rows = list(csv.DictReader((run / "metrics.csv").read_text().splitlines())) if (run / "metrics.csv").exists() else []
+        assert [int(r["step"]) for r in rows if r.get("train/loss")] == logged
+        shutil.rmtree(tmp_path / "out")

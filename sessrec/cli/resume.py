@@ -29,31 +29,38 @@ def resumed_run(cfg: object) -> tuple[Path, int] | None:
     """For ``fit --ckpt_path <save_dir>/<name>/version_N/checkpoints/<file>`` with a logger that writes
     to ``<save_dir>/<name>`` and no version of its own: set its version to N, so the resumed run logs
     and checkpoints into the folder of the run it continues (not a new ``version_N+1`` beside a stale
-    ``best.ckpt``); returns that folder and the checkpoint's global step, else None."""
+    ``best.ckpt``); returns that folder and the checkpoint's global step, else None. A logger given that
+    version (N, or the folder's name) writes there too, and is resumed alike."""
     ckpt = cfg.get("ckpt_path")
     logger = cfg.trainer.get("logger") if ckpt else None
     args = logger.get("init_args") if isinstance(logger, Namespace) else None
-    if args is None or "version" not in args or args.get("version") is not None or args.get("save_dir") is None:
+    if args is None or "version" not in args or args.get("save_dir") is None:
         return None
     run = Path(ckpt).resolve().parent.parent
     number = re.fullmatch(r"version_(\d+)", run.name)
     same = (Path(args.save_dir) / str(args.get("name") or "")).resolve() == run.parent
     if Path(ckpt).resolve().parent.name != "checkpoints" or number is None or not same:
         return None
-    args.version = int(number.group(1))
+    if args.get("version") is None:
+        args.version = int(number.group(1))
+    elif args.version not in (int(number.group(1)), run.name):
+        return None
     return run, int(checkpoint_summary(ckpt).get("global_step") or 0)
 
 
 def restore_metrics(logger: object, run: Path, step: int) -> None:
     """Log again the rows of ``<run>/metrics.csv`` up to `step` (those of the run resumed), which a
-    CSV logger removes when it opens a folder that is not empty."""
-    path = run / "metrics.csv"
-    if not path.is_file() or type(logger).__name__ != "CSVLogger":
+    CSV logger removes when it opens a folder that is not empty (and warns that it does, which a run
+    resumed into its own folder does not need to hear)."""
+    if type(logger).__name__ != "CSVLogger":
         return
-    with open(path, newline="") as fh:
-        rows = list(csv.DictReader(fh))
+    path = run / "metrics.csv"
+    rows = []
+    if path.is_file():
+        with open(path, newline="") as fh:
+            rows = list(csv.DictReader(fh))
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Experiment logs directory")  # it says the rows are lost
+        warnings.filterwarnings("ignore", message="Experiment logs directory")  # the rows are put back below
         experiment = logger.experiment
     for row in rows:
         at = int(float(row.pop("step", "") or -1))

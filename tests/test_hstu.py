@@ -393,6 +393,42 @@ def test_the_pipeline_retriever_gives_hstu_the_request_times():
     assert not torch.allclose(with_times, without, atol=1e-4)
 
 
+def test_a_pipeline_ranker_without_time_features_scores_an_hstu_retriever_with_the_sessions_times():
+    """A ranker fitted without time features dropped the sessions' times before its features were built, so the score
+    of an HSTU retriever trained with times (one of those features) was refused as given no times, unless the
+    retrieval stage had cached that retriever's query for these very sessions. The times reach it: the same scores."""
+    pytest.importorskip("lightgbm")
+    from test_pipeline_sessions import MAX_LENGTH, HandSessions
+
+    from sessrec.pipeline.candidate_features import CandidateFeatures
+    from sessrec.pipeline.candidates import RequestSessions
+    from sessrec.pipeline.pipeline import Pipeline
+    from sessrec.pipeline.retrieval.session_model_retriever import SessionModelRetriever
+    from sessrec.pipeline.scoring import GBDTScorer
+    from sessrec.pipeline_training import fitting
+    from sessrec.tasks import SessionDataModule
+
+    dm = SessionDataModule(source=HandSessions(), max_length=MAX_LENGTH)
+    pairs, test = dm.pairs("valid", "all_prefixes"), dm.pairs("test", "all_prefixes")
+    torch.manual_seed(0)
+    model = SessionModel(dm.num_items, HSTUEncoder(d_model=16, n_head=2, n_layer=1, dropout=0.0), max_length=MAX_LENGTH)
+    objective = CausalLanguageModeling()
+    objective.bind(model)
+    out = objective.training_output(model, pairs.items.long(), features={EVENT_TIMES: pairs.times})
+    FullSoftmax()(model, out.hidden, out.targets).backward()
+    with torch.no_grad():
+        model.encoder.layers[0].time_bias.normal_()
+    features = CandidateFeatures(groups=["retrievers", "popularity"]).fit_statistics(dm.tensors("train")[0], dm.num_items)
+    pipe = Pipeline(dm.vocab, {"hstu": (SessionModelRetriever(model.eval(), objective), 8)}, max_length=MAX_LENGTH,
+                    max_candidates=8, features=features)
+    fitting.fit_ranker(pipe, pairs, GBDTScorer(max_rounds=5, min_data_in_leaf=1, threads=1))
+    assert pipe.time_features == [] and "hstu_score" in pipe.features.names
+    retrieved = RequestSessions(test.items.long(), times=test.times)
+    cands = pipe.candidates(retrieved)
+    fresh = RequestSessions(test.items.long(), times=test.times)  # no query cached by a retrieval stage
+    torch.testing.assert_close(pipe.score(fresh, cands).scores, pipe.score(retrieved, cands).scores)
+
+
 def test_a_served_hstu_model_reads_the_request_times():
     """`SessionModelService` (what `sessrec serve` runs for a model directory) scores with the request's times:
     its scores equal the model's own with those times, and differ from the scores without them."""

@@ -37,7 +37,6 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -185,13 +184,13 @@ class Pipeline:
     @torch.no_grad()
     def ranking_inputs(self, sessions: RequestSessions, cands: Candidates) -> RankingInputs:
         """The ranker's features of the candidates (`CandidateFeatures.transform`), built once for every
-        member of the ranker; sessions without event times are refused when the ranker reads them."""
+        member of the ranker; sessions without event times are refused when the ranker reads them. The
+        sessions keep their times whatever the ranker reads: a retriever whose score is a feature may read
+        them (an HSTU trained with times), and a ranker fitted without time features builds none from them."""
         sessions = sessions.to(self.device)
         if self.time_features and sessions.times is None:
             raise ValueError(self.missing_times("RequestSessions.times"))
         self.check_times(sessions.items, sessions.times)
-        if not self.time_features and sessions.times is not None:
-            sessions = replace(sessions, times=None)  # a ranker fitted without times reads none
         return self.features.transform(sessions, cands, self.stage_retrievers)
 
     @property

@@ -103,6 +103,14 @@ def test_a_resume_from_a_checkpoint_at_max_steps_is_refused(checkpoint, tmp_path
                    "take no step; give a --trainer.max_steps above 1 to train on")
 
 
+def test_a_resume_from_a_checkpoint_at_max_epochs_is_refused(checkpoint, tmp_path, sessrec_main):
+    """The tiny recipe's checkpoint ends its one epoch: resumed with its own recipe (max_epochs 1) the fit took no
+    step, exit 0, and still wrote its model directory again, a second version of the same weights."""
+    got = refused(sessrec_main, tmp_path, "--ckpt_path", str(checkpoint))
+    assert got == (f"--ckpt_path {checkpoint} has finished 1 epochs, --trainer.max_epochs 1: the resumed fit would "
+                   "take no step; give a --trainer.max_epochs above 1 to train on")
+
+
 def test_a_resume_with_its_recipe_trains_on(checkpoint, tmp_path, sessrec_main):
     assert sessrec_main("fit", "--config", str(recipe(tmp_path)), "--ckpt_path", str(checkpoint),
                         "--trainer.max_epochs", "2") == ""
@@ -187,7 +195,7 @@ def test_a_mid_epoch_resume_with_other_batches_is_refused_before_anything_is_wri
     """A run stopped one batch into its epoch, resumed with another batch size: the loader's position counts in
     batches of the checkpoint's size, so the resume is refused, and the run's folder (its config.yaml above all)
     is left as it was."""
-    args = ["--config", str(recipe(tmp_path)), "--trainer.limit_train_batches", "1.0"]
+    args = ["--config", str(recipe(tmp_path)), "--trainer.limit_train_batches", "1.0", "--trainer.max_epochs", "2"]
     assert sessrec_main("fit", *args, "--trainer.max_steps", "1") == ""
     run = tmp_path / "out" / "run" / "version_0"
     checkpoint = run / "checkpoints" / "last.ckpt"

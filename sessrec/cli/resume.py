@@ -14,15 +14,20 @@ from sessrec.saved.checkpoint import checkpoint_summary
 
 
 def refuse_finished_resume(cfg: object) -> None:
-    """For ``fit --ckpt_path``: refuse a checkpoint that stands at or past ``--trainer.max_steps``, in one line: the
-    fit would take no step and still write its model directory again, as a new version of the same weights."""
-    ckpt, max_steps = cfg.get("ckpt_path"), cfg.trainer.get("max_steps")
-    if not ckpt or not Path(ckpt).is_file() or not isinstance(max_steps, int) or max_steps < 0:
+    """For ``fit --ckpt_path``: refuse a checkpoint that stands at or past ``--trainer.max_steps``, or has finished
+    ``--trainer.max_epochs`` epochs, in one line: the fit would take no step and still write its model directory
+    again, as a new version of the same weights."""
+    ckpt, max_steps, max_epochs = cfg.get("ckpt_path"), cfg.trainer.get("max_steps"), cfg.trainer.get("max_epochs")
+    if not ckpt or not Path(ckpt).is_file():
         return
-    step = int(checkpoint_summary(ckpt).get("global_step") or 0)
-    if step >= max_steps:
+    summary = checkpoint_summary(ckpt)
+    step, epochs = int(summary.get("global_step") or 0), summary.get("epochs_done")
+    if isinstance(max_steps, int) and 0 <= max_steps <= step:
         raise ValueError(f"--ckpt_path {ckpt} stands at step {step}, --trainer.max_steps {max_steps}: the resumed fit "
                          f"would take no step; give a --trainer.max_steps above {step} to train on")
+    if isinstance(max_epochs, int) and epochs is not None and 0 <= max_epochs <= epochs:
+        raise ValueError(f"--ckpt_path {ckpt} has finished {epochs} epochs, --trainer.max_epochs {max_epochs}: the "
+                         f"resumed fit would take no step; give a --trainer.max_epochs above {epochs} to train on")
 
 
 def resumed_run(cfg: object) -> tuple[Path, int] | None:

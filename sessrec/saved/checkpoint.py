@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+
 def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     """The checkpoint at `path`, read with ``weights_only=True``; a one-line error for anything else."""
     path = Path(path)
@@ -46,7 +47,8 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
 
 def checkpoint_summary(path: str | os.PathLike) -> dict[str, Any]:
     """What a checkpoint says of itself, without its weights and loop state: ``hyper_parameters``,
-    ``sessrec`` (the task's class and format), and the ``epoch`` and ``global_step`` it was saved at.
+    ``sessrec`` (the task's class and format), the ``epoch`` and ``global_step`` it was saved at, and
+    ``epochs_done``: the epochs its fit finished (`epochs_done`; None without the fit loop's state).
 
     Kept for the file as it is now (path, size, modification time): the command line asks for it
     several times, and a checkpoint is read once for them all.
@@ -60,7 +62,20 @@ def checkpoint_summary(path: str | os.PathLike) -> dict[str, Any]:
 def _summary(path: str, size: int, mtime_ns: int) -> dict[str, Any]:
     checkpoint = read_checkpoint(path)
     return {"hyper_parameters": checkpoint.get("hyper_parameters") or {}, "sessrec": checkpoint.get("sessrec") or {},
-            "epoch": checkpoint.get("epoch"), "global_step": checkpoint.get("global_step")}
+            "epoch": checkpoint.get("epoch"), "global_step": checkpoint.get("global_step"),
+            "epochs_done": epochs_done(checkpoint)}
+
+
+def epochs_done(checkpoint: dict[str, Any]) -> int | None:
+    """The epochs a checkpoint's fit finished, as Lightning's fit loop counts them when it resumes (and stops at
+    ``max_epochs``): its ``processed`` epochs (raised before the epoch-end hooks that save checkpoints), and one
+    more when it was saved after the last batch of an epoch not yet processed; None without the loop's state."""
+    loop = (checkpoint.get("loops") or {}).get("fit_loop") or {}
+    epochs = (loop.get("epoch_progress") or {}).get("current")
+    if not epochs:
+        return None
+    ended = (loop.get("epoch_loop.batch_progress") or {}).get("is_last_batch") and epochs["processed"] < epochs["started"]
+    return int(epochs["processed"]) + int(bool(ended))
 
 
 def as_tensors(state: Any) -> Any:

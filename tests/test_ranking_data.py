@@ -164,6 +164,11 @@ def test_loaders_slice_whole_queries_and_gather_multi_hot(rows):
         # a hotel shown twice: which place was clicked is unknown, and the click-out would count twice in MRR
         (lambda t: _with(_with(t, "impressions", 2, "H1|H2|H2"), "prices", 2, "100|50|50"),
          r"column 'impressions' shows hotel 'H2' twice on a click-out \(session 'a', step 3: 'H1\|H2\|H2'\)"),
+        # an empty hotel id would be ranked as a hotel '' (and learned as one)
+        (lambda t: _with(t, "impressions", 2, "H1||H3"),
+         r"column 'impressions' holds an empty hotel id on a click-out \(session 'a', step 3: 'H1\|\|H3'\)"),
+        (lambda t: _with(t, "impressions", 5, "H1|H4|"),
+         r"column 'impressions' holds an empty hotel id on a click-out \(session 'b', step 1: 'H1\|H4\|'\)"),
         (lambda t: _with(t, "session_id", 1, None), r"column 'session_id' has a null value at row 1"),
         (lambda t: t.set_column(2, "timestamp", pa.array(["x"] * t.num_rows)), r"column 'timestamp' must be numeric"),
         # milliseconds read as seconds would make the test hours a few seconds long

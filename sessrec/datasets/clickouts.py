@@ -73,8 +73,8 @@ def build_clickout_rows(raw: pa.Table, source: str = "<table>", session_scores: 
 
     Raises:
         SchemaError: a missing column, a null id/time, a time that is not plausible in seconds (`parse_time`),
-            a click-out without impressions or showing a hotel twice, unaligned ``impressions``/``prices``,
-            or a price that is not a non-negative number.
+            a click-out without impressions, with an empty hotel id or showing a hotel twice, unaligned
+            ``impressions``/``prices``, or a price that is not a non-negative number.
     """
     missing = [c for c in REQUIRED if c not in raw.column_names]
     if missing:
@@ -128,6 +128,14 @@ def build_clickout_rows(raw: pa.Table, source: str = "<table>", session_scores: 
         raise SchemaError(
             f"{source}: column 'impressions' is empty on a click-out (session {col('session_id')[q].as_py()!r}, "
             f"step {col('step')[q].as_py()}); every click-out needs its shown hotels"
+        )
+    blank = pc.list_parent_indices(imp).filter(pc.equal(pc.list_flatten(imp), "")).to_numpy(zero_copy_only=False)
+    if len(blank):
+        q = clicks[blank[0]]
+        raise SchemaError(
+            f"{source}: column 'impressions' holds an empty hotel id on a click-out (session "
+            f"{col('session_id')[q].as_py()!r}, step {col('step')[q].as_py()}: {col('impressions')[q].as_py()!r}); "
+            "every shown hotel needs its id"
         )
     bad = np.flatnonzero(n_imp != n_pr)
     if len(bad):

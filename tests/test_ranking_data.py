@@ -169,6 +169,10 @@ def test_loaders_slice_whole_queries_and_gather_multi_hot(rows):
          r"column 'impressions' holds an empty hotel id on a click-out \(session 'a', step 3: 'H1\|\|H3'\)"),
         (lambda t: _with(t, "impressions", 5, "H1|H4|"),
          r"column 'impressions' holds an empty hotel id on a click-out \(session 'b', step 1: 'H1\|H4\|'\)"),
+        # a click-out of no clicked hotel would be learned as all its hotels unclicked and left out of MRR
+        (lambda t: _with(t, "reference", 2, None),
+         r"column 'reference' is empty on a click-out \(session 'a', step 3\); every click-out needs the hotel clicked"),
+        (lambda t: _with(t, "reference", 5, ""), r"column 'reference' is empty on a click-out \(session 'b', step 1\)"),
         (lambda t: _with(t, "session_id", 1, None), r"column 'session_id' has a null value at row 1"),
         (lambda t: t.set_column(2, "timestamp", pa.array(["x"] * t.num_rows)), r"column 'timestamp' must be numeric"),
         # milliseconds read as seconds would make the test hours a few seconds long

@@ -73,8 +73,9 @@ def build_clickout_rows(raw: pa.Table, source: str = "<table>", session_scores: 
 
     Raises:
         SchemaError: a missing column, a null id/time, a time that is not plausible in seconds (`parse_time`),
-            a click-out without impressions, with an empty hotel id or showing a hotel twice, unaligned
-            ``impressions``/``prices``, or a price that is not a non-negative number.
+            a click-out without impressions, with an empty hotel id or showing a hotel twice, a click-out of no
+            ``reference`` (null or empty: no hotel clicked), unaligned ``impressions``/``prices``, or a price that
+            is not a non-negative number.
     """
     missing = [c for c in REQUIRED if c not in raw.column_names]
     if missing:
@@ -136,6 +137,13 @@ def build_clickout_rows(raw: pa.Table, source: str = "<table>", session_scores: 
             f"{source}: column 'impressions' holds an empty hotel id on a click-out (session "
             f"{col('session_id')[q].as_py()!r}, step {col('step')[q].as_py()}: {col('impressions')[q].as_py()!r}); "
             "every shown hotel needs its id"
+        )
+    unclicked = np.flatnonzero(pc.fill_null(pc.equal(ref.take(clicks_arr), ""), True).to_numpy(zero_copy_only=False))
+    if len(unclicked):  # all its hotels would be learned as not clicked, and it would be left out of MRR
+        q = clicks[unclicked[0]]
+        raise SchemaError(
+            f"{source}: column 'reference' is empty on a click-out (session {col('session_id')[q].as_py()!r}, "
+            f"step {col('step')[q].as_py()}); every click-out needs the hotel clicked"
         )
     bad = np.flatnonzero(n_imp != n_pr)
     if len(bad):

@@ -213,6 +213,13 @@ def test_data_module_on_a_file_and_its_errors(tmp_path):
         late.setup("test")
     with pytest.raises(ValueError, match=r"no click-outs in the validation split \(after 1970-01-01T00:15:20Z"):
         late.setup("fit")
+    # a saved model's vocabulary needs no training click-outs, but a log of no click-out at all is refused
+    pq.write_table(log_table([e for e in EVENTS if e[3] != "clickout item"]), tmp_path / "none.parquet")
+    vocab = RankingVocab.fit(build_clickout_rows(log_table())).save(tmp_path / "vocab.parquet")
+    none = ClickoutDataModule(str(tmp_path / "none.parquet"), test_hours=50 / 3600, vocab_path=str(vocab))
+    with pytest.raises(ValueError, match=r"none.parquet: no click-outs in the test split \(after 1970-01-01T00:02:40Z, "
+                                         r"until 1970-01-01T00:03:30Z\); the log holds no click-out$"):
+        none.setup("test")
     # an event of no time is refused, not dropped as one after `end`
     timeless = log_table().set_column(2, "timestamp", pa.array([100, 110, 120, 130, float("nan"), 200, 210]))
     pq.write_table(timeless, tmp_path / "timeless.parquet")

@@ -395,3 +395,41 @@ def test_a_click_ranker_is_not_evaluated_on_click_outs_it_trained_on(tmp_path, s
         f"sessrec test: error: {path}: the test split starts with a click-out at 1970-01-01T00:02:00Z, not after the last "
         f"one {tmp_path / 'model'} trained on (1970-01-01T00:02:00Z): it would be scored on click-outs it learned; "
         "evaluate it on a later period (set end, test_hours and valid_hours) (--traceback for details)")
+
+
+def test_a_saved_click_ranker_is_tested_on_a_log_of_its_test_period_alone(tmp_path, sessrec_main):
+    """The vocabulary comes from the model directory: testing needs no training click-outs, and the check of the
+    model's train_end holds all the same."""
+    from test_ranking_data import EVENTS, log_table
+
+    from sessrec.embeddings import FusedTables
+    from sessrec.tasks import ClickoutDataModule, DLRMTask
+
+    full = tmp_path / "log.parquet"  # click-outs at 120, 140 and 200 seconds
+    pq.write_table(log_table(), full)
+    data = ClickoutDataModule(str(full), test_hours=50 / 3600, valid_hours=30 / 3600)  # trains on 120
+    task = DLRMTask(cardinalities=data.cardinalities, num_dense=data.num_dense,  # the recipe's network
+                    network={"embedding_dim": 16, "dense_layers": [64, 16], "over_layers": [128, 64]},
+                    sparse=FusedTables(optimizer="adagrad_rowwise", lr=0.003))
+    task.vocab = data.vocab
+    ranker = task.ranker()
+    ranker.train_end = data.train_end()
+    ranker.save_pretrained(tmp_path / "model")
+    hours = lambda seconds: str(seconds / 3600)
+    flags = ["--config", str(Path(__file__).resolve().parents[1] / "recipes" / "dlrm_trivago.yaml"),
+             "--model_dir", str(tmp_path / "model"), "--trainer.enable_progress_bar", "false",
+             "--data.init_args.valid_hours", hours(30)]
+    late = tmp_path / "late.parquet"  # the validation (140) and test (200) click-outs only
+    pq.write_table(log_table([e for e in EVENTS if e[1] > 130]), late)
+    for command in ("test", "validate"):
+        assert sessrec_main(command, *flags, "--data.init_args.path", str(late), "--data.init_args.test_hours", hours(50)) == ""
+    since = tmp_path / "since.parquet"  # from the click-out at 120 on, the last the model trained on
+    pq.write_table(log_table([e for e in EVENTS if e[1] >= 120]), since)
+    got = sessrec_main("test", *flags, "--data.init_args.path", str(since), "--data.init_args.test_hours", hours(100))
+    assert got == (
+        f"sessrec test: error: {since}: the test split starts with a click-out at 1970-01-01T00:02:00Z, not after the last "
+        f"one {tmp_path / 'model'} trained on (1970-01-01T00:02:00Z): it would be scored on click-outs it learned; "
+        "evaluate it on a later period (set end, test_hours and valid_hours) (--traceback for details)")
+    # training still needs click-outs before the validation and test hours
+    with pytest.raises(ValueError, match=r"late.parquet: no click-outs before the last 0.0222"):
+        ClickoutDataModule(str(late), test_hours=50 / 3600, valid_hours=30 / 3600).setup("fit")

@@ -440,6 +440,7 @@ def retrain_dlrm(
         window = {"test_hours": test_hours, "valid_hours": valid_hours, "batch_size": batch_size, "seed": seed,
                   "end": end, "train_hours": train_hours, "min_count": 1}
         old = ClickoutDataModule(path, vocab_path=str(current_path / VOCAB), **window)
+        trained_on = old.training_rows()  # refused here, before anything is written, when the window has none
         if not backfill:
             check_new_data(f"the training window's training click-outs (before {iso(stop - (test_hours + valid_hours) * 3600.0)})",
                            "click-outs", old.train_end(), served.train_end, current_path)
@@ -447,7 +448,7 @@ def retrain_dlrm(
         check_min_pairs(gate, clicked, "clicked rows of the test hours' click-outs", f"the {test_hours:g} hours before {end}",
                         "--test_hours")
         out_dir.mkdir(parents=True, exist_ok=True)
-        vocab_path = current.vocab.grow(old.rows["train"]).save(out_dir / VOCAB)
+        vocab_path = current.vocab.grow(trained_on).save(out_dir / VOCAB)
         new = ClickoutDataModule(path, vocab_path=str(vocab_path), **window)
         pl.seed_everything(seed, verbose=False)
         candidate = DLRMTask.from_ranker(ClickRanker.from_pretrained(current_path)).train()

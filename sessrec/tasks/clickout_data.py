@@ -104,13 +104,17 @@ class ClickoutDataModule(pl.LightningDataModule):
             for name, part in self._rows.items():
                 self.stats[f"{name}_rows"] = part.num_rows
                 self.stats[f"{name}_clickouts"] = len(np.unique(part.column("query").to_numpy()))
-            if self._rows["train"].num_rows == 0:
-                raise ValueError(f"{self.path}: no click-outs before the last {self.test_hours + self.valid_hours} hours")
         return self._rows
+
+    def training_rows(self) -> pa.Table:
+        """The training split's rows; refused when it is empty (evaluating a saved model's vocabulary needs none)."""
+        if self.rows["train"].num_rows == 0:
+            raise ValueError(self._no_clickouts("train"))
+        return self.rows["train"]
 
     def train_end(self) -> float:
         """Time (epoch seconds) of the last training click-out: the end of what a model trained here has seen."""
-        return float(pc.max(self.rows["train"].column("timestamp").cast(pa.float64())).as_py())
+        return float(pc.max(self.training_rows().column("timestamp").cast(pa.float64())).as_py())
 
     def check_unseen(self, split: str, train_end: float, model: str) -> None:
         """Refuse to evaluate `model`, trained on click-outs until `train_end` (epoch seconds), on a `split` that
@@ -129,7 +133,7 @@ class ClickoutDataModule(pl.LightningDataModule):
             if self.vocab_path is not None:
                 self._vocab = RankingVocab.load(self.vocab_path)
             else:
-                self._vocab = RankingVocab.fit(self.rows["train"], self.min_count)
+                self._vocab = RankingVocab.fit(self.training_rows(), self.min_count)
         return self._vocab
 
     def state_dict(self) -> dict[str, Any]:
@@ -164,18 +168,21 @@ class ClickoutDataModule(pl.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         wanted = {"fit": ("train", "valid"), "validate": ("valid",), "test": ("test",)}.get(stage or "", SPLITS)
         for split in wanted:
-            if self.rows[split].num_rows == 0:  # the training split is refused with the rows
+            if self.rows[split].num_rows == 0:
                 raise ValueError(self._no_clickouts(split))
             self.tensors(split)
 
     def _no_clickouts(self, split: str) -> str:
-        """Why the evaluation `split` is empty: its period and that of the click-outs read."""
+        """Why `split` is empty: its period and that of the click-outs read."""
+        if split == "train":
+            return f"{self.path}: no click-outs before the last {self.test_hours + self.valid_hours} hours"
         stop = self._end_of_log - (self.test_hours * 3600.0 if split == "valid" else 0.0)
         start = stop - (self.test_hours if split == "test" else self.valid_hours) * 3600.0
         times = pa.concat_tables(self.rows.values()).column("timestamp").cast(pa.float64())
+        read = (f"the log's click-outs run from {iso(pc.min(times).as_py())} to {iso(pc.max(times).as_py())}: set end, "
+                "test_hours and valid_hours to periods of the log") if len(times) else "the log holds no click-out"
         return (f"{self.path}: no click-outs in the {'test' if split == 'test' else 'validation'} split (after {iso(start)}, "
-                f"until {iso(stop)}); the log's click-outs run from {iso(pc.min(times).as_py())} to "
-                f"{iso(pc.max(times).as_py())}: set end, test_hours and valid_hours to periods of the log")
+                f"until {iso(stop)}); {read}")
 
     def train_dataloader(self) -> RankingLoader:
         return RankingLoader(self.tensors("train"), self.batch_size, shuffle=True, seed=self.seed, **ranks_of(self.trainer))

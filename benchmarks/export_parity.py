@@ -22,6 +22,7 @@ import torch
 
 from sessrec.data import ItemVocab
 from sessrec.datasets.clickout_rows import RankingVocab
+from sessrec.datasets.clickouts import DENSE_FEATURES
 from sessrec.lifecycle.export import (
     ExportedClickScorer,
     export_dlrm,
@@ -95,11 +96,15 @@ def dlrm_rows(out: str, shapes: list[tuple[int, int]], interactions: list[str]) 
     rows = []
     for interaction in interactions:
         torch.manual_seed(0)
-        cards = {"hotel": 200, "city": 50, "platform": 10, "device": 4, "filters": 30}
-        task = DLRMTask(cardinalities=cards, num_dense=6, network={"embedding_dim": 8, "dense_layers": [32, 8],
-                                                                   "over_layers": [32, 16], "interaction": interaction}).eval()
-        task.vocab = RankingVocab.empty()
-        scorer = ExportedClickScorer(task.model)
+        sizes = {"hotel": 200, "position": 25, "platform": 10, "city": 50, "device": 4, "last_action": 12, "filters": 30}
+        task = DLRMTask(cardinalities={name: n + 2 for name, n in sizes.items()}, num_dense=len(DENSE_FEATURES),
+                        network={"embedding_dim": 8, "dense_layers": [32, 8], "over_layers": [32, 16],
+                                 "interaction": interaction}).eval()
+        task.vocab = RankingVocab({  # a click-out row's features, `sizes` values each (and no training clicks)
+            name: ItemVocab(pa.array([f"{name}{i}" for i in range(sizes.get(name, 0))], pa.string()),
+                            np.ones(sizes.get(name, 0), dtype=np.int64))
+            for name in RankingVocab.empty().vocabs})
+        scorer = ExportedClickScorer(task.ranker())
         for fmt in ("onnx", "torchscript"):
             path = export_dlrm(task.ranker(), f"{out}/dlrm-{interaction}-{fmt}", fmt)
             diffs = []

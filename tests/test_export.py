@@ -24,7 +24,8 @@ from sessrec.cli import export as cli_export
 from sessrec.data import ItemVocab
 from sessrec.data.batch import SessionBatch
 from sessrec.data.side import SideInfoSpec
-from sessrec.datasets.clickout_rows import RankingVocab
+from sessrec.datasets.clickout_rows import RankingLoader, RankingVocab
+from sessrec.datasets.clickouts import DENSE_FEATURES, SPARSE_FEATURES
 from sessrec.embeddings import DynamicTables, SparseFeatures
 from sessrec.lifecycle.export import (
     ExportedClickScorer,
@@ -294,7 +295,7 @@ def test_export_from_a_model_directory(tmp_path, kind):
             expected = task.model(items, task.objective).numpy()
         assert max_abs_diff(run_exported(path, items)[0], expected) <= 1e-4
     else:
-        scorer = ExportedClickScorer(task.model)
+        scorer = ExportedClickScorer(task.ranker())
         inputs = scorer.example(5, 3, seed=9)
         with torch.no_grad():
             expected = scorer.eager(*inputs).numpy()
@@ -344,11 +345,19 @@ def test_a_triton_repository_inside_the_model_directory_is_refused_before_the_ex
     assert sorted(p.name for p in model_dir.iterdir()) == ["config.json", "model.safetensors", "vocab.parquet"]
 
 
+def ranking_vocab(values: int = 5) -> RankingVocab:
+    """`values` raw values per feature of a click-out row: `values` + 2 ids each."""
+    return RankingVocab({name: ItemVocab(pa.array([f"{name}{i}" for i in range(values)]), np.ones(values, dtype=np.int64))
+                         for name in RankingVocab.empty().vocabs})
+
+
 def dlrm_task(interaction: str = "dot") -> DLRMTask:
+    """An untrained DLRM of a click-out row's features (7 ids each)."""
     torch.manual_seed(0)
-    task = DLRMTask(cardinalities={"city": 10, "tags": 7, "item id": 5}, num_dense=3, network=DLRMNetwork(
+    vocab = ranking_vocab()
+    task = DLRMTask(cardinalities=vocab.cardinalities, num_dense=len(DENSE_FEATURES), network=DLRMNetwork(
         embedding_dim=4, dense_layers=[8, 4], over_layers=[8], interaction=interaction)).eval()
-    task.vocab = RankingVocab.empty()
+    task.vocab = vocab
     return task
 
 
@@ -358,13 +367,10 @@ def test_dlrm_matches_eager_on_other_shapes(tmp_path, interaction, fmt):
     task = dlrm_task(interaction)
     path = export_dlrm(task.ranker(), tmp_path, fmt)
     g = torch.Generator().manual_seed(4)
-    dense = torch.randn(9, 3, generator=g)
-    ids = {
-        "city": torch.randint(0, 10, (9, 1), generator=g),  # one-hot
-        "tags": torch.randint(0, 7, (9, 5), generator=g).masked_fill(torch.rand(9, 5, generator=g) < 0.4, -1),  # multi-hot
-        "item id": torch.randint(0, 5, (9, 3), generator=g),
-    }
-    ids["tags"][0] = -1  # an empty bag
+    dense = torch.randn(9, len(DENSE_FEATURES), generator=g)
+    ids = {name: torch.randint(0, 7, (9, 1), generator=g) for name in SPARSE_FEATURES}  # one-hot
+    ids["filters"] = torch.randint(0, 7, (9, 5), generator=g).masked_fill(torch.rand(9, 5, generator=g) < 0.4, -1)  # multi-hot
+    ids["filters"][0] = -1  # an empty bag
     (logits,) = run_exported(path, dense, *ids.values())
     with torch.no_grad():
         expected = task.model(dense, SparseFeatures.from_dense(ids))  # what DLRMTask feeds its batches to
@@ -372,8 +378,7 @@ def test_dlrm_matches_eager_on_other_shapes(tmp_path, interaction, fmt):
     assert max_abs_diff(logits, expected.numpy()) <= 1e-5
     spec = json.loads(path.with_suffix(".json").read_text())
     assert [(t["name"], t["shape"]) for t in spec["inputs"]] == [
-        ("dense", ["batch", 3]), ("city", ["batch", "ids_city"]), ("tags", ["batch", "ids_tags"]), ("item id", ["batch", "ids_item_id"]),
-    ]
+        ("dense", ["batch", 12]), *((name, ["batch", f"ids_{name}"]) for name in SPARSE_FEATURES)]
 
 
 @pytest.mark.slow
@@ -381,22 +386,120 @@ def test_dlrm_matches_eager_on_other_shapes(tmp_path, interaction, fmt):
 def test_dlrm_with_growing_tables_exports_its_rows_by_id(tmp_path, fmt):
     """A growing table is laid out by id for export: met ids give their rows, others count as absent (as in eval)."""
     torch.manual_seed(0)
-    task = DLRMTask(cardinalities={"city": 4, "tags": 4, "item id": 4}, num_dense=3,
+    vocab = ranking_vocab(10)  # 12 ids a feature, in tables of 4 rows that grow
+    task = DLRMTask(cardinalities={name: 4 for name in SPARSE_FEATURES}, num_dense=len(DENSE_FEATURES),
                     network=DLRMNetwork(embedding_dim=4, dense_layers=[8, 4], over_layers=[8]),
                     sparse=DynamicTables(lr=0.05))
-    task.vocab = RankingVocab.empty()
-    met = {"city": torch.tensor([[1], [6], [9]]), "tags": torch.tensor([[2, 3], [5, -1], [-1, -1]]),
-           "item id": torch.tensor([[1], [2], [3]])}
-    task.train().model(torch.randn(3, 3), SparseFeatures.from_dense(met))  # training inserts these ids
+    task.vocab = vocab
+    met = {name: torch.tensor([[1], [6], [9]]) for name in SPARSE_FEATURES}
+    met["filters"] = torch.tensor([[2, 3], [5, -1], [-1, -1]])
+    task.train().model(torch.randn(3, len(DENSE_FEATURES)), SparseFeatures.from_dense(met))  # training inserts these ids
     task.eval()
     path = export_dlrm(task.ranker(), tmp_path, fmt)
     g = torch.Generator().manual_seed(4)
-    dense = torch.randn(9, 3, generator=g)
+    dense = torch.randn(9, len(DENSE_FEATURES), generator=g)
     ids = {name: torch.randint(0, 12, (9, 2), generator=g) for name in met}  # met and never-met ids alike
     (logits,) = run_exported(path, dense, *ids.values())
     with torch.no_grad():
         expected = task.model(dense, SparseFeatures.from_dense(ids))
     assert max_abs_diff(logits, expected.numpy()) <= 1e-5
+    # an id past the vocabulary's 12 is the unseen id 1 (which training met), not a never-met id's zeros
+    past = run_exported(path, dense, *{**ids, "hotel": torch.full((9, 1), 12)}.values())[0]
+    np.testing.assert_array_equal(past, run_exported(path, dense, *{**ids, "hotel": torch.full((9, 1), 1)}.values())[0])
+    assert max_abs_diff(past, run_exported(path, dense, *{**ids, "hotel": torch.full((9, 1), 11)}.values())[0]) > 1e-6
+
+
+def contract_inputs(spec: dict, folder: Path, rows: pa.Table) -> list[np.ndarray]:
+    """The inputs of an exported click scorer for click-out rows (`build_clickout_rows`), from ``model.json`` and
+    ``vocab.parquet`` alone, as docs/deploy.md tells an outside user to build them."""
+    import pyarrow.parquet as pq
+
+    ids_of = spec["notes"]["ids_from_vocab"]
+    vocab = pq.read_table(folder / ids_of["file"]).to_pylist()
+    ids: dict[str, dict[str, int]] = {t["name"]: {} for t in spec["inputs"][1:]}
+    for row in vocab:  # the i-th row of a feature, in file order, is id i + first
+        of = ids.setdefault(row[ids_of["feature_column"]], {})
+        of[row[ids_of["raw_column"]]] = len(of) + ids_of["first"]
+    col = {name: np.array(rows.column(name).to_pylist(), dtype=object) for name in rows.column_names}
+    n, price = rows.num_rows, col["price"].astype(float)
+    span = np.maximum(col["num_impressions"].astype(float) - 1, 1)
+    log_price = np.log1p(price)
+    mean_log_price = {q: log_price[col["query"] == q].mean() for q in set(col["query"])}
+    seconds, score = col["seconds_since"].astype(float), col["session_score"].astype(float)
+    formulas = {  # docs/deploy.md, "Export": the dense features of a click-out row
+        "log_price": log_price,
+        "price_rank": col["price_rank"] / span,
+        "relative_price": log_price - np.array([mean_log_price[q] for q in col["query"]]),
+        "position_scaled": col["position"] / span,
+        "log_num_impressions": np.log1p(col["num_impressions"].astype(float)),
+        "log_prior_actions": np.log1p(col["prior_actions"].astype(float)),
+        "interacted_before": (col["interactions"] > 0).astype(float),
+        "log_interactions": np.log1p(col["interactions"].astype(float)),
+        "last_interacted": col["last_interacted"].astype(float),
+        "log_seconds_since": np.where(np.isnan(seconds), 0.0, np.log1p(np.maximum(np.nan_to_num(seconds), 0.0))),
+        "session_score": np.nan_to_num(score),
+        "has_session_score": (~np.isnan(score)).astype(float),
+    }
+    dense = np.stack([formulas[name] for name in spec["notes"]["dense_features"]], axis=1).astype(np.float32)
+    sparse = []
+    for t in spec["inputs"][1:]:
+        values = [v if isinstance(v, list) else [v] for v in rows.column(t["name"]).to_pylist()]  # filters: a bag
+        width = max(1, *(len(v) for v in values))
+        matrix = np.full((n, width), ids_of["absent"], dtype=np.int64)
+        for i, v in enumerate(values):
+            matrix[i, :len(v)] = [ids[t["name"]].get(str(x), ids_of["unseen"]) for x in v]
+        sparse.append(matrix)
+    return [dense, *sparse]
+
+
+def test_an_exported_click_scorer_gives_sessrec_tests_scores_from_its_contract(tmp_path):
+    """Click-out rows scored through onnxruntime with inputs built from model.json and vocab.parquet alone (dense
+    features by name and order, ids by the vocabulary's rows) get the scores `sessrec test` gives; an id past a
+    feature's vocabulary is the unseen id, as `sessrec test` reads a hotel it never saw."""
+    import pyarrow.parquet as pq
+    from test_ranking_data import log_table
+
+    from sessrec.tasks import ClickoutDataModule
+
+    pq.write_table(log_table(), tmp_path / "log.parquet")
+    data = ClickoutDataModule(str(tmp_path / "log.parquet"), test_hours=50 / 3600, valid_hours=30 / 3600, min_count=1)
+    torch.manual_seed(0)
+    task = DLRMTask(cardinalities=data.cardinalities, num_dense=data.num_dense, network=DLRMNetwork(
+        embedding_dim=4, dense_layers=[8, 4], over_layers=[8])).eval()
+    task.vocab = data.vocab
+    with torch.no_grad():
+        for p in task.model.parameters():  # every row its own, so that a wrong id shows
+            p.add_(torch.randn(p.shape) * 0.5)
+    path = export_dlrm(task.ranker(), tmp_path / "out", "onnx")
+    spec = json.loads(path.with_suffix(".json").read_text())
+    assert spec["notes"]["dense_features"] == list(DENSE_FEATURES)
+    for split in ("train", "valid", "test"):  # the test split shows H4, which training never showed
+        inputs = contract_inputs(spec, path.parent, data.rows[split])
+        with torch.no_grad():
+            expected = torch.cat([task(batch) for batch in RankingLoader(data.tensors(split), 100)]).numpy()
+        (logits,) = run_exported(path, *map(torch.from_numpy, inputs))
+        assert max_abs_diff(logits, expected) <= 1e-5, split
+    inputs = [torch.from_numpy(a) for a in contract_inputs(spec, path.parent, data.rows["test"])]
+    hotel = [t["name"] for t in spec["inputs"]].index("hotel")
+    assert (inputs[hotel][1] == 1).all()  # H4: unseen
+    far = [*inputs[:hotel], inputs[hotel].clone().fill_(10**9), *inputs[hotel + 1:]]
+    unseen = [*inputs[:hotel], torch.ones_like(inputs[hotel]), *inputs[hotel + 1:]]
+    np.testing.assert_array_equal(run_exported(path, *far)[0], run_exported(path, *unseen)[0])
+
+
+def test_a_click_ranker_whose_parts_do_not_belong_together_is_not_exported(tmp_path):
+    other = DLRMTask(cardinalities={"city": 7, "tags": 7}, num_dense=3, network=DLRMNetwork(
+        embedding_dim=4, dense_layers=[8, 4], over_layers=[8]))
+    other.vocab = ranking_vocab()
+    with pytest.raises(ValueError, match=r"^this click ranker's DLRM reads the sparse features \['city', 'tags'\] and 3 dense "
+                                         r"features; its vocabulary and a click-out row give \['hotel', .*'filters'\] and 12 "
+                                         r"\(log_price, .*has_session_score\): they do not belong together$"):
+        export_dlrm(other.ranker(), tmp_path, "onnx")
+    task = dlrm_task()
+    task.vocab = ranking_vocab(9)  # 11 ids a feature, for tables of 7 rows
+    with pytest.raises(ValueError, match=r"^feature 'hotel': its table has 7 rows and the ranker's vocabulary 11 ids"):
+        export_dlrm(task.ranker(), tmp_path, "onnx")
+    assert not list(tmp_path.iterdir())
 
 
 # -- Triton ---------------------------------------------------------------------------------------
@@ -463,15 +566,15 @@ def test_triton_repository(tmp_path):
 
 
 def test_triton_config_of_a_batch_only_output_and_without_batching():
-    scorer = ExportedClickScorer(dlrm_task().model)
+    scorer = ExportedClickScorer(dlrm_task().ranker())
     spec = {"inputs": [asdict(t) for t in scorer.inputs()], "outputs": [asdict(t) for t in scorer.outputs()]}
     batched = parse_pbtxt(model_config("dlrm", spec, 64, 100))
     assert batched["output"] == [{"name": "logits", "data_type": "TYPE_FP32", "dims": [1], "reshape": {"shape": []}}]
-    assert batched["input"][0] == {"name": "dense", "data_type": "TYPE_FP32", "dims": [3]}
-    assert batched["input"][3] == {"name": "item id", "data_type": "TYPE_INT64", "dims": [-1]}
+    assert batched["input"][0] == {"name": "dense", "data_type": "TYPE_FP32", "dims": [12]}
+    assert batched["input"][3] == {"name": "platform", "data_type": "TYPE_INT64", "dims": [-1]}
     unbatched = parse_pbtxt(model_config("dlrm", spec, 0, 100))
     assert "dynamic_batching" not in unbatched and unbatched["output"][0]["dims"] == [-1]
-    assert unbatched["input"][0]["dims"] == [-1, 3]
+    assert unbatched["input"][0]["dims"] == [-1, 12]
 
 
 def test_triton_repository_refuses_bad_arguments(tmp_path):

@@ -58,8 +58,10 @@ from torch import nn
 
 from sessrec.artifacts import ClickRanker, SessionRecommender, load_artifact
 from sessrec.artifacts.model_directory import VOCAB
+from sessrec.data.vocab import NUM_SPECIAL, OOV, PAD
+from sessrec.datasets.clickouts import DENSE_FEATURES, SPARSE_FEATURES
 from sessrec.embeddings import SparseFeatures
-from sessrec.models.dlrm import DLRM
+from sessrec.embeddings.sparse_arch import DynamicSparseArch
 from sessrec.models.objective import EVENT_TIMES
 from sessrec.models.onnx_graph import (
     ONNX_LIMITS,
@@ -218,11 +220,15 @@ class NextItemScorer(nn.Module):
 
 
 class ExportedClickScorer(nn.Module):
-    """A trained `DLRM` as one function: dense (B, Dd) and ids (B, H) per sparse feature -> logits (B,).
+    """A trained click ranker's `DLRM` as one function: dense (B, Dd) and ids (B, H) per sparse feature -> logits (B,).
 
-    The ids of each sparse feature come as a padded matrix, -1 marking an absent id (the
+    The inputs are those of a click-out row (`sessrec.datasets.clickouts`): ``dense`` holds `DENSE_FEATURES`
+    in that order, and each sparse feature's ids are the ranker's vocabulary's (`describe`: ``ids_from_vocab``).
+    The ids of each sparse feature come as a padded matrix, -1 (any negative) marking an absent id (the
     convention of `SparseFeatures.from_dense`); H may differ between features and calls (a
-    one-hot feature is (B, 1)). The tables are pooled here by a gather and a masked sum (or mean)
+    one-hot feature is (B, 1)). An id at or past the number of ids the vocabulary gives the feature is the
+    unseen id 1, as ``sessrec test`` reads a value the vocabulary lacks. The tables are pooled here by a
+    gather and a masked sum (or mean)
     instead of the model's `SparseArch`: its jagged `SparseFeatures` path reads the ids' counts on
     the host to check and chunk them, which neither exporter can trace (torch.export stops on a
     data-dependent size; torch.jit.trace on the fused optimizer's autograd anchor), while a padded
@@ -230,33 +236,54 @@ class ExportedClickScorer(nn.Module):
     model's own.
 
     Args:
-        model: the trained network (shared, not copied).
+        ranker: the trained model (its network shared, not copied) and its vocabulary.
+
+    Raises:
+        ValueError: the DLRM reads other features than a click-out row's, or a fixed table has another
+            number of rows than its feature's vocabulary has ids (parts that do not belong together).
     """
 
-    def __init__(self, model: DLRM) -> None:
+    def __init__(self, ranker: ClickRanker) -> None:
         super().__init__()
-        if not isinstance(model, DLRM):
-            raise TypeError(f"ExportedClickScorer exports a DLRM, got {type(model).__name__}")
-        self.model = model
+        if not isinstance(ranker, ClickRanker):
+            raise TypeError(f"ExportedClickScorer exports a ClickRanker, got {type(ranker).__name__}")
+        self.model = ranker.model
         arch = self.model.sparse_arch
         self.feature_names = list(arch.feature_names)
+        if sorted(self.feature_names) != sorted(SPARSE_FEATURES) or self.model.num_dense != len(DENSE_FEATURES):
+            raise ValueError(
+                f"this click ranker's DLRM reads the sparse features {self.feature_names} and {self.model.num_dense} "
+                f"dense features; its vocabulary and a click-out row give {list(SPARSE_FEATURES)} and "
+                f"{len(DENSE_FEATURES)} ({', '.join(DENSE_FEATURES)}): they do not belong together"
+            )
+        self.sizes = [ranker.vocab.cardinalities[f] for f in self.feature_names]  # ids of each feature
         self.tables = [arch.table_of[f] for f in self.feature_names]
         self.mean = [arch.pooling[t] == "mean" for t in self.tables]
         # every table as rows by id (the fused weight's views, or a growing table's rows laid out by id),
         # detached: tables that are parameters (FusedTables with optimizer none, HybridTables) are constants of the exported file
         self.weights = {name: arch.table_weight(name).detach() for name in dict.fromkeys(self.tables)}
+        if not isinstance(arch, DynamicSparseArch):  # a growing table lays out the ids it met, the others read zeros
+            for feature, table, size in zip(self.feature_names, self.tables, self.sizes):
+                if self.weights[table].shape[0] != size:
+                    raise ValueError(
+                        f"feature {feature!r}: its table has {self.weights[table].shape[0]} rows and the ranker's "
+                        f"vocabulary {size} ids: they do not belong together"
+                    )
 
-    def pooled(self, ids: torch.Tensor, table: str, mean: bool) -> torch.Tensor:
-        """(B, H) ids, -1 = absent -> (B, D) pooled rows of `table`; an empty bag gives zeros."""
+    def pooled(self, ids: torch.Tensor, table: str, mean: bool, size: int) -> torch.Tensor:
+        """(B, H) ids, negative = absent, `size` ids in the vocabulary -> (B, D) pooled rows of `table`; an empty
+        bag gives zeros."""
         weight = self.weights[table]  # (N, D)
         present = (ids >= 0).unsqueeze(-1)  # (B, H, 1)
-        summed = (weight[ids.clamp(min=0, max=weight.shape[0] - 1)] * present).sum(dim=1)  # (B, D)
+        known = torch.where(ids < size, ids, torch.full_like(ids, OOV))  # past the vocabulary: an unseen value
+        # absent ids read row 0 (masked out); a growing table's last row is zeros, for every id it never met
+        summed = (weight[known.clamp(min=0, max=weight.shape[0] - 1)] * present).sum(dim=1)  # (B, D)
         return summed / present.sum(dim=1).clamp(min=1) if mean else summed
 
     def forward(self, dense: torch.Tensor, *ids: torch.Tensor) -> torch.Tensor:
         model = self.model
         x = model.dense_arch(dense)  # (B, D)
-        e = torch.stack([self.pooled(i, t, m) for i, t, m in zip(ids, self.tables, self.mean)], dim=1)  # (B, F, D)
+        e = torch.stack([self.pooled(i, t, m, n) for i, t, m, n in zip(ids, self.tables, self.mean, self.sizes)], dim=1)
         return model.over_arch(model.interaction(x, e.to(x.dtype)))  # (B,)
 
     def inputs(self) -> list[TensorSpec]:
@@ -267,12 +294,12 @@ class ExportedClickScorer(nn.Module):
         return [TensorSpec("logits", "float32", ["batch"])]
 
     def example(self, batch: int, hot: int, seed: int) -> tuple[torch.Tensor, ...]:
-        """Random dense features (B, Dd) and ids (B, `hot`) per feature, some of them absent (-1)."""
+        """Random dense features (B, Dd) and ids (B, `hot`) per feature within its vocabulary, some of them absent (-1)."""
         g = torch.Generator().manual_seed(seed)
         device = self.model.over_arch.mlp[0].weight.device
         ids = []
-        for table in self.tables:
-            x = torch.randint(0, self.weights[table].shape[0], (batch, hot), generator=g)
+        for size in self.sizes:
+            x = torch.randint(0, size, (batch, hot), generator=g)
             ids.append(x.masked_fill(torch.rand(batch, hot, generator=g) < 0.3, -1))
         return tuple(t.to(device) for t in (torch.randn(batch, self.model.num_dense, generator=g), *ids))
 
@@ -283,7 +310,13 @@ class ExportedClickScorer(nn.Module):
     def describe(self) -> dict[str, object]:
         return {
             "interaction": type(self.model.interaction).__name__,
+            "dense_features": list(DENSE_FEATURES),  # the columns of `dense`, in order (docs/deploy.md says how)
             "ids": "one (B, H) int64 matrix per sparse feature, -1 = absent; H may vary",
+            "ids_from_vocab": {  # a raw value -> its id: the i-th row (0-based) of its feature in the file is id i + first
+                "file": VOCAB, "feature_column": "feature", "raw_column": "raw_id", "first": NUM_SPECIAL,
+                "unseen": OOV, "padding": PAD, "absent": -1,
+                "sizes": dict(zip(self.feature_names, self.sizes)),  # ids per feature; an id past them reads as unseen
+            },
             "logits": "click logits (apply a sigmoid for probabilities)",
         }
 
@@ -357,7 +390,7 @@ def export_dlrm(
     """
     if not isinstance(ranker, ClickRanker):
         raise TypeError(f"export_dlrm exports a ClickRanker, got {type(ranker).__name__}")
-    scorer = ExportedClickScorer(ranker.model)
+    scorer = ExportedClickScorer(ranker)
     example, probe = scorer.example(3, 2, seed=0), scorer.example(7, 4, seed=1)
     return _export(scorer, scorer.eager, example, probe, out_dir, format, opset, verify, "DLRM", ranker.vocab, version)
 

@@ -475,8 +475,9 @@ def test_dlrm_retrain_grows_its_tables_and_keeps_what_it_learned(tmp_path):
     old_rows = before.embedding(before.sorted_keys)
     kept = (grown.embedding(before.sorted_keys) == old_rows).all(dim=1)
     assert kept.any() and not kept.all()  # rows the new window did not train are the old ones, the others moved on
+    # the good turn's window again (a backfill: the promoted ranker trained on these click-outs), at a rate that ruins it
     bad = retrain_dlrm(str(tmp_path / "current"), out=str(tmp_path / "bad"), gate=Gate("mrr", 0.0, min_pairs=100), lr=10.0,
-                       **common)
+                       backfill=True, **common)
     assert not bad["promoted"] and bad["metrics"]["candidate"]["mrr"] < bad["metrics"]["current"]["mrr"]
     assert bad["reason"].startswith("candidate trails the current model (v000002) by ")
     after = ClickRanker.from_pretrained(tmp_path / "current").model.sparse_arch.tables["hotel"]

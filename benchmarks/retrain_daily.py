@@ -82,7 +82,7 @@ def main() -> None:
         rows.append(summary("from scratch (shadow)", scratch))
     start = (date.fromisoformat(DAYS[2]) - timedelta(days=args.replay_days)).isoformat()
     bad = retrain(str(current), train_from=start, train_until=DAYS[3], test_until=DAYS[4], out=str(work / "too-high-lr"),
-                  warm_start=True, max_epochs=epochs, lr=0.05, warmup_steps=0, **common)
+                  warm_start=True, max_epochs=epochs, lr=0.05, warmup_steps=0, backfill=True, **common)  # the last window again
     rows.append(summary("warm start, lr 0.05", bad))
     settings = {"replay_days": args.replay_days, "warm_epochs": epochs, "warm_lr": lr, "threads": args.threads,
                 **({"quick": True, "scratch_epochs": scratch_epochs, "min_pairs": recipe["gate"]["min_pairs"]} if args.quick else {})}

@@ -61,7 +61,8 @@ def main() -> None:
                   max_epochs=args.epochs)
     rows = [summary("warm start", retrain_dlrm(str(current), end=end, out=str(work / f"window-{i}"), **common))
             for i, end in enumerate(ENDS)]
-    bad = retrain_dlrm(str(current), end=ENDS[-1], out=str(work / "too-high-lr"), lr=0.1, **common)
+    bad = retrain_dlrm(str(current), end=ENDS[-1], out=str(work / "too-high-lr"), lr=0.1, backfill=True,  # the last window again
+                       **common)
     rows.append(summary("warm start, lr 0.1", bad))
     quick = {"quick": True, "path": "synthetic", "min_pairs": gate.min_pairs} if args.quick else {}
     print(json.dumps({"benchmark": "retrain_dlrm", "epochs": args.epochs, **quick, "rows": rows}, indent=1))

@@ -246,7 +246,7 @@ def test_a_callback_monitoring_a_metric_the_validation_never_logs_is_refused_bef
 ):
     recipe = write(tmp_path, "recipe.yaml", TRAINER + MODEL + DATA)
     got = refused(sessrec_main, tmp_path, "fit", "--config", str(recipe), *flags)
-    logged = ", ".join(f"val/{name}@{k}" for k in ks for name in ("recall", "ndcg", "mrr"))
+    logged = ", ".join([*(f"val/{name}@{k}" for k in ks for name in ("recall", "ndcg", "mrr")), "val/unrankable"])
     assert got == (f"--trainer.callbacks: {callback} monitors {monitor}, which the validation never logs; it logs "
                    f"val/loss, {logged} (the cut-offs of --model.evaluation.ks {ks}): monitor one of them, or add the "
                    "cut-off to --model.evaluation.ks")

@@ -317,3 +317,12 @@ def test_torchrec_strategy_needs_torchrec_tables():
 
     with pytest.raises(ValueError, match=r"has none: build the DLRM with sparse: TorchRecTables\(\)"):
         TorchRecStrategy()._tables(nn.Linear(2, 2))
+
+
+def test_torchrec_tables_refuse_per_id_weights_they_would_ignore():
+    tables = [TableConfig("a", 10, 4), TableConfig("b", 7, 4, pooling="mean")]
+    arch = TorchRecTables().build(tables, seed=0)
+    ids = {"a": torch.tensor([[1, 2], [3, -1]]), "b": torch.tensor([[0, 6], [5, -1]])}
+    weights = {"a": torch.tensor([[0.5, 2.0], [3.0, 1.0]]), "b": torch.tensor([[1.0, 0.25], [2.0, 1.0]])}
+    with pytest.raises(ValueError, match=r"TorchRecTables take no per-id weights; the batch has weights for \['a', 'b'\]"):
+        arch(SparseFeatures.from_dense(ids, weights))

@@ -204,7 +204,7 @@ class TorchRecSparseArch(_Stacked):
 
     The tables are ordinary parameters (the dense optimizer updates them) and start from the
     same seeded draw as `SparseArch`'s (uniform in +-sqrt(1 / rows), table by table), so the two
-    train alike. `shard_model` / `sessrec.tasks.TorchRecStrategy` replace the collection by its
+    train alike. Ids with per-id weights are refused (the collection is unweighted). `shard_model` / `sessrec.tasks.TorchRecStrategy` replace the collection by its
     sharded version; the forward reads the pooled output by feature name, which a sharded
     collection reorders.
 
@@ -228,6 +228,11 @@ class TorchRecSparseArch(_Stacked):
         return self.collection.embedding_bags[name].weight
 
     def forward(self, features: SparseFeatures) -> torch.Tensor:
+        if features.weights is not None:  # the unweighted collection would pool the ids as if unweighted
+            raise ValueError(
+                f"TorchRecTables take no per-id weights; the batch has weights for {list(features.keys)} "
+                "(use FusedTables, DynamicTables or HybridTables for weighted ids)"
+            )
         pooled = pooled_features(self.collection(to_keyed_jagged_tensor(features)), self.feature_names)  # (B, F D)
         return pooled.view(-1, len(self.feature_names), self.embedding_dim)  # (B, F, D)
 

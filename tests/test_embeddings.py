@@ -496,6 +496,24 @@ def test_collection_config_errors():
         FusedTables(optimizer="adagrad_rowwise", sparse_gradient=True)
 
 
+@pytest.mark.parametrize("optimizer", ["none", "adagrad_rowwise"])
+def test_weights_of_tables_in_another_order_or_size_are_refused_before_any_is_loaded(optimizer):
+    saved = FusedEmbeddingBagCollection([TableConfig("a", 10, 4), TableConfig("b", 10, 4)], optimizer=optimizer, seed=0)
+    state = saved.state_dict()
+    for tables, first in [
+        ([TableConfig("b", 10, 4), TableConfig("a", 10, 4)], r"table 0 is \['a', 10, 4\] there and \['b', 10, 4\] here"),
+        ([TableConfig("a", 12, 4), TableConfig("b", 8, 4)], r"table 0 is \['a', 10, 4\] there and \['a', 12, 4\] here"),
+    ]:
+        other = FusedEmbeddingBagCollection(tables, optimizer=optimizer, seed=1)
+        before = {k: v.clone() for k, v in other.state_dict().items()}
+        with pytest.raises(ValueError, match=first):
+            other.load_state_dict(state)
+        assert all(torch.equal(v, before[k]) for k, v in other.state_dict().items())  # nothing half-loaded
+    same = FusedEmbeddingBagCollection([TableConfig("a", 10, 4), TableConfig("b", 10, 4)], optimizer=optimizer, seed=1)
+    same.load_state_dict(state)
+    assert torch.equal(same.table_weight("b"), saved.table_weight("b"))
+
+
 # --- hashing and frequency capping -------------------------------------------------------------
 
 def fmix64_reference(ids, seed):

@@ -21,9 +21,10 @@ R rows of a width group, U distinct rows touched.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -446,6 +447,31 @@ class FusedEmbeddingBagCollection(nn.Module):
             raise KeyError(f"no table {name!r}; tables are {[t.name for t in self.tables]}")
         g, start = self._table_group[name]
         return self.weight(g)[start:start + table.num_embeddings, :table.embedding_dim]
+
+    def _layout(self) -> list[list[Any]]:
+        """``[name, rows, width]`` of every table in order: whose rows each block of the weights holds."""
+        return [[t.name, t.num_embeddings, t.embedding_dim] for t in self.tables]
+
+    def get_extra_state(self) -> torch.Tensor:
+        """The tables' layout (`_layout` as UTF-8 JSON bytes) in the state dict: the weights are blocks of rows
+        by position, so weights saved with the tables in another order or of other sizes are refused at load."""
+        return torch.tensor(list(json.dumps(self._layout()).encode()), dtype=torch.uint8)
+
+    def set_extra_state(self, state: torch.Tensor) -> None:
+        saved, own = json.loads(bytes(state.tolist()).decode()), self._layout()
+        if saved != own:
+            i = next((i for i, (a, b) in enumerate(zip(saved, own)) if a != b), min(len(saved), len(own)))
+            there, here = (x[i] if i < len(x) else "absent" for x in (saved, own))
+            raise ValueError(
+                f"the saved weights are of other tables: table {i} is {there} there and {here} here "
+                "([name, rows, width]); build the collection with the tables, in the order, it was saved with"
+            )
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+        saved = state_dict.get(prefix + "_extra_state")
+        if saved is not None:
+            self.set_extra_state(saved)  # refused before any weight is copied
+        super()._load_from_state_dict(state_dict, prefix, *args)
 
     def forward(self, features: SparseFeatures) -> dict[str, torch.Tensor]:
         """Pooled embeddings: feature name -> (B, D), in the order of the table configs' features."""

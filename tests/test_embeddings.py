@@ -677,6 +677,24 @@ def test_hybrid_lookup_equals_a_plain_table_on_cuda():
     assert HybridEmbeddingBag(10, 4, num_hot=2, device="cuda").cold_weight.is_pinned()
 
 
+@pytest.mark.parametrize("sparse", ["hybrid", "dynamic", "torchrec"])
+def test_sparse_modules_refuse_unknown_missing_features_and_ids_past_their_table_naming_them(sparse):
+    from sessrec.embeddings import DynamicTables, HybridTables, TorchRecTables
+
+    if sparse == "torchrec":
+        pytest.importorskip("torchrec")
+    config = {"hybrid": HybridTables(num_hot=2), "dynamic": DynamicTables(), "torchrec": TorchRecTables()}[sparse]
+    arch = config.build([TableConfig("a", 10, 4), TableConfig("b", 7, 4, feature_names=("x", "y"))], seed=0)
+    ids = {"a": torch.tensor([1, 2]), "x": torch.tensor([[0, 6], [1, -1]]), "y": torch.tensor([3, 4])}
+    with pytest.raises(ValueError, match=r"unknown feature keys \['colour'\]; these tables look up \['a', 'x', 'y'\]"):
+        arch(SparseFeatures.from_dense(ids | {"colour": torch.tensor([1, 1])}))
+    with pytest.raises(ValueError, match=r"features \['y'\] are missing from the batch \(got \['a', 'x'\]\)"):
+        arch(SparseFeatures.from_dense({"a": ids["a"], "x": ids["x"]}))
+    if sparse != "dynamic":  # a growing table takes any id
+        with pytest.raises(ValueError, match="feature 'x': id 7 out of range for table 'b' with 7 rows"):
+            arch(SparseFeatures.from_dense(ids | {"x": torch.tensor([[0, 6], [7, -1]])}))
+
+
 def test_public_api():
     import sessrec.embeddings as emb
 

@@ -36,6 +36,7 @@ Examples:
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -64,15 +65,41 @@ class _Stacked(nn.Module):
     """What the four modules share: the tables' features, their tables and poolings, and the forward of
     the modules with one bag module per table (``tables``: table name -> module(values, offsets, weights))."""
 
+    bounded = True  # whether a table's ids end at its rows (a growing table takes any id)
+
     def __init__(self, tables: Sequence[TableConfig]) -> None:
         super().__init__()
         self.embedding_dim = one_width(tables)
         self.feature_names = [f for t in tables for f in t.features]
         self.table_of = {f: t.name for t in tables for f in t.features}
         self.pooling = {t.name: t.pooling for t in tables}
+        self.table_rows = {t.name: t.num_embeddings for t in tables}
+
+    def _check(self, features: SparseFeatures) -> None:
+        """Refuse features these tables do not look up, missing ones and, with ``bounded`` tables, an id past its
+        table's rows, naming the feature, the table and the id."""
+        unknown = [k for k in features.keys if k not in self.table_of]
+        if unknown:
+            raise ValueError(f"unknown feature keys {unknown}; these tables look up {list(self.feature_names)}")
+        missing = [f for f in self.feature_names if f not in features.keys]
+        if missing:
+            raise ValueError(f"features {missing} are missing from the batch (got {list(features.keys)})")
+        if self.bounded and features.values.numel():
+            rows = torch.tensor([self.table_rows[self.table_of[k]] for k in features.keys], device=features.values.device)
+            limit = torch.repeat_interleave(rows, features.feature_lengths(), output_size=features.values.numel())  # (T,)
+            bad = (features.values >= limit).nonzero()
+            if bad.numel():
+                first = int(bad[0, 0])
+                key = features.keys[bisect_right(features.feature_lengths().cumsum(0).tolist(), first)]
+                table = self.table_of[key]
+                raise ValueError(
+                    f"feature {key!r}: id {int(features.values[first])} out of range for table {table!r} with "
+                    f"{self.table_rows[table]} rows (ids must be 0..{self.table_rows[table] - 1})"
+                )
 
     def forward(self, features: SparseFeatures) -> torch.Tensor:
         """(B, F, D): each feature pooled by its table's bag module, one call per feature."""
+        self._check(features)
         b = features.batch_size
         lengths = features.lengths.view(len(features.keys), b)  # (F, B)
         per_feature = lengths.sum(dim=1).tolist()
@@ -139,6 +166,8 @@ class DynamicSparseArch(_Stacked):
         max_rows: the most rows a table grows to.
         seed: seeds the tables' row initialisation (table i with ``seed + i``).
     """
+
+    bounded = False
 
     def __init__(
         self,
@@ -228,6 +257,7 @@ class TorchRecSparseArch(_Stacked):
         return self.collection.embedding_bags[name].weight
 
     def forward(self, features: SparseFeatures) -> torch.Tensor:
+        self._check(features)
         if features.weights is not None:  # the unweighted collection would pool the ids as if unweighted
             raise ValueError(
                 f"TorchRecTables take no per-id weights; the batch has weights for {list(features.keys)} "

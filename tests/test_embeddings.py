@@ -161,6 +161,25 @@ def test_per_sample_weights_sum_and_mean():
         torch.testing.assert_close(out[name], expected)
 
 
+@pytest.mark.parametrize("sparse", ["fused_none", "fused_sgd", "hybrid", "dynamic"])
+def test_float64_per_id_weights_pool_as_their_float32_values(sparse):
+    from sessrec.embeddings import DynamicTables, HybridTables
+
+    tables = [TableConfig("s", 9, 4), TableConfig("m", 9, 4, pooling="mean")]
+    config = {"fused_none": FusedTables(), "fused_sgd": FusedTables(optimizer="sgd"), "hybrid": HybridTables(num_hot=3),
+              "dynamic": DynamicTables(optimizer="sgd")}[sparse]
+    arch = config.build(tables, seed=0).eval()
+    ids = torch.tensor([[1, 2, -1], [3, 3, 8]])
+    w = torch.tensor([[0.5, 2.0, 9.0], [1.0, -1.0, 0.1]], dtype=torch.float64)
+    if sparse == "dynamic":
+        arch.train()(SparseFeatures.from_dense({"s": ids, "m": ids}))  # the ids get rows
+        arch.eval()
+    out = arch(SparseFeatures.from_dense({"s": ids, "m": ids}, weights={"s": w, "m": w}))
+    expected = arch(SparseFeatures.from_dense({"s": ids, "m": ids}, weights={"s": w.float(), "m": w.float()}))
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
 def test_dense_gradients_match_plain_bags_when_optimizer_is_none():
     ebc = FusedEmbeddingBagCollection(TABLES, seed=0)
     ids = batch()

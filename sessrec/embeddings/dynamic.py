@@ -201,6 +201,8 @@ class DynamicEmbeddingBag(nn.Module):
         if not isinstance(keys, torch.Tensor) or keys.dtype != torch.int64:
             raise TypeError(f"keys must be an int64 tensor, got {getattr(keys, 'dtype', type(keys))}")
         keys, offsets, per_sample_weights = flat_bags(keys, offsets, per_sample_weights, "keys")  # (T,), (B + 1,)
+        if per_sample_weights is not None:
+            per_sample_weights = per_sample_weights.to(self.weight.dtype)  # embedding_bag takes the table's dtype only
         rows, found = self.lookup(keys)
         if self.training:
             with torch.no_grad():

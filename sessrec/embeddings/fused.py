@@ -504,6 +504,8 @@ class FusedEmbeddingBagCollection(nn.Module):
                 )
             sizes = [starts[i + 1] - starts[i] for i in idx]  # ids per feature
             weight = self.weight(g)
+            if weights is not None:
+                weights = weights.to(weight.dtype)  # embedding_bag takes weights of the table's dtype only
             rows, chunks = self._chunks(g, values, lengths, sizes, feats, b)
             dims = [self._feature_table[f].embedding_dim for f in feats]
             if self.optimizer == "none":
@@ -514,7 +516,7 @@ class FusedEmbeddingBagCollection(nn.Module):
                     row_dim = float(self._feature_table[feats[0]].embedding_dim)
                 per_bag = _FusedFeatureLookup.apply(
                     self._anchor, weight, self._state_of(g), rows, chunks, lengths,
-                    None if weights is None else weights.to(weight.dtype), self.optimizer, self.lr, self.eps, row_dim,
+                    weights, self.optimizer, self.lr, self.eps, row_dim,
                     self._group_units[g], b, dims, self.compile_update,
                 )  # F_g x (B, D)
             lengths = lengths.view(len(feats), b)

@@ -119,6 +119,8 @@ class HybridEmbeddingBag(nn.Module):
         if not isinstance(input, torch.Tensor) or input.dtype not in (torch.int64, torch.int32):
             raise TypeError(f"ids must be an int64 tensor, got {getattr(input, 'dtype', type(input))}")
         input, offsets, per_sample_weights = flat_bags(input, offsets, per_sample_weights)  # (T,), (B + 1,)
+        if per_sample_weights is not None:
+            per_sample_weights = per_sample_weights.to(self.hot_weight.dtype)  # embedding_bag takes the table's dtype only
         ids = input.long()
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.num_embeddings):
             bad = ids[(ids < 0) | (ids >= self.num_embeddings)][0]

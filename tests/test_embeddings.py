@@ -577,6 +577,17 @@ def test_frequency_cap_fit_update_and_round_trip():
 
 # --- dynamic tables ------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("lr, eps", [(-0.1, 1e-8), (0.0, 1e-8), (float("nan"), 1e-8), (0.1, 0.0)])
+def test_dynamic_refuses_a_learning_rate_or_eps_that_is_not_positive(lr, eps):
+    from sessrec.embeddings import DynamicTables
+
+    with pytest.raises(ValueError, match=rf"lr and eps must be > 0, got lr={lr}, eps={eps}"):
+        DynamicEmbeddingBag(3, initial_capacity=2, max_capacity=8, lr=lr, eps=eps)
+    if eps > 0:
+        with pytest.raises(ValueError, match=rf"lr and eps must be > 0, got lr={lr}"):
+            DynamicTables(lr=lr).build([TableConfig("a", 4, 3)])
+
+
 def test_dynamic_grows_by_doubling_and_loses_no_update():
     table = DynamicEmbeddingBag(3, initial_capacity=2, max_capacity=64, lr=0.5, seed=0)
     table(torch.tensor([[100], [200]])).sum().backward()  # sum pooling: gradient ones -> each row moves by -0.5

@@ -102,6 +102,8 @@ class DynamicEmbeddingBag(nn.Module):
             raise ValueError(f"pooling must be 'sum' or 'mean', got {pooling!r}")
         if optimizer not in ("sgd", "adagrad_rowwise"):
             raise ValueError(f"optimizer must be 'sgd' or 'adagrad_rowwise' (rows move on growth), got {optimizer!r}")
+        if not lr > 0 or not eps > 0:
+            raise ValueError(f"lr and eps must be > 0, got lr={lr}, eps={eps}")
         self.embedding_dim, self.max_capacity, self.pooling = embedding_dim, max_capacity, pooling
         self.optimizer, self.lr, self.eps, self.init_bound = optimizer, lr, eps, init_bound
         self.compile_update = compile_update

@@ -604,6 +604,15 @@ def test_dynamic_grows_by_doubling_and_loses_no_update():
     torch.testing.assert_close(again.embedding(torch.tensor([100, 200])), first)
 
 
+def test_dynamic_refuses_a_saved_table_of_another_width_before_loading_it():
+    saved = DynamicEmbeddingBag(8, initial_capacity=4, max_capacity=64, seed=0)
+    saved(torch.tensor([[1, 2, 3]]))
+    table = DynamicEmbeddingBag(4, initial_capacity=2, max_capacity=64, seed=0)
+    with pytest.raises(ValueError, match=r"weight: the saved table's rows are 8 wide, this table's 4"):
+        table.load_state_dict(saved.state_dict())
+    assert table.weight.shape == (2, 4) and table.num_keys == 0  # nothing loaded
+
+
 def test_dynamic_adagrad_state_survives_growth():
     table = DynamicEmbeddingBag(2, initial_capacity=1, max_capacity=16, optimizer="adagrad_rowwise", lr=0.1, seed=0)
     table(torch.tensor([[7]])).sum().backward()

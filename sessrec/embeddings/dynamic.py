@@ -232,6 +232,12 @@ class DynamicEmbeddingBag(nn.Module):
         return F.embedding(rows, self.weight) * found.unsqueeze(-1)
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+        saved = state_dict.get(prefix + "weight")
+        if saved is not None and (saved.dim() != 2 or saved.shape[1] != self.embedding_dim):
+            raise ValueError(
+                f"{prefix}weight: the saved table's rows are {saved.shape[-1]} wide, this table's {self.embedding_dim}"
+                f" (saved shape {tuple(saved.shape)}); build it with the width it was saved with"
+            )
         for name in _STATE:  # the saved table may have grown: take its sizes first
             saved = state_dict.get(prefix + name)
             if saved is not None and saved.shape != getattr(self, name).shape:

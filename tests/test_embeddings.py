@@ -16,6 +16,7 @@ from sessrec.embeddings import (
     IdHasher,
     SparseFeatures,
     TableConfig,
+    hash_ids,
     kernels,
 )
 from sessrec.embeddings import fused as fused_module
@@ -560,6 +561,22 @@ def test_hash_matches_the_documented_formula(seed):
     assert spread.min() > 800 and spread.max() < 1200  # roughly uniform over buckets
     with pytest.raises(TypeError, match="integer"):
         IdHasher(10)(torch.tensor([1.5]))
+
+
+def test_hashing_and_capping_refuse_counts_that_are_not_integers():
+    ids = torch.tensor([7, 10**15])
+    with pytest.raises(ValueError, match="num_buckets must be an integer >= 1, got 10.5"):
+        hash_ids(ids, 10.5)
+    with pytest.raises(ValueError, match="IdHasher num_buckets must be an integer >= 1, got 10.5"):
+        IdHasher(10.5)
+    with pytest.raises(ValueError, match="IdHasher num_buckets must be an integer >= 1, got True"):
+        IdHasher(True)
+    with pytest.raises(ValueError, match="seed must be an integer, got 1.5"):
+        IdHasher(10, seed=1.5)
+    with pytest.raises(ValueError, match="FrequencyCap max_rows must be an integer >= 1, got 2.5"):
+        FrequencyCap(max_rows=2.5)
+    with pytest.raises(ValueError, match="FrequencyCap min_count must be an integer >= 1, got 0"):
+        FrequencyCap(min_count=0)
 
 
 def test_frequency_cap_fit_update_and_round_trip():

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
+from sessrec.saved.registry import check_integers
+
 _GOLDEN = 0x9E3779B97F4A7C15
 _M1 = 0xFF51AFD7ED558CCD - 2**64
 _M2 = 0xC4CEB9FE1A85EC53 - 2**64
@@ -33,12 +35,17 @@ def _shift_right(x: torch.Tensor, s: int) -> torch.Tensor:
     return (x >> s) & ((1 << (64 - s)) - 1)
 
 
+def _check_seed(seed: int, what: str) -> None:
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"{what}seed must be an integer, got {seed!r}")
+
+
 def hash_ids(ids: torch.Tensor, num_buckets: int, seed: int = 0) -> torch.Tensor:
     """(N,) any int64 ids -> (N,) rows in [0, num_buckets). See the module docstring for the formula."""
     if not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.dtype == torch.bool:
         raise TypeError(f"ids must be an integer tensor, got {getattr(ids, 'dtype', type(ids))}")
-    if num_buckets < 1:
-        raise ValueError(f"num_buckets must be >= 1, got {num_buckets}")
+    check_integers({"num_buckets": num_buckets})
+    _check_seed(seed, "")
     offset = (seed * _GOLDEN) % 2**64
     x = ids.long() + (offset - 2**64 if offset >= 2**63 else offset)  # as signed int64; the sum wraps mod 2^64
     x = x ^ _shift_right(x, 33)
@@ -62,8 +69,8 @@ class IdHasher:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.num_buckets < 1:
-            raise ValueError(f"IdHasher.num_buckets must be >= 1, got {self.num_buckets}")
+        check_integers({"num_buckets": self.num_buckets}, "IdHasher ")
+        _check_seed(self.seed, "IdHasher ")
 
     @property
     def num_embeddings(self) -> int:
@@ -89,10 +96,7 @@ class FrequencyCap:
     """
 
     def __init__(self, min_count: int = 1, max_rows: int | None = None) -> None:
-        if min_count < 1:
-            raise ValueError(f"FrequencyCap.min_count must be >= 1, got {min_count}")
-        if max_rows is not None and max_rows < 1:
-            raise ValueError(f"FrequencyCap.max_rows must be >= 1 (row 0 is the OOV row), got {max_rows}")
+        check_integers({"min_count": min_count} | ({} if max_rows is None else {"max_rows": max_rows}), "FrequencyCap ")
         self.min_count, self.max_rows = min_count, max_rows
         self.seen = torch.zeros(0, dtype=torch.long)  # sorted distinct ids observed
         self.counts = torch.zeros(0, dtype=torch.long)  # their occurrences

@@ -500,13 +500,19 @@ def test_a_session_with_events_in_two_split_files_is_refused_by_every_engine(tmp
     with pytest.raises(ValueError) as refused:
         source.load()
     assert str(refused.value) == message
-    for engine, settings in (("memory", {}), ("local", {"partitions": 1}), ("local", {"partitions": 3}),
-                             ("dask", {"partitions": 2, "scheduler": dask_scheduler})):
+    refused_by_every_engine(source, message, tmp_path / "p", (
+        ("memory", {}), ("local", {"partitions": 1, "memory_budget": ROOMY}), ("local", {"partitions": 3, "memory_budget": ROOMY}),
+        ("dask", {"partitions": 2, "scheduler": dask_scheduler})))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["test.parquet", "train.csv"]
+
+
+def refused_by_every_engine(source: EventLogSource, message: str, out: Path, engines: tuple) -> None:
+    """`prepare` of `source` into `out` by each (engine, settings) of `engines` refuses it with `message`, writing nothing."""
+    for engine, settings in engines:
         with pytest.raises(ValueError) as refused:
-            prepare(source, str(tmp_path / "p"), engine=engine, **settings, **({"memory_budget": ROOMY} if engine == "local" else {}))
+            prepare(source, str(out), engine=engine, **settings)
         assert str(refused.value) == message
-        assert not (tmp_path / "p").exists()
-        assert sorted(p.name for p in tmp_path.iterdir()) == ["test.parquet", "train.csv"]
+        assert not out.exists()
 
 
 def test_split_files_whose_session_ids_differ_in_type_are_refused_by_every_engine(tmp_path, dask_scheduler):
@@ -524,12 +530,8 @@ def test_split_files_whose_session_ids_differ_in_type_are_refused_by_every_engin
     with pytest.raises(ValueError) as refused:
         source.load()
     assert str(refused.value) == message
-    for engine, settings in (("memory", {}), ("local", {"partitions": 2, "memory_budget": ROOMY}),
-                             ("dask", {"partitions": 2, "scheduler": dask_scheduler})):
-        with pytest.raises(ValueError) as refused:
-            prepare(source, str(tmp_path / "p"), engine=engine, **settings)
-        assert str(refused.value) == message
-        assert not (tmp_path / "p").exists()
+    refused_by_every_engine(source, message, tmp_path / "p", (
+        ("memory", {}), ("local", {"partitions": 2, "memory_budget": ROOMY}), ("dask", {"partitions": 2, "scheduler": dask_scheduler})))
     as_text = EventLogSource(train, schema=replace(SCHEMA, string_ids=True), test_path=test,
                              valid_fraction=0.2, min_length=1)
     assert as_text.load().test.num_rows == source.sessions(test).num_rows

@@ -229,15 +229,17 @@ def test_data_module_on_a_file_and_its_errors(tmp_path):
         ClickoutDataModule(str(tmp_path / "nope.parquet")).setup("fit")
 
 
+ONE_HOTEL_CSV = (  # every list one hotel long: a CSV reader types `impressions` and `prices` as numbers, not text
+    "session_id,timestamp,step,action_type,reference,platform,city,device,current_filters,impressions,prices\n"
+    "a,100,1,interaction item image,7,DE,Berlin,mobile,,,\n"
+    "a,120,2,clickout item,7,DE,Berlin,mobile,,7,60.5\n"
+    "b,200,1,clickout item,8,DE,Berlin,mobile,,9,70\n"
+)
+
+
 def test_csv_of_one_hotel_lists_reads_them_as_ids(tmp_path):
-    # every list one hotel long: the CSV reader types `impressions` and `prices` as numbers, not text
     path = tmp_path / "one.csv"
-    path.write_text(
-        "session_id,timestamp,step,action_type,reference,platform,city,device,current_filters,impressions,prices\n"
-        "a,100,1,interaction item image,7,DE,Berlin,mobile,,,\n"
-        "a,120,2,clickout item,7,DE,Berlin,mobile,,7,60.5\n"
-        "b,200,1,clickout item,8,DE,Berlin,mobile,,9,70\n"
-    )
+    path.write_text(ONE_HOTEL_CSV)
     dm = ClickoutDataModule(str(path), test_hours=50 / 3600, valid_hours=30 / 3600)
     rows = pa.concat_tables(dm.rows.values())
     assert col(rows, "hotel") == ["7", "9"] and col(rows, "price") == [60.5, 70.0]

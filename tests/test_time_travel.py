@@ -369,23 +369,29 @@ def test_a_warm_dlrm_turn_on_the_click_outs_the_served_ranker_trained_on_all_of_
     assert not (tmp_path / "c").exists() and not (tmp_path / "current" / "promotions.jsonl").exists()
 
 
-def test_a_click_ranker_is_not_evaluated_on_click_outs_it_trained_on(tmp_path, sessrec_main):
-    from test_ranking_data import EVENTS, log_table
-
+def saved_click_ranker(log: Path, model: Path) -> None:
+    """A DLRM click ranker of the recipe's network over `log` (its last 50 seconds the test period, the 30 before validation),
+    untrained, saved to `model` with the train_end sessrec fit records."""
     from sessrec.embeddings import FusedTables
     from sessrec.tasks import ClickoutDataModule, DLRMTask
 
-    path = tmp_path / "log.parquet"  # click-outs at 50, 120, 140 and 200 seconds
-    pq.write_table(log_table([("c", 50, 1, "clickout item", "H1", None, "H1|H2", "5|6"), *EVENTS]), path)
-    hours = lambda seconds: str(seconds / 3600)
-    data = ClickoutDataModule(str(path), test_hours=50 / 3600, valid_hours=30 / 3600)  # trains on 50 and 120
+    data = ClickoutDataModule(str(log), test_hours=50 / 3600, valid_hours=30 / 3600)
     task = DLRMTask(cardinalities=data.cardinalities, num_dense=data.num_dense,  # the recipe's network
                     network={"embedding_dim": 16, "dense_layers": [64, 16], "over_layers": [128, 64]},
                     sparse=FusedTables(optimizer="adagrad_rowwise", lr=0.003))
     task.vocab = data.vocab
     ranker = task.ranker()
     ranker.train_end = data.train_end()
-    ranker.save_pretrained(tmp_path / "model")
+    ranker.save_pretrained(model)
+
+
+def test_a_click_ranker_is_not_evaluated_on_click_outs_it_trained_on(tmp_path, sessrec_main):
+    from test_ranking_data import EVENTS, log_table
+
+    path = tmp_path / "log.parquet"  # click-outs at 50, 120, 140 and 200 seconds
+    pq.write_table(log_table([("c", 50, 1, "clickout item", "H1", None, "H1|H2", "5|6"), *EVENTS]), path)
+    hours = lambda seconds: str(seconds / 3600)
+    saved_click_ranker(path, tmp_path / "model")  # trained on 50 and 120
     flags = ["--config", str(Path(__file__).resolve().parents[1] / "recipes" / "dlrm_trivago.yaml"),
              "--data.init_args.path", str(path), "--model_dir", str(tmp_path / "model"), "--trainer.enable_progress_bar", "false"]
     # the recipe's own periods pass; a test period of 100 seconds holds the click-out at 120, which it trained on
@@ -402,19 +408,11 @@ def test_a_saved_click_ranker_is_tested_on_a_log_of_its_test_period_alone(tmp_pa
     model's train_end holds all the same."""
     from test_ranking_data import EVENTS, log_table
 
-    from sessrec.embeddings import FusedTables
-    from sessrec.tasks import ClickoutDataModule, DLRMTask
+    from sessrec.tasks import ClickoutDataModule
 
     full = tmp_path / "log.parquet"  # click-outs at 120, 140 and 200 seconds
     pq.write_table(log_table(), full)
-    data = ClickoutDataModule(str(full), test_hours=50 / 3600, valid_hours=30 / 3600)  # trains on 120
-    task = DLRMTask(cardinalities=data.cardinalities, num_dense=data.num_dense,  # the recipe's network
-                    network={"embedding_dim": 16, "dense_layers": [64, 16], "over_layers": [128, 64]},
-                    sparse=FusedTables(optimizer="adagrad_rowwise", lr=0.003))
-    task.vocab = data.vocab
-    ranker = task.ranker()
-    ranker.train_end = data.train_end()
-    ranker.save_pretrained(tmp_path / "model")
+    saved_click_ranker(full, tmp_path / "model")  # trained on 120
     hours = lambda seconds: str(seconds / 3600)
     flags = ["--config", str(Path(__file__).resolve().parents[1] / "recipes" / "dlrm_trivago.yaml"),
              "--model_dir", str(tmp_path / "model"), "--trainer.enable_progress_bar", "false",

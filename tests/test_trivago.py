@@ -145,14 +145,10 @@ def test_bad_logs_give_clear_errors(tmp_path):
 
 
 def test_clicked_price_of_a_csv_of_one_hotel_lists(tmp_path):
-    # every list one hotel long: the CSV reader types `impressions` and `prices` as numbers, not text
+    from test_ranking_data import ONE_HOTEL_CSV
+
     path = tmp_path / "one.csv"
-    path.write_text(
-        "session_id,timestamp,step,action_type,reference,platform,city,device,current_filters,impressions,prices\n"
-        "a,100,1,interaction item image,7,DE,Berlin,mobile,,,\n"
-        "a,120,2,clickout item,7,DE,Berlin,mobile,,7,60.5\n"
-        "b,200,1,clickout item,8,DE,Berlin,mobile,,9,70\n"
-    )
+    path.write_text(ONE_HOTEL_CSV)
     events = TrivagoSource(str(path), features=["price"]).events()
     assert events.column("price").to_pylist() == [None, 60.5, None]  # b's clicked hotel was not shown
 

@@ -75,6 +75,8 @@ def test_from_dense_one_hot_and_multi_hot_with_absent_entries():
         ({"lengths": torch.tensor([3, -1])}, ValueError, "lengths must be >= 0"),
         ({"weights": torch.tensor([1.0])}, ValueError, "weights has shape"),
         ({"keys": ("a", "a")}, ValueError, "duplicates"),
+        ({"weights": torch.tensor([1.0, float("nan")])}, ValueError, r"feature 'b': weight nan at position 1 \(of values\)"),
+        ({"weights": torch.tensor([float("-inf"), 1.0])}, ValueError, r"feature 'a': weight -inf at position 0 \(of values\)"),
     ],
 )
 def test_sparse_features_bad_input(kwargs, error, match):

@@ -25,7 +25,7 @@ class SparseFeatures:
         weights: optional (T,) floating per-id weights (pooled as weighted sum / mean).
 
     The constructor checks dtypes, shapes and that ``lengths`` adds up to ``len(values)``; ids must
-    be >= 0 (each table checks its own upper bound at lookup).
+    be >= 0 (each table checks its own upper bound at lookup) and weights finite.
 
     Examples:
         >>> f = SparseFeatures.from_dense({"city": torch.tensor([3, 1]), "tags": torch.tensor([[2, 5], [4, -1]])})
@@ -72,6 +72,14 @@ class SparseFeatures:
                 raise TypeError(f"SparseFeatures.weights must be a floating tensor, got {getattr(self.weights, 'dtype', type(self.weights))}")
             if self.weights.shape != self.values.shape:
                 raise ValueError(f"SparseFeatures.weights has shape {tuple(self.weights.shape)}, values {tuple(self.values.shape)}")
+            bad = ~torch.isfinite(self.weights)
+            if bool(bad.any()):
+                first = int(bad.nonzero()[0, 0])
+                key = self.keys[self._feature_of(first)]
+                raise ValueError(
+                    f"feature {key!r}: weight {float(self.weights[first])} at position {first} (of values); "
+                    "per-id weights must be finite"
+                )
 
     def _feature_of(self, position: int) -> int:
         """Index of the feature that owns value ``position`` (for error messages)."""

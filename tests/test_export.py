@@ -20,13 +20,14 @@ from torch import nn
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
+from sessrec.artifacts import ClickRanker
 from sessrec.cli import export as cli_export
 from sessrec.data import ItemVocab
 from sessrec.data.batch import SessionBatch
 from sessrec.data.side import SideInfoSpec
 from sessrec.datasets.clickout_rows import RankingLoader, RankingVocab
 from sessrec.datasets.clickouts import DENSE_FEATURES, SPARSE_FEATURES
-from sessrec.embeddings import DynamicTables, SparseFeatures
+from sessrec.embeddings import DynamicTables, SparseFeatures, TableConfig
 from sessrec.lifecycle.export import (
     ExportedClickScorer,
     NextItemScorer,
@@ -51,6 +52,7 @@ from sessrec.models import (
     SASRecEncoder,
     XLNetEncoder,
 )
+from sessrec.models.dlrm import DLRM
 from sessrec.models.objective import EVENT_TIMES
 from sessrec.pipeline import RequestSessions
 from sessrec.saved.versions import VersionedDirectory
@@ -407,6 +409,60 @@ def test_dlrm_with_growing_tables_exports_its_rows_by_id(tmp_path, fmt):
     past = run_exported(path, dense, *{**ids, "hotel": torch.full((9, 1), 12)}.values())[0]
     np.testing.assert_array_equal(past, run_exported(path, dense, *{**ids, "hotel": torch.full((9, 1), 1)}.values())[0])
     assert max_abs_diff(past, run_exported(path, dense, *{**ids, "hotel": torch.full((9, 1), 11)}.values())[0]) > 1e-6
+
+
+def mean_pooled_growing_ranker() -> ClickRanker:
+    """A click ranker whose growing tables met a few ids in training, `filters`' pooled by mean."""
+    torch.manual_seed(0)
+    tables = [TableConfig(name, 4, 4, pooling="mean" if name == "filters" else "sum") for name in SPARSE_FEATURES]
+    model = DLRM(len(DENSE_FEATURES), tables, dense_layers=[8, 4], over_layers=[8], sparse=DynamicTables(optimizer="sgd"),
+                 seed=0)
+    met = {name: torch.tensor([[1], [6], [9]]) for name in SPARSE_FEATURES}
+    met["filters"] = torch.tensor([[2, 3], [5, -1], [-1, -1]])
+    model.train()(torch.randn(3, len(DENSE_FEATURES)), SparseFeatures.from_dense(met))  # training inserts these ids
+    for table in model.sparse_arch.tables.values():
+        table.weight.mul_(100)  # rows of a trained table's scale (they start within +-0.01)
+    return ClickRanker(model.eval(), ranking_vocab(10))  # 12 ids a feature
+
+
+def test_a_growing_mean_pooled_table_leaves_never_met_ids_out_of_the_mean_as_the_model_does():
+    ranker = mean_pooled_growing_ranker()
+    scorer = ExportedClickScorer(ranker)
+    f = list(SPARSE_FEATURES).index("filters")
+    g = torch.Generator().manual_seed(4)
+    dense = torch.randn(3, len(DENSE_FEATURES), generator=g)
+    ids = {name: torch.tensor([[1], [7], [6]]) for name in SPARSE_FEATURES}
+    ids["filters"] = torch.tensor([[2, 7], [7, -1], [3, 11]])  # 7 and 11 never met: a half, all, a half of a bag
+    with torch.no_grad():
+        expected = ranker.model.sparse_arch(SparseFeatures.from_dense(ids))[:, f]  # (B, D)
+        pooled = scorer.pooled(ids["filters"], "filters", True, 12)
+        torch.testing.assert_close(pooled, expected)
+        torch.testing.assert_close(pooled[0], ranker.model.sparse_arch.tables["filters"].embedding(torch.tensor(2)))
+        torch.testing.assert_close(scorer(dense, *ids.values()), scorer.eager(dense, *ids.values()))
+    # the export's own example and check batch put a met and a never-met id in one mean-pooled bag
+    met = ranker.model.sparse_arch.tables["filters"].lookup
+    for batch in (scorer.example(3, 2, seed=0), scorer.example(7, 4, seed=1)):
+        bags = batch[1 + f]
+        found = met(bags.clamp(min=0))[1] & (bags >= 0)
+        assert bool((found.any(dim=1) & (~found & (bags >= 0)).any(dim=1)).any())
+
+
+def test_the_export_check_refuses_a_scorer_that_counts_never_met_ids_in_a_mean(tmp_path, monkeypatch):
+    ranker = mean_pooled_growing_ranker()
+    assert export_dlrm(ranker, tmp_path / "right", "torchscript").exists()
+    pooled = ExportedClickScorer.pooled
+
+    def counting_never_met(self, ids, table, mean, size):  # never-met ids read as zero rows that count for the mean
+        met, self.met = self.met, {}
+        try:
+            return pooled(self, ids, table, mean, size)
+        finally:
+            self.met = met
+
+    monkeypatch.setattr(ExportedClickScorer, "pooled", counting_never_met)
+    with pytest.raises(RuntimeError, match=r"the exported DLRM \(torchscript\) differs from eager PyTorch"):
+        export_dlrm(ranker, tmp_path / "wrong", "torchscript")
+    assert not (tmp_path / "wrong" / "model.pt").exists()
 
 
 def contract_inputs(spec: dict, folder: Path, rows: pa.Table) -> list[np.ndarray]:

@@ -262,7 +262,10 @@ class ExportedClickScorer(nn.Module):
         # every table as rows by id (the fused weight's views, or a growing table's rows laid out by id),
         # detached: tables that are parameters (FusedTables with optimizer none, HybridTables) are constants of the exported file
         self.weights = {name: arch.table_weight(name).detach() for name in dict.fromkeys(self.tables)}
-        if not isinstance(arch, DynamicSparseArch):  # a growing table lays out the ids it met, the others read zeros
+        # a growing table's ids it met, by id: one it never met is absent, adding nothing to a bag nor counting for a mean
+        self.met = {name: _met(arch.tables[name], self.weights[name].shape[0]) for name in self.weights} \
+            if isinstance(arch, DynamicSparseArch) else {}
+        if not isinstance(arch, DynamicSparseArch):  # a growing table lays out the ids it met, the others are absent
             for feature, table, size in zip(self.feature_names, self.tables, self.sizes):
                 if self.weights[table].shape[0] != size:
                     raise ValueError(
@@ -272,13 +275,15 @@ class ExportedClickScorer(nn.Module):
 
     def pooled(self, ids: torch.Tensor, table: str, mean: bool, size: int) -> torch.Tensor:
         """(B, H) ids, negative = absent, `size` ids in the vocabulary -> (B, D) pooled rows of `table`; an empty
-        bag gives zeros."""
+        bag gives zeros. An id a growing table never met is absent too (as the table reads it in eval)."""
         weight = self.weights[table]  # (N, D)
-        present = (ids >= 0).unsqueeze(-1)  # (B, H, 1)
         known = torch.where(ids < size, ids, torch.full_like(ids, OOV))  # past the vocabulary: an unseen value
-        # absent ids read row 0 (masked out); a growing table's last row is zeros, for every id it never met
-        summed = (weight[known.clamp(min=0, max=weight.shape[0] - 1)] * present).sum(dim=1)  # (B, D)
-        return summed / present.sum(dim=1).clamp(min=1) if mean else summed
+        rows = known.clamp(min=0, max=weight.shape[0] - 1)  # absent ids read row 0 (masked out)
+        present = ids >= 0  # (B, H)
+        if table in self.met:  # never met (the last row: every id past the largest met): absent
+            present = present & self.met[table][rows]
+        summed = (weight[rows] * present.unsqueeze(-1)).sum(dim=1)  # (B, D)
+        return summed / present.sum(dim=1, keepdim=True).clamp(min=1) if mean else summed
 
     def forward(self, dense: torch.Tensor, *ids: torch.Tensor) -> torch.Tensor:
         model = self.model
@@ -294,13 +299,21 @@ class ExportedClickScorer(nn.Module):
         return [TensorSpec("logits", "float32", ["batch"])]
 
     def example(self, batch: int, hot: int, seed: int) -> tuple[torch.Tensor, ...]:
-        """Random dense features (B, Dd) and ids (B, `hot`) per feature within its vocabulary, some of them absent (-1)."""
+        """Random dense features (B, Dd) and ids (B, `hot`) per feature within its vocabulary, some of them absent (-1);
+        for a growing table, the first bag holds an id it met and one it never met (when it has both), so that a check
+        on this batch sees how they pool together."""
         g = torch.Generator().manual_seed(seed)
         device = self.model.over_arch.mlp[0].weight.device
         ids = []
-        for size in self.sizes:
+        for size, table in zip(self.sizes, self.tables):
             x = torch.randint(0, size, (batch, hot), generator=g)
-            ids.append(x.masked_fill(torch.rand(batch, hot, generator=g) < 0.3, -1))
+            x = x.masked_fill(torch.rand(batch, hot, generator=g) < 0.3, -1)
+            if table in self.met and hot >= 2:
+                met = self.met[table][:size].cpu()
+                known, unknown = met.nonzero().squeeze(1), (~met).nonzero().squeeze(1)
+                if known.numel() and unknown.numel():
+                    x[0, :2] = torch.stack([known[0], unknown[0]])
+            ids.append(x)
         return tuple(t.to(device) for t in (torch.randn(batch, self.model.num_dense, generator=g), *ids))
 
     def eager(self, dense: torch.Tensor, *ids: torch.Tensor) -> torch.Tensor:
@@ -434,6 +447,13 @@ def read_model_dir(model_dir: str | os.PathLike) -> tuple[SessionRecommender | C
 
 
 # -- helpers -------------------------------------------------------------------------------------
+def _met(table: nn.Module, rows: int) -> torch.Tensor:
+    """(rows,) whether a growing table (`DynamicEmbeddingBag`) met each id, by id: the layout of `table_weight`."""
+    met = torch.zeros(rows, dtype=torch.bool, device=table.sorted_keys.device)
+    met[table.sorted_keys] = True
+    return met
+
+
 def _axis(prefix: str, name: str) -> str:
     """A symbolic axis name that is a Python identifier (torch.export's ``Dim`` needs one)."""
     return f"{prefix}_{re.sub(r'[^0-9a-zA-Z_]', '_', name)}"

@@ -623,6 +623,29 @@ def test_dynamic_grows_by_doubling_and_loses_no_update():
     torch.testing.assert_close(again.embedding(torch.tensor([100, 200])), first)
 
 
+def test_dynamic_growth_resumed_from_a_saved_table_draws_the_rows_of_an_uninterrupted_one():
+    g = torch.Generator().manual_seed(1)
+    batches = [torch.randint(0, 40, (3, 2), generator=g) for _ in range(4)]  # new keys every batch: 2 rows grow to 32
+
+    def train(table, steps):
+        for keys in steps:
+            table(keys).pow(2).sum().backward()
+        return table
+
+    whole = train(DynamicEmbeddingBag(3, initial_capacity=2, max_capacity=64, lr=0.5, seed=0), batches)
+    saved = train(DynamicEmbeddingBag(3, initial_capacity=2, max_capacity=64, lr=0.5, seed=0), batches[:2]).state_dict()
+    resumed = DynamicEmbeddingBag(3, initial_capacity=2, max_capacity=64, lr=0.5, seed=7)
+    resumed.load_state_dict(saved)
+    train(resumed, batches[2:])
+    assert resumed.capacity == whole.capacity == 32
+    assert torch.equal(resumed.weight, whole.weight) and torch.equal(resumed.sorted_keys, whole.sorted_keys)
+    other = DynamicEmbeddingBag(3, initial_capacity=2, max_capacity=64, seed=7)
+    with pytest.raises(ValueError, match=r"^_extra_state: the saved row-initialisation generator state is torch.uint8 of "
+                                         r"shape \(4,\), this table's uint8 of shape \(\d+,\)"):
+        other.load_state_dict(saved | {"_extra_state": torch.zeros(4, dtype=torch.uint8)})
+    assert other.num_keys == 0 and other.capacity == 2  # nothing loaded
+
+
 def test_dynamic_refuses_a_saved_table_of_another_width_before_loading_it():
     saved = DynamicEmbeddingBag(8, initial_capacity=4, max_capacity=64, seed=0)
     saved(torch.tensor([[1, 2, 3]]))

@@ -7,7 +7,7 @@ training mode, keys not yet in the table get rows:
 
 1. free rows first; when there are not enough, the capacity doubles (weights, row-wise Adagrad
    state, frequencies and the map are copied over, new rows initialised from the table's own
-   seeded generator) up to ``max_capacity``;
+   seeded generator, whose state the state dict holds) up to ``max_capacity``;
 2. at ``max_capacity``, the rows with the smallest use counts are evicted (ties to the lower row
    index; rows used by the current batch are never evicted), re-initialised and reused.
 
@@ -231,6 +231,21 @@ class DynamicEmbeddingBag(nn.Module):
         rows, found = self.lookup(keys)
         return F.embedding(rows, self.weight) * found.unsqueeze(-1)
 
+    def get_extra_state(self) -> torch.Tensor:
+        """The row-initialisation generator's state in the state dict: a loaded table that grows draws the rows
+        the saved one would have drawn, so a resumed training equals an uninterrupted one."""
+        return self.generator.get_state()
+
+    def set_extra_state(self, state: torch.Tensor, name: str = "_extra_state") -> None:
+        own = self.generator.get_state()
+        if not isinstance(state, torch.Tensor) or state.dtype != torch.uint8 or state.shape != own.shape:
+            got = f"{state.dtype} of shape {tuple(state.shape)}" if isinstance(state, torch.Tensor) else type(state).__name__
+            raise ValueError(
+                f"{name}: the saved row-initialisation generator state is {got}, this table's uint8 of shape "
+                f"{tuple(own.shape)} (a generator of another kind or device)"
+            )
+        self.generator.set_state(state.cpu())
+
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
         saved = state_dict.get(prefix + "weight")
         if saved is not None and (saved.dim() != 2 or saved.shape[1] != self.embedding_dim):
@@ -238,6 +253,9 @@ class DynamicEmbeddingBag(nn.Module):
                 f"{prefix}weight: the saved table's rows are {saved.shape[-1]} wide, this table's {self.embedding_dim}"
                 f" (saved shape {tuple(saved.shape)}); build it with the width it was saved with"
             )
+        extra = state_dict.get(prefix + "_extra_state")
+        if extra is not None:
+            self.set_extra_state(extra, prefix + "_extra_state")  # refused before any row is loaded
         for name in _STATE:  # the saved table may have grown: take its sizes first
             saved = state_dict.get(prefix + name)
             if saved is not None and saved.shape != getattr(self, name).shape:

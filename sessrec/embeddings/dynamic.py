@@ -107,7 +107,9 @@ class DynamicEmbeddingBag(nn.Module):
         self.embedding_dim, self.max_capacity, self.pooling = embedding_dim, max_capacity, pooling
         self.optimizer, self.lr, self.eps, self.init_bound = optimizer, lr, eps, init_bound
         self.compile_update = compile_update
-        self.generator = seeded_generator(seed, device)
+        # on the host whatever the table's device: new rows are drawn there and moved, so a table draws the same rows
+        # on every device (and grows on a GPU), and its saved generator state loads on any
+        self.generator = seeded_generator(seed)
         long = {"dtype": torch.long, "device": device}
         self.register_buffer("weight", self._new_rows(initial_capacity, device))  # (C, D)
         self.register_buffer("momentum", torch.zeros(initial_capacity, device=device))  # (C,) row-wise Adagrad
@@ -119,9 +121,8 @@ class DynamicEmbeddingBag(nn.Module):
         self._anchor = torch.zeros(0, device=device, requires_grad=True)  # makes autograd call backward
 
     def _new_rows(self, n: int, device: torch.device | str | None) -> torch.Tensor:
-        return torch.empty(n, self.embedding_dim, device=device).uniform_(
-            -self.init_bound, self.init_bound, generator=self.generator
-        )
+        rows = torch.empty(n, self.embedding_dim).uniform_(-self.init_bound, self.init_bound, generator=self.generator)
+        return rows.to(device)
 
     @property
     def capacity(self) -> int:

@@ -30,6 +30,7 @@ from sessrec.artifacts import SessionRecommender
 from sessrec.baselines import VSKNN
 from sessrec.cli import main
 from sessrec.data import EvalPairs, ItemVocab, SchemaError, SyntheticSource, frame
+from sessrec.data.sources import UserSequenceSource
 from sessrec.data.vocab import NUM_SPECIAL
 from sessrec.models import XLNetEncoder
 from sessrec.pipeline.candidate_features import GROUPS, CandidateFeatures
@@ -230,6 +231,23 @@ def test_refit_retrievers_index_the_validation_sessions_once_the_ranker_is_fitte
     plain = small_recipe(world, tmp_path / "plain").fit()  # the ranker as fitted: the same in both
     assert config_of(plain.scorer) == config_of(fitted.scorer)
     assert np.array_equal(plain.retrievers["vsknn"][0].sessions, train)
+
+
+def leave_one_out(tmp_path: Path) -> SessionDataModule:
+    """Eight users of 4 to 9 ratings each (a ``user item`` file), split leave-one-out."""
+    rng = np.random.default_rng(0)
+    lines = {u: rng.choice(np.arange(1, 40), rng.integers(4, 10), replace=False).tolist() for u in range(8)}
+    path = tmp_path / "ratings.txt"
+    path.write_text("".join(f"{u} {i}\n" for u, items in lines.items() for i in items))
+    return SessionDataModule(source=UserSequenceSource(str(path)), max_length=MAX_LENGTH)
+
+
+def test_refit_sessions_of_leave_one_out_data_hold_each_user_once(tmp_path: Path) -> None:
+    """A user's validation sequence is their training sequence one item longer: the retrievers refitted on both
+    splits index it once (its longer row), never the test item."""
+    dm = leave_one_out(tmp_path)
+    both = index_sessions(dm, ("train", "valid"))
+    assert sorted(map(tuple, both)) == sorted(map(tuple, dm.sessions("valid").numpy()))
 
 
 # ----------------------------------------------------------------------------------- save/load

@@ -341,10 +341,16 @@ def first_difference(a: object, b: object, key: str) -> str | None:
 
 def index_sessions(dm: SessionDataModule, splits: tuple[str, ...] = ("train",)) -> np.ndarray:
     """(N, L) whole sessions of `splits` in time order, oldest first (by their last event where the
-    data has times, else as listed: the splits in the order given, each in its file's order). The
-    kNN and co-visitation retrievers and the popularity statistics are fitted on them."""
-    rows = np.concatenate([dm.sessions(split).numpy() for split in splits])
+    data has times, else as listed: the splits in the order given, each in its file's order). A session
+    that a later split holds again (leave-one-out: a user's validation sequence is their training one
+    an item longer) is kept once, as the later split holds it. The kNN and co-visitation retrievers and
+    the popularity statistics are fitted on them."""
+    ids = [getattr(dm.splits, split).column(frame.SESSION).to_numpy(zero_copy_only=False) for split in splits]
+    later = [np.isin(own, np.concatenate(ids[i + 1 :])) if i + 1 < len(ids) else np.zeros(len(own), bool)
+             for i, own in enumerate(ids)]
+    rows = np.concatenate([dm.sessions(split).numpy()[~held] for split, held in zip(splits, later)])
     times = [frame.end_times(getattr(dm.splits, split)) for split in splits]
+    times = [None if t is None else t[~held] for t, held in zip(times, later)]
     if any(t is None for t in times):
         return rows
     return rows[np.argsort(np.concatenate(times), kind="stable")]

@@ -250,6 +250,18 @@ def test_refit_sessions_of_leave_one_out_data_hold_each_user_once(tmp_path: Path
     assert sorted(map(tuple, both)) == sorted(map(tuple, dm.sessions("valid").numpy()))
 
 
+def test_all_prefixes_ranker_pairs_of_leave_one_out_data_are_refused_before_fitting(tmp_path: Path) -> None:
+    """Leave-one-out targets only each user's held-out item: every prefix gives no pair more than the last item."""
+    recipe = PipelineRecipe(data=leave_one_out(tmp_path), covisitation=CoVisitation(), scorer=GBDTScorer(**GBDT_ARGS),
+                            ranker_pairs="all_prefixes", output=str(tmp_path / "pipeline"))
+    with pytest.raises(ValueError, match=r"ranker_pairs: all_prefixes gives the ranker no more validation pairs than "
+                                         r"each session's last item \(8\) on .*ratings.txt"):
+        recipe.fit()
+    assert not (tmp_path / "pipeline").exists()
+    with pytest.raises(RuntimeError, match="not fitted"):  # refused before the retrievers are fitted
+        recipe.covisitation.state_dict()
+
+
 # ----------------------------------------------------------------------------------- save/load
 @pytest.mark.parametrize("scorer", ["gbdt", "dlrm"])
 def test_saved_pipeline_recommends_identically(world: World, tmp_path: Path, scorer: str) -> None:

@@ -219,8 +219,18 @@ class PipelineRecipe:
         return data
 
     def ranker_data(self) -> EvalPairs:
-        """The validation (prefix, next item) pairs that the ranker trains on, with their sessions and times."""
-        return self.data.scored_pairs("valid", None if self.ranker_pairs == "protocol" else "all_prefixes")
+        """The validation (prefix, next item) pairs that the ranker trains on, with their sessions and times;
+        ``all_prefixes`` that give no more pairs than each session's last item (leave-one-out data: one target
+        a user) are refused in one line (the setting would change nothing)."""
+        if self.ranker_pairs == "protocol":
+            return self.data.scored_pairs("valid")
+        pairs, last = self.data.scored_pairs("valid", "all_prefixes"), len(self.data.pairs("valid", "last"))
+        if len(pairs) <= last:
+            raise ValueError(
+                f"ranker_pairs: all_prefixes gives the ranker no more validation pairs than each session's last item "
+                f"({last}) on {self.data.splits.source} ({type(self.data.source).__name__}): drop ranker_pairs"
+            )
+        return pairs
 
     # -- building -------------------------------------------------------------------------------
     def retrievers(self, names: set[str] | None, train: np.ndarray) -> dict[str, tuple[Retriever, int]]:
@@ -289,9 +299,11 @@ class PipelineRecipe:
         versions.check_writable(self.output)  # before the work, not at its end
         start, stages = time.perf_counter(), Stages("fit", 5 if self.refit_retrievers else 4)
         with stages.stage("reading the data, fitting the retrievers and the feature statistics"):
+            self.stage1_vocabulary()
+            pairs = self.ranker_data()  # a setting they cannot honour is refused before anything is fitted
             pipe = self.build()
         with stages.stage(f"fitting the ranker {type(self.scorer).__name__} on the validation pairs"):
-            info = fit_ranker(pipe, self.ranker_data(), self.scorer, self.batch_size, negatives=self.ranker_negatives,
+            info = fit_ranker(pipe, pairs, self.scorer, self.batch_size, negatives=self.ranker_negatives,
                               log=stages.note)
         with stages.stage("scoring the validation pairs"):
             valid = evaluate_pipeline(pipe, self.data.pairs("valid", width=pipe.history_length), self.ks, self.batch_size)

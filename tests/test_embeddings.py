@@ -656,6 +656,20 @@ def test_dynamic_refuses_a_saved_table_of_another_width_before_loading_it():
     assert table.weight.shape == (2, 4) and table.num_keys == 0  # nothing loaded
 
 
+def test_dynamic_refuses_max_rows_below_a_table_and_a_saved_table_past_its_max_capacity():
+    from sessrec.embeddings import DynamicTables
+
+    with pytest.raises(ValueError, match=r"^table 'b' starts with 9 rows, more than max_rows=8; raise max_rows to at least 9$"):
+        DynamicTables(max_rows=8).build([TableConfig("a", 8, 3), TableConfig("b", 9, 3)])
+    saved = DynamicEmbeddingBag(2, initial_capacity=2, max_capacity=16, seed=0)
+    saved(torch.tensor([[1, 2, 3, 4, 5]]))  # grows to 8 rows
+    table = DynamicEmbeddingBag(2, initial_capacity=2, max_capacity=4, seed=0)
+    with pytest.raises(ValueError, match=r"^weight: the saved table has 8 rows, more than this table's max_capacity=4; "
+                                         r"build it with max_capacity >= 8$"):
+        table.load_state_dict(saved.state_dict())
+    assert table.capacity == 2 and table.num_keys == 0  # nothing loaded
+
+
 def test_dynamic_adagrad_state_survives_growth():
     table = DynamicEmbeddingBag(2, initial_capacity=1, max_capacity=16, optimizer="adagrad_rowwise", lr=0.1, seed=0)
     table(torch.tensor([[7]])).sum().backward()

@@ -254,6 +254,11 @@ class DynamicEmbeddingBag(nn.Module):
                 f"{prefix}weight: the saved table's rows are {saved.shape[-1]} wide, this table's {self.embedding_dim}"
                 f" (saved shape {tuple(saved.shape)}); build it with the width it was saved with"
             )
+        if saved is not None and saved.shape[0] > self.max_capacity:
+            raise ValueError(
+                f"{prefix}weight: the saved table has {saved.shape[0]} rows, more than this table's "
+                f"max_capacity={self.max_capacity}; build it with max_capacity >= {saved.shape[0]}"
+            )
         extra = state_dict.get(prefix + "_extra_state")
         if extra is not None:
             self.set_extra_state(extra, prefix + "_extra_state")  # refused before any row is loaded

@@ -163,7 +163,7 @@ class DynamicSparseArch(_Stacked):
         tables: the tables (all of width D); ``num_embeddings`` is each table's initial capacity.
         optimizer: the fused optimizer applied in backward (``sgd`` or ``adagrad_rowwise``).
         lr: its learning rate.
-        max_rows: the most rows a table grows to.
+        max_rows: the most rows a table grows to (at least every table's ``num_embeddings``).
         seed: seeds the tables' row initialisation (table i with ``seed + i``).
     """
 
@@ -180,9 +180,13 @@ class DynamicSparseArch(_Stacked):
         super().__init__(tables)
         if optimizer not in ("sgd", "adagrad_rowwise"):
             raise ValueError(f"growing tables are updated by the fused optimizer: use sgd or adagrad_rowwise, got {optimizer!r}")
+        for t in tables:
+            if t.num_embeddings > max_rows:
+                raise ValueError(f"table {t.name!r} starts with {t.num_embeddings} rows, more than max_rows={max_rows}; "
+                                 f"raise max_rows to at least {t.num_embeddings}")
         self.tables = nn.ModuleDict({
             t.name: DynamicEmbeddingBag(
-                self.embedding_dim, initial_capacity=t.num_embeddings, max_capacity=max(max_rows, t.num_embeddings),
+                self.embedding_dim, initial_capacity=t.num_embeddings, max_capacity=max_rows,
                 pooling=t.pooling, optimizer=optimizer, lr=lr, seed=None if seed is None else seed + i,
             )
             for i, t in enumerate(tables)

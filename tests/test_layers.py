@@ -132,6 +132,7 @@ def test_the_serving_path_imports_no_training_stack(tmp_path):
     from sessrec.baselines import Popularity
     from sessrec.data import ItemVocab
     from sessrec.datasets.clickout_rows import CLICKS, SPARSE_FEATURES, RankingVocab
+    from sessrec.datasets.clickouts import DENSE_FEATURES
     from sessrec.embeddings import TableConfig
     from sessrec.models import DLRM, CausalLanguageModeling, GRU4RecEncoder, SessionModel
     from sessrec.pipeline import BaselineRetriever, Pipeline, SessionModelRetriever
@@ -153,7 +154,7 @@ def test_the_serving_path_imports_no_training_stack(tmp_path):
         "task": task.recommender().save_pretrained(tmp_path / "task"),
         "pipeline": Pipeline(vocab, retrievers, max_length=5).save_pretrained(tmp_path / "pipeline"),
     }
-    dlrm = DLRM(2, [TableConfig("city", 4, 4)], dense_layers=[4], over_layers=[4])
+    dlrm = DLRM(len(DENSE_FEATURES), [TableConfig(n, 6, 4) for n in SPARSE_FEATURES], dense_layers=[4], over_layers=[4])
     dlrm = ClickRanker(dlrm, ranking).save_pretrained(tmp_path / "dlrm")
     request = [["101", "102", "103"], ["110"]]
     expected = {name: load_recommender(d).recommend(request, k=3) for name, d in directories.items()}

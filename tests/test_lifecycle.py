@@ -225,12 +225,13 @@ def test_model_directory_round_trip(name, tmp_path):
 
 def test_dlrm_model_directory_round_trip(tmp_path):
     from sessrec.datasets.clickout_rows import CLICKS, SPARSE_FEATURES, RankingVocab
+    from sessrec.datasets.clickouts import DENSE_FEATURES
 
     torch.manual_seed(0)
     vocabs = {name: ItemVocab(pa.array([f"{name}{i}" for i in range(5)]), np.ones(5, dtype=np.int64))
               for name in (*SPARSE_FEATURES, CLICKS)}
     vocab = RankingVocab(vocabs)
-    task = DLRMTask(cardinalities=vocab.cardinalities, num_dense=3,
+    task = DLRMTask(cardinalities=vocab.cardinalities, num_dense=len(DENSE_FEATURES),
                     network={"embedding_dim": 4, "dense_layers": [8, 4], "over_layers": [8]}).eval()
     task.vocab = vocab
     loaded = DLRMTask.from_ranker(ClickRanker.from_pretrained(task.ranker().save_pretrained(tmp_path / "dlrm")))

@@ -18,9 +18,11 @@ import pytest
 import torch
 
 from sessrec.artifacts import ClickRanker, Inference, SessionRecommender, load_artifact
+from sessrec.artifacts.model_directory import NETWORK, with_prefix, write_model_directory
 from sessrec.data import ItemVocab, SideFeatures, SideInfoSpec
 from sessrec.datasets.clickout_rows import CLICKS, SPARSE_FEATURES, RankingVocab
-from sessrec.embeddings import FusedTables, HybridTables, SparseFeatures, TableConfig
+from sessrec.datasets.clickouts import DENSE_FEATURES
+from sessrec.embeddings import DynamicTables, FusedTables, HybridTables, SparseFeatures, TableConfig
 from sessrec.features import SideFeatureTransform
 from sessrec.models import (
     DLRM,
@@ -187,9 +189,12 @@ def test_a_session_recommender_with_side_information_round_trips_with_its_transf
 
 
 def dlrm(**kwargs) -> DLRM:
+    """A DLRM of a click-out row's features, 7 ids each as `ranking_vocab` gives them, hotel and position in one table."""
     torch.manual_seed(0)
-    tables = [TableConfig("shared", 6, 4, feature_names=("item", "last_item")), TableConfig("tags", 5, 4, pooling="mean")]
-    return DLRM(3, tables, dense_layers=[8, 4], over_layers=[8], seed=3, **kwargs)
+    tables = [TableConfig("shared", 7, 4, feature_names=("hotel", "position")),
+              *(TableConfig(name, 7, 4) for name in ("platform", "city", "device", "last_action")),
+              TableConfig("filters", 7, 4, pooling="mean")]
+    return DLRM(len(DENSE_FEATURES), tables, dense_layers=[8, 4], over_layers=[8], seed=3, **kwargs)
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"interaction": "dcn", "dcn_layers": 1, "dcn_rank": 2},
@@ -197,9 +202,10 @@ def dlrm(**kwargs) -> DLRM:
                          ids=["dot", "dcn", "adagrad", "hybrid"])
 def test_a_click_ranker_round_trips_with_identical_scores(tmp_path, kwargs):
     model = trained(dlrm(**kwargs)).eval()
-    ids = {"item": torch.tensor([[1], [2], [5]]), "last_item": torch.tensor([[0], [3], [4]]),
-           "tags": torch.tensor([[1, 2], [4, -1], [-1, -1]])}
-    dense = torch.randn(3, 3)
+    ids = {"hotel": torch.tensor([[1], [2], [5]]), "position": torch.tensor([[0], [3], [4]]),
+           **{name: torch.tensor([[1], [6], [0]]) for name in ("platform", "city", "device", "last_action")},
+           "filters": torch.tensor([[1, 2], [4, -1], [-1, -1]])}
+    dense = torch.randn(3, len(DENSE_FEATURES))
     vocab = ranking_vocab()
     path = ClickRanker(model, vocab).save_pretrained(tmp_path / "dlrm")
     loaded = ClickRanker.from_pretrained(path)
@@ -208,6 +214,31 @@ def test_a_click_ranker_round_trips_with_identical_scores(tmp_path, kwargs):
         assert torch.equal(loaded.model(dense, SparseFeatures.from_dense(ids)), model(dense, SparseFeatures.from_dense(ids)))
     assert type(load_artifact(path)) is ClickRanker
     assert set(read_config(path)) == {"format", "version", "model", "vocab", "parts", "hash"}
+
+
+def test_a_click_ranker_of_parts_that_do_not_belong_together_is_refused_built_saved_and_loaded(tmp_path):
+    other = DLRM(3, [TableConfig("city", 7, 4), TableConfig("tags", 7, 4)], dense_layers=[8, 4], over_layers=[8])
+    with pytest.raises(ValueError, match=r"^this click ranker's DLRM reads the sparse features \['city', 'tags'\] and 3 dense "
+                                         r"features; its vocabulary and a click-out row give \['hotel', .*'filters'\] and 12 "
+                                         r"\(log_price, .*has_session_score\): they do not belong together$"):
+        ClickRanker(other, ranking_vocab())
+    larger = RankingVocab({name: ItemVocab(pa.array([f"{name}{i}" for i in range(9)]), np.ones(9, dtype=np.int64))
+                           for name in (*SPARSE_FEATURES, CLICKS)})
+    mismatch = r"feature 'hotel': its table has 7 rows and the ranker's vocabulary 11 ids: they do not belong together$"
+    with pytest.raises(ValueError, match="^" + mismatch):
+        ClickRanker(dlrm(), larger)
+    ranker = ClickRanker(dlrm(), ranking_vocab())
+    ranker.vocab = larger
+    with pytest.raises(ValueError, match="^" + mismatch):
+        ranker.save_pretrained(tmp_path / "saved")
+    assert not (tmp_path / "saved").exists()
+    model = dlrm()
+    folder = write_model_directory(tmp_path / "written", {"model": config_of(model)}, with_prefix(model.state_dict(), NETWORK),
+                                   larger)
+    with pytest.raises(ValueError, match=f"^{re.escape(str(folder))}: {mismatch}"):
+        ClickRanker.from_pretrained(folder)
+    ClickRanker(DLRM(len(DENSE_FEATURES), [TableConfig(n, 3, 4) for n in SPARSE_FEATURES], dense_layers=[8, 4], over_layers=[8],
+                     sparse=DynamicTables()), larger)  # growing tables take any id, whatever their initial rows
 
 
 # --------------------------------------------------------------------------- the tasks' artifacts
@@ -255,7 +286,7 @@ def test_a_recommender_of_another_window_is_refused_by_the_task_with_one_line(vo
 def test_a_dlrm_task_writes_its_ranker_and_is_built_back_from_it(tmp_path):
     torch.manual_seed(0)
     vocab = ranking_vocab()
-    task = trained(DLRMTask(cardinalities=vocab.cardinalities, num_dense=3,
+    task = trained(DLRMTask(cardinalities=vocab.cardinalities, num_dense=len(DENSE_FEATURES),
                             network={"embedding_dim": 4, "dense_layers": [8, 4], "over_layers": [8]})).eval()
     task.vocab = vocab
     ranker = ClickRanker.from_pretrained(task.ranker().save_pretrained(tmp_path / "task"))

@@ -25,8 +25,29 @@ from sessrec.artifacts.model_directory import (
     write_model_directory,
 )
 from sessrec.datasets.clickout_rows import RankingVocab
+from sessrec.datasets.clickouts import DENSE_FEATURES, SPARSE_FEATURES
 from sessrec.models.dlrm import DLRM
 from sessrec.saved.registry import ConfigError, config_of, instantiate
+
+
+def check_parts(model: DLRM, vocab: RankingVocab) -> None:
+    """Refuse a DLRM that reads other features than a click-out row's (`SPARSE_FEATURES`, `DENSE_FEATURES`),
+    or a fixed table of another number of rows than its feature's vocabulary has ids: parts that do not
+    belong together. A growing table (`DynamicSparseArch`) takes any id, whatever its rows."""
+    arch = model.sparse_arch
+    features = list(arch.feature_names)
+    if sorted(features) != sorted(SPARSE_FEATURES) or model.num_dense != len(DENSE_FEATURES):
+        raise ValueError(
+            f"this click ranker's DLRM reads the sparse features {features} and {model.num_dense} "
+            f"dense features; its vocabulary and a click-out row give {list(SPARSE_FEATURES)} and "
+            f"{len(DENSE_FEATURES)} ({', '.join(DENSE_FEATURES)}): they do not belong together"
+        )
+    if arch.bounded:
+        for feature in features:
+            rows, ids = arch.table_rows[arch.table_of[feature]], vocab.cardinalities[feature]
+            if rows != ids:
+                raise ValueError(f"feature {feature!r}: its table has {rows} rows and the ranker's vocabulary {ids} ids: "
+                                 "they do not belong together")
 
 
 class ClickRanker:
@@ -36,6 +57,9 @@ class ClickRanker:
         model: the trained `DLRM`.
         vocab: one vocabulary per sparse feature, as many ids as each table has rows.
         train_end: time (epoch seconds, UTC) of the last click-out it was trained on; None when unknown.
+
+    Raises:
+        ValueError: the model and the vocabulary do not belong together (`check_parts`).
     """
 
     def __init__(self, model: DLRM, vocab: RankingVocab, train_end: float | None = None) -> None:
@@ -43,10 +67,13 @@ class ClickRanker:
             raise TypeError(f"a ClickRanker holds a DLRM, got {type(model).__name__}")
         if not isinstance(vocab, RankingVocab):
             raise TypeError(f"a ClickRanker's vocabulary is a RankingVocab, got {type(vocab).__name__}")
+        check_parts(model, vocab)
         self.model, self.vocab, self.train_end = model, vocab, train_end
 
     def save_pretrained(self, directory: str | os.PathLike) -> Path:
-        """Write the model directory (a new version of an existing one); returns the folder written."""
+        """Write the model directory (a new version of an existing one); returns the folder written. Refused,
+        before anything is written, when the model and the vocabulary do not belong together (`check_parts`)."""
+        check_parts(self.model, self.vocab)
         sections = {"model": config_of(self.model)}
         if self.train_end is not None:
             sections["train_end"] = float(self.train_end)
@@ -63,4 +90,9 @@ class ClickRanker:
             raise ConfigError(source, "model", "this directory holds a session model: load it with SessionRecommender.from_pretrained")
         model = instantiate(config.get("model"), expected=DLRM, source=source, key="model")
         load_into(model, under(load_weights(folder), NETWORK), str(folder / WEIGHTS))
-        return cls(model.eval(), load_vocab(folder, config, RankingVocab.load), read_train_end(config, source))
+        vocab = load_vocab(folder, config, RankingVocab.load)
+        try:
+            check_parts(model, vocab)
+        except ValueError as error:
+            raise ValueError(f"{folder}: {error}") from None
+        return cls(model.eval(), vocab, read_train_end(config, source))

@@ -57,9 +57,10 @@ import torch
 from torch import nn
 
 from sessrec.artifacts import ClickRanker, SessionRecommender, load_artifact
+from sessrec.artifacts.click_ranker import check_parts
 from sessrec.artifacts.model_directory import VOCAB
 from sessrec.data.vocab import NUM_SPECIAL, OOV, PAD
-from sessrec.datasets.clickouts import DENSE_FEATURES, SPARSE_FEATURES
+from sessrec.datasets.clickouts import DENSE_FEATURES
 from sessrec.embeddings import SparseFeatures
 from sessrec.embeddings.sparse_arch import DynamicSparseArch
 from sessrec.models.objective import EVENT_TIMES
@@ -239,8 +240,7 @@ class ExportedClickScorer(nn.Module):
         ranker: the trained model (its network shared, not copied) and its vocabulary.
 
     Raises:
-        ValueError: the DLRM reads other features than a click-out row's, or a fixed table has another
-            number of rows than its feature's vocabulary has ids (parts that do not belong together).
+        ValueError: the DLRM and the vocabulary do not belong together (`check_parts`).
     """
 
     def __init__(self, ranker: ClickRanker) -> None:
@@ -249,13 +249,8 @@ class ExportedClickScorer(nn.Module):
             raise TypeError(f"ExportedClickScorer exports a ClickRanker, got {type(ranker).__name__}")
         self.model = ranker.model
         arch = self.model.sparse_arch
+        check_parts(self.model, ranker.vocab)
         self.feature_names = list(arch.feature_names)
-        if sorted(self.feature_names) != sorted(SPARSE_FEATURES) or self.model.num_dense != len(DENSE_FEATURES):
-            raise ValueError(
-                f"this click ranker's DLRM reads the sparse features {self.feature_names} and {self.model.num_dense} "
-                f"dense features; its vocabulary and a click-out row give {list(SPARSE_FEATURES)} and "
-                f"{len(DENSE_FEATURES)} ({', '.join(DENSE_FEATURES)}): they do not belong together"
-            )
         self.sizes = [ranker.vocab.cardinalities[f] for f in self.feature_names]  # ids of each feature
         self.tables = [arch.table_of[f] for f in self.feature_names]
         self.mean = [arch.pooling[t] == "mean" for t in self.tables]
@@ -265,13 +260,6 @@ class ExportedClickScorer(nn.Module):
         # a growing table's ids it met, by id: one it never met is absent, adding nothing to a bag nor counting for a mean
         self.met = {name: _met(arch.tables[name], self.weights[name].shape[0]) for name in self.weights} \
             if isinstance(arch, DynamicSparseArch) else {}
-        if not isinstance(arch, DynamicSparseArch):  # a growing table lays out the ids it met, the others are absent
-            for feature, table, size in zip(self.feature_names, self.tables, self.sizes):
-                if self.weights[table].shape[0] != size:
-                    raise ValueError(
-                        f"feature {feature!r}: its table has {self.weights[table].shape[0]} rows and the ranker's "
-                        f"vocabulary {size} ids: they do not belong together"
-                    )
 
     def pooled(self, ids: torch.Tensor, table: str, mean: bool, size: int) -> torch.Tensor:
         """(B, H) ids, negative = absent, `size` ids in the vocabulary -> (B, D) pooled rows of `table`; an empty

@@ -18,6 +18,7 @@ from test_cli_config_errors import DATA, MODEL, QUIET_TRAINER
 from sessrec.cli import cli
 from sessrec.cli.trainer_settings import refuse_no_training
 from sessrec.data.vocab import ItemVocab
+from sessrec.saved.checkpoint import checkpoint_summary
 from sessrec.tasks.session_data import vocab_difference
 
 torch.set_num_threads(1)
@@ -206,6 +207,26 @@ def test_a_mid_epoch_resume_with_other_batches_is_refused_before_anything_is_wri
                    "(--traceback for details)")
     after = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted((tmp_path / "out").rglob("*")) if p.is_file()}
     assert after == before
+
+
+def test_a_run_stopped_by_max_steps_mid_epoch_resumes_in_that_epoch_and_ends_as_the_uninterrupted_run(tmp_path):
+    """Stopped one step into its first epoch of 8 batches, the run's last.ckpt counted that epoch finished: resumed
+    with --trainer.max_epochs 2 it finished epoch 0 and stopped, 8 steps where the uninterrupted run takes 12 (and
+    resumed with max_epochs 1 it was refused as finished). It now continues epoch 0 from the loader's position."""
+    args = ["--trainer.limit_train_batches", "1.0", "--trainer.max_epochs", "2", "--model.schedule.decay", "constant"]
+    (tmp_path / "whole").mkdir()
+    (tmp_path / "cut").mkdir()
+    cli(["fit", "--config", str(recipe(tmp_path / "whole")), *args, "--trainer.max_steps", "12"])
+    cli(["fit", "--config", str(recipe(tmp_path / "cut")), *args, "--trainer.max_steps", "1"])
+    last = tmp_path / "cut" / "out" / "run" / "version_0" / "checkpoints" / "last.ckpt"
+    assert checkpoint_summary(last)["epochs_done"] == 0
+    cli(["fit", "--config", str(recipe(tmp_path / "cut")), *args, "--trainer.max_steps", "12", "--ckpt_path", str(last)])
+    whole = torch.load(tmp_path / "whole" / "out" / "run" / "version_0" / "checkpoints" / "last.ckpt", weights_only=False)
+    resumed = torch.load(last, weights_only=False)
+    assert resumed["global_step"] == whole["global_step"] == 12 and resumed["epoch"] == whole["epoch"] == 1
+    assert resumed["state_dict"].keys() == whole["state_dict"].keys()
+    for name, value in whole["state_dict"].items():
+        assert torch.equal(resumed["state_dict"][name], value), name
 
 
 @pytest.mark.parametrize("version", [[], ["--trainer.logger.init_args.version", "0"]], ids=["found", "given"])

@@ -811,6 +811,33 @@ def test_candidate_decided_features_gathered_from_item_tables_equal_the_ops_own(
 
 
 # ------------------------------------------------------------------------- rules in the pipeline
+def test_the_seen_filter_follows_the_session_models_exclusion_unless_set(world: World, tmp_path: Path) -> None:
+    """A recipe without seen_filter filters what its session models' evaluation excludes (exclude_seen: the last
+    max_length events, as the leave-one-out fragments evaluate), nothing when they exclude nothing; a value given wins."""
+    from sessrec.tasks import Evaluation
+
+    torch.manual_seed(0)
+    excluding = NextItemTask(num_items=world.dm.num_items, max_length=MAX_LENGTH, encoder=XLNetEncoder(**XLNET),
+                             evaluation=Evaluation(exclude_seen=True))
+    excluding.vocab = world.dm.vocab
+    excluding_dir = excluding.recommender().save_pretrained(tmp_path / "excluding")
+
+    def seen(*dirs: Path, **pipeline) -> SeenItemsFilter | None:
+        recipe = small_recipe(world, tmp_path, models={f"m{i}": ModelRetrieval(str(d), k=30) for i, d in enumerate(dirs)},
+                              **pipeline)
+        recipe.retrievers(None, index_sessions(world.dm))
+        return recipe.seen_items_filter()
+
+    assert seen(world.model_dir) is None
+    assert seen(excluding_dir).window == MAX_LENGTH
+    assert seen(excluding_dir, seen_filter="none") is None
+    assert seen(excluding_dir, seen_filter="session").window is None
+    assert seen(world.model_dir, seen_filter="window", seen_window=3).window == 3
+    with pytest.raises(ValueError, match=r"^seen_filter: the session models exclude different items of a session \(m0 none, "
+                                         rf"m1 its last {MAX_LENGTH}\): set seen_filter"):
+        seen(world.model_dir, excluding_dir)
+
+
 def test_seen_filter_and_diversity_cap_through_the_pipeline(world: World, tmp_path: Path) -> None:
     raw = world.dm.vocab.raw_ids.to_pylist()
     categories = tmp_path / "categories.parquet"

@@ -110,7 +110,10 @@ class PipelineRecipe:
             would be ignored).
         max_candidates: merged candidates kept per session.
         seen_filter: drop items of the session (``none``: keep them, repeats are common targets;
-            ``window``: the last `seen_window` events; ``session``: all of it).
+            ``window``: the last `seen_window` events; ``session``: all of it, up to the pipeline's ``history_length``
+            events). None: as the session models evaluate, ``none`` unless they exclude the session's items
+            (``exclude_seen``, the leave-one-out fragments), then ``window`` over the events that exclusion reads (their
+            ``max_length``); session models that disagree are refused, asking for a value.
         seen_window: events of the ``window`` filter, >= 1 (None: 1); given with another `seen_filter`, it is
             refused (it would be ignored).
         item_tables: allow/deny tables (`ItemTableFilter`).
@@ -138,7 +141,7 @@ class PipelineRecipe:
         covisitation: CoVisitation | None = None,
         covisitation_k: int | None = None,
         max_candidates: int = 200,
-        seen_filter: Literal["none", "window", "session"] = "none",
+        seen_filter: Literal["none", "window", "session"] | None = None,
         seen_window: int | None = None,
         item_tables: list[ItemTableFilter] | None = None,
         features: CandidateFeatures = CandidateFeatures(),  # noqa: B008 - a config value, copied per recipe
@@ -168,6 +171,7 @@ class PipelineRecipe:
             raise ValueError(f"seen_window: {seen_window} is not a number of events (an integer >= 1)")
         self.max_candidates, self.seen_filter, self.seen_window = max_candidates, seen_filter, seen_window or 1
         self.item_tables = list(item_tables or [])
+        self.exclusions: dict[str, int | None] = {}  # session model -> events its exclude_seen reads (None: none)
         for name, spec in self.models.items():
             if not str(spec.model_dir).strip():
                 raise ValueError(f"models.{name}.model_dir is empty: give the model directory that sessrec fit writes "
@@ -249,6 +253,7 @@ class PipelineRecipe:
                 )
             index = {"exact": ExactIndex, "hnsw": lambda: FaissIndex("hnsw"), "ivf": lambda: FaissIndex("ivf")}[spec.index]()
             out[name] = (SessionModelRetriever(recommender.model, recommender.objective, index, spec.runtime), spec.k)
+            self.exclusions[name] = recommender.inference.max_length if recommender.inference.exclude_seen else None
         for name, spec in self.baselines.items():
             if names is not None and name not in names:
                 continue
@@ -281,15 +286,29 @@ class PipelineRecipe:
     def build(self, names: set[str] | None = None) -> Pipeline:
         self.stage1_vocabulary()
         dm = self.data
-        filters = list(self.item_tables)
-        if self.seen_filter != "none":
-            filters.insert(0, SeenItemsFilter(window=self.seen_window if self.seen_filter == "window" else None))
         train = index_sessions(dm)  # encoded once, for the statistics and the retrievers
         self.features.fit_statistics(train, dm.num_items)
+        retrievers = self.retrievers(names, train)
+        seen = self.seen_items_filter()
         return Pipeline(
-            dm.vocab, self.retrievers(names, train), max_length=dm.max_length, max_candidates=self.max_candidates,
-            filters=filters, features=self.features, ordering=self.ordering, device=self.device,
+            dm.vocab, retrievers, max_length=dm.max_length, max_candidates=self.max_candidates,
+            filters=[*([seen] if seen is not None else []), *self.item_tables], features=self.features,
+            ordering=self.ordering, device=self.device,
         )
+
+    def seen_items_filter(self) -> SeenItemsFilter | None:
+        """The filter of the session's items that `seen_filter` asks for; with None, the one the session models'
+        evaluation applies (read by `retrievers`: the events each one's ``exclude_seen`` reads, or None)."""
+        if self.seen_filter == "none" or (self.seen_filter is None and not any(self.exclusions.values())):
+            return None
+        if self.seen_filter is None:
+            windows = set(self.exclusions.values())
+            if len(windows) > 1:
+                shown = ", ".join(f"{name} {'its last ' + str(w) if w else 'none'}" for name, w in self.exclusions.items())
+                raise ValueError(f"seen_filter: the session models exclude different items of a session ({shown}): set "
+                                 "seen_filter (none, window with seen_window, or session) for the pipeline's lists")
+            return SeenItemsFilter(window=windows.pop())
+        return SeenItemsFilter(window=self.seen_window if self.seen_filter == "window" else None)
 
     # -- the subcommands ------------------------------------------------------------------------
     def fit(self) -> Pipeline:

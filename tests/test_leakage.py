@@ -12,7 +12,7 @@ import pytest
 import pytorch_lightning as pl
 import torch
 
-from sessrec.data import SessionSplits
+from sessrec.data import SessionSplits, SideInfoSpec
 from sessrec.data.sources import SessionSource, UserSequenceSource
 from sessrec.models import (
     CausalLanguageModeling,
@@ -21,8 +21,10 @@ from sessrec.models import (
     PermutationLanguageModeling,
     ReplacedTokenDetection,
     SASRecEncoder,
+    SessionModel,
     XLNetEncoder,
 )
+from sessrec.models.side_info import SideInfoEmbedding
 from sessrec.tasks import NextItemTask, SessionDataModule
 
 torch.set_num_threads(1)
@@ -141,3 +143,31 @@ def test_leave_one_out_targets_only_each_users_held_out_item_under_every_protoco
         held_out = pa.array([lines[u][-from_end] for u in users], dm.vocab.raw_ids.type)
         assert np.array_equal(pairs.targets.numpy(), dm.vocab.encode(held_out).ids), split
         assert dm.stats[f"{split}_pairs"] == len(lines)
+
+
+def test_permutation_targets_never_see_the_look_ahead_of_the_event_before_them():
+    """PLM keeps its targets in the inputs (the content stream): the look-ahead feature of the event before a
+    target (its dwell, the time to the target) would tell the target's query stream when its item happened."""
+    torch.manual_seed(0)
+    spec = SideInfoSpec(continuous=["dwell"], looks_ahead=["dwell"])
+    model = SessionModel(40, XLNetEncoder(d_model=16, n_head=2, n_layer=1, dropout=0.0), max_length=8, dropout=0.0,
+                         side_info=SideInfoEmbedding(16, 40, spec))
+    objective = PermutationLanguageModeling(target_prob=0.3, last_item_prob=0.0)
+    objective.bind(model)
+    items, dwell = torch.arange(3, 11)[None], torch.rand(1, 8) * 10
+    m = objective.mask(items, torch.Generator().manual_seed(1), model.recommendable)
+    targets = m.read[0].nonzero().flatten().tolist()
+    assert targets and 0 not in targets
+
+    def query(dw):
+        return objective.training_output(model, items, torch.Generator().manual_seed(1), {"dwell": dw}).hidden
+
+    base = query(dwell)
+    for k, at in enumerate(targets):
+        changed = dwell.clone()
+        changed[0, at - 1] += 100.0
+        torch.testing.assert_close(query(changed)[k], base[k])
+    before = [at - 1 for at in targets]
+    elsewhere = dwell + 100.0
+    elsewhere[0, before] = dwell[0, before]
+    assert not torch.allclose(query(elsewhere), base)  # the dwell of the other events is read

@@ -86,14 +86,19 @@ class Network(Protocol):
     max_length: int  # items read; the position table has one more row, for the [MASK] slot
     recommendable: torch.Tensor  # (V,) bool
 
-    def embed(self, inputs: torch.Tensor, masked: torch.Tensor, features: Features | None = None) -> torch.Tensor:
-        """(B, L) ids, (B, L) bool [MASK] slots and side features -> (B, L, D) encoder input."""
+    def embed(
+        self, inputs: torch.Tensor, masked: torch.Tensor, features: Features | None = None,
+        predicted: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """(B, L) ids, (B, L) bool [MASK] slots and side features -> (B, L, D) encoder input; `predicted`: (B, L)
+        bool targets left in the inputs (PLM's), before which look-ahead features are hidden."""
         ...
 
     def encode(
-        self, inputs: torch.Tensor, masked: torch.Tensor, features: Features | None = None, **encoder_kwargs: torch.Tensor
+        self, inputs: torch.Tensor, masked: torch.Tensor, features: Features | None = None,
+        predicted: torch.Tensor | None = None, **encoder_kwargs: torch.Tensor
     ) -> torch.Tensor:
-        """(B, L) ids, (B, L) bool [MASK] slots and side features -> (B, L, D) the encoder's output."""
+        """(B, L) ids, (B, L) bool [MASK] slots and side features -> (B, L, D) the encoder's output (`embed`'s `predicted`)."""
         ...
 
     def score(self, hidden: torch.Tensor, candidates: torch.Tensor | None = None) -> torch.Tensor:

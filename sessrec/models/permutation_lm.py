@@ -103,8 +103,9 @@ class PermutationLanguageModeling(Objective):
         features: Features | None = None,
     ) -> ObjectiveOutput:
         m = self.mask(items, generator, model.recommendable)
+        # the targets stay inputs of the content stream: the look-ahead features before them are hidden
         query = model.encode(
-            m.inputs, m.masked, features, perm_mask=m.perm_mask, target_mapping=m.target_mapping
+            m.inputs, m.masked, features, predicted=m.read, perm_mask=m.perm_mask, target_mapping=m.target_mapping
         )  # (B, P, D)
         return ObjectiveOutput(hidden=query[m.valid], targets=m.targets)
 

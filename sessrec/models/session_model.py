@@ -256,19 +256,23 @@ class SessionModel(nn.Module, Configurable):
         return self.recommendable[items]
 
     def embed(
-        self, inputs: torch.Tensor, masked: torch.Tensor, features: dict[str, torch.Tensor] | None = None
+        self, inputs: torch.Tensor, masked: torch.Tensor, features: dict[str, torch.Tensor] | None = None,
+        predicted: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """(B, L) ids (0 at padding and masked slots), (B, L) bool [MASK] slots and side features
-        (B, L) each -> (B, L, D) encoder input. Masked slots and padding get no side information."""
+        (B, L) each -> (B, L, D) encoder input. Masked slots and padding get no side information.
+        `predicted`: (B, L) bool positions predicted without a [MASK] (PLM's targets, inputs of the
+        content stream); the look-ahead features of the event before each are hidden, as before a [MASK]."""
         x = self.item_embedding(inputs)  # (B, L, D)
         x = torch.where(masked.unsqueeze(-1), self.mask_embedding.to(x.dtype), x)
         if self.side_info is not None:
             visible = (inputs != 0) & ~masked
             # a look-ahead feature (time to the next event) only where the next event is a visible
-            # input; never in a causal model, where every position predicts the event after it
+            # input and not predicted; never in a causal model, where every position predicts the event after it
             ahead = torch.zeros_like(visible)
             if not self.causal:
-                ahead[:, :-1] = visible[:, :-1] & visible[:, 1:]
+                seen = visible if predicted is None else visible & ~predicted
+                ahead[:, :-1] = visible[:, :-1] & seen[:, 1:]
             x = self.side_info(x, inputs, features, visible, ahead)
         if self.position_embedding is not None:
             x = x + self.position_embedding(self.positions((inputs != 0) | masked))
@@ -279,17 +283,18 @@ class SessionModel(nn.Module, Configurable):
         inputs: torch.Tensor,
         masked: torch.Tensor,
         features: dict[str, torch.Tensor] | None = None,
+        predicted: torch.Tensor | None = None,
         **encoder_kwargs: torch.Tensor,
     ) -> torch.Tensor:
         """(B, L) ids, (B, L) bool [MASK] slots and side features -> the encoder's output, (B, L, D).
 
-        Extra keyword arguments go to the encoder (XLNet's ``perm_mask`` and ``target_mapping``). An
+        `predicted` is `embed`'s. Extra keyword arguments go to the encoder (XLNet's ``perm_mask`` and ``target_mapping``). An
         encoder that declares ``uses_times`` (`HSTUEncoder`) also gets ``times``: the (B, L) event
         times in seconds that `features` carries under `EVENT_TIMES`, or None.
         """
         if self.uses_times:
             encoder_kwargs["times"] = None if features is None else features.get(EVENT_TIMES)
-        return self.encoder(self.embed(inputs, masked, features), (inputs != 0) | masked, **encoder_kwargs)
+        return self.encoder(self.embed(inputs, masked, features, predicted), (inputs != 0) | masked, **encoder_kwargs)
 
     def score(self, hidden: torch.Tensor, candidates: torch.Tensor | None = None) -> torch.Tensor:
         """(N, D) hidden states -> (N, V) scores, or (N, K) scores of the (K,) `candidates` ids.

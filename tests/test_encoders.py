@@ -305,6 +305,14 @@ def test_bsarec_settings_and_objectives_it_cannot_take_are_refused():
     MaskedItemModeling(last_item_prob=1.0).check(encoder("bsarec"))
 
 
+def test_a_bsarec_window_shorter_than_what_the_model_reads_is_refused_before_training():
+    """A [MASK] slot follows max_length items at evaluation: a window of max_length trained, then failed there."""
+    with pytest.raises(ValueError, match=r"^BSARecEncoder window=9 is shorter than the 10 positions the model reads "
+                                         r"\(max_length 9 and the \[MASK\] slot\): set window to 10 or more$"):
+        SessionModel(30, encoder("bsarec"), max_length=9)
+    SessionModel(30, encoder("bsarec"), max_length=8)(torch.tensor([[0] + list(range(2, 10))]))
+
+
 def test_bsarec_session_span_filters_each_session_over_its_own_positions():
     from sessrec.models.bsarec import low_pass_matrix
 

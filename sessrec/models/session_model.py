@@ -149,7 +149,8 @@ class SessionModel(nn.Module, Configurable):
         num_items: size V of the score vector (vocabulary incl. padding, OOV and virtual items).
         encoder: module mapping ((B, L, D) embeddings, (B, L) bool mask) -> (B, L, D); must
             expose ``d_model`` and a class attribute ``causal`` (read for the positions; an
-            encoder without one is taken as bidirectional).
+            encoder without one is taken as bidirectional). One with a ``window`` (the most
+            positions it reads, `BSARecEncoder`'s) must cover `max_length` and the [MASK] slot.
         max_length: items of a session the network reads, at least 1 (longer inputs keep their latest
             items); the position table has one more row, for the [MASK] slot a bidirectional objective appends.
         position_embedding: add a learned position embedding (from the session end, or from its
@@ -195,6 +196,10 @@ class SessionModel(nn.Module, Configurable):
         d = int(encoder.d_model)
         self.num_items, self.max_length, self.score_scale = num_items, max_length, score_scale
         self.causal = bool(getattr(encoder, "causal", False))
+        window, reads = getattr(encoder, "window", None), max_length + (0 if self.causal else 1)
+        if window is not None and window < reads:  # the most positions the encoder reads (BSARecEncoder's)
+            raise ValueError(f"{type(encoder).__name__} window={window} is shorter than the {reads} positions the model "
+                             f"reads (max_length {max_length} and the [MASK] slot): set window to {reads} or more")
         self.item_embedding = nn.Embedding(num_items, d, padding_idx=0)
         self.mask_embedding = nn.Parameter(torch.zeros(d))
         self.position_embedding = nn.Embedding(max_length + 1, d) if position_embedding else None

@@ -326,6 +326,16 @@ def test_stan_matches_reference_on_prefixes_narrower_than_the_training_sessions(
     torch.testing.assert_close(stan(pad(PREFIXES[:2], width=2)), stan(pad(PREFIXES[:2])))
 
 
+def test_a_batch_that_reaches_no_neighbour_scores_zero_with_idf_weighting():
+    """Prefixes of items no training session holds (a request of new items, only OOV) have no neighbour:
+    every item scores 0, with the idf factor as without it."""
+    for knn in (VSKNN(idf_weighting=5.0), VSKNN(idf_weighting=0.0)):
+        scores = knn.fit(pad(TRAIN), num_items=V)(pad([[1], [1, 1]]))
+        assert scores[:, 2:].eq(0).all() and torch.isneginf(scores[:, :2]).all()
+        keys, values = knn.positive_scores(pad([[1]]))
+        assert len(keys) == 0 and values.dtype == np.float32
+
+
 def test_rows_are_scored_independently():
     knn = STAN(k=2, sample_size=3, lambda_2=3.0).fit(pad(TRAIN), num_items=V)
     batch = knn(pad(PREFIXES))

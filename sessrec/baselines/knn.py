@@ -305,7 +305,7 @@ def item_sums(row: np.ndarray, col: np.ndarray, values: np.ndarray, num_items: i
     at = np.empty(len(keys), dtype=np.int64)
     at[order] = np.cumsum(step) - 1  # each entry's pair
     keys = keys[order][step]
-    sums = np.bincount(at, values, minlength=len(keys))
+    sums = np.bincount(at, values, minlength=len(keys)).astype(np.float64, copy=False)  # int64 when empty
     if col_factor is not None:
         sums *= col_factor[keys % num_items]  # after the sum, as the sum of the spread weights times the item's factor
     return keys, sums.astype(np.float32)

@@ -132,6 +132,14 @@ def test_whole_sessions_and_their_time_order(dm: SessionDataModule) -> None:
         dm.sessions("validation")
 
 
+def test_a_baseline_retriever_refuses_times_that_do_not_match_its_sessions() -> None:
+    sessions = np.array([[2, 3], [3, 4], [4, 5]])
+    ordered = BaselineRetriever(Popularity()).fit(sessions, 6, times=np.array([3.0, 1.0, 2.0]))
+    assert ordered.sessions.tolist() == [[3, 4], [4, 5], [2, 3]]
+    with pytest.raises(ValueError, match=r"times must hold one value per training session, got shape \(2,\) for 3"):
+        BaselineRetriever(Popularity()).fit(sessions, 6, times=np.array([2.0, 1.0]))
+
+
 def test_pairs_times_come_from_an_event_log_and_are_none_without(tmp_path: Path) -> None:
     rows = [(s, item, event_time(s, j, day=0)) for s, session in enumerate(VALID) for j, item in enumerate(session)]
     path = tmp_path / "events.csv"

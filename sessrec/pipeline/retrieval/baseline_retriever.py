@@ -41,7 +41,13 @@ class BaselineRetriever(Retriever):
         """Fit on (N, L) right-aligned training sessions; `times` (N,) puts them in time order first."""
         sessions = np.asarray(sessions.numpy() if isinstance(sessions, torch.Tensor) else sessions)
         if times is not None:
-            sessions = sessions[np.argsort(np.asarray(times), kind="stable")]
+            times = np.asarray(times)
+            if times.shape != (len(sessions),):
+                raise ValueError(
+                    f"times must hold one value per training session, got shape {times.shape} "
+                    f"for {len(sessions)} sessions"
+                )
+            sessions = sessions[np.argsort(times, kind="stable")]
         self.sessions = sessions.astype(np.int32)
         self.baseline.fit(self.sessions, num_items)
         return self

@@ -17,8 +17,10 @@
 Items of the prefix itself are scored like any other ("remind"). Items no neighbour contains
 score 0 and tie; `TopKMetrics` ranks ties pessimistically. Differences from session-rec: time
 is the training sessions' rank in time order (see `sessrec.baselines.knn`), idf counts sessions rather
-than events, ``linear`` weights are clipped at 0 instead of being cut after position 10, and
-scores are not divided by their maximum (the ranking is the same).
+than events, ``linear`` is 1 - 0.1 * (events from the end) clipped at 0 both as ``weighting`` and as
+``weighting_score`` (session-rec's ``weighting`` is 0 from the 11th event of the prefix on and goes
+negative 11 or more events from the end; its ``weighting_score`` goes negative from 11 events from the end
+up to 100, 0 after), and scores are not divided by their maximum (the ranking is the same).
 
 Everything runs per batch of prefixes: an item -> sessions index finds the candidates, and the
 neighbours' items are gathered and summed per (prefix, item) reached (see `sessrec.baselines.knn`).

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from sessrec.baselines import Popularity
+from sessrec.baselines import VSKNN, Popularity
 from sessrec.data import EvalPairs, EventLogSource, Schema, SRGNNSource
 from sessrec.data.sources import SessionSource, SessionSplits
 from sessrec.pipeline.candidate_features import CandidateFeatures
@@ -138,6 +138,9 @@ def test_a_baseline_retriever_refuses_times_that_do_not_match_its_sessions() -> 
     assert ordered.sessions.tolist() == [[3, 4], [4, 5], [2, 3]]
     with pytest.raises(ValueError, match=r"times must hold one value per training session, got shape \(2,\) for 3"):
         BaselineRetriever(Popularity()).fit(sessions, 6, times=np.array([2.0, 1.0]))
+    for fit in (BaselineRetriever(Popularity()).fit, VSKNN(k=1, sample_size=1).fit):  # NaN would sort last: the latest
+        with pytest.raises(ValueError, match=r"^times: session 0 has time nan, not a finite number$"):
+            fit(sessions, 6, times=np.array([np.nan, 1.0, 2.0]))
 
 
 def test_pairs_times_come_from_an_event_log_and_are_none_without(tmp_path: Path) -> None:

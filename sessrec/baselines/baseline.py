@@ -17,6 +17,18 @@ from sessrec.data.vocab import NUM_SPECIAL
 from sessrec.saved.registry import Configurable
 
 
+def time_order(times: np.ndarray, count: int) -> np.ndarray:
+    """The (N,) order that puts `count` training sessions in the order of their (N,) `times`, ties kept in place; times
+    of another shape, or one that is no finite number (NaN would sort last: the most recent session), are a ValueError."""
+    times = np.asarray(times)
+    if times.shape != (count,):
+        raise ValueError(f"times must hold one value per training session, got shape {times.shape} for {count} sessions")
+    bad = np.flatnonzero(~np.isfinite(times.astype(np.float64)))
+    if len(bad):
+        raise ValueError(f"times: session {int(bad[0])} has time {times[bad[0]]}, not a finite number")
+    return np.argsort(times, kind="stable")
+
+
 class SessionBaseline(Configurable):
     """Base class: `fit` on right-aligned training sessions, then `score` prefixes.
 
@@ -55,13 +67,7 @@ class SessionBaseline(Configurable):
             raise ValueError(f"num_items must count padding, OOV and at least one item; got {num_items}")
         items = _as_ids(sessions, num_items, "training sessions")
         if times is not None:
-            times = np.asarray(times)
-            if times.shape != (len(items),):
-                raise ValueError(
-                    f"times must hold one value per training session, got shape {times.shape} "
-                    f"for {len(items)} sessions"
-                )
-            items = items[np.argsort(times, kind="stable")]
+            items = items[time_order(times, len(items))]
         self.num_items = int(num_items)
         self._fit(items)
         return self

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from sessrec.baselines import SessionBaseline
+from sessrec.baselines.baseline import time_order
 from sessrec.pipeline.candidates import RequestSessions, Retrieved
 from sessrec.pipeline.retrieval.retriever import Retriever, lookup_sparse, top_k_sparse
 
@@ -41,13 +42,7 @@ class BaselineRetriever(Retriever):
         """Fit on (N, L) right-aligned training sessions; `times` (N,) puts them in time order first."""
         sessions = np.asarray(sessions.numpy() if isinstance(sessions, torch.Tensor) else sessions)
         if times is not None:
-            times = np.asarray(times)
-            if times.shape != (len(sessions),):
-                raise ValueError(
-                    f"times must hold one value per training session, got shape {times.shape} "
-                    f"for {len(sessions)} sessions"
-                )
-            sessions = sessions[np.argsort(times, kind="stable")]
+            sessions = sessions[time_order(times, len(sessions))]
         self.sessions = sessions.astype(np.int32)
         self.baseline.fit(self.sessions, num_items)
         return self

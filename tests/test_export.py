@@ -229,6 +229,30 @@ def test_an_encoder_the_exporter_cannot_follow_gets_a_clear_error(tmp_path):
         export_session_model(task.recommender(), tmp_path, "tflite")
 
 
+@pytest.mark.parametrize("blind_spot", ["longer than max_length", "unknown item", "top_items"])
+def test_the_export_check_refuses_a_file_wrong_only_where_requests_differ_from_the_trace_example(tmp_path, monkeypatch,
+                                                                                                  blind_spot):
+    """The trace example has short sessions of known items: a file wrong only on a session longer than the model
+    reads (cut as served), on one with an unknown id (OOV), or only in its ``top_items`` is refused by the check."""
+    recommender = session_task("sasrec_clm").recommender()  # max_length 10
+    forward = NextItemScorer.forward
+
+    def wrong_in_the_file(self, items, *features):
+        scores, values, top = forward(self, items, *features)
+        if blind_spot == "longer than max_length" and items.shape[1] > self.model.max_length:  # a constant of the trace
+            scores = scores + 1.0
+        if blind_spot == "unknown item" and bool((items == 1).any()):
+            scores = scores + 1.0
+        if blind_spot == "top_items" and torch.jit.is_tracing():
+            top = top.flip(1)
+        return scores, values, top
+
+    monkeypatch.setattr(NextItemScorer, "forward", wrong_in_the_file)
+    with pytest.raises(RuntimeError, match=r"the exported SASRecEncoder \(torchscript\) differs from eager PyTorch"):
+        export_session_model(recommender, tmp_path, "torchscript", top_k=5)
+    assert not list(tmp_path.glob("model.*"))
+
+
 def test_export_leaves_the_task_in_its_mode(tmp_path):
     task = session_task("sasrec_clm").train()
     export_session_model(task.recommender(), tmp_path, "torchscript")

@@ -20,7 +20,7 @@ from torch import nn
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
-from sessrec.artifacts import ClickRanker
+from sessrec.artifacts import ClickRanker, Inference, SessionRecommender
 from sessrec.cli import export as cli_export
 from sessrec.data import ItemVocab
 from sessrec.data.batch import SessionBatch
@@ -161,6 +161,21 @@ def test_a_session_longer_than_the_model_reads_excludes_only_the_items_it_reads(
     np.testing.assert_array_equal(top_items, expected.topk(20).indices.numpy())
     early = [(row, int(item)) for row in range(7) for item in items[row, :3] if item > 0 and item not in window[row]]
     assert early and all(np.isfinite(scores[row, item]) for row, item in early)
+
+
+@pytest.mark.parametrize("fmt", ["onnx", "torchscript"])
+def test_a_model_served_on_fewer_items_than_its_network_reads_exports_reading_as_many(tmp_path, fmt):
+    """Inference settings of 4 items on a network of 10: the file reads (and excludes) the latest 4, as served."""
+    trained = session_task("sasrec_clm").recommender()
+    recommender = SessionRecommender(trained.model, trained.objective, trained.vocab, Inference(4, exclude_seen=True))
+    path = export_session_model(recommender, tmp_path, fmt, top_k=5)
+    items = sessions(6, 9, seed=3)
+    scores, _, top_items = run_exported(path, items)
+    served = SessionModelService(recommender).recommend_batch(RequestSessions(items), 5)
+    with torch.no_grad():
+        assert max_abs_diff(scores, recommender.scores(items).numpy()) <= 1e-5
+    np.testing.assert_array_equal(top_items, served.items.numpy())
+    assert json.loads(path.with_suffix(".json").read_text())["notes"]["max_length"] == 4
 
 
 @pytest.mark.parametrize("fmt", ["onnx", "torchscript"])

@@ -63,7 +63,7 @@ from sessrec.data.vocab import NUM_SPECIAL, OOV, PAD
 from sessrec.datasets.clickouts import DENSE_FEATURES
 from sessrec.embeddings import SparseFeatures
 from sessrec.embeddings.sparse_arch import DynamicSparseArch
-from sessrec.models.objective import EVENT_TIMES
+from sessrec.models.objective import EVENT_TIMES, latest
 from sessrec.models.onnx_graph import (
     ONNX_LIMITS,
     example_items,
@@ -126,7 +126,8 @@ class ExportSpec:
 class NextItemScorer(nn.Module):
     """A trained `SessionModel` as one function: items (B, L) [, side features, event times (B, L) each] -> scores.
 
-    Sessions are right-aligned model ids (0 = padding), read the way the model was trained to read
+    Sessions are right-aligned model ids (0 = padding), cut to their latest ``inference.max_length``
+    items and read the way the model was trained to read them, as `SessionRecommender.scores` reads
     them: ``model(items, objective, features)``, then `exclude_seen` when its inference settings
     ask for it. Outputs: ``scores`` (B, V), -inf for padding, OOV, virtual (and excluded) items;
     with `top_k`, also ``top_scores`` (B, K) and ``top_items`` (B, K) model ids, best first (`top_recommendable`,
@@ -156,6 +157,7 @@ class NextItemScorer(nn.Module):
         # a plain attribute, not a submodule: RTD's generator is training-only and stays out of the file
         object.__setattr__(self, "objective", recommender.objective)
         self.exclude_seen = recommender.inference.exclude_seen if exclude_seen is None else exclude_seen
+        self.max_length = recommender.inference.max_length  # items read, as served (at most the network's)
         self.recommendable = int(self.model.recommendable.sum())
         self.top_k = None if top_k is None else min(top_k, self.recommendable)
         side = self.model.side_info
@@ -172,6 +174,7 @@ class NextItemScorer(nn.Module):
         if len(features) != len(self.feature_names):
             raise ValueError(f"expected the inputs items, {', '.join(self.feature_names)}; got {1 + len(features)} tensors")
         side = dict(zip(self.feature_names, features)) if self.feature_names else None
+        items, side = latest(items, side, self.max_length)
         scores = next_item_scores(self.model, self.objective, items, side, self.exclude_seen)  # (B, V)
         if self.top_k is None:
             return scores
@@ -214,7 +217,7 @@ class NextItemScorer(nn.Module):
             "objective": type(self.objective).__name__,
             "exclude_seen": self.exclude_seen,
             "num_items": self.model.num_items,
-            "max_length": self.model.max_length,  # items; the [MASK] slot is added inside
+            "max_length": self.max_length,  # items read; the [MASK] slot is added inside
             "items": "right-aligned model ids, 0 = padding; longer sessions keep their latest items",
             "scores": "-inf for padding, OOV, virtual and excluded items",
             **({"top_items": "best first; 0 (padding, scored -inf) past the last item a session can be recommended"}
@@ -365,10 +368,10 @@ def export_session_model(
     reason = next((why for (cls, fmt), why in KNOWN_LIMITS.items() if isinstance(encoder, cls) and fmt == format), None)
     if reason is not None:
         raise ValueError(f"{type(encoder).__name__} cannot be exported to {format}: {reason}")
-    length = max(2, min(model.max_length, 6))  # >= 2: torch.export fixes axes of size 1
+    length = max(2, min(scorer.max_length, 6))  # >= 2: torch.export fixes axes of size 1
     example = scorer.example(3, length, seed=0)
     # checked on what the example lacks: another batch size, a session longer than the model reads (cut as served), an unknown item
-    probe = scorer.example(5, model.max_length + 3, seed=1, unusual=True)
+    probe = scorer.example(5, scorer.max_length + 3, seed=1, unusual=True)
     return _export(scorer, scorer.forward, example, probe, out_dir, format, opset, verify, type(encoder).__name__,
                    recommender.vocab, version)
 

@@ -77,6 +77,8 @@ def test_members_that_do_not_belong_together_are_refused():
             SessionEnsemble([gru(), gru()], weights=[1, bad])
     with pytest.raises(ValueError, match="at least one member"):
         SessionEnsemble([])
+    with pytest.raises(ValueError, match="member 0: a window of 5 items, where its network reads 1 to 4"):
+        SessionEnsemble([gru()], windows=[5])
     with pytest.raises(TypeError, match="must be a SessionModel, got Linear"):
         SessionEnsemble([gru(), torch.nn.Linear(2, 2)])
     a = SessionRecommender(gru(), CausalLanguageModeling(), ItemVocab.fit(pa.array(list(range(10))), min_count=1), Inference(4))
@@ -84,6 +86,20 @@ def test_members_that_do_not_belong_together_are_refused():
                            Inference(4))  # 10 items each, other raw ids
     with pytest.raises(ValueError, match="runs/b/model: was trained on another vocabulary than runs/a/model"):
         check_same_vocabulary([a, b], ["runs/a/model", "runs/b/model"])
+
+
+def test_a_member_served_on_fewer_items_than_its_network_reads_reads_as_many_in_the_ensemble(tmp_path):
+    """A member whose inference settings read 2 items of a network of 4 scores as it is served alone."""
+    vocab = ItemVocab.fit(pa.array(list(range(10))), min_count=1)
+    short = SessionRecommender(gru(seed=0), CausalLanguageModeling(), vocab, Inference(2))
+    full = SessionRecommender(gru(seed=1), CausalLanguageModeling(), vocab, Inference(4))
+    paths = [str(short.save_pretrained(tmp_path / "short")), str(full.save_pretrained(tmp_path / "full"))]
+    task = EnsembleTask(members=paths, num_items=12, max_length=4)
+    with torch.no_grad():
+        got = task.ensemble(SESSIONS)
+        want = 0.5 * torch.log_softmax(short.scores(SESSIONS), -1) + 0.5 * torch.log_softmax(full.scores(SESSIONS), -1)
+        assert torch.allclose(got, want, atol=1e-6)
+        assert not torch.allclose(short.scores(SESSIONS), short.model(SESSIONS), atol=1e-4)  # the cut counts
 
 
 # -- EnsembleTask through the CLI --------------------------------------------------------------------

@@ -10,8 +10,8 @@ virtual) stay at -inf.
 Members are trained `SessionModel`s, each read with the objective it was trained with (how it
 reads a session; a `sessrec.artifacts.SessionRecommender` holds both). They must score the same
 catalogue: same size, same recommendable items (whoever loads them checks that their
-vocabularies are one). Each member reads the latest items its own ``max_length`` allows, and
-event times when its encoder uses them.
+vocabularies are one). Each member reads the latest items of its window (its inference settings'
+``max_length``, by default its network's), and event times when its encoder uses them.
 
 Examples:
     >>> import torch
@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from sessrec.data.batch import SessionBatch
-from sessrec.models.objective import EVENT_TIMES, Objective
+from sessrec.models.objective import EVENT_TIMES, Objective, latest
 from sessrec.models.session_model import SessionModel
 
 
@@ -57,6 +57,8 @@ class SessionEnsemble(nn.Module):
         names: how errors name each member (its file, say); default ``member 0``, ``member 1`` ...
         objectives: the objective each member was trained with (how it reads a session); None, or
             None for a member: the default way for its encoder (`SessionModel.default_objective`).
+        windows: the latest items each member reads (its inference settings' ``max_length``), at most its
+            network's ``max_length``; None, or None for a member: its network's ``max_length``.
     """
 
     def __init__(
@@ -65,6 +67,7 @@ class SessionEnsemble(nn.Module):
         weights: Sequence[float] | None = None,
         names: Sequence[str] | None = None,
         objectives: Sequence[Objective | None] | None = None,
+        windows: Sequence[int | None] | None = None,
     ) -> None:
         super().__init__()
         members = list(members)
@@ -90,10 +93,18 @@ class SessionEnsemble(nn.Module):
                 objective.check(member.encoder)
             except ValueError as err:
                 raise ValueError(f"{name}: {err}") from None
+        windows = [None] * len(members) if windows is None else list(windows)
+        if len(windows) != len(members):
+            raise ValueError(f"{len(windows)} windows for {len(members)} members")
+        windows = [m.max_length if w is None else int(w) for m, w in zip(members, windows)]
+        for name, member, window in zip(names, members, windows):
+            if not 1 <= window <= member.max_length:
+                raise ValueError(f"{name}: a window of {window} items, where its network reads 1 to {member.max_length}")
         _check_same_catalogue(members, names)
         weights = check_weights([1.0] * len(members) if weights is None else weights, len(members))
         self.members = nn.ModuleList(members)
         self.names = names
+        self.windows = windows
         self.objectives = objectives  # a plain list: an objective's own layers (RTD's) are no part of the ensemble
         total = sum(weights)
         self.register_buffer("weights", torch.tensor([w / total for w in weights]), persistent=False)
@@ -125,14 +136,15 @@ class SessionEnsemble(nn.Module):
         items and `features`, event times (`EVENT_TIMES`) go only to the members that use them.
         """
         total = None
-        for weight, member, objective in zip(self.weights, self.members, self.objectives):
+        for weight, member, objective, window in zip(self.weights, self.members, self.objectives, self.windows):
             if isinstance(items, SessionBatch):
-                scores = member(items.items, objective, member.batch_features(items))
+                own_items, own = items.items, member.batch_features(items)
             else:
-                own = features
+                own_items, own = items, features
                 if features is not None and not member.uses_times and EVENT_TIMES in features:
                     own = {k: v for k, v in features.items() if k != EVENT_TIMES} or None
-                scores = member(items, objective, own)
+            own_items, own = latest(own_items, own, window)
+            scores = member(own_items, objective, own)
             part = weight * torch.log_softmax(scores.float(), dim=-1)
             total = part if total is None else total + part
         return total

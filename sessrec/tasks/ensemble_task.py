@@ -77,7 +77,7 @@ class EnsembleTask(ScoringOnlyTask):
             loaded = [load_member(path) for path in members]
             check_same_vocabulary(loaded, [str(p) for p in members])
             ensemble = SessionEnsemble([r.model for r in loaded], self.hparams.weights, names=[str(p) for p in members],
-                                       objectives=[r.objective for r in loaded])
+                                       objectives=[r.objective for r in loaded], windows=[r.inference.max_length for r in loaded])
             self._vocabs = [r.vocab for r in loaded]
             for path, member in zip(members, loaded):
                 network = member.model

@@ -250,6 +250,18 @@ def test_settings_the_streaming_path_cannot_honour_are_refused_in_one_line(tmp_p
         StreamingLoader(**loader_args(dm))
 
 
+def test_a_part_replaced_between_epochs_is_refused_in_one_line(tmp_path):
+    splits = synthetic()
+    _, streamed = pair(tmp_path, splits, batch_size=32, buffer=64)
+    loader = StreamingLoader(**loader_args(streamed), prefetch=False)
+    assert len(list(loader)) == len(loader)
+    part = tmp_path / "prepared" / "train" / "part-00001.parquet"  # another preparation written there
+    pq.write_table(splits.train.slice(0, 40), part, row_group_size=16)
+    with pytest.raises(ValueError, match=r"part-00001.parquet: replaced or changed since this loader read it \(another "
+                                         r"sessrec prepare into the dataset\?\); a run reads one preparation"):
+        list(loader)
+
+
 def task(dm: SessionDataModule) -> NextItemTask:
     torch.manual_seed(0)
     return NextItemTask(num_items=dm.num_items, max_length=L, encoder=m.GRU4RecEncoder(d_model=16, n_layer=1),

@@ -111,6 +111,7 @@ class StreamingLoader:
         self.augment_reversed, self.train_prefixes = augment_reversed, train_prefixes
         self.batch_size, self.shuffle_buffer, self.pin_memory, self.seed = batch_size, shuffle_buffer, pin_memory, seed
         self.rank, self.world_size, self.prefetch = rank, world_size, prefetch
+        self._stats = [_identity(f) for f in self.files]  # before the footers: a file replaced after is refused
         self._metadata = [pq.read_metadata(f) for f in self.files]
         schemas = [m.schema.to_arrow_schema().remove_metadata() for m in self._metadata]
         for path, schema in zip(self.files, schemas):
@@ -134,9 +135,14 @@ class StreamingLoader:
 
     # -- the row groups ------------------------------------------------------------------------
     def _read(self, k: int, columns: list[str] | None = None) -> pa.Table:
-        """Row group `k` (of all the parts' groups, in order) as a session table."""
-        return pq.ParquetFile(self.files[self._file[k]], metadata=self._metadata[self._file[k]]).read_row_group(
-            int(self._group[k]), columns=columns)
+        """Row group `k` (of all the parts' groups, in order) as a session table; refused in one line when its
+        file is no longer the one whose footer the constructor read (a preparation replaced the dataset since)."""
+        path = self.files[self._file[k]]
+        if _identity(path) != self._stats[self._file[k]]:
+            raise ValueError(f"{path}: replaced or changed since this loader read it (another sessrec prepare into the "
+                             "dataset?); a run reads one preparation: start it again on the dataset as it is now")
+        return pq.ParquetFile(path, metadata=self._metadata[self._file[k]]).read_row_group(int(self._group[k]),
+                                                                                          columns=columns)
 
     def _count_rows(self) -> np.ndarray:
         """(G,) training rows of each row group, from its ``item_id`` (and ``virtual``) columns."""
@@ -290,6 +296,12 @@ def _ahead(blocks: Iterator[Block]) -> Iterator[Block]:
         while (block := pending.result()) is not None:
             pending = reader.submit(next, blocks, None)
             yield block
+
+
+def _identity(path: Path) -> tuple[int, int, int, int]:
+    """What tells one file at `path` from another written there later: its device, inode, size and mtime."""
+    stat = path.stat()
+    return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
 
 
 def _length(block: Block) -> int:

@@ -92,9 +92,12 @@ class Pretrained:
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             rng["cuda"] = torch.cuda.get_rng_state_all()
         checkpoint["sessrec"] = {"task": class_path(self), "format_version": VERSION, "rng": rng}
-        fit_loop = self.trainer.fit_loop
+        trainer = self._trainer  # None for a checkpoint built by hand, outside a fit
+        if trainer is None or not trainer.training:
+            return
+        fit_loop = trainer.fit_loop
         epochs = fit_loop.epoch_progress.current
-        if self.trainer.training and epochs.processed == epochs.started and not fit_loop.epoch_loop._num_ready_batches_reached():
+        if epochs.processed == epochs.started and not fit_loop.epoch_loop._num_ready_batches_reached():
             # saved at the end of an epoch cut short (--trainer.max_steps, max_time, a stop): Lightning has counted it
             # processed, and a resume would start the next epoch (or stop at max_epochs), skipping the rest of this one;
             # saved as the mid-epoch checkpoint it is, the resume trains on from the loader's position in this epoch

@@ -37,7 +37,7 @@ def write_log(path: Path, days: list[float], first_id: int = 0, per_day: int = 1
 
 
 def test_the_dates_are_iso_utc():
-    from sessrec.data.sources import iso
+    from sessrec.data.periods import iso
 
     assert iso(T0) == "2014-04-01T00:00:00Z" and iso(T0 + 0.25) == "2014-04-01T00:00:00.250Z"
 
@@ -317,7 +317,7 @@ def served_ranker(folder: Path, window: dict) -> str:
     """A DLRM of growing tables saved in `folder` as a turn ending 2018-11-08T00:00 leaves it: trained on the
     click-outs until 14:00 on the 7th; returns its train_end in ISO."""
     from sessrec.artifacts import ClickRanker
-    from sessrec.data.sources import iso
+    from sessrec.data.periods import iso
     from sessrec.embeddings import DynamicTables
     from sessrec.tasks import ClickoutDataModule, DLRMTask
 

@@ -8,9 +8,7 @@ data module fits the vocabulary on the training split only.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
 
@@ -20,8 +18,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from sessrec.data import frame
+from sessrec.data.periods import NAMES, Span, SplitPeriods, first_shared, iso, split_spans, to_seconds
 from sessrec.data.readers import read_events, read_srgnn, read_user_sequences
-from sessrec.data.schema import PLAUSIBLE_SECONDS, Schema, SchemaError, VirtualSpec
+from sessrec.data.schema import Schema, SchemaError, VirtualSpec
 from sessrec.data.synthetic import generate_sessions
 from sessrec.saved.atomic import atomic_path
 from sessrec.saved.registry import Configurable
@@ -326,98 +325,6 @@ class EventLogSource(SessionSource):
         return SessionSplits(train=train, valid=valid, test=test, source=str(self.path))
 
 
-def check_id_types(path: str, ids: pa.DataType, other_path: str, other: pa.DataType) -> None:
-    """Refuse the session ids of file `path` (of type `ids`: integers or text, as `Schema.validate` gives them) when
-    those of an earlier file `other_path` are of the other kind: session 3 and session '3' may be one session, which
-    `first_shared` cannot tell."""
-    text = pa.types.is_string(ids) or pa.types.is_large_string(ids)
-    if text != (pa.types.is_string(other) or pa.types.is_large_string(other)):
-        kinds = ("text", "integers") if text else ("integers", "text")
-        raise ValueError(
-            f"{path}: its session ids are {kinds[0]}, those of {other_path} {kinds[1]}, so whether a session has events "
-            "in both files cannot be told; give the files session ids of one type, or read them as text (the schema's "
-            "string_ids: true)"
-        )
-
-
-def first_shared(path: str, ids: pa.ChunkedArray, earlier: list[tuple[str, pa.ChunkedArray]]) -> tuple[object, str] | None:
-    """The least of file `path`'s session ids `ids` that an earlier file's ids also hold, and the first of the
-    `earlier` files (path, session ids) that holds it; None when they share none. Ids of another kind than an
-    earlier file's are refused (`check_id_types`)."""
-    found: tuple[object, str] | None = None
-    for other_path, other in earlier:
-        check_id_types(path, ids.type, other_path, other.type)
-        shared = pc.min(ids.filter(pc.is_in(ids, value_set=other.combine_chunks()))).as_py()
-        if shared is not None and (found is None or shared < found[0]):
-            found = (shared, other_path)
-    return found
-
-
-SPLIT_LABELS = {"train": 0, "valid": 1, "test": 2}
-NAMES = {"train": "training", "valid": "validation", "test": "test"}
-Span = tuple[int, float | None, float | None]
-"""A split's sessions of one file: their number, and the first and the last of their end times (None without
-timestamps or sessions)."""
-
-
-def split_spans(splits: tuple[str, ...], labels: np.ndarray, end: np.ndarray | None) -> dict[str, Span]:
-    """The `Span` of each of `splits` among sessions of `labels` (N,) (`SPLIT_LABELS`) and end times `end` (N,)."""
-    spans = {}
-    for split in splits:
-        chosen = labels == SPLIT_LABELS[split]
-        ends = None if end is None else end[chosen]
-        spans[split] = (int(chosen.sum()), None if ends is None or not ends.size else float(ends.min()),
-                        None if ends is None or not ends.size else float(ends.max()))
-    return spans
-
-
-def iso(seconds: float) -> str:
-    """Epoch seconds as an ISO-8601 UTC time: ``2014-04-05T23:59:59Z`` (with its fraction when it has one)."""
-    moment = datetime.fromtimestamp(float(seconds), timezone.utc)
-    return moment.isoformat(timespec="seconds" if moment.microsecond == 0 else "milliseconds").replace("+00:00", "Z")
-
-
-class SplitPeriods:
-    """The splits of a source in time, gathered as its files are split, refused when they travel in time.
-
-    Each split's sessions are added with the file they came from (`add`): a split of no session is
-    refused, naming the setting that emptied it, and so is one that starts before a split it follows
-    ends. The splits follow each other as training, validation, test; a session belongs to the period
-    of its **last** event, so the rule is on end times: every validation session ends at or after the
-    last training session ends, every test session at or after the last training and validation
-    sessions end. A session may start before that (as in a day split of one file); two sessions
-    ending at the same moment may fall on either side.
-    """
-
-    def __init__(self) -> None:
-        self.spans: dict[str, tuple[float, float, str]] = {}  # split -> (first end, last end, where it comes from)
-
-    def add(self, split: str, count: int, first: float | None, last: float | None, where: str,
-            emptied: Callable[[], str]) -> None:
-        """The `count` sessions of `split` from `where` (a file, with the setting that chose them), ending from
-        `first` to `last` (None: without timestamps, nothing to order); `emptied` says why when there is none."""
-        if count == 0:
-            raise ValueError(emptied())
-        if first is None or last is None:
-            return
-        rank = SPLIT_LABELS[split]
-        for other, (o_first, o_last, o_where) in self.spans.items():
-            if SPLIT_LABELS[other] < rank and first < o_last:
-                self.refuse(split, first, where, other, o_last, o_where)
-            if SPLIT_LABELS[other] > rank and o_first < last:
-                self.refuse(other, o_first, o_where, split, last, where)
-        self.spans[split] = (first, last, where)
-
-    @staticmethod
-    def refuse(later: str, first: float, where: str, earlier: str, last: float, earlier_where: str) -> None:
-        raise ValueError(
-            f"{where}: the {NAMES[later]} period starts before the {NAMES[earlier]} period ends: its first session ends "
-            f"{iso(first)}, before the last {NAMES[earlier]} session (of {earlier_where}) ends {iso(last)}; a session "
-            f"belongs to the period of its last event, and the {NAMES[later]} sessions must end at or after the "
-            f"{NAMES[earlier]} ones"
-        )
-
-
 class SyntheticSource(SessionSource):
     """Sessions from `generate_sessions`, split by time (last day test, the day before validation).
 
@@ -618,22 +525,3 @@ class TimeWindowSource(SessionSource):
         if self.schema.virtual is not None and not self.schema.virtual.keep:
             train, valid, test = (frame.drop_virtual(part) for part in (train, valid, test))
         return SessionSplits(train=train, valid=valid, test=test, source=source)
-
-
-def to_seconds(value: str | float, name: str) -> float:
-    """An ISO-8601 date or time (UTC unless it says otherwise) or epoch seconds, as epoch seconds; a number of
-    seconds after 2100 (milliseconds given for seconds) is refused naming `name`."""
-    try:
-        seconds = float(value)
-    except ValueError:
-        pass
-    else:
-        if seconds >= PLAUSIBLE_SECONDS[1]:
-            raise ValueError(f"{name}: {value!r} seconds since the epoch fall after 2100; give seconds (not milliseconds) "
-                             "or an ISO-8601 date or time")
-        return seconds
-    try:
-        moment = datetime.fromisoformat(value)
-    except ValueError as err:
-        raise ValueError(f"{name}: {value!r} is neither an ISO-8601 date/time nor epoch seconds") from err
-    return (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp()

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from sessrec.data.sources import iso
+from sessrec.data.periods import iso
 from sessrec.metrics.ranks import rank_values
 
 DRAWS_PER_CHUNK = 1 << 22  # resampled pair indices held at once (16 MiB of int32)

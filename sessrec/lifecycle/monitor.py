@@ -58,9 +58,9 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from sessrec.data import frame
+from sessrec.data.periods import to_seconds
 from sessrec.data.readers import scan_events
 from sessrec.data.schema import Schema
-from sessrec.data.sources import to_seconds
 from sessrec.data.vocab import ItemVocab
 from sessrec.lifecycle.gate import DRAWS_PER_CHUNK
 from sessrec.saved.atomic import atomic_path

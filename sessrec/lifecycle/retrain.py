@@ -40,8 +40,9 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 from sessrec.artifacts import ClickRanker, SessionRecommender
 from sessrec.artifacts.model_directory import CONFIG, VOCAB, read_model_directory, read_train_end
 from sessrec.data import frame
+from sessrec.data.periods import iso, to_seconds
 from sessrec.data.schema import Schema
-from sessrec.data.sources import SessionSource, SessionSplits, TimeWindowSource, iso, to_seconds
+from sessrec.data.sources import SessionSource, SessionSplits, TimeWindowSource
 from sessrec.embeddings import DynamicTables
 from sessrec.lifecycle.gate import Gate, check_unseen
 from sessrec.lifecycle.paired_ranks import PairRanks, aligned, clickout_ranks, next_item_ranks, protocol_pairs

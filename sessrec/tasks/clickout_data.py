@@ -15,8 +15,8 @@ import pyarrow.compute as pc
 import pytorch_lightning as pl
 
 from sessrec.data.loader import ranks_of
+from sessrec.data.periods import iso, to_seconds
 from sessrec.data.readers import read_table
-from sessrec.data.sources import iso, to_seconds
 from sessrec.datasets.clickout_rows import RankingLoader, RankingTensors, RankingVocab, encode_rows
 from sessrec.datasets.clickouts import DENSE_FEATURES, SPLITS, build_clickout_rows, split_by_time
 from sessrec.saved.checkpoint import as_tensors

@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from sessrec.data.periods import SplitPeriods
 from sessrec.data.prepared.dataset import Layout
 from sessrec.data.prepared.local import estimated_event_bytes, partitions_for
 from sessrec.data.prepared.plan import (
@@ -55,7 +56,7 @@ from sessrec.data.readers import (
     time_sample,
 )
 from sessrec.data.schema import VIRTUAL, Schema, SchemaError
-from sessrec.data.sources import EventLogSource, SplitPeriods
+from sessrec.data.sources import EventLogSource
 
 ROW = "__row"  # the file order of an event: piece << 32 | row within the piece
 PIECE_BYTES = 64 << 20  # bytes of a plain CSV file in one piece

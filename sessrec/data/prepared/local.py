@@ -35,6 +35,7 @@ from typing import TypeVar
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from sessrec.data.periods import SplitPeriods
 from sessrec.data.prepared.dataset import Layout
 from sessrec.data.prepared.plan import (
     PartitionSummary,
@@ -48,7 +49,7 @@ from sessrec.data.prepared.plan import (
     split_in_ranges,
 )
 from sessrec.data.readers import scan_events
-from sessrec.data.sources import EventLogSource, SplitPeriods
+from sessrec.data.sources import EventLogSource
 from sessrec.saved.atomic import remove_abandoned, stage_name
 
 PEAK_PER_EVENT_BYTE = 6  # bytes that sessionizing a partition holds at its peak, per byte of its events in Arrow

@@ -45,9 +45,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sessrec.data import frame
+from sessrec.data.periods import SPLIT_LABELS as LABELS
+from sessrec.data.periods import Span, SplitPeriods, check_id_types
 from sessrec.data.prepared.dataset import Layout, PartWritten, write_part
-from sessrec.data.sources import SPLIT_LABELS as LABELS
-from sessrec.data.sources import EventLogSource, Span, SplitPeriods, check_id_types
+from sessrec.data.sources import EventLogSource
 from sessrec.data.vocab import ItemVocab, count_items, sum_counts
 
 BATCH_SESSIONS = 65_536  # sessions in a record batch of a partition's files (what a merge or a part reads at a time)
@@ -447,7 +448,7 @@ class CountFold:
 
 def shared_session(path: str, summaries: list[PartitionSummary],
                    earlier: list[tuple[str, list[PartitionSummary]]]) -> tuple[object, str] | None:
-    """`sources.first_shared` of file `path`'s sessionized partitions: the least session id of `summaries` that an
+    """`periods.first_shared` of file `path`'s sessionized partitions: the least session id of `summaries` that an
     `earlier` file's partitions (path, summaries) also hold, and the first such file; their keys merged in
     session-id order (`merged`), where a session of two files is two equal rows side by side. Ids of another kind
     than an earlier file's are refused (`check_id_types`)."""

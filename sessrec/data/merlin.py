@@ -51,7 +51,8 @@ from google.protobuf import json_format, struct_pb2, text_format
 from tensorflow_metadata.proto.v0 import schema_pb2
 
 from sessrec.data import frame
-from sessrec.data.schema import SchemaError, VirtualSpec, check_id
+from sessrec.data.columns import SchemaError, check_id
+from sessrec.data.schema import VirtualSpec
 from sessrec.data.side import SideFeatures
 from sessrec.data.sources import SessionSource, SessionSplits, _tail_split
 

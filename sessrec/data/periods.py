@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sessrec.data.schema import PLAUSIBLE_SECONDS
+from sessrec.data.times import PLAUSIBLE_SECONDS
 
 
 def check_id_types(path: str, ids: pa.DataType, other_path: str, other: pa.DataType) -> None:

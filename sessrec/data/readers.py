@@ -26,15 +26,9 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from sessrec.data import frame
-from sessrec.data.schema import (
-    _BEYOND_INT64,
-    PLAUSIBLE_SECONDS,
-    Schema,
-    SchemaError,
-    first_failing_cast,
-    first_not_decimal,
-)
-from sessrec.data.schema import _check_plausible as check_plausible
+from sessrec.data.columns import BEYOND_INT64, SchemaError, first_failing_cast, first_not_decimal
+from sessrec.data.schema import Schema
+from sessrec.data.times import PLAUSIBLE_SECONDS, check_plausible
 
 NULL_VALUES = ["", "NA", "NaN", "null", "None"]  # what a CSV field holds for a missing value
 BLOCK_BYTES = 1 << 20  # a text file's block, read at once; the first decides the column types (`first_block`)
@@ -178,7 +172,7 @@ def integer_ids(table: pa.Table, names: list[str], source: str, first_row: int =
             value, row = col[bad].as_py(), first_row + bad
             if pc.match_substring_regex(text[bad], r"^-?[0-9]+$").as_py():
                 raise SchemaError(f"{source}: column {name!r} holds ids that do not fit int64 (e.g. {value} at row "
-                                  f"{row}); {_BEYOND_INT64}")
+                                  f"{row}); {BEYOND_INT64}")
             raise SchemaError(f"{source}: column {name!r} has the id {value!r} at row {row}, not an integer as the "
                               f"column's first ids are; fix the row, or {_AS_TEXT}")
         ids = text.cast(pa.int64())

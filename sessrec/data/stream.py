@@ -40,6 +40,7 @@ import torch
 
 from sessrec.data import frame
 from sessrec.data.batch import ITEM_DTYPE, SessionBatch
+from sessrec.data.columns import SchemaError, check_id
 from sessrec.data.readers import (
     BLOCK_BYTES,
     NULL_VALUES,
@@ -50,8 +51,9 @@ from sessrec.data.readers import (
     integer_columns,
     integer_ids,
 )
-from sessrec.data.schema import FeatureSpec, Schema, SchemaError, check_id, parse_time
+from sessrec.data.schema import FeatureSpec, Schema
 from sessrec.data.side import FittedSideFeatures
+from sessrec.data.times import parse_time
 from sessrec.data.vocab import ItemVocab
 
 

@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sessrec.data.schema import first_failing_cast, first_not_decimal
+from sessrec.data.columns import first_failing_cast, first_not_decimal
 from sessrec.saved.atomic import ParquetFile
 
 PAD = 0

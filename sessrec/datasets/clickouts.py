@@ -34,7 +34,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sessrec.data.schema import SchemaError, parse_time
+from sessrec.data.columns import SchemaError
+from sessrec.data.times import parse_time
 from sessrec.datasets.trivago import ITEM_ACTIONS
 
 CLICKOUT = "clickout item"

@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from sessrec.data import frame
-from sessrec.data.schema import SchemaError, as_floats
+from sessrec.data.columns import SchemaError, as_floats
 from sessrec.data.side import POSITION, SideFeatures, SideInfoSpec
 from sessrec.features.feature_pipeline import FeaturePipeline, op_signatures
 from sessrec.features.ops import AsGiven, Categorify, LogNormalize

@@ -31,8 +31,8 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from sessrec.data.columns import SchemaError, check_id
 from sessrec.data.readers import read_table
-from sessrec.data.schema import SchemaError, check_id
 from sessrec.data.vocab import NUM_SPECIAL, OOV, ItemVocab
 from sessrec.pipeline.candidates import Candidates, RequestSessions
 from sessrec.pipeline.clock import LATEST

@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from sessrec.data.schema import SchemaError, check_id
+from sessrec.data.columns import SchemaError, check_id
 from sessrec.data.vocab import PAD, ItemVocab
 from sessrec.features.backend import mix64
 from sessrec.pipeline.candidates import Candidates, Recommendations, RequestSessions

@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 
 from sessrec.data import frame
-from sessrec.data.schema import PLAUSIBLE_SECONDS
+from sessrec.data.times import PLAUSIBLE_SECONDS
 from sessrec.data.vocab import PAD, ItemVocab, decode_dicts, decode_lists
 from sessrec.pipeline import clock
 from sessrec.pipeline.candidate_features import CandidateFeatures, RankingInputs

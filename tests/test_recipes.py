@@ -411,9 +411,8 @@ def test_pipeline_recipe_parses_and_shares_its_models_vocabulary(recipe, monkeyp
     Running it needs the stage-1 model directories: tests/test_pipeline.py runs the same code on a tiny
     pipeline; benchmarks/pipeline_eval.py runs these recipes.
     """
-    import re
-
     import dataclasses
+    import re
 
     from sessrec.cli.parsers import load_recipe
     from sessrec.pipeline_training.recipe import BATCH_ONLY, ModelRetrieval

@@ -260,6 +260,10 @@ def test_a_part_replaced_between_epochs_is_refused_in_one_line(tmp_path):
     with pytest.raises(ValueError, match=r"part-00001.parquet: replaced or changed since this loader read it \(another "
                                          r"sessrec prepare into the dataset\?\); a run reads one preparation"):
         list(loader)
+    part.unlink()  # a part deleted between epochs
+    with pytest.raises(ValueError, match=r"part-00001.parquet: a part of the prepared dataset is missing \(deleted, or "
+                                         r"moved by another sessrec prepare\?\); prepare the dataset again$"):
+        list(loader)
 
 
 def task(dm: SessionDataModule) -> NextItemTask:

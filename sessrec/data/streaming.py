@@ -300,7 +300,11 @@ def _ahead(blocks: Iterator[Block]) -> Iterator[Block]:
 
 def _identity(path: Path) -> tuple[int, int, int, int]:
     """What tells one file at `path` from another written there later: its device, inode, size and mtime."""
-    stat = path.stat()
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        raise ValueError(f"{path}: a part of the prepared dataset is missing (deleted, or moved by another sessrec "
+                         "prepare?); prepare the dataset again") from None
     return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
 
 

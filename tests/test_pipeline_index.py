@@ -245,3 +245,31 @@ def test_a_session_models_candidate_scores_are_its_logits_and_follow_its_weights
         model.output_bias.add_(1.0)
     check(retriever)
     check(pickle.loads(pickle.dumps(retriever)))
+
+
+def test_a_retriever_reads_the_latest_items_its_recommender_is_served_on():
+    """A `SessionRecommender` served on fewer items (``inference.max_length``) than its network reads: its
+    retriever (`from_pretrained`, a pipeline recipe's) queries those latest items, so the pipeline's scores are
+    the recommender's; a window outside 1..the network's length is refused."""
+    import pyarrow as pa
+
+    from sessrec.artifacts.session_recommender import Inference, SessionRecommender
+    from sessrec.data.vocab import ItemVocab
+    from sessrec.models import CausalLanguageModeling, SASRecEncoder, SessionModel
+    from sessrec.pipeline import SessionModelRetriever
+    from sessrec.pipeline.candidates import RequestSessions
+
+    torch.manual_seed(0)
+    model = SessionModel(num_items=30, encoder=SASRecEncoder(d_model=8, n_head=2, n_layer=1, dropout=0.0),
+                         max_length=6).eval()
+    vocab = ItemVocab.fit(pa.array(np.arange(100, 128)))
+    items = torch.tensor([[0, 4, 9, 5, 7, 12], [3, 9, 2, 11, 20, 6]])
+    candidates = torch.tensor([[2, 7, 29, 4], [12, 2, 6, 25]])
+    served = SessionRecommender(model, CausalLanguageModeling(), vocab, Inference(max_length=3))
+    want = served.scores(items).gather(1, candidates)
+    retriever = SessionModelRetriever(model, CausalLanguageModeling(), max_length=3)
+    torch.testing.assert_close(retriever.score(RequestSessions(items), candidates), want, rtol=1e-5, atol=1e-5)
+    whole = SessionModelRetriever(model, CausalLanguageModeling()).score(RequestSessions(items), candidates)
+    assert not torch.allclose(whole, want, atol=1e-3)  # the network's six items give other scores
+    with pytest.raises(ValueError, match="^max_length must be between 1 and the network's 6 items, got 7$"):
+        SessionModelRetriever(model, CausalLanguageModeling(), max_length=7)

@@ -252,7 +252,8 @@ class PipelineRecipe:
                     f"({dm.vocab_path}): every model of a pipeline is trained on the same data and vocabulary"
                 )
             index = {"exact": ExactIndex, "hnsw": lambda: FaissIndex("hnsw"), "ivf": lambda: FaissIndex("ivf")}[spec.index]()
-            out[name] = (SessionModelRetriever(recommender.model, recommender.objective, index, spec.runtime), spec.k)
+            out[name] = (SessionModelRetriever(recommender.model, recommender.objective, index, spec.runtime,
+                                                 recommender.inference.max_length), spec.k)
             self.exclusions[name] = recommender.inference.max_length if recommender.inference.exclude_seen else None
         for name, spec in self.baselines.items():
             if names is not None and name not in names:

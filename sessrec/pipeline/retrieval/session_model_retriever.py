@@ -60,6 +60,8 @@ class SessionModelRetriever(Retriever):
         runtime: where the query runs: ``"torch"`` (eager) or ``"onnxruntime"`` (its ONNX graph, on the
             CPU; needs the pipeline extra's onnx, onnxscript and onnxruntime; not for GRU4Rec, which
             does not export to ONNX).
+        max_length: the latest items of a session the query reads (a `SessionRecommender`'s
+            ``inference.max_length``, which may be fewer than the network's); None: the network's.
 
     Its config records the network's, the objective's and the index's configs and the runtime; its
     state is the weights, keyed as a model directory's (``weights``: ``model.*``, ``objective.*``),
@@ -68,7 +70,7 @@ class SessionModelRetriever(Retriever):
     """
 
     def __init__(self, model: SessionModel, objective: Objective | None = None, index: AnyIndex | None = None,
-                 runtime: Runtime = "torch") -> None:
+                 runtime: Runtime = "torch", max_length: int | None = None) -> None:
         if not isinstance(model, SessionModel):
             raise TypeError(f"SessionModelRetriever takes a SessionModel (a SessionRecommender's model), got {type(model).__name__}")
         if runtime not in ("torch", "onnxruntime"):
@@ -77,12 +79,15 @@ class SessionModelRetriever(Retriever):
         if why is not None:
             name = type(model.encoder).__name__.removesuffix("Encoder")
             raise ValueError(f"runtime='onnxruntime': {name}'s query does not export to ONNX ({why}); use runtime='torch'")
+        if max_length is not None and not 1 <= max_length <= model.max_length:
+            raise ValueError(f"max_length must be between 1 and the network's {model.max_length} items, got {max_length}")
         if objective is None:
             objective = model.default_objective()
         objective.check(model.encoder)  # a pair that cannot have been trained together
         self.model, self.objective = model.eval(), objective
         self.index = index if index is not None else ExactIndex()
         self.runtime = runtime
+        self.max_length = model.max_length if max_length is None else max_length
         self._check_device(self.device)
         self._query = Query(model, objective)
         self._graph: OnnxSession | None = None  # the query's ONNX graph
@@ -94,7 +99,7 @@ class SessionModelRetriever(Retriever):
         """The session model of a model directory (``runs/<name>/model``, `SessionRecommender.from_pretrained`)
         as a retriever."""
         recommender = SessionRecommender.from_pretrained(directory)
-        return cls(recommender.model, recommender.objective, index)
+        return cls(recommender.model, recommender.objective, index, max_length=recommender.inference.max_length)
 
     @property
     def needs_times(self) -> bool:
@@ -148,18 +153,21 @@ class SessionModelRetriever(Retriever):
         them refuses sessions without them (ValueError)."""
         key = f"query:{id(self)}"
         if key not in sessions.cache:
+            items = sessions.items[:, -self.max_length:]  # right-aligned: the latest items the model is served on
             times = sessions.times if self.model.uses_times else None  # an encoder that reads them (HSTU) gets them
+            if times is not None:
+                times = times[:, -self.max_length:]
             if times is None and self.needs_times:
                 raise ValueError(f"this retriever's {type(self.model.encoder).__name__} was trained with event times and "
                                  "these sessions carry none: give the sessions their times")
             if self.runtime == "torch":
-                sessions.cache[key] = self._query(sessions.items, *(() if times is None else (times,)))
+                sessions.cache[key] = self._query(items, *(() if times is None else (times,)))
             elif self.model.uses_times and times is None:
                 raise ValueError(f"this retriever's {type(self.model.encoder).__name__} query runs in onnxruntime on the "
                                  "sessions' event times (its graph reads them), and these sessions carry none: give the "
                                  "sessions their times, or build the retriever with runtime='torch'")
             else:
-                inputs = {"items": sessions.items.long().cpu().numpy()}  # the graph's dtypes: int64 ids, float64 seconds
+                inputs = {"items": items.long().cpu().numpy()}  # the graph's dtypes: int64 ids, float64 seconds
                 if times is not None:
                     inputs[EVENT_TIMES] = times.double().cpu().numpy()
                 sessions.cache[key] = torch.from_numpy(self.query_graph().run(inputs)[0])

@@ -14,7 +14,7 @@ import torch
 from sessrec.data import ItemVocab, SyntheticSource, frame
 from sessrec.lifecycle.gate import Gate
 from sessrec.lifecycle.paired_ranks import PairRanks, aligned, clickout_ranks, next_item_ranks
-from sessrec.lifecycle.retrain import LoadedSplits
+from sessrec.lifecycle.retrain import LoadedSplits, pair_ranks
 from sessrec.models import CausalLanguageModeling, GRU4RecEncoder
 from sessrec.saved.registry import config_of
 from sessrec.tasks import DLRMTask, Evaluation, NextItemTask, Optimization, SessionDataModule
@@ -210,6 +210,28 @@ def test_models_with_other_vocabularies_are_compared_on_the_same_pairs(trained, 
     shifted = PairRanks(big.sessions, big.positions + 1, big.ranks, big.metrics)
     with pytest.raises(ValueError, match=r"the test pairs of the current model \(\d+\) are not those of the candidate"):
         aligned({"the candidate": big, "the current model": shifted})
+
+
+def test_a_model_trained_with_event_times_is_ranked_with_them(tmp_path):
+    """A model whose encoder reads event times (HSTU) was ranked without them: its encoder refused at the end of a
+    retraining turn, after the candidate had trained. The data module of `retrain` gives the test batches their
+    times when the task reads them, and the pairs are ranked as ``trainer.test`` ranks them."""
+    from sessrec.models import HSTUEncoder
+
+    splits = SyntheticSource(num_sessions=300, num_items=30, seed=2).load()
+    data = SessionDataModule(LoadedSplits(splits), max_length=8, batch_size=64, seed=0)
+    pl.seed_everything(0)
+    task = NextItemTask(num_items=data.num_items, max_length=8, encoder=HSTUEncoder(d_model=8, n_head=2, n_layer=1),
+                        objective=CausalLanguageModeling(), optimization=Optimization(lr=0.01))
+    pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+               enable_model_summary=False).fit(task, datamodule=data)
+    assert task.model.needs_times
+    vocab_path = data.vocab.save(tmp_path / "vocab.parquet")
+    ranks = pair_ranks(task, splits, vocab_path)
+    expected = trainer_test(task, SessionDataModule(LoadedSplits(splits), max_length=8, eval_protocol="last",
+                                                    vocab_path=str(vocab_path)))
+    for metric in ("recall@10", "ndcg@20", "mrr@20"):
+        assert ranks.values(metric).mean() == pytest.approx(expected[metric], abs=1e-6)
 
 
 @pytest.mark.skipif(not TRIVAGO.exists(), reason="trivago_rsc19_100k is not available here")

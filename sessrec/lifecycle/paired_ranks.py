@@ -106,7 +106,8 @@ def protocol_pairs(test: pa.Table, protocol: str) -> ProtocolPairs:
 def next_item_ranks(task: NextItemTask, data: SessionDataModule) -> PairRanks:
     """The rank of each test (prefix, next item) target under `task`, the way its ``trainer.test`` scores it.
 
-    `data` must read the test split with `task`'s vocabulary (``vocab_path`` of its model directory).
+    `data` must read the test split with `task`'s vocabulary (``vocab_path`` of its model directory) and, for a
+    task whose encoder reads event times, with them (``times=True``).
     Scores are `next_item_scores` (the input session's items excluded when the task's evaluation says
     so), on the device of `task`'s parameters, in eval mode.
     """
@@ -124,7 +125,8 @@ def next_item_ranks(task: NextItemTask, data: SessionDataModule) -> PairRanks:
     metric = TopKMetrics(task.evaluation.ks).to(device)
     ranks = []
     for batch in evaluation_batches(task, data, device):
-        scores = next_item_scores(task.model, task.objective, batch.items, batch.features, task.evaluation.exclude_seen)
+        features = task.model.batch_features(batch)  # side features, and event times for an encoder that reads them
+        scores = next_item_scores(task.model, task.objective, batch.items, features, task.evaluation.exclude_seen)
         metric.update(scores, batch.targets)
         ranks.append(target_ranks(scores, batch.targets).cpu())
     return PairRanks(

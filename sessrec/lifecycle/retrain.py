@@ -202,16 +202,11 @@ def retrain(
                                  eval_protocol=PROTOCOL, vocab_path=str(vocab_path), seed=seed)
         candidate, train_seconds, epochs = fit_candidate(candidate, data, out_dir, f"val/{gate.metric}", max_epochs)
 
-        def ranks(task: NextItemTask, vocab_file: Path) -> PairRanks:
-            pairs = SessionDataModule(LoadedSplits(splits), max_length=int(task.hparams.max_length), eval_protocol=PROTOCOL,
-                                      vocab_path=str(vocab_file))
-            return next_item_ranks(task, pairs)
-
         return settle(store, standing, gate, {
-            "candidate": lambda: ranks(candidate, vocab_path),
-            "current": lambda: ranks(current, current_path / VOCAB),
-            **({} if best_path is None else {"best": lambda: ranks(
-                NextItemTask.from_recommender(SessionRecommender.from_pretrained(best_path)), best_path / VOCAB)}),
+            "candidate": lambda: pair_ranks(candidate, splits, vocab_path),
+            "current": lambda: pair_ranks(current, splits, current_path / VOCAB),
+            **({} if best_path is None else {"best": lambda: pair_ranks(
+                NextItemTask.from_recommender(SessionRecommender.from_pretrained(best_path)), splits, best_path / VOCAB)}),
         }, out_dir / "model", promote, {
             "train_window": [str(train_from), str(train_until)],
             "test_window": [str(train_until if test_from is None else test_from), str(test_until)],
@@ -226,6 +221,14 @@ def retrain(
             "train_seconds": round(train_seconds, 2),
             "epochs": epochs,
         })
+
+
+def pair_ranks(task: NextItemTask, splits: SessionSplits, vocab_file: Path) -> PairRanks:
+    """The rank of each test session's last item under `task`, read with its vocabulary `vocab_file` and, when its
+    encoder reads them, with the sessions' event times (as ``trainer.test`` gives them)."""
+    pairs = SessionDataModule(LoadedSplits(splits), max_length=int(task.hparams.max_length), eval_protocol=PROTOCOL,
+                              vocab_path=str(vocab_file), times=task.uses_times or None)
+    return next_item_ranks(task, pairs)
 
 
 def check_window(current_path: Path, served_end: float | None, best_path: Path | None, backfill: bool,

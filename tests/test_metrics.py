@@ -39,6 +39,17 @@ def test_items_scored_nan_count_against_the_target_and_a_target_scored_nan_is_a_
     assert clicked.tolist() == [2.0]
 
 
+def test_a_target_scored_inf_is_ranked_not_a_miss():
+    """A score of +inf (a half-precision overflow) lies above every finite one: the target was counted as one no list
+    can hold, while the served list puts it first."""
+    inf = float("inf")
+    s = scores([NEG, NEG, 1.0, inf, 2.0], [NEG, NEG, inf, inf, 2.0])
+    assert target_ranks(s, torch.tensor([3, 3])).tolist() == [1.0, 2.0]
+    m = TopKMetrics(ks=[1])
+    m.update(s, torch.tensor([3, 3]))
+    assert {k: float(v) for k, v in m.compute().items()} == {"recall@1": 0.5, "ndcg@1": 0.5, "mrr@1": 0.5, "unrankable": 0.0}
+
+
 def test_oov_and_padding_targets_are_misses():
     s = scores([NEG, NEG, 3.0, 2.0])
     r = target_ranks(s, torch.tensor([1]))
@@ -212,3 +223,38 @@ def test_auc_is_torchmetrics_auroc_and_keeps_ties_of_large_logits():
     assert float(binary_auc(probs, labels)) == pytest.approx(float(binary_auroc(probs, labels)), abs=1e-6)
     # logits 40 and 50 differ; a sigmoid in float32 would make them tie at 1.0 (AUC 0.5 instead of 1)
     assert float(binary_auc(torch.tensor([40.0, 50.0]), torch.tensor([0, 1]))) == 1.0
+
+
+# -- against a brute-force reference ------------------------------------------------------------------
+def brute_rank(row: list[float], target: int) -> float:
+    """1 + the other items scoring at least as high as the target, or NaN; inf for a special id or a target scored
+    -inf or NaN: a plain loop over the row."""
+    own = row[target]
+    if target < 2 or math.isnan(own) or own == NEG:
+        return math.inf
+    return 1.0 + sum(1 for j, s in enumerate(row) if j != target and (math.isnan(s) or s >= own))
+
+
+def test_topk_metrics_over_batches_of_several_sizes_match_a_brute_force_reference():
+    """Ties, -inf, +inf and NaN scores, targets at rank k and k + 1, k past the catalogue, specials as targets, batches
+    of different sizes: the means are over all pairs, not of per-batch means."""
+    import random
+
+    rng = random.Random(0)
+    choices = [0.0, 1.0, 2.0, NEG, float("nan"), float("inf")]
+    for _ in range(200):
+        width, ks = rng.randint(3, 9), sorted(rng.sample(range(1, 12), rng.randint(1, 3)))
+        metric, ranks = TopKMetrics(ks), []
+        for _ in range(rng.randint(1, 5)):
+            rows = [[rng.choice([*choices, rng.random()]) for _ in range(width)] for _ in range(rng.randint(1, 6))]
+            targets = [rng.randrange(width) for _ in rows]
+            metric.update(torch.tensor(rows), torch.tensor(targets))
+            ranks += [brute_rank(row, t) for row, t in zip(rows, targets)]
+        expected = {}
+        for k in ks:
+            expected[f"recall@{k}"] = sum(r <= k for r in ranks) / len(ranks)
+            expected[f"ndcg@{k}"] = sum(1 / math.log2(r + 1) for r in ranks if r <= k) / len(ranks)
+            expected[f"mrr@{k}"] = sum(1 / r for r in ranks if r <= k) / len(ranks)
+        expected["unrankable"] = sum(math.isinf(r) for r in ranks) / len(ranks)
+        got = {k: float(v) for k, v in metric.compute().items()}
+        assert got == pytest.approx(expected, abs=1e-6)

@@ -34,7 +34,8 @@ def pessimistic_ranks(
 
 
 def target_ranks(scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """1-based pessimistic rank (B,) of each target in its row of scores (B, V); inf if unrankable.
+    """1-based pessimistic rank (B,) of each target in its row of scores (B, V); inf if unrankable (a special id,
+    or scored -inf or NaN).
     Scores of another shape than (B, V), or targets of another than (B,), are a ValueError naming the shapes."""
     if scores.dim() != 2:
         raise ValueError(f"scores must be (B, V) rows of item scores, got shape {tuple(scores.shape)}")
@@ -43,7 +44,7 @@ def target_ranks(scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
                          f"scores, got shape {tuple(targets.shape)}")
     target_score = scores.gather(1, targets.unsqueeze(1))  # (B, 1)
     ranks = pessimistic_ranks(scores, target_score)
-    unrankable = (targets < NUM_SPECIAL) | ~torch.isfinite(target_score.squeeze(1))
+    unrankable = (targets < NUM_SPECIAL) | ~(target_score.squeeze(1) > float("-inf"))  # scored -inf or NaN
     return ranks.masked_fill(unrankable, float("inf"))
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import re
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -772,6 +773,15 @@ def test_a_recipe_setting_that_only_another_setting_reads_is_refused_without_it(
         recipe(covisitation_k=20)
     assert recipe(covisitation=CoVisitation()).covisitation_k == 100
     assert recipe(covisitation=CoVisitation(), covisitation_k=7).covisitation_k == 7
+
+
+@pytest.mark.parametrize("ks", [[0], [2.5], [], [10, -1]])
+def test_cutoffs_that_are_no_positive_integers_are_refused_when_the_recipe_is_built(tmp_path: Path, ks) -> None:
+    """The printed metrics' cut-offs were read first when the fitted pipeline scored the validation pairs: after the
+    retrievers and the ranker had been fitted, as a metric name no formula knows or a traceback."""
+    with pytest.raises(ValueError, match=rf"^ks must be positive integer cut-offs, got {re.escape(str(ks))}$"):
+        PipelineRecipe(models={"m": ModelRetrieval("runs/m/model")}, output=str(tmp_path / "p"), ks=ks)
+    assert PipelineRecipe(models={"m": ModelRetrieval("runs/m/model")}, output=str(tmp_path / "p"), ks=[20, 5]).ks == [5, 20]
 
 
 def test_category_table_without_its_column_names_file_and_column(tmp_path: Path) -> None:

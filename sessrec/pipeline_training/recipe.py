@@ -38,6 +38,7 @@ from sessrec.artifacts.session_recommender import SessionRecommender
 from sessrec.baselines import SessionBaseline
 from sessrec.data import frame
 from sessrec.data.pairs import EvalPairs
+from sessrec.metrics.aggregate import cutoffs
 from sessrec.pipeline.candidate_features import CandidateFeatures
 from sessrec.pipeline.filters import ItemTableFilter, SeenItemsFilter
 from sessrec.pipeline.ordering import Ordering
@@ -182,7 +183,7 @@ class PipelineRecipe:
         # same objects) never share a fitted estimator
         self.features, self.scorer, self.ordering = copy.deepcopy((features, scorer, ordering))
         self.device = device
-        self.output, self.ks, self.batch_size = Path(output), list(ks), batch_size
+        self.output, self.ks, self.batch_size = Path(output), cutoffs(ks), batch_size
         if ranker_negatives is not None and ranker_negatives < 1:
             raise ValueError(f"ranker_negatives must be >= 1 candidates per pair (or null: all of them), got {ranker_negatives}")
         self.ranker_pairs, self.ranker_negatives, self.refit_retrievers = ranker_pairs, ranker_negatives, refit_retrievers

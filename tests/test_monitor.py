@@ -106,6 +106,25 @@ def test_coverage_counts_only_the_reference_products_so_a_grown_vocabulary_keeps
     assert table.column("coverage@2").to_pylist() == [0.5]
 
 
+def test_a_request_that_did_not_start_at_the_sessions_first_event_is_unmatched_even_when_its_last_item_repeats(
+        tmp_path: Path) -> None:
+    """Session s7 is 10, 11, 12, 11, 13. A request carrying its events 3 and 4 (12, 11) was matched on its last item
+    alone (the log's event 2 is 11 too) and judged on event 3 (12) as the next one, which was the request's own."""
+    rows = [("s7", item, 20 + i) for i, item in enumerate([10, 11, 12, 11, 13])]
+    pacsv.write_csv(pa.table({"sid": [r[0] for r in rows], "item": [r[1] for r in rows], "t": [T0 + r[2] for r in rows]}),
+                    tmp_path / "events.csv")
+    with ServedLog(tmp_path / "log") as log:
+        log.record("late", [[12, 11]], [{"item_ids": [12, 10], "scores": [2.0, 1.0]}], "v000001", now=[T0 + 23],
+                   session_ids=["s7"])  # its next event is 13: a miss, but it is no request from the session's start
+        log.record("whole", [[10, 11, 12, 11]], [{"item_ids": [10, 12], "scores": [2.0, 1.0]}], "v000001",
+                   now=[T0 + 23], session_ids=["s7"])  # next 13: a miss
+    (tmp_path / "ref").mkdir()
+    table = monitor(str(tmp_path / "log"), [str(tmp_path / "events.csv")], str(reference(tmp_path / "ref")),
+                    str(tmp_path / "m.csv"), SCHEMA, k=2, psi_bins=2)
+    (row,) = table.to_pylist()
+    assert (row["requests"], row["evaluated"], row["unmatched"], row["hit_rate@2"], row["mrr@2"]) == (2, 1, 1, 0.0, 0.0)
+
+
 def test_a_period_and_the_versions_select_rows(inputs: dict, tmp_path: Path) -> None:
     table = monitor(out=str(tmp_path / "m.parquet"), since="2023-11-15", until="2023-11-16", **inputs)
     assert table.column("model_version").to_pylist() == ["v000001"]

@@ -8,9 +8,9 @@ log of the same sessions (any file `sessrec.data.scan_events` reads, with its `S
 - ``hit_rate@k`` and ``mrr@k`` of the next event: the event of the same session (``session_id``) right
   after the request's events. A request carries its session from the first event, so the next event is
   the session's event at position ``n_events`` in time order (`sessrec.data.frame.sort_events`); a row
-  whose last item is not the event log's item at position ``n_events - 1`` (a row without a session id,
-  a session the event log does not hold, or a request that did not start at the session's first event)
-  is counted in ``unmatched`` and left out, as are rows whose session ended with the request
+  whose items (its last ``max_events``) are not the event log's at their positions, up to ``n_events - 1``
+  (a row without a session id, a session the event log does not hold, or a request that did not start at
+  the session's first event) is counted in ``unmatched`` and left out, as are rows whose session ended with the request
   (``ended``). An unknown target counts as a miss, as ``sessrec test`` counts it. ``evaluated`` rows
   give the two rates; a window without one (the log's last, whose sessions have no next event yet) has
   NaN rates, is printed as not judged and crosses no hit rate or MRR threshold.
@@ -303,22 +303,25 @@ def event_positions(paths: list[str], schema: Schema, delimiter: str | None) -> 
 
 
 def next_event_ranks(served: pa.Table, events: pa.Table, k: int, source: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per served row: (n,) whether its last item is the event log's at its position (``matched``), whether
+    """Per served row: (n,) whether its items are the event log's at their positions (``matched``), whether
     its session has a next event (``has_next``), and the reciprocal rank of that next event within the first
     `k` recommended (0: a miss or no next event). See the module docstring."""
     n = served.num_rows
-    row = pa.array(np.arange(n))
-    last = _last_items(served.column("items"))
-    keys = pa.table({"row": row, "session_id": served.column("session_id"),
-                     "at": pc.cast(pc.subtract(served.column("n_events"), 1), pa.int32()),
-                     "next": served.column("n_events")})
-    seen = keys.join(events, ["session_id", "at"], ["session_id", "position"], join_type="inner") \
-        .select(["row", "item_id"]).rename_columns(["row", "seen"])
+    keys = pa.table({"row": pa.array(np.arange(n)), "session_id": served.column("session_id"), "next": served.column("n_events")})
     after = keys.join(events, ["session_id", "next"], ["session_id", "position"], join_type="inner") \
         .select(["row", "item_id"]).rename_columns(["row", "target"])
-    seen_item = _scatter(n, seen.column("row"), seen.column("seen"))
     target = _scatter(n, after.column("row"), after.column("target"))
-    matched = pc.fill_null(pc.equal(seen_item, last), False).to_numpy(zero_copy_only=False)
+    # every item the row holds (its last max_events) is the event log's at its position, not its last item alone
+    items = served.column("items").combine_chunks()
+    held = np.diff(items.offsets.to_numpy())  # (n,)
+    owner = pc.list_parent_indices(items).to_numpy()
+    place = np.arange(len(owner)) - (items.offsets.to_numpy()[owner] - items.offsets.to_numpy()[0])
+    at = served.column("n_events").to_numpy()[owner] - held[owner] + place
+    flat = pa.table({"row": owner, "session_id": served.column("session_id").take(pa.array(owner)),
+                     "at": pa.array(at, pa.int32()), "item": items.flatten()})
+    seen = flat.join(events, ["session_id", "at"], ["session_id", "position"], join_type="inner")
+    same = pc.equal(seen.column("item"), seen.column("item_id")).to_numpy(zero_copy_only=False)
+    matched = (held > 0) & (np.bincount(seen.column("row").to_numpy()[same], minlength=n) == held)
     has_next = pc.is_valid(target).to_numpy(zero_copy_only=False)
     evaluated = matched & has_next
 

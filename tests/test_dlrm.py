@@ -2,6 +2,8 @@
 cases, DLRMTask's optimizers and baselines, the sparse modules (the hybrid one against the fused one),
 the allocator opt-in, and the synthetic Criteo-like generator."""
 
+import math
+
 import pytest
 import pytorch_lightning as pl
 import torch
@@ -109,6 +111,8 @@ def test_mrr_and_recall_by_hand_skip_queries_without_click():
     groups = torch.tensor([0, 0, 0, 1, 1, 2, 3, 3])  # query 2 has no click
     # query 0: 0.7 is second; query 1: 0.2 is second; query 3: tie counts against (pessimistic) -> 2
     assert clicked_ranks(scores, labels, groups).tolist() == [2.0, 2.0, 2.0]
+    # a clicked row scored NaN is a miss (as a catalogue target's), not last of its query (a hit within k rows)
+    assert clicked_ranks(torch.tensor([float("nan"), 1.0]), torch.tensor([1, 0]), torch.tensor([0, 0])).tolist() == [math.inf]
     m = RankingMetrics(ks=[1, 2])
     m.update(scores[:5], labels[:5], groups[:5])
     m.update(scores[5:], labels[5:], groups[5:])

@@ -57,7 +57,8 @@ def clicked_ranks(scores: torch.Tensor, labels: torch.Tensor, groups: torch.Tens
         groups: (B,) query id of each row (queries need not be contiguous).
 
     Returns:
-        (C,) float64 ranks, one per clicked row; queries without a click contribute nothing. Labels or
+        (C,) float64 ranks, one per clicked row (inf, a miss, for one scored NaN, as `target_ranks`);
+        queries without a click contribute nothing. Labels or
         groups of another shape than the scores' are a ValueError naming the shapes.
 
     Examples:
@@ -70,7 +71,8 @@ def clicked_ranks(scores: torch.Tensor, labels: torch.Tensor, groups: torch.Tens
     _, local = torch.unique(groups, return_inverse=True)  # (B,) query index 0..G-1
     clicked = torch.nonzero(labels > 0.5).squeeze(1)  # (C,)
     same = local.unsqueeze(0) == local[clicked].unsqueeze(1)  # (C, B) the rows of each click's query, itself included
-    return pessimistic_ranks(scores.unsqueeze(0), scores[clicked].unsqueeze(1), same)
+    ranks = pessimistic_ranks(scores.unsqueeze(0), scores[clicked].unsqueeze(1), same)
+    return ranks.masked_fill(torch.isnan(scores[clicked]), float("inf"))  # a clicked row scored NaN: a miss
 
 
 def list_ranks(recommended: torch.Tensor, scores: torch.Tensor, targets: torch.Tensor, by_score: bool = True) -> torch.Tensor:

@@ -882,6 +882,12 @@ def test_evaluate_rows_equals_evaluate(world: World, name: str) -> None:
     for key, value in direct.items():
         assert prepared[key] == pytest.approx(value, abs=1e-9), key
     assert 0 < direct["recall@10"] <= direct["candidate_recall"] <= 1
+    with pytest.raises(ValueError, match=r"^ks must be positive integer cut-offs, got \[\]$"):
+        fitting.evaluate_pipeline(pipe, pairs, ())
+    with pytest.raises(ValueError, match="^evaluate_pipeline: no .prefix, target. pairs to evaluate$"):
+        fitting.evaluate_pipeline(pipe, pairs.take(slice(0, 0)))
+    with pytest.raises(ValueError, match=r"^ks must be positive integer cut-offs, got \[0\]$"):
+        fitting.retrieval_recall(pipe, pairs.items, pairs.targets, [0])
 
 
 @pytest.mark.slow

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from sessrec.data.pairs import EvalPairs
+from sessrec.metrics.aggregate import cutoffs
 from sessrec.metrics.ranks import list_ranks, rank_sums, rank_values
 from sessrec.pipeline.candidate_features import RankingInputs
 from sessrec.pipeline.candidates import Candidates, RequestSessions
@@ -322,7 +323,11 @@ def evaluate_pipeline(pipe: Pipeline, pairs: EvalPairs, ks: Sequence[int] = (10,
     The prefixes are read as a served session is (`Pipeline.wrap`): the stages see their last ``max_length`` events,
     the filters of everything seen up to ``history_length`` (pairs that wide: ``pairs(split, width=history_length)``).
     The sessions carry the pairs' event times when they have them (validity windows, time features).
+    Cut-offs that are no positive integers, or no pairs, are a ValueError.
     """
+    ks = cutoffs(ks)
+    if not len(pairs):
+        raise ValueError("evaluate_pipeline: no (prefix, target) pairs to evaluate")
     totals: dict[str, float] = {}
     covered = 0.0
     for lo in range(0, len(pairs), batch_size):
@@ -334,7 +339,7 @@ def evaluate_pipeline(pipe: Pipeline, pairs: EvalPairs, ks: Sequence[int] = (10,
         recs = pipe.ordering.order(sessions, cands, max(ks) + 1)
         for name, value in list_metrics(recs.items, recs.scores, target, ks, pipe.ordering.by_score).items():
             totals[name] = totals.get(name, 0.0) + value
-    n = max(len(pairs), 1)
+    n = len(pairs)
     return {**{k: v / n for k, v in totals.items()}, "candidate_recall": covered / n}
 
 
@@ -345,6 +350,9 @@ def evaluate_rows(pipe: Pipeline, data: RankerData, ks: Sequence[int] = (10, 20)
     The same numbers as `evaluate_pipeline` for the same pipeline (candidates and raw features are what
     `evaluate_pipeline` computes itself), without rebuilding the candidates for each ranker compared.
     """
+    ks = cutoffs(ks)
+    if not len(data):
+        raise ValueError("evaluate_rows: no candidate rows to evaluate")
     totals: dict[str, float] = {}
     retrievers = pipe.stage_retrievers
     for lo in range(0, len(data), batch_size):
@@ -355,7 +363,7 @@ def evaluate_rows(pipe: Pipeline, data: RankerData, ks: Sequence[int] = (10, 20)
         targets = data.pairs.targets[lo : lo + batch_size].to(pipe.device)
         for name, value in list_metrics(recs.items, recs.scores, targets, ks, pipe.ordering.by_score).items():
             totals[name] = totals.get(name, 0.0) + value
-    n = max(len(data), 1)
+    n = len(data)
     return {**{k: v / n for k, v in totals.items()}, "candidate_recall": data.coverage}
 
 
@@ -364,7 +372,11 @@ def retrieval_recall(
     pipe: Pipeline, items: torch.Tensor, targets: torch.Tensor, ks: Sequence[int] = (20, 50, 100, 200, 500),
     batch_size: int = 256,
 ) -> dict[str, dict[str, float]]:
-    """Recall@K of each retriever alone (its top-K by its own score), for several K: the ceilings."""
+    """Recall@K of each retriever alone (its top-K by its own score), for several K: the ceilings.
+    Cut-offs that are no positive integers, or no sessions, are a ValueError."""
+    ks = cutoffs(ks)
+    if not len(items):
+        raise ValueError("retrieval_recall: no sessions to evaluate")
     top = max(ks)
     out: dict[str, dict[str, float]] = {name: dict.fromkeys((f"recall@{k}" for k in ks), 0.0) for name in pipe.retrievers}
     for lo in range(0, len(items), batch_size):
@@ -375,5 +387,5 @@ def retrieval_recall(
             ranks = list_ranks(found.items, found.scores, target.squeeze(1), by_score=False)  # (B,) its place in the list
             for k in ks:
                 out[name][f"recall@{k}"] += float(rank_values(ranks, f"recall@{k}").sum())
-    n = max(len(items), 1)
+    n = len(items)
     return {name: {k: v / n for k, v in vals.items()} for name, vals in out.items()}

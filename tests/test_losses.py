@@ -155,6 +155,28 @@ def test_in_batch_negatives_hand_case():
     torch.testing.assert_close(loss(model, hidden, targets), expected)
 
 
+def test_in_batch_correction_reads_the_counts_of_the_items_that_can_be_targets():
+    """Virtual items (page views) are never targets: the expected occurrences of an item among the batch's targets
+    are over the products' counts, so that mixed negatives weigh their in-batch and sampled columns alike."""
+    model = DotScorer(8)
+    model.recommendable = torch.tensor([False, False, True, True, True, True, False, False])  # 6 and 7 virtual
+    counts = torch.tensor([0, 0, 6.0, 1.0, 3.0, 2.0, 500.0, 500.0])  # the products: 12 events
+    hidden = torch.randn(3, 4, generator=torch.Generator().manual_seed(1)).requires_grad_()
+    targets = torch.tensor([2, 4, 5])
+    loss = SampledSoftmax(negatives="mixed", num_samples=4)
+    loss.set_item_counts(counts)
+    got = loss(model, hidden, targets, torch.Generator().manual_seed(0))
+    samples = torch.multinomial(torch.tensor([0, 0, 1, 1, 1, 1, 0, 0.0]) / 4, 4, replacement=True,
+                                generator=torch.Generator().manual_seed(0))
+    candidates = torch.cat([targets, samples])
+    logq = torch.cat([torch.log(counts[targets] / 12 * 3), torch.full((4,), math.log(1 / 4 * 4))])
+    hits = candidates[None, :] == targets[:, None]
+    hits[:, :3] &= ~torch.eye(3, dtype=torch.bool)
+    expected = F.cross_entropy((hidden @ model.weight[candidates].T - logq).masked_fill(hits, float("-inf")), torch.arange(3))
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(*(torch.autograd.grad(value, hidden)[0] for value in (got, expected)))
+
+
 @pytest.mark.parametrize("settings,ignored,why", [
     ({"negatives": "in_batch", "num_samples": 2048, "sampler": "popularity"}, "num_samples=2048, sampler='popularity'",
      "negatives='in_batch' draws none"),

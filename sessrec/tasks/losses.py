@@ -227,8 +227,11 @@ class SampledSoftmax(CatalogueLoss):
             return Columns(samples, True, log_q if self.logq_correction else None, hit, torch.zeros_like(targets))
 
         # in-batch (and mixed): the batch's targets are the candidates, the diagonal the positives
-        if self.counts is not None:
-            freq = self.counts.to(device=device, dtype=torch.float32)[targets] / self.counts.sum().float()
+        if self.counts is not None:  # over the items that may be targets: virtual items' counts are no share of them
+            counts = self.counts.to(device=device, dtype=torch.float32)
+            if recommendable is not None:
+                counts = counts.masked_fill(~recommendable.to(device), 0.0)
+            freq = counts[targets] / counts.sum()
         else:
             freq = (targets[None, :] == targets[:, None]).sum(dim=1).float() / n
         candidates, log_q = targets, torch.log(freq * n)  # expected occurrences among the n targets

@@ -320,3 +320,39 @@ def test_a_loss_outside_the_library_is_found_by_class_path(tmp_path, monkeypatch
     )
     with pytest.raises(NotImplementedError, match="does not read item counts"):
         FullSoftmax().set_item_counts(torch.ones(5))
+
+
+@dataclasses.dataclass
+class RecordingSampledSoftmax(SampledSoftmax):
+    """`SampledSoftmax` that keeps the negatives it draws at each call."""
+
+    def columns(self, model, targets, generator=None):
+        columns = super().columns(model, targets, generator)
+        self.drawn = [*getattr(self, "drawn", []), columns.ids.tolist()]
+        return columns
+
+
+def test_every_batch_of_a_run_draws_its_own_negatives(monkeypatch):
+    """The batches of one accumulated step, and the processes of a data-parallel run, draw negatives (and masks) of
+    their own; the same seed, rank and batch draw the same ones."""
+    import pytorch_lightning as pl
+
+    from sessrec.data import SyntheticSource
+    from sessrec.models import CausalLanguageModeling, GRU4RecEncoder
+    from sessrec.tasks import NextItemTask, SessionDataModule
+
+    def drawn(accumulate: int, rank: int = 0) -> list:
+        monkeypatch.setattr(NextItemTask, "global_rank", property(lambda task: rank))
+        dm = SessionDataModule(source=SyntheticSource(num_sessions=200, num_items=40), max_length=5, batch_size=16)
+        task = NextItemTask(num_items=dm.num_items, max_length=5, encoder=GRU4RecEncoder(d_model=8),
+                            objective=CausalLanguageModeling(),
+                            loss=RecordingSampledSoftmax(num_samples=6))
+        pl.Trainer(max_steps=4 // accumulate, accumulate_grad_batches=accumulate, limit_val_batches=0, logger=False,
+                   enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False).fit(task, dm)
+        return task.loss.drawn
+
+    accumulated = drawn(accumulate=2)
+    assert len(accumulated) == 4 and len({tuple(ids) for ids in accumulated}) == 4
+    assert drawn(accumulate=1) == accumulated  # the batches draw by their place in the run, not by optimizer step
+    other = drawn(accumulate=2, rank=1)
+    assert all(mine != theirs for mine, theirs in zip(accumulated, other))

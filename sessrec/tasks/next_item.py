@@ -76,7 +76,7 @@ class NextItemTask(Pretrained, pl.LightningModule):
             the trainer plans; ``seconds`` adds a wall-clock budget.
         evaluation: metric cut-offs, recommendations per session, and whether the input
             session's items are excluded (`Evaluation`).
-        seed: masking seed (per training step).
+        seed: seed of the training draws (masks, negatives); each batch of each process draws its own (`draw_seed`).
         num_virtual: virtual (input-only) ids at the end of the vocabulary; linked from the data
             module (``data.num_virtual``). Never targets, never recommended.
         side_features: sizes of the side features and item vectors; linked from the data module
@@ -230,7 +230,7 @@ class NextItemTask(Pretrained, pl.LightningModule):
     def _step(self, batch: SessionBatch, stage: str) -> torch.Tensor:
         features = self.model.batch_features(batch)  # side features, and event times for an encoder that reads them
         if stage == "train":
-            gen = torch.Generator(device=batch.items.device).manual_seed(self.hparams.seed * 7919 + self.global_step)
+            gen = torch.Generator(device=batch.items.device).manual_seed(self.draw_seed())
             out = self.objective.training_output(self.model, batch.items, gen, features)
             if len(out.targets) and self._teachers is not None:
                 loss, target, kl = self._teachers.loss(self.model, self.loss, out.hidden, out.targets, batch.items, batch, gen)
@@ -254,6 +254,13 @@ class NextItemTask(Pretrained, pl.LightningModule):
         self.metrics[stage].update(scores, batch.targets)
         self.log(f"{stage}/loss", loss, batch_size=len(batch))
         return loss
+
+    def draw_seed(self) -> int:
+        """The seed of a training batch's draws (masking, negatives): `seed`, this process's rank and the batch's
+        place in the run (each batch of an accumulated step its own; restored on a resume), mixed by the hash of
+        a tuple of ints (the same in every process and run)."""
+        batches = self.trainer.fit_loop.total_batch_idx if self._trainer is not None else 0
+        return hash((self.hparams.seed, self.global_rank, batches))
 
     def _log_metrics(self, stage: str) -> None:
         values = self.metrics[stage].compute()

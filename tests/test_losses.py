@@ -237,6 +237,20 @@ def test_bad_settings_are_refused(kwargs, match):
         SampledSoftmax(**kwargs)
 
 
+@pytest.mark.parametrize("loss", [FullSoftmax, SampledSoftmax])
+@pytest.mark.parametrize("temperature", [float("inf"), float("nan")])
+def test_a_temperature_that_is_no_finite_number_is_refused(loss, temperature):
+    """An infinite temperature makes every logit 0 (a constant loss: nothing trains), a NaN one a NaN loss."""
+    with pytest.raises(ValueError, match=f"^temperature must be a finite positive number, got {temperature}$"):
+        loss(temperature=temperature)
+
+
+@pytest.mark.parametrize("power", [float("inf"), float("nan")])
+def test_a_popularity_power_that_is_no_finite_number_is_refused(power):
+    with pytest.raises(ValueError, match=f"^power must be a finite number, got {power}$"):
+        SampledSoftmax(sampler="popularity", power=power)
+
+
 def test_popularity_sampler_needs_counts():
     with pytest.raises(ValueError, match="set_item_counts"):
         SampledSoftmax(sampler="popularity")(DotScorer(6), torch.randn(2, 4), torch.tensor([2, 3]))

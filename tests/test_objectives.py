@@ -1,6 +1,7 @@
 """Training objectives: targets, inputs, never-leaking attention patterns, and refused pairs."""
 
 import itertools
+import re
 
 import pytest
 import torch
@@ -299,6 +300,18 @@ def test_rtd_generator_of_another_width_and_unbound_use():
 @pytest.mark.parametrize("kw", [{"replace_prob": 1.5}, {"temperature": 0.0}, {"discriminator_weight": -1.0}, {"mask_prob": 0.0}])
 def test_rtd_rejects_bad_settings(kw):
     with pytest.raises(ValueError):
+        ReplacedTokenDetection(**kw)
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"temperature": float("nan")}, "temperature must be a finite positive number, got nan"),
+    ({"temperature": float("inf")}, "temperature must be a finite positive number, got inf"),
+    ({"generator_weight": float("nan")}, "loss weights must be finite numbers >= 0, got nan and 1.0"),
+    ({"discriminator_weight": float("inf")}, "loss weights must be finite numbers >= 0, got 1.0 and inf"),
+])
+def test_rtd_refuses_settings_that_are_no_finite_numbers(kw, message):
+    """A NaN weight or temperature makes the loss NaN, an infinite temperature proposes uniformly at random."""
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         ReplacedTokenDetection(**kw)
 
 

@@ -431,5 +431,5 @@ def test_a_constructor_that_refuses_its_arguments_is_one_line_at_its_key():
     config = {"class_path": HOLDER, "init_args": {"loss": {"class_path": "sessrec.tasks.losses.FullSoftmax",
                                                            "init_args": {"temperature": 0.0}}}}
     with pytest.raises(ConfigError, match=r"^s: config.init_args.loss: the saved arguments do not build a FullSoftmax "
-                                          r"\(temperature must be positive, got 0.0\)$"):
+                                          r"\(temperature must be a finite positive number, got 0.0\)$"):
         instantiate(config, expected=Holder, source="s")

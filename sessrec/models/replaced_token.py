@@ -19,6 +19,7 @@ the generator, R replaced positions, N next-item targets.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -87,10 +88,10 @@ class ReplacedTokenDetection(nn.Module, Objective, Configurable):
         super().__init__()
         self.masking = MaskedItemModeling(mask_prob=mask_prob, last_item_prob=last_item_prob)
         check_probabilities({"replace_prob": replace_prob}, "ReplacedTokenDetection ", one=True)
-        if generator_weight < 0 or discriminator_weight < 0:
-            raise ValueError(f"loss weights must be >= 0, got {generator_weight} and {discriminator_weight}")
-        if temperature <= 0:
-            raise ValueError(f"temperature must be positive, got {temperature}")
+        if not all(math.isfinite(w) and w >= 0 for w in (generator_weight, discriminator_weight)):
+            raise ValueError(f"loss weights must be finite numbers >= 0, got {generator_weight} and {discriminator_weight}")
+        if not (math.isfinite(temperature) and temperature > 0):
+            raise ValueError(f"temperature must be a finite positive number, got {temperature}")
         if generator_encoder is not None and encoder_is_causal(generator_encoder):
             raise ValueError(
                 f"the generator must be bidirectional (it fills in [MASK] slots), but {type(generator_encoder).__name__} "

@@ -29,6 +29,7 @@ S sampled negatives (shared, or per target), K candidates per row.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, fields
 from typing import ClassVar, Literal
@@ -74,8 +75,8 @@ def inverse_cdf_draws(probs: torch.Tensor, shape: tuple[int, ...], generator: to
 
 def _check(label_smoothing: float, temperature: float) -> None:
     check_probabilities({"label_smoothing": label_smoothing})
-    if temperature <= 0.0:
-        raise ValueError(f"temperature must be positive, got {temperature}")
+    if not (math.isfinite(temperature) and temperature > 0.0):  # inf: every logit 0, nothing trains; nan: a NaN loss
+        raise ValueError(f"temperature must be a finite positive number, got {temperature}")
 
 
 class CatalogueLoss(ABC, Configurable):
@@ -160,6 +161,8 @@ class SampledSoftmax(CatalogueLoss):
             raise ValueError(f"negatives must be 'sampled', 'per_target', 'in_batch' or 'mixed', got {self.negatives!r}")
         if self.sampler not in ("uniform", "popularity"):
             raise ValueError(f"sampler must be 'uniform' or 'popularity', got {self.sampler!r}")
+        if not math.isfinite(self.power):
+            raise ValueError(f"power must be a finite number, got {self.power}")
         if self.negatives != "in_batch" and self.num_samples < 1:
             raise ValueError(f"num_samples must be >= 1 with {self.negatives!r} negatives, got {self.num_samples}")
         defaults = {f.name: f.default for f in fields(self)}

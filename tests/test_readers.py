@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
 import pytest
 
 from sessrec.data import frame
@@ -647,6 +648,42 @@ def test_read_events_takes_relative_times_and_right_units(tmp_path):
     assert relative["timestamp"].to_pylist() == [0.0, 30.0, 5.0]
     ms = read_events(_events_file(tmp_path, [t * 1000 for t in EVENTS_AT]), Schema(time_unit="ms"))
     assert ms["timestamp"].to_pylist() == [float(t) for t in EVENTS_AT]
+
+
+@pytest.mark.parametrize(
+    "column, message",
+    [
+        (pa.array([EVENTS_AT[0], -2_208_988_800, EVENTS_AT[2]], pa.timestamp("s")),  # 1900-01-01: a placeholder
+         r"has a negative timestamp '1900-01-01 00:00:00(\.000)?' at row 1 \(before 1970\)"),
+        (pa.array([d * 10**9 for d in (EVENTS_AT[0], EVENTS_AT[1], 9_200_000_000)], pa.timestamp("ns", tz="UTC")),
+         r"has the time '2261-07-15 11:33:20.000000000Z' at row 2, in the year 2261 \(outside 1990..2100\); fix or drop"),
+        (pa.array([EVENTS_AT[0], 3_600, EVENTS_AT[2]], pa.timestamp("s")),
+         r"has the time '1970-01-01 01:00:00(\.000)?' at row 1, in the year 1970 \(outside 1990..2100\)"),
+        (pa.array(["2014-04-02T11:17:46Z", "2999-04-02T11:17:46Z", "2014-04-06T14:58:20Z"]),
+         r"has the time '2999-04-02T11:17:46Z' at row 1, in the year 2999"),
+        (pa.array([datetime(2014, 4, 2).date(), datetime(1900, 1, 1).date(), datetime(2014, 4, 6).date()]),
+         r"has a negative timestamp '1900-01-01' at row 1"),
+    ],
+    ids=["timestamp-1900", "timestamp-2262", "timestamp-1970-beside-2014", "iso-2999", "date-1900"],
+)
+def test_read_events_refuses_timestamps_and_dates_outside_1990_to_2100(tmp_path, column, message):
+    """A timestamp, date or ISO-8601 column is held to the numbers' rule: before 1970, after 2100, or before 1990
+    beside times in 1990..2100, it is refused (a 1900 placeholder sorted its event first in its session, exit 0)."""
+    from sessrec.data.readers import scan_events
+
+    path = tmp_path / "clicks.parquet"
+    pq.write_table(pa.table({"session_id": [1, 1, 2], "item_id": [5, 6, 7], "timestamp": column}), path)
+    schema = Schema(time_unit="datetime")
+    with pytest.raises(SchemaError, match=message):
+        read_events(path, schema)
+    with pytest.raises(SchemaError, match=message):  # a batch at a time
+        list(scan_events(path, schema, batch_rows=1))
+    numbers = pa.array([str(t * 1000) for t in EVENTS_AT])  # numbers as text, batch by batch too
+    pq.write_table(pa.table({"session_id": [1, 1, 2], "item_id": [5, 6, 7], "timestamp": numbers}), path)
+    assert pa.concat_tables(scan_events(path, Schema(time_unit="ms"), batch_rows=1))["timestamp"].to_pylist() == EVENTS_AT
+    relative = pa.array([0, 30, 5], pa.timestamp("s"))  # times from a start, as numbers from a start, pass
+    pq.write_table(pa.table({"session_id": [1, 1, 2], "item_id": [5, 6, 7], "timestamp": relative}), path)
+    assert read_events(path, schema)["timestamp"].to_pylist() == [0.0, 30.0, 5.0]
 
 
 @pytest.mark.parametrize("suffix, codec", [(".gz", "gzip"), (".bz2", "bz2"), (".zst", "zstd"), (".lz4", "lz4")])

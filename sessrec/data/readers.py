@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 from sessrec.data import frame
 from sessrec.data.columns import BEYOND_INT64, SchemaError, first_failing_cast, first_not_decimal
 from sessrec.data.schema import Schema
-from sessrec.data.times import PLAUSIBLE_SECONDS, check_plausible
+from sessrec.data.times import PLAUSIBLE_SECONDS, TimeUnit, check_plausible, parse_time_strings, shown_times
 
 NULL_VALUES = ["", "NA", "NaN", "null", "None"]  # what a CSV field holds for a missing value
 BLOCK_BYTES = 1 << 20  # a text file's block, read at once; the first decides the column types (`first_block`)
@@ -486,12 +486,15 @@ def scan_events(
         raise SchemaError(f"{path}: cannot be read as {'parquet' if _is_parquet(path) else 'CSV'}: {err}") from err
 
 
-def time_sample(raw: pa.Table, events: pa.Table, schema: Schema, first_row: int) -> tuple[pa.Array, np.ndarray, np.ndarray] | None:
-    """The rows of a batch that decide whether its numeric times are plausible together with other batches:
-    its first time inside 1990..2100, its first outside, its earliest and its latest (raw values, seconds,
-    file rows); None without numeric times. `check_time_samples` checks the batches' samples together."""
-    if schema.timestamp is None or not (pa.types.is_integer(raw.column(schema.timestamp).type)
-                                        or pa.types.is_floating(raw.column(schema.timestamp).type)):
+TimeSample = tuple[pa.Array, np.ndarray, np.ndarray, TimeUnit]
+
+
+def time_sample(raw: pa.Table, events: pa.Table, schema: Schema, first_row: int) -> TimeSample | None:
+    """The rows of a batch that decide whether its times are plausible together with other batches:
+    its first time inside 1990..2100, its first outside, its earliest and its latest (values as messages quote
+    them, `shown_times`; seconds; file rows), and the unit they were read in (``datetime`` for timestamps, dates and
+    ISO-8601 text); None without times. `check_time_samples` checks the batches' samples together."""
+    if schema.timestamp is None:
         return None
     seconds = events.column(schema.timestamp).to_numpy()
     if not len(seconds):
@@ -501,10 +504,14 @@ def time_sample(raw: pa.Table, events: pa.Table, schema: Schema, first_row: int)
     picks = {int(np.argmin(seconds)), int(np.argmax(seconds))}
     picks |= {int(np.argmax(flags)) for flags in (inside, ~inside) if flags.any()}
     rows = np.array(sorted(picks))
-    return raw.column(schema.timestamp).combine_chunks().take(pa.array(rows)), seconds[rows], rows + first_row
+    values = raw.column(schema.timestamp).combine_chunks().take(pa.array(rows))
+    numbers = pa.types.is_integer(values.type) or pa.types.is_floating(values.type)
+    text = pa.types.is_string(values.type) or pa.types.is_large_string(values.type)
+    numeric = numbers or text and schema.time_unit != "datetime" and not pc.all(parse_time_strings(values).is_valid()).as_py()
+    return shown_times(values), seconds[rows], rows + first_row, schema.time_unit if numeric else "datetime"
 
 
-def check_time_samples(samples: list[tuple[pa.Array, np.ndarray, np.ndarray] | None], schema: Schema, source: str) -> None:
+def check_time_samples(samples: list[TimeSample | None], schema: Schema, source: str) -> None:
     """Refuse the times of batches that each passed `Schema.validate` but would not pass it together (some
     batches in 1990..2100, others before): the check of the whole file, on the rows that decide it."""
     kept = [s for s in samples if s is not None]
@@ -513,4 +520,4 @@ def check_time_samples(samples: list[tuple[pa.Array, np.ndarray, np.ndarray] | N
     values = pa.chunked_array([s[0] for s in kept])
     seconds = np.concatenate([s[1] for s in kept])
     rows = np.concatenate([s[2] for s in kept])
-    check_plausible(values, seconds, schema.timestamp, schema.time_unit, source, rows)
+    check_plausible(values, seconds, schema.timestamp, kept[0][3], source, rows)

@@ -141,6 +141,8 @@ class Schema:
             timestamp/date columns and ISO-8601 strings. Numeric times that this unit places
             outside 1990..2100 are refused with the unit that would fit (milliseconds read as
             seconds would be the year 46,000); times that no unit places there are relative.
+            Timestamps, dates and ISO-8601 strings are held to the same rule: before 1970, after
+            2100, or before 1990 beside times in 1990..2100 is refused.
         order_by: optional tie-breaking column within a session (e.g. trivago's ``step``,
             DIGINETICA's ``timeframe``).
         features: side-feature columns carried along with the items.

@@ -17,11 +17,18 @@ TimeUnit = Literal["s", "ms", "us", "ns", "datetime"]
 _UNIT_SECONDS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 
 
+def shown_times(col: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
+    """A time column as its messages quote it: timestamps and dates as their text (``'1900-01-01 00:00:00'``),
+    numbers and text as they are."""
+    return pc.cast(col, pa.string()) if pa.types.is_timestamp(col.type) or pa.types.is_date(col.type) else col
+
+
 def parse_time(table: pa.Table, name: str, unit: TimeUnit, source: str, rows: Rows = 0) -> pa.ChunkedArray:
     """Return event times as float64 seconds since the epoch.
 
-    A negative number is refused: it is a placeholder for a missing time (-1) far more often than
-    a time before 1970, and it would sort the event first in its session.
+    A negative time is refused: it is a placeholder for a missing time (-1, 1900-01-01) far more often
+    than a time before 1970, and it would sort the event first in its session. Times of every kind are
+    then held to `check_plausible`.
     """
     col = table.column(name)
     if pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type):
@@ -34,6 +41,7 @@ def parse_time(table: pa.Table, name: str, unit: TimeUnit, source: str, rows: Ro
         # counted in the column's own unit (UTC): a cast to another unit would refuse nanoseconds it cannot hold
         seconds = pc.cast(stamps, pa.int64()).to_numpy(zero_copy_only=False) * _UNIT_SECONDS[stamps.type.unit]
         nulls = col.is_null().to_numpy(zero_copy_only=False)
+        col = shown_times(col)
     elif text:
         nulls = col.is_null().to_numpy(zero_copy_only=False)
         if nulls.any():
@@ -60,18 +68,17 @@ def parse_time(table: pa.Table, name: str, unit: TimeUnit, source: str, rows: Ro
             )
         seconds = as_floats(numbers) * _UNIT_SECONDS[unit]
         nulls = ~np.isfinite(seconds)
-        negative = ~nulls & (seconds < 0)
-        if negative.any():
-            value, row = bad_example(col, negative, rows)
-            raise SchemaError(
-                f"{source}: column {name!r} has a negative timestamp {value!r} at row {row} (before 1970); "
-                "drop or fill those rows"
-            )
+    negative = ~nulls & (seconds < 0)
+    if negative.any():
+        value, row = bad_example(col, negative, rows)
+        raise SchemaError(
+            f"{source}: column {name!r} has a negative timestamp {value!r} at row {row} (before 1970); "
+            "drop or fill those rows"
+        )
     if nulls.any():
         value, row = bad_example(col, nulls, rows)
         raise SchemaError(f"{source}: column {name!r} has a missing timestamp {value!r} at row {row}")
-    if numeric:
-        check_plausible(col, seconds, name, unit, source, rows)
+    check_plausible(col, seconds, name, unit if numeric else "datetime", source, rows)
     return pa.chunked_array([pa.array(np.asarray(seconds, dtype=np.float64))])
 
 
@@ -110,32 +117,37 @@ _SECONDS_PER_YEAR = 31_556_952.0
 
 
 def check_plausible(col: pa.ChunkedArray, seconds: np.ndarray, name: str, unit: TimeUnit, source: str, rows: Rows) -> None:
-    """Refuse numeric times that the given `unit` places outside 1990..2100 (`PLAUSIBLE_SECONDS`).
+    """Refuse times (`seconds`, of the numbers of `col` in `unit`, or of its timestamps, dates or ISO-8601 text:
+    ``datetime``) that fall outside 1990..2100 (`PLAUSIBLE_SECONDS`).
 
     A time after 2100 is always refused; so is a time before 1990 in a column that has times in
-    1990..2100, or whose times all fall in that range under another unit (seconds read as ms).
+    1990..2100, or whose numbers all fall in that range under another unit (seconds read as ms).
     A column whose times no unit places in the range holds relative times (seconds from a
     start, as in toy data) and passes.
 
     Raises:
-        SchemaError: naming the file, the column, the first implausible value, its year under
-            `unit`, and the unit that would fit when there is one.
+        SchemaError: naming the file, the column, the first implausible value, its year (under
+            `unit`), and the unit that would fit when there is one.
     """
     low, high = PLAUSIBLE_SECONDS
     inside = (seconds >= low) & (seconds < high)
     if inside.all():
         return
-    raw_low, raw_high = seconds.min() / _UNIT_SECONDS[unit], seconds.max() / _UNIT_SECONDS[unit]
-    fits = [u for u, f in _UNIT_SECONDS.items() if u != unit and low <= raw_low * f and raw_high * f < high]
+    fits = []
+    if unit != "datetime":
+        raw_low, raw_high = seconds.min() / _UNIT_SECONDS[unit], seconds.max() / _UNIT_SECONDS[unit]
+        fits = [u for u, f in _UNIT_SECONDS.items() if u != unit and low <= raw_low * f and raw_high * f < high]
     late = seconds >= high
     if not (late.any() or inside.any() or fits):
         return
-    value, row = bad_example(col, late if late.any() else ~inside, rows)
-    year = int(np.floor(1970 + float(value) * _UNIT_SECONDS[unit] / _SECONDS_PER_YEAR))
+    bad = late if late.any() else ~inside
+    value, row = bad_example(col, bad, rows)
+    year = int(np.floor(1970 + float(seconds[np.flatnonzero(bad)[0]]) / _SECONDS_PER_YEAR))
     fix = (f"it looks like {fits[0]}; set time_unit: {fits[0]}" if fits
-           else "fix or drop the rows, or set time_unit to the column's unit")
+           else "fix or drop the rows" + ("" if unit == "datetime" else ", or set time_unit to the column's unit"))
+    read = "in" if unit == "datetime" else f"read with time_unit: {unit} as"
     raise SchemaError(
-        f"{source}: column {name!r} has the time {value!r} at row {row}, read with time_unit: {unit} as the year "
+        f"{source}: column {name!r} has the time {value!r} at row {row}, {read} the year "
         f"{f'{year:,}' if year >= 10_000 else year} (outside 1990..2100); {fix}"
     )
 

@@ -686,6 +686,22 @@ def test_read_events_refuses_timestamps_and_dates_outside_1990_to_2100(tmp_path,
     assert read_events(path, schema)["timestamp"].to_pylist() == [0.0, 30.0, 5.0]
 
 
+def test_a_text_time_column_of_iso_and_numbers_is_refused_whole_and_batch_by_batch(tmp_path):
+    """Batch by batch, a batch of ISO-8601 text and one of numbers each read (the second in time_unit ms), so the
+    file read whole and read a batch at a time gave two answers (the batches with exit 0)."""
+    from sessrec.data.readers import scan_events
+
+    path = tmp_path / "clicks.parquet"
+    times = ["2014-04-02T11:17:46Z", "2014-04-02T11:30:12Z", str(EVENTS_AT[2] * 1000)]
+    pq.write_table(pa.table({"session_id": [1, 1, 2], "item_id": [5, 6, 7], "timestamp": times}), path)
+    with pytest.raises(SchemaError, match=r"unparsable timestamp '1396796300000' at row 2"):
+        read_events(path, Schema(time_unit="ms"))
+    with pytest.raises(SchemaError, match=(
+            r"clicks.parquet: column 'timestamp' holds times of two forms: '2014-04-02T11:17:46Z' at row 0 \(ISO-8601\) "
+            r"and '1396796300000' at row 2 \(milliseconds since the epoch, time_unit: ms\); give the column one form")):
+        list(scan_events(path, Schema(time_unit="ms"), batch_rows=2))
+
+
 @pytest.mark.parametrize("suffix, codec", [(".gz", "gzip"), (".bz2", "bz2"), (".zst", "zstd"), (".lz4", "lz4")])
 def test_a_compressed_text_file_reads_as_the_plain_one_by_every_reader(tmp_path, suffix, codec, monkeypatch):
     """Arrow's CSV readers decompress by the extension; the delimiter is sniffed on the decompressed text (on the

@@ -28,7 +28,14 @@ import pyarrow.parquet as pq
 from sessrec.data import frame
 from sessrec.data.columns import BEYOND_INT64, SchemaError, first_failing_cast, first_not_decimal
 from sessrec.data.schema import Schema
-from sessrec.data.times import PLAUSIBLE_SECONDS, TimeUnit, check_plausible, parse_time_strings, shown_times
+from sessrec.data.times import (
+    PLAUSIBLE_SECONDS,
+    UNIT_WORDS,
+    TimeUnit,
+    check_plausible,
+    parse_time_strings,
+    shown_times,
+)
 
 NULL_VALUES = ["", "NA", "NaN", "null", "None"]  # what a CSV field holds for a missing value
 BLOCK_BYTES = 1 << 20  # a text file's block, read at once; the first decides the column types (`first_block`)
@@ -513,10 +520,18 @@ def time_sample(raw: pa.Table, events: pa.Table, schema: Schema, first_row: int)
 
 def check_time_samples(samples: list[TimeSample | None], schema: Schema, source: str) -> None:
     """Refuse the times of batches that each passed `Schema.validate` but would not pass it together (some
-    batches in 1990..2100, others before): the check of the whole file, on the rows that decide it."""
+    batches in 1990..2100, others before; text of ISO-8601 times in some, of numbers in others): the check of
+    the whole file, on the rows that decide it."""
     kept = [s for s in samples if s is not None]
     if len(kept) < 2:
         return
+    other = next((s for s in kept if s[3] != kept[0][3]), None)
+    if other is not None:
+        forms = [f"{s[0][0].as_py()!r} at row {s[2][0]} ("
+                 + ("ISO-8601" if s[3] == "datetime" else f"{UNIT_WORDS[s[3]]} since the epoch, time_unit: {s[3]}")
+                 + ")" for s in (kept[0], other)]
+        raise SchemaError(f"{source}: column {schema.timestamp!r} holds times of two forms: {forms[0]} and {forms[1]}; "
+                          "give the column one form")
     values = pa.chunked_array([s[0] for s in kept])
     seconds = np.concatenate([s[1] for s in kept])
     rows = np.concatenate([s[2] for s in kept])

@@ -82,7 +82,7 @@ def parse_time(table: pa.Table, name: str, unit: TimeUnit, source: str, rows: Ro
     return pa.chunked_array([pa.array(np.asarray(seconds, dtype=np.float64))])
 
 
-_UNIT_WORDS = {"s": "seconds", "ms": "milliseconds", "us": "microseconds", "ns": "nanoseconds"}
+UNIT_WORDS = {"s": "seconds", "ms": "milliseconds", "us": "microseconds", "ns": "nanoseconds"}
 _ISO_FORM = "ISO-8601 (2016-05-09 or 2016-05-09T10:51:09Z)"
 
 
@@ -98,7 +98,7 @@ def _numeric_time_text(col: pa.ChunkedArray, iso: np.ndarray, name: str, unit: T
     numeric_unit = unit != "datetime"
     if numeric_unit and number.all():
         return pc.cast(pc.utf8_trim_whitespace(col), pa.float64())
-    numbers = f"a number of {_UNIT_WORDS[unit]} since the epoch (time_unit: {unit})" if numeric_unit else ""
+    numbers = f"a number of {UNIT_WORDS[unit]} since the epoch (time_unit: {unit})" if numeric_unit else ""
     first = f"{col[0].as_py()!r} at row {file_row(rows, 0)}"
     if numeric_unit and number[0]:
         bad, expected = ~number, f"{numbers}, as {first} is"

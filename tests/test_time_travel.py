@@ -310,6 +310,30 @@ def test_a_streamed_training_split_ends_where_the_in_memory_one_does(tmp_path):
     assert streamed.train_end() == source.load().train_end() == T0 + 3 * DAY + 9 * 3600.0 + 120.0
 
 
+def test_a_training_split_ends_at_its_last_event_virtual_ones_included_streamed_or_not(tmp_path):
+    """A kept page view after a session's last product is an event the model read: in memory the training split
+    ended at the last product (17 minutes earlier than the streamed split of the same preparation, so one log gave
+    a model directory two train_ends, as it was fitted streamed or not)."""
+    from sessrec.data import PreparedSource
+    from sessrec.data.schema import Schema, VirtualSpec
+    from sessrec.data.streaming import StreamedSplits
+
+    events = pq.read_table(write_log(tmp_path / "products.parquet", list(range(6))))
+    events = events.append_column("kind", pa.array(["product"] * events.num_rows))
+    last = events.slice(4 * 10 * 3 - 1, 1)  # the last training session (day 3, 9 h; ends 09:02): a page view after it
+    view = pa.table({"session_id": last["session_id"], "item_id": pa.array([999]),
+                     "timestamp": pa.array([last["timestamp"][0].as_py() + 17 * 60.0]), "kind": pa.array(["view"])})
+    log = tmp_path / "events.parquet"
+    pq.write_table(pa.concat_tables([events, view]), log)
+    schema = Schema(virtual=VirtualSpec("kind", ["view"], keep=True))
+    source = EventLogSource(str(log), schema=schema, test_days=1, valid_days=1)
+    splits = source.load()
+    assert view["session_id"][0].as_py() in splits.train.column("session_id").to_pylist()
+    out = prepare(source, str(tmp_path / "prepared"), engine="local", memory_budget=ROOMY)
+    streamed = StreamedSplits(out, PreparedSource(str(out)).manifest)
+    assert splits.train_end() == streamed.train_end() == max(max(t) for t in splits.train.column("timestamp").to_pylist())
+
+
 TRIVAGO = Path(__file__).resolve().parents[2] / "shared" / "data" / "trivago_rsc19_100k" / "trivago_val_100k.parquet.snappy"
 
 

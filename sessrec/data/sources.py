@@ -48,10 +48,12 @@ class SessionSplits:
         return directory
 
     def train_end(self) -> float | None:
-        """Time (epoch seconds) of the training split's last event, the end of the period a model trained on it
-        has seen; None when its sessions carry no timestamps."""
-        end = frame.end_times(self.train)
-        return None if end is None else float(end.max())
+        """Time (epoch seconds) of the training split's last event (a kept virtual event after a session's last
+        product included: the model reads it), the end of the period a model trained on it has seen; None when its
+        sessions carry no timestamps."""
+        if frame.TIMES not in self.train.column_names or self.train.num_rows == 0:
+            return None
+        return float(pc.max(frame.list_offsets(self.train.column(frame.TIMES))[0]).as_py())
 
     def summary(self) -> dict[str, int]:
         return {

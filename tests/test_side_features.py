@@ -20,7 +20,7 @@ from sessrec.data import (
 )
 from sessrec.data.sources import SessionSource
 from sessrec.features import SideFeatureTransform
-from sessrec.models import SessionModel, XLNetEncoder
+from sessrec.models import BertEncoder, SessionModel, XLNetEncoder
 from sessrec.models.side_info import SideInfoConfig, SideInfoEmbedding, SoftOneHot
 from sessrec.tasks import NextItemTask, SessionDataModule
 
@@ -388,3 +388,25 @@ def test_side_features_follow_the_items_when_mlm_cuts_random_prefixes():
     inputs, masked, features = seen[-1]
     assert not torch.equal(features["tag"], items)  # the sessions were cut and shifted ...
     assert torch.equal(features["tag"].masked_fill(masked, 0), inputs)  # ... and the feature (= the id) with them
+
+
+@pytest.mark.parametrize("aggregation", ["concat", "sum"])
+def test_a_continuous_side_value_that_is_no_number_is_refused_at_an_item_and_never_read_at_padding(aggregation):
+    """A NaN price of a real item is one line naming the feature, the value and its position (its scores were NaN,
+    and a top-k of NaN scores recommends arbitrary items); a NaN or infinite value at padding is not read: the
+    session scores as with 0 there, where it made every score of the session NaN."""
+    torch.manual_seed(0)
+    spec = SideInfoSpec(categorical={"device": 5}, continuous=["price"])
+    side = SideInfoEmbedding(8, 30, spec, SideInfoConfig(aggregation=aggregation))
+    model = SessionModel(30, BertEncoder(d_model=8, n_head=2, n_layer=1), side_info=side).eval()
+    items, device = torch.tensor([[0, 5, 6, 7], [4, 5, 6, 7]]), torch.tensor([[0, 1, 2, 3], [1, 1, 2, 3]])
+    price = torch.tensor([[0.0, 1.0, 2.0, 3.0], [1.0, 1.0, 2.0, 3.0]])
+    with torch.no_grad():
+        expected = model(items, features={"device": device, "price": price})
+        for value in (float("nan"), float("inf")):
+            padded = price.clone()
+            padded[0, 0] = value
+            torch.testing.assert_close(model(items, features={"device": device, "price": padded}), expected)
+        price[1, 2] = float("nan")
+        with pytest.raises(ValueError, match=r"^side feature 'price': nan at \[1, 2\] of a real item is not a finite number$"):
+            model(items, features={"device": device, "price": price})

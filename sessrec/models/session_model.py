@@ -122,8 +122,9 @@ def check_item_ids(items: torch.Tensor, num_items: int) -> None:
 
 def check_side_features(features: dict[str, torch.Tensor] | None, items: torch.Tensor, side_info: SideInfoEmbedding) -> None:
     """Refuse side features that `side_info` cannot embed for the (B, L) `items`: one of another shape than the
-    items, or a categorical one that is not of integers or holds an id outside its table; a ValueError naming
-    the feature (and the first such id and its position). A missing one is `SideInfoEmbedding`'s to refuse."""
+    items, a categorical one that is not of integers or holds an id outside its table, or a continuous one that is
+    no finite number at a real item (padding's values are not read); a ValueError naming the feature (and the
+    first such value and its position). A missing one is `SideInfoEmbedding`'s to refuse."""
     for name in side_info.names:
         values = (features or {}).get(name)
         if values is None:
@@ -131,6 +132,11 @@ def check_side_features(features: dict[str, torch.Tensor] | None, items: torch.T
         if values.shape != items.shape:
             raise ValueError(f"side feature {name!r} has shape {tuple(values.shape)}, the items {tuple(items.shape)}")
         if name not in side_info.categorical:
+            bad = ~torch.isfinite(values) & (items != 0)
+            if bool(bad.any()):
+                at = bad.nonzero()[0].tolist()
+                raise ValueError(f"side feature {name!r}: {values[tuple(at)].item()} at {at} of a real item is not a "
+                                 "finite number")
             continue
         if values.dtype == torch.bool or values.is_floating_point() or values.is_complex():
             raise ValueError(f"side feature {name!r} holds category ids (integers), got a {str(values.dtype)[6:]} tensor")

@@ -182,15 +182,16 @@ class SideInfoEmbedding(nn.Module, Configurable):
                 f"the model embeds side feature {missing[0]!r}, which the batch does not carry (it has "
                 f"{sorted(features)}): train and score with the same side_features"
             )
-        keep = visible.unsqueeze(-1).to(item_embeddings.dtype)  # (B, L, 1)
-        ahead = keep if ahead_visible is None else (ahead_visible & visible).unsqueeze(-1).to(keep.dtype)
+        # zeroed by selection, not by a product: a value that is no number (a NaN at padding) is never read
+        keep = visible.unsqueeze(-1)  # (B, L, 1)
+        ahead = keep if ahead_visible is None else (ahead_visible & visible).unsqueeze(-1)
         parts = [self.categorical[n](features[n]) for n in self.categorical]  # (B, L, F) each
         parts += [self.continuous[n](features[n].to(item_embeddings.dtype)) for n in self.continuous]
-        parts = [p * ahead if n in self.looks_ahead else p for n, p in zip(self.names, parts)]
+        parts = [torch.where(ahead, p, 0.0) if n in self.looks_ahead else p for n, p in zip(self.names, parts)]
         if self.aggregation == "concat":
             if self.item_vectors is not None:
                 parts.append(self.item_vectors(ids))
-            side = torch.cat(parts, dim=-1) * keep if parts else item_embeddings[..., :0]
+            side = torch.where(keep, torch.cat(parts, dim=-1), 0.0) if parts else item_embeddings[..., :0]
             return self.project(torch.cat([item_embeddings, side], dim=-1))
         total = torch.stack(parts).sum(dim=0) if parts else None  # (B, L, F)
         if self.vector_project is not None:
@@ -198,4 +199,4 @@ class SideInfoEmbedding(nn.Module, Configurable):
             total = vectors if total is None else total + vectors
         if total is None:
             return item_embeddings
-        return item_embeddings + self.project(total) * keep
+        return item_embeddings + torch.where(keep, self.project(total), 0.0)

@@ -10,9 +10,12 @@ The sampled losses score each target against a small candidate set instead:
 - ``in_batch``: the other targets of the batch are the negatives (drawn by popularity, for free);
 - ``mixed``: both.
 
-Each candidate's logit is corrected by the log of its expected number of draws (logQ
+Each candidate's logit is corrected by the log of its expected number of draws in its set (logQ
 correction, Bengio & Senecal 2008; Yi et al. 2019), so that the sampled softmax estimates the
-full one without bias in the limit, whatever the sampler. Candidates equal to a row's own target
+full one without bias in the limit, whatever the sampler. With ``mixed`` each set is corrected by its
+own draws (n f_j for the in-batch columns, S q_j for the sampled ones, not by their sum): each set
+estimates the full softmax's normaliser on its own and the two together twice it, the same gradients
+in the limit and log 2 more in the loss's value. Candidates equal to a row's own target
 (accidental hits) are removed from that row. Padding and OOV are never candidates.
 
 Every loss is a `CatalogueLoss`: called as ``loss(model, hidden, targets, generator)`` where

@@ -296,6 +296,10 @@ def test_a_time_window_bound_in_milliseconds_is_refused_naming_the_setting(tmp_p
         TimeWindowSource([str(path)], Schema(), start, mid * 1000, late * 1000)
     assert str(err.value) == (f"train_until: {mid * 1000!r} seconds since the epoch fall after 2100; give seconds (not "
                               "milliseconds) or an ISO-8601 date or time")
+    with pytest.raises(ValueError, match=r"^test_until: '2999-01-01' falls after 2100; give the date or time of the window"):
+        TimeWindowSource([str(path)], Schema(), start, mid, "2999-01-01")  # a mistyped year
+    with pytest.raises(ValueError, match=r"^train_from: nan is no time; give epoch seconds or an ISO-8601 date or time$"):
+        TimeWindowSource([str(path)], Schema(), float("nan"), mid, late)
 
 
 def test_a_time_window_whose_validation_share_rounds_to_no_session_is_refused(tmp_path):

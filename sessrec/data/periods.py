@@ -9,6 +9,7 @@ times these rules and the retraining windows name.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from datetime import datetime, timezone
 
@@ -112,13 +113,16 @@ class SplitPeriods:
 
 
 def to_seconds(value: str | float, name: str) -> float:
-    """An ISO-8601 date or time (UTC unless it says otherwise) or epoch seconds, as epoch seconds; a number of
-    seconds after 2100 (milliseconds given for seconds) is refused naming `name`."""
+    """An ISO-8601 date or time (UTC unless it says otherwise) or epoch seconds, as epoch seconds; a time after
+    2100 (milliseconds given for seconds, a mistyped year) or a number that is no finite one is refused naming
+    `name`."""
     try:
         seconds = float(value)
     except ValueError:
         pass
     else:
+        if math.isnan(seconds) or seconds == -math.inf:
+            raise ValueError(f"{name}: {value!r} is no time; give epoch seconds or an ISO-8601 date or time")
         if seconds >= PLAUSIBLE_SECONDS[1]:
             raise ValueError(f"{name}: {value!r} seconds since the epoch fall after 2100; give seconds (not milliseconds) "
                              "or an ISO-8601 date or time")
@@ -127,4 +131,7 @@ def to_seconds(value: str | float, name: str) -> float:
         moment = datetime.fromisoformat(value)
     except ValueError as err:
         raise ValueError(f"{name}: {value!r} is neither an ISO-8601 date/time nor epoch seconds") from err
-    return (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp()
+    seconds = (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp()
+    if seconds >= PLAUSIBLE_SECONDS[1]:
+        raise ValueError(f"{name}: {value!r} falls after 2100; give the date or time of the window you mean")
+    return seconds

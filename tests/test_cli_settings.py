@@ -100,6 +100,15 @@ def test_not_given_settings_are_the_models(checkpoint):
     assert task.hparams.objective["class_path"].endswith("MaskedItemModeling")
 
 
+def test_a_recipe_with_no_model_key_at_all_takes_the_models(checkpoint, sessions, tmp_path):
+    recipe = tmp_path / "data.yaml"
+    recipe.write_text("data:\n  source: {class_path: sessrec.data.SyntheticSource}\n  max_length: 20\n")
+    data = ["--config", str(recipe), *DATA, "--model_dir", str(checkpoint)]
+    assert cli(["test", *data]).model.evaluation.top_k == TRAINED_TOP_K
+    cli(["predict", *data, "--data.predict_path", str(sessions), "--scoring.output", str(tmp_path / "recs.parquet")])
+    assert {len(items) for items in pq.read_table(tmp_path / "recs.parquet").column("item_ids").to_pylist()} == {TRAINED_TOP_K}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("flags, message", [
     (["--model.encoder.init_args.d_model", "32"],

@@ -148,8 +148,7 @@ class SessrecCLI(LightningCLI):
         sub = self.config.get("subcommand")
         if sub not in EVALUATING:
             if sub == "fit" and self.config[sub].get("ckpt_path") and Path(self.config[sub].ckpt_path).is_file():
-                given = self.parser.parse_args(self._args, defaults=False)[sub] if self._args is not None else self.config[sub]
-                refuse_other_settings(given, self.config[sub].ckpt_path)
+                refuse_other_settings(self._given(sub), self.config[sub].ckpt_path)
             super()._parse_ckpt_path()
             return
         cfg = self.config[sub]
@@ -167,7 +166,7 @@ class SessrecCLI(LightningCLI):
                 f"{task.__name__} evaluates; give a data recipe without a model block, or the recipe it was trained with"
             )
         base = NextItemTask.from_recommender(artifact) if task is NextItemTask else DLRMTask.from_ranker(artifact)
-        given = self.parser.parse_args(self._args, defaults=False)[sub] if self._args is not None else cfg
+        given = self._given(sub)
         refuse_other_vocabulary(given.get("data"), recorded.get("data"), folder)
         model = given.get("model")
         init_args = model.get("init_args") if model is not None else None
@@ -177,6 +176,14 @@ class SessrecCLI(LightningCLI):
         self.config = self.parser.parse_object(update, self.config)
         self._model_dir, self._artifact = folder, artifact
         self._settings = {k: merged[k] for k in task.EVALUATION_SETTINGS}
+
+    def _given(self, sub: str) -> Namespace:
+        """The settings of `sub` that the recipes and flags give, without the defaults; not validated, as
+        without the defaults a recipe with no ``model`` key lacks the required model (the parse with them
+        validated everything)."""
+        if self._args is None:
+            return self.config[sub]
+        return self.parser.parse_args(self._args, defaults=False, _skip_validation=True)[sub]
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # a recipe's `model:` block without class_path configures NextItemTask, the default task

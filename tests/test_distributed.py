@@ -152,6 +152,30 @@ def test_predict_on_two_processes_writes_one_output_in_input_order(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["recs1.parquet", "recs2.csv", "recs2.parquet", "s.parquet"]
 
 
+
+@pytest.mark.slow
+def test_predict_on_more_processes_than_batches_joins_no_part_of_an_earlier_killed_run(tmp_path):
+    """A rank without a batch writes no part: the one a killed run of as many processes left under its
+    name is not this run's."""
+    import pyarrow as pa
+
+    from sessrec.tasks import TopKWriter
+
+    pl.seed_everything(0)
+    data = SessionDataModule(SyntheticSource(num_sessions=400, num_items=50), max_length=8, eval_batch_size=16)
+    task = NextItemTask(num_items=data.num_items, max_length=8, encoder=XLNetEncoder(d_model=16, n_head=2, n_layer=1),
+                        objective=MaskedItemModeling(), evaluation=Evaluation(top_k=5))
+    raw = data.vocab.raw_ids.to_pylist()
+    pq.write_table(pa.table({"session_id": list(range(20)), "item_id": [[raw[i]] for i in range(20)]}), tmp_path / "s.parquet")
+    stale = pa.table({"session_id": [99], "item_ids": [[raw[0]]], "scores": pa.array([[1.0]], pa.list_(pa.float32()))})
+    pq.write_table(stale, tmp_path / ".recs.parquet.part-2-of-3")  # rank 2 of a killed run
+    data = SessionDataModule(SyntheticSource(num_sessions=400, num_items=50), max_length=8, eval_batch_size=16,
+                             predict_path=str(tmp_path / "s.parquet"))  # 2 batches: rank 2 scores none
+    pl.Trainer(accelerator="cpu", devices=3, strategy="ddp_spawn", logger=False, enable_progress_bar=False,
+               callbacks=[TopKWriter(str(tmp_path / "recs.parquet"))]).predict(task, datamodule=data, return_predictions=False)
+    assert pq.read_table(tmp_path / "recs.parquet").column("session_id").to_pylist() == list(range(20))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["recs.parquet", "s.parquet"]
+
 def test_bf16_mixed_precision_trains_on_cpu():
     """bf16 autocast on CPU learns as fp32 does (synthetic transitions: chance Recall@20 is about 0.12)."""
     recall = {}

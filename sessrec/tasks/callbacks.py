@@ -131,7 +131,8 @@ class TopKWriter(BasePredictionWriter):
 
     The output is checked (`check`) before the data module or the model is built (``sessrec
     predict`` calls it first) and again when scoring starts. Each process writes its batches (one
-    parquet row group each) to a part file beside the output; when scoring ends, rank 0 joins the
+    parquet row group each) to a part file beside the output (first removing one a killed run left
+    under that name: a process may score no batch); when scoring ends, rank 0 joins the
     parts into the input's order (batch i was scored by rank i mod world size) under a temporary
     name renamed into place (a single parquet part is itself renamed). A failed run removes its
     parts and the folders it created.
@@ -171,6 +172,7 @@ class TopKWriter(BasePredictionWriter):
         self._out = self.check(trainer.datamodule.predict_path)
         self._out.make_folder()
         self._tmp = self._part(trainer.global_rank, trainer.world_size)
+        self._tmp.unlink(missing_ok=True)  # a killed run's: this rank may score no batch, and rank 0 joins what exists
         self._writer = None
 
     def _part(self, rank: int, world_size: int) -> Path:

@@ -121,12 +121,13 @@ def test_dlrm_ddp_ends_with_identical_weights_and_refuses_the_fused_optimizer(tm
 
 
 @pytest.mark.slow
-def test_predict_on_two_processes_writes_one_output_in_input_order(tmp_path):
+def test_predict_on_two_processes_writes_one_output_in_input_order(tmp_path, capfd):
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
     from sessrec.scoring.output import long_table
     from sessrec.tasks import TopKWriter
+    from sessrec.tasks.callbacks import PredictProgress
 
     pl.seed_everything(0)
     data = SessionDataModule(SyntheticSource(num_sessions=400, num_items=50), max_length=8, eval_batch_size=16)
@@ -142,8 +143,11 @@ def test_predict_on_two_processes_writes_one_output_in_input_order(tmp_path):
         data = SessionDataModule(SyntheticSource(num_sessions=400, num_items=50), max_length=8, eval_batch_size=16,
                                  predict_path=str(tmp_path / "s.parquet"))
         pl.Trainer(accelerator="cpu", devices=devices, strategy=strategy, logger=False, enable_progress_bar=False,
-                   callbacks=[TopKWriter(str(tmp_path / name))]).predict(task, datamodule=data, return_predictions=False)
+                   callbacks=[TopKWriter(str(tmp_path / name)), PredictProgress(interval=1e9)]).predict(
+            task, datamodule=data, return_predictions=False)
         outputs[name] = (pacsv.read_csv if name.endswith(".csv") else pq.read_table)(tmp_path / name)
+        done = [line for line in capfd.readouterr().out.splitlines() if line.startswith("[predict] done: ")]
+        assert len(done) == 1 and done[0].startswith("[predict] done: 10 batches, 150 sessions in "), (name, done)
     assert outputs["recs2.parquet"].column("session_id").to_pylist() == list(range(1000, 1150))
     assert outputs["recs2.parquet"].equals(outputs["recs1.parquet"])
     long = long_table(outputs["recs1.parquet"])  # one row per recommendation, in the same order

@@ -15,6 +15,7 @@ from weakref import proxy
 
 import pyarrow.parquet as pq
 import pytorch_lightning as pl
+import torch
 from pytorch_lightning.callbacks import BasePredictionWriter, ModelCheckpoint
 from pytorch_lightning.utilities import rank_zero_info
 
@@ -38,8 +39,8 @@ class MetricHistory(pl.Callback):
 
 
 class PredictProgress(pl.Callback):
-    """``sessrec predict``'s progress: a line every `interval` seconds and one at the end, with the
-    batches and sessions scored and the rate. The sessions come as a stream whose length is not
+    """``sessrec predict``'s progress: a line every `interval` seconds (process 0's batches) and one at the end
+    (every process's), with the batches and sessions scored and the rate. The sessions come as a stream whose length is not
     known in advance, where a progress bar shows ``1/-- 0.00it/s``.
 
     Args:
@@ -66,6 +67,10 @@ class PredictProgress(pl.Callback):
             self._line(trainer)
 
     def on_predict_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.world_size > 1:  # every process's batches and sessions: the lines between are process 0's
+            counts = trainer.strategy.reduce(torch.tensor([self.batches, self.sessions], dtype=torch.float64,
+                                                          device=pl_module.device), reduce_op="sum")
+            self.batches, self.sessions = (int(c) for c in counts.tolist())
         self._line(trainer, "done: ")
 
     def _line(self, trainer: pl.Trainer, head: str = "") -> None:

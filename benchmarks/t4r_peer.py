@@ -10,10 +10,11 @@ tests/fixtures/merlin/make_fixtures.py describes (transformers4rec 23.12.0, merl
 The schema is read as merlin-core reads it (``.merlin/schema.json``, else ``schema.json``, else
 ``schema.pbtxt``, by `merlin.schema.io.tensorflow_metadata.TensorflowMetadata`) and the item column is
 Merlin's ``select_by_tag(Tags.ITEM_ID)``. The parquet files are split by `MerlinSource`'s rules: files under
-``train``/``valid``/``test`` folders or named so (T4R's day folders ``1/train.parquet`` ...) are those splits, the
-test files (else the valid files) being the test set; a directory without a split is read in natural file order
-and cut at its end, the last `test_fraction` test, the `valid_fraction` before it validation (unused here: T4R
-trains a fixed number of epochs). Sessions with fewer than 2 non-padding items are dropped first, as
+``train``/``valid``/``test`` folders or named so are those splits, the test files (else the valid files) being the
+test set; with T4R's day folders (``1/train.parquet`` ...) only the last day's valid and test files are held
+out, every earlier day's files train; a directory without a split is read in natural file order and cut at its
+end, the last `test_fraction` test, the `valid_fraction` before it validation (unused here: T4R trains a fixed
+number of epochs). Sessions with fewer than 2 non-padding items are dropped first, as
 `MerlinSource` drops them. Only the item-id list column is used; doubles (NVTabular's ``ListSlice(pad=True)``
 on CPU writes its padded lists so) are cast to int64 as `MerlinSource` reads them: given as written, T4R stops in
 its embedding lookup ("Expected tensor for argument #1 'indices' to have one of the following scalar types: Long,
@@ -174,10 +175,19 @@ def split(path: Path, item: str, valid_fraction: float, test_fraction: float) ->
         return table.slice(0, cut), table.slice(cut)
 
     names = {"train": "train", "training": "train", "valid": "valid", "validation": "valid", "test": "test"}
-    groups: dict = {}
+    found: list = []  # (file, split, day folder or None), in natural order
     for file in sorted(path.rglob("*.parquet"), key=natural):
         parts = [*file.relative_to(path).parent.parts, file.stem]
-        name = next((names[m.group(1)] for p in parts if (m := SPLIT.match(p.lower()))), "all")
+        at = next((i for i, p in enumerate(parts) if SPLIT.match(p.lower())), None)
+        name = "all" if at is None else names[SPLIT.match(parts[at].lower()).group(1)]
+        found.append((file, name, next((int(p) for p in parts[:at] if p.isascii() and p.isdigit()), None)))
+    days = [day for _, name, day in found if name != "all" and day is not None]
+    if days:  # T4R's day folders: the last day's held-out files are held out, every other file trains
+        if len(days) < len(found) or not any(day == max(days) and name != "train" for _, name, day in found):
+            sys.exit(f"{path}: split files outside day folders, or no valid/test file in the last day folder (MerlinSource refuses it)")
+        found = [(file, name if day == max(days) else "train", day) for file, name, day in found]
+    groups: dict = {}
+    for file, name, _ in found:
         table = pq.ParquetFile(file).read(columns=[item], use_pandas_metadata=False)
         groups.setdefault(name, []).append(table.replace_schema_metadata(None))  # pandas' index, not read
     tables = {}

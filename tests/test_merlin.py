@@ -211,7 +211,8 @@ def test_train_valid_folders_split_and_side_features(tmp_path):
 
 
 def test_test_folder_and_day_folders(tmp_path):
-    """T4R's day folders: ``<day>/train.parquet`` ... read in day order (2 before 10)."""
+    """T4R's day folders: ``<day>/train.parquet`` ... read in day order (2 before 10); the last day's test files
+    are the test set, the earlier days' held-out files train (they precede it), validation the latest training."""
     path = directory(tmp_path, {
         "10/train.parquet": sessions(100, [[1, 2]]),
         "2/train.parquet": sessions(20, [[3, 4]]),
@@ -219,15 +220,47 @@ def test_test_folder_and_day_folders(tmp_path):
         "2/test.parquet": sessions(22, [[7, 8]]),
         "10/test.parquet": sessions(101, [[9, 10]]),
     }, schema="json")
-    source = MerlinSource(str(path), features=["price-list"])
+    source = MerlinSource(str(path), features=["price-list"], valid_fraction=0.25)
     assert {k: [p.relative_to(path).as_posix() for p in v] for k, v in source.files().items()} == {
-        "train": ["2/train.parquet", "10/train.parquet"], "valid": ["2/valid.parquet"],
-        "test": ["2/test.parquet", "10/test.parquet"]}
+        "train": ["2/test.parquet", "2/train.parquet", "2/valid.parquet", "10/train.parquet"], "test": ["10/test.parquet"]}
     splits = source.load()
     assert splits.train.column_names == ["session_id", "item_id", "price-list"]
-    assert rows(splits.train, "session_id", "item_id") == [(20, [3, 4]), (100, [1, 2])]
-    assert rows(splits.valid, "session_id") == [(21,)]
-    assert rows(splits.test, "session_id", "item_id") == [(22, [7, 8]), (101, [9, 10])]
+    assert rows(splits.train, "session_id", "item_id") == [(22, [7, 8]), (20, [3, 4]), (21, [5, 6])]
+    assert rows(splits.valid, "session_id") == [(100,)]
+    assert rows(splits.test, "session_id", "item_id") == [(101, [9, 10])]
+
+
+def test_the_last_days_valid_files_validate_when_it_has_test_files(tmp_path):
+    path = directory(tmp_path, {
+        "1/train.parquet": sessions(10, [[1, 2]]),
+        "1/valid.parquet": sessions(11, [[3, 4]]),
+        "2/train.parquet": sessions(20, [[5, 6]]),
+        "2/valid.parquet": sessions(21, [[7, 8]]),
+        "2/test.parquet": sessions(22, [[9, 10]]),
+    })
+    splits = MerlinSource(str(path)).load()
+    assert [rows(s, "session_id") for s in (splits.train, splits.valid, splits.test)] == [[(10,), (11,), (20,)], [(21,)], [(22,)]]
+    no_test = directory(tmp_path / "no_test", {
+        "1/train.parquet": sessions(10, [[1, 2]]),
+        "1/valid.parquet": sessions(11, [[3, 4]]),
+        "2/train.parquet": sessions(20, [[5, 6]]),
+        "2/valid.parquet": sessions(21, [[7, 8]]),
+    })
+    splits = MerlinSource(str(no_test), valid_fraction=0.34).load()  # day 2's valid files are the test set
+    assert [rows(s, "session_id") for s in (splits.train, splits.valid, splits.test)] == [[(10,), (11,)], [(20,)], [(21,)]]
+
+
+@pytest.mark.parametrize("parts, message", [
+    ({"1/train.parquet": [[1, 2]], "1/test.parquet": [[3, 4]], "2/train.parquet": [[5, 6]]},
+     "the last day folder 2 has no valid or test files"),
+    ({"1/train.parquet": [[1, 2]], "1/valid.parquet": [[3, 4]], "test/part_0.parquet": [[5, 6]]},
+     "is in day folder 1 while"),
+])
+def test_day_folders_without_a_last_held_out_day_are_refused(tmp_path, parts, message):
+    path = directory(tmp_path, {rel: sessions(10 * i, items) for i, (rel, items) in enumerate(parts.items())})
+    with pytest.raises(SchemaError, match=message) as err:
+        MerlinSource(str(path)).load()
+    assert "\n" not in str(err.value) and str(path) in str(err.value)
 
 
 def test_a_directory_without_a_split_is_split_at_its_end(tmp_path):
@@ -277,16 +310,22 @@ def test_the_t4r_tutorial_output():
 
 
 def test_the_t4r_day_folders():
-    """T4R's day folders (1/, 2/, 3/: train, valid, test), read in day order with the schema.pbtxt beside them."""
+    """T4R's day folders (1/, 2/, 3/: train, valid, test), read in day order with the schema.pbtxt beside them: day 3's
+    test files are the test set and its valid files validate; days 1 and 2's held-out files train, so no test session
+    is from an earlier day than a training session."""
     source = MerlinSource(str(DAYS))
-    assert {k: [p.relative_to(DAYS).as_posix() for p in v] for k, v in source.files().items()} == {
-        split: [f"{day}/{split}.parquet" for day in (1, 2, 3)] for split in ("test", "train", "valid")}
+    files = source.files()
+    assert {k: [p.relative_to(DAYS).as_posix() for p in v] for k, v in files.items()} == {
+        "train": [f"{day}/{split}.parquet" for day in (1, 2) for split in ("test", "train", "valid")] + ["3/train.parquet"],
+        "valid": ["3/valid.parquet"], "test": ["3/test.parquet"]}
+    day = {split: {d for p in paths for d in pq.read_table(p, columns=["day-first"]).column(0).to_pylist()} for split, paths in files.items()}
+    assert max(day["train"]) <= min(day["test"]) == 3
     assert source.schema().path == str(DAYS / "schema.pbtxt")
     splits = source.load()
-    assert splits.summary() == {"train_sessions": 170, "train_events": 992, "valid_sessions": 18,
-                                "valid_events": 100, "test_sessions": 12, "test_events": 74}
-    assert rows(splits.test.slice(0, 2), "item_id") == [([31, 17, 28, 26, 32, 29, 25, 23],), ([7, 3, 15, 19, 35, 10, 11, 9],)]
-    assert splits.test.column("category-list")[0].as_py() == [4, 4, 4, 5, 4, 4, 4, 5]
+    assert splits.summary() == {"train_sessions": 190, "train_events": 1111, "valid_sessions": 6,
+                                "valid_events": 31, "test_sessions": 4, "test_events": 24}
+    assert rows(splits.test.slice(0, 2), "item_id") == [([33, 9, 5, 18, 22, 3, 19, 24],), ([28, 25, 35, 32, 31, 29, 17, 24],)]
+    assert splits.test.column("category-list")[0].as_py() == [3, 4, 3, 3, 5, 3, 4, 4]
 
 
 def test_generate_data_written_by_merlin_core():

@@ -234,10 +234,14 @@ class MerlinSource(SessionSource):
     folder: merlin-core writes ``.merlin/schema.json`` and ``schema.pbtxt`` beside the parquet
     files) and parquet files of sessions. Their split is respected:
 
-    - files under a ``train``, ``valid`` or ``test`` folder, or named ``train*.parquet`` ...
-      (T4R's day folders ``1/train.parquet``, ``1/valid.parquet``, ``2/...``, read in day order),
+    - files under a ``train``, ``valid`` or ``test`` folder, or named ``train*.parquet`` ...,
       form those splits; without test files the ``valid`` files are the test set (T4R evaluates on
       them) and validation is the latest `valid_fraction` of the training sessions;
+    - with T4R's day folders (every split file under a folder named by an integer: ``1/train.parquet``,
+      ``1/valid.parquet``, ``1/test.parquet``, ``2/...``, read in day order), the last day's test files
+      (else its valid files) are the test set and, when it has test files, its valid files validate;
+      every other file trains, the earlier days' valid and test files included, so no test session is
+      from an earlier day than a training session;
     - otherwise every parquet file is read (in natural path order: ``part_2`` before ``part_10``)
       and the sessions, in file order, are split at the end: the last `test_fraction` test, the
       `valid_fraction` before it validation, as `SRGNNSource` splits its training sessions.
@@ -301,23 +305,51 @@ class MerlinSource(SessionSource):
         raise SchemaError(f"{self.path}: no {', '.join(SCHEMA_FILES)} in the directory (or its train folder)")
 
     def files(self) -> dict[str, list[Path]]:
-        """Parquet files by split (``train``/``valid``/``test``), or under ``all`` when the directory has no split."""
+        """Parquet files by split (``train``/``valid``/``test``; with day folders, `_by_day`'s), or under ``all`` when the
+        directory has no split."""
         found = sorted(self.path.rglob("*.parquet"), key=_natural)
         if not found:
             raise SchemaError(f"{self.path}: no parquet file in the dataset directory")
         out: dict[str, list[Path]] = {}
+        days: dict[Path, int | None] = {}
         for file in found:
             parts = [*file.relative_to(self.path).parent.parts, file.stem]
-            split = next((_SPLIT_NAMES[m.group(1)] for p in parts if (m := _SPLIT.match(p.lower()))), "all")
+            at = next((i for i, p in enumerate(parts) if _SPLIT.match(p.lower())), None)
+            split = "all" if at is None else _SPLIT_NAMES[_SPLIT.match(parts[at].lower()).group(1)]
             out.setdefault(split, []).append(file)
+            days[file] = next((int(p) for p in parts[:at] if p.isascii() and p.isdigit()), None)
         if "all" in out and len(out) > 1:
             raise SchemaError(
                 f"{self.path}: {out['all'][0]} belongs to no split while other files are under train/valid/test; "
                 "move it into a split or out of the directory"
             )
+        if "all" not in out and any(day is not None for day in days.values()):
+            out = self._by_day(out, days)
         if "all" not in out and "train" not in out:
             raise SchemaError(f"{self.path}: the directory has {sorted(out)} files but no training files (train/ or train*.parquet)")
         return out
+
+    def _by_day(self, out: dict[str, list[Path]], days: dict[Path, int | None]) -> dict[str, list[Path]]:
+        """T4R's day folders: the last day's test files (else its valid files) are the test set and, with test files,
+        its valid files validate; every other file trains (earlier days precede the test day), in day order."""
+        undated = next((file for file, day in days.items() if day is None), None)
+        if undated is not None:
+            dated = next(file for file, day in days.items() if day is not None)
+            raise SchemaError(
+                f"{self.path}: {dated} is in day folder {days[dated]} while {undated} is in none; put every split "
+                "file in a day folder (1/train.parquet, 1/valid.parquet, 2/...) or none"
+            )
+        last = max(days.values())
+        held = {split: [f for f in out.get(split, []) if days[f] == last] for split in ("valid", "test")}
+        if not held["valid"] and not held["test"]:
+            raise SchemaError(
+                f"{self.path}: the last day folder {last} has no valid or test files, so no held-out sessions follow "
+                "the training ones; add its valid/test files or remove the day"
+            )
+        held_out = set(held["valid"] + held["test"])
+        split = {"train": [f for f in days if f not in held_out]}  # `days` keeps the natural (day) order
+        split.update({name: files for name, files in held.items() if files})
+        return split
 
     def side_features(self, **settings: Any) -> SideFeatures:
         """`SideFeatures` naming the carried columns by their tags (categorical / continuous); `settings` go to it."""

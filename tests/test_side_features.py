@@ -410,3 +410,18 @@ def test_a_continuous_side_value_that_is_no_number_is_refused_at_an_item_and_nev
         price[1, 2] = float("nan")
         with pytest.raises(ValueError, match=r"^side feature 'price': nan at \[1, 2\] of a real item is not a finite number$"):
             model(items, features={"device": device, "price": price})
+
+
+def test_evaluating_with_other_side_features_than_the_network_was_built_for_is_refused(tmp_path):
+    """A recipe whose position cap differs from the model's gave positions the network never saw, exit 0."""
+    dm = SessionDataModule(source=Source(), max_length=8, eval_batch_size=64, side_features=SIDE)
+    task = NextItemTask(num_items=dm.num_items, max_length=8, encoder=XLNetEncoder(d_model=8, n_head=2, n_layer=1),
+                        side_features=dm.side_info)
+    other = SessionDataModule(source=Source(), max_length=8, eval_batch_size=64,
+                              side_features=SideFeatures(**{**vars(SIDE), "position": 3}))
+    trainer = pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, default_root_dir=tmp_path)
+    message = ("the data module's side features do not match the model's: 'position' has 4 ids there and 7 in the "
+               "network; score with the side_features it was trained with")
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        trainer.test(task, other, verbose=False)

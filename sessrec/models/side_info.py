@@ -162,6 +162,24 @@ class SideInfoEmbedding(nn.Module, Configurable):
         self.names = list(self.categorical) + list(self.continuous)
         self.looks_ahead = [n for n in spec.looks_ahead if n in self.names]
 
+    def check_spec(self, spec: SideInfoSpec, source: str) -> None:
+        """Refuse per-event features (`spec`, e.g. `SideFeatureTransform.spec`) that are not those the tables were
+        built for: another feature, or a categorical one with another number of ids; one line naming `source`."""
+        built = {n: t.num_embeddings for n, t in self.categorical.items()}
+        given = {"continuous": sorted(spec.continuous), "categorical": sorted(spec.categorical)}
+        if given != {"continuous": sorted(self.continuous), "categorical": sorted(built)}:
+            raise ValueError(
+                f"{source} do not match the model's: categorical {given['categorical']} and continuous "
+                f"{given['continuous']} there, {sorted(built)} and {sorted(self.continuous)} in the network; "
+                "score with the side_features it was trained with"
+            )
+        for name, size in spec.categorical.items():
+            if size != built[name]:
+                raise ValueError(
+                    f"{source} do not match the model's: {name!r} has {size} ids there and {built[name]} in the "
+                    "network; score with the side_features it was trained with"
+                )
+
     def forward(
         self,
         item_embeddings: torch.Tensor,

@@ -181,6 +181,8 @@ class NextItemTask(Pretrained, pl.LightningModule):
                 f"scores {self.model.num_items} ({self.model.num_virtual} virtual): build the task with "
                 "num_items=datamodule.num_items and num_virtual=datamodule.num_virtual"
             )
+        if self.side_transform is not None and self.model.side_info is not None:
+            self.model.side_info.check_spec(self.side_transform.spec, "the data module's side features")
         width = getattr(datamodule, "max_length", None)
         if width is not None and int(width) != int(self.hparams.max_length):  # the CLI links the two
             raise ValueError(

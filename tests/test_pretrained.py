@@ -170,7 +170,7 @@ def test_a_session_recommender_carries_the_data_configuration_it_is_given(tmp_pa
 
 def test_a_session_recommender_with_side_information_round_trips_with_its_transforms(tmp_path, vocab):
     torch.manual_seed(0)
-    spec = SideInfoSpec(categorical={"device": 5}, continuous=["price"], item_vectors={"text": 3})
+    spec = SideInfoSpec(categorical={"device": 4}, continuous=["price"], item_vectors={"text": 3})
     side = SideInfoEmbedding(8, NUM_ITEMS, spec, SideInfoConfig(aggregation="sum", soft_one_hot_bins=4))
     model = trained(SessionModel(NUM_ITEMS, BertEncoder(d_model=8, n_head=2, n_layer=1), max_length=5, side_info=side))
     side.item_vectors.set_vectors("text", torch.randn(NUM_ITEMS, 3))
@@ -179,13 +179,29 @@ def test_a_session_recommender_with_side_information_round_trips_with_its_transf
     transform = SideFeatureTransform(settings).fit(table)
     saved = SessionRecommender(model.eval(), MaskedItemModeling(), vocab, Inference(5), transform, settings)
     loaded = SessionRecommender.from_pretrained(saved.save_pretrained(tmp_path / "model"))
-    features = {"device": torch.tensor([[0, 1, 2, 3, 4]] * 3), "price": torch.linspace(0, 1, 15).view(3, 5)}
+    features = {"device": torch.tensor([[0, 1, 2, 3, 3]] * 3), "price": torch.linspace(0, 1, 15).view(3, 5)}
     with torch.no_grad():
         assert torch.equal(loaded.scores(SESSIONS, features), saved.scores(SESSIONS, features))
     assert loaded.side_features == settings
     for name, values in transform.transform(table).items():
         np.testing.assert_array_equal(loaded.side_transform.transform(table)[name], values)
     assert isinstance(loaded.objective, MaskedItemModeling)
+
+
+def test_a_session_recommender_refuses_side_transforms_its_network_was_not_built_for(vocab):
+    """Transforms fitted on other data (a category more) or of other features gave ids the tables do not hold."""
+    side = SideInfoEmbedding(8, NUM_ITEMS, SideInfoSpec(categorical={"device": 4}, continuous=["price"]))
+    model = SessionModel(NUM_ITEMS, BertEncoder(d_model=8, n_head=2, n_layer=1), max_length=5, side_info=side).eval()
+    table = pa.table({"item_id": [[100, 101, 102]], "device": [["mobile", "tv", "car"]], "price": [[1.5, 2.0, 3.0]]})
+    settings = SideFeatures(categorical=["device"], continuous=["price"])
+    wider = SideFeatureTransform(settings).fit(table)
+    with pytest.raises(ValueError, match=re.escape("the side-feature transforms do not match the model's: 'device' has "
+                                                   "5 ids there and 4 in the network")):
+        SessionRecommender(model, MaskedItemModeling(), vocab, Inference(5), wider, settings)
+    fewer = SideFeatureTransform(SideFeatures(categorical=["device"])).fit(table.slice(0, 1).select(["item_id", "device"]))
+    with pytest.raises(ValueError, match=re.escape("categorical ['device'] and continuous [] there, ['device'] and "
+                                                   "['price'] in the network")):
+        SessionRecommender(model, MaskedItemModeling(), vocab, Inference(5), fewer)
 
 
 def dlrm(**kwargs) -> DLRM:

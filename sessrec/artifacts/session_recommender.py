@@ -103,7 +103,8 @@ class SessionRecommender:
         objective: the objective it was trained with, bound to `model` (how the next item is read).
         vocab: the vocabulary of its ids: as many ids as the network scores.
         inference: the session length, exclusion of seen items and top-k that serving reads.
-        side_transform: the fitted side-feature transforms, for a model that reads side features.
+        side_transform: the fitted side-feature transforms, for a model that reads side features; refused
+            when their features or numbers of ids are not those the network embeds.
         side_features: their settings (default: the transforms' own).
         data: the ``{"class_path", "init_args"}`` configuration (plain data) of the data module it was
             trained on, as ``sessrec fit`` records it; None when unknown (a recommender built by hand).
@@ -140,6 +141,8 @@ class SessionRecommender:
             raise ValueError(f"inference max_length {inference.max_length} is more than the {model.max_length} items "
                              "the network reads: serve at most what it was trained on")
         objective.check(model.encoder)  # a pair that cannot have been trained together
+        if side_transform is not None and model.side_info is not None:
+            model.side_info.check_spec(side_transform.spec, "the side-feature transforms")
         self.model, self.objective, self.vocab, self.inference = model, objective, vocab, inference
         self.side_transform = side_transform
         self.side_features = side_features if side_features is not None or side_transform is None else side_transform.config

@@ -19,7 +19,7 @@ import yaml
 
 from sessrec.artifacts import ClickRanker, SessionRecommender, load_artifact
 from sessrec.cli import cli
-from sessrec.data import ItemVocab, Schema, SchemaError, TimeWindowSource, generate_sessions
+from sessrec.data import ItemVocab, Schema, SchemaError, SideFeatures, TimeWindowSource, generate_sessions
 from sessrec.data.loader import SessionLoader
 from sessrec.embeddings import DynamicTables
 from sessrec.lifecycle.gate import Gate
@@ -404,6 +404,27 @@ def test_retrain_refuses_a_gate_needing_more_pairs_than_the_test_window_holds_be
         "lower --gate.min_pairs or widen the test window (--test_until)")
     assert not (tmp_path / "c").exists()  # refused before anything was written or trained
     assert not (tmp_path / "current" / "promotions.jsonl").exists()
+
+
+def test_retrain_refuses_a_model_that_reads_side_features_before_training(tmp_path):
+    """The candidate's data carries no side features: the turn failed once training began, leaving its folder."""
+    path, (start, mid, late, end) = event_file(tmp_path)
+    data = SessionDataModule(TimeWindowSource([str(path)], Schema(), start, mid, late), max_length=8,
+                             side_features=SideFeatures(time=["since_prev"], position=4))
+    task = NextItemTask(num_items=data.num_items, max_length=8, encoder=GRU4RecEncoder(d_model=8),
+                        objective=CausalLanguageModeling(), side_features=data.side_info)
+    task.vocab, task.side_transform, task.side_config = data.vocab, data.side, data.side_features
+    served = task.recommender()
+    served.train_end = data.splits.train_end()
+    served.save_pretrained(tmp_path / "current")
+    common = dict(paths=[str(path)], schema=Schema(), max_epochs=1, train_from=mid, train_until=late, test_until=end + 1)
+    with pytest.raises(ValueError) as err:
+        retrain(str(tmp_path / "current"), out=str(tmp_path / "c"), gate=Gate("recall@20", min_pairs=1), **common)
+    assert str(err.value) == (
+        f"{tmp_path / 'current'}: the model reads side features ['position', 'since_prev'], which sessrec "
+        "retrain does not give its candidate; train a new model on the window with sessrec fit and the recipe's "
+        "side_features")
+    assert not (tmp_path / "c").exists()  # refused before anything was written or trained
 
 
 def test_retrain_refuses_a_metric_it_cannot_compare_pair_by_pair_and_a_directory_in_use(tmp_path):

@@ -131,7 +131,8 @@ def retrain(
         model_dir: the model directory of a trained session model (``runs/<name>/model``, which ``sessrec
             fit`` writes; versioned once a candidate is promoted into it). A DLRM's directory is retrained by
             `retrain_dlrm`, with other options (``--path``, ``--end``, ...): ``sessrec retrain --model_dir
-            <its directory> --help`` lists them.
+            <its directory> --help`` lists them. A model that reads side features is refused: the windows'
+            sessions are read without them.
         paths: event files holding both windows (read together).
         train_from: start of the training window (see `TimeWindowSource`).
         train_until: end of the training window, and start of the test window unless `test_from` says.
@@ -165,6 +166,10 @@ def retrain(
     out_dir = check_candidate(out, max_epochs)
     with turn(model_dir, keep) as (store, standing, current_path):
         served = SessionRecommender.from_pretrained(current_path)
+        if served.model.side_info is not None and served.model.side_info.names:
+            raise ValueError(f"{current_path}: the model reads side features {served.model.side_info.names}, which sessrec "
+                             "retrain does not give its candidate; train a new model on the window with sessrec fit and "
+                             "the recipe's side_features")
         source = TimeWindowSource(paths, schema, train_from, train_until, test_until, valid_fraction=valid_fraction,
                                   test_from=test_from)
         best_path = standing.best_apart(store)

@@ -425,3 +425,25 @@ def test_evaluating_with_other_side_features_than_the_network_was_built_for_is_r
                "network; score with the side_features it was trained with")
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         trainer.test(task, other, verbose=False)
+
+
+def test_scoring_an_event_file_whose_schema_names_the_side_columns_as_features(tmp_path):
+    """`predict_schema.features` naming the side columns, as documented, was refused ("given two roles")."""
+    from sessrec.data import FeatureSpec, Schema
+    from sessrec.data.stream import ScoringStream
+
+    splits = Source().load()
+    side = SideFeatureTransform(SIDE).fit(splits.train)
+    sessions = splits.test.slice(0, 6)
+    lengths = [len(s) for s in sessions.column("item_id").to_pylist()]
+    flat = {c: sessions.column(c).combine_chunks().flatten() for c in ("item_id", "tag", "value", "device", "timestamp")}
+    events = pa.table({"session_id": np.repeat(sessions.column("session_id").to_numpy(), lengths), **flat})
+    pq.write_table(events, tmp_path / "events.parquet")
+    vocab = SessionDataModule(source=Source()).vocab
+    plain = Schema()
+    named = Schema(features=[FeatureSpec("tag"), FeatureSpec("device"), FeatureSpec("value", "continuous")])
+    got = [list(ScoringStream(tmp_path / "events.parquet", vocab, schema, 8, 4, side=side)) for schema in (plain, named)]
+    assert len(got[1]) == len(got[0]) == 2
+    for a, b in zip(*got):
+        assert torch.equal(a.items, b.items) and a.features.keys() == b.features.keys()
+        assert all(torch.equal(a.features[k], b.features[k]) for k in a.features)

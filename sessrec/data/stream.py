@@ -262,7 +262,8 @@ class ScoringStream:
                         f"{self.path}: column {name!r} is missing; the model uses it as a side feature "
                         f"(the file has columns {chunk.column_names})"
                     )
-                events = events.append_column(name, chunk.column(name))
+                if name not in events.column_names:  # one the schema's features carry is validated there
+                    events = events.append_column(name, chunk.column(name))
             base = first
             if carry is not None:
                 events = pa.concat_tables([carry, events], promote_options="default")

@@ -170,6 +170,20 @@ def test_null_in_a_categorical_without_a_policy_is_refused():
     assert device[first_of_session_3] == 0 and (np.delete(device, first_of_session_3) >= 2).all()
 
 
+def test_a_negative_continuous_value_is_refused_naming_its_session_and_event():
+    """The row named was the value's index among the split's present values (nulls skipped), no row of any file."""
+    table = pa.table({"session_id": [7, 8], "item_id": [[1, 2, 3], [4, 5]],
+                      "price": pa.array([[None, 2.0, 3.0], [1.0, -4.0]], pa.list_(pa.float64()))})
+    side = SideFeatureTransform(SideFeatures(continuous=["price"]))
+    message = ("f.parquet: column 'price' has a negative value -4.0 at event 1 of session 8; a continuous side feature "
+               "is log-normalised and needs values >= 0: a column normalised upstream goes under side_features.normalized")
+    with pytest.raises(SchemaError, match=f"^{re.escape(message)}$"):
+        side.fit(table, "f.parquet")
+    fitted = side.fit(table.slice(0, 1), "f.parquet")
+    with pytest.raises(SchemaError, match=f"^{re.escape(message.replace('f.parquet', 'g.csv'))}$"):
+        fitted.transform(table, "g.csv")
+
+
 def test_wrong_kinds_are_refused():
     with pytest.raises(SchemaError, match=r"column 'value' has dtype double.*continuous"):
         SideFeatureTransform(SideFeatures(categorical=["value"])).fit(Source().load().train, "f.parquet")

@@ -69,7 +69,8 @@ class SideFeatures:
 
     Args:
         categorical: list columns of the session table embedded as categories.
-        continuous: list columns of numbers, log-normalised; nulls are missing values (0).
+        continuous: list columns of numbers, log-normalised; nulls and non-finite values are missing values (0), a
+            negative value is refused naming its session and event (`normalized` takes such columns).
         normalized: the continuous columns already normalised upstream (e.g. by NVTabular's
             ``Normalize``, negative values included): used as given, not log-normalised.
         time: features derived from the timestamps: ``since_prev``, ``dwell``.

@@ -144,11 +144,9 @@ class SideFeatureTransform:
             values = self._flat(sessions, name, offsets, source)
             if cfg.nulls == "error" and values.null_count:
                 row = int(np.flatnonzero(values.is_null().to_numpy(zero_copy_only=False))[0])
-                session = np.searchsorted(offsets, row, side="right") - 1
-                sid = sessions.column(frame.SESSION)[int(session)].as_py() if frame.SESSION in sessions.column_names else session
                 raise SchemaError(
-                    f"{source}: column {name!r} has a null value (None) at event {row - offsets[session]} of "
-                    f"session {sid!r}; drop or fill those rows, or set side_features.nulls: pad (nulls -> padding id 0)"
+                    f"{source}: column {name!r} has a null value (None) at {_event(sessions, offsets, row)}; drop or "
+                    "fill those rows, or set side_features.nulls: pad (nulls -> padding id 0)"
                 )
             if pa.types.is_floating(values.type) or pa.types.is_boolean(values.type):
                 bad = values.drop_null()[0].as_py() if len(values.drop_null()) else None
@@ -166,6 +164,13 @@ class SideFeatureTransform:
                     "feature needs numbers: list it under side_features.categorical, or cast it"
                 )
             x = as_floats(values)  # an integer beyond 2**53 as the nearest float64; a null as NaN
+            if name not in cfg.normalized and (x < 0).any():
+                row = int(np.flatnonzero(x < 0)[0])
+                raise SchemaError(
+                    f"{source}: column {name!r} has a negative value {values[row].as_py()!r} at {_event(sessions, offsets, row)}; a "
+                    "continuous side feature is log-normalised and needs values >= 0: a column normalised upstream goes "
+                    "under side_features.normalized"
+                )
             out[name] = (x, np.isfinite(x))
         if cfg.time:
             t = self._flat(sessions, frame.TIMES, offsets, source).cast(pa.float64()).to_numpy(zero_copy_only=False)
@@ -192,3 +197,10 @@ class SideFeatureTransform:
         if not np.array_equal(off, offsets):
             raise SchemaError(f"{source}: column {name!r} does not hold one value per event of each session")
         return values
+
+
+def _event(sessions: pa.Table, offsets: np.ndarray, row: int) -> str:
+    """Where flat event `row` is: ``event <i> of session <id>`` (the session's position when the table has no ids)."""
+    session = int(np.searchsorted(offsets, row, side="right") - 1)
+    sid = sessions.column(frame.SESSION)[session].as_py() if frame.SESSION in sessions.column_names else session
+    return f"event {row - offsets[session]} of session {sid!r}"

@@ -164,7 +164,8 @@ class SideInfoEmbedding(nn.Module, Configurable):
 
     def check_spec(self, spec: SideInfoSpec, source: str) -> None:
         """Refuse per-event features (`spec`, e.g. `SideFeatureTransform.spec`) that are not those the tables were
-        built for: another feature, or a categorical one with another number of ids; one line naming `source`."""
+        built for: another feature, a categorical one with another number of ids, or other look-ahead features (the
+        data hides their value at the last input event); one line naming `source`."""
         built = {n: t.num_embeddings for n, t in self.categorical.items()}
         given = {"continuous": sorted(spec.continuous), "categorical": sorted(spec.categorical)}
         if given != {"continuous": sorted(self.continuous), "categorical": sorted(built)}:
@@ -179,6 +180,11 @@ class SideInfoEmbedding(nn.Module, Configurable):
                     f"{source} do not match the model's: {name!r} has {size} ids there and {built[name]} in the "
                     "network; score with the side_features it was trained with"
                 )
+        if sorted(spec.looks_ahead) != sorted(self.looks_ahead):
+            raise ValueError(
+                f"{source} do not match the model's: look-ahead {sorted(spec.looks_ahead)} there, "
+                f"{sorted(self.looks_ahead)} in the network; score with the side_features it was trained with"
+            )
 
     def forward(
         self,

@@ -301,6 +301,21 @@ def test_float16_autocast_on_the_cpu_is_refused_not_turned_into_bfloat16(command
                    "(--trainer.accelerator cpu); use bf16-mixed on the CPU")
 
 
+@pytest.mark.parametrize("flags, expected", [
+    (["--optimizer", "torch.optim.SGD"], "unrecognized arguments: --optimizer torch.optim.SGD"),
+    (["--lr_scheduler", "torch.optim.lr_scheduler.StepLR", "--lr_scheduler.step_size", "1"],
+     "unrecognized arguments: --lr_scheduler torch.optim.lr_scheduler.StepLR --lr_scheduler.step_size 1"),
+])
+def test_lightnings_optimizer_and_lr_scheduler_are_refused_not_put_over_the_tasks(flags, expected, tmp_path, sessrec_main):
+    """The task's optimiser is --model.optimization and --model.schedule: LightningCLI's own would replace them
+    (the recipe's learning rate and warm-up ignored), or alone (a scheduler without an optimizer) be ignored."""
+    recipe = write(tmp_path, "recipe.yaml", TRAINER + MODEL + DATA)
+    assert refused(sessrec_main, tmp_path, "fit", "--config", str(recipe), *flags) == expected
+    in_file = write(tmp_path, "optimizer.yaml", "optimizer: {class_path: torch.optim.SGD, init_args: {lr: 0.1}}\n")
+    got = refused(sessrec_main, tmp_path, "fit", "--config", str(recipe), "--config", str(in_file))
+    assert got == "Subcommand 'fit' does not accept option 'optimizer.init_args.lr'"
+
+
 def test_every_dropout_probability_of_the_models_is_checked_by_one_rule():
     from sessrec.models import (
         BertEncoder,

@@ -42,6 +42,9 @@ set by a recipe or on the command line:
 ``test`` a split holding a click-out no later than the last it trained on (its ``train_end``). A click ranker
 has no ``predict`` (``test`` ranks each click-out's hotels): refused before the log is read.
 
+LightningCLI's ``--optimizer`` and ``--lr_scheduler`` are not options: the task's optimiser is
+``--model.optimization`` (AdamW) and ``--model.schedule``, which they would replace.
+
 A flag that only another command reads (``--scoring.*`` and ``--data.predict_path``, ``predict``'s;
 ``--last_checkpoint.*``, ``fit``'s) is refused in one line; a recipe may hold them for that command.
 
@@ -449,6 +452,7 @@ def cli(args: list[str] | None = None) -> SessrecCLI:
         subclass_mode_model=True,
         subclass_mode_data=True,
         seed_everything_default=0,
+        auto_configure_optimizers=False,  # the task's optimiser: --model.optimization and --model.schedule
         save_config_kwargs={"overwrite": True},
         parser_kwargs={"exit_on_error": False},  # a parse error raises: `sessrec.cli.main` says it in one line
         args=args,

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from sessrec.cli.parsers import check_sources
+
 QUIET_TRAINER = """trainer:
   max_epochs: 1
   limit_train_batches: 1
@@ -314,6 +316,28 @@ def test_lightnings_optimizer_and_lr_scheduler_are_refused_not_put_over_the_task
     in_file = write(tmp_path, "optimizer.yaml", "optimizer: {class_path: torch.optim.SGD, init_args: {lr: 0.1}}\n")
     got = refused(sessrec_main, tmp_path, "fit", "--config", str(recipe), "--config", str(in_file))
     assert got == "Subcommand 'fit' does not accept option 'optimizer.init_args.lr'"
+
+
+@pytest.mark.parametrize("flags, key", [
+    (["--data.batch_size", "16"], "data.batch_size"),
+    (["--data.batch_size=16"], "data.batch_size"),
+    (["--model.encoder.init_args.d_model", "16"], "model.encoder"),  # the file picks the encoder's class
+    (["--model.encoder", "{init_args: {n_layer: 2}}"], "model.encoder"),
+])
+def test_a_flag_before_a_config_file_that_sets_it_is_refused_not_overridden(flags, key, tmp_path, sessrec_main):
+    """jsonargparse reads the arguments in order: the later file's value would replace the flag's."""
+    recipe = write(tmp_path, "recipe.yaml", TRAINER + MODEL + DATA)
+    got = refused(sessrec_main, tmp_path, "fit", *flags, "--config", str(recipe))
+    assert got == (f"--{flags[0].partition('=')[0].removeprefix('--')} comes before --config {recipe}, which sets {key} "
+                   "and would override it: give the flags after the --config files")
+
+
+def test_a_flag_before_a_config_file_that_does_not_set_it_is_read():
+    recipes = Path(__file__).parents[1] / "recipes"
+    check_sources(["--trainer.max_steps", "1", "--model.seed", "3", "--print_config", "--config", str(recipes / "data/synthetic.yaml"),
+                   "--config", str(recipes / "model/gru4rec.yaml")])
+    with pytest.raises(ValueError, match=r"^--model.optimization.lr comes before --config .*synthetic.yaml, which sets "):
+        check_sources(["--model.optimization.lr", "0.01", "--config", str(recipes / "data/synthetic.yaml")])
 
 
 def test_every_dropout_probability_of_the_models_is_checked_by_one_rule():

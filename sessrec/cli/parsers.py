@@ -6,7 +6,8 @@ function or class the command runs, with help texts from its docstring (jsonargp
 of the ``Args:`` section). Flags are spelt as the parameters are, with underscores
 (``--model_dir``). Before jsonargparse parses, sessrec reads the files (a YAML syntax error is one line
 ``file:line:column: problem``) and checks the keys and plain values of the flags and files against
-the same signatures (`check_sources`, `sessrec.cli.errors`): an unknown key is one line naming the
+the same signatures (`check_sources`, `sessrec.cli.errors`): a flag before a ``--config`` file that sets its key
+(which the file would replace: jsonargparse reads the arguments in order) is refused, an unknown key is one line naming the
 closest valid one, a value of another type one line naming the key, the type and the value, each
 prefixed with the line and column of the key in its file; what jsonargparse refuses beyond that is
 its own message, on one line.
@@ -26,6 +27,7 @@ from typing import Any
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
 
 from sessrec.cli.errors import (
+    PARSER_KEYS,
     RecipeError,
     check_arguments,
     check_in_order,
@@ -79,6 +81,7 @@ def check_sources(args: list[str], owner: Callable[..., Any] | None = None,
     Raises:
         RecipeError: the first syntax error, key or value refused.
     """
+    refuse_flags_before_files(args)
     paths = config_paths(args)
     sources, origins = [*map(read_config, paths), flag_mapping(args)], [*paths, None]
     if owner is not None:
@@ -90,6 +93,39 @@ def check_sources(args: list[str], owner: Callable[..., Any] | None = None,
                 raise locate(err, origin) from None
     if roots:
         check_in_order(sources, roots, origins)
+
+
+def refuse_flags_before_files(args: list[str]) -> None:
+    """Refuse a flag of `args` followed by a ``--config`` file that sets its key, a key below it or one above it
+    (a class chosen there): jsonargparse reads the arguments in order, so the file's value would replace the
+    flag's, where a flag is meant to override every file.
+
+    Raises:
+        RecipeError: naming the flag, the file and the key it sets.
+    """
+    for i, arg in enumerate(args):
+        if arg != "--config" and not arg.startswith("--config="):
+            continue
+        path = Path(arg.partition("=")[2] if "=" in arg else args[i + 1] if i + 1 < len(args) else "")
+        file_keys = _key_paths(read_config(path))
+        for flag in args[:i]:
+            name = flag[2:].partition("=")[0].removesuffix("+") if flag.startswith("--") else ""
+            key = tuple(part for part in name.split(".") if part != "init_args")
+            if not name or key[0] in PARSER_KEYS or key[-1] == "help":
+                continue
+            hit = next((k for k in file_keys if k[: len(key)] == key or key[: len(k)] == k), None)
+            if hit is not None:
+                raise RecipeError(f"--{name} comes before --config {path}, which sets {'.'.join(hit)} and would "
+                                  "override it: give the flags after the --config files")
+
+
+def _key_paths(block: Mapping[str, Any], place: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """The key paths of `block`'s values, without ``init_args`` (a ``class_path`` is its block's own path)."""
+    found = []
+    for key, value in block.items():
+        here = place if key in ("init_args", "class_path") else (*place, str(key))
+        found += _key_paths(value, here) if isinstance(value, Mapping) and value else [here]
+    return found
 
 
 def recipe_parser(prog: str = "sessrec") -> ArgumentParser:

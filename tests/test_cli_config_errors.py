@@ -6,6 +6,7 @@ written when a command refuses its configuration."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -379,6 +380,27 @@ def test_every_dropout_probability_of_the_models_is_checked_by_one_rule():
     check_probabilities({"p": 0.0, "q": 1.0}, one=True)
     with pytest.raises(ValueError, match=r"^x q must be a probability in \(0, 1\), got 0$"):
         check_probabilities({"p": 0.5, "q": 0}, "x ", zero=False)
+
+
+def test_an_on_off_setting_given_as_anything_but_a_bool_is_refused_not_read_by_its_truth():
+    """The research API's constructors: the text 'false' would switch the setting on."""
+    from sessrec.models import CausalLanguageModeling, SASRecEncoder, SessionModel
+    from sessrec.tasks import SessionDataModule
+    from sessrec.tasks.losses import SampledSoftmax
+    from sessrec.tasks.settings import Evaluation
+
+    for build, given, message in [
+        (Evaluation, {"exclude_seen": "false"}, "evaluation exclude_seen must be true or false, got 'false'"),
+        (CausalLanguageModeling, {"last_only": "no"}, "CausalLanguageModeling last_only must be true or false, got 'no'"),
+        (SampledSoftmax, {"logq_correction": "false"}, "SampledSoftmax logq_correction must be true or false, got 'false'"),
+        (SASRecEncoder, {"d_model": 8, "gated": "no"}, "SASRecEncoder gated must be true or false, got 'no'"),
+        (SessionModel, {"num_items": 10, "encoder": SASRecEncoder(d_model=8), "position_embedding": "false"},
+         "SessionModel position_embedding must be true or false, got 'false'"),
+        (SessionDataModule, {"source": None, "augment_reversed": 1},
+         "SessionDataModule augment_reversed must be true or false, got 1"),
+    ]:
+        with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+            build(**given)
 
 
 def test_a_ranker_setting_of_a_pipeline_recipe_is_refused_in_the_rankers_own_words(tmp_path, sessrec_main):

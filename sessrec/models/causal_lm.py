@@ -17,6 +17,7 @@ from typing import ClassVar
 import torch
 
 from sessrec.models.objective import Features, MaskingResult, Network, Objective, latest, targetable
+from sessrec.saved.registry import check_switches
 
 
 @dataclass
@@ -44,6 +45,9 @@ class CausalLanguageModeling(Objective):
 
     needs_causal: ClassVar[bool] = True
     last_only: bool = False
+
+    def __post_init__(self) -> None:
+        check_switches({"last_only": self.last_only}, "CausalLanguageModeling ")
 
     def mask(
         self, items: torch.Tensor, generator: torch.Generator | None = None, recommendable: torch.Tensor | None = None

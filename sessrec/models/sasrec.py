@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sessrec.models.hf_encoder import check_encoder
-from sessrec.saved.registry import Configurable
+from sessrec.saved.registry import Configurable, check_switches
 
 
 def causal_attention_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -152,6 +152,7 @@ class SASRecEncoder(nn.Module, Configurable):
         check_encoder(type(self).__name__, d_model, n_head, n_layer, dropout, d_inner, initializer_range)
         if feed_forward not in ("gelu", "swiglu"):
             raise ValueError(f"SASRecEncoder feed_forward must be 'gelu' or 'swiglu', got {feed_forward!r}")
+        check_switches({"gated": gated}, "SASRecEncoder ")
         self.d_model = d_model
         self.blocks = nn.ModuleList(
             SASRecBlock(d_model, n_head, d_inner or 4 * d_model, dropout, layer_norm_eps, gated, feed_forward)

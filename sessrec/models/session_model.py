@@ -47,7 +47,7 @@ from sessrec.models.masking import MaskedItemModeling
 from sessrec.models.objective import EVENT_TIMES, Objective
 from sessrec.models.side_info import SideInfoEmbedding
 from sessrec.saved.directory import loads_no_directory
-from sessrec.saved.registry import Configurable, check_integers, check_probabilities
+from sessrec.saved.registry import Configurable, check_integers, check_probabilities, check_switches
 
 
 def exclude_seen(scores: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
@@ -197,6 +197,8 @@ class SessionModel(nn.Module, Configurable):
                 f"num_items must count padding, OOV, at least one item and the {num_virtual} virtual items; got {num_items}"
             )
         check_probabilities({"dropout": dropout}, "SessionModel ")
+        check_switches({"position_embedding": position_embedding, "input_norm": input_norm,
+                        "output_transform": output_transform}, "SessionModel ")
         if score_scale is not None and not (math.isfinite(score_scale) and score_scale > 0):
             raise ValueError(f"SessionModel score_scale must be a positive finite number or None, got {score_scale}")
         d = int(encoder.d_model)

@@ -139,6 +139,14 @@ def check_integers(values: Mapping[str, Any], what: str = "", minimum: int = 1) 
             raise ValueError(f"{what}{name} must be an integer >= {minimum}, got {value!r}")
 
 
+def check_switches(values: Mapping[str, Any], what: str = "") -> None:
+    """Refuse a config's on/off settings in one line, ``<what><name> must be true or false, got <value>``, for the
+    first of `values` that is not a bool (read by its truth, the text 'false' would switch the setting on)."""
+    for name, value in values.items():
+        if not isinstance(value, bool):
+            raise ValueError(f"{what}{name} must be true or false, got {value!r}")
+
+
 def check_probabilities(values: Mapping[str, Any], what: str = "", zero: bool = True, one: bool = False) -> None:
     """Refuse a config's probability settings in one line, ``<what><name> must be a probability in [0, 1),
     got <value>``, for the first of `values` that is not a number (a bool is not one) in the interval;

@@ -34,7 +34,7 @@ from sessrec.data.training_rows import TrainingRows
 from sessrec.data.vocab import NUM_SPECIAL, ItemVocab
 from sessrec.features.side_transform import SideFeatureTransform
 from sessrec.saved.checkpoint import as_arrays, as_tensors
-from sessrec.saved.registry import Configurable, check_integers
+from sessrec.saved.registry import Configurable, check_integers, check_switches
 
 Protocol = Literal["last", "all_prefixes"]
 
@@ -133,6 +133,8 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
                 f"its next item need two), got {max_length}"
             )
         check_integers({"batch_size": batch_size, "eval_batch_size": eval_batch_size}, "SessionDataModule ")
+        check_switches({"pin_memory": pin_memory, "streaming": streaming, "augment_reversed": augment_reversed,
+                        "train_prefixes": train_prefixes}, "SessionDataModule ")
         self.source, self.max_length = SyntheticSource() if source is None else source, max_length
         self.batch_size, self.eval_batch_size, self.eval_protocol = batch_size, eval_batch_size, eval_protocol
         self.min_item_count, self.max_vocab_size = min_item_count, max_vocab_size

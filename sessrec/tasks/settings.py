@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 from sessrec.models.session_ensemble import check_weights
-from sessrec.saved.registry import check_integers, instantiate, register
+from sessrec.saved.registry import check_integers, check_switches, instantiate, register
 
 Part = TypeVar("Part", bound="_Part")  # typing.Self needs Python 3.11
 
@@ -152,6 +152,7 @@ class Evaluation(_Part):
         if not ks or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in ks):
             raise ValueError(f"evaluation ks must be positive integer cut-offs, got {ks}")
         check_integers({"top_k": self.top_k}, "evaluation ")
+        check_switches({"exclude_seen": self.exclude_seen}, "evaluation ")
         object.__setattr__(self, "ks", ks)  # a tuple from a caller is stored as the list the type says
 
 

@@ -154,6 +154,11 @@ def test_weight_decay_reaches_the_layers_matrices_and_no_embedding_table_bias_or
     (lambda: Evaluation(ks=[]), r"evaluation ks must be positive integer cut-offs, got \[\]"),
     (lambda: Evaluation(ks=[10, 0]), "evaluation ks"),
     (lambda: Evaluation(top_k=0), "evaluation top_k must be an integer >= 1, got 0"),
+    (lambda: Optimization(lr=True), "optimization lr must be a positive number, got True"),
+    (lambda: Optimization(lr="1e-3"), "optimization lr must be a positive number, got '1e-3'"),
+    (lambda: Optimization(weight_decay="0"), "optimization weight_decay must be >= 0, got '0'"),
+    (lambda: Schedule(seconds="60"), "schedule seconds must be a positive number or None, got '60'"),
+    (lambda: Evaluation(ks=20), "evaluation ks must be positive integer cut-offs, got 20"),
 ])
 def test_invalid_settings_raise_one_line(make, message):
     with pytest.raises(ValueError, match=message) as err:

@@ -35,6 +35,11 @@ from sessrec.saved.registry import check_integers, check_switches, instantiate, 
 Part = TypeVar("Part", bound="_Part")  # typing.Self needs Python 3.11
 
 
+def _finite(value: object) -> bool:
+    """Whether `value` is a finite int or float (a bool is not a number here, nor is the text '1e-3')."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 @dataclass(frozen=True)
 class _Part:
     """What the three parts share: `of`, which reads one from what a saved task holds (a dataclass
@@ -67,10 +72,10 @@ class Optimization(_Part):
     weight_decay: float = 0.0
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.lr) and self.lr > 0):
-            raise ValueError(f"optimization lr must be a positive number, got {self.lr}")
-        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
-            raise ValueError(f"optimization weight_decay must be >= 0, got {self.weight_decay}")
+        if not (_finite(self.lr) and self.lr > 0):
+            raise ValueError(f"optimization lr must be a positive number, got {self.lr!r}")
+        if not (_finite(self.weight_decay) and self.weight_decay >= 0):
+            raise ValueError(f"optimization weight_decay must be >= 0, got {self.weight_decay!r}")
 
 
 @register
@@ -99,8 +104,8 @@ class Schedule(_Part):
         check_integers({"warmup_steps": self.warmup_steps}, "schedule ", minimum=0)
         if self.decay not in ("constant", "cosine", "linear"):
             raise ValueError(f"schedule decay must be 'constant', 'cosine' or 'linear', got {self.decay!r}")
-        if self.seconds is not None and not (math.isfinite(self.seconds) and self.seconds > 0):
-            raise ValueError(f"schedule seconds must be a positive number or None, got {self.seconds}")
+        if self.seconds is not None and not (_finite(self.seconds) and self.seconds > 0):
+            raise ValueError(f"schedule seconds must be a positive number or None, got {self.seconds!r}")
 
     def factor(self, step: int, total_steps: float | Callable[[], float], clock: float = 0.0) -> float:
         """The learning rate at optimizer step `step` (from 0) as a fraction of the peak (`LambdaLR`'s factor).
@@ -148,9 +153,9 @@ class Evaluation(_Part):
     exclude_seen: bool = False
 
     def __post_init__(self) -> None:
-        ks = list(self.ks)
+        ks = list(self.ks) if isinstance(self.ks, (list, tuple)) else []
         if not ks or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in ks):
-            raise ValueError(f"evaluation ks must be positive integer cut-offs, got {ks}")
+            raise ValueError(f"evaluation ks must be positive integer cut-offs, got {self.ks!r}")
         check_integers({"top_k": self.top_k}, "evaluation ")
         check_switches({"exclude_seen": self.exclude_seen}, "evaluation ")
         object.__setattr__(self, "ks", ks)  # a tuple from a caller is stored as the list the type says

@@ -180,6 +180,23 @@ def test_predict_on_more_processes_than_batches_joins_no_part_of_an_earlier_kill
     assert pq.read_table(tmp_path / "recs.parquet").column("session_id").to_pylist() == list(range(20))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["recs.parquet", "s.parquet"]
 
+@pytest.mark.slow
+def test_a_test_on_three_processes_reports_the_loss_and_metrics_of_one():
+    """Each process scores its shard: the loss, as the metrics, is the mean over all of them (it was process 0's
+    shard's), whatever the shards' sizes."""
+    pl.seed_everything(0)
+    data = SessionDataModule(SyntheticSource(num_sessions=400, num_items=50), max_length=8, eval_batch_size=16)
+    task = NextItemTask(num_items=data.num_items, max_length=8, encoder=XLNetEncoder(d_model=16, n_head=2, n_layer=1),
+                        objective=MaskedItemModeling())
+    results = {}
+    for devices, strategy in ((1, "auto"), (3, "ddp_spawn")):
+        data = SessionDataModule(SyntheticSource(num_sessions=400, num_items=50), max_length=8, eval_batch_size=16)
+        trainer = pl.Trainer(accelerator="cpu", devices=devices, strategy=strategy, logger=False, enable_progress_bar=False)
+        results[devices] = trainer.test(task, datamodule=data, verbose=False)[0]
+    assert results[3].keys() == results[1].keys() and "test/loss" in results[1]
+    assert results[3] == pytest.approx(results[1], rel=1e-6)
+
+
 def test_bf16_mixed_precision_trains_on_cpu():
     """bf16 autocast on CPU learns as fp32 does (synthetic transitions: chance Recall@20 is about 0.12)."""
     recall = {}

@@ -18,6 +18,7 @@ import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torchmetrics import MeanMetric
 
 from sessrec.artifacts.session_recommender import Inference, SessionRecommender
 from sessrec.data.batch import SessionBatch
@@ -163,6 +164,7 @@ class NextItemTask(Pretrained, pl.LightningModule):
         self.loss = loss
         self.objective.bind(self.model)  # refuses an invalid (encoder, objective) pair
         self.metrics = nn.ModuleDict({stage: TopKMetrics(evaluation.ks) for stage in ("val", "test")})
+        self.eval_loss = nn.ModuleDict({stage: MeanMetric() for stage in ("val", "test")})
         self._clock_before, self._clock_start = 0.0, time.monotonic()
         self._teachers: Teachers | None = None  # loaded when fitting starts; never a submodule (not trained, not saved)
 
@@ -250,12 +252,13 @@ class NextItemTask(Pretrained, pl.LightningModule):
             return loss
         scores = self.model(batch.items, self.objective, features)  # (B, V)
         known = self.model.targetable(batch.targets)
-        loss = F.cross_entropy(scores[known], batch.targets[known]) if known.any() else scores.new_zeros(())
+        losses = F.cross_entropy(scores[known], batch.targets[known], reduction="none")  # (known,)
+        self.eval_loss[stage].update(losses)  # the mean over every known target of every process
+        self.log(f"{stage}/loss", self.eval_loss[stage], on_step=False, on_epoch=True)
         if self.evaluation.exclude_seen:
             scores = exclude_seen(scores, batch.items)
         self.metrics[stage].update(scores, batch.targets)
-        self.log(f"{stage}/loss", loss, batch_size=len(batch))
-        return loss
+        return losses.mean() if known.any() else scores.new_zeros(())
 
     def draw_seed(self) -> int:
         """The seed of a training batch's draws (masking, negatives): `seed`, this process's rank and the batch's

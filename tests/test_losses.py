@@ -228,6 +228,9 @@ def test_samplers_never_draw_virtual_items(sampler):
         ({"negatives": "random"}, "negatives"),
         ({"sampler": "zipf"}, "sampler"),
         ({"num_samples": 0}, "num_samples"),
+        ({"num_samples": 1.5}, r"^SampledSoftmax with 'sampled' negatives: num_samples must be an integer >= 1, got 1.5$"),
+        ({"negatives": "mixed", "num_samples": "10"}, r"^SampledSoftmax with 'mixed' negatives: num_samples must be an "
+                                                       r"integer >= 1, got '10'$"),
         ({"label_smoothing": 1.0}, "label_smoothing"),
         ({"temperature": 0.0}, "temperature"),
     ],

@@ -40,7 +40,7 @@ from typing import ClassVar, Literal
 import torch
 
 from sessrec.data.vocab import NUM_SPECIAL
-from sessrec.saved.registry import Configurable, check_probabilities, check_switches
+from sessrec.saved.registry import Configurable, check_integers, check_probabilities, check_switches
 
 
 def smoothed_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
@@ -167,8 +167,8 @@ class SampledSoftmax(CatalogueLoss):
         if not math.isfinite(self.power):
             raise ValueError(f"power must be a finite number, got {self.power}")
         check_switches({"logq_correction": self.logq_correction}, "SampledSoftmax ")
-        if self.negatives != "in_batch" and self.num_samples < 1:
-            raise ValueError(f"num_samples must be >= 1 with {self.negatives!r} negatives, got {self.num_samples}")
+        if self.negatives != "in_batch":
+            check_integers({"num_samples": self.num_samples}, f"SampledSoftmax with {self.negatives!r} negatives: ")
         defaults = {f.name: f.default for f in fields(self)}
         unused = (["num_samples", "sampler", "power"] if self.negatives == "in_batch"  # the batch's targets: none drawn
                   else ["power"] if self.sampler == "uniform" else [])

@@ -217,6 +217,7 @@ def test_a_bad_request_fails_alone_and_the_model_is_called_once_for_the_others(p
         (b'{"sessions": [[1, 2]', 400, "body is not valid JSON"),
         (b"\xff\xfe", 400, "body is not valid JSON"),
         (b"[[1, 2]]", 422, "body must be a JSON object, got list"),
+        (b'{"session": ' + b"[" * 50_000 + b"]" * 50_000 + b"}", 400, "body nests arrays or objects too deeply"),
         (b'{"sessions": "abc"}', 422, "sessions must be a non-empty list of sessions, each a list of item ids, got str"),
         (b'{"sessions": []}', 422, "sessions must be a non-empty list of sessions, each a list of item ids, got an empty"),
         (b'{"sessions": [1031]}', 422, "session 0 must be a list of item ids, got int"),

@@ -65,7 +65,8 @@ def parse_request(body: bytes, limits: Limits) -> tuple[Request, list[str] | Non
     parsed by orjson, which reads JSON as Python's json does, except integers past 64 bits (which
     it reads as floats), ``NaN`` and ``Infinity``: a body with a run of 19 digits or more, or one
     orjson refuses, is parsed by Python's json, which reads them (`check_request` then refuses an
-    id past 64 bits by name) and words the 400 of a body that is not JSON.
+    id past 64 bits by name) and words the 400 of a body that is not JSON; a body nested deeper than
+    both read is a 400 too.
     """
     try:
         if _LONG_NUMBER.search(body) is not None:  # orjson reads integers past 64 bits as floats
@@ -76,6 +77,9 @@ def parse_request(body: bytes, limits: Limits) -> tuple[Request, list[str] | Non
             payload = json.loads(body)
         except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
             raise RequestError(400, f"body is not valid JSON: {err}") from None
+        except RecursionError:  # past orjson's 1024 levels, and Python's recursion limit
+            raise RequestError(400, "body nests arrays or objects too deeply to be read; a request nests them "
+                                    "3 deep at most") from None
     if not isinstance(payload, dict):
         raise RequestError(422, f"body must be a JSON object, got {type(payload).__name__}")
     unknown = sorted(set(payload) - _FIELDS)

@@ -275,6 +275,25 @@ def test_a_serve_refused_for_its_settings_records_no_canary(model_dir, setting: 
     assert all(entry["event"] != "canary" for entry in VersionedDirectory(model_dir).history())
 
 
+def test_a_session_id_that_is_no_text_is_a_422_naming_it(model_dir, sessions, tmp_path) -> None:
+    """A lone surrogate (``"\\ud800"``, which JSON can write and UTF-8 cannot) cannot be hashed for the canary, nor
+    written to the served log: it is refused with the request, as is a ``session_ids`` that is a string."""
+    start_canary(model_dir, "v000002", 0.5)
+    served = Served.load(model_dir)
+    app = build_app(served, model_dir=model_dir, canary=load_canary(model_dir, served),
+                    served_log=ServedLog(tmp_path / "log"))
+    with TestClient(app) as c:
+        good = c.post("/recommend", json={"session": sessions[0], "k": K, "session_ids": "s0"})
+        lone = c.post("/recommend", content=b'{"session": [%d], "session_ids": ["a\\ud800"]}' % sessions[0][0])
+        text = c.post("/recommend", content=b'{"sessions": [[%d]], "session_ids": "\\ud800"}' % sessions[0][0])
+    assert good.status_code == 200
+    assert (lone.status_code, lone.json()) == (422, {"error": "session_ids[0] must be text or an integer, got "
+                                                              "'a\\ud800' (an unpaired surrogate)"})
+    assert (text.status_code, text.json()) == (422, {"error": "session_ids must be a list of one id per session (1), "
+                                                              "got '\\ud800'"})
+    assert [r["session_id"] for r in pq.read_table(tmp_path / "log").to_pylist()] == ["s0"]
+
+
 def test_a_grown_vocabulary_is_compatible_and_each_version_encodes_with_its_own(model_dir, data, sessions) -> None:
     """A canary whose vocabulary is the live one grown by new items (as ``sessrec retrain`` grows it) is served;
     a session naming a new item is read by the canary's vocabulary, and is unknown to the live version's."""

@@ -19,6 +19,7 @@ from urllib.parse import parse_qsl
 import orjson
 
 from sessrec.pipeline.candidates import RequestSessions
+from sessrec.pipeline.clock import short
 from sessrec.pipeline.request import Request, check_request
 from sessrec.saved.registry import check_integers
 from sessrec.serving.recommender import Recommender
@@ -125,17 +126,30 @@ def check_query(query_string: bytes, route: str = "/recommend") -> None:
 
 def _session_ids(ids: Any, sessions: int, one: bool) -> list[str] | None:
     """The ``session_ids`` field as text: one id (a string or an integer) per session; with ``session``,
-    one id or a list of one."""
+    one id or a list of one. A string that is no UTF-8 text (an unpaired surrogate, which JSON can write) is
+    refused: the canary hashes the ids' UTF-8 bytes and the served log writes them."""
     if ids is None:
         return None
     if one and not isinstance(ids, list):
         ids = [ids]
     if not isinstance(ids, list) or len(ids) != sessions:
-        raise RequestError(422, f"session_ids must be a list of one id per session ({sessions}), got {str(ids)[:80]}")
+        raise RequestError(422, f"session_ids must be a list of one id per session ({sessions}), got {short(ids)}")
     for row, value in enumerate(ids):
         if isinstance(value, bool) or not isinstance(value, (str, int)):
-            raise RequestError(422, f"session_ids[{row}] must be a string or an integer, got {str(value)[:80]}")
+            raise RequestError(422, f"session_ids[{row}] must be a string or an integer, got {short(value)}")
+        if isinstance(value, str) and not _is_text(value):
+            raise RequestError(422, f"session_ids[{row}] must be text or an integer, got {short(value)} "
+                                    "(an unpaired surrogate)")
     return [str(value) for value in ids]
+
+
+def _is_text(value: str) -> bool:
+    """Whether `value` encodes as UTF-8 (holds no unpaired surrogate)."""
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def encode(request: Request, recommender: Recommender, arrival: float | None = None) -> RequestSessions:

@@ -96,6 +96,7 @@ CASES = [
     ({"sessions": [[10, None]]}, "session 0: item ids must be strings or integers, got None"),
     ({"sessions": [[10], [True, 20]]}, "session 1: item ids must be strings or integers, got True"),
     ({"sessions": [[10, 2.0]]}, "session 0: item ids must be strings or integers, got 2.0"),
+    ({"sessions": [["10"], ["20", "a\ud800"]]}, "session 1, position 1: item id 'a\\ud800' is not text (an unpaired surrogate)"),
     ({"sessions": [[10], []]}, "session 1 is empty: give at least one item id"),
     ({"sessions": [[10]], "k": 0}, "k must be an integer of 1 or more, got 0"),
     ({"sessions": [[10]], "k": -3}, "k must be an integer of 1 or more, got -3"),

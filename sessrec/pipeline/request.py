@@ -11,7 +11,8 @@ its ranker (event times for time features) is checked when the request is encode
 The rules:
 
 - ``sessions``: a non-empty list of sessions, each a non-empty list of item ids, oldest first; an
-  id is a string or an integer that fits in 64 bits (not a bool, a float, None or a list);
+  id is a string (text: no unpaired surrogate) or an integer that fits in 64 bits (not a bool, a float,
+  None or a list);
 - ``k``: an integer of 1 or more (not a bool, not a float);
 - ``on_unknown``: ``"oov"`` (unknown ids scored as the out-of-vocabulary item) or ``"error"``;
 - ``now``: None, a number of seconds since the epoch, or one per session, each plausible
@@ -45,7 +46,7 @@ import numpy as np
 
 from sessrec.pipeline import clock
 
-__all__ = ["Request", "check_k", "check_request"]
+__all__ = ["Request", "check_k", "check_request", "is_text"]
 
 _INT64 = (-(2**63), 2**63 - 1)
 
@@ -120,10 +121,24 @@ def _check_session(row: int, session: Any) -> None:
         at = next((at for at, item in enumerate(session) if not _is_id(item)), None)
         if at is not None:
             raise ValueError(f"session {row}: item ids must be strings or integers, got {clock.short(session[at])}")
+    texts = [i for i in session if isinstance(i, str)]
+    if texts and not is_text("".join(texts)):  # an unpaired surrogate, which JSON can write: no id, and no text
+        at = next(at for at, item in enumerate(session) if isinstance(item, str) and not is_text(item))
+        raise ValueError(f"session {row}, position {at}: item id {clock.short(session[at])} is not text (an unpaired "
+                         "surrogate)")
     ints = [int(i) for i in session if not isinstance(i, str)]
     if ints and (min(ints) < _INT64[0] or max(ints) > _INT64[1]):
         bad = max(ints) if max(ints) > _INT64[1] else min(ints)
         raise ValueError(f"session {row}: item id {bad} does not fit in a 64-bit integer")
+
+
+def is_text(value: str) -> bool:
+    """Whether `value` encodes as UTF-8 (holds no unpaired surrogate)."""
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _is_id(item: Any) -> bool:

@@ -20,7 +20,7 @@ import orjson
 
 from sessrec.pipeline.candidates import RequestSessions
 from sessrec.pipeline.clock import short
-from sessrec.pipeline.request import Request, check_request
+from sessrec.pipeline.request import Request, check_request, is_text
 from sessrec.saved.registry import check_integers
 from sessrec.serving.recommender import Recommender
 
@@ -137,19 +137,11 @@ def _session_ids(ids: Any, sessions: int, one: bool) -> list[str] | None:
     for row, value in enumerate(ids):
         if isinstance(value, bool) or not isinstance(value, (str, int)):
             raise RequestError(422, f"session_ids[{row}] must be a string or an integer, got {short(value)}")
-        if isinstance(value, str) and not _is_text(value):
+        if isinstance(value, str) and not is_text(value):
             raise RequestError(422, f"session_ids[{row}] must be text or an integer, got {short(value)} "
                                     "(an unpaired surrogate)")
     return [str(value) for value in ids]
 
-
-def _is_text(value: str) -> bool:
-    """Whether `value` encodes as UTF-8 (holds no unpaired surrogate)."""
-    try:
-        value.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def encode(request: Request, recommender: Recommender, arrival: float | None = None) -> RequestSessions:

@@ -286,7 +286,8 @@ def test_a_full_queue_answers_503_with_retry_after_at_once(pipe, sessions) -> No
 
 def test_queued_sessions_past_their_bound_get_503(pipe, sessions) -> None:
     gate = Gate(pipe)
-    app = build_app(gate, max_wait_ms=0.0, overload=Overload(max_queued_sessions=4))
+    app = build_app(gate, max_wait_ms=0.0, limits=Limits(max_sessions_per_request=4),
+                    overload=Overload(max_queued_sessions=4))
     with TestClient(app) as c:
         flight = InFlight(c)
         flight.post("scored", {"session": sessions[0], "k": K}, admitted=1)
@@ -712,6 +713,17 @@ def test_settings_are_checked() -> None:
         Overload(deadline_ms=-1)
     with pytest.raises(ValueError, match=r"max_queue_wait_ms \(2000\) must be at most deadline_ms \(1000\)"):
         Overload(max_queue_wait_ms=2000)
+
+
+def test_a_queue_smaller_than_a_request_is_refused_before_serving(pipe, tmp_path: Path) -> None:
+    """A request of more sessions than the queue holds would get 503 "busy, retry" every time."""
+    message = (r"^max_queued_sessions \(4\) must be at least max_sessions_per_request \(256\): a request of more "
+               r"sessions than the queue holds would be refused as busy every time it is sent$")
+    with pytest.raises(ValueError, match=message):
+        build_app(pipe, overload=Overload(max_queued_sessions=4))
+    with pytest.raises(ValueError, match=message):  # before the model is loaded or a worker starts
+        serve(tmp_path / "nowhere", max_queued_sessions=4, workers=2)
+    build_app(pipe, limits=Limits(max_sessions_per_request=4), overload=Overload(max_queued_sessions=4))
 
 
 def test_serve_binds_loopback_unless_told(pipe, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -289,6 +289,16 @@ class App(FastAPI):
             await super().__call__(scope, receive, send)
 
 
+def check_bounds(limits: Limits, overload: Overload) -> None:
+    """Refuse a queue of sessions smaller than the largest request: a request of more sessions than
+    `Overload.max_queued_sessions` would be answered 503 (busy, retry) every time it is sent."""
+    if overload.max_queued_sessions < limits.max_sessions_per_request:
+        raise ValueError(
+            f"max_queued_sessions ({overload.max_queued_sessions}) must be at least max_sessions_per_request "
+            f"({limits.max_sessions_per_request}): a request of more sessions than the queue holds would be refused as "
+            "busy every time it is sent")
+
+
 def build_app(
     model: Recommender | Served,
     max_batch_size: int = 64,
@@ -308,7 +318,8 @@ def build_app(
         max_batch_size: most sessions per model call.
         max_wait_ms: longest wait for more requests after the first of a batch.
         limits: bounds on one request (defaults: `Limits()`).
-        overload: queue bounds and deadline (defaults: `Overload()`).
+        overload: queue bounds and deadline (defaults: `Overload()`); its ``max_queued_sessions`` at least
+            the limits' ``max_sessions_per_request`` (`check_bounds`).
         model_dir: the model directory to follow for hot reload (its ``CURRENT`` pointer); None: no reload.
         reload_interval_s: seconds between two reads of the pointer; 0: never read.
         served_log: where each answered request's sessions and lists are appended (closed at shutdown).
@@ -323,6 +334,7 @@ def build_app(
     """
     limits = limits if limits is not None else Limits()
     overload = overload if overload is not None else Overload()
+    check_bounds(limits, overload)
     served = model if isinstance(model, Served) else Served(model)
     metrics = Metrics()
     batcher = Batcher(max_batch_size, max_wait_ms, metrics)

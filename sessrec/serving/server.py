@@ -31,7 +31,7 @@ from sessrec.saved.registry import check_integers
 from sessrec.saved.versions import VersionedDirectory, check_share, resolve
 from sessrec.scoring.output import check_folder
 from sessrec.serving.admission import Overload
-from sessrec.serving.app import build_app
+from sessrec.serving.app import build_app, check_bounds
 from sessrec.serving.canary import check_compatible, load_canary
 from sessrec.serving.recommender import Served, check_model_dir
 from sessrec.serving.request import Limits
@@ -103,7 +103,8 @@ def serve(
 
     Raises:
         PermissionError: a `served_log` that is a file or a folder that cannot be written.
-        ValueError: a `port` outside 0..65535, a setting out of its range, a `served_log` inside `model_dir`, a
+        ValueError: a `port` outside 0..65535, a setting out of its range (a `max_queued_sessions` below
+            `max_sessions_per_request` too), a `served_log` inside `model_dir`, a
             canary that the directory does not hold, that is its current version or another kind or item vocabulary
             (`check_compatible`), or a share outside (0, 1), before anything is served; the canary is recorded
             only once every setting is accepted.
@@ -120,10 +121,11 @@ def serve(
         check_folder(served_log, "--served_log", [model_dir])
     if workers > 1 and threads is None:
         threads = max(1, torch.get_num_threads() // workers)
-    worker = Worker(model_dir, host, port, threads, max_batch_size, max_wait_ms,
-                    Limits(max_request_bytes, max_sessions_per_request, max_items_per_session, k_max),
-                    Overload(max_queue, max_queued_sessions, max_queue_wait_ms, deadline_ms, retry_after_s),
-                    reload_interval_s, log_level, access_log, served_log)
+    limits = Limits(max_request_bytes, max_sessions_per_request, max_items_per_session, k_max)
+    overload = Overload(max_queue, max_queued_sessions, max_queue_wait_ms, deadline_ms, retry_after_s)
+    check_bounds(limits, overload)
+    worker = Worker(model_dir, host, port, threads, max_batch_size, max_wait_ms, limits, overload, reload_interval_s,
+                    log_level, access_log, served_log)
     if canary is not None:  # recorded in the directory once every setting is accepted
         start_canary(model_dir, canary, canary_share)
     if workers == 1:

@@ -839,6 +839,37 @@ def test_workers_share_one_port_sum_their_metrics_and_stop_together(pipe, sessio
         again.bind(("127.0.0.1", port))
 
 
+@pytest.mark.slow
+def test_workers_shutting_down_refuse_new_connections_and_answer_the_admitted_ones(pipe, sessions, tmp_path) -> None:
+    """On SIGTERM the server closes its own copy of the shared listening socket, as each worker closes its own:
+    a connection made while the workers answer their admitted requests is refused (the client may go
+    elsewhere), not accepted into a backlog that nobody serves and reset once the server exits."""
+    directory = pipe.save_pretrained(tmp_path / "pipeline")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    code = ("import torch; torch.set_num_threads(1)\nfrom sessrec.serving.server import serve\n"
+            f"serve({str(directory)!r}, port={port}, workers=2, log_level='warning', access_log=False, "
+            "max_wait_ms=3000.0, max_queue_wait_ms=4000.0, deadline_ms=8000.0)\n")  # a request waits 3 s in its batch
+    url = f"http://127.0.0.1:{port}"
+    running = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    wait_until(lambda: healthy(url), timeout_s=120)
+    replies = []
+    admitted = threading.Thread(target=lambda: replies.append(httpx.post(f"{url}/recommend", timeout=30, json={
+        "session": sessions[0], "k": K})))
+    admitted.start()
+    time.sleep(1.0)
+    running.terminate()
+    time.sleep(1.0)  # the workers stopped accepting; the admitted request waits in its batch
+    with socket.socket() as late:
+        late.settimeout(5)
+        with pytest.raises(ConnectionRefusedError):
+            late.connect(("127.0.0.1", port))
+    admitted.join(30)
+    assert "Traceback" not in running.communicate(timeout=60)[1] and running.returncode == 0
+    assert [r.status_code for r in replies] == [200]
+
+
 def alive(pid: int) -> bool:
     """Whether process `pid` runs (an exited one not yet reaped, a zombie, does not)."""
     try:

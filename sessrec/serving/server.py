@@ -212,7 +212,7 @@ def start_canary(model_dir: str | os.PathLike, version: str, share: float | None
 def run_workers(worker: Worker, count: int) -> None:
     """`count` processes running `worker`, sharing one listening socket (the kernel hands each new
     connection to one of them), until SIGTERM or SIGINT, which each worker gets and shuts down on
-    as one server does. A worker that exits on its own stops the others, and the server exits with
+    as one server does (the server closes its copy of the socket then: new connections are refused). A worker that exits on its own stops the others, and the server exits with
     an error naming it (a process manager restarts it); a server that is killed outright stops its
     workers through their `stop_with_parent` watch, within `PARENT_CHECK_S`.
 
@@ -232,6 +232,9 @@ def run_workers(worker: Worker, count: int) -> None:
         for process in processes:
             if process.pid is not None and process.exitcode is None:
                 os.kill(process.pid, signal.SIGTERM)
+        # each worker closes its copy of the socket as it shuts down: once this one is closed too, a new
+        # connection is refused rather than queued where nobody accepts it, and reset when the server exits
+        sock.close()
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:

@@ -165,6 +165,10 @@ def test_times_fill_the_sessions_right_aligned_as_the_items(pipes) -> None:
          rf"now {T0:.0f} is 301 s before the last event of session 1 \({T0 + 301:.0f}\): a session is served after its events"),
         ({"times": [[1.0], [5.0, 1.7e12]]}, ValueError, "session 1's event time 1700000000000 is not a time .* year 3000"),
         ({"times": [[1.0], [5.0, "6"]]}, ValueError, "times of session 1 must be numbers .* got '6'"),
+        ({"times": [[T0], [T0, 4_102_444_800]]}, ValueError,  # 2100-01-01: the data readers refuse it too
+         r"^session 1's event time 4102444800 is after 2100: give seconds since the epoch, as the data readers"),
+        ({"times": [[T0], [100.0, T0]]}, ValueError,
+         r"^times of session 1 hold 100, before 1990, beside 1700000000: give every event's time in seconds since"),
     ],
 )
 def test_implausible_times_are_refused_in_one_line(pipes, kwargs: dict, error: type, message: str) -> None:

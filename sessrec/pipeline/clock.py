@@ -15,6 +15,8 @@
 All times are float64 seconds since the epoch (UTC). A time is plausible when it is finite, not
 negative and before the year 3000 (`LATEST`): a larger number is almost always milliseconds given
 where seconds are expected, which would put every request centuries past every validity window.
+An event time is held to the data readers' bounds (`sessrec.data.times.PLAUSIBLE_SECONDS`): before
+2100, and a session's times all in 1990..2100 or all before 1990 (relative times), never both.
 A session is served after its events: a ``now`` given may precede the session's last event by at
 most `CLOCK_SKEW` (the caller's clock may run a little ahead of the events' clock); more is
 refused by every entry point with the same message (`check_served_after`).
@@ -33,6 +35,7 @@ import numpy as np
 import torch
 
 from sessrec.data import frame
+from sessrec.data.times import PLAUSIBLE_SECONDS
 
 __all__ = ["CLOCK_SKEW", "LATEST", "check_now", "check_seconds", "check_served_after", "check_times", "pad_times",
            "request_now", "short"]
@@ -165,6 +168,20 @@ def check_times(times: Any, lengths: Sequence[int]) -> np.ndarray:
         raise ValueError(
             f"times of session {row} go back at position {at - int(offsets[row])} ({_shown(flat[at])} after "
             f"{_shown(flat[at - 1])}): give each session's events oldest first"
+        )
+    late = np.flatnonzero(flat >= PLAUSIBLE_SECONDS[1])
+    if len(late):
+        at = int(late[0])
+        raise ValueError(f"session {int(row_of[at])}'s event time {_shown(flat[at])} is after 2100: give seconds since "
+                         "the epoch, as the data readers take an event log's")
+    early = flat < PLAUSIBLE_SECONDS[0]  # ascending within a session: its early times come first
+    mixed = np.flatnonzero(early[:-1] & ~early[1:] & (row_of[1:] == row_of[:-1]))
+    if len(mixed):
+        at = int(mixed[0])
+        row = int(row_of[at])
+        raise ValueError(
+            f"times of session {row} hold {_shown(flat[at])}, before 1990, beside {_shown(flat[at + 1])}: give every "
+            "event's time in seconds since the epoch (or all relative to one start)"
         )
     return flat
 

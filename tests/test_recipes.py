@@ -397,6 +397,21 @@ def test_documented_fast_dev_run(args, scratch):
     assert not any(Path(os.getcwd()).rglob("*.ckpt"))
 
 
+# -- combinations refused in one line ---------------------------------------------------------------
+
+
+def test_side_info_settings_on_data_without_side_features_are_refused(scratch, sessrec_main):
+    """`model.side_info` says how side features are embedded; a data fragment that gives none (no
+    `data.side_features`) trained the items alone with exit 0, the setting dropped."""
+    args = composed("synthetic", "sasrec", "--model.side_info.feature_dim", "8", "--data.source.init_args.num_sessions",
+                    "300", "--trainer.max_steps", "1", "--trainer.limit_val_batches", "1")
+    message = sessrec_main("fit", *[str(ROOT / a) if a.startswith("recipes/") else a for a in args])
+    assert message == ("sessrec fit: error: model.side_info (feature_dim 8) sets how side features are embedded, and "
+                       "the data gives none: add them (--data.side_features.*) or drop model.side_info "
+                       "(--traceback for details)")
+    assert not (scratch / "runs").exists()
+
+
 # -- pipelines --------------------------------------------------------------------------------------
 
 

@@ -82,7 +82,8 @@ class NextItemTask(Pretrained, pl.LightningModule):
             module (``data.num_virtual``). Never targets, never recommended.
         side_features: sizes of the side features and item vectors; linked from the data module
             (``data.side_info``). None = item ids only.
-        side_info: how side information is embedded and aggregated (`SideInfoConfig`).
+        side_info: how side information is embedded and aggregated (`SideInfoConfig`); one other than the
+            default without `side_features` is a ValueError (there is nothing to embed).
         distillation: learn also towards trained teachers' next-item distribution
             (`Distillation`: their model directories, alpha, temperature;
             `sessrec.tasks.distillation`); needs `CausalLanguageModeling`, and `FullSoftmax` or
@@ -131,6 +132,10 @@ class NextItemTask(Pretrained, pl.LightningModule):
         )
         if isinstance(side_features, dict):
             side_features = SideInfoSpec(**side_features)
+        if side_features is None and side_info != SideInfoConfig():
+            given = ", ".join(f"{k} {v}" for k, v in asdict(side_info).items() if v != getattr(SideInfoConfig(), k))
+            raise ValueError(f"model.side_info ({given}) sets how side features are embedded, and the data gives none: "
+                             "add them (--data.side_features.*) or drop model.side_info")
         optimization, schedule, evaluation = Optimization.of(optimization), Schedule.of(schedule), Evaluation.of(evaluation)
         distillation = None if distillation is None else Distillation.of(distillation)
         if distillation is not None:

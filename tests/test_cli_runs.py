@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -82,3 +83,25 @@ def test_a_fit_that_fails_before_its_first_checkpoint_leaves_no_run_folder(tmp_p
     assert not (tmp_path / "out" / "run" / "version_0").exists()
     assert sessrec_main("fit", "--config", str(recipe)) == ""  # the next run is version_0 again, and kept
     assert (tmp_path / "out" / "run" / "version_0" / "config.yaml").is_file()
+
+
+def test_a_failed_fit_logging_to_wandb_leaves_no_run_folder_once_the_run_ends(tmp_path, sessrec_main, monkeypatch):
+    """The data fragments log to Weights & Biases (offline): a fit that failed before its first checkpoint removed
+    its folder, and wandb's run, still open, wrote its console log (the error line) back into it."""
+    import wandb
+    from test_cli_config_errors import DATA, MODEL, TRAINER
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_CONSOLE", "wrap")  # its console log, as in a terminal (pytest captures the output)
+    out = tmp_path / "out"
+    logger = f"  logger: {{class_path: pytorch_lightning.loggers.WandbLogger, init_args: {{save_dir: {out}, offline: true}}}}\n"
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(re.sub(r"  logger: .*\n", logger, TRAINER + MODEL + DATA).replace("OUT", str(out)))
+    try:
+        got = sessrec_main("fit", "--config", str(recipe), "--trainer.callbacks+=test_cli_runs.Failing")
+        print(got, file=sys.stderr)  # as the entry point's exit prints it
+    finally:
+        wandb.finish()  # what the interpreter's exit does to a run still open
+    assert got == "sessrec fit: error: the disk is full (--traceback for details)"
+    assert not out.exists()

@@ -80,6 +80,7 @@ import pytorch_lightning as pl
 from jsonargparse import Namespace
 from pytorch_lightning.callbacks import ProgressBar
 from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
+from pytorch_lightning.loggers import WandbLogger
 
 from sessrec.artifacts import ClickRanker, SessionRecommender, load_artifact
 from sessrec.artifacts.model_directory import FEATURES, VOCAB, read_model_directory
@@ -325,7 +326,8 @@ class SessrecCLI(LightningCLI):
 
     def fit(self, model: pl.LightningModule, datamodule: pl.LightningDataModule | None = None, **kwargs: object) -> None:
         """``sessrec fit``: the Trainer's fit. One that fails (an error, Ctrl-C) before any checkpoint was saved removes
-        the run folder it created (its config.yaml, hparams.yaml and metrics.csv describe no model): nothing
+        the run folder it created (its config.yaml, hparams.yaml and metrics.csv describe no model), once its wandb
+        run is finished (an open one writes its console log, the error line included, back into the folder): nothing
         half-written is left behind. A resumed run's folder, or one that existed before, is left as it is."""
         folder = Path(self.trainer.log_dir) if self.trainer.logger is not None and self.trainer.log_dir else None
         fresh = folder is not None and not folder.exists() and self._resumed is None
@@ -334,6 +336,9 @@ class SessrecCLI(LightningCLI):
         except BaseException:
             saved = any(cb.best_model_path or cb.last_model_path for cb in self.trainer.checkpoint_callbacks)
             if fresh and self.trainer.is_global_zero and not saved and not any(folder.rglob("*.ckpt")):
+                for logger in self.trainer.loggers:
+                    if isinstance(logger, WandbLogger) and logger._experiment is not None:
+                        logger.experiment.finish(exit_code=1)
                 shutil.rmtree(folder, ignore_errors=True)
             raise
 

@@ -412,6 +412,23 @@ def test_side_info_settings_on_data_without_side_features_are_refused(scratch, s
     assert not (scratch / "runs").exists()
 
 
+@pytest.mark.slow
+def test_the_merlin_fragments_side_feature_flags_run_on_its_default_data(scratch):
+    """recipes/data/merlin.yaml's header gives the flags that add side features; on the fragment's own data (T4R's
+    sequence_testing) they named columns it does not have ('category-list'), refused at the first run."""
+    header = " ".join(line.lstrip("# ") for line in DATA["merlin"].read_text().splitlines() if line.startswith("#"))
+    found = re.findall(r"(--(?:data\.side_features|model\.side_info)\.\w+)\s+(?:'(\[[^\]]*\])'|(\d+))", header)
+    flags = {flag: listed or number for flag, listed, number in found}
+    assert set(flags) == {"--data.side_features.categorical", "--data.side_features.continuous",
+                          "--data.side_features.normalized", "--model.side_info.feature_dim"}
+    run = main(["fit", "--config", str(DATA["merlin"]), "--config", str(MODELS["xlnet_mlm"]), *itertools.chain(*flags.items()),
+                "--trainer.fast_dev_run", "true", "--trainer.enable_progress_bar", "false"])
+    side = run.datamodule.side_features
+    assert side.categorical == yaml.safe_load(flags["--data.side_features.categorical"])
+    assert side.normalized == side.continuous == yaml.safe_load(flags["--data.side_features.continuous"])
+    assert run.model.model.side_info is not None and run.trainer.state.finished
+
+
 # -- pipelines --------------------------------------------------------------------------------------
 
 

@@ -282,6 +282,17 @@ def test_a_task_scoring_another_number_of_ids_than_its_data_vocabulary_is_refuse
             run(task, datamodule=dm)
 
 
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"max_vocab_size": -1}, "SessionDataModule max_vocab_size must be an integer >= 1, got -1"),
+    ({"max_vocab_size": 0}, "SessionDataModule max_vocab_size must be an integer >= 1, got 0"),
+    ({"min_item_count": 0}, "SessionDataModule min_item_count must be an integer >= 1, got 0"),
+])
+def test_data_module_vocabulary_settings_out_of_range_are_refused(settings, message):
+    """max_vocab_size -1 kept every item but the rarest (a slice's end), exit 0."""
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        SessionDataModule(source=TinySource(), **settings)
+
+
 def test_data_module_predict_without_path():
     with pytest.raises(ValueError, match="set --data.predict_path"):
         SessionDataModule(source=TinySource()).predict_dataloader()

@@ -132,7 +132,8 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
                 f"max_length must be >= 2 (the most recent items a model sees per session; a prefix and "
                 f"its next item need two), got {max_length}"
             )
-        check_integers({"batch_size": batch_size, "eval_batch_size": eval_batch_size}, "SessionDataModule ")
+        check_integers({"batch_size": batch_size, "eval_batch_size": eval_batch_size, "min_item_count": min_item_count,
+                        **({} if max_vocab_size is None else {"max_vocab_size": max_vocab_size})}, "SessionDataModule ")
         check_switches({"pin_memory": pin_memory, "streaming": streaming, "augment_reversed": augment_reversed,
                         "train_prefixes": train_prefixes}, "SessionDataModule ")
         self.source, self.max_length = SyntheticSource() if source is None else source, max_length

@@ -293,6 +293,15 @@ def test_data_module_vocabulary_settings_out_of_range_are_refused(settings, mess
         SessionDataModule(source=TinySource(), **settings)
 
 
+def test_a_min_item_count_that_keeps_no_item_is_refused_naming_it():
+    """It failed later as 'num_items must count padding, OOV, at least one item ...; got 2', naming neither."""
+    dm = SessionDataModule(source=TinySource(), max_length=5, min_item_count=4)
+    with pytest.raises(ValueError, match="^" + re.escape(
+            "tiny: min_item_count 4 keeps no item of the training split (none occurs 4 times), so there is nothing "
+            "to recommend; lower min_item_count") + "$"):
+        dm.vocab
+
+
 def test_data_module_predict_without_path():
     with pytest.raises(ValueError, match="set --data.predict_path"):
         SessionDataModule(source=TinySource()).predict_dataloader()

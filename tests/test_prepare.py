@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -185,6 +186,17 @@ def test_string_session_ids_and_a_shipped_test_file(tmp_path, dask_scheduler):
     splits, prepared = source.load(), PreparedSource(str(local)).load()
     assert prepared.test.equals(splits.test) and prepared.valid.equals(splits.valid)
     assert prepared.train.column("session_id").type == pa.string()
+
+
+@pytest.mark.parametrize("engine", ["memory", "local"])
+def test_a_min_item_count_that_keeps_no_item_is_refused_and_nothing_is_written(tmp_path, engine):
+    """Such a dataset was written, exit 0, with a vocabulary of no item that no model can be trained on."""
+    path = write(event_log(), tmp_path / "events.parquet")
+    source = EventLogSource(path, schema=SCHEMA, test_fraction=0.2)
+    with pytest.raises(ValueError, match="^" + re.escape(f"{path}: min_item_count 100000 keeps no item of the training "
+                                                         "split (none occurs 100000 times)")):
+        prepare(source, str(tmp_path / "p"), engine=engine, memory_budget=ROOMY, min_item_count=100_000, **LAYOUT)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["events.parquet"]
 
 
 def test_vocabulary_settings_are_the_datasets(tmp_path):

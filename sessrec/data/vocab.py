@@ -153,6 +153,13 @@ class ItemVocab(ParquetFile):
         old_to_new[NUM_SPECIAL + self.num_products :] += len(raw)
         return grown, old_to_new
 
+    def check_products(self, min_count: int, source: str) -> None:
+        """Refuse in one line a vocabulary that `min_count` (the data module's ``min_item_count``) left without a
+        product: a model of it would have nothing to recommend. `source`: the training split's file, for the message."""
+        if self.num_products == 0:
+            raise ValueError(f"{source}: min_item_count {min_count} keeps no item of the training split (none occurs "
+                             f"{min_count} times), so there is nothing to recommend; lower min_item_count")
+
     def __len__(self) -> int:
         """Number of model ids, specials and virtual items included: the size of the score vector."""
         return len(self.raw_ids) + NUM_SPECIAL

@@ -192,7 +192,9 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
             else:
                 values, _ = frame.list_offsets(self.splits.train.column(frame.ITEMS))
                 virtual = frame.virtual_flags(self.splits.train)
-                self._vocab = ItemVocab.fit(values, self.min_item_count, self.max_vocab_size, virtual=virtual)
+                vocab = ItemVocab.fit(values, self.min_item_count, self.max_vocab_size, virtual=virtual)
+                vocab.check_products(self.min_item_count, self.splits.source)
+                self._vocab = vocab
         return self._vocab
 
     @property

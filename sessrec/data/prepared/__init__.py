@@ -103,6 +103,7 @@ def prepare(
                 counts.add(result)
                 writer.add(result.written.name.partition("/")[0], result.written)
             vocab = counts.vocab(min_item_count, max_vocab_size)
+        vocab.check_products(min_item_count, str(getattr(source, "path", type(source).__name__)))
         settings = {"min_item_count": min_item_count, "max_vocab_size": max_vocab_size}
         return writer.finish(vocab, config_of(source), settings)
     except BaseException:

@@ -258,3 +258,40 @@ def test_topk_metrics_over_batches_of_several_sizes_match_a_brute_force_referenc
         expected["unrankable"] = sum(math.isinf(r) for r in ranks) / len(ranks)
         got = {k: float(v) for k, v in metric.compute().items()}
         assert got == pytest.approx(expected, abs=1e-6)
+
+
+def test_the_evaluation_loss_is_the_mean_over_rankable_targets_whatever_the_batching():
+    """A batch whose targets were all unseen in training logged a loss of 0.0 weighted by its sessions, and the
+    others their mean weighted by all their sessions: test/loss moved with eval_batch_size, and a test split of
+    unseen targets only printed a loss of 0.0 over no target (now NaN)."""
+    import numpy as np
+    import pyarrow as pa
+    import pytorch_lightning as pl
+
+    from sessrec.data import SessionSplits
+    from sessrec.data.sources import SessionSource
+    from sessrec.models import CausalLanguageModeling, GRU4RecEncoder
+    from sessrec.tasks import NextItemTask, SessionDataModule
+
+    class Log(SessionSource):
+        def __init__(self, test: list[list[int]]) -> None:
+            self.test = test
+
+        def load(self) -> SessionSplits:
+            train = [[10 + i % 7, 10 + (i + 1) % 7, 10 + (i + 3) % 7] for i in range(20)]
+            table = lambda rows: pa.table({"session_id": np.arange(len(rows)), "item_id": rows})  # noqa: E731
+            return SessionSplits(train=table(train), valid=table(train[:4]), test=table(self.test), source="log")
+
+    def test_loss(test: list[list[int]], batch: int) -> dict[str, float]:
+        dm = SessionDataModule(Log(test), max_length=4, eval_batch_size=batch)
+        pl.seed_everything(0)
+        task = NextItemTask(num_items=dm.num_items, max_length=4, encoder=GRU4RecEncoder(d_model=8),
+                            objective=CausalLanguageModeling())
+        trainer = pl.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False)
+        return trainer.test(task, dm, verbose=False)[0]
+
+    mixed = [[10, 99], [11, 12], [12, 98], [13, 14]]  # 99 and 98: unseen in training
+    one, all_ = test_loss(mixed, 1), test_loss(mixed, 4)
+    assert one["test/loss"] == pytest.approx(all_["test/loss"]) and all_["test/loss"] > 1.0
+    unseen = test_loss([[10, 99], [11, 98]], 4)
+    assert math.isnan(unseen["test/loss"]) and unseen["test/unrankable"] == 1.0  # no loss over no target, not 0.0

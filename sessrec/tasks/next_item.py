@@ -258,7 +258,7 @@ class NextItemTask(Pretrained, pl.LightningModule):
         scores = self.model(batch.items, self.objective, features)  # (B, V)
         known = self.model.targetable(batch.targets)
         losses = F.cross_entropy(scores[known], batch.targets[known], reduction="none")  # (known,)
-        self.eval_loss[stage].update(losses)  # the mean over every known target of every process
+        self.eval_loss[stage].update(losses)  # the mean over every known target of every process (NaN over none)
         self.log(f"{stage}/loss", self.eval_loss[stage], on_step=False, on_epoch=True)
         if self.evaluation.exclude_seen:
             scores = exclude_seen(scores, batch.items)

@@ -549,6 +549,26 @@ def test_split_files_whose_session_ids_differ_in_type_are_refused_by_every_engin
     assert as_text.load().test.num_rows == source.sessions(test).num_rows
 
 
+def test_split_files_whose_item_ids_differ_in_type_are_refused_before_anything_is_trained_or_written(tmp_path):
+    """Items of an integer training file and a text test file were only refused by `sessrec test`, after training,
+    naming the training file; `sessrec prepare` wrote such a dataset, exit 0."""
+    log = event_log(seed=2).drop_columns(["virtual"])
+    schema = replace(SCHEMA, features=SCHEMA.features[1:])
+    late = pc.greater_equal(log.column("t"), 1.4e9 + 7 * 3600.0)
+    train = write(log.filter(pc.invert(late)), tmp_path / "train.parquet")
+    test_rows = log.filter(late)
+    test = write(test_rows.set_column(1, "item", test_rows.column("item").cast(pa.string())), tmp_path / "test.parquet")
+    source = EventLogSource(train, schema=schema, test_path=test, valid_fraction=0.2, min_length=1)
+    message = (f"{test}: its item ids are text, those of {train} integers, so whether an item of one file is an item "
+               "of the other cannot be told; give the files item ids of one type, or read them as text (the schema's "
+               "string_ids: true)")
+    with pytest.raises(ValueError) as refused:
+        source.load()
+    assert str(refused.value) == message
+    refused_by_every_engine(source, message, tmp_path / "p", (
+        ("memory", {}), ("local", {"partitions": 2, "memory_budget": ROOMY})))
+
+
 def test_a_preparation_removes_what_one_killed_on_this_host_left_beside_its_dataset(tmp_path):
     """A SIGKILL leaves a preparation's temporary dataset folder and its scratch folder beside `out`; the next
     preparation into `out` removes them when their process is gone, and leaves a live one's and another host's alone."""

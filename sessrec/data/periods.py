@@ -3,8 +3,8 @@
 `SplitPeriods` gathers each split's sessions file by file (their counts and first and last end times,
 `split_spans`) and refuses a split that is empty or starts before the split it follows ends; the
 in-memory sources and every `sessrec prepare` engine feed it alike. `first_shared` and
-`check_id_types` find a session with events in two files. `iso` and `to_seconds` write and read the
-times these rules and the retraining windows name.
+`check_id_types` find a session with events in two files, and ids of two kinds (`3` and `'3'`) in two
+files. `iso` and `to_seconds` write and read the times these rules and the retraining windows name.
 """
 
 from __future__ import annotations
@@ -20,17 +20,18 @@ import pyarrow.compute as pc
 from sessrec.data.times import PLAUSIBLE_SECONDS
 
 
-def check_id_types(path: str, ids: pa.DataType, other_path: str, other: pa.DataType) -> None:
-    """Refuse the session ids of file `path` (of type `ids`: integers or text, as `Schema.validate` gives them) when
-    those of an earlier file `other_path` are of the other kind: session 3 and session '3' may be one session, which
-    `first_shared` cannot tell."""
+def check_id_types(path: str, ids: pa.DataType, other_path: str, other: pa.DataType, role: str = "session") -> None:
+    """Refuse the `role` ids (``session`` or ``item``) of file `path` (of type `ids`: integers or text, as
+    `Schema.validate` gives them) when those of an earlier file `other_path` are of the other kind: session 3 and
+    session '3' may be one session, which `first_shared` cannot tell, and item 3 and item '3' one item."""
     text = pa.types.is_string(ids) or pa.types.is_large_string(ids)
     if text != (pa.types.is_string(other) or pa.types.is_large_string(other)):
         kinds = ("text", "integers") if text else ("integers", "text")
+        why = ("whether a session has events in both files" if role == "session"
+               else "whether an item of one file is an item of the other")
         raise ValueError(
-            f"{path}: its session ids are {kinds[0]}, those of {other_path} {kinds[1]}, so whether a session has events "
-            "in both files cannot be told; give the files session ids of one type, or read them as text (the schema's "
-            "string_ids: true)"
+            f"{path}: its {role} ids are {kinds[0]}, those of {other_path} {kinds[1]}, so {why} cannot be told; give "
+            f"the files {role} ids of one type, or read them as text (the schema's string_ids: true)"
         )
 
 

@@ -18,7 +18,16 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from sessrec.data import frame
-from sessrec.data.periods import NAMES, Span, SplitPeriods, first_shared, iso, split_spans, to_seconds
+from sessrec.data.periods import (
+    NAMES,
+    Span,
+    SplitPeriods,
+    check_id_types,
+    first_shared,
+    iso,
+    split_spans,
+    to_seconds,
+)
 from sessrec.data.readers import read_events, read_srgnn, read_user_sequences
 from sessrec.data.schema import Schema, SchemaError, VirtualSpec
 from sessrec.data.synthetic import generate_sessions
@@ -316,11 +325,15 @@ class EventLogSource(SessionSource):
         read = [(self.path, sessions.column(frame.SESSION))]
         if self.test_path is not None:
             test = self.sessions(self.test_path)
+            check_id_types(self.test_path, test.schema.field(frame.ITEMS).type.value_type, self.path,
+                           sessions.schema.field(frame.ITEMS).type.value_type, "item")
             self.check_shared(self.test_path, first_shared(self.test_path, test.column(frame.SESSION), read))
             read.append((self.test_path, test.column(frame.SESSION)))
             self.check_file(periods, self.test_path, split_spans(("test",), np.full(test.num_rows, 2), frame.end_times(test)))
         if self.valid_path is not None:
             valid = self.sessions(self.valid_path)
+            check_id_types(self.valid_path, valid.schema.field(frame.ITEMS).type.value_type, self.path,
+                           sessions.schema.field(frame.ITEMS).type.value_type, "item")
             self.check_shared(self.valid_path, first_shared(self.valid_path, valid.column(frame.SESSION), read))
             self.check_file(periods, self.valid_path,
                             split_spans(("valid",), np.full(valid.num_rows, 1), frame.end_times(valid)))

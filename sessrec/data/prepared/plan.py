@@ -450,12 +450,14 @@ def shared_session(path: str, summaries: list[PartitionSummary],
                    earlier: list[tuple[str, list[PartitionSummary]]]) -> tuple[object, str] | None:
     """`periods.first_shared` of file `path`'s sessionized partitions: the least session id of `summaries` that an
     `earlier` file's partitions (path, summaries) also hold, and the first such file; their keys merged in
-    session-id order (`merged`), where a session of two files is two equal rows side by side. Ids of another kind
-    than an earlier file's are refused (`check_id_types`)."""
+    session-id order (`merged`), where a session of two files is two equal rows side by side. Item and session ids of
+    another kind than an earlier file's are refused (`check_id_types`)."""
     found: tuple[object, str] | None = None
     for other_path, others in earlier:
         if not summaries or not others:
             continue
+        check_id_types(path, summaries[0].schema.field(frame.ITEMS).type.value_type, other_path,
+                       others[0].schema.field(frame.ITEMS).type.value_type, "item")
         check_id_types(path, summaries[0].schema.field(frame.SESSION).type, other_path,
                        others[0].schema.field(frame.SESSION).type)
         for chunk in merged([s.keys for s in summaries] + [s.keys for s in others], [frame.SESSION]):

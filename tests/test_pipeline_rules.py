@@ -223,6 +223,19 @@ def test_item_table_filter_bad_tables(tmp_path: Path, columns: dict, kwargs: dic
         ItemTableFilter(str(path), **kwargs).read()
 
 
+def test_rules_whose_items_the_vocabulary_does_not_hold_list_nothing(tmp_path: Path, vocab: ItemVocab) -> None:
+    """Every id unknown (dropped when bound): a deny table blanks nothing, an allow table everything, a boost
+    raises nothing and a cap caps nothing, with or without a request time."""
+    table = str(write(tmp_path, item_id=[98, 99], category=["a", "a"], valid_from=[0, 0], valid_to=[1e9, 1e9]))
+    candidates = Candidates(torch.tensor([[2, 3, 4, 0], [5, 6, 7, 2]]))
+    for sessions in (anonymous(2), RequestSessions(torch.ones(2, 1, dtype=torch.long), now=NOW[:2])):
+        assert ItemTableFilter(table).bind(vocab).apply(sessions, candidates).items.tolist() == [[2, 3, 4, 0], [5, 6, 7, 2]]
+        assert ItemTableFilter(table, mode="allow").bind(vocab).apply(sessions, candidates).items.tolist() == [[0] * 4] * 2
+    ordering = Ordering([BoostRule([99], weight=1.0)], DiversityCap(table, max_per_category=1)).bind(vocab)
+    for o in (ordering, reloaded(ordering)):
+        assert o.order(anonymous(2), DIVERSE, k=3).items.tolist() == [[3, 5, 4], [3, 6, 2]]
+
+
 def test_item_table_filter_missing_file(tmp_path: Path) -> None:
     with pytest.raises(SchemaError, match=r"absent.parquet: no such file"):
         ItemTableFilter(str(tmp_path / "absent.parquet")).bind(ItemVocab.empty())

@@ -128,7 +128,7 @@ class ItemRows:
     def find(self, items: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, K) index of each candidate's first row (valid where found), and (B, K) bool found."""
         pos, found = find_sorted(self._keys.to(items.device), items)
-        return self._start.to(items.device)[pos], found
+        return (self._start.to(items.device)[pos] if len(self.ids) else pos), found
 
     def contains(self, items: torch.Tensor) -> torch.Tensor:
         """(B, K) bool: the candidate has a row."""
@@ -140,6 +140,8 @@ class ItemRows:
         The loop runs over the repeat count of one item (a few validity windows), not over
         candidates: each step is one gather over the whole (B, K) matrix.
         """
+        if not len(self.ids):  # no rows (every id of the table unknown to the vocabulary): nothing to look up
+            return
         pos, found = find_sorted(self._keys.to(items.device), items)
         start, count = self._start.to(items.device)[pos], self._count.to(items.device)[pos]
         for r in range(self.max_rows):

@@ -169,6 +169,8 @@ class DiversityCap(RawItemRule):
     def cap(self, items: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         """(B, K) bool: False on entries beyond their category's first `max_per_category` by score."""
         rows = self.bound_rows()
+        if not len(rows.ids):  # no item of the table in the vocabulary: nothing is capped
+            return torch.ones_like(items, dtype=torch.bool)
         row, found = rows.find(items)
         category = torch.from_numpy(rows.columns["category"]).to(items.device)[row]  # one row per item
         return ~found | (occurrence(torch.where(found, category, -1), scores) < self.max_per_category)

@@ -162,6 +162,17 @@ def test_item_table_filter_timestamps_and_plain_csv_list(tmp_path: Path, vocab: 
     assert out.items.tolist() == [[0, 3, 6, 0]]
 
 
+def test_item_table_filter_reads_nanosecond_timestamps(tmp_path: Path, vocab: ItemVocab) -> None:
+    """A window of nanosecond timestamps (pandas' unit) that microseconds cannot hold opens and closes where it says."""
+    start = 1_704_067_200_000_000_001  # 2024-01-01 00:00:00.000000001 UTC
+    path = write(tmp_path, item_id=[30], valid_from=pa.array([start], pa.timestamp("ns")),
+                 valid_to=pa.array([start + 86_400 * 10**9], pa.timestamp("ns", tz="Europe/Berlin")))
+    now = torch.tensor([1_704_067_199.0, 1_704_067_200.5, 1_704_153_600.5], dtype=torch.float64)
+    deny = ItemTableFilter(str(path)).bind(vocab)
+    out = deny.apply(RequestSessions(torch.ones(3, 1).long(), now=now), Candidates(torch.tensor([[4, 5]] * 3)))
+    assert out.items.tolist() == [[4, 5], [0, 5], [4, 5]]
+
+
 def test_a_csv_item_table_lists_text_ids_as_written(tmp_path: Path) -> None:
     """``01050`` of a CSV deny list is item ``"01050"`` of a text vocabulary, not ``"1050"`` (which Arrow's reading of the
     file as integers made it), and is refused against an integer vocabulary, where it names no item as written."""

@@ -341,6 +341,9 @@ class ItemTableFilter(RawItemRule):
         return candidates.keep(listed if self.mode == "allow" else ~listed)
 
 
+_TICKS_PER_SECOND = {"s": 1, "ms": 10**3, "us": 10**6, "ns": 10**9}
+
+
 def _seconds(table: pa.Table, name: str | None, path: str | Path, fill: float) -> np.ndarray:
     """(N,) float64 seconds of a time column; nulls and an absent column become `fill` (open-ended)."""
     if name is None or name not in table.column_names:
@@ -349,9 +352,9 @@ def _seconds(table: pa.Table, name: str | None, path: str | Path, fill: float) -
     if pa.types.is_date(col.type):
         col = col.cast(pa.timestamp("s"))
     if pa.types.is_timestamp(col.type):
-        micros = col.cast(pa.timestamp("us", tz=col.type.tz)).cast(pa.int64())
-        values = micros.fill_null(0).to_numpy().astype(np.float64) * 1e-6
-        return np.where(micros.is_null().to_numpy(zero_copy_only=False), fill, values)
+        ticks = col.cast(pa.int64())  # since the epoch (UTC) in the column's unit, whatever its time zone
+        values = ticks.fill_null(0).to_numpy().astype(np.float64) / _TICKS_PER_SECOND[col.type.unit]
+        return np.where(ticks.is_null().to_numpy(zero_copy_only=False), fill, values)
     if pa.types.is_integer(col.type) or pa.types.is_floating(col.type) or pa.types.is_null(col.type):
         values = col.cast(pa.float64()).to_numpy(zero_copy_only=False)
         late = np.isfinite(values) & (np.abs(values) >= LATEST)

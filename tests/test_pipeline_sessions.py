@@ -460,6 +460,24 @@ def test_the_evaluation_filters_the_seen_items_the_server_filters_past_max_lengt
     assert metrics["recall@4"] == pytest.approx(1 / 3)
 
 
+def test_the_rows_of_pairs_longer_than_max_length_are_the_sessions_as_served() -> None:
+    """Pairs as wide as `history_length` (the evaluation's): their candidate rows hold the features of the sessions as a
+    request serves them (the last `max_length` events), so `evaluate_rows` gives `evaluate_pipeline`'s metrics."""
+    dm = SessionDataModule(source=RepeatInTest(), max_length=2)
+    train, _ = dm.tensors("train")
+    pipe = Pipeline(dm.vocab, {"pop": (BaselineRetriever(Popularity()).fit(train, dm.num_items), 8)}, max_length=2,
+                    max_candidates=8, features=CandidateFeatures().fit_statistics(train, dm.num_items))
+    fitting.fit_ranker(pipe, dm.pairs("valid", "all_prefixes"), small_scorer("gbdt"))
+    pairs = dm.pairs("test", "all_prefixes", width=pipe.history_length)
+    assert pairs.items.shape[1] == 3  # the prefix [12, 13, 14] is served as [13, 14]
+    rows = fitting.candidate_rows(pipe, pairs)
+    served = pipe.wrap(pairs.items, pairs.times)
+    expected = pipe.features.raw(served, pipe.candidates(served), pipe.stage_retrievers)
+    for name, value in rows.raw.items():
+        assert torch.equal(value, expected[name][rows.valid]), name
+    assert fitting.evaluate_rows(pipe, rows, ks=(2, 4)) == fitting.evaluate_pipeline(pipe, pairs, ks=(2, 4))
+
+
 # --------------------------------------------------------------------------------- the served order
 def test_list_metrics_rank_by_the_served_position() -> None:
     targets = torch.tensor([9, 9, 9])

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -59,7 +59,8 @@ class RankerData:
     """Candidate rows of (prefix, target) pairs, kept compactly: one entry per filled candidate slot.
 
     Args:
-        pairs: the N (prefix, target) pairs, with their sessions and event times.
+        pairs: the N (prefix, target) pairs, with their sessions and event times, the prefixes as the stages see
+            them (their last ``max_length`` events, `Pipeline.wrap`).
         valid: (N, K) bool, the filled candidate slots of each pair.
         items: (M,) int32 candidate ids of the filled slots, row-major (M = ``valid.sum()``).
         labels: (M,) bool, True where the candidate is its pair's target.
@@ -205,11 +206,13 @@ def sampled_slots(labels: torch.Tensor, offsets: torch.Tensor, negatives: int, s
 
 def candidate_rows(pipe: Pipeline, pairs: EvalPairs, batch_size: int = 512) -> RankerData:
     """Candidates of every (prefix, target) pair with their raw feature columns, built batch by batch
-    and kept compactly (the filled slots only, float32)."""
+    and kept compactly (the filled slots only, float32). The prefixes are read as a served session is
+    (`Pipeline.wrap`): the stages see their last ``max_length`` events, the filters of everything seen up to
+    ``history_length``; the rows keep the pairs as the stages see them."""
     valid, items, labels, raws = [], [], [], {}
     for lo in range(0, len(pairs), batch_size):
         part = pairs.take(slice(lo, lo + batch_size))
-        sessions = sessions_of(part).to(pipe.device)
+        sessions = pipe.wrap(part.items, part.times).to(pipe.device)
         cands = pipe.candidates(sessions)
         filled = cands.valid
         valid.append(filled.cpu())
@@ -220,6 +223,8 @@ def candidate_rows(pipe: Pipeline, pairs: EvalPairs, batch_size: int = 512) -> R
     raw = {name: torch.cat(raws.pop(name)) for name in list(raws)}  # one column at a time: no second copy of all
     width = pipe.max_candidates
     cat = lambda parts, empty: torch.cat(parts) if parts else empty  # noqa: E731
+    served = pipe.wrap(pairs.items, pairs.times)
+    pairs = replace(pairs, items=served.items.to(pairs.items.dtype), times=served.times)
     return RankerData(pairs, cat(valid, torch.zeros(0, width, dtype=torch.bool, device="cpu")), cat(items, torch.zeros(0, dtype=torch.int32, device="cpu")),
                       cat(labels, torch.zeros(0, dtype=torch.bool, device="cpu")), raw)
 

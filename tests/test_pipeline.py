@@ -775,6 +775,13 @@ def test_a_recipe_setting_that_only_another_setting_reads_is_refused_without_it(
     assert recipe(covisitation=CoVisitation(), covisitation_k=7).covisitation_k == 7
 
 
+@pytest.mark.parametrize("max_candidates", [0, -3])
+def test_no_candidates_are_refused_when_the_recipe_is_built(tmp_path: Path, max_candidates: int) -> None:
+    """max_candidates 0 was read when the pipeline was built, after the data and the retrievers, and failed in a reshape."""
+    with pytest.raises(ValueError, match=rf"^max_candidates must be an integer >= 1, got {max_candidates}$"):
+        PipelineRecipe(models={"m": ModelRetrieval("runs/m/model")}, output=str(tmp_path / "p"), max_candidates=max_candidates)
+
+
 @pytest.mark.parametrize("ks", [[0], [2.5], [], [10, -1]])
 def test_cutoffs_that_are_no_positive_integers_are_refused_when_the_recipe_is_built(tmp_path: Path, ks) -> None:
     """The printed metrics' cut-offs were read first when the fitted pipeline scored the validation pairs: after the

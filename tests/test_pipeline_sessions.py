@@ -243,6 +243,16 @@ def test_target_encoding_and_early_stopping_go_by_session(
     assert column.tolist() == pytest.approx(expected, rel=1e-6)
 
 
+@pytest.mark.parametrize(("setting", "value"), [("max_candidates", 0), ("max_candidates", -3), ("max_length", 0),
+                                                ("max_length", -2)])
+def test_sizes_of_no_candidates_or_no_events_are_refused(dm: SessionDataModule, setting: str, value: int) -> None:
+    """max_candidates 0 failed at the first request with a reshape error, max_length 0 served the whole session."""
+    train, _ = dm.tensors("train")
+    retrievers = {"pop": (BaselineRetriever(Popularity()).fit(train, dm.num_items), 8)}
+    with pytest.raises(ValueError, match=rf"^{setting} must be an integer >= 1, got {value}$"):
+        Pipeline(dm.vocab, retrievers, **{"max_length": MAX_LENGTH, setting: value})
+
+
 # ------------------------------------------------------------------------ the fit, a chunk of pairs at a time
 def small_scorer(name: str):
     if name == "gbdt":

@@ -69,7 +69,7 @@ from sessrec.saved.directory import (
     vocabulary_record,
     write_description,
 )
-from sessrec.saved.registry import ConfigError, config_of, instantiate
+from sessrec.saved.registry import ConfigError, check_integers, config_of, instantiate
 
 FORMAT, VERSION = "sessrec.pipeline", 4
 AnyFilter = SeenItemsFilter | NonProductFilter | ItemTableFilter
@@ -113,6 +113,7 @@ class Pipeline:
             if k < 1:
                 raise ValueError(f"retriever {name!r}: K must be >= 1, got {k}")
         self.vocab, self.retrievers = vocab, dict(retrievers)
+        check_integers({"max_length": max_length, "max_candidates": max_candidates})
         if history_length < max_length:
             raise ValueError(f"history_length ({history_length}) must be >= max_length ({max_length})")
         self.max_length, self.max_candidates, self.history_length = max_length, max_candidates, history_length

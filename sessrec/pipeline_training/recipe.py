@@ -52,7 +52,7 @@ from sessrec.pipeline.scoring import BlendScorer, DLRMScorer, GBDTScorer
 from sessrec.pipeline_training.fitting import evaluate_pipeline, fit_ranker
 from sessrec.pipeline_training.progress import Stages
 from sessrec.saved import versions
-from sessrec.saved.registry import instantiate
+from sessrec.saved.registry import check_integers, instantiate
 from sessrec.tasks.session_data import SessionDataModule
 
 # settings of a data module that only shape training batches (the training loader's): the pipeline reads
@@ -170,6 +170,7 @@ class PipelineRecipe:
                              f"{seen_filter}: set seen_filter: window, or drop seen_window")
         if seen_window is not None and (isinstance(seen_window, bool) or seen_window < 1):
             raise ValueError(f"seen_window: {seen_window} is not a number of events (an integer >= 1)")
+        check_integers({"max_candidates": max_candidates})
         self.max_candidates, self.seen_filter, self.seen_window = max_candidates, seen_filter, seen_window or 1
         self.item_tables = list(item_tables or [])
         self.exclusions: dict[str, int | None] = {}  # session model -> events its exclude_seen reads (None: none)

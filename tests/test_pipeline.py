@@ -850,6 +850,8 @@ def test_the_seen_filter_follows_the_session_models_exclusion_unless_set(world: 
     assert seen(excluding_dir, seen_filter="none") is None
     assert seen(excluding_dir, seen_filter="session").window is None
     assert seen(world.model_dir, seen_filter="window", seen_window=3).window == 3
+    assert small_recipe(world, tmp_path, seen_filter="window", seen_window=3).build().history_length == 200
+    assert small_recipe(world, tmp_path, seen_filter="window", seen_window=300).build().history_length == 300  # kept
     with pytest.raises(ValueError, match=r"^seen_filter: the session models exclude different items of a session \(m0 none, "
                                          rf"m1 its last {MAX_LENGTH}\): set seen_filter"):
         seen(world.model_dir, excluding_dir)

@@ -253,6 +253,18 @@ def test_sizes_of_no_candidates_or_no_events_are_refused(dm: SessionDataModule, 
         Pipeline(dm.vocab, retrievers, **{"max_length": MAX_LENGTH, setting: value})
 
 
+def test_a_seen_window_longer_than_the_history_kept_is_refused(dm: SessionDataModule) -> None:
+    """A window of 8 events over a history of 6 filtered the last 6 alone."""
+    from sessrec.pipeline.filters import SeenItemsFilter
+
+    train, _ = dm.tensors("train")
+    retrievers = {"pop": (BaselineRetriever(Popularity()).fit(train, dm.num_items), 8)}
+    with pytest.raises(ValueError, match=r"^SeenItemsFilter window 8 is more than the 6 events the pipeline keeps of a "
+                                         r"session \(history_length\): give history_length >= 8$"):
+        Pipeline(dm.vocab, retrievers, max_length=MAX_LENGTH, history_length=6, filters=[SeenItemsFilter(window=8)])
+    assert Pipeline(dm.vocab, retrievers, max_length=MAX_LENGTH, history_length=8, filters=[SeenItemsFilter(window=8)])
+
+
 # ------------------------------------------------------------------------ the fit, a chunk of pairs at a time
 def small_scorer(name: str):
     if name == "gbdt":

@@ -72,6 +72,7 @@ from sessrec.saved.directory import (
 from sessrec.saved.registry import ConfigError, check_integers, config_of, instantiate
 
 FORMAT, VERSION = "sessrec.pipeline", 4
+HISTORY_LENGTH = 200  # events of a session kept for the filters of everything seen, by default
 AnyFilter = SeenItemsFilter | NonProductFilter | ItemTableFilter
 SEP = "/"  # joins the keys of a state's nested dicts into the names of its arrays
 
@@ -83,7 +84,8 @@ class Pipeline:
         vocab: raw ids <-> model ids, shared by every stage.
         retrievers: name -> (retriever, K it contributes).
         max_length: most recent events of a session that the stages see.
-        history_length: most recent events kept for the filters of everything seen (>= max_length).
+        history_length: most recent events kept for the filters of everything seen (>= max_length, and >= the
+            window of a `SeenItemsFilter`).
         max_candidates: merged candidates kept per session (by agreement of the retrievers).
         filters: applied in order after the merge (a `NonProductFilter` always runs first).
         features: the ranking features.
@@ -100,7 +102,7 @@ class Pipeline:
         retrievers: dict[str, tuple[Retriever, int]],
         max_length: int = 20,
         max_candidates: int = 200,
-        history_length: int = 200,
+        history_length: int = HISTORY_LENGTH,
         filters: Sequence[AnyFilter] = (),
         features: CandidateFeatures | None = None,
         scorer: Scorer | None = None,
@@ -117,6 +119,10 @@ class Pipeline:
         if history_length < max_length:
             raise ValueError(f"history_length ({history_length}) must be >= max_length ({max_length})")
         self.max_length, self.max_candidates, self.history_length = max_length, max_candidates, history_length
+        for f in filters:
+            if isinstance(f, SeenItemsFilter) and f.window is not None and f.window > history_length:
+                raise ValueError(f"SeenItemsFilter window {f.window} is more than the {history_length} events the pipeline "
+                                 f"keeps of a session (history_length): give history_length >= {f.window}")
         self.filters = [NonProductFilter(len(vocab), vocab.num_virtual), *filters]
         for f in self.filters:
             if hasattr(f, "bind"):

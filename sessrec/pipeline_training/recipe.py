@@ -42,7 +42,7 @@ from sessrec.metrics.aggregate import cutoffs
 from sessrec.pipeline.candidate_features import CandidateFeatures
 from sessrec.pipeline.filters import ItemTableFilter, SeenItemsFilter
 from sessrec.pipeline.ordering import Ordering
-from sessrec.pipeline.pipeline import Pipeline
+from sessrec.pipeline.pipeline import HISTORY_LENGTH, Pipeline
 from sessrec.pipeline.retrieval.baseline_retriever import BaselineRetriever
 from sessrec.pipeline.retrieval.covisitation import CoVisitation
 from sessrec.pipeline.retrieval.index import ExactIndex, FaissIndex
@@ -115,8 +115,8 @@ class PipelineRecipe:
             events). None: as the session models evaluate, ``none`` unless they exclude the session's items
             (``exclude_seen``, the leave-one-out fragments), then ``window`` over the events that exclusion reads (their
             ``max_length``); session models that disagree are refused, asking for a value.
-        seen_window: events of the ``window`` filter, >= 1 (None: 1); given with another `seen_filter`, it is
-            refused (it would be ignored).
+        seen_window: events of the ``window`` filter, >= 1 (None: 1), all of them kept (the pipeline's
+            ``history_length`` is raised to it); given with another `seen_filter`, it is refused (it would be ignored).
         item_tables: allow/deny tables (`ItemTableFilter`).
         features: the ranking features.
         scorer: the ranker: `BlendScorer` (default: a `DLRMScorer` and two `GBDTScorer`s), or one ranker alone.
@@ -293,8 +293,10 @@ class PipelineRecipe:
         self.features.fit_statistics(train, dm.num_items)
         retrievers = self.retrievers(names, train)
         seen = self.seen_items_filter()
+        window = seen.window if seen is not None and seen.window is not None else 0
         return Pipeline(
             dm.vocab, retrievers, max_length=dm.max_length, max_candidates=self.max_candidates,
+            history_length=max(HISTORY_LENGTH, window),
             filters=[*([seen] if seen is not None else []), *self.item_tables], features=self.features,
             ordering=self.ordering, device=self.device,
         )

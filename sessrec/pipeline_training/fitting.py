@@ -223,8 +223,9 @@ def candidate_rows(pipe: Pipeline, pairs: EvalPairs, batch_size: int = 512) -> R
     raw = {name: torch.cat(raws.pop(name)) for name in list(raws)}  # one column at a time: no second copy of all
     width = pipe.max_candidates
     cat = lambda parts, empty: torch.cat(parts) if parts else empty  # noqa: E731
-    served = pipe.wrap(pairs.items, pairs.times)
-    pairs = replace(pairs, items=served.items.to(pairs.items.dtype), times=served.times)
+    if pairs.items.shape[1] != pipe.max_length:  # pairs of another width: kept as the stages see them
+        served = pipe.wrap(pairs.items, pairs.times)
+        pairs = replace(pairs, items=served.items.to(pairs.items.dtype), times=served.times)
     return RankerData(pairs, cat(valid, torch.zeros(0, width, dtype=torch.bool, device="cpu")), cat(items, torch.zeros(0, dtype=torch.int32, device="cpu")),
                       cat(labels, torch.zeros(0, dtype=torch.bool, device="cpu")), raw)
 

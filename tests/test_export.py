@@ -218,6 +218,24 @@ def test_event_times_are_an_input_of_a_model_that_reads_them(tmp_path, fmt):
     assert config["input"][1] == {"name": "event_times", "data_type": "TYPE_FP64", "dims": [-1]}
 
 
+def test_time_gaps_of_a_power_of_two_seconds_fall_in_the_buckets_eager_reads(tmp_path):
+    """Whole-second logs have gaps of exactly 2, 4, 256 s: ONNX Runtime's Log2 comes out just below the integer
+    there, which put each such gap one time bucket lower than PyTorch (other scores, exit 0)."""
+    task = session_task("hstu_clm")
+    with torch.no_grad():  # a trained time bias, one value per bucket
+        for layer in task.model.encoder.layers:
+            layer.time_bias.copy_(torch.arange(32, dtype=torch.float32)[:, None].expand(32, 2))
+    recommender = task.recommender()
+    path = export_session_model(recommender, tmp_path, "onnx", top_k=5)
+    items = torch.tensor([[7, 8, 9, 10, 11], [0, 12, 13, 14, 15]])
+    times = 1.7e9 + torch.tensor([[0, 2, 6, 262, 774], [0, 0, 1, 5, 1029]], dtype=torch.float64)  # gaps 2, 4, 256, 512, 1024
+    scores, _, top_items = run_exported(path, items, times)
+    with torch.no_grad():
+        expected = recommender.scores(items, {EVENT_TIMES: times})
+    assert max_abs_diff(scores, expected.numpy()) <= 1e-5
+    np.testing.assert_array_equal(top_items, expected.topk(5).indices.numpy())
+
+
 def test_gru4rec_to_onnx_is_refused_with_the_reason(tmp_path):
     with pytest.raises(ValueError, match=r"GRU4RecEncoder cannot be exported to onnx: .*pack_padded_sequence.*torchscript"):
         export_session_model(session_task("gru4rec_clm").recommender(), tmp_path, "onnx")

@@ -84,8 +84,13 @@ def position_buckets(distance: torch.Tensor, num_buckets: int, max_distance: int
 
 def time_buckets(seconds: torch.Tensor, num_buckets: int) -> torch.Tensor:
     """Time differences in seconds -> bucket ids ``floor(log2(max(|dt|, 1)))``, capped at ``num_buckets - 1``
-    (a difference that is no number, as padding's may be, gets a bucket in range, never read)."""
-    return torch.log2(seconds.abs().clamp(min=1.0)).floor().long().clamp(min=0, max=num_buckets - 1)
+    (a difference that is no number, as padding's may be, gets a bucket in range, never read). The floor of log2
+    is corrected to the power of two at or below the difference: ONNX Runtime's Log2 (log x / log 2) comes out just
+    below the integer at a whole power of two (a gap of 2, 4, 256 s), which would read the bucket below."""
+    dt = seconds.abs().clamp(min=1.0)
+    bucket = torch.log2(dt).floor()
+    bucket = bucket + (torch.exp2(bucket + 1) <= dt).to(bucket.dtype) - (torch.exp2(bucket) > dt).to(bucket.dtype)
+    return bucket.long().clamp(min=0, max=num_buckets - 1)
 
 
 class HSTULayer(nn.Module):

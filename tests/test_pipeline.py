@@ -33,7 +33,7 @@ from sessrec.cli import main
 from sessrec.data import EvalPairs, ItemVocab, SchemaError, SyntheticSource, frame
 from sessrec.data.sources import UserSequenceSource
 from sessrec.data.vocab import NUM_SPECIAL
-from sessrec.models import XLNetEncoder
+from sessrec.models import HSTUEncoder, SessionModel, XLNetEncoder
 from sessrec.pipeline.candidate_features import GROUPS, CandidateFeatures
 from sessrec.pipeline.candidates import Candidates, RequestSessions
 from sessrec.pipeline.filters import ItemTableFilter, SeenItemsFilter
@@ -294,6 +294,19 @@ def test_a_blend_ranker_saves_and_loads_with_its_members(world: World, tmp_path:
     loaded = Pipeline.from_pretrained(directory)
     assert config_of(loaded.scorer) == config_of(blend)
     assert loaded.recommend(world.sessions, k=K) == pipe.recommend(world.sessions, k=K)
+
+
+def test_a_retriever_with_a_scalar_in_its_state_loads_as_saved(world: World, tmp_path: Path) -> None:
+    """An HSTU's state holds a 0-d tensor (whether it trained with times); saved as (1,) it loaded into no model,
+    so a pipeline that `sessrec fit` had saved was refused by test, recommend and serve."""
+    torch.manual_seed(0)
+    model = SessionModel(world.dm.num_items, HSTUEncoder(d_model=8, n_head=2, n_layer=1), max_length=MAX_LENGTH)
+    model.encoder.trained_with_times = True
+    pipe = Pipeline(world.dm.vocab, {"hstu": (SessionModelRetriever(model), K)}, max_length=MAX_LENGTH)
+    sessions, times = world.sessions[:4], [[1.7e9 + 60 * i for i in range(len(s))] for s in world.sessions[:4]]
+    loaded = Pipeline.from_pretrained(pipe.save_pretrained(tmp_path / "pipeline"))
+    assert loaded.retrievers["hstu"][0].model.encoder.trained_with_times is True
+    assert loaded.recommend(sessions, k=K, times=times) == pipe.recommend(sessions, k=K, times=times)
 
 
 def test_saving_again_adds_a_version_and_never_replaces_other_files(world: World, tmp_path: Path) -> None:

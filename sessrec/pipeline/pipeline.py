@@ -342,7 +342,8 @@ class Pipeline:
         def write(tmp: Path) -> None:
             def stage(obj: Any, name: str) -> dict[str, Any]:
                 plain, arrays = split_state(obj.state_dict())
-                save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, str(tmp / f"{name}.safetensors"))
+                # np.require keeps a 0-d array 0-d (np.ascontiguousarray makes it (1,), which loads into no model)
+                save_file({k: np.require(v, requirements="C") for k, v in arrays.items()}, str(tmp / f"{name}.safetensors"))
                 return {"config": config_of(obj), "state": plain, "arrays": f"{name}.safetensors"}
 
             spec: dict[str, Any] = {"format": FORMAT, "version": VERSION, "max_length": self.max_length,

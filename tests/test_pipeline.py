@@ -870,6 +870,24 @@ def test_the_seen_filter_follows_the_session_models_exclusion_unless_set(world: 
         seen(world.model_dir, excluding_dir)
 
 
+@pytest.mark.parametrize(("pipeline", "width"), [({}, MAX_LENGTH), ({"seen_filter": "window", "seen_window": 3}, MAX_LENGTH),
+                                                 ({"seen_filter": "session"}, 200),
+                                                 ({"seen_filter": "window", "seen_window": 300}, 300)])
+def test_the_ranker_trains_on_prefixes_as_wide_as_its_seen_filter_reads(world: World, tmp_path: Path, monkeypatch,
+                                                                        pipeline: dict, width: int) -> None:
+    """A seen-items filter that reads past max_length removes at serving candidates that prefixes max_length wide
+    kept as training rows: the ranker's pairs are then as wide as the pipeline's history."""
+    import sessrec.pipeline_training.recipe as recipe_module
+
+    given = []
+    monkeypatch.setattr(recipe_module, "fit_ranker", lambda pipe, pairs, *a, **k: given.append(pairs) or pytest.skip())
+    with pytest.raises(pytest.skip.Exception):
+        small_recipe(world, tmp_path, **pipeline).fit()
+    expected = world.dm.pairs("valid", width=width)  # as wide as the window, or the longest prefix if narrower
+    assert torch.equal(given[0].items, expected.items) and torch.equal(given[0].targets, expected.targets)
+    assert (given[0].items.shape[1] > MAX_LENGTH) == (width > MAX_LENGTH)
+
+
 def test_seen_filter_and_diversity_cap_through_the_pipeline(world: World, tmp_path: Path) -> None:
     raw = world.dm.vocab.raw_ids.to_pylist()
     categories = tmp_path / "categories.parquet"

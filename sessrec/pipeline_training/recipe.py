@@ -224,13 +224,14 @@ class PipelineRecipe:
         data.vocab_path = str(folder / VOCAB)  # the ids the first model was trained with
         return data
 
-    def ranker_data(self) -> EvalPairs:
-        """The validation (prefix, next item) pairs that the ranker trains on, with their sessions and times;
+    def ranker_data(self, width: int | None = None) -> EvalPairs:
+        """The validation (prefix, next item) pairs that the ranker trains on, with their sessions and times,
+        prefixes `width` events wide (None: the data module's ``max_length``; `ranker_width`);
         ``all_prefixes`` that give no more pairs than each session's last item (leave-one-out data: one target
         a user) are refused in one line (the setting would change nothing)."""
         if self.ranker_pairs == "protocol":
-            return self.data.scored_pairs("valid")
-        pairs, last = self.data.scored_pairs("valid", "all_prefixes"), len(self.data.pairs("valid", "last"))
+            return self.data.scored_pairs("valid", width=width)
+        pairs, last = self.data.scored_pairs("valid", "all_prefixes", width), len(self.data.pairs("valid", "last"))
         if len(pairs) <= last:
             raise ValueError(
                 f"ranker_pairs: all_prefixes gives the ranker no more validation pairs than each session's last item "
@@ -326,6 +327,8 @@ class PipelineRecipe:
             self.stage1_vocabulary()
             pairs = self.ranker_data()  # a setting they cannot honour is refused before anything is fitted
             pipe = self.build()
+            if (width := ranker_width(pipe)) is not None:
+                pairs = self.ranker_data(width)
         with stages.stage(f"fitting the ranker {type(self.scorer).__name__} on the validation pairs"):
             info = fit_ranker(pipe, pairs, self.scorer, self.batch_size, negatives=self.ranker_negatives,
                               log=stages.note)
@@ -390,3 +393,13 @@ def index_sessions(dm: SessionDataModule, splits: tuple[str, ...] = ("train",)) 
     if any(t is None for t in times):
         return rows
     return rows[np.argsort(np.concatenate(times), kind="stable")]
+
+
+def ranker_width(pipe: Pipeline) -> int | None:
+    """The width of the prefixes the ranker of `pipe` trains on: its ``history_length`` where its seen-items
+    filter reads past ``max_length`` (the candidates a request's filter removes are no training rows), else
+    None (``max_length``: the prefixes the data module holds, no wider copy)."""
+    seen = next((f for f in pipe.filters if isinstance(f, SeenItemsFilter)), None)
+    if seen is None or (seen.window is not None and seen.window <= pipe.max_length):
+        return None
+    return pipe.history_length

@@ -34,6 +34,7 @@ import torch
 from sessrec.cli.parsers import load_recipe
 from sessrec.pipeline.scoring import BlendScorer, DLRMScorer, GBDTScorer, Scorer
 from sessrec.pipeline_training import fitting
+from sessrec.pipeline_training.recipe import ranker_width
 from sessrec.saved.registry import config_of, instantiate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -89,9 +90,10 @@ def main() -> None:
     start = time.perf_counter()
     pipe = recipe.build()
     built = time.perf_counter() - start
-    data = fitting.candidate_rows(pipe, recipe.ranker_data(), recipe.batch_size)
-    valid_rows = fitting.candidate_rows(pipe, recipe.data.pairs("valid"), recipe.batch_size)
-    test_rows = fitting.candidate_rows(pipe, recipe.data.pairs("test"), recipe.batch_size)
+    data = fitting.candidate_rows(pipe, recipe.ranker_data(ranker_width(pipe)), recipe.batch_size)
+    wide = pipe.history_length  # evaluated as sessrec test evaluates: the seen filter reads that much
+    valid_rows = fitting.candidate_rows(pipe, recipe.data.pairs("valid", width=wide), recipe.batch_size)
+    test_rows = fitting.candidate_rows(pipe, recipe.data.pairs("test", width=wide), recipe.batch_size)
     emit({"stage": "rows", "recipe": args.recipe or RECIPES[args.dataset], "build_seconds": round(built, 1),
           "rows_seconds": round(time.perf_counter() - start - built, 1), "pairs": len(data), "slots": int(data.valid.sum()),
           "threads": torch.get_num_threads(), "quick": args.quick})

@@ -164,6 +164,14 @@ def test_gru4rec_equals_the_gru_run_on_each_unpadded_session():
     assert (out[~mask] == 0).all()
 
 
+def test_a_gru4rec_dropout_that_one_layer_cannot_apply_is_refused():
+    """torch's GRU drops out between stacked layers only: with one layer a dropout trained without any."""
+    with pytest.raises(ValueError, match=r"^GRU4RecEncoder dropout 0.3 is applied between stacked layers, and n_layer is 1: "
+                                         r"set n_layer 2 or more, or dropout 0.0 \(SessionModel's dropout drops input embeddings\)$"):
+        GRU4RecEncoder(d_model=16, n_layer=1, dropout=0.3)
+    assert GRU4RecEncoder(d_model=16, n_layer=2, dropout=0.3).gru.dropout == 0.3
+
+
 @pytest.mark.parametrize("name", ["gpt2", "bert", "electra"])
 def test_hf_absolute_position_tables_are_disabled(name):
     enc = encoder(name)

@@ -28,7 +28,8 @@ class GRU4RecEncoder(nn.Module, Configurable):
     Args:
         d_model: width D of the inputs and of the hidden state.
         n_layer: stacked GRU layers.
-        dropout: dropout between stacked layers (ignored with one layer).
+        dropout: dropout between stacked layers; with one layer there is none, and a dropout above 0
+            is refused (`SessionModel`'s ``dropout`` drops the input embeddings).
 
     The GRU keeps PyTorch's init, uniform in ``±d_model ** -0.5``: already the scale that small
     widths need.
@@ -40,8 +41,11 @@ class GRU4RecEncoder(nn.Module, Configurable):
         super().__init__()
         check_integers({"d_model": d_model, "n_layer": n_layer}, "GRU4RecEncoder ")
         check_probabilities({"dropout": dropout}, "GRU4RecEncoder ")
+        if dropout > 0 and n_layer == 1:
+            raise ValueError(f"GRU4RecEncoder dropout {dropout} is applied between stacked layers, and n_layer is 1: set "
+                             "n_layer 2 or more, or dropout 0.0 (SessionModel's dropout drops input embeddings)")
         self.d_model = d_model
-        self.gru = nn.GRU(d_model, d_model, num_layers=n_layer, batch_first=True, dropout=dropout if n_layer > 1 else 0.0)
+        self.gru = nn.GRU(d_model, d_model, num_layers=n_layer, batch_first=True, dropout=dropout)
 
     def forward(self, embeddings: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """(B, L, D) embeddings and (B, L) bool mask of real positions -> (B, L, D)."""

@@ -393,6 +393,16 @@ def test_only_classes_can_be_registered():
         register(lambda: None)
 
 
+@pytest.mark.parametrize("signature, named", [("self, *widths: int", "*widths"), ("self, d_model: int, /", "d_model")])
+def test_a_configurable_whose_arguments_no_config_can_name_is_refused_where_it_is_defined(isolated, signature, named):
+    """Its config recorded them by name, which no saved model directory could build again: refused at the class, not
+    at the first load of a model saved with it."""
+    with pytest.raises(TypeError, match=rf"^Stack.__init__ takes {re.escape(named)}, which a config cannot name: a "
+                                        r"Configurable is rebuilt from its arguments by name; make each a keyword argument$"):
+        exec(f"class Stack(Configurable):\n    def __init__({signature}) -> None:\n        pass", {"Configurable": Configurable})
+    assert not [path for path in registry.registered() if path.endswith("Stack")]
+
+
 BUILT: list[str] = []
 
 

@@ -75,7 +75,9 @@ def registered() -> dict[str, type]:
 
 class Configurable:
     """Mixin that records the arguments each instance was constructed with (read by `config_of`), and
-    registers each subclass on definition, so that a saved config may build it.
+    registers each subclass on definition, so that a saved config may build it. A subclass whose
+    ``__init__`` takes ``*args`` or positional-only arguments is refused there (a TypeError): a config
+    names every argument.
 
     The outermost ``__init__`` of the instance's class records them (defaults filled in), so a
     subclass that calls its parent's ``__init__`` with other values still records its own.
@@ -83,11 +85,17 @@ class Configurable:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        register(cls)
         init = cls.__dict__.get("__init__")
         if init is None:
+            register(cls)
             return
         signature = inspect.signature(init)
+        for param in list(signature.parameters.values())[1:]:  # after self
+            if param.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.POSITIONAL_ONLY):
+                named = f"*{param.name}" if param.kind is inspect.Parameter.VAR_POSITIONAL else param.name
+                raise TypeError(f"{cls.__qualname__}.__init__ takes {named}, which a config cannot name: a Configurable "
+                                "is rebuilt from its arguments by name; make each a keyword argument")
+        register(cls)
 
         @functools.wraps(init)
         def recording_init(self: Any, *args: Any, **kw: Any) -> None:

@@ -102,6 +102,17 @@ def test_test_subcommand_reports_metrics(trained):
     assert 0 < metrics["test/mrr@20"] <= metrics["test/recall@20"]
 
 
+@pytest.mark.parametrize("sub", ["test", "validate"])
+def test_evaluating_a_model_directory_without_the_sessions_to_read_is_refused(trained, sub, sessrec_main):
+    """No recipe nor flag named a data source: the default generated 20,000 synthetic sessions of 1,000 items, most
+    of whose targets the 200-item model had never seen, and printed their metrics with exit 0."""
+    _, model_dir = trained
+    assert sessrec_main(sub, "--model_dir", str(model_dir), "--trainer.enable_progress_bar", "false") == (
+        f"sessrec {sub}: error: {sub} --model_dir {model_dir}: no recipe or flag names the sessions to evaluate "
+        "on (data.source), and the default would be generated synthetic sessions: give the data recipe the model was "
+        "trained with (--config recipes/data/<name>.yaml) or --data.source (--traceback for details)")
+
+
 def sessions_file(path: Path, vocab: ItemVocab, layout: str) -> dict:
     raw = vocab.raw_ids.to_pylist()
     sessions = {"s1": raw[:3], "s2": [raw[5], 99_999_999], "s3": [raw[7]]}  # 99_999_999 is unknown

@@ -25,7 +25,8 @@ linked from the data module into the model, never typed twice.
 configuration of the `SessionDataModule` it was trained on (its ``data`` section), from which a
 pipeline recipe without a data block reads its sessions. ``validate``, ``test`` and
 ``predict`` of a trained model take that directory (``--model_dir``) with the data recipe
-(``--config``): the data module reads the directory's vocabulary and side-feature transforms, and
+(``--config``; ``validate`` and ``test`` refuse one that names no ``data.source``, whose default is
+generated synthetic sessions): the data module reads the directory's vocabulary and side-feature transforms, and
 the model is the directory's, by one rule (`sessrec.tasks.restore`), where "given" means
 set by a recipe or on the command line:
 
@@ -275,6 +276,12 @@ class SessrecCLI(LightningCLI):
             return
         folder = self._model_dir
         data = cfg.data.init_args
+        if sub != "predict" and "source" in data and data.source is None:  # SessionDataModule's default: generated sessions
+            raise ValueError(
+                f"{sub} --model_dir {model_dir}: no recipe or flag names the sessions to evaluate on (data.source), and "
+                "the default would be generated synthetic sessions: give the data recipe the model was trained with "
+                "(--config recipes/data/<name>.yaml) or --data.source"
+            )
         if "vocab_path" in data:
             data.vocab_path = str(folder / VOCAB)  # the ids the model was trained with
         if "features_path" in data:

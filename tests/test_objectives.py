@@ -360,6 +360,14 @@ def test_invalid_pairs_are_refused_when_the_task_is_built(enc, obj):
             make()
 
 
+@pytest.mark.parametrize("enc,obj", [("bert", "clm"), ("sasrec", "mlm")])
+def test_research_code_that_skips_bind_is_refused_at_its_first_training_step(enc, obj):
+    """Without `bind`, CLM trained a bidirectional encoder whose every position saw the item it predicts."""
+    model = SessionModel(num_items=30, encoder=ENCODERS[enc](), max_length=8)
+    with pytest.raises(ValueError, match=REASON[obj]):
+        OBJECTIVES[obj]().training_output(model, ITEMS)
+
+
 def test_an_encoder_must_say_whether_it_is_causal():
     class Plain(nn.Module):
         d_model = 16

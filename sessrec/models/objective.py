@@ -222,7 +222,11 @@ class Objective(Configurable):
         generator: torch.Generator | None = None,
         features: Features | None = None,
     ) -> ObjectiveOutput:
-        """Mask a training batch (B, L) (with its side features), run the model and return the hidden states to score."""
+        """Mask a training batch (B, L) (with its side features), run the model and return the hidden states to score.
+
+        An encoder this objective cannot train is refused (`check`), also where `bind` was not called.
+        """
+        self.check(model.encoder)
         m = self.mask(items, generator, model.recommendable)
         if m.source is not None and features is not None:  # the items moved: their features move with them
             features = {k: realign(v, m.source) for k, v in features.items()}

@@ -368,6 +368,20 @@ def test_research_code_that_skips_bind_is_refused_at_its_first_training_step(enc
         OBJECTIVES[obj]().training_output(model, ITEMS)
 
 
+@pytest.mark.parametrize("enc,obj", sorted(VALID))
+def test_training_sessions_wider_than_the_network_reads_are_refused(enc, obj):
+    """A data module of max_length 12 and a SessionModel of 8 (say) trained items past the 8th on clamped positions,
+    which evaluation (the latest 8 items) never reads: refused at the first training step, naming both widths."""
+    model, objective = tiny(ENCODERS[enc](), num_items=60), OBJECTIVES[obj]()
+    objective.bind(model)
+    wide = torch.randint(2, 60, (4, 12), generator=gen())
+    with pytest.raises(ValueError, match=r"^training sessions of 12 items are wider than the 8 the network reads "
+                                         r"\(SessionModel max_length\): build it with max_length=12, or pass each "
+                                         r"session's latest 8 items$"):
+        objective.training_output(model, wide, gen())
+    assert len(objective.training_output(model, wide[:, -8:], gen()).targets)
+
+
 def test_an_encoder_must_say_whether_it_is_causal():
     class Plain(nn.Module):
         d_model = 16

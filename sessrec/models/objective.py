@@ -215,6 +215,18 @@ class Objective(Configurable):
         if query_stream is not None:
             query_stream(self.needs_two_stream)
 
+    def check_training(self, model: Network, items: torch.Tensor) -> None:
+        """Refuse a training batch this objective cannot train `model` on: an encoder of the wrong kind (`check`), or
+        (B, L) sessions wider than the ``max_length`` items the network reads (their positions past it would share
+        one embedding, and evaluation reads only the latest ``max_length``)."""
+        self.check(model.encoder)
+        if items.shape[-1] > model.max_length:
+            raise ValueError(
+                f"training sessions of {items.shape[-1]} items are wider than the {model.max_length} the network reads "
+                f"(SessionModel max_length): build it with max_length={items.shape[-1]}, or pass each session's latest "
+                f"{model.max_length} items"
+            )
+
     def training_output(
         self,
         model: Network,
@@ -224,9 +236,10 @@ class Objective(Configurable):
     ) -> ObjectiveOutput:
         """Mask a training batch (B, L) (with its side features), run the model and return the hidden states to score.
 
-        An encoder this objective cannot train is refused (`check`), also where `bind` was not called.
+        An encoder this objective cannot train is refused (`check`), also where `bind` was not called, and so are
+        sessions wider than the network reads (`check_training`).
         """
-        self.check(model.encoder)
+        self.check_training(model, items)
         m = self.mask(items, generator, model.recommendable)
         if m.source is not None and features is not None:  # the items moved: their features move with them
             features = {k: realign(v, m.source) for k, v in features.items()}

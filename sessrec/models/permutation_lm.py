@@ -102,6 +102,7 @@ class PermutationLanguageModeling(Objective):
         generator: torch.Generator | None = None,
         features: Features | None = None,
     ) -> ObjectiveOutput:
+        self.check_training(model, items)
         m = self.mask(items, generator, model.recommendable)
         # the targets stay inputs of the content stream: the look-ahead features before them are hidden
         query = model.encode(

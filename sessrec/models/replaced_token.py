@@ -160,6 +160,7 @@ class ReplacedTokenDetection(nn.Module, Objective, Configurable):
     ) -> ObjectiveOutput:
         if self.discriminator is None or self.generator_encoder is None:
             raise RuntimeError("ReplacedTokenDetection is not bound to a model: call objective.bind(model) first")
+        self.check_training(model, items)
         m = self.mask(items, generator, model.recommendable)
 
         # generator: an MLM over the shared item table and head, with both sets behind [MASK]

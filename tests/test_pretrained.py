@@ -373,6 +373,16 @@ def test_a_recommender_is_refused_a_vocabulary_of_another_size(tmp_path):
     assert not (tmp_path / "model").exists()
 
 
+def test_a_recommender_is_refused_a_vocabulary_whose_virtual_items_its_network_would_recommend(tmp_path):
+    """A network built without the vocabulary's num_virtual scored its page-view tokens as items: saved, loaded and
+    served, they were recommended."""
+    model, objective = session_model("gru4rec_clm")  # num_virtual 0
+    pages = ItemVocab(pa.array(np.arange(100, 100 + NUM_ITEMS - 2)), np.ones(NUM_ITEMS - 2, dtype=np.int64), num_virtual=3)
+    with pytest.raises(ValueError, match=r"^the vocabulary's last 3 ids are virtual \(input-only\) items where the model "
+                                         r"has 0: build SessionModel with num_virtual=3 \(else they would be recommended\)$"):
+        SessionRecommender(model, objective, pages, Inference(5))
+
+
 def test_a_recommender_serving_more_items_than_its_network_reads_is_refused(vocab):
     model, objective = session_model("gru4rec_clm")  # reads 5 items
     with pytest.raises(ValueError, match=r"^inference max_length 6 is more than the 5 items the network reads"):

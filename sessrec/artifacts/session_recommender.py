@@ -101,7 +101,7 @@ class SessionRecommender:
     Args:
         model: the trained network (kept in the mode it is in; `from_pretrained` gives it in eval mode).
         objective: the objective it was trained with, bound to `model` (how the next item is read).
-        vocab: the vocabulary of its ids: as many ids as the network scores.
+        vocab: the vocabulary of its ids: as many ids as the network scores, its virtual ids the network's.
         inference: the session length, exclusion of seen items and top-k that serving reads.
         side_transform: the fitted side-feature transforms, for a model that reads side features; refused
             when their features or numbers of ids are not those the network embeds.
@@ -137,6 +137,10 @@ class SessionRecommender:
         if len(vocab) != model.num_items:
             raise ValueError(f"the vocabulary has {len(vocab)} ids where the model scores {model.num_items}: "
                              "give the vocabulary it was trained with")
+        if vocab.num_virtual != model.num_virtual:
+            raise ValueError(f"the vocabulary's last {vocab.num_virtual} ids are virtual (input-only) items where the model "
+                             f"has {model.num_virtual}: build SessionModel with num_virtual={vocab.num_virtual} (else they would be "
+                             "recommended)")
         if inference.max_length > model.max_length:
             raise ValueError(f"inference max_length {inference.max_length} is more than the {model.max_length} items "
                              "the network reads: serve at most what it was trained on")

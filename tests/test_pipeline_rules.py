@@ -326,6 +326,14 @@ def test_diversity_cap(categories: Path, vocab: ItemVocab, n: int, expected: lis
         assert o.order(anonymous(2), DIVERSE, k=6).items.tolist() == expected
 
 
+def test_a_nan_category_is_uncapped_as_a_null_one(tmp_path: Path, vocab: ItemVocab) -> None:
+    """pandas writes a missing category of a float column as NaN: those items are uncapped, not one category."""
+    table = write(tmp_path, "nan.parquet", item_id=[10, 20, 30, 40], category=[1.0, float("nan"), float("nan"), 1.0])
+    ordering = Ordering(diversity=DiversityCap(str(table), max_per_category=1)).bind(vocab)
+    out = ordering.order(anonymous(1), scored([[2, 3, 4, 5]], [[0.9, 0.8, 0.7, 0.6]]), k=4)
+    assert out.items.tolist() == [[2, 3, 4, 0]]  # 10 caps 40 (category 1.0); 20 and 30 stay
+
+
 def test_boost_then_cap_decides_which_item_of_a_category_stays(categories: Path, vocab: ItemVocab) -> None:
     ordering = Ordering([BoostRule([10], weight=0.5)], DiversityCap(str(categories), 1)).bind(vocab)
     # 10 (id 2) raised from 0.6 to 1.1 outranks 20 (id 3, 0.9) of the same category: 20 goes

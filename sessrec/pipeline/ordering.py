@@ -123,7 +123,7 @@ class BoostRule(RawItemRule):
 class DiversityCap(RawItemRule):
     """At most `max_per_category` items of one category in the final list.
 
-    Items absent from the table, or with a null category, are uncapped. The category of an
+    Items absent from the table, or with a null (or NaN) category, are uncapped. The category of an
     item is the value of `category_column` (integers or strings); each item may have one row.
 
     Args:
@@ -162,7 +162,10 @@ class DiversityCap(RawItemRule):
                 f"{path}: column {item_column!r} lists item {twice[0]['values'].as_py()!r} "
                 f"{twice[0]['counts'].as_py()} times; give each item one category"
             )
-        codes = pc.dictionary_encode(table.column(self.category_column).combine_chunks()).indices
+        column = table.column(self.category_column).combine_chunks()
+        if pa.types.is_floating(column.type):  # NaN: a missing category as pandas writes it, null as the others
+            column = pc.if_else(pc.is_nan(column), pa.scalar(None, column.type), column)
+        codes = pc.dictionary_encode(column).indices
         has = codes.is_valid().to_numpy(zero_copy_only=False)  # null category: uncapped, not listed
         return raw.filter(pa.array(has)), {"category": codes.drop_null().to_numpy().astype(np.int64)}
 

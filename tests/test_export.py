@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 from torch import nn
@@ -24,10 +25,11 @@ from sessrec.artifacts import ClickRanker, Inference, SessionRecommender
 from sessrec.cli import export as cli_export
 from sessrec.data import ItemVocab
 from sessrec.data.batch import SessionBatch
-from sessrec.data.side import SideInfoSpec
+from sessrec.data.side import SideFeatures, SideInfoSpec
 from sessrec.datasets.clickout_rows import RankingLoader, RankingVocab
 from sessrec.datasets.clickouts import DENSE_FEATURES, SPARSE_FEATURES
 from sessrec.embeddings import DynamicTables, SparseFeatures, TableConfig
+from sessrec.features import SideFeatureTransform
 from sessrec.lifecycle.export import (
     ExportedClickScorer,
     NextItemScorer,
@@ -83,6 +85,15 @@ def session_task(name: str, **kwargs) -> NextItemTask:
     return task
 
 
+def side_task(name: str, side: SideFeatures, **kwargs) -> NextItemTask:
+    """`session_task` of a model that reads `side`, with its transforms fitted on `raw_sessions` (items 100..129 among
+    the vocabulary's raw ids)."""
+    transform = SideFeatureTransform(side).fit(raw_sessions(80, seed=0))
+    task = session_task(name, side_features=transform.spec, **kwargs)
+    task.side_transform, task.side_config = transform, side
+    return task
+
+
 def sessions(batch: int, length: int, seed: int) -> torch.Tensor:
     """(B, L) right-aligned sessions of 1..L items; the export example is (3, 6), these are not."""
     g = torch.Generator().manual_seed(seed)
@@ -129,12 +140,13 @@ def test_description_beside_the_model(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["onnx", "torchscript"])
 def test_side_features_are_inputs_and_exclude_seen_is_applied(tmp_path, fmt):
-    side = SideInfoSpec(categorical={"device": 5}, continuous=["price", "dwell"], looks_ahead=["dwell"])
-    task = session_task("bert_mlm", side_features=side, evaluation=Evaluation(exclude_seen=True))
+    task = side_task("bert_mlm", SideFeatures(categorical=["device"], continuous=["price"], time=["dwell"], nulls="pad"),
+                     evaluation=Evaluation(exclude_seen=True))
     path = export_session_model(task.recommender(), tmp_path, fmt)
     items = sessions(5, 9, seed=2)
     g = torch.Generator().manual_seed(3)
-    device, price, dwell = torch.randint(1, 5, items.shape, generator=g), torch.randn(items.shape, generator=g), torch.rand(items.shape, generator=g)
+    ids = task.model.side_info.categorical["device"].num_embeddings
+    device, price, dwell = torch.randint(1, ids, items.shape, generator=g), torch.randn(items.shape, generator=g), torch.rand(items.shape, generator=g)
     (scores,) = run_exported(path, items, device, price, dwell)
     with torch.no_grad():
         batch = SessionBatch(items=items, features={"device": device, "price": price, "dwell": dwell})
@@ -732,3 +744,146 @@ def test_a_saved_pipeline_is_refused_naming_what_it_is(tmp_path, sessrec_main, f
                    "readers take a session model's or a DLRM's model directory (a pipeline recipe's models.<name>.model_dir) "
                    "(--traceback for details)")
     assert (directory / "pipeline.json").is_file() and not (tmp_path / "out").exists()
+
+
+# -- a session model that reads side features: servable from the export folder alone ------------------
+EXPORT_SIDE = SideFeatures(categorical=["device", "shop"], continuous=["price", "score"], normalized=["score"],
+                           time=["since_prev", "dwell"], position=4, min_count=2, nulls="pad")
+
+
+def raw_sessions(n: int, seed: int, first: int = 0) -> pa.Table:
+    """Sessions of 1..9 events (list layout) with raw side values: ``device`` text ('tablet' rare, a null now and
+    then), ``shop`` integer codes, ``price`` >= 0 (NaN and nulls missing), ``score`` normalised upstream (negative too),
+    ``timestamp`` in seconds."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for s in range(n):
+        k = int(rng.integers(1, 10))
+        price = [None if u < 0.1 else float("nan") if u < 0.2 else float(p) for u, p in zip(rng.random(k), rng.gamma(2, 50, k))]
+        rows.append({
+            "session_id": first + s,
+            "item_id": [int(i) for i in rng.integers(100, 130, k)],
+            "device": [None if u < 0.05 else str(d) for u, d in zip(rng.random(k), rng.choice(["mobile", "desktop"], k))],
+            "shop": [int(c) for c in rng.integers(1, 6, k)],
+            "price": price,
+            "score": [float(x) for x in rng.normal(0, 1, k)],
+            "timestamp": [float(t) for t in 1.7e9 + 1000.0 * s + np.cumsum(rng.exponential(60, k))],
+        })
+    rows[0]["device"][0] = "tablet"  # seen once: rarer than min_count, the unseen id
+    return pa.Table.from_pylist(rows)
+
+
+def session_contract_inputs(spec: dict, folder: Path, sessions: pa.Table) -> list[np.ndarray]:
+    """The inputs of an exported session model for sessions of raw values (list layout: ``item_id``, one list per raw
+    side column, ``timestamp``), from ``model.json``, ``vocab.parquet`` and the side-feature file alone (numpy and
+    pyarrow), as docs/deploy.md tells an outside user to build them."""
+    import pyarrow.parquet as pq
+
+    item_ids = {raw: i + 2 for i, raw in enumerate(pq.read_table(folder / spec["vocab"]["file"]).column("raw_id").to_pylist())}
+    side = spec.get("side_features") or {"inputs": {}}
+    ids: dict[str, dict[str, int]] = {}
+    if "file" in side:
+        for row in pq.read_table(folder / side["file"]).to_pylist():
+            ids.setdefault(row["feature"], {})[row["raw"]] = row["id"]
+    rows = sessions.to_pylist()
+    width = max(len(r["item_id"]) for r in rows)
+    out = {t["name"]: np.zeros((len(rows), width), dtype=t["dtype"]) for t in spec["inputs"]}
+    for b, row in enumerate(rows):
+        order = np.argsort(row["timestamp"], kind="stable")  # a session's events in time order
+        t = np.asarray(row["timestamp"], dtype=np.float64)[order]
+        n, at = len(order), slice(width - len(order), width)  # right-aligned
+        out["items"][b, at] = [item_ids.get(row["item_id"][i], 1) for i in order]
+        if "event_times" in out:
+            out["event_times"][b, at] = t
+        for name, rule in side["inputs"].items():
+            if rule["kind"] == "position":
+                values = 1 + np.minimum(np.arange(n), rule["cap"] - 1)
+            elif rule["kind"] == "categorical":
+                raw = [row[rule["column"]][i] for i in order]
+                values = [rule["missing"] if v is None else ids.get(name, {}).get(str(v), rule["unseen"]) for v in raw]
+            else:
+                if rule["kind"] == "time":
+                    gaps = np.full(n, np.nan)
+                    if rule["of"] == "since_prev":
+                        gaps[1:] = np.diff(t)
+                    else:
+                        gaps[:-1] = np.diff(t)
+                    x = gaps
+                else:
+                    x = np.array([np.nan if row[rule["column"]][i] is None else row[rule["column"]][i] for i in order],
+                                 dtype=np.float64)
+                finite = np.isfinite(x)
+                if rule["transform"] == "log_normalize":
+                    x = (np.log1p(np.where(finite, x, 0.0)) - rule["mean"]) / rule["std"]
+                values = np.where(finite, x, rule["missing"])
+            out[name][b, at] = values
+    return [out[t["name"]] for t in spec["inputs"]]
+
+
+@pytest.mark.parametrize("fmt", ["onnx", "triton"])
+def test_an_exported_side_feature_model_gives_sessrec_predicts_top_k_from_its_contract(tmp_path, fmt):
+    """A model that reads categorical (text and integer codes), position, continuous (log-normalised and normalised
+    upstream) and time features: sessions of raw values, turned into the graph's inputs from the export folder alone
+    (unseen and rare categories, nulls, NaN, sessions longer than max_length, events out of time order), get the
+    top-k lists and scores of ``sessrec predict``."""
+    import pyarrow.parquet as pq
+
+    from sessrec.scoring import predict_file
+
+    train = raw_sessions(80, seed=0)
+    transform = SideFeatureTransform(EXPORT_SIDE).fit(train)
+    vocab = ItemVocab.fit(pa.array([i for s in train.column("item_id").to_pylist() for i in s]))
+    torch.manual_seed(0)
+    task = NextItemTask(num_items=len(vocab), max_length=6, encoder=XLNetEncoder(d_model=16, n_head=2, n_layer=1),
+                        objective=MaskedItemModeling(), side_features=transform.spec).eval()
+    task.vocab, task.side_transform, task.side_config = vocab, transform, EXPORT_SIDE
+    model_dir = task.recommender().save_pretrained(tmp_path / "model")
+    scored = raw_sessions(12, seed=1, first=1000)
+    rows = scored.to_pylist()
+    rows[1].update(device=["watch", None, "mobile"], shop=[99, 2, 3], price=[float("inf"), None, 5.0],
+                   item_id=[100, 999, 101], score=[1.0, float("nan"), -2.0], timestamp=[1.7e9 + 50, 1.7e9 + 10, 1.7e9 + 30])
+    scored = pa.Table.from_pylist(rows, schema=scored.schema)  # unseen codes, missing values, events out of time order
+    assert max(len(r["item_id"]) for r in rows) > 6  # longer than the model reads
+    pq.write_table(scored, tmp_path / "sessions.parquet")
+    predict_file(model_dir, tmp_path / "sessions.parquet", tmp_path / "recs.parquet", k=10)
+    expected = pq.read_table(tmp_path / "recs.parquet").to_pylist()
+    if fmt == "triton":
+        folder = Path(cli_export(str(model_dir), str(tmp_path / "repo"), "triton", name="side", top_k=10)) / "1"
+    else:
+        folder = export_model_dir(model_dir, tmp_path / "out", "onnx", top_k=10).parent
+    spec = json.loads((folder / "model.json").read_text())
+    assert list(spec["side_features"]["inputs"]) == [t["name"] for t in spec["inputs"][1:]]
+    inputs = session_contract_inputs(spec, folder, scored)
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"])
+    _, top_scores, top_items = session.run(None, dict(zip([t["name"] for t in spec["inputs"]], inputs)))
+    raw = pq.read_table(folder / "vocab.parquet").column("raw_id").to_pylist()
+    for row, want in enumerate(expected):
+        assert want["session_id"] == rows[row]["session_id"]
+        assert [raw[i - 2] for i in top_items[row]] == want["item_ids"], row
+        np.testing.assert_allclose(top_scores[row], want["scores"], atol=1e-5)
+    blank = [inputs[0], *(np.zeros_like(a) for a in inputs[1:])]  # the side features are read: other inputs, other scores
+    assert max_abs_diff(session.run(None, dict(zip([t["name"] for t in spec["inputs"]], blank)))[1], top_scores) > 1e-3
+
+
+def test_a_model_that_reads_side_features_without_their_transforms_is_not_exported(tmp_path):
+    """Its inputs are ids and normalised values that nothing in the folder would say how to build from raw ones."""
+    task = session_task("sasrec_clm", side_features=SideInfoSpec(categorical={"device": 5}, continuous=["price"]))
+    with pytest.raises(ValueError, match=r"^the model reads the side features \['device', 'price'\] but holds no fitted "
+                                         r"transforms of their raw values \(a model directory's features.npz\)"):
+        export_session_model(task.recommender(), tmp_path / "out", "onnx")
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_export_without_side_features_removes_an_earlier_exports_categories(tmp_path):
+    side = side_task("sasrec_clm", SideFeatures(categorical=["device"], position=3, nulls="pad", min_count=2))
+    export_session_model(side.recommender(), tmp_path, "torchscript")
+    spec = json.loads((tmp_path / "model.json").read_text())
+    assert spec["side_features"]["inputs"]["position"] == {
+        "kind": "position", "cap": 3, "rule": "1 + min(p, cap - 1), p the 0-based place of the event in its whole session"}
+    assert pq.read_table(tmp_path / "side_features.parquet").to_pylist() == [
+        {"feature": "device", "raw": "desktop", "id": 2}, {"feature": "device", "raw": "mobile", "id": 3}]
+    export_session_model(session_task("sasrec_clm").recommender(), tmp_path, "torchscript")
+    assert json.loads((tmp_path / "model.json").read_text())["side_features"] is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.json", "model.pt", "vocab.parquet"]

@@ -20,7 +20,8 @@ import pyarrow as pa
 
 from sessrec.data import frame
 from sessrec.data.columns import SchemaError, as_floats
-from sessrec.data.side import POSITION, SideFeatures, SideInfoSpec
+from sessrec.data.side import POSITION, TIME_FEATURES, SideFeatures, SideInfoSpec
+from sessrec.data.vocab import NUM_SPECIAL, OOV, PAD
 from sessrec.features.feature_pipeline import FeaturePipeline, op_signatures
 from sessrec.features.ops import AsGiven, Categorify, LogNormalize
 from sessrec.saved.registry import config_of
@@ -94,6 +95,53 @@ class SideFeatureTransform:
             categorical[POSITION] = self.config.position + 1
         continuous = [*self.config.continuous, *self.config.time]
         return SideInfoSpec(categorical=categorical, continuous=continuous, looks_ahead=self.config.looks_ahead_features)
+
+    def rules(self) -> tuple[pa.Table, dict[str, dict[str, Any]]]:
+        """The fitted transforms as plain data, for a server without sessrec (`sessrec.lifecycle.export` writes them).
+
+        Returns:
+            The categories each categorical feature keeps: ``feature``, ``raw`` (the value as text, an integer as
+            its decimal text, as `transform` matches integer codes with text ones) and ``id``; and per feature, in
+            the order of `spec` (categorical, position, continuous, time), its rule as JSON-ready data: ``kind``,
+            the raw ``column`` it reads, how a value becomes the model's input and what a missing one becomes.
+        """
+        if not self.fitted:
+            raise ValueError("SideFeatureTransform is not fitted: fit() on the training split, or load() one")
+        cfg, ops = self.config, self.pipeline.ops
+        features, raw, ids = [], [], []
+        out: dict[str, dict[str, Any]] = {}
+        for name in cfg.categorical:
+            op = ops[name]
+            kept = np.flatnonzero(op.ids_ >= NUM_SPECIAL)
+            kept = kept[np.argsort(op.ids_[kept])]
+            keys = op.keys_.values
+            text = isinstance(keys, pa.Array)
+            raw += keys.take(pa.array(kept)).to_pylist() if text else [str(int(v)) for v in keys[kept]]
+            features += [name] * len(kept)
+            ids += op.ids_[kept].tolist()
+            out[name] = {"kind": "categorical", "column": name, "values": "text" if text else "integer",
+                         "ids": "the id of the row whose feature is this one and whose raw is the value as text (an "
+                                "integer as its decimal text)",
+                         "unseen": OOV, "missing": PAD if cfg.nulls == "pad" else "refused", "padding": PAD}
+        if cfg.position:
+            out[POSITION] = {"kind": "position", "cap": cfg.position,
+                             "rule": "1 + min(p, cap - 1), p the 0-based place of the event in its whole session"}
+        missing = "0.0 for a null or non-finite (NaN, inf) value"
+        for name in [*cfg.continuous, *cfg.time]:
+            op = ops[name]
+            rule: dict[str, Any] = {"kind": "time", "of": name,
+                                    "value": f"{TIME_FEATURES[name].description}, from the event times in seconds; "
+                                             "missing for the first event (since_prev) or the last (dwell)"} \
+                if name in cfg.time else {"kind": "continuous", "column": name}
+            if isinstance(op, LogNormalize):
+                rule.update(transform="log_normalize", mean=op.mean_, std=op.std_,
+                            rule="(log(1 + x) - mean) / std in float64, then float32; a negative x is refused")
+            else:
+                rule.update(transform="as_given", rule="x as float32")
+            out[name] = {**rule, "missing": 0.0, "missing_rule": missing}
+        table = pa.table({"feature": pa.array(features, pa.string()), "raw": pa.array(raw, pa.string()),
+                          "id": pa.array(ids, pa.int64())})
+        return table, out
 
     def save(self, path: str | os.PathLike) -> Path:
         """One ``.npz`` (written under a temporary name, then renamed) with every fitted table."""

@@ -4,8 +4,9 @@
 (the artifacts of `sessrec.artifacts`); both write ``model.onnx`` (or ``model.pt``), the model's
 vocabulary ``vocab.parquet`` (raw ids <-> the model ids the file reads and returns) and ``model.json``
 (inputs and outputs: names, dtypes, shapes with symbolic axes; the ONNX opset; the vocabulary's
-fingerprint and rows; the version exported, for a versioned model directory) into a directory, so
-the folder is all a server needs, whatever is promoted later. By default they check the written
+fingerprint and rows; for a session model that reads side features, how raw values become its inputs,
+with their categories in ``side_features.parquet`` (`side_rules`); the version exported, for a versioned
+model directory) into a directory, so the folder is all a server needs, whatever is promoted later. By default they check the written
 file against eager PyTorch on a batch of another shape than the export example, so a file whose
 batch or length axis came out fixed is refused at export time rather than found in serving.
 
@@ -53,6 +54,8 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import torch
 from torch import nn
 
@@ -88,6 +91,7 @@ from sessrec.scoring.output import check_folder
 
 Format = Literal["onnx", "torchscript"]
 FILES = {"onnx": "model.onnx", "torchscript": "model.pt"}
+SIDE_FEATURES = "side_features.parquet"  # the categories of a session model's categorical side features
 TOLERANCE = 1e-4  # max abs difference of finite scores between the exported file and eager PyTorch
 
 # (encoder class, format) -> why it cannot export with torch 2.13 (see the module docstring)
@@ -108,8 +112,9 @@ class TensorSpec:
 @dataclass
 class ExportSpec:
     """What ``model.json`` says about an exported model: its file and tensors, the vocabulary written beside it
-    (``{"file": "vocab.parquet", "fingerprint": "sha256:...", "rows": N}``) and the version of the model
-    directory exported (None: a directory without versions, or an artifact exported from memory)."""
+    (``{"file": "vocab.parquet", "fingerprint": "sha256:...", "rows": N}``), for a session model that reads side
+    features how raw values become its inputs (`side_rules`; None: it reads none, or a DLRM) and the version of
+    the model directory exported (None: a directory without versions, or an artifact exported from memory)."""
 
     format: str
     file: str
@@ -119,6 +124,7 @@ class ExportSpec:
     outputs: list[TensorSpec]
     notes: dict[str, object]
     vocab: dict[str, object]
+    side_features: dict[str, object] | None
     version: str | None
 
 
@@ -345,7 +351,8 @@ def export_session_model(
         recommender: a trained session model (`SessionRecommender.from_pretrained`), read the way its
             objective and inference settings say. Its network is exported in eval mode and left in
             the mode it was in.
-        out_dir: directory for ``model.onnx`` / ``model.pt``, ``vocab.parquet`` and ``model.json`` (created).
+        out_dir: directory for ``model.onnx`` / ``model.pt``, ``vocab.parquet``, ``model.json`` and, for a model
+            that reads categorical side features, ``side_features.parquet`` (created).
         format: ``onnx`` or ``torchscript``.
         top_k: also output the K best items and their scores.
         opset: ONNX opset; None = the exporter's default (recorded in ``model.json``).
@@ -359,10 +366,12 @@ def export_session_model(
         The path of the model file.
 
     Raises:
-        ValueError: the format is unknown, or the encoder cannot be exported to it (the message
-            says why, e.g. GRU4Rec to ONNX).
+        ValueError: the format is unknown, the encoder cannot be exported to it (the message
+            says why, e.g. GRU4Rec to ONNX), or the model reads side features without their fitted
+            transforms (`side_rules`).
     """
     scorer = NextItemScorer(recommender, top_k)  # refuses anything but a SessionRecommender
+    side = side_rules(scorer, recommender)
     model = recommender.model
     encoder = model.encoder
     reason = next((why for (cls, fmt), why in KNOWN_LIMITS.items() if isinstance(encoder, cls) and fmt == format), None)
@@ -373,7 +382,7 @@ def export_session_model(
     # checked on what the example lacks: another batch size, a session longer than the model reads (cut as served), an unknown item
     probe = scorer.example(5, scorer.max_length + 3, seed=1, unusual=True)
     return _export(scorer, scorer.forward, example, probe, out_dir, format, opset, verify, type(encoder).__name__,
-                   recommender.vocab, version)
+                   recommender.vocab, version, side)
 
 
 def export_dlrm(
@@ -444,6 +453,32 @@ def read_model_dir(model_dir: str | os.PathLike) -> tuple[SessionRecommender | C
     return load_artifact(folder), versions.version_of(folder)
 
 
+def side_rules(scorer: NextItemScorer, recommender: SessionRecommender) -> tuple[pa.Table, dict[str, object]] | None:
+    """What an export carries of the side features its graph reads (None: it reads none): the categories of each
+    categorical feature (``side_features.parquet``) and the ``side_features`` section of ``model.json``, each input's
+    rule from raw values (`SideFeatureTransform.rules`), so that a server holding the folder alone builds the inputs
+    ``sessrec predict`` builds.
+
+    Raises:
+        ValueError: the model reads side features but `recommender` holds no fitted transforms of them.
+    """
+    names = [*scorer.categorical, *scorer.continuous]
+    if not names:
+        return None
+    if recommender.side_transform is None:
+        raise ValueError(f"the model reads the side features {names} but holds no fitted transforms of their raw values "
+                         "(a model directory's features.npz): the export could not say how to build its inputs; export "
+                         "the model directory sessrec fit wrote")
+    table, rules = recommender.side_transform.rules()
+    return table, {
+        "file": SIDE_FEATURES,
+        "sessions": "a session's events in time order (stable); every feature is computed over the whole session, then "
+                    "items and features alike are cut to its latest max_length events (the graph cuts a longer one "
+                    "itself); padding's values are not read",
+        "inputs": {name: rules[name] for name in names},  # in the order of the graph's inputs
+    }
+
+
 # -- helpers -------------------------------------------------------------------------------------
 def _met(table: nn.Module, rows: int) -> torch.Tensor:
     """(rows,) whether a growing table (`DynamicEmbeddingBag`) met each id, by id: the layout of `table_weight`."""
@@ -485,11 +520,13 @@ def _export(
     what: str,
     vocab: object,
     version: str | None,
+    side: tuple[pa.Table, dict[str, object]] | None = None,
 ) -> Path:
-    """Export `scorer` traced on `example`, check it on `probe` against `reference`, write `vocab` beside it and
-    ``model.json`` (recording the vocabulary and `version`). The three are written and checked in a hidden folder
-    inside `out_dir` and moved into place only then, ``model.json`` last: an export that fails (an exporter's error,
-    a file that differs from eager PyTorch) leaves `out_dir` as it was, an earlier export in it whole."""
+    """Export `scorer` traced on `example`, check it on `probe` against `reference`, write `vocab` (and the side
+    features' categories, `side_rules`) beside it and ``model.json`` (recording the vocabulary, the side features'
+    rules and `version`). The files are written and checked in a hidden folder inside `out_dir` and moved into place
+    only then, ``model.json`` last: an export that fails (an exporter's error, a file that differs from eager
+    PyTorch) leaves `out_dir` as it was, an earlier export in it whole."""
     if format not in FILES:
         raise ValueError(f"format must be one of {tuple(FILES)}, got {format!r}")
     out = Path(out_dir)
@@ -512,13 +549,17 @@ def _export(
             if verify:
                 _verify(path, format, probe, reference(*probe), what)
         vocab.save(stage / VOCAB)
+        if side is not None:
+            pq.write_table(side[0], stage / SIDE_FEATURES)
         spec = ExportSpec(format, path.name, written_opset, type(scorer.model).__name__, inputs, outputs,
-                          scorer.describe(), {"file": VOCAB, **vocabulary_record(vocab)}, version)
+                          scorer.describe(), {"file": VOCAB, **vocabulary_record(vocab)},
+                          None if side is None else side[1], version)
         write_text(path.with_suffix(".json"), json.dumps(asdict(spec), indent=2) + "\n")
         normal_modes(stage)
-        for name in (path.name, VOCAB, path.with_suffix(".json").name):  # model.json last
+        written = [path.name, VOCAB, *([SIDE_FEATURES] if side is not None else []), path.with_suffix(".json").name]
+        for name in written:  # model.json last
             os.replace(stage / name, out / name)
-        for other in set(FILES.values()) - {path.name}:  # an export of another run in another format: replaced too
+        for other in {*FILES.values(), SIDE_FEATURES} - set(written):  # what an export of another run wrote: replaced too
             (out / other).unlink(missing_ok=True)
         fsync_dir(out)
     finally:

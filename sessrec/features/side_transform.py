@@ -131,7 +131,7 @@ class SideFeatureTransform:
             op = ops[name]
             rule: dict[str, Any] = {"kind": "time", "of": name,
                                     "value": f"{TIME_FEATURES[name].description}, from the event times in seconds; "
-                                             "missing for the first event (since_prev) or the last (dwell)"} \
+                                             "missing where the session has no such event"} \
                 if name in cfg.time else {"kind": "continuous", "column": name}
             if isinstance(op, LogNormalize):
                 rule.update(transform="log_normalize", mean=op.mean_, std=op.std_,

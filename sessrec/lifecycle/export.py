@@ -91,7 +91,7 @@ from sessrec.scoring.output import check_folder
 
 Format = Literal["onnx", "torchscript"]
 FILES = {"onnx": "model.onnx", "torchscript": "model.pt"}
-SIDE_FEATURES = "side_features.parquet"  # the categories of a session model's categorical side features
+SIDE_FEATURES = "side_features.parquet"  # the categories of a side-feature model's categorical features (maybe none)
 TOLERANCE = 1e-4  # max abs difference of finite scores between the exported file and eager PyTorch
 
 # (encoder class, format) -> why it cannot export with torch 2.13 (see the module docstring)
@@ -352,7 +352,7 @@ def export_session_model(
             objective and inference settings say. Its network is exported in eval mode and left in
             the mode it was in.
         out_dir: directory for ``model.onnx`` / ``model.pt``, ``vocab.parquet``, ``model.json`` and, for a model
-            that reads categorical side features, ``side_features.parquet`` (created).
+            that reads side features, ``side_features.parquet`` (created).
         format: ``onnx`` or ``torchscript``.
         top_k: also output the K best items and their scores.
         opset: ONNX opset; None = the exporter's default (recorded in ``model.json``).

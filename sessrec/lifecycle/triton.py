@@ -3,7 +3,7 @@
     <out_dir>/<name>/config.pbtxt        platform "onnxruntime_onnx", inputs, outputs, dynamic batching
     <out_dir>/<name>/1/model.onnx        from `sessrec.lifecycle.export` (version 1)
     <out_dir>/<name>/1/vocab.parquet     the model's vocabulary (raw ids <-> the model ids it reads and returns)
-    <out_dir>/<name>/1/side_features.parquet  a session model's categorical side features' categories (`side_rules`)
+    <out_dir>/<name>/1/side_features.parquet  for a model with side features, its categorical ones' categories (`side_rules`)
     <out_dir>/<name>/1/model.json        the export's description of its tensors, vocabulary and version
 
 Axes: with ``max_batch_size > 0`` Triton adds the batch axis itself, so ``dims`` list the other

@@ -820,7 +820,7 @@ def session_contract_inputs(spec: dict, folder: Path, sessions: pa.Table) -> lis
     return [out[t["name"]] for t in spec["inputs"]]
 
 
-@pytest.mark.parametrize("fmt", ["onnx", "triton"])
+@pytest.mark.parametrize("fmt", ["onnx", pytest.param("triton", marks=pytest.mark.slow)])
 def test_an_exported_side_feature_model_gives_sessrec_predicts_top_k_from_its_contract(tmp_path, fmt):
     """A model that reads categorical (text and integer codes), position, continuous (log-normalised and normalised
     upstream) and time features: sessions of raw values, turned into the graph's inputs from the export folder alone

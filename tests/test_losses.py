@@ -332,7 +332,8 @@ def test_a_loss_outside_the_library_is_found_by_class_path(tmp_path, monkeypatch
         build(config, "best.ckpt", "hyper_parameters")
     assert str(refused.value) == (
         f"best.ckpt: hyper_parameters.init_args.loss: '{path}' is not registered; import the module that defines it "
-        "(subclasses of CatalogueLoss register themselves) or call sessrec.saved.registry.register(ScaledFullSoftmax) "
+        "(subclasses of CatalogueLoss register themselves; the sessrec command: --import MODULE) or call "
+        "sessrec.saved.registry.register(ScaledFullSoftmax) "
         "before loading"
     )
     with pytest.raises(NotImplementedError, match="does not read item counts"):

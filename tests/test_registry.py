@@ -381,7 +381,8 @@ def test_register_lets_a_plain_class_build_and_the_message_says_how(isolated):
 
     path = f"{Plain.__module__}.{Plain.__qualname__}"
     with pytest.raises(ConfigError, match=rf"^s: config: '{path}' is not registered; import the module that defines it "
-                                          r"\(subclasses of Configurable register themselves\) or call "
+                                          r"\(subclasses of Configurable register themselves; the sessrec command: "
+                                          r"--import MODULE\) or call "
                                           r"sessrec.saved.registry.register\(Plain\) before loading$"):
         instantiate({"class_path": path, "init_args": {"size": 3}}, expected=object, source="s")
     register(Plain)
@@ -443,3 +444,45 @@ def test_a_constructor_that_refuses_its_arguments_is_one_line_at_its_key():
     with pytest.raises(ConfigError, match=r"^s: config.init_args.loss: the saved arguments do not build a FullSoftmax "
                                           r"\(temperature must be a finite positive number, got 0.0\)$"):
         instantiate(config, expected=Holder, source="s")
+
+
+def test_a_users_own_class_loads_where_the_user_names_its_module(tmp_path: Path) -> None:
+    """A saved config naming a user's class builds it only once the user's module is imported: SESSREC_IMPORT (or
+    ``sessrec --import``) names it, inherited by the processes a command starts; without it, one line says how."""
+    import os
+    import subprocess
+
+    (tmp_path / "mylib_parts.py").write_text(
+        "from sessrec.saved.registry import Configurable\n\n\n"
+        "class Halver(Configurable):\n"
+        "    def __init__(self, factor: float = 0.5) -> None:\n"
+        "        self.factor = factor\n"
+    )
+    config = {"class_path": "mylib_parts.Halver", "init_args": {"factor": 0.25}}
+    script = ("from sessrec.saved.registry import instantiate\n"
+              f"print(instantiate({config!r}, expected=object, source='c.json').factor)")
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(repo)])}
+    env.pop("SESSREC_IMPORT", None)
+    run = lambda **extra: subprocess.run([sys.executable, "-c", script], env={**env, **extra}, capture_output=True,  # noqa: E731
+                                         text=True, cwd=tmp_path)
+    without = run()
+    assert without.returncode == 1 and "c.json: config: 'mylib_parts.Halver' is not registered" in without.stderr
+    assert "the sessrec command: --import MODULE" in without.stderr
+    assert run(SESSREC_IMPORT="mylib_parts").stdout.strip() == "0.25"
+    missing = run(SESSREC_IMPORT="mylib_parts, no_such_module_xyz")
+    assert "ValueError: SESSREC_IMPORT: module 'no_such_module_xyz' cannot be imported (No module named" in missing.stderr
+
+
+def test_the_import_flag_is_taken_out_of_any_command_and_named_modules_imported(monkeypatch) -> None:
+    import os
+
+    from sessrec.cli import user_modules
+
+    monkeypatch.setenv("SESSREC_IMPORT", "")  # restored when the test ends, whatever user_modules writes
+    assert user_modules(["--import", "json", "serve", "--model_dir", "m", "--import=csv"]) == ["serve", "--model_dir", "m"]
+    assert os.environ["SESSREC_IMPORT"] == "json,csv"
+    with pytest.raises(ValueError, match=r"^--import needs a module name \(--import mylib.encoders\)$"):
+        user_modules(["serve", "--import", "--model_dir", "m"])
+    with pytest.raises(ValueError, match=r"^SESSREC_IMPORT: module 'no_such_module_xyz' cannot be imported"):
+        user_modules(["--import", "no_such_module_xyz", "serve"])

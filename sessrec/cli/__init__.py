@@ -18,6 +18,9 @@ Options of every command:
     --traceback (or SESSREC_TRACEBACK=1)          the full trace of an error, and jsonargparse's full report
     --show-warnings (or SESSREC_SHOW_WARNINGS=1)  third-party notices that are hidden by default: Lightning's
                                                   logger tips, wandb's banner, known deprecation warnings
+    --import MODULE (or SESSREC_IMPORT=M1,M2)     import a module of your own classes (an encoder, an objective, a
+                                                  loss) first, so that a model directory naming them loads; the
+                                                  processes a command starts import it too
 
 Only the Lightning commands, the pipeline commands (a pipeline recipe's data block is the Lightning
 data module) and ``retrain`` import the training stack (Lightning, LightningCLI); ``serve``,
@@ -339,6 +342,31 @@ def is_user_error(err: BaseException) -> bool:
     )
 
 
+def user_modules(args: list[str]) -> list[str]:
+    """`args` without their ``--import MODULE`` (or ``--import=MODULE``) flags, whose modules are added to
+    ``SESSREC_IMPORT`` and imported now (`sessrec.saved.registry.import_user_modules`)."""
+    from sessrec.saved.registry import IMPORT_VARIABLE, import_user_modules
+
+    rest, modules, i = [], [], 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--import":
+            if i + 1 == len(args) or args[i + 1].startswith("-"):
+                raise ValueError("--import needs a module name (--import mylib.encoders)")
+            modules.append(args[i + 1])
+            i += 2
+            continue
+        if arg.startswith("--import="):
+            modules.append(arg.partition("=")[2])
+        else:
+            rest.append(arg)
+        i += 1
+    if modules:
+        os.environ[IMPORT_VARIABLE] = ",".join(filter(None, [os.environ.get(IMPORT_VARIABLE, ""), *modules]))
+    import_user_modules()
+    return rest
+
+
 def run(args: list[str]) -> object:
     """Dispatch ``sessrec <command> ...``: the pipeline, lifecycle and Lightning commands."""
     command = args[0] if args else ""
@@ -424,6 +452,7 @@ def main() -> None:
         quiet_third_parties()
     args = [a for a in args if a not in (*VERBOSE_FLAGS, SHOW_WARNINGS)]
     try:
+        args = user_modules(args)
         run(args)
     except ModuleNotFoundError as err:
         extra = EXTRA_OF.get((err.name or "").partition(".")[0])

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import inspect
 import math
 import os
@@ -66,6 +67,26 @@ def register(cls: T) -> T:
         raise TypeError(f"register takes a class, got {type(cls).__name__}")
     _CLASSES[f"{cls.__module__}.{cls.__qualname__}"] = cls
     return cls
+
+
+IMPORT_VARIABLE = "SESSREC_IMPORT"  # modules of a user's own classes, comma-separated (``sessrec --import``)
+
+
+def import_user_modules() -> None:
+    """Import the modules that the environment variable ``SESSREC_IMPORT`` names (comma-separated; ``sessrec
+    --import MODULE`` sets it): a user's own classes register themselves when their module is imported. The
+    modules the user names are the only ones imported, never one a saved config names; processes started
+    from this one (a server's workers, local Dask workers) inherit the variable and import them too.
+
+    Raises:
+        ValueError: a named module that cannot be imported, with the reason, in one line.
+    """
+    for module in filter(None, (m.strip() for m in os.environ.get(IMPORT_VARIABLE, "").split(","))):
+        try:
+            importlib.import_module(module)
+        except ImportError as err:
+            raise ValueError(f"{IMPORT_VARIABLE}: module {module!r} cannot be imported ({err}); put its folder on "
+                             "PYTHONPATH") from err
 
 
 def registered() -> dict[str, type]:
@@ -208,6 +229,9 @@ def resolve(name: Any, expected: Any, source: str, key: str = "") -> type:
         raise ConfigError(source, key, f"class_path must be a string, got {type(name).__name__}")
     allowed = _classes(_annotation(expected))
     cls = _CLASSES.get(name) or _alias(name, source, key)
+    if cls is None and os.environ.get(IMPORT_VARIABLE):
+        import_user_modules()  # the user's own classes, named by the user
+        cls = _CLASSES.get(name) or _alias(name, source, key)
     if cls is None:
         raise ConfigError(source, key, _unregistered(name, allowed))
     if allowed is not None and not issubclass(cls, allowed):
@@ -336,7 +360,8 @@ def _unregistered(name: str, allowed: tuple[type, ...] | None) -> str:
     bases = [c.__name__ for c in allowed or () if issubclass(c, Configurable)] or ["Configurable"]
     return (
         f"{name!r} is not registered; import the module that defines it (subclasses of {' or '.join(bases)} "
-        f"register themselves) or call sessrec.saved.registry.register({name.rpartition('.')[2]}) before loading"
+        f"register themselves; the sessrec command: --import MODULE) or call "
+        f"sessrec.saved.registry.register({name.rpartition('.')[2]}) before loading"
     )
 
 

@@ -166,6 +166,37 @@ def test_the_local_engine_writes_what_the_trainer_writes_and_resumes(
     assert {len(items) for items in recs.column("item_ids").to_pylist()} == {20}  # the model's top_k
 
 
+def test_a_run_into_an_output_that_another_run_writes_is_refused_and_never_mixed_with_it(
+    world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two runs into one output at once (a scheduler, two terminals): while the first writes its parts, a second
+    ``predict`` or ``recommend`` into the same file (here with another k) is refused in one line, and the file joined
+    holds the first run's recommendations only."""
+    out = tmp_path / "recs.parquet"
+    real, refused, calls = TopKJob.score, [], []
+
+    def others_meanwhile(self, recommender, batch):
+        calls.append(len(batch))
+        if len(calls) == 1:
+            for other in (lambda: predict_file(world.model_dir, world.events, out, k=3, batch_size=32, partition_batches=1),
+                          lambda: recommend_file(world.pipeline_dir, world.events, out, k=3, batch_size=32, now=1.7e9)):
+                with pytest.raises(RuntimeError) as err:
+                    other()
+                refused.append(str(err.value))
+        return real(self, recommender, batch)
+
+    monkeypatch.setattr(TopKJob, "score", others_meanwhile)
+    predict_file(world.model_dir, world.events, out, k=5, batch_size=32, partition_batches=3)
+    parts = out.with_name("recs.parquet.parts")
+    assert refused == [f"--scoring.output {out}: another run is writing it (its parts in {parts}); wait for it to "
+                       "finish, or name another file",
+                       f"--output {out}: another run is writing it (its parts in {parts}); wait for it to finish, or "
+                       "name another file"]
+    recs = pq.read_table(out)
+    assert recs.column("session_id").to_pylist() == world.session_ids and not parts.exists()
+    assert {len(items) for items in recs.column("item_ids").to_pylist()} == {5}
+
+
 def test_recommend_writes_the_same_file_whatever_the_partitions(world: World, tmp_path: Path) -> None:
     one = recommend_file(world.pipeline_dir, world.events, tmp_path / "one.parquet", k=5, batch_size=32,
                          partition_batches=100, now=1.7e9)

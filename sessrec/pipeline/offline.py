@@ -130,16 +130,17 @@ def recommend_file(
         resumes = isinstance(started_at, float) and {**recorded, "now": None} == {**settings, "now": None}
         now = started_at if resumes else time.time()
     parts.manifest = {**settings, "now": LAST_EVENT if now is None else now}
-    with run_on.started() as runner:
-        partitions = stream.partitions(batch_size * partition_batches)
-        parts.open()
-        pending = [(i, (p.start, p.stop)) for i, p in enumerate(partitions) if not parts.done(i)]
-        print(f"[recommend] {input_path}: {len(partitions)} partitions of {partition_batches} batches of {batch_size} "
-              f"sessions, {len(partitions) - len(pending)} already written; scoring on {run_on.describe()}")
-        job = RecommendJob(directory, pipe.content_hash, str(input_path), schema, batch_size, k, now, str(parts.folder),
-                           pipe if runner.client is None else None)
-        records = parts.run(lambda: runner.run(job, pending, str(parts.folder)))
-    parts.join(len(partitions))
+    with parts:  # its lock held until the parts are joined
+        with run_on.started() as runner:
+            partitions = stream.partitions(batch_size * partition_batches)
+            parts.open()
+            pending = [(i, (p.start, p.stop)) for i, p in enumerate(partitions) if not parts.done(i)]
+            print(f"[recommend] {input_path}: {len(partitions)} partitions of {partition_batches} batches of {batch_size} "
+                  f"sessions, {len(partitions) - len(pending)} already written; scoring on {run_on.describe()}")
+            job = RecommendJob(directory, pipe.content_hash, str(input_path), schema, batch_size, k, now,
+                               str(parts.folder), pipe if runner.client is None else None)
+            records = parts.run(lambda: runner.run(job, pending, str(parts.folder)))
+        parts.join(len(partitions))
     counts = {**summary(records, partitions, time.monotonic() - started, out.path), "now": now}
     print(f"[recommend] {counts['sessions']} sessions -> {out.path} ({counts['partitions_written']} partitions scored, "
           f"{counts['partitions_resumed']} resumed, {counts['unknown_items']} unknown item ids scored as OOV)")

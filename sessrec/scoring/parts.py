@@ -9,6 +9,11 @@ the parts there and scores only the others (it resumes); any other starts the fo
 end the parts are joined in partition order into ``<output>`` in its format (`OutputFile`; a
 temporary name, renamed) and the folder is removed: every session exactly once, in input order.
 
+One run writes an output at a time: from `PartsFolder.open` until the join, the run holds a lock on the
+parts folder (``flock`` of the folder itself, released when the run ends or its process dies), and a
+second run into the same output (``predict`` or ``recommend``, another model or the same) is refused in
+one line naming it, rather than removing or resuming parts that the first is writing.
+
 `PartsFolder.run` decides what a failed run leaves: one refused for its input (a `ValueError` or
 `TypeError`: a bad row, a time in the wrong unit) removes the folder and the folders it created, since
 a rerun of the same input would be refused again; one interrupted (killed, a worker lost, a full
@@ -22,6 +27,7 @@ row groups, one per batch, and the batches are cut the same way whatever the par
 from __future__ import annotations
 
 import base64
+import fcntl
 import json
 import os
 import shutil
@@ -66,6 +72,13 @@ class PartsFolder:
     def __init__(self, output: OutputFile, manifest: dict[str, Any], reusable: bool = True, tag: str = "scoring") -> None:
         self.output, self.manifest, self.reusable, self.tag = output, manifest, reusable, tag
         self.folder = output.path.with_name(output.path.name + ".parts")
+        self._lock: int | None = None  # the descriptor of the folder, locked, from `open` until `release`
+
+    def __enter__(self) -> PartsFolder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
     def recorded(self) -> dict[str, Any] | None:
         """The manifest of the run that wrote the folder (None: no folder, or an unreadable manifest)."""
@@ -76,13 +89,44 @@ class PartsFolder:
         return found if isinstance(found, dict) else None
 
     def open(self) -> None:
-        """Keep the parts of a run with this manifest; start the folder over otherwise."""
+        """Lock the folder (`lock`), then keep the parts of a run with this manifest; start the folder over otherwise."""
         self.output.make_folder()
-        if self.folder.exists() and (not self.reusable or self.recorded() != self.manifest):
+        earlier = self.folder.exists()
+        self.lock()
+        if earlier and (not self.reusable or self.recorded() != self.manifest):
             print(f"[{self.tag}] {self.folder}: written by another model, input or settings; starting over")
-            shutil.rmtree(self.folder)
-        self.folder.mkdir(exist_ok=True)
+            for entry in self.folder.iterdir():  # the folder itself stays: it holds the lock
+                if entry.is_dir():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
         write_text(self.folder / MANIFEST, json.dumps(self.manifest))
+
+    def lock(self) -> None:
+        """Create the folder and hold its lock until `release`; another run holding it is refused in one line."""
+        while self._lock is None:
+            self.folder.mkdir(exist_ok=True)
+            fd = os.open(self.folder, os.O_RDONLY)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise RuntimeError(f"{self.output.flag} {self.output.named}: another run is writing it (its parts in "
+                                   f"{self.folder}); wait for it to finish, or name another file") from None
+            try:
+                same = os.path.samestat(os.fstat(fd), os.stat(self.folder))
+            except FileNotFoundError:
+                same = False
+            if same:
+                self._lock = fd
+            else:  # the run that held it joined and removed it meanwhile: lock the folder there now
+                os.close(fd)
+
+    def release(self) -> None:
+        """Let another run write the output (the end of the run, joined or failed)."""
+        if self._lock is not None:
+            os.close(self._lock)  # closing the descriptor releases its lock
+            self._lock = None
 
     def run(self, score: Callable[[], Any]) -> Any:
         """``score()`` (what writes the parts), then nothing left of a run refused for its input: the

@@ -151,20 +151,20 @@ def predict_file(
         raise ValueError(f"{input_path}: the model was trained with event times and these sessions have no "
                          f"{schema.timestamp!r} column; give them their time column (--data.predict_schema.timestamp)")
     started = time.monotonic()
-    with run_on.started() as runner:
-        if runner.client is None:  # this process scores: with the model read above
-            load_once(str(folder), identity, lambda _: recommender)
-        partitions = stream.partitions(batch_size * partition_batches)
-        manifest = {"input": digest(input_path), "model": identity, "k": k, "exclude_seen": exclude_seen,
-                    "batch_size": batch_size, "partition_batches": partition_batches, "schema": repr(schema)}
-        parts = PartsFolder(out, manifest, tag="predict")
-        parts.open()
-        pending = [(i, (p.start, p.stop)) for i, p in enumerate(partitions) if not parts.done(i)]
-        print(f"[predict] {input_path}: {len(partitions)} partitions of {partition_batches} batches of {batch_size} "
-              f"sessions, {len(partitions) - len(pending)} already written; scoring on {run_on.describe()}")
-        job = TopKJob(str(folder), identity, str(input_path), schema, batch_size, k, exclude_seen, str(parts.folder))
-        records = parts.run(lambda: runner.run(job, pending, str(parts.folder)))
-    parts.join(len(partitions))
+    manifest = {"input": digest(input_path), "model": identity, "k": k, "exclude_seen": exclude_seen,
+                "batch_size": batch_size, "partition_batches": partition_batches, "schema": repr(schema)}
+    with PartsFolder(out, manifest, tag="predict") as parts:  # its lock held until the parts are joined
+        with run_on.started() as runner:
+            if runner.client is None:  # this process scores: with the model read above
+                load_once(str(folder), identity, lambda _: recommender)
+            partitions = stream.partitions(batch_size * partition_batches)
+            parts.open()
+            pending = [(i, (p.start, p.stop)) for i, p in enumerate(partitions) if not parts.done(i)]
+            print(f"[predict] {input_path}: {len(partitions)} partitions of {partition_batches} batches of {batch_size} "
+                  f"sessions, {len(partitions) - len(pending)} already written; scoring on {run_on.describe()}")
+            job = TopKJob(str(folder), identity, str(input_path), schema, batch_size, k, exclude_seen, str(parts.folder))
+            records = parts.run(lambda: runner.run(job, pending, str(parts.folder)))
+        parts.join(len(partitions))
     counts = summary(records, partitions, time.monotonic() - started, out.path)
     print(f"[predict] wrote {out.path}: {counts['partitions_written']} partitions scored, {counts['partitions_resumed']} "
           f"resumed; {counts['unknown_items']} of {counts['items']} input items of those scored were unknown to the "

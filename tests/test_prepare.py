@@ -29,6 +29,7 @@ from sessrec.data import (
 )
 from sessrec.data.prepared import parse_bytes
 from sessrec.data.prepared.dataset import read_manifest, sha256_of
+from sessrec.data.streaming import StreamedSplits
 
 SCHEMA = Schema(
     session_id="sid", item_id="item", timestamp="t", order_by="step",
@@ -233,6 +234,32 @@ def test_a_changed_file_is_refused_by_name_and_nothing_half_written_is_left(tmp_
     with pytest.raises(ValueError, match="'price'"):
         prepare(broken, str(tmp_path / "q"), engine="local", memory_budget=ROOMY)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["events.parquet", "p"]
+
+
+def test_a_dataset_replaced_by_another_prepare_while_it_is_read_is_refused_never_mixed(tmp_path):
+    """``sessrec prepare --overwrite`` into a dataset that a fit is reading (its manifest read and checked, its splits
+    or its vocabulary not yet): the parts and the vocabulary read are those of the manifest checked, or refused in one
+    line naming the file; never the new dataset's files under the old manifest."""
+    from sessrec.tasks import SessionDataModule
+
+    out = tmp_path / "p"
+    first = EventLogSource(write(event_log(seed=0), tmp_path / "a.parquet"), schema=SCHEMA, test_fraction=0.2)
+    second = EventLogSource(write(event_log(seed=1), tmp_path / "b.parquet"), schema=SCHEMA, test_fraction=0.2)
+    prepare(first, str(out), engine="local", memory_budget=ROOMY, **LAYOUT)
+    source = PreparedSource(str(out))
+    _ = source.manifest  # the reader has begun
+    prepare(second, str(out), engine="local", memory_budget=ROOMY, overwrite=True, **LAYOUT)
+    with pytest.raises(ValueError, match=r"^.*/p/train/part-00000\.parquet: replaced since its manifest was read \(by "
+                                         r"another sessrec prepare\?\); read the dataset again$"):
+        source.load()
+    prepare(first, str(out), engine="local", memory_budget=ROOMY, overwrite=True, **LAYOUT)
+    dm = SessionDataModule(source=PreparedSource(str(out)))
+    assert dm.splits.train.num_rows  # the splits read: the first log's
+    prepare(second, str(out), engine="local", memory_budget=ROOMY, overwrite=True, **LAYOUT)
+    with pytest.raises(ValueError, match=r"^.*/p/vocab\.parquet: replaced since its manifest was read"):
+        _ = dm.vocab
+    with pytest.raises(ValueError, match=r"^.*/p/valid/part-00000\.parquet: replaced since its manifest was read"):
+        StreamedSplits(out, dm.source.manifest)  # --data.streaming true: the evaluation splits read in memory
 
 
 def test_an_edited_manifest_is_refused_before_a_split_is_read_short(tmp_path):

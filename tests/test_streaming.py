@@ -54,6 +54,7 @@ def write_prepared(directory: Path, splits: SessionSplits, parts: int = 3, group
     vocab = ItemVocab.fit(values, settings.get("min_item_count", 1), settings.get("max_vocab_size"),
                           virtual=frame.virtual_flags(splits.train))
     vocab.save(directory / "vocab.parquet")
+    sha["vocab.parquet"] = digest(directory / "vocab.parquet").removeprefix("sha256:")  # as `PreparedWriter` records it
     settings = {"min_item_count": 1, "max_vocab_size": None, **settings}
     manifest = {"format": "sessrec-prepared", "version": VERSION, "source": {}, "settings": settings, "splits": listing,
                 "sha256": sha}

@@ -45,6 +45,7 @@ import torch
 
 from sessrec.data import frame
 from sessrec.data.batch import ITEM_DTYPE, SessionBatch
+from sessrec.data.prepared.dataset import read_checked
 from sessrec.data.side import FittedSideFeatures
 from sessrec.data.sources import SessionSplits
 from sessrec.data.training_rows import TrainingRows
@@ -335,7 +336,8 @@ class StreamedSplits(SessionSplits):
     """
 
     def __init__(self, directory: str | Path, manifest: dict[str, Any]) -> None:
-        read = lambda split: pa.concat_tables(pq.read_table(p) for p in split_files(directory, manifest, split))
+        read = lambda split: pa.concat_tables(read_checked(Path(directory), name, manifest)
+                                              for name in manifest["splits"][split]["files"])
         self.valid, self.test, self.source = read("valid"), read("test"), str(directory)
         self.counts = {split: manifest["splits"][split] for split in ("train", "valid", "test")}
         self.train_files = split_files(directory, manifest, "train")

@@ -13,7 +13,9 @@ Layout of a prepared directory::
 
 `PreparedWriter` writes one into a temporary directory and renames it into place; `PreparedSource` reads
 one (the manifest checked against its own content hash, every file against the manifest's hash first) and
-is a `SessionSource` like any other.
+is a `SessionSource` like any other. It parses each split's parts and the vocabulary from the bytes it
+checks against the manifest's hash, so a dataset replaced while it is read (``sessrec prepare --overwrite``
+meanwhile) is refused in one line rather than read as the new files under the old manifest.
 Side-feature transforms are not part of it: they depend on the data module's side-feature settings,
 and the data module fits them on the training split as it does for every source.
 """
@@ -218,6 +220,21 @@ def verify(path: str | os.PathLike, manifest: dict[str, Any]) -> None:
                              "sessrec prepare wrote it); prepare the dataset again")
 
 
+def read_checked(root: Path, name: str, manifest: dict[str, Any]) -> pa.Table:
+    """The table of the dataset's file `name`, parsed from bytes whose sha256 is the one `manifest` records; a file
+    replaced since the manifest was read and checked (by another ``sessrec prepare``) is refused in one line."""
+    file = root / name
+    try:
+        data = file.read_bytes()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{file}: missing from the prepared dataset {root} (being replaced by another sessrec "
+                                "prepare?); read the dataset again") from None
+    if hashlib.sha256(data).hexdigest() != manifest["sha256"][name]:
+        raise ValueError(f"{file}: replaced since its manifest was read (by another sessrec prepare?); read the dataset "
+                         "again")
+    return pq.read_table(pa.BufferReader(data))
+
+
 class PreparedSource(SessionSource):
     """The sessions of a prepared dataset (``sessrec prepare``): read, not computed again.
 
@@ -242,10 +259,9 @@ class PreparedSource(SessionSource):
         return self._manifest
 
     def load(self) -> SessionSplits:
-        tables = {}
-        for split in SPLITS:
-            files = [Path(self.path) / name for name in self.manifest["splits"][split]["files"]]
-            tables[split] = pa.concat_tables([pq.read_table(f) for f in files])
+        manifest, root = self.manifest, Path(self.path)
+        tables = {split: pa.concat_tables([read_checked(root, name, manifest) for name in manifest["splits"][split]["files"]])
+                  for split in SPLITS}
         return SessionSplits(**tables, source=str(self.path))
 
     def vocab(self, min_item_count: int, max_vocab_size: int | None) -> ItemVocab:
@@ -257,4 +273,4 @@ class PreparedSource(SessionSource):
                 f"{self.path}: prepared with min_item_count {stored[0]}, max_vocab_size {stored[1]}, but the data module "
                 f"has {min_item_count}, {max_vocab_size}; set those, or prepare the dataset again with its settings"
             )
-        return ItemVocab.load(Path(self.path) / VOCAB)
+        return ItemVocab.from_table(read_checked(Path(self.path), VOCAB, self.manifest), Path(self.path) / VOCAB)

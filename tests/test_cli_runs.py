@@ -105,3 +105,38 @@ def test_a_failed_fit_logging_to_wandb_leaves_no_run_folder_once_the_run_ends(tm
         wandb.finish()  # what the interpreter's exit does to a run still open
     assert got == "sessrec fit: error: the disk is full (--traceback for details)"
     assert not out.exists()
+
+
+class FitMeanwhile(pl.Callback):
+    """Runs another ``sessrec fit`` (`args`, through `main`) when this fit starts training: two fits at once."""
+
+    main, args, got = None, [], []
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        FitMeanwhile.got.append(FitMeanwhile.main(*FitMeanwhile.args))
+
+
+@pytest.mark.parametrize("folder", ["checkpoints", "run folder"])
+def test_a_fit_into_the_folders_another_fit_writes_is_refused(tmp_path, sessrec_main, monkeypatch, folder):
+    """Two fits at once (a scheduler, a CI matrix) into one run folder, or one checkpoint folder: the second is
+    refused in one line naming the folder, before it writes anything, and the first writes its run whole (its
+    checkpoints, config.yaml and model directory alone, not a mix of the two runs')."""
+    from test_cli_config_errors import DATA, MODEL, TRAINER
+
+    out = tmp_path / "out"
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text((TRAINER + MODEL + DATA).replace("OUT", str(out)))
+    other = ["--trainer.logger.init_args.version", "0"] if folder == "run folder" else []  # else version_1 beside it
+    monkeypatch.setattr(FitMeanwhile, "main", sessrec_main)
+    monkeypatch.setattr(FitMeanwhile, "args", ["fit", "--config", str(recipe), "--model.seed", "7", *other])
+    monkeypatch.setattr(FitMeanwhile, "got", [])
+    assert sessrec_main("fit", "--config", str(recipe), "--trainer.callbacks+=test_cli_runs.FitMeanwhile") == ""
+    held = out / "checkpoints" if folder == "checkpoints" else out / "run" / "version_0"
+    assert FitMeanwhile.got == [f"sessrec fit: error: {held}: another sessrec fit is writing its checkpoints or logs "
+                                "here; wait for it to finish, or give this run another folder (the logger's name or "
+                                "version, --trainer.default_root_dir, the checkpoint callback's dirpath) (--traceback "
+                                "for details)"]
+    assert sorted(p.name for p in (out / "run").iterdir()) == ["version_0"]
+    assert "seed: 7" not in (out / "run" / "version_0" / "config.yaml").read_text()
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["best.ckpt", "last.ckpt"]
+    assert (out / "model" / "config.json").is_file() and not (out / "model" / "versions").exists()

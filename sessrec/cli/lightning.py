@@ -64,15 +64,23 @@ anything is written. A checkpoint of ``<save_dir>/<name>/version_N/checkpoints/`
 killed run) continues in ``version_N`` (its logger, checkpoints and ``metrics.csv``), not in a new
 version folder (`sessrec.cli.resume`).
 
+``fit`` writes its run folder and its checkpoint folders alone: from before it trains until its model directory is
+written it holds a lock on each (`sessrec.saved.atomic.lock_folder`), and a second fit into one of them (two runs of
+one name and version, one ``default_root_dir``, one checkpoint ``dirpath``) is refused in one line naming the folder,
+before it writes anything.
+
 After ``fit``, the metrics printed are those of the checkpoint kept (``best.ckpt``: the validation
 that chose it, with its epoch and step), which need not be the last epoch's.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import sys
 from argparse import ArgumentError
+from collections.abc import Iterator
 from importlib import import_module
 from pathlib import Path
 from typing import Literal
@@ -99,6 +107,7 @@ from sessrec.cli.trainer_settings import (
     refuse_trainer_settings,
     refuse_unlogged_monitor,
 )
+from sessrec.saved.atomic import lock_folder
 from sessrec.saved.checkpoint import checkpoint_summary, read_checkpoint
 from sessrec.saved.registry import config_of
 from sessrec.scoring import Engine, predict_file
@@ -128,6 +137,7 @@ class SessrecCLI(LightningCLI):
     _artifact: SessionRecommender | ClickRanker | None = None  # what it holds
     _settings: dict | None = None  # the evaluation settings it is evaluated with
     _engine: Engine = Engine()  # where predict scores (--engine, --scheduler, --workers)
+    _fresh: bool = False  # fit: the run folder is this run's own (it did not exist), removed when the fit fails early
 
     def parse_arguments(self, parser: LightningArgumentParser, args: object) -> None:
         """Refuse an unknown key of the model, data or trainer in one line naming the closest valid one
@@ -331,18 +341,31 @@ class SessrecCLI(LightningCLI):
         if self._resumed is not None:
             restore_metrics(self.trainer.logger, *self._resumed)
 
+    def _run_subcommand(self, subcommand: str) -> None:
+        """LightningCLI's; ``fit`` holds the folders it writes (`writing_alone`) from before it trains until its model
+        directory is written (`after_fit`)."""
+        if subcommand != "fit":
+            super()._run_subcommand(subcommand)
+            return
+        trainer = self.trainer
+        folder = Path(trainer.log_dir) if trainer.logger is not None and trainer.log_dir else None
+        self._fresh = folder is not None and not folder.exists() and self._resumed is None
+        folders = [Path(trainer.log_dir or trainer.default_root_dir)]
+        folders += [Path(cb.dirpath) for cb in trainer.checkpoint_callbacks if cb.dirpath is not None]
+        with writing_alone(folders if trainer.is_global_zero else []):
+            super()._run_subcommand(subcommand)
+
     def fit(self, model: pl.LightningModule, datamodule: pl.LightningDataModule | None = None, **kwargs: object) -> None:
         """``sessrec fit``: the Trainer's fit. One that fails (an error, Ctrl-C) before any checkpoint was saved removes
         the run folder it created (its config.yaml, hparams.yaml and metrics.csv describe no model), once its wandb
         run is finished (an open one writes its console log, the error line included, back into the folder): nothing
         half-written is left behind. A resumed run's folder, or one that existed before, is left as it is."""
         folder = Path(self.trainer.log_dir) if self.trainer.logger is not None and self.trainer.log_dir else None
-        fresh = folder is not None and not folder.exists() and self._resumed is None
         try:
             self.trainer.fit(model, datamodule=datamodule, **kwargs)
         except BaseException:
             saved = any(cb.best_model_path or cb.last_model_path for cb in self.trainer.checkpoint_callbacks)
-            if fresh and self.trainer.is_global_zero and not saved and not any(folder.rglob("*.ckpt")):
+            if self._fresh and self.trainer.is_global_zero and not saved and not any(folder.rglob("*.ckpt")):
                 for logger in self.trainer.loggers:
                     if isinstance(logger, WandbLogger) and logger._experiment is not None:
                         logger.experiment.finish(exit_code=1)
@@ -416,6 +439,29 @@ class SessrecCLI(LightningCLI):
                       if cb.best_model_path == best and cb.monitor and cb.best_model_score is not None}
             return f"metrics of {best} (epoch {epoch}, step {step}): {_shown(scores) or 'not recorded in this run'}"
         return f"metrics of {best} (epoch {epoch}, step {step}, the checkpoint kept): {_shown(metrics)}"
+
+
+@contextlib.contextmanager
+def writing_alone(folders: list[Path]) -> Iterator[None]:
+    """Hold a lock on each of `folders` (a fit's run folder and checkpoint folders, `lock_folder`) for the block; one
+    that another fit holds is refused in one line naming it. The folders it created are removed when left empty."""
+    folders = list(dict.fromkeys(folder.absolute() for folder in folders))
+    made = [p for p in dict.fromkeys(p for f in folders for p in (*reversed(f.parents), f)) if not p.exists()]
+    held: dict[Path, int] = {}
+    try:
+        for folder in folders:
+            held[folder] = lock_folder(folder, (
+                f"{folder}: another sessrec fit is writing its checkpoints or logs here; wait for it to finish, or give "
+                "this run another folder (the logger's name or version, --trainer.default_root_dir, the checkpoint "
+                "callback's dirpath)"))
+        yield
+    finally:
+        for fd in held.values():
+            os.close(fd)
+        for folder in reversed(made):  # innermost first: those locked here, and those made on the way to them
+            if folder in held or folder not in folders:
+                with contextlib.suppress(OSError):  # not empty, or removed already: kept, or nothing to do
+                    folder.rmdir()
 
 
 VOCAB_SETTINGS = ("min_item_count", "max_vocab_size")  # data settings that decide the vocabulary a model is trained on

@@ -4,12 +4,15 @@ and a crash or a power loss leaves the old file or the new one.
 A temporary entry is named for its host and process (`stage_name`), so that the next write into the same place
 removes one that a killed process left behind (`remove_abandoned`).
 
+`lock_folder` gives a folder to one writing process at a time (a run folder, an output's parts).
+
 `ParquetFile` gives an object that is one table its parquet file, on disk and in a state dict; `digest`
 and `fingerprint` name a file's or a table's content.
 """
 
 from __future__ import annotations
 
+import fcntl
 import glob
 import hashlib
 import os
@@ -106,6 +109,27 @@ def remove_abandoned(folder: str | os.PathLike, prefix: str) -> None:
                 entry.unlink(missing_ok=True)
         except PermissionError:  # there, another user's
             continue
+
+
+def lock_folder(folder: str | os.PathLike, busy: str) -> int:
+    """Create `folder` (with the folders above it) and lock it: an exclusive ``flock`` of the folder itself, held
+    until the descriptor returned is closed or the process ends (killed or not). Refused with RuntimeError `busy`
+    (one line) while another process holds it. A folder that its holder removed meanwhile is locked where it is now."""
+    folder = Path(folder)
+    while True:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise RuntimeError(busy) from None
+        try:
+            if os.path.samestat(os.fstat(fd), os.stat(folder)):
+                return fd
+        except FileNotFoundError:  # removed by the process that held it
+            pass
+        os.close(fd)
 
 
 @contextmanager

@@ -27,7 +27,6 @@ row groups, one per batch, and the batches are cut the same way whatever the par
 from __future__ import annotations
 
 import base64
-import fcntl
 import json
 import os
 import shutil
@@ -39,7 +38,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from sessrec.saved.atomic import fsync_file, write_text
+from sessrec.saved.atomic import fsync_file, lock_folder, write_text
 from sessrec.scoring.output import OutputFile
 
 MANIFEST = "manifest.json"
@@ -104,23 +103,9 @@ class PartsFolder:
 
     def lock(self) -> None:
         """Create the folder and hold its lock until `release`; another run holding it is refused in one line."""
-        while self._lock is None:
-            self.folder.mkdir(exist_ok=True)
-            fd = os.open(self.folder, os.O_RDONLY)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                raise RuntimeError(f"{self.output.flag} {self.output.named}: another run is writing it (its parts in "
-                                   f"{self.folder}); wait for it to finish, or name another file") from None
-            try:
-                same = os.path.samestat(os.fstat(fd), os.stat(self.folder))
-            except FileNotFoundError:
-                same = False
-            if same:
-                self._lock = fd
-            else:  # the run that held it joined and removed it meanwhile: lock the folder there now
-                os.close(fd)
+        if self._lock is None:
+            self._lock = lock_folder(self.folder, f"{self.output.flag} {self.output.named}: another run is writing it "
+                                                  f"(its parts in {self.folder}); wait for it to finish, or name another file")
 
     def release(self) -> None:
         """Let another run write the output (the end of the run, joined or failed)."""

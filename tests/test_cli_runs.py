@@ -4,7 +4,9 @@ continues in its own folder."""
 from __future__ import annotations
 
 import csv
+import os
 import re
+import signal
 import sys
 from pathlib import Path
 
@@ -140,3 +142,26 @@ def test_a_fit_into_the_folders_another_fit_writes_is_refused(tmp_path, sessrec_
     assert "seed: 7" not in (out / "run" / "version_0" / "config.yaml").read_text()
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["best.ckpt", "last.ckpt"]
     assert (out / "model" / "config.json").is_file() and not (out / "model" / "versions").exists()
+
+
+class Terminated(pl.Callback):
+    """Sends this process SIGTERM (a scheduler or a container runtime stopping the job) at the end of the first epoch."""
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.current_epoch == 0:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_a_fit_stopped_by_sigterm_exits_with_an_error_naming_its_last_checkpoint(tmp_path, sessrec_main):
+    """A fit stopped by SIGTERM before its end wrote no model directory: it exits non-zero, in one line saying so and
+    naming the ``last.ckpt`` that resumes it (Lightning's own stop is an exit of status 0, a run that succeeded)."""
+    from test_cli_config_errors import DATA, MODEL, TRAINER
+
+    out = tmp_path / "out"
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text((TRAINER + MODEL + DATA).replace("OUT", str(out)))
+    got = sessrec_main("fit", "--config", str(recipe), "--trainer.max_epochs", "3",
+                       "--trainer.callbacks+=test_cli_runs.Terminated")
+    assert got == ("sessrec fit: error: stopped by SIGTERM at step 1 (epochs done: 1), before the end of its training: "
+                   f"no model directory was written; sessrec fit --ckpt_path {out / 'checkpoints' / 'last.ckpt'} resumes it")
+    assert (out / "checkpoints" / "last.ckpt").is_file() and not (out / "model").exists()

@@ -90,6 +90,7 @@ from jsonargparse import Namespace
 from pytorch_lightning.callbacks import ProgressBar
 from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 from pytorch_lightning.loggers import WandbLogger
+from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from sessrec.artifacts import ClickRanker, SessionRecommender, load_artifact
 from sessrec.artifacts.model_directory import FEATURES, VOCAB, read_model_directory
@@ -359,17 +360,26 @@ class SessrecCLI(LightningCLI):
         """``sessrec fit``: the Trainer's fit. One that fails (an error, Ctrl-C) before any checkpoint was saved removes
         the run folder it created (its config.yaml, hparams.yaml and metrics.csv describe no model), once its wandb
         run is finished (an open one writes its console log, the error line included, back into the folder): nothing
-        half-written is left behind. A resumed run's folder, or one that existed before, is left as it is."""
-        folder = Path(self.trainer.log_dir) if self.trainer.logger is not None and self.trainer.log_dir else None
+        half-written is left behind. A resumed run's folder, or one that existed before, is left as it is. A fit stopped
+        by SIGTERM (Lightning's stop: an exit of status 0) exits with an error naming the ``last.ckpt`` that resumes it."""
+        trainer = self.trainer
+        folder = Path(trainer.log_dir) if trainer.logger is not None and trainer.log_dir else None
         try:
-            self.trainer.fit(model, datamodule=datamodule, **kwargs)
-        except BaseException:
-            saved = any(cb.best_model_path or cb.last_model_path for cb in self.trainer.checkpoint_callbacks)
-            if self._fresh and self.trainer.is_global_zero and not saved and not any(folder.rglob("*.ckpt")):
-                for logger in self.trainer.loggers:
+            trainer.fit(model, datamodule=datamodule, **kwargs)
+        except BaseException as err:
+            saved = any(cb.best_model_path or cb.last_model_path for cb in trainer.checkpoint_callbacks)
+            if self._fresh and trainer.is_global_zero and not saved and not any(folder.rglob("*.ckpt")):
+                for logger in trainer.loggers:
                     if isinstance(logger, WandbLogger) and logger._experiment is not None:
                         logger.experiment.finish(exit_code=1)
                 shutil.rmtree(folder, ignore_errors=True)
+            if isinstance(err, SIGTERMException):
+                last = next((cb.best_model_path for cb in trainer.callbacks if isinstance(cb, LastCheckpoint)
+                             and cb.best_model_path), None)
+                resume = f"; sessrec fit --ckpt_path {last} resumes it" if last else ""
+                raise SystemExit(f"sessrec fit: error: stopped by SIGTERM at step {trainer.global_step} (epochs done: "
+                                 f"{trainer.current_epoch}), before the end of its training: no model directory was "
+                                 f"written{resume}") from None
             raise
 
     def before_predict(self) -> None:

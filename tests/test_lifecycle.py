@@ -406,6 +406,33 @@ def test_retrain_refuses_a_gate_needing_more_pairs_than_the_test_window_holds_be
     assert not (tmp_path / "current" / "promotions.jsonl").exists()
 
 
+def test_retrain_into_a_candidate_folder_another_turn_writes_is_refused(tmp_path):
+    """Two turns at once of two model directories with one --out (a scheduler's template): the second would write its
+    vocabulary and best.ckpt over the first's, whose candidate would be the other's model, gated and promoted. While a
+    turn writes its candidate folder, another is refused in one line naming it, before anything is written there."""
+    from sessrec.saved.atomic import lock_folder
+
+    path, (start, mid, late, end) = event_file(tmp_path)
+    data = SessionDataModule(TimeWindowSource([str(path)], Schema(), start, mid, late), max_length=8)
+    task = NextItemTask(num_items=data.num_items, max_length=8, encoder=GRU4RecEncoder(d_model=8),
+                        objective=CausalLanguageModeling())
+    task.vocab = data.vocab
+    served = task.recommender()
+    served.train_end = data.splits.train_end()
+    served.save_pretrained(tmp_path / "current")
+    out = tmp_path / "c"
+    common = dict(paths=[str(path)], schema=Schema(), max_epochs=1, train_from=mid, train_until=late, test_until=end + 1)
+    held = lock_folder(out, "held by the other turn")  # the other turn, writing its candidate there
+    try:
+        with pytest.raises(RuntimeError) as err:
+            retrain(str(tmp_path / "current"), out=str(out), gate=Gate("recall@20", min_pairs=1), **common)
+    finally:
+        os.close(held)
+    assert str(err.value) == (f"out {out}: another sessrec retrain is writing its candidate here; give each candidate a "
+                              "new folder (e.g. runs/<name>/candidates/<date>)")
+    assert not any(out.iterdir()) and not (tmp_path / "current" / "promotions.jsonl").exists()
+
+
 def test_retrain_refuses_a_model_that_reads_side_features_before_training(tmp_path):
     """The candidate's data carries no side features: the turn failed once training began, leaving its folder."""
     path, (start, mid, late, end) = event_file(tmp_path)

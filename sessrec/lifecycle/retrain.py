@@ -2,7 +2,8 @@
 
 One call of `retrain` is one turn of the loop that keeps a served session model fresh:
 
-1. lock the model directory (`VersionedDirectory`: one turn at a time) and read its current version;
+1. lock the model directory (`VersionedDirectory`: one turn at a time) and read its current version; the
+   candidate's folder (``--out``) is locked too once the turn writes it (`writing_candidate`);
 2. grow the current model's vocabulary with the products first seen in the new training window
    (every known item keeps its id and learned row; new rows start from the model's initialisation);
 3. train the grown model on that window (warm start), or a fresh one (``warm_start=False``); a window
@@ -26,10 +27,11 @@ One call of `retrain` is one turn of the loop that keeps a served session model 
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -46,6 +48,7 @@ from sessrec.data.sources import SessionSource, SessionSplits, TimeWindowSource
 from sessrec.embeddings import DynamicTables
 from sessrec.lifecycle.gate import Gate, check_unseen
 from sessrec.lifecycle.paired_ranks import PairRanks, aligned, clickout_ranks, next_item_ranks, protocol_pairs
+from sessrec.saved.atomic import lock_folder
 from sessrec.saved.registry import class_path, config_of
 from sessrec.saved.versions import VersionedDirectory, resolve
 from sessrec.tasks import NextItemTask
@@ -164,7 +167,7 @@ def retrain(
         the decision as the model directory's log holds it (``promotions.jsonl``).
     """
     out_dir = check_candidate(out, max_epochs)
-    with turn(model_dir, keep) as (store, standing, current_path):
+    with turn(model_dir, keep) as (store, standing, current_path), ExitStack() as held:
         served = SessionRecommender.from_pretrained(current_path)
         if served.model.side_info is not None and served.model.side_info.names:
             raise ValueError(f"{current_path}: the model reads side features {served.model.side_info.names}, which sessrec "
@@ -184,7 +187,7 @@ def retrain(
                            splits.train_end(), served.train_end, current_path)
         check_min_pairs(gate, len(protocol_pairs(splits.test, PROTOCOL).session), "the test window's sessions (their last items)",
                         f"{train_until if test_from is None else test_from} .. {test_until}", "--test_until")
-        out_dir.mkdir(parents=True, exist_ok=True)
+        held.enter_context(writing_candidate(out_dir, max_epochs))
 
         values, _ = frame.list_offsets(splits.train.column(frame.ITEMS))
         pl.seed_everything(seed, verbose=False)  # here: the candidate's draws do not depend on the current model's size
@@ -360,6 +363,20 @@ def check_candidate(out: str, max_epochs: int) -> Path:
     return folder
 
 
+@contextmanager
+def writing_candidate(out_dir: Path, max_epochs: int) -> Iterator[None]:
+    """Create the candidate's folder and hold it for the turn (`lock_folder`): another turn writing its candidate there
+    (two model directories retrained with one ``--out``) is refused in one line, and so is a folder that another turn
+    wrote into after `check_candidate` read it; its vocabulary and ``best.ckpt`` would be taken for this turn's."""
+    fd = lock_folder(out_dir, f"out {out_dir}: another sessrec retrain is writing its candidate here; give each "
+                              "candidate a new folder (e.g. runs/<name>/candidates/<date>)")
+    try:
+        check_candidate(str(out_dir), max_epochs)
+        yield
+    finally:
+        os.close(fd)
+
+
 def check_gate_metric(gate: Gate, ks: list[int]) -> None:
     """Refuse a gate metric the candidate's validation does not compute: one at a cut-off other than its `ks`
     (the current model's), or ``mrr`` without a cut-off (the click ranker's)."""
@@ -429,7 +446,7 @@ def retrain_dlrm(
     from sessrec.tasks.clickout_data import ClickoutDataModule
 
     out_dir = check_candidate(out, max_epochs)
-    with turn(model_dir, keep) as (store, standing, current_path):
+    with turn(model_dir, keep) as (store, standing, current_path), ExitStack() as held:
         served = ClickRanker.from_pretrained(current_path)
         stop = to_seconds(end, "end")
         check_window(current_path, served.train_end, standing.best_apart(store), backfill,
@@ -456,7 +473,7 @@ def retrain_dlrm(
         clicked = int((old.rows["test"].column("label").to_numpy(zero_copy_only=False) > 0.5).sum())  # clickout_ranks' pairs
         check_min_pairs(gate, clicked, "clicked rows of the test hours' click-outs", f"the {test_hours:g} hours before {end}",
                         "--test_hours")
-        out_dir.mkdir(parents=True, exist_ok=True)
+        held.enter_context(writing_candidate(out_dir, max_epochs))
         vocab_path = current.vocab.grow(trained_on).save(out_dir / VOCAB)
         new = ClickoutDataModule(path, vocab_path=str(vocab_path), **window)
         pl.seed_everything(seed, verbose=False)

@@ -236,6 +236,31 @@ def test_a_changed_file_is_refused_by_name_and_nothing_half_written_is_left(tmp_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["events.parquet", "p"]
 
 
+def test_a_prepare_without_overwrite_never_replaces_a_dataset_another_prepare_finished_meanwhile(tmp_path, monkeypatch):
+    """Two ``sessrec prepare`` into one new --out, neither with --overwrite: the one that finishes second is refused in
+    one line and leaves nothing (the first one's dataset stays whole)."""
+    from sessrec.data.prepared.dataset import PreparedWriter
+
+    out = tmp_path / "p"
+    first = EventLogSource(write(event_log(seed=0), tmp_path / "a.parquet"), schema=SCHEMA, test_fraction=0.2)
+    second = EventLogSource(write(event_log(seed=1), tmp_path / "b.parquet"), schema=SCHEMA, test_fraction=0.2)
+    finish = PreparedWriter.finish
+
+    def meanwhile(writer, *args, **kwargs):  # the other preparation finishes first
+        monkeypatch.setattr(PreparedWriter, "finish", finish)
+        prepare(first, str(out), engine="local", memory_budget=ROOMY, **LAYOUT)
+        return finish(writer, *args, **kwargs)
+
+    monkeypatch.setattr(PreparedWriter, "finish", meanwhile)
+    with pytest.raises(FileExistsError, match=r"/p: another preparation wrote a dataset there while this one ran; "
+                                              r"choose another --out, or pass --overwrite true to replace it$"):
+        prepare(second, str(out), engine="local", memory_budget=ROOMY, **LAYOUT)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.parquet", "b.parquet", "p"]
+    expected = tmp_path / "q"
+    prepare(first, str(expected), engine="local", memory_budget=ROOMY, **LAYOUT)
+    assert read_manifest(out)["sha256"] == read_manifest(expected)["sha256"]  # the first one's, whole
+
+
 def test_a_dataset_replaced_by_another_prepare_while_it_is_read_is_refused_never_mixed(tmp_path):
     """``sessrec prepare --overwrite`` into a dataset that a fit is reading (its manifest read and checked, its splits
     or its vocabulary not yet): the parts and the vocabulary read are those of the manifest checked, or refused in one

@@ -114,7 +114,7 @@ class PreparedWriter:
     """
 
     def __init__(self, out: str | os.PathLike, layout: Layout = Layout(), overwrite: bool = False) -> None:
-        self.out, self.layout = Path(out), layout
+        self.out, self.layout, self.overwrite = Path(out), layout, overwrite
         if self.out.exists() and not overwrite:
             raise FileExistsError(f"{self.out}: exists; remove it, choose another --out, or pass --overwrite true")
         if self.out.exists() and not (self.out / MANIFEST).is_file():  # never replace the folder of something else
@@ -165,6 +165,15 @@ class PreparedWriter:
         (self.tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
         normal_modes(self.tmp)
         fsync_tree(self.tmp)
+        if not self.overwrite:  # a rename onto a dataset that another preparation finished meanwhile fails
+            try:
+                os.rename(self.tmp, self.out)
+            except OSError as err:
+                self.abort()
+                raise FileExistsError(f"{self.out}: another preparation wrote a dataset there while this one ran; "
+                                      "choose another --out, or pass --overwrite true to replace it") from err
+            fsync_dir(self.out.parent)
+            return self.out
         old = self.out.with_name(stage_name(f".{self.out.name}.old-"))
         if self.out.exists():
             os.replace(self.out, old)

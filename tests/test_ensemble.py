@@ -18,11 +18,12 @@ from test_cli_runs import TINY as TINY_RUN
 from sessrec.artifacts import Inference, SessionRecommender
 from sessrec.cli import cli
 from sessrec.data import SyntheticSource
+from sessrec.data.batch import SessionBatch
 from sessrec.data.vocab import ItemVocab
 from sessrec.metrics import TopKMetrics
 from sessrec.models import CausalLanguageModeling, GRU4RecEncoder, HSTUEncoder, SessionEnsemble, SessionModel
 from sessrec.models.objective import EVENT_TIMES
-from sessrec.tasks import SessionDataModule
+from sessrec.tasks import Evaluation, SessionDataModule
 from sessrec.tasks.ensemble_task import EnsembleTask
 from sessrec.tasks.members import check_same_vocabulary, load_member
 
@@ -100,6 +101,22 @@ def test_a_member_served_on_fewer_items_than_its_network_reads_reads_as_many_in_
         want = 0.5 * torch.log_softmax(short.scores(SESSIONS), -1) + 0.5 * torch.log_softmax(full.scores(SESSIONS), -1)
         assert torch.allclose(got, want, atol=1e-6)
         assert not torch.allclose(short.scores(SESSIONS), short.model(SESSIONS), atol=1e-4)  # the cut counts
+
+
+def test_exclude_seen_removes_the_items_the_members_read_not_the_whole_data_window(tmp_path):
+    """Sessions of 6 items, members reading the latest 2 and 4: items 8 and 9, read by no member, stay
+    recommendable, and an ensemble of one excludes what its member served alone excludes."""
+    vocab = ItemVocab.fit(pa.array(list(range(10))), min_count=1)
+    short = SessionRecommender(gru(seed=0), CausalLanguageModeling(), vocab, Inference(2, exclude_seen=True))
+    full = SessionRecommender(gru(seed=1), CausalLanguageModeling(), vocab, Inference(4, exclude_seen=True))
+    paths = [str(short.save_pretrained(tmp_path / "short")), str(full.save_pretrained(tmp_path / "full"))]
+    batch = SessionBatch(items=torch.tensor([[8, 9, 4, 5, 6, 7], [0, 0, 0, 3, 2, 3]]))
+    evaluation = Evaluation(exclude_seen=True)
+    with torch.no_grad():
+        both = EnsembleTask(members=paths, num_items=12, max_length=6, evaluation=evaluation)(batch)
+        assert torch.isinf(both[0, [4, 5, 6, 7]]).all() and torch.isfinite(both[0, [8, 9]]).all()
+        one = EnsembleTask(members=paths[1:], num_items=12, max_length=6, evaluation=evaluation)(batch)
+        assert torch.equal(torch.isinf(one), torch.isinf(full.scores(batch.items)))
 
 
 # -- EnsembleTask through the CLI --------------------------------------------------------------------

@@ -46,6 +46,8 @@ class EnsembleTask(ScoringOnlyTask):
             a member that reads more is refused.
         evaluation: metric cut-offs, recommendations per session, and whether the input
             session's items are excluded (`Evaluation`, as `NextItemTask`'s); the recipe's, not the members'.
+            The items excluded are those of the widest member window (its latest items that some member
+            reads), not the whole of a wider ``data.max_length``.
         num_virtual: linked from the data module; virtual ids are never recommended (the members' own
             masks, which agree as their vocabularies do).
     """
@@ -123,6 +125,9 @@ class EnsembleTask(ScoringOnlyTask):
             check_vocabulary(name, held, vocab, found)
 
     def forward(self, batch: SessionBatch) -> torch.Tensor:
-        """(B, V) ensemble scores of the batch's prefixes (its targets are never read)."""
+        """(B, V) ensemble scores of the batch's prefixes (its targets are never read); with ``exclude_seen``, the
+        items of the widest member window at -inf (what some member reads, as a member served alone excludes its own)."""
         scores = self.ensemble(batch)
-        return exclude_seen(scores, batch.items) if self.evaluation.exclude_seen else scores
+        if not self.evaluation.exclude_seen:
+            return scores
+        return exclude_seen(scores, batch.items[:, -max(self.ensemble.windows):])

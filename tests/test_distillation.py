@@ -209,6 +209,23 @@ def test_teachers_that_do_not_fit_the_student_are_refused_by_file(tmp_path):
         Teachers(Distillation(teachers=[short]), VOCAB, V, 5)
 
 
+def test_a_resume_refuses_a_teacher_saved_again_since_the_checkpoint(tmp_path):
+    """The checkpoint records the teachers' model directories as they were; a teacher saved again (retrained,
+    promoted) would teach the rest of the run something else than its start."""
+    path = teacher_dir(tmp_path, 0)
+    task = NextItemTask(num_items=V, max_length=5, encoder=GRU4RecEncoder(d_model=8), objective=CausalLanguageModeling(),
+                        loss=FullSoftmax(), distillation={"teachers": [path]})
+    task._teachers = Teachers(Distillation(teachers=[path]), VOCAB, V, 5)  # as `setup("fit")` loads them
+    checkpoint = {"state_dict": task.state_dict()}
+    task.on_save_checkpoint(checkpoint)
+    task.on_load_checkpoint(checkpoint)  # the same teachers: resumed
+    SessionRecommender(causal(1), CausalLanguageModeling(), VOCAB, Inference(5)).save_pretrained(path)  # a new version
+    task._teachers = Teachers(Distillation(teachers=[path]), VOCAB, V, 5)
+    with pytest.raises(ValueError, match=f"^{re.escape(path)}: holds another model than the teacher this run started "
+                                         "with"):
+        task.on_load_checkpoint(checkpoint)
+
+
 @pytest.mark.parametrize("distilled", [False, True])
 def test_a_data_module_of_another_width_than_the_model_is_refused_before_training(tmp_path, distilled):
     """Research code that builds the task and the data module apart: the CLI links --data.max_length to the model's,

@@ -23,7 +23,8 @@ targets are compared with the student's at every step. Teachers are model direct
 refused, naming the directory, when
 they are not causal, were trained on another vocabulary than the data module's, or read a shorter
 window than the student's batches. They are kept out of the task's modules: not trained, not in
-its checkpoint, always in eval mode. Shape letters: N training positions, V items, K sampled columns.
+its checkpoint (which records each model directory's content hash: a resume refuses a teacher saved
+again since), always in eval mode. Shape letters: N training positions, V items, K sampled columns.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from sessrec.artifacts.model_directory import read_model_directory
 from sessrec.data.batch import SessionBatch
 from sessrec.data.vocab import ItemVocab
 from sessrec.models.causal_lm import CausalLanguageModeling
@@ -74,6 +76,8 @@ class Teachers:
 
     def __init__(self, setting: Distillation, vocab: ItemVocab, num_items: int, max_length: int) -> None:
         members = [load_member(path) for path in setting.teachers]
+        # each model directory's content hash, as loaded: a resumed run must find the same teachers (`check_resumed`)
+        self.hashes = {str(path): read_model_directory(path)[1]["hash"] for path in setting.teachers}
         found = vocab.fingerprint()
         for path, member in zip(setting.teachers, members):
             if not isinstance(member.objective, CausalLanguageModeling):
@@ -94,6 +98,16 @@ class Teachers:
                                         objectives=[m.objective for m in members]).eval()
         self.ensemble.requires_grad_(False)
         self.alpha, self.temperature = setting.alpha, setting.temperature
+
+    def check_resumed(self, recorded: dict[str, str]) -> None:
+        """Refuse teachers that are not those a checkpoint was trained with (`recorded`: its `hashes`), naming the
+        first model directory saved again since (retrained, promoted) or not among them."""
+        for path, found in self.hashes.items():
+            if recorded.get(path) != found:
+                raise ValueError(
+                    f"{path}: holds another model than the teacher this run started with (saved again since the "
+                    "checkpoint, or not one of its teachers): resume with the teachers it started with, or start a new run"
+                )
 
     def log_probs(
         self, items: torch.Tensor, batch: SessionBatch, targets: torch.Tensor, columns: Columns | None = None

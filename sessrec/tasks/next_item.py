@@ -228,10 +228,15 @@ class NextItemTask(Pretrained, pl.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         super().on_save_checkpoint(checkpoint)
         checkpoint["sessrec"]["schedule_clock"] = self.schedule_clock()
+        if self._teachers is not None:
+            checkpoint["sessrec"]["teachers"] = self._teachers.hashes
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         super().on_load_checkpoint(checkpoint)
         self._clock_before = float(checkpoint.get("sessrec", {}).get("schedule_clock", 0.0))
+        recorded = checkpoint.get("sessrec", {}).get("teachers")
+        if recorded is not None and self._teachers is not None:  # a resumed distillation (setup loaded the teachers)
+            self._teachers.check_resumed(recorded)
 
     def forward(self, batch: SessionBatch) -> torch.Tensor:
         return self.model(batch.items, self.objective, self.model.batch_features(batch))

@@ -103,6 +103,21 @@ def test_a_member_served_on_fewer_items_than_its_network_reads_reads_as_many_in_
         assert not torch.allclose(short.scores(SESSIONS), short.model(SESSIONS), atol=1e-4)  # the cut counts
 
 
+def test_a_data_module_narrower_than_a_members_window_is_refused_without_the_cli_link(tmp_path):
+    """Research code that builds the task and the data module apart (no --data.max_length link): a member reading 6
+    items would read the 3 the data module gives, scoring otherwise than it is served; refused at setup."""
+    import pytorch_lightning as pl
+
+    dm = SessionDataModule(SyntheticSource(num_sessions=200, num_items=30, num_clusters=3), max_length=3)
+    member = SessionRecommender(SessionModel(dm.num_items, GRU4RecEncoder(d_model=8), max_length=6),
+                                CausalLanguageModeling(), dm.vocab, Inference(6))
+    path = str(member.save_pretrained(tmp_path / "member"))
+    trainer = pl.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    with pytest.raises(ValueError, match=f"^{re.escape(path)}: reads the latest 6 items of a session where "
+                                         "--data.max_length gives 3"):
+        trainer.test(EnsembleTask(members=[path]), datamodule=dm)
+
+
 def test_exclude_seen_removes_the_items_the_members_read_not_the_whole_data_window(tmp_path):
     """Sessions of 6 items, members reading the latest 2 and 4: items 8 and 9, read by no member, stay
     recommendable, and an ensemble of one excludes what its member served alone excludes."""

@@ -88,12 +88,8 @@ class EnsembleTask(ScoringOnlyTask):
                         f"{path}: scores {network.num_items} items where the data module's vocabulary has {num_items}: "
                         "the member was trained on other data"
                     )
-                window = member.inference.max_length
-                if max_length and window > max_length:
-                    raise ValueError(
-                        f"{path}: reads the latest {window} items of a session where --data.max_length gives {max_length}: "
-                        f"set --data.max_length {window} (or more) so that every member sees what it was trained on"
-                    )
+            if max_length:
+                check_windows(ensemble, max_length)
             self._ensemble = ensemble.to(self.device)
         return self._ensemble
 
@@ -123,6 +119,9 @@ class EnsembleTask(ScoringOnlyTask):
         found = vocab.fingerprint()
         for name, held in zip(self.ensemble.names, self._vocabs):
             check_vocabulary(name, held, vocab, found)
+        width = getattr(dm, "max_length", None)
+        if width is not None:  # the data module's own, where research code builds the task without the CLI's link
+            check_windows(self.ensemble, int(width))
 
     def forward(self, batch: SessionBatch) -> torch.Tensor:
         """(B, V) ensemble scores of the batch's prefixes (its targets are never read); with ``exclude_seen``, the
@@ -131,3 +130,13 @@ class EnsembleTask(ScoringOnlyTask):
         if not self.evaluation.exclude_seen:
             return scores
         return exclude_seen(scores, batch.items[:, -max(self.ensemble.windows):])
+
+
+def check_windows(ensemble: SessionEnsemble, max_length: int) -> None:
+    """Refuse a member that reads more of a session than the `max_length` items the data module gives."""
+    for name, window in zip(ensemble.names, ensemble.windows):
+        if window > max_length:
+            raise ValueError(
+                f"{name}: reads the latest {window} items of a session where --data.max_length gives {max_length}: "
+                f"set --data.max_length {window} (or more) so that every member sees what it was trained on"
+            )

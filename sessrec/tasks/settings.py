@@ -189,7 +189,7 @@ class Distillation(_Part):
     def __post_init__(self) -> None:
         teachers = [str(t) for t in self.teachers]
         if not teachers:
-            raise ValueError("distillation needs at least one teacher (a checkpoint or a model directory)")
+            raise ValueError("distillation needs at least one teacher (a model directory, runs/<name>/model)")
         object.__setattr__(self, "teachers", teachers)
         if self.weights is not None:
             object.__setattr__(self, "weights", check_weights(self.weights, len(teachers), of="teachers"))

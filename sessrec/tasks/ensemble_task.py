@@ -13,7 +13,9 @@ Members are loaded without running code from their files (`SessionRecommender.fr
 registered classes only) and refused, one line naming the directory, when they are not model
 directories of session models, read side features, score another catalogue than each other or
 than the data module's vocabulary (compared by content), or read a longer window than the data
-module gives them. Shape letters: B batch, V items.
+module gives them. Nothing of the members is kept between runs: each run reads every model
+directory's current version, so a member saved again (retrained, promoted, rolled back) is scored
+as it is now. Shape letters: B batch, V items.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ import copy
 import io
 import math
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -219,10 +220,14 @@ def test_a_resume_refuses_a_teacher_saved_again_since_the_checkpoint(tmp_path):
     checkpoint = {"state_dict": task.state_dict()}
     task.on_save_checkpoint(checkpoint)
     task.on_load_checkpoint(checkpoint)  # the same teachers: resumed
+    moved = str(tmp_path / "moved")
+    shutil.copytree(path, moved)
+    task._teachers = Teachers(Distillation(teachers=[moved]), VOCAB, V, 5)
+    task.on_load_checkpoint(checkpoint)  # the same teacher at another path (the run resumed from another folder)
     SessionRecommender(causal(1), CausalLanguageModeling(), VOCAB, Inference(5)).save_pretrained(path)  # a new version
     task._teachers = Teachers(Distillation(teachers=[path]), VOCAB, V, 5)
-    with pytest.raises(ValueError, match=f"^{re.escape(path)}: holds another model than the teacher this run started "
-                                         "with"):
+    with pytest.raises(ValueError, match=f"^{re.escape(path)}: holds another model than the teachers this run "
+                                         "started with"):
         task.on_load_checkpoint(checkpoint)
 
 

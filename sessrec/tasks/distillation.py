@@ -100,13 +100,13 @@ class Teachers:
         self.alpha, self.temperature = setting.alpha, setting.temperature
 
     def check_resumed(self, recorded: dict[str, str]) -> None:
-        """Refuse teachers that are not those a checkpoint was trained with (`recorded`: its `hashes`), naming the
-        first model directory saved again since (retrained, promoted) or not among them."""
+        """Refuse teachers that are not those a checkpoint was trained with (`recorded`: its `hashes`; compared by
+        content, wherever the directories are now), naming the first saved again since (retrained, promoted)."""
         for path, found in self.hashes.items():
-            if recorded.get(path) != found:
+            if found not in recorded.values():
                 raise ValueError(
-                    f"{path}: holds another model than the teacher this run started with (saved again since the "
-                    "checkpoint, or not one of its teachers): resume with the teachers it started with, or start a new run"
+                    f"{path}: holds another model than the teachers this run started with (saved again since the "
+                    "checkpoint, or not one of them): resume with the teachers it started with, or start a new run"
                 )
 
     def log_probs(

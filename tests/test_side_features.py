@@ -426,17 +426,21 @@ def test_a_continuous_side_value_that_is_no_number_is_refused_at_an_item_and_nev
             model(items, features={"device": device, "price": price})
 
 
-def test_evaluating_with_other_side_features_than_the_network_was_built_for_is_refused(tmp_path):
-    """A recipe whose position cap differs from the model's gave positions the network never saw, exit 0."""
+@pytest.mark.parametrize(("changed", "message"), [
+    ({"position": 3}, "'position' has 4 ids there and 7 in the network"),  # positions the network never saw
+    ({"looks_ahead": ["value"]}, "look-ahead ['dwell', 'value'] there, ['dwell'] in the network"),  # a value zeroed
+])
+def test_evaluating_with_other_side_features_than_the_network_was_built_for_is_refused(tmp_path, changed, message):
+    """A recipe whose position cap or look-ahead columns differ from the model's scored with exit 0."""
     dm = SessionDataModule(source=Source(), max_length=8, eval_batch_size=64, side_features=SIDE)
     task = NextItemTask(num_items=dm.num_items, max_length=8, encoder=XLNetEncoder(d_model=8, n_head=2, n_layer=1),
                         side_features=dm.side_info)
     other = SessionDataModule(source=Source(), max_length=8, eval_batch_size=64,
-                              side_features=SideFeatures(**{**vars(SIDE), "position": 3}))
+                              side_features=SideFeatures(**{**vars(SIDE), **changed}))
     trainer = pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, default_root_dir=tmp_path)
-    message = ("the data module's side features do not match the model's: 'position' has 4 ids there and 7 in the "
-               "network; score with the side_features it was trained with")
+    message = (f"the data module's side features do not match the model's: {message}; score with the side_features "
+               "it was trained with")
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         trainer.test(task, other, verbose=False)
 
@@ -461,18 +465,3 @@ def test_scoring_an_event_file_whose_schema_names_the_side_columns_as_features(t
     for a, b in zip(*got):
         assert torch.equal(a.items, b.items) and a.features.keys() == b.features.keys()
         assert all(torch.equal(a.features[k], b.features[k]) for k in a.features)
-
-
-def test_evaluating_with_other_look_ahead_features_than_the_network_hides_is_refused(tmp_path):
-    """A recipe naming another look-ahead column zeroed the last input event's value, which the model reads: exit 0."""
-    dm = SessionDataModule(source=Source(), max_length=8, eval_batch_size=64, side_features=SIDE)
-    task = NextItemTask(num_items=dm.num_items, max_length=8, encoder=XLNetEncoder(d_model=8, n_head=2, n_layer=1),
-                        side_features=dm.side_info)
-    other = SessionDataModule(source=Source(), max_length=8, eval_batch_size=64,
-                              side_features=SideFeatures(**{**vars(SIDE), "looks_ahead": ["value"]}))
-    trainer = pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, default_root_dir=tmp_path)
-    message = ("the data module's side features do not match the model's: look-ahead ['dwell', 'value'] there, "
-               "['dwell'] in the network; score with the side_features it was trained with")
-    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
-        trainer.test(task, other, verbose=False)

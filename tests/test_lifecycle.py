@@ -28,6 +28,7 @@ from sessrec.models import (
     CausalLanguageModeling,
     ElectraEncoder,
     GRU4RecEncoder,
+    HSTUEncoder,
     MaskedItemModeling,
     ReplacedTokenDetection,
     SASRecEncoder,
@@ -381,6 +382,27 @@ def test_retrain_promotes_a_good_candidate_and_rejects_a_bad_one(tmp_path):
     if good["best"] == "v000002":  # the best was evaluated again, from its version, on the same pairs
         assert bad["metrics"]["best"]["recall@20"] == pytest.approx(good["metrics"]["candidate"]["recall@20"])
     assert "more than the tolerance" in summary(bad) and summary(good).startswith("promoted as v000002")
+
+
+@pytest.mark.parametrize("warm_start", [True, False])
+def test_retrain_keeps_an_hstu_trained_without_event_times_without_them(tmp_path, warm_start):
+    """An HSTU trained with --data.times false is served without times: its candidate, warm or fresh, is too."""
+    path, (start, mid, late, end) = event_file(tmp_path)
+    data = SessionDataModule(TimeWindowSource([str(path)], Schema(), start, mid, late), max_length=8, batch_size=128,
+                             times=False)
+    base = NextItemTask(num_items=data.num_items, max_length=8, encoder=HSTUEncoder(d_model=8, n_head=2, n_layer=1),
+                        objective=CausalLanguageModeling())
+    pl.Trainer(max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+               enable_model_summary=False, limit_val_batches=0).fit(base, datamodule=data)
+    assert base.model.encoder.trained_with_times is False
+    served = base.recommender()
+    served.train_end = data.splits.train_end()
+    served.save_pretrained(tmp_path / "current")
+    retrain(str(tmp_path / "current"), out=str(tmp_path / "c"), gate=Gate("recall@20", tolerance=1.0, min_pairs=1),
+            paths=[str(path)], schema=Schema(), max_epochs=1, train_from=mid, train_until=late, test_until=end + 1,
+            warm_start=warm_start, promote=False)
+    candidate = SessionRecommender.from_pretrained(tmp_path / "c" / "model")
+    assert candidate.model.encoder.trained_with_times is False
 
 
 def test_retrain_refuses_a_gate_needing_more_pairs_than_the_test_window_holds_before_training(tmp_path):

@@ -146,7 +146,8 @@ def retrain(
         schema: column roles of the event files.
         gate: the per-pair metric, tolerance, confidence and minimum test size of the promotion (`Gate`).
         warm_start: start from the current model's weights (grown to the new items); False trains
-            the same architecture from scratch on the window, with a vocabulary of its own.
+            the same architecture from scratch on the window, with a vocabulary of its own. Either way the
+            candidate reads event times only if the current model does (an HSTU trained without them does not).
         max_epochs: training epochs on the window.
         lr: peak learning rate (``optimization.lr``); default `Optimization`'s (a model directory holds
             no training settings).
@@ -206,8 +207,10 @@ def retrain(
             seed=seed,
         )
         vocab_path = vocab.save(out_dir / VOCAB)
+        # a model trained without event times (HSTU with --data.times false) has a candidate trained without them too
         data = SessionDataModule(LoadedSplits(splits), max_length=int(candidate.hparams.max_length), batch_size=batch_size,
-                                 eval_protocol=PROTOCOL, vocab_path=str(vocab_path), seed=seed)
+                                 eval_protocol=PROTOCOL, vocab_path=str(vocab_path), seed=seed,
+                                 times=None if current.uses_times else False)
         candidate, train_seconds, epochs = fit_candidate(candidate, data, out_dir, f"val/{gate.metric}", max_epochs)
 
         return settle(store, standing, gate, {

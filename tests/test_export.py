@@ -230,6 +230,25 @@ def test_event_times_are_an_input_of_a_model_that_reads_them(tmp_path, fmt):
     assert config["input"][1] == {"name": "event_times", "data_type": "TYPE_FP64", "dims": [-1]}
 
 
+def test_a_torchscript_export_refuses_inputs_of_another_dtype_than_its_description(tmp_path):
+    """torch.tensor of Python floats is float32: epoch seconds there are multiples of 128 s, which the traced HSTU
+    read into other time buckets (other scores, no error). The file refuses an input of another dtype, as ONNX does."""
+    task = session_task("hstu_clm")
+    with torch.no_grad():
+        for layer in task.model.encoder.layers:
+            layer.time_bias.normal_(generator=torch.Generator().manual_seed(4))
+    path = export_session_model(task.recommender(), tmp_path, "torchscript", top_k=5)
+    module = torch.jit.load(str(path))
+    items = sessions(4, 6, seed=7)
+    times = event_times(items, seed=8)
+    with torch.no_grad():
+        module(items, times)  # float64 seconds, as model.json records
+        with pytest.raises(Exception, match="input event_times must be float64"):
+            module(items, times.float())
+        with pytest.raises(Exception, match="input items must be int64"):
+            module(items.int(), times)
+
+
 def test_time_gaps_of_a_power_of_two_seconds_fall_in_the_buckets_eager_reads(tmp_path):
     """Whole-second logs have gaps of exactly 2, 4, 256 s: ONNX Runtime's Log2 comes out just below the integer
     there, which put each such gap one time bucket lower than PyTorch (other scores, exit 0)."""

@@ -541,7 +541,7 @@ def _export(
                 if format == "onnx":
                     written_opset = _to_onnx(scorer, example, inputs, outputs, path, opset)
                 else:
-                    written_opset = _to_torchscript(scorer, example, path)
+                    written_opset = _to_torchscript(scorer, example, inputs, path)
             except ModuleNotFoundError:
                 raise  # an extra that is not installed (onnx, onnxscript): the command line names the extra
             except Exception as err:  # the exporters raise many types; one clear line, with the cause chained
@@ -587,13 +587,34 @@ def _to_onnx(
     return opset_of(proto)
 
 
-def _to_torchscript(module: nn.Module, example: tuple[torch.Tensor, ...], path: Path) -> None:
-    """torch.jit.trace; shapes stay symbolic (checked by `_verify` on another shape)."""
+def _dtype_checked(x: torch.Tensor, dtype: torch.dtype, name: str, expected: str) -> torch.Tensor:
+    """`x`, or an error naming the input when it is not of `dtype` (scripted: the check stays in a traced file)."""
+    if x.dtype != dtype:
+        raise ValueError("input " + name + " must be " + expected + " (model.json lists the inputs and their dtypes)")
+    return x
+
+
+class _DtypeChecked(nn.Module):
+    """`module` behind a check of each input's dtype against `inputs`: a trace reads any dtype it is given, and
+    float32 epoch seconds (multiples of 128 s) or int32 ids would give other scores without an error."""
+
+    def __init__(self, module: nn.Module, inputs: list[TensorSpec]) -> None:
+        super().__init__()
+        self.module, self.inputs = module, inputs
+        self.check = torch.jit.script(_dtype_checked)
+
+    def forward(self, *tensors: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        return self.module(*(self.check(t, getattr(torch, s.dtype), s.name, s.dtype) for t, s in zip(tensors, self.inputs)))
+
+
+def _to_torchscript(module: nn.Module, example: tuple[torch.Tensor, ...], inputs: list[TensorSpec], path: Path) -> None:
+    """torch.jit.trace; shapes stay symbolic (checked by `_verify` on another shape), an input of another dtype
+    than `inputs` say is refused."""
     with warnings.catch_warnings():
         # a TracerWarning says a Python value became a constant of the trace: `_verify` runs the file on
         # another shape, which is the check that warning asks for
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
-        traced = torch.jit.trace(module, example, check_trace=False)
+        traced = torch.jit.trace(_DtypeChecked(module, inputs), example, check_trace=False)
     with atomic_path(path) as tmp:
         torch.jit.save(traced, str(tmp))
 

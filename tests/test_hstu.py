@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from sessrec.artifacts import Inference, SessionRecommender
-from sessrec.data import SessionBatch, SessionSplits
+from sessrec.data import Schema, SessionBatch, SessionSplits
 from sessrec.data.sources import SessionSource
 from sessrec.data.vocab import ItemVocab
 from sessrec.models import CausalLanguageModeling, HSTUEncoder, SASRecEncoder, SessionModel
@@ -494,6 +494,9 @@ def test_a_model_trained_with_times_records_it_and_refuses_to_be_read_without_th
     with pytest.raises(ValueError, match=rf"^{sessions}: the model was trained with event times and these sessions have "
                                          r"no 'timestamp' column"):
         predict_file(directory, sessions, tmp_path / "recs.parquet")
+    with pytest.raises(ValueError, match=rf"^{sessions}: the model was trained with event times and these sessions have "
+                                         r"no time column \(the schema's timestamp is null\)"):
+        predict_file(directory, sessions, tmp_path / "recs.parquet", schema=Schema(timestamp=None))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "sessions.parquet"]  # nothing written
 
 

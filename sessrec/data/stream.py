@@ -135,6 +135,13 @@ class ScoringStream:
         self.times = times and schema.timestamp is not None and schema.timestamp in self.columns()
 
     @property
+    def no_times(self) -> str:
+        """What the sessions lack when the batches carry no event times, in words (for a refusal)."""
+        if self.schema.timestamp is None:
+            return "no time column (the schema's timestamp is null)"
+        return f"no {self.schema.timestamp!r} column"
+
+    @property
     def _needs_times(self) -> bool:
         return self.times or (self.side is not None and bool(self.side.config.time))
 

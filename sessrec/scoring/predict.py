@@ -148,8 +148,8 @@ def predict_file(
     stream = ScoringStream(input_path, recommender.vocab, schema, recommender.inference.max_length, batch_size,
                            times=recommender.model.uses_times)
     if recommender.model.needs_times and not stream.times:
-        raise ValueError(f"{input_path}: the model was trained with event times and these sessions have no "
-                         f"{schema.timestamp!r} column; give them their time column (--data.predict_schema.timestamp)")
+        raise ValueError(f"{input_path}: the model was trained with event times and these sessions have "
+                         f"{stream.no_times}; give them their time column (--data.predict_schema.timestamp)")
     started = time.monotonic()
     manifest = {"input": digest(input_path), "model": identity, "k": k, "exclude_seen": exclude_seen,
                 "batch_size": batch_size, "partition_batches": partition_batches, "schema": repr(schema)}

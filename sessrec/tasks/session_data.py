@@ -536,7 +536,7 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
             times=self._wants_times(), **ranks_of(self.trainer),
         )
         if self._task_reads("needs_times") and not self.scoring_stream.times:
-            why = "--data.times false" if self.times is False else f"no {self.predict_schema.timestamp!r} column"
+            why = "--data.times false" if self.times is False else self.scoring_stream.no_times
             raise ValueError(f"{self.predict_path}: the model was trained with event times and these sessions have none "
                              f"({why}); give them their time column (--data.predict_schema.timestamp) and set "
                              "--data.times null")

@@ -557,3 +557,19 @@ def test_dlrm_retrain_grows_its_tables_and_keeps_what_it_learned(tmp_path):
     assert bad["reason"].startswith("candidate trails the current model (v000002) by ")
     after = ClickRanker.from_pretrained(tmp_path / "current").model.sparse_arch.tables["hotel"]
     assert torch.equal(after.sorted_keys, grown.sorted_keys)
+
+
+def test_a_retrain_turn_stopped_by_sigterm_fails_in_one_line(tmp_path, monkeypatch):
+    """Lightning ends a fit on SIGTERM (a scheduler's or a container's stop) with an exit of status 0: a turn whose
+    candidate did not finish training said nothing and returned; it is now an error that says so."""
+    from pytorch_lightning.utilities.exceptions import SIGTERMException
+
+    from sessrec.lifecycle.retrain import fit_candidate
+
+    def stopped(self, *args, **kwargs):
+        raise SIGTERMException()
+
+    monkeypatch.setattr(pl.Trainer, "fit", stopped)
+    with pytest.raises(RuntimeError, match=r"^stopped by SIGTERM at step 0 of the candidate's training: nothing was gated "
+                                           r"or promoted; run the turn again$"):
+        fit_candidate(None, None, tmp_path, "val/ndcg@20", max_epochs=1)

@@ -38,6 +38,7 @@ from typing import Any
 
 import pytorch_lightning as pl
 from pytorch_lightning.callbacks import ModelCheckpoint
+from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from sessrec.artifacts import ClickRanker, SessionRecommender
 from sessrec.artifacts.model_directory import CONFIG, VOCAB, read_model_directory, read_train_end
@@ -342,7 +343,11 @@ def fit_candidate(
     trainer = pl.Trainer(max_epochs=max_epochs, logger=False, enable_progress_bar=False, enable_model_summary=False,
                          callbacks=[best], num_sanity_val_steps=0)
     started = time.perf_counter()
-    trainer.fit(candidate, datamodule=data)
+    try:
+        trainer.fit(candidate, datamodule=data)
+    except SIGTERMException:  # Lightning's stop on SIGTERM is an exit of status 0: this turn did not finish
+        raise RuntimeError(f"stopped by SIGTERM at step {trainer.global_step} of the candidate's training: nothing was "
+                           "gated or promoted; run the turn again") from None
     seconds = time.perf_counter() - started
     if not best.best_model_path:
         raise RuntimeError(f"training saved no checkpoint (is {monitor!r} logged?)")

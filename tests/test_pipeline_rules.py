@@ -235,13 +235,15 @@ def test_item_table_filter_bad_tables(tmp_path: Path, columns: dict, kwargs: dic
 
 
 def test_rules_whose_items_the_vocabulary_does_not_hold_list_nothing(tmp_path: Path, vocab: ItemVocab) -> None:
-    """Every id unknown (dropped when bound): a deny table blanks nothing, an allow table everything, a boost
-    raises nothing and a cap caps nothing, with or without a request time."""
+    """Every id unknown (dropped when bound): a deny table blanks nothing, a boost raises nothing and a cap caps
+    nothing, with or without a request time; an allow table, which would blank every list, is refused."""
     table = str(write(tmp_path, item_id=[98, 99], category=["a", "a"], valid_from=[0, 0], valid_to=[1e9, 1e9]))
     candidates = Candidates(torch.tensor([[2, 3, 4, 0], [5, 6, 7, 2]]))
     for sessions in (anonymous(2), RequestSessions(torch.ones(2, 1, dtype=torch.long), now=NOW[:2])):
         assert ItemTableFilter(table).bind(vocab).apply(sessions, candidates).items.tolist() == [[2, 3, 4, 0], [5, 6, 7, 2]]
-        assert ItemTableFilter(table, mode="allow").bind(vocab).apply(sessions, candidates).items.tolist() == [[0] * 4] * 2
+    with pytest.raises(SchemaError, match=r"\.parquet: none of the allow table's 2 item ids is in the pipeline's "
+                                          r"vocabulary, so every list would be empty; check the file and its 'item_id' ids$"):
+        ItemTableFilter(table, mode="allow").bind(vocab)
     ordering = Ordering([BoostRule([99], weight=1.0)], DiversityCap(table, max_per_category=1)).bind(vocab)
     for o in (ordering, reloaded(ordering)):
         assert o.order(anonymous(2), DIVERSE, k=3).items.tolist() == [[3, 5, 4], [3, 6, 2]]

@@ -326,6 +326,15 @@ class ItemTableFilter(RawItemRule):
             )
         return raw, {"valid_from": start, "valid_to": end}
 
+    def bind(self, vocab: ItemVocab) -> ItemTableFilter:
+        """`RawItemRule.bind`; an allow table none of whose ids the vocabulary holds is refused (it would blank
+        every list: another file, or ids of another kind than the catalogue's)."""
+        super().bind(vocab)
+        if self.mode == "allow" and self.num_unknown and not len(self.bound_rows().ids):
+            raise SchemaError(f"{self.path}: none of the allow table's {self.num_unknown} item ids is in the pipeline's "
+                              f"vocabulary, so every list would be empty; check the file and its {self.item_column!r} ids")
+        return self
+
     def apply(self, sessions: RequestSessions, candidates: Candidates) -> Candidates:
         rows = self.bound_rows()
         items = candidates.items

@@ -357,8 +357,8 @@ def test_fit_and_validate_give_the_encoder_the_data_event_times():
     with torch.no_grad():
         tasks[False].model.encoder.layers[0].time_bias.normal_()  # were they read, they would change the scores
     assert validate(tasks[False], None) == validate(tasks[False], True)
-    with pytest.raises(ValueError, match=r"^log \(valid split\): the model was trained with event times and these "
-                                         r"batches carry none \(--data\.times false\)"):
+    with pytest.raises(ValueError, match=r"^log \(valid split\): the model \(or a teacher it distils from\) was trained "
+                                         r"with event times and these batches carry none \(--data\.times false\)"):
         validate(tasks[True], False)
 
 

@@ -461,7 +461,8 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
         if times is None and self._task_reads("needs_times"):
             why = "--data.times false" if self.times is False else f"the sessions have no {frame.TIMES!r} column"
             raise ValueError(
-                f"{self.splits.source} ({split} split): the model was trained with event times and these batches carry "
+                f"{self.splits.source} ({split} split): the model (or a teacher it distils from) was trained with event "
+                "times and these batches carry "
                 f"none ({why}); read the event time column (the source's schema.timestamp) and set --data.times null"
             )
         return times

@@ -101,6 +101,7 @@ def prepared(root: Path, names: list[str], n_parts: int, counts: np.ndarray, sha
     seen = np.flatnonzero(counts)
     order = seen[np.argsort(-counts[seen], kind="stable")]  # by decreasing count, as ItemVocab.fit orders them
     ItemVocab(pa.array(order), counts[order]).save(directory / "vocab.parquet")
+    hashes["vocab.parquet"] = digest(directory / "vocab.parquet").removeprefix("sha256:")  # checked when it is read
     manifest = {"format": "sessrec-prepared", "version": VERSION, "source": {"synthetic": True},
                 "settings": {"min_item_count": 1, "max_vocab_size": None},
                 "splits": listing, "sha256": hashes}

@@ -23,13 +23,8 @@ import torch
 from sessrec.data import ItemVocab
 from sessrec.datasets.clickout_rows import RankingVocab
 from sessrec.datasets.clickouts import DENSE_FEATURES
-from sessrec.lifecycle.export import (
-    ExportedClickScorer,
-    export_dlrm,
-    export_session_model,
-    max_abs_diff,
-    run_exported,
-)
+from sessrec.lifecycle.export import export_dlrm, export_session_model, max_abs_diff, run_exported
+from sessrec.lifecycle.scorers import ExportedClickScorer
 from sessrec.models import (
     BertEncoder,
     CausalLanguageModeling,

@@ -31,14 +31,13 @@ from sessrec.datasets.clickouts import DENSE_FEATURES, SPARSE_FEATURES
 from sessrec.embeddings import DynamicTables, SparseFeatures, TableConfig
 from sessrec.features import SideFeatureTransform
 from sessrec.lifecycle.export import (
-    ExportedClickScorer,
-    NextItemScorer,
     export_dlrm,
     export_model_dir,
     export_session_model,
     max_abs_diff,
     run_exported,
 )
+from sessrec.lifecycle.scorers import ExportedClickScorer, NextItemScorer
 from sessrec.lifecycle.triton import model_config, triton_repository
 from sessrec.models import (
     BertEncoder,

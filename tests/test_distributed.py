@@ -212,3 +212,23 @@ def test_bf16_mixed_precision_trains_on_cpu():
         assert task.model.item_embedding.weight.dtype == torch.float32  # weights stay fp32; autocast computes in bf16
         recall[precision] = float(trainer.callback_metrics["val/recall@20"])
     assert recall["bf16-mixed"] > 0.4 and abs(recall["bf16-mixed"] - recall["32-true"]) < 0.05
+
+
+def test_a_data_module_set_up_in_a_process_group_destroys_it_before_the_interpreter_exits(tmp_path):
+    """Gloo's threads left to the interpreter's teardown may abort a spawned process after its work is
+    done; setup makes the process destroy its group at exit (an earlier atexit handler runs later)."""
+    import subprocess
+    import sys
+
+    script = f"""
+import atexit
+import torch.distributed as dist
+from sessrec.data import SyntheticSource
+from sessrec.tasks import SessionDataModule
+atexit.register(lambda: print("initialized at exit:", dist.is_initialized()))
+dist.init_process_group("gloo", init_method="file://{tmp_path / 'store'}", rank=0, world_size=1)
+SessionDataModule(SyntheticSource(num_sessions=50, num_items=20), max_length=4).setup("fit")
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "initialized at exit: False"

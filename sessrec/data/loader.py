@@ -15,6 +15,7 @@ Shape letters: N sessions, L padded length, B batch.
 
 from __future__ import annotations
 
+import atexit
 from collections.abc import Iterator
 from typing import Literal
 
@@ -253,3 +254,19 @@ def ranks_of(trainer: object | None) -> dict[str, int]:
     if trainer is None:
         return {}
     return {"rank": int(trainer.global_rank), "world_size": int(trainer.world_size)}
+
+
+def release_process_group_at_exit() -> None:
+    """Destroy this process's default process group when it exits, while the interpreter still runs.
+
+    Lightning's spawned processes return without destroying it; its Gloo threads then die in the
+    interpreter's teardown and may abort the process (SIGABRT) after its work is done, failing the
+    whole run. Called by the data modules' ``setup`` in every process; registered once."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        atexit.unregister(_destroy_process_group)
+        atexit.register(_destroy_process_group)
+
+
+def _destroy_process_group() -> None:
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()

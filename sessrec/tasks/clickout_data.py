@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytorch_lightning as pl
 
-from sessrec.data.loader import ranks_of
+from sessrec.data.loader import ranks_of, release_process_group_at_exit
 from sessrec.data.periods import iso, to_seconds
 from sessrec.data.readers import read_table
 from sessrec.datasets.clickout_rows import RankingLoader, RankingTensors, RankingVocab, encode_rows
@@ -166,6 +166,7 @@ class ClickoutDataModule(pl.LightningDataModule):
         return self._tensors[split]
 
     def setup(self, stage: str | None = None) -> None:
+        release_process_group_at_exit()
         wanted = {"fit": ("train", "valid"), "validate": ("valid",), "test": ("test",)}.get(stage or "", SPLITS)
         for split in wanted:
             if self.rows[split].num_rows == 0:

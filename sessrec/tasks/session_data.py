@@ -22,7 +22,7 @@ import torch
 
 from sessrec.data import frame
 from sessrec.data.batch import ITEM_DTYPE
-from sessrec.data.loader import SessionLoader, ranks_of
+from sessrec.data.loader import SessionLoader, ranks_of, release_process_group_at_exit
 from sessrec.data.pairs import EvalPairs
 from sessrec.data.prepared.dataset import PreparedSource
 from sessrec.data.schema import Schema
@@ -468,6 +468,7 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
         return times
 
     def setup(self, stage: str | None = None) -> None:
+        release_process_group_at_exit()
         wanted = {"fit": ["train", "valid"], "validate": ["valid"], "test": ["test"], None: ["train", "valid", "test"]}
         for split in wanted.get(stage, []):
             if stage in ("validate", "test"):

@@ -13,7 +13,9 @@ row, a time in the wrong unit) removes its parts: rerun, it would be refused aga
 manifest records the input file's content hash and the saved pipeline's (`Pipeline.content_hash`),
 never a path, a size or a time, so a pipeline re-fitted in place or an input rewritten meanwhile
 starts the run over. At the end the parts are joined into ``<output>`` in input order, the same bytes
-whatever the engine and the number of workers.
+whatever the partitions and the number of workers, on as many torch threads per process: a Dask worker
+scores on one, this process on torch's (``OMP_NUM_THREADS=1`` makes it write the workers' bytes; on more
+threads a matrix product may sum in another order and a score differ in its last bit).
 
 Time, by the rule of every entry point (`sessrec.pipeline.clock`): an input with the schema's
 ``timestamp`` column gives each session its event times, from which the ranker's time features are

@@ -21,7 +21,9 @@ disk) keeps its complete parts for the rerun that resumes from them.
 
 The joined file does not depend on how the input was partitioned: its row groups are the parts'
 row groups, one per batch, and the batches are cut the same way whatever the partitions
-(`ScoringStream`), so one process and any number of workers write the same bytes.
+(`ScoringStream`), so one process and any number of workers write the same bytes on as many torch
+threads each (a Dask worker scores on one; on more, a matrix product may sum in another order and a score
+differ in its last bit).
 """
 
 from __future__ import annotations

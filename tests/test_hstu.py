@@ -497,7 +497,13 @@ def test_a_model_trained_with_times_records_it_and_refuses_to_be_read_without_th
     with pytest.raises(ValueError, match=rf"^{sessions}: the model was trained with event times and these sessions have "
                                          r"no time column \(the schema's timestamp is null\)"):
         predict_file(directory, sessions, tmp_path / "recs.parquet", schema=Schema(timestamp=None))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "sessions.parquet"]  # nothing written
+    timed = tmp_path / "timed.parquet"
+    pq.write_table(pa.table({"session_id": [1, 1, 2], "item_id": [101, 102, 103], "timestamp": [1.7e9, 1.7e9 + 60, 1.7e9]}),
+                   timed)
+    with pytest.raises(ValueError, match=rf"^{timed}: the model was trained with event times and these sessions have "
+                                         r"none \(--data.times false\); .* and set --data.times null$"):
+        predict_file(directory, timed, tmp_path / "recs.parquet", times=False)  # sessrec predict --engine dask
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "sessions.parquet", "timed.parquet"]  # nothing written
 
 
 def test_a_model_trained_without_times_ignores_the_times_it_is_given(tmp_path):

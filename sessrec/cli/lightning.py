@@ -411,7 +411,8 @@ class SessrecCLI(LightningCLI):
                      exclude_seen=evaluation.exclude_seen, batch_size=datamodule.eval_batch_size,
                      schema=datamodule.predict_schema, overwrite=writer.overwrite, engine=engine.engine,
                      scheduler=engine.scheduler, workers=engine.workers,
-                     partition_batches=self.config["predict"].partition_batches or PARTITION_BATCHES)
+                     partition_batches=self.config["predict"].partition_batches or PARTITION_BATCHES,
+                     times=datamodule.times)
 
     def after_fit(self) -> None:
         """Print the metrics of the checkpoint kept (the best one, with its epoch) and write its model

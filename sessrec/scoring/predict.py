@@ -58,6 +58,7 @@ class TopKJob:
         k: recommendations per session.
         exclude_seen: never recommend an item of the session.
         parts: the parts folder.
+        times: give the batches the file's event times (the schema's timestamp column).
     """
 
     folder: str
@@ -68,13 +69,13 @@ class TopKJob:
     k: int
     exclude_seen: bool
     parts: str
+    times: bool
 
     def __call__(self, index: int, rows: tuple[int, int]) -> dict:
         """Write part `index` from the file rows `rows`; its counts, the worker and whether it read the model."""
         recommender, loaded = load_once(self.folder, self.identity, SessionRecommender.from_pretrained)
         stream = ScoringStream(self.input_path, recommender.vocab, self.schema, recommender.inference.max_length,
-                               self.batch_size, side=recommender.side_transform, times=recommender.model.uses_times,
-                               rows=rows)
+                               self.batch_size, side=recommender.side_transform, times=self.times, rows=rows)
         write_part(Path(self.parts) / f"part-{index:06d}.parquet", (self.score(recommender, b) for b in stream))
         return {"index": index, "sessions": stream.num_sessions, "items": stream.num_items,
                 "unknown": stream.num_unknown, "worker": worker_name(), "pid": os.getpid(), "loaded": loaded}
@@ -102,6 +103,7 @@ def predict_file(
     scheduler: str | None = None,
     workers: int | None = None,
     partition_batches: int = 8,
+    times: bool | None = None,
 ) -> dict:
     """Write the top-`k` items of every session of `input_path` to `output` (``session_id``, ``item_ids``, ``scores``;
     in CSV one row per recommendation).
@@ -122,6 +124,9 @@ def predict_file(
             local cluster of `workers` processes.
         workers: with ``dask`` and no scheduler, the processes of the local cluster, one thread each (none: 2).
         partition_batches: batches per partition (and per part): the unit of work and of resumption.
+        times: give the batches the event times of the schema's timestamp column (``--data.times``): None,
+            when the model reads them (its ``uses_times``) and the file has the column; True: where the
+            file has it; False: never (refused for a model trained with times).
 
     Returns:
         counts: sessions, items, unknown items, partitions (written, resumed), the workers that scored
@@ -145,14 +150,18 @@ def predict_file(
     exclude_seen = recommender.inference.exclude_seen if exclude_seen is None else exclude_seen
     check_settings(k, batch_size, partition_batches)
     identity = digest(folder / "config.json")
+    times = recommender.model.uses_times if times is None else times
     stream = ScoringStream(input_path, recommender.vocab, schema, recommender.inference.max_length, batch_size,
-                           times=recommender.model.uses_times)
+                           times=times)
     if recommender.model.needs_times and not stream.times:
+        why = "none (--data.times false)" if times is False else stream.no_times
         raise ValueError(f"{input_path}: the model was trained with event times and these sessions have "
-                         f"{stream.no_times}; give them their time column (--data.predict_schema.timestamp)")
+                         f"{why}; give them their time column (--data.predict_schema.timestamp)"
+                         + (" and set --data.times null" if times is False else ""))
     started = time.monotonic()
     manifest = {"input": digest(input_path), "model": identity, "k": k, "exclude_seen": exclude_seen,
-                "batch_size": batch_size, "partition_batches": partition_batches, "schema": repr(schema)}
+                "batch_size": batch_size, "partition_batches": partition_batches, "schema": repr(schema),
+                "times": stream.times}
     with PartsFolder(out, manifest, tag="predict") as parts:  # its lock held until the parts are joined
         with run_on.started() as runner:
             if runner.client is None:  # this process scores: with the model read above
@@ -162,7 +171,8 @@ def predict_file(
             pending = [(i, (p.start, p.stop)) for i, p in enumerate(partitions) if not parts.done(i)]
             print(f"[predict] {input_path}: {len(partitions)} partitions of {partition_batches} batches of {batch_size} "
                   f"sessions, {len(partitions) - len(pending)} already written; scoring on {run_on.describe()}")
-            job = TopKJob(str(folder), identity, str(input_path), schema, batch_size, k, exclude_seen, str(parts.folder))
+            job = TopKJob(str(folder), identity, str(input_path), schema, batch_size, k, exclude_seen, str(parts.folder),
+                          stream.times)
             records = parts.run(lambda: runner.run(job, pending, str(parts.folder)))
         parts.join(len(partitions))
     counts = summary(records, partitions, time.monotonic() - started, out.path)

@@ -486,3 +486,40 @@ def test_the_import_flag_is_taken_out_of_any_command_and_named_modules_imported(
         user_modules(["serve", "--import", "--model_dir", "m"])
     with pytest.raises(ValueError, match=r"^SESSREC_IMPORT: module 'no_such_module_xyz' cannot be imported"):
         user_modules(["--import", "no_such_module_xyz", "serve"])
+
+
+def test_a_class_of_the_script_being_run_is_refused_at_save_with_nothing_written(tmp_path):
+    """A saved config names a class by its module, and ``__main__`` is another module in every other process:
+    a model or pipeline holding a class the running script defines is refused when saved, in one line."""
+    import subprocess
+
+    script = f"""
+import torch
+import numpy as np, pyarrow as pa
+from sessrec.data import ItemVocab
+from sessrec.models import CausalLanguageModeling, GRU4RecEncoder
+from sessrec.pipeline import Pipeline, SessionModelRetriever
+from sessrec.tasks import NextItemTask
+
+class MyGRU(GRU4RecEncoder):
+    pass
+
+vocab = ItemVocab.fit(pa.array(np.arange(1, 12)))
+task = NextItemTask(num_items=len(vocab), max_length=5, encoder=MyGRU(d_model=8), objective=CausalLanguageModeling())
+task.vocab = vocab
+for save in (lambda: task.recommender().save_pretrained({str(tmp_path / 'model')!r}),
+             lambda: Pipeline(vocab, {{"model": (SessionModelRetriever(task.model, task.objective), 5)}},
+                              max_length=5).save_pretrained({str(tmp_path / 'pipeline')!r})):
+    try:
+        save()
+    except ValueError as err:
+        print(err)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    tail = (": MyGRU is defined in the script being run (__main__), which no other process can import to read the "
+            "saved model; define it in a module and import it from there (the sessrec command: --import MODULE)")
+    assert out.stdout.splitlines() == [f"{tmp_path / 'model' / 'config.json'}: model.init_args.encoder{tail}",
+                                       f"{tmp_path / 'pipeline' / 'pipeline.json'}: retrievers[0].config.init_args.model"
+                                       f".init_args.encoder{tail}"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -40,7 +40,7 @@ from sessrec.saved.directory import (
     vocabulary_record,
     write_description,
 )
-from sessrec.saved.registry import ConfigError, config_of
+from sessrec.saved.registry import ConfigError, check_saveable, config_of
 
 FORMAT, VERSION = "sessrec.model", 5
 CONFIG, WEIGHTS, VOCAB, FEATURES = "config.json", "model.safetensors", "vocab.parquet", "features.npz"
@@ -113,6 +113,7 @@ def write_model_directory(
     config = {"format": FORMAT, "version": VERSION, **sections, "vocab": vocabulary_record(vocab)}
     if side_transform is not None:
         config["side_features"] = config_of(side_features if side_features is not None else side_transform.config)["init_args"]
+    check_saveable(config, str(Path(directory) / CONFIG))
     tensors = {k: v.detach().cpu().contiguous().clone() for k, v in weights.items()}
 
     def write(tmp: Path) -> None:

@@ -69,7 +69,7 @@ from sessrec.saved.directory import (
     vocabulary_record,
     write_description,
 )
-from sessrec.saved.registry import ConfigError, check_integers, config_of, instantiate
+from sessrec.saved.registry import ConfigError, check_integers, check_saveable, config_of, instantiate
 
 FORMAT, VERSION = "sessrec.pipeline", 4
 HISTORY_LENGTH = 200  # events of a session kept for the filters of everything seen, by default
@@ -358,6 +358,7 @@ class Pipeline:
             spec["ordering"] = stage(self.ordering, "ordering")
             self.vocab.save(tmp / "vocab.parquet")
             spec["vocab"] = vocabulary_record(self.vocab)
+            check_saveable(spec, str(Path(directory) / "pipeline.json"))
             parts = [p.name for p in tmp.iterdir() if p.name != "pipeline.json"]
             write_description(tmp, "pipeline.json", describe(tmp, spec, parts))
 

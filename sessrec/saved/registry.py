@@ -199,6 +199,27 @@ class ConfigError(ValueError):
         return ConfigError(source, f"{prefix}.{self.key}" if self.key else prefix, self.problem)
 
 
+def check_saveable(config: Any, source: str, key: str = "") -> None:
+    """Refuse to save a config that names a class defined in ``__main__`` (the script or notebook being
+    run): a saved config names a class by its module, and no other process can import that one.
+
+    Raises:
+        ConfigError: the first such class, with its key path, in one line.
+    """
+    if isinstance(config, Mapping):
+        name = config.get("class_path")
+        if isinstance(name, str) and name.startswith("__main__."):
+            raise ConfigError(source, key or "config", (
+                f"{name.partition('.')[2]} is defined in the script being run (__main__), which no other process can "
+                "import to read the saved model; define it in a module and import it from there (the sessrec command: "
+                "--import MODULE)"))
+        for k, v in config.items():
+            check_saveable(v, source, _child(key, k) if key else str(k))
+    elif isinstance(config, (list, tuple)):
+        for i, v in enumerate(config):
+            check_saveable(v, source, f"{key}[{i}]")
+
+
 # -- resolution ------------------------------------------------------------------------------------
 NOTHING = object()  # the annotation of a place that holds plain data only: no class may be built there
 

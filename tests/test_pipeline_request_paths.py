@@ -193,3 +193,37 @@ def test_every_group_the_rows_can_give_by_default_and_a_listed_group_they_cannot
         fitted_names(listed, covisitation=False, times=True)
     with pytest.raises(ValueError, match=r"lists \['covisitation', 'time'\], .* time: the ranker's rows carry no event times"):
         fitted_names(listed, covisitation=False, times=False)
+
+
+def test_dense_and_sparse_grids_are_each_columns_value_cast_to_their_dtype_at_the_filled_slots_and_0_elsewhere() -> None:
+    g, rng = torch.Generator().manual_seed(3), np.random.default_rng(3)
+    items = torch.randint(1, 50, (4, 6), generator=g)
+    items[1] = 0  # a session without candidates
+    items[2, 4:] = 0
+    cands = Candidates(items)
+    m = int(cands.valid.sum())
+    raw = {"z_score": torch.randn(4, 6, generator=g), "a_wide": torch.randn(4, 6, generator=g, dtype=torch.float64),
+           "m_shared": torch.rand(4, 1, generator=g).expand(4, 6),  # a session's value, as the context columns are
+           "k_slots": torch.randn(m, generator=g, dtype=torch.float64)}
+    fitted = {"b_host": rng.standard_normal(m), "y_count": rng.integers(2**53, 2**62, m),  # int64 -> float32 rounds
+              "c_half": rng.standard_normal(m).astype(np.float32), "cross": rng.integers(0, 9, m)}
+    frame = {"last_item": rng.integers(0, 50, m)}
+    out = CandidateFeatures(groups=["retrievers", "ids"])._assemble(cands, raw, fitted, frame)
+    names = sorted(n for n in [*raw, *fitted] if n != "cross")
+    assert out.names == names
+    expected = np.zeros((4, 6, len(names)), dtype=np.float32)  # the reference: slot by slot, column by column
+    cross, last = np.zeros((4, 6), dtype=np.int64), np.zeros((4, 6), dtype=np.int64)
+    slot = 0
+    for b in range(4):
+        for k in range(6):
+            if not cands.valid[b, k]:
+                continue
+            for j, name in enumerate(names):
+                column = raw[name] if name in raw else fitted[name]
+                value = column[slot] if (name in fitted or column.dim() == 1) else column[b, k]
+                expected[b, k, j] = np.float32(value.item() if isinstance(value, torch.Tensor) else value)
+            cross[b, k], last[b, k] = fitted["cross"][slot], frame["last_item"][slot]
+            slot += 1
+    assert out.dense.dtype == torch.float32 and np.array_equal(out.dense.numpy().view(np.int32), expected.view(np.int32))
+    assert np.array_equal(out.sparse["cross"].numpy(), cross) and np.array_equal(out.sparse["last_item"].numpy(), last)
+    assert torch.equal(out.sparse["item"], items)

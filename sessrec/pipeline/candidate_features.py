@@ -387,16 +387,11 @@ class CandidateFeatures(Configurable):
         """The scorer's grids: the dense columns written into one (B, K, F) tensor, 0 at empty slots."""
         valid = candidates.valid
         b, k = valid.shape
-
-        def grid(values: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-            out = torch.zeros(b, k, dtype=dtype, device=valid.device)
-            out[valid] = torch.as_tensor(np.asarray(values), device="cpu").to(valid.device, dtype)
-            return out
-
         columns = self._dense_columns(raw, fitted)
         names = sorted(columns)
-        # the (B, K) grids' filled slots gathered at once, the host's (M,) columns as one matrix, each written into
-        # its place among the (M, F) rows, and the rows into the (B, K, F) grid
+        # column-major: the (B, K) grids stacked into the first rows of one (F, B K) block, the empty slots zeroed at
+        # once, the (M,) columns (the host's as one matrix) written at the filled slots of the other rows, and the
+        # block transposed once, its rows taken in name order
         grids = [n for n in names if isinstance(columns[n], torch.Tensor) and columns[n].dim() == 2]
         slots = [n for n in names if isinstance(columns[n], torch.Tensor) and columns[n].dim() == 1]
         host = [n for n in names if not isinstance(columns[n], torch.Tensor)]
@@ -404,20 +399,34 @@ class CandidateFeatures(Configurable):
         for name in slots + host:
             if len(columns[name]) != m:
                 raise ValueError(f"a column over the filled slots has {len(columns[name])} values for {m} slots")
-        at = {name: i for i, name in enumerate(names)}
-        rows = torch.empty(m, len(names), device=valid.device)
+        block = torch.empty(len(names), b * k, device=valid.device)
         if grids:
-            rows[:, [at[n] for n in grids]] = torch.stack([columns[n].to(torch.float32) for n in grids], dim=2)[valid]
-        if slots:
-            rows[:, [at[n] for n in slots]] = torch.stack([columns[n].to(valid.device, torch.float32) for n in slots], dim=1)
-        if host:
-            matrix = np.empty((m, len(host)), dtype=np.float32)
-            for i, name in enumerate(host):
-                matrix[:, i] = np.asarray(columns[name])
-            rows[:, [at[n] for n in host]] = torch.from_numpy(matrix).to(valid.device)
-        dense = torch.zeros(b, k, len(names), device=valid.device)
-        if names:
-            dense[valid] = rows
+            f32 = lambda c: c if c.dtype == torch.float32 else c.to(torch.float32)  # noqa: E731
+            torch.stack([f32(columns[n]) for n in grids], out=block[: len(grids)].view(len(grids), b, k))
+        if m < b * k:
+            block.masked_fill_(~valid.reshape(-1), 0.0)
+        filled = valid.reshape(-1).nonzero().squeeze(1)  # (M,) the filled slots' positions in the flattened grid
+
+        def grid(values: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+            out = torch.zeros(b * k, dtype=dtype, device=valid.device)
+            out.index_copy_(0, filled, torch.as_tensor(np.asarray(values), device="cpu").to(valid.device, dtype))
+            return out.view(b, k)
+
+        if slots or host:
+            parts = [torch.stack([columns[n].to(valid.device, torch.float32) for n in slots])] if slots else []
+            if host:
+                matrix = np.empty((len(host), m), dtype=np.float32)
+                for i, name in enumerate(host):
+                    matrix[i] = np.asarray(columns[name])
+                parts.append(torch.from_numpy(matrix).to(valid.device))
+            block[len(grids) :].index_copy_(1, filled, parts[0] if len(parts) == 1 else torch.cat(parts))
+        order = grids + slots + host
+        if order == names:
+            dense = block.t().contiguous().view(b, k, len(names))
+        else:
+            at = {name: i for i, name in enumerate(order)}
+            rows = torch.tensor([at[n] for n in names], device=valid.device)
+            dense = block.t().index_select(1, rows).view(b, k, len(names))
         sparse: dict[str, torch.Tensor] = {}
         cardinality: dict[str, int] = {}
         if "cross" in fitted:

@@ -54,6 +54,7 @@ from sessrec.pipeline.retrieval.covisitation import CoVisitation
 from sessrec.pipeline.retrieval.index import ExactIndex, FaissIndex
 from sessrec.pipeline.retrieval.session_model_retriever import SessionModelRetriever
 from sessrec.pipeline.scoring import BlendScorer, DLRMScorer, GBDTScorer
+from sessrec.pipeline.scoring.gbdt_scorer import HostRows
 from sessrec.pipeline_training.fitting import fit_ranker
 from sessrec.tasks import NextItemTask, SessionDataModule
 
@@ -124,9 +125,10 @@ def recommend_in_stages(pipe: Pipeline, sessions, k: int, lap) -> object:
         inputs = pipe.ranking_inputs(sessions, cands)
         lap("features")
         blend = pipe.scorer if isinstance(pipe.scorer, BlendScorer) else None
-        valid, scores = inputs.valid, []
+        valid, scores, rows = inputs.valid, [], None
         for i, member in enumerate(blend.scorers if blend else [pipe.scorer]):
-            scores.append(member.score(inputs))
+            rows = HostRows.of(inputs, rows)  # the tree members' host rows, prepared once as in `BlendScorer.score`
+            scores.append(BlendScorer.member_score(member, inputs, rows))
             lap(f"rank_{i}_{type(member).__name__}")
             if blend and i == 0:  # a shortlist: the other members score the first one's best candidates only
                 inputs = blend.narrow(inputs, scores[0])

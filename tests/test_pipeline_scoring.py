@@ -6,6 +6,7 @@ Shape letters: B sessions, K candidates, F dense features.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from statistics import NormalDist
 
@@ -404,6 +405,29 @@ def test_blend_of_dlrm_and_lightgbm_saves_and_loads_through_its_config(fitted) -
     assert torch.equal(loaded.score(inputs), blend.score(inputs))
     with pytest.raises(ValueError, match=r"holds members \['0'\], its config 2 scorers"):
         instantiate(config, expected=Scorer, source="test").load_state_dict({"scorers": {"0": {}}})
+
+
+@pytest.mark.parametrize("shortlist", [None, 3])
+def test_the_blends_tree_members_prepare_their_host_rows_once_and_score_as_each_alone(fitted, shortlist, monkeypatch) -> None:
+    pytest.importorskip("lightgbm")
+    pytest.importorskip("onnxruntime")
+    from sessrec.pipeline.scoring.tree_ensemble import TreeEnsemble
+
+    dlrm, inputs, labels = fitted
+    trees = [GBDTScorer(max_rounds=8, threads=1, min_data_in_leaf=5, seed=seed).fit(inputs, labels) for seed in (0, 1)]
+    assert all(tree.trees is not None for tree in trees)
+    blend = BlendScorer([dlrm, *trees], shortlist=shortlist)
+    valid = inputs.valid.clone()
+    valid[::7, 3:] = False  # sessions with fewer candidates
+    inputs = dataclasses.replace(inputs, valid=valid)
+    alone, narrowed = [dlrm.score(inputs)], blend.narrow(inputs, dlrm.score(inputs))
+    alone += [tree.score(narrowed) for tree in trees]  # each member gathering and preparing its own rows
+    prepared = []
+    real_rows = TreeEnsemble.rows
+    monkeypatch.setattr(TreeEnsemble, "rows", lambda self, x: prepared.append(len(x)) or real_rows(self, x))
+    shared = blend.score(inputs)
+    assert prepared == [int(narrowed.valid.sum())]  # once for the two tree members
+    assert torch.equal(shared, blend.combine(alone, inputs.valid)) and bool(torch.isfinite(shared[valid]).all())
 
 
 # ------------------------------------------------------------------------------ rows read in chunks

@@ -179,8 +179,8 @@ def test_the_scorer_runs_its_trees_on_torchs_threads(fitted, monkeypatch: pytest
     expected = fitted.score(inputs)  # one thread: the 1,540 rows are under ROWS_PER_THREAD
     monkeypatch.setattr(gbdt_scorer, "ROWS_PER_THREAD", 500)  # 1 + 1,540 // 500 = 4 threads, at most torch's 3
     asked = []
-    predict = TreeEnsemble.predict
-    monkeypatch.setattr(TreeEnsemble, "predict", lambda self, x, threads=1: asked.append(threads) or predict(self, x, threads))
+    run = TreeEnsemble.run
+    monkeypatch.setattr(TreeEnsemble, "run", lambda self, rows, threads=1: asked.append(threads) or run(self, rows, threads))
     monkeypatch.setattr(fitted.booster, "predict", lambda *a, **k: pytest.fail("LightGBM scored rows the trees reproduce"))
     before = torch.get_num_threads()
     torch.set_num_threads(3)

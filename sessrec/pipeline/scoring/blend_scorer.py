@@ -26,7 +26,7 @@ import torch
 
 from sessrec.pipeline.candidate_features import RankingInputs
 from sessrec.pipeline.scoring.dlrm_scorer import DLRMScorer
-from sessrec.pipeline.scoring.gbdt_scorer import GBDTScorer
+from sessrec.pipeline.scoring.gbdt_scorer import GBDTScorer, HostRows
 from sessrec.pipeline.scoring.scorer import RankerRows, Scorer
 from sessrec.saved.registry import check_integers
 
@@ -90,12 +90,19 @@ class BlendScorer(Scorer):
         return self
 
     def score(self, inputs: RankingInputs) -> torch.Tensor:
-        valid, scores = inputs.valid, []
+        """(B, K) blended scores; the tree members read the host rows of their inputs prepared once (`HostRows`)."""
+        valid, scores, rows = inputs.valid, [], None
         for i, (scorer, weight) in enumerate(zip(self.scorers, self.weights)):
-            scores.append(scorer.score(inputs) if weight > 0 or (i == 0 and self.shortlist) else None)
+            rows = HostRows.of(inputs, rows)
+            scores.append(self.member_score(scorer, inputs, rows) if weight > 0 or (i == 0 and self.shortlist) else None)
             if i == 0:
                 inputs = self.narrow(inputs, scores[0])
         return self.combine(scores, valid)
+
+    @staticmethod
+    def member_score(scorer: Scorer, inputs: RankingInputs, rows: HostRows) -> torch.Tensor:
+        """(B, K) scores of member `scorer` on `inputs`, a tree member's on `rows` (`HostRows` of `inputs`)."""
+        return scorer.score(inputs, rows) if isinstance(scorer, GBDTScorer) else scorer.score(inputs)
 
     def shortlisted(self, first: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """(B, K) the `valid` slots among the `shortlist` best of the first member's (B, K) scores `first`

@@ -21,6 +21,39 @@ from sessrec.saved.registry import check_integers, check_numbers
 ROWS_PER_THREAD = 20_000  # candidate rows per scoring thread: a request's few hundred take one
 
 
+class HostRows:
+    """The valid rows of one `RankingInputs` on the host, as the tree members of a blend read them: gathered
+    (`x`, (N, F) float32) and prepared for the trees (`trees`, `TreeEnsemble.rows`) once, however many members
+    score them.
+
+    Args:
+        inputs: the rows' inputs; `of` gives a new `HostRows` for other inputs.
+    """
+
+    def __init__(self, inputs: RankingInputs) -> None:
+        self.inputs = inputs
+        self._x: np.ndarray | None = None
+        self._trees: np.ndarray | None = None
+
+    @classmethod
+    def of(cls, inputs: RankingInputs, rows: HostRows | None) -> HostRows:
+        """`rows` when it holds the rows of `inputs`, else new ones."""
+        return rows if rows is not None and rows.inputs is inputs else cls(inputs)
+
+    @property
+    def x(self) -> np.ndarray:
+        """(N, F) float32: the dense features of the valid slots, row-major."""
+        if self._x is None:
+            self._x = self.inputs.dense[self.inputs.valid].cpu().numpy()  # the trees predict on the host
+        return self._x
+
+    def trees(self, ensemble: TreeEnsemble) -> np.ndarray:
+        """`x` prepared for the trees (`TreeEnsemble.rows`), once for every ensemble."""
+        if self._trees is None:
+            self._trees = ensemble.rows(self.x)
+        return self._trees  # an ensemble of another width refuses them (`TreeEnsemble.run`)
+
+
 def _lightgbm():
     try:
         import lightgbm
@@ -99,15 +132,18 @@ class GBDTScorer(Scorer):
         self._trees = TreeEnsemble.of(self.booster, self.best_round)
         return self
 
-    def score(self, inputs: RankingInputs) -> torch.Tensor:
+    def score(self, inputs: RankingInputs, rows: HostRows | None = None) -> torch.Tensor:
+        """(B, K) scores, -inf at empty slots; `rows`: the valid rows of these `inputs` on the host, shared with
+        the other tree members of a blend (`BlendScorer`), prepared there once."""
         if self.booster is None:
             raise RuntimeError("GBDTScorer is not fitted")
         out = torch.full(inputs.valid.shape, float("-inf"), device=inputs.valid.device)
-        x = inputs.dense[inputs.valid].cpu().numpy()  # LightGBM predicts on the host
+        rows = HostRows.of(inputs, rows)
+        x = rows.x
         if len(x):
             threads = min(torch.get_num_threads(), 1 + len(x) // ROWS_PER_THREAD)  # one for a request's rows
             trees = self.trees
-            predicted = (trees.predict(x, threads) if trees is not None
+            predicted = (trees.run(rows.trees(trees), threads) if trees is not None
                          else self.booster.predict(x, num_iteration=self.best_round, num_threads=threads))
             out[inputs.valid] = torch.from_numpy(predicted).to(out.device, torch.float32)
         return out

@@ -125,15 +125,28 @@ class TreeEnsemble:
         return cls(dump) if cls.exact(dump) else None
 
     def predict(self, x: np.ndarray, threads: int = 1) -> np.ndarray:
-        """(N,) float64: the sum of the trees' leaves of each of the (N, F) rows `x`, as LightGBM's `predict`.
+        """(N,) float64: the sum of the trees' leaves of each of the (N, F) rows `x`, as LightGBM's `predict`:
+        `run` of the `rows` of `x`."""
+        return self.run(self.rows(x), threads)
 
-        With `threads` > 1 the rows are split into that many runs of the session at once (onnxruntime
-        releases the GIL), each row scored by one of them: the same floats as on one thread.
-        """
+    def rows(self, x: np.ndarray) -> np.ndarray:
+        """The (N, F) rows `x` as the trees read them: a float64 copy whose near-zeros are 0 (the same for any
+        ensemble of F features: several ensembles may `run` one preparation)."""
         if x.ndim != 2 or x.shape[1] != self.num_features:
             raise ValueError(f"the trees read {self.num_features} features, got rows of shape {tuple(x.shape)}")
         rows = np.array(x, dtype=np.float64)  # a copy: its near-zeros are zeroed
         rows[np.abs(rows) <= ZERO] = 0.0
+        return rows
+
+    def run(self, rows: np.ndarray, threads: int = 1) -> np.ndarray:
+        """(N,) float64: the sum of the trees' leaves of each of the (N, F) prepared `rows` (`rows`).
+
+        With `threads` > 1 the rows are split into that many runs of the session at once (onnxruntime
+        releases the GIL), each row scored by one of them: the same floats as on one thread.
+        """
+        if rows.ndim != 2 or rows.shape[1] != self.num_features or rows.dtype != np.float64:
+            raise ValueError(f"the trees run float64 rows of {self.num_features} features (TreeEnsemble.rows), "
+                             f"got {rows.dtype} rows of shape {tuple(rows.shape)}")
         parts = np.array_split(rows, max(1, min(threads, len(rows))))
         if len(parts) == 1:
             return self.session.run({"x": rows})[0][:, 0]

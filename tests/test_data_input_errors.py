@@ -240,6 +240,85 @@ def test_every_reader_reads_the_same_markers_as_a_missing_id(tmp_path, reader, m
         READERS[reader](path)
 
 
+MARKER_READERS = {name: ID_READERS[name] for name in ("read_events", "scan_events", "ScoringStream", "dask piece")}
+
+
+@pytest.mark.parametrize("reader", list(MARKER_READERS))
+@pytest.mark.parametrize("column", ["sid", "iid"])
+@pytest.mark.parametrize("marker", ["N/A", "n/a", "#N/A", "NULL", "<NA>", "none", " NA "])
+def test_a_missing_value_marker_in_an_id_column_is_refused_by_every_reader_naming_it(tmp_path, reader, column, marker):
+    """``N/A`` among integer ids made the column text: the training readers read it as a session or an item named
+    'N/A' and exited 0; refused naming the file, the column, the marker and its row, with integer or text ids."""
+    for string_ids in (False, True):
+        rows = event_lines(12) if not string_ids else [[f"s{s}", f"i{i}", t] for s, i, t in event_lines(12)]
+        rows[9][["sid", "iid"].index(column)] = marker
+        path = write_csv(tmp_path / f"events{int(string_ids)}.csv", rows)
+        with pytest.raises(SchemaError) as err:
+            if string_ids and reader != "dask piece":
+                schema = Schema(session_id="sid", item_id="iid", timestamp="ts", string_ids=True)
+                {"read_events": lambda: read_events(path, schema), "scan_events": lambda: list(scan_events(path, schema)),
+                 "ScoringStream": lambda: list(ScoringStream(path, ItemVocab.fit(pa.array([f"i{i}" for i in range(1, 51)])),
+                                                             schema))}[reader]()
+            else:
+                MARKER_READERS[reader](path)
+        where = f"{path} (the lines from byte 0)" if reader == "dask piece" else str(path)
+        assert str(err.value) == f"{where}: column {column!r} has a missing id {marker!r} at row 9; drop or fill those rows"
+
+
+@pytest.mark.parametrize("reader", ["read_events", "scan_events", "ScoringStream"])
+@pytest.mark.parametrize("marker", ["nan", "NaN", "-nan"])
+def test_a_nan_among_integer_ids_is_refused_as_a_missing_id(tmp_path, reader, marker):
+    rows = event_lines(12)
+    rows[9][1] = marker
+    path = write_csv(tmp_path / "events.csv", rows)
+    with pytest.raises(SchemaError) as err:
+        READERS[reader](path)
+    expected = f"{path}: column 'iid' has a null id at row 9" if marker == "NaN" else (
+        f"{path}: column 'iid' has a missing id (NaN) at row 9")
+    assert str(err.value) == expected + "; drop or fill those rows"
+
+
+def test_missing_ids_of_a_parquet_file_are_refused_naming_the_row(tmp_path):
+    path = tmp_path / "events.parquet"
+    table = pa.table({"sid": [0, 0, 1, 1], "iid": [1.0, 2.0, float("nan"), 4.0], "ts": [1.7e9 + i for i in range(4)]})
+    pq.write_table(table, path)
+    with pytest.raises(SchemaError) as err:
+        read_events(path, SCHEMA)
+    assert str(err.value) == f"{path}: column 'iid' has a missing id (NaN) at row 2; drop or fill those rows"
+    pq.write_table(table.set_column(0, "sid", pa.array(["a", "a", "N/A", "b"])).set_column(1, "iid", pa.array([1, 2, 3, 4])),
+                   path)
+    with pytest.raises(SchemaError) as err:
+        read_events(path, SCHEMA)
+    assert str(err.value) == f"{path}: column 'sid' has a missing id 'N/A' at row 2; drop or fill those rows"
+
+
+def test_text_ids_that_merely_contain_a_marker_and_feature_codes_that_are_markers_still_load(tmp_path):
+    path = tmp_path / "events.csv"
+    path.write_text("sid,iid,ts,kind\n" + "".join(f"{s},{i},{1_700_000_000 + n},{k}\n" for n, (s, i, k) in enumerate([
+        ("nana", "none1", "N/A"), ("nana", "NAN-7", "x"), ("null_s", "n/a/b", "y"), ("null_s", "i", "z")])))
+    schema = Schema(session_id="sid", item_id="iid", timestamp="ts", features=[FeatureSpec("kind")])
+    events = read_events(path, schema)
+    assert events.column("sid").to_pylist() == ["nana", "nana", "null_s", "null_s"]
+    assert events.column("iid").to_pylist() == ["none1", "NAN-7", "n/a/b", "i"]
+    assert events.column("kind").to_pylist() == ["N/A", "x", "y", "z"]
+
+
+def test_fit_on_a_csv_with_a_missing_item_id_marker_exits_naming_it_and_writes_no_model(tmp_path, sessrec_main):
+    rows = event_lines(400)
+    rows[201][1] = "#N/A"
+    path = write_csv(tmp_path / "events.csv", rows)
+    from test_cli_config_errors import DATA, MODEL, TRAINER
+
+    out = tmp_path / "out"
+    source = f"{{class_path: sessrec.data.EventLogSource, init_args: {{path: {path}, test_fraction: 0.2, schema: {{session_id: sid, item_id: iid, timestamp: ts}}}}}}"
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text((TRAINER + MODEL + DATA).replace("OUT", str(out)).replace(DATA.splitlines()[1].split(": ", 1)[1], source))
+    got = sessrec_main("fit", "--config", str(recipe))
+    assert got == (f"sessrec fit: error: {path}: column 'iid' has a missing id '#N/A' at row 201; drop or fill those rows "
+                   "(--traceback for details)"), got
+    assert not out.exists()
+
+
 # ------------------------------------------------------------------------------ leave-one-out's least length
 @pytest.mark.parametrize("min_length", [1, 2])
 def test_a_user_sequence_min_length_below_leave_one_outs_three_is_refused(min_length):

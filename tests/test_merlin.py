@@ -440,6 +440,7 @@ def test_float_item_ids_where_the_schema_says_float_are_refused(tmp_path):
     (None, "has a null id at row 1; drop or fill those rows"),
     (-3, "has a negative id -3 at row 1"),
     (1.5, "has dtype double, expected integer or string ids (example value 1.5 at row 1)"),
+    (float("nan"), "has a missing id (NaN) at row 1; drop or fill those rows"),
 ])
 def test_a_session_id_that_is_no_id_is_refused_naming_file_column_and_row(tmp_path, bad, message):
     """A session id column holding a null, a negative or a fraction was read as it was: sessions without an id, or with

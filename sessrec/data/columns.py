@@ -73,11 +73,26 @@ def check_text(col: pa.ChunkedArray, name: str, source: str, rows: Rows) -> pa.C
     return col.cast(pa.string())
 
 
+MISSING_MARKERS = ("na", "n/a", "#n/a", "#na", "null", "<null>", "nan", "-nan", "<na>", "none", "nil")
+"""What files write for a missing value (compared ignoring case and the spaces around it): an id column holding
+one is refused (`check_id`), never read as an id named ``N/A``."""
+
+MISSING_ADVICE = "drop or fill those rows"
+
+
+def missing_marker(text: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """(E,) bool: the values of a text column that are a missing-value marker (`MISSING_MARKERS`)."""
+    lowered = pc.utf8_lower(pc.utf8_trim_whitespace(text))
+    return pc.is_in(lowered, value_set=pa.array(MISSING_MARKERS)).fill_null(False).to_numpy(zero_copy_only=False)
+
+
 def check_id(
-    table: pa.Table, name: str, source: str, rows: Rows = 0, string_ids: bool = False
+    table: pa.Table, name: str, source: str, rows: Rows = 0, string_ids: bool = False, markers: bool = True
 ) -> pa.ChunkedArray:
     """Column `name` as ids (integers, or text with `string_ids`); a one-line SchemaError naming
-    `source`, the column, a bad value and its file row (`rows`: the first row, or every row's)."""
+    `source`, the column, a bad value and its file row (`rows`: the first row, or every row's). With `markers`
+    (ids of sessions and items, not a feature's codes), a text id that is a missing-value marker (``N/A``,
+    ``NULL``, ``nan``: `MISSING_MARKERS`) and a float NaN are refused as missing ids."""
     col = table.column(name)
     typ = col.type
     if pa.types.is_dictionary(typ):
@@ -104,6 +119,10 @@ def check_id(
                     f"{source}: column {name!r} holds ids that do not fit int64 (e.g. {value} at row {row}, "
                     f"read as {typ}); {BEYOND_INT64}"
                 )
+            nan = bad & np.isnan(values)
+            if markers and nan.any():
+                raise SchemaError(f"{source}: column {name!r} has a missing id (NaN) at row "
+                                  f"{bad_example(col, nan, rows)[1]}; {MISSING_ADVICE}")
             bad = fraction if fraction.any() else bad
         value, row = bad_example(col, bad, rows) if bad.any() else (None, file_row(rows, 0))
         raise SchemaError(
@@ -113,7 +132,7 @@ def check_id(
     nulls = col.is_null().to_numpy(zero_copy_only=False)
     if nulls.any():
         raise SchemaError(
-            f"{source}: column {name!r} has a null id at row {bad_example(col, nulls, rows)[1]}; drop or fill those rows"
+            f"{source}: column {name!r} has a null id at row {bad_example(col, nulls, rows)[1]}; {MISSING_ADVICE}"
         )
     if pa.types.is_signed_integer(typ):
         negative = pc.less(col, 0).to_numpy(zero_copy_only=False)
@@ -131,6 +150,11 @@ def check_id(
                     f"{BEYOND_INT64}"
                 )
         return col.cast(pa.string()) if string_ids else col.cast(pa.int64())
+    if markers:
+        marked = missing_marker(col)
+        if marked.any():
+            value, row = bad_example(col, marked, rows)
+            raise SchemaError(f"{source}: column {name!r} has a missing id {value!r} at row {row}; {MISSING_ADVICE}")
     empty = pc.equal(pc.utf8_length(col), 0).to_numpy(zero_copy_only=False)
     if empty.any():
         raise SchemaError(f"{source}: column {name!r} has an empty string id at row {bad_example(col, empty, rows)[1]}")

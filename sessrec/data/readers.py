@@ -26,7 +26,14 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from sessrec.data import frame
-from sessrec.data.columns import BEYOND_INT64, SchemaError, first_failing_cast, first_not_decimal
+from sessrec.data.columns import (
+    BEYOND_INT64,
+    MISSING_ADVICE,
+    SchemaError,
+    first_failing_cast,
+    first_not_decimal,
+    missing_marker,
+)
 from sessrec.data.schema import Schema
 from sessrec.data.times import (
     PLAUSIBLE_SECONDS,
@@ -177,6 +184,8 @@ def integer_ids(table: pa.Table, names: list[str], source: str, first_row: int =
         bad = first_failing_cast(text, pa.int64())
         if bad is not None:
             value, row = col[bad].as_py(), first_row + bad
+            if missing_marker(text.slice(bad, 1))[0]:
+                raise SchemaError(f"{source}: column {name!r} has a missing id {value!r} at row {row}; {MISSING_ADVICE}")
             if pc.match_substring_regex(text[bad], r"^-?[0-9]+$").as_py():
                 raise SchemaError(f"{source}: column {name!r} holds ids that do not fit int64 (e.g. {value} at row "
                                   f"{row}); {BEYOND_INT64}")

@@ -283,7 +283,7 @@ class Schema:
             if feat.kind == "continuous":
                 out[feat.name] = check_numeric(table, feat.name, source, rows)
             else:
-                out[feat.name] = check_id(table, feat.name, source, rows)
+                out[feat.name] = check_id(table, feat.name, source, rows, markers=False)
         if self.virtual is not None:
             out[VIRTUAL] = pa.array(virtual)
         return pa.table(out)

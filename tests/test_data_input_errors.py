@@ -303,20 +303,37 @@ def test_text_ids_that_merely_contain_a_marker_and_feature_codes_that_are_marker
     assert events.column("kind").to_pylist() == ["N/A", "x", "y", "z"]
 
 
+def event_log_recipe(tmp_path, path, split: str = "test_fraction: 0.2"):
+    """A tiny GRU4Rec recipe on the event log `path` (columns sid, iid, ts), logging under tmp_path/out."""
+    from test_cli_config_errors import DATA, MODEL, TRAINER
+
+    source = (f"{{class_path: sessrec.data.EventLogSource, init_args: {{path: {path}, {split}, "
+              "schema: {session_id: sid, item_id: iid, timestamp: ts}}}")
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text((TRAINER + MODEL + DATA).replace("OUT", str(tmp_path / "out"))
+                      .replace(DATA.splitlines()[1].split(": ", 1)[1], source))
+    return str(recipe)
+
+
 def test_fit_on_a_csv_with_a_missing_item_id_marker_exits_naming_it_and_writes_no_model(tmp_path, sessrec_main):
     rows = event_lines(400)
     rows[201][1] = "#N/A"
     path = write_csv(tmp_path / "events.csv", rows)
-    from test_cli_config_errors import DATA, MODEL, TRAINER
-
-    out = tmp_path / "out"
-    source = f"{{class_path: sessrec.data.EventLogSource, init_args: {{path: {path}, test_fraction: 0.2, schema: {{session_id: sid, item_id: iid, timestamp: ts}}}}}}"
-    recipe = tmp_path / "recipe.yaml"
-    recipe.write_text((TRAINER + MODEL + DATA).replace("OUT", str(out)).replace(DATA.splitlines()[1].split(": ", 1)[1], source))
-    got = sessrec_main("fit", "--config", str(recipe))
+    got = sessrec_main("fit", "--config", event_log_recipe(tmp_path, path))
     assert got == (f"sessrec fit: error: {path}: column 'iid' has a missing id '#N/A' at row 201; drop or fill those rows "
                    "(--traceback for details)"), got
-    assert not out.exists()
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_null_timestamp_given_on_the_command_line_means_no_time_column(tmp_path, sessrec_main):
+    """The command line's parser gave a source's schema the time column 'None' for a null: the fit was refused for a
+    column 'None' missing from the file."""
+    path = write_csv(tmp_path / "events.csv", event_lines(400))
+    got = sessrec_main("fit", "--config", event_log_recipe(tmp_path, path, "test_days: 0.01"),
+                       "--data.source.init_args.schema", "{session_id: sid, item_id: iid, timestamp: null}")
+    assert got == "sessrec fit: error: time_split needs a timestamp column; the schema has none (--traceback for details)"
+    assert not (tmp_path / "out").exists()
+    assert Schema(timestamp="None", order_by="None") == Schema(timestamp=None)
 
 
 # ------------------------------------------------------------------------------ leave-one-out's least length

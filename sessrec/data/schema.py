@@ -136,7 +136,8 @@ class Schema:
     Args:
         session_id: column grouping events into sessions (users, for one-sequence-per-user data).
         item_id: column with the item identifier (non-negative integer or string).
-        timestamp: event time column, or None when the row order within a session is the time order.
+        timestamp: event time column, or None when the row order within a session is the time order (the
+            text ``None``, which the command line gives for a null, is None too).
         time_unit: unit of a numeric ``timestamp`` (``s``, ``ms``, ``us``, ``ns``), or ``datetime`` for
             timestamp/date columns and ISO-8601 strings. Numeric times that this unit places
             outside 1990..2100 are refused with the unit that would fit (milliseconds read as
@@ -144,7 +145,7 @@ class Schema:
             Timestamps, dates and ISO-8601 strings are held to the same rule: before 1970, after
             2100, or before 1990 beside times in 1990..2100 is refused.
         order_by: optional tie-breaking column within a session (e.g. trivago's ``step``,
-            DIGINETICA's ``timeframe``).
+            DIGINETICA's ``timeframe``); None (or the text ``None``) for none.
         features: side-feature columns carried along with the items.
         string_ids: read the session and item id columns of a text file as strings, for ids that
             do not fit int64 (20-digit ids) or that are written with leading zeros (``01050``, which a
@@ -168,6 +169,9 @@ class Schema:
     virtual: VirtualSpec | None = None
 
     def __post_init__(self) -> None:
+        for role in ("timestamp", "order_by"):
+            if getattr(self, role) == "None":  # the command line's parser gives a null of a source's schema as 'None'
+                object.__setattr__(self, role, None)
         if self.time_unit not in get_args(TimeUnit):
             raise ValueError(f"Schema: time_unit must be one of {list(get_args(TimeUnit))}, got {self.time_unit!r}")
         roles = [("session_id", self.session_id), ("item_id", self.item_id)]

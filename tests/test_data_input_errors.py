@@ -4,6 +4,7 @@ validation periods given twice, gzipped logs cut short, one ISO-8601 time among 
 from __future__ import annotations
 
 import gzip
+import logging
 import os
 import re
 
@@ -18,6 +19,7 @@ from sessrec.data.schema import FeatureSpec, Schema, SchemaError, VirtualSpec
 from sessrec.data.sources import EventLogSource, UserSequenceSource
 from sessrec.data.stream import ScoringStream
 from sessrec.data.vocab import ItemVocab
+from sessrec.tasks.session_data import SessionDataModule
 
 SCHEMA = Schema(session_id="sid", item_id="iid", timestamp="ts", time_unit="s")
 
@@ -429,3 +431,68 @@ def test_a_pipeline_without_validation_pairs_is_refused_before_fitting_its_ranke
     assert got.startswith("sessrec fit: error: <sessions> (valid split): no (prefix, next item) pair to score: its 0 "
                           "sessions have none")
     assert not (tmp_path / "pipeline").exists()
+
+
+# ------------------------------------------------------------------------------ targets unknown to a model's vocabulary
+def other_items_log(tmp_path, known_every: int) -> str:
+    """`event_lines(400)` with the items of every session but each `known_every`-th moved to ids 100.. (unknown to
+    items 1..50), a session's first item aside."""
+    rows = [[s, i if n % 4 == 0 or int(s) % known_every == 0 else str(100 + int(i)), t]
+            for n, (s, i, t) in enumerate(event_lines(400))]
+    return write_csv(tmp_path / "other.csv", rows)
+
+
+def unknown_test_targets(path) -> tuple[int, int]:
+    data = SessionDataModule(EventLogSource(path, test_days=0.01, schema=SCHEMA), max_length=8)
+    targets = [items[-1] for items in data.splits.test.column("item_id").to_pylist()]
+    return sum(t > 50 for t in targets), len(targets)
+
+
+@pytest.mark.parametrize("known_every,refused", [(4, True), (2, False), (1, False)])
+def test_a_test_split_mostly_unknown_to_the_models_vocabulary_is_refused_naming_the_share(
+        tmp_path, caplog, known_every, refused):
+    """Evaluated with a model's vocabulary on data of other items, every unknown target counted as a miss and the
+    metrics came out without a word; above --data.max_unknown_targets the split is refused, below it said."""
+    vocab = str(ItemVocab.fit(pa.array(np.arange(1, 51))).save(tmp_path / "vocab.parquet"))
+    path = other_items_log(tmp_path, known_every)
+    unknown, total = unknown_test_targets(path)
+    data = SessionDataModule(EventLogSource(path, test_days=0.01, schema=SCHEMA), max_length=8, vocab_path=vocab)
+    said = f"{path} (test split): {unknown} of {total} targets ({unknown / total:.1%}) are unknown to the model's vocabulary {vocab}"
+    if refused:
+        assert unknown / total > 0.5
+        with pytest.raises(ValueError) as err:
+            data.tensors("test")
+        assert str(err.value) == (f"{said}, above --data.max_unknown_targets 0.5: each counts as a miss, so the metrics "
+                                  "would not measure the model; evaluate it on data of the items it was trained on, or "
+                                  "raise --data.max_unknown_targets")
+        lenient = SessionDataModule(EventLogSource(path, test_days=0.01, schema=SCHEMA), max_length=8, vocab_path=vocab,
+                                    max_unknown_targets=1.0)
+        assert int((lenient.tensors("test")[1] == 1).sum()) == unknown  # OOV targets, each a miss
+        return
+    with caplog.at_level(logging.INFO):
+        targets = data.tensors("test")[1]
+    assert data.stats["test_unknown_targets"] == unknown == int((targets == 1).sum())
+    assert (f"sessrec: {said}; each counts as a miss" in caplog.messages) == bool(unknown)
+
+
+@pytest.mark.parametrize("share", [-0.1, 1.5, "half", True])
+def test_a_max_unknown_targets_outside_zero_to_one_is_refused(share):
+    with pytest.raises(ValueError, match="^" + re.escape(
+            f"SessionDataModule max_unknown_targets must be a share in [0, 1], got {share!r}")):
+        SessionDataModule(max_unknown_targets=share)
+
+
+def test_sessrec_test_of_a_model_on_a_log_of_other_items_is_refused(tmp_path, sessrec_main):
+    path = write_csv(tmp_path / "events.csv", event_lines(400))
+    recipe = event_log_recipe(tmp_path, path, "test_days: 0.01")
+    assert sessrec_main("fit", "--config", recipe) == ""
+    model = next((tmp_path / "out").glob("**/model"))
+    other = other_items_log(tmp_path, 4)
+    unknown, total = unknown_test_targets(other)
+    got = sessrec_main("test", "--config", recipe, "--model_dir", str(model), "--data.source.init_args.path", other)
+    assert got == (f"sessrec test: error: {other} (test split): {unknown} of {total} targets ({unknown / total:.1%}) are "
+                   f"unknown to the model's vocabulary {model / 'vocab.parquet'}, above --data.max_unknown_targets 0.5: "
+                   "each counts as a miss, so the metrics would not measure the model; evaluate it on data of the items "
+                   "it was trained on, or raise --data.max_unknown_targets (--traceback for details)")
+    assert sessrec_main("test", "--config", recipe, "--model_dir", str(model), "--data.source.init_args.path", other,
+                        "--data.max_unknown_targets", "1") == ""

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.utilities import rank_zero_info
 
 from sessrec.data import frame
 from sessrec.data.batch import ITEM_DTYPE
@@ -31,7 +32,7 @@ from sessrec.data.sources import SessionSource, SessionSplits, SyntheticSource
 from sessrec.data.stream import ScoringStream
 from sessrec.data.streaming import StreamedSplits, StreamingLoader, split_files
 from sessrec.data.training_rows import TrainingRows
-from sessrec.data.vocab import NUM_SPECIAL, ItemVocab
+from sessrec.data.vocab import NUM_SPECIAL, OOV, ItemVocab
 from sessrec.features.side_transform import SideFeatureTransform
 from sessrec.saved.checkpoint import as_arrays, as_tensors
 from sessrec.saved.registry import Configurable, check_integers, check_switches
@@ -91,6 +92,9 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
             The (N, L) float64 times of a split are built the first time its batches need them.
         vocab_path: load this fitted vocabulary (a ``vocab.parquet``) instead of fitting one
             (``sessrec test/predict --model_dir`` set it to the model directory's).
+        max_unknown_targets: with `vocab_path`, the largest share of an evaluation split's targets that may be
+            unknown to that vocabulary (each counts as a miss); above it the split is refused, naming the share,
+            as metrics of data the model was not trained for; unknown targets below it are reported.
         features_path: load these fitted side-feature transforms (a ``features.npz``) instead of fitting them.
         predict_path: sessions file to score with ``sessrec predict``.
         predict_schema: column names of `predict_path` (its ``features`` name the side-feature
@@ -119,6 +123,7 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
         side_features: SideFeatures = SideFeatures(),  # noqa: B008 - a config value, never mutated
         times: bool | None = None,
         vocab_path: str | None = None,
+        max_unknown_targets: float = 0.5,
         features_path: str | None = None,
         predict_path: str | None = None,
         predict_schema: Schema = Schema(),  # noqa: B008 - orders events by `timestamp` when the file has it
@@ -156,6 +161,10 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
         self.augment_reversed, self.side_features = augment_reversed, side_features
         self.train_prefixes, self.times = train_prefixes, times
         self.vocab_path, self.predict_path, self.predict_schema = vocab_path, predict_path, predict_schema
+        if isinstance(max_unknown_targets, bool) or not isinstance(max_unknown_targets, (int, float)) or not (
+                0 <= max_unknown_targets <= 1):
+            raise ValueError(f"SessionDataModule max_unknown_targets must be a share in [0, 1], got {max_unknown_targets!r}")
+        self.max_unknown_targets = float(max_unknown_targets)
         self.features_path = features_path
         self._splits: SessionSplits | None = None
         self._vocab: ItemVocab | None = None
@@ -344,6 +353,7 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
         else:
             session, starts, target_at = self._pair_index[split] = self._expand(split, self.eval_protocol, offsets, virtual)
             pad = lambda values, dtype=None: frame.pad_sessions(values, starts, target_at, self.max_length, dtype)
+            self._check_unknown_targets(split, ids[target_at])
             self._tensors[split] = (torch.from_numpy(pad(ids, ITEM_DTYPE)), torch.from_numpy(ids[target_at]))
             self.stats[f"{split}_pairs"] = len(target_at)
         feats = {}
@@ -353,6 +363,22 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
                 padded[:, -1] = 0  # the last input event's look-ahead value would tell about the target
             feats[name] = torch.from_numpy(padded)
         self._features[split] = feats
+
+    def _check_unknown_targets(self, split: str, targets: np.ndarray) -> None:
+        """With a loaded vocabulary (`vocab_path`), refuse an evaluation split whose share of targets unknown to it
+        is above `max_unknown_targets`, and report any below it: each is a miss, whatever the model ranks."""
+        unknown = int(np.count_nonzero(targets == OOV))
+        self.stats[f"{split}_unknown_targets"] = unknown
+        if self.vocab_path is None or not unknown:
+            return
+        share = unknown / len(targets)
+        said = (f"{self.splits.source} ({split} split): {unknown} of {len(targets)} targets ({share:.1%}) are unknown to "
+                f"the model's vocabulary {self.vocab_path}")
+        if share > self.max_unknown_targets:
+            raise ValueError(f"{said}, above --data.max_unknown_targets {self.max_unknown_targets:g}: each counts as a "
+                             "miss, so the metrics would not measure the model; evaluate it on data of the items it was "
+                             "trained on, or raise --data.max_unknown_targets")
+        rank_zero_info(f"sessrec: {said}; each counts as a miss")
 
     def _expand(
         self, split: str, protocol: str, offsets: np.ndarray, virtual: np.ndarray | None

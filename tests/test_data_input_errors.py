@@ -496,3 +496,59 @@ def test_sessrec_test_of_a_model_on_a_log_of_other_items_is_refused(tmp_path, se
                    "it was trained on, or raise --data.max_unknown_targets (--traceback for details)")
     assert sessrec_main("test", "--config", recipe, "--model_dir", str(model), "--data.source.init_args.path", other,
                         "--data.max_unknown_targets", "1") == ""
+
+
+# ------------------------------------------------------------------------------ the dask engine's rows of a CSV file
+def pieces_read(path) -> list:
+    """Every piece of `path` read as the dask engine reads it (`read_piece`), the time samples of those read."""
+    from sessrec.data.prepared.cluster import pieces_of, read_piece
+
+    types = pa.csv.open_csv(path).schema
+    return [read_piece(piece, SCHEMA, None, types)[1] for piece in pieces_of(path)]
+
+
+@pytest.mark.parametrize("written,expected", [
+    ("1700000011100", "has the time 1700000011100.0 at row 300, read with time_unit: s as the year 55,840 (outside "
+                      "1990..2100); fix or drop the rows, or set time_unit to the column's unit"),
+    ("x", "has an unparsable timestamp 'x' at row 300; expected a number of seconds since the epoch (time_unit: s), as "
+          "'1700008880' at row 240 is"),
+])
+def test_the_dask_engine_names_the_file_row_of_a_bad_time_in_a_later_piece(tmp_path, monkeypatch, written, expected):
+    """A CSV file's later byte ranges numbered their rows from their own first line: a bad time was named at row 60 of
+    "the lines from byte 4000"; it is named at its row of the file, as the other readers name it."""
+    from sessrec.data.prepared import cluster
+
+    monkeypatch.setattr(cluster, "PIECE_BYTES", 2000)
+    rows = event_lines(400)
+    rows[300][2] = written
+    path = write_csv(tmp_path / "events.csv", rows)
+    assert len(cluster.pieces_of(path)) > 3
+    with pytest.raises(SchemaError) as err:
+        pieces_read(path)
+    assert str(err.value) == f"{path}: column 'ts' {expected}"
+    with pytest.raises(SchemaError) as streamed:
+        list(scan_events(path, SCHEMA, batch_rows=100))
+    assert str(streamed.value).split(" at row ")[1].startswith("300")
+
+
+def test_the_dask_engine_names_the_file_row_of_times_implausible_beside_other_pieces(tmp_path, monkeypatch):
+    """Pieces each plausible on their own (epoch seconds in one, small relative times in another) are refused together;
+    the refusal named the row of the piece (row 0) as a row of the file."""
+    distributed = pytest.importorskip("distributed")
+    from sessrec.data.prepared import cluster, prepare
+
+    rows = [[s, i, t if n < 240 else str(1000 + n)] for n, (s, i, t) in enumerate(event_lines(400))]
+    path = write_csv(tmp_path / "events.csv", rows)
+    with pytest.raises(SchemaError) as local:
+        list(scan_events(path, SCHEMA, batch_rows=100))
+    expected = (f"{path}: column 'ts' has the time 1240.0 at row 240, read with time_unit: s as the year 1970 (outside "
+                "1990..2100); fix or drop the rows, or set time_unit to the column's unit")
+    assert str(local.value) == expected
+    source = EventLogSource(path, schema=SCHEMA, test_fraction=0.2)
+    out = tmp_path / "prepared"
+    monkeypatch.setattr(cluster, "PIECE_BYTES", 2000)  # pieces each plausible on its own but the one holding row 240
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0") as dask:
+        with pytest.raises(SchemaError) as err:
+            prepare(source, str(out), engine="dask", scheduler=dask.scheduler_address, partitions=2)
+    assert str(err.value) == expected
+    assert not out.exists()

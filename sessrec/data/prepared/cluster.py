@@ -127,10 +127,18 @@ def read_piece(piece: Piece, schema: Schema, delimiter: str | None, column_types
                 where = f"{path} (the lines from byte {piece.start})"
     except (pa.ArrowInvalid, OSError, UnicodeDecodeError) as err:
         raise SchemaError(f"{path}: cannot be read as {'parquet' if _is_parquet(path) else 'CSV'}: {err}") from err
-    table = integer_ids(table, integers, where, piece.first_row)
-    if not table.num_rows:
-        return _empty(schema, table).append_column(ROW, pa.array([], pa.int64())), None
-    events = schema.validate(table, source=where, first_row=piece.first_row)
+    raw = table
+    try:
+        table = integer_ids(table, integers, where, piece.first_row)
+        if not table.num_rows:
+            return _empty(schema, table).append_column(ROW, pa.array([], pa.int64())), None
+        events = schema.validate(table, source=where, first_row=piece.first_row)
+    except SchemaError:
+        if piece.end is None or piece.start == 0:
+            raise
+        first = rows_before(path, piece.start, parse)  # checked again with the rows of the file, as `read_events` names them
+        schema.validate(integer_ids(raw, integers, str(path), first), source=str(path), first_row=first)
+        raise
     rows = (np.int64(piece.index) << np.int64(32)) + np.arange(events.num_rows, dtype=np.int64)
     return events.append_column(ROW, pa.array(rows)), time_sample(table, events, schema, piece.first_row)
 
@@ -139,6 +147,33 @@ def _empty(schema: Schema, table: pa.Table) -> pa.Table:
     """No events, with the columns `Schema.validate` gives."""
     columns = {c: table.column(c) for c in schema.role_columns}
     return pa.table(columns | ({VIRTUAL: pa.array([], pa.bool_())} if schema.virtual is not None else {}))
+
+
+def _row_count(text: bytes, parse: pacsv.ParseOptions) -> int:
+    """The rows Arrow reads from `text` (a header line, then lines of a CSV file), as `read_piece` reads them."""
+    header = pacsv.open_csv(pa.py_buffer(text), parse_options=parse).schema.names[:1]
+    convert = pacsv.ConvertOptions(include_columns=header, column_types={name: pa.string() for name in header})
+    return pacsv.read_csv(pa.py_buffer(text), parse_options=parse, convert_options=convert).num_rows
+
+
+def rows_before(path: Path, start: int, parse: pacsv.ParseOptions) -> int:
+    """The file row of the first line of a CSV file whose first byte lies at or after `start` (the first row of a piece),
+    counted a piece's bytes at a time: only a refusal asks for it, to name the rows of the file."""
+    return sum(_row_count(_lines(path, a, min(a + PIECE_BYTES, start)), parse) for a in range(0, start, PIECE_BYTES))
+
+
+def file_time_samples(path: str, pieces: list[Piece], samples: list[Any], parse: pacsv.ParseOptions) -> list[Any]:
+    """The `time_sample` of each piece (in `pieces`' order) with the rows of the file: a byte range's sample counts
+    its rows from the piece's first."""
+    out, first = [], 0
+    for piece, sample in zip(pieces, samples, strict=True):
+        if sample is not None:
+            out.append((*sample[:2], sample[2] + first, *sample[3:]))
+        else:
+            out.append(None)
+        if piece.end is not None:
+            first += _row_count(_lines(Path(path), piece.start, piece.end), parse)
+    return out
 
 
 def _lines(path: Path, start: int, end: int) -> bytes:
@@ -284,5 +319,11 @@ class DaskEngine:
                                                   by_end)
                      for p, part in enumerate(parts)]
         summaries, samples = client.gather(client.compute([summaries, [sample for _, sample in loaded]]))
-        check_time_samples(samples, source.schema, path)  # the pieces' times, plausible together
+        try:
+            check_time_samples(samples, source.schema, path)  # the pieces' times, plausible together
+        except SchemaError:
+            if column_types is None or len(pieces) == 1:
+                raise
+            check_time_samples(file_time_samples(path, pieces, samples, delim), source.schema, path)  # rows of the file
+            raise
         return list(summaries)

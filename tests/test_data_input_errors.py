@@ -489,11 +489,13 @@ def test_sessrec_test_of_a_model_on_a_log_of_other_items_is_refused(tmp_path, se
     model = next((tmp_path / "out").glob("**/model"))
     other = other_items_log(tmp_path, 4)
     unknown, total = unknown_test_targets(other)
+    before = sorted(p.relative_to(tmp_path) for p in (tmp_path / "out").rglob("*"))
     got = sessrec_main("test", "--config", recipe, "--model_dir", str(model), "--data.source.init_args.path", other)
     assert got == (f"sessrec test: error: {other} (test split): {unknown} of {total} targets ({unknown / total:.1%}) are "
                    f"unknown to the model's vocabulary {model / 'vocab.parquet'}, above --data.max_unknown_targets 0.5: "
                    "each counts as a miss, so the metrics would not measure the model; evaluate it on data of the items "
                    "it was trained on, or raise --data.max_unknown_targets (--traceback for details)")
+    assert sorted(p.relative_to(tmp_path) for p in (tmp_path / "out").rglob("*")) == before  # no run folder of the test
     assert sessrec_main("test", "--config", recipe, "--model_dir", str(model), "--data.source.init_args.path", other,
                         "--data.max_unknown_targets", "1") == ""
 

@@ -81,7 +81,7 @@ READ_EVENTS = [
     ("fractional-id", "events.csv", HEADER + "1,2,0\n1,2.5,1\n", Schema(), SchemaError,
      "column 'item_id' has dtype double, expected integer or string ids \\(example value 2.5 at row 1\\)"),
     ("null-session", "events.csv", HEADER + "1,2,0\n,3,1\n", Schema(), SchemaError,
-     "column 'session_id' has a null id at row 1; drop or fill those rows"),
+     "column 'session_id' has a missing id '' at row 1; drop or fill those rows"),
     ("20-digit-ids-csv", "events.csv", HEADER + f"1,2,0\n1,{BIG},1\n", Schema(), SchemaError,
      (r"column 'item_id' holds ids that do not fit int64 \(e.g. 1.2345678901234567e\+19 at row 1, read as double\); "
       r"read the column as strings \(Schema\(string_ids=True\)")),

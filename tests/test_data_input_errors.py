@@ -234,12 +234,13 @@ def test_a_role_column_the_file_has_twice_is_refused_by_every_reader_naming_it(t
 @pytest.mark.parametrize("reader", ["read_events", "scan_events", "ScoringStream"])
 def test_every_reader_reads_the_same_markers_as_a_missing_id(tmp_path, reader, marker):
     """A session id written ``None`` or ``NaN`` among text ids is missing to the training readers; the scoring stream
-    read it as a session named 'None' and scored it."""
+    read it as a session named 'None' and scored it. Read as null, the refusal names the field's text."""
     rows = [[f"s{sid}", iid, ts] for sid, iid, ts in event_lines(12)]
     rows[9][0] = marker
     path = write_csv(tmp_path / "events.csv", rows)
-    with pytest.raises(SchemaError, match="^" + re.escape(f"{path}: column 'sid' has a null id at row 9; drop or fill")):
+    with pytest.raises(SchemaError) as err:
         READERS[reader](path)
+    assert str(err.value) == f"{path}: column 'sid' has a missing id {marker!r} at row 9; drop or fill those rows"
 
 
 MARKER_READERS = {name: ID_READERS[name] for name in ("read_events", "scan_events", "ScoringStream", "dask piece")}
@@ -247,7 +248,7 @@ MARKER_READERS = {name: ID_READERS[name] for name in ("read_events", "scan_event
 
 @pytest.mark.parametrize("reader", list(MARKER_READERS))
 @pytest.mark.parametrize("column", ["sid", "iid"])
-@pytest.mark.parametrize("marker", ["N/A", "n/a", "#N/A", "NULL", "<NA>", "none", " NA "])
+@pytest.mark.parametrize("marker", ["N/A", "n/a", "#N/A", "NULL", "<NA>", "none", " NA ", "", "NA", "NaN", "null", "None"])
 def test_a_missing_value_marker_in_an_id_column_is_refused_by_every_reader_naming_it(tmp_path, reader, column, marker):
     """``N/A`` among integer ids made the column text: the training readers read it as a session or an item named
     'N/A' and exited 0; refused naming the file, the column, the marker and its row, with integer or text ids."""
@@ -275,7 +276,7 @@ def test_a_nan_among_integer_ids_is_refused_as_a_missing_id(tmp_path, reader, ma
     path = write_csv(tmp_path / "events.csv", rows)
     with pytest.raises(SchemaError) as err:
         READERS[reader](path)
-    expected = f"{path}: column 'iid' has a null id at row 9" if marker == "NaN" else (
+    expected = f"{path}: column 'iid' has a missing id 'NaN' at row 9" if marker == "NaN" else (
         f"{path}: column 'iid' has a missing id (NaN) at row 9")
     assert str(err.value) == expected + "; drop or fill those rows"
 
@@ -554,3 +555,16 @@ def test_the_dask_engine_names_the_file_row_of_times_implausible_beside_other_pi
             prepare(source, str(out), engine="dask", scheduler=dask.scheduler_address, partitions=2)
     assert str(err.value) == expected
     assert not out.exists()
+
+
+@pytest.mark.parametrize("marker", ["NA", "", "N/A"])
+def test_the_dask_engine_names_the_file_row_and_text_of_a_missing_id_in_a_later_piece(tmp_path, monkeypatch, marker):
+    from sessrec.data.prepared import cluster
+
+    monkeypatch.setattr(cluster, "PIECE_BYTES", 2000)
+    rows = event_lines(400)
+    rows[300][1] = marker
+    path = write_csv(tmp_path / "events.csv", rows)
+    with pytest.raises(SchemaError) as err:
+        pieces_read(path)
+    assert str(err.value) == f"{path}: column 'iid' has a missing id {marker!r} at row 300; drop or fill those rows"

@@ -64,7 +64,7 @@ BAD_INPUTS = [
         "null-item",
         csv("session_id,item_id,timestamp\n1,10,0\n1,,1\n"),
         DEFAULT,
-        ["'item_id'", "null id at row 1"],
+        ["'item_id'", "missing id '' at row 1"],
     ),
     (
         "negative-item",
@@ -76,7 +76,7 @@ BAD_INPUTS = [
         "null-session",
         csv("session_id,item_id,timestamp\n1,10,0\nNA,11,1\n"),
         DEFAULT,
-        ["'session_id'", "null id at row 1"],
+        ["'session_id'", "missing id 'NA' at row 1"],
     ),
     (
         "empty-string-item",

@@ -12,6 +12,15 @@ class SchemaError(ValueError):
     """Input data that does not match its `Schema`. The message names file, column and value."""
 
 
+class MissingIdError(SchemaError):
+    """A null id (`check_id`), at file row `row` of `column`: a CSV file's readers name the field's text
+    (`readers.missing_id`), which Arrow read as null."""
+
+    def __init__(self, message: str, column: str, row: int) -> None:
+        super().__init__(message)
+        self.column, self.row = column, row
+
+
 Rows = int | np.ndarray
 """Where the values of a column sit in the file: the file row of the first value (each value one
 row), or an (E,) array of the file row of every value (the flattened values of a list column)."""
@@ -131,9 +140,8 @@ def check_id(
         )
     nulls = col.is_null().to_numpy(zero_copy_only=False)
     if nulls.any():
-        raise SchemaError(
-            f"{source}: column {name!r} has a null id at row {bad_example(col, nulls, rows)[1]}; {MISSING_ADVICE}"
-        )
+        row = bad_example(col, nulls, rows)[1]
+        raise MissingIdError(f"{source}: column {name!r} has a null id at row {row}; {MISSING_ADVICE}", name, row)
     if pa.types.is_signed_integer(typ):
         negative = pc.less(col, 0).to_numpy(zero_copy_only=False)
         if negative.any():

@@ -29,6 +29,7 @@ from sessrec.data import frame
 from sessrec.data.columns import (
     BEYOND_INT64,
     MISSING_ADVICE,
+    MissingIdError,
     SchemaError,
     first_failing_cast,
     first_not_decimal,
@@ -214,7 +215,31 @@ def read_events(path: str | Path, schema: Schema, delimiter: str | None = None) 
     """
     table = read_table(path, delimiter=delimiter, string_columns=schema.text_columns,
                        id_columns=schema.decimal_id_columns)
-    return schema.validate(table, source=str(path))
+    try:
+        return schema.validate(table, source=str(path))
+    except MissingIdError as err:
+        raise missing_id(err, path, delimiter) from err
+
+
+def missing_id(err: MissingIdError, path: str | Path, delimiter: str | None = None, source: str | None = None) -> SchemaError:
+    """The refusal of a null id at a file row (`MissingIdError`), naming the text of a CSV file's field there
+    (an empty field, ``NA``, ``NaN``, ``null`` or ``None``: `NULL_VALUES`, which Arrow reads as null); `err` itself
+    for a parquet file, whose null has no text. `source`: the file as the message names it (None: `path`)."""
+    path = Path(path)
+    if _is_parquet(path):
+        return err
+    parse = pacsv.ParseOptions(delimiter=delimiter or _sniff_delimiter(path))
+    convert = pacsv.ConvertOptions(include_columns=[err.column], column_types={err.column: pa.string()},
+                                   strings_can_be_null=False)
+    seen = 0
+    for batch in pacsv.open_csv(path, read_options=pacsv.ReadOptions(block_size=BLOCK_BYTES), parse_options=parse,
+                                convert_options=convert):
+        if seen + batch.num_rows > err.row:
+            text = batch.column(0)[err.row - seen].as_py()
+            return SchemaError(f"{source or path}: column {err.column!r} has a missing id {text!r} at row {err.row}; "
+                               f"{MISSING_ADVICE}")
+        seen += batch.num_rows
+    return err
 
 
 class _NoGlobals(pickle.Unpickler):
@@ -498,6 +523,8 @@ def scan_events(
         elif row == 0:
             raise SchemaError(f"{path}: the file has no rows")
         check_time_samples(samples, schema, str(path))
+    except MissingIdError as err:
+        raise missing_id(err, path, delimiter) from err
     except (pa.ArrowInvalid, OSError, UnicodeDecodeError) as err:
         raise SchemaError(f"{path}: cannot be read as {'parquet' if _is_parquet(path) else 'CSV'}: {err}") from err
 

@@ -40,7 +40,7 @@ import torch
 
 from sessrec.data import frame
 from sessrec.data.batch import ITEM_DTYPE, SessionBatch
-from sessrec.data.columns import SchemaError, check_id
+from sessrec.data.columns import MissingIdError, SchemaError, check_id
 from sessrec.data.readers import (
     BLOCK_BYTES,
     NULL_VALUES,
@@ -50,6 +50,7 @@ from sessrec.data.readers import (
     float_columns,
     integer_columns,
     integer_ids,
+    missing_id,
 )
 from sessrec.data.schema import FeatureSpec, Schema
 from sessrec.data.side import FittedSideFeatures
@@ -220,7 +221,10 @@ class ScoringStream:
         lists = _is_parquet(self.path) and s.item_id in columns and _is_list(pq.read_schema(self.path).field(s.item_id).type)
         seen, cuts, count, last, end = _SeenIds(), [], 0, None, 0
         for chunk, first in self._chunks([s.session_id]):
-            ids = check_id(chunk, s.session_id, str(self.path), first, s.string_ids)
+            try:
+                ids = check_id(chunk, s.session_id, str(self.path), first, s.string_ids)
+            except MissingIdError as err:
+                raise missing_id(err, self.path) from err
             keys = ids.to_numpy(zero_copy_only=False)
             new = np.ones(len(keys), dtype=bool)
             if not lists:  # the event layout: a session is a run of rows with one id
@@ -261,7 +265,10 @@ class ScoringStream:
                 self._check_new(seen, sessions, first + np.arange(sessions.num_rows), s)
                 yield sessions
                 continue
-            events = s.validate(chunk, source=str(self.path), first_row=first)
+            try:
+                events = s.validate(chunk, source=str(self.path), first_row=first)
+            except MissingIdError as err:
+                raise missing_id(err, self.path) from err
             flags = [frame.VIRTUAL] if frame.VIRTUAL in chunk.column_names and s.virtual is None else []
             for name in [*self.extra, *flags]:
                 if name not in chunk.column_names:

@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from sessrec.data.columns import MissingIdError
 from sessrec.data.periods import SplitPeriods
 from sessrec.data.prepared.dataset import Layout
 from sessrec.data.prepared.local import estimated_event_bytes, partitions_for
@@ -53,6 +54,7 @@ from sessrec.data.readers import (
     float_columns,
     integer_columns,
     integer_ids,
+    missing_id,
     time_sample,
 )
 from sessrec.data.schema import VIRTUAL, Schema, SchemaError
@@ -133,11 +135,16 @@ def read_piece(piece: Piece, schema: Schema, delimiter: str | None, column_types
         if not table.num_rows:
             return _empty(schema, table).append_column(ROW, pa.array([], pa.int64())), None
         events = schema.validate(table, source=where, first_row=piece.first_row)
-    except SchemaError:
+    except SchemaError as err:
         if piece.end is None or piece.start == 0:
+            if isinstance(err, MissingIdError):
+                raise missing_id(err, path, delimiter, where) from err
             raise
         first = rows_before(path, piece.start, parse)  # checked again with the rows of the file, as `read_events` names them
-        schema.validate(integer_ids(raw, integers, str(path), first), source=str(path), first_row=first)
+        try:
+            schema.validate(integer_ids(raw, integers, str(path), first), source=str(path), first_row=first)
+        except MissingIdError as again:
+            raise missing_id(again, path, delimiter) from again
         raise
     rows = (np.int64(piece.index) << np.int64(32)) + np.arange(events.num_rows, dtype=np.int64)
     return events.append_column(ROW, pa.array(rows)), time_sample(table, events, schema, piece.first_row)

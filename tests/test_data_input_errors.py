@@ -568,3 +568,18 @@ def test_the_dask_engine_names_the_file_row_and_text_of_a_missing_id_in_a_later_
     with pytest.raises(SchemaError) as err:
         pieces_read(path)
     assert str(err.value) == f"{path}: column 'iid' has a missing id {marker!r} at row 300; drop or fill those rows"
+
+
+@pytest.mark.parametrize("engine", ["memory", "local"])
+@pytest.mark.parametrize("marker", ["N/A", "NA"])
+def test_prepare_refuses_a_missing_id_naming_it_and_writes_nothing(tmp_path, engine, marker):
+    from sessrec.data.prepared import prepare
+
+    rows = event_lines(400)
+    rows[301][1] = marker
+    path = write_csv(tmp_path / "events.csv", rows)
+    out = tmp_path / "prepared"
+    with pytest.raises(SchemaError) as err:
+        prepare(EventLogSource(path, test_fraction=0.2, schema=SCHEMA), str(out), engine=engine)
+    assert str(err.value) == f"{path}: column 'iid' has a missing id {marker!r} at row 301; drop or fill those rows"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["events.csv"]

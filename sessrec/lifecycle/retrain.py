@@ -238,8 +238,9 @@ def retrain(
 def pair_ranks(task: NextItemTask, splits: SessionSplits, vocab_file: Path) -> PairRanks:
     """The rank of each test session's last item under `task`, read with its vocabulary `vocab_file` and, when its
     encoder reads them, with the sessions' event times (as ``trainer.test`` gives them)."""
+    # every compared model ranks the same pairs: an item it never saw is its miss, which the gate is there to weigh
     pairs = SessionDataModule(LoadedSplits(splits), max_length=int(task.hparams.max_length), eval_protocol=PROTOCOL,
-                              vocab_path=str(vocab_file), times=task.uses_times or None)
+                              vocab_path=str(vocab_file), times=task.uses_times or None, max_unknown_targets=1.0)
     return next_item_ranks(task, pairs)
 
 

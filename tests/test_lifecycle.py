@@ -573,3 +573,22 @@ def test_a_retrain_turn_stopped_by_sigterm_fails_in_one_line(tmp_path, monkeypat
     with pytest.raises(RuntimeError, match=r"^stopped by SIGTERM at step 0 of the candidate's training: nothing was gated "
                                            r"or promoted; run the turn again$"):
         fit_candidate(None, None, tmp_path, "val/ndcg@20", max_epochs=1)
+
+
+def test_the_gate_ranks_a_model_on_a_window_of_items_it_never_saw_as_misses(tmp_path):
+    """A day of new items is what retraining is for: the current model's ranks there are misses to weigh, not a
+    split refused for its unknown targets (as ``sessrec test --model_dir`` refuses one)."""
+    from sessrec.data import SyntheticSource
+    from sessrec.lifecycle.retrain import LoadedSplits, pair_ranks
+
+    splits = SyntheticSource(num_sessions=300, num_items=30).load()
+    vocab = ItemVocab.fit(pa.array(np.arange(1000, 1010)))  # few of the window's items
+    vocab_file = vocab.save(tmp_path / "vocab.parquet")
+    torch.manual_seed(0)
+    task = NextItemTask(num_items=len(vocab), max_length=8, encoder=GRU4RecEncoder(d_model=8),
+                        objective=CausalLanguageModeling()).eval()
+    task.vocab = vocab
+    with pytest.raises(ValueError, match=r"\(test split\): 12 of 15 targets \(80.0%\) are unknown to the model's vocabulary"):
+        SessionDataModule(LoadedSplits(splits), max_length=8, eval_protocol="last", vocab_path=str(vocab_file)).setup("test")
+    ranks = pair_ranks(task, splits, vocab_file)
+    assert len(ranks) == 15 and np.isinf(ranks.ranks).sum() == 12  # the unknown targets are misses

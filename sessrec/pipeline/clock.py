@@ -49,6 +49,8 @@ def _problem(value: float) -> str:
     """Why `value` is not a plausible time in seconds."""
     if math.isnan(value):
         return "not a number"
+    if math.isinf(value):
+        return "infinite"
     if value < 0:
         return "before 1970 (negative)"
     return _LATE

@@ -8,7 +8,7 @@ Routes:
         a list per session, from which the ranker's time features are built) and ``"now"`` (the
         request's time in seconds since the epoch, one or one per session, at which the allow/deny
         windows hold and which nothing else reads; default: each session's last event with
-        ``"times"``, else its arrival) and ``"session_ids"`` (the client's id of each session, which
+        ``"times"``, else its arrival) and ``"session_ids"`` (the client's id of each session, no two alike, which
         only the served log keeps, for ``sessrec monitor``'s join with the events that followed)
         -> ``{"recommendations": [{"item_ids": [...], "scores": [...]}, ...]}``, with an ``x-model-version``
         header: the version that answered every session, else each session's, in order (a canary).

@@ -25,6 +25,7 @@ from sessrec.saved.registry import check_integers
 from sessrec.serving.recommender import Recommender
 
 _FIELDS = {"session", "sessions", "k", "on_unknown", "now", "times", "session_ids"}
+_QUOTED_FIELDS = [f'"{name}"'.encode() for name in sorted(_FIELDS)]
 _LONG_NUMBER = re.compile(rb"\d{19}")  # where an integer may be past 64 bits (|x| >= 10**18 has 19 digits)
 
 
@@ -67,25 +68,24 @@ def parse_request(body: bytes, limits: Limits) -> tuple[Request, list[str] | Non
     it reads as floats), ``NaN`` and ``Infinity``: a body with a run of 19 digits or more, or one
     orjson refuses, is parsed by Python's json, which reads them (`check_request` then refuses an
     id past 64 bits by name) and words the 400 of a body that is not JSON; a body nested deeper than
-    both read is a 400 too.
+    both read is a 400 too. A key given twice in one object (``{"k": 3, "k": 5}``), which orjson reads as its last
+    value, is refused with 422 naming it and its values: a body where a field's quoted name occurs twice, or with an
+    escape in a string, is read by Python's json too, which sees every key.
     """
     try:
         if _LONG_NUMBER.search(body) is not None:  # orjson reads integers past 64 bits as floats
             raise orjson.JSONDecodeError("", "", 0)
         payload = orjson.loads(body)
+        if _may_repeat_a_field(body):  # orjson keeps the last value of a repeated key: the standard parser names it
+            _standard_loads(body)
     except orjson.JSONDecodeError:  # the standard parser decides: the request is read, or refused with its message
-        try:
-            payload = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
-            raise RequestError(400, f"body is not valid JSON: {err}") from None
-        except RecursionError:  # past orjson's 1024 levels, and Python's recursion limit
-            raise RequestError(400, "body nests arrays or objects too deeply to be read; a request nests them "
-                                    "3 deep at most") from None
+        payload = _standard_loads(body)
     if not isinstance(payload, dict):
         raise RequestError(422, f"body must be a JSON object, got {type(payload).__name__}")
     unknown = sorted(set(payload) - _FIELDS)
     if unknown:
-        raise RequestError(422, f"unknown field(s) {unknown}; the fields are {sorted(_FIELDS)}")
+        given = ", ".join(f"{json.dumps(name)}: {short(payload[name])}" for name in unknown)
+        raise RequestError(422, f"unknown field(s) {unknown}; the fields are {sorted(_FIELDS)}; got {given}")
     if ("session" in payload) == ("sessions" in payload):
         raise RequestError(422, 'give either "sessions" (a list of sessions) or "session" (one list of item ids)')
     one = "session" in payload  # one session, and its times as one list
@@ -111,6 +111,39 @@ def parse_request(body: bytes, limits: Limits) -> tuple[Request, list[str] | Non
     return request, _session_ids(payload.get("session_ids"), len(request.sessions), one)
 
 
+def _standard_loads(body: bytes) -> Any:
+    """The body parsed by Python's json; a key given twice in one object is refused (422 naming it and its values),
+    a body that is not JSON or nests too deeply is a 400."""
+    try:
+        return json.loads(body, object_pairs_hook=_once_each)
+    except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
+        raise RequestError(400, f"body is not valid JSON: {err}") from None
+    except RecursionError:  # past orjson's 1024 levels, and Python's recursion limit
+        raise RequestError(400, "body nests arrays or objects too deeply to be read; a request nests them "
+                                "3 deep at most") from None
+
+
+def _may_repeat_a_field(body: bytes) -> bool:
+    """Whether a body may give a field twice: one of the fields' quoted names occurs twice, or a string holds an escape
+    (which may spell a name). Bodies without either are taken as orjson read them."""
+    return b"\\" in body or any(body.count(quoted) > 1 for quoted in _QUOTED_FIELDS)
+
+
+def _once_each(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """The JSON object of `pairs`; a key given more than once is refused with its values, in order (JSON leaves
+    which one counts to the reader: the request would be answered for one of them)."""
+    found = dict(pairs)
+    if len(found) == len(pairs):
+        return found
+    counts: dict[str, int] = {}
+    for key, _ in pairs:
+        counts[key] = counts.get(key, 0) + 1
+    key = next(key for key, _ in pairs if counts[key] > 1)
+    values = ", then ".join(short(value) for name, value in pairs if name == key)
+    times = "twice" if counts[key] == 2 else f"{counts[key]} times"
+    raise RequestError(422, f"field {json.dumps(key)} is given {times} ({values}); give each field once")
+
+
 def check_query(query_string: bytes, route: str = "/recommend") -> None:
     """Refuse a query string on a POST route (``/recommend?k=3``): its settings are the JSON body's fields,
     and a query parameter would go unread. A 422 naming the first parameter and where it goes."""
@@ -125,8 +158,8 @@ def check_query(query_string: bytes, route: str = "/recommend") -> None:
 
 
 def _session_ids(ids: Any, sessions: int, one: bool) -> list[str] | None:
-    """The ``session_ids`` field as text: one id (a string or an integer) per session; with ``session``,
-    one id or a list of one. A string that is no UTF-8 text (an unpaired surrogate, which JSON can write) is
+    """The ``session_ids`` field as text: one id (a string or an integer) per session, no two alike as text (``7`` and
+    ``"7"`` are one id); with ``session``, one id or a list of one. A string that is no UTF-8 text (an unpaired surrogate, which JSON can write) is
     refused: the canary hashes the ids' UTF-8 bytes and the served log writes them."""
     if ids is None:
         return None
@@ -140,7 +173,14 @@ def _session_ids(ids: Any, sessions: int, one: bool) -> list[str] | None:
         if isinstance(value, str) and not is_text(value):
             raise RequestError(422, f"session_ids[{row}] must be text or an integer, got {short(value)} "
                                     "(an unpaired surrogate)")
-    return [str(value) for value in ids]
+    texts = [str(value) for value in ids]
+    first: dict[str, int] = {}
+    for row, text in enumerate(texts):
+        if text in first:  # the served log joins a session to its later events by its id
+            raise RequestError(422, f"session_ids: id {short(ids[row])} is given twice, to session {first[text]} "
+                                    f"({short(ids[first[text]])}) and session {row}; each session needs its own id")
+        first[text] = row
+    return texts
 
 
 

@@ -1,0 +1,98 @@
+"""Request bodies the server must refuse by name rather than answer for one reading of them: a field given twice,
+two sessions under one id, unknown fields, bad ids and bad k (`sessrec.serving.request.parse_request`), on the tiny
+co-visitation pipeline of `tests/test_serve.py`, through FastAPI's TestClient."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+from fastapi.testclient import TestClient
+
+from sessrec.data import SyntheticSource
+from sessrec.pipeline.pipeline import Pipeline
+from sessrec.pipeline.retrieval.covisitation import CoVisitation
+from sessrec.serving.app import build_app
+from sessrec.tasks import SessionDataModule
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def pipe() -> Pipeline:
+    data = SessionDataModule(source=SyntheticSource(num_sessions=400, num_items=60, days=10), max_length=10)
+    train, _ = data.tensors("train")
+    return Pipeline(data.vocab, {"covisitation": (CoVisitation().fit(train, data.num_items), 20)}, max_length=10,
+                    max_candidates=20)
+
+
+@pytest.fixture(scope="module")
+def client(pipe: Pipeline) -> Iterator[TestClient]:
+    with TestClient(build_app(pipe, max_batch_size=8, max_wait_ms=1.0)) as c:
+        yield c
+
+
+def refused(client: TestClient, body: bytes) -> tuple[int, str]:
+    reply = client.post("/recommend", content=body, headers={"content-type": "application/json"})
+    return reply.status_code, reply.json().get("error", reply.json())
+
+
+@pytest.mark.parametrize("body, message", [
+    (b'{"session": [1031], "k": 3, "k": 5}', 'field "k" is given twice (3, then 5); give each field once'),
+    (b'{"session": [1031], "k": 3, "k": 5, "k": 7}', 'field "k" is given 3 times (3, then 5, then 7); give each field once'),
+    (b'{"session": [1031], "session": [1032]}', 'field "session" is given twice ([1031], then [1032]); give each field once'),
+    (b'{"sessions": [[1031]], "on_unknown": "oov", "on_unknown": "error"}',
+     "field \"on_unknown\" is given twice ('oov', then 'error'); give each field once"),
+    (b'{"session": [1031], "k": 3, "\\u006b": 5}', 'field "k" is given twice (3, then 5); give each field once'),
+    # the slow path of orjson's refusals (a 19-digit number) checks too
+    (b'{"session": [1031], "now": 1000000000000000000, "now": 1}',
+     'field "now" is given twice (1000000000000000000, then 1); give each field once'),
+    # a session is a list of ids: an object is refused as such, whatever its keys
+    (b'{"sessions": [{"item_ids": [1031], "item_ids": [1032]}]}', "session 0 must be a list of item ids, got dict"),
+])
+def test_a_field_given_twice_is_refused_naming_it_and_its_values(client, body: bytes, message: str) -> None:
+    assert refused(client, body) == (422, message)
+
+
+def test_bodies_that_only_look_like_repeating_a_field_are_answered(client, pipe) -> None:
+    """An id spelled like a field, or an escape in an id, sends the body through the standard parser, which answers
+    it as orjson does."""
+    vocab_ids = pipe.vocab.raw_ids.slice(2, 2).to_pylist()
+    body = ('{"sessions": [[%d], [%d]], "k": 3, "session_ids": ["k", "a\\"k\\""]}' % tuple(vocab_ids)).encode()
+    reply = client.post("/recommend", content=body)
+    assert reply.status_code == 200
+    assert reply.json()["recommendations"] == pipe.recommend([[vocab_ids[0]], [vocab_ids[1]]], k=3)
+
+
+@pytest.mark.parametrize("ids, message", [
+    (["s1", "s2", "s1"], "session_ids: id 's1' is given twice, to session 0 ('s1') and session 2; each session "
+                         "needs its own id"),
+    ([7, "7", 8], "session_ids: id '7' is given twice, to session 0 (7) and session 1; each session needs its own id"),
+])
+def test_two_sessions_under_one_id_are_refused_naming_the_id_and_both_positions(client, ids, message) -> None:
+    body = {"sessions": [[1031], [1032], [1033]], "k": 3, "session_ids": ids}
+    reply = client.post("/recommend", json=body)
+    assert (reply.status_code, reply.json()) == (422, {"error": message})
+
+
+@pytest.mark.parametrize("body, message", [
+    (b'{"session": [1031], "kk": 3}', "unknown field(s) ['kk']; the fields are ['k', 'now', 'on_unknown', 'session', "
+                                      "'session_ids', 'sessions', 'times']; got \"kk\": 3"),
+    (b'{"session": [1031], "K": 3, "item_ids": [5]}', "unknown field(s) ['K', 'item_ids']; the fields are ['k', 'now', "
+     "'on_unknown', 'session', 'session_ids', 'sessions', 'times']; got \"K\": 3, \"item_ids\": [5]"),
+    (b'{"session": [1031, true]}', "session 0: item ids must be strings or integers, got True"),
+    (b'{"sessions": [[1031], [false]]}', "session 1: item ids must be strings or integers, got False"),
+    (b'{"session": [1031], "k": 0}', "k must be an integer of 1 or more, got 0"),
+    (b'{"session": [1031], "k": -2}', "k must be an integer of 1 or more, got -2"),
+    (b'{"session": [1031], "k": 3.0}', "k must be an integer of 1 or more, got 3.0"),
+    (b'{"session": [1031], "k": false}', "k must be an integer of 1 or more, got False"),
+    (b'{"session": [1031], "now": Infinity}', "now inf is not a time in seconds since the epoch: infinite"),
+    (b'{"session": [1031], "now": -Infinity}', "now -inf is not a time in seconds since the epoch: infinite"),
+    (b'{"session": [1031], "times": [NaN]}', "session 0's event time nan is not a time in seconds since the epoch: "
+                                            "not a number"),
+    (b'{"session": [1031], "times": [Infinity]}', "session 0's event time inf is not a time in seconds since the "
+                                                 "epoch: infinite"),
+])
+def test_unknown_fields_bool_ids_bad_k_and_bad_times_are_refused_naming_the_field_and_value(client, body, message) -> None:
+    assert refused(client, body) == (422, message)

@@ -357,6 +357,13 @@ def test_an_export_that_fails_leaves_the_earlier_export_whole(tmp_path, monkeypa
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
 
 
+def test_an_export_that_fails_into_a_new_folder_leaves_no_folder(tmp_path):
+    """The folders an export created for its output (``out/a/b``) are removed again when it fails."""
+    with pytest.raises(ValueError, match="GRU4RecEncoder cannot be exported to onnx"):
+        export_session_model(session_task("gru4rec_clm").recommender(), tmp_path / "out" / "a", "onnx")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_an_export_removes_the_hidden_folder_of_an_export_killed_on_this_host(tmp_path):
     """A SIGKILL leaves an export's hidden folder behind; the next export into the folder removes it when its
     process is gone, and leaves a live export's (this process's) and another host's alone."""

@@ -4,6 +4,7 @@ and parts that must belong together."""
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -577,3 +578,58 @@ def test_a_write_removes_the_temporary_files_of_writes_killed_on_this_host(tmp_p
     finally:
         live.kill()
         live.wait()
+
+
+def test_a_first_save_removes_the_temporary_folder_of_a_first_save_killed_on_this_host(tmp_path):
+    """A first save killed while it writes (SIGKILL: nothing of it runs again) leaves its temporary folder beside
+    the directory; the next save removes it, as it does any whose process is gone, and leaves a live writer's and
+    another host's alone."""
+    root = tmp_path / "model"
+    pid = os.fork()
+    if pid == 0:  # the killed save: its writer dies halfway through the files
+
+        def die(folder):
+            (folder / "part.txt").write_text("half")
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        write_directory(root, die)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == -signal.SIGKILL
+    host = socket.gethostname()
+    (killed,) = [p.name for p in tmp_path.iterdir()]
+    assert killed.startswith(f".model.tmp-{host}-{pid}-") and not root.exists()
+    live = tmp_path / f".model.tmp-{host}-{os.getpid()}-x1"  # this process: a save in progress
+    elsewhere = tmp_path / ".model.tmp-another-host-1-x2"
+    for stage in (live, elsewhere):
+        stage.mkdir()
+    write_directory(root, write_file("whole"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, elsewhere.name, "model"])
+    assert read_part(root) == "whole"
+
+
+@pytest.mark.parametrize("depth", [0, 3])
+def test_a_failed_first_save_leaves_nothing_it_created(tmp_path, depth):
+    """A writer that raises leaves no temporary folder, no directory and none of the folders above it that the save
+    created; the folders that were there stay."""
+    (tmp_path / "kept").mkdir()
+    root = tmp_path.joinpath("kept", *[f"new{i}" for i in range(depth)], "model")
+
+    def fail(folder):
+        (folder / "part.txt").write_text("half")
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError, match="disk full"):
+        write_directory(root, fail)
+    assert [p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")] == ["kept"]
+
+
+def test_a_failed_first_save_into_an_empty_folder_leaves_the_folder(tmp_path):
+    (tmp_path / "model").mkdir()
+
+    def fail(folder):
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError, match="disk full"):
+        write_directory(tmp_path / "model", fail)
+    assert [p.name for p in tmp_path.iterdir()] == ["model"] and not any((tmp_path / "model").iterdir())

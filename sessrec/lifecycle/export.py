@@ -66,6 +66,7 @@ from sessrec.saved import versions
 from sessrec.saved.atomic import (
     atomic_path,
     fsync_dir,
+    new_folders,
     normal_modes,
     remove_abandoned,
     stage_name,
@@ -283,44 +284,44 @@ def _export(
     features' categories, `side_rules`) beside it and ``model.json`` (recording the vocabulary, the side features'
     rules and `version`). The files are written and checked in a hidden folder inside `out_dir` and moved into place
     only then, ``model.json`` last: an export that fails (an exporter's error, a file that differs from eager
-    PyTorch) leaves `out_dir` as it was, an earlier export in it whole."""
+    PyTorch) leaves `out_dir` as it was, an earlier export in it whole, and no `out_dir` where there was none."""
     if format not in FILES:
         raise ValueError(f"format must be one of {tuple(FILES)}, got {format!r}")
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    remove_abandoned(out, STAGE)
-    stage = Path(tempfile.mkdtemp(prefix=f"{stage_name(STAGE)}-", dir=out))
-    try:
-        path = stage / FILES[format]
-        inputs, outputs = scorer.inputs(), scorer.outputs()
-        with _eval_mode(scorer):
-            try:
-                if format == "onnx":
-                    written_opset = _to_onnx(scorer, example, inputs, outputs, path, opset)
-                else:
-                    written_opset = _to_torchscript(scorer, example, inputs, path)
-            except ModuleNotFoundError:
-                raise  # an extra that is not installed (onnx, onnxscript): the command line names the extra
-            except Exception as err:  # the exporters raise many types; one clear line, with the cause chained
-                raise ValueError(f"{what} cannot be exported to {format}: {first_line(err)}") from err
-            if verify:
-                _verify(path, format, probe, reference(*probe), what)
-        vocab.save(stage / VOCAB)
-        if side is not None:
-            pq.write_table(side[0], stage / SIDE_FEATURES)
-        spec = ExportSpec(format, path.name, written_opset, type(scorer.model).__name__, inputs, outputs,
-                          scorer.describe(), {"file": VOCAB, **vocabulary_record(vocab)},
-                          None if side is None else side[1], version)
-        write_text(path.with_suffix(".json"), json.dumps(asdict(spec), indent=2) + "\n")
-        normal_modes(stage)
-        written = [path.name, VOCAB, *([SIDE_FEATURES] if side is not None else []), path.with_suffix(".json").name]
-        for name in written:  # model.json last
-            os.replace(stage / name, out / name)
-        for other in {*FILES.values(), SIDE_FEATURES} - set(written):  # what an export of another run wrote: replaced too
-            (out / other).unlink(missing_ok=True)
-        fsync_dir(out)
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
+    with new_folders(out):  # a failed export removes the folders it created as well
+        remove_abandoned(out, STAGE)
+        stage = Path(tempfile.mkdtemp(prefix=f"{stage_name(STAGE)}-", dir=out))
+        try:
+            path = stage / FILES[format]
+            inputs, outputs = scorer.inputs(), scorer.outputs()
+            with _eval_mode(scorer):
+                try:
+                    if format == "onnx":
+                        written_opset = _to_onnx(scorer, example, inputs, outputs, path, opset)
+                    else:
+                        written_opset = _to_torchscript(scorer, example, inputs, path)
+                except ModuleNotFoundError:
+                    raise  # an extra that is not installed (onnx, onnxscript): the command line names the extra
+                except Exception as err:  # the exporters raise many types; one clear line, with the cause chained
+                    raise ValueError(f"{what} cannot be exported to {format}: {first_line(err)}") from err
+                if verify:
+                    _verify(path, format, probe, reference(*probe), what)
+            vocab.save(stage / VOCAB)
+            if side is not None:
+                pq.write_table(side[0], stage / SIDE_FEATURES)
+            spec = ExportSpec(format, path.name, written_opset, type(scorer.model).__name__, inputs, outputs,
+                              scorer.describe(), {"file": VOCAB, **vocabulary_record(vocab)},
+                              None if side is None else side[1], version)
+            write_text(path.with_suffix(".json"), json.dumps(asdict(spec), indent=2) + "\n")
+            normal_modes(stage)
+            written = [path.name, VOCAB, *([SIDE_FEATURES] if side is not None else []), path.with_suffix(".json").name]
+            for name in written:  # model.json last
+                os.replace(stage / name, out / name)
+            for other in {*FILES.values(), SIDE_FEATURES} - set(written):  # what an export of another run wrote: replaced too
+                (out / other).unlink(missing_ok=True)
+            fsync_dir(out)
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
     return out / path.name
 
 def _to_onnx(

@@ -4,7 +4,8 @@ and a crash or a power loss leaves the old file or the new one.
 A temporary entry is named for its host and process (`stage_name`), so that the next write into the same place
 removes one that a killed process left behind (`remove_abandoned`).
 
-`lock_folder` gives a folder to one writing process at a time (a run folder, an output's parts).
+`lock_folder` gives a folder to one writing process at a time (a run folder, an output's parts); `new_folders`
+creates the folders a write needs and removes them again when it fails.
 
 `ParquetFile` gives an object that is one table its parquet file, on disk and in a state dict; `digest`
 and `fingerprint` name a file's or a table's content.
@@ -130,6 +131,25 @@ def lock_folder(folder: str | os.PathLike, busy: str) -> int:
         except FileNotFoundError:  # removed by the process that held it
             pass
         os.close(fd)
+
+
+@contextmanager
+def new_folders(folder: str | os.PathLike) -> Iterator[Path]:
+    """Create `folder` and the folders above it that are missing; when the block raises, remove again those it
+    created (innermost first; one that is not empty, where another writer put something meanwhile, is left), so
+    that a failed write leaves no empty folders behind."""
+    folder = Path(folder)
+    missing = [p for p in (folder, *folder.parents) if not p.exists()]
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        yield folder
+    except BaseException:
+        for created in missing:
+            try:
+                created.rmdir()
+            except OSError:  # not empty, or already gone
+                break
+        raise
 
 
 @contextmanager

@@ -57,7 +57,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from sessrec.saved.atomic import fsync_dir, fsync_tree, normal_modes, write_text
+from sessrec.saved.atomic import (
+    fsync_dir,
+    fsync_tree,
+    new_folders,
+    normal_modes,
+    remove_abandoned,
+    stage_name,
+    write_text,
+)
 from sessrec.saved.directory import DESCRIPTIONS, check_folder
 from sessrec.saved.registry import check_integers
 
@@ -185,9 +193,15 @@ def check_writable(directory: str | os.PathLike) -> bool:
 
 
 def _write_plain(directory: Path, write: Callable[[Path], Any]) -> Path:
-    """Write a new directory under a temporary sibling name, fsync it, rename it into place."""
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    _write_folder(Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent)), write, directory)
+    """Write a new directory under a temporary sibling name (``.<name>.tmp-<host>-<pid>-<random>``, `stage_name`),
+    fsync it, rename it into place. A temporary folder of `directory` whose writer was killed on this host is
+    removed first (`remove_abandoned`); a write that fails removes its own and the folders above `directory` it
+    created (`new_folders`)."""
+    prefix = f".{directory.name}.tmp-"
+    with new_folders(directory.parent):
+        remove_abandoned(directory.parent, prefix)
+        staging = Path(tempfile.mkdtemp(prefix=f"{stage_name(prefix)}-", dir=directory.parent))
+        _write_folder(staging, write, directory)
     return directory
 
 
@@ -198,9 +212,15 @@ def _write_folder(staging: Path, write: Callable[[Path], Any], target: Path) -> 
         write(staging)
         normal_modes(staging)  # mkdtemp's 0700 and safetensors' 0600 would make the model private to this user
         fsync_tree(staging)
-        if target.exists():
+        emptied = target.exists()
+        if emptied:
             target.rmdir()  # empty (checked by the caller); a folder that filled meanwhile makes this fail
-        os.replace(staging, target)
+        try:
+            os.replace(staging, target)
+        except BaseException:
+            if emptied:
+                target.mkdir(exist_ok=True)  # the empty folder the caller gave, as it was
+            raise
         fsync_dir(target.parent)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

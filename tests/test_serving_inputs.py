@@ -83,6 +83,10 @@ def test_two_sessions_under_one_id_are_refused_naming_the_id_and_both_positions(
      "'on_unknown', 'session', 'session_ids', 'sessions', 'times']; got \"K\": 3, \"item_ids\": [5]"),
     (b'{"session": [1031, true]}', "session 0: item ids must be strings or integers, got True"),
     (b'{"sessions": [[1031], [false]]}', "session 1: item ids must be strings or integers, got False"),
+    (b'{"sessions": [[1031, "1032"]]}', "item ids of the request mix types: session 0, position 1 holds '1032' "
+                                        "(str) where the first id 1031 is int; give every id of a request as the same type"),
+    (b'{"sessions": [["1031"], [1032]]}', "item ids of the request mix types: session 1, position 0 holds 1032 "
+                                          "(int) where the first id '1031' is str; give every id of a request as the same type"),
     (b'{"session": [1031], "k": 0}', "k must be an integer of 1 or more, got 0"),
     (b'{"session": [1031], "k": -2}', "k must be an integer of 1 or more, got -2"),
     (b'{"session": [1031], "k": 3.0}', "k must be an integer of 1 or more, got 3.0"),

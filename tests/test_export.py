@@ -364,6 +364,22 @@ def test_an_export_that_fails_into_a_new_folder_leaves_no_folder(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("top_k", [0, -1, 2.5, True])
+def test_a_top_k_that_is_no_count_is_refused_naming_it(tmp_path, top_k):
+    with pytest.raises(ValueError, match=re.escape(f"top_k must be an integer of 1 or more, or None (scores only), "
+                                                   f"got {top_k!r}")):
+        export_session_model(session_task("sasrec_clm").recommender(), tmp_path / "out", "torchscript", top_k=top_k)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_sessrec_export_refuses_a_top_k_of_0_naming_it(tmp_path, sessrec_main):
+    model_dir = session_task("sasrec_clm").recommender().save_pretrained(tmp_path / "model")
+    got = sessrec_main("export", "--model_dir", str(model_dir), "--out", str(tmp_path / "out"), "--format", "torchscript",
+                       "--top_k", "0")
+    assert "top_k must be an integer of 1 or more, or None (scores only), got 0" in got
+    assert not (tmp_path / "out").exists()
+
+
 def test_an_export_removes_the_hidden_folder_of_an_export_killed_on_this_host(tmp_path):
     """A SIGKILL leaves an export's hidden folder behind; the next export into the folder removes it when its
     process is gone, and leaves a live export's (this process's) and another host's alone."""

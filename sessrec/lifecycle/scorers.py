@@ -66,8 +66,8 @@ class NextItemScorer(nn.Module):
         super().__init__()
         if not isinstance(recommender, SessionRecommender):
             raise TypeError(f"NextItemScorer exports a SessionRecommender, got {type(recommender).__name__}")
-        if top_k is not None and top_k < 1:
-            raise ValueError(f"top_k must be >= 1 or None, got {top_k}")
+        if top_k is not None and (isinstance(top_k, bool) or not hasattr(top_k, "__index__") or top_k < 1):
+            raise ValueError(f"top_k must be an integer of 1 or more, or None (scores only), got {top_k!r}")
         model = recommender.model
         self.model = model
         # a plain attribute, not a submodule: RTD's generator is training-only and stays out of the file
@@ -75,7 +75,7 @@ class NextItemScorer(nn.Module):
         self.exclude_seen = recommender.inference.exclude_seen if exclude_seen is None else exclude_seen
         self.max_length = recommender.inference.max_length  # items read, as served (at most the network's)
         self.recommendable = int(self.model.recommendable.sum())
-        self.top_k = None if top_k is None else min(top_k, self.recommendable)
+        self.top_k = None if top_k is None else min(int(top_k), self.recommendable)
         side = self.model.side_info
         self.categorical = list(side.categorical) if side is not None else []
         self.continuous = list(side.continuous) if side is not None else []

@@ -100,3 +100,14 @@ def test_two_sessions_under_one_id_are_refused_naming_the_id_and_both_positions(
 ])
 def test_unknown_fields_bool_ids_bad_k_and_bad_times_are_refused_naming_the_field_and_value(client, body, message) -> None:
     assert refused(client, body) == (422, message)
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"max_batch_size": 0}, "max_batch_size must be an integer >= 1, got 0"),
+    ({"max_batch_size": 2.5}, "max_batch_size must be an integer >= 1, got 2.5"),
+    ({"max_wait_ms": float("nan")}, "max_wait_ms must be a finite number >= 0, got nan"),
+    ({"max_wait_ms": -1.0}, "max_wait_ms must be a finite number >= 0, got -1.0"),
+])
+def test_build_app_refuses_batching_settings_as_sessrec_serve_does(pipe, settings, message) -> None:
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        build_app(pipe, **settings)

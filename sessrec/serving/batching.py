@@ -21,6 +21,7 @@ import torch
 
 from sessrec.data.vocab import NUM_SPECIAL
 from sessrec.pipeline.candidates import Recommendations, RequestSessions
+from sessrec.saved.registry import check_integers
 from sessrec.serving.recommender import Recommender, join_sessions
 from sessrec.serving.request_metrics import Metrics
 
@@ -126,8 +127,9 @@ class Batcher:
     """
 
     def __init__(self, max_batch_size: int = 64, max_wait_ms: float = 2.0, metrics: Metrics | None = None) -> None:
-        if max_batch_size < 1 or max_wait_ms < 0:
-            raise ValueError(f"max_batch_size must be >= 1 and max_wait_ms >= 0, got {max_batch_size}, {max_wait_ms}")
+        check_integers({"max_batch_size": max_batch_size})
+        if isinstance(max_wait_ms, bool) or not isinstance(max_wait_ms, (int, float)) or not 0 <= max_wait_ms < math.inf:
+            raise ValueError(f"max_wait_ms must be a finite number >= 0, got {max_wait_ms!r}")
         self.max_batch_size, self.max_wait = max_batch_size, max_wait_ms / 1e3
         self.metrics = metrics if metrics is not None else Metrics()
         self.stats = BatchStats()

@@ -97,6 +97,8 @@ def test_two_sessions_under_one_id_are_refused_naming_the_id_and_both_positions(
                                             "not a number"),
     (b'{"session": [1031], "times": [Infinity]}', "session 0's event time inf is not a time in seconds since the "
                                                  "epoch: infinite"),
+    (b'{"session": [1031, 1032], "times": [[1700000000, 1700000001]]}', 'times [[1700000000, 1700000001]]: with '
+     '"session" (one session), times is one list of seconds, one per item id; a list per session goes with "sessions"'),
 ])
 def test_unknown_fields_bool_ids_bad_k_and_bad_times_are_refused_naming_the_field_and_value(client, body, message) -> None:
     assert refused(client, body) == (422, message)

@@ -101,6 +101,9 @@ def parse_request(body: bytes, limits: Limits) -> tuple[Request, list[str] | Non
                     413, f"session {row} has {len(session)} items; the limit is {limits.max_items_per_session} per session"
                 )
     times = payload.get("times")
+    if one and isinstance(times, list) and times and all(isinstance(t, list) for t in times):
+        raise RequestError(422, f'times {short(times)}: with "session" (one session), times is one list of seconds, one '
+                                'per item id; a list per session goes with "sessions"')
     try:
         request = check_request(sessions, payload.get("k", 20), payload.get("on_unknown", "oov"), payload.get("now"),
                                 [times] if one and times is not None else times)

@@ -410,3 +410,31 @@ def test_sessrec_retrain_picks_its_turn_by_the_directorys_sections(tmp_path, voc
     assert artifact_class(dlrm_dir) is ClickRanker
     with pytest.raises(FileNotFoundError, match=r"nowhere: no such model directory$"):
         artifact_class(str(tmp_path / "nowhere"))
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_weights_that_are_not_finite_are_refused_at_save_and_at_load_naming_the_tensor(tmp_path, vocab, value,
+                                                                                     monkeypatch):
+    """A NaN or infinite weight would rank items by NaN with exit 0: refused in one line when the directory is
+    written (nothing left behind) and when one written without the check is read (`sessrec predict`, `sessrec serve`,
+    `sessrec export`)."""
+    import sessrec.artifacts.model_directory as model_directory
+    from sessrec.serving.recommender import load_recommender
+
+    model, objective = session_model("sasrec_clm")
+    with torch.no_grad():
+        model.item_embedding.weight[7, 3] = value
+    recommender = SessionRecommender(model, objective, vocab, Inference(max_length=5))
+    message = (f"tensor 'model.item_embedding.weight' holds {value} at [7, 3] (1 of {model.item_embedding.weight.numel()} "
+               "values are not finite numbers): a model with NaN or infinite weights ranks items by them; retrain it, "
+               "or save it from a checkpoint of before it diverged")
+    target = tmp_path / "nested" / "model"
+    with pytest.raises(ValueError, match="^" + re.escape(f"{target}: not saved: {message}") + "$"):
+        recommender.save_pretrained(target)
+    assert list(tmp_path.iterdir()) == []
+    with monkeypatch.context() as patch:
+        patch.setattr(model_directory, "check_finite", lambda weights, source: None)  # a directory saved unchecked
+        path = recommender.save_pretrained(tmp_path / "model")
+    for load in (SessionRecommender.from_pretrained, load_recommender):
+        with pytest.raises(ValueError, match="^" + re.escape(f"{path / 'model.safetensors'}: {message}") + "$"):
+            load(path)

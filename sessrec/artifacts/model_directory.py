@@ -12,7 +12,8 @@ A model directory::
 ``config.json`` is written last and records the content hash of every other file, the
 fingerprint of the vocabulary the weights were trained with and its own content hash, so loading
 refuses a part that does not belong, an edited ``config.json``, and any of the files above that
-``config.json`` does not list (`sessrec.saved.directory`). The network is recorded once, in the
+``config.json`` does not list (`sessrec.saved.directory`), and weights with a NaN or infinite value, saved or
+loaded (`check_finite`). The network is recorded once, in the
 ``model`` section, which every loader reads. Saving again into the same directory adds a version and
 moves its pointer (`sessrec.saved.versions`). A directory of another format version is refused in
 one line: retrain it with ``sessrec fit``, which writes this version.
@@ -83,6 +84,20 @@ def check_weights(module: nn.Module, weights: dict[str, torch.Tensor], source: s
         )
 
 
+def check_finite(weights: dict[str, torch.Tensor], source: str) -> None:
+    """Refuse weights with a NaN or infinite value (a run that diverged, a corrupted file): a model scores every
+    item with them and would rank by NaN. One line naming `source`, the tensor, the first such value and its place."""
+    for key, tensor in weights.items():
+        if not (tensor.is_floating_point() or tensor.is_complex()):
+            continue
+        bad = ~torch.isfinite(tensor)
+        if bool(bad.any()):
+            at = bad.nonzero()[0].tolist()
+            raise ValueError(f"{source}: tensor {key!r} holds {tensor[tuple(at)].item()} at {at} ({int(bad.sum())} of "
+                             f"{tensor.numel()} values are not finite numbers): a model with NaN or infinite weights "
+                             "ranks items by them; retrain it, or save it from a checkpoint of before it diverged")
+
+
 def load_into(module: nn.Module, weights: dict[str, torch.Tensor], source: str) -> None:
     """``module.load_state_dict(weights)`` after `check_weights`."""
     check_weights(module, weights, source)
@@ -115,6 +130,7 @@ def write_model_directory(
         config["side_features"] = config_of(side_features if side_features is not None else side_transform.config)["init_args"]
     check_saveable(config, str(Path(directory) / CONFIG))
     tensors = {k: v.detach().cpu().contiguous().clone() for k, v in weights.items()}
+    check_finite(tensors, f"{directory}: not saved")
 
     def write(tmp: Path) -> None:
         save_file(tensors, str(tmp / WEIGHTS))
@@ -156,10 +172,12 @@ def read_model_directory(directory: str | os.PathLike) -> tuple[Path, dict[str, 
 
 
 def load_weights(folder: Path) -> dict[str, torch.Tensor]:
-    """The tensors of the directory's weights file."""
+    """The tensors of the directory's weights file; one with a NaN or infinite value is refused (`check_finite`)."""
     from safetensors.torch import load_file
 
-    return load_file(str(folder / WEIGHTS))
+    weights = load_file(str(folder / WEIGHTS))
+    check_finite(weights, str(folder / WEIGHTS))
+    return weights
 
 
 def load_vocab(folder: Path, config: dict[str, Any], load: Callable[[Path], Any]) -> Any:

@@ -45,6 +45,8 @@ def refused(client: TestClient, body: bytes) -> tuple[int, str]:
     (b'{"sessions": [[1031]], "on_unknown": "oov", "on_unknown": "error"}',
      "field \"on_unknown\" is given twice ('oov', then 'error'); give each field once"),
     (b'{"session": [1031], "k": 3, "\\u006b": 5}', 'field "k" is given twice (3, then 5); give each field once'),
+    (b'{"session": [1031], "on_unknown": "oov", "on\\u005Funknown": "error"}',
+     "field \"on_unknown\" is given twice ('oov', then 'error'); give each field once"),
     # the slow path of orjson's refusals (a 19-digit number) checks too
     (b'{"session": [1031], "now": 1000000000000000000, "now": 1}',
      'field "now" is given twice (1000000000000000000, then 1); give each field once'),

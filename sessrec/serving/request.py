@@ -26,6 +26,7 @@ from sessrec.serving.recommender import Recommender
 
 _FIELDS = {"session", "sessions", "k", "on_unknown", "now", "times", "session_ids"}
 _QUOTED_FIELDS = [f'"{name}"'.encode() for name in sorted(_FIELDS)]
+_ESCAPED_NAME_CHAR = re.compile(rb"\\u00[4-7][0-9a-fA-F]")  # an escape that may spell a letter of a field's name
 _LONG_NUMBER = re.compile(rb"\d{19}")  # where an integer may be past 64 bits (|x| >= 10**18 has 19 digits)
 
 
@@ -128,8 +129,9 @@ def _standard_loads(body: bytes) -> Any:
 
 def _may_repeat_a_field(body: bytes) -> bool:
     """Whether a body may give a field twice: one of the fields' quoted names occurs twice, or a string holds an escape
-    (which may spell a name). Bodies without either are taken as orjson read them."""
-    return b"\\" in body or any(body.count(quoted) > 1 for quoted in _QUOTED_FIELDS)
+    of an ASCII letter or ``_`` (``\\u006b``, which may spell a name; ids escaped as non-ASCII text do not). Bodies
+    without either are taken as orjson read them."""
+    return _ESCAPED_NAME_CHAR.search(body) is not None or any(body.count(quoted) > 1 for quoted in _QUOTED_FIELDS)
 
 
 def _once_each(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

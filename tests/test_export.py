@@ -739,8 +739,11 @@ def test_triton_config_of_a_batch_only_output_and_without_batching():
 def test_triton_repository_refuses_bad_arguments(tmp_path):
     with pytest.raises(ValueError, match="model name must be"):
         triton_repository(dlrm_task().ranker(), tmp_path, "a/b")
-    with pytest.raises(ValueError, match="max_batch_size"):
-        triton_repository(dlrm_task().ranker(), tmp_path, "dlrm", max_batch_size=-1)
+    for bad in (-1, 2.5, True):
+        with pytest.raises(ValueError, match=f"^max_batch_size must be an integer >= 0, got {bad!r}$"):
+            triton_repository(dlrm_task().ranker(), tmp_path, "dlrm", max_batch_size=bad)
+    with pytest.raises(ValueError, match="^max_queue_delay_microseconds must be an integer >= 0, got -5$"):
+        triton_repository(dlrm_task().ranker(), tmp_path, "dlrm", max_queue_delay_microseconds=-5)
     assert not list(tmp_path.iterdir())
 
 

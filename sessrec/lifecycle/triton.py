@@ -31,6 +31,7 @@ from pathlib import Path
 from sessrec.artifacts import ClickRanker, SessionRecommender
 from sessrec.lifecycle.export import export_dlrm, export_session_model
 from sessrec.saved.atomic import write_text
+from sessrec.saved.registry import check_integers
 from sessrec.scoring.output import check_folder
 
 TRITON_TYPES = {"int64": "TYPE_INT64", "int32": "TYPE_INT32", "float64": "TYPE_FP64", "float32": "TYPE_FP32", "float16": "TYPE_FP16", "bool": "TYPE_BOOL"}
@@ -69,10 +70,8 @@ def triton_repository(
     """
     if not re.fullmatch(r"[A-Za-z0-9_.\-]+", name):
         raise ValueError(f"model name must be letters, digits, '_', '.' or '-' (it is a directory), got {name!r}")
-    if max_batch_size < 0 or max_queue_delay_microseconds < 0:
-        raise ValueError(
-            f"max_batch_size and max_queue_delay_microseconds must be >= 0, got {max_batch_size}, {max_queue_delay_microseconds}"
-        )
+    check_integers({"max_batch_size": max_batch_size, "max_queue_delay_microseconds": max_queue_delay_microseconds},
+                   minimum=0)
     check_folder(out_dir, "--out")
     model_dir = Path(out_dir) / name
     if isinstance(artifact, ClickRanker):

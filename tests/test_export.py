@@ -414,6 +414,20 @@ def test_export_from_a_model_directory(tmp_path, kind):
         assert max_abs_diff(run_exported(path, *inputs)[0], expected) <= 1e-5
 
 
+def test_an_exports_folder_given_as_a_model_directory_is_refused_saying_what_it_is(tmp_path):
+    from sessrec.serving.recommender import load_recommender
+
+    model_dir = session_task("sasrec_clm").recommender().save_pretrained(tmp_path / "model")
+    export_model_dir(model_dir, tmp_path / "out", "torchscript", top_k=5)
+    message = (f"{tmp_path / 'out'}: holds an export (model.json, written by sessrec export for ONNX/TorchScript "
+               "runtimes), not a model directory: give the model directory it was exported from (runs/<name>/model)")
+    for read in (load_recommender, SessionRecommender.from_pretrained,
+                 lambda folder: export_model_dir(folder, tmp_path / "again", "torchscript")):
+        with pytest.raises(FileNotFoundError, match="^" + re.escape(message) + "$"):
+            read(tmp_path / "out")
+    assert not (tmp_path / "again").exists()
+
+
 def test_an_export_carries_the_vocabulary_and_version_it_was_made_from(tmp_path):
     """An export is self-contained: its ``vocab.parquet`` is the exported version's, whatever the model directory
     makes current later, and ``model.json`` names that version and the vocabulary's fingerprint."""

@@ -145,6 +145,15 @@ def write_model_directory(
 
 
 # -- reading -------------------------------------------------------------------------------------
+EXPORT_DESCRIPTION = "model.json"  # what ``sessrec export`` writes beside the exported file
+
+
+def exported_not_saved(directory: str | os.PathLike) -> str:
+    """The one line that refuses an export's folder (``model.json``) where a model directory is read."""
+    return (f"{directory}: holds an export ({EXPORT_DESCRIPTION}, written by sessrec export for ONNX/TorchScript "
+            "runtimes), not a model directory: give the model directory it was exported from (runs/<name>/model)")
+
+
 def read_model_directory(directory: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
     """The folder of a model directory's current version and its checked ``config.json``.
 
@@ -159,6 +168,8 @@ def read_model_directory(directory: str | os.PathLike) -> tuple[Path, dict[str, 
             "sessrec serve --model_dir read it; sessrec export and the model readers take a session model's or a DLRM's "
             "model directory (a pipeline recipe's models.<name>.model_dir)"
         )
+    if not (folder / CONFIG).exists() and (folder / EXPORT_DESCRIPTION).is_file():
+        raise FileNotFoundError(exported_not_saved(directory))
     config = read_description(folder, CONFIG, FORMAT, VERSION, "model directory",
                               f"retrain the model with sessrec fit, which writes a version {VERSION} directory")
     for name in (WEIGHTS, VOCAB):

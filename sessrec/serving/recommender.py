@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from sessrec.artifacts import ClickRanker, artifact_class_of
+from sessrec.artifacts.model_directory import EXPORT_DESCRIPTION, exported_not_saved
 from sessrec.artifacts.session_recommender import SessionRecommender
 from sessrec.data.vocab import ItemVocab, decode_dicts
 from sessrec.models.session_model import top_recommendable
@@ -165,6 +166,8 @@ def check_model_dir(directory: Path) -> Path:
     for name in ("pipeline.json", "config.json"):
         if (directory / name).exists():
             return directory / name
+    if (directory / EXPORT_DESCRIPTION).is_file():
+        raise FileNotFoundError(exported_not_saved(directory))
     raise FileNotFoundError(
         f"{directory}: neither a saved pipeline (pipeline.json) nor a model directory (config.json); "
         "sessrec fit writes one beside the best checkpoint (runs/<name>/model)"

@@ -633,3 +633,23 @@ def test_a_failed_first_save_into_an_empty_folder_leaves_the_folder(tmp_path):
     with pytest.raises(RuntimeError, match="disk full"):
         write_directory(tmp_path / "model", fail)
     assert [p.name for p in tmp_path.iterdir()] == ["model"] and not any((tmp_path / "model").iterdir())
+
+
+def test_a_first_save_killed_at_any_point_leaves_nothing_the_next_save_keeps(tmp_path):
+    """Killed before any of its filesystem calls, a first save into a new folder leaves no directory or a whole one;
+    the next save succeeds, and afterwards the parent holds the directory alone (a dead writer's temporary folder
+    removed), with the next save's part."""
+    points = 0
+    while True:
+        points += 1
+        parent = tmp_path / f"p{points}"
+        root = parent / "model"
+        finished = crash_at(points, lambda: write_directory(root, write_file("first")))
+        if root.exists():
+            assert read_part(root) == "first", points
+        write_directory(root, write_file("second"))
+        assert [p.name for p in parent.iterdir() if p.name != "model"] == [], points
+        assert read_part(root) == "second", points
+        if finished:
+            break
+    assert points > 5

@@ -115,3 +115,29 @@ def test_unknown_fields_bool_ids_bad_k_and_bad_times_are_refused_naming_the_fiel
 def test_build_app_refuses_batching_settings_as_sessrec_serve_does(pipe, settings, message) -> None:
     with pytest.raises(ValueError, match=f"^{message}$"):
         build_app(pipe, **settings)
+
+
+def test_a_model_refused_at_load_leaves_no_served_log_folder(tmp_path, monkeypatch) -> None:
+    """sessrec serve --served_log with a model directory whose weights hold a NaN (saved without the check): the
+    one-line refusal of the weights, and no log folder created for a server that never started."""
+    import numpy as np
+    import pyarrow as pa
+
+    import sessrec.artifacts.model_directory as model_directory
+    from sessrec.data.vocab import ItemVocab
+    from sessrec.models import CausalLanguageModeling, SASRecEncoder
+    from sessrec.serving.server import serve
+    from sessrec.tasks import NextItemTask
+
+    torch.manual_seed(0)
+    task = NextItemTask(num_items=12, max_length=5, encoder=SASRecEncoder(d_model=8, n_head=2, n_layer=1),
+                        objective=CausalLanguageModeling()).eval()
+    task.vocab = ItemVocab(pa.array(np.arange(100, 110)), np.ones(10, dtype=np.int64))
+    with torch.no_grad():
+        task.model.item_embedding.weight[4, 1] = float("nan")
+    with monkeypatch.context() as patch:
+        patch.setattr(model_directory, "check_finite", lambda weights, source: None)
+        model_dir = task.recommender().save_pretrained(tmp_path / "model")
+    with pytest.raises(ValueError, match=r"model\.safetensors: tensor 'model\.item_embedding\.weight' holds nan at \[4, 1\]"):
+        serve(str(model_dir), port=0, served_log=str(tmp_path / "logs" / "served"))
+    assert not (tmp_path / "logs").exists()

@@ -162,10 +162,11 @@ class Worker:
             stop_with_parent(parent)
         if self.threads is not None:
             torch.set_num_threads(self.threads)
+        live = Served.load(self.model_dir)  # a model refused at load leaves no served log folder behind
+        canary = load_canary(self.model_dir, live)
         log = None if self.served_log is None else ServedLog(self.served_log)
-        live = Served.load(self.model_dir)
         app = build_app(live, self.max_batch_size, self.max_wait_ms, self.limits, self.overload, self.model_dir,
-                        self.reload_interval_s, log, load_canary(self.model_dir, live))
+                        self.reload_interval_s, log, canary)
         # The model, torch and the libraries are half a million objects that live as long as the process:
         # frozen, the cyclic garbage collector stops scanning them, and a full collection no longer stalls
         # the event loop (and /health) for hundreds of milliseconds in the middle of a flood.

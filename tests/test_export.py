@@ -25,6 +25,7 @@ from sessrec.artifacts import ClickRanker, Inference, SessionRecommender
 from sessrec.cli import export as cli_export
 from sessrec.data import ItemVocab
 from sessrec.data.batch import SessionBatch
+from sessrec.data.columns import SchemaError
 from sessrec.data.side import SideFeatures, SideInfoSpec
 from sessrec.datasets.clickout_rows import RankingLoader, RankingVocab
 from sessrec.datasets.clickouts import DENSE_FEATURES, SPARSE_FEATURES
@@ -923,6 +924,31 @@ def test_an_exported_side_feature_model_gives_sessrec_predicts_top_k_from_its_co
         np.testing.assert_allclose(top_scores[row], want["scores"], atol=1e-5)
     blank = [inputs[0], *(np.zeros_like(a) for a in inputs[1:])]  # the side features are read: other inputs, other scores
     assert max_abs_diff(session.run(None, dict(zip([t["name"] for t in spec["inputs"]], blank)))[1], top_scores) > 1e-3
+
+
+@pytest.mark.parametrize("value", [1e39, -1e39])
+def test_sessrec_predict_refuses_a_side_value_beyond_float32_naming_file_column_value_and_event(tmp_path, value):
+    """NaN, inf and nulls are missing values (0.0, as the export's rules say); a finite value past float32's range
+    would reach the model as inf, which it refuses without naming the value: refused naming it, nothing written."""
+    from sessrec.scoring import predict_file
+
+    train = raw_sessions(80, seed=0)
+    transform = SideFeatureTransform(EXPORT_SIDE).fit(train)
+    vocab = ItemVocab.fit(pa.array([i for s in train.column("item_id").to_pylist() for i in s]))
+    torch.manual_seed(0)
+    task = NextItemTask(num_items=len(vocab), max_length=6, encoder=SASRecEncoder(d_model=16, n_head=2, n_layer=1),
+                        objective=CausalLanguageModeling(), side_features=transform.spec).eval()
+    task.vocab, task.side_transform, task.side_config = vocab, transform, EXPORT_SIDE
+    model_dir = task.recommender().save_pretrained(tmp_path / "model")
+    rows = raw_sessions(3, seed=1, first=1000).to_pylist()
+    rows[1]["score"][-1] = value  # "score" is taken as given (normalised upstream)
+    pq.write_table(pa.Table.from_pylist(rows, schema=raw_sessions(1, seed=1).schema), tmp_path / "sessions.parquet")
+    message = (f"{tmp_path / 'sessions.parquet'}: column 'score' has the value {value!r} at event "
+               f"{len(rows[1]['score']) - 1} of session 1001, beyond the float32 range (magnitude up to 3.4e+38) the "
+               "model reads a feature in; scale the column")
+    with pytest.raises(SchemaError, match="^" + re.escape(message) + "$"):
+        predict_file(model_dir, tmp_path / "sessions.parquet", tmp_path / "out" / "recs.parquet", k=5)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "sessions.parquet"]
 
 
 def test_a_model_that_reads_side_features_without_their_transforms_is_not_exported(tmp_path):

@@ -26,6 +26,8 @@ from sessrec.features.feature_pipeline import FeaturePipeline, op_signatures
 from sessrec.features.ops import AsGiven, Categorify, LogNormalize
 from sessrec.saved.registry import config_of
 
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
 
 class SideFeatureTransform:
     """Fitted transforms from session-table columns to per-event model features.
@@ -78,13 +80,24 @@ class SideFeatureTransform:
             try:
                 if present is None:
                     out[name] = np.asarray(op.transform({name: values}), dtype=np.int64)
-                else:
-                    dense = np.zeros(len(present), dtype=np.float32)
-                    if present.any():
-                        dense[present] = op.transform({name: values[present]})
-                    out[name] = dense
+                    continue
+                given = np.zeros(0)
+                if present.any():
+                    given = np.asarray(op.transform({name: values[present]}), dtype=np.float64)
             except (ValueError, TypeError) as err:
                 raise SchemaError(f"{source}: side feature {name!r}: {err}") from err
+            beyond = np.abs(given) > _FLOAT32_MAX  # would read as inf, which the model refuses without naming the value
+            if beyond.any():
+                row = int(np.flatnonzero(present)[np.flatnonzero(beyond)[0]])
+                _, offsets = frame.list_offsets(sessions.column(frame.ITEMS))
+                raise SchemaError(
+                    f"{source}: column {name!r} has the value {float(values[row])!r} at {_event(sessions, offsets, row)}, "
+                    f"beyond the float32 range (magnitude up to {_FLOAT32_MAX:.3g}) the model reads a feature in; "
+                    "scale the column"
+                )
+            dense = np.zeros(len(present), dtype=np.float32)
+            dense[present] = given
+            out[name] = dense
         return out
 
     @property

@@ -832,6 +832,19 @@ def raw_sessions(n: int, seed: int, first: int = 0) -> pa.Table:
     return pa.Table.from_pylist(rows)
 
 
+def side_model_dir(directory: Path, encoder: torch.nn.Module, objective: object) -> Path:
+    """A model directory of an untrained `encoder` (seed 0) reading `EXPORT_SIDE`'s side features, fitted on
+    `raw_sessions(80, seed=0)`."""
+    train = raw_sessions(80, seed=0)
+    transform = SideFeatureTransform(EXPORT_SIDE).fit(train)
+    vocab = ItemVocab.fit(pa.array([i for s in train.column("item_id").to_pylist() for i in s]))
+    torch.manual_seed(0)
+    task = NextItemTask(num_items=len(vocab), max_length=6, encoder=encoder, objective=objective,
+                        side_features=transform.spec).eval()
+    task.vocab, task.side_transform, task.side_config = vocab, transform, EXPORT_SIDE
+    return task.recommender().save_pretrained(directory)
+
+
 def session_contract_inputs(spec: dict, folder: Path, sessions: pa.Table) -> list[np.ndarray]:
     """The inputs of an exported session model for sessions of raw values (list layout: ``item_id``, one list per raw
     side column, ``timestamp``), from ``model.json``, ``vocab.parquet`` and the side-feature file alone (numpy and
@@ -889,14 +902,7 @@ def test_an_exported_side_feature_model_gives_sessrec_predicts_top_k_from_its_co
 
     from sessrec.scoring import predict_file
 
-    train = raw_sessions(80, seed=0)
-    transform = SideFeatureTransform(EXPORT_SIDE).fit(train)
-    vocab = ItemVocab.fit(pa.array([i for s in train.column("item_id").to_pylist() for i in s]))
-    torch.manual_seed(0)
-    task = NextItemTask(num_items=len(vocab), max_length=6, encoder=XLNetEncoder(d_model=16, n_head=2, n_layer=1),
-                        objective=MaskedItemModeling(), side_features=transform.spec).eval()
-    task.vocab, task.side_transform, task.side_config = vocab, transform, EXPORT_SIDE
-    model_dir = task.recommender().save_pretrained(tmp_path / "model")
+    model_dir = side_model_dir(tmp_path / "model", XLNetEncoder(d_model=16, n_head=2, n_layer=1), MaskedItemModeling())
     scored = raw_sessions(12, seed=1, first=1000)
     rows = scored.to_pylist()
     rows[1].update(device=["watch", None, "mobile"], shop=[99, 2, 3], price=[float("inf"), None, 5.0],
@@ -932,14 +938,7 @@ def test_sessrec_predict_refuses_a_side_value_beyond_float32_naming_file_column_
     would reach the model as inf, which it refuses without naming the value: refused naming it, nothing written."""
     from sessrec.scoring import predict_file
 
-    train = raw_sessions(80, seed=0)
-    transform = SideFeatureTransform(EXPORT_SIDE).fit(train)
-    vocab = ItemVocab.fit(pa.array([i for s in train.column("item_id").to_pylist() for i in s]))
-    torch.manual_seed(0)
-    task = NextItemTask(num_items=len(vocab), max_length=6, encoder=SASRecEncoder(d_model=16, n_head=2, n_layer=1),
-                        objective=CausalLanguageModeling(), side_features=transform.spec).eval()
-    task.vocab, task.side_transform, task.side_config = vocab, transform, EXPORT_SIDE
-    model_dir = task.recommender().save_pretrained(tmp_path / "model")
+    model_dir = side_model_dir(tmp_path / "model", SASRecEncoder(d_model=16, n_head=2, n_layer=1), CausalLanguageModeling())
     rows = raw_sessions(3, seed=1, first=1000).to_pylist()
     rows[1]["score"][-1] = value  # "score" is taken as given (normalised upstream)
     pq.write_table(pa.Table.from_pylist(rows, schema=raw_sessions(1, seed=1).schema), tmp_path / "sessions.parquet")

@@ -72,7 +72,14 @@ READ_EVENTS = [
     ("zero-bytes", "events.csv", b"", Schema(), SchemaError, "cannot be read as CSV.*Empty CSV file"),
     ("header-only", "events.csv", HEADER, Schema(), SchemaError, "the file has no rows"),
     ("missing-column", "events.csv", "session_id,item,timestamp\n1,2,3\n", Schema(), SchemaError,
-     r"column 'item_id' is missing; the file has columns \['session_id', 'item', 'timestamp'\]"),
+     r"column 'item_id' is missing; the file has columns \['session_id', 'item', 'timestamp'\]\. Set the schema's "
+     r"column names to match the file\.$"),
+    ("space-separated", "events.csv", "session_id item_id timestamp\n1 2 3\n", Schema(), SchemaError,
+     r"column 'session_id' is missing; the file has columns \['session_id item_id timestamp'\]\. The file reads as one "
+     r"column, 'session_id item_id timestamp': its separator is not the one it was read with"),
+    ("no-header-line", "events.csv", "1,2,3\n1,3,4\n", Schema(), SchemaError,
+     r"column 'session_id' is missing; the file has columns \['1', '2', '3'\]\. The file's first line holds values, "
+     r"not column names: the file needs a header line naming its columns\.$"),
     ("nan-timestamp", "events.parquet",
      pa.table({"session_id": [1, 1], "item_id": [2, 3], "timestamp": [1.0, float("nan")]}), Schema(), SchemaError,
      "column 'timestamp' has a missing timestamp nan at row 1"),
@@ -169,10 +176,18 @@ def test_read_user_sequences_missing_file(tmp_path):
         (b"1 5 6\n2 7 x\n", "lines", r"line 2: 'x' is not a non-negative integer id"),
         (b"3 5 6\n2 7 8\n4 1 2\n2 9 3\n3 4 4\n", "lines",
          r"column 'user' \(the first id of a line\): line 4 repeats user 2 of line 2 \(expected one line per user\)$"),
-        (b"1 5\n2 x\n", "pairs", r"expected 'user item' integer pairs per line: .*invalid value 'x'"),
-        (b"1 5\n1 6\n2 7 8\n", "pairs", r"expected 'user item' integer pairs per line: .*Expected 2 columns, got 3"),
+        (b"1 5\n2 x\n", "pairs", r"line 2: '2 x' is not a 'user item' pair: expected two non-negative integer ids "
+                                 r"separated by one space$"),
+        (b"1 5\n1 6\n2 7 8\n", "pairs", r"line 3: '2 7 8' is not a 'user item' pair: 3 fields; layout 'pairs' reads one "
+                                       r"'user item' pair a line \(a 'user item item \.\.\.' file is layout 'lines'\)$"),
+        (b"1\t5\n1\t6\n", "pairs", r"line 1: '1\\t5' is not a 'user item' pair: the line is separated by tabs; layout "
+                                  r"'pairs' reads one space between the ids$"),
+        (b"1 5\n1 6\n2,7\n", "pairs", r"line 3: '2,7' is not a 'user item' pair: the line is separated by commas"),
+        (b"user item\n1 5\n", "pairs", r"line 1: 'user item' is not a 'user item' pair: a header line\? layout 'pairs' "
+                                     r"reads files without one: remove it, or read the file with layout 'events'"),
     ],
-    ids=["lines-non-utf8", "lines-non-integer", "lines-user-twice", "pairs-non-integer", "pairs-three-columns"],
+    ids=["lines-non-utf8", "lines-non-integer", "lines-user-twice", "pairs-non-integer", "pairs-three-columns",
+         "pairs-tabs", "pairs-commas", "pairs-header"],
 )
 def test_read_user_sequences_refuses(tmp_path, content, layout, message):
     path = write(tmp_path / "seq.txt", content)

@@ -461,7 +461,7 @@ def test_the_pairs_layout_reads_users_grouped_in_any_order_as_the_lines_layout_d
     "text, layout, message",
     [
         ("1 5\n2 6\n1 7\n", "pairs", r"column 'session_id' is not grouped by user \(value 1 at row 2\)"),
-        ("1 5\n2 x\n", "pairs", r"expected 'user item' integer pairs"),
+        ("1 5\n2 x\n", "pairs", r"line 2: '2 x' is not a 'user item' pair"),
         ("1 5 6\n2\n", "lines", r"line 2 has no items: '2'"),
         ("1 5 6\n2 7 x\n", "lines", r"line 2: 'x' is not a non-negative integer id"),
         ("", "lines", r"the file has no rows"),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import gzip
 import io
 import pickle
+import re
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -385,6 +386,36 @@ def read_srgnn(directory: str | Path) -> SRGNNData:
     return SRGNNData(train=train, test_prefixes=prefixes, test_labels=labels, source=str(test_path))
 
 
+def _bad_pair(path: Path) -> str | None:
+    """The refusal of the first line of a ``pairs`` file that is not ``user item`` (two integer ids and one space),
+    naming the line, its text and what it looks like (another separator, a header line); None when every line is one
+    (or the file cannot be read as text: the reader's own error says why)."""
+    pair = re.compile(r"\d+ \d+\r?")
+    try:
+        with open_binary(path) as f:
+            for number, raw in enumerate(f, 1):
+                line = raw.decode("utf-8").rstrip("\n")
+                if not line or pair.fullmatch(line):
+                    continue
+                fields = line.split()
+                seps = [name for sep, name in (("\t", "tabs"), (",", "commas"), (";", "semicolons"), ("|", "bars"))
+                        if sep in line]
+                if seps:
+                    hint = f"the line is separated by {seps[0]}; layout 'pairs' reads one space between the ids"
+                elif number == 1 and len(fields) == 2 and not any(field.isdigit() for field in fields):
+                    hint = ("a header line? layout 'pairs' reads files without one: remove it, or read the file with "
+                            "layout 'events' and a schema naming its columns")
+                elif len(fields) != 2:
+                    hint = (f"{len(fields)} fields; layout 'pairs' reads one 'user item' pair a line (a 'user item item "
+                            "...' file is layout 'lines')")
+                else:
+                    hint = "expected two non-negative integer ids separated by one space"
+                return f"{path}: line {number}: {line!r} is not a 'user item' pair: {hint}"
+    except (OSError, EOFError, UnicodeDecodeError, zlib.error):
+        return None
+    return None
+
+
 def read_user_sequences(path: str | Path, layout: Literal["pairs", "lines"] = "pairs") -> pa.Table:
     """Read one-sequence-per-user text files as an event table (``session_id``, ``item_id``, ``position``).
 
@@ -412,7 +443,7 @@ def read_user_sequences(path: str | Path, layout: Literal["pairs", "lines"] = "p
                 convert_options=pacsv.ConvertOptions(column_types={"session_id": pa.int64(), "item_id": pa.int64()}),
             )
         except (pa.ArrowInvalid, OSError) as err:
-            raise SchemaError(f"{path}: expected 'user item' integer pairs per line: {err}") from err
+            raise SchemaError(_bad_pair(path) or f"{path}: expected 'user item' integer pairs per line: {err}") from err
         users = table.column("session_id").to_numpy()
         starts = np.flatnonzero(np.concatenate([[True], users[1:] != users[:-1]])) if len(users) else np.zeros(0, np.int64)
         _, first = np.unique(users[starts], return_index=True)

@@ -101,6 +101,32 @@ def test_a_gzip_cut_anywhere_is_refused_in_one_line_naming_the_file(cut_logs, re
     assert len(set(messages)) == 1, messages  # cut early or late: the same words
 
 
+# ------------------------------------------------------------------------------ a header line missing or not split
+HEADER_READERS = {name: READERS[name] for name in ("read_events", "scan_events", "ScoringStream", "ScoringStream.partitions")}
+
+
+@pytest.mark.parametrize("reader", list(HEADER_READERS))
+@pytest.mark.parametrize("header, hint", [
+    (False, "The file's first line holds values, not column names: the file needs a header line naming its columns."),
+    (True, "The file reads as one column, 'sid iid ts': its separator is not the one it was read with (a comma, tab, "
+           "semicolon or bar is found from the header line; a source's `delimiter` sets another)."),
+], ids=["no-header-line", "space-separated"])
+def test_a_file_without_a_header_line_or_split_by_spaces_is_refused_saying_so_by_every_reader(tmp_path, reader, header, hint):
+    """A file whose first line is data (SASRec's ``user item`` files) or whose separator is a space reads as columns
+    named by values, or as one column: the refusal says which, not only that the schema's column is missing."""
+    rows = event_lines(8)
+    path = tmp_path / "events.csv"
+    if header:
+        path.write_text("sid iid ts\n" + "".join(" ".join(r) + "\n" for r in rows))
+        names = ["sid iid ts"]
+    else:
+        path.write_text("".join(",".join(r) + "\n" for r in rows))
+        names = rows[0]
+    with pytest.raises(SchemaError) as err:
+        HEADER_READERS[reader](path)
+    assert str(err.value) == f"{path}: column 'sid' is missing; the file has columns {names}. {hint}"
+
+
 # ------------------------------------------------------------------------------ integer ids written otherwise
 def dask_piece(path):
     from sessrec.data.prepared.cluster import Piece, read_piece

@@ -23,6 +23,26 @@ FeatureKind = Literal["categorical", "continuous"]
 VIRTUAL = "virtual"  # the validated events' bool column (and the session table's list<bool> column) of virtual events
 
 
+def header_hint(names: list[str]) -> str | None:
+    """What a text file's column names say went wrong when a schema's column is not among them: a header line
+    that was not split into fields (another separator), or a first line of values (a file without a header)."""
+    if len(names) == 1 and any(sep in names[0] for sep in (" ", ",", ";", "\t", "|")):
+        return (f"The file reads as one column, {names[0]!r}: its separator is not the one it was read with (a comma, "
+                "tab, semicolon or bar is found from the header line; a source's `delimiter` sets another).")
+    if names and all(_is_number(name) for name in names):
+        return ("The file's first line holds values, not column names: the file needs a header line naming its "
+                "columns.")
+    return None
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 @register  # a model directory's data section builds it (a source's schema)
 @dataclass(frozen=True)
 class FeatureSpec:
@@ -261,7 +281,7 @@ class Schema:
         if missing:
             raise SchemaError(
                 f"{source}: column {missing[0]!r} is missing; the file has columns {table.column_names}. "
-                "Set the schema's column names to match the file."
+                + (header_hint(table.column_names) or "Set the schema's column names to match the file.")
             )
         twice = [c for c in self.columns if table.column_names.count(c) > 1]
         if twice:

@@ -52,7 +52,7 @@ from sessrec.data.readers import (
     integer_ids,
     missing_id,
 )
-from sessrec.data.schema import FeatureSpec, Schema
+from sessrec.data.schema import FeatureSpec, Schema, header_hint
 from sessrec.data.side import FittedSideFeatures
 from sessrec.data.times import parse_time
 from sessrec.data.vocab import ItemVocab
@@ -217,7 +217,9 @@ class ScoringStream:
             raise ValueError(f"sessions per partition must be >= 1, got {sessions}")
         s, columns = self.schema, self.columns()
         if s.session_id not in columns:
-            raise SchemaError(f"{self.path}: column {s.session_id!r} is missing; the file has columns {columns}")
+            hint = header_hint(columns)
+            raise SchemaError(f"{self.path}: column {s.session_id!r} is missing; the file has columns {columns}"
+                              + (f". {hint}" if hint else ""))
         lists = _is_parquet(self.path) and s.item_id in columns and _is_list(pq.read_schema(self.path).field(s.item_id).type)
         seen, cuts, count, last, end = _SeenIds(), [], 0, None, 0
         for chunk, first in self._chunks([s.session_id]):

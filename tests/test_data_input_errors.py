@@ -609,3 +609,30 @@ def test_prepare_refuses_a_missing_id_naming_it_and_writes_nothing(tmp_path, eng
         prepare(EventLogSource(path, test_fraction=0.2, schema=SCHEMA), str(out), engine=engine)
     assert str(err.value) == f"{path}: column 'iid' has a missing id {marker!r} at row 301; drop or fill those rows"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["events.csv"]
+
+
+# ------------------------------------------------------------------------------ users too short for leave-one-out
+def test_users_too_short_for_leave_one_out_are_left_out_and_said(tmp_path, caplog):
+    """A user of 1 or 2 interactions (JODIE's Wikipedia file has 4,269 of its 8,227) has nothing to train on after
+    the two held out: left out, as `min_length` says, and the data module says how many; consecutive repeats are
+    kept (an editor's edits of one page), and a sequence longer than max_length is cut to its latest items."""
+    path = tmp_path / "pairs.txt"
+    path.write_text("1 7\n2 8\n2 8\n3 5\n3 5\n3 5\n" + "".join(f"4 {i}\n" for i in range(1, 31)))
+    data = SessionDataModule(UserSequenceSource(str(path)), max_length=4)
+    with caplog.at_level(logging.INFO):
+        splits = data.splits
+    assert splits.train.column("session_id").to_pylist() == [3, 4]
+    assert splits.train.column("item_id").to_pylist() == [[5], list(range(1, 29))]
+    assert splits.test.column("item_id").to_pylist() == [[5, 5, 5], list(range(1, 31))]
+    said = (f"sessrec: {path}: 2 of the 4 users have fewer than 3 interactions and are left out (min_length 3: "
+            "leave-one-out holds out each user's last two)")
+    assert [m for m in caplog.messages if "left out" in m] == [said]
+    items, targets = data.tensors("test")
+    assert items.shape == (2, 4)  # the latest max_length items before the held-out one (padding before a short user's)
+    assert data.vocab.decode(items).to_pylist() == [None, None, 5, 5, 26, 27, 28, None]  # 29: only in validation, OOV
+    assert data.vocab.decode(targets).to_pylist() == [5, None]  # 30: never trained on, an OOV target (a miss)
+    caplog.clear()
+    path.write_text("3 5\n3 5\n3 5\n")
+    with caplog.at_level(logging.INFO):
+        SessionDataModule(UserSequenceSource(str(path)), max_length=4).splits
+    assert not [m for m in caplog.messages if "left out" in m]

@@ -39,13 +39,15 @@ from sessrec.saved.registry import Configurable
 class SessionSplits:
     """Session tables (one row per session, list columns of raw ids) for each split.
 
-    ``source`` names where they came from (a file path), for error messages.
+    ``source`` names where they came from (a file path), for error messages; ``notes`` say what the source
+    left out of it (the data module logs them when it reads the splits).
     """
 
     train: pa.Table
     valid: pa.Table
     test: pa.Table
     source: str = "<sessions>"
+    notes: tuple[str, ...] = ()
 
     def save(self, directory: str | os.PathLike) -> Path:
         """Write ``train/valid/test.parquet`` (each via a temporary name, then rename)."""
@@ -457,7 +459,12 @@ class UserSequenceSource(SessionSource):
                 columns[frame.TARGETABLE] = pa.ListArray.from_arrays(new_off, pa.array(last))
             return pa.table(columns)
 
-        return SessionSplits(train=cut(2, False), valid=cut(1, True), test=cut(0, True), source=str(self.path))
+        dropped = users.num_rows - sessions.num_rows
+        notes = (f"{self.path}: {dropped:,} of the {users.num_rows:,} users have fewer than {self.min_length} "
+                 f"interactions and are left out (min_length {self.min_length}: leave-one-out holds out each user's last "
+                 "two)",) if dropped else ()
+        return SessionSplits(train=cut(2, False), valid=cut(1, True), test=cut(0, True), source=str(self.path),
+                             notes=notes)
 
 
 class TimeWindowSource(SessionSource):

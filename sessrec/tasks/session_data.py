@@ -185,6 +185,8 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
         if self._splits is None:
             self._splits = StreamedSplits(*self.prepared) if self.streaming else self.source.load()
             self.stats.update(self._splits.summary())
+            for note in self._splits.notes:
+                rank_zero_info(f"sessrec: {note}")
         return self._splits
 
     @property

@@ -176,6 +176,9 @@ def test_read_user_sequences_missing_file(tmp_path):
         (b"1 5 6\n2 7 x\n", "lines", r"line 2: 'x' is not a non-negative integer id"),
         (b"3 5 6\n2 7 8\n4 1 2\n2 9 3\n3 4 4\n", "lines",
          r"column 'user' \(the first id of a line\): line 4 repeats user 2 of line 2 \(expected one line per user\)$"),
+        (b"1 5\n2 7\n2 7\n2 9\n", "lines",
+         r"column 'user' \(the first id of a line\): line 3 repeats user 2 of line 2 \(expected one line per user\); "
+         r"every line is one 'user item' pair: read the file with layout 'pairs'$"),
         (b"1 5\n2 x\n", "pairs", r"line 2: '2 x' is not a 'user item' pair: expected two non-negative integer ids "
                                  r"separated by one space$"),
         (b"1 5\n1 6\n2 7 8\n", "pairs", r"line 3: '2 7 8' is not a 'user item' pair: 3 fields; layout 'pairs' reads one "
@@ -186,7 +189,7 @@ def test_read_user_sequences_missing_file(tmp_path):
         (b"user item\n1 5\n", "pairs", r"line 1: 'user item' is not a 'user item' pair: a header line\? layout 'pairs' "
                                      r"reads files without one: remove it, or read the file with layout 'events'"),
     ],
-    ids=["lines-non-utf8", "lines-non-integer", "lines-user-twice", "pairs-non-integer", "pairs-three-columns",
+    ids=["lines-non-utf8", "lines-non-integer", "lines-user-twice", "lines-of-pairs", "pairs-non-integer", "pairs-three-columns",
          "pairs-tabs", "pairs-commas", "pairs-header"],
 )
 def test_read_user_sequences_refuses(tmp_path, content, layout, message):

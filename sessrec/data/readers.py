@@ -484,9 +484,10 @@ def read_user_sequences(path: str | Path, layout: Literal["pairs", "lines"] = "p
         if len(users) < len(line_users):  # two lines of one user: which holds the later items is unknown
             again = int(np.setdiff1d(np.arange(len(line_users)), first_line)[0])
             first = int(first_line[np.searchsorted(users, line_users[again])])
+            pairs = "; every line is one 'user item' pair: read the file with layout 'pairs'" if np.all(lengths == 2) else ""
             raise SchemaError(
                 f"{path}: column 'user' (the first id of a line): line {again + 1} repeats user {line_users[again]} "
-                f"of line {first + 1} (expected one line per user)"
+                f"of line {first + 1} (expected one line per user){pairs}"
             )
         is_user = np.zeros(len(flat), dtype=bool)
         is_user[offsets[:-1]] = True

@@ -391,6 +391,25 @@ def test_scoring_stream_refuses(tmp_path, name, content, options, message):
         scored_sessions(src, **options)
 
 
+@pytest.mark.parametrize("content, hint", [
+    ("user,item\n1,2\n1,3\n", "Name the file's columns with --data.predict_schema '{session_id: <its session column>, "
+                              "item_id: <its item column>}'."),
+    ("1,2\n1,3\n", "The file's first line holds values, not column names: the file needs a header line naming its "
+                   "columns."),
+], ids=["other-names", "no-header-line"])
+def test_predict_names_the_setting_of_the_columns_of_a_file_without_them(tmp_path, content, hint):
+    """`sessrec predict` on a file of other column names says which setting names them (`--data.predict_schema`), not
+    the schema's; on a file without a header line, that its first line holds values. Nothing is written."""
+    src = write(tmp_path / "sessions.csv", content)
+    names = ["user", "item"] if content.startswith("user") else ["1", "2"]
+    with pytest.raises(SchemaError) as err:
+        predict(tmp_path, src)
+    assert str(err.value) == f"{src}: column 'session_id' is missing; the file has columns {names}. {hint}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sessions.csv"]
+    out = predict(tmp_path, src, session_id="user", item_id="item") if names[0] == "user" else None
+    assert out is None or pq.read_table(out).column("session_id").to_pylist() == [1]
+
+
 @pytest.mark.parametrize("case", ["duplicate-session-row", "null-inside-list", "string-ids-int-vocab"])
 def test_predict_leaves_no_output(tmp_path, case):
     _, name, content, _, message = next(c for c in STREAM if c[0] == case)

@@ -92,6 +92,8 @@ class ScoringStream:
             whether the batches carry them.
         rows: read only the file rows ``[start, stop)`` (a range of `partitions`); a session
             repeated outside it is not seen here (`partitions` refuses it for the whole file).
+        schema_flag: the command-line setting that names the file's columns (``--data.predict_schema``), which
+            the refusal of a file without the schema's session or item column names; None: the schema's.
 
     Raises:
         SchemaError: (while iterating) on a bad row; the message names the file, column, row and value.
@@ -111,6 +113,7 @@ class ScoringStream:
         world_size: int = 1,
         times: bool = False,
         rows: tuple[int, int] | None = None,
+        schema_flag: str | None = None,
     ) -> None:
         if rows is not None and not 0 <= rows[0] < rows[1]:
             raise ValueError(f"rows must be a range [start, stop) with 0 <= start < stop, got {rows}")
@@ -124,7 +127,7 @@ class ScoringStream:
         for name, value in (("max_length", max_length), ("batch_size", batch_size), ("chunk_rows", chunk_rows)):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
-        self.vocab, self.schema, self.side = vocab, schema, side
+        self.vocab, self.schema, self.side, self.schema_flag = vocab, schema, side, schema_flag
         self.extra = [] if side is None else [*side.config.categorical, *side.config.continuous]
         if side is not None and side.config.time and schema.timestamp is None:
             raise ValueError(
@@ -217,7 +220,8 @@ class ScoringStream:
             raise ValueError(f"sessions per partition must be >= 1, got {sessions}")
         s, columns = self.schema, self.columns()
         if s.session_id not in columns:
-            hint = header_hint(columns)
+            hint = header_hint(columns) or (f"Name the file's columns with {self.schema_flag} '{{session_id: <its session "
+                                            "column>, item_id: <its item column>}'." if self.schema_flag else None)
             raise SchemaError(f"{self.path}: column {s.session_id!r} is missing; the file has columns {columns}"
                               + (f". {hint}" if hint else ""))
         lists = _is_parquet(self.path) and s.item_id in columns and _is_list(pq.read_schema(self.path).field(s.item_id).type)
@@ -243,6 +247,13 @@ class ScoringStream:
     def _file_schema(self, columns: list[str]) -> Schema:
         """The schema, without its timestamp when the file has no such column (file order then)."""
         s = self.schema
+        missing = [c for c in (s.session_id, s.item_id) if c not in columns]
+        if missing and self.schema_flag is not None:
+            raise SchemaError(
+                f"{self.path}: column {missing[0]!r} is missing; the file has columns {columns}. " + (
+                    header_hint(columns) or f"Name the file's columns with {self.schema_flag} "
+                    "'{session_id: <its session column>, item_id: <its item column>}'.")
+            )
         if s.timestamp is None or s.timestamp in columns:
             return s
         if self._needs_times:

@@ -75,7 +75,8 @@ class TopKJob:
         """Write part `index` from the file rows `rows`; its counts, the worker and whether it read the model."""
         recommender, loaded = load_once(self.folder, self.identity, SessionRecommender.from_pretrained)
         stream = ScoringStream(self.input_path, recommender.vocab, self.schema, recommender.inference.max_length,
-                               self.batch_size, side=recommender.side_transform, times=self.times, rows=rows)
+                               self.batch_size, side=recommender.side_transform, times=self.times, rows=rows,
+                               schema_flag="--data.predict_schema")
         write_part(Path(self.parts) / f"part-{index:06d}.parquet", (self.score(recommender, b) for b in stream))
         return {"index": index, "sessions": stream.num_sessions, "items": stream.num_items,
                 "unknown": stream.num_unknown, "worker": worker_name(), "pid": os.getpid(), "loaded": loaded}
@@ -152,7 +153,7 @@ def predict_file(
     identity = digest(folder / "config.json")
     times = recommender.model.uses_times if times is None else times
     stream = ScoringStream(input_path, recommender.vocab, schema, recommender.inference.max_length, batch_size,
-                           times=times)
+                           times=times, schema_flag="--data.predict_schema")
     if recommender.model.needs_times and not stream.times:
         why = "none (--data.times false)" if times is False else stream.no_times
         raise ValueError(f"{input_path}: the model was trained with event times and these sessions have "

@@ -563,7 +563,7 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
             raise ValueError("set --data.predict_path to the sessions file to score")
         self.scoring_stream = ScoringStream(
             self.predict_path, self.vocab, self.predict_schema, self.max_length, self.eval_batch_size, side=self.side,
-            times=self._wants_times(), **ranks_of(self.trainer),
+            times=self._wants_times(), **ranks_of(self.trainer), schema_flag="--data.predict_schema",
         )
         if self._task_reads("needs_times") and not self.scoring_stream.times:
             why = "--data.times false" if self.times is False else self.scoring_stream.no_times

@@ -460,7 +460,10 @@ def test_the_pairs_layout_reads_users_grouped_in_any_order_as_the_lines_layout_d
 @pytest.mark.parametrize(
     "text, layout, message",
     [
-        ("1 5\n2 6\n1 7\n", "pairs", r"column 'session_id' is not grouped by user \(value 1 at row 2\)"),
+        ("1 5\n2 6\n1 7\n", "pairs", r"column 'user' \(the first id of a line\) is not grouped by user: line 3 has "
+                                   r"user 1 again, whose lines began at line 1 and were followed by another user's "
+                                   r"\(expected each user's lines together, in time order\)$"),
+        ("3 5\n3 6\n2 6\n4 1\n2 7\n", "pairs", r"line 5 has user 2 again, whose lines began at line 3"),
         ("1 5\n2 x\n", "pairs", r"line 2: '2 x' is not a 'user item' pair"),
         ("1 5 6\n2\n", "lines", r"line 2 has no items: '2'"),
         ("1 5 6\n2 7 x\n", "lines", r"line 2: 'x' is not a non-negative integer id"),

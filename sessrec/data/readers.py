@@ -449,7 +449,10 @@ def read_user_sequences(path: str | Path, layout: Literal["pairs", "lines"] = "p
         _, first = np.unique(users[starts], return_index=True)
         if len(first) < len(starts):  # a user's lines come again after another user's
             row = int(starts[np.setdiff1d(np.arange(len(starts)), first)[0]])
-            raise SchemaError(f"{path}: column 'session_id' is not grouped by user (value {users[row]} at row {row})")
+            begun = int(starts[np.flatnonzero(users[starts] == users[row])[0]])
+            raise SchemaError(f"{path}: column 'user' (the first id of a line) is not grouped by user: line {row + 1} has "
+                              f"user {users[row]} again, whose lines began at line {begun + 1} and were followed by "
+                              "another user's (expected each user's lines together, in time order)")
     elif layout == "lines":
         try:
             with open_binary(path) as f:

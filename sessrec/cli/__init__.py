@@ -403,7 +403,8 @@ def _usage() -> str:
     """The commands and the options of every command, as the module docstring lists them."""
     commands, options = __doc__.split("\n\n")[1], __doc__.split("\n\n")[3]
     return ("usage:\n" + commands + "\n\noptions of every command:\n" + options
-            + "\n\n(sessrec <command> --help for a command's options)")
+            + "\n\n(sessrec <command> --help for a command's options; the data and model options of fit, validate, "
+              "test and predict: sessrec <command> --data.help SessionDataModule, --model.help NextItemTask)")
 
 
 NOISE = ("\N{ELECTRIC LIGHT BULB} Tip:",)  # Lightning's advertisements (rank_zero_info at INFO)

@@ -24,6 +24,7 @@ def test_help_lists_every_command_on_its_own_line(capsys):
     assert "--traceback" in out and "--show-warnings" in out and "SESSREC_SHOW_WARNINGS" in out
     # a baseline validates without a model directory; predict reads CSV as well as parquet
     assert "sessrec validate --config <recipe> [--model_dir M]" in out and "--data.predict_path (parquet or CSV)" in out
+    assert "sessrec <command> --data.help SessionDataModule, --model.help NextItemTask)" in out  # shown by the test below
 
 
 @pytest.mark.parametrize("config, expected", [

@@ -9,6 +9,7 @@ commands run through the ``sessrec`` entry point (`sessrec_main`) in this proces
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from sessrec.data import SyntheticSource
 from sessrec.data.stream import ScoringStream
 from sessrec.pipeline.offline import RecommendJob, recommend_file
 from sessrec.scoring import OutputFile, TopKJob, predict_file
-from sessrec.scoring.output import long_table
+from sessrec.scoring.output import check_folder, long_table
 from sessrec.tasks import NextItemTask, SessionDataModule
 
 torch.set_num_threads(1)
@@ -137,6 +138,10 @@ CASES = {  # output as typed, whether --overwrite true is given, the message aft
     "an existing file": ("taken.parquet", False, " exists; pass {overwrite} true to replace it"),
     "the input": ("sessions.parquet", True, " is the input file; name another file for the recommendations"),
     "under a file": ("a_file/recs.csv", False, ": {tmp}/a_file is a file, not a folder"),
+    # a missing folder and back: the file it names once the folder is created
+    "the input via a new folder": ("new/../sessions.parquet", True, " is the input file; name another file for the "
+                                   "recommendations"),
+    "an existing file via a new folder": ("new/../taken.parquet", False, " exists; pass {overwrite} true to replace it"),
 }
 
 
@@ -171,6 +176,14 @@ def test_the_checks_name_the_flag_and_the_path_as_given(tmp_path: Path) -> None:
         OutputFile("x/y.JSONL", "--scoring.output").check(overwrite=False)
     OutputFile(tmp_path / "new" / "deeper" / "recs.csv").check(overwrite=False)  # missing folders: created when written
     assert not (tmp_path / "new").exists()
+
+
+def test_a_folder_reached_through_a_missing_folder_and_back_is_the_folder_it_names(tmp_path: Path) -> None:
+    (tmp_path / "model").mkdir()
+    given = f"{tmp_path}/new/../model/onnx"
+    with pytest.raises(ValueError, match=rf"^--out {re.escape(given)} is inside {tmp_path}/model, which the command"):
+        check_folder(given, "--out", [tmp_path / "model"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
 
 
 # --------------------------------------------------------------------------- refused while scoring

@@ -48,7 +48,7 @@ class OutputFile:
 
     def __init__(self, path: str | os.PathLike, flag: str = "--output") -> None:
         self.named = os.fspath(path)
-        self.path, self.flag = Path(self.named).absolute(), flag
+        self.path, self.flag = _effective(Path(self.named).absolute()), flag
         self.made: list[Path] = []  # folders created by `make_folder`, outermost first
 
     @property
@@ -121,14 +121,21 @@ def check_folder(folder: str | os.PathLike, flag: str, inputs: Sequence[str | os
         ValueError: `folder` is one of `inputs` or inside one.
         PermissionError: `folder` is a file or cannot be written.
     """
-    where, path = f"{flag} {os.fspath(folder)}", Path(folder).absolute()
+    where, path = f"{flag} {os.fspath(folder)}", _effective(Path(folder).absolute())
     if path.exists() and not path.is_dir():
         raise PermissionError(f"{where} is a file; name a folder")
     for given in inputs:
-        root = Path(given).absolute()
+        root = _effective(Path(given).absolute())
         if path == root or root in path.parents or (path.exists() and os.path.samefile(path, root)):
             raise ValueError(f"{where} is inside {given}, which the command reads; name another folder")
     check_writable(path, where)
+
+
+def _effective(path: Path) -> Path:
+    """`path` (absolute) as the file system will reach it once the missing folders on its way are created:
+    its folder's symbolic links and ``..`` resolved (``new/../recs.parquet`` is ``recs.parquet``, whether
+    ``new`` exists or not), the last name kept as given."""
+    return Path(os.path.realpath(path.parent)) / path.name
 
 
 def check_writable(folder: Path, where: str) -> None:

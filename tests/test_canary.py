@@ -254,7 +254,7 @@ def test_a_canary_that_cannot_run_is_refused_in_one_line(model_dir, data, tmp_pa
     start_canary(model_dir, "v000002", 0.1)
     with pytest.raises(ValueError, match="model: canary v000002 is running; end it first"):
         VersionedDirectory(model_dir).start_canary("v000003", 0.1)
-    with pytest.raises(ValueError, match="plain: runs no canary; give --version to promote"):
+    with pytest.raises(ValueError, match=r"plain: holds one model and no versions \(it was saved once\): nothing to promote$"):
         promote(str(tmp_path / "plain"))
 
 

@@ -653,3 +653,46 @@ def test_a_first_save_killed_at_any_point_leaves_nothing_the_next_save_keeps(tmp
         if finished:
             break
     assert points > 5
+
+
+def test_promote_rollback_and_a_canary_of_a_directory_saved_once_are_refused_without_writing_into_it(tmp_path):
+    from sessrec.cli import run
+
+    plain = tmp_path / "plain"
+    write_directory(plain, write_file("once"))
+    before = {p: p.read_bytes() for p in plain.iterdir()}
+    for command, nothing in ((["promote", "--version", "v000001"], "nothing to promote"), (["promote"], "nothing to promote"),
+                             (["rollback"], "nothing to roll back to"), (["rollback", "--to", "v000001"], "nothing to roll back to")):
+        with pytest.raises(ValueError, match=rf"^{plain}: holds one model and no versions \(it was saved once\): {nothing}$"):
+            run([command[0], "--model_dir", str(plain), *command[1:]])
+    with pytest.raises(ValueError, match=rf"^{plain}: has no versions \(no CURRENT\); a canary is another version"):
+        VersionedDirectory(plain).start_canary("v000001", 0.5)
+    assert {p: p.read_bytes() for p in plain.iterdir()} == before  # no .lock, no log
+
+
+@pytest.mark.parametrize("command", [["promote", "--version", "v000001"], ["rollback"]])
+def test_a_writer_that_comes_while_promote_or_rollback_decides_is_refused_and_the_move_reports_what_it_replaced(
+        tmp_path, capsys, monkeypatch, command):
+    """The state a move is decided on (the current version, the canary) and the move are one step under the
+    directory's lock: a promotion racing in between is refused, not logged beside a stale decision."""
+    from sessrec.cli import run
+
+    store = VersionedDirectory(tmp_path / "m")
+    for text in ("one", "two", "three"):
+        store.publish(write_file(text))
+    store.rollback()  # v000002 current, v000003 kept
+    real, racing = versions.canary, []
+
+    def canary_then_another_writer(directory):
+        try:
+            VersionedDirectory(directory).promote("v000003")
+        except RuntimeError as err:
+            racing.append(str(err))
+        return real(directory)
+
+    monkeypatch.setattr(versions, "canary", canary_then_another_writer)
+    assert run([command[0], "--model_dir", str(store.root), *command[1:]]) == "v000001"
+    assert len(racing) == 1 and f"another process (pid {os.getpid()}) is writing" in racing[0]
+    assert "v000001 is current (was v000002)" in capsys.readouterr().out
+    assert store.current_version() == "v000001" and read_part(store.root) == "one"
+    assert [(e["event"], e["version"], e["previous"]) for e in store.history()][-1] == (command[0], "v000001", "v000002")

@@ -259,8 +259,11 @@ def rollback(model_dir: str, to: str | None = None) -> str:
     from sessrec.saved.versions import VersionedDirectory, canary
 
     store = VersionedDirectory(model_dir)
-    before, running = store.current_version(), canary(model_dir)
-    version = store.rollback(to)
+    store.check_versioned("nothing to roll back to")
+    with store.lock():  # what it was and the move, one decision: another writer waits for it or is refused
+        before = store.recover()
+        running = canary(model_dir)
+        version = store.rollback(to)
     if running is not None and to is None:
         print(f"sessrec rollback: {model_dir}: canary {running[0]} dropped; {version} answers every session "
               "(a server following it reloads)")
@@ -285,16 +288,17 @@ def promote(model_dir: str, version: str | None = None) -> str:
     from sessrec.saved.versions import VersionedDirectory, canary
 
     store = VersionedDirectory(model_dir)
-    store.check_saved()
-    before = store.recover()  # the pointer and the canary as the log says, after a crash between them
-    running = canary(model_dir)
-    if version is None:
-        if running is None:
-            raise ValueError(f"{model_dir}: runs no canary; give --version to promote")
-        version = running[0]
-    if version == before:
-        raise ValueError(f"{model_dir}: {version} is already the current version")
-    store.promote(version, {"reason": "sessrec promote"})
+    store.check_versioned("nothing to promote")
+    with store.lock():  # the state read and the move, one decision: another writer is refused meanwhile
+        before = store.recover()  # the pointer and the canary as the log says, after a crash between them
+        running = canary(model_dir)
+        if version is None:
+            if running is None:
+                raise ValueError(f"{model_dir}: runs no canary; give --version to promote")
+            version = running[0]
+        if version == before:
+            raise ValueError(f"{model_dir}: {version} is already the current version")
+        store.promote(version, {"reason": "sessrec promote"})
     ended = "" if running is None else (f"; canary {running[0]} " + ("promoted" if running[0] == version else "dropped"))
     print(f"sessrec promote: {model_dir}: {version} is current (was {before}){ended}; a server following it reloads")
     return version

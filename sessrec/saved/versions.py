@@ -270,6 +270,14 @@ class VersionedDirectory:
             raise FileNotFoundError(f"{self.root}: not a saved model or pipeline directory (no "
                                     f"{', '.join(SAVED_MARKERS)})")
 
+    def check_versioned(self, nothing: str) -> None:
+        """`check_saved`, and refuse in one line, before its lock is taken, a directory saved once (no
+        ``CURRENT``, no ``versions``, no log): ``{root}: holds one model and no versions (it was saved once):
+        {nothing}``."""
+        self.check_saved()
+        if not any((self.root / name).exists() for name in (POINTER, VERSIONS, LOG)):
+            raise ValueError(f"{self.root}: holds one model and no versions (it was saved once): {nothing}")
+
     def history(self) -> list[dict[str, Any]]:
         """The log's entries, oldest first (a last line cut short by a crash is left out)."""
         path = self.root / LOG
@@ -421,6 +429,9 @@ class VersionedDirectory:
         """
         share = check_share(share)
         self.check_saved()
+        if not any((self.root / name).exists() for name in (POINTER, VERSIONS, LOG)):
+            raise ValueError(f"{self.root}: has no versions (no {POINTER}); a canary is another version of a "
+                             "versioned model directory")
         with self.lock():
             current = self.recover()
             if current is None:
@@ -446,7 +457,7 @@ class VersionedDirectory:
         """Make `to` current again (default: the version before the current one in the promotion
         history, `line`); returns its name. While a canary runs, a rollback without `to` drops the
         canary and the pointer stays (returns the current version)."""
-        self.check_saved()
+        self.check_versioned("nothing to roll back to")
         with self.lock():
             current = self.recover()
             running = self._canary_from_log()

@@ -239,6 +239,22 @@ def test_bad_inputs_are_one_line_naming_file_column_or_value(inputs: dict, tmp_p
         monitor(out="m.txt", **inputs)
 
 
+def test_an_output_that_is_an_event_file_or_another_output_is_refused_before_anything_is_read(
+        inputs: dict, tmp_path: Path) -> None:
+    events = inputs["paths"][0]
+    before = Path(events).read_bytes()
+    with pytest.raises(ValueError, match=rf"^monitor: out {re.escape(events)} is the event file {re.escape(events)} that "
+                                         "the run reads; name another file$"):
+        monitor(out=events, **inputs)
+    through = f"{tmp_path}/new/../events.csv"  # a missing folder and back: the same file
+    with pytest.raises(ValueError, match=r"^monitor: canary_out .*/new/\.\./events.csv is the event file"):
+        monitor(out=str(tmp_path / "m.csv"), canary_out=through, **inputs)
+    with pytest.raises(ValueError, match=rf"^monitor: canary_out {tmp_path}/m.csv is the file out names; name another file$"):
+        monitor(out=str(tmp_path / "m.csv"), canary_out=str(tmp_path / "m.csv"), **inputs)
+    assert Path(events).read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["events.csv", "log", "ref"]
+
+
 def replay(recommender, sessions: pa.Table, directory: Path, version: str, per_request: int = 64) -> list[dict]:
     """Each session's events but its last, as the requests a server gets, through the server's app (`build_app`
     with a `ServedLog` in `directory`, as ``sessrec serve --served_log`` builds it); its answers."""

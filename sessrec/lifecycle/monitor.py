@@ -66,6 +66,7 @@ from sessrec.lifecycle.gate import DRAWS_PER_CHUNK
 from sessrec.saved.atomic import atomic_path
 from sessrec.saved.registry import check_numbers
 from sessrec.saved.versions import resolve
+from sessrec.scoring.output import same_file
 from sessrec.serving.served_log import SCHEMA, served_files
 
 __all__ = ["PSI_FLOOR", "CanaryWorse", "ThresholdCrossed", "Thresholds", "compare_canary", "monitor", "psi"]
@@ -216,6 +217,7 @@ def monitor(
         raise ValueError(f"monitor: canary_out must end in .csv or .parquet, got {canary_out}")
     if not 0.5 < confidence < 1:
         raise ValueError(f"monitor: confidence must be in (0.5, 1), got {confidence}")
+    check_outputs({"out": out, "canary_out": canary_out, "plot": plot}, paths)
     served = read_served(served_log, since, until, versions)
     vocab = reference_vocab(reference)
     events = event_positions(paths, schema, delimiter)
@@ -240,6 +242,19 @@ def monitor(
             rest = len(worse) + len(reasons) - 1
             raise kind(f"{found[0]}" + (f" (and {rest} more, see {out} and the comparison above)" if rest else ""))
     return table
+
+
+def check_outputs(outputs: dict[str, str | None], paths: list[str]) -> None:
+    """Refuse, before anything is read, an output (setting -> file, None: not written) that is one of the event
+    files `paths` or the file of another output: writing it would replace what the run reads or writes."""
+    given = [(name, path) for name, path in outputs.items() if path is not None]
+    for i, (name, path) in enumerate(given):
+        for events in paths:
+            if same_file(path, events):
+                raise ValueError(f"monitor: {name} {path} is the event file {events} that the run reads; name another file")
+        for other, taken in given[:i]:
+            if same_file(path, taken):
+                raise ValueError(f"monitor: {name} {path} is the file {other} names; name another file")
 
 
 def read_served(directory: str, since: str | None, until: str | None, versions: list[str] | None) -> pa.Table:

@@ -131,6 +131,12 @@ def check_folder(folder: str | os.PathLike, flag: str, inputs: Sequence[str | os
     check_writable(path, where)
 
 
+def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Whether writing `a` would write `b`: one path as the file system reaches it (`_effective`), or one file."""
+    first, second = _effective(Path(a).absolute()), _effective(Path(b).absolute())
+    return first == second or (first.exists() and second.exists() and os.path.samefile(first, second))
+
+
 def _effective(path: Path) -> Path:
     """`path` (absolute) as the file system will reach it once the missing folders on its way are created:
     its folder's symbolic links and ``..`` resolved (``new/../recs.parquet`` is ``recs.parquet``, whether

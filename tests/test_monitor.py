@@ -251,8 +251,12 @@ def test_an_output_that_is_an_event_file_or_another_output_is_refused_before_any
         monitor(out=str(tmp_path / "m.csv"), canary_out=through, **inputs)
     with pytest.raises(ValueError, match=rf"^monitor: canary_out {tmp_path}/m.csv is the file out names; name another file$"):
         monitor(out=str(tmp_path / "m.csv"), canary_out=str(tmp_path / "m.csv"), **inputs)
+    (tmp_path / "d.csv").mkdir()
+    for name in ("out", "canary_out"):  # a canary_out is written only when a canary ran: refused before either way
+        with pytest.raises(ValueError, match=rf"^monitor: {name} {tmp_path}/d.csv is a directory; name a file in it$"):
+            monitor(**{"out": str(tmp_path / "m.csv"), **inputs, name: str(tmp_path / "d.csv")})
     assert Path(events).read_bytes() == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["events.csv", "log", "ref"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.csv", "events.csv", "log", "ref"]
 
 
 def replay(recommender, sessions: pa.Table, directory: Path, version: str, per_request: int = 64) -> list[dict]:

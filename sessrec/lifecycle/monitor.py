@@ -246,9 +246,12 @@ def monitor(
 
 def check_outputs(outputs: dict[str, str | None], paths: list[str]) -> None:
     """Refuse, before anything is read, an output (setting -> file, None: not written) that is one of the event
-    files `paths` or the file of another output: writing it would replace what the run reads or writes."""
+    files `paths`, the file of another output or a directory: writing it would replace what the run reads or
+    writes, or fail once the work is done."""
     given = [(name, path) for name, path in outputs.items() if path is not None]
     for i, (name, path) in enumerate(given):
+        if Path(path).is_dir():
+            raise ValueError(f"monitor: {name} {path} is a directory; name a file in it")
         for events in paths:
             if same_file(path, events):
                 raise ValueError(f"monitor: {name} {path} is the event file {events} that the run reads; name another file")

@@ -640,3 +640,17 @@ def test_a_preparation_removes_what_one_killed_on_this_host_left_beside_its_data
     finally:
         live.kill()
         live.wait()
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_an_out_reached_through_a_missing_folder_and_back_is_checked_as_the_folder_it_names(tmp_path, overwrite):
+    """``new/../mine`` names ``mine`` once ``new`` is made: a folder of other files there is refused and kept, with or
+    without --overwrite, and neither ``new`` nor a temporary folder is left."""
+    source = EventLogSource(write(event_log(sessions=60), tmp_path / "events.parquet"), schema=SCHEMA, test_fraction=0.2)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("kept")
+    message = "exists and is not a prepared dataset" if overwrite else "exists; remove it, choose another --out"
+    with pytest.raises(FileExistsError, match=rf"^{tmp_path}/mine: {message}"):
+        prepare(source, f"{tmp_path}/new/../mine", engine="local", memory_budget=ROOMY, overwrite=overwrite, **LAYOUT)
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == ["events.parquet", "mine", "mine/notes.txt"]
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "kept"

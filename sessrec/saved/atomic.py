@@ -29,6 +29,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 
+def reached_path(path: str | os.PathLike) -> Path:
+    """`path`, absolute, as the file system reaches it once the missing folders on its way are created: its
+    folder's symbolic links and ``..`` resolved (``new/../data`` is ``data``, whether ``new`` exists or not), its
+    last name kept as given. Every check of a path a command writes (exists, is the input, is a dataset) is of this
+    one, never of the text given, which ``..`` after a missing folder makes name no file yet."""
+    given = Path(path).absolute()
+    return Path(os.path.realpath(given.parent)) / given.name
+
+
 def fsync_file(path: str | os.PathLike) -> None:
     """Flush a written file's data to the disk."""
     fd = os.open(path, os.O_RDONLY)

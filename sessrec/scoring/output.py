@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from sessrec.saved.atomic import atomic_path
+from sessrec.saved.atomic import atomic_path, reached_path
 
 FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
 SUPPORTED = "name a .parquet or .pq file (one row per session) or a .csv file (one row per recommendation)"
@@ -48,7 +48,7 @@ class OutputFile:
 
     def __init__(self, path: str | os.PathLike, flag: str = "--output") -> None:
         self.named = os.fspath(path)
-        self.path, self.flag = _effective(Path(self.named).absolute()), flag
+        self.path, self.flag = reached_path(self.named), flag
         self.made: list[Path] = []  # folders created by `make_folder`, outermost first
 
     @property
@@ -121,27 +121,20 @@ def check_folder(folder: str | os.PathLike, flag: str, inputs: Sequence[str | os
         ValueError: `folder` is one of `inputs` or inside one.
         PermissionError: `folder` is a file or cannot be written.
     """
-    where, path = f"{flag} {os.fspath(folder)}", _effective(Path(folder).absolute())
+    where, path = f"{flag} {os.fspath(folder)}", reached_path(folder)
     if path.exists() and not path.is_dir():
         raise PermissionError(f"{where} is a file; name a folder")
     for given in inputs:
-        root = _effective(Path(given).absolute())
+        root = reached_path(given)
         if path == root or root in path.parents or (path.exists() and os.path.samefile(path, root)):
             raise ValueError(f"{where} is inside {given}, which the command reads; name another folder")
     check_writable(path, where)
 
 
 def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
-    """Whether writing `a` would write `b`: one path as the file system reaches it (`_effective`), or one file."""
-    first, second = _effective(Path(a).absolute()), _effective(Path(b).absolute())
+    """Whether writing `a` would write `b`: one path as the file system reaches it (`reached_path`), or one file."""
+    first, second = reached_path(a), reached_path(b)
     return first == second or (first.exists() and second.exists() and os.path.samefile(first, second))
-
-
-def _effective(path: Path) -> Path:
-    """`path` (absolute) as the file system will reach it once the missing folders on its way are created:
-    its folder's symbolic links and ``..`` resolved (``new/../recs.parquet`` is ``recs.parquet``, whether
-    ``new`` exists or not), the last name kept as given."""
-    return Path(os.path.realpath(path.parent)) / path.name
 
 
 def check_writable(folder: Path, where: str) -> None:

@@ -36,7 +36,14 @@ import pyarrow.parquet as pq
 from sessrec.data import frame
 from sessrec.data.sources import SessionSource, SessionSplits
 from sessrec.data.vocab import ItemVocab
-from sessrec.saved.atomic import fsync_dir, fsync_tree, normal_modes, remove_abandoned, stage_name
+from sessrec.saved.atomic import (
+    fsync_dir,
+    fsync_tree,
+    normal_modes,
+    reached_path,
+    remove_abandoned,
+    stage_name,
+)
 from sessrec.saved.directory import HASH, content_hash
 
 FORMAT = "sessrec-prepared"
@@ -114,7 +121,7 @@ class PreparedWriter:
     """
 
     def __init__(self, out: str | os.PathLike, layout: Layout = Layout(), overwrite: bool = False) -> None:
-        self.out, self.layout, self.overwrite = Path(out), layout, overwrite
+        self.out, self.layout, self.overwrite = reached_path(out), layout, overwrite  # `new/../data` is `data`
         if self.out.exists() and not overwrite:
             raise FileExistsError(f"{self.out}: exists; remove it, choose another --out, or pass --overwrite true")
         if self.out.exists() and not (self.out / MANIFEST).is_file():  # never replace the folder of something else

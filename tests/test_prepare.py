@@ -654,3 +654,20 @@ def test_an_out_reached_through_a_missing_folder_and_back_is_checked_as_the_fold
         prepare(source, f"{tmp_path}/new/../mine", engine="local", memory_budget=ROOMY, overwrite=overwrite, **LAYOUT)
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == ["events.parquet", "mine", "mine/notes.txt"]
     assert (tmp_path / "mine" / "notes.txt").read_text() == "kept"
+
+
+def test_an_out_that_is_a_file_or_holds_the_event_log_it_replaces_is_refused_and_kept(tmp_path):
+    log = event_log(sessions=60)
+    (tmp_path / "afile").write_text("kept")
+    source = EventLogSource(write(log, tmp_path / "events.parquet"), schema=SCHEMA, test_fraction=0.2)
+    for overwrite in (False, True):  # --overwrite would not replace it either: the advice is another --out
+        with pytest.raises(FileExistsError, match=rf"^{tmp_path}/afile: is a file, not a folder; choose another --out$"):
+            prepare(source, str(tmp_path / "afile"), engine="local", memory_budget=ROOMY, overwrite=overwrite, **LAYOUT)
+    out = prepare(source, str(tmp_path / "p"), engine="local", memory_budget=ROOMY, **LAYOUT)
+    inside = EventLogSource(write(log, out / "events.parquet"), schema=SCHEMA, test_fraction=0.3)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    with pytest.raises(ValueError, match=rf"^{out}: holds {out}/events.parquet, a file the preparation reads, which "
+                                         "replacing the dataset would delete; move the file out of it or choose another"):
+        prepare(inside, str(out), engine="local", memory_budget=ROOMY, overwrite=True, **LAYOUT)
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+    assert (tmp_path / "afile").read_text() == "kept" and pq.read_table(out / "events.parquet").equals(log)

@@ -85,7 +85,9 @@ def prepare(
         )
     budget = parse_bytes(memory_budget)
     layout = Layout(part_sessions, row_group_sessions)
-    writer = PreparedWriter(out, layout, overwrite=overwrite)
+    # an event log is read partition by partition while the dataset is written: its files must outlive the old dataset
+    reads = [source.path, source.test_path, source.valid_path] if isinstance(source, EventLogSource) else []
+    writer = PreparedWriter(out, layout, overwrite=overwrite, inputs=[r for r in reads if r is not None])
     try:
         if engine == "memory":
             vocab = _prepare_in_memory(source, writer, min_item_count, max_vocab_size)

@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -118,10 +119,19 @@ class PreparedWriter:
         out: the dataset's directory; it must not exist unless `overwrite`.
         layout: how splits are cut into files.
         overwrite: replace an existing dataset at `out` (only once the new one is complete).
+        inputs: the files the preparation reads: an `out` holding one is not replaced.
     """
 
-    def __init__(self, out: str | os.PathLike, layout: Layout = Layout(), overwrite: bool = False) -> None:
+    def __init__(self, out: str | os.PathLike, layout: Layout = Layout(), overwrite: bool = False,
+                 inputs: Sequence[str | os.PathLike] = ()) -> None:
         self.out, self.layout, self.overwrite = reached_path(out), layout, overwrite  # `new/../data` is `data`
+        if self.out.exists() and not self.out.is_dir():
+            raise FileExistsError(f"{self.out}: is a file, not a folder; choose another --out")
+        for read in inputs:  # a source file inside the dataset would go with the dataset it replaces
+            file = Path(os.path.realpath(read))
+            if self.out.exists() and overwrite and (file == self.out or self.out in file.parents):
+                raise ValueError(f"{self.out}: holds {file}, a file the preparation reads, which replacing the dataset "
+                                 "would delete; move the file out of it or choose another --out")
         if self.out.exists() and not overwrite:
             raise FileExistsError(f"{self.out}: exists; remove it, choose another --out, or pass --overwrite true")
         if self.out.exists() and not (self.out / MANIFEST).is_file():  # never replace the folder of something else

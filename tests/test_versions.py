@@ -696,3 +696,16 @@ def test_a_writer_that_comes_while_promote_or_rollback_decides_is_refused_and_th
     assert "v000001 is current (was v000002)" in capsys.readouterr().out
     assert store.current_version() == "v000001" and read_part(store.root) == "one"
     assert [(e["event"], e["version"], e["previous"]) for e in store.history()][-1] == (command[0], "v000001", "v000002")
+
+
+def test_a_directory_named_through_a_missing_folder_and_back_is_the_directory_it_names(tmp_path):
+    """``new/../m`` is ``m`` once ``new`` is made: a save there adds a version to the saved ``m``, a save into
+    ``new/../mine`` (a folder of other files) is refused in one line, and ``new`` is never made."""
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("kept")
+    with pytest.raises(FileExistsError, match=rf"^{tmp_path}/mine: exists and is not a saved model or pipeline directory"):
+        write_directory(f"{tmp_path}/new/../mine", write_file("a"))
+    write_directory(tmp_path / "m", write_file("one"))
+    assert write_directory(f"{tmp_path}/new/../m", write_file("two")) == tmp_path / "m" / "versions" / "v000002"
+    assert read_part(tmp_path / "m") == "two" and VersionedDirectory(tmp_path / "m").line() == ["v000001", "v000002"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m", "mine"] and os.listdir(tmp_path / "mine") == ["notes.txt"]

@@ -62,6 +62,7 @@ from sessrec.saved.atomic import (
     fsync_tree,
     new_folders,
     normal_modes,
+    reached_path,
     remove_abandoned,
     stage_name,
     write_text,
@@ -169,7 +170,7 @@ def write_directory(directory: str | os.PathLike, write: Callable[[Path], Any], 
     The first save into a new or empty folder writes it in place (a plain directory, nothing to
     replace); every later save adds a version and moves the pointer (`VersionedDirectory.publish`).
     """
-    directory = Path(directory)
+    directory = _reached(directory)
     if check_writable(directory):
         return _write_plain(directory, write)
     return VersionedDirectory(directory, keep=keep).publish(write)
@@ -179,7 +180,7 @@ def check_writable(directory: str | os.PathLike) -> bool:
     """Whether `write_directory` writes `directory` anew (True: it does not exist or is empty) or adds a version
     to a saved one (False); refused in one line, so that a command can check before any work: a file, a folder
     that holds something other than a saved model or pipeline, or a path under a file."""
-    directory = Path(directory)
+    directory = _reached(directory)
     if not directory.exists() or (directory.is_dir() and not any(directory.iterdir())):
         above = next((p for p in directory.parents if p.exists()), None)
         if above is not None and not above.is_dir():
@@ -190,6 +191,12 @@ def check_writable(directory: str | os.PathLike) -> bool:
             f"{directory}: exists and is not a saved model or pipeline directory; save into a new or empty folder"
         )
     return False
+
+
+def _reached(directory: str | os.PathLike) -> Path:
+    """`directory`, its ``..`` resolved where it has one (`reached_path`: ``new/../model`` is ``model`` whether
+    ``new`` exists or not), else as given."""
+    return reached_path(directory) if ".." in Path(directory).parts else Path(directory)
 
 
 def _write_plain(directory: Path, write: Callable[[Path], Any]) -> Path:

@@ -237,6 +237,10 @@ def test_bad_inputs_are_one_line_naming_file_column_or_value(inputs: dict, tmp_p
         monitor(out=str(tmp_path / "m.csv"), **{**inputs, "reference": str(tmp_path)})
     with pytest.raises(ValueError, match="out must end in .csv or .parquet, got m.txt"):
         monitor(out="m.txt", **inputs)
+    with pytest.raises(ValueError, match=r"^monitor: versions is an empty list; name at least one version, or leave "
+                                         "it out for every version served$"):
+        monitor(out=str(tmp_path / "m.csv"), versions=[], **inputs)  # not an empty table and exit 0
+    assert not (tmp_path / "m.csv").exists()
 
 
 def test_an_output_that_is_an_event_file_or_another_output_is_refused_before_anything_is_read(

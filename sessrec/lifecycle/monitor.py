@@ -217,6 +217,9 @@ def monitor(
         raise ValueError(f"monitor: canary_out must end in .csv or .parquet, got {canary_out}")
     if not 0.5 < confidence < 1:
         raise ValueError(f"monitor: confidence must be in (0.5, 1), got {confidence}")
+    if versions is not None and not versions:  # an empty list would report no row and check no threshold
+        raise ValueError("monitor: versions is an empty list; name at least one version, or leave it out for every "
+                         "version served")
     check_outputs({"out": out, "canary_out": canary_out, "plot": plot}, paths)
     served = read_served(served_log, since, until, versions)
     vocab = reference_vocab(reference)

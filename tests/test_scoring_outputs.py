@@ -142,6 +142,8 @@ CASES = {  # output as typed, whether --overwrite true is given, the message aft
     "the input via a new folder": ("new/../sessions.parquet", True, " is the input file; name another file for the "
                                    "recommendations"),
     "an existing file via a new folder": ("new/../taken.parquet", False, " exists; pass {overwrite} true to replace it"),
+    "its parts folder a file": ("recs.csv", False, ": {tmp}/recs.csv.parts is a file, where the run keeps its parts; "
+                                "remove it or name another file"),
 }
 
 
@@ -155,6 +157,7 @@ def test_an_output_that_cannot_be_written_as_named_is_refused_before_any_work(
     (tmp_path / "out").mkdir()
     (tmp_path / "taken.parquet").write_bytes(b"kept")
     (tmp_path / "a_file").write_text("kept")
+    (tmp_path / "recs.csv.parts").write_text("kept")
     before = sorted(tmp_path.rglob("*"))
     output, overwrite, message = CASES[case]
     flag, overwrite_flag = ("--scoring.output", "--scoring.overwrite") if name == "predict" else ("--output", "--overwrite")

@@ -52,6 +52,11 @@ class OutputFile:
         self.made: list[Path] = []  # folders created by `make_folder`, outermost first
 
     @property
+    def parts(self) -> Path:
+        """``<output>.parts``: where a run partition by partition keeps its parts (`sessrec.scoring.PartsFolder`)."""
+        return self.path.with_name(self.path.name + ".parts")
+
+    @property
     def format(self) -> str:
         """``parquet`` or ``csv``."""
         return FORMATS[self.path.suffix.lower()]
@@ -79,6 +84,9 @@ class OutputFile:
                 raise ValueError(f"{where} is the input file; name another file for the recommendations")
         if self.path.exists() and not overwrite:
             raise FileExistsError(f"{where} exists; pass {self.flag.replace('output', 'overwrite')} true to replace it")
+        if self.parts.exists() and not self.parts.is_dir():
+            raise FileExistsError(f"{where}: {self.parts} is a file, where the run keeps its parts; remove it or name "
+                                  "another file")
         check_writable(self.path.parent, where)
 
     def make_folder(self) -> None:

@@ -72,7 +72,7 @@ class PartsFolder:
 
     def __init__(self, output: OutputFile, manifest: dict[str, Any], reusable: bool = True, tag: str = "scoring") -> None:
         self.output, self.manifest, self.reusable, self.tag = output, manifest, reusable, tag
-        self.folder = output.path.with_name(output.path.name + ".parts")
+        self.folder = output.parts
         self._lock: int | None = None  # the descriptor of the folder, locked, from `open` until `release`
 
     def __enter__(self) -> PartsFolder:

@@ -168,6 +168,18 @@ def test_an_output_that_cannot_be_written_as_named_is_refused_before_any_work(
     assert source.read_bytes() == world.events.read_bytes() and (tmp_path / "taken.parquet").read_bytes() == b"kept"
 
 
+def test_an_output_inside_the_pipeline_directory_is_refused_before_any_work(world: World, tmp_path: Path,
+                                                                          nothing_runs) -> None:
+    pipeline = tmp_path / "pipeline"
+    pipeline.symlink_to(world.pipeline_dir)  # by any path to it
+    before = sorted(world.pipeline_dir.rglob("*"))
+    for output in (pipeline / "recs.parquet", pipeline / "new" / "recs.csv"):
+        with pytest.raises(ValueError, match=rf"^--output {output} is inside {pipeline}, which the run reads; name a "
+                                             "file outside it$"):
+            recommend_file(pipeline, world.events, output)
+    assert sorted(world.pipeline_dir.rglob("*")) == before
+
+
 def test_a_folder_that_refuses_a_new_file_is_refused_before_any_work(world: World, tmp_path: Path,
                                                                      nothing_runs) -> None:
     with pytest.raises(PermissionError, match=r"^--output /proc/sessrec/recs.csv: cannot write in /proc \("):

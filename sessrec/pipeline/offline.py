@@ -98,7 +98,7 @@ def recommend_file(
 
     Raises:
         ValueError: `k`, `batch_size` or `partition_batches` below 1, `output` a directory, of another
-            extension or the input itself, an engine setting that cannot be honoured (all before anything
+            extension, the input itself or inside the pipeline directory, an engine setting that cannot be honoured (all before anything
             is read or written), an implausible `now` or event time (after the year 3000: milliseconds
             given as seconds), a `now` before a session's last event, or an input without a time column
             for a ranker fitted with time features or a retriever trained with event times (a refusal while scoring removes the parts written).
@@ -109,7 +109,7 @@ def recommend_file(
     k = check_k(k)  # the rule and message of every entry point
     out, input_path = OutputFile(output), Path(input_path).absolute()
     check_settings(k, batch_size, partition_batches)
-    out.check(overwrite, [input_path])
+    out.check(overwrite, [input_path], [] if isinstance(pipeline, Pipeline) else [pipeline])
     run_on = Engine(engine, scheduler, workers)
     if run_on.engine == "dask" and isinstance(pipeline, Pipeline):
         raise ValueError("--engine dask reads the pipeline on every worker from its directory: pass the saved "

@@ -61,15 +61,17 @@ class OutputFile:
         """``parquet`` or ``csv``."""
         return FORMATS[self.path.suffix.lower()]
 
-    def check(self, overwrite: bool, inputs: Sequence[str | os.PathLike] = ()) -> None:
+    def check(self, overwrite: bool, inputs: Sequence[str | os.PathLike] = (),
+              folders: Sequence[str | os.PathLike] = ()) -> None:
         """Refuse a path the run cannot write what its name says, before anything is read or scored.
 
         Args:
             overwrite: an existing file may be replaced.
             inputs: the files the run reads: the output must be none of them.
+            folders: the directories the run reads (a saved pipeline): the output must be in none of them.
 
         Raises:
-            ValueError: a directory, an extension other than `FORMATS`, one of `inputs`.
+            ValueError: a directory, an extension other than `FORMATS`, one of `inputs`, a file in one of `folders`.
             FileExistsError: the file exists and `overwrite` is false.
             PermissionError: a folder on the way is a file, or the nearest existing folder refuses a new file.
         """
@@ -82,6 +84,10 @@ class OutputFile:
             same = self.path.exists() and Path(given).exists() and os.path.samefile(self.path, given)
             if same or self.path == Path(given).absolute():
                 raise ValueError(f"{where} is the input file; name another file for the recommendations")
+        for folder in folders:
+            root = Path(os.path.realpath(folder))
+            if root in self.path.parents:
+                raise ValueError(f"{where} is inside {folder}, which the run reads; name a file outside it")
         if self.path.exists() and not overwrite:
             raise FileExistsError(f"{where} exists; pass {self.flag.replace('output', 'overwrite')} true to replace it")
         if self.parts.exists() and not self.parts.is_dir():

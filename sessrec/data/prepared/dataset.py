@@ -127,16 +127,16 @@ class PreparedWriter:
         self.out, self.layout, self.overwrite = reached_path(out), layout, overwrite  # `new/../data` is `data`
         if self.out.exists() and not self.out.is_dir():
             raise FileExistsError(f"{self.out}: is a file, not a folder; choose another --out")
-        for read in inputs:  # a source file inside the dataset would go with the dataset it replaces
-            file = Path(os.path.realpath(read))
-            if self.out.exists() and overwrite and (file == self.out or self.out in file.parents):
-                raise ValueError(f"{self.out}: holds {file}, a file the preparation reads, which replacing the dataset "
-                                 "would delete; move the file out of it or choose another --out")
         if self.out.exists() and not overwrite:
             raise FileExistsError(f"{self.out}: exists; remove it, choose another --out, or pass --overwrite true")
         if self.out.exists() and not (self.out / MANIFEST).is_file():  # never replace the folder of something else
             raise FileExistsError(f"{self.out}: exists and is not a prepared dataset (no {MANIFEST}); --overwrite "
                                   "replaces a prepared dataset only: choose another --out")
+        for read in inputs:  # a source file inside the dataset would go with the dataset it replaces
+            file = Path(os.path.realpath(read))
+            if self.out.exists() and overwrite and (file == self.out or self.out in file.parents):
+                raise ValueError(f"{self.out}: holds {file}, a file the preparation reads, which replacing the dataset "
+                                 "would delete; move the file out of it or choose another --out")
         for left in (".tmp-", ".old-"):  # what a preparation killed on this host left beside `out`
             remove_abandoned(self.out.parent, f".{self.out.name}{left}")
         self.tmp = self.out.with_name(stage_name(f".{self.out.name}.tmp-"))

@@ -709,3 +709,16 @@ def test_a_directory_named_through_a_missing_folder_and_back_is_the_directory_it
     assert write_directory(f"{tmp_path}/new/../m", write_file("two")) == tmp_path / "m" / "versions" / "v000002"
     assert read_part(tmp_path / "m") == "two" and VersionedDirectory(tmp_path / "m").line() == ["v000001", "v000002"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m", "mine"] and os.listdir(tmp_path / "mine") == ["notes.txt"]
+
+
+def test_sessrec_rollback_to_a_version_says_that_it_dropped_the_running_canary(tmp_path, capsys):
+    from sessrec.cli import run
+
+    store = VersionedDirectory(tmp_path / "m")
+    for text in ("one", "two", "three"):
+        store.publish(write_file(text))
+    store.start_canary("v000002", 0.25)
+    assert run(["rollback", "--model_dir", str(store.root), "--to", "v000001"]) == "v000001"
+    assert capsys.readouterr().out.strip() == (f"sessrec rollback: {store.root}: v000001 is current (was v000003); canary "
+                                               "v000002 dropped; a server following it reloads")
+    assert versions.canary(store.root) is None and store.current_version() == "v000001"

@@ -268,7 +268,8 @@ def rollback(model_dir: str, to: str | None = None) -> str:
         print(f"sessrec rollback: {model_dir}: canary {running[0]} dropped; {version} answers every session "
               "(a server following it reloads)")
     else:
-        print(f"sessrec rollback: {model_dir}: {version} is current (was {before}); a server following it reloads")
+        dropped = "" if running is None else f"; canary {running[0]} dropped"  # any move of the pointer ends it
+        print(f"sessrec rollback: {model_dir}: {version} is current (was {before}){dropped}; a server following it reloads")
     return version
 
 

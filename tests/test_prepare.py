@@ -671,3 +671,16 @@ def test_an_out_that_is_a_file_or_holds_the_event_log_it_replaces_is_refused_and
         prepare(inside, str(out), engine="local", memory_budget=ROOMY, overwrite=True, **LAYOUT)
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
     assert (tmp_path / "afile").read_text() == "kept" and pq.read_table(out / "events.parquet").equals(log)
+
+
+@pytest.mark.parametrize(("setting", "message"), [
+    ({"partitions": 0}, "partitions must be >= 1, or None for as many as the budget needs; got 0"),
+    ({"partitions": -1}, "partitions must be >= 1, or None for as many as the budget needs; got -1"),
+    ({"engine": "dask", "partitions": 0}, "partitions must be >= 1, or None for as many as the budget needs; got 0"),
+    ({"max_vocab_size": 0}, "max_vocab_size must be >= 1, or None for no limit; got 0"),
+])
+def test_a_count_setting_below_1_is_refused_naming_it_and_nothing_is_written(tmp_path, setting, message):
+    source = EventLogSource(write(event_log(sessions=60), tmp_path / "events.parquet"), schema=SCHEMA, test_fraction=0.2)
+    with pytest.raises(ValueError, match=rf"^{re.escape(message)}$"):
+        prepare(source, str(tmp_path / "p"), **{"engine": "local", "memory_budget": ROOMY, **LAYOUT, **setting})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["events.parquet"]

@@ -83,6 +83,8 @@ def prepare(
             f"engine {engine!r} prepares an event log (sessrec.data.EventLogSource) partition by partition; "
             f"{type(source).__name__} is prepared whole: use --engine memory"
         )
+    if max_vocab_size is not None and max_vocab_size < 1:
+        raise ValueError(f"max_vocab_size must be >= 1, or None for no limit; got {max_vocab_size}")
     budget = parse_bytes(memory_budget)
     layout = Layout(part_sessions, row_group_sessions)
     # an event log is read partition by partition while the dataset is written: its files must outlive the old dataset

@@ -251,6 +251,8 @@ class DaskEngine:
             raise ValueError(f"backend must be 'pandas' or 'cudf', got {backend!r}")
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
+        if partitions is not None and partitions < 1:  # 0 would be read as None (as many as the budget needs)
+            raise ValueError(f"partitions must be >= 1, or None for as many as the budget needs; got {partitions}")
         self.memory_budget, self.workers, self.partitions = memory_budget, workers, partitions
         self.scheduler, self.backend = scheduler, backend
 

@@ -180,6 +180,23 @@ def test_an_output_inside_the_pipeline_directory_is_refused_before_any_work(worl
     assert sorted(world.pipeline_dir.rglob("*")) == before
 
 
+def test_a_predict_output_inside_the_model_directory_is_refused_before_any_work(world: World, tmp_path: Path,
+                                                                              sessrec_main, nothing_runs) -> None:
+    """The model directory is the library's to manage (a save adds a version, old versions are pruned with what they
+    hold): an output inside it is refused by both engines, by any path to the directory."""
+    model = tmp_path / "model"
+    model.symlink_to(world.model_dir)
+    before = sorted(world.model_dir.rglob("*"))
+    output = model / "recs.parquet"
+    got = sessrec_main("predict", "--config", str(world.recipe), "--model_dir", str(model), "--data.predict_path",
+                       str(world.events), "--scoring.output", str(output))
+    assert got == refused("predict", f"--scoring.output {output} is inside {model}, which the run reads; name a file "
+                                     "outside it")
+    with pytest.raises(ValueError, match=rf"^--scoring.output {model}/new/recs.csv is inside {model}, which the run"):
+        predict_file(model, world.events, model / "new" / "recs.csv")
+    assert sorted(world.model_dir.rglob("*")) == before
+
+
 def test_a_folder_that_refuses_a_new_file_is_refused_before_any_work(world: World, tmp_path: Path,
                                                                      nothing_runs) -> None:
     with pytest.raises(PermissionError, match=r"^--output /proc/sessrec/recs.csv: cannot write in /proc \("):

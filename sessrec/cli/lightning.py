@@ -154,7 +154,8 @@ class SessrecCLI(LightningCLI):
             raise RecipeError(one_line(err)) from err
         cfg = self.config.get("predict") if self.config.get("subcommand") == "predict" else None
         if cfg is not None and cfg.data.init_args.get("predict_path") is not None:
-            TopKWriter(**cfg.scoring.as_dict()).check(cfg.data.init_args.predict_path)
+            TopKWriter(**cfg.scoring.as_dict()).check(cfg.data.init_args.predict_path,
+                                                      [] if cfg.model_dir is None else [cfg.model_dir])
 
     def _parse_ckpt_path(self) -> None:
         """LightningCLI's hook that puts a checkpoint's hyper-parameters over the model's config: ``fit``

@@ -143,7 +143,7 @@ def predict_file(
         OSError: the scheduler cannot be reached (one line naming its address).
     """
     out, input_path = OutputFile(output, "--scoring.output"), Path(input_path).absolute()
-    out.check(overwrite, [input_path])
+    out.check(overwrite, [input_path], [model_dir])
     run_on = Engine(engine, scheduler, workers)
     folder = versions.resolve(model_dir).absolute()
     recommender = SessionRecommender.from_pretrained(folder)  # refused here, in one line, before any scoring

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 from weakref import proxy
@@ -163,14 +164,15 @@ class TopKWriter(BasePredictionWriter):
         stem = src.name.split(".")[0]
         return str(src.with_name(f"{stem}.recs.parquet"))
 
-    def check(self, predict_path: str | Path | None) -> OutputFile:
+    def check(self, predict_path: str | Path | None, folders: Sequence[str | Path] = ()) -> OutputFile:
         """The output for the sessions of `predict_path`, refused in one line when it cannot be written
-        as named (`OutputFile.check`: a directory, another extension, the input, an existing file
-        without `overwrite`, a folder that cannot be written)."""
+        as named (`OutputFile.check`: a directory, another extension, the input, a file inside one of
+        `folders` (the model directory the run reads), an existing file without `overwrite`, a folder
+        that cannot be written)."""
         if predict_path is None:
             raise ValueError("set --data.predict_path to the sessions file to score")
         out = OutputFile(self.target(predict_path), "--scoring.output")
-        out.check(self.overwrite, [predict_path])
+        out.check(self.overwrite, [predict_path], folders)
         return out
 
     def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -134,10 +134,10 @@ def predict_file(
         them and how often each read the model, seconds, output.
 
     Raises:
-        ValueError: a setting below 1, `output` a directory, of another extension or the input itself, an
-            engine setting that cannot be honoured, a directory that holds no session model, a model trained with
-            event times for sessions without a time column (all before
-            anything is read or scored); a bad row of the input (the parts written are removed).
+        ValueError: a setting below 1, `output` a directory, of another extension, the input itself or inside
+            `model_dir`, an engine setting that cannot be honoured, a directory that holds no session model, a model
+            trained with event times for sessions without a time column (all before anything is read or scored); a
+            bad row of the input (the parts written are removed).
         FileExistsError: `output` exists and `overwrite` is false.
         PermissionError: `output` cannot be written there (`OutputFile.check`).
         OSError: the scheduler cannot be reached (one line naming its address).

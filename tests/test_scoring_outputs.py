@@ -10,6 +10,7 @@ commands run through the ``sessrec`` entry point (`sessrec_main`) in this proces
 from __future__ import annotations
 
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -219,6 +220,42 @@ def test_a_folder_reached_through_a_missing_folder_and_back_is_the_folder_it_nam
 
 
 # --------------------------------------------------------------------------- refused while scoring
+@pytest.mark.parametrize("name", ["predict", "recommend"])
+def test_a_parts_folder_holding_what_no_run_wrote_is_refused_and_left_as_it_is(
+    world: World, tmp_path: Path, sessrec_main, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    def never(*args, **kwargs):
+        raise AssertionError("the run scored before refusing the parts folder")
+
+    def run() -> str:  # predict's parts folder: predict_file (what sessrec predict --engine dask runs)
+        if name == "recommend":
+            return sessrec_main(*command(world, name, world.events, str(tmp_path / "recs.csv")))
+        try:
+            predict_file(world.model_dir, world.events, tmp_path / "recs.csv", batch_size=32, partition_batches=2)
+        except FileExistsError as err:
+            return str(err)
+        return ""
+
+    for owner, method in ((TopKJob, "__call__"), (RecommendJob, "__call__")):
+        monkeypatch.setattr(owner, method, never)
+    parts = tmp_path / "recs.csv.parts"
+    (parts / "mine").mkdir(parents=True)
+    for file, text in (("manifest.json", "{}"), ("part-000000.parquet", "kept"), ("notes.txt", "kept"),
+                       ("mine/data", "kept")):
+        (parts / file).write_text(text)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    flag = "--scoring.output" if name == "predict" else "--output"
+    message = (f"{flag} {tmp_path}/recs.csv: {parts} holds 'mine' and 1 more, which no run wrote; a run removes "
+               "that folder: move what it holds elsewhere, or name another output")
+    assert run() == (refused(name, message) if name == "recommend" else message)
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+    shutil.rmtree(parts / "mine")
+    (parts / "notes.txt").unlink()
+    monkeypatch.undo()  # what a run wrote only: it starts over
+    assert run() == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["recs.csv"]
+
+
 def test_a_recommend_refused_for_its_input_leaves_nothing_behind(world: World, tmp_path: Path, sessrec_main) -> None:
     output = tmp_path / "made" / "deeper" / "recs.parquet"
     got = sessrec_main(*command(world, "recommend", world.late_ms, str(output)))

@@ -5,7 +5,9 @@ the input (`sessrec.data.ScoringStream.partitions`), one row group per batch, ea
 temporary name, fsynced and renamed when complete, so a run that is killed leaves complete parts only.
 ``manifest.json`` records what the parts depend on, by content: the input file's hash, the model's
 or pipeline's, every setting that changes a part. A run whose manifest is the one recorded keeps
-the parts there and scores only the others (it resumes); any other starts the folder over. At the
+the parts there and scores only the others (it resumes); any other starts the folder over, removing
+only what a run writes there (the manifest, the parts, their temporary names): a folder that holds
+anything else is refused in one line naming it and one such file, before anything is scored. At the
 end the parts are joined in partition order into ``<output>`` in its format (`OutputFile`; a
 temporary name, renamed) and the folder is removed: every session exactly once, in input order.
 
@@ -31,6 +33,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -45,6 +48,7 @@ from sessrec.scoring.output import OutputFile
 
 MANIFEST = "manifest.json"
 REFUSED = (ValueError, TypeError)  # a run failed for its input: nothing of it is kept
+WRITTEN = re.compile(rf"{re.escape(MANIFEST)}|\.{re.escape(MANIFEST)}\.tmp-.+|part-\d{{6,}}\.parquet(\.tmp)?")
 
 
 def check_settings(k: int, batch_size: int, partition_batches: int) -> None:
@@ -94,14 +98,27 @@ class PartsFolder:
         self.output.make_folder()
         earlier = self.folder.exists()
         self.lock()
+        if earlier:
+            self.check_written()
         if earlier and (not self.reusable or self.recorded() != self.manifest):
             print(f"[{self.tag}] {self.folder}: written by another model, input or settings; starting over")
             for entry in self.folder.iterdir():  # the folder itself stays: it holds the lock
-                if entry.is_dir():
-                    shutil.rmtree(entry)
-                else:
-                    entry.unlink()
+                entry.unlink()
         write_text(self.folder / MANIFEST, json.dumps(self.manifest))
+
+    def check_written(self) -> None:
+        """Refuse a folder holding anything a run does not write there (`WRITTEN`: the manifest, the parts and
+        their temporary names, all plain files): starting over or joining would remove it.
+
+        Raises:
+            FileExistsError: one line naming the folder and one such entry.
+        """
+        foreign = sorted(entry.name for entry in self.folder.iterdir()
+                         if not WRITTEN.fullmatch(entry.name) or entry.is_symlink() or not entry.is_file())
+        if foreign:
+            raise FileExistsError(f"{self.output.flag} {self.output.named}: {self.folder} holds {foreign[0]!r}"
+                                  f"{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}, which no run wrote; "
+                                  "a run removes that folder: move what it holds elsewhere, or name another output")
 
     def lock(self) -> None:
         """Create the folder and hold its lock until `release`; another run holding it is refused in one line."""

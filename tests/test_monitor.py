@@ -235,6 +235,13 @@ def test_bad_inputs_are_one_line_naming_file_column_or_value(inputs: dict, tmp_p
         monitor(out=str(tmp_path / "m.csv"), **{**inputs, "k": 3})
     with pytest.raises(FileNotFoundError, match=f"{tmp_path}/vocab.parquet: no vocabulary; reference must be"):
         monitor(out=str(tmp_path / "m.csv"), **{**inputs, "reference": str(tmp_path)})
+    must = ("reference must be a model directory (sessrec fit) or a prepared dataset folder holding vocab.parquet "
+            "(sessrec prepare)")
+    vocab = f"{inputs['reference']}/vocab.parquet"
+    with pytest.raises(NotADirectoryError, match=f"^{re.escape(f'{vocab}: a file, not a folder; {must}')}$"):
+        monitor(out=str(tmp_path / "m.csv"), **{**inputs, "reference": vocab})
+    with pytest.raises(FileNotFoundError, match=f"^{re.escape(f'{tmp_path}/none: no such folder; {must}')}$"):
+        monitor(out=str(tmp_path / "m.csv"), **{**inputs, "reference": str(tmp_path / "none")})
     with pytest.raises(ValueError, match="out must end in .csv or .parquet, got m.txt"):
         monitor(out="m.txt", **inputs)
     with pytest.raises(ValueError, match=r"^monitor: versions is an empty list; name at least one version, or leave "

@@ -300,10 +300,14 @@ def read_served(directory: str, since: str | None, until: str | None, versions: 
 
 def reference_vocab(reference: str) -> ItemVocab:
     """The training vocabulary (with counts) of a model directory or a prepared dataset."""
+    must = "reference must be a model directory (sessrec fit) or a prepared dataset folder holding vocab.parquet (sessrec prepare)"
+    if Path(reference).exists() and not Path(reference).is_dir():
+        raise NotADirectoryError(f"{reference}: a file, not a folder; {must}")
+    if not Path(reference).exists():
+        raise FileNotFoundError(f"{reference}: no such folder; {must}")
     path = resolve(reference) / "vocab.parquet"
     if not path.exists():
-        raise FileNotFoundError(f"{path}: no vocabulary; reference must be a model directory (sessrec fit) or a "
-                                "prepared dataset (sessrec prepare)")
+        raise FileNotFoundError(f"{path}: no vocabulary; {must}")
     return ItemVocab.load(path)
 
 

@@ -684,3 +684,19 @@ def test_a_count_setting_below_1_is_refused_naming_it_and_nothing_is_written(tmp
     with pytest.raises(ValueError, match=rf"^{re.escape(message)}$"):
         prepare(source, str(tmp_path / "p"), **{"engine": "local", "memory_budget": ROOMY, **LAYOUT, **setting})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["events.parquet"]
+
+
+@pytest.mark.parametrize(("setting", "message"), [
+    ({"engine": "memory", "partitions": 4}, "--partitions 4 needs --engine local or dask (the memory engine loads the "
+                                            "source whole, in no partitions)"),
+    ({"engine": "memory", "partitions": 0}, "--partitions 0 needs --engine local or dask (the memory engine loads the "
+                                            "source whole, in no partitions)"),
+    ({"scheduler": "tcp://host:8786"}, "--scheduler tcp://host:8786 needs --engine dask (the local engine runs in this "
+                                       "process)"),
+    ({"engine": "memory", "backend": "cudf"}, "--backend cudf needs --engine dask (the memory engine runs in this process)"),
+])
+def test_a_setting_the_engine_cannot_honour_is_refused_naming_it_and_nothing_is_written(tmp_path, setting, message):
+    source = EventLogSource(write(event_log(sessions=60), tmp_path / "events.parquet"), schema=SCHEMA, test_fraction=0.2)
+    with pytest.raises(ValueError, match=rf"^{re.escape(message)}$"):
+        prepare(source, str(tmp_path / "p"), **{"engine": "local", "memory_budget": ROOMY, **LAYOUT, **setting})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["events.parquet"]

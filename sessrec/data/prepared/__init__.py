@@ -64,9 +64,12 @@ def prepare(
             partition within `memory_budget`) or ``dask`` (the same plan on a Dask cluster).
         memory_budget: peak memory of the ``local`` engine, and of each ``dask`` worker of a local cluster.
         workers: ``local``: threads; ``dask``: workers of the local cluster started when `scheduler` is None.
-        partitions: hash partitions of the events; None: enough for the budget.
-        scheduler: ``dask``: address of a running Dask scheduler (``tcp://host:8786``); None: a local cluster.
-        backend: ``dask``: ``pandas`` partitions on CPUs or ``cudf`` partitions on GPUs (dask-cudf).
+        partitions: ``local``, ``dask``: hash partitions of the events; None: enough for the budget (with the
+            ``memory`` engine, refused unless None).
+        scheduler: ``dask``: address of a running Dask scheduler (``tcp://host:8786``); None: a local cluster
+            (refused with another engine).
+        backend: ``dask``: ``pandas`` partitions on CPUs or ``cudf`` partitions on GPUs (dask-cudf; ``cudf`` is
+            refused with another engine).
         min_item_count: the vocabulary's minimum training count (the data module's ``min_item_count``).
         max_vocab_size: the vocabulary's size limit (the data module's ``max_vocab_size``).
         part_sessions: sessions in each part file.
@@ -83,6 +86,12 @@ def prepare(
             f"engine {engine!r} prepares an event log (sessrec.data.EventLogSource) partition by partition; "
             f"{type(source).__name__} is prepared whole: use --engine memory"
         )
+    if engine == "memory" and partitions is not None:
+        raise ValueError(f"--partitions {partitions} needs --engine local or dask (the memory engine loads the source "
+                         "whole, in no partitions)")
+    if engine != "dask" and (scheduler is not None or backend != "pandas"):
+        given = f"--scheduler {scheduler}" if scheduler is not None else f"--backend {backend}"
+        raise ValueError(f"{given} needs --engine dask (the {engine} engine runs in this process)")
     if max_vocab_size is not None and max_vocab_size < 1:
         raise ValueError(f"max_vocab_size must be >= 1, or None for no limit; got {max_vocab_size}")
     budget = parse_bytes(memory_budget)

@@ -317,6 +317,22 @@ def test_an_edited_manifest_is_refused_before_a_split_is_read_short(tmp_path):
     assert PreparedSource(str(out)).load().test.equals(whole.test)
 
 
+def test_a_part_the_manifest_does_not_list_is_refused_by_name_not_ignored(tmp_path):
+    path = write(event_log(), tmp_path / "events.parquet")
+    source = EventLogSource(path, schema=SCHEMA, test_fraction=0.2)
+    out = prepare(source, str(tmp_path / "p"), engine="local", memory_budget=ROOMY, part_sessions=20, row_group_sessions=8)
+    whole = PreparedSource(str(out)).load()
+    extra = out / "train" / "part-99999.parquet"
+    extra.write_bytes((out / "test" / "part-00000.parquet").read_bytes())
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(extra))}: a part the manifest of the prepared dataset "
+                                         rf"{re.escape(str(out))} does not list, so it would not be read; remove it, or "
+                                         "prepare the dataset again with it in the source$"):
+        PreparedSource(str(out)).load()
+    extra.unlink()
+    (out / "notes.txt").write_text("mine")  # beside the dataset's files, not a part: read as before
+    assert PreparedSource(str(out)).load().train.equals(whole.train)
+
+
 def test_times_plausible_batch_by_batch_but_not_together_are_refused_as_in_memory(tmp_path, dask_scheduler, monkeypatch):
     """Every batch of this log passes validation alone (the first half in 2014, the second relative times
     from 0), the whole file does not: streamed and distributed reading refuse it as the in-memory path does."""

@@ -235,8 +235,14 @@ def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def verify(path: str | os.PathLike, manifest: dict[str, Any]) -> None:
-    """Check every file the manifest lists against its sha256; refuse the first that differs or is missing."""
+    """Check every file the manifest lists against its sha256; refuse the first that differs or is missing, and a
+    parquet file in a split's folder that it does not list (a part that would not be read)."""
     root = Path(path)
+    for split in SPLITS:
+        for file in sorted((root / split).glob("*.parquet")) if (root / split).is_dir() else []:
+            if file.relative_to(root).as_posix() not in manifest["sha256"]:
+                raise ValueError(f"{file}: a part the manifest of the prepared dataset {root} does not list, so it "
+                                 "would not be read; remove it, or prepare the dataset again with it in the source")
     for name, expected in manifest["sha256"].items():
         file = root / name
         if not file.is_file():

@@ -204,7 +204,8 @@ def test_the_training_config_passes_without_a_note(checkpoint, capsys, saved):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("flags, message", [
-    (["--model.evaluation.top_k", "0"], "evaluation top_k must be an integer >= 1, got 0"),
+    (["--model.evaluation.top_k", "0"], "--model.evaluation.top_k 0: the number of recommendations per session must be "
+                                        "1 or more"),
     (["--model.evaluation.ks", "[5, -1]"], "evaluation ks must be positive integer cut-offs, got [5, -1]"),
     (["--model.evaluation.ks", "[]"], "evaluation ks must be positive integer cut-offs, got []"),
 ])

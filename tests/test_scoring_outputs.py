@@ -256,6 +256,18 @@ def test_a_parts_folder_holding_what_no_run_wrote_is_refused_and_left_as_it_is(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["recs.csv"]
 
 
+@pytest.mark.parametrize(("name", "flags"), [("recommend", ["--k", "0"]), ("predict", ["--model.evaluation.top_k", "0"]),
+                                           ("predict", ["--model.evaluation.top_k", "0", "--engine", "dask"])])
+def test_a_k_below_1_names_the_option_typed_and_the_python_argument(world: World, tmp_path: Path, sessrec_main,
+                                                                    nothing_runs, name: str, flags: list[str]) -> None:
+    got = sessrec_main(*command(world, name, world.events, str(tmp_path / "recs.csv"), *flags))
+    assert got == refused(name, f"{flags[0]} 0: the number of recommendations per session must be 1 or more")
+    for score, saved in ((predict_file, world.model_dir), (recommend_file, world.pipeline_dir)):
+        with pytest.raises(ValueError, match=r"^k must be an integer of 1 or more, got 0$"):
+            score(saved, world.events, tmp_path / "recs.csv", k=0)
+    assert not list(tmp_path.iterdir())
+
+
 def test_a_recommend_refused_for_its_input_leaves_nothing_behind(world: World, tmp_path: Path, sessrec_main) -> None:
     output = tmp_path / "made" / "deeper" / "recs.parquet"
     got = sessrec_main(*command(world, "recommend", world.late_ms, str(output)))

@@ -60,6 +60,7 @@ def pipeline_cli(args: list[str]) -> object:
     from sessrec.cli.parsers import config_paths, parse, recipe_parser
     from sessrec.pipeline.offline import recommend_file
     from sessrec.pipeline_training.recipe import PipelineRecipe
+    from sessrec.scoring import check_settings
 
     command, rest = args[0], args[1:]
     parser = recipe_parser(prog=f"sessrec {command}")
@@ -76,6 +77,7 @@ def pipeline_cli(args: list[str]) -> object:
         return recipe.fit()
     if command == "test":
         return recipe.test()
+    check_settings(cfg.k, cfg.batch_size, cfg.partition_batches, k_flag="--k")  # named as typed, before the pipeline is read
     return recommend_file(
         recipe.output, cfg.input_path, cfg.output, k=cfg.k, batch_size=cfg.batch_size,
         schema=recipe.data.predict_schema, overwrite=cfg.overwrite, now=cfg.now, engine=cfg.engine,

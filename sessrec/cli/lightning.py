@@ -130,6 +130,14 @@ EVALUATING = ("validate", "test", "predict")  # subcommands that evaluate or run
 FROM_DATA = ("num_items", "num_virtual", "side_features", "max_length", "cardinalities", "num_dense")
 
 
+def refuse_top_k_below_one(model: object) -> None:
+    """Refuse ``--model.evaluation.top_k`` below 1 (or not an integer) in one line naming the option, before
+    the task checks it again and names its argument (``evaluation top_k``)."""
+    top_k = model.get("init_args.evaluation.top_k") if isinstance(model, Namespace) else None
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"--model.evaluation.top_k {top_k}: the number of recommendations per session must be 1 or more")
+
+
 class SessrecCLI(LightningCLI):
     _args: list[str] | None = None  # the arguments parsed (None when given as a dict or Namespace)
     _history: MetricHistory | None = None  # the metrics of every validation of `fit`
@@ -270,6 +278,7 @@ class SessrecCLI(LightningCLI):
             self._resumed = resumed_run(cfg)
             if cfg.trainer.get("logger") is False and cfg.trainer.get("default_root_dir") is None:
                 self.save_config_callback = None  # no run folder: no config.yaml in the working directory
+        refuse_top_k_below_one(cfg.get("model"))
         if sub not in ("validate", "test", "predict"):
             return
         if sub == "predict" and cfg.get("return_predictions") is None:

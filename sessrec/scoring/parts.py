@@ -51,15 +51,21 @@ REFUSED = (ValueError, TypeError)  # a run failed for its input: nothing of it i
 WRITTEN = re.compile(rf"{re.escape(MANIFEST)}|\.{re.escape(MANIFEST)}\.tmp-.+|part-\d{{6,}}\.parquet(\.tmp)?")
 
 
-def check_settings(k: int, batch_size: int, partition_batches: int) -> None:
+def check_settings(k: int, batch_size: int, partition_batches: int, k_flag: str | None = None) -> None:
     """Refuse counts that cannot give an output, before anything is read or written.
+
+    Args:
+        k_flag: the command's option that gave `k` (``--k``), named in its message; None: the Python
+            argument ``k`` (``k must be an integer of 1 or more, got 0``).
 
     Raises:
         ValueError: `k`, `batch_size` or `partition_batches` not an integer of 1 or more.
     """
-    for flag, value in (("--k", k), ("--batch_size", batch_size), ("--partition_batches", partition_batches)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            what = "the number of recommendations per session must" if flag == "--k" else "must"
+    if k_flag is None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+        raise ValueError(f"k must be an integer of 1 or more, got {k!r}")
+    for flag, value in ((k_flag, k), ("--batch_size", batch_size), ("--partition_batches", partition_batches)):
+        if flag is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            what = "the number of recommendations per session must" if flag == k_flag else "must"
             raise ValueError(f"{flag} {value}: {what} be 1 or more")
 
 

@@ -20,9 +20,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from sessrec.data import frame
-from sessrec.data.readers import load_pickle, read_events, read_srgnn, read_user_sequences
+from sessrec.data.readers import read_events, read_user_sequences
 from sessrec.data.schema import FeatureSpec, Schema, SchemaError, VirtualSpec
 from sessrec.data.sources import EventLogSource, SRGNNSource, SyntheticSource, UserSequenceSource
+from sessrec.data.srgnn import load_pickle, read_srgnn
 from sessrec.data.synthetic import generate_sessions
 
 

@@ -10,7 +10,7 @@ from sessrec.data.merlin import MerlinSchema, MerlinSource, read_merlin_schema
 from sessrec.data.pairs import EvalPairs
 from sessrec.data.prepared import prepare
 from sessrec.data.prepared.dataset import PreparedSource
-from sessrec.data.readers import read_events, read_srgnn, read_user_sequences
+from sessrec.data.readers import read_events, read_user_sequences
 from sessrec.data.schema import FeatureSpec, Schema, SchemaError, VirtualSpec
 from sessrec.data.side import FittedSideFeatures, SideFeatures, SideInfoSpec, read_item_vectors
 from sessrec.data.sources import (
@@ -22,6 +22,7 @@ from sessrec.data.sources import (
     TimeWindowSource,
     UserSequenceSource,
 )
+from sessrec.data.srgnn import read_srgnn
 from sessrec.data.stream import ScoringStream
 from sessrec.data.streaming import StreamingLoader
 from sessrec.data.synthetic import generate_sessions

@@ -28,8 +28,9 @@ from sessrec.data.periods import (
     split_spans,
     to_seconds,
 )
-from sessrec.data.readers import read_events, read_srgnn, read_user_sequences
+from sessrec.data.readers import read_events, read_user_sequences
 from sessrec.data.schema import Schema, SchemaError, VirtualSpec
+from sessrec.data.srgnn import read_srgnn
 from sessrec.data.synthetic import generate_sessions
 from sessrec.saved.atomic import atomic_path
 from sessrec.saved.registry import Configurable

@@ -268,6 +268,29 @@ def test_a_k_below_1_names_the_option_typed_and_the_python_argument(world: World
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize(("name", "flags", "message"), [
+    ("recommend", ["--batch_size", "0"], "--batch_size 0: must be 1 or more"),
+    ("recommend", ["--partition_batches", "-1"], "--partition_batches -1: must be 1 or more"),
+    ("predict", ["--engine", "dask", "--partition_batches", "0"], "--partition_batches 0: must be 1 or more"),
+    ("predict", ["--engine", "dask", "--data.eval_batch_size", "0"],
+     "SessionDataModule eval_batch_size must be an integer >= 1, got 0"),  # the data module's setting, as every other
+])
+def test_a_batch_count_below_1_names_the_option_typed(world: World, tmp_path: Path, sessrec_main, nothing_runs,
+                                                      name: str, flags: list[str], message: str) -> None:
+    got = sessrec_main(*command(world, name, world.events, str(tmp_path / "recs.csv"), *flags))
+    assert got == refused(name, message)
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("argument", ["batch_size", "partition_batches"])
+def test_a_batch_count_below_1_names_the_python_argument(world: World, tmp_path: Path, nothing_runs,
+                                                         argument: str) -> None:
+    for score, saved in ((predict_file, world.model_dir), (recommend_file, world.pipeline_dir)):
+        with pytest.raises(ValueError, match=rf"^{argument} must be an integer of 1 or more, got 0$"):
+            score(saved, world.events, tmp_path / "recs.csv", **{argument: 0})
+    assert not list(tmp_path.iterdir())
+
+
 def test_a_recommend_refused_for_its_input_leaves_nothing_behind(world: World, tmp_path: Path, sessrec_main) -> None:
     output = tmp_path / "made" / "deeper" / "recs.parquet"
     got = sessrec_main(*command(world, "recommend", world.late_ms, str(output)))

@@ -77,7 +77,8 @@ def pipeline_cli(args: list[str]) -> object:
         return recipe.fit()
     if command == "test":
         return recipe.test()
-    check_settings(cfg.k, cfg.batch_size, cfg.partition_batches, k_flag="--k")  # named as typed, before the pipeline is read
+    check_settings(cfg.k, cfg.batch_size, cfg.partition_batches,  # named as typed, before the pipeline is read
+                   flags={"k": "--k", "batch_size": "--batch_size", "partition_batches": "--partition_batches"})
     return recommend_file(
         recipe.output, cfg.input_path, cfg.output, k=cfg.k, batch_size=cfg.batch_size,
         schema=recipe.data.predict_schema, overwrite=cfg.overwrite, now=cfg.now, engine=cfg.engine,

@@ -111,7 +111,7 @@ from sessrec.cli.trainer_settings import (
 from sessrec.saved.atomic import lock_folder
 from sessrec.saved.checkpoint import checkpoint_summary, read_checkpoint
 from sessrec.saved.registry import config_of
-from sessrec.scoring import Engine, predict_file
+from sessrec.scoring import Engine, check_counts, predict_file
 from sessrec.tasks import (
     ClickoutDataModule,
     DLRMTask,
@@ -261,6 +261,8 @@ class SessrecCLI(LightningCLI):
             raise ValueError(f"--engine {cfg.engine} is for sessrec predict (and recommend); {sub} runs on the Trainer")
         if cfg.partition_batches is not None and self._engine.engine == "local":
             raise ValueError("--partition_batches needs --engine dask (the local engine scores on the Trainer)")
+        if cfg.partition_batches is not None:
+            check_counts({"partition_batches": cfg.partition_batches}, {"partition_batches": "--partition_batches"})
         if self._engine.engine == "dask":
             refuse_trainer_settings(cfg.trainer)
         refuse_half_weights(cfg.trainer)

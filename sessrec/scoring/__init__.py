@@ -10,8 +10,8 @@ stack: a worker imports what scoring needs.
 
 from sessrec.scoring.engine import Engine, load_once
 from sessrec.scoring.output import OutputFile
-from sessrec.scoring.parts import PartsFolder, check_settings, write_part
+from sessrec.scoring.parts import PartsFolder, check_counts, check_settings, write_part
 from sessrec.scoring.predict import TopKJob, predict_file, topk_table
 
-__all__ = ["Engine", "OutputFile", "PartsFolder", "TopKJob", "check_settings", "load_once", "predict_file", "topk_table",
-           "write_part"]
+__all__ = ["Engine", "OutputFile", "PartsFolder", "TopKJob", "check_counts", "check_settings", "load_once",
+           "predict_file", "topk_table", "write_part"]

@@ -36,7 +36,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -51,22 +51,31 @@ REFUSED = (ValueError, TypeError)  # a run failed for its input: nothing of it i
 WRITTEN = re.compile(rf"{re.escape(MANIFEST)}|\.{re.escape(MANIFEST)}\.tmp-.+|part-\d{{6,}}\.parquet(\.tmp)?")
 
 
-def check_settings(k: int, batch_size: int, partition_batches: int, k_flag: str | None = None) -> None:
+def check_settings(k: int, batch_size: int, partition_batches: int, flags: Mapping[str, str] | None = None) -> None:
     """Refuse counts that cannot give an output, before anything is read or written.
 
     Args:
-        k_flag: the command's option that gave `k` (``--k``), named in its message; None: the Python
-            argument ``k`` (``k must be an integer of 1 or more, got 0``).
+        flags: the command's option that gave each setting, by its argument's name (``{"k": "--k",
+            "batch_size": "--batch_size", "partition_batches": "--partition_batches"}``), named in its
+            message (``--batch_size 0: must be 1 or more``); None: the Python arguments
+            (``batch_size must be an integer of 1 or more, got 0``).
 
     Raises:
         ValueError: `k`, `batch_size` or `partition_batches` not an integer of 1 or more.
     """
-    if k_flag is None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
-        raise ValueError(f"k must be an integer of 1 or more, got {k!r}")
-    for flag, value in ((k_flag, k), ("--batch_size", batch_size), ("--partition_batches", partition_batches)):
-        if flag is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            what = "the number of recommendations per session must" if flag == k_flag else "must"
-            raise ValueError(f"{flag} {value}: {what} be 1 or more")
+    check_counts({"k": k, "batch_size": batch_size, "partition_batches": partition_batches}, flags)
+
+
+def check_counts(values: Mapping[str, Any], flags: Mapping[str, str] | None = None) -> None:
+    """Refuse, in one line, the first of `values` (argument name -> value) that is not an integer of 1 or more:
+    by the option of `flags` that gave it (``--partition_batches 0: must be 1 or more``), else (None) by its
+    name as a Python argument (``partition_batches must be an integer of 1 or more, got 0``)."""
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if flags is None:
+                raise ValueError(f"{name} must be an integer of 1 or more, got {value!r}")
+            what = "the number of recommendations per session must" if name == "k" else "must"
+            raise ValueError(f"{flags[name]} {value}: {what} be 1 or more")
 
 
 class PartsFolder:

@@ -138,12 +138,12 @@ def test_a_plot_is_drawn(inputs: dict, tmp_path: Path) -> None:
     assert (tmp_path / "m.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def cli_args(inputs: dict, tmp_path: Path, thresholds: dict) -> list[str]:
+def cli_args(inputs: dict, tmp_path: Path, thresholds: dict, overwrite: bool = False) -> list[str]:
     recipe = {**inputs, "schema": {"session_id": "sid", "item_id": "item", "timestamp": "t"},
               "out": str(tmp_path / "m.csv"), "thresholds": thresholds}
     path = tmp_path / "monitor.yaml"
     path.write_text(yaml.safe_dump(recipe))
-    return ["monitor", "--config", str(path)]
+    return ["monitor", "--config", str(path), *(["--overwrite", "true"] if overwrite else [])]
 
 
 def test_a_threshold_crossed_exits_3_with_one_line(inputs: dict, tmp_path: Path, capsys, monkeypatch) -> None:
@@ -155,7 +155,7 @@ def test_a_threshold_crossed_exits_3_with_one_line(inputs: dict, tmp_path: Path,
     assert err == ("sessrec monitor: threshold crossed: psi 7.0395 > psi_max 1 (version v000002, window from "
                    "2023-11-16T00:00Z)")
     assert (tmp_path / "m.csv").exists()  # the table is written first
-    assert run(cli_args(inputs, tmp_path, {"psi_max": 10.0, "hit_rate_min": 0.5})).num_rows == 2  # none crossed
+    assert run(cli_args(inputs, tmp_path, {"psi_max": 10.0, "hit_rate_min": 0.5}, overwrite=True)).num_rows == 2  # none crossed
 
 
 def test_a_window_without_a_judged_request_is_reported_and_crosses_nothing(inputs: dict, tmp_path: Path, capsys,
@@ -170,7 +170,8 @@ def test_a_window_without_a_judged_request_is_reported_and_crosses_nothing(input
     assert np.isnan(last["hit_rate@2"]) and np.isnan(last["mrr@2"])
     out = capsys.readouterr().out
     assert "version v000002, window from 2023-11-17T00:00Z: no request with a next event; hit_rate@2 and mrr@2 not judged" in out
-    monkeypatch.setattr(sys, "argv", ["sessrec", *cli_args(inputs, tmp_path, {"psi_max": 1.0, "hit_rate_min": 0.5})])
+    monkeypatch.setattr(sys, "argv", ["sessrec", *cli_args(inputs, tmp_path, {"psi_max": 1.0, "hit_rate_min": 0.5},
+                                                            overwrite=True)])
     with pytest.raises(SystemExit) as exit_:
         main()
     assert exit_.value.code == 3
@@ -270,6 +271,28 @@ def test_an_output_that_is_an_event_file_or_another_output_is_refused_before_any
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.csv", "events.csv", "log", "ref"]
 
 
+def test_an_existing_output_is_refused_before_anything_is_read_unless_overwrite(inputs: dict, tmp_path: Path,
+                                                                               capsys, monkeypatch) -> None:
+    outputs = {"out": tmp_path / "m.csv", "canary_out": tmp_path / "c.csv", "plot": tmp_path / "m.png"}
+    for name, path in outputs.items():  # a canary_out is written only when a canary ran: refused before either way
+        path.write_text("kept")
+        given = {"out": str(tmp_path / "new.csv"), **inputs, name: str(path)}
+        with pytest.raises(FileExistsError, match=rf"^monitor: {name} {re.escape(str(path))} exists; set overwrite true "
+                                                  "to replace it, or name another file$"):
+            monitor(**{**given, "served_log": str(tmp_path / "none")})  # refused before the log is read
+        assert path.read_text() == "kept" and not (tmp_path / "new.csv").exists()
+        path.unlink()
+    (tmp_path / "m.csv").write_text("kept")
+    monkeypatch.setattr(sys, "argv", ["sessrec", *cli_args(inputs, tmp_path, {})])
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    assert exit_.value.code == (f"sessrec monitor: error: monitor: out {tmp_path / 'm.csv'} exists; set overwrite true "
+                                "to replace it, or name another file (--traceback for details)")
+    assert (tmp_path / "m.csv").read_text() == "kept"
+    assert run(cli_args(inputs, tmp_path, {}, overwrite=True)).num_rows == 2
+    assert pacsv.read_csv(tmp_path / "m.csv").column("evaluated").to_pylist() == [4, 1]
+
+
 def replay(recommender, sessions: pa.Table, directory: Path, version: str, per_request: int = 64) -> list[dict]:
     """Each session's events but its last, as the requests a server gets, through the server's app (`build_app`
     with a `ServedLog` in `directory`, as ``sessrec serve --served_log`` builds it); its answers."""
@@ -361,7 +384,7 @@ def test_a_replayed_day_monitors_to_the_hit_rate_of_sessrec_test_and_a_drifted_d
     flat = flat.set_column(0, "session_id", drifted.column("session_id").take(flat.column("session_id")))
     pq.write_table(flat, tmp_path / "drifted.parquet")
     replay(recommender, drifted, tmp_path / "served_drifted", "v000001")
-    config.write_text(yaml.safe_dump({**base, "paths": [str(tmp_path / "drifted.parquet")],
+    config.write_text(yaml.safe_dump({**base, "paths": [str(tmp_path / "drifted.parquet")], "overwrite": True,
                                       "served_log": str(tmp_path / "served_drifted"), "out": str(tmp_path / "drift.csv")}))
     monkeypatch.setattr(sys, "argv", ["sessrec", "monitor", "--config", str(config)])
     with pytest.raises(SystemExit) as exit_:
@@ -430,7 +453,8 @@ def test_the_canary_is_compared_with_the_live_version_on_the_same_window(tmp_pat
                        r"interval \[-0.8750, -0.1250\] lies below -canary_mrr_loss_max 0.1 \(window from 2023-11-15T00:00Z\) "
                        r"\(and 2 more, see .*m\.csv and the comparison above\)$"):  # hit_rate_min: both rows
         monitor(str(tmp_path / "log"), [str(tmp_path / "events.csv")], str(tmp_path / "ref"), str(tmp_path / "m.csv"),
-                schema=SCHEMA, k=2, psi_bins=2, thresholds=Thresholds(canary_mrr_loss_max=0.1, hit_rate_min=0.9))
+                schema=SCHEMA, k=2, psi_bins=2, thresholds=Thresholds(canary_mrr_loss_max=0.1, hit_rate_min=0.9),
+                overwrite=True)
     with pytest.raises(ValueError, match=r"thresholds canary_mrr_loss_max must be a finite number >= 0, got -0.1"):
         Thresholds(canary_mrr_loss_max=-0.1)
 

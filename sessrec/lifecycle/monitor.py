@@ -171,6 +171,7 @@ def monitor(
     plot: str | None = None,
     canary_out: str | None = None,
     confidence: float = 0.95,
+    overwrite: bool = False,
 ) -> pa.Table:
     """Hit rate, MRR, coverage, unknown share and drift of the served recommendations, per version and window.
 
@@ -193,6 +194,8 @@ def monitor(
         canary_out: where the canary's comparison with the live version (`compare_canary`) is written
             (``.csv`` or ``.parquet``) when the served log holds rows a canary answered; it is printed either way.
         confidence: of the comparison's intervals (two-sided).
+        overwrite: replace the files of `out`, `canary_out` and `plot` where they exist (otherwise refused, before
+            anything is read).
 
     Returns:
         The table: ``model_version``, ``window_start``, ``requests``, ``evaluated``, ``unmatched``,
@@ -201,6 +204,7 @@ def monitor(
     Raises:
         CanaryWorse: a canary is worse than live by more than a canary threshold (tables written first).
         ThresholdCrossed: some row crosses another threshold (the table is written first).
+        FileExistsError: `out`, `canary_out` or `plot` exists and `overwrite` is false.
     """
     if not isinstance(k, int) or k < 1:
         raise ValueError(f"monitor: k must be an integer of 1 or more, got {k!r}")
@@ -217,7 +221,7 @@ def monitor(
     if versions is not None and not versions:  # an empty list would report no row and check no threshold
         raise ValueError("monitor: versions is an empty list; name at least one version, or leave it out for every "
                          "version served")
-    check_outputs({"out": out, "canary_out": canary_out, "plot": plot}, paths)
+    check_outputs({"out": out, "canary_out": canary_out, "plot": plot}, paths, overwrite)
     served = read_served(served_log, since, until, versions)
     vocab = reference_vocab(reference)
     events = event_positions(paths, schema, delimiter)

@@ -15,10 +15,14 @@ from sessrec.saved.atomic import atomic_path
 from sessrec.scoring.output import same_file
 
 
-def check_outputs(outputs: dict[str, str | None], paths: list[str]) -> None:
+def check_outputs(outputs: dict[str, str | None], paths: list[str], overwrite: bool = False) -> None:
     """Refuse, before anything is read, an output (setting -> file, None: not written) that is one of the event
     files `paths`, the file of another output or a directory: writing it would replace what the run reads or
-    writes, or fail once the work is done."""
+    writes, or fail once the work is done; and, unless `overwrite`, one that exists.
+
+    Raises:
+        FileExistsError: an output exists and `overwrite` is false.
+    """
     given = [(name, path) for name, path in outputs.items() if path is not None]
     for i, (name, path) in enumerate(given):
         if Path(path).is_dir():
@@ -29,6 +33,8 @@ def check_outputs(outputs: dict[str, str | None], paths: list[str]) -> None:
         for other, taken in given[:i]:
             if same_file(path, taken):
                 raise ValueError(f"monitor: {name} {path} is the file {other} names; name another file")
+        if Path(path).exists() and not overwrite:
+            raise FileExistsError(f"monitor: {name} {path} exists; set overwrite true to replace it, or name another file")
 
 
 def write_table(table: pa.Table, out: str | os.PathLike) -> None:

@@ -187,6 +187,26 @@ def test_a_decimal_time_after_a_first_block_of_integer_times_reads_alike_whole_o
     assert sum(len(batch.items) for batch in READERS["ScoringStream"](path)) == 75_000
 
 
+@pytest.mark.parametrize("written", ["1240", "1240.5"])
+def test_a_bad_time_after_the_first_block_is_named_as_the_file_writes_it_by_every_reader(tmp_path, monkeypatch,
+                                                                                        written):
+    """The streamed readers read a number column of integers in its first block as floats: a time written 1240 was
+    named 1240.0, where the file read whole names it 1240."""
+    from sessrec.data.prepared import cluster
+
+    monkeypatch.setattr(cluster, "PIECE_BYTES", 2_000_000)  # row 290000 in the third piece
+    rows = event_lines(300_000)  # 6 MB: past the first block of every reader
+    rows[290_000][2] = written
+    path = write_csv(tmp_path / "events.csv", rows)
+    message = (f"{path}: column 'ts' has the time {written} at row 290000, read with time_unit: s as the year 1970 "
+               "(outside 1990..2100); fix or drop the rows, or set time_unit to the column's unit")
+    for name, reader in [*((n, READERS[n]) for n in ("read_events", "scan_events", "ScoringStream")),
+                         ("dask pieces", pieces_read)]:
+        with pytest.raises(SchemaError) as err:
+            reader(path)
+        assert str(err.value) == message, name
+
+
 def test_categorical_codes_of_a_csv_file_are_read_as_their_text_by_every_reader(tmp_path):
     """A category written ``01`` and one written ``1`` are two categories: Arrow read both as the integer 1 (one
     category), whether the file was read whole, streamed, in dask pieces or scored."""
@@ -537,7 +557,7 @@ def pieces_read(path) -> list:
 
 
 @pytest.mark.parametrize("written,expected", [
-    ("1700000011100", "has the time 1700000011100.0 at row 300, read with time_unit: s as the year 55,840 (outside "
+    ("1700000011100", "has the time 1700000011100 at row 300, read with time_unit: s as the year 55,840 (outside "
                       "1990..2100); fix or drop the rows, or set time_unit to the column's unit"),
     ("x", "has an unparsable timestamp 'x' at row 300; expected a number of seconds since the epoch (time_unit: s), as "
           "'1700008880' at row 240 is"),
@@ -570,7 +590,7 @@ def test_the_dask_engine_names_the_file_row_of_times_implausible_beside_other_pi
     path = write_csv(tmp_path / "events.csv", rows)
     with pytest.raises(SchemaError) as local:
         list(scan_events(path, SCHEMA, batch_rows=100))
-    expected = (f"{path}: column 'ts' has the time 1240.0 at row 240, read with time_unit: s as the year 1970 (outside "
+    expected = (f"{path}: column 'ts' has the time 1240 at row 240, read with time_unit: s as the year 1970 (outside "
                 "1990..2100); fix or drop the rows, or set time_unit to the column's unit")
     assert str(local.value) == expected
     source = EventLogSource(path, schema=SCHEMA, test_fraction=0.2)

@@ -156,13 +156,29 @@ def integer_columns(inferred: pa.Schema, id_columns: list[str]) -> list[str]:
     return [c for c in id_columns if inferred.names.count(c) == 1 and pa.types.is_integer(inferred.field(c).type)]
 
 
-def float_columns(inferred: pa.Schema, schema: Schema) -> dict[str, pa.DataType]:
+def number_columns(inferred: pa.Schema, schema: Schema) -> list[str]:
     """The schema's number columns (`Schema.number_columns`) that the first block of a text file (`inferred`) holds
-    integers in, as float64: the type `read_csv` gives such a column when a later block holds a decimal, which a
-    streamed reader (`open_csv`, a dask piece) typed by the first block refuses. Validated, they are the same
-    float64 numbers either way."""
-    return {c: pa.float64() for c in schema.number_columns
-            if inferred.names.count(c) == 1 and pa.types.is_integer(inferred.field(c).type)}
+    integers in. A streamed reader (`open_csv`, a dask piece), typed by the first block, would refuse a decimal in a
+    later block: it reads them as text, and `read_numbers` reads each batch's as the numbers written there."""
+    return [c for c in schema.number_columns if inferred.names.count(c) == 1 and pa.types.is_integer(inferred.field(c).type)]
+
+
+def read_numbers(table: pa.Table, names: list[str]) -> pa.Table:
+    """`table` with its text columns `names` (`number_columns`) as int64 where every value of the batch is an
+    integer, else as float64 (the type `read_csv` gives a column that holds a decimal), so that a message quotes a
+    time as the file writes it (``1240``, not ``1240.0``); a column holding text that is no number stays text, for
+    `Schema.validate` to name its first such value and its row. Validated, they are the same float64 numbers."""
+    for name in names:
+        at = table.schema.get_field_index(name)  # -1: absent, or twice (refused by `Schema.validate`)
+        if at < 0:
+            continue
+        for kind in (pa.int64(), pa.float64()):
+            try:
+                table = table.set_column(at, name, pc.cast(table.column(at), kind))
+                break
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                continue
+    return table
 
 
 _AS_TEXT = "read the ids as text (the schema's string_ids: true)"
@@ -372,7 +388,7 @@ def scan_events(
         raise FileNotFoundError(f"{path}: no such file")
     if path.is_dir():
         raise SchemaError(f"{path}: is a folder, expected a CSV/TSV or parquet file")
-    string_columns, integers = schema.text_columns, []
+    string_columns, integers, numbers = schema.text_columns, [], []
     try:
         if _is_parquet(path):
             parquet = pq.ParquetFile(path, pre_buffer=False)  # a pre-buffered file caches every row group it read
@@ -382,13 +398,13 @@ def scan_events(
         else:
             parse = pacsv.ParseOptions(delimiter=delimiter or _sniff_delimiter(path))
             inferred = first_block(path, parse)
-            integers = integer_columns(inferred, schema.decimal_id_columns)
+            integers, numbers = integer_columns(inferred, schema.decimal_id_columns), number_columns(inferred, schema)
             batches = pacsv.open_csv(  # blocks of read_csv's size: the column types inferred from the same first block
                 path,
                 read_options=pacsv.ReadOptions(block_size=BLOCK_BYTES),
                 parse_options=parse,
                 convert_options=pacsv.ConvertOptions(
-                    column_types=float_columns(inferred, schema) | {c: pa.string() for c in [*string_columns, *integers]},
+                    column_types={c: pa.string() for c in [*string_columns, *integers, *numbers]},
                     null_values=NULL_VALUES,
                     strings_can_be_null=True,
                 ),
@@ -397,13 +413,13 @@ def scan_events(
         for batch in batches:
             pending.append(batch)
             if sum(b.num_rows for b in pending) >= batch_rows:
-                table = integer_ids(pa.Table.from_batches(pending), integers, str(path), row)
+                table = integer_ids(read_numbers(pa.Table.from_batches(pending), numbers), integers, str(path), row)
                 events = schema.validate(table, source=str(path), first_row=row)
                 samples.append(time_sample(table, events, schema, row))
                 yield events
                 row, pending = row + table.num_rows, []
         if pending:
-            table = integer_ids(pa.Table.from_batches(pending), integers, str(path), row)
+            table = integer_ids(read_numbers(pa.Table.from_batches(pending), numbers), integers, str(path), row)
             events = schema.validate(table, source=str(path), first_row=row)
             samples.append(time_sample(table, events, schema, row))
             yield events
@@ -417,6 +433,10 @@ def scan_events(
 
 
 TimeSample = tuple[pa.Array, np.ndarray, np.ndarray, TimeUnit]
+
+
+def _is_number(kind: pa.DataType) -> bool:
+    return pa.types.is_integer(kind) or pa.types.is_floating(kind)
 
 
 def time_sample(raw: pa.Table, events: pa.Table, schema: Schema, first_row: int) -> TimeSample | None:
@@ -455,7 +475,9 @@ def check_time_samples(samples: list[TimeSample | None], schema: Schema, source:
                  + ")" for s in (kept[0], other)]
         raise SchemaError(f"{source}: column {schema.timestamp!r} holds times of two forms: {forms[0]} and {forms[1]}; "
                           "give the column one form")
-    values = pa.chunked_array([s[0] for s in kept])
+    kinds = {s[0].type for s in kept}  # batches of integers beside batches with decimals (`read_numbers`): as floats
+    common = kinds.pop() if len(kinds) == 1 else pa.float64() if all(map(_is_number, kinds)) else pa.string()
+    values = pa.chunked_array([s[0].cast(common) for s in kept])
     seconds = np.concatenate([s[1] for s in kept])
     rows = np.concatenate([s[2] for s in kept])
     check_plausible(values, seconds, schema.timestamp, kept[0][3], source, rows)

@@ -47,10 +47,11 @@ from sessrec.data.readers import (
     _is_parquet,
     _sniff_delimiter,
     first_block,
-    float_columns,
     integer_columns,
     integer_ids,
     missing_id,
+    number_columns,
+    read_numbers,
 )
 from sessrec.data.schema import FeatureSpec, Schema, header_hint
 from sessrec.data.side import FittedSideFeatures
@@ -156,11 +157,11 @@ class ScoringStream:
         except (pa.ArrowInvalid, OSError) as err:
             raise SchemaError(f"{self.path}: cannot be read: {err}") from err
 
-    def _csv(self, columns: list[str] | None = None) -> tuple[pacsv.CSVStreamingReader, list[str]]:
-        """A streaming reader of the CSV file's `columns` (None: all), and the id columns it reads as text that
-        `integer_ids` reads as integers (those its first block holds integers in, as `integer_columns`); its
-        number columns of integers it reads as floats (`float_columns`), its categorical columns (the schema's and
-        the model's side features) as text (`Schema.text_columns`)."""
+    def _csv(self, columns: list[str] | None = None) -> tuple[pacsv.CSVStreamingReader, list[str], list[str]]:
+        """A streaming reader of the CSV file's `columns` (None: all), the id columns it reads as text that
+        `integer_ids` reads as integers (those its first block holds integers in, as `integer_columns`) and the
+        number columns it reads as text that `read_numbers` reads as numbers (`number_columns`); its categorical
+        columns (the schema's and the model's side features) it reads as text (`Schema.text_columns`)."""
         parse = pacsv.ParseOptions(delimiter=_sniff_delimiter(self.path))
 
         def reader(types: dict[str, pa.DataType]) -> pacsv.CSVStreamingReader:
@@ -170,11 +171,11 @@ class ScoringStream:
                                   convert_options=convert)
 
         inferred = first_block(self.path, parse)
-        floats = float_columns(inferred, self.schema)
         side = [c for c in self.side.config.categorical if c != frame.VIRTUAL] if self.side is not None else []
         text = [*self.schema.text_columns, *side]
         integers = integer_columns(inferred, self.schema.decimal_id_columns)
-        return reader(floats | {c: pa.string() for c in [*text, *integers]}), integers
+        numbers = number_columns(inferred, self.schema)
+        return reader({c: pa.string() for c in [*text, *integers, *numbers]}), integers, numbers
 
     def _chunks(self, columns: list[str] | None = None) -> Iterator[tuple[pa.Table, int]]:
         """(rows, file row of the first one) chunk by chunk, of `columns` (None: all) and of the rows
@@ -189,14 +190,15 @@ class ScoringStream:
                 # the row groups that hold rows of [start, stop): skip those before, read none after
                 groups = [g for g in range(len(sizes)) if ends[g] > start and (stop is None or ends[g] - sizes[g] < stop)]
                 first = int(ends[groups[0]] - sizes[groups[0]]) if groups else 0
-                batches, integers = meta.iter_batches(batch_size=self.chunk_rows, row_groups=groups, columns=columns), []
+                batches = meta.iter_batches(batch_size=self.chunk_rows, row_groups=groups, columns=columns)
+                integers, numbers = [], []
             else:
-                batches, integers = self._csv(columns)
+                batches, integers, numbers = self._csv(columns)
             for rb in batches:
                 lo, hi = max(start - first, 0), rb.num_rows if stop is None else min(stop - first, rb.num_rows)
                 if hi > lo:
                     rows = pa.Table.from_batches([rb.slice(lo, hi - lo)])
-                    yield integer_ids(rows, integers, str(self.path), first + lo), first + lo
+                    yield integer_ids(read_numbers(rows, numbers), integers, str(self.path), first + lo), first + lo
                 first += rb.num_rows
                 if stop is not None and first >= stop:
                     break

@@ -51,10 +51,11 @@ from sessrec.data.readers import (
     check_time_samples,
     compression,
     first_block,
-    float_columns,
     integer_columns,
     integer_ids,
     missing_id,
+    number_columns,
+    read_numbers,
     time_sample,
 )
 from sessrec.data.schema import VIRTUAL, Schema, SchemaError
@@ -102,10 +103,11 @@ def read_piece(piece: Piece, schema: Schema, delimiter: str | None, column_types
 
     `column_types` are those of the file's first block (CSV): its id columns of integers are read as text, then
     as the integers they are written as (`integer_ids`), as `read_events` reads them; its number columns of
-    integers as floats (`float_columns`); its text columns (`Schema.text_columns`) as text."""
+    integers as text, then as the numbers they are written as (`number_columns`, `read_numbers`); its text
+    columns (`Schema.text_columns`) as text."""
     path = Path(piece.path)
     integers = [] if column_types is None else integer_columns(column_types, schema.decimal_id_columns)
-    floats = {} if column_types is None else float_columns(column_types, schema)
+    numbers = [] if column_types is None else number_columns(column_types, schema)
     try:
         if _is_parquet(path):
             parquet = pq.ParquetFile(path)
@@ -115,9 +117,9 @@ def read_piece(piece: Piece, schema: Schema, delimiter: str | None, column_types
             where = str(path)
         else:
             delim = delimiter or _sniff_delimiter(path)
-            text = [*integers, *schema.text_columns]
-            convert = pacsv.ConvertOptions(column_types={f.name: pa.string() if f.name in text else
-                                                         floats.get(f.name, f.type) for f in column_types or []},
+            text = [*integers, *numbers, *schema.text_columns]
+            convert = pacsv.ConvertOptions(column_types={f.name: pa.string() if f.name in text else f.type
+                                                         for f in column_types or []},
                                            null_values=NULL_VALUES, strings_can_be_null=True)
             parse = pacsv.ParseOptions(delimiter=delim)
             if piece.end is None:  # the whole file (gzipped)
@@ -129,7 +131,7 @@ def read_piece(piece: Piece, schema: Schema, delimiter: str | None, column_types
                 where = f"{path} (the lines from byte {piece.start})"
     except (pa.ArrowInvalid, OSError, UnicodeDecodeError) as err:
         raise SchemaError(f"{path}: cannot be read as {'parquet' if _is_parquet(path) else 'CSV'}: {err}") from err
-    raw = table
+    raw = table = read_numbers(table, numbers)
     try:
         table = integer_ids(table, integers, where, piece.first_row)
         if not table.num_rows:

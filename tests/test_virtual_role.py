@@ -68,7 +68,7 @@ def test_bad_settings_are_refused_in_one_line_naming_file_column_and_value(tmp_p
     path = tmp_path / "log.csv"
     pacsv.write_csv(log(), path)
     typo = replace(SCHEMA, virtual=replace(ROLE, values=["serch"]))
-    with pytest.raises(SchemaError, match=r"log.csv: column 'item_id' has a null id at row 2, where column 'kind' holds "
+    with pytest.raises(SchemaError, match=r"log.csv: column 'item_id' has a missing id '' at row 2, where column 'kind' holds "
                                           r"'search', not one of virtual.values \['serch'\]; .*$"):
         EventLogSource(str(path), schema=typo, test_fraction=0.3, valid_fraction=0.3).load()
     pacsv.write_csv(log().set_column(1, "item_id", pa.array(range(10))), path)
@@ -77,6 +77,32 @@ def test_bad_settings_are_refused_in_one_line_naming_file_column_and_value(tmp_p
     every = replace(SCHEMA, virtual=replace(ROLE, values=["product", "search", "filter"]))
     with pytest.raises(ValueError, match=r"log.csv: every event is virtual \(column 'kind' holds one of .* on all 10 rows\)"):
         EventLogSource(str(path), schema=every, test_fraction=0.3, valid_fraction=0.3).load()
+
+
+@pytest.mark.parametrize("marker", ["NA", ""])
+def test_a_missing_product_id_of_a_csv_file_is_named_by_its_field_text_by_every_reader(tmp_path, marker):
+    """An unmarked event's missing id was refused as "a null id", without the field's text that the other
+    refusals of a missing id name."""
+    from sessrec.data import ItemVocab, ScoringStream
+    from sessrec.data.prepared import prepare
+    from sessrec.data.readers import scan_events
+
+    path = tmp_path / "log.csv"
+    pacsv.write_csv(log().set_column(1, "item_id", pa.array([10, 11, None, 12, 7, 0, 99, 14, 15, 16])), path)
+    path.write_text(path.read_text().replace(",0,", f",{marker},"))  # row 5, of kind 'product'
+    vocab = ItemVocab.fit(pa.array(["10", "11", "12", "14", "15", "16"]))
+    message = (f"{path}: column 'item_id' has a missing id {marker!r} at row 5, where column 'kind' holds 'product', "
+               "not one of virtual.values ['search', 'filter']; list that value to mark the event virtual, or drop or "
+               "fill the row")
+    source = EventLogSource(str(path), schema=SCHEMA, test_fraction=0.3, valid_fraction=0.3)
+    for name, read in (("read_events", lambda: read_events(path, SCHEMA)),
+                       ("scan_events", lambda: list(scan_events(path, SCHEMA))),
+                       ("ScoringStream", lambda: list(ScoringStream(path, vocab, schema=SCHEMA, max_length=4))),
+                       ("prepare", lambda: prepare(source, str(tmp_path / "prepared")))):
+        with pytest.raises(SchemaError) as err:
+            read()
+        assert str(err.value) == message, name
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["log.csv"]  # prepare wrote nothing
 
 
 def test_event_log_sessions_count_products_and_end_at_their_last_product(tmp_path):

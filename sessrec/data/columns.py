@@ -13,12 +13,13 @@ class SchemaError(ValueError):
 
 
 class MissingIdError(SchemaError):
-    """A null id (`check_id`), at file row `row` of `column`: a CSV file's readers name the field's text
-    (`readers.missing_id`), which Arrow read as null."""
+    """A null id (`check_id`, `VirtualSpec.check_unmarked`), at file row `row` of `column`: a CSV file's readers
+    name the field's text (`readers.missing_id`), which Arrow read as null; `after`: the message after the row
+    (``; drop or fill those rows``)."""
 
-    def __init__(self, message: str, column: str, row: int) -> None:
-        super().__init__(message)
-        self.column, self.row = column, row
+    def __init__(self, source: str, column: str, row: int, after: str) -> None:
+        super().__init__(f"{source}: column {column!r} has a null id at row {row}{after}")
+        self.column, self.row, self.after = column, row, after
 
 
 Rows = int | np.ndarray
@@ -141,7 +142,7 @@ def check_id(
     nulls = col.is_null().to_numpy(zero_copy_only=False)
     if nulls.any():
         row = bad_example(col, nulls, rows)[1]
-        raise MissingIdError(f"{source}: column {name!r} has a null id at row {row}; {MISSING_ADVICE}", name, row)
+        raise MissingIdError(source, name, row, f"; {MISSING_ADVICE}")
     if pa.types.is_signed_integer(typ):
         negative = pc.less(col, 0).to_numpy(zero_copy_only=False)
         if negative.any():

@@ -248,8 +248,8 @@ def missing_id(err: MissingIdError, path: str | Path, delimiter: str | None = No
                                 convert_options=convert):
         if seen + batch.num_rows > err.row:
             text = batch.column(0)[err.row - seen].as_py()
-            return SchemaError(f"{source or path}: column {err.column!r} has a missing id {text!r} at row {err.row}; "
-                               f"{MISSING_ADVICE}")
+            return SchemaError(f"{source or path}: column {err.column!r} has a missing id {text!r} at row {err.row}"
+                               f"{err.after}")
         seen += batch.num_rows
     return err
 

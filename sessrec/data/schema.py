@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sessrec.data.columns import Rows, SchemaError, check_id, check_numeric, file_row
+from sessrec.data.columns import MissingIdError, Rows, SchemaError, check_id, check_numeric, file_row
 from sessrec.data.times import TimeUnit, parse_time
 from sessrec.saved.registry import register
 
@@ -119,14 +119,15 @@ class VirtualSpec:
         return marked.fill_null(False).to_numpy(zero_copy_only=False).astype(bool)
 
     def check_unmarked(self, table: pa.Table, item_id: str, virtual: np.ndarray, source: str, rows: Rows) -> None:
-        """Refuse an unmarked event without an item id, naming the value of `column` that `values` misses."""
+        """Refuse an unmarked event without an item id (a `MissingIdError`: a CSV file's readers name the field's
+        text), naming the value of `column` that `values` misses."""
         missing = table.column(item_id).is_null().to_numpy(zero_copy_only=False) & ~virtual
         if missing.any():
             index = int(np.flatnonzero(missing)[0])
-            raise SchemaError(
-                f"{source}: column {item_id!r} has a null id at row {file_row(rows, index)}, where column {self.column!r} "
-                f"holds {table.column(self.column)[index].as_py()!r}, not one of virtual.values {list(self.values)}; "
-                "list that value to mark the event virtual, or drop or fill the row"
+            raise MissingIdError(
+                source, item_id, file_row(rows, index),
+                f", where column {self.column!r} holds {table.column(self.column)[index].as_py()!r}, not one of "
+                f"virtual.values {list(self.values)}; list that value to mark the event virtual, or drop or fill the row"
             )
 
     def keys(self, table: pa.Table) -> pa.Array:

@@ -101,9 +101,11 @@ def test_gpu_suite_code_paths_run_on_cpu(monkeypatch):
     steps = [f"{name}_step_ms" for name in ("xlnet_mlm", "sasrec", "hstu_jagged", "hstu_padded")]
     assert all(printed[1][key] > 0 for key in steps), printed[1]  # every encoder ran (an error has no *_step_ms)
     widths = printed[2]
-    for name in ("xlnet_mlm", "hstu"):  # a wider model counts more operations a step; its share of the peak is a share
+    for name in ("xlnet_mlm", "hstu"):  # a wider model counts more operations a step
         assert 0 < widths[f"{name}_d32_gflop_per_step"] < widths[f"{name}_d64_gflop_per_step"], widths
-        assert all(0 < widths[f"{name}_d{d}_share_of_peak"] < 1 for d in (32, 64)), widths
+        # the rate is the bf16 product measured in the run: on a GPU the step stays under it; on a loaded CPU the
+        # small product may be timed slower than the step's own float32 work, so here only its sign is known
+        assert all(widths[f"{name}_d{d}_share_of_peak"] > 0 for d in (32, 64)), widths
 
 
 TINY_TRAIN = ["benchmarks/train_throughput.py", "--steps", "20", "--warmup", "1", "--batch", "16", "--items", "300",

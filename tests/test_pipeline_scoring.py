@@ -26,7 +26,13 @@ from sessrec.pipeline.scoring import (
     early_stopping_split,
 )
 from sessrec.pipeline.scoring.blend_scorer import standardised
-from sessrec.pipeline.scoring.dlrm_scorer import PART_SESSIONS, IdRows, RankGauss, session_relative
+from sessrec.pipeline.scoring.dlrm_scorer import (
+    PART_SESSIONS,
+    IdRows,
+    RankGauss,
+    session_relative,
+    true_positions,
+)
 from sessrec.saved.registry import config_of, instantiate
 
 torch.set_num_threads(1)
@@ -194,6 +200,17 @@ def test_rank_gauss_matches_two_binary_searches(q: int, monkeypatch: pytest.Monk
     monkeypatch.setattr(dlrm_scorer, "BLOCK_VALUES", 12)  # blocks of 3 rows, the last one a single row
     assert torch.equal(scale(x), expected)
     assert torch.equal(scale(x.reshape(4, 25, 4)), expected.reshape(4, 25, 4))
+
+
+def test_true_positions_are_the_flattened_positions_of_the_true_entries_in_order() -> None:
+    """numpy's `flatnonzero` on the host gives what ``torch.nonzero`` of the flattened mask gives, also for a
+    transposed (non-contiguous) mask and an empty one; an empty input is scaled to an empty output."""
+    mask = torch.rand(37, 11, generator=torch.Generator().manual_seed(0)) < 0.4
+    for each in (mask, mask.T, mask[:0], torch.zeros(5, dtype=torch.bool)):
+        found = true_positions(each)
+        assert found.dtype == torch.int64 and torch.equal(found, each.reshape(-1).nonzero().squeeze(1))
+    assert true_positions(torch.tensor([[False, True], [True, True]])).tolist() == [1, 2, 3]
+    assert RankGauss(torch.linspace(-1.0, 1.0, 5).repeat(3, 1))(torch.zeros(0, 3)).shape == (0, 3)
 
 
 @pytest.mark.parametrize("q", [16, 13, 2])

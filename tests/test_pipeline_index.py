@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from sessrec.pipeline.retrieval.index import QUERY_ROWS, ExactIndex, FaissIndex
+from sessrec.pipeline.retrieval.index import (
+    BOUNDED_ROWS,
+    GROUP_ROWS,
+    QUERY_ROWS,
+    ExactIndex,
+    FaissIndex,
+    host_top_k,
+)
 from sessrec.saved.registry import config_of, instantiate
 
 
@@ -42,6 +49,33 @@ def test_exact_scores_queries_in_parts_of_query_rows_with_the_results_of_one_pro
     torch.testing.assert_close(scores, top.values, rtol=1e-5, atol=1e-5)
     empty = ExactIndex().build(vectors, ids).search(queries[:0], 7)
     assert empty[0].shape == (0, 7) and empty[1].shape == (0, 7)
+
+
+@pytest.mark.parametrize("n, k", [(3001, 20), (GROUP_ROWS * 20 - 1, 20), (90, 20), (79, 20)])  # groups of 128, 127
+def test_host_top_k_is_topk_bit_for_bit(n, k):  # and 4, the rest one more group; fewer than 4 k columns: topk
+    """The scores at or above the k-th largest group maximum hold each row's top k: the same values and columns as
+    ``topk``, with columns past the last whole group and with few columns."""
+    scores = torch.from_numpy(np.random.default_rng(5).standard_normal((QUERY_ROWS, n), dtype=np.float32))
+    top = scores.topk(k, dim=1)
+    values, columns = host_top_k(scores, k)
+    assert values.dtype == torch.float32 and columns.dtype == torch.int64
+    assert torch.equal(values, top.values) and torch.equal(columns, top.indices)
+
+
+def test_host_top_k_finds_a_top_k_all_in_one_group_ties_to_the_lower_column_and_ranks_nan_rows_by_topk():
+    n, k = 2000, 10  # groups of 128 columns
+    assert BOUNDED_ROWS == 4
+    scores = torch.arange(n, dtype=torch.float32).repeat(3, 1) / n  # rising with the column
+    scores[0, 256:266] = 5.0 + torch.arange(10.0)  # row 0: its best ten all in group 2
+    scores[1] = 0.0
+    scores[1, [300, 200, 600]] = 1.0  # row 1: three tied, then 1997 tied at 0
+    scores[2, 7] = float("nan")
+    values, columns = host_top_k(torch.cat([scores[:2], scores[:2]]), k)  # BOUNDED_ROWS rows
+    assert torch.equal(values[2:], values[:2]) and torch.equal(columns[2:], columns[:2])
+    assert columns[0].tolist() == list(range(265, 255, -1)) and values[0].tolist() == [14.0 - i for i in range(10)]
+    assert columns[1].tolist() == [200, 300, 600, 0, 1, 2, 3, 4, 5, 6] and values[1, :3].tolist() == [1.0] * 3
+    nan = host_top_k(torch.cat([scores, scores[:1]]), k)  # torch.topk ranks NaN first
+    assert nan[1][2, 0] == 7 and nan[0][2, 0].isnan() and torch.equal(nan[1][0], columns[0])
 
 
 def test_exact_hand_computed_case_and_padding_beyond_n():

@@ -90,6 +90,47 @@ def _pad(scores: torch.Tensor, ids: torch.Tensor, k: int) -> tuple[torch.Tensor,
 
 
 QUERY_ROWS = 32  # queries scored at once on the host: their (32, N) scores stay in cache (256 queries, 42,919 items: 99 -> 71 ms)
+GROUP_ROWS = 128  # scores per group whose maximum bounds the k-th largest score from below (`host_top_k`)
+BOUNDED_ROWS = 4  # rows from which `host_top_k` bounds: 0.1 ms slower than topk for one row of 42,919, faster from 4
+
+
+def host_top_k(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``scores.topk(k, dim=1)`` of (b, N) host scores: the (b, k) largest of each row, best first, and their
+    columns, ties to the lower column (in ``torch.topk``'s order where it ranks them); k <= N.
+
+    Each row's columns fall into k or more groups of consecutive ones (`GROUP_ROWS`, fewer where N < `GROUP_ROWS` k;
+    the rest one more group): the k-th largest of a row's group maxima is at or below its k-th largest
+    score, so only the scores at or above it (about 1.2 k of 42,919 at k = 100) are sorted (numpy's `lexsort`: by
+    row, score descending, column), in half the time of ``topk`` over all of them (32 rows of 42,919, k = 100, one
+    thread). Scores holding a NaN (which ``topk`` ranks first) are ranked by ``topk``, as are few columns (N < 4 k)
+    and fewer rows than `BOUNDED_ROWS`.
+    """
+    b, n = scores.shape
+    size = min(GROUP_ROWS, n // k)  # columns per group
+    if size < 4 or b < BOUNDED_ROWS:
+        return _top_k_of_all(scores, k)
+    groups = n // size
+    whole = groups * size
+    maxima = scores[:, :whole].reshape(b, groups, size).amax(dim=2)  # (b, G)
+    if whole < n:
+        maxima = torch.cat([maxima, scores[:, whole:].amax(dim=1, keepdim=True)], dim=1)
+    if bool(maxima.isnan().any()):  # a group's maximum is NaN where it holds one
+        return _top_k_of_all(scores, k)
+    bound = maxima.kthvalue(maxima.shape[1] - k + 1, dim=1, keepdim=True).values  # (b, 1) the k-th largest maximum
+    host = scores.detach().numpy()
+    at = np.flatnonzero(np.greater_equal(host, bound.numpy()))  # (c,) row-major: by row, then column
+    row, column = np.divmod(at, n)
+    counts = np.bincount(row, minlength=b)  # k or more each
+    values = host.reshape(-1)[at]
+    order = np.lexsort((column, -values, row))  # row by row, the best first, ties to the lower column
+    take = order[((np.cumsum(counts) - counts)[:, None] + np.arange(k)).reshape(-1)]
+    return torch.from_numpy(values[take].reshape(b, k)), torch.from_numpy(column[take].reshape(b, k))
+
+
+def _top_k_of_all(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``topk`` of each row of (b, N) scores: (b, k) values and columns."""
+    top = scores.topk(k, dim=1)
+    return top.values, top.indices
 
 
 class ExactIndex(Configurable):
@@ -149,9 +190,12 @@ class ExactIndex(Configurable):
         vectors, device = self._vectors, queries.device
         q = q.to(vectors.device)
         if len(vectors) <= self.block_size:  # one block: its top-k is the answer
-            step = QUERY_ROWS if vectors.device.type == "cpu" else max(len(q), 1)
-            tops = [(q[lo:lo + step] @ vectors.T).topk(min(k, len(vectors)), dim=1) for lo in range(0, max(len(q), 1), step)]
-            values, indices = torch.cat([t.values for t in tops]), torch.cat([t.indices for t in tops])
+            width = min(k, len(vectors))
+            if vectors.device.type == "cpu":
+                tops = [host_top_k(q[lo:lo + QUERY_ROWS] @ vectors.T, width) for lo in range(0, max(len(q), 1), QUERY_ROWS)]
+            else:
+                tops = [(q @ vectors.T).topk(width, dim=1)]
+            values, indices = torch.cat([t[0] for t in tops]), torch.cat([t[1] for t in tops])
             scores, ids = _pad(values, self._ids[indices], k)
             return scores.to(device), ids.to(device)
         best = q.new_empty((q.shape[0], 0))  # (B, <=k) running top-k scores

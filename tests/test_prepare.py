@@ -23,6 +23,7 @@ from sessrec.data import (
     ItemVocab,
     PreparedSource,
     Schema,
+    SchemaError,
     VirtualSpec,
     frame,
     prepare,
@@ -716,3 +717,16 @@ def test_a_setting_the_engine_cannot_honour_is_refused_naming_it_and_nothing_is_
     with pytest.raises(ValueError, match=rf"^{re.escape(message)}$"):
         prepare(source, str(tmp_path / "p"), **{"engine": "local", "memory_budget": ROOMY, **LAYOUT, **setting})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["events.parquet"]
+
+
+@pytest.mark.parametrize("engine", ["memory", "local", "dask"])
+@pytest.mark.parametrize("which", ["path", "test_path"])
+def test_a_missing_or_folder_event_log_is_refused_naming_it_and_nothing_is_written(tmp_path, engine, which):
+    log = write(event_log(sessions=60), tmp_path / "events.parquet")
+    (tmp_path / "afolder").mkdir()
+    for given, error, message in ((tmp_path / "nope.csv", FileNotFoundError, "no such file"),
+                                  (tmp_path / "afolder", SchemaError, "is a folder, expected a CSV/TSV or parquet file")):
+        source = EventLogSource(**{"path": log, "test_fraction": 0.2, **{which: str(given)}}, schema=SCHEMA)
+        with pytest.raises(error, match=rf"^{re.escape(f'{given}: {message}')}$"):
+            prepare(source, str(tmp_path / "p"), engine=engine, memory_budget=ROOMY, **LAYOUT)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["afolder", "events.parquet"]

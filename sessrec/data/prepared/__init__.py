@@ -19,6 +19,7 @@ from typing import Literal
 from sessrec.data import frame
 from sessrec.data.prepared.dataset import Layout, PreparedSource, PreparedWriter, read_manifest
 from sessrec.data.prepared.plan import COUNT_PEAK_PER_ROW, CountFold
+from sessrec.data.schema import SchemaError
 from sessrec.data.sources import EventLogSource, SessionSource
 from sessrec.data.vocab import ItemVocab
 from sessrec.saved.registry import config_of
@@ -98,6 +99,10 @@ def prepare(
     layout = Layout(part_sessions, row_group_sessions)
     # an event log is read partition by partition while the dataset is written: its files must outlive the old dataset
     reads = [source.path, source.test_path, source.valid_path] if isinstance(source, EventLogSource) else []
+    for read in (r for r in reads if r is not None and not Path(r).is_file()):
+        if Path(read).exists():
+            raise SchemaError(f"{read}: is a folder, expected a CSV/TSV or parquet file")
+        raise FileNotFoundError(f"{read}: no such file")
     writer = PreparedWriter(out, layout, overwrite=overwrite, inputs=[r for r in reads if r is not None])
     try:
         if engine == "memory":

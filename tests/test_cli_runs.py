@@ -165,3 +165,25 @@ def test_a_fit_stopped_by_sigterm_exits_with_an_error_naming_its_last_checkpoint
     assert got == ("sessrec fit: error: stopped by SIGTERM at step 1 (epochs done: 1), before the end of its training: "
                    f"no model directory was written; sessrec fit --ckpt_path {out / 'checkpoints' / 'last.ckpt'} resumes it")
     assert (out / "checkpoints" / "last.ckpt").is_file() and not (out / "model").exists()
+
+
+@pytest.mark.slow
+def test_a_fit_logging_to_wandb_shows_no_notice_of_wandb(tmp_path):
+    """The data fragments log to Weights & Biases (offline): Lightning's logger passes wandb an `anonymous` setting
+    of no effect, on which wandb warns before it reads WANDB_SILENT; the fit leaves it unset, and prints no notice."""
+    import subprocess
+
+    from test_cli_config_errors import DATA, MODEL, TRAINER
+
+    out = tmp_path / "out"
+    logger = f"  logger: {{class_path: pytorch_lightning.loggers.WandbLogger, init_args: {{save_dir: {out}, offline: true}}}}\n"
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(re.sub(r"  logger: .*\n", logger, TRAINER + MODEL + DATA).replace("OUT", str(out)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "SESSREC_"))}
+    env.update(PYTHONPATH=str(Path(__file__).resolve().parents[1]), OMP_NUM_THREADS="1")
+
+    run = subprocess.run([sys.executable, "-m", "sessrec.cli", "fit", "--config", str(recipe)],
+                         capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert "wandb:" not in run.stdout + run.stderr
+    assert len(list(out.glob("wandb/offline-run-*"))) == 1  # logged, offline

@@ -338,6 +338,11 @@ class SessrecCLI(LightningCLI):
         mid-epoch, which the training loader built here takes (and refuses where it counts in other batches)
         before the Trainer rewrites the run's config.yaml."""
         refuse_unlogged_monitor(self.trainer, self.model)
+        for logger in self.trainer.loggers:
+            if isinstance(logger, WandbLogger) and logger._wandb_init.get("anonymous", False) is None:
+                # Lightning's logger passes anonymous=None, a setting of no effect that wandb warns about whatever its
+                # value, before it reads WANDB_SILENT (`quiet_third_parties`): leave it unset
+                del logger._wandb_init["anonymous"]
         ckpt = self.config["fit"].get("ckpt_path")
         checkpoint = read_checkpoint(ckpt) if ckpt and Path(ckpt).is_file() else {}
         state = checkpoint.get(type(self.datamodule).__qualname__)

@@ -522,6 +522,27 @@ def test_a_test_split_mostly_unknown_to_the_models_vocabulary_is_refused_naming_
     assert (f"sessrec: {said}; each counts as a miss" in caplog.messages) == bool(unknown)
 
 
+def test_unknown_targets_of_a_split_read_from_its_own_file_name_that_file(tmp_path):
+    """A split given as a file of its own (rsc15's test_path) is named by that file, not the training file."""
+    vocab = str(ItemVocab.fit(pa.array(np.arange(1, 51))).save(tmp_path / "vocab.parquet"))
+    rows = [[s, str(100 + int(i)) if int(s) >= 90 and n % 4 else i, t]  # sessions 90..99: others, first items aside
+            for n, (s, i, t) in enumerate(event_lines(400))]
+    train = write_csv(tmp_path / "train.csv", [r for r in rows if int(r[0]) < 90])
+    test = write_csv(tmp_path / "test.csv", [r for r in rows if int(r[0]) >= 90])
+    data = SessionDataModule(EventLogSource(train, test_path=test, schema=SCHEMA), max_length=8, vocab_path=vocab)
+    with pytest.raises(ValueError) as err:
+        data.tensors("test")
+    assert str(err.value) == (f"{test} (test split): 10 of 10 targets (100.0%) are unknown to the model's vocabulary "
+                              f"{vocab}, above --data.max_unknown_targets 0.5: each counts as a miss, so the metrics "
+                              "would not measure the model; evaluate it on data of the items it was trained on, or "
+                              "raise --data.max_unknown_targets")
+    none = write_csv(tmp_path / "none.csv", [[s, str(100 + int(i)), t] for s, i, t in event_lines(400)[360:]])
+    data = SessionDataModule(EventLogSource(train, test_path=none, schema=SCHEMA), max_length=8, vocab_path=vocab)
+    with pytest.raises(ValueError, match="^" + re.escape(f"{none}: none of the 40 items of the test split is in the "
+                                                         f"vocabulary of {vocab} (")):
+        data.tensors("test")
+
+
 @pytest.mark.parametrize("share", [-0.1, 1.5, "half", True])
 def test_a_max_unknown_targets_outside_zero_to_one_is_refused(share):
     with pytest.raises(ValueError, match="^" + re.escape(

@@ -289,17 +289,23 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
             self._side = SideFeatureTransform(self.side_features).load_state_dict(saved, "the checkpoint")
 
     # -- tensors --------------------------------------------------------------------------
+    def file_of(self, split: str) -> str:
+        """The file a split's sessions were read from, for messages: the source's file of that split where it has
+        one (an event log's ``test_path``, ``valid_path``), else the splits' ``source``."""
+        files = self.source.splits_of() if callable(getattr(self.source, "splits_of", None)) else []
+        return next((str(path) for path, splits in files if split in splits), self.splits.source)
+
     def _encode(self, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         sessions = getattr(self.splits, name)
         values, offsets = frame.list_offsets(sessions.column(frame.ITEMS))
         virtual = frame.virtual_flags(sessions)
         column = getattr(getattr(self.source, "schema", None), "item_id", frame.ITEMS)  # the file's name for it
-        encoded = self.vocab.encode(values, virtual=virtual, source=f"{self.splits.source}, column {column!r}")
+        encoded = self.vocab.encode(values, virtual=virtual, source=f"{self.file_of(name)}, column {column!r}")
         self.stats[f"{name}_unknown_items"] = encoded.num_unknown
         products = len(values) - (int(np.count_nonzero(virtual)) if virtual is not None else 0)
         if self.vocab_path is not None and products and encoded.num_unknown == products:
             raise ValueError(
-                f"{self.splits.source}: none of the {products} items of the {name} split is in the vocabulary of "
+                f"{self.file_of(name)}: none of the {products} items of the {name} split is in the vocabulary of "
                 f"{self.vocab_path} ({self.vocab.num_products} items of type {self.vocab.raw_ids.type}, e.g. "
                 f"{self.vocab.raw_ids[0].as_py()!r}; the data's first {values[0].as_py()!r}): the data and the "
                 "model do not belong together"
@@ -338,10 +344,10 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
         ids, offsets, virtual = self._encode(split)
         flat = {}
         if self.side is not None:
-            flat = self.side.transform(getattr(self.splits, split), f"{self.splits.source} ({split} split)")
+            flat = self.side.transform(getattr(self.splits, split), f"{self.file_of(split)} ({split} split)")
         if len(offsets) > 1 and not (np.diff(offsets) >= 2).any():
             raise ValueError(
-                f"{self.splits.source} ({split} split): no session has two or more events (all {len(offsets) - 1} "
+                f"{self.file_of(split)} ({split} split): no session has two or more events (all {len(offsets) - 1} "
                 "have one), so there is nothing to train on or evaluate; check the session_id column"
             )
         if split == "train":
@@ -374,7 +380,7 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
         if self.vocab_path is None or not unknown:
             return
         share = unknown / len(targets)
-        said = (f"{self.splits.source} ({split} split): {unknown} of {len(targets)} targets ({share:.1%}) are unknown to "
+        said = (f"{self.file_of(split)} ({split} split): {unknown} of {len(targets)} targets ({share:.1%}) are unknown to "
                 f"the model's vocabulary {self.vocab_path}")
         if share > self.max_unknown_targets:
             raise ValueError(f"{said}, above --data.max_unknown_targets {self.max_unknown_targets:g}: each counts as a "
@@ -434,7 +440,7 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
         pairs = self.pairs(split, protocol, width)
         if not len(pairs):
             raise ValueError(
-                f"{self.splits.source} ({split} split): no (prefix, next item) pair to score: its "
+                f"{self.file_of(split)} ({split} split): no (prefix, next item) pair to score: its "
                 f"{getattr(self.splits, split).num_rows} sessions have none (a pair needs a session of two or more "
                 f"events); check the source's split settings ({type(self.source).__name__})"
             )
@@ -483,13 +489,13 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
         times = self.time_tensor(split) if self._wants_times() else None
         if times is None and self.times:
             raise ValueError(
-                f"{self.splits.source} ({split} split): times=True, but the sessions have no {frame.TIMES!r} column; "
+                f"{self.file_of(split)} ({split} split): times=True, but the sessions have no {frame.TIMES!r} column; "
                 "read the event time column (the source's schema.timestamp) or set --data.times null"
             )
         if times is None and self._task_reads("needs_times"):
             why = "--data.times false" if self.times is False else f"the sessions have no {frame.TIMES!r} column"
             raise ValueError(
-                f"{self.splits.source} ({split} split): the model (or a teacher it distils from) was trained with event "
+                f"{self.file_of(split)} ({split} split): the model (or a teacher it distils from) was trained with event "
                 "times and these batches carry "
                 f"none ({why}); read the event time column (the source's schema.timestamp) and set --data.times null"
             )

@@ -787,6 +787,25 @@ def test_sessrec_export_to_torchscript_shows_no_notice_of_transformers(tmp_path)
     assert "`is_gradient_checkpointing` is deprecated" in shown.stderr
 
 
+@pytest.mark.slow
+def test_sessrec_export_of_a_click_ranker_to_onnx_shows_no_notice_of_torch(tmp_path):
+    """torch.onnx notes on a DLRM's export that its dense and id inputs share the batch axis's name: hidden, as the
+    README says, unless ``--show-warnings``."""
+    model_dir = dlrm_task().ranker().save_pretrained(tmp_path / "model")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env.pop("SESSREC_SHOW_WARNINGS", None)
+
+    def export(*flags: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "sessrec.cli", "export", "--model_dir", str(model_dir), "--format",
+                               "onnx", "--out", str(tmp_path / "out"), *flags], capture_output=True, text=True,
+                              env=env, timeout=300)
+
+    quiet, shown = export(), export("--show-warnings")
+    assert quiet.returncode == shown.returncode == 0, quiet.stderr + shown.stderr
+    assert quiet.stderr == "" and quiet.stdout.startswith("sessrec export: wrote ")
+    assert "# The axis name: batch will not be used, since it shares the same shape constraints" in shown.stderr
+
+
 @pytest.mark.parametrize("fmt", ["onnx", "triton"])
 def test_a_saved_pipeline_is_refused_naming_what_it_is(tmp_path, sessrec_main, fmt):
     """A pipeline directory got 'not a saved model directory (no config.json)', as if nothing were saved there."""

@@ -418,9 +418,10 @@ def _usage() -> str:
 NOISE = ("\N{ELECTRIC LIGHT BULB} Tip:",)  # Lightning's advertisements (rank_zero_info at INFO)
 # torch's deprecation of what pytorch_lightning's _pytree still uses; Lightning's note on every predict that sessrec's
 # loader keeps no batch indices, which its TopKWriter does not read (it writes each batch as it comes); transformers'
-# deprecation of a property that torch.jit.trace reads on every submodule of a Hugging Face encoder (sessrec export)
+# deprecation of a property that torch.jit.trace reads on every submodule of a Hugging Face encoder (sessrec export);
+# torch.onnx's note that inputs share a dynamic axis's name (a DLRM's dense and id inputs: the batch)
 NOISY_WARNINGS = (r".*LeafSpec", r"Couldn't infer the batch indices fetched from your dataloader",
-                  r"`is_gradient_checkpointing` is deprecated")
+                  r"`is_gradient_checkpointing` is deprecated", r"# The axis name: .* will not be used, since it shares")
 RANK_ZERO_LOGGERS = ("pytorch_lightning.utilities.rank_zero", "lightning_fabric.utilities.rank_zero",
                      "lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero")
 # logger -> the beginnings of its messages that are noise: torch.onnx's exporter (a pipeline fit exporting a

@@ -220,6 +220,15 @@ def test_a_setting_that_trains_nothing_is_refused_before_anything_is_written(fla
     assert refused(sessrec_main, tmp_path, "fit", "--config", str(recipe), *flags).startswith(expected)
 
 
+def test_a_fit_without_checkpoints_is_refused_naming_the_setting(tmp_path, sessrec_main):
+    """Lightning refused it naming a ModelCheckpoint in the callbacks, which a recipe without one never gave."""
+    recipe = write(tmp_path, "recipe.yaml", QUIET_TRAINER + MODEL + DATA)
+    got = refused(sessrec_main, tmp_path, "fit", "--config", str(recipe), "--trainer.enable_checkpointing", "false")
+    assert got == ("--trainer.enable_checkpointing false: sessrec fit writes the model directory from the best checkpoint "
+                   "and keeps last.ckpt to resume the run; drop the setting (fast_dev_run true checks a recipe without "
+                   "saving)")
+
+
 @pytest.mark.parametrize("value", ["2", "0.1"])
 def test_overfit_batches_which_the_loaders_cannot_honour_is_refused(value, tmp_path, sessrec_main):
     """Lightning repeats the same batches by turning off a sampler's shuffling; the loaders have none."""

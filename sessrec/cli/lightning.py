@@ -102,6 +102,7 @@ from sessrec.cli.trainer_settings import (
     refuse_endless_schedule,
     refuse_flags_of_other_commands,
     refuse_half_weights,
+    refuse_no_checkpointing,
     refuse_no_training,
     refuse_overfit_batches,
     refuse_partial_scoring,
@@ -270,6 +271,7 @@ class SessrecCLI(LightningCLI):
             refuse_partial_scoring(sub, cfg.trainer)
         if sub == "fit":
             refuse_no_training(cfg.trainer)
+            refuse_no_checkpointing(cfg.trainer)
             refuse_counts_below_one(cfg.trainer)
             refuse_overfit_batches(cfg.trainer)
             refuse_endless_schedule(cfg.trainer, cfg.model)

@@ -108,6 +108,16 @@ def refuse_no_training(trainer: Namespace) -> None:
                          "(DD:HH:MM:SS, e.g. 00:01:00:00 for an hour)")
 
 
+def refuse_no_checkpointing(trainer: Namespace) -> None:
+    """Refuse ``enable_checkpointing: false`` for ``fit``, in one line naming it: the model directory is written from
+    the best checkpoint and ``last.ckpt`` resumes the run (Lightning would refuse it naming a ModelCheckpoint the
+    user never gave: sessrec's own ``last.ckpt`` callback)."""
+    if trainer.get("enable_checkpointing") is False:
+        raise ValueError("--trainer.enable_checkpointing false: sessrec fit writes the model directory from the best "
+                         "checkpoint and keeps last.ckpt to resume the run; drop the setting (fast_dev_run true checks a "
+                         "recipe without saving)")
+
+
 COUNTS = {"accumulate_grad_batches": "batches", "check_val_every_n_epoch": "epochs", "val_check_interval": "batches"}
 
 

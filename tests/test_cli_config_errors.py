@@ -220,6 +220,34 @@ def test_a_setting_that_trains_nothing_is_refused_before_anything_is_written(fla
     assert refused(sessrec_main, tmp_path, "fit", "--config", str(recipe), *flags).startswith(expected)
 
 
+@pytest.mark.parametrize("flags, expected", [
+    (["--model.loss", "FulSoftmax"], "model.loss: 'FulSoftmax' names no class of CatalogueLoss; did you mean FullSoftmax?"),
+    (["--model.loss", "sessrec.tasks.losses.FulSoftmax"], ("model.loss: 'sessrec.tasks.losses.FulSoftmax' names no class of "
+                                                          "CatalogueLoss; did you mean sessrec.tasks.losses.FullSoftmax?")),
+    (["--model.encoder", "sessrec.models.GRU4RecEncodr"], ("model.encoder: 'sessrec.models.GRU4RecEncodr' names no class "
+                                                          "of Module; did you mean sessrec.models.GRU4RecEncoder?")),
+    (["--model.encoder", "{class_path: GRU4RecEncodr}"], ("model.encoder.class_path: 'GRU4RecEncodr' names no class of "
+                                                         "Module; did you mean GRU4RecEncoder?")),
+    (["--model.encoder", "sessrec.modls.GRU4RecEncoder"], ("model.encoder: 'sessrec.modls.GRU4RecEncoder' names no class: "
+                                                          "there is no module 'sessrec.modls'")),
+    (["--data.source.class_path", "SyntheticSorce"], ("data.source.class_path: 'SyntheticSorce' names no class of "
+                                                     "SessionSource; did you mean SyntheticSource?")),
+])
+def test_a_misspelt_class_name_is_refused_naming_the_closest_class(flags, expected, tmp_path, sessrec_main):
+    """jsonargparse answered with its whole union summary, 'Expected a path but FulSoftmax either not accessible or
+    invalid - Expected a dot import path string ...'."""
+    recipe = write(tmp_path, "recipe.yaml", TRAINER + MODEL + DATA)
+    assert refused(sessrec_main, tmp_path, "fit", "--config", str(recipe), *flags) == expected
+
+
+def test_a_misspelt_class_path_in_a_recipe_names_its_line_and_column(tmp_path, sessrec_main):
+    recipe = write(tmp_path, "recipe.yaml", TRAINER + MODEL + "  loss: {class_path: sessrec.tasks.losses.SampledSoftmx}\n"
+                   + DATA)
+    assert refused(sessrec_main, tmp_path, "fit", "--config", str(recipe)) == (
+        f"{recipe}:14:10: model.loss.class_path: 'sessrec.tasks.losses.SampledSoftmx' names no class of CatalogueLoss; "
+        "did you mean sessrec.tasks.losses.SampledSoftmax?")
+
+
 def test_a_fit_without_checkpoints_is_refused_naming_the_setting(tmp_path, sessrec_main):
     """Lightning refused it naming a ModelCheckpoint in the callbacks, which a recipe without one never gave."""
     recipe = write(tmp_path, "recipe.yaml", QUIET_TRAINER + MODEL + DATA)

@@ -324,8 +324,10 @@ def _check_block(block: Any, owner: Callable[..., Any], place: _Place, top: bool
         return
     if not top and ("class_path" in block or "init_args" in block):
         found = _resolve(str(block["class_path"]), bases or _classes(owner)) if "class_path" in block else owner
+        if found is None and CLASS_NAME.match(str(block["class_path"])):
+            _refuse_unknown_class(place.below("class_path"), str(block["class_path"]), bases or _classes(owner))
         if found is None or found is object:
-            return  # an unknown class name: jsonargparse says what is wrong
+            return  # a class of several of that name: jsonargparse says what is wrong
         owner, init = found, block.get("init_args")
         extra = [k for k in block if k not in ("class_path", "init_args", "dict_kwargs")]
         block = {**(init if isinstance(init, Mapping) else {}), **{k: block[k] for k in extra}}
@@ -346,6 +348,10 @@ def _check_block(block: Any, owner: Callable[..., Any], place: _Place, top: bool
             value = _flow_value(value, where)  # a flag's mapping or list, which jsonargparse reads as YAML
         if isinstance(value, str) and value.endswith(CONFIG_SUFFIXES) and _configures_a_class(hint):
             _check_file(value, hint, where)
+        elif (isinstance(value, str) and _configures_a_class(hint) and CLASS_NAME.match(value)
+              and not any(k.__module__ == "builtins" for k in _classes(hint))):  # a float's 'NaN' is no class name
+            if _resolve(value, _classes(hint)) is None:
+                _refuse_unknown_class(where, value, _classes(hint))
         elif isinstance(value, Mapping) and "class_path" in value:
             _check_block(value, object, where, bases=_classes(hint))
         elif isinstance(value, Mapping) and _is_plain(kind):
@@ -541,6 +547,36 @@ def _resolve(class_path: str, bases: tuple[type, ...]) -> type | None:
         if len(named) == 1:
             return named.pop()
     return None
+
+
+CLASS_NAME = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*$")  # a class's name, short or with its module
+
+
+def _refuse_unknown_class(place: _Place, class_path: str, bases: tuple[type, ...]) -> None:
+    """Refuse a class name that names no class of `bases` (a misspelt ``FullSoftmax``), in one line with the closest
+    class of theirs (of the module named, for a dotted name), or else some of them; a short name of several classes
+    passes, for jsonargparse to say so."""
+    module, _, name = class_path.rpartition(".")
+    if not module and any(c.__name__ == name for b in bases for base in b.__mro__ if base is not object
+                          for c in _subclasses(base)):
+        return  # several classes of that name
+    kinds = [c for b in bases for c in _subclasses(b) if not inspect.isabstract(c) and not c.__name__.startswith("_")]
+    if module:
+        try:
+            inside = vars(import_module(module))
+        except ImportError:
+            inside = None
+        if inside is None:
+            raise RecipeError(f"{place}: {class_path!r} names no class: there is no module {module!r}", place.keys)
+        names = {n: f"{module}.{n}" for n, c in inside.items() if c in kinds}
+    else:
+        names = {c.__name__: c.__name__ for c in kinds if c.__module__.startswith("sessrec") or len(kinds) <= 40}
+    wanted = " or ".join(b.__name__ for b in bases)
+    close = difflib.get_close_matches(name, list(names), n=1, cutoff=CLOSE)
+    said = f"{place}: {class_path!r} names no class of {wanted}"
+    if close:
+        raise RecipeError(f"{said}; did you mean {names[close[0]]}?", place.keys)
+    raise RecipeError(f"{said}; the classes are {', '.join(sorted(names.values())[:24])}", place.keys)
 
 
 def _subclasses(base: type) -> set[type]:

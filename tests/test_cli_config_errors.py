@@ -248,6 +248,21 @@ def test_a_misspelt_class_path_in_a_recipe_names_its_line_and_column(tmp_path, s
         "did you mean sessrec.tasks.losses.SampledSoftmax?")
 
 
+@pytest.mark.parametrize("command", ["fit", "test", "serve", "retrain", "prepare"])
+def test_a_missing_config_file_is_one_line_naming_the_closest_file(command, tmp_path, sessrec_main):
+    """jsonargparse answered 'Parser key "config": File does not exist: <absolute path>', without the file meant."""
+    recipe = write(tmp_path, "recipe.yaml", TRAINER + MODEL + DATA)
+    misspelt = tmp_path / "recipi.yaml"
+    assert sessrec_main(command, "--config", str(recipe), "--config", str(misspelt)) == (
+        f"sessrec {command}: error: --config {misspelt}: no such file; did you mean {recipe}? (--traceback for details)")
+    assert sessrec_main(command, f"--config={tmp_path}/nowhere/recipe.yaml") == (
+        f"sessrec {command}: error: --config {tmp_path}/nowhere/recipe.yaml: no such file (there is no folder "
+        f"'{tmp_path}/nowhere') (--traceback for details)")
+    assert sessrec_main(command, "--config", str(tmp_path)) == (
+        f"sessrec {command}: error: --config {tmp_path}: is a folder, not a recipe file (--traceback for details)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["recipe.yaml"]
+
+
 def test_a_fit_without_checkpoints_is_refused_naming_the_setting(tmp_path, sessrec_main):
     """Lightning refused it naming a ModelCheckpoint in the callbacks, which a recipe without one never gave."""
     recipe = write(tmp_path, "recipe.yaml", QUIET_TRAINER + MODEL + DATA)

@@ -375,12 +375,34 @@ def user_modules(args: list[str]) -> list[str]:
     return rest
 
 
+def refuse_missing_configs(args: list[str]) -> None:
+    """Refuse a ``--config`` file that does not exist, in one line with the closest file of its folder (a misspelt
+    ``recipes/model/sasrc.yaml``); YAML given inline (``--config '{...}'``) is left to the parser."""
+    for i, arg in enumerate(args):
+        value = args[i + 1] if arg == "--config" and i + 1 < len(args) else arg.partition("=")[2] if arg.startswith(
+            "--config=") else None
+        if value is None or value.lstrip().startswith("{") or ": " in value or "\n" in value or Path(value).is_file():
+            continue
+        path = Path(value)
+        if path.is_dir():
+            raise FileNotFoundError(f"--config {value}: is a folder, not a recipe file")
+        if not path.parent.is_dir():
+            raise FileNotFoundError(f"--config {value}: no such file (there is no folder {str(path.parent)!r})")
+        import difflib
+
+        siblings = sorted(p.name for p in path.parent.iterdir() if p.suffix in (".yaml", ".yml", ".json"))
+        close = difflib.get_close_matches(path.name, siblings, n=1, cutoff=0.6)
+        raise FileNotFoundError(f"--config {value}: no such file" + (f"; did you mean {path.with_name(close[0])}?"
+                                                                     if close else ""))
+
+
 def run(args: list[str]) -> object:
     """Dispatch ``sessrec <command> ...``: the pipeline, lifecycle and Lightning commands."""
     command = args[0] if args else ""
     if command in ("", "-h", "--help"):
         print(_usage())
         return None
+    refuse_missing_configs(args[1:])
     if command in COMMANDS:
         return COMMANDS[command](args[1:])
     from sessrec.cli.parsers import config_value

@@ -737,6 +737,30 @@ def test_a_compressed_text_file_reads_as_the_plain_one_by_every_reader(tmp_path,
     assert read_user_sequences(packed_lines, "lines").equals(read_user_sequences(lines, "lines"))
 
 
+@pytest.mark.parametrize("suffix, codec", [(".gz", "gzip"), (".bz2", "bz2"), (".zst", "zstd"), (".lz4", "lz4")])
+def test_a_compressed_file_named_as_plain_text_is_refused_naming_its_extension_by_every_reader(tmp_path, suffix, codec):
+    """A gzipped log named ``events.csv`` was parsed as text: refused with the compressed bytes in the message (or, for
+    some bytes, read as rows of garbage); every reader now names the extension to give it."""
+    from sessrec.data import ItemVocab
+    from sessrec.data.readers import scan_events
+    from sessrec.data.stream import ScoringStream
+
+    path = tmp_path / "events.csv"
+    with pa.output_stream(str(path), compression=codec) as f:
+        f.write(("sid,item,ts\n" + "".join(f"{i // 4},{1 + i % 50},{1_700_000_000 + 37 * i}\n" for i in range(400))).encode())
+    schema = Schema(session_id="sid", item_id="item", timestamp="ts")
+    message = (f"^{path}: the file is compressed \\({suffix}\\) but its name does not end in {suffix}, so it would be read "
+               f"as plain text; rename it events.csv{suffix}$")
+    with pytest.raises(SchemaError, match=message):
+        read_events(path, schema)
+    with pytest.raises(SchemaError, match=message):
+        read_events(path, schema, delimiter=",")
+    with pytest.raises(SchemaError, match=message):
+        next(scan_events(path, schema, delimiter=","))
+    with pytest.raises(SchemaError, match=message):
+        list(ScoringStream(str(path), ItemVocab.fit(pa.array(np.arange(1, 51))), schema))
+
+
 @pytest.mark.parametrize("name", ["events.jsonl", "events.json", "events.ndjson.gz"])
 def test_a_json_file_is_refused_naming_it_not_read_as_a_csv_of_no_rows(tmp_path, name):
     path = tmp_path / name

@@ -45,13 +45,29 @@ NULL_VALUES = ["", "NA", "NaN", "null", "None"]  # what a CSV field holds for a 
 BLOCK_BYTES = 1 << 20  # a text file's block, read at once; the first decides the column types (`first_block`)
 
 
+# the first bytes of a compressed stream, by the extension that names its codec
+MAGIC = {b"\x1f\x8b": ".gz", **{b"BZh%d" % level: ".bz2" for level in range(1, 10)}, b"\x28\xb5\x2f\xfd": ".zst",
+         b"\x04\x22\x4d\x18": ".lz4"}
+
+
 def compression(path: str | Path) -> str | None:
     """The codec Arrow's CSV readers decompress `path` with, named by its extension (``gzip`` for ``.gz``, ``bz2``,
-    ``zstd`` for ``.zst``, ``lz4``), or None for a plain file."""
+    ``zstd`` for ``.zst``, ``lz4``), or None for a plain file. A file without a codec's extension that starts as a
+    compressed stream does (a gzipped log named ``.csv``) is refused naming the extension to give it, since it would
+    be parsed as text."""
     try:
         return pa.Codec.detect(str(path)).name
     except (TypeError, ValueError):  # no codec's extension
-        return None
+        pass
+    path = Path(path)
+    if path.is_file():
+        with open(path, "rb") as f:
+            head = f.read(4)
+        for magic, suffix in MAGIC.items():
+            if head.startswith(magic) and not _is_parquet(path):
+                raise SchemaError(f"{path}: the file is compressed ({suffix}) but its name does not end in {suffix}, so it "
+                                  f"would be read as plain text; rename it {path.name}{suffix}")
+    return None
 
 
 def open_binary(path: Path):
@@ -125,6 +141,7 @@ def read_table(
     try:
         if _is_parquet(path):
             return pq.read_table(path, columns=columns)
+        compression(path)  # a compressed file misnamed as plain text is refused
         delim = delimiter or _sniff_delimiter(path)
         parse = pacsv.ParseOptions(delimiter=delim)
         integers = integer_columns(first_block(path, parse), id_columns or []) if id_columns else []
@@ -396,6 +413,7 @@ def scan_events(
             columns = schema.columns if all(c in names for c in schema.columns) else None
             batches = parquet.iter_batches(batch_size=batch_rows, columns=columns)
         else:
+            compression(path)  # a compressed file misnamed as plain text is refused
             parse = pacsv.ParseOptions(delimiter=delimiter or _sniff_delimiter(path))
             inferred = first_block(path, parse)
             integers, numbers = integer_columns(inferred, schema.decimal_id_columns), number_columns(inferred, schema)

@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from sessrec.data import frame
 from sessrec.data.readers import read_events, read_user_sequences
@@ -759,6 +760,23 @@ def test_a_compressed_file_named_as_plain_text_is_refused_naming_its_extension_b
         next(scan_events(path, schema, delimiter=","))
     with pytest.raises(SchemaError, match=message):
         list(ScoringStream(str(path), ItemVocab.fit(pa.array(np.arange(1, 51))), schema))
+
+
+def test_a_model_of_text_ids_scores_a_csv_file_of_leading_zeros_and_ids_beyond_int64_as_text(tmp_path):
+    """A model trained with string_ids (its vocabulary of text ids) refused ``002`` in a file to score as 'reads as the
+    integer 2' and a 20-digit id as 'does not fit int64', though the file holds its own ids; they now read as its text."""
+    from sessrec.data import ItemVocab
+    from sessrec.data.stream import ScoringStream
+
+    big = "18446744073709551617"
+    path = tmp_path / "sessions.csv"
+    path.write_text(f"sid,item\n1,002\n1,2\n2,{big}\n2,002\n")
+    vocab = ItemVocab.fit(pa.array(["002", "002", "2", big]))
+    stream = ScoringStream(str(path), vocab, Schema(session_id="sid", item_id="item", timestamp=None))
+    items = torch.cat([batch.items for batch in stream])
+    expected = [vocab.encode(pa.array(ids)).ids.tolist() for ids in (["002", "2"], [big, "002"])]
+    assert items.tolist() == expected and min(min(e) for e in expected) > 1
+    assert stream.num_unknown == 0
 
 
 @pytest.mark.parametrize("name", ["events.jsonl", "events.json", "events.ndjson.gz"])

@@ -161,7 +161,8 @@ class ScoringStream:
         """A streaming reader of the CSV file's `columns` (None: all), the id columns it reads as text that
         `integer_ids` reads as integers (those its first block holds integers in, as `integer_columns`) and the
         number columns it reads as text that `read_numbers` reads as numbers (`number_columns`); its categorical
-        columns (the schema's and the model's side features) it reads as text (`Schema.text_columns`)."""
+        columns (the schema's and the model's side features) it reads as text (`Schema.text_columns`), and so its item ids
+        where the model's vocabulary holds text ids (``002`` is that vocabulary's ``'002'``, not the integer 2)."""
         parse = pacsv.ParseOptions(delimiter=_sniff_delimiter(self.path))
 
         def reader(types: dict[str, pa.DataType]) -> pacsv.CSVStreamingReader:
@@ -172,8 +173,10 @@ class ScoringStream:
 
         inferred = first_block(self.path, parse)
         side = [c for c in self.side.config.categorical if c != frame.VIRTUAL] if self.side is not None else []
-        text = [*self.schema.text_columns, *side]
-        integers = integer_columns(inferred, self.schema.decimal_id_columns)
+        text_ids = pa.types.is_string(self.vocab.raw_ids.type) or pa.types.is_large_string(self.vocab.raw_ids.type)
+        items = [self.schema.item_id] if text_ids else []
+        text = [*self.schema.text_columns, *side, *items]
+        integers = integer_columns(inferred, [c for c in self.schema.decimal_id_columns if c not in items])
         numbers = number_columns(inferred, self.schema)
         return reader({c: pa.string() for c in [*text, *integers, *numbers]}), integers, numbers
 

@@ -86,6 +86,21 @@ def test_test_excludes_seen_items_when_told(checkpoint):
 
 
 @pytest.mark.parametrize("sub, stage", [("test", "test"), ("validate", "val")])
+def test_evaluation_without_checkpointing_gives_the_same_metrics(checkpoint, sub, stage):
+    """Lightning refused ``enable_checkpointing: false`` beside the recipe's ModelCheckpoint, which an evaluation
+    never writes; the setting now runs it without checkpoint callbacks, to the same figures."""
+    plain = cli([sub, *TINY, "--model_dir", str(checkpoint)]).trainer
+    quiet = cli([sub, *TINY, "--model_dir", str(checkpoint), "--trainer.enable_checkpointing", "false"]).trainer
+    assert plain.checkpoint_callbacks and not quiet.checkpoint_callbacks
+    assert float(quiet.callback_metrics[f"{stage}/recall@20"]) == float(plain.callback_metrics[f"{stage}/recall@20"]) > 0
+
+
+def test_predict_without_checkpointing_writes_what_it_writes_with(checkpoint, sessions, tmp_path):
+    assert predicted(checkpoint, sessions, tmp_path / "quiet.parquet", "--trainer.enable_checkpointing", "false") == (
+        predicted(checkpoint, sessions, tmp_path / "plain.parquet"))
+
+
+@pytest.mark.parametrize("sub, stage", [("test", "test"), ("validate", "val")])
 def test_ks_from_the_command_line(checkpoint, sub, stage):
     metrics = cli([sub, *TINY, "--model_dir", str(checkpoint), "--model.evaluation.ks", "[5]"]).trainer.callback_metrics
     assert sorted(k for k in metrics if "@" in k) == [f"{stage}/mrr@5", f"{stage}/ndcg@5", f"{stage}/recall@5"]

@@ -83,11 +83,11 @@ from argparse import ArgumentError
 from collections.abc import Iterator
 from importlib import import_module
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import pytorch_lightning as pl
 from jsonargparse import Namespace
-from pytorch_lightning.callbacks import ProgressBar
+from pytorch_lightning.callbacks import ModelCheckpoint, ProgressBar
 from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 from pytorch_lightning.loggers import WandbLogger
 from pytorch_lightning.utilities.exceptions import SIGTERMException
@@ -400,6 +400,14 @@ class SessrecCLI(LightningCLI):
                                  f"{trainer.current_epoch}), before the end of its training: no model directory was "
                                  f"written{resume}") from None
             raise
+
+    def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[pl.Callback]) -> pl.Trainer:
+        """The Trainer; for validate, test and predict with ``enable_checkpointing: false`` without the recipe's and
+        sessrec's checkpoint callbacks, which write nothing there and with which Lightning refuses the setting."""
+        if self.subcommand in ("validate", "test", "predict") and config.get("enable_checkpointing") is False:
+            config["callbacks"] = [c for c in config.get("callbacks") or [] if not isinstance(c, ModelCheckpoint)]
+            callbacks = [c for c in callbacks if not isinstance(c, ModelCheckpoint)]
+        return super()._instantiate_trainer(config, callbacks)
 
     def before_predict(self) -> None:
         """A line of progress every 30 s (`PredictProgress`) in place of the progress bar, which cannot

@@ -270,7 +270,7 @@ class Spy(SessionBaseline):
 def test_item_sums_add_like_the_sparse_product_they_replace():
     """`item_sums` (what the kNN baselines spread their neighbours' weights with) gives, bit for bit,
     the float64 sums of scipy's COO -> dense conversion, duplicates added in the order given, the
-    per-column factor applied after the sum (as ``(sums).multiply(factor)``), at the pairs present."""
+    per-column factor applied after the sum (as ``(sums).multiply(factor)``), at the positive sums."""
     import scipy.sparse as sp
 
     from sessrec.baselines.knn import item_sums
@@ -287,6 +287,37 @@ def test_item_sums_add_like_the_sparse_product_they_replace():
         assert np.array_equal(sums, dense.ravel()[keys].astype(np.float32))
     assert [len(a) for a in item_sums(row[:0], col[:0], values[:0], 30)] == [0, 0]
 
+
+
+def test_positive_sums_add_each_rows_terms_in_order_from_zero():
+    """`positive_sums` (what the kNN baselines spread their neighbours' weights with) gives, bit for bit,
+    each (row, col)'s terms added one by one from 0 in the order of `left`'s entries, times the per-column
+    factor after the sum, as float32, at the positive sums only (keys ascending)."""
+    import scipy.sparse as sp
+
+    from sessrec.baselines.knn import by_rows, positive_sums
+
+    rng = np.random.default_rng(0)
+    row = np.sort(rng.integers(0, 5, 60))
+    row[row == 3] = 4  # a row without entries
+    mid = rng.integers(0, 40, 60)
+    left_values = rng.random(60) * 1e3
+    left_values[:3] = 0.0  # terms of 0: sums of 0 are left out
+    right = sp.csr_matrix((rng.random(200) * 1e-3, (rng.integers(0, 40, 200), rng.integers(0, 30, 200))), shape=(40, 30))
+    right.sum_duplicates()
+    factor = 1 + rng.random(30)
+    expected = np.zeros((5, 30))
+    for r, m, v in zip(row, mid, left_values):  # the terms one by one, in order
+        lo, hi = right.indptr[m], right.indptr[m + 1]
+        for c, w in zip(right.indices[lo:hi], right.data[lo:hi]):
+            expected[r, c] += v * w
+    left = by_rows(row, mid, left_values, (5, 40))
+    for scale, got in ((factor, positive_sums(left, right, factor)), (np.ones(30), positive_sums(left, right))):
+        dense = (expected * scale[None, :]).astype(np.float32)
+        keys, sums = got
+        assert keys.tolist() == np.flatnonzero(dense > 0).tolist() and sums.dtype == np.float32
+        assert sums.tobytes() == dense.ravel()[keys].tobytes()
+    assert [len(a) for a in positive_sums(by_rows(row[:0], mid[:0], left_values[:0], (5, 40)), right)] == [0, 0]
 
 
 def test_top_k_keeps_each_rows_k_highest_positive_scores_ties_to_the_latest():
@@ -465,3 +496,26 @@ def test_a_baseline_without_scores_says_so():
     for call in (empty.score, empty.positive_scores):
         with pytest.raises(NotImplementedError, match="Empty implements neither _score nor _positive_scores"):
             call(pad(PREFIXES))
+
+
+@pytest.mark.parametrize("make", [lambda: VSKNN(k=5, sample_size=20, weighting="quadratic", idf_weighting=2.0),
+                                  lambda: STAN(k=5, sample_size=20, lambda_2=30.0)])
+def test_knn_spreads_neighbour_weights_alike_by_sort_and_by_sparse_product(make, monkeypatch):
+    """Below `PRODUCT_PAIRS` neighbours the kNN baselines sum by `item_sums`, from it on by `positive_sums`:
+    the same keys and float32 scores, bit for bit."""
+    import sessrec.baselines.stan as stan_module
+    import sessrec.baselines.vsknn as vsknn_module
+
+    rng = np.random.default_rng(3)
+    def sessions(n):  # right-aligned, 1-8 events
+        return np.where(np.arange(8)[None, :] >= rng.integers(0, 8, (n, 1)), rng.integers(2, 40, (n, 8)), 0)
+
+    train, prefixes = sessions(200), sessions(12)
+    knn = make().fit(torch.from_numpy(train), num_items=40)
+    got = []
+    for threshold in (10**9, 0):
+        for module in (vsknn_module, stan_module):
+            monkeypatch.setattr(module, "PRODUCT_PAIRS", threshold)
+        got.append(knn.positive_scores(prefixes))
+    assert len(got[0][0]) > 50 and got[0][0].tolist() == got[1][0].tolist()
+    assert got[0][1].tobytes() == got[1][1].tobytes()

@@ -35,6 +35,9 @@ import scipy.sparse as sp
 from sessrec.data.vocab import NUM_SPECIAL
 
 MAX_POSITIONS = 63
+# neighbours of a batch from which their weights are spread by `positive_sums` (a sparse product) rather than
+# `item_sums` (a sort of every (neighbour, item)): scipy's fixed cost of about 0.1 ms a call loses below
+PRODUCT_PAIRS = 2000
 
 
 @dataclass
@@ -129,6 +132,8 @@ class SessionIndex:
         self._by_item = by_session.T.tocsr()  # (V, N): each item's training sessions, its position in each
         self._item_sessions = np.diff(self._by_item.indptr)  # (V,) training sessions of each item
         self.session_sizes = self.items.num_distinct  # (N,) distinct items of each training session
+        # (N, V): 1.0 at each training session's items, the right factor of `positive_sums` for per-neighbour weights
+        self.session_matrix = sp.csr_matrix((np.ones(len(m.items)), m.items, m.indptr), shape=(len(sessions), num_items))
 
     def document_frequency(self) -> np.ndarray:
         """(V,) number of training sessions that contain each item."""
@@ -164,12 +169,14 @@ class SessionIndex:
         return pairs
 
     def neighbour_items(self, pairs: Pairs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Every (pair, item of its training session): pair index, item id, item position (each (E,))."""
+        """Every (pair, item of its training session), pair by pair: where each pair's entries begin ((P + 1,)
+        offsets), item id and item position (each (E,))."""
         m = self.items
         counts = self.session_sizes[pairs.col]
-        pair = np.repeat(np.arange(len(pairs.col)), counts)
+        starts = np.zeros(len(counts) + 1, dtype=np.int64)
+        np.cumsum(counts, out=starts[1:])
         flat = ranges(m.indptr[pairs.col], counts)
-        return pair, m.items[flat], m.positions[flat]
+        return starts, m.items[flat], m.positions[flat]
 
 
 def ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -288,11 +295,50 @@ def ranks_in_rows(sorted_rows: np.ndarray) -> np.ndarray:
     return np.arange(len(sorted_rows)) - (np.cumsum(counts) - counts)[sorted_rows]
 
 
+def by_rows(row: np.ndarray, col: np.ndarray, values: np.ndarray, shape: tuple[int, int]) -> sp.csr_matrix:
+    """The CSR matrix of entries (row, col, value) given by ascending `row`, each row's in the order given.
+
+    Examples:
+        >>> by_rows(np.array([0, 0, 2]), np.array([1, 0, 1]), np.array([0.5, 0.25, 1.0]), (3, 2)).toarray().tolist()
+        [[0.25, 0.5], [0.0, 0.0], [0.0, 1.0]]
+    """
+    indptr = np.zeros(shape[0] + 1, dtype=np.int64)
+    np.cumsum(np.bincount(row, minlength=shape[0]), out=indptr[1:])
+    return sp.csr_matrix((values, col, indptr), shape=shape)
+
+
+def positive_sums(left: sp.csr_matrix, right: sp.csr_matrix,
+                  col_factor: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The positive entries of the float64 product ``left @ right`` ((B, M) @ (M, V) CSR matrices), each times
+    ``col_factor[col]`` when given, then as float32: ``keys`` row * V + col, ascending, and the values.
+
+    scipy's product adds the terms of each (row, col) into a dense accumulator of one row, from 0 and in the
+    order of the row's entries in `left` (``(0 + t1) + t2 ...``): the sums of the terms in that order, found
+    without sorting them and without a (B, V) array. With 1.0 entries on either side the terms are the other
+    side's values, unrounded.
+
+    Examples:
+        >>> left = by_rows(np.array([0, 0, 1]), np.array([0, 1, 1]), np.array([0.5, 0.25, 1.0]), (2, 2))
+        >>> right = by_rows(np.array([0, 1, 1]), np.array([2, 0, 2]), np.ones(3), (2, 3))
+        >>> keys, sums = positive_sums(left, right)
+        >>> keys.tolist(), sums.tolist()
+        ([0, 2, 3, 5], [0.25, 0.75, 1.0, 1.0])
+    """
+    out = left @ right
+    out.sort_indices()
+    cols = out.indices
+    sums = (out.data if col_factor is None else out.data * col_factor[cols]).astype(np.float32)
+    keys = np.repeat(np.arange(out.shape[0], dtype=np.int64) * out.shape[1], np.diff(out.indptr)) + cols
+    keep = sums > 0
+    return keys[keep], sums[keep]
+
+
 def item_sums(row: np.ndarray, col: np.ndarray, values: np.ndarray, num_items: int,
               col_factor: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The float64 sums of `values` (E,) per (row, col), added in the order given, each then times
-    ``col_factor[col]`` when given: ``keys`` row * `num_items` + col (ascending, one per pair present)
-    and the float32 sums. Only the pairs present are held (no (B, V) array).
+    ``col_factor[col]`` when given, as float32, where positive: ``keys`` row * `num_items` + col (ascending)
+    and the sums. Only the pairs present are held (no (B, V) array); `positive_sums` gives the same sums
+    without sorting the entries, faster from `PRODUCT_PAIRS` neighbours on.
 
     Examples:
         >>> keys, sums = item_sums(np.array([0, 0, 1]), np.array([2, 2, 0]), np.array([0.5, 0.25, 1.0]), 3)
@@ -308,4 +354,5 @@ def item_sums(row: np.ndarray, col: np.ndarray, values: np.ndarray, num_items: i
     sums = np.bincount(at, values, minlength=len(keys)).astype(np.float64, copy=False)  # int64 when empty
     if col_factor is not None:
         sums *= col_factor[keys % num_items]  # after the sum, as the sum of the spread weights times the item's factor
-    return keys, sums.astype(np.float32)
+    sums = sums.astype(np.float32)
+    return keys[sums > 0], sums[sums > 0]

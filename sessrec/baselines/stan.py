@@ -21,7 +21,7 @@ Session kNN with three exponential decays. For a prefix s with events 1..|s| (la
 A lambda set to None switches its decay off (weight 1). Items of the prefix itself are scored
 like any other; items no neighbour contains score 0 and tie, ranked pessimistically by
 `TopKMetrics`. Everything runs per batch of prefixes: an item -> sessions index finds the candidates,
-and the neighbours' items are gathered and summed per (prefix, item) reached (`item_sums`).
+and the neighbours' weighted items are summed per (prefix, item) reached (`positive_sums`).
 
 Shape letters: N training sessions, B prefixes, L positions, V items, P candidate pairs,
 E (neighbour, item) entries.
@@ -37,9 +37,20 @@ Examples:
 from __future__ import annotations
 
 import numpy as np
+import scipy.sparse as sp
 
 from sessrec.baselines.baseline import SessionBaseline
-from sessrec.baselines.knn import MAX_POSITIONS, SessionIndex, item_sums, session_items, sum_over_bits, top_k
+from sessrec.baselines.knn import (
+    MAX_POSITIONS,
+    PRODUCT_PAIRS,
+    SessionIndex,
+    by_rows,
+    item_sums,
+    positive_sums,
+    session_items,
+    sum_over_bits,
+    top_k,
+)
 
 
 class STAN(SessionBaseline):
@@ -97,9 +108,14 @@ class STAN(SessionBaseline):
         neighbours = pairs.take(chosen)
         # i*: highest position inside the neighbour among the shared items (a training session may be wider than the batch)
         _, anchor = sum_over_bits(neighbours.session_bits, None, MAX_POSITIONS)
-        pair, item, position = self.index.neighbour_items(neighbours)  # (E,) each
-        weight = sim[chosen][pair]
+        starts, item, position = self.index.neighbour_items(neighbours)  # (E,) items, pair by pair
+        counts = np.diff(starts)
+        weight = np.repeat(sim[chosen], counts)
         if self.lambda_3 is not None:
-            weight = weight * np.exp(-np.abs(position - anchor[pair]) / self.lambda_3)
-        keys, sums = item_sums(neighbours.row[pair], item, weight, self.num_items)
-        return keys[sums > 0], sums[sums > 0]
+            weight = weight * np.exp(-np.abs(position - np.repeat(anchor, counts)) / self.lambda_3)
+        if len(chosen) < PRODUCT_PAIRS:
+            return item_sums(np.repeat(neighbours.row, counts), item, weight, self.num_items)
+        # each row's pairs summed: (B, P) 1.0 at each row's neighbours @ (P, V) weights of their items
+        pair_items = sp.csr_matrix((weight, item, starts), shape=(len(counts), self.num_items))
+        rows = by_rows(neighbours.row, np.arange(len(counts)), np.ones(len(counts)), (len(prefixes), len(counts)))
+        return positive_sums(rows, pair_items)

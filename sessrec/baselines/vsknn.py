@@ -23,7 +23,7 @@ negative 11 or more events from the end; its ``weighting_score`` goes negative f
 up to 100, 0 after), and scores are not divided by their maximum (the ranking is the same).
 
 Everything runs per batch of prefixes: an item -> sessions index finds the candidates, and the
-neighbours' items are gathered and summed per (prefix, item) reached (see `sessrec.baselines.knn`).
+neighbours' weights are summed per (prefix, item) reached by a sparse product (see `sessrec.baselines.knn`).
 
 Shape letters: N training sessions, B prefixes, L positions, V items, P candidate pairs.
 
@@ -45,7 +45,16 @@ from typing import Literal
 import numpy as np
 
 from sessrec.baselines.baseline import SessionBaseline
-from sessrec.baselines.knn import SessionIndex, item_sums, session_items, sum_over_bits, top_k
+from sessrec.baselines.knn import (
+    PRODUCT_PAIRS,
+    SessionIndex,
+    by_rows,
+    item_sums,
+    positive_sums,
+    session_items,
+    sum_over_bits,
+    top_k,
+)
 
 Weighting = Literal["same", "div", "linear", "quadratic", "log"]
 
@@ -138,7 +147,10 @@ class VSKNN(SessionBaseline):
         chosen = top_k(pairs.row, pairs.col, sim, self.k)  # by prefix, then oldest first: the order summed in
         neighbours = pairs.take(chosen)
         weight = sim[chosen] * step_decay(self.weighting_score, length[chosen] - latest[chosen] + 1)
-        pair, item, _ = self.index.neighbour_items(neighbours)  # (E,) every item of every neighbour
         factor = self.item_factor if self.idf_weighting else None
-        keys, sums = item_sums(neighbours.row[pair], item, weight[pair], self.num_items, factor)
-        return keys[sums > 0], sums[sums > 0]
+        if len(chosen) >= PRODUCT_PAIRS:  # each neighbour's weight spread over its items: (B, N) weights @ (N, V) items
+            left = by_rows(neighbours.row, neighbours.col, weight, (len(prefixes), self.index.num_sessions))
+            return positive_sums(left, self.index.session_matrix, factor)
+        starts, item, _ = self.index.neighbour_items(neighbours)  # (E,) every item of every neighbour
+        counts = np.diff(starts)
+        return item_sums(np.repeat(neighbours.row, counts), item, np.repeat(weight, counts), self.num_items, factor)

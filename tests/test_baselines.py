@@ -519,3 +519,14 @@ def test_knn_spreads_neighbour_weights_alike_by_sort_and_by_sparse_product(make,
         got.append(knn.positive_scores(prefixes))
     assert len(got[0][0]) > 50 and got[0][0].tolist() == got[1][0].tolist()
     assert got[0][1].tobytes() == got[1][1].tobytes()
+
+
+def test_highest_position_is_the_highest_set_bit_of_every_mask():
+    """`highest_position` gives p of the highest set bit 2 ** (p - 1) of each mask, 0 for none, up to position 63,
+    also where a float64 of the whole mask would round up (2 ** 60 - 1)."""
+    from sessrec.baselines.knn import highest_position
+
+    rng = np.random.default_rng(0)
+    bits = np.concatenate([[0, 1, 2**60 - 1, 2**62, 2**63 - 1], rng.integers(0, 2**62, 500) >> rng.integers(0, 62, 500)])
+    expected = [int(b).bit_length() for b in bits]
+    assert highest_position(bits).tolist() == expected and highest_position(bits).dtype == np.int64

@@ -191,32 +191,39 @@ def ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
 
 
 def sum_over_bits(
-    bits: np.ndarray, weight: Callable[[np.ndarray, np.ndarray], np.ndarray] | None, max_position: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Sum of per-position weights over the set bits, and the highest set position (0 if none).
+    bits: np.ndarray, weight: Callable[[np.ndarray, np.ndarray], np.ndarray], max_position: int
+) -> np.ndarray:
+    """(P,) float64 sum of per-position weights over the set bits of each mask, added from the lowest position up.
 
     Args:
         bits: (P,) int64 bit masks of positions (bit p - 1 set = position p).
-        weight: (p, pairs) -> weight of positions p (one per pair) for those pairs (each with bit p set);
-            None when only the highest position is needed.
+        weight: (p, pairs) -> weight of positions p (one per pair) for those pairs (each with bit p set).
         max_position: highest position that can be set.
-
-    Returns:
-        total (P,) float64 and highest (P,) int64.
     """
     total = np.zeros(len(bits), dtype=np.float64)
-    highest = np.zeros(len(bits), dtype=np.int64)
     rest = bits & ((1 << max_position) - 1)  # no position above max_position
     on = np.flatnonzero(rest)
+    rest = rest[on]  # the bits left of the pairs `on`
     while len(on):  # a loop over the k-th lowest set bit (most pairs share one or two positions), vectorized over pairs
-        low = rest[on] & -rest[on]  # the lowest set bit: each pair's positions are added from the lowest up
-        p = np.frexp(low)[1].astype(np.int64)  # 2 ** (p - 1) = 0.5 * 2 ** p
-        if weight is not None:
-            total[on] += weight(p, on)
-        highest[on] = p
-        rest[on] ^= low
-        on = on[rest[on] != 0]
-    return total, highest
+        low = rest & -rest  # the lowest set bit
+        total[on] += weight(np.frexp(low)[1].astype(np.int64), on)  # 2 ** (p - 1) = 0.5 * 2 ** p
+        rest ^= low
+        left = rest != 0
+        on, rest = on[left], rest[left]
+    return total
+
+
+def highest_position(bits: np.ndarray) -> np.ndarray:
+    """(P,) int64 highest set position of non-negative int64 bit masks (bit p - 1 set = position p), 0 where none:
+    the binary exponent of the upper 32 bits, else of the lower 32 (each exact as a float64).
+
+    Examples:
+        >>> highest_position(np.array([0, 1, 6, 2**62 + 5, 2**40 - 1])).tolist()
+        [0, 1, 3, 63, 40]
+    """
+    upper = np.frexp((bits >> 32).astype(np.float64))[1]
+    lower = np.frexp((bits & 0xFFFFFFFF).astype(np.float64))[1]
+    return np.where(upper > 0, upper + 32, lower).astype(np.int64)
 
 
 def kth_highest(row: np.ndarray, value: np.ndarray, k: int) -> np.ndarray:

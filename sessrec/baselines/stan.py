@@ -41,10 +41,10 @@ import scipy.sparse as sp
 
 from sessrec.baselines.baseline import SessionBaseline
 from sessrec.baselines.knn import (
-    MAX_POSITIONS,
     PRODUCT_PAIRS,
     SessionIndex,
     by_rows,
+    highest_position,
     item_sums,
     positive_sums,
     session_items,
@@ -95,7 +95,7 @@ class STAN(SessionBaseline):
         prefix = session_items(prefixes, self.num_items)
         pairs = self.index.candidates(prefix, self.sample_size)
         length = prefix.lengths[pairs.row]  # (P,)
-        overlap, _ = sum_over_bits(
+        overlap = sum_over_bits(
             pairs.prefix_bits, lambda p, on: self._position_weight(p, length[on]), width
         )
         w1 = self._position_weight(prefix.positions, prefix.lengths[prefix.entry_rows()])
@@ -107,7 +107,7 @@ class STAN(SessionBaseline):
         chosen = top_k(pairs.row, pairs.col, sim, self.k)  # by prefix, then oldest first: the order summed in
         neighbours = pairs.take(chosen)
         # i*: highest position inside the neighbour among the shared items (a training session may be wider than the batch)
-        _, anchor = sum_over_bits(neighbours.session_bits, None, MAX_POSITIONS)
+        anchor = highest_position(neighbours.session_bits)
         starts, item, position = self.index.neighbour_items(neighbours)  # (E,) items, pair by pair
         counts = np.diff(starts)
         weight = np.repeat(sim[chosen], counts)

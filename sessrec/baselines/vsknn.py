@@ -49,6 +49,7 @@ from sessrec.baselines.knn import (
     PRODUCT_PAIRS,
     SessionIndex,
     by_rows,
+    highest_position,
     item_sums,
     positive_sums,
     session_items,
@@ -134,7 +135,7 @@ class VSKNN(SessionBaseline):
         prefix = session_items(prefixes, self.num_items)
         pairs = self.index.candidates(prefix, self.sample_size)
         length = prefix.lengths[pairs.row]  # (P,) events of each pair's prefix
-        overlap, latest = sum_over_bits(
+        overlap = sum_over_bits(
             pairs.prefix_bits, lambda p, on: position_weight(self.weighting, p, length[on]), width
         )
         if self.similarity == "dot":
@@ -146,7 +147,8 @@ class VSKNN(SessionBaseline):
             sim = overlap / np.maximum(norm[pairs.row] * np.sqrt(size), 1e-300)
         chosen = top_k(pairs.row, pairs.col, sim, self.k)  # by prefix, then oldest first: the order summed in
         neighbours = pairs.take(chosen)
-        weight = sim[chosen] * step_decay(self.weighting_score, length[chosen] - latest[chosen] + 1)
+        latest = highest_position(neighbours.prefix_bits)  # the prefix position of the most recent shared item
+        weight = sim[chosen] * step_decay(self.weighting_score, length[chosen] - latest + 1)
         factor = self.item_factor if self.idf_weighting else None
         if len(chosen) >= PRODUCT_PAIRS:  # each neighbour's weight spread over its items: (B, N) weights @ (N, V) items
             left = by_rows(neighbours.row, neighbours.col, weight, (len(prefixes), self.index.num_sessions))

@@ -158,12 +158,13 @@ class SessionIndex:
         def mask(values: np.ndarray) -> np.ndarray:  # positions of distinct items differ: OR = sum = the bit mask
             return np.bitwise_or.reduceat(values[order], first) if len(key) else np.zeros(0, np.int64)
 
-        row, col = key[first] // self.num_sessions, key[first] % self.num_sessions
-        pairs = Pairs(row=row, col=col, prefix_bits=mask(np.repeat(bits, counts)))
+        key, rows = key[first], len(prefix.lengths)
+        ends = np.searchsorted(key, np.arange(1, rows + 1) * self.num_sessions)  # past each prefix's last pair
+        row = np.repeat(np.arange(rows), np.diff(ends, prepend=0))
+        pairs = Pairs(row=row, col=key - row * self.num_sessions, prefix_bits=mask(np.repeat(bits, counts)))
         if self.session_bits:
             pairs.session_bits = mask(np.left_shift(np.int64(1), index.data[flat] - 1))
-        if sample_size > 0:
-            ends = np.cumsum(np.bincount(row, minlength=len(prefix.lengths)))  # past each prefix's last pair
+        if sample_size > 0 and len(row) and np.diff(ends, prepend=0).max() > sample_size:
             from_end = ends[row] - 1 - np.arange(len(row))  # 0 = most recent candidate
             pairs = pairs.take(from_end < sample_size)
         return pairs

@@ -41,6 +41,7 @@ import scipy.sparse as sp
 
 from sessrec.baselines.baseline import SessionBaseline
 from sessrec.baselines.knn import (
+    MAX_POSITIONS,
     PRODUCT_PAIRS,
     SessionIndex,
     by_rows,
@@ -111,8 +112,9 @@ class STAN(SessionBaseline):
         starts, item, position = self.index.neighbour_items(neighbours)  # (E,) items, pair by pair
         counts = np.diff(starts)
         weight = np.repeat(sim[chosen], counts)
-        if self.lambda_3 is not None:
-            weight = weight * np.exp(-np.abs(position - np.repeat(anchor, counts)) / self.lambda_3)
+        if self.lambda_3 is not None:  # exp(-distance / lambda_3) of the distances 0..62, read off per entry
+            decay = np.exp(-np.arange(MAX_POSITIONS) / self.lambda_3)
+            weight = weight * decay[np.abs(position - np.repeat(anchor, counts))]
         if len(chosen) < PRODUCT_PAIRS:
             return item_sums(np.repeat(neighbours.row, counts), item, weight, self.num_items)
         # each row's pairs summed: (B, P) 1.0 at each row's neighbours @ (P, V) weights of their items

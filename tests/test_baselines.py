@@ -530,3 +530,16 @@ def test_highest_position_is_the_highest_set_bit_of_every_mask():
     bits = np.concatenate([[0, 1, 2**60 - 1, 2**62, 2**63 - 1], rng.integers(0, 2**62, 500) >> rng.integers(0, 62, 500)])
     expected = [int(b).bit_length() for b in bits]
     assert highest_position(bits).tolist() == expected and highest_position(bits).dtype == np.int64
+
+
+def test_candidates_add_each_pairs_prefix_weights_oldest_position_first():
+    """`SessionIndex.candidates` sums the weights of the items a pair shares from 0, the oldest prefix position
+    first (not in item order): 1 + 1e16 - 1e16 is 0.0 in float64, -1e16 + 1e16 + 1 would be 1.0."""
+    from sessrec.baselines.knn import SessionIndex, session_items
+
+    index = SessionIndex(np.array([[0, 5, 4, 3], [0, 0, 0, 9]]), num_items=10)
+    prefix = session_items(np.array([[5, 4, 3], [0, 0, 9]]), 10)
+    assert prefix.items.tolist() == [3, 4, 5, 9] and prefix.positions.tolist() == [3, 2, 1, 1]
+    pairs = index.candidates(prefix, 0, np.array([-1e16, 1e16, 1.0, 0.5]))
+    assert pairs.row.tolist() == [0, 1] and pairs.col.tolist() == [0, 1]
+    assert pairs.overlap.tolist() == [0.0, 0.5] and pairs.prefix_bits.tolist() == [7, 1]

@@ -26,7 +26,6 @@ the training session (STAN).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -100,6 +99,8 @@ class Pairs:
         row: (P,) prefix index in the batch.
         col: (P,) training session index.
         prefix_bits: (P,) bit mask of the prefix positions of the shared items.
+        overlap: (P,) float64 sum of the prefix weights of the shared items, added from 0 and from the
+            oldest prefix position up.
         session_bits: (P,) bit mask of the training-session positions of the shared items
             (only when asked for).
     """
@@ -107,11 +108,12 @@ class Pairs:
     row: np.ndarray
     col: np.ndarray
     prefix_bits: np.ndarray
+    overlap: np.ndarray
     session_bits: np.ndarray | None = None
 
     def take(self, keep: np.ndarray) -> Pairs:
         bits = None if self.session_bits is None else self.session_bits[keep]
-        return Pairs(self.row[keep], self.col[keep], self.prefix_bits[keep], bits)
+        return Pairs(self.row[keep], self.col[keep], self.prefix_bits[keep], self.overlap[keep], bits)
 
 
 class SessionIndex:
@@ -139,21 +141,29 @@ class SessionIndex:
         """(V,) number of training sessions that contain each item."""
         return np.bincount(self.items.items, minlength=self.num_items)
 
-    def candidates(self, prefix: SessionItems, sample_size: int) -> Pairs:
+    def candidates(self, prefix: SessionItems, sample_size: int, weights: np.ndarray) -> Pairs:
         """Training sessions sharing at least one item with each prefix, the `sample_size` most recent.
 
         Args:
             prefix: `SessionItems` of the batch of prefixes (B rows).
             sample_size: keep the most recent candidates of each prefix; 0 keeps all.
+            weights: (entries,) float64 weight of each (prefix, item) entry, summed per pair into ``overlap``.
         """
-        items, bits = prefix.items, np.left_shift(np.int64(1), prefix.positions - 1)
+        rows = prefix.entry_rows()
+        by_position = np.argsort(rows * (MAX_POSITIONS + 1) + prefix.positions)  # each pair's entries oldest first
+        items, rows, weights = prefix.items[by_position], rows[by_position], weights[by_position]
+        bits = np.left_shift(np.int64(1), prefix.positions[by_position] - 1)
         index = self._by_item
         counts = self._item_sessions[items]  # (entries,) training sessions holding each item of each prefix
         flat = ranges(index.indptr[items], counts)
-        key = np.repeat(prefix.entry_rows().astype(np.int64), counts) * self.num_sessions + index.indices[flat]
+        key = np.repeat(rows.astype(np.int64), counts) * self.num_sessions + index.indices[flat]
         order = np.argsort(key, kind="stable")  # by prefix, then training session (oldest to most recent)
         key = key[order]
-        first = np.flatnonzero(np.diff(key, prepend=-1))  # where each (prefix, session) pair's entries begin
+        begins = np.ones(len(key), dtype=bool)  # where each (prefix, session) pair's entries begin
+        np.not_equal(key[1:], key[:-1], out=begins[1:])
+        first = np.flatnonzero(begins)
+        # each pair's weights added in their order: from 0 and the oldest shared prefix position up
+        overlap = np.bincount(np.cumsum(begins) - 1, np.repeat(weights, counts)[order], minlength=len(first))
 
         def mask(values: np.ndarray) -> np.ndarray:  # positions of distinct items differ: OR = sum = the bit mask
             return np.bitwise_or.reduceat(values[order], first) if len(key) else np.zeros(0, np.int64)
@@ -161,7 +171,8 @@ class SessionIndex:
         key, rows = key[first], len(prefix.lengths)
         ends = np.searchsorted(key, np.arange(1, rows + 1) * self.num_sessions)  # past each prefix's last pair
         row = np.repeat(np.arange(rows), np.diff(ends, prepend=0))
-        pairs = Pairs(row=row, col=key - row * self.num_sessions, prefix_bits=mask(np.repeat(bits, counts)))
+        pairs = Pairs(row=row, col=key - row * self.num_sessions, prefix_bits=mask(np.repeat(bits, counts)),
+                      overlap=overlap.astype(np.float64, copy=False))
         if self.session_bits:
             pairs.session_bits = mask(np.left_shift(np.int64(1), index.data[flat] - 1))
         if sample_size > 0 and len(row) and np.diff(ends, prepend=0).max() > sample_size:
@@ -189,29 +200,6 @@ def ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """
     ends = np.cumsum(counts)
     return np.repeat(starts - (ends - counts), counts) + np.arange(ends[-1] if len(ends) else 0)
-
-
-def sum_over_bits(
-    bits: np.ndarray, weight: Callable[[np.ndarray, np.ndarray], np.ndarray], max_position: int
-) -> np.ndarray:
-    """(P,) float64 sum of per-position weights over the set bits of each mask, added from the lowest position up.
-
-    Args:
-        bits: (P,) int64 bit masks of positions (bit p - 1 set = position p).
-        weight: (p, pairs) -> weight of positions p (one per pair) for those pairs (each with bit p set).
-        max_position: highest position that can be set.
-    """
-    total = np.zeros(len(bits), dtype=np.float64)
-    rest = bits & ((1 << max_position) - 1)  # no position above max_position
-    on = np.flatnonzero(rest)
-    rest = rest[on]  # the bits left of the pairs `on`
-    while len(on):  # a loop over the k-th lowest set bit (most pairs share one or two positions), vectorized over pairs
-        low = rest & -rest  # the lowest set bit
-        total[on] += weight(np.frexp(low)[1].astype(np.int64), on)  # 2 ** (p - 1) = 0.5 * 2 ** p
-        rest ^= low
-        left = rest != 0
-        on, rest = on[left], rest[left]
-    return total
 
 
 def highest_position(bits: np.ndarray) -> np.ndarray:

@@ -49,7 +49,6 @@ from sessrec.baselines.knn import (
     item_sums,
     positive_sums,
     session_items,
-    sum_over_bits,
     top_k,
 )
 
@@ -92,17 +91,12 @@ class STAN(SessionBaseline):
         return np.exp((np.asarray(position, dtype=np.float64) - length) / self.lambda_1)
 
     def _positive_scores(self, prefixes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        width = prefixes.shape[1]
         prefix = session_items(prefixes, self.num_items)
-        pairs = self.index.candidates(prefix, self.sample_size)
-        length = prefix.lengths[pairs.row]  # (P,)
-        overlap = sum_over_bits(
-            pairs.prefix_bits, lambda p, on: self._position_weight(p, length[on]), width
-        )
         w1 = self._position_weight(prefix.positions, prefix.lengths[prefix.entry_rows()])
+        pairs = self.index.candidates(prefix, self.sample_size, w1)
         norm = prefix.row_norms(w1)  # (B,)
         size = self.index.session_sizes[pairs.col]
-        sim = overlap / np.maximum(norm[pairs.row] * np.sqrt(size), 1e-300)
+        sim = pairs.overlap / np.maximum(norm[pairs.row] * np.sqrt(size), 1e-300)
         if self.lambda_2 is not None:
             sim = sim * np.exp(-(self.index.num_sessions - 1 - pairs.col) / self.lambda_2)
         chosen = top_k(pairs.row, pairs.col, sim, self.k)  # by prefix, then oldest first: the order summed in

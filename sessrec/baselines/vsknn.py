@@ -53,7 +53,6 @@ from sessrec.baselines.knn import (
     item_sums,
     positive_sums,
     session_items,
-    sum_over_bits,
     top_k,
 )
 
@@ -131,17 +130,14 @@ class VSKNN(SessionBaseline):
         self.item_factor = 1.0 + self.idf_weighting * idf  # (V,)
 
     def _positive_scores(self, prefixes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        width = prefixes.shape[1]
         prefix = session_items(prefixes, self.num_items)
-        pairs = self.index.candidates(prefix, self.sample_size)
+        w = position_weight(self.weighting, prefix.positions, prefix.lengths[prefix.entry_rows()])
+        pairs = self.index.candidates(prefix, self.sample_size, w)
         length = prefix.lengths[pairs.row]  # (P,) events of each pair's prefix
-        overlap = sum_over_bits(
-            pairs.prefix_bits, lambda p, on: position_weight(self.weighting, p, length[on]), width
-        )
+        overlap = pairs.overlap
         if self.similarity == "dot":
             sim = overlap / np.maximum(prefix.num_distinct, 1)[pairs.row]
         else:
-            w = position_weight(self.weighting, prefix.positions, prefix.lengths[prefix.entry_rows()])
             norm = prefix.row_norms(w)  # (B,)
             size = self.index.session_sizes[pairs.col]
             sim = overlap / np.maximum(norm[pairs.row] * np.sqrt(size), 1e-300)

@@ -21,7 +21,14 @@ item -> sessions index (only those, never an array over all N sessions), sorted 
 session), and the powers of the shared items OR-ed per pair. Positions of distinct items differ,
 so the OR (their sum) is exactly the bit mask of the shared positions (int64: up to 63 positions,
 the longest ``max_length`` these baselines accept); the same gather gives the positions inside
-the training session (STAN).
+the training session (STAN). The prefix weights of the shared items are summed per pair in that
+pass too (one bincount, oldest prefix position first), and the most recent shared position is the
+mask's highest bit (`highest_position`).
+
+Sums. The neighbours' weights are spread over their items and summed per (prefix, item) by a
+sparse product (`positive_sums`: scipy adds each entry's terms in the neighbours' order into a
+dense row accumulator), or for fewer than `PRODUCT_PAIRS` neighbours by a stable sort of every
+(neighbour, item) (`item_sums`); both give the same float32 scores bit for bit.
 """
 
 from __future__ import annotations

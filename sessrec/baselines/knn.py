@@ -211,15 +211,16 @@ def ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
 
 def highest_position(bits: np.ndarray) -> np.ndarray:
     """(P,) int64 highest set position of non-negative int64 bit masks (bit p - 1 set = position p), 0 where none:
-    the binary exponent of the upper 32 bits, else of the lower 32 (each exact as a float64).
+    the biased binary exponent of the upper 32 bits as a float64 (exact; 1023 + k for [2 ** k, 2 ** (k + 1))),
+    read off its bits, else that of the lower 32 bits.
 
     Examples:
         >>> highest_position(np.array([0, 1, 6, 2**62 + 5, 2**40 - 1])).tolist()
         [0, 1, 3, 63, 40]
     """
-    upper = np.frexp((bits >> 32).astype(np.float64))[1]
-    lower = np.frexp((bits & 0xFFFFFFFF).astype(np.float64))[1]
-    return np.where(upper > 0, upper + 32, lower).astype(np.int64)
+    upper = (bits >> 32).astype(np.float64).view(np.int64) >> 52  # 0 for 0
+    lower = (bits & 0xFFFFFFFF).astype(np.float64).view(np.int64) >> 52
+    return np.where(upper > 0, upper - 1023 + 33, np.maximum(lower - 1023 + 1, 0))
 
 
 def kth_highest(row: np.ndarray, value: np.ndarray, k: int) -> np.ndarray:

@@ -762,27 +762,29 @@ def test_triton_repository_refuses_bad_arguments(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
-@pytest.mark.slow
-def test_sessrec_export_to_torchscript_shows_no_notice_of_transformers(tmp_path):
-    """torch.jit.trace reads a Hugging Face encoder's ``loss_function`` and ``is_gradient_checkpointing``, on which
-    transformers notes a loss sessrec never uses and a deprecation: hidden, as the README says, unless
-    ``--show-warnings``."""
-    import os
-    import subprocess
-    import sys
-
-    model_dir = session_task("xlnet_mlm").recommender().save_pretrained(tmp_path / "model")
+def exported_quietly(model_dir: Path, fmt: str, out: Path) -> subprocess.CompletedProcess:
+    """`sessrec export` of `model_dir` run twice in a subprocess: without ``--show-warnings`` it prints nothing on
+    stderr (checked here); with it, the run returned, whose stderr shows the third-party notices."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     env.pop("SESSREC_SHOW_WARNINGS", None)
 
     def export(*flags: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "sessrec.cli", "export", "--model_dir", str(model_dir), "--format",
-                               "torchscript", "--out", str(tmp_path / "out"), *flags], capture_output=True, text=True,
-                              env=env, timeout=300)
+                               fmt, "--out", str(out), *flags], capture_output=True, text=True, env=env, timeout=300)
 
     quiet, shown = export(), export("--show-warnings")
     assert quiet.returncode == shown.returncode == 0, quiet.stderr + shown.stderr
     assert quiet.stderr == "" and quiet.stdout.startswith("sessrec export: wrote ")
+    return shown
+
+
+@pytest.mark.slow
+def test_sessrec_export_to_torchscript_shows_no_notice_of_transformers(tmp_path):
+    """torch.jit.trace reads a Hugging Face encoder's ``loss_function`` and ``is_gradient_checkpointing``, on which
+    transformers notes a loss sessrec never uses and a deprecation: hidden, as the README says, unless
+    ``--show-warnings``."""
+    model_dir = session_task("xlnet_mlm").recommender().save_pretrained(tmp_path / "model")
+    shown = exported_quietly(model_dir, "torchscript", tmp_path / "out")
     assert "`loss_type=None` was set in the config but it is unrecognized" in shown.stderr
     assert "`is_gradient_checkpointing` is deprecated" in shown.stderr
 
@@ -792,17 +794,7 @@ def test_sessrec_export_of_a_click_ranker_to_onnx_shows_no_notice_of_torch(tmp_p
     """torch.onnx notes on a DLRM's export that its dense and id inputs share the batch axis's name: hidden, as the
     README says, unless ``--show-warnings``."""
     model_dir = dlrm_task().ranker().save_pretrained(tmp_path / "model")
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    env.pop("SESSREC_SHOW_WARNINGS", None)
-
-    def export(*flags: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "sessrec.cli", "export", "--model_dir", str(model_dir), "--format",
-                               "onnx", "--out", str(tmp_path / "out"), *flags], capture_output=True, text=True,
-                              env=env, timeout=300)
-
-    quiet, shown = export(), export("--show-warnings")
-    assert quiet.returncode == shown.returncode == 0, quiet.stderr + shown.stderr
-    assert quiet.stderr == "" and quiet.stdout.startswith("sessrec export: wrote ")
+    shown = exported_quietly(model_dir, "onnx", tmp_path / "out")
     assert "# The axis name: batch will not be used, since it shares the same shape constraints" in shown.stderr
 
 

@@ -473,7 +473,7 @@ def time_sample(raw: pa.Table, events: pa.Table, schema: Schema, first_row: int)
     picks |= {int(np.argmax(flags)) for flags in (inside, ~inside) if flags.any()}
     rows = np.array(sorted(picks))
     values = raw.column(schema.timestamp).combine_chunks().take(pa.array(rows))
-    numbers = pa.types.is_integer(values.type) or pa.types.is_floating(values.type)
+    numbers = _is_number(values.type)
     text = pa.types.is_string(values.type) or pa.types.is_large_string(values.type)
     numeric = numbers or text and schema.time_unit != "datetime" and not pc.all(parse_time_strings(values).is_valid()).as_py()
     return shown_times(values), seconds[rows], rows + first_row, schema.time_unit if numeric else "datetime"

@@ -21,6 +21,19 @@ def _no_command_line() -> Iterator[None]:
     sys.argv[:] = argv
 
 
+@pytest.fixture(autouse=True)
+def _dask_configuration_kept() -> Iterator[None]:
+    """Fails a test that loses distributed's configuration for the rest of the process: ``dask.config.set``
+    removes on exit every key that did not exist on entry, so a first ``import distributed`` inside it drops
+    all of distributed's defaults (a later client failed on ``distributed.client``, a cluster hung)."""
+    yield
+    if "distributed" in sys.modules:
+        import dask
+
+        assert dask.config.get("distributed.scheduler", None) is not None, (
+            "distributed's configuration was dropped: import distributed before dask.config.set")
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Callable[[str], Path]:
     """``shared_data("rsc15_100k")`` is that dataset's folder; the test is skipped when it is absent."""

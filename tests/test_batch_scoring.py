@@ -231,6 +231,7 @@ def test_an_output_directory_is_refused_before_any_scoring(world: World, tmp_pat
 @pytest.mark.parametrize("command", ["predict", "recommend"])
 def test_an_unreachable_scheduler_is_one_line_naming_it(world: World, tmp_path: Path, sessrec_main, command: str) -> None:
     import dask
+    import distributed  # noqa: F401 - its defaults loaded before dask.config.set (tests/conftest.py)
 
     address = "tcp://127.0.0.1:9"  # the discard port: nothing listens
     with dask.config.set({"distributed.comm.timeouts.connect": "1s"}):
@@ -257,6 +258,7 @@ def test_predict_on_dask_refuses_trainer_settings_it_cannot_honour(world: World,
 
 def test_the_local_clusters_workers_start_without_dasks_malloc_trim_threshold() -> None:
     import dask
+    import distributed  # noqa: F401 - its defaults loaded before dask.config.set (tests/conftest.py)
 
     from sessrec.scoring.engine import scoring_environ
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -21,15 +22,23 @@ def _no_command_line() -> Iterator[None]:
     sys.argv[:] = argv
 
 
+REAL_CLOCKS = time.time, time.monotonic
+
+
 @pytest.fixture(autouse=True)
-def _dask_configuration_kept() -> Iterator[None]:
-    """Fails a test that loses distributed's configuration for the rest of the process: ``dask.config.set``
-    removes on exit every key that did not exist on entry, so a first ``import distributed`` inside it drops
-    all of distributed's defaults (a later client failed on ``distributed.client``, a cluster hung)."""
+def _distributed_kept_whole() -> Iterator[None]:
+    """Fails a test that leaves distributed broken for the rest of the process (later Dask tests of that
+    process hung or failed): distributed imported while a test's clock stood in for ``time.time`` or
+    ``time.monotonic`` keeps that clock (``distributed.metrics`` holds them from its import on, and its
+    batched sends never fall due); and ``dask.config.set`` removes on exit every key that did not exist on
+    entry, so a first ``import distributed`` inside it drops all of distributed's defaults."""
     yield
     if "distributed" in sys.modules:
         import dask
+        from distributed import metrics
 
+        assert (metrics.time, metrics.monotonic) == REAL_CLOCKS, (
+            "distributed was imported under a test's clock: import it before patching time")
         assert dask.config.get("distributed.scheduler", None) is not None, (
             "distributed's configuration was dropped: import distributed before dask.config.set")
 
@@ -78,3 +87,4 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+

@@ -166,6 +166,22 @@ def test_the_local_engine_writes_what_the_trainer_writes_and_resumes(
     assert {len(items) for items in recs.column("item_ids").to_pylist()} == {20}  # the model's top_k
 
 
+def test_a_local_run_does_not_import_distributed(world: World, tmp_path: Path) -> None:
+    """Scoring on this process needs no Dask: ``predict_file`` and ``recommend_file`` run without importing
+    distributed (its import costs a second, and a Dask worker is the only process that has it)."""
+    import subprocess
+
+    script = (f"import sys; from pathlib import Path; from sessrec.scoring import predict_file; "
+              f"from sessrec.pipeline.offline import recommend_file; from sessrec.pipeline.pipeline import Pipeline; "
+              f"predict_file(Path({str(world.model_dir)!r}), Path({str(world.events)!r}), Path({str(tmp_path / 'p.parquet')!r})); "
+              f"recommend_file(Pipeline.from_pretrained({str(world.pipeline_dir)!r}), Path({str(world.events)!r}), "
+              f"Path({str(tmp_path / 'r.parquet')!r})); print(sorted(m for m in sys.modules if m.split('.')[0] in ('dask', 'distributed')))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+    assert pq.read_table(tmp_path / "p.parquet").num_rows == pq.read_table(tmp_path / "r.parquet").num_rows == SESSIONS
+
+
 def test_a_run_into_an_output_that_another_run_writes_is_refused_and_never_mixed_with_it(
     world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

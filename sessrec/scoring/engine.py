@@ -20,6 +20,7 @@ partitions (a worker that died and was restarted reads it again).
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -54,12 +55,15 @@ def forget_loaded() -> None:
 
 
 def worker_name() -> str:
-    """The Dask worker running this code (its address), or ``local`` outside one."""
-    try:
-        from distributed import get_worker
+    """The Dask worker running this code (its address), or ``local`` outside one (a process that has not
+    imported distributed is no Dask worker: a local run does not import it)."""
+    if "distributed" not in sys.modules:
+        return "local"
+    from distributed import get_worker
 
+    try:
         return str(get_worker().address)
-    except (ImportError, ValueError):
+    except ValueError:
         return "local"
 
 

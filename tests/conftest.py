@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -88,3 +89,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if "gpu" in item.keywords:
             item.add_marker(skip)
 
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (the test command's ``-n 2``) each worker's torch takes its share of the cores, so that
+    the workers together run as many threads as the machine has cores (the subprocesses a test starts keep
+    torch's default)."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers:
+        import torch
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(workers)))

@@ -21,7 +21,7 @@ def test_first_block_is_install_and_quickstart_then_tests():
     assert first[0].startswith("pip install torch==2.13.0 && pip install -e .")
     assert first[0].endswith("sessrec fit --config recipes/quickstart.yaml")
     test_cmd = first[1].split("&&")[-1].strip()
-    assert test_cmd == "python -m pytest -q"
+    assert test_cmd == "python -m pytest -q -n 2 --dist worksteal"
     ci = (ROOT / ".ci" / "run").read_text()
     assert "pip install -q torch==2.13.0" in ci and ci.index("torch==2.13.0") < ci.index("-e '.[dev]'")
     assert ci.strip().splitlines()[-1].strip() == test_cmd

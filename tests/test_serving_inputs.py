@@ -141,3 +141,25 @@ def test_a_model_refused_at_load_leaves_no_served_log_folder(tmp_path, monkeypat
     with pytest.raises(ValueError, match=r"model\.safetensors: tensor 'model\.item_embedding\.weight' holds nan at \[4, 1\]"):
         serve(str(model_dir), port=0, served_log=str(tmp_path / "logs" / "served"))
     assert not (tmp_path / "logs").exists()
+
+
+def nested(depth: int) -> bytes:
+    return b"[" * depth + b"1" + b"]" * depth
+
+
+@pytest.mark.parametrize("body", [
+    b'{"session": [1031], "k": ' + nested(1000) + b"}",  # orjson reads 1,024 levels; repr() of this one fails
+    b'{"session": [' + nested(1000) + b"]}",
+    b'{"sessions": [[1031], ' + nested(1000) + b"]}",
+    b'{"session": [1031], "now": ' + nested(1000) + b"}",
+    b'{"session": [1031], "times": [' + nested(1000) + b"]}",
+    b'{"session": [1031], "session_ids": [' + nested(1000) + b"]}",
+    b'{"session": [1031], "extra": ' + b'{"a": ' * 1000 + b"1" + b"}" * 1000 + b"}",
+    b'{"session": [' + nested(5000) + b"]}",  # past what both parsers read
+])
+def test_a_value_nested_a_thousand_deep_is_a_400_and_the_next_request_is_answered(client, pipe, body: bytes) -> None:
+    assert refused(client, body) == (
+        400, "body nests arrays or objects too deeply to be read; a request nests them 3 deep at most")
+    session = pipe.vocab.raw_ids.slice(2, 1).to_pylist()
+    reply = client.post("/recommend", json={"session": session, "k": 3})
+    assert reply.json()["recommendations"] == pipe.recommend([session], k=3)

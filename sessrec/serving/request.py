@@ -28,6 +28,7 @@ _FIELDS = {"session", "sessions", "k", "on_unknown", "now", "times", "session_id
 _QUOTED_FIELDS = [f'"{name}"'.encode() for name in sorted(_FIELDS)]
 _ESCAPED_NAME_CHAR = re.compile(rb"\\u00[4-7][0-9a-fA-F]")  # an escape that may spell a letter of a field's name
 _LONG_NUMBER = re.compile(rb"\d{19}")  # where an integer may be past 64 bits (|x| >= 10**18 has 19 digits)
+_TOO_DEEP = "body nests arrays or objects too deeply to be read; a request nests them 3 deep at most"
 
 
 @dataclass(frozen=True)
@@ -69,9 +70,10 @@ def parse_request(body: bytes, limits: Limits) -> tuple[Request, list[str] | Non
     it reads as floats), ``NaN`` and ``Infinity``: a body with a run of 19 digits or more, or one
     orjson refuses, is parsed by Python's json, which reads them (`check_request` then refuses an
     id past 64 bits by name) and words the 400 of a body that is not JSON; a body nested deeper than
-    both read is a 400 too. A key given twice in one object (``{"k": 3, "k": 5}``), which orjson reads as its last
-    value, is refused with 422 naming it and its values: a body where a field's quoted name occurs twice, or with an
-    escape in a string, is read by Python's json too, which sees every key.
+    both read, or so deep (about 1,000 levels) that no message can show its value, is a 400 too. A key
+    given twice in one object (``{"k": 3, "k": 5}``), which orjson reads as its last value, is refused
+    with 422 naming it and its values: a body where a field's quoted name occurs twice, or with an escape in a
+    string, is read by Python's json too, which sees every key.
     """
     try:
         if _LONG_NUMBER.search(body) is not None:  # orjson reads integers past 64 bits as floats
@@ -81,6 +83,14 @@ def parse_request(body: bytes, limits: Limits) -> tuple[Request, list[str] | Non
             _standard_loads(body)
     except orjson.JSONDecodeError:  # the standard parser decides: the request is read, or refused with its message
         payload = _standard_loads(body)
+    try:
+        return _checked(payload, limits)
+    except RecursionError:  # a value nested about 1,000 deep, which orjson reads (1,024 levels) and repr() cannot show
+        raise RequestError(400, _TOO_DEEP) from None
+
+
+def _checked(payload: Any, limits: Limits) -> tuple[Request, list[str] | None]:
+    """`parse_request` of a parsed body."""
     if not isinstance(payload, dict):
         raise RequestError(422, f"body must be a JSON object, got {type(payload).__name__}")
     unknown = sorted(set(payload) - _FIELDS)
@@ -123,8 +133,7 @@ def _standard_loads(body: bytes) -> Any:
     except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
         raise RequestError(400, f"body is not valid JSON: {err}") from None
     except RecursionError:  # past orjson's 1024 levels, and Python's recursion limit
-        raise RequestError(400, "body nests arrays or objects too deeply to be read; a request nests them "
-                                "3 deep at most") from None
+        raise RequestError(400, _TOO_DEEP) from None
 
 
 def _may_repeat_a_field(body: bytes) -> bool:

@@ -4,6 +4,7 @@ co-visitation pipeline of `tests/test_serve.py`, through FastAPI's TestClient.""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import pytest
@@ -163,3 +164,41 @@ def test_a_value_nested_a_thousand_deep_is_a_400_and_the_next_request_is_answere
     session = pipe.vocab.raw_ids.slice(2, 1).to_pylist()
     reply = client.post("/recommend", json={"session": session, "k": 3})
     assert reply.json()["recommendations"] == pipe.recommend([session], k=3)
+
+
+LONG = "x" * 100_000
+CUT = "'" + "x" * 56 + "..."  # clock.short of LONG: its repr cut to 60 characters
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"session": [1031], "k": LONG}, f"k must be an integer of 1 or more, got {CUT}"),
+    ({"session": [1031], "k": 10**4000}, f"k 1{'0' * 56}... is more than this server's limit of 100 (k_max)"),
+    ({"session": [1031], "on_unknown": LONG}, f'on_unknown must be "oov" or "error", got {CUT}'),
+    ({"session": [10**4000]}, f"session 0: item id 1{'0' * 56}... does not fit in a 64-bit integer"),
+    ({"session": [LONG]}, "item ids of the request cannot be read as the vocabulary's int64 ids: item ids of type string "
+                          f"cannot be matched with a vocabulary of int64: {CUT} is not a valid int64 id; give the ids "
+                          "with the type the model was trained on"),
+    ({"session": [1031, LONG]}, f"item ids of the request mix types: session 0, position 1 holds {CUT} (str) where the "
+                                "first id 1031 is int; give every id of a request as the same type"),
+    ({"session": ["0" * 5000 + "1"]}, "session 0, position 0: item id '" + "0" * 56 + "... is not written as the "
+                                      "model's int64 ids are (no leading zeros, '+' or spaces): give '1' or 1"),
+    ({"session": [" " + "9" * 30]}, "session 0, position 0: item id ' " + "9" * 30 + "' is not written as the model's "
+                                    "int64 ids are (no leading zeros, '+' or spaces): and it does not fit in 64 bits"),
+    ({"session": [1031], LONG: 1, "b": 2, "c": 3, "d": 4},
+     "unknown field(s) ['b', 'c', 'd', '" + "x" * 40 + "...; the fields are ['k', 'now', 'on_unknown', 'session', "
+     "'session_ids', 'sessions', 'times']; got \"b\": 2, \"c\": 3, \"d\": 4, and 1 more"),
+])
+def test_a_refusal_shows_a_long_value_cut_to_sixty_characters(client, body: dict, message: str) -> None:
+    assert refused(client, json.dumps(body).encode()) == (422, message)
+
+
+def test_an_unknown_id_under_on_unknown_error_is_shown_whole_and_a_long_query_parameter_cut(client) -> None:
+    body = {"session": [1031, 10**18 + 7], "on_unknown": "error"}
+    assert refused(client, json.dumps(body).encode()) == (422, "item id 1000000000000000007 is not in the model's "
+                                                               "vocabulary")
+    reply = client.post(f"/recommend?{'x' * 5000}=1", json={"session": [1031]})
+    assert reply.status_code == 422
+    assert reply.json()["error"] == (
+        f"query parameter {CUT} of POST /recommend?{'x' * 57}... is not read: the settings are fields of the JSON "
+        f"body (\"{'x' * 56}...: 1); the fields are ['k', 'now', 'on_unknown', 'session', 'session_ids', 'sessions', "
+        "'times']")

@@ -204,7 +204,7 @@ class ItemVocab(ParquetFile):
                 where = f"{source}: " if source else ""
                 raise TypeError(
                     f"{where}item ids of type {raw.type} cannot be matched with a vocabulary of {self.raw_ids.type}: "
-                    f"{raw[bad].as_py()!r} is not a valid {self.raw_ids.type} id; give the ids with the type the "
+                    f"{_shown(raw[bad].as_py())} is not a valid {self.raw_ids.type} id; give the ids with the type the "
                     "model was trained on"
                 )
             cast = raw.cast(self.raw_ids.type)
@@ -244,7 +244,7 @@ class ItemVocab(ParquetFile):
             where = f"{source}: " if source else ""
             raise TypeError(
                 f"{where}item ids of type {text.type} cannot be matched with a vocabulary of {ints.type}: "
-                f"{text[at].as_py()!r} is not written as the vocabulary's {ints.type} ids are (no leading zeros, '+' "
+                f"{_shown(text[at].as_py())} is not written as the vocabulary's {ints.type} ids are (no leading zeros, '+' "
                 f"or spaces); give {str(ints[at].as_py())!r} or {ints[at].as_py()}"
             )
 
@@ -435,3 +435,9 @@ def _ranked(counts: pa.Table, min_count: int, max_size: int | None) -> tuple[pa.
     if max_size is not None:
         keep = keep[:max_size]
     return raw.take(pa.array(keep)), cnt[keep]
+
+
+def _shown(value: Any) -> str:
+    """An id for a one-line message: its repr, cut to 60 characters (a request may send one of a megabyte)."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -538,7 +538,8 @@ def encode_raw(vocab: ItemVocab, sessions: Sequence[Sequence[Any]], max_width: i
                 session, position = _place(lengths, other)
                 raise TypeError(
                     f"item ids of the request mix types: session {session}, position {position} holds "
-                    f"{flat[other]!r} ({type(flat[other]).__name__}) where the first id {flat[0]!r} is {first.__name__}; "
+                    f"{clock.short(flat[other])} ({type(flat[other]).__name__}) where the first id "
+                    f"{clock.short(flat[0])} is {first.__name__}; "
                     "give every id of a request as the same type"
                 ) from err
             raise TypeError(
@@ -546,7 +547,7 @@ def encode_raw(vocab: ItemVocab, sessions: Sequence[Sequence[Any]], max_width: i
             ) from err
     if on_unknown == "error" and encoded.num_unknown:
         bad = flat[int(np.flatnonzero(encoded.ids == 1)[0])]
-        raise ValueError(f"item id {bad!r} is not in the model's vocabulary")
+        raise ValueError(f"item id {clock.short(bad)} is not in the model's vocabulary")
     offsets = np.concatenate([[0], np.cumsum(lengths)])
     width = int(min(max(lengths.max(initial=1), 1), max_width))
     items = frame.pad_sessions(encoded.ids, offsets[:-1], offsets[1:], width, np.int64)
@@ -569,9 +570,11 @@ def _check_canonical_ints(raw: pa.Array, lengths: np.ndarray) -> None:
         at = int(bad[0])
         session, position = _place(lengths, at)
         value = raw[at].as_py()
-        raise ValueError(
-            f"session {session}, position {position}: item id {value!r} is not written as the model's int64 ids are "
-            f"(no leading zeros, '+' or spaces): give {str(int(value))!r} or {int(value)}")
+        digits = value.strip().lstrip("+-").lstrip("0") or "0"  # int() of over 4,300 digits raises
+        number = int(("-" if value.strip().startswith("-") else "") + digits) if len(digits) <= 19 else None
+        hint = f"give {str(number)!r} or {number}" if number is not None else "and it does not fit in 64 bits"
+        raise ValueError(f"session {session}, position {position}: item id {clock.short(value)} is not written as the "
+                         f"model's int64 ids are (no leading zeros, '+' or spaces): {hint}")
 
 
 def _place(lengths: np.ndarray, at: int) -> tuple[int, int]:

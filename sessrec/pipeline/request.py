@@ -93,7 +93,7 @@ def check_request(
         _check_session(row, session)
     k = check_k(k)
     if not isinstance(on_unknown, str) or on_unknown not in ("oov", "error"):
-        raise ValueError(f'on_unknown must be "oov" or "error", got {on_unknown!r}')
+        raise ValueError(f'on_unknown must be "oov" or "error", got {clock.short(on_unknown)}')
     checked_now = clock.check_now(now, len(sessions))
     checked_times = None if times is None else clock.check_times(times, [len(s) for s in sessions])
     if checked_now is not None and checked_times is not None:
@@ -108,7 +108,7 @@ def check_k(k: Any) -> int:
         ValueError: ``k must be an integer of 1 or more, got ...``.
     """
     if isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, np.integer)) or k < 1:
-        raise ValueError(f"k must be an integer of 1 or more, got {k!r}")
+        raise ValueError(f"k must be an integer of 1 or more, got {clock.short(k)}")
     return int(k)
 
 
@@ -129,7 +129,7 @@ def _check_session(row: int, session: Any) -> None:
     ints = [int(i) for i in session if not isinstance(i, str)]
     if ints and (min(ints) < _INT64[0] or max(ints) > _INT64[1]):
         bad = max(ints) if max(ints) > _INT64[1] else min(ints)
-        raise ValueError(f"session {row}: item id {bad} does not fit in a 64-bit integer")
+        raise ValueError(f"session {row}: item id {clock.short(bad)} does not fit in a 64-bit integer")
 
 
 def is_text(value: str) -> bool:

@@ -95,8 +95,9 @@ def _checked(payload: Any, limits: Limits) -> tuple[Request, list[str] | None]:
         raise RequestError(422, f"body must be a JSON object, got {type(payload).__name__}")
     unknown = sorted(set(payload) - _FIELDS)
     if unknown:
-        given = ", ".join(f"{json.dumps(name)}: {short(payload[name])}" for name in unknown)
-        raise RequestError(422, f"unknown field(s) {unknown}; the fields are {sorted(_FIELDS)}; got {given}")
+        given = ", ".join(f"{_cut(json.dumps(name))}: {short(payload[name])}" for name in unknown[:3])
+        more = f", and {len(unknown) - 3} more" if len(unknown) > 3 else ""
+        raise RequestError(422, f"unknown field(s) {short(unknown)}; the fields are {sorted(_FIELDS)}; got {given}{more}")
     if ("session" in payload) == ("sessions" in payload):
         raise RequestError(422, 'give either "sessions" (a list of sessions) or "session" (one list of item ids)')
     one = "session" in payload  # one session, and its times as one list
@@ -121,7 +122,7 @@ def _checked(payload: Any, limits: Limits) -> tuple[Request, list[str] | None]:
     except ValueError as err:
         raise RequestError(422, str(err)) from None
     if request.k > limits.k_max:
-        raise RequestError(422, f"k {request.k} is more than this server's limit of {limits.k_max} (k_max)")
+        raise RequestError(422, f"k {short(request.k)} is more than this server's limit of {limits.k_max} (k_max)")
     return request, _session_ids(payload.get("session_ids"), len(request.sessions), one)
 
 
@@ -167,8 +168,14 @@ def check_query(query_string: bytes, route: str = "/recommend") -> None:
     name, value = params[0] if params else (query_string.decode("latin-1"), "")
     shown = json.dumps(value if not value.lstrip("-").isdigit() else int(value))
     raise RequestError(
-        422, f"query parameter {name!r} of POST {route}?{query_string.decode('latin-1')[:80]} is not read: the settings "
-             f"are fields of the JSON body ({json.dumps(name)}: {shown}); the fields are {sorted(_FIELDS)}")
+        422, f"query parameter {short(name)} of POST {route}?{_cut(query_string.decode('latin-1'))} is not read: the "
+             f"settings are fields of the JSON body ({_cut(json.dumps(name))}: {_cut(shown)}); the fields are "
+             f"{sorted(_FIELDS)}")
+
+
+def _cut(text: str) -> str:
+    """`text` for a one-line message, cut to 60 characters (`short` of text that is no repr)."""
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _session_ids(ids: Any, sessions: int, one: bool) -> list[str] | None:

@@ -202,3 +202,27 @@ def test_an_unknown_id_under_on_unknown_error_is_shown_whole_and_a_long_query_pa
         f"query parameter {CUT} of POST /recommend?{'x' * 57}... is not read: the settings are fields of the JSON "
         f"body (\"{'x' * 56}...: 1); the fields are ['k', 'now', 'on_unknown', 'session', 'session_ids', 'sessions', "
         "'times']")
+
+
+
+FIELDS = "['k', 'now', 'on_unknown', 'session', 'session_ids', 'sessions', 'times']"
+
+
+@pytest.mark.parametrize("query, message", [
+    ("k=%C2%B2", "query parameter 'k' of POST /recommend?k=%C2%B2 is not read: the settings are fields of the JSON "
+                 f'body ("k": "\\u00b2"); the fields are {FIELDS}'),  # "²".isdigit(), which int() does not read
+    ("k=" + "9" * 5000, f"query parameter 'k' of POST /recommend?k={'9' * 55}... is not read: the settings are fields "
+                        f'of the JSON body ("k": "{"9" * 56}...); the fields are {FIELDS}'),
+])
+def test_a_query_value_int_cannot_read_is_a_422_naming_it(client, query: str, message: str) -> None:
+    reply = client.post(f"/recommend?{query}", json={"session": [1031]})
+    assert (reply.status_code, reply.json()) == (422, {"error": message})
+
+
+@pytest.mark.parametrize("number", ["9" * 5000, "-" + "9" * 5000])
+def test_an_integer_past_what_int_reads_is_a_422_not_invalid_json(client, pipe, number: str) -> None:
+    for body in ('{"session": [%s]}' % number, '{"session": [1031], "k": %s}' % number):
+        assert refused(client, body.encode()) == (422, f"body holds an integer of 5000 digits ({number[:12]}...); no "
+                                                       "field of a request takes one: item ids fit in 64 bits")
+    session = pipe.vocab.raw_ids.slice(2, 1).to_pylist()
+    assert client.post("/recommend", json={"session": session}).status_code == 200

@@ -28,6 +28,7 @@ _FIELDS = {"session", "sessions", "k", "on_unknown", "now", "times", "session_id
 _QUOTED_FIELDS = [f'"{name}"'.encode() for name in sorted(_FIELDS)]
 _ESCAPED_NAME_CHAR = re.compile(rb"\\u00[4-7][0-9a-fA-F]")  # an escape that may spell a letter of a field's name
 _LONG_NUMBER = re.compile(rb"\d{19}")  # where an integer may be past 64 bits (|x| >= 10**18 has 19 digits)
+_QUERY_INTEGER = re.compile(r"-?[0-9]{1,19}")  # a query value shown as a JSON integer
 _TOO_DEEP = "body nests arrays or objects too deeply to be read; a request nests them 3 deep at most"
 
 
@@ -130,11 +131,21 @@ def _standard_loads(body: bytes) -> Any:
     """The body parsed by Python's json; a key given twice in one object is refused (422 naming it and its values),
     a body that is not JSON or nests too deeply is a 400."""
     try:
-        return json.loads(body, object_pairs_hook=_once_each)
+        return json.loads(body, object_pairs_hook=_once_each, parse_int=_parse_int)
     except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
         raise RequestError(400, f"body is not valid JSON: {err}") from None
     except RecursionError:  # past orjson's 1024 levels, and Python's recursion limit
         raise RequestError(400, _TOO_DEEP) from None
+
+
+def _parse_int(text: str) -> int:
+    """A JSON integer; one of more digits than Python's int() reads (4,300 by default) is refused by its size (422):
+    no field takes one, and the standard parser's message would call the body invalid JSON."""
+    try:
+        return int(text)
+    except ValueError:
+        raise RequestError(422, f"body holds an integer of {len(text.lstrip('-'))} digits ({text[:12]}...); no field "
+                                "of a request takes one: item ids fit in 64 bits") from None
 
 
 def _may_repeat_a_field(body: bytes) -> bool:
@@ -166,7 +177,7 @@ def check_query(query_string: bytes, route: str = "/recommend") -> None:
         return
     params = parse_qsl(query_string.decode("latin-1"), keep_blank_values=True)
     name, value = params[0] if params else (query_string.decode("latin-1"), "")
-    shown = json.dumps(value if not value.lstrip("-").isdigit() else int(value))
+    shown = json.dumps(int(value) if _QUERY_INTEGER.fullmatch(value) else value)  # not int() of "²" or 5,000 digits
     raise RequestError(
         422, f"query parameter {short(name)} of POST {route}?{_cut(query_string.decode('latin-1'))} is not read: the "
              f"settings are fields of the JSON body ({_cut(json.dumps(name))}: {_cut(shown)}); the fields are "

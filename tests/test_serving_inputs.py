@@ -226,3 +226,19 @@ def test_an_integer_past_what_int_reads_is_a_422_not_invalid_json(client, pipe, 
                                                        "field of a request takes one: item ids fit in 64 bits")
     session = pipe.vocab.raw_ids.slice(2, 1).to_pylist()
     assert client.post("/recommend", json={"session": session}).status_code == 200
+
+
+ROUTES = "the routes are POST /recommend, GET /health, GET /metadata, GET /metrics"
+
+
+@pytest.mark.parametrize("method, path, status, message, allow", [
+    ("GET", "/recommend", 405, f"method GET is not allowed on /recommend: use POST; {ROUTES}", "POST"),
+    ("PUT", "/recommend", 405, f"method PUT is not allowed on /recommend: use POST; {ROUTES}", "POST"),
+    ("POST", "/health", 405, f"method POST is not allowed on /health: use GET; {ROUTES}", "GET"),
+    ("GET", "/recommendations", 404, f"no route GET /recommendations; {ROUTES}", None),
+    ("POST", "/Recommend", 404, f"no route POST /Recommend; {ROUTES}", None),
+])
+def test_a_wrong_method_or_path_is_refused_as_every_refusal_is(client, method, path, status, message, allow) -> None:
+    reply = client.request(method, path, json={"session": [1031]})
+    assert (reply.status_code, reply.json()) == (status, {"error": message})
+    assert reply.headers.get("allow") == allow

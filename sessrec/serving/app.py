@@ -17,7 +17,7 @@ Routes:
     ``GET /metrics``: Prometheus text (requests by route and status, latency, sessions per model
         call, queue depth, requests shed; summed over the workers).
 
-How a request goes (each refusal a one-line ``{"error": ...}``):
+How a request goes (each refusal a one-line ``{"error": ...}``, a 404 or 405 of the routing too: `http_error`):
 
 ``POST /recommend`` is a plain ASGI route (`RecommendRoute`, taken before FastAPI's middleware
 and routing by `App`); its bodies and answers are JSON through orjson.
@@ -73,8 +73,9 @@ from typing import Any
 
 import numpy as np
 import prometheus_client as prom
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException
 from starlette.types import Receive, Scope, Send
 
 from sessrec.serving.admission import Admission, Overload
@@ -289,6 +290,24 @@ class App(FastAPI):
             await super().__call__(scope, receive, send)
 
 
+ROUTES = "POST /recommend, GET /health, GET /metadata, GET /metrics"
+
+
+async def http_error(request: Request, error: Exception) -> Response:
+    """A 404 or 405 of FastAPI's routing as every refusal of the server: a one-line ``{"error": ...}`` naming the
+    method and the path (a 405 keeps its ``Allow`` header)."""
+    assert isinstance(error, HTTPException)
+    asked = f"{request.method} {request.url.path[:80]}"
+    if error.status_code == 404:
+        message = f"no route {asked}; the routes are {ROUTES}"
+    elif error.status_code == 405:
+        allowed = (error.headers or {}).get("Allow", "")
+        message = f"method {request.method} is not allowed on {request.url.path}: use {allowed}; the routes are {ROUTES}"
+    else:
+        message = f"{asked}: {error.detail}"
+    return JSONResponse({"error": message}, status_code=error.status_code, headers=error.headers)
+
+
 def check_bounds(limits: Limits, overload: Overload) -> None:
     """Refuse a queue of sessions smaller than the largest request: a request of more sessions than
     `Overload.max_queued_sessions` would be answered 503 (busy, retry) every time it is sent."""
@@ -365,6 +384,7 @@ def build_app(
     app.recommend_route = RecommendRoute(holder, batcher, admission, limits, metrics, parsers, served_log)
     # POST /recommend never reaches FastAPI (`App`); the route answers its other methods with 405
     app.add_route("/recommend", app.recommend_route, methods=["POST"])
+    app.add_exception_handler(HTTPException, http_error)
 
     @app.get("/health")
     async def health() -> Response:

@@ -158,3 +158,17 @@ def test_a_failing_disk_drops_and_counts_rows_and_the_log_goes_on(tmp_path: Path
     assert (log.rows_written, log.rows_dropped) == (1, 1)
     assert read(tmp_path).column("request_id").to_pylist() == ["kept"]
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_ids_are_kept_as_given_however_long_and_with_trailing_nuls(tmp_path: Path) -> None:
+    """A request's text is written as it came: a trailing NUL kept (``"s\\x00"`` is not the session ``"s"``), and
+    a long id among many short ones costs its own length only (numpy's fixed-width text padded them all to it: 45 s
+    and 7.7 GB for one id of 100,000 characters among 20,000)."""
+    long_id = "q" * 20_000
+    with ServedLog(tmp_path, max_events=5_000) as log:
+        log.record("r", [["a\x00", "\x00", 7], [long_id] + ["b"] * 4_999],
+                   [{"item_ids": ["c\x00", 3], "scores": [1.0, 0.5]}, {"item_ids": [1], "scores": [1.0]}],
+                   session_ids=["s\x00", long_id], served_at=1.7e9)
+    row, other = read(tmp_path).to_pylist()
+    assert (row["items"], row["recommended"], row["session_id"]) == (["a\x00", "\x00", "7"], ["c\x00", "3"], "s\x00")
+    assert other["session_id"] == long_id and other["items"][0] == long_id and len(other["items"]) == 5_000

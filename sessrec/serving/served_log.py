@@ -315,9 +315,9 @@ class ServedLog:
 
 
 def _text(values: list[Any]) -> pa.Array:
-    """Strings of ids (integers or strings, mixed), None kept as null."""
-    flat = np.array(values, dtype=object)
-    return pa.array(flat.astype(str), pa.string(), mask=np.equal(flat, None))
+    """Strings of ids (integers or strings, mixed), None kept as null; each string as it is (numpy's fixed-width
+    text would pad every id to the longest and drop trailing NULs)."""
+    return pa.array([v if v is None or type(v) is str else str(v) for v in values], pa.string())
 
 
 def _lists(lists: list[Sequence[Any]], kind: pa.DataType, valid: np.ndarray | None = None) -> pa.ListArray:

@@ -4,6 +4,7 @@ co-visitation pipeline of `tests/test_serve.py`, through FastAPI's TestClient.""
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections.abc import Iterator
 
@@ -242,3 +243,13 @@ def test_a_wrong_method_or_path_is_refused_as_every_refusal_is(client, method, p
     reply = client.request(method, path, json={"session": [1031]})
     assert (reply.status_code, reply.json()) == (status, {"error": message})
     assert reply.headers.get("allow") == allow
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "br, gzip"])
+def test_a_compressed_body_is_a_415_naming_its_encoding(client, encoding: str) -> None:
+    body = gzip.compress(b'{"session": [1031], "k": 3}')
+    reply = client.post("/recommend", content=body, headers={"content-encoding": encoding})
+    assert (reply.status_code, reply.json()) == (
+        415, {"error": f"Content-Encoding '{encoding}' is not read: send the JSON body uncompressed"})
+    plain = client.post("/recommend", content=gzip.decompress(body), headers={"content-encoding": "identity"})
+    assert plain.status_code == 200

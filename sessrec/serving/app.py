@@ -78,6 +78,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.types import Receive, Scope, Send
 
+from sessrec.pipeline.clock import short
 from sessrec.serving.admission import Admission, Overload
 from sessrec.serving.batching import Batcher, ServerFault, dumps
 from sessrec.serving.canary import Part, canary_sessions, merge_answers, version_header
@@ -258,10 +259,14 @@ async def _send(send: Send, status: int, body: bytes, headers: list[tuple[bytes,
 
 async def _read_body(scope: Scope, receive: Receive, max_bytes: int) -> bytes:
     """The body, refused with 413 as soon as it passes `max_bytes` (declared or received: chunked
-    bodies too); `ClientLeft` when the client disconnects first."""
+    bodies too), and with 415 before it is read when it is compressed (a Content-Encoding other than
+    identity, which the parser would call invalid JSON); `ClientLeft` when the client disconnects first."""
     for name, value in scope["headers"]:
         if name == b"content-length" and value.isdigit() and int(value) > max_bytes:
             raise RequestError(413, f"body of {int(value)} bytes; the limit is {max_bytes} bytes")
+        if name == b"content-encoding" and value.strip().lower() not in (b"", b"identity"):
+            raise RequestError(415, f"Content-Encoding {short(value.decode('latin-1'))} is not read: send the JSON "
+                                    "body uncompressed")
     message = await receive()
     chunks, size = [], 0
     while True:

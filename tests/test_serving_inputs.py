@@ -253,3 +253,13 @@ def test_a_compressed_body_is_a_415_naming_its_encoding(client, encoding: str) -
         415, {"error": f"Content-Encoding '{encoding}' is not read: send the JSON body uncompressed"})
     plain = client.post("/recommend", content=gzip.decompress(body), headers={"content-encoding": "identity"})
     assert plain.status_code == 200
+
+
+@pytest.mark.parametrize("body, message", [
+    (b'{"session": [1031]' + b', "k": 1' * 100_000 + b"}",
+     'field "k" is given 100000 times (1, then 1, then 1, then 99997 more); give each field once'),
+    (b'{"session": [1031], "' + b"y" * 1000 + b'": 1, "' + b"y" * 1000 + b'": 2, "k": 3, "k": 4}',
+     'field "' + "y" * 56 + "... is given twice (1, then 2); give each field once"),
+])
+def test_a_field_given_many_times_or_a_long_one_twice_is_named_in_one_short_line(client, body, message) -> None:
+    assert refused(client, body) == (422, message)

@@ -165,9 +165,10 @@ def _once_each(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     for key, _ in pairs:
         counts[key] = counts.get(key, 0) + 1
     key = next(key for key, _ in pairs if counts[key] > 1)
-    values = ", then ".join(short(value) for name, value in pairs if name == key)
+    given = [value for name, value in pairs if name == key]
+    values = ", then ".join(short(value) for value in given[:3]) + (f", then {len(given) - 3} more" if len(given) > 3 else "")
     times = "twice" if counts[key] == 2 else f"{counts[key]} times"
-    raise RequestError(422, f"field {json.dumps(key)} is given {times} ({values}); give each field once")
+    raise RequestError(422, f"field {_cut(json.dumps(key))} is given {times} ({values}); give each field once")
 
 
 def check_query(query_string: bytes, route: str = "/recommend") -> None:

@@ -263,3 +263,8 @@ def test_a_compressed_body_is_a_415_naming_its_encoding(client, encoding: str) -
 ])
 def test_a_field_given_many_times_or_a_long_one_twice_is_named_in_one_short_line(client, body, message) -> None:
     assert refused(client, body) == (422, message)
+
+
+@pytest.mark.parametrize("body", [b"", b" \r\n\t"])
+def test_an_empty_body_is_a_400_saying_so(client, body: bytes) -> None:
+    assert refused(client, body) == (400, 'body is empty: send a JSON object, such as {"session": [item ids], "k": 20}')

@@ -76,6 +76,8 @@ def parse_request(body: bytes, limits: Limits) -> tuple[Request, list[str] | Non
     with 422 naming it and its values: a body where a field's quoted name occurs twice, or with an escape in a
     string, is read by Python's json too, which sees every key.
     """
+    if not body.strip():  # a POST without a body (curl -X POST): the parser's message would be "Expecting value"
+        raise RequestError(400, 'body is empty: send a JSON object, such as {"session": [item ids], "k": 20}')
     try:
         if _LONG_NUMBER.search(body) is not None:  # orjson reads integers past 64 bits as floats
             raise orjson.JSONDecodeError("", "", 0)

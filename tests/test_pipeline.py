@@ -840,6 +840,33 @@ def test_candidate_decided_features_gathered_from_item_tables_equal_the_ops_own(
     assert gathered.dense[..., gathered.names.index("item_target")].std() > 0
 
 
+def test_popularity_counts_are_not_built_for_candidates_whose_outputs_are_gathered(world: World, monkeypatch) -> None:
+    """`transform` builds the raw popularity columns only where the ops that read them run: not when it gathers their
+    outputs from the item tables (`gathered_tables`), which it does unless an id lies beyond the counted ones or no
+    slot is filled; the features are the same either way."""
+    pipe = world.pipelines["gbdt"]
+    features = copy.deepcopy(pipe.features)
+    sessions = pipe.encode(check_request(world.sessions[:30], K))
+    cands = pipe.candidates(sessions)
+    assert sorted(features.gathered_tables(cands)) == sorted(features.item_tables())
+    beyond = Candidates(cands.items.masked_fill(cands.items == cands.items[0, 0], len(features.popularity)), cands.features)
+    assert features.gathered_tables(beyond) == {} and features.gathered_tables(Candidates(cands.items * 0)) == {}
+    built, raw = [], features.raw
+
+    def recording(*args):
+        columns = raw(*args)
+        built.append(sorted(columns))
+        return columns
+
+    monkeypatch.setattr(features, "raw", recording)
+    gathered = features.transform(sessions, cands, pipe.stage_retrievers)
+    features._tables = (features.ops, features.popularity, {})  # the ops run on the candidates' rows
+    computed = features.transform(sessions, cands, pipe.stage_retrievers)
+    assert "popularity" not in built[0] and "seen_count" in built[0] and "popularity" in built[1]
+    assert gathered.names == computed.names and torch.equal(gathered.dense, computed.dense)
+    assert gathered.dense[..., gathered.names.index("popularity_log")].std() > 0
+
+
 # ------------------------------------------------------------------------- rules in the pipeline
 def test_the_seen_filter_follows_the_session_models_exclusion_unless_set(world: World, tmp_path: Path) -> None:
     """A recipe without seen_filter filters what its session models' evaluation excludes (exclude_seen: the last

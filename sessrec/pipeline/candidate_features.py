@@ -38,7 +38,7 @@ the fitted ops run on the host (numpy), their outputs are moved back.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -148,14 +148,17 @@ class CandidateFeatures(Configurable):
         return self
 
     # -- raw columns ----------------------------------------------------------------------------
-    def raw(self, sessions: RequestSessions, candidates: Candidates, retrievers: dict[str, Retriever]) -> dict[str, torch.Tensor]:
-        """(B, K) raw columns of every enabled group, before the fitted ops (computed batch by batch)."""
+    def raw(self, sessions: RequestSessions, candidates: Candidates, retrievers: dict[str, Retriever],
+            groups: Collection[str] | None = None) -> dict[str, torch.Tensor]:
+        """(B, K) raw columns of every enabled group (of `groups` only, when given), before the fitted ops
+        (computed batch by batch)."""
+        groups = self.groups if groups is None else [group for group in self.groups if group in groups]
         items, cand = sessions.items, candidates.items
         b, k = cand.shape
         device = cand.device
         cols: dict[str, torch.Tensor] = {}
         last = items[:, -1:].expand(b, k)
-        if "retrievers" in self.groups:
+        if "retrievers" in groups:
             zeros = torch.zeros(b, k, device=device)
             for name, retriever in retrievers.items():
                 cols[f"{name}_score"] = retriever.score(sessions, cand)
@@ -164,12 +167,12 @@ class CandidateFeatures(Configurable):
                 rrank = torch.where(rank > 0, 1.0 / rank.clamp(min=1), 0.0)
                 cols.update({f"{name}_rrank": each for name, each in zip(retrievers, rrank)})
             cols["sources"] = candidates.features.get("sources", zeros)
-        if "popularity" in self.groups:
+        if "popularity" in groups:
             if self.popularity is None:
                 raise RuntimeError("CandidateFeatures: call fit_statistics(training sessions) first")
             pop = torch.from_numpy(self.popularity).to(device)[cand.clamp(max=len(self.popularity) - 1)]  # (B, K, 2)
             cols["popularity"], cols["recent_popularity"] = pop[..., 0], pop[..., 1]
-        if "session" in self.groups:
+        if "session" in groups:
             eq = items.unsqueeze(1) == cand.unsqueeze(2)  # (B, K, L)
             width = items.shape[1]
             position = torch.arange(1, width + 1, device=device)
@@ -180,7 +183,7 @@ class CandidateFeatures(Configurable):
             cols["seen_recency"] = torch.where(count > 0, 1.0 / (1.0 + distance.float()), 0.0)
             cols["seen_weight"] = (eq * closeness).sum(dim=2)
             cols["is_last"] = (cand == last).float()
-        if "covisitation" in self.groups:
+        if "covisitation" in groups:
             covis = next((r for r in retrievers.values() if hasattr(r, "pair_weights")), None)
             if covis is not None:
                 back = min(3, items.shape[1])  # the last three items, not rows: one lookup for all of them
@@ -191,14 +194,14 @@ class CandidateFeatures(Configurable):
                 for i in range(back):
                     total += weights[:, i] * 0.5**i
                 cols["covis_last3"] = total
-        if "context" in self.groups:
+        if "context" in groups:
             real = items != PAD
             length = real.sum(dim=1, keepdim=True).float()
             ordered = torch.sort(items, dim=1).values  # padding first; a row without any has one change fewer
             distinct = ((ordered.diff(dim=1) != 0).sum(dim=1, keepdim=True) + (ordered[:, :1] != PAD)).float()
             cols["session_length"] = torch.log1p(length).expand(b, k)
             cols["session_distinct"] = (distinct / length.clamp(min=1)).expand(b, k)
-        if "time" in self.groups and sessions.times is not None:
+        if "time" in groups and sessions.times is not None:
             real = items != PAD
             first = torch.where(real, sessions.times, torch.full_like(sessions.times, float("inf"))).amin(dim=1)
             span = (sessions.times[:, -1] - first).clamp(min=0)
@@ -318,16 +321,16 @@ class CandidateFeatures(Configurable):
         """
         if self.ops is None or self.names is None:
             raise RuntimeError("CandidateFeatures is not fitted: fit the pipeline's ranker first")
-        if raw is None:
-            raw = self.raw(sessions, candidates, retrievers)
+        tables = self.gathered_tables(candidates)
+        if raw is None:  # the popularity counts are read only by the ops whose outputs the tables give
+            raw = self.raw(sessions, candidates, retrievers, [g for g in self.groups if not (tables and g == "popularity")])
         missing = self._missing_times(sessions)
         if missing:
             raise ValueError(missing)
         # the time features are built when the ranker was fitted with them, whatever times the sessions carry
         raw = {n: v for n, v in raw.items() if group_of(n) in self.groups and (n != DURATION or DURATION in self.names)}
         frame = self._frame(sessions, candidates, raw, None, use_time="time" in self.ops.ops)
-        tables = self.item_tables() if len(frame["item"]) else {}
-        if tables and int(frame["item"].max()) < len(self.popularity):  # the candidate-decided outputs gathered
+        if tables:  # the candidate-decided outputs gathered
             computed = self.ops.transform(frame, skip=list(tables))
             computed.update({name: table[frame["item"]] for name, table in tables.items()})
         else:
@@ -340,6 +343,15 @@ class CandidateFeatures(Configurable):
         if out.names != self.names:
             raise ValueError(f"features {out.names} differ from the fitted ones {self.names}")
         return out
+
+    def gathered_tables(self, candidates: Candidates) -> dict[str, np.ndarray]:
+        """The `item_tables` that `transform` gathers the outputs of `candidates` from: all of them when the
+        candidates hold a filled slot and no id beyond the counted ones, else none (the ops run)."""
+        items = candidates.items
+        tables = self.item_tables()
+        if not tables or not bool((items != PAD).any()) or int(items.max()) >= len(self.popularity):
+            return {}
+        return tables
 
     def item_tables(self) -> dict[str, np.ndarray]:
         """The outputs of the fitted ops that read only columns the candidate decides (`ITEM_COLUMNS`: the

@@ -92,6 +92,15 @@ def test_top_k_sparse_ranks_each_rows_entries_ties_to_the_lower_id_and_pads_with
     assert lookup_sparse(keys, values, np.array([[0, 0], [2, 1]]), np.array([[6, 4], [4, 4]]), 8).tolist() == [[0.5, 0.0], [0.25, 0.0]]
 
 
+def test_lookup_sparse_takes_one_row_per_line_and_gives_float32():
+    """Rows of shape (B, 1) name each line's row (as the retrievers pass them); float64 values come back as float32,
+    0 at ids < 2 and where the matrix holds no entry."""
+    keys, values = np.array([1, 2, 3, 6, 20]), np.array([9.0, 0.5, 0.1, 0.5, 0.25])
+    out = lookup_sparse(keys, values, np.array([[0], [2]]), np.array([[6, 3, 1, 5], [4, 4, 0, 7]]), 8)
+    assert out.dtype == np.float32 and out.tolist() == [[0.5, np.float32(0.1), 0.0, 0.0], [0.25, 0.25, 0.0, 0.0]]
+    assert lookup_sparse(keys[:0], values[:0], np.array([[0]]), np.array([[6, 3]]), 8).tolist() == [[0.0, 0.0]]
+
+
 
 def test_top_k_sparse_is_a_stable_sort_of_each_dense_row_on_many_ties():
     """Rows of many entries (only those at or above the k-th highest are ranked) against a stable argsort of

@@ -72,7 +72,7 @@ class BaselineRetriever(Retriever):
     def score(self, sessions: RequestSessions, items: torch.Tensor) -> torch.Tensor:
         keys, values = self._scores(sessions)
         cand = items.detach().cpu().long().numpy()
-        rows = np.broadcast_to(np.arange(len(cand))[:, None], cand.shape)
+        rows = np.arange(len(cand))[:, None]  # (B, 1): each line of candidates in its session's row
         return torch.from_numpy(lookup_sparse(keys, values, rows, cand, self.baseline.num_items)).to(items.device)
 
     def state_dict(self) -> dict[str, Any]:

@@ -231,7 +231,7 @@ class CoVisitation(Retriever):
         if cand.shape[0] != len(sessions):
             raise ValueError(f"items has {cand.shape[0]} rows for {len(sessions)} sessions")
         keys, data = self.session_scores(sessions)
-        rows = np.broadcast_to(np.arange(len(cand))[:, None], cand.shape)
+        rows = np.arange(len(cand))[:, None]  # (B, 1): each line of candidates in its session's row
         return torch.from_numpy(lookup_sparse(keys, data, rows, cand, self.num_items)).to(items.device)
 
     def pair_weights(self, anchors: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
@@ -251,7 +251,6 @@ class CoVisitation(Retriever):
             raise ValueError(
                 f"anchors of shape {tuple(anchors.shape)} do not match items {tuple(items.shape)}"
             )
-        anchor = np.broadcast_to(anchor, cand.shape)
         return torch.from_numpy(lookup_sparse(self._keys, self.matrix.data, anchor, cand, self.num_items)).to(items.device)
 
     def _check_items(self, items: torch.Tensor, what: str) -> np.ndarray:

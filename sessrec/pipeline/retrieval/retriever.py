@@ -79,16 +79,15 @@ def top_k_sparse(keys: np.ndarray, values: np.ndarray, rows: int, width: int, k:
 def lookup_sparse(keys: np.ndarray, values: np.ndarray, rows: np.ndarray, cols: np.ndarray, width: int) -> np.ndarray:
     """float32 values at (rows, cols) of a sparse matrix given by ascending `keys` = row * width + col.
 
-    0 where there is no entry or where ``cols`` is < 2 (padding, OOV); `rows` are valid rows.
+    0 where there is no entry or where ``cols`` is < 2 (padding, OOV); `rows` are valid rows, of the shape of `cols`
+    or one that broadcasts to it (``(B, 1)``: one row per line of `cols`).
     """
-    out = np.zeros(cols.shape, dtype=np.float32)
     if not len(keys):
-        return out
+        return np.zeros(cols.shape, dtype=np.float32)
     want = rows * width + cols
     at = np.minimum(np.searchsorted(keys, want), len(keys) - 1)
     found = (keys[at] == want) & (cols >= NUM_SPECIAL)
-    out[found] = values[at[found]]
-    return out
+    return np.where(found, values[at], 0).astype(np.float32)
 
 
 def row_ranks(row: np.ndarray, value: np.ndarray, tie: np.ndarray) -> np.ndarray:

@@ -279,6 +279,20 @@ def test_a_ranker_with_time_features_refuses_times_before_1990_in_every_path(pip
     assert pipe.encode(check_request([SESSION], now=T0, times=[[T0 - 60] * len(SESSION)])).times is not None
 
 
+def test_the_times_of_encoded_sessions_are_checked_once(pipes, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`encode` checks the times of a ranker's sessions and marks the batch, so that `ranking_inputs` does not check
+    them again; sessions from anywhere else are checked there."""
+    pipe = with_time_features(pipes["plain"])
+    checked, check = [], pipe.check_times
+    monkeypatch.setattr(pipe, "check_times", lambda items, times: checked.append(times.shape) or check(items, times))
+    monkeypatch.setattr(pipe.features, "transform", lambda *args: "features")
+    sessions = pipe.encode(check_request([SESSION], now=T0, times=[[T0 - 60] * len(SESSION)]))
+    assert checked == [(1, len(SESSION))] and pipe.ranking_inputs(sessions, None) == "features"
+    assert checked == [(1, len(SESSION))]
+    wrapped = pipe.wrap(torch.tensor([[0, 2]]), torch.tensor([[0.0, T0]]))
+    assert pipe.ranking_inputs(wrapped, None) == "features" and checked[1:] == [(1, pipe.max_length)]
+
+
 def test_the_server_refuses_a_request_without_times_for_a_ranker_that_reads_them(pipes) -> None:
     with TestClient(build_app(with_time_features(pipes["plain"]), max_wait_ms=1.0)) as client:
         reply = client.post("/recommend", json={"session": SESSION, "now": T0})

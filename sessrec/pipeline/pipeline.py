@@ -75,6 +75,7 @@ FORMAT, VERSION = "sessrec.pipeline", 4
 HISTORY_LENGTH = 200  # events of a session kept for the filters of everything seen, by default
 AnyFilter = SeenItemsFilter | NonProductFilter | ItemTableFilter
 SEP = "/"  # joins the keys of a state's nested dicts into the names of its arrays
+TIMES_CHECKED = "times_checked"  # `RequestSessions.cache` key: `Pipeline.check_times` held the batch's event times
 
 
 class Pipeline:
@@ -197,7 +198,8 @@ class Pipeline:
         sessions = sessions.to(self.device)
         if self.time_features and sessions.times is None:
             raise ValueError(self.missing_times("RequestSessions.times"))
-        self.check_times(sessions.items, sessions.times)
+        if not sessions.cache.get(TIMES_CHECKED):  # sessions of `encode` were checked there
+            self.check_times(sessions.items, sessions.times)
         return self.features.transform(sessions, cands, self.stage_retrievers)
 
     @property
@@ -288,7 +290,10 @@ class Pipeline:
         if stamps is None and (self.time_features or self.timed_retrievers):
             raise ValueError(self.missing_times("times: per session a list of seconds since the epoch, one per item id"))
         self.check_times(items, stamps)
-        return self.wrap(items, stamps, clock.request_now(request.now, len(items), stamps, arrival))
+        sessions = self.wrap(items, stamps, clock.request_now(request.now, len(items), stamps, arrival))
+        if self.time_features:
+            sessions.cache[TIMES_CHECKED] = True
+        return sessions
 
     @torch.inference_mode()  # lists out: no tensor outlives the call
     def recommend(

@@ -229,6 +229,35 @@ def test_mix64_is_splitmix64():
     assert [mix64_reference(int(v)) for v in states] == expected
 
 
+def test_mix64_and_namespace_of_numpy_and_strict_arrays():
+    """NumPy arrays get array_api_compat's NumPy namespace without asking it (and mix64 its constants made once), other
+    arrays the namespace it gives them; the same outputs on both."""
+    import array_api_compat
+
+    from sessrec.features.backend import namespace
+
+    x = np.array([0, 1, 2**63, 2**64 - 1], dtype=np.uint64)
+    assert namespace(x) is array_api_compat.array_namespace(x) and namespace(x, x[:1]) is namespace(x)
+    strict = array_api_strict.asarray(x)
+    assert namespace(strict) is array_api_compat.array_namespace(strict)
+    assert mix64(x).dtype == np.uint64 and [int(v) for v in mix64(x)] == [mix64_reference(int(v)) for v in x]
+    assert [int(v) for v in to_host(mix64(strict))] == [int(v) for v in mix64(x)]
+
+
+def test_feature_ops_read_the_outputs_of_earlier_ops_before_the_frames_columns():
+    """The ops of a pipeline see the frame and the outputs of earlier ops as one mapping of columns: an earlier op's
+    output of a frame column's name is the one read."""
+    from sessrec.features.backend import get_column
+    from sessrec.features.feature_pipeline import _View
+
+    view = _View({"a": np.array([1, 2]), "b": np.array([3, 4])})
+    view.extra["a"] = np.array([5, 6])
+    assert list(view) == ["a", "b"] and "b" in view and "c" not in view and len(view) == 2
+    assert get_column(view, "a").values.tolist() == [5, 6] and get_column(view, "b").values.tolist() == [3, 4]
+    with pytest.raises(ValueError, match=r"^column 'c' is not in the input; it has columns \['a', 'b'\]$"):
+        get_column(view, "c")
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_hashed_cross_hard_coded_and_reference(backend):
     frame = on(backend, {"a": [1, 2, 3], "b": [10, 20, 30]})

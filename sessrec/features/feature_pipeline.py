@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 import zipfile
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -173,8 +173,8 @@ def _read(file: str | os.PathLike | BinaryIO, source: str) -> tuple[dict[str, np
     return arrays, header
 
 
-class _View:
-    """A frame plus the outputs of earlier ops, readable like a dict of columns."""
+class _View(Mapping):
+    """A frame plus the outputs of earlier ops: a mapping of columns (`get_column` finds one without listing them)."""
 
     def __init__(self, frame: Any) -> None:
         self.frame, self.extra = frame, {}
@@ -183,6 +183,15 @@ class _View:
     @property
     def columns(self) -> list[str]:
         return list(self.extra) + [n for n in self._names if n not in self.extra]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.columns)
+
+    def __len__(self) -> int:
+        return len(self.columns)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.extra or name in self._names
 
     def __getitem__(self, name: str) -> Any:
         if name in self.extra:

@@ -867,6 +867,25 @@ def test_popularity_counts_are_not_built_for_candidates_whose_outputs_are_gather
     assert gathered.dense[..., gathered.names.index("popularity_log")].std() > 0
 
 
+def test_what_the_features_keep_between_requests_follows_their_names(world: World) -> None:
+    """The time features' names and the dense columns' order are found once and kept for the next request: the same
+    features as a fresh copy's, and other names give other time features."""
+    pipe = world.pipelines["gbdt"]
+    features = copy.deepcopy(pipe.features)
+    for lo in (0, 30):
+        sessions = pipe.encode(check_request(world.sessions[lo : lo + 30], K))
+        cands = pipe.candidates(sessions)
+        fresh = copy.deepcopy(pipe.features).transform(sessions, cands, pipe.stage_retrievers)
+        kept = features.transform(sessions, cands, pipe.stage_retrievers)
+        assert kept.names == fresh.names and torch.equal(kept.dense, fresh.dense)
+    names = features.names
+    assert features.time_names == [n for n in names if n == "session_duration" or n.startswith(("time_hour_", "time_weekday_"))]
+    features.names = ["session_duration", "seen_count", "time_hour_sin"]
+    assert features.time_names == ["session_duration", "time_hour_sin"]
+    features.names = None
+    assert features.time_names == []
+
+
 # ------------------------------------------------------------------------- rules in the pipeline
 def test_the_seen_filter_follows_the_session_models_exclusion_unless_set(world: World, tmp_path: Path) -> None:
     """A recipe without seen_filter filters what its session models' evaluation excludes (exclude_seen: the last

@@ -137,6 +137,8 @@ class CandidateFeatures(Configurable):
         self.ops: FeaturePipeline | None = None
         self.names: list[str] | None = None
         self._tables: tuple[Any, Any, dict[str, np.ndarray]] = (None, None, {})  # (ops, popularity, their `item_tables`)
+        self._order: tuple[Any, torch.Tensor | None] = (None, None)  # `_rows`' last (order, names, device) and rows
+        self._time_names: tuple[list[str] | None, list[str]] = (None, [])  # `time_names` of these `names`
 
     # -- statistics of the training sessions ----------------------------------------------------
     def fit_statistics(self, sessions: np.ndarray | torch.Tensor, num_items: int) -> CandidateFeatures:
@@ -164,7 +166,7 @@ class CandidateFeatures(Configurable):
                 cols[f"{name}_score"] = retriever.score(sessions, cand)
             if retrievers:  # every retriever's reciprocal ranks at once
                 rank = torch.stack([candidates.features.get(f"{name}_rank", zeros) for name in retrievers])  # (R, B, K)
-                rrank = torch.where(rank > 0, 1.0 / rank.clamp(min=1), 0.0)
+                rrank = torch.where(rank > 0, rank.clamp(min=1).reciprocal(), 0.0)
                 cols.update({f"{name}_rrank": each for name, each in zip(retrievers, rrank)})
             cols["sources"] = candidates.features.get("sources", zeros)
         if "popularity" in groups:
@@ -180,7 +182,7 @@ class CandidateFeatures(Configurable):
             count = eq.sum(dim=2)
             cols["seen_count"] = count.float()
             distance = width - (eq * position).amax(dim=2)  # 0 = last item; width = absent
-            cols["seen_recency"] = torch.where(count > 0, 1.0 / (1.0 + distance.float()), 0.0)
+            cols["seen_recency"] = torch.where(count > 0, (1.0 + distance.float()).reciprocal(), 0.0)
             cols["seen_weight"] = (eq * closeness).sum(dim=2)
             cols["is_last"] = (cand == last).float()
         if "covisitation" in groups:
@@ -194,15 +196,14 @@ class CandidateFeatures(Configurable):
                 for i in range(back):
                     total += weights[:, i] * 0.5**i
                 cols["covis_last3"] = total
+        real = items != PAD
         if "context" in groups:
-            real = items != PAD
             length = real.sum(dim=1, keepdim=True).float()
             ordered = torch.sort(items, dim=1).values  # padding first; a row without any has one change fewer
             distinct = ((ordered.diff(dim=1) != 0).sum(dim=1, keepdim=True) + (ordered[:, :1] != PAD)).float()
             cols["session_length"] = torch.log1p(length).expand(b, k)
             cols["session_distinct"] = (distinct / length.clamp(min=1)).expand(b, k)
         if "time" in groups and sessions.times is not None:
-            real = items != PAD
             first = torch.where(real, sessions.times, torch.full_like(sessions.times, float("inf"))).amin(dim=1)
             span = (sessions.times[:, -1] - first).clamp(min=0)
             cols[DURATION] = torch.log1p(span).float().unsqueeze(1).expand(b, k)
@@ -374,7 +375,9 @@ class CandidateFeatures(Configurable):
     def time_names(self) -> list[str]:
         """The fitted features that read the sessions' event times: ``session_duration`` and the
         `CyclicTime` op's outputs (``time_hour_*``, ``time_weekday_*``, of the last event)."""
-        return [n for n in self.names or () if n == DURATION or n.startswith(CYCLIC)]
+        if self._time_names[0] is not self.names:  # read several times a request: found once per `names`
+            self._time_names = (self.names, [n for n in self.names or () if n == DURATION or n.startswith(CYCLIC)])
+        return self._time_names[1]
 
     def _missing_times(self, sessions: RequestSessions) -> str | None:
         """What the fitted features need of the sessions' times and these sessions lack, in one line (None: nothing)."""
@@ -404,9 +407,10 @@ class CandidateFeatures(Configurable):
         # column-major: the (B, K) grids stacked into the first rows of one (F, B K) block, the empty slots zeroed at
         # once, the (M,) columns (the host's as one matrix) written at the filled slots of the other rows, and the
         # block transposed once, its rows taken in name order
-        grids = [n for n in names if isinstance(columns[n], torch.Tensor) and columns[n].dim() == 2]
-        slots = [n for n in names if isinstance(columns[n], torch.Tensor) and columns[n].dim() == 1]
-        host = [n for n in names if not isinstance(columns[n], torch.Tensor)]
+        kinds: dict[int, list[str]] = {2: [], 1: [], 0: []}  # (B, K) grids, (M,) tensors, (M,) host columns
+        for n in names:
+            kinds[columns[n].dim() if isinstance(columns[n], torch.Tensor) else 0].append(n)
+        grids, slots, host = kinds[2], kinds[1], kinds[0]
         m = int(valid.sum())
         for name in slots + host:
             if len(columns[name]) != m:
@@ -436,9 +440,7 @@ class CandidateFeatures(Configurable):
         if order == names:
             dense = block.t().contiguous().view(b, k, len(names))
         else:
-            at = {name: i for i, name in enumerate(order)}
-            rows = torch.tensor([at[n] for n in names], device=valid.device)
-            dense = block.t().index_select(1, rows).view(b, k, len(names))
+            dense = block.t().index_select(1, self._rows(order, names, valid.device)).view(b, k, len(names))
         sparse: dict[str, torch.Tensor] = {}
         cardinality: dict[str, int] = {}
         if "cross" in fitted:
@@ -450,6 +452,15 @@ class CandidateFeatures(Configurable):
             if self.popularity is not None:  # counted over the vocabulary: one row per item id
                 cardinality["item"] = cardinality["last_item"] = len(self.popularity)
         return RankingInputs(dense=dense, sparse=sparse, valid=valid, names=names, cardinality=cardinality)
+
+    def _rows(self, order: list[str], names: list[str], device: torch.device) -> torch.Tensor:
+        """(F,) the rows of a block whose columns come in `order` that give them in `names`' order (kept for the
+        next call, whose columns come in the same order)."""
+        key = (tuple(order), tuple(names), device)
+        if self._order[0] != key:
+            at = {name: i for i, name in enumerate(order)}
+            self._order = (key, torch.tensor([at[n] for n in names], device=device))
+        return self._order[1]
 
     # -- saving ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

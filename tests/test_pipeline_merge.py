@@ -92,6 +92,15 @@ def test_top_k_sparse_ranks_each_rows_entries_ties_to_the_lower_id_and_pads_with
     assert lookup_sparse(keys, values, np.array([[0, 0], [2, 1]]), np.array([[6, 4], [4, 4]]), 8).tolist() == [[0.5, 0.0], [0.25, 0.0]]
 
 
+def test_stacked_columns_are_made_once_per_layout():
+    """Each stacked column's source and 1-based rank there, made once for each layout of the sources' widths."""
+    from sessrec.pipeline.candidates import stacked_columns
+
+    source, rank = stacked_columns((2, 0, 3), torch.device("cpu"))
+    assert source.tolist() == [0, 0, 2, 2, 2] and rank.tolist() == [1, 2, 1, 2, 3]
+    assert stacked_columns((2, 0, 3), torch.device("cpu"))[0] is source
+
+
 def test_lookup_sparse_takes_one_row_per_line_and_gives_float32():
     """Rows of shape (B, 1) name each line's row (as the retrievers pass them); float64 values come back as float32,
     0 at ids < 2 and where the matrix holds no entry."""

@@ -10,6 +10,7 @@ Shape letters: B sessions, L positions, K candidates per session, V items.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -130,6 +131,15 @@ class Recommendations:
     scores: torch.Tensor
 
 
+@functools.lru_cache(maxsize=64)
+def stacked_columns(widths: tuple[int, ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(S,) the source and the 1-based rank there of each column of sources of `widths` stacked side by side, on
+    `device` (made once for each layout: every request of a pipeline stacks the same)."""
+    source = torch.from_numpy(np.repeat(np.arange(len(widths)), widths)).to(device)
+    rank = torch.from_numpy(np.concatenate([np.arange(1, w + 1) for w in widths])).to(device)
+    return source, rank
+
+
 def merge(retrieved: dict[str, Retrieved]) -> Candidates:
     """Union of several retrievers' top-K per session, with each source's score and rank as features.
 
@@ -149,10 +159,7 @@ def merge(retrieved: dict[str, Retrieved]) -> Candidates:
     device = retrieved[names[0]].items.device
     items = torch.cat([retrieved[n].items for n in names], dim=1).long()  # (B, S) stacked sources
     score = torch.cat([retrieved[n].scores.float() for n in names], 1)
-    widths = [retrieved[n].items.shape[1] for n in names]
-    # each stacked column's source and 1-based rank there
-    col_source = torch.from_numpy(np.repeat(np.arange(len(names)), widths)).to(device)
-    col_rank = torch.from_numpy(np.concatenate([np.arange(1, w + 1) for w in widths])).to(device)
+    col_source, col_rank = stacked_columns(tuple(retrieved[n].items.shape[1] for n in names), device)
     valid = items >= NUM_SPECIAL
     # one key per (row, item): sort them (invalid last), number the distinct ones within each row
     row = torch.arange(b, device=device).unsqueeze(1)
@@ -173,7 +180,7 @@ def merge(retrieved: dict[str, Retrieved]) -> Candidates:
     # priority: the sum of 1 / rank added source by source in the order given, so that every device
     # rounds it alike (a sum along a dimension adds in no fixed order, and float sums depend on it)
     rank = ranks[..., 0]
-    inverse = torch.where(rank > 0, 1.0 / rank.double().clamp(min=1), 0.0)  # ranks are small integers: exact in float32
+    inverse = torch.where(rank > 0, rank.double().clamp(min=1).reciprocal(), 0.0)  # ranks are small integers: exact in float32
     priority = torch.zeros(n_uniq, dtype=torch.float64, device=device)
     for i in range(len(names)):
         priority += inverse[:, i]

@@ -471,3 +471,25 @@ def test_a_ranker_setting_of_a_pipeline_recipe_is_refused_in_the_rankers_own_wor
     got = refused(sessrec_main, tmp_path, "test", "--config", str(pipeline), "--pipeline.scorer",
                   "sessrec.pipeline.scoring.GBDTScorer", "--pipeline.scorer.init_args.num_leaves", "1")
     assert got == "GBDTScorer num_leaves must be an integer >= 2, got 1"
+
+
+@pytest.mark.parametrize("source, message", [
+    ("{class_path: sessrec.data.SRGNNSource, init_args: {path: data/srgnn}}", "data/srgnn: no such folder"),
+    ("{class_path: sessrec.data.EventLogSource, init_args: {path: data/events.csv, test_fraction: 0.2}}",
+     "data/events.csv: no such file"),
+    ("{class_path: sessrec.data.UserSequenceSource, init_args: {path: data/seq.txt}}", "data/seq.txt: no such file"),
+    ("{class_path: sessrec.data.PreparedSource, init_args: {path: data/prepared}}", "data/prepared: no such folder"),
+])
+def test_a_relative_data_path_that_is_not_there_names_the_working_directory(source, message, tmp_path, sessrec_main,
+                                                                          monkeypatch):
+    """A recipe run from another folder: its relative data path is read from the working directory, which the
+    message names (not the recipe's folder)."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    recipe = write(tmp_path, "recipe.yaml", TRAINER + MODEL + DATA.replace("{class_path: sessrec.data.SyntheticSource, "
+                                                                          "init_args: {num_sessions: 300, num_items: 40, "
+                                                                          "num_clusters: 4}}", source))
+    assert refused(sessrec_main, tmp_path, "fit", "--config", str(recipe)) == (
+        f"{message} (read from the working directory {elsewhere})")
+    assert list(elsewhere.iterdir()) == []

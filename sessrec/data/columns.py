@@ -1,7 +1,10 @@
 """Checks of one column of an event table: ids, numbers and text, each refused in one line naming the file, the
-column, a bad value and its file row (`SchemaError`); `Schema.validate` and the readers apply them."""
+column, a bad value and its file row (`SchemaError`); `Schema.validate` and the readers apply them. `no_such`: the
+error for an input file or folder that is not there."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -10,6 +13,21 @@ import pyarrow.compute as pc
 
 class SchemaError(ValueError):
     """Input data that does not match its `Schema`. The message names file, column and value."""
+
+
+def no_such(path: str | Path, what: str = "file") -> FileNotFoundError:
+    """``PATH: no such <what>``; for a relative path, with the working directory it was read from (a recipe's
+    relative data paths are read from where the command runs, not from the recipe's folder).
+
+    Examples:
+        >>> import os
+        >>> str(no_such("/no/such.csv"))
+        '/no/such.csv: no such file'
+        >>> str(no_such("data/x.csv", "folder")) == f"data/x.csv: no such folder (read from the working directory {os.getcwd()})"
+        True
+    """
+    where = "" if Path(path).is_absolute() else f" (read from the working directory {Path.cwd()})"
+    return FileNotFoundError(f"{path}: no such {what}{where}")
 
 
 class MissingIdError(SchemaError):

@@ -51,7 +51,7 @@ from google.protobuf import json_format, struct_pb2, text_format
 from tensorflow_metadata.proto.v0 import schema_pb2
 
 from sessrec.data import frame
-from sessrec.data.columns import SchemaError, check_id
+from sessrec.data.columns import SchemaError, check_id, no_such
 from sessrec.data.schema import VirtualSpec
 from sessrec.data.side import SideFeatures
 from sessrec.data.sources import SessionSource, SessionSplits, _tail_split
@@ -297,7 +297,7 @@ class MerlinSource(SessionSource):
     def schema(self) -> MerlinSchema:
         """The directory's schema: the first of `SCHEMA_FILES` found at its top, else in its ``train`` folder."""
         if not self.path.is_dir():
-            raise FileNotFoundError(f"{self.path}: no such dataset directory")
+            raise no_such(self.path, "dataset directory")
         for folder in (self.path, self.path / "train"):
             for name in SCHEMA_FILES:
                 if (folder / name).is_file():

@@ -30,6 +30,7 @@ from sessrec.data.columns import (
     first_failing_cast,
     first_not_decimal,
     missing_marker,
+    no_such,
 )
 from sessrec.data.schema import Schema
 from sessrec.data.times import (
@@ -135,7 +136,7 @@ def read_table(
     """
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"{path}: no such file")
+        raise no_such(path)
     if path.is_dir():
         raise SchemaError(f"{path}: is a folder, expected a CSV/TSV or parquet file")
     try:
@@ -317,7 +318,7 @@ def read_user_sequences(path: str | Path, layout: Literal["pairs", "lines"] = "p
     if layout not in ("pairs", "lines"):
         raise ValueError(f"layout must be 'pairs' or 'lines', got {layout!r}")
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such file" + (" (a folder)" if path.exists() else ""))
+        raise FileNotFoundError(f"{path}: no such file (a folder)") if path.exists() else no_such(path)
     if layout == "pairs":
         opts = pacsv.ReadOptions(column_names=["session_id", "item_id"])
         try:
@@ -402,7 +403,7 @@ def scan_events(
     """
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"{path}: no such file")
+        raise no_such(path)
     if path.is_dir():
         raise SchemaError(f"{path}: is a folder, expected a CSV/TSV or parquet file")
     string_columns, integers, numbers = schema.text_columns, [], []

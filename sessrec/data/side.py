@@ -34,6 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from sessrec.data.columns import no_such
 from sessrec.data.schema import SchemaError
 from sessrec.data.vocab import NUM_SPECIAL, ItemVocab
 from sessrec.saved.registry import register
@@ -175,7 +176,7 @@ def read_item_vectors(path: str | os.PathLike, vocab: ItemVocab) -> tuple[np.nda
     """
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"{path}: no such item-vector file")
+        raise no_such(path, "item-vector file")
     try:
         table = pq.read_table(path)
     except (pa.ArrowInvalid, OSError) as err:

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sessrec.data import frame
-from sessrec.data.columns import SchemaError
+from sessrec.data.columns import SchemaError, no_such
 
 
 class _NoGlobals(pickle.Unpickler):
@@ -133,6 +133,8 @@ class SRGNNData:
 def read_srgnn(directory: str | Path) -> SRGNNData:
     """Read ``all_train_seq.txt[.gz]`` and ``test.txt[.gz]`` from an SR-GNN dataset folder."""
     directory = Path(directory)
+    if not directory.is_dir():
+        raise no_such(directory, "folder")
 
     def find(stem: str) -> Path:
         for name in (f"{stem}.gz", stem):

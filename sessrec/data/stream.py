@@ -40,7 +40,7 @@ import torch
 
 from sessrec.data import frame
 from sessrec.data.batch import ITEM_DTYPE, SessionBatch
-from sessrec.data.columns import MissingIdError, SchemaError, check_id
+from sessrec.data.columns import MissingIdError, SchemaError, check_id, no_such
 from sessrec.data.readers import (
     BLOCK_BYTES,
     NULL_VALUES,
@@ -124,7 +124,7 @@ class ScoringStream:
         self.rank, self.world_size = rank, world_size
         self.path = Path(path)
         if not self.path.exists():
-            raise FileNotFoundError(f"{self.path}: no such file to score")
+            raise no_such(self.path, "file to score")
         for name, value in (("max_length", max_length), ("batch_size", batch_size), ("chunk_rows", chunk_rows)):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Literal
 
 from sessrec.data import frame
+from sessrec.data.columns import no_such
 from sessrec.data.prepared.dataset import Layout, PreparedSource, PreparedWriter, read_manifest
 from sessrec.data.prepared.plan import COUNT_PEAK_PER_ROW, CountFold
 from sessrec.data.schema import SchemaError
@@ -102,7 +103,7 @@ def prepare(
     for read in (r for r in reads if r is not None and not Path(r).is_file()):
         if Path(read).exists():
             raise SchemaError(f"{read}: is a folder, expected a CSV/TSV or parquet file")
-        raise FileNotFoundError(f"{read}: no such file")
+        raise no_such(read)
     writer = PreparedWriter(out, layout, overwrite=overwrite, inputs=[r for r in reads if r is not None])
     try:
         if engine == "memory":

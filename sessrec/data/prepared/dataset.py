@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from sessrec.data import frame
+from sessrec.data.columns import no_such
 from sessrec.data.sources import SessionSource, SessionSplits
 from sessrec.data.vocab import ItemVocab
 from sessrec.saved.atomic import (
@@ -215,6 +216,8 @@ def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
     edited after `PreparedWriter` wrote it (its content is not what its ``"hash"`` records: a split's files,
     counts or settings changed by hand)."""
     file = Path(path) / MANIFEST
+    if not Path(path).exists():
+        raise no_such(path, "folder")
     if not file.is_file():
         raise FileNotFoundError(f"{path}: not a prepared dataset (no {MANIFEST}); write one with sessrec prepare")
     try:

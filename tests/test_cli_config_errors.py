@@ -356,6 +356,18 @@ def test_float16_autocast_on_the_cpu_is_refused_not_turned_into_bfloat16(command
                    "(--trainer.accelerator cpu); use bf16-mixed on the CPU")
 
 
+@pytest.mark.parametrize("command", ["fit", "validate", "test", "predict"])
+@pytest.mark.parametrize("accelerator", ["gpu", "cuda"])
+def test_a_gpu_accelerator_on_a_machine_without_one_is_refused_naming_it(command, accelerator, tmp_path, sessrec_main,
+                                                                        monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    monkeypatch.setattr("torch.backends.mps.is_available", lambda: False)
+    recipe = write(tmp_path, "recipe.yaml", TRAINER + MODEL + DATA)
+    got = refused(sessrec_main, tmp_path, command, "--config", str(recipe), "--trainer.accelerator", accelerator)
+    assert got == (f"--trainer.accelerator {accelerator}: torch sees no GPU on this machine (CUDA not available); use "
+                   "--trainer.accelerator cpu, or auto to take a GPU where there is one")
+
+
 @pytest.mark.parametrize("flags, expected", [
     (["--optimizer", "torch.optim.SGD"], "unrecognized arguments: --optimizer torch.optim.SGD"),
     (["--lr_scheduler", "torch.optim.lr_scheduler.StepLR", "--lr_scheduler.step_size", "1"],

@@ -98,6 +98,7 @@ from sessrec.cli.errors import RecipeError, one_line, refuse_null_below_class
 from sessrec.cli.parsers import check_sources, checkpoint_refused
 from sessrec.cli.resume import refuse_finished_resume, restore_metrics, resumed_run
 from sessrec.cli.trainer_settings import (
+    refuse_absent_gpu,
     refuse_counts_below_one,
     refuse_endless_schedule,
     refuse_flags_of_other_commands,
@@ -266,6 +267,7 @@ class SessrecCLI(LightningCLI):
             check_counts({"partition_batches": cfg.partition_batches}, {"partition_batches": "--partition_batches"})
         if self._engine.engine == "dask":
             refuse_trainer_settings(cfg.trainer)
+        refuse_absent_gpu(cfg.trainer)
         refuse_half_weights(cfg.trainer)
         if sub in EVALUATING:
             refuse_partial_scoring(sub, cfg.trainer)

@@ -1,9 +1,9 @@
 """Trainer settings a command cannot honour, each refused in one line naming it before anything is written.
 
 `SessrecCLI` (`sessrec.cli.lightning`) calls these on the parsed config: a flag that only another command reads,
-a Trainer that ``predict --engine dask`` cannot use, half-precision weights, a limit with which ``validate``,
-``test`` or ``predict`` scores nothing or part of the file, and for ``fit`` a Trainer of no training step, a
-count below 1, ``overfit_batches``, a monitor the validation never logs, or no planned end for a schedule that
+a Trainer that ``predict --engine dask`` cannot use, a GPU the machine lacks, half-precision weights, a limit
+with which ``validate``, ``test`` or ``predict`` scores nothing or part of the file, and for ``fit`` a Trainer of
+no training step, a count below 1, ``overfit_batches``, a monitor the validation never logs, or no planned end for a schedule that
 decays over the planned steps.
 """
 
@@ -55,6 +55,16 @@ def refuse_trainer_settings(trainer: Namespace) -> None:
 
 NO_TRAINING = {"max_epochs": (0,), "max_steps": (0,), "limit_train_batches": (0, 0.0)}  # Trainer settings of no step
 NO_STEP = "sessrec fit would take no training step and save untrained weights; give at least one"
+
+
+def refuse_absent_gpu(trainer: Namespace) -> None:
+    """Refuse ``--trainer.accelerator gpu`` (or ``cuda``) on a machine where torch sees no GPU, in one line naming it
+    (Lightning's own refusal names no setting: "No supported gpu backend found!")."""
+    accelerator = str(trainer.get("accelerator") or "auto")
+    mps = accelerator == "gpu" and torch.backends.mps.is_available()  # Apple's GPU, which "gpu" picks too
+    if accelerator in ("gpu", "cuda") and not torch.cuda.is_available() and not mps:
+        raise ValueError(f"--trainer.accelerator {accelerator}: torch sees no GPU on this machine (CUDA not available); "
+                         "use --trainer.accelerator cpu, or auto to take a GPU where there is one")
 
 
 HALF_WEIGHTS = {"16-true": "16-mixed", "bf16-true": "bf16-mixed"}  # precision -> the mixed setting to use instead

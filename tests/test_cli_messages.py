@@ -49,6 +49,13 @@ def test_help_lists_every_command_on_its_own_line(capsys):
     ({"data": {"max_length": 20.0}}, "data.max_length: expected int, got 20.0"),
     ({"trainer": {"max_epochs": 1.5}}, "trainer.max_epochs: expected int or null, got 1.5"),
     ({"model": {"dropout": 1}}, None),  # an int where a float is expected is one
+    # a key one level too high: the setting whose class takes it, before a misspelt key of this level
+    ({"model": {"lr": 0.1}}, "unknown key model.lr (NextItemTask has no option 'lr'); it is an option of NextItemTask's "
+                             "optimization: did you mean model.optimization.lr?"),
+    ({"model": {"warmup_steps": 10}}, "unknown key model.warmup_steps (NextItemTask has no option 'warmup_steps'); it is "
+                                      "an option of NextItemTask's schedule: did you mean model.schedule.warmup_steps?"),
+    ({"model": {"top_k": 5}}, "unknown key model.top_k (NextItemTask has no option 'top_k'); it is an option of "
+                              "NextItemTask's evaluation: did you mean model.evaluation.top_k?"),
 ])
 def test_an_unknown_key_or_a_value_of_another_type_is_one_line(config, expected):
     import pytorch_lightning as pl

@@ -524,9 +524,25 @@ def _refuse(place: _Place, option: str, valid: list[str], owner: Callable[..., A
     name = getattr(owner, "__name__", str(owner))
     close = difflib.get_close_matches(option, valid, n=1, cutoff=CLOSE)
     where = f"unknown key {place} ({name} has no option {option!r})"
+    inner = _setting_below(owner, option)
+    if inner is not None:  # a key one level too high (model.lr for model.optimization.lr): before a misspelling
+        raise RecipeError(f"{where}; it is an option of {name}'s {inner}: did you mean "
+                          f"{place._replace(keys=(*place.keys[:-1], inner, option))}?", place.keys)
     if close:
         raise RecipeError(f"{where}; did you mean {place._replace(keys=(*place.keys[:-1], close[0]))}?", place.keys)
     raise RecipeError(f"{where}; its options are {', '.join(valid[:24])}", place.keys)
+
+
+def _setting_below(owner: Callable[..., Any], option: str) -> str | None:
+    """The setting of `owner` whose own class (a dataclass setting such as ``optimization``, or the class of its
+    default) takes `option`; None when none does."""
+    for name, hint in parameters(owner)[0].items():
+        kind, default = _one_kind(hint)[0], _default(owner, name)
+        kind = type(default) if inspect.isclass(kind) and isinstance(default, kind) else kind
+        if (inspect.isclass(kind) and not inspect.isabstract(kind) and typing.get_origin(kind) is None
+                and kind.__module__.startswith("sessrec") and option in parameters(kind)[0]):
+            return name
+    return None
 
 
 CLOSE = 0.5  # difflib's ratio of a misspelt key to the one suggested (item_colum -> item_id: 0.59)

@@ -505,3 +505,16 @@ def test_a_relative_data_path_that_is_not_there_names_the_working_directory(sour
     assert refused(sessrec_main, tmp_path, "fit", "--config", str(recipe)) == (
         f"{message} (read from the working directory {elsewhere})")
     assert list(elsewhere.iterdir()) == []
+
+
+@pytest.mark.parametrize("given, expected", [
+    (["--config", "RECIPE", "--config", "TOP"], "Subcommand 'fit' does not accept option 'max_length'; did you mean "
+                                                "data.max_length?"),
+    (["--config", "RECIPE", "--max_epochs", "2"], "unrecognized arguments: --max_epochs 2; did you mean trainer.max_epochs?"),
+    (["--config", "RECIPE", "--lr=0.1"], "unrecognized arguments: --lr=0.1; did you mean model.optimization.lr?"),
+])
+def test_a_key_at_the_top_level_names_the_block_that_takes_it(given, expected, tmp_path, sessrec_main):
+    recipe = write(tmp_path, "recipe.yaml", TRAINER + MODEL + DATA)
+    top = write(tmp_path, "top.yaml", "max_length: 8\n")
+    args = [str(recipe) if a == "RECIPE" else str(top) if a == "TOP" else a for a in given]
+    assert refused(sessrec_main, tmp_path, "fit", *args) == expected

@@ -524,7 +524,7 @@ def _refuse(place: _Place, option: str, valid: list[str], owner: Callable[..., A
     name = getattr(owner, "__name__", str(owner))
     close = difflib.get_close_matches(option, valid, n=1, cutoff=CLOSE)
     where = f"unknown key {place} ({name} has no option {option!r})"
-    inner = _setting_below(owner, option)
+    inner = setting_below(owner, option)
     if inner is not None:  # a key one level too high (model.lr for model.optimization.lr): before a misspelling
         raise RecipeError(f"{where}; it is an option of {name}'s {inner}: did you mean "
                           f"{place._replace(keys=(*place.keys[:-1], inner, option))}?", place.keys)
@@ -533,7 +533,7 @@ def _refuse(place: _Place, option: str, valid: list[str], owner: Callable[..., A
     raise RecipeError(f"{where}; its options are {', '.join(valid[:24])}", place.keys)
 
 
-def _setting_below(owner: Callable[..., Any], option: str) -> str | None:
+def setting_below(owner: Callable[..., Any], option: str) -> str | None:
     """The setting of `owner` whose own class (a dataclass setting such as ``optimization``, or the class of its
     default) takes `option`; None when none does."""
     for name, hint in parameters(owner)[0].items():

@@ -77,6 +77,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import sys
 from argparse import ArgumentError
@@ -94,7 +95,7 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from sessrec.artifacts import ClickRanker, SessionRecommender, load_artifact
 from sessrec.artifacts.model_directory import FEATURES, VOCAB, read_model_directory
-from sessrec.cli.errors import RecipeError, one_line, refuse_null_below_class
+from sessrec.cli.errors import RecipeError, one_line, refuse_null_below_class, setting_below
 from sessrec.cli.parsers import check_sources, checkpoint_refused
 from sessrec.cli.resume import refuse_finished_resume, restore_metrics, resumed_run
 from sessrec.cli.trainer_settings import (
@@ -112,7 +113,7 @@ from sessrec.cli.trainer_settings import (
 )
 from sessrec.saved.atomic import lock_folder
 from sessrec.saved.checkpoint import checkpoint_summary, read_checkpoint
-from sessrec.saved.registry import config_of
+from sessrec.saved.registry import config_of, parameters
 from sessrec.scoring import Engine, check_counts, predict_file
 from sessrec.tasks import (
     ClickoutDataModule,
@@ -161,7 +162,7 @@ class SessrecCLI(LightningCLI):
         try:
             super().parse_arguments(parser, args)
         except ArgumentError as err:  # jsonargparse's tree of every type it tried: one line of it
-            raise RecipeError(one_line(err)) from err
+            raise RecipeError(one_line(err) + _top_level_hint(str(err))) from err
         cfg = self.config.get("predict") if self.config.get("subcommand") == "predict" else None
         if cfg is not None and cfg.data.init_args.get("predict_path") is not None:
             TopKWriter(**cfg.scoring.as_dict()).check(cfg.data.init_args.predict_path,
@@ -555,6 +556,26 @@ def cli(args: list[str] | None = None) -> SessrecCLI:
         parser_kwargs={"exit_on_error": False},  # a parse error raises: `sessrec.cli.main` says it in one line
         args=args,
     )
+
+
+def _top_level_hint(message: str) -> str:
+    """For jsonargparse's refusal of a top-level key (``Subcommand 'fit' does not accept option 'max_length'``, or a
+    flag ``--max_length``), the
+    block whose class takes it (``; did you mean data.max_length?``: `NextItemTask`, `SessionDataModule`, the
+    Trainer); "" for another message."""
+    found = re.search(r"does not accept option '(\w+)'|^unrecognized arguments: --(\w+)(?:[= ]|$)", message)
+    if found is None:
+        return ""
+    key, tasks = found.group(1) or found.group(2), import_module("sessrec.tasks")
+    blocks = (("data", tasks.SessionDataModule), ("model", tasks.NextItemTask), ("trainer", pl.Trainer))
+    for block, owner in blocks:  # the data block first: the model's data settings are linked from it
+        if key in parameters(owner)[0]:
+            return f"; did you mean {block}.{key}?"
+    for block, owner in blocks:
+        inner = setting_below(owner, key)
+        if inner is not None:
+            return f"; did you mean {block}.{inner}.{key}?"
+    return ""
 
 
 def check_recipe_keys(args: list[str]) -> None:

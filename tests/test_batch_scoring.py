@@ -182,6 +182,30 @@ def test_a_local_run_does_not_import_distributed(world: World, tmp_path: Path) -
     assert pq.read_table(tmp_path / "p.parquet").num_rows == pq.read_table(tmp_path / "r.parquet").num_rows == SESSIONS
 
 
+@pytest.mark.parametrize("command", ["predict", "recommend"])
+def test_sessions_whose_items_the_model_never_saw_are_refused_before_anything_is_written(
+    world: World, tmp_path: Path, sessrec_main, command: str
+) -> None:
+    """A file of another catalogue (every id unknown) would be scored as empty sessions, the same list for each,
+    and written with exit 0; it is refused in one line naming the file, the column and its first id."""
+    events = pq.read_table(world.events)
+    shifted = tmp_path / "other_catalogue.parquet"
+    pq.write_table(events.set_column(1, "item_id", pa.array(events.column("item_id").to_numpy() + 10**9)), shifted)
+    args = [a if a != str(world.events) else str(shifted) for a in command_args(world, command, tmp_path / "recs.parquet")]
+    first, batch = 10**9 + events.column("item_id")[0].as_py(), 32 if command == "predict" else 1024  # the first batch
+    read = int(np.isin(events.column("session_id").to_numpy(), world.session_ids[:batch]).sum())
+    assert sessrec_main(*args) == (
+        f"sessrec {command}: error: {shifted}: column 'item_id': none of the {read} item ids of its first "
+        f"{min(batch, len(world.session_ids))} sessions is known to the model (the first: {first}); these are sessions "
+        "of another catalogue, or another column's ids: check the file and the schema's item_id (--traceback for details)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other_catalogue.parquet", *(["pipeline.yaml"] * (command == "recommend"))]
+    items = events.column("item_id").to_numpy() + 10**9
+    items[:50] -= 10**9
+    pq.write_table(events.set_column(1, "item_id", pa.array(items)), shifted)  # a few known ids: scored, the others OOV
+    assert sessrec_main(*args) == ""
+    assert pq.read_table(tmp_path / "recs.parquet").num_rows == len(world.session_ids)
+
+
 def test_a_run_into_an_output_that_another_run_writes_is_refused_and_never_mixed_with_it(
     world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

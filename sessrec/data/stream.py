@@ -406,6 +406,28 @@ class ScoringStream:
         flat = pa.table({s.timestamp: frame.list_offsets(times)[0]})
         return parse_time(flat, s.timestamp, s.time_unit, str(self.path), row_of).to_numpy()
 
+    def check_known(self) -> None:
+        """Refuse a file whose first batch of sessions holds no item id the vocabulary knows:
+        sessions of another catalogue, or ids of another kind, which would be scored as sessions of unknown
+        items alone (the same list for each) and written as if they were recommendations.
+
+        Raises:
+            SchemaError: the file, its item column, how many ids of how many sessions were read, and the first.
+        """
+        for sessions in _whole_batches(self._sessions(), self.batch_size):
+            sessions = sessions.slice(0, self.batch_size)
+            values, _ = frame.list_offsets(sessions.column(frame.ITEMS))
+            virtual = None
+            if frame.VIRTUAL in sessions.column_names:
+                virtual = frame.list_offsets(sessions.column(frame.VIRTUAL))[0].to_numpy(zero_copy_only=False).astype(bool)
+            encoded = self.vocab.encode(values, virtual=virtual, source=f"{self.path}: column {self.schema.item_id!r}")
+            if len(values) and encoded.num_unknown == len(values):
+                raise SchemaError(
+                    f"{self.path}: column {self.schema.item_id!r}: none of the {len(values)} item ids of its first "
+                    f"{sessions.num_rows} sessions is known to the model (the first: {values[0].as_py()!r}); these are "
+                    "sessions of another catalogue, or another column's ids: check the file and the schema's item_id")
+            return
+
     def __iter__(self) -> Iterator[SessionBatch]:
         batch = -1
         for sessions in _whole_batches(self._sessions(), self.batch_size):

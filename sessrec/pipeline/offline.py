@@ -122,6 +122,7 @@ def recommend_file(
     if (pipe.time_features or pipe.timed_retrievers) and not stream.times:
         where = f"column {schema.timestamp!r}" if schema.timestamp is not None else "a column named by the schema's timestamp"
         raise ValueError(f"{input_path}: {pipe.missing_times(where)}; the file has columns {stream.columns()}")
+    stream.check_known()
     started = time.monotonic()
     settings = {"input": digest(input_path), "pipeline": pipe.content_hash, "k": k, "batch_size": batch_size,
                 "partition_batches": partition_batches, "schema": repr(schema)}

@@ -159,6 +159,7 @@ def predict_file(
         raise ValueError(f"{input_path}: the model was trained with event times and these sessions have "
                          f"{why}; give them their time column (--data.predict_schema.timestamp)"
                          + (" and set --data.times null" if times is False else ""))
+    stream.check_known()
     started = time.monotonic()
     manifest = {"input": digest(input_path), "model": identity, "k": k, "exclude_seen": exclude_seen,
                 "batch_size": batch_size, "partition_batches": partition_batches, "schema": repr(schema),

@@ -576,6 +576,7 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
             raise ValueError(f"{self.predict_path}: the model was trained with event times and these sessions have none "
                              f"({why}); give them their time column (--data.predict_schema.timestamp) and set "
                              "--data.times null")
+        self.scoring_stream.check_known()
         return self.scoring_stream
 
     def decode(self, ids: torch.Tensor) -> pa.Array:

@@ -17,9 +17,8 @@ from test_cli_config_errors import DATA, MODEL, QUIET_TRAINER
 
 from sessrec.cli import cli
 from sessrec.cli.trainer_settings import refuse_no_training
-from sessrec.data.vocab import ItemVocab
+from sessrec.data.vocab import ItemVocab, vocab_difference
 from sessrec.saved.checkpoint import checkpoint_summary
-from sessrec.tasks.session_data import vocab_difference
 
 torch.set_num_threads(1)
 RECIPE = "seed_everything: 0\n" + QUIET_TRAINER + MODEL + DATA

@@ -441,3 +441,20 @@ def _shown(value: Any) -> str:
     """An id for a one-line message: its repr, cut to 60 characters (a request may send one of a megabyte)."""
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def vocab_difference(saved: ItemVocab, used: ItemVocab) -> str:
+    """What differs between a checkpoint's vocabulary (`saved`) and the one in use, in words: the number of
+    ids, of virtual ids, the first id that stands for another item, or else the first item counted otherwise."""
+    if len(saved) != len(used) or saved.num_virtual != used.num_virtual:
+        virtual = f", {saved.num_virtual} and {used.num_virtual} of them virtual" if saved.num_virtual != used.num_virtual else ""
+        return f"{len(saved)} ids in the checkpoint, {len(used)} here{virtual}"
+    theirs, mine = saved.raw_ids.to_pylist(), used.raw_ids.to_pylist()
+    differ = [i for i, (a, b) in enumerate(zip(theirs, mine, strict=True)) if a != b or type(a) is not type(b)]
+    if differ:
+        i = differ[0]
+        return (f"both have {len(saved)} ids, but {len(differ)} of them stand for other items: id {i + NUM_SPECIAL} is "
+                f"item {theirs[i]!r} in the checkpoint, {mine[i]!r} here")
+    i = int(np.flatnonzero(saved.counts != used.counts)[0])
+    return (f"the same {len(saved)} ids of the same items, counted on other sessions: item {theirs[i]!r} "
+            f"{saved.counts[i]} times in the checkpoint, {used.counts[i]} here")

@@ -32,7 +32,7 @@ from sessrec.data.sources import SessionSource, SessionSplits, SyntheticSource
 from sessrec.data.stream import ScoringStream
 from sessrec.data.streaming import StreamedSplits, StreamingLoader, split_files
 from sessrec.data.training_rows import TrainingRows
-from sessrec.data.vocab import NUM_SPECIAL, OOV, ItemVocab
+from sessrec.data.vocab import OOV, ItemVocab, vocab_difference
 from sessrec.features.side_transform import SideFeatureTransform
 from sessrec.saved.checkpoint import as_arrays, as_tensors
 from sessrec.saved.registry import Configurable, check_integers, check_switches
@@ -583,19 +583,3 @@ class SessionDataModule(Configurable, pl.LightningDataModule):
         """Model ids -> raw item ids (flat)."""
         return self.vocab.decode(ids.detach().cpu().numpy())
 
-
-def vocab_difference(saved: ItemVocab, used: ItemVocab) -> str:
-    """What differs between a checkpoint's vocabulary (`saved`) and the one in use, in words: the number of
-    ids, of virtual ids, the first id that stands for another item, or else the first item counted otherwise."""
-    if len(saved) != len(used) or saved.num_virtual != used.num_virtual:
-        virtual = f", {saved.num_virtual} and {used.num_virtual} of them virtual" if saved.num_virtual != used.num_virtual else ""
-        return f"{len(saved)} ids in the checkpoint, {len(used)} here{virtual}"
-    theirs, mine = saved.raw_ids.to_pylist(), used.raw_ids.to_pylist()
-    differ = [i for i, (a, b) in enumerate(zip(theirs, mine, strict=True)) if a != b or type(a) is not type(b)]
-    if differ:
-        i = differ[0]
-        return (f"both have {len(saved)} ids, but {len(differ)} of them stand for other items: id {i + NUM_SPECIAL} is "
-                f"item {theirs[i]!r} in the checkpoint, {mine[i]!r} here")
-    i = int(np.flatnonzero(saved.counts != used.counts)[0])
-    return (f"the same {len(saved)} ids of the same items, counted on other sessions: item {theirs[i]!r} "
-            f"{saved.counts[i]} times in the checkpoint, {used.counts[i]} here")

@@ -35,13 +35,13 @@ import textwrap
 import types
 import typing
 from collections.abc import Callable, Mapping
-from importlib import import_module
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from jsonargparse import get_loader
 
+from sessrec.cli.class_paths import CLASS_NAME, CLOSE, resolve, subclasses, unknown_class
 from sessrec.saved.registry import parameters
 
 
@@ -323,7 +323,7 @@ def _check_block(block: Any, owner: Callable[..., Any], place: _Place, top: bool
     if not isinstance(block, Mapping):
         return
     if not top and ("class_path" in block or "init_args" in block):
-        found = _resolve(str(block["class_path"]), bases or _classes(owner)) if "class_path" in block else owner
+        found = resolve(str(block["class_path"]), bases or _classes(owner)) if "class_path" in block else owner
         if found is None and CLASS_NAME.match(str(block["class_path"])):
             _refuse_unknown_class(place.below("class_path"), str(block["class_path"]), bases or _classes(owner))
         if found is None or found is object:
@@ -350,7 +350,7 @@ def _check_block(block: Any, owner: Callable[..., Any], place: _Place, top: bool
             _check_file(value, hint, where)
         elif (isinstance(value, str) and _configures_a_class(hint) and CLASS_NAME.match(value)
               and not any(k.__module__ == "builtins" for k in _classes(hint))):  # a float's 'NaN' is no class name
-            if _resolve(value, _classes(hint)) is None:
+            if resolve(value, _classes(hint)) is None:
                 _refuse_unknown_class(where, value, _classes(hint))
         elif isinstance(value, Mapping) and "class_path" in value:
             _check_block(value, object, where, bases=_classes(hint))
@@ -362,8 +362,8 @@ def _check_block(block: Any, owner: Callable[..., Any], place: _Place, top: bool
             default = _default(owner, name)
             if inspect.isclass(kind) and isinstance(default, kind):
                 kind = type(default)  # a block without class_path configures the default's class
-            elif default is None and inspect.isclass(kind) and len(_subclasses(kind)) > 1:
-                choices = sorted(c.__name__ for c in _subclasses(kind) if c is not kind and not inspect.isabstract(c))
+            elif default is None and inspect.isclass(kind) and len(subclasses(kind)) > 1:
+                choices = sorted(c.__name__ for c in subclasses(kind) if c is not kind and not inspect.isabstract(c))
                 raise RecipeError(f"{where} gives settings but no class_path, and {name} has no class to take them by "
                                   f"default: name one ({where}.class_path: {', '.join(choices)})", where.keys)
             if inspect.isclass(kind) and not inspect.isabstract(kind) and typing.get_origin(kind) is None:
@@ -545,58 +545,8 @@ def setting_below(owner: Callable[..., Any], option: str) -> str | None:
     return None
 
 
-CLOSE = 0.5  # difflib's ratio of a misspelt key to the one suggested (item_colum -> item_id: 0.59)
-
-
-def _resolve(class_path: str, bases: tuple[type, ...]) -> type | None:
-    """The class `class_path` names: imported, or for a name without a module (``EventLogSource``) the one
-    subclass of that name of `bases` (or of their own bases: a data module's), as jsonargparse resolves it."""
-    if "." in class_path:
-        module, _, name = class_path.rpartition(".")
-        try:
-            found = getattr(import_module(module), name)
-        except (ImportError, AttributeError, ValueError):
-            return None
-        return found if inspect.isclass(found) else None
-    for base in (c for b in bases for c in b.__mro__ if c is not object):
-        named = {c for c in _subclasses(base) if c.__name__ == class_path}
-        if len(named) == 1:
-            return named.pop()
-    return None
-
-
-CLASS_NAME = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*$")  # a class's name, short or with its module
-
-
 def _refuse_unknown_class(place: _Place, class_path: str, bases: tuple[type, ...]) -> None:
-    """Refuse a class name that names no class of `bases` (a misspelt ``FullSoftmax``), in one line with the closest
-    class of theirs (of the module named, for a dotted name), or else some of them; a short name of several classes
-    passes, for jsonargparse to say so."""
-    module, _, name = class_path.rpartition(".")
-    if not module and any(c.__name__ == name for b in bases for base in b.__mro__ if base is not object
-                          for c in _subclasses(base)):
-        return  # several classes of that name
-    kinds = [c for b in bases for c in _subclasses(b) if not inspect.isabstract(c) and not c.__name__.startswith("_")]
-    if module:
-        try:
-            inside = vars(import_module(module))
-        except ImportError:
-            inside = None
-        if inside is None:
-            raise RecipeError(f"{place}: {class_path!r} names no class: there is no module {module!r}", place.keys)
-        names = {n: f"{module}.{n}" for n, c in inside.items() if c in kinds}
-    else:
-        names = {c.__name__: c.__name__ for c in kinds if c.__module__.startswith("sessrec") or len(kinds) <= 40}
-    wanted = " or ".join(b.__name__ for b in bases)
-    close = difflib.get_close_matches(name, list(names), n=1, cutoff=CLOSE)
-    said = f"{place}: {class_path!r} names no class of {wanted}"
-    if close:
-        raise RecipeError(f"{said}; did you mean {names[close[0]]}?", place.keys)
-    raise RecipeError(f"{said}; the classes are {', '.join(sorted(names.values())[:24])}", place.keys)
-
-
-def _subclasses(base: type) -> set[type]:
-    found = {base}
-    for sub in base.__subclasses__():
-        found |= _subclasses(sub)
-    return found
+    """Refuse a class name that names no class of `bases` in one line (`unknown_class`)."""
+    wrong = unknown_class(class_path, bases)
+    if wrong is not None:
+        raise RecipeError(f"{place}: {wrong}", place.keys)

@@ -56,7 +56,7 @@ from sessrec.data.readers import (
 from sessrec.data.schema import FeatureSpec, Schema, header_hint
 from sessrec.data.side import FittedSideFeatures
 from sessrec.data.times import parse_time
-from sessrec.data.vocab import ItemVocab
+from sessrec.data.vocab import EncodeResult, ItemVocab
 
 
 class Partition(NamedTuple):
@@ -406,6 +406,13 @@ class ScoringStream:
         flat = pa.table({s.timestamp: frame.list_offsets(times)[0]})
         return parse_time(flat, s.timestamp, s.time_unit, str(self.path), row_of).to_numpy()
 
+    def _encode(self, sessions: pa.Table, values: pa.Array) -> EncodeResult:
+        """The model ids of the sessions' flat item ids `values`, virtual ones looked up as such."""
+        virtual = None
+        if frame.VIRTUAL in sessions.column_names:
+            virtual = frame.list_offsets(sessions.column(frame.VIRTUAL))[0].to_numpy(zero_copy_only=False).astype(bool)
+        return self.vocab.encode(values, virtual=virtual, source=f"{self.path}: column {self.schema.item_id!r}")
+
     def check_known(self) -> None:
         """Refuse a file whose first batch of sessions holds no item id the vocabulary knows:
         sessions of another catalogue, or ids of another kind, which would be scored as sessions of unknown
@@ -417,10 +424,7 @@ class ScoringStream:
         for sessions in _whole_batches(self._sessions(), self.batch_size):
             sessions = sessions.slice(0, self.batch_size)
             values, _ = frame.list_offsets(sessions.column(frame.ITEMS))
-            virtual = None
-            if frame.VIRTUAL in sessions.column_names:
-                virtual = frame.list_offsets(sessions.column(frame.VIRTUAL))[0].to_numpy(zero_copy_only=False).astype(bool)
-            encoded = self.vocab.encode(values, virtual=virtual, source=f"{self.path}: column {self.schema.item_id!r}")
+            encoded = self._encode(sessions, values)
             if len(values) and encoded.num_unknown == len(values):
                 raise SchemaError(
                     f"{self.path}: column {self.schema.item_id!r}: none of the {len(values)} item ids of its first "
@@ -432,10 +436,7 @@ class ScoringStream:
         batch = -1
         for sessions in _whole_batches(self._sessions(), self.batch_size):
             values, offsets = frame.list_offsets(sessions.column(frame.ITEMS))
-            virtual = None
-            if frame.VIRTUAL in sessions.column_names:
-                virtual = frame.list_offsets(sessions.column(frame.VIRTUAL))[0].to_numpy(zero_copy_only=False).astype(bool)
-            encoded = self.vocab.encode(values, virtual=virtual, source=f"{self.path}: column {self.schema.item_id!r}")
+            encoded = self._encode(sessions, values)
             if self.rank == 0:  # every rank reads the whole file: rank 0 counts it
                 self.num_sessions += sessions.num_rows
                 self.num_items += len(encoded.ids)

@@ -1105,7 +1105,7 @@ def rule_pipeline(world: World, tmp_path: Path) -> Pipeline:
     categories, windows = tmp_path / "categories.parquet", tmp_path / "windows.parquet"
     pq.write_table(pa.table({"item_id": raw, "category": [i % 4 for i in raw]}), categories)
     pq.write_table(pa.table({"item_id": raw[::3], "valid_from": [0.0] * len(raw[::3]),
-                             "valid_to": [1e9 if i % 2 else 5e8 for i in range(len(raw[::3]))]}), windows)
+                             "valid_to": [2e9 if i % 2 else 1.5e9 for i in range(len(raw[::3]))]}), windows)
     fitted = world.pipelines["gbdt"]
     ordering = Ordering(boosts=[BoostRule(raw[::5], 0.5)], diversity=DiversityCap(str(categories), 2),
                         sampling=SoftmaxSampling(1.0, seed=3))

@@ -456,3 +456,49 @@ def test_recommend_file_writes_csv_for_a_csv_output(pipes, tmp_path: Path) -> No
     expected = [(sid, rank, item) for sid, now in enumerate(NOWS, 1) for rank, item in enumerate(EXPECTED["deny"][now], 1)]
     assert list(zip(*(table.column(c).to_pylist() for c in ("session_id", "rank", "item_id")))) == expected
     assert sorted(p.name for p in tmp_path.iterdir()) == ["recs.csv", "sessions.parquet"]
+
+
+# --------------------------------------------------------------------- relative times against dated windows
+RELATIVE = r"is served at 35 s, a relative time \(before 1990\), but the {mode} table .*{mode}.parquet has a validity " \
+           r"window bound at 2023-11-14 22:13:20 UTC, a date, so no window of it would ever hold"
+
+
+@pytest.mark.parametrize("mode", ["deny", "allow"])
+def test_relative_event_times_against_dated_windows_are_refused_in_every_path(
+    pipes, mode: str, tmp_path: Path
+) -> None:
+    """Sessions whose times count from their start (before 1990) are served at their last event; no dated window
+    holds then, so the table would silently be absent (deny) or empty (allow): every entry point refuses."""
+    with pytest.raises(ValueError, match="session 0 " + RELATIVE.format(mode=mode)):
+        pipes[mode].recommend([SESSION], k=K, times=[[35.0]])
+    with TestClient(build_app(pipes[mode], max_wait_ms=1.0)) as client:
+        reply = client.post("/recommend", json={"session": SESSION, "k": K, "times": [35.0]})
+        assert reply.status_code == 422
+        assert re.fullmatch("session 0 " + RELATIVE.format(mode=mode) + ".*", reply.json()["error"])
+        # the request after it is served (the refusal is the request's, not its batch's)
+        assert ids(client.post("/recommend", json={"session": SESSION, "k": K, "now": T0}).json()["recommendations"]) \
+            == [EXPECTED[mode][T0]]
+    src = tmp_path / "relative.parquet"
+    pq.write_table(pa.table({"session_id": ["a"], "item_id": [[10, 10]], "timestamp": [[5.0, 35.0]]}), src)
+    with pytest.raises(ValueError, match=r"relative.parquet: session 'a' " + RELATIVE.format(mode=mode)):
+        recommend_file(pipes[mode], src, tmp_path / "recs.parquet", k=K)
+    assert not (tmp_path / "recs.parquet").exists()
+    # a `now` of the tables' frame serves the same sessions; so does a pipeline without a table
+    assert ids(pipes[mode].recommend([SESSION], k=K, times=[[35.0]], now=T0)) == [EXPECTED[mode][T0]]
+    recommend_file(pipes[mode], src, tmp_path / "recs.parquet", k=K, now=T0)
+    assert recommended(tmp_path / "recs.parquet") == [EXPECTED[mode][T0]]
+    assert ids(pipes["plain"].recommend([SESSION], k=K, times=[[35.0]])) == [BASE[:K]]
+
+
+def test_dated_requests_against_a_table_of_relative_windows_are_refused(vocab: ItemVocab, tmp_path: Path) -> None:
+    relative = table(tmp_path / "relative.parquet", item_id=[70], valid_from=[0.0], valid_to=[3600.0])
+    open_ended = table(tmp_path / "open.parquet", item_id=[70])
+    pipe = build(vocab, [ItemTableFilter(relative, mode="deny")])
+    assert ids(pipe.recommend([SESSION], k=K, times=[[35.0]])) == [BASE[1:K + 1]]  # 70 denied in its first hour
+    assert ids(pipe.recommend([SESSION], k=K, times=[[3600.0]])) == [BASE[:K]]
+    with pytest.raises(ValueError, match=r"session 1 is served at 2023-11-14 22:13:20 UTC, but the deny table "
+                                         r".*relative.parquet has a validity window bound at 3600 s, a relative time"):
+        pipe.recommend([SESSION, SESSION], k=K, times=[[35.0], [T0]])
+    # a table without windows holds at any time, relative or dated
+    pipe = build(vocab, [ItemTableFilter(open_ended, mode="deny")])
+    assert ids(pipe.recommend([SESSION, SESSION], k=K, now=[35.0, T0])) == [BASE[1:K + 1]] * 2

@@ -22,8 +22,9 @@ items of a table.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
@@ -33,6 +34,7 @@ import torch
 
 from sessrec.data.columns import SchemaError, check_id
 from sessrec.data.readers import read_table
+from sessrec.data.times import PLAUSIBLE_SECONDS
 from sessrec.data.vocab import NUM_SPECIAL, OOV, ItemVocab
 from sessrec.pipeline.candidates import Candidates, RequestSessions
 from sessrec.pipeline.clock import LATEST
@@ -278,7 +280,8 @@ class ItemTableFilter(RawItemRule):
     ``mode="allow"`` only items with a row holding at t survive; with ``"deny"`` those items are
     removed. t is ``sessions.now``, which `Pipeline.recommend`, the server and ``sessrec recommend``
     always set (`sessrec.pipeline.clock`); a caller that builds `RequestSessions` without one chooses no
-    time, and then every row holds.
+    time, and then every row holds. A time of another frame than the windows' (relative, before 1990,
+    against dates, or the reverse) is refused (`check_frame`, called by `Pipeline.wrap`).
 
     The table is read when the filter is bound (or by `read`), once; `bind` encodes it,
     `state_dict` gives the encoded rows.
@@ -335,6 +338,37 @@ class ItemTableFilter(RawItemRule):
                               f"vocabulary, so every list would be empty; check the file and its {self.item_column!r} ids")
         return self
 
+    def check_frame(self, now: torch.Tensor, name: Callable[[int], str] = "session {}".format) -> None:
+        """Refuse serving times counted from another origin than the table's windows.
+
+        Event times before 1990 are relative (seconds from a session's start, `sessrec.data.times`),
+        and a session with such times is served at its last one; a window dated in 1990..2100 never
+        holds at such a time (nor a relative window at a date), so every list would silently come
+        out as if the table were empty (allow) or absent (deny).
+
+        Args:
+            now: (B,) seconds each session is served at.
+            name: how the message names row ``i`` of the batch.
+
+        Raises:
+            ValueError: one line naming the table, the session, its time and a bound of the other frame.
+        """
+        relative = now < PLAUSIBLE_SECONDS[0]
+        bounds = np.concatenate([self.bound_rows().columns["valid_from"], self.bound_rows().columns["valid_to"]])
+        bounds = bounds[np.isfinite(bounds) & (bounds > 0)]  # 0: "since the epoch", an open start
+        dated = bounds[bounds >= PLAUSIBLE_SECONDS[0]]
+        undated = bounds[bounds < PLAUSIBLE_SECONDS[0]]
+        for clash, other, frame in ((relative, dated, "a date"), (~relative, undated, "a relative time (before 1990)")):
+            if len(other) and bool(clash.any()):
+                row = int(clash.nonzero()[0, 0])
+                at = float(now[row])
+                served = f"{at:.0f} s, a relative time (before 1990)" if relative[row] else _date(at)
+                raise ValueError(
+                    f"{name(row)} is served at {served}, but the {self.mode} table {self.path} has a validity window "
+                    f"bound at {_shown_bound(float(other.min()))}, {frame}, so no window of it would ever hold; give the "
+                    "sessions' now in the table's frame"
+                )
+
     def apply(self, sessions: RequestSessions, candidates: Candidates) -> Candidates:
         rows = self.bound_rows()
         items = candidates.items
@@ -348,6 +382,16 @@ class ItemTableFilter(RawItemRule):
             for row, present in rows.rows(items):
                 listed |= present & (start[row] <= now) & (now < end[row])
         return candidates.keep(listed if self.mode == "allow" else ~listed)
+
+
+def _date(seconds: float) -> str:
+    """A time in seconds since the epoch as its UTC date and time, for a message."""
+    return datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _shown_bound(seconds: float) -> str:
+    """A window bound for a message: a date from 1990 on, else a number of seconds."""
+    return _date(seconds) if seconds >= PLAUSIBLE_SECONDS[0] else f"{seconds:.0f} s"
 
 
 _TICKS_PER_SECOND = {"s": 1, "ms": 10**3, "us": 10**6, "ns": 10**9}

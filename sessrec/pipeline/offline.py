@@ -191,13 +191,17 @@ class RecommendJob:
         """The recommendations of one batch, as `Pipeline.recommend` gives them for one request."""
         now = None if self.now is None else torch.full((len(batch),), self.now, dtype=torch.float64)
         times = _checked_times(batch, Path(self.input_path), self.schema)
-        if now is not None and times is not None:
-            try:
-                check_served_after(now, times[:, -1], lambda row: f"session {batch.keys[row].as_py()!r}")
-            except ValueError as err:
-                raise ValueError(f"{self.input_path}: {err}") from None
+        def name(row: int) -> str:
+            return f"session {batch.keys[row].as_py()!r}"
+
+        try:
+            if now is not None and times is not None:
+                check_served_after(now, times[:, -1], name)
+            sessions = pipe.wrap(batch.items, times, now, name)
+        except ValueError as err:
+            raise ValueError(f"{self.input_path}: {err}") from None
         with torch.inference_mode():  # Arrow out: no tensor outlives the call
-            item_ids, scores = pipe.decode_lists(pipe.recommend_batch(pipe.wrap(batch.items, times, now), self.k))
+            item_ids, scores = pipe.decode_lists(pipe.recommend_batch(sessions, self.k))
         return pa.table({"session_id": batch.keys, "item_ids": item_ids, "scores": scores})
 
 

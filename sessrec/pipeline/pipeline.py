@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -249,7 +249,8 @@ class Pipeline:
         cands = self.score(sessions, self.candidates(sessions))
         return self.ordering.order(sessions, cands, min(k, self.max_candidates))
 
-    def wrap(self, items: torch.Tensor, times: torch.Tensor | None = None, now: torch.Tensor | None = None) -> RequestSessions:
+    def wrap(self, items: torch.Tensor, times: torch.Tensor | None = None, now: torch.Tensor | None = None,
+             name: Callable[[int], str] = "session {}".format) -> RequestSessions:
         """`RequestSessions` of right-aligned model ids of any width: the stages see the last `max_length`
         columns (left-padded to it), the filters of everything seen up to `history_length`.
 
@@ -259,6 +260,11 @@ class Pipeline:
             now: (B,) request times in seconds. None: each session's last event time when `times`
                 is given, else no time, so that every row of an allow/deny table holds: the
                 caller's choice; `encode`, `recommend` and ``sessrec recommend`` always give one.
+            name: how a refusal names row ``i``.
+
+        Raises:
+            ValueError: a session served at a time of another frame than an allow/deny table's windows
+                (`ItemTableFilter.check_frame`).
         """
         items = items.long()
         width = items.shape[1]
@@ -268,8 +274,13 @@ class Pipeline:
 
         if times is not None and times.shape != items.shape:
             raise ValueError(f"times has shape {tuple(times.shape)}, items {tuple(items.shape)}: give one time per item")
-        return RequestSessions(window(items), times=None if times is None else window(times.double()), now=now,
-                        history=items[:, -self.history_length :] if width > self.max_length else None)
+        sessions = RequestSessions(window(items), times=None if times is None else window(times.double()), now=now,
+                                   history=items[:, -self.history_length :] if width > self.max_length else None)
+        if sessions.now is not None:
+            for table in self.filters:
+                if isinstance(table, ItemTableFilter):
+                    table.check_frame(sessions.now, name)
+        return sessions
 
     def encode(self, request: Request, arrival: float | None = None) -> RequestSessions:
         """A checked request's raw-id sessions -> `RequestSessions` (right-aligned, the last `max_length`

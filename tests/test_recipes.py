@@ -15,6 +15,7 @@ into the repository; a combination whose dataset is absent is skipped.
 
 import contextlib
 import copy
+import dataclasses
 import io
 import itertools
 import os
@@ -357,6 +358,34 @@ def test_the_documentation_names_combinations():
 # -- every documented combination runs -------------------------------------------------------------
 
 
+@pytest.fixture(scope="module")
+def sources_read_once():
+    """The combinations of one dataset read the same sessions: the first reads the files (every source's `load` runs
+    once per dataset and process), the others take a copy of its splits (tables are immutable)."""
+    from sessrec.data.sources import SessionSource
+    from sessrec.saved.registry import class_path, config_of
+
+    def subclasses(cls):
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from subclasses(sub)
+
+    read = {}
+
+    def once(load):
+        def memo(self):
+            key = (class_path(self), repr(config_of(self)))
+            if key not in read:
+                read[key] = load(self)
+            return dataclasses.replace(read[key])
+        return memo
+
+    with pytest.MonkeyPatch.context() as patch:
+        for cls in {c for c in subclasses(SessionSource) if "load" in c.__dict__}:
+            patch.setattr(cls, "load", once(cls.__dict__["load"]))
+        yield
+
+
 @pytest.fixture
 def scratch(tmp_path, monkeypatch):
     work = tmp_path / "work"
@@ -373,14 +402,16 @@ def scratch(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("args", list(CASES), ids=case_id)
-def test_documented_fast_dev_run(args, scratch):
+def test_documented_fast_dev_run(args, scratch, sources_read_once):
     files = paths(args)
     for path in files:
         for rel in re.findall(r"\.\./shared/data/[\w.\-/]+", path.read_text()):
             if not (scratch / rel).exists():
                 pytest.skip(f"{rel} is not available here (named in {CASES[args]})")
     argv = [str(ROOT / a) if a.startswith("recipes/") else a for a in args]
-    fast = [*argv, "--trainer.fast_dev_run", "true", "--trainer.enable_progress_bar", "false"]
+    # one training and one validation batch, of a few sessions: each part runs once, at the recipe's widths
+    small = [a for flag in ("--data.batch_size", "--data.eval_batch_size") if flag not in args for a in (flag, "16")]
+    fast = [*argv, "--trainer.fast_dev_run", "true", "--trainer.enable_progress_bar", "false", *small]
     baseline = any(is_baseline(p) for p in files)
     sub = "test" if baseline else "fit"
     cli = main([sub, *fast])

@@ -251,6 +251,26 @@ def test_bad_inputs_are_one_line_naming_file_column_or_value(inputs: dict, tmp_p
     assert not (tmp_path / "m.csv").exists()
 
 
+@pytest.mark.parametrize("damage", ["truncated", "empty", "flipped"])
+def test_a_damaged_served_log_file_is_one_line_naming_it(inputs: dict, tmp_path: Path, damage: str) -> None:
+    """A closed file cut short, emptied or with bytes flipped in a page (a disk or a copy that damaged it): pyarrow's
+    message alone named no file, so the user could not tell which of the folder's files to move away."""
+    (good,) = Path(inputs["served_log"]).glob("served-*.parquet")
+    data = bytearray(good.read_bytes())
+    if damage == "flipped":
+        data[100:400] = bytes(b ^ 0xFF for b in data[100:400])
+    bad = good.with_name("served-20991231T000000Z-1-000009.parquet")
+    bad.write_bytes({"truncated": bytes(data[:300]), "empty": b"", "flipped": bytes(data)}[damage])
+    with pytest.raises(ValueError) as err:
+        monitor(out=str(tmp_path / "m.csv"), **inputs)
+    assert re.fullmatch(rf"{re.escape(str(bad))}: a served log file that cannot be read \(.+\); a closed file is renamed "
+                        "complete, so it was damaged after: move it out of the folder to monitor the others",
+                        str(err.value))
+    assert not (tmp_path / "m.csv").exists()
+    bad.unlink()
+    assert monitor(out=str(tmp_path / "m.csv"), **inputs).column("requests").to_pylist() == [6, 1]
+
+
 def test_an_output_that_is_an_event_file_or_another_output_is_refused_before_anything_is_read(
         inputs: dict, tmp_path: Path) -> None:
     events = inputs["paths"][0]

@@ -256,18 +256,24 @@ def read_served(directory: str, since: str | None, until: str | None, versions: 
     if not files:
         raise FileNotFoundError(f"{directory}: no served log files (served-*.parquet); is it the folder a ServedLog "
                                 "writes, and has that log closed a file yet?")
-    for f in files:
-        found = pq.read_schema(f)
-        if not found.equals(SCHEMA):
-            raise ValueError(f"{f}: not a served log file; its columns are {found.names}, expected {SCHEMA.names}")
-    rows = ds.dataset([str(f) for f in files], schema=SCHEMA, format="parquet")
     now = ds.field("now")
     keep = None
     if since is not None:
         keep = now >= to_seconds(since, "since")
     if until is not None:
         keep = (now < to_seconds(until, "until")) if keep is None else keep & (now < to_seconds(until, "until"))
-    table = rows.to_table(filter=keep)
+    parts = []
+    for f in files:  # one at a time: a file that cannot be read is named
+        try:
+            found = pq.read_schema(f)
+            if not found.equals(SCHEMA):
+                raise ValueError(f"{f}: not a served log file; its columns are {found.names}, expected {SCHEMA.names}")
+            parts.append(ds.dataset(str(f), schema=SCHEMA, format="parquet").to_table(filter=keep))
+        except (pa.ArrowException, OSError) as err:
+            raise ValueError(f"{f}: a served log file that cannot be read ({' '.join(str(err).split())}); a closed "
+                             "file is renamed complete, so it was damaged after: move it out of the folder to "
+                             "monitor the others") from None
+    table = pa.concat_tables(parts)
     table = table.set_column(table.schema.get_field_index("model_version"), "model_version",
                              pc.fill_null(table.column("model_version"), NO_VERSION))
     period = f"between {since or 'the start'} and {until or 'the end'}"

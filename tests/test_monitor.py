@@ -477,6 +477,12 @@ def test_the_canary_is_compared_with_the_live_version_on_the_same_window(tmp_pat
                 overwrite=True)
     with pytest.raises(ValueError, match=r"thresholds canary_mrr_loss_max must be a finite number >= 0, got -0.1"):
         Thresholds(canary_mrr_loss_max=-0.1)
+    for name, limit in (("canary_mrr_loss_max", 5.0), ("canary_hit_rate_loss_max", 1.0)):  # 5 meant as 5 points
+        with pytest.raises(ValueError) as err:  # no difference of two shares is below -1: never crossed, silently
+            Thresholds(**{name: limit})
+        assert str(err.value) == (f"thresholds {name} must be below 1, got {limit}: the difference of two shares in "
+                                  "[0, 1] is never below -1, so this limit could never be crossed; a loss is a share "
+                                  "(0.05 for 5 points)")
 
 
 def test_a_worse_canary_exits_4_before_any_other_threshold(tmp_path: Path, capsys, monkeypatch) -> None:

@@ -90,7 +90,7 @@ class Thresholds:
         coverage_min: lowest acceptable catalogue coverage@k.
         unknown_max: highest acceptable share of requests whose newest item is unknown.
         psi_max: highest acceptable population stability index of the requested items.
-        canary_hit_rate_loss_max: largest acceptable loss of hit rate@k of a canary against live: crossed
+        canary_hit_rate_loss_max: largest acceptable loss of hit rate@k of a canary against live, in [0, 1): crossed
             (`CanaryWorse`) when the whole interval of the difference (canary - live) of a window lies below
             minus it, the canary worse by more than this at the comparison's confidence.
         canary_mrr_loss_max: the same for MRR@k.
@@ -111,6 +111,12 @@ class Thresholds:
                  "psi_max": "positive", "canary_hit_rate_loss_max": "non-negative", "canary_mrr_loss_max": "non-negative"}
         check_numbers("thresholds", {name: (getattr(self, name), rule) for name, rule in rules.items()
                                      if getattr(self, name) is not None})
+        for name in ("canary_hit_rate_loss_max", "canary_mrr_loss_max"):
+            limit = getattr(self, name)
+            if limit is not None and limit >= 1:  # canary - live of two shares is -1 at least: never below -limit
+                raise ValueError(f"thresholds {name} must be below 1, got {limit!r}: the difference of two shares in "
+                                 "[0, 1] is never below -1, so this limit could never be crossed; a loss is a share "
+                                 "(0.05 for 5 points)")
 
     def canary_crossed(self, comparison: pa.Table | None, k: int) -> list[str]:
         """One reason per (window, canary limit) crossed in `compare_canary`'s table (None: no canary), in table

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
@@ -271,6 +272,34 @@ def test_a_damaged_served_log_file_is_one_line_naming_it(inputs: dict, tmp_path:
     assert monitor(out=str(tmp_path / "m.csv"), **inputs).column("requests").to_pylist() == [6, 1]
 
 
+def test_event_files_that_overlap_are_refused_and_files_that_split_the_log_give_its_values(inputs: dict,
+                                                                                           tmp_path: Path) -> None:
+    """The event log given as the same file twice, or as two exports that share events: every event read twice
+    shifted the positions, so that a one-event request was judged on its own item as the next one, and the rest were
+    unmatched: hit rate@2 0.0 (3 of 6 judged) where it is 0.75, exit 0. Two files that split it (at a time inside
+    session s1) give the values of the one file."""
+    events = inputs["paths"][0]
+    copy = tmp_path / "copy.csv"
+    copy.write_bytes(Path(events).read_bytes())
+    with pytest.raises(ValueError) as err:
+        monitor(out=str(tmp_path / "m.csv"), **{**inputs, "paths": [events, f"{tmp_path}/x/../events.csv"]})
+    assert str(err.value) == (f"monitor: paths names the event file {events} twice ({tmp_path}/x/../events.csv): its "
+                              "events would be read twice, and every session's positions would shift")
+    with pytest.raises(ValueError) as err:
+        monitor(out=str(tmp_path / "m.csv"), **{**inputs, "paths": [events, str(copy)]})
+    assert re.fullmatch(rf"{re.escape(str(copy))}: holds events that {re.escape(events)} holds too \(11 of them, one: "
+                        r"sid 's\d', item '\d+', t '\d+'\): event files that overlap would read their events twice and "
+                        "shift every session's positions; give each event once", str(err.value))
+    assert not (tmp_path / "m.csv").exists()
+    log = pacsv.read_csv(events)
+    early = pc.less(log.column("t"), T0 + 2.5)  # s1's events 10, 11 in one file, its 12 in the other
+    pacsv.write_csv(log.filter(early), tmp_path / "a.csv")
+    pacsv.write_csv(log.filter(pc.invert(early)), tmp_path / "b.csv")
+    whole = monitor(out=str(tmp_path / "m.csv"), **inputs)
+    split = monitor(out=str(tmp_path / "s.csv"), **{**inputs, "paths": [str(tmp_path / "b.csv"), str(tmp_path / "a.csv")]})
+    assert split.equals(whole) and split.column("hit_rate@2").to_pylist() == [0.75, 1.0]
+
+
 def test_an_output_that_is_an_event_file_or_another_output_is_refused_before_anything_is_read(
         inputs: dict, tmp_path: Path) -> None:
     events = inputs["paths"][0]
@@ -343,8 +372,6 @@ def test_a_replayed_day_monitors_to_the_hit_rate_of_sessrec_test_and_a_drifted_d
     """A tiny XLNet fitted on synthetic days; its test day replayed through the server (its app, as ``sessrec serve
     --served_log`` runs it) into a served log: ``sessrec monitor`` gives the recall@20 of ``sessrec test`` on the same sessions, with little drift; the
     same day with its items shifted along the popularity ranking crosses psi_max and exits 3."""
-    import pyarrow.compute as pc
-
     from sessrec.cli import cli
     from sessrec.data import TimeWindowSource, generate_sessions
     from sessrec.serving.recommender import load_recommender

@@ -64,6 +64,7 @@ from sessrec.lifecycle.gate import DRAWS_PER_CHUNK
 from sessrec.lifecycle.monitor_output import check_outputs, format_table, plot_table, write_table
 from sessrec.saved.registry import check_numbers
 from sessrec.saved.versions import resolve
+from sessrec.scoring.output import same_file
 from sessrec.serving.served_log import SCHEMA, served_files
 
 __all__ = ["PSI_FLOOR", "CanaryWorse", "ThresholdCrossed", "Thresholds", "compare_canary", "monitor", "psi"]
@@ -183,7 +184,7 @@ def monitor(
 
     Args:
         served_log: the folder of a served log (``served-*.parquet``, `sessrec.serving.served_log`).
-        paths: event files of the served sessions (CSV/TSV/parquet), read with `schema`.
+        paths: event files of the served sessions (CSV/TSV/parquet), read with `schema`; no two may hold one event.
         reference: a model directory or a prepared dataset: its ``vocab.parquet`` is the training distribution.
         out: the table (``.csv`` or ``.parquet``).
         schema: column roles of the event files.
@@ -312,8 +313,14 @@ def event_positions(paths: list[str], schema: Schema, delimiter: str | None) -> 
     """``session_id``, ``position`` (0-based, in time order) and ``item_id`` of every event, ids as text."""
     if not paths:
         raise ValueError("monitor: paths must name at least one event file")
-    parts = [batch for path in paths for batch in scan_events(path, schema, delimiter)]
-    events = frame.sort_events(pa.concat_tables(parts), schema)
+    for i, path in enumerate(paths):
+        for earlier in paths[:i]:
+            if same_file(path, earlier):
+                raise ValueError(f"monitor: paths names the event file {earlier} twice ({path}): its events would be "
+                                 "read twice, and every session's positions would shift")
+    tables = [pa.concat_tables(list(scan_events(path, schema, delimiter))) for path in paths]
+    check_disjoint(tables, paths, schema)
+    events = frame.sort_events(pa.concat_tables(tables), schema)
     session = pc.cast(events.column(schema.session_id), pa.string()).combine_chunks()
     starts = np.flatnonzero(np.concatenate([[True], pc.not_equal(session[1:], session[:-1]).to_numpy(zero_copy_only=False)]))
     run_start = np.repeat(starts, np.diff(np.concatenate([starts, [len(session)]])))
@@ -322,6 +329,26 @@ def event_positions(paths: list[str], schema: Schema, delimiter: str | None) -> 
         "position": pa.array(np.arange(len(session)) - run_start, pa.int32()),
         "item_id": pc.cast(events.column(schema.item_id), pa.string()),
     })
+
+
+def check_disjoint(tables: list[pa.Table], paths: list[str], schema: Schema) -> None:
+    """Refuse event files of which two hold one event (the same session, item and time): exports that overlap
+    would hold each of its events twice and shift the positions after it, so that a request would be judged
+    on its own last event as the next one. A file's own repeated events are its sessions' and are kept."""
+    if len(tables) < 2 or schema.timestamp is None:
+        return
+    keys = [schema.session_id, schema.item_id, schema.timestamp]
+    tagged = pa.concat_tables([pa.table({**{f"k{j}": pc.cast(t.column(key), pa.string()) for j, key in enumerate(keys)},
+                                         "file": pa.array(np.full(t.num_rows, i, dtype=np.int32))})
+                               for i, t in enumerate(tables)])
+    files = tagged.group_by(["k0", "k1", "k2"]).aggregate([("file", "min"), ("file", "max")])
+    both = files.filter(pc.not_equal(files.column("file_min"), files.column("file_max")))
+    if both.num_rows:
+        first = both.slice(0, 1).to_pylist()[0]
+        raise ValueError(f"{paths[first['file_max']]}: holds events that {paths[first['file_min']]} holds too "
+                         f"({both.num_rows} of them, one: {schema.session_id} {first['k0']!r}, {schema.item_id} "
+                         f"{first['k1']!r}, {schema.timestamp} {first['k2']!r}): event files that overlap would read "
+                         "their events twice and shift every session's positions; give each event once")
 
 
 def next_event_ranks(served: pa.Table, events: pa.Table, k: int, source: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -75,6 +75,31 @@ def test_two_logs_of_one_process_in_one_second_keep_each_others_files(tmp_path: 
     assert read(tmp_path).column("request_id").to_pylist() == ["r0", "r1"]
 
 
+def test_servers_of_one_pid_on_two_hosts_sharing_the_folder_keep_each_others_rows(tmp_path: Path, monkeypatch) -> None:
+    """Two containers, each running the server as pid 1, log into one shared folder: their first files open in the
+    same second with the same pid and count. Both wrote one ``.tmp`` file, which the second truncated, and renamed it
+    to one name: a file that no reader could open (its 3 rows counted written) and a writer thread dead of the
+    missing ``.tmp``. Each file now has a name of its own."""
+    import itertools
+
+    from sessrec.serving import served_log
+
+    monkeypatch.setattr(served_log.time, "strftime", lambda fmt, t=None: "20240101T000000Z")
+    logs = []
+    for host in ("a", "b"):  # the other host's process counts its files from 0 too
+        monkeypatch.setattr(served_log, "_SERIAL", itertools.count())
+        logs.append(ServedLog(tmp_path, flush_rows=1, max_minutes=60))
+        logs[-1].record(f"{host}1", *one(0))
+        deadline = time.monotonic() + 10
+        while logs[-1].rows_written < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)  # both files open before either closes
+    logs[0].record("a2", *one(1))
+    for log in logs:
+        log.close()
+    assert sorted(read(tmp_path).column("request_id").to_pylist()) == ["a1", "a2", "b1"]
+    assert len(served_files(tmp_path)) == 2 and not list(tmp_path.glob(".*.tmp"))
+
+
 def test_rotation_by_minutes_closes_a_file_of_a_quiet_log(tmp_path: Path) -> None:
     log = ServedLog(tmp_path, max_minutes=0.002)  # 0.12 s
     log.record("r0", *one(0))

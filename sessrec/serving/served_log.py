@@ -5,10 +5,11 @@ bounded in-memory buffer and returns at once. One background thread drains the b
 file of the log's directory, which it closes and renames when it holds `max_rows` rows or
 `max_minutes` after its first row came in (whichever comes first), and opens the next on the next rows:
 a row is in a closed file `max_minutes` after its request at the latest. A file is written as
-``.served-<...>.parquet.tmp`` and renamed to ``served-<UTC start>-<pid>-<n>.parquet`` (`n` counts the
-files the process opened, over all its logs) when closed (fsynced first), so a reader that takes
-``served-*.parquet`` (`served_files`) never sees half a file; a writer killed mid-file leaves only its
-``.tmp`` file, which readers ignore.
+``.served-<...>.parquet.tmp`` and renamed to ``served-<UTC start>-<pid>-<n>-<random>.parquet`` (`n` counts the
+files the process opened, over all its logs; `random`, 8 hex digits, sets apart the files of servers on other hosts
+that share the folder, whose pid and count may be this one's: containers each run as pid 1) when closed (fsynced
+first), so a reader that takes ``served-*.parquet`` (`served_files`) never sees half a file; a writer killed
+mid-file leaves only its ``.tmp`` file, which readers ignore.
 
 A full buffer drops the rows of the request that would overflow it and counts them
 (``rows_dropped``): logging never blocks nor fails a request. A disk that fails a write drops and counts
@@ -47,6 +48,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import secrets
 import threading
 import time
 from collections.abc import Sequence
@@ -250,7 +252,7 @@ class ServedLog:
 
     def _open(self, since: float) -> None:
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        name = f"served-{stamp}-{os.getpid()}-{next(_SERIAL):06d}.parquet"
+        name = f"served-{stamp}-{os.getpid()}-{next(_SERIAL):06d}-{secrets.token_hex(4)}.parquet"
         self._final = self.directory / name
         self._tmp = self.directory / f".{name}.tmp"
         self._writer = pq.ParquetWriter(self._tmp, SCHEMA)

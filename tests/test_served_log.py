@@ -185,6 +185,48 @@ def test_a_failing_disk_drops_and_counts_rows_and_the_log_goes_on(tmp_path: Path
     assert not list(tmp_path.glob(".*.tmp"))
 
 
+@pytest.mark.parametrize("failing", ["close", "replace"])
+def test_a_file_that_cannot_be_closed_drops_and_counts_its_rows_and_the_log_goes_on(tmp_path: Path, monkeypatch,
+                                                                                   failing: str) -> None:
+    """A file closed on the clock whose footer cannot be written (a full disk) or whose rename fails: the writer
+    thread died of the OSError, so every later row was lost while rows_written still counted the first file's and
+    rows_dropped stayed 0 (what /metrics shows), and the ``.tmp`` file stayed."""
+    from sessrec.serving import served_log
+
+    calls = []
+    if failing == "replace":
+        real = served_log.os.replace
+
+        def replace(a, b):
+            calls.append(a)
+            if len(calls) == 1:
+                raise OSError(5, "Input/output error")
+            return real(a, b)
+
+        monkeypatch.setattr(served_log.os, "replace", replace)
+    else:
+        real = served_log.pq.ParquetWriter
+
+        class Writer(real):
+            def close(self) -> None:
+                calls.append(self)
+                if len(calls) == 1:
+                    raise OSError(28, "No space left on device")
+                super().close()
+
+        monkeypatch.setattr(served_log.pq, "ParquetWriter", Writer)
+    log = ServedLog(tmp_path, flush_rows=1, max_minutes=0.002)  # closed on the clock after 0.12 s
+    log.record("lost", *one(0))
+    deadline = time.monotonic() + 10
+    while log.rows_dropped == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    log.record("kept", *one(1))
+    log.close()
+    assert (log.rows_written, log.rows_dropped) == (1, 1)
+    assert read(tmp_path).column("request_id").to_pylist() == ["kept"]
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
 def test_ids_are_kept_as_given_however_long_and_with_trailing_nuls(tmp_path: Path) -> None:
     """A request's text is written as it came: a trailing NUL kept (``"s\\x00"`` is not the session ``"s"``), and
     a long id among many short ones costs its own length only (numpy's fixed-width text padded them all to it: 45 s

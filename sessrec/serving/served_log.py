@@ -12,8 +12,8 @@ first), so a reader that takes ``served-*.parquet`` (`served_files`) never sees 
 mid-file leaves only its ``.tmp`` file, which readers ignore.
 
 A full buffer drops the rows of the request that would overflow it and counts them
-(``rows_dropped``): logging never blocks nor fails a request. A disk that fails a write drops and counts
-the rows of the open file, and the next rows start a new file. ``rows_written`` counts the
+(``rows_dropped``): logging never blocks nor fails a request. A disk that fails a write, or the closing of a
+file (its footer, its rename), drops and counts the rows of the open file, and the next rows start a new file. ``rows_written`` counts the
 rows in closed or open files; both counters are plain ints a ``/metrics`` endpoint reads. `close` writes
 what the buffer holds, closes the file and stops the thread.
 
@@ -273,14 +273,24 @@ class ServedLog:
             self._writer = None
 
     def _rotate(self) -> None:
-        """Close the open file and rename it into the readers' view."""
-        self._writer.close()
-        normal_modes(self._tmp)
-        fsync_file(self._tmp)
-        os.replace(self._tmp, self._final)
-        fsync_dir(self.directory)
+        """Close the open file and rename it into the readers' view; a file that cannot be closed (its footer not
+        written to a full disk, a failing rename) is abandoned like a failed write (`_abandon`), and the thread goes
+        on with the next rows."""
+        try:
+            self._writer.close()
+            normal_modes(self._tmp)
+            fsync_file(self._tmp)
+            os.replace(self._tmp, self._final)
+        except OSError:
+            logger.exception("served log: cannot close %s; its rows dropped", self._tmp)
+            self._abandon()
+            return
         self._writer = None
         self.files_closed += 1
+        try:
+            fsync_dir(self.directory)
+        except OSError:  # the file is in place and complete; only its name's durability is in doubt
+            logger.exception("served log: cannot fsync %s", self.directory)
 
     def _table(self, entries: list[dict[str, Any]]) -> pa.Table:
         """The rows of `entries` as one table of `SCHEMA`."""

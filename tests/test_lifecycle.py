@@ -428,6 +428,37 @@ def test_retrain_refuses_a_gate_needing_more_pairs_than_the_test_window_holds_be
     assert not (tmp_path / "current" / "promotions.jsonl").exists()
 
 
+def test_retrain_on_events_of_another_catalogue_is_refused_before_training(tmp_path):
+    """A retrain recipe whose paths name another catalogue's events (the ids of the current model's items moved by
+    10**6): the turn trained its candidate, wrote it to --out and only then was refused when the current model was
+    evaluated, so that the same turn run again with the right paths was refused for an --out that holds another run.
+    It is refused before anything is written or trained."""
+    path, (start, mid, late, end) = event_file(tmp_path)
+    data = SessionDataModule(TimeWindowSource([str(path)], Schema(), start, mid, late), max_length=8, batch_size=128)
+    task = NextItemTask(num_items=data.num_items, max_length=8, encoder=GRU4RecEncoder(d_model=8),
+                        objective=CausalLanguageModeling())
+    task.vocab = data.vocab  # untrained: the turn is refused before it reads a weight
+    served = task.recommender()
+    served.train_end = data.splits.train_end()
+    served.save_pretrained(tmp_path / "current")
+    events = pq.read_table(path)
+    other = tmp_path / "other.parquet"
+    pq.write_table(events.set_column(1, "item_id", pa.compute.add(events.column("item_id"), 1_000_000)), other)
+    test = TimeWindowSource([str(other)], Schema(), mid, late, end + 1).load().test
+    products = sum(len(s) for s in test.column("item_id").to_pylist())
+    first = test.column("item_id")[0].as_py()[0]
+    with pytest.raises(ValueError) as err:
+        retrain(str(tmp_path / "current"), out=str(tmp_path / "c"), gate=Gate("recall@20", min_pairs=1), paths=[str(other)],
+                schema=Schema(), max_epochs=1, train_from=mid, train_until=late, test_until=end + 1)
+    assert str(err.value) == (
+        f"{other}: none of the {products} items of the test window ({late} .. {end + 1}) is in the current model's "
+        f"vocabulary {tmp_path / 'current' / 'vocab.parquet'} ({len(data.vocab) - 2} items of type int64, e.g. "
+        f"{data.vocab.raw_ids[0].as_py()!r}; the window's first {first!r}): the events and the model do not belong "
+        "together; nothing was trained")
+    assert not (tmp_path / "c").exists()
+    assert not (tmp_path / "current" / "promotions.jsonl").exists()
+
+
 def test_retrain_into_a_candidate_folder_another_turn_writes_is_refused(tmp_path):
     """Two turns at once of two model directories with one --out (a scheduler's template): the second would write its
     vocabulary and best.ckpt over the first's, whose candidate would be the other's model, gated and promoted. While a

@@ -36,6 +36,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
 import pytorch_lightning as pl
 from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.utilities.exceptions import SIGTERMException
@@ -46,6 +48,7 @@ from sessrec.data import frame
 from sessrec.data.periods import iso, to_seconds
 from sessrec.data.schema import Schema
 from sessrec.data.sources import SessionSource, SessionSplits, TimeWindowSource
+from sessrec.data.vocab import ItemVocab
 from sessrec.embeddings import DynamicTables
 from sessrec.lifecycle.gate import Gate, check_unseen
 from sessrec.lifecycle.paired_ranks import PairRanks, aligned, clickout_ranks, next_item_ranks, protocol_pairs
@@ -189,6 +192,8 @@ def retrain(
                            splits.train_end(), served.train_end, current_path)
         check_min_pairs(gate, len(protocol_pairs(splits.test, PROTOCOL).session), "the test window's sessions (their last items)",
                         f"{train_until if test_from is None else test_from} .. {test_until}", "--test_until")
+        check_catalogue(splits.test, current.vocab, current_path / VOCAB, ", ".join(map(str, paths)),
+                        f"{train_until if test_from is None else test_from} .. {test_until}")
         held.enter_context(writing_candidate(out_dir, max_epochs))
 
         values, _ = frame.list_offsets(splits.train.column(frame.ITEMS))
@@ -397,6 +402,20 @@ def check_gate_metric(gate: Gate, ks: list[int]) -> None:
     if int(k) not in ks:
         raise ValueError(f"gate metric {gate.metric}: the candidate's validation computes {name} at "
                          f"{', '.join(map(str, ks))} (the current model's evaluation ks); gate on one of those")
+
+
+def check_catalogue(test: pa.Table, vocab: ItemVocab, vocab_file: Path, source: str, window: str) -> None:
+    """Refuse, before the candidate trains, a test window none of whose items the current model knows: events of
+    another catalogue, on which the current model cannot be evaluated (`pair_ranks` refuses it), so the turn
+    could only end in that refusal, after training and with its candidate's folder written."""
+    values, _ = frame.list_offsets(test.column(frame.ITEMS))
+    virtual = frame.virtual_flags(test)
+    products = len(values) - (int(np.count_nonzero(virtual)) if virtual is not None else 0)
+    if products and vocab.encode(values, virtual=virtual, source=source).num_unknown == products:
+        raise ValueError(f"{source}: none of the {products} items of the test window ({window}) is in the current "
+                         f"model's vocabulary {vocab_file} ({vocab.num_products} items of type {vocab.raw_ids.type}, "
+                         f"e.g. {vocab.raw_ids[0].as_py()!r}; the window's first {values[0].as_py()!r}): the events and "
+                         "the model do not belong together; nothing was trained")
 
 
 def check_min_pairs(gate: Gate, pairs: int, what: str, window: str, widen: str) -> None:

@@ -606,6 +606,41 @@ def test_a_retrain_turn_stopped_by_sigterm_fails_in_one_line(tmp_path, monkeypat
         fit_candidate(None, None, tmp_path, "val/ndcg@20", max_epochs=1)
 
 
+def test_a_failed_turn_leaves_no_candidate_folder_so_that_it_can_be_run_again(tmp_path, monkeypatch):
+    """A turn stopped by SIGTERM says "run the turn again", but it left --out holding the vocabulary it had written,
+    and the same command was then refused for an --out that holds another run (a scheduler's retry, forever). A
+    failed turn removes what it wrote and the folders it created; the turn run again trains and decides."""
+    from pytorch_lightning.utilities.exceptions import SIGTERMException
+
+    path, (start, mid, late, end) = event_file(tmp_path)
+    data = SessionDataModule(TimeWindowSource([str(path)], Schema(), start, mid, late), max_length=8, batch_size=128)
+    task = NextItemTask(num_items=data.num_items, max_length=8, encoder=GRU4RecEncoder(d_model=8),
+                        objective=CausalLanguageModeling())
+    task.vocab = data.vocab
+    served = task.recommender()
+    served.train_end = data.splits.train_end()
+    served.save_pretrained(tmp_path / "current")
+    out = tmp_path / "candidates" / "day"
+    turn = dict(out=str(out), gate=Gate("recall@20", tolerance=1.0, min_pairs=1), paths=[str(path)], schema=Schema(),
+                max_epochs=1, train_from=mid, train_until=late, test_until=end + 1, promote=False)
+    fit = pl.Trainer.fit
+
+    def stopped(self, *args, **kwargs):
+        raise SIGTERMException()
+
+    monkeypatch.setattr(pl.Trainer, "fit", stopped)
+    with pytest.raises(RuntimeError, match="^stopped by SIGTERM at step 0 of the candidate's training"):
+        retrain(str(tmp_path / "current"), **turn)
+    assert not (tmp_path / "candidates").exists()
+    (tmp_path / "empty").mkdir()  # a folder given empty stays, emptied
+    with pytest.raises(RuntimeError, match="^stopped by SIGTERM"):
+        retrain(str(tmp_path / "current"), **{**turn, "out": str(tmp_path / "empty")})
+    assert list((tmp_path / "empty").iterdir()) == []
+    monkeypatch.setattr(pl.Trainer, "fit", fit)
+    decision = retrain(str(tmp_path / "current"), **turn)
+    assert decision["passed"] and not decision["promoted"] and (out / "model" / "config.json").exists()
+
+
 def test_the_gate_ranks_a_model_on_a_window_of_items_it_never_saw_as_misses(tmp_path):
     """A day of new items is what retraining is for: the current model's ranks there are misses to weigh, not a
     split refused for its unknown targets (as ``sessrec test --model_dir`` refuses one)."""

@@ -381,12 +381,25 @@ def check_candidate(out: str, max_epochs: int) -> Path:
 def writing_candidate(out_dir: Path, max_epochs: int) -> Iterator[None]:
     """Create the candidate's folder and hold it for the turn (`lock_folder`): another turn writing its candidate there
     (two model directories retrained with one ``--out``) is refused in one line, and so is a folder that another turn
-    wrote into after `check_candidate` read it; its vocabulary and ``best.ckpt`` would be taken for this turn's."""
+    wrote into after `check_candidate` read it; its vocabulary and ``best.ckpt`` would be taken for this turn's.
+    A turn that fails (stopped by SIGTERM, refused, an error) removes what it wrote there, and the folders it
+    created, so that the same turn can be run again into the same folder."""
+    missing = [p for p in (out_dir, *out_dir.parents) if not p.exists()]
     fd = lock_folder(out_dir, f"out {out_dir}: another sessrec retrain is writing its candidate here; give each "
                               "candidate a new folder (e.g. runs/<name>/candidates/<date>)")
     try:
         check_candidate(str(out_dir), max_epochs)
-        yield
+        try:
+            yield
+        except BaseException:
+            for entry in out_dir.iterdir():  # all this turn's: the folder was empty, and is locked by it
+                shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+            for created in missing:
+                try:
+                    created.rmdir()
+                except OSError:  # not empty, or already gone
+                    break
+            raise
     finally:
         os.close(fd)
 

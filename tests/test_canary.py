@@ -9,6 +9,7 @@ and v000002 of one directory. Requests go through FastAPI's TestClient; the slow
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -334,6 +335,34 @@ def test_the_canary_record_follows_the_log_after_a_crash(model_dir) -> None:
     (model_dir / CANARY).write_text("v000001")
     with pytest.raises(ValueError, match="CANARY: not a canary record .*; run sessrec rollback to drop it"):
         canary(model_dir)
+
+
+def test_a_server_restarted_with_its_canary_flags_starts_while_a_retrain_holds_the_directory(model_dir) -> None:
+    """A process manager restarts ``sessrec serve --canary v000002 --canary_share 0.25`` with the flags it was
+    started with, while a retrain turn holds the directory's lock (for hours): the canary it names runs already,
+    so there is nothing to write, but the lock was taken first and the server refused to start. Another canary, or
+    another share, still needs the lock, and a record that the log does not confirm is left to the locked path."""
+    start_canary(model_dir, "v000002", 0.25)
+    entries = len(VersionedDirectory(model_dir).history())
+    script = ("import sys, time\nfrom sessrec.saved.versions import VersionedDirectory\n"
+              f"with VersionedDirectory({str(model_dir)!r}).lock():\n    print('held', flush=True)\n"
+              "    sys.stdin.readline()\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                          env=env) as holder:
+        try:
+            assert holder.stdout.readline().strip() == "held"
+            start_canary(model_dir, "v000002", 0.25)  # the restart: nothing to write
+            assert len(VersionedDirectory(model_dir).history()) == entries and canary(model_dir) == ("v000002", 0.25)
+            with pytest.raises(RuntimeError, match=r"model: another process \(pid \d+\) is writing this model directory"):
+                start_canary(model_dir, "v000002", 0.5)
+            with open(model_dir / "promotions.jsonl", "a") as log:  # a drop cut before CANARY was removed
+                log.write(json.dumps({"event": "canary_end", "version": "v000002", "live": "v000001"}) + "\n")
+            with pytest.raises(RuntimeError, match="is writing this model directory"):  # recover() must run first
+                start_canary(model_dir, "v000002", 0.25)
+        finally:
+            holder.stdin.write("\n")
+            holder.stdin.flush()
 
 
 def test_sessrec_promote_reads_the_directory_as_its_log_leaves_it_after_a_crash(model_dir) -> None:

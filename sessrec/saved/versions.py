@@ -429,13 +429,17 @@ class VersionedDirectory:
 
     def start_canary(self, version: str, share: float) -> bool:
         """Serve `version` to `share` of the sessions beside the current version (logged, then ``CANARY``
-        written); False when that canary already runs (nothing written).
+        written); False when that canary already runs (nothing written, and the lock not taken: another writer may
+        hold it).
 
         Refused in one line: a directory without versions, a version it does not hold or that fails its
         hashes, the current version, a share outside (0, 1), and another canary running (end it first).
         """
         share = check_share(share)
         self.check_saved()
+        if canary(self.root) == (version, share) == self._canary_from_log():
+            return False  # a server restarted with its flags: nothing to write, so no lock to wait for (a retrain holds
+            # it for hours, and the server would not start meanwhile); the record and the log agree that it runs
         if not any((self.root / name).exists() for name in (POINTER, VERSIONS, LOG)):
             raise ValueError(f"{self.root}: has no versions (no {POINTER}); a canary is another version of a "
                              "versioned model directory")

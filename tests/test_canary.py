@@ -145,6 +145,7 @@ def test_both_versions_answer_their_sessions_and_the_log_and_metrics_say_which(
     assert [(r["session_index"], r["session_id"], r["model_version"], r["canary"]) for r in split] == [
         (i, ids[i], version[i], bool(on_canary[i])) for i in range(len(ids))]
     assert [r["times"] for r in split] == [[1.7e9 + j for j in range(len(s))] for s in sessions]
+    assert {r["k"] for r in log} == {K}  # the k each request asked for: a shorter answer is all its version had
     canary_rows = sum(r["canary"] for r in log)
     assert canary_rows == 2 * on_canary.sum() + on_canary[3]
     assert all(r["model_version"] == ("v000002" if r["canary"] else "v000001") for r in log)

@@ -19,7 +19,7 @@ import yaml
 from sessrec.cli import main, run
 from sessrec.data import ItemVocab, Schema
 from sessrec.lifecycle.monitor import PSI_FLOOR, CanaryWorse, Thresholds, monitor, psi
-from sessrec.serving.served_log import ServedLog
+from sessrec.serving.served_log import ServedLog, served_files
 
 DAY = 86400.0
 T0 = 19676 * DAY  # 2023-11-15T00:00Z
@@ -298,6 +298,42 @@ def test_event_files_that_overlap_are_refused_and_files_that_split_the_log_give_
     whole = monitor(out=str(tmp_path / "m.csv"), **inputs)
     split = monitor(out=str(tmp_path / "s.csv"), **{**inputs, "paths": [str(tmp_path / "b.csv"), str(tmp_path / "a.csv")]})
     assert split.equals(whole) and split.column("hit_rate@2").to_pylist() == [0.75, 1.0]
+
+
+def test_an_answer_shorter_than_the_k_asked_for_is_judged_and_a_smaller_k_asked_for_is_refused(inputs: dict,
+                                                                                               tmp_path: Path) -> None:
+    """A pipeline with fewer candidates than k answers a shorter list: the whole log was refused ("answered with 1
+    items, fewer than k=2; monitor with a k of at most the k served", though the k served was 2), so no day with one
+    such answer could be monitored. The row records the k asked for: a short answer to k=2 is judged at k=2 (s1's
+    next item 11 is its one item: a hit; s3's next 12 is not: a miss), and a request that asked for k=1 is refused
+    at k=2, whose hits at rank 2 it could not have."""
+    with ServedLog(tmp_path / "short") as log:
+        log.record("short", [[10]], [{"item_ids": [11], "scores": [1.0]}], "v000001", now=[T0 + 1], session_ids=["s1"], k=2)
+        log.record("miss", [[13]], [{"item_ids": [10], "scores": [1.0]}], "v000001", now=[T0 + 7], session_ids=["s3"], k=2)
+    (row,) = monitor(out=str(tmp_path / "m.csv"), **{**inputs, "served_log": str(tmp_path / "short")}).to_pylist()
+    assert (row["requests"], row["evaluated"], row["hit_rate@2"], row["mrr@2"]) == (2, 2, 0.5, 0.5)
+    with ServedLog(tmp_path / "short") as log:
+        log.record("one", [[10, 11]], [{"item_ids": [12], "scores": [1.0]}], "v000001", now=[T0 + 2],
+                   session_ids=["s1"], k=1)
+    with pytest.raises(ValueError) as err:
+        monitor(out=str(tmp_path / "m2.csv"), **{**inputs, "served_log": str(tmp_path / "short")})
+    assert str(err.value) == (f"{tmp_path / 'short'}: request one asked for k=1, fewer than k=2; monitor with a k of at "
+                              "most the k served")
+    assert pq.read_table(served_files(tmp_path / "short")[0]).column("k").to_pylist() == [2, 2]
+
+
+def test_a_served_log_file_without_the_k_column_is_read_with_k_unknown(inputs: dict, tmp_path: Path) -> None:
+    from sessrec.serving.served_log import WITHOUT_K
+
+    (tmp_path / "old").mkdir()
+    for f in served_files(inputs["served_log"]):
+        pq.write_table(pq.read_table(f).drop_columns(["k"]), tmp_path / "old" / f.name)
+    assert pq.read_schema(served_files(tmp_path / "old")[0]).equals(WITHOUT_K)
+    old = monitor(out=str(tmp_path / "m.csv"), **{**inputs, "served_log": str(tmp_path / "old")})
+    assert old.equals(monitor(out=str(tmp_path / "n.csv"), **inputs))
+    with pytest.raises(ValueError, match=r"request r0 was answered with 2 items, fewer than k=3, and its row does not say "
+                                         "the k it asked for; monitor with a k of at most the k served$"):
+        monitor(out=str(tmp_path / "k3.csv"), **{**inputs, "served_log": str(tmp_path / "old"), "k": 3})
 
 
 def test_an_output_that_is_an_event_file_or_another_output_is_refused_before_anything_is_read(

@@ -65,7 +65,7 @@ from sessrec.lifecycle.monitor_output import check_outputs, format_table, plot_t
 from sessrec.saved.registry import check_numbers
 from sessrec.saved.versions import resolve
 from sessrec.scoring.output import same_file
-from sessrec.serving.served_log import SCHEMA, served_files
+from sessrec.serving.served_log import SCHEMA, WITHOUT_K, served_files
 
 __all__ = ["PSI_FLOOR", "CanaryWorse", "ThresholdCrossed", "Thresholds", "compare_canary", "monitor", "psi"]
 
@@ -188,8 +188,9 @@ def monitor(
         reference: a model directory or a prepared dataset: its ``vocab.parquet`` is the training distribution.
         out: the table (``.csv`` or ``.parquet``).
         schema: column roles of the event files.
-        k: the rank cut of hit rate, MRR and coverage; every evaluated request must have been answered with
-            at least `k` items.
+        k: the rank cut of hit rate, MRR and coverage; every evaluated request must have asked for `k` items or more
+            (an answer shorter than the k asked for holds every item its version had); a row that does not record
+            its k must have been answered with `k` items at least.
         window_hours: length of the time windows (aligned on the epoch: 24 gives UTC days).
         since: first request time kept (ISO-8601 or epoch seconds); None: all.
         until: requests before this time kept; None: all.
@@ -273,7 +274,7 @@ def read_served(directory: str, since: str | None, until: str | None, versions: 
     for f in files:  # one at a time: a file that cannot be read is named
         try:
             found = pq.read_schema(f)
-            if not found.equals(SCHEMA):
+            if not (found.equals(SCHEMA) or found.equals(WITHOUT_K)):  # without k: read with k null
                 raise ValueError(f"{f}: not a served log file; its columns are {found.names}, expected {SCHEMA.names}")
             parts.append(ds.dataset(str(f), schema=SCHEMA, format="parquet").to_table(filter=keep))
         except (pa.ArrowException, OSError) as err:
@@ -376,11 +377,18 @@ def next_event_ranks(served: pa.Table, events: pa.Table, k: int, source: str) ->
 
     recommended = served.column("recommended").combine_chunks()
     lengths = pc.list_value_length(recommended).to_numpy(zero_copy_only=False)
-    short = np.flatnonzero(evaluated & (lengths < k))
-    if len(short):
+    asked = pc.fill_null(served.column("k"), -1).to_numpy()  # -1: a row written without its request's k
+    fewer = np.flatnonzero(evaluated & (asked >= 0) & (asked < k))
+    if len(fewer):  # its hits past the k asked for would be counted as misses
+        i = int(fewer[0])
+        raise ValueError(f"{source}: request {served.column('request_id')[i]} asked for k={asked[i]}, fewer than k={k}; "
+                         f"monitor with a k of at most the k served")
+    short = np.flatnonzero(evaluated & (asked < 0) & (lengths < k))
+    if len(short):  # a list shorter than k is all the version had only when the request asked for k or more
         i = int(short[0])
         raise ValueError(f"{source}: request {served.column('request_id')[i]} was answered with {lengths[i]} items, "
-                         f"fewer than k={k}; monitor with a k of at most the k served")
+                         f"fewer than k={k}, and its row does not say the k it asked for; monitor with a k of at most "
+                         "the k served")
     parent = pc.list_parent_indices(recommended).to_numpy()
     offsets = recommended.offsets.to_numpy()
     place = np.arange(len(parent)) - (offsets[parent] - offsets[0])

@@ -33,6 +33,7 @@ One row per session of a request (`SCHEMA`):
 | ``times`` | `list<float64>`, nullable | their times in seconds, where the request gave times |
 | ``recommended`` | `list<string>` | the item ids returned, best first, as text |
 | ``scores`` | `list<float32>` | their scores |
+| ``k`` | `int32`, nullable | the ``k`` the request asked for: an answer shorter than it holds every item the version had for the session |
 
 Examples:
     >>> import tempfile
@@ -61,7 +62,7 @@ import pyarrow.parquet as pq
 
 from sessrec.saved.atomic import fsync_dir, fsync_file, normal_modes
 
-__all__ = ["SCHEMA", "ServedLog", "served_files"]
+__all__ = ["SCHEMA", "WITHOUT_K", "ServedLog", "served_files"]
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +79,10 @@ SCHEMA = pa.schema([
     ("times", pa.list_(pa.float64())),
     ("recommended", pa.list_(pa.string())),
     ("scores", pa.list_(pa.float32())),
+    ("k", pa.int32()),
 ])
+WITHOUT_K = pa.schema([field for field in SCHEMA if field.name != "k"])  # a file written without the k column, read
+# with k null (`sessrec.lifecycle.monitor`)
 PATTERN = "served-*.parquet"
 _SERIAL = itertools.count()  # the <n> of a file's name, one count for every log of the process: two logs of one
 # process (a server's app built again) that open a file in the same second never give it one name
@@ -152,6 +156,7 @@ class ServedLog:
         served_at: float | None = None,
         canary: bool = False,
         session_index: Sequence[int] | None = None,
+        k: int | None = None,
     ) -> bool:
         """Buffer the rows of one answered request; False when the buffer is full (its rows counted as dropped).
 
@@ -167,13 +172,14 @@ class ServedLog:
             canary: the sessions were answered by the canary version.
             session_index: each session's place in its request (the request's sessions split between the
                 live and the canary version); default 0, 1, ...
+            k: the number of items the request asked for (None: not known).
         """
         n = len(sessions)
         if len(results) != n:
             raise ValueError(f"ServedLog.record: {n} sessions but {len(results)} results")
         entry = {"request_id": request_id, "sessions": sessions, "results": results, "model_version": model_version,
                  "now": now, "times": times, "session_ids": session_ids, "canary": canary,
-                 "session_index": range(n) if session_index is None else session_index,
+                 "session_index": range(n) if session_index is None else session_index, "k": k,
                  "served_at": time.time() if served_at is None else served_at, "arrived": time.monotonic()}
         with self._lock:
             if self._closing:
@@ -321,6 +327,7 @@ class ServedLog:
             "times": _lists([t[-keep:] if t is not None else () for t in times], pa.float64(), valid=timed),
             "recommended": _lists([r["item_ids"] for r in results], pa.string()),
             "scores": _lists([r["scores"] for r in results], pa.float32()),
+            "k": pa.array(np.repeat(np.array([e["k"] for e in entries], dtype=object), counts), pa.int32()),
         }
         return pa.table({name: columns[name] if isinstance(columns[name], pa.Array)
                          else pa.array(columns[name], SCHEMA.field(name).type) for name in SCHEMA.names}, schema=SCHEMA)

@@ -270,18 +270,22 @@ def read_served(directory: str, since: str | None, until: str | None, versions: 
         keep = now >= to_seconds(since, "since")
     if until is not None:
         keep = (now < to_seconds(until, "until")) if keep is None else keep & (now < to_seconds(until, "until"))
-    parts = []
-    for f in files:  # one at a time: a file that cannot be read is named
+    for f in files:
         try:
             found = pq.read_schema(f)
-            if not (found.equals(SCHEMA) or found.equals(WITHOUT_K)):  # without k: read with k null
-                raise ValueError(f"{f}: not a served log file; its columns are {found.names}, expected {SCHEMA.names}")
-            parts.append(ds.dataset(str(f), schema=SCHEMA, format="parquet").to_table(filter=keep))
         except (pa.ArrowException, OSError) as err:
-            raise ValueError(f"{f}: a served log file that cannot be read ({' '.join(str(err).split())}); a closed "
-                             "file is renamed complete, so it was damaged after: move it out of the folder to "
-                             "monitor the others") from None
-    table = pa.concat_tables(parts)
+            raise damaged(f, err) from None
+        if not (found.equals(SCHEMA) or found.equals(WITHOUT_K)):  # without k: read with k null
+            raise ValueError(f"{f}: not a served log file; its columns are {found.names}, expected {SCHEMA.names}")
+    try:
+        table = ds.dataset([str(f) for f in files], schema=SCHEMA, format="parquet").to_table(filter=keep)
+    except (pa.ArrowException, OSError):  # a damaged page: the file is found by reading them one at a time
+        for f in files:
+            try:
+                ds.dataset(str(f), schema=SCHEMA, format="parquet").to_table(filter=keep)
+            except (pa.ArrowException, OSError) as its:
+                raise damaged(f, its) from None
+        raise
     table = table.set_column(table.schema.get_field_index("model_version"), "model_version",
                              pc.fill_null(table.column("model_version"), NO_VERSION))
     period = f"between {since or 'the start'} and {until or 'the end'}"
@@ -295,6 +299,12 @@ def read_served(directory: str, since: str | None, until: str | None, versions: 
                                  f"versions with rows: {', '.join(sorted(present))}")
         table = table.filter(pc.is_in(table.column("model_version"), pa.array(versions, pa.string())))
     return table
+
+
+def damaged(path: Path, err: Exception) -> ValueError:
+    """The one line of a served log file that cannot be read."""
+    return ValueError(f"{path}: a served log file that cannot be read ({' '.join(str(err).split())}); a closed file is "
+                      "renamed complete, so it was damaged after: move it out of the folder to monitor the others")
 
 
 def reference_vocab(reference: str) -> ItemVocab:

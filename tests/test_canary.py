@@ -366,6 +366,27 @@ def test_a_server_restarted_with_its_canary_flags_starts_while_a_retrain_holds_t
             holder.stdin.flush()
 
 
+def test_a_server_restarted_with_the_flags_of_a_canary_promoted_since_serves_it(model_dir, caplog) -> None:
+    """``sessrec serve --canary v000002 --canary_share 0.25``, then ``sessrec promote`` (the documented way to end a
+    canary that does well): the server's next restart, with the flags it was started with (a process manager's
+    unit), was refused ("v000002 is the current version") and could not start again. It serves v000002, which
+    the flags asked for, and says the flag has no effect; a version made current otherwise is still refused."""
+    start_canary(model_dir, "v000002", 0.25)
+    assert promote(str(model_dir)) == "v000002"
+    entries = VersionedDirectory(model_dir).history()
+    with caplog.at_level("WARNING", logger="sessrec.serving.server"):
+        start_canary(model_dir, "v000002", 0.25)  # the restart
+    assert VersionedDirectory(model_dir).history() == entries and canary(model_dir) is None
+    assert ("canary v000002 was promoted (sessrec promote) and answers every session; --canary v000002 has no effect: "
+            "remove it from the command") in caplog.text
+    assert VersionedDirectory(model_dir).rollback() == "v000001"
+    start_canary(model_dir, "v000002", 0.25)  # a canary again after the rollback: a new one
+    assert canary(model_dir) == ("v000002", 0.25)
+    assert VersionedDirectory(model_dir).rollback() == "v000001" and canary(model_dir) is None  # dropped
+    with pytest.raises(ValueError, match="model: v000001 is the current version; a canary is another version"):
+        start_canary(model_dir, "v000001", 0.25)
+
+
 def test_sessrec_promote_reads_the_directory_as_its_log_leaves_it_after_a_crash(model_dir) -> None:
     """A crash after the log recorded a promotion and before the pointer moved: the log says v000002 is current,
     the pointer v000001. `promote` brings the directory in line first (as rollback and save do), so promoting

@@ -427,6 +427,16 @@ class VersionedDirectory:
                 line.append(version)
         return line
 
+    def promoted_canary(self, version: str) -> bool:
+        """Whether `version` is current because it was promoted from a canary (``sessrec promote`` of the canary) and
+        nothing moved the pointer or started a canary since: a server restarted with the ``--canary`` flags it
+        was started with finds its canary answering every session."""
+        if self.current_version() != version:
+            return False
+        last = next((e for e in reversed(self.history()) if e.get("event") in (*POINTER_EVENTS, "canary")), None)
+        return (last is not None and last.get("event") in POINTER_EVENTS and last.get("version") == version
+                and last.get("canary") == version and last.get("canary_ended") == "promoted")
+
     def start_canary(self, version: str, share: float) -> bool:
         """Serve `version` to `share` of the sessions beside the current version (logged, then ``CANARY``
         written); False when that canary already runs (nothing written, and the lock not taken: another writer may

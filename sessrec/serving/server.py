@@ -203,6 +203,10 @@ def start_canary(model_dir: str | os.PathLike, version: str, share: float | None
         raise ValueError(f"--canary {version} needs --canary_share: the share of the sessions it answers, e.g. 0.1")
     store = VersionedDirectory(model_dir)
     check_share(share)
+    if store.promoted_canary(version):  # a restart with the flags of a canary promoted since: serve what is current
+        logger.warning("canary %s was promoted (sessrec promote) and answers every session; --canary %s has no effect: "
+                       "remove it from the command", version, version)
+        return
     current = store.current_version()
     if current is not None and version in store.versions() and version != current:
         check_compatible(store.path(current), store.path(version))

@@ -336,6 +336,22 @@ def test_a_served_log_file_without_the_k_column_is_read_with_k_unknown(inputs: d
         monitor(out=str(tmp_path / "k3.csv"), **{**inputs, "served_log": str(tmp_path / "old"), "k": 3})
 
 
+def test_a_reference_of_another_catalogue_is_refused_before_it_crosses_psi_max(inputs: dict, tmp_path: Path) -> None:
+    """The reference named another model's directory (items 1000..1003): every request was unknown, the PSI NaN and
+    coverage 0, and with psi_max set the run exited 3, "psi undefined", which the documented chain answers with a
+    retrain, every day. No item the server recommended is among the reference's products: refused in one line."""
+    (tmp_path / "other").mkdir()
+    ItemVocab.fit(pa.array([1000, 1001, 1002, 1003])).save(tmp_path / "other" / "vocab.parquet")
+    with pytest.raises(ValueError) as err:
+        monitor(out=str(tmp_path / "m.csv"), **{**inputs, "reference": str(tmp_path / "other"),
+                                                "thresholds": Thresholds(psi_max=0.25)})
+    assert str(err.value) == (f"{tmp_path / 'other'}: none of the 14 items recommended in the served log "
+                              f"{inputs['served_log']} is among its vocabulary's 4 products (e.g. 1000; the log's first "
+                              "11): a reference of another catalogue than the model served; name the served model "
+                              "directory")
+    assert not (tmp_path / "m.csv").exists()
+
+
 def test_an_output_that_is_an_event_file_or_another_output_is_refused_before_anything_is_read(
         inputs: dict, tmp_path: Path) -> None:
     events = inputs["paths"][0]

@@ -232,6 +232,7 @@ def monitor(
     check_outputs({"out": out, "canary_out": canary_out, "plot": plot}, paths, overwrite)
     served = read_served(served_log, since, until, versions)
     vocab = reference_vocab(reference)
+    check_reference(served, vocab, reference, served_log)
     events = event_positions(paths, schema, delimiter)
     outcomes = next_event_ranks(served, events, k, served_log)
     table = report(served, outcomes, vocab, k, 3600.0 * window_hours, psi_bins)
@@ -318,6 +319,18 @@ def reference_vocab(reference: str) -> ItemVocab:
     if not path.exists():
         raise FileNotFoundError(f"{path}: no vocabulary; {must}")
     return ItemVocab.load(path)
+
+
+def check_reference(served: pa.Table, vocab: ItemVocab, reference: str, directory: str) -> None:
+    """Refuse a reference that holds none of the items recommended in the served log: not the vocabulary of the model
+    served (whose products every recommendation is), but another catalogue's, against which every request would be
+    unknown, the PSI undefined (a crossed ``psi_max``: a retrain for nothing) and the coverage 0."""
+    recommended = served.column("recommended").combine_chunks().flatten()
+    if len(recommended) and not pc.any(pc.is_in(recommended, value_set=_product_ids(vocab))).as_py():
+        raise ValueError(f"{reference}: none of the {len(recommended)} items recommended in the served log {directory} "
+                         f"is among its vocabulary's {vocab.num_products} products (e.g. {_product_ids(vocab)[0]}; "
+                         f"the log's first {recommended[0]}): a reference of another catalogue than the model served; "
+                         "name the served model directory")
 
 
 def event_positions(paths: list[str], schema: Schema, delimiter: str | None) -> pa.Table:

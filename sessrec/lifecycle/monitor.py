@@ -52,25 +52,23 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
-import pyarrow.parquet as pq
 
-from sessrec.data import frame
-from sessrec.data.periods import to_seconds
-from sessrec.data.readers import scan_events
 from sessrec.data.schema import Schema
 from sessrec.data.vocab import ItemVocab
 from sessrec.lifecycle.gate import DRAWS_PER_CHUNK
+from sessrec.lifecycle.monitor_inputs import (
+    check_reference,
+    event_positions,
+    product_ids,
+    read_served,
+    reference_vocab,
+)
 from sessrec.lifecycle.monitor_output import check_outputs, format_table, plot_table, write_table
 from sessrec.saved.registry import check_numbers
-from sessrec.saved.versions import resolve
-from sessrec.scoring.output import same_file
-from sessrec.serving.served_log import SCHEMA, WITHOUT_K, served_files
 
 __all__ = ["PSI_FLOOR", "CanaryWorse", "ThresholdCrossed", "Thresholds", "compare_canary", "monitor", "psi"]
 
 PSI_FLOOR = 1e-4  # a bin's share below this counts as this (an empty bin would make the index infinite)
-NO_VERSION = "(unversioned)"  # the model_version of rows served from an unversioned directory
 
 
 class ThresholdCrossed(RuntimeError):
@@ -257,124 +255,6 @@ def monitor(
     return table
 
 
-def read_served(directory: str, since: str | None, until: str | None, versions: list[str] | None) -> pa.Table:
-    """The rows of a served log's closed files in [since, until) of the requested versions."""
-    if since is not None and until is not None and to_seconds(since, "since") >= to_seconds(until, "until"):
-        raise ValueError(f"since {since} is not before until {until}: the period [since, until) holds no time")
-    files = served_files(directory)
-    if not files:
-        raise FileNotFoundError(f"{directory}: no served log files (served-*.parquet); is it the folder a ServedLog "
-                                "writes, and has that log closed a file yet?")
-    now = ds.field("now")
-    keep = None
-    if since is not None:
-        keep = now >= to_seconds(since, "since")
-    if until is not None:
-        keep = (now < to_seconds(until, "until")) if keep is None else keep & (now < to_seconds(until, "until"))
-    for f in files:
-        try:
-            found = pq.read_schema(f)
-        except (pa.ArrowException, OSError) as err:
-            raise damaged(f, err) from None
-        if not (found.equals(SCHEMA) or found.equals(WITHOUT_K)):  # without k: read with k null
-            raise ValueError(f"{f}: not a served log file; its columns are {found.names}, expected {SCHEMA.names}")
-    try:
-        table = ds.dataset([str(f) for f in files], schema=SCHEMA, format="parquet").to_table(filter=keep)
-    except (pa.ArrowException, OSError):  # a damaged page: the file is found by reading them one at a time
-        for f in files:
-            try:
-                ds.dataset(str(f), schema=SCHEMA, format="parquet").to_table(filter=keep)
-            except (pa.ArrowException, OSError) as its:
-                raise damaged(f, its) from None
-        raise
-    table = table.set_column(table.schema.get_field_index("model_version"), "model_version",
-                             pc.fill_null(table.column("model_version"), NO_VERSION))
-    period = f"between {since or 'the start'} and {until or 'the end'}"
-    if table.num_rows == 0:
-        raise ValueError(f"{directory}: no served rows {period}")
-    if versions is not None:
-        present = set(pc.unique(table.column("model_version")).to_pylist())
-        for version in versions:
-            if version not in present:
-                raise ValueError(f"{directory}: version {version!r} has no rows {period}; "
-                                 f"versions with rows: {', '.join(sorted(present))}")
-        table = table.filter(pc.is_in(table.column("model_version"), pa.array(versions, pa.string())))
-    return table
-
-
-def damaged(path: Path, err: Exception) -> ValueError:
-    """The one line of a served log file that cannot be read."""
-    return ValueError(f"{path}: a served log file that cannot be read ({' '.join(str(err).split())}); a closed file is "
-                      "renamed complete, so it was damaged after: move it out of the folder to monitor the others")
-
-
-def reference_vocab(reference: str) -> ItemVocab:
-    """The training vocabulary (with counts) of a model directory or a prepared dataset."""
-    must = "reference must be a model directory (sessrec fit) or a prepared dataset folder holding vocab.parquet (sessrec prepare)"
-    if Path(reference).exists() and not Path(reference).is_dir():
-        raise NotADirectoryError(f"{reference}: a file, not a folder; {must}")
-    if not Path(reference).exists():
-        raise FileNotFoundError(f"{reference}: no such folder; {must}")
-    path = resolve(reference) / "vocab.parquet"
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: no vocabulary; {must}")
-    return ItemVocab.load(path)
-
-
-def check_reference(served: pa.Table, vocab: ItemVocab, reference: str, directory: str) -> None:
-    """Refuse a reference that holds none of the items recommended in the served log: not the vocabulary of the model
-    served (whose products every recommendation is), but another catalogue's, against which every request would be
-    unknown, the PSI undefined (a crossed ``psi_max``: a retrain for nothing) and the coverage 0."""
-    recommended = served.column("recommended").combine_chunks().flatten()
-    if len(recommended) and not pc.any(pc.is_in(recommended, value_set=_product_ids(vocab))).as_py():
-        raise ValueError(f"{reference}: none of the {len(recommended)} items recommended in the served log {directory} "
-                         f"is among its vocabulary's {vocab.num_products} products (e.g. {_product_ids(vocab)[0]}; "
-                         f"the log's first {recommended[0]}): a reference of another catalogue than the model served; "
-                         "name the served model directory")
-
-
-def event_positions(paths: list[str], schema: Schema, delimiter: str | None) -> pa.Table:
-    """``session_id``, ``position`` (0-based, in time order) and ``item_id`` of every event, ids as text."""
-    if not paths:
-        raise ValueError("monitor: paths must name at least one event file")
-    for i, path in enumerate(paths):
-        for earlier in paths[:i]:
-            if same_file(path, earlier):
-                raise ValueError(f"monitor: paths names the event file {earlier} twice ({path}): its events would be "
-                                 "read twice, and every session's positions would shift")
-    tables = [pa.concat_tables(list(scan_events(path, schema, delimiter))) for path in paths]
-    check_disjoint(tables, paths, schema)
-    events = frame.sort_events(pa.concat_tables(tables), schema)
-    session = pc.cast(events.column(schema.session_id), pa.string()).combine_chunks()
-    starts = np.flatnonzero(np.concatenate([[True], pc.not_equal(session[1:], session[:-1]).to_numpy(zero_copy_only=False)]))
-    run_start = np.repeat(starts, np.diff(np.concatenate([starts, [len(session)]])))
-    return pa.table({
-        "session_id": session,
-        "position": pa.array(np.arange(len(session)) - run_start, pa.int32()),
-        "item_id": pc.cast(events.column(schema.item_id), pa.string()),
-    })
-
-
-def check_disjoint(tables: list[pa.Table], paths: list[str], schema: Schema) -> None:
-    """Refuse event files of which two hold one event (the same session, item and time): exports that overlap
-    would hold each of its events twice and shift the positions after it, so that a request would be judged
-    on its own last event as the next one. A file's own repeated events are its sessions' and are kept."""
-    if len(tables) < 2 or schema.timestamp is None:
-        return
-    keys = [schema.session_id, schema.item_id, schema.timestamp]
-    tagged = pa.concat_tables([pa.table({**{f"k{j}": pc.cast(t.column(key), pa.string()) for j, key in enumerate(keys)},
-                                         "file": pa.array(np.full(t.num_rows, i, dtype=np.int32))})
-                               for i, t in enumerate(tables)])
-    files = tagged.group_by(["k0", "k1", "k2"]).aggregate([("file", "min"), ("file", "max")])
-    both = files.filter(pc.not_equal(files.column("file_min"), files.column("file_max")))
-    if both.num_rows:
-        first = both.slice(0, 1).to_pylist()[0]
-        raise ValueError(f"{paths[first['file_max']]}: holds events that {paths[first['file_min']]} holds too "
-                         f"({both.num_rows} of them, one: {schema.session_id} {first['k0']!r}, {schema.item_id} "
-                         f"{first['k1']!r}, {schema.timestamp} {first['k2']!r}): event files that overlap would read "
-                         "their events twice and shift every session's positions; give each event once")
-
-
 def next_event_ranks(served: pa.Table, events: pa.Table, k: int, source: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per served row: (n,) whether its items are the event log's at their positions (``matched``), whether
     its session has a next event (``has_next``), and the reciprocal rank of that next event within the first
@@ -437,7 +317,7 @@ def report(served: pa.Table, outcomes: tuple[np.ndarray, np.ndarray, np.ndarray]
     flat = recommended.flatten()
     last = _last_items(served.column("items"))
 
-    products = _product_ids(vocab)
+    products = product_ids(vocab)
     bin_of = _psi_bins(vocab, bins)
     index = pc.index_in(last, value_set=products)
     unknown = pc.is_null(index).to_numpy(zero_copy_only=False)
@@ -589,11 +469,6 @@ def _scatter(n: int, rows: pa.ChunkedArray, values: pa.ChunkedArray) -> pa.Array
     where = np.full(n, -1, dtype=np.int64)
     where[rows.to_numpy()] = np.arange(len(rows))
     return values.combine_chunks().take(pa.array(where, mask=where < 0))
-
-
-def _product_ids(vocab: ItemVocab) -> pa.Array:
-    """The raw ids of the vocabulary's products (not its virtual keys), as text, in model-id order."""
-    return pc.cast(vocab.raw_ids.slice(0, len(vocab.raw_ids) - vocab.num_virtual), pa.string())
 
 
 def _psi_bins(vocab: ItemVocab, bins: int) -> np.ndarray:

@@ -133,6 +133,12 @@ def test_the_decision_is_seeded_and_the_inputs_checked():
         Gate().decide(a, b, np.full(3000, np.nan))
     with pytest.raises(ValueError, match="gate tolerance must be >= 0, got -0.1"):
         Gate(tolerance=-0.1)
+    for tolerance in (1.0, 5):  # 5 meant as 5 points: every candidate, a random one too, would be promoted
+        with pytest.raises(ValueError) as err:
+            Gate("mrr@20", tolerance=tolerance)
+        assert str(err.value) == (f"gate tolerance must be below 1, got {tolerance!r}: mrr@20 of each test pair is in "
+                                  "[0, 1], so no candidate trails by 1 or more and every one would be promoted; a "
+                                  "tolerance is a share (0.005 for half a point)")
     with pytest.raises(ValueError, match=r"gate confidence must be in \(0.5, 1\), got 1.5"):
         Gate(confidence=1.5)
 

@@ -205,7 +205,7 @@ def served_model(root: Path, train_end: float | None) -> Path:
 
 
 def retrain_args(tmp_path: Path, log: str, **window: str) -> dict:
-    return {"paths": [log], "out": str(tmp_path / "candidate"), "gate": Gate("recall@20", tolerance=1.0, min_pairs=5),
+    return {"paths": [log], "out": str(tmp_path / "candidate"), "gate": Gate("recall@20", tolerance=0.99, min_pairs=5),
             "max_epochs": 1, "batch_size": 16, **window}
 
 

@@ -113,7 +113,7 @@ class Gate:
 
     Args:
         metric: the per-pair test metric compared (``recall@20``, ``ndcg@20``, ``mrr@20``; ``mrr`` for a DLRM).
-        tolerance: how much the candidate may trail the current and the best promoted model (0: it
+        tolerance: how much the candidate may trail the current and the best promoted model, in [0, 1) (0: it
             must be at least as good), at the confidence below.
         confidence: of the one-sided lower bound of each mean difference (e.g. 0.95).
         min_pairs: fewer test pairs than this: refuse (too few to tell a loss from noise).
@@ -132,6 +132,10 @@ class Gate:
         rank_values(torch.ones(1), self.metric)  # refuses a metric that is not a mean over test pairs
         if not self.tolerance >= 0:
             raise ValueError(f"gate tolerance must be >= 0, got {self.tolerance}")
+        if self.tolerance >= 1:  # a per-pair metric is in [0, 1]: no candidate trails by 1 or more
+            raise ValueError(f"gate tolerance must be below 1, got {self.tolerance!r}: {self.metric} of each test pair is "
+                             "in [0, 1], so no candidate trails by 1 or more and every one would be promoted; a "
+                             "tolerance is a share (0.005 for half a point)")
         if not 0.5 < self.confidence < 1:
             raise ValueError(f"gate confidence must be in (0.5, 1), got {self.confidence}")
         if self.min_pairs < 1 or self.samples < 1:

@@ -133,10 +133,20 @@ def check_disjoint(tables: list[pa.Table], paths: list[str], schema: Schema) -> 
     on its own last event as the next one. A file's own repeated events are its sessions' and are kept."""
     if len(tables) < 2 or schema.timestamp is None:
         return
+    # only a session that two files hold can have an event in both: compared alone (a few sessions a file boundary
+    # cuts), not every event of the log
+    sessions = [pc.unique(pc.cast(t.column(schema.session_id), pa.string())) for t in tables]
+    counts = pa.concat_arrays([s.combine_chunks() if isinstance(s, pa.ChunkedArray) else s for s in sessions]).value_counts()
+    shared = counts.field("values").filter(pc.greater(counts.field("counts"), 1))
+    if len(shared) == 0:
+        return
     keys = [schema.session_id, schema.item_id, schema.timestamp]
-    tagged = pa.concat_tables([pa.table({**{f"k{j}": pc.cast(t.column(key), pa.string()) for j, key in enumerate(keys)},
-                                         "file": pa.array(np.full(t.num_rows, i, dtype=np.int32))})
-                               for i, t in enumerate(tables)])
+    parts = []
+    for i, t in enumerate(tables):
+        t = t.filter(pc.is_in(pc.cast(t.column(schema.session_id), pa.string()), value_set=shared))
+        parts.append(pa.table({**{f"k{j}": pc.cast(t.column(key), pa.string()) for j, key in enumerate(keys)},
+                               "file": pa.array(np.full(t.num_rows, i, dtype=np.int32))}))
+    tagged = pa.concat_tables(parts)
     files = tagged.group_by(["k0", "k1", "k2"]).aggregate([("file", "min"), ("file", "max")])
     both = files.filter(pc.not_equal(files.column("file_min"), files.column("file_max")))
     if both.num_rows:

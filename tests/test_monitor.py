@@ -133,6 +133,17 @@ def test_a_period_and_the_versions_select_rows(inputs: dict, tmp_path: Path) -> 
     assert monitor(out=str(tmp_path / "m.csv"), versions=["v000002"], **inputs).column("requests").to_pylist() == [1]
 
 
+def test_a_plot_without_matplotlib_is_refused_before_anything_is_written(inputs: dict, tmp_path: Path,
+                                                                        monkeypatch) -> None:
+    """Without the dev extra, --plot failed after the table was written, with status 1 where a crossed psi_max says 3:
+    the chain retrained nothing and the table of a failed run stayed. Refused before anything is read."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # not installed
+    with pytest.raises(ModuleNotFoundError) as err:
+        monitor(out=str(tmp_path / "m.csv"), plot=str(tmp_path / "m.png"), thresholds=Thresholds(psi_max=1.0), **inputs)
+    assert err.value.name == "matplotlib"
+    assert not (tmp_path / "m.csv").exists() and not (tmp_path / "m.png").exists()
+
+
 def test_a_plot_is_drawn(inputs: dict, tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     monitor(out=str(tmp_path / "m.csv"), plot=str(tmp_path / "m.png"), **inputs)

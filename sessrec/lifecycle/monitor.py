@@ -228,6 +228,8 @@ def monitor(
         raise ValueError("monitor: versions is an empty list; name at least one version, or leave it out for every "
                          "version served")
     check_outputs({"out": out, "canary_out": canary_out, "plot": plot}, paths, overwrite)
+    if plot is not None:  # before anything is read or written: a missing matplotlib would otherwise end the run after
+        import matplotlib  # noqa: F401 - the table, with status 1 in place of a crossed threshold's 3 or 4
     served = read_served(served_log, since, until, versions)
     vocab = reference_vocab(reference)
     check_reference(served, vocab, reference, served_log)

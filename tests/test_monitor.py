@@ -575,6 +575,25 @@ def test_the_canary_is_compared_with_the_live_version_on_the_same_window(tmp_pat
                                   "(0.05 for 5 points)")
 
 
+def test_a_day_without_a_canary_replaces_the_comparison_of_the_day_before(tmp_path: Path) -> None:
+    """A daily run into one --canary_out with overwrite: a day after the canary ended left the day before's
+    comparison in place, read as today's. The day without a canary writes the table's columns and no row."""
+    canary_day(tmp_path, 4, 4, lambda i, on_canary: [11, 12]).close()
+    (tmp_path / "ref").mkdir()
+    given = dict(schema=SCHEMA, k=2, psi_bins=2, canary_out=str(tmp_path / "c.parquet"), overwrite=True)
+    monitor(str(tmp_path / "log"), [str(tmp_path / "events.csv")], str(reference(tmp_path / "ref")),
+            str(tmp_path / "m.csv"), **given)
+    before = pq.read_table(tmp_path / "c.parquet")
+    assert before.num_rows == 1
+    with ServedLog(tmp_path / "next") as log:  # the next day: the canary ended, every session on v000002
+        log.record("r0", [[10]], [{"item_ids": [11, 12], "scores": [2.0, 1.0]}], "v000002", now=[T0 + 20],
+                   session_ids=["l0"])
+    monitor(str(tmp_path / "next"), [str(tmp_path / "events.csv")], str(tmp_path / "ref"), str(tmp_path / "m.csv"),
+            **given)
+    after = pq.read_table(tmp_path / "c.parquet")
+    assert after.num_rows == 0 and after.schema.equals(before.schema)
+
+
 def test_a_worse_canary_exits_4_before_any_other_threshold(tmp_path: Path, capsys, monkeypatch) -> None:
     """Live sessions hit first, the canary's never: exit 4 and one line naming the canary; the live version's
     own threshold, crossed too, is counted in the line, for the run after the rollback."""

@@ -198,7 +198,8 @@ def monitor(
         delimiter: text-file separator of the event files; sniffed when None.
         plot: a ``.png`` of the metrics over the windows (matplotlib); None: none.
         canary_out: where the canary's comparison with the live version (`compare_canary`) is written
-            (``.csv`` or ``.parquet``) when the served log holds rows a canary answered; it is printed either way.
+            (``.csv`` or ``.parquet``), printed too; a table of no row when the served log holds no row a canary
+            answered.
         confidence: of the comparison's intervals (two-sided).
         overwrite: replace the files of `out`, `canary_out` and `plot` where they exist (otherwise refused, before
             anything is read).
@@ -242,9 +243,9 @@ def monitor(
         print(f"version {row['model_version']}, window from {row['window_start']:%Y-%m-%dT%H:%M}Z: no request with a "
               f"next event; hit_rate@{k} and mrr@{k} not judged")
     comparison = compare_canary(served, outcomes, k, 3600.0 * window_hours, confidence)
+    if canary_out is not None:  # no canary: a table of no row, which replaces an earlier run's as out's table does
+        write_table(comparison if comparison is not None else no_comparison(k), canary_out)
     if comparison is not None:
-        if canary_out is not None:
-            write_table(comparison, canary_out)
         print("\ncanary against live (difference: canary - live, with its "
               f"{confidence:.0%} interval):\n{format_table(comparison)}")
     if plot is not None:
@@ -399,6 +400,16 @@ def compare_canary(served: pa.Table, outcomes: tuple[np.ndarray, np.ndarray, np.
     table = pa.Table.from_pylist(rows)
     stamps = pa.array((table.column("window_start").to_numpy() * 1e6).astype(np.int64), pa.timestamp("us", tz="UTC"))
     return table.set_column(0, "window_start", stamps)
+
+
+def no_comparison(k: int) -> pa.Table:
+    """`compare_canary`'s table of no row: its columns, for a run whose served log holds no canary's row."""
+    columns = {"window_start": pa.timestamp("us", tz="UTC"), "live_version": pa.string(), "canary_version": pa.string(),
+               "live_evaluated": pa.int64(), "canary_evaluated": pa.int64()}
+    for name in (f"hit_rate@{k}", f"mrr@{k}"):
+        columns.update({f"{side}{name}{end}": pa.float64() for side, end in
+                        (("live_", ""), ("canary_", ""), ("", "_difference"), ("", "_low"), ("", "_high"))})
+    return pa.schema(columns).empty_table()
 
 
 def difference_interval(a: np.ndarray, b: np.ndarray, confidence: float, samples: int, rng: np.random.Generator,

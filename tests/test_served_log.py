@@ -227,6 +227,19 @@ def test_a_file_that_cannot_be_closed_drops_and_counts_its_rows_and_the_log_goes
     assert not list(tmp_path.glob(".*.tmp"))
 
 
+def test_a_log_whose_folder_was_removed_makes_it_again(tmp_path: Path) -> None:
+    """A clean-up removed the served log's folder while the server ran: every later row was dropped (the writer
+    could not open a file), until the server restarted. The next file makes the folder again."""
+    import shutil
+
+    log = ServedLog(tmp_path / "log", flush_rows=1, max_minutes=60)
+    shutil.rmtree(tmp_path / "log")  # removed after the log was opened, before its next file
+    log.record("after", *one(1))
+    log.close()
+    assert (log.rows_written, log.rows_dropped) == (1, 0)
+    assert read(tmp_path / "log").column("request_id").to_pylist() == ["after"]
+
+
 def test_ids_are_kept_as_given_however_long_and_with_trailing_nuls(tmp_path: Path) -> None:
     """A request's text is written as it came: a trailing NUL kept (``"s\\x00"`` is not the session ``"s"``), and
     a long id among many short ones costs its own length only (numpy's fixed-width text padded them all to it: 45 s

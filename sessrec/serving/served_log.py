@@ -13,7 +13,8 @@ mid-file leaves only its ``.tmp`` file, which readers ignore.
 
 A full buffer drops the rows of the request that would overflow it and counts them
 (``rows_dropped``): logging never blocks nor fails a request. A disk that fails a write, or the closing of a
-file (its footer, its rename), drops and counts the rows of the open file, and the next rows start a new file. ``rows_written`` counts the
+file (its footer, its rename), drops and counts the rows of the open file, and the next rows start a new file
+(in the folder, made again if a clean-up removed it). ``rows_written`` counts the
 rows in closed or open files; both counters are plain ints a ``/metrics`` endpoint reads. `close` writes
 what the buffer holds, closes the file and stops the thread.
 
@@ -257,6 +258,7 @@ class ServedLog:
             self._abandon()
 
     def _open(self, since: float) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)  # a folder removed meanwhile (a clean-up) is made again
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         name = f"served-{stamp}-{os.getpid()}-{next(_SERIAL):06d}-{secrets.token_hex(4)}.parquet"
         self._final = self.directory / name

@@ -333,18 +333,14 @@ def test_an_answer_shorter_than_the_k_asked_for_is_judged_and_a_smaller_k_asked_
     assert pq.read_table(served_files(tmp_path / "short")[0]).column("k").to_pylist() == [2, 2]
 
 
-def test_a_served_log_file_without_the_k_column_is_read_with_k_unknown(inputs: dict, tmp_path: Path) -> None:
-    from sessrec.serving.served_log import WITHOUT_K
-
+def test_a_served_log_file_without_the_k_column_is_refused_naming_it(inputs: dict, tmp_path: Path) -> None:
     (tmp_path / "old").mkdir()
     for f in served_files(inputs["served_log"]):
         pq.write_table(pq.read_table(f).drop_columns(["k"]), tmp_path / "old" / f.name)
-    assert pq.read_schema(served_files(tmp_path / "old")[0]).equals(WITHOUT_K)
-    old = monitor(out=str(tmp_path / "m.csv"), **{**inputs, "served_log": str(tmp_path / "old")})
-    assert old.equals(monitor(out=str(tmp_path / "n.csv"), **inputs))
-    with pytest.raises(ValueError, match=r"request r0 was answered with 2 items, fewer than k=3, and its row does not say "
-                                         "the k it asked for; monitor with a k of at most the k served$"):
-        monitor(out=str(tmp_path / "k3.csv"), **{**inputs, "served_log": str(tmp_path / "old"), "k": 3})
+    with pytest.raises(ValueError, match=r"old/.*\.parquet: not a served log file; its columns are \[.*\], expected "
+                                         r"\[.*'k'.*\]"):
+        monitor(out=str(tmp_path / "m.csv"), **{**inputs, "served_log": str(tmp_path / "old")})
+    assert not (tmp_path / "m.csv").exists()
 
 
 def test_a_reference_of_another_catalogue_is_refused_before_it_crosses_psi_max(inputs: dict, tmp_path: Path) -> None:

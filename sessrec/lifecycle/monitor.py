@@ -283,7 +283,7 @@ def next_event_ranks(served: pa.Table, events: pa.Table, k: int, source: str) ->
 
     recommended = served.column("recommended").combine_chunks()
     lengths = pc.list_value_length(recommended).to_numpy(zero_copy_only=False)
-    asked = pc.fill_null(served.column("k"), -1).to_numpy()  # -1: a row written without its request's k
+    asked = pc.fill_null(served.column("k"), -1).to_numpy()  # -1: a row recorded without its request's k (ServedLog.record)
     fewer = np.flatnonzero(evaluated & (asked >= 0) & (asked < k))
     if len(fewer):  # its hits past the k asked for would be counted as misses
         i = int(fewer[0])

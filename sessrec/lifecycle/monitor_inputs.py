@@ -21,7 +21,7 @@ from sessrec.data.schema import Schema
 from sessrec.data.vocab import ItemVocab
 from sessrec.saved.versions import resolve
 from sessrec.scoring.output import same_file
-from sessrec.serving.served_log import SCHEMA, WITHOUT_K, served_files
+from sessrec.serving.served_log import SCHEMA, served_files
 
 __all__ = ["NO_VERSION", "check_disjoint", "check_reference", "event_positions", "product_ids", "read_served",
            "reference_vocab"]
@@ -48,7 +48,7 @@ def read_served(directory: str, since: str | None, until: str | None, versions: 
             found = pq.read_schema(f)
         except (pa.ArrowException, OSError) as err:
             raise damaged(f, err) from None
-        if not (found.equals(SCHEMA) or found.equals(WITHOUT_K)):  # without k: read with k null
+        if not found.equals(SCHEMA):
             raise ValueError(f"{f}: not a served log file; its columns are {found.names}, expected {SCHEMA.names}")
     try:
         table = ds.dataset([str(f) for f in files], schema=SCHEMA, format="parquet").to_table(filter=keep)

@@ -63,7 +63,7 @@ import pyarrow.parquet as pq
 
 from sessrec.saved.atomic import fsync_dir, fsync_file, normal_modes
 
-__all__ = ["SCHEMA", "WITHOUT_K", "ServedLog", "served_files"]
+__all__ = ["SCHEMA", "ServedLog", "served_files"]
 
 logger = logging.getLogger(__name__)
 
@@ -82,8 +82,6 @@ SCHEMA = pa.schema([
     ("scores", pa.list_(pa.float32())),
     ("k", pa.int32()),
 ])
-WITHOUT_K = pa.schema([field for field in SCHEMA if field.name != "k"])  # a file written without the k column, read
-# with k null (`sessrec.lifecycle.monitor`)
 PATTERN = "served-*.parquet"
 _SERIAL = itertools.count()  # the <n> of a file's name, one count for every log of the process: two logs of one
 # process (a server's app built again) that open a file in the same second never give it one name

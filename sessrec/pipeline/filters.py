@@ -353,21 +353,31 @@ class ItemTableFilter(RawItemRule):
         Raises:
             ValueError: one line naming the table, the session, its time and a bound of the other frame.
         """
+        dated, undated = self._frames()
         relative = now < PLAUSIBLE_SECONDS[0]
-        bounds = np.concatenate([self.bound_rows().columns["valid_from"], self.bound_rows().columns["valid_to"]])
-        bounds = bounds[np.isfinite(bounds) & (bounds > 0)]  # 0: "since the epoch", an open start
-        dated = bounds[bounds >= PLAUSIBLE_SECONDS[0]]
-        undated = bounds[bounds < PLAUSIBLE_SECONDS[0]]
         for clash, other, frame in ((relative, dated, "a date"), (~relative, undated, "a relative time (before 1990)")):
-            if len(other) and bool(clash.any()):
+            if other is not None and bool(clash.any()):
                 row = int(clash.nonzero()[0, 0])
                 at = float(now[row])
                 served = f"{at:.0f} s, a relative time (before 1990)" if relative[row] else _date(at)
                 raise ValueError(
                     f"{name(row)} is served at {served}, but the {self.mode} table {self.path} has a validity window "
-                    f"bound at {_shown_bound(float(other.min()))}, {frame}, so no window of it would ever hold; give the "
+                    f"bound at {_shown_bound(other)}, {frame}, so no window of it would ever hold; give the "
                     "sessions' now in the table's frame"
                 )
+
+    def _frames(self) -> tuple[float | None, float | None]:
+        """The earliest dated (1990 on) and earliest relative (after 0, before 1990) window bound, None where the table
+        has none; worked out once for the bound rows."""
+        rows = self.bound_rows()
+        if getattr(self, "_frames_of", None) is not rows:
+            bounds = np.concatenate([rows.columns["valid_from"], rows.columns["valid_to"]])
+            bounds = bounds[np.isfinite(bounds) & (bounds > 0)]  # 0: "since the epoch", an open start
+            dated = bounds[bounds >= PLAUSIBLE_SECONDS[0]]
+            undated = bounds[bounds < PLAUSIBLE_SECONDS[0]]
+            self._frames_of = rows
+            self._frame_bounds = tuple(float(b.min()) if len(b) else None for b in (dated, undated))
+        return self._frame_bounds
 
     def apply(self, sessions: RequestSessions, candidates: Candidates) -> Candidates:
         rows = self.bound_rows()

@@ -730,3 +730,21 @@ def test_a_missing_or_folder_event_log_is_refused_naming_it_and_nothing_is_writt
         with pytest.raises(error, match=rf"^{re.escape(f'{given}: {message}')}$"):
             prepare(source, str(tmp_path / "p"), engine=engine, memory_budget=ROOMY, **LAYOUT)
         assert sorted(p.name for p in tmp_path.iterdir()) == ["afolder", "events.parquet"]
+
+
+@pytest.mark.parametrize("engine", ["memory", "local", "dask"])
+def test_a_log_that_is_no_parquet_file_or_has_no_rows_is_refused_naming_it_by_every_engine(tmp_path, engine):
+    """A parquet log of 0 bytes or of another format, and a log of no rows (an empty parquet file, a CSV header
+    alone): the same one line naming the file from every engine, nothing written."""
+    empty = tmp_path / "empty.parquet"
+    pq.write_table(event_log(sessions=5).slice(0, 0), empty)
+    (tmp_path / "zero.parquet").write_bytes(b"")
+    (tmp_path / "text.parquet").write_text("sid,item,t\n1,2,1400000000\n")
+    (tmp_path / "header.csv").write_text("sid,item,t,step,virtual,category,price\n")
+    cases = {"zero.parquet": "cannot be read as parquet: .*0 bytes", "text.parquet": "cannot be read as parquet: .*magic bytes",
+             "empty.parquet": "the file has no rows", "header.csv": "the file has no rows"}
+    for name, message in cases.items():
+        source = EventLogSource(str(tmp_path / name), schema=SCHEMA, test_fraction=0.2)
+        with pytest.raises(SchemaError, match=rf"^{re.escape(str(tmp_path / name))}: {message}"):
+            prepare(source, str(tmp_path / "p"), engine=engine, memory_budget=ROOMY, **LAYOUT)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(cases)

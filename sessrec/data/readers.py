@@ -117,6 +117,15 @@ def _is_parquet(path: Path) -> bool:
     return ".parquet" in path.name or path.suffix == ".pq"
 
 
+def parquet_metadata(path: str | Path) -> pq.FileMetaData:
+    """The footer of a parquet file; a file that is not one (empty, cut short, another format) is refused in one line
+    naming it, as `read_table` refuses it."""
+    try:
+        return pq.read_metadata(path)
+    except (pa.ArrowInvalid, OSError) as err:
+        raise SchemaError(f"{path}: cannot be read as parquet: {err}") from err
+
+
 def read_table(
     path: str | Path,
     delimiter: str | None = None,

@@ -55,6 +55,7 @@ from sessrec.data.readers import (
     integer_ids,
     missing_id,
     number_columns,
+    parquet_metadata,
     read_numbers,
     time_sample,
 )
@@ -82,7 +83,7 @@ def pieces_of(path: str) -> list[Piece]:
     """The pieces of a log: row groups of `PIECE_ROWS` rows, byte ranges of `PIECE_BYTES`, or a compressed file whole."""
     piece_bytes, piece_rows = PIECE_BYTES, PIECE_ROWS
     if _is_parquet(Path(path)):
-        meta = pq.ParquetFile(path).metadata
+        meta = parquet_metadata(path)
         pieces, groups, rows, first = [], [], 0, 0
         for g in range(meta.num_row_groups):
             groups.append(g)
@@ -330,6 +331,8 @@ class DaskEngine:
                                                   by_end)
                      for p, part in enumerate(parts)]
         summaries, samples = client.gather(client.compute([summaries, [sample for _, sample in loaded]]))
+        if not any(summary.count for summary in summaries):  # no session: no event (a header alone, an empty parquet file)
+            raise SchemaError(f"{path}: the file has no rows")
         try:
             check_time_samples(samples, source.schema, path)  # the pieces' times, plausible together
         except SchemaError:

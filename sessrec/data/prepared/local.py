@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import TypeVar
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from sessrec.data.periods import SplitPeriods
 from sessrec.data.prepared.dataset import Layout
@@ -48,7 +47,7 @@ from sessrec.data.prepared.plan import (
     split_by_partition,
     split_in_ranges,
 )
-from sessrec.data.readers import scan_events
+from sessrec.data.readers import parquet_metadata, scan_events
 from sessrec.data.sources import EventLogSource
 from sessrec.saved.atomic import remove_abandoned, stage_name
 
@@ -66,7 +65,7 @@ R = TypeVar("R")
 def estimated_event_bytes(path: str, columns: int) -> int:
     """Bytes of a log's validated events in Arrow, estimated from the file (parquet: its row count)."""
     if ".parquet" in Path(path).name or Path(path).suffix == ".pq":
-        return pq.ParquetFile(path).metadata.num_rows * 8 * columns
+        return parquet_metadata(path).num_rows * 8 * columns
     return os.path.getsize(path) * (5 if Path(path).suffix == ".gz" else 1)
 
 
@@ -74,7 +73,7 @@ def reading_bytes(path: str) -> int:
     """What reading a log holds besides its batches: for parquet, two of its largest row groups decoded
     (one read, one partitioned); a CSV file is read in small blocks."""
     if ".parquet" in Path(path).name or Path(path).suffix == ".pq":
-        meta = pq.ParquetFile(path).metadata
+        meta = parquet_metadata(path)
         return 2 * max((meta.row_group(g).total_byte_size for g in range(meta.num_row_groups)), default=0)
     return 0
 

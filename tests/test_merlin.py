@@ -581,3 +581,26 @@ def test_every_fixture_directory_trains_as_written(tmp_path, monkeypatch, path):
     splits = MerlinSource(str(path)).load()
     assert run.datamodule.vocab.num_products == pc.count_distinct(splits.train.column("item_id").combine_chunks().flatten()).as_py()
     assert np.isfinite(float(run.trainer.callback_metrics["train/loss"]))
+
+
+def test_dictionary_encoded_item_and_feature_lists_read_as_the_values_they_encode(tmp_path):
+    """A pandas categorical written to parquet comes back as dictionary-encoded lists: read as their text, the same
+    sessions as the plain text columns give (not refused as ids of another type)."""
+    encoded = pa.list_(pa.dictionary(pa.int32(), pa.string()))
+
+    def as_text(table: pa.Table, kind: pa.DataType) -> pa.Table:
+        for name in ("item_id-list", "category-list"):
+            text = [[f"{name[0]}{v}" for v in s] for s in table.column(name).to_pylist()]
+            table = table.set_column(table.column_names.index(name), name, pa.array(text, kind))
+        return table
+
+    train, test = sessions(0, [[1, 2, 3], [4, 5], [6, 7, 8], [1, 4]] * 3), sessions(100, [[1, 2], [3, 4]])
+    read = {kind: MerlinSource(str(directory(tmp_path / str(i), {"train/part.parquet": as_text(train, kind),
+                                                                   "test/part.parquet": as_text(test, kind)}))).load()
+            for i, kind in enumerate([encoded, pa.list_(pa.string())])}
+    got, plain = read[encoded], read[pa.list_(pa.string())]
+    assert got.train.schema.field("item_id").type == pa.list_(pa.string())
+    assert got.test.column("item_id").to_pylist() == [["i1", "i2"], ["i3", "i4"]]
+    assert got.test.column("category-list").to_pylist() == [["c0", "c0"], ["c0", "c0"]]
+    for split in ("train", "valid", "test"):
+        assert getattr(got, split).equals(getattr(plain, split))

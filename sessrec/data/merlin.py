@@ -515,7 +515,9 @@ class MerlinSource(SessionSource):
 def _values(values: pa.Array, column: MerlinColumn, path: Path, schema: MerlinSchema) -> pa.Array:
     """The flat values of a column; integer-valued doubles as int64 where the schema says INT (NaN as null), other doubles
     refused, and so are those of 2^53 or more in magnitude: past it a double does not hold every integer, so ids written as
-    doubles may have been rounded onto one another."""
+    doubles may have been rounded onto one another. Dictionary-encoded values are read as the values they encode."""
+    if pa.types.is_dictionary(values.type):
+        values = values.cast(values.type.value_type)
     if column.dtype != "INT" or not pa.types.is_floating(values.type):
         return values
     x = values.to_numpy(zero_copy_only=False)

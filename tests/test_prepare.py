@@ -446,6 +446,10 @@ def test_memory_budget_sizes():
     assert parse_bytes("4GiB") == 4 * 2**30 and parse_bytes("500MB") == 500_000_000 and parse_bytes(123) == 123
     with pytest.raises(ValueError, match="memory_budget: '4 parsecs' is not a size"):
         parse_bytes("4 parsecs")
+    assert parse_bytes("1.5e3k") == 1_500_000 and parse_bytes(" 2 GB ") == 2_000_000_000
+    for typo in ("1e", ".", "1.2.3GB", "e", "+", "1e999", "1e400MiB"):  # Python's float() words, or an overflow, before
+        with pytest.raises(ValueError, match=rf"^memory_budget: {re.escape(repr(typo))} is not a size \(e.g. 4GiB"):
+            parse_bytes(typo)
 
 
 def test_the_recipes_fixture_holds_what_its_source_gives():

@@ -12,6 +12,7 @@ Engines (`prepare`'s ``engine``), all giving the same files, byte for byte:
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Literal
@@ -37,9 +38,13 @@ def parse_bytes(value: str | int) -> int:
     if isinstance(value, int):
         return value
     match = re.fullmatch(r"\s*([0-9.eE+]+)\s*([A-Za-z]*)\s*", str(value))
-    if match is None or match.group(2).lower() not in _UNITS:
+    try:
+        size = float(match.group(1)) * _UNITS[match.group(2).lower()] if match is not None else math.nan
+    except (ValueError, KeyError):  # '1e', '1.2.3', an unknown unit
+        size = math.nan
+    if not math.isfinite(size):  # also '1e999'
         raise ValueError(f"memory_budget: {value!r} is not a size (e.g. 4GiB, 500MB, 2000000000)")
-    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    return int(size)
 
 
 def prepare(

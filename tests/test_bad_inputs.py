@@ -9,6 +9,7 @@ pipeline; later sections (CLI, export, serve) are appended below them.
 
 from __future__ import annotations
 
+import codecs
 import decimal
 import pickle
 import re
@@ -196,6 +197,20 @@ def test_read_user_sequences_refuses(tmp_path, content, layout, message):
     path = write(tmp_path / "seq.txt", content)
     with pytest.raises(SchemaError, match=f"^{path}: {message}"):
         read_user_sequences(path, layout)
+
+
+@pytest.mark.parametrize("layout, content", [("lines", b"1 5 6 7\n2 5 8 9\n"), ("pairs", b"1 5\n1 6\n1 7\n2 5\n2 8\n2 9\n")])
+def test_a_user_sequence_file_that_starts_with_a_byte_order_mark_reads_as_without_it(tmp_path, layout, content):
+    """A file saved with a UTF-8 byte-order mark (Windows editors): both layouts read it as the CSV readers do, its first
+    user 1 (the lines layout refused its first id as '\\ufeff1'); a bad byte is still named at its byte of the file."""
+    plain = read_user_sequences(write(tmp_path / "plain.txt", content), layout)
+    marked = read_user_sequences(write(tmp_path / "marked.txt", codecs.BOM_UTF8 + content), layout)
+    assert marked.equals(plain)
+    assert marked.column("session_id").to_pylist() == [1, 1, 1, 2, 2, 2]
+    assert marked.column("item_id").to_pylist() == [5, 6, 7, 5, 8, 9]
+    bad = write(tmp_path / "bad.txt", codecs.BOM_UTF8 + b"1 5 6\n2 7 \xe9\n")
+    with pytest.raises(SchemaError, match=rf"^{bad}: line 2 is not valid UTF-8 text \(invalid continuation byte at byte 13\)$"):
+        read_user_sequences(bad, "lines")
 
 
 # --------------------------------------------------------------------------- schema

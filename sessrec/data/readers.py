@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import re
 import zlib
@@ -352,10 +353,12 @@ def read_user_sequences(path: str | Path, layout: Literal["pairs", "lines"] = "p
         try:
             with open_binary(path) as f:
                 data = f.read()
-            text = data.decode("utf-8")
+            bom = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0  # a byte-order mark, as the CSV readers skip it
+            text = data[bom:].decode("utf-8")
         except UnicodeDecodeError as err:
-            line = data.count(b"\n", 0, err.start) + 1
-            raise SchemaError(f"{path}: line {line} is not valid UTF-8 text ({err.reason} at byte {err.start})") from err
+            at = bom + err.start
+            line = data.count(b"\n", 0, at) + 1
+            raise SchemaError(f"{path}: line {line} is not valid UTF-8 text ({err.reason} at byte {at})") from err
         except (OSError, EOFError, zlib.error) as err:  # not gzip, a gzip stream cut short or corrupt
             raise SchemaError(f"{path}: cannot be read: {err}") from err
         lines = pa.array(text.splitlines(), type=pa.string())

@@ -16,7 +16,7 @@ import pytest
 from sessrec.data import frame
 from sessrec.data.readers import read_events, read_user_sequences, scan_events
 from sessrec.data.schema import FeatureSpec, Schema, SchemaError, VirtualSpec
-from sessrec.data.sources import EventLogSource, UserSequenceSource
+from sessrec.data.sources import EventLogSource, TimeWindowSource, UserSequenceSource
 from sessrec.data.stream import ScoringStream
 from sessrec.data.vocab import ItemVocab
 from sessrec.tasks.session_data import SessionDataModule
@@ -393,6 +393,20 @@ def test_a_user_sequence_min_length_below_leave_one_outs_three_is_refused(min_le
             "items, so a user of fewer than 3 has none left to train on")):
         UserSequenceSource("users.txt", min_length=min_length)
     assert UserSequenceSource("users.txt", min_length=4).min_length == 4
+
+
+@pytest.mark.parametrize("min_length", [0, -5])
+def test_an_event_log_min_length_below_1_is_refused_not_read_as_1(tmp_path, min_length):
+    """``min_length: 0`` or ``-5`` (a typo, a sign lost) kept every session with exit 0, as 1 would; refused naming it."""
+    for source, what in (("EventLogSource", "product"), ("TimeWindowSource", "event")):
+        with pytest.raises(ValueError, match="^" + re.escape(
+                f"{source}: min_length must be >= 1 (a session has one {what} or more), got {min_length}") + "$"):
+            if source == "EventLogSource":
+                EventLogSource("events.csv", test_fraction=0.2, min_length=min_length)
+            else:
+                TimeWindowSource(["events.csv"], train_from=1.4e9, train_until=1.5e9, test_until=1.6e9, min_length=min_length)
+    assert EventLogSource("events.csv", test_fraction=0.2, min_length=1).min_length == 1
+    assert TimeWindowSource(["events.csv"], train_from=1.4e9, train_until=1.5e9, test_until=1.6e9, min_length=1).min_length == 1
 
 
 # ------------------------------------------------------------------------------ one ISO time among numbers

@@ -188,6 +188,8 @@ class EventLogSource(SessionSource):
         if valid_path is None and valid_days is not None and valid_fraction not in (None, VALID_FRACTION):
             raise ValueError("EventLogSource takes one of valid_days and valid_fraction to hold out validation sessions, "
                              f"not both; got valid_days {valid_days:g}, valid_fraction {valid_fraction:g}")
+        if min_length < 1:
+            raise ValueError(f"EventLogSource: min_length must be >= 1 (a session has one product or more), got {min_length}")
         if max_length is not None and max_length < max(min_length, 2):
             raise ValueError(
                 f"EventLogSource: max_length must be >= 2 and >= min_length ({min_length}), got {max_length}: "
@@ -515,6 +517,8 @@ class TimeWindowSource(SessionSource):
                              f"{test_from}, {test_until}")
         if not 0.0 < valid_fraction < 1.0:
             raise ValueError(f"valid_fraction must be in (0, 1), got {valid_fraction}")
+        if min_length < 1:
+            raise ValueError(f"TimeWindowSource: min_length must be >= 1 (a session has one event or more), got {min_length}")
         self.valid_fraction, self.min_length, self.drop_repeats = valid_fraction, min_length, drop_repeats
 
     def load(self) -> SessionSplits:

@@ -691,3 +691,18 @@ def test_users_too_short_for_leave_one_out_are_left_out_and_said(tmp_path, caplo
     with caplog.at_level(logging.INFO):
         SessionDataModule(UserSequenceSource(str(path)), max_length=4).splits
     assert not [m for m in caplog.messages if "left out" in m]
+
+
+def test_a_time_window_of_one_file_given_twice_is_refused_not_read_with_each_event_twice(tmp_path):
+    """paths [a, a] (or a and ./a) read every event twice with exit 0: each session twice as long, each item counted twice."""
+    path = write_csv(tmp_path / "events.csv", event_lines(400))
+    window = {"train_from": 1_700_000_000, "train_until": 1_700_010_000, "test_until": 1_700_020_000}
+    once = TimeWindowSource([str(path)], SCHEMA, **window).load()
+    assert once.summary()["train_events"] == 4 * once.summary()["train_sessions"]  # sessions of 4 events
+    for again in (str(path), str(tmp_path / "." / "events.csv"), f"{tmp_path}/../{tmp_path.name}/events.csv"):
+        with pytest.raises(ValueError, match="^" + re.escape(
+                f"TimeWindowSource: paths give one file twice ({str(path)!r} and {again!r}), which would read each of its "
+                "events twice; list each file once") + "$"):
+            TimeWindowSource([str(path), again], SCHEMA, **window)
+    with pytest.raises(ValueError, match="^TimeWindowSource needs at least one event file in paths$"):
+        TimeWindowSource([], SCHEMA, **window)

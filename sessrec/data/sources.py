@@ -509,6 +509,14 @@ class TimeWindowSource(SessionSource):
         if schema.timestamp is None:
             raise ValueError("TimeWindowSource needs a timestamp column in the schema")
         self.paths, self.schema = list(paths), schema
+        if not self.paths:
+            raise ValueError("TimeWindowSource needs at least one event file in paths")
+        first: dict[Path, str] = {}
+        for path in self.paths:  # a file read twice would double every event of its sessions
+            if Path(path).resolve() in first:
+                raise ValueError(f"TimeWindowSource: paths give one file twice ({first[Path(path).resolve()]!r} and "
+                                 f"{path!r}), which would read each of its events twice; list each file once")
+            first[Path(path).resolve()] = path
         test_from = train_until if test_from is None else test_from
         self.bounds = [to_seconds(t, name) for t, name in ((train_from, "train_from"), (train_until, "train_until"),
                                                            (test_from, "test_from"), (test_until, "test_until"))]

@@ -322,9 +322,7 @@ def test_a_nan_among_integer_ids_is_refused_as_a_missing_id(tmp_path, reader, ma
     path = write_csv(tmp_path / "events.csv", rows)
     with pytest.raises(SchemaError) as err:
         READERS[reader](path)
-    expected = f"{path}: column 'iid' has a missing id 'NaN' at row 9" if marker == "NaN" else (
-        f"{path}: column 'iid' has a missing id (NaN) at row 9")
-    assert str(err.value) == expected + "; drop or fill those rows"
+    assert str(err.value) == f"{path}: column 'iid' has a missing id {marker!r} at row 9; drop or fill those rows"
 
 
 def test_missing_ids_of_a_parquet_file_are_refused_naming_the_row(tmp_path):

@@ -52,7 +52,7 @@ BAD_INPUTS = [
         "float-item",
         csv("session_id,item_id,timestamp\n1,10,0\n1,2.5,1\n"),
         DEFAULT,
-        ["'item_id'", "dtype double", "2.5 at row 1"],
+        ["'item_id'", "the id '2.5' at row 1, not an integer"],
     ),
     (
         "bool-item",

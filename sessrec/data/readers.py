@@ -177,11 +177,13 @@ def first_block(path: str | Path, parse: pacsv.ParseOptions) -> pa.Schema:
 
 
 def integer_columns(inferred: pa.Schema, id_columns: list[str]) -> list[str]:
-    """The `id_columns` of a text file whose first block (`inferred`, `first_block`) holds integers. Read as text,
-    `integer_ids` makes them integers: Arrow's own reading takes ``01050`` and ``0x41a`` for 1050 (one item with
+    """The `id_columns` of a text file whose first block (`inferred`, `first_block`) holds integers, or decimals. Read as
+    text, `integer_ids` makes them integers: Arrow's own reading takes ``01050`` and ``0x41a`` for 1050 (one item with
     ``1050``), and a later block's text for a cause to read the whole column as text (`read_csv`) or to fail
-    (`open_csv`)."""
-    return [c for c in id_columns if inferred.names.count(c) == 1 and pa.types.is_integer(inferred.field(c).type)]
+    (`open_csv`); read as numbers, a column with one ``3.5`` would be refused naming its first value (``10.0`` for
+    ``10``) and a 20-digit id as the double it rounds to, where `integer_ids` names the text of the file."""
+    return [c for c in id_columns if inferred.names.count(c) == 1
+            and (pa.types.is_integer(inferred.field(c).type) or pa.types.is_floating(inferred.field(c).type))]
 
 
 def number_columns(inferred: pa.Schema, schema: Schema) -> list[str]:
@@ -230,8 +232,9 @@ def integer_ids(table: pa.Table, names: list[str], source: str, first_row: int =
             if pc.match_substring_regex(text[bad], r"^-?[0-9]+$").as_py():
                 raise SchemaError(f"{source}: column {name!r} holds ids that do not fit int64 (e.g. {value} at row "
                                   f"{row}); {BEYOND_INT64}")
-            raise SchemaError(f"{source}: column {name!r} has the id {value!r} at row {row}, not an integer as the "
-                              f"column's first ids are; fix the row, or {_AS_TEXT}")
+            first_ids = " as the column's first ids are" if bad or first_row else ""  # else the first id is the one
+            raise SchemaError(f"{source}: column {name!r} has the id {value!r} at row {row}, not an integer{first_ids}; "
+                              f"fix the row, or {_AS_TEXT}")
         ids = text.cast(pa.int64())
         at = first_not_decimal(text, ids)
         if at is not None:

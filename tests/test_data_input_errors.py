@@ -704,3 +704,28 @@ def test_a_time_window_of_one_file_given_twice_is_refused_not_read_with_each_eve
             TimeWindowSource([str(path), again], SCHEMA, **window)
     with pytest.raises(ValueError, match="^TimeWindowSource needs at least one event file in paths$"):
         TimeWindowSource([], SCHEMA, **window)
+
+
+@pytest.mark.parametrize("source", ["EventLogSource", "UserSequenceSource"])
+def test_a_delimiter_of_several_characters_is_refused_naming_the_setting(tmp_path, source, sessrec_main):
+    """``delimiter: '\\t'`` (a tab in single quotes in YAML: a backslash and a t), ``tab`` or ``;;`` failed at the first
+    read in Arrow's words, 'only single character unicode strings can be converted to Py_UCS4, got length 2'."""
+    make = {"EventLogSource": lambda d: EventLogSource("events.tsv", SCHEMA, delimiter=d, test_fraction=0.2),
+            "UserSequenceSource": lambda d: UserSequenceSource("events.tsv", layout="events", schema=SCHEMA, delimiter=d)}
+    prefix = f"{source}: delimiter must be one character (or null to find it from the header line), got "
+    backslash_t = "'\\\\t'; a tab is \"\\t\" in double quotes in YAML (in single quotes it is a backslash and a t)"
+    for given, after in (("\\t", backslash_t), ("tab", "'tab'"), (";;", "';;'")):
+        with pytest.raises(ValueError, match="^" + re.escape(prefix + after) + "$"):
+            make[source](given)
+    assert make[source]("\t").delimiter == "\t" and make[source](None).delimiter is None
+    if source == "EventLogSource":  # as a recipe writes it
+        rows = [[str(i // 4), str(1 + i % 50), str(1_700_000_000 + 37 * i)] for i in range(40)]
+        path = tmp_path / "events.tsv"
+        path.write_text("sid\tiid\tts\n" + "".join("\t".join(r) + "\n" for r in rows))
+        recipe = tmp_path / "r.yaml"
+        recipe.write_text(f"data:\n  source:\n    class_path: sessrec.data.EventLogSource\n    init_args:\n      path: {path}\n"
+                          "      schema: {session_id: sid, item_id: iid, timestamp: ts}\n      test_fraction: 0.2\n"
+                          "      delimiter: '\\t'\n")
+        got = sessrec_main("prepare", "--config", str(recipe), "--out", str(tmp_path / "p"))
+        assert got == f"sessrec prepare: error: {prefix}{backslash_t} (--traceback for details)"
+        assert not (tmp_path / "p").exists()

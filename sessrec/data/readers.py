@@ -114,6 +114,16 @@ def _sniff_delimiter(path: Path) -> str:
     return best if counts[best] else ","
 
 
+def check_delimiter(delimiter: str | None, owner: str) -> None:
+    """Refuse a text-file separator that is not one character (Arrow's CSV reader takes one), naming `owner` and the
+    value: ``'\\t'``, a tab written in single quotes in YAML, is two characters."""
+    if delimiter is not None and len(delimiter) > 1:
+        tab = ('; a tab is "\\t" in double quotes in YAML (in single quotes it is a backslash and a t)'
+               if delimiter == "\\t" else "")
+        raise ValueError(f"{owner}: delimiter must be one character (or null to find it from the header line), got "
+                         f"{delimiter!r}{tab}")
+
+
 def _is_parquet(path: Path) -> bool:
     return ".parquet" in path.name or path.suffix == ".pq"
 

@@ -28,7 +28,7 @@ from sessrec.data.periods import (
     split_spans,
     to_seconds,
 )
-from sessrec.data.readers import read_events, read_user_sequences
+from sessrec.data.readers import check_delimiter, read_events, read_user_sequences
 from sessrec.data.schema import Schema, SchemaError, VirtualSpec
 from sessrec.data.srgnn import read_srgnn
 from sessrec.data.synthetic import generate_sessions
@@ -172,6 +172,7 @@ class EventLogSource(SessionSource):
         valid_fraction: float | None = VALID_FRACTION,
     ) -> None:
         self.path, self.schema, self.test_path, self.valid_path = path, schema, test_path, valid_path
+        check_delimiter(delimiter, "EventLogSource")
         self.delimiter = delimiter
         self.min_length, self.max_length, self.drop_repeats = min_length, max_length, drop_repeats
         self.test_days, self.test_fraction = test_days, test_fraction
@@ -426,6 +427,7 @@ class UserSequenceSource(SessionSource):
         if schema is not None and schema.virtual is not None:
             raise ValueError("UserSequenceSource: leave-one-out holds out each user's last items, and virtual events "
                              "(schema.virtual) are never targets: drop them from the file or read it with EventLogSource")
+        check_delimiter(delimiter, "UserSequenceSource")
         self.path, self.layout, self.min_length = path, layout, min_length
         self.schema, self.delimiter = schema if schema is not None else Schema(), delimiter
 

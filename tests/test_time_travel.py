@@ -126,6 +126,28 @@ def test_synthetic_periods_are_checked_alike(settings, message):
         SyntheticSource(**settings)
 
 
+@pytest.mark.parametrize("settings,message", [
+    ({"num_sessions": 0}, "SyntheticSource: num_sessions must be >= 1, got 0"),  # was 'synthetic: the file has no rows'
+    ({"num_sessions": -5}, "SyntheticSource: num_sessions must be >= 1, got -5"),  # numpy's 'negative dimensions ...'
+    ({"num_clusters": 0}, "SyntheticSource: num_clusters must be >= 1, got 0"),  # numpy's 'high <= 0'
+    ({"num_items": 0, "num_clusters": 0}, "SyntheticSource: num_items must be >= 1, got 0"),
+])
+def test_synthetic_counts_below_1_are_refused_naming_them(settings, message):
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        SyntheticSource(**settings)
+
+
+def test_a_synthetic_split_left_empty_is_refused_not_trained_without_validation():
+    """5 sessions over 14 days left the validation day empty: fit trained with no validation and kept its checkpoint
+    as the best, with exit 0."""
+    with pytest.raises(ValueError, match="^" + re.escape(
+            "SyntheticSource: the validation split (valid_days 1 of the 14 days generated) holds none of the 5 sessions of "
+            "two products or more; generate more sessions (num_sessions 5)") + "$"):
+        SyntheticSource(num_sessions=5).load()
+    splits = SyntheticSource(num_sessions=5, num_items=30, num_clusters=3).load()  # another draw: every split holds one
+    assert [getattr(splits, s).num_rows for s in ("train", "valid", "test")] == [2, 1, 2]
+
+
 def test_a_test_period_holding_every_session_names_its_dates(tmp_path):
     path = write_log(tmp_path / "events.parquet", [0, 1, 2])
     with pytest.raises(ValueError) as err:

@@ -377,6 +377,9 @@ class SyntheticSource(SessionSource):
         page_views: bool = False,
     ) -> None:
         frame.check_periods("SyntheticSource", days=days, test_days=test_days, valid_days=valid_days)
+        for name, count in (("num_sessions", num_sessions), ("num_items", num_items), ("num_clusters", num_clusters)):
+            if count < 1:
+                raise ValueError(f"SyntheticSource: {name} must be >= 1, got {count}")
         if test_days + valid_days >= days:
             raise ValueError(f"SyntheticSource: test_days {test_days:g} and valid_days {valid_days:g} leave no training day "
                              f"of the {days:g} days generated")
@@ -389,6 +392,12 @@ class SyntheticSource(SessionSource):
         events = frame.sort_events(schema.validate(events, source="synthetic"), schema)
         sessions = frame.filter_lengths(frame.group_sessions(events, schema), min_length=2)
         split = frame.time_split(sessions, test_days=self.test_days, valid_days=self.valid_days)
+        for name, part, setting in zip(NAMES.values(), split, ("", f"valid_days {self.valid_days:g}",
+                                                               f"test_days {self.test_days:g}"), strict=True):
+            if part.num_rows == 0:  # a run would train without validation, or test nothing, and say nothing
+                held = f" ({setting} of the {self.kwargs['days']:g} days generated)" if setting else ""
+                raise ValueError(f"SyntheticSource: the {name} split{held} holds none of the {sessions.num_rows} sessions "
+                                 f"of two products or more; generate more sessions (num_sessions {self.kwargs['num_sessions']})")
         train, valid, test = (part if self.page_views else frame.drop_virtual(part) for part in split)
         return SessionSplits(train=train, valid=valid, test=test)
 

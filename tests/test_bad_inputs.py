@@ -775,3 +775,25 @@ def test_cli_predict_of_a_click_ranker_says_what_scores_click_outs(tmp_path, ses
     assert got == ("sessrec predict: error: sessrec predict writes a session model's next items; a DLRMTask on click-outs "
                    "(sessrec.tasks.ClickoutDataModule) has none: sessrec test ranks each click-out's hotels, sessrec export "
                    "writes the scorer (--traceback for details)")
+
+
+@pytest.mark.parametrize("fraction", [-0.1, 1.0, 1.5, float("nan")])
+def test_an_srgnn_valid_fraction_outside_0_1_is_refused_naming_it(fraction):
+    """-0.1 trained without validation with exit 0; 1.5 failed in an IndexError traceback, NaN in int()'s words."""
+    with pytest.raises(ValueError, match="^" + re.escape(
+            f"SRGNNSource: valid_fraction must be a share in [0, 1) (0: no validation), got {fraction}") + "$"):
+        SRGNNSource("srgnn", valid_fraction=fraction)
+
+
+def test_a_valid_fraction_that_rounds_to_no_session_is_refused_not_trained_without_validation(tmp_path):
+    """SRGNNSource and MerlinSource kept no validation session for a share of too few sessions (0.001 of 100), and fit
+    trained without validation and kept its checkpoint as the best; 0 still means no validation."""
+    sessions = [[1 + i % 7, 2 + i % 5, 3] for i in range(100)]
+    pickled(tmp_path / "all_train_seq.txt", sessions)
+    pickled(tmp_path / "test.txt", ([[1, 2]], [3]))
+    with pytest.raises(ValueError, match="^" + re.escape(
+            f"{tmp_path}: the validation split is empty: valid_fraction 0.001 of the 100 sessions it is cut from rounds "
+            "to none; lengthen valid_fraction (0 trains without validation)") + "$"):
+        SRGNNSource(str(tmp_path), valid_fraction=0.001).load()
+    assert SRGNNSource(str(tmp_path), valid_fraction=0.0).load().valid.num_rows == 0
+    assert SRGNNSource(str(tmp_path), valid_fraction=0.01).load().valid.num_rows == 1

@@ -7,6 +7,7 @@ split rules and the refusals.
 """
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -462,7 +463,7 @@ def test_a_negative_item_id_is_refused_unless_it_is_the_padding(tmp_path):
     with pytest.raises(SchemaError) as err:
         MerlinSource(str(path)).load()
     assert str(err.value) == f"{path / 'train' / 'part_0.parquet'}: column 'item_id-list' has a negative id -1 at row 1"
-    assert MerlinSource(str(path), padding_id=-1).load().train.column("item_id")[1].as_py() == [6, 7]
+    assert MerlinSource(str(path), padding_id=-1, valid_fraction=0.34).load().train.column("item_id")[1].as_py() == [6, 7]
 
 
 def test_a_session_id_on_two_rows_is_refused_naming_both(tmp_path):
@@ -604,3 +605,15 @@ def test_dictionary_encoded_item_and_feature_lists_read_as_the_values_they_encod
     assert got.test.column("category-list").to_pylist() == [["c0", "c0"], ["c0", "c0"]]
     for split in ("train", "valid", "test"):
         assert getattr(got, split).equals(getattr(plain, split))
+
+
+def test_a_merlin_valid_fraction_that_rounds_to_no_session_is_refused(tmp_path):
+    """valid_fraction 0.1 of 4 training sessions kept none: fit trained without validation, with exit 0."""
+    path = directory(tmp_path, {"train/part.parquet": sessions(0, [[1, 2], [3, 4], [5, 6], [7, 8]]),
+                                "test/part.parquet": sessions(10, [[1, 3]])})
+    with pytest.raises(ValueError, match="^" + re.escape(
+            f"{path}: the validation split is empty: valid_fraction 0.1 of the 4 sessions it is cut from rounds to none; "
+            "lengthen valid_fraction (0 trains without validation)") + "$"):
+        MerlinSource(str(path)).load()
+    assert MerlinSource(str(path), valid_fraction=0.0).load().valid.num_rows == 0
+    assert MerlinSource(str(path), valid_fraction=0.25).load().valid.column("session_id").to_pylist() == [3]

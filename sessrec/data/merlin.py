@@ -379,16 +379,19 @@ class MerlinSource(SessionSource):
                 read = {split: frame.drop_virtual(table) for split, table in read.items()}
         if "all" in read:
             rest, test = _tail_split(read["all"], self.test_fraction)
-            train, valid = _tail_split(rest, self.valid_fraction / (1.0 - self.test_fraction))
+            train, valid = _tail_split(rest, self.valid_fraction / (1.0 - self.test_fraction), str(self.path),
+                                       f"valid_fraction {self.valid_fraction:g}")
         elif "test" in read:
             test = read["test"]
             if "valid" in read:
                 train, valid = read["train"], read["valid"]
             else:
-                train, valid = _tail_split(read["train"], self.valid_fraction)
+                train, valid = _tail_split(read["train"], self.valid_fraction, str(self.path),
+                                           f"valid_fraction {self.valid_fraction:g}")
         elif "valid" in read:
             test = read["valid"]
-            train, valid = _tail_split(read["train"], self.valid_fraction)
+            train, valid = _tail_split(read["train"], self.valid_fraction, str(self.path),
+                                       f"valid_fraction {self.valid_fraction:g}")
         else:
             raise SchemaError(f"{source}: training files but no valid or test files; add valid/ (or test/) parquet files")
         for name, part in (("training", train), ("test", test)):

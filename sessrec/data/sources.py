@@ -91,8 +91,14 @@ def _session_table(lists: pa.ListArray, first_id: int = 0) -> pa.Table:
     return pa.table({frame.SESSION: pa.array(np.arange(first_id, first_id + len(lists))), frame.ITEMS: lists})
 
 
-def _tail_split(sessions: pa.Table, fraction: float) -> tuple[pa.Table, pa.Table]:
+def _tail_split(sessions: pa.Table, fraction: float, source: str | None = None,
+                setting: str = "") -> tuple[pa.Table, pa.Table]:
+    """The sessions without their latest `fraction`, and those. With `source` (a validation split cut by `setting`, in
+    words), a fraction above 0 that rounds to no session is refused: the run would select nothing on no validation."""
     n_valid = int(round(sessions.num_rows * fraction))
+    if source is not None and fraction > 0 and n_valid == 0:
+        raise ValueError(f"{source}: the validation split is empty: {setting} of the {sessions.num_rows} sessions it is cut "
+                         "from rounds to none; lengthen valid_fraction (0 trains without validation)")
     cut = sessions.num_rows - n_valid
     return sessions.slice(0, cut), sessions.slice(cut)
 
@@ -111,12 +117,15 @@ class SRGNNSource(SessionSource):
     """
 
     def __init__(self, path: str, valid_fraction: float = 0.1) -> None:
+        if not 0.0 <= valid_fraction < 1.0:  # NaN too
+            raise ValueError(f"SRGNNSource: valid_fraction must be a share in [0, 1) (0: no validation), got {valid_fraction}")
         self.path = path
         self.valid_fraction = valid_fraction
 
     def load(self) -> SessionSplits:
         data = read_srgnn(self.path)
-        train, valid = _tail_split(_session_table(data.train), self.valid_fraction)
+        train, valid = _tail_split(_session_table(data.train), self.valid_fraction, str(self.path),
+                                   f"valid_fraction {self.valid_fraction:g}")
         sessions = data.test_sessions()
         test = _session_table(sessions, first_id=len(data.train))
         targets = data.test_targets()

@@ -3,6 +3,7 @@ validation periods given twice, gzipped logs cut short, one ISO-8601 time among 
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import logging
 import os
@@ -729,3 +730,20 @@ def test_a_delimiter_of_several_characters_is_refused_naming_the_setting(tmp_pat
         got = sessrec_main("prepare", "--config", str(recipe), "--out", str(tmp_path / "p"))
         assert got == f"sessrec prepare: error: {prefix}{backslash_t} (--traceback for details)"
         assert not (tmp_path / "p").exists()
+
+
+@pytest.mark.parametrize("reader", list(READERS))
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-be"])
+def test_a_utf16_text_file_is_refused_naming_its_encoding_by_every_reader(tmp_path, reader, encoding):
+    """Excel's 'Unicode text' (UTF-16, tab-separated) was refused as 'CSV parse error: Expected 3 columns, got 1: \\x00'."""
+    text = "sid\tiid\tts\n" + "".join(f"{s}\t{i}\t{t}\n" for s, i, t in event_lines(8))
+    if reader == "read_user_sequences":
+        text = "1 5 6 7\n2 5 8 9\n"
+    path = tmp_path / "events.csv"
+    path.write_bytes(codecs.BOM_UTF16_BE + text.encode("utf-16-be") if encoding == "utf-16-be" else text.encode(encoding))
+    with pytest.raises(SchemaError) as err:
+        READERS[reader](path)
+    assert str(err.value) == (f"{path}: the file is UTF-16 text (it starts with a UTF-16 byte-order mark, as Excel's "
+                              "'Unicode text' does); text files are read as UTF-8: re-encode it (iconv -f UTF-16 -t UTF-8)")
+    path.write_text(text)  # the same text as UTF-8 reads
+    READERS[reader](path)

@@ -56,7 +56,7 @@ def compression(path: str | Path) -> str | None:
     """The codec Arrow's CSV readers decompress `path` with, named by its extension (``gzip`` for ``.gz``, ``bz2``,
     ``zstd`` for ``.zst``, ``lz4``), or None for a plain file. A file without a codec's extension that starts as a
     compressed stream does (a gzipped log named ``.csv``) is refused naming the extension to give it, since it would
-    be parsed as text."""
+    be parsed as text; so is a UTF-16 text file (Arrow reads UTF-8 only)."""
     try:
         return pa.Codec.detect(str(path)).name
     except (TypeError, ValueError):  # no codec's extension
@@ -69,6 +69,9 @@ def compression(path: str | Path) -> str | None:
             if head.startswith(magic) and not _is_parquet(path):
                 raise SchemaError(f"{path}: the file is compressed ({suffix}) but its name does not end in {suffix}, so it "
                                   f"would be read as plain text; rename it {path.name}{suffix}")
+        if head.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)) and not _is_parquet(path):
+            raise SchemaError(f"{path}: the file is UTF-16 text (it starts with a UTF-16 byte-order mark, as Excel's "
+                              "'Unicode text' does); text files are read as UTF-8: re-encode it (iconv -f UTF-16 -t UTF-8)")
     return None
 
 

@@ -8,6 +8,7 @@ import gzip
 import logging
 import os
 import re
+from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
@@ -747,3 +748,26 @@ def test_a_utf16_text_file_is_refused_naming_its_encoding_by_every_reader(tmp_pa
                               "'Unicode text' does); text files are read as UTF-8: re-encode it (iconv -f UTF-16 -t UTF-8)")
     path.write_text(text)  # the same text as UTF-8 reads
     READERS[reader](path)
+
+
+@pytest.mark.parametrize("reader", ["read_events", "scan_events", "ScoringStream"])
+@pytest.mark.parametrize("schema", ["text ids, no times", "text ids", "integer ids"])
+def test_a_header_line_repeated_inside_the_file_is_refused_not_read_as_a_session(tmp_path, reader, schema):
+    """Two CSV files concatenated with their header lines: read with text ids and no times, the second header was a
+    session 'sid' of item 'iid', trained on with exit 0; past the first block of integer ids it was refused as a bad id."""
+    rows = event_lines(400)
+    lines = ["sid,iid,ts"] + [",".join(r) for r in rows[:200]] + ["sid,iid,ts"] + [",".join(r) for r in rows[200:]]
+    if schema == "integer ids":  # the second header past the first mebibyte: the ids are read as integers
+        lines = ["sid,iid,ts"] + [",".join(r) for r in event_lines(60_000)] + lines[1:]
+    path = tmp_path / "events.csv"
+    path.write_text("\n".join(lines) + "\n")
+    s = {"text ids, no times": Schema(session_id="sid", item_id="iid", timestamp=None, string_ids=True),
+         "text ids": replace(SCHEMA, string_ids=True), "integer ids": SCHEMA}[schema]
+    read = {"read_events": lambda: read_events(path, s), "scan_events": lambda: list(scan_events(path, s)),
+            "ScoringStream": lambda: list(ScoringStream(path, ItemVocab.fit(pa.array(["1", "2"] if s.string_ids else [1, 2])), s))}
+    row = len(lines) - 202
+    with pytest.raises(SchemaError) as err:
+        read[reader]()
+    holds = "column 'sid' holds 'sid'" + (", column 'iid' holds 'iid'" if schema != "integer ids" else "")
+    assert str(err.value) == (f"{path}: row {row} repeats the header line ({holds}): files concatenated with their "
+                              "header lines? drop that line")

@@ -242,6 +242,9 @@ def integer_ids(table: pa.Table, names: list[str], source: str, first_row: int =
             value, row = col[bad].as_py(), first_row + bad
             if missing_marker(text.slice(bad, 1))[0]:
                 raise SchemaError(f"{source}: column {name!r} has a missing id {value!r} at row {row}; {MISSING_ADVICE}")
+            if text[bad].as_py() == name:  # as `Schema.validate` refuses it where the ids are text
+                raise SchemaError(f"{source}: row {row} repeats the header line (column {name!r} holds {name!r}): files "
+                                  "concatenated with their header lines? drop that line")
             if pc.match_substring_regex(text[bad], r"^-?[0-9]+$").as_py():
                 raise SchemaError(f"{source}: column {name!r} holds ids that do not fit int64 (e.g. {value} at row "
                                   f"{row}); {BEYOND_INT64}")

@@ -259,6 +259,20 @@ class Schema:
             return []
         return [self.session_id] if self.virtual is not None else self.id_columns
 
+    def _check_no_header_row(self, table: pa.Table, source: str, first_row: int) -> None:
+        """Refuse a row whose session and item ids are their columns' names: the header line again (CSV files
+        concatenated with their headers), which would be read as a session named ``session_id`` where the ids are
+        text (`string_ids`, or a first block that holds that line)."""
+        ids = [table.column(c) for c in (self.session_id, self.item_id)]
+        if not all(pa.types.is_string(c.type) or pa.types.is_large_string(c.type) for c in ids):
+            return
+        named = pc.and_(pc.equal(ids[0], self.session_id), pc.equal(ids[1], self.item_id))
+        at = pc.index(named.fill_null(False), True).as_py()
+        if at >= 0:
+            raise SchemaError(f"{source}: row {first_row + at} repeats the header line (column {self.session_id!r} holds "
+                              f"{self.session_id!r}, column {self.item_id!r} holds {self.item_id!r}): files concatenated "
+                              "with their header lines? drop that line")
+
     def validate(self, table: pa.Table, source: str = "<table>", first_row: int = 0) -> pa.Table:
         """Check `table` against the schema and return it with normalized columns.
 
@@ -291,6 +305,7 @@ class Schema:
                 f"{table.column_names}, so which one it is is unknown; rename or drop the others"
             )
         rows = first_row
+        self._check_no_header_row(table, source, rows)
         out = {self.session_id: check_id(table, self.session_id, source, rows, self.string_ids)}
         if self.virtual is None:
             out[self.item_id] = check_id(table, self.item_id, source, rows, self.string_ids)

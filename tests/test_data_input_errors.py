@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import codecs
 import gzip
+import json
 import logging
 import os
 import re
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -475,22 +477,36 @@ def test_validating_on_a_split_of_no_pair_is_refused_in_one_line(tmp_path, sessr
                   "init_args": {"baseline": {"class_path": "sessrec.baselines.Popularity"}}},
         "data": {"source": SYNTHETIC},
     }))
+    got = sessrec_main("validate", "--config", str(recipe), "--data.source", json.dumps(no_validation(tmp_path)))
+    assert got == (f"sessrec validate: error: {tmp_path / 'srgnn'} (valid split): no (prefix, next item) pair to score: "
+                   "its 0 sessions have none (a pair needs a session of two or more events); check the source's split "
+                   "settings (SRGNNSource) (--traceback for details)")
     got = sessrec_main("validate", "--config", str(recipe), "--data.source.init_args.valid_days", "0.00001")
-    assert got == ("sessrec validate: error: <sessions> (valid split): no (prefix, next item) pair to score: its 0 "
-                   "sessions have none (a pair needs a session of two or more events); check the source's split "
-                   "settings (SyntheticSource) (--traceback for details)")
+    assert got == ("sessrec validate: error: SyntheticSource: the validation split (valid_days 1e-05 of the 14 days "
+                   "generated) holds none of the 298 sessions of two products or more; generate more sessions "
+                   "(num_sessions 300) (--traceback for details)")
+
+
+def no_validation(tmp_path: Path) -> dict:
+    """An SR-GNN folder read without validation sessions (valid_fraction 0), as a recipe's source."""
+    import pickle
+
+    folder = tmp_path / "srgnn"
+    folder.mkdir()
+    (folder / "all_train_seq.txt").write_bytes(pickle.dumps([[1 + i % 7, 2 + i % 5, 3] for i in range(100)], protocol=3))
+    (folder / "test.txt").write_bytes(pickle.dumps(([[1, 2], [3, 4]], [3, 5]), protocol=3))
+    return {"class_path": "sessrec.data.SRGNNSource", "init_args": {"path": str(folder), "valid_fraction": 0.0}}
 
 
 def test_a_pipeline_without_validation_pairs_is_refused_before_fitting_its_ranker(tmp_path, sessrec_main):
     import yaml
 
     recipe = tmp_path / "pipeline.yaml"
-    source = {**SYNTHETIC, "init_args": {**SYNTHETIC["init_args"], "valid_days": 0.00001}}
-    recipe.write_text(yaml.safe_dump({"pipeline": {"data": {"source": source}, "covisitation": {},
+    recipe.write_text(yaml.safe_dump({"pipeline": {"data": {"source": no_validation(tmp_path)}, "covisitation": {},
                                                    "output": str(tmp_path / "pipeline")}}))
     got = sessrec_main("fit", "--config", str(recipe))
-    assert got.startswith("sessrec fit: error: <sessions> (valid split): no (prefix, next item) pair to score: its 0 "
-                          "sessions have none")
+    assert got.startswith(f"sessrec fit: error: {tmp_path / 'srgnn'} (valid split): no (prefix, next item) pair to "
+                          "score: its 0 sessions have none")
     assert not (tmp_path / "pipeline").exists()
 
 

@@ -287,8 +287,8 @@ class Schema:
                 messages name rows of the file.
 
         Raises:
-            SchemaError: on a missing column or one the file has twice, wrong dtype, null or negative id, or
-                unparsable time.
+            SchemaError: on a missing column or one the file has twice, the header line again, wrong dtype, null or
+                negative id, or unparsable time.
         """
         if table.num_rows == 0:
             raise SchemaError(f"{source}: the file has no rows")

@@ -410,6 +410,19 @@ def test_scoring_stream_refuses(tmp_path, name, content, options, message):
         scored_sessions(src, **options)
 
 
+def test_a_file_cut_into_partitions_where_a_chunk_starts_no_session(tmp_path):
+    """A chunk of rows inside one session (a session longer than chunk_rows) made `partitions` (predict --engine dask)
+    fail in an IndexError traceback at the next session; the file is cut as it is with larger chunks."""
+    src = write(tmp_path / "e.parquet", pa.table({"session_id": [1, 1, 1, 2, 2, 3], "item_id": [1, 2, 3, 2, 1, 4]}))
+    for chunk_rows in (1, 2, 100):
+        stream = ScoringStream(src, VOCAB, chunk_rows=chunk_rows)
+        assert stream.partitions(1) == [(0, 3, 1), (3, 5, 1), (5, 6, 1)]
+        assert stream.partitions(2) == [(0, 5, 2), (5, 6, 1)]
+    again = write(tmp_path / "again.parquet", pa.table({"session_id": [1, 1, 1, 2, 1], "item_id": [1, 2, 3, 2, 1]}))
+    with pytest.raises(SchemaError, match=f"^{again}: column 'session_id' has session 1 again at row 4"):
+        ScoringStream(again, VOCAB, chunk_rows=1).partitions(1)
+
+
 @pytest.mark.parametrize("content, hint", [
     ("user,item\n1,2\n1,3\n", "Name the file's columns with --data.predict_schema '{session_id: <its session column>, "
                               "item_id: <its item column>}'."),

@@ -516,6 +516,8 @@ class _SeenIds:
 
     def add(self, ids: pa.Array | pa.ChunkedArray) -> int | None:
         """Record `ids`; the index of the first one seen before (or twice among `ids`), else None."""
+        if len(ids) == 0:  # a chunk inside one session starts none: an empty level would break every later search
+            return None
         keys = ids.to_numpy(zero_copy_only=False)
         if keys.dtype == object:
             keys = keys.astype(str)  # text ids: fixed-width strings sort and search in C

@@ -410,6 +410,19 @@ def test_scoring_stream_refuses(tmp_path, name, content, options, message):
         scored_sessions(src, **options)
 
 
+@pytest.mark.parametrize("layout", ["events", "lists"])
+@pytest.mark.parametrize("chunk_rows", [1, 100])
+def test_text_session_ids_that_differ_by_a_trailing_nul_are_two_sessions_to_score(tmp_path, layout, chunk_rows):
+    """Sessions 's' and 's\\x00' were refused as one session seen twice (fixed-width text drops trailing NULs)."""
+    if layout == "events":
+        table = pa.table({"session_id": ["s", "s", "s\x00", "s\x00"], "item_id": [1, 2, 2, 1]})
+    else:
+        table = pa.table({"session_id": ["s", "s\x00"], "item_id": [[1, 2], [2, 1]]})
+    src = write(tmp_path / "s.parquet", table)
+    assert scored_sessions(src, chunk_rows=chunk_rows) == [("s", [2, 3]), ("s\x00", [3, 2])]  # the model ids of 1, 2
+    assert [p.sessions for p in ScoringStream(src, VOCAB, chunk_rows=chunk_rows).partitions(1)] == [1, 1]
+
+
 def test_a_file_cut_into_partitions_where_a_chunk_starts_no_session(tmp_path):
     """A chunk of rows inside one session (a session longer than chunk_rows) made `partitions` (predict --engine dask)
     fail in an IndexError traceback at the next session; the file is cut as it is with larger chunks."""

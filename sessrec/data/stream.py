@@ -518,9 +518,11 @@ class _SeenIds:
         """Record `ids`; the index of the first one seen before (or twice among `ids`), else None."""
         if len(ids) == 0:  # a chunk inside one session starts none: an empty level would break every later search
             return None
+        if pa.types.is_string(ids.type) or pa.types.is_large_string(ids.type):
+            ids = pc.binary_join_element_wise(ids, "", "\x01")  # a last character: fixed-width text drops trailing NULs
         keys = ids.to_numpy(zero_copy_only=False)
         if keys.dtype == object:
-            keys = keys.astype(str)  # text ids: fixed-width strings sort and search in C
+            keys = keys.astype(str)  # text ids: fixed-width strings sort and search in C ("s" and "s\x00" kept apart)
         repeat = _duplicated(keys)
         for level in self.levels:
             at = np.minimum(np.searchsorted(level, keys), len(level) - 1)

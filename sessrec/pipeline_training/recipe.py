@@ -105,7 +105,8 @@ class PipelineRecipe:
         data: other sessions than the stage-1 models' (a data block with their vocabulary); None: the data
             module that the first model directory's ``data`` section describes (``sessrec fit`` writes it).
         models: name -> trained session model.
-        baselines: name -> kNN baseline.
+        baselines: name -> kNN baseline; a name of `models` (or ``covisitation`` with `covisitation`) is refused: the
+            pipeline keeps its retrievers by name.
         covisitation: co-visitation retriever settings; None for none.
         covisitation_k: candidates it contributes (None: 100); given without `covisitation`, it is refused (it
             would be ignored).
@@ -161,6 +162,14 @@ class PipelineRecipe:
         self._data, self.models, self.baselines = data, dict(models or {}), dict(baselines or {})
         if data is None and not self.models:
             raise ValueError(NO_DATA)
+        shared = next((name for name in self.baselines if name in self.models), None)
+        if shared is not None:
+            raise ValueError(f"baselines.{shared}: {shared!r} also names models.{shared}, and a pipeline's retrievers "
+                             "are named apart (by name: its features, its file); rename one of them")
+        if covisitation is not None and "covisitation" in (*self.models, *self.baselines):
+            group = "models" if "covisitation" in self.models else "baselines"
+            raise ValueError(f"{group}.covisitation: 'covisitation' names the recipe's co-visitation retriever "
+                             f"(covisitation:), and a pipeline's retrievers are named apart; rename {group}.covisitation")
         if covisitation_k is not None and covisitation is None:
             raise ValueError(f"covisitation_k: {covisitation_k} is the candidates of the co-visitation retriever, and the "
                              "recipe has none: add covisitation: {} (its settings), or drop covisitation_k")

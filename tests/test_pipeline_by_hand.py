@@ -1,0 +1,72 @@
+"""A pipeline of five items whose lists are worked out by hand, and the settings that would lose a stage.
+
+Co-visitation with its defaults (pairs up to 5 apart in both orders, weight 1 / distance, rows normalised; a
+session's query: its last distinct items weighted 0.5 ** r, r = 0 the latest) and a filter of the session's
+items, no ranker: the lists are the co-visitation scores of the unseen items, best first.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+from test_pipeline_sessions import MAX_LENGTH, HandSessions
+
+from sessrec.baselines import Popularity
+from sessrec.data import ItemVocab
+from sessrec.pipeline.filters import SeenItemsFilter
+from sessrec.pipeline.pipeline import Pipeline
+from sessrec.pipeline.retrieval.covisitation import CoVisitation
+from sessrec.pipeline_training.recipe import BaselineRetrieval, ModelRetrieval, PipelineRecipe
+from sessrec.tasks import SessionDataModule
+
+torch.set_num_threads(1)
+
+# raw ids 100..500 are model ids 2..6 (by count); training sessions, right-aligned
+VOCAB = ItemVocab(pa.array([100, 200, 300, 400, 500]), np.array([5, 4, 3, 2, 1]))
+TRAIN = torch.tensor([[2, 3, 4], [0, 3, 4], [0, 2, 5], [0, 4, 6]])
+
+
+def hand_pipeline(**options) -> Pipeline:
+    retrievers = options.pop("retrievers", {"cv": (CoVisitation().fit(TRAIN, len(VOCAB)), 10)})
+    return Pipeline(VOCAB, retrievers, max_length=5, max_candidates=10, filters=[SeenItemsFilter()], **options)
+
+
+def test_lists_are_the_co_visitation_scores_of_the_unseen_items() -> None:
+    # W before normalising: 2->{3: 1, 4: 1/2, 5: 1}, 3->{2: 1, 4: 2}, 4->{2: 1/2, 3: 2, 6: 1}, 5->{2: 1}, 6->{4: 1}
+    w = {2: {3: 0.4, 4: 0.2, 5: 0.4}, 3: {2: 1 / 3, 4: 2 / 3}, 4: {2: 1 / 7, 3: 4 / 7, 6: 2 / 7}, 5: {2: 1.0}, 6: {4: 1.0}}
+    pipe = hand_pipeline()
+    # [100, 300] = [2, 4]: 4 weighs 1, 2 weighs 0.5; 2 and 4 are seen
+    expected = {3: w[4][3] + 0.5 * w[2][3], 6: w[4][6], 5: 0.5 * w[2][5]}  # 0.7714, 0.2857, 0.2
+    got = pipe.recommend([[100, 300]], k=5)[0]
+    assert got["item_ids"] == [200, 500, 400]
+    assert got["scores"] == pytest.approx([expected[3], expected[6], expected[5]], abs=1e-6)
+    # a repeat counts once, at its latest event: [100, 300, 100] queries 2 with 1 and 4 with 0.5
+    got = pipe.recommend([[100, 300, 100]], k=5)[0]
+    assert got["item_ids"] == [200, 400, 500]
+    assert got["scores"] == pytest.approx([w[2][3] + 0.5 * w[4][3], w[2][5], 0.5 * w[4][6]], abs=1e-6)
+    # k past the candidates returns what there is; a batch gives each session its own list
+    batch = pipe.recommend([[100, 300], [200], [500]], k=50)
+    assert [r["item_ids"] for r in batch] == [[200, 500, 400], [300, 100], [300]]
+    assert batch[1]["scores"] == pytest.approx([2 / 3, 1 / 3], abs=1e-6)
+    assert pipe.recommend([[100, 300]], k=2)[0]["item_ids"] == [200, 500]
+    # a session of unknown ids co-visits with nothing
+    assert pipe.recommend([[999, 998]], k=5) == [{"item_ids": [], "scores": []}]
+
+
+def test_retrievers_of_one_name_are_refused(tmp_path) -> None:
+    """A pipeline keeps its retrievers by name: a baseline named as a model or as the co-visitation retriever would
+    silently replace it."""
+    dm = SessionDataModule(source=HandSessions(), max_length=MAX_LENGTH)
+    pop = {"covisitation": BaselineRetrieval(Popularity(), k=8)}
+    with pytest.raises(ValueError, match=r"^baselines.covisitation: 'covisitation' names the recipe's co-visitation "
+                                         r"retriever \(covisitation:\).* rename baselines.covisitation$"):
+        PipelineRecipe(data=dm, baselines=pop, covisitation=CoVisitation(), output=str(tmp_path / "p"))
+    with pytest.raises(ValueError, match=r"^baselines.pop: 'pop' also names models.pop, .* rename one of them$"):
+        PipelineRecipe(data=dm, models={"pop": ModelRetrieval("runs/x/model")},
+                       baselines={"pop": BaselineRetrieval(Popularity(), k=8)}, output=str(tmp_path / "p"))
+    # apart, both are kept
+    recipe = PipelineRecipe(data=dm, baselines={"pop": BaselineRetrieval(Popularity(), k=8)}, covisitation=CoVisitation(),
+                            max_candidates=8, output=str(tmp_path / "p"))
+    assert list(recipe.build().retrievers) == ["pop", "covisitation"]

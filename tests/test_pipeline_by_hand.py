@@ -7,6 +7,8 @@ items, no ranker: the lists are the co-visitation scores of the unseen items, be
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -53,6 +55,22 @@ def test_lists_are_the_co_visitation_scores_of_the_unseen_items() -> None:
     assert pipe.recommend([[100, 300]], k=2)[0]["item_ids"] == [200, 500]
     # a session of unknown ids co-visits with nothing
     assert pipe.recommend([[999, 998]], k=5) == [{"item_ids": [], "scores": []}]
+
+
+@pytest.mark.parametrize("name", ["a/b", "../up", "a\\b", ""])
+def test_a_retriever_name_that_is_no_file_name_is_refused(name: str) -> None:
+    """A retriever is saved as retriever-<name>.safetensors: a name with a folder in it is refused when the pipeline
+    is built, not when it is saved after its fit."""
+    cv = CoVisitation().fit(TRAIN, len(VOCAB))
+    with pytest.raises(ValueError, match="^" + re.escape(f"retriever name {name!r}: a retriever is saved as retriever-<name>")):
+        hand_pipeline(retrievers={name: (cv, 10)})
+
+
+@pytest.mark.parametrize("k", [0, 2.5, True])
+def test_a_retriever_k_that_is_no_count_is_refused(k) -> None:
+    cv = CoVisitation().fit(TRAIN, len(VOCAB))
+    with pytest.raises(ValueError, match=rf"^retriever 'cv': K must be an integer >= 1, got {k!r}$"):
+        hand_pipeline(retrievers={"cv": (cv, k)})
 
 
 def test_retrievers_of_one_name_are_refused(tmp_path) -> None:

@@ -113,8 +113,10 @@ class Pipeline:
         if not retrievers:
             raise ValueError("a pipeline needs at least one retriever")
         for name, (_, k) in retrievers.items():
-            if k < 1:
-                raise ValueError(f"retriever {name!r}: K must be >= 1, got {k}")
+            if not isinstance(name, str) or not name or any(c in name for c in "/\\\0"):
+                raise ValueError(f"retriever name {name!r}: a retriever is saved as retriever-<name>.safetensors: give a "
+                                 "non-empty name without '/' or '\\'")
+            check_integers({"K": k}, f"retriever {name!r}: ")
         self.vocab, self.retrievers = vocab, dict(retrievers)
         check_integers({"max_length": max_length, "max_candidates": max_candidates})
         if history_length < max_length:

@@ -399,7 +399,7 @@ def test_sampling_is_seeded_and_never_returns_empty_or_repeated_items() -> None:
 def test_sampling_at_tiny_or_zero_temperature_is_greedy() -> None:
     candidates = many_candidates()
     greedy = Ordering().order(anonymous(16), candidates, k=6).items
-    for temperature in (1e-6, 0.0, None):
+    for temperature in (1e-6, 1e-310, 5e-324, 0.0, None):  # score / temperature overflows at the two tiniest
         assert torch.equal(sample(candidates, k=6, temperature=temperature), greedy)
 
 

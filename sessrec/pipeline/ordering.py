@@ -221,7 +221,11 @@ class SoftmaxSampling(Stateless):
         sampled order (-inf entries only when too few remain)."""
         if not self.temperature:
             return _top_columns(scores, k)
-        keys = scores.double() / self.temperature + self.noise(sessions, items).to(scores.device)
+        noise = self.noise(sessions, items).to(scores.device)
+        keys = scores.double() / self.temperature + noise
+        over = (keys.isinf() & scores.isfinite()).any(dim=1, keepdim=True)  # score / temperature past float64
+        if bool(over.any()):  # those rows by score + temperature * noise: the same order, in range
+            keys = torch.where(over, scores.double() + self.temperature * noise, keys)
         return _top_columns(keys.masked_fill(scores == NEG_INF, NEG_INF), k)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -401,6 +402,16 @@ def test_sampling_at_tiny_or_zero_temperature_is_greedy() -> None:
     greedy = Ordering().order(anonymous(16), candidates, k=6).items
     for temperature in (1e-6, 1e-310, 5e-324, 0.0, None):  # score / temperature overflows at the two tiniest
         assert torch.equal(sample(candidates, k=6, temperature=temperature), greedy)
+
+
+@pytest.mark.parametrize("seed", [1.5, True, -1, 2**64, "3"])
+def test_a_seed_the_noise_cannot_take_is_refused(seed) -> None:
+    """The noise reads the seed's 64 bits: 1.5 failed only when a list was sampled, and 2**64 or -1 sampled as 0 or
+    2**64 - 1 (another seed, the same samples)."""
+    with pytest.raises(ValueError, match=r"^SoftmaxSampling seed must be an integer in 0 \.\. 2\*\*64 - 1 \(the noise's "
+                                         rf"64 bits\), got {re.escape(repr(seed))}$"):
+        SoftmaxSampling(1.0, seed=seed)
+    assert torch.equal(sample(many_candidates(), k=9, seed=2**64 - 1), sample(many_candidates(), k=9, seed=2**64 - 1))
 
 
 def test_sampling_follows_softmax_of_score_over_temperature() -> None:

@@ -191,12 +191,14 @@ class SoftmaxSampling(Stateless):
 
     Args:
         temperature: > 0; 0 or None: greedy (the top-k by score).
-        seed: another seed, other samples.
+        seed: an integer in 0 .. 2**64 - 1; another seed, other samples.
     """
 
     def __init__(self, temperature: float | None = 1.0, seed: int = 0) -> None:
         if temperature is not None and not (math.isfinite(temperature) and temperature >= 0):
             raise ValueError(f"SoftmaxSampling temperature must be >= 0 or None (greedy), got {temperature}")
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
+            raise ValueError(f"SoftmaxSampling seed must be an integer in 0 .. 2**64 - 1 (the noise's 64 bits), got {seed!r}")
         self.temperature, self.seed = temperature, seed
 
     def noise(self, sessions: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
@@ -206,7 +208,7 @@ class SoftmaxSampling(Stateless):
         id) + place)`` over its items (place 1 the last), and a candidate's uniform the top 53 bits of
         ``mix64(key ^ mix64(id + seed))``, centred in its bin: in (0, 1), never 0 or 1.
         """
-        seed = np.uint64(self.seed & (2**64 - 1))
+        seed = np.uint64(self.seed)
         ids = sessions.detach().cpu().numpy().astype(np.uint64)
         place = np.arange(ids.shape[1], 0, -1, dtype=np.uint64)  # the last item 1, whatever the padding
         with np.errstate(over="ignore"):

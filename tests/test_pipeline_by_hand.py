@@ -11,6 +11,7 @@ import re
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 from test_pipeline_sessions import MAX_LENGTH, HandSessions
@@ -18,6 +19,7 @@ from test_pipeline_sessions import MAX_LENGTH, HandSessions
 from sessrec.baselines import Popularity
 from sessrec.data import ItemVocab
 from sessrec.pipeline.filters import SeenItemsFilter
+from sessrec.pipeline.ordering import DiversityCap, Ordering
 from sessrec.pipeline.pipeline import Pipeline
 from sessrec.pipeline.retrieval.covisitation import CoVisitation
 from sessrec.pipeline_training.recipe import BaselineRetrieval, ModelRetrieval, PipelineRecipe
@@ -88,3 +90,28 @@ def test_retrievers_of_one_name_are_refused(tmp_path) -> None:
     recipe = PipelineRecipe(data=dm, baselines={"pop": BaselineRetrieval(Popularity(), k=8)}, covisitation=CoVisitation(),
                             max_candidates=8, output=str(tmp_path / "p"))
     assert list(recipe.build().retrievers) == ["pop", "covisitation"]
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: hand_pipeline(history_length=7.5), "history_length must be an integer >= 1, got 7.5"),
+        (lambda: hand_pipeline(history_length=True), "history_length must be an integer >= 1, got True"),
+        (lambda: SeenItemsFilter(window=1.5), "SeenItemsFilter window must be an integer >= 1 or None (whole session), got 1.5"),
+        (lambda: SeenItemsFilter(window=True), "SeenItemsFilter window must be an integer >= 1 or None (whole session), got True"),
+        (lambda: DiversityCap("categories.parquet", 1.5), "DiversityCap max_per_category must be an integer >= 1, got 1.5"),
+        (lambda: DiversityCap("categories.parquet", True), "DiversityCap max_per_category must be an integer >= 1, got True"),
+    ],
+)
+def test_a_count_that_is_no_integer_is_refused(build, message: str) -> None:
+    """A cap of 1.5 kept two items of a category and True one, a history_length or a window of 1.5 failed inside
+    the first request (a slice index), True kept one event: each is refused when built."""
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        build()
+
+
+def test_a_cap_keeps_its_count_of_a_category(tmp_path) -> None:
+    path = tmp_path / "categories.parquet"
+    pq.write_table(pa.table({"item_id": [200, 400, 500], "category": [1, 1, 1]}), path)
+    capped = hand_pipeline(ordering=Ordering(diversity=DiversityCap(str(path), 2)))
+    assert capped.recommend([[100, 300]], k=5)[0]["item_ids"] == [200, 500]  # 400, the third of category 1, goes

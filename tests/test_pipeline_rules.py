@@ -82,7 +82,7 @@ def test_seen_items_window_or_whole_session(window: int | None, expected: list[l
 
 
 def test_seen_items_rejects_empty_window() -> None:
-    with pytest.raises(ValueError, match="window must be >= 1"):
+    with pytest.raises(ValueError, match="window must be an integer >= 1"):
         SeenItemsFilter(window=0)
 
 

@@ -234,8 +234,8 @@ class SeenItemsFilter(Stateless):
     """
 
     def __init__(self, window: int | None = None) -> None:
-        if window is not None and window < 1:
-            raise ValueError(f"SeenItemsFilter window must be >= 1 or None (whole session), got {window}")
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+            raise ValueError(f"SeenItemsFilter window must be an integer >= 1 or None (whole session), got {window!r}")
         self.window = window
 
     def apply(self, sessions: RequestSessions, candidates: Candidates) -> Candidates:

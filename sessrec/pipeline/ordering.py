@@ -37,7 +37,7 @@ from sessrec.data.vocab import PAD, ItemVocab
 from sessrec.features.backend import mix64
 from sessrec.pipeline.candidates import Candidates, Recommendations, RequestSessions
 from sessrec.pipeline.filters import RawItemRule, Stateless, read_item_table
-from sessrec.saved.registry import Configurable
+from sessrec.saved.registry import Configurable, check_integers
 
 __all__ = ["BoostRule", "DiversityCap", "Ordering", "SoftmaxSampling", "occurrence"]
 
@@ -145,8 +145,7 @@ class DiversityCap(RawItemRule):
         item_column: str = "item_id",
         category_column: str = "category",
     ) -> None:
-        if max_per_category < 1:
-            raise ValueError(f"DiversityCap max_per_category must be >= 1, got {max_per_category}")
+        check_integers({"max_per_category": max_per_category}, "DiversityCap ")
         self.max_per_category = max_per_category
         self.category_path, self.item_column, self.category_column = category_path, item_column, category_column
 

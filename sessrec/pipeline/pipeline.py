@@ -118,7 +118,7 @@ class Pipeline:
                                  "non-empty name without '/' or '\\'")
             check_integers({"K": k}, f"retriever {name!r}: ")
         self.vocab, self.retrievers = vocab, dict(retrievers)
-        check_integers({"max_length": max_length, "max_candidates": max_candidates})
+        check_integers({"max_length": max_length, "max_candidates": max_candidates, "history_length": history_length})
         if history_length < max_length:
             raise ValueError(f"history_length ({history_length}) must be >= max_length ({max_length})")
         self.max_length, self.max_candidates, self.history_length = max_length, max_candidates, history_length

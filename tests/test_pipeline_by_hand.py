@@ -115,3 +115,11 @@ def test_a_cap_keeps_its_count_of_a_category(tmp_path) -> None:
     pq.write_table(pa.table({"item_id": [200, 400, 500], "category": [1, 1, 1]}), path)
     capped = hand_pipeline(ordering=Ordering(diversity=DiversityCap(str(path), 2)))
     assert capped.recommend([[100, 300]], k=5)[0]["item_ids"] == [200, 500]  # 400, the third of category 1, goes
+
+
+@pytest.mark.parametrize("batch_size", [0, -1, 2.5])
+def test_a_recipe_batch_size_that_is_no_count_is_refused(tmp_path, batch_size) -> None:
+    """0 failed in the ranker's fit on range()'s message and -1 with an IndexError traceback: refused when read."""
+    dm = SessionDataModule(source=HandSessions(), max_length=MAX_LENGTH)
+    with pytest.raises(ValueError, match="^" + re.escape(f"batch_size must be an integer >= 1, got {batch_size!r}") + "$"):
+        PipelineRecipe(data=dm, covisitation=CoVisitation(), batch_size=batch_size, output=str(tmp_path / "p"))

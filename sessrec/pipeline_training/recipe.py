@@ -179,7 +179,7 @@ class PipelineRecipe:
                              f"{seen_filter}: set seen_filter: window, or drop seen_window")
         if seen_window is not None and (isinstance(seen_window, bool) or seen_window < 1):
             raise ValueError(f"seen_window: {seen_window} is not a number of events (an integer >= 1)")
-        check_integers({"max_candidates": max_candidates})
+        check_integers({"max_candidates": max_candidates, "batch_size": batch_size})
         self.max_candidates, self.seen_filter, self.seen_window = max_candidates, seen_filter, seen_window or 1
         self.item_tables = list(item_tables or [])
         self.exclusions: dict[str, int | None] = {}  # session model -> events its exclude_seen reads (None: none)

@@ -16,11 +16,12 @@ import pytest
 import torch
 from test_pipeline_sessions import MAX_LENGTH, HandSessions
 
-from sessrec.baselines import Popularity
+from sessrec.baselines import VSKNN, Popularity
 from sessrec.data import ItemVocab
 from sessrec.pipeline.filters import SeenItemsFilter
 from sessrec.pipeline.ordering import DiversityCap, Ordering
 from sessrec.pipeline.pipeline import Pipeline
+from sessrec.pipeline.retrieval.baseline_retriever import BaselineRetriever
 from sessrec.pipeline.retrieval.covisitation import CoVisitation
 from sessrec.pipeline_training.recipe import BaselineRetrieval, ModelRetrieval, PipelineRecipe
 from sessrec.tasks import SessionDataModule
@@ -123,3 +124,18 @@ def test_a_recipe_batch_size_that_is_no_count_is_refused(tmp_path, batch_size) -
     dm = SessionDataModule(source=HandSessions(), max_length=MAX_LENGTH)
     with pytest.raises(ValueError, match="^" + re.escape(f"batch_size must be an integer >= 1, got {batch_size!r}") + "$"):
         PipelineRecipe(data=dm, covisitation=CoVisitation(), batch_size=batch_size, output=str(tmp_path / "p"))
+
+
+def test_the_retrievers_spend_their_k_on_products_only() -> None:
+    """Virtual items (input-only: page views, searches) co-visit like products but are never recommended: a
+    retriever's K holds products only, else the pipeline's filter leaves fewer candidates than K."""
+    vocab = ItemVocab(pa.array([100, 200, 300, 900]), np.array([4, 1, 1, 2]), num_virtual=1)  # 900 is model id 5
+    train = torch.tensor([[0, 2, 5], [0, 2, 5], [0, 2, 3], [0, 2, 4]])
+    # W[2] = {5: 2, 3: 1, 4: 1} / 4: the virtual item co-visits most
+    retrievers = {"cv": (CoVisitation().fit(train, len(vocab)), 2), "knn": (BaselineRetriever(VSKNN()).fit(train, len(vocab)), 2)}
+    pipe = Pipeline(vocab, retrievers, max_length=5, max_candidates=4)
+    found = pipe.retrieve(pipe.wrap(torch.tensor([[2]])))
+    assert found["cv"].items.tolist() == [[3, 4]] and found["cv"].scores.tolist() == [[0.25, 0.25]]
+    assert found["knn"].items.tolist() == [[2, 3]]  # every neighbour holds 2, two of them the virtual 5
+    assert pipe.recommend([[100]], k=5)[0]["item_ids"] == [200, 300, 100]  # by co-visitation: 0.25, 0.25, 0
+    assert pipe.recommend([[900]], k=5)[0]["item_ids"] == []  # a request's ids are products: 900 is OOV there

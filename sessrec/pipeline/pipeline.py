@@ -118,6 +118,8 @@ class Pipeline:
                                  "non-empty name without '/' or '\\'")
             check_integers({"K": k}, f"retriever {name!r}: ")
         self.vocab, self.retrievers = vocab, dict(retrievers)
+        for retriever, _ in self.retrievers.values():  # their top-K: products only (the virtual ids would be filtered)
+            retriever.products = len(vocab) - vocab.num_virtual
         check_integers({"max_length": max_length, "max_candidates": max_candidates, "history_length": history_length})
         if history_length < max_length:
             raise ValueError(f"history_length ({history_length}) must be >= max_length ({max_length})")

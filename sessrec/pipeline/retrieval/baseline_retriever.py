@@ -20,7 +20,7 @@ import torch
 from sessrec.baselines import SessionBaseline
 from sessrec.baselines.baseline import time_order
 from sessrec.pipeline.candidates import RequestSessions, Retrieved
-from sessrec.pipeline.retrieval.retriever import Retriever, lookup_sparse, top_k_sparse
+from sessrec.pipeline.retrieval.retriever import Retriever, lookup_sparse, products_only, top_k_sparse
 
 
 class BaselineRetriever(Retriever):
@@ -65,8 +65,8 @@ class BaselineRetriever(Retriever):
         return sessions.cache[key]
 
     def retrieve(self, sessions: RequestSessions, k: int) -> Retrieved:
-        keys, values = self._scores(sessions)
         v = self.baseline.num_items
+        keys, values = products_only(*self._scores(sessions), v, self.products)
         return top_k_sparse(keys, values, len(sessions), v, min(k, v), sessions.items.device)
 
     def score(self, sessions: RequestSessions, items: torch.Tensor) -> torch.Tensor:

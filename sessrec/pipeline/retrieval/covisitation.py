@@ -49,7 +49,13 @@ from sessrec.baselines.baseline import _as_ids
 from sessrec.baselines.knn import ranges
 from sessrec.data.vocab import NUM_SPECIAL
 from sessrec.pipeline.candidates import RequestSessions, Retrieved
-from sessrec.pipeline.retrieval.retriever import Retriever, lookup_sparse, row_ranks, top_k_sparse
+from sessrec.pipeline.retrieval.retriever import (
+    Retriever,
+    lookup_sparse,
+    products_only,
+    row_ranks,
+    top_k_sparse,
+)
 
 Direction = Literal["forward", "both"]
 _FITS = itertools.count()  # numbers each fitted matrix: its products' key in `RequestSessions.cache`
@@ -222,7 +228,7 @@ class CoVisitation(Retriever):
         """
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
-        keys, data = self.session_scores(sessions)
+        keys, data = products_only(*self.session_scores(sessions), self.num_items, self.products)
         return top_k_sparse(keys, data, len(sessions), self.num_items, k, sessions.items.device)
 
     def score(self, sessions: RequestSessions, items: torch.Tensor) -> torch.Tensor:

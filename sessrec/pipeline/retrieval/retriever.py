@@ -31,7 +31,13 @@ from sessrec.saved.registry import Configurable
 
 
 class Retriever(Configurable):
-    """Base class of the retrievers; subclasses implement `retrieve`, `score`, `state_dict` and `load_state_dict`."""
+    """Base class of the retrievers; subclasses implement `retrieve`, `score`, `state_dict` and `load_state_dict`.
+
+    `products`: the ids below it are products, those from it on virtual (input-only) items, which `retrieve` never
+    returns; None: every id is a product. The `Pipeline` sets it from its vocabulary.
+    """
+
+    products: int | None = None
 
     def retrieve(self, sessions: RequestSessions, k: int) -> Retrieved:
         """Top-`k` recommendable items (B, k) per session, best first, with their scores."""
@@ -54,6 +60,15 @@ class Retriever(Configurable):
     def load_state_dict(self, state: Mapping[str, Any]) -> Retriever:
         """Take a `state_dict` of a retriever of the same config; returns self."""
         raise NotImplementedError
+
+
+def products_only(keys: np.ndarray, values: np.ndarray, width: int, products: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """The entries (``keys`` row * width + column, ``values``) of a sparse score matrix whose column is below
+    `products` (None: all of them): a retriever's top-K holds no virtual item, which the pipeline would drop."""
+    if products is None or products >= width:
+        return keys, values
+    keep = keys % width < products
+    return keys[keep], values[keep]
 
 
 def top_k_sparse(keys: np.ndarray, values: np.ndarray, rows: int, width: int, k: int,

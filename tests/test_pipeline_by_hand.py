@@ -139,3 +139,10 @@ def test_the_retrievers_spend_their_k_on_products_only() -> None:
     assert found["knn"].items.tolist() == [[2, 3]]  # every neighbour holds 2, two of them the virtual 5
     assert pipe.recommend([[100]], k=5)[0]["item_ids"] == [200, 300, 100]  # by co-visitation: 0.25, 0.25, 0
     assert pipe.recommend([[900]], k=5)[0]["item_ids"] == []  # a request's ids are products: 900 is OOV there
+
+
+def test_a_batch_of_no_sessions_gets_no_lists() -> None:
+    """recommend_batch of 0 sessions (a caller's empty chunk) failed in the merge on a reshape; it returns (0, k)."""
+    pipe = hand_pipeline()
+    recs = pipe.recommend_batch(pipe.wrap(torch.zeros(0, 3, dtype=torch.long)), k=3)
+    assert recs.items.shape == (0, 3) and recs.scores.shape == (0, 3) and pipe.decode(recs) == []

@@ -197,6 +197,6 @@ def merge(retrieved: dict[str, Retrieved]) -> Candidates:
     out_items[slot] = u_item[by]
     grid = torch.zeros(feats.shape[1], b * width, device=device)
     grid[:, slot] = feats[by].T
-    grid = grid.view(-1, b, width)
+    grid = grid.view(feats.shape[1], b, width)
     feature_names = [f"{n}_{what}" for n in names for what in ("rank", "score")] + ["sources"]
     return Candidates(out_items.view(b, width), dict(zip(feature_names, grid.unbind(0))))

@@ -405,17 +405,24 @@ def test_retrain_keeps_an_hstu_trained_without_event_times_without_them(tmp_path
     assert candidate.model.encoder.trained_with_times is False
 
 
-def test_retrain_refuses_a_gate_needing_more_pairs_than_the_test_window_holds_before_training(tmp_path):
-    """min_pairs above the test window's pairs could only end in a refusal: it is refused before the candidate
-    trains, naming the pairs the window holds (one per test session: its last item)."""
+def untrained_current(tmp_path):
+    """An event file and an untrained GRU4Rec saved as the current model (`tmp_path`/current) on its first window: a
+    turn that is refused before it reads a weight. Returns the file, its window bounds and the model's vocabulary."""
     path, (start, mid, late, end) = event_file(tmp_path)
     data = SessionDataModule(TimeWindowSource([str(path)], Schema(), start, mid, late), max_length=8, batch_size=128)
     task = NextItemTask(num_items=data.num_items, max_length=8, encoder=GRU4RecEncoder(d_model=8),
                         objective=CausalLanguageModeling())
-    task.vocab = data.vocab  # untrained: the turn is refused before it reads a weight
+    task.vocab = data.vocab
     served = task.recommender()
     served.train_end = data.splits.train_end()
     served.save_pretrained(tmp_path / "current")
+    return path, (start, mid, late, end), data.vocab
+
+
+def test_retrain_refuses_a_gate_needing_more_pairs_than_the_test_window_holds_before_training(tmp_path):
+    """min_pairs above the test window's pairs could only end in a refusal: it is refused before the candidate
+    trains, naming the pairs the window holds (one per test session: its last item)."""
+    path, (start, mid, late, end), vocab = untrained_current(tmp_path)
     pairs = TimeWindowSource([str(path)], Schema(), mid, late, end + 1).load().test.num_rows
     common = dict(paths=[str(path)], schema=Schema(), max_epochs=1, train_from=mid, train_until=late, test_until=end + 1)
     with pytest.raises(ValueError) as err:
@@ -433,14 +440,7 @@ def test_retrain_on_events_of_another_catalogue_is_refused_before_training(tmp_p
     10**6): the turn trained its candidate, wrote it to --out and only then was refused when the current model was
     evaluated, so that the same turn run again with the right paths was refused for an --out that holds another run.
     It is refused before anything is written or trained."""
-    path, (start, mid, late, end) = event_file(tmp_path)
-    data = SessionDataModule(TimeWindowSource([str(path)], Schema(), start, mid, late), max_length=8, batch_size=128)
-    task = NextItemTask(num_items=data.num_items, max_length=8, encoder=GRU4RecEncoder(d_model=8),
-                        objective=CausalLanguageModeling())
-    task.vocab = data.vocab  # untrained: the turn is refused before it reads a weight
-    served = task.recommender()
-    served.train_end = data.splits.train_end()
-    served.save_pretrained(tmp_path / "current")
+    path, (start, mid, late, end), vocab = untrained_current(tmp_path)
     events = pq.read_table(path)
     other = tmp_path / "other.parquet"
     pq.write_table(events.set_column(1, "item_id", pa.compute.add(events.column("item_id"), 1_000_000)), other)
@@ -452,8 +452,8 @@ def test_retrain_on_events_of_another_catalogue_is_refused_before_training(tmp_p
                 schema=Schema(), max_epochs=1, train_from=mid, train_until=late, test_until=end + 1)
     assert str(err.value) == (
         f"{other}: none of the {products} items of the test window ({late} .. {end + 1}) is in the current model's "
-        f"vocabulary {tmp_path / 'current' / 'vocab.parquet'} ({len(data.vocab) - 2} items of type int64, e.g. "
-        f"{data.vocab.raw_ids[0].as_py()!r}; the window's first {first!r}): the events and the model do not belong "
+        f"vocabulary {tmp_path / 'current' / 'vocab.parquet'} ({len(vocab) - 2} items of type int64, e.g. "
+        f"{vocab.raw_ids[0].as_py()!r}; the window's first {first!r}): the events and the model do not belong "
         "together; nothing was trained")
     assert not (tmp_path / "c").exists()
     assert not (tmp_path / "current" / "promotions.jsonl").exists()

@@ -25,6 +25,20 @@ def one(i: int) -> tuple[list[list], list[dict]]:
     return [[i, f"x{i}"]], [{"item_ids": [i + 1, "y"], "scores": [0.5, 0.25]}]
 
 
+def first_lost_then_kept(log, folder: Path) -> None:
+    """Record a row whose file fails (dropped and counted), then one that is written; only the second is read back."""
+    log.record("lost", *one(0))
+    deadline = time.monotonic() + 10
+    while log.rows_dropped == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    log.record("kept", *one(1))
+    log.close()
+    assert (log.rows_written, log.rows_dropped) == (1, 1)
+    assert read(folder).column("request_id").to_pylist() == ["kept"]
+    assert not list(folder.glob(".*.tmp"))
+
+
+
 def read(directory: Path) -> pa.Table:
     return pa.concat_tables([pq.read_table(f) for f in served_files(directory)])
 
@@ -174,15 +188,7 @@ def test_a_failing_disk_drops_and_counts_rows_and_the_log_goes_on(tmp_path: Path
 
     monkeypatch.setattr(served_log.pq, "ParquetWriter", writer)
     log = ServedLog(tmp_path, flush_rows=1, max_minutes=60)
-    log.record("lost", *one(0))
-    deadline = time.monotonic() + 10
-    while log.rows_dropped == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    log.record("kept", *one(1))
-    log.close()
-    assert (log.rows_written, log.rows_dropped) == (1, 1)
-    assert read(tmp_path).column("request_id").to_pylist() == ["kept"]
-    assert not list(tmp_path.glob(".*.tmp"))
+    first_lost_then_kept(log, tmp_path)
 
 
 @pytest.mark.parametrize("failing", ["close", "replace"])
@@ -216,15 +222,7 @@ def test_a_file_that_cannot_be_closed_drops_and_counts_its_rows_and_the_log_goes
 
         monkeypatch.setattr(served_log.pq, "ParquetWriter", Writer)
     log = ServedLog(tmp_path, flush_rows=1, max_minutes=0.002)  # closed on the clock after 0.12 s
-    log.record("lost", *one(0))
-    deadline = time.monotonic() + 10
-    while log.rows_dropped == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    log.record("kept", *one(1))
-    log.close()
-    assert (log.rows_written, log.rows_dropped) == (1, 1)
-    assert read(tmp_path).column("request_id").to_pylist() == ["kept"]
-    assert not list(tmp_path.glob(".*.tmp"))
+    first_lost_then_kept(log, tmp_path)
 
 
 def test_a_log_whose_folder_was_removed_makes_it_again(tmp_path: Path) -> None:

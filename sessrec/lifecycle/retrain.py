@@ -52,7 +52,7 @@ from sessrec.data.vocab import ItemVocab
 from sessrec.embeddings import DynamicTables
 from sessrec.lifecycle.gate import Gate, check_unseen
 from sessrec.lifecycle.paired_ranks import PairRanks, aligned, clickout_ranks, next_item_ranks, protocol_pairs
-from sessrec.saved.atomic import lock_folder
+from sessrec.saved.atomic import lock_folder, remove_created
 from sessrec.saved.registry import class_path, config_of
 from sessrec.saved.versions import VersionedDirectory, resolve
 from sessrec.tasks import NextItemTask
@@ -394,11 +394,7 @@ def writing_candidate(out_dir: Path, max_epochs: int) -> Iterator[None]:
         except BaseException:
             for entry in out_dir.iterdir():  # all this turn's: the folder was empty, and is locked by it
                 shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
-            for created in missing:
-                try:
-                    created.rmdir()
-                except OSError:  # not empty, or already gone
-                    break
+            remove_created(missing)
             raise
     finally:
         os.close(fd)

@@ -153,12 +153,18 @@ def new_folders(folder: str | os.PathLike) -> Iterator[Path]:
     try:
         yield folder
     except BaseException:
-        for created in missing:
-            try:
-                created.rmdir()
-            except OSError:  # not empty, or already gone
-                break
+        remove_created(missing)
         raise
+
+
+def remove_created(folders: list[Path]) -> None:
+    """Remove the empty `folders`, innermost first, stopping at one that is not empty (where another writer put
+    something meanwhile) or already gone."""
+    for created in folders:
+        try:
+            created.rmdir()
+        except OSError:
+            break
 
 
 @contextmanager

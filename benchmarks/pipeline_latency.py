@@ -58,6 +58,8 @@ from sessrec.pipeline.scoring.gbdt_scorer import HostRows
 from sessrec.pipeline_training.fitting import fit_ranker
 from sessrec.tasks import NextItemTask, SessionDataModule
 
+QUICK_TREES = {"max_rounds": 10, "threads": 1}  # --quick: each LightGBM member boosted 10 rounds at most, on one thread
+
 
 def data(args: argparse.Namespace) -> SessionDataModule:
     return SessionDataModule(
@@ -83,7 +85,8 @@ def build(args: argparse.Namespace, dm: SessionDataModule) -> Pipeline:
     features = CandidateFeatures().fit_statistics(train, dm.num_items)
     pipe = Pipeline(dm.vocab, retrievers, max_length=20, max_candidates=200, features=features)
     dlrm = DLRMScorer(max_epochs=1)
-    scorer = dlrm if args.ranker == "dlrm" else BlendScorer([dlrm, GBDTScorer(), GBDTScorer(seed=1)])
+    trees = QUICK_TREES if args.quick else {}
+    scorer = dlrm if args.ranker == "dlrm" else BlendScorer([dlrm, GBDTScorer(**trees), GBDTScorer(seed=1, **trees)])
     fit_ranker(pipe, dm.pairs("valid").take(slice(0, 2000)), scorer)
     return pipe
 
@@ -201,7 +204,7 @@ def main() -> None:
     parser.add_argument("--runtimes", action="store_true", help="also the XLNet query in the other runtime, alternated")
     parser.add_argument("--batch-threads", type=int, nargs="*", default=[],
                         help="also the offline batch on these torch thread counts (the trees' too), after the one-thread figure")
-    parser.add_argument("--quick", action="store_true", help="a small smoke run (5,000 items)")
+    parser.add_argument("--quick", action="store_true", help="a small smoke run (5,000 items; LightGBM members of 10 rounds at most)")
     args = parser.parse_args()
     if any(n < 1 for n in args.batch_threads):
         parser.error(f"--batch-threads: thread counts of 1 or more, got {args.batch_threads}")

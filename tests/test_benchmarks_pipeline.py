@@ -118,7 +118,8 @@ def test_pipeline_latency_quick_run_times_requests_with_their_event_times_and_ev
                                                        "--batch-threads", "2").splitlines()]
     assert record["system"] == "pipeline-exact" and record["threads"] == 1 and record["candidates"] == 200
     assert record["retrievers"] == ["xlnet", "vsknn", "stan", "covisitation"] and record["scorer"] == "BlendScorer"
-    assert len(record["trees"]) == 2 and min(record["trees"]) >= 1  # the blend's two LightGBM members
+    trees = record["trees"]  # the blend's two LightGBM members, each of 10 rounds at most (--quick)
+    assert len(trees) == 2 and 1 <= min(trees) <= max(trees) <= 10
     assert record["requests"] > 0 and 0 < record["p50_ms"] <= record["p90_ms"] <= record["p99_ms"]
     assert record["sessions_per_s"] > 0 and record["batch"] == 64
     assert list(record["sessions_per_s_on_threads"]) == ["2"] and record["sessions_per_s_on_threads"]["2"] > 0

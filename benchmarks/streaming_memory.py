@@ -42,13 +42,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import torch
 
 from sessrec.data import ItemVocab, PreparedSource
 from sessrec.data.prepared.dataset import VERSION
 from sessrec.saved.atomic import digest
 from sessrec.saved.directory import HASH, content_hash
-from sessrec.tasks import SessionDataModule
 
 MAX_LENGTH = 20
 
@@ -112,6 +110,10 @@ def prepared(root: Path, names: list[str], n_parts: int, counts: np.ndarray, sha
 
 def epoch(directory: Path, kind: str, args: argparse.Namespace) -> dict:
     """One training epoch of the loader `kind` over the prepared dataset in `directory` (the child process's work)."""
+    import torch  # only the children train: the parent, which writes the parts, does without torch and Lightning
+
+    from sessrec.tasks import SessionDataModule
+
     torch.set_num_threads(1)
     options = {"streaming": True, "shuffle_buffer": args.buffer} if kind.startswith("streaming") else {
         "vocab_path": str(directory / "vocab.parquet")}

@@ -1,4 +1,4 @@
-"""Smoke tests of benchmarks/large_catalogue.py: `--quick` runs every part end to end at 100k items from the
+"""Smoke tests of benchmarks/large_catalogue.py: `--quick` runs every part end to end at 25k items from the
 repository root (one child process per measurement) and its JSON records carry the sizes they claim, with
 positive timings; a memory budget below every estimate skips each measurement with its estimate."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-ITEMS = 100_000
+ITEMS = 25_000
 
 
 def records(*args: str) -> list[dict]:
@@ -25,7 +25,7 @@ def records(*args: str) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_large_catalogue_quick_run_measures_every_part_at_100k_items():
+def test_large_catalogue_quick_run_measures_every_part_at_25k_items():
     out = records("--quick")
     assert [(r["part"], r.get("raw_ids") or r.get("index")) for r in out] == [
         ("vocab", "int64"), ("vocab", "string"), ("train", None), ("head_lookups", None), ("eval", None),

@@ -2,6 +2,7 @@
 each runs end to end with ``--quick`` from the repository root and its JSON records carry the
 configuration they claim, with positive timings where it times."""
 
+import functools
 import json
 import shutil
 import subprocess
@@ -21,9 +22,11 @@ def quick_run(script: str, *args: str, timeout: int = 120) -> list[dict]:
     return [json.loads(line) for line in done.stdout.splitlines()]
 
 
+@functools.cache
 def torchrec_usable() -> bool:
     """Whether ``import torchrec`` works in a script's process (CI installs it without its deps); asked in a
-    subprocess, as the scripts run, since here its import warnings would be errors."""
+    subprocess, as the scripts run, since here its import warnings would be errors; once per test process
+    (the import takes seconds)."""
     done = subprocess.run([sys.executable, "-c", "import torchrec"], cwd=ROOT, capture_output=True, timeout=60, check=False)
     return done.returncode == 0
 

@@ -40,8 +40,11 @@ def test_serve_load_quick_run_serves_its_own_tiny_pipeline():
     assert (flood["sessions_per_request"], flood["seconds"], flood["factor"]) == (8, 2.0, 4.0)
     assert flood["capacity_requests_per_s"] > 0 and flood["unanswered"] == 0
     assert sum(flood["statuses"].values()) == flood["offered_requests"] == flood["answered"]
+    assert set(flood["statuses"]) <= {"200", "503", "504"}
+    assert flood["health"]["probes"] > 0 and flood["rss_after_mb"] > 0
     bad = records[5]
     assert bad["all_4xx"] and bad["server_alive"] and bad["health_after"] == 200
+    assert bad["statuses"]["body_over_limit_chunked"] == 413 and bad["statuses"]["broken_json"] == 400
 
 
 @pytest.mark.slow

@@ -3,8 +3,9 @@
 The pipeline: `SyntheticSource` sessions (60 items, int64 raw ids), a `CoVisitation` retriever
 fitted on the training split, no ranker. Requests go through FastAPI's TestClient (the app's
 lifespan runs the batcher); concurrent requests come from threads. `Gate` wraps a recommender so
-that its model calls wait for the test (a busy or stuck model) and are recorded. The benchmark
-script's smoke runs start a real uvicorn server on a free loopback port.
+that its model calls wait for the test (a busy or stuck model) and are recorded. The tests of
+worker processes start a real uvicorn server on a free loopback port; the load benchmark's smoke run
+(benchmarks/serve_load.py on the same pipeline) is in tests/test_benchmarks_serving.py.
 """
 
 from __future__ import annotations
@@ -760,31 +761,6 @@ def test_a_served_log_folder_that_cannot_be_written_is_refused_in_one_line_befor
                                              "reads; name another folder$"):
             serve(directory, served_log=str(directory / "log"), workers=workers)
     assert not (directory / "log").exists()
-
-
-@pytest.mark.slow
-def test_load_benchmark_quick_run(pipe, tmp_path: Path) -> None:
-    directory = pipe.save_pretrained(tmp_path / "pipeline")
-    done = subprocess.run(
-        [sys.executable, "benchmarks/serve_load.py", "--model-dir", str(directory), "--data", str(tmp_path / "none"),
-         "--concurrency", "1", "4", "--requests", "20", "--warmup", "2", "--seconds", "20", "--client", "python",
-         "--overload", "--capacity-seconds", "1", "--overload-seconds", "2", "--overload-sessions", "8"],
-        cwd=ROOT, capture_output=True, text=True, timeout=180, check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    records = [json.loads(line) for line in done.stdout.splitlines()]
-    assert [r["system"] for r in records] == ["serve", "serve", "serve-overload", "serve-bad-requests"]
-    assert [r.get("concurrency") for r in records[:2]] == [1, 4]
-    for r in records[:2]:
-        assert r["requests"] == 20 and r["errors"] == 0 and r["p99_ms"] >= r["p50_ms"] > 0
-    flood = records[2]
-    assert flood["capacity_requests_per_s"] > 0 and flood["unanswered"] == 0
-    assert sum(flood["statuses"].values()) == flood["offered_requests"] == flood["answered"]
-    assert set(flood["statuses"]) <= {"200", "503", "504"}
-    assert flood["health"]["probes"] > 0 and flood["rss_after_mb"] > 0
-    bad = records[3]
-    assert bad["all_4xx"] and bad["server_alive"] and bad["health_after"] == 200
-    assert bad["statuses"]["body_over_limit_chunked"] == 413 and bad["statuses"]["broken_json"] == 400
 
 
 @pytest.mark.slow

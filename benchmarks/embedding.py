@@ -106,11 +106,10 @@ def timed(fn: Callable[[], object], iters: int) -> tuple[float, float]:
 
     The cyclic garbage collector is run before and paused during the calls: a full collection of
     the process's objects (tens of ms) would otherwise land in whichever call happens to trigger it.
-    What is alive then is frozen (`gc.freeze`), so the next measurement's collection scans only the
-    objects made since (a full one takes about 0.2 s once torch's compiler is loaded).
+    `interleave` freezes what its warm-up leaves alive, so that this collection scans only the objects
+    made since (a full one takes about 0.2 s once torch's compiler is loaded).
     """
     gc.collect()
-    gc.freeze()
     gc.disable()
     try:
         start, cpu = time.perf_counter(), time.thread_time()
@@ -131,12 +130,17 @@ def interleave(contenders: dict[str, Callable[[], object]], args: argparse.Names
         for _ in range(args.warmup):
             fn()
     times: dict[str, list[float]] = {k: [] for name in contenders for k in (name, f"{name}_cpu")}
-    for r in range(args.repeats):
-        for name, fn in contenders.items():
-            wall, cpu = timed(fn, args.iters)
-            times[name].append(wall)
-            times[f"{name}_cpu"].append(cpu)
-            print(f"{label} repeat {r} {name}: {wall * 1e3:.2f} ms ({cpu * 1e3:.2f} ms CPU)", file=sys.stderr)
+    gc.collect()
+    gc.freeze()  # the modules, the compiled kernels and the contenders' tables: out of every measurement's collection
+    try:
+        for r in range(args.repeats):
+            for name, fn in contenders.items():
+                wall, cpu = timed(fn, args.iters)
+                times[name].append(wall)
+                times[f"{name}_cpu"].append(cpu)
+                print(f"{label} repeat {r} {name}: {wall * 1e3:.2f} ms ({cpu * 1e3:.2f} ms CPU)", file=sys.stderr)
+    finally:
+        gc.unfreeze()  # the comparison's tables can go when it returns, even from a reference cycle
     return times
 
 

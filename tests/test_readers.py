@@ -648,6 +648,23 @@ def test_read_events_refuses_times_outside_1990_to_2100(tmp_path, times, unit, m
         EventLogSource(str(path), schema=Schema(time_unit=unit), test_fraction=0.5).load()
 
 
+def test_dates_written_as_yyyymmdd_numbers_are_refused_not_read_as_relative_seconds(tmp_path):
+    """20140402 is 2014-04-02, not 20,140,402 seconds from a start: read so, the next day was one second later and the
+    time splits cut by seconds; a column all of whose numbers are such dates is refused, in any unit."""
+    path = _events_file(tmp_path, [20140402, 20140402, 20140406])
+    message = (r"clicks.csv: column 'timestamp' has the time 20140402 at row 0, and every time of it is a date written "
+               r"as digits \(YYYYMMDD\), which time_unit: s reads as seconds from a start; give the dates as text")
+    with pytest.raises(SchemaError, match=message):
+        read_events(path, Schema())
+    with pytest.raises(SchemaError, match=message):
+        EventLogSource(str(path), schema=Schema(), test_fraction=0.5).load()
+    with pytest.raises(SchemaError, match="which time_unit: ms reads as milliseconds from a start"):
+        read_events(path, Schema(time_unit="ms"))
+    # relative seconds that are no dates in every row (a month 13, a day 32, a fraction) are read as they are
+    for times in ([20140402, 20141302, 20140406], [20140402, 20140432, 20140406], [20140402.5, 20140402, 20140406]):
+        assert read_events(_events_file(tmp_path, times), Schema())["timestamp"].to_pylist() == [float(t) for t in times]
+
+
 def test_read_events_takes_relative_times_and_right_units(tmp_path):
     relative = read_events(_events_file(tmp_path, [0.0, 30.0, 5.0]), Schema())  # seconds from a start: no unit fits
     assert relative["timestamp"].to_pylist() == [0.0, 30.0, 5.0]

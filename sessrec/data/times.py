@@ -139,6 +139,8 @@ def check_plausible(col: pa.ChunkedArray, seconds: np.ndarray, name: str, unit: 
         fits = [u for u, f in _UNIT_SECONDS.items() if u != unit and low <= raw_low * f and raw_high * f < high]
     late = seconds >= high
     if not (late.any() or inside.any() or fits):
+        if unit != "datetime":
+            _refuse_dates_as_numbers(col, seconds / _UNIT_SECONDS[unit], name, unit, source, rows)
         return
     bad = late if late.any() else ~inside
     value, row = bad_example(col, bad, rows)
@@ -150,6 +152,24 @@ def check_plausible(col: pa.ChunkedArray, seconds: np.ndarray, name: str, unit: 
         f"{source}: column {name!r} has the time {value!r} at row {row}, {read} the year "
         f"{f'{year:,}' if year >= 10_000 else year} (outside 1990..2100); {fix}"
     )
+
+
+def _refuse_dates_as_numbers(col: pa.ChunkedArray, numbers: np.ndarray, name: str, unit: TimeUnit, source: str,
+                             rows: Rows) -> None:
+    """Refuse a column of relative times whose every number is a date written as digits (YYYYMMDD in 1990..2099:
+    20240115), which would be read as seconds from a start (one day a second apart, a month 70 to 100 apart)."""
+    whole = np.round(numbers)
+    if not len(numbers) or not np.array_equal(whole, numbers):
+        return
+    year, month_day = np.divmod(whole.astype(np.int64), 10_000)
+    month, day = np.divmod(month_day, 100)
+    if ((year >= 1990) & (year < 2100) & (month >= 1) & (month <= 12) & (day >= 1) & (day <= 31)).all():
+        value, row = bad_example(col, np.ones(len(numbers), dtype=bool), rows)
+        raise SchemaError(
+            f"{source}: column {name!r} has the time {value!r} at row {row}, and every time of it is a date written as "
+            f"digits (YYYYMMDD), which time_unit: {unit} reads as {UNIT_WORDS[unit]} from a start; give the dates as "
+            "text (2024-01-15), as a date or timestamp column, or as seconds since the epoch"
+        )
 
 
 _UTC_OFFSET = r"(?P<sign>[+-])(?P<hours>\d{2})(?::?(?P<minutes>\d{2}))?$"  # after a time of day: +02:00, -0130, +01

@@ -67,6 +67,23 @@ def test_overlapping_files_are_refused_and_consecutive_ones_accepted(tmp_path):
     assert (splits.train.num_rows, splits.valid.num_rows, splits.test.num_rows) == (27, 3, 20)
 
 
+def test_a_file_of_relative_times_beside_one_of_dates_is_refused_naming_both(tmp_path):
+    """Relative times (before 1990, counted from a start) all end before any date, so a training file of relative
+    times beside a test file of dates passed the order check with exit 0, though nothing orders the two clocks."""
+    train = write_log(tmp_path / "train.parquet", [0, 1, 2])
+    relative = tmp_path / "relative.parquet"
+    events = pq.read_table(write_log(tmp_path / "test.parquet", [3], first_id=100))
+    pq.write_table(events.set_column(2, "timestamp", pa.compute.subtract(events.column("timestamp"), T0)), relative)
+    with pytest.raises(ValueError) as err:
+        EventLogSource(train, test_path=str(relative), valid_fraction=0.1).load()
+    assert str(err.value) == (
+        f"{relative}: the test sessions end at relative times (the last 291720 s, before 1990: counted from a start) and "
+        f"the training sessions of {train}, training split at dates (the last 2014-04-03T06:02:00Z): the files keep "
+        "no common clock, so their periods cannot be ordered; give every file's times in one frame")
+    with pytest.raises(ValueError, match=f"{re.escape(str(relative))}, training split: the training sessions end at relative"):
+        EventLogSource(str(relative), test_path=train, valid_fraction=0.1).load()
+
+
 def test_a_test_file_may_start_before_training_ends_when_its_sessions_end_after(tmp_path):
     """The rule is on end times, as day splits assign sessions: a test session that starts before the
     last training session ends but ends after it is in the test period; equal end times are allowed."""

@@ -97,6 +97,15 @@ class SplitPeriods:
             return
         rank = SPLIT_LABELS[split]
         for other, (o_first, o_last, o_where) in self.spans.items():
+            if (last < PLAUSIBLE_SECONDS[0]) != (o_last < PLAUSIBLE_SECONDS[0]):  # relative times beside dates
+                (rel, rel_where, rel_last), (dated, dated_where, dated_last) = sorted(
+                    [(split, where, last), (other, o_where, o_last)], key=lambda s: s[2])
+                raise ValueError(
+                    f"{rel_where}: the {NAMES[rel]} sessions end at relative times (the last {rel_last:.0f} s, before "
+                    f"1990: counted from a start) and the {NAMES[dated]} sessions of {dated_where} at dates (the last "
+                    f"{iso(dated_last)}): the files keep no common clock, so their periods cannot be ordered; give "
+                    "every file's times in one frame"
+                )
             if SPLIT_LABELS[other] < rank and first < o_last:
                 self.refuse(split, first, where, other, o_last, o_where)
             if SPLIT_LABELS[other] > rank and o_first < last:

@@ -406,8 +406,8 @@ def test_retrain_keeps_an_hstu_trained_without_event_times_without_them(tmp_path
 
 
 def untrained_current(tmp_path):
-    """An event file and an untrained GRU4Rec saved as the current model (`tmp_path`/current) on its first window: a
-    turn that is refused before it reads a weight. Returns the file, its window bounds and the model's vocabulary."""
+    """An event file and an untrained GRU4Rec saved as the current model (`tmp_path`/current) on its first window.
+    Returns the file, its window bounds and the model's vocabulary."""
     path, (start, mid, late, end) = event_file(tmp_path)
     data = SessionDataModule(TimeWindowSource([str(path)], Schema(), start, mid, late), max_length=8, batch_size=128)
     task = NextItemTask(num_items=data.num_items, max_length=8, encoder=GRU4RecEncoder(d_model=8),
@@ -612,14 +612,7 @@ def test_a_failed_turn_leaves_no_candidate_folder_so_that_it_can_be_run_again(tm
     failed turn removes what it wrote and the folders it created; the turn run again trains and decides."""
     from pytorch_lightning.utilities.exceptions import SIGTERMException
 
-    path, (start, mid, late, end) = event_file(tmp_path)
-    data = SessionDataModule(TimeWindowSource([str(path)], Schema(), start, mid, late), max_length=8, batch_size=128)
-    task = NextItemTask(num_items=data.num_items, max_length=8, encoder=GRU4RecEncoder(d_model=8),
-                        objective=CausalLanguageModeling())
-    task.vocab = data.vocab
-    served = task.recommender()
-    served.train_end = data.splits.train_end()
-    served.save_pretrained(tmp_path / "current")
+    path, (start, mid, late, end), _ = untrained_current(tmp_path)
     out = tmp_path / "candidates" / "day"
     turn = dict(out=str(out), gate=Gate("recall@20", tolerance=0.99, min_pairs=1), paths=[str(path)], schema=Schema(),
                 max_epochs=1, train_from=mid, train_until=late, test_until=end + 1, promote=False)

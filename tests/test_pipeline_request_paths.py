@@ -63,7 +63,7 @@ def test_a_requests_integer_ids_encode_as_the_arrow_path_encodes_them() -> None:
     import pyarrow as pa
 
     from sessrec.data.vocab import OOV, ItemVocab
-    from sessrec.pipeline.pipeline import encode_raw
+    from sessrec.pipeline.request import encode_raw
 
     rng = np.random.default_rng(0)
     known = rng.choice(10**12, 300, replace=False)

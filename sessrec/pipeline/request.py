@@ -1,4 +1,5 @@
-"""`check_request`: what every way in checks of a recommendation request, with the same one-line messages.
+"""`check_request`: what every way in checks of a recommendation request, with the same one-line messages;
+`encode_raw`: a checked request's raw ids as the model ids of a vocabulary.
 
 The server (``POST /recommend``, which answers a refusal with 422 and its message),
 `Pipeline.recommend`, the session model's `recommend` (`sessrec.serving.SessionModelService`) and
@@ -6,7 +7,8 @@ The server (``POST /recommend``, which answers a refusal with 422 and its messag
 them or refused by all of them with the same words. It checks what needs no model: the shape and
 types of the sessions, ``k``, ``on_unknown``, and the two times (`sessrec.pipeline.clock`). What
 needs the model's vocabulary (an id it cannot read, an unknown id under ``on_unknown="error"``) and
-its ranker (event times for time features) is checked when the request is encoded.
+its ranker (event times for time features) is checked when the request is encoded (`encode_raw` for the ids,
+which the pipeline and the session model's service both call).
 
 The rules:
 
@@ -39,14 +41,22 @@ Examples:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
 
+from sessrec.data import frame
 from sessrec.pipeline import clock
 
-__all__ = ["Request", "check_k", "check_request", "is_text"]
+if TYPE_CHECKING:
+    from sessrec.data.vocab import ItemVocab
+
+__all__ = ["CANONICAL_INT", "Request", "check_k", "check_request", "encode_raw", "is_text"]
 
 _INT64 = (-(2**63), 2**63 - 1)
 
@@ -144,3 +154,77 @@ def is_text(value: str) -> bool:
 def _is_id(item: Any) -> bool:
     """A string, or an integer that is not a bool (numpy integers included)."""
     return isinstance(item, str) or (isinstance(item, (int, np.integer)) and not isinstance(item, (bool, np.bool_)))
+
+
+def encode_raw(vocab: ItemVocab, sessions: Sequence[Sequence[Any]], max_width: int, on_unknown: str = "oov") -> torch.Tensor:
+    """Raw-id sessions of a checked request (`check_request`: none empty), oldest first -> (B, W)
+    right-aligned int64 model ids, W <= `max_width` (the latest events).
+
+    Ids of another type than the vocabulary's (``"214536502"`` for an int64 vocabulary) are cast;
+    unknown ids become the OOV id, or raise with ``on_unknown="error"``. A text id of an int64
+    vocabulary is read only as the decimal the model writes its ids in (`CANONICAL_INT`): ``"01050"``,
+    ``"+1050"`` and ``" 1050"`` are refused (ValueError naming the session, the position and the id), so
+    that the id a request gives is the id the model answers with, the served log stores and the
+    event logs read.
+    """
+    lengths = np.array([len(s) for s in sessions], dtype=np.int64)
+    flat = [item for s in sessions for item in s]
+    if vocab.raw_ids.type == pa.int64() and flat and all(type(item) is int and _INT64[0] <= item <= _INT64[1]
+                                                         for item in flat):
+        encoded = vocab.encode_ints(np.array(flat, dtype=np.int64))  # a request's ints: no Arrow arrays
+    else:
+        try:  # ids of another type (e.g. "214536502" for an int64 vocabulary) are cast by the vocabulary
+            raw = pa.array(flat) if flat else pa.array([], type=vocab.raw_ids.type)
+            if pa.types.is_integer(vocab.raw_ids.type) and pa.types.is_string(raw.type):
+                _check_canonical_ints(raw, lengths)
+            encoded = vocab.encode(raw)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as err:
+            first = type(flat[0])
+            other = next((i for i, item in enumerate(flat) if type(item) is not first), None)
+            if other is not None:  # Arrow's message names neither the session nor the position
+                session, position = _place(lengths, other)
+                raise TypeError(
+                    f"item ids of the request mix types: session {session}, position {position} holds "
+                    f"{clock.short(flat[other])} ({type(flat[other]).__name__}) where the first id "
+                    f"{clock.short(flat[0])} is {first.__name__}; "
+                    "give every id of a request as the same type"
+                ) from err
+            raise TypeError(
+                f"item ids of the request cannot be read as the vocabulary's {vocab.raw_ids.type} ids: {err}"
+            ) from err
+    if on_unknown == "error" and encoded.num_unknown:
+        bad = flat[int(np.flatnonzero(encoded.ids == 1)[0])]
+        raise ValueError(f"item id {clock.short(bad)} is not in the model's vocabulary")
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    width = int(min(max(lengths.max(initial=1), 1), max_width))
+    items = frame.pad_sessions(encoded.ids, offsets[:-1], offsets[1:], width, np.int64)
+    return torch.from_numpy(np.ascontiguousarray(items))
+
+
+CANONICAL_INT = r"^(0|-?[1-9][0-9]*)$"  # an integer as str(int) writes it: no sign '+', leading zeros or spaces
+_INTEGER_TEXT = r"^\s*[+-]?[0-9]+\s*$"  # text Arrow or Python may read as an integer
+
+
+def _check_canonical_ints(raw: pa.Array, lengths: np.ndarray) -> None:
+    """Refuse a text id (of flat `raw`, sessions of `lengths`) written as an integer but not as the model writes its
+    int64 ids (``"01050"``, ``"+1050"``, ``" 1050"``): one line naming the session, the position and the id."""
+    canonical = pc.match_substring_regex(raw, CANONICAL_INT)
+    if pc.all(canonical).as_py() is not False:
+        return
+    integer = pc.match_substring_regex(raw, _INTEGER_TEXT)
+    bad = np.flatnonzero(pc.and_(pc.invert(canonical), integer).to_numpy(zero_copy_only=False))
+    if len(bad):  # other text ("x") is the cast's to refuse
+        at = int(bad[0])
+        session, position = _place(lengths, at)
+        value = raw[at].as_py()
+        digits = value.strip().lstrip("+-").lstrip("0") or "0"  # int() of over 4,300 digits raises
+        number = int(("-" if value.strip().startswith("-") else "") + digits) if len(digits) <= 19 else None
+        hint = f"give {str(number)!r} or {number}" if number is not None else "and it does not fit in 64 bits"
+        raise ValueError(f"session {session}, position {position}: item id {clock.short(value)} is not written as the "
+                         f"model's int64 ids are (no leading zeros, '+' or spaces): {hint}")
+
+
+def _place(lengths: np.ndarray, at: int) -> tuple[int, int]:
+    """The session and the position in it of the `at`-th id of a request's flat ids (sessions of `lengths`)."""
+    session = int(np.searchsorted(np.cumsum(lengths), at, side="right"))
+    return session, at - int(lengths[:session].sum())

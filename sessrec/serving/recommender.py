@@ -40,8 +40,8 @@ from sessrec.data.vocab import ItemVocab, decode_dicts
 from sessrec.models.session_model import top_recommendable
 from sessrec.pipeline import clock
 from sessrec.pipeline.candidates import Recommendations, RequestSessions
-from sessrec.pipeline.pipeline import Pipeline, encode_raw
-from sessrec.pipeline.request import Request, check_request
+from sessrec.pipeline.pipeline import Pipeline
+from sessrec.pipeline.request import Request, check_request, encode_raw
 from sessrec.saved.versions import resolve, version_of
 
 

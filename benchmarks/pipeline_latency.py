@@ -19,7 +19,11 @@ batch by batch in this process, with the share of requests whose lists differ. T
 query runs in onnxruntime (``--runtime``, `SessionModelRetriever`'s runtime: its ONNX graph, exported at
 build); ``--runtimes`` times it in eager PyTorch beside it, alternated the same way.
 ``--batch-threads 2 4`` also times the batch on that many torch threads (offline scoring on several cores:
-the tensor stages and the trees use them, the kNN retrievers' NumPy work one). ``--pipeline DIR`` saves the built pipeline there and loads it on later runs. With ``--ann`` it also runs
+the tensor stages and the trees use them, the kNN retrievers' NumPy work one). ``--offline-workers N`` (default 2) times the offline path a user runs, `recommend_file` (``sessrec recommend``) of
+`--offline-sessions` validation sessions written as a parquet file of events with their times, at batch `--batch`
+in partitions of one batch: in this process on one thread, and on N threads of it (``--workers N``: each partition
+on one torch thread), alternated three times after a warm-up of each; the two output files must be the same bytes.
+``--pipeline DIR`` saves the built pipeline there and loads it on later runs. With ``--ann`` it also runs
 `ann_index.py`'s FAISS-against-exact comparison at `--ann-items` (default 1M) items.
 
 Example (from the repository root):
@@ -32,14 +36,18 @@ Example (from the repository root):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import torch
 
 from sessrec.baselines import STAN, VSKNN
@@ -47,6 +55,7 @@ from sessrec.data import SyntheticSource
 from sessrec.models import XLNetEncoder
 from sessrec.pipeline.candidate_features import CandidateFeatures
 from sessrec.pipeline.candidates import Candidates
+from sessrec.pipeline.offline import recommend_file
 from sessrec.pipeline.pipeline import Pipeline
 from sessrec.pipeline.request import check_request
 from sessrec.pipeline.retrieval.baseline_retriever import BaselineRetriever
@@ -184,6 +193,32 @@ def trees(pipe: Pipeline) -> list[int]:
     return [m.best_round for m in members if isinstance(m, GBDTScorer)]
 
 
+def offline(pipe: Pipeline, dm: SessionDataModule, args: argparse.Namespace, rounds: int = 3) -> dict:
+    """`recommend_file` of `args.offline_sessions` validation sessions (one row per event, with their times) at batch
+    `args.batch`, partitions of one batch, in this process on one thread and on `args.offline_workers` threads,
+    alternated `rounds` times after one warm-up run of each: sessions/s of each (the median run) and whether the
+    two files are the same bytes."""
+    sessions, stamps = raw_requests(dm, args.offline_sessions)
+    workers = {"one_thread": None, f"{args.offline_workers}_threads": args.offline_workers}
+    seconds: dict[str, list[float]] = {name: [] for name in workers}
+    with tempfile.TemporaryDirectory() as folder:
+        events = Path(folder) / "sessions.parquet"
+        pq.write_table(pa.table({"session_id": np.repeat(np.arange(len(sessions)), [len(s) for s in sessions]),
+                                 "item_id": np.concatenate(sessions).astype(np.int64),
+                                 "timestamp": np.concatenate(stamps)}), events)
+        for round_ in range(rounds + 1):
+            for name, n in workers.items():
+                start = time.perf_counter()
+                with contextlib.redirect_stdout(sys.stderr):  # its progress lines; the JSON goes to stdout
+                    recommend_file(pipe, events, Path(folder) / f"{name}.parquet", k=args.k, batch_size=args.batch,
+                                   partition_batches=1, overwrite=True, workers=n)
+                if round_:  # the first round warms up
+                    seconds[name].append(time.perf_counter() - start)
+        files = [(Path(folder) / f"{name}.parquet").read_bytes() for name in workers]
+    return {"sessions": len(sessions), "batch": args.batch, "same_bytes": files[0] == files[1],
+            **{f"{name}_sessions_per_s": round(len(sessions) / float(np.median(s)), 1) for name, s in seconds.items()}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--items", type=int, default=56_000, help="catalogue of the synthetic log (56,000: about 43,000 seen in training, as DIGINETICA)")
@@ -204,12 +239,19 @@ def main() -> None:
     parser.add_argument("--runtimes", action="store_true", help="also the XLNet query in the other runtime, alternated")
     parser.add_argument("--batch-threads", type=int, nargs="*", default=[],
                         help="also the offline batch on these torch thread counts (the trees' too), after the one-thread figure")
+    parser.add_argument("--offline-workers", type=int, default=2,
+                        help="also recommend_file of --offline-sessions on one thread and on this many threads (0: not)")
+    parser.add_argument("--offline-sessions", type=int, default=4096)
     parser.add_argument("--quick", action="store_true", help="a small smoke run (5,000 items; LightGBM members of 10 rounds at most)")
     args = parser.parse_args()
     if any(n < 1 for n in args.batch_threads):
         parser.error(f"--batch-threads: thread counts of 1 or more, got {args.batch_threads}")
+    if args.offline_workers < 0 or args.offline_sessions < 1:
+        parser.error(f"--offline-workers 0 or more and --offline-sessions 1 or more, got {args.offline_workers} and "
+                     f"{args.offline_sessions}")
     if args.quick:
         args.items, args.sessions, args.requests, args.warmup, args.batch = 5_000, 20_000, 30, 5, 64
+        args.offline_sessions = 256
     torch.set_num_threads(1)
 
     start = time.perf_counter()
@@ -309,6 +351,8 @@ def main() -> None:
         record["stages"] = {name: percentiles(ms, cpu[name]) for name, ms in clock.items()}
         record["batch_stages_us_per_session"] = {name: round(float(np.median(ms)) * 1e3 / args.batch, 1)
                                                  for name, ms in batch_clock.items()}
+    if args.offline_workers:
+        record["offline"] = offline(on(""), dm, args)
     print(json.dumps(record), flush=True)
     if args.ann:
         sys.path.insert(0, str(Path(__file__).parent))

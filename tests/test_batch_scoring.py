@@ -249,6 +249,43 @@ def test_recommend_writes_the_same_file_whatever_the_partitions(world: World, tm
     assert csv["sessions"] == SESSIONS and pacsv.read_csv(tmp_path / "recs.csv").num_rows == 5 * SESSIONS
 
 
+def test_recommend_on_threads_writes_the_bytes_of_one_thread(world: World, tmp_path: Path, sessrec_main) -> None:
+    one = recommend_file(world.pipeline_dir, world.events, tmp_path / "one.parquet", k=5, batch_size=32,
+                         partition_batches=1, now=1.7e9)  # this module runs torch on one thread
+    assert one["partitions_written"] == 22
+    torch.set_num_threads(2)
+    try:
+        three = recommend_file(world.pipeline_dir, world.events, tmp_path / "three.parquet", k=5, batch_size=32,
+                               partition_batches=1, now=1.7e9, workers=3)
+        assert torch.get_num_threads() == 2  # one torch thread per partition during the run only
+    finally:
+        torch.set_num_threads(1)
+    assert three["partitions_written"] == 22 and three["sessions"] == SESSIONS
+    assert (tmp_path / "one.parquet").read_bytes() == (tmp_path / "three.parquet").read_bytes()
+    out = tmp_path / "cli.parquet"
+    assert sessrec_main(*command_args(world, "recommend", out), "--now", "1.7e9", "--k", "5", "--batch_size", "32",
+                        "--partition_batches", "1", "--workers", "2") == ""
+    assert out.read_bytes() == (tmp_path / "one.parquet").read_bytes()
+
+
+def test_threads_raise_the_first_failed_partition_once_the_running_ones_end() -> None:
+    from sessrec.scoring.engine import Runner
+
+    ended: list[int] = []
+
+    def job(index: int, rows: tuple[int, int]) -> dict:
+        if index in (1, 3):
+            raise ValueError(f"partition {index}: bad row {rows[0]}")
+        ended.append(index)
+        return {"index": index}
+
+    pending = [(i, (10 * i, 10 * i + 10)) for i in range(6)]
+    assert Runner(None, 2).run(job, pending[:1] + pending[2:3], "parts") == [{"index": 0}, {"index": 2}]
+    with pytest.raises(ValueError, match=r"^partition 1: bad row 10$"):
+        Runner(None, 2).run(job, pending, "parts")
+    assert torch.get_num_threads() == 1
+
+
 # ------------------------------------------------------------------------------------- refusals
 @pytest.mark.parametrize("command", ["predict", "recommend"])
 def test_an_unknown_engine_is_one_line(world: World, tmp_path: Path, sessrec_main, command: str) -> None:
@@ -290,6 +327,9 @@ def test_predict_on_dask_refuses_trainer_settings_it_cannot_honour(world: World,
     got = sessrec_main(*predict_args(world, tmp_path / "recs.parquet"), "--partition_batches", "2")
     assert got == ("sessrec predict: error: --partition_batches needs --engine dask (the local engine scores on the "
                    "Trainer) (--traceback for details)")
+    got = sessrec_main(*predict_args(world, tmp_path / "recs.parquet"), "--workers", "2")
+    assert got == ("sessrec predict: error: --workers 2 needs --engine dask for sessrec predict (the local engine scores "
+                   "on the Trainer) (--traceback for details)")
     got = sessrec_main("fit", "--config", str(world.recipe), "--engine", "dask")
     assert got == ("sessrec fit: error: --engine dask is for sessrec predict (and recommend); fit runs on the Trainer "
                    "(--traceback for details)")
@@ -307,8 +347,8 @@ def test_the_local_clusters_workers_start_without_dasks_malloc_trim_threshold() 
 
 
 def test_engine_settings_that_cannot_be_honoured_are_refused() -> None:
-    with pytest.raises(ValueError, match="--workers needs --engine dask"):
-        Engine("local", workers=2)
+    with pytest.raises(ValueError, match="--workers 0: must be 1 or more"):
+        Engine("local", workers=0)
     with pytest.raises(ValueError, match="--scheduler needs --engine dask"):
         Engine("local", scheduler="tcp://127.0.0.1:8786")
     with pytest.raises(ValueError, match="the cluster there has its own workers"):

@@ -135,3 +135,6 @@ def test_pipeline_latency_quick_run_times_requests_with_their_event_times_and_ev
     batch = record["batch_stages_us_per_session"]  # the batch of 64 stage by stage: every stage but the total
     assert list(batch) == list(stages)[:-1] and all(us > 0 for us in batch.values())
     assert sum(batch.values()) == pytest.approx(1e6 / record["sessions_per_s"], rel=1.0)  # the same work, timed apart
+    offline = record["offline"]  # recommend_file of 256 sessions on one thread and on 2, the same bytes (checked there)
+    assert (offline["sessions"], offline["batch"], offline["same_bytes"]) == (256, 64, True)
+    assert offline["one_thread_sessions_per_s"] > 0 and offline["2_threads_sessions_per_s"] > 0

@@ -262,6 +262,9 @@ class SessrecCLI(LightningCLI):
         self._engine = Engine(cfg.engine, cfg.scheduler, cfg.workers)
         if sub != "predict" and self._engine.engine != "local":
             raise ValueError(f"--engine {cfg.engine} is for sessrec predict (and recommend); {sub} runs on the Trainer")
+        if cfg.workers is not None and self._engine.engine == "local":
+            raise ValueError(f"--workers {cfg.workers} needs --engine dask for sessrec {sub} (the local engine scores on "
+                             "the Trainer)")
         if cfg.partition_batches is not None and self._engine.engine == "local":
             raise ValueError("--partition_batches needs --engine dask (the local engine scores on the Trainer)")
         if cfg.partition_batches is not None:

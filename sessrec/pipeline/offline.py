@@ -14,8 +14,9 @@ manifest records the input file's content hash and the saved pipeline's (`Pipeli
 never a path, a size or a time, so a pipeline re-fitted in place or an input rewritten meanwhile
 starts the run over. At the end the parts are joined into ``<output>`` in input order, the same bytes
 whatever the partitions and the number of workers, on as many torch threads per process: a Dask worker
-scores on one, this process on torch's (``OMP_NUM_THREADS=1`` makes it write the workers' bytes; on more
-threads a matrix product may sum in another order and a score differ in its last bit).
+and each thread of ``--workers N`` with the local engine score on one, this process alone on torch's
+(``OMP_NUM_THREADS=1`` makes it write the workers' bytes; on more threads a matrix product may sum in
+another order and a score differ in its last bit).
 
 Time, by the rule of every entry point (`sessrec.pipeline.clock`): an input with the schema's
 ``timestamp`` column gives each session its event times, from which the ranker's time features are
@@ -88,7 +89,9 @@ def recommend_file(
         engine: ``local`` (this process) or ``dask`` (one task per partition on a Dask cluster).
         scheduler: with ``dask``, the address of a running Dask scheduler (``tcp://host:8786``); none: a
             local cluster of `workers` processes.
-        workers: with ``dask`` and no scheduler, the processes of the local cluster, one thread each (none: 2).
+        workers: with ``dask`` and no scheduler, the processes of the local cluster, one thread each (none: 2);
+            with ``local``, the partitions scored at once on threads of this process, one torch thread each
+            (none: one at a time on torch's threads). One thread each writes the bytes of ``OMP_NUM_THREADS=1``.
         partition_batches: batches per partition and per part: the unit of work and of resumption.
 
     Returns:

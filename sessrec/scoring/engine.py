@@ -1,6 +1,9 @@
 """Where the partitions of a scoring run are scored: this process, or the workers of a Dask cluster.
 
-`Engine` ``local`` calls the job on each pending partition here, in order. ``dask`` submits one
+`Engine` ``local`` calls the job on each pending partition here: in order, or with ``workers`` given,
+that many partitions at a time on threads of this process, each on one torch thread (the tensor work,
+onnxruntime and the trees release the interpreter; the workers share the one model or pipeline read,
+where Dask's processes read one each). ``dask`` submits one
 task per pending partition (``client.map``) to a Dask cluster: the one at ``scheduler``, else a
 `distributed.LocalCluster` of ``workers`` processes with one thread each, started for the run and
 closed after it. `Engine.started` connects (or starts the cluster) before the run reads or writes
@@ -24,6 +27,7 @@ import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -72,16 +76,17 @@ class Engine:
     """How the partitions are scored.
 
     Args:
-        engine: ``local`` (this process, partition after partition) or ``dask`` (one task per
-            partition on a Dask cluster).
+        engine: ``local`` (this process) or ``dask`` (one task per partition on a Dask cluster).
         scheduler: with ``dask``, the address of a running scheduler (``tcp://host:8786``); None:
             a local cluster of `workers` processes.
         workers: with ``dask`` and no `scheduler`, the processes of the local cluster (one thread
-            each); None: 2.
+            each; None: 2); with ``local``, the partitions scored at once, each on a thread of this
+            process and one torch thread (torch's thread count is 1 for the run and restored after;
+            None: one partition at a time on torch's threads).
 
     Raises:
-        ValueError: an unknown engine, a scheduler or workers without ``dask``, workers with a
-            scheduler (its cluster has its own), workers below 1.
+        ValueError: an unknown engine, a scheduler without ``dask``, workers with a scheduler (its
+            cluster has its own), workers below 1.
     """
 
     engine: Literal["local", "dask"] = "local"
@@ -91,9 +96,8 @@ class Engine:
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
             raise ValueError(f"--engine {self.engine!r}: unknown engine; the engines are {', '.join(ENGINES)}")
-        if self.engine == "local" and (self.scheduler is not None or self.workers is not None):
-            given = "--scheduler" if self.scheduler is not None else "--workers"
-            raise ValueError(f"{given} needs --engine dask (the local engine scores in this process)")
+        if self.engine == "local" and self.scheduler is not None:
+            raise ValueError("--scheduler needs --engine dask (the local engine scores in this process)")
         if self.scheduler is not None and self.workers is not None:
             raise ValueError(f"--workers {self.workers} with --scheduler {self.scheduler}: the cluster there has its own "
                              "workers; give one or the other")
@@ -101,9 +105,9 @@ class Engine:
             raise ValueError(f"--workers {self.workers}: must be 1 or more")
 
     def describe(self) -> str:
-        """``this process``, ``a local Dask cluster of 2 workers`` or ``the Dask cluster at ADDRESS``."""
+        """``this process`` (``on 2 threads``), ``a local Dask cluster of 2 workers`` or ``the Dask cluster at ADDRESS``."""
         if self.engine == "local":
-            return "this process"
+            return "this process" if self.workers is None else f"this process on {self.workers} threads"
         if self.scheduler is not None:
             return f"the Dask cluster at {self.scheduler}"
         return f"a local Dask cluster of {self.workers or DEFAULT_WORKERS} workers"
@@ -118,7 +122,7 @@ class Engine:
         """
         if self.engine == "local":
             try:
-                yield Runner(None)
+                yield Runner(None, self.workers)
             finally:
                 forget_loaded()
             return
@@ -144,10 +148,12 @@ class Engine:
 
 
 class Runner:
-    """Runs a job on partitions: here (`client` None) or on the Dask cluster of `client`."""
+    """Runs a job on partitions: here (`client` None; on `threads` threads of this process, each on one
+    torch thread, when given) or on the Dask cluster of `client`."""
 
-    def __init__(self, client: Any | None) -> None:
+    def __init__(self, client: Any | None, threads: int | None = None) -> None:
         self.client = client
+        self.threads = threads
 
     def run(self, job: Callable[[int, tuple[int, int]], dict], pending: Sequence[tuple[int, tuple[int, int]]],
             where: str) -> list[dict]:
@@ -161,7 +167,9 @@ class Runner:
             RuntimeError: a worker died while scoring a partition more often than Dask retries it.
         """
         if self.client is None:
-            return [job(index, rows) for index, rows in pending]
+            if self.threads is None:
+                return [job(index, rows) for index, rows in pending]
+            return _on_threads(job, pending, self.threads)
         if not pending:
             return []
         from distributed.scheduler import KilledWorker
@@ -178,6 +186,24 @@ class Runner:
             ) from err
         finally:
             self.client.cancel(futures)
+
+
+def _on_threads(job: Callable[[int, tuple[int, int]], dict], pending: Sequence[tuple[int, tuple[int, int]]],
+                threads: int) -> list[dict]:
+    """``job(index, rows)`` for every pending partition, `threads` at a time on threads of this process, torch on
+    one thread (restored after): each partition's floats are those of a one-thread worker's. The first
+    exception in partition order is raised once the running jobs have ended (the others are not started)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="sessrec-partition")
+    try:
+        futures = [pool.submit(job, index, rows) for index, rows in pending]
+        return [future.result() for future in futures]
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        torch.set_num_threads(before)
 
 
 def scoring_environ() -> dict[str, Any]:

@@ -123,7 +123,8 @@ def predict_file(
             cluster).
         scheduler: with ``dask``, the address of a running Dask scheduler (``tcp://host:8786``); none: a
             local cluster of `workers` processes.
-        workers: with ``dask`` and no scheduler, the processes of the local cluster, one thread each (none: 2).
+        workers: with ``dask`` and no scheduler, the processes of the local cluster, one thread each (none: 2);
+            with ``local``, the partitions scored at once on threads of this process, one torch thread each.
         partition_batches: batches per partition (and per part): the unit of work and of resumption.
         times: give the batches the event times of the schema's timestamp column (``--data.times``): None,
             when the model reads them (its ``uses_times``) and the file has the column; True: where the

@@ -370,14 +370,14 @@ class ItemTableFilter(RawItemRule):
         """The earliest dated (1990 on) and earliest relative (after 0, before 1990) window bound, None where the table
         has none; worked out once for the bound rows."""
         rows = self.bound_rows()
-        if getattr(self, "_frames_of", None) is not rows:
+        cached = getattr(self, "_frame_bounds", None)  # (the rows, their bounds): one assignment, read by any thread
+        if cached is None or cached[0] is not rows:
             bounds = np.concatenate([rows.columns["valid_from"], rows.columns["valid_to"]])
             bounds = bounds[np.isfinite(bounds) & (bounds > 0)]  # 0: "since the epoch", an open start
             dated = bounds[bounds >= PLAUSIBLE_SECONDS[0]]
             undated = bounds[bounds < PLAUSIBLE_SECONDS[0]]
-            self._frames_of = rows
-            self._frame_bounds = tuple(float(b.min()) if len(b) else None for b in (dated, undated))
-        return self._frame_bounds
+            cached = self._frame_bounds = (rows, tuple(float(b.min()) if len(b) else None for b in (dated, undated)))
+        return cached[1]
 
     def apply(self, sessions: RequestSessions, candidates: Candidates) -> Candidates:
         rows = self.bound_rows()

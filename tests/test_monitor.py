@@ -210,6 +210,10 @@ def test_thresholds_check_each_side() -> None:
     all_new = table.set_column(7, "psi", pa.array([float("nan")]))
     assert Thresholds(psi_max=10.0).crossed(all_new, 5) == [
         "psi undefined: no requested item is in the training vocabulary (version v1, window from 2023-11-15T00:00Z)"]
+    half_minutes = pa.concat_tables([table, table]).set_column(  # windows of 30 s: each named to its second
+        1, "window_start", pa.array([int(T0 * 1e6), int((T0 + 30) * 1e6)], pa.timestamp("us", tz="UTC")))
+    assert [r.split(" (")[1] for r in Thresholds(unknown_max=0.2).crossed(half_minutes, 5)] == [
+        "version v1, window from 2023-11-15T00:00Z)", "version v1, window from 2023-11-15T00:00:30Z)"]
     unjudged = table.set_column(2, "evaluated", pa.array([0])).set_column(3, "hit_rate@5", pa.array([float("nan")]))
     with pytest.raises(ValueError, match=r"^no served request has a next event in the event log, so hit_rate_min cannot"):
         Thresholds(hit_rate_min=0.1).crossed(unjudged, 5)

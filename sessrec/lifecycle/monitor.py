@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -77,6 +78,15 @@ class ThresholdCrossed(RuntimeError):
 
 class CanaryWorse(ThresholdCrossed):
     """The canary is worse than the live version by more than its tolerance (``sessrec monitor`` exit status 4)."""
+
+
+
+def window_label(start: datetime) -> str:
+    """A window's start in the messages: ``2024-01-15T10:00Z``, with its seconds (and microseconds) where a window
+    shorter than a minute starts within one (two windows never share a label)."""
+    if start.microsecond:
+        return f"{start:%Y-%m-%dT%H:%M:%S.%f}Z"
+    return f"{start:%Y-%m-%dT%H:%M:%S}Z" if start.second else f"{start:%Y-%m-%dT%H:%M}Z"
 
 
 @dataclass(frozen=True)
@@ -129,7 +139,7 @@ class Thresholds:
                 reasons.append(f"canary {row['canary_version']} {metric} {row[f'canary_{metric}']:.4f} against live "
                                f"{row['live_version']} {row[f'live_{metric}']:.4f}: the difference's interval "
                                f"[{low:.4f}, {high:.4f}] lies below -{name} {limit:g} "
-                               f"(window from {row['window_start']:%Y-%m-%dT%H:%M}Z)")
+                               f"(window from {window_label(row['window_start'])})")
         return reasons
 
     def crossed(self, table: pa.Table, k: int) -> list[str]:
@@ -148,7 +158,7 @@ class Thresholds:
                 if limit is None:
                     continue
                 value = row[column]
-                where = f"version {row['model_version']}, window from {row['window_start']:%Y-%m-%dT%H:%M}Z"
+                where = f"version {row['model_version']}, window from {window_label(row['window_start'])}"
                 if column == "psi" and math.isnan(value):
                     reasons.append(f"psi undefined: no requested item is in the training vocabulary ({where})")
                     continue
@@ -240,7 +250,7 @@ def monitor(
     write_table(table, out)
     print(format_table(table))
     for row in table.filter(pc.equal(table.column("evaluated"), 0)).to_pylist():
-        print(f"version {row['model_version']}, window from {row['window_start']:%Y-%m-%dT%H:%M}Z: no request with a "
+        print(f"version {row['model_version']}, window from {window_label(row['window_start'])}: no request with a "
               f"next event; hit_rate@{k} and mrr@{k} not judged")
     comparison = compare_canary(served, outcomes, k, 3600.0 * window_hours, confidence)
     if canary_out is not None:  # no canary: a table of no row, which replaces an earlier run's as out's table does

@@ -149,6 +149,9 @@ def test_both_versions_answer_their_sessions_and_the_log_and_metrics_say_which(
     canary_rows = sum(r["canary"] for r in log)
     assert canary_rows == 2 * on_canary.sum() + on_canary[3]
     assert all(r["model_version"] == ("v000002" if r["canary"] else "v000001") for r in log)
+    hashes = {v: json.loads((Path(model_dir) / "versions" / v / "pipeline.json").read_text())["hash"]
+              for v in ("v000001", "v000002")}  # what each version's description records of itself
+    assert hashes["v000001"] != hashes["v000002"] and all(r["model_hash"] == hashes[r["model_version"]] for r in log)
     n_canary = int(2 * on_canary.sum() + on_canary[3])
     assert sample(metrics, "sessrec_version_sessions_total", version="v000002", role="canary") == n_canary
     assert sample(metrics, "sessrec_version_sessions_total", version="v000001", role="live") == 3 * len(ids) + 1 - n_canary

@@ -126,6 +126,24 @@ def test_a_request_that_did_not_start_at_the_sessions_first_event_is_unmatched_e
     assert (row["requests"], row["evaluated"], row["unmatched"], row["hit_rate@2"], row["mrr@2"]) == (2, 1, 1, 0.0, 0.0)
 
 
+def test_one_version_name_served_by_two_models_is_refused(tmp_path: Path) -> None:
+    """Two servers of two model directories log into one folder, each at its version v000001: the rows of both would
+    be one version's figures. Rows without a hash (a recommender served without its directory) are not counted."""
+    for model_hash in ("sha256:" + "a" * 64, "sha256:" + "b" * 64, None):
+        with ServedLog(tmp_path / "log") as log:
+            log.record("r", [[10]], [{"item_ids": [11, 13], "scores": [2.0, 1.0]}], "v000001", now=[T0 + 1],
+                       session_ids=["s1"], model_hash=model_hash)
+    (tmp_path / "ref").mkdir()
+    first, second = sorted(served_files(tmp_path / "log"), key=lambda f: pq.read_table(f).column("model_hash")[0].as_py() or "")[1:]
+    with pytest.raises(ValueError) as err:
+        monitor(str(tmp_path / "log"), [str(events_csv(tmp_path / "events.csv"))], str(reference(tmp_path / "ref")),
+                str(tmp_path / "m.csv"), SCHEMA, k=2, psi_bins=2)
+    assert str(err.value) == (f"{tmp_path / 'log'}: version v000001 was served by two models (sha256:aaaaaaaaaaaa... in "
+                              f"{first.name}, sha256:bbbbbbbbbbbb... in {second.name}): servers of two model directories "
+                              "write this served log; give each its own --served-log")
+    assert not (tmp_path / "m.csv").exists()
+
+
 def test_a_period_and_the_versions_select_rows(inputs: dict, tmp_path: Path) -> None:
     table = monitor(out=str(tmp_path / "m.parquet"), since="2023-11-15", until="2023-11-16", **inputs)
     assert table.column("model_version").to_pylist() == ["v000001"]

@@ -71,7 +71,27 @@ def read_served(directory: str, since: str | None, until: str | None, versions: 
                 raise ValueError(f"{directory}: version {version!r} has no rows {period}; "
                                  f"versions with rows: {', '.join(sorted(present))}")
         table = table.filter(pc.is_in(table.column("model_version"), pa.array(versions, pa.string())))
+    check_one_model_a_version(table, files, directory)
     return table
+
+
+def check_one_model_a_version(table: pa.Table, files: list[Path], directory: str) -> None:
+    """Refuse served rows of one version name from two models (two `model_hash`es): servers of two model
+    directories writing into one folder, whose versions are counted apart by their directories only; the
+    reports would add the two models' requests up under one version. Rows of no hash (a recommender served
+    without its directory) are not counted."""
+    pairs = pa.table({"version": table.column("model_version"), "hash": table.column("model_hash")}).filter(
+        pc.is_valid(table.column("model_hash"))).group_by(["version", "hash"]).aggregate([]).sort_by("version")
+    versions = pairs.column("version").to_pylist()
+    for version in dict.fromkeys(versions):
+        hashes = [h for v, h in zip(versions, pairs.column("hash").to_pylist()) if v == version][:2]
+        if len(hashes) > 1:
+            where = [next((f.name for f in files if h in pq.read_table(f, columns=["model_hash"]).column(0).to_pylist()),
+                          "?") for h in hashes]
+            raise ValueError(
+                f"{directory}: version {version} was served by two models ({hashes[0][:19]}... in {where[0]}, {hashes[1][:19]}... in "
+                f"{where[1]}): servers of two model directories write this served log; give each its own --served-log"
+            )
 
 
 def damaged(path: Path, err: Exception) -> ValueError:

@@ -125,6 +125,22 @@ def check_folder(folder: str | os.PathLike) -> None:
     raise FileNotFoundError(f"{folder}: holds no {' or '.join(DESCRIPTIONS)}: not a saved model or pipeline")
 
 
+def recorded_hash(folder: str | os.PathLike) -> str | None:
+    """The content hash (``sha256:...``) that the description of saved `folder` records of itself: the same for a
+    copy of the folder wherever it lies, another for any other model or pipeline; None for a folder without a
+    description or one that records none (its loader refuses it)."""
+    for name in DESCRIPTIONS:
+        path = Path(folder) / name
+        if path.is_file():
+            try:
+                spec = _parse(path)
+            except ValueError:
+                return None
+            recorded = spec.get(HASH) if isinstance(spec, dict) else None
+            return recorded if isinstance(recorded, str) else None
+    return None
+
+
 def vocabulary_record(vocab: Any) -> dict[str, Any]:
     """What a description records of the vocabulary its weights were trained with: its content
     fingerprint and its rows (any object with ``fingerprint()`` and ``to_table()``: `ParquetFile`)."""

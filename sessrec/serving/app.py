@@ -233,7 +233,7 @@ class RecommendRoute:
             self.served_log.record(request_id, checked.sessions, lists, model_version=part.served.version,
                                    now=None if now is None else now.tolist(), times=times, session_ids=part.session_ids,
                                    canary=part.canary, session_index=None if part.index is None else part.index.tolist(),
-                                   k=checked.k)
+                                   k=checked.k, model_hash=part.served.model_hash)
         except Exception:  # the log never fails a request
             logger.exception("the served log failed to record a request")
 

@@ -44,7 +44,7 @@ from sessrec.pipeline.request import Request
 from sessrec.saved.versions import VERSIONS
 from sessrec.saved.versions import canary as canary_record
 from sessrec.serving.batching import dumps
-from sessrec.serving.recommender import Served, check_model_dir, load_recommender
+from sessrec.serving.recommender import Served, check_model_dir
 from sessrec.serving.request import encode
 
 KINDS = {"pipeline.json": "a pipeline", "config.json": "a session model"}
@@ -104,7 +104,7 @@ def load_canary_version(live: Served, path: Path) -> Served:
     if live.path is None:
         raise ValueError(f"{path}: a canary is served beside a live version read from a model directory")
     check_compatible(live.path, path)
-    return Served(load_recommender(path), path, path.name)
+    return Served.read(path)
 
 
 def load_canary(model_dir: str | os.PathLike, live: Served) -> tuple[Served, float] | None:

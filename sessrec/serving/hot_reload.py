@@ -15,9 +15,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from sessrec.saved.versions import VERSIONS, served_state, version_of
+from sessrec.saved.versions import VERSIONS, served_state
 from sessrec.serving.canary import load_canary_version
-from sessrec.serving.recommender import Served, load_recommender
+from sessrec.serving.recommender import Served
 from sessrec.serving.request_metrics import Metrics
 
 logger = logging.getLogger(__name__)
@@ -104,15 +104,14 @@ class ModelHolder:
         if path == self._failed:
             return False
         try:
-            recommender = await asyncio.to_thread(load_recommender, path)
+            served = await asyncio.to_thread(Served.read, path)
         except Exception as err:  # noqa: BLE001 - any load failure keeps the served model
             self._failed_to_load(path, err)
             return False
-        version = version_of(path)
         _freeze_loaded()
-        self.current, self.canary, self.error, self._failed = Served(recommender, path, version), None, None, None
+        self.current, self.canary, self.error, self._failed = served, None, None, None
         self.metrics.reloads.labels("ok").inc()
-        logger.info("serving %s (version %s)", path, version)
+        logger.info("serving %s (version %s)", path, served.version)
         return True
 
     async def _follow_canary(self, running: tuple[str, float] | None) -> None:

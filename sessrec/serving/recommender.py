@@ -42,6 +42,7 @@ from sessrec.pipeline import clock
 from sessrec.pipeline.candidates import Recommendations, RequestSessions
 from sessrec.pipeline.pipeline import Pipeline
 from sessrec.pipeline.request import Request, check_request, encode_raw
+from sessrec.saved.directory import recorded_hash
 from sessrec.saved.versions import resolve, version_of
 
 
@@ -207,17 +208,26 @@ class Served:
         recommender: the model.
         path: the directory it was read from (a version's folder in a versioned model directory).
         version: the version's name when `path` is a version's folder (`version_of`), else None.
+        model_hash: the content hash that `path`'s description records (`sessrec.saved.directory.recorded_hash`):
+            which model answered, whatever its version's name (the served log records it); None without a `path`.
     """
 
     recommender: Recommender
     path: Path | None = None
     version: str | None = None
+    model_hash: str | None = None
 
     @classmethod
     def load(cls, model_dir: str | os.PathLike) -> Served:
         """The recommender of `model_dir` at its current version (`sessrec.saved.versions.resolve`)."""
-        path = resolve(model_dir)
-        return cls(load_recommender(path), path, version_of(path))
+        return cls.read(resolve(model_dir))
+
+    @classmethod
+    def read(cls, path: Path) -> Served:
+        """The recommender saved in folder `path` (a directory without versions or a version's folder), its version
+        and the content hash its description records (read before the folder is loaded, which checks it)."""
+        model_hash = recorded_hash(path)
+        return cls(load_recommender(path), path, version_of(path), model_hash)
 
     def describe(self) -> dict[str, Any]:
         """What `/health` reports: the recommender's kind, its vocabulary size where it has one, and the version."""

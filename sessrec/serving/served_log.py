@@ -26,6 +26,7 @@ One row per session of a request (`SCHEMA`):
 | ``session_index`` | `int32` | the session's place in its request (0-based) |
 | ``session_id`` | `string`, nullable | the client's id of the session, which `sessrec monitor` joins with the event log's session column |
 | ``model_version`` | `string`, nullable | the version served (null: an unversioned directory) |
+| ``model_hash`` | `string`, nullable | the content hash its directory's description records (`Served.model_hash`): the model that answered, whatever its version's name; null for a recommender served without its directory |
 | ``canary`` | `bool` | the session was answered by the server's canary (`sessrec.serving.canary`), not its live version |
 | ``served_at`` | `timestamp[us, UTC]` | when the answer was given (wall clock) |
 | ``now`` | `float64` | the request's time in seconds since the epoch (its ``now``, else its last event's time, else its arrival: `RequestSessions.now`) |
@@ -72,6 +73,7 @@ SCHEMA = pa.schema([
     ("session_index", pa.int32()),
     ("session_id", pa.string()),
     ("model_version", pa.string()),
+    ("model_hash", pa.string()),
     ("canary", pa.bool_()),
     ("served_at", pa.timestamp("us", tz="UTC")),
     ("now", pa.float64()),
@@ -156,6 +158,7 @@ class ServedLog:
         canary: bool = False,
         session_index: Sequence[int] | None = None,
         k: int | None = None,
+        model_hash: str | None = None,
     ) -> bool:
         """Buffer the rows of one answered request; False when the buffer is full (its rows counted as dropped).
 
@@ -172,11 +175,13 @@ class ServedLog:
             session_index: each session's place in its request (the request's sessions split between the
                 live and the canary version); default 0, 1, ...
             k: the number of items the request asked for (None: not known).
+            model_hash: the content hash of the model that answered (`Served.model_hash`).
         """
         n = len(sessions)
         if len(results) != n:
             raise ValueError(f"ServedLog.record: {n} sessions but {len(results)} results")
         entry = {"request_id": request_id, "sessions": sessions, "results": results, "model_version": model_version,
+                 "model_hash": model_hash,
                  "now": now, "times": times, "session_ids": session_ids, "canary": canary,
                  "session_index": range(n) if session_index is None else session_index, "k": k,
                  "served_at": time.time() if served_at is None else served_at, "arrived": time.monotonic()}
@@ -319,6 +324,7 @@ class ServedLog:
                                          dtype=np.int32, count=len(sessions)),
             "session_id": _text(per_session("session_ids")),
             "model_version": np.repeat(np.array([e["model_version"] for e in entries], dtype=object), counts),
+            "model_hash": np.repeat(np.array([e["model_hash"] for e in entries], dtype=object), counts),
             "canary": np.repeat(np.array([e["canary"] for e in entries], dtype=bool), counts),
             "served_at": pa.array((served_at * 1e6).astype(np.int64), pa.timestamp("us", tz="UTC")),
             "now": now,

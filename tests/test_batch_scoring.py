@@ -249,7 +249,7 @@ def test_recommend_writes_the_same_file_whatever_the_partitions(world: World, tm
     assert csv["sessions"] == SESSIONS and pacsv.read_csv(tmp_path / "recs.csv").num_rows == 5 * SESSIONS
 
 
-def test_recommend_on_threads_writes_the_bytes_of_one_thread(world: World, tmp_path: Path, sessrec_main) -> None:
+def test_recommend_and_predict_on_threads_write_the_bytes_of_one_thread(world: World, tmp_path: Path, sessrec_main) -> None:
     one = recommend_file(world.pipeline_dir, world.events, tmp_path / "one.parquet", k=5, batch_size=32,
                          partition_batches=1, now=1.7e9)  # this module runs torch on one thread
     assert one["partitions_written"] == 22
@@ -262,6 +262,9 @@ def test_recommend_on_threads_writes_the_bytes_of_one_thread(world: World, tmp_p
         torch.set_num_threads(1)
     assert three["partitions_written"] == 22 and three["sessions"] == SESSIONS
     assert (tmp_path / "one.parquet").read_bytes() == (tmp_path / "three.parquet").read_bytes()
+    predict_file(world.model_dir, world.events, tmp_path / "p1.parquet", k=5, batch_size=32, partition_batches=1)
+    predict_file(world.model_dir, world.events, tmp_path / "p3.parquet", k=5, batch_size=32, partition_batches=1, workers=3)
+    assert (tmp_path / "p1.parquet").read_bytes() == (tmp_path / "p3.parquet").read_bytes()
     out = tmp_path / "cli.parquet"
     assert sessrec_main(*command_args(world, "recommend", out), "--now", "1.7e9", "--k", "5", "--batch_size", "32",
                         "--partition_batches", "1", "--workers", "2") == ""

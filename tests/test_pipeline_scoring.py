@@ -22,8 +22,8 @@ from sessrec.pipeline.scoring import (
     GBDTScorer,
     InputRows,
     Scorer,
-    dlrm_scorer,
     early_stopping_split,
+    rank_gauss,
 )
 from sessrec.pipeline.scoring.blend_scorer import standardised
 from sessrec.pipeline.scoring.dlrm_scorer import (
@@ -197,9 +197,90 @@ def test_rank_gauss_matches_two_binary_searches(q: int, monkeypatch: pytest.Monk
     assert torch.equal(scale(x), expected)
     assert torch.equal(scale(x.reshape(4, 25, 4)), expected.reshape(4, 25, 4))
     assert scale(torch.tensor([[float("nan")] * 4])).isnan().all()
-    monkeypatch.setattr(dlrm_scorer, "BLOCK_VALUES", 12)  # blocks of 3 rows, the last one a single row
+    monkeypatch.setattr(rank_gauss, "BLOCK_VALUES", 12)  # blocks of 3 rows, the last one a single row
     assert torch.equal(scale(x), expected)
     assert torch.equal(scale(x.reshape(4, 25, 4)), expected.reshape(4, 25, 4))
+
+
+def searched_scores(quantiles: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """(N, G) scores of `RankGauss` written out with a left and a right `searchsorted` of each value."""
+    flat, q = x.T.contiguous(), quantiles.shape[1]
+    first, past = torch.searchsorted(quantiles, flat), torch.searchsorted(quantiles, flat, right=True)
+    upper = first.clamp(1, q - 1)
+    lo, hi = quantiles.gather(1, upper - 1), quantiles.gather(1, upper)
+    between = (((flat - lo) / (hi - lo).clamp(min=1e-12)).clamp(0, 1) + (upper - 1)) / (q - 1)
+    u = torch.where(past > first, (first + past - 1).double() / (2 * (q - 1)), between.double()).clamp(0.5 / q, 1 - 0.5 / q)
+    return (math.sqrt(2.0) * torch.erfinv(2 * u - 1)).float().T
+
+
+def adversarial_columns() -> tuple[torch.Tensor, torch.Tensor]:
+    """(G, 16) ascending quantiles that are hard for a bucket table (runs, one or two distinct values, infinities,
+    neighbouring floats, -0.0 beside 0.0, subnormals, the float32 extremes, negatives only) and (N, G) values: every
+    quantile, its neighbouring floats, midpoints, infinities, -0.0, values beyond the extremes and random ones."""
+    tiny, big = 1.4e-45, 3.4028235e38
+    up = [float(np.nextafter(np.float32(1.0), np.float32(2.0)) - 1.0) * k + 1.0 for k in range(8)]
+    columns = [
+        [0, 0, 0, 0, 1, 1, 2, 3, 3, 3, 5, 8, 8, 13, 21, 34],
+        [7.0] * 16,
+        [0.0] * 10 + [1.0] * 6,
+        [-math.inf, -math.inf, -1, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, math.inf, math.inf],
+        [0.5, 0.75, 0.99999994, *up, 1.0000019, 1.5, 2.0, 2.0, 3.0],
+        [-tiny * 3, -tiny, -0.0, -0.0, 0.0, 0.0, tiny, tiny * 2, 1e-38, 1e-30, 1e-10, 1e-3, 1.0, 1.0, 2.0, 3.0],
+        [-big, -1e30, -1e10, -1e3, -1, -1e-3, 0, 1e-3, 1, 1e3, 1e10, 1e20, 1e30, 1e37, 1e38, big],
+        [-100.0, -50, -50, -20, -10, -9, -8, -7, -5, -3, -2, -2, -1, -1, -0.5, -0.0],
+    ]
+    gen = torch.Generator().manual_seed(3)
+    columns.append(torch.sort(torch.randn(16, generator=gen) * 1e4).values.tolist())
+    quantiles = torch.tensor(columns, dtype=torch.float32)
+    specials = torch.tensor([math.inf, -math.inf, math.nan, -0.0, 0.0, tiny, -tiny, big, -big, 1e38, -1e38, 1e-40])
+    parts = []
+    for row in quantiles:
+        up_, down = torch.nextafter(row, torch.tensor(math.inf)), torch.nextafter(row, torch.tensor(-math.inf))
+        middle = (row[1:] / 2 + row[:-1] / 2)
+        parts.append(torch.cat([row, up_, down, middle, specials, torch.randn(60, generator=gen) * row.abs().clamp(max=1e30).max()]))
+    return quantiles, torch.stack(parts, dim=1)  # (N, G)
+
+
+def same_floats(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """The same float32 bit patterns, NaN in the same places."""
+    nan = a.isnan()
+    return torch.equal(nan, b.isnan()) and torch.equal(a[~nan].view(torch.int32), b[~nan].view(torch.int32))
+
+
+@pytest.mark.parametrize("entries", [rank_gauss.BUCKET_ENTRIES, 64])
+def test_rank_gauss_bucket_tables_give_the_searched_scores_on_adversarial_columns(
+        entries: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The host path (bucket tables, then a search only where a bucket holds several distinct quantiles) and the
+    binary search give the scores of two `searchsorted`, bit for bit, on columns with runs, one or two distinct
+    quantiles, infinities, neighbouring floats, -0.0 and subnormals; NaN gives NaN. With 64 table entries for 9
+    features every bucket is coarse (shift 31 or 30) and the search runs over many distinct quantiles."""
+    monkeypatch.setattr(rank_gauss, "BUCKET_ENTRIES", entries)
+    quantiles, x = adversarial_columns()
+    scale = RankGauss(quantiles)
+    assert scale.host is not None and scale.host.table.numel() <= max(entries, 2 * len(quantiles))
+    expected = searched_scores(quantiles, x)
+    nan = x.isnan()
+    expected[nan] = math.nan  # two searches of NaN place it anywhere; the scaling gives NaN
+    assert same_floats(scale(x), expected)
+    assert same_floats(scale(x[:3]), expected[:3])  # one block of a few rows
+    scale.host = None  # the binary search alone
+    assert same_floats(scale(x), expected)
+
+
+def test_rank_gauss_on_the_host_gives_the_binary_searchs_floats_on_many_quantiles() -> None:
+    """256 quantiles a feature (a fitted ranker's count), drawn from counts, heavy tails and flags: the bucket tables
+    and the binary search give the same floats on values drawn the same way and on the quantiles themselves."""
+    gen = torch.Generator().manual_seed(5)
+    draws = torch.cat([torch.poisson(torch.full((4000, 4), 3.0), generator=gen), torch.randn(4000, 4, generator=gen).exp() * 100,
+                       (torch.rand(4000, 2, generator=gen) < 0.1).float(), torch.randn(4000, 4, generator=gen)], dim=1)
+    levels = torch.linspace(0, 1, 256, dtype=torch.float64)
+    quantiles = torch.quantile(draws.double(), levels, dim=0).T.float().contiguous()
+    scale = RankGauss(quantiles)
+    x = torch.cat([draws[:1000] * 1.01, quantiles.T, -draws[:50]])
+    host = scale(x)
+    scale.host = None
+    assert same_floats(host, scale(x))
+    assert same_floats(host, searched_scores(quantiles, x))
 
 
 def test_true_positions_are_the_flattened_positions_of_the_true_entries_in_order() -> None:

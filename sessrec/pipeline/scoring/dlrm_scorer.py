@@ -28,7 +28,6 @@ columns, C of them kept (those that vary), Q quantiles, D embedding width, S kep
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
@@ -40,6 +39,7 @@ from sessrec.embeddings import FusedTables, TableConfig
 from sessrec.embeddings.jagged import SparseFeatures
 from sessrec.models.dlrm import DLRM
 from sessrec.pipeline.candidate_features import RankingInputs
+from sessrec.pipeline.scoring.rank_gauss import RankGauss
 from sessrec.pipeline.scoring.scorer import (
     RankerRows,
     Scorer,
@@ -96,89 +96,6 @@ class IdRows:
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
         return self.lookup.index_select(0, ids.clamp(0, self.vocabulary).reshape(-1)).view(ids.shape)
-
-
-def _normal(u: torch.Tensor, q: int) -> torch.Tensor:
-    """float64 ranks in (0, 1) -> float32 standard-normal scores, the ranks clipped to [0.5 / q, 1 - 0.5 / q]."""
-    return (math.sqrt(2.0) * torch.erfinv(2 * u.clamp(0.5 / q, 1 - 0.5 / q) - 1)).float()
-
-
-class RankGauss:
-    """(..., G) values -> (..., G) standard-normal scores of their interpolated ranks among (G, Q) quantiles.
-
-    A value equal to a run of equal quantiles (a point mass, e.g. zeros) takes the middle rank of
-    the run; a value between two quantiles the rank interpolated between theirs; values beyond the
-    extremes take the extreme ranks. A value's position i (the first quantile not below it, the
-    quantiles below it counted) is found by a branchless binary search run on all values at once (on
-    the host on blocks of `BLOCK_VALUES`, which bound the temporaries: a quarter faster at a batch's
-    51,200 x 78 values than one pass, on one thread; blocks of 2^17 values take 0.93x the scorer's time
-    of blocks of 2^15, whose fixed cost per operation outweighs their staying in the core's cache), each
-    step one gather and one comparison
-    (``torch.searchsorted`` searches value by value: twice as slow at a batch's 51,200 x 78 values, 2.5x
-    at a request's 200 x 78, on one thread); the first step
-    compares with one quantile per feature and gathers nothing. The search's last gather reads the
-    quantile at i: a value equal to it takes the score of its run's middle rank, read from a (G (P + 1),)
-    column at (feature, i) (P: the power of two at or above Q; the search's quantiles are padded with
-    +inf, and the scores past the last quantile with the top score, what +inf gets). Only the values equal
-    to no quantile (about 40% of a pipeline's, whose features are mostly counts, ranks and flags) are
-    gathered into a compact tensor (their positions found by `true_positions`) and interpolated: the
-    lower quantile, the gap (at least 1e-12) and the rank of the interpolation read from three more
-    columns, then the same operations as `_normal` in the same order (the same floats), float64 `erfinv`
-    the costliest of them.
-
-    Examples:
-        >>> scale = RankGauss(torch.tensor([[0.0, 0.0, 1.0, 2.0, 3.0]]))
-        >>> [round(v, 4) for v in scale(torch.tensor([[0.0], [1.5], [9.0]])).squeeze(1).tolist()]
-        [-1.1503, 0.3186, 1.2816]
-    """
-
-    def __init__(self, quantiles: torch.Tensor) -> None:
-        g, q = quantiles.shape
-        device = quantiles.device
-        self.q, self.steps = q, [1 << k for k in reversed(range(max(q - 1, 1).bit_length()))]
-        p = 2 * self.steps[0]  # P >= Q
-        quantiles = quantiles.float().contiguous()
-        position = torch.arange(q, device=device)
-        ends = torch.searchsorted(quantiles, quantiles, right=True)  # (G, Q) end of each quantile's run
-        middle = _normal((position + ends - 1).double() / (2 * (q - 1)), q)  # (G, Q)
-        top = _normal(torch.ones(g, p + 1 - q, dtype=torch.float64, device=device), q)  # (G, P + 1 - Q)
-        upper = torch.arange(p + 1, device=device).clamp(1, q - 1)  # (P + 1,) interpolation between upper - 1 and upper
-        lo, hi = quantiles[:, upper - 1], quantiles[:, upper]  # (G, P + 1)
-        self.search = torch.cat([quantiles, torch.full((g, p + 1 - q), float("inf"), device=device)], dim=1).reshape(-1)
-        self.middle = torch.cat([middle, top], dim=1).reshape(-1)  # (G (P + 1),)
-        self.lo, self.gap, self.rank = (column.reshape(-1).contiguous() for column in (
-            lo, (hi - lo).clamp(min=1e-12), (upper - 1).float().expand(g, p + 1)))
-        self.offsets = torch.arange(g, device=device, dtype=torch.int32) * (p + 1)  # (G,) first rows; int32 gathers faster
-        self.first = self.search[self.offsets.long() + self.steps[0] - 1]  # (G,) the quantile the first step compares with
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        shape, g = x.shape, x.shape[-1]
-        flat = x.reshape(-1, g)  # (N, G)
-        block = max(1, BLOCK_VALUES // g) if flat.device.type == "cpu" else len(flat)
-        out = torch.empty(flat.shape, dtype=torch.float32, device=flat.device)
-        for lo in range(0, len(flat), block):
-            self._scale(flat[lo : lo + block], out[lo : lo + block])
-        return out.view(shape)
-
-    def _scale(self, flat: torch.Tensor, out: torch.Tensor) -> None:
-        """(N, G) values -> their (N, G) scores, written into `out` (contiguous), all at once."""
-        below = torch.empty(flat.shape, dtype=torch.int32, device=flat.device)  # comparisons write int32: twice as fast as bool
-        at = torch.add(self.offsets, torch.lt(self.first, flat, out=below), alpha=self.steps[0])  # (N, G) table row
-        rows = at.view(-1)
-        for step in self.steps[1:]:  # add `step` where the quantile at at + step - 1 lies below the value
-            at.add_(torch.lt(self.search[step - 1:].index_select(0, rows).view_as(flat), flat, out=below), alpha=step)
-        found = self.search.index_select(0, rows).view_as(flat)  # the quantile at at: below the value only as the P-th
-        at.add_(torch.lt(found, flat, out=below))
-        scores = torch.index_select(self.middle, 0, rows, out=out.view(-1))  # right where the value equals the quantile at i
-        apart = true_positions(torch.ne(found, flat))  # (n,) the values equal to no quantile
-        at, value = rows.index_select(0, apart), flat.reshape(-1).index_select(0, apart)
-        u = value.sub_(self.lo.index_select(0, at)).div_(self.gap.index_select(0, at)).clamp_(0, 1)
-        u = u.add_(self.rank.index_select(0, at)).div_(self.q - 1).double()
-        between = u.clamp_(0.5 / self.q, 1 - 0.5 / self.q).mul_(2).sub_(1).erfinv_().mul_(math.sqrt(2.0)).float()  # `_normal`
-        scores.index_copy_(0, apart, between)
-
-
-BLOCK_VALUES = 1 << 17  # values a host's RankGauss scales at once (`RankGauss`)
 
 
 def _slots(valid: torch.Tensor) -> torch.Tensor:
@@ -567,4 +484,6 @@ class DLRMScorer(Scorer):
         self.network = self._build()
         self.network.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in state["weights"].items()})
         self.network.eval()
+        if self.quantiles is not None:  # the scaling's tables are built at load, not by the first request
+            self._rank_gauss()
         return self

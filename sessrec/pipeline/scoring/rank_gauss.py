@@ -62,12 +62,14 @@ class RankGauss:
     further, on those values only, by a branchless search over the bucket's quantiles. A feature's
     shift is the largest that keeps every distinct quantile in a bucket of its own, and no finer
     than the tables' bound `BUCKET_ENTRIES` allows (2^(32 - shift) entries a feature); the tables are
-    derived from the quantiles when the scaling is built (0.1 s; 6.3 MiB for a pipeline's 64
+    derived from the quantiles when the scaling is built (about 0.1 s; 6.3 MiB for a pipeline's 64
     features of 256 quantiles; not saved). The comparisons and the interpolation's arithmetic run in
     numpy (a comparison into bool takes a ninth of torch's time on one thread), the gathers in torch.
     On a saved pipeline's inputs (one thread, CPU time, the two alternated in one process) this takes
-    37 against 57 ms at a batch's 49,074 x 64 values (0.65x) and 223 against 303 us at a request's
-    200 x 64 (0.74x) of the binary search below, the same floats bit for bit.
+    35.7 against 54.9 ms at a batch's 49,074 x 64 values (0.65x) and 208 against 276 us at a request's
+    200 x 64 (0.75x; 318 against 338 us inside `DLRMScorer.score`, whose other work leaves less of the
+    tables in the cache) of the binary search below, the same floats bit for bit. The interpolation
+    (positions, gathers, float64 `erfinv`, writes) takes about half of that time.
 
     Elsewhere (another device, float64 values, quantiles out of order) j is found by that
     branchless binary search, all values at once, over the (G, P + 1) quantiles padded with +inf
@@ -104,7 +106,8 @@ class RankGauss:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         shape, g = x.shape, x.shape[-1]
         flat = x.reshape(-1, g)  # (N, G)
-        host = self.host is not None and flat.dtype == torch.float32 and not flat.requires_grad
+        host = (self.host is not None and flat.device.type == "cpu" and flat.dtype == torch.float32
+                and not flat.requires_grad)
         if host:
             flat = flat.contiguous()
         block = max(1, BLOCK_VALUES // g) if flat.device.type == "cpu" else len(flat)
@@ -150,7 +153,7 @@ class _BucketTables:
         shifted = [u - c for u, c in zip(distinct, centers)]  # as the values will be: float32 minus the center
         apart = [_coarsest_apart(u) for u in shifted]  # the largest shift keeping every distinct quantile apart
         finest = FINEST_SHIFT
-        while sum(1 << (32 - max(s, finest)) for s in apart) > BUCKET_ENTRIES:
+        while finest < 31 and sum(1 << (32 - max(s, finest)) for s in apart) > BUCKET_ENTRIES:
             finest += 1
         shifts = [max(s, finest) for s in apart]
         buckets, adds, most, size = [], [], 1, 0
@@ -167,7 +170,8 @@ class _BucketTables:
         w = max(len(u) for u in distinct) + 2 + (1 << self.depth)  # the search may read 2^depth rows past j0 + 1
         self.shift, self.add = torch.tensor(shifts, dtype=torch.int32), torch.tensor(adds, dtype=torch.int32)
         self.table = torch.from_numpy(np.concatenate([b + f * w for f, b in enumerate(buckets)]).astype(np.int32))
-        rows = torch.full((g, w), float("inf")), torch.full((g, w), float(top)), torch.zeros(g, w), torch.ones(g, w), torch.zeros(g, w)
+        rows = (torch.full((g, w), float("inf")), torch.full((g, w), float(top)),
+                torch.zeros(g, w), torch.ones(g, w), torch.zeros(g, w))
         distinct_at, score, lo, gap, rank = rows
         for f, u in enumerate(distinct):
             d = len(u)

@@ -150,18 +150,20 @@ def test_values_within_1e_35_of_zero_are_zero_as_to_lightgbm(fitted) -> None:
     zero = "0." + "0" * (len(first) - 2)  # as long as the number it replaces: the header lists the trees' sizes
     booster = lgb.Booster(model_str=f"{head}\nthreshold={zero} {tail}")
     feature = booster.dump_model()["tree_info"][0]["tree_structure"]["split_feature"]
-    x = np.zeros((3, F), dtype=np.float32)
-    x[:, feature] = [1e-40, -1e-40, 1e-30]
+    x = np.zeros((5, F), dtype=np.float32)
+    # LightGBM's bound is 1e-35 as a float32 (1.0000000180025095e-35), itself zero to it
+    x[:, feature] = [1e-40, -1e-40, np.float32(1e-35), -np.float32(1e-35), 1e-30]
     expected = booster.predict(x)
-    assert expected[0] == expected[1] != expected[2]
+    assert expected[0] == expected[1] == expected[2] == expected[3] != expected[4]
+    assert np.array_equal(TreeEnsemble.of(booster, fitted.best_round).predict(x.astype(np.float64)), expected)
     np.testing.assert_allclose(TreeEnsemble.of(booster, fitted.best_round).predict(x), expected, rtol=0, atol=1e-9)
 
 
 def test_float32_rows_zero_what_the_float64_comparison_zeros(fitted) -> None:
-    """ZERO32 is the largest float32 at or below 1e-35: float32 rows found near zero before their float64 copy
-    are zeroed exactly where their float64 values lie within 1e-35 of 0 (the next float32 up lies past it)."""
+    """ZERO32 is ZERO (LightGBM's 1e-35f) as a float32: float32 rows found near zero before their float64 copy
+    are zeroed exactly where their float64 values lie within ZERO of 0 (the next float32 up lies past it)."""
     zero32 = tree_ensemble.ZERO32
-    assert float(zero32) <= tree_ensemble.ZERO < float(np.nextafter(zero32, np.float32(1)))
+    assert float(zero32) == tree_ensemble.ZERO == 1.0000000180025095e-35 < float(np.nextafter(zero32, np.float32(1)))
     values = [zero32, -zero32, np.nextafter(zero32, np.float32(1)), 1e-40, -0.0, np.nan, 1.5, 1e-30]
     x = np.array(values * 2, dtype=np.float32).reshape(-1, F)
     rows = fitted.trees.rows(x)

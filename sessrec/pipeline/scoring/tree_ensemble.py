@@ -10,7 +10,8 @@ missing values are NaN or none, constant leaves. `TreeEnsemble.of` returns None 
 model (categorical splits, zero-as-missing, linear trees, several classes), which LightGBM then scores.
 How LightGBM treats an input, and how each split is written here:
 
-- a value within 1e-35 of 0 is 0 (LightGBM keeps no such values in a row): zeroed before the trees;
+- a value within `ZERO` (1e-35 as a float32) of 0 is 0 (LightGBM keeps no such values in a row): zeroed
+  before the trees;
 - NaN at a split of missing type ``NaN`` goes the split's default side (``nodes_missing_value_tracks_true``);
 - NaN at a split of missing type ``None`` is 0: it goes left when 0 <= threshold.
 
@@ -26,8 +27,9 @@ import numpy as np
 
 from sessrec.models.onnx_graph import OnnxSession
 
-ZERO = 1e-35  # LightGBM's kZeroThreshold: values of smaller magnitude are 0 to its trees
-ZERO32 = np.float32(9.9999995e-36)  # the largest float32 at or below ZERO: a float32 is within ZERO of 0 iff within it
+ZERO = float(np.float32(1e-35))  # LightGBM's kZeroThreshold, the float 1e-35f (1.0000000180025095e-35): values
+# of this magnitude or less are 0 to its trees
+ZERO32 = np.float32(1e-35)  # ZERO as a float32: a float32 is within ZERO of 0 iff within it
 
 
 ONNXRUNTIME = (1, 21)  # the first onnxruntime with the TreeEnsemble operator

@@ -23,6 +23,19 @@ def _no_command_line() -> Iterator[None]:
     sys.argv[:] = argv
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _own_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """sessrec's cache (the compiled trees, sessrec.pipeline.scoring.compiled_trees) in a folder of the run, not
+    the user's, for the tests and the commands they start."""
+    before = os.environ.get("SESSREC_CACHE_DIR")
+    os.environ["SESSREC_CACHE_DIR"] = str(tmp_path_factory.mktemp("sessrec-cache"))
+    yield
+    if before is None:
+        del os.environ["SESSREC_CACHE_DIR"]
+    else:
+        os.environ["SESSREC_CACHE_DIR"] = before
+
+
 REAL_CLOCKS = time.time, time.monotonic
 
 

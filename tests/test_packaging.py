@@ -68,8 +68,8 @@ def test_every_core_dependency_is_used():
     assert set(requirements(None)) - used == set()
 
 
-def test_dev_takes_the_pipeline_deploy_and_cluster_extras_whole():
-    assert "sessrec[cluster,deploy,pipeline]" in {str(Requirement(line)).replace(" ", "") for line in PROJECT["optional-dependencies"]["dev"]}
+def test_dev_takes_the_pipeline_deploy_cluster_and_fast_trees_extras_whole():
+    assert "sessrec[cluster,deploy,fast-trees,pipeline]" in {str(Requirement(line)).replace(" ", "") for line in PROJECT["optional-dependencies"]["dev"]}
 
 
 def test_the_constraints_pin_inside_the_declared_ranges():

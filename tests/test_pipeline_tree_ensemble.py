@@ -15,13 +15,21 @@ import pytest
 import torch
 
 from sessrec.pipeline.candidate_features import RankingInputs
-from sessrec.pipeline.scoring import GBDTScorer, gbdt_scorer, tree_ensemble
+from sessrec.pipeline.scoring import GBDTScorer, compiled_trees, gbdt_scorer, tree_ensemble
 from sessrec.pipeline.scoring.tree_ensemble import TreeEnsemble
 
 lgb = pytest.importorskip("lightgbm")
 pytest.importorskip("onnxruntime", minversion="1.21")
 
 B, K, F = 200, 8, 4
+
+
+@pytest.fixture(scope="module", autouse=True)
+def without_compiled_trees():
+    """The scorers here run their trees in onnxruntime, lleaves installed or not (tests/test_pipeline_compiled_trees.py)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(compiled_trees, "_lleaves", lambda: None)
+        yield
 
 
 def rows(seed: int) -> tuple[RankingInputs, torch.Tensor]:

@@ -21,6 +21,8 @@ from sessrec.pipeline.scoring.compiled_trees import CompiledTrees, probe_rows
 
 lgb = pytest.importorskip("lightgbm")
 lleaves = pytest.importorskip("lleaves")
+if compiled_trees._lleaves() is None:
+    pytest.skip("lleaves 1.3 compiles with llvmlite < 0.45 only", allow_module_level=True)
 
 F = 5
 
@@ -185,6 +187,10 @@ def test_lightgbm_or_onnxruntime_score_where_lleaves_cannot(model, tmp_path, mon
     monkeypatch.undo()
     monkeypatch.setattr(compiled_trees, "_lleaves", lambda: None)
     assert CompiledTrees.of(model, 5, tmp_path) is None
+    monkeypatch.undo()
+    binding = compiled_trees._lleaves()[1]
+    monkeypatch.delattr(binding, "PassManagerBuilder")  # llvmlite >= 0.45
+    assert compiled_trees._lleaves() is None
 
 
 def test_rows_split_over_threads_get_the_floats_of_one_thread(model, cache) -> None:

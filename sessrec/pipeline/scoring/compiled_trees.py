@@ -48,11 +48,15 @@ FALLBACK = ": onnxruntime's trees (TreeEnsemble) or LightGBM score"
 
 
 def _lleaves() -> tuple[Any, Any] | None:
-    """(lleaves, llvmlite.binding), or None when either is not installed."""
+    """(lleaves, llvmlite.binding), or None when either is not installed, or lleaves 1.3 or older beside an
+    llvmlite without LLVM's legacy pass manager (0.45 on), which it compiles with."""
     try:
         import lleaves
         import llvmlite.binding
     except ImportError:
+        return None
+    release = tuple(int(part) for part in metadata.version("lleaves").split(".")[:2] if part.isdigit())
+    if release <= (1, 3) and not hasattr(llvmlite.binding, "PassManagerBuilder"):
         return None
     return lleaves, llvmlite.binding
 

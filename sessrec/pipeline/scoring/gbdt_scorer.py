@@ -172,14 +172,15 @@ class GBDTScorer(Scorer):
 
     @property
     def trees(self) -> TreeEnsemble | CompiledTrees | None:
-        """The trees up to `best_round` as a `TreeEnsemble` (built by `fit` and `load_state_dict`, and by the first
-        call in a copy); None where it cannot reproduce LightGBM's scores or onnxruntime is not installed."""
+        """The trees up to `best_round` compiled (`CompiledTrees`) or in onnxruntime (`TreeEnsemble`), the first that
+        is installed and reproduces LightGBM's scores (built by `fit` and `load_state_dict`, and by the first call in
+        a copy: compiled trees from the cache, 0.1-0.6 s for 64-216 trees); None where neither does."""
         if self._trees is False:
             self._trees = _ensemble(self.booster, self.best_round)
         return self._trees
 
     def __getstate__(self) -> dict[str, Any]:
-        """The attributes but the onnxruntime session (copies and pickles build their own)."""
+        """The attributes but the trees' runtime (copies and pickles build their own)."""
         return {**self.__dict__, "_trees": False}
 
     def state_dict(self) -> dict[str, Any]:

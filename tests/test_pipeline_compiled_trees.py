@@ -227,3 +227,17 @@ def test_the_scorer_scores_with_the_compiled_trees_as_with_lightgbm(tmp_path, mo
         assert all(torch.equal(other.score(inputs), expected) for other in [scorer, *others]) and asked == [3] * 4
     finally:
         torch.set_num_threads(before)
+
+
+def test_one_leaf_trees_compile_and_categorical_or_zero_as_missing_splits_do_not(tmp_path) -> None:
+    g = np.random.default_rng(9)
+    x = np.column_stack([g.integers(0, 6, 600), g.normal(size=600)]).astype(np.float64)
+    y = ((x[:, 0] % 2 == 0) + (x[:, 1] > 0)).astype(int)
+    group = np.full(30, 20)
+    stumps = lgb.train({"objective": "lambdarank", "min_data_in_leaf": 10_000, "verbosity": -1}, lgb.Dataset(x, y, group=group), 3)
+    assert all("leaf_value" in info["tree_structure"] for info in stumps.dump_model()["tree_info"])
+    assert np.array_equal(CompiledTrees.of(stumps, 3, tmp_path).predict(x), stumps.predict(x))
+    for params, kwargs in (({}, {"categorical_feature": [0]}), ({"zero_as_missing": True}, {})):
+        model = lgb.train({"objective": "lambdarank", "verbosity": -1, "min_data_in_leaf": 5, **params},
+                          lgb.Dataset(x, y, group=group, **kwargs), num_boost_round=5)
+        assert CompiledTrees.of(model, 5, tmp_path) is None

@@ -131,8 +131,30 @@ def test_session_scores_hook(tmp_path):
     rows = build_clickout_rows(log_table(), "hand", scores)
     got = np.array(rows.column("session_score").to_pylist(), dtype=float)
     assert got[2] == 0.5 and got[3] == 2.0 and np.isnan(got[[0, 1, 4, 5, 6, 7]]).all()
-    with pytest.raises(SchemaError, match="score"):
-        build_clickout_rows(log_table(), "hand", scores.drop(["score"]))
+    with pytest.raises(SchemaError, match=r"^scores.parquet: session scores lack column 'score'"):
+        build_clickout_rows(log_table(), "hand", scores.drop(["score"]), "scores.parquet")
+
+
+@pytest.mark.parametrize("column, values, match", [
+    # a NaN was read as a row with no score, and an infinite or past-float32 one made the dense input inf
+    ("score", [0.5, float("nan")], r"column 'score' holds nan at row 1; a session score must be a finite float32"),
+    ("score", [float("-inf"), 2.0], r"column 'score' holds -inf at row 0; a session score must be a finite float32"),
+    ("score", [0.5, 1e39], r"column 'score' holds 1e\+39 at row 1; a session score must be a finite float32"),
+    ("score", pa.array([0.5, None], pa.float64()), r"column 'score' has a null value at row 1"),
+    ("score", ["0.5", "high"], r"column 'score' holds 'high' at row 1, not a number"),
+    ("step", [3.0, 5.5], r"column 'step' holds 5.5 at row 1, not of the type of the log's step \(int64\)"),
+    ("item_id", pa.array(["H3", None]), r"column 'item_id' has a null value at row 1"),
+    ("item_id", ["H1", "H1"], r"session scores hold 2 scores for session_id 'a', step 3, item_id 'H1'; one each"),
+    # ids of another log: the feature was absent on every row, with exit 0
+    ("item_id", [3, 3], r"none of its 2 session scores is of a hotel shown on a click-out of hand \(its first: "
+                        r"session_id 'a', step 3, item_id '3'\)"),
+])
+def test_session_scores_that_cannot_be_read_as_given_are_refused_naming_file_column_value_and_row(column, values, match):
+    scores = {"session_id": ["a", "a"], "step": [3, 5], "item_id": ["H3", "H3"], "score": [0.5, 2.0], column: values}
+    if column == "item_id" and values == ["H1", "H1"]:
+        scores["step"] = [3, 3]
+    with pytest.raises(SchemaError, match="^scores.parquet: " + match):
+        build_clickout_rows(log_table(), "hand", pa.table(scores), "scores.parquet")
 
 
 def test_loaders_slice_whole_queries_and_gather_multi_hot(rows):

@@ -57,13 +57,15 @@ SPLITS = ("train", "valid", "test")
 
 
 # -- building rows ------------------------------------------------------------------------------
-def build_clickout_rows(raw: pa.Table, source: str = "<table>", session_scores: pa.Table | None = None) -> pa.Table:
+def build_clickout_rows(raw: pa.Table, source: str = "<table>", session_scores: pa.Table | None = None,
+                        scores_source: str = "<session scores>") -> pa.Table:
     """One row per (click-out, impressed hotel) with raw features and the label.
 
     Args:
         raw: the trivago log (columns `REQUIRED`), in any order.
         source: name of the input in error messages (the file path).
         session_scores: optional ``session_id``, ``step``, ``item_id``, ``score`` table.
+        scores_source: name of `session_scores` in error messages (its file path).
 
     Returns:
         Table of N rows sorted by click-out then position: ``query`` (click-out number), ``session_id``,
@@ -75,8 +77,8 @@ def build_clickout_rows(raw: pa.Table, source: str = "<table>", session_scores: 
     Raises:
         SchemaError: a missing column, a null id/time, a time that is not plausible in seconds (`parse_time`),
             a click-out without impressions, with an empty hotel id or showing a hotel twice, a click-out of no
-            ``reference`` (null or empty: no hotel clicked), unaligned ``impressions``/``prices``, or a price that
-            is not a non-negative number.
+            ``reference`` (null or empty: no hotel clicked), unaligned ``impressions``/``prices``, a price that
+            is not a non-negative number, or session scores that `_join_scores` refuses.
     """
     missing = [c for c in REQUIRED if c not in raw.column_names]
     if missing:
@@ -235,7 +237,7 @@ def build_clickout_rows(raw: pa.Table, source: str = "<table>", session_scores: 
         "seconds_since": seconds_since,
         "label": label.astype(np.int8),
     })
-    return rows.append_column("session_score", pa.array(_join_scores(rows, session_scores, source)))
+    return rows.append_column("session_score", pa.array(_join_scores(rows, session_scores, source, scores_source)))
 
 
 def _shared_codes(hotel: pa.Array, ref: pa.Array) -> tuple[np.ndarray, np.ndarray]:
@@ -245,29 +247,70 @@ def _shared_codes(hotel: pa.Array, ref: pa.Array) -> tuple[np.ndarray, np.ndarra
     return codes[: len(hotel)], codes[len(hotel):]
 
 
-def _join_scores(rows: pa.Table, scores: pa.Table | None, source: str) -> np.ndarray:
-    """(N,) session-model score of each row from ``session_id, step, item_id, score``; NaN where absent."""
+def _join_scores(rows: pa.Table, scores: pa.Table | None, source: str, scores_source: str) -> np.ndarray:
+    """(N,) session-model score of each row from ``session_id, step, item_id, score``; NaN where absent.
+
+    Refused in one line naming `scores_source`: a missing column, a null, a key that is not of the log's type, a
+    score that is not finite or not a float32 (the dense features' type), a (session_id, step, item_id) scored
+    twice, and scores of which none keys a shown hotel of the log's click-outs (`source`): a feature absent on
+    every row."""
     out = np.full(rows.num_rows, np.nan)
     if scores is None:
         return out
-    need = ["session_id", "step", "item_id", "score"]
+    need = {"session_id": "session_id", "step": "step", "item_id": "hotel", "score": "score"}  # its column: the rows'
     missing = [c for c in need if c not in scores.column_names]
     if missing:
-        raise SchemaError(f"{source}: session scores lack column {missing[0]!r}; they need columns {need}")
-    scores = pa.table({
-        "session_id": scores.column("session_id").cast(rows.column("session_id").type),
-        "step": scores.column("step").cast(rows.column("step").type),
-        "hotel": scores.column("item_id").cast(pa.string()),
-        "score": scores.column("score").cast(pa.float64()),
-    })
+        raise SchemaError(f"{scores_source}: session scores lack column {missing[0]!r}; they need columns {list(need)}, "
+                          f"the file has {scores.column_names}")
+    types = {"session_id": rows.column("session_id").type, "step": rows.column("step").type,
+             "item_id": pa.string(), "score": pa.float64()}
+    columns = {}
+    for name, key in need.items():
+        column = scores.column(name)
+        if column.null_count:
+            row = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
+            raise SchemaError(f"{scores_source}: column {name!r} has a null value at row {row}; every session score "
+                              f"needs its {', '.join(need)}")
+        try:
+            columns[key] = column.cast(types[name])
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            row, value = _uncastable(column, types[name])
+            what = "a number" if name == "score" else f"of the type of the log's {key} ({types[name]})"
+            raise SchemaError(f"{scores_source}: column {name!r} holds {value!r} at row {row}, not {what}") from None
+    score = columns["score"].to_numpy(zero_copy_only=False)
+    bad = np.flatnonzero(~(np.abs(score) <= np.finfo(np.float32).max))  # NaN, infinite, or past float32
+    if len(bad):
+        raise SchemaError(f"{scores_source}: column 'score' holds {float(score[bad[0]])!r} at row {int(bad[0])}; a "
+                          "session score must be a finite float32 (leave out the rows of a hotel with no score)")
+    scores = pa.table(columns)
     keys = ["session_id", "step", "hotel"]
-    if pc.count_distinct(pc.binary_join_element_wise(*(scores.column(k).cast(pa.string()) for k in keys), "\x1f")).as_py() \
-            != scores.num_rows:
-        raise SchemaError(f"{source}: session scores hold more than one score for a (session_id, step, item_id)")
+    counts = scores.group_by(keys).aggregate([([], "count_all")])
+    twice = counts.filter(pc.greater(counts.column("count_all"), 1))
+    if twice.num_rows:
+        first = twice.slice(0, 1).to_pylist()[0]
+        raise SchemaError(f"{scores_source}: session scores hold {first['count_all']} scores for session_id "
+                          f"{first['session_id']!r}, step {first['step']!r}, item_id {first['hotel']!r}; one each")
     left = pa.table({k: rows.column(k) for k in keys}).append_column("row", pa.array(np.arange(rows.num_rows)))
     joined = left.join(scores, keys=keys, join_type="inner")
+    if scores.num_rows and rows.num_rows and not joined.num_rows:
+        first = scores.slice(0, 1).to_pylist()[0]
+        raise SchemaError(
+            f"{scores_source}: none of its {scores.num_rows} session scores is of a hotel shown on a click-out of "
+            f"{source} (its first: session_id {first['session_id']!r}, step {first['step']!r}, item_id "
+            f"{first['hotel']!r}); the scores key a click-out by its session_id and step and a shown hotel by its id"
+        )
     out[joined.column("row").to_numpy()] = joined.column("score").to_numpy(zero_copy_only=False)
     return out
+
+
+def _uncastable(column: pa.ChunkedArray | pa.Array, to: pa.DataType) -> tuple[int, object]:
+    """The row and value of the first entry of `column` that a safe cast to `to` refuses (the error path only)."""
+    for row, value in enumerate(column.to_pylist()):
+        try:
+            pa.array([value], column.type).cast(to)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return row, value
+    return 0, column[0].as_py()
 
 
 def split_by_time(rows: pa.Table, end_of_log: float, test_hours: float, valid_hours: float) -> np.ndarray:

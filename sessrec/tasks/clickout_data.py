@@ -92,7 +92,7 @@ class ClickoutDataModule(pl.LightningDataModule):
                 late = pc.greater_equal(raw.column("timestamp").cast(pa.float64()), self.end).fill_null(False)
                 raw = raw.filter(pc.invert(late))  # an event of no time stays, for `build_clickout_rows` to refuse
             scores = None if self.session_scores is None else read_table(Path(self.session_scores))
-            rows = build_clickout_rows(raw, str(self.path), scores)
+            rows = build_clickout_rows(raw, str(self.path), scores, str(self.session_scores))
             end = self.end if self.end is not None else (pc.max(raw.column("timestamp")).as_py() if raw.num_rows else 0)
             self._end_of_log = float(end)
             split = split_by_time(rows, float(end), self.test_hours, self.valid_hours)

@@ -196,6 +196,9 @@ def test_loaders_slice_whole_queries_and_gather_multi_hot(rows):
          r"column 'reference' is empty on a click-out \(session 'a', step 3\); every click-out needs the hotel clicked"),
         (lambda t: _with(t, "reference", 5, ""), r"column 'reference' is empty on a click-out \(session 'b', step 1\)"),
         (lambda t: _with(t, "session_id", 1, None), r"column 'session_id' has a null value at row 1"),
+        # a click-out of no city was refused as "item ids hold 1 nulls", naming neither file nor column
+        (lambda t: _with(t, "city", 4, None), r"hand.parquet: column 'city' is null on a click-out \(session 'a', step 5\)"),
+        (lambda t: _with(t, "device", 5, None), r"hand.parquet: column 'device' is null on a click-out \(session 'b', step 1\)"),
         (lambda t: t.set_column(2, "timestamp", pa.array(["x"] * t.num_rows)), r"column 'timestamp' must be numeric"),
         # milliseconds read as seconds would make the test hours a few seconds long
         (lambda t: t.set_column(2, "timestamp", pa.array([(1_541_548_939 + s) * 1000 for s in t.column("timestamp").to_pylist()])),

@@ -77,8 +77,9 @@ def build_clickout_rows(raw: pa.Table, source: str = "<table>", session_scores: 
     Raises:
         SchemaError: a missing column, a null id/time, a time that is not plausible in seconds (`parse_time`),
             a click-out without impressions, with an empty hotel id or showing a hotel twice, a click-out of no
-            ``reference`` (null or empty: no hotel clicked), unaligned ``impressions``/``prices``, a price that
-            is not a non-negative number, or session scores that `_join_scores` refuses.
+            ``reference`` (null or empty: no hotel clicked), a click-out of no ``platform``, ``city`` or ``device``,
+            unaligned ``impressions``/``prices``, a price that is not a non-negative number, or session scores that
+            `_join_scores` refuses.
     """
     missing = [c for c in REQUIRED if c not in raw.column_names]
     if missing:
@@ -148,6 +149,14 @@ def build_clickout_rows(raw: pa.Table, source: str = "<table>", session_scores: 
             f"{source}: column 'reference' is empty on a click-out (session {col('session_id')[q].as_py()!r}, "
             f"step {col('step')[q].as_py()}); every click-out needs the hotel clicked"
         )
+    for name in ("platform", "city", "device"):  # a sparse feature of every row: a null is no value to embed
+        unknown = np.flatnonzero(col(name).take(clicks_arr).is_null().to_numpy(zero_copy_only=False))
+        if len(unknown):
+            q = clicks[unknown[0]]
+            raise SchemaError(
+                f"{source}: column {name!r} is null on a click-out (session {col('session_id')[q].as_py()!r}, "
+                f"step {col('step')[q].as_py()}); every click-out needs its {name}"
+            )
     bad = np.flatnonzero(n_imp != n_pr)
     if len(bad):
         q = clicks[bad[0]]

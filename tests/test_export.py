@@ -472,6 +472,27 @@ def test_a_triton_repository_inside_the_model_directory_is_refused_before_the_ex
     assert sorted(p.name for p in model_dir.iterdir()) == ["config.json", "model.safetensors", "vocab.parquet"]
 
 
+@pytest.mark.parametrize("fmt", ["torchscript", "triton"])
+def test_an_export_into_another_saved_model_directory_is_refused_and_leaves_it_whole(tmp_path, sessrec_main, fmt):
+    """Another run's model directory as --out had its vocab.parquet replaced by the exported model's, with exit 0: the
+    model in it no longer loaded."""
+    model_dir = session_task("sasrec_clm").recommender().save_pretrained(tmp_path / "model")
+    other = session_task("gpt2_clm")
+    other.vocab = ItemVocab(pa.array(np.arange(100, 148)), np.ones(48, dtype=np.int64))
+    versioned = tmp_path / "other"
+    other.recommender().save_pretrained(versioned)
+    other.recommender().save_pretrained(versioned)  # versions: CURRENT, versions/v000002
+    before = {p: p.read_bytes() for p in versioned.rglob("*") if p.is_file()}
+    for out, marker in ((versioned, "CURRENT"), (versioned / "versions" / "v000002", "config.json")):
+        got = sessrec_main("export", "--model_dir", str(model_dir), "--out", str(out), "--format", fmt)
+        assert got == (f"sessrec export: error: --out {out} is a saved model or pipeline directory (it holds {marker}): "
+                       "the files written would replace its parts; name another folder (--traceback for details)")
+    with pytest.raises(ValueError, match=rf"^out_dir {re.escape(str(versioned))} is a saved model or pipeline directory"):
+        export_session_model(session_task("sasrec_clm").recommender(), versioned, "torchscript")
+    assert {p: p.read_bytes() for p in versioned.rglob("*") if p.is_file()} == before
+    assert SessionRecommender.from_pretrained(versioned).vocab == other.vocab
+
+
 def ranking_vocab(values: int = 5) -> RankingVocab:
     """`values` raw values per feature of a click-out row: `values` + 2 ids each."""
     return RankingVocab({name: ItemVocab(pa.array([f"{name}{i}" for i in range(values)]), np.ones(values, dtype=np.int64))

@@ -137,8 +137,8 @@ def export_session_model(
 
     Raises:
         ValueError: the format is unknown, the encoder cannot be exported to it (the message
-            says why, e.g. GRU4Rec to ONNX), or the model reads side features without their fitted
-            transforms (`side_rules`).
+            says why, e.g. GRU4Rec to ONNX), the model reads side features without their fitted
+            transforms (`side_rules`), or `out_dir` is a saved model or pipeline directory (`check_folder`).
     """
     scorer = NextItemScorer(recommender, top_k)  # refuses anything but a SessionRecommender
     side = side_rules(scorer, recommender)
@@ -205,7 +205,8 @@ def export_model_dir(
         The path of the model file.
 
     Raises:
-        ValueError: `out_dir` is `model_dir` or inside it (before the model is read).
+        ValueError: `out_dir` is `model_dir` or inside it, or a saved model or pipeline directory (before the model
+            is read).
         PermissionError: `out_dir` is a file or cannot be written (before the model is read).
     """
     check_folder(out_dir, "--out", [model_dir])
@@ -288,6 +289,7 @@ def _export(
     if format not in FILES:
         raise ValueError(f"format must be one of {tuple(FILES)}, got {format!r}")
     out = Path(out_dir)
+    check_folder(out, "out_dir")  # a file, a folder that refuses a new file, or a saved directory: before the trace
     with new_folders(out):  # a failed export removes the folders it created as well
         remove_abandoned(out, STAGE)
         stage = Path(tempfile.mkdtemp(prefix=f"{stage_name(STAGE)}-", dir=out))

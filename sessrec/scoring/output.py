@@ -33,6 +33,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from sessrec.saved.atomic import atomic_path, reached_path
+from sessrec.saved.versions import SAVED_MARKERS
 
 FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
 SUPPORTED = "name a .parquet or .pq file (one row per session) or a .csv file (one row per recommendation)"
@@ -129,10 +130,12 @@ class OutputFile:
 def check_folder(folder: str | os.PathLike, flag: str, inputs: Sequence[str | os.PathLike] = ()) -> None:
     """Refuse a folder a command writes its files into (``sessrec export --out``), before any work: a
     file, a folder that cannot be written (`check_writable`), one of `inputs` or a folder inside one
-    (a model directory). The files it holds of another run are replaced; missing folders are created.
+    (a model directory), and a saved model or pipeline directory (or a version's folder of one: it holds
+    one of `SAVED_MARKERS`), whose ``vocab.parquet`` the files written would replace. The files it holds of
+    another run are replaced; missing folders are created.
 
     Raises:
-        ValueError: `folder` is one of `inputs` or inside one.
+        ValueError: `folder` is one of `inputs` or inside one, or a saved directory.
         PermissionError: `folder` is a file or cannot be written.
     """
     where, path = f"{flag} {os.fspath(folder)}", reached_path(folder)
@@ -142,6 +145,10 @@ def check_folder(folder: str | os.PathLike, flag: str, inputs: Sequence[str | os
         root = reached_path(given)
         if path == root or root in path.parents or (path.exists() and os.path.samefile(path, root)):
             raise ValueError(f"{where} is inside {given}, which the command reads; name another folder")
+    saved = next((name for name in SAVED_MARKERS if (path / name).exists()), None)
+    if saved is not None:
+        raise ValueError(f"{where} is a saved model or pipeline directory (it holds {saved}): the files written "
+                         "would replace its parts; name another folder")
     check_writable(path, where)
 
 

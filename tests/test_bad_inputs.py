@@ -645,6 +645,35 @@ def test_checkpoint_with_pickled_objects_is_not_unpickled(tmp_path):
         read_checkpoint(path)
 
 
+def flipped_checkpoint(path: Path) -> Path:
+    """A Lightning-like checkpoint whose one tensor has a byte changed in the archive (its CRC-32 left as written)."""
+    import struct
+    import zipfile
+
+    torch.save({"state_dict": {"w": torch.arange(256, dtype=torch.float32)}, "hyper_parameters": {}}, path)
+    data = bytearray(path.read_bytes())
+    with zipfile.ZipFile(path) as archive:
+        entry = next(i for i in archive.infolist() if "/data/" in i.filename)
+    name, extra = struct.unpack("<HH", data[entry.header_offset + 26:entry.header_offset + 30])
+    data[entry.header_offset + 30 + name + extra + 41] ^= 0x40  # a byte of w[10]
+    path.write_bytes(bytes(data))
+    return path
+
+
+def test_a_checkpoint_with_a_changed_byte_is_refused_not_read_as_another_weight(tmp_path, sessrec_main):
+    """torch.load reads the changed byte as a weight, without a check: a fit resumed from it went on from a weight the
+    run never had, with exit 0."""
+    from sessrec.saved.checkpoint import read_checkpoint
+
+    bad = flipped_checkpoint(tmp_path / "last.ckpt")
+    assert torch.load(bad, weights_only=True)["state_dict"]["w"][10] != 10  # what torch.load alone gives
+    message = f"{bad}: not a readable PyTorch checkpoint, truncated or corrupt (its entry last/data/0 fails its CRC-32 check)"
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        read_checkpoint(bad)
+    assert sessrec_main("fit", *TINY, "--trainer.max_epochs", "2", "--ckpt_path", str(bad)) == (
+        f"sessrec fit: error: {message} (--traceback for details)")
+
+
 def test_checkpoint_of_another_configuration(checkpoint):
     from sessrec.models import XLNetEncoder
     from sessrec.tasks import NextItemTask

@@ -1,5 +1,8 @@
 """Reading Lightning checkpoints safely: ``torch.load(weights_only=True)`` and one clear line on failure.
 
+A checkpoint's bytes are checked against the CRC-32 its zip archive records for each entry before it is read:
+``torch.load`` does not check them, and a changed byte in a tensor would be read as a weight.
+
 A checkpoint written by sessrec holds only tensors and plain values: the task's
 hyper-parameters are configs (``class_path``/``init_args``), and the data module's state (the
 state dicts of the vocabulary and of the fitted side-feature transforms, restored when `fit`
@@ -13,6 +16,8 @@ import functools
 import os
 import pickle
 import re
+import zipfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +32,9 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
         raise IsADirectoryError(f"{path}: a directory, not a checkpoint file (a model directory loads with from_pretrained)")
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such checkpoint")
+    damaged = _damaged_entry(path)
+    if damaged is not None:
+        raise ValueError(f"{path}: not a readable PyTorch checkpoint, truncated or corrupt ({damaged})")
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
@@ -43,6 +51,20 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise ValueError(f"{path}: a PyTorch file but not a Lightning checkpoint (no 'state_dict')")
     return checkpoint
+
+
+def _damaged_entry(path: Path) -> str | None:
+    """What is damaged in a checkpoint of torch's zip format: an entry whose bytes fail the CRC-32 the archive
+    records (a changed byte in a tensor, which ``torch.load`` reads as a weight without a check) or an archive that
+    cannot be read; None for an intact one, or a file of another format (``torch.load`` judges it)."""
+    if not zipfile.is_zipfile(path):
+        return None
+    try:
+        with zipfile.ZipFile(path) as archive:
+            name = archive.testzip()  # reads every entry and checks its CRC-32
+    except (zipfile.BadZipFile, OSError, EOFError, zlib.error) as err:
+        return f"its zip archive: {str(err).strip() or type(err).__name__}"
+    return None if name is None else f"its entry {name} fails its CRC-32 check"
 
 
 def checkpoint_summary(path: str | os.PathLike) -> dict[str, Any]:

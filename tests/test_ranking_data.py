@@ -219,6 +219,26 @@ def _with(table: pa.Table, name: str, row: int, value) -> pa.Table:
     return table.set_column(i, name, pa.array(values, table.schema.field(name).type))
 
 
+def test_a_checkpoints_vocabulary_of_another_log_is_refused_even_of_the_same_sizes(tmp_path):
+    """Only the sizes were compared: a resume on a log of other hotels, as many of each feature, went on with exit 0,
+    each hotel of the new log read as unseen."""
+    renamed = [tuple(v.replace("H1", "H9") if isinstance(v, str) else v for v in event) for event in EVENTS]
+    settings = dict(test_hours=50 / 3600, valid_hours=30 / 3600, min_count=1)
+    for name, events in (("log.parquet", EVENTS), ("other.parquet", renamed)):
+        pq.write_table(log_table(events), tmp_path / name)
+    saved = ClickoutDataModule(str(tmp_path / "log.parquet"), **settings)
+    same = ClickoutDataModule(str(tmp_path / "log.parquet"), **settings)
+    assert same.cardinalities == saved.cardinalities
+    same.load_state_dict(saved.state_dict())  # the run's own log: taken
+    other = ClickoutDataModule(str(tmp_path / "other.parquet"), **settings)
+    assert other.cardinalities == saved.cardinalities
+    with pytest.raises(ValueError, match=(
+            rf"^the checkpoint's ranking vocabulary differs from the one this data module uses \({tmp_path / 'other.parquet'}\): "
+            r"feature 'hotel': both have 5 ids, but 3 of them stand for other items: id 2 is item 'H1' in the checkpoint, "
+            r"'H2' here; resume with the data settings of the run it continues$")):
+        other.load_state_dict(saved.state_dict())
+
+
 def test_data_module_on_a_file_and_its_errors(tmp_path):
     path = tmp_path / "log.parquet"
     pq.write_table(log_table(), path)

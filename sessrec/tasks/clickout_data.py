@@ -17,6 +17,7 @@ import pytorch_lightning as pl
 from sessrec.data.loader import ranks_of, release_process_group_at_exit
 from sessrec.data.periods import iso, to_seconds
 from sessrec.data.readers import read_table
+from sessrec.data.vocab import vocab_difference
 from sessrec.datasets.clickout_rows import RankingLoader, RankingTensors, RankingVocab, encode_rows
 from sessrec.datasets.clickouts import DENSE_FEATURES, SPLITS, build_clickout_rows, split_by_time
 from sessrec.saved.checkpoint import as_tensors
@@ -141,13 +142,17 @@ class ClickoutDataModule(pl.LightningDataModule):
         return {"vocab": as_tensors(self.vocab.state_dict())}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Take a checkpoint's vocabulary; refused when it differs from the one in use."""
+        """Take a checkpoint's vocabulary; refused when a feature's differs from the one in use (its ids, the values
+        they stand for, or their counts: another log or window), as `SessionDataModule.load_state_dict` refuses."""
         vocab = RankingVocab.empty().load_state_dict(state["vocab"], "the checkpoint's ranking vocabulary")
-        if self._vocab is not None and self._vocab.cardinalities != vocab.cardinalities:
-            raise ValueError(
-                f"the checkpoint's ranking vocabulary {vocab.cardinalities} differs from the one in use "
-                f"{self._vocab.cardinalities}: resume with the data settings of the run it continues"
-            )
+        if self._vocab is not None:
+            for name, saved in vocab.vocabs.items():
+                if saved != self._vocab.vocabs[name]:
+                    raise ValueError(
+                        f"the checkpoint's ranking vocabulary differs from the one this data module uses ({self.path}): "
+                        f"feature {name!r}: {vocab_difference(saved, self._vocab.vocabs[name])}; resume with the data "
+                        "settings of the run it continues"
+                    )
         self._vocab = vocab
 
     @property

@@ -8,6 +8,7 @@ name the key that replaces them.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -321,6 +322,33 @@ def test_dlrm_test_takes_ks_and_refuses_another_width(dlrm, sessrec_main):
     assert f"--model.network.embedding_dim 4 differs from the model's 8 ({model_dir}) (1 more setting differs): the network" in got
     got = sessrec_main("test", *flags, "--model_dir", str(model_dir), "--model.sparse.init_args.optimizer", "sgd")
     assert f"--model.sparse.init_args.optimizer sgd differs from the model's adagrad_rowwise ({model_dir}): the network" in got
+
+
+@pytest.mark.slow
+def test_a_click_rankers_evaluation_refuses_data_settings_its_model_was_not_trained_with(dlrm, tmp_path, sessrec_main,
+                                                                                          monkeypatch):
+    """The model directory recorded no data settings: a --data.min_count the model's vocabulary ignores, and session
+    scores (a dense input) for a model trained without them, or none for one trained with them, gave metrics with
+    exit 0."""
+    flags, model_dir = dlrm
+    recorded = json.loads((model_dir / "config.json").read_text())["data"]
+    assert recorded["class_path"] == "sessrec.tasks.clickout_data.ClickoutDataModule"
+    assert (recorded["init_args"]["min_count"], recorded["init_args"]["session_scores"]) == (1, None)
+    scores = tmp_path / "scores.parquet"
+    pq.write_table(pa.table({"session_id": ["a"], "step": [5], "item_id": ["H1"], "score": [0.5]}), scores)
+    got = sessrec_main("test", *flags, "--model_dir", str(model_dir), "--data.init_args.min_count", "5")
+    assert got == (f"sessrec test: error: --data.min_count 5 differs from the model's 1 ({model_dir}): the model reads the "
+                   "vocabulary it was trained with (its vocab.parquet); evaluate it with that run's data settings "
+                   "(--traceback for details)")
+    got = sessrec_main("test", *flags, "--model_dir", str(model_dir), "--data.init_args.session_scores", str(scores))
+    assert got == (f"sessrec test: error: --data.session_scores {scores}: the model ({model_dir}) was trained without "
+                   "session scores; leave it out (--traceback for details)")
+    monkeypatch.chdir(tmp_path)  # the recipe keeps its checkpoints under runs/dlrm_trivago/
+    assert sessrec_main("fit", *flags, "--data.init_args.session_scores", str(scores)) == ""
+    trained = tmp_path / "runs" / "dlrm_trivago" / "model"
+    assert sessrec_main("test", *flags, "--model_dir", str(trained)) == (
+        f"sessrec test: error: the model ({trained}) was trained with session scores ({scores}): give --data.session_scores "
+        "of the click-outs it evaluates, which it would read as absent on every row (--traceback for details)")
 
 
 def test_a_source_picked_by_a_recipe_gets_its_own_defaults_not_the_default_sources(tmp_path, capsys):

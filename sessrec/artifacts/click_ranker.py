@@ -3,13 +3,16 @@
 The artifact of a trained `DLRMTask` (``sessrec fit`` writes it as ``runs/<name>/model``,
 `DLRMTask.ranker` builds it in memory). Its model directory (`sessrec.artifacts.model_directory`)
 holds the sections ``model`` (the DLRM, built by the registry), ``vocab`` and, as ``sessrec fit`` and
-``sessrec retrain`` write it, ``train_end``: the time of its training click-outs' last event.
+``sessrec retrain`` write it, ``train_end``: the time of its training click-outs' last event; as ``sessrec fit``
+writes it, ``data``: the configuration of the data module it was trained on, which ``sessrec test --model_dir``
+holds its settings to.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from sessrec.artifacts.model_directory import (
     CONFIG,
@@ -57,18 +60,23 @@ class ClickRanker:
         model: the trained `DLRM`.
         vocab: one vocabulary per sparse feature, as many ids as each table has rows.
         train_end: time (epoch seconds, UTC) of the last click-out it was trained on; None when unknown.
+        data: the ``{"class_path", "init_args"}`` configuration (plain data) of the data module it was trained on, as
+            ``sessrec fit`` records it; None when unknown (a ranker built by hand, or by ``sessrec retrain``).
 
     Raises:
         ValueError: the model and the vocabulary do not belong together (`check_parts`).
     """
 
-    def __init__(self, model: DLRM, vocab: RankingVocab, train_end: float | None = None) -> None:
+    def __init__(self, model: DLRM, vocab: RankingVocab, train_end: float | None = None,
+                 data: dict[str, Any] | None = None) -> None:
         if not isinstance(model, DLRM):
             raise TypeError(f"a ClickRanker holds a DLRM, got {type(model).__name__}")
         if not isinstance(vocab, RankingVocab):
             raise TypeError(f"a ClickRanker's vocabulary is a RankingVocab, got {type(vocab).__name__}")
+        if data is not None and not isinstance(data, dict):
+            raise TypeError(f"a ClickRanker's data configuration is a mapping or None, got {type(data).__name__}")
         check_parts(model, vocab)
-        self.model, self.vocab, self.train_end = model, vocab, train_end
+        self.model, self.vocab, self.train_end, self.data = model, vocab, train_end, data
 
     def save_pretrained(self, directory: str | os.PathLike) -> Path:
         """Write the model directory (a new version of an existing one); returns the folder written. Refused,
@@ -77,6 +85,8 @@ class ClickRanker:
         sections = {"model": config_of(self.model)}
         if self.train_end is not None:
             sections["train_end"] = float(self.train_end)
+        if self.data is not None:
+            sections["data"] = self.data
         return write_model_directory(directory, sections,
                                      with_prefix(self.model.state_dict(), NETWORK), self.vocab)
 
@@ -95,4 +105,7 @@ class ClickRanker:
             check_parts(model, vocab)
         except ValueError as error:
             raise ValueError(f"{folder}: {error}") from None
-        return cls(model.eval(), vocab, read_train_end(config, source))
+        data = config.get("data")
+        if data is not None and not isinstance(data, dict):
+            raise ConfigError(source, "data", f"expected the data module's {{class_path, init_args}}, got {type(data).__name__}")
+        return cls(model.eval(), vocab, read_train_end(config, source), data)

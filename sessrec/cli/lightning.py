@@ -196,6 +196,7 @@ class SessrecCLI(LightningCLI):
         base = NextItemTask.from_recommender(artifact) if task is NextItemTask else DLRMTask.from_ranker(artifact)
         given = self._given(sub)
         refuse_other_vocabulary(given.get("data"), recorded.get("data"), folder)
+        refuse_other_inputs(given.get("data"), recorded.get("data"), folder)
         model = given.get("model")
         init_args = model.get("init_args") if model is not None else None
         merged = merge_with_model(task, plain_hparams(base), init_args.as_dict() if init_args is not None else {},
@@ -461,8 +462,9 @@ class SessrecCLI(LightningCLI):
             return
         trained = best_of_run(model, best, self.datamodule)
         artifact = trained.recommender() if isinstance(trained, NextItemTask) else trained.ranker()
-        if isinstance(artifact, SessionRecommender) and isinstance(self.datamodule, SessionDataModule):
-            # the sessions it was trained on, which a pipeline recipe rebuilds from the model directory
+        if isinstance(self.datamodule, SessionDataModule if isinstance(artifact, SessionRecommender) else ClickoutDataModule):
+            # the data it was trained on: a pipeline recipe rebuilds a session model's sessions from it, and evaluating
+            # commands hold their data settings to it (`refuse_other_vocabulary`, `refuse_other_inputs`)
             artifact.data = config_of(self.datamodule)
         if callable(getattr(self.datamodule, "train_end", None)):  # SessionDataModule, ClickoutDataModule
             artifact.train_end = self.datamodule.train_end()  # sessrec retrain never goes back before it
@@ -508,7 +510,8 @@ def writing_alone(folders: list[Path]) -> Iterator[None]:
                     folder.rmdir()
 
 
-VOCAB_SETTINGS = ("min_item_count", "max_vocab_size")  # data settings that decide the vocabulary a model is trained on
+# data settings that decide the vocabulary a model is trained on: SessionDataModule's, ClickoutDataModule's
+VOCAB_SETTINGS = ("min_item_count", "max_vocab_size", "min_count")
 
 
 def refuse_other_vocabulary(given: Namespace | None, recorded: dict | None, folder: Path) -> None:
@@ -522,6 +525,19 @@ def refuse_other_vocabulary(given: Namespace | None, recorded: dict | None, fold
         if key in held and value != held[key]:
             raise ValueError(f"--data.{key} {value} differs from the model's {held[key]} ({folder}): the model reads the "
                              "vocabulary it was trained with (its vocab.parquet); evaluate it with that run's data settings")
+
+
+def refuse_other_inputs(given: Namespace | None, recorded: dict | None, folder: Path) -> None:
+    """With ``--model_dir`` of a click ranker: refuse data with session scores (a dense input) for a model trained
+    without them, and data without them for one trained with them: its network would read an input it never learned."""
+    held = ((recorded or {}).get("init_args") or {}).get("session_scores", False)
+    init = given.get("init_args") if given is not None else None
+    scores = init.get("session_scores") if init is not None else None
+    if held is False or (scores is None) == (held is None):
+        return
+    raise ValueError(f"--data.session_scores {scores}: the model ({folder}) was trained without session scores; leave it out"
+                     if held is None else f"the model ({folder}) was trained with session scores ({held}): give "
+                     "--data.session_scores of the click-outs it evaluates, which it would read as absent on every row")
 
 
 def refuse_other_settings(given: Namespace, ckpt: str) -> None:

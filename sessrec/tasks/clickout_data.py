@@ -21,10 +21,10 @@ from sessrec.data.vocab import vocab_difference
 from sessrec.datasets.clickout_rows import RankingLoader, RankingTensors, RankingVocab, encode_rows
 from sessrec.datasets.clickouts import DENSE_FEATURES, SPLITS, build_clickout_rows, split_by_time
 from sessrec.saved.checkpoint import as_tensors
-from sessrec.saved.registry import check_integers
+from sessrec.saved.registry import Configurable, check_integers
 
 
-class ClickoutDataModule(pl.LightningDataModule):
+class ClickoutDataModule(Configurable, pl.LightningDataModule):
     """trivago click-outs as ranking rows, split by time; see the module docstring for the features.
 
     Args:

@@ -135,6 +135,17 @@ def test_session_scores_hook(tmp_path):
         build_clickout_rows(log_table(), "hand", scores.drop(["score"]), "scores.parquet")
 
 
+def test_session_scores_of_a_log_whose_click_outs_share_a_step_are_refused():
+    """Session a's two click-outs both at step 3: a score keyed (a, 3, H3) was joined to the rows of each, with exit 0."""
+    log = _with(log_table(), "step", 4, 3)
+    scores = pa.table({"session_id": ["a"], "step": [3], "item_id": ["H3"], "score": [0.5]})
+    with pytest.raises(SchemaError, match=r"^hand.parquet: 2 click-outs of session 'a' have step 3: the session scores of "
+                                          r"scores.parquet key a click-out by its session_id and step, which must tell "
+                                          r"them apart$"):
+        build_clickout_rows(log, "hand.parquet", scores, "scores.parquet")
+    assert build_clickout_rows(log, "hand.parquet").num_rows == 8  # without scores, the steps are not read
+
+
 @pytest.mark.parametrize("column, values, match", [
     # a NaN was read as a row with no score, and an infinite or past-float32 one made the dense input inf
     ("score", [0.5, float("nan")], r"column 'score' holds nan at row 1; a session score must be a finite float32"),

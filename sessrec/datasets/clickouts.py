@@ -262,7 +262,7 @@ def _join_scores(rows: pa.Table, scores: pa.Table | None, source: str, scores_so
     Refused in one line naming `scores_source`: a missing column, a null, a key that is not of the log's type, a
     score that is not finite or not a float32 (the dense features' type), a (session_id, step, item_id) scored
     twice, and scores of which none keys a shown hotel of the log's click-outs (`source`): a feature absent on
-    every row."""
+    every row; and, naming `source`, two click-outs of a session with one step, which the scores cannot tell apart."""
     out = np.full(rows.num_rows, np.nan)
     if scores is None:
         return out
@@ -299,6 +299,14 @@ def _join_scores(rows: pa.Table, scores: pa.Table | None, source: str, scores_so
         first = twice.slice(0, 1).to_pylist()[0]
         raise SchemaError(f"{scores_source}: session scores hold {first['count_all']} scores for session_id "
                           f"{first['session_id']!r}, step {first['step']!r}, item_id {first['hotel']!r}; one each")
+    clickouts = pa.table({"session_id": rows.column("session_id"), "step": rows.column("step"), "query": rows.column("query")})
+    steps = clickouts.group_by(["session_id", "step"]).aggregate([("query", "count_distinct")])
+    shared = steps.filter(pc.greater(steps.column("query_count_distinct"), 1))
+    if shared.num_rows:  # a score keyed by that step would be joined to the rows of each of them
+        first = shared.slice(0, 1).to_pylist()[0]
+        raise SchemaError(f"{source}: {first['query_count_distinct']} click-outs of session {first['session_id']!r} have "
+                          f"step {first['step']!r}: the session scores of {scores_source} key a click-out by its session_id "
+                          "and step, which must tell them apart")
     left = pa.table({k: rows.column(k) for k in keys}).append_column("row", pa.array(np.arange(rows.num_rows)))
     joined = left.join(scores, keys=keys, join_type="inner")
     if scores.num_rows and rows.num_rows and not joined.num_rows:

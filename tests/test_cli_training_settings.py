@@ -249,3 +249,32 @@ def test_a_resume_keeps_the_runs_metrics_and_says_nothing_is_deleted(tmp_path, s
         rows = list(csv.DictReader((run / "metrics.csv").read_text().splitlines())) if (run / "metrics.csv").exists() else []
         assert [int(r["step"]) for r in rows if r.get("train/loss")] == logged
         shutil.rmtree(tmp_path / "out")
+
+
+def test_a_click_ranker_stopped_mid_epoch_resumes_in_that_epoch_and_ends_as_the_uninterrupted_run(tmp_path, monkeypatch):
+    """The click-out loader kept no position: a DLRM resumed from a checkpoint 3 batches into its epoch started the
+    epoch over, trained its first 3 batches twice and its last 3 never, and ended with other weights, with exit 0."""
+    from test_trivago import fake_log
+
+    log = fake_log(tmp_path / "log.parquet")
+    recipes = Path(__file__).resolve().parents[1] / "recipes"
+    args = ["--config", str(recipes / "dlrm_trivago.yaml"), "--data.init_args.path", str(log),
+            "--data.init_args.test_hours", "10", "--data.init_args.valid_hours", "10", "--data.init_args.min_count", "1",
+            "--data.init_args.batch_size", "64", "--trainer.enable_progress_bar", "false", "--trainer.logger", "false",
+            "--model.init_args.network.embedding_dim", "8", "--model.init_args.network.dense_layers", "[8, 8]",
+            "--model.init_args.network.over_layers", "[8]", "--trainer.callbacks", "[]",
+            "--last_checkpoint.every_n_train_steps", "1"]
+    for run in ("whole", "cut"):
+        (tmp_path / run).mkdir()
+    monkeypatch.chdir(tmp_path / "whole")  # without a logger or callbacks, last.ckpt is checkpoints/last.ckpt
+    cli(["fit", *args, "--trainer.max_epochs", "1"])
+    monkeypatch.chdir(tmp_path / "cut")
+    cli(["fit", *args, "--trainer.max_epochs", "1", "--trainer.max_steps", "3"])
+    last = Path("checkpoints/last.ckpt")
+    assert torch.load(last, weights_only=True)["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]["position"] == 3
+    cli(["fit", *args, "--trainer.max_epochs", "1", "--ckpt_path", str(last)])
+    whole = torch.load(tmp_path / "whole" / last, weights_only=True)
+    resumed = torch.load(last, weights_only=True)
+    assert resumed["global_step"] == whole["global_step"] > 3
+    for name, value in whole["state_dict"].items():
+        assert torch.equal(resumed["state_dict"][name], value), name

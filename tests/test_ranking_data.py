@@ -186,6 +186,32 @@ def test_loaders_slice_whole_queries_and_gather_multi_hot(rows):
     assert len(train) == 3 and sorted(seen.tolist()) == sorted(t.groups.tolist())
 
 
+def test_a_training_loader_resumed_mid_epoch_hands_out_the_rest_of_that_epochs_batches(rows):
+    """RankingLoader kept no state: a fit resumed from a mid-epoch checkpoint started the epoch over, training its
+    first batches twice and its last never, with exit 0 (Lightning only warned)."""
+    tensors = encode_rows(rows, RankingVocab.fit(rows))
+    uninterrupted = RankingLoader(tensors, batch_size=2, shuffle=True, seed=3)
+    uninterrupted.set_epoch(1)
+    whole = [b.groups.tolist() + b.labels.tolist() for b in uninterrupted]
+    killed = RankingLoader(tensors, batch_size=2, shuffle=True, seed=3)
+    killed.set_epoch(1)
+    batches = iter(killed)
+    next(batches)
+    state = killed.state_dict()
+    assert state == {"epoch": 1, "position": 1, "seed": 3, "rows": 8, "batch_size": 2, "world_size": 1}
+    resumed = RankingLoader(tensors, batch_size=2, shuffle=True, seed=3)
+    resumed.load_state_dict(state)
+    assert [b.groups.tolist() + b.labels.tolist() for b in resumed] == whole[1:]
+    assert len([*resumed]) == len(whole)  # the next epoch whole
+    with pytest.raises(ValueError, match=r"^the saved loader state was shuffled with seed 3, this loader with 4: resume with "
+                                         r"the --data.init_args.seed it was trained with$"):
+        RankingLoader(tensors, batch_size=2, shuffle=True, seed=4).load_state_dict(state)
+    with pytest.raises(ValueError, match=r"^the saved loader state stands 1 batches into epoch 1 with "
+                                         r"--data.init_args.batch_size 2, this loader with 4: resume mid-epoch"):
+        RankingLoader(tensors, batch_size=4, shuffle=True, seed=3).load_state_dict(state)
+    RankingLoader(tensors, batch_size=4, shuffle=True, seed=3).load_state_dict({**state, "position": 0})  # an epoch's end
+
+
 @pytest.mark.parametrize(
     "change,match",
     [

@@ -102,6 +102,10 @@ def _raw_values(train: pa.Table) -> dict[str, pa.Array]:
     return out
 
 
+LAYOUT = {"rows": "training rows (the log's click-outs x shown hotels, its window)", "batch_size": "--data.init_args.batch_size",
+          "world_size": "data-parallel processes"}  # what a saved position counts in
+
+
 # -- tensors and batches -------------------------------------------------------------------------
 @dataclass
 class RankingBatch:
@@ -259,6 +263,7 @@ class RankingLoader:
         self.tensors, self.batch_size, self.shuffle, self.drop_last, self.seed = tensors, batch_size, shuffle, drop_last, seed
         self.rank, self.world_size = rank, world_size
         self.epoch = 0
+        self._current, self._position, self._resume_at = 0, 0, 0  # the epoch iterated, batches handed out, to skip
         n = len(tensors)
         if shuffle:
             self.cuts = None
@@ -277,6 +282,30 @@ class RankingLoader:
         """Draw the next training order for `epoch` (the trainer's, so a resumed run shuffles alike)."""
         self.epoch = int(epoch)
 
+    def state_dict(self) -> dict[str, int]:
+        """Where the current epoch stands: its number and the batches handed out, with the seed and what the position
+        counts in (the rows, the batch size, the processes). Lightning saves it in checkpoints and hands it back on
+        resume, so a run killed mid-epoch continues at the next batch of the same order."""
+        return {"epoch": self._current, "position": self._position, "seed": self.seed, **self._layout()}
+
+    def _layout(self) -> dict[str, int]:
+        return {"rows": len(self.tensors), "batch_size": self.batch_size, "world_size": self.world_size}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue the epoch of `state` after the batches it had handed out; refused for a state shuffled with
+        another seed, or one whose batches were cut from other rows or in another way: skipping them here would train
+        some rows of the epoch twice and others never."""
+        if int(state.get("seed", self.seed)) != self.seed:
+            raise ValueError(f"the saved loader state was shuffled with seed {state['seed']}, this loader with {self.seed}: "
+                             "resume with the --data.init_args.seed it was trained with")
+        for key, mine in self._layout().items() if int(state["position"]) else ():
+            saved = int(state.get(key, mine))
+            if saved != mine:
+                raise ValueError(f"the saved loader state stands {state['position']} batches into epoch {state['epoch']} "
+                                 f"with {LAYOUT[key]} {saved}, this loader with {mine}: resume mid-epoch with the rows and "
+                                 "batches it was trained with")
+        self.epoch, self._resume_at = int(state["epoch"]), int(state["position"])
+
     def __len__(self) -> int:
         if self.cuts is not None:
             return len(self.spans)
@@ -284,13 +313,16 @@ class RankingLoader:
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def __iter__(self) -> Iterator[RankingBatch]:
+        skip, self._resume_at, self._position = self._resume_at, 0, 0
         if self.cuts is not None:
-            for start, stop in self.spans:
+            for start, stop in self.spans[skip:]:
+                self._position += 1
                 yield self.tensors.batch(slice(start, stop))
             return
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        self.epoch += 1
+        self._current, self.epoch = self.epoch, self.epoch + 1  # without set_epoch, each iteration draws anew
         order = torch.randperm(len(self.tensors), generator=gen)
         order = order[self.rank :: self.world_size][: len(self) * self.batch_size]
-        for rows in order.split(self.batch_size):
+        for rows in order.split(self.batch_size)[skip:]:
+            self._position += 1
             yield self.tensors.batch(rows)

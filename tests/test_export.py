@@ -381,6 +381,19 @@ def test_sessrec_export_refuses_a_top_k_of_0_naming_it(tmp_path, sessrec_main):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("fmt", ["torchscript", "triton"])
+def test_sessrec_export_refuses_a_top_k_for_a_click_ranker(tmp_path, sessrec_main, fmt):
+    """A click ranker's export scores the rows it is given: --top_k was ignored, with exit 0."""
+    model_dir = dlrm_task().ranker().save_pretrained(tmp_path / "model")
+    for top_k in ("--top_k=5", "--top_k=null"):
+        got = sessrec_main("export", "--model_dir", str(model_dir), "--out", str(tmp_path / "out"), "--format", fmt, top_k)
+        assert got == (f"sessrec export: error: --top_k: a session model's setting (the K best items it outputs); {model_dir} "
+                       "holds a click ranker, whose export scores the click-out rows it is given (logits) "
+                       "(--traceback for details)")
+    assert not (tmp_path / "out").exists()
+    assert sessrec_main("export", "--model_dir", str(model_dir), "--out", str(tmp_path / "out"), "--format", fmt) == ""
+
+
 def test_an_export_removes_the_hidden_folder_of_an_export_killed_on_this_host(tmp_path):
     """A SIGKILL leaves an export's hidden folder behind; the next export into the folder removes it when its
     process is gone, and leaves a live export's (this process's) and another host's alone."""

@@ -230,6 +230,14 @@ def export(
     return str(export_model_dir(model_dir, out, format, top_k=top_k))
 
 
+def _holds_session_model(model_dir: str) -> bool:
+    """Whether a model directory holds a session model (its config has an objective), not a click ranker; its
+    ``config.json`` checked (`read_model_directory`), and any error about it raised here."""
+    from sessrec.artifacts.model_directory import read_model_directory
+
+    return "objective" in read_model_directory(model_dir)[1]
+
+
 def export_cli(args: list[str]) -> str:
     """``sessrec export --model_dir runs/<name>/model --format {onnx,torchscript,triton} --out <dir>``."""
     from sessrec.cli.errors import RecipeError, flag_mapping
@@ -243,6 +251,9 @@ def export_cli(args: list[str]) -> str:
         if key in flags and fmt != "triton":
             raise RecipeError(f"--{key}: a setting of a Triton model repository (--format triton); --format {fmt} writes "
                               "one model file, without a name or a batch limit")
+    if "top_k" in flags and isinstance(flags.get("model_dir"), str) and not _holds_session_model(flags["model_dir"]):
+        raise RecipeError(f"--top_k: a session model's setting (the K best items it outputs); {flags['model_dir']} holds "
+                          "a click ranker, whose export scores the click-out rows it is given (logits)")
     written = call_with_flags(export, "sessrec export", args)
     print(f"sessrec export: wrote {written} (checked against PyTorch on a batch of another size and length)")
     return written

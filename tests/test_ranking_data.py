@@ -233,6 +233,10 @@ def test_a_training_loader_resumed_mid_epoch_hands_out_the_rest_of_that_epochs_b
          r"column 'reference' is empty on a click-out \(session 'a', step 3\); every click-out needs the hotel clicked"),
         (lambda t: _with(t, "reference", 5, ""), r"column 'reference' is empty on a click-out \(session 'b', step 1\)"),
         (lambda t: _with(t, "session_id", 1, None), r"column 'session_id' has a null value at row 1"),
+        # references written otherwise than the impressions: every row a negative, trained on with exit 0
+        (lambda t: t.set_column(5, "reference", pa.array([None if v is None else v + ".0" for v in t.column("reference").to_pylist()])),
+         r"hand.parquet: no click-out's 'reference' is one of its 'impressions' \(session 'a', step 3: reference 'H2.0', "
+         r"impressions 'H1\|H2\|H3'\); the clicked hotel's id must be written as the shown ones are"),
         # a click-out of no city was refused as "item ids hold 1 nulls", naming neither file nor column
         (lambda t: _with(t, "city", 4, None), r"hand.parquet: column 'city' is null on a click-out \(session 'a', step 5\)"),
         (lambda t: _with(t, "device", 5, None), r"hand.parquet: column 'device' is null on a click-out \(session 'b', step 1\)"),

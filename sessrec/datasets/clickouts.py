@@ -78,8 +78,8 @@ def build_clickout_rows(raw: pa.Table, source: str = "<table>", session_scores: 
         SchemaError: a missing column, a null id/time, a time that is not plausible in seconds (`parse_time`),
             a click-out without impressions, with an empty hotel id or showing a hotel twice, a click-out of no
             ``reference`` (null or empty: no hotel clicked), a click-out of no ``platform``, ``city`` or ``device``,
-            unaligned ``impressions``/``prices``, a price that is not a non-negative number, or session scores that
-            `_join_scores` refuses.
+            unaligned ``impressions``/``prices``, a price that is not a non-negative number, a log where no click-out's
+            ``reference`` is among its ``impressions``, or session scores that `_join_scores` refuses.
     """
     missing = [c for c in REQUIRED if c not in raw.column_names]
     if missing:
@@ -223,6 +223,13 @@ def build_clickout_rows(raw: pa.Table, source: str = "<table>", session_scores: 
 
     take = pa.array(row_event)
     label = pc.equal(hotel, ref.take(take)).fill_null(False).to_numpy(zero_copy_only=False)
+    if len(clicks) and not label.any():  # every row a negative: ids of the clicked and shown hotels written otherwise
+        q = clicks[0]
+        raise SchemaError(
+            f"{source}: no click-out's 'reference' is one of its 'impressions' (session {col('session_id')[q].as_py()!r}, "
+            f"step {col('step')[q].as_py()}: reference {ref[q].as_py()!r}, impressions {col('impressions')[q].as_py()!r}); "
+            "the clicked hotel's id must be written as the shown ones are"
+        )
     filters = pc.split_pattern(col("current_filters").take(take).cast(pa.string()), "|")
     filters = pc.if_else(filters.is_null(), pa.scalar([], pa.list_(pa.string())), filters)
     rows = pa.table({

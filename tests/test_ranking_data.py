@@ -126,6 +126,28 @@ def test_dense_features(rows):
     assert torch.isfinite(t.dense).all()
 
 
+def test_a_log_of_list_columns_gives_the_rows_of_its_text_form_and_a_null_in_a_list_is_refused():
+    """impressions, prices and current_filters written as lists (a parquet file from lists) raised Arrow's
+    'Unsupported cast from list<item: string> to utf8', naming neither file nor column."""
+    text = log_table()
+    split = lambda name, kind=str: pa.array([None if v is None else [kind(x) for x in v.split("|")]  # noqa: E731
+                                             for v in text.column(name).to_pylist()])
+    lists = text
+    for name, kind in (("impressions", str), ("prices", float), ("current_filters", str)):
+        lists = lists.set_column(lists.column_names.index(name), name, split(name, kind))
+    got, want = build_clickout_rows(lists, "lists.parquet"), build_clickout_rows(text, "text.parquet")
+    assert got.schema == want.schema and repr(got.to_pydict()) == repr(want.to_pydict())  # NaN as NaN
+    held = lists.column("impressions").to_pylist()
+    held[2] = ["H1", None, "H3"]
+    with pytest.raises(SchemaError, match=r"^lists.parquet: column 'impressions' holds a null in the list \['H1', None, 'H3'\]"):
+        build_clickout_rows(lists.set_column(lists.column_names.index("impressions"), "impressions", pa.array(held)),
+                            "lists.parquet")
+    nested = pa.array([None if v is None else [{"id": x} for x in v] for v in held])
+    with pytest.raises(SchemaError, match=r"^lists.parquet: column 'impressions' holds lists of struct<id: string>, not of "
+                                          r"ids or numbers$"):
+        build_clickout_rows(lists.set_column(lists.column_names.index("impressions"), "impressions", nested), "lists.parquet")
+
+
 def test_session_scores_hook(tmp_path):
     scores = pa.table({"session_id": ["a", "a"], "step": [3, 5], "item_id": ["H3", "H3"], "score": [0.5, 2.0]})
     rows = build_clickout_rows(log_table(), "hand", scores)

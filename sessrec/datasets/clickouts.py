@@ -62,7 +62,8 @@ def build_clickout_rows(raw: pa.Table, source: str = "<table>", session_scores: 
     """One row per (click-out, impressed hotel) with raw features and the label.
 
     Args:
-        raw: the trivago log (columns `REQUIRED`), in any order.
+        raw: the trivago log (columns `REQUIRED`), in any order; ``impressions``, ``prices`` and ``current_filters``
+            as the challenge's ``|``-separated text or as lists.
         source: name of the input in error messages (the file path).
         session_scores: optional ``session_id``, ``step``, ``item_id``, ``score`` table.
         scores_source: name of `session_scores` in error messages (its file path).
@@ -123,8 +124,8 @@ def build_clickout_rows(raw: pa.Table, source: str = "<table>", session_scores: 
     clicks = np.flatnonzero(pc.equal(action, CLICKOUT).to_numpy(zero_copy_only=False))
     clicks_arr = pa.array(clicks)
     # as text: a CSV whose lists are all one hotel long types these columns as numbers
-    imp = pc.split_pattern(col("impressions").take(clicks_arr).cast(pa.string()), "|")
-    prices = pc.split_pattern(col("prices").take(clicks_arr).cast(pa.string()), "|")
+    imp = _lists(col("impressions").take(clicks_arr), "impressions", source)
+    prices = _lists(col("prices").take(clicks_arr), "prices", source)
     n_imp = pc.list_value_length(imp).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
     n_pr = pc.list_value_length(prices).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
     empty = np.flatnonzero(n_imp == 0)
@@ -230,7 +231,7 @@ def build_clickout_rows(raw: pa.Table, source: str = "<table>", session_scores: 
             f"step {col('step')[q].as_py()}: reference {ref[q].as_py()!r}, impressions {col('impressions')[q].as_py()!r}); "
             "the clicked hotel's id must be written as the shown ones are"
         )
-    filters = pc.split_pattern(col("current_filters").take(take).cast(pa.string()), "|")
+    filters = _lists(col("current_filters").take(take), "current_filters", source)
     filters = pc.if_else(filters.is_null(), pa.scalar([], pa.list_(pa.string())), filters)
     rows = pa.table({
         "query": parent,
@@ -254,6 +255,28 @@ def build_clickout_rows(raw: pa.Table, source: str = "<table>", session_scores: 
         "label": label.astype(np.int8),
     })
     return rows.append_column("session_score", pa.array(_join_scores(rows, session_scores, source, scores_source)))
+
+
+def _lists(column: pa.Array, name: str, source: str) -> pa.Array:
+    """A column of ``|``-separated values (the challenge's text) or of lists (a parquet file written from lists), as
+    lists of text; refused in one line naming the column for a list holding a null or values that are not text or
+    numbers."""
+    if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+        try:
+            lists = column.cast(pa.list_(pa.string()))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            raise SchemaError(f"{source}: column {name!r} holds lists of {column.type.value_type}, not of ids or "
+                              "numbers") from None
+        flat = pc.list_flatten(lists)
+        if flat.null_count:
+            row = int(pc.list_parent_indices(lists).to_numpy()[np.flatnonzero(flat.is_null().to_numpy(zero_copy_only=False))[0]])
+            raise SchemaError(f"{source}: column {name!r} holds a null in the list {column[row].as_py()!r}; every value "
+                              "of a list needs one")
+        return lists
+    try:
+        return pc.split_pattern(column.cast(pa.string()), "|")
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        raise SchemaError(f"{source}: column {name!r} is of type {column.type}; it holds '|'-separated text or lists") from None
 
 
 def _shared_codes(hotel: pa.Array, ref: pa.Array) -> tuple[np.ndarray, np.ndarray]:

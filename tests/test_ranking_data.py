@@ -302,6 +302,22 @@ def test_a_checkpoints_vocabulary_of_another_log_is_refused_even_of_the_same_siz
         other.load_state_dict(saved.state_dict())
 
 
+def test_a_vocabulary_of_another_log_is_refused_when_none_of_the_shown_hotels_is_in_it(tmp_path):
+    """--data.init_args.vocab_path of another log (a fit, or sessrec test --model_dir of another data set) read every
+    hotel as unseen, with exit 0."""
+    renamed = [tuple(v.replace("H", "X") if isinstance(v, str) else v for v in event) for event in EVENTS]
+    settings = dict(test_hours=50 / 3600, valid_hours=30 / 3600, min_count=1)
+    pq.write_table(log_table(), tmp_path / "log.parquet")
+    pq.write_table(log_table(renamed), tmp_path / "other.parquet")
+    vocab = ClickoutDataModule(str(tmp_path / "log.parquet"), **settings).vocab.save(tmp_path / "vocab.parquet")
+    ClickoutDataModule(str(tmp_path / "log.parquet"), vocab_path=str(vocab), **settings).setup("fit")  # its own log
+    other = ClickoutDataModule(str(tmp_path / "other.parquet"), vocab_path=str(vocab), **settings)
+    with pytest.raises(ValueError, match=(
+            rf"^{tmp_path / 'other.parquet'}: none of the 3 shown hotels of the train split is in the vocabulary of {vocab} "
+            r"\(3 hotels, e.g. 'H1'; the log's first 'X1'\): the log and the vocabulary do not belong together$")):
+        other.setup("fit")
+
+
 def test_data_module_on_a_file_and_its_errors(tmp_path):
     path = tmp_path / "log.parquet"
     pq.write_table(log_table(), path)

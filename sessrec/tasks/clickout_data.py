@@ -166,8 +166,19 @@ class ClickoutDataModule(Configurable, pl.LightningDataModule):
         return len(DENSE_FEATURES)
 
     def tensors(self, split: str) -> RankingTensors:
+        """A split's rows encoded; with `vocab_path`, refused when none of its shown hotels is in that vocabulary (of
+        one hotel or more): the vocabulary and the log do not belong together (every hotel would be read as unseen)."""
         if split not in self._tensors:
-            self._tensors[split] = encode_rows(self.rows[split], self.vocab)
+            rows = self.rows[split]
+            hotels = self.vocab.vocabs["hotel"] if self.vocab_path is not None else None
+            if hotels is not None and hotels.num_products and rows.num_rows:
+                if hotels.encode(rows.column("hotel").combine_chunks()).num_unknown == rows.num_rows:
+                    raise ValueError(
+                        f"{self.path}: none of the {rows.num_rows} shown hotels of the {split} split is in the vocabulary "
+                        f"of {self.vocab_path} ({hotels.num_products} hotels, e.g. {hotels.raw_ids[0].as_py()!r}; the "
+                        f"log's first {rows.column('hotel')[0].as_py()!r}): the log and the vocabulary do not belong together"
+                    )
+            self._tensors[split] = encode_rows(rows, self.vocab)
         return self._tensors[split]
 
     def setup(self, stage: str | None = None) -> None:

@@ -255,6 +255,9 @@ def test_a_training_loader_resumed_mid_epoch_hands_out_the_rest_of_that_epochs_b
          r"column 'reference' is empty on a click-out \(session 'a', step 3\); every click-out needs the hotel clicked"),
         (lambda t: _with(t, "reference", 5, ""), r"column 'reference' is empty on a click-out \(session 'b', step 1\)"),
         (lambda t: _with(t, "session_id", 1, None), r"column 'session_id' has a null value at row 1"),
+        # bytes that are not UTF-8 raised Arrow's "Invalid UTF8 payload"
+        (lambda t: t.set_column(7, "city", pa.array([b"Berlin"] * 3 + [b"\xff\xfe"] + [b"Berlin"] * 3)),
+         r"hand.parquet: column 'city' is not valid UTF-8 text: value b'\\xff\\xfe' at row 3; re-encode the file as UTF-8"),
         # references written otherwise than the impressions: every row a negative, trained on with exit 0
         (lambda t: t.set_column(5, "reference", pa.array([None if v is None else v + ".0" for v in t.column("reference").to_pylist()])),
          r"hand.parquet: no click-out's 'reference' is one of its 'impressions' \(session 'a', step 3: reference 'H2.0', "

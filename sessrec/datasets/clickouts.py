@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sessrec.data.columns import SchemaError
+from sessrec.data.columns import SchemaError, check_text
 from sessrec.data.times import parse_time
 from sessrec.datasets.trivago import ITEM_ACTIONS
 
@@ -77,7 +77,7 @@ def build_clickout_rows(raw: pa.Table, source: str = "<table>", session_scores: 
 
     Raises:
         SchemaError: a missing column, a null id/time, a time that is not plausible in seconds (`parse_time`),
-            a click-out without impressions, with an empty hotel id or showing a hotel twice, a click-out of no
+            a text column of bytes that are not UTF-8, a click-out without impressions, with an empty hotel id or showing a hotel twice, a click-out of no
             ``reference`` (null or empty: no hotel clicked), a click-out of no ``platform``, ``city`` or ``device``,
             unaligned ``impressions``/``prices``, a price that is not a non-negative number, a log where no click-out's
             ``reference`` is among its ``impressions``, or session scores that `_join_scores` refuses.
@@ -85,6 +85,10 @@ def build_clickout_rows(raw: pa.Table, source: str = "<table>", session_scores: 
     missing = [c for c in REQUIRED if c not in raw.column_names]
     if missing:
         raise SchemaError(f"{source}: column {missing[0]!r} is missing; the file has columns {raw.column_names}")
+    for name in REQUIRED:  # bytes (a parquet file written without a string type) as text, or the value that is not
+        column = raw.column(name)
+        if pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type):
+            raw = raw.set_column(raw.column_names.index(name), name, check_text(column, name, source, 0))
     for col in ("session_id", "timestamp", "step", "action_type"):
         if raw.column(col).null_count:
             row = int(np.flatnonzero(raw.column(col).is_null().to_numpy(zero_copy_only=False))[0])

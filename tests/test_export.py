@@ -358,6 +358,30 @@ def test_an_export_that_fails_leaves_the_earlier_export_whole(tmp_path, monkeypa
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
 
 
+def test_an_export_stopped_among_its_moves_leaves_no_description_of_the_files_of_two_exports(tmp_path, monkeypatch):
+    """Stopped after its model file was moved into place, an export left the earlier export's model.json (and vocabulary)
+    beside the new model file: a folder that described another model than the one it held."""
+    import sessrec.lifecycle.export as export
+
+    export_session_model(session_task("sasrec_clm").recommender(), tmp_path, "torchscript", top_k=5)
+    earlier = (tmp_path / "model.json").read_bytes()
+    replace = os.replace
+
+    def stopped(src, dst):
+        if Path(dst) == tmp_path / "vocab.parquet":  # the move into the folder, not the write into the hidden one
+            raise KeyboardInterrupt  # as a kill between two moves
+        replace(src, dst)
+
+    monkeypatch.setattr(export.os, "replace", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        export_session_model(session_task("gpt2_clm").recommender(), tmp_path, "torchscript", top_k=3)
+    monkeypatch.undo()
+    assert not (tmp_path / "model.json").exists() and (tmp_path / "model.pt").read_bytes() != b""
+    export_session_model(session_task("gpt2_clm").recommender(), tmp_path, "torchscript", top_k=3)  # the next export
+    spec = json.loads((tmp_path / "model.json").read_text())
+    assert (tmp_path / "model.json").read_bytes() != earlier and spec["outputs"][1]["shape"] == ["batch", 3]
+
+
 def test_an_export_that_fails_into_a_new_folder_leaves_no_folder(tmp_path):
     """The folders an export created for its output (``out/a/b``) are removed again when it fails."""
     with pytest.raises(ValueError, match="GRU4RecEncoder cannot be exported to onnx"):

@@ -284,8 +284,9 @@ def _export(
     """Export `scorer` traced on `example`, check it on `probe` against `reference`, write `vocab` (and the side
     features' categories, `side_rules`) beside it and ``model.json`` (recording the vocabulary, the side features'
     rules and `version`). The files are written and checked in a hidden folder inside `out_dir` and moved into place
-    only then, ``model.json`` last: an export that fails (an exporter's error, a file that differs from eager
-    PyTorch) leaves `out_dir` as it was, an earlier export in it whole, and no `out_dir` where there was none."""
+    only then, an earlier ``model.json`` removed first and the new one moved last: an export that fails (an exporter's
+    error, a file that differs from eager PyTorch) leaves `out_dir` as it was, an earlier export in it whole, and no
+    `out_dir` where there was none; one stopped among the moves leaves no ``model.json``."""
     if format not in FILES:
         raise ValueError(f"format must be one of {tuple(FILES)}, got {format!r}")
     out = Path(out_dir)
@@ -317,6 +318,9 @@ def _export(
             write_text(path.with_suffix(".json"), json.dumps(asdict(spec), indent=2) + "\n")
             normal_modes(stage)
             written = [path.name, VOCAB, *([SIDE_FEATURES] if side is not None else []), path.with_suffix(".json").name]
+            # an earlier export's model.json goes first: an export stopped among the moves (killed) leaves no description
+            # beside files of two exports, which it would describe as its own
+            (out / written[-1]).unlink(missing_ok=True)
             for name in written:  # model.json last
                 os.replace(stage / name, out / name)
             for other in {*FILES.values(), SIDE_FEATURES} - set(written):  # what an export of another run wrote: replaced too

@@ -38,6 +38,7 @@ the fitted ops run on the host (numpy), their outputs are moved back.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -103,6 +104,37 @@ def _slots(values: torch.Tensor | np.ndarray, valid: torch.Tensor) -> torch.Tens
             raise ValueError(f"a column over the filled slots has {values.shape[0]} values for {int(valid.sum())} slots")
         return values
     return values[valid]
+
+
+def _seen(items: torch.Tensor, cand: torch.Tensor, ordered: torch.Tensor, where: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The ``session`` group's repeat columns (B, K) of candidates `cand` in sessions `items` (B, L), whose rows
+    sorted are `ordered` at positions `where`: how often the candidate occurs, 1 / (1 + its distance from the end),
+    the sum of its positions' closeness to the end (position / L); 0 where absent.
+
+    A candidate's comparison with its session's L positions is that of any position holding the same item, so each
+    column is reduced over the (B, L, L) comparisons of the sessions with themselves, as over (B, K, L) candidates
+    (the same rows, summed in the same order: the same floats), and gathered at a position of the candidate."""
+    b, width = items.shape
+    k = cand.shape[1]
+    at = torch.searchsorted(ordered, cand).clamp_(max=width - 1)
+    found = ordered.gather(1, at) == cand
+    at = where.gather(1, at)  # (B, K) a position holding the candidate (where found)
+    eq = items.unsqueeze(1) == items.unsqueeze(2)  # (B, L, L): row p, the session's positions holding item p
+    position, closeness = _positions(width, items.device)
+    # whole numbers below 2^24 throughout: the count, the last position and 1 + the distance are exact in float32
+    last = (eq * position).amax(dim=2)  # the latest position holding the item: width = the last event
+    stats = torch.stack([eq.sum(dim=2, dtype=torch.float32), (width + 1.0 - last).reciprocal(), (eq * closeness).sum(dim=2)])
+    seen = torch.where(found, stats.gather(2, at.expand(3, b, k)), 0.0)  # (3, B, K)
+    return dict(zip(("seen_count", "seen_recency", "seen_weight"), seen.unbind(0)))
+
+
+@functools.lru_cache(maxsize=16)
+def _positions(width: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(L,) float32 positions 1 .. L of a session of `width` L, and their closeness to its end, position / L (the
+    last one 1), on `device`: the same for every request."""
+    with torch.inference_mode(False):
+        position = torch.arange(1, width + 1, device=device)
+        return position.float(), position.float() / width
 
 
 class CandidateFeatures(Configurable):
@@ -174,16 +206,11 @@ class CandidateFeatures(Configurable):
                 raise RuntimeError("CandidateFeatures: call fit_statistics(training sessions) first")
             pop = torch.from_numpy(self.popularity).to(device)[cand.clamp(max=len(self.popularity) - 1)]  # (B, K, 2)
             cols["popularity"], cols["recent_popularity"] = pop[..., 0], pop[..., 1]
+        ordered = where = None  # each session's items sorted, and their positions: read by two groups
+        if "session" in groups or "context" in groups:
+            ordered, where = torch.sort(items, dim=1)
         if "session" in groups:
-            eq = items.unsqueeze(1) == cand.unsqueeze(2)  # (B, K, L)
-            width = items.shape[1]
-            position = torch.arange(1, width + 1, device=device)
-            closeness = position.float() / width  # last position = 1
-            count = eq.sum(dim=2)
-            cols["seen_count"] = count.float()
-            distance = width - (eq * position).amax(dim=2)  # 0 = last item; width = absent
-            cols["seen_recency"] = torch.where(count > 0, (1.0 + distance.float()).reciprocal(), 0.0)
-            cols["seen_weight"] = (eq * closeness).sum(dim=2)
+            cols.update(_seen(items, cand, ordered, where))
             cols["is_last"] = (cand == last).float()
         if "covisitation" in groups:
             covis = next((r for r in retrievers.values() if hasattr(r, "pair_weights")), None)
@@ -199,7 +226,7 @@ class CandidateFeatures(Configurable):
         real = items != PAD
         if "context" in groups:
             length = real.sum(dim=1, keepdim=True).float()
-            ordered = torch.sort(items, dim=1).values  # padding first; a row without any has one change fewer
+            # `ordered`: padding first; a row without any has one change fewer
             distinct = ((ordered.diff(dim=1) != 0).sum(dim=1, keepdim=True) + (ordered[:, :1] != PAD)).float()
             cols["session_length"] = torch.log1p(length).expand(b, k)
             cols["session_distinct"] = (distinct / length.clamp(min=1)).expand(b, k)

@@ -81,6 +81,33 @@ def test_candidates_keep_and_compact():
     assert small.features["x"][small.valid].tolist() == [1.0, 3.0, 5.0]  # features travel with their items
 
 
+def test_compact_of_rows_already_filled_from_the_front_equals_the_stable_reordering():
+    """Rows whose filled slots lead (as `merge` lays them: cut or padded, not reordered) and rows with gaps give the
+    reordering's items, features and scores: empty rows, no filled slot at all, a width below, at and above the
+    filled one, no columns, no rows."""
+    import torch.nn.functional as F
+
+    def reordered(c: Candidates, width: int | None) -> Candidates:  # the plain stable reordering, every time
+        filled = max(int(c.valid.sum(dim=1).max()) if len(c.items) else 0, 1)
+        order = torch.argsort((~c.valid).to(torch.int8), dim=1, stable=True)[:, : filled if width is None else min(filled, width)]
+        pad = 0 if width is None else width - order.shape[1]
+        pick = lambda t: F.pad(t.gather(-1, order.expand(*t.shape[:-2], *order.shape)), (0, pad))  # noqa: E731
+        return Candidates(pick(c.items), {n: pick(v) for n, v in c.features.items()}, pick(c.scores))
+
+    g = torch.Generator().manual_seed(0)
+    items = torch.randint(2, 50, (6, 7), generator=g)
+    lead = torch.arange(7) < torch.tensor([7, 3, 0, 1, 5, 0]).unsqueeze(1)  # filled from the front
+    gaps = torch.rand(6, 7, generator=g) < 0.5
+    for mask in (lead, gaps, torch.zeros(6, 7, dtype=torch.bool), lead[:0], lead[:, :0]):
+        ids = torch.where(mask, items[: mask.shape[0], : mask.shape[1]], 0)
+        c = Candidates(ids, {"x": torch.rand(ids.shape, generator=g), "y": torch.rand(ids.shape, generator=g)},
+                       torch.rand(ids.shape, generator=g).masked_fill(~mask, float("-inf")))
+        for width in (None, 1, 4, 7, 9):
+            got, want = c.compact(width), reordered(c, width)
+            assert torch.equal(got.items, want.items) and torch.equal(got.scores, want.scores)
+            assert all(torch.equal(got.features[n], want.features[n]) for n in ("x", "y"))
+
+
 def test_top_k_sparse_ranks_each_rows_entries_ties_to_the_lower_id_and_pads_with_empty_slots():
     # row 0: items 2 (0.5), 3 (0.7), 6 (0.5); row 1: nothing; row 2: item 4 (0.25); width V = 8
     keys, values = np.array([2, 3, 6, 20]), np.array([0.5, 0.7, 0.5, 0.25], dtype=np.float32)

@@ -114,10 +114,15 @@ class Candidates:
     def compact(self, width: int | None = None) -> Candidates:
         """Move the filled slots to the front of each row (stable) and drop all-empty columns; with
         `width`, then keep that many columns (cut, or padded with empty slots and zero features)."""
-        filled = max(int(self.valid.sum(dim=1).max()) if len(self.items) else 0, 1)
-        order = torch.argsort((~self.valid).to(torch.int8), dim=1, stable=True)[:, : filled if width is None else min(filled, width)]
-        pad = 0 if width is None else width - order.shape[1]
-        pick = lambda t: F.pad(t.gather(-1, order.expand(*t.shape[:-2], *order.shape)), (0, pad))
+        valid = self.valid
+        filled = max(int(valid.sum(dim=1).max()) if len(self.items) else 0, 1)
+        keep = min(filled if width is None else min(filled, width), self.items.shape[1])
+        pad = 0 if width is None else width - keep
+        if not bool((valid[:, 1:] > valid[:, :-1]).any()):  # no empty slot before a filled one (as `merge` lays them)
+            pick = lambda t: F.pad(t[..., :keep], (0, pad))  # noqa: E731 - the order below is 0, 1, ... there
+        else:
+            order = torch.argsort((~valid).to(torch.int8), dim=1, stable=True)[:, :keep]
+            pick = lambda t: F.pad(t.gather(-1, order.expand(*t.shape[:-2], *order.shape)), (0, pad))  # noqa: E731
         names = list(self.features)
         features = dict(zip(names, pick(torch.stack([self.features[n] for n in names])).unbind(0))) if names else {}
         return Candidates(pick(self.items), features, None if self.scores is None else pick(self.scores))

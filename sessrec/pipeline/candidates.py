@@ -168,20 +168,20 @@ def merge(retrieved: dict[str, Retrieved]) -> Candidates:
     valid = items >= NUM_SPECIAL
     # one key per (row, item): sort them (invalid last), number the distinct ones within each row
     row = torch.arange(b, device=device).unsqueeze(1)
-    big = int(items.max()) + 1 if items.numel() else 1
-    key = torch.where(valid, row * big + items, b * big)
+    shift = int(items.max()).bit_length() if items.numel() else 0  # (row, item) as row * 2^shift + item
+    key = torch.where(valid, (row << shift) | items, b << shift)
     flat_key, order = key.flatten().sort(stable=True)
     n_valid = int(valid.sum())
     uniq, entry = torch.unique_consecutive(flat_key[:n_valid], return_inverse=True)  # entry: distinct index of each
     order = order[:n_valid]
     n_uniq = len(uniq)
-    u_row, u_item = uniq // big, uniq % big  # u_row ascending: uniq is sorted
+    u_row, u_item = uniq >> shift, uniq & ((1 << shift) - 1)  # u_row ascending: uniq is sorted
     # per distinct (row, item) and source: its rank and score there (a source lists an item once)
     column = order % items.shape[1]
     source = col_source[column]
-    ranks = torch.zeros(n_uniq, len(names), 2, device=device)  # (rank, score) of each source
-    ranks[entry, source, 0] = col_rank[column].float()
-    ranks[entry, source, 1] = score.flatten()[order]
+    ranks = torch.zeros(n_uniq * len(names), 2, device=device)  # (rank, score) of each (distinct item, source)
+    ranks.index_copy_(0, entry * len(names) + source, torch.stack([col_rank[column].float(), score.flatten()[order]], 1))
+    ranks = ranks.view(n_uniq, len(names), 2)
     # priority: the sum of 1 / rank added source by source in the order given, so that every device
     # rounds it alike (a sum along a dimension adds in no fixed order, and float sums depend on it)
     rank = ranks[..., 0]
@@ -191,17 +191,16 @@ def merge(retrieved: dict[str, Retrieved]) -> Candidates:
         priority += inverse[:, i]
     # the features as columns: {name}_rank, {name}_score of each source, then sources
     feats = torch.cat([ranks.view(n_uniq, 2 * len(names)), (rank > 0).sum(dim=1, keepdim=True).float()], dim=1)
-    # lay the distinct items out per row, by decreasing priority (ties: the lower item id)
+    # lay the distinct items out per row, by decreasing priority (ties: the lower item id): each row's items (by id,
+    # as `uniq` holds them) sorted within the row, the slots past a row's items last
     counts = torch.bincount(u_row, minlength=b)
     width = max(int(counts.max()) if n_uniq else 0, 1)
-    by = torch.argsort(-priority, stable=True)
-    by = by[torch.argsort(u_row[by], stable=True)]  # by row, then by decreasing priority
     starts = torch.cumsum(counts, 0) - counts
-    slot = u_row[by] * width + torch.arange(n_uniq, device=device) - starts[u_row[by]]
-    out_items = torch.zeros(b * width, dtype=torch.long, device=device)
-    out_items[slot] = u_item[by]
-    grid = torch.zeros(feats.shape[1], b * width, device=device)
-    grid[:, slot] = feats[by].T
-    grid = grid.view(feats.shape[1], b, width)
+    slot = torch.arange(width, device=device)
+    at = torch.where(slot < counts.unsqueeze(1), starts.unsqueeze(1) + slot, n_uniq)  # (B, width) distinct items, by id
+    key = torch.cat([-priority, priority.new_full((1,), float("inf"))])[at]
+    at = at.gather(1, torch.sort(key, dim=1, stable=True).indices)  # by decreasing priority
+    out_items = torch.cat([u_item, u_item.new_zeros(1)])[at]
+    grid = torch.cat([feats, feats.new_zeros(1, feats.shape[1])]).T[:, at]  # (F, B, width), 0 at empty slots
     feature_names = [f"{n}_{what}" for n in names for what in ("rank", "score")] + ["sources"]
-    return Candidates(out_items.view(b, width), dict(zip(feature_names, grid.unbind(0))))
+    return Candidates(out_items, dict(zip(feature_names, grid.unbind(0))))

@@ -36,3 +36,32 @@ def test_seen_columns_reduced_over_the_sessions_equal_those_over_the_candidates(
         for name in want:  # the same floats, zero signs included
             assert got[name].dtype == want[name].dtype and torch.equal(got[name], want[name]), name
             assert torch.equal(got[name].signbit(), want[name].signbit()), name
+
+
+def test_the_last_event_times_features_computed_once_per_session_equal_the_ops_on_every_row() -> None:
+    """`transform` computes the hour and weekday of each session's last event once per session that has a candidate
+    and spreads them to its rows: the op's values on every row, and a session without candidates is not read (its
+    times may be anything, NaN included)."""
+    import numpy as np
+
+    from sessrec.features import CyclicTime
+    from sessrec.pipeline.candidate_features import CandidateFeatures
+    from sessrec.pipeline.candidates import Candidates, RequestSessions
+
+    day = 1_700_000_000.0
+    items = torch.tensor([[0, 5, 6], [0, 0, 7], [4, 4, 4], [0, 0, 3]])
+    times = torch.tensor([[0, day, day + 4000], [0, 0, day + 90_000], [day, day + 1, day + 7 * 3600.5], [0, 0, 0]],
+                         dtype=torch.float64)
+    cands = Candidates(torch.tensor([[5, 8, 0], [0, 0, 0], [9, 4, 2], [6, 0, 0]]))
+    features = CandidateFeatures(groups=["time", "context"]).fit_statistics(items, 10)
+    sessions = RequestSessions(items, times=times)
+    features.fit(sessions, cands, features.raw(sessions, cands, {}), labels=torch.zeros(4, 3))
+    out = features.transform(sessions, cands, {})
+    row = np.nonzero(cands.valid.numpy())[0]
+    want = CyclicTime("timestamp").transform({"timestamp": times[:, -1].numpy()[row]})
+    for name in ("hour_sin", "hour_cos", "weekday_sin", "weekday_cos"):
+        got = out.dense[..., out.names.index(f"time_{name}")][cands.valid]
+        assert torch.equal(got, torch.from_numpy(getattr(want, name).astype(np.float32))), name
+    times[1] = float("nan")  # no candidate: not read
+    again = features.transform(RequestSessions(items, times=times), cands, {})
+    assert torch.equal(again.dense[cands.valid], out.dense[cands.valid])

@@ -358,11 +358,17 @@ class CandidateFeatures(Configurable):
         # the time features are built when the ranker was fitted with them, whatever times the sessions carry
         raw = {n: v for n, v in raw.items() if group_of(n) in self.groups and (n != DURATION or DURATION in self.names)}
         frame = self._frame(sessions, candidates, raw, None, use_time="time" in self.ops.ops)
-        if tables:  # the candidate-decided outputs gathered
-            computed = self.ops.transform(frame, skip=list(tables))
-            computed.update({name: table[frame["item"]] for name, table in tables.items()})
-        else:
-            computed = self.ops.transform(frame) if self.ops.ops else {}
+        timed = [name for name, op in self.ops.ops.items() if isinstance(op, CyclicTime) and op.timestamp == "timestamp"]
+        timed = timed if "timestamp" in frame else []
+        computed = self.ops.transform(frame, skip=list(tables) + timed) if self.ops.ops else {}
+        computed.update({name: table[frame["item"]] for name, table in tables.items()})  # the candidate-decided outputs
+        if timed:  # of each session's last event time: computed once for each session with a candidate, then spread
+            has = np.zeros(len(sessions), dtype=bool)
+            has[frame["session"]] = True
+            last = sessions.times[:, -1].double().cpu().numpy()[has]
+            at = (np.cumsum(has) - 1)[frame["session"]]  # (M,) each row's session among those with a candidate
+            once = self.ops.transform({"timestamp": last}, skip=[name for name in self.ops.ops if name not in timed])
+            computed.update({name: values[at] for name, values in once.items()})
         unknown = sorted(set(fitted or {}) - set(computed))
         if unknown:
             raise ValueError(f"fitted outputs {unknown} are not outputs of the feature ops {sorted(computed)}")

@@ -397,7 +397,7 @@ def ablations(pipe: Pipeline, which: set[str], make, data, test_rows, valid, tes
         for name in list(pipe.retrievers):
             start = time.perf_counter()
             rest = {n: r for n, r in pipe.retrievers.items() if n != name}
-            covisitation = any(hasattr(r, "pair_weights") for r, _ in rest.values())  # its group needs one
+            covisitation = any(hasattr(r, "anchored_weights") for r, _ in rest.values())  # its group needs one
             groups = [g for g in full_features.groups if covisitation or g != "covisitation"]
             smaller = Pipeline(pipe.vocab, rest, pipe.max_length, pipe.max_candidates, pipe.history_length, pipe.filters[1:],
                                CandidateFeatures(groups=groups), None, pipe.ordering, pipe.device)

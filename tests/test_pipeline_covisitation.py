@@ -182,6 +182,22 @@ def test_pair_weights():
     assert by_candidate.tolist() == [[1.0, 2.0, 1.0, 0.0], [2.0, 0.5, 0.0, 0.0], [0.5, 0.0, 0.5, 1.0]]
 
 
+def test_anchored_weights_are_the_pair_weights_of_every_anchor_beside_every_candidate():
+    """Searched the other way round (each anchor row's entries among the session's sorted candidates): the same
+    weights, also for repeated candidates, empty slots, padding or OOV anchors, rows without candidates, no columns."""
+    cv = fit(direction="both")
+    anchors = torch.tensor([[2, 3, 4], [0, 0, 5], [1, 4, 4], [3, 2, 0], [7, 6, 2]])
+    items = torch.tensor([[3, 4, 2, 0, 4, 3], [2, 5, 3, 1, 0, 0], [2, 3, 3, 3, 5, 4], [0, 0, 0, 0, 0, 0],
+                          [4, 1, 0, 2, 3, 3]])
+    for a, c in ((anchors, items), (anchors[:, :1], items), (anchors, items[:, :0]), (anchors[:0], items[:0])):
+        each = [cv.pair_weights(a[:, i].unsqueeze(1).expand(c.shape), c) for i in range(a.shape[1])]
+        want = torch.stack(each, 1) if each else torch.zeros(c.shape[0], 0, c.shape[1])
+        got = cv.anchored_weights(a, c)
+        assert got.dtype == torch.float32 and torch.equal(got, want)
+    first = cv.anchored_weights(anchors, items)[0]  # anchors 2, 3, 4 beside candidates 3, 4, 2, -, 4, 3
+    assert first.tolist() == [[1.0, 2.0, 0.0, 0.0, 2.0, 1.0], [0.0, 1.0, 1.0, 0.0, 1.0, 0.0], [1.0, 0.0, 2.0, 0.0, 0.0, 1.0]]
+
+
 # -- saving ---------------------------------------------------------------------------------------
 def test_state_round_trip():
     cv = CoVisitation(window=3, max_neighbours=2, last_items=2, recency_decay=0.3, direction="forward").fit(

@@ -213,11 +213,10 @@ class CandidateFeatures(Configurable):
             cols.update(_seen(items, cand, ordered, where))
             cols["is_last"] = (cand == last).float()
         if "covisitation" in groups:
-            covis = next((r for r in retrievers.values() if hasattr(r, "pair_weights")), None)
+            covis = next((r for r in retrievers.values() if hasattr(r, "anchored_weights")), None)
             if covis is not None:
                 back = min(3, items.shape[1])  # the last three items, not rows: one lookup for all of them
-                anchors = items[:, -back:].flip(1).repeat_interleave(k, dim=1)  # (B, back * K): last item first
-                weights = covis.pair_weights(anchors, cand.repeat(1, back)).reshape(b, back, k)
+                weights = covis.anchored_weights(items[:, -back:].flip(1), cand)  # (B, back, K): last item first
                 cols["covis_last"] = weights[:, 0]
                 total = torch.zeros(b, k, device=device)
                 for i in range(back):

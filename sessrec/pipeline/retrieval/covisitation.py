@@ -259,6 +259,46 @@ class CoVisitation(Retriever):
             )
         return torch.from_numpy(lookup_sparse(self._keys, self.matrix.data, anchor, cand, self.num_items)).to(items.device)
 
+    def anchored_weights(self, anchors: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+        """(B, A, K) float32 W[anchors[b, a], items[b, k]]: each candidate's co-visitation with each of its session's
+        A anchors (e.g. its last items), as `pair_weights` gives it for every anchor beside every candidate.
+
+        Looked up the other way round: each entry of an anchor's row of W (at most `max_neighbours`) is searched for
+        among its session's candidates, sorted once, instead of each candidate among all of W's entries.
+
+        Args:
+            anchors: (B, A) anchor ids.
+            items: (B, K) candidate ids.
+
+        Returns:
+            (B, A, K) weights, 0 where the pair never co-visits or either id is < 2.
+        """
+        cand = self._check_items(items, "items")
+        anchor = self._check_items(anchors, "anchors")
+        if anchor.shape[0] != cand.shape[0]:
+            raise ValueError(f"anchors of shape {tuple(anchors.shape)} do not match items {tuple(items.shape)}")
+        (b, a), k, v = anchor.shape, cand.shape[1], self.num_items
+        out = np.zeros((b, a, k), dtype=np.float32)
+        if out.size:
+            order = np.argsort(cand, axis=1)  # each session's candidates sorted: keys b * V + item
+            ordered = np.take_along_axis(cand, order, 1)
+            keys = (ordered + (np.arange(b) * v)[:, None]).ravel()
+            size = self._row_sizes[anchor].ravel()  # (B A,)
+            entry = ranges(self.matrix.indptr[anchor].ravel(), size)  # (E,) the entries of every anchor's row
+            pair = np.repeat(np.arange(b * a), size)  # (E,) the (session, anchor) of each entry
+            column = self.matrix.indices[entry].astype(np.int64)
+            want = pair // a * v + column
+            at = np.minimum(np.searchsorted(keys, want), len(keys) - 1)  # the first sorted slot of an equal candidate
+            found = (keys[at] == want) & (column >= NUM_SPECIAL)
+            out.reshape(-1)[(pair * k + order.reshape(-1)[at])[found]] = self.matrix.data[entry[found]]
+            if ((ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= NUM_SPECIAL)).any():  # an item listed twice:
+                # each of its slots takes the weights of its first sorted slot (empty slots, ids < 2, weigh 0 anyway)
+                first = np.searchsorted(keys, keys).reshape(b, k) % k  # (B, K) the first sorted slot of its item
+                source = np.empty_like(order)
+                np.put_along_axis(source, order, np.take_along_axis(order, first, 1), 1)
+                out = np.take_along_axis(out, np.broadcast_to(source[:, None], out.shape), 2)
+        return torch.from_numpy(out).to(items.device)
+
     def _check_items(self, items: torch.Tensor, what: str) -> np.ndarray:
         """(B, K) int64 numpy ids in [0, V)."""
         self._check_fitted()

@@ -162,3 +162,27 @@ def test_list_metrics_count_ties_against_the_target():
     # ranks: 3 (7 ties with 9), 3, miss (9 ties with the full list's last entry), 2 (a short list: nothing unlisted)
     assert out["recall@1"] == 0 and out["recall@3"] == 3
     assert out["mrr@3"] == pytest.approx(1 / 3 + 1 / 3 + 1 / 2)
+
+
+def test_lookup_sparse_searching_the_entries_among_the_wanted_keys_equals_the_plain_search(monkeypatch):
+    """Both directions of the search give the plain lookup's values: keys wanted twice, ids < 2, rows of the shape of
+    the columns or one per line, float64 values, more entries than wanted keys and fewer."""
+    from sessrec.pipeline.retrieval import retriever
+
+    monkeypatch.setattr(retriever, "REVERSED_LOOKUP", (1, 4))  # from one wanted key on, as a batch's are
+
+    def plain(keys, values, rows, cols, width):
+        at = np.minimum(np.searchsorted(keys, rows * width + cols), len(keys) - 1)
+        return np.where((keys[at] == rows * width + cols) & (cols >= 2), values[at], 0).astype(np.float32)
+
+    rng = np.random.default_rng(0)
+    for entries, dtype in ((5, np.float32), (40, np.float64), (400, np.float32)):
+        keys = np.sort(rng.choice(6 * 100, entries, replace=False))
+        values = rng.random(entries).astype(dtype)
+        for rows in (np.arange(6)[:, None], rng.integers(0, 6, (6, 9))):
+            cols = rng.integers(0, 100, (6, 9))
+            cols[:, 4] = cols[:, 2]  # wanted twice
+            got = lookup_sparse(keys, values, rows, cols, 100)
+            assert got.dtype == np.float32 and np.array_equal(got, plain(keys, values, rows, cols, 100))
+            assert (got != 0).any() or entries == 5
+    assert retriever.REVERSED_LOOKUP[1] * 6 * 9 < 400  # the last case searched each wanted key among the entries

@@ -46,6 +46,7 @@ from sessrec.pipeline.retrieval.retriever import Retriever
 
 AnyIndex = ExactIndex | FaissIndex
 Runtime = Literal["torch", "onnxruntime"]
+NORMALIZE_EPS = 1e-12  # `F.normalize`'s default, with which `item_vectors` normalises the index's rows
 GRAPH_TOLERANCE = 1e-4  # max |graph - eager| of a query's entries (its scale: up to score_scale) at export and load
 
 
@@ -230,8 +231,8 @@ class SessionModelRetriever(Retriever):
         q = self.query_vectors(sessions)  # (B, D + 1), 1 last
         model, flat = self.model, items.reshape(-1)
         table = model.item_embedding.weight.index_select(0, flat)  # (B K, D): gathers, one product per session
-        if model.score_scale is not None:
-            table = F.normalize(table, dim=-1)
+        if model.score_scale is not None:  # `F.normalize`'s division, in place: no second (B K, D) buffer to fault in
+            table.div_(table.norm(2, -1, keepdim=True).clamp_min_(NORMALIZE_EPS))
         bias = model.output_bias.index_select(0, flat).view(*items.shape, 1)
         return torch.baddbmm(bias, table.view(*items.shape, -1), q[:, :-1].unsqueeze(2)).squeeze(2).float()
 

@@ -1,5 +1,6 @@
 """The candidate features' reduced computations equal the plain ones bit for bit, on the edge cases of a batch."""
 
+import pytest
 import torch
 
 from sessrec.pipeline.candidate_features import _seen
@@ -38,13 +39,19 @@ def test_seen_columns_reduced_over_the_sessions_equal_those_over_the_candidates(
             assert torch.equal(got[name].signbit(), want[name].signbit()), name
 
 
-def test_the_last_event_times_features_computed_once_per_session_equal_the_ops_on_every_row() -> None:
-    """`transform` computes the hour and weekday of each session's last event once per session that has a candidate
-    and spreads them to its rows: the op's values on every row, and a session without candidates is not read (its
-    times may be anything, NaN included)."""
+@pytest.mark.parametrize("per_session_rows", [0, 10**9])
+def test_the_last_event_times_features_computed_once_per_session_equal_the_ops_on_every_row(
+    monkeypatch: pytest.MonkeyPatch, per_session_rows: int,
+) -> None:
+    """From `PER_SESSION_ROWS` candidate rows, `transform` computes the hour and weekday of each session's last event
+    once per session that has a candidate and spreads them to its rows: the op's values on every row either way, and
+    a session without candidates is not read (its times may be anything, NaN included)."""
     import numpy as np
 
     from sessrec.features import CyclicTime
+    from sessrec.pipeline import candidate_features
+
+    monkeypatch.setattr(candidate_features, "PER_SESSION_ROWS", per_session_rows)
     from sessrec.pipeline.candidate_features import CandidateFeatures
     from sessrec.pipeline.candidates import Candidates, RequestSessions
 

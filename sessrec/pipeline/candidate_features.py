@@ -63,6 +63,7 @@ from sessrec.saved.registry import Configurable, instantiate
 GROUPS = ("retrievers", "popularity", "session", "covisitation", "context", "time", "encodings", "ids")
 DURATION = "session_duration"  # the raw column that needs the event times
 CYCLIC = ("time_hour_", "time_weekday_")  # the outputs of the CyclicTime op ``time``: of the last event time
+PER_SESSION_ROWS = 2048  # candidate rows from which `transform` computes the last event's hour and weekday per session
 ITEM_COLUMNS = ("item", "popularity", "recent_popularity")  # the columns of a frame row that its candidate alone decides
 
 
@@ -358,7 +359,7 @@ class CandidateFeatures(Configurable):
         raw = {n: v for n, v in raw.items() if group_of(n) in self.groups and (n != DURATION or DURATION in self.names)}
         frame = self._frame(sessions, candidates, raw, None, use_time="time" in self.ops.ops)
         timed = [name for name, op in self.ops.ops.items() if isinstance(op, CyclicTime) and op.timestamp == "timestamp"]
-        timed = timed if "timestamp" in frame else []
+        timed = timed if "timestamp" in frame and len(frame["session"]) >= PER_SESSION_ROWS else []
         computed = self.ops.transform(frame, skip=list(tables) + timed) if self.ops.ops else {}
         computed.update({name: table[frame["item"]] for name, table in tables.items()})  # the candidate-decided outputs
         if timed:  # of each session's last event time: computed once for each session with a candidate, then spread

@@ -219,9 +219,11 @@ class CandidateFeatures(Configurable):
                 back = min(3, items.shape[1])  # the last three items, not rows: one lookup for all of them
                 weights = covis.anchored_weights(items[:, -back:].flip(1), cand)  # (B, back, K): last item first
                 cols["covis_last"] = weights[:, 0]
-                total = torch.zeros(b, k, device=device)
-                for i in range(back):
-                    total += weights[:, i] * 0.5**i
+                # sum_i 0.5^i W[item i back, candidate], added in that order; a weight times a power of two is exact
+                # (the weights are no subnormals), so each add's `alpha` gives the rounding of a product added
+                total = weights[:, 0].clone()
+                for i in range(1, back):
+                    total.add_(weights[:, i], alpha=0.5**i)
                 cols["covis_last3"] = total
         real = items != PAD
         if "context" in groups:
